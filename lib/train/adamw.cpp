@@ -1,0 +1,81 @@
+// AdamW update loops. The per-step scalars are computed once in double and the
+// element loop is branch-free so the compiler vectorises it; the compute-copy variant
+// is one loop per dtype so the conversion inlines.
+#include "train/adamw.h"
+
+#include "core/check.h"
+
+#include <cmath>
+
+namespace dtrain::train {
+
+namespace {
+
+// ----------------------------------------------------------------------------
+// Scalars shared by every element of one step.
+struct StepScalars {
+  float decay_factor;  // 1 - lr*wd (torch: param.mul_(1 - lr * weight_decay))
+  float b1, one_minus_b1, b2, one_minus_b2;
+  float step_size;     // lr / (1 - b1^t)
+  float sqrt_bc2;      // sqrt(1 - b2^t); divided, not multiplied, as torch does
+  float eps;
+  float grad_scale;
+};
+
+StepScalars step_scalars(const AdamWConfig& cfg, float lr, int64_t step, bool decay, float grad_scale) {
+  DT_ENFORCE_GE(step, int64_t{1}, InternalError, "adamw_step: step is 1-based");
+  DT_ENFORCE(cfg.beta1 >= 0.0f && cfg.beta1 < 1.0f && cfg.beta2 >= 0.0f && cfg.beta2 < 1.0f, ConfigError,
+             "AdamW betas must be in [0, 1), got ({}, {})", cfg.beta1, cfg.beta2);
+  const double t = static_cast<double>(step);
+  const double bc1 = 1.0 - std::pow(static_cast<double>(cfg.beta1), t);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(cfg.beta2), t);
+  StepScalars s;
+  s.decay_factor = decay ? static_cast<float>(1.0 - static_cast<double>(lr) * cfg.weight_decay) : 1.0f;
+  s.b1 = cfg.beta1;
+  s.one_minus_b1 = 1.0f - cfg.beta1;
+  s.b2 = cfg.beta2;
+  s.one_minus_b2 = 1.0f - cfg.beta2;
+  s.step_size = static_cast<float>(lr / bc1);
+  s.sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
+  s.eps = cfg.eps;
+  s.grad_scale = grad_scale;
+  return s;
+}
+
+// One element; returns the new parameter value.
+inline float update_one(float* __restrict p, const float* __restrict g, float* __restrict m,
+                        float* __restrict v, size_t i, const StepScalars& s) {
+  const float gi = g[i] * s.grad_scale;
+  const float mi = s.b1 * m[i] + s.one_minus_b1 * gi;
+  const float vi = s.b2 * v[i] + s.one_minus_b2 * gi * gi;
+  m[i] = mi;
+  v[i] = vi;
+  const float denom = std::sqrt(vi) / s.sqrt_bc2 + s.eps;
+  const float pi = p[i] * s.decay_factor - s.step_size * mi / denom;
+  p[i] = pi;
+  return pi;
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------------
+void adamw_step(float* param, const float* grad, float* m, float* v, size_t n, const AdamWConfig& cfg,
+                float lr, int64_t step, bool decay, float grad_scale) {
+  const StepScalars s = step_scalars(cfg, lr, step, decay, grad_scale);
+  for (size_t i = 0; i < n; ++i) update_one(param, grad, m, v, i, s);
+}
+
+void adamw_step_copy(float* param, const float* grad, float* m, float* v, size_t n, const AdamWConfig& cfg,
+                     float lr, int64_t step, bool decay, float grad_scale, uint16_t* compute_copy,
+                     DType compute_dtype) {
+  DT_ENFORCE(compute_dtype == DType::BF16 || compute_dtype == DType::F16, InternalError,
+             "adamw_step_copy: the compute copy must be bf16 or fp16, got {}", dtype_name(compute_dtype));
+  const StepScalars s = step_scalars(cfg, lr, step, decay, grad_scale);
+  if (compute_dtype == DType::BF16) {
+    for (size_t i = 0; i < n; ++i) compute_copy[i] = f32_to_bf16(update_one(param, grad, m, v, i, s));
+  } else {
+    for (size_t i = 0; i < n; ++i) compute_copy[i] = f32_to_f16(update_one(param, grad, m, v, i, s));
+  }
+}
+
+}  // namespace dtrain::train
