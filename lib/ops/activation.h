@@ -1,0 +1,24 @@
+// Pointwise ops: GELU (GPT-2's tanh approximation), SwiGLU (out = silu(gate) * up with
+// gate and up in SEPARATE arrays, matching HF Llama's separate gate_proj / up_proj) and
+// the residual add. Backward ACCUMULATES (+=) into every gradient output.
+#pragma once
+
+#include <cstddef>
+
+namespace dtrain::ops {
+
+/// out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+void gelu_forward(float* out, const float* inp, size_t n);
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
+
+/// out = gate * sigmoid(gate) * up
+void swiglu_forward(float* out, const float* gate, const float* up, size_t n);
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                     const float* up, size_t n);
+
+/// out = a + b (out may alias a or b).
+void residual_forward(float* out, const float* a, const float* b, size_t n);
+/// da += dout; db += dout.
+void residual_backward(float* da, float* db, const float* dout, size_t n);
+
+}  // namespace dtrain::ops

@@ -1,0 +1,64 @@
+// RoPE. The angles t * inv_freq are formed in double and rounded once to fp32 cos/sin,
+// so the table is exact to fp32 for any position (HF forms them in fp32, which differs
+// by ~t*eps at large t; both are within the ops' test tolerance).
+#include "ops/rope.h"
+
+#include "core/check.h"
+#include "ops/parallel.h"
+
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+namespace dtrain::ops {
+
+namespace {
+
+void rope_apply(float* x, int B, int T, int H, int HD, const std::vector<float>& cs,
+                const std::vector<float>& sn, float sign) {
+  const int half = HD / 2;
+  const size_t rows = static_cast<size_t>(B) * T;
+#pragma omp parallel for schedule(static) if (rows * H * HD > PARALLEL_MIN_WORK)
+  for (size_t r = 0; r < rows; ++r) {
+    const int t = static_cast<int>(r % static_cast<size_t>(T));
+    const float* c = cs.data() + static_cast<size_t>(t) * half;
+    const float* s = sn.data() + static_cast<size_t>(t) * half;
+    for (int h = 0; h < H; ++h) {
+      float* v = x + (r * H + h) * HD;
+      for (int i = 0; i < half; ++i) {
+        float x1 = v[i], x2 = v[i + half];
+        float si = sign * s[i];
+        v[i] = x1 * c[i] - x2 * si;
+        v[i + half] = x2 * c[i] + x1 * si;
+      }
+    }
+  }
+}
+
+void rope_run(float* q, float* k, int B, int T, int NH, int NKV, int HD, float theta, float sign) {
+  DT_ENFORCE(HD % 2 == 0, UsageError, "rope needs an even head dimension, got {}", HD);
+  const int half = HD / 2;
+  std::vector<float> cs(static_cast<size_t>(T) * half), sn(cs.size());
+  for (int i = 0; i < half; ++i) {
+    double inv_freq = 1.0 / std::pow(static_cast<double>(theta), 2.0 * i / HD);
+    for (int t = 0; t < T; ++t) {
+      double a = t * inv_freq;
+      cs[static_cast<size_t>(t) * half + i] = static_cast<float>(std::cos(a));
+      sn[static_cast<size_t>(t) * half + i] = static_cast<float>(std::sin(a));
+    }
+  }
+  rope_apply(q, B, T, NH, HD, cs, sn, sign);
+  if (k) rope_apply(k, B, T, NKV, HD, cs, sn, sign);
+}
+
+}  // namespace
+
+void rope_forward(float* q, float* k, int B, int T, int NH, int NKV, int HD, float theta) {
+  rope_run(q, k, B, T, NH, NKV, HD, theta, 1.0f);
+}
+
+void rope_backward(float* dq, float* dk, int B, int T, int NH, int NKV, int HD, float theta) {
+  rope_run(dq, dk, B, T, NH, NKV, HD, theta, -1.0f);
+}
+
+}  // namespace dtrain::ops
