@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Installs everything dtrain needs on Debian 12 from Debian's packages (idempotent:
+# packages already present are not touched). `--test` adds what the test suite uses
+# (sshd for the namespace cluster, node/npm for the GPT-2 tokenizer check).
+# The CUDA toolkit (nvcc, NCCL, cuBLASLt) is expected in /usr/local/cuda when present.
+set -euo pipefail
+
+want_test=0
+for a in "$@"; do
+  case "$a" in
+    --test) want_test=1 ;;
+    -h|--help) echo "usage: scripts/setup.sh [--test]"; exit 0 ;;
+    *) echo "setup.sh: unknown option '$a' (usage: scripts/setup.sh [--test])" >&2; exit 2 ;;
+  esac
+done
+
+pkgs=(build-essential cmake pkg-config git python3
+      libcli11-dev libyaml-cpp-dev libssh2-1-dev libfmt-dev libboost-dev doctest-dev
+      libgloo-dev libopenblas-dev nlohmann-json3-dev openssh-client)
+if [ "$want_test" = 1 ]; then
+  pkgs+=(openssh-server iproute2 procps)
+  command -v npm >/dev/null 2>&1 || pkgs+=(npm)
+fi
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# A user-installed node/npm (not from Debian) is fine too.
+if [ "${#missing[@]}" -eq 0 ]; then
+  echo "setup.sh: all packages present"
+else
+  echo "setup.sh: installing ${missing[*]}"
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then SUDO=sudo; else
+      echo "setup.sh: these Debian packages are missing: ${missing[*]}" >&2
+      echo "setup.sh: run this script as root (or install them with apt-get as root)." >&2
+      exit 1
+    fi
+  else
+    SUDO=
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if [ "$want_test" = 1 ]; then
+  here=$(cd "$(dirname "$0")" && pwd)
+  if [ -x "$here/fetch_test_assets.sh" ] || [ -f "$here/fetch_test_assets.sh" ]; then
+    bash "$here/fetch_test_assets.sh" || echo "setup.sh: test assets not fetched; the GPT-2 tokenizer check will skip"
+  fi
+fi
+if [ ! -x /usr/local/cuda/bin/nvcc ]; then
+  echo "setup.sh: no CUDA toolkit in /usr/local/cuda: dtrain builds CPU-only (DTRAIN_CUDA=AUTO)"
+fi
