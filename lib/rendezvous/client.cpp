@@ -86,7 +86,6 @@ StoreClient::~StoreClient() {
 void StoreClient::connect_until(Clock::time_point deadline, const std::string& host, uint16_t port) {
   const auto start = Clock::now();
   std::string last = "no attempt made";
-  bool timed_out = false;
   milliseconds backoff(20);
   const std::string service = std::to_string(port);
   for (;;) {
@@ -126,18 +125,18 @@ void StoreClient::connect_until(Clock::time_point deadline, const std::string& h
           return;
         }
         ::close(fd);
-        timed_out = err == ETIMEDOUT;
         last = errno_text(err);
       }
     }
-    if (Clock::now() + backoff >= deadline) {
+    const auto now = Clock::now();
+    if (now >= deadline) {
       const auto waited = std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
       DT_THROW(CommError,
-               "cannot connect to the rendezvous store at {}: {} (retried for {} ms{}); check that the "
+               "cannot connect to the rendezvous store at {}: {} (retried for {} ms); check that the "
                "launcher is running and the address/port are reachable from this node",
-               endpoint_, last, waited, timed_out ? ", connection timed out" : "");
+               endpoint_, last, waited);
     }
-    std::this_thread::sleep_for(backoff);
+    std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
     backoff = std::min(backoff * 2, milliseconds(500));
   }
 }
