@@ -1,0 +1,551 @@
+// The local spawner: fork/execve with pipes, one poll()-driven reader thread per child
+// that splits output into lines, feeds stdin and reaps the child through a pidfd;
+// process-group termination with orphan reaping; and host_is_local().
+#include "launch/local_spawner.h"
+
+#include "core/check.h"
+#include "core/log.h"
+#include "launch/line_splitter.h"
+#include "launch/spawner_io.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+extern char** environ;
+
+namespace dtrain::launch {
+namespace {
+
+using detail::UniqueFd;
+using Clock = std::chrono::steady_clock;
+
+// ---------------------------------------------------------------------------
+// fork/exec helpers
+
+struct Pipe {
+  UniqueFd read, write;
+};
+
+Pipe make_pipe() {
+  int fds[2];
+  DT_SYS_CHECK(::pipe2(fds, O_CLOEXEC));
+  Pipe p{UniqueFd(fds[0]), UniqueFd(fds[1])};
+  // Keep both ends above 2 so the child's dup2 onto 0/1/2 never clobbers another end
+  // (possible when the launcher runs with a closed stdin).
+  for (UniqueFd* f : {&p.read, &p.write}) {
+    if (f->get() < 3) {
+      int moved = ::fcntl(f->get(), F_DUPFD_CLOEXEC, 3);
+      DT_SYS_CHECK(moved);
+      f->reset(moved);
+    }
+  }
+  return p;
+}
+
+void set_nonblocking(int fd) {
+  int flags = ::fcntl(fd, F_GETFL);
+  DT_SYS_CHECK(flags);
+  DT_SYS_CHECK(::fcntl(fd, F_SETFL, flags | O_NONBLOCK));
+}
+
+ExitStatus status_from_wait(int wstatus) {
+  ExitStatus s;
+  if (WIFEXITED(wstatus)) {
+    s.exited = true;
+    s.code = WEXITSTATUS(wstatus);
+  } else if (WIFSIGNALED(wstatus)) {
+    s.signal = WTERMSIG(wstatus);
+    if (WCOREDUMP(wstatus)) s.detail = "core dumped";
+  }
+  return s;
+}
+
+std::string find_in_path(const std::string& name, const std::string& path) {
+  std::size_t begin = 0;
+  while (begin <= path.size()) {
+    std::size_t end = path.find(':', begin);
+    if (end == std::string::npos) end = path.size();
+    std::string dir = path.substr(begin, end - begin);
+    if (dir.empty()) dir = ".";  // POSIX: an empty PATH entry is the current directory
+    std::string candidate = dir + "/" + name;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    begin = end + 1;
+  }
+  return {};
+}
+
+// What the child reports through the exec-error pipe before _exit(127).
+struct ChildFailure {
+  int stage;  // 1 = chdir, 2 = execve
+  int error;
+};
+
+[[noreturn]] void child_fail(int fd, int stage) {
+  ChildFailure f{stage, errno};
+  [[maybe_unused]] ssize_t r = ::write(fd, &f, sizeof f);
+  ::_exit(127);
+}
+
+// Runs in the forked child: only async-signal-safe calls from here to execve.
+[[noreturn]] void child_exec(bool own_group, int in_fd, int out_fd, int err_fd, int report_fd,
+                             const char* workdir, const char* exe, char* const* argv, char* const* envp) {
+  if (own_group) ::setpgid(0, 0);
+  if (::dup2(in_fd, 0) < 0 || ::dup2(out_fd, 1) < 0 || ::dup2(err_fd, 2) < 0) child_fail(report_fd, 2);
+  // The launcher may block or ignore signals (signalfd, SIGPIPE); the child starts clean.
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  for (int sig = 1; sig < NSIG; ++sig) ::sigaction(sig, &dfl, nullptr);
+  if (workdir[0] != '\0' && ::chdir(workdir) != 0) child_fail(report_fd, 1);
+  // fds other threads opened without O_CLOEXEC must not leak into the command.
+  ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
+  ::execve(exe, argv, envp);
+  child_fail(report_fd, 2);
+}
+
+// ---------------------------------------------------------------------------
+// Process-group inspection
+
+// Whether a process of group pgid still runs. Zombies do not count: they are dead
+// members nobody reaped yet (re-parented to a PID 1 that may never reap them).
+bool group_has_live_members(pid_t pgid) {
+  if (::kill(-pgid, 0) != 0 && errno == ESRCH) return false;
+  DIR* dir = ::opendir("/proc");
+  if (!dir) return true;
+  bool live = false;
+  while (dirent* entry = ::readdir(dir)) {
+    if (entry->d_name[0] < '0' || entry->d_name[0] > '9') continue;
+    std::ifstream stat(std::string("/proc/") + entry->d_name + "/stat");
+    std::string text;
+    if (!std::getline(stat, text)) continue;
+    // "pid (comm) S ppid pgrp ...": comm may hold spaces and parens, so parse after the last ')'.
+    std::size_t close = text.rfind(')');
+    if (close == std::string::npos || close + 2 >= text.size()) continue;
+    char state = text[close + 2];
+    long ppid = 0, pgrp = 0;
+    if (std::sscanf(text.c_str() + close + 3, "%ld %ld", &ppid, &pgrp) != 2) continue;
+    if (pgrp == pgid && state != 'Z' && state != 'X') {
+      live = true;
+      break;
+    }
+  }
+  ::closedir(dir);
+  return live;
+}
+
+// ---------------------------------------------------------------------------
+// LocalProcessImpl
+
+class LocalProcessImpl final : public LocalProcess {
+ public:
+  LocalProcessImpl(pid_t pid, bool own_group, UniqueFd in, UniqueFd out, UniqueFd err,
+                   std::string stdin_data, LineCallback callback)
+      : pid_(pid),
+        own_group_(own_group),
+        in_(std::move(in)),
+        out_(std::move(out)),
+        err_(std::move(err)),
+        stdin_buf_(std::move(stdin_data)),
+        callback_(std::move(callback)) {
+    int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
+    if (pidfd >= 0) pidfd_.reset(pidfd);  // else: kernels < 5.3, the thread polls waitpid
+    thread_ = std::thread([this] { run(); });
+  }
+
+  ~LocalProcessImpl() override {
+    if (running() || (own_group_ && group_has_live_members(pid_))) terminate(default_grace);
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify();
+    thread_.join();
+    reap_group_orphans();
+    std::lock_guard lock(mu_);
+    if (!status_) log_warn("{} did not end after SIGKILL; leaving it behind", where());
+  }
+
+  int pid() const override { return pid_; }
+  int pgid() const override { return own_group_ ? pid_ : -1; }
+
+  bool running() override {
+    std::lock_guard lock(mu_);
+    return !status_;
+  }
+
+  std::optional<ExitStatus> wait_for(std::chrono::milliseconds timeout) override {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, timeout, [&] { return status_.has_value(); });
+    return status_;
+  }
+
+  void terminate(std::chrono::milliseconds grace) override {
+    if (finished()) return;
+    send_signal(SIGTERM);
+    if (wait_finished(Clock::now() + grace)) return;
+    send_signal(SIGKILL);
+    // SIGKILL cannot be caught; only a process stuck in the kernel (D state) outlives it.
+    if (!wait_finished(Clock::now() + std::chrono::seconds(10)))
+      log_warn("{} still has live processes 10 s after SIGKILL", where());
+  }
+
+  void close_stdin() override {
+    {
+      std::lock_guard lock(mu_);
+      close_stdin_requested_ = true;
+    }
+    wake_.notify();
+  }
+
+  std::string where() const override { return fmt::format("localhost pid {}", pid_); }
+
+ private:
+  // The child has been reaped and, with its own group, no member of the group runs.
+  bool finished() {
+    {
+      std::lock_guard lock(mu_);
+      if (!status_) return false;
+    }
+    if (!own_group_) return true;
+    reap_group_orphans();
+    return !group_has_live_members(pid_);
+  }
+
+  bool wait_finished(Clock::time_point deadline) {
+    while (!finished()) {
+      if (Clock::now() >= deadline) return false;
+      std::unique_lock lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(10));
+    }
+    return true;
+  }
+
+  void send_signal(int sig) {
+    std::lock_guard lock(mu_);  // reaping happens under mu_, so pid_ cannot be reused here
+    if (own_group_) {
+      // The group id stays reserved while any member exists, so this reaches only it.
+      ::kill(-pid_, sig);
+    } else if (!status_) {
+      ::kill(pid_, sig);
+    }
+  }
+
+  // Reaps group members re-parented to this process (see spawner_become_subreaper).
+  // Only after the leader is reaped, so its status is never taken here.
+  void reap_group_orphans() {
+    if (!own_group_) return;
+    {
+      std::lock_guard lock(mu_);
+      if (!status_) return;
+    }
+    int ws;
+    while (::waitpid(-pid_, &ws, WNOHANG) > 0) {
+    }
+  }
+
+  // Tries to reap the leader; true once it is reaped (status published).
+  bool try_reap(LineSplitter& out_lines, LineSplitter& err_lines) {
+    int ws = 0;
+    pid_t r;
+    {
+      std::lock_guard lock(mu_);
+      do r = ::waitpid(pid_, &ws, WNOHANG);
+      while (r < 0 && errno == EINTR);
+      if (r == 0) return false;
+    }
+    ExitStatus status;
+    if (r == pid_) {
+      status = status_from_wait(ws);
+    } else {
+      status.exited = true;
+      status.code = 255;
+      status.detail = "exit status unavailable: the child was reaped elsewhere (is SIGCHLD ignored?)";
+    }
+    // Whatever the child wrote is in the pipes now; deliver it before the status so
+    // wait_for() callers have every line. A bounded drain: a grandchild may keep writing.
+    for (int i = 0; i < 64 && out_.valid() && read_some(out_, out_lines); ++i) {
+    }
+    for (int i = 0; i < 64 && err_.valid() && read_some(err_, err_lines); ++i) {
+    }
+    {
+      std::lock_guard lock(mu_);
+      status_ = status;
+    }
+    cv_.notify_all();
+    reap_group_orphans();
+    return true;
+  }
+
+  // One read; false at EOF (fd closed, partial line delivered) or when nothing is ready.
+  bool read_some(UniqueFd& fd, LineSplitter& lines) {
+    char buf[65536];
+    for (;;) {
+      ssize_t n = ::read(fd.get(), buf, sizeof buf);
+      if (n > 0) {
+        lines.feed(std::string_view(buf, static_cast<std::size_t>(n)));
+        return true;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
+      lines.finish();  // EOF, or an error that ends the stream the same way
+      fd.reset();
+      return false;
+    }
+  }
+
+  void write_stdin() {
+    while (!stdin_buf_.empty()) {
+      ssize_t n = ::write(in_.get(), stdin_buf_.data(), stdin_buf_.size());
+      if (n > 0) {
+        stdin_buf_.erase(0, static_cast<std::size_t>(n));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      // EPIPE: the child closed its stdin; what it did not read is dropped.
+      detail::discard_pending_sigpipe();
+      stdin_buf_.clear();
+      in_.reset();
+      return;
+    }
+  }
+
+  void run() {
+    detail::block_sigpipe_in_this_thread();
+    LineSplitter out_lines(Stream::STDOUT, callback_);
+    LineSplitter err_lines(Stream::STDERR, callback_);
+    bool reaped = false;
+    if (in_.valid()) write_stdin();
+    for (;;) {
+      bool close_requested;
+      {
+        std::lock_guard lock(mu_);
+        if (stop_) break;
+        close_requested = close_stdin_requested_;
+      }
+      if (close_requested && stdin_buf_.empty()) in_.reset();
+      if (reaped && !out_.valid() && !err_.valid()) break;
+
+      pollfd fds[5];
+      int n = 0;
+      fds[n++] = {wake_.fd(), POLLIN, 0};
+      int pid_idx = -1, out_idx = -1, err_idx = -1, in_idx = -1;
+      if (!reaped && pidfd_.valid()) pid_idx = n, fds[n++] = {pidfd_.get(), POLLIN, 0};
+      if (out_.valid()) out_idx = n, fds[n++] = {out_.get(), POLLIN, 0};
+      if (err_.valid()) err_idx = n, fds[n++] = {err_.get(), POLLIN, 0};
+      if (in_.valid() && !stdin_buf_.empty()) in_idx = n, fds[n++] = {in_.get(), POLLOUT, 0};
+      // Without a pidfd the child is polled; after the leader is gone, group orphans
+      // (whose exit no fd reports) are reaped now and then while the pipes stay open.
+      int timeout = -1;
+      if (!reaped && !pidfd_.valid()) timeout = 50;
+      if (reaped && own_group_) timeout = 200;
+      int r = ::poll(fds, static_cast<nfds_t>(n), timeout);
+      if (r < 0 && errno != EINTR) {
+        log_error("{}: poll failed: {}", where(), std::strerror(errno));
+        break;
+      }
+      if (r > 0 && (fds[0].revents & POLLIN)) wake_.drain();
+      if (out_idx >= 0 && fds[out_idx].revents) read_some(out_, out_lines);
+      if (err_idx >= 0 && fds[err_idx].revents) read_some(err_, err_lines);
+      if (in_idx >= 0 && fds[in_idx].revents) write_stdin();
+      if (!reaped && (pid_idx < 0 || fds[pid_idx].revents)) reaped = try_reap(out_lines, err_lines);
+      if (reaped && r == 0) reap_group_orphans();
+    }
+    out_lines.finish();
+    err_lines.finish();
+    if (!reaped) try_reap(out_lines, err_lines);
+  }
+
+  const pid_t pid_;
+  const bool own_group_;
+  UniqueFd pidfd_;
+  UniqueFd in_, out_, err_;  // owned by the reader thread once it runs
+  std::string stdin_buf_;    // reader thread only
+  LineCallback callback_;
+  detail::Wakeup wake_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<ExitStatus> status_;
+  bool close_stdin_requested_ = false;
+  bool stop_ = false;
+
+  std::thread thread_;  // last: starts after every member above is constructed
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// spawn_local
+
+std::unique_ptr<LocalProcess> spawn_local(const std::vector<std::string>& argv,
+                                          const std::map<std::string, std::string>& env,
+                                          const std::string& workdir, const std::string& stdin_data,
+                                          LineCallback callback, bool own_process_group, EnvMode env_mode) {
+  DT_ENFORCE(!argv.empty() && !argv[0].empty(), LaunchError, "cannot spawn an empty command line");
+  for (const auto& arg : argv)
+    DT_ENFORCE(arg.find('\0') == std::string::npos, LaunchError,
+               "cannot spawn '{}': an argument contains a NUL byte", argv[0]);
+
+  // The child's environment: inherited first (first occurrence wins, like getenv), then env.
+  std::map<std::string, std::string> merged;
+  if (env_mode == EnvMode::INHERIT) {
+    for (char** e = environ; e && *e; ++e) {
+      std::string_view entry(*e);
+      std::size_t eq = entry.find('=');
+      if (eq == std::string_view::npos || eq == 0) continue;
+      merged.emplace(std::string(entry.substr(0, eq)), std::string(entry.substr(eq + 1)));
+    }
+  }
+  for (const auto& [key, value] : env) {
+    DT_ENFORCE(!key.empty() && key.find('=') == std::string::npos && key.find('\0') == std::string::npos,
+               LaunchError, "cannot spawn '{}': environment variable name '{}' is empty or holds '=' or NUL",
+               argv[0], key);
+    DT_ENFORCE(value.find('\0') == std::string::npos, LaunchError,
+               "cannot spawn '{}': the value of environment variable {} contains a NUL byte", argv[0], key);
+    merged[key] = value;
+  }
+
+  std::string exe = argv[0];
+  if (exe.find('/') == std::string::npos) {
+    auto it = merged.find("PATH");
+    std::string path = it != merged.end() ? it->second : "/usr/local/bin:/usr/bin:/bin";
+    exe = find_in_path(argv[0], path);
+    DT_ENFORCE(!exe.empty(), LaunchError, "cannot spawn '{}': no executable of that name in PATH={}",
+               argv[0], path);
+  }
+
+  // Everything the child needs is built before fork: after it only syscalls are safe.
+  std::vector<std::string> env_strings;
+  env_strings.reserve(merged.size());
+  for (const auto& [key, value] : merged) env_strings.push_back(key + "=" + value);
+  std::vector<char*> argv_ptrs, env_ptrs;
+  for (const auto& arg : argv) argv_ptrs.push_back(const_cast<char*>(arg.c_str()));
+  argv_ptrs.push_back(nullptr);
+  for (const auto& entry : env_strings) env_ptrs.push_back(const_cast<char*>(entry.c_str()));
+  env_ptrs.push_back(nullptr);
+
+  Pipe in = make_pipe(), out = make_pipe(), err = make_pipe(), report = make_pipe();
+  pid_t pid = ::fork();
+  DT_SYS_CHECK(pid);
+  if (pid == 0)
+    child_exec(own_process_group, in.read.get(), out.write.get(), err.write.get(), report.write.get(),
+               workdir.c_str(), exe.c_str(), argv_ptrs.data(), env_ptrs.data());
+
+  // Also set the group here: whichever of parent and child runs first, the group exists
+  // before anyone signals it.
+  if (own_process_group) ::setpgid(pid, pid);
+  in.read.reset();
+  out.write.reset();
+  err.write.reset();
+  report.write.reset();
+
+  ChildFailure failure{};
+  ssize_t n;
+  do n = ::read(report.read.get(), &failure, sizeof failure);
+  while (n < 0 && errno == EINTR);
+  if (n == static_cast<ssize_t>(sizeof failure)) {
+    int ws;
+    while (::waitpid(pid, &ws, 0) < 0 && errno == EINTR) {
+    }
+    if (failure.stage == 1)
+      DT_THROW(LaunchError, "cannot spawn '{}': cannot change to working directory '{}': {}", argv[0], workdir,
+               std::strerror(failure.error));
+    DT_THROW(LaunchError, "cannot spawn '{}' ({}): {}", argv[0], exe, std::strerror(failure.error));
+  }
+
+  set_nonblocking(in.write.get());
+  set_nonblocking(out.read.get());
+  set_nonblocking(err.read.get());
+  return std::make_unique<LocalProcessImpl>(pid, own_process_group, std::move(in.write), std::move(out.read),
+                                            std::move(err.read), stdin_data, std::move(callback));
+}
+
+void spawner_become_subreaper() { DT_SYS_CHECK(::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)); }
+
+// ---------------------------------------------------------------------------
+// host_is_local
+
+namespace {
+
+std::string lowercase(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+bool same_address(const sockaddr* a, const sockaddr* b) {
+  if (!a || !b || a->sa_family != b->sa_family) return false;
+  if (a->sa_family == AF_INET)
+    return reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr ==
+           reinterpret_cast<const sockaddr_in*>(b)->sin_addr.s_addr;
+  if (a->sa_family == AF_INET6)
+    return std::memcmp(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr,
+                       &reinterpret_cast<const sockaddr_in6*>(b)->sin6_addr, sizeof(in6_addr)) == 0;
+  return false;
+}
+
+bool is_loopback(const sockaddr* a) {
+  if (a->sa_family == AF_INET)
+    return (ntohl(reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr) >> 24) == 127;
+  if (a->sa_family == AF_INET6) {
+    const in6_addr& v6 = reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+    if (IN6_IS_ADDR_V4MAPPED(&v6)) return v6.s6_addr[12] == 127;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool host_is_local(const std::string& host_spec) {
+  std::string host = host_spec.substr(host_spec.rfind('@') == std::string::npos ? 0 : host_spec.rfind('@') + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  host = lowercase(host);
+  if (host.empty()) return false;
+  if (host == "localhost" || host == "localhost.localdomain" || host == "ip6-localhost") return true;
+
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) == 0) {
+    std::string self = lowercase(name);
+    if (host == self || host == self.substr(0, self.find('.'))) return true;
+  }
+
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* resolved = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &resolved) != 0 || !resolved) return false;
+  ifaddrs* interfaces = nullptr;
+  if (::getifaddrs(&interfaces) != 0) interfaces = nullptr;
+  bool local = false;
+  for (addrinfo* a = resolved; a && !local; a = a->ai_next) {
+    if (is_loopback(a->ai_addr)) local = true;
+    for (ifaddrs* i = interfaces; i && !local; i = i->ifa_next)
+      if (same_address(a->ai_addr, i->ifa_addr)) local = true;
+  }
+  ::freeaddrinfo(resolved);
+  if (interfaces) ::freeifaddrs(interfaces);
+  return local;
+}
+
+}  // namespace dtrain::launch
