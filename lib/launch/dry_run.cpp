@@ -1,0 +1,43 @@
+// The --dry-run report: placement table, then each node's sh line and environment.
+// The env values are escaped so a value holding a newline cannot fake another line.
+#include "launch/dry_run.h"
+
+#include <fmt/format.h>
+
+namespace dtrain::launch {
+
+std::string dry_run_escape(std::string_view value) {
+  std::string out;
+  for (unsigned char c : value) {
+    switch (c) {
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      case '\\': out += "\\\\"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) out += fmt::format("\\x{:02x}", c);
+        else out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+std::string dry_run_report(const Plan& plan, const LaunchSpec& spec,
+                           const std::map<std::string, std::string>& launcher_env) {
+  std::string out = fmt::format("dry run: job {} round {} mode {} ({} ranks on {} node{})\n",
+                                spec.job_id, spec.round, spec.mode, plan.world_size,
+                                plan.nodes.size(), plan.nodes.size() == 1 ? "" : "s");
+  out += plan_format_table(plan);
+  for (const NodePlan& node : plan.nodes) {
+    NodeCommand cmd = node_command_build(plan, node.node_rank, spec, launcher_env);
+    std::string where = node.host.destination();
+    if (node.host.port) where += ":" + std::to_string(node.host.port);
+    out += fmt::format("\nnode {} ({}):\n", node.node_rank, where);
+    out += "  command: " + cmd.shell_line() + "\n";
+    out += "  env:\n";
+    for (const auto& [k, v] : cmd.env) out += "    " + k + "=" + dry_run_escape(v) + "\n";
+  }
+  return out;
+}
+
+}  // namespace dtrain::launch

@@ -1,0 +1,27 @@
+// --dry-run: what `dtrain launch` would do, without doing it: the placement table and,
+// per node, the exact sh line and the agent's environment (control bytes escaped).
+#pragma once
+
+#include "launch/node_command.h"
+#include "launch/placement.h"
+
+#include <map>
+#include <string>
+
+namespace dtrain::launch {
+
+/// The report:
+///     <plan_format_table>
+///     node N (user@host:port):
+///       command: <NodeCommand::shell_line(), exact>
+///       env:
+///         K=V            (one per line; \n \t \r \\ and \xHH escapes in V)
+/// `user@` and `:port` appear only when the hostfile gives them. The rendezvous token
+/// is not part of the command or env and so is never shown.
+std::string dry_run_report(const Plan& plan, const LaunchSpec& spec,
+                           const std::map<std::string, std::string>& launcher_env);
+
+/// C-style escaping of control bytes and backslashes: one printable line per value.
+std::string dry_run_escape(std::string_view value);
+
+}  // namespace dtrain::launch
