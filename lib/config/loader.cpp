@@ -1,0 +1,448 @@
+// Loading a config: YAML parse, a walk of the document against the schema (key policy:
+// known / accepted-but-ignored DeepSpeed keys / typos / unknown), env overrides, --set
+// overrides, then typed conversion of each value into TrainConfig.
+#include "config/load_detail.h"
+#include "config/schema.h"
+
+#include "core/check.h"
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace dtrain::config {
+
+namespace {
+
+// Precedence of a value's source: a higher rank replaces a lower one.
+enum class Rank { FILE = 0, ENV = 1, SET = 2 };
+
+struct Setting {
+  YAML::Node value;
+  std::string origin;
+  Rank rank;
+};
+
+struct LoadState {
+  std::string source;
+  std::map<std::string, Setting, std::less<>> settings;
+  std::vector<std::string> ignored;  // accepted DeepSpeed keys present (full paths)
+  std::vector<std::string> warnings;
+  Origins origins;
+};
+
+std::string mark_text(const std::string& source, const YAML::Mark& m) {
+  if (m.is_null()) return source;
+  return fmt::format("{}:{}:{}", source, m.line + 1, m.column + 1);
+}
+
+// Where a value sits; a null value (key with nothing after it) has no mark of its own.
+std::string value_origin(const std::string& source, const YAML::Node& key, const YAML::Node& value) {
+  YAML::Mark m = value.Mark();
+  return mark_text(source, m.is_null() ? key.Mark() : m);
+}
+
+std::string node_kind(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Map: return "a mapping";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Null: return "nothing (null)";
+    case YAML::NodeType::Scalar: return fmt::format("'{}'", n.Scalar().substr(0, 80));
+    default: return "an undefined value";
+  }
+}
+
+std::string join_path(std::string_view section, std::string_view name) {
+  return section.empty() ? std::string(name) : fmt::format("{}.{}", section, name);
+}
+
+// ---------------------------------------------------------------------------
+// Walking the document against the schema
+
+void walk(const YAML::Node& node, const std::string& section, LoadState& st) {
+  if (!node.IsMap()) {
+    if (section.empty())
+      DT_THROW(ConfigError, "{}: the top level must be a mapping of config keys, got {}",
+               mark_text(st.source, node.Mark()), node_kind(node));
+    DT_THROW(ConfigError, "{}: {}: expected a mapping (a section with keys {}), got {}",
+             mark_text(st.source, node.Mark()), section, fmt::join(schema_children(section), ", "),
+             node_kind(node));
+  }
+  std::map<std::string, YAML::Mark> seen;
+  for (auto it = node.begin(); it != node.end(); ++it) {
+    const YAML::Node& key = it->first;
+    const YAML::Node& value = it->second;
+    if (!key.IsScalar())
+      DT_THROW(ConfigError, "{}: {}: keys must be plain names, got {}", mark_text(st.source, key.Mark()),
+               section.empty() ? "(top level)" : section, node_kind(key));
+    const std::string& name = key.Scalar();
+    const std::string path = join_path(section, name);
+    auto [prev, fresh] = seen.emplace(name, key.Mark());
+    if (!fresh)
+      DT_THROW(ConfigError, "{}: {}: duplicate key (first given at line {}); keep one of them",
+               mark_text(st.source, key.Mark()), path, prev->second.line + 1);
+
+    if (schema_find(path)) {
+      st.settings[path] = Setting{value, value_origin(st.source, key, value), Rank::FILE};
+    } else if (schema_is_section(path)) {
+      st.origins.sections_seen.insert(path);
+      if (!value.IsNull()) walk(value, path, st);
+    } else if (schema_is_ignored(path)) {
+      st.ignored.push_back(path);
+    } else {
+      std::string hint = key_suggest(name, schema_children(section));
+      if (!hint.empty())
+        DT_THROW(ConfigError, "{}: {}: unknown key; did you mean {}?", mark_text(st.source, key.Mark()),
+                 path, join_path(section, hint));
+      st.warnings.push_back(fmt::format("{}: {}: unknown key, ignored (see dtrain launch --help-config)",
+                                        mark_text(st.source, key.Mark()), path));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Typed conversion of one value
+
+bool is_auto(const YAML::Node& n) { return n.IsScalar() && n.Scalar() == "auto"; }
+bool is_quoted(const YAML::Node& n) { return n.Tag() == "!"; }
+
+std::optional<bool> parse_bool(const std::string& s) {
+  std::string l;
+  for (char c : s) l += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (l == "true" || l == "yes" || l == "on") return true;
+  if (l == "false" || l == "no" || l == "off") return false;
+  return std::nullopt;
+}
+
+std::optional<double> parse_double(std::string_view s) {
+  if (!s.empty() && s.front() == '+') s.remove_prefix(1);
+  if (s.empty()) return std::nullopt;
+  double v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v, std::chars_format::general);
+  if (ec != std::errc() || p != s.data() + s.size() || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+// Integers may be written as floats that are integral (DeepSpeed's 5e8).
+std::optional<int64_t> parse_int(std::string_view s) {
+  std::string_view t = s;
+  if (!t.empty() && t.front() == '+') t.remove_prefix(1);
+  int64_t v = 0;
+  auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+  if (ec == std::errc() && p == t.data() + t.size() && !t.empty()) return v;
+  std::optional<double> d = parse_double(s);
+  if (!d || std::trunc(*d) != *d || std::fabs(*d) > 9007199254740992.0) return std::nullopt;
+  return static_cast<int64_t>(*d);
+}
+
+struct Converter {
+  const KeySpec& spec;
+  const std::string& origin;
+
+  [[noreturn]] void fail(const YAML::Node& n) const {
+    std::string got = node_kind(n);
+    if (n.IsScalar() && is_quoted(n) && spec.type != KeyType::STRING && spec.type != KeyType::ENUM)
+      got = fmt::format("the quoted string \"{}\" (write it without quotes)", n.Scalar().substr(0, 80));
+    std::string hint;
+    if (spec.type == KeyType::ENUM && n.IsScalar()) {
+      std::string s = key_suggest(n.Scalar(), spec.allowed);
+      if (!s.empty()) hint = fmt::format("; did you mean {}?", s);
+    }
+    DT_THROW(ConfigError, "{}: {}: expected {}, got {}{}", origin, spec.path, key_type_name(spec), got, hint);
+  }
+
+  double number(const YAML::Node& n, bool integral) const {
+    if (!n.IsScalar() || is_quoted(n)) fail(n);
+    double v;
+    if (integral) {
+      std::optional<int64_t> i = parse_int(n.Scalar());
+      if (!i) fail(n);
+      v = static_cast<double>(*i);
+    } else {
+      std::optional<double> d = parse_double(n.Scalar());
+      if (!d) fail(n);
+      v = *d;
+    }
+    bool max_exclusive = spec.type == KeyType::FLOAT_PAIR;
+    if (spec.min && (v < *spec.min || (spec.min_exclusive && v == *spec.min))) fail(n);
+    if (spec.max && (v > *spec.max || (max_exclusive && v == *spec.max))) fail(n);
+    return v;
+  }
+
+  int64_t integer(const YAML::Node& n) const {
+    number(n, true);
+    return *parse_int(n.Scalar());
+  }
+  double real(const YAML::Node& n) const { return number(n, false); }
+  bool boolean(const YAML::Node& n) const {
+    if (!n.IsScalar() || is_quoted(n)) fail(n);
+    std::optional<bool> b = parse_bool(n.Scalar());
+    if (!b) fail(n);
+    return *b;
+  }
+  std::string string(const YAML::Node& n) const {
+    if (!n.IsScalar()) fail(n);
+    if (spec.type == KeyType::ENUM &&
+        std::find(spec.allowed.begin(), spec.allowed.end(), n.Scalar()) == spec.allowed.end())
+      fail(n);
+    return n.Scalar();
+  }
+  std::vector<std::string> string_list(const YAML::Node& n) const {
+    if (!n.IsSequence()) fail(n);
+    std::vector<std::string> out;
+    for (const YAML::Node& e : n) {
+      if (!e.IsScalar())
+        DT_THROW(ConfigError, "{}: {}: expected {}, got a list containing {}", origin, spec.path,
+                 key_type_name(spec), node_kind(e));
+      out.push_back(e.Scalar());
+    }
+    return out;
+  }
+  std::array<double, 2> pair(const YAML::Node& n) const {
+    if (!n.IsSequence() || n.size() != 2) fail(n);
+    return {real(n[0]), real(n[1])};
+  }
+  std::map<std::string, std::string> string_map(const YAML::Node& n) const {
+    if (!n.IsMap()) fail(n);
+    std::map<std::string, std::string> out;
+    for (auto it = n.begin(); it != n.end(); ++it) {
+      const YAML::Node& k = it->first;
+      const YAML::Node& v = it->second;
+      bool name_ok = k.IsScalar() && !k.Scalar().empty() && !std::isdigit(static_cast<unsigned char>(k.Scalar()[0]));
+      if (name_ok)
+        for (char c : k.Scalar()) name_ok = name_ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
+      if (!name_ok)
+        DT_THROW(ConfigError, "{}: {}: {} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)",
+                 origin, spec.path, node_kind(k));
+      if (!v.IsScalar())
+        DT_THROW(ConfigError, "{}: {}.{}: expected a string value, got {}", origin, spec.path, k.Scalar(),
+                 node_kind(v));
+      if (!out.emplace(k.Scalar(), v.Scalar()).second)
+        DT_THROW(ConfigError, "{}: {}.{}: duplicate key", origin, spec.path, k.Scalar());
+    }
+    return out;
+  }
+};
+
+// Stores n into spec's field of cfg; returns false when n means "not given" (null, "auto").
+bool apply_value(TrainConfig& cfg, const KeySpec& spec, const YAML::Node& n, const std::string& origin) {
+  if (n.IsNull()) return false;
+  bool textual = spec.type == KeyType::STRING || spec.type == KeyType::ENUM;
+  // HF Trainer configs write "auto" for values the Trainer fills in; dtrain has no Trainer
+  // arguments, so "auto" means "not given": the default or derived value applies.
+  if (is_auto(n) && !(textual && std::find(spec.allowed.begin(), spec.allowed.end(), "auto") != spec.allowed.end()) &&
+      spec.type != KeyType::STRING)
+    return false;
+  Converter c{spec, origin};
+  FieldRef ref = spec.field(cfg);
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::optional<bool>>) *p = c.boolean(n);
+        else if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, std::optional<int64_t>>) *p = c.integer(n);
+        else if constexpr (std::is_same_v<T, double> || std::is_same_v<T, std::optional<double>>) *p = c.real(n);
+        else if constexpr (std::is_same_v<T, std::string> || std::is_same_v<T, std::optional<std::string>>) *p = c.string(n);
+        else if constexpr (std::is_same_v<T, std::vector<std::string>>) *p = c.string_list(n);
+        else if constexpr (std::is_same_v<T, std::array<double, 2>>) *p = c.pair(n);
+        else *p = c.string_map(n);
+      },
+      ref);
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+// Overrides: env and --set
+
+// training.max_steps and training.epochs exclude each other: an override of one drops the
+// other when that came from a lower-precedence source (the file).
+void drop_exclusive(LoadState& st, const std::string& path, Rank rank) {
+  static const std::pair<const char*, const char*> kPairs[] = {{"training.max_steps", "training.epochs"}};
+  for (auto [a, b] : kPairs) {
+    const char* other = path == a ? b : path == b ? a : nullptr;
+    if (!other) continue;
+    auto it = st.settings.find(other);
+    if (it != st.settings.end() && it->second.rank < rank) st.settings.erase(it);
+  }
+}
+
+// A value from the command line or env: YAML for typed keys; taken verbatim for strings
+// (paths with '#' or ': ' stay paths), where "", "null" and "~" mean "not given".
+YAML::Node override_value(const KeySpec& spec, const std::string& text, const std::string& origin) {
+  if (spec.type == KeyType::STRING || spec.type == KeyType::ENUM) {
+    if (text.empty() || text == "null" || text == "~") return YAML::Node(YAML::NodeType::Null);
+    return YAML::Node(text);
+  }
+  try {
+    return YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    DT_THROW(ConfigError, "{}: {}: the value is not valid YAML ({}); expected {}", origin, spec.path, e.msg,
+             key_type_name(spec));
+  }
+}
+
+void apply_env(LoadState& st) {
+  for (const KeySpec& spec : schema_keys()) {
+    if (!spec.env) continue;
+    const char* v = std::getenv(spec.env);
+    if (!v || !*v) continue;
+    std::string origin = fmt::format("env {}={}", spec.env, v);
+    YAML::Node n = override_value(spec, v, origin);
+    drop_exclusive(st, spec.path, Rank::ENV);
+    st.settings[spec.path] = Setting{n, origin, Rank::ENV};
+  }
+}
+
+const KeySpec* map_key_for(std::string_view path, std::string* entry) {
+  for (const KeySpec& spec : schema_keys()) {
+    std::string_view p(spec.path);
+    if (spec.type == KeyType::STRING_MAP && path.size() > p.size() + 1 && path.substr(0, p.size()) == p &&
+        path[p.size()] == '.') {
+      *entry = std::string(path.substr(p.size() + 1));
+      return &spec;
+    }
+  }
+  return nullptr;
+}
+
+bool under_ignored(std::string_view path) {
+  for (size_t pos = path.size(); pos != std::string_view::npos && pos > 0; pos = path.rfind('.', pos - 1)) {
+    if (schema_is_ignored(path.substr(0, pos))) return true;
+    if (pos == 0) break;
+  }
+  return false;
+}
+
+void apply_set(LoadState& st, const std::string& arg) {
+  std::string origin = fmt::format("--set {}", arg);
+  size_t eq = arg.find('=');
+  if (eq == std::string::npos || eq == 0)
+    DT_THROW(ConfigError, "{}: expected key.path=value (e.g. --set zero_optimization.stage=2)", origin);
+  std::string path = arg.substr(0, eq);
+  std::string text = arg.substr(eq + 1);
+  while (!path.empty() && std::isspace(static_cast<unsigned char>(path.back()))) path.pop_back();
+
+  if (const KeySpec* spec = schema_find(path)) {
+    YAML::Node n = override_value(*spec, text, origin);
+    drop_exclusive(st, path, Rank::SET);
+    st.settings[path] = Setting{n, origin, Rank::SET};
+    st.origins.given_by_user.insert(path);
+    return;
+  }
+  std::string entry;
+  if (const KeySpec* spec = map_key_for(path, &entry)) {
+    // One entry of a mapping (cluster.env.set.NAME=value) on top of the mapping so far.
+    YAML::Node merged(YAML::NodeType::Map);
+    auto it = st.settings.find(spec->path);
+    if (it != st.settings.end() && it->second.value.IsMap())
+      for (auto e = it->second.value.begin(); e != it->second.value.end(); ++e) merged[e->first] = e->second;
+    merged[entry] = YAML::Node(text);
+    st.settings[spec->path] = Setting{merged, origin, Rank::SET};
+    return;
+  }
+  if (schema_is_section(path))
+    DT_THROW(ConfigError, "{}: {} is a section; set one of its keys: {}", origin, path,
+             fmt::join(schema_children(path), ", "));
+  if (under_ignored(path)) {
+    st.ignored.push_back(path);
+    return;
+  }
+  std::vector<std::string> all;
+  for (const KeySpec& k : schema_keys()) all.emplace_back(k.path);
+  std::string hint = key_suggest(path, all);
+  if (hint.empty()) {
+    size_t dot = path.rfind('.');
+    std::string section = dot == std::string::npos ? "" : path.substr(0, dot);
+    if (schema_is_section(section)) {
+      std::string h = key_suggest(path.substr(dot == std::string::npos ? 0 : dot + 1), schema_children(section));
+      if (!h.empty()) hint = join_path(section, h);
+    }
+  }
+  if (!hint.empty()) DT_THROW(ConfigError, "{}: {}: unknown key; did you mean {}?", origin, path, hint);
+  DT_THROW(ConfigError, "{}: {}: unknown key (dtrain launch --help-config lists every key)", origin, path);
+}
+
+// ---------------------------------------------------------------------------
+// The whole load
+
+LoadedConfig load(std::string_view text, const std::string& name, const std::vector<std::string>& sets) {
+  LoadState st;
+  st.source = name;
+  st.origins.source = name;
+
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(text));
+  } catch (const YAML::ParserException& e) {
+    DT_THROW(ConfigError, "{}: YAML syntax error: {}", mark_text(name, e.mark), e.msg);
+  } catch (const YAML::Exception& e) {
+    DT_THROW(ConfigError, "{}: cannot parse YAML: {}", mark_text(name, e.mark), e.msg);
+  }
+  if (root.IsNull() && sets.empty())
+    DT_THROW(ConfigError, "{}: the config is empty; write a mapping of config keys (see configs/tiny-sft.yaml)", name);
+
+  LoadedConfig out;
+  try {
+    if (!root.IsNull()) walk(root, "", st);
+    for (const auto& [path, s] : st.settings) st.origins.given_by_user.insert(path);
+    apply_env(st);
+    for (const std::string& s : sets) {
+      apply_set(st, s);
+      std::string p = s.substr(0, s.find('='));
+      if (size_t dot = p.find('.'); dot != std::string::npos) st.origins.sections_seen.insert(p.substr(0, dot));
+    }
+    // given_by_user may name keys an override dropped (max_steps vs epochs).
+    std::erase_if(st.origins.given_by_user, [&](const std::string& p) { return !st.settings.count(p); });
+
+    TrainConfig& cfg = out.cfg;
+    cfg.source = name;
+    for (const auto& [path, s] : st.settings) {
+      const KeySpec* spec = schema_find(path);
+      DT_CHECK(spec != nullptr);
+      st.origins.where[path] = s.origin;
+      if (apply_value(cfg, *spec, s.value, s.origin)) st.origins.given.insert(path);
+      else st.origins.given_by_user.erase(path);
+    }
+  } catch (const YAML::Exception& e) {
+    // Conversions above never ask yaml-cpp to convert; this guards its iterators all the same.
+    DT_THROW(ConfigError, "{}: {}", mark_text(name, e.mark), e.msg);
+  }
+
+  if (!st.ignored.empty())
+    st.warnings.push_back(fmt::format(
+        "{}: accepted but not acted on by dtrain (DeepSpeed features it does not have): {}", name,
+        fmt::join(st.ignored, ", ")));
+  config_derive_validate(out.cfg, st.origins, st.warnings);
+  out.warnings = std::move(st.warnings);
+  return out;
+}
+
+}  // namespace
+
+LoadedConfig config_load_string(std::string_view text, const std::string& name, const std::vector<std::string>& sets) {
+  return load(text, name, sets);
+}
+
+LoadedConfig config_load_file(const std::string& path, const std::vector<std::string>& sets) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    DT_THROW(IoError, "{}: config file does not exist (check the --config path)", path);
+  if (std::filesystem::is_directory(path, ec))
+    DT_THROW(IoError, "{}: is a directory, not a config file", path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) DT_THROW(IoError, "{}: cannot read config file: {}", path, std::strerror(errno));
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  if (in.bad()) DT_THROW(IoError, "{}: error while reading config file", path);
+  return load(buf.str(), path, sets);
+}
+
+}  // namespace dtrain::config

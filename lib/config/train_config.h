@@ -1,0 +1,235 @@
+// The training config: DeepSpeed key names (train_batch_size, zero_optimization, fp16, ...)
+// plus dtrain's own sections (model, data, lora, training, fault_tolerance, cluster).
+// Loaded from YAML or DeepSpeed JSON, then env overrides, then --set overrides; every key
+// is declared once in the schema (config/schema.cpp). Errors are ConfigError / IoError.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dtrain::config {
+
+// Optional fields (std::optional) are "not given": either the value is derived from other
+// keys at load time (see each field) or the consumer takes it elsewhere (model sizes from
+// model.init_from's config.json). Enum-typed keys are strings holding one allowed value.
+
+struct ModelConfig {
+  std::optional<std::string> architecture;  // "gpt2" | "llama"; required unless init_from
+  std::optional<int64_t> vocab_size;
+  std::optional<int64_t> n_layer;
+  std::optional<int64_t> n_head;
+  std::optional<int64_t> n_kv_head;    // derived: n_head
+  std::optional<int64_t> d_model;
+  std::optional<int64_t> d_ff;         // derived: gpt2 4*d_model; llama 256*ceil(int(8*d_model/3)/256)
+  std::optional<int64_t> max_seq_len;  // derived: data.seq_len
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  std::optional<bool> tie_embeddings;  // derived: gpt2 true, llama false
+  std::string init_from;               // HF model directory ("" = random init)
+  bool operator==(const ModelConfig&) const = default;
+};
+
+struct DataConfig {
+  std::string train;   // path ("" only in a pure DeepSpeed config)
+  std::string valid;   // path or "" (no validation)
+  std::string format = "text";  // "text" | "alpaca" | "chat" | "tokens"
+  std::string tokenizer = "byte";  // path to tokenizer.json, or "byte"
+  std::optional<int64_t> seq_len;  // derived: model.max_seq_len
+  std::string template_name = "plain";  // YAML key data.template
+  bool pack = true;
+  bool shuffle = true;
+  bool operator==(const DataConfig&) const = default;
+};
+
+struct LoraConfig {
+  int64_t r = 0;  // LoRA is on iff r > 0
+  double alpha = 16.0;
+  double dropout = 0.0;
+  std::vector<std::string> target_modules;  // derived when r > 0 and empty: llama [q_proj, v_proj], gpt2 [c_attn]
+  bool enabled() const { return r > 0; }
+  bool operator==(const LoraConfig&) const = default;
+};
+
+struct OptimizerConfig {
+  std::string type = "AdamW";  // "AdamW" | "Adam" (Adam with weight_decay is AdamW: decoupled decay)
+  double lr = 1e-3;
+  std::array<double, 2> betas{0.9, 0.999};
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool operator==(const OptimizerConfig&) const = default;
+};
+
+struct SchedulerConfig {
+  std::optional<std::string> type;  // "WarmupLR" | "WarmupDecayLR" | "WarmupCosineLR"; none = constant optimizer.lr
+  double warmup_min_lr = 0.0;
+  std::optional<double> warmup_max_lr;  // derived: optimizer.lr (WarmupLR, WarmupDecayLR)
+  int64_t warmup_num_steps = 1000;
+  std::string warmup_type = "log";  // "log" | "linear"
+  std::optional<int64_t> total_num_steps;  // WarmupDecayLR / WarmupCosineLR; derived: training.max_steps
+  double warmup_min_ratio = 0.0;  // WarmupCosineLR
+  double cos_min_ratio = 0.0001;  // WarmupCosineLR
+  bool operator==(const SchedulerConfig&) const = default;
+};
+
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0.0;  // 0 = dynamic
+  int64_t initial_scale_power = 16;
+  int64_t loss_scale_window = 1000;
+  int64_t hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1.0;
+  bool operator==(const Fp16Config&) const = default;
+};
+
+struct Bf16Config {
+  bool enabled = false;
+  bool operator==(const Bf16Config&) const = default;
+};
+
+struct ZeroConfig {
+  int64_t stage = 0;
+  int64_t reduce_bucket_size = 500000000;
+  int64_t allgather_bucket_size = 500000000;
+  bool overlap_comm = false;
+  bool reduce_scatter = true;
+  bool contiguous_gradients = true;
+  int64_t stage3_prefetch_bucket_size = 50000000;
+  int64_t stage3_param_persistence_threshold = 100000;
+  int64_t stage3_max_live_parameters = 1000000000;
+  bool operator==(const ZeroConfig&) const = default;
+};
+
+struct ActivationCheckpointingConfig {
+  // Recompute each transformer layer in backward. True when the activation_checkpointing
+  // section is present and does not say enabled: false.
+  bool enabled = false;
+  bool operator==(const ActivationCheckpointingConfig&) const = default;
+};
+
+struct TrainingConfig {
+  std::optional<int64_t> max_steps;  // exactly one of max_steps / epochs
+  std::optional<int64_t> epochs;
+  int64_t save_steps = 0;  // 0 = save only at the end
+  int64_t eval_steps = 0;  // 0 = evaluate only at the end (when data.valid is set)
+  int64_t keep_last = 2;
+  std::string output_dir;  // derived: runs/<name>
+  int64_t seed = 1234;
+  std::string device = "auto";  // "auto" | "cpu" | "cuda"
+  std::string name;  // derived: the config file's stem
+  bool operator==(const TrainingConfig&) const = default;
+};
+
+struct FaultToleranceConfig {
+  int64_t max_retries = 3;
+  double retry_delay = 5.0;  // seconds
+  double heartbeat_interval = 2.0;  // seconds
+  double heartbeat_timeout = 15.0;  // seconds
+  bool operator==(const FaultToleranceConfig&) const = default;
+};
+
+struct SshConfig {
+  std::string user;  // "" = the launcher's user
+  int64_t port = 22;
+  std::string identity_file;  // "" = ssh-agent / default keys
+  std::string known_hosts = "~/.ssh/known_hosts";
+  std::string host_key_policy = "accept-new";  // "strict" | "accept-new" | "off"
+  double connect_timeout = 10.0;  // seconds
+  double keepalive_interval = 15.0;  // seconds, 0 = off
+  bool operator==(const SshConfig&) const = default;
+};
+
+struct RendezvousConfig {
+  std::string address = "auto";  // "auto" = the launcher's address on network_interface
+  int64_t port = 29500;  // 0 = pick a free one
+  bool operator==(const RendezvousConfig&) const = default;
+};
+
+struct EnvConfig {
+  std::vector<std::string> forward_prefixes{"NCCL_", "CUDA_", "DTRAIN_", "OMP_"};
+  std::map<std::string, std::string> set;
+  bool operator==(const EnvConfig&) const = default;
+};
+
+struct ClusterConfig {
+  SshConfig ssh;
+  RendezvousConfig rendezvous;
+  std::string network_interface;  // "" = the interface of the default route
+  EnvConfig env;
+  std::string workdir;  // "" = the launcher's working directory
+  std::string dtrain_path;  // "" = the launcher's own binary path
+  bool operator==(const ClusterConfig&) const = default;
+};
+
+struct TrainConfig {
+  // DeepSpeed's batch keys as given (nullopt = not given or "auto").
+  std::optional<int64_t> train_batch_size;
+  std::optional<int64_t> train_micro_batch_size_per_gpu;
+  std::optional<int64_t> gradient_accumulation_steps;
+  // Filled by config_resolve_batch (0 until then).
+  int64_t resolved_train_batch_size = 0;
+  int64_t resolved_micro_batch_size = 0;
+  int64_t resolved_grad_accum_steps = 0;
+  int64_t resolved_dp_world_size = 0;
+
+  double gradient_clipping = 0.0;  // max global grad norm, 0 = off
+  int64_t steps_per_print = 10;
+  bool wall_clock_breakdown = false;
+
+  ModelConfig model;
+  DataConfig data;
+  LoraConfig lora;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  Fp16Config fp16;
+  Bf16Config bf16;
+  ZeroConfig zero;  // YAML section zero_optimization
+  ActivationCheckpointingConfig activation_checkpointing;
+  TrainingConfig training;
+  FaultToleranceConfig fault_tolerance;
+  ClusterConfig cluster;
+
+  std::string source;  // the file path, or the name given to config_load_string
+
+  bool operator==(const TrainConfig&) const = default;
+};
+
+struct LoadedConfig {
+  TrainConfig cfg;
+  std::vector<std::string> warnings;  // for the caller to print (the library prints nothing)
+};
+
+// Loads path (YAML or DeepSpeed JSON), applies env overrides then `sets` ("key.path=value").
+// Throws IoError if the file cannot be read, ConfigError for anything wrong in it (message
+// starts with file:line:column: key.path:). A config with any dtrain section (model, data,
+// lora, training) must be a complete job (config_check_job); a pure DeepSpeed config need not.
+LoadedConfig config_load_file(const std::string& path, const std::vector<std::string>& sets = {});
+// Same from text; `name` stands for the file name in messages and in cfg.source.
+LoadedConfig config_load_string(std::string_view text, const std::string& name,
+                                const std::vector<std::string>& sets = {});
+
+// Throws ConfigError unless cfg describes a runnable job: model (architecture and sizes, or
+// model.init_from), data.train, and one of training.max_steps / training.epochs.
+void config_check_job(const TrainConfig& cfg);
+
+// DeepSpeed's rule train_batch_size = micro * grad_accum * dp_world_size: fills the three
+// resolved_* fields (and resolved_dp_world_size) from what was given; ConfigError otherwise.
+void config_resolve_batch(TrainConfig& cfg, int dp_world_size);
+
+// Complete YAML for cfg (every key, derived values explicit); loading it gives an equal
+// config (source aside).
+std::string config_to_yaml(const TrainConfig& cfg);
+
+// Every key: path, type, default, env override and help; then the accepted DeepSpeed keys
+// dtrain does not act on. For `dtrain launch --help-config`.
+std::string config_help();
+
+// The embedded default job: the contents of configs/tiny-sft.yaml at build time.
+extern const char* const kDefaultConfigYaml;
+
+}  // namespace dtrain::config

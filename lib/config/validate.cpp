@@ -1,0 +1,218 @@
+// Derived values and the checks that relate several keys (fp16 vs bf16, heads vs d_model,
+// LoRA targets per architecture, scheduler parameters), and the "is this a runnable job"
+// check. Messages name the key and where its value came from.
+#include "config/load_detail.h"
+#include "config/schema.h"
+
+#include "core/check.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+
+namespace dtrain::config {
+
+// ---------------------------------------------------------------------------
+// Tables
+
+bool scheduler_param_applies(const std::optional<std::string>& type, std::string_view param) {
+  static const std::map<std::string, std::vector<std::string>, std::less<>> kParams = {
+      {"WarmupLR", {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type"}},
+      {"WarmupDecayLR", {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "total_num_steps"}},
+      {"WarmupCosineLR", {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type"}},
+  };
+  if (!type) return false;
+  auto it = kParams.find(*type);
+  return it != kParams.end() && std::find(it->second.begin(), it->second.end(), param) != it->second.end();
+}
+
+const std::vector<std::string>& lora_modules_for(std::string_view architecture) {
+  static const std::vector<std::string> kLlama = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                                  "gate_proj", "up_proj", "down_proj"};
+  static const std::vector<std::string> kGpt2 = {"c_attn", "c_proj", "c_fc"};
+  static const std::vector<std::string> kNone;
+  if (architecture == "llama") return kLlama;
+  if (architecture == "gpt2") return kGpt2;
+  return kNone;
+}
+
+namespace {
+
+// Llama's FFN size rule: 2/3 of 4*d, rounded up to a multiple of 256.
+int64_t llama_d_ff(int64_t d_model) {
+  const int64_t multiple_of = 256;
+  int64_t hidden = 8 * d_model / 3;
+  return multiple_of * ((hidden + multiple_of - 1) / multiple_of);
+}
+
+std::string default_name(const std::string& source) {
+  std::string stem = std::filesystem::path(source).stem().string();
+  std::string out;
+  for (char c : stem)
+    out += (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.') ? c : '_';
+  while (!out.empty() && out.front() == '.') out.erase(out.begin());
+  return out.empty() ? "dtrain" : out;
+}
+
+// ---------------------------------------------------------------------------
+// Derivation
+
+void derive(TrainConfig& cfg, const Origins& o) {
+  ModelConfig& m = cfg.model;
+  if (cfg.training.name.empty()) cfg.training.name = default_name(cfg.source);
+  if (cfg.training.output_dir.empty()) cfg.training.output_dir = "runs/" + cfg.training.name;
+  if (!m.n_kv_head && m.n_head) m.n_kv_head = m.n_head;
+  if (!m.d_ff && m.d_model && m.architecture)
+    m.d_ff = *m.architecture == "llama" ? llama_d_ff(*m.d_model) : 4 * *m.d_model;
+  if (!m.tie_embeddings && m.architecture) m.tie_embeddings = *m.architecture == "gpt2";
+  if (!cfg.data.seq_len && m.max_seq_len) cfg.data.seq_len = m.max_seq_len;
+  if (!m.max_seq_len && cfg.data.seq_len) m.max_seq_len = cfg.data.seq_len;
+
+  SchedulerConfig& s = cfg.scheduler;
+  if (scheduler_param_applies(s.type, "warmup_max_lr") && !s.warmup_max_lr) s.warmup_max_lr = cfg.optimizer.lr;
+  if (scheduler_param_applies(s.type, "total_num_steps") && !s.total_num_steps && cfg.training.max_steps)
+    s.total_num_steps = cfg.training.max_steps;
+
+  if (cfg.lora.r > 0 && cfg.lora.target_modules.empty() && m.architecture)
+    cfg.lora.target_modules = *m.architecture == "llama" ? std::vector<std::string>{"q_proj", "v_proj"}
+                                                          : std::vector<std::string>{"c_attn"};
+  if (!o.given.count("activation_checkpointing.enabled") && o.sections_seen.count("activation_checkpointing"))
+    cfg.activation_checkpointing.enabled = true;
+}
+
+// ---------------------------------------------------------------------------
+// Checks between keys
+
+void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>& warnings) {
+  if (cfg.fp16.enabled && cfg.bf16.enabled)
+    DT_THROW(ConfigError, "{}: bf16.enabled: fp16.enabled (at {}) and bf16.enabled are both true; enable at most one",
+             o.at("bf16.enabled"), o.at("fp16.enabled"));
+  if (cfg.training.max_steps && cfg.training.epochs)
+    DT_THROW(ConfigError, "{}: training.epochs: both training.max_steps (at {}) and training.epochs are given; keep one",
+             o.at("training.epochs"), o.at("training.max_steps"));
+
+  const ModelConfig& m = cfg.model;
+  if (m.d_model && m.n_head && *m.d_model % *m.n_head != 0)
+    DT_THROW(ConfigError, "{}: model.d_model: {} is not a multiple of model.n_head = {} (at {})", o.at("model.d_model"),
+             *m.d_model, *m.n_head, o.at("model.n_head"));
+  if (m.n_head && m.n_kv_head) {
+    if (*m.n_kv_head > *m.n_head || *m.n_head % *m.n_kv_head != 0)
+      DT_THROW(ConfigError, "{}: model.n_kv_head: {} must divide model.n_head = {} (at {})", o.at("model.n_kv_head"),
+               *m.n_kv_head, *m.n_head, o.at("model.n_head"));
+    if (m.architecture == "gpt2" && *m.n_kv_head != *m.n_head)
+      DT_THROW(ConfigError, "{}: model.n_kv_head: gpt2 has no grouped-query attention; n_kv_head must equal n_head = {} "
+               "(or drop the key)", o.at("model.n_kv_head"), *m.n_head);
+  }
+  if (m.architecture == "llama" && m.d_model && m.n_head && (*m.d_model / *m.n_head) % 2 != 0)
+    DT_THROW(ConfigError, "{}: model.d_model: llama needs an even head size for RoPE, d_model / n_head = {}",
+             o.at("model.d_model"), *m.d_model / *m.n_head);
+  if (cfg.data.seq_len && m.max_seq_len && *cfg.data.seq_len > *m.max_seq_len)
+    DT_THROW(ConfigError, "{}: data.seq_len: {} is longer than model.max_seq_len = {} (at {})", o.at("data.seq_len"),
+             *cfg.data.seq_len, *m.max_seq_len, o.at("model.max_seq_len"));
+
+  // LoRA
+  if (cfg.lora.r == 0 && o.given.count("lora.target_modules"))
+    warnings.push_back(fmt::format("{}: lora.target_modules is given but lora.r is 0: LoRA is off (set lora.r > 0)",
+                                   o.at("lora.target_modules")));
+  if (m.architecture) {
+    const auto& known = lora_modules_for(*m.architecture);
+    std::vector<std::string> seen;
+    for (const std::string& t : cfg.lora.target_modules) {
+      if (std::find(known.begin(), known.end(), t) == known.end()) {
+        const auto& other = lora_modules_for(*m.architecture == "llama" ? "gpt2" : "llama");
+        bool foreign = std::find(other.begin(), other.end(), t) != other.end();
+        std::string hint = foreign ? "" : key_suggest(t, known);
+        DT_THROW(ConfigError, "{}: lora.target_modules: '{}' is not a projection of {} (its projections: {}){}",
+                 o.at("lora.target_modules"), t, *m.architecture, fmt::join(known, ", "),
+                 hint.empty() ? "" : fmt::format("; did you mean {}?", hint));
+      }
+      if (std::find(seen.begin(), seen.end(), t) != seen.end())
+        DT_THROW(ConfigError, "{}: lora.target_modules: '{}' is listed twice", o.at("lora.target_modules"), t);
+      seen.push_back(t);
+    }
+  }
+  if (cfg.lora.r > 0 && cfg.lora.target_modules.empty() && m.architecture)
+    DT_THROW(ConfigError, "{}: lora.target_modules: empty list with lora.r = {}; name the projections to adapt",
+             o.at("lora.target_modules"), cfg.lora.r);
+
+  // Scheduler: parameters must belong to the type, as DeepSpeed's constructors require.
+  const SchedulerConfig& s = cfg.scheduler;
+  for (const std::string& path : o.given) {
+    static const std::string kPrefix = "scheduler.params.";
+    if (path.rfind(kPrefix, 0) != 0) continue;
+    std::string param = path.substr(kPrefix.size());
+    if (!s.type)
+      DT_THROW(ConfigError, "{}: {}: scheduler parameters without scheduler.type; set scheduler.type to WarmupLR, "
+               "WarmupDecayLR or WarmupCosineLR", o.at(path), path);
+    if (!scheduler_param_applies(s.type, param))
+      DT_THROW(ConfigError, "{}: {}: not a parameter of scheduler {} (at {})", o.at(path), path, *s.type,
+               o.at("scheduler.type"));
+  }
+  if (s.type && *s.type != "WarmupLR" && s.total_num_steps && *s.total_num_steps <= s.warmup_num_steps)
+    DT_THROW(ConfigError, "{}: scheduler.params.total_num_steps: {} must be greater than warmup_num_steps = {} (at {})",
+             o.at("scheduler.params.total_num_steps"), *s.total_num_steps, s.warmup_num_steps,
+             o.at("scheduler.params.warmup_num_steps"));
+  if (s.warmup_max_lr && *s.warmup_max_lr < s.warmup_min_lr)
+    DT_THROW(ConfigError, "{}: scheduler.params.warmup_max_lr: {} is below warmup_min_lr = {}",
+             o.at("scheduler.params.warmup_max_lr"), *s.warmup_max_lr, s.warmup_min_lr);
+  if (s.type && *s.type != "WarmupLR" && !s.total_num_steps && cfg.training.epochs)
+    warnings.push_back(fmt::format("{}: scheduler.params.total_num_steps not given: the {} schedule ends at the "
+                                   "last step of training.epochs", o.at("scheduler.type"), *s.type));
+
+  const FaultToleranceConfig& f = cfg.fault_tolerance;
+  if (f.heartbeat_timeout <= f.heartbeat_interval)
+    DT_THROW(ConfigError, "{}: fault_tolerance.heartbeat_timeout: {} s must be greater than heartbeat_interval = {} s",
+             o.at("fault_tolerance.heartbeat_timeout"), f.heartbeat_timeout, f.heartbeat_interval);
+  if (cfg.training.name.find('/') != std::string::npos)
+    DT_THROW(ConfigError, "{}: training.name: '{}' must not contain '/' (it names runs/<name>)", o.at("training.name"),
+             cfg.training.name);
+  if (cfg.data.tokenizer.empty())
+    DT_THROW(ConfigError, "{}: data.tokenizer: empty; give a tokenizer.json path or \"byte\"", o.at("data.tokenizer"));
+  if (cfg.cluster.rendezvous.address.empty())
+    DT_THROW(ConfigError, "{}: cluster.rendezvous.address: empty; give a host/IP or auto",
+             o.at("cluster.rendezvous.address"));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+
+void config_derive_validate(TrainConfig& cfg, const Origins& o, std::vector<std::string>& warnings) {
+  derive(cfg, o);
+  validate(cfg, o, warnings);
+  // A config that names any part of a job (model, data, steps) must name all of it; a pure
+  // DeepSpeed config (e.g. an HF Trainer ds_config) is checked by config_check_job at launch.
+  static const char* const kJobKeys[] = {"model.architecture", "model.init_from", "data.train",
+                                         "training.max_steps", "training.epochs"};
+  for (const char* k : kJobKeys)
+    if (o.given_by_user.count(k)) {
+      config_check_job(cfg);
+      break;
+    }
+}
+
+void config_check_job(const TrainConfig& cfg) {
+  const std::string& src = cfg.source;
+  const ModelConfig& m = cfg.model;
+  if (m.init_from.empty()) {
+    std::vector<std::string> missing;
+    if (!m.architecture) missing.push_back("model.architecture");
+    if (!m.vocab_size) missing.push_back("model.vocab_size");
+    if (!m.n_layer) missing.push_back("model.n_layer");
+    if (!m.n_head) missing.push_back("model.n_head");
+    if (!m.d_model) missing.push_back("model.d_model");
+    if (!m.max_seq_len) missing.push_back("model.max_seq_len (or data.seq_len)");
+    if (!missing.empty())
+      DT_THROW(ConfigError, "{}: {}: required for a job (or set model.init_from to a Hugging Face model directory)",
+               src, fmt::join(missing, ", "));
+  }
+  if (cfg.data.train.empty())
+    DT_THROW(ConfigError, "{}: data.train: required for a job; give the training data path", src);
+  if (!cfg.training.max_steps && !cfg.training.epochs)
+    DT_THROW(ConfigError, "{}: training.max_steps / training.epochs: give exactly one (neither is set)", src);
+  if (cfg.training.max_steps && cfg.training.epochs)
+    DT_THROW(ConfigError, "{}: training.max_steps / training.epochs: give exactly one (both are set)", src);
+}
+
+}  // namespace dtrain::config

@@ -1,0 +1,279 @@
+// Loading: every config error names file:line:column, the key path and what is expected;
+// the key policy (accepted DeepSpeed keys in one warning, typos are errors with a
+// suggestion, other unknown keys are warnings); derived values.
+#include "config/train_config.h"
+#include "core/error.h"
+
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <unistd.h>
+
+using namespace dtrain;
+using namespace dtrain::config;
+
+namespace {
+
+// A complete small job on lines 1-4; tests append lines (starting at line 5) and may
+// change entries of its model/data/training maps ("" removes one).
+using Over = std::map<std::string, std::string>;
+std::string flow(Over base, const Over& over) {
+  for (const auto& [k, v] : over) {
+    if (v.empty()) base.erase(k);
+    else base[k] = v;
+  }
+  std::string out = "{";
+  for (const auto& [k, v] : base) out += (out.size() > 1 ? ", " : "") + k + ": " + v;
+  return out + "}";
+}
+std::string job(const Over& model = {}, const Over& data = {}, const Over& training = {}) {
+  return "train_micro_batch_size_per_gpu: 2\n"
+         "model: " + flow({{"architecture", "llama"}, {"vocab_size", "512"}, {"n_layer", "2"}, {"n_head", "4"},
+                           {"d_model", "64"}, {"max_seq_len", "32"}}, model) + "\n"
+         "data: " + flow({{"train", "x.jsonl"}}, data) + "\n"
+         "training: " + flow({{"max_steps", "10"}}, training) + "\n";
+}
+const std::string kJob = job();
+
+bool has(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+
+std::string error_of(const std::string& text, const std::vector<std::string>& sets = {}) {
+  try {
+    config_load_string(text, "t.yaml", sets);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  FAIL("no ConfigError for:\n" << text);
+  return "";
+}
+
+// Asserts each piece appears in the error message.
+void expect_error(const std::string& text, std::initializer_list<std::string> pieces) {
+  std::string m = error_of(text);
+  INFO("message: " << m);
+  for (const std::string& p : pieces) CHECK_MESSAGE(has(m, p), "missing '" << p << "'");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+TEST_CASE("a small job loads with derived values filled") {
+  LoadedConfig l = config_load_string(kJob, "jobs/small.yaml");
+  const TrainConfig& c = l.cfg;
+  CHECK(l.warnings.empty());
+  CHECK(c.source == "jobs/small.yaml");
+  CHECK(*c.model.architecture == "llama");
+  CHECK(*c.model.n_kv_head == 4);
+  CHECK(*c.model.d_ff == 256);  // int(8*64/3) = 170 rounded up to 256
+  CHECK(*c.model.tie_embeddings == false);
+  CHECK(*c.data.seq_len == 32);
+  CHECK(c.training.name == "small");
+  CHECK(c.training.output_dir == "runs/small");
+  CHECK(c.zero.stage == 0);
+  CHECK(c.zero.reduce_bucket_size == 500000000);
+  CHECK(c.cluster.env.forward_prefixes == std::vector<std::string>{"NCCL_", "CUDA_", "DTRAIN_", "OMP_"});
+  CHECK(!c.activation_checkpointing.enabled);
+  CHECK(!c.lora.enabled());
+}
+
+TEST_CASE("llama d_ff follows Llama's rule and gpt2 uses 4*d_model") {
+  LoadedConfig a = config_load_string(kJob, "a", {"model.d_model=2048", "model.n_head=32", "model.n_kv_head=8"});
+  CHECK(*a.cfg.model.d_ff == 5632);
+  LoadedConfig g = config_load_string(kJob, "g", {"model.architecture=gpt2"});
+  CHECK(*g.cfg.model.d_ff == 256);
+  CHECK(*g.cfg.model.tie_embeddings == true);
+}
+
+TEST_CASE("DeepSpeed integers written as floats, and auto") {
+  LoadedConfig l = config_load_string(kJob +
+                                          "zero_optimization: {stage: 2, reduce_bucket_size: 5e8, "
+                                          "allgather_bucket_size: 2.5e7}\n"
+                                          "train_batch_size: auto\ngradient_accumulation_steps: auto\n"
+                                          "gradient_clipping: auto\n",
+                                      "t.yaml");
+  CHECK(l.cfg.zero.reduce_bucket_size == 500000000);
+  CHECK(l.cfg.zero.allgather_bucket_size == 25000000);
+  CHECK(!l.cfg.train_batch_size);
+  CHECK(!l.cfg.gradient_accumulation_steps);
+  CHECK(l.cfg.gradient_clipping == 0.0);
+  expect_error(kJob + "zero_optimization: {reduce_bucket_size: 5.5e0}\n",
+               {"t.yaml:5:41:", "zero_optimization.reduce_bucket_size", "expected an integer >= 1", "5.5e0"});
+}
+
+// ---------------------------------------------------------------------------
+TEST_CASE("key policy: a typo is an error naming the known key") {
+  std::string m = error_of("train_micro_batch_size_per_gpu: 2\n\ngradient_cliping: 1.0\n");
+  CHECK(has(m, "t.yaml:3:1: gradient_cliping: unknown key; did you mean gradient_clipping?"));
+  expect_error(kJob + "zero_optimization:\n  stgae: 2\n",
+               {"t.yaml:6:3:", "zero_optimization.stgae", "did you mean zero_optimization.stage?"});
+  expect_error(kJob + "zero_optimisation: {stage: 1}\n", {"t.yaml:5:1:", "did you mean zero_optimization?"});
+  // short keys: distance 1 only
+  expect_error(kJob + "optimizer: {params: {l: 0.1}}\n", {"optimizer.params.l", "did you mean optimizer.params.lr?"});
+}
+
+TEST_CASE("key policy: other unknown keys are warnings with their location") {
+  LoadedConfig l = config_load_string(kJob + "my_custom_thing: 3\ncluster: {ssh: {favourite_color: red}}\n", "t.yaml");
+  REQUIRE(l.warnings.size() == 2);
+  CHECK(has(l.warnings[0], "t.yaml:5:1: my_custom_thing: unknown key"));
+  CHECK(has(l.warnings[1], "cluster.ssh.favourite_color: unknown key"));
+  // a short unknown key two edits away from a short known key is not a typo
+  LoadedConfig s = config_load_string(kJob + "optimizer: {params: {xyz: 1}}\n", "t.yaml");
+  CHECK(s.warnings.size() == 1);
+}
+
+TEST_CASE("key policy: DeepSpeed keys dtrain does not act on are listed in one warning") {
+  LoadedConfig l = config_load_string(kJob +
+                                          "zero_optimization:\n"
+                                          "  stage: 3\n"
+                                          "  offload_optimizer: {device: cpu, pin_memory: true}\n"
+                                          "  stage3_gather_16bit_weights_on_model_save: true\n"
+                                          "wandb: {enabled: true}\n"
+                                          "fp16: {enabled: true, auto_cast: false}\n"
+                                          "zero_allow_untested_optimizer: true\n",
+                                      "t.yaml");
+  REQUIRE(l.warnings.size() == 1);
+  const std::string& w = l.warnings[0];
+  for (const char* k : {"zero_optimization.offload_optimizer", "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+                        "wandb", "fp16.auto_cast", "zero_allow_untested_optimizer"})
+    CHECK_MESSAGE(has(w, k), k);
+  CHECK(has(w, "not acted on"));
+  CHECK(l.cfg.zero.stage == 3);
+  CHECK(l.cfg.fp16.enabled);
+}
+
+// ---------------------------------------------------------------------------
+TEST_CASE("type and range errors name file:line:column, key and expectation") {
+  expect_error(kJob + "zero_optimization:\n  stage: abc\n",
+               {"t.yaml:6:10:", "zero_optimization.stage", "expected an integer in [0, 3]", "'abc'"});
+  expect_error(kJob + "zero_optimization: {stage: 4}\n", {"zero_optimization.stage", "in [0, 3]", "'4'"});
+  expect_error("train_micro_batch_size_per_gpu: -1\n",
+               {"t.yaml:1:33:", "train_micro_batch_size_per_gpu", "expected an integer >= 1", "'-1'"});
+  expect_error("train_micro_batch_size_per_gpu: 0\n", {"train_micro_batch_size_per_gpu", ">= 1"});
+  expect_error(kJob + "cluster: {ssh: {port: 70000}}\n", {"cluster.ssh.port", "in [1, 65535]"});
+  expect_error(kJob + "cluster: {rendezvous: {port: -3}}\n", {"cluster.rendezvous.port", "in [0, 65535]"});
+  expect_error(kJob + "optimizer: {type: Lamb}\n", {"t.yaml:5:19:", "optimizer.type", "one of: AdamW, Adam", "'Lamb'"});
+  expect_error(kJob + "optimizer: {type: adamw}\n", {"did you mean AdamW?"});
+  expect_error(job({}, {}, {{"device", "gpu"}}), {"training.device", "one of: auto, cpu, cuda"});
+  expect_error(job({{"n_layer", "four"}}), {"model.n_layer", "expected an integer"});
+  expect_error(kJob + "gradient_clipping: \"1.0\"\n", {"gradient_clipping", "quoted string \"1.0\""});
+  expect_error(kJob + "wall_clock_breakdown: maybe\n", {"wall_clock_breakdown", "a boolean"});
+  expect_error(kJob + "optimizer: {params: {betas: [0.9]}}\n", {"optimizer.params.betas", "a list of 2 numbers"});
+  expect_error(kJob + "optimizer: {params: {betas: [0.9, 1.0]}}\n", {"optimizer.params.betas", "in [0, 1)"});
+  expect_error(kJob + "optimizer: {params: {lr: 0}}\n", {"optimizer.params.lr", "> 0"});
+  expect_error(kJob + "lora: {target_modules: q_proj}\n", {"lora.target_modules", "a list of strings"});
+  expect_error(kJob + "cluster: {env: {set: {\"1BAD\": x}}}\n", {"cluster.env.set", "environment variable name"});
+  expect_error(kJob + "zero_optimization: 2\n", {"t.yaml:5:20:", "zero_optimization: expected a mapping", "stage"});
+  expect_error(job({{"d_model", "1e30"}}), {"model.d_model", "expected an integer"});
+}
+
+TEST_CASE("relations between keys") {
+  expect_error(kJob + "fp16: {enabled: true}\nbf16: {enabled: true}\n",
+               {"t.yaml:6:17:", "bf16.enabled", "fp16.enabled (at t.yaml:5:17)", "at most one"});
+  expect_error(job({}, {}, {{"epochs", "2"}}), {"training.epochs", "training.max_steps", "keep one"});
+  expect_error(job({{"d_model", "66"}}), {"model.d_model", "66 is not a multiple of model.n_head = 4"});
+  expect_error(job({{"n_kv_head", "3"}}), {"model.n_kv_head", "3 must divide model.n_head = 4"});
+  expect_error(job({{"architecture", "gpt2"}, {"n_kv_head", "2"}}), {"model.n_kv_head", "gpt2"});
+  expect_error(job({}, {{"seq_len", "64"}}), {"data.seq_len", "longer than model.max_seq_len = 32"});
+  expect_error(kJob + "fault_tolerance: {heartbeat_interval: 5, heartbeat_timeout: 5}\n",
+               {"fault_tolerance.heartbeat_timeout", "greater than heartbeat_interval"});
+}
+
+TEST_CASE("LoRA targets are checked against the architecture") {
+  LoadedConfig l = config_load_string(kJob + "lora: {r: 8, target_modules: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]}\n", "t.yaml");
+  CHECK(l.cfg.lora.enabled());
+  CHECK(l.cfg.lora.target_modules.size() == 7);
+  LoadedConfig d = config_load_string(kJob + "lora: {r: 8}\n", "t.yaml");
+  CHECK(d.cfg.lora.target_modules == std::vector<std::string>{"q_proj", "v_proj"});
+  expect_error(job({{"architecture", "gpt2"}}) + "lora:\n  r: 8\n  target_modules: [q_proj]\n",
+               {"t.yaml:7:19:", "lora.target_modules", "'q_proj' is not a projection of gpt2", "c_attn, c_proj, c_fc"});
+  expect_error(kJob + "lora: {r: 8, target_modules: [q_prj]}\n", {"did you mean q_proj?"});
+  expect_error(kJob + "lora: {r: 8, target_modules: [q_proj, q_proj]}\n", {"listed twice"});
+  LoadedConfig off = config_load_string(kJob + "lora: {target_modules: [q_proj]}\n", "t.yaml");
+  REQUIRE(off.warnings.size() == 1);
+  CHECK(has(off.warnings[0], "LoRA is off"));
+}
+
+TEST_CASE("scheduler parameters") {
+  LoadedConfig l = config_load_string(kJob + "optimizer: {params: {lr: 0.01}}\nscheduler: {type: WarmupDecayLR, params: {warmup_num_steps: 3}}\n", "t.yaml");
+  CHECK(*l.cfg.scheduler.total_num_steps == 10);  // from training.max_steps
+  CHECK(*l.cfg.scheduler.warmup_max_lr == 0.01);  // from optimizer.params.lr
+  expect_error(kJob + "scheduler:\n  type: WarmupDecayLR\n  params: {warmup_num_steps: 100, total_num_steps: 50}\n",
+               {"t.yaml:7:", "scheduler.params.total_num_steps", "50 must be greater than warmup_num_steps = 100"});
+  expect_error(kJob + "scheduler: {type: WarmupLR, params: {cos_min_ratio: 0.1}}\n",
+               {"scheduler.params.cos_min_ratio", "not a parameter of scheduler WarmupLR"});
+  expect_error(kJob + "scheduler: {params: {warmup_num_steps: 3}}\n", {"scheduler.params.warmup_num_steps", "scheduler.type"});
+  expect_error(kJob + "scheduler: {type: OneCycle}\n", {"scheduler.type", "WarmupLR, WarmupDecayLR, WarmupCosineLR"});
+}
+
+TEST_CASE("activation checkpointing: the section turns it on unless enabled: false") {
+  CHECK(config_load_string(kJob + "activation_checkpointing: {partition_activations: false}\n", "t").cfg.activation_checkpointing.enabled);
+  CHECK(config_load_string(kJob + "activation_checkpointing:\n", "t").cfg.activation_checkpointing.enabled);
+  CHECK(!config_load_string(kJob + "activation_checkpointing: {enabled: false}\n", "t").cfg.activation_checkpointing.enabled);
+}
+
+// ---------------------------------------------------------------------------
+TEST_CASE("document-level errors") {
+  expect_error(kJob + "model: [1, 2\n", {"t.yaml:", "YAML syntax error"});
+  expect_error("- a\n- b\n", {"t.yaml:1:1:", "top level must be a mapping", "a list"});
+  expect_error("just text\n", {"top level must be a mapping"});
+  expect_error("", {"t.yaml", "empty"});
+  expect_error(kJob + "steps_per_print: 5\nsteps_per_print: 6\n",
+               {"t.yaml:6:1:", "steps_per_print: duplicate key (first given at line 5)"});
+  expect_error(kJob + "? [a, b]\n: 1\n", {"keys must be plain names"});
+}
+
+TEST_CASE("a complete job needs model, data and steps; a pure DeepSpeed config does not") {
+  expect_error("model: {architecture: llama}\n", {"model.vocab_size", "model.n_layer", "model.init_from"});
+  expect_error("train_micro_batch_size_per_gpu: 2\nmodel: {architecture: llama, vocab_size: 512, n_layer: 2, "
+               "n_head: 4, d_model: 64, max_seq_len: 32}\ndata: {train: x}\n",
+               {"training.max_steps / training.epochs", "neither"});
+  expect_error("model: {init_from: /models/llama}\ntraining: {epochs: 1}\n", {"data.train"});
+  LoadedConfig hf = config_load_string("model: {init_from: /models/llama}\ndata: {train: d}\ntraining: {epochs: 1}\n", "t");
+  CHECK(!hf.cfg.model.n_layer);
+  LoadedConfig ds = config_load_string("train_batch_size: 16\nzero_optimization: {stage: 2}\n", "ds.json");
+  CHECK(ds.cfg.zero.stage == 2);
+  CHECK_THROWS_AS(config_check_job(ds.cfg), ConfigError);
+  CHECK_NOTHROW(config_check_job(config_load_string(kJob, "t").cfg));
+}
+
+TEST_CASE("JSON (DeepSpeed ds_config) loads, with JSON positions in errors") {
+  std::string json = "{\n  \"train_batch_size\": 32,\n  \"fp16\": {\"enabled\": true, \"loss_scale\": 0},\n"
+                     "  \"zero_optimization\": {\"stage\": 3, \"overlap_comm\": true}\n}\n";
+  LoadedConfig l = config_load_string(json, "ds.json");
+  CHECK(*l.cfg.train_batch_size == 32);
+  CHECK(l.cfg.zero.stage == 3);
+  CHECK(l.cfg.zero.overlap_comm);
+  expect_error("{\n  \"zero_optimization\": {\"stage\": \"three\"}\n}\n", {"t.yaml:2:34:", "zero_optimization.stage"});
+}
+
+TEST_CASE("files: missing, directory, unreadable") {
+  try {
+    config_load_file("/nonexistent/dir/x.yaml");
+    FAIL("no throw");
+  } catch (const IoError& e) {
+    CHECK(has(e.what(), "/nonexistent/dir/x.yaml"));
+    CHECK(has(e.what(), "does not exist"));
+  }
+  CHECK_THROWS_AS(config_load_file("/tmp"), IoError);
+  auto dir = std::filesystem::temp_directory_path() / ("dtrain_cfg_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto f = dir / "job.yaml";
+  { std::ofstream(f) << kJob << "gradient_cliping: 1\n"; }
+  try {
+    config_load_file(f.string());
+    FAIL("no throw");
+  } catch (const ConfigError& e) {
+    CHECK(has(e.what(), f.string() + ":5:1: gradient_cliping"));
+  }
+  { std::ofstream(f) << kJob; }
+  CHECK(config_load_file(f.string()).cfg.training.name == "job");
+  if (::geteuid() != 0) {  // root reads anything
+    std::filesystem::permissions(f, std::filesystem::perms::none);
+    CHECK_THROWS_AS(config_load_file(f.string()), IoError);
+  }
+  std::filesystem::remove_all(dir);
+}
