@@ -1,0 +1,91 @@
+// Heartbeat thread (stamp, reconnect after failures, prompt stop) and the missed-beat
+// check the supervisor runs against the server's clock.
+#include "rendezvous/heartbeat.h"
+
+#include "core/error.h"
+#include "core/log.h"
+
+#include <algorithm>
+
+namespace dtrain::rendezvous {
+
+using std::chrono::milliseconds;
+
+std::string heartbeat_key(const std::string& name, const std::string& prefix) { return prefix + "hb/" + name; }
+
+Heartbeat::Heartbeat(const std::string& host, uint16_t port, const std::string& token, const std::string& name,
+                     milliseconds interval, const std::string& prefix)
+    : host_(host), port_(port), token_(token), key_(heartbeat_key(name, prefix)),
+      interval_(std::max(interval, milliseconds(1))) {
+  client_ = std::make_unique<StoreClient>(host_, port_, token_, std::max(interval_, milliseconds(1000)));
+  // A silently dead server must not hold the thread (and the destructor) for long.
+  client_->set_request_timeout(std::max(interval_, milliseconds(1000)));
+  stamp();  // throws: the caller learns at once that the store is unreachable
+  thread_ = std::thread([this] { run(); });
+}
+
+Heartbeat::~Heartbeat() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string Heartbeat::last_error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_error_;
+}
+
+void Heartbeat::stamp() {
+  const auto unix_ms =
+      std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  client_->set(key_, std::to_string(unix_ms));
+  ++beats_;
+}
+
+void Heartbeat::beat() {
+  std::string error;
+  try {
+    if (!client_) {
+      client_ = std::make_unique<StoreClient>(host_, port_, token_, std::max(interval_, milliseconds(1000)));
+      client_->set_request_timeout(std::max(interval_, milliseconds(1000)));
+    }
+    stamp();
+  } catch (const CommError& e) {
+    // Reconnect on the next beat; the supervisor sees the gap in the server's timestamps.
+    client_.reset();
+    error = e.what();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!error.empty() && last_error_.empty()) log_warn("heartbeat '{}' failed: {}", key_, error);
+  if (error.empty() && !last_error_.empty()) log_info("heartbeat '{}' restored", key_);
+  last_error_ = std::move(error);
+}
+
+void Heartbeat::run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    if (cv_.wait_for(lock, interval_, [this] { return stop_; })) return;
+    lock.unlock();
+    beat();
+    lock.lock();
+  }
+}
+
+// ----------------------------------------------------------------------------
+
+std::vector<std::string> heartbeat_missed(const StoreServer& server, const std::string& prefix,
+                                          const std::vector<std::string>& expected, milliseconds max_age) {
+  const auto beats = server.heartbeats(prefix + "hb/");
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<std::string> missed;
+  for (const auto& name : expected) {
+    auto it = beats.find(name);
+    if (it == beats.end() || now - it->second > max_age) missed.push_back(name);
+  }
+  return missed;
+}
+
+}  // namespace dtrain::rendezvous
