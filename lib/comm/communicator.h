@@ -1,0 +1,73 @@
+// The one collective-communication interface every rank uses (trainer, ZeRO engine,
+// bench): allreduce, reduce_scatter, all_gather, broadcast, barrier and abort over
+// fp32/bf16/fp16 buffers. Backends: Gloo (host memory, TCP) and NCCL (CUDA memory).
+#pragma once
+
+#include "core/dtype.h"
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace dtrain::comm {
+
+enum class ReduceOp { SUM, AVG, MAX };
+enum class Backend { GLOO, NCCL };
+
+/// "sum", "avg", "max" (nccl-tests spelling).
+const char* reduce_op_name(ReduceOp op);
+/// Accepts sum/avg/max (any case; "mean" for avg). Returns false when unknown.
+bool reduce_op_parse(std::string_view s, ReduceOp* out);
+/// "gloo" or "nccl".
+const char* backend_name(Backend b);
+/// Accepts gloo/nccl (any case). Returns false when unknown.
+bool backend_parse(std::string_view s, Backend* out);
+
+/// A communicator over `size()` ranks. Every rank must call the same collectives in
+/// the same order with the same counts, dtype, op and root. One thread drives the
+/// collectives; only abort() may be called from another thread.
+///
+/// Failures (peer lost, timeout, abort) throw CommError; once a collective has
+/// failed the communicator is unusable and must be destroyed.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual Backend backend() const = 0;
+  /// True when buffers are CUDA device pointers (NCCL); false for host memory (Gloo).
+  virtual bool on_device() const = 0;
+  /// CUDA device ordinal the buffers live on, -1 for host memory.
+  virtual int device() const { return -1; }
+  /// What the buffers live on, for logs and the bench header ("cpu <model>", GPU name).
+  virtual std::string device_name() const = 0;
+
+  /// Reduce `count` elements across ranks; every rank gets the result in recv.
+  /// In-place when send == recv.
+  virtual void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) = 0;
+  /// send holds size()*recv_count elements; recv gets this rank's reduced slice
+  /// (elements [rank*recv_count, (rank+1)*recv_count)). In-place when
+  /// recv == send + rank*recv_count (in elements), as in NCCL.
+  virtual void reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
+                              ReduceOp op) = 0;
+  /// recv gets size()*send_count elements, rank r's contribution at r*send_count.
+  /// In-place when send == recv + rank*send_count (in elements), as in NCCL.
+  virtual void all_gather(const void* send, void* recv, size_t send_count, DType dtype) = 0;
+  /// Copy root's send (count elements) to every rank's recv. In-place when send == recv;
+  /// send is read on root only.
+  virtual void broadcast(const void* send, void* recv, size_t count, DType dtype, int root) = 0;
+  /// Returns once every rank has entered the barrier (and, on NCCL, all work enqueued
+  /// before it has completed).
+  virtual void barrier() = 0;
+  /// Wait until every collective issued so far has completed, so its results can be
+  /// read. NCCL collectives are asynchronous (stream-ordered); Gloo collectives are
+  /// complete when they return and this does nothing. Bounded by the backend timeout.
+  virtual void synchronize() {}
+
+  /// Called from another thread during teardown: makes any in-flight and every future
+  /// collective fail fast with CommError instead of hanging. Idempotent.
+  virtual void abort() = 0;
+};
+
+}  // namespace dtrain::comm

@@ -1,0 +1,445 @@
+// Gloo backend: ring collectives on gloo's TCP transport (full mesh via the rendezvous
+// store), bf16/fp16 reduced through fp32, every gloo failure turned into CommError, and
+// abort() that fails blocked collectives at once.
+#include "comm/gloo_comm.h"
+
+#include "core/check.h"
+#include "core/log.h"
+
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/attr.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <exception>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <vector>
+
+namespace dtrain::comm {
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Element-wise reductions out = a (op) b; out may alias a or b. bf16/fp16 have no gloo type: their bit patterns are widened to fp32, reduced and
+// rounded back to nearest even, so a SUM is rounded once per pairwise step of the
+// algorithm (exact while partial sums stay representable), as NCCL does.
+
+inline float reduce_pair(float x, float y, ReduceOp op) {
+  if (op == ReduceOp::MAX) return (x != x || x > y) ? x : y;  // NaN propagates
+  return x + y;                                               // SUM; AVG divides later
+}
+
+template <float (*Load)(uint16_t), uint16_t (*Store)(float)>
+void reduce_half(void* out, const void* a, const void* b, size_t n, ReduceOp op) {
+  auto* o = static_cast<uint16_t*>(out);
+  const auto* x = static_cast<const uint16_t*>(a);
+  const auto* y = static_cast<const uint16_t*>(b);
+  for (size_t i = 0; i < n; ++i) o[i] = Store(reduce_pair(Load(x[i]), Load(y[i]), op));
+}
+
+void reduce_f32(void* out, const void* a, const void* b, size_t n, ReduceOp op) {
+  auto* o = static_cast<float*>(out);
+  const auto* x = static_cast<const float*>(a);
+  const auto* y = static_cast<const float*>(b);
+  for (size_t i = 0; i < n; ++i) o[i] = reduce_pair(x[i], y[i], op);
+}
+
+using ReduceFn = std::function<void(void*, const void*, const void*, size_t)>;
+
+ReduceFn reduce_function(DType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DType::F32:
+      return [op](void* o, const void* a, const void* b, size_t n) { reduce_f32(o, a, b, n, op); };
+    case DType::BF16:
+      return [op](void* o, const void* a, const void* b, size_t n) {
+        reduce_half<bf16_to_f32, f32_to_bf16>(o, a, b, n, op);
+      };
+    case DType::F16:
+      return [op](void* o, const void* a, const void* b, size_t n) {
+        reduce_half<f16_to_f32, f32_to_f16>(o, a, b, n, op);
+      };
+  }
+  DT_THROW(InternalError, "unknown dtype {}", static_cast<int>(dtype));
+}
+
+// AVG = SUM, then one division by the rank count in fp32 and one rounding to the
+// dtype. For bf16/fp16 the sum was already rounded per step, so the average can differ
+// from the exact mean by those roundings plus one final rounding.
+void divide_in_place(void* data, size_t count, DType dtype, int n) {
+  const float d = static_cast<float>(n);
+  if (dtype == DType::F32) {
+    auto* p = static_cast<float*>(data);
+    for (size_t i = 0; i < count; ++i) p[i] /= d;
+    return;
+  }
+  for (size_t i = 0; i < count; ++i) dtype_store(data, i, dtype, dtype_load(data, i, dtype) / d);
+}
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    auto colon = line.find(':');
+    if (colon == std::string::npos) break;
+    auto start = line.find_first_not_of(" \t", colon + 1);
+    return start == std::string::npos ? std::string("cpu") : "cpu " + line.substr(start);
+  }
+  return "cpu";
+}
+
+// ---------------------------------------------------------------------------
+// Why the collectives below are ring algorithms written on gloo's transport instead of
+// gloo::allreduce & co: abort() must wake a collective blocked on another thread.
+// gloo's option-style collectives wait on UnboundBuffers they create internally, and the
+// only hook that fails those waits (tcp::Pair::signalExceptionExternal) lives in
+// gloo/transport/tcp/pair.h, which needs gloo/common/memory.h, a header the Debian
+// package does not ship. Writing the rings on UnboundBuffers we create lets abort()
+// call UnboundBuffer::abortWaitSend/abortWaitRecv on exactly the buffers in use. The
+// rings are the textbook bandwidth-optimal ones (reduce-scatter 1x, allreduce 2x the
+// buffer per rank) and give a true reduce-scatter, not allreduce + slice.
+
+constexpr uint64_t kSlotPrefix = uint64_t{0xd7} << 56;  // apart from gloo's own prefixes
+constexpr size_t kBroadcastSegment = 512 * 1024;        // pipeline step of the broadcast ring
+
+// Balanced split of `count` elements into n chunks: chunk c is [bound(c), bound(c+1)).
+inline size_t chunk_bound(size_t count, int n, int c) {
+  return static_cast<size_t>((static_cast<unsigned __int128>(count) * c) / n);
+}
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(std::shared_ptr<gloo::rendezvous::Store> store, int rank, int size,
+                   const GlooOptions& opts);
+  ~GlooCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Backend backend() const override { return Backend::GLOO; }
+  bool on_device() const override { return false; }
+  std::string device_name() const override { return cpu_model_; }
+
+  void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override;
+  void reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op) override;
+  void all_gather(const void* send, void* recv, size_t send_count, DType dtype) override;
+  void broadcast(const void* send, void* recv, size_t count, DType dtype, int root) override;
+  void barrier() override;
+  void abort() override;
+
+ private:
+  using UnboundBuffer = gloo::transport::UnboundBuffer;
+
+  // An UnboundBuffer registered for abort() for as long as the collective uses it.
+  class OpBuffer {
+   public:
+    OpBuffer(GlooCommunicator& comm, void* ptr, size_t bytes);
+    ~OpBuffer();
+    OpBuffer(const OpBuffer&) = delete;
+    OpBuffer& operator=(const OpBuffer&) = delete;
+    UnboundBuffer* operator->() { return buf_.get(); }
+
+   private:
+    GlooCommunicator& comm_;
+    std::unique_ptr<UnboundBuffer> buf_;
+  };
+
+  // Runs one collective: refuses when aborted or broken, gives it a fresh slot, and
+  // turns every gloo exception into CommError (marking the communicator broken).
+  void run(const char* what, const std::function<void(uint64_t slot)>& body);
+  // Wait for one send/recv on b; a false return from gloo means abort() woke us.
+  void wait_send(OpBuffer& b);
+  void wait_recv(OpBuffer& b);
+  // In-place ring reduce-scatter over data (count elements split by `bounds`); on return
+  // chunk rank_ holds the reduction over all ranks (no AVG division).
+  void ring_reduce_scatter(void* data, size_t count, const std::vector<size_t>& bounds, DType dtype,
+                           ReduceOp op, uint64_t slot);
+  // In-place ring all-gather: chunk r of data (split by bounds) is rank r's on entry.
+  void ring_all_gather(void* data, size_t bytes_per_elem, const std::vector<size_t>& bounds,
+                       uint64_t slot);
+
+  const int rank_;
+  const int size_;
+  const std::chrono::milliseconds timeout_;
+  std::string cpu_model_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  uint32_t next_tag_ = 0;
+  std::vector<char> scratch_;  // reduce_scatter's working copy
+  std::vector<char> incoming_; // a received chunk before it is reduced
+
+  std::mutex abort_mutex_;               // guards aborted_ transitions and active_
+  std::atomic<bool> aborted_{false};
+  std::vector<UnboundBuffer*> active_;   // buffers of the running collective
+  std::string broken_;                   // first failure; touched only by the collective thread
+};
+
+GlooCommunicator::OpBuffer::OpBuffer(GlooCommunicator& comm, void* ptr, size_t bytes)
+    : comm_(comm), buf_(comm.context_->createUnboundBuffer(ptr, bytes)) {
+  std::lock_guard<std::mutex> lock(comm_.abort_mutex_);
+  comm_.active_.push_back(buf_.get());
+  // Registered before the check, under the lock abort() takes: either abort() sees this
+  // buffer or we see the flag.
+  if (comm_.aborted_.load()) {
+    buf_->abortWaitSend();
+    buf_->abortWaitRecv();
+  }
+}
+
+GlooCommunicator::OpBuffer::~OpBuffer() {
+  std::lock_guard<std::mutex> lock(comm_.abort_mutex_);
+  std::erase(comm_.active_, buf_.get());
+}
+
+GlooCommunicator::GlooCommunicator(std::shared_ptr<gloo::rendezvous::Store> store, int rank, int size,
+                                   const GlooOptions& opts)
+    : rank_(rank), size_(size), timeout_(opts.timeout), cpu_model_(cpu_model_name()) {
+  DT_ENFORCE(store != nullptr, UsageError, "comm_create_gloo needs a rendezvous store");
+  DT_ENFORCE_GT(size, 0, UsageError, "world size must be positive");
+  DT_ENFORCE(rank >= 0 && rank < size, UsageError, "rank {} out of range for world size {}", rank, size);
+  DT_ENFORCE(opts.interface.empty() || opts.address.empty(), UsageError,
+             "set either the Gloo interface ('{}') or the address ('{}'), not both", opts.interface,
+             opts.address);
+  DT_ENFORCE_GT(opts.timeout.count(), 0, UsageError, "Gloo timeout must be positive (milliseconds)");
+
+  gloo::transport::tcp::attr attr;
+  attr.iface = opts.interface;
+  attr.hostname = opts.address;
+  const std::string where = !opts.interface.empty() ? "interface '" + opts.interface + "'"
+                            : !opts.address.empty() ? "address '" + opts.address + "'"
+                                                    : std::string("this host's name");
+  try {
+    device_ = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    DT_THROW(CommError,
+             "Gloo cannot bind a TCP device on {}: {}; check the interface name (ip -br addr) or "
+             "the address (it must belong to this host)",
+             where, e.what());
+  }
+  try {
+    context_ = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    context_->setTimeout(opts.timeout);
+    context_->connectFullMesh(*store, device_);
+  } catch (const std::exception& e) {
+    DT_THROW(CommError,
+             "Gloo rank {} of {} could not connect the full mesh within {} ms via {}: {}; check that "
+             "every rank started and that the hosts reach each other over TCP",
+             rank, size, opts.timeout.count(), where, e.what());
+  }
+  log_debug("gloo: rank {} of {} connected on {}", rank, size, device_->str());
+}
+
+GlooCommunicator::~GlooCommunicator() = default;
+
+void GlooCommunicator::run(const char* what, const std::function<void(uint64_t)>& body) {
+  if (aborted_.load()) DT_THROW(CommError, "Gloo {} on rank {}: communicator was aborted", what, rank_);
+  if (!broken_.empty())
+    DT_THROW(CommError, "Gloo {} on rank {}: communicator unusable after an earlier failure: {}", what,
+             rank_, broken_);
+  const uint64_t slot = kSlotPrefix | next_tag_++;
+  std::string error;
+  try {
+    body(slot);
+    return;
+  } catch (const CommError& e) {  // wait_* after abort()
+    error = e.what();
+  } catch (const gloo::Exception& e) {  // IoException: peer lost, timeout, socket closed
+    error = e.what();
+  } catch (const gloo::EnforceNotMet& e) {  // e.g. ranks disagree on a collective's size
+    error = e.what();
+  }
+  broken_ = error;
+  if (aborted_.load()) DT_THROW(CommError, "Gloo {} on rank {} aborted: {}", what, rank_, error);
+  DT_THROW(CommError,
+           "Gloo {} on rank {} failed (timeout {} ms): {}; a peer rank probably died or stopped "
+           "calling the same collectives",
+           what, rank_, timeout_.count(), error);
+}
+
+void GlooCommunicator::wait_send(OpBuffer& b) {
+  if (!b->waitSend(timeout_)) DT_THROW(CommError, "send interrupted by abort()");
+}
+
+void GlooCommunicator::wait_recv(OpBuffer& b) {
+  if (!b->waitRecv(timeout_)) DT_THROW(CommError, "receive interrupted by abort()");
+}
+
+// Step s sends chunk (r-s-1) to the right neighbour and receives chunk (r-s-2) from the
+// left one, reducing it into place; the chunk received last (s = n-2) is chunk r.
+void GlooCommunicator::ring_reduce_scatter(void* data, size_t count, const std::vector<size_t>& bounds,
+                                           DType dtype, ReduceOp op, uint64_t slot) {
+  const int n = size_;
+  const size_t es = dtype_size(dtype);
+  size_t max_chunk = 0;
+  for (int c = 0; c < n; ++c) max_chunk = std::max(max_chunk, bounds[c + 1] - bounds[c]);
+  incoming_.resize(std::max<size_t>(max_chunk * es, 1));
+  OpBuffer out(*this, data, count * es);
+  OpBuffer in(*this, incoming_.data(), incoming_.size());
+  const auto reduce = reduce_function(dtype, op);
+  const int right = (rank_ + 1) % n, left = (rank_ + n - 1) % n;
+  for (int s = 0; s < n - 1; ++s) {
+    const int sc = ((rank_ - s - 1) % n + n) % n;
+    const int rc = ((rank_ - s - 2) % n + n) % n;
+    const size_t s_len = bounds[sc + 1] - bounds[sc], r_len = bounds[rc + 1] - bounds[rc];
+    // Empty chunks (count < n) are skipped on both sides, which agree on the bounds.
+    if (s_len > 0) out->send(right, slot, bounds[sc] * es, s_len * es);
+    if (r_len > 0) in->recv(left, slot, 0, r_len * es);
+    if (r_len > 0) {
+      wait_recv(in);
+      char* dst = static_cast<char*>(data) + bounds[rc] * es;
+      reduce(dst, dst, incoming_.data(), r_len);
+    }
+    if (s_len > 0) wait_send(out);
+  }
+}
+
+// Step s sends chunk (r-s) right and receives chunk (r-s-1) from the left into place.
+void GlooCommunicator::ring_all_gather(void* data, size_t es, const std::vector<size_t>& bounds,
+                                       uint64_t slot) {
+  const int n = size_;
+  OpBuffer buf(*this, data, bounds[n] * es);
+  const int right = (rank_ + 1) % n, left = (rank_ + n - 1) % n;
+  for (int s = 0; s < n - 1; ++s) {
+    const int sc = ((rank_ - s) % n + n) % n;
+    const int rc = ((rank_ - s - 1) % n + n) % n;
+    const size_t s_len = bounds[sc + 1] - bounds[sc], r_len = bounds[rc + 1] - bounds[rc];
+    if (s_len > 0) buf->send(right, slot, bounds[sc] * es, s_len * es);
+    if (r_len > 0) buf->recv(left, slot, bounds[rc] * es, r_len * es);
+    if (r_len > 0) wait_recv(buf);
+    if (s_len > 0) wait_send(buf);
+  }
+}
+
+void GlooCommunicator::allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
+  run("allreduce", [&](uint64_t slot) {
+    if (count == 0) return;
+    if (send != recv) std::memmove(recv, send, count * dtype_size(dtype));
+    if (size_ == 1) return;
+    std::vector<size_t> bounds(size_ + 1);
+    for (int c = 0; c <= size_; ++c) bounds[c] = chunk_bound(count, size_, c);
+    ring_reduce_scatter(recv, count, bounds, dtype, op, slot);
+    if (op == ReduceOp::AVG) {
+      char* mine = static_cast<char*>(recv) + bounds[rank_] * dtype_size(dtype);
+      divide_in_place(mine, bounds[rank_ + 1] - bounds[rank_], dtype, size_);
+    }
+    ring_all_gather(recv, dtype_size(dtype), bounds, slot);
+  });
+}
+
+void GlooCommunicator::reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
+                                      ReduceOp op) {
+  run("reduce_scatter", [&](uint64_t slot) {
+    if (recv_count == 0) return;
+    const size_t es = dtype_size(dtype);
+    const size_t slice = recv_count * es;
+    const char* mine = static_cast<const char*>(send) + rank_ * slice;
+    if (size_ == 1) {
+      if (mine != recv) std::memmove(recv, mine, slice);
+      return;
+    }
+    // A working copy: send is const, and in place only this rank's slice may change.
+    scratch_.resize(slice * size_);
+    std::memcpy(scratch_.data(), send, slice * size_);
+    std::vector<size_t> bounds(size_ + 1);
+    for (int c = 0; c <= size_; ++c) bounds[c] = recv_count * c;
+    ring_reduce_scatter(scratch_.data(), recv_count * size_, bounds, dtype, op, slot);
+    std::memcpy(recv, scratch_.data() + rank_ * slice, slice);
+    if (op == ReduceOp::AVG) divide_in_place(recv, recv_count, dtype, size_);
+  });
+}
+
+void GlooCommunicator::all_gather(const void* send, void* recv, size_t send_count, DType dtype) {
+  run("all_gather", [&](uint64_t slot) {
+    if (send_count == 0) return;
+    const size_t es = dtype_size(dtype);
+    char* mine = static_cast<char*>(recv) + rank_ * send_count * es;
+    if (send != mine) std::memmove(mine, send, send_count * es);
+    if (size_ == 1) return;
+    std::vector<size_t> bounds(size_ + 1);
+    for (int c = 0; c <= size_; ++c) bounds[c] = send_count * c;
+    ring_all_gather(recv, es, bounds, slot);
+  });
+}
+
+// A pipelined chain root -> root+1 -> ... -> root-1 in segments, so every link carries
+// the buffer once (bus bandwidth ~ link bandwidth, as NCCL's ring broadcast).
+void GlooCommunicator::broadcast(const void* send, void* recv, size_t count, DType dtype, int root) {
+  DT_ENFORCE(root >= 0 && root < size_, UsageError, "broadcast root {} out of range for world size {}",
+             root, size_);
+  run("broadcast", [&](uint64_t slot) {
+    if (count == 0) return;
+    const size_t bytes = count * dtype_size(dtype);
+    if (rank_ == root && send != recv) std::memmove(recv, send, bytes);
+    if (size_ == 1) return;
+    const int pos = (rank_ - root + size_) % size_;
+    const int right = (rank_ + 1) % size_, left = (rank_ + size_ - 1) % size_;
+    const bool forwards = pos < size_ - 1;
+    OpBuffer buf(*this, recv, bytes);
+    size_t sends = 0;
+    for (size_t off = 0; off < bytes; off += kBroadcastSegment) {
+      const size_t len = std::min(kBroadcastSegment, bytes - off);
+      if (pos > 0) {
+        buf->recv(left, slot, off, len);
+        wait_recv(buf);
+      }
+      if (forwards) {
+        buf->send(right, slot, off, len);
+        ++sends;
+      }
+    }
+    for (size_t i = 0; i < sends; ++i) wait_send(buf);
+  });
+}
+
+// Everyone reports to rank 0, which then releases everyone: 2(n-1) one-byte messages.
+void GlooCommunicator::barrier() {
+  run("barrier", [&](uint64_t slot) {
+    if (size_ == 1) return;
+    std::vector<char> tokens(size_, 0);
+    OpBuffer buf(*this, tokens.data(), tokens.size());
+    if (rank_ == 0) {
+      for (int r = 1; r < size_; ++r) buf->recv(r, slot, r, 1);
+      for (int r = 1; r < size_; ++r) wait_recv(buf);
+      for (int r = 1; r < size_; ++r) buf->send(r, slot, 0, 1);
+      for (int r = 1; r < size_; ++r) wait_send(buf);
+    } else {
+      buf->send(0, slot, rank_, 1);
+      buf->recv(0, slot, 0, 1);
+      wait_send(buf);
+      wait_recv(buf);
+    }
+  });
+}
+
+void GlooCommunicator::abort() {
+  {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    if (aborted_.exchange(true)) return;
+    for (UnboundBuffer* b : active_) {
+      b->abortWaitSend();
+      b->abortWaitRecv();
+    }
+  }
+  // Closing the sockets makes the peers' pending operations fail at once with
+  // "connection closed" instead of waiting out their timeout.
+  try {
+    context_->closeConnections();
+  } catch (const std::exception& e) {
+    log_warn("gloo: rank {} abort could not close every connection: {}", rank_, e.what());
+  }
+  log_debug("gloo: rank {} aborted", rank_);
+}
+}  // namespace
+
+std::unique_ptr<Communicator> comm_create_gloo(std::shared_ptr<gloo::rendezvous::Store> store, int rank,
+                                               int size, const GlooOptions& opts) {
+  return std::make_unique<GlooCommunicator>(std::move(store), rank, size, opts);
+}
+
+}  // namespace dtrain::comm
