@@ -1,0 +1,356 @@
+// BpeTokenizer: loading and validating tokenizer.json, then encoding with a linked
+// list of symbols and a min-heap of candidate merges (rank, position): the same result
+// as GPT-2's "merge every occurrence of the lowest-ranked pair" loop in O(n log n).
+#include "data/bpe.h"
+
+#include "core/check.h"
+#include "core/log.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <queue>
+#include <sstream>
+
+namespace dtrain::data {
+
+using nlohmann::json;
+
+namespace {
+
+// The exact regex strings found in tokenizer.json files (after JSON unescaping).
+constexpr std::string_view LLAMA3_REGEX =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+constexpr std::string_view QWEN2_REGEX =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+constexpr std::string_view GPT2_REGEX =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  DT_ENFORCE(in.good(), IoError, "cannot open tokenizer file '{}': check the path", path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  DT_ENFORCE(!in.bad(), IoError, "error reading tokenizer file '{}'", path);
+  return ss.str();
+}
+
+std::string map_bytes(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (char c : bytes) utf8_append(out, byte_to_unicode(static_cast<uint8_t>(c)));
+  return out;
+}
+
+uint64_t pair_key(int32_t a, int32_t b) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+}
+
+// "<s>" or {"content": "<s>", ...} as used by tokenizer_config.json.
+std::string token_text(const json& j) {
+  if (j.is_string()) return j.get<std::string>();
+  if (j.is_object() && j.contains("content") && j["content"].is_string()) return j["content"].get<std::string>();
+  return {};
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Loading
+
+BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
+  const std::string text = read_file(path);
+  json root;
+  try {
+    root = json::parse(text);
+  } catch (const json::parse_error& e) {
+    DT_THROW(ConfigError, "tokenizer file '{}' is not valid JSON (byte {}): {}; is it truncated?", path,
+             e.byte, e.what());
+  }
+  auto fail = [&](const std::string& what) {
+    DT_THROW(ConfigError, "tokenizer file '{}': {}", path, what);
+  };
+  if (!root.is_object()) fail("top level is not a JSON object");
+
+  try {
+    // ---- model
+    if (!root.contains("model") || !root["model"].is_object()) fail("missing \"model\" object");
+    const json& model = root["model"];
+    std::string type = model.value("type", std::string("BPE"));
+    if (type != "BPE")
+      fail("unsupported model type '" + type + "': dtrain supports byte-level BPE tokenizers only");
+    if (!model.contains("vocab") || !model["vocab"].is_object()) fail("model.vocab is missing or not an object");
+    if (!model.contains("merges") || !model["merges"].is_array()) fail("model.merges is missing or not an array");
+    ignore_merges_ = model.value("ignore_merges", false);
+
+    int32_t max_id = -1;
+    for (const auto& [tok, idj] : model["vocab"].items()) {
+      if (!idj.is_number_integer() || idj.get<int64_t>() < 0 || idj.get<int64_t>() > (1 << 30))
+        fail("model.vocab entry '" + tok + "' has no valid id");
+      int32_t id = idj.get<int32_t>();
+      vocab_[tok] = id;
+      max_id = std::max(max_id, id);
+    }
+
+    // ---- added tokens
+    std::vector<Added> added;
+    if (root.contains("added_tokens") && !root["added_tokens"].is_null()) {
+      if (!root["added_tokens"].is_array()) fail("added_tokens is not an array");
+      for (const json& a : root["added_tokens"]) {
+        if (!a.is_object() || !a.contains("id") || !a.contains("content") || !a["id"].is_number_integer() ||
+            !a["content"].is_string() || a["id"].get<int64_t>() < 0 || a["id"].get<int64_t>() > (1 << 30))
+          fail("added_tokens entry " + a.dump() + " needs an integer \"id\" and a string \"content\"");
+        Added t{a["content"].get<std::string>(), a["id"].get<int32_t>()};
+        if (t.content.empty()) fail("added_tokens entry with id " + std::to_string(t.id) + " has empty content");
+        max_id = std::max(max_id, t.id);
+        added.push_back(std::move(t));
+      }
+    }
+    if (max_id < 0) fail("the vocabulary is empty");
+    id_to_token_.assign(static_cast<size_t>(max_id) + 1, std::string());
+    is_added_.assign(id_to_token_.size(), false);
+    for (const auto& [tok, id] : vocab_) id_to_token_[id] = tok;
+    for (const Added& a : added) {
+      id_to_token_[a.id] = a.content;
+      is_added_[a.id] = true;
+    }
+    std::stable_sort(added.begin(), added.end(),
+                     [](const Added& x, const Added& y) { return x.content.size() > y.content.size(); });
+    added_ = std::move(added);
+    for (size_t i = 0; i < added_.size(); ++i)
+      added_by_first_[static_cast<uint8_t>(added_[i].content[0])].push_back(static_cast<int32_t>(i));
+
+    // ---- byte tokens and merges
+    for (int b = 0; b < 256; ++b) {
+      std::string s;
+      utf8_append(s, byte_to_unicode(static_cast<uint8_t>(b)));
+      auto it = vocab_.find(s);
+      if (it == vocab_.end())
+        fail(fmt::format("model.vocab lacks the byte-level token for byte 0x{:02X} ('{}'): not a byte-level "
+                         "BPE vocabulary", b, s));
+      byte_ids_[b] = it->second;
+    }
+    const json& merges = model["merges"];
+    merges_.reserve(merges.size());
+    for (size_t r = 0; r < merges.size(); ++r) {
+      const json& m = merges[r];
+      std::string a, b;
+      if (m.is_string()) {
+        const std::string s = m.get<std::string>();
+        size_t sp = s.find(' ');
+        if (sp == std::string::npos || sp == 0 || sp + 1 >= s.size())
+          fail(fmt::format("model.merges[{}] = '{}' is not of the form \"left right\"", r, s));
+        a = s.substr(0, sp);
+        b = s.substr(sp + 1);
+      } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+        a = m[0].get<std::string>();
+        b = m[1].get<std::string>();
+      } else {
+        fail(fmt::format("model.merges[{}] = {} is neither \"left right\" nor [left, right]", r, m.dump()));
+      }
+      auto ia = vocab_.find(a), ib = vocab_.find(b), im = vocab_.find(a + b);
+      if (ia == vocab_.end() || ib == vocab_.end() || im == vocab_.end())
+        fail(fmt::format("model.merges[{}] = '{} {}' uses a token missing from model.vocab", r, a, b));
+      // A pair listed twice keeps its first (lowest) rank, as in Hugging Face.
+      merges_.emplace(pair_key(ia->second, ib->second), Merge{static_cast<int32_t>(r), im->second});
+    }
+
+    // ---- normalizer and pre-tokenizer
+    if (root.contains("normalizer") && !root["normalizer"].is_null()) {
+      std::string nt = root["normalizer"].value("type", std::string("?"));
+      if (nt == "NFC")
+        log_debug("tokenizer '{}': NFC normalizer not applied (text assumed NFC)", path);
+      else
+        fail("unsupported normalizer '" + nt + "': dtrain supports byte-level BPE without a normalizer");
+    }
+    if (!root.contains("pre_tokenizer") || !root["pre_tokenizer"].is_object())
+      fail("missing pre_tokenizer: dtrain supports byte-level BPE (ByteLevel pre-tokenizer)");
+    const json& pre = root["pre_tokenizer"];
+    std::string pt = pre.value("type", std::string("?"));
+    if (pt == "ByteLevel") {
+      add_prefix_space_ = pre.value("add_prefix_space", false);
+      pretokenizer_ = pre.value("use_regex", true) ? PretokenizerKind::GPT2 : PretokenizerKind::NONE;
+    } else if (pt == "Sequence" && pre.contains("pretokenizers") && pre["pretokenizers"].is_array()) {
+      const json& seq = pre["pretokenizers"];
+      bool ok = false;
+      if (seq.size() == 2 && seq[0].value("type", "") == "Split" && seq[1].value("type", "") == "ByteLevel") {
+        std::string regex;
+        if (seq[0].contains("pattern") && seq[0]["pattern"].is_object())
+          regex = seq[0]["pattern"].value("Regex", std::string());
+        bool isolated = seq[0].value("behavior", std::string("Isolated")) == "Isolated" &&
+                        !seq[0].value("invert", false);
+        bool byte_regex = seq[1].value("use_regex", true);
+        add_prefix_space_ = seq[1].value("add_prefix_space", false);
+        if (isolated && !byte_regex && regex == LLAMA3_REGEX) {
+          pretokenizer_ = PretokenizerKind::LLAMA3;
+          max_digits_ = 3;
+          ok = true;
+        } else if (isolated && !byte_regex && regex == QWEN2_REGEX) {
+          pretokenizer_ = PretokenizerKind::LLAMA3;
+          max_digits_ = 1;
+          ok = true;
+        } else if (isolated && !byte_regex && regex == GPT2_REGEX) {
+          pretokenizer_ = PretokenizerKind::GPT2;
+          ok = true;
+        }
+      }
+      if (!ok)
+        fail("unsupported pre_tokenizer Sequence " + pre.dump().substr(0, 300) +
+             ": dtrain supports ByteLevel (GPT-2) or Split(Llama-3/Qwen2 regex) + ByteLevel(use_regex=false)");
+    } else {
+      fail("unsupported pre_tokenizer type '" + pt +
+           "': dtrain supports byte-level BPE (ByteLevel, or Split + ByteLevel as in Llama-3)");
+    }
+  } catch (const json::exception& e) {
+    DT_THROW(ConfigError, "tokenizer file '{}' has an unexpected structure: {}", path, e.what());
+  }
+
+  // ---- bos / eos / pad
+  std::filesystem::path cfg = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
+  if (std::filesystem::exists(cfg)) {
+    try {
+      json c = json::parse(read_file(cfg.string()));
+      auto pick = [&](const char* key) {
+        return c.is_object() && c.contains(key) ? special_id(token_text(c[key])) : -1;
+      };
+      bos_id_ = pick("bos_token");
+      eos_id_ = pick("eos_token");
+      pad_id_ = pick("pad_token");
+    } catch (const json::exception& e) {
+      DT_THROW(ConfigError, "'{}' is not valid JSON: {}", cfg.string(), e.what());
+    }
+  }
+  auto first_of = [&](std::initializer_list<const char*> names) {
+    for (const char* n : names)
+      if (int32_t id = special_id(n); id >= 0) return id;
+    return -1;
+  };
+  if (eos_id_ < 0) eos_id_ = first_of({"<|endoftext|>", "<|end_of_text|>", "</s>", "<|eos|>", "<eos>"});
+  if (bos_id_ < 0) bos_id_ = first_of({"<|begin_of_text|>", "<s>", "<|bos|>", "<bos>", "<|endoftext|>"});
+  if (pad_id_ < 0) pad_id_ = first_of({"<|pad|>", "<pad>", "[PAD]", "<|finetune_right_pad_id|>"});
+}
+
+int32_t BpeTokenizer::special_id(std::string_view token) const {
+  if (token.empty()) return -1;
+  for (const Added& a : added_)
+    if (a.content == token) return a.id;
+  return -1;
+}
+
+// ---------------------------------------------------------------------------
+// Encoding
+
+std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
+  std::vector<int32_t> out;
+  size_t seg = 0, i = 0;
+  while (i < text.size()) {
+    const Added* hit = nullptr;
+    for (int32_t k : added_by_first_[static_cast<uint8_t>(text[i])]) {
+      const Added& a = added_[k];
+      if (text.compare(i, a.content.size(), a.content) == 0) {
+        hit = &a;  // longest first
+        break;
+      }
+    }
+    if (!hit) {
+      ++i;
+      continue;
+    }
+    encode_segment(text.substr(seg, i - seg), out);
+    out.push_back(hit->id);
+    i += hit->content.size();
+    seg = i;
+  }
+  encode_segment(text.substr(seg), out);
+  return out;
+}
+
+std::vector<int32_t> BpeTokenizer::encode_ordinary(std::string_view text) const {
+  std::vector<int32_t> out;
+  encode_segment(text, out);
+  return out;
+}
+
+void BpeTokenizer::encode_segment(std::string_view text, std::vector<int32_t>& out) const {
+  if (text.empty()) return;
+  std::string prefixed;
+  if (add_prefix_space_ && text[0] != ' ') {
+    prefixed = " ";
+    prefixed.append(text);
+    text = prefixed;
+  }
+  for (const Piece& p : pretokenize(text, pretokenizer_, max_digits_)) encode_piece(text.substr(p.offset, p.length), out);
+}
+
+void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
+  if (ignore_merges_) {
+    auto it = vocab_.find(map_bytes(piece));
+    if (it != vocab_.end()) {
+      out.push_back(it->second);
+      return;
+    }
+  }
+  const int n = static_cast<int>(piece.size());
+  if (n == 1) {
+    out.push_back(byte_ids_[static_cast<uint8_t>(piece[0])]);
+    return;
+  }
+  std::vector<int32_t> id(n), prev(n), next(n);
+  for (int i = 0; i < n; ++i) {
+    id[i] = byte_ids_[static_cast<uint8_t>(piece[i])];
+    prev[i] = i - 1;
+    next[i] = i + 1 < n ? i + 1 : -1;
+  }
+  struct Cand {
+    int32_t rank, pos, left, right;
+    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+  };
+  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
+  auto push = [&](int pos) {
+    if (pos < 0 || next[pos] < 0) return;
+    auto it = merges_.find(pair_key(id[pos], id[next[pos]]));
+    if (it != merges_.end()) heap.push({it->second.rank, pos, id[pos], id[next[pos]]});
+  };
+  for (int i = 0; i + 1 < n; ++i) push(i);
+  while (!heap.empty()) {
+    Cand c = heap.top();
+    heap.pop();
+    // Stale when either symbol was merged since the candidate was pushed.
+    if (id[c.pos] != c.left || next[c.pos] < 0 || id[next[c.pos]] != c.right) continue;
+    int r = next[c.pos];
+    id[c.pos] = merges_.at(pair_key(c.left, c.right)).merged;
+    id[r] = -1;
+    next[c.pos] = next[r];
+    if (next[r] >= 0) prev[next[r]] = c.pos;
+    push(prev[c.pos]);
+    push(c.pos);
+  }
+  for (int i = 0; i >= 0; i = next[i]) out.push_back(id[i]);
+}
+
+// ---------------------------------------------------------------------------
+// Decoding
+
+std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
+  std::string out;
+  for (int32_t t : ids) {
+    if (t < 0 || t >= vocab_size()) continue;
+    const std::string& s = id_to_token_[t];
+    if (is_added_[t]) {
+      out += s;
+      continue;
+    }
+    for (const Utf8Unit& u : utf8_units(s)) {
+      int b = unicode_to_byte(u.cp);
+      if (b >= 0) out.push_back(static_cast<char>(b));
+      else out.append(s, u.offset, u.length);
+    }
+  }
+  return out;
+}
+
+}  // namespace dtrain::data

@@ -1,0 +1,157 @@
+// TokenDataset: the sample index (windows or documents) over shards or in-memory
+// token data, and the copy of one sample into inputs / targets.
+#include "data/dataset.h"
+
+#include "core/check.h"
+#include "core/log.h"
+
+#include <algorithm>
+
+namespace dtrain::data {
+
+// ---------------------------------------------------------------------------
+// Sources
+
+struct TokenDataset::Source {
+  virtual ~Source() = default;
+  virtual std::string name() const = 0;
+  virtual size_t size() const = 0;
+  virtual int32_t token(size_t i) const = 0;
+  virtual bool mask(size_t i) const = 0;
+  virtual size_t num_docs() const = 0;
+  virtual uint64_t doc_start(size_t d) const = 0;
+  virtual uint64_t doc_end(size_t d) const = 0;
+  virtual int32_t vocab_size() const = 0;
+  virtual int32_t eos_id() const = 0;
+  virtual int32_t pad_id() const = 0;
+};
+
+namespace {
+
+struct ShardSource final : TokenDataset::Source {
+  explicit ShardSource(const std::string& path) : r(path) {}
+  std::string name() const override { return r.path(); }
+  size_t size() const override { return r.size(); }
+  int32_t token(size_t i) const override { return r.token(i); }
+  bool mask(size_t i) const override { return r.mask(i); }
+  size_t num_docs() const override { return r.num_docs(); }
+  uint64_t doc_start(size_t d) const override { return r.doc_start(d); }
+  uint64_t doc_end(size_t d) const override { return r.doc_end(d); }
+  int32_t vocab_size() const override { return r.vocab_size(); }
+  int32_t eos_id() const override { return r.eos_id(); }
+  int32_t pad_id() const override { return r.pad_id(); }
+  ShardReader r;
+};
+
+struct MemorySource final : TokenDataset::Source {
+  explicit MemorySource(TokenData data) : d(std::move(data)) {
+    DT_ENFORCE(d.mask.empty() || d.mask.size() == d.tokens.size(), ConfigError,
+               "token data: mask has {} entries for {} tokens", d.mask.size(), d.tokens.size());
+    if (d.doc_starts.empty() && !d.tokens.empty()) d.doc_starts.push_back(0);
+    if (d.vocab_size <= 0) d.vocab_size = d.tokens.empty() ? 1 : *std::max_element(d.tokens.begin(), d.tokens.end()) + 1;
+  }
+  std::string name() const override { return "<memory>"; }
+  size_t size() const override { return d.tokens.size(); }
+  int32_t token(size_t i) const override { return d.tokens[i]; }
+  bool mask(size_t i) const override { return d.mask.empty() || d.mask[i] != 0; }
+  size_t num_docs() const override { return d.doc_starts.size(); }
+  uint64_t doc_start(size_t k) const override { return d.doc_starts[k]; }
+  uint64_t doc_end(size_t k) const override { return k + 1 < d.doc_starts.size() ? d.doc_starts[k + 1] : d.tokens.size(); }
+  int32_t vocab_size() const override { return d.vocab_size; }
+  int32_t eos_id() const override { return d.eos_id; }
+  int32_t pad_id() const override { return d.pad_id; }
+  TokenData d;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Construction
+
+TokenDataset::TokenDataset(const std::vector<std::string>& shard_paths, const DatasetOptions& options)
+    : options_(options) {
+  DT_ENFORCE(!shard_paths.empty(), ConfigError, "no token shards given for the dataset");
+  for (const std::string& p : shard_paths) sources_.push_back(std::make_unique<ShardSource>(p));
+  build();
+}
+
+TokenDataset::TokenDataset(TokenData data, const DatasetOptions& options) : options_(options) {
+  sources_.push_back(std::make_unique<MemorySource>(std::move(data)));
+  build();
+}
+
+TokenDataset::~TokenDataset() = default;
+TokenDataset::TokenDataset(TokenDataset&&) noexcept = default;
+TokenDataset& TokenDataset::operator=(TokenDataset&&) noexcept = default;
+
+void TokenDataset::build() {
+  const int64_t L = options_.seq_len;
+  DT_ENFORCE(L >= 1, ConfigError, "seq_len must be at least 1, got {}", L);
+  vocab_size_ = sources_[0]->vocab_size();
+  for (const auto& s : sources_)
+    DT_ENFORCE_EQ(s->vocab_size(), vocab_size_, ConfigError,
+                  "shard '{}' was made with another tokenizer than '{}'", s->name(), sources_[0]->name());
+  pad_id_ = options_.pad_id;
+  if (pad_id_ < 0) pad_id_ = sources_[0]->pad_id();
+  if (pad_id_ < 0) pad_id_ = sources_[0]->eos_id();
+  if (pad_id_ < 0) pad_id_ = 0;
+  DT_ENFORCE(pad_id_ < vocab_size_, ConfigError, "pad id {} is outside the vocabulary [0, {})", pad_id_, vocab_size_);
+
+  const uint64_t window = static_cast<uint64_t>(L) + 1;
+  for (uint32_t si = 0; si < sources_.size(); ++si) {
+    const Source& s = *sources_[si];
+    if (options_.mode == SampleMode::PACK) {
+      if (s.size() < window) continue;
+      const uint64_t count = (s.size() - 1) / static_cast<uint64_t>(L);
+      for (uint64_t i = 0; i < count; ++i) index_.push_back({si, i * static_cast<uint64_t>(L), window});
+      continue;
+    }
+    for (size_t d = 0; d < s.num_docs(); ++d) {
+      const uint64_t b = s.doc_start(d);
+      const uint64_t len = std::min<uint64_t>(s.doc_end(d) - b, window);
+      bool trained = false;
+      for (uint64_t j = 1; j < len && !trained; ++j) trained = s.mask(b + j);
+      if (!trained) {
+        ++skipped_;
+        continue;
+      }
+      index_.push_back({si, b, len});
+    }
+  }
+  if (skipped_ > 0)
+    log_warn("dataset: skipped {} documents with no trained token within seq_len + 1 = {} tokens", skipped_, window);
+  size_t total = 0;
+  for (const auto& s : sources_) total += s->size();
+  DT_ENFORCE(!index_.empty(), ConfigError,
+             "the dataset yields no samples of seq_len {} ({} tokens in {} shard(s)); use a smaller seq_len or more data",
+             L, total, sources_.size());
+}
+
+// ---------------------------------------------------------------------------
+// Samples
+
+void TokenDataset::sample(size_t index, int32_t* inputs, int32_t* targets) const {
+  DT_ENFORCE_LT(index, index_.size(), InternalError, "sample index out of range");
+  const Entry& e = index_[index];
+  const Source& s = *sources_[e.source];
+  const size_t L = static_cast<size_t>(options_.seq_len);
+  for (size_t j = 0; j < L; ++j) {
+    inputs[j] = j < e.length ? s.token(e.begin + j) : pad_id_;
+    targets[j] = (j + 1 < e.length && s.mask(e.begin + j + 1)) ? s.token(e.begin + j + 1) : IGNORE_INDEX;
+  }
+}
+
+Sample TokenDataset::sample(size_t index) const {
+  Sample out;
+  out.inputs.resize(static_cast<size_t>(options_.seq_len));
+  out.targets.resize(static_cast<size_t>(options_.seq_len));
+  sample(index, out.inputs.data(), out.targets.data());
+  return out;
+}
+
+void TokenDataset::batch(const std::vector<size_t>& indices, int32_t* inputs, int32_t* targets) const {
+  const size_t L = static_cast<size_t>(options_.seq_len);
+  for (size_t r = 0; r < indices.size(); ++r) sample(indices[r], inputs + r * L, targets + r * L);
+}
+
+}  // namespace dtrain::data

@@ -1,0 +1,79 @@
+// TokenDataset: fixed-length training samples (seq_len inputs + seq_len shifted
+// targets, -100 where no loss is taken) cut from token shards or in-memory TokenData,
+// by packing the token stream into windows or by padding one document per sample.
+#pragma once
+
+#include "data/shard.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dtrain::data {
+
+constexpr int32_t IGNORE_INDEX = -100;  // target value that takes no loss
+
+// PACK: the documents of each shard, laid end to end, are cut into consecutive windows
+//   of seq_len + 1 tokens that overlap by one (window i = tokens [i*L, i*L + L + 1)); a
+//   partial last window is dropped and windows do not cross shards. Plain causal
+//   packing, as in most trainers: attention DOES cross document/record boundaries
+//   inside a window (each document ends with eos, which marks the boundary). For text
+//   this is the usual pre-training stream; for SFT it is sequence packing.
+// PAD: one document (SFT record) per sample, truncated to seq_len + 1 tokens and padded
+//   (inputs = pad id, targets = -100). Documents left with no trained target token
+//   (length 1, or the response cut off by truncation) are skipped, with a warning.
+// In both modes target j is token j+1 of the window, or -100 when its mask is false.
+enum class SampleMode { PACK, PAD };
+
+struct DatasetOptions {
+  int64_t seq_len = 0;                  // tokens per sample (inputs); >= 1
+  SampleMode mode = SampleMode::PACK;
+  int32_t pad_id = -1;                  // PAD input filler; -1: the shard's pad, else its eos, else 0
+};
+
+struct Sample {
+  std::vector<int32_t> inputs;   // seq_len
+  std::vector<int32_t> targets;  // seq_len; IGNORE_INDEX where no loss
+};
+
+class TokenDataset {
+ public:
+  // Opens (and verifies) every shard. ConfigError when the options are invalid, the
+  // shards disagree on vocab_size, or no sample can be made.
+  TokenDataset(const std::vector<std::string>& shard_paths, const DatasetOptions& options);
+  TokenDataset(TokenData data, const DatasetOptions& options);
+  ~TokenDataset();
+  TokenDataset(TokenDataset&&) noexcept;
+  TokenDataset& operator=(TokenDataset&&) noexcept;
+
+  size_t size() const { return index_.size(); }
+  int64_t seq_len() const { return options_.seq_len; }
+  int32_t vocab_size() const { return vocab_size_; }
+  size_t skipped_documents() const { return skipped_; }
+
+  // Fills inputs[0..seq_len) and targets[0..seq_len); index < size() (else InternalError).
+  void sample(size_t index, int32_t* inputs, int32_t* targets) const;
+  Sample sample(size_t index) const;
+  // Fills row r of two [indices.size(), seq_len] row-major arrays with sample indices[r].
+  void batch(const std::vector<size_t>& indices, int32_t* inputs, int32_t* targets) const;
+
+  struct Source;  // a shard or in-memory TokenData (dataset.cpp)
+
+ private:
+  struct Entry {
+    uint32_t source;
+    uint64_t begin;  // first token of the window / document
+    uint64_t length; // tokens available (<= seq_len + 1)
+  };
+  void build();
+
+  DatasetOptions options_;
+  std::vector<std::unique_ptr<Source>> sources_;
+  std::vector<Entry> index_;
+  int32_t vocab_size_ = 0;
+  int32_t pad_id_ = 0;
+  size_t skipped_ = 0;
+};
+
+}  // namespace dtrain::data

@@ -1,0 +1,96 @@
+// Turning text files and SFT JSONL into token shards.
+#include "data/prepare.h"
+
+#include "core/check.h"
+#include "core/log.h"
+
+#include <fstream>
+#include <sstream>
+
+namespace dtrain::data {
+
+DataFormat data_format_parse(std::string_view name) {
+  if (name == "text") return DataFormat::TEXT;
+  if (name == "alpaca") return DataFormat::ALPACA;
+  if (name == "chat") return DataFormat::CHAT;
+  if (name == "sft") return DataFormat::SFT;
+  DT_THROW(ConfigError, "unknown data format '{}' (use text, alpaca, chat or sft)", name);
+}
+
+namespace {
+
+std::vector<std::string> text_documents(const std::string& path, bool line_per_doc) {
+  std::ifstream in(path, std::ios::binary);
+  DT_ENFORCE(in.good(), IoError, "cannot open text data '{}': check the path", path);
+  std::vector<std::string> docs;
+  std::string line, cur;
+  auto flush = [&] {
+    if (!cur.empty()) docs.push_back(std::move(cur));
+    cur.clear();
+  };
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    bool blank = line.find_first_not_of(" \t") == std::string::npos;
+    if (line_per_doc) {
+      if (!blank) docs.push_back(line);
+      continue;
+    }
+    if (blank) {
+      flush();
+      continue;
+    }
+    if (!cur.empty()) cur.push_back('\n');
+    cur += line;
+  }
+  DT_ENFORCE(!in.bad(), IoError, "error reading text data '{}'", path);
+  flush();
+  return docs;
+}
+
+}  // namespace
+
+TokenData data_tokenize(const std::string& input, DataFormat format, const Tokenizer& tokenizer,
+                        const DataPrepareOptions& options) {
+  TokenData data;
+  data.vocab_size = tokenizer.vocab_size();
+  data.eos_id = tokenizer.eos_id();
+  data.pad_id = tokenizer.pad_id();
+  if (format == DataFormat::TEXT) {
+    for (const std::string& doc : text_documents(input, options.text_line_per_doc)) {
+      std::vector<int32_t> ids;
+      if (options.add_bos && tokenizer.bos_id() >= 0) ids.push_back(tokenizer.bos_id());
+      std::vector<int32_t> body = tokenizer.encode_ordinary(doc);
+      ids.insert(ids.end(), body.begin(), body.end());
+      if (tokenizer.eos_id() >= 0) ids.push_back(tokenizer.eos_id());
+      data.append(ids);
+    }
+  } else {
+    const SftFormat f = format == DataFormat::CHAT     ? SftFormat::CHAT
+                        : format == DataFormat::ALPACA ? SftFormat::ALPACA
+                                                       : SftFormat::AUTO;
+    const SftTemplate tmpl = sft_template_parse(options.sft_template);
+    for (const SftRecord& rec : sft_load_jsonl(input, f)) {
+      SftTokens t = sft_render(rec, tokenizer, tmpl, options.add_bos);
+      data.append(t.tokens, t.mask);
+    }
+  }
+  DT_ENFORCE(!data.tokens.empty(), ConfigError, "'{}' holds no documents: nothing to tokenize", input);
+  return data;
+}
+
+DataPrepareStats data_prepare(const std::string& input, DataFormat format, const std::string& tokenizer_spec,
+                              const std::string& output, const DataPrepareOptions& options) {
+  std::unique_ptr<Tokenizer> tok = tokenizer_load(tokenizer_spec);
+  TokenData data = data_tokenize(input, format, *tok, options);
+  shard_write(output, data);
+  DataPrepareStats s;
+  s.documents = data.doc_starts.size();
+  s.tokens = data.tokens.size();
+  s.trained_tokens = data.mask.empty() ? data.tokens.size() : 0;
+  for (uint8_t m : data.mask) s.trained_tokens += m;
+  log_info("data prepare: {} -> {} ({} documents, {} tokens, {} trained, tokenizer {})", input, output, s.documents,
+           s.tokens, s.trained_tokens, tok->name());
+  return s;
+}
+
+}  // namespace dtrain::data

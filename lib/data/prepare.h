@@ -1,0 +1,47 @@
+// data_prepare(): plain text or SFT JSONL -> tokenized TokenData -> a token shard.
+// Backs `dtrain data prepare`.
+#pragma once
+
+#include "data/shard.h"
+#include "data/sft.h"
+#include "data/tokenizer.h"
+
+#include <string>
+#include <string_view>
+
+namespace dtrain::data {
+
+// TEXT: a UTF-8 text file. Documents are separated by one or more blank lines
+// (DataPrepareOptions::text_line_per_doc = false, the default) or are single lines
+// (true). A document keeps its inner newlines, loses the separating ones, and is
+// followed by eos (when the tokenizer has one). No mask is stored: every token trains.
+// ALPACA / CHAT / SFT: SFT JSONL (data/sft.h), rendered with the template; the shard holds
+// the response mask and one document per record.
+// SFT: either SFT form, decided per line (a line with "messages" is chat).
+enum class DataFormat { TEXT, ALPACA, CHAT, SFT };
+
+// "text" | "alpaca" | "chat" | "sft"; ConfigError otherwise.
+DataFormat data_format_parse(std::string_view name);
+
+struct DataPrepareOptions {
+  std::string sft_template = "plain";  // plain | chatml
+  bool add_bos = false;                // prepend bos to every document
+  bool text_line_per_doc = false;      // TEXT: one document per line
+};
+
+struct DataPrepareStats {
+  size_t documents = 0;
+  size_t tokens = 0;
+  size_t trained_tokens = 0;  // tokens whose mask is true
+};
+
+// Tokenizes `input` into memory.
+TokenData data_tokenize(const std::string& input, DataFormat format, const Tokenizer& tokenizer,
+                        const DataPrepareOptions& options = {});
+
+// Tokenizes `input` with the tokenizer named by tokenizer_spec ("byte" or a
+// tokenizer.json path) and writes the shard `output`.
+DataPrepareStats data_prepare(const std::string& input, DataFormat format, const std::string& tokenizer_spec,
+                              const std::string& output, const DataPrepareOptions& options = {});
+
+}  // namespace dtrain::data
