@@ -1,0 +1,86 @@
+// Builds the HF-named parameter layout for GPT-2 and Llama.
+#include "model/layout.h"
+
+#include "core/tensor.h"
+
+namespace dtrain::model {
+
+size_t TensorSpec::numel() const { return static_cast<size_t>(shape_numel(shape)); }
+
+const TensorSpec* BufferLayout::find(const std::string& n) const {
+  for (const auto& t : tensors)
+    if (t.name == n) return &t;
+  return nullptr;
+}
+
+std::string layer_prefix(const ModelConfig& cfg, int layer) {
+  return (cfg.arch == ModelConfig::Arch::GPT2 ? "transformer.h." : "model.layers.") + std::to_string(layer);
+}
+
+namespace {
+void add(BufferLayout& b, std::string name, std::vector<int64_t> shape, bool decay, bool transposed = false) {
+  TensorSpec t{std::move(name), b.size, std::move(shape), decay, transposed};
+  b.size += t.numel();
+  b.tensors.push_back(std::move(t));
+}
+}  // namespace
+
+std::vector<BufferLayout> layout_build(const ModelConfig& cfg) {
+  cfg.validate();
+  const int64_t C = cfg.d_model, V = cfg.vocab_size, F = cfg.d_ff, HD = cfg.head_dim();
+  const int64_t QD = cfg.n_head * HD, KD = cfg.n_kv_head * HD;
+  const bool gpt2 = cfg.arch == ModelConfig::Arch::GPT2;
+  std::vector<BufferLayout> out;
+
+  BufferLayout emb{"embeddings", -1, {}, 0};
+  if (gpt2) {
+    add(emb, "transformer.wte.weight", {V, C}, true);
+    add(emb, "transformer.wpe.weight", {cfg.max_seq_len, C}, true);
+  } else {
+    add(emb, "model.embed_tokens.weight", {V, C}, true);
+  }
+  out.push_back(std::move(emb));
+
+  for (int l = 0; l < cfg.n_layer; ++l) {
+    const std::string p = layer_prefix(cfg, l) + ".";
+    BufferLayout b{"layers." + std::to_string(l), l, {}, 0};
+    if (gpt2) {
+      add(b, p + "ln_1.weight", {C}, false);
+      add(b, p + "ln_1.bias", {C}, false);
+      add(b, p + "attn.c_attn.weight", {QD + 2 * KD, C}, true, true);
+      add(b, p + "attn.c_attn.bias", {QD + 2 * KD}, false);
+      add(b, p + "attn.c_proj.weight", {C, QD}, true, true);
+      add(b, p + "attn.c_proj.bias", {C}, false);
+      add(b, p + "ln_2.weight", {C}, false);
+      add(b, p + "ln_2.bias", {C}, false);
+      add(b, p + "mlp.c_fc.weight", {F, C}, true, true);
+      add(b, p + "mlp.c_fc.bias", {F}, false);
+      add(b, p + "mlp.c_proj.weight", {C, F}, true, true);
+      add(b, p + "mlp.c_proj.bias", {C}, false);
+    } else {
+      add(b, p + "input_layernorm.weight", {C}, false);
+      add(b, p + "self_attn.q_proj.weight", {QD, C}, true);
+      add(b, p + "self_attn.k_proj.weight", {KD, C}, true);
+      add(b, p + "self_attn.v_proj.weight", {KD, C}, true);
+      add(b, p + "self_attn.o_proj.weight", {C, QD}, true);
+      add(b, p + "post_attention_layernorm.weight", {C}, false);
+      add(b, p + "mlp.gate_proj.weight", {F, C}, true);
+      add(b, p + "mlp.up_proj.weight", {F, C}, true);
+      add(b, p + "mlp.down_proj.weight", {C, F}, true);
+    }
+    out.push_back(std::move(b));
+  }
+
+  BufferLayout head{"head", cfg.n_layer, {}, 0};
+  if (gpt2) {
+    add(head, "transformer.ln_f.weight", {C}, false);
+    add(head, "transformer.ln_f.bias", {C}, false);
+  } else {
+    add(head, "model.norm.weight", {C}, false);
+  }
+  if (!cfg.tie_embeddings) add(head, "lm_head.weight", {V, C}, true);
+  out.push_back(std::move(head));
+  return out;
+}
+
+}  // namespace dtrain::model

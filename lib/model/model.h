@@ -1,0 +1,144 @@
+// The native decoder-only transformer (GPT-2 or Llama, see ModelConfig) on the CPU ops:
+// flat per-layer fp32 parameter/gradient buffers with HF-named layouts, forward with
+// masked cross-entropy, backward accumulating into the gradient buffers, optional
+// per-layer activation recomputation, ZeRO hooks and LoRA adapters.
+#pragma once
+
+#include "core/tensor.h"
+#include "model/config.h"
+#include "model/layout.h"
+#include "model/lora.h"
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace dtrain::model {
+
+/// Callbacks around each parameter buffer's use, for the ZeRO engine. The index is the
+/// buffer's layer: -1 = embeddings, 0..n_layer-1 = transformer layers, n_layer = head
+/// (params()[i + 1]). Forward calls before_layer_forward(-1 .. n_layer) in order; backward
+/// calls before_layer_backward(i) / after_layer_backward(i) for i = n_layer down to -1.
+/// After after_layer_backward(i) the gradients of buffer i are complete, except that with
+/// tied embeddings the head also writes the embeddings' gradient (complete only after
+/// after_layer_backward(-1)) and reads the embeddings in forward and backward.
+/// Recomputation calls no forward hook: it runs after before_layer_backward(i).
+struct ModelHooks {
+  std::function<void(int)> before_layer_forward;
+  std::function<void(int)> before_layer_backward;
+  std::function<void(int)> after_layer_backward;
+};
+
+class Model {
+ public:
+  explicit Model(const ModelConfig& cfg);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelConfig& config() const { return cfg_; }
+
+  /// GPT-2 init from one seed: every matrix (embeddings included) ~ N(0, 0.02), the
+  /// residual output projections (attn c_proj / o_proj, mlp c_proj / down_proj) ~
+  /// N(0, 0.02 / sqrt(2 n_layer)), norm weights 1, biases 0. Each tensor draws from its
+  /// own stream (seed, tensor index), so the result does not depend on sharding.
+  void init_weights(uint64_t seed);
+
+  /// Runs the model on tokens [B, T] (row-major); T <= max_seq_len. With targets [B, T]
+  /// (IGNORE_INDEX = -100 masks a position) returns the mean cross-entropy over unmasked
+  /// positions (0 if all are masked) and prepares backward(); with targets == nullptr
+  /// only computes logits and returns NaN. Activations are allocated on the first call
+  /// for a (B, T) and reused while (B, T) stays the same.
+  float forward(const int32_t* tokens, const int32_t* targets, int B, int T);
+
+  /// Accumulates (+=) d(grad_scale * mean loss)/d(params) into the gradient buffers (the
+  /// adapters' only, under LoRA). grad_scale carries the loss scale / accumulation factor.
+  /// Needs a forward() with targets since the last backward. Overwrites logits().
+  void backward(float grad_scale = 1.0f);
+
+  /// Zeros every trainable gradient buffer.
+  void zero_grad();
+
+  /// Base parameter buffers: embeddings, layers 0..n_layer-1, head. grad is null under LoRA.
+  std::vector<ParamBuffer>& params() { return params_; }
+  /// LoRA adapter buffers, one per layer (empty unless lora_enable was called).
+  std::vector<ParamBuffer>& lora_params() { return lora_params_; }
+  /// What the optimizer updates: lora_params() under LoRA, else params().
+  std::vector<ParamBuffer>& trainable_params() { return lora_on() ? lora_params_ : params_; }
+  /// The tensor named name (base or adapter) as a view, or a view with data == nullptr.
+  TensorView tensor(const std::string& name);
+
+  /// Logits [B, T, vocab] of the last forward (valid until backward()).
+  const float* logits() const { return logits_.data(); }
+  /// Per-position losses [B, T] of the last forward with targets (0 where masked).
+  const float* losses() const { return losses_.data(); }
+  /// Unmasked target count of the last forward.
+  int num_targets() const { return num_targets_; }
+
+  size_t num_params() const;            ///< base parameters
+  size_t num_trainable_params() const;  ///< adapters under LoRA, else num_params()
+
+  /// Keep only each layer's input in forward and recompute the layer before its backward.
+  /// Gradients are bit-identical to the non-recompute path.
+  void set_recompute(bool on);
+  bool recompute() const { return recompute_; }
+
+  void set_hooks(ModelHooks hooks) { hooks_ = std::move(hooks); }
+
+  /// Training mode (default) applies LoRA dropout; eval mode (false) turns it off.
+  void set_training(bool on) { training_ = on; }
+  bool training() const { return training_; }
+
+  // ---- LoRA
+  /// Adds adapters to the configured modules of every layer and freezes the base model
+  /// (its gradient buffers are released and no dW GEMM runs). B starts at 0, so the
+  /// output is unchanged until the adapters train.
+  void lora_enable(const LoraConfig& lcfg);
+  bool lora_on() const { return !lora_params_.empty(); }
+  const LoraConfig& lora_config() const { return lora_cfg_; }
+  /// Folds W += scale * B A into every adapted base weight, removes the adapters and
+  /// makes the base model trainable again (gradient buffers zeroed).
+  void lora_merge();
+  /// Dropout masks are seeded by (LoraConfig::seed, forward count, layer, module);
+  /// checkpoints save and restore the count to replay the same masks.
+  uint64_t forward_count() const { return forward_count_; }
+  void set_forward_count(uint64_t n) { forward_count_ = n; }
+
+ private:
+  struct Proj;
+  struct LayerActs;
+  struct Scratch;
+
+  void allocate(int B, int T);
+  void layer_forward(int l, LayerActs& a);
+  void layer_backward(int l, LayerActs& a);
+  void proj_forward(int l, int p, const float* x, float* y, LayerActs& a);
+  void proj_backward(int l, int p, const float* dy, const float* x, float* dx, LayerActs& a);
+  LayerActs& acts_for(int l);
+  void grads_allocate();
+
+  ModelConfig cfg_;
+  std::vector<Proj> projs_;
+  std::vector<Buffer<float>> param_store_, grad_store_, lora_store_, lora_grad_store_;
+  std::vector<ParamBuffer> params_, lora_params_;
+  std::vector<std::vector<int>> lora_slot_;  // [layer][proj] -> tensor index of lora_A in lora buffer, -1 if none
+  LoraConfig lora_cfg_;
+
+  int B_ = 0, T_ = 0;
+  bool recompute_ = false;
+  bool training_ = true;
+  float acts_dropout_ = 0.0f;  // LoRA dropout the saved activations were made with
+  bool have_targets_ = false;
+  int num_targets_ = 0;
+  uint64_t forward_count_ = 0;
+  uint64_t acts_step_ = 0;  // forward count the saved activations (and dropout masks) belong to
+  ModelHooks hooks_;
+  std::vector<int32_t> tokens_, targets_;
+  std::vector<Buffer<float>> residuals_;  // [n_layer + 1] of [N, C]
+  std::vector<std::unique_ptr<LayerActs>> acts_;
+  Buffer<float> lnf_, lnf_mean_, lnf_rstd_, logits_, losses_;
+  std::unique_ptr<Scratch> scratch_;
+};
+
+}  // namespace dtrain::model

@@ -1,0 +1,346 @@
+// Model (GPT-2 and Llama/GQA, tiny configs): forward vs a double-precision reference
+// model, backward vs central finite differences of that reference on sampled parameters
+// of every tensor, loss at init ~ ln(vocab), recompute on/off bit-identical gradients,
+// gradient accumulation, hook order, overfitting one batch with plain SGD, bad input.
+#include "model/model.h"
+
+#include "core/error.h"
+#include "model/reference_model.h"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+using namespace dtrain;
+using namespace dtrain::model;
+namespace R = dtrain::ops::ref;
+
+namespace {
+
+ModelConfig tiny_gpt2() {
+  ModelConfig c;
+  c.arch = ModelConfig::Arch::GPT2;
+  c.vocab_size = 32;
+  c.max_seq_len = 8;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_kv_head = 4;
+  c.d_model = 16;
+  c.d_ff = 64;
+  c.tie_embeddings = true;
+  return c;
+}
+
+ModelConfig tiny_llama(int n_kv = 2, bool tie = false) {
+  ModelConfig c;
+  c.arch = ModelConfig::Arch::LLAMA;
+  c.vocab_size = 32;
+  c.max_seq_len = 8;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_kv_head = n_kv;
+  c.d_model = 16;
+  c.d_ff = 40;
+  c.norm_eps = 1e-5f;
+  c.rope_theta = 10000.0f;
+  c.tie_embeddings = tie;
+  return c;
+}
+
+struct Batch {
+  std::vector<int32_t> tok, tgt;
+};
+
+Batch make_batch(int B, int T, int V, uint64_t seed, bool mask = true) {
+  Rng r(seed);
+  Batch b;
+  for (int i = 0; i < B * T; ++i) {
+    b.tok.push_back(static_cast<int32_t>(r.below(static_cast<uint64_t>(V))));
+    b.tgt.push_back(static_cast<int32_t>(r.below(static_cast<uint64_t>(V))));
+  }
+  if (mask) {
+    b.tgt[1] = -100;
+    b.tgt[static_cast<size_t>(B * T - 2)] = -100;
+  }
+  return b;
+}
+
+// Make the init less symmetric than GPT-2's (norm weights 1, biases 0, tiny matrices) so
+// every term of the gradient is exercised with O(1) values.
+void randomize(Model& m, uint64_t seed, float scale = 0.3f) {
+  Rng r(seed);
+  for (auto& pb : m.params())
+    for (size_t i = 0; i < pb.size; ++i) pb.data[i] = r.normal(0.0f, scale) + (i % 7 == 0 ? 1.0f : 0.0f);
+}
+
+std::vector<float> grads_copy(Model& m) {
+  std::vector<float> g;
+  for (auto& pb : m.trainable_params()) g.insert(g.end(), pb.grad, pb.grad + pb.size);
+  return g;
+}
+
+// Model backward vs double-reference finite differences on `per_tensor` sampled entries
+// of every tensor. Bound: |g - fd| <= 2e-3 * max|fd| + 1e-3 * |fd| per entry.
+void check_gradients(const ModelConfig& cfg, uint64_t seed) {
+  Model m(cfg);
+  randomize(m, seed);
+  const int B = 2, T = 7;
+  Batch b = make_batch(B, T, cfg.vocab_size, seed + 1);
+  m.zero_grad();
+  float loss = m.forward(b.tok.data(), b.tgt.data(), B, T);
+  m.backward();
+  testref::Params P = testref::params_of(m);
+  R::Vec logits_ref;
+  double ref = testref::ref_loss(cfg, P, b.tok, b.tgt, B, T, nullptr, &logits_ref);
+  CHECK(std::abs(loss - ref) <= 1e-5 * std::abs(ref));
+
+  Rng pick(seed + 2);
+  std::vector<double> got, fd;
+  for (auto& pb : m.params())
+    for (auto& t : pb.layout.tensors) {
+      for (int s = 0; s < 6; ++s) {
+        size_t i = pick.below(t.numel());
+        R::Vec& w = P.at(t.name);
+        const double h = 1e-4, w0 = w[i];
+        w[i] = w0 + h;
+        double lp = testref::ref_loss(cfg, P, b.tok, b.tgt, B, T);
+        w[i] = w0 - h;
+        double lm = testref::ref_loss(cfg, P, b.tok, b.tgt, B, T);
+        w[i] = w0;
+        fd.push_back((lp - lm) / (2 * h));
+        got.push_back(pb.grad[t.offset + i]);
+      }
+    }
+  double mx = 0;
+  for (double v : fd) mx = std::max(mx, std::abs(v));
+  REQUIRE(mx > 1e-3);
+  int bad = 0;
+  for (size_t i = 0; i < fd.size(); ++i)
+    if (std::abs(got[i] - fd[i]) > 2e-3 * mx + 1e-3 * std::abs(fd[i])) {
+      if (++bad < 5) MESSAGE("entry ", i, ": model ", got[i], " vs fd ", fd[i]);
+    }
+  CHECK(bad == 0);
+}
+
+void check_recompute_identical(const ModelConfig& cfg) {
+  Batch b1 = make_batch(3, 8, cfg.vocab_size, 5), b2 = make_batch(3, 8, cfg.vocab_size, 6);
+  std::vector<float> g[2];
+  float loss[2][2];
+  for (int rc = 0; rc < 2; ++rc) {
+    Model m(cfg);
+    m.init_weights(9);
+    m.set_recompute(rc == 1);
+    m.zero_grad();
+    loss[rc][0] = m.forward(b1.tok.data(), b1.tgt.data(), 3, 8);
+    m.backward(0.5f);
+    loss[rc][1] = m.forward(b2.tok.data(), b2.tgt.data(), 3, 8);  // gradient accumulation
+    m.backward(0.5f);
+    g[rc] = grads_copy(m);
+  }
+  CHECK(loss[0][0] == loss[1][0]);
+  CHECK(loss[0][1] == loss[1][1]);
+  REQUIRE(g[0].size() == g[1].size());
+  CHECK(std::memcmp(g[0].data(), g[1].data(), g[0].size() * sizeof(float)) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("layout: HF names, contiguous offsets, decay and transpose flags") {
+  auto gl = layout_build(tiny_gpt2());
+  REQUIRE(gl.size() == 4);
+  CHECK(gl[0].tensors[0].name == "transformer.wte.weight");
+  CHECK(gl[1].name == "layers.0");
+  CHECK(gl[1].layer == 0);
+  CHECK(gl[3].layer == 2);
+  const TensorSpec* ca = gl[2].find("transformer.h.1.attn.c_attn.weight");
+  REQUIRE(ca);
+  CHECK(ca->shape == std::vector<int64_t>{48, 16});
+  CHECK(ca->hf_transposed);
+  CHECK(ca->decay);
+  CHECK_FALSE(gl[2].find("transformer.h.1.attn.c_attn.bias")->decay);
+  CHECK_FALSE(gl[2].find("transformer.h.1.ln_2.weight")->decay);
+  CHECK(gl[3].find("lm_head.weight") == nullptr);  // tied
+  for (auto& b : gl) {
+    size_t off = 0;
+    for (auto& t : b.tensors) {
+      CHECK(t.offset == off);
+      off += t.numel();
+    }
+    CHECK(off == b.size);
+  }
+  auto ll = layout_build(tiny_llama(2));
+  const TensorSpec* k = ll[1].find("model.layers.0.self_attn.k_proj.weight");
+  REQUIRE(k);
+  CHECK(k->shape == std::vector<int64_t>{8, 16});  // n_kv_head * head_dim
+  CHECK_FALSE(k->hf_transposed);
+  CHECK(ll[3].find("lm_head.weight") != nullptr);
+  CHECK(ll[3].find("model.norm.weight") != nullptr);
+}
+
+TEST_CASE("parameter counts of GPT-2 small and TinyLlama-1.1B") {
+  auto count = [](const ModelConfig& c) {
+    size_t n = 0;
+    for (auto& b : layout_build(c)) n += b.size;
+    return n;
+  };
+  ModelConfig g;
+  g.arch = ModelConfig::Arch::GPT2;
+  g.vocab_size = 50257;
+  g.max_seq_len = 1024;
+  g.n_layer = 12;
+  g.n_head = g.n_kv_head = 12;
+  g.d_model = 768;
+  g.d_ff = 3072;
+  CHECK(count(g) == 124439808u);
+  ModelConfig l;
+  l.arch = ModelConfig::Arch::LLAMA;
+  l.vocab_size = 32000;
+  l.max_seq_len = 2048;
+  l.n_layer = 22;
+  l.n_head = 32;
+  l.n_kv_head = 4;
+  l.d_model = 2048;
+  l.d_ff = 5632;
+  l.tie_embeddings = false;
+  CHECK(count(l) == 1100048384u);
+  Model m(tiny_gpt2());
+  CHECK(m.num_params() == count(tiny_gpt2()));
+  CHECK(m.num_trainable_params() == m.num_params());
+}
+
+TEST_CASE("config validation names the bad field") {
+  ModelConfig c = tiny_llama(3);  // 4 heads, 3 kv heads
+  CHECK_THROWS_AS(c.validate(), ConfigError);
+  c = tiny_gpt2();
+  c.n_kv_head = 2;
+  CHECK_THROWS_AS(c.validate(), ConfigError);
+  c = tiny_gpt2();
+  c.d_model = 18;
+  CHECK_THROWS_AS(Model{c}, ConfigError);
+}
+
+TEST_CASE("GPT-2 forward matches the double reference and its gradients match finite differences") {
+  check_gradients(tiny_gpt2(), 100);
+}
+
+TEST_CASE("Llama (GQA NH=4 NKV=2, untied) gradients match finite differences") {
+  check_gradients(tiny_llama(2, false), 200);
+}
+
+TEST_CASE("Llama (MQA NKV=1, tied embeddings) gradients match finite differences") {
+  check_gradients(tiny_llama(1, true), 300);
+}
+
+TEST_CASE("untrained loss is about ln(vocab) and logits match the reference") {
+  for (auto cfg : {tiny_gpt2(), tiny_llama()}) {
+    Model m(cfg);
+    m.init_weights(1);
+    Batch b = make_batch(4, 8, cfg.vocab_size, 2, false);
+    float loss = m.forward(b.tok.data(), b.tgt.data(), 4, 8);
+    CHECK(std::abs(loss - std::log(32.0f)) < 0.05f);
+    R::Vec logits;
+    testref::ref_loss(cfg, testref::params_of(m), b.tok, b.tgt, 4, 8, nullptr, &logits);
+    CHECK(R::max_rel_err(m.logits(), logits) <= 1e-4);
+    // no targets: logits only, NaN loss, and backward is refused
+    CHECK(std::isnan(m.forward(b.tok.data(), nullptr, 4, 8)));
+    CHECK_THROWS_AS(m.backward(), UsageError);
+  }
+}
+
+TEST_CASE("init_weights: GPT-2 statistics, deterministic per seed") {
+  Model a(tiny_gpt2()), b(tiny_gpt2());
+  a.init_weights(7);
+  b.init_weights(7);
+  for (size_t i = 0; i < a.params().size(); ++i)
+    CHECK(std::memcmp(a.params()[i].data, b.params()[i].data, a.params()[i].size * 4) == 0);
+  TensorView ln = a.tensor("transformer.h.0.ln_1.weight"), bias = a.tensor("transformer.h.0.mlp.c_fc.bias");
+  CHECK(ln.f32()[3] == 1.0f);
+  CHECK(bias.f32()[3] == 0.0f);
+  TensorView fc = a.tensor("transformer.h.0.mlp.c_fc.weight"), pr = a.tensor("transformer.h.1.mlp.c_proj.weight");
+  auto sd = [](const TensorView& t) {
+    double s = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) s += double(t.f32()[i]) * t.f32()[i];
+    return std::sqrt(s / double(t.numel()));
+  };
+  CHECK(sd(fc) == doctest::Approx(0.02).epsilon(0.1));
+  CHECK(sd(pr) == doctest::Approx(0.02 / std::sqrt(4.0)).epsilon(0.1));
+  CHECK(a.tensor("no.such.tensor").data == nullptr);
+  Model c(tiny_gpt2());
+  c.init_weights(8);
+  CHECK(std::memcmp(a.params()[1].data, c.params()[1].data, a.params()[1].size * 4) != 0);
+}
+
+TEST_CASE("recompute on/off gives bit-identical losses and gradients (GPT-2, Llama)") {
+  check_recompute_identical(tiny_gpt2());
+  check_recompute_identical(tiny_llama(2));
+}
+
+TEST_CASE("backward accumulates: two identical micro-batches give twice the gradient") {
+  Model m(tiny_llama());
+  m.init_weights(3);
+  Batch b = make_batch(2, 8, 32, 4);
+  m.zero_grad();
+  m.forward(b.tok.data(), b.tgt.data(), 2, 8);
+  m.backward();
+  auto g1 = grads_copy(m);
+  m.forward(b.tok.data(), b.tgt.data(), 2, 8);
+  m.backward();
+  auto g2 = grads_copy(m);
+  for (size_t i = 0; i < g1.size(); ++i) REQUIRE(g2[i] == doctest::Approx(2 * g1[i]).epsilon(1e-5).scale(1e-9));
+  m.zero_grad();
+  for (float v : grads_copy(m)) REQUIRE(v == 0.0f);
+  // grad_scale multiplies the gradient
+  m.forward(b.tok.data(), b.tgt.data(), 2, 8);
+  m.backward(4.0f);
+  auto g4 = grads_copy(m);
+  for (size_t i = 0; i < g1.size(); ++i) REQUIRE(g4[i] == doctest::Approx(4 * g1[i]).epsilon(1e-5).scale(1e-9));
+}
+
+TEST_CASE("hooks run per buffer in forward and reverse order in backward") {
+  Model m(tiny_gpt2());
+  m.init_weights(1);
+  std::vector<std::string> ev;
+  m.set_hooks({[&](int i) { ev.push_back("f" + std::to_string(i)); },
+               [&](int i) { ev.push_back("b" + std::to_string(i)); },
+               [&](int i) { ev.push_back("a" + std::to_string(i)); }});
+  Batch b = make_batch(1, 4, 32, 1);
+  m.set_recompute(true);
+  m.forward(b.tok.data(), b.tgt.data(), 1, 4);
+  m.backward();
+  std::vector<std::string> want = {"f-1", "f0", "f1", "f2", "b2", "a2", "b1", "a1", "b0", "a0", "b-1", "a-1"};
+  CHECK(ev == want);
+}
+
+TEST_CASE("a tiny model overfits one batch with plain SGD") {
+  for (auto cfg : {tiny_gpt2(), tiny_llama()}) {
+    Model m(cfg);
+    m.init_weights(42);
+    Batch b = make_batch(2, 8, cfg.vocab_size, 43, false);
+    float first = 0, last = 0;
+    for (int step = 0; step < 50; ++step) {
+      m.zero_grad();
+      last = m.forward(b.tok.data(), b.tgt.data(), 2, 8);
+      if (step == 0) first = last;
+      m.backward();
+      for (auto& pb : m.params())
+        for (size_t i = 0; i < pb.size; ++i) pb.data[i] -= 0.5f * pb.grad[i];
+    }
+    MESSAGE(std::string(arch_name(cfg.arch)), ": loss ", first, " -> ", last);
+    CHECK(last < 0.5f * first);
+  }
+}
+
+TEST_CASE("bad input is rejected with UsageError") {
+  Model m(tiny_gpt2());
+  Batch b = make_batch(1, 8, 32, 1);
+  CHECK_THROWS_AS(m.forward(b.tok.data(), b.tgt.data(), 1, 9), UsageError);  // T > max_seq_len
+  CHECK_THROWS_AS(m.backward(), UsageError);
+  b.tok[3] = 32;
+  CHECK_THROWS_AS(m.forward(b.tok.data(), b.tgt.data(), 1, 8), UsageError);
+  b.tok[3] = 0;
+  b.tgt[3] = 40;
+  CHECK_THROWS_AS(m.forward(b.tok.data(), b.tgt.data(), 1, 8), UsageError);
+}
