@@ -183,13 +183,12 @@ void config_derive_validate(TrainConfig& cfg, const Origins& o, std::vector<std:
   validate(cfg, o, warnings);
   // A config that names any part of a job (model, data, steps) must name all of it; a pure
   // DeepSpeed config (e.g. an HF Trainer ds_config) is checked by config_check_job at launch.
-  static const char* const kJobKeys[] = {"model.architecture", "model.init_from", "data.train",
-                                         "training.max_steps", "training.epochs"};
-  for (const char* k : kJobKeys)
-    if (o.given_by_user.count(k)) {
-      config_check_job(cfg);
-      break;
-    }
+  bool names_job = (o.given_by_user.count("model.architecture") && cfg.model.architecture) ||
+                   (o.given_by_user.count("model.init_from") && !cfg.model.init_from.empty()) ||
+                   (o.given_by_user.count("data.train") && !cfg.data.train.empty()) ||
+                   (o.given_by_user.count("training.max_steps") && cfg.training.max_steps) ||
+                   (o.given_by_user.count("training.epochs") && cfg.training.epochs);
+  if (names_job) config_check_job(cfg);
 }
 
 void config_check_job(const TrainConfig& cfg) {
