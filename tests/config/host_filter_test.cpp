@@ -6,6 +6,9 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <random>
+
 using namespace dtrain;
 using namespace dtrain::config;
 
@@ -169,4 +172,34 @@ TEST_CASE("select errors") {
   CHECK(contains(m, "--num-gpus 3"));
   CHECK(contains(m, "\"worker-2\""));
   CHECK(contains(select_error({.num_gpus = 5}), "--num-gpus 5"));
+}
+
+TEST_CASE("select: seeded random filters raise only ConfigError") {
+  const std::vector<std::string> atoms = {"worker-0", "worker-1", "WORKER-2", "nobody", ":",
+                                          "@",        ",",        "0",        "3",      "9",
+                                          " ",        "-1",       "",         "x"};
+  std::mt19937 rng(7u);
+  int accepted = 0, rejected = 0;
+  for (int iter = 0; iter < 3000; ++iter) {
+    std::string filter;
+    int n = 1 + static_cast<int>(rng() % 6);
+    for (int k = 0; k < n; ++k) filter += atoms[rng() % atoms.size()];
+    HostSelection sel;
+    (rng() % 2 ? sel.include : sel.exclude) = filter;
+    if (rng() % 4 == 0) sel.num_nodes = static_cast<int>(rng() % 4) - 1;
+    if (rng() % 4 == 0) sel.num_gpus = static_cast<int>(rng() % 5) - 1;
+    try {
+      Hostfile hf = hostfile_select(workers(), sel);
+      ++accepted;
+      CHECK(hf.total_slots() >= 1);
+      for (const HostEntry& h : hf.hosts) {
+        CHECK(!h.slot_ids.empty());
+        CHECK(std::is_sorted(h.slot_ids.begin(), h.slot_ids.end()));
+      }
+    } catch (const ConfigError&) {
+      ++rejected;
+    }
+  }
+  CHECK(accepted > 50);
+  CHECK(rejected > 50);
 }
