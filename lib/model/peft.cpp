@@ -1,0 +1,301 @@
+// config.json / adapter_config.json mapping. Floats are written through their shortest
+// decimal form so 1e-5f appears as 1e-05 rather than 9.99999974737875e-06.
+#include "model/peft.h"
+
+#include "core/check.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <unistd.h>
+
+namespace dtrain::model {
+
+using nlohmann::json;
+
+namespace {
+
+// ----------------------------------------------------------------------------
+double short_double(float f) { return std::stod(fmt::format("{}", f)); }
+
+json number_of(float f) {
+  if (std::floor(f) == f && std::fabs(f) < 1e9f) return static_cast<int64_t>(f);
+  return short_double(f);
+}
+
+// Typed lookups that name the file and the key.
+struct Reader {
+  const json& j;
+  const std::string& src;
+
+  bool has(const char* key) const { return j.contains(key) && !j.at(key).is_null(); }
+  int positive_int(const char* key) const {
+    DT_ENFORCE(j.contains(key), ConfigError, "{}: missing key '{}'", src, key);
+    const json& v = j.at(key);
+    DT_ENFORCE(v.is_number_integer() && v.get<int64_t>() > 0 && v.get<int64_t>() <= INT32_MAX, ConfigError,
+               "{}: '{}' must be a positive integer, got {}", src, key, v.dump());
+    return v.get<int>();
+  }
+  float number(const char* key, float dflt) const {
+    if (!has(key)) return dflt;
+    const json& v = j.at(key);
+    DT_ENFORCE(v.is_number(), ConfigError, "{}: '{}' must be a number, got {}", src, key, v.dump());
+    return v.get<float>();
+  }
+  bool boolean(const char* key, bool dflt) const {
+    if (!has(key)) return dflt;
+    const json& v = j.at(key);
+    DT_ENFORCE(v.is_boolean(), ConfigError, "{}: '{}' must be true or false, got {}", src, key, v.dump());
+    return v.get<bool>();
+  }
+  std::string string(const char* key, const std::string& dflt) const {
+    if (!has(key)) return dflt;
+    const json& v = j.at(key);
+    DT_ENFORCE(v.is_string(), ConfigError, "{}: '{}' must be a string, got {}", src, key, v.dump());
+    return v.get<std::string>();
+  }
+  int token_id(const char* key) const {
+    if (!has(key)) return -1;
+    const json& v = j.at(key);
+    if (v.is_array()) return -1;  // several eos ids (newer Llama configs): not representable, not needed
+    DT_ENFORCE(v.is_number_integer() && v.get<int64_t>() >= 0, ConfigError,
+               "{}: '{}' must be a non-negative integer, got {}", src, key, v.dump());
+    return v.get<int>();
+  }
+};
+
+json parse_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) DT_THROW(IoError, "cannot open {}: {}", path, std::strerror(errno));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    json j = json::parse(ss.str());
+    DT_ENFORCE(j.is_object(), ConfigError, "{}: expected a JSON object at the top level", path);
+    return j;
+  } catch (const json::parse_error& e) {
+    DT_THROW(ConfigError, "{}: invalid JSON: {}", path, e.what());
+  }
+}
+
+void write_file(const std::string& path, const json& j) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) DT_THROW(IoError, "cannot create {}: {}", tmp, std::strerror(errno));
+    out << j.dump(2) << '\n';
+    out.flush();
+    if (!out) {
+      ::unlink(tmp.c_str());
+      DT_THROW(IoError, "cannot write {}", tmp);
+    }
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    DT_THROW(IoError, "cannot rename {} to {}: {}", tmp, path, std::strerror(err));
+  }
+}
+
+void check_dtype(const std::string& d, const std::string& src) {
+  DT_ENFORCE(d == "float32" || d == "bfloat16" || d == "float16", ConfigError,
+             "{}: torch_dtype '{}' is not one of float32, bfloat16, float16", src, d);
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------------
+json hf_config_to_json(const HfModelConfig& c) {
+  DT_ENFORCE(c.arch == "gpt2" || c.arch == "llama", InternalError, "HfModelConfig.arch '{}' unknown", c.arch);
+  check_dtype(c.torch_dtype, "HfModelConfig");
+  json j;
+  if (c.arch == "gpt2") {
+    j = {{"activation_function", "gelu_new"},
+         {"architectures", {"GPT2LMHeadModel"}},
+         {"attn_pdrop", 0.0},
+         {"embd_pdrop", 0.0},
+         {"resid_pdrop", 0.0},
+         {"summary_first_dropout", 0.0},
+         {"initializer_range", 0.02},
+         {"layer_norm_epsilon", short_double(c.norm_eps)},
+         {"model_type", "gpt2"},
+         {"n_ctx", c.max_seq_len},
+         {"n_embd", c.d_model},
+         {"n_head", c.n_head},
+         {"n_inner", c.d_ff == 4 * c.d_model ? json(nullptr) : json(c.d_ff)},
+         {"n_layer", c.n_layer},
+         {"n_positions", c.max_seq_len},
+         {"scale_attn_weights", true},
+         {"use_cache", true},
+         {"vocab_size", c.vocab_size}};
+  } else {
+    j = {{"architectures", {"LlamaForCausalLM"}},
+         {"attention_bias", false},
+         {"attention_dropout", 0.0},
+         {"hidden_act", "silu"},
+         {"hidden_size", c.d_model},
+         {"initializer_range", 0.02},
+         {"intermediate_size", c.d_ff},
+         {"max_position_embeddings", c.max_seq_len},
+         {"mlp_bias", false},
+         {"model_type", "llama"},
+         {"num_attention_heads", c.n_head},
+         {"num_hidden_layers", c.n_layer},
+         {"num_key_value_heads", c.n_kv_head},
+         {"pretraining_tp", 1},
+         {"rms_norm_eps", short_double(c.norm_eps)},
+         {"rope_scaling", nullptr},
+         {"rope_theta", short_double(c.rope_theta)},
+         {"use_cache", true},
+         {"vocab_size", c.vocab_size}};
+  }
+  j["tie_word_embeddings"] = c.tie_embeddings;
+  j["torch_dtype"] = c.torch_dtype;
+  if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
+  if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
+  return j;
+}
+
+HfModelConfig hf_config_from_json(const json& j, const std::string& src) {
+  DT_ENFORCE(j.is_object(), ConfigError, "{}: expected a JSON object", src);
+  const Reader r{j, src};
+  HfModelConfig c;
+  c.arch = r.string("model_type", "");
+  if (c.arch == "gpt2") {
+    c.vocab_size = r.positive_int("vocab_size");
+    c.max_seq_len = r.positive_int("n_positions");
+    c.n_layer = r.positive_int("n_layer");
+    c.n_head = r.positive_int("n_head");
+    c.n_kv_head = c.n_head;
+    c.d_model = r.positive_int("n_embd");
+    c.d_ff = r.has("n_inner") ? r.positive_int("n_inner") : 4 * c.d_model;
+    c.norm_eps = r.number("layer_norm_epsilon", 1e-5f);
+    c.tie_embeddings = r.boolean("tie_word_embeddings", true);
+    const std::string act = r.string("activation_function", "gelu_new");
+    DT_ENFORCE(act == "gelu_new" || act == "gelu_pytorch_tanh", ConfigError,
+               "{}: activation_function '{}' is not supported; dtrain's GPT-2 uses the tanh GELU (gelu_new)", src, act);
+    DT_ENFORCE(r.boolean("scale_attn_weights", true), ConfigError,
+               "{}: scale_attn_weights false is not supported by dtrain's GPT-2", src);
+    DT_ENFORCE(!r.boolean("scale_attn_by_inverse_layer_idx", false), ConfigError,
+               "{}: scale_attn_by_inverse_layer_idx true is not supported by dtrain's GPT-2", src);
+  } else if (c.arch == "llama") {
+    c.vocab_size = r.positive_int("vocab_size");
+    c.max_seq_len = r.positive_int("max_position_embeddings");
+    c.n_layer = r.positive_int("num_hidden_layers");
+    c.n_head = r.positive_int("num_attention_heads");
+    c.n_kv_head = r.has("num_key_value_heads") ? r.positive_int("num_key_value_heads") : c.n_head;
+    c.d_model = r.positive_int("hidden_size");
+    c.d_ff = r.positive_int("intermediate_size");
+    c.norm_eps = r.number("rms_norm_eps", 1e-6f);
+    c.rope_theta = r.number("rope_theta", 10000.0f);
+    c.tie_embeddings = r.boolean("tie_word_embeddings", false);
+    const std::string act = r.string("hidden_act", "silu");
+    DT_ENFORCE(act == "silu", ConfigError, "{}: hidden_act '{}' is not supported; dtrain's Llama uses SwiGLU (silu)",
+               src, act);
+    DT_ENFORCE(!r.has("rope_scaling"), ConfigError,
+               "{}: rope_scaling {} is not supported by dtrain's Llama (plain RoPE only); remove it or use a model "
+               "without scaled RoPE",
+               src, j.at("rope_scaling").dump());
+    DT_ENFORCE(!r.boolean("attention_bias", false), ConfigError,
+               "{}: attention_bias true is not supported by dtrain's Llama", src);
+    DT_ENFORCE(!r.boolean("mlp_bias", false), ConfigError, "{}: mlp_bias true is not supported by dtrain's Llama",
+               src);
+    if (r.has("head_dim"))
+      DT_ENFORCE(r.positive_int("head_dim") * c.n_head == c.d_model, ConfigError,
+                 "{}: head_dim {} differs from hidden_size / num_attention_heads = {}; not supported", src,
+                 j.at("head_dim").dump(), c.d_model / c.n_head);
+  } else {
+    DT_THROW(ConfigError, "{}: model_type '{}' is not supported; dtrain trains \"gpt2\" and \"llama\" models", src,
+             c.arch);
+  }
+  DT_ENFORCE(c.d_model % c.n_head == 0, ConfigError, "{}: hidden size {} is not divisible by {} attention heads", src,
+             c.d_model, c.n_head);
+  DT_ENFORCE(c.n_head % c.n_kv_head == 0, ConfigError,
+             "{}: {} attention heads are not divisible by {} key/value heads", src, c.n_head, c.n_kv_head);
+  DT_ENFORCE(c.norm_eps > 0.0f && std::isfinite(c.norm_eps), ConfigError, "{}: the norm epsilon must be positive",
+             src);
+  DT_ENFORCE(c.rope_theta > 0.0f && std::isfinite(c.rope_theta), ConfigError, "{}: rope_theta must be positive", src);
+  c.torch_dtype = r.string("torch_dtype", "float32");
+  check_dtype(c.torch_dtype, src);
+  c.bos_token_id = r.token_id("bos_token_id");
+  c.eos_token_id = r.token_id("eos_token_id");
+  return c;
+}
+
+void hf_config_write(const std::string& path, const HfModelConfig& cfg) { write_file(path, hf_config_to_json(cfg)); }
+HfModelConfig hf_config_read(const std::string& path) { return hf_config_from_json(parse_file(path), path); }
+
+// ----------------------------------------------------------------------------
+json peft_config_to_json(const LoraAdapterConfig& c) {
+  return {{"alpha_pattern", json::object()},
+          {"auto_mapping", nullptr},
+          {"base_model_name_or_path", c.base_model_name_or_path},
+          {"bias", "none"},
+          {"fan_in_fan_out", c.fan_in_fan_out},
+          {"inference_mode", true},
+          {"init_lora_weights", true},
+          {"layers_pattern", nullptr},
+          {"layers_to_transform", nullptr},
+          {"lora_alpha", number_of(c.lora_alpha)},
+          {"lora_dropout", number_of(c.lora_dropout)},
+          {"modules_to_save", nullptr},
+          {"peft_type", "LORA"},
+          {"r", c.r},
+          {"rank_pattern", json::object()},
+          {"revision", nullptr},
+          {"target_modules", c.target_modules},
+          {"task_type", "CAUSAL_LM"},
+          {"use_dora", false},
+          {"use_rslora", false}};
+}
+
+LoraAdapterConfig peft_config_from_json(const json& j, const std::string& src) {
+  DT_ENFORCE(j.is_object(), ConfigError, "{}: expected a JSON object", src);
+  const Reader r{j, src};
+  const std::string type = r.string("peft_type", "");
+  DT_ENFORCE(type == "LORA", ConfigError, "{}: peft_type '{}' is not supported; dtrain reads LORA adapters", src,
+             type);
+  const std::string task = r.string("task_type", "CAUSAL_LM");
+  DT_ENFORCE(task == "CAUSAL_LM", ConfigError, "{}: task_type '{}' is not supported; expected CAUSAL_LM", src, task);
+  const std::string bias = r.string("bias", "none");
+  DT_ENFORCE(bias == "none", ConfigError, "{}: bias '{}' is not supported; dtrain's LoRA trains no biases (\"none\")",
+             src, bias);
+  DT_ENFORCE(!r.boolean("use_dora", false), ConfigError, "{}: DoRA adapters (use_dora) are not supported", src);
+  DT_ENFORCE(!r.boolean("use_rslora", false), ConfigError, "{}: rank-stabilised LoRA (use_rslora) is not supported",
+             src);
+  for (const char* key : {"rank_pattern", "alpha_pattern"})
+    DT_ENFORCE(!r.has(key) || (j.at(key).is_object() && j.at(key).empty()), ConfigError,
+               "{}: per-module '{}' is not supported; every target uses r and lora_alpha", src, key);
+  for (const char* key : {"layers_to_transform", "modules_to_save"})
+    DT_ENFORCE(!r.has(key) || (j.at(key).is_array() && j.at(key).empty()), ConfigError,
+               "{}: '{}' {} is not supported", src, key, j.at(key).dump());
+  LoraAdapterConfig c;
+  c.r = r.positive_int("r");
+  c.lora_alpha = r.number("lora_alpha", 8.0f);
+  c.lora_dropout = r.number("lora_dropout", 0.0f);
+  DT_ENFORCE(c.lora_alpha > 0.0f, ConfigError, "{}: lora_alpha must be positive", src);
+  DT_ENFORCE(c.lora_dropout >= 0.0f && c.lora_dropout < 1.0f, ConfigError, "{}: lora_dropout must be in [0, 1)", src);
+  DT_ENFORCE(j.contains("target_modules"), ConfigError, "{}: missing key 'target_modules'", src);
+  const json& tm = j.at("target_modules");
+  DT_ENFORCE(tm.is_array() && !tm.empty(), ConfigError,
+             "{}: target_modules must be a non-empty list of module names (regex strings and \"all-linear\" are not "
+             "supported), got {}",
+             src, tm.dump());
+  for (const json& m : tm) {
+    DT_ENFORCE(m.is_string() && !m.get<std::string>().empty(), ConfigError,
+               "{}: target_modules entries must be non-empty strings, got {}", src, m.dump());
+    c.target_modules.push_back(m.get<std::string>());
+  }
+  c.base_model_name_or_path = r.string("base_model_name_or_path", "");
+  c.fan_in_fan_out = r.boolean("fan_in_fan_out", false);
+  return c;
+}
+
+void peft_config_write(const std::string& path, const LoraAdapterConfig& cfg) {
+  write_file(path, peft_config_to_json(cfg));
+}
+LoraAdapterConfig peft_config_read(const std::string& path) { return peft_config_from_json(parse_file(path), path); }
+
+}  // namespace dtrain::model
