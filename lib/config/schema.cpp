@@ -47,7 +47,7 @@ const std::vector<KeySpec>& build_schema() {
        "Adam betas [beta1, beta2], each in [0, 1)", {}, 0, 1},
       {"optimizer.params.eps", KeyType::FLOAT, F(optimizer.eps), "Adam epsilon", {}, 0, {}, true},
       {"optimizer.params.weight_decay", KeyType::FLOAT, F(optimizer.weight_decay),
-       "decoupled weight decay (not applied to norms, biases and LoRA-frozen weights)", {}, 0},
+       "decoupled (AdamW) weight decay", {}, 0},
 
       // ---- scheduler (DeepSpeed's names)
       {"scheduler.type", KeyType::ENUM, F(scheduler.type),
@@ -211,9 +211,9 @@ const std::vector<KeySpec>& build_schema() {
       // ---- cluster (dtrain)
       {"cluster.ssh.user", KeyType::STRING, F(cluster.ssh.user), "SSH user; \"\" = the launcher's user"},
       {"cluster.ssh.port", KeyType::INT, F(cluster.ssh.port),
-       "SSH port (a hostfile entry's port wins)", {}, 1, 65535},
+       "SSH port for hosts whose hostfile entry gives none", {}, 1, 65535},
       {"cluster.ssh.identity_file", KeyType::STRING, F(cluster.ssh.identity_file),
-       "private key file; \"\" = ssh-agent, then ~/.ssh/id_ed25519, id_rsa"},
+       "private key file; \"\" = ssh-agent / the default keys"},
       {"cluster.ssh.known_hosts", KeyType::STRING, F(cluster.ssh.known_hosts), "known_hosts file"},
       {"cluster.ssh.host_key_policy", KeyType::ENUM, F(cluster.ssh.host_key_policy),
        "strict = host must be in known_hosts; accept-new = add unknown hosts, refuse changed "
@@ -230,8 +230,8 @@ const std::vector<KeySpec>& build_schema() {
       {"cluster.rendezvous.port", KeyType::INT, F(cluster.rendezvous.port),
        "store TCP port; 0 = pick a free one", {}, 0, 65535, false, "DTRAIN_RDZV_PORT"},
       {"cluster.network_interface", KeyType::STRING, F(cluster.network_interface),
-       "interface for rendezvous and collectives (also sets NCCL_SOCKET_IFNAME / "
-       "GLOO_SOCKET_IFNAME); \"\" = default route"},
+       "network interface for rendezvous and collectives (the launcher passes it to "
+       "NCCL/Gloo); \"\" = the interface of the default route"},
       {"cluster.env.forward_prefixes", KeyType::STRING_LIST, F(cluster.env.forward_prefixes),
        "launcher env vars with these prefixes are forwarded to every rank"},
       {"cluster.env.set", KeyType::STRING_MAP, F(cluster.env.set),
