@@ -52,6 +52,11 @@ std::string errno_text(int err) {
   return s;
 }
 
+// Timeouts are clamped to [0, 7 days] so deadline arithmetic cannot overflow.
+milliseconds clamp_timeout(milliseconds t) {
+  return std::clamp(t, milliseconds(0), milliseconds(static_cast<long long>(proto::kMaxTimeoutMs)));
+}
+
 std::string quoted(const std::string& key) { return "'" + key + "'"; }
 
 std::string keys_text(const std::vector<std::string>& keys) {
@@ -70,7 +75,7 @@ StoreClient::StoreClient(const std::string& host, uint16_t port, const std::stri
                          milliseconds connect_timeout)
     : endpoint_(fmt::format("{}:{}", host, port)) {
   try {
-    connect_until(Clock::now() + connect_timeout, host, port);
+    connect_until(Clock::now() + clamp_timeout(connect_timeout), host, port);
     hello(token);
   } catch (...) {
     if (fd_ >= 0) ::close(fd_);
@@ -235,7 +240,7 @@ std::string StoreClient::request(const std::string& frame, const char* op, const
 
 void StoreClient::set_request_timeout(milliseconds timeout) {
   std::lock_guard<std::mutex> lock(mu_);
-  request_timeout_ = timeout;
+  request_timeout_ = std::max(clamp_timeout(timeout), milliseconds(1));
 }
 
 void StoreClient::set(const std::string& key, std::string_view value) {
@@ -247,7 +252,8 @@ void StoreClient::set(const std::string& key, std::string_view value) {
 }
 
 std::string StoreClient::get(const std::string& key, milliseconds timeout) {
-  const uint64_t ms = static_cast<uint64_t>(std::max<long long>(timeout.count(), 0));
+  timeout = clamp_timeout(timeout);
+  const uint64_t ms = static_cast<uint64_t>(timeout.count());
   const std::string frame = proto::Writer().u8(uint8_t(Op::GET)).str(key).u64(ms).finish();
   std::lock_guard<std::mutex> lock(mu_);
   uint8_t status = 0;
@@ -274,7 +280,8 @@ int64_t StoreClient::add(const std::string& key, int64_t delta) {
 }
 
 bool StoreClient::wait(const std::vector<std::string>& keys, milliseconds timeout) {
-  const uint64_t ms = static_cast<uint64_t>(std::max<long long>(timeout.count(), 0));
+  timeout = clamp_timeout(timeout);
+  const uint64_t ms = static_cast<uint64_t>(timeout.count());
   proto::Writer w;
   w.u8(uint8_t(Op::WAIT)).u32(static_cast<uint32_t>(keys.size()));
   for (const auto& k : keys) w.str(k);

@@ -56,8 +56,9 @@ struct ServerLimits {
 // The key-value server. Runs its own io thread; the destructor stops and joins it.
 class StoreServer {
  public:
-  // bind_address: "0.0.0.0", "127.0.0.1", "::", ...; port 0 picks an ephemeral port.
-  // Throws CommError when the address cannot be bound.
+  // bind_address: an IP literal ("0.0.0.0", "127.0.0.1", "::", ...); port 0 picks an
+  // ephemeral port. Throws CommError when the address is invalid or cannot be bound, and
+  // UsageError for an empty token or zero limits.
   StoreServer(const std::string& bind_address, uint16_t port, std::string token,
               ServerLimits limits = {});
   ~StoreServer();

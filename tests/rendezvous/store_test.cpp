@@ -126,6 +126,18 @@ TEST_CASE("get times out with CommError naming the key, connection stays usable"
   CHECK(f.server.waiter_count() == 0);
 }
 
+TEST_CASE("extreme timeouts are clamped, never overflow") {
+  Fixture f;
+  auto c = f.client();
+  c.set("k", "v");
+  CHECK(c.get("k", std::chrono::milliseconds::max()) == "v");
+  CHECK(c.wait({"k"}, std::chrono::milliseconds::max()));
+  CHECK_THROWS_AS(c.get("missing", -5s), CommError);
+  CHECK_FALSE(c.wait({"missing"}, std::chrono::milliseconds::min()));
+  c.set_request_timeout(std::chrono::milliseconds::max());
+  c.ping();
+}
+
 TEST_CASE("wait returns true once all keys exist, false on timeout") {
   Fixture f;
   auto c = f.client();
