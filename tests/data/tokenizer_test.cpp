@@ -251,6 +251,35 @@ TEST_CASE("hand-made tokenizer.json gives the ids the merge rules imply") {
   }
 }
 
+TEST_CASE("tokenizer_config.json names bos/eos/pad; add_prefix_space is honoured") {
+  TempDir dir;
+  json root = small_tokenizer(false);
+  root["added_tokens"].push_back(json{{"id", 263}, {"content", "<s>"}, {"special", true}});
+  root["added_tokens"].push_back(json{{"id", 264}, {"content", "<pad>"}, {"special", true}});
+  write_file(dir.path / "tokenizer.json", root.dump());
+  {
+    BpeTokenizer tok((dir.path / "tokenizer.json").string());  // well-known names
+    CHECK(tok.bos_id() == 263);
+    CHECK(tok.eos_id() == 262);
+    CHECK(tok.pad_id() == 264);
+  }
+  write_file(dir.path / "tokenizer_config.json",
+             R"({"bos_token": {"content": "<|endoftext|>"}, "eos_token": "<s>", "pad_token": null})");
+  {
+    BpeTokenizer tok((dir.path / "tokenizer.json").string());
+    CHECK(tok.bos_id() == 262);
+    CHECK(tok.eos_id() == 263);
+    CHECK(tok.pad_id() == 264);  // null in the config: falls back to the well-known name
+  }
+  root["pre_tokenizer"]["add_prefix_space"] = true;
+  write_file(dir.path / "tokenizer.json", root.dump());
+  BpeTokenizer tok((dir.path / "tokenizer.json").string());
+  // "world" becomes " world" = Ġwor l d.
+  CHECK(tok.encode("world") == std::vector<int32_t>{261, 'l', 'd'});
+  write_file(dir.path / "tokenizer_config.json", "{broken");
+  CHECK_THROWS_AS(BpeTokenizer((dir.path / "tokenizer.json").string()), ConfigError);
+}
+
 TEST_CASE("BpeTokenizer round-trips arbitrary UTF-8 and invalid bytes") {
   TempDir dir;
   write_file(dir.path / "tokenizer.json", small_tokenizer(false).dump());
