@@ -1,0 +1,394 @@
+// NCCL backend: unique-id exchange through the rendezvous store, a non-blocking
+// communicator with a watchdog thread that aborts it on async errors or abort(), and
+// bounded polling waits instead of cudaStreamSynchronize. CPU-only builds compile only
+// the factory, which reports that CUDA is missing.
+#include "comm/nccl_comm.h"
+
+#include "core/check.h"
+
+#ifndef DTRAIN_HAVE_CUDA
+
+namespace dtrain::comm {
+
+std::unique_ptr<Communicator> comm_create_nccl(gloo::rendezvous::Store&, int, int, int, const NcclOptions&) {
+  DT_THROW(DeviceError,
+           "the NCCL backend was requested but dtrain was built without CUDA; use the gloo backend "
+           "or rebuild with -DDTRAIN_CUDA=ON");
+}
+
+}  // namespace dtrain::comm
+
+#else  // DTRAIN_HAVE_CUDA
+
+#include "core/cuda_check.h"
+#include "core/log.h"
+#include "kernels/device.cuh"
+
+#include <gloo/common/error.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace dtrain::comm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kUniqueIdKey = "nccl_unique_id";
+constexpr auto kWatchdogPeriod = std::chrono::milliseconds(100);
+constexpr auto kPollPause = std::chrono::microseconds(50);
+
+ncclDataType_t nccl_dtype(DType t) {
+  switch (t) {
+    case DType::F32: return ncclFloat32;
+    case DType::BF16: return ncclBfloat16;
+    case DType::F16: return ncclFloat16;
+  }
+  DT_THROW(InternalError, "unknown dtype {}", static_cast<int>(t));
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::SUM: return ncclSum;
+    case ReduceOp::AVG: return ncclAvg;
+    case ReduceOp::MAX: return ncclMax;
+  }
+  DT_THROW(InternalError, "unknown reduce op {}", static_cast<int>(op));
+}
+
+// ---------------------------------------------------------------------------
+
+class NcclComm final : public NcclCommunicator {
+ public:
+  NcclComm(gloo::rendezvous::Store& store, int rank, int size, int device, const NcclOptions& opts);
+  ~NcclComm() override;
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Backend backend() const override { return Backend::NCCL; }
+  bool on_device() const override { return true; }
+  int device() const override { return device_; }
+  std::string device_name() const override { return kernels::device_describe(device_); }
+  cudaStream_t stream() const override { return stream_; }
+  void set_stream(cudaStream_t stream) override { stream_ = stream != nullptr ? stream : own_stream_; }
+
+  void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override;
+  void reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op) override;
+  void all_gather(const void* send, void* recv, size_t send_count, DType dtype) override;
+  void broadcast(const void* send, void* recv, size_t count, DType dtype, int root) override;
+  void barrier() override;
+  void synchronize() override;
+  void abort() override;
+
+ private:
+  // Calls `call(comm)` under the lock (NCCL calls on a non-blocking communicator return
+  // at once), then waits until NCCL has finished enqueuing (ncclInProgress).
+  template <typename F>
+  void enqueue(const char* what, F call);
+  // Polls ncclCommGetAsyncError until the communicator is no longer ncclInProgress,
+  // bounded by the timeout and the abort flag.
+  void wait_ready(const char* what);
+  // Aborts the NCCL communicator once (any thread); later operations throw CommError.
+  void abort_with(const std::string& reason);
+  [[noreturn]] void throw_failed(const char* what);
+  void watchdog_loop();
+  void release_cuda() noexcept;  // the stream and scratch this object allocated
+
+  const int rank_, size_, device_;
+  const std::chrono::milliseconds timeout_;
+  cudaStream_t own_stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  float* barrier_buf_ = nullptr;  // one float allreduced by barrier()
+
+  std::mutex mu_;              // guards comm_ and failure_: NCCL calls vs. abort
+  ncclComm_t comm_ = nullptr;  // nullptr once aborted or destroyed
+  std::string failure_;
+  std::atomic<bool> failed_{false};
+
+  std::mutex wd_mu_;
+  std::condition_variable wd_cv_;
+  bool wd_stop_ = false;
+  std::thread watchdog_;
+};
+
+NcclComm::NcclComm(gloo::rendezvous::Store& store, int rank, int size, int device, const NcclOptions& opts)
+    : rank_(rank), size_(size), device_(device), timeout_(opts.timeout) {
+  DT_ENFORCE_GT(size, 0, UsageError, "world size must be positive");
+  DT_ENFORCE(rank >= 0 && rank < size, UsageError, "rank {} out of range for world size {}", rank, size);
+  DT_ENFORCE_GT(opts.timeout.count(), 0, UsageError, "NCCL timeout must be positive (milliseconds)");
+  const int visible = kernels::device_count();
+  DT_ENFORCE(device >= 0 && device < visible, UsageError,
+             "rank {} asks for CUDA device {} but {} device(s) are visible (check CUDA_VISIBLE_DEVICES "
+             "and the local rank)",
+             rank, device, visible);
+  DT_CUDA_CHECK(cudaSetDevice(device));
+
+  // Unique id: rank 0 creates it, everybody else reads it from the store.
+  ncclUniqueId id;
+  try {
+    if (rank == 0) {
+      DT_NCCL_CHECK(ncclGetUniqueId(&id));
+      const char* p = reinterpret_cast<const char*>(&id);
+      store.set(kUniqueIdKey, std::vector<char>(p, p + sizeof id));
+    } else {
+      store.wait({kUniqueIdKey}, opts.timeout);
+      const auto bytes = store.get(kUniqueIdKey);
+      DT_ENFORCE_EQ(bytes.size(), sizeof id, CommError, "store key '{}' holds no NCCL unique id", kUniqueIdKey);
+      std::memcpy(&id, bytes.data(), sizeof id);
+    }
+  } catch (const gloo::Exception& e) {
+    DT_THROW(CommError, "rank {}: no NCCL unique id from rank 0 within {} ms: {}", rank, opts.timeout.count(),
+             e.what());
+  }
+
+  DT_CUDA_CHECK(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking));
+  stream_ = own_stream_;
+  if (const cudaError_t e = cudaMalloc(&barrier_buf_, sizeof(float)); e != cudaSuccess) {
+    release_cuda();
+    DT_CUDA_CHECK(e);
+  }
+
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // calls return at once, so the watchdog can always abort
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const ncclResult_t r = ncclCommInitRankConfig(&comm_, size, id, rank, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      if (comm_ != nullptr) ncclCommAbort(comm_);
+      comm_ = nullptr;
+      release_cuda();
+      DT_THROW(CommError, "ncclCommInitRankConfig (rank {} of {}, device {}) failed: {}", rank, size, device,
+               ncclGetErrorString(r));
+    }
+  }
+  watchdog_ = std::thread([this] { watchdog_loop(); });
+  try {
+    wait_ready("init");
+  } catch (...) {
+    abort_with("initialisation failed");
+    {
+      std::lock_guard<std::mutex> lock(wd_mu_);
+      wd_stop_ = true;
+    }
+    wd_cv_.notify_all();
+    watchdog_.join();
+    release_cuda();
+    throw;
+  }
+  log_debug("nccl: rank {} of {} ready on device {}", rank, size, device);
+}
+
+NcclComm::~NcclComm() {
+  {
+    std::lock_guard<std::mutex> lock(wd_mu_);
+    wd_stop_ = true;
+  }
+  wd_cv_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+  cudaSetDevice(device_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (comm_ != nullptr) {
+      // Orderly: finalize (flushes outstanding work) then destroy; abort when that fails
+      // or does not finish within the timeout. Destructors cannot report errors.
+      ncclResult_t r = ncclCommFinalize(comm_);
+      const auto deadline = Clock::now() + timeout_;
+      while (r == ncclInProgress && Clock::now() < deadline) {
+        std::this_thread::sleep_for(kPollPause);
+        if (ncclCommGetAsyncError(comm_, &r) != ncclSuccess) r = ncclInternalError;
+      }
+      if (r == ncclSuccess) {
+        ncclCommDestroy(comm_);
+      } else {
+        ncclCommAbort(comm_);
+      }
+      comm_ = nullptr;
+    }
+  }
+  release_cuda();
+}
+
+void NcclComm::release_cuda() noexcept {
+  if (barrier_buf_ != nullptr) cudaFree(barrier_buf_);
+  if (own_stream_ != nullptr) cudaStreamDestroy(own_stream_);
+  barrier_buf_ = nullptr;
+  own_stream_ = nullptr;
+}
+
+void NcclComm::throw_failed(const char* what) {
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    reason = failure_;
+  }
+  DT_THROW(CommError, "NCCL {} on rank {}: communicator aborted ({})", what, rank_, reason);
+}
+
+void NcclComm::abort_with(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failure_.empty()) failure_ = reason;
+  failed_ = true;
+  if (comm_ != nullptr) {
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+    log_warn("nccl: rank {} aborted its communicator: {}", rank_, reason);
+  }
+}
+
+void NcclComm::abort() {
+  abort_with("abort() called");
+  wd_cv_.notify_all();
+}
+
+void NcclComm::watchdog_loop() {
+  std::unique_lock<std::mutex> wd(wd_mu_);
+  while (!wd_stop_) {
+    wd_cv_.wait_for(wd, kWatchdogPeriod);
+    if (wd_stop_ || failed_.load()) continue;
+    ncclResult_t state = ncclSuccess;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (comm_ == nullptr) continue;
+      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) state = ncclInternalError;
+    }
+    if (state != ncclSuccess && state != ncclInProgress)
+      abort_with(std::string("asynchronous NCCL error: ") + ncclGetErrorString(state) +
+                 " (a peer rank probably died or its network failed)");
+  }
+}
+
+void NcclComm::wait_ready(const char* what) {
+  const auto deadline = Clock::now() + timeout_;
+  for (;;) {
+    if (failed_.load()) throw_failed(what);
+    ncclResult_t state = ncclInProgress;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (comm_ == nullptr) {
+        failed_ = true;
+        if (failure_.empty()) failure_ = "communicator gone";
+      } else if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) {
+        state = ncclInternalError;
+      }
+    }
+    if (failed_.load()) throw_failed(what);
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress) {
+      abort_with(std::string(what) + ": " + ncclGetErrorString(state));
+      throw_failed(what);
+    }
+    if (Clock::now() >= deadline) {
+      abort_with(std::string(what) + " did not complete within " + std::to_string(timeout_.count()) + " ms");
+      throw_failed(what);
+    }
+    std::this_thread::sleep_for(kPollPause);
+  }
+}
+
+template <typename F>
+void NcclComm::enqueue(const char* what, F call) {
+  if (failed_.load()) throw_failed(what);
+  ncclResult_t r = ncclSuccess;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (comm_ == nullptr) {
+      failed_ = true;
+    } else {
+      r = call(comm_);
+    }
+  }
+  if (failed_.load()) throw_failed(what);
+  if (r == ncclInProgress) {
+    wait_ready(what);
+    return;
+  }
+  if (r != ncclSuccess) {
+    const std::string detail = ncclGetErrorString(r);
+    // Invalid arguments leave the communicator usable; anything else is fatal.
+    if (r == ncclInvalidArgument || r == ncclInvalidUsage)
+      DT_THROW(CommError, "NCCL {} on rank {} rejected its arguments: {}", what, rank_, detail);
+    abort_with(std::string(what) + ": " + detail);
+    throw_failed(what);
+  }
+}
+
+void NcclComm::allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
+  cudaStream_t s = stream_;
+  enqueue("allreduce", [&](ncclComm_t c) {
+    return ncclAllReduce(send, recv, count, nccl_dtype(dtype), nccl_op(op), c, s);
+  });
+}
+
+void NcclComm::reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op) {
+  cudaStream_t s = stream_;
+  enqueue("reduce_scatter", [&](ncclComm_t c) {
+    return ncclReduceScatter(send, recv, recv_count, nccl_dtype(dtype), nccl_op(op), c, s);
+  });
+}
+
+void NcclComm::all_gather(const void* send, void* recv, size_t send_count, DType dtype) {
+  cudaStream_t s = stream_;
+  enqueue("all_gather", [&](ncclComm_t c) {
+    return ncclAllGather(send, recv, send_count, nccl_dtype(dtype), c, s);
+  });
+}
+
+void NcclComm::broadcast(const void* send, void* recv, size_t count, DType dtype, int root) {
+  DT_ENFORCE(root >= 0 && root < size_, UsageError, "broadcast root {} out of range for world size {}",
+             root, size_);
+  cudaStream_t s = stream_;
+  enqueue("broadcast", [&](ncclComm_t c) {
+    return ncclBroadcast(send, recv, count, nccl_dtype(dtype), root, c, s);
+  });
+}
+
+// NCCL has no barrier: a one-element allreduce that every rank must join, then a wait
+// for it (and everything enqueued before it) to finish.
+void NcclComm::barrier() {
+  cudaStream_t s = stream_;
+  enqueue("barrier", [&](ncclComm_t c) {
+    return ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, c, s);
+  });
+  synchronize();
+}
+
+void NcclComm::synchronize() {
+  const auto deadline = Clock::now() + timeout_;
+  for (;;) {
+    if (failed_.load()) throw_failed("synchronize");
+    const cudaError_t e = cudaStreamQuery(stream_);
+    if (e == cudaSuccess) {
+      if (failed_.load()) throw_failed("synchronize");  // the watchdog may have aborted meanwhile
+      return;
+    }
+    if (e != cudaErrorNotReady) {
+      abort_with(std::string("CUDA error while waiting for collectives: ") + cudaGetErrorString(e));
+      DT_CUDA_CHECK(e);
+    }
+    if (Clock::now() >= deadline) {
+      abort_with("collectives did not complete within " + std::to_string(timeout_.count()) +
+                 " ms (a peer rank is probably stuck or gone)");
+      throw_failed("synchronize");
+    }
+    std::this_thread::sleep_for(kPollPause);
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> comm_create_nccl(gloo::rendezvous::Store& store, int rank, int size, int device,
+                                               const NcclOptions& opts) {
+  return std::make_unique<NcclComm>(store, rank, size, device, opts);
+}
+
+}  // namespace dtrain::comm
+
+#endif  // DTRAIN_HAVE_CUDA
