@@ -1,8 +1,7 @@
 // Attention as explicit loops (llm.c style). Forward is parallel over (b, h, t) query
 // rows; backward is parallel over (b, kv-head) so each thread owns the dk/dv rows it
 // accumulates into (race-free and deterministic). Per-(b,h) BLAS GEMMs do not pay at
-// the head sizes and sequence lengths CPU training uses, and calling BLAS inside the
-// OpenMP region would nest thread pools (see ops/parallel.h).
+// the head sizes and sequence lengths CPU training uses.
 #include "ops/attention.h"
 
 #include "core/check.h"
@@ -29,39 +28,40 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
   const size_t rows = static_cast<size_t>(B) * NH * T;
   const size_t qs = static_cast<size_t>(NH) * HD, ks = static_cast<size_t>(NKV) * HD;
-#pragma omp parallel for schedule(static) if (rows * T * HD / 2 > PARALLEL_MIN_WORK)
-  for (size_t r = 0; r < rows; ++r) {
-    const int t = static_cast<int>(r % T);
-    const int h = static_cast<int>((r / T) % NH);
-    const int b = static_cast<int>(r / (static_cast<size_t>(T) * NH));
-    const int kh = h / G;
-    const float* qr = q + (static_cast<size_t>(b) * T + t) * qs + static_cast<size_t>(h) * HD;
-    float* a = att + ((static_cast<size_t>(b) * NH + h) * T + t) * T;
-    float mx = -INFINITY;
-    for (int t2 = 0; t2 <= t; ++t2) {
-      const float* kr = k + (static_cast<size_t>(b) * T + t2) * ks + static_cast<size_t>(kh) * HD;
-      float s = 0;
-      for (int i = 0; i < HD; ++i) s += qr[i] * kr[i];
-      s *= scale;
-      a[t2] = s;
-      mx = s > mx ? s : mx;
+  parallel_for(rows, rows * T * HD / 2, [&](size_t begin, size_t end) {
+    for (size_t r = begin; r < end; ++r) {
+      const int t = static_cast<int>(r % T);
+      const int h = static_cast<int>((r / T) % NH);
+      const int b = static_cast<int>(r / (static_cast<size_t>(T) * NH));
+      const int kh = h / G;
+      const float* qr = q + (static_cast<size_t>(b) * T + t) * qs + static_cast<size_t>(h) * HD;
+      float* a = att + ((static_cast<size_t>(b) * NH + h) * T + t) * T;
+      float mx = -INFINITY;
+      for (int t2 = 0; t2 <= t; ++t2) {
+        const float* kr = k + (static_cast<size_t>(b) * T + t2) * ks + static_cast<size_t>(kh) * HD;
+        float s = 0;
+        for (int i = 0; i < HD; ++i) s += qr[i] * kr[i];
+        s *= scale;
+        a[t2] = s;
+        mx = s > mx ? s : mx;
+      }
+      float sum = 0;
+      for (int t2 = 0; t2 <= t; ++t2) {
+        a[t2] = std::exp(a[t2] - mx);
+        sum += a[t2];
+      }
+      const float inv = 1.0f / sum;
+      for (int t2 = 0; t2 <= t; ++t2) a[t2] *= inv;
+      for (int t2 = t + 1; t2 < T; ++t2) a[t2] = 0.0f;
+      float* o = out + (static_cast<size_t>(b) * T + t) * qs + static_cast<size_t>(h) * HD;
+      for (int i = 0; i < HD; ++i) o[i] = 0.0f;
+      for (int t2 = 0; t2 <= t; ++t2) {
+        const float* vr = v + (static_cast<size_t>(b) * T + t2) * ks + static_cast<size_t>(kh) * HD;
+        const float w = a[t2];
+        for (int i = 0; i < HD; ++i) o[i] += w * vr[i];
+      }
     }
-    float sum = 0;
-    for (int t2 = 0; t2 <= t; ++t2) {
-      a[t2] = std::exp(a[t2] - mx);
-      sum += a[t2];
-    }
-    const float inv = 1.0f / sum;
-    for (int t2 = 0; t2 <= t; ++t2) a[t2] *= inv;
-    for (int t2 = t + 1; t2 < T; ++t2) a[t2] = 0.0f;
-    float* o = out + (static_cast<size_t>(b) * T + t) * qs + static_cast<size_t>(h) * HD;
-    for (int i = 0; i < HD; ++i) o[i] = 0.0f;
-    for (int t2 = 0; t2 <= t; ++t2) {
-      const float* vr = v + (static_cast<size_t>(b) * T + t2) * ks + static_cast<size_t>(kh) * HD;
-      const float w = a[t2];
-      for (int i = 0; i < HD; ++i) o[i] += w * vr[i];
-    }
-  }
+  });
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* att,
@@ -72,11 +72,9 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
   const size_t qs = static_cast<size_t>(NH) * HD, ks = static_cast<size_t>(NKV) * HD;
   const int pairs = B * NKV;
-#pragma omp parallel if (static_cast<size_t>(B) * NH * T * T * HD > PARALLEL_MIN_WORK)
-  {
+  parallel_for(static_cast<size_t>(pairs), static_cast<size_t>(B) * NH * T * T * HD, [&](size_t begin, size_t end) {
     std::vector<float> dpre(static_cast<size_t>(T));
-#pragma omp for schedule(static)
-    for (int p = 0; p < pairs; ++p) {
+    for (int p = static_cast<int>(begin); p < static_cast<int>(end); ++p) {
       const int b = p / NKV, kh = p % NKV;
       for (int h = kh * G; h < (kh + 1) * G; ++h) {
         for (int t = 0; t < T; ++t) {
@@ -110,7 +108,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         }
       }
     }
-  }
+  });
 }
 
 }  // namespace dtrain::ops

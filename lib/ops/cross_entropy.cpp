@@ -37,18 +37,19 @@ int cross_entropy_count(const int32_t* targets, int N, int32_t ignore_index) {
 float cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
                             int V, int32_t ignore_index) {
   targets_check(targets, N, V, ignore_index);
-#pragma omp parallel for schedule(static) if (static_cast<size_t>(N) * V > PARALLEL_MIN_WORK)
-  for (int n = 0; n < N; ++n) {
-    if (targets[n] == ignore_index) {
-      losses[n] = 0.0f;
-      continue;
+  parallel_for(static_cast<size_t>(N), static_cast<size_t>(N) * V, [&](size_t begin, size_t end) {
+    for (int n = static_cast<int>(begin); n < static_cast<int>(end); ++n) {
+      if (targets[n] == ignore_index) {
+        losses[n] = 0.0f;
+        continue;
+      }
+      const float* x = logits + static_cast<size_t>(n) * V;
+      float m;
+      double lse;
+      row_lse(x, V, &m, &lse);
+      losses[n] = static_cast<float>(lse - static_cast<double>(x[targets[n]] - m));
     }
-    const float* x = logits + static_cast<size_t>(n) * V;
-    float m;
-    double lse;
-    row_lse(x, V, &m, &lse);
-    losses[n] = static_cast<float>(lse - static_cast<double>(x[targets[n]] - m));
-  }
+  });
   double sum = 0;
   int count = 0;
   for (int n = 0; n < N; ++n) {
@@ -62,23 +63,24 @@ float cross_entropy_forward(float* losses, const float* logits, const int32_t* t
 void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets, int N,
                             int V, float scale, int32_t ignore_index) {
   targets_check(targets, N, V, ignore_index);
-#pragma omp parallel for schedule(static) if (static_cast<size_t>(N) * V > PARALLEL_MIN_WORK)
-  for (int n = 0; n < N; ++n) {
-    float* d = dlogits + static_cast<size_t>(n) * V;
-    if (targets[n] == ignore_index) {
-      for (int i = 0; i < V; ++i) d[i] = 0.0f;
-      continue;
+  parallel_for(static_cast<size_t>(N), static_cast<size_t>(N) * V, [&](size_t begin, size_t end) {
+    for (int n = static_cast<int>(begin); n < static_cast<int>(end); ++n) {
+      float* d = dlogits + static_cast<size_t>(n) * V;
+      if (targets[n] == ignore_index) {
+        for (int i = 0; i < V; ++i) d[i] = 0.0f;
+        continue;
+      }
+      const float* x = logits + static_cast<size_t>(n) * V;
+      float m;
+      double lse;
+      row_lse(x, V, &m, &lse);
+      const float lsef = static_cast<float>(lse);
+      for (int i = 0; i < V; ++i) {
+        float p = std::exp(x[i] - m - lsef);
+        d[i] = (p - (i == targets[n] ? 1.0f : 0.0f)) * scale;
+      }
     }
-    const float* x = logits + static_cast<size_t>(n) * V;
-    float m;
-    double lse;
-    row_lse(x, V, &m, &lse);
-    const float lsef = static_cast<float>(lse);
-    for (int i = 0; i < V; ++i) {
-      float p = std::exp(x[i] - m - lsef);
-      d[i] = (p - (i == targets[n] ? 1.0f : 0.0f)) * scale;
-    }
-  }
+  });
 }
 
 }  // namespace dtrain::ops

@@ -1,20 +1,42 @@
-// cblas_sgemm wrappers. OpenBLAS threads these itself; they are never called from inside
-// an OpenMP region (ops/parallel.h).
+// cblas_sgemm wrappers. OpenBLAS is pinned to one thread and big GEMMs are split into
+// row blocks of the output across the ops thread pool (ops/parallel.h): one sleeping
+// pool for all CPU parallelism, so nothing spin-waits for a core another pool holds.
 #include "ops/linear.h"
 
 #include "ops/parallel.h"
 
 #include <cblas.h>
 
+#include <algorithm>
+
 #include <cstddef>
+#include <mutex>
 
 namespace dtrain::ops {
+
+namespace {
+// Row blocks smaller than this many output rows are not worth a thread.
+constexpr int GEMM_MIN_ROWS = 16;
+std::once_flag g_blas_once;
+}  // namespace
 
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
           const float* B, float beta, float* C) {
   if (M == 0 || N == 0) return;
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              M, N, K, alpha, A, trans_a ? M : K, B, trans_b ? K : N, beta, C, N);
+  std::call_once(g_blas_once, [] { openblas_set_num_threads(1); });
+  const int lda = trans_a ? M : K, ldb = trans_b ? K : N;
+  const auto ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
+  const size_t blocks = static_cast<size_t>((M + GEMM_MIN_ROWS - 1) / GEMM_MIN_ROWS);
+  // Work is counted in multiply-adds / 64 so a GEMM goes threaded at ~2M flops.
+  const size_t work = static_cast<size_t>(M) * N * static_cast<size_t>(K) / 64;
+  parallel_for(blocks, work, [&](size_t begin, size_t end) {
+    const int m0 = static_cast<int>(begin) * GEMM_MIN_ROWS;
+    const int m1 = std::min(M, static_cast<int>(end) * GEMM_MIN_ROWS);
+    // Rows m0..m1 of op(A): row offset in A, or column offset when A is transposed.
+    const float* a = trans_a ? A + m0 : A + static_cast<size_t>(m0) * K;
+    cblas_sgemm(CblasRowMajor, ta, tb, m1 - m0, N, K, alpha, a, lda, B, ldb, beta,
+                C + static_cast<size_t>(m0) * N, N);
+  });
 }
 
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
@@ -35,12 +57,13 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
   if (dinp) gemm(false, false, N, IC, OC, 1.0f, dout, weight, 1.0f, dinp);
   if (dweight) gemm(true, false, OC, IC, N, 1.0f, dout, inp, 1.0f, dweight);
   if (dbias) {
-#pragma omp parallel for schedule(static) if (static_cast<size_t>(N) * OC > PARALLEL_MIN_WORK)
-    for (int c = 0; c < OC; ++c) {
-      float s = 0;
-      for (int n = 0; n < N; ++n) s += dout[static_cast<size_t>(n) * OC + c];
-      dbias[c] += s;
-    }
+    parallel_for(static_cast<size_t>(OC), static_cast<size_t>(N) * OC, [&](size_t begin, size_t end) {
+      for (int c = static_cast<int>(begin); c < static_cast<int>(end); ++c) {
+        float s = 0;
+        for (int n = 0; n < N; ++n) s += dout[static_cast<size_t>(n) * OC + c];
+        dbias[c] += s;
+      }
+    });
   }
 }
 

@@ -18,21 +18,22 @@ void rope_apply(float* x, int B, int T, int H, int HD, const std::vector<float>&
                 const std::vector<float>& sn, float sign) {
   const int half = HD / 2;
   const size_t rows = static_cast<size_t>(B) * T;
-#pragma omp parallel for schedule(static) if (rows * H * HD > PARALLEL_MIN_WORK)
-  for (size_t r = 0; r < rows; ++r) {
-    const int t = static_cast<int>(r % static_cast<size_t>(T));
-    const float* c = cs.data() + static_cast<size_t>(t) * half;
-    const float* s = sn.data() + static_cast<size_t>(t) * half;
-    for (int h = 0; h < H; ++h) {
-      float* v = x + (r * H + h) * HD;
-      for (int i = 0; i < half; ++i) {
-        float x1 = v[i], x2 = v[i + half];
-        float si = sign * s[i];
-        v[i] = x1 * c[i] - x2 * si;
-        v[i + half] = x2 * c[i] + x1 * si;
+  parallel_for(rows, rows * H * HD, [&](size_t begin, size_t end) {
+    for (size_t r = begin; r < end; ++r) {
+      const int t = static_cast<int>(r % static_cast<size_t>(T));
+      const float* c = cs.data() + static_cast<size_t>(t) * half;
+      const float* s = sn.data() + static_cast<size_t>(t) * half;
+      for (int h = 0; h < H; ++h) {
+        float* v = x + (r * H + h) * HD;
+        for (int i = 0; i < half; ++i) {
+          float x1 = v[i], x2 = v[i + half];
+          float si = sign * s[i];
+          v[i] = x1 * c[i] - x2 * si;
+          v[i + half] = x2 * c[i] + x1 * si;
+        }
       }
     }
-  }
+  });
 }
 
 void rope_run(float* q, float* k, int B, int T, int NH, int NKV, int HD, float theta, float sign) {

@@ -1,8 +1,10 @@
 // linear through OpenBLAS: forward vs double reference (<= 1e-5) with and without bias,
 // backward dinp/dW/dbias vs central finite differences (<= 1e-3), null gradients skip
-// their GEMM, accumulation, and the generic gemm() in every transpose combination.
+// their GEMM, accumulation, and the generic gemm() in every transpose combination, also
+// split into row blocks over several threads.
 #include "ops/linear.h"
 
+#include "ops/parallel.h"
 #include "reference.h"
 
 #include <doctest/doctest.h>
@@ -63,4 +65,30 @@ TEST_CASE("gemm handles every transpose combination, alpha and beta") {
       gemm(ta, tb, M, N, K, 0.5f, ta ? At.data() : A.data(), tb ? Bt.data() : Bm.data(), 2.0f, C.data());
       CHECK(ref::max_rel_err(C, expect) <= 1e-6);
     }
+}
+
+TEST_CASE("threaded gemm (row blocks over the pool) in every transpose combination") {
+  const int M = 203, N = 97, K = 130;  // M not a multiple of the row block
+  Rng r(53);
+  auto A = ref::rand_floats(r, M * K), Bm = ref::rand_floats(r, K * N), C0 = ref::rand_floats(r, M * N);
+  std::vector<float> At(K * M), Bt(N * K);
+  for (int i = 0; i < M; ++i) for (int k = 0; k < K; ++k) At[k * M + i] = A[i * K + k];
+  for (int k = 0; k < K; ++k) for (int j = 0; j < N; ++j) Bt[j * K + k] = Bm[k * N + j];
+  ref::Vec expect(M * N);
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      double s = 0;
+      for (int k = 0; k < K; ++k) s += double(A[i * K + k]) * Bm[k * N + j];
+      expect[i * N + j] = s + 0.5 * C0[i * N + j];
+    }
+  for (int threads : {1, 3}) {
+    set_num_threads(threads);
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb) {
+        auto C = C0;
+        gemm(ta, tb, M, N, K, 1.0f, ta ? At.data() : A.data(), tb ? Bt.data() : Bm.data(), 0.5f, C.data());
+        CHECK(ref::max_rel_err(C, expect) <= 1e-5);
+      }
+  }
+  set_num_threads(2);
 }

@@ -1,0 +1,93 @@
+// parallel_for: every index visited exactly once for any thread count, nested and
+// concurrent callers, exceptions rethrown in the caller, and ops bit-identical between
+// 1 and several threads (what recomputation relies on).
+#include "ops/parallel.h"
+
+#include "core/error.h"
+#include "ops/attention.h"
+#include "ops/norm.h"
+#include "reference.h"
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+using namespace dtrain;
+using namespace dtrain::ops;
+
+TEST_CASE("parallel_for visits each index once for 1..5 threads") {
+  for (int th = 1; th <= 5; ++th) {
+    set_num_threads(th);
+    CHECK(num_threads() == th);
+    for (size_t n : {size_t(1), size_t(2), size_t(3), size_t(7), size_t(1000)}) {
+      std::vector<std::atomic<int>> hits(n);
+      parallel_for(n, PARALLEL_MIN_WORK, [&](size_t b, size_t e) {
+        for (size_t i = b; i < e; ++i) hits[i]++;
+      });
+      for (auto& h : hits) REQUIRE(h.load() == 1);
+    }
+  }
+  parallel_for(0, PARALLEL_MIN_WORK, [&](size_t, size_t) { FAIL("called for n = 0"); });
+  CHECK_THROWS_AS(set_num_threads(0), UsageError);
+  set_num_threads(2);
+}
+
+TEST_CASE("nested and concurrent parallel_for calls complete correctly") {
+  set_num_threads(3);
+  std::atomic<long> sum{0};
+  parallel_for(6, PARALLEL_MIN_WORK, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i)
+      parallel_for(10, PARALLEL_MIN_WORK, [&](size_t b2, size_t e2) { sum += long(e2 - b2); });
+  });
+  CHECK(sum.load() == 60);
+  std::atomic<long> total{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([&] {
+      for (int rep = 0; rep < 50; ++rep)
+        parallel_for(100, PARALLEL_MIN_WORK, [&](size_t b, size_t e) { total += long(e - b); });
+    });
+  for (auto& t : ts) t.join();
+  CHECK(total.load() == 4 * 50 * 100);
+}
+
+TEST_CASE("an exception in any chunk reaches the caller and the pool stays usable") {
+  set_num_threads(3);
+  for (size_t bad : {size_t(0), size_t(8)}) {
+    CHECK_THROWS_AS(parallel_for(9, PARALLEL_MIN_WORK,
+                                 [&](size_t b, size_t e) {
+                                   if (bad >= b && bad < e) throw std::runtime_error("boom");
+                                 }),
+                    std::runtime_error);
+  }
+  std::atomic<int> n{0};
+  parallel_for(9, PARALLEL_MIN_WORK, [&](size_t b, size_t e) { n += int(e - b); });
+  CHECK(n.load() == 9);
+}
+
+TEST_CASE("threaded ops are bit-identical to serial ones") {
+  const int N = 128, C = 384, B = 2, T = 48, NH = 4, NKV = 2, HD = 16;
+  Rng r(1);
+  auto x = ref::rand_floats(r, N * C), w = ref::rand_floats(r, C), bias = ref::rand_floats(r, C), d = ref::rand_floats(r, N * C);
+  auto q = ref::rand_floats(r, B * T * NH * HD), k = ref::rand_floats(r, B * T * NKV * HD), v = ref::rand_floats(r, B * T * NKV * HD);
+  auto dq_in = ref::rand_floats(r, q.size());
+  std::vector<float> res[2];
+  for (int th : {1, 2}) {
+    set_num_threads(th == 1 ? 1 : 3);
+    std::vector<float> out(N * C), mean(N), rstd(N), dx(N * C), dw(C), db(C);
+    layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), bias.data(), N, C, 1e-5f);
+    layernorm_backward(dx.data(), dw.data(), db.data(), d.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C);
+    std::vector<float> ao(q.size()), att(size_t(B) * NH * T * T), dq(q.size()), dk(k.size()), dv(v.size());
+    attention_forward(ao.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
+    attention_backward(dq.data(), dk.data(), dv.data(), dq_in.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
+    auto& o = res[th - 1];
+    for (auto* vec : {&out, &dx, &dw, &db, &ao, &dq, &dk, &dv}) o.insert(o.end(), vec->begin(), vec->end());
+  }
+  REQUIRE(res[0].size() == res[1].size());
+  CHECK(std::memcmp(res[0].data(), res[1].data(), res[0].size() * sizeof(float)) == 0);
+  set_num_threads(2);
+}
