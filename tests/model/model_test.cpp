@@ -125,8 +125,8 @@ void check_gradients(const ModelConfig& cfg, uint64_t seed) {
   CHECK(bad == 0);
 }
 
-void check_recompute_identical(const ModelConfig& cfg) {
-  Batch b1 = make_batch(3, 8, cfg.vocab_size, 5), b2 = make_batch(3, 8, cfg.vocab_size, 6);
+void check_recompute_identical(const ModelConfig& cfg, int B = 3, int T = 8) {
+  Batch b1 = make_batch(B, T, cfg.vocab_size, 5), b2 = make_batch(B, T, cfg.vocab_size, 6);
   std::vector<float> g[2];
   float loss[2][2];
   for (int rc = 0; rc < 2; ++rc) {
@@ -134,9 +134,9 @@ void check_recompute_identical(const ModelConfig& cfg) {
     m.init_weights(9);
     m.set_recompute(rc == 1);
     m.zero_grad();
-    loss[rc][0] = m.forward(b1.tok.data(), b1.tgt.data(), 3, 8);
+    loss[rc][0] = m.forward(b1.tok.data(), b1.tgt.data(), B, T);
     m.backward(0.5f);
-    loss[rc][1] = m.forward(b2.tok.data(), b2.tgt.data(), 3, 8);  // gradient accumulation
+    loss[rc][1] = m.forward(b2.tok.data(), b2.tgt.data(), B, T);  // gradient accumulation
     m.backward(0.5f);
     g[rc] = grads_copy(m);
   }
@@ -276,6 +276,16 @@ TEST_CASE("init_weights: GPT-2 statistics, deterministic per seed") {
 TEST_CASE("recompute on/off gives bit-identical losses and gradients (GPT-2, Llama)") {
   check_recompute_identical(tiny_gpt2());
   check_recompute_identical(tiny_llama(2));
+  // sizes where the ops and GEMMs run on the thread pool
+  ModelConfig g = tiny_gpt2(), l = tiny_llama(2);
+  for (ModelConfig* c : {&g, &l}) {
+    c->vocab_size = 256;
+    c->max_seq_len = 32;
+    c->d_model = 64;
+    c->d_ff = 192;
+  }
+  check_recompute_identical(g, 4, 32);
+  check_recompute_identical(l, 4, 32);
 }
 
 TEST_CASE("backward accumulates: two identical micro-batches give twice the gradient") {
