@@ -1,7 +1,7 @@
 // Attention as explicit loops (llm.c style). Forward is parallel over (b, h, t) query
-// rows; backward is parallel over (b, kv-head) so each thread owns the dk/dv rows it
-// accumulates into (race-free and deterministic). Per-(b,h) BLAS GEMMs do not pay at
-// the head sizes and sequence lengths CPU training uses.
+// rows; backward over (b, h) pairs, with grouped heads' dk/dv contributions reduced in a
+// fixed order afterwards (race-free and deterministic). Per-(b,h) BLAS GEMMs do not pay
+// at the head sizes and sequence lengths CPU training uses.
 #include "ops/attention.h"
 
 #include "core/check.h"
@@ -71,43 +71,67 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   const int G = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
   const size_t qs = static_cast<size_t>(NH) * HD, ks = static_cast<size_t>(NKV) * HD;
-  const int pairs = B * NKV;
-  parallel_for(static_cast<size_t>(pairs), static_cast<size_t>(B) * NH * T * T * HD, [&](size_t begin, size_t end) {
+  // With G > 1 each query head writes its dk/dv contribution into its own slice of a
+  // [B, T, NH, HD] scratch, reduced over the group afterwards in head order; with G == 1
+  // the head owns its KV rows and accumulates into dk/dv directly.
+  std::vector<float> pk, pv;
+  if (G > 1) {
+    pk.assign(static_cast<size_t>(B) * T * qs, 0.0f);
+    pv.assign(pk.size(), 0.0f);
+  }
+  const size_t pairs = static_cast<size_t>(B) * NH;
+  parallel_for(pairs, static_cast<size_t>(B) * NH * T * T * HD, [&](size_t begin, size_t end) {
     std::vector<float> dpre(static_cast<size_t>(T));
-    for (int p = static_cast<int>(begin); p < static_cast<int>(end); ++p) {
-      const int b = p / NKV, kh = p % NKV;
-      for (int h = kh * G; h < (kh + 1) * G; ++h) {
-        for (int t = 0; t < T; ++t) {
-          const size_t qo = (static_cast<size_t>(b) * T + t) * qs + static_cast<size_t>(h) * HD;
-          const float* a = att + ((static_cast<size_t>(b) * NH + h) * T + t) * T;
-          const float* d = dout + qo;
-          // datt[t2] = dout . v[t2]; dpre = a * (datt - sum_j a_j datt_j)
-          float dot = 0;
-          for (int t2 = 0; t2 <= t; ++t2) {
-            const float* vr = v + (static_cast<size_t>(b) * T + t2) * ks + static_cast<size_t>(kh) * HD;
-            float s = 0;
-            for (int i = 0; i < HD; ++i) s += d[i] * vr[i];
-            dpre[static_cast<size_t>(t2)] = s;
-            dot += a[t2] * s;
-          }
-          const float* qr = q + qo;
-          float* dqr = dq + qo;
-          for (int t2 = 0; t2 <= t; ++t2) {
-            const size_t ko = (static_cast<size_t>(b) * T + t2) * ks + static_cast<size_t>(kh) * HD;
-            const float g = a[t2] * (dpre[static_cast<size_t>(t2)] - dot) * scale;
-            const float* kr = k + ko;
-            float* dkr = dk + ko;
-            float* dvr = dv + ko;
-            const float w = a[t2];
-            for (int i = 0; i < HD; ++i) {
-              dqr[i] += g * kr[i];
-              dkr[i] += g * qr[i];
-              dvr[i] += w * d[i];
-            }
+    for (size_t p = begin; p < end; ++p) {
+      const int b = static_cast<int>(p / NH), h = static_cast<int>(p % NH), kh = h / G;
+      for (int t = 0; t < T; ++t) {
+        const size_t qo = (static_cast<size_t>(b) * T + t) * qs + static_cast<size_t>(h) * HD;
+        const float* a = att + ((static_cast<size_t>(b) * NH + h) * T + t) * T;
+        const float* d = dout + qo;
+        // datt[t2] = dout . v[t2]; dpre = a * (datt - sum_j a_j datt_j)
+        float dot = 0;
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const float* vr = v + (static_cast<size_t>(b) * T + t2) * ks + static_cast<size_t>(kh) * HD;
+          float s = 0;
+          for (int i = 0; i < HD; ++i) s += d[i] * vr[i];
+          dpre[static_cast<size_t>(t2)] = s;
+          dot += a[t2] * s;
+        }
+        const float* qr = q + qo;
+        float* dqr = dq + qo;
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const size_t ko = (static_cast<size_t>(b) * T + t2) * ks + static_cast<size_t>(kh) * HD;
+          const size_t po = (static_cast<size_t>(b) * T + t2) * qs + static_cast<size_t>(h) * HD;
+          const float g = a[t2] * (dpre[static_cast<size_t>(t2)] - dot) * scale;
+          const float* kr = k + ko;
+          float* dkr = G > 1 ? pk.data() + po : dk + ko;
+          float* dvr = G > 1 ? pv.data() + po : dv + ko;
+          const float w = a[t2];
+          for (int i = 0; i < HD; ++i) {
+            dqr[i] += g * kr[i];
+            dkr[i] += g * qr[i];
+            dvr[i] += w * d[i];
           }
         }
       }
     }
+  });
+  if (G == 1) return;
+  const size_t rows = static_cast<size_t>(B) * T;
+  parallel_for(rows, rows * qs, [&](size_t begin, size_t end) {
+    for (size_t r = begin; r < end; ++r)
+      for (int kh = 0; kh < NKV; ++kh) {
+        float* dkr = dk + r * ks + static_cast<size_t>(kh) * HD;
+        float* dvr = dv + r * ks + static_cast<size_t>(kh) * HD;
+        for (int h = kh * G; h < (kh + 1) * G; ++h) {
+          const float* a = pk.data() + r * qs + static_cast<size_t>(h) * HD;
+          const float* c = pv.data() + r * qs + static_cast<size_t>(h) * HD;
+          for (int i = 0; i < HD; ++i) {
+            dkr[i] += a[i];
+            dvr[i] += c[i];
+          }
+        }
+      }
   });
 }
 

@@ -1,7 +1,8 @@
 // Causal attention with grouped KV heads: forward vs the double reference (<= 1e-5),
 // saved probabilities (rows sum to 1, zero above the diagonal), backward dq/dk/dv vs
 // central finite differences of the double reference (<= 1e-3) for MHA, GQA (NH=4, NKV=2)
-// and MQA (NKV=1) at T=7, gradient accumulation, and a threaded-size case.
+// and MQA (NKV=1) at T=7 and at sizes where the thread pool runs (the grouped-head
+// reduction included), gradient accumulation.
 #include "ops/attention.h"
 
 #include "core/error.h"
@@ -56,7 +57,11 @@ TEST_CASE("attention MHA (NH=NKV=3), T=7") { check_attention(2, 7, 3, 3, 4, 31, 
 TEST_CASE("attention GQA NH=4 NKV=2, T=7") { check_attention(2, 7, 4, 2, 6, 32, true); }
 TEST_CASE("attention MQA NH=4 NKV=1, T=7") { check_attention(2, 7, 4, 1, 4, 33, true); }
 TEST_CASE("attention T=1 (attends only to itself)") { check_attention(3, 1, 2, 1, 5, 34, true); }
-TEST_CASE("attention at a threaded size (B=2, T=64, NH=4, NKV=2, HD=32)") {
+TEST_CASE("attention GQA and MQA at thread-pool sizes (B=2, T=24, HD=8) vs finite differences") {
+  check_attention(2, 24, 4, 2, 8, 36, true);
+  check_attention(2, 24, 4, 1, 8, 37, true);
+}
+TEST_CASE("attention at a larger threaded size (B=2, T=64, NH=4, NKV=2, HD=32)") {
   check_attention(2, 64, 4, 2, 32, 35, false);
 }
 
