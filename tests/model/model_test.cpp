@@ -354,3 +354,21 @@ TEST_CASE("bad input is rejected with UsageError") {
   b.tgt[3] = 40;
   CHECK_THROWS_AS(m.forward(b.tok.data(), b.tgt.data(), 1, 8), UsageError);
 }
+
+TEST_CASE("changing (B, T) between calls re-allocates and gives the same results as a fresh model") {
+  ModelConfig cfg = tiny_llama(2);
+  Batch big = make_batch(2, 8, 32, 50), small = make_batch(1, 5, 32, 51);
+  Model fresh_big(cfg), fresh_small(cfg), m(cfg);
+  for (Model* x : {&fresh_big, &fresh_small, &m}) x->init_weights(52);
+  float want_big = fresh_big.forward(big.tok.data(), big.tgt.data(), 2, 8);
+  float want_small = fresh_small.forward(small.tok.data(), small.tgt.data(), 1, 5);
+  CHECK(m.forward(big.tok.data(), big.tgt.data(), 2, 8) == want_big);
+  CHECK(m.forward(small.tok.data(), small.tgt.data(), 1, 5) == want_small);
+  m.zero_grad();
+  m.backward();
+  fresh_small.zero_grad();
+  fresh_small.backward();
+  for (size_t i = 0; i < m.params().size(); ++i)
+    CHECK(std::memcmp(m.params()[i].grad, fresh_small.params()[i].grad, m.params()[i].size * 4) == 0);
+  CHECK(m.forward(big.tok.data(), big.tgt.data(), 2, 8) == want_big);
+}
