@@ -1,0 +1,85 @@
+// Tokenizes the configured data in memory (or opens token shards) and hands each rank
+// its micro-batches in sampler order.
+#include "train/data_loader.h"
+
+#include "core/check.h"
+#include "core/log.h"
+#include "data/prepare.h"
+
+#include <algorithm>
+#include <filesystem>
+
+namespace dtrain::train {
+
+namespace fs = std::filesystem;
+
+// ----------------------------------------------------------------------------
+data::TokenDataset dataset_load(const std::string& path, const config::DataConfig& dcfg,
+                                const data::Tokenizer& tokenizer, int64_t seq_len) {
+  data::DatasetOptions opts;
+  opts.seq_len = seq_len;
+  opts.mode = dcfg.pack ? data::SampleMode::PACK : data::SampleMode::PAD;
+  if (dcfg.format == "tokens") {
+    std::vector<std::string> shards;
+    if (fs::is_directory(path)) {
+      for (const auto& e : fs::directory_iterator(path))
+        if (e.is_regular_file()) shards.push_back(e.path().string());
+      std::sort(shards.begin(), shards.end());
+      DT_ENFORCE(!shards.empty(), ConfigError, "data: directory {} holds no token shards", path);
+    } else {
+      shards.push_back(path);
+    }
+    return data::TokenDataset(shards, opts);
+  }
+  data::DataPrepareOptions popts;
+  popts.sft_template = dcfg.template_name;
+  data::TokenData td = data::data_tokenize(path, data::data_format_parse(dcfg.format), tokenizer, popts);
+  return data::TokenDataset(std::move(td), opts);
+}
+
+TrainData data_load(const config::TrainConfig& cfg, int model_vocab_size, int64_t model_max_seq_len) {
+  const auto& d = cfg.data;
+  DT_ENFORCE(!d.train.empty(), ConfigError, "{}: data.train is required to train", cfg.source);
+  TrainData out;
+  out.tokenizer = data::tokenizer_load(d.tokenizer);
+  DT_ENFORCE(out.tokenizer->vocab_size() <= model_vocab_size, ConfigError,
+             "{}: tokenizer {} has {} tokens but model.vocab_size is {}; raise model.vocab_size", cfg.source,
+             out.tokenizer->name(), out.tokenizer->vocab_size(), model_vocab_size);
+  const int64_t seq_len = d.seq_len.value_or(model_max_seq_len);
+  DT_ENFORCE(seq_len <= model_max_seq_len, ConfigError, "{}: data.seq_len {} exceeds the model's max_seq_len {}",
+             cfg.source, seq_len, model_max_seq_len);
+  out.train = std::make_unique<data::TokenDataset>(dataset_load(d.train, d, *out.tokenizer, seq_len));
+  DT_ENFORCE(out.train->vocab_size() <= model_vocab_size, ConfigError,
+             "{}: data {} uses vocab_size {} but model.vocab_size is {}", cfg.source, d.train,
+             out.train->vocab_size(), model_vocab_size);
+  if (!d.valid.empty()) {
+    out.valid = std::make_unique<data::TokenDataset>(dataset_load(d.valid, d, *out.tokenizer, seq_len));
+    DT_ENFORCE(out.valid->vocab_size() <= model_vocab_size, ConfigError,
+               "{}: data {} uses vocab_size {} but model.vocab_size is {}", cfg.source, d.valid,
+               out.valid->vocab_size(), model_vocab_size);
+  }
+  return out;
+}
+
+// ----------------------------------------------------------------------------
+BatchReader::BatchReader(const data::TokenDataset& dataset, int micro_batch, int rank, int world_size,
+                         uint64_t seed, bool shuffle)
+    : ds_(dataset), micro_(micro_batch), sampler_(dataset.size(), rank, world_size, seed, shuffle, true) {
+  DT_ENFORCE_GT(micro_batch, 0, ConfigError, "micro batch size");
+}
+
+int64_t BatchReader::next(std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
+  const size_t T = static_cast<size_t>(ds_.seq_len());
+  inputs.resize(static_cast<size_t>(micro_) * T);
+  targets.resize(inputs.size());
+  idx_.resize(static_cast<size_t>(micro_));
+  for (auto& i : idx_) i = sampler_.next();
+  ds_.batch(idx_, inputs.data(), targets.data());
+  return std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t != data::IGNORE_INDEX; });
+}
+
+int64_t BatchReader::steps_per_epoch(int64_t accum) const {
+  return std::max<int64_t>(1, static_cast<int64_t>(sampler_.steps_per_epoch()) / (micro_ * accum));
+}
+
+}  // namespace dtrain::train

@@ -1,0 +1,57 @@
+// The training data of a config: the tokenizer, the train/valid TokenDatasets (SFT or
+// text tokenized in memory at start, or token shards when data.format is "tokens") and
+// the per-rank micro-batch reader over a DistributedSampler.
+#pragma once
+
+#include "config/train_config.h"
+#include "data/dataset.h"
+#include "data/sampler.h"
+#include "data/tokenizer.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dtrain::train {
+
+/// Reads one dataset path the way data.format says: "text" / "alpaca" / "chat" are
+/// tokenized in memory with `tokenizer` (SFT through data.template); "tokens" reads a
+/// token shard, or every regular file of a directory (sorted by name) as shards.
+/// Samples are seq_len long, packed (data.pack) or one record per sample.
+data::TokenDataset dataset_load(const std::string& path, const config::DataConfig& dcfg,
+                                const data::Tokenizer& tokenizer, int64_t seq_len);
+
+struct TrainData {
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  std::unique_ptr<data::TokenDataset> train;
+  std::unique_ptr<data::TokenDataset> valid;  ///< null when data.valid is ""
+};
+
+/// Loads the tokenizer and both datasets of cfg.data. seq_len = data.seq_len (else the
+/// model's max_seq_len passed in). ConfigError when the tokenizer or the data use ids
+/// outside [0, model_vocab_size).
+TrainData data_load(const config::TrainConfig& cfg, int model_vocab_size, int64_t model_max_seq_len);
+
+/// One rank's micro-batches: rows of [micro_batch, seq_len] inputs and targets drawn
+/// from the DistributedSampler (rank r reads global order entries r, r+W, ...).
+class BatchReader {
+ public:
+  BatchReader(const data::TokenDataset& dataset, int micro_batch, int rank, int world_size, uint64_t seed,
+              bool shuffle);
+  /// Fills inputs/targets ([micro_batch * seq_len] each); returns the unmasked target count.
+  int64_t next(std::vector<int32_t>& inputs, std::vector<int32_t>& targets);
+  /// Optimizer steps in one epoch for `accum` micro-batches per step (at least 1).
+  int64_t steps_per_epoch(int64_t accum) const;
+  const data::DistributedSampler& sampler() const { return sampler_; }
+  data::DistributedSampler& sampler() { return sampler_; }
+  int micro_batch() const { return micro_; }
+
+ private:
+  const data::TokenDataset& ds_;
+  int micro_;
+  data::DistributedSampler sampler_;
+  std::vector<size_t> idx_;
+};
+
+}  // namespace dtrain::train

@@ -1,0 +1,163 @@
+// Validation loss, batched greedy generation and SFT task accuracy on the CPU model.
+#include "train/evaluate.h"
+
+#include "core/check.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace dtrain::train {
+
+// ----------------------------------------------------------------------------
+namespace {
+
+// Sets eval mode for a scope and restores the previous flag.
+class EvalMode {
+ public:
+  explicit EvalMode(model::Model& m) : m_(m), was_(m.training()) { m_.set_training(false); }
+  ~EvalMode() { m_.set_training(was_); }
+  EvalMode(const EvalMode&) = delete;
+  EvalMode& operator=(const EvalMode&) = delete;
+
+ private:
+  model::Model& m_;
+  bool was_;
+};
+
+}  // namespace
+
+double EvalLoss::mean() const {
+  return tokens > 0 ? loss_sum / static_cast<double>(tokens) : std::numeric_limits<double>::quiet_NaN();
+}
+double EvalLoss::ppl() const { return std::exp(mean()); }
+
+EvalLoss eval_loss(model::Model& m, const data::TokenDataset& dataset, int batch_size, size_t max_samples, int rank,
+                   int world_size) {
+  DT_ENFORCE_GT(batch_size, 0, InternalError, "eval batch size");
+  DT_ENFORCE(rank >= 0 && rank < world_size, InternalError, "eval rank {} of {}", rank, world_size);
+  EvalMode mode(m);
+  const size_t n = max_samples > 0 ? std::min(max_samples, dataset.size()) : dataset.size();
+  std::vector<size_t> mine;
+  for (size_t i = static_cast<size_t>(rank); i < n; i += static_cast<size_t>(world_size)) mine.push_back(i);
+  const int T = static_cast<int>(dataset.seq_len());
+  EvalLoss out;
+  std::vector<int32_t> inputs, targets;
+  for (size_t b = 0; b < mine.size(); b += static_cast<size_t>(batch_size)) {
+    const size_t e = std::min(mine.size(), b + static_cast<size_t>(batch_size));
+    std::vector<size_t> idx(mine.begin() + static_cast<ptrdiff_t>(b), mine.begin() + static_cast<ptrdiff_t>(e));
+    inputs.resize(idx.size() * static_cast<size_t>(T));
+    targets.resize(inputs.size());
+    dataset.batch(idx, inputs.data(), targets.data());
+    const float loss = m.forward(inputs.data(), targets.data(), static_cast<int>(idx.size()), T);
+    out.loss_sum += static_cast<double>(loss) * m.num_targets();
+    out.tokens += m.num_targets();
+  }
+  return out;
+}
+
+// ----------------------------------------------------------------------------
+std::vector<std::vector<int32_t>> generate_greedy_batch(model::Model& m,
+                                                        const std::vector<std::vector<int32_t>>& prompts,
+                                                        int max_new_tokens, const std::vector<int32_t>& stop_ids,
+                                                        int batch_size, int vocab_limit) {
+  DT_ENFORCE_GT(batch_size, 0, InternalError, "generation batch size");
+  EvalMode mode(m);
+  const int max_T = m.config().max_seq_len;
+  const int V = m.config().vocab_size;
+  const int Vs = vocab_limit > 0 ? std::min(vocab_limit, V) : V;
+  std::vector<std::vector<int32_t>> out(prompts.size());
+  for (size_t b0 = 0; b0 < prompts.size(); b0 += static_cast<size_t>(batch_size)) {
+    const size_t B = std::min(prompts.size() - b0, static_cast<size_t>(batch_size));
+    std::vector<std::vector<int32_t>> ctx(B);
+    size_t longest = 1;
+    for (size_t r = 0; r < B; ++r) {
+      const auto& p = prompts[b0 + r];
+      const size_t keep = std::min(p.size(), static_cast<size_t>(max_T - 1));
+      ctx[r].assign(p.end() - static_cast<ptrdiff_t>(keep), p.end());
+      if (ctx[r].empty()) ctx[r].push_back(0);  // nothing to condition on: start from id 0
+      longest = std::max(longest, ctx[r].size());
+    }
+    const int T = static_cast<int>(std::min<size_t>(static_cast<size_t>(max_T), longest + static_cast<size_t>(std::max(0, max_new_tokens))));
+    std::vector<int32_t> tokens(B * static_cast<size_t>(T), 0);
+    std::vector<char> done(B, 0);
+    for (int step = 0; step < max_new_tokens; ++step) {
+      bool any = false;
+      for (size_t r = 0; r < B; ++r) {
+        if (ctx[r].size() >= static_cast<size_t>(T)) done[r] = 1;  // window full
+        any = any || !done[r];
+        if (!done[r]) std::copy(ctx[r].begin(), ctx[r].end(), tokens.begin() + static_cast<ptrdiff_t>(r * T));
+      }
+      if (!any) break;
+      m.forward(tokens.data(), nullptr, static_cast<int>(B), T);  // causal: padding after a row's end is not seen
+      const float* logits = m.logits();
+      for (size_t r = 0; r < B; ++r) {
+        if (done[r]) continue;
+        const float* row = logits + (r * static_cast<size_t>(T) + ctx[r].size() - 1) * static_cast<size_t>(V);
+        const int32_t next = static_cast<int32_t>(std::max_element(row, row + Vs) - row);
+        ctx[r].push_back(next);
+        out[b0 + r].push_back(next);
+        if (std::find(stop_ids.begin(), stop_ids.end(), next) != stop_ids.end()) done[r] = 1;
+      }
+    }
+  }
+  return out;
+}
+
+std::string generate_greedy(model::Model& m, const data::Tokenizer& tokenizer, const std::vector<int32_t>& prompt,
+                            int max_new_tokens, bool stop_at_eos) {
+  const std::vector<int32_t> stops = stop_at_eos ? data::sft_stop_ids(tokenizer) : std::vector<int32_t>{};
+  auto ids = generate_greedy_batch(m, {prompt}, max_new_tokens, stops, 1, tokenizer.vocab_size());
+  return tokenizer.decode(ids[0]);
+}
+
+// ----------------------------------------------------------------------------
+namespace {
+
+const data::SftMessage* first_answer(const data::SftRecord& r) {
+  for (const auto& msg : r.messages)
+    if (msg.role == data::SftRole::ASSISTANT) return &msg;
+  return nullptr;
+}
+
+}  // namespace
+
+TaskAccuracy score_answers(const std::vector<data::SftRecord>& records, const std::vector<std::string>& generated,
+                           const data::Tokenizer& tokenizer, data::SftTemplate tmpl, size_t keep_examples) {
+  DT_ENFORCE_EQ(records.size(), generated.size(), InternalError, "score_answers: one generation per record");
+  TaskAccuracy acc;
+  for (size_t i = 0; i < records.size(); ++i) {
+    const data::SftMessage* ans = first_answer(records[i]);
+    DT_ENFORCE(ans != nullptr, ConfigError, "record {} has no assistant answer to compare with", i + 1);
+    const bool ok = data::sft_answer_matches(ans->content, generated[i]);
+    acc.correct += ok ? 1 : 0;
+    acc.total += 1;
+    if (acc.examples.size() < keep_examples)
+      acc.examples.push_back(
+          {tokenizer.decode(data::sft_render_prompt(records[i], tokenizer, tmpl)), ans->content, generated[i], ok});
+  }
+  return acc;
+}
+
+TaskAccuracy eval_tasks(model::Model& m, const data::Tokenizer& tokenizer, const std::string& jsonl,
+                        const std::string& template_name, int max_records, int max_new_tokens) {
+  std::vector<data::SftRecord> records = data::sft_load_jsonl(jsonl);
+  if (max_records > 0 && records.size() > static_cast<size_t>(max_records))
+    records.resize(static_cast<size_t>(max_records));
+  const data::SftTemplate tmpl = data::sft_template_parse(template_name);
+  std::vector<std::vector<int32_t>> prompts;
+  size_t longest_answer = 0;
+  for (const auto& r : records) {
+    prompts.push_back(data::sft_render_prompt(r, tokenizer, tmpl));
+    if (const data::SftMessage* a = first_answer(r))
+      longest_answer = std::max(longest_answer, tokenizer.encode_ordinary(a->content).size());
+  }
+  const int new_tokens = max_new_tokens > 0 ? max_new_tokens : static_cast<int>(longest_answer) + 8;
+  auto ids = generate_greedy_batch(m, prompts, new_tokens, data::sft_stop_ids(tokenizer), 16, tokenizer.vocab_size());
+  std::vector<std::string> generated;
+  generated.reserve(ids.size());
+  for (const auto& g : ids) generated.push_back(tokenizer.decode(g));
+  return score_answers(records, generated, tokenizer, tmpl);
+}
+
+}  // namespace dtrain::train

@@ -1,0 +1,72 @@
+// Evaluation of a model: validation loss / perplexity over a TokenDataset, greedy
+// generation (batched, fixed-width windows so activations are allocated once), and
+// held-out SFT task accuracy (prompt -> greedy answer -> data::sft_answer_matches).
+#pragma once
+
+#include "data/dataset.h"
+#include "data/sft.h"
+#include "data/tokenizer.h"
+#include "model/model.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dtrain::train {
+
+/// Token-weighted loss sums, so ranks can add theirs before dividing.
+struct EvalLoss {
+  double loss_sum = 0.0;  ///< sum over unmasked targets of the cross-entropy
+  int64_t tokens = 0;     ///< unmasked targets
+  double mean() const;    ///< loss_sum / tokens (NaN when tokens == 0)
+  double ppl() const;     ///< exp(mean())
+};
+
+/// Loss over the samples i of `dataset` with i % world_size == rank (all of them for the
+/// defaults), batch_size rows per forward, in eval mode (no LoRA dropout); max_samples > 0
+/// limits the samples considered (before splitting by rank). The caller adds the ranks'
+/// results. The model's training flag is restored.
+EvalLoss eval_loss(model::Model& m, const data::TokenDataset& dataset, int batch_size, size_t max_samples = 0,
+                   int rank = 0, int world_size = 1);
+
+/// Greedy continuation of each prompt: up to max_new_tokens ids each, stopping after a
+/// stop id (included in the result) or when the context reaches the model's
+/// max_seq_len. Prompts longer than max_seq_len - 1 keep their last tokens. Runs
+/// batches of batch_size prompts over one window width per batch (longest prompt +
+/// max_new_tokens, capped at max_seq_len). vocab_limit > 0 restricts the argmax to ids
+/// below it (a padded model vocabulary has ids no tokenizer produces).
+std::vector<std::vector<int32_t>> generate_greedy_batch(model::Model& m,
+                                                        const std::vector<std::vector<int32_t>>& prompts,
+                                                        int max_new_tokens, const std::vector<int32_t>& stop_ids,
+                                                        int batch_size = 16, int vocab_limit = 0);
+
+/// generate_greedy_batch for one prompt, decoded (stop tokens decode as their text).
+std::string generate_greedy(model::Model& m, const data::Tokenizer& tokenizer, const std::vector<int32_t>& prompt,
+                            int max_new_tokens, bool stop_at_eos = true);
+
+struct TaskExample {
+  std::string prompt, expected, generated;
+  bool correct = false;
+};
+
+struct TaskAccuracy {
+  int correct = 0;
+  int total = 0;
+  std::vector<TaskExample> examples;  ///< the first few records, for display
+  double percent() const { return total ? 100.0 * correct / total : 0.0; }
+};
+
+/// Scores generated answers against each record's first assistant message with
+/// data::sft_answer_matches (cut at end markers, white space normalised, exact match).
+/// generated.size() must equal records.size(). Keeps the first `keep_examples`.
+TaskAccuracy score_answers(const std::vector<data::SftRecord>& records, const std::vector<std::string>& generated,
+                           const data::Tokenizer& tokenizer, data::SftTemplate tmpl, size_t keep_examples = 5);
+
+/// Held-out task accuracy: the first max_records (<= 0: all) records of the SFT JSONL
+/// file, each rendered as a prompt only (template_name: plain | chatml), answered
+/// greedily (max_new_tokens <= 0: longest expected answer in tokens + 8) and scored
+/// with score_answers.
+TaskAccuracy eval_tasks(model::Model& m, const data::Tokenizer& tokenizer, const std::string& jsonl,
+                        const std::string& template_name, int max_records, int max_new_tokens = 0);
+
+}  // namespace dtrain::train

@@ -1,0 +1,279 @@
+// Builds the native model from a TrainConfig, imports Hugging Face weights (config.json,
+// safetensors, PEFT adapters) and exports the trained model in the same formats.
+#include "train/model_factory.h"
+
+#include "core/check.h"
+#include "core/log.h"
+#include "model/peft.h"
+#include "model/safetensors.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <optional>
+
+namespace dtrain::train {
+
+namespace fs = std::filesystem;
+
+// ----------------------------------------------------------------------------
+namespace {
+
+model::ModelConfig::Arch arch_parse(const std::string& s, const std::string& where) {
+  if (s == "gpt2") return model::ModelConfig::Arch::GPT2;
+  if (s == "llama") return model::ModelConfig::Arch::LLAMA;
+  DT_THROW(ConfigError, "{}: unknown architecture '{}' (use gpt2 or llama)", where, s);
+}
+
+model::ModelConfig from_hf(const model::HfModelConfig& h) {
+  model::ModelConfig m;
+  m.arch = arch_parse(h.arch, "config.json model_type");
+  m.vocab_size = h.vocab_size;
+  m.max_seq_len = h.max_seq_len;
+  m.n_layer = h.n_layer;
+  m.n_head = h.n_head;
+  m.n_kv_head = h.n_kv_head;
+  m.d_model = h.d_model;
+  m.d_ff = h.d_ff;
+  m.norm_eps = h.norm_eps;
+  m.rope_theta = h.rope_theta;
+  m.tie_embeddings = h.tie_embeddings;
+  return m;
+}
+
+model::HfModelConfig to_hf(const model::ModelConfig& m) {
+  model::HfModelConfig h;
+  h.arch = model::arch_name(m.arch);
+  h.vocab_size = m.vocab_size;
+  h.max_seq_len = m.max_seq_len;
+  h.n_layer = m.n_layer;
+  h.n_head = m.n_head;
+  h.n_kv_head = m.n_kv_head;
+  h.d_model = m.d_model;
+  h.d_ff = m.d_ff;
+  h.norm_eps = m.norm_eps;
+  h.rope_theta = m.rope_theta;
+  h.tie_embeddings = m.tie_embeddings;
+  return h;
+}
+
+// A config size given next to init_from must agree with the checkpoint's.
+void check_same(const std::optional<int64_t>& given, int actual, const char* key, const std::string& dir) {
+  if (given && *given != actual)
+    DT_THROW(ConfigError, "model.{} = {} disagrees with {}/config.json ({}); remove model.{} from the config",
+             key, *given, dir, actual, key);
+}
+
+std::vector<std::string> weight_files(const std::string& dir) {
+  const fs::path single = fs::path(dir) / "model.safetensors";
+  if (fs::exists(single)) return {single.string()};
+  std::vector<std::string> shards;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("model-", 0) == 0 && e.path().extension() == ".safetensors") shards.push_back(e.path().string());
+  }
+  std::sort(shards.begin(), shards.end());
+  DT_ENFORCE(!shards.empty(), IoError, "{}: no model.safetensors (or model-*.safetensors shards) found", dir);
+  return shards;
+}
+
+// Reads one tensor of the layout from whichever file holds it, transposing Conv1D.
+void load_tensor(const std::vector<model::SafetensorsFile>& files, const model::TensorSpec& t, float* dst,
+                 const model::ModelConfig& cfg) {
+  std::vector<std::string> names{t.name};
+  if (cfg.arch == model::ModelConfig::Arch::GPT2 && t.name.rfind("transformer.", 0) == 0)
+    names.push_back(t.name.substr(12));  // HF's "gpt2" checkpoints omit the prefix
+  for (const auto& f : files) {
+    for (const auto& n : names) {
+      if (!f.contains(n)) continue;
+      const auto& info = f.info(n);
+      std::vector<int64_t> want = t.shape;
+      if (t.hf_transposed) std::reverse(want.begin(), want.end());
+      if (info.shape != want)
+        DT_THROW(IoError, "{}: tensor {} has shape [{}], the model expects [{}]", f.path(), n,
+                 fmt::join(info.shape, ", "), fmt::join(want, ", "));
+      if (!t.hf_transposed) {
+        f.read_f32(n, dst, t.numel());
+      } else {
+        std::vector<float> tmp(t.numel());
+        f.read_f32(n, tmp.data(), tmp.size());
+        const int64_t rows = t.shape[0], cols = t.shape[1];  // ours [rows, cols] = HF [cols, rows]
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t j = 0; j < cols; ++j) dst[i * cols + j] = tmp[static_cast<size_t>(j * rows + i)];
+      }
+      return;
+    }
+  }
+  DT_THROW(IoError, "{}: tensor {} is missing", files.front().path(), t.name);
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------------
+model::ModelConfig model_config_from(const config::TrainConfig& cfg) {
+  const auto& c = cfg.model;
+  if (!c.init_from.empty()) {
+    const std::string path = (fs::path(c.init_from) / "config.json").string();
+    model::ModelConfig m = from_hf(model::hf_config_read(path));
+    if (c.architecture && arch_parse(*c.architecture, "model.architecture") != m.arch)
+      DT_THROW(ConfigError, "model.architecture = {} disagrees with {} ({})", *c.architecture, path,
+               model::arch_name(m.arch));
+    check_same(c.vocab_size, m.vocab_size, "vocab_size", c.init_from);
+    check_same(c.n_layer, m.n_layer, "n_layer", c.init_from);
+    check_same(c.n_head, m.n_head, "n_head", c.init_from);
+    check_same(c.d_model, m.d_model, "d_model", c.init_from);
+    check_same(c.d_ff, m.d_ff, "d_ff", c.init_from);
+    check_same(c.n_kv_head, m.n_kv_head, "n_kv_head", c.init_from);
+    if (cfg.data.seq_len)
+      DT_ENFORCE(*cfg.data.seq_len <= m.max_seq_len, ConfigError,
+                 "data.seq_len = {} is longer than the max_seq_len {} of {}", *cfg.data.seq_len, m.max_seq_len, path);
+    m.validate();
+    return m;
+  }
+  DT_ENFORCE(c.architecture.has_value(), ConfigError, "{}: model.architecture is required without model.init_from",
+             cfg.source);
+  auto need = [&](const std::optional<int64_t>& v, const char* key) -> int {
+    DT_ENFORCE(v.has_value(), ConfigError, "{}: model.{} is required without model.init_from", cfg.source, key);
+    return static_cast<int>(*v);
+  };
+  model::ModelConfig m;
+  m.arch = arch_parse(*c.architecture, cfg.source + ": model.architecture");
+  m.vocab_size = need(c.vocab_size, "vocab_size");
+  m.n_layer = need(c.n_layer, "n_layer");
+  m.n_head = need(c.n_head, "n_head");
+  m.n_kv_head = c.n_kv_head ? static_cast<int>(*c.n_kv_head) : m.n_head;
+  m.d_model = need(c.d_model, "d_model");
+  m.d_ff = need(c.d_ff, "d_ff");
+  m.max_seq_len = c.max_seq_len ? static_cast<int>(*c.max_seq_len) : need(cfg.data.seq_len, "max_seq_len");
+  m.norm_eps = static_cast<float>(c.norm_eps);
+  m.rope_theta = static_cast<float>(c.rope_theta);
+  m.tie_embeddings = c.tie_embeddings.value_or(m.arch == model::ModelConfig::Arch::GPT2);
+  m.validate();
+  return m;
+}
+
+model::LoraConfig lora_config_from(const config::TrainConfig& cfg, const model::ModelConfig& mcfg) {
+  model::LoraConfig l;
+  l.rank = static_cast<int>(cfg.lora.r);
+  l.alpha = static_cast<float>(cfg.lora.alpha);
+  l.dropout = static_cast<float>(cfg.lora.dropout);
+  l.targets = cfg.lora.target_modules;
+  if (l.targets.empty())
+    l.targets = mcfg.arch == model::ModelConfig::Arch::LLAMA ? std::vector<std::string>{"q_proj", "v_proj"}
+                                                             : std::vector<std::string>{"c_attn"};
+  l.seed = static_cast<uint64_t>(cfg.training.seed);
+  l.validate(mcfg);
+  return l;
+}
+
+void model_load_safetensors(model::Model& m, const std::vector<std::string>& paths) {
+  DT_ENFORCE(!paths.empty(), InternalError, "model_load_safetensors: no files");
+  std::vector<model::SafetensorsFile> files;
+  for (const auto& p : paths) files.emplace_back(p);
+  for (auto& pb : m.params())
+    for (const auto& t : pb.layout.tensors) load_tensor(files, t, pb.data + t.offset, m.config());
+}
+
+void model_load_adapter(model::Model& m, const std::string& path) {
+  DT_ENFORCE(m.lora_on(), InternalError, "model_load_adapter: LoRA is not enabled");
+  std::vector<model::SafetensorsFile> files;
+  files.emplace_back(path);
+  for (auto& pb : m.lora_params())
+    for (const auto& t : pb.layout.tensors) load_tensor(files, t, pb.data + t.offset, m.config());
+}
+
+std::unique_ptr<model::Model> model_create(const config::TrainConfig& cfg) {
+  const model::ModelConfig mcfg = model_config_from(cfg);
+  auto m = std::make_unique<model::Model>(mcfg);
+  if (cfg.model.init_from.empty()) {
+    m->init_weights(static_cast<uint64_t>(cfg.training.seed));
+  } else {
+    model_load_safetensors(*m, weight_files(cfg.model.init_from));
+    log_info("model: loaded {} ({} parameters)", cfg.model.init_from, m->num_params());
+  }
+  if (cfg.lora.enabled()) {
+    m->lora_enable(lora_config_from(cfg, mcfg));
+    const fs::path adapter = fs::path(cfg.model.init_from) / "adapter_model.safetensors";
+    if (!cfg.model.init_from.empty() && fs::exists(adapter)) model_load_adapter(*m, adapter.string());
+  }
+  m->set_recompute(cfg.activation_checkpointing.enabled);
+  return m;
+}
+
+std::unique_ptr<model::Model> model_load_hf_dir(const std::string& dir) {
+  const model::ModelConfig mcfg = from_hf(model::hf_config_read((fs::path(dir) / "config.json").string()));
+  auto m = std::make_unique<model::Model>(mcfg);
+  model_load_safetensors(*m, weight_files(dir));
+  const fs::path acfg = fs::path(dir) / "adapter_config.json";
+  if (fs::exists(acfg)) {
+    const model::LoraAdapterConfig a = model::peft_config_read(acfg.string());
+    model::LoraConfig l;
+    l.rank = a.r;
+    l.alpha = a.lora_alpha;
+    l.dropout = a.lora_dropout;
+    l.targets = a.target_modules;
+    l.validate(mcfg);
+    m->lora_enable(l);
+    model_load_adapter(*m, (fs::path(dir) / "adapter_model.safetensors").string());
+  }
+  return m;
+}
+
+// ----------------------------------------------------------------------------
+namespace {
+
+// The fp32 tensors of some buffers, in HF layout (Conv1D transposed into `scratch`).
+std::vector<model::StTensorRef> export_refs(const std::vector<model::ParamBuffer>& bufs,
+                                            std::vector<std::vector<float>>& scratch) {
+  std::vector<model::StTensorRef> refs;
+  for (const auto& pb : bufs) {
+    for (const auto& t : pb.layout.tensors) {
+      const float* src = pb.data + t.offset;
+      std::vector<int64_t> shape = t.shape;
+      if (t.hf_transposed) {
+        const int64_t rows = t.shape[0], cols = t.shape[1];
+        std::vector<float> tr(t.numel());
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t j = 0; j < cols; ++j) tr[static_cast<size_t>(j * rows + i)] = src[i * cols + j];
+        scratch.push_back(std::move(tr));
+        src = scratch.back().data();
+        std::reverse(shape.begin(), shape.end());
+      }
+      refs.push_back({t.name, DType::F32, shape, src});
+    }
+  }
+  return refs;
+}
+
+}  // namespace
+
+void model_export_hf(model::Model& m, const std::string& dir, int bos_id, int eos_id) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  DT_ENFORCE(!ec, IoError, "cannot create {}: {}", dir, ec.message());
+  std::vector<std::vector<float>> scratch;
+  {
+    auto refs = export_refs(m.params(), scratch);
+    model::safetensors_write((fs::path(dir) / "model.safetensors").string(), refs, {{"format", "pt"}});
+  }
+  model::HfModelConfig h = to_hf(m.config());
+  h.bos_token_id = bos_id;
+  h.eos_token_id = eos_id;
+  model::hf_config_write((fs::path(dir) / "config.json").string(), h);
+  if (m.lora_on()) {
+    scratch.clear();
+    auto refs = export_refs(m.lora_params(), scratch);
+    model::safetensors_write((fs::path(dir) / "adapter_model.safetensors").string(), refs, {{"format", "pt"}});
+    model::LoraAdapterConfig a;
+    const auto& l = m.lora_config();
+    a.r = l.rank;
+    a.lora_alpha = l.alpha;
+    a.lora_dropout = l.dropout;
+    a.target_modules = l.targets;
+    a.fan_in_fan_out = m.config().arch == model::ModelConfig::Arch::GPT2;
+    a.base_model_name_or_path = ".";
+    model::peft_config_write((fs::path(dir) / "adapter_config.json").string(), a);
+  }
+}
+
+}  // namespace dtrain::train

@@ -1,0 +1,51 @@
+// The model a training config describes: TrainConfig -> model::ModelConfig, random init
+// or Hugging Face import (config.json + model.safetensors, PEFT adapters), LoRA and
+// recompute switches, and the HF export the trainer writes to <run_dir>/final/.
+#pragma once
+
+#include "config/train_config.h"
+#include "model/model.h"
+
+#include <memory>
+#include <string>
+
+namespace dtrain::train {
+
+/// The architecture the config asks for: model.init_from's config.json when init_from is
+/// set (sizes given in the config must then agree with it, else ConfigError), otherwise
+/// the model section (architecture and sizes required). Derived fields (n_kv_head, d_ff,
+/// max_seq_len, tie_embeddings) follow the config module's rules when still unset.
+model::ModelConfig model_config_from(const config::TrainConfig& cfg);
+
+/// The LoRA settings of the config for this architecture (targets default as in the
+/// config module; seed = training.seed).
+model::LoraConfig lora_config_from(const config::TrainConfig& cfg, const model::ModelConfig& mcfg);
+
+/// Builds the model for cfg: random init from training.seed, or the weights of
+/// model.init_from (model.safetensors, or model-*.safetensors shards listed in any
+/// order); then LoRA when lora.r > 0 (adapters loaded from init_from's
+/// adapter_model.safetensors when that file exists there), and recompute when
+/// activation_checkpointing.enabled.
+std::unique_ptr<model::Model> model_create(const config::TrainConfig& cfg);
+
+/// Loads every base tensor of the model from one or more safetensors files (names as in
+/// the layout; GPT-2 files without the "transformer." prefix are accepted; Conv1D
+/// tensors are transposed; a tied lm_head.weight is ignored). IoError naming the file
+/// and tensor for a missing tensor or a shape mismatch.
+void model_load_safetensors(model::Model& m, const std::vector<std::string>& paths);
+
+/// Loads PEFT adapter weights into a model whose LoRA is enabled.
+void model_load_adapter(model::Model& m, const std::string& path);
+
+/// Loads a Hugging Face model directory written by model_export_hf (or HF transformers /
+/// PEFT): config.json + weights, then adapter_config.json + adapter_model.safetensors
+/// when present (LoRA is enabled with the adapter's settings, not merged).
+std::unique_ptr<model::Model> model_load_hf_dir(const std::string& dir);
+
+/// Writes dir/model.safetensors + dir/config.json (fp32, HF names and shapes) and, when
+/// LoRA is on, dir/adapter_model.safetensors + dir/adapter_config.json (the base weights
+/// stay unmerged in model.safetensors). eos/bos ids go into config.json when >= 0.
+/// Creates dir. IoError on failure.
+void model_export_hf(model::Model& m, const std::string& dir, int bos_id = -1, int eos_id = -1);
+
+}  // namespace dtrain::train

@@ -1,0 +1,72 @@
+// The training loop: model (model_factory) + data (data_loader) + AdamW, LR schedule,
+// gradient accumulation, data-parallel gradient averaging over a Communicator (ZeRO
+// stage 0), bf16/fp16 mixed precision with fp32 master weights, fp16 loss scaling,
+// global-norm clipping, metrics.jsonl, periodic validation and the final HF export.
+#pragma once
+
+#include "comm/communicator.h"
+#include "config/train_config.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dtrain::train {
+
+struct TrainerEnv {
+  int rank = 0;
+  int world_size = 1;
+  /// metrics.jsonl and final/ go here (rank 0 writes them); "" = write no files.
+  std::string run_dir;
+  /// nullptr or size 1 = single rank; otherwise rank()/size() must match rank/world_size.
+  comm::Communicator* comm = nullptr;
+  /// false: rank 0 prints no progress lines (tests).
+  bool print = true;
+};
+
+/// What a run did. Per-step vectors have one entry per attempted optimizer step
+/// (skipped fp16 overflow steps included).
+struct TrainResult {
+  int64_t steps = 0;            ///< attempted optimizer steps
+  int64_t applied_steps = 0;    ///< steps that updated the weights (= scheduler/optimizer step count)
+  int64_t skipped_steps = 0;    ///< fp16 overflow steps
+  double final_loss = 0.0;      ///< loss of the last step
+  double final_eval_loss = 0.0; ///< NaN when there is no validation set
+  double final_eval_ppl = 0.0;
+  double final_loss_scale = 1.0;
+  int64_t tokens = 0;           ///< input tokens processed by all ranks
+  double elapsed_s = 0.0;       ///< wall time of the loop (model build and export excluded)
+  std::vector<double> losses;      ///< mean loss per step over all micro-batches and ranks
+  std::vector<double> lrs;         ///< lr used by each step (skipped steps: the lr they would have used)
+  std::vector<double> grad_norms;  ///< pre-clip global norm (unscaled); NaN/inf on overflow
+  std::vector<double> loss_scales; ///< loss scale each step ran with (1 without fp16)
+  std::vector<char> skipped;       ///< 1 where the step was skipped
+};
+
+/// Trains cfg to the end. cfg must have been through config_resolve_batch for
+/// env.world_size. Every rank calls it with the same cfg.
+///
+/// Loss normalisation: the step loss is the mean cross-entropy over ALL unmasked target
+/// tokens of the step (every micro-batch on every rank), so micro 4 x accum 1, micro 2 x
+/// accum 2 and 2 ranks x micro 2 give the same loss and gradient: the unmasked-token
+/// counts are summed over micro-batches and allreduced before backward, and micro-batch
+/// i on a rank is back-propagated with weight world_size * n_i / N_step (n_i its
+/// unmasked tokens, N_step the global count) before the gradient AVG across ranks.
+///
+/// Mixed precision (bf16.enabled or fp16.enabled): fp32 master weights are kept apart
+/// and are what AdamW updates; the model's own parameter buffers hold the compute copy,
+/// the master values rounded to bf16/fp16 (round to nearest even) and stored as fp32,
+/// which forward and backward read (AdamW's compute-copy variant writes it after each
+/// update). Activations and the cross-entropy stay fp32 on the CPU. Under fp16 the
+/// gradient buffers are rounded to fp16 after each micro-batch's backward, as fp16
+/// gradient storage would hold them, so a too-large loss scale overflows to inf; the
+/// overflow decision is allreduced (MAX) so every rank skips together, and a skipped
+/// step advances neither the scheduler nor the optimizer step count. bf16 gradients
+/// stay fp32. final/ holds the fp32 master weights.
+///
+/// Throws ConfigError for configs it cannot run, TrainError when the loss becomes
+/// non-finite without fp16 or the fp16 scale cannot go lower, CommError from the
+/// collectives.
+TrainResult train_run(const config::TrainConfig& cfg, const TrainerEnv& env);
+
+}  // namespace dtrain::train
