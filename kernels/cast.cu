@@ -1,0 +1,58 @@
+// dtype conversion kernel: one grid-stride loop over packs (4 elements when either side
+// is fp32, 8 for 16-bit pairs) with a scalar tail, or all scalar when misaligned.
+#include "kernels/cast.cuh"
+
+#include "kernels/common.cuh"
+
+namespace dtrain::kernels {
+
+namespace {
+using namespace detail;
+
+template <typename In, typename Out, int V>
+__global__ void cast_kernel(Out* __restrict__ out, const In* __restrict__ inp, size_t n) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t npack = n / V;
+  for (size_t p = tid; p < npack; p += stride) {
+    Pack<In, V> a = pack_load<In, V>(inp + p * V);
+    Pack<Out, V> b;
+#pragma unroll
+    for (int j = 0; j < V; ++j) b.v[j] = from_f32<Out>(to_f32(a.v[j]));
+    pack_store<Out, V>(out + p * V, b);
+  }
+  for (size_t i = npack * V + tid; i < n; i += stride) out[i] = from_f32<Out>(to_f32(inp[i]));
+}
+
+template <typename In, typename Out>
+void cast_launch(Out* out, const In* inp, size_t n, cudaStream_t stream) {
+  constexpr int V = (sizeof(In) == 4 || sizeof(Out) == 4) ? 4 : 8;
+  const bool vec = reinterpret_cast<uintptr_t>(out) % (V * sizeof(Out)) == 0 &&
+                   reinterpret_cast<uintptr_t>(inp) % (V * sizeof(In)) == 0;
+  if (vec) {
+    cast_kernel<In, Out, V><<<grid_for(n / V + 1, 256), 256, 0, stream>>>(out, inp, n);
+  } else {
+    cast_kernel<In, Out, 1><<<grid_for(n, 256), 256, 0, stream>>>(out, inp, n);
+  }
+  DT_CUDA_LAUNCH_CHECK();
+}
+}  // namespace
+
+void dtype_cast(void* out, DType out_dtype, const void* inp, DType in_dtype, size_t n,
+                cudaStream_t stream) {
+  if (n == 0) return;
+  if (out_dtype == in_dtype) {
+    if (out != inp)
+      DT_CUDA_CHECK(cudaMemcpyAsync(out, inp, n * dtype_size(in_dtype), cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
+  dispatch(in_dtype, [&](auto ti) {
+    using In = typename decltype(ti)::type;
+    dispatch(out_dtype, [&](auto to) {
+      using Out = typename decltype(to)::type;
+      cast_launch<In, Out>(static_cast<Out*>(out), static_cast<const In*>(inp), n, stream);
+    });
+  });
+}
+
+}  // namespace dtrain::kernels

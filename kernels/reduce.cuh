@@ -1,0 +1,24 @@
+// Whole-buffer reductions for the optimizer step: the gradient sum of squares (global
+// grad-norm clipping) and the inf/NaN check of the fp16 loss scaler. Both accumulate
+// into a device value so several buffers are checked with one read-back per step.
+#pragma once
+
+#include "core/dtype.h"
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+namespace dtrain::kernels {
+
+/// *accum += sum of x[i]^2 over n elements (accum: one device double; zero it before the
+/// first buffer of a step). Deterministic: a fixed partition that depends only on n and a
+/// fixed-order fp64 reduction (two kernels, scratch from the stream-ordered allocator).
+/// +-inf or NaN inputs give inf/NaN, as train::grad_norm_sq.
+void grad_norm_sq(double* accum, const void* x, size_t n, DType dtype, cudaStream_t stream);
+
+/// Sets *flag = 1 (one device int) when any of the n values is +-inf or NaN; never clears
+/// it (zero it once per step). The device form of train::has_inf_or_nan.
+void has_inf_or_nan(int* flag, const void* x, size_t n, DType dtype, cudaStream_t stream);
+
+}  // namespace dtrain::kernels

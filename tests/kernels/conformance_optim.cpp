@@ -1,0 +1,139 @@
+// Conformance cases for the optimizer-step kernels: dtype casts (every pair), AdamW with
+// and without the compute copy, the gradient sum of squares and the inf/NaN check,
+// each against lib/train's CPU versions; aligned and misaligned (offset 1) buffers.
+#include "cases.h"
+
+#include "kernels/adamw.cuh"
+#include "kernels/cast.cuh"
+#include "kernels/reduce.cuh"
+#include "train/adamw.h"
+#include "train/grad_clip.h"
+#include "train/loss_scaler.h"
+
+namespace dtrain::kernels::test {
+
+namespace {
+
+constexpr size_t N_ODD = 10007;  // not a multiple of any pack width: exercises the tails
+
+double cast_case(DType from, DType to, size_t offset, uint64_t seed) {
+  Rng r(seed);
+  Floats x = rand_floats(r, N_ODD, 3.0f);
+  x[5] = 1e6f;  // overflows fp16 -> inf on both sides
+  x[6] = 1e-9f; // fp16 subnormal/zero
+  x[7] = NAN;
+  const Floats xin = round_through(x, from);
+  Floats ref(xin.size());
+  for (size_t i = 0; i < xin.size(); ++i) {
+    uint8_t raw[4];
+    dtype_store(raw, 0, to, xin[i]);
+    ref[i] = dtype_load(raw, 0, to);
+  }
+  DevBuf in(xin, from, offset), out(N_ODD, to, offset);
+  out.poison();
+  dtype_cast(out.ptr(), to, in.ptr(), from, N_ODD, nullptr);
+  return buf_err(out, ref);
+}
+
+double adamw_case(DType copy, size_t offset, uint64_t seed) {
+  Rng r(seed);
+  const size_t n = N_ODD;
+  Floats p = rand_floats(r, n), g = rand_floats(r, n, 0.1f), m = rand_floats(r, n, 0.01f), v(n);
+  for (auto& x : v) x = r.uniform() * 1e-3f;
+  train::AdamWConfig cfg;
+  cfg.weight_decay = 0.1f;
+  const float lr = 3e-3f, gscale = 0.5f;
+  const int64_t step = 7;
+  DevBuf dp(p, DType::F32, offset), dg(g, DType::F32, offset), dm(m, DType::F32, offset), dv(v, DType::F32, offset);
+  Floats p_ref = p, m_ref = m, v_ref = v;
+  double e = 0;
+  if (copy == DType::F32) {
+    train::adamw_step(p_ref.data(), g.data(), m_ref.data(), v_ref.data(), n, cfg, lr, step, true, gscale);
+    adamw_step(dp.f32(), dg.f32(), dm.f32(), dv.f32(), n, cfg, lr, step, true, gscale, nullptr);
+  } else {
+    train::adamw_step(p_ref.data(), g.data(), m_ref.data(), v_ref.data(), n, cfg, lr, step, true, gscale);
+    DevBuf dc(n, copy, offset);
+    dc.poison();
+    adamw_step_copy(dp.f32(), dg.f32(), dm.f32(), dv.f32(), n, cfg, lr, step, true, gscale, dc.ptr(), copy, nullptr);
+    // The copy must be exactly the device's own updated fp32 parameters rounded (the
+    // fp32 values themselves may differ from the CPU's by an FMA rounding).
+    if (max_err(dc.download(), round_through(dp.download(), copy)) != 0.0 || !dc.guard_intact()) e = INFINITY;
+  }
+  e = std::max(e, buf_err(dp, p_ref));
+  e = std::max(e, buf_err(dm, m_ref));
+  e = std::max(e, buf_err(dv, v_ref));
+  return e;
+}
+
+double norm_case(DType t, size_t offset, uint64_t seed) {
+  Rng r(seed);
+  const Floats x = round_through(rand_floats(r, N_ODD), t);
+  const double ref = train::grad_norm_sq(x.data(), x.size());
+  DevBuf dx(x, t, offset);
+  double* d_acc = nullptr;
+  DT_CUDA_CHECK(cudaMalloc(&d_acc, sizeof(double)));
+  const double start = 2.5;
+  DT_CUDA_CHECK(cudaMemcpy(d_acc, &start, sizeof start, cudaMemcpyHostToDevice));
+  grad_norm_sq(d_acc, dx.ptr(), x.size(), t, nullptr);
+  grad_norm_sq(d_acc, dx.ptr(), x.size(), t, nullptr);  // accumulates
+  double got = 0;
+  DT_CUDA_CHECK(cudaMemcpy(&got, d_acc, sizeof got, cudaMemcpyDeviceToHost));
+  DT_CUDA_CHECK(cudaFree(d_acc));
+  const double want = start + 2 * ref;
+  return std::isfinite(got) ? std::abs(got - want) / want : INFINITY;
+}
+
+// 0 when the device flag matches train::has_inf_or_nan for clean, inf and NaN inputs.
+double nonfinite_case(DType t, size_t offset, uint64_t seed) {
+  Rng r(seed);
+  double e = 0;
+  for (int variant = 0; variant < 4; ++variant) {
+    Floats x = round_through(rand_floats(r, N_ODD), t);
+    if (variant == 1) x[N_ODD - 1] = INFINITY;  // in the scalar tail
+    if (variant == 2) x[17] = NAN;
+    if (variant == 3) x[4096] = -INFINITY;
+    const bool want = train::has_inf_or_nan(x.data(), x.size());
+    DevBuf dx(x, t, offset);
+    int* flag = nullptr;
+    DT_CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
+    DT_CUDA_CHECK(cudaMemset(flag, 0, sizeof(int)));
+    has_inf_or_nan(flag, dx.ptr(), x.size(), t, nullptr);
+    int got = -1;
+    DT_CUDA_CHECK(cudaMemcpy(&got, flag, sizeof got, cudaMemcpyDeviceToHost));
+    DT_CUDA_CHECK(cudaFree(flag));
+    if (got != (want ? 1 : 0)) e = 1.0;
+  }
+  return e;
+}
+
+}  // namespace
+
+std::vector<Case> cases_optim() {
+  std::vector<Case> c;
+  uint64_t seed = 100;
+  for (DType from : ALL_DTYPES)
+    for (DType to : ALL_DTYPES)
+      for (size_t off : {0, 1}) {
+        const std::string name = std::string("dtype_cast to ") + dtype_name(to) + (off ? " (unaligned)" : "");
+        // Exact: both sides round the same value to nearest even.
+        c.push_back({name, from, [=] { return cast_case(from, to, off, seed); }, 0.0});
+        ++seed;
+      }
+  for (DType copy : ALL_DTYPES)
+    for (size_t off : {0, 1}) {
+      const std::string name = std::string(copy == DType::F32 ? "adamw_step" : "adamw_step_copy") + (off ? " (unaligned)" : "");
+      c.push_back({name, copy, [=] { return adamw_case(copy, off, seed); }, 1e-5});
+      ++seed;
+    }
+  for (DType t : ALL_DTYPES)
+    for (size_t off : {0, 1}) {
+      c.push_back({std::string("grad_norm_sq") + (off ? " (unaligned)" : ""), t,
+                   [=] { return norm_case(t, off, seed); }, 1e-6});
+      c.push_back({std::string("has_inf_or_nan") + (off ? " (unaligned)" : ""), t,
+                   [=] { return nonfinite_case(t, off, seed); }, 0.0});
+      ++seed;
+    }
+  return c;
+}
+
+}  // namespace dtrain::kernels::test
