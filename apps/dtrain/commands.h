@@ -1,0 +1,34 @@
+// The options of every dtrain subcommand and the functions that run them. main.cpp
+// fills these from the command line (CLI11); each run_* returns the exit code.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace dtrain::cli {
+
+// Options shared by launch, resume and bench: where the job runs and how it is configured.
+struct JobOptions {
+  std::string config;                 // --config FILE ("" = embedded default)
+  std::string hostfile;               // --hostfile FILE ("" = localhost)
+  std::string output_dir;             // --output-dir DIR (overrides training.output_dir)
+  std::vector<std::string> sets;      // --set key.path=value (repeatable)
+  std::string include, exclude;       // --include / --exclude host[:slots][@host...]
+  int num_nodes = -1, num_gpus = -1;  // --num-nodes / --num-gpus
+  int nproc_per_node = -1;            // --nproc-per-node (no hostfile)
+  std::string master_addr;            // --master-addr (rendezvous address ranks dial)
+  int master_port = -1;               // --master-port
+  bool dry_run = false;               // --dry-run
+  bool tee_all = false;               // --tee-all
+};
+
+int run_launch(const JobOptions& opts);
+int run_resume(const std::string& run_dir, const JobOptions& opts);
+struct BenchCliOptions;
+int run_bench(const BenchCliOptions& bench, const JobOptions& opts);
+// Internal: `dtrain agent ...` (started by the launcher on each node) and
+// `dtrain worker ...` (started by the agent, one per rank).
+int run_agent(const std::vector<std::string>& argv);
+int run_worker(const std::vector<std::string>& argv);
+
+}  // namespace dtrain::cli

@@ -1,0 +1,256 @@
+// Node agent: spawn local ranks, forward their output, heartbeat, stop them all on the
+// first failure or when the launcher goes away.
+#include "launch/agent.h"
+
+#include "core/check.h"
+#include "core/log.h"
+#include "launch/job.h"
+#include "launch/local_spawner.h"
+#include "rendezvous/store.h"
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+namespace dtrain::launch {
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+std::string hostname() {
+  char buf[256] = {0};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown-host";
+  return buf;
+}
+
+// Reads the token line from fd, then watches for EOF on a thread.
+class LauncherLink {
+ public:
+  explicit LauncherLink(int fd) : fd_(fd) {}
+  ~LauncherLink() {
+    stop_ = true;
+    if (watcher_.joinable()) watcher_.join();
+  }
+
+  std::string read_token(std::chrono::milliseconds timeout) {
+    std::string line;
+    auto deadline = Clock::now() + timeout;
+    while (Clock::now() < deadline) {
+      pollfd p{fd_, POLLIN, 0};
+      int r = ::poll(&p, 1, 100);
+      if (r < 0 && errno == EINTR) continue;
+      DT_ENFORCE(r >= 0, IoError, "poll on the agent's stdin failed");
+      if (r == 0) continue;
+      char c;
+      ssize_t n = ::read(fd_, &c, 1);
+      if (n < 0 && errno == EINTR) continue;
+      DT_ENFORCE(n > 0, UsageError, "the launcher closed stdin before sending the rendezvous token");
+      if (c == '\n') return line;
+      line.push_back(c);
+      DT_ENFORCE(line.size() < 4096, UsageError, "the rendezvous token line on stdin is too long");
+    }
+    DT_THROW(UsageError, "no rendezvous token arrived on stdin within {} s (the agent is started by dtrain launch)",
+             timeout.count() / 1000);
+  }
+
+  void watch() {
+    watcher_ = std::thread([this] {
+      char buf[256];
+      while (!stop_) {
+        pollfd p{fd_, POLLIN, 0};
+        int r = ::poll(&p, 1, 200);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) break;
+        if (r == 0) continue;
+        ssize_t n = ::read(fd_, buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;  // EOF: the launcher (or its SSH connection) is gone
+      }
+      if (!stop_) gone_ = true;
+    });
+  }
+
+  bool gone() const { return gone_; }
+
+ private:
+  int fd_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> gone_{false};
+  std::thread watcher_;
+};
+
+int exit_code_of(const ExitStatus& s) {
+  if (s.exited) return s.code;
+  return 128 + s.signal;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+
+std::string agent_heartbeat_key(int node_rank) { return fmt::format("hb/node{}", node_rank); }
+std::string agent_failure_key(int node_rank) { return fmt::format("fail/node{}", node_rank); }
+
+AgentTiming agent_timing_from_env() {
+  AgentTiming t;
+  if (const char* v = std::getenv("DTRAIN_HEARTBEAT_INTERVAL")) {
+    char* end = nullptr;
+    double s = std::strtod(v, &end);
+    if (end != v && s > 0 && s < 3600) t.heartbeat_interval = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+  }
+  return t;
+}
+
+std::map<std::string, std::string> agent_rank_env(const AgentArgs& a, int local_rank) {
+  std::map<std::string, std::string> env;
+  env["RANK"] = std::to_string(a.first_rank + local_rank);
+  env["LOCAL_RANK"] = std::to_string(local_rank);
+  env["WORLD_SIZE"] = std::to_string(a.world_size);
+  env["LOCAL_WORLD_SIZE"] = std::to_string(a.local_world_size);
+  env["NODE_RANK"] = std::to_string(a.node_rank);
+  env["GROUP_RANK"] = std::to_string(a.node_rank);
+  env["NNODES"] = std::to_string(a.nnodes);
+  env["MASTER_ADDR"] = a.master_addr;
+  env["MASTER_PORT"] = std::to_string(a.master_port);
+  std::string devices;
+  for (size_t i = 0; i < a.devices.size(); ++i) devices += (i ? "," : "") + std::to_string(a.devices[i]);
+  env["CUDA_VISIBLE_DEVICES"] = devices;
+  env["DTRAIN_JOB_ID"] = a.job_id;
+  env["DTRAIN_ROUND"] = std::to_string(a.round);
+  env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(a.round);
+  env["DTRAIN_RUN_DIR"] = a.run_dir;
+  env["DTRAIN_MODE"] = a.mode;
+  if (!a.config_path.empty()) env["DTRAIN_CONFIG"] = a.config_path;
+  // Ranks on one node share its cores: split them, as torchrun does for OMP, unless the
+  // user chose. (BLAS threads beyond the cores make every GEMM slower.)
+  long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+  std::string per_rank = std::to_string(std::max(1L, cores / std::max(1, a.local_world_size)));
+  for (const char* k : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
+    if (!std::getenv(k)) env[k] = per_rank;
+  return env;
+}
+
+int agent_run(const AgentArgs& args, int token_fd, const AgentTiming& timing) {
+  const std::string host = hostname();
+  set_error_context(fmt::format("host={} node={}", host, args.node_rank));
+  LauncherLink link(token_fd);
+  const std::string token = link.read_token(timing.store_connect_timeout);
+  link.watch();
+
+  const uint16_t port = static_cast<uint16_t>(args.master_port);
+  rendezvous::StoreClient store(args.master_addr, port, token, timing.store_connect_timeout);
+  rendezvous::PrefixStore round_store(store, args.job_id, args.round);
+  round_store.set(fmt::format("agent/node{}", args.node_rank), fmt::format("{} pid {}", host, ::getpid()));
+
+  // Heartbeats on their own connection so a blocked request never delays them.
+  std::atomic<bool> hb_stop{false};
+  std::atomic<bool> store_lost{false};
+  std::thread heartbeat([&] {
+    try {
+      rendezvous::StoreClient hb(args.master_addr, port, token, timing.store_connect_timeout);
+      hb.set_request_timeout(std::max(timing.heartbeat_interval * 3, std::chrono::milliseconds(5000)));
+      const std::string key = rendezvous::store_key(args.job_id, args.round, agent_heartbeat_key(args.node_rank));
+      while (!hb_stop) {
+        hb.set(key, std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       std::chrono::system_clock::now().time_since_epoch())
+                                       .count()));
+        for (auto waited = 0ms; waited < timing.heartbeat_interval && !hb_stop; waited += 50ms)
+          std::this_thread::sleep_for(50ms);
+      }
+    } catch (const Error& e) {
+      log_error("heartbeat to the launcher failed: {}", e.what());
+      store_lost = true;
+    }
+  });
+  struct Joiner {
+    std::atomic<bool>& stop;
+    std::thread& t;
+    ~Joiner() {
+      stop = true;
+      if (t.joinable()) t.join();
+    }
+  } joiner{hb_stop, heartbeat};
+
+  // Spawn the ranks: `dtrain worker [rank args]`, token on stdin.
+  std::mutex out_mu;
+  std::vector<std::unique_ptr<LocalProcess>> ranks;
+  const std::string exe = self_exe_path();
+  for (int lr = 0; lr < args.local_world_size; ++lr) {
+    int rank = args.first_rank + lr;
+    std::vector<std::string> argv = {exe, "worker"};
+    argv.insert(argv.end(), args.rank_args.begin(), args.rank_args.end());
+    std::string prefix = fmt::format("[node{} rank{}] ", args.node_rank, rank);
+    auto cb = [&out_mu, prefix](Stream s, std::string_view line) {
+      std::string out = prefix;
+      out.append(line);
+      out.push_back('\n');
+      std::lock_guard<std::mutex> lock(out_mu);
+      std::FILE* f = s == Stream::STDOUT ? stdout : stderr;
+      std::fwrite(out.data(), 1, out.size(), f);
+      std::fflush(f);
+    };
+    ranks.push_back(spawn_local(argv, agent_rank_env(args, lr), "", token + "\n", cb, true));
+  }
+
+  auto stop_all = [&] {
+    std::vector<std::thread> stoppers;
+    for (auto& r : ranks)
+      if (r->running()) stoppers.emplace_back([&r, &timing] { r->terminate(timing.stop_grace); });
+    for (auto& t : stoppers) t.join();
+  };
+
+  auto last_stop_check = Clock::now();
+  while (true) {
+    bool all_ok = true;
+    for (int lr = 0; lr < args.local_world_size; ++lr) {
+      auto st = ranks[lr]->wait_for(0ms);
+      if (!st) {
+        all_ok = false;
+        continue;
+      }
+      if (st->success()) continue;
+      int rank = args.first_rank + lr;
+      std::string why = fmt::format("rank {} (local rank {}) on {} {}", rank, lr, host, st->describe());
+      log_error("{}", why);
+      try {
+        round_store.set(agent_failure_key(args.node_rank), why);
+      } catch (const Error&) {
+        // The launcher is gone too; stopping the ranks is all that is left to do.
+      }
+      stop_all();
+      return exit_code_of(*st);
+    }
+    if (all_ok) return 0;
+    if (link.gone() || store_lost) {
+      log_error("the launcher went away ({}): stopping {} local rank(s)",
+                link.gone() ? "its connection closed" : "the rendezvous store is unreachable", ranks.size());
+      stop_all();
+      return static_cast<int>(Exit::COMM);
+    }
+    if (Clock::now() - last_stop_check > 300ms) {
+      last_stop_check = Clock::now();
+      bool stop = false;
+      try {
+        stop = round_store.check({kStopKey});
+      } catch (const Error& e) {
+        log_error("lost the rendezvous store: {}", e.what());
+        stop_all();
+        return static_cast<int>(Exit::COMM);
+      }
+      if (stop) {
+        stop_all();
+        return 143;
+      }
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+}
+
+}  // namespace dtrain::launch

@@ -1,0 +1,215 @@
+// Job preparation: config + hostfile + selection -> placement and launch spec.
+#include "launch/job.h"
+
+#include "core/check.h"
+#include "core/log.h"
+#include "launch/local_spawner.h"
+#ifdef DTRAIN_HAVE_CUDA
+#include "kernels/device.cuh"
+#endif
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <climits>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+namespace fs = std::filesystem;
+
+namespace dtrain::launch {
+
+namespace {
+
+int visible_gpus() {
+#ifdef DTRAIN_HAVE_CUDA
+  return kernels::device_count();
+#else
+  return 0;
+#endif
+}
+
+std::string absolute_path(const std::string& p) {
+  std::error_code ec;
+  fs::path abs = fs::absolute(p, ec);
+  return ec ? p : abs.lexically_normal().string();
+}
+
+void write_file(const fs::path& path, const std::string& text) {
+  fs::path tmp = path;
+  tmp += ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    DT_ENFORCE(out.good(), IoError, "cannot write {}", tmp.string());
+    out << text;
+    out.flush();
+    DT_ENFORCE(out.good(), IoError, "short write to {}", tmp.string());
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  DT_ENFORCE(!ec, IoError, "cannot rename {} to {}: {}", tmp.string(), path.string(), ec.message());
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+
+std::string job_id_generate() {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+  std::random_device rd;
+  return fmt::format("{}-{:04x}", stamp, rd() & 0xffffu);
+}
+
+std::string self_exe_path() {
+  std::error_code ec;
+  fs::path p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("dtrain") : p.string();
+}
+
+namespace {
+
+// The first IPv4 address of `interface` ("" = of any interface that is up and not loopback).
+std::string interface_address(const std::string& interface) {
+  ifaddrs* ifs = nullptr;
+  if (getifaddrs(&ifs) != 0) return "";
+  std::string out;
+  for (ifaddrs* i = ifs; i && out.empty(); i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
+    if (!(i->ifa_flags & IFF_UP)) continue;
+    if (interface.empty() ? (i->ifa_flags & IFF_LOOPBACK) != 0 : interface != i->ifa_name) continue;
+    char buf[INET_ADDRSTRLEN];
+    if (inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, buf, sizeof buf)) out = buf;
+  }
+  freeifaddrs(ifs);
+  return out;
+}
+
+}  // namespace
+
+std::string local_address_towards(const std::string& remote_host) {
+  if (host_is_local(remote_host)) return "127.0.0.1";
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(remote_host.c_str(), "22", &hints, &res) != 0 || !res) {
+    std::string any = interface_address("");
+    return any.empty() ? "127.0.0.1" : any;
+  }
+  std::string out = "127.0.0.1";
+  int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    // connect() on UDP only picks a route and a source address; nothing is sent.
+    if (::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+      sockaddr_in local{};
+      socklen_t len = sizeof local;
+      char buf[INET_ADDRSTRLEN];
+      if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+          inet_ntop(AF_INET, &local.sin_addr, buf, sizeof buf))
+        out = buf;
+    }
+    ::close(fd);
+  }
+  freeaddrinfo(res);
+  return out;
+}
+
+Job job_prepare(const JobRequest& req) {
+  Job job;
+  config::LoadedConfig loaded =
+      req.config_path.empty()
+          ? config::config_load_string(config::kDefaultConfigYaml, "<embedded default: configs/tiny-sft.yaml>",
+                                       req.sets)
+          : config::config_load_file(req.config_path, req.sets);
+  job.cfg = std::move(loaded.cfg);
+  job.warnings = std::move(loaded.warnings);
+  config::TrainConfig& cfg = job.cfg;
+  if (!req.output_dir.empty()) cfg.training.output_dir = req.output_dir;
+  if (req.require_training) config::config_check_job(cfg);
+
+  // Hosts: the hostfile, or this machine with --nproc-per-node / its GPUs / 1 slot.
+  config::Hostfile hf;
+  if (!req.hostfile_path.empty()) {
+    DT_ENFORCE(req.nproc_per_node < 0, UsageError,
+               "--nproc-per-node applies only without --hostfile (the hostfile's slots=N says it per host)");
+    hf = config::hostfile_load(req.hostfile_path);
+  } else {
+    int slots = req.nproc_per_node > 0 ? req.nproc_per_node : std::max(1, visible_gpus());
+    hf = config::hostfile_localhost(slots);
+  }
+  job.hosts = config::hostfile_select(hf, req.selection);
+  for (const auto& h : job.hosts.hosts) job.all_local = job.all_local && host_is_local(h.host);
+
+  // The address ranks and agents dial: --master-addr, the config, or our address on the
+  // route to the first remote host.
+  std::string addr = !req.master_addr.empty() ? req.master_addr : cfg.cluster.rendezvous.address;
+  if ((addr.empty() || addr == "auto") && !cfg.cluster.network_interface.empty() && !job.all_local) {
+    addr = interface_address(cfg.cluster.network_interface);
+    DT_ENFORCE(!addr.empty(), ConfigError, "cluster.network_interface '{}' has no IPv4 address on this machine",
+               cfg.cluster.network_interface);
+  }
+  if (addr.empty() || addr == "auto") {
+    addr = "127.0.0.1";
+    for (const auto& h : job.hosts.hosts)
+      if (!host_is_local(h.host)) {
+        addr = local_address_towards(h.host);
+        break;
+      }
+  }
+  int port = req.master_port >= 0 ? req.master_port : static_cast<int>(cfg.cluster.rendezvous.port);
+  // Port 0 is bound at launch; plan with a placeholder that job_set_port replaces.
+  job.plan = plan_placement(job.hosts, addr, port == 0 ? 29500 : port);
+  if (port == 0) job.plan.master_port = 0;
+  if (req.require_training) config::config_resolve_batch(cfg, job.plan.world_size);
+
+  job.run_dir = absolute_path(cfg.training.output_dir);
+  LaunchSpec& spec = job.spec;
+  spec.job_id = job_id_generate();
+  spec.round = 0;
+  spec.workdir = cfg.cluster.workdir.empty() ? fs::current_path().string() : cfg.cluster.workdir;
+  spec.dtrain_path = cfg.cluster.dtrain_path.empty() ? self_exe_path() : cfg.cluster.dtrain_path;
+  spec.run_dir = job.run_dir;
+  spec.forward_prefixes = cfg.cluster.env.forward_prefixes;
+  spec.env_set = cfg.cluster.env.set;
+  spec.config_path = (fs::path(job.run_dir) / "config.yaml").string();
+  spec.mode = req.mode;
+  // Supervision timing travels with the agent's environment.
+  spec.env_set["DTRAIN_HEARTBEAT_INTERVAL"] = fmt::format("{}", cfg.fault_tolerance.heartbeat_interval);
+  if (!cfg.cluster.network_interface.empty())
+    spec.env_set.emplace("DTRAIN_NETWORK_INTERFACE", cfg.cluster.network_interface);
+  return job;
+}
+
+void job_set_port(Job& job, int port) {
+  DT_ENFORCE(port > 0 && port < 65536, InternalError, "bound port {} out of range", port);
+  job.plan.master_port = port;
+}
+
+void job_write_run_dir(const Job& job) {
+  std::error_code ec;
+  fs::create_directories(job.run_dir, ec);
+  DT_ENFORCE(!ec, IoError, "cannot create run directory {}: {}", job.run_dir, ec.message());
+  fs::create_directories(fs::path(job.run_dir) / "logs", ec);
+  write_file(fs::path(job.run_dir) / "config.yaml", config::config_to_yaml(job.cfg));
+  std::string hosts;
+  for (const auto& h : job.hosts.hosts) {
+    hosts += h.destination();
+    hosts += fmt::format(" slots={}", h.slots);
+    if (h.port > 0) hosts += fmt::format(" port={}", h.port);
+    hosts += "\n";
+  }
+  write_file(fs::path(job.run_dir) / "hostfile", hosts);
+}
+
+}  // namespace dtrain::launch

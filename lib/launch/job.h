@@ -1,0 +1,63 @@
+// A job ready to launch: the loaded config, the selected hosts, the rank placement, the
+// run directory and the launch spec every node command is built from. Shared by
+// `dtrain launch`, `dtrain resume` and `dtrain bench`.
+#pragma once
+
+#include "config/host_filter.h"
+#include "config/hostfile.h"
+#include "config/train_config.h"
+#include "launch/node_command.h"
+#include "launch/placement.h"
+
+#include <string>
+#include <vector>
+
+namespace dtrain::launch {
+
+struct JobRequest {
+  std::string config_path;            // "" = the embedded default job
+  std::string hostfile_path;          // "" = localhost
+  std::string output_dir;             // "" = training.output_dir
+  std::vector<std::string> sets;      // --set key.path=value
+  config::HostSelection selection;    // --include/--exclude/--num-nodes/--num-gpus
+  int nproc_per_node = -1;            // localhost slots without a hostfile (-1 = GPUs or 1)
+  std::string master_addr;            // "" = cluster.rendezvous.address
+  int master_port = -1;               // -1 = cluster.rendezvous.port
+  std::string mode = "train";         // "train" | "bench"
+  bool require_training = true;       // check the config describes a runnable job
+};
+
+struct Job {
+  config::TrainConfig cfg;
+  std::vector<std::string> warnings;  // config warnings, for the caller to print
+  config::Hostfile hosts;             // after selection
+  Plan plan;
+  LaunchSpec spec;
+  std::string run_dir;                // absolute
+  bool all_local = true;              // every host is this machine
+};
+
+/// Loads and validates everything; creates nothing on disk. ConfigError/IoError on bad
+/// input. The plan's master_port is the configured one (0 is resolved when the
+/// rendezvous server binds: job_set_port).
+Job job_prepare(const JobRequest& req);
+
+/// Sets the rendezvous port once the server is bound.
+void job_set_port(Job& job, int port);
+
+/// Creates the run directory and writes config.yaml (the resolved config) and hostfile
+/// into it, so `dtrain resume RUN_DIR` can start the same job again.
+void job_write_run_dir(const Job& job);
+
+/// "20261122-001500-3fa9": a sortable, unique-enough job id.
+std::string job_id_generate();
+
+/// The address of this machine that `remote_host` would be reached from (no packet is
+/// sent: a UDP socket is connected and asked for its local address). "127.0.0.1" when
+/// the host is local or cannot be resolved.
+std::string local_address_towards(const std::string& remote_host);
+
+/// Absolute path of the running executable (/proc/self/exe).
+std::string self_exe_path();
+
+}  // namespace dtrain::launch

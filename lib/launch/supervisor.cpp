@@ -1,0 +1,274 @@
+// Supervisor: rounds of agents under one rendezvous store; first failure stops all.
+#include "launch/supervisor.h"
+
+#include "core/check.h"
+#include "core/log.h"
+#include "launch/agent.h"
+#include "launch/local_spawner.h"
+#include "rendezvous/store.h"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <thread>
+
+namespace fs = std::filesystem;
+
+namespace dtrain::launch {
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+std::chrono::milliseconds seconds_ms(double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); }
+
+// Output of all nodes. Terminal: rank 0's stdout as is (the job's own output), every
+// rank's stderr and the agents' own lines with their "[nodeK rankR]" prefix, other
+// ranks' stdout only with tee_all. Files: every line of rank R in logs/rankR.log, the
+// agent's own lines in logs/nodeK.log.
+class OutputRouter {
+ public:
+  OutputRouter(const std::string& run_dir, bool echo, bool tee_all)
+      : dir_(fs::path(run_dir) / "logs"), echo_(echo), tee_all_(tee_all) {
+    std::error_code ec;
+    fs::create_directories(dir_, ec);
+  }
+
+  void line(int node, Stream s, std::string_view text) {
+    int rank = -1;
+    std::string_view body = text;
+    if (text.rfind("[node", 0) == 0) {
+      auto r = text.find(" rank");
+      auto close = text.find("] ");
+      if (r != std::string_view::npos && close != std::string_view::npos && r < close) {
+        rank = std::atoi(std::string(text.substr(r + 5, close - r - 5)).c_str());
+        body = text.substr(close + 2);
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (echo_) {
+      if (rank == 0 && s == Stream::STDOUT) {
+        print(stdout, "", body);
+      } else if (rank < 0) {
+        print(stderr, fmt::format("[node{}] ", node), text);
+      } else if (s == Stream::STDERR || tee_all_) {
+        print(s == Stream::STDOUT ? stdout : stderr, "", text);
+      }
+    }
+    std::string file = rank >= 0 ? fmt::format("rank{}.log", rank) : fmt::format("node{}.log", node);
+    auto& out = files_[file];
+    if (!out) out = std::make_unique<std::ofstream>(dir_ / file, std::ios::app);
+    *out << body << '\n';
+    out->flush();
+  }
+
+ private:
+  static void print(std::FILE* f, const std::string& prefix, std::string_view text) {
+    std::fwrite(prefix.data(), 1, prefix.size(), f);
+    std::fwrite(text.data(), 1, text.size(), f);
+    std::fputc('\n', f);
+    std::fflush(f);
+  }
+
+  fs::path dir_;
+  bool echo_, tee_all_;
+  std::mutex mu_;
+  std::map<std::string, std::unique_ptr<std::ofstream>> files_;
+};
+
+struct Failure {
+  int node = -1;
+  std::string why;
+  int exit_code = 0;
+};
+
+void append_event(const std::string& run_dir, const nlohmann::json& ev) {
+  std::ofstream out(fs::path(run_dir) / "events.jsonl", std::ios::app);
+  out << ev.dump() << '\n';
+}
+
+int64_t unix_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// One round: start agents, watch, stop. Returns nullopt-like Failure{node=-1} on success.
+Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreClient& store,
+                  const std::string& token, const SupervisorOptions& opts, OutputRouter& out) {
+  const auto& ft = job.cfg.fault_tolerance;
+  const auto hb_timeout = seconds_ms(ft.heartbeat_timeout);
+  // Grace before the first heartbeat: SSH connect plus agent start.
+  const auto first_hb_grace = seconds_ms(job.cfg.cluster.ssh.connect_timeout) + hb_timeout;
+  const int round = job.spec.round;
+  const std::string prefix = rendezvous::store_prefix(job.spec.job_id, round);
+  const auto env = environ_map();
+  const int n = static_cast<int>(job.plan.nodes.size());
+
+  std::vector<std::unique_ptr<Process>> agents(n);
+  std::vector<std::string> spawn_errors(n);
+  {
+    // Sessions open in parallel: a slow or dead host does not delay the others.
+    std::vector<std::thread> starters;
+    for (int k = 0; k < n; ++k) {
+      starters.emplace_back([&, k] {
+        try {
+          NodeCommand cmd = node_command_build(job.plan, k, job.spec, env);
+          agents[k] = opts.spawner(job.plan.nodes[k], cmd, token + "\n",
+                                   [&out, k](Stream s, std::string_view line) { out.line(k, s, line); });
+        } catch (const Error& e) {
+          spawn_errors[k] = e.what();
+        }
+      });
+    }
+    for (auto& t : starters) t.join();
+  }
+  Failure fail;
+  for (int k = 0; k < n; ++k)
+    if (!spawn_errors[k].empty() && fail.node < 0) {
+      fail = {k, fmt::format("could not start node {} ({}): {}", k, job.plan.nodes[k].host.destination(), spawn_errors[k]),
+              static_cast<int>(Exit::LAUNCH)};
+    }
+
+  const auto started = Clock::now();
+  std::vector<bool> done(n, false);
+  while (fail.node < 0) {
+    if (opts.interrupted && *opts.interrupted) {
+      fail = {-2, "interrupted (Ctrl-C)", static_cast<int>(Exit::INTERRUPTED)};
+      break;
+    }
+    int finished = 0;
+    for (int k = 0; k < n && fail.node < 0; ++k) {
+      if (done[k]) {
+        ++finished;
+        continue;
+      }
+      auto st = agents[k]->wait_for(0ms);
+      if (!st) continue;
+      if (st->success()) {
+        done[k] = true;
+        ++finished;
+        continue;
+      }
+      // The agent names the failing rank under fail/node<k>; give it a moment to land.
+      std::string detail;
+      try {
+        if (store.wait({prefix + agent_failure_key(k)}, 500ms)) detail = store.get(prefix + agent_failure_key(k), 100ms);
+      } catch (const Error&) {
+      }
+      std::string host = job.plan.nodes[k].host.destination();
+      if (detail.empty()) detail = fmt::format("the agent on node {} ({}) {}", k, host, st->describe());
+      int code = st->exited ? st->code : 128 + st->signal;
+      if (st->connection_lost) code = static_cast<int>(Exit::LAUNCH);
+      fail = {k, detail, code == 0 ? static_cast<int>(Exit::LAUNCH) : code};
+    }
+    if (fail.node >= 0) break;
+    if (finished == n) return fail;  // every node succeeded
+
+    // Heartbeats, measured on the server's clock.
+    auto beats = server.heartbeats(prefix + "hb/");
+    auto now = Clock::now();
+    for (int k = 0; k < n; ++k) {
+      if (done[k]) continue;
+      auto it = beats.find(fmt::format("node{}", k));
+      std::string host = job.plan.nodes[k].host.destination();
+      if (it == beats.end()) {
+        if (now - started > first_hb_grace) {
+          fail = {k, fmt::format("node {} ({}) sent no heartbeat within {:.0f} s of its start", k, host,
+                                 std::chrono::duration<double>(first_hb_grace).count()),
+                  static_cast<int>(Exit::LAUNCH)};
+          break;
+        }
+      } else if (now - it->second > hb_timeout) {
+        fail = {k, fmt::format("node {} ({}) missed heartbeats for {:.1f} s (heartbeat_timeout {} s)", k, host,
+                               std::chrono::duration<double>(now - it->second).count(), ft.heartbeat_timeout),
+                static_cast<int>(Exit::LAUNCH)};
+        break;
+      }
+    }
+    if (fail.node >= 0) break;
+    std::this_thread::sleep_for(50ms);
+  }
+
+  // Stop every node: the stop key reaches agents that still talk to the store; closing
+  // the sessions (stdin EOF / SIGTERM) reaches the rest.
+  try {
+    store.set(prefix + kStopKey, "1");
+  } catch (const Error&) {
+  }
+  std::vector<std::thread> stoppers;
+  for (int k = 0; k < n; ++k)
+    if (agents[k] && agents[k]->running())
+      stoppers.emplace_back([&, k] {
+        // Agents stop their ranks within their own grace; give them that plus margin.
+        if (!agents[k]->wait_for(3000ms)) agents[k]->terminate(8000ms);
+      });
+  for (auto& t : stoppers) t.join();
+  return fail;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+
+NodeSpawner node_spawner_default(const config::TrainConfig& cfg) {
+  (void)cfg;
+  return [](const NodePlan& node, const NodeCommand& cmd, const std::string& stdin_data,
+            LineCallback cb) -> std::unique_ptr<Process> {
+    DT_ENFORCE(host_is_local(node.host.host), LaunchError,
+               "host {} is not this machine and this build has no SSH spawner yet", node.host.host);
+    return spawn_local(cmd.argv, cmd.env, cmd.workdir, stdin_data, std::move(cb), true);
+  };
+}
+
+int supervise(Job& job, const SupervisorOptions& opts) {
+  DT_ENFORCE(static_cast<bool>(opts.spawner), InternalError, "supervise needs a spawner");
+  const std::string token = rendezvous::token_generate();
+  // Bind where the nodes can reach us: loopback for a local job, every address otherwise.
+  rendezvous::StoreServer server(job.all_local ? "127.0.0.1" : "0.0.0.0",
+                                 static_cast<uint16_t>(job.plan.master_port), token);
+  job_set_port(job, server.port());
+  rendezvous::StoreClient store("127.0.0.1", server.port(), token);
+  OutputRouter out(job.run_dir, opts.echo, opts.tee_all);
+  const auto& ft = job.cfg.fault_tolerance;
+
+  for (int round = 0;; ++round) {
+    job.spec.round = round;
+    log_info("round {}: starting {} rank(s) on {} node(s), rendezvous {}:{}", round, job.plan.world_size,
+             job.plan.nodes.size(), job.plan.master_addr, job.plan.master_port);
+    append_event(job.run_dir, {{"time_ms", unix_ms()}, {"event", "round_start"}, {"round", round},
+                               {"world_size", job.plan.world_size}});
+    auto t0 = Clock::now();
+    Failure f = run_round(job, server, store, token, opts, out);
+    if (f.node == -1) {
+      log_info("job finished: all {} rank(s) succeeded in round {} ({:.1f} s)", job.plan.world_size, round,
+               std::chrono::duration<double>(Clock::now() - t0).count());
+      append_event(job.run_dir, {{"time_ms", unix_ms()}, {"event", "finished"}, {"round", round}});
+      return 0;
+    }
+    append_event(job.run_dir, {{"time_ms", unix_ms()}, {"event", "failure"}, {"round", round},
+                               {"node", f.node}, {"why", f.why}, {"exit_code", f.exit_code}});
+    if (f.node == -2) {
+      log_error("interrupted: every node stopped");
+      return f.exit_code;
+    }
+    log_error("round {} failed: {}; every node stopped", round, f.why);
+    if (round >= ft.max_retries) {
+      log_error("giving up after {} restart(s) (fault_tolerance.max_retries = {})", round, ft.max_retries);
+      return f.exit_code;
+    }
+    log_info("restarting in {} s (restart {} of {})", ft.retry_delay, round + 1, ft.max_retries);
+    auto until = Clock::now() + seconds_ms(ft.retry_delay);
+    while (Clock::now() < until) {
+      if (opts.interrupted && *opts.interrupted) return static_cast<int>(Exit::INTERRUPTED);
+      std::this_thread::sleep_for(50ms);
+    }
+  }
+}
+
+}  // namespace dtrain::launch

@@ -1,0 +1,34 @@
+// The launcher's supervisor: runs the rendezvous store, starts one agent per node
+// (locally or over SSH), streams their output to the terminal and per-rank log files,
+// watches exit codes and heartbeats, and on the first failure anywhere stops every node
+// and, while fault_tolerance.max_retries lasts, starts a new round.
+#pragma once
+
+#include "launch/job.h"
+#include "launch/spawner.h"
+
+#include <atomic>
+#include <functional>
+#include <memory>
+
+namespace dtrain::launch {
+
+/// Starts node `node`'s agent command; stdin_data carries the token. The default
+/// (node_spawner_default) spawns local hosts directly and remote ones over SSH.
+using NodeSpawner = std::function<std::unique_ptr<Process>(const NodePlan& node, const NodeCommand& cmd,
+                                                           const std::string& stdin_data, LineCallback cb)>;
+
+NodeSpawner node_spawner_default(const config::TrainConfig& cfg);
+
+struct SupervisorOptions {
+  NodeSpawner spawner;                        // required
+  std::atomic<bool>* interrupted = nullptr;   // set by a SIGINT handler: stop cleanly
+  bool echo = true;                           // print node output on the terminal
+  bool tee_all = false;                       // also every rank's stdout, not only rank 0's
+};
+
+/// Runs the job to completion (all rounds). Returns the process exit code: 0, the
+/// failing rank's code, Exit::LAUNCH for a lost node, Exit::INTERRUPTED on Ctrl-C.
+int supervise(Job& job, const SupervisorOptions& opts);
+
+}  // namespace dtrain::launch
