@@ -1,0 +1,284 @@
+// Norm kernels. Forward and the dinp part of backward: one warp per row (8 rows per
+// block), three passes over the row (stats, then apply) that hit L1/L2 after the first.
+// Parameter gradients: a column kernel sums fixed 128-row chunks into fp32 partials,
+// then one thread per column adds the chunks in order into dweight / dbias.
+#include "kernels/norm.cuh"
+
+#include "kernels/common.cuh"
+
+namespace dtrain::kernels {
+
+namespace {
+using namespace detail;
+
+constexpr int ROWS_PER_BLOCK = 8;  // warps per block
+constexpr int CHUNK_ROWS = 128;    // rows per partial in the parameter-gradient sums
+
+enum class Norm { LAYER, RMS };
+
+// residual/a may alias: no __restrict__ on them.
+template <typename T, int V, Norm K, bool FUSED>
+__global__ void norm_forward_kernel(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd, T* residual,
+                                    const T* a, const T* b, const T* __restrict__ w, const T* __restrict__ bias, int N,
+                                    int C, float eps) {
+  const int lane = threadIdx.x & 31;
+  const int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
+  if (row >= N) return;
+  const size_t off = static_cast<size_t>(row) * C;
+  const T* x = FUSED ? residual + off : a + off;
+  float s = 0.0f, ss = 0.0f;
+  for (int c = lane * V; c < C; c += 32 * V) {
+    Pack<T, V> xv;
+    if constexpr (FUSED) {
+      const Pack<T, V> av = pack_load<T, V>(a + off + c), bv = pack_load<T, V>(b + off + c);
+#pragma unroll
+      for (int j = 0; j < V; ++j) xv.v[j] = from_f32<T>(to_f32(av.v[j]) + to_f32(bv.v[j]));
+      pack_store<T, V>(residual + off + c, xv);
+    } else {
+      xv = pack_load<T, V>(x + c);
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float f = to_f32(xv.v[j]);
+      s += f;
+      ss += f * f;
+    }
+  }
+  float m = 0.0f, r;
+  if constexpr (K == Norm::LAYER) {
+    m = warp_sum(s) / C;
+    float var = 0.0f;  // second pass around the mean: no cancellation
+    for (int c = lane * V; c < C; c += 32 * V) {
+      const Pack<T, V> xv = pack_load<T, V>(x + c);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float d = to_f32(xv.v[j]) - m;
+        var += d * d;
+      }
+    }
+    r = rsqrtf(warp_sum(var) / C + eps);
+  } else {
+    r = rsqrtf(warp_sum(ss) / C + eps);
+  }
+  for (int c = lane * V; c < C; c += 32 * V) {
+    const Pack<T, V> xv = pack_load<T, V>(x + c), wv = pack_load<T, V>(w + c);
+    Pack<T, V> o;
+    if constexpr (K == Norm::LAYER) {
+      Pack<T, V> bv;
+      if (bias) bv = pack_load<T, V>(bias + c);
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        o.v[j] = from_f32<T>((to_f32(xv.v[j]) - m) * r * to_f32(wv.v[j]) + (bias ? to_f32(bv.v[j]) : 0.0f));
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) o.v[j] = from_f32<T>(to_f32(xv.v[j]) * r * to_f32(wv.v[j]));
+    }
+    pack_store<T, V>(out + off + c, o);
+  }
+  if (lane == 0) {
+    if constexpr (K == Norm::LAYER) mean[row] = m;
+    rstd[row] = r;
+  }
+}
+
+// dinp += ...: LayerNorm r (w d - mean(w d) - xhat mean(w d xhat)); RMSNorm r w d - x r^3 mean(w d x).
+template <typename T, int V, Norm K>
+__global__ void norm_dinp_kernel(T* __restrict__ dinp, const T* __restrict__ dout, const T* __restrict__ inp,
+                                 const T* __restrict__ w, const float* __restrict__ mean, const float* __restrict__ rstd,
+                                 int N, int C) {
+  const int lane = threadIdx.x & 31;
+  const int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
+  if (row >= N) return;
+  const size_t off = static_cast<size_t>(row) * C;
+  const float m = K == Norm::LAYER ? mean[row] : 0.0f, r = rstd[row];
+  float s1 = 0.0f, s2 = 0.0f;
+  for (int c = lane * V; c < C; c += 32 * V) {
+    const Pack<T, V> dv = pack_load<T, V>(dout + off + c), xv = pack_load<T, V>(inp + off + c), wv = pack_load<T, V>(w + c);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float dn = to_f32(wv.v[j]) * to_f32(dv.v[j]);
+      if constexpr (K == Norm::LAYER) {
+        s1 += dn;
+        s2 += dn * ((to_f32(xv.v[j]) - m) * r);
+      } else {
+        s2 += dn * to_f32(xv.v[j]);
+      }
+    }
+  }
+  const float md = warp_sum(s1) / C, mdx = warp_sum(s2) / C;
+  const float k3 = mdx * r * r * r;
+  for (int c = lane * V; c < C; c += 32 * V) {
+    const Pack<T, V> dv = pack_load<T, V>(dout + off + c), xv = pack_load<T, V>(inp + off + c), wv = pack_load<T, V>(w + c);
+    Pack<T, V> di = pack_load<T, V>(dinp + off + c);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float x = to_f32(xv.v[j]), dn = to_f32(wv.v[j]) * to_f32(dv.v[j]);
+      float g;
+      if constexpr (K == Norm::LAYER) {
+        g = r * (dn - md - (x - m) * r * mdx);
+      } else {
+        g = r * dn - x * k3;
+      }
+      di.v[j] = from_f32<T>(to_f32(di.v[j]) + g);
+    }
+    pack_store<T, V>(dinp + off + c, di);
+  }
+}
+
+// Column partial sums over one CHUNK_ROWS chunk (blockIdx.y) for 32 columns (blockIdx.x):
+// MODE 0 = LayerNorm (pw: d*xhat, pb: d), 1 = RMSNorm (pw: d*x*rstd), 2 = plain sum (pb: x).
+template <typename T, int MODE>
+__global__ void column_partial_kernel(float* __restrict__ pw, float* __restrict__ pb, const T* __restrict__ dout,
+                                      const T* __restrict__ inp, const float* __restrict__ mean,
+                                      const float* __restrict__ rstd, int N, int C) {
+  __shared__ float sw[8][33], sb[8][33];
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  const int r0 = blockIdx.y * CHUNK_ROWS, r1 = min(N, r0 + CHUNK_ROWS);
+  float aw = 0.0f, ab = 0.0f;
+  if (c < C) {
+    for (int n = r0 + threadIdx.y; n < r1; n += 8) {
+      const size_t i = static_cast<size_t>(n) * C + c;
+      const float d = to_f32(dout[i]);
+      if constexpr (MODE == 0) {
+        aw += d * ((to_f32(inp[i]) - mean[n]) * rstd[n]);
+        ab += d;
+      } else if constexpr (MODE == 1) {
+        aw += d * (to_f32(inp[i]) * rstd[n]);
+      } else {
+        ab += d;
+      }
+    }
+  }
+  sw[threadIdx.y][threadIdx.x] = aw;
+  sb[threadIdx.y][threadIdx.x] = ab;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float tw = 0.0f, tb = 0.0f;
+#pragma unroll
+    for (int y = 0; y < 8; ++y) {
+      tw += sw[y][threadIdx.x];
+      tb += sb[y][threadIdx.x];
+    }
+    const size_t o = static_cast<size_t>(blockIdx.y) * C + c;
+    if (pw) pw[o] = tw;
+    if (pb) pb[o] = tb;
+  }
+}
+
+__global__ void column_finish_kernel(float* __restrict__ out, const float* __restrict__ partial, int chunks, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float s = 0.0f;
+  for (int k = 0; k < chunks; ++k) s += partial[static_cast<size_t>(k) * C + c];
+  out[c] += s;
+}
+
+template <typename T, int MODE>
+void column_sums(float* dw, float* db, const T* dout, const T* inp, const float* mean, const float* rstd, int N, int C,
+                 cudaStream_t stream) {
+  const int chunks = static_cast<int>(blocks_for(N, CHUNK_ROWS));
+  const size_t part = static_cast<size_t>(chunks) * C;
+  Scratch scratch(part * sizeof(float) * ((dw ? 1 : 0) + (db ? 1 : 0)), stream);
+  float* pw = dw ? scratch.as<float>() : nullptr;
+  float* pb = db ? scratch.as<float>() + (dw ? part : 0) : nullptr;
+  column_partial_kernel<T, MODE><<<dim3(blocks_for(C, 32), chunks), dim3(32, 8), 0, stream>>>(pw, pb, dout, inp, mean, rstd, N, C);
+  DT_CUDA_LAUNCH_CHECK();
+  if (dw) {
+    column_finish_kernel<<<blocks_for(C, 256), 256, 0, stream>>>(dw, pw, chunks, C);
+    DT_CUDA_LAUNCH_CHECK();
+  }
+  if (db) {
+    column_finish_kernel<<<blocks_for(C, 256), 256, 0, stream>>>(db, pb, chunks, C);
+    DT_CUDA_LAUNCH_CHECK();
+  }
+}
+
+template <Norm K, bool FUSED>
+void norm_forward(void* residual, void* out, float* mean, float* rstd, const void* a, const void* b, const void* w,
+                  const void* bias, int N, int C, float eps, DType dtype, cudaStream_t stream) {
+  if (N <= 0) return;
+  DTK_REQUIRE(C > 0, Exit::USAGE, "norm needs at least one channel");
+  dispatch(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int V = VEC16<T>;
+    bool vec = C % V == 0 && aligned16(out) && aligned16(a) && aligned16(w) && (!bias || aligned16(bias));
+    if (FUSED) vec = vec && aligned16(residual) && aligned16(b);
+    const unsigned grid = blocks_for(N, ROWS_PER_BLOCK);
+    auto args = [&](auto kernel) {
+      kernel<<<grid, 32 * ROWS_PER_BLOCK, 0, stream>>>(static_cast<T*>(out), mean, rstd, static_cast<T*>(residual),
+                                                      static_cast<const T*>(a), static_cast<const T*>(b),
+                                                      static_cast<const T*>(w), static_cast<const T*>(bias), N, C, eps);
+    };
+    if (vec) {
+      args(norm_forward_kernel<T, V, K, FUSED>);
+    } else {
+      args(norm_forward_kernel<T, 1, K, FUSED>);
+    }
+    DT_CUDA_LAUNCH_CHECK();
+  });
+}
+
+template <Norm K>
+void norm_backward(void* dinp, float* dw, float* db, const void* dout, const void* inp, const void* w,
+                   const float* mean, const float* rstd, int N, int C, DType dtype, cudaStream_t stream) {
+  if (N <= 0 || C <= 0) return;
+  dispatch(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int V = VEC16<T>;
+    if (dinp) {
+      const bool vec = C % V == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(w);
+      const unsigned grid = blocks_for(N, ROWS_PER_BLOCK);
+      if (vec) {
+        norm_dinp_kernel<T, V, K><<<grid, 32 * ROWS_PER_BLOCK, 0, stream>>>(
+            static_cast<T*>(dinp), static_cast<const T*>(dout), static_cast<const T*>(inp), static_cast<const T*>(w),
+            mean, rstd, N, C);
+      } else {
+        norm_dinp_kernel<T, 1, K><<<grid, 32 * ROWS_PER_BLOCK, 0, stream>>>(
+            static_cast<T*>(dinp), static_cast<const T*>(dout), static_cast<const T*>(inp), static_cast<const T*>(w),
+            mean, rstd, N, C);
+      }
+      DT_CUDA_LAUNCH_CHECK();
+    }
+    if (dw || db) {
+      column_sums<T, K == Norm::LAYER ? 0 : 1>(dw, K == Norm::LAYER ? db : nullptr, static_cast<const T*>(dout),
+                                               static_cast<const T*>(inp), mean, rstd, N, C, stream);
+    }
+  });
+}
+}  // namespace
+
+void detail::column_sum_accumulate(float* out, const void* x, int N, int C, DType dtype, cudaStream_t stream) {
+  if (N <= 0 || C <= 0) return;
+  dispatch(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    column_sums<T, 2>(nullptr, out, static_cast<const T*>(x), nullptr, nullptr, nullptr, N, C, stream);
+  });
+}
+
+void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* weight, const void* bias, int N,
+                       int C, float eps, DType dtype, cudaStream_t stream) {
+  norm_forward<Norm::LAYER, false>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, eps, dtype, stream);
+}
+void residual_layernorm_forward(void* residual, void* out, float* mean, float* rstd, const void* a, const void* b,
+                                const void* weight, const void* bias, int N, int C, float eps, DType dtype,
+                                cudaStream_t stream) {
+  norm_forward<Norm::LAYER, true>(residual, out, mean, rstd, a, b, weight, bias, N, C, eps, dtype, stream);
+}
+void layernorm_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* weight,
+                        const float* mean, const float* rstd, int N, int C, DType dtype, cudaStream_t stream) {
+  norm_backward<Norm::LAYER>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, dtype, stream);
+}
+void rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight, int N, int C, float eps, DType dtype,
+                     cudaStream_t stream) {
+  norm_forward<Norm::RMS, false>(nullptr, out, nullptr, rstd, inp, nullptr, weight, nullptr, N, C, eps, dtype, stream);
+}
+void residual_rmsnorm_forward(void* residual, void* out, float* rstd, const void* a, const void* b, const void* weight,
+                              int N, int C, float eps, DType dtype, cudaStream_t stream) {
+  norm_forward<Norm::RMS, true>(residual, out, nullptr, rstd, a, b, weight, nullptr, N, C, eps, dtype, stream);
+}
+void rmsnorm_backward(void* dinp, float* dweight, const void* dout, const void* inp, const void* weight,
+                      const float* rstd, int N, int C, DType dtype, cudaStream_t stream) {
+  norm_backward<Norm::RMS>(dinp, dweight, nullptr, dout, inp, weight, nullptr, rstd, N, C, dtype, stream);
+}
+
+}  // namespace dtrain::kernels

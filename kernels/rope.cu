@@ -1,0 +1,87 @@
+// RoPE: a table kernel forms cos/sin of t * inv_freq in double and rounds once to fp32
+// (bit-compatible with the CPU reference's table), then the apply kernel rotates
+// packs of the first half against the matching packs of the second half.
+#include "kernels/rope.cuh"
+
+#include "kernels/common.cuh"
+
+namespace dtrain::kernels {
+
+namespace {
+using namespace detail;
+
+__global__ void rope_table_kernel(float2* __restrict__ table, int T, int half, int HD, double theta) {
+  const size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= static_cast<size_t>(T) * half) return;
+  const int t = static_cast<int>(idx / half), i = static_cast<int>(idx % half);
+  const double inv_freq = 1.0 / pow(theta, 2.0 * i / HD);
+  double s, c;
+  sincos(t * inv_freq, &s, &c);
+  table[idx] = make_float2(static_cast<float>(c), static_cast<float>(s));
+}
+
+// One thread per (row, head, pack of V pair indices).
+template <typename T, int V>
+__global__ void rope_apply_kernel(T* __restrict__ x, const float2* __restrict__ table, int rows, int T_, int H,
+                                  int half, float sign) {
+  const int packs = half / V;
+  const size_t total = static_cast<size_t>(rows) * H * packs;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+    const int p = static_cast<int>(idx % packs);
+    const size_t rh = idx / packs;  // row * H + head
+    const int t = static_cast<int>((rh / H) % T_);
+    T* v = x + rh * (2 * half) + static_cast<size_t>(p) * V;
+    Pack<T, V> a = pack_load<T, V>(v), b = pack_load<T, V>(v + half);
+    const float2* cs = table + static_cast<size_t>(t) * half + static_cast<size_t>(p) * V;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float x1 = to_f32(a.v[j]), x2 = to_f32(b.v[j]);
+      const float c = cs[j].x, s = sign * cs[j].y;
+      a.v[j] = from_f32<T>(x1 * c - x2 * s);
+      b.v[j] = from_f32<T>(x2 * c + x1 * s);
+    }
+    pack_store<T, V>(v, a);
+    pack_store<T, V>(v + half, b);
+  }
+}
+
+template <typename T>
+void rope_apply(void* x, const float2* table, int rows, int T_, int H, int half, float sign, cudaStream_t stream) {
+  constexpr int V = VEC16<T>;
+  const size_t pairs = static_cast<size_t>(rows) * H * half;
+  if (half % V == 0 && aligned16(x)) {
+    rope_apply_kernel<T, V><<<grid_for(pairs / V, 256), 256, 0, stream>>>(static_cast<T*>(x), table, rows, T_, H, half, sign);
+  } else {
+    rope_apply_kernel<T, 1><<<grid_for(pairs, 256), 256, 0, stream>>>(static_cast<T*>(x), table, rows, T_, H, half, sign);
+  }
+  DT_CUDA_LAUNCH_CHECK();
+}
+
+void rope_run(void* q, void* k, int B, int T, int NH, int NKV, int HD, float theta, DType dtype, float sign,
+              cudaStream_t stream) {
+  DTK_REQUIRE(HD > 0 && HD % 2 == 0, Exit::USAGE, "rope needs an even head dimension");
+  if (B <= 0 || T <= 0) return;
+  const int half = HD / 2;
+  Scratch table(static_cast<size_t>(T) * half * sizeof(float2), stream);
+  rope_table_kernel<<<blocks_for(static_cast<size_t>(T) * half, 256), 256, 0, stream>>>(table.as<float2>(), T, half, HD,
+                                                                                       static_cast<double>(theta));
+  DT_CUDA_LAUNCH_CHECK();
+  dispatch(dtype, [&](auto tag) {
+    using Ty = typename decltype(tag)::type;
+    rope_apply<Ty>(q, table.as<float2>(), B * T, T, NH, half, sign, stream);
+    if (k) rope_apply<Ty>(k, table.as<float2>(), B * T, T, NKV, half, sign, stream);
+  });
+}
+}  // namespace
+
+void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, float theta, DType dtype,
+                  cudaStream_t stream) {
+  rope_run(q, k, B, T, NH, NKV, HD, theta, dtype, 1.0f, stream);
+}
+void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, float theta, DType dtype,
+                   cudaStream_t stream) {
+  rope_run(dq, dk, B, T, NH, NKV, HD, theta, dtype, -1.0f, stream);
+}
+
+}  // namespace dtrain::kernels

@@ -1,0 +1,107 @@
+// Conformance cases for LayerNorm and RMSNorm (plain and fused with the residual add),
+// forward and backward, against lib/ops/norm.h. Backward gets the CPU's statistics on
+// both sides so it is checked on its own; the fused residual is rounded through the
+// dtype before the CPU norm, as the kernel normalises the stored residual.
+#include "cases.h"
+
+#include "kernels/norm.cuh"
+#include "ops/activation.h"
+#include "ops/norm.h"
+
+namespace dtrain::kernels::test {
+
+namespace {
+
+Floats input(Rng& r, size_t n, DType t, float scale = 1.0f, float mean = 0.0f) {
+  return round_through(rand_floats(r, n, scale, mean), t);
+}
+
+double layernorm_case(DType t, int N, int C, bool fused, size_t off, uint64_t seed) {
+  Rng r(seed);
+  const size_t n = static_cast<size_t>(N) * C;
+  const float eps = 1e-5f;
+  const Floats a = input(r, n, t, 1.0f, 0.3f), b = input(r, n, t), w = input(r, C, t, 0.2f, 1.0f), bias = input(r, C, t, 0.1f);
+  const Floats dout = input(r, n, t), dinp0 = input(r, n, t);
+  const Floats dw0 = rand_floats(r, C), db0 = rand_floats(r, C);
+  Floats x = a;
+  if (fused) {
+    ops::residual_forward(x.data(), a.data(), b.data(), n);
+    x = round_through(x, t);
+  }
+  Floats out_ref(n), mean(N), rstd(N), dinp_ref = dinp0, dw_ref = dw0, db_ref = db0;
+  ops::layernorm_forward(out_ref.data(), mean.data(), rstd.data(), x.data(), w.data(), bias.data(), N, C, eps);
+  ops::layernorm_backward(dinp_ref.data(), dw_ref.data(), db_ref.data(), dout.data(), x.data(), w.data(), mean.data(),
+                          rstd.data(), N, C);
+  DevBuf dA(a, t, off), dB(b, t, off), dW(w, t, off), dBias(bias, t, off), out(n, t, off), res(n, t, off);
+  DevBuf dmean(N, DType::F32), drstd(N, DType::F32);
+  out.poison();
+  res.poison();
+  dmean.poison();
+  drstd.poison();
+  if (fused) {
+    residual_layernorm_forward(res.ptr(), out.ptr(), dmean.f32(), drstd.f32(), dA.ptr(), dB.ptr(), dW.ptr(), dBias.ptr(),
+                               N, C, eps, t, nullptr);
+  } else {
+    layernorm_forward(out.ptr(), dmean.f32(), drstd.f32(), dA.ptr(), dW.ptr(), dBias.ptr(), N, C, eps, t, nullptr);
+  }
+  double e = std::max({buf_err(out, out_ref), buf_err(dmean, mean), buf_err(drstd, rstd)});
+  if (fused) e = std::max(e, buf_err(res, x));
+  DevBuf dx(x, t, off), dd(dout, t, off), dinp(dinp0, t, off), dw(dw0, DType::F32), db(db0, DType::F32);
+  DevBuf cmean(mean, DType::F32), crstd(rstd, DType::F32);
+  layernorm_backward(dinp.ptr(), dw.f32(), db.f32(), dd.ptr(), dx.ptr(), dW.ptr(), cmean.f32(), crstd.f32(), N, C, t,
+                     nullptr);
+  return std::max({e, buf_err(dinp, dinp_ref), buf_err(dw, dw_ref), buf_err(db, db_ref)});
+}
+
+double rmsnorm_case(DType t, int N, int C, bool fused, size_t off, uint64_t seed) {
+  Rng r(seed);
+  const size_t n = static_cast<size_t>(N) * C;
+  const float eps = 1e-6f;
+  const Floats a = input(r, n, t), b = input(r, n, t), w = input(r, C, t, 0.2f, 1.0f);
+  const Floats dout = input(r, n, t), dinp0 = input(r, n, t), dw0 = rand_floats(r, C);
+  Floats x = a;
+  if (fused) {
+    ops::residual_forward(x.data(), a.data(), b.data(), n);
+    x = round_through(x, t);
+  }
+  Floats out_ref(n), rstd(N), dinp_ref = dinp0, dw_ref = dw0;
+  ops::rmsnorm_forward(out_ref.data(), rstd.data(), x.data(), w.data(), N, C, eps);
+  ops::rmsnorm_backward(dinp_ref.data(), dw_ref.data(), dout.data(), x.data(), w.data(), rstd.data(), N, C);
+  DevBuf dA(a, t, off), dB(b, t, off), dW(w, t, off), out(n, t, off), res(n, t, off), drstd(N, DType::F32);
+  out.poison();
+  res.poison();
+  drstd.poison();
+  if (fused) {
+    residual_rmsnorm_forward(res.ptr(), out.ptr(), drstd.f32(), dA.ptr(), dB.ptr(), dW.ptr(), N, C, eps, t, nullptr);
+  } else {
+    rmsnorm_forward(out.ptr(), drstd.f32(), dA.ptr(), dW.ptr(), N, C, eps, t, nullptr);
+  }
+  double e = std::max(buf_err(out, out_ref), buf_err(drstd, rstd));
+  if (fused) e = std::max(e, buf_err(res, x));
+  DevBuf dx(x, t, off), dd(dout, t, off), dinp(dinp0, t, off), dw(dw0, DType::F32), crstd(rstd, DType::F32);
+  rmsnorm_backward(dinp.ptr(), dw.f32(), dd.ptr(), dx.ptr(), dW.ptr(), crstd.f32(), N, C, t, nullptr);
+  return std::max({e, buf_err(dinp, dinp_ref), buf_err(dw, dw_ref)});
+}
+
+}  // namespace
+
+std::vector<Case> cases_norm() {
+  std::vector<Case> c;
+  uint64_t seed = 300;
+  struct Shape { int N, C; size_t off; };
+  // 200 channels: vector path; 131: scalar path; 300 rows: several 128-row chunks.
+  for (DType t : ALL_DTYPES)
+    for (Shape s : {Shape{37, 200, 0}, Shape{300, 131, 0}, Shape{19, 256, 1}})
+      for (bool fused : {false, true}) {
+        const std::string shape = " N=" + std::to_string(s.N) + " C=" + std::to_string(s.C) +
+                                  (s.off ? " (unaligned)" : "");
+        c.push_back({std::string(fused ? "residual_layernorm" : "layernorm") + " fwd+bwd" + shape, t,
+                     [=] { return layernorm_case(t, s.N, s.C, fused, s.off, seed); }, tol_for(t, 1e-5)});
+        c.push_back({std::string(fused ? "residual_rmsnorm" : "rmsnorm") + " fwd+bwd" + shape, t,
+                     [=] { return rmsnorm_case(t, s.N, s.C, fused, s.off, seed + 1); }, tol_for(t, 1e-5)});
+        seed += 2;
+      }
+  return c;
+}
+
+}  // namespace dtrain::kernels::test

@@ -1,0 +1,143 @@
+// Conformance cases for the pointwise kernels (GELU, SwiGLU, residual), RoPE and the
+// embedding, forward and backward, against lib/ops. Accumulating outputs start from
+// random values on both sides; overwritten outputs are poisoned first.
+#include "cases.h"
+
+#include "kernels/activation.cuh"
+#include "kernels/embedding.cuh"
+#include "kernels/rope.cuh"
+#include "ops/activation.h"
+#include "ops/embedding.h"
+#include "ops/rope.h"
+
+namespace dtrain::kernels::test {
+
+namespace {
+
+constexpr size_t N_PW = 4099;
+
+// Random input of n elements, already rounded through t (what both sides see).
+Floats input(Rng& r, size_t n, DType t, float scale = 1.0f) { return round_through(rand_floats(r, n, scale), t); }
+
+double gelu_case(DType t, size_t off, uint64_t seed) {
+  Rng r(seed);
+  const Floats x = input(r, N_PW, t, 2.0f), dout = input(r, N_PW, t), dinp0 = input(r, N_PW, t);
+  Floats out_ref(N_PW), dinp_ref = dinp0;
+  ops::gelu_forward(out_ref.data(), x.data(), N_PW);
+  ops::gelu_backward(dinp_ref.data(), x.data(), dout.data(), N_PW);
+  DevBuf dx(x, t, off), dd(dout, t, off), out(N_PW, t, off), dinp(dinp0, t, off);
+  out.poison();
+  gelu_forward(out.ptr(), dx.ptr(), N_PW, t, nullptr);
+  gelu_backward(dinp.ptr(), dx.ptr(), dd.ptr(), N_PW, t, nullptr);
+  return std::max(buf_err(out, out_ref), buf_err(dinp, dinp_ref));
+}
+
+double swiglu_case(DType t, size_t off, uint64_t seed) {
+  Rng r(seed);
+  const Floats g = input(r, N_PW, t, 2.0f), u = input(r, N_PW, t), dout = input(r, N_PW, t);
+  const Floats dg0 = input(r, N_PW, t), du0 = input(r, N_PW, t);
+  Floats out_ref(N_PW), dg_ref = dg0, du_ref = du0;
+  ops::swiglu_forward(out_ref.data(), g.data(), u.data(), N_PW);
+  ops::swiglu_backward(dg_ref.data(), du_ref.data(), dout.data(), g.data(), u.data(), N_PW);
+  DevBuf dgate(g, t, off), dup_in(u, t, off), dd(dout, t, off), out(N_PW, t, off), dg(dg0, t, off), du(du0, t, off);
+  out.poison();
+  swiglu_forward(out.ptr(), dgate.ptr(), dup_in.ptr(), N_PW, t, nullptr);
+  swiglu_backward(dg.ptr(), du.ptr(), dd.ptr(), dgate.ptr(), dup_in.ptr(), N_PW, t, nullptr);
+  return std::max({buf_err(out, out_ref), buf_err(dg, dg_ref), buf_err(du, du_ref)});
+}
+
+double residual_case(DType t, size_t off, uint64_t seed) {
+  Rng r(seed);
+  const Floats a = input(r, N_PW, t), b = input(r, N_PW, t), dout = input(r, N_PW, t);
+  const Floats da0 = input(r, N_PW, t), db0 = input(r, N_PW, t);
+  Floats out_ref(N_PW), da_ref = da0, db_ref = db0;
+  ops::residual_forward(out_ref.data(), a.data(), b.data(), N_PW);
+  ops::residual_backward(da_ref.data(), db_ref.data(), dout.data(), N_PW);
+  DevBuf dA(a, t, off), dB(b, t, off), dd(dout, t, off), out(N_PW, t, off), da(da0, t, off), db(db0, t, off);
+  out.poison();
+  residual_forward(out.ptr(), dA.ptr(), dB.ptr(), N_PW, t, nullptr);
+  residual_backward(da.ptr(), db.ptr(), dd.ptr(), N_PW, t, nullptr);
+  // In place: out aliases a.
+  residual_forward(dA.ptr(), dA.ptr(), dB.ptr(), N_PW, t, nullptr);
+  return std::max({buf_err(out, out_ref), buf_err(dA, out_ref), buf_err(da, da_ref), buf_err(db, db_ref)});
+}
+
+double rope_case(DType t, int HD, bool backward, uint64_t seed) {
+  Rng r(seed);
+  const int B = 2, T = 37, NH = 4, NKV = 2;
+  const float theta = 10000.0f;
+  const size_t nq = static_cast<size_t>(B) * T * NH * HD, nk = static_cast<size_t>(B) * T * NKV * HD;
+  Floats q = input(r, nq, t), k = input(r, nk, t);
+  DevBuf dq(q, t), dk(k, t);
+  if (backward) {
+    ops::rope_backward(q.data(), k.data(), B, T, NH, NKV, HD, theta);
+    rope_backward(dq.ptr(), dk.ptr(), B, T, NH, NKV, HD, theta, t, nullptr);
+  } else {
+    ops::rope_forward(q.data(), k.data(), B, T, NH, NKV, HD, theta);
+    rope_forward(dq.ptr(), dk.ptr(), B, T, NH, NKV, HD, theta, t, nullptr);
+  }
+  return std::max(buf_err(dq, q), buf_err(dk, k));
+}
+
+double embedding_case(DType t, int C, bool with_wpe, uint64_t seed) {
+  Rng r(seed);
+  const int B = 3, T = 29, V = 50;
+  const size_t N = static_cast<size_t>(B) * T;
+  std::vector<int32_t> tok(N);
+  for (auto& x : tok) x = static_cast<int32_t>(r.below(V));
+  const Floats wte = input(r, static_cast<size_t>(V) * C, t), wpe = input(r, static_cast<size_t>(T) * C, t);
+  const Floats dout = input(r, N * C, t);
+  const Floats dwte0 = rand_floats(r, static_cast<size_t>(V) * C), dwpe0 = rand_floats(r, static_cast<size_t>(T) * C);
+  Floats out_ref(N * C), dwte_ref = dwte0, dwpe_ref = dwpe0;
+  ops::embedding_forward(out_ref.data(), tok.data(), wte.data(), with_wpe ? wpe.data() : nullptr, B, T, C, V);
+  ops::embedding_backward(dwte_ref.data(), with_wpe ? dwpe_ref.data() : nullptr, dout.data(), tok.data(), B, T, C);
+  if (t != DType::F32) out_ref = round_through(out_ref, t);
+  int32_t* dtok = nullptr;
+  DT_CUDA_CHECK(cudaMalloc(&dtok, N * sizeof(int32_t)));
+  DT_CUDA_CHECK(cudaMemcpy(dtok, tok.data(), N * sizeof(int32_t), cudaMemcpyHostToDevice));
+  DevBuf dwte_in(wte, t), dwpe_in(wpe, t), dd(dout, t), out(N * C, t), dwte(dwte0, DType::F32), dwpe(dwpe0, DType::F32);
+  out.poison();
+  embedding_forward(out.ptr(), dtok, dwte_in.ptr(), with_wpe ? dwpe_in.ptr() : nullptr, B, T, C, V, t, nullptr);
+  embedding_backward(dwte.f32(), with_wpe ? dwpe.f32() : nullptr, dd.ptr(), dtok, B, T, C, t, nullptr);
+  double e = std::max({buf_err(out, out_ref), buf_err(dwte, dwte_ref), buf_err(dwpe, dwpe_ref)});
+  // An out-of-range token writes a NaN row instead of reading out of bounds.
+  tok[4] = V + 3;
+  DT_CUDA_CHECK(cudaMemcpy(dtok, tok.data(), N * sizeof(int32_t), cudaMemcpyHostToDevice));
+  embedding_forward(out.ptr(), dtok, dwte_in.ptr(), nullptr, B, T, C, V, t, nullptr);
+  const Floats got = out.download();
+  for (int c = 0; c < C; ++c)
+    if (!std::isnan(got[4 * static_cast<size_t>(C) + c])) e = INFINITY;
+  DT_CUDA_CHECK(cudaFree(dtok));
+  return e;
+}
+
+}  // namespace
+
+std::vector<Case> cases_pointwise() {
+  std::vector<Case> c;
+  uint64_t seed = 200;
+  for (DType t : ALL_DTYPES) {
+    for (size_t off : {0, 1}) {
+      const std::string u = off ? " (unaligned)" : "";
+      c.push_back({"gelu fwd+bwd" + u, t, [=] { return gelu_case(t, off, seed + 1); }, tol_for(t, 1e-5)});
+      c.push_back({"swiglu fwd+bwd" + u, t, [=] { return swiglu_case(t, off, seed + 2); }, tol_for(t, 1e-5)});
+      c.push_back({"residual fwd+bwd" + u, t, [=] { return residual_case(t, off, seed + 3); }, tol_for(t, 1e-6)});
+      seed += 4;
+    }
+    for (int hd : {16, 12})
+      for (bool bwd : {false, true}) {
+        c.push_back({std::string("rope ") + (bwd ? "bwd" : "fwd") + " HD=" + std::to_string(hd), t,
+                     [=] { return rope_case(t, hd, bwd, seed); }, tol_for(t, 1e-5)});
+        ++seed;
+      }
+    for (int C : {72, 70})
+      for (bool wpe : {true, false}) {
+        c.push_back({"embedding fwd+bwd C=" + std::to_string(C) + (wpe ? " +wpe" : ""), t,
+                     [=] { return embedding_case(t, C, wpe, seed); }, tol_for(t, 1e-6)});
+        ++seed;
+      }
+  }
+  return c;
+}
+
+}  // namespace dtrain::kernels::test
