@@ -52,8 +52,8 @@ class Process {
   virtual std::optional<ExitStatus> wait_for(std::chrono::milliseconds timeout) = 0;
   /// Stops the command and returns once it has ended (or was abandoned, see the
   /// implementations). Local: SIGTERM to the process group, SIGKILL to the group after
-  /// `grace`. SSH: stdin EOF to the remote command (and a TERM signal request where
-  /// libssh2 supports it), then after `grace` the channel and session are closed.
+  /// `grace`. SSH: stdin EOF to the remote command, whose exit status is awaited for
+  /// `grace`; then the channel is closed (see spawn_ssh: no remote signal with libssh2 1.10).
   virtual void terminate(std::chrono::milliseconds grace) = 0;
   /// Closes the command's stdin once the stdin data given at spawn has been written
   /// (the command then reads EOF). Idempotent.
