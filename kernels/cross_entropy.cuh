@@ -1,0 +1,36 @@
+// Softmax cross-entropy on the device, as lib/ops/cross_entropy.h, with the forward and
+// the backward fused into one kernel: one block per row reads the logits once for the
+// max/log-sum-exp and once more to write dlogits = (softmax - onehot) * scale. dlogits
+// may be the logits buffer itself (in place: the usual case, saves [N, V] of memory) or
+// a separate one. Masked rows (target == ignore_index) get loss 0 and zero gradients.
+#pragma once
+
+#include "core/dtype.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dtrain::kernels {
+
+/// One pass over logits [N, V] of `dtype`; every output is optional (null = skip):
+///  - losses[n] (fp32 [N]) = logsumexp(logits[n]) - logits[n, targets[n]], 0 when masked;
+///  - *mean (one device fp32) = mean of losses over unmasked rows, 0 when all are masked
+///    (deterministic fixed-order reduction);
+///  - dlogits (`dtype` [N, V], may equal logits) = (softmax - onehot) * scale, 0 when masked.
+///    For the gradient of the mean loss times g pass scale = g / (number of unmasked rows).
+/// A target outside [0, V) that is not ignore_index cannot throw from the device: its loss
+/// and gradient row are written as NaN (the loss scaler / NaN check then catches it).
+void cross_entropy_forward_backward(float* losses, float* mean, void* dlogits, const void* logits,
+                                    const int32_t* targets, int N, int V, float scale,
+                                    int32_t ignore_index, DType dtype, cudaStream_t stream);
+
+/// The forward alone (cross_entropy_forward_backward with dlogits = null).
+void cross_entropy_forward(float* losses, float* mean, const void* logits, const int32_t* targets,
+                           int N, int V, int32_t ignore_index, DType dtype, cudaStream_t stream);
+
+/// The backward alone: WRITES (does not accumulate) dlogits, as the CPU op.
+void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V,
+                            float scale, int32_t ignore_index, DType dtype, cudaStream_t stream);
+
+}  // namespace dtrain::kernels

@@ -1,0 +1,82 @@
+// Conformance cases for the fused softmax cross-entropy: losses, mean and dlogits against
+// lib/ops/cross_entropy.h with masked rows, odd vocabularies (unaligned rows), separate
+// and in-place dlogits, the forward-only and backward-only entry points, and the NaN
+// row an invalid target produces.
+#include "cases.h"
+
+#include "kernels/cross_entropy.cuh"
+#include "ops/cross_entropy.h"
+
+namespace dtrain::kernels::test {
+
+namespace {
+
+enum class Mode { FUSED, FUSED_IN_PLACE, SEPARATE };
+
+double ce_case(DType t, int V, Mode mode, uint64_t seed) {
+  Rng r(seed);
+  const int N = 37;
+  const Floats logits = round_through(rand_floats(r, static_cast<size_t>(N) * V, 3.0f), t);
+  std::vector<int32_t> tgt(N);
+  for (int n = 0; n < N; ++n) tgt[n] = n % 5 == 2 ? ops::IGNORE_INDEX : static_cast<int32_t>(r.below(V));
+  const int count = ops::cross_entropy_count(tgt.data(), N);
+  const float scale = 0.75f / count;
+  Floats loss_ref(N), dl_ref(logits.size());
+  const float mean_ref = ops::cross_entropy_forward(loss_ref.data(), logits.data(), tgt.data(), N, V);
+  ops::cross_entropy_backward(dl_ref.data(), logits.data(), tgt.data(), N, V, scale);
+
+  int32_t* dt = nullptr;
+  DT_CUDA_CHECK(cudaMalloc(&dt, N * sizeof(int32_t)));
+  DT_CUDA_CHECK(cudaMemcpy(dt, tgt.data(), N * sizeof(int32_t), cudaMemcpyHostToDevice));
+  DevBuf dlog(logits, t), dgrad(logits.size(), t), dloss(N, DType::F32), dmean(1, DType::F32);
+  dgrad.poison();
+  dloss.poison();
+  dmean.poison();
+  double e = 0;
+  switch (mode) {
+    case Mode::FUSED:
+      cross_entropy_forward_backward(dloss.f32(), dmean.f32(), dgrad.ptr(), dlog.ptr(), dt, N, V, scale, ops::IGNORE_INDEX,
+                                     t, nullptr);
+      e = buf_err(dgrad, dl_ref);
+      break;
+    case Mode::FUSED_IN_PLACE:
+      cross_entropy_forward_backward(dloss.f32(), dmean.f32(), dlog.ptr(), dlog.ptr(), dt, N, V, scale, ops::IGNORE_INDEX,
+                                     t, nullptr);
+      e = buf_err(dlog, dl_ref);
+      break;
+    case Mode::SEPARATE:
+      cross_entropy_forward(dloss.f32(), dmean.f32(), dlog.ptr(), dt, N, V, ops::IGNORE_INDEX, t, nullptr);
+      cross_entropy_backward(dgrad.ptr(), dlog.ptr(), dt, N, V, scale, ops::IGNORE_INDEX, t, nullptr);
+      e = buf_err(dgrad, dl_ref);
+      break;
+  }
+  e = std::max({e, buf_err(dloss, loss_ref), buf_err(dmean, Floats{mean_ref})});
+  // An invalid target: NaN loss and NaN gradient row, the other rows unaffected.
+  tgt[3] = V + 7;
+  DT_CUDA_CHECK(cudaMemcpy(dt, tgt.data(), N * sizeof(int32_t), cudaMemcpyHostToDevice));
+  DevBuf fresh(logits, t);
+  cross_entropy_forward_backward(dloss.f32(), nullptr, fresh.ptr(), fresh.ptr(), dt, N, V, scale, ops::IGNORE_INDEX, t,
+                                 nullptr);
+  const Floats l = dloss.download(), g = fresh.download();
+  if (!std::isnan(l[3]) || !std::isnan(g[3 * static_cast<size_t>(V)]) || std::isnan(l[4])) e = INFINITY;
+  DT_CUDA_CHECK(cudaFree(dt));
+  return e;
+}
+
+}  // namespace
+
+std::vector<Case> cases_loss() {
+  std::vector<Case> c;
+  uint64_t seed = 400;
+  for (DType t : ALL_DTYPES)
+    for (int V : {1001, 1024, 5})
+      for (Mode m : {Mode::FUSED, Mode::FUSED_IN_PLACE, Mode::SEPARATE}) {
+        const char* mode = m == Mode::FUSED ? "fused" : m == Mode::FUSED_IN_PLACE ? "fused in place" : "fwd then bwd";
+        c.push_back({"cross_entropy " + std::string(mode) + " V=" + std::to_string(V), t,
+                     [=] { return ce_case(t, V, m, seed); }, tol_for(t, 1e-5)});
+        ++seed;
+      }
+  return c;
+}
+
+}  // namespace dtrain::kernels::test
