@@ -2,9 +2,11 @@
 #include "train/evaluate.h"
 
 #include "core/check.h"
+#include "train/model_factory.h"
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 
 namespace dtrain::train {
@@ -158,6 +160,44 @@ TaskAccuracy eval_tasks(model::Model& m, const data::Tokenizer& tokenizer, const
   generated.reserve(ids.size());
   for (const auto& g : ids) generated.push_back(tokenizer.decode(g));
   return score_answers(records, generated, tokenizer, tmpl);
+}
+
+// ----------------------------------------------------------------------------
+EvalTarget eval_target_load(const std::string& dir, const std::string& config_path, bool init_weights) {
+  namespace fs = std::filesystem;
+  EvalTarget t;
+  std::string cfg_file = config_path;
+  if (cfg_file.empty() && fs::exists(fs::path(dir) / "config.yaml")) cfg_file = (fs::path(dir) / "config.yaml").string();
+  if (!cfg_file.empty()) t.cfg = config::config_load_file(cfg_file).cfg;
+
+  const fs::path final_dir = fs::path(dir) / "final";
+  if (!init_weights && fs::exists(final_dir / "config.json")) {
+    t.model = model_load_hf_dir(final_dir.string());
+    t.weights = final_dir.string();
+  } else if (!init_weights && fs::exists(fs::path(dir) / "config.json")) {
+    t.model = model_load_hf_dir(dir);
+    t.weights = dir;
+  } else {
+    DT_ENFORCE(t.cfg.has_value(), UsageError,
+               "{}: no final/ model, no config.json and no config.yaml: pass a run directory, a Hugging Face model "
+               "directory or --config",
+               dir);
+    t.model = model_create(*t.cfg);
+    t.weights = t.cfg->model.init_from.empty() ? fmt::format("initial weights (seed {})", t.cfg->training.seed)
+                                               : "initial weights (" + t.cfg->model.init_from + ")";
+  }
+  t.model->set_training(false);
+  t.tokenizer = data::tokenizer_load(t.cfg ? t.cfg->data.tokenizer : "byte");
+  DT_ENFORCE(t.tokenizer->vocab_size() <= t.model->config().vocab_size, ConfigError,
+             "tokenizer {} has {} tokens but the model's vocab_size is {}", t.tokenizer->name(),
+             t.tokenizer->vocab_size(), t.model->config().vocab_size);
+  if (t.cfg) {
+    t.template_name = t.cfg->data.template_name;
+    t.valid = t.cfg->data.valid;
+  }
+  t.seq_len = std::min<int64_t>(t.cfg && t.cfg->data.seq_len ? *t.cfg->data.seq_len : t.model->config().max_seq_len,
+                                t.model->config().max_seq_len);
+  return t;
 }
 
 }  // namespace dtrain::train

@@ -3,12 +3,15 @@
 // held-out SFT task accuracy (prompt -> greedy answer -> data::sft_answer_matches).
 #pragma once
 
+#include "config/train_config.h"
 #include "data/dataset.h"
 #include "data/sft.h"
 #include "data/tokenizer.h"
 #include "model/model.h"
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,5 +71,27 @@ TaskAccuracy score_answers(const std::vector<data::SftRecord>& records, const st
 /// with score_answers.
 TaskAccuracy eval_tasks(model::Model& m, const data::Tokenizer& tokenizer, const std::string& jsonl,
                         const std::string& template_name, int max_records, int max_new_tokens = 0);
+
+// ----------------------------------------------------------------------------
+/// A model to evaluate plus what is needed to feed it (for `dtrain eval` / `generate`).
+struct EvalTarget {
+  std::unique_ptr<model::Model> model;
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  std::optional<config::TrainConfig> cfg;  ///< the run's config, when one was found
+  std::string template_name = "plain";
+  std::string valid;     ///< data.valid of the config ("" without a config)
+  int64_t seq_len = 0;   ///< data.seq_len of the config, else the model's max_seq_len
+  std::string weights;   ///< what was loaded: a directory, or "initial weights (seed N)"
+};
+
+/// Finds the model and its settings for `dir`:
+///  - the config: config_path when given, else dir/config.yaml (a run directory; the
+///    launcher writes it), else none (byte tokenizer, plain template);
+///  - the weights: with init_weights, the config's initial model (random init from
+///    training.seed, or model.init_from) - the "before training" baseline; else
+///    dir/final/ (a finished run), else dir itself when it holds config.json (an HF
+///    model directory), else the config's initial model (a run with no final/ yet).
+/// UsageError when nothing usable is found.
+EvalTarget eval_target_load(const std::string& dir, const std::string& config_path = "", bool init_weights = false);
 
 }  // namespace dtrain::train

@@ -1,15 +1,23 @@
 // evaluate: validation loss as a token-weighted mean (and split over ranks), greedy
 // generation (batched == one by one, stops at eos), answer scoring on an identity /
-// corrupted case, and an untrained model's low task accuracy.
+// corrupted case, an untrained model's low task accuracy, and which model / settings
+// eval_target_load picks for a run directory or an HF directory.
+#include "config/train_config.h"
+#include "core/error.h"
 #include "data/prepare.h"
 #include "data/sft.h"
 #include "model/model.h"
 #include "train/evaluate.h"
+#include "train/model_factory.h"
 
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 using namespace dtrain;
@@ -115,4 +123,41 @@ TEST_CASE("an untrained model scores (almost) nothing on the held-out tasks") {
   TaskAccuracy a = eval_tasks(m, *tok, "configs/data/tasks/valid.jsonl", "plain", 32);
   CHECK(a.total == 32);
   CHECK(a.correct <= 2);
+}
+
+TEST_CASE("eval_target_load: run dir without final/, with final/, bare HF dir, --init") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("dtrain_eval_target_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  const char* yaml = R"(
+train_micro_batch_size_per_gpu: 2
+model: {architecture: llama, vocab_size: 264, n_layer: 1, n_head: 2, d_model: 16, max_seq_len: 32}
+data: {train: configs/data/tasks/train.jsonl, valid: configs/data/tasks/valid.jsonl, format: alpaca, seq_len: 32}
+training: {max_steps: 1, seed: 5}
+)";
+  auto cfg = config::config_load_string(yaml, "t.yaml").cfg;
+  fs::create_directories(dir);
+  {
+    std::ofstream f(dir / "config.yaml");
+    f << config::config_to_yaml(cfg);
+  }
+  EvalTarget init = eval_target_load(dir.string());
+  CHECK(init.weights.find("initial weights") == 0);
+  CHECK(init.valid == "configs/data/tasks/valid.jsonl");
+  CHECK(init.seq_len == 32);
+  CHECK_FALSE(init.model->training());
+  // A "trained" model: different seed, exported into final/.
+  model::Model m(init.model->config());
+  m.init_weights(99);
+  model_export_hf(m, (dir / "final").string());
+  EvalTarget fin = eval_target_load(dir.string());
+  CHECK(fin.weights == (dir / "final").string());
+  CHECK(std::memcmp(fin.model->params()[1].data, m.params()[1].data, m.params()[1].size * 4) == 0);
+  CHECK(eval_target_load(dir.string(), "", true).weights.find("initial weights") == 0);
+  EvalTarget bare = eval_target_load((dir / "final").string());
+  CHECK_FALSE(bare.cfg.has_value());
+  CHECK(bare.tokenizer->name() == "byte");
+  CHECK(bare.seq_len == 32);
+  CHECK_THROWS_AS(eval_target_load((dir / "nothing").string()), UsageError);
+  fs::remove_all(dir);
 }
