@@ -1,0 +1,258 @@
+// cuBLASLt plumbing: a row-major GEMM is the column-major GEMM C^T = op(B)^T op(A)^T,
+// so A and B swap places and M and N swap roles. Per device: a handle, a workspace and
+// a plan cache (matmul descriptor + layouts + heuristic algorithm); the cache mutex also
+// guards the per-call pointer attributes set on a cached descriptor.
+#include "kernels/gemm.cuh"
+
+#include "kernels/common.cuh"
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
+namespace dtrain::kernels {
+
+namespace {
+using namespace detail;
+
+constexpr size_t WORKSPACE_BYTES = 32u << 20;
+
+enum class Epi : int { DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS, BGRADB };
+
+cublasLtEpilogue_t epi_lt(Epi e) {
+  switch (e) {
+    case Epi::BIAS: return CUBLASLT_EPILOGUE_BIAS;
+    case Epi::GELU_AUX: return CUBLASLT_EPILOGUE_GELU_AUX;
+    case Epi::GELU_AUX_BIAS: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case Epi::BGRADB: return CUBLASLT_EPILOGUE_BGRADB;
+    default: return CUBLASLT_EPILOGUE_DEFAULT;
+  }
+}
+
+cudaDataType_t cuda_type(DType t) {
+  return t == DType::F32 ? CUDA_R_32F : t == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+}
+
+// Largest power of two (<= 256) dividing the address: the heuristic's alignment promise.
+uint32_t align_of(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (a == 0) return 256;
+  const uintptr_t low = a & (~a + 1);
+  return static_cast<uint32_t>(low < 256 ? low : 256);
+}
+
+// Column-major problem as cuBLASLt sees it.
+struct Problem {
+  cublasOperation_t ta, tb;
+  int m, n, k;
+  int64_t lda, ldb, ldc;
+  DType ab, c;
+  Epi epi;
+  uint32_t align_a, align_b, align_c, align_bias, align_aux;
+  auto key() const {
+    return std::make_tuple(static_cast<int>(ta), static_cast<int>(tb), m, n, k, lda, ldb, ldc, static_cast<int>(ab),
+                           static_cast<int>(c), static_cast<int>(epi), align_a, align_b, align_c, align_bias, align_aux);
+  }
+};
+using Key = decltype(std::declval<Problem>().key());
+
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool found = false;
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+struct DeviceState {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  std::mutex mu;
+  std::map<Key, std::unique_ptr<Plan>> plans;
+  DeviceState() {
+    DT_CUBLAS_CHECK(cublasLtCreate(&handle));
+    DT_CUDA_CHECK(cudaMalloc(&workspace, WORKSPACE_BYTES));
+  }
+  DeviceState(const DeviceState&) = delete;
+  DeviceState& operator=(const DeviceState&) = delete;
+  ~DeviceState() {
+    plans.clear();
+    // At process exit the runtime may already be gone: nothing to report then.
+    if (workspace) (void)cudaFree(workspace);
+    if (handle) (void)cublasLtDestroy(handle);
+  }
+};
+
+DeviceState& device_state() {
+  static std::mutex mu;
+  static std::map<int, std::unique_ptr<DeviceState>> states;
+  int dev = 0;
+  DT_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  auto& s = states[dev];
+  if (!s) s = std::make_unique<DeviceState>();
+  return *s;
+}
+
+template <typename V>
+void desc_set(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const V& v) {
+  DT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof v));
+}
+
+// Builds the plan for p; found = false when the heuristic offers no algorithm.
+std::unique_ptr<Plan> plan_create(DeviceState& st, const Problem& p, const void* bias, const void* aux) {
+  auto plan = std::make_unique<Plan>();
+  DT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  desc_set(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, p.ta);
+  desc_set(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, p.tb);
+  desc_set(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epi_lt(p.epi));
+  if (bias) desc_set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  if (aux) {
+    desc_set(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
+    desc_set(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, static_cast<int64_t>(p.ldc));
+  }
+  const cudaDataType_t tab = cuda_type(p.ab), tc = cuda_type(p.c);
+  const bool na = p.ta == CUBLAS_OP_N, nb = p.tb == CUBLAS_OP_N;
+  DT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->la, tab, na ? p.m : p.k, na ? p.k : p.m, p.lda));
+  DT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->lb, tab, nb ? p.k : p.n, nb ? p.n : p.k, p.ldb));
+  DT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->lc, tc, p.m, p.n, p.ldc));
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  DT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws = WORKSPACE_BYTES;
+  auto pref_set = [&](cublasLtMatmulPreferenceAttributes_t a, const auto& v) {
+    DT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, a, &v, sizeof v));
+  };
+  pref_set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws);
+  pref_set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, p.align_a);
+  pref_set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, p.align_b);
+  pref_set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, p.align_c);
+  pref_set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, p.align_c);
+  cublasLtMatmulHeuristicResult_t result{};
+  int count = 0;
+  const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(st.handle, plan->desc, plan->la, plan->lb, plan->lc, plan->lc,
+                                                          pref, 1, &result, &count);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (s == CUBLAS_STATUS_SUCCESS && count > 0) {
+    plan->algo = result.algo;
+    plan->found = true;
+  } else if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED) {
+    DT_CUBLAS_CHECK(s);
+  }
+  return plan;
+}
+
+// Runs p; returns false (nothing enqueued) when cuBLASLt has no algorithm for it.
+bool matmul_try(const Problem& p, float alpha, const void* A, const void* B, float beta, void* C, const void* bias,
+                const void* aux, cudaStream_t stream) {
+  DeviceState& st = device_state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  auto& plan = st.plans[p.key()];
+  if (!plan) plan = plan_create(st, p, bias, aux);
+  if (!plan->found) return false;
+  if (bias) desc_set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  if (aux) desc_set(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
+  DT_CUBLAS_CHECK(cublasLtMatmul(st.handle, plan->desc, &alpha, A, plan->la, B, plan->lb, &beta, C, plan->lc, C, plan->lc,
+                                 &plan->algo, st.workspace, WORKSPACE_BYTES, stream));
+  return true;
+}
+
+// The row-major problem of gemm(...) in cuBLASLt's column-major terms.
+Problem problem_for(bool trans_a, bool trans_b, int M, int N, int K, const void* A, const void* B, void* C, DType ab,
+                    DType c, Epi epi, const void* bias, const void* aux) {
+  Problem p;
+  p.ta = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A is our B
+  p.tb = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // and its B is our A
+  p.m = N;
+  p.n = M;
+  p.k = K;
+  p.lda = trans_b ? K : N;
+  p.ldb = trans_a ? M : K;
+  p.ldc = N;
+  p.ab = ab;
+  p.c = c;
+  p.epi = epi;
+  p.align_a = align_of(B);
+  p.align_b = align_of(A);
+  p.align_c = align_of(C);
+  p.align_bias = bias ? align_of(bias) : 0;
+  p.align_aux = aux ? align_of(aux) : 0;
+  return p;
+}
+
+void dtypes_check(DType ab, DType c) {
+  DTK_REQUIRE(c == ab || (c == DType::F32 && ab != DType::F32), Exit::USAGE,
+              "gemm: C must have the inputs' dtype, or fp32 with bf16/fp16 inputs");
+}
+
+void matmul_run(const Problem& p, float alpha, const void* A, const void* B, float beta, void* C, const void* bias,
+                const void* aux, cudaStream_t stream) {
+  if (!matmul_try(p, alpha, A, B, beta, C, bias, aux, stream))
+    ::dtrain::detail::throw_error(Exit::DEVICE,
+                                  "cuBLASLt has no algorithm for this GEMM (m=" + std::to_string(p.m) + " n=" +
+                                      std::to_string(p.n) + " k=" + std::to_string(p.k) + " " + dtype_name(p.ab) + "->" +
+                                      dtype_name(p.c) + ", epilogue " + std::to_string(static_cast<int>(p.epi)) + ")",
+                                  __FILE__, __LINE__);
+}
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, const void* B, float beta,
+          void* C, DType ab_dtype, DType c_dtype, cudaStream_t stream) {
+  dtypes_check(ab_dtype, c_dtype);
+  DTK_REQUIRE(M >= 0 && N >= 0 && K > 0, Exit::USAGE, "gemm: sizes must be positive");
+  if (M == 0 || N == 0) return;
+  const Problem p = problem_for(trans_a, trans_b, M, N, K, A, B, C, ab_dtype, c_dtype, Epi::DEFAULT, nullptr, nullptr);
+  matmul_run(p, alpha, A, B, beta, C, nullptr, nullptr, stream);
+}
+
+void linear_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC, int OC, DType dtype,
+                    cudaStream_t stream) {
+  DTK_REQUIRE(N >= 0 && IC > 0 && OC > 0, Exit::USAGE, "linear: sizes must be positive");
+  if (N == 0) return;
+  const Epi epi = bias ? Epi::BIAS : Epi::DEFAULT;
+  const Problem p = problem_for(false, true, N, OC, IC, inp, weight, out, dtype, dtype, epi, bias, nullptr);
+  matmul_run(p, 1.0f, inp, weight, 0.0f, out, bias, nullptr, stream);
+}
+
+void linear_gelu_forward(void* out, void* pre_gelu, const void* inp, const void* weight, const void* bias, int N, int IC,
+                         int OC, DType dtype, cudaStream_t stream) {
+  DTK_REQUIRE(N >= 0 && IC > 0 && OC > 0, Exit::USAGE, "linear: sizes must be positive");
+  DTK_REQUIRE(OC % 8 == 0, Exit::USAGE, "linear_gelu_forward: cuBLASLt's GELU auxiliary output needs OC % 8 == 0");
+  if (N == 0) return;
+  const Epi epi = bias ? Epi::GELU_AUX_BIAS : Epi::GELU_AUX;
+  const Problem p = problem_for(false, true, N, OC, IC, inp, weight, out, dtype, dtype, epi, bias, pre_gelu);
+  matmul_run(p, 1.0f, inp, weight, 0.0f, out, bias, pre_gelu, stream);
+}
+
+void linear_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* weight,
+                     int N, int IC, int OC, DType dtype, cudaStream_t stream) {
+  DTK_REQUIRE(N >= 0 && IC > 0 && OC > 0, Exit::USAGE, "linear: sizes must be positive");
+  if (N == 0) return;
+  if (dinp) gemm(false, false, N, IC, OC, 1.0f, dout, weight, 1.0f, dinp, dtype, dtype, stream);
+  bool bias_done = false;
+  if (dweight) {
+    if (dbias) {
+      // BGRADB overwrites its vector: produce it in scratch, then accumulate into dbias.
+      Scratch tmp(static_cast<size_t>(OC) * sizeof(float), stream);
+      const Problem p = problem_for(true, false, OC, IC, N, dout, inp, dweight, dtype, DType::F32, Epi::BGRADB,
+                                    tmp.as<float>(), nullptr);
+      if (matmul_try(p, 1.0f, dout, inp, 1.0f, dweight, tmp.as<float>(), nullptr, stream)) {
+        column_sum_accumulate(dbias, tmp.as<float>(), 1, OC, DType::F32, stream);
+        bias_done = true;
+      }
+    }
+    if (!bias_done) gemm(true, false, OC, IC, N, 1.0f, dout, inp, 1.0f, dweight, dtype, DType::F32, stream);
+  }
+  if (dbias && !bias_done) column_sum_accumulate(dbias, dout, N, OC, dtype, stream);
+}
+
+}  // namespace dtrain::kernels

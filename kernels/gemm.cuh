@@ -1,0 +1,41 @@
+// GEMMs and linear layers through cuBLASLt (fp32 compute, CUBLAS_COMPUTE_32F: no TF32),
+// row-major like lib/ops/linear.h with the weight stored [OC, IC] as nn.Linear. Epilogues:
+// bias, and bias + GELU (tanh) storing the pre-activation for backward; the weight
+// gradient GEMM produces the bias gradient through CUBLASLT_EPILOGUE_BGRADB. One cuBLASLt
+// handle and one 32 MiB workspace per device; descriptors, layouts and the heuristic's
+// algorithm are cached per (shape, dtypes, epilogue, pointer alignment). GEMMs on one
+// device share its workspace: issue them from one stream at a time.
+#pragma once
+
+#include "core/dtype.h"
+
+#include <cuda_runtime.h>
+
+namespace dtrain::kernels {
+
+/// Row-major C[M,N] = alpha * op(A) @ op(B) + beta * C, op(X) = X^T when trans_x (as
+/// ops::gemm). A is [M,K] ([K,M] when trans_a), B is [K,N] ([N,K] when trans_b), both of
+/// ab_dtype; C is c_dtype: equal to ab_dtype, or F32 with bf16/fp16 inputs. Throws
+/// DeviceError when cuBLASLt has no algorithm for the combination.
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, const void* B,
+          float beta, void* C, DType ab_dtype, DType c_dtype, cudaStream_t stream);
+
+/// out[N,OC] = inp[N,IC] @ weight^T + bias (bias may be null); all of `dtype`. Overwrites out.
+void linear_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,
+                    int OC, DType dtype, cudaStream_t stream);
+
+/// pre_gelu = inp @ weight^T + bias; out = gelu(pre_gelu) (tanh approximation), one GEMM
+/// (CUBLASLT_EPILOGUE_GELU_AUX_BIAS). bias may be null. OC must be a multiple of 8 (a
+/// cuBLASLt rule for the auxiliary output), else UsageError. Backward: linear_backward
+/// gives d(out) -> use gelu_backward (activation.cuh) on pre_gelu for d(pre_gelu).
+void linear_gelu_forward(void* out, void* pre_gelu, const void* inp, const void* weight,
+                         const void* bias, int N, int IC, int OC, DType dtype, cudaStream_t stream);
+
+/// dinp += dout @ weight (`dtype`); dweight += dout^T @ inp and dbias += sum_rows(dout)
+/// (both fp32: parameter gradients stay fp32). Any output may be null to skip it. The
+/// bias gradient comes from the dW GEMM's BGRADB epilogue when cuBLASLt offers one for
+/// the shape, else from a deterministic column-sum kernel.
+void linear_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp,
+                     const void* weight, int N, int IC, int OC, DType dtype, cudaStream_t stream);
+
+}  // namespace dtrain::kernels

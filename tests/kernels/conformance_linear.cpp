@@ -1,0 +1,72 @@
+// Conformance cases for the cuBLASLt linear layers against lib/ops/linear.h: forward with
+// and without bias, the GELU_AUX_BIAS epilogue (output and stored pre-activation), and
+// backward (dinp, fp32 dweight and dbias accumulated into random starting values).
+#include "cases.h"
+
+#include "kernels/gemm.cuh"
+#include "ops/activation.h"
+#include "ops/linear.h"
+
+namespace dtrain::kernels::test {
+
+namespace {
+
+Floats input(Rng& r, size_t n, DType t, float scale = 1.0f) { return round_through(rand_floats(r, n, scale), t); }
+
+enum class Fwd { PLAIN, BIAS, GELU, GELU_BIAS };
+
+double linear_case(DType t, int N, int IC, int OC, Fwd fwd, uint64_t seed) {
+  Rng r(seed);
+  const bool with_bias = fwd == Fwd::BIAS || fwd == Fwd::GELU_BIAS;
+  const bool gelu = fwd == Fwd::GELU || fwd == Fwd::GELU_BIAS;
+  const Floats x = input(r, static_cast<size_t>(N) * IC, t), w = input(r, static_cast<size_t>(OC) * IC, t, 0.1f);
+  const Floats bias = input(r, OC, t), dout = input(r, static_cast<size_t>(N) * OC, t);
+  const Floats dinp0 = input(r, static_cast<size_t>(N) * IC, t), dw0 = rand_floats(r, static_cast<size_t>(OC) * IC),
+               db0 = rand_floats(r, OC);
+  Floats out_ref(static_cast<size_t>(N) * OC), act_ref, dinp_ref = dinp0, dw_ref = dw0, db_ref = db0;
+  ops::linear_forward(out_ref.data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, N, IC, OC);
+  if (gelu) {
+    act_ref.resize(out_ref.size());
+    // The kernel applies GELU to the fp32 accumulator, the CPU to the stored value: equal in fp32.
+    ops::gelu_forward(act_ref.data(), out_ref.data(), out_ref.size());
+  }
+  ops::linear_backward(dinp_ref.data(), dw_ref.data(), with_bias ? db_ref.data() : nullptr, dout.data(), x.data(),
+                       w.data(), N, IC, OC);
+  DevBuf dx(x, t), dwt(w, t), dbias(bias, t), out(out_ref.size(), t), pre(out_ref.size(), t);
+  out.poison();
+  pre.poison();
+  double e = 0;
+  if (gelu) {
+    linear_gelu_forward(out.ptr(), pre.ptr(), dx.ptr(), dwt.ptr(), with_bias ? dbias.ptr() : nullptr, N, IC, OC, t,
+                        nullptr);
+    e = std::max(buf_err(out, act_ref), buf_err(pre, out_ref));
+  } else {
+    linear_forward(out.ptr(), dx.ptr(), dwt.ptr(), with_bias ? dbias.ptr() : nullptr, N, IC, OC, t, nullptr);
+    e = buf_err(out, out_ref);
+  }
+  DevBuf dd(dout, t), dinp(dinp0, t), dW(dw0, DType::F32), dB(db0, DType::F32);
+  linear_backward(dinp.ptr(), dW.f32(), with_bias ? dB.f32() : nullptr, dd.ptr(), dx.ptr(), dwt.ptr(), N, IC, OC, t,
+                  nullptr);
+  return std::max({e, buf_err(dinp, dinp_ref), buf_err(dW, dw_ref), buf_err(dB, db_ref)});
+}
+
+}  // namespace
+
+std::vector<Case> cases_linear() {
+  std::vector<Case> c;
+  uint64_t seed = 500;
+  struct Shape { int N, IC, OC; };
+  for (DType t : ALL_DTYPES)
+    for (Shape s : {Shape{64, 96, 128}, Shape{37, 72, 40}})
+      for (Fwd f : {Fwd::PLAIN, Fwd::BIAS, Fwd::GELU, Fwd::GELU_BIAS}) {
+        const char* name = f == Fwd::PLAIN ? "linear" : f == Fwd::BIAS ? "linear +bias" : f == Fwd::GELU ? "linear_gelu"
+                                                                                                         : "linear_gelu +bias";
+        c.push_back({std::string(name) + " fwd+bwd " + std::to_string(s.N) + "x" + std::to_string(s.IC) + "->" +
+                         std::to_string(s.OC),
+                     t, [=] { return linear_case(t, s.N, s.IC, s.OC, f, seed); }, tol_for(t, 1e-4)});
+        ++seed;
+      }
+  return c;
+}
+
+}  // namespace dtrain::kernels::test
