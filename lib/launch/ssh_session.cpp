@@ -233,8 +233,6 @@ SshSession::SshSession(const std::string& host, const SshOptions& options) : opt
     socket_ = -1;
     throw;
   }
-  if (options_.keepalive_interval_s > 0)
-    libssh2_keepalive_config(session_, 1, static_cast<unsigned>(options_.keepalive_interval_s));
 }
 
 SshSession::~SshSession() {
@@ -281,7 +279,7 @@ void SshSession::connect_tcp() {
   addrinfo* resolved = nullptr;
   std::string port = std::to_string(options_.port);
   int gai = ::getaddrinfo(host_.c_str(), port.c_str(), &hints, &resolved);
-  DT_ENFORCE(gai == 0, LaunchError, "SSH to {}: cannot resolve the host name: {}", host_, ::gai_strerror(gai));
+  if (gai != 0) DT_THROW(LaunchError, "SSH to {}: cannot resolve the host name: {}", host_, ::gai_strerror(gai));
   std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(resolved, &::freeaddrinfo);
 
   auto deadline = Clock::now() + options_.connect_timeout;
@@ -361,8 +359,9 @@ void SshSession::handshake_and_verify() {
   if (rc == LIBSSH2_ERROR_TIMEOUT || rc == LIBSSH2_ERROR_SOCKET_TIMEOUT)
     DT_THROW(LaunchError, "SSH to {} port {}: the SSH handshake timed out after {} ms (the port accepts TCP "
              "connections but does not speak SSH?)", host_, options_.port, options_.connect_timeout.count());
-  DT_ENFORCE(rc == 0, LaunchError, "SSH to {} port {}: the SSH handshake failed: {}", host_, options_.port,
-             last_error());
+  if (rc != 0)
+    DT_THROW(LaunchError, "SSH to {} port {}: the SSH handshake failed: {} (is it an SSH server?)", host_,
+             options_.port, last_error());
 
   size_t key_length = 0;
   int key_type = 0;
@@ -455,8 +454,7 @@ void SshSession::authenticate() {
   if (!options_.identity_file.empty()) {
     const std::string& file = options_.identity_file;
     int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-    DT_ENFORCE(fd >= 0, LaunchError, "SSH to {}: cannot read identity file {}: {}", host_, file,
-               std::strerror(errno));
+    if (fd < 0) DT_THROW(LaunchError, "SSH to {}: cannot read identity file {}: {}", host_, file, std::strerror(errno));
     ::close(fd);
     std::string error;
     if (try_file(file, &error)) return;

@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -455,6 +457,60 @@ TEST_CASE("connection and authentication errors name the host or the file") {
     CHECK(contains(error, "1 of 2 host(s)"));
     CHECK(contains(error, "no-such-host.invalid"));
   }
+}
+
+TEST_CASE("without an identity file: ssh-agent, then default keys, else a list of what was tried") {
+  Cluster* c = cluster();
+  if (!c) return;
+  // HOME and SSH_AUTH_SOCK steer the fallbacks; restored afterwards.
+  struct SavedEnv {
+    std::map<std::string, std::optional<std::string>> saved;
+    void set(const std::string& key, const char* value) {
+      if (!saved.count(key)) {
+        const char* old = std::getenv(key.c_str());
+        saved[key] = old ? std::optional<std::string>(old) : std::nullopt;
+      }
+      if (value) ::setenv(key.c_str(), value, 1);
+      else ::unsetenv(key.c_str());
+    }
+    ~SavedEnv() {
+      for (auto& [key, value] : saved) {
+        if (value) ::setenv(key.c_str(), value->c_str(), 1);
+        else ::unsetenv(key.c_str());
+      }
+    }
+  } env;
+  std::string home = c->dir() + "/home";
+  std::filesystem::create_directories(home + "/.ssh");
+  env.set("HOME", home.c_str());
+  env.set("SSH_AUTH_SOCK", nullptr);
+  SshOptions o = c->options();
+  std::string identity = o.identity_file;
+  o.identity_file.clear();
+  Lines lines;
+
+  std::string error = launch_error([&] { spawn_ssh(c->host(0), o, "true", "", lines.callback()); });
+  CHECK(contains(error, "SSH_AUTH_SOCK is not set"));
+  CHECK(contains(error, c->addr(0)));
+  CHECK(contains(error, "identity"));
+
+  std::string sock = c->dir() + "/agent.sock";
+  std::string agent = run_here("ssh-agent -s -a " + sock);
+  auto at = agent.find("SSH_AGENT_PID=");
+  REQUIRE(at != std::string::npos);
+  int agent_pid = std::atoi(agent.c_str() + at + 14);
+  REQUIRE(agent_pid > 0);
+  int rc = 0;
+  run_here("SSH_AUTH_SOCK=" + sock + " ssh-add " + identity + " 2>&1", &rc);
+  CHECK(rc == 0);
+  env.set("SSH_AUTH_SOCK", sock.c_str());
+  CHECK(run_to_end(*spawn_ssh(c->host(0), o, "true", "", lines.callback())).success());
+  ::kill(agent_pid, SIGTERM);
+
+  // Agent gone: the default key file in ~/.ssh is used.
+  env.set("SSH_AUTH_SOCK", nullptr);
+  std::filesystem::copy_file(identity, home + "/.ssh/id_ed25519");
+  CHECK(run_to_end(*spawn_ssh(c->host(1), o, "true", "", lines.callback())).success());
 }
 
 TEST_CASE("a node whose link goes down is reported lost within the keepalive bound") {
