@@ -1,0 +1,184 @@
+// ZeRO data-parallel optimizer engine (DeepSpeed stages 0-3) over the model's flat
+// per-layer fp32 buffers: bucketed gradient allreduce / reduce-scatter, sharded fp32
+// masters and AdamW state, layer-by-layer gradient sharding (stage 2) and just-in-time
+// parameter gathering with prefetch (stage 3), optionally on a communication thread.
+#pragma once
+
+#include "comm/communicator.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "model/model.h"
+#include "train/adamw.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dtrain::train {
+
+class ZeroCommQueue;
+
+/// The engine's knobs (zero_optimization keys; sizes in elements, as DeepSpeed's).
+struct ZeroOptions {
+  int stage = 0;                                ///< 0, 1, 2 or 3
+  size_t reduce_bucket_size = 500000000;        ///< elements per gradient collective
+  size_t allgather_bucket_size = 500000000;     ///< elements per post-step parameter all-gather
+  bool overlap_comm = false;                    ///< run collectives on a communication thread
+  size_t prefetch_bucket_size = 50000000;       ///< stage 3: elements gathered ahead of use
+  size_t param_persistence_threshold = 100000;  ///< stage 3: buffers below it stay resident
+  size_t max_live_parameters = 1000000000;      ///< stage 3: cap on gathered elements (prefetch stops)
+  AdamWConfig adamw;
+  /// F32, or BF16/F16 mixed precision: fp32 masters, the model's buffers hold the
+  /// masters rounded to this dtype (stored as fp32), all-gathers travel in it.
+  DType compute_dtype = DType::F32;
+  float gradient_clipping = 0.0f;  ///< max global L2 norm, 0 = off
+};
+
+/// Per-rank bytes. Measured = what is resident for training on this rank; theory uses,
+/// with Phi = all parameter elements, Psi = trainable elements (adapters under LoRA),
+/// W = world size and mp = 1 under mixed precision (fp32 masters kept beside the
+/// model's compute copy, frozen buffers included so the fp32 export stays exact):
+///   stage 0: param 4 Phi + mp 4 Phi      grad 4 Psi     optim 8 Psi
+///   stage 1: param 4 Phi + mp 4 Phi / W  grad 4 Psi     optim 8 Psi / W
+///   stage 2: param 4 Phi + mp 4 Phi / W  grad 4 Psi / W optim 8 Psi / W
+///   stage 3: param 4 Phi / W             grad 4 Psi / W optim 8 Psi / W
+/// (the CPU compute copy is fp32, so DeepSpeed's 2 Psi + 2 Psi + 12 Psi becomes
+/// 4 + 4 + 8 plus the master copy). Stage-3 buffers below the persistence threshold
+/// are resident in full and counted so. Transient buffers (gradient buckets, stage-2
+/// working layer gradients, stage-3 gathered layers) are reported apart as their peak.
+struct ZeroMemory {
+  size_t param_bytes = 0, grad_bytes = 0, optim_bytes = 0;
+  size_t work_peak_bytes = 0;  ///< peak of the transient buffers
+  /// Storage the Model still owns but no longer uses (its own gradient / parameter
+  /// arrays after the engine re-pointed the buffers at sharded storage): 0 once the
+  /// model can release it (see ZeroEngine's notes).
+  size_t model_idle_bytes = 0;
+  size_t theory_param = 0, theory_grad = 0, theory_optim = 0;
+  size_t total() const { return param_bytes + grad_bytes + optim_bytes; }
+  size_t theory_total() const { return theory_param + theory_grad + theory_optim; }
+};
+
+/// What a checkpoint needs of one buffer: its shard [lo, hi) of the master weights and
+/// (trainable buffers) AdamW's m and v, plus the full fp32 values when resident.
+struct ZeroBufferView {
+  const model::ParamBuffer* buffer = nullptr;
+  bool trainable = false;
+  /// True when the model holds the full buffer (stages 0-2, stage-3 persistent buffers).
+  bool resident = false;
+  size_t lo = 0, hi = 0;  ///< owned element range (stage 0: the whole buffer)
+  float* master = nullptr;  ///< hi - lo fp32 master values
+  float* m = nullptr;       ///< hi - lo (trainable only)
+  float* v = nullptr;
+};
+
+/// The engine. Call order per optimizer step (one thread):
+///   engine.before_step();                       // zeroes the gradients it owns
+///   for each micro-batch: model.forward(...); model.backward(scale);
+///   bool applied = engine.step(lr, loss_scale); // reduce, overflow check, clip, AdamW, gather
+/// The constructor installs the model hooks (stages 2/3 reduce-scatter and gather in
+/// them; every stage rounds fp16 gradients there) and, under mixed precision, rounds the
+/// model's buffers to the compute dtype. Between forward()/backward() calls no engine
+/// collective is in flight, so the caller may use the communicator itself. Gradients
+/// must only be read through the engine: at stages 2/3 the model's grad pointers are
+/// null outside backward. At stage 3 the model's data pointers are null for sharded
+/// buffers outside their use; call params_materialize() before reading the weights
+/// (export, tests). Every rank must make the same calls.
+class ZeroEngine {
+ public:
+  /// comm == nullptr or size 1: single rank. Throws ConfigError for a bad stage/dtype.
+  ZeroEngine(model::Model& model, comm::Communicator* comm, const ZeroOptions& opts);
+  ~ZeroEngine();
+  ZeroEngine(const ZeroEngine&) = delete;
+  ZeroEngine& operator=(const ZeroEngine&) = delete;
+
+  /// Zeroes the gradients for a new optimizer step (replaces model.zero_grad()).
+  void before_step();
+  /// (Re)installs the model hooks; the constructor already did. Needed only after the
+  /// caller replaced them.
+  void backward_hooks_install();
+  /// Reduces the gradients, agrees on overflow over all ranks, clips by the global norm
+  /// and applies AdamW with this lr unless a gradient is inf/NaN. The gradients hold
+  /// loss_scale * the true gradient. Returns true when the update was applied; false
+  /// (weights untouched, step count unchanged) on overflow.
+  bool step(float lr, float loss_scale = 1.0f);
+  /// Global L2 norm of the last step's unscaled, unclipped gradient (inf/NaN on overflow).
+  double last_grad_norm() const { return last_norm_; }
+  /// Applied updates so far (AdamW's bias-correction step).
+  int64_t step_count() const { return step_count_; }
+  void set_step_count(int64_t n) { step_count_ = n; }
+
+  /// Puts the full fp32 master weights into every model buffer (stage 3: gathers them
+  /// into engine-owned full buffers). For export and tests: training may continue only
+  /// after params_restore().
+  void params_materialize();
+  /// Undoes params_materialize(): compute copies back in the model, stage-3 full
+  /// buffers released.
+  void params_restore();
+
+  int stage() const { return opts_.stage; }
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  const ZeroOptions& options() const { return opts_; }
+  model::Model& model() { return model_; }
+
+  /// Checkpoint access: one view per buffer, base buffers first then adapters.
+  std::vector<ZeroBufferView> buffer_views();
+  /// After a checkpoint wrote masters (and resident full buffers' fp32 values): rounds
+  /// the resident model buffers to the compute dtype and drops stale gathered layers.
+  void params_loaded();
+
+  ZeroMemory memory() const;
+  /// A few lines for the launcher: per-rank measured vs theoretical bytes.
+  std::string memory_report() const;
+
+ private:
+  struct Slot;
+  struct Bucket;
+
+  void plan_buckets();
+  void hooks_install();
+  // collectives (run inline or on the communication thread)
+  void coll_allreduce(void* buf, size_t n, DType t, comm::ReduceOp op);
+  void coll_reduce_scatter(void* buf, size_t shard, DType t);
+  void coll_all_gather(void* buf, size_t shard, DType t);
+  // stage 0/1 step-time gradient reduction, stage 1/2 post-step gather
+  void grads_reduce_step();
+  void bucket_reduce(const Bucket& b, float* scratch);
+  void params_gather_resident();
+  void gather_into_model(const std::vector<size_t>& list, DType wire);
+  // stage 2/3 hooks
+  void on_before_backward(int layer);
+  void on_after_backward(int layer);
+  void on_before_forward(int layer);
+  void grad_bucket_pack(Slot& s);
+  void grad_bucket_flush(size_t bucket);
+  // stage 3 gathering
+  void gather_issue(Slot& s);
+  void gather_wait(Slot& s);
+  void gather_release(Slot& s);
+  void stage3_visit(int layer, int dir);
+  void release_all_gathered();
+  void work_add(ptrdiff_t bytes);
+  size_t shard_of(size_t n) const { return (n + static_cast<size_t>(world_) - 1) / static_cast<size_t>(world_); }
+
+  model::Model& model_;
+  comm::Communicator* comm_;
+  ZeroOptions opts_;
+  int rank_ = 0, world_ = 1;
+  bool tied_ = false;
+  int n_layer_ = 0;
+  std::vector<Slot> slots_;
+  std::vector<std::vector<size_t>> layer_slots_;  // [layer + 1] -> slot indices
+  std::vector<Bucket> buckets_;                   // gradient buckets in backward order
+  std::vector<std::vector<size_t>> gather_groups_;  // post-step all-gather groups of resident slots
+  std::unique_ptr<ZeroCommQueue> queue_;
+  int64_t step_count_ = 0;
+  double last_norm_ = 0.0;
+  bool materialized_ = false;
+  size_t work_bytes_ = 0, work_peak_ = 0;
+  size_t live_elems_ = 0;  // stage 3: gathered elements
+};
+
+}  // namespace dtrain::train
