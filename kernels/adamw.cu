@@ -18,8 +18,8 @@ struct StepScalars {
 };
 
 StepScalars step_scalars(const train::AdamWConfig& cfg, float lr, int64_t step, bool decay, float grad_scale) {
-  DTK_REQUIRE(step >= 1, Exit::INTERNAL, "adamw_step: step is 1-based");
-  DTK_REQUIRE(cfg.beta1 >= 0.0f && cfg.beta1 < 1.0f && cfg.beta2 >= 0.0f && cfg.beta2 < 1.0f, Exit::USAGE,
+  DTK_REQUIRE(step >= 1, InternalError, "adamw_step: step is 1-based");
+  DTK_REQUIRE(cfg.beta1 >= 0.0f && cfg.beta1 < 1.0f && cfg.beta2 >= 0.0f && cfg.beta2 < 1.0f, ConfigError,
               "AdamW betas must be in [0, 1)");
   const double t = static_cast<double>(step);
   const double bc1 = 1.0 - std::pow(static_cast<double>(cfg.beta1), t);
@@ -108,7 +108,7 @@ void adamw_step_copy(float* param, const float* grad, float* m, float* v, size_t
                      const train::AdamWConfig& cfg, float lr, int64_t step, bool decay,
                      float grad_scale, void* compute_copy, DType compute_dtype,
                      cudaStream_t stream) {
-  DTK_REQUIRE(compute_dtype == DType::BF16 || compute_dtype == DType::F16, Exit::INTERNAL,
+  DTK_REQUIRE(compute_dtype == DType::BF16 || compute_dtype == DType::F16, InternalError,
               "adamw_step_copy: the compute copy must be bf16 or fp16");
   const StepScalars s = step_scalars(cfg, lr, step, decay, grad_scale);
   if (n == 0) return;

@@ -15,11 +15,12 @@
 #include <cstdint>
 #include <string>
 
-// Launcher argument check without fmt (nvcc code): throws the Error for `code`.
-#define DTK_REQUIRE(cond, code, message)                                                   \
+// Launcher argument check without fmt (nvcc code): throws ::dtrain::Type (UsageError,
+// InternalError, ...) with the failed condition and file:line.
+#define DTK_REQUIRE(cond, Type, message)                                                   \
   do {                                                                                     \
     if (!(cond))                                                                           \
-      ::dtrain::detail::throw_error(code, std::string(message) + " (" #cond ")", __FILE__, __LINE__); \
+      throw ::dtrain::Type(std::string(message) + " (" #cond ")" + ::dtrain::detail::where(__FILE__, __LINE__)); \
   } while (0)
 
 namespace dtrain::kernels::detail {

@@ -106,7 +106,7 @@ __global__ void loss_mean_kernel(float* __restrict__ mean, const float* __restri
 
 void cross_entropy_forward_backward(float* losses, float* mean, void* dlogits, const void* logits, const int32_t* targets,
                                     int N, int V, float scale, int32_t ignore_index, DType dtype, cudaStream_t stream) {
-  DTK_REQUIRE(V > 0, Exit::USAGE, "cross-entropy needs a non-empty vocabulary");
+  DTK_REQUIRE(V > 0, UsageError, "cross-entropy needs a non-empty vocabulary");
   if (N <= 0) {
     if (mean) DT_CUDA_CHECK(cudaMemsetAsync(mean, 0, sizeof(float), stream));
     return;

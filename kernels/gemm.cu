@@ -190,7 +190,7 @@ Problem problem_for(bool trans_a, bool trans_b, int M, int N, int K, const void*
 }
 
 void dtypes_check(DType ab, DType c) {
-  DTK_REQUIRE(c == ab || (c == DType::F32 && ab != DType::F32), Exit::USAGE,
+  DTK_REQUIRE(c == ab || (c == DType::F32 && ab != DType::F32), UsageError,
               "gemm: C must have the inputs' dtype, or fp32 with bf16/fp16 inputs");
 }
 
@@ -208,7 +208,7 @@ void matmul_run(const Problem& p, float alpha, const void* A, const void* B, flo
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, const void* B, float beta,
           void* C, DType ab_dtype, DType c_dtype, cudaStream_t stream) {
   dtypes_check(ab_dtype, c_dtype);
-  DTK_REQUIRE(M >= 0 && N >= 0 && K > 0, Exit::USAGE, "gemm: sizes must be positive");
+  DTK_REQUIRE(M >= 0 && N >= 0 && K > 0, UsageError, "gemm: sizes must be positive");
   if (M == 0 || N == 0) return;
   const Problem p = problem_for(trans_a, trans_b, M, N, K, A, B, C, ab_dtype, c_dtype, Epi::DEFAULT, nullptr, nullptr);
   matmul_run(p, alpha, A, B, beta, C, nullptr, nullptr, stream);
@@ -216,7 +216,7 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const vo
 
 void linear_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC, int OC, DType dtype,
                     cudaStream_t stream) {
-  DTK_REQUIRE(N >= 0 && IC > 0 && OC > 0, Exit::USAGE, "linear: sizes must be positive");
+  DTK_REQUIRE(N >= 0 && IC > 0 && OC > 0, UsageError, "linear: sizes must be positive");
   if (N == 0) return;
   const Epi epi = bias ? Epi::BIAS : Epi::DEFAULT;
   const Problem p = problem_for(false, true, N, OC, IC, inp, weight, out, dtype, dtype, epi, bias, nullptr);
@@ -225,8 +225,8 @@ void linear_forward(void* out, const void* inp, const void* weight, const void* 
 
 void linear_gelu_forward(void* out, void* pre_gelu, const void* inp, const void* weight, const void* bias, int N, int IC,
                          int OC, DType dtype, cudaStream_t stream) {
-  DTK_REQUIRE(N >= 0 && IC > 0 && OC > 0, Exit::USAGE, "linear: sizes must be positive");
-  DTK_REQUIRE(OC % 8 == 0, Exit::USAGE, "linear_gelu_forward: cuBLASLt's GELU auxiliary output needs OC % 8 == 0");
+  DTK_REQUIRE(N >= 0 && IC > 0 && OC > 0, UsageError, "linear: sizes must be positive");
+  DTK_REQUIRE(OC % 8 == 0, UsageError, "linear_gelu_forward: cuBLASLt's GELU auxiliary output needs OC % 8 == 0");
   if (N == 0) return;
   const Epi epi = bias ? Epi::GELU_AUX_BIAS : Epi::GELU_AUX;
   const Problem p = problem_for(false, true, N, OC, IC, inp, weight, out, dtype, dtype, epi, bias, pre_gelu);
@@ -235,7 +235,7 @@ void linear_gelu_forward(void* out, void* pre_gelu, const void* inp, const void*
 
 void linear_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* weight,
                      int N, int IC, int OC, DType dtype, cudaStream_t stream) {
-  DTK_REQUIRE(N >= 0 && IC > 0 && OC > 0, Exit::USAGE, "linear: sizes must be positive");
+  DTK_REQUIRE(N >= 0 && IC > 0 && OC > 0, UsageError, "linear: sizes must be positive");
   if (N == 0) return;
   if (dinp) gemm(false, false, N, IC, OC, 1.0f, dout, weight, 1.0f, dinp, dtype, dtype, stream);
   bool bias_done = false;

@@ -197,7 +197,7 @@ template <Norm K, bool FUSED>
 void norm_forward(void* residual, void* out, float* mean, float* rstd, const void* a, const void* b, const void* w,
                   const void* bias, int N, int C, float eps, DType dtype, cudaStream_t stream) {
   if (N <= 0) return;
-  DTK_REQUIRE(C > 0, Exit::USAGE, "norm needs at least one channel");
+  DTK_REQUIRE(C > 0, UsageError, "norm needs at least one channel");
   dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int V = VEC16<T>;

@@ -60,7 +60,7 @@ void rope_apply(void* x, const float2* table, int rows, int T_, int H, int half,
 
 void rope_run(void* q, void* k, int B, int T, int NH, int NKV, int HD, float theta, DType dtype, float sign,
               cudaStream_t stream) {
-  DTK_REQUIRE(HD > 0 && HD % 2 == 0, Exit::USAGE, "rope needs an even head dimension");
+  DTK_REQUIRE(HD > 0 && HD % 2 == 0, UsageError, "rope needs an even head dimension");
   if (B <= 0 || T <= 0) return;
   const int half = HD / 2;
   Scratch table(static_cast<size_t>(T) * half * sizeof(float2), stream);

@@ -15,4 +15,8 @@ std::vector<Case> cases_loss();       // cross-entropy
 std::vector<Case> cases_linear();     // cuBLASLt linear layers
 std::vector<Case> cases_attention();  // flash attention
 
+// One attention forward+backward check (worst error over out, lse, dq, dk, dv); also
+// used by attention_test at long sequence lengths.
+double attention_check(DType t, int B, int T, int NH, int NKV, int HD, uint64_t seed);
+
 }  // namespace dtrain::kernels::test

@@ -13,7 +13,7 @@ using namespace dtrain::kernels::test;
 TEST_CASE("conformance table: CUDA kernels vs CPU reference") {
   DTK_SKIP_WITHOUT_GPU();
   std::vector<Case> all;
-  for (auto group : {cases_optim, cases_pointwise, cases_norm, cases_loss, cases_linear}) {
+  for (auto group : {cases_optim, cases_pointwise, cases_norm, cases_loss, cases_linear, cases_attention}) {
     std::vector<Case> g = group();
     all.insert(all.end(), g.begin(), g.end());
   }
