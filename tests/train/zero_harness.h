@@ -22,12 +22,12 @@ namespace zero_test {
 
 using dtrain::model::ModelConfig;
 
-inline ModelConfig tiny_config(bool llama) {
+inline ModelConfig tiny_config(bool llama, int n_layer = 2) {
   ModelConfig c;
   c.arch = llama ? ModelConfig::Arch::LLAMA : ModelConfig::Arch::GPT2;
   c.vocab_size = 64;
   c.max_seq_len = 16;
-  c.n_layer = 2;
+  c.n_layer = n_layer;
   c.n_head = 4;
   c.n_kv_head = llama ? 2 : 4;
   c.d_model = 32;
@@ -39,6 +39,7 @@ inline ModelConfig tiny_config(bool llama) {
 struct RunSpec {
   bool llama = false;
   bool lora = false;
+  int n_layer = 2;
   int world = 1;
   int steps = 20;
   int global_batch = 12;  // divisible by 1, 2, 3, 4
@@ -49,7 +50,7 @@ struct RunSpec {
 };
 
 inline std::unique_ptr<dtrain::model::Model> model_build(const RunSpec& r) {
-  auto m = std::make_unique<dtrain::model::Model>(tiny_config(r.llama));
+  auto m = std::make_unique<dtrain::model::Model>(tiny_config(r.llama, r.n_layer));
   m->init_weights(7);
   if (r.lora) {
     dtrain::model::LoraConfig lc;
