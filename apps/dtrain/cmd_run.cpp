@@ -5,6 +5,7 @@
 #include "core/log.h"
 #include "launch/agent.h"
 #include "launch/job.h"
+#include "launch/local_spawner.h"
 #include "launch/supervisor.h"
 
 #include <atomic>
@@ -19,6 +20,7 @@ extern "C" void on_sigint(int) { g_interrupted = true; }
 
 int run_job(launch::Job& job, bool tee_all) {
   launch::job_write_run_dir(job);
+  launch::spawner_become_subreaper();
   struct sigaction sa{};
   sa.sa_handler = on_sigint;
   sigemptyset(&sa.sa_mask);
@@ -34,6 +36,7 @@ int run_job(launch::Job& job, bool tee_all) {
 
 int run_agent(const std::vector<std::string>& argv) {
   ::signal(SIGPIPE, SIG_IGN);
+  launch::spawner_become_subreaper();
   launch::AgentArgs args = launch::agent_args_parse(argv);
   return launch::agent_run(args, 0, launch::agent_timing_from_env());
 }

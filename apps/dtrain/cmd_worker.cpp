@@ -7,7 +7,11 @@
 #include "bench/bench.h"
 #include "core/check.h"
 #include "core/log.h"
+#include "config/train_config.h"
+#include "launch/dry_run.h"
+#include "launch/job.h"
 #include "launch/rank_context.h"
+#include "train/trainer.h"
 #ifdef DTRAIN_HAVE_CUDA
 #include "kernels/device.cuh"
 #endif
@@ -55,10 +59,57 @@ int worker_bench(launch::RankContext& ctx, const std::vector<std::string>& argv)
   return 0;
 }
 
+int worker_train(launch::RankContext& ctx) {
+  DT_ENFORCE(!ctx.config_path.empty(), UsageError, "DTRAIN_CONFIG is not set: the launcher passes the run's config");
+  config::LoadedConfig loaded = config::config_load_file(ctx.config_path);
+  config::TrainConfig cfg = std::move(loaded.cfg);
+  config::config_resolve_batch(cfg, ctx.world_size);
+  std::unique_ptr<comm::Communicator> comm;
+  if (ctx.world_size > 1) comm = launch::rank_comm_create(ctx, comm::Backend::GLOO);
+  train::TrainerEnv env;
+  env.rank = ctx.rank;
+  env.world_size = ctx.world_size;
+  env.run_dir = ctx.run_dir;
+  env.comm = comm.get();
+  train::train_run(cfg, env);
+  if (comm) comm->barrier();
+  return 0;
+}
+
 }  // namespace
+
+// DTRAIN_WORKER_PRINT_ENV=NAME,NAME,...: print those variables (C-escaped) plus the
+// torchrun contract, one "env NAME=value" line each, so operators (and the multi-node
+// tests) can see exactly what a rank received.
+void print_env_if_asked() {
+  const char* list = std::getenv("DTRAIN_WORKER_PRINT_ENV");
+  if (!list || !*list) return;
+  std::vector<std::string> names = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
+                                    "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"};
+  std::string cur;
+  for (const char* p = list;; ++p) {
+    if (*p == ',' || *p == '\0') {
+      if (!cur.empty() && cur != "1") names.push_back(cur);
+      cur.clear();
+      if (!*p) break;
+    } else {
+      cur.push_back(*p);
+    }
+  }
+  for (const auto& n : names) {
+    const char* v = std::getenv(n.c_str());
+    std::printf("env %s=%s\n", n.c_str(), v ? launch::dry_run_escape(v).c_str() : "<unset>");
+  }
+  std::fflush(stdout);
+}
 
 int run_worker(const std::vector<std::string>& argv) {
   launch::RankContext ctx = launch::rank_context_from_env(STDIN_FILENO);
+  print_env_if_asked();
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  log_debug("rank {} (local {}, node {}) on {}, gloo address {}", ctx.rank, ctx.local_rank, ctx.node_rank, host,
+            launch::local_address_towards(ctx.master_addr));
   // The agent keeps our stdin open; EOF means it died without stopping us.
   launch::rank_watch_parent(STDIN_FILENO, [] {
     std::fputs("[dtrain] error: the node agent went away: rank exiting\n", stderr);
@@ -66,7 +117,8 @@ int run_worker(const std::vector<std::string>& argv) {
     std::_Exit(static_cast<int>(Exit::COMM));
   }).detach();
   if (ctx.mode == "bench") return worker_bench(ctx, argv);
-  DT_THROW(UsageError, "worker mode '{}' is not available in this build", ctx.mode);
+  if (ctx.mode == "train") return worker_train(ctx);
+  DT_THROW(UsageError, "unknown worker mode '{}' (expected train or bench)", ctx.mode);
 }
 
 }  // namespace dtrain::cli

@@ -138,7 +138,7 @@ struct SshConfig {
   int64_t port = 22;
   std::string identity_file;  // "" = ssh-agent / default keys
   std::string known_hosts = "~/.ssh/known_hosts";
-  std::string host_key_policy = "accept-new";  // "strict" | "accept-new" | "off"
+  std::string host_key_policy = "strict";    // "strict" | "accept-new" | "off"
   double connect_timeout = 10.0;  // seconds
   double keepalive_interval = 15.0;  // seconds, 0 = off
   bool operator==(const SshConfig&) const = default;

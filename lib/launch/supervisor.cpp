@@ -5,6 +5,7 @@
 #include "core/log.h"
 #include "launch/agent.h"
 #include "launch/local_spawner.h"
+#include "launch/ssh_spawner.h"
 #include "rendezvous/store.h"
 
 #include <nlohmann/json.hpp>
@@ -27,6 +28,12 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
 std::chrono::milliseconds seconds_ms(double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); }
+
+std::string expand_home(const std::string& p) {
+  if (p.rfind("~/", 0) != 0) return p;
+  const char* home = std::getenv("HOME");
+  return home ? std::string(home) + p.substr(1) : p;
+}
 
 // Output of all nodes. Terminal: rank 0's stdout as is (the job's own output), every
 // rank's stderr and the agents' own lines with their "[nodeK rankR]" prefix, other
@@ -216,13 +223,31 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
 
 // ---------------------------------------------------------------------------
 
+SshOptions ssh_options_from_config(const config::SshConfig& c) {
+  SshOptions o;
+  o.user = c.user;
+  o.port = static_cast<int>(c.port);
+  o.identity_file = expand_home(c.identity_file);
+  o.known_hosts = expand_home(c.known_hosts);
+  o.policy = c.host_key_policy == "off"          ? SshOptions::HostKeyPolicy::OFF
+             : c.host_key_policy == "accept-new" ? SshOptions::HostKeyPolicy::ACCEPT_NEW
+                                                 : SshOptions::HostKeyPolicy::STRICT;
+  o.connect_timeout = seconds_ms(c.connect_timeout);
+  if (c.keepalive_interval > 0) o.keepalive_interval_s = std::max(1, static_cast<int>(c.keepalive_interval));
+  return o;
+}
+
 NodeSpawner node_spawner_default(const config::TrainConfig& cfg) {
-  (void)cfg;
-  return [](const NodePlan& node, const NodeCommand& cmd, const std::string& stdin_data,
-            LineCallback cb) -> std::unique_ptr<Process> {
-    DT_ENFORCE(host_is_local(node.host.host), LaunchError,
-               "host {} is not this machine and this build has no SSH spawner yet", node.host.host);
-    return spawn_local(cmd.argv, cmd.env, cmd.workdir, stdin_data, std::move(cb), true);
+  SshOptions base = ssh_options_from_config(cfg.cluster.ssh);
+  return [base](const NodePlan& node, const NodeCommand& cmd, const std::string& stdin_data,
+                LineCallback cb) -> std::unique_ptr<Process> {
+    // This machine: no SSH, the agent is our child in its own process group.
+    if (host_is_local(node.host.host))
+      return spawn_local(cmd.argv, cmd.env, cmd.workdir, stdin_data, std::move(cb), true);
+    SshOptions o = base;
+    if (!node.host.user.empty()) o.user = node.host.user;
+    if (node.host.port > 0) o.port = node.host.port;
+    return spawn_ssh(node.host.host, o, cmd.shell_line(), stdin_data, std::move(cb));
   };
 }
 

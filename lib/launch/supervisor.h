@@ -6,6 +6,7 @@
 
 #include "launch/job.h"
 #include "launch/spawner.h"
+#include "launch/ssh_session.h"
 
 #include <atomic>
 #include <functional>
@@ -19,6 +20,10 @@ using NodeSpawner = std::function<std::unique_ptr<Process>(const NodePlan& node,
                                                            const std::string& stdin_data, LineCallback cb)>;
 
 NodeSpawner node_spawner_default(const config::TrainConfig& cfg);
+
+/// cluster.ssh as libssh2 options ("~/" expanded). The hostfile's user@ and port=
+/// override user and port per host.
+SshOptions ssh_options_from_config(const config::SshConfig& ssh);
 
 struct SupervisorOptions {
   NodeSpawner spawner;                        // required

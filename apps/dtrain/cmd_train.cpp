@@ -1,0 +1,110 @@
+// `dtrain eval`, `dtrain generate`, `dtrain data prepare` and the single-process
+// `run_train_local`: thin printing wrappers over lib/train (evaluate, trainer) and
+// lib/data (prepare). main.cpp registers them; each returns the exit code.
+#include "commands.h"
+#include "config/train_config.h"
+#include "core/check.h"
+#include "data/prepare.h"
+#include "data/sft.h"
+#include "train/data_loader.h"
+#include "train/evaluate.h"
+#include "train/trainer.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace dtrain::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+// A generated answer as the checker sees it: up to the first special token / newline.
+std::string shown(const std::string& g) {
+  const size_t cut = std::min(g.find("<|"), g.find('\n'));
+  return cut == std::string::npos ? g : g.substr(0, cut);
+}
+}  // namespace
+
+// ----------------------------------------------------------------------------
+// Evaluates dir (a run directory, a run's final/ or an HF model directory; see
+// train::eval_target_load) on an SFT JSONL file: held-out task accuracy over the first
+// max_records records (<= 0: all), then the validation loss over the whole file.
+// data_jsonl "" = the config's data.valid. init_weights evaluates the config's initial
+// model instead of the trained one (the "before training" figure).
+int run_eval(const std::string& run_dir_or_model_dir, const std::string& data_jsonl, int max_records,
+             const std::string& config_override_path, bool init_weights) {
+  train::EvalTarget t = train::eval_target_load(run_dir_or_model_dir, config_override_path, init_weights);
+  const std::string jsonl = data_jsonl.empty() ? t.valid : data_jsonl;
+  DT_ENFORCE(!jsonl.empty(), UsageError,
+             "{}: no evaluation data: pass --data FILE.jsonl (the config has no data.valid)", run_dir_or_model_dir);
+  std::printf("eval: %s on %s\n", t.weights.c_str(), jsonl.c_str());
+  train::TaskAccuracy acc = train::eval_tasks(*t.model, *t.tokenizer, jsonl, t.template_name, max_records);
+  for (const auto& e : acc.examples)
+    std::printf("  [%s] expected %-16s got %s\n", e.correct ? "ok" : "--", ("'" + e.expected + "'").c_str(),
+                ("'" + shown(e.generated) + "'").c_str());
+  std::printf("accuracy %d/%d = %.1f%%\n", acc.correct, acc.total, acc.percent());
+
+  config::DataConfig dcfg;
+  dcfg.format = "sft";
+  dcfg.template_name = t.template_name;
+  dcfg.pack = false;
+  const data::TokenDataset ds = train::dataset_load(jsonl, dcfg, *t.tokenizer, t.seq_len);
+  const train::EvalLoss l = train::eval_loss(*t.model, ds, 8);
+  std::printf("eval_loss %.4f | eval_ppl %.3f | %lld tokens\n", l.mean(), l.ppl(), static_cast<long long>(l.tokens));
+  std::fflush(stdout);
+  return 0;
+}
+
+// Greedy generation from dir's model. The prompt is an instruction rendered with the
+// model's SFT template unless raw, in which case it is tokenized as it is.
+int run_generate(const std::string& dir, const std::string& prompt, int max_new_tokens, bool raw) {
+  train::EvalTarget t = train::eval_target_load(dir);
+  std::vector<int32_t> ids;
+  if (raw) {
+    ids = t.tokenizer->encode(prompt);
+  } else {
+    data::SftRecord rec;
+    rec.messages.push_back({data::SftRole::USER, prompt, ""});
+    rec.messages.push_back({data::SftRole::ASSISTANT, "", ""});
+    ids = data::sft_render_prompt(rec, *t.tokenizer, data::sft_template_parse(t.template_name));
+  }
+  const std::string out = train::generate_greedy(*t.model, *t.tokenizer, ids, max_new_tokens, true);
+  std::printf("%s\n", raw ? (prompt + out).c_str() : out.c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
+// Tokenizes input (format text | alpaca | chat | sft) with tokenizer ("byte" or a
+// tokenizer.json path) into the token shard output.
+int run_data_prepare(const std::string& input, const std::string& format, const std::string& tokenizer,
+                     const std::string& output) {
+  const data::DataPrepareStats s = data::data_prepare(input, data::data_format_parse(format), tokenizer, output);
+  std::printf("wrote %s: %zu documents, %zu tokens, %zu trained\n", output.c_str(), s.documents, s.tokens,
+              s.trained_tokens);
+  return 0;
+}
+
+// Trains cfg in this process as a single rank (no launcher, no rendezvous): writes
+// run_dir/config.yaml (so `dtrain eval run_dir` finds the settings), metrics.jsonl and
+// final/. Resolves the batch sizes for one rank when the caller has not.
+int run_train_local(const config::TrainConfig& cfg_in, const std::string& run_dir) {
+  config::TrainConfig cfg = cfg_in;
+  if (cfg.resolved_micro_batch_size == 0 || cfg.resolved_dp_world_size != 1) config::config_resolve_batch(cfg, 1);
+  fs::create_directories(run_dir);
+  {
+    std::ofstream f(fs::path(run_dir) / "config.yaml");
+    f << config::config_to_yaml(cfg);
+    DT_ENFORCE(f.good(), IoError, "cannot write {}/config.yaml", run_dir);
+  }
+  train::TrainerEnv env;
+  env.run_dir = run_dir;
+  const train::TrainResult r = train::train_run(cfg, env);
+  std::printf("done: %lld steps in %.1f s, loss %.4f -> %.4f, %.0f tokens/s\n", static_cast<long long>(r.steps),
+              r.elapsed_s, r.losses.empty() ? 0.0 : r.losses.front(), r.final_loss,
+              static_cast<double>(r.tokens) / std::max(r.elapsed_s, 1e-9));
+  return 0;
+}
+
+}  // namespace dtrain::cli
