@@ -1,0 +1,330 @@
+// Run status: liveness of the launcher, rounds and failures, training progress, the
+// latest checkpoint and per-node heartbeat ages, gathered from the run directory.
+#include "report/status.h"
+
+#include "core/check.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+
+namespace dtrain::report {
+
+namespace {
+
+using nlohmann::json;
+
+std::string this_host() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "";
+  return buf;
+}
+
+// Field 22 of /proc/<pid>/stat (start time in clock ticks since boot); -1 if unknown.
+int64_t pid_start_ticks(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return -1;
+  // The command name (field 2) may hold spaces and ')': fields resume after the last ')'.
+  size_t close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream rest(stat.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22; ++i)
+    if (!(rest >> field)) return -1;
+  try {
+    return std::stoll(field);
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+bool pid_alive(int pid) {
+  if (pid <= 0) return false;
+  if (::kill(pid, 0) == 0) return true;
+  return errno == EPERM;
+}
+
+// Writes text to path atomically: a reader sees the old or the new file, never half.
+void write_atomic(const fs::path& path, const std::string& text) {
+  fs::path tmp = path;
+  tmp += ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text << '\n';
+    out.flush();
+    DT_ENFORCE(out.good(), IoError, "cannot write {}; check the run directory is writable", tmp.string());
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  DT_ENFORCE(!ec, IoError, "cannot rename {} to {}: {}", tmp.string(), path.string(), ec.message());
+}
+
+// Every line of a JSON-lines file that parses as an object; partial or broken lines
+// (being written right now, or cut by a crash) are skipped.
+std::vector<json> read_jsonl(const fs::path& path) {
+  std::vector<json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    json j = json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.is_object()) out.push_back(std::move(j));
+  }
+  return out;
+}
+
+std::optional<json> read_json(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json j = json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  return j;
+}
+
+template <typename T>
+T get_or(const json& j, const char* key, T fallback) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    return fallback;
+  }
+}
+
+std::string duration(double s) {
+  if (s < 0) s = 0;
+  auto t = static_cast<int64_t>(s);
+  if (t >= 86400) return fmt::format("{}d{:02}h", t / 86400, (t % 86400) / 3600);
+  if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, (t % 3600) / 60);
+  if (t >= 60) return fmt::format("{}m{:02}s", t / 60, t % 60);
+  return fmt::format("{:.1f} s", s);
+}
+
+std::string rate(double v) {
+  if (v >= 1e6) return fmt::format("{:.2f}M", v / 1e6);
+  if (v >= 1e4) return fmt::format("{:.1f}k", v / 1e3);
+  return fmt::format("{:.0f}", v);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Writers
+
+void status_write_launcher(const std::string& run_dir, const std::string& job_id) {
+  json j{{"pid", ::getpid()},         {"host", this_host()},
+         {"job_id", job_id},          {"started_ms", status_now_ms()},
+         {"pid_start", pid_start_ticks(::getpid())}};
+  write_atomic(fs::path(run_dir) / "launcher.json", j.dump());
+}
+
+void status_write_nodes(const std::string& run_dir, int round, const std::vector<NodeHealth>& nodes) {
+  json arr = json::array();
+  for (const auto& n : nodes)
+    arr.push_back({{"node", n.node}, {"host", n.host}, {"heartbeat_age_s", n.heartbeat_age_s}, {"state", n.state}});
+  json j{{"time_ms", status_now_ms()}, {"round", round}, {"nodes", arr}};
+  write_atomic(fs::path(run_dir) / "nodes.json", j.dump());
+}
+
+// ---------------------------------------------------------------------------
+// Reading
+
+const char* run_state_name(RunState s) {
+  switch (s) {
+    case RunState::NOT_STARTED: return "not started";
+    case RunState::RUNNING: return "running";
+    case RunState::FINISHED: return "finished";
+    case RunState::FAILED: return "failed";
+    case RunState::INTERRUPTED: return "interrupted";
+    case RunState::LOST: return "lost";
+  }
+  return "?";
+}
+
+int64_t status_now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+RunStatus status_read(const std::string& run_dir) {
+  const fs::path dir(run_dir);
+  std::error_code ec;
+  DT_ENFORCE(fs::is_directory(dir, ec), IoError, "{} is not a run directory (no such directory)", run_dir);
+  RunStatus st;
+  st.run_dir = run_dir;
+
+  if (auto l = read_json(dir / "launcher.json")) {
+    st.have_launcher = true;
+    st.launcher_pid = get_or<int>(*l, "pid", 0);
+    st.launcher_host = get_or<std::string>(*l, "host", "");
+    st.job_id = get_or<std::string>(*l, "job_id", "");
+    st.started_ms = get_or<int64_t>(*l, "started_ms", 0);
+    const int64_t pid_start = get_or<int64_t>(*l, "pid_start", -1);
+    st.launcher_remote = !st.launcher_host.empty() && st.launcher_host != this_host();
+    if (!st.launcher_remote) {
+      st.launcher_alive = pid_alive(st.launcher_pid);
+      // A recycled pid belongs to some other process started at another time.
+      if (st.launcher_alive && pid_start >= 0) {
+        int64_t now_start = pid_start_ticks(st.launcher_pid);
+        if (now_start >= 0 && now_start != pid_start) st.launcher_alive = false;
+      }
+    }
+  }
+
+  std::string last_event;
+  for (const json& e : read_jsonl(dir / "events.jsonl")) {
+    const std::string ev = get_or<std::string>(e, "event", "");
+    const int64_t t = get_or<int64_t>(e, "time_ms", 0);
+    const int round = get_or<int>(e, "round", 0);
+    if (ev.empty()) continue;
+    last_event = ev;
+    st.last_event_ms = t;
+    if (ev == "round_start") {
+      ++st.rounds;
+    } else if (ev == "failure") {
+      RoundFailure f;
+      f.round = round;
+      f.node = get_or<int>(e, "node", -1);
+      f.why = get_or<std::string>(e, "why", "");
+      f.exit_code = get_or<int>(e, "exit_code", 0);
+      f.time_ms = t;
+      st.failures.push_back(std::move(f));
+    }
+  }
+
+  for (const json& m : read_jsonl(dir / "metrics.jsonl")) {
+    auto step = m.find("step");
+    if (step == m.end() || !step->is_number()) continue;
+    if (m.contains("loss") && m["loss"].is_number()) {
+      st.last_step = step->get<int64_t>();
+      st.last_loss = m["loss"].get<double>();
+      st.tokens_per_s = get_or<double>(m, "tokens_per_s", 0.0);
+    }
+    if (m.contains("eval_loss") && m["eval_loss"].is_number()) {
+      st.last_eval_step = step->get<int64_t>();
+      st.last_eval_loss = m["eval_loss"].get<double>();
+    }
+  }
+
+  const fs::path latest = dir / "checkpoints" / "latest";
+  if (std::ifstream in{latest}) {
+    std::string name;
+    std::getline(in, name);
+    while (!name.empty() && (name.back() == '\r' || name.back() == ' ')) name.pop_back();
+    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
+      st.checkpoint_note = fmt::format("checkpoints/latest holds '{}', not a checkpoint name", name);
+    else if (!fs::is_directory(dir / "checkpoints" / name, ec))
+      st.checkpoint_note = fmt::format("checkpoints/latest names {}, but checkpoints/{} does not exist", name, name);
+    else
+      st.checkpoint = name;
+  }
+
+  if (auto n = read_json(dir / "nodes.json")) {
+    st.have_nodes = true;
+    st.nodes_time_ms = get_or<int64_t>(*n, "time_ms", 0);
+    st.nodes_round = get_or<int>(*n, "round", 0);
+    if (n->contains("nodes") && (*n)["nodes"].is_array())
+      for (const json& x : (*n)["nodes"]) {
+        if (!x.is_object()) continue;
+        NodeHealth h;
+        h.node = get_or<int>(x, "node", 0);
+        h.host = get_or<std::string>(x, "host", "");
+        h.heartbeat_age_s = get_or<double>(x, "heartbeat_age_s", -1.0);
+        h.state = get_or<std::string>(x, "state", "");
+        st.nodes.push_back(std::move(h));
+      }
+  }
+
+  if (st.launcher_alive) st.state = RunState::RUNNING;
+  else if (last_event == "finished") st.state = RunState::FINISHED;
+  else if (last_event == "failure") st.state = st.failures.back().node == -2 ? RunState::INTERRUPTED : RunState::FAILED;
+  else if (last_event == "round_start") st.state = st.launcher_remote ? RunState::RUNNING : RunState::LOST;
+  else st.state = RunState::NOT_STARTED;
+  return st;
+}
+
+std::string status_format(const RunStatus& st, int64_t now_ms) {
+  std::string out;
+  auto row = [&](const char* key, const std::string& value) { out += fmt::format("{:<11}{}\n", key, value); };
+  auto ago = [&](int64_t t) { return duration(static_cast<double>(now_ms - t) / 1000.0); };
+
+  row("run", st.job_id.empty() ? st.run_dir : fmt::format("{} (job {})", st.run_dir, st.job_id));
+
+  std::string state = run_state_name(st.state);
+  switch (st.state) {
+    case RunState::RUNNING:
+      if (st.launcher_remote)
+        state += fmt::format(": launcher on {} (pid {}; liveness not checkable from this host)", st.launcher_host,
+                             st.launcher_pid);
+      else
+        state += fmt::format(": launcher pid {} on {}", st.launcher_pid, st.launcher_host);
+      if (st.started_ms > 0) state += fmt::format(", started {} ago", ago(st.started_ms));
+      if (!st.failures.empty() && st.failures.back().round + 1 >= st.rounds)
+        state += "; restarting after a failure";
+      break;
+    case RunState::FINISHED:
+      state += fmt::format(" {} ago", ago(st.last_event_ms));
+      break;
+    case RunState::FAILED:
+    case RunState::INTERRUPTED:
+      state += fmt::format(" {} ago (exit code {}); continue with: dtrain resume {}", ago(st.last_event_ms),
+                           st.failures.back().exit_code, st.run_dir);
+      break;
+    case RunState::LOST:
+      state += fmt::format(": the launcher (pid {} on {}) is gone without a final event; continue with: dtrain resume {}",
+                           st.launcher_pid, st.launcher_host.empty() ? "?" : st.launcher_host, st.run_dir);
+      break;
+    case RunState::NOT_STARTED:
+      break;
+  }
+  row("state", state);
+
+  if (st.last_step) {
+    std::string p = fmt::format("step {}, loss {:.4f}", *st.last_step, st.last_loss);
+    if (st.tokens_per_s > 0) p += fmt::format(", {} tokens/s", rate(st.tokens_per_s));
+    if (st.last_eval_step) p += fmt::format("; eval_loss {:.4f} at step {}", st.last_eval_loss, *st.last_eval_step);
+    row("progress", p);
+  } else {
+    row("progress", "no training step logged yet");
+  }
+
+  if (!st.checkpoint.empty()) row("checkpoint", st.checkpoint);
+  else row("checkpoint", st.checkpoint_note.empty() ? "none" : "none (" + st.checkpoint_note + ")");
+
+  row("restarts", std::to_string(st.restarts()));
+  for (const auto& f : st.failures) {
+    std::string who = f.node >= 0 ? fmt::format("node {}: ", f.node) : "";
+    out += fmt::format("  round {} failed {} ago: {}{} [exit code {}]\n", f.round, ago(f.time_ms), who, f.why,
+                       f.exit_code);
+  }
+
+  if (st.have_nodes && !st.nodes.empty()) {
+    const double lag = static_cast<double>(now_ms - st.nodes_time_ms) / 1000.0;
+    row("nodes", fmt::format("round {}, as of {} ago", st.nodes_round, duration(lag)));
+    for (const auto& n : st.nodes) {
+      std::string hb = n.heartbeat_age_s < 0 ? "no heartbeat yet"
+                                             : fmt::format("last heartbeat {} ago", duration(n.heartbeat_age_s + lag));
+      out += fmt::format("  node{} {}{} {}\n", n.node, n.host, n.state.empty() ? "" : " " + n.state, hb);
+    }
+  }
+  return out;
+}
+
+std::string status_report(const std::string& run_dir) {
+  const int64_t now = status_now_ms();
+  return status_format(status_read(run_dir), now);
+}
+
+}  // namespace dtrain::report

@@ -1,0 +1,110 @@
+// `dtrain status RUN_DIR`: what a run is doing, read from its run directory only
+// (launcher.json, events.jsonl, metrics.jsonl, checkpoints/latest, nodes.json), plus
+// the writers for the two files the launcher keeps current for it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dtrain::report {
+
+// ----------------------------------------------------------------------------
+// Files the launcher writes (schemas owned here)
+
+/// <run_dir>/launcher.json: {"pid", "host", "job_id", "started_ms" (unix ms),
+/// "pid_start" (the process start time in clock ticks from /proc/<pid>/stat, so a
+/// reused pid is not mistaken for the launcher)}. Written atomically (tmp + rename)
+/// for the calling process. IoError when the file cannot be written.
+void status_write_launcher(const std::string& run_dir, const std::string& job_id);
+
+/// One node's health as the launcher sees it.
+struct NodeHealth {
+  int node = 0;
+  std::string host;
+  double heartbeat_age_s = -1.0;  ///< seconds since its last heartbeat; < 0: none yet
+  std::string state;              ///< "running", "done", "failed" or "starting"
+};
+
+/// <run_dir>/nodes.json: {"time_ms" (unix ms), "round", "nodes": [{"node", "host",
+/// "heartbeat_age_s", "state"}]}, written atomically. Meant to be called about once a
+/// second by the supervisor. IoError when the file cannot be written.
+void status_write_nodes(const std::string& run_dir, int round, const std::vector<NodeHealth>& nodes);
+
+// ----------------------------------------------------------------------------
+// Reading
+
+enum class RunState {
+  NOT_STARTED,   ///< no events yet and no live launcher
+  RUNNING,       ///< the launcher process is alive
+  FINISHED,      ///< last event "finished"
+  FAILED,        ///< last event a failure and the launcher is gone
+  INTERRUPTED,   ///< stopped by Ctrl-C / SIGTERM (failure with node -2)
+  LOST           ///< the launcher vanished without a final event (killed, node rebooted)
+};
+/// "not started", "running", "finished", "failed", "interrupted", "lost".
+const char* run_state_name(RunState s);
+
+struct RoundFailure {
+  int round = 0;
+  int node = -1;
+  std::string why;
+  int exit_code = 0;
+  int64_t time_ms = 0;
+};
+
+struct RunStatus {
+  std::string run_dir;
+  RunState state = RunState::NOT_STARTED;
+  // launcher.json
+  bool have_launcher = false;
+  int launcher_pid = 0;
+  std::string launcher_host, job_id;
+  int64_t started_ms = 0;
+  bool launcher_alive = false;
+  bool launcher_remote = false;  ///< on another host: liveness unknown from here
+  // events.jsonl
+  int rounds = 0;                ///< round_start events
+  int64_t last_event_ms = 0;
+  std::vector<RoundFailure> failures;
+  // metrics.jsonl
+  std::optional<int64_t> last_step;
+  double last_loss = 0.0;
+  double tokens_per_s = 0.0;
+  std::optional<int64_t> last_eval_step;
+  double last_eval_loss = 0.0;
+  // checkpoints
+  std::string checkpoint;        ///< "step120", "" = none
+  std::string checkpoint_note;   ///< why `latest` could not be used, if it exists
+  // nodes.json
+  bool have_nodes = false;
+  int64_t nodes_time_ms = 0;
+  int nodes_round = 0;
+  std::vector<NodeHealth> nodes;
+
+  int restarts() const { return rounds > 0 ? rounds - 1 : 0; }
+};
+
+/// Reads the run directory. Missing files mean "nothing yet"; malformed lines (a record
+/// being written right now) are skipped. IoError when run_dir is not a directory.
+RunStatus status_read(const std::string& run_dir);
+
+/// The human-readable report (now_ms: the current unix time; tests pass a fixed one), e.g.
+///     run        runs/tiny (job 20261122-001500-3fa9)
+///     state      running: launcher pid 4242 on login1, started 12m04s ago
+///     progress   step 140, loss 2.3141, 18.2k tokens/s; eval_loss 2.2010 at step 100
+///     checkpoint step120
+///     restarts   1
+///       round 0 failed 9m12s ago: node 1: rank 3 exited with code 137 [exit code 137]
+///     nodes      round 1, as of 0.4 s ago
+///       node0 n1 running last heartbeat 1.6 s ago
+std::string status_format(const RunStatus& st, int64_t now_ms);
+
+/// status_format(status_read(run_dir, now), now) with the current time.
+std::string status_report(const std::string& run_dir);
+
+/// Current unix time in ms.
+int64_t status_now_ms();
+
+}  // namespace dtrain::report

@@ -1,0 +1,187 @@
+// Run status from synthetic run directories: running (live launcher), failed, finished,
+// interrupted, lost, recycled pid, checkpoints, heartbeat ages, broken lines.
+#include "report/status.h"
+
+#include "core/error.h"
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+using namespace dtrain::report;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& name) {
+    path = fs::temp_directory_path() / fmt_name(name);
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  static std::string fmt_name(const std::string& n) { return "dtrain-status-" + n + "-" + std::to_string(::getpid()); }
+  std::string str() const { return path.string(); }
+};
+
+void append(const fs::path& p, const std::string& line) { std::ofstream(p, std::ios::app) << line << "\n"; }
+
+constexpr int64_t T0 = 1'700'000'000'000;
+
+void write_events_and_metrics(const fs::path& dir) {
+  append(dir / "events.jsonl", R"({"time_ms":1700000000000,"event":"round_start","round":0,"world_size":4})");
+  append(dir / "events.jsonl",
+         R"({"time_ms":1700000190000,"event":"failure","round":0,"node":1,"why":"rank 3 exited with code 137","exit_code":137})");
+  append(dir / "events.jsonl", R"({"time_ms":1700000200000,"event":"round_start","round":1,"world_size":4})");
+  append(dir / "metrics.jsonl", R"({"step":10,"loss":3.5,"lr":0.001,"tokens_per_s":1000})");
+  append(dir / "metrics.jsonl", R"({"step":20,"loss":2.75,"lr":0.001,"tokens_per_s":18234})");
+  append(dir / "metrics.jsonl", R"({"step":20,"eval_loss":2.5,"eval_ppl":12.2})");
+  append(dir / "metrics.jsonl", R"({"step":30,"loss":2.)");  // being written: skipped
+}
+
+pid_t dead_pid() {
+  pid_t p = ::fork();
+  if (p == 0) ::_exit(0);
+  ::waitpid(p, nullptr, 0);
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("status: running job with a live launcher, heartbeats and a checkpoint") {
+  TempDir d("running");
+  write_events_and_metrics(d.path);
+  status_write_launcher(d.str(), "job-42");
+  fs::create_directories(d.path / "checkpoints" / "step20");
+  append(d.path / "checkpoints" / "latest", "step20");
+  status_write_nodes(d.str(), 1, {{0, "n1", 1.2, "running"}, {1, "n2", -1, "starting"}});
+
+  RunStatus st = status_read(d.str());
+  CHECK(st.state == RunState::RUNNING);
+  CHECK(st.launcher_alive);
+  CHECK(st.launcher_pid == ::getpid());
+  CHECK(st.job_id == "job-42");
+  CHECK(st.rounds == 2);
+  CHECK(st.restarts() == 1);
+  REQUIRE(st.failures.size() == 1);
+  CHECK(st.failures[0].node == 1);
+  CHECK(st.failures[0].exit_code == 137);
+  REQUIRE(st.last_step);
+  CHECK(*st.last_step == 20);
+  CHECK(st.last_loss == 2.75);
+  REQUIRE(st.last_eval_step);
+  CHECK(st.last_eval_loss == 2.5);
+  CHECK(st.checkpoint == "step20");
+  REQUIRE(st.nodes.size() == 2);
+  CHECK(st.nodes[0].host == "n1");
+
+  // Render with the node file 2 s old: ages grow by that much.
+  st.nodes_time_ms = T0;
+  std::string text = status_format(st, T0 + 2000);
+  CAPTURE(text);
+  CHECK(text.find("state      running: launcher pid " + std::to_string(::getpid())) != std::string::npos);
+  CHECK(text.find("(job job-42)") != std::string::npos);
+  CHECK(text.find("step 20, loss 2.7500, 18.2k tokens/s; eval_loss 2.5000 at step 20") != std::string::npos);
+  CHECK(text.find("checkpoint step20") != std::string::npos);
+  CHECK(text.find("restarts   1") != std::string::npos);
+  CHECK(text.find("round 0 failed") != std::string::npos);
+  CHECK(text.find("node 1: rank 3 exited with code 137 [exit code 137]") != std::string::npos);
+  CHECK(text.find("node0 n1 running last heartbeat 3.2 s ago") != std::string::npos);
+  CHECK(text.find("node1 n2 starting no heartbeat yet") != std::string::npos);
+  CHECK(text.find("as of 2.0 s ago") != std::string::npos);
+  CHECK(status_report(d.str()).find("running") != std::string::npos);
+}
+
+TEST_CASE("status: failed job (launcher gone, last event a failure)") {
+  TempDir d("failed");
+  write_events_and_metrics(d.path);
+  append(d.path / "events.jsonl",
+         R"({"time_ms":1700000300000,"event":"failure","round":1,"node":0,"why":"node 0 (n1) missed heartbeats","exit_code":4})");
+  nlohmann::json l{{"pid", dead_pid()}, {"host", "x"}, {"job_id", "j"}, {"started_ms", T0}};
+  // Same host as this one, so liveness is checked.
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  l["host"] = host;
+  append(d.path / "launcher.json", l.dump());
+
+  RunStatus st = status_read(d.str());
+  CHECK_FALSE(st.launcher_alive);
+  CHECK(st.state == RunState::FAILED);
+  CHECK(st.failures.size() == 2);
+  CHECK(st.checkpoint.empty());
+  std::string text = status_format(st, 1700000360000);
+  CAPTURE(text);
+  CHECK(text.find("state      failed 1m00s ago (exit code 4); continue with: dtrain resume " + d.str()) !=
+        std::string::npos);
+  CHECK(text.find("checkpoint none") != std::string::npos);
+  CHECK(text.find("restarts   1") != std::string::npos);
+}
+
+TEST_CASE("status: finished job") {
+  TempDir d("finished");
+  write_events_and_metrics(d.path);
+  append(d.path / "events.jsonl", R"({"time_ms":1700000400000,"event":"finished","round":1})");
+  fs::create_directories(d.path / "checkpoints");
+  append(d.path / "checkpoints" / "latest", "step30");  // names a missing directory
+  RunStatus st = status_read(d.str());
+  CHECK(st.state == RunState::FINISHED);
+  CHECK(st.checkpoint.empty());
+  std::string text = status_format(st, 1700000405000);
+  CAPTURE(text);
+  CHECK(text.find("state      finished 5.0 s ago") != std::string::npos);
+  CHECK(text.find("checkpoints/latest names step30, but checkpoints/step30 does not exist") != std::string::npos);
+}
+
+TEST_CASE("status: interrupted, lost, recycled pid, empty and missing run dirs") {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  {
+    TempDir d("interrupted");
+    append(d.path / "events.jsonl", R"({"time_ms":1,"event":"round_start","round":0})");
+    append(d.path / "events.jsonl", R"j({"time_ms":2,"event":"failure","round":0,"node":-2,"why":"interrupted (Ctrl-C)","exit_code":130})j");
+    CHECK(status_read(d.str()).state == RunState::INTERRUPTED);
+  }
+  {
+    TempDir d("lost");
+    append(d.path / "events.jsonl", R"({"time_ms":1,"event":"round_start","round":0})");
+    append(d.path / "launcher.json", nlohmann::json{{"pid", dead_pid()}, {"host", host}}.dump());
+    RunStatus st = status_read(d.str());
+    CHECK(st.state == RunState::LOST);
+    CHECK(status_format(st, 5).find("is gone without a final event") != std::string::npos);
+  }
+  {
+    // Our own pid but another start time: a recycled pid, not the launcher.
+    TempDir d("recycled");
+    append(d.path / "events.jsonl", R"({"time_ms":1,"event":"round_start","round":0})");
+    append(d.path / "launcher.json",
+           nlohmann::json{{"pid", ::getpid()}, {"host", host}, {"pid_start", 1}}.dump());
+    CHECK(status_read(d.str()).state == RunState::LOST);
+  }
+  {
+    // Launcher on another host: its pid cannot be checked, the events say running.
+    TempDir d("remote");
+    append(d.path / "events.jsonl", R"({"time_ms":1,"event":"round_start","round":0})");
+    append(d.path / "launcher.json", nlohmann::json{{"pid", 1}, {"host", "another-login-node"}}.dump());
+    RunStatus st = status_read(d.str());
+    CHECK(st.state == RunState::RUNNING);
+    CHECK(status_format(st, 5).find("liveness not checkable") != std::string::npos);
+  }
+  {
+    TempDir d("empty");
+    RunStatus st = status_read(d.str());
+    CHECK(st.state == RunState::NOT_STARTED);
+    std::string text = status_format(st, 5);
+    CHECK(text.find("no training step logged yet") != std::string::npos);
+    CHECK(text.find("checkpoint none") != std::string::npos);
+  }
+  CHECK_THROWS_AS(status_read("/nonexistent/run/dir"), dtrain::IoError);
+}
