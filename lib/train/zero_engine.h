@@ -120,6 +120,9 @@ class ZeroEngine {
   int stage() const { return opts_.stage; }
   int rank() const { return rank_; }
   int world_size() const { return world_; }
+  /// The communicator (nullptr for a single rank). Free for the caller's own
+  /// collectives between forward()/backward() calls (see the call order above).
+  comm::Communicator* communicator() const { return comm_; }
   const ZeroOptions& options() const { return opts_; }
   model::Model& model() { return model_; }
 

@@ -46,12 +46,13 @@ struct RunSpec {
   int T = 16;
   float lr = 3e-3f;
   float loss_scale = 1.0f;
+  uint64_t init_seed = 7;
   dtrain::train::ZeroOptions opts;
 };
 
 inline std::unique_ptr<dtrain::model::Model> model_build(const RunSpec& r) {
   auto m = std::make_unique<dtrain::model::Model>(tiny_config(r.llama, r.n_layer));
-  m->init_weights(7);
+  m->init_weights(r.init_seed);
   if (r.lora) {
     dtrain::model::LoraConfig lc;
     lc.rank = 4;

@@ -1,0 +1,484 @@
+// Sharded checkpoint save (shards, CRC exchange, manifest, renames, pruning) and load
+// (candidate order, verification, resharding reads from the saved partition).
+#include "train/checkpoint.h"
+
+#include "core/check.h"
+#include "core/log.h"
+
+#include <fcntl.h>
+#include <nlohmann/json.hpp>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace dtrain::train {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr char SHARD_MAGIC[8] = {'D', 'T', 'R', 'N', 'C', 'K', 'P', '1'};
+constexpr int FORMAT_VERSION = 1;
+
+// ----------------------------------------------------------------------------
+// Files
+struct Fd {
+  int fd = -1;
+  Fd() = default;
+  explicit Fd(int f) : fd(f) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  Fd(Fd&& o) noexcept : fd(o.fd) { o.fd = -1; }
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      if (fd >= 0) ::close(fd);
+      fd = o.fd;
+      o.fd = -1;
+    }
+    return *this;
+  }
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+[[noreturn]] void io_fail(const std::string& what, const std::string& path) {
+  DT_THROW(IoError, "{} {}: {}", what, path, std::strerror(errno));
+}
+
+void write_all(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) io_fail("cannot write checkpoint file", path);
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void fsync_path(const std::string& path) {
+  Fd d(::open(path.c_str(), O_RDONLY | O_DIRECTORY));
+  if (d.fd < 0) io_fail("cannot open directory", path);
+  if (::fsync(d.fd) != 0) io_fail("cannot fsync directory", path);
+}
+
+// Writes path durably (write, fsync, close) and returns its CRC32C.
+uint32_t file_write(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts) {
+  Fd f(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (f.fd < 0) io_fail("cannot create checkpoint file", path);
+  uint32_t crc = 0;
+  for (const auto& [p, n] : parts) {
+    write_all(f.fd, p, n, path);
+    crc = crc32c(p, n, crc);
+  }
+  if (::fsync(f.fd) != 0) io_fail("cannot fsync checkpoint file", path);
+  return crc;
+}
+
+void rename_durable(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0) io_fail("cannot rename " + from + " to", to);
+  fsync_path(fs::path(to).parent_path().string());
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return {};
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// ----------------------------------------------------------------------------
+// The saved partition: buffer of n elements over W ranks, shard ceil(n / W).
+struct Part {
+  size_t lo, hi;
+};
+Part part_of(size_t n, int world, int rank) {
+  const size_t s = (n + static_cast<size_t>(world) - 1) / static_cast<size_t>(world);
+  const size_t lo = std::min(static_cast<size_t>(rank) * s, n);
+  return {lo, std::min(lo + s, n)};
+}
+
+// Float pairs carry 32-bit values exactly through an fp32 all-gather.
+void u32_to_f2(uint32_t x, float* out) {
+  out[0] = static_cast<float>(x & 0xffffu);
+  out[1] = static_cast<float>(x >> 16);
+}
+uint32_t f2_to_u32(const float* in) { return static_cast<uint32_t>(in[0]) | (static_cast<uint32_t>(in[1]) << 16); }
+
+int64_t step_of(const std::string& name) {
+  if (name.size() < 5 || name.rfind("step", 0) != 0) return -1;
+  int64_t k = 0;
+  for (size_t i = 4; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    k = k * 10 + (name[i] - '0');
+  }
+  return k;
+}
+
+json layout_json(ZeroEngine& engine) {
+  json bufs = json::array();
+  for (const auto& v : engine.buffer_views()) {
+    json tensors = json::array();
+    for (const auto& t : v.buffer->layout.tensors)
+      tensors.push_back({{"name", t.name}, {"offset", t.offset}, {"shape", t.shape}, {"decay", t.decay}});
+    bufs.push_back({{"name", v.buffer->layout.name},
+                    {"size", v.buffer->size},
+                    {"trainable", v.trainable},
+                    {"tensors", tensors}});
+  }
+  return bufs;
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------------
+uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
+  static const std::array<uint32_t, 256> table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1u) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  const auto* p = static_cast<const unsigned char*>(data);
+  crc = ~crc;
+  for (size_t i = 0; i < n; ++i) crc = table[(crc ^ p[i]) & 0xffu] ^ (crc >> 8);
+  return ~crc;
+}
+
+// ----------------------------------------------------------------------------
+std::string checkpoint_save(const std::string& run_dir, ZeroEngine& engine, const TrainState& state,
+                            const CheckpointSaveOptions& opts) {
+  comm::Communicator* comm = engine.communicator();
+  const int W = engine.world_size(), rank = engine.rank();
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  const std::string name = "step" + std::to_string(state.step);
+  const fs::path tmp = root / ("tmp-" + name), final_dir = root / name;
+  const std::string latest_now = read_text((root / "latest").string());
+  if (latest_now == name) {
+    // The same step is already the confirmed checkpoint (a save right after resuming).
+    if (comm) comm->barrier();
+    return final_dir.string();
+  }
+  if (rank == 0) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    fs::remove_all(final_dir, ec);  // an unconfirmed earlier attempt at this step
+    fs::create_directories(tmp, ec);
+    DT_ENFORCE(!ec, IoError, "cannot create checkpoint directory {}: {}", tmp.string(), ec.message());
+  }
+  if (comm) comm->barrier();
+
+  // ---- this rank's shard: its partition slice of every buffer's master, m and v
+  const auto views = engine.buffer_views();
+  json entries = json::array();
+  std::vector<std::pair<const void*, size_t>> data;
+  size_t offset = 0;
+  for (size_t b = 0; b < views.size(); ++b) {
+    const auto& v = views[b];
+    const Part p = part_of(v.buffer->size, W, rank);
+    const size_t cnt = p.hi - p.lo;
+    DT_CHECK(cnt == 0 || (p.lo >= v.lo && p.hi <= v.hi));
+    std::vector<std::pair<const char*, const float*>> kinds{{"master", v.master}};
+    if (v.trainable) {
+      kinds.emplace_back("m", v.m);
+      kinds.emplace_back("v", v.v);
+    }
+    for (const auto& [kind, src] : kinds) {
+      entries.push_back({{"buffer", b}, {"kind", kind}, {"lo", p.lo}, {"count", cnt}, {"offset", offset}});
+      if (cnt) data.emplace_back(src + (p.lo - v.lo), cnt * sizeof(float));
+      offset += cnt * sizeof(float);
+    }
+  }
+  json head{{"format", FORMAT_VERSION}, {"rank", rank},      {"world_size", W},
+            {"step", state.step},       {"has_rng", state.has_rng}, {"rng", state.rng},
+            {"forward_count", state.forward_count}, {"entries", entries}};
+  const std::string head_text = head.dump();
+  const uint64_t head_len = head_text.size();
+  std::vector<std::pair<const void*, size_t>> parts{{SHARD_MAGIC, 8}, {&head_len, 8}, {head_text.data(), head_len}};
+  parts.insert(parts.end(), data.begin(), data.end());
+  const std::string shard_name = "rank" + std::to_string(rank) + ".bin";
+  const uint32_t crc = file_write((tmp / shard_name).string(), parts);
+  const uint64_t bytes = 16 + head_len + offset;
+  if (opts.fault_hook) opts.fault_hook("shard_written");
+
+  // ---- every rank confirms its shard (name, size, CRC) to rank 0
+  std::vector<float> mine(6), all(static_cast<size_t>(W) * 6);
+  u32_to_f2(crc, mine.data());
+  u32_to_f2(static_cast<uint32_t>(bytes & 0xffffffffu), mine.data() + 2);
+  u32_to_f2(static_cast<uint32_t>(bytes >> 32), mine.data() + 4);
+  if (comm) comm->all_gather(mine.data(), all.data(), 6, DType::F32);
+  else all = mine;
+
+  if (rank == 0) {
+    json files = json::array();
+    for (int r = 0; r < W; ++r) {
+      const float* f = all.data() + static_cast<size_t>(r) * 6;
+      const uint64_t sz = static_cast<uint64_t>(f2_to_u32(f + 2)) | (static_cast<uint64_t>(f2_to_u32(f + 4)) << 32);
+      files.push_back({{"name", "rank" + std::to_string(r) + ".bin"}, {"bytes", sz}, {"crc32c", f2_to_u32(f)}});
+    }
+    json scaler = nullptr;
+    if (state.has_scaler)
+      scaler = {{"scale", state.scaler.scale},
+                {"cur_iter", state.scaler.cur_iter},
+                {"last_overflow_iter", state.scaler.last_overflow_iter},
+                {"cur_hysteresis", state.scaler.cur_hysteresis}};
+    json manifest{{"format", FORMAT_VERSION},
+                  {"step", state.step},
+                  {"world_size", W},
+                  {"zero_stage", engine.stage()},
+                  {"compute_dtype", dtype_name(engine.options().compute_dtype)},
+                  {"master_dtype", "float32"},
+                  {"optimizer_step", engine.step_count()},
+                  {"scheduler_step", state.scheduler_step},
+                  {"loss_scaler", scaler},
+                  {"sampler", {{"epoch", state.sampler.epoch}, {"offset", state.sampler.offset}}},
+                  {"forward_count", state.forward_count},
+                  {"shard_layout", "buffer of n elements: rank r holds [r*ceil(n/W), min((r+1)*ceil(n/W), n))"},
+                  {"buffers", layout_json(engine)},
+                  {"files", files},
+                  {"config_yaml", state.config_yaml}};
+    const std::string text = manifest.dump(1);
+    file_write((tmp / "manifest.json").string(), {{text.data(), text.size()}});
+    fsync_path(tmp.string());
+    rename_durable(tmp.string(), final_dir.string());
+    if (opts.fault_hook) opts.fault_hook("renamed");
+    const std::string lt = (root / "latest.tmp").string();
+    file_write(lt, {{name.data(), name.size()}});
+    rename_durable(lt, (root / "latest").string());
+
+    // ---- prune: keep the newest keep_last complete checkpoints and the one latest names
+    std::vector<std::pair<int64_t, fs::path>> steps;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(root, ec)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind("tmp-", 0) == 0) {
+        fs::remove_all(e.path(), ec);
+        continue;
+      }
+      const int64_t k = step_of(n);
+      if (k >= 0 && e.is_directory()) steps.emplace_back(k, e.path());
+    }
+    std::sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    const size_t keep = static_cast<size_t>(std::max<int64_t>(1, opts.keep_last));
+    for (size_t i = keep; i < steps.size(); ++i)
+      if (steps[i].second.filename().string() != name) fs::remove_all(steps[i].second, ec);
+  }
+  if (comm) comm->barrier();
+  return final_dir.string();
+}
+
+// ----------------------------------------------------------------------------
+namespace {
+
+// One verified checkpoint: its manifest and open shard files with their entry tables.
+struct Opened {
+  json manifest;
+  int world = 0;
+  std::vector<Fd> fds;
+  std::vector<json> heads;  // per file
+  std::vector<uint64_t> data_start;
+};
+
+// Verifies dir (manifest present and parsable, every file present, of the recorded
+// size and CRC32C) and opens it. Returns "" or why it is unusable, naming the file.
+std::string checkpoint_open(const fs::path& dir, Opened& out) {
+  const fs::path mpath = dir / "manifest.json";
+  const std::string text = read_text(mpath.string());
+  if (text.empty()) return mpath.string() + ": missing or empty";
+  try {
+    out.manifest = json::parse(text);
+    out.world = out.manifest.at("world_size").get<int>();
+    if (out.manifest.at("format").get<int>() != FORMAT_VERSION)
+      return mpath.string() + ": unsupported format " + out.manifest.at("format").dump();
+    const auto& files = out.manifest.at("files");
+    if (static_cast<int>(files.size()) != out.world) return mpath.string() + ": file list does not match world_size";
+    for (int r = 0; r < out.world; ++r) {
+      const auto& f = files.at(static_cast<size_t>(r));
+      const fs::path p = dir / f.at("name").get<std::string>();
+      Fd fd(::open(p.string().c_str(), O_RDONLY | O_CLOEXEC));
+      if (fd.fd < 0) return p.string() + ": missing (" + std::strerror(errno) + ")";
+      struct stat st {};
+      if (::fstat(fd.fd, &st) != 0) return p.string() + ": cannot stat";
+      const uint64_t want = f.at("bytes").get<uint64_t>();
+      if (static_cast<uint64_t>(st.st_size) != want)
+        return p.string() + ": truncated or extended (" + std::to_string(st.st_size) + " bytes, manifest says " +
+               std::to_string(want) + ")";
+      uint32_t crc = 0;
+      std::vector<char> buf(1 << 20);
+      for (;;) {
+        const ssize_t n = ::read(fd.fd, buf.data(), buf.size());
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return p.string() + ": read error " + std::strerror(errno);
+        if (n == 0) break;
+        crc = crc32c(buf.data(), static_cast<size_t>(n), crc);
+      }
+      if (crc != f.at("crc32c").get<uint32_t>()) return p.string() + ": checksum mismatch (CRC32C), the file is corrupt";
+      char magic[8];
+      uint64_t hl = 0;
+      if (::pread(fd.fd, magic, 8, 0) != 8 || std::memcmp(magic, SHARD_MAGIC, 8) != 0 ||
+          ::pread(fd.fd, &hl, 8, 8) != 8 || hl > static_cast<uint64_t>(st.st_size))
+        return p.string() + ": not a dtrain shard file";
+      std::string head(hl, '\0');
+      if (::pread(fd.fd, head.data(), hl, 16) != static_cast<ssize_t>(hl)) return p.string() + ": short header";
+      out.heads.push_back(json::parse(head));
+      out.data_start.push_back(16 + hl);
+      out.fds.push_back(std::move(fd));
+    }
+  } catch (const json::exception& e) {
+    return mpath.string() + ": malformed (" + e.what() + ")";
+  }
+  return "";
+}
+
+// Reads elements [a, b) of (buffer, kind) from the saved partition into dst.
+void read_range(Opened& o, size_t buffer, const char* kind, size_t n, size_t a, size_t b, float* dst,
+                const std::string& dir) {
+  for (int q = 0; q < o.world && a < b; ++q) {
+    const Part p = part_of(n, o.world, q);
+    const size_t x = std::max(a, p.lo), y = std::min(b, p.hi);
+    if (x >= y) continue;
+    const json* entry = nullptr;
+    for (const auto& e : o.heads[static_cast<size_t>(q)].at("entries"))
+      if (e.at("buffer").get<size_t>() == buffer && e.at("kind").get<std::string>() == kind) entry = &e;
+    DT_ENFORCE(entry != nullptr, CheckpointError, "{}/rank{}.bin has no {} slice of buffer {}", dir, q, kind, buffer);
+    DT_ENFORCE(entry->at("lo").get<size_t>() == p.lo && entry->at("count").get<size_t>() == p.hi - p.lo,
+               CheckpointError, "{}/rank{}.bin: the {} slice of buffer {} does not follow the shard layout", dir, q,
+               kind, buffer);
+    const uint64_t off = o.data_start[static_cast<size_t>(q)] + entry->at("offset").get<uint64_t>() +
+                         (x - p.lo) * sizeof(float);
+    const size_t bytes = (y - x) * sizeof(float);
+    const ssize_t r = ::pread(o.fds[static_cast<size_t>(q)].fd, dst + (x - a), bytes, static_cast<off_t>(off));
+    DT_ENFORCE(r == static_cast<ssize_t>(bytes), CheckpointError, "{}/rank{}.bin: short read", dir, q);
+  }
+}
+
+// Throws CheckpointError when the saved buffers are not the model's.
+void layout_check(const json& saved, ZeroEngine& engine, const std::string& dir) {
+  const auto views = engine.buffer_views();
+  DT_ENFORCE_EQ(saved.size(), views.size(), CheckpointError,
+                "{}: the checkpoint has another number of parameter buffers than the model (different model or "
+                "LoRA settings?)", dir);
+  for (size_t b = 0; b < views.size(); ++b) {
+    const auto& s = saved[b];
+    DT_ENFORCE(s.at("name").get<std::string>() == views[b].buffer->layout.name &&
+                   s.at("size").get<size_t>() == views[b].buffer->size &&
+                   s.at("trainable").get<bool>() == views[b].trainable,
+               CheckpointError, "{}: buffer {} is {} ({} elements) in the checkpoint but {} ({}) in the model", dir, b,
+               s.at("name").dump(), s.at("size").dump(), views[b].buffer->layout.name, views[b].buffer->size);
+  }
+}
+
+}  // namespace
+
+CheckpointLoadResult checkpoint_load(const std::string& run_dir, ZeroEngine& engine) {
+  comm::Communicator* comm = engine.communicator();
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  CheckpointLoadResult res;
+
+  // Candidates: the one latest names, then older complete ones, newest first. Newer
+  // directories than latest were never confirmed by every rank and are ignored.
+  std::vector<std::pair<int64_t, fs::path>> steps;
+  std::error_code ec;
+  if (fs::is_directory(root, ec))
+    for (const auto& e : fs::directory_iterator(root, ec)) {
+      const int64_t k = step_of(e.path().filename().string());
+      if (k >= 0 && e.is_directory()) steps.emplace_back(k, e.path());
+    }
+  std::sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  const std::string latest = read_text((root / "latest").string());
+  std::vector<fs::path> candidates;
+  int64_t limit = INT64_MAX;
+  if (!latest.empty()) {
+    candidates.push_back(root / latest);
+    limit = step_of(latest);
+    if (limit < 0) {
+      res.skipped.push_back((root / "latest").string() + ": names '" + latest + "', not a checkpoint");
+      candidates.clear();
+      limit = INT64_MAX;
+    }
+  }
+  for (const auto& [k, p] : steps)
+    if (k < limit) candidates.push_back(p);
+  if (candidates.empty()) {
+    DT_ENFORCE(res.skipped.empty(), CheckpointError, "no usable checkpoint under {}: {}", root.string(),
+               res.skipped.front());
+    return res;
+  }
+
+  for (const auto& dir : candidates) {
+    Opened o;
+    std::string why = checkpoint_open(dir, o);
+    // Every rank must pick the same checkpoint.
+    float bad = why.empty() ? 0.0f : 1.0f;
+    if (comm) comm->allreduce(&bad, &bad, 1, DType::F32, comm::ReduceOp::MAX);
+    if (bad != 0.0f) {
+      if (why.empty()) why = dir.string() + ": unusable on another rank";
+      log_warn("checkpoint {} is unusable: {}; falling back to the previous complete checkpoint", dir.string(), why);
+      res.skipped.push_back(why);
+      continue;
+    }
+    const std::string d = dir.string();
+    const json& man = o.manifest;
+    layout_check(man.at("buffers"), engine, d);
+
+    const auto views = engine.buffer_views();
+    for (size_t b = 0; b < views.size(); ++b) {
+      const auto& v = views[b];
+      const size_t n = v.buffer->size;
+      if (v.resident) read_range(o, b, "master", n, 0, n, v.buffer->data, d);
+      else if (v.hi > v.lo) read_range(o, b, "master", n, v.lo, v.hi, v.master, d);
+      if (v.trainable && v.hi > v.lo) {
+        read_range(o, b, "m", n, v.lo, v.hi, v.m, d);
+        read_range(o, b, "v", n, v.lo, v.hi, v.v, d);
+      }
+    }
+    engine.set_step_count(man.at("optimizer_step").get<int64_t>());
+    engine.params_loaded();
+
+    TrainState& st = res.state;
+    st.step = man.at("step").get<int64_t>();
+    st.scheduler_step = man.at("scheduler_step").get<int64_t>();
+    if (!man.at("loss_scaler").is_null()) {
+      const auto& s = man.at("loss_scaler");
+      st.has_scaler = true;
+      st.scaler.scale = s.at("scale").get<float>();
+      st.scaler.cur_iter = s.at("cur_iter").get<int64_t>();
+      st.scaler.last_overflow_iter = s.at("last_overflow_iter").get<int64_t>();
+      st.scaler.cur_hysteresis = s.at("cur_hysteresis").get<int>();
+    }
+    st.sampler.epoch = man.at("sampler").at("epoch").get<uint64_t>();
+    st.sampler.offset = man.at("sampler").at("offset").get<uint64_t>();
+    st.forward_count = man.at("forward_count").get<uint64_t>();
+    st.config_yaml = man.at("config_yaml").get<std::string>();
+    if (engine.rank() < o.world) {
+      const json& h = o.heads[static_cast<size_t>(engine.rank())];
+      st.has_rng = h.at("has_rng").get<bool>();
+      st.rng = h.at("rng").get<Rng::State>();
+    }
+    res.loaded = true;
+    res.dir = d;
+    res.saved_world_size = o.world;
+    res.saved_stage = man.at("zero_stage").get<int>();
+    if (!res.skipped.empty())
+      log_warn("resumed from {} after skipping {} damaged checkpoint(s)", d, res.skipped.size());
+    return res;
+  }
+  std::string tried;
+  for (const auto& s : res.skipped) tried += "\n  " + s;
+  DT_THROW(CheckpointError, "no usable checkpoint under {}; tried:{}", root.string(), tried);
+}
+
+}  // namespace dtrain::train

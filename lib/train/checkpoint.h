@@ -1,0 +1,73 @@
+// Sharded checkpoints of a ZeroEngine: every rank writes its shard (master / m / v
+// slices, RNG), rank 0 a manifest with the layout and CRC32C of every file; directory
+// rename + an atomically switched `latest`; keep_last pruning. Loading verifies the
+// checksums, falls back to the previous complete checkpoint and reshards to any world
+// size and ZeRO stage.
+#pragma once
+
+#include "core/rng.h"
+#include "data/sampler.h"
+#include "train/loss_scaler.h"
+#include "train/zero_engine.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace dtrain::train {
+
+/// Trainer state carried beside the engine's. Every field but rng is global (rank 0's
+/// values go into the manifest); rng is per rank.
+struct TrainState {
+  int64_t step = 0;            ///< optimizer steps attempted (the loop index)
+  int64_t scheduler_step = 0;  ///< steps applied (the lr schedule's position)
+  bool has_scaler = false;
+  LossScalerState scaler;
+  data::SamplerPosition sampler;  ///< global: valid at any world size
+  uint64_t forward_count = 0;     ///< model forward count (LoRA dropout masks)
+  bool has_rng = false;           ///< on load: false when this rank did not exist at save
+  Rng::State rng{};
+  std::string config_yaml;  ///< the resolved config, for `dtrain resume` and humans
+};
+
+struct CheckpointSaveOptions {
+  int64_t keep_last = 2;  ///< complete checkpoints kept (the one `latest` names always is)
+  /// Test hook, called at "shard_written" (every rank, its shard durable, before the
+  /// ranks confirm) and "renamed" (rank 0: step<k>/ in place, `latest` not switched).
+  /// Throwing there simulates a crash at that point.
+  std::function<void(const std::string& point)> fault_hook;
+};
+
+/// Writes <run_dir>/checkpoints/step<state.step>/ (rank<r>.bin per rank + manifest.json)
+/// through tmp-step<k>/ and switches <run_dir>/checkpoints/latest to it once every rank
+/// confirmed its shard; prunes beyond keep_last. Collective: every rank calls it.
+/// run_dir must be on a filesystem every rank sees. Returns the checkpoint directory.
+/// IoError when a file cannot be written.
+std::string checkpoint_save(const std::string& run_dir, ZeroEngine& engine, const TrainState& state,
+                            const CheckpointSaveOptions& opts = {});
+
+struct CheckpointLoadResult {
+  bool loaded = false;  ///< false: no checkpoint at all under run_dir (fresh start)
+  std::string dir;      ///< the checkpoint loaded
+  TrainState state;
+  int saved_world_size = 0;
+  int saved_stage = 0;
+  /// One line per newer checkpoint that was unusable and skipped, naming the bad file
+  /// and why (checksum mismatch, truncated, missing, bad manifest).
+  std::vector<std::string> skipped;
+};
+
+/// Loads the checkpoint `latest` names, or (when it is damaged) the newest older complete
+/// one, into engine, whatever world size and stage it was written with: each rank reads
+/// only the slices it needs. Collective: every rank calls it; all ranks agree on the
+/// checkpoint. Returns loaded == false when run_dir has no checkpoint; throws
+/// CheckpointError naming every checkpoint tried and why when none is usable, or when
+/// the checkpoint's buffers do not match the model.
+CheckpointLoadResult checkpoint_load(const std::string& run_dir, ZeroEngine& engine);
+
+/// CRC32C (Castagnoli), continuing from crc (0 to start).
+uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
+
+}  // namespace dtrain::train

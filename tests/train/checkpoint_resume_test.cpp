@@ -1,0 +1,298 @@
+// Sharded checkpoints: bit-exact resume at the same world size and stage, resharding
+// (4->2, 2->3, stage 1->3, stage 3 -> one rank) continuing the same losses, a corrupt or
+// truncated shard falling back to the previous checkpoint with the file named, an
+// interrupted save leaving the previous `latest` loadable, pruning, and the trainer state.
+#include "train/checkpoint.h"
+#include "zero_harness.h"
+
+#include "core/error.h"
+
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+
+using namespace zero_test;
+using namespace dtrain::train;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path = fs::temp_directory_path() /
+           ("dtrain_ckpt_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+RunSpec spec_for(int stage, int world, dtrain::DType dt = dtrain::DType::F32) {
+  RunSpec s;
+  s.world = world;
+  s.steps = 8;
+  s.opts.stage = stage;
+  s.opts.param_persistence_threshold = 0;
+  s.opts.reduce_bucket_size = 10000;
+  s.opts.allgather_bucket_size = 10000;
+  s.opts.compute_dtype = dt;
+  return s;
+}
+
+TrainState state_at(int step, int rank) {
+  TrainState st;
+  st.step = step;
+  st.scheduler_step = step - 1;
+  st.has_scaler = true;
+  st.scaler.scale = 512.0f;
+  st.scaler.cur_iter = step;
+  st.scaler.last_overflow_iter = 1;
+  st.scaler.cur_hysteresis = 2;
+  st.sampler = {3, static_cast<uint64_t>(step) * 12};
+  st.forward_count = static_cast<uint64_t>(step);
+  st.has_rng = true;
+  st.rng = {1u + static_cast<uint64_t>(rank), 2, 3, 4};
+  st.config_yaml = "train_micro_batch_size_per_gpu: 4\n";
+  return st;
+}
+
+struct Phase {
+  std::vector<double> losses;  // global mean per step run
+  std::vector<float> weights;
+  std::vector<CheckpointLoadResult> loads;
+  std::vector<std::string> errors;
+  bool ok() const {
+    for (const auto& e : errors)
+      if (!e.empty()) return false;
+    return true;
+  }
+  std::string error_text() const {
+    std::string s;
+    for (const auto& e : errors) s += e + "\n";
+    return s;
+  }
+};
+
+// Optionally loads from dir, then runs steps first..last, saving after each step in
+// saves; returns the per-step global losses and rank 0's final weights.
+Phase phase_run(const RunSpec& spec, const fs::path& dir, bool load, int first, int last, std::vector<int> saves,
+                CheckpointSaveOptions sopts = {}) {
+  Phase out;
+  std::vector<std::vector<float>> losses(static_cast<size_t>(spec.world));
+  out.loads.resize(static_cast<size_t>(spec.world));
+  std::vector<std::vector<float>> weights(static_cast<size_t>(spec.world));
+  out.errors = run_ranks(spec.world, [&](dtrain::comm::Communicator* comm, int r) {
+    RankTrainer t(spec, comm, r);
+    if (load) out.loads[static_cast<size_t>(r)] = checkpoint_load(dir.string(), *t.engine);
+    for (int s = first; s <= last; ++s) {
+      losses[static_cast<size_t>(r)].push_back(t.step(s));
+      if (std::find(saves.begin(), saves.end(), s) != saves.end())
+        checkpoint_save(dir.string(), *t.engine, state_at(s, r), sopts);
+    }
+    weights[static_cast<size_t>(r)] = t.weights();
+  });
+  if (!out.ok()) return out;
+  for (size_t k = 0; k < losses[0].size(); ++k) {
+    double sum = 0;
+    for (const auto& l : losses) sum += l[k];
+    out.losses.push_back(sum / spec.world);
+  }
+  out.weights = weights[0];
+  return out;
+}
+
+std::string latest_of(const fs::path& dir) {
+  std::ifstream in(dir / "checkpoints" / "latest");
+  std::string s;
+  std::getline(in, s);
+  return s;
+}
+
+void flip_byte(const fs::path& p, std::streamoff at) {
+  std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+  REQUIRE(f.good());
+  f.seekg(at);
+  char c = 0;
+  f.get(c);
+  f.seekp(at);
+  f.put(static_cast<char>(c ^ 0x5a));
+}
+
+}  // namespace
+
+TEST_CASE("crc32c known answers") {
+  CHECK(crc32c("123456789", 9) == 0xE3069283u);
+  CHECK(crc32c("", 0) == 0u);
+  // Incremental equals one pass.
+  CHECK(crc32c("6789", 4, crc32c("12345", 5)) == 0xE3069283u);
+}
+
+TEST_CASE("resume at the same world size and stage continues bit-exactly") {
+  struct Case {
+    int stage, world;
+    dtrain::DType dt;
+  };
+  for (const Case& c : {Case{0, 2, dtrain::DType::F32}, Case{1, 3, dtrain::DType::F32},
+                        Case{2, 2, dtrain::DType::BF16}, Case{3, 3, dtrain::DType::F32},
+                        Case{3, 2, dtrain::DType::BF16}}) {
+    CAPTURE(c.stage);
+    CAPTURE(c.world);
+    TempDir tmp;
+    const RunSpec spec = spec_for(c.stage, c.world, c.dt);
+    const Phase full = phase_run(spec, tmp.path / "a", false, 1, 8, {});
+    REQUIRE_MESSAGE(full.ok(), full.error_text());
+    const Phase first = phase_run(spec, tmp.path / "b", false, 1, 4, {4});
+    REQUIRE_MESSAGE(first.ok(), first.error_text());
+    RunSpec other = spec;
+    other.init_seed = 99;  // everything must come from the checkpoint
+    const Phase second = phase_run(other, tmp.path / "b", true, 5, 8, {});
+    REQUIRE_MESSAGE(second.ok(), second.error_text());
+    REQUIRE(second.loads[0].loaded);
+    CHECK(second.loads[0].state.step == 4);
+    CHECK(std::vector<double>(full.losses.begin() + 4, full.losses.end()) == second.losses);
+    CHECK(full.weights == second.weights);
+  }
+}
+
+TEST_CASE("reshard on load: another world size or stage continues with the same losses") {
+  struct Case {
+    int s1, w1, s2, w2;
+  };
+  for (const Case& c : {Case{2, 4, 2, 2}, Case{1, 2, 3, 3}, Case{1, 2, 3, 2}, Case{3, 3, 0, 1}, Case{0, 3, 2, 4}}) {
+    CAPTURE(c.s1);
+    CAPTURE(c.w1);
+    CAPTURE(c.s2);
+    CAPTURE(c.w2);
+    TempDir tmp;
+    const Phase full = phase_run(spec_for(0, 1), tmp.path / "a", false, 1, 8, {});
+    const Phase first = phase_run(spec_for(c.s1, c.w1), tmp.path / "b", false, 1, 4, {4});
+    REQUIRE_MESSAGE(first.ok(), first.error_text());
+    RunSpec other = spec_for(c.s2, c.w2);
+    other.init_seed = 99;
+    const Phase second = phase_run(other, tmp.path / "b", true, 5, 8, {});
+    REQUIRE_MESSAGE(second.ok(), second.error_text());
+    CHECK(second.loads[0].saved_world_size == c.w1);
+    CHECK(second.loads[0].saved_stage == c.s1);
+    const std::vector<double> tail(full.losses.begin() + 4, full.losses.end());
+    CHECK(max_rel_diff(second.losses, tail) <= 2e-5);
+    CHECK(max_abs_diff(second.weights, full.weights) <= 5e-5);
+    // The global state comes back at any world size; the per-rank RNG only where the
+    // rank existed.
+    for (int r = 0; r < c.w2; ++r) {
+      const TrainState& st = second.loads[static_cast<size_t>(r)].state;
+      CHECK(st.sampler == dtrain::data::SamplerPosition{3, 48});
+      CHECK(st.scheduler_step == 3);
+      CHECK(st.has_scaler);
+      CHECK(st.scaler.scale == 512.0f);
+      CHECK(st.scaler.cur_hysteresis == 2);
+      CHECK(st.config_yaml == "train_micro_batch_size_per_gpu: 4\n");
+      CHECK(st.has_rng == (r < c.w1));
+      if (r < c.w1) CHECK(st.rng[0] == 1u + static_cast<uint64_t>(r));
+    }
+  }
+}
+
+TEST_CASE("a corrupt or truncated shard falls back to the previous checkpoint, naming the file") {
+  TempDir tmp;
+  const RunSpec spec = spec_for(2, 2);
+  CheckpointSaveOptions keep3;
+  keep3.keep_last = 3;
+  const Phase p = phase_run(spec, tmp.path, false, 1, 4, {2, 4}, keep3);
+  REQUIRE_MESSAGE(p.ok(), p.error_text());
+  REQUIRE(latest_of(tmp.path) == "step4");
+  const fs::path bad = tmp.path / "checkpoints" / "step4" / "rank1.bin";
+  flip_byte(bad, static_cast<std::streamoff>(fs::file_size(bad) - 7));
+
+  const Phase resumed = phase_run(spec, tmp.path, true, 3, 4, {});
+  REQUIRE_MESSAGE(resumed.ok(), resumed.error_text());
+  const auto& ld = resumed.loads[0];
+  CHECK(ld.state.step == 2);
+  REQUIRE(ld.skipped.size() == 1);
+  CHECK(ld.skipped[0].find("step4/rank1.bin") != std::string::npos);
+  CHECK(ld.skipped[0].find("checksum") != std::string::npos);
+  // Continuing from step 2 reproduces the original steps 3-4.
+  const Phase orig = phase_run(spec, tmp.path / "x", false, 1, 4, {});
+  CHECK(resumed.losses == std::vector<double>(orig.losses.begin() + 2, orig.losses.end()));
+
+  // Truncated: named as such.
+  TempDir tmp2;
+  REQUIRE(phase_run(spec, tmp2.path, false, 1, 4, {2, 4}, keep3).ok());
+  const fs::path cut = tmp2.path / "checkpoints" / "step4" / "rank0.bin";
+  fs::resize_file(cut, fs::file_size(cut) / 2);
+  const Phase r2 = phase_run(spec, tmp2.path, true, 3, 3, {});
+  REQUIRE_MESSAGE(r2.ok(), r2.error_text());
+  CHECK(r2.loads[1].state.step == 2);
+  REQUIRE(r2.loads[1].skipped.size() == 1);
+  CHECK(r2.loads[1].skipped[0].find("step4/rank0.bin") != std::string::npos);
+  CHECK(r2.loads[1].skipped[0].find("truncated") != std::string::npos);
+
+  // Nothing usable: CheckpointError naming both.
+  const fs::path bad2 = tmp2.path / "checkpoints" / "step2" / "manifest.json";
+  fs::remove(bad2);
+  const Phase r3 = phase_run(spec, tmp2.path, true, 3, 3, {});
+  REQUIRE(r3.errors[0] != "");
+  CHECK(r3.errors[0].find("no usable checkpoint") != std::string::npos);
+  CHECK(r3.errors[0].find("step4/rank0.bin") != std::string::npos);
+  CHECK(r3.errors[0].find("step2/manifest.json") != std::string::npos);
+}
+
+TEST_CASE("an interrupted save leaves the previous checkpoint as latest, and it loads") {
+  TempDir tmp;
+  const RunSpec spec = spec_for(3, 2);
+  REQUIRE(phase_run(spec, tmp.path, false, 1, 2, {2}).ok());
+  CheckpointSaveOptions crash;
+  crash.fault_hook = [](const std::string& point) {
+    if (point == "shard_written") throw std::runtime_error("simulated crash after the shard");
+  };
+  {
+    RunSpec s = spec;
+    const Phase p = phase_run(s, tmp.path, true, 3, 4, {4}, crash);
+    CHECK(!p.ok());
+  }
+  CHECK(latest_of(tmp.path) == "step2");
+  CHECK(fs::exists(tmp.path / "checkpoints" / "tmp-step4" / "rank0.bin"));
+  CHECK(!fs::exists(tmp.path / "checkpoints" / "step4"));
+  const Phase resumed = phase_run(spec, tmp.path, true, 3, 3, {});
+  REQUIRE_MESSAGE(resumed.ok(), resumed.error_text());
+  CHECK(resumed.loads[0].state.step == 2);
+  CHECK(resumed.loads[0].skipped.empty());
+
+  // Rank 0 dies after the rename but before `latest` moves: the unconfirmed step4 is
+  // ignored.
+  TempDir one;
+  const RunSpec single = spec_for(1, 1);
+  REQUIRE(phase_run(single, one.path, false, 1, 2, {2}).ok());
+  CheckpointSaveOptions late;
+  late.fault_hook = [](const std::string& point) {
+    if (point == "renamed") throw std::runtime_error("simulated crash before latest");
+  };
+  CHECK(!phase_run(single, one.path, true, 3, 4, {4}, late).ok());
+  CHECK(latest_of(one.path) == "step2");
+  CHECK(fs::exists(one.path / "checkpoints" / "step4" / "manifest.json"));
+  const Phase r = phase_run(single, one.path, true, 3, 3, {});
+  REQUIRE_MESSAGE(r.ok(), r.error_text());
+  CHECK(r.loads[0].state.step == 2);
+}
+
+TEST_CASE("keep_last prunes old checkpoints; no checkpoint means a fresh start") {
+  TempDir tmp;
+  const RunSpec spec = spec_for(1, 2);
+  {
+    const Phase fresh = phase_run(spec, tmp.path, true, 1, 6, {2, 4, 6});
+    REQUIRE_MESSAGE(fresh.ok(), fresh.error_text());
+    CHECK(!fresh.loads[0].loaded);
+  }
+  CHECK(latest_of(tmp.path) == "step6");
+  CHECK(!fs::exists(tmp.path / "checkpoints" / "step2"));
+  CHECK(fs::exists(tmp.path / "checkpoints" / "step4" / "manifest.json"));
+  CHECK(fs::exists(tmp.path / "checkpoints" / "step6" / "rank1.bin"));
+  CHECK(!fs::exists(tmp.path / "checkpoints" / "latest.tmp"));
+}
