@@ -29,12 +29,14 @@ launch::JobRequest job_request(const JobOptions& o, const std::string& mode) {
   r.master_port = o.master_port;
   r.mode = mode;
   r.require_training = (mode == "train");
+  r.dry_run = o.dry_run;
   return r;
 }
 
 void print_dry_run(const launch::Job& job) {
   const auto& c = job.cfg;
-  std::string model = c.model.init_from.empty()
+  std::string model = !c.model.architecture && c.model.init_from.empty() ? std::string("(no model section)")
+                      : c.model.init_from.empty()
                           ? fmt::format("{} d_model={} n_layer={} n_head={}", c.model.architecture.value_or("?"),
                                         c.model.d_model.value_or(0), c.model.n_layer.value_or(0),
                                         c.model.n_head.value_or(0))
@@ -47,7 +49,10 @@ void print_dry_run(const launch::Job& job) {
                 static_cast<long long>(c.resolved_grad_accum_steps), static_cast<long long>(c.resolved_dp_world_size));
   std::printf("precision   %s, ZeRO stage %lld\n", c.bf16.enabled ? "bf16" : c.fp16.enabled ? "fp16" : "fp32",
               static_cast<long long>(c.zero.stage));
-  std::printf("run dir     %s\n\n", job.run_dir.c_str());
+  std::printf("run dir     %s\n", job.run_dir.c_str());
+  if (!job.incomplete.empty())
+    std::printf("note        not a complete dtrain job, a real launch stops here: %s\n", job.incomplete.c_str());
+  std::printf("\n");
   std::string report = launch::dry_run_report(job.plan, job.spec, launch::environ_map());
   std::fwrite(report.data(), 1, report.size(), stdout);
   std::fflush(stdout);

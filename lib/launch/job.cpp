@@ -136,7 +136,14 @@ Job job_prepare(const JobRequest& req) {
   job.warnings = std::move(loaded.warnings);
   config::TrainConfig& cfg = job.cfg;
   if (!req.output_dir.empty()) cfg.training.output_dir = req.output_dir;
-  if (req.require_training) config::config_check_job(cfg);
+  if (req.require_training) {
+    try {
+      config::config_check_job(cfg);
+    } catch (const ConfigError& e) {
+      if (!req.dry_run) throw;
+      job.incomplete = e.what();
+    }
+  }
 
   // Hosts: the hostfile, or this machine with --nproc-per-node / its GPUs / 1 slot.
   config::Hostfile hf;
@@ -171,7 +178,11 @@ Job job_prepare(const JobRequest& req) {
   // Port 0 is bound at launch; plan with a placeholder that job_set_port replaces.
   job.plan = plan_placement(job.hosts, addr, port == 0 ? 29500 : port);
   if (port == 0) job.plan.master_port = 0;
-  if (req.require_training) config::config_resolve_batch(cfg, job.plan.world_size);
+  // A pure DeepSpeed config may leave every batch key to its trainer ("auto"): a dry run
+  // then plans without one; a given but inconsistent batch is always an error.
+  bool batch_given = cfg.train_batch_size || cfg.train_micro_batch_size_per_gpu || cfg.gradient_accumulation_steps;
+  if (req.require_training && (batch_given || job.incomplete.empty()))
+    config::config_resolve_batch(cfg, job.plan.world_size);
 
   job.run_dir = absolute_path(cfg.training.output_dir);
   LaunchSpec& spec = job.spec;

@@ -25,6 +25,7 @@ struct JobRequest {
   int master_port = -1;               // -1 = cluster.rendezvous.port
   std::string mode = "train";         // "train" | "bench"
   bool require_training = true;       // check the config describes a runnable job
+  bool dry_run = false;               // plan only: an incomplete job is reported, not refused
 };
 
 struct Job {
@@ -35,6 +36,7 @@ struct Job {
   LaunchSpec spec;
   std::string run_dir;                // absolute
   bool all_local = true;              // every host is this machine
+  std::string incomplete;             // dry run: why this config could not train ("" = it can)
 };
 
 /// Loads and validates everything; creates nothing on disk. ConfigError/IoError on bad

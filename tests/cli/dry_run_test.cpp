@@ -1,0 +1,146 @@
+// The CLI through the real binary: --version, --help examples, --dry-run placement for
+// the shipped examples (including a DeepSpeed JSON config on 4 x 8 = 32 ranks), and the
+// exit codes and messages of bad configs, hostfiles and overrides.
+#include "run_binary.h"
+
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+using dtrain::test::run_dtrain;
+
+namespace {
+bool have_bin() {
+  if (dtrain::test::dtrain_bin()) return true;
+  MESSAGE("DTRAIN_BIN not set: skipping CLI tests");
+  return false;
+}
+bool has(const std::string& out, const std::string& needle) { return out.find(needle) != std::string::npos; }
+
+std::string temp_file(const std::string& name, const std::string& text) {
+  auto dir = std::filesystem::temp_directory_path() / "dtrain-cli-test";
+  std::filesystem::create_directories(dir);
+  auto p = dir / name;
+  std::ofstream(p) << text;
+  return p.string();
+}
+}  // namespace
+
+TEST_CASE("--version and --help with an example per command") {
+  if (!have_bin()) return;
+  auto v = run_dtrain("--version");
+  CHECK(v.code == 0);
+  CHECK(has(v.out, "dtrain "));
+  for (const char* cmd : {"launch", "resume", "bench"}) {
+    auto h = run_dtrain(std::string(cmd) + " --help");
+    CHECK(h.code == 0);
+    CHECK(has(h.out, "Example:"));
+    CHECK(has(h.out, "--config"));
+    CHECK(has(h.out, "--hostfile"));
+    CHECK(has(h.out, "--set"));
+    CHECK(has(h.out, "--dry-run"));
+  }
+  auto none = run_dtrain("");
+  CHECK(none.code == 2);
+  auto bad = run_dtrain("launch --no-such-flag");
+  CHECK(bad.code == 2);
+}
+
+TEST_CASE("dry run of a GPU config on the 2-node example prints the placement and each node's command") {
+  if (!have_bin()) return;
+  auto r = run_dtrain("launch --dry-run --hostfile hostfiles/two-nodes-8 --config configs/gpt2-124m.yaml");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(has(r.out, "world size 16"));
+  CHECK(has(r.out, "0-7"));
+  CHECK(has(r.out, "8-15"));
+  CHECK(has(r.out, "node 0 (node1)"));
+  CHECK(has(r.out, "node 1 (node2)"));
+  CHECK(has(r.out, "'agent'"));
+  CHECK(has(r.out, "'--first-rank' '8'"));
+  CHECK(has(r.out, "NODE_RANK=1"));
+}
+
+TEST_CASE("a real DeepSpeed JSON config on 4 nodes x 8 slots plans 32 ranks") {
+  if (!have_bin()) return;
+  for (const char* cfg : {"configs/ds_config.json", "configs/hf_ds_config.json"}) {
+    auto r = run_dtrain(std::string("launch --dry-run --hostfile hostfiles/four-nodes-8 --config ") + cfg);
+    INFO(r.out);
+    CHECK(r.code == 0);
+    CHECK(has(r.out, "32 ranks on 4 nodes"));
+    CHECK(has(r.out, "24-31"));
+  }
+}
+
+TEST_CASE("heterogeneous hostfile: ranks and local world sizes per node; filters apply") {
+  if (!have_bin()) return;
+  auto r = run_dtrain("launch --dry-run --hostfile hostfiles/hetero --config configs/tiny-cpu.yaml");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(has(r.out, "world size 14"));
+  CHECK(has(r.out, "'--local-world-size' '4'"));
+  CHECK(has(r.out, "'--local-world-size' '2'"));
+  auto f = run_dtrain("launch --dry-run --hostfile hostfiles/hetero --config configs/tiny-cpu.yaml --include node1:1,3");
+  INFO(f.out);
+  CHECK(f.code == 0);
+  CHECK(has(f.out, "'--devices' '1,3'"));
+  auto both = run_dtrain("launch --dry-run --hostfile hostfiles/hetero --include node1 --exclude node2");
+  CHECK(both.code == 2);
+}
+
+TEST_CASE("config errors exit 2 with file:line, key path and a suggestion") {
+  if (!have_bin()) return;
+  auto typo = temp_file("typo.yaml", "gradient_cliping: 1.0\n");
+  auto r = run_dtrain("launch --dry-run --config " + typo);
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(has(r.out, "typo.yaml:1:1"));
+  CHECK(has(r.out, "did you mean gradient_clipping?"));
+
+  auto both = temp_file("both.yaml", "fp16:\n  enabled: true\nbf16:\n  enabled: true\n");
+  r = run_dtrain("launch --dry-run --config " + both);
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(has(r.out, "bf16"));
+
+  r = run_dtrain("launch --dry-run --config configs/tiny-cpu.yaml --set train_micro_batch_size_per_gpu=abc");
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(has(r.out, "train_micro_batch_size_per_gpu"));
+
+  // The batch rule shows all four numbers.
+  r = run_dtrain("launch --dry-run --config configs/tiny-cpu.yaml --nproc-per-node 3 --set train_batch_size=16 "
+                 "--set train_micro_batch_size_per_gpu=4 --set gradient_accumulation_steps=1");
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(has(r.out, "16"));
+  CHECK(has(r.out, "3"));
+
+  r = run_dtrain("launch --dry-run --config /nonexistent/x.yaml");
+  CHECK(r.code == 2);
+}
+
+TEST_CASE("hostfile errors exit 2 with path:line and the line") {
+  if (!have_bin()) return;
+  auto hf = temp_file("bad-hostfile", "node1 slots=4\nnode2 slots=four\n");
+  auto r = run_dtrain("launch --dry-run --config configs/tiny-cpu.yaml --hostfile " + hf);
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(has(r.out, "bad-hostfile:2"));
+  CHECK(has(r.out, "node2 slots=four"));
+  auto dup = temp_file("dup-hostfile", "node1 slots=4\nnode1 slots=2\n");
+  r = run_dtrain("launch --dry-run --config configs/tiny-cpu.yaml --hostfile " + dup);
+  CHECK(r.code == 2);
+  CHECK(has(r.out, "node1"));
+}
+
+TEST_CASE("the embedded default job plans on one local rank") {
+  if (!have_bin()) return;
+  auto r = run_dtrain("launch --dry-run");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(has(r.out, "embedded default"));
+  CHECK(has(r.out, "world size 1"));
+}
