@@ -24,7 +24,7 @@ void add_job_options(CLI::App* cmd, JobOptions& o, bool config_required) {
   c->check(CLI::ExistingFile);
   cmd->add_option("--hostfile", o.hostfile, "DeepSpeed-style hostfile (\"host slots=N\" per line); default: localhost")
       ->check(CLI::ExistingFile);
-  cmd->add_option("--output-dir", o.output_dir, "run directory root (overrides training.output_dir)");
+  cmd->add_option("--output-dir", o.output_dir, "the run directory (overrides training.output_dir)");
   cmd->add_option("--set", o.sets, "override a config key, typed like its YAML value (repeatable): --set zero_optimization.stage=2")
       ->type_name("KEY=VALUE")->allow_extra_args(false);
   auto* inc = cmd->add_option("--include", o.include, "use only these hosts/slots: host[:slot,slot][@host...]");
