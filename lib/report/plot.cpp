@@ -1,0 +1,281 @@
+// Run plot: read metrics and events, lay out two panels, draw grid, ticks, lines, eval
+// markers, restart markers and line-end labels into an indexed image, write the PNG.
+#include "report/plot.h"
+
+#include "core/check.h"
+#include "report/font.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+namespace fs = std::filesystem;
+
+namespace dtrain::report {
+
+namespace {
+
+using nlohmann::json;
+
+std::vector<json> read_jsonl(const fs::path& path) {
+  std::vector<json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    json j = json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.is_object()) out.push_back(std::move(j));
+  }
+  return out;
+}
+
+bool number(const json& j, const char* key, double* v) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number()) return false;
+  *v = it->get<double>();
+  return std::isfinite(*v);
+}
+
+constexpr int kScale = 2;  // text scale: 10x14-pixel glyphs
+
+void line(Image& img, int x0, int y0, int x1, int y1, uint8_t c, int thick) {
+  const int dx = std::abs(x1 - x0), dy = -std::abs(y1 - y0);
+  const int sx = x0 < x1 ? 1 : -1, sy = y0 < y1 ? 1 : -1;
+  int err = dx + dy;
+  for (;;) {
+    for (int t = 0; t < thick; ++t) {
+      img.set(x0 + t, y0, c);
+      img.set(x0, y0 + t, c);
+    }
+    if (x0 == x1 && y0 == y1) break;
+    const int e2 = 2 * err;
+    if (e2 >= dy) err += dy, x0 += sx;
+    if (e2 <= dx) err += dx, y0 += sy;
+  }
+}
+
+void rect_fill(Image& img, int x0, int y0, int x1, int y1, uint8_t c) {
+  for (int y = y0; y <= y1; ++y)
+    for (int x = x0; x <= x1; ++x) img.set(x, y, c);
+}
+
+// The data range of a panel: min..max padded by 5 %, never empty.
+void fit_range(const std::vector<PlotPoint>& a, const std::vector<PlotPoint>& b, double* lo, double* hi) {
+  *lo = INFINITY;
+  *hi = -INFINITY;
+  for (const auto* v : {&a, &b})
+    for (const auto& p : *v) *lo = std::min(*lo, p.value), *hi = std::max(*hi, p.value);
+  if (!std::isfinite(*lo)) *lo = 0, *hi = 1;
+  if (*hi - *lo < 1e-12) {
+    const double pad = std::max(std::abs(*lo) * 0.1, 1e-3);
+    *lo -= pad;
+    *hi += pad;
+  } else {
+    const double pad = (*hi - *lo) * 0.05;
+    *lo -= pad;
+    *hi += pad;
+  }
+}
+
+void draw_series(Image& img, const PlotPanel& p, const std::vector<PlotPoint>& pts, uint8_t c, bool markers) {
+  for (size_t i = 0; i < pts.size(); ++i) {
+    const int x = p.px(static_cast<double>(pts[i].step)), y = p.py(pts[i].value);
+    if (i > 0 && pts[i - 1].segment == pts[i].segment)
+      line(img, p.px(static_cast<double>(pts[i - 1].step)), p.py(pts[i - 1].value), x, y, c, 2);
+    if (markers || pts.size() == 1) rect_fill(img, x - 3, y - 3, x + 3, y + 3, c);
+  }
+}
+
+// Grid, frame, tick labels and the panel title.
+void draw_axes(Image& img, const PlotPanel& p, const std::string& title, bool x_labels) {
+  const uint8_t grid = img.color(PLOT_GRID), ink = img.color(PLOT_INK);
+  auto yt = plot_ticks(p.ymin, p.ymax, 6);
+  const double ystep = yt.size() > 1 ? yt[1] - yt[0] : 1.0;
+  for (double v : yt) {
+    const int y = p.py(v);
+    line(img, p.x0, y, p.x1, y, grid, 1);
+    std::string s = plot_tick_label(v, ystep);
+    text_draw(img, p.x0 - 8 - text_width(s, kScale), y - FONT_H * kScale / 2, s, ink, kScale);
+  }
+  auto xt = plot_ticks(p.xmin, p.xmax, 8);
+  const double xstep = std::max(1.0, xt.size() > 1 ? xt[1] - xt[0] : 1.0);
+  for (double v : xt) {
+    if (v != std::floor(v)) continue;  // steps are whole numbers
+    const int x = p.px(v);
+    line(img, x, p.y0, x, p.y1, grid, 1);
+    if (x_labels) {
+      std::string s = plot_tick_label(v, xstep);
+      text_draw(img, x - text_width(s, kScale) / 2, p.y1 + 8, s, ink, kScale);
+    }
+  }
+  line(img, p.x0, p.y0, p.x1, p.y0, ink, 1);
+  line(img, p.x0, p.y1, p.x1, p.y1, ink, 1);
+  line(img, p.x0, p.y0, p.x0, p.y1, ink, 1);
+  line(img, p.x1, p.y0, p.x1, p.y1, ink, 1);
+  text_draw(img, p.x0, p.y0 - FONT_H * kScale - 6, title, ink, kScale);  // above the panel: no line hides it
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+
+int PlotPanel::px(double x) const {
+  const double t = xmax > xmin ? (x - xmin) / (xmax - xmin) : 0.5;
+  return x0 + static_cast<int>(std::lround(t * (x1 - x0)));
+}
+
+int PlotPanel::py(double y) const {
+  const double t = ymax > ymin ? (y - ymin) / (ymax - ymin) : 0.5;
+  return y1 - static_cast<int>(std::lround(t * (y1 - y0)));
+}
+
+std::vector<double> plot_ticks(double lo, double hi, int target) {
+  std::vector<double> out;
+  if (!(hi > lo) || !std::isfinite(lo) || !std::isfinite(hi) || target < 1) return out;
+  const double raw = (hi - lo) / target;
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = mag;
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (m * mag >= raw) {
+      step = m * mag;
+      break;
+    }
+  for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step)
+    out.push_back(std::abs(v) < step * 1e-9 ? 0.0 : v);
+  return out;
+}
+
+std::string plot_tick_label(double v, double step) {
+  auto decimals = [](double s) { return std::max(0, static_cast<int>(std::ceil(-std::log10(s) - 1e-9))); };
+  if (step < 1e-3 && v != 0) return fmt::format("{:.0E}", v);
+  const double a = std::abs(v);
+  if (a >= 1e6) return fmt::format("{:.{}f}M", v / 1e6, decimals(step / 1e6));
+  if (a >= 1e4) return fmt::format("{:.{}f}K", v / 1e3, decimals(step / 1e3));
+  return fmt::format("{:.{}f}", v, decimals(step));
+}
+
+PlotData plot_data_read(const std::string& run_dir) {
+  const fs::path dir(run_dir);
+  std::error_code ec;
+  DT_ENFORCE(fs::is_directory(dir, ec), IoError, "{} is not a run directory (no such directory)", run_dir);
+  PlotData d;
+  d.title = fs::path(run_dir).lexically_normal().filename().string();
+  if (d.title.empty()) d.title = fs::path(run_dir).lexically_normal().parent_path().filename().string();
+
+  std::vector<int64_t> round_starts;  // time_ms of round_start events of rounds >= 1
+  for (const json& e : read_jsonl(dir / "events.jsonl")) {
+    if (e.value("event", "") != "round_start") continue;
+    double t = 0, r = 0;
+    if (number(e, "round", &r) && r >= 1) round_starts.push_back(number(e, "time_ms", &t) ? static_cast<int64_t>(t) : -1);
+  }
+
+  int segment = 0;
+  int64_t prev_step = INT64_MIN;
+  size_t next_restart = 0;
+  bool timed = false;
+  for (const json& m : read_jsonl(dir / "metrics.jsonl")) {
+    double s = 0, v = 0, t = 0;
+    if (!number(m, "step", &s)) continue;
+    const auto step = static_cast<int64_t>(s);
+    const bool train = number(m, "loss", &v);
+    if (train) {
+      bool restart = false;
+      if (number(m, "time_ms", &t)) {
+        timed = true;
+        while (next_restart < round_starts.size() && round_starts[next_restart] >= 0 &&
+               static_cast<int64_t>(t) >= round_starts[next_restart]) {
+          ++next_restart;
+          restart = prev_step != INT64_MIN;
+        }
+      } else if (!timed && prev_step != INT64_MIN && step <= prev_step) {
+        restart = true;
+      }
+      if (restart) {
+        ++segment;
+        d.restarts.push_back(step);
+      }
+      prev_step = step;
+      d.train.push_back({step, v, segment});
+      if (number(m, "tokens_per_s", &v)) d.tokens.push_back({step, v, segment});
+    }
+    if (number(m, "eval_loss", &v)) d.eval.push_back({step, v, segment});
+  }
+  DT_ENFORCE(!d.train.empty(), IoError, "{} holds no training step yet; nothing to plot",
+             (dir / "metrics.jsonl").string());
+  d.restarts_unplaced = std::max(0, static_cast<int>(round_starts.size()) - static_cast<int>(d.restarts.size()));
+  return d;
+}
+
+Image plot_render(const PlotData& data, const PlotOptions& opts, PlotLayout* layout) {
+  DT_ENFORCE(opts.width >= 400 && opts.height >= 300, ConfigError, "plot size {}x{} is too small; use at least 400x300",
+             opts.width, opts.height);
+  Image img(opts.width, opts.height, PLOT_BACKGROUND);
+  const uint8_t ink = img.color(PLOT_INK), c_train = img.color(PLOT_TRAIN), c_eval = img.color(PLOT_EVAL),
+                c_tok = img.color(PLOT_TOKENS), c_restart = img.color(PLOT_RESTART);
+  img.color(PLOT_GRID);
+
+  // Layout: title band, loss panel (60 %), tokens panel, x labels; room right for names.
+  const int left = 110, right = opts.width - 140, top = 64, bottom = opts.height - 60, gap = 44;
+  const int split = top + (bottom - top - gap) * 6 / 10;
+  PlotPanel loss{left, top, right, split}, tok{left, split + gap, right, bottom};
+  int64_t smin = INT64_MAX, smax = INT64_MIN;
+  for (const auto* v : {&data.train, &data.eval, &data.tokens})
+    for (const auto& p : *v) smin = std::min(smin, p.step), smax = std::max(smax, p.step);
+  if (smin > smax) smin = 0, smax = 1;
+  if (smin == smax) --smin, ++smax;
+  loss.xmin = tok.xmin = static_cast<double>(smin);
+  loss.xmax = tok.xmax = static_cast<double>(smax);
+  fit_range(data.train, data.eval, &loss.ymin, &loss.ymax);
+  fit_range(data.tokens, {}, &tok.ymin, &tok.ymax);
+  if (layout) *layout = {loss, tok};
+
+  std::string title = "RUN " + data.title;
+  const int n_restarts = static_cast<int>(data.restarts.size()) + data.restarts_unplaced;
+  if (n_restarts > 0) title += fmt::format("  -  {} RESTART{}", n_restarts, n_restarts > 1 ? "S" : "");
+  if (data.restarts_unplaced > 0) title += fmt::format(" ({} AT UNKNOWN STEPS)", data.restarts_unplaced);
+  text_draw(img, left, 10, title, ink, kScale);
+
+  draw_axes(img, loss, "LOSS", false);
+  draw_axes(img, tok, "TOKENS/S", true);
+  const std::string xl = "STEP";
+  text_draw(img, (left + right) / 2 - text_width(xl, kScale) / 2, bottom + 34, xl, ink, kScale);
+
+  // Restarts: dashed verticals through both panels, labels staggered so close ones stay legible.
+  for (size_t i = 0; i < data.restarts.size(); ++i) {
+    const int x = loss.px(static_cast<double>(data.restarts[i]));
+    for (const PlotPanel* p : {&loss, &tok})
+      for (int y = p->y0; y <= p->y1; ++y)
+        if ((y / 6) % 2 == 0) img.set(x, y, c_restart), img.set(x + 1, y, c_restart);
+    std::string label = fmt::format("RESTART {}", i + 1);
+    int lx = x + 6;
+    if (lx + text_width(label, kScale) > loss.x1) lx = x - 6 - text_width(label, kScale);
+    text_draw(img, lx, loss.y0 + 8 + static_cast<int>(i % 4) * 18, label, c_restart, kScale);
+  }
+
+  draw_series(img, loss, data.train, c_train, false);
+  draw_series(img, loss, data.eval, c_eval, true);
+  draw_series(img, tok, data.tokens, c_tok, false);
+
+  // Names at the right end of each line; the eval name moves clear of the train name.
+  auto end_label = [&](const PlotPanel& p, const std::vector<PlotPoint>& pts, const std::string& name, uint8_t c,
+                       int avoid_y) {
+    if (pts.empty()) return -1000;
+    int y = p.py(pts.back().value) - FONT_H * kScale / 2;
+    if (std::abs(y - avoid_y) < FONT_H * kScale + 4) y = avoid_y + (y >= avoid_y ? 1 : -1) * (FONT_H * kScale + 4);
+    y = std::clamp(y, p.y0, p.y1 - FONT_H * kScale);
+    text_draw(img, std::max(p.px(static_cast<double>(pts.back().step)), p.x1) + 8, y, name, c, kScale);
+    return y;
+  };
+  const int ty = end_label(loss, data.train, "TRAIN", c_train, -1000);
+  end_label(loss, data.eval, "EVAL", c_eval, ty);
+  end_label(tok, data.tokens, "TOKENS/S", c_tok, -1000);
+  return img;
+}
+
+void plot_run(const std::string& run_dir, const std::string& out_png, const PlotOptions& opts) {
+  png_write(plot_render(plot_data_read(run_dir), opts), out_png);
+}
+
+}  // namespace dtrain::report

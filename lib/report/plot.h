@@ -1,0 +1,69 @@
+// `dtrain plot RUN_DIR`: a PNG chart of a run from metrics.jsonl and events.jsonl: the
+// loss panel (train line, eval points) and the tokens/s panel over steps, with tick
+// labels, restarts as labelled vertical lines and each line named at its right end.
+#pragma once
+
+#include "report/png.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dtrain::report {
+
+struct PlotPoint {
+  int64_t step = 0;
+  double value = 0.0;
+  int segment = 0;  ///< consecutive points of one segment are joined; a restart starts a new one
+};
+
+/// What a run's files say, ready to draw.
+struct PlotData {
+  std::string title;               ///< the run directory's name
+  std::vector<PlotPoint> train;    ///< train loss per logged step
+  std::vector<PlotPoint> eval;     ///< eval loss
+  std::vector<PlotPoint> tokens;   ///< tokens/s per logged step
+  std::vector<int64_t> restarts;   ///< step where restart i+1 resumed, in order
+  int restarts_unplaced = 0;       ///< restarts in events.jsonl that no step could be tied to
+};
+
+/// Reads <run_dir>/metrics.jsonl (records with step + loss / eval_loss / tokens_per_s;
+/// malformed lines skipped) and <run_dir>/events.jsonl. A restart is placed at the first
+/// metrics record whose "time_ms" is at or after the round_start event's time_ms when
+/// records carry time_ms, else where the logged step goes backwards (a resume from an
+/// earlier checkpoint). IoError when run_dir is missing or holds no training record.
+PlotData plot_data_read(const std::string& run_dir);
+
+struct PlotOptions {
+  int width = 1200, height = 800;  ///< at least 400 x 300
+};
+
+/// Where a panel is on the image and which data range it shows (tests map data to pixels).
+struct PlotPanel {
+  int x0 = 0, y0 = 0, x1 = 0, y1 = 0;  ///< plot area, inclusive pixel bounds
+  double xmin = 0, xmax = 1, ymin = 0, ymax = 1;
+  int px(double x) const;
+  int py(double y) const;
+};
+
+struct PlotLayout {
+  PlotPanel loss, tokens;
+};
+
+/// The palette colours used (tests look for them).
+inline constexpr Rgb PLOT_TRAIN{31, 119, 180}, PLOT_EVAL{255, 127, 14}, PLOT_TOKENS{44, 160, 44},
+    PLOT_RESTART{214, 39, 40}, PLOT_GRID{225, 225, 225}, PLOT_INK{40, 40, 40}, PLOT_BACKGROUND{255, 255, 255};
+
+/// Draws the chart. ConfigError for a size below 400x300 or above 16384.
+Image plot_render(const PlotData& data, const PlotOptions& opts, PlotLayout* layout = nullptr);
+
+/// plot_render(plot_data_read(run_dir)) written as a PNG to out_png.
+void plot_run(const std::string& run_dir, const std::string& out_png, const PlotOptions& opts = {});
+
+/// "Nice" tick values (1, 2, 5 x 10^k steps) covering [lo, hi], about `target` of them.
+std::vector<double> plot_ticks(double lo, double hi, int target);
+
+/// Tick label: "0.5", "12", "2.5K", "1.2M", "1E-04"; `step` is the tick spacing.
+std::string plot_tick_label(double v, double step);
+
+}  // namespace dtrain::report

@@ -1,0 +1,52 @@
+// A dependency-free PNG writer for the run plots: an indexed-colour raster (palette of
+// up to 256 RGB colours, one byte per pixel) encoded as a zlib stream of fixed-Huffman
+// deflate blocks whose matches are runs and copies of the row above (plots compress
+// well that way), with the CRC-32 and Adler-32 the format requires.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dtrain::report {
+
+using Rgb = std::array<uint8_t, 3>;
+
+/// An indexed-colour image: pixel values index `palette`.
+struct Image {
+  int width = 0, height = 0;
+  std::vector<Rgb> palette;     ///< 1..256 colours
+  std::vector<uint8_t> pixels;  ///< row-major, width * height
+
+  Image(int w, int h, Rgb background);
+  /// Index of `c` in the palette, added when new. InternalError beyond 256 colours.
+  uint8_t color(Rgb c);
+  /// Sets a pixel; coordinates outside the image are ignored (clipping).
+  void set(int x, int y, uint8_t index) {
+    if (x >= 0 && y >= 0 && x < width && y < height)
+      pixels[static_cast<size_t>(y) * static_cast<size_t>(width) + static_cast<size_t>(x)] = index;
+  }
+  uint8_t at(int x, int y) const {
+    return pixels[static_cast<size_t>(y) * static_cast<size_t>(width) + static_cast<size_t>(x)];
+  }
+};
+
+/// CRC-32 (ISO-HDLC, as PNG and zlib use) of `data`, continuing from `crc` (0 to start).
+uint32_t png_crc32(const uint8_t* data, size_t n, uint32_t crc = 0);
+/// Adler-32 of `data` (the zlib trailer).
+uint32_t png_adler32(const uint8_t* data, size_t n);
+
+/// A zlib stream (RFC 1950/1951) of `data`: fixed-Huffman blocks, with matches at
+/// distance 1 (runs) and distance `stride` (the previous scanline) when stride > 0.
+std::string zlib_compress(const uint8_t* data, size_t n, size_t stride);
+
+/// The PNG file bytes: IHDR (8-bit indexed colour), PLTE, one IDAT, IEND; every
+/// scanline uses filter type 0.
+std::string png_encode(const Image& img);
+
+/// Writes png_encode(img) to `path`. IoError naming the path when it cannot.
+void png_write(const Image& img, const std::string& path);
+
+}  // namespace dtrain::report
