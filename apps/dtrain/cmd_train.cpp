@@ -10,6 +10,7 @@
 #include "train/evaluate.h"
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -70,7 +71,11 @@ int run_generate(const std::string& dir, const std::string& prompt, int max_new_
     rec.messages.push_back({data::SftRole::ASSISTANT, "", ""});
     ids = data::sft_render_prompt(rec, *t.tokenizer, data::sft_template_parse(t.template_name));
   }
-  const std::string out = train::generate_greedy(*t.model, *t.tokenizer, ids, max_new_tokens, true);
+  const std::vector<int32_t> stops = data::sft_stop_ids(*t.tokenizer);
+  std::vector<int32_t> gen =
+      train::generate_greedy_batch(*t.model, {ids}, max_new_tokens, stops, 1, t.tokenizer->vocab_size())[0];
+  if (!gen.empty() && std::find(stops.begin(), stops.end(), gen.back()) != stops.end()) gen.pop_back();
+  const std::string out = t.tokenizer->decode(gen);
   std::printf("%s\n", raw ? (prompt + out).c_str() : out.c_str());
   std::fflush(stdout);
   return 0;

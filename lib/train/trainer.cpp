@@ -237,7 +237,9 @@ TrainResult train_run(const config::TrainConfig& cfg, const TrainerEnv& env) {
 
   std::unique_ptr<MetricsWriter> metrics;
   if (lead && !env.run_dir.empty()) {
-    fs::create_directories(env.run_dir);
+    std::error_code ec;
+    fs::create_directories(env.run_dir, ec);
+    DT_ENFORCE(!ec, IoError, "cannot create the run directory {}: {}", env.run_dir, ec.message());
     metrics = std::make_unique<MetricsWriter>((fs::path(env.run_dir) / "metrics.jsonl").string(), false);
   }
   if (lead && env.print)

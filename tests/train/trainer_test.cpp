@@ -5,6 +5,7 @@
 #include "comm/gloo_comm.h"
 #include "config/train_config.h"
 #include "core/error.h"
+#include "data/prepare.h"
 #include "model/safetensors.h"
 #include "train/metrics.h"
 #include "train/model_factory.h"
@@ -284,4 +285,19 @@ TEST_CASE("bad environments are refused") {
   CHECK_THROWS_AS(train_run(cfg, env), UsageError);  // no communicator
   config::TrainConfig unresolved = config::config_load_string(kTiny, "tiny.yaml").cfg;
   CHECK_THROWS_AS(train_run(unresolved, quiet_env()), UsageError);
+}
+
+TEST_CASE("token shards (data.format tokens) train exactly like the same data tokenized in memory") {
+  TempDir dir("shards");
+  fs::create_directories(dir.path);
+  const std::string shard = (dir.path / "train.tok").string();
+  data::data_prepare("configs/data/tasks/train.jsonl", data::DataFormat::ALPACA, "byte", shard);
+  const std::vector<std::string> sets{"training.max_steps=8"};
+  TrainResult mem = train_run(tiny(sets), quiet_env());
+  auto s = sets;
+  s.insert(s.end(), {"data.format=tokens", "data.train=" + shard});
+  TrainResult tok = train_run(tiny(s), quiet_env());
+  CHECK(tok.losses == mem.losses);
+  s.back() = "data.train=" + dir.path.string();  // a directory of shards
+  CHECK(train_run(tiny(s), quiet_env()).losses == mem.losses);
 }
