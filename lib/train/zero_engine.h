@@ -5,6 +5,7 @@
 #pragma once
 
 #include "comm/communicator.h"
+#include "config/train_config.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "model/model.h"
@@ -35,6 +36,11 @@ struct ZeroOptions {
   DType compute_dtype = DType::F32;
   float gradient_clipping = 0.0f;  ///< max global L2 norm, 0 = off
 };
+
+/// The engine options a training config asks for: zero_optimization (stage, bucket
+/// sizes, overlap_comm, stage3_*), optimizer (AdamW), bf16/fp16 (compute dtype) and
+/// gradient_clipping. ConfigError for a negative size or an unknown stage.
+ZeroOptions zero_options_from(const config::TrainConfig& cfg);
 
 /// Per-rank bytes. Measured = what is resident for training on this rank; theory uses,
 /// with Phi = all parameter elements, Psi = trainable elements (adapters under LoRA),

@@ -6,6 +6,8 @@
 
 #include <doctest/doctest.h>
 
+#include "core/error.h"
+
 #include <fmt/format.h>
 
 using namespace zero_test;
@@ -22,6 +24,7 @@ RunSpec spec_for(int stage, int world, bool llama = false) {
   s.opts.reduce_bucket_size = 10000;
   s.opts.allgather_bucket_size = 10000;
   s.opts.prefetch_bucket_size = 20000;
+  s.steps = 12;
   return s;
 }
 
@@ -224,4 +227,35 @@ TEST_CASE("per-rank memory matches the theoretical figure within 10% and the sta
   CHECK(mem[1].total() < mem[0].total());
   CHECK(mem[2].total() < mem[1].total());
   CHECK(mem[3].total() < mem[2].total());
+}
+
+TEST_CASE("zero_options_from maps the config keys") {
+  dtrain::config::TrainConfig cfg;
+  cfg.source = "t.yaml";
+  cfg.zero.stage = 3;
+  cfg.zero.reduce_bucket_size = 1234;
+  cfg.zero.allgather_bucket_size = 99;
+  cfg.zero.overlap_comm = true;
+  cfg.zero.stage3_prefetch_bucket_size = 77;
+  cfg.zero.stage3_param_persistence_threshold = 5;
+  cfg.optimizer.lr = 0.5;
+  cfg.optimizer.weight_decay = 0.1;
+  cfg.bf16.enabled = true;
+  cfg.gradient_clipping = 1.5;
+  const auto o = dtrain::train::zero_options_from(cfg);
+  CHECK(o.stage == 3);
+  CHECK(o.reduce_bucket_size == 1234);
+  CHECK(o.allgather_bucket_size == 99);
+  CHECK(o.overlap_comm);
+  CHECK(o.prefetch_bucket_size == 77);
+  CHECK(o.param_persistence_threshold == 5);
+  CHECK(o.adamw.lr == 0.5f);
+  CHECK(o.adamw.weight_decay == doctest::Approx(0.1));
+  CHECK(o.compute_dtype == DType::BF16);
+  CHECK(o.gradient_clipping == 1.5f);
+  cfg.zero.stage = 4;
+  CHECK_THROWS_AS(dtrain::train::zero_options_from(cfg), dtrain::ConfigError);
+  cfg.zero.stage = 2;
+  cfg.zero.reduce_bucket_size = 0;
+  CHECK_THROWS_AS(dtrain::train::zero_options_from(cfg), dtrain::ConfigError);
 }
