@@ -18,6 +18,8 @@
 #include <mutex>
 #include <thread>
 
+#include <unistd.h>
+
 namespace fs = std::filesystem;
 
 namespace dtrain::launch {
@@ -100,6 +102,18 @@ void append_event(const std::string& run_dir, const nlohmann::json& ev) {
   out << ev.dump() << '\n';
 }
 
+// Atomically replaces path with text (write temp, rename): readers never see half a file.
+void write_json_file(const fs::path& path, const nlohmann::json& j) {
+  fs::path tmp = path;
+  tmp += ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << j.dump(2) << '\n';
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+}
+
 int64_t unix_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
@@ -143,6 +157,7 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
     }
 
   const auto started = Clock::now();
+  auto last_nodes_write = started - 10s;
   std::vector<bool> done(n, false);
   while (fail.node < 0) {
     if (opts.interrupted && *opts.interrupted) {
@@ -180,6 +195,22 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
     // Heartbeats, measured on the server's clock.
     auto beats = server.heartbeats(prefix + "hb/");
     auto now = Clock::now();
+    if (now - last_nodes_write > 1000ms) {
+      // For `dtrain status`: each node's last heartbeat age, refreshed every second.
+      last_nodes_write = now;
+      nlohmann::json nodes = nlohmann::json::array();
+      for (int k = 0; k < n; ++k) {
+        auto it = beats.find(fmt::format("node{}", k));
+        nodes.push_back({{"node", k},
+                         {"host", job.plan.nodes[k].host.destination()},
+                         {"ranks", job.plan.nodes[k].ranks.size()},
+                         {"done", static_cast<bool>(done[k])},
+                         {"heartbeat_age_s", it == beats.end() ? nlohmann::json(nullptr)
+                                                               : nlohmann::json(std::chrono::duration<double>(now - it->second).count())}});
+      }
+      write_json_file(fs::path(job.run_dir) / "nodes.json",
+                      {{"round", round}, {"time_ms", unix_ms()}, {"nodes", nodes}});
+    }
     for (int k = 0; k < n; ++k) {
       if (done[k]) continue;
       auto it = beats.find(fmt::format("node{}", k));
@@ -260,6 +291,13 @@ int supervise(Job& job, const SupervisorOptions& opts) {
   job_set_port(job, server.port());
   rendezvous::StoreClient store("127.0.0.1", server.port(), token);
   OutputRouter out(job.run_dir, opts.echo, opts.tee_all);
+  {
+    char host[256] = {0};
+    ::gethostname(host, sizeof host - 1);
+    write_json_file(fs::path(job.run_dir) / "launcher.json",
+                    {{"pid", ::getpid()}, {"host", host}, {"job_id", job.spec.job_id},
+                     {"started_ms", unix_ms()}, {"world_size", job.plan.world_size}});
+  }
   const auto& ft = job.cfg.fault_tolerance;
 
   for (int round = 0;; ++round) {
