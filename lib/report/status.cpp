@@ -227,6 +227,8 @@ RunStatus status_read(const std::string& run_dir) {
       st.checkpoint_note = fmt::format("checkpoints/latest holds '{}', not a checkpoint name", name);
     else if (!fs::is_directory(dir / "checkpoints" / name, ec))
       st.checkpoint_note = fmt::format("checkpoints/latest names {}, but checkpoints/{} does not exist", name, name);
+    else if (!fs::exists(dir / "checkpoints" / name / "manifest.json", ec))
+      st.checkpoint_note = fmt::format("checkpoints/{} has no manifest.json (incomplete)", name);
     else
       st.checkpoint = name;
   }

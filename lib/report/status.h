@@ -86,7 +86,8 @@ struct RunStatus {
   int restarts() const { return rounds > 0 ? rounds - 1 : 0; }
 };
 
-/// Reads the run directory. Missing files mean "nothing yet"; malformed lines (a record
+/// Reads the run directory (a checkpoint counts once checkpoints/latest names a directory
+/// holding manifest.json, as train/checkpoint.h writes it). Missing files mean "nothing yet"; malformed lines (a record
 /// being written right now) are skipped. IoError when run_dir is not a directory.
 RunStatus status_read(const std::string& run_dir);
 

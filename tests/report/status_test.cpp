@@ -62,6 +62,7 @@ TEST_CASE("status: running job with a live launcher, heartbeats and a checkpoint
   write_events_and_metrics(d.path);
   status_write_launcher(d.str(), "job-42");
   fs::create_directories(d.path / "checkpoints" / "step20");
+  append(d.path / "checkpoints" / "step20" / "manifest.json", "{}");
   append(d.path / "checkpoints" / "latest", "step20");
   status_write_nodes(d.str(), 1, {{0, "n1", 1.2, "running"}, {1, "n2", -1, "starting"}});
 
@@ -139,6 +140,8 @@ TEST_CASE("status: finished job") {
   CAPTURE(text);
   CHECK(text.find("state      finished 5.0 s ago") != std::string::npos);
   CHECK(text.find("checkpoints/latest names step30, but checkpoints/step30 does not exist") != std::string::npos);
+  fs::create_directories(d.path / "checkpoints" / "step30");  // no manifest: a torn write
+  CHECK(status_format(status_read(d.path.string()), 0).find("checkpoints/step30 has no manifest.json") != std::string::npos);
 }
 
 TEST_CASE("status: interrupted, lost, recycled pid, empty and missing run dirs") {
