@@ -374,6 +374,7 @@ void ZeroEngine::gather_into_model(const std::vector<size_t>& list, DType t) {
 // before_layer_backward to after_layer_backward, is packed rank-major into its bucket
 // and the full bucket is reduce-scattered (AVG) and accumulated into the shards.
 void ZeroEngine::on_before_backward(int layer) {
+  DT_ENFORCE(!materialized_, UsageError, "backward() after ZeroEngine::params_materialize(); call params_restore() first");
   if (opts_.stage == 3) stage3_visit(layer, -1);
   if (opts_.stage < 2) return;
   auto attach = [&](Slot& s) {
@@ -531,7 +532,10 @@ void ZeroEngine::stage3_visit(int layer, int dir) {
   if (dir > 0 && layer == L) queue_->wait_all();  // nothing in flight once forward returns
 }
 
-void ZeroEngine::on_before_forward(int layer) { stage3_visit(layer, +1); }
+// While materialized every buffer is resident: forward (evaluation) needs no gathering.
+void ZeroEngine::on_before_forward(int layer) {
+  if (!materialized_) stage3_visit(layer, +1);
+}
 
 // ----------------------------------------------------------------------------
 void ZeroEngine::params_materialize() {

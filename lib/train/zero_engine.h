@@ -90,7 +90,11 @@ struct ZeroBufferView {
 /// must only be read through the engine: at stages 2/3 the model's grad pointers are
 /// null outside backward. At stage 3 the model's data pointers are null for sharded
 /// buffers outside their use; call params_materialize() before reading the weights
-/// (export, tests). Every rank must make the same calls.
+/// (export, tests). Every rank must make the same calls; in particular at stages 2/3
+/// backward (and at stage 3 forward) runs collectives, so every rank runs the same
+/// number of forward/backward calls per step (a rank with nothing to learn runs them
+/// with grad_scale 0), and an evaluation whose forward count differs between ranks
+/// runs between params_materialize() and params_restore() (no gathering then).
 class ZeroEngine {
  public:
   /// comm == nullptr or size 1: single rank. Throws ConfigError for a bad stage/dtype.

@@ -259,3 +259,22 @@ TEST_CASE("zero_options_from maps the config keys") {
   cfg.zero.reduce_bucket_size = 0;
   CHECK_THROWS_AS(dtrain::train::zero_options_from(cfg), dtrain::ConfigError);
 }
+
+TEST_CASE("stage 3: evaluation between params_materialize and params_restore needs no lockstep") {
+  RunSpec s = spec_for(3, 3);
+  s.steps = 2;
+  std::vector<float> eval_loss(3, 0.0f);
+  auto errors = run_ranks(3, [&](dtrain::comm::Communicator* comm, int r) {
+    RankTrainer t(s, comm, r);
+    for (int k = 1; k <= s.steps; ++k) t.step(k);
+    t.engine->params_materialize();
+    std::vector<int32_t> tok, tgt;
+    batch_rows(100, 0, 4, s.T, 64, tok, tgt);
+    for (int i = 0; i <= r; ++i) eval_loss[static_cast<size_t>(r)] = t.model->forward(tok.data(), tgt.data(), 4, s.T);
+    t.engine->params_restore();
+    t.step(s.steps + 1);  // training goes on in lockstep afterwards
+  });
+  for (const auto& e : errors) CHECK(e == "");
+  CHECK(eval_loss[0] == eval_loss[1]);
+  CHECK(eval_loss[0] == eval_loss[2]);
+}
