@@ -13,7 +13,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <mutex>
 
 namespace dtrain::train {
 
@@ -50,8 +49,6 @@ void load_wire(float* dst, const void* src, size_t n, DType t) {
   else
     for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
 }
-
-std::mutex g_work_mu;  // guards work accounting touched by the communication thread
 
 }  // namespace
 
@@ -189,7 +186,7 @@ void ZeroEngine::hooks_install() {
 }
 
 void ZeroEngine::work_add(ptrdiff_t bytes) {
-  std::lock_guard<std::mutex> lk(g_work_mu);
+  std::lock_guard<std::mutex> lk(work_mu_);
   work_bytes_ = static_cast<size_t>(static_cast<ptrdiff_t>(work_bytes_) + bytes);
   work_peak_ = std::max(work_peak_, work_bytes_);
 }
@@ -616,7 +613,7 @@ ZeroMemory ZeroEngine::memory() const {
     }
   }
   {
-    std::lock_guard<std::mutex> lk(g_work_mu);
+    std::lock_guard<std::mutex> lk(work_mu_);
     r.work_peak_bytes = work_peak_;
   }
   const size_t W = static_cast<size_t>(world_);

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -190,6 +191,7 @@ class ZeroEngine {
   int64_t step_count_ = 0;
   double last_norm_ = 0.0;
   bool materialized_ = false;
+  mutable std::mutex work_mu_;  // work accounting is also touched by the communication thread
   size_t work_bytes_ = 0, work_peak_ = 0;
   size_t live_elems_ = 0;  // stage 3: gathered elements
 };
