@@ -1,5 +1,5 @@
 // Sharded checkpoints: bit-exact resume at the same world size and stage, resharding
-// (4->2, 2->3, stage 1->3, stage 3 -> one rank) continuing the same losses, a corrupt or
+// (4->2, 2->3, stage 1->3, stage 3 -> one rank, LoRA stage 3 -> 2) continuing the same losses, a corrupt or
 // truncated shard falling back to the previous checkpoint with the file named, an
 // interrupted save leaving the previous `latest` loadable, pruning, and the trainer state.
 #include "train/checkpoint.h"
@@ -35,9 +35,11 @@ struct TempDir {
   }
 };
 
-RunSpec spec_for(int stage, int world, dtrain::DType dt = dtrain::DType::F32) {
+RunSpec spec_for(int stage, int world, dtrain::DType dt = dtrain::DType::F32, bool lora = false) {
   RunSpec s;
   s.world = world;
+  s.lora = lora;
+  s.llama = lora;  // LoRA cases run on the Llama variant
   s.steps = 8;
   s.opts.stage = stage;
   s.opts.param_persistence_threshold = 0;
@@ -165,17 +167,21 @@ TEST_CASE("resume at the same world size and stage continues bit-exactly") {
 TEST_CASE("reshard on load: another world size or stage continues with the same losses") {
   struct Case {
     int s1, w1, s2, w2;
+    bool lora;
   };
-  for (const Case& c : {Case{2, 4, 2, 2}, Case{1, 2, 3, 3}, Case{1, 2, 3, 2}, Case{3, 3, 0, 1}, Case{0, 3, 2, 4}}) {
+  for (const Case& c : {Case{2, 4, 2, 2, false}, Case{1, 2, 3, 3, false}, Case{1, 2, 3, 2, false},
+                        Case{3, 3, 0, 1, false}, Case{0, 3, 2, 4, false}, Case{3, 3, 2, 2, true}}) {
     CAPTURE(c.s1);
     CAPTURE(c.w1);
     CAPTURE(c.s2);
     CAPTURE(c.w2);
+    CAPTURE(c.lora);
     TempDir tmp;
-    const Phase full = phase_run(spec_for(0, 1), tmp.path / "a", false, 1, 8, {});
-    const Phase first = phase_run(spec_for(c.s1, c.w1), tmp.path / "b", false, 1, 4, {4});
+    const dtrain::DType f32 = dtrain::DType::F32;
+    const Phase full = phase_run(spec_for(0, 1, f32, c.lora), tmp.path / "a", false, 1, 8, {});
+    const Phase first = phase_run(spec_for(c.s1, c.w1, f32, c.lora), tmp.path / "b", false, 1, 4, {4});
     REQUIRE_MESSAGE(first.ok(), first.error_text());
-    RunSpec other = spec_for(c.s2, c.w2);
+    RunSpec other = spec_for(c.s2, c.w2, f32, c.lora);
     other.init_seed = 99;
     const Phase second = phase_run(other, tmp.path / "b", true, 5, 8, {});
     REQUIRE_MESSAGE(second.ok(), second.error_text());
