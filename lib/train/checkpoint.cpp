@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -398,7 +399,8 @@ CheckpointLoadResult checkpoint_load(const std::string& run_dir, ZeroEngine& eng
       if (k >= 0 && e.is_directory()) steps.emplace_back(k, e.path());
     }
   std::sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  const std::string latest = read_text((root / "latest").string());
+  std::string latest = read_text((root / "latest").string());
+  while (!latest.empty() && std::isspace(static_cast<unsigned char>(latest.back()))) latest.pop_back();
   std::vector<fs::path> candidates;
   int64_t limit = INT64_MAX;
   if (!latest.empty()) {
