@@ -1,6 +1,6 @@
 // train_run(): the CPU training loop. The optimizer side (gradient reduction, overflow
-// check, clipping, AdamW, compute-copy refresh) sits behind OptimizerEngine so the ZeRO
-// engine (stages 1-3) can replace the stage-0 implementation without touching the loop.
+// check, clipping, AdamW, compute-copy refresh) sits behind OptimizerEngine, implemented
+// by the ZeRO engine (stages 0-3, train/zero_engine.h).
 #include "train/trainer.h"
 
 #include "core/check.h"
@@ -14,6 +14,7 @@
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/model_factory.h"
+#include "train/zero_engine.h"
 
 #include <cmath>
 #include <cstdio>
@@ -51,104 +52,33 @@ class OptimizerEngine {
   virtual void master_to_model() = 0;
 };
 
-void round_inplace(float* x, size_t n, DType t) {
-  if (t == DType::BF16)
-    for (size_t i = 0; i < n; ++i) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
-  else if (t == DType::F16)
-    for (size_t i = 0; i < n; ++i) x[i] = f16_to_f32(f32_to_f16(x[i]));
-}
-
-// ZeRO stage 0: full gradients allreduced (AVG) on every rank, full optimizer state on
-// every rank; every rank computes the same update.
-class Stage0Engine final : public OptimizerEngine {
+// Every stage through the ZeRO engine: gradient reduction (allreduce / reduce-scatter,
+// during backward at stages 2-3), fp16 gradient rounding in the backward hooks, the
+// agreed overflow check, global-norm clipping, AdamW on the owned shard and the
+// compute-copy refresh.
+class ZeroOptimizer final : public OptimizerEngine {
  public:
-  Stage0Engine(model::Model& m, comm::Communicator* comm, const AdamWConfig& acfg, DType compute)
-      : m_(m), comm_(comm), acfg_(acfg), compute_(compute) {
-    for (auto& pb : m_.trainable_params()) {
-      m_state_.emplace_back(pb.size, 0.0f);
-      v_state_.emplace_back(pb.size, 0.0f);
-    }
-    if (compute_ != DType::F32) {
-      // Masters of every buffer: trainable ones are updated, frozen ones (LoRA base)
-      // are kept to export fp32 weights; the model keeps the rounded compute copy.
-      for (auto* list : {&m_.params(), &m_.lora_params()})
-        for (auto& pb : *list) {
-          masters_.push_back({&pb, std::vector<float>(pb.data, pb.data + pb.size)});
-          round_inplace(pb.data, pb.size, compute_);
-        }
-    }
-  }
+  ZeroOptimizer(model::Model& m, comm::Communicator* comm, const ZeroOptions& opts) : engine_(m, comm, opts) {}
 
   StepOutcome step(const StepRequest& req, StepTimer& timer) override {
-    auto& bufs = m_.trainable_params();
-    const bool multi = comm_ != nullptr && comm_->size() > 1;
-    if (multi) {
-      auto s = timer.scope(Section::COMM);
-      for (auto& pb : bufs) comm_->allreduce(pb.grad, pb.grad, pb.size, DType::F32, comm::ReduceOp::AVG);
-    }
+    // Collectives and the update interleave inside the engine: timed as one section.
     auto s = timer.scope(Section::OPTIMIZER);
     StepOutcome out;
-    double sq = 0.0;
-    for (auto& pb : bufs) sq += grad_norm_sq(pb.grad, pb.size);
-    out.grad_norm = std::sqrt(sq) / req.loss_scale;
-    float overflow = std::isfinite(sq) ? 0.0f : 1.0f;
-    if (multi && req.check_overflow) {
-      timer.stop(Section::OPTIMIZER);
-      timer.start(Section::COMM);
-      comm_->allreduce(&overflow, &overflow, 1, DType::F32, comm::ReduceOp::MAX);
-      timer.stop(Section::COMM);
-      timer.start(Section::OPTIMIZER);
-    }
-    if (overflow != 0.0f) {
+    out.overflow = !engine_.step(req.lr, req.loss_scale);
+    out.grad_norm = engine_.last_grad_norm();
+    if (out.overflow)
       DT_ENFORCE(req.check_overflow, TrainError,
                  "gradients became inf/NaN (global norm {}); lower optimizer.lr or enable gradient_clipping",
                  out.grad_norm);
-      out.overflow = true;
-      return out;
-    }
-    const float grad_scale = clip_coefficient(out.grad_norm, req.max_norm) / req.loss_scale;
-    ++step_count_;
-    size_t mi = 0;
-    for (size_t b = 0; b < bufs.size(); ++b) {
-      auto& pb = bufs[b];
-      float* master = pb.data;
-      if (compute_ != DType::F32) {
-        while (masters_[mi].first != &pb) ++mi;  // same order as trainable_params()
-        master = masters_[mi].second.data();
-      }
-      for (const auto& t : pb.layout.tensors) {
-        const size_t o = t.offset, n = t.numel();
-        if (compute_ == DType::F32) {
-          adamw_step(master + o, pb.grad + o, m_state_[b].data() + o, v_state_[b].data() + o, n, acfg_, req.lr,
-                     step_count_, t.decay, grad_scale);
-        } else {
-          copy_.resize(n);
-          adamw_step_copy(master + o, pb.grad + o, m_state_[b].data() + o, v_state_[b].data() + o, n, acfg_, req.lr,
-                          step_count_, t.decay, grad_scale, copy_.data(), compute_);
-          float* dst = pb.data + o;
-          if (compute_ == DType::BF16)
-            for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(copy_[i]);
-          else
-            for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(copy_[i]);
-        }
-      }
-    }
     return out;
   }
 
-  void master_to_model() override {
-    for (auto& [pb, master] : masters_) std::copy(master.begin(), master.end(), pb->data);
-  }
+  void master_to_model() override { engine_.params_materialize(); }
+
+  ZeroEngine& engine() { return engine_; }
 
  private:
-  model::Model& m_;
-  comm::Communicator* comm_;
-  AdamWConfig acfg_;
-  DType compute_;
-  int64_t step_count_ = 0;
-  std::vector<std::vector<float>> m_state_, v_state_;
-  std::vector<std::pair<model::ParamBuffer*, std::vector<float>>> masters_;
-  std::vector<uint16_t> copy_;
+  ZeroEngine engine_;
 };
 
 // ----------------------------------------------------------------------------
@@ -206,9 +136,6 @@ TrainResult train_run(const config::TrainConfig& cfg, const TrainerEnv& env) {
                 "trainer: config_resolve_batch was called for another world size");
   DT_ENFORCE(!(cfg.fp16.enabled && cfg.bf16.enabled), ConfigError, "{}: fp16.enabled and bf16.enabled are exclusive",
              cfg.source);
-  DT_ENFORCE(cfg.zero.stage == 0, ConfigError,
-             "{}: zero_optimization.stage {} is not available in this trainer yet; use stage 0", cfg.source,
-             cfg.zero.stage);
   const bool lead = rank == 0;
 
   // ---- model, data, optimizer
@@ -224,16 +151,14 @@ TrainResult train_run(const config::TrainConfig& cfg, const TrainerEnv& env) {
   DT_ENFORCE_GT(total_steps, 0, ConfigError, "{}: training.max_steps", cfg.source);
 
   const auto sched = lr_schedule_create(schedule_config(cfg, total_steps), static_cast<float>(cfg.optimizer.lr));
-  AdamWConfig acfg;
-  acfg.lr = static_cast<float>(cfg.optimizer.lr);
-  acfg.beta1 = static_cast<float>(cfg.optimizer.betas[0]);
-  acfg.beta2 = static_cast<float>(cfg.optimizer.betas[1]);
-  acfg.eps = static_cast<float>(cfg.optimizer.eps);
-  acfg.weight_decay = static_cast<float>(cfg.optimizer.weight_decay);
-  const DType compute = cfg.bf16.enabled ? DType::BF16 : cfg.fp16.enabled ? DType::F16 : DType::F32;
+  const ZeroOptions zopts = zero_options_from(cfg);
+  const DType compute = zopts.compute_dtype;
   std::unique_ptr<LossScaler> scaler;
   if (cfg.fp16.enabled) scaler = std::make_unique<LossScaler>(scaler_config(cfg.fp16));
-  Stage0Engine engine(m, comm, acfg, compute);
+  ZeroOptimizer engine(m, comm, zopts);
+  // Stages 2-3 run collectives inside backward (stage 3 inside forward too): every rank
+  // runs every micro-batch, an all-masked one with weight 0.
+  const bool lockstep = zopts.stage >= 2;
 
   std::unique_ptr<MetricsWriter> metrics;
   if (lead && !env.run_dir.empty()) {
@@ -247,6 +172,7 @@ TrainResult train_run(const config::TrainConfig& cfg, const TrainerEnv& env) {
                 "%lld steps, %s\n",
                 model::arch_name(m.config().arch), m.num_params(), m.num_trainable_params(), data.train->size(), T, W,
                 micro, accum, static_cast<long long>(total_steps), dtype_name(compute));
+  if (lead && env.print) std::printf("%s", engine.engine().memory_report().c_str());
 
   // ---- loop
   TrainResult res;
@@ -261,7 +187,11 @@ TrainResult train_run(const config::TrainConfig& cfg, const TrainerEnv& env) {
 
   auto run_eval = [&](int64_t step) {
     if (!data.valid) return;
+    // Ranks may run different numbers of eval batches: at stage 3 the full weights are
+    // gathered once for the evaluation instead of layer by layer.
+    if (zopts.stage == 3) engine.engine().params_materialize();
     EvalLoss e = eval_loss(m, *data.valid, micro, 0, rank, W);
+    if (zopts.stage == 3) engine.engine().params_restore();
     std::vector<double> v{e.loss_sum, static_cast<double>(e.tokens)};
     allreduce_sum(comm, v);
     e.loss_sum = v[0];
@@ -290,11 +220,11 @@ TrainResult train_run(const config::TrainConfig& cfg, const TrainerEnv& env) {
     }
     const double n_step = count[0];
     const float loss_scale = scaler ? scaler->scale() : 1.0f;
-    m.zero_grad();
+    engine.engine().before_step();
     double loss_sum = 0.0;
     for (int a = 0; a < accum; ++a) {
       const int64_t n = counts[static_cast<size_t>(a)];
-      if (n == 0) continue;  // nothing to learn from: no forward, no gradient
+      if (n == 0 && !lockstep) continue;  // nothing to learn from: no forward, no gradient
       float loss;
       {
         auto s = timer.scope(Section::FORWARD);
@@ -302,9 +232,8 @@ TrainResult train_run(const config::TrainConfig& cfg, const TrainerEnv& env) {
       }
       loss_sum += static_cast<double>(loss) * static_cast<double>(n);
       auto s = timer.scope(Section::BACKWARD);
-      m.backward(static_cast<float>(static_cast<double>(W) * static_cast<double>(n) / n_step) * loss_scale);
-      if (compute == DType::F16)
-        for (auto& pb : m.trainable_params()) round_inplace(pb.grad, pb.size, DType::F16);
+      const double weight = n_step > 0 ? static_cast<double>(W) * static_cast<double>(n) / n_step : 0.0;
+      m.backward(static_cast<float>(weight) * loss_scale);  // fp16 gradients are rounded in the engine's hooks
     }
     std::vector<double> lsum{loss_sum};
     {
