@@ -1,0 +1,268 @@
+// bench_train_run: builds the config's model (random init from training.seed, LoRA when
+// lora.r > 0), trains it on synthetic random tokens for warm-up + timed steps on the GPU
+// trainer (or the CPU model with --device cpu) and derives tokens/s, MFU and memory.
+#include "gpu/bench_train.h"
+
+#include "config/train_config.h"
+#include "core/check.h"
+#include "core/rng.h"
+#include "gpu/gpu_model.h"
+#include "train/adamw.h"
+#include "train/grad_clip.h"
+#include "train/model_factory.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+namespace dtrain::gpu {
+
+namespace {
+
+constexpr double NaN = std::numeric_limits<double>::quiet_NaN();
+
+// The CPU trainer's fp32 stage-0 step (token-weighted micro-batches, clip, AdamW).
+class CpuBenchStepper {
+ public:
+  CpuBenchStepper(model::Model& m, const train::AdamWConfig& a, float max_norm) : m_(m), acfg_(a), max_norm_(max_norm) {
+    for (auto& pb : m_.trainable_params()) {
+      mo_.emplace_back(pb.size, 0.0f);
+      vo_.emplace_back(pb.size, 0.0f);
+    }
+  }
+  double step(const std::vector<int32_t>& in, const std::vector<int32_t>& tg, int B, int T, int accum, float lr) {
+    const size_t n = static_cast<size_t>(B) * T;
+    m_.zero_grad();
+    double loss = 0.0;
+    for (int a = 0; a < accum; ++a) {
+      loss += m_.forward(in.data() + a * n, tg.data() + a * n, B, T) / accum;
+      m_.backward(1.0f / static_cast<float>(accum));  // every target is unmasked here
+    }
+    auto& bufs = m_.trainable_params();
+    double sq = 0.0;
+    for (auto& pb : bufs) sq += train::grad_norm_sq(pb.grad, pb.size);
+    const float coef = train::clip_coefficient(std::sqrt(sq), max_norm_);
+    ++steps_;
+    for (size_t k = 0; k < bufs.size(); ++k)
+      for (const auto& t : bufs[k].layout.tensors)
+        train::adamw_step(bufs[k].data + t.offset, bufs[k].grad + t.offset, mo_[k].data() + t.offset,
+                          vo_[k].data() + t.offset, t.numel(), acfg_, lr, steps_, t.decay, coef);
+    return loss;
+  }
+
+ private:
+  model::Model& m_;
+  train::AdamWConfig acfg_;
+  float max_norm_;
+  std::vector<std::vector<float>> mo_, vo_;
+  int64_t steps_ = 0;
+};
+
+std::string gib(size_t b) { return fmt::format("{:.2f} GiB", static_cast<double>(b) / (1u << 30)); }
+
+nlohmann::json num(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); }
+
+}  // namespace
+
+// ----------------------------------------------------------------------------
+double gpu_peak_bf16_tflops(const std::string& name) {
+  auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+  if (has("H200")) return 989.0;
+  if (has("H100")) {
+    if (has("PCIe")) return 756.0;
+    if (has("SXM") || has("HBM3")) return 989.0;  // "NVIDIA H100 80GB HBM3" is the SXM part
+    return NaN;                                   // NVL and other variants: not in the table
+  }
+  if (has("A100")) return 312.0;
+  return NaN;
+}
+
+double model_flops_per_token(const model::ModelConfig& cfg, int64_t params, int seq_len, bool lora) {
+  const double attn = 12.0 * cfg.n_layer * static_cast<double>(seq_len) * cfg.d_model;
+  return (lora ? 4.0 : 6.0) * static_cast<double>(params) + attn;
+}
+
+BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
+  DT_ENFORCE(o.device == "cuda" || o.device == "cpu", UsageError, "bench train: --device must be cuda or cpu, got '{}'",
+             o.device);
+  DT_ENFORCE_GT(o.steps, 0, UsageError, "bench train: --steps");
+  DT_ENFORCE_GE(o.warmup, 0, UsageError, "bench train: --warmup");
+  const bool cuda = o.device == "cuda";
+  if (cuda) gpu_device_require(0);  // before building a possibly large host model
+
+  config::TrainConfig cfg = config::config_load_file(o.config_path, o.sets).cfg;
+  BenchTrainResult r;
+  r.config = o.config_path;
+  r.device = o.device;
+  r.steps = o.steps;
+  r.warmup = o.warmup;
+  const model::ModelConfig mcfg = train::model_config_from(cfg);
+  // The bench measures one device: the micro-batch of the config, and accumulation only
+  // when gradient_accumulation_steps is given (train_batch_size is a multi-rank figure).
+  if (cfg.train_micro_batch_size_per_gpu) {
+    r.micro_batch = static_cast<int>(*cfg.train_micro_batch_size_per_gpu);
+  } else {
+    config::config_resolve_batch(cfg, 1);
+    r.micro_batch = static_cast<int>(cfg.resolved_micro_batch_size);
+  }
+  r.grad_accum = static_cast<int>(cfg.gradient_accumulation_steps.value_or(1));
+  if (cfg.train_batch_size && !cfg.gradient_accumulation_steps)
+    r.notes.push_back(fmt::format("train_batch_size {} ignored: one device, accumulation 1", *cfg.train_batch_size));
+  r.seq_len = static_cast<int>(cfg.data.seq_len.value_or(mcfg.max_seq_len));
+  DT_ENFORCE(r.micro_batch > 0 && r.grad_accum > 0, ConfigError, "{}: micro-batch and accumulation must be positive",
+             cfg.source);
+  const DType dt = !cuda ? DType::F32 : cfg.bf16.enabled ? DType::BF16 : cfg.fp16.enabled ? DType::F16 : DType::F32;
+  if (!cuda && (cfg.bf16.enabled || cfg.fp16.enabled)) r.notes.push_back("the CPU bench runs fp32");
+  if (cfg.activation_checkpointing.enabled && cuda)
+    r.notes.push_back("activation_checkpointing ignored: the GPU model keeps every layer's activations");
+  r.dtype = dtype_name(dt);
+  r.arch = model::arch_name(mcfg.arch);
+  r.n_layer = mcfg.n_layer;
+  r.d_model = mcfg.d_model;
+
+  model::Model m(mcfg);
+  m.init_weights(static_cast<uint64_t>(cfg.training.seed));
+  if (cfg.lora.enabled()) {
+    model::LoraConfig lc = train::lora_config_from(cfg, mcfg);
+    if (lc.dropout > 0.0f && cuda) {
+      r.notes.push_back(fmt::format("lora.dropout {} set to 0 (the GPU path has no dropout)", lc.dropout));
+      lc.dropout = 0.0f;
+    }
+    m.lora_enable(lc);
+    r.lora_rank = lc.rank;
+  }
+  r.params = static_cast<int64_t>(m.num_params());
+  r.trainable_params = static_cast<int64_t>(m.num_trainable_params());
+
+  train::AdamWConfig acfg;
+  acfg.beta1 = static_cast<float>(cfg.optimizer.betas[0]);
+  acfg.beta2 = static_cast<float>(cfg.optimizer.betas[1]);
+  acfg.eps = static_cast<float>(cfg.optimizer.eps);
+  acfg.weight_decay = static_cast<float>(cfg.optimizer.weight_decay);
+  const float lr = static_cast<float>(cfg.optimizer.lr);
+
+  // Synthetic data: a few different random batches, cycled (next-token targets of a
+  // random stream, nothing masked).
+  const size_t per_step = static_cast<size_t>(r.grad_accum) * r.micro_batch * r.seq_len;
+  std::vector<std::vector<int32_t>> inputs(4), targets(4);
+  Rng rng(static_cast<uint64_t>(cfg.training.seed));
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    std::vector<int32_t> stream(per_step + 1);
+    for (auto& t : stream) t = static_cast<int32_t>(rng.next_u64() % static_cast<uint64_t>(mcfg.vocab_size));
+    inputs[k].assign(stream.begin(), stream.end() - 1);
+    targets[k].assign(stream.begin() + 1, stream.end());
+  }
+
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point t0;
+  if (cuda) {
+    GpuTrainOptions go;
+    go.micro_batch = r.micro_batch;
+    go.seq_len = r.seq_len;
+    go.grad_accum = r.grad_accum;
+    go.compute = dt;
+    go.adamw = acfg;
+    go.max_grad_norm = static_cast<float>(cfg.gradient_clipping);
+    auto g = gpu_trainer_create(m, go);
+    r.device_name = g->device_name();
+    for (int s = 0; s < o.warmup + o.steps; ++s) {
+      if (s == o.warmup) {
+        g->synchronize();
+        t0 = Clock::now();
+      }
+      const size_t k = static_cast<size_t>(s) % inputs.size();
+      r.final_loss = g->step(inputs[k].data(), targets[k].data(), r.grad_accum, lr).loss;
+    }
+    g->synchronize();
+    const GpuMemory mem = g->memory();
+    r.arena_bytes = mem.arena_bytes;
+    r.workspace_bytes = mem.workspace_bytes;
+    r.device_used_bytes = mem.device_used_bytes;
+    r.device_total_bytes = mem.device_total_bytes;
+  } else {
+    r.device_name = "CPU (reference model, fp32)";
+    CpuBenchStepper cpu(m, acfg, static_cast<float>(cfg.gradient_clipping));
+    for (int s = 0; s < o.warmup + o.steps; ++s) {
+      if (s == o.warmup) t0 = Clock::now();
+      const size_t k = static_cast<size_t>(s) % inputs.size();
+      r.final_loss = cpu.step(inputs[k], targets[k], r.micro_batch, r.seq_len, r.grad_accum, lr);
+    }
+  }
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.step_ms = 1e3 * secs / o.steps;
+  r.tokens_per_s = static_cast<double>(per_step) * o.steps / secs;
+  r.flops_per_token = model_flops_per_token(mcfg, r.params, r.seq_len, cfg.lora.enabled());
+  r.flops_formula = fmt::format("{} + 12*L*T*d_model = {}*{} + 12*{}*{}*{}", cfg.lora.enabled() ? "4N" : "6N",
+                                cfg.lora.enabled() ? 4 : 6, r.params, r.n_layer, r.seq_len, r.d_model);
+  r.achieved_tflops = r.flops_per_token * r.tokens_per_s / 1e12;
+  r.peak_tflops = cuda ? gpu_peak_bf16_tflops(r.device_name) : NaN;
+  r.mfu = r.achieved_tflops / r.peak_tflops;  // NaN when the peak is unknown
+  return r;
+}
+
+std::string bench_train_format(const BenchTrainResult& r, bool json) {
+  const bool gpu = r.device == "cuda";
+  if (json) {
+    nlohmann::json j{{"config", r.config},
+                     {"device", r.device},
+                     {"device_name", r.device_name},
+                     {"arch", r.arch},
+                     {"dtype", r.dtype},
+                     {"params", r.params},
+                     {"trainable_params", r.trainable_params},
+                     {"lora_rank", r.lora_rank},
+                     {"n_layer", r.n_layer},
+                     {"d_model", r.d_model},
+                     {"micro_batch", r.micro_batch},
+                     {"seq_len", r.seq_len},
+                     {"grad_accum", r.grad_accum},
+                     {"tokens_per_step", static_cast<int64_t>(r.micro_batch) * r.seq_len * r.grad_accum},
+                     {"warmup", r.warmup},
+                     {"steps", r.steps},
+                     {"step_ms", r.step_ms},
+                     {"tokens_per_s", r.tokens_per_s},
+                     {"flops_per_token", r.flops_per_token},
+                     {"flops_formula", r.flops_formula},
+                     {"achieved_tflops", r.achieved_tflops},
+                     {"peak_tflops", num(r.peak_tflops)},
+                     {"mfu", num(r.mfu)},
+                     {"final_loss", num(r.final_loss)},
+                     {"notes", r.notes}};
+    if (gpu) {
+      j["arena_bytes"] = r.arena_bytes;
+      j["workspace_bytes"] = r.workspace_bytes;
+      j["peak_memory_bytes"] = r.arena_bytes + r.workspace_bytes;
+      j["device_used_bytes"] = r.device_used_bytes;
+      j["device_total_bytes"] = r.device_total_bytes;
+    }
+    return j.dump() + "\n";
+  }
+  std::string s;
+  s += fmt::format("bench train: {} on {}{}\n", r.config, gpu ? "cuda:0 " : "", r.device_name);
+  s += fmt::format("model        {} {:.2f}M params ({:.2f}M trainable{}), L={} d_model={}, {}\n", r.arch, r.params / 1e6,
+                   r.trainable_params / 1e6, r.lora_rank ? fmt::format(", LoRA r={}", r.lora_rank) : "", r.n_layer,
+                   r.d_model, r.dtype);
+  s += fmt::format("batch        micro {} x seq {} x accum {} = {} tokens/step; {} warm-up + {} timed steps\n",
+                   r.micro_batch, r.seq_len, r.grad_accum,
+                   static_cast<int64_t>(r.micro_batch) * r.seq_len * r.grad_accum, r.warmup, r.steps);
+  s += fmt::format("step time    {:.2f} ms\n", r.step_ms);
+  s += fmt::format("tokens/s     {:.0f}\n", r.tokens_per_s);
+  s += fmt::format("model FLOPs  {:.3f} GFLOP/token ({})\n", r.flops_per_token / 1e9, r.flops_formula);
+  s += fmt::format("achieved     {:.2f} TFLOPS\n", r.achieved_tflops);
+  if (std::isfinite(r.mfu))
+    s += fmt::format("MFU          {:.1f}% of {:.0f} TFLOPS dense bf16 peak\n", 100.0 * r.mfu, r.peak_tflops);
+  else
+    s += fmt::format("MFU          N/A ({})\n", gpu ? "device not in the peak table" : "CPU run");
+  if (gpu)
+    s += fmt::format("peak memory  {} (arena {} + cuBLASLt workspace {}); device in use {} of {}\n",
+                     gib(r.arena_bytes + r.workspace_bytes), gib(r.arena_bytes), gib(r.workspace_bytes),
+                     gib(r.device_used_bytes), gib(r.device_total_bytes));
+  s += fmt::format("final loss   {:.4f}\n", r.final_loss);
+  for (const auto& n : r.notes) s += "note         " + n + "\n";
+  return s;
+}
+
+}  // namespace dtrain::gpu

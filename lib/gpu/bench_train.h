@@ -1,0 +1,55 @@
+// `dtrain bench train`: training throughput of one device on synthetic random tokens for
+// the model, batch, precision and LoRA settings of a training config: tokens/s, step time,
+// model FLOPs per token, MFU against the device's dense bf16 peak, peak memory. The GPU
+// figure needs a CUDA build and a device; --device cpu measures the CPU reference model.
+#pragma once
+
+#include "model/config.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dtrain::gpu {
+
+struct BenchTrainOptions {
+  std::string config_path;
+  std::vector<std::string> sets;  ///< "key.path=value" overrides, as --set
+  int steps = 20;                 ///< timed optimizer steps
+  int warmup = 5;                 ///< untimed steps first (cuBLASLt plans, allocator)
+  std::string device = "cuda";    ///< "cuda" or "cpu" (the CPU model, always fp32)
+};
+
+struct BenchTrainResult {
+  std::string config, device, device_name, arch, dtype;
+  int64_t params = 0, trainable_params = 0;
+  int lora_rank = 0;  ///< 0 = full fine-tune
+  int n_layer = 0, d_model = 0, micro_batch = 0, seq_len = 0, grad_accum = 0, steps = 0, warmup = 0;
+  double step_ms = 0, tokens_per_s = 0;
+  double flops_per_token = 0;  ///< see flops_formula
+  std::string flops_formula;
+  double achieved_tflops = 0;
+  double peak_tflops = 0;  ///< NaN: unknown device (MFU not available)
+  double mfu = 0;          ///< fraction; NaN when peak_tflops is unknown
+  size_t arena_bytes = 0, workspace_bytes = 0, device_used_bytes = 0, device_total_bytes = 0;
+  double final_loss = 0;
+  std::vector<std::string> notes;  ///< settings the bench changed or ignored
+};
+
+/// Dense bf16 tensor-core peak (TFLOPS, no sparsity) for a cudaDeviceProp name: H100 SXM
+/// 989, H100 PCIe 756, H200 989, A100 312; NaN for any other device.
+double gpu_peak_bf16_tflops(const std::string& device_name);
+
+/// Model FLOPs per trained token: 6 N + 12 L T d_model for full training (N = base
+/// parameters); under LoRA 4 N + 12 L T d_model (no base weight gradients).
+double model_flops_per_token(const model::ModelConfig& cfg, int64_t params, int seq_len, bool lora);
+
+/// Runs the benchmark. device "cuda" throws DeviceError (exit code 8) in a CPU-only build
+/// or without a visible GPU; ConfigError / IoError for the config.
+BenchTrainResult bench_train_run(const BenchTrainOptions& opts);
+
+/// The human-readable table, or one JSON object (json = true; null for unknown figures).
+std::string bench_train_format(const BenchTrainResult& r, bool json);
+
+}  // namespace dtrain::gpu

@@ -1,0 +1,74 @@
+// bench_train: the CPU figure on the tiny config (fields, formula, JSON), the device
+// error without a GPU, the peak table and the FLOPs formula.
+#include "core/error.h"
+#include "gpu/bench_train.h"
+#include "gpu/gpu_model.h"
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+
+using namespace dtrain;
+
+TEST_CASE("bench train: peak table and FLOPs formula") {
+  CHECK(gpu::gpu_peak_bf16_tflops("NVIDIA H100 80GB HBM3") == 989.0);
+  CHECK(gpu::gpu_peak_bf16_tflops("NVIDIA H100 PCIe") == 756.0);
+  CHECK(gpu::gpu_peak_bf16_tflops("NVIDIA H200") == 989.0);
+  CHECK(gpu::gpu_peak_bf16_tflops("NVIDIA A100-SXM4-80GB") == 312.0);
+  CHECK(std::isnan(gpu::gpu_peak_bf16_tflops("NVIDIA GeForce RTX 4090")));
+  model::ModelConfig c;
+  c.n_layer = 12;
+  c.d_model = 768;
+  CHECK(gpu::model_flops_per_token(c, 124000000, 1024, false) == doctest::Approx(6.0 * 124e6 + 12.0 * 12 * 1024 * 768));
+  CHECK(gpu::model_flops_per_token(c, 124000000, 1024, true) == doctest::Approx(4.0 * 124e6 + 12.0 * 12 * 1024 * 768));
+}
+
+TEST_CASE("bench train: CPU figure on the tiny config, labelled as CPU, table and JSON") {
+  gpu::BenchTrainOptions o;
+  o.config_path = "configs/tiny-cpu.yaml";
+  o.sets = {"train_micro_batch_size_per_gpu=2", "data.seq_len=32"};
+  o.steps = 2;
+  o.warmup = 1;
+  o.device = "cpu";
+  const gpu::BenchTrainResult r = gpu::bench_train_run(o);
+  CHECK(r.device == "cpu");
+  CHECK(r.micro_batch == 2);
+  CHECK(r.seq_len == 32);
+  CHECK(r.grad_accum == 2);  // tiny-cpu.yaml sets gradient_accumulation_steps: 2
+  CHECK(r.tokens_per_s > 0);
+  CHECK(std::isfinite(r.final_loss));
+  CHECK(std::isnan(r.mfu));
+  const std::string table = gpu::bench_train_format(r, false);
+  CHECK(table.find("CPU") != std::string::npos);
+  CHECK(table.find("MFU          N/A") != std::string::npos);
+  CHECK(table.find("6N + 12*L*T*d_model") != std::string::npos);
+  const auto j = nlohmann::json::parse(gpu::bench_train_format(r, true));
+  CHECK(j["device"] == "cpu");
+  CHECK(j["mfu"].is_null());
+  CHECK(j["tokens_per_step"] == 2 * 32 * 2);
+  CHECK(j["params"].get<int64_t>() == r.params);
+}
+
+TEST_CASE("bench train: --device cuda without a GPU is a DeviceError, not a figure") {
+  if (gpu::gpu_device_count() > 0) return;
+  gpu::BenchTrainOptions o;
+  o.config_path = "configs/tiny-cpu.yaml";
+  o.steps = 1;
+  CHECK_THROWS_AS(gpu::bench_train_run(o), DeviceError);
+}
+
+TEST_CASE("bench train: LoRA on the GPU-style config and a bad device name") {
+  gpu::BenchTrainOptions o;
+  o.config_path = "configs/tiny-cpu.yaml";
+  o.sets = {"lora.r=4", "train_micro_batch_size_per_gpu=1", "data.seq_len=16"};
+  o.steps = 1;
+  o.warmup = 0;
+  o.device = "cpu";
+  const gpu::BenchTrainResult r = gpu::bench_train_run(o);
+  CHECK(r.lora_rank == 4);
+  CHECK(r.trainable_params < r.params);
+  CHECK(r.flops_formula.rfind("4N", 0) == 0);
+  o.device = "tpu";
+  CHECK_THROWS_AS(gpu::bench_train_run(o), UsageError);
+}
