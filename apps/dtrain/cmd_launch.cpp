@@ -6,6 +6,7 @@
 #include "core/log.h"
 #include "launch/dry_run.h"
 #include "launch/job.h"
+#include "launch/slurm.h"
 
 #include <cstdio>
 #include <filesystem>
@@ -30,6 +31,7 @@ launch::JobRequest job_request(const JobOptions& o, const std::string& mode) {
   r.mode = mode;
   r.require_training = (mode == "train");
   r.dry_run = o.dry_run;
+  if (o.launcher == "slurm") r.hosts = launch::slurm_hostfile(launch::slurm_allocation_from_env(launch::environ_map()));
   return r;
 }
 
@@ -60,7 +62,7 @@ void print_dry_run(const launch::Job& job) {
 
 }  // namespace
 
-int run_job(launch::Job& job, bool tee_all);  // cmd_run.cpp
+int run_job(launch::Job& job, const JobOptions& opts);  // cmd_run.cpp
 
 int run_launch(const JobOptions& opts) {
   launch::Job job = launch::job_prepare(job_request(opts, "train"));
@@ -69,7 +71,7 @@ int run_launch(const JobOptions& opts) {
     print_dry_run(job);
     return 0;
   }
-  return run_job(job, opts.tee_all);
+  return run_job(job, opts);
 }
 
 int run_resume(const std::string& run_dir, const JobOptions& opts) {
@@ -90,7 +92,7 @@ int run_resume(const std::string& run_dir, const JobOptions& opts) {
     print_dry_run(job);
     return 0;
   }
-  return run_job(job, opts.tee_all);
+  return run_job(job, opts);
 }
 
 int run_bench(const BenchCliOptions& bench, const JobOptions& opts) {
@@ -104,7 +106,7 @@ int run_bench(const BenchCliOptions& bench, const JobOptions& opts) {
     print_dry_run(job);
     return 0;
   }
-  return run_job(job, opts.tee_all);
+  return run_job(job, opts);
 }
 
 }  // namespace dtrain::cli

@@ -6,6 +6,7 @@
 #include "launch/agent.h"
 #include "launch/job.h"
 #include "launch/local_spawner.h"
+#include "launch/slurm.h"
 #include "launch/supervisor.h"
 
 #include <atomic>
@@ -18,7 +19,7 @@ std::atomic<bool> g_interrupted{false};
 extern "C" void on_sigint(int) { g_interrupted = true; }
 }  // namespace
 
-int run_job(launch::Job& job, bool tee_all) {
+int run_job(launch::Job& job, const JobOptions& cli) {
   launch::job_write_run_dir(job);
   launch::spawner_become_subreaper();
   struct sigaction sa{};
@@ -28,9 +29,11 @@ int run_job(launch::Job& job, bool tee_all) {
   ::sigaction(SIGTERM, &sa, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
   launch::SupervisorOptions opts;
-  opts.spawner = launch::node_spawner_default(job.cfg);
+  opts.spawner = cli.launcher == "slurm"
+                     ? launch::node_spawner_slurm(launch::slurm_allocation_from_env(launch::environ_map()))
+                     : launch::node_spawner_default(job.cfg);
   opts.interrupted = &g_interrupted;
-  opts.tee_all = tee_all;
+  opts.tee_all = cli.tee_all;
   return launch::supervise(job, opts);
 }
 

@@ -20,10 +20,22 @@ struct JobOptions {
   int master_port = -1;               // --master-port
   bool dry_run = false;               // --dry-run
   bool tee_all = false;               // --tee-all
+  std::string launcher = "ssh";       // --launcher ssh|slurm
 };
 
 int run_launch(const JobOptions& opts);
 int run_resume(const std::string& run_dir, const JobOptions& opts);
+// cmd_train.cpp
+int run_eval(const std::string& run_dir_or_model_dir, const std::string& data_jsonl, int max_records,
+             const std::string& config_override_path, bool init_weights);
+int run_generate(const std::string& dir, const std::string& prompt, int max_new_tokens, bool raw);
+int run_data_prepare(const std::string& input, const std::string& format, const std::string& tokenizer,
+                     const std::string& output);
+
+// cmd_plot.cpp, cmd_status.cpp
+int run_plot(const std::string& run_dir, const std::string& out_png, int width, int height);
+int run_status(const std::string& run_dir);
+
 struct BenchCliOptions;
 int run_bench(const BenchCliOptions& bench, const JobOptions& opts);
 // Internal: `dtrain agent ...` (started by the launcher on each node) and

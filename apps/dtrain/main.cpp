@@ -37,6 +37,11 @@ void add_job_options(CLI::App* cmd, JobOptions& o, bool config_required) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--master-addr", o.master_addr, "address the nodes use to reach this launcher's rendezvous");
   cmd->add_option("--master-port", o.master_port, "rendezvous port (0 = pick a free one)")->check(CLI::Range(0, 65535));
+  cmd->add_option("--launcher", o.launcher,
+                  "ssh: hosts from --hostfile (local ones without SSH); slurm: inside sbatch/salloc, nodes from "
+                  "SLURM_JOB_NODELIST, one agent per node through srun")
+      ->check(CLI::IsMember({"ssh", "slurm"}))
+      ->capture_default_str();
   cmd->add_flag("--tee-all", o.tee_all, "show every rank's output on the terminal (default: rank 0 and all errors)");
   cmd->add_flag("--dry-run", o.dry_run, "print the placement and each node's command and environment, then exit");
 }
@@ -86,6 +91,57 @@ int main(int argc, char** argv) {
   add_job_options(bench, bench_opts, false);
   bench->footer("Example:\n  dtrain bench allreduce --hostfile hostfiles/two-nodes-8 -b 8 -e 1G -f 2 --backend nccl");
 
+  struct {
+    std::string dir, data, config;
+    int max_records = 200;
+    bool init = false;
+  } ev;
+  auto* eval = app.add_subcommand("eval", "held-out task accuracy and validation loss of a trained model");
+  eval->add_option("DIR", ev.dir, "run directory, its final/ or a Hugging Face model directory")->required();
+  eval->add_option("--data", ev.data, "SFT JSONL to evaluate on (default: the config's data.valid)");
+  eval->add_option("--max-records", ev.max_records, "records to generate answers for (0 = all)")->capture_default_str();
+  eval->add_option("--config", ev.config, "config to take data/tokenizer settings from instead of DIR's");
+  eval->add_flag("--init", ev.init, "evaluate the config's freshly initialised model (the before-training figure)");
+  eval->footer("Example:\n  dtrain eval runs/tiny-sft --max-records 200");
+
+  struct {
+    std::string dir, prompt;
+    int max_new = 64;
+    bool raw = false;
+  } gen;
+  auto* generate = app.add_subcommand("generate", "greedy generation from a trained model");
+  generate->add_option("DIR", gen.dir, "run directory, its final/ or a Hugging Face model directory")->required();
+  generate->add_option("PROMPT", gen.prompt, "instruction (rendered with the model's SFT template)")->required();
+  generate->add_option("--max-new-tokens", gen.max_new, "tokens to generate at most")->capture_default_str();
+  generate->add_flag("--raw", gen.raw, "use PROMPT as is, without the SFT template");
+  generate->footer("Example:\n  dtrain generate runs/tiny-sft \"add 12 and 30\"");
+
+  struct {
+    std::string input, format = "text", tokenizer = "byte", output;
+  } dp;
+  auto* data = app.add_subcommand("data", "dataset tools");
+  data->require_subcommand(1);
+  auto* prepare = data->add_subcommand("prepare", "tokenize plain text or SFT JSONL into a token shard");
+  prepare->add_option("INPUT", dp.input, "text file or JSONL")->required()->check(CLI::ExistingFile);
+  prepare->add_option("OUTPUT", dp.output, "token shard to write")->required();
+  prepare->add_option("--format", dp.format, "text, alpaca, chat or sft (alpaca or chat per line)")->capture_default_str();
+  prepare->add_option("--tokenizer", dp.tokenizer, "byte, or a Hugging Face tokenizer.json")->capture_default_str();
+  prepare->footer("Example:\n  dtrain data prepare configs/data/tasks/train.jsonl /tmp/tasks.bin --format alpaca");
+
+  std::string plot_dir, plot_out;
+  int plot_w = 1200, plot_h = 800;
+  auto* plot = app.add_subcommand("plot", "draw a run's loss and tokens/s curves (restarts marked) into a PNG");
+  plot->add_option("RUN_DIR", plot_dir, "the run directory")->required()->check(CLI::ExistingDirectory);
+  plot->add_option("-o,--output", plot_out, "PNG to write (default: RUN_DIR/plot.png)");
+  plot->add_option("--width", plot_w, "image width")->check(CLI::Range(400, 16384))->capture_default_str();
+  plot->add_option("--height", plot_h, "image height")->check(CLI::Range(300, 16384))->capture_default_str();
+  plot->footer("Example:\n  dtrain plot runs/tiny-sft -o loss.png");
+
+  std::string status_dir;
+  auto* status = app.add_subcommand("status", "is a run running, failed or finished: progress, checkpoint, restarts, node heartbeats");
+  status->add_option("RUN_DIR", status_dir, "the run directory")->required()->check(CLI::ExistingDirectory);
+  status->footer("Example:\n  dtrain status runs/tiny-sft");
+
   // Internal commands, started by dtrain itself: their arguments pass through untouched.
   auto* agent = app.add_subcommand("agent", "internal: node agent started by the launcher")->prefix_command();
   agent->group("");
@@ -101,6 +157,14 @@ int main(int argc, char** argv) {
 
   if (agent->parsed()) return run_guarded([&] { return dtrain::cli::run_agent(agent->remaining()); });
   if (worker->parsed()) return run_guarded([&] { return dtrain::cli::run_worker(worker->remaining()); });
+  if (eval->parsed())
+    return run_guarded([&] { return dtrain::cli::run_eval(ev.dir, ev.data, ev.max_records, ev.config, ev.init); });
+  if (generate->parsed())
+    return run_guarded([&] { return dtrain::cli::run_generate(gen.dir, gen.prompt, gen.max_new, gen.raw); });
+  if (prepare->parsed())
+    return run_guarded([&] { return dtrain::cli::run_data_prepare(dp.input, dp.format, dp.tokenizer, dp.output); });
+  if (plot->parsed()) return run_guarded([&] { return dtrain::cli::run_plot(plot_dir, plot_out, plot_w, plot_h); });
+  if (status->parsed()) return run_guarded([&] { return dtrain::cli::run_status(status_dir); });
   if (bench->parsed())
     return run_guarded([&] { return dtrain::cli::run_bench(bench_cli, bench_opts); });
   if (launch->parsed()) return run_guarded([&] { return dtrain::cli::run_launch(launch_opts); });

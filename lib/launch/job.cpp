@@ -147,7 +147,11 @@ Job job_prepare(const JobRequest& req) {
 
   // Hosts: the hostfile, or this machine with --nproc-per-node / its GPUs / 1 slot.
   config::Hostfile hf;
-  if (!req.hostfile_path.empty()) {
+  if (req.hosts) {
+    DT_ENFORCE(req.hostfile_path.empty(), UsageError,
+               "--hostfile and --launcher slurm exclude each other: under Slurm the nodes come from SLURM_JOB_NODELIST");
+    hf = *req.hosts;
+  } else if (!req.hostfile_path.empty()) {
     DT_ENFORCE(req.nproc_per_node < 0, UsageError,
                "--nproc-per-node applies only without --hostfile (the hostfile's slots=N says it per host)");
     hf = config::hostfile_load(req.hostfile_path);

@@ -9,6 +9,7 @@
 #include "launch/node_command.h"
 #include "launch/placement.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@ namespace dtrain::launch {
 struct JobRequest {
   std::string config_path;            // "" = the embedded default job
   std::string hostfile_path;          // "" = localhost
+  std::optional<config::Hostfile> hosts;  // given hosts (Slurm allocation) instead of a hostfile
   std::string output_dir;             // "" = training.output_dir
   std::vector<std::string> sets;      // --set key.path=value
   config::HostSelection selection;    // --include/--exclude/--num-nodes/--num-gpus

@@ -6,7 +6,9 @@
 #include "launch/agent.h"
 #include "launch/local_spawner.h"
 #include "launch/ssh_spawner.h"
+#include "launch/progress.h"
 #include "rendezvous/store.h"
+#include "report/status.h"
 
 #include <nlohmann/json.hpp>
 
@@ -44,7 +46,7 @@ std::string expand_home(const std::string& p) {
 class OutputRouter {
  public:
   OutputRouter(const std::string& run_dir, bool echo, bool tee_all)
-      : dir_(fs::path(run_dir) / "logs"), echo_(echo), tee_all_(tee_all) {
+      : dir_(fs::path(run_dir) / "logs"), echo_(echo), tee_all_(tee_all), progress_(::isatty(STDOUT_FILENO) != 0, 0) {
     std::error_code ec;
     fs::create_directories(dir_, ec);
   }
@@ -63,10 +65,20 @@ class OutputRouter {
     std::lock_guard<std::mutex> lock(mu_);
     if (echo_) {
       if (rank == 0 && s == Stream::STDOUT) {
-        print(stdout, "", body);
+        // Progress lines become one redrawn status line on a TTY, plain lines otherwise.
+        std::string shown;
+        if (progress_.consume(body, &shown)) {
+          std::fwrite(shown.data(), 1, shown.size(), stdout);
+          std::fflush(stdout);
+        } else {
+          end_status_line();
+          print(stdout, "", body);
+        }
       } else if (rank < 0) {
+        end_status_line();
         print(stderr, fmt::format("[node{}] ", node), text);
       } else if (s == Stream::STDERR || tee_all_) {
+        end_status_line();
         print(s == Stream::STDOUT ? stdout : stderr, "", text);
       }
     }
@@ -75,6 +87,20 @@ class OutputRouter {
     if (!out) out = std::make_unique<std::ofstream>(dir_ / file, std::ios::app);
     *out << body << '\n';
     out->flush();
+  }
+
+  void set_restarts(int restarts) {
+    std::lock_guard<std::mutex> lock(mu_);
+    progress_.set_restarts(restarts);
+  }
+
+  // Other output must start on a fresh line when a redrawn status line is open.
+  void end_status_line() {
+    std::string nl = progress_.interrupt();
+    if (!nl.empty()) {
+      std::fwrite(nl.data(), 1, nl.size(), stdout);
+      std::fflush(stdout);
+    }
   }
 
  private:
@@ -87,6 +113,7 @@ class OutputRouter {
 
   fs::path dir_;
   bool echo_, tee_all_;
+  ProgressView progress_;
   std::mutex mu_;
   std::map<std::string, std::unique_ptr<std::ofstream>> files_;
 };
@@ -100,18 +127,6 @@ struct Failure {
 void append_event(const std::string& run_dir, const nlohmann::json& ev) {
   std::ofstream out(fs::path(run_dir) / "events.jsonl", std::ios::app);
   out << ev.dump() << '\n';
-}
-
-// Atomically replaces path with text (write temp, rename): readers never see half a file.
-void write_json_file(const fs::path& path, const nlohmann::json& j) {
-  fs::path tmp = path;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << j.dump(2) << '\n';
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
 }
 
 int64_t unix_ms() {
@@ -198,18 +213,14 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
     if (now - last_nodes_write > 1000ms) {
       // For `dtrain status`: each node's last heartbeat age, refreshed every second.
       last_nodes_write = now;
-      nlohmann::json nodes = nlohmann::json::array();
+      std::vector<report::NodeHealth> health;
       for (int k = 0; k < n; ++k) {
         auto it = beats.find(fmt::format("node{}", k));
-        nodes.push_back({{"node", k},
-                         {"host", job.plan.nodes[k].host.destination()},
-                         {"ranks", job.plan.nodes[k].ranks.size()},
-                         {"done", static_cast<bool>(done[k])},
-                         {"heartbeat_age_s", it == beats.end() ? nlohmann::json(nullptr)
-                                                               : nlohmann::json(std::chrono::duration<double>(now - it->second).count())}});
+        double age = it == beats.end() ? -1.0 : std::chrono::duration<double>(now - it->second).count();
+        health.push_back({k, job.plan.nodes[k].host.destination(), age,
+                          done[k] ? "done" : it == beats.end() ? "starting" : "running"});
       }
-      write_json_file(fs::path(job.run_dir) / "nodes.json",
-                      {{"round", round}, {"time_ms", unix_ms()}, {"nodes", nodes}});
+      report::status_write_nodes(job.run_dir, round, health);
     }
     for (int k = 0; k < n; ++k) {
       if (done[k]) continue;
@@ -291,17 +302,13 @@ int supervise(Job& job, const SupervisorOptions& opts) {
   job_set_port(job, server.port());
   rendezvous::StoreClient store("127.0.0.1", server.port(), token);
   OutputRouter out(job.run_dir, opts.echo, opts.tee_all);
-  {
-    char host[256] = {0};
-    ::gethostname(host, sizeof host - 1);
-    write_json_file(fs::path(job.run_dir) / "launcher.json",
-                    {{"pid", ::getpid()}, {"host", host}, {"job_id", job.spec.job_id},
-                     {"started_ms", unix_ms()}, {"world_size", job.plan.world_size}});
-  }
+  report::status_write_launcher(job.run_dir, job.spec.job_id);
+  log_info("run directory: {}", job.run_dir);
   const auto& ft = job.cfg.fault_tolerance;
 
   for (int round = 0;; ++round) {
     job.spec.round = round;
+    out.set_restarts(round);
     log_info("round {}: starting {} rank(s) on {} node(s), rendezvous {}:{}", round, job.plan.world_size,
              job.plan.nodes.size(), job.plan.master_addr, job.plan.master_port);
     append_event(job.run_dir, {{"time_ms", unix_ms()}, {"event", "round_start"}, {"round", round},

@@ -1,0 +1,26 @@
+// `dtrain bench train --config FILE`: prints the one-device training throughput that
+// lib/gpu/bench_train measures (a table, or one JSON object with --json). main.cpp
+// registers the subcommand; DeviceError (exit code 8) without a CUDA build or a GPU.
+#include "gpu/bench_train.h"
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace dtrain::cli {
+
+int run_bench_train(const std::string& config_path, const std::vector<std::string>& sets, int steps, int warmup,
+                    bool json, const std::string& device) {
+  gpu::BenchTrainOptions o;
+  o.config_path = config_path;
+  o.sets = sets;
+  o.steps = steps;
+  o.warmup = warmup;
+  o.device = device;
+  const gpu::BenchTrainResult r = gpu::bench_train_run(o);
+  std::fputs(gpu::bench_train_format(r, json).c_str(), stdout);
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace dtrain::cli
