@@ -127,6 +127,32 @@ TEST_CASE("gloo allreduce: sum/avg/max on fp32/bf16/fp16, in and out of place, 1
   }
 }
 
+// Small buffers go through the direct all-to-all exchange; these sizes are past its
+// threshold ((n-1) x bytes > 256 KiB), so the ring path sees every dtype and op too,
+// including chunk sizes that do not divide evenly.
+TEST_CASE("gloo allreduce: ring-sized buffers, sum/avg/max on fp32/bf16/fp16, 2-3 ranks") {
+  for (int n = 2; n <= 3; ++n) {
+    CAPTURE(n);
+    auto errors = run_ranks(n, [n](Communicator& c) {
+      std::string err;
+      for (DType t : kDtypes) {
+        const size_t count = (size_t{300} << 10) / dtype_size(t) + 7;
+        for (ReduceOp op : kOps) {
+          auto want = [&](size_t i) { return expected_reduce(n, i, op, t); };
+          auto send = make_input(t, c.rank(), count);
+          std::vector<char> recv(send.size(), 0x7f);
+          c.allreduce(send.data(), recv.data(), count, t, op);
+          if (err.empty()) err = compare("ring out-of-place allreduce", recv, t, count, want);
+          c.allreduce(send.data(), send.data(), count, t, op);
+          if (err.empty()) err = compare("ring in-place allreduce", send, t, count, want);
+        }
+      }
+      if (!err.empty()) throw std::runtime_error(err);
+    });
+    check_all_passed(errors);
+  }
+}
+
 TEST_CASE("gloo allreduce: a large fp32 buffer (several MiB) over 3 ranks") {
   const size_t count = (size_t{1} << 20) + 3;
   auto errors = run_ranks(3, [&](Communicator& c) {
