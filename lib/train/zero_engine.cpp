@@ -634,6 +634,14 @@ std::string ZeroEngine::memory_report() const {
                    "optimizer {:.2f} MiB (theory {:.2f})  total {:.2f} MiB (theory {:.2f})\n",
                    mib(m.param_bytes), mib(m.theory_param), mib(m.grad_bytes), mib(m.theory_grad), mib(m.optim_bytes),
                    mib(m.theory_optim), mib(m.total()), mib(m.theory_total()));
+  if (opts_.stage == 3) {
+    size_t resident = 0;
+    for (const auto& sl : slots_) resident += sl.sharded ? 0 : 1;
+    if (resident)
+      s += fmt::format("zero: {} of {} parameter buffers are below stage3_param_persistence_threshold ({}) and stay "
+                       "resident (counted in params)\n",
+                       resident, slots_.size(), opts_.param_persistence_threshold);
+  }
   s += fmt::format("zero: transient peak {:.2f} MiB; model-owned storage left idle {:.2f} MiB\n",
                    mib(m.work_peak_bytes), mib(m.model_idle_bytes));
   return s;
