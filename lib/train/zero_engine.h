@@ -60,7 +60,7 @@ struct ZeroMemory {
   size_t work_peak_bytes = 0;  ///< peak of the transient buffers
   /// Storage the Model still owns but no longer uses (its own gradient / parameter
   /// arrays after the engine re-pointed the buffers at sharded storage): 0 once the
-  /// model can release it (see ZeroEngine's notes).
+  /// model can release it (see ZeroEngine's storage note).
   size_t model_idle_bytes = 0;
   size_t theory_param = 0, theory_grad = 0, theory_optim = 0;
   size_t total() const { return param_bytes + grad_bytes + optim_bytes; }
@@ -96,6 +96,12 @@ struct ZeroBufferView {
 /// number of forward/backward calls per step (a rank with nothing to learn runs them
 /// with grad_scale 0), and an evaluation whose forward count differs between ranks
 /// runs between params_materialize() and params_restore() (no gathering then).
+///
+/// Storage: the engine re-points the model's ParamBuffer data/grad pointers at its own
+/// memory (stage-2/3 working gradients, stage-3 gathered layers). The Model API has no
+/// way yet to free its own arrays, so they stay allocated but unused
+/// (ZeroMemory::model_idle_bytes) until Model gains a storage_release(); the engine's
+/// destructor points the buffers back at the model's storage.
 class ZeroEngine {
  public:
   /// comm == nullptr or size 1: single rank. Throws ConfigError for a bad stage/dtype.
@@ -120,12 +126,12 @@ class ZeroEngine {
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t n) { step_count_ = n; }
 
-  /// Puts the full fp32 master weights into every model buffer (stage 3: gathers them
-  /// into engine-owned full buffers). For export and tests: training may continue only
-  /// after params_restore().
+  /// Puts the full fp32 master weights into every model buffer (stage 3: all-gathers
+  /// them into the model's own storage; collective). For export, evaluation and tests;
+  /// backward and step() refuse to run until params_restore().
   void params_materialize();
-  /// Undoes params_materialize(): compute copies back in the model, stage-3 full
-  /// buffers released.
+  /// Undoes params_materialize(): compute copies back in the model, stage-3 buffers
+  /// sharded again.
   void params_restore();
 
   int stage() const { return opts_.stage; }
