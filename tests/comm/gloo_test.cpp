@@ -7,6 +7,7 @@
 
 #include <doctest/doctest.h>
 #include <gloo/rendezvous/hash_store.h>
+#include <signal.h>
 
 #include <atomic>
 #include <chrono>
@@ -128,7 +129,7 @@ TEST_CASE("gloo allreduce: sum/avg/max on fp32/bf16/fp16, in and out of place, 1
 }
 
 // Small buffers go through the direct all-to-all exchange; these sizes are past its
-// threshold ((n-1) x bytes > 256 KiB), so the ring path sees every dtype and op too,
+// threshold ((n-1) x bytes > 128 KiB), so the ring path sees every dtype and op too,
 // including chunk sizes that do not divide evenly.
 TEST_CASE("gloo allreduce: ring-sized buffers, sum/avg/max on fp32/bf16/fp16, 2-3 ranks") {
   for (int n = 2; n <= 3; ++n) {
@@ -415,4 +416,16 @@ TEST_CASE("reduce op and backend names parse back") {
   CHECK(backend_parse(backend_name(Backend::GLOO), &b));
   CHECK(b == Backend::GLOO);
   CHECK_FALSE(backend_parse("mpi", &b));
+}
+
+TEST_CASE("gloo: creating a communicator ignores SIGPIPE so a dead peer is a CommError, not a signal") {
+  struct sigaction saved{};
+  REQUIRE(::sigaction(SIGPIPE, nullptr, &saved) == 0);
+  ::signal(SIGPIPE, SIG_DFL);
+  auto errors = run_ranks(1, [](Communicator&) {});
+  check_all_passed(errors);
+  struct sigaction now{};
+  REQUIRE(::sigaction(SIGPIPE, nullptr, &now) == 0);
+  CHECK((now.sa_handler == SIG_IGN));
+  ::sigaction(SIGPIPE, &saved, nullptr);
 }
