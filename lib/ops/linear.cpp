@@ -8,6 +8,8 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 
 #include <cstddef>
 #include <mutex>
@@ -20,9 +22,53 @@ constexpr int GEMM_MIN_ROWS = 16;
 std::once_flag g_blas_once;
 }  // namespace
 
+namespace {
+std::atomic<bool> g_stats_on{false};
+std::atomic<uint64_t> g_stats_calls{0};
+std::atomic<uint64_t> g_stats_ns{0};
+std::atomic<uint64_t> g_stats_mflop{0};  // flops / 1e6, so 64 bits never overflow
+
+// Adds one GEMM's time to the counters when accounting is on.
+struct GemmTimer {
+  bool on = g_stats_on.load(std::memory_order_relaxed);
+  std::chrono::steady_clock::time_point t0 = on ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  double flops;
+  explicit GemmTimer(double f) : flops(f) {}
+  ~GemmTimer() {
+    if (!on) return;
+    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+    g_stats_calls.fetch_add(1, std::memory_order_relaxed);
+    g_stats_ns.fetch_add(static_cast<uint64_t>(ns), std::memory_order_relaxed);
+    g_stats_mflop.fetch_add(static_cast<uint64_t>(flops / 1e6), std::memory_order_relaxed);
+  }
+};
+}  // namespace
+
+void gemm_stats_enable(bool on) { g_stats_on = on; }
+
+GemmStats gemm_stats() {
+  return {g_stats_calls.load(), static_cast<double>(g_stats_mflop.load()) * 1e6, g_stats_ns.load() * 1e-9};
+}
+
+void gemm_stats_reset() {
+  g_stats_calls = 0;
+  g_stats_ns = 0;
+  g_stats_mflop = 0;
+}
+
+void gemm_ld(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+             const float* B, int ldb, float beta, float* C, int ldc) {
+  if (M == 0 || N == 0) return;
+  std::call_once(g_blas_once, [] { openblas_set_num_threads(1); });
+  GemmTimer timer(2.0 * M * N * static_cast<double>(K));
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
+              alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
           const float* B, float beta, float* C) {
   if (M == 0 || N == 0) return;
+  GemmTimer timer(2.0 * M * N * static_cast<double>(K));
   std::call_once(g_blas_once, [] { openblas_set_num_threads(1); });
   const int lda = trans_a ? M : K, ldb = trans_b ? K : N;
   const auto ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;

@@ -4,10 +4,29 @@
 // GEMM (frozen base weights under LoRA skip the dW GEMM).
 #pragma once
 
+#include <cstdint>
+
 namespace dtrain::ops {
 
 /// Row-major C[M,N] = alpha * op(A) @ op(B) + beta * C, op(X) = X^T when trans_x.
 /// A is [M,K] ([K,M] when trans_a); B is [K,N] ([N,K] when trans_b).
+/// GEMM accounting for benchmarks: when enabled, every gemm() adds its wall time and
+/// 2*M*N*K flops to process-wide counters (relaxed atomics; off by default).
+struct GemmStats {
+  uint64_t calls = 0;
+  double flops = 0;
+  double seconds = 0;
+};
+void gemm_stats_enable(bool on);
+GemmStats gemm_stats();
+void gemm_stats_reset();
+
+/// One row-major GEMM with explicit leading dimensions (strided views such as one head
+/// of [T, NH, HD]), run on the calling thread: for callers that parallelise over many
+/// small GEMMs themselves. Counted by gemm_stats like gemm().
+void gemm_ld(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+             const float* B, int ldb, float beta, float* C, int ldc);
+
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
           const float* B, float beta, float* C);
 

@@ -1,0 +1,94 @@
+// bench_cpu_step: tokens/s of a CPU training step (forward, backward, AdamW) for a
+// config, on synthetic tokens, and the share of the step spent inside GEMM (BLAS).
+// Prints figures; asserts nothing.
+//
+//   build/bench_cpu_step configs/tiny-sft.yaml [--steps N] [--warmup N] [--set k=v ...]
+#include "config/train_config.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "model/model.h"
+#include "ops/linear.h"
+#include "ops/parallel.h"
+#include "train/adamw.h"
+#include "train/model_factory.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+using namespace dtrain;
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s CONFIG [--steps N] [--warmup N] [--set key=value ...]\n", argv[0]);
+    return 2;
+  }
+  std::string path = argv[1];
+  int steps = 10, warmup = 2;
+  std::vector<std::string> sets;
+  for (int i = 2; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--warmup")) warmup = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--set")) sets.push_back(argv[i + 1]);
+  }
+  try {
+    config::TrainConfig cfg = config::config_load_file(path, sets).cfg;
+    config::config_resolve_batch(cfg, 1);
+    auto model = train::model_create(cfg);
+    const auto& mc = model->config();
+    const int B = static_cast<int>(cfg.resolved_micro_batch_size);
+    const int T = mc.max_seq_len;
+    Rng rng(1);
+    std::vector<int32_t> tokens(static_cast<size_t>(B) * T), targets(tokens.size());
+    for (auto& t : tokens) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(mc.vocab_size)));
+    for (size_t i = 0; i < tokens.size(); ++i) targets[i] = tokens[(i + 1) % tokens.size()];
+    std::vector<std::vector<float>> m, v;
+    for (auto& pb : model->trainable_params()) {
+      m.emplace_back(pb.size, 0.0f);
+      v.emplace_back(pb.size, 0.0f);
+    }
+    train::AdamWConfig ac;
+    ac.lr = 1e-4f;
+    double t_step = 0, t_fwd = 0, t_bwd = 0, t_opt = 0;
+    for (int s = 0; s < warmup + steps; ++s) {
+      if (s == warmup) {
+        ops::gemm_stats_reset();
+        ops::gemm_stats_enable(true);
+      }
+      auto a = std::chrono::steady_clock::now();
+      model->zero_grad();
+      model->forward(tokens.data(), targets.data(), B, T);
+      auto b = std::chrono::steady_clock::now();
+      model->backward();
+      auto c = std::chrono::steady_clock::now();
+      auto& ps = model->trainable_params();
+      for (size_t i = 0; i < ps.size(); ++i)
+        train::adamw_step(ps[i].data, ps[i].grad, m[i].data(), v[i].data(), ps[i].size, ac, ac.lr, s + 1, true);
+      auto d = std::chrono::steady_clock::now();
+      if (s >= warmup) {
+        t_fwd += std::chrono::duration<double>(b - a).count();
+        t_bwd += std::chrono::duration<double>(c - b).count();
+        t_opt += std::chrono::duration<double>(d - c).count();
+        t_step += std::chrono::duration<double>(d - a).count();
+      }
+    }
+    ops::GemmStats g = ops::gemm_stats();
+    const double tok = static_cast<double>(B) * T * steps;
+    std::printf("config          %s (%s, %zu params, d_model %d, %d layers, vocab %d)\n", path.c_str(),
+                model::arch_name(mc.arch), model->num_params(), mc.d_model, mc.n_layer, mc.vocab_size);
+    std::printf("batch           %d x %d tokens, %d timed steps after %d warm-up, %d threads\n", B, T, steps, warmup,
+                ops::num_threads());
+    std::printf("step time       %.1f ms (forward %.1f, backward %.1f, AdamW %.1f)\n", 1e3 * t_step / steps,
+                1e3 * t_fwd / steps, 1e3 * t_bwd / steps, 1e3 * t_opt / steps);
+    std::printf("tokens/s        %.0f\n", tok / t_step);
+    std::printf("GEMM            %.1f%% of the step (%llu calls, %.2f GFLOP/s inside GEMM)\n",
+                100.0 * g.seconds / t_step, static_cast<unsigned long long>(g.calls), g.flops / g.seconds / 1e9);
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "bench_cpu_step: %s\n", e.what());
+    return e.exit_code();
+  }
+}
