@@ -36,6 +36,10 @@ int run_data_prepare(const std::string& input, const std::string& format, const 
 int run_plot(const std::string& run_dir, const std::string& out_png, int width, int height);
 int run_status(const std::string& run_dir);
 
+// cmd_bench_train.cpp
+int run_bench_train(const std::string& config_path, const std::vector<std::string>& sets, int steps, int warmup,
+                    bool json = false, const std::string& device = "cuda");
+
 struct BenchCliOptions;
 int run_bench(const BenchCliOptions& bench, const JobOptions& opts);
 // Internal: `dtrain agent ...` (started by the launcher on each node) and

@@ -92,6 +92,26 @@ int main(int argc, char** argv) {
   bench->footer("Example:\n  dtrain bench allreduce --hostfile hostfiles/two-nodes-8 -b 8 -e 1G -f 2 --backend nccl");
 
   struct {
+    std::string config, device = "cuda";
+    std::vector<std::string> sets;
+    int steps = 20, warmup = 5;
+    bool json = false;
+  } bt;
+  auto* bench_train = bench->add_subcommand(
+      "train", "one-device training throughput on synthetic tokens: tokens/s, step time, MFU, peak memory");
+  bench_train->add_option("--config", bt.config, "training config (model, micro-batch, seq_len, precision, LoRA)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  bench_train->add_option("--set", bt.sets, "override a config key (repeatable)")->type_name("KEY=VALUE")->allow_extra_args(false);
+  bench_train->add_option("--steps", bt.steps, "timed steps")->check(CLI::PositiveNumber)->capture_default_str();
+  bench_train->add_option("--warmup", bt.warmup, "untimed warm-up steps")->check(CLI::NonNegativeNumber)->capture_default_str();
+  bench_train->add_flag("--json", bt.json, "print one JSON object");
+  bench_train->add_option("--device", bt.device, "cuda, or cpu for the CPU reference model (fp32)")
+      ->check(CLI::IsMember({"cuda", "cpu"}))
+      ->capture_default_str();
+  bench_train->footer("Example:\n  dtrain bench train --config configs/gpt2-124m.yaml --set train_micro_batch_size_per_gpu=16");
+
+  struct {
     std::string dir, data, config;
     int max_records = 200;
     bool init = false;
@@ -165,6 +185,9 @@ int main(int argc, char** argv) {
     return run_guarded([&] { return dtrain::cli::run_data_prepare(dp.input, dp.format, dp.tokenizer, dp.output); });
   if (plot->parsed()) return run_guarded([&] { return dtrain::cli::run_plot(plot_dir, plot_out, plot_w, plot_h); });
   if (status->parsed()) return run_guarded([&] { return dtrain::cli::run_status(status_dir); });
+  if (bench_train->parsed())
+    return run_guarded(
+        [&] { return dtrain::cli::run_bench_train(bt.config, bt.sets, bt.steps, bt.warmup, bt.json, bt.device); });
   if (bench->parsed())
     return run_guarded([&] { return dtrain::cli::run_bench(bench_cli, bench_opts); });
   if (launch->parsed()) return run_guarded([&] { return dtrain::cli::run_launch(launch_opts); });
