@@ -190,16 +190,17 @@ class GlooCommunicator final : public Communicator {
   // Wait for one send/recv on b; a false return from gloo means abort() woke us.
   void wait_send(OpBuffer& b);
   void wait_recv(OpBuffer& b);
-  // In-place ring reduce-scatter over data (count elements split by `bounds`); on return
-  // chunk rank_ holds the reduction over all ranks (no AVG division).
-  void ring_reduce_scatter(void* data, size_t count, const std::vector<size_t>& bounds, DType dtype,
-                           ReduceOp op, uint64_t slot);
+  // Ring reduce-scatter of src (count elements split by `bounds`) into dst, which may be
+  // src: on return chunk rank_ of dst holds the reduction over all ranks (no AVG
+  // division); dst's other chunks hold partial sums. src is only read.
+  void ring_reduce_scatter(const void* src, void* dst, size_t count, const std::vector<size_t>& bounds,
+                           DType dtype, ReduceOp op, uint64_t slot);
   // In-place ring all-gather: chunk r of data (split by bounds) is rank r's on entry.
   void ring_all_gather(void* data, size_t bytes_per_elem, const std::vector<size_t>& bounds,
                        uint64_t slot);
-  // In-place allreduce for small buffers: all-to-all exchange, then every rank reduces
-  // the contributions in rank order (so every rank computes bit-identical results).
-  void direct_allreduce(void* data, size_t count, DType dtype, ReduceOp op, uint64_t slot);
+  // Allreduce for small buffers: all-to-all exchange, then every rank reduces the
+  // contributions in rank order (so every rank computes bit-identical results).
+  void direct_allreduce(const void* src, void* dst, size_t count, DType dtype, ReduceOp op, uint64_t slot);
 
   const int rank_;
   const int size_;
@@ -317,15 +318,21 @@ void GlooCommunicator::wait_recv(OpBuffer& b) {
 }
 
 // Step s sends chunk (r-s-1) to the right neighbour and receives chunk (r-s-2) from the
-// left one, reducing it into place; the chunk received last (s = n-2) is chunk r.
-void GlooCommunicator::ring_reduce_scatter(void* data, size_t count, const std::vector<size_t>& bounds,
-                                           DType dtype, ReduceOp op, uint64_t slot) {
+// left one, reducing it with our own contribution into dst; the chunk received last
+// (s = n-2) is chunk r. Step 0 sends our raw chunk from src and every later step the
+// chunk reduced one step before, so dst needs no copy of src first (out of place, that
+// copy was a tenth of a large allreduce).
+void GlooCommunicator::ring_reduce_scatter(const void* src, void* dst, size_t count,
+                                           const std::vector<size_t>& bounds, DType dtype, ReduceOp op,
+                                           uint64_t slot) {
   const int n = size_;
   const size_t es = dtype_size(dtype);
   size_t max_chunk = 0;
   for (int c = 0; c < n; ++c) max_chunk = std::max(max_chunk, bounds[c + 1] - bounds[c]);
   incoming_.resize(std::max<size_t>(max_chunk * es, 1));
-  OpBuffer out(*this, data, count * es);
+  // gloo wants a non-const pointer; the src buffer is only ever sent from.
+  OpBuffer raw(*this, const_cast<void*>(src), count * es);
+  OpBuffer out(*this, dst, count * es);
   OpBuffer in(*this, incoming_.data(), incoming_.size());
   const auto reduce = reduce_function(dtype, op);
   const int right = (rank_ + 1) % n, left = (rank_ + n - 1) % n;
@@ -335,14 +342,15 @@ void GlooCommunicator::ring_reduce_scatter(void* data, size_t count, const std::
     const size_t s_len = bounds[sc + 1] - bounds[sc], r_len = bounds[rc + 1] - bounds[rc];
     // Empty chunks (count < n) are skipped on both sides, which agree on the bounds.
     // The receive is posted first so the left neighbour's data never waits for it.
+    OpBuffer& from = s == 0 ? raw : out;
     if (r_len > 0) in->recv(left, slot, 0, r_len * es);
-    if (s_len > 0) out->send(right, slot, bounds[sc] * es, s_len * es);
+    if (s_len > 0) from->send(right, slot, bounds[sc] * es, s_len * es);
     if (r_len > 0) {
       wait_recv(in);
-      char* dst = static_cast<char*>(data) + bounds[rc] * es;
-      reduce(dst, dst, incoming_.data(), r_len);
+      const size_t off = bounds[rc] * es;
+      reduce(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, incoming_.data(), r_len);
     }
-    if (s_len > 0) wait_send(out);
+    if (s_len > 0) wait_send(from);
   }
 }
 
@@ -363,11 +371,12 @@ void GlooCommunicator::ring_all_gather(void* data, size_t es, const std::vector<
   }
 }
 
-void GlooCommunicator::direct_allreduce(void* data, size_t count, DType dtype, ReduceOp op, uint64_t slot) {
+void GlooCommunicator::direct_allreduce(const void* src, void* data, size_t count, DType dtype, ReduceOp op,
+                                         uint64_t slot) {
   const int n = size_;
   const size_t bytes = count * dtype_size(dtype);
   gathered_.resize(bytes * n);
-  std::memcpy(gathered_.data() + rank_ * bytes, data, bytes);
+  std::memcpy(gathered_.data() + rank_ * bytes, src, bytes);
   OpBuffer all(*this, gathered_.data(), gathered_.size());
   for (int p = 0; p < n; ++p)
     if (p != rank_) all->recv(p, slot, p * bytes, bytes);
@@ -384,15 +393,17 @@ void GlooCommunicator::direct_allreduce(void* data, size_t count, DType dtype, R
 void GlooCommunicator::allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
   run("allreduce", [&](uint64_t slot) {
     if (count == 0) return;
-    if (send != recv) std::memmove(recv, send, count * dtype_size(dtype));
-    if (size_ == 1) return;
+    if (size_ == 1) {
+      if (send != recv) std::memmove(recv, send, count * dtype_size(dtype));
+      return;
+    }
     if (count * dtype_size(dtype) * (size_ - 1) <= kDirectMaxTraffic) {
-      direct_allreduce(recv, count, dtype, op, slot);
+      direct_allreduce(send, recv, count, dtype, op, slot);
       return;
     }
     std::vector<size_t> bounds(size_ + 1);
     for (int c = 0; c <= size_; ++c) bounds[c] = chunk_bound(count, size_, c);
-    ring_reduce_scatter(recv, count, bounds, dtype, op, slot);
+    ring_reduce_scatter(send, recv, count, bounds, dtype, op, slot);
     if (op == ReduceOp::AVG) {
       char* mine = static_cast<char*>(recv) + bounds[rank_] * dtype_size(dtype);
       divide_in_place(mine, bounds[rank_ + 1] - bounds[rank_], dtype, size_);
@@ -412,12 +423,12 @@ void GlooCommunicator::reduce_scatter(const void* send, void* recv, size_t recv_
       if (mine != recv) std::memmove(recv, mine, slice);
       return;
     }
-    // A working copy: send is const, and in place only this rank's slice may change.
+    // Partial sums go to a working buffer: send is const, and in place only this rank's
+    // slice may change.
     scratch_.resize(slice * size_);
-    std::memcpy(scratch_.data(), send, slice * size_);
     std::vector<size_t> bounds(size_ + 1);
     for (int c = 0; c <= size_; ++c) bounds[c] = recv_count * c;
-    ring_reduce_scatter(scratch_.data(), recv_count * size_, bounds, dtype, op, slot);
+    ring_reduce_scatter(send, scratch_.data(), recv_count * size_, bounds, dtype, op, slot);
     std::memcpy(recv, scratch_.data() + rank_ * slice, slice);
     if (op == ReduceOp::AVG) divide_in_place(recv, recv_count, dtype, size_);
   });

@@ -144,6 +144,7 @@ TEST_CASE("gloo allreduce: ring-sized buffers, sum/avg/max on fp32/bf16/fp16, 2-
           std::vector<char> recv(send.size(), 0x7f);
           c.allreduce(send.data(), recv.data(), count, t, op);
           if (err.empty()) err = compare("ring out-of-place allreduce", recv, t, count, want);
+          if (err.empty() && send != make_input(t, c.rank(), count)) err = "ring allreduce wrote its input";
           c.allreduce(send.data(), send.data(), count, t, op);
           if (err.empty()) err = compare("ring in-place allreduce", send, t, count, want);
         }
