@@ -29,15 +29,21 @@ while [[ $# -gt 0 ]]; do
     *) break ;;
   esac
 done
-for tool in sbatch squeue sacct; do
+for tool in sbatch squeue scontrol; do
   command -v "$tool" >/dev/null || { echo "submit.sh: '$tool' not found: run this on a Slurm login node" >&2; exit 2; }
 done
 
 # The job's state once it has left the queue: COMPLETED, FAILED, TIMEOUT, NODE_FAIL, ...
+# From sacct where accounting is on; else from slurmctld's memory of the job (scontrol
+# knows it for MinJobAge seconds after the end): sacct without slurmdbd only says
+# "Slurm accounting storage is disabled".
 job_state() {
   local s
   for _ in 1 2 3 4 5 6; do
-    s=$(sacct -n -X -P -o State -j "$1" 2>/dev/null | head -n1 | awk '{print $1}')
+    s=$(sacct -n -X -P -o State -j "$1" 2>/dev/null | head -n1 | awk '{print $1}' || true)
+    if [[ -z $s ]]; then
+      s=$(scontrol show job -o "$1" 2>/dev/null | tr ' ' '\n' | sed -n 's/^JobState=//p' | head -n1 || true)
+    fi
     [[ -n $s && $s != RUNNING && $s != PENDING && $s != COMPLETING ]] && { echo "$s"; return; }
     sleep "$poll"
   done
@@ -60,7 +66,13 @@ while :; do
     fi
     sleep "$poll"
   done
-  [[ -n $tail_pid ]] && { sleep 1; kill "$tail_pid" 2>/dev/null || true; wait "$tail_pid" 2>/dev/null || true; }
+  if [[ -n $tail_pid ]]; then
+    sleep 1
+    kill "$tail_pid" 2>/dev/null || true
+    wait "$tail_pid" 2>/dev/null || true
+  elif [[ -f $log ]]; then
+    cat "$log" # the job ended between two polls: show its log once
+  fi
   state=$(job_state "$job")
   echo "submit.sh: job $job ended: $state"
   [[ $state == COMPLETED ]] && exit 0
