@@ -62,17 +62,22 @@ trap cleanup EXIT
 # Data rows of an nccl-tests table: "bytes oop_time oop_busbw ip_time ip_busbw".
 table() { awk '!/^#/ && !/^\[/ && $1 ~ /^[0-9]+$/ && NF >= 13 {print $1, $6, $8, $10, $12}' "$1"; }
 
-# Side by side: size, busbw of both (out-of-place, in-place), overhead % of dtrain's time.
+# Side by side: size, busbw of both (out-of-place, in-place; recomputed from the times,
+# which the tables print with more digits than busbw), overhead % of dtrain's time.
 compare() {
-  local title=$1 dt=$2 gb=$3
+  local title=$1 n=$2 dt=$3 gb=$4
   echo
-  echo "## $title  (busbw GB/s; overhead = dtrain time / gloo time - 1, from out-of-place and in-place)"
-  printf '%12s  %10s %10s  %10s %10s  %9s\n' "size(B)" "dtrain" "gloo" "dtrain-ip" "gloo-ip" "overhead"
-  join <(table "$dt" | sort -k1,1) <(table "$gb" | sort -k1,1) | sort -n -k1,1 | awk '
-    { oh = ($2 + $4) / ($6 + $8) * 100 - 100; st_d += $2 + $4; st_g += $6 + $8; n++
-      printf "%12d  %10.3f %10.3f  %10.3f %10.3f  %8.1f%%\n", $1, $3, $7, $5, $9, oh; lr += log(($2 + $4) / ($6 + $8)) }
-    END { if (n) printf "%12s  time-weighted %+.1f%%   per-size geometric mean %+.1f%%  (%d sizes)\n", "overall", \
-                 st_d / st_g * 100 - 100, (exp(lr / n) - 1) * 100, n }'
+  echo "## $title  (busbw GB/s = bytes/time x 2(n-1)/n; overhead = dtrain time / gloo time - 1, out-of-place + in-place)"
+  printf '%12s  %9s %9s  %9s %9s  %9s %9s  %9s\n' "size(B)" "dtrain" "gloo" "dtrain-ip" "gloo-ip" "dt-us" "gloo-us" \
+    "overhead"
+  join <(table "$dt" | sort -k1,1) <(table "$gb" | sort -k1,1) | sort -n -k1,1 | awk -v n="$n" '
+    function bw(bytes, us) { return bytes / us / 1e3 * 2 * (n - 1) / n }
+    { oh = ($2 + $4) / ($6 + $8) * 100 - 100; st_d += $2 + $4; st_g += $6 + $8; k++
+      printf "%12d  %9.4f %9.4f  %9.4f %9.4f  %9.1f %9.1f  %8.1f%%\n", $1, bw($1, $2), bw($1, $6), bw($1, $4), \
+             bw($1, $8), $2, $6, oh
+      lr += log(($2 + $4) / ($6 + $8)) }
+    END { if (k) printf "%12s  time-weighted %+.1f%%   per-size geometric mean %+.1f%%  (%d sizes)\n", "overall", \
+                 st_d / st_g * 100 - 100, (exp(lr / k) - 1) * 100, k }'
 }
 
 # Runs the baseline: one process per "ns:address" argument (ns "-" = this namespace).
@@ -124,7 +129,7 @@ echo "# dtrain $("$DTRAIN_BIN" --version 2>/dev/null || echo '?'), $(nproc) CPU(
 "${CHRT[@]}" timeout 300 "$DTRAIN_BIN" bench allreduce --backend gloo --nproc-per-node 3 "${SWEEP[@]}" \
   --output-dir "$WORK/run-local" >"$WORK/dt-local.txt" 2>&1 || { cat "$WORK/dt-local.txt" >&2; exit 1; }
 run_baseline "$WORK/gb-local.txt" "$WORK/store-local" -:127.0.0.1 -:127.0.0.1 -:127.0.0.1
-compare "localhost, 3 ranks" "$WORK/dt-local.txt" "$WORK/gb-local.txt"
+compare "localhost, 3 ranks" 3 "$WORK/dt-local.txt" "$WORK/gb-local.txt"
 
 if ((CLUSTER)); then
   if bash "$ROOT/scripts/test_cluster.sh" up 3 "$CLUSTER_DIR" 1 >"$WORK/cluster-up.log" 2>&1; then
@@ -148,7 +153,7 @@ if ((CLUSTER)); then
     { cat "$WORK/dt-cluster.txt" >&2; exit 1; }
   run_baseline "$WORK/gb-cluster.txt" "$WORK/store-cluster" "$NODE_0_NS:$NODE_0_ADDR" "$NODE_1_NS:$NODE_1_ADDR" \
     "$NODE_2_NS:$NODE_2_ADDR"
-  compare "3-node namespace cluster, 1 rank per node (veth + bridge)" "$WORK/dt-cluster.txt" "$WORK/gb-cluster.txt"
+  compare "3-node namespace cluster, 1 rank per node (veth + bridge)" 3 "$WORK/dt-cluster.txt" "$WORK/gb-cluster.txt"
 fi
 
 # ---------------------------------------------------------------------------
