@@ -43,6 +43,11 @@ class BatchReader {
   int64_t next(std::vector<int32_t>& inputs, std::vector<int32_t>& targets);
   /// Optimizer steps in one epoch for `accum` micro-batches per step (at least 1).
   int64_t steps_per_epoch(int64_t accum) const;
+  /// The sampler's GLOBAL position (samples consumed by all ranks in its epoch): saved
+  /// in checkpoints, valid at any world size.
+  data::SamplerPosition position() const { return sampler_.position(); }
+  /// Resume: the next micro-batch starts at this global position.
+  void set_position(data::SamplerPosition p) { sampler_.set_position(p); }
   const data::DistributedSampler& sampler() const { return sampler_; }
   data::DistributedSampler& sampler() { return sampler_; }
   int micro_batch() const { return micro_; }

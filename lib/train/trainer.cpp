@@ -1,12 +1,14 @@
 // train_run(): the CPU training loop. The optimizer side (gradient reduction, overflow
 // check, clipping, AdamW, compute-copy refresh) sits behind OptimizerEngine, implemented
-// by the ZeRO engine (stages 0-3, train/zero_engine.h).
+// by the ZeRO engine (stages 0-3, train/zero_engine.h); checkpoints and resume go
+// through train/checkpoint.h.
 #include "train/trainer.h"
 
 #include "core/check.h"
 #include "core/dtype.h"
 #include "core/log.h"
 #include "train/adamw.h"
+#include "train/checkpoint.h"
 #include "train/data_loader.h"
 #include "train/evaluate.h"
 #include "train/grad_clip.h"
@@ -16,9 +18,11 @@
 #include "train/model_factory.h"
 #include "train/zero_engine.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <memory>
 
@@ -110,6 +114,41 @@ LossScalerConfig scaler_config(const config::Fp16Config& f) {
 // JSON has no inf/NaN: such values are written as null.
 nlohmann::json num(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); }
 
+// Unix milliseconds: the clock of the launcher's events.jsonl, so plots can line the
+// metrics up with round starts.
+int64_t unix_ms() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+// After a resume from step `last_step`: drops the records a failed round wrote for the
+// steps it ran after that checkpoint (they are about to be run again) and a partial
+// last line; records without a step are kept. Replaced atomically.
+void metrics_cut_after(const std::string& path, int64_t last_step) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return;
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) continue;
+    if (j.contains("step") && j.at("step").is_number_integer() && j.at("step").get<int64_t>() > last_step) continue;
+    kept += line;
+    kept += '\n';
+  }
+  in.close();
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << kept;
+    out.flush();
+    DT_ENFORCE(out.good(), IoError, "cannot write {}", tmp);
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  DT_ENFORCE(!ec, IoError, "cannot replace {}: {}", path, ec.message());
+}
+
 // Sums a few doubles over the ranks (fp32 on the wire: counts stay exact below 2^24).
 void allreduce_sum(comm::Communicator* comm, std::vector<double>& v) {
   if (comm == nullptr || comm->size() == 1) return;
@@ -159,13 +198,60 @@ TrainResult train_run(const config::TrainConfig& cfg, const TrainerEnv& env) {
   // Stages 2-3 run collectives inside backward (stage 3 inside forward too): every rank
   // runs every micro-batch, an all-masked one with weight 0.
   const bool lockstep = zopts.stage >= 2;
+  const int64_t tokens_per_step = static_cast<int64_t>(micro) * accum * W * T;
 
-  std::unique_ptr<MetricsWriter> metrics;
-  if (lead && !env.run_dir.empty()) {
+  TrainResult res;
+  res.final_eval_loss = res.final_eval_ppl = std::numeric_limits<double>::quiet_NaN();
+
+  // ---- resume: the latest complete checkpoint of the run dir, whatever world size and
+  // stage wrote it (checkpoint_load reshards). Everything the loop's future depends on
+  // comes back: weights, AdamW moments and step, scheduler position, loss scaler, the
+  // global sampler position and the forward count (LoRA dropout masks). The loop draws
+  // no other random numbers, so no per-rank RNG stream is saved (has_rng stays false).
+  int64_t start_step = 0;
+  if (!env.run_dir.empty()) {
     std::error_code ec;
     fs::create_directories(env.run_dir, ec);
     DT_ENFORCE(!ec, IoError, "cannot create the run directory {}: {}", env.run_dir, ec.message());
-    metrics = std::make_unique<MetricsWriter>((fs::path(env.run_dir) / "metrics.jsonl").string(), false);
+  }
+  if (!env.run_dir.empty() && env.resume) {
+    const CheckpointLoadResult ck = checkpoint_load(env.run_dir, engine.engine());
+    res.checkpoints_skipped = ck.skipped;
+    if (lead && env.print)
+      for (const auto& why : ck.skipped) std::printf("resume: skipped a damaged checkpoint: %s\n", why.c_str());
+    if (ck.loaded) {
+      const TrainState& st = ck.state;
+      start_step = st.step;
+      res.steps = st.step;
+      res.applied_steps = st.scheduler_step;
+      res.skipped_steps = st.step - st.scheduler_step;
+      res.tokens = st.step * tokens_per_step;
+      if (scaler) {
+        if (st.has_scaler) scaler->set_state(st.scaler);
+        else if (lead) log_warn("{} was saved without fp16 loss scaling: the loss scaler starts fresh", ck.dir);
+      }
+      reader.set_position(st.sampler);
+      m.set_forward_count(st.forward_count);
+      res.resumed_step = st.step;
+      res.resumed_dir = ck.dir;
+      res.resumed_world_size = ck.saved_world_size;
+      res.resumed_stage = ck.saved_stage;
+      if (lead && env.print)
+        std::printf("resumed from step %lld (checkpoints/%s, saved at world size %d stage %d)\n",
+                    static_cast<long long>(st.step), fs::path(ck.dir).filename().c_str(), ck.saved_world_size,
+                    ck.saved_stage);
+      if (lead && st.step > total_steps)
+        log_warn("the checkpoint is at step {} but training.max_steps is {}: nothing to train; raise "
+                 "training.max_steps to continue",
+                 st.step, total_steps);
+    }
+  }
+
+  std::unique_ptr<MetricsWriter> metrics;
+  if (lead && !env.run_dir.empty()) {
+    const std::string path = (fs::path(env.run_dir) / "metrics.jsonl").string();
+    if (res.resumed_step >= 0) metrics_cut_after(path, res.resumed_step);
+    metrics = std::make_unique<MetricsWriter>(path, res.resumed_step >= 0);
   }
   if (lead && env.print)
     std::printf("train: %s %zu params (%zu trainable), %zu train samples of %d tokens, %d rank(s) x micro %d x accum %d, "
@@ -175,10 +261,8 @@ TrainResult train_run(const config::TrainConfig& cfg, const TrainerEnv& env) {
   if (lead && env.print) std::printf("%s", engine.engine().memory_report().c_str());
 
   // ---- loop
-  TrainResult res;
-  res.final_eval_loss = res.final_eval_ppl = std::numeric_limits<double>::quiet_NaN();
   const int64_t print_every = std::max<int64_t>(1, cfg.steps_per_print);
-  const int64_t tokens_per_step = static_cast<int64_t>(micro) * accum * W * T;
+  const std::string config_yaml = config::config_to_yaml(cfg);
   std::vector<std::vector<int32_t>> inputs(static_cast<size_t>(accum)), targets(static_cast<size_t>(accum));
   std::vector<int64_t> counts(static_cast<size_t>(accum));
   StepTimer timer;
@@ -201,10 +285,34 @@ TrainResult train_run(const config::TrainConfig& cfg, const TrainerEnv& env) {
     if (!lead) return;
     if (env.print)
       std::printf("eval step %lld | eval_loss %.4f | eval_ppl %.3f\n", static_cast<long long>(step), e.mean(), e.ppl());
-    if (metrics) metrics->write({{"step", step}, {"eval_loss", num(e.mean())}, {"eval_ppl", num(e.ppl())}});
+    if (metrics)
+      metrics->write({{"step", step}, {"eval_loss", num(e.mean())}, {"eval_ppl", num(e.ppl())}, {"time_ms", unix_ms()}});
   };
 
-  for (int64_t step = 1; step <= total_steps; ++step) {
+  // Collective (every rank writes its shard). Runs after the step's evaluation, so the
+  // forward count it saves is the one the next step starts from.
+  auto save = [&](int64_t step) {
+    auto s = timer.scope(Section::CHECKPOINT);
+    Stopwatch clock;
+    TrainState st;
+    st.step = step;
+    st.scheduler_step = res.applied_steps;
+    st.has_scaler = scaler != nullptr;
+    if (scaler) st.scaler = scaler->state();
+    st.sampler = reader.position();
+    st.forward_count = m.forward_count();
+    st.config_yaml = config_yaml;
+    CheckpointSaveOptions o;
+    o.keep_last = cfg.training.keep_last;
+    res.last_checkpoint = checkpoint_save(env.run_dir, engine.engine(), st, o);
+    if (lead && env.print) {
+      std::printf("checkpoint: saved checkpoints/%s (%.2f s)\n", fs::path(res.last_checkpoint).filename().c_str(),
+                  clock.elapsed_s());
+      std::fflush(stdout);
+    }
+  };
+
+  for (int64_t step = start_step + 1; step <= total_steps; ++step) {
     // Data first: the step's unmasked-token count fixes every micro-batch's weight.
     std::vector<double> count{0.0};
     {
@@ -277,7 +385,8 @@ TrainResult train_run(const config::TrainConfig& cfg, const TrainerEnv& env) {
       if (metrics) {
         nlohmann::json r{{"step", step},          {"loss", num(step_loss)},  {"lr", lr},
                          {"grad_norm", num(out.grad_norm)}, {"loss_scale", loss_scale}, {"tokens", res.tokens},
-                         {"tokens_per_s", tps},   {"step_time", per_step},   {"skipped_steps", res.skipped_steps}};
+                         {"tokens_per_s", tps},   {"step_time", per_step},   {"skipped_steps", res.skipped_steps},
+                         {"time_ms", unix_ms()}};
         if (cfg.wall_clock_breakdown)
           for (Section sec : {Section::FORWARD, Section::BACKWARD, Section::COMM, Section::OPTIMIZER, Section::DATA})
             r[std::string(section_name(sec)) + "_ms"] = timer.elapsed_ms(sec) / static_cast<double>(interval_steps);
@@ -289,10 +398,17 @@ TrainResult train_run(const config::TrainConfig& cfg, const TrainerEnv& env) {
       interval_steps = 0;
     }
     if (cfg.training.eval_steps > 0 && step % cfg.training.eval_steps == 0 && step != total_steps) run_eval(step);
+    if (!env.run_dir.empty() && cfg.training.save_steps > 0 && step % cfg.training.save_steps == 0 &&
+        step != total_steps)
+      save(step);
   }
-  run_eval(total_steps);
+  // A resumed run that was already at (or past) its last step trains nothing: its final
+  // evaluation and checkpoint exist.
+  const bool trained = start_step < total_steps;
+  if (trained) run_eval(total_steps);
   res.elapsed_s = run_clock.elapsed_s();
   res.final_loss_scale = scaler ? scaler->scale() : 1.0;
+  if (trained && !env.run_dir.empty()) save(total_steps);
 
   // ---- final weights
   engine.master_to_model();

@@ -1,7 +1,8 @@
 // The training loop: model (model_factory) + data (data_loader) + AdamW, LR schedule,
-// gradient accumulation, data-parallel gradient averaging over a Communicator (ZeRO
-// stage 0), bf16/fp16 mixed precision with fp32 master weights, fp16 loss scaling,
-// global-norm clipping, metrics.jsonl, periodic validation and the final HF export.
+// gradient accumulation, ZeRO data parallelism over a Communicator, bf16/fp16 mixed
+// precision with fp32 master weights, fp16 loss scaling, global-norm clipping,
+// metrics.jsonl, periodic validation, sharded checkpoints with exact resume (also at
+// another world size or ZeRO stage) and the final HF export.
 #pragma once
 
 #include "comm/communicator.h"
@@ -22,19 +23,30 @@ struct TrainerEnv {
   comm::Communicator* comm = nullptr;
   /// false: rank 0 prints no progress lines (tests).
   bool print = true;
+  /// false: start from scratch even when run_dir holds a checkpoint (it is then
+  /// overwritten by this run's checkpoints).
+  bool resume = true;
 };
 
-/// What a run did. Per-step vectors have one entry per attempted optimizer step
-/// (skipped fp16 overflow steps included).
+/// What a run did. Per-step vectors have one entry per optimizer step attempted by THIS
+/// call (skipped fp16 overflow steps included): after a resume from step K they start
+/// at step K + 1. The counters (steps, applied/skipped steps, tokens) count from step 1.
 struct TrainResult {
-  int64_t steps = 0;            ///< attempted optimizer steps
+  int64_t steps = 0;            ///< attempted optimizer steps (the last step's index)
   int64_t applied_steps = 0;    ///< steps that updated the weights (= scheduler/optimizer step count)
   int64_t skipped_steps = 0;    ///< fp16 overflow steps
+  int64_t resumed_step = -1;    ///< the checkpoint step this call continued from; -1 = fresh start
+  std::string resumed_dir;      ///< that checkpoint's directory
+  int resumed_world_size = 0;   ///< world size and ZeRO stage it was saved at
+  int resumed_stage = 0;
+  /// Newer checkpoints that were unusable and skipped, one line each naming the bad file.
+  std::vector<std::string> checkpoints_skipped;
+  std::string last_checkpoint;  ///< the directory of the last checkpoint this call wrote ("" = none)
   double final_loss = 0.0;      ///< loss of the last step
   double final_eval_loss = 0.0; ///< NaN when there is no validation set
   double final_eval_ppl = 0.0;
   double final_loss_scale = 1.0;
-  int64_t tokens = 0;           ///< input tokens processed by all ranks
+  int64_t tokens = 0;           ///< input tokens of steps 1..steps over all ranks (this run's batch)
   double elapsed_s = 0.0;       ///< wall time of the loop (model build and export excluded)
   std::vector<double> losses;      ///< mean loss per step over all micro-batches and ranks
   std::vector<double> lrs;         ///< lr used by each step (skipped steps: the lr they would have used)
@@ -64,9 +76,24 @@ struct TrainResult {
 /// step advances neither the scheduler nor the optimizer step count. bf16 gradients
 /// stay fp32. final/ holds the fp32 master weights.
 ///
+/// Checkpoints (env.run_dir set): every training.save_steps steps (when > 0) and at the
+/// end, a sharded checkpoint (train/checkpoint.h) with the loop's whole state: step,
+/// scheduler step, loss-scaler state, the global sampler position, the model's forward
+/// count (LoRA dropout masks) and the resolved config; training.keep_last are kept. At
+/// start, with env.resume, the latest complete checkpoint is loaded (resharded when it
+/// was written at another world size or stage) and the loop continues after its step:
+/// at the same world size and stage the continuation is bit-identical to an
+/// uninterrupted run on the CPU (losses and weights); at another one it differs only by
+/// fp32 reduction order, provided the global batch (train_batch_size) is the same.
+/// metrics.jsonl is then continued: records of steps after the checkpoint's (a re-run)
+/// are dropped first. Every metrics record carries "time_ms" (unix ms).
+/// A checkpoint at or beyond the configured last step trains nothing: the final
+/// weights are exported again (raise training.max_steps to train on).
+///
 /// Throws ConfigError for configs it cannot run, TrainError when the loss becomes
 /// non-finite without fp16 or the fp16 scale cannot go lower, CommError from the
-/// collectives.
+/// collectives, CheckpointError when run_dir's checkpoints exist but none is usable or
+/// they do not fit the model.
 TrainResult train_run(const config::TrainConfig& cfg, const TrainerEnv& env);
 
 }  // namespace dtrain::train

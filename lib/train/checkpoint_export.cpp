@@ -1,0 +1,86 @@
+// checkpoint_export_hf: config of the checkpoint -> model -> single-rank stage-0 fp32
+// engine -> checkpoint_load (reshards from any saved partition) -> model_export_hf.
+#include "train/checkpoint_export.h"
+
+#include "config/train_config.h"
+#include "core/check.h"
+#include "data/tokenizer.h"
+#include "train/checkpoint.h"
+#include "train/model_factory.h"
+#include "train/zero_engine.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace dtrain::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string text_read(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) return {};
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The config to rebuild the model from: the one saved with the checkpoint `latest`
+// names (exactly what was trained), else the run dir's config.yaml. The model layout is
+// the same in every checkpoint of a run (checkpoint_load verifies it).
+config::TrainConfig export_config(const fs::path& run_dir) {
+  const fs::path root = run_dir / "checkpoints";
+  std::string latest = text_read(root / "latest");
+  while (!latest.empty() && std::isspace(static_cast<unsigned char>(latest.back()))) latest.pop_back();
+  if (!latest.empty()) {
+    const fs::path mpath = root / latest / "manifest.json";
+    const nlohmann::json man = nlohmann::json::parse(text_read(mpath), nullptr, false);
+    if (man.is_object() && man.contains("config_yaml") && man.at("config_yaml").is_string() &&
+        !man.at("config_yaml").get<std::string>().empty())
+      return config::config_load_string(man.at("config_yaml").get<std::string>(), mpath.string() + " (config_yaml)")
+          .cfg;
+  }
+  const fs::path cpath = run_dir / "config.yaml";
+  DT_ENFORCE(fs::exists(cpath), CheckpointError,
+             "{}: no checkpoint manifest with a config and no config.yaml: is it a dtrain run directory?",
+             run_dir.string());
+  return config::config_load_file(cpath.string()).cfg;
+}
+
+}  // namespace
+
+CheckpointExportResult checkpoint_export_hf(const std::string& run_dir, const std::string& out_dir) {
+  DT_ENFORCE(fs::is_directory(run_dir), IoError, "{}: not a directory (pass a dtrain run directory)", run_dir);
+  const config::TrainConfig cfg = export_config(run_dir);
+  auto model = model_create(cfg);
+  // One rank at stage 0 in fp32: every buffer is resident and its master IS the model's
+  // buffer, so the load reassembles the full fp32 weights from any saved partition.
+  ZeroOptions opts = zero_options_from(cfg);
+  opts.stage = 0;
+  opts.compute_dtype = DType::F32;
+  opts.overlap_comm = false;
+  ZeroEngine engine(*model, nullptr, opts);
+  const CheckpointLoadResult ck = checkpoint_load(run_dir, engine);
+  DT_ENFORCE(ck.loaded, CheckpointError, "{}: no checkpoint under {}/checkpoints to export", run_dir, run_dir);
+  engine.params_materialize();
+
+  const auto tokenizer = data::tokenizer_load(cfg.data.tokenizer);
+  const std::string dir = out_dir.empty() ? (fs::path(run_dir) / "export").string() : out_dir;
+  model_export_hf(*model, dir, tokenizer->bos_id(), tokenizer->eos_id());
+
+  CheckpointExportResult r;
+  r.checkpoint_dir = ck.dir;
+  r.step = ck.state.step;
+  r.saved_world_size = ck.saved_world_size;
+  r.saved_stage = ck.saved_stage;
+  r.lora = model->lora_on();
+  r.skipped = ck.skipped;
+  return r;
+}
+
+}  // namespace dtrain::train

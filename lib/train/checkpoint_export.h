@@ -1,0 +1,31 @@
+// Offline export of a run's latest complete checkpoint to Hugging Face files in one
+// process: the sharded fp32 masters of any world size and ZeRO stage are resharded onto
+// a single rank and written as model.safetensors + config.json (and the PEFT adapter).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dtrain::train {
+
+struct CheckpointExportResult {
+  std::string checkpoint_dir;  ///< the checkpoint exported
+  int64_t step = 0;
+  int saved_world_size = 0;
+  int saved_stage = 0;
+  bool lora = false;  ///< adapter_model.safetensors + adapter_config.json were written too
+  /// Newer checkpoints that were unusable and skipped, one line each naming the bad file.
+  std::vector<std::string> skipped;
+};
+
+/// Exports the checkpoint <run_dir>/checkpoints/latest names (or, when it is damaged,
+/// the newest older complete one) to out_dir ("" = <run_dir>/export): full fp32 master
+/// weights as model.safetensors + config.json (HF names), and under LoRA the adapter as
+/// adapter_model.safetensors + adapter_config.json. The model is rebuilt from the
+/// config saved in the checkpoint's manifest (else <run_dir>/config.yaml).
+/// CheckpointError when the run dir has no (usable) checkpoint, ConfigError / IoError
+/// when the config, its tokenizer or the output cannot be read or written.
+CheckpointExportResult checkpoint_export_hf(const std::string& run_dir, const std::string& out_dir = "");
+
+}  // namespace dtrain::train
