@@ -102,6 +102,7 @@ void Model::grads_allocate() {
 // Parameters
 
 void Model::init_weights(uint64_t seed) {
+  storage_enforce_whole("init_weights()");
   const float std_resid = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg_.n_layer));
   uint64_t index = 0;
   for (auto& pb : params_) {
@@ -143,8 +144,116 @@ size_t Model::num_trainable_params() const {
 TensorView Model::tensor(const std::string& name) {
   for (auto* list : {&params_, &lora_params_})
     for (auto& pb : *list)
-      if (const TensorSpec* t = pb.layout.find(name)) return TensorView{pb.data + t->offset, DType::F32, t->shape};
+      if (const TensorSpec* t = pb.layout.find(name)) {
+        DT_ENFORCE(pb.data != nullptr || pb.size == 0, UsageError,
+                   "tensor {} is in buffer {}, whose storage is released (ZeRO stage 3 shards it): materialize "
+                   "the parameters (ZeroEngine::params_materialize) before reading them", name, pb.layout.name);
+        return TensorView{pb.data + t->offset, DType::F32, t->shape};
+      }
   return TensorView{};
+}
+
+// ---------------------------------------------------------------------------
+// Storage release / restore (ZeRO stages 2-3 replace the model's arrays with shards)
+
+ParamBuffer& Model::buffer_at(size_t i) { return i < params_.size() ? params_[i] : lora_params_[i - params_.size()]; }
+
+Buffer<float>& Model::param_store_at(size_t i) {
+  return i < params_.size() ? param_store_[i] : lora_store_[i - params_.size()];
+}
+
+void Model::storage_release(bool grads, const std::vector<size_t>& param_buffers) {
+  const size_t n = params_.size() + lora_params_.size();
+  for (size_t i : param_buffers)
+    DT_ENFORCE_LT(i, n, UsageError, "Model::storage_release: parameter buffer index out of range");
+  param_released_.resize(n, 0);
+  if (grads && !grads_released_) {
+    for (auto& b : lora_on() ? lora_grad_store_ : grad_store_) b = Buffer<float>();
+    for (auto& pb : trainable_params()) pb.grad = nullptr;
+    grads_released_ = true;
+  }
+  for (size_t i : param_buffers) {
+    param_store_at(i) = Buffer<float>();
+    buffer_at(i).data = nullptr;
+    param_released_[i] = 1;
+  }
+}
+
+void Model::storage_restore(bool grads, const std::vector<size_t>& param_buffers) {
+  const size_t n = params_.size() + lora_params_.size();
+  for (size_t i : param_buffers)
+    DT_ENFORCE_LT(i, n, UsageError, "Model::storage_restore: parameter buffer index out of range");
+  if (grads && grads_released_) {
+    auto& store = lora_on() ? lora_grad_store_ : grad_store_;
+    auto& bufs = trainable_params();
+    DT_CHECK(store.size() == bufs.size());
+    for (size_t k = 0; k < bufs.size(); ++k) {
+      store[k].resize(bufs[k].size);
+      bufs[k].grad = store[k].data();
+    }
+    grads_released_ = false;
+  }
+  for (size_t i : param_buffers) {
+    if (i >= param_released_.size() || !param_released_[i]) continue;
+    Buffer<float>& b = param_store_at(i);
+    ParamBuffer& pb = buffer_at(i);
+    b.resize(pb.size);
+    pb.data = b.data();
+    param_released_[i] = 0;
+  }
+}
+
+void Model::storage_restore() {
+  std::vector<size_t> all(param_released_.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  storage_restore(true, all);
+}
+
+bool Model::storage_released() const {
+  if (grads_released_) return true;
+  for (char r : param_released_)
+    if (r) return true;
+  return false;
+}
+
+bool Model::param_released(size_t i) const { return i < param_released_.size() && param_released_[i]; }
+
+size_t Model::param_allocated_bytes() const {
+  size_t n = 0;
+  for (const auto* list : {&param_store_, &lora_store_})
+    for (const auto& b : *list) n += b.size();
+  return n * sizeof(float);
+}
+
+size_t Model::grad_allocated_bytes() const {
+  size_t n = 0;
+  for (const auto* list : {&grad_store_, &lora_grad_store_})
+    for (const auto& b : *list) n += b.size();
+  return n * sizeof(float);
+}
+
+void Model::storage_enforce_whole(const char* what) const {
+  DT_ENFORCE(!storage_released(), UsageError,
+             "Model::{} needs the model's own parameter and gradient storage, but part of it is released to the ZeRO "
+             "engine (stages 2-3); call it before creating the engine or after it is destroyed", what);
+}
+
+// Layer l's base buffer and adapter, after its hook ran (grads: released gradients
+// must have been supplied for the trainable one).
+void Model::layer_buffers_enforce(int l, bool grads) const {
+  buffer_enforce_present(params_[static_cast<size_t>(l) + 1], true, grads && !lora_on());
+  if (lora_on()) buffer_enforce_present(lora_params_[static_cast<size_t>(l)], true, grads);
+}
+
+// A buffer about to be used must have storage: the model's own or a hook's working copy.
+void Model::buffer_enforce_present(const ParamBuffer& pb, bool need_data, bool need_grad) const {
+  if (pb.size == 0) return;
+  DT_ENFORCE(!need_data || pb.data != nullptr, UsageError,
+             "parameter buffer {} has no storage when the model needs it: it is released (ZeRO stage 3) and no hook "
+             "gathered it (install the engine's hooks, or call params_materialize() for evaluation)", pb.layout.name);
+  DT_ENFORCE(!need_grad || pb.grad != nullptr, UsageError,
+             "gradient buffer {} has no storage when backward needs it: gradients are released (ZeRO stages 2-3) and "
+             "no hook supplied a working buffer (install the engine's hooks)", pb.layout.name);
 }
 
 void Model::set_recompute(bool on) {
@@ -378,14 +487,18 @@ float Model::forward(const int32_t* tokens, const int32_t* targets, int B, int T
 
   if (hooks_.before_layer_forward) hooks_.before_layer_forward(-1);
   const ParamBuffer& emb = params_.front();
+  buffer_enforce_present(emb, true, false);
   ops::embedding_forward(residuals_[0].data(), tokens_.data(), emb.data,
                          gpt2 ? emb.data + emb.layout.tensors[1].offset : nullptr, B, T, C, V);
   for (int l = 0; l < L; ++l) {
     if (hooks_.before_layer_forward) hooks_.before_layer_forward(l);
+    layer_buffers_enforce(l, false);
     layer_forward(l, acts_for(l));
   }
   if (hooks_.before_layer_forward) hooks_.before_layer_forward(L);
   const ParamBuffer& head = params_.back();
+  buffer_enforce_present(head, true, false);
+  if (cfg_.tie_embeddings) buffer_enforce_present(emb, true, false);
   const float* xL = residuals_[static_cast<size_t>(L)].data();
   if (gpt2)
     ops::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), xL, head.data,
@@ -413,6 +526,9 @@ void Model::backward(float grad_scale) {
   Scratch& s = *scratch_;
 
   if (hooks_.before_layer_backward) hooks_.before_layer_backward(L);
+  const bool base_grads = grads_released_ && !lora_on();  // hooks must supply the base gradients
+  buffer_enforce_present(head, true, base_grads);
+  if (cfg_.tie_embeddings) buffer_enforce_present(emb, true, base_grads);
   const float scale = num_targets_ > 0 ? grad_scale / static_cast<float>(num_targets_) : 0.0f;
   float* dlogits = logits_.data();
   ops::cross_entropy_backward(dlogits, logits_.data(), targets_.data(), N, V, scale);
@@ -433,6 +549,7 @@ void Model::backward(float grad_scale) {
 
   for (int l = L - 1; l >= 0; --l) {
     if (hooks_.before_layer_backward) hooks_.before_layer_backward(l);
+    layer_buffers_enforce(l, grads_released_);
     LayerActs& a = acts_for(l);
     if (recompute_) layer_forward(l, a);
     layer_backward(l, a);
@@ -440,6 +557,7 @@ void Model::backward(float grad_scale) {
   }
 
   if (hooks_.before_layer_backward) hooks_.before_layer_backward(-1);
+  buffer_enforce_present(emb, false, base_grads);
   if (emb.grad)
     ops::embedding_backward(emb.grad, gpt2 ? emb.grad + emb.layout.tensors[1].offset : nullptr, s.dres.data(),
                             tokens_.data(), B, T, C);
@@ -451,6 +569,7 @@ void Model::backward(float grad_scale) {
 
 void Model::lora_enable(const LoraConfig& lcfg) {
   DT_ENFORCE(!lora_on(), UsageError, "LoRA is already enabled on this model");
+  storage_enforce_whole("lora_enable()");
   lcfg.validate(cfg_);
   lora_cfg_ = lcfg;
   const int r = lcfg.rank;
@@ -499,6 +618,7 @@ void Model::lora_enable(const LoraConfig& lcfg) {
 
 void Model::lora_merge() {
   DT_ENFORCE(lora_on(), UsageError, "lora_merge() called on a model without LoRA adapters");
+  storage_enforce_whole("lora_merge()");
   for (int l = 0; l < cfg_.n_layer; ++l) {
     ParamBuffer& pb = params_[static_cast<size_t>(l) + 1];
     const ParamBuffer& lb = lora_params_[static_cast<size_t>(l)];

@@ -1,7 +1,8 @@
 // The native decoder-only transformer (GPT-2 or Llama, see ModelConfig) on the CPU ops:
 // flat per-layer fp32 parameter/gradient buffers with HF-named layouts, forward with
 // masked cross-entropy, backward accumulating into the gradient buffers, optional
-// per-layer activation recomputation, ZeRO hooks and LoRA adapters.
+// per-layer activation recomputation, ZeRO hooks (and storage release, so the ZeRO
+// engine's shards replace the full arrays) and LoRA adapters.
 #pragma once
 
 #include "core/tensor.h"
@@ -86,6 +87,31 @@ class Model {
 
   void set_hooks(ModelHooks hooks) { hooks_ = std::move(hooks); }
 
+  // ---- Storage (for the ZeRO engine)
+  /// Frees storage the ZeRO engine replaces with its own: with grads, the gradient
+  /// arrays of every trainable buffer (the adapters' under LoRA); and the parameter
+  /// arrays of the listed buffers, indexed base buffers first then adapters
+  /// (0 .. params().size() + lora_params().size() - 1). The matching ParamBuffer
+  /// pointers become null; whoever owns the replacement points them at it while a hook
+  /// needs the buffer and nulls them after. Released parameter values are lost.
+  /// Refused (UsageError) for an index out of range. Already released storage stays so.
+  void storage_release(bool grads, const std::vector<size_t>& param_buffers);
+  /// Re-allocates, zeroed, the released gradient arrays (grads) and the listed released
+  /// parameter arrays, and points their ParamBuffers at them. Storage that is not
+  /// released is left as it is.
+  void storage_restore(bool grads, const std::vector<size_t>& param_buffers);
+  /// Re-allocates everything released (zeroed): the model is whole again.
+  void storage_restore();
+  /// True when any gradient or parameter array is released.
+  bool storage_released() const;
+  /// True when the parameter array of buffer i (indexed as in storage_release) is released.
+  bool param_released(size_t i) const;
+  /// Bytes of parameter and gradient arrays the model holds now (base and adapters;
+  /// activations and scratch are not counted: they depend on the batch shape).
+  size_t allocated_bytes() const { return param_allocated_bytes() + grad_allocated_bytes(); }
+  size_t param_allocated_bytes() const;
+  size_t grad_allocated_bytes() const;
+
   /// Training mode (default) applies LoRA dropout; eval mode (false) turns it off.
   void set_training(bool on) { training_ = on; }
   bool training() const { return training_; }
@@ -117,6 +143,11 @@ class Model {
   void proj_backward(int l, int p, const float* dy, const float* x, float* dx, LayerActs& a);
   LayerActs& acts_for(int l);
   void grads_allocate();
+  ParamBuffer& buffer_at(size_t i);
+  Buffer<float>& param_store_at(size_t i);
+  void storage_enforce_whole(const char* what) const;
+  void buffer_enforce_present(const ParamBuffer& pb, bool need_data, bool need_grad) const;
+  void layer_buffers_enforce(int l, bool grads) const;
 
   ModelConfig cfg_;
   std::vector<Proj> projs_;
@@ -134,6 +165,8 @@ class Model {
   uint64_t forward_count_ = 0;
   uint64_t acts_step_ = 0;  // forward count the saved activations (and dropout masks) belong to
   ModelHooks hooks_;
+  bool grads_released_ = false;
+  std::vector<char> param_released_;  // [base buffers, then adapters]
   std::vector<int32_t> tokens_, targets_;
   std::vector<Buffer<float>> residuals_;  // [n_layer + 1] of [N, C]
   std::vector<std::unique_ptr<LayerActs>> acts_;

@@ -62,8 +62,6 @@ struct ZeroEngine::Slot {
   Buffer<float> master, m, v, gshard;  // owned range [lo, hi)
   Buffer<float> work;                  // stage 3: gathered parameters (W * s)
   Buffer<float> wgrad;                 // stages 2/3: the layer's full gradient during backward
-  float* orig_data = nullptr;
-  float* orig_grad = nullptr;
   bool gathered = false;  // issued, maybe in flight
   uint64_t gather_ticket = 0;
   size_t bucket = SIZE_MAX, bucket_off = 0;
@@ -99,6 +97,9 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
   layer_slots_.resize(static_cast<size_t>(n_layer_) + 2);
   const bool mixed = opts_.compute_dtype != DType::F32;
   const bool lora = model_.lora_on();
+  DT_ENFORCE(!model_.storage_released(), UsageError,
+             "ZeroEngine needs a model that owns all its storage; another engine released part of it (destroy that "
+             "engine first)");
   std::vector<model::ParamBuffer*> all;
   for (auto& pb : model_.params()) all.push_back(&pb);
   for (auto& pb : model_.lora_params()) all.push_back(&pb);
@@ -110,8 +111,6 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
     DT_CHECK(s.layer >= -1 && s.layer <= n_layer_);
     s.trainable = lora ? i >= model_.params().size() : true;
     s.n = s.pb->size;
-    s.orig_data = s.pb->data;
-    s.orig_grad = s.pb->grad;
     if (opts_.stage == 0) {
       s.s = s.n;
       s.lo = 0;
@@ -129,28 +128,36 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
     if (s.trainable) {
       s.m.resize(s.owned());
       s.v.resize(s.owned());
-      if (opts_.stage >= 2) {
-        s.gshard.resize(s.owned());
-        s.pb->grad = nullptr;
-      }
+      if (opts_.stage >= 2) s.gshard.resize(s.owned());
     }
-    if (s.sharded) s.pb->data = nullptr;
+    if (s.sharded) sharded_.push_back(i);
     else if (mixed) round_inplace(s.pb->data, s.n, opts_.compute_dtype);
     layer_slots_[static_cast<size_t>(s.layer + 1)].push_back(i);
   }
   plan_buckets();
   queue_ = std::make_unique<ZeroCommQueue>(opts_.overlap_comm && comm_ != nullptr);
   hooks_install();
+  // Last, so a constructor that throws leaves the model whole. Slot i is the model's
+  // buffer i (base buffers, then adapters). From here on the gradient shards (stages
+  // 2-3) and master shards (stage 3) are the only copies: the model frees its full
+  // arrays, and the hooks lend it working buffers while a layer runs.
+  if (opts_.stage >= 2) model_.storage_release(true, sharded_);
 }
 
 ZeroEngine::~ZeroEngine() {
   model_.set_hooks({});
   queue_.reset();  // joins the communication thread
-  // Hand the model its own storage back so it never points into freed memory.
-  for (auto& s : slots_) {
-    s.pb->data = s.orig_data;
-    s.pb->grad = s.orig_grad;
-  }
+  // The model gets whole storage back (no pointer into the working buffers freed with
+  // the slots). Materialized, it already holds the full fp32 weights; otherwise a
+  // collective here could hang (other ranks may be unwinding), so a sharded buffer
+  // keeps only this rank's shard of the masters, zeros elsewhere.
+  const bool partial = !materialized_;
+  model_.storage_restore();
+  if (partial)
+    for (size_t i : sharded_) {
+      Slot& s = slots_[i];
+      if (s.owned()) std::memcpy(s.pb->data + s.lo, s.master.data(), s.owned() * sizeof(float));
+    }
 }
 
 // Gradient buckets in backward order (layers n_layer .. -1): consecutive trainable
@@ -544,12 +551,11 @@ void ZeroEngine::params_materialize() {
     for (auto& s : slots_)
       if (!s.master.empty()) std::memcpy(s.pb->data, s.master.data(), s.n * sizeof(float));
   } else {
+    model_.storage_restore(false, sharded_);  // the model's own storage takes the full values
     std::vector<size_t> list;
-    for (size_t i = 0; i < slots_.size(); ++i) {
-      Slot& s = slots_[i];
-      if (s.sharded) s.pb->data = s.orig_data;  // the model's own storage takes the full values
-      if (!s.master.empty() || s.sharded) list.push_back(i);
-    }
+    // The same list on every rank (a rank may own nothing of a small buffer).
+    for (size_t i = 0; i < slots_.size(); ++i)
+      if (opts_.compute_dtype != DType::F32 || slots_[i].sharded) list.push_back(i);
     gather_into_model(list, f32);
   }
   materialized_ = true;
@@ -557,10 +563,10 @@ void ZeroEngine::params_materialize() {
 
 void ZeroEngine::params_restore() {
   if (!materialized_) return;
-  for (auto& s : slots_) {
-    if (s.sharded) s.pb->data = nullptr;
-    else if (opts_.compute_dtype != DType::F32) round_inplace(s.pb->data, s.n, opts_.compute_dtype);
-  }
+  model_.storage_release(false, sharded_);
+  if (opts_.compute_dtype != DType::F32)
+    for (auto& s : slots_)
+      if (!s.sharded) round_inplace(s.pb->data, s.n, opts_.compute_dtype);
   materialized_ = false;
 }
 
@@ -596,22 +602,25 @@ void ZeroEngine::params_loaded() {
 ZeroMemory ZeroEngine::memory() const {
   ZeroMemory r;
   size_t phi = 0, psi = 0;
+  // What the model must hold for training: full parameters of the resident buffers
+  // (all while materialized), full gradients below stage 2. Its own bookkeeping says
+  // what it does hold; the difference is idle.
+  size_t want_param = 0, want_grad = 0;
   for (const auto& s : slots_) {
     phi += s.n;
     if (s.trainable) psi += s.n;
-    if (!s.sharded) r.param_bytes += s.n * sizeof(float);
-    else r.model_idle_bytes += s.n * sizeof(float);
+    if (!s.sharded || materialized_) want_param += s.n * sizeof(float);
     r.param_bytes += s.master.size() * sizeof(float);
     if (s.trainable) {
       r.optim_bytes += (s.m.size() + s.v.size()) * sizeof(float);
-      if (opts_.stage >= 2) {
-        r.grad_bytes += s.gshard.size() * sizeof(float);
-        r.model_idle_bytes += s.n * sizeof(float);
-      } else {
-        r.grad_bytes += s.n * sizeof(float);
-      }
+      r.grad_bytes += s.gshard.size() * sizeof(float);
+      if (opts_.stage < 2) want_grad += s.n * sizeof(float);
     }
   }
+  const size_t have_param = model_.param_allocated_bytes(), have_grad = model_.grad_allocated_bytes();
+  r.param_bytes += std::min(have_param, want_param);
+  r.grad_bytes += std::min(have_grad, want_grad);
+  r.model_idle_bytes = have_param - std::min(have_param, want_param) + have_grad - std::min(have_grad, want_grad);
   {
     std::lock_guard<std::mutex> lk(work_mu_);
     r.work_peak_bytes = work_peak_;

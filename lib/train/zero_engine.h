@@ -58,9 +58,9 @@ ZeroOptions zero_options_from(const config::TrainConfig& cfg);
 struct ZeroMemory {
   size_t param_bytes = 0, grad_bytes = 0, optim_bytes = 0;
   size_t work_peak_bytes = 0;  ///< peak of the transient buffers
-  /// Storage the Model still owns but no longer uses (its own gradient / parameter
-  /// arrays after the engine re-pointed the buffers at sharded storage): 0 once the
-  /// model can release it (see ZeroEngine's storage note).
+  /// Storage the Model holds (Model::allocated_bytes) beyond what training uses at this
+  /// stage: 0, since the engine makes the model release its full gradient arrays
+  /// (stages 2-3) and sharded parameter arrays (stage 3); nonzero would be a leak.
   size_t model_idle_bytes = 0;
   size_t theory_param = 0, theory_grad = 0, theory_optim = 0;
   size_t total() const { return param_bytes + grad_bytes + optim_bytes; }
@@ -97,11 +97,17 @@ struct ZeroBufferView {
 /// with grad_scale 0), and an evaluation whose forward count differs between ranks
 /// runs between params_materialize() and params_restore() (no gathering then).
 ///
-/// Storage: the engine re-points the model's ParamBuffer data/grad pointers at its own
-/// memory (stage-2/3 working gradients, stage-3 gathered layers). The Model API has no
-/// way yet to free its own arrays, so they stay allocated but unused
-/// (ZeroMemory::model_idle_bytes) until Model gains a storage_release(); the engine's
-/// destructor points the buffers back at the model's storage.
+/// Storage: at stages 2-3 the constructor makes the model free its full gradient
+/// arrays, and at stage 3 the parameter arrays of every sharded buffer (those at or
+/// above param_persistence_threshold), through Model::storage_release; the hooks point
+/// the model's ParamBuffer data/grad at the engine's working buffers (stage-2/3 layer
+/// gradients, stage-3 gathered layers) while a layer runs and null them after.
+/// params_materialize() re-allocates the sharded parameter arrays (full fp32 weights),
+/// params_restore() frees them again. The destructor re-allocates everything: the
+/// model is whole and usable without an engine; at stage 3 it holds the full trained
+/// weights only if the engine was materialized (otherwise this rank's master shard,
+/// zeros elsewhere: no collective runs in a destructor). The model must own all its
+/// storage when the engine is created (UsageError otherwise).
 class ZeroEngine {
  public:
   /// comm == nullptr or size 1: single rank. Throws ConfigError for a bad stage/dtype.
@@ -200,6 +206,7 @@ class ZeroEngine {
   mutable std::mutex work_mu_;  // work accounting is also touched by the communication thread
   size_t work_bytes_ = 0, work_peak_ = 0;
   size_t live_elems_ = 0;  // stage 3: gathered elements
+  std::vector<size_t> sharded_;  // stage 3: slots (= model buffer indices) whose parameters are sharded
 };
 
 }  // namespace dtrain::train

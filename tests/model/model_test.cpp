@@ -372,3 +372,141 @@ TEST_CASE("changing (B, T) between calls re-allocates and gives the same results
     CHECK(std::memcmp(m.params()[i].grad, fresh_small.params()[i].grad, m.params()[i].size * 4) == 0);
   CHECK(m.forward(big.tok.data(), big.tgt.data(), 2, 8) == want_big);
 }
+
+// ---------------------------------------------------------------------------
+// Storage release (what the ZeRO engine does at stages 2-3): hooks lend working
+// buffers, the results are those of a model owning its storage.
+
+namespace {
+
+size_t floats_of(Model& m, bool lora) {
+  size_t n = 0;
+  for (auto& pb : lora ? m.lora_params() : m.params()) n += pb.size;
+  return n;
+}
+
+// The model's parameters and gradients with every array released and lent by hooks
+// (parameters from `keep`, gradients into `wgrad`), like ZeRO stage 3.
+void check_released_matches(const ModelConfig& cfg) {
+  Model ref(cfg), m(cfg);
+  ref.init_weights(5);
+  m.init_weights(5);
+  const size_t nb = m.params().size();
+  std::vector<std::vector<float>> keep(nb), wgrad(nb);
+  std::vector<size_t> all;
+  for (size_t i = 0; i < nb; ++i) {
+    keep[i].assign(m.params()[i].data, m.params()[i].data + m.params()[i].size);
+    wgrad[i].assign(m.params()[i].size, 0.0f);
+    all.push_back(i);
+  }
+  const size_t full = m.allocated_bytes();
+  CHECK(full == 2 * 4 * floats_of(m, false));
+  m.storage_release(true, all);
+  CHECK(m.allocated_bytes() == 0);
+  CHECK(m.storage_released());
+  for (auto& pb : m.params()) CHECK((pb.data == nullptr && pb.grad == nullptr));
+
+  const int B = 2, T = 6, L = cfg.n_layer;
+  Batch b = make_batch(B, T, cfg.vocab_size, 8);
+  // Without hooks the released buffers are missing: refused, not a crash.
+  CHECK_THROWS_AS(m.forward(b.tok.data(), b.tgt.data(), B, T), UsageError);
+
+  auto lend = [&](int l, bool grad) {
+    for (size_t i : {static_cast<size_t>(l + 1), size_t{0}}) {
+      if (i == 0 && l != -1 && !(l == L && cfg.tie_embeddings)) continue;
+      m.params()[i].data = keep[i].data();
+      if (grad) m.params()[i].grad = wgrad[i].data();
+    }
+  };
+  auto take_back = [&](int l) {
+    m.params()[static_cast<size_t>(l + 1)].data = nullptr;
+    m.params()[static_cast<size_t>(l + 1)].grad = nullptr;
+  };
+  // Parameters only: backward finds no gradient storage and refuses.
+  m.set_hooks({[&](int l) { lend(l, false); }, [&](int l) { lend(l, false); }, [&](int) {}});
+  m.forward(b.tok.data(), b.tgt.data(), B, T);
+  CHECK_THROWS_AS(m.backward(), UsageError);
+
+  m.set_hooks({[&](int l) { lend(l, false); }, [&](int l) { lend(l, true); }, take_back});
+  ref.zero_grad();
+  const float want = ref.forward(b.tok.data(), b.tgt.data(), B, T);
+  ref.backward();
+  CHECK(m.forward(b.tok.data(), b.tgt.data(), B, T) == want);
+  m.backward();
+  for (size_t i = 0; i < nb; ++i) {
+    CAPTURE(i);
+    CHECK(std::memcmp(wgrad[i].data(), ref.params()[i].grad, wgrad[i].size() * sizeof(float)) == 0);
+  }
+  CHECK(m.allocated_bytes() == 0);
+
+  // Whole again: zeroed storage of the right size, usable without hooks.
+  m.set_hooks({});
+  m.storage_restore();
+  CHECK_FALSE(m.storage_released());
+  CHECK(m.allocated_bytes() == full);
+  for (auto& pb : m.params())
+    for (size_t i = 0; i < pb.size; ++i) REQUIRE((pb.data[i] == 0.0f && pb.grad[i] == 0.0f));
+  m.init_weights(5);
+  CHECK(m.forward(b.tok.data(), b.tgt.data(), B, T) == want);
+}
+
+}  // namespace
+
+TEST_CASE("storage release: with hooks lending the buffers, loss and gradients are unchanged (tied and untied)") {
+  check_released_matches(tiny_gpt2());
+  check_released_matches(tiny_llama(2));
+}
+
+TEST_CASE("storage release: exact byte accounting, partial restore, refusals") {
+  Model m(tiny_llama(2));
+  m.init_weights(1);
+  const size_t full = m.allocated_bytes();
+  const size_t n1 = m.params()[1].size * sizeof(float);
+  m.storage_release(false, {1});
+  CHECK(m.allocated_bytes() == full - n1);
+  CHECK(m.param_released(1));
+  CHECK_FALSE(m.param_released(0));
+  CHECK(m.params()[1].data == nullptr);
+  CHECK(m.params()[1].grad != nullptr);
+  m.storage_release(false, {1});  // already released: no change
+  CHECK(m.allocated_bytes() == full - n1);
+  CHECK_THROWS_AS(m.storage_release(false, {m.params().size()}), UsageError);
+  CHECK_THROWS_AS(m.init_weights(2), UsageError);
+  CHECK_THROWS_AS(m.tensor(m.params()[1].layout.tensors[0].name), UsageError);
+  CHECK(m.tensor(m.params()[0].layout.tensors[0].name).data != nullptr);
+  LoraConfig lc;
+  lc.targets = {"q_proj"};
+  CHECK_THROWS_AS(m.lora_enable(lc), UsageError);
+  m.storage_release(true, {});
+  CHECK(m.grad_allocated_bytes() == 0);
+  CHECK(m.param_allocated_bytes() == full / 2 - n1);
+  m.zero_grad();  // nothing to zero, no crash
+  m.storage_restore(true, {});
+  CHECK(m.grad_allocated_bytes() == full / 2);
+  CHECK(m.param_released(1));
+  m.storage_restore(false, {1});
+  CHECK(m.allocated_bytes() == full);
+  CHECK_FALSE(m.storage_released());
+  m.lora_enable(lc);  // whole again: allowed
+  CHECK(m.lora_on());
+}
+
+TEST_CASE("storage release under LoRA frees the adapters' gradients; adapters index after the base buffers") {
+  Model m(tiny_gpt2());
+  m.init_weights(1);
+  LoraConfig lc;
+  lc.targets = {"c_attn"};
+  m.lora_enable(lc);
+  const size_t base = floats_of(m, false), ad = floats_of(m, true);
+  CHECK(m.allocated_bytes() == 4 * (base + 2 * ad));  // base frozen: no gradient arrays
+  const size_t nb = m.params().size();
+  m.storage_release(true, {nb});  // the first adapter's parameters
+  CHECK(m.grad_allocated_bytes() == 0);
+  CHECK(m.param_allocated_bytes() == 4 * (base + ad - m.lora_params()[0].size));
+  CHECK(m.lora_params()[0].data == nullptr);
+  for (auto& pb : m.lora_params()) CHECK(pb.grad == nullptr);
+  CHECK_THROWS_AS(m.lora_merge(), UsageError);
+  m.storage_restore();
+  CHECK(m.allocated_bytes() == 4 * (base + 2 * ad));
+  for (auto& pb : m.lora_params()) CHECK(pb.grad != nullptr);
+}

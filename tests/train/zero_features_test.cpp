@@ -1,7 +1,8 @@
 // ZeRO engine features: bf16/fp16 mixed precision against the single-rank run, fp16
 // overflow skipped by every rank together, LoRA under stages 2 and 3, clipping by the
-// true global norm, overlap_comm identical to the inline path, stage-3 persistence, and
-// per-rank memory against the theoretical figure (with the stage-2/3 savings measured).
+// true global norm, overlap_comm identical to the inline path, stage-3 persistence,
+// per-rank memory against the theoretical figure (with the stage-2/3 savings measured),
+// and the model really freeing the arrays the engine shards (Model::allocated_bytes).
 #include "zero_harness.h"
 
 #include <doctest/doctest.h>
@@ -199,17 +200,48 @@ TEST_CASE("per-rank memory matches the theoretical figure within 10% and the sta
     s.steps = 2;
     s.opts.reduce_bucket_size = 9000;  // about one layer per gradient bucket
     s.opts.prefetch_bucket_size = 9000;
-    const RunResult r = train_run(s);
-    REQUIRE_MESSAGE(r.ok(), r.error_text());
-    const auto& m = r.memory[0];
+    // The model's own bookkeeping: what it holds before the engine, during training,
+    // while materialized and once the engine is gone.
+    const size_t phi = model_build(s)->num_params(), full = model_build(s)->allocated_bytes();
+    REQUIRE(full == 2 * 4 * phi);
+    std::vector<size_t> training(W), materialized(W), after(W);
+    std::vector<dtrain::train::ZeroMemory> ranks(W);
+    auto errors = run_ranks(W, [&](dtrain::comm::Communicator* comm, int r) {
+      RankTrainer t(s, comm, r);
+      for (int k = 1; k <= s.steps; ++k) t.step(k);
+      training[static_cast<size_t>(r)] = t.model->allocated_bytes();
+      ranks[static_cast<size_t>(r)] = t.engine->memory();
+      t.engine->params_materialize();
+      materialized[static_cast<size_t>(r)] = t.model->allocated_bytes();
+      std::vector<float> w;
+      for (auto& pb : t.model->params()) w.insert(w.end(), pb.data, pb.data + pb.size);
+      t.engine.reset();  // materialized: the model keeps the full fp32 weights
+      after[static_cast<size_t>(r)] = t.model->allocated_bytes();
+      std::vector<float> w2;
+      for (auto& pb : t.model->params()) w2.insert(w2.end(), pb.data, pb.data + pb.size);
+      if (w2 != w) throw std::runtime_error("weights changed when the engine was destroyed");
+    });
+    for (const auto& e : errors) REQUIRE(e == "");
+    const auto& m = ranks[0];
     MESSAGE(fmt::format("stage {} W {}: params {} (theory {}) grads {} (theory {}) optim {} (theory {}) "
-                        "transient peak {} model-idle {}",
+                        "transient peak {} model-idle {}; model holds {} of {} bytes",
                         stage, W, m.param_bytes, m.theory_param, m.grad_bytes, m.theory_grad, m.optim_bytes,
-                        m.theory_optim, m.work_peak_bytes, m.model_idle_bytes));
-    CHECK(static_cast<double>(m.total()) >= 0.9 * static_cast<double>(m.theory_total()));
-    CHECK(static_cast<double>(m.total()) <= 1.1 * static_cast<double>(m.theory_total()));
-    CHECK(static_cast<double>(m.grad_bytes) <= 1.1 * static_cast<double>(m.theory_grad));
-    CHECK(static_cast<double>(m.optim_bytes) <= 1.1 * static_cast<double>(m.theory_optim));
+                        m.theory_optim, m.work_peak_bytes, m.model_idle_bytes, training[0], full));
+    for (int r = 0; r < W; ++r) {
+      CAPTURE(r);
+      const auto& x = ranks[static_cast<size_t>(r)];
+      CHECK(x.model_idle_bytes == 0);
+      CHECK(static_cast<double>(x.total()) >= 0.9 * static_cast<double>(x.theory_total()));
+      CHECK(static_cast<double>(x.total()) <= 1.1 * static_cast<double>(x.theory_total()));
+      CHECK(static_cast<double>(x.grad_bytes) <= 1.1 * static_cast<double>(x.theory_grad));
+      CHECK(static_cast<double>(x.optim_bytes) <= 1.1 * static_cast<double>(x.theory_optim));
+      // Stage 2 frees every full gradient array, stage 3 every parameter array too (the
+      // threshold is 0: everything is sharded).
+      const size_t want = stage <= 1 ? full : stage == 2 ? full - 4 * phi : 0;
+      CHECK(training[static_cast<size_t>(r)] == want);
+      CHECK(materialized[static_cast<size_t>(r)] == (stage == 3 ? 4 * phi : want));
+      CHECK(after[static_cast<size_t>(r)] == full);
+    }
     if (stage == 0) full_grad = m.grad_bytes;
     // Transients: the full gradients never exist at once, only one working layer (plus
     // the tied embeddings, written by the head) and one bucket of about a layer; stage 3
@@ -227,6 +259,77 @@ TEST_CASE("per-rank memory matches the theoretical figure within 10% and the sta
   CHECK(mem[1].total() < mem[0].total());
   CHECK(mem[2].total() < mem[1].total());
   CHECK(mem[3].total() < mem[2].total());
+}
+
+TEST_CASE("the model frees exactly what the engine shards (persistence threshold, LoRA, Llama) and is whole after") {
+  struct Case {
+    bool llama, lora;
+    int stage;
+    size_t threshold;
+  };
+  for (const Case c : {Case{false, false, 2, 0}, Case{false, false, 3, 5000}, Case{true, false, 3, 0},
+                       Case{true, true, 3, 0}, Case{false, true, 2, 0}, Case{true, true, 3, 1000}}) {
+    CAPTURE(c.llama);
+    CAPTURE(c.lora);
+    CAPTURE(c.stage);
+    CAPTURE(c.threshold);
+    RunSpec s = spec_for(c.stage, 3, c.llama);
+    s.lora = c.lora;
+    s.steps = 2;
+    s.opts.param_persistence_threshold = c.threshold;
+    auto m0 = model_build(s);
+    // Expected: resident parameter arrays (all at stage 2; below the threshold at stage
+    // 3), no gradient arrays at all.
+    size_t want = 0;
+    for (auto* list : {&m0->params(), &m0->lora_params()})
+      for (auto& pb : *list)
+        if (c.stage == 2 || pb.size < c.threshold) want += 4 * pb.size;
+    const size_t full = m0->allocated_bytes();
+    REQUIRE(want < full);
+    const RunResult ref = [&] {
+      RunSpec r = s;
+      r.world = 1;
+      r.opts.stage = 0;
+      return train_run(r);
+    }();
+    REQUIRE_MESSAGE(ref.ok(), ref.error_text());
+    auto errors = run_ranks(3, [&](dtrain::comm::Communicator* comm, int r) {
+      RankTrainer t(s, comm, r);
+      for (int k = 1; k <= s.steps; ++k) t.step(k);
+      if (t.model->allocated_bytes() != want || t.model->grad_allocated_bytes() != 0)
+        throw std::runtime_error(fmt::format("model holds {} bytes ({} of gradients), expected {} and 0",
+                                             t.model->allocated_bytes(), t.model->grad_allocated_bytes(), want));
+      if (t.engine->memory().model_idle_bytes != 0) throw std::runtime_error("idle model storage");
+      const auto w = t.weights();
+      if (max_abs_diff(w, ref.weights) > 5e-5) throw std::runtime_error("weights differ from the single-rank run");
+      // Destroyed while not materialized: whole storage again, usable without an engine.
+      t.engine.reset();
+      if (t.model->allocated_bytes() != full) throw std::runtime_error("storage not restored by the destructor");
+      // Stage 2 keeps every weight; stage 3 keeps this rank's shard, zeros elsewhere.
+      size_t at = 0, kept = 0;
+      for (auto* list : {&t.model->params(), &t.model->lora_params()})
+        for (auto& pb : *list)
+          for (size_t i = 0; i < pb.size; ++i, ++at) {
+            if (pb.data[i] == w[at]) ++kept;
+            else if (c.stage == 2 || pb.data[i] != 0.0f) throw std::runtime_error("weights changed by the destructor");
+            pb.data[i] = w[at];
+          }
+      if (c.stage == 3 && kept * 2 > w.size()) throw std::runtime_error("more than a shard survived the destructor");
+      // With the weights back, the bare model trains without an engine (hooks removed,
+      // gradients allocated).
+      std::vector<int32_t> tok, tgt;
+      batch_rows(99, 0, 2, s.T, t.model->config().vocab_size, tok, tgt);
+      t.model->zero_grad();
+      const float loss = t.model->forward(tok.data(), tgt.data(), 2, s.T);
+      t.model->backward();
+      if (!std::isfinite(loss)) throw std::runtime_error("bare model loss is not finite");
+      double g = 0;
+      for (auto& pb : t.model->trainable_params())
+        for (size_t i = 0; i < pb.size; ++i) g += std::fabs(pb.grad[i]);
+      if (!(g > 0)) throw std::runtime_error("bare model has no gradient");
+    });
+    for (const auto& e : errors) CHECK(e == "");
+  }
 }
 
 TEST_CASE("zero_options_from maps the config keys") {
