@@ -31,6 +31,8 @@ int run_eval(const std::string& run_dir_or_model_dir, const std::string& data_js
 int run_generate(const std::string& dir, const std::string& prompt, int max_new_tokens, bool raw);
 int run_data_prepare(const std::string& input, const std::string& format, const std::string& tokenizer,
                      const std::string& output);
+// cmd_export.cpp
+int run_export(const std::string& run_dir, const std::string& out_dir);
 
 // cmd_plot.cpp, cmd_status.cpp
 int run_plot(const std::string& run_dir, const std::string& out_png, int width, int height);

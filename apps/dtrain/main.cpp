@@ -124,6 +124,13 @@ int main(int argc, char** argv) {
   eval->add_flag("--init", ev.init, "evaluate the config's freshly initialised model (the before-training figure)");
   eval->footer("Example:\n  dtrain eval runs/tiny-sft --max-records 200");
 
+  std::string export_dir, export_out;
+  auto* export_cmd = app.add_subcommand(
+      "export", "write a run's latest complete checkpoint (any world size / ZeRO stage) as Hugging Face files");
+  export_cmd->add_option("RUN_DIR", export_dir, "the run directory")->required()->check(CLI::ExistingDirectory);
+  export_cmd->add_option("-o,--output", export_out, "directory to write (default: RUN_DIR/export)");
+  export_cmd->footer("Example:\n  dtrain export runs/tiny-sft -o tiny-sft-hf");
+
   struct {
     std::string dir, prompt;
     int max_new = 64;
@@ -179,6 +186,7 @@ int main(int argc, char** argv) {
   if (worker->parsed()) return run_guarded([&] { return dtrain::cli::run_worker(worker->remaining()); });
   if (eval->parsed())
     return run_guarded([&] { return dtrain::cli::run_eval(ev.dir, ev.data, ev.max_records, ev.config, ev.init); });
+  if (export_cmd->parsed()) return run_guarded([&] { return dtrain::cli::run_export(export_dir, export_out); });
   if (generate->parsed())
     return run_guarded([&] { return dtrain::cli::run_generate(gen.dir, gen.prompt, gen.max_new, gen.raw); });
   if (prepare->parsed())
