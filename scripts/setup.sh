@@ -18,7 +18,7 @@ pkgs=(build-essential cmake pkg-config git python3
       libcli11-dev libyaml-cpp-dev libssh2-1-dev libfmt-dev libboost-dev doctest-dev
       libgloo-dev libopenblas-dev nlohmann-json3-dev openssh-client patchelf)
 if [ "$want_test" = 1 ]; then
-  pkgs+=(openssh-server iproute2 procps)
+  pkgs+=(openssh-server iproute2 procps slurmctld slurmd slurm-client munge)
   command -v npm >/dev/null 2>&1 || pkgs+=(npm)
 fi
 

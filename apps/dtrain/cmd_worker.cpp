@@ -18,6 +18,7 @@
 
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 
@@ -104,6 +105,7 @@ void print_env_if_asked() {
 }
 
 int run_worker(const std::vector<std::string>& argv) {
+  ::signal(SIGPIPE, SIG_IGN);  // a dead peer's socket must be an error, not a silent exit
   launch::RankContext ctx = launch::rank_context_from_env(STDIN_FILENO);
   print_env_if_asked();
   char host[256] = {0};

@@ -368,6 +368,7 @@ void print_header(std::FILE* out, const BenchOptions& opts, const std::vector<st
                  f[1].c_str(), f[2].c_str(), f[3].c_str());
   }
   std::fprintf(out, "#\n");
+  std::fflush(out);
 }
 
 void print_columns(std::FILE* out, Collective c) {
@@ -375,6 +376,7 @@ void print_columns(std::FILE* out, Collective c) {
   std::fprintf(out, "#%58s%s%30s%s\n", "", "out-of-place", "", "in-place");
   std::fprintf(out, "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n");
   std::fprintf(out, "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       \n");
+  std::fflush(out);
 }
 
 void print_row(std::FILE* out, const BenchRow& r) {

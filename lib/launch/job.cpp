@@ -98,7 +98,9 @@ std::string interface_address(const std::string& interface) {
 }  // namespace
 
 std::string local_address_towards(const std::string& remote_host) {
-  if (host_is_local(remote_host)) return "127.0.0.1";
+  // No shortcut for local hosts: a rank on the node that runs the rendezvous must
+  // advertise that node's address, not 127.0.0.1, or other nodes cannot reach it. The
+  // route lookup below gives 127.0.0.1 only when remote_host is loopback itself.
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_DGRAM;

@@ -57,8 +57,9 @@ void job_write_run_dir(const Job& job);
 std::string job_id_generate();
 
 /// The address of this machine that `remote_host` would be reached from (no packet is
-/// sent: a UDP socket is connected and asked for its local address). "127.0.0.1" when
-/// the host is local or cannot be resolved.
+/// sent: a UDP socket is connected and asked for its local address): 127.0.0.1 for a
+/// loopback host, this node's own address when remote_host is one of its addresses, and
+/// the first non-loopback IPv4 address when remote_host cannot be resolved.
 std::string local_address_towards(const std::string& remote_host);
 
 /// Absolute path of the running executable (/proc/self/exe).

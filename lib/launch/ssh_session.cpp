@@ -396,7 +396,7 @@ void SshSession::handshake_and_verify() {
     case LIBSSH2_KNOWNHOST_CHECK_MATCH:
       return;
     case LIBSSH2_KNOWNHOST_CHECK_MISMATCH:
-      DT_THROW(LaunchError,
+      DT_THROW(SshRefusedError,
                "SSH to {}: HOST KEY MISMATCH. The server offers {} key {}, but known_hosts file {} holds a "
                "different {} key for {}. The host was reinstalled, or someone is intercepting the connection. "
                "If the change is expected, remove the old entry (ssh-keygen -R '{}' -f {}) and connect again",
@@ -411,7 +411,7 @@ void SshSession::handshake_and_verify() {
     std::string others = known_kinds.empty()
                              ? std::string()
                              : fmt::format(" (it holds only {} key(s) for this host)", kinds_text(known_kinds));
-    DT_THROW(LaunchError,
+    DT_THROW(SshRefusedError,
              "SSH to {}: unknown host key: the server offers {} key {}, which is not in known_hosts file {}{}. "
              "Verify the fingerprint, then add it (ssh-keyscan -p {} -t {} {} >> {}) or use the accept-new host "
              "key policy", host_, type_name, fingerprint, path, others, options_.port, type_name, host_, path);
@@ -434,7 +434,7 @@ void SshSession::authenticate() {
     DT_THROW(LaunchError, "SSH to {}: cannot list authentication methods for user {}: {}", host_, user_,
              last_error());
   }
-  DT_ENFORCE(std::strstr(methods, "publickey") != nullptr, LaunchError,
+  DT_ENFORCE(std::strstr(methods, "publickey") != nullptr, SshRefusedError,
              "SSH to {}: the server offers only '{}' for user {}; dtrain needs public-key authentication", host_,
              methods, user_);
 
@@ -454,11 +454,11 @@ void SshSession::authenticate() {
   if (!options_.identity_file.empty()) {
     const std::string& file = options_.identity_file;
     int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) DT_THROW(LaunchError, "SSH to {}: cannot read identity file {}: {}", host_, file, std::strerror(errno));
+    if (fd < 0) DT_THROW(SshRefusedError, "SSH to {}: cannot read identity file {}: {}", host_, file, std::strerror(errno));
     ::close(fd);
     std::string error;
     if (try_file(file, &error)) return;
-    DT_THROW(LaunchError,
+    DT_THROW(SshRefusedError,
              "SSH to {}: public-key authentication as {} with identity file {} failed: {}. Check that the file is "
              "an unencrypted private key (load encrypted keys into ssh-agent instead) and that its public key is in "
              "~{}/.ssh/authorized_keys on {}",
@@ -502,7 +502,7 @@ void SshSession::authenticate() {
   }
   std::string list;
   for (const auto& t : tried) list += (list.empty() ? "" : "; ") + t;
-  DT_THROW(LaunchError,
+  DT_THROW(SshRefusedError,
            "SSH to {}: public-key authentication as {} failed; tried: {}. Set an identity file (ssh identity_file / "
            "-i) or add a key to ssh-agent, and put its public key in ~{}/.ssh/authorized_keys on {}",
            host_, user_, list, user_, host_);

@@ -4,12 +4,24 @@
 // Every blocking step is bounded by SshOptions::connect_timeout.
 #pragma once
 
+#include "core/error.h"
+
 #include <libssh2.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <string>
+
+namespace dtrain {
+/// A launch error that retrying cannot fix: the host key does not match or is unknown
+/// under the strict policy, or authentication was refused. The supervisor does not
+/// spend restarts on it.
+class SshRefusedError : public LaunchError {
+ public:
+  using LaunchError::LaunchError;
+};
+}  // namespace dtrain
 
 namespace dtrain::launch {
 

@@ -119,9 +119,12 @@ class OutputRouter {
 };
 
 struct Failure {
+  enum class Kind { NONE, SPAWN, AGENT_EXIT, HEARTBEAT, INTERRUPT };
   int node = -1;
   std::string why;
   int exit_code = 0;
+  Kind kind = Kind::NONE;
+  bool permanent = false;  // retrying cannot help (host key / authentication refused)
 };
 
 void append_event(const std::string& run_dir, const nlohmann::json& ev) {
@@ -132,6 +135,23 @@ void append_event(const std::string& run_dir, const nlohmann::json& ev) {
 int64_t unix_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+// Why node k's agent ended unsuccessfully: the agent's own account of the failing rank
+// (store key fail/node<k>, given a moment to land), prefixed with the node and host.
+Failure agent_failure(const Job& job, rendezvous::StoreClient& store, const std::string& prefix, int k,
+                      const ExitStatus& st) {
+  std::string detail;
+  try {
+    if (store.wait({prefix + agent_failure_key(k)}, 500ms)) detail = store.get(prefix + agent_failure_key(k), 100ms);
+  } catch (const Error&) {
+  }
+  std::string host = job.plan.nodes[k].host.destination();
+  if (detail.empty()) detail = fmt::format("the agent {}", st.describe());
+  int code = st.exited ? st.code : 128 + st.signal;
+  if (st.connection_lost) code = static_cast<int>(Exit::LAUNCH);
+  return {k, fmt::format("node {} ({}): {}", k, host, detail), code == 0 ? static_cast<int>(Exit::LAUNCH) : code,
+          Failure::Kind::AGENT_EXIT};
 }
 
 // One round: start agents, watch, stop. Returns nullopt-like Failure{node=-1} on success.
@@ -148,6 +168,7 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
 
   std::vector<std::unique_ptr<Process>> agents(n);
   std::vector<std::string> spawn_errors(n);
+  std::vector<char> spawn_permanent(n, 0);
   {
     // Sessions open in parallel: a slow or dead host does not delay the others.
     std::vector<std::thread> starters;
@@ -157,6 +178,9 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
           NodeCommand cmd = node_command_build(job.plan, k, job.spec, env);
           agents[k] = opts.spawner(job.plan.nodes[k], cmd, token + "\n",
                                    [&out, k](Stream s, std::string_view line) { out.line(k, s, line); });
+        } catch (const SshRefusedError& e) {
+          spawn_errors[k] = e.what();
+          spawn_permanent[k] = 1;
         } catch (const Error& e) {
           spawn_errors[k] = e.what();
         }
@@ -168,7 +192,7 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
   for (int k = 0; k < n; ++k)
     if (!spawn_errors[k].empty() && fail.node < 0) {
       fail = {k, fmt::format("could not start node {} ({}): {}", k, job.plan.nodes[k].host.destination(), spawn_errors[k]),
-              static_cast<int>(Exit::LAUNCH)};
+              static_cast<int>(Exit::LAUNCH), Failure::Kind::SPAWN, spawn_permanent[k] != 0};
     }
 
   const auto started = Clock::now();
@@ -176,7 +200,7 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
   std::vector<bool> done(n, false);
   while (fail.node < 0) {
     if (opts.interrupted && *opts.interrupted) {
-      fail = {-2, "interrupted (Ctrl-C)", static_cast<int>(Exit::INTERRUPTED)};
+      fail = {-2, "interrupted (Ctrl-C)", static_cast<int>(Exit::INTERRUPTED), Failure::Kind::INTERRUPT};
       break;
     }
     int finished = 0;
@@ -192,17 +216,25 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
         ++finished;
         continue;
       }
-      // The agent names the failing rank under fail/node<k>; give it a moment to land.
-      std::string detail;
-      try {
-        if (store.wait({prefix + agent_failure_key(k)}, 500ms)) detail = store.get(prefix + agent_failure_key(k), 100ms);
-      } catch (const Error&) {
+      fail = agent_failure(job, store, prefix, k, *st);
+      // When a rank dies its peers fail too, with communication errors, at nearly the
+      // same moment: look a little longer for the failure that is not a consequence.
+      if (fail.exit_code == static_cast<int>(Exit::COMM)) {
+        auto until = Clock::now() + 1000ms;
+        while (Clock::now() < until && fail.exit_code == static_cast<int>(Exit::COMM)) {
+          for (int j = 0; j < n; ++j) {
+            if (j == k || done[j]) continue;
+            auto sj = agents[j]->wait_for(0ms);
+            if (!sj || sj->success()) continue;
+            Failure fj = agent_failure(job, store, prefix, j, *sj);
+            if (fj.exit_code != static_cast<int>(Exit::COMM)) {
+              fail = fj;
+              break;
+            }
+          }
+          std::this_thread::sleep_for(20ms);
+        }
       }
-      std::string host = job.plan.nodes[k].host.destination();
-      if (detail.empty()) detail = fmt::format("the agent on node {} ({}) {}", k, host, st->describe());
-      int code = st->exited ? st->code : 128 + st->signal;
-      if (st->connection_lost) code = static_cast<int>(Exit::LAUNCH);
-      fail = {k, detail, code == 0 ? static_cast<int>(Exit::LAUNCH) : code};
     }
     if (fail.node >= 0) break;
     if (finished == n) return fail;  // every node succeeded
@@ -230,13 +262,13 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
         if (now - started > first_hb_grace) {
           fail = {k, fmt::format("node {} ({}) sent no heartbeat within {:.0f} s of its start", k, host,
                                  std::chrono::duration<double>(first_hb_grace).count()),
-                  static_cast<int>(Exit::LAUNCH)};
+                  static_cast<int>(Exit::LAUNCH), Failure::Kind::HEARTBEAT};
           break;
         }
       } else if (now - it->second > hb_timeout) {
         fail = {k, fmt::format("node {} ({}) missed heartbeats for {:.1f} s (heartbeat_timeout {} s)", k, host,
                                std::chrono::duration<double>(now - it->second).count(), ft.heartbeat_timeout),
-                static_cast<int>(Exit::LAUNCH)};
+                static_cast<int>(Exit::LAUNCH), Failure::Kind::HEARTBEAT};
         break;
       }
     }
@@ -254,6 +286,12 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
   for (int k = 0; k < n; ++k)
     if (agents[k] && agents[k]->running())
       stoppers.emplace_back([&, k] {
+        // A node that stopped answering cannot stop anything: drop its session now (its
+        // agent stops its ranks when its stdin closes or the store vanishes).
+        if (k == fail.node && fail.kind == Failure::Kind::HEARTBEAT) {
+          agents[k]->terminate(1000ms);
+          return;
+        }
         // Agents stop their ranks within their own grace; give them that plus margin.
         if (!agents[k]->wait_for(3000ms)) agents[k]->terminate(8000ms);
       });
@@ -328,6 +366,10 @@ int supervise(Job& job, const SupervisorOptions& opts) {
       return f.exit_code;
     }
     log_error("round {} failed: {}; every node stopped", round, f.why);
+    if (f.permanent) {
+      log_error("not restarting: retrying cannot fix this (fix the host key or credentials, then dtrain resume)");
+      return f.exit_code;
+    }
     if (round >= ft.max_retries) {
       log_error("giving up after {} restart(s) (fault_tolerance.max_retries = {})", round, ft.max_retries);
       return f.exit_code;

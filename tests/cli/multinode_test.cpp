@@ -221,16 +221,9 @@ TEST_CASE("kill -9 of one rank: every process on every node gone, the rank and i
   CHECK(contains(k.out, "round 0 failed"));
 }
 
-// KNOWN BUG (lib/launch/supervisor.cpp, run_round): the supervisor reports the first
-// agent exit its polling loop happens to see. When a rank is killed, its peers fail at
-// the same moment with a Gloo "connection closed" error (exit 5) and their agents often
-// exit first, so the job is blamed on a peer and exits 5 instead of the killed rank's
-// 137. The fix (see the helper's report): after the first failed agent, keep collecting
-// agent exits for a short settle window and prefer a failure that is not a
-// communication error (exit code != 5). may_fail until then: it fails when the race
-// goes the wrong way.
-TEST_CASE("kill -9 of one rank: the launcher blames the killed rank and exits with its code (137)" *
-          doctest::may_fail()) {
+// When a rank is killed its peers fail at the same moment with a Gloo "connection
+// closed" error (exit 5); the supervisor must still blame the killed rank and exit 137.
+TEST_CASE("kill -9 of one rank: the launcher blames the killed rank and exits with its code (137)") {
   Env* e = env();
   if (!e) return;
   KillRun k = kill_one_rank(*e, "kill-code");
