@@ -415,8 +415,13 @@ TrainResult train_run(const config::TrainConfig& cfg, const TrainerEnv& env) {
   if (lead && !env.run_dir.empty()) {
     const std::string dir = (fs::path(env.run_dir) / "final").string();
     model_export_hf(m, dir, data.tokenizer->bos_id(), data.tokenizer->eos_id());
-    if (env.print) std::printf("train: wrote %s (%lld steps, final loss %.4f, %.1f s)\n", dir.c_str(),
-                               static_cast<long long>(res.steps), res.final_loss, res.elapsed_s);
+    if (env.print && trained)
+      std::printf("train: wrote %s (%lld steps, final loss %.4f, %.1f s)\n", dir.c_str(),
+                  static_cast<long long>(res.steps), res.final_loss, res.elapsed_s);
+    else if (env.print)
+      std::printf("train: nothing to train (the checkpoint is at step %lld, training.max_steps %lld); wrote %s "
+                  "again\n",
+                  static_cast<long long>(res.steps), static_cast<long long>(total_steps), dir.c_str());
     std::fflush(stdout);
   }
   if (comm) comm->barrier();  // no rank leaves before the export is complete

@@ -1,0 +1,268 @@
+// End-to-end recovery of a training job through the real binary over sshd in network
+// namespaces (3 nodes x 2 ranks; skipped with a message when not root, without sshd/ip,
+// or without $DTRAIN_BIN): kill -9 of one rank's worker, and a node cut off the network
+// and reconnected, both after the first checkpoint. The launcher must tear the round
+// down, start the next one by itself, the ranks resume from the latest complete
+// checkpoint ("resumed from step K"), the job exit 0, and the final weights equal those
+// of an uninterrupted run of the same config.
+#include "cli_harness.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <set>
+
+using namespace dtrain::cli_test;
+
+namespace {
+
+constexpr int kSteps = 40;
+
+// A tiny Llama on the shipped task data: 6 ranks x micro 16 x accum 2 (batches large
+// enough that the 35 steps after the first checkpoint outlast the fault injection), a
+// checkpoint every 5 steps, and fast failure detection and retry.
+std::string config_text(const std::string& source_dir) {
+  return fmt::format(R"(train_batch_size: 192
+train_micro_batch_size_per_gpu: 16
+steps_per_print: 1
+optimizer:
+  type: AdamW
+  params:
+    lr: 3.0e-3
+    weight_decay: 0.01
+scheduler:
+  type: WarmupDecayLR
+  params:
+    warmup_num_steps: 5
+model:
+  architecture: llama
+  vocab_size: 264
+  n_layer: 2
+  n_head: 2
+  n_kv_head: 1
+  d_model: 32
+  d_ff: 64
+  max_seq_len: 32
+data:
+  train: {0}/configs/data/tasks/train.jsonl
+  format: alpaca
+  tokenizer: byte
+  seq_len: 32
+training:
+  max_steps: {1}
+  save_steps: 5
+  keep_last: 3
+  seed: 11
+fault_tolerance:
+  max_retries: 2
+  retry_delay: 1
+  heartbeat_interval: 1
+  heartbeat_timeout: 5
+)",
+                     source_dir, kSteps);
+}
+
+struct Env {
+  Cluster cluster{3, 2};
+  std::string bin = dtrain_bin();
+  std::string config;
+  std::string reference_dir;  // run dir of the uninterrupted run ("" until it ran)
+};
+
+Env* env() {
+  if (dtrain_bin().empty()) {
+    MESSAGE("recovery tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
+    return nullptr;
+  }
+  static std::unique_ptr<Env> instance = [] {
+    auto e = std::make_unique<Env>();
+    if (e->cluster.usable()) {
+      const char* src = std::getenv("DTRAIN_SOURCE_DIR");
+      e->config = e->cluster.dir() + "/recovery.yaml";
+      std::ofstream(e->config) << config_text(std::filesystem::absolute(src ? src : ".").string());
+    }
+    return e;
+  }();
+  if (!instance->cluster.usable()) {
+    MESSAGE("recovery tests skipped: " << instance->cluster.skip_reason());
+    if (instance->cluster.failed()) FAIL("the test cluster could not be started: " << instance->cluster.skip_reason());
+    return nullptr;
+  }
+  return instance.get();
+}
+
+std::vector<std::string> launch_argv(const Env& e, const std::string& run_dir) {
+  std::vector<std::string> argv = {e.bin,          "launch",        "--config", e.config, "--hostfile",
+                                   e.cluster.dir() + "/hostfile", "--master-port", "0",  "--output-dir", run_dir};
+  for (auto& s : e.cluster.ssh_sets()) argv.push_back(s);
+  return argv;
+}
+
+// The uninterrupted run, once per binary; its run dir.
+std::string reference(Env& e) {
+  if (!e.reference_dir.empty()) return e.reference_dir;
+  const std::string dir = e.cluster.dir() + "/run-reference";
+  auto r = run(launch_argv(e, dir), {}, 60s);
+  INFO("reference run output:\n" << r.out);
+  REQUIRE_MESSAGE(!r.timed_out, "the uninterrupted run did not finish in 60 s");
+  REQUIRE(r.rc == 0);
+  REQUIRE(contains(r.out, "succeeded in round 0"));
+  MESSAGE(fmt::format("uninterrupted run: {:.1f} s", r.seconds));
+  e.reference_dir = dir;
+  return dir;
+}
+
+// ----------------------------------------------------------------------------
+// safetensors: name -> fp32 values
+std::map<std::string, std::vector<float>> tensors_read(const std::string& path) {
+  std::map<std::string, std::vector<float>> out;
+  const std::string bytes = read_text(path);
+  REQUIRE_MESSAGE(bytes.size() >= 8, path << " is missing or too short");
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  REQUIRE(8 + n <= bytes.size());
+  const auto head = nlohmann::json::parse(bytes.substr(8, n));
+  for (const auto& [name, t] : head.items()) {
+    if (name == "__metadata__") continue;
+    REQUIRE_MESSAGE(t.at("dtype") == "F32", path << ": " << name << " is " << t.at("dtype"));
+    const size_t a = t.at("data_offsets")[0].get<size_t>(), b = t.at("data_offsets")[1].get<size_t>();
+    REQUIRE(8 + n + b <= bytes.size());
+    std::vector<float> v((b - a) / 4);
+    std::memcpy(v.data(), bytes.data() + 8 + n + a, b - a);
+    out[name] = std::move(v);
+  }
+  return out;
+}
+
+// Largest |a - b| / max(1, |b|) over every tensor; infinity when the tensor sets differ.
+double weights_diff(const std::string& a_path, const std::string& b_path) {
+  const auto a = tensors_read(a_path), b = tensors_read(b_path);
+  if (a.size() != b.size() || a.empty()) return INFINITY;
+  double d = 0;
+  for (const auto& [name, va] : a) {
+    auto it = b.find(name);
+    if (it == b.end() || it->second.size() != va.size()) return INFINITY;
+    for (size_t i = 0; i < va.size(); ++i)
+      d = std::max(d, std::fabs(static_cast<double>(va[i]) - it->second[i]) /
+                          std::max(1.0, std::fabs(static_cast<double>(it->second[i]))));
+  }
+  return d;
+}
+
+// Training steps recorded in metrics.jsonl, in file order.
+std::vector<int64_t> metric_steps(const std::string& run_dir) {
+  std::vector<int64_t> steps;
+  for (const auto& line : split_lines(read_text(run_dir + "/metrics.jsonl"))) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("loss")) steps.push_back(j.at("step").get<int64_t>());
+  }
+  return steps;
+}
+
+// Waits for a progress line ("step N/") written after `marker`; its arrival time.
+std::optional<Clock::time_point> wait_progress_after(Child& c, const std::string& marker,
+                                                     std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    const std::string out = c.output();
+    const size_t at = out.find(marker);
+    if (at != std::string::npos && out.find(fmt::format("/{} | loss", kSteps), at) != std::string::npos)
+      return Clock::now();
+    if (!c.running()) return std::nullopt;
+    std::this_thread::sleep_for(10ms);
+  }
+  return std::nullopt;
+}
+
+// What every recovered run must show: a failed round 0, a round 1 that resumed from a
+// checkpoint and succeeded, every step in metrics.jsonl once, and the reference weights.
+void check_recovered(Env& e, const std::string& run_dir, const std::string& out, int rc) {
+  INFO("output:\n" << out);
+  CHECK(rc == 0);
+  CHECK(contains(out, "round 0 failed"));
+  CHECK(contains(out, "round 1: starting 6 rank(s)"));
+  CHECK(contains(out, "succeeded in round 1"));
+  const size_t at = out.find("resumed from step ");
+  REQUIRE_MESSAGE(at != std::string::npos, "no rank resumed from a checkpoint");
+  const int k = std::atoi(out.c_str() + at + 18);
+  CHECK(k >= 5);
+  CHECK(k % 5 == 0);
+  CHECK(k < kSteps);
+  CHECK(contains(out, fmt::format("resumed from step {} (checkpoints/step{}, saved at world size 6 stage 0)", k, k)));
+  std::vector<int64_t> want;
+  for (int s = 1; s <= kSteps; ++s) want.push_back(s);
+  CHECK(metric_steps(run_dir) == want);
+  const std::string ref = reference(e);
+  const double d = weights_diff(run_dir + "/final/model.safetensors", ref + "/final/model.safetensors");
+  CHECK_MESSAGE(d <= 1e-5, "final weights differ from the uninterrupted run by " << d);
+  MESSAGE(fmt::format("resumed from step {}; final weights vs uninterrupted run: max rel diff {:g}{}", k, d,
+                      read_text(run_dir + "/final/model.safetensors") == read_text(ref + "/final/model.safetensors")
+                          ? " (bit-identical)"
+                          : ""));
+}
+
+// A worker process of node k: its pid, waiting up to `timeout` for one.
+std::optional<pid_t> find_worker(const Env& e, int k, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    for (auto& p : dtrain_processes(e.cluster.ns(k), e.bin))
+      if (contains(p.cmdline, " worker") && !proc_env(p.pid, "RANK").empty()) return p.pid;
+    std::this_thread::sleep_for(20ms);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+TEST_CASE("kill -9 of a rank mid-training: the job resumes from its last checkpoint by itself") {
+  Env* e = env();
+  if (!e) return;
+  reference(*e);
+  const std::string run_dir = e->cluster.dir() + "/run-kill";
+  Child launcher(launch_argv(*e, run_dir));
+  REQUIRE(launcher.started());
+  REQUIRE_MESSAGE(launcher.wait_output("saved checkpoints/step5", 60s), "no first checkpoint:\n" << launcher.output());
+  auto victim = find_worker(*e, 1, 10s);
+  REQUIRE_MESSAGE(victim.has_value(), "no worker process in node 1");
+  ::kill(*victim, SIGKILL);
+  const auto killed_at = Clock::now();
+  auto training_again = wait_progress_after(launcher, "resumed from step", 60s);
+  auto rc = launcher.wait(60s);
+  REQUIRE_MESSAGE(rc.has_value(), "the job did not finish:\n" << launcher.output());
+  check_recovered(*e, run_dir, launcher.output(), *rc);
+  REQUIRE(training_again.has_value());
+  MESSAGE(fmt::format("kill -9 -> training again (round 1's first progress line) in {:.2f} s",
+                      std::chrono::duration<double>(*training_again - killed_at).count()));
+}
+
+TEST_CASE("a node cut off the network mid-training and back: the job resumes by itself") {
+  Env* e = env();
+  if (!e) return;
+  reference(*e);
+  const std::string run_dir = e->cluster.dir() + "/run-link";
+  Child launcher(launch_argv(*e, run_dir));
+  REQUIRE(launcher.started());
+  REQUIRE_MESSAGE(launcher.wait_output("saved checkpoints/step5", 60s), "no first checkpoint:\n" << launcher.output());
+  REQUIRE(e->cluster.link(2, false));
+  const auto cut_at = Clock::now();
+  struct LinkBack {
+    const Cluster& c;
+    ~LinkBack() { c.link(2, true); }
+  } link_back{e->cluster};
+  // Back on the network once the launcher gave up on the round (retry_delay 1 s later
+  // the next round dials the node again).
+  const bool failed = launcher.wait_output("round 0 failed", 30s);
+  REQUIRE(e->cluster.link(2, true));
+  const auto back_at = Clock::now();
+  REQUIRE_MESSAGE(failed, "the launcher did not notice the cut-off node:\n" << launcher.output());
+  auto training_again = wait_progress_after(launcher, "resumed from step", 60s);
+  auto rc = launcher.wait(60s);
+  REQUIRE_MESSAGE(rc.has_value(), "the job did not finish:\n" << launcher.output());
+  check_recovered(*e, run_dir, launcher.output(), *rc);
+  REQUIRE(training_again.has_value());
+  MESSAGE(fmt::format("link down -> round failed and link up in {:.2f} s; link down -> training again in {:.2f} s",
+                      std::chrono::duration<double>(back_at - cut_at).count(),
+                      std::chrono::duration<double>(*training_again - cut_at).count()));
+}
