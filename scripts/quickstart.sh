@@ -6,4 +6,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 bash "$root/scripts/setup.sh"
 bash "$root/scripts/build.sh"
 cd "$root"
-exec "$root/build/dtrain" launch "$@"
+# A fresh run directory each time: dtrain never overwrites or silently continues a run
+# (continue one with: build/dtrain resume runs/quickstart-...).
+run_dir="runs/quickstart-$(date +%Y%m%d-%H%M%S)"
+"$root/build/dtrain" launch --output-dir "$run_dir" "$@"
+echo
+echo "held-out accuracy of the trained model (dtrain eval $run_dir):"
+exec "$root/build/dtrain" eval "$run_dir" --max-records 200

@@ -71,6 +71,13 @@ int run_launch(const JobOptions& opts) {
     print_dry_run(job);
     return 0;
   }
+  // Ranks resume from the run directory's latest checkpoint (that is how retry rounds
+  // continue), so a new launch must not silently continue, or collide with, an old run.
+  if (std::filesystem::exists(std::filesystem::path(job.run_dir) / "checkpoints" / "latest"))
+    DT_THROW(UsageError,
+             "{} already holds a checkpointed run: continue it with 'dtrain resume {}', or start a new run with "
+             "--output-dir DIR",
+             job.run_dir, job.run_dir);
   return run_job(job, opts);
 }
 

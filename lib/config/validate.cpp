@@ -112,7 +112,7 @@ void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>
              *cfg.data.seq_len, *m.max_seq_len, o.at("model.max_seq_len"));
 
   // LoRA
-  if (cfg.lora.r == 0 && o.given.count("lora.target_modules"))
+  if (cfg.lora.r == 0 && o.given.count("lora.target_modules") && !cfg.lora.target_modules.empty())
     warnings.push_back(fmt::format("{}: lora.target_modules is given but lora.r is 0: LoRA is off (set lora.r > 0)",
                                    o.at("lora.target_modules")));
   if (m.architecture) {

@@ -80,7 +80,7 @@ class SshProcess final : public Process {
     thread_.join();
     // Closing is bounded: blocking calls with a short timeout, and a dead connection
     // is shut down first so they fail at once instead of waiting for the peer.
-    if (lost_) session_->shutdown_socket();
+    if (lost_ || abandoned_) session_->shutdown_socket();
     libssh2_session_set_blocking(session_->get(), 1);
     libssh2_session_set_timeout(session_->get(), 2000);
     libssh2_channel_free(channel_);
@@ -278,6 +278,9 @@ class SshProcess final : public Process {
         break;
       }
       if (terminating && now >= term_deadline) {
+        // Abandoned: the peer may be unreachable, so the destructor must not wait for it
+        // to acknowledge the channel close (that cost seconds per dead node).
+        abandoned_ = true;
         ExitStatus s;
         s.exited = true;
         s.code = 255;
@@ -313,6 +316,7 @@ class SshProcess final : public Process {
   LineCallback callback_;
   detail::Wakeup wake_;
   std::atomic<bool> lost_{false};
+  std::atomic<bool> abandoned_{false};  // terminate() gave up waiting for the remote exit
 
   std::mutex mu_;
   std::condition_variable cv_;
