@@ -1,5 +1,6 @@
 // Run plot: read metrics and events, lay out two panels, draw grid, ticks, lines, eval
 // markers, restart markers and line-end labels into an indexed image, write the PNG.
+#include "report/jsonl.h"
 #include "report/plot.h"
 
 #include "core/check.h"
@@ -20,16 +21,6 @@ namespace {
 
 using nlohmann::json;
 
-std::vector<json> read_jsonl(const fs::path& path) {
-  std::vector<json> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    json j = json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.is_object()) out.push_back(std::move(j));
-  }
-  return out;
-}
 
 bool number(const json& j, const char* key, double* v) {
   auto it = j.find(key);

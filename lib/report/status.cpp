@@ -1,5 +1,6 @@
 // Run status: liveness of the launcher, rounds and failures, training progress, the
 // latest checkpoint and per-node heartbeat ages, gathered from the run directory.
+#include "report/jsonl.h"
 #include "report/status.h"
 
 #include "core/check.h"
@@ -69,18 +70,6 @@ void write_atomic(const fs::path& path, const std::string& text) {
   DT_ENFORCE(!ec, IoError, "cannot rename {} to {}: {}", tmp.string(), path.string(), ec.message());
 }
 
-// Every line of a JSON-lines file that parses as an object; partial or broken lines
-// (being written right now, or cut by a crash) are skipped.
-std::vector<json> read_jsonl(const fs::path& path) {
-  std::vector<json> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    json j = json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.is_object()) out.push_back(std::move(j));
-  }
-  return out;
-}
 
 std::optional<json> read_json(const fs::path& path) {
   std::ifstream in(path);
