@@ -26,6 +26,8 @@
 #include <limits>
 #include <memory>
 
+#include <unistd.h>
+
 namespace dtrain::train {
 
 namespace fs = std::filesystem;
@@ -46,6 +48,16 @@ struct StepOutcome {
   bool overflow = false;
   double grad_norm = 0.0;  // global, unscaled, before clipping
 };
+
+// Resident set size of this process (from /proc/self/statm), 0 where unavailable.
+size_t process_rss_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  unsigned long pages_total = 0, pages_rss = 0;
+  int got = std::fscanf(f, "%lu %lu", &pages_total, &pages_rss);
+  std::fclose(f);
+  return got == 2 ? static_cast<size_t>(pages_rss) * static_cast<size_t>(::sysconf(_SC_PAGESIZE)) : 0;
+}
 
 class OptimizerEngine {
  public:
@@ -387,9 +399,23 @@ TrainResult train_run(const config::TrainConfig& cfg, const TrainerEnv& env) {
                          {"grad_norm", num(out.grad_norm)}, {"loss_scale", loss_scale}, {"tokens", res.tokens},
                          {"tokens_per_s", tps},   {"step_time", per_step},   {"skipped_steps", res.skipped_steps},
                          {"time_ms", unix_ms()}};
-        if (cfg.wall_clock_breakdown)
-          for (Section sec : {Section::FORWARD, Section::BACKWARD, Section::COMM, Section::OPTIMIZER, Section::DATA})
-            r[std::string(section_name(sec)) + "_ms"] = timer.elapsed_ms(sec) / static_cast<double>(interval_steps);
+        {
+          // Memory: this rank's ZeRO state (params + grads + optimizer) and the process RSS.
+          const ZeroMemory mem = engine.engine().memory();
+          r["memory_state_bytes"] = mem.total();
+          r["memory_rss_bytes"] = process_rss_bytes();
+        }
+        if (cfg.wall_clock_breakdown) {
+          const double n = static_cast<double>(interval_steps);
+          for (Section sec : {Section::FORWARD, Section::BACKWARD, Section::COMM, Section::OPTIMIZER, Section::DATA,
+                              Section::CHECKPOINT})
+            r[std::string(section_name(sec)) + "_ms"] = timer.elapsed_ms(sec) / n;
+          // The ZeRO engine's collectives: exposed = the compute thread waited for them;
+          // overlapped = they ran on the communication thread while compute went on.
+          const ZeroEngine::CommTimes ct = engine.engine().comm_times_take();
+          r["comm_exposed_ms"] = 1e3 * ct.exposed_s / n;
+          r["comm_overlapped_ms"] = 1e3 * std::max(0.0, ct.busy_s - ct.exposed_s) / n;
+        }
         metrics->write(r);
       }
       if (lead && env.print) std::fflush(stdout);

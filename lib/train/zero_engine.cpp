@@ -599,6 +599,13 @@ void ZeroEngine::params_loaded() {
 }
 
 // ----------------------------------------------------------------------------
+ZeroEngine::CommTimes ZeroEngine::comm_times_take() {
+  if (!queue_) return {};
+  ZeroCommQueue::Times t = queue_->times();
+  queue_->times_reset();
+  return {t.busy_s, t.exposed_s};
+}
+
 ZeroMemory ZeroEngine::memory() const {
   ZeroMemory r;
   size_t phi = 0, psi = 0;

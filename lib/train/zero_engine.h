@@ -156,6 +156,14 @@ class ZeroEngine {
   void params_loaded();
 
   ZeroMemory memory() const;
+
+  /// The engine's collectives since the last call (which resets the counters): seconds
+  /// spent in them, and the part the compute thread waited for (exposed); the rest ran
+  /// overlapped with compute (overlap_comm).
+  struct CommTimes {
+    double busy_s = 0, exposed_s = 0;
+  };
+  CommTimes comm_times_take();
   /// A few lines for the launcher: per-rank measured vs theoretical bytes.
   std::string memory_report() const;
 

@@ -3,6 +3,8 @@
 // Communicator while the caller keeps computing; a failure is rethrown at the next wait.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -31,6 +33,15 @@ class ZeroCommQueue {
   void wait_all() { wait(submitted_); }
   bool threaded() const { return threaded_; }
 
+  /// Communication time since the last reset: busy = time spent running collectives;
+  /// exposed = time the caller could not compute because of them (inline collectives,
+  /// or wait() blocking on the thread). busy - exposed ran overlapped with compute.
+  struct Times {
+    double busy_s = 0, exposed_s = 0;
+  };
+  Times times() const;
+  void times_reset();
+
  private:
   void loop();
 
@@ -43,6 +54,7 @@ class ZeroCommQueue {
   bool stop_ = false;
   std::exception_ptr error_;
   std::thread thread_;
+  std::atomic<int64_t> busy_ns_{0}, exposed_ns_{0};
 };
 
 }  // namespace dtrain::train
