@@ -237,7 +237,12 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
       }
     }
     if (fail.node >= 0) break;
-    if (finished == n) return fail;  // every node succeeded
+    if (finished == n) {  // every node succeeded
+      std::vector<report::NodeHealth> health;
+      for (int k = 0; k < n; ++k) health.push_back({k, job.plan.nodes[k].host.destination(), -1.0, "done"});
+      report::status_write_nodes(job.run_dir, round, health);
+      return fail;
+    }
 
     // Heartbeats, measured on the server's clock.
     auto beats = server.heartbeats(prefix + "hb/");
@@ -296,6 +301,13 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
         if (!agents[k]->wait_for(3000ms)) agents[k]->terminate(8000ms);
       });
   for (auto& t : stoppers) t.join();
+  {
+    std::vector<report::NodeHealth> health;
+    for (int k = 0; k < n; ++k)
+      health.push_back({k, job.plan.nodes[k].host.destination(), -1.0,
+                        k == fail.node ? "failed" : done[k] ? "done" : "stopped"});
+    report::status_write_nodes(job.run_dir, round, health);
+  }
   return fail;
 }
 

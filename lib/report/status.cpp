@@ -305,8 +305,11 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
     const double lag = static_cast<double>(now_ms - st.nodes_time_ms) / 1000.0;
     row("nodes", fmt::format("round {}, as of {} ago", st.nodes_round, duration(lag)));
     for (const auto& n : st.nodes) {
-      std::string hb = n.heartbeat_age_s < 0 ? "no heartbeat yet"
-                                             : fmt::format("last heartbeat {} ago", duration(n.heartbeat_age_s + lag));
+      // Ended nodes (done / failed / stopped) are written without an age: nothing to say.
+      const bool ended = n.state == "done" || n.state == "failed" || n.state == "stopped";
+      std::string hb = n.heartbeat_age_s >= 0 ? fmt::format("last heartbeat {} ago", duration(n.heartbeat_age_s + lag))
+                       : ended               ? std::string()
+                                             : std::string("no heartbeat yet");
       out += fmt::format("  node{} {}{} {}\n", n.node, n.host, n.state.empty() ? "" : " " + n.state, hb);
     }
   }
