@@ -89,7 +89,7 @@ TEST_CASE("the embedded default job is configs/tiny-sft.yaml") {
   CHECK(!c.bf16.enabled);
   CHECK(!c.fp16.enabled);
   CHECK(c.zero.stage == 0);
-  CHECK(*c.training.max_steps == 300);
+  CHECK(*c.training.max_steps == 600);
   CHECK(c.training.device == "cpu");
   CHECK(c.training.output_dir == "runs/tiny-sft");
   CHECK(*c.scheduler.type == "WarmupDecayLR");
