@@ -7,6 +7,8 @@
 
 #include "core/error.h"
 
+#include "line_collector.h"
+
 #include <doctest/doctest.h>
 
 #include <netinet/in.h>
@@ -27,35 +29,11 @@
 #include <thread>
 
 using namespace dtrain::launch;
+using dtrain::test::Lines;
 using namespace std::chrono_literals;
 
 namespace {
 
-struct Lines {
-  std::mutex mu;
-  std::vector<std::pair<Stream, std::string>> all;
-  LineCallback callback() {
-    return [this](Stream s, std::string_view line) {
-      std::lock_guard lock(mu);
-      all.emplace_back(s, std::string(line));
-    };
-  }
-  std::vector<std::string> of(Stream s) {
-    std::lock_guard lock(mu);
-    std::vector<std::string> out;
-    for (auto& [stream, line] : all)
-      if (stream == s) out.push_back(line);
-    return out;
-  }
-  bool wait_stdout(std::size_t count, std::chrono::milliseconds timeout = 10s) {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (of(Stream::STDOUT).size() < count) {
-      if (std::chrono::steady_clock::now() > deadline) return false;
-      std::this_thread::sleep_for(5ms);
-    }
-    return true;
-  }
-};
 
 std::string quote(const std::string& word) {
   std::string out = "'";
