@@ -209,7 +209,9 @@ TrainResult train_run(const config::TrainConfig& cfg, const TrainerEnv& env) {
   ZeroOptimizer engine(m, comm, zopts);
   // Stages 2-3 run collectives inside backward (stage 3 inside forward too): every rank
   // runs every micro-batch, an all-masked one with weight 0.
-  const bool lockstep = zopts.stage >= 2;
+  // overlap_comm at stages 0/1 reduces in the last micro-batch's backward: every rank
+  // must run it too.
+  const bool lockstep = zopts.stage >= 2 || zopts.overlap_comm;
   const int64_t tokens_per_step = static_cast<int64_t>(micro) * accum * W * T;
 
   TrainResult res;
@@ -353,6 +355,7 @@ TrainResult train_run(const config::TrainConfig& cfg, const TrainerEnv& env) {
       loss_sum += static_cast<double>(loss) * static_cast<double>(n);
       auto s = timer.scope(Section::BACKWARD);
       const double weight = n_step > 0 ? static_cast<double>(W) * static_cast<double>(n) / n_step : 0.0;
+      engine.engine().set_last_micro_batch(a == accum - 1);
       m.backward(static_cast<float>(weight) * loss_scale);  // fp16 gradients are rounded in the engine's hooks
     }
     std::vector<double> lsum{loss_sum};

@@ -76,6 +76,7 @@ struct ZeroEngine::Bucket {
   size_t seg = 0;            // per-rank segment (stage 0: the whole packed length)
   std::shared_ptr<Buffer<float>> buf;
   size_t packed = 0;
+  int done_layer = 0;  // its gradients are complete after this layer's backward
 };
 
 // ----------------------------------------------------------------------------
@@ -178,6 +179,7 @@ void ZeroEngine::plan_buckets() {
       b.slots.push_back(i);
       b.offs.push_back(b.seg);
       b.seg += opts_.stage == 0 ? s.n : s.s;
+      b.done_layer = l;
     }
   }
 }
@@ -219,6 +221,7 @@ void ZeroEngine::coll_all_gather(void* buf, size_t shard, DType t) {
 // ----------------------------------------------------------------------------
 void ZeroEngine::before_step() {
   queue_->wait_all();
+  grads_reduced_ = false;
   for (auto& s : slots_) {
     if (!s.trainable) continue;
     if (opts_.stage >= 2) s.gshard.zero();
@@ -227,49 +230,85 @@ void ZeroEngine::before_step() {
 }
 
 // Stage 0: allreduce (AVG) per bucket; stage 1: reduce-scatter (AVG) per bucket into
-// the owned range of the model's full gradient buffer.
-void ZeroEngine::bucket_reduce(const Bucket& b, float* scratch) {
+// the owned range of the model's full gradient buffer. A single-slot stage-0 bucket is
+// reduced in place; otherwise the bucket is packed into `buf` (stage 0: the slots one
+// after the other; stage 1: rank-major, W segments) and unpacked after the collective.
+bool ZeroEngine::bucket_inplace(const Bucket& b) const { return opts_.stage == 0 && b.slots.size() == 1; }
+
+size_t ZeroEngine::bucket_len(const Bucket& b) const {
+  return bucket_inplace(b) ? 0 : (opts_.stage == 0 ? 1 : static_cast<size_t>(world_)) * b.seg;
+}
+
+void ZeroEngine::bucket_pack(const Bucket& b, float* buf) const {
   const size_t W = static_cast<size_t>(world_);
   if (opts_.stage == 0) {
-    if (b.slots.size() == 1) {
-      float* g = slots_[b.slots[0]].pb->grad;
-      queue_->wait(queue_->submit([&] { coll_allreduce(g, b.seg, DType::F32, comm::ReduceOp::AVG); }));
-      return;
-    }
     for (size_t k = 0; k < b.slots.size(); ++k) {
       const Slot& s = slots_[b.slots[k]];
-      std::memcpy(scratch + b.offs[k], s.pb->grad, s.n * sizeof(float));
-    }
-    queue_->wait(queue_->submit([&] { coll_allreduce(scratch, b.seg, DType::F32, comm::ReduceOp::AVG); }));
-    for (size_t k = 0; k < b.slots.size(); ++k) {
-      const Slot& s = slots_[b.slots[k]];
-      std::memcpy(s.pb->grad, scratch + b.offs[k], s.n * sizeof(float));
+      std::memcpy(buf + b.offs[k], s.pb->grad, s.n * sizeof(float));
     }
     return;
   }
-  std::memset(scratch, 0, W * b.seg * sizeof(float));
+  std::memset(buf, 0, W * b.seg * sizeof(float));
   for (size_t k = 0; k < b.slots.size(); ++k) {
     const Slot& s = slots_[b.slots[k]];
     for (size_t q = 0; q < W; ++q) {
       const size_t a = std::min(q * s.s, s.n), e = std::min(a + s.s, s.n);
-      if (e > a) std::memcpy(scratch + q * b.seg + b.offs[k], s.pb->grad + a, (e - a) * sizeof(float));
+      if (e > a) std::memcpy(buf + q * b.seg + b.offs[k], s.pb->grad + a, (e - a) * sizeof(float));
     }
   }
-  queue_->wait(queue_->submit([&] { coll_reduce_scatter(scratch, b.seg, DType::F32); }));
-  const float* mine = scratch + static_cast<size_t>(rank_) * b.seg;
+}
+
+// Runs on whichever thread runs the collective: the compute thread no longer writes
+// these slots' gradients (the bucket is complete).
+void ZeroEngine::bucket_collective(const Bucket& b, float* buf) {
+  if (bucket_inplace(b)) {
+    coll_allreduce(slots_[b.slots[0]].pb->grad, b.seg, DType::F32, comm::ReduceOp::AVG);
+    return;
+  }
+  if (opts_.stage == 0) {
+    coll_allreduce(buf, b.seg, DType::F32, comm::ReduceOp::AVG);
+    for (size_t k = 0; k < b.slots.size(); ++k) {
+      const Slot& s = slots_[b.slots[k]];
+      std::memcpy(s.pb->grad, buf + b.offs[k], s.n * sizeof(float));
+    }
+    return;
+  }
+  coll_reduce_scatter(buf, b.seg, DType::F32);
+  const float* mine = buf + static_cast<size_t>(rank_) * b.seg;
   for (size_t k = 0; k < b.slots.size(); ++k) {
-    Slot& s = slots_[b.slots[k]];
+    const Slot& s = slots_[b.slots[k]];
     if (s.owned()) std::memcpy(s.pb->grad + s.lo, mine + b.offs[k], s.owned() * sizeof(float));
   }
+}
+
+void ZeroEngine::bucket_reduce(const Bucket& b, float* scratch) {
+  if (!bucket_inplace(b)) bucket_pack(b, scratch);
+  queue_->wait(queue_->submit([&] { bucket_collective(b, scratch); }));
+}
+
+// overlap_comm, stages 0/1, last micro-batch: bucket `index` is complete, so its
+// collective goes to the communication thread now, with a bucket buffer of its own that
+// the task frees; after_layer_backward(-1) waits for all of them.
+void ZeroEngine::bucket_reduce_async(size_t index) {
+  const Bucket& b = buckets_[index];
+  const size_t len = bucket_len(b);
+  auto buf = std::make_shared<Buffer<float>>(len);
+  if (len) {
+    work_add(static_cast<ptrdiff_t>(len * sizeof(float)));
+    bucket_pack(b, buf->data());
+  }
+  queue_->submit([this, buf, index] {
+    bucket_collective(buckets_[index], buf->data());
+    const size_t bytes = buf->size() * sizeof(float);
+    buf->resize(0);
+    if (bytes) work_add(-static_cast<ptrdiff_t>(bytes));
+  });
 }
 
 void ZeroEngine::grads_reduce_step() {
   if (comm_ == nullptr) return;
   size_t most = 0;
-  for (const auto& b : buckets_) {
-    const bool inplace = opts_.stage == 0 && b.slots.size() == 1;
-    if (!inplace) most = std::max(most, (opts_.stage == 0 ? 1 : static_cast<size_t>(world_)) * b.seg);
-  }
+  for (const auto& b : buckets_) most = std::max(most, bucket_len(b));
   Buffer<float> scratch(most);
   work_add(static_cast<ptrdiff_t>(most * sizeof(float)));
   for (const auto& b : buckets_) bucket_reduce(b, scratch.data());
@@ -280,7 +319,7 @@ bool ZeroEngine::step(float lr, float loss_scale) {
   DT_ENFORCE(!materialized_, UsageError, "ZeroEngine::step() after params_materialize(); call params_restore() first");
   DT_ENFORCE_GT(loss_scale, 0.0f, UsageError, "ZeroEngine::step loss_scale");
   queue_->wait_all();
-  if (opts_.stage <= 1) grads_reduce_step();
+  if (opts_.stage <= 1 && !grads_reduced_) grads_reduce_step();
 
   auto grad_of = [&](Slot& s) -> float* {
     return opts_.stage >= 2 ? s.gshard.data() : s.pb->grad + s.lo;
@@ -379,6 +418,9 @@ void ZeroEngine::gather_into_model(const std::vector<size_t>& list, DType t) {
 // and the full bucket is reduce-scattered (AVG) and accumulated into the shards.
 void ZeroEngine::on_before_backward(int layer) {
   DT_ENFORCE(!materialized_, UsageError, "backward() after ZeroEngine::params_materialize(); call params_restore() first");
+  DT_ENFORCE(!grads_reduced_, UsageError,
+             "backward() after the step's last micro-batch already reduced the gradients (overlap_comm); call "
+             "ZeroEngine::before_step() first, or set_last_micro_batch(false) for the earlier micro-batches");
   if (opts_.stage == 3) stage3_visit(layer, -1);
   if (opts_.stage < 2) return;
   auto attach = [&](Slot& s) {
@@ -394,11 +436,23 @@ void ZeroEngine::on_before_backward(int layer) {
 }
 
 void ZeroEngine::on_after_backward(int layer) {
+  backward_layer_ = layer;
   for (size_t i : layer_slots_[static_cast<size_t>(layer + 1)]) {
     Slot& s = slots_[i];
     if (!s.trainable) continue;
     if (opts_.compute_dtype == DType::F16) round_inplace(s.pb->grad, s.n, DType::F16);
     if (opts_.stage >= 2) grad_bucket_pack(s);
+  }
+  // Stages 0/1 reduce once per step: with a communication thread, during the last
+  // micro-batch's backward, each bucket as soon as its gradients are complete (the same
+  // buckets in the same order as the step-time path, so the results are identical).
+  if (opts_.stage <= 1 && queue_->threaded() && last_micro_) {
+    for (size_t bi = 0; bi < buckets_.size(); ++bi)
+      if (buckets_[bi].done_layer == layer) {
+        bucket_reduce_async(bi);
+        if (layer > -1) ++issued_in_backward_;
+      }
+    if (layer == -1) grads_reduced_ = true;
   }
   if (opts_.stage == 3) {
     for (size_t i : layer_slots_[static_cast<size_t>(layer + 1)])
@@ -433,6 +487,7 @@ void ZeroEngine::grad_bucket_flush(size_t index) {
   std::shared_ptr<Buffer<float>> buf = std::move(b.buf);
   b.buf.reset();
   b.packed = 0;
+  if (queue_->threaded() && backward_layer_ > -1) ++issued_in_backward_;
   queue_->submit([this, buf, index] {
     const Bucket& bk = buckets_[index];
     coll_reduce_scatter(buf->data(), bk.seg, DType::F32);

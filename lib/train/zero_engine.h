@@ -82,7 +82,8 @@ struct ZeroBufferView {
 
 /// The engine. Call order per optimizer step (one thread):
 ///   engine.before_step();                       // zeroes the gradients it owns
-///   for each micro-batch: model.forward(...); model.backward(scale);
+///   for each micro-batch: engine.set_last_micro_batch(is_last);  // overlap_comm, stages 0/1
+///                         model.forward(...); model.backward(scale);
 ///   bool applied = engine.step(lr, loss_scale); // reduce, overflow check, clip, AdamW, gather
 /// The constructor installs the model hooks (stages 2/3 reduce-scatter and gather in
 /// them; every stage rounds fp16 gradients there) and, under mixed precision, rounds the
@@ -128,6 +129,15 @@ class ZeroEngine {
   bool step(float lr, float loss_scale = 1.0f);
   /// Global L2 norm of the last step's unscaled, unclipped gradient (inf/NaN on overflow).
   double last_grad_norm() const { return last_norm_; }
+  /// overlap_comm at stages 0/1: the gradients are reduced once per step, during the
+  /// backward of the micro-batch marked last (each bucket as soon as it is complete), so
+  /// with gradient accumulation mark the earlier micro-batches with false before their
+  /// backward, and every rank must run the same micro-batches. Default true (one
+  /// backward per step). Without a communication thread the reduction runs in step().
+  void set_last_micro_batch(bool last) { last_micro_ = last; }
+  /// Gradient collectives queued on the communication thread during backward before its
+  /// last layer ran (so they could overlap with the remaining compute); cumulative.
+  uint64_t comm_issued_in_backward() const { return issued_in_backward_; }
   /// Applied updates so far (AdamW's bias-correction step).
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t n) { step_count_ = n; }
@@ -179,7 +189,12 @@ class ZeroEngine {
   void coll_all_gather(void* buf, size_t shard, DType t);
   // stage 0/1 step-time gradient reduction, stage 1/2 post-step gather
   void grads_reduce_step();
+  bool bucket_inplace(const Bucket& b) const;
+  size_t bucket_len(const Bucket& b) const;
+  void bucket_pack(const Bucket& b, float* buf) const;
+  void bucket_collective(const Bucket& b, float* buf);
   void bucket_reduce(const Bucket& b, float* scratch);
+  void bucket_reduce_async(size_t index);
   void params_gather_resident();
   void gather_into_model(const std::vector<size_t>& list, DType wire);
   // stage 2/3 hooks
@@ -211,6 +226,10 @@ class ZeroEngine {
   int64_t step_count_ = 0;
   double last_norm_ = 0.0;
   bool materialized_ = false;
+  bool last_micro_ = true;       // set_last_micro_batch
+  bool grads_reduced_ = false;   // stages 0/1: this step's reduction already ran in backward
+  int backward_layer_ = 0;       // the layer whose after_layer_backward runs
+  uint64_t issued_in_backward_ = 0;
   mutable std::mutex work_mu_;  // work accounting is also touched by the communication thread
   size_t work_bytes_ = 0, work_peak_ = 0;
   size_t live_elems_ = 0;  // stage 3: gathered elements

@@ -162,7 +162,8 @@ TEST_CASE("clipping uses the true global norm at every stage") {
 }
 
 TEST_CASE("overlap_comm gives results identical to the inline path") {
-  for (auto [stage, world] : std::vector<std::pair<int, int>>{{0, 2}, {1, 3}, {2, 3}, {3, 3}, {3, 4}}) {
+  for (auto [stage, world] :
+       std::vector<std::pair<int, int>>{{0, 2}, {0, 4}, {1, 3}, {1, 4}, {2, 3}, {2, 4}, {3, 3}, {3, 4}}) {
     CAPTURE(stage);
     CAPTURE(world);
     RunSpec s = spec_for(stage, world);
@@ -175,6 +176,65 @@ TEST_CASE("overlap_comm gives results identical to the inline path") {
     REQUIRE_MESSAGE(on.ok(), on.error_text());
     CHECK(on.losses == off.losses);
     CHECK(on.weights == off.weights);
+  }
+}
+
+TEST_CASE("overlap_comm at stages 0-2 issues gradient collectives while backward still runs") {
+  for (int stage : {0, 1, 2})
+    for (bool overlap : {false, true}) {
+      CAPTURE(stage);
+      CAPTURE(overlap);
+      RunSpec s = spec_for(stage, 3);
+      s.opts.reduce_bucket_size = 3000;
+      s.opts.overlap_comm = overlap;
+      std::vector<uint64_t> issued(3, 0);
+      const auto errors = run_ranks(3, [&](dtrain::comm::Communicator* comm, int r) {
+        RankTrainer t(s, comm, r);
+        for (int k = 1; k <= 2; ++k) t.step(k);
+        issued[static_cast<size_t>(r)] = t.engine->comm_issued_in_backward();
+      });
+      for (const auto& e : errors) REQUIRE_MESSAGE(e.empty(), e);
+      // Several buckets per step, all but the embeddings' complete before layer -1 runs.
+      for (uint64_t n : issued) CHECK(overlap ? n >= 4 : n == 0);
+    }
+}
+
+TEST_CASE("overlap_comm with gradient accumulation: reduced once, in the last micro-batch, identical to inline") {
+  for (auto [stage, world] : std::vector<std::pair<int, int>>{{0, 2}, {1, 3}, {2, 3}}) {
+    CAPTURE(stage);
+    std::vector<std::vector<float>> weights(2);
+    for (bool overlap : {false, true}) {
+      RunSpec s = spec_for(stage, world);
+      s.opts.reduce_bucket_size = 3000;
+      s.opts.overlap_comm = overlap;
+      std::vector<float> w0;
+      const auto errors = run_ranks(world, [&](dtrain::comm::Communicator* comm, int r) {
+        RankTrainer t(s, comm, r);
+        const int rows = s.global_batch / world / 2;
+        for (int step = 1; step <= 4; ++step) {
+          t.engine->before_step();
+          for (int a = 0; a < 2; ++a) {
+            batch_rows(step * 10 + a, r * rows, rows, s.T, t.model->config().vocab_size, t.tok, t.tgt);
+            t.model->forward(t.tok.data(), t.tgt.data(), rows, s.T);
+            t.engine->set_last_micro_batch(a == 1);
+            t.model->backward(0.5f);
+          }
+          if (overlap && stage <= 1 && step == 4) {
+            // The last micro-batch reduced the gradients: one more backward would add
+            // unreduced gradients to them.
+            t.model->forward(t.tok.data(), t.tgt.data(), rows, s.T);
+            CHECK_THROWS_AS(t.model->backward(0.5f), dtrain::UsageError);
+          }
+          t.engine->step(s.lr);
+        }
+        std::vector<float> w = t.weights();
+        if (r == 0) w0 = w;
+      });
+      for (const auto& e : errors) REQUIRE_MESSAGE(e.empty(), e);
+      weights[overlap ? 1 : 0] = w0;
+    }
+    REQUIRE(!weights[0].empty());
+    CHECK(weights[1] == weights[0]);
   }
 }
 
