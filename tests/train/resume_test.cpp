@@ -11,6 +11,8 @@
 #include "train/metrics.h"
 #include "train/trainer.h"
 
+#include "rank_threads.h"
+
 #include <doctest/doctest.h>
 #include <gloo/rendezvous/hash_store.h>
 #include <unistd.h>
@@ -86,33 +88,17 @@ struct TempDir {
 // Runs the config on `world` ranks (threads over Gloo); returns rank 0's result.
 TrainResult run(std::vector<std::string> sets, int world, const std::string& run_dir) {
   std::vector<TrainResult> res(static_cast<size_t>(world));
-  std::vector<std::string> errors(static_cast<size_t>(world));
-  auto store = std::make_shared<gloo::rendezvous::HashStore>();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        std::unique_ptr<comm::Communicator> comm;
-        TrainerEnv env;
-        env.print = false;
-        env.run_dir = run_dir;
-        env.rank = r;
-        env.world_size = world;
-        if (world > 1) {
-          comm::GlooOptions o;
-          o.address = "127.0.0.1";
-          o.timeout = std::chrono::milliseconds(30000);
-          comm = comm::comm_create_gloo(store, r, world, o);
-          env.comm = comm.get();
-        }
-        config::TrainConfig c = config::config_load_string(kTiny, "tiny.yaml", sets).cfg;
-        config::config_resolve_batch(c, world);
-        res[static_cast<size_t>(r)] = train_run(c, env);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
+  const auto errors = dtrain::test::run_ranks(world, [&](comm::Communicator* comm, int r) {
+    TrainerEnv env;
+    env.print = false;
+    env.run_dir = run_dir;
+    env.rank = r;
+    env.world_size = world;
+    env.comm = comm;
+    config::TrainConfig c = config::config_load_string(kTiny, "tiny.yaml", sets).cfg;
+    config::config_resolve_batch(c, world);
+    res[static_cast<size_t>(r)] = train_run(c, env);
+  });
   for (const auto& e : errors) REQUIRE_MESSAGE(e == "", e);
   for (int r = 1; r < world; ++r) CHECK(res[static_cast<size_t>(r)].losses == res[0].losses);
   return res[0];

@@ -11,6 +11,8 @@
 #include "train/model_factory.h"
 #include "train/trainer.h"
 
+#include "rank_threads.h"
+
 #include <doctest/doctest.h>
 #include <gloo/rendezvous/hash_store.h>
 
@@ -133,31 +135,17 @@ TEST_CASE("data parallel: 2 ranks x micro 2 give the losses of 1 rank x micro 4"
   const std::vector<std::string> sets{"training.max_steps=12"};
   TrainResult single = train_run(tiny(sets), quiet_env());
 
-  auto store = std::make_shared<gloo::rendezvous::HashStore>();
   std::vector<TrainResult> res(2);
-  std::vector<std::string> errors(2);
   TempDir dir("dp");
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        comm::GlooOptions o;
-        o.address = "127.0.0.1";
-        o.timeout = std::chrono::milliseconds(30000);
-        auto comm = comm::comm_create_gloo(store, r, 2, o);
-        auto s = sets;
-        s.push_back("train_micro_batch_size_per_gpu=2");
-        TrainerEnv env = quiet_env(dir.path.string());
-        env.rank = r;
-        env.world_size = 2;
-        env.comm = comm.get();
-        res[static_cast<size_t>(r)] = train_run(tiny(s, 2), env);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  const auto errors = dtrain::test::run_ranks(2, [&](comm::Communicator* comm, int r) {
+    auto s = sets;
+    s.push_back("train_micro_batch_size_per_gpu=2");
+    TrainerEnv env = quiet_env(dir.path.string());
+    env.rank = r;
+    env.world_size = 2;
+    env.comm = comm;
+    res[static_cast<size_t>(r)] = train_run(tiny(s, 2), env);
+  });
   CHECK(errors[0] == "");
   CHECK(errors[1] == "");
   check_close(res[0].losses, single.losses, 1e-5);

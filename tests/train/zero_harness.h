@@ -4,6 +4,7 @@
 #pragma once
 
 #include "comm/gloo_comm.h"
+#include "rank_threads.h"
 #include "core/rng.h"
 #include "model/model.h"
 #include "train/zero_engine.h"
@@ -88,35 +89,8 @@ inline void batch_rows(int step, int row0, int rows, int T, int vocab, std::vect
   }
 }
 
-// Runs body(comm, rank) on n threads over a fresh store (comm == nullptr when n == 1).
-// Returns each rank's exception text ("" when it passed).
-inline std::vector<std::string> run_ranks(int n, const std::function<void(dtrain::comm::Communicator*, int)>& body) {
-  std::vector<std::string> errors(static_cast<size_t>(n));
-  if (n == 1) {
-    try {
-      body(nullptr, 0);
-    } catch (const std::exception& e) {
-      errors[0] = e.what();
-    }
-    return errors;
-  }
-  auto store = std::make_shared<gloo::rendezvous::HashStore>();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        dtrain::comm::GlooOptions o;
-        o.address = "127.0.0.1";
-        o.timeout = std::chrono::milliseconds(30000);
-        auto comm = dtrain::comm::comm_create_gloo(store, r, n, o);
-        body(comm.get(), r);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  return errors;
-}
+using dtrain::test::run_ranks;
+
 
 // One rank's training state and steps: forward/backward on its slice of the global batch.
 struct RankTrainer {
