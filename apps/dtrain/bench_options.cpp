@@ -47,6 +47,12 @@ bench::BenchOptions bench_options_resolve(const BenchCliOptions& o) {
   if (!o.backend.empty()) {
     comm::Backend be;
     DT_ENFORCE(comm::backend_parse(o.backend, &be), UsageError, "unknown --backend '{}': use gloo or nccl", o.backend);
+#ifndef DTRAIN_HAVE_CUDA
+    if (be == comm::Backend::NCCL)
+      DT_THROW(UsageError,
+               "--backend nccl: this dtrain was built without CUDA (rebuild with -DDTRAIN_CUDA=ON where nvcc is "
+               "installed), or use --backend gloo");
+#endif
   }
   return b;
 }

@@ -2,6 +2,7 @@
 #include "launch/rank_context.h"
 
 #include "comm/gloo_comm.h"
+#include "comm/nccl_comm.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "launch/job.h"
@@ -83,8 +84,12 @@ RankContext rank_context_from_env(int token_fd) {
 }
 
 std::unique_ptr<comm::Communicator> rank_comm_create(RankContext& ctx, comm::Backend backend) {
-  DT_ENFORCE(backend == comm::Backend::GLOO, UsageError, "backend {} is not available to ranks yet",
-             comm::backend_name(backend));
+  if (backend == comm::Backend::NCCL) {
+    // CUDA_VISIBLE_DEVICES lists this node's slots, so local rank i opens device i. In a
+    // CPU-only build the factory throws DeviceError saying so.
+    comm::NcclOptions o;
+    return comm::comm_create_nccl(*ctx.gloo_store, ctx.rank, ctx.world_size, ctx.local_rank, o);
+  }
   comm::GlooOptions o;
   o.interface = env_str("DTRAIN_NETWORK_INTERFACE", false);
   if (o.interface.empty()) o.address = local_address_towards(ctx.master_addr);

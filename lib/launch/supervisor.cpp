@@ -378,8 +378,10 @@ int supervise(Job& job, const SupervisorOptions& opts) {
       return f.exit_code;
     }
     log_error("round {} failed: {}; every node stopped", round, f.why);
+    // A rank that stopped on a usage or config error fails the same way every round.
+    if (f.exit_code == static_cast<int>(Exit::USAGE)) f.permanent = true;
     if (f.permanent) {
-      log_error("not restarting: retrying cannot fix this (fix the host key or credentials, then dtrain resume)");
+      log_error("not restarting: retrying cannot fix this (a usage, config, host key or credential error): fix it, then dtrain resume");
       return f.exit_code;
     }
     if (round >= ft.max_retries) {

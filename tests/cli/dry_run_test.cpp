@@ -144,3 +144,25 @@ TEST_CASE("the embedded default job plans on one local rank") {
   CHECK(has(r.out, "embedded default"));
   CHECK(has(r.out, "world size 1"));
 }
+
+TEST_CASE("a rank's config error is reported once and not restarted") {
+  if (!have_bin()) return;
+  auto dir = std::filesystem::temp_directory_path() / "dtrain-cli-test" / "norestart";
+  std::filesystem::remove_all(dir);
+  auto r = run_dtrain("launch --set data.template=bogus --set training.max_steps=5 --master-port 0 --output-dir " +
+                      dir.string());
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(has(r.out, "unknown SFT template 'bogus'"));
+  CHECK(has(r.out, "not restarting"));
+  CHECK_FALSE(has(r.out, "round 1"));
+}
+
+#ifndef DTRAIN_HAVE_CUDA
+TEST_CASE("--backend nccl in a CPU-only build is a usage error before any rank starts") {
+  if (!have_bin()) return;
+  auto r = run_dtrain("bench allreduce --backend nccl --nproc-per-node 1 --dry-run");
+  CHECK(r.code == 2);
+  CHECK(has(r.out, "built without CUDA"));
+}
+#endif
