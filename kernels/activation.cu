@@ -67,9 +67,9 @@ void pointwise_launch(Io<NIN, NOUT> io, size_t n, DType dtype, Op op, cudaStream
     using T = typename decltype(tag)::type;
     constexpr int V = VEC16<T>;
     if (vec) {
-      pointwise_kernel<T, V, ACC><<<grid_for(n / V + 1, 256), 256, 0, stream>>>(io, n, op);
+      DTK_LAUNCH(grid_for(n / V + 1, 256), 256, 0, stream, pointwise_kernel<T, V, ACC, NIN, NOUT, Op>)(io, n, op);
     } else {
-      pointwise_kernel<T, 1, ACC><<<grid_for(n, 256), 256, 0, stream>>>(io, n, op);
+      DTK_LAUNCH(grid_for(n, 256), 256, 0, stream, pointwise_kernel<T, 1, ACC, NIN, NOUT, Op>)(io, n, op);
     }
     DT_CUDA_LAUNCH_CHECK();
   });

@@ -88,9 +88,9 @@ void adamw_launch(float* param, const float* grad, float* m, float* v, C* copy, 
   const bool vec = aligned16(param) && aligned16(grad) && aligned16(m) && aligned16(v) &&
                    (copy == nullptr || reinterpret_cast<uintptr_t>(copy) % (V * sizeof(C)) == 0);
   if (vec) {
-    adamw_kernel<C, V><<<grid_for(n / V + 1, 256), 256, 0, stream>>>(param, grad, m, v, copy, n, s);
+    DTK_LAUNCH(grid_for(n / V + 1, 256), 256, 0, stream, adamw_kernel<C, V>)(param, grad, m, v, copy, n, s);
   } else {
-    adamw_kernel<C, 1><<<grid_for(n, 256), 256, 0, stream>>>(param, grad, m, v, copy, n, s);
+    DTK_LAUNCH(grid_for(n, 256), 256, 0, stream, adamw_kernel<C, 1>)(param, grad, m, v, copy, n, s);
   }
   DT_CUDA_LAUNCH_CHECK();
 }

@@ -44,17 +44,18 @@ __device__ __forceinline__ void tile_load(float* dst, int stride, const T* src, 
 }
 
 // ----------------------------------------------------------------------------
-// Forward: grid (T/32 query tiles, B*NH). smem: Qs [32][HDP], Ks [32][HDP+1], Vs [32][HDP].
+// Forward: grid (B*NH, T/32 query tiles); B*NH goes in x because it may exceed 65535,
+// grid.y's limit. smem: Qs [32][HDP], Ks [32][HDP+1], Vs [32][HDP].
 template <typename T, int DPL>
 __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
     attn_fwd_kernel(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ q, const T* __restrict__ k,
                     const T* __restrict__ v, Shape s) {
   constexpr int HDP = Cfg<DPL>::HDP, RPW = Cfg<DPL>::RPW;
-  extern __shared__ float smem[];
+  DTK_EXTERN_SHARED(float, smem);
   float* Qs = smem;
   float* Ks = Qs + TILE * HDP;
   float* Vs = Ks + TILE * (HDP + 1);
-  const int qt = blockIdx.x, bh = blockIdx.y, b = bh / s.NH, h = bh % s.NH, kh = h / s.G;
+  const int bh = blockIdx.x, qt = blockIdx.y, b = bh / s.NH, h = bh % s.NH, kh = h / s.G;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const size_t qp = static_cast<size_t>(s.NH) * s.HD, kp = static_cast<size_t>(s.NKV) * s.HD;
   const T* qb = q + static_cast<size_t>(b) * s.T * qp + static_cast<size_t>(h) * s.HD;
@@ -149,19 +150,19 @@ __global__ void attn_dvec_kernel(float* __restrict__ D, const T* __restrict__ do
   if (lane == 0) D[(static_cast<size_t>(b) * s.NH + h) * s.T + t] = acc;
 }
 
-// dq += scale * sum_j ds_ij k_j. Grid (T/32, B*NH). smem: Qs, dOs [32][HDP]; Ks, Vs [32][HDP+1].
+// dq += scale * sum_j ds_ij k_j. Grid (B*NH, T/32). smem: Qs, dOs [32][HDP]; Ks, Vs [32][HDP+1].
 template <typename T, int DPL>
 __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
     attn_dq_kernel(T* __restrict__ dq, const T* __restrict__ dout, const float* __restrict__ lse,
                    const float* __restrict__ D, const T* __restrict__ q, const T* __restrict__ k,
                    const T* __restrict__ v, Shape s) {
   constexpr int HDP = Cfg<DPL>::HDP, RPW = Cfg<DPL>::RPW;
-  extern __shared__ float smem[];
+  DTK_EXTERN_SHARED(float, smem);
   float* Qs = smem;
   float* dOs = Qs + TILE * HDP;
   float* Ks = dOs + TILE * HDP;
   float* Vs = Ks + TILE * (HDP + 1);
-  const int qt = blockIdx.x, bh = blockIdx.y, b = bh / s.NH, h = bh % s.NH, kh = h / s.G;
+  const int bh = blockIdx.x, qt = blockIdx.y, b = bh / s.NH, h = bh % s.NH, kh = h / s.G;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const size_t qp = static_cast<size_t>(s.NH) * s.HD, kp = static_cast<size_t>(s.NKV) * s.HD;
   const size_t qoff = static_cast<size_t>(b) * s.T * qp + static_cast<size_t>(h) * s.HD;
@@ -229,21 +230,21 @@ __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
 }
 
 // dk += scale * sum_i ds_ij q_i, dv += sum_i p_ij dout_i over every query head of the KV
-// head. Grid (T/32 key tiles, B*NKV). smem: Ks, Vs [32][HDP]; Qs, dOs [32][HDP+1]; lse, D [32].
+// head. Grid (B*NKV, T/32 key tiles). smem: Ks, Vs [32][HDP]; Qs, dOs [32][HDP+1]; lse, D [32].
 template <typename T, int DPL>
 __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
     attn_dkdv_kernel(T* __restrict__ dk, T* __restrict__ dv, const T* __restrict__ dout, const float* __restrict__ lse,
                      const float* __restrict__ D, const T* __restrict__ q, const T* __restrict__ k,
                      const T* __restrict__ v, Shape s) {
   constexpr int HDP = Cfg<DPL>::HDP, RPW = Cfg<DPL>::RPW;
-  extern __shared__ float smem[];
+  DTK_EXTERN_SHARED(float, smem);
   float* Ks = smem;
   float* Vs = Ks + TILE * HDP;
   float* Qs = Vs + TILE * HDP;
   float* dOs = Qs + TILE * (HDP + 1);
   float* Ls = dOs + TILE * (HDP + 1);
   float* Ds = Ls + TILE;
-  const int kt = blockIdx.x, b = blockIdx.y / s.NKV, kh = blockIdx.y % s.NKV;
+  const int kt = blockIdx.y, b = blockIdx.x / s.NKV, kh = blockIdx.x % s.NKV;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const size_t qp = static_cast<size_t>(s.NH) * s.HD, kp = static_cast<size_t>(s.NKV) * s.HD;
   const size_t koff = static_cast<size_t>(b) * s.T * kp + static_cast<size_t>(kh) * s.HD;
@@ -330,6 +331,9 @@ Shape shape_check(int B, int T, int NH, int NKV, int HD) {
   DTK_REQUIRE(NKV > 0 && NH > 0 && NH % NKV == 0, UsageError, "attention needs n_head to be a multiple of n_kv_head");
   DTK_REQUIRE(HD > 0 && HD <= 256, UsageError, "attention supports head dimensions 1..256");
   DTK_REQUIRE(B >= 0 && T >= 0, UsageError, "attention needs non-negative batch and sequence sizes");
+  // Grids are (B * heads, T / 32): x holds up to 2^31 - 1 blocks, y only 65535.
+  DTK_REQUIRE(static_cast<int64_t>(B) * NH <= 2147483647 && T <= 65535 * TILE, UsageError,
+              "attention supports B * n_head < 2^31 and T <= 2097120");
   return Shape{B, T, NH, NKV, HD, NH / NKV, 1.0f / std::sqrt(static_cast<float>(HD))};
 }
 
@@ -364,8 +368,8 @@ void attention_forward(void* out, float* lse, const void* q, const void* k, cons
       const size_t bytes = sizeof(float) * TILE * (2 * HDP + HDP + 1);
       auto kernel = attn_fwd_kernel<Ty, DPL>;
       smem_allow(kernel, bytes);
-      const dim3 grid(blocks_for(T, TILE), B * NH);
-      kernel<<<grid, Cfg<DPL>::THREADS, bytes, stream>>>(static_cast<Ty*>(out), lse, static_cast<const Ty*>(q),
+      const dim3 grid(B * NH, blocks_for(T, TILE));
+      DTK_LAUNCH(grid, Cfg<DPL>::THREADS, bytes, stream, kernel)(static_cast<Ty*>(out), lse, static_cast<const Ty*>(q),
                                                           static_cast<const Ty*>(k), static_cast<const Ty*>(v), s);
       DT_CUDA_LAUNCH_CHECK();
     });
@@ -381,7 +385,7 @@ void attention_backward(void* dq, void* dk, void* dv, const void* dout, const vo
   Scratch dvec(rows * sizeof(float), stream);
   dispatch(dtype, [&](auto tag) {
     using Ty = typename decltype(tag)::type;
-    attn_dvec_kernel<Ty><<<blocks_for(rows * 32, 256), 256, 0, stream>>>(dvec.as<float>(), static_cast<const Ty*>(dout),
+    DTK_LAUNCH(blocks_for(rows * 32, 256), 256, 0, stream, attn_dvec_kernel<Ty>)(dvec.as<float>(), static_cast<const Ty*>(dout),
                                                                          static_cast<const Ty*>(out), s);
     DT_CUDA_LAUNCH_CHECK();
     with_dpl(HD, [&](auto dpl) {
@@ -390,14 +394,14 @@ void attention_backward(void* dq, void* dk, void* dv, const void* dout, const vo
       const size_t bytes = sizeof(float) * TILE * (2 * HDP + 2 * (HDP + 1));
       auto kq = attn_dq_kernel<Ty, DPL>;
       smem_allow(kq, bytes);
-      kq<<<dim3(blocks_for(T, TILE), B * NH), Cfg<DPL>::THREADS, bytes, stream>>>(
+      DTK_LAUNCH(dim3(B * NH, blocks_for(T, TILE)), Cfg<DPL>::THREADS, bytes, stream, kq)(
           static_cast<Ty*>(dq), static_cast<const Ty*>(dout), lse, dvec.as<float>(), static_cast<const Ty*>(q),
           static_cast<const Ty*>(k), static_cast<const Ty*>(v), s);
       DT_CUDA_LAUNCH_CHECK();
       auto kkv = attn_dkdv_kernel<Ty, DPL>;
       const size_t bytes_kv = bytes + sizeof(float) * 2 * TILE;
       smem_allow(kkv, bytes_kv);
-      kkv<<<dim3(blocks_for(T, TILE), B * NKV), Cfg<DPL>::THREADS, bytes_kv, stream>>>(
+      DTK_LAUNCH(dim3(B * NKV, blocks_for(T, TILE)), Cfg<DPL>::THREADS, bytes_kv, stream, kkv)(
           static_cast<Ty*>(dk), static_cast<Ty*>(dv), static_cast<const Ty*>(dout), lse, dvec.as<float>(),
           static_cast<const Ty*>(q), static_cast<const Ty*>(k), static_cast<const Ty*>(v), s);
       DT_CUDA_LAUNCH_CHECK();

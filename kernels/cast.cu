@@ -30,9 +30,9 @@ void cast_launch(Out* out, const In* inp, size_t n, cudaStream_t stream) {
   const bool vec = reinterpret_cast<uintptr_t>(out) % (V * sizeof(Out)) == 0 &&
                    reinterpret_cast<uintptr_t>(inp) % (V * sizeof(In)) == 0;
   if (vec) {
-    cast_kernel<In, Out, V><<<grid_for(n / V + 1, 256), 256, 0, stream>>>(out, inp, n);
+    DTK_LAUNCH(grid_for(n / V + 1, 256), 256, 0, stream, cast_kernel<In, Out, V>)(out, inp, n);
   } else {
-    cast_kernel<In, Out, 1><<<grid_for(n, 256), 256, 0, stream>>>(out, inp, n);
+    DTK_LAUNCH(grid_for(n, 256), 256, 0, stream, cast_kernel<In, Out, 1>)(out, inp, n);
   }
   DT_CUDA_LAUNCH_CHECK();
 }

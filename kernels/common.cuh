@@ -15,6 +15,19 @@
 #include <cstdint>
 #include <string>
 
+// One launch syntax for both compilers: DTK_LAUNCH(grid, block, smem, stream, kernel)(args)
+// is kernel<<<grid, block, smem, stream>>>(args) under nvcc and the CPU execution
+// engine's launcher under g++ (tests/cuda_emu). The kernel comes last so template
+// arguments may contain commas. DTK_EXTERN_SHARED declares the dynamic shared memory.
+#ifdef DTRAIN_CUDA_EMU
+#define DTK_LAUNCH(grid, block, smem, stream, ...) \
+  ::cuda_emu::launch(#__VA_ARGS__, __FILE__, __LINE__, grid, block, smem, stream, __VA_ARGS__)
+#define DTK_EXTERN_SHARED(type, name) type* name = static_cast<type*>(::cuda_emu::dynamic_smem())
+#else
+#define DTK_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<grid, block, smem, stream>>>
+#define DTK_EXTERN_SHARED(type, name) extern __shared__ type name[]
+#endif
+
 // Launcher argument check without fmt (nvcc code): throws ::dtrain::Type (UsageError,
 // InternalError, ...) with the failed condition and file:line.
 #define DTK_REQUIRE(cond, Type, message)                                                   \

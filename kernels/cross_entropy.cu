@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(CE_THREADS) cross_entropy_kernel(float* __rest
       if (v > m) {
         s = s * expf(m - v) + 1.0f;
         m = v;
-      } else {
+      } else if (m != -INFINITY) {  // v = m = -inf (masked vocabulary) adds exp(-inf) = 0, not NaN
         s += expf(v - m);
       }
     });
@@ -116,12 +116,12 @@ void cross_entropy_forward_backward(float* losses, float* mean, void* dlogits, c
   float* row_losses = losses ? losses : tmp.as<float>();
   dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    cross_entropy_kernel<T><<<N, CE_THREADS, 0, stream>>>(row_losses, static_cast<T*>(dlogits),
+    DTK_LAUNCH(N, CE_THREADS, 0, stream, cross_entropy_kernel<T>)(row_losses, static_cast<T*>(dlogits),
                                                            static_cast<const T*>(logits), targets, V, scale, ignore_index);
     DT_CUDA_LAUNCH_CHECK();
   });
   if (mean) {
-    loss_mean_kernel<<<1, 1024, 0, stream>>>(mean, row_losses, targets, N, ignore_index);
+    DTK_LAUNCH(1, 1024, 0, stream, loss_mean_kernel)(mean, row_losses, targets, N, ignore_index);
     DT_CUDA_LAUNCH_CHECK();
   }
 }

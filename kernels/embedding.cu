@@ -40,13 +40,13 @@ __global__ void embedding_forward_kernel(T* __restrict__ out, const int32_t* __r
 
 template <typename T>
 __global__ void embedding_dwte_kernel(float* __restrict__ dwte, const T* __restrict__ dout, const int32_t* __restrict__ tokens,
-                                      int N, int C) {
+                                      int N, int C, int Vocab) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   const int bucket = blockIdx.y;
   if (c >= C) return;
   for (int n = 0; n < N; ++n) {
     const int tok = tokens[n];
-    if (tok < 0 || tok % EMB_BUCKETS != bucket) continue;
+    if (tok < 0 || tok >= Vocab || tok % EMB_BUCKETS != bucket) continue;
     dwte[static_cast<size_t>(tok) * C + c] += to_f32(dout[static_cast<size_t>(n) * C + c]);
   }
 }
@@ -72,10 +72,10 @@ void embedding_forward(void* out, const int32_t* tokens, const void* wte, const 
     constexpr int VEC = VEC16<Ty>;
     const bool vec = C % VEC == 0 && aligned16(out) && aligned16(wte) && (wpe == nullptr || aligned16(wpe));
     if (vec) {
-      embedding_forward_kernel<Ty, VEC><<<grid_for(static_cast<size_t>(N) * C / VEC, 256), 256, 0, stream>>>(
+      DTK_LAUNCH(grid_for(static_cast<size_t>(N) * C / VEC, 256), 256, 0, stream, embedding_forward_kernel<Ty, VEC>)(
           static_cast<Ty*>(out), tokens, static_cast<const Ty*>(wte), static_cast<const Ty*>(wpe), N, T, C, V);
     } else {
-      embedding_forward_kernel<Ty, 1><<<grid_for(static_cast<size_t>(N) * C, 256), 256, 0, stream>>>(
+      DTK_LAUNCH(grid_for(static_cast<size_t>(N) * C, 256), 256, 0, stream, embedding_forward_kernel<Ty, 1>)(
           static_cast<Ty*>(out), tokens, static_cast<const Ty*>(wte), static_cast<const Ty*>(wpe), N, T, C, V);
     }
     DT_CUDA_LAUNCH_CHECK();
@@ -83,16 +83,16 @@ void embedding_forward(void* out, const int32_t* tokens, const void* wte, const 
 }
 
 void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T, int C,
-                        DType dtype, cudaStream_t stream) {
+                        int V, DType dtype, cudaStream_t stream) {
   const int N = B * T;
   if (N <= 0 || C <= 0) return;
   dispatch(dtype, [&](auto tag) {
     using Ty = typename decltype(tag)::type;
     const dim3 grid(blocks_for(C, 128), EMB_BUCKETS);
-    embedding_dwte_kernel<Ty><<<grid, 128, 0, stream>>>(dwte, static_cast<const Ty*>(dout), tokens, N, C);
+    DTK_LAUNCH(grid, 128, 0, stream, embedding_dwte_kernel<Ty>)(dwte, static_cast<const Ty*>(dout), tokens, N, C, V);
     DT_CUDA_LAUNCH_CHECK();
     if (dwpe) {
-      embedding_dwpe_kernel<Ty><<<grid_for(static_cast<size_t>(T) * C, 256), 256, 0, stream>>>(
+      DTK_LAUNCH(grid_for(static_cast<size_t>(T) * C, 256), 256, 0, stream, embedding_dwpe_kernel<Ty>)(
           dwpe, static_cast<const Ty*>(dout), B, T, C);
       DT_CUDA_LAUNCH_CHECK();
     }

@@ -19,8 +19,9 @@ void embedding_forward(void* out, const int32_t* tokens, const void* wte, const 
                        int T, int C, int V, DType dtype, cudaStream_t stream);
 
 /// dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += sum_b dout[b,t] (skipped when dwpe is null).
-/// Tokens must be in [0, V) (negative ones are skipped).
+/// dwte has V rows: a token outside [0, V) contributes nothing (its forward row was NaN),
+/// it never writes outside the table.
 void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B,
-                        int T, int C, DType dtype, cudaStream_t stream);
+                        int T, int C, int V, DType dtype, cudaStream_t stream);
 
 }  // namespace dtrain::kernels

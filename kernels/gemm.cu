@@ -151,7 +151,9 @@ std::unique_ptr<Plan> plan_create(DeviceState& st, const Problem& p, const void*
   return plan;
 }
 
-// Runs p; returns false (nothing enqueued) when cuBLASLt has no algorithm for it.
+// Runs p; returns false (nothing enqueued) when cuBLASLt has no algorithm for it. A and B
+// are the row-major operands of gemm(): cuBLASLt's A is our B and its B is our A (the
+// plan's layouts la / lb describe them in that order).
 bool matmul_try(const Problem& p, float alpha, const void* A, const void* B, float beta, void* C, const void* bias,
                 const void* aux, cudaStream_t stream) {
   DeviceState& st = device_state();
@@ -161,7 +163,7 @@ bool matmul_try(const Problem& p, float alpha, const void* A, const void* B, flo
   if (!plan->found) return false;
   if (bias) desc_set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   if (aux) desc_set(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
-  DT_CUBLAS_CHECK(cublasLtMatmul(st.handle, plan->desc, &alpha, A, plan->la, B, plan->lb, &beta, C, plan->lc, C, plan->lc,
+  DT_CUBLAS_CHECK(cublasLtMatmul(st.handle, plan->desc, &alpha, B, plan->la, A, plan->lb, &beta, C, plan->lc, C, plan->lc,
                                  &plan->algo, st.workspace, WORKSPACE_BYTES, stream));
   return true;
 }

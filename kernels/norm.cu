@@ -125,15 +125,16 @@ __global__ void norm_dinp_kernel(T* __restrict__ dinp, const T* __restrict__ dou
   }
 }
 
-// Column partial sums over one CHUNK_ROWS chunk (blockIdx.y) for 32 columns (blockIdx.x):
+// Column partial sums over one CHUNK_ROWS chunk (blockIdx.x: N/128 may exceed grid.y's
+// 65535) for 32 columns (blockIdx.y):
 // MODE 0 = LayerNorm (pw: d*xhat, pb: d), 1 = RMSNorm (pw: d*x*rstd), 2 = plain sum (pb: x).
 template <typename T, int MODE>
 __global__ void column_partial_kernel(float* __restrict__ pw, float* __restrict__ pb, const T* __restrict__ dout,
                                       const T* __restrict__ inp, const float* __restrict__ mean,
                                       const float* __restrict__ rstd, int N, int C) {
   __shared__ float sw[8][33], sb[8][33];
-  const int c = blockIdx.x * 32 + threadIdx.x;
-  const int r0 = blockIdx.y * CHUNK_ROWS, r1 = min(N, r0 + CHUNK_ROWS);
+  const int c = blockIdx.y * 32 + threadIdx.x;
+  const int r0 = blockIdx.x * CHUNK_ROWS, r1 = min(N, r0 + CHUNK_ROWS);
   float aw = 0.0f, ab = 0.0f;
   if (c < C) {
     for (int n = r0 + threadIdx.y; n < r1; n += 8) {
@@ -159,7 +160,7 @@ __global__ void column_partial_kernel(float* __restrict__ pw, float* __restrict_
       tw += sw[y][threadIdx.x];
       tb += sb[y][threadIdx.x];
     }
-    const size_t o = static_cast<size_t>(blockIdx.y) * C + c;
+    const size_t o = static_cast<size_t>(blockIdx.x) * C + c;
     if (pw) pw[o] = tw;
     if (pb) pb[o] = tb;
   }
@@ -181,14 +182,14 @@ void column_sums(float* dw, float* db, const T* dout, const T* inp, const float*
   Scratch scratch(part * sizeof(float) * ((dw ? 1 : 0) + (db ? 1 : 0)), stream);
   float* pw = dw ? scratch.as<float>() : nullptr;
   float* pb = db ? scratch.as<float>() + (dw ? part : 0) : nullptr;
-  column_partial_kernel<T, MODE><<<dim3(blocks_for(C, 32), chunks), dim3(32, 8), 0, stream>>>(pw, pb, dout, inp, mean, rstd, N, C);
+  DTK_LAUNCH(dim3(chunks, blocks_for(C, 32)), dim3(32, 8), 0, stream, column_partial_kernel<T, MODE>)(pw, pb, dout, inp, mean, rstd, N, C);
   DT_CUDA_LAUNCH_CHECK();
   if (dw) {
-    column_finish_kernel<<<blocks_for(C, 256), 256, 0, stream>>>(dw, pw, chunks, C);
+    DTK_LAUNCH(blocks_for(C, 256), 256, 0, stream, column_finish_kernel)(dw, pw, chunks, C);
     DT_CUDA_LAUNCH_CHECK();
   }
   if (db) {
-    column_finish_kernel<<<blocks_for(C, 256), 256, 0, stream>>>(db, pb, chunks, C);
+    DTK_LAUNCH(blocks_for(C, 256), 256, 0, stream, column_finish_kernel)(db, pb, chunks, C);
     DT_CUDA_LAUNCH_CHECK();
   }
 }
@@ -205,7 +206,7 @@ void norm_forward(void* residual, void* out, float* mean, float* rstd, const voi
     if (FUSED) vec = vec && aligned16(residual) && aligned16(b);
     const unsigned grid = blocks_for(N, ROWS_PER_BLOCK);
     auto args = [&](auto kernel) {
-      kernel<<<grid, 32 * ROWS_PER_BLOCK, 0, stream>>>(static_cast<T*>(out), mean, rstd, static_cast<T*>(residual),
+      DTK_LAUNCH(grid, 32 * ROWS_PER_BLOCK, 0, stream, kernel)(static_cast<T*>(out), mean, rstd, static_cast<T*>(residual),
                                                       static_cast<const T*>(a), static_cast<const T*>(b),
                                                       static_cast<const T*>(w), static_cast<const T*>(bias), N, C, eps);
     };
@@ -229,11 +230,11 @@ void norm_backward(void* dinp, float* dw, float* db, const void* dout, const voi
       const bool vec = C % V == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(w);
       const unsigned grid = blocks_for(N, ROWS_PER_BLOCK);
       if (vec) {
-        norm_dinp_kernel<T, V, K><<<grid, 32 * ROWS_PER_BLOCK, 0, stream>>>(
+        DTK_LAUNCH(grid, 32 * ROWS_PER_BLOCK, 0, stream, norm_dinp_kernel<T, V, K>)(
             static_cast<T*>(dinp), static_cast<const T*>(dout), static_cast<const T*>(inp), static_cast<const T*>(w),
             mean, rstd, N, C);
       } else {
-        norm_dinp_kernel<T, 1, K><<<grid, 32 * ROWS_PER_BLOCK, 0, stream>>>(
+        DTK_LAUNCH(grid, 32 * ROWS_PER_BLOCK, 0, stream, norm_dinp_kernel<T, 1, K>)(
             static_cast<T*>(dinp), static_cast<const T*>(dout), static_cast<const T*>(inp), static_cast<const T*>(w),
             mean, rstd, N, C);
       }

@@ -69,12 +69,12 @@ void grad_norm_sq(double* accum, const void* x, size_t n, DType dtype, cudaStrea
     const unsigned blocks = grid_for(vec ? n / V + 1 : n, REDUCE_THREADS * 4, REDUCE_MAX_BLOCKS);
     Scratch partial(blocks * sizeof(double), stream);
     if (vec) {
-      sumsq_partial_kernel<T, V><<<blocks, REDUCE_THREADS, 0, stream>>>(partial.as<double>(), static_cast<const T*>(x), n);
+      DTK_LAUNCH(blocks, REDUCE_THREADS, 0, stream, sumsq_partial_kernel<T, V>)(partial.as<double>(), static_cast<const T*>(x), n);
     } else {
-      sumsq_partial_kernel<T, 1><<<blocks, REDUCE_THREADS, 0, stream>>>(partial.as<double>(), static_cast<const T*>(x), n);
+      DTK_LAUNCH(blocks, REDUCE_THREADS, 0, stream, sumsq_partial_kernel<T, 1>)(partial.as<double>(), static_cast<const T*>(x), n);
     }
     DT_CUDA_LAUNCH_CHECK();
-    sumsq_final_kernel<<<1, 1024, 0, stream>>>(accum, partial.as<double>(), static_cast<int>(blocks));
+    DTK_LAUNCH(1, 1024, 0, stream, sumsq_final_kernel)(accum, partial.as<double>(), static_cast<int>(blocks));
     DT_CUDA_LAUNCH_CHECK();
   });
 }
@@ -85,9 +85,9 @@ void has_inf_or_nan(int* flag, const void* x, size_t n, DType dtype, cudaStream_
     using T = typename decltype(tag)::type;
     constexpr int V = VEC16<T>;
     if (aligned16(x)) {
-      nonfinite_kernel<T, V><<<grid_for(n / V + 1, 256, 4096), 256, 0, stream>>>(flag, static_cast<const T*>(x), n);
+      DTK_LAUNCH(grid_for(n / V + 1, 256, 4096), 256, 0, stream, nonfinite_kernel<T, V>)(flag, static_cast<const T*>(x), n);
     } else {
-      nonfinite_kernel<T, 1><<<grid_for(n, 256, 4096), 256, 0, stream>>>(flag, static_cast<const T*>(x), n);
+      DTK_LAUNCH(grid_for(n, 256, 4096), 256, 0, stream, nonfinite_kernel<T, 1>)(flag, static_cast<const T*>(x), n);
     }
     DT_CUDA_LAUNCH_CHECK();
   });

@@ -51,9 +51,9 @@ void rope_apply(void* x, const float2* table, int rows, int T_, int H, int half,
   constexpr int V = VEC16<T>;
   const size_t pairs = static_cast<size_t>(rows) * H * half;
   if (half % V == 0 && aligned16(x)) {
-    rope_apply_kernel<T, V><<<grid_for(pairs / V, 256), 256, 0, stream>>>(static_cast<T*>(x), table, rows, T_, H, half, sign);
+    DTK_LAUNCH(grid_for(pairs / V, 256), 256, 0, stream, rope_apply_kernel<T, V>)(static_cast<T*>(x), table, rows, T_, H, half, sign);
   } else {
-    rope_apply_kernel<T, 1><<<grid_for(pairs, 256), 256, 0, stream>>>(static_cast<T*>(x), table, rows, T_, H, half, sign);
+    DTK_LAUNCH(grid_for(pairs, 256), 256, 0, stream, rope_apply_kernel<T, 1>)(static_cast<T*>(x), table, rows, T_, H, half, sign);
   }
   DT_CUDA_LAUNCH_CHECK();
 }
@@ -64,7 +64,7 @@ void rope_run(void* q, void* k, int B, int T, int NH, int NKV, int HD, float the
   if (B <= 0 || T <= 0) return;
   const int half = HD / 2;
   Scratch table(static_cast<size_t>(T) * half * sizeof(float2), stream);
-  rope_table_kernel<<<blocks_for(static_cast<size_t>(T) * half, 256), 256, 0, stream>>>(table.as<float2>(), T, half, HD,
+  DTK_LAUNCH(blocks_for(static_cast<size_t>(T) * half, 256), 256, 0, stream, rope_table_kernel)(table.as<float2>(), T, half, HD,
                                                                                        static_cast<double>(theta));
   DT_CUDA_LAUNCH_CHECK();
   dispatch(dtype, [&](auto tag) {

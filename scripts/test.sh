@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
-# README command 2: install (with test extras), build, and run every test through ctest.
+# README command 2: install (with test extras), build, and run every test through ctest:
+# the main tree (./build, the real CUDA build where nvcc exists, whose GPU tests report
+# SKIPPED without a GPU), then the EMU tree (./build-emu: the same CUDA sources compiled
+# against the CPU execution engine in tests/cuda_emu, so every kernel, GPU-model and
+# NCCL test runs here; it also builds the test-only dtrain-emu).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+jobs=${DTRAIN_TEST_JOBS:-2}
 bash "$root/scripts/setup.sh" --test
 bash "$root/scripts/build.sh"
-cd "$root/build"
-ctest --output-on-failure -j "${DTRAIN_TEST_JOBS:-2}" --timeout 600
+DTRAIN_BUILD_DIR="$root/build-emu" bash "$root/scripts/build.sh" -DDTRAIN_CUDA=EMU
+status=0
+(cd "$root/build" && ctest --output-on-failure -j "$jobs" --timeout 600) || status=$?
+(cd "$root/build-emu" && ctest --output-on-failure -j "$jobs" --timeout 900) || status=$?
+exit $status

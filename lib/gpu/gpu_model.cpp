@@ -67,9 +67,11 @@ constexpr size_t CUBLASLT_WORKSPACE_BYTES = 32u << 20;  // kernels/gemm.cu, one 
 class DeviceAlloc {
  public:
   DeviceAlloc() = default;
-  explicit DeviceAlloc(size_t bytes) : bytes_(bytes) {
+  // Zeroed on `stream`, the one every later kernel runs on: a cudaMemset on the legacy
+  // stream would not be ordered before work on a cudaStreamNonBlocking stream.
+  DeviceAlloc(size_t bytes, cudaStream_t stream) : bytes_(bytes) {
     DT_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
-    DT_CUDA_CHECK(cudaMemset(ptr_, 0, bytes));
+    DT_CUDA_CHECK(cudaMemsetAsync(ptr_, 0, bytes, stream));
   }
   ~DeviceAlloc() {
     if (ptr_) (void)cudaFree(ptr_);
@@ -329,7 +331,7 @@ CudaTrainer::CudaTrainer(model::Model& init, const GpuTrainOptions& opts)
 
   Carver measure(nullptr);
   plan(measure);
-  arena_ = std::make_unique<DeviceAlloc>(measure.size());
+  arena_ = std::make_unique<DeviceAlloc>(measure.size(), s_);
   Carver real(arena_->get());
   plan(real);
   DT_CHECK(real.size() == measure.size());
@@ -403,19 +405,23 @@ void CudaTrainer::plan(Carver& c) {
 }
 
 // fp32 host weights -> masters and the compute copy (rounded on the host, as the CPU
-// trainer rounds its compute copy).
+// trainer rounds its compute copy). Copied on the trainer's stream, which is then
+// synchronised: the host buffers (pageable, `half` reused) must outlive the copies.
 void CudaTrainer::upload(const std::vector<model::ParamBuffer>& base, const std::vector<model::ParamBuffer>& lora) {
   std::vector<uint16_t> half;
   auto put = [&](DevBuffer& d, const model::ParamBuffer& h) {
     DT_CHECK(d.layout.size == h.size);
-    if (d.master) DT_CUDA_CHECK(cudaMemcpy(d.master, h.data, h.size * sizeof(float), cudaMemcpyHostToDevice));
+    if (d.master)
+      DT_CUDA_CHECK(cudaMemcpyAsync(d.master, h.data, h.size * sizeof(float), cudaMemcpyHostToDevice, s_));
     if (D_ == DType::F32) return;
     half.resize(h.size);
     for (size_t i = 0; i < h.size; ++i) half[i] = D_ == DType::BF16 ? f32_to_bf16(h.data[i]) : f32_to_f16(h.data[i]);
-    DT_CUDA_CHECK(cudaMemcpy(d.compute, half.data(), h.size * 2, cudaMemcpyHostToDevice));
+    DT_CUDA_CHECK(cudaMemcpyAsync(d.compute, half.data(), h.size * 2, cudaMemcpyHostToDevice, s_));
+    DT_CUDA_CHECK(cudaStreamSynchronize(s_));
   };
   for (size_t i = 0; i < base.size(); ++i) put(base_[i], base[i]);
   for (size_t i = 0; i < lora.size(); ++i) put(lora_bufs_[i], lora[i]);
+  DT_CUDA_CHECK(cudaStreamSynchronize(s_));
 }
 
 void* CudaTrainer::W(int l, int i) const {
@@ -605,7 +611,7 @@ void CudaTrainer::backward(const int32_t* tokens) {
   for (int l = L_ - 1; l >= 0; --l) layer_backward(l);
   if (emb.grad)
     kernels::embedding_backward(emb.grad, gpt2_ ? emb.grad + emb.layout.tensors[1].offset : nullptr, dres_, tokens, B_,
-                                T_, C_, D_, s_);
+                                T_, C_, V_, D_, s_);
 }
 
 // ----------------------------------------------------------------------------

@@ -50,12 +50,22 @@ TEST_CASE("bench train: CPU figure on the tiny config, labelled as CPU, table an
   CHECK(j["params"].get<int64_t>() == r.params);
 }
 
-TEST_CASE("bench train: --device cuda without a GPU is a DeviceError, not a figure") {
-  if (gpu::gpu_device_count() > 0) return;
+TEST_CASE("bench train: --device cuda trains on a device, and is a DeviceError without one") {
   gpu::BenchTrainOptions o;
   o.config_path = "configs/tiny-cpu.yaml";
-  o.steps = 1;
-  CHECK_THROWS_AS(gpu::bench_train_run(o), DeviceError);
+  o.steps = 2;
+  o.warmup = 1;
+  if (gpu::gpu_device_count() == 0) {
+    CHECK_THROWS_AS(gpu::bench_train_run(o), DeviceError);
+    return;
+  }
+  // A device (a GPU, or the CPU execution engine): a real figure from the device trainer.
+  o.sets = {"train_micro_batch_size_per_gpu=2", "data.seq_len=32"};
+  o.device = "cuda";
+  const gpu::BenchTrainResult r = gpu::bench_train_run(o);
+  CHECK(r.device != "cpu");
+  CHECK(std::isfinite(r.final_loss));
+  CHECK(r.tokens_per_s > 0);
 }
 
 TEST_CASE("bench train: LoRA on the GPU-style config and a bad device name") {

@@ -13,12 +13,18 @@ namespace {
 
 enum class Mode { FUSED, FUSED_IN_PLACE, SEPARATE };
 
-double ce_case(DType t, int V, Mode mode, uint64_t seed) {
+// masked_vocab: the first logits of every row are -inf (a masked or padded vocabulary),
+// so the first value many threads see is -inf.
+double ce_case(DType t, int V, Mode mode, uint64_t seed, bool masked_vocab = false) {
   Rng r(seed);
   const int N = 37;
-  const Floats logits = round_through(rand_floats(r, static_cast<size_t>(N) * V, 3.0f), t);
+  Floats logits = round_through(rand_floats(r, static_cast<size_t>(N) * V, 3.0f), t);
+  const int masked = masked_vocab ? std::min(V - 1, 700) : 0;
+  for (int n = 0; n < N; ++n)
+    for (int i = 0; i < masked; ++i) logits[static_cast<size_t>(n) * V + i] = -INFINITY;
   std::vector<int32_t> tgt(N);
-  for (int n = 0; n < N; ++n) tgt[n] = n % 5 == 2 ? ops::IGNORE_INDEX : static_cast<int32_t>(r.below(V));
+  for (int n = 0; n < N; ++n)
+    tgt[n] = n % 5 == 2 ? ops::IGNORE_INDEX : masked + static_cast<int32_t>(r.below(V - masked));
   const int count = ops::cross_entropy_count(tgt.data(), N);
   const float scale = 0.75f / count;
   Floats loss_ref(N), dl_ref(logits.size());
@@ -76,6 +82,12 @@ std::vector<Case> cases_loss() {
                      [=] { return ce_case(t, V, m, seed); }, tol_for(t, 1e-5)});
         ++seed;
       }
+  for (DType t : ALL_DTYPES)
+    for (int V : {1001, 5}) {
+      c.push_back({"cross_entropy masked vocabulary (-inf) V=" + std::to_string(V), t,
+                   [=] { return ce_case(t, V, Mode::FUSED, seed, true); }, tol_for(t, 1e-5)});
+      ++seed;
+    }
   return c;
 }
 

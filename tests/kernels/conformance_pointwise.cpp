@@ -98,7 +98,7 @@ double embedding_case(DType t, int C, bool with_wpe, uint64_t seed) {
   DevBuf dwte_in(wte, t), dwpe_in(wpe, t), dd(dout, t), out(N * C, t), dwte(dwte0, DType::F32), dwpe(dwpe0, DType::F32);
   out.poison();
   embedding_forward(out.ptr(), dtok, dwte_in.ptr(), with_wpe ? dwpe_in.ptr() : nullptr, B, T, C, V, t, nullptr);
-  embedding_backward(dwte.f32(), with_wpe ? dwpe.f32() : nullptr, dd.ptr(), dtok, B, T, C, t, nullptr);
+  embedding_backward(dwte.f32(), with_wpe ? dwpe.f32() : nullptr, dd.ptr(), dtok, B, T, C, V, t, nullptr);
   double e = std::max({buf_err(out, out_ref), buf_err(dwte, dwte_ref), buf_err(dwpe, dwpe_ref)});
   // An out-of-range token writes a NaN row instead of reading out of bounds.
   tok[4] = V + 3;
@@ -107,6 +107,17 @@ double embedding_case(DType t, int C, bool with_wpe, uint64_t seed) {
   const Floats got = out.download();
   for (int c = 0; c < C; ++c)
     if (!std::isnan(got[4 * static_cast<size_t>(C) + c])) e = INFINITY;
+  // ... and backward skips it: dwte (exactly V rows, guarded) gets the other tokens only.
+  std::vector<int32_t> valid = tok;
+  valid.erase(valid.begin() + 4);
+  Floats dout_valid = dout;
+  dout_valid.erase(dout_valid.begin() + 4 * static_cast<size_t>(C), dout_valid.begin() + 5 * static_cast<size_t>(C));
+  Floats dwte_bad_ref(static_cast<size_t>(V) * C, 0.0f);
+  ops::embedding_backward(dwte_bad_ref.data(), nullptr, dout_valid.data(), valid.data(), 1, static_cast<int>(N) - 1, C);
+  DevBuf dwte_bad(dwte_bad_ref.size(), DType::F32);
+  DT_CUDA_CHECK(cudaMemset(dwte_bad.ptr(), 0, dwte_bad_ref.size() * sizeof(float)));
+  embedding_backward(dwte_bad.f32(), nullptr, dd.ptr(), dtok, B, T, C, V, t, nullptr);
+  e = std::max(e, buf_err(dwte_bad, dwte_bad_ref));
   DT_CUDA_CHECK(cudaFree(dtok));
   return e;
 }

@@ -1,0 +1,11 @@
+# The CPU execution engine for dtrain's CUDA code (DTRAIN_CUDA=EMU only): the runtime,
+# kernel executor, cuBLASLt and NCCL subsets as one static library whose include dir
+# supplies cuda_runtime.h, cuda_bf16.h, cuda_fp16.h, cublasLt.h and nccl.h. Test-only.
+file(GLOB cuda_emu_srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/*.cpp)
+list(FILTER cuda_emu_srcs EXCLUDE REGEX "_test\\.cpp$")
+add_library(dtrain_cuda_emu STATIC ${cuda_emu_srcs})
+target_include_directories(dtrain_cuda_emu PUBLIC ${CMAKE_CURRENT_LIST_DIR}/include
+                                           PRIVATE ${CMAKE_CURRENT_LIST_DIR})
+target_compile_definitions(dtrain_cuda_emu PUBLIC DTRAIN_CUDA_EMU=1)
+target_compile_options(dtrain_cuda_emu PRIVATE -Wall -Wextra)
+target_link_libraries(dtrain_cuda_emu PUBLIC Boost::context Threads::Threads ${CMAKE_DL_LIBS})

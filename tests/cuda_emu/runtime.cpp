@@ -1,0 +1,911 @@
+// CUDA execution engine: devices, streams, events and the stream-ordered scheduler.
+// Every operation is a node whose dependencies follow CUDA's rules (stream order, the
+// legacy default stream's implicit synchronisation with blocking streams, event waits).
+// Each device has an executor thread. By default the scheduler is adversarial: work is
+// held back until something needs it (a host synchronisation, a query, an eager NCCL
+// collective) and then run in a seeded random order among what the rules allow, so a
+// missing synchronisation shows as a wrong result in a test instead of on a user's GPU.
+#include "engine.h"
+#include "memory_internal.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+struct CUstream_st {};
+struct CUevent_st {};
+
+namespace cuda_emu {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t TOTAL_MEM = 80ull << 30;  // an H100 SXM's 80 GB
+constexpr int SMEM_DEFAULT = 48 * 1024;
+constexpr int SMEM_OPTIN = 227 * 1024;
+
+struct Stream;
+
+struct Op {
+  uint64_t id = 0;
+  std::string what;
+  std::function<void()> fn;
+  std::vector<std::shared_ptr<Op>> deps;
+  int device = 0;
+  bool demanded = false;
+  bool done = false;
+  Clock::time_point finished{};
+};
+using OpPtr = std::shared_ptr<Op>;
+
+struct Stream : CUstream_st {
+  int device = 0;
+  bool blocking = true;  // synchronises with the legacy default stream
+  bool legacy = false;
+  OpPtr last;
+};
+
+struct Event : CUevent_st {
+  int device = 0;
+  bool timing = true;
+  OpPtr op;  // the latest record; null: never recorded (complete)
+};
+
+struct Device {
+  std::shared_ptr<Stream> legacy;
+  std::vector<OpPtr> pending;  // not yet run
+  std::thread executor;
+  std::condition_variable cv;
+  std::mt19937_64 rng;
+  cudaError_t sticky = cudaSuccess;
+  std::unordered_map<const void*, int> smem_attr;
+};
+
+struct State {
+  std::mutex mu;                 // everything below and every Op's flags
+  std::condition_variable done_cv;
+  std::vector<std::unique_ptr<Device>> devices;
+  std::map<CUstream_st*, std::shared_ptr<Stream>> streams;
+  std::map<CUevent_st*, std::unique_ptr<Event>> events;
+  uint64_t next_id = 1;
+  bool stop = false;
+  bool fifo = false;  // CUDA_EMU_SCHEDULE=fifo: run everything at once in issue order
+  int physical = 8;   // devices of the emulated machine (CUDA_EMU_DEVICE_COUNT)
+  std::vector<int> visible;  // after CUDA_VISIBLE_DEVICES
+  std::string detail;        // last reported engine error
+  ~State();
+};
+
+State& st();
+
+thread_local int t_device = 0;
+thread_local cudaError_t t_last = cudaSuccess;
+
+// CUDA_VISIBLE_DEVICES as the driver reads it: a comma list of indices; the list ends at
+// the first entry that is not a valid index.
+std::vector<int> visible_parse(const char* env, int physical) {
+  std::vector<int> out;
+  if (!env) {
+    for (int i = 0; i < physical; ++i) out.push_back(i);
+    return out;
+  }
+  std::string s(env);
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t comma = s.find(',', pos);
+    std::string tok = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    while (!tok.empty() && tok.front() == ' ') tok.erase(tok.begin());
+    while (!tok.empty() && tok.back() == ' ') tok.pop_back();
+    char* end = nullptr;
+    const long v = tok.empty() ? -1 : std::strtol(tok.c_str(), &end, 10);
+    if (tok.empty() || *end != '\0' || v < 0 || v >= physical) break;
+    bool dup = false;
+    for (int d : out) dup = dup || d == v;
+    if (dup) break;
+    out.push_back(static_cast<int>(v));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+State& st() {
+  static State* s = [] {
+    auto* n = new State();
+    if (const char* c = std::getenv("CUDA_EMU_DEVICE_COUNT")) n->physical = std::max(0, std::atoi(c));
+    n->visible = visible_parse(std::getenv("CUDA_VISIBLE_DEVICES"), n->physical);
+    const char* sched = std::getenv("CUDA_EMU_SCHEDULE");
+    n->fifo = sched && std::string(sched) == "fifo";
+    uint64_t seed = 1;
+    if (const char* e = std::getenv("CUDA_EMU_SEED")) seed = std::strtoull(e, nullptr, 10);
+    for (size_t i = 0; i < n->visible.size(); ++i) {
+      auto d = std::make_unique<Device>();
+      d->legacy = std::make_shared<Stream>();
+      d->legacy->device = static_cast<int>(i);
+      d->legacy->legacy = true;
+      d->rng.seed(seed * 1000003 + i);
+      n->devices.push_back(std::move(d));
+    }
+    static struct Reaper {
+      State* s;
+      ~Reaper() { delete s; }
+    } reaper{n};
+    return n;
+  }();
+  return *s;
+}
+
+cudaError_t fail(cudaError_t e) {
+  if (e != cudaSuccess) t_last = e;
+  return e;
+}
+
+// ----------------------------------------------------------------------------
+// Scheduling (st().mu held).
+void demand_locked(const OpPtr& root) {
+  std::vector<Op*> stack{root.get()};
+  while (!stack.empty()) {
+    Op* o = stack.back();
+    stack.pop_back();
+    if (o->demanded || o->done) continue;
+    o->demanded = true;
+    st().devices[o->device]->cv.notify_all();
+    for (auto& d : o->deps) stack.push_back(d.get());
+  }
+}
+
+bool ready_locked(const Op& o) {
+  for (auto& d : o.deps)
+    if (!d->done) return false;
+  return true;
+}
+
+void executor_loop(int dev) {
+  State& s = st();
+  Device& d = *s.devices[dev];
+  std::unique_lock<std::mutex> lock(s.mu);
+  for (;;) {
+    std::vector<size_t> ready;
+    for (;;) {
+      if (s.stop) return;
+      ready.clear();
+      for (size_t i = 0; i < d.pending.size(); ++i) {
+        const Op& o = *d.pending[i];
+        if (o.demanded && ready_locked(o)) {
+          ready.push_back(i);
+          if (s.fifo) break;  // pending is in issue order
+        }
+      }
+      if (!ready.empty()) break;
+      d.cv.wait(lock);
+    }
+    const size_t pick = s.fifo ? ready.front() : ready[d.rng() % ready.size()];
+    OpPtr op = d.pending[pick];
+    d.pending.erase(d.pending.begin() + static_cast<long>(pick));
+    lock.unlock();
+    op->fn();
+    op->fn = nullptr;
+    lock.lock();
+    op->done = true;
+    op->finished = Clock::now();
+    op->deps.clear();
+    s.done_cv.notify_all();
+    for (auto& other : s.devices) other->cv.notify_all();
+  }
+}
+
+State::~State() {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stop = true;
+    for (auto& d : devices) d->cv.notify_all();
+  }
+  for (auto& d : devices)
+    if (d->executor.joinable()) d->executor.join();
+}
+
+// Resolves a stream handle for the calling thread; nullptr when invalid (st().mu held).
+std::shared_ptr<Stream> stream_locked(cudaStream_t s) {
+  State& g = st();
+  if (s == nullptr || s == cudaStreamLegacy) {
+    if (t_device < 0 || t_device >= static_cast<int>(g.devices.size())) return nullptr;
+    return g.devices[t_device]->legacy;
+  }
+  auto it = g.streams.find(s);
+  return it == g.streams.end() ? nullptr : it->second;
+}
+
+OpPtr enqueue_locked(const std::shared_ptr<Stream>& sp, const char* what, std::function<void()> fn, bool eager) {
+  State& g = st();
+  Device& d = *g.devices[sp->device];
+  if (!d.executor.joinable()) d.executor = std::thread(executor_loop, sp->device);
+  auto op = std::make_shared<Op>();
+  op->id = g.next_id++;
+  op->what = what;
+  op->fn = std::move(fn);
+  op->device = sp->device;
+  auto add = [&](const OpPtr& p) {
+    if (p && !p->done) op->deps.push_back(p);
+  };
+  add(sp->last);
+  if (sp->legacy) {
+    for (auto& [h, other] : g.streams)
+      if (other->device == sp->device && other->blocking) add(other->last);
+  } else if (sp->blocking) {
+    add(d.legacy->last);
+  }
+  sp->last = op;
+  d.pending.push_back(op);
+  if (eager || g.fifo) demand_locked(op);
+  return op;
+}
+
+void wait_locked(std::unique_lock<std::mutex>& lock, const OpPtr& op) {
+  if (!op) return;
+  demand_locked(op);
+  st().done_cv.wait(lock, [&] { return op->done; });
+}
+
+void device_sync_locked(std::unique_lock<std::mutex>& lock, int dev) {
+  State& g = st();
+  std::vector<OpPtr> all = g.devices[dev]->pending;
+  for (auto& o : all) demand_locked(o);
+  for (auto& o : all) g.done_cv.wait(lock, [&] { return o->done; });
+}
+
+cudaError_t sticky_locked(int dev) {
+  State& g = st();
+  if (dev < 0 || dev >= static_cast<int>(g.devices.size())) return cudaErrorInvalidDevice;
+  return g.devices[dev]->sticky;
+}
+
+// Entry check of every device API call: the device exists and carries no sticky error.
+cudaError_t api_check(int dev) {
+  State& g = st();
+  if (g.devices.empty()) return cudaErrorNoDevice;
+  std::lock_guard<std::mutex> lock(g.mu);
+  return sticky_locked(dev);
+}
+
+void report(const std::string& detail) {
+  {
+    std::lock_guard<std::mutex> lock(st().mu);
+    st().detail = detail;
+  }
+  std::fprintf(stderr, "cuda_emu: %s\n", detail.c_str());
+}
+
+// ----------------------------------------------------------------------------
+// Copies.
+enum class Mem { HOST, PINNED, DEVICE };
+
+Mem mem_kind(const void* p, size_t bytes, int* device) {
+  auto a = alloc_find(p, bytes);
+  if (!a) return Mem::HOST;
+  if (device) *device = a->device;
+  return a->pinned_host ? Mem::PINNED : Mem::DEVICE;
+}
+
+// Checks one side of a copy: device memory must be a live allocation covering the
+// whole extent (a device pointer that overruns its allocation is an error, not a host
+// pointer).
+bool extent_ok(const void* p, size_t extent, bool want_device, int* device) {
+  if (want_device) {
+    auto a = alloc_find(p, extent);
+    if (!a || a->pinned_host) return false;
+    if (device) *device = a->device;
+    return true;
+  }
+  auto a = alloc_find(p, 0);
+  return !a || a->pinned_host;
+}
+
+struct Copy2D {
+  char* dst;
+  size_t dpitch;
+  const char* src;
+  size_t spitch, width, height;
+  void run() const {
+    for (size_t r = 0; r < height; ++r) std::memmove(dst + r * dpitch, src + r * spitch, width);
+  }
+};
+
+cudaError_t copy_submit(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                        cudaMemcpyKind kind, cudaStream_t stream, bool sync_api) {
+  if (width == 0 || height == 0) return cudaSuccess;
+  if (dpitch < width || spitch < width) return fail(cudaErrorInvalidValue);
+  if (dst == nullptr || src == nullptr) return fail(cudaErrorInvalidValue);
+  const size_t dext = dpitch * (height - 1) + width, sext = spitch * (height - 1) + width;
+  if (kind == cudaMemcpyDefault) {
+    const bool dd = mem_kind(dst, 1, nullptr) == Mem::DEVICE, sd = mem_kind(src, 1, nullptr) == Mem::DEVICE;
+    kind = dd ? (sd ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+              : (sd ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
+  }
+  if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDeviceToDevice) return fail(cudaErrorInvalidMemcpyDirection);
+  const bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  int ddev = -1, sdev = -1;
+  if (!extent_ok(dst, dext, dst_dev, &ddev) || !extent_ok(src, sext, src_dev, &sdev)) {
+    char buf[320];
+    std::snprintf(buf, sizeof buf,
+                  "cudaMemcpy%s: %s %p (%zu bytes) / %s %p (%zu bytes) do not match the copy kind %d (device pointers "
+                  "must lie inside one live allocation, host pointers outside device memory)",
+                  sync_api ? "" : "Async", "dst", dst, dext, "src", src, sext, static_cast<int>(kind));
+    report(buf);
+    return fail(cudaErrorInvalidValue);
+  }
+  const bool src_pinned = !src_dev && mem_kind(src, 1, nullptr) == Mem::PINNED;
+  const bool dst_pinned = !dst_dev && mem_kind(dst, 1, nullptr) == Mem::PINNED;
+  State& g = st();
+  std::unique_lock<std::mutex> lock(g.mu);
+  auto sp = stream_locked(sync_api ? nullptr : stream);
+  if (!sp) return fail(cudaErrorInvalidResourceHandle);
+  if (cudaError_t e = sticky_locked(sp->device)) return fail(e);
+  Copy2D c{static_cast<char*>(dst), dpitch, static_cast<const char*>(src), spitch, width, height};
+  if (!sync_api) {  // host memory is read/written when the copy runs, pinned or not
+    enqueue_locked(sp, "cudaMemcpyAsync", [c] { c.run(); }, false);
+    return cudaSuccess;
+  }
+  switch (kind) {
+    case cudaMemcpyHostToDevice:
+      if (!src_pinned) {
+        // Pageable source: the stream is synchronised, the data staged, and the call
+        // returns before the DMA to the device has completed.
+        wait_locked(lock, sp->last);
+        auto staged = std::make_shared<std::vector<char>>(sext);
+        std::memcpy(staged->data(), src, sext);
+        Copy2D s2 = c;
+        s2.src = staged->data();
+        enqueue_locked(sp, "cudaMemcpy (pageable HtoD DMA)", [s2, staged] { s2.run(); }, false);
+        return cudaSuccess;
+      }
+      wait_locked(lock, enqueue_locked(sp, "cudaMemcpy HtoD", [c] { c.run(); }, false));
+      return cudaSuccess;
+    case cudaMemcpyDeviceToDevice:  // no host synchronisation
+      enqueue_locked(sp, "cudaMemcpy DtoD", [c] { c.run(); }, false);
+      return cudaSuccess;
+    default:  // to host: returns once the copy has completed
+      (void)dst_pinned;
+      wait_locked(lock, enqueue_locked(sp, "cudaMemcpy", [c] { c.run(); }, false));
+      return cudaSuccess;
+  }
+}
+
+cudaError_t memset_submit(void* p, size_t pitch, int value, size_t width, size_t height, cudaStream_t stream,
+                          bool sync_api) {
+  if (width == 0 || height == 0) return cudaSuccess;
+  if (pitch < width) return fail(cudaErrorInvalidValue);
+  const size_t ext = pitch * (height - 1) + width;
+  auto a = alloc_find(p, ext);
+  if (!a) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "cudaMemset%s: %p (%zu bytes) is not inside one live device allocation",
+                  sync_api ? "" : "Async", p, ext);
+    report(buf);
+    return fail(cudaErrorInvalidValue);
+  }
+  State& g = st();
+  std::unique_lock<std::mutex> lock(g.mu);
+  auto sp = stream_locked(sync_api ? nullptr : stream);
+  if (!sp) return fail(cudaErrorInvalidResourceHandle);
+  if (cudaError_t e = sticky_locked(sp->device)) return fail(e);
+  char* base = static_cast<char*>(p);
+  auto op = enqueue_locked(sp, "cudaMemset", [=] {
+    for (size_t r = 0; r < height; ++r) std::memset(base + r * pitch, value, width);
+  }, false);
+  if (sync_api && a->pinned_host) wait_locked(lock, op);
+  return cudaSuccess;
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------------
+// engine.h
+int device_current() { return t_device; }
+int device_count() { return static_cast<int>(st().devices.size()); }
+
+int stream_device(cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  auto sp = stream_locked(s);
+  return sp ? sp->device : -1;
+}
+bool stream_valid(cudaStream_t s) { return stream_device(s) >= 0; }
+
+cudaError_t enqueue(cudaStream_t s, const char* what, std::function<void()> fn, bool eager) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  auto sp = stream_locked(s);
+  if (!sp) return fail(cudaErrorInvalidResourceHandle);
+  if (cudaError_t e = sticky_locked(sp->device)) return fail(e);
+  enqueue_locked(sp, what, std::move(fn), eager);
+  return cudaSuccess;
+}
+
+void sticky_error_set(int device, cudaError_t err, const std::string& detail) {
+  {
+    std::lock_guard<std::mutex> lock(st().mu);
+    if (device >= 0 && device < static_cast<int>(st().devices.size()) && st().devices[device]->sticky == cudaSuccess)
+      st().devices[device]->sticky = err;
+  }
+  report(detail);
+}
+
+const char* last_error_detail() {
+  static thread_local std::string copy;
+  std::lock_guard<std::mutex> lock(st().mu);
+  copy = st().detail;
+  return copy.c_str();
+}
+
+void test_clear_errors() {
+  std::lock_guard<std::mutex> lock(st().mu);
+  for (auto& d : st().devices) d->sticky = cudaSuccess;
+  st().detail.clear();
+  t_last = cudaSuccess;
+}
+
+void launch_submit(const void* func, const LaunchSite& site, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                   const void* const* pointers, int npointers, std::function<void()> body) {
+  char buf[512];
+  auto reject = [&](cudaError_t e, const std::string& why) {
+    std::snprintf(buf, sizeof buf, "launch of %s at %s:%d rejected: %s", site.kernel, site.file, site.line, why.c_str());
+    report(buf);
+    fail(e);
+  };
+  const unsigned long long threads = 1ull * block.x * block.y * block.z;
+  if (block.x == 0 || block.y == 0 || block.z == 0 || block.x > 1024 || block.y > 1024 || block.z > 64 ||
+      threads > 1024) {
+    std::snprintf(buf, sizeof buf, "block (%u,%u,%u) exceeds the limits (x,y <= 1024, z <= 64, %llu threads > 1024 or 0)",
+                  block.x, block.y, block.z, threads);
+    return reject(cudaErrorInvalidConfiguration, buf);
+  }
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535) {
+    std::snprintf(buf, sizeof buf, "grid (%u,%u,%u) exceeds the limits (x <= 2^31-1, y,z <= 65535, none 0)", grid.x,
+                  grid.y, grid.z);
+    return reject(cudaErrorInvalidConfiguration, buf);
+  }
+  State& g = st();
+  std::unique_lock<std::mutex> lock(g.mu);
+  auto sp = stream_locked(stream);
+  if (!sp) {
+    lock.unlock();
+    return reject(cudaErrorInvalidResourceHandle, "invalid stream");
+  }
+  if (cudaError_t e = sticky_locked(sp->device)) {
+    fail(e);
+    return;
+  }
+  Device& d = *g.devices[sp->device];
+  int limit = SMEM_DEFAULT;
+  if (auto it = d.smem_attr.find(func); it != d.smem_attr.end()) limit = std::max(limit, it->second);
+  if (smem > static_cast<size_t>(limit)) {
+    lock.unlock();
+    std::snprintf(buf, sizeof buf,
+                  "%zu bytes of dynamic shared memory exceed the %d allowed (48 KB unless "
+                  "cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize) raised it, at most 227 KB)",
+                  smem, limit);
+    return reject(cudaErrorInvalidValue, buf);
+  }
+  lock.unlock();
+  for (int i = 0; i < npointers; ++i) {
+    if (!pointers[i]) continue;
+    auto a = alloc_find(pointers[i], 0);
+    if (!a || (!a->pinned_host && a->device != sp->device)) {
+      std::snprintf(buf, sizeof buf,
+                    "pointer argument %d (%p) is not device memory of device %d (host memory, freed, or another "
+                    "device's): the kernel would fault",
+                    i + 1, pointers[i], sp->device);
+      return reject(cudaErrorInvalidValue, buf);
+    }
+  }
+  KernelLaunch k;
+  k.name = site.kernel;
+  k.file = site.file;
+  k.line = site.line;
+  k.func = func;
+  k.grid = grid;
+  k.block = block;
+  k.dynamic_smem = smem;
+  k.body = std::move(body);
+  k.device = sp->device;
+  lock.lock();
+  enqueue_locked(sp, "kernel", [k = std::move(k)] {
+    std::string detail;
+    const cudaError_t e = kernel_run(k, &detail);
+    guards_reprotect();
+    if (e != cudaSuccess) {
+      sticky_error_set(k.device, e, detail);
+      return;
+    }
+    const std::string over = mem_canaries_check();
+    if (!over.empty())
+      sticky_error_set(k.device, cudaErrorIllegalAddress,
+                       "kernel " + k.name + " (launched at " + k.file + ":" + std::to_string(k.line) + "): " + over);
+  }, false);
+}
+
+}  // namespace cuda_emu
+
+// ----------------------------------------------------------------------------
+// The CUDA runtime API.
+using namespace cuda_emu;
+
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+#define NAME(x) \
+  case x: return #x;
+    NAME(cudaSuccess) NAME(cudaErrorInvalidValue) NAME(cudaErrorMemoryAllocation) NAME(cudaErrorInitializationError)
+    NAME(cudaErrorInvalidConfiguration) NAME(cudaErrorInvalidDevicePointer) NAME(cudaErrorInvalidMemcpyDirection)
+    NAME(cudaErrorInvalidDeviceFunction) NAME(cudaErrorNoDevice) NAME(cudaErrorInvalidDevice)
+    NAME(cudaErrorInvalidResourceHandle) NAME(cudaErrorNotReady) NAME(cudaErrorIllegalAddress)
+    NAME(cudaErrorLaunchOutOfResources) NAME(cudaErrorAssert) NAME(cudaErrorHardwareStackError)
+    NAME(cudaErrorIllegalInstruction) NAME(cudaErrorMisalignedAddress) NAME(cudaErrorLaunchFailure)
+    NAME(cudaErrorNotSupported) NAME(cudaErrorStreamCaptureUnsupported) NAME(cudaErrorUnknown)
+#undef NAME
+  }
+  return "cudaErrorUnknown";
+}
+
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInitializationError: return "initialization error";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
+    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+    case cudaErrorInvalidDeviceFunction: return "invalid device function";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+    case cudaErrorAssert: return "device-side assert triggered";
+    case cudaErrorHardwareStackError: return "hardware stack error";
+    case cudaErrorIllegalInstruction: return "an illegal instruction was encountered";
+    case cudaErrorMisalignedAddress: return "misaligned address";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaErrorNotSupported: return "operation not supported";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorUnknown: return "unknown error";
+  }
+  return "unrecognized error code";
+}
+
+cudaError_t cudaGetLastError() {
+  if (!st().devices.empty()) {
+    std::lock_guard<std::mutex> lock(st().mu);
+    if (cudaError_t e = sticky_locked(t_device); e != cudaSuccess && e != cudaErrorInvalidDevice) return e;
+  }
+  const cudaError_t e = t_last;
+  t_last = cudaSuccess;
+  return e;
+}
+
+cudaError_t cudaPeekAtLastError() {
+  if (!st().devices.empty()) {
+    std::lock_guard<std::mutex> lock(st().mu);
+    if (cudaError_t e = sticky_locked(t_device); e != cudaSuccess && e != cudaErrorInvalidDevice) return e;
+  }
+  return t_last;
+}
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  if (!count) return fail(cudaErrorInvalidValue);
+  *count = device_count();
+  return *count == 0 ? fail(cudaErrorNoDevice) : cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= device_count()) return fail(device_count() == 0 ? cudaErrorNoDevice : cudaErrorInvalidDevice);
+  t_device = device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  if (!device) return fail(cudaErrorInvalidValue);
+  if (device_count() == 0) return fail(cudaErrorNoDevice);
+  *device = t_device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
+  if (!p) return fail(cudaErrorInvalidValue);
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
+  std::memset(p, 0, sizeof *p);
+  std::snprintf(p->name, sizeof p->name, "cuda_emu CPU execution engine (H100 SXM limits), device %d", device);
+  p->totalGlobalMem = TOTAL_MEM;
+  p->sharedMemPerBlock = SMEM_DEFAULT;
+  p->sharedMemPerBlockOptin = SMEM_OPTIN;
+  p->sharedMemPerMultiprocessor = 228 * 1024;
+  p->regsPerBlock = 65536;
+  p->warpSize = 32;
+  p->maxThreadsPerBlock = 1024;
+  p->maxThreadsDim[0] = 1024;
+  p->maxThreadsDim[1] = 1024;
+  p->maxThreadsDim[2] = 64;
+  p->maxGridSize[0] = 2147483647;
+  p->maxGridSize[1] = 65535;
+  p->maxGridSize[2] = 65535;
+  p->major = 9;
+  p->minor = 0;
+  p->multiProcessorCount = 132;
+  p->maxThreadsPerMultiProcessor = 2048;
+  p->l2CacheSize = 50ull << 20;
+  p->memoryBusWidth = 5120;
+  p->clockRate = 1980000;
+  p->memoryClockRate = 2619000;
+  p->pciBusID = 0x18 + device;
+  p->totalConstMem = 65536;
+  p->memPitch = 2147483647;
+  p->textureAlignment = 512;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDriverGetVersion(int* v) {
+  if (!v) return fail(cudaErrorInvalidValue);
+  *v = 12040;
+  return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int* v) { return cudaDriverGetVersion(v); }
+
+cudaError_t cudaDeviceSynchronize() {
+  if (cudaError_t e = api_check(t_device)) return fail(e);
+  std::unique_lock<std::mutex> lock(st().mu);
+  device_sync_locked(lock, t_device);
+  return fail(sticky_locked(t_device));
+}
+
+cudaError_t cudaDeviceReset() {
+  if (st().devices.empty()) return fail(cudaErrorNoDevice);
+  std::unique_lock<std::mutex> lock(st().mu);
+  device_sync_locked(lock, t_device);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+  if (cudaError_t e = api_check(t_device)) return fail(e);
+  if (!free_bytes || !total) return fail(cudaErrorInvalidValue);
+  *total = TOTAL_MEM;
+  *free_bytes = TOTAL_MEM - std::min(TOTAL_MEM, mem_used(t_device));
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void** ptr, size_t size) {
+  if (!ptr) return fail(cudaErrorInvalidValue);
+  if (cudaError_t e = api_check(t_device)) return fail(e);
+  if (size == 0) {
+    *ptr = nullptr;
+    return cudaSuccess;
+  }
+  if (size > TOTAL_MEM - std::min(TOTAL_MEM, mem_used(t_device))) return fail(cudaErrorMemoryAllocation);
+  *ptr = mem_alloc(size, t_device, false);
+  return *ptr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+}
+
+cudaError_t cudaFree(void* ptr) {
+  if (!ptr) return cudaSuccess;
+  auto a = alloc_find(ptr, 0);
+  if (!a || a->pinned_host || a->base != ptr) return fail(cudaErrorInvalidValue);
+  {
+    // Freeing waits for the device to finish the work that may still use the memory.
+    std::unique_lock<std::mutex> lock(st().mu);
+    device_sync_locked(lock, a->device);
+  }
+  mem_free(ptr, nullptr, nullptr);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void** ptr, size_t size) {
+  if (!ptr) return fail(cudaErrorInvalidValue);
+  if (st().devices.empty()) return fail(cudaErrorNoDevice);
+  *ptr = mem_alloc(size, -1, true);
+  return *ptr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+}
+cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int) { return cudaMallocHost(ptr, size); }
+
+cudaError_t cudaFreeHost(void* ptr) {
+  if (!ptr) return cudaSuccess;
+  auto a = alloc_find(ptr, 0);
+  if (!a || !a->pinned_host || a->base != ptr) return fail(cudaErrorInvalidValue);
+  {
+    std::unique_lock<std::mutex> lock(st().mu);
+    for (int d = 0; d < static_cast<int>(st().devices.size()); ++d) device_sync_locked(lock, d);
+  }
+  mem_free(ptr, nullptr, nullptr);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t stream) {
+  if (!ptr) return fail(cudaErrorInvalidValue);
+  const int dev = stream_device(stream);
+  if (dev < 0) return fail(cudaErrorInvalidResourceHandle);
+  if (cudaError_t e = api_check(dev)) return fail(e);
+  if (size == 0) {
+    *ptr = nullptr;
+    return cudaSuccess;
+  }
+  *ptr = mem_alloc(size, dev, false);
+  return *ptr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+}
+
+cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
+  if (!ptr) return cudaSuccess;
+  auto a = alloc_find(ptr, 0);
+  if (!a || a->pinned_host || a->base != ptr) return fail(cudaErrorInvalidValue);
+  // Freed when the stream reaches this point; later use faults (quarantine).
+  return enqueue(stream, "cudaFreeAsync", [ptr] { mem_free(ptr, nullptr, nullptr); });
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  return copy_submit(dst, count, src, count, count, 1, kind, nullptr, true);
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
+  return copy_submit(dst, count, src, count, count, 1, kind, stream, false);
+}
+cudaError_t cudaMemcpy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                         cudaMemcpyKind kind) {
+  return copy_submit(dst, dpitch, src, spitch, width, height, kind, nullptr, true);
+}
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind kind, cudaStream_t stream) {
+  return copy_submit(dst, dpitch, src, spitch, width, height, kind, stream, false);
+}
+cudaError_t cudaMemset(void* ptr, int value, size_t count) {
+  return memset_submit(ptr, count, value, count, 1, nullptr, true);
+}
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
+  return memset_submit(ptr, count, value, count, 1, stream, false);
+}
+cudaError_t cudaMemset2D(void* ptr, size_t pitch, int value, size_t width, size_t height) {
+  return memset_submit(ptr, pitch, value, width, height, nullptr, true);
+}
+cudaError_t cudaMemset2DAsync(void* ptr, size_t pitch, int value, size_t width, size_t height, cudaStream_t stream) {
+  return memset_submit(ptr, pitch, value, width, height, stream, false);
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+  if (!stream || (flags & ~1u)) return fail(cudaErrorInvalidValue);
+  if (cudaError_t e = api_check(t_device)) return fail(e);
+  auto s = std::make_shared<Stream>();
+  s->device = t_device;
+  s->blocking = !(flags & cudaStreamNonBlocking);
+  std::lock_guard<std::mutex> lock(st().mu);
+  st().streams[s.get()] = s;
+  *stream = s.get();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  // Pending work still runs; the handle is invalid from now on.
+  std::lock_guard<std::mutex> lock(st().mu);
+  if (stream == nullptr || stream == cudaStreamLegacy || !st().streams.erase(stream))
+    return fail(cudaErrorInvalidResourceHandle);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  std::unique_lock<std::mutex> lock(st().mu);
+  auto sp = stream_locked(stream);
+  if (!sp) return fail(cudaErrorInvalidResourceHandle);
+  if (sp->legacy) {
+    // The legacy stream's next op waits for every blocking stream: synchronising it
+    // means the same as enqueueing a marker there and waiting for it.
+    wait_locked(lock, enqueue_locked(sp, "sync marker", [] {}, false));
+  } else {
+    wait_locked(lock, sp->last);
+  }
+  return fail(sticky_locked(sp->device));
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  std::unique_lock<std::mutex> lock(st().mu);
+  auto sp = stream_locked(stream);
+  if (!sp) return fail(cudaErrorInvalidResourceHandle);
+  if (cudaError_t e = sticky_locked(sp->device)) return fail(e);
+  if (!sp->last || sp->last->done) return cudaSuccess;
+  demand_locked(sp->last);  // the work runs; a later query sees it done
+  return cudaErrorNotReady;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+  if (flags != 0) return fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(st().mu);
+  auto sp = stream_locked(stream);
+  auto it = st().events.find(event);
+  if (!sp || it == st().events.end()) return fail(cudaErrorInvalidResourceHandle);
+  if (cudaError_t e = sticky_locked(sp->device)) return fail(e);
+  OpPtr rec = it->second->op;
+  auto w = enqueue_locked(sp, "cudaStreamWaitEvent", [] {}, false);
+  if (rec && !rec->done) w->deps.push_back(rec);  // captured now: later records do not count
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, cudaEventDefault); }
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+  if (!event || (flags & ~3u)) return fail(cudaErrorInvalidValue);
+  if (cudaError_t e = api_check(t_device)) return fail(e);
+  auto ev = std::make_unique<Event>();
+  ev->device = t_device;
+  ev->timing = !(flags & cudaEventDisableTiming);
+  std::lock_guard<std::mutex> lock(st().mu);
+  *event = ev.get();
+  st().events[ev.get()] = std::move(ev);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  return st().events.erase(event) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  auto sp = stream_locked(stream);
+  auto it = st().events.find(event);
+  if (!sp || it == st().events.end()) return fail(cudaErrorInvalidResourceHandle);
+  if (it->second->device != sp->device) return fail(cudaErrorInvalidResourceHandle);
+  if (cudaError_t e = sticky_locked(sp->device)) return fail(e);
+  it->second->op = enqueue_locked(sp, "cudaEventRecord", [] {}, false);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  std::unique_lock<std::mutex> lock(st().mu);
+  auto it = st().events.find(event);
+  if (it == st().events.end()) return fail(cudaErrorInvalidResourceHandle);
+  OpPtr op = it->second->op;
+  const int dev = it->second->device;
+  wait_locked(lock, op);
+  return fail(sticky_locked(dev));
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  auto it = st().events.find(event);
+  if (it == st().events.end()) return fail(cudaErrorInvalidResourceHandle);
+  OpPtr op = it->second->op;
+  if (!op || op->done) return cudaSuccess;
+  demand_locked(op);
+  return cudaErrorNotReady;
+}
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (!ms) return fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(st().mu);
+  auto a = st().events.find(start), b = st().events.find(end);
+  if (a == st().events.end() || b == st().events.end()) return fail(cudaErrorInvalidResourceHandle);
+  if (!a->second->timing || !b->second->timing) return fail(cudaErrorInvalidResourceHandle);
+  if (!a->second->op || !b->second->op) return fail(cudaErrorInvalidResourceHandle);
+  if (!a->second->op->done || !b->second->op->done) return fail(cudaErrorNotReady);
+  *ms = std::chrono::duration<float, std::milli>(b->second->op->finished - a->second->op->finished).count();
+  return cudaSuccess;
+}
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (cudaError_t e = api_check(t_device)) return fail(e);
+  if (!func) return fail(cudaErrorInvalidDeviceFunction);
+  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+    if (value < 0 || value > SMEM_OPTIN) return fail(cudaErrorInvalidValue);
+    std::lock_guard<std::mutex> lock(st().mu);
+    st().devices[t_device]->smem_attr[func] = value;
+    return cudaSuccess;
+  }
+  if (attr == cudaFuncAttributePreferredSharedMemoryCarveout) return value >= -1 && value <= 100 ? cudaSuccess : fail(cudaErrorInvalidValue);
+  return fail(cudaErrorInvalidValue);
+}
