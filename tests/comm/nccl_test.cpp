@@ -34,6 +34,9 @@ int visible_gpus() {
 
 // Runs body on min(2, GPUs) ranks, rank r on device r. Returns per-rank failures.
 std::vector<std::string> run_nccl(const std::function<void(Communicator&)>& body) {
+  // Ranks talk over loopback only (NCCL, and the CPU execution engine's NCCL, would
+  // otherwise pick the first non-loopback interface).
+  ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);
   const int n = visible_gpus() >= 2 ? 2 : 1;
   gloo::rendezvous::HashStore store;
   std::vector<std::string> errors(n);

@@ -1,15 +1,12 @@
 // CUDA execution engine (test-only): runs kernels on the CPU. Blocks go to a worker
 // pool; a block's threads run as cooperative fibers that switch at barriers and warp
-// intrinsics, which check what a GPU leaves undefined. Memory faults become reports.
-#include "engine.h"
+// intrinsics, which check what a GPU leaves undefined. Memory faults: kernel_faults.cpp.
+#include "kernel_exec_internal.h"
 
 #include <boost/context/fiber.hpp>
 
-#include <dlfcn.h>
-#include <link.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,48 +28,17 @@ namespace cuda_emu {
 
 thread_local constinit BlockContext t_block;
 thread_local constinit const uint3* t_thread_idx = nullptr;
+thread_local constinit Worker* t_worker = nullptr;
 
 namespace {
 
 namespace bctx = boost::context;
 
 constexpr size_t FIBER_STACK = 256 * 1024;
-constexpr size_t SMEM_RESERVE = 256 * 1024;  // above the 227 KB opt-in limit
 constexpr size_t ALT_STACK = 64 * 1024;
 
-size_t page_size() {
-  static const size_t ps = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  return ps;
-}
-
 // ----------------------------------------------------------------------------
-// Launch: what every block of one kernel_run shares.
-struct FaultRecord {  // POD: written by the signal handler
-  const void* addr;
-  FaultInfo info;
-  bool smem;  // hit the dynamic shared memory guard, not an allocation's
-  size_t smem_size;
-  long long smem_offset;
-  uint3 block, thread;
-  uintptr_t pc;
-  int access;  // 0 unknown, 1 read, 2 write
-};
-
-struct Launch {
-  const KernelLaunch* k = nullptr;
-  unsigned nthreads = 0;
-  uint64_t seed = 0;  // 0: plain thread order
-  uint64_t serial = 0;
-  std::atomic<bool> stop{false};
-  std::mutex mu;
-  cudaError_t err = cudaSuccess;
-  std::string detail;
-  std::atomic<int> fault_state{0};  // 0 none, 1 being written, 2 written
-  FaultRecord fault{};
-};
-
-// ----------------------------------------------------------------------------
-// Block state. One per worker OS thread, reused for every block it runs.
+// Block state (kernel_exec_internal.h) and the ops its threads wait at.
 enum Op : int {
   OP_BAR,
   OP_BAR_OR,
@@ -92,98 +58,10 @@ const char* op_name(int op) {
   return names[op];
 }
 
-enum class TState : uint8_t { UNSTARTED, RUNNING, BLOCKED, RUNNABLE, DONE };
-
-struct Carrier;
-
-// idx comes first: t_thread_idx points at it and doubles as the current-thread pointer.
-struct Thread {
-  uint3 idx;
-  TState state;
-  Carrier* carrier;
-  int op;  // what it waits at
-  const char* file;
-  int line;
-  unsigned mask;
-  int bytes, arg, width;
-  uint64_t value, result;
-};
-static_assert(std::is_standard_layout_v<Thread>);
-
-struct WarpGroup {  // lanes of one mask meeting at a warp intrinsic
-  unsigned mask, arrived;
-  int op, bytes, width;
-};
-struct Warp {
-  unsigned present;  // lanes that exist (the last warp may be partial)
-  unsigned exited;
-  std::vector<WarpGroup> groups;
-};
-
-struct Worker;
-
-struct Block {
-  Worker* w = nullptr;
-  Launch* launch = nullptr;
-  unsigned n = 0;
-  dim3 dims{0, 0, 0};  // the block shape threads[].idx was computed for
-  std::vector<Thread> threads;
-  std::vector<Warp> warps;
-  unsigned next_start = 0, live = 0, exited = 0, first_exited = 0;
-  // The barrier being gathered.
-  unsigned bar_arrived = 0, bar_first = 0;
-  int bar_or = 0, bar_and = 1, bar_count = 0;
-  std::vector<unsigned> bar_waiters;
-  // Threads ready to resume; [run_head, size) are pending.
-  std::vector<unsigned> runnable;
-  size_t run_head = 0;
-  bool cancel = false;
-  cudaError_t err = cudaSuccess;
-  std::string msg;
-  // Seeded order: threads start in the permutation (a * i + b) mod n; runnable ones
-  // resume in random order.
-  bool shuffled = false;
-  uint64_t rng = 0;
-  unsigned perm_a = 1, perm_cur = 0;
-
-  uint64_t next_random() {  // splitmix64
-    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  unsigned random_below(unsigned bound) {  // no division: this runs at every switch
-    return static_cast<unsigned>(((next_random() & 0xffffffffu) * bound) >> 32);
-  }
-  unsigned start_next() {  // the next thread to start; next_start < n
-    ++next_start;
-    if (!shuffled) return next_start - 1;
-    const unsigned t = perm_cur;
-    perm_cur += perm_a;  // perm_a < n
-    if (perm_cur >= n) perm_cur -= n;
-    return t;
-  }
-  void make_runnable(unsigned t) {
-    threads[t].state = TState::RUNNABLE;
-    runnable.push_back(t);
-  }
-};
-
 struct Cancelled {};  // unwinds a thread of a failed block to its fiber's entry
 
 // ----------------------------------------------------------------------------
-// Fibers. A carrier fiber runs block threads one after another; it only stays with a
-// thread that blocks, so pointwise kernels cost one call per thread and a block needs
-// as many carriers as it has threads blocked at once (plus one). A carrier that blocks
-// picks the next one to run and switches to it directly; the worker's own stack (the
-// `native` carrier) only runs when nothing else can.
-struct Carrier {
-  bctx::fiber self;  // valid while suspended
-  Worker* w = nullptr;
-  bool quit = false;
-  char* stack_lo = nullptr;  // lowest usable byte; the guard page is just below
-};
-
+// Fibers: carriers (kernel_exec_internal.h) run on these stacks.
 struct Stack {  // Boost.Context StackAllocator: mmap'd, guard page at the bottom
   Carrier* c;
   bctx::stack_context allocate() {
@@ -200,26 +78,6 @@ struct Stack {  // Boost.Context StackAllocator: mmap'd, guard page at the botto
   void deallocate(bctx::stack_context& sc) noexcept { munmap(static_cast<char*>(sc.sp) - sc.size, sc.size); }
 };
 
-struct Worker {
-  Block block;
-  std::vector<std::unique_ptr<Carrier>> carriers;
-  std::vector<Carrier*> idle;
-  Carrier native;              // the OS thread's own context: the block loop
-  Carrier* current = &native;  // the carrier running now
-  Carrier* switched_from = nullptr;
-  Launch* running = nullptr;  // set while this thread runs a block
-  char* smem_map = nullptr;   // SMEM_RESERVE bytes, then the guard page
-  volatile sig_atomic_t smem_guard_open = 0;
-  const char* smem_base = nullptr;
-  size_t smem_size = 0;
-  char* altstack = nullptr;
-
-  Worker();
-  ~Worker();
-  char* smem_guard() const { return smem_map + SMEM_RESERVE; }
-};
-
-thread_local constinit Worker* t_worker = nullptr;  // for the signal handler
 thread_local std::unique_ptr<Worker> t_worker_owner;
 thread_local constinit bool t_pool_thread = false;
 
@@ -251,6 +109,8 @@ void altstack_ensure(Worker& w) {
   st.ss_size = ALT_STACK;
   sigaltstack(&st, nullptr);
 }
+
+}  // namespace
 
 Worker::Worker() {
   const size_t len = SMEM_RESERVE + page_size();
@@ -286,13 +146,16 @@ Worker::~Worker() {
 std::string dims_str(uint3 v) {
   return "(" + std::to_string(v.x) + "," + std::to_string(v.y) + "," + std::to_string(v.z) + ")";
 }
-std::string thread_str(const Block& b, unsigned t) { return "thread " + dims_str(b.threads[t].idx); }
 std::string where_str(const char* file, int line) { return std::string(file) + ":" + std::to_string(line); }
 std::string hex(unsigned long long v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "0x%llx", v);
   return buf;
 }
+
+namespace {
+
+std::string thread_str(const Block& b, unsigned t) { return "thread " + dims_str(b.threads[t].idx); }
 std::string lanes_str(unsigned bits) {  // "0,3,8-31"
   std::string s;
   for (int i = 0; i < 32;) {
@@ -815,214 +678,6 @@ Pool& pool() {
   return *p;
 }
 
-// ----------------------------------------------------------------------------
-// Memory faults. The handler runs on the faulting thread's alternate stack; it only
-// touches POD state and async-signal-safe calls.
-struct sigaction g_prev[2];
-constexpr int FAULT_SIGNALS[2] = {SIGSEGV, SIGBUS};
-
-// A line assembled without allocation, written with one write(2) so concurrent
-// faults on several workers do not interleave.
-struct SigLine {
-  char buf[1024];
-  size_t len = 0;
-  void str(const char* s) {
-    while (*s && len + 1 < sizeof buf) buf[len++] = *s++;
-  }
-  void num(unsigned long long v, unsigned base) {
-    char tmp[24];
-    int n = 0;
-    do {
-      tmp[n++] = "0123456789abcdef"[v % base];
-      v /= base;
-    } while (v);
-    if (base == 16) str("0x");
-    while (n > 0 && len + 1 < sizeof buf) buf[len++] = tmp[--n];
-  }
-  void dims(uint3 v) {
-    str("(");
-    num(v.x, 10);
-    str(",");
-    num(v.y, 10);
-    str(",");
-    num(v.z, 10);
-    str(")");
-  }
-  void flush() {
-    buf[len++] = '\n';
-    ssize_t r = write(2, buf, len);
-    (void)r;
-  }
-};
-
-void fault_handler(int sig, siginfo_t* si, void* uctx) {
-  Worker* w = t_worker;
-  Launch* L = w ? w->running : nullptr;
-  const char* addr = static_cast<const char*>(si->si_addr);
-  if (L) {
-    FaultRecord r{};
-    r.addr = addr;
-    r.block = t_block.block_idx;
-    if (t_thread_idx) r.thread = *t_thread_idx;
-    const auto* uc = static_cast<const ucontext_t*>(uctx);
-#if defined(__x86_64__)
-    r.pc = static_cast<uintptr_t>(uc->uc_mcontext.gregs[REG_RIP]);
-    r.access = (uc->uc_mcontext.gregs[REG_ERR] & 2) ? 2 : 1;
-#elif defined(__aarch64__)
-    r.pc = static_cast<uintptr_t>(uc->uc_mcontext.pc);
-#else
-    (void)uc;
-#endif
-    bool resolved = false;
-    if (addr >= w->smem_guard() && addr < w->smem_guard() + page_size()) {
-      if (mprotect(w->smem_guard(), page_size(), PROT_READ | PROT_WRITE) == 0) {
-        w->smem_guard_open = 1;
-        r.smem = true;
-        r.smem_size = w->smem_size;
-        r.smem_offset = addr - w->smem_base;
-        resolved = true;
-      }
-    } else {
-      resolved = fault_resolve(addr, &r.info);
-    }
-    if (resolved) {
-      int expected = 0;
-      if (L->fault_state.compare_exchange_strong(expected, 1)) {
-        L->fault = r;
-        L->fault_state.store(2);
-      }
-      return;  // the access now succeeds; the launch reports it when it ends
-    }
-    const Carrier* c = w->current;
-    const bool overflow = c && addr < c->stack_lo && addr >= c->stack_lo - page_size();
-    SigLine m;
-    m.str(overflow ? "cuda_emu: stack overflow (256 KiB per device thread) in kernel "
-                   : "cuda_emu: fatal memory fault in kernel ");
-    m.str(L->k->name.c_str());
-    m.str(" (launched at ");
-    m.str(L->k->file);
-    m.str(":");
-    m.num(static_cast<unsigned>(L->k->line), 10);
-    m.str(") block ");
-    m.dims(r.block);
-    m.str(" thread ");
-    m.dims(r.thread);
-    m.str(": address ");
-    m.num(reinterpret_cast<uintptr_t>(addr), 16);
-    m.str(" pc ");
-    m.num(r.pc, 16);
-    m.flush();
-  }
-  const struct sigaction& prev = g_prev[sig == SIGBUS ? 1 : 0];
-  if ((prev.sa_flags & SA_SIGINFO) && prev.sa_sigaction) {
-    prev.sa_sigaction(sig, si, uctx);
-    return;
-  }
-  if (prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN && prev.sa_handler) {
-    prev.sa_handler(sig);
-    return;
-  }
-  signal(sig, SIG_DFL);  // returning re-executes the access: a real crash
-}
-
-// (Re)installs the handler: test frameworks install and restore their own around
-// every test case, so it is checked at each launch.
-void fault_handler_ensure() {
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
-  for (int i = 0; i < 2; ++i) {
-    struct sigaction cur {};
-    sigaction(FAULT_SIGNALS[i], nullptr, &cur);
-    if ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == fault_handler) continue;
-    g_prev[i] = cur;
-    struct sigaction sa {};
-    sa.sa_sigaction = fault_handler;
-    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
-    sigemptyset(&sa.sa_mask);
-    sigaction(FAULT_SIGNALS[i], &sa, nullptr);
-  }
-}
-
-// "file:line (in function), inlined at ..." for a code address, via addr2line.
-std::string code_location(uintptr_t pc) {
-  struct Query {
-    uintptr_t pc = 0, base = 0;
-    std::string path;
-    bool found = false;
-  } q;
-  q.pc = pc;
-  dl_iterate_phdr(
-      [](dl_phdr_info* info, size_t, void* data) {
-        auto* q = static_cast<Query*>(data);
-        for (int i = 0; i < info->dlpi_phnum; ++i) {
-          const auto& ph = info->dlpi_phdr[i];
-          const uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
-          if (ph.p_type == PT_LOAD && q->pc >= lo && q->pc < lo + ph.p_memsz) {
-            q->base = info->dlpi_addr;
-            q->path = info->dlpi_name && info->dlpi_name[0] ? info->dlpi_name : "";
-            q->found = true;
-            return 1;
-          }
-        }
-        return 0;
-      },
-      &q);
-  const std::string fallback = "pc " + hex(pc);
-  if (q.found && q.path.empty()) {  // the executable; addr2line's own /proc/self/exe is not it
-    char exe[4096];
-    const ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (len <= 0) return fallback;
-    q.path.assign(exe, static_cast<size_t>(len));
-  }
-  if (!q.found || q.path.find('\'') != std::string::npos) return fallback;
-  const std::string cmd = "addr2line -f -C -i -e '" + q.path + "' " + hex(pc - q.base) + " 2>/dev/null";
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return fallback;
-  std::vector<std::string> lines;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, f)) {
-    std::string s(buf);
-    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
-    lines.push_back(s);
-  }
-  pclose(f);
-  // Pairs of (function, file:line), innermost first; the outer lines are call sites of
-  // inlined code. Library headers add nothing a kernel author can act on.
-  std::string out;
-  int shown = 0;
-  for (size_t i = 0; i + 1 < lines.size() && shown < 4; i += 2) {
-    const std::string& loc = lines[i + 1];
-    if (loc.rfind("??", 0) == 0 || (i > 0 && loc.rfind("/usr/", 0) == 0)) continue;
-    out += shown == 0 ? loc + " (in " + lines[i] + ")" : (shown == 1 ? ", inlined at " : ", ") + loc;
-    ++shown;
-  }
-  return out.empty() ? fallback : out + " [" + fallback + "]";
-}
-
-std::string fault_report(const Launch& L) {
-  const FaultRecord& r = L.fault;
-  const KernelLaunch& k = *L.k;
-  const char* verb = r.access == 2 ? "wrote" : r.access == 1 ? "read" : "accessed";
-  std::string s = "kernel " + k.name + " (launched at " + where_str(k.file, k.line) + ") block " + dims_str(r.block) +
-                  " thread " + dims_str(r.thread) + " " + verb + " address " +
-                  hex(reinterpret_cast<uintptr_t>(r.addr)) + ": ";
-  if (r.smem) {
-    s += "offset " + std::to_string(r.smem_offset) + " of " + std::to_string(r.smem_size) +
-         " bytes of dynamic shared memory (" + std::to_string(r.smem_offset - static_cast<long long>(r.smem_size)) +
-         " bytes past the end)";
-  } else {
-    const std::string alloc = std::to_string(r.info.size) + "-byte allocation at " +
-                              hex(reinterpret_cast<uintptr_t>(r.info.base));
-    if (r.info.freed)
-      s += "offset " + std::to_string(r.info.offset) + " of a freed " + alloc + " (use after free)";
-    else if (r.info.offset < 0)
-      s += std::to_string(-r.info.offset) + " bytes before the start of a " + alloc;
-    else
-      s += "offset " + std::to_string(r.info.offset) + " of a " + alloc + " (" +
-           std::to_string(r.info.offset - static_cast<long long>(r.info.size)) + " bytes past its end)";
-  }
-  return s + "; faulting code: " + code_location(r.pc);
-}
 
 uint64_t seed_from_env() {
   static const uint64_t seed = [] {

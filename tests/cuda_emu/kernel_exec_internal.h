@@ -1,0 +1,180 @@
+// INTERNAL to the kernel executor (test-only): the launch, block and worker state that
+// the scheduler (kernel_exec.cpp) and the memory-fault handler (kernel_faults.cpp) share.
+#pragma once
+
+#include "engine.h"
+
+#include <boost/context/fiber.hpp>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace cuda_emu {
+
+constexpr size_t SMEM_RESERVE = 256 * 1024;  // above the 227 KB opt-in limit
+
+inline size_t page_size() {
+  static const size_t ps = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return ps;
+}
+
+// ----------------------------------------------------------------------------
+// Launch: what every block of one kernel_run shares.
+struct FaultRecord {  // POD: written by the signal handler
+  const void* addr;
+  FaultInfo info;
+  bool smem;  // hit the dynamic shared memory guard, not an allocation's
+  size_t smem_size;
+  long long smem_offset;
+  uint3 block, thread;
+  uintptr_t pc;
+  int access;  // 0 unknown, 1 read, 2 write
+};
+
+struct Launch {
+  const KernelLaunch* k = nullptr;
+  unsigned nthreads = 0;
+  uint64_t seed = 0;  // 0: plain thread order
+  uint64_t serial = 0;
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  cudaError_t err = cudaSuccess;
+  std::string detail;
+  std::atomic<int> fault_state{0};  // 0 none, 1 being written, 2 written
+  FaultRecord fault{};
+};
+
+// ----------------------------------------------------------------------------
+// Block state. One per worker OS thread, reused for every block it runs.
+enum class TState : uint8_t { UNSTARTED, RUNNING, BLOCKED, RUNNABLE, DONE };
+
+struct Carrier;
+
+// idx comes first: t_thread_idx points at it and doubles as the current-thread pointer.
+struct Thread {
+  uint3 idx;
+  TState state;
+  Carrier* carrier;
+  int op;  // what it waits at
+  const char* file;
+  int line;
+  unsigned mask;
+  int bytes, arg, width;
+  uint64_t value, result;
+};
+static_assert(std::is_standard_layout_v<Thread>);
+
+struct WarpGroup {  // lanes of one mask meeting at a warp intrinsic
+  unsigned mask, arrived;
+  int op, bytes, width;
+};
+struct Warp {
+  unsigned present;  // lanes that exist (the last warp may be partial)
+  unsigned exited;
+  std::vector<WarpGroup> groups;
+};
+
+struct Worker;
+
+struct Block {
+  Worker* w = nullptr;
+  Launch* launch = nullptr;
+  unsigned n = 0;
+  dim3 dims{0, 0, 0};  // the block shape threads[].idx was computed for
+  std::vector<Thread> threads;
+  std::vector<Warp> warps;
+  unsigned next_start = 0, live = 0, exited = 0, first_exited = 0;
+  // The barrier being gathered.
+  unsigned bar_arrived = 0, bar_first = 0;
+  int bar_or = 0, bar_and = 1, bar_count = 0;
+  std::vector<unsigned> bar_waiters;
+  // Threads ready to resume; [run_head, size) are pending.
+  std::vector<unsigned> runnable;
+  size_t run_head = 0;
+  bool cancel = false;
+  cudaError_t err = cudaSuccess;
+  std::string msg;
+  // Seeded order: threads start in the permutation (a * i + b) mod n; runnable ones
+  // resume in random order.
+  bool shuffled = false;
+  uint64_t rng = 0;
+  unsigned perm_a = 1, perm_cur = 0;
+
+  uint64_t next_random() {  // splitmix64
+    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  unsigned random_below(unsigned bound) {  // no division: this runs at every switch
+    return static_cast<unsigned>(((next_random() & 0xffffffffu) * bound) >> 32);
+  }
+  unsigned start_next() {  // the next thread to start; next_start < n
+    ++next_start;
+    if (!shuffled) return next_start - 1;
+    const unsigned t = perm_cur;
+    perm_cur += perm_a;  // perm_a < n
+    if (perm_cur >= n) perm_cur -= n;
+    return t;
+  }
+  void make_runnable(unsigned t) {
+    threads[t].state = TState::RUNNABLE;
+    runnable.push_back(t);
+  }
+};
+
+// ----------------------------------------------------------------------------
+// Fibers. A carrier fiber runs block threads one after another; it only stays with a
+// thread that blocks, so pointwise kernels cost one call per thread and a block needs
+// as many carriers as it has threads blocked at once (plus one). A carrier that blocks
+// picks the next one to run and switches to it directly; the worker's own stack (the
+// `native` carrier) only runs when nothing else can.
+struct Carrier {
+  boost::context::fiber self;  // valid while suspended
+  Worker* w = nullptr;
+  bool quit = false;
+  char* stack_lo = nullptr;  // lowest usable byte; the guard page is just below
+};
+
+struct Worker {
+  Block block;
+  std::vector<std::unique_ptr<Carrier>> carriers;
+  std::vector<Carrier*> idle;
+  Carrier native;              // the OS thread's own context: the block loop
+  Carrier* current = &native;  // the carrier running now
+  Carrier* switched_from = nullptr;
+  Launch* running = nullptr;  // set while this thread runs a block
+  char* smem_map = nullptr;   // SMEM_RESERVE bytes, then the guard page
+  volatile sig_atomic_t smem_guard_open = 0;
+  const char* smem_base = nullptr;
+  size_t smem_size = 0;
+  char* altstack = nullptr;
+
+  Worker();
+  ~Worker();
+  char* smem_guard() const { return smem_map + SMEM_RESERVE; }
+};
+
+extern thread_local constinit Worker* t_worker;  // for the signal handler
+
+// Report helpers (kernel_exec.cpp).
+std::string dims_str(uint3 v);
+std::string where_str(const char* file, int line);
+std::string hex(unsigned long long v);
+
+// Memory faults (kernel_faults.cpp).
+// (Re)installs the SIGSEGV / SIGBUS handler; checked at each launch.
+void fault_handler_ensure();
+// The report of the fault recorded in L.fault (L.fault_state == 2).
+std::string fault_report(const Launch& L);
+
+}  // namespace cuda_emu
