@@ -62,7 +62,9 @@ void print_dry_run(const launch::Job& job) {
 
 }  // namespace
 
-int run_job(launch::Job& job, const JobOptions& opts);  // cmd_run.cpp
+// cmd_run.cpp. Locks the run directory; a launch (resume = false) refuses one that holds
+// a checkpointed run, a resume defers rewriting its config until the ranks started.
+int run_job(launch::Job& job, const JobOptions& opts, bool resume);
 
 int run_launch(const JobOptions& opts) {
   launch::Job job = launch::job_prepare(job_request(opts, "train"));
@@ -71,14 +73,7 @@ int run_launch(const JobOptions& opts) {
     print_dry_run(job);
     return 0;
   }
-  // Ranks resume from the run directory's latest checkpoint (that is how retry rounds
-  // continue), so a new launch must not silently continue, or collide with, an old run.
-  if (std::filesystem::exists(std::filesystem::path(job.run_dir) / "checkpoints" / "latest"))
-    DT_THROW(UsageError,
-             "{} already holds a checkpointed run: continue it with 'dtrain resume {}', or start a new run with "
-             "--output-dir DIR",
-             job.run_dir, job.run_dir);
-  return run_job(job, opts);
+  return run_job(job, opts, false);
 }
 
 int run_resume(const std::string& run_dir, const JobOptions& opts) {
@@ -99,7 +94,7 @@ int run_resume(const std::string& run_dir, const JobOptions& opts) {
     print_dry_run(job);
     return 0;
   }
-  return run_job(job, opts);
+  return run_job(job, opts, true);
 }
 
 int run_bench(const BenchCliOptions& bench, const JobOptions& opts) {
@@ -113,7 +108,7 @@ int run_bench(const BenchCliOptions& bench, const JobOptions& opts) {
     print_dry_run(job);
     return 0;
   }
-  return run_job(job, opts);
+  return run_job(job, opts, false);
 }
 
 }  // namespace dtrain::cli

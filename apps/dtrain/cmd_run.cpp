@@ -6,11 +6,15 @@
 #include "launch/agent.h"
 #include "launch/job.h"
 #include "launch/local_spawner.h"
+#include "launch/run_dir.h"
 #include "launch/slurm.h"
 #include "launch/supervisor.h"
 
+#include <sys/stat.h>
+
 #include <atomic>
 #include <csignal>
+#include <filesystem>
 
 namespace dtrain::cli {
 
@@ -19,8 +23,31 @@ std::atomic<bool> g_interrupted{false};
 extern "C" void on_sigint(int) { g_interrupted = true; }
 }  // namespace
 
-int run_job(launch::Job& job, const JobOptions& cli) {
-  launch::job_write_run_dir(job);
+int run_job(launch::Job& job, const JobOptions& cli, bool resume) {
+  namespace fs = std::filesystem;
+  // Ranks resume from the run directory's latest checkpoint (that is how retry rounds
+  // continue), so a new launch must not silently continue an old run. Checked before
+  // touching the directory, and again under the lock (a run that ended a moment ago).
+  auto refuse_checkpointed = [&] {
+    if (!resume && job.spec.mode == "train" && fs::exists(fs::path(job.run_dir) / "checkpoints" / "latest"))
+      DT_THROW(UsageError,
+               "{} already holds a checkpointed run: continue it with 'dtrain resume {}', or start a new run with "
+               "--output-dir DIR",
+               job.run_dir, job.run_dir);
+  };
+  refuse_checkpointed();
+  // Everything the launcher and its local agents and ranks create in the run directory
+  // (logs, events, status, metrics) is as private as the directory itself.
+  const mode_t mode = launch::run_dir_mode_parse(job.cfg.training.run_dir_mode);
+  ::umask(~mode & 0777);
+  launch::run_dir_create(job.run_dir, mode);
+  // One launcher per run directory for the job's whole life: a second launch or resume
+  // would overwrite this one's checkpoints and interleave its logs.
+  std::string stale;
+  launch::RunDirLock lock = launch::RunDirLock::acquire(job.run_dir, &stale);
+  if (!stale.empty()) log_warn("{}", stale);
+  refuse_checkpointed();
+  launch::job_write_run_dir(job, resume);
   launch::spawner_become_subreaper();
   struct sigaction sa{};
   sa.sa_handler = on_sigint;
@@ -34,7 +61,24 @@ int run_job(launch::Job& job, const JobOptions& cli) {
                      : launch::node_spawner_default(job.cfg);
   opts.interrupted = &g_interrupted;
   opts.tee_all = cli.tee_all;
-  return launch::supervise(job, opts);
+  // A resumed run's new config (and hostfile) replace the old ones only once the ranks
+  // loaded the checkpoint with it: a failed `resume --set ...` leaves the run as it was.
+  opts.on_started = [&job] {
+    try {
+      launch::job_commit_run_dir(job);
+    } catch (const Error& e) {
+      log_error("could not record the new config in {}: {}", job.run_dir, e.what());
+    }
+  };
+  const int rc = launch::supervise(job, opts);
+  if (job.run_dir_pending) {
+    // The new config never started: the run keeps its config.yaml, and the next resume
+    // starts from that, not from a leftover.
+    std::error_code ec;
+    fs::remove(job.spec.config_path, ec);
+    log_info("{}/config.yaml left unchanged: the job did not start with the new config", job.run_dir);
+  }
+  return rc;
 }
 
 int run_agent(const std::vector<std::string>& argv) {

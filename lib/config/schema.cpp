@@ -195,6 +195,11 @@ const std::vector<KeySpec>& build_schema() {
        "DTRAIN_DEVICE"},
       {"training.name", KeyType::STRING, F(training.name), "job name", {}, {}, {}, false, nullptr,
        "the config file name without extension"},
+      {"training.run_dir_mode", KeyType::ENUM, F(training.run_dir_mode),
+       "permissions of the run directory (it holds the config, with cluster.env, and the "
+       "checkpoints); its files get the same bits without x: 0700 = only you (files 0600), "
+       "0750 / 0770 = your group may read / also write, 0755 = everyone may read",
+       {"0700", "0750", "0770", "0755"}},
 
       // ---- fault tolerance (dtrain)
       {"fault_tolerance.max_retries", KeyType::INT, F(fault_tolerance.max_retries),

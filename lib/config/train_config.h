@@ -122,6 +122,7 @@ struct TrainingConfig {
   int64_t seed = 1234;
   std::string device = "auto";  // "auto" | "cpu" | "cuda"
   std::string name;  // derived: the config file's stem
+  std::string run_dir_mode = "0700";  // run directory permissions; files get them without x
   bool operator==(const TrainingConfig&) const = default;
 };
 

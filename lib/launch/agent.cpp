@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -91,6 +92,26 @@ int exit_code_of(const ExitStatus& s) {
   return 128 + s.signal;
 }
 
+// Connects to the launcher's store. The reason a first short attempt failed (refused,
+// timed out, ...) goes to stderr at once, because the launcher may give up on this node's
+// heartbeats before our own timeout ends and shows the user only what we printed.
+std::unique_ptr<rendezvous::StoreClient> store_connect(const AgentArgs& args, const std::string& token,
+                                                       std::chrono::milliseconds timeout) {
+  const auto port = static_cast<uint16_t>(args.master_port);
+  const auto first = std::min<std::chrono::milliseconds>(timeout, 2000ms);
+  const auto t0 = Clock::now();
+  try {
+    return std::make_unique<rendezvous::StoreClient>(args.master_addr, port, token, first);
+  } catch (const CommError& e) {
+    // Given up before its time: a name that does not exist or a refused token, which
+    // waiting cannot fix.
+    if (timeout <= first || Clock::now() - t0 < first) throw;
+    log_warn("{}; still trying for up to {} s", e.what(),
+             std::chrono::duration_cast<std::chrono::seconds>(timeout - first).count());
+  }
+  return std::make_unique<rendezvous::StoreClient>(args.master_addr, port, token, timeout - first);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -145,8 +166,8 @@ int agent_run(const AgentArgs& args, int token_fd, const AgentTiming& timing) {
   link.watch();
 
   const uint16_t port = static_cast<uint16_t>(args.master_port);
-  rendezvous::StoreClient store(args.master_addr, port, token, timing.store_connect_timeout);
-  rendezvous::PrefixStore round_store(store, args.job_id, args.round);
+  auto store = store_connect(args, token, timing.store_connect_timeout);
+  rendezvous::PrefixStore round_store(*store, args.job_id, args.round);
   round_store.set(fmt::format("agent/node{}", args.node_rank), fmt::format("{} pid {}", host, ::getpid()));
 
   // Heartbeats on their own connection so a blocked request never delays them.

@@ -1,9 +1,12 @@
-// Job preparation: config + hostfile + selection -> placement and launch spec.
+// Job preparation: config + hostfile + selection -> placement and launch spec; the run
+// directory's record of the job (config.yaml, hostfile), deferred on resume until the
+// new round has started.
 #include "launch/job.h"
 
 #include "core/check.h"
 #include "core/log.h"
 #include "launch/local_spawner.h"
+#include "launch/run_dir.h"
 #ifdef DTRAIN_HAVE_CUDA
 #include "kernels/device.cuh"
 #endif
@@ -21,6 +24,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 
 namespace fs = std::filesystem;
 
@@ -42,19 +46,32 @@ std::string absolute_path(const std::string& p) {
   return ec ? p : abs.lexically_normal().string();
 }
 
-void write_file(const fs::path& path, const std::string& text) {
-  fs::path tmp = path;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    DT_ENFORCE(out.good(), IoError, "cannot write {}", tmp.string());
-    out << text;
-    out.flush();
-    DT_ENFORCE(out.good(), IoError, "short write to {}", tmp.string());
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The config's keys and values, without comments (the "# from:" line names wherever it
+// was loaded from, which differs between a launch and its resumes).
+std::string without_comments(const std::string& yaml) {
+  std::istringstream in(yaml);
+  std::string out;
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind('#', 0) != 0) out += line + "\n";
+  return out;
+}
+
+std::string hostfile_text(const Job& job) {
+  std::string hosts;
+  for (const auto& h : job.hosts.hosts) {
+    hosts += h.destination();
+    hosts += fmt::format(" slots={}", h.slots);
+    if (h.port > 0) hosts += fmt::format(" port={}", h.port);
+    hosts += "\n";
   }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  DT_ENFORCE(!ec, IoError, "cannot rename {} to {}: {}", tmp.string(), path.string(), ec.message());
+  return hosts;
 }
 
 }  // namespace
@@ -213,20 +230,46 @@ void job_set_port(Job& job, int port) {
   job.plan.master_port = port;
 }
 
-void job_write_run_dir(const Job& job) {
+void job_write_run_dir(Job& job, bool defer) {
+  const mode_t mode = run_dir_mode_parse(job.cfg.training.run_dir_mode);
+  run_dir_create(job.run_dir, mode);
   std::error_code ec;
-  fs::create_directories(job.run_dir, ec);
-  DT_ENFORCE(!ec, IoError, "cannot create run directory {}: {}", job.run_dir, ec.message());
   fs::create_directories(fs::path(job.run_dir) / "logs", ec);
-  write_file(fs::path(job.run_dir) / "config.yaml", config::config_to_yaml(job.cfg));
-  std::string hosts;
-  for (const auto& h : job.hosts.hosts) {
-    hosts += h.destination();
-    hosts += fmt::format(" slots={}", h.slots);
-    if (h.port > 0) hosts += fmt::format(" port={}", h.port);
-    hosts += "\n";
+  fs::permissions(fs::path(job.run_dir) / "logs", static_cast<fs::perms>(mode), ec);
+  const fs::path dir(job.run_dir);
+  const std::string config = config::config_to_yaml(job.cfg);
+  if (defer && fs::exists(dir / "config.yaml")) {
+    run_dir_write_file((dir / "config.pending.yaml").string(), config, mode);
+    job.spec.config_path = (dir / "config.pending.yaml").string();
+    job.run_dir_pending = true;
+    return;
   }
-  write_file(fs::path(job.run_dir) / "hostfile", hosts);
+  run_dir_write_file((dir / "config.yaml").string(), config, mode);
+  run_dir_write_file((dir / "hostfile").string(), hostfile_text(job), mode);
+  job.spec.config_path = (dir / "config.yaml").string();
+  job.run_dir_pending = false;
+}
+
+void job_commit_run_dir(Job& job) {
+  if (!job.run_dir_pending) return;
+  const mode_t mode = run_dir_mode_parse(job.cfg.training.run_dir_mode);
+  const fs::path dir(job.run_dir);
+  const fs::path pending = dir / "config.pending.yaml", current = dir / "config.yaml";
+  std::error_code ec;
+  if (without_comments(read_file(pending)) == without_comments(read_file(current))) {
+    fs::remove(pending, ec);
+  } else {
+    // The previous config stays readable (and `dtrain resume --config RUN/config.prev.yaml`
+    // goes back to it).
+    fs::rename(current, dir / "config.prev.yaml", ec);
+    DT_ENFORCE(!ec, IoError, "cannot rename {} to config.prev.yaml: {}", current.string(), ec.message());
+    fs::rename(pending, current, ec);
+    DT_ENFORCE(!ec, IoError, "cannot rename {} to {}: {}", pending.string(), current.string(), ec.message());
+  }
+  const std::string hosts = hostfile_text(job);
+  if (read_file(dir / "hostfile") != hosts) run_dir_write_file((dir / "hostfile").string(), hosts, mode);
+  job.spec.config_path = current.string();
+  job.run_dir_pending = false;
 }
 
 }  // namespace dtrain::launch

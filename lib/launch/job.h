@@ -39,6 +39,7 @@ struct Job {
   std::string run_dir;                // absolute
   bool all_local = true;              // every host is this machine
   std::string incomplete;             // dry run: why this config could not train ("" = it can)
+  bool run_dir_pending = false;       // config.pending.yaml awaits job_commit_run_dir
 };
 
 /// Loads and validates everything; creates nothing on disk. ConfigError/IoError on bad
@@ -49,9 +50,19 @@ Job job_prepare(const JobRequest& req);
 /// Sets the rendezvous port once the server is bound.
 void job_set_port(Job& job, int port);
 
-/// Creates the run directory and writes config.yaml (the resolved config) and hostfile
-/// into it, so `dtrain resume RUN_DIR` can start the same job again.
-void job_write_run_dir(const Job& job);
+/// Creates the run directory with training.run_dir_mode and writes config.yaml (the
+/// resolved config) and hostfile into it (files without x bits), so `dtrain resume
+/// RUN_DIR` can start the same job again. With defer (resume), the ranks get the config
+/// as config.pending.yaml and config.yaml and hostfile stay as they are until
+/// job_commit_run_dir: a resume that fails to start (a --set that does not fit the
+/// checkpoint) leaves the run as it was.
+void job_write_run_dir(Job& job, bool defer = false);
+
+/// Makes a deferred config the run's own, once its first round started: the old
+/// config.yaml becomes config.prev.yaml (when the config changed), config.pending.yaml
+/// becomes config.yaml, hostfile is rewritten, and later rounds read config.yaml.
+/// Nothing to do when nothing is pending. IoError when a file cannot be written.
+void job_commit_run_dir(Job& job);
 
 /// "20261122-001500-3fa9": a sortable, unique-enough job id.
 std::string job_id_generate();

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -62,7 +63,15 @@ class OutputRouter {
         body = text.substr(close + 2);
       }
     }
+    if (rank == 0 && s == Stream::STDOUT && !started_ &&
+        (body.rfind("train: ", 0) == 0 || body.rfind("resumed from step ", 0) == 0 || progress_parse(body)))
+      started_ = true;
     std::lock_guard<std::mutex> lock(mu_);
+    // An agent's own warning or error (e.g. why it cannot reach the store) explains a
+    // node that fails or never heartbeats: kept for the failure message.
+    if (rank < 0 && s == Stream::STDERR && (text.find("error: ") != std::string_view::npos ||
+                                            text.find("warning: ") != std::string_view::npos))
+      agent_said_[node] = std::string(text);
     if (echo_) {
       if (rank == 0 && s == Stream::STDOUT) {
         // Progress lines become one redrawn status line on a TTY, plain lines otherwise.
@@ -89,8 +98,24 @@ class OutputRouter {
     out->flush();
   }
 
+  // True once, the first time it is asked after rank 0 reported that training started
+  // (or always_now: the round succeeded). Supervising thread only.
+  bool take_started(bool always_now = false) {
+    if (started_taken_ || !(always_now || started_)) return false;
+    started_taken_ = true;
+    return true;
+  }
+
+  // The last warning/error line node k's agent printed ("" when none).
+  std::string agent_said(int node) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = agent_said_.find(node);
+    return it == agent_said_.end() ? "" : it->second;
+  }
+
   void set_restarts(int restarts) {
     std::lock_guard<std::mutex> lock(mu_);
+    agent_said_.clear();  // a new round: the previous agents' words no longer apply
     progress_.set_restarts(restarts);
   }
 
@@ -116,7 +141,15 @@ class OutputRouter {
   ProgressView progress_;
   std::mutex mu_;
   std::map<std::string, std::unique_ptr<std::ofstream>> files_;
+  std::map<int, std::string> agent_said_;
+  std::atomic<bool> started_{false};
+  bool started_taken_ = false;
 };
+
+// " (its agent said: ...)" when the agent printed a warning or error, else "".
+std::string agent_said_suffix(const std::string& said) {
+  return said.empty() ? std::string() : fmt::format(" (its agent said: {})", said);
+}
 
 struct Failure {
   enum class Kind { NONE, SPAWN, AGENT_EXIT, HEARTBEAT, INTERRUPT };
@@ -140,14 +173,14 @@ int64_t unix_ms() {
 // Why node k's agent ended unsuccessfully: the agent's own account of the failing rank
 // (store key fail/node<k>, given a moment to land), prefixed with the node and host.
 Failure agent_failure(const Job& job, rendezvous::StoreClient& store, const std::string& prefix, int k,
-                      const ExitStatus& st) {
+                      const ExitStatus& st, const std::string& agent_said) {
   std::string detail;
   try {
     if (store.wait({prefix + agent_failure_key(k)}, 500ms)) detail = store.get(prefix + agent_failure_key(k), 100ms);
   } catch (const Error&) {
   }
   std::string host = job.plan.nodes[k].host.destination();
-  if (detail.empty()) detail = fmt::format("the agent {}", st.describe());
+  if (detail.empty()) detail = fmt::format("the agent {}{}", st.describe(), agent_said_suffix(agent_said));
   int code = st.exited ? st.code : 128 + st.signal;
   if (st.connection_lost) code = static_cast<int>(Exit::LAUNCH);
   return {k, fmt::format("node {} ({}): {}", k, host, detail), code == 0 ? static_cast<int>(Exit::LAUNCH) : code,
@@ -216,7 +249,7 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
         ++finished;
         continue;
       }
-      fail = agent_failure(job, store, prefix, k, *st);
+      fail = agent_failure(job, store, prefix, k, *st, out.agent_said(k));
       // When a rank dies its peers fail too, with communication errors, at nearly the
       // same moment: look a little longer for the failure that is not a consequence.
       if (fail.exit_code == static_cast<int>(Exit::COMM)) {
@@ -226,7 +259,7 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
             if (j == k || done[j]) continue;
             auto sj = agents[j]->wait_for(0ms);
             if (!sj || sj->success()) continue;
-            Failure fj = agent_failure(job, store, prefix, j, *sj);
+            Failure fj = agent_failure(job, store, prefix, j, *sj, out.agent_said(j));
             if (fj.exit_code != static_cast<int>(Exit::COMM)) {
               fail = fj;
               break;
@@ -237,6 +270,7 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
       }
     }
     if (fail.node >= 0) break;
+    if (opts.on_started && out.take_started(finished == n)) opts.on_started();
     if (finished == n) {  // every node succeeded
       std::vector<report::NodeHealth> health;
       for (int k = 0; k < n; ++k) health.push_back({k, job.plan.nodes[k].host.destination(), -1.0, "done"});
@@ -265,8 +299,9 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
       std::string host = job.plan.nodes[k].host.destination();
       if (it == beats.end()) {
         if (now - started > first_hb_grace) {
-          fail = {k, fmt::format("node {} ({}) sent no heartbeat within {:.0f} s of its start", k, host,
-                                 std::chrono::duration<double>(first_hb_grace).count()),
+          fail = {k, fmt::format("node {} ({}) sent no heartbeat within {:.0f} s of its start{}", k, host,
+                                 std::chrono::duration<double>(first_hb_grace).count(),
+                                 agent_said_suffix(out.agent_said(k))),
                   static_cast<int>(Exit::LAUNCH), Failure::Kind::HEARTBEAT};
           break;
         }
@@ -346,11 +381,12 @@ NodeSpawner node_spawner_default(const config::TrainConfig& cfg) {
 int supervise(Job& job, const SupervisorOptions& opts) {
   DT_ENFORCE(static_cast<bool>(opts.spawner), InternalError, "supervise needs a spawner");
   const std::string token = rendezvous::token_generate();
-  // Bind where the nodes can reach us: loopback for a local job, every address otherwise.
-  rendezvous::StoreServer server(job.all_local ? "127.0.0.1" : "0.0.0.0",
-                                 static_cast<uint16_t>(job.plan.master_port), token);
+  // Listen only on the address the nodes are told to dial (loopback for a local job), so
+  // the store is not reachable from networks the job does not use.
+  const std::string listen_addr = rendezvous::store_listen_address(job.plan.master_addr);
+  rendezvous::StoreServer server(listen_addr, static_cast<uint16_t>(job.plan.master_port), token);
   job_set_port(job, server.port());
-  rendezvous::StoreClient store("127.0.0.1", server.port(), token);
+  rendezvous::StoreClient store(listen_addr, server.port(), token);
   OutputRouter out(job.run_dir, opts.echo, opts.tee_all);
   report::status_write_launcher(job.run_dir, job.spec.job_id);
   log_info("run directory: {}", job.run_dir);

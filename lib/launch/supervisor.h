@@ -30,6 +30,10 @@ struct SupervisorOptions {
   std::atomic<bool>* interrupted = nullptr;   // set by a SIGINT handler: stop cleanly
   bool echo = true;                           // print node output on the terminal
   bool tee_all = false;                       // also every rank's stdout, not only rank 0's
+  /// Called once per job, on the supervising thread, as soon as rank 0 reports that
+  /// training started (its "resumed from step" / "train:" line, printed once every rank
+  /// loaded the config and the checkpoint, or a progress line), or when a round succeeds.
+  std::function<void()> on_started;
 };
 
 /// Runs the job to completion (all rounds). Returns the process exit code: 0, the

@@ -1,10 +1,12 @@
 // StoreClient: blocking TCP client of the rendezvous store. Non-blocking socket plus
 // poll() deadlines, so every call is bounded; connect retries until its timeout because
-// the launcher's server may come up a moment after the agents.
+// the launcher's server may come up a moment after the agents (but not for a host name
+// that does not exist); then challenge-response authentication and sealed frames.
 #include "rendezvous/store.h"
 
 #include "core/check.h"
 #include "core/log.h"
+#include "rendezvous/auth.h"
 #include "rendezvous/protocol.h"
 
 #include <algorithm>
@@ -101,6 +103,12 @@ void StoreClient::connect_until(Clock::time_point deadline, const std::string& h
     const int gai = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &res);
     if (gai != 0) {
       last = fmt::format("cannot resolve host '{}': {}", host, ::gai_strerror(gai));
+      // The name does not exist: waiting cannot fix that, and the user should hear it now
+      // rather than when the launcher gives up on this node's heartbeats.
+      if (gai == EAI_NONAME || gai == EAI_FAIL)
+        DT_THROW(CommError,
+                 "cannot connect to the rendezvous store at {}: {}; check the rendezvous address (--master-addr)",
+                 endpoint_, last);
     } else {
       std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(res, ::freeaddrinfo);
       for (addrinfo* ai = res; ai; ai = ai->ai_next) {
@@ -146,22 +154,40 @@ void StoreClient::connect_until(Clock::time_point deadline, const std::string& h
   }
 }
 
+// Challenge-response (protocol in store.h): only nonces and HMAC proofs cross the wire.
 void StoreClient::hello(const std::string& token) {
-  const std::string frame = proto::Writer().u8(uint8_t(Op::HELLO)).str(token).u32(proto::kVersion).finish();
+  auto refused = [&](uint8_t status, const std::string& body) {
+    proto::Reader rd(body);
+    const std::string msg = rd.str();
+    ::close(fd_);
+    fd_ = -1;
+    broken_ = "not authenticated";
+    if (status == uint8_t(Status::AUTH_FAILED))
+      DT_THROW(CommError,
+               "rendezvous store at {} refused authentication ({}): this process was given a different job "
+               "token than the launcher's",
+               endpoint_, msg);
+    DT_THROW(CommError, "rendezvous store at {} refused the connection: status {}", endpoint_, status);
+  };
+  const std::string client_nonce = proto::nonce_generate();
   uint8_t status = 0;
-  std::string body = request(frame, "HELLO", "", milliseconds(0), &status);
-  if (status == uint8_t(Status::OK)) return;
-  proto::Reader rd(body);
-  const std::string msg = rd.str();
-  ::close(fd_);
-  fd_ = -1;
-  broken_ = "not authenticated";
-  if (status == uint8_t(Status::AUTH_FAILED))
-    DT_THROW(CommError,
-             "rendezvous store at {} refused authentication ({}): this process was given a different job "
-             "token than the launcher's",
-             endpoint_, msg);
-  DT_THROW(CommError, "rendezvous store at {} refused the connection: status {}", endpoint_, status);
+  std::string body = request(proto::Writer().u8(uint8_t(Op::HELLO)).str(client_nonce).u32(proto::kVersion).finish(),
+                             "HELLO", "", milliseconds(0), &status);
+  if (status != uint8_t(Status::OK)) refused(status, body);
+  proto::Reader hello_rd(body);
+  const std::string server_nonce = hello_rd.str();
+  if (!hello_rd.ok() || !hello_rd.at_end() || server_nonce.size() != proto::kNonceBytes)
+    fail("malformed reply to HELLO (is this a dtrain rendezvous store of the same version?)");
+  proto::HandshakeKeys keys = proto::handshake_keys(token, client_nonce, server_nonce);
+  body = request(proto::Writer().u8(uint8_t(Op::AUTH)).str(keys.client_proof).finish(), "AUTH", "", milliseconds(0),
+                 &status);
+  if (status != uint8_t(Status::OK)) refused(status, body);
+  proto::Reader auth_rd(body);
+  const std::string server_proof = auth_rd.str();
+  if (!auth_rd.ok() || !auth_rd.at_end() || !proto::mac_equal(server_proof, keys.server_proof))
+    fail("authentication failed: the server did not prove that it holds the job token (something other than "
+         "this job's launcher answers at this address)");
+  auth_ = std::make_unique<proto::FrameAuth>(std::move(keys.session_key), proto::Dir::CLIENT_TO_SERVER);
 }
 
 // ----------------------------------------------------------------------------
@@ -217,13 +243,16 @@ std::string StoreClient::request(const std::string& frame, const char* op, const
   if (fd_ < 0) DT_THROW(CommError, "rendezvous store at {}: connection unusable after an earlier failure: {}",
                         endpoint_, broken_);
   const auto deadline = Clock::now() + request_timeout_ + extra;
-  send_all(frame, deadline, op);
+  send_all(auth_ ? auth_->seal(frame) : frame, deadline, op);
   unsigned char hdr[4];
   recv_all(reinterpret_cast<char*>(hdr), 4, deadline, op);
   const uint32_t len = proto::load_be32(hdr);
-  if (len == 0 || len > kMaxReplyFrame) fail(fmt::format("corrupt reply to {} (frame length {})", op, len));
+  const uint32_t min_len = auth_ ? uint32_t(proto::kMacBytes) + 1 : 1;
+  if (len < min_len || len > kMaxReplyFrame) fail(fmt::format("corrupt reply to {} (frame length {})", op, len));
   std::string payload(len, '\0');
   recv_all(payload.data(), len, deadline, op);
+  if (auth_ && !auth_->open(len, payload))
+    fail(fmt::format("the reply to {} failed authentication (altered or injected on the way)", op));
   *status = static_cast<uint8_t>(payload[0]);
   std::string body = payload.substr(1);
   if (*status == uint8_t(Status::ERROR)) {

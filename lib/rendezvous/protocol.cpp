@@ -15,6 +15,7 @@ const char* op_name(Op op) {
     case Op::CHECK: return "CHECK";
     case Op::DELETE: return "DELETE";
     case Op::PING: return "PING";
+    case Op::AUTH: return "AUTH";
   }
   return "UNKNOWN";
 }

@@ -10,14 +10,15 @@
 
 namespace dtrain::rendezvous::proto {
 
-constexpr uint32_t kVersion = 1;
-// A connection that has not authenticated yet may only send a small HELLO frame, so an
-// unauthenticated peer cannot make the server allocate large buffers.
+// 2: challenge-response authentication and MACed frames (rendezvous/auth.h).
+constexpr uint32_t kVersion = 2;
+// A connection that has not authenticated yet may only send small HELLO/AUTH frames, so
+// an unauthenticated peer cannot make the server allocate large buffers.
 constexpr uint32_t kMaxHelloFrame = 4096;
 // Timeouts on the wire are capped so that deadline arithmetic cannot overflow.
 constexpr uint64_t kMaxTimeoutMs = 7ull * 24 * 3600 * 1000;
 
-enum class Op : uint8_t { HELLO = 1, SET = 2, GET = 3, ADD = 4, WAIT = 5, CHECK = 6, DELETE = 7, PING = 8 };
+enum class Op : uint8_t { HELLO = 1, SET = 2, GET = 3, ADD = 4, WAIT = 5, CHECK = 6, DELETE = 7, PING = 8, AUTH = 9 };
 enum class Status : uint8_t { OK = 0, NOT_FOUND = 1, TIMEOUT = 2, ERROR = 3, AUTH_FAILED = 4 };
 
 const char* op_name(Op op);

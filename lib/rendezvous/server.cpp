@@ -1,11 +1,13 @@
 // StoreServer: Boost.Asio TCP key-value server on its own io thread, one C++20 coroutine
 // per connection plus a watchdog coroutine that closes connections stalled mid-frame or
-// slow to authenticate. Blocked GET/WAIT requests sleep on a timer that SET/ADD cancel
-// (no polling); an async wait on the socket notices a peer that leaves while blocked.
+// slow to authenticate. Each connection authenticates by challenge-response and then
+// MACs every frame (rendezvous/auth.h). Blocked GET/WAIT requests sleep on a timer that
+// SET/ADD cancel (no polling); an async wait on the socket notices a peer that leaves.
 #include "rendezvous/store.h"
 
 #include "core/check.h"
 #include "core/log.h"
+#include "rendezvous/auth.h"
 #include "rendezvous/protocol.h"
 
 #include <utility>  // Boost 1.74 awaitable.hpp uses std::exchange without including it
@@ -13,6 +15,7 @@
 
 #include <atomic>
 #include <charconv>
+#include <netdb.h>
 #include <sys/socket.h>
 #include <thread>
 #include <unordered_map>
@@ -44,7 +47,10 @@ struct Conn {
   explicit Conn(tcp::socket s) : sock(std::move(s)), deadline(sock.get_executor()) {}
   tcp::socket sock;
   asio::steady_timer deadline;  // enforced by the watchdog; max() while idle or blocked
-  bool authed = false;
+  enum class Phase { HELLO, AUTH, READY } phase = Phase::HELLO;
+  bool authed = false;             // phase == READY: frames are sealed both ways
+  proto::HandshakeKeys keys;       // between HELLO and AUTH
+  proto::FrameAuth auth;           // after AUTH
   std::string peer;
 };
 
@@ -109,6 +115,7 @@ struct StoreServer::Impl {
   asio::awaitable<Reply> handle(Conn& c, const std::string& body);
   asio::awaitable<WaitResult> await_keys(Conn& c, std::vector<std::string> keys, Clock::time_point deadline);
   Reply handle_hello(Conn& c, proto::Reader& rd);
+  Reply handle_auth(Conn& c, proto::Reader& rd);
   Reply handle_add(const std::string& key, int64_t delta);
   bool keys_present(const std::vector<std::string>& keys) const;
   void wake(const std::string& key);
@@ -176,7 +183,7 @@ asio::awaitable<void> StoreServer::Impl::watchdog(std::shared_ptr<Conn> c) {
   while (c->sock.is_open()) {
     if (c->deadline.expiry() <= Clock::now()) {
       log_warn("rendezvous: closing connection from {}: {}", c->peer,
-               c->authed ? "frame stalled past the frame timeout" : "no HELLO within the hello timeout");
+               c->authed ? "frame stalled past the frame timeout" : "not authenticated within the hello timeout");
       boost::system::error_code ec;
       c->sock.close(ec);
       co_return;
@@ -212,19 +219,33 @@ asio::awaitable<void> StoreServer::Impl::session(std::shared_ptr<Conn> c) {
       co_await asio::async_read(c->sock, asio::buffer(hdr + 1, 3), asio::use_awaitable);
       const uint32_t len = proto::load_be32(hdr);
       const uint32_t max_len = c->authed ? limits.max_frame_bytes : proto::kMaxHelloFrame;
+      // Decided before handling: the reply to AUTH is the last unsealed frame.
+      const bool sealed = c->authed;
+      const uint32_t min_len = sealed ? uint32_t(proto::kMacBytes) + 1 : 1;
       Reply reply;
-      if (len == 0 || len > max_len) {
+      if (len < min_len || len > max_len) {
         log_warn("rendezvous: closing connection from {}: frame of {} bytes (limit {})", c->peer, len, max_len);
-        reply = reply_error(Status::ERROR,
-                            fmt::format("frame of {} bytes refused: frames must be 1..{} bytes", len, max_len), true);
+        reply = reply_error(
+            Status::ERROR, fmt::format("frame of {} bytes refused: frames must be {}..{} bytes", len, min_len, max_len),
+            true);
       } else {
         std::string body(len, '\0');
         co_await asio::async_read(c->sock, asio::buffer(body), asio::use_awaitable);
         // A blocked GET/WAIT may legitimately take long: no frame deadline meanwhile.
         c->deadline.expires_at(Clock::time_point::max());
+        if (sealed && !c->auth.open(len, body)) {
+          // Forged, altered, replayed or reordered: nothing this peer sends can be trusted
+          // any more, and an error reply would only help it probe. Other connections are
+          // untouched.
+          log_warn("rendezvous: closing connection from {}: a frame failed authentication (altered, replayed or "
+                   "out of order)",
+                   c->peer);
+          break;
+        }
         reply = co_await handle(*c, body);
       }
       if (reply.frame.empty()) break;
+      if (sealed) reply.frame = c->auth.seal(std::move(reply.frame));
       // A peer that does not read its reply stalls the frame too.
       c->deadline.expires_after(limits.frame_timeout);
       co_await asio::async_write(c->sock, asio::buffer(reply.frame), asio::use_awaitable);
@@ -297,16 +318,13 @@ asio::awaitable<WaitResult> StoreServer::Impl::await_keys(Conn& c, std::vector<s
   co_return result;
 }
 
+// HELLO carries the client's nonce; the reply carries ours. Neither reveals the token.
 Reply StoreServer::Impl::handle_hello(Conn& c, proto::Reader& rd) {
-  const std::string tok = rd.str();
+  const std::string client_nonce = rd.str();
   const uint32_t version = rd.u32();
   if (!rd.ok() || !rd.at_end()) {
     log_warn("rendezvous: refused connection from {}: malformed HELLO", c.peer);
     return reply_error(Status::ERROR, "malformed HELLO frame", true);
-  }
-  if (!token_equal(tok, token)) {
-    log_warn("rendezvous: refused connection from {}: wrong job token", c.peer);
-    return reply_error(Status::AUTH_FAILED, "authentication refused: wrong job token", true);
   }
   if (version != proto::kVersion) {
     log_warn("rendezvous: refused connection from {}: protocol version {}", c.peer, version);
@@ -316,8 +334,34 @@ Reply StoreServer::Impl::handle_hello(Conn& c, proto::Reader& rd) {
                                    version, proto::kVersion),
                        true);
   }
+  if (client_nonce.size() != proto::kNonceBytes) {
+    log_warn("rendezvous: refused connection from {}: HELLO nonce of {} bytes", c.peer, client_nonce.size());
+    return reply_error(Status::ERROR, "malformed HELLO frame: bad nonce", true);
+  }
+  const std::string server_nonce = proto::nonce_generate();
+  c.keys = proto::handshake_keys(token, client_nonce, server_nonce);
+  c.phase = Conn::Phase::AUTH;
+  return {proto::Writer().u8(uint8_t(Status::OK)).str(server_nonce).finish()};
+}
+
+// AUTH carries the client's proof of the token; the reply carries ours, so the client
+// also knows it talks to the launcher before it sends a request.
+Reply StoreServer::Impl::handle_auth(Conn& c, proto::Reader& rd) {
+  const std::string proof = rd.str();
+  if (!rd.ok() || !rd.at_end()) {
+    log_warn("rendezvous: refused connection from {}: malformed AUTH", c.peer);
+    return reply_error(Status::ERROR, "malformed AUTH frame", true);
+  }
+  if (!proto::mac_equal(proof, c.keys.client_proof)) {
+    log_warn("rendezvous: refused connection from {}: wrong job token", c.peer);
+    return reply_error(Status::AUTH_FAILED, "authentication refused: wrong job token", true);
+  }
+  Reply ok{proto::Writer().u8(uint8_t(Status::OK)).str(c.keys.server_proof).finish()};
+  c.auth = proto::FrameAuth(std::move(c.keys.session_key), proto::Dir::SERVER_TO_CLIENT);
+  c.keys = {};
+  c.phase = Conn::Phase::READY;
   c.authed = true;
-  return reply_ok();
+  return ok;
 }
 
 Reply StoreServer::Impl::handle_add(const std::string& key, int64_t delta) {
@@ -345,10 +389,15 @@ Reply StoreServer::Impl::handle_add(const std::string& key, int64_t delta) {
 asio::awaitable<Reply> StoreServer::Impl::handle(Conn& c, const std::string& body) {
   proto::Reader rd(body);
   const uint8_t code = rd.u8();
-  if (!c.authed) {
+  if (c.phase == Conn::Phase::HELLO) {
     if (code == uint8_t(Op::HELLO)) co_return handle_hello(c, rd);
     log_warn("rendezvous: refused connection from {}: first frame is not HELLO", c.peer);
-    co_return reply_error(Status::ERROR, "first frame must be HELLO with the job token", true);
+    co_return reply_error(Status::ERROR, "first frame must be HELLO (authenticate first)", true);
+  }
+  if (c.phase == Conn::Phase::AUTH) {
+    if (code == uint8_t(Op::AUTH)) co_return handle_auth(c, rd);
+    log_warn("rendezvous: refused connection from {}: second frame is not AUTH", c.peer);
+    co_return reply_error(Status::ERROR, "second frame must be AUTH (authenticate first)", true);
   }
   auto malformed = [&](const char* what) {
     log_warn("rendezvous: closing connection from {}: malformed {} frame", c.peer, what);
@@ -429,6 +478,8 @@ asio::awaitable<Reply> StoreServer::Impl::handle(Conn& c, const std::string& bod
       co_return reply_ok();
     case Op::HELLO:
       co_return malformed("repeated HELLO");
+    case Op::AUTH:
+      co_return malformed("repeated AUTH");
   }
   log_warn("rendezvous: closing connection from {}: unknown opcode {}", c.peer, code);
   co_return reply_error(Status::ERROR, fmt::format("unknown opcode {}", code), true);
@@ -471,6 +522,27 @@ StoreServer::StoreServer(const std::string& bind_address, uint16_t port, std::st
 }
 
 StoreServer::~StoreServer() { stop(); }
+
+std::string store_listen_address(const std::string& advertised) {
+  boost::system::error_code ec;
+  asio::ip::make_address(advertised, ec);
+  if (!ec) return advertised;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const int gai = ::getaddrinfo(advertised.c_str(), nullptr, &hints, &res);
+  if (gai != 0)
+    DT_THROW(CommError,
+             "cannot resolve host '{}', the rendezvous address the nodes were to dial (--master-addr / "
+             "cluster.rendezvous.address): {}",
+             advertised, ::gai_strerror(gai));
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(res, ::freeaddrinfo);
+  char text[NI_MAXHOST];
+  DT_ENFORCE(::getnameinfo(res->ai_addr, res->ai_addrlen, text, sizeof text, nullptr, 0, NI_NUMERICHOST) == 0,
+             CommError, "cannot print the address that '{}' resolves to", advertised);
+  return text;
+}
 
 uint16_t StoreServer::port() const { return impl_->port; }
 

@@ -15,16 +15,22 @@
 
 namespace dtrain::rendezvous {
 
+namespace proto {
+class FrameAuth;
+}
+
 // ----------------------------------------------------------------------------
-// Wire protocol (version 1). All integers are big-endian.
+// Wire protocol (version 2). All integers are big-endian.
 //
 //   frame    := u32 length | payload            (length = payload bytes, 1..max_frame_bytes)
+//   sealed   := u32 length | payload | tag      (length counts the 32-byte tag too)
 //   request  := u8 opcode  | fields
 //   reply    := u8 status  | fields
 //   str      := u32 n | n bytes                  (binary safe)
 //
 //   opcode  request fields                         OK reply fields
-//   1 HELLO  str token, u32 version                -
+//   1 HELLO  str client_nonce, u32 version         str server_nonce
+//   9 AUTH   str client_proof                      str server_proof
 //   2 SET    str key, str value                    -
 //   3 GET    str key, u64 timeout_ms               str value     (NOT_FOUND on timeout)
 //   4 ADD    str key, i64 delta                    i64 new value (key starts at 0)
@@ -35,9 +41,18 @@ namespace dtrain::rendezvous {
 //
 //   status: 0 OK, 1 NOT_FOUND, 2 TIMEOUT, 3 ERROR (str message), 4 AUTH_FAILED (str message)
 //
-// The first frame of a connection must be HELLO with the job token (compared in constant
-// time); anything else, or a wrong token, gets an ERROR/AUTH_FAILED reply and the
-// connection is closed. Before HELLO a frame may be at most 4 KiB. A malformed frame
+// Authentication (the token never crosses the network): the client sends HELLO with 32
+// fresh random bytes, the server answers with its own 32; both derive, HKDF-SHA256 with
+// the token as key material and both nonces as salt, a client proof, a server proof and
+// a session key. The client sends AUTH with its proof; the server checks it (CRYPTO_memcmp)
+// and answers with its proof, which the client checks before any request, so each side
+// knows the other holds the token. These four frames are plain; every later frame in
+// either direction is sealed: tag = HMAC-SHA256(session key, u8 direction (1 client to
+// server, 2 server to client) | u64 sequence number of the frame in its direction from 0 |
+// u32 length | payload). A frame whose tag does not match (altered, replayed from any
+// connection, reordered, reflected) closes that connection without a reply. Anything else
+// first, or a wrong proof, gets an ERROR/AUTH_FAILED reply and the connection is closed.
+// Until authenticated a frame may be at most 4 KiB. A malformed frame
 // (unknown opcode, a string running past the frame, trailing bytes), an oversized length,
 // or a frame that stalls mid-way past ServerLimits::frame_timeout gets an ERROR reply where
 // possible and the connection is closed. ERROR for a well-formed request (ADD on a
@@ -56,9 +71,9 @@ struct ServerLimits {
 // The key-value server. Runs its own io thread; the destructor stops and joins it.
 class StoreServer {
  public:
-  // bind_address: an IP literal ("0.0.0.0", "127.0.0.1", "::", ...); port 0 picks an
-  // ephemeral port. Throws CommError when the address is invalid or cannot be bound, and
-  // UsageError for an empty token or zero limits.
+  // bind_address: an IP literal ("127.0.0.1", "::1", a node-facing address; see
+  // store_listen_address); port 0 picks an ephemeral port. Throws CommError when the
+  // address is invalid or cannot be bound, and UsageError for an empty token or zero limits.
   StoreServer(const std::string& bind_address, uint16_t port, std::string token,
               ServerLimits limits = {});
   ~StoreServer();
@@ -85,6 +100,12 @@ class StoreServer {
   std::unique_ptr<Impl> impl_;
 };
 
+// The IP literal to listen on for the address the nodes are told to dial: the address
+// itself, or the first address a host name resolves to. Listening there rather than on
+// every interface keeps the store off networks the job does not use. CommError naming the
+// address and the resolver's reason when it does not resolve.
+std::string store_listen_address(const std::string& advertised);
+
 // ----------------------------------------------------------------------------
 // Blocking client. Thread-safe: one mutex serializes requests on the one connection, so a
 // thread blocked in get()/wait() delays other threads on the same client; give each
@@ -94,8 +115,9 @@ class StoreServer {
 class StoreClient {
  public:
   // Retries connecting until connect_timeout (the server may start a moment later), then
-  // authenticates. CommError says "connection refused", "timed out" or "authentication
-  // refused" (wrong token), naming host:port.
+  // authenticates. CommError says "cannot resolve host" (at once when the name does not
+  // exist), "connection refused", "timed out" or "authentication" (wrong token on either
+  // side), naming host:port.
   StoreClient(const std::string& host, uint16_t port, const std::string& token,
               std::chrono::milliseconds connect_timeout = std::chrono::seconds(10));
   ~StoreClient();
@@ -133,6 +155,7 @@ class StoreClient {
   int fd_ = -1;
   std::string endpoint_;
   std::string broken_;  // why the connection was lost; empty while healthy
+  std::unique_ptr<proto::FrameAuth> auth_;  // seals and opens frames once hello() succeeded
   std::chrono::milliseconds request_timeout_{15000};
 };
 

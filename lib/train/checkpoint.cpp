@@ -1,5 +1,7 @@
 // Sharded checkpoint save (shards, CRC exchange, manifest, renames, pruning) and load
-// (candidate order, verification, resharding reads from the saved partition).
+// (candidate order, verification, resharding reads from the saved partition). A
+// checkpoint that fails verification is set aside (renamed stepK.corrupt-<time>), never
+// deleted and never counted by keep_last.
 #include "train/checkpoint.h"
 
 #include "core/check.h"
@@ -15,6 +17,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -72,10 +75,22 @@ void fsync_path(const std::string& path) {
   if (::fsync(d.fd) != 0) io_fail("cannot fsync directory", path);
 }
 
+// Checkpoints may hold secrets (the config) and are as private as the run directory
+// they live in: files get its permission bits without x (0700 -> 0600, 0755 -> 0644),
+// directories its bits. The launcher sets the run directory's mode (training.run_dir_mode).
+mode_t run_dir_mode(const std::string& run_dir) {
+  struct stat st {};
+  if (::stat(run_dir.c_str(), &st) != 0) return 0700;
+  return st.st_mode & 0777;
+}
+
 // Writes path durably (write, fsync, close) and returns its CRC32C.
-uint32_t file_write(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts) {
-  Fd f(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+uint32_t file_write(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts,
+                    mode_t mode) {
+  Fd f(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode & 0666));
   if (f.fd < 0) io_fail("cannot create checkpoint file", path);
+  // open's mode is filtered by the umask; the run directory's mode is the rule here.
+  ::fchmod(f.fd, mode & 0666);
   uint32_t crc = 0;
   for (const auto& [p, n] : parts) {
     write_all(f.fd, p, n, path);
@@ -126,6 +141,107 @@ int64_t step_of(const std::string& name) {
   return k;
 }
 
+// A manifest names its files; they must be bare names inside the checkpoint directory,
+// or a crafted manifest could make us open (and report on) any path.
+bool bare_file_name(const std::string& n) {
+  return !n.empty() && n.find('/') == std::string::npos && n.find('\0') == std::string::npos &&
+         n.find("..") == std::string::npos;
+}
+
+// Parses dir/manifest.json and checks its file list (count, bare names). Returns "" or
+// why the checkpoint is unusable; touches no file the manifest names.
+std::string manifest_read(const fs::path& dir, json& man, int& world) {
+  const fs::path mpath = dir / "manifest.json";
+  const std::string text = read_text(mpath.string());
+  if (text.empty()) return mpath.string() + ": missing or empty";
+  try {
+    man = json::parse(text);
+    world = man.at("world_size").get<int>();
+    if (man.at("format").get<int>() != FORMAT_VERSION)
+      return mpath.string() + ": unsupported format " + man.at("format").dump();
+    const auto& files = man.at("files");
+    if (world < 1 || static_cast<int>(files.size()) != world)
+      return mpath.string() + ": file list does not match world_size";
+    for (const auto& f : files) {
+      const std::string n = f.at("name").get<std::string>();
+      if (!bare_file_name(n))
+        return mpath.string() + ": names file " + json(n).dump() +
+               ", not a bare file name inside the checkpoint directory (a damaged or forged manifest)";
+      f.at("bytes").get<uint64_t>();
+      f.at("crc32c").get<uint32_t>();
+    }
+  } catch (const json::exception& e) {
+    return mpath.string() + ": malformed (" + e.what() + ")";
+  }
+  return "";
+}
+
+// The cheap part of verification (manifest, names, every file present at its recorded
+// size), for pruning, which must not read whole checkpoints at every save.
+std::string checkpoint_check_sizes(const fs::path& dir) {
+  json man;
+  int world = 0;
+  std::string why = manifest_read(dir, man, world);
+  if (!why.empty()) return why;
+  for (const auto& f : man.at("files")) {
+    const fs::path p = dir / f.at("name").get<std::string>();
+    std::error_code ec;
+    const auto size = fs::file_size(p, ec);
+    if (ec) return p.string() + ": missing (" + ec.message() + ")";
+    if (size != f.at("bytes").get<uint64_t>())
+      return p.string() + ": truncated or extended (" + std::to_string(size) + " bytes, manifest says " +
+             f.at("bytes").dump() + ")";
+  }
+  return "";
+}
+
+// Renames a checkpoint that failed verification to <name>.corrupt-<UTC time>: kept for a
+// post-mortem, invisible to loading and pruning. Returns the new path ("" when it failed).
+std::string checkpoint_set_aside(const fs::path& dir) {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+  fs::path to = dir;
+  to += std::string(".corrupt-") + stamp;
+  for (int i = 1; fs::exists(to); ++i) {
+    to = dir;
+    to += std::string(".corrupt-") + stamp + "-" + std::to_string(i);
+  }
+  if (::rename(dir.c_str(), to.c_str()) != 0) return "";
+  return to.string();
+}
+
+// The config without cluster.env: env.set typically carries tokens and passwords for the
+// ranks, and checkpoints get copied around (exported, shared) far more than the run
+// directory's config.yaml. Drops the `env:` block under top-level `cluster:` (block
+// YAML as config_to_yaml writes it).
+std::string config_without_cluster_env(const std::string& yaml) {
+  std::istringstream in(yaml);
+  std::string out, line;
+  bool in_cluster = false;
+  int skip_deeper_than = -1;  // >= 0: dropping lines indented more than this
+  auto indent_of = [](const std::string& l) { return static_cast<int>(l.find_first_not_of(' ')); };
+  while (std::getline(in, line)) {
+    const bool blank = line.find_first_not_of(" \t\r") == std::string::npos || line[line.find_first_not_of(' ')] == '#';
+    const int ind = blank ? -1 : indent_of(line);
+    if (skip_deeper_than >= 0) {
+      if (blank || ind > skip_deeper_than) continue;
+      skip_deeper_than = -1;
+    }
+    if (!blank && ind == 0) in_cluster = line.rfind("cluster:", 0) == 0;
+    if (in_cluster && !blank && ind > 0 && line.compare(static_cast<size_t>(ind), 4, "env:") == 0) {
+      out += line.substr(0, static_cast<size_t>(ind)) +
+             "# env: not copied into checkpoints (it may hold secrets); see the run directory's config.yaml\n";
+      skip_deeper_than = ind;
+      continue;
+    }
+    out += line + "\n";
+  }
+  return out;
+}
+
 json layout_json(ZeroEngine& engine) {
   json bufs = json::array();
   for (const auto& v : engine.buffer_views()) {
@@ -168,17 +284,22 @@ std::string checkpoint_save(const std::string& run_dir, ZeroEngine& engine, cons
   const std::string name = "step" + std::to_string(state.step);
   const fs::path tmp = root / ("tmp-" + name), final_dir = root / name;
   const std::string latest_now = read_text((root / "latest").string());
-  if (latest_now == name) {
-    // The same step is already the confirmed checkpoint (a save right after resuming).
+  // The same step is already the confirmed checkpoint (a save right after resuming),
+  // unless that checkpoint is damaged or was set aside: then it is written again. Every
+  // rank sees the same files, so every rank decides the same.
+  if (latest_now == name && checkpoint_check_sizes(final_dir).empty()) {
     if (comm) comm->barrier();
     return final_dir.string();
   }
+  const mode_t mode = run_dir_mode(run_dir);
   if (rank == 0) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
     fs::remove_all(final_dir, ec);  // an unconfirmed earlier attempt at this step
     fs::create_directories(tmp, ec);
     DT_ENFORCE(!ec, IoError, "cannot create checkpoint directory {}: {}", tmp.string(), ec.message());
+    fs::permissions(root, static_cast<fs::perms>(mode), ec);
+    fs::permissions(tmp, static_cast<fs::perms>(mode), ec);
   }
   if (comm) comm->barrier();
 
@@ -211,7 +332,7 @@ std::string checkpoint_save(const std::string& run_dir, ZeroEngine& engine, cons
   std::vector<std::pair<const void*, size_t>> parts{{SHARD_MAGIC, 8}, {&head_len, 8}, {head_text.data(), head_len}};
   parts.insert(parts.end(), data.begin(), data.end());
   const std::string shard_name = "rank" + std::to_string(rank) + ".bin";
-  const uint32_t crc = file_write((tmp / shard_name).string(), parts);
+  const uint32_t crc = file_write((tmp / shard_name).string(), parts, mode);
   const uint64_t bytes = 16 + head_len + offset;
   if (opts.fault_hook) opts.fault_hook("shard_written");
 
@@ -250,17 +371,21 @@ std::string checkpoint_save(const std::string& run_dir, ZeroEngine& engine, cons
                   {"shard_layout", "buffer of n elements: rank r holds [r*ceil(n/W), min((r+1)*ceil(n/W), n))"},
                   {"buffers", layout_json(engine)},
                   {"files", files},
-                  {"config_yaml", state.config_yaml}};
+                  {"config_yaml", config_without_cluster_env(state.config_yaml)}};
     const std::string text = manifest.dump(1);
-    file_write((tmp / "manifest.json").string(), {{text.data(), text.size()}});
+    file_write((tmp / "manifest.json").string(), {{text.data(), text.size()}}, mode);
     fsync_path(tmp.string());
     rename_durable(tmp.string(), final_dir.string());
     if (opts.fault_hook) opts.fault_hook("renamed");
     const std::string lt = (root / "latest.tmp").string();
-    file_write(lt, {{name.data(), name.size()}});
+    file_write(lt, {{name.data(), name.size()}}, mode);
     rename_durable(lt, (root / "latest").string());
 
-    // ---- prune: keep the newest keep_last complete checkpoints and the one latest names
+    // ---- prune: keep the newest keep_last checkpoints that verify (this one, which every
+    // rank just confirmed, always among them). A damaged one is set aside, not counted:
+    // keeping it in place of a good older one would leave nothing to fall back to.
+    // Directories newer than this step were never confirmed; loading ignores them and a
+    // save at their step replaces them, so they are left alone here.
     std::vector<std::pair<int64_t, fs::path>> steps;
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(root, ec)) {
@@ -270,12 +395,26 @@ std::string checkpoint_save(const std::string& run_dir, ZeroEngine& engine, cons
         continue;
       }
       const int64_t k = step_of(n);
-      if (k >= 0 && e.is_directory()) steps.emplace_back(k, e.path());
+      if (k >= 0 && k <= state.step && e.is_directory()) steps.emplace_back(k, e.path());
     }
     std::sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     const size_t keep = static_cast<size_t>(std::max<int64_t>(1, opts.keep_last));
-    for (size_t i = keep; i < steps.size(); ++i)
-      if (steps[i].second.filename().string() != name) fs::remove_all(steps[i].second, ec);
+    size_t kept = 0;
+    for (const auto& [k, dir] : steps) {
+      if (dir.filename().string() == name) {
+        ++kept;
+        continue;
+      }
+      const std::string why = checkpoint_check_sizes(dir);
+      if (!why.empty()) {
+        const std::string to = checkpoint_set_aside(dir);
+        log_warn("checkpoint {} is damaged ({}); {}", dir.string(), why,
+                 to.empty() ? "it could not be renamed and is left in place" : "set aside as " + to);
+        continue;
+      }
+      if (kept < keep) ++kept;
+      else fs::remove_all(dir, ec);
+    }
   }
   if (comm) comm->barrier();
   return final_dir.string();
@@ -297,15 +436,9 @@ struct Opened {
 // size and CRC32C) and opens it. Returns "" or why it is unusable, naming the file.
 std::string checkpoint_open(const fs::path& dir, Opened& out) {
   const fs::path mpath = dir / "manifest.json";
-  const std::string text = read_text(mpath.string());
-  if (text.empty()) return mpath.string() + ": missing or empty";
+  if (std::string why = manifest_read(dir, out.manifest, out.world); !why.empty()) return why;
   try {
-    out.manifest = json::parse(text);
-    out.world = out.manifest.at("world_size").get<int>();
-    if (out.manifest.at("format").get<int>() != FORMAT_VERSION)
-      return mpath.string() + ": unsupported format " + out.manifest.at("format").dump();
     const auto& files = out.manifest.at("files");
-    if (static_cast<int>(files.size()) != out.world) return mpath.string() + ": file list does not match world_size";
     for (int r = 0; r < out.world; ++r) {
       const auto& f = files.at(static_cast<size_t>(r));
       const fs::path p = dir / f.at("name").get<std::string>();
@@ -384,7 +517,7 @@ void layout_check(const json& saved, ZeroEngine& engine, const std::string& dir)
 
 }  // namespace
 
-CheckpointLoadResult checkpoint_load(const std::string& run_dir, ZeroEngine& engine) {
+CheckpointLoadResult checkpoint_load(const std::string& run_dir, ZeroEngine& engine, bool set_aside_damaged) {
   comm::Communicator* comm = engine.communicator();
   const fs::path root = fs::path(run_dir) / "checkpoints";
   CheckpointLoadResult res;
@@ -428,6 +561,12 @@ CheckpointLoadResult checkpoint_load(const std::string& run_dir, ZeroEngine& eng
     if (comm) comm->allreduce(&bad, &bad, 1, DType::F32, comm::ReduceOp::MAX);
     if (bad != 0.0f) {
       if (why.empty()) why = dir.string() + ": unusable on another rank";
+      // Set aside once every rank has looked (the allreduce above), so no rank still
+      // reads it; a later save then neither counts it for keep_last nor keeps it instead
+      // of the checkpoint we fall back to.
+      std::string aside;
+      if (set_aside_damaged && engine.rank() == 0 && fs::is_directory(dir, ec)) aside = checkpoint_set_aside(dir);
+      if (!aside.empty()) why += " (set aside as " + fs::path(aside).filename().string() + ")";
       log_warn("checkpoint {} is unusable: {}; falling back to the previous complete checkpoint", dir.string(), why);
       res.skipped.push_back(why);
       continue;
@@ -474,8 +613,19 @@ CheckpointLoadResult checkpoint_load(const std::string& run_dir, ZeroEngine& eng
     res.dir = d;
     res.saved_world_size = o.world;
     res.saved_stage = man.at("zero_stage").get<int>();
-    if (!res.skipped.empty())
+    if (!res.skipped.empty()) {
       log_warn("resumed from {} after skipping {} damaged checkpoint(s)", d, res.skipped.size());
+      // `latest` must not keep naming a checkpoint that was set aside: status and the
+      // next save's "already saved" test read it. Every rank read it before the
+      // allreduces above, so rank 0 may switch it now.
+      if (set_aside_damaged && engine.rank() == 0 && !fs::exists(candidates.front(), ec) &&
+          !latest.empty() && latest != dir.filename().string()) {
+        const std::string name = dir.filename().string();
+        const std::string lt = (root / "latest.tmp").string();
+        file_write(lt, {{name.data(), name.size()}}, run_dir_mode(run_dir));
+        rename_durable(lt, (root / "latest").string());
+      }
+    }
     return res;
   }
   std::string tried;

@@ -42,7 +42,10 @@ struct CheckpointSaveOptions {
 
 /// Writes <run_dir>/checkpoints/step<state.step>/ (rank<r>.bin per rank + manifest.json)
 /// through tmp-step<k>/ and switches <run_dir>/checkpoints/latest to it once every rank
-/// confirmed its shard; prunes beyond keep_last. Collective: every rank calls it.
+/// confirmed its shard; prunes beyond keep_last (counting only checkpoints that verify:
+/// a damaged one is renamed stepK.corrupt-<time>, never deleted). Files get the run
+/// directory's permission bits without x; the manifest's config omits cluster.env.
+/// Collective: every rank calls it.
 /// run_dir must be on a filesystem every rank sees. Returns the checkpoint directory.
 /// IoError when a file cannot be written.
 std::string checkpoint_save(const std::string& run_dir, ZeroEngine& engine, const TrainState& state,
@@ -64,8 +67,11 @@ struct CheckpointLoadResult {
 /// only the slices it needs. Collective: every rank calls it; all ranks agree on the
 /// checkpoint. Returns loaded == false when run_dir has no checkpoint; throws
 /// CheckpointError naming every checkpoint tried and why when none is usable, or when
-/// the checkpoint's buffers do not match the model.
-CheckpointLoadResult checkpoint_load(const std::string& run_dir, ZeroEngine& engine);
+/// the checkpoint's buffers do not match the model. A damaged checkpoint (bad manifest,
+/// a file name that is not a bare name in its directory, a missing, truncated or
+/// corrupt shard) is skipped and, with set_aside_damaged, renamed
+/// stepK.corrupt-<UTC time> by rank 0 so that pruning neither counts nor keeps it.
+CheckpointLoadResult checkpoint_load(const std::string& run_dir, ZeroEngine& engine, bool set_aside_damaged = true);
 
 /// CRC32C (Castagnoli), continuing from crc (0 to start).
 uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);

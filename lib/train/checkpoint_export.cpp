@@ -65,7 +65,8 @@ CheckpointExportResult checkpoint_export_hf(const std::string& run_dir, const st
   opts.compute_dtype = DType::F32;
   opts.overlap_comm = false;
   ZeroEngine engine(*model, nullptr, opts);
-  const CheckpointLoadResult ck = checkpoint_load(run_dir, engine);
+  // Export only reads the run: a damaged checkpoint is skipped but left where it is.
+  const CheckpointLoadResult ck = checkpoint_load(run_dir, engine, false);
   DT_ENFORCE(ck.loaded, CheckpointError, "{}: no checkpoint under {}/checkpoints to export", run_dir, run_dir);
   engine.params_materialize();
 

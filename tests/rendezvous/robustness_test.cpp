@@ -1,6 +1,7 @@
 // Store robustness: authentication, malformed/oversized/garbage/half-sent/stalled frames
 // on raw sockets, connection caps, clean-up of blocked peers that leave, server stop and
 // late start, and that the token never reaches a log line.
+#include "rendezvous/auth.h"
 #include "rendezvous/protocol.h"
 #include "rendezvous/store.h"
 
@@ -46,13 +47,17 @@ class RawConn {
   bool send(const std::string& bytes) {
     return ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
   }
-  // Reads one reply frame: nullopt on EOF/reset or timeout.
+  // Sends a whole frame, sealed with the session's MAC once hello() succeeded.
+  bool send_frame(const std::string& frame) { return send(auth_.active() ? auth_.seal(frame) : frame); }
+  // Reads one reply frame (its tag checked and stripped once authenticated): nullopt on
+  // EOF/reset or timeout.
   std::optional<std::string> read_frame(std::chrono::milliseconds timeout = 5s) {
     std::string hdr;
     if (!read_exact(hdr, 4, timeout)) return std::nullopt;
     const uint32_t len = proto::load_be32(reinterpret_cast<const unsigned char*>(hdr.data()));
     std::string body;
     if (len == 0 || len > (1u << 20) || !read_exact(body, len, timeout)) return std::nullopt;
+    if (auth_.active()) REQUIRE_MESSAGE(auth_.open(len, body), "a server reply failed authentication");
     return body;
   }
   // True when the server closes the connection within timeout (reading away any bytes).
@@ -67,11 +72,22 @@ class RawConn {
     }
     return false;
   }
+  // The client side of the challenge-response; afterwards frames are sealed.
   void hello(const std::string& token) {
-    REQUIRE(send(proto::Writer().u8(uint8_t(proto::Op::HELLO)).str(token).u32(proto::kVersion).finish()));
+    const std::string nonce = proto::nonce_generate();
+    REQUIRE(send(proto::Writer().u8(uint8_t(proto::Op::HELLO)).str(nonce).u32(proto::kVersion).finish()));
     auto r = read_frame();
     REQUIRE(r.has_value());
-    REQUIRE(static_cast<uint8_t>((*r)[0]) == uint8_t(proto::Status::OK));
+    proto::Reader hello_rd(*r);
+    REQUIRE(hello_rd.u8() == uint8_t(proto::Status::OK));
+    auto keys = proto::handshake_keys(token, nonce, hello_rd.str());
+    REQUIRE(send(proto::Writer().u8(uint8_t(proto::Op::AUTH)).str(keys.client_proof).finish()));
+    r = read_frame();
+    REQUIRE(r.has_value());
+    proto::Reader auth_rd(*r);
+    REQUIRE(auth_rd.u8() == uint8_t(proto::Status::OK));
+    REQUIRE(proto::mac_equal(auth_rd.str(), keys.server_proof));
+    auth_ = proto::FrameAuth(keys.session_key, proto::Dir::CLIENT_TO_SERVER);
   }
 
  private:
@@ -90,6 +106,7 @@ class RawConn {
     return true;
   }
   int fd_ = -1;
+  proto::FrameAuth auth_;
 };
 
 std::string frame_of(std::string payload) {
@@ -204,14 +221,17 @@ TEST_CASE("malformed frames are refused and the connection closed") {
       {"GET without timeout", frame_of(std::string(1, op(proto::Op::GET)) + std::string("\x00\x00\x00\x01k", 5))},
       {"trailing bytes", frame_of(std::string(1, op(proto::Op::PING)) + "xx")},
       {"WAIT count past the frame", frame_of(std::string(1, op(proto::Op::WAIT)) + std::string("\x7f\xff\xff\xff", 4))},
-      {"repeated HELLO", proto::Writer().u8(uint8_t(proto::Op::HELLO)).str(f.token).u32(proto::kVersion).finish()},
-      {"zero-length frame", std::string(4, '\0')},
+      {"repeated HELLO",
+       proto::Writer().u8(uint8_t(proto::Op::HELLO)).str(proto::nonce_generate()).u32(proto::kVersion).finish()},
+      {"repeated AUTH", proto::Writer().u8(uint8_t(proto::Op::AUTH)).str(std::string(32, 'p')).finish()},
+      {"empty payload", std::string(4, '\0')},  // sealed: only a tag
   };
   for (const auto& [name, bytes] : cases) {
     CAPTURE(name);
     RawConn raw(f.server.port());
     raw.hello(f.token);
-    REQUIRE(raw.send(bytes));
+    // Well-authenticated but malformed: the server must get as far as parsing them.
+    REQUIRE(raw.send_frame(bytes));
     CHECK(status_of(raw.read_frame()) == uint8_t(proto::Status::ERROR));
     CHECK(raw.closed_within(5s));
   }
@@ -257,7 +277,9 @@ TEST_CASE("garbage bytes and half-sent frames leave the server serving") {
   {
     RawConn raw(f.server.port());
     raw.hello(f.token);
-    const std::string full = proto::Writer().u8(uint8_t(proto::Op::SET)).str("half").str("value").finish();
+    const std::string full =
+        proto::FrameAuth(std::string(32, 'k'), proto::Dir::CLIENT_TO_SERVER)
+            .seal(proto::Writer().u8(uint8_t(proto::Op::SET)).str("half").str("value").finish());
     REQUIRE(raw.send(full.substr(0, full.size() / 2)));
     raw.close();
   }
@@ -320,10 +342,11 @@ TEST_CASE("a blocked client that disconnects is cleaned up on the server") {
   {
     RawConn raw(f.server.port());
     raw.hello(f.token);
-    REQUIRE(raw.send(proto::Writer().u8(uint8_t(proto::Op::GET)).str("nobody").u64(60000).finish()));
+    REQUIRE(raw.send_frame(proto::Writer().u8(uint8_t(proto::Op::GET)).str("nobody").u64(60000).finish()));
     RawConn raw2(f.server.port());
     raw2.hello(f.token);
-    REQUIRE(raw2.send(proto::Writer().u8(uint8_t(proto::Op::WAIT)).u32(2).str("nobody").str("x").u64(60000).finish()));
+    REQUIRE(raw2.send_frame(
+        proto::Writer().u8(uint8_t(proto::Op::WAIT)).u32(2).str("nobody").str("x").u64(60000).finish()));
     CHECK(eventually([&] { return f.server.waiter_count() == 2; }));
   }
   CHECK(eventually([&] { return f.server.waiter_count() == 0 && f.server.connection_count() == 1; }));

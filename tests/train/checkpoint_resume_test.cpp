@@ -1,13 +1,17 @@
 // Sharded checkpoints: bit-exact resume at the same world size and stage, resharding
 // (4->2, 2->3, stage 1->3, stage 3 -> one rank, LoRA stage 3 -> 2) continuing the same losses, a corrupt or
 // truncated shard falling back to the previous checkpoint with the file named, an
-// interrupted save leaving the previous `latest` loadable, pruning, and the trainer state.
+// interrupted save leaving the previous `latest` loadable, pruning, and the trainer state;
+// damaged checkpoints set aside rather than kept by pruning, manifest file names confined
+// to their directory, checkpoint files as private as the run directory, no cluster.env in
+// manifests.
 #include "train/checkpoint.h"
 #include "zero_harness.h"
 
 #include "core/error.h"
 
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <atomic>
@@ -241,9 +245,12 @@ TEST_CASE("a corrupt or truncated shard falls back to the previous checkpoint, n
   CHECK(r2.loads[1].skipped[0].find("truncated") != std::string::npos);
 
   // Nothing usable: CheckpointError naming both.
-  const fs::path bad2 = tmp2.path / "checkpoints" / "step2" / "manifest.json";
-  fs::remove(bad2);
-  const Phase r3 = phase_run(spec, tmp2.path, true, 3, 3, {});
+  TempDir tmp3;
+  REQUIRE(phase_run(spec, tmp3.path, false, 1, 4, {2, 4}, keep3).ok());
+  const fs::path cut3 = tmp3.path / "checkpoints" / "step4" / "rank0.bin";
+  fs::resize_file(cut3, fs::file_size(cut3) / 2);
+  fs::remove(tmp3.path / "checkpoints" / "step2" / "manifest.json");
+  const Phase r3 = phase_run(spec, tmp3.path, true, 3, 3, {});
   REQUIRE(r3.errors[0] != "");
   CHECK(r3.errors[0].find("no usable checkpoint") != std::string::npos);
   CHECK(r3.errors[0].find("step4/rank0.bin") != std::string::npos);
@@ -301,4 +308,113 @@ TEST_CASE("keep_last prunes old checkpoints; no checkpoint means a fresh start")
   CHECK(fs::exists(tmp.path / "checkpoints" / "step4" / "manifest.json"));
   CHECK(fs::exists(tmp.path / "checkpoints" / "step6" / "rank1.bin"));
   CHECK(!fs::exists(tmp.path / "checkpoints" / "latest.tmp"));
+}
+
+// ---------------------------------------------------------------------------
+// Safety (issue 12): damaged checkpoints and pruning, forged manifests, secrets.
+
+namespace {
+
+std::vector<std::string> set_aside(const fs::path& run, const std::string& step) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(run / "checkpoints"))
+    if (e.path().filename().string().rfind(step + ".corrupt-", 0) == 0) out.push_back(e.path().filename().string());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a damaged latest is set aside on load, so pruning keeps the checkpoint resumed from") {
+  TempDir tmp;
+  const RunSpec spec = spec_for(1, 2);
+  REQUIRE(phase_run(spec, tmp.path, false, 1, 4, {2, 4}).ok());
+  const fs::path cut = tmp.path / "checkpoints" / "step4" / "rank0.bin";
+  fs::resize_file(cut, fs::file_size(cut) / 2);
+
+  // Resume falls back to step 2, trains to 6 and saves there (keep_last = 2).
+  const Phase p = phase_run(spec, tmp.path, true, 3, 6, {6});
+  REQUIRE_MESSAGE(p.ok(), p.error_text());
+  CHECK(p.loads[0].state.step == 2);
+  REQUIRE(p.loads[0].skipped.size() == 1);
+  CHECK(p.loads[0].skipped[0].find("set aside as step4.corrupt-") != std::string::npos);
+  CHECK(latest_of(tmp.path) == "step6");
+  CHECK(fs::exists(tmp.path / "checkpoints" / "step6" / "manifest.json"));
+  CHECK(fs::exists(tmp.path / "checkpoints" / "step2" / "manifest.json"));  // the good fallback survives
+  CHECK(!fs::exists(tmp.path / "checkpoints" / "step4"));
+  const auto aside = set_aside(tmp.path, "step4");
+  REQUIRE(aside.size() == 1);  // renamed, not deleted
+  CHECK(fs::exists(tmp.path / "checkpoints" / aside[0] / "manifest.json"));
+}
+
+TEST_CASE("pruning sets a damaged checkpoint aside instead of keeping it in place of a good one") {
+  TempDir tmp;
+  const RunSpec spec = spec_for(0, 1);
+  REQUIRE(phase_run(spec, tmp.path, false, 1, 4, {2, 4}).ok());
+  const fs::path cut = tmp.path / "checkpoints" / "step4" / "rank0.bin";
+  fs::resize_file(cut, fs::file_size(cut) - 1);
+  // No load in between: the save at 6 finds step4 damaged while pruning.
+  REQUIRE(phase_run(spec, tmp.path, false, 5, 6, {6}).ok());
+  CHECK(latest_of(tmp.path) == "step6");
+  CHECK(fs::exists(tmp.path / "checkpoints" / "step2" / "manifest.json"));
+  CHECK(!fs::exists(tmp.path / "checkpoints" / "step4"));
+  CHECK(set_aside(tmp.path, "step4").size() == 1);
+  // And step6 then step2 remain loadable in that order.
+  const Phase r = phase_run(spec, tmp.path, true, 7, 7, {});
+  REQUIRE_MESSAGE(r.ok(), r.error_text());
+  CHECK(r.loads[0].state.step == 6);
+}
+
+TEST_CASE("manifest file names must be bare names in the checkpoint directory") {
+  const RunSpec spec = spec_for(0, 1);
+  for (const std::string& forged : {std::string("../../secret.txt"), std::string("/etc/hostname"), std::string(""),
+                                   std::string("sub/rank0.bin"), std::string(".."), std::string("rank0.bin\0x", 11)}) {
+    CAPTURE(forged);
+    TempDir tmp;
+    // A file outside the checkpoint that a forged manifest points at; its size must not
+    // appear anywhere (the warning used to print it).
+    { std::ofstream(tmp.path / "secret.txt") << std::string(12345, 's'); }
+    REQUIRE(phase_run(spec, tmp.path, false, 1, 4, {2, 4}).ok());
+    const fs::path mpath = tmp.path / "checkpoints" / "step4" / "manifest.json";
+    nlohmann::json man = nlohmann::json::parse(std::ifstream(mpath));
+    man["files"][0]["name"] = forged;
+    std::ofstream(mpath, std::ios::trunc) << man.dump(1);
+
+    const Phase r = phase_run(spec, tmp.path, true, 3, 3, {});
+    REQUIRE_MESSAGE(r.ok(), r.error_text());
+    CHECK(r.loads[0].state.step == 2);  // the normal fallback
+    REQUIRE(r.loads[0].skipped.size() == 1);
+    const std::string& why = r.loads[0].skipped[0];
+    CHECK(why.find("not a bare file name") != std::string::npos);
+    CHECK(why.find("12345") == std::string::npos);
+    CHECK(why.find("bytes") == std::string::npos);
+  }
+}
+
+TEST_CASE("checkpoint files are as private as the run directory; manifests carry no cluster.env") {
+  TempDir tmp;
+  const RunSpec spec = spec_for(1, 2);
+  fs::permissions(tmp.path, fs::perms::owner_all, fs::perm_options::replace);  // a 0700 run directory
+  const std::string secret = "hunter2-token";
+  std::vector<std::string> errors = run_ranks(2, [&](dtrain::comm::Communicator* comm, int r) {
+    RankTrainer t(spec, comm, r);
+    t.step(1);
+    TrainState st = state_at(1, r);
+    st.config_yaml = "training:\n  keep_last: 2\ncluster:\n  env:\n    forward_prefixes: [\"NCCL_\"]\n    set: {\"HF_TOKEN\": \"" +
+                     secret + "\"}\n  workdir: \"/w\"\nmodel:\n  d_model: 32\n";
+    checkpoint_save(tmp.path.string(), *t.engine, st);
+  });
+  for (const auto& e : errors) REQUIRE_MESSAGE(e.empty(), e);
+  const fs::path dir = tmp.path / "checkpoints" / "step1";
+  for (const char* f : {"manifest.json", "rank0.bin", "rank1.bin"}) {
+    CAPTURE(f);
+    CHECK((fs::status(dir / f).permissions() & fs::perms::all) == (fs::perms::owner_read | fs::perms::owner_write));
+  }
+  CHECK((fs::status(dir).permissions() & fs::perms::all) == fs::perms::owner_all);
+  std::ifstream in(dir / "manifest.json");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text.find(secret) == std::string::npos);
+  CHECK(text.find("HF_TOKEN") == std::string::npos);
+  const std::string yaml = nlohmann::json::parse(text).at("config_yaml").get<std::string>();
+  CHECK(yaml.find("workdir: \"/w\"") != std::string::npos);  // the rest of the config is kept
+  CHECK(yaml.find("d_model: 32") != std::string::npos);
 }

@@ -1,0 +1,167 @@
+// Run directory safety: its mode, the launcher lock (flock + holder record) and atomic
+// file replacement.
+#include "launch/run_dir.h"
+
+#include "core/check.h"
+
+#include <fcntl.h>
+#include <nlohmann/json.hpp>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+
+namespace fs = std::filesystem;
+
+namespace dtrain::launch {
+
+namespace {
+
+std::string host_name() {
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  return host;
+}
+
+std::string utc_now() {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return stamp;
+}
+
+std::string fd_read_all(int fd) {
+  std::string out;
+  char buf[512];
+  for (off_t off = 0;;) {
+    const ssize_t n = ::pread(fd, buf, sizeof buf, off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+    off += n;
+    if (out.size() > 64 * 1024) break;  // a record is one short line
+  }
+  return out;
+}
+
+// "pid 4242 on host node1 (started 2026-01-02T03:04:05Z)" from a record, or the raw text.
+std::string holder_text(const std::string& record) {
+  const auto j = nlohmann::json::parse(record, nullptr, false);
+  if (!j.is_object() || !j.contains("pid") || !j.contains("host"))
+    return record.empty() ? std::string("a launcher that has not written its record yet")
+                          : "an unreadable record: " + nlohmann::json(record.substr(0, 200)).dump();
+  auto text = [&](const char* k) {
+    if (!j.contains(k)) return std::string("?");
+    return j.at(k).is_string() ? j.at(k).get<std::string>() : j.at(k).dump();
+  };
+  return fmt::format("pid {} on host {} (started {})", text("pid"), text("host"), text("started"));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+
+mode_t run_dir_mode_parse(const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long v = std::strtoul(text.c_str(), &end, 8);
+  DT_ENFORCE(!text.empty() && errno == 0 && end && *end == '\0' && v <= 0777 && (v & 0700) == 0700, ConfigError,
+             "training.run_dir_mode '{}': expected an octal mode such as 0700 that lets the owner read, write and "
+             "enter the directory",
+             text);
+  return static_cast<mode_t>(v);
+}
+
+void run_dir_create(const std::string& dir, mode_t mode) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  DT_ENFORCE(!ec, IoError, "cannot create run directory {}: {}", dir, ec.message());
+  // Set explicitly: mkdir's mode is filtered by the umask, and an existing directory
+  // keeps whatever it had.
+  DT_ENFORCE(::chmod(dir.c_str(), mode) == 0, IoError, "cannot set the permissions of run directory {} to {:04o}: {}",
+             dir, static_cast<unsigned>(mode), std::strerror(errno));
+}
+
+void run_dir_write_file(const std::string& path, const std::string& text, mode_t mode) {
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode & 0666);
+  DT_ENFORCE(fd >= 0, IoError, "cannot write {}: {}", tmp, std::strerror(errno));
+  ::fchmod(fd, mode & 0666);  // the umask must not loosen or tighten it
+  const char* p = text.data();
+  size_t left = text.size();
+  while (left > 0) {
+    const ssize_t w = ::write(fd, p, left);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const int err = errno;
+      ::close(fd);
+      DT_THROW(IoError, "short write to {}: {}", tmp, std::strerror(err));
+    }
+    p += w;
+    left -= static_cast<size_t>(w);
+  }
+  ::close(fd);
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  DT_ENFORCE(!ec, IoError, "cannot rename {} to {}: {}", tmp, path, ec.message());
+}
+
+// ---------------------------------------------------------------------------
+
+RunDirLock RunDirLock::acquire(const std::string& dir, std::string* stale_note) {
+  const std::string path = (fs::path(dir) / "launcher.lock").string();
+  // Close-on-exec: agents and ranks must not inherit (and so prolong) the lock.
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  DT_ENFORCE(fd >= 0, IoError, "cannot open the run directory lock {}: {}", path, std::strerror(errno));
+  int r;
+  do r = ::flock(fd, LOCK_EX | LOCK_NB);
+  while (r != 0 && errno == EINTR);
+  if (r != 0) {
+    const int err = errno;
+    const std::string holder = holder_text(fd_read_all(fd));
+    ::close(fd);
+    DT_ENFORCE(err == EWOULDBLOCK, IoError, "cannot lock {}: {}", path, std::strerror(err));
+    DT_THROW(UsageError,
+             "run directory {} is in use by another dtrain launcher: {}. One launcher owns a run directory at a "
+             "time: wait for it to end (or stop it), or use another --output-dir",
+             dir, holder);
+  }
+  // Ours. A record that is still there was left by a launcher that ended without
+  // clearing it (killed or crashed): the kernel dropped its lock, so it is stale.
+  const std::string old = fd_read_all(fd);
+  if (!old.empty() && stale_note)
+    *stale_note = fmt::format("run directory {}: taking over a stale lock record of {}, which ended without "
+                              "releasing it (killed or crashed)",
+                              dir, holder_text(old));
+  const std::string rec =
+      nlohmann::json{{"host", host_name()}, {"pid", static_cast<long long>(::getpid())}, {"started", utc_now()},
+                     {"started_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::system_clock::now().time_since_epoch())
+                                        .count()}}
+          .dump() +
+      "\n";
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, rec.data(), rec.size(), 0) != static_cast<ssize_t>(rec.size())) {
+    const int err = errno;
+    ::close(fd);
+    DT_THROW(IoError, "cannot write the run directory lock record {}: {}", path, std::strerror(err));
+  }
+  ::fsync(fd);
+  return RunDirLock(fd, path);
+}
+
+RunDirLock::~RunDirLock() {
+  if (fd_ < 0) return;
+  // The file stays (unlinking it would let a launcher that opened the old inode and one
+  // that creates a new file both "hold" the lock); an empty record means "released".
+  if (::ftruncate(fd_, 0) == 0) ::fsync(fd_);
+  ::close(fd_);
+}
+
+}  // namespace dtrain::launch

@@ -1,0 +1,49 @@
+// A run directory's safety rules: it is private (training.run_dir_mode, 0700 by default;
+// its files 0600), it has one launcher at a time (an flock'ed launcher.lock recording the
+// holder's host, pid and start time), and its files are replaced atomically.
+#pragma once
+
+#include <string>
+#include <sys/types.h>
+
+namespace dtrain::launch {
+
+/// "0750" -> 0750. ConfigError for anything but an octal mode that lets the owner read,
+/// write and enter the directory.
+mode_t run_dir_mode_parse(const std::string& text);
+
+/// Creates dir (and missing parents) and sets its mode, also when it already exists: a
+/// run created under an older, looser rule becomes private on its next launch or resume.
+/// IoError when it cannot.
+void run_dir_create(const std::string& dir, mode_t mode);
+
+/// Writes path through path.tmp and a rename, with the given permission bits (not
+/// subject to the umask), so a reader sees the old or the new file, never a torn one.
+void run_dir_write_file(const std::string& path, const std::string& text, mode_t mode);
+
+/// Exclusive ownership of a run directory while the object lives: an flock on
+/// <dir>/launcher.lock, which the kernel drops however the process ends (exit, signal,
+/// crash), so a dead launcher never blocks the directory.
+class RunDirLock {
+ public:
+  /// Takes the lock, or throws UsageError naming the holder's host, pid and start time.
+  /// A record left behind by a launcher that died without clearing it (the lock itself
+  /// is free) is described in one line in *stale_note (when given) and taken over.
+  static RunDirLock acquire(const std::string& dir, std::string* stale_note = nullptr);
+
+  RunDirLock(RunDirLock&& o) noexcept : fd_(o.fd_), path_(std::move(o.path_)) { o.fd_ = -1; }
+  RunDirLock& operator=(RunDirLock&&) = delete;
+  RunDirLock(const RunDirLock&) = delete;
+  RunDirLock& operator=(const RunDirLock&) = delete;
+  /// Clears the record, then closes the file, which releases the lock.
+  ~RunDirLock();
+
+  const std::string& path() const { return path_; }
+
+ private:
+  RunDirLock(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  int fd_ = -1;
+  std::string path_;
+};
+
+}  // namespace dtrain::launch
