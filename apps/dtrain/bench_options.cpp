@@ -3,21 +3,69 @@
 
 #include "core/check.h"
 
+#include <charconv>
+#include <climits>
+
 namespace dtrain::cli {
+
+// ---------------------------------------------------------------------------
+// Integer option checks
+
+namespace {
+CLI::Validator int_check(const std::string& name, long long lo, long long hi, const std::string& what) {
+  std::string rule = hi == INT_MAX ? fmt::format("must be at least {}", lo) : fmt::format("must be from {} to {}", lo, hi);
+  if (!what.empty()) rule += fmt::format(" ({})", what);
+  return CLI::Validator(
+      [name, lo, hi, rule](std::string& text) -> std::string {
+        std::string_view t = text;
+        if (!t.empty() && t.front() == '+') t.remove_prefix(1);
+        long long v = 0;
+        auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+        if (t.empty() || p != t.data() + t.size() || (ec != std::errc() && ec != std::errc::result_out_of_range))
+          return fmt::format("{} must be a whole number and {} (got '{}')", name, rule, text);
+        if (ec == std::errc::result_out_of_range || v > hi)
+          return hi == INT_MAX ? fmt::format("{} {}, at most {} (got {})", name, rule, hi, text)
+                               : fmt::format("{} {} (got {})", name, rule, text);
+        if (v < lo) return fmt::format("{} {} (got {})", name, rule, text);
+        return "";
+      },
+      "", "INT_RANGE");
+}
+}  // namespace
+
+CLI::Validator int_at_least(const std::string& name, int lo) { return int_check(name, lo, INT_MAX, ""); }
+CLI::Validator int_in_range(const std::string& name, int lo, int hi, const std::string& what) {
+  return int_check(name, lo, hi, what);
+}
+
+std::string cli_failure_message(const CLI::App* app, const CLI::Error& e) {
+  std::string msg = e.what();
+  // CLI11 prefixes a validator's message with "--option: "; ours already names the option.
+  size_t sep = msg.find(": ");
+  if (e.get_name() == "ValidationError" && sep != std::string::npos && sep > 0 &&
+      msg.find(msg.substr(0, sep), sep + 2) != std::string::npos)
+    msg.erase(0, sep + 2);
+  return CLI::FailureMessage::simple(app, CLI::Error(e.get_name(), msg, e.get_exit_code()));
+}
 
 void bench_add_options(CLI::App* app, BenchCliOptions& o) {
   app->add_option("-b,--minbytes", o.min_bytes, "smallest size (bytes; K/M/G suffixes)")->capture_default_str();
   app->add_option("-e,--maxbytes", o.max_bytes, "largest size")->capture_default_str();
   app->add_option("-f,--stepfactor", o.step_factor, "multiply the size by this each row")->capture_default_str();
   app->add_option("-i,--stepbytes", o.step_bytes, "add this to the size each row instead (0 = use -f)");
-  app->add_option("-n,--iters", o.iters, "timed iterations per size")->check(CLI::PositiveNumber)->capture_default_str();
-  app->add_option("-w,--warmup_iters", o.warmup, "untimed warm-up iterations")->check(CLI::NonNegativeNumber)->capture_default_str();
-  app->add_option("-m,--agg_iters", o.agg, "collectives per timed iteration")->check(CLI::PositiveNumber);
-  app->add_option("-c,--check", o.check, "count wrong elements (1) or not (0)")->check(CLI::Range(0, 1))->capture_default_str();
+  app->add_option("-n,--iters", o.iters, "timed iterations per size")->check(int_at_least("-n/--iters", 1))->capture_default_str();
+  app->add_option("-w,--warmup_iters", o.warmup, "untimed warm-up iterations")
+      ->check(int_at_least("-w/--warmup_iters", 0))
+      ->capture_default_str();
+  app->add_option("-m,--agg_iters", o.agg, "collectives per timed iteration")->check(int_at_least("-m/--agg_iters", 1));
+  app->add_option("-c,--check", o.check, "count wrong elements (1) or not (0)")
+      ->check(int_in_range("-c/--check", 0, 1, "1 = check, 0 = not"))
+      ->capture_default_str();
   app->add_option("-o,--op", o.op, "reduction: sum, avg, max")->capture_default_str();
   app->add_option("-d,--datatype", o.dtype, "float, bfloat16, half")->capture_default_str();
-  app->add_option("-r,--root", o.root, "broadcast root")->check(CLI::NonNegativeNumber);
-  app->add_option("-z,--blocking", o.blocking, "wait for each collective (1) or not (0)")->check(CLI::Range(0, 1));
+  app->add_option("-r,--root", o.root, "broadcast root")->check(int_at_least("-r/--root", 0));
+  app->add_option("-z,--blocking", o.blocking, "wait for each collective (1) or not (0)")
+      ->check(int_in_range("-z/--blocking", 0, 1, "1 = wait, 0 = not"));
   app->add_option("--backend", o.backend, "gloo or nccl (default: nccl where GPUs are visible, else gloo)");
   app->add_option("--json", o.json, "also write the results as JSON to FILE (by rank 0)");
 }
@@ -30,9 +78,19 @@ bench::BenchOptions bench_options_resolve(const BenchCliOptions& o) {
                "unknown collective '{}': use allreduce, reduce_scatter, all_gather, broadcast or all", o.collective);
     b.collectives = {c};
   }
-  b.min_bytes = bench::parse_size(o.min_bytes);
-  b.max_bytes = bench::parse_size(o.max_bytes);
-  b.step_bytes = bench::parse_size(o.step_bytes);
+  // A size no rank can allocate is refused here, at once, not by every rank of every retry
+  // round. Each rank holds a send and a receive buffer of -e bytes.
+  auto size = [](const std::string& flag, const std::string& text) {
+    const size_t v = bench::parse_size(text);
+    DT_ENFORCE(v <= kBenchMaxBytes, UsageError,
+               "{} {} is above the largest benchmark size, 256G (2^38 bytes): each rank allocates two buffers of "
+               "the largest size, more than any device or host holds; give a smaller {}",
+               flag, text, flag);
+    return v;
+  };
+  b.min_bytes = size("-b/--minbytes", o.min_bytes);
+  b.max_bytes = size("-e/--maxbytes", o.max_bytes);
+  b.step_bytes = size("-i/--stepbytes", o.step_bytes);
   DT_ENFORCE(b.min_bytes <= b.max_bytes, UsageError, "-b {} is larger than -e {}", o.min_bytes, o.max_bytes);
   DT_ENFORCE(b.step_bytes > 0 || o.step_factor > 1, UsageError, "-f must be > 1 (or give -i)");
   b.step_factor = o.step_factor;

@@ -20,6 +20,19 @@ struct BenchCliOptions {
   std::string json;     // --json FILE (written by rank 0)
 };
 
+// Checks for integer options that say the rule in words ("--num-nodes must be at least 1
+// (got 0)") instead of CLI11's "Value 0 not in range 0.000000 to 1.79e308", and refuse
+// values an int cannot hold before CLI11 converts (and would wrap or reject) them. `what`
+// adds a note after the range ("0 = pick a free one"). main() prints these messages as they
+// are, without CLI11's "NAME: " prefix (cli_failure_message).
+CLI::Validator int_at_least(const std::string& name, int lo);
+CLI::Validator int_in_range(const std::string& name, int lo, int hi, const std::string& what = "");
+std::string cli_failure_message(const CLI::App* app, const CLI::Error& e);
+
+// The largest -b/-e/-i bench_options_resolve accepts: 256G (2^38 bytes). Each rank holds a
+// send and a receive buffer of -e bytes, and 512 GiB is more than any one device holds.
+inline constexpr size_t kBenchMaxBytes = size_t{1} << 38;
+
 void bench_add_options(CLI::App* app, BenchCliOptions& o);
 bench::BenchOptions bench_options_resolve(const BenchCliOptions& o);  // UsageError on bad values
 std::vector<std::string> bench_options_argv(const BenchCliOptions& o);  // the words for the ranks

@@ -15,6 +15,8 @@
 
 namespace {
 
+using dtrain::cli::int_at_least;
+using dtrain::cli::int_in_range;
 using dtrain::cli::JobOptions;
 
 // The options every job-running subcommand shares.
@@ -30,13 +32,15 @@ void add_job_options(CLI::App* cmd, JobOptions& o, bool config_required) {
   auto* inc = cmd->add_option("--include", o.include, "use only these hosts/slots: host[:slot,slot][@host...]");
   auto* exc = cmd->add_option("--exclude", o.exclude, "leave out these hosts/slots: host[:slot,slot][@host...]");
   inc->excludes(exc);
-  cmd->add_option("--num-nodes", o.num_nodes, "use the first N hosts of the hostfile")->check(CLI::PositiveNumber);
-  cmd->add_option("--num-gpus", o.num_gpus, "use the first N slots of each host")->check(CLI::PositiveNumber);
+  cmd->add_option("--num-nodes", o.num_nodes, "use the first N hosts of the hostfile")
+      ->check(int_at_least("--num-nodes", 1));
+  cmd->add_option("--num-gpus", o.num_gpus, "use the first N slots of each host")->check(int_at_least("--num-gpus", 1));
   cmd->add_option("--nproc-per-node", o.nproc_per_node,
                   "ranks on localhost when no hostfile is given (default: visible GPUs, else 1)")
-      ->check(CLI::PositiveNumber);
+      ->check(int_at_least("--nproc-per-node", 1));
   cmd->add_option("--master-addr", o.master_addr, "address the nodes use to reach this launcher's rendezvous");
-  cmd->add_option("--master-port", o.master_port, "rendezvous port (0 = pick a free one)")->check(CLI::Range(0, 65535));
+  cmd->add_option("--master-port", o.master_port, "rendezvous port (0 = pick a free one)")
+      ->check(int_in_range("--master-port", 0, 65535, "0 = pick a free port"));
   cmd->add_option("--launcher", o.launcher,
                   "ssh: hosts from --hostfile (local ones without SSH); slurm: inside sbatch/salloc, nodes from "
                   "SLURM_JOB_NODELIST, one agent per node through srun")
@@ -64,6 +68,7 @@ int main(int argc, char** argv) {
   CLI::App app{"dtrain: launch and run distributed transformer training (DeepSpeed-style configs and hostfiles)"};
   app.set_version_flag("--version", std::string("dtrain ") + dtrain::version());
   app.require_subcommand(1);
+  app.failure_message(dtrain::cli::cli_failure_message);
   app.footer("Exit codes: 0 success, 2 usage/config error, 3 I/O, 4 launch/SSH, 5 communication, "
              "6 training, 7 checkpoint, 8 device; a failed rank's own code otherwise.\n"
              "Run 'dtrain <command> --help' for a command's options.");
@@ -103,8 +108,8 @@ int main(int argc, char** argv) {
       ->required()
       ->check(CLI::ExistingFile);
   bench_train->add_option("--set", bt.sets, "override a config key (repeatable)")->type_name("KEY=VALUE")->allow_extra_args(false);
-  bench_train->add_option("--steps", bt.steps, "timed steps")->check(CLI::PositiveNumber)->capture_default_str();
-  bench_train->add_option("--warmup", bt.warmup, "untimed warm-up steps")->check(CLI::NonNegativeNumber)->capture_default_str();
+  bench_train->add_option("--steps", bt.steps, "timed steps")->check(int_at_least("--steps", 1))->capture_default_str();
+  bench_train->add_option("--warmup", bt.warmup, "untimed warm-up steps")->check(int_at_least("--warmup", 0))->capture_default_str();
   bench_train->add_flag("--json", bt.json, "print one JSON object");
   bench_train->add_option("--device", bt.device, "cuda, or cpu for the CPU reference model (fp32)")
       ->check(CLI::IsMember({"cuda", "cpu"}))
@@ -119,7 +124,9 @@ int main(int argc, char** argv) {
   auto* eval = app.add_subcommand("eval", "held-out task accuracy and validation loss of a trained model");
   eval->add_option("DIR", ev.dir, "run directory, its final/ or a Hugging Face model directory")->required();
   eval->add_option("--data", ev.data, "SFT JSONL to evaluate on (default: the config's data.valid)");
-  eval->add_option("--max-records", ev.max_records, "records to generate answers for (0 = all)")->capture_default_str();
+  eval->add_option("--max-records", ev.max_records, "records to generate answers for (0 = all)")
+      ->check(int_at_least("--max-records", 0))
+      ->capture_default_str();
   eval->add_option("--config", ev.config, "config to take data/tokenizer settings from instead of DIR's");
   eval->add_flag("--init", ev.init, "evaluate the config's freshly initialised model (the before-training figure)");
   eval->footer("Example:\n  dtrain eval runs/tiny-sft --max-records 200");
@@ -139,7 +146,9 @@ int main(int argc, char** argv) {
   auto* generate = app.add_subcommand("generate", "greedy generation from a trained model");
   generate->add_option("DIR", gen.dir, "run directory, its final/ or a Hugging Face model directory")->required();
   generate->add_option("PROMPT", gen.prompt, "instruction (rendered with the model's SFT template)")->required();
-  generate->add_option("--max-new-tokens", gen.max_new, "tokens to generate at most")->capture_default_str();
+  generate->add_option("--max-new-tokens", gen.max_new, "tokens to generate at most")
+      ->check(int_at_least("--max-new-tokens", 0))
+      ->capture_default_str();
   generate->add_flag("--raw", gen.raw, "use PROMPT as is, without the SFT template");
   generate->footer("Example:\n  dtrain generate runs/tiny-sft \"add 12 and 30\"");
 
@@ -160,8 +169,8 @@ int main(int argc, char** argv) {
   auto* plot = app.add_subcommand("plot", "draw a run's loss and tokens/s curves (restarts marked) into a PNG");
   plot->add_option("RUN_DIR", plot_dir, "the run directory")->required()->check(CLI::ExistingDirectory);
   plot->add_option("-o,--output", plot_out, "PNG to write (default: RUN_DIR/plot.png)");
-  plot->add_option("--width", plot_w, "image width")->check(CLI::Range(400, 16384))->capture_default_str();
-  plot->add_option("--height", plot_h, "image height")->check(CLI::Range(300, 16384))->capture_default_str();
+  plot->add_option("--width", plot_w, "image width")->check(int_in_range("--width", 400, 16384))->capture_default_str();
+  plot->add_option("--height", plot_h, "image height")->check(int_in_range("--height", 300, 16384))->capture_default_str();
   plot->footer("Example:\n  dtrain plot runs/tiny-sft -o loss.png");
 
   std::string status_dir;

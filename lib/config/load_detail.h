@@ -2,6 +2,7 @@
 // and the derive/validate pass the loader runs after filling TrainConfig.
 #pragma once
 
+#include "config/schema.h"
 #include "config/train_config.h"
 
 #include <map>
@@ -30,6 +31,11 @@ struct Origins {
 // Fills derived values (n_kv_head, d_ff, output_dir, ...) and checks relations between keys;
 // appends warnings. Throws ConfigError naming the key and its origin.
 void config_derive_validate(TrainConfig& cfg, const Origins& origins, std::vector<std::string>& warnings);
+
+// Converts text as --set or an env override would (YAML for typed keys) and stores it in
+// spec's field of cfg: the single conversion every value of every source goes through.
+// False when text means "not given"; ConfigError (starting with origin) when it is invalid.
+bool config_apply_text(TrainConfig& cfg, const KeySpec& spec, const std::string& text, const std::string& origin);
 
 // Whether scheduler.params.<param> belongs to the scheduler type (DeepSpeed's signatures).
 bool scheduler_param_applies(const std::optional<std::string>& type, std::string_view param);

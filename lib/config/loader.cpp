@@ -17,7 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <limits>
 
 namespace dtrain::config {
 
@@ -132,16 +132,32 @@ std::optional<double> parse_double(std::string_view s) {
   return v;
 }
 
-// Integers may be written as floats that are integral (DeepSpeed's 5e8).
-std::optional<int64_t> parse_int(std::string_view s) {
+// An integer as written: "12", "+12", or an integral float (DeepSpeed's 5e8). OUT_OF_RANGE
+// means an integer that int64 cannot hold (or a float integer beyond 2^53, where doubles stop
+// being exact); the caller reports it with the key's range instead of wrapping it.
+struct IntText {
+  enum { OK, NOT_INTEGER, OUT_OF_RANGE } status;
+  int64_t value;
+};
+
+IntText parse_int(std::string_view s) {
   std::string_view t = s;
   if (!t.empty() && t.front() == '+') t.remove_prefix(1);
   int64_t v = 0;
   auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
-  if (ec == std::errc() && p == t.data() + t.size() && !t.empty()) return v;
+  if (!t.empty() && p == t.data() + t.size()) {
+    if (ec == std::errc()) return {IntText::OK, v};
+    if (ec == std::errc::result_out_of_range) return {IntText::OUT_OF_RANGE, 0};
+  }
   std::optional<double> d = parse_double(s);
-  if (!d || std::trunc(*d) != *d || std::fabs(*d) > 9007199254740992.0) return std::nullopt;
-  return static_cast<int64_t>(*d);
+  if (!d || std::trunc(*d) != *d) {
+    // Out-of-range floats ("1e400") do not parse as finite doubles; they are still integers.
+    bool huge = !d && t.find_first_not_of("0123456789.eE+-") == std::string_view::npos &&
+                std::isinf(std::strtod(std::string(t).c_str(), nullptr));
+    return {huge ? IntText::OUT_OF_RANGE : IntText::NOT_INTEGER, 0};
+  }
+  if (std::fabs(*d) > 9007199254740992.0) return {IntText::OUT_OF_RANGE, 0};
+  return {IntText::OK, static_cast<int64_t>(*d)};
 }
 
 struct Converter {
@@ -157,32 +173,37 @@ struct Converter {
       std::string s = key_suggest(n.Scalar(), spec.allowed);
       if (!s.empty()) hint = fmt::format("; did you mean {}?", s);
     }
+    if (spec.type == KeyType::INT) {
+      // Every integer error names the range the value must lie in, including the storage
+      // width's limit ("expected an integer >= 1" alone hides that 2^31 does not fit).
+      IntRange r = key_int_range(spec);
+      bool width_limited = spec.width == IntWidth::I32 && r.hi == std::numeric_limits<int32_t>::max();
+      hint = fmt::format("; valid range: {} to {}{}", r.lo, r.hi,
+                         width_limited ? " (stored as a 32-bit integer)" : "");
+    }
     DT_THROW(ConfigError, "{}: {}: expected {}, got {}{}", origin, spec.path, key_type_name(spec), got, hint);
   }
 
-  double number(const YAML::Node& n, bool integral) const {
+  double real(const YAML::Node& n) const {
     if (!n.IsScalar() || is_quoted(n)) fail(n);
-    double v;
-    if (integral) {
-      std::optional<int64_t> i = parse_int(n.Scalar());
-      if (!i) fail(n);
-      v = static_cast<double>(*i);
-    } else {
-      std::optional<double> d = parse_double(n.Scalar());
-      if (!d) fail(n);
-      v = *d;
-    }
+    std::optional<double> d = parse_double(n.Scalar());
+    if (!d) fail(n);
+    double v = *d;
     bool max_exclusive = spec.type == KeyType::FLOAT_PAIR;
     if (spec.min && (v < *spec.min || (spec.min_exclusive && v == *spec.min))) fail(n);
     if (spec.max && (v > *spec.max || (max_exclusive && v == *spec.max))) fail(n);
     return v;
   }
 
+  // The one place every integer key's value (file, env, --set) becomes a number: checked
+  // against the key's bounds and its storage width (key_int_range) before it is stored.
   int64_t integer(const YAML::Node& n) const {
-    number(n, true);
-    return *parse_int(n.Scalar());
+    if (!n.IsScalar() || is_quoted(n)) fail(n);
+    IntText i = parse_int(n.Scalar());
+    IntRange r = key_int_range(spec);
+    if (i.status != IntText::OK || i.value < r.lo || i.value > r.hi) fail(n);
+    return i.value;
   }
-  double real(const YAML::Node& n) const { return number(n, false); }
   bool boolean(const YAML::Node& n) const {
     if (!n.IsScalar() || is_quoted(n)) fail(n);
     std::optional<bool> b = parse_bool(n.Scalar());
@@ -427,22 +448,43 @@ LoadedConfig load(std::string_view text, const std::string& name, const std::vec
 
 }  // namespace
 
+bool config_apply_text(TrainConfig& cfg, const KeySpec& spec, const std::string& text, const std::string& origin) {
+  return apply_value(cfg, spec, override_value(spec, text, origin), origin);
+}
+
 LoadedConfig config_load_string(std::string_view text, const std::string& name, const std::vector<std::string>& sets) {
   return load(text, name, sets);
 }
 
 LoadedConfig config_load_file(const std::string& path, const std::vector<std::string>& sets) {
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec))
+  std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (!std::filesystem::exists(st))
     DT_THROW(IoError, "{}: config file does not exist (check the --config path)", path);
-  if (std::filesystem::is_directory(path, ec))
+  if (std::filesystem::is_directory(st))
     DT_THROW(IoError, "{}: is a directory, not a config file", path);
+  // A device or pipe (/dev/zero, /dev/stdin) has no end or no size: reading it whole would
+  // exhaust memory (std::bad_alloc) or hang, so only regular files are configs.
+  if (!std::filesystem::is_regular_file(st))
+    DT_THROW(ConfigError, "{}: not a regular file (a device, pipe or socket); give a YAML or JSON config file", path);
+  uintmax_t size = std::filesystem::file_size(path, ec);
+  if (!ec && size > kConfigMaxBytes)
+    DT_THROW(ConfigError, "{}: the config is {} bytes; a config may be at most {} bytes ({} MiB)", path, size,
+             kConfigMaxBytes, kConfigMaxBytes >> 20);
   std::ifstream in(path, std::ios::binary);
   if (!in) DT_THROW(IoError, "{}: cannot read config file: {}", path, std::strerror(errno));
-  std::ostringstream buf;
-  buf << in.rdbuf();
+  // Read at most one chunk past the cap, should the file have grown after the size check.
+  std::string text;
+  char chunk[65536];
+  while (in && text.size() <= kConfigMaxBytes) {
+    in.read(chunk, sizeof chunk);
+    text.append(chunk, static_cast<size_t>(in.gcount()));
+  }
   if (in.bad()) DT_THROW(IoError, "{}: error while reading config file", path);
-  return load(buf.str(), path, sets);
+  if (text.size() > kConfigMaxBytes)
+    DT_THROW(ConfigError, "{}: the config is larger than {} bytes ({} MiB), the most a config may be", path,
+             kConfigMaxBytes, kConfigMaxBytes >> 20);
+  return load(text, path, sets);
 }
 
 }  // namespace dtrain::config

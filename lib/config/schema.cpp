@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <set>
 
 namespace dtrain::config {
@@ -15,6 +17,11 @@ namespace dtrain::config {
 #define F(member) [](TrainConfig& c) -> FieldRef { return &c.member; }
 
 namespace {
+
+// Integer keys are int32 unless marked: most are narrowed to int by their consumer. The ZeRO
+// element counts are size_t in the engine (zero_options.cpp), and DeepSpeed configs write
+// them in the billions, so they take the full int64 range (>= their minimum).
+constexpr IntWidth kSizeT = IntWidth::I64;
 
 const std::vector<KeySpec>& build_schema() {
   static const std::vector<KeySpec> keys = {
@@ -92,9 +99,9 @@ const std::vector<KeySpec>& build_schema() {
        "0 = plain data parallel, 1 = shard optimizer state, 2 = + gradients, 3 = + parameters",
        {}, 0, 3},
       {"zero_optimization.reduce_bucket_size", KeyType::INT, F(zero.reduce_bucket_size),
-       "elements per gradient reduce bucket", {}, 1},
+       "elements per gradient reduce bucket", {}, 1, {}, false, nullptr, nullptr, kSizeT},
       {"zero_optimization.allgather_bucket_size", KeyType::INT, F(zero.allgather_bucket_size),
-       "elements per parameter all-gather bucket", {}, 1},
+       "elements per parameter all-gather bucket", {}, 1, {}, false, nullptr, nullptr, kSizeT},
       {"zero_optimization.overlap_comm", KeyType::BOOL, F(zero.overlap_comm),
        "overlap gradient reduction with backward"},
       {"zero_optimization.reduce_scatter", KeyType::BOOL, F(zero.reduce_scatter),
@@ -102,12 +109,12 @@ const std::vector<KeySpec>& build_schema() {
       {"zero_optimization.contiguous_gradients", KeyType::BOOL, F(zero.contiguous_gradients),
        "copy gradients into one contiguous buffer as they are produced"},
       {"zero_optimization.stage3_prefetch_bucket_size", KeyType::INT,
-       F(zero.stage3_prefetch_bucket_size), "stage 3: elements of parameters gathered ahead", {}, 0},
+       F(zero.stage3_prefetch_bucket_size), "stage 3: elements of parameters gathered ahead", {}, 0, {}, false, nullptr, nullptr, kSizeT},
       {"zero_optimization.stage3_param_persistence_threshold", KeyType::INT,
        F(zero.stage3_param_persistence_threshold),
-       "stage 3: parameters with fewer elements stay unsharded", {}, 0},
+       "stage 3: parameters with fewer elements stay unsharded", {}, 0, {}, false, nullptr, nullptr, kSizeT},
       {"zero_optimization.stage3_max_live_parameters", KeyType::INT,
-       F(zero.stage3_max_live_parameters), "stage 3: most gathered elements alive at once", {}, 1},
+       F(zero.stage3_max_live_parameters), "stage 3: most gathered elements alive at once", {}, 1, {}, false, nullptr, nullptr, kSizeT},
 
       // ---- activation checkpointing
       {"activation_checkpointing.enabled", KeyType::BOOL, F(activation_checkpointing.enabled),
@@ -395,6 +402,20 @@ std::string key_type_name(const KeySpec& spec) {
     case KeyType::STRING_MAP: return "a mapping of names to strings";
   }
   return "?";
+}
+
+IntRange key_int_range(const KeySpec& spec) {
+  const bool narrow = spec.width == IntWidth::I32;
+  IntRange r{narrow ? std::numeric_limits<int32_t>::min() : std::numeric_limits<int64_t>::min(),
+             narrow ? std::numeric_limits<int32_t>::max() : std::numeric_limits<int64_t>::max()};
+  // Schema bounds are small integers in a double: exact, and well inside int64.
+  if (spec.min) {
+    auto lo = static_cast<int64_t>(std::ceil(*spec.min));
+    if (spec.min_exclusive && static_cast<double>(lo) == *spec.min) ++lo;
+    r.lo = std::max(r.lo, lo);
+  }
+  if (spec.max) r.hi = std::min(r.hi, static_cast<int64_t>(std::floor(*spec.max)));
+  return r;
 }
 
 std::string key_default_text(const KeySpec& spec) {

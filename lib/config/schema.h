@@ -16,6 +16,11 @@ namespace dtrain::config {
 
 enum class KeyType { BOOL, INT, FLOAT, STRING, ENUM, STRING_LIST, FLOAT_PAIR, STRING_MAP };
 
+// The width an INT key's value is stored in where it is used. TrainConfig holds int64_t,
+// but the model, trainer and launcher narrow most keys to int: a value is range-checked
+// against this width when it is converted, so nothing downstream can wrap.
+enum class IntWidth { I32, I64 };
+
 // Where a key's value lives; optional<> fields are keys without a plain default.
 using FieldRef =
     std::variant<bool*, int64_t*, double*, std::string*, std::vector<std::string>*,
@@ -34,7 +39,14 @@ struct KeySpec {
   bool min_exclusive = false;
   const char* env = nullptr;  // env override name
   const char* derived = nullptr;  // for keys without a plain default: how the value is found
+  IntWidth width = IntWidth::I32;  // INT keys: the storage width the value must fit
 };
+
+// The integers an INT key accepts: its bounds intersected with its storage width.
+struct IntRange {
+  int64_t lo, hi;
+};
+IntRange key_int_range(const KeySpec& spec);
 
 // All keys, grouped so that each section's keys are contiguous (config_to_yaml relies on it).
 const std::vector<KeySpec>& schema_keys();

@@ -205,6 +205,10 @@ struct LoadedConfig {
   std::vector<std::string> warnings;  // for the caller to print (the library prints nothing)
 };
 
+// The largest config file config_load_file reads; a larger one (or a device such as
+// /dev/zero) is a ConfigError naming the file.
+inline constexpr uintmax_t kConfigMaxBytes = uintmax_t{16} << 20;
+
 // Loads path (YAML or DeepSpeed JSON), applies env overrides then `sets` ("key.path=value").
 // Throws IoError if the file cannot be read, ConfigError for anything wrong in it (message
 // starts with file:line:column: key.path:). A config with any dtrain section (model, data,
