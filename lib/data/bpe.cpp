@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "data/input_file.h"
 
 #include <nlohmann/json.hpp>
 
@@ -31,6 +32,7 @@ constexpr std::string_view GPT2_REGEX =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 std::string read_file(const std::string& path) {
+  input_file_check(path, "tokenizer file");
   std::ifstream in(path, std::ios::binary);
   DT_ENFORCE(in.good(), IoError, "cannot open tokenizer file '{}': check the path", path);
   std::ostringstream ss;

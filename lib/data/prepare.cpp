@@ -3,6 +3,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "data/input_file.h"
 
 #include <fstream>
 #include <sstream>
@@ -20,6 +21,7 @@ DataFormat data_format_parse(std::string_view name) {
 namespace {
 
 std::vector<std::string> text_documents(const std::string& path, bool line_per_doc) {
+  input_file_check(path, "text data");
   std::ifstream in(path, std::ios::binary);
   DT_ENFORCE(in.good(), IoError, "cannot open text data '{}': check the path", path);
   std::vector<std::string> docs;

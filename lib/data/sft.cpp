@@ -3,6 +3,7 @@
 #include "data/sft.h"
 
 #include "core/check.h"
+#include "data/input_file.h"
 
 #include <nlohmann/json.hpp>
 
@@ -79,6 +80,7 @@ SftRecord sft_parse_line(std::string_view line, SftFormat format, const std::str
 }
 
 std::vector<SftRecord> sft_load_jsonl(const std::string& path, SftFormat format) {
+  input_file_check(path, "SFT data");
   std::ifstream in(path, std::ios::binary);
   DT_ENFORCE(in.good(), IoError, "cannot open SFT data '{}': check the path", path);
   std::vector<SftRecord> records;

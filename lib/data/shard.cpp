@@ -3,6 +3,7 @@
 #include "data/shard.h"
 
 #include "core/check.h"
+#include "data/input_file.h"
 
 #include <array>
 #include <bit>
@@ -131,6 +132,7 @@ void shard_write(const std::string& path, const TokenData& data) {
 // Reader
 
 ShardReader::ShardReader(const std::string& path, bool verify) : path_(path) {
+  input_file_check(path, "token shard");
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   DT_ENFORCE(fd >= 0, IoError, "cannot open token shard '{}': {}", path, std::strerror(errno));
   struct stat st {};

@@ -16,10 +16,13 @@
 #include <net/if.h>
 #include <netdb.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cerrno>
 #include <climits>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -110,6 +113,68 @@ std::string interface_address(const std::string& interface) {
   }
   freeifaddrs(ifs);
   return out;
+}
+
+
+// ---------------------------------------------------------------------------
+// Input files, checked once before any rank starts
+
+// Why `path` (resolved against `workdir`, where the ranks start) cannot be the input named
+// by `key`, or "" when it can. A directory is accepted where the key allows one
+// (data.* with format tokens: a directory of shards; data.tokenizer: a model directory
+// holding tokenizer.json; model.init_from: always a directory).
+std::string input_path_problem(const std::string& path, const std::string& workdir, bool dir_ok, bool dir_only) {
+  const fs::path p = fs::path(path).is_absolute() ? fs::path(path) : fs::path(workdir) / path;
+  struct stat st {};
+  if (::stat(p.c_str(), &st) != 0) {
+    const int e = errno;
+    return e == ENOENT || e == ENOTDIR ? std::string("does not exist") : fmt::format("cannot be read: {}", std::strerror(e));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    if (!dir_ok && !dir_only) return "is a directory, not a file";
+    return ::access(p.c_str(), R_OK | X_OK) == 0 ? "" : fmt::format("is not readable: {}", std::strerror(errno));
+  }
+  if (dir_only) return "is not a directory";
+  if (!S_ISREG(st.st_mode)) return "is not a regular file";
+  return ::access(p.c_str(), R_OK) == 0 ? "" : fmt::format("is not readable: {}", std::strerror(errno));
+}
+
+// The config's data files for ranks on this machine: missing, a directory or unreadable
+// input is a permanent error, so it fails here (ConfigError, exit 2) and not in every rank
+// of every retry round. Remote hosts' files are the ranks' own to check (also exit 2).
+// "" when every input is usable, else the message.
+std::string input_files_problem(const config::TrainConfig& cfg, const std::string& workdir) {
+  const bool tokens = cfg.data.format == "tokens";
+  struct Input {
+    const char* key;
+    std::string path;
+    bool dir_ok, dir_only;
+  };
+  const Input inputs[] = {
+      {"data.train", cfg.data.train, tokens, false},
+      {"data.valid", cfg.data.valid, tokens, false},
+      {"data.tokenizer", cfg.data.tokenizer == "byte" ? std::string() : cfg.data.tokenizer, true, false},
+      {"model.init_from", cfg.model.init_from, true, true},
+  };
+  for (const auto& in : inputs) {
+    if (in.path.empty()) continue;
+    std::string problem = input_path_problem(in.path, workdir, in.dir_ok, in.dir_only);
+    if (problem.empty()) continue;
+    std::string where = fs::path(in.path).is_relative()
+                            ? fmt::format(" (relative paths are resolved against the working directory {}, where the "
+                                          "ranks start)",
+                                          workdir)
+                            : "";
+    std::string fix = fs::path(in.path).is_relative()
+                          ? cfg.source.rfind("<embedded default", 0) == 0
+                                ? "the default job's paths are relative to the dtrain repository root: run from "
+                                  "there, or give --config with absolute paths"
+                                : "run from the directory the path is relative to, set cluster.workdir, or give an "
+                                  "absolute path"
+                          : "fix the path";
+    return fmt::format("{}: {} '{}'{} {}: {}", cfg.source, in.key, in.path, where, problem, fix);
+  }
+  return "";
 }
 
 }  // namespace
@@ -222,6 +287,16 @@ Job job_prepare(const JobRequest& req) {
   spec.env_set["DTRAIN_HEARTBEAT_INTERVAL"] = fmt::format("{}", cfg.fault_tolerance.heartbeat_interval);
   if (!cfg.cluster.network_interface.empty())
     spec.env_set.emplace("DTRAIN_NETWORK_INTERFACE", cfg.cluster.network_interface);
+
+  bool any_local = false;
+  for (const auto& h : job.hosts.hosts) any_local = any_local || host_is_local(h.host);
+  if (req.require_training && req.mode == "train" && any_local) {
+    std::string problem = input_files_problem(cfg, spec.workdir);
+    if (!problem.empty()) {
+      if (!req.dry_run) DT_THROW(ConfigError, "{}", problem);
+      if (job.incomplete.empty()) job.incomplete = problem;
+    }
+  }
   return job;
 }
 

@@ -137,7 +137,10 @@ TEST_CASE("malformed JSONL lines are ConfigErrors with file:line") {
   expect(R"({"messages":[{"role":"user","content":"x"}]})", "no assistant message");
   expect(R"({"messages":[]})", "non-empty \"messages\"");
   expect(good, "non-empty \"messages\"", SftFormat::CHAT);
-  CHECK_THROWS_AS(sft_load_jsonl("/nonexistent/x.jsonl"), IoError);
+  // Missing input, or a directory given as the file: config errors (exit 2, not retried).
+  CHECK_THROWS_WITH_AS(sft_load_jsonl("/nonexistent/x.jsonl"), doctest::Contains("/nonexistent/x.jsonl' does not exist"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(sft_load_jsonl("/tmp"), doctest::Contains("is a directory"), ConfigError);
   CHECK_THROWS_AS(sft_template_parse("llama9"), ConfigError);
 }
 

@@ -12,6 +12,8 @@
 #include <fstream>
 #include <random>
 
+#include <unistd.h>
+
 using namespace dtrain;
 using namespace dtrain::data;
 namespace fs = std::filesystem;
@@ -122,11 +124,38 @@ TEST_CASE("truncated or corrupt shards are IoErrors naming the file") {
   expect_io_error(p, "corrupt header");
   std::ofstream(dir.file("text.bin")) << "hello, this is not a shard at all, but it is long enough to have a header";
   expect_io_error(dir.file("text.bin"), "bad magic");
-  expect_io_error(dir.file("missing.bin"), "cannot open");
 
   TokenData bad = d;
   bad.tokens[0] = 5000;
   CHECK_THROWS_AS(shard_write(p, bad), ConfigError);
+}
+
+TEST_CASE("a missing, directory or unreadable input file is a ConfigError naming the path") {
+  // Config errors exit 2, which the supervisor does not restart; an IoError would be
+  // retried round after round although no retry can make the file appear.
+  TempDir dir;
+  auto expect_config_error = [](const std::string& path, const std::string& needle) {
+    try {
+      ShardReader r(path);
+      FAIL("no error for " << path);
+    } catch (const ConfigError& e) {
+      std::string what = e.what();
+      CHECK_MESSAGE(what.find(path) != std::string::npos, what);
+      CHECK_MESSAGE(what.find(needle) != std::string::npos, what);
+    }
+  };
+  expect_config_error(dir.file("missing.bin"), "does not exist");
+  expect_config_error(dir.path.string(), "is a directory");
+  DataPrepareOptions o;
+  CHECK_THROWS_AS(data_prepare(dir.file("missing.txt"), DataFormat::TEXT, "byte", dir.file("out.bin"), o),
+                  ConfigError);
+  CHECK_THROWS_AS(data_prepare(dir.path.string(), DataFormat::SFT, "byte", dir.file("out.bin"), o), ConfigError);
+  if (::geteuid() != 0) {  // root reads a mode-000 file anyway
+    const std::string p = dir.file("locked.bin");
+    shard_write(p, make_data(1000, 2, false, 1));
+    fs::permissions(p, fs::perms::none);
+    expect_config_error(p, "not readable");
+  }
 }
 
 TEST_CASE("data_prepare: text documents separated by blank lines, each followed by eos") {

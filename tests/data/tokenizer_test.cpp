@@ -342,7 +342,9 @@ TEST_CASE("malformed tokenizer files are clear errors naming the file") {
   j = small_tokenizer(false);
   j["model"]["vocab"] = "nope";
   expect_error(j.dump(), "model.vocab");
-  CHECK_THROWS_AS(BpeTokenizer((dir.path / "missing.json").string()), IoError);
+  // A missing tokenizer file or a directory is a config error (exit 2, not retried).
+  CHECK_THROWS_AS(BpeTokenizer((dir.path / "missing.json").string()), ConfigError);
+  CHECK_THROWS_AS(BpeTokenizer(dir.path.string()), ConfigError);
   CHECK_THROWS_AS(tokenizer_load(""), ConfigError);
 }
 
