@@ -7,6 +7,10 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 jobs=${DTRAIN_TEST_JOBS:-2}
+# ccache (installed by the test set-up) may then serve the EMU tree the main tree's
+# objects for the modules without CUDA code: with -g it would otherwise key every object
+# on the build directory it was compiled in.
+export CCACHE_NOHASHDIR=1
 bash "$root/scripts/setup.sh" --test
 bash "$root/scripts/build.sh"
 DTRAIN_BUILD_DIR="$root/build-emu" bash "$root/scripts/build.sh" -DDTRAIN_CUDA=EMU
