@@ -76,6 +76,23 @@ inline std::string make_temp_dir(const std::string& stem) {
   return tmpl;
 }
 
+// A temporary directory removed with everything in it when the object dies; path() is
+// "" when it could not be created.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& stem) : path_(make_temp_dir(stem)) {}
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 // ---------------------------------------------------------------------------
 // A child process: argv with extra environment, stdin /dev/null, stdout+stderr merged
 // into one captured text. Its own process group, killed (TERM, then KILL) when the

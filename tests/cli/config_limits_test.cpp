@@ -8,15 +8,11 @@
 #include <chrono>
 #include <string>
 
+using dtrain::test::has;
+using dtrain::test::have_bin;
 using dtrain::test::run_dtrain;
 
 namespace {
-bool have_bin() {
-  if (dtrain::test::dtrain_bin()) return true;
-  MESSAGE("DTRAIN_BIN not set: skipping CLI tests");
-  return false;
-}
-bool has(const std::string& out, const std::string& needle) { return out.find(needle) != std::string::npos; }
 }  // namespace
 
 TEST_CASE("--dry-run rejects integers that would wrap, naming the key, the value and the range") {

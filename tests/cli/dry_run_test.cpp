@@ -9,15 +9,11 @@
 #include <filesystem>
 #include <fstream>
 
+using dtrain::test::has;
+using dtrain::test::have_bin;
 using dtrain::test::run_dtrain;
 
 namespace {
-bool have_bin() {
-  if (dtrain::test::dtrain_bin()) return true;
-  MESSAGE("DTRAIN_BIN not set: skipping CLI tests");
-  return false;
-}
-bool has(const std::string& out, const std::string& needle) { return out.find(needle) != std::string::npos; }
 
 std::string temp_file(const std::string& name, const std::string& text) {
   auto dir = std::filesystem::temp_directory_path() / "dtrain-cli-test";

@@ -23,15 +23,9 @@ void check_table(const RunResult& r, size_t rows_expected) {
 TEST_CASE("dtrain-emu bench allreduce --backend nccl: 2 local ranks") {
   const std::string bin = dtrain_bin();
   REQUIRE_MESSAGE(!bin.empty(), "$DTRAIN_BIN (dtrain-emu) is not set: run through ctest in the EMU tree");
-  const std::string dir = make_temp_dir("dtrain-emu-local");
+  TempDir tmp("dtrain-emu-local");
+  const std::string& dir = tmp.path();
   REQUIRE(!dir.empty());
-  struct Cleanup {
-    std::string d;
-    ~Cleanup() {
-      std::error_code ec;
-      std::filesystem::remove_all(d, ec);
-    }
-  } cleanup{dir};
   // Loopback only: the engine's NCCL picks the interface as NCCL does.
   auto r = run({bin, "bench", "allreduce", "--backend", "nccl", "--nproc-per-node", "2", "-b", "1K", "-e", "256K",
                 "-n", "3", "-w", "1", "--output-dir", dir + "/run"},

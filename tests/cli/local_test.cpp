@@ -10,15 +10,9 @@ TEST_CASE("local launch: dtrain bench allreduce --nproc-per-node 3 -b 1K -e 64K"
     MESSAGE("local CLI test skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
     return;
   }
-  std::string dir = make_temp_dir("dtrain-cli-local");
+  TempDir tmp("dtrain-cli-local");
+  const std::string& dir = tmp.path();
   REQUIRE(!dir.empty());
-  struct Cleanup {
-    std::string d;
-    ~Cleanup() {
-      std::error_code ec;
-      std::filesystem::remove_all(d, ec);
-    }
-  } cleanup{dir};
   auto r = run({bin, "bench", "allreduce", "--nproc-per-node", "3", "-b", "1K", "-e", "64K", "--output-dir",
                 dir + "/run"},
                {}, 60s);

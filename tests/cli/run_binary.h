@@ -2,6 +2,8 @@
 // its combined output and exit code, for tests that go through the real CLI.
 #pragma once
 
+#include <doctest/doctest.h>
+
 #include <sys/wait.h>
 
 #include <array>
@@ -29,6 +31,14 @@ inline const char* dtrain_bin() {
   const char* b = std::getenv("DTRAIN_BIN");
   return b && *b ? b : nullptr;
 }
+
+// True when $DTRAIN_BIN is set; otherwise says the CLI tests are skipped.
+inline bool have_bin() {
+  if (dtrain_bin()) return true;
+  MESSAGE("DTRAIN_BIN not set: skipping CLI tests");
+  return false;
+}
+inline bool has(const std::string& out, const std::string& needle) { return out.find(needle) != std::string::npos; }
 
 // args are passed through sh with single quotes; cwd is the test's (repo root).
 inline RunResult run_dtrain(const std::string& args, int timeout_s = 60, const std::string& env = "") {

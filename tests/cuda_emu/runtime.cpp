@@ -346,7 +346,6 @@ cudaError_t copy_submit(void* dst, size_t dpitch, const void* src, size_t spitch
     return fail(cudaErrorInvalidValue);
   }
   const bool src_pinned = !src_dev && mem_kind(src, 1, nullptr) == Mem::PINNED;
-  const bool dst_pinned = !dst_dev && mem_kind(dst, 1, nullptr) == Mem::PINNED;
   State& g = st();
   std::unique_lock<std::mutex> lock(g.mu);
   auto sp = stream_locked(sync_api ? nullptr : stream);
@@ -376,7 +375,6 @@ cudaError_t copy_submit(void* dst, size_t dpitch, const void* src, size_t spitch
       enqueue_locked(sp, "cudaMemcpy DtoD", [c] { c.run(); }, false);
       return cudaSuccess;
     default:  // to host: returns once the copy has completed
-      (void)dst_pinned;
       wait_locked(lock, enqueue_locked(sp, "cudaMemcpy", [c] { c.run(); }, false));
       return cudaSuccess;
   }
@@ -521,8 +519,7 @@ void launch_submit(const void* func, const LaunchSite& site, dim3 grid, dim3 blo
   lock.lock();
   enqueue_locked(sp, "kernel", [k = std::move(k)] {
     std::string detail;
-    const cudaError_t e = kernel_run(k, &detail);
-    guards_reprotect();
+    const cudaError_t e = kernel_run(k, &detail);  // restores any guard page it opened
     if (e != cudaSuccess) {
       sticky_error_set(k.device, e, detail);
       return;

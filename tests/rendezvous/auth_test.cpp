@@ -6,6 +6,7 @@
 #include "rendezvous/store.h"
 
 #include "core/error.h"
+#include "eventually.h"
 
 #include <doctest/doctest.h>
 
@@ -22,6 +23,7 @@
 
 using namespace dtrain;
 using namespace dtrain::rendezvous;
+using dtrain::rendezvous::test::eventually;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
@@ -165,15 +167,6 @@ bool closed_within(int fd, std::chrono::milliseconds timeout) {
   return false;
 }
 
-template <typename Pred>
-bool eventually(Pred pred, std::chrono::milliseconds timeout = 5s) {
-  const auto deadline = Clock::now() + timeout;
-  while (Clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return pred();
-}
 
 struct Fixture {
   std::string token = token_generate();

@@ -5,6 +5,8 @@
 
 #include "core/error.h"
 
+#include "eventually.h"
+
 #include <doctest/doctest.h>
 
 #include <thread>
@@ -15,17 +17,11 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
+// Heartbeat ages settle over seconds: a longer bound than the shared default.
 template <typename Pred>
-bool eventually(Pred pred, std::chrono::milliseconds timeout = 10s) {
-  const auto deadline = Clock::now() + timeout;
-  while (Clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return pred();
+bool eventually(Pred pred) {
+  return dtrain::rendezvous::test::eventually(pred, 10s);
 }
-
 }  // namespace
 
 TEST_CASE("heartbeat keys, values and server-side times") {

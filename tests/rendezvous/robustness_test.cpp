@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "eventually.h"
 
 #include <doctest/doctest.h>
 
@@ -21,6 +22,7 @@
 
 using namespace dtrain;
 using namespace dtrain::rendezvous;
+using dtrain::rendezvous::test::eventually;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
@@ -121,16 +123,6 @@ uint8_t status_of(const std::optional<std::string>& reply) {
   return static_cast<uint8_t>((*reply)[0]);
 }
 
-// Bounded polling for server-side bookkeeping that settles asynchronously.
-template <typename Pred>
-bool eventually(Pred pred, std::chrono::milliseconds timeout = 5s) {
-  const auto deadline = Clock::now() + timeout;
-  while (Clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return pred();
-}
 
 struct Fixture {
   explicit Fixture(ServerLimits limits = {}) : server("127.0.0.1", 0, token, limits), good("127.0.0.1", server.port(), token, 5s) {
