@@ -1,0 +1,216 @@
+// The CPU device: every op is the lib/ops reference on host memory, fp32 only. Fused ops
+// (residual + norm, linear + GELU) are the two reference ops in sequence, so a model run
+// on this device computes exactly what the reference ops compute.
+#include "device/device.h"
+
+#include "core/check.h"
+#include "core/dropout_mask.h"
+#include "ops/activation.h"
+#include "ops/attention.h"
+#include "ops/cross_entropy.h"
+#include "ops/embedding.h"
+#include "ops/linear.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace dtrain::device {
+
+const char* kind_name(Kind k) { return k == Kind::CPU ? "cpu" : "cuda"; }
+
+namespace {
+
+float* F(void* p) { return static_cast<float*>(p); }
+const float* F(const void* p) { return static_cast<const float*>(p); }
+
+class CpuDevice final : public Device {
+ public:
+  Kind kind() const override { return Kind::CPU; }
+  std::string name() const override { return "cpu"; }
+  void* stream() const override { return nullptr; }
+
+  void* alloc(size_t bytes) override {
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded ? rounded : 64);
+    if (!p) throw std::bad_alloc();
+    std::memset(p, 0, rounded);
+    return p;
+  }
+  void free(void* p) override { std::free(p); }
+  void copy_h2d(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
+  void copy_d2h(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
+  void copy_d2d(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
+  void copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows) override {
+    for (size_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
+  }
+  void zero(void* p, size_t bytes) override {
+    if (bytes) std::memset(p, 0, bytes);
+  }
+  void synchronize() override {}
+  void cast(void* out, DType out_t, const void* inp, DType in_t, size_t n) override {
+    DT_ENFORCE(in_t == DType::F32 && out_t == DType::F32, UsageError,
+               "the CPU device keeps fp32 only (cast {} -> {})", dtype_name(in_t), dtype_name(out_t));
+    copy(out, inp, n * sizeof(float));
+  }
+
+  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const void* A, const void* B, float beta, void* C,
+            DType ab_t, DType c_t) override {
+    f32(ab_t);
+    f32(c_t);
+    ops::gemm(ta, tb, M, N, K, alpha, F(A), F(B), beta, F(C));
+  }
+  void linear_forward(void* out, const void* inp, const void* w, const void* bias, int N, int IC, int OC,
+                      DType t) override {
+    f32(t);
+    ops::linear_forward(F(out), F(inp), F(w), F(bias), N, IC, OC);
+  }
+  void linear_gelu_forward(void* out, void* pre, const void* inp, const void* w, const void* bias, int N, int IC,
+                           int OC, DType t) override {
+    f32(t);
+    ops::linear_forward(F(pre), F(inp), F(w), F(bias), N, IC, OC);
+    ops::gelu_forward(F(out), F(pre), static_cast<size_t>(N) * OC);
+  }
+  void linear_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* w,
+                       int N, int IC, int OC, DType t) override {
+    f32(t);
+    ops::linear_backward(F(dinp), dweight, dbias, F(dout), F(inp), F(w), N, IC, OC);
+  }
+
+  void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* bias, int N,
+                         int C, float eps, DType t) override {
+    f32(t);
+    ops::layernorm_forward(F(out), mean, rstd, F(inp), F(w), F(bias), N, C, eps);
+  }
+  void residual_layernorm_forward(void* residual, void* out, float* mean, float* rstd, const void* a, const void* b,
+                                  const void* w, const void* bias, int N, int C, float eps, DType t) override {
+    f32(t);
+    ops::residual_forward(F(residual), F(a), F(b), static_cast<size_t>(N) * C);
+    ops::layernorm_forward(F(out), mean, rstd, F(residual), F(w), F(bias), N, C, eps);
+  }
+  void layernorm_backward(void* dinp, float* dw, float* dbias, const void* dout, const void* inp, const void* w,
+                          const float* mean, const float* rstd, int N, int C, DType t) override {
+    f32(t);
+    ops::layernorm_backward(F(dinp), dw, dbias, F(dout), F(inp), F(w), mean, rstd, N, C);
+  }
+  void rmsnorm_forward(void* out, float* rstd, const void* inp, const void* w, int N, int C, float eps,
+                       DType t) override {
+    f32(t);
+    ops::rmsnorm_forward(F(out), rstd, F(inp), F(w), N, C, eps);
+  }
+  void residual_rmsnorm_forward(void* residual, void* out, float* rstd, const void* a, const void* b, const void* w,
+                                int N, int C, float eps, DType t) override {
+    f32(t);
+    ops::residual_forward(F(residual), F(a), F(b), static_cast<size_t>(N) * C);
+    ops::rmsnorm_forward(F(out), rstd, F(residual), F(w), N, C, eps);
+  }
+  void rmsnorm_backward(void* dinp, float* dw, const void* dout, const void* inp, const void* w, const float* rstd,
+                        int N, int C, DType t) override {
+    f32(t);
+    ops::rmsnorm_backward(F(dinp), dw, F(dout), F(inp), F(w), rstd, N, C);
+  }
+
+  void gelu_forward(void* out, const void* inp, size_t n, DType t) override {
+    f32(t);
+    ops::gelu_forward(F(out), F(inp), n);
+  }
+  void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DType t) override {
+    f32(t);
+    ops::gelu_backward(F(dinp), F(inp), F(dout), n);
+  }
+  void swiglu_forward(void* out, const void* gate, const void* up, size_t n, DType t) override {
+    f32(t);
+    ops::swiglu_forward(F(out), F(gate), F(up), n);
+  }
+  void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, size_t n,
+                       DType t) override {
+    f32(t);
+    ops::swiglu_backward(F(dgate), F(dup), F(dout), F(gate), F(up), n);
+  }
+  void residual_forward(void* out, const void* a, const void* b, size_t n, DType t) override {
+    f32(t);
+    ops::residual_forward(F(out), F(a), F(b), n);
+  }
+  void dropout_forward(void* out, const void* inp, size_t n, float p, uint64_t seed, DType t) override {
+    f32(t);
+    const float inv = 1.0f / (1.0f - p);
+    float* o = F(out);
+    const float* x = F(inp);
+    for (size_t i = 0; i < n; ++i) o[i] = dropout_keep(seed, i, p) ? x[i] * inv : 0.0f;
+  }
+  void dropout_backward(void* dinp, const void* dout, size_t n, float p, uint64_t seed, DType t) override {
+    f32(t);
+    const float inv = 1.0f / (1.0f - p);
+    float* d = F(dinp);
+    const float* g = F(dout);
+    for (size_t i = 0; i < n; ++i)
+      if (dropout_keep(seed, i, p)) d[i] += g[i] * inv;
+  }
+
+  void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, float theta, DType t) override {
+    f32(t);
+    ops::rope_forward(F(q), F(k), B, T, NH, NKV, HD, theta);
+  }
+  void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, float theta, DType t) override {
+    f32(t);
+    ops::rope_backward(F(dq), F(dk), B, T, NH, NKV, HD, theta);
+  }
+  size_t attention_saved_floats(int B, int T, int NH) const override {
+    return static_cast<size_t>(B) * NH * T * T;
+  }
+  void attention_forward(void* out, float* saved, const void* q, const void* k, const void* v, int B, int T, int NH,
+                         int NKV, int HD, DType t) override {
+    f32(t);
+    ops::attention_forward(F(out), saved, F(q), F(k), F(v), B, T, NH, NKV, HD);
+  }
+  void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* /*out*/, const float* saved,
+                          const void* q, const void* k, const void* v, int B, int T, int NH, int NKV, int HD,
+                          DType t) override {
+    f32(t);
+    ops::attention_backward(F(dq), F(dk), F(dv), F(dout), saved, F(q), F(k), F(v), B, T, NH, NKV, HD);
+  }
+
+  void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T, int C,
+                         int V, DType t) override {
+    f32(t);
+    ops::embedding_forward(F(out), tokens, F(wte), F(wpe), B, T, C, V);
+  }
+  void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T, int C,
+                          int /*V*/, DType t) override {
+    f32(t);
+    ops::embedding_backward(dwte, dwpe, F(dout), tokens, B, T, C);
+  }
+  void cross_entropy_forward(float* losses, float* mean, const void* logits, const int32_t* targets, int N, int V,
+                             DType t) override {
+    f32(t);
+    const float m = ops::cross_entropy_forward(losses, F(logits), targets, N, V);
+    if (mean) *mean = m;
+  }
+  void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V, float scale,
+                              DType t) override {
+    f32(t);
+    ops::cross_entropy_backward(F(dlogits), F(logits), targets, N, V, scale);
+  }
+
+ private:
+  static void copy(void* dst, const void* src, size_t bytes) {
+    if (bytes && dst != src) std::memmove(dst, src, bytes);
+  }
+  static void f32(DType t) {
+    DT_ENFORCE(t == DType::F32, UsageError,
+               "the CPU device computes in fp32 (got {}): its mixed-precision compute copy is fp32 values "
+               "rounded to bf16/fp16", dtype_name(t));
+  }
+};
+
+}  // namespace
+
+Device& cpu() {
+  static CpuDevice dev;
+  return dev;
+}
+
+}  // namespace dtrain::device

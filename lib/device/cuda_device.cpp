@@ -1,0 +1,266 @@
+// The CUDA device: the kernels/ launchers and cuBLASLt on one non-blocking compute stream
+// per device. Every entry point makes its device current first (cudaSetDevice is per host
+// thread, and ranks run as threads in the tests). CPU-only builds get the factory's error.
+#include "device/device.h"
+
+#include "core/check.h"
+
+#ifdef DTRAIN_HAVE_CUDA
+#include "core/cuda_check.h"
+#include "kernels/activation.cuh"
+#include "kernels/attention.cuh"
+#include "kernels/cast.cuh"
+#include "kernels/cross_entropy.cuh"
+#include "kernels/device.cuh"
+#include "kernels/dropout.cuh"
+#include "kernels/embedding.cuh"
+#include "kernels/gemm.cuh"
+#include "kernels/norm.cuh"
+#include "kernels/rope.cuh"
+#endif
+
+#include <cstdlib>
+
+namespace dtrain::device {
+
+#ifndef DTRAIN_HAVE_CUDA
+
+int cuda_count() { return 0; }
+
+std::unique_ptr<Device> cuda_create(int) {
+  DT_THROW(DeviceError,
+           "training.device = cuda, but this dtrain was built without CUDA (rebuild with -DDTRAIN_CUDA=ON where "
+           "nvcc is installed, or set training.device: cpu)");
+}
+
+#else
+
+int cuda_count() { return kernels::device_count(); }
+
+namespace {
+
+constexpr int32_t IGNORE_INDEX = -100;
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(int index) : index_(index) {
+    DT_CUDA_CHECK(cudaSetDevice(index_));
+    name_ = "cuda:" + std::to_string(index_) + " (" + kernels::device_describe(index_) + ")";
+    DT_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
+  }
+  ~CudaDevice() override {
+    (void)cudaSetDevice(index_);
+    (void)cudaStreamSynchronize(s_);
+    (void)cudaStreamDestroy(s_);
+  }
+
+  Kind kind() const override { return Kind::CUDA; }
+  std::string name() const override { return name_; }
+  void* stream() const override { return s_; }
+
+  // Zeroed on the compute stream: a cudaMemset on the legacy stream would not be ordered
+  // before work on a non-blocking stream.
+  void* alloc(size_t bytes) override {
+    cur();
+    void* p = nullptr;
+    DT_CUDA_CHECK(cudaMalloc(&p, bytes));
+    DT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s_));
+    return p;
+  }
+  // cudaFree waits for the device, so no queued op still reads the memory.
+  void free(void* p) override {
+    cur();
+    (void)cudaFree(p);
+  }
+  // The source may be pageable: wait until the stream has consumed it.
+  void copy_h2d(void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    cur();
+    DT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s_));
+    DT_CUDA_CHECK(cudaStreamSynchronize(s_));
+  }
+  void copy_d2h(void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    cur();
+    DT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s_));
+    DT_CUDA_CHECK(cudaStreamSynchronize(s_));
+  }
+  void copy_d2d(void* dst, const void* src, size_t bytes) override {
+    if (!bytes || dst == src) return;
+    cur();
+    DT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s_));
+  }
+  void copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows) override {
+    if (!rows || !width) return;
+    cur();
+    DT_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice, s_));
+  }
+  void zero(void* p, size_t bytes) override {
+    if (!bytes) return;
+    cur();
+    DT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s_));
+  }
+  void synchronize() override {
+    cur();
+    DT_CUDA_CHECK(cudaStreamSynchronize(s_));
+  }
+  void cast(void* out, DType out_t, const void* inp, DType in_t, size_t n) override {
+    cur();
+    kernels::dtype_cast(out, out_t, inp, in_t, n, s_);
+  }
+
+  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const void* A, const void* B, float beta, void* C,
+            DType ab_t, DType c_t) override {
+    cur();
+    kernels::gemm(ta, tb, M, N, K, alpha, A, B, beta, C, ab_t, c_t, s_);
+  }
+  void linear_forward(void* out, const void* inp, const void* w, const void* bias, int N, int IC, int OC,
+                      DType t) override {
+    cur();
+    kernels::linear_forward(out, inp, w, bias, N, IC, OC, t, s_);
+  }
+  // The fused bias + GELU epilogue needs OC % 8 == 0 (cuBLASLt's aux-output alignment).
+  void linear_gelu_forward(void* out, void* pre, const void* inp, const void* w, const void* bias, int N, int IC,
+                           int OC, DType t) override {
+    cur();
+    if (OC % 8 == 0) {
+      kernels::linear_gelu_forward(out, pre, inp, w, bias, N, IC, OC, t, s_);
+    } else {
+      kernels::linear_forward(pre, inp, w, bias, N, IC, OC, t, s_);
+      kernels::gelu_forward(out, pre, static_cast<size_t>(N) * OC, t, s_);
+    }
+  }
+  void linear_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* w,
+                       int N, int IC, int OC, DType t) override {
+    cur();
+    kernels::linear_backward(dinp, dweight, dbias, dout, inp, w, N, IC, OC, t, s_);
+  }
+
+  void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* bias, int N,
+                         int C, float eps, DType t) override {
+    cur();
+    kernels::layernorm_forward(out, mean, rstd, inp, w, bias, N, C, eps, t, s_);
+  }
+  void residual_layernorm_forward(void* residual, void* out, float* mean, float* rstd, const void* a, const void* b,
+                                  const void* w, const void* bias, int N, int C, float eps, DType t) override {
+    cur();
+    kernels::residual_layernorm_forward(residual, out, mean, rstd, a, b, w, bias, N, C, eps, t, s_);
+  }
+  void layernorm_backward(void* dinp, float* dw, float* dbias, const void* dout, const void* inp, const void* w,
+                          const float* mean, const float* rstd, int N, int C, DType t) override {
+    cur();
+    kernels::layernorm_backward(dinp, dw, dbias, dout, inp, w, mean, rstd, N, C, t, s_);
+  }
+  void rmsnorm_forward(void* out, float* rstd, const void* inp, const void* w, int N, int C, float eps,
+                       DType t) override {
+    cur();
+    kernels::rmsnorm_forward(out, rstd, inp, w, N, C, eps, t, s_);
+  }
+  void residual_rmsnorm_forward(void* residual, void* out, float* rstd, const void* a, const void* b, const void* w,
+                                int N, int C, float eps, DType t) override {
+    cur();
+    kernels::residual_rmsnorm_forward(residual, out, rstd, a, b, w, N, C, eps, t, s_);
+  }
+  void rmsnorm_backward(void* dinp, float* dw, const void* dout, const void* inp, const void* w, const float* rstd,
+                        int N, int C, DType t) override {
+    cur();
+    kernels::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C, t, s_);
+  }
+
+  void gelu_forward(void* out, const void* inp, size_t n, DType t) override {
+    cur();
+    kernels::gelu_forward(out, inp, n, t, s_);
+  }
+  void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DType t) override {
+    cur();
+    kernels::gelu_backward(dinp, inp, dout, n, t, s_);
+  }
+  void swiglu_forward(void* out, const void* gate, const void* up, size_t n, DType t) override {
+    cur();
+    kernels::swiglu_forward(out, gate, up, n, t, s_);
+  }
+  void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, size_t n,
+                       DType t) override {
+    cur();
+    kernels::swiglu_backward(dgate, dup, dout, gate, up, n, t, s_);
+  }
+  void residual_forward(void* out, const void* a, const void* b, size_t n, DType t) override {
+    cur();
+    kernels::residual_forward(out, a, b, n, t, s_);
+  }
+  void dropout_forward(void* out, const void* inp, size_t n, float p, uint64_t seed, DType t) override {
+    cur();
+    kernels::dropout_forward(out, inp, n, p, seed, t, s_);
+  }
+  void dropout_backward(void* dinp, const void* dout, size_t n, float p, uint64_t seed, DType t) override {
+    cur();
+    kernels::dropout_backward(dinp, dout, n, p, seed, t, s_);
+  }
+
+  void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, float theta, DType t) override {
+    cur();
+    kernels::rope_forward(q, k, B, T, NH, NKV, HD, theta, t, s_);
+  }
+  void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, float theta, DType t) override {
+    cur();
+    kernels::rope_backward(dq, dk, B, T, NH, NKV, HD, theta, t, s_);
+  }
+  size_t attention_saved_floats(int B, int T, int NH) const override { return static_cast<size_t>(B) * NH * T; }
+  void attention_forward(void* out, float* saved, const void* q, const void* k, const void* v, int B, int T, int NH,
+                         int NKV, int HD, DType t) override {
+    cur();
+    kernels::attention_forward(out, saved, q, k, v, B, T, NH, NKV, HD, t, s_);
+  }
+  void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out, const float* saved,
+                          const void* q, const void* k, const void* v, int B, int T, int NH, int NKV, int HD,
+                          DType t) override {
+    cur();
+    kernels::attention_backward(dq, dk, dv, dout, out, saved, q, k, v, B, T, NH, NKV, HD, t, s_);
+  }
+
+  void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T, int C,
+                         int V, DType t) override {
+    cur();
+    kernels::embedding_forward(out, tokens, wte, wpe, B, T, C, V, t, s_);
+  }
+  void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T, int C,
+                          int V, DType t) override {
+    cur();
+    kernels::embedding_backward(dwte, dwpe, dout, tokens, B, T, C, V, t, s_);
+  }
+  void cross_entropy_forward(float* losses, float* mean, const void* logits, const int32_t* targets, int N, int V,
+                             DType t) override {
+    cur();
+    kernels::cross_entropy_forward(losses, mean, logits, targets, N, V, IGNORE_INDEX, t, s_);
+  }
+  void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V, float scale,
+                              DType t) override {
+    cur();
+    kernels::cross_entropy_backward(dlogits, logits, targets, N, V, scale, IGNORE_INDEX, t, s_);
+  }
+
+ private:
+  void cur() const { DT_CUDA_CHECK(cudaSetDevice(index_)); }
+
+  int index_;
+  std::string name_;
+  cudaStream_t s_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> cuda_create(int index) {
+  const int n = kernels::device_count();
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  DT_ENFORCE(n > 0, DeviceError,
+             "training.device = cuda, but no CUDA device is visible here (CUDA_VISIBLE_DEVICES='{}'); set "
+             "training.device: cpu or run on a GPU node", visible ? visible : "");
+  DT_ENFORCE(index >= 0 && index < n, DeviceError,
+             "CUDA device {} does not exist: this process sees {} (CUDA_VISIBLE_DEVICES='{}'); LOCAL_RANK indexes "
+             "the visible devices, so start at most {} ranks per node", index, n, visible ? visible : "", n);
+  return std::make_unique<CudaDevice>(index);
+}
+
+#endif  // DTRAIN_HAVE_CUDA
+
+}  // namespace dtrain::device

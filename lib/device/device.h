@@ -1,0 +1,175 @@
+// The device layer: one op table with two implementations, the CPU (lib/ops over
+// OpenBLAS, fp32) and CUDA (kernels/ and cuBLASLt on one compute stream per device,
+// fp32/bf16/fp16 activations). The model is written once over it. Memory is the
+// device's: pointers passed to an op are device pointers (host pointers on the CPU).
+#pragma once
+
+#include "core/dtype.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace dtrain::device {
+
+enum class Kind { CPU, CUDA };
+
+/// "cpu" / "cuda".
+const char* kind_name(Kind k);
+
+/// Every op runs in order on the device's one compute stream (on the CPU: now, on the
+/// calling thread). Activation arguments are `t` (CPU: F32 only, UsageError otherwise);
+/// parameter gradients and norm statistics are always fp32. Ops named *_backward
+/// ACCUMULATE (+=) into their gradient outputs unless the op says it writes, as in
+/// lib/ops. A null gradient output skips that part.
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual Kind kind() const = 0;
+  /// "cpu" or "cuda:0 (NVIDIA H100 80GB HBM3)".
+  virtual std::string name() const = 0;
+  /// The cudaStream_t the ops run on (nullptr on the CPU), for callers that order their
+  /// own work (collectives) after it with events.
+  virtual void* stream() const = 0;
+
+  // ---- Memory (alloc is zeroed and ordered before every later op)
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void free(void* p) = 0;
+  /// Host -> device; returns when src may be reused.
+  virtual void copy_h2d(void* dst, const void* src, size_t bytes) = 0;
+  /// Device -> host; returns when dst holds the data (waits for the ops before it).
+  virtual void copy_d2h(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_d2d(void* dst, const void* src, size_t bytes) = 0;
+  /// rows x width bytes from src (rows spitch apart) to dst (dpitch apart).
+  virtual void copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows) = 0;
+  virtual void zero(void* p, size_t bytes) = 0;
+  /// Waits for every op issued so far.
+  virtual void synchronize() = 0;
+  /// n fp32 values into `t` (round to nearest even), device to device; out may not alias.
+  virtual void cast(void* out, DType out_t, const void* inp, DType in_t, size_t n) = 0;
+
+  // ---- GEMM and linear layers (W stored [OC, IC] as torch.nn.Linear)
+  /// Row-major C[M,N] = alpha op(A) op(B) + beta C; A, B of ab_t, C of c_t (= ab_t, or F32).
+  virtual void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, const void* B,
+                    float beta, void* C, DType ab_t, DType c_t) = 0;
+  /// out = inp W^T + bias (bias may be null).
+  virtual void linear_forward(void* out, const void* inp, const void* w, const void* bias, int N, int IC, int OC,
+                              DType t) = 0;
+  /// pre = inp W^T + bias; out = gelu(pre) (one fused epilogue on CUDA).
+  virtual void linear_gelu_forward(void* out, void* pre, const void* inp, const void* w, const void* bias, int N,
+                                   int IC, int OC, DType t) = 0;
+  /// dinp += dout W; dweight += dout^T inp; dbias += colsum(dout) (fp32 gradients).
+  virtual void linear_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp,
+                               const void* w, int N, int IC, int OC, DType t) = 0;
+
+  // ---- Norms (statistics fp32 [N]); residual_* also write residual = a + b first
+  virtual void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w,
+                                 const void* bias, int N, int C, float eps, DType t) = 0;
+  virtual void residual_layernorm_forward(void* residual, void* out, float* mean, float* rstd, const void* a,
+                                          const void* b, const void* w, const void* bias, int N, int C, float eps,
+                                          DType t) = 0;
+  virtual void layernorm_backward(void* dinp, float* dw, float* dbias, const void* dout, const void* inp,
+                                  const void* w, const float* mean, const float* rstd, int N, int C, DType t) = 0;
+  virtual void rmsnorm_forward(void* out, float* rstd, const void* inp, const void* w, int N, int C, float eps,
+                               DType t) = 0;
+  virtual void residual_rmsnorm_forward(void* residual, void* out, float* rstd, const void* a, const void* b,
+                                        const void* w, int N, int C, float eps, DType t) = 0;
+  virtual void rmsnorm_backward(void* dinp, float* dw, const void* dout, const void* inp, const void* w,
+                                const float* rstd, int N, int C, DType t) = 0;
+
+  // ---- Pointwise
+  virtual void gelu_forward(void* out, const void* inp, size_t n, DType t) = 0;
+  virtual void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DType t) = 0;
+  virtual void swiglu_forward(void* out, const void* gate, const void* up, size_t n, DType t) = 0;
+  virtual void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, size_t n,
+                               DType t) = 0;
+  /// out = a + b (out may alias a or b).
+  virtual void residual_forward(void* out, const void* a, const void* b, size_t n, DType t) = 0;
+  /// Inverted dropout: out = keep ? inp / (1 - p) : 0 with keep[i] = dropout_keep(seed, i, p)
+  /// (core/rng.h: the same mask on every device).
+  virtual void dropout_forward(void* out, const void* inp, size_t n, float p, uint64_t seed, DType t) = 0;
+  /// dinp += keep ? dout / (1 - p) : 0, the mask of dropout_forward(seed).
+  virtual void dropout_backward(void* dinp, const void* dout, size_t n, float p, uint64_t seed, DType t) = 0;
+
+  // ---- Position and attention
+  virtual void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, float theta, DType t) = 0;
+  /// The inverse rotation, in place.
+  virtual void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, float theta, DType t) = 0;
+  /// fp32 elements attention_forward saves for backward: the CPU's probabilities
+  /// [B,NH,T,T], CUDA's log-sum-exp [B,NH,T].
+  virtual size_t attention_saved_floats(int B, int T, int NH) const = 0;
+  virtual void attention_forward(void* out, float* saved, const void* q, const void* k, const void* v, int B, int T,
+                                 int NH, int NKV, int HD, DType t) = 0;
+  virtual void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out,
+                                  const float* saved, const void* q, const void* k, const void* v, int B, int T,
+                                  int NH, int NKV, int HD, DType t) = 0;
+
+  // ---- Embedding and loss (tokens, targets: int32 device arrays)
+  /// out = wte[tokens] (+ wpe[t]). Tokens are validated by the caller.
+  virtual void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T,
+                                 int C, int V, DType t) = 0;
+  virtual void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T,
+                                  int C, int V, DType t) = 0;
+  /// losses fp32 [N] (0 where masked); *mean (one fp32 device value) = their mean over
+  /// the unmasked rows (0 when all are masked).
+  virtual void cross_entropy_forward(float* losses, float* mean, const void* logits, const int32_t* targets, int N,
+                                     int V, DType t) = 0;
+  /// WRITES dlogits (may alias logits) = (softmax - onehot) * scale, 0 where masked.
+  virtual void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V,
+                                      float scale, DType t) = 0;
+
+ protected:
+  Device() = default;
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+};
+
+/// The process's CPU device.
+Device& cpu();
+
+/// A CUDA device: `index` into the devices this process sees (CUDA_VISIBLE_DEVICES),
+/// with its own non-blocking compute stream. DeviceError when this build has no CUDA,
+/// no device is visible or the index is out of range.
+std::unique_ptr<Device> cuda_create(int index);
+
+/// CUDA devices this process sees (0 in a CPU-only build or without a GPU).
+int cuda_count();
+
+/// Owns one allocation on a device. Move-only.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Device& dev, size_t bytes) : dev_(&dev), bytes_(bytes), ptr_(bytes ? dev.alloc(bytes) : nullptr) {}
+  DeviceBuffer(DeviceBuffer&& o) noexcept : dev_(o.dev_), bytes_(o.bytes_), ptr_(o.ptr_) {
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      dev_ = o.dev_;
+      bytes_ = o.bytes_;
+      ptr_ = o.ptr_;
+      o.ptr_ = nullptr;
+      o.bytes_ = 0;
+    }
+    return *this;
+  }
+  ~DeviceBuffer() { reset(); }
+  void reset() {
+    if (ptr_) dev_->free(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+  void* get() const { return ptr_; }
+  template <typename T> T* as() const { return static_cast<T*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  Device* dev_ = nullptr;
+  size_t bytes_ = 0;
+  void* ptr_ = nullptr;
+};
+
+}  // namespace dtrain::device
