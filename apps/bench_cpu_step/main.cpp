@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
       auto c = std::chrono::steady_clock::now();
       auto& ps = model->trainable_params();
       for (size_t i = 0; i < ps.size(); ++i)
-        train::adamw_step(ps[i].data, ps[i].grad, m[i].data(), v[i].data(), ps[i].size, ac, ac.lr, s + 1, true);
+        train::adamw_step(ps[i].host_f32(), ps[i].grad, m[i].data(), v[i].data(), ps[i].size, ac, ac.lr, s + 1, true);
       auto d = std::chrono::steady_clock::now();
       if (s >= warmup) {
         t_fwd += std::chrono::duration<double>(b - a).count();

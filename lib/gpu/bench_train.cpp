@@ -48,7 +48,7 @@ class CpuBenchStepper {
     ++steps_;
     for (size_t k = 0; k < bufs.size(); ++k)
       for (const auto& t : bufs[k].layout.tensors)
-        train::adamw_step(bufs[k].data + t.offset, bufs[k].grad + t.offset, mo_[k].data() + t.offset,
+        train::adamw_step(bufs[k].host_f32() + t.offset, bufs[k].grad + t.offset, mo_[k].data() + t.offset,
                           vo_[k].data() + t.offset, t.numel(), acfg_, lr, steps_, t.decay, coef);
     return loss;
   }
@@ -116,8 +116,6 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
              cfg.source);
   const DType dt = !cuda ? DType::F32 : cfg.bf16.enabled ? DType::BF16 : cfg.fp16.enabled ? DType::F16 : DType::F32;
   if (!cuda && (cfg.bf16.enabled || cfg.fp16.enabled)) r.notes.push_back("the CPU bench runs fp32");
-  if (cfg.activation_checkpointing.enabled && cuda)
-    r.notes.push_back("activation_checkpointing ignored: the GPU model keeps every layer's activations");
   r.dtype = dtype_name(dt);
   r.arch = model::arch_name(mcfg.arch);
   r.n_layer = mcfg.n_layer;
@@ -126,11 +124,7 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
   model::Model m(mcfg);
   m.init_weights(static_cast<uint64_t>(cfg.training.seed));
   if (cfg.lora.enabled()) {
-    model::LoraConfig lc = train::lora_config_from(cfg, mcfg);
-    if (lc.dropout > 0.0f && cuda) {
-      r.notes.push_back(fmt::format("lora.dropout {} set to 0 (the GPU path has no dropout)", lc.dropout));
-      lc.dropout = 0.0f;
-    }
+    const model::LoraConfig lc = train::lora_config_from(cfg, mcfg);
     m.lora_enable(lc);
     r.lora_rank = lc.rank;
   }
@@ -166,6 +160,7 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
     go.compute = dt;
     go.adamw = acfg;
     go.max_grad_norm = static_cast<float>(cfg.gradient_clipping);
+    go.recompute = cfg.activation_checkpointing.enabled;
     auto g = gpu_trainer_create(m, go);
     r.device_name = g->device_name();
     for (int s = 0; s < o.warmup + o.steps; ++s) {

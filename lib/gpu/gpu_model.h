@@ -1,7 +1,7 @@
-// The transformer of lib/model (GPT-2 / Llama, GQA, tied or untied head, LoRA, SFT
-// masking) trained end to end on one CUDA device over the kernels/ launchers: one device
-// arena holds the compute copy, fp32 masters, fp32 gradients, AdamW moments and every
-// activation for a fixed (B, T). Built without CUDA, the factory throws DeviceError.
+// The one model of lib/model (GPT-2 / Llama, GQA, tied or untied head, LoRA with dropout,
+// SFT masking, recompute) trained end to end on one CUDA device through lib/device: the
+// model holds the compute copy, fp32 gradients and one activation arena; the trainer
+// holds fp32 masters and AdamW moments. Built without CUDA, the factory throws DeviceError.
 #pragma once
 
 #include "core/dtype.h"
@@ -33,6 +33,7 @@ struct GpuTrainOptions {
   float max_grad_norm = 0.0f;   ///< global-norm clipping (0 = off)
   train::LossScalerConfig loss_scaler;  ///< used when compute == F16 (dynamic by default)
   int device = 0;
+  bool recompute = false;       ///< activation checkpointing: keep layer inputs, recompute in backward
 };
 
 /// What one optimizer step did (the CPU trainer's per-step figures).
@@ -94,8 +95,7 @@ class GpuTrainer {
 
 /// Builds the device model from init (its config, weights and LoRA adapters, copied
 /// once). Throws DeviceError when built without CUDA or no device is visible, ConfigError
-/// for LoRA dropout > 0 (the device path has no dropout masks) and for seq_len outside
-/// [1, max_seq_len], UsageError for bad batch sizes.
+/// for seq_len outside [1, max_seq_len], UsageError for bad batch sizes.
 std::unique_ptr<GpuTrainer> gpu_trainer_create(model::Model& init, const GpuTrainOptions& opts);
 
 }  // namespace dtrain::gpu

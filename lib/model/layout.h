@@ -4,6 +4,7 @@
 // is a name lookup) with offsets, shapes and weight-decay flags.
 #pragma once
 
+#include "core/dtype.h"
 #include "model/config.h"
 
 #include <cstddef>
@@ -38,12 +39,20 @@ struct BufferLayout {
 };
 
 /// One parameter buffer as the trainer and the ZeRO engine see it. data/grad point into
-/// storage owned by the Model; grad is null for frozen buffers (base weights under LoRA).
+/// storage owned by the Model, on the model's device: data is the compute copy (dtype:
+/// fp32, or bf16/fp16 on CUDA), grad fp32 and null for frozen buffers (base weights
+/// under LoRA). Offsets in the layout are in elements.
 struct ParamBuffer {
   BufferLayout layout;
-  float* data = nullptr;
+  void* data = nullptr;
   float* grad = nullptr;
   size_t size = 0;  ///< == layout.size
+  DType dtype = DType::F32;
+  bool on_host = true;  ///< data and grad are host memory (the CPU device)
+  /// data as host fp32 (null when released); UsageError on a CUDA or 16-bit buffer.
+  float* host_f32() const;
+  /// grad as host fp32; UsageError on a CUDA buffer.
+  float* host_grad() const;
 };
 
 /// The base-model buffers in order: embeddings, layers 0..n_layer-1, head.

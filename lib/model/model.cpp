@@ -1,43 +1,21 @@
-// Model: GPT-2 / Llama forward and backward over the CPU ops (llm.c structure: one
-// residual stream per layer boundary, per-layer saved activations, a shared set of
-// backward scratch buffers), plus recomputation, ZeRO hooks and LoRA adapters.
+// Model: GPT-2 / Llama forward and backward written once over the device layer (llm.c
+// structure: layer inputs kept per layer boundary, each formed by the next norm's fused
+// residual add; per-layer saved activations; one set of backward scratch arrays; all of
+// them carved from one arena), plus recomputation, ZeRO hooks and LoRA adapters.
 #include "model/model.h"
 
 #include "core/check.h"
 #include "core/rng.h"
-#include "ops/activation.h"
-#include "ops/attention.h"
-#include "ops/cross_entropy.h"
-#include "ops/embedding.h"
-#include "ops/linear.h"
-#include "ops/norm.h"
-#include "ops/rope.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 namespace dtrain::model {
 
-// One projection of a layer: y = x W^T (+ b), optionally with a LoRA adapter.
-struct Model::Proj {
-  std::string short_name;  // LoRA target name: "q_proj", "c_proj", ...
-  std::string module;      // path inside the layer: "self_attn.q_proj", "mlp.c_proj"
-  int in = 0, out = 0;
-  int w = -1, b = -1;      // tensor indices in the layer buffer (b = -1: no bias)
-};
-
-struct Model::LayerActs {
-  Buffer<float> ln1, ln1_mean, ln1_rstd, qkv, q, k, v, att, atty, attproj, res2;
-  Buffer<float> ln2, ln2_mean, ln2_rstd, fc, up, act, mlp;
-  std::vector<LoraActs> lora;
-};
-
-struct Model::Scratch {
-  Buffer<float> dres, dln, dqkv, dq, dk, dv, datty, dfc, dup, dact;
-};
-
 namespace {
+constexpr int32_t IGNORE_INDEX = -100;
 constexpr int GPT2_C_ATTN = 0, GPT2_ATTN_PROJ = 1, GPT2_FC = 2, GPT2_MLP_PROJ = 3;
 constexpr int LL_Q = 0, LL_K = 1, LL_V = 2, LL_O = 3, LL_GATE = 4, LL_UP = 5, LL_DOWN = 6;
 
@@ -50,10 +28,63 @@ int tensor_index(const BufferLayout& b, const std::string& name) {
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
+
+// Bump allocator over one base address. The plan runs twice: from address 0 to measure
+// the arena, then over the real allocation. Regions are 256-byte aligned (the best
+// alignment for every kernel and cuBLASLt).
+class Carver {
+ public:
+  explicit Carver(void* base) : base_(reinterpret_cast<uintptr_t>(base)) {}
+  void* bytes(size_t n) {
+    off_ = (off_ + 255) & ~size_t{255};
+    void* p = reinterpret_cast<void*>(base_ + off_);
+    off_ += n;
+    return p;
+  }
+  template <typename T> T* of(size_t n) { return static_cast<T*>(bytes(n * sizeof(T))); }
+  size_t size() const { return off_; }
+
+ private:
+  uintptr_t base_;
+  size_t off_ = 0;
+};
 }  // namespace
 
-Model::Model(const ModelConfig& cfg) : cfg_(cfg), scratch_(std::make_unique<Scratch>()) {
+// One projection of a layer: y = x W^T (+ b), optionally with a LoRA adapter.
+struct Model::Proj {
+  std::string short_name;  // LoRA target name: "q_proj", "c_proj", ...
+  std::string module;      // path inside the layer: "self_attn.q_proj", "mlp.c_proj"
+  int in = 0, out = 0;
+  int w = -1, b = -1;      // tensor indices in the layer buffer (b = -1: no bias)
+};
+
+// What one layer's backward needs (one set per layer, or one shared set under recompute).
+struct Model::LayerActs {
+  void *ln1 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *atty = nullptr, *res2 = nullptr;
+  void *ln2 = nullptr, *fc = nullptr, *up = nullptr, *act = nullptr;
+  float *ln1_mean = nullptr, *ln1_rstd = nullptr, *ln2_mean = nullptr, *ln2_rstd = nullptr;
+  float* att = nullptr;         // what the device's attention saves (Device::attention_saved_floats)
+  std::vector<void*> lora_h;    // per projection: dropout(x) A^T [N, r] (null when not adapted)
+  std::vector<void*> lora_xd;   // per projection: dropout(x) [N, in] (null without dropout)
+};
+
+// Arrays no backward reads from an earlier layer: forward temporaries, the head's
+// activations and the backward gradients of the layer at hand.
+struct Model::Scratch {
+  void *qkv = nullptr, *attproj = nullptr, *mlp = nullptr, *lnf = nullptr, *logits = nullptr;
+  float *lnf_mean = nullptr, *lnf_rstd = nullptr, *losses = nullptr, *loss_mean = nullptr;
+  int32_t *tokens = nullptr, *targets = nullptr;
+  void *dres = nullptr, *dln = nullptr, *dqkv = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
+  void *datty = nullptr, *dfc = nullptr, *dup = nullptr, *dact = nullptr, *dh = nullptr, *dxd = nullptr;
+};
+
+Model::Model(const ModelConfig& cfg, device::Device& dev, DType dtype)
+    : cfg_(cfg), dev_(&dev), dtype_(dtype), scratch_(std::make_unique<Scratch>()) {
+  DT_ENFORCE(dtype == DType::F32 || dev.kind() == device::Kind::CUDA, UsageError,
+             "a {} model on the {} device: the CPU computes in fp32 (bf16/fp16 there are fp32 values rounded by the "
+             "optimizer)", dtype_name(dtype), dev.name());
   auto layouts = layout_build(cfg_);  // validates
+  DT_CHECK(cfg_.n_layer >= 1);
   const int C = cfg_.d_model, F = cfg_.d_ff, QD = cfg_.n_head * cfg_.head_dim(), KD = cfg_.n_kv_head * cfg_.head_dim();
   const BufferLayout& l0 = layouts[1];
   const std::string p0 = layer_prefix(cfg_, 0) + ".";
@@ -78,11 +109,13 @@ Model::Model(const ModelConfig& cfg) : cfg_(cfg), scratch_(std::make_unique<Scra
     proj("down_proj", "mlp.down_proj", F, C, false);
   }
   for (auto& l : layouts) {
-    param_store_.emplace_back(l.size);
+    param_store_.emplace_back(*dev_, l.size * dtype_size(dtype_));
     ParamBuffer pb;
     pb.size = l.size;
     pb.layout = std::move(l);
-    pb.data = param_store_.back().data();
+    pb.data = param_store_.back().get();
+    pb.dtype = dtype_;
+    pb.on_host = on_host();
     params_.push_back(std::move(pb));
   }
   grads_allocate();
@@ -93,8 +126,8 @@ Model::~Model() = default;
 void Model::grads_allocate() {
   grad_store_.clear();
   for (auto& pb : params_) {
-    grad_store_.emplace_back(pb.size);
-    pb.grad = grad_store_.back().data();
+    grad_store_.emplace_back(*dev_, pb.size * sizeof(float));
+    pb.grad = grad_store_.back().as<float>();
   }
 }
 
@@ -105,27 +138,78 @@ void Model::init_weights(uint64_t seed) {
   storage_enforce_whole("init_weights()");
   const float std_resid = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg_.n_layer));
   uint64_t index = 0;
-  for (auto& pb : params_) {
+  std::vector<float> host;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const ParamBuffer& pb = params_[i];
+    host.assign(pb.size, 0.0f);
     for (const auto& t : pb.layout.tensors) {
-      float* d = pb.data + t.offset;
+      float* d = host.data() + t.offset;
       const size_t n = t.numel();
       Rng rng(splitmix64(seed ^ splitmix64(++index)));
       if (t.decay) {
         const bool resid = ends_with(t.name, "c_proj.weight") || ends_with(t.name, "o_proj.weight") ||
                            ends_with(t.name, "down_proj.weight");
         const float sd = resid ? std_resid : 0.02f;
-        for (size_t i = 0; i < n; ++i) d[i] = rng.normal(0.0f, sd);
+        for (size_t k = 0; k < n; ++k) d[k] = rng.normal(0.0f, sd);
       } else {
         const float v = ends_with(t.name, ".bias") ? 0.0f : 1.0f;
-        for (size_t i = 0; i < n; ++i) d[i] = v;
+        for (size_t k = 0; k < n; ++k) d[k] = v;
       }
     }
+    buffer_from_host(i, host.data());
+  }
+}
+
+void Model::buffer_from_host(size_t i, const float* values) {
+  ParamBuffer& pb = buffer_at(i);
+  buffer_enforce_present(pb, true, false);
+  if (dtype_ == DType::F32) {
+    dev_->copy_h2d(pb.data, values, pb.size * sizeof(float));
+    return;
+  }
+  std::vector<uint16_t> half(pb.size);
+  for (size_t k = 0; k < pb.size; ++k)
+    half[k] = dtype_ == DType::BF16 ? f32_to_bf16(values[k]) : f32_to_f16(values[k]);
+  dev_->copy_h2d(pb.data, half.data(), pb.size * sizeof(uint16_t));
+}
+
+std::vector<float> Model::buffer_to_host(size_t i) const {
+  const ParamBuffer& pb = buffer_at(i);
+  buffer_enforce_present(pb, true, false);
+  std::vector<float> out(pb.size);
+  if (dtype_ == DType::F32) {
+    dev_->copy_d2h(out.data(), pb.data, pb.size * sizeof(float));
+    return out;
+  }
+  std::vector<uint16_t> half(pb.size);
+  dev_->copy_d2h(half.data(), pb.data, pb.size * sizeof(uint16_t));
+  for (size_t k = 0; k < pb.size; ++k) out[k] = dtype_ == DType::BF16 ? bf16_to_f32(half[k]) : f16_to_f32(half[k]);
+  return out;
+}
+
+void Model::weights_copy_from(const Model& src) {
+  storage_enforce_whole("weights_copy_from()");
+  src.storage_enforce_whole("weights_copy_from() (source)");
+  DT_ENFORCE(src.params_.size() == params_.size(), UsageError, "weights_copy_from: the models differ in layers");
+  for (size_t i = 0; i < params_.size(); ++i)
+    DT_ENFORCE_EQ(src.params_[i].size, params_[i].size, UsageError, "weights_copy_from: size of buffer {}",
+                  params_[i].layout.name);
+  if (src.lora_on() && !lora_on()) lora_enable(src.lora_config());
+  DT_ENFORCE(src.lora_on() == lora_on(), UsageError, "weights_copy_from: LoRA is {} on the source but {} here",
+             src.lora_on() ? "on" : "off", lora_on() ? "on" : "off");
+  for (size_t i = 0; i < params_.size() + lora_params_.size(); ++i) {
+    const ParamBuffer& s = src.buffer_at(i);
+    DT_ENFORCE_EQ(s.size, buffer_at(i).size, UsageError, "weights_copy_from: size of buffer {}", s.layout.name);
+    if (s.on_host && s.dtype == DType::F32)
+      buffer_from_host(i, s.host_f32());
+    else
+      buffer_from_host(i, src.buffer_to_host(i).data());
   }
 }
 
 void Model::zero_grad() {
   for (auto& pb : trainable_params())
-    if (pb.grad) std::memset(pb.grad, 0, pb.size * sizeof(float));
+    if (pb.grad) dev_->zero(pb.grad, pb.size * sizeof(float));
 }
 
 size_t Model::num_params() const {
@@ -142,15 +226,32 @@ size_t Model::num_trainable_params() const {
 }
 
 TensorView Model::tensor(const std::string& name) {
+  host_enforce("tensor()");
   for (auto* list : {&params_, &lora_params_})
     for (auto& pb : *list)
       if (const TensorSpec* t = pb.layout.find(name)) {
         DT_ENFORCE(pb.data != nullptr || pb.size == 0, UsageError,
                    "tensor {} is in buffer {}, whose storage is released (ZeRO stage 3 shards it): materialize "
                    "the parameters (ZeroEngine::params_materialize) before reading them", name, pb.layout.name);
-        return TensorView{pb.data + t->offset, DType::F32, t->shape};
+        return TensorView{static_cast<float*>(pb.data) + t->offset, DType::F32, t->shape};
       }
   return TensorView{};
+}
+
+const float* Model::logits() const {
+  host_enforce("logits()");
+  return static_cast<const float*>(scratch_->logits);
+}
+
+const float* Model::losses() const {
+  host_enforce("losses()");
+  return scratch_->losses;
+}
+
+void Model::host_enforce(const char* what) const {
+  DT_ENFORCE(on_host(), UsageError,
+             "Model::{} returns host fp32 memory, but this model lives on {}: copy it to a CPU model "
+             "(Model::weights_copy_from) first", what, dev_->name());
 }
 
 // ---------------------------------------------------------------------------
@@ -158,7 +259,11 @@ TensorView Model::tensor(const std::string& name) {
 
 ParamBuffer& Model::buffer_at(size_t i) { return i < params_.size() ? params_[i] : lora_params_[i - params_.size()]; }
 
-Buffer<float>& Model::param_store_at(size_t i) {
+const ParamBuffer& Model::buffer_at(size_t i) const {
+  return i < params_.size() ? params_[i] : lora_params_[i - params_.size()];
+}
+
+device::DeviceBuffer& Model::param_store_at(size_t i) {
   return i < params_.size() ? param_store_[i] : lora_store_[i - params_.size()];
 }
 
@@ -168,12 +273,12 @@ void Model::storage_release(bool grads, const std::vector<size_t>& param_buffers
     DT_ENFORCE_LT(i, n, UsageError, "Model::storage_release: parameter buffer index out of range");
   param_released_.resize(n, 0);
   if (grads && !grads_released_) {
-    for (auto& b : lora_on() ? lora_grad_store_ : grad_store_) b = Buffer<float>();
+    for (auto& b : lora_on() ? lora_grad_store_ : grad_store_) b.reset();
     for (auto& pb : trainable_params()) pb.grad = nullptr;
     grads_released_ = true;
   }
   for (size_t i : param_buffers) {
-    param_store_at(i) = Buffer<float>();
+    param_store_at(i).reset();
     buffer_at(i).data = nullptr;
     param_released_[i] = 1;
   }
@@ -188,17 +293,17 @@ void Model::storage_restore(bool grads, const std::vector<size_t>& param_buffers
     auto& bufs = trainable_params();
     DT_CHECK(store.size() == bufs.size());
     for (size_t k = 0; k < bufs.size(); ++k) {
-      store[k].resize(bufs[k].size);
-      bufs[k].grad = store[k].data();
+      store[k] = device::DeviceBuffer(*dev_, bufs[k].size * sizeof(float));
+      bufs[k].grad = store[k].as<float>();
     }
     grads_released_ = false;
   }
   for (size_t i : param_buffers) {
     if (i >= param_released_.size() || !param_released_[i]) continue;
-    Buffer<float>& b = param_store_at(i);
     ParamBuffer& pb = buffer_at(i);
-    b.resize(pb.size);
-    pb.data = b.data();
+    device::DeviceBuffer& b = param_store_at(i);
+    b = device::DeviceBuffer(*dev_, pb.size * dtype_size(dtype_));
+    pb.data = b.get();
     param_released_[i] = 0;
   }
 }
@@ -221,15 +326,15 @@ bool Model::param_released(size_t i) const { return i < param_released_.size() &
 size_t Model::param_allocated_bytes() const {
   size_t n = 0;
   for (const auto* list : {&param_store_, &lora_store_})
-    for (const auto& b : *list) n += b.size();
-  return n * sizeof(float);
+    for (const auto& b : *list) n += b.bytes();
+  return n;
 }
 
 size_t Model::grad_allocated_bytes() const {
   size_t n = 0;
   for (const auto* list : {&grad_store_, &lora_grad_store_})
-    for (const auto& b : *list) n += b.size();
-  return n * sizeof(float);
+    for (const auto& b : *list) n += b.bytes();
+  return n;
 }
 
 void Model::storage_enforce_whole(const char* what) const {
@@ -265,55 +370,85 @@ void Model::set_recompute(bool on) {
 }
 
 // ---------------------------------------------------------------------------
-// Activations
+// Activations: one arena for (B, T)
 
 void Model::allocate(int B, int T) {
   const size_t N = static_cast<size_t>(B) * T, C = cfg_.d_model, F = cfg_.d_ff, V = cfg_.vocab_size;
   const size_t QD = static_cast<size_t>(cfg_.n_head) * cfg_.head_dim(), KD = static_cast<size_t>(cfg_.n_kv_head) * cfg_.head_dim();
+  const size_t es = dtype_size(dtype_);
   const bool gpt2 = cfg_.arch == ModelConfig::Arch::GPT2;
-  residuals_.clear();
-  for (int l = 0; l <= cfg_.n_layer; ++l) residuals_.emplace_back(N * C);
-  acts_.clear();
   const int sets = recompute_ ? 1 : cfg_.n_layer;
-  for (int s = 0; s < sets; ++s) {
-    auto a = std::make_unique<LayerActs>();
-    a->ln1.resize(N * C);
-    a->ln1_mean.resize(N);
-    a->ln1_rstd.resize(N);
-    if (gpt2) a->qkv.resize(N * (QD + 2 * KD));
-    a->q.resize(N * QD);
-    a->k.resize(N * KD);
-    a->v.resize(N * KD);
-    a->att.resize(static_cast<size_t>(B) * cfg_.n_head * T * T);
-    a->atty.resize(N * QD);
-    a->attproj.resize(N * C);
-    a->res2.resize(N * C);
-    a->ln2.resize(N * C);
-    a->ln2_mean.resize(N);
-    a->ln2_rstd.resize(N);
-    a->fc.resize(N * F);
-    if (!gpt2) a->up.resize(N * F);
-    a->act.resize(N * F);
-    a->mlp.resize(N * C);
-    a->lora.resize(projs_.size());
-    acts_.push_back(std::move(a));
-  }
-  lnf_.resize(N * C);
-  lnf_mean_.resize(N);
-  lnf_rstd_.resize(N);
-  logits_.resize(N * V);
-  losses_.resize(N);
-  Scratch& s = *scratch_;
-  s.dres.resize(N * C);
-  s.dln.resize(N * C);
-  if (gpt2) s.dqkv.resize(N * (QD + 2 * KD));
-  s.dq.resize(N * QD);
-  s.dk.resize(N * KD);
-  s.dv.resize(N * KD);
-  s.datty.resize(N * QD);
-  s.dfc.resize(N * F);
-  if (!gpt2) s.dup.resize(N * F);
-  s.dact.resize(N * F);
+  const size_t r = lora_on() ? static_cast<size_t>(lora_cfg_.rank) : 0;
+  const bool xd = lora_on() && lora_cfg_.dropout > 0.0f;
+  size_t max_in = 0;
+  for (const auto& p : projs_) max_in = std::max(max_in, static_cast<size_t>(p.in));
+  std::vector<char> adapted(projs_.size(), 0);
+  for (size_t p = 0; p < projs_.size(); ++p)
+    for (int l = 0; l < cfg_.n_layer; ++l) adapted[p] = adapted[p] || proj_adapted(l, static_cast<int>(p));
+
+  arena_.reset();
+  residuals_.assign(static_cast<size_t>(cfg_.n_layer) + 1, nullptr);
+  acts_.clear();
+  for (int s = 0; s < sets; ++s) acts_.push_back(std::make_unique<LayerActs>());
+  auto plan = [&](Carver& c) {
+    auto act = [&](size_t n) { return c.bytes(n * es); };
+    for (auto& res : residuals_) res = act(N * C);
+    for (auto& ap : acts_) {
+      LayerActs& a = *ap;
+      a.ln1 = act(N * C);
+      a.ln1_mean = c.of<float>(N);
+      a.ln1_rstd = c.of<float>(N);
+      a.q = act(N * QD);
+      a.k = act(N * KD);
+      a.v = act(N * KD);
+      a.att = c.of<float>(dev_->attention_saved_floats(B, T, cfg_.n_head));
+      a.atty = act(N * QD);
+      a.res2 = act(N * C);
+      a.ln2 = act(N * C);
+      a.ln2_mean = c.of<float>(N);
+      a.ln2_rstd = c.of<float>(N);
+      a.fc = act(N * F);
+      a.up = gpt2 ? nullptr : act(N * F);
+      a.act = act(N * F);
+      a.lora_h.assign(projs_.size(), nullptr);
+      a.lora_xd.assign(projs_.size(), nullptr);
+      for (size_t p = 0; p < projs_.size(); ++p) {
+        if (!adapted[p]) continue;
+        a.lora_h[p] = act(N * r);
+        if (xd) a.lora_xd[p] = act(N * static_cast<size_t>(projs_[p].in));
+      }
+    }
+    Scratch& s = *scratch_;
+    s.qkv = gpt2 ? act(N * (QD + 2 * KD)) : nullptr;
+    s.attproj = act(N * C);
+    s.mlp = act(N * C);
+    s.lnf = act(N * C);
+    s.lnf_mean = c.of<float>(N);
+    s.lnf_rstd = c.of<float>(N);
+    s.logits = act(N * V);
+    s.losses = c.of<float>(N);
+    s.loss_mean = c.of<float>(1);
+    s.tokens = c.of<int32_t>(N);
+    s.targets = c.of<int32_t>(N);
+    s.dres = act(N * C);
+    s.dln = act(N * C);
+    s.dqkv = gpt2 ? act(N * (QD + 2 * KD)) : nullptr;
+    s.dq = act(N * QD);
+    s.dk = act(N * KD);
+    s.dv = act(N * KD);
+    s.datty = act(N * QD);
+    s.dfc = act(N * F);
+    s.dup = gpt2 ? nullptr : act(N * F);
+    s.dact = act(N * F);
+    s.dh = r ? act(N * r) : nullptr;
+    s.dxd = xd ? act(N * max_in) : nullptr;
+  };
+  Carver measure(nullptr);
+  plan(measure);
+  arena_ = device::DeviceBuffer(*dev_, measure.size());
+  Carver real(arena_.get());
+  plan(real);
+  DT_CHECK(real.size() == measure.size());
   B_ = B;
   T_ = T;
 }
@@ -323,150 +458,184 @@ Model::LayerActs& Model::acts_for(int l) { return *acts_[recompute_ ? 0 : static
 // ---------------------------------------------------------------------------
 // Projections (base linear + optional LoRA adapter)
 
-void Model::proj_forward(int l, int p, const float* x, float* y, LayerActs& a) {
-  const Proj& pr = projs_[static_cast<size_t>(p)];
-  const ParamBuffer& pb = params_[static_cast<size_t>(l) + 1];
-  const int N = B_ * T_;
-  const float* W = pb.data + pb.layout.tensors[static_cast<size_t>(pr.w)].offset;
-  const float* b = pr.b >= 0 ? pb.data + pb.layout.tensors[static_cast<size_t>(pr.b)].offset : nullptr;
-  ops::linear_forward(y, x, W, b, N, pr.in, pr.out);
-  if (lora_on()) {
-    const int slot = lora_slot_[static_cast<size_t>(l)][static_cast<size_t>(p)];
-    if (slot < 0) return;
-    const ParamBuffer& lb = lora_params_[static_cast<size_t>(l)];
-    const float* A = lb.data + lb.layout.tensors[static_cast<size_t>(slot)].offset;
-    const float* B = lb.data + lb.layout.tensors[static_cast<size_t>(slot) + 1].offset;
-    const uint64_t seed = splitmix64(lora_cfg_.seed ^ splitmix64(acts_step_ * 4096 + static_cast<uint64_t>(l) * 16 + p + 1));
-    lora_forward(y, x, A, B, N, pr.in, pr.out, lora_cfg_.rank, lora_cfg_.scale(), acts_dropout_, seed,
-                 a.lora[static_cast<size_t>(p)]);
-  }
+bool Model::proj_adapted(int l, int p) const {
+  return lora_on() && lora_slot_[static_cast<size_t>(l)][static_cast<size_t>(p)] >= 0;
 }
 
-void Model::proj_backward(int l, int p, const float* dy, const float* x, float* dx, LayerActs& a) {
+// Dropout masks are a function of (seed, forward count, layer, projection): recompute
+// and backward redraw the forward's mask.
+uint64_t Model::lora_mask_seed(int l, int p) const {
+  return splitmix64(lora_cfg_.seed ^ splitmix64(acts_step_ * 4096 + static_cast<uint64_t>(l) * 16 + p + 1));
+}
+
+void Model::proj_forward(int l, int p, const void* x, void* y, LayerActs& a) {
   const Proj& pr = projs_[static_cast<size_t>(p)];
   const ParamBuffer& pb = params_[static_cast<size_t>(l) + 1];
   const int N = B_ * T_;
-  const TensorSpec& wt = pb.layout.tensors[static_cast<size_t>(pr.w)];
-  const float* W = pb.data + wt.offset;
-  float* dW = pb.grad ? pb.grad + wt.offset : nullptr;
-  float* db = pb.grad && pr.b >= 0 ? pb.grad + pb.layout.tensors[static_cast<size_t>(pr.b)].offset : nullptr;
-  ops::linear_backward(dx, dW, db, dy, x, W, N, pr.in, pr.out);
-  if (lora_on()) {
-    const int slot = lora_slot_[static_cast<size_t>(l)][static_cast<size_t>(p)];
-    if (slot < 0) return;
-    const ParamBuffer& lb = lora_params_[static_cast<size_t>(l)];
-    const size_t oa = lb.layout.tensors[static_cast<size_t>(slot)].offset;
-    const size_t ob = lb.layout.tensors[static_cast<size_t>(slot) + 1].offset;
-    lora_backward(dx, lb.grad + oa, lb.grad + ob, dy, x, lb.data + oa, lb.data + ob, N, pr.in, pr.out,
-                  lora_cfg_.rank, lora_cfg_.scale(), acts_dropout_, a.lora[static_cast<size_t>(p)]);
+  const void* W = param_at(pb, static_cast<size_t>(pr.w));
+  const void* b = pr.b >= 0 ? param_at(pb, static_cast<size_t>(pr.b)) : nullptr;
+  dev_->linear_forward(y, x, W, b, N, pr.in, pr.out, dtype_);
+  if (!proj_adapted(l, p)) return;
+  // y += scale * dropout(x) A^T B^T
+  const size_t slot = static_cast<size_t>(lora_slot_[static_cast<size_t>(l)][static_cast<size_t>(p)]);
+  const ParamBuffer& lb = lora_params_[static_cast<size_t>(l)];
+  const int r = lora_cfg_.rank;
+  const void* xd = x;
+  if (acts_dropout_ > 0.0f) {
+    void* keep = a.lora_xd[static_cast<size_t>(p)];
+    dev_->dropout_forward(keep, x, static_cast<size_t>(N) * pr.in, acts_dropout_, lora_mask_seed(l, p), dtype_);
+    xd = keep;
   }
+  void* h = a.lora_h[static_cast<size_t>(p)];
+  dev_->gemm(false, true, N, r, pr.in, 1.0f, xd, param_at(lb, slot), 0.0f, h, dtype_, dtype_);
+  dev_->gemm(false, true, N, pr.out, r, lora_cfg_.scale(), h, param_at(lb, slot + 1), 1.0f, y, dtype_, dtype_);
+}
+
+// dx += dy W; dW, db += (when trainable); under LoRA dB += scale dy^T h,
+// dA += (scale dy B)^T dropout(x), dx += dropout'((scale dy B) A).
+void Model::proj_backward(int l, int p, const void* dy, const void* x, void* dx, LayerActs& a) {
+  const Proj& pr = projs_[static_cast<size_t>(p)];
+  const ParamBuffer& pb = params_[static_cast<size_t>(l) + 1];
+  const int N = B_ * T_;
+  dev_->linear_backward(dx, grad_at(pb, static_cast<size_t>(pr.w)),
+                        pr.b >= 0 ? grad_at(pb, static_cast<size_t>(pr.b)) : nullptr, dy, x,
+                        param_at(pb, static_cast<size_t>(pr.w)), N, pr.in, pr.out, dtype_);
+  if (!proj_adapted(l, p)) return;
+  const size_t slot = static_cast<size_t>(lora_slot_[static_cast<size_t>(l)][static_cast<size_t>(p)]);
+  const ParamBuffer& lb = lora_params_[static_cast<size_t>(l)];
+  const int r = lora_cfg_.rank;
+  const float scale = lora_cfg_.scale();
+  const bool dropout = acts_dropout_ > 0.0f;
+  const void* xd = dropout ? a.lora_xd[static_cast<size_t>(p)] : x;
+  const void* h = a.lora_h[static_cast<size_t>(p)];
+  void* dh = scratch_->dh;
+  dev_->gemm(true, false, pr.out, r, N, scale, dy, h, 1.0f, grad_at(lb, slot + 1), dtype_, DType::F32);
+  dev_->gemm(false, false, N, r, pr.out, scale, dy, param_at(lb, slot + 1), 0.0f, dh, dtype_, dtype_);
+  dev_->gemm(true, false, r, pr.in, N, 1.0f, dh, xd, 1.0f, grad_at(lb, slot), dtype_, DType::F32);
+  if (!dx) return;
+  if (!dropout) {
+    dev_->gemm(false, false, N, pr.in, r, 1.0f, dh, param_at(lb, slot), 1.0f, dx, dtype_, dtype_);
+    return;
+  }
+  dev_->gemm(false, false, N, pr.in, r, 1.0f, dh, param_at(lb, slot), 0.0f, scratch_->dxd, dtype_, dtype_);
+  dev_->dropout_backward(dx, scratch_->dxd, static_cast<size_t>(N) * pr.in, acts_dropout_, lora_mask_seed(l, p),
+                         dtype_);
 }
 
 // ---------------------------------------------------------------------------
-// One transformer layer
+// One transformer layer. Its input x_l = residuals_[l] is formed by its first norm
+// (fused_input: x_l = res2_{l-1} + mlp_{l-1}, the previous layer's output) or already
+// there (layer 0: the embeddings; recomputation: kept from the forward).
 
-void Model::layer_forward(int l, LayerActs& a) {
+void Model::layer_forward(int l, LayerActs& a, bool fused_input) {
   const bool gpt2 = cfg_.arch == ModelConfig::Arch::GPT2;
   const int B = B_, T = T_, N = B * T, C = cfg_.d_model, NH = cfg_.n_head, NKV = cfg_.n_kv_head, HD = cfg_.head_dim();
   const size_t F = static_cast<size_t>(cfg_.d_ff) * N;
   const ParamBuffer& pb = params_[static_cast<size_t>(l) + 1];
-  auto P = [&](size_t i) { return pb.data + pb.layout.tensors[i].offset; };
-  const float* x = residuals_[static_cast<size_t>(l)].data();
-  float* out = residuals_[static_cast<size_t>(l) + 1].data();
+  auto P = [&](size_t i) { return param_at(pb, i); };
+  Scratch& s = *scratch_;
+  void* x = residuals_[static_cast<size_t>(l)];
+  const void* prev_res2 = fused_input ? acts_for(l - 1).res2 : nullptr;
+  const float eps = cfg_.norm_eps;
 
   if (gpt2) {
     // tensors: 0 ln_1.w 1 ln_1.b ... 6 ln_2.w 7 ln_2.b
-    ops::layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, P(0), P(1), N, C, cfg_.norm_eps);
-    proj_forward(l, GPT2_C_ATTN, a.ln1.data(), a.qkv.data(), a);
+    if (fused_input)
+      dev_->residual_layernorm_forward(x, a.ln1, a.ln1_mean, a.ln1_rstd, prev_res2, s.mlp, P(0), P(1), N, C, eps, dtype_);
+    else
+      dev_->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, P(0), P(1), N, C, eps, dtype_);
+    proj_forward(l, GPT2_C_ATTN, a.ln1, s.qkv, a);
     // split [N, QD + 2 KD] rows into q, k, v
-    const size_t QD = static_cast<size_t>(NH) * HD, KD = static_cast<size_t>(NKV) * HD, W = QD + 2 * KD;
-    for (int n = 0; n < N; ++n) {
-      const float* r = a.qkv.data() + n * W;
-      std::memcpy(a.q.data() + n * QD, r, QD * sizeof(float));
-      std::memcpy(a.k.data() + n * KD, r + QD, KD * sizeof(float));
-      std::memcpy(a.v.data() + n * KD, r + QD + KD, KD * sizeof(float));
-    }
+    const size_t es = dtype_size(dtype_), QD = static_cast<size_t>(NH) * HD * es, KD = static_cast<size_t>(NKV) * HD * es;
+    const size_t pitch = QD + 2 * KD;
+    dev_->copy_2d(a.q, QD, s.qkv, pitch, QD, static_cast<size_t>(N));
+    dev_->copy_2d(a.k, KD, static_cast<char*>(s.qkv) + QD, pitch, KD, static_cast<size_t>(N));
+    dev_->copy_2d(a.v, KD, static_cast<char*>(s.qkv) + QD + KD, pitch, KD, static_cast<size_t>(N));
   } else {
     // tensors: 0 input_layernorm 5 post_attention_layernorm
-    ops::rmsnorm_forward(a.ln1.data(), a.ln1_rstd.data(), x, P(0), N, C, cfg_.norm_eps);
-    proj_forward(l, LL_Q, a.ln1.data(), a.q.data(), a);
-    proj_forward(l, LL_K, a.ln1.data(), a.k.data(), a);
-    proj_forward(l, LL_V, a.ln1.data(), a.v.data(), a);
-    ops::rope_forward(a.q.data(), a.k.data(), B, T, NH, NKV, HD, cfg_.rope_theta);
+    if (fused_input)
+      dev_->residual_rmsnorm_forward(x, a.ln1, a.ln1_rstd, prev_res2, s.mlp, P(0), N, C, eps, dtype_);
+    else
+      dev_->rmsnorm_forward(a.ln1, a.ln1_rstd, x, P(0), N, C, eps, dtype_);
+    proj_forward(l, LL_Q, a.ln1, a.q, a);
+    proj_forward(l, LL_K, a.ln1, a.k, a);
+    proj_forward(l, LL_V, a.ln1, a.v, a);
+    dev_->rope_forward(a.q, a.k, B, T, NH, NKV, HD, cfg_.rope_theta, dtype_);
   }
-  ops::attention_forward(a.atty.data(), a.att.data(), a.q.data(), a.k.data(), a.v.data(), B, T, NH, NKV, HD);
-  proj_forward(l, gpt2 ? GPT2_ATTN_PROJ : LL_O, a.atty.data(), a.attproj.data(), a);
-  ops::residual_forward(a.res2.data(), x, a.attproj.data(), static_cast<size_t>(N) * C);
+  dev_->attention_forward(a.atty, a.att, a.q, a.k, a.v, B, T, NH, NKV, HD, dtype_);
+  proj_forward(l, gpt2 ? GPT2_ATTN_PROJ : LL_O, a.atty, s.attproj, a);
   if (gpt2) {
-    ops::layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), P(6), P(7), N, C, cfg_.norm_eps);
-    proj_forward(l, GPT2_FC, a.ln2.data(), a.fc.data(), a);
-    ops::gelu_forward(a.act.data(), a.fc.data(), F);
-    proj_forward(l, GPT2_MLP_PROJ, a.act.data(), a.mlp.data(), a);
+    dev_->residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, s.attproj, P(6), P(7), N, C, eps, dtype_);
+    if (proj_adapted(l, GPT2_FC)) {
+      proj_forward(l, GPT2_FC, a.ln2, a.fc, a);
+      dev_->gelu_forward(a.act, a.fc, F, dtype_);
+    } else {  // bias + GELU in the GEMM epilogue on CUDA; the pre-activation is kept
+      const Proj& fc = projs_[GPT2_FC];
+      dev_->linear_gelu_forward(a.act, a.fc, a.ln2, P(static_cast<size_t>(fc.w)), P(static_cast<size_t>(fc.b)), N, C,
+                                cfg_.d_ff, dtype_);
+    }
+    proj_forward(l, GPT2_MLP_PROJ, a.act, s.mlp, a);
   } else {
-    ops::rmsnorm_forward(a.ln2.data(), a.ln2_rstd.data(), a.res2.data(), P(5), N, C, cfg_.norm_eps);
-    proj_forward(l, LL_GATE, a.ln2.data(), a.fc.data(), a);
-    proj_forward(l, LL_UP, a.ln2.data(), a.up.data(), a);
-    ops::swiglu_forward(a.act.data(), a.fc.data(), a.up.data(), F);
-    proj_forward(l, LL_DOWN, a.act.data(), a.mlp.data(), a);
+    dev_->residual_rmsnorm_forward(a.res2, a.ln2, a.ln2_rstd, x, s.attproj, P(5), N, C, eps, dtype_);
+    proj_forward(l, LL_GATE, a.ln2, a.fc, a);
+    proj_forward(l, LL_UP, a.ln2, a.up, a);
+    dev_->swiglu_forward(a.act, a.fc, a.up, F, dtype_);
+    proj_forward(l, LL_DOWN, a.act, s.mlp, a);
   }
-  ops::residual_forward(out, a.res2.data(), a.mlp.data(), static_cast<size_t>(N) * C);
 }
 
 // On entry scratch.dres holds d(loss)/d(layer output); on exit d(loss)/d(layer input).
 void Model::layer_backward(int l, LayerActs& a) {
   const bool gpt2 = cfg_.arch == ModelConfig::Arch::GPT2;
   const int B = B_, T = T_, N = B * T, C = cfg_.d_model, NH = cfg_.n_head, NKV = cfg_.n_kv_head, HD = cfg_.head_dim();
-  const size_t F = static_cast<size_t>(cfg_.d_ff) * N;
+  const size_t F = static_cast<size_t>(cfg_.d_ff) * N, es = dtype_size(dtype_);
+  const size_t NC = static_cast<size_t>(N) * C * es, NQ = static_cast<size_t>(N) * NH * HD * es;
+  const size_t NK = static_cast<size_t>(N) * NKV * HD * es;
   const ParamBuffer& pb = params_[static_cast<size_t>(l) + 1];
-  auto P = [&](size_t i) { return pb.data + pb.layout.tensors[i].offset; };
-  auto G = [&](size_t i) { return pb.grad ? pb.grad + pb.layout.tensors[i].offset : nullptr; };
+  auto P = [&](size_t i) { return param_at(pb, i); };
+  auto G = [&](size_t i) { return grad_at(pb, i); };
   Scratch& s = *scratch_;
-  float* dres = s.dres.data();
-  const float* x = residuals_[static_cast<size_t>(l)].data();
+  void* dres = s.dres;
+  const void* x = residuals_[static_cast<size_t>(l)];
 
   // MLP branch: d(mlp) = dres, and dres also flows straight to res2.
-  s.dact.zero();
-  proj_backward(l, gpt2 ? GPT2_MLP_PROJ : LL_DOWN, dres, a.act.data(), s.dact.data(), a);
-  s.dfc.zero();
-  s.dln.zero();
+  dev_->zero(s.dact, F * es);
+  proj_backward(l, gpt2 ? GPT2_MLP_PROJ : LL_DOWN, dres, a.act, s.dact, a);
+  dev_->zero(s.dfc, F * es);
+  dev_->zero(s.dln, NC);
   if (gpt2) {
-    ops::gelu_backward(s.dfc.data(), a.fc.data(), s.dact.data(), F);
-    proj_backward(l, GPT2_FC, s.dfc.data(), a.ln2.data(), s.dln.data(), a);
-    ops::layernorm_backward(dres, G(6), G(7), s.dln.data(), a.res2.data(), P(6), a.ln2_mean.data(),
-                            a.ln2_rstd.data(), N, C);
+    dev_->gelu_backward(s.dfc, a.fc, s.dact, F, dtype_);
+    proj_backward(l, GPT2_FC, s.dfc, a.ln2, s.dln, a);
+    dev_->layernorm_backward(dres, G(6), G(7), s.dln, a.res2, P(6), a.ln2_mean, a.ln2_rstd, N, C, dtype_);
   } else {
-    s.dup.zero();
-    ops::swiglu_backward(s.dfc.data(), s.dup.data(), s.dact.data(), a.fc.data(), a.up.data(), F);
-    proj_backward(l, LL_GATE, s.dfc.data(), a.ln2.data(), s.dln.data(), a);
-    proj_backward(l, LL_UP, s.dup.data(), a.ln2.data(), s.dln.data(), a);
-    ops::rmsnorm_backward(dres, G(5), s.dln.data(), a.res2.data(), P(5), a.ln2_rstd.data(), N, C);
+    dev_->zero(s.dup, F * es);
+    dev_->swiglu_backward(s.dfc, s.dup, s.dact, a.fc, a.up, F, dtype_);
+    proj_backward(l, LL_GATE, s.dfc, a.ln2, s.dln, a);
+    proj_backward(l, LL_UP, s.dup, a.ln2, s.dln, a);
+    dev_->rmsnorm_backward(dres, G(5), s.dln, a.res2, P(5), a.ln2_rstd, N, C, dtype_);
   }
 
   // Attention branch: d(attproj) = dres (now d(res2)), which also flows to x.
-  s.datty.zero();
-  proj_backward(l, gpt2 ? GPT2_ATTN_PROJ : LL_O, dres, a.atty.data(), s.datty.data(), a);
-  s.dq.zero();
-  s.dk.zero();
-  s.dv.zero();
-  ops::attention_backward(s.dq.data(), s.dk.data(), s.dv.data(), s.datty.data(), a.att.data(), a.q.data(),
-                          a.k.data(), a.v.data(), B, T, NH, NKV, HD);
-  s.dln.zero();
+  dev_->zero(s.datty, NQ);
+  proj_backward(l, gpt2 ? GPT2_ATTN_PROJ : LL_O, dres, a.atty, s.datty, a);
+  dev_->zero(s.dq, NQ);
+  dev_->zero(s.dk, NK);
+  dev_->zero(s.dv, NK);
+  dev_->attention_backward(s.dq, s.dk, s.dv, s.datty, a.atty, a.att, a.q, a.k, a.v, B, T, NH, NKV, HD, dtype_);
+  dev_->zero(s.dln, NC);
   if (gpt2) {
-    const size_t QD = static_cast<size_t>(NH) * HD, KD = static_cast<size_t>(NKV) * HD, W = QD + 2 * KD;
-    for (int n = 0; n < N; ++n) {
-      float* r = s.dqkv.data() + n * W;
-      std::memcpy(r, s.dq.data() + n * QD, QD * sizeof(float));
-      std::memcpy(r + QD, s.dk.data() + n * KD, KD * sizeof(float));
-      std::memcpy(r + QD + KD, s.dv.data() + n * KD, KD * sizeof(float));
-    }
-    proj_backward(l, GPT2_C_ATTN, s.dqkv.data(), a.ln1.data(), s.dln.data(), a);
-    ops::layernorm_backward(dres, G(0), G(1), s.dln.data(), x, P(0), a.ln1_mean.data(), a.ln1_rstd.data(), N, C);
+    const size_t QD = NQ / static_cast<size_t>(N), KD = NK / static_cast<size_t>(N), pitch = QD + 2 * KD;
+    dev_->copy_2d(s.dqkv, pitch, s.dq, QD, QD, static_cast<size_t>(N));
+    dev_->copy_2d(static_cast<char*>(s.dqkv) + QD, pitch, s.dk, KD, KD, static_cast<size_t>(N));
+    dev_->copy_2d(static_cast<char*>(s.dqkv) + QD + KD, pitch, s.dv, KD, KD, static_cast<size_t>(N));
+    proj_backward(l, GPT2_C_ATTN, s.dqkv, a.ln1, s.dln, a);
+    dev_->layernorm_backward(dres, G(0), G(1), s.dln, x, P(0), a.ln1_mean, a.ln1_rstd, N, C, dtype_);
   } else {
-    ops::rope_backward(s.dq.data(), s.dk.data(), B, T, NH, NKV, HD, cfg_.rope_theta);
-    proj_backward(l, LL_Q, s.dq.data(), a.ln1.data(), s.dln.data(), a);
-    proj_backward(l, LL_K, s.dk.data(), a.ln1.data(), s.dln.data(), a);
-    proj_backward(l, LL_V, s.dv.data(), a.ln1.data(), s.dln.data(), a);
-    ops::rmsnorm_backward(dres, G(0), s.dln.data(), x, P(0), a.ln1_rstd.data(), N, C);
+    dev_->rope_backward(s.dq, s.dk, B, T, NH, NKV, HD, cfg_.rope_theta, dtype_);
+    proj_backward(l, LL_Q, s.dq, a.ln1, s.dln, a);
+    proj_backward(l, LL_K, s.dk, a.ln1, s.dln, a);
+    proj_backward(l, LL_V, s.dv, a.ln1, s.dln, a);
+    dev_->rmsnorm_backward(dres, G(0), s.dln, x, P(0), a.ln1_rstd, N, C, dtype_);
   }
 }
 
@@ -477,10 +646,19 @@ float Model::forward(const int32_t* tokens, const int32_t* targets, int B, int T
   DT_ENFORCE_GT(B, 0, UsageError, "model forward batch size");
   DT_ENFORCE_GT(T, 0, UsageError, "model forward sequence length");
   DT_ENFORCE_LE(T, cfg_.max_seq_len, UsageError, "sequence length exceeds the model's max_seq_len");
+  const int N = B * T, C = cfg_.d_model, V = cfg_.vocab_size, L = cfg_.n_layer;
+  for (int i = 0; i < N; ++i)
+    DT_ENFORCE(tokens[i] >= 0 && tokens[i] < V, UsageError,
+               "token id {} at position {} is outside the vocabulary [0, {})", tokens[i], i, V);
+  if (targets)
+    for (int i = 0; i < N; ++i)
+      DT_ENFORCE(targets[i] == IGNORE_INDEX || (targets[i] >= 0 && targets[i] < V), UsageError,
+                 "target {} at row {} is outside the vocabulary [0, {}) and not the ignore index {}", targets[i], i, V,
+                 IGNORE_INDEX);
   if (B != B_ || T != T_) allocate(B, T);
   const bool gpt2 = cfg_.arch == ModelConfig::Arch::GPT2;
-  const int N = B * T, C = cfg_.d_model, V = cfg_.vocab_size, L = cfg_.n_layer;
-  tokens_.assign(tokens, tokens + N);
+  Scratch& s = *scratch_;
+  dev_->copy_h2d(s.tokens, tokens, static_cast<size_t>(N) * sizeof(int32_t));
   acts_step_ = forward_count_++;
   acts_dropout_ = training_ && lora_on() ? lora_cfg_.dropout : 0.0f;
   have_targets_ = false;
@@ -488,30 +666,33 @@ float Model::forward(const int32_t* tokens, const int32_t* targets, int B, int T
   if (hooks_.before_layer_forward) hooks_.before_layer_forward(-1);
   const ParamBuffer& emb = params_.front();
   buffer_enforce_present(emb, true, false);
-  ops::embedding_forward(residuals_[0].data(), tokens_.data(), emb.data,
-                         gpt2 ? emb.data + emb.layout.tensors[1].offset : nullptr, B, T, C, V);
+  dev_->embedding_forward(residuals_[0], s.tokens, emb.data, gpt2 ? param_at(emb, 1) : nullptr, B, T, C, V, dtype_);
   for (int l = 0; l < L; ++l) {
     if (hooks_.before_layer_forward) hooks_.before_layer_forward(l);
     layer_buffers_enforce(l, false);
-    layer_forward(l, acts_for(l));
+    layer_forward(l, acts_for(l), l > 0);
   }
   if (hooks_.before_layer_forward) hooks_.before_layer_forward(L);
   const ParamBuffer& head = params_.back();
   buffer_enforce_present(head, true, false);
   if (cfg_.tie_embeddings) buffer_enforce_present(emb, true, false);
-  const float* xL = residuals_[static_cast<size_t>(L)].data();
+  void* xL = residuals_[static_cast<size_t>(L)];
+  const void* res2 = acts_for(L - 1).res2;
   if (gpt2)
-    ops::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), xL, head.data,
-                           head.data + head.layout.tensors[1].offset, N, C, cfg_.norm_eps);
+    dev_->residual_layernorm_forward(xL, s.lnf, s.lnf_mean, s.lnf_rstd, res2, s.mlp, head.data, param_at(head, 1), N,
+                                     C, cfg_.norm_eps, dtype_);
   else
-    ops::rmsnorm_forward(lnf_.data(), lnf_rstd_.data(), xL, head.data, N, C, cfg_.norm_eps);
-  const float* wlm = cfg_.tie_embeddings ? emb.data : head.data + head.layout.tensors.back().offset;
-  ops::linear_forward(logits_.data(), lnf_.data(), wlm, nullptr, N, C, V);
+    dev_->residual_rmsnorm_forward(xL, s.lnf, s.lnf_rstd, res2, s.mlp, head.data, N, C, cfg_.norm_eps, dtype_);
+  const void* wlm = cfg_.tie_embeddings ? emb.data : param_at(head, head.layout.tensors.size() - 1);
+  dev_->linear_forward(s.logits, s.lnf, wlm, nullptr, N, C, V, dtype_);
 
   if (!targets) return std::numeric_limits<float>::quiet_NaN();
-  targets_.assign(targets, targets + N);
-  float loss = ops::cross_entropy_forward(losses_.data(), logits_.data(), targets_.data(), N, V);
-  num_targets_ = ops::cross_entropy_count(targets_.data(), N);
+  dev_->copy_h2d(s.targets, targets, static_cast<size_t>(N) * sizeof(int32_t));
+  num_targets_ = 0;
+  for (int i = 0; i < N; ++i) num_targets_ += targets[i] != IGNORE_INDEX;
+  dev_->cross_entropy_forward(s.losses, s.loss_mean, s.logits, s.targets, N, V, dtype_);
+  float loss = 0.0f;
+  dev_->copy_d2h(&loss, s.loss_mean, sizeof(float));
   have_targets_ = true;
   return loss;
 }
@@ -521,6 +702,7 @@ void Model::backward(float grad_scale) {
   have_targets_ = false;
   const bool gpt2 = cfg_.arch == ModelConfig::Arch::GPT2;
   const int B = B_, T = T_, N = B * T, C = cfg_.d_model, V = cfg_.vocab_size, L = cfg_.n_layer;
+  const size_t NC = static_cast<size_t>(N) * C * dtype_size(dtype_);
   ParamBuffer& emb = params_.front();
   ParamBuffer& head = params_.back();
   Scratch& s = *scratch_;
@@ -530,28 +712,26 @@ void Model::backward(float grad_scale) {
   buffer_enforce_present(head, true, base_grads);
   if (cfg_.tie_embeddings) buffer_enforce_present(emb, true, base_grads);
   const float scale = num_targets_ > 0 ? grad_scale / static_cast<float>(num_targets_) : 0.0f;
-  float* dlogits = logits_.data();
-  ops::cross_entropy_backward(dlogits, logits_.data(), targets_.data(), N, V, scale);
-  const size_t lm_off = cfg_.tie_embeddings ? 0 : head.layout.tensors.back().offset;
-  const float* wlm = cfg_.tie_embeddings ? emb.data : head.data + lm_off;
-  float* dwlm = cfg_.tie_embeddings ? emb.grad : (head.grad ? head.grad + lm_off : nullptr);
-  s.dln.zero();
-  ops::linear_backward(s.dln.data(), dwlm, nullptr, dlogits, lnf_.data(), wlm, N, C, V);
-  s.dres.zero();
-  const float* xL = residuals_[static_cast<size_t>(L)].data();
-  float* gw = head.grad;
+  dev_->cross_entropy_backward(s.logits, s.logits, s.targets, N, V, scale, dtype_);  // dlogits over the logits
+  const size_t lm = head.layout.tensors.size() - 1;
+  const void* wlm = cfg_.tie_embeddings ? emb.data : param_at(head, lm);
+  float* dwlm = cfg_.tie_embeddings ? emb.grad : grad_at(head, lm);
+  dev_->zero(s.dln, NC);
+  dev_->linear_backward(s.dln, dwlm, nullptr, s.logits, s.lnf, wlm, N, C, V, dtype_);
+  dev_->zero(s.dres, NC);
+  const void* xL = residuals_[static_cast<size_t>(L)];
   if (gpt2)
-    ops::layernorm_backward(s.dres.data(), gw, gw ? gw + head.layout.tensors[1].offset : nullptr, s.dln.data(), xL,
-                            head.data, lnf_mean_.data(), lnf_rstd_.data(), N, C);
+    dev_->layernorm_backward(s.dres, head.grad, grad_at(head, 1), s.dln, xL, head.data, s.lnf_mean, s.lnf_rstd, N, C,
+                             dtype_);
   else
-    ops::rmsnorm_backward(s.dres.data(), gw, s.dln.data(), xL, head.data, lnf_rstd_.data(), N, C);
+    dev_->rmsnorm_backward(s.dres, head.grad, s.dln, xL, head.data, s.lnf_rstd, N, C, dtype_);
   if (hooks_.after_layer_backward) hooks_.after_layer_backward(L);
 
   for (int l = L - 1; l >= 0; --l) {
     if (hooks_.before_layer_backward) hooks_.before_layer_backward(l);
     layer_buffers_enforce(l, grads_released_);
     LayerActs& a = acts_for(l);
-    if (recompute_) layer_forward(l, a);
+    if (recompute_) layer_forward(l, a, false);
     layer_backward(l, a);
     if (hooks_.after_layer_backward) hooks_.after_layer_backward(l);
   }
@@ -559,8 +739,7 @@ void Model::backward(float grad_scale) {
   if (hooks_.before_layer_backward) hooks_.before_layer_backward(-1);
   buffer_enforce_present(emb, false, base_grads);
   if (emb.grad)
-    ops::embedding_backward(emb.grad, gpt2 ? emb.grad + emb.layout.tensors[1].offset : nullptr, s.dres.data(),
-                            tokens_.data(), B, T, C);
+    dev_->embedding_backward(emb.grad, gpt2 ? grad_at(emb, 1) : nullptr, s.dres, s.tokens, B, T, C, V, dtype_);
   if (hooks_.after_layer_backward) hooks_.after_layer_backward(-1);
 }
 
@@ -594,30 +773,39 @@ void Model::lora_enable(const LoraConfig& lcfg) {
     layouts.push_back(std::move(b));
   }
   uint64_t index = 0;
+  std::vector<float> host;
   for (auto& l : layouts) {
-    lora_store_.emplace_back(l.size);
-    lora_grad_store_.emplace_back(l.size);
+    lora_store_.emplace_back(*dev_, l.size * dtype_size(dtype_));
+    lora_grad_store_.emplace_back(*dev_, l.size * sizeof(float));
     ParamBuffer pb;
     pb.size = l.size;
-    pb.data = lora_store_.back().data();
-    pb.grad = lora_grad_store_.back().data();
+    pb.data = lora_store_.back().get();
+    pb.grad = lora_grad_store_.back().as<float>();
+    pb.dtype = dtype_;
+    pb.on_host = on_host();
     // A ~ U(-1/sqrt(in), 1/sqrt(in)) (PEFT: kaiming_uniform_(a=sqrt(5))); B = 0.
+    host.assign(l.size, 0.0f);
     for (const auto& t : l.tensors) {
       ++index;
       if (ends_with(t.name, "lora_B.weight")) continue;
       Rng rng(splitmix64(lcfg.seed ^ splitmix64(index)));
       const float bound = 1.0f / std::sqrt(static_cast<float>(t.shape[1]));
-      for (size_t i = 0; i < t.numel(); ++i) pb.data[t.offset + i] = rng.uniform(-bound, bound);
+      for (size_t i = 0; i < t.numel(); ++i) host[t.offset + i] = rng.uniform(-bound, bound);
     }
     pb.layout = std::move(l);
     lora_params_.push_back(std::move(pb));
+    buffer_from_host(params_.size() + lora_params_.size() - 1, host.data());
   }
   grad_store_.clear();
   for (auto& pb : params_) pb.grad = nullptr;
+  B_ = T_ = 0;  // the adapters' activations join the arena on the next forward
+  have_targets_ = false;
 }
 
 void Model::lora_merge() {
   DT_ENFORCE(lora_on(), UsageError, "lora_merge() called on a model without LoRA adapters");
+  DT_ENFORCE(dtype_ == DType::F32, UsageError, "lora_merge() folds the adapters into fp32 weights; this model is {}",
+             dtype_name(dtype_));
   storage_enforce_whole("lora_merge()");
   for (int l = 0; l < cfg_.n_layer; ++l) {
     ParamBuffer& pb = params_[static_cast<size_t>(l) + 1];
@@ -626,10 +814,10 @@ void Model::lora_merge() {
       const int slot = lora_slot_[static_cast<size_t>(l)][p];
       if (slot < 0) continue;
       const Proj& pr = projs_[p];
-      lora_merge_into(pb.data + pb.layout.tensors[static_cast<size_t>(pr.w)].offset,
-                      lb.data + lb.layout.tensors[static_cast<size_t>(slot)].offset,
-                      lb.data + lb.layout.tensors[static_cast<size_t>(slot) + 1].offset, pr.in, pr.out,
-                      lora_cfg_.rank, lora_cfg_.scale());
+      // W[out, in] += scale * B[out, r] @ A[r, in]
+      dev_->gemm(false, false, pr.out, pr.in, lora_cfg_.rank, lora_cfg_.scale(),
+                 param_at(lb, static_cast<size_t>(slot) + 1), param_at(lb, static_cast<size_t>(slot)), 1.0f,
+                 param_at(pb, static_cast<size_t>(pr.w)), DType::F32, DType::F32);
     }
   }
   lora_params_.clear();
@@ -637,6 +825,7 @@ void Model::lora_merge() {
   lora_grad_store_.clear();
   lora_slot_.clear();
   have_targets_ = false;
+  B_ = T_ = 0;
   grads_allocate();
 }
 

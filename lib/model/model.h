@@ -1,11 +1,13 @@
-// The native decoder-only transformer (GPT-2 or Llama, see ModelConfig) on the CPU ops:
-// flat per-layer fp32 parameter/gradient buffers with HF-named layouts, forward with
-// masked cross-entropy, backward accumulating into the gradient buffers, optional
-// per-layer activation recomputation, ZeRO hooks (and storage release, so the ZeRO
-// engine's shards replace the full arrays) and LoRA adapters.
+// The native decoder-only transformer (GPT-2 or Llama, see ModelConfig), written once
+// over the device layer (lib/device: CPU ops or CUDA kernels): flat per-layer parameter
+// buffers with HF-named layouts (compute copy in the model's dtype, fp32 gradients),
+// forward with masked cross-entropy, backward accumulating into the gradient buffers,
+// optional per-layer activation recomputation, ZeRO hooks (and storage release, so the
+// ZeRO engine's shards replace the full arrays) and LoRA adapters.
 #pragma once
 
 #include "core/tensor.h"
+#include "device/device.h"
 #include "model/config.h"
 #include "model/layout.h"
 #include "model/lora.h"
@@ -33,24 +35,42 @@ struct ModelHooks {
 
 class Model {
  public:
-  explicit Model(const ModelConfig& cfg);
+  /// A model on `dev` (which must outlive it) whose parameters and activations are
+  /// `dtype`: F32 on the CPU; F32, BF16 or F16 on CUDA (the compute copy; fp32 masters
+  /// are the optimizer's). Gradients are fp32 on every device.
+  explicit Model(const ModelConfig& cfg, device::Device& dev = device::cpu(), DType dtype = DType::F32);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
   const ModelConfig& config() const { return cfg_; }
+  device::Device& device() const { return *dev_; }
+  /// The compute dtype of parameters and activations.
+  DType dtype() const { return dtype_; }
+  bool on_host() const { return dev_->kind() == device::Kind::CPU; }
 
   /// GPT-2 init from one seed: every matrix (embeddings included) ~ N(0, 0.02), the
   /// residual output projections (attn c_proj / o_proj, mlp c_proj / down_proj) ~
   /// N(0, 0.02 / sqrt(2 n_layer)), norm weights 1, biases 0. Each tensor draws from its
-  /// own stream (seed, tensor index), so the result does not depend on sharding.
+  /// own stream (seed, tensor index), so the result does not depend on sharding
+  /// (nor on the device: the values are drawn on the host and copied).
   void init_weights(uint64_t seed);
+  /// Copies every parameter of src (same config; LoRA adapters too, enabling LoRA with
+  /// src's config when src has it and this model has none) into this model, converting
+  /// to its dtype (round to nearest even). Both models must be whole (no released storage).
+  void weights_copy_from(const Model& src);
+  /// The parameters of buffer i (base buffers, then adapters) as host fp32 values.
+  std::vector<float> buffer_to_host(size_t i) const;
+  /// Sets buffer i's parameters from host fp32 values (converted to the model's dtype).
+  void buffer_from_host(size_t i, const float* values);
 
-  /// Runs the model on tokens [B, T] (row-major); T <= max_seq_len. With targets [B, T]
-  /// (IGNORE_INDEX = -100 masks a position) returns the mean cross-entropy over unmasked
-  /// positions (0 if all are masked) and prepares backward(); with targets == nullptr
-  /// only computes logits and returns NaN. Activations are allocated on the first call
-  /// for a (B, T) and reused while (B, T) stays the same.
+  /// Runs the model on tokens [B, T] (host memory, row-major); T <= max_seq_len. With
+  /// targets [B, T] (IGNORE_INDEX = -100 masks a position) returns the mean cross-entropy
+  /// over unmasked positions (0 if all are masked) and prepares backward(); with
+  /// targets == nullptr only computes logits and returns NaN. UsageError for a token or
+  /// target outside the vocabulary (checked on the host, for every device). Activations
+  /// are allocated (one arena on the device) on the first call for a (B, T) and reused
+  /// while (B, T) stays the same. On CUDA the loss read-back waits for the device.
   float forward(const int32_t* tokens, const int32_t* targets, int B, int T);
 
   /// Accumulates (+=) d(grad_scale * mean loss)/d(params) into the gradient buffers (the
@@ -67,13 +87,16 @@ class Model {
   std::vector<ParamBuffer>& lora_params() { return lora_params_; }
   /// What the optimizer updates: lora_params() under LoRA, else params().
   std::vector<ParamBuffer>& trainable_params() { return lora_on() ? lora_params_ : params_; }
-  /// The tensor named name (base or adapter) as a view, or a view with data == nullptr.
+  /// The tensor named name (base or adapter) as a host fp32 view, or a view with
+  /// data == nullptr. UsageError on a device model (copy it to a CPU model first).
   TensorView tensor(const std::string& name);
 
-  /// Logits [B, T, vocab] of the last forward (valid until backward()).
-  const float* logits() const { return logits_.data(); }
-  /// Per-position losses [B, T] of the last forward with targets (0 where masked).
-  const float* losses() const { return losses_.data(); }
+  /// Logits [B, T, vocab] of the last forward (valid until backward()), host fp32.
+  /// UsageError on a device model.
+  const float* logits() const;
+  /// Per-position losses [B, T] of the last forward with targets (0 where masked), host.
+  /// UsageError on a device model.
+  const float* losses() const;
   /// Unmasked target count of the last forward.
   int num_targets() const { return num_targets_; }
 
@@ -106,10 +129,12 @@ class Model {
   bool storage_released() const;
   /// True when the parameter array of buffer i (indexed as in storage_release) is released.
   bool param_released(size_t i) const;
-  /// Bytes of parameter and gradient arrays the model holds now (base and adapters;
-  /// activations and scratch are not counted: they depend on the batch shape).
+  /// Bytes of parameter and gradient arrays the model holds now (base and adapters, in
+  /// their dtypes; activations and scratch are not counted: they depend on the batch shape).
   size_t allocated_bytes() const { return param_allocated_bytes() + grad_allocated_bytes(); }
   size_t param_allocated_bytes() const;
+  /// Bytes of the activation arena for the last forward's (B, T) (0 before the first).
+  size_t activation_bytes() const { return arena_.bytes(); }
   size_t grad_allocated_bytes() const;
 
   /// Training mode (default) applies LoRA dropout; eval mode (false) turns it off.
@@ -124,7 +149,7 @@ class Model {
   bool lora_on() const { return !lora_params_.empty(); }
   const LoraConfig& lora_config() const { return lora_cfg_; }
   /// Folds W += scale * B A into every adapted base weight, removes the adapters and
-  /// makes the base model trainable again (gradient buffers zeroed).
+  /// makes the base model trainable again (gradient buffers zeroed). fp32 models only.
   void lora_merge();
   /// Dropout masks are seeded by (LoraConfig::seed, forward count, layer, module);
   /// checkpoints save and restore the count to replay the same masks.
@@ -137,21 +162,34 @@ class Model {
   struct Scratch;
 
   void allocate(int B, int T);
-  void layer_forward(int l, LayerActs& a);
+  void layer_forward(int l, LayerActs& a, bool fused_input);
   void layer_backward(int l, LayerActs& a);
-  void proj_forward(int l, int p, const float* x, float* y, LayerActs& a);
-  void proj_backward(int l, int p, const float* dy, const float* x, float* dx, LayerActs& a);
+  void proj_forward(int l, int p, const void* x, void* y, LayerActs& a);
+  void proj_backward(int l, int p, const void* dy, const void* x, void* dx, LayerActs& a);
+  bool proj_adapted(int l, int p) const;
+  uint64_t lora_mask_seed(int l, int p) const;
   LayerActs& acts_for(int l);
+  void* at(const void* base, size_t elems) const {
+    return static_cast<char*>(const_cast<void*>(base)) + elems * dtype_size(dtype_);
+  }
+  void* param_at(const ParamBuffer& pb, size_t tensor) const { return at(pb.data, pb.layout.tensors[tensor].offset); }
+  float* grad_at(const ParamBuffer& pb, size_t tensor) const {
+    return pb.grad ? pb.grad + pb.layout.tensors[tensor].offset : nullptr;
+  }
   void grads_allocate();
   ParamBuffer& buffer_at(size_t i);
-  Buffer<float>& param_store_at(size_t i);
+  const ParamBuffer& buffer_at(size_t i) const;
+  device::DeviceBuffer& param_store_at(size_t i);
+  void host_enforce(const char* what) const;
   void storage_enforce_whole(const char* what) const;
   void buffer_enforce_present(const ParamBuffer& pb, bool need_data, bool need_grad) const;
   void layer_buffers_enforce(int l, bool grads) const;
 
   ModelConfig cfg_;
+  device::Device* dev_;
+  DType dtype_;
   std::vector<Proj> projs_;
-  std::vector<Buffer<float>> param_store_, grad_store_, lora_store_, lora_grad_store_;
+  std::vector<device::DeviceBuffer> param_store_, grad_store_, lora_store_, lora_grad_store_;
   std::vector<ParamBuffer> params_, lora_params_;
   std::vector<std::vector<int>> lora_slot_;  // [layer][proj] -> tensor index of lora_A in lora buffer, -1 if none
   LoraConfig lora_cfg_;
@@ -167,10 +205,9 @@ class Model {
   ModelHooks hooks_;
   bool grads_released_ = false;
   std::vector<char> param_released_;  // [base buffers, then adapters]
-  std::vector<int32_t> tokens_, targets_;
-  std::vector<Buffer<float>> residuals_;  // [n_layer + 1] of [N, C]
+  device::DeviceBuffer arena_;        // every activation and scratch array for (B_, T_)
+  std::vector<void*> residuals_;      // [n_layer + 1] of [N, C]: layer inputs, then the last output
   std::vector<std::unique_ptr<LayerActs>> acts_;
-  Buffer<float> lnf_, lnf_mean_, lnf_rstd_, logits_, losses_;
   std::unique_ptr<Scratch> scratch_;
 };
 

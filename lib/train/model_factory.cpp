@@ -171,7 +171,7 @@ void model_load_safetensors(model::Model& m, const std::vector<std::string>& pat
   std::vector<model::SafetensorsFile> files;
   for (const auto& p : paths) files.emplace_back(p);
   for (auto& pb : m.params())
-    for (const auto& t : pb.layout.tensors) load_tensor(files, t, pb.data + t.offset, m.config());
+    for (const auto& t : pb.layout.tensors) load_tensor(files, t, pb.host_f32() + t.offset, m.config());
 }
 
 void model_load_adapter(model::Model& m, const std::string& path) {
@@ -179,7 +179,7 @@ void model_load_adapter(model::Model& m, const std::string& path) {
   std::vector<model::SafetensorsFile> files;
   files.emplace_back(path);
   for (auto& pb : m.lora_params())
-    for (const auto& t : pb.layout.tensors) load_tensor(files, t, pb.data + t.offset, m.config());
+    for (const auto& t : pb.layout.tensors) load_tensor(files, t, pb.host_f32() + t.offset, m.config());
 }
 
 std::unique_ptr<model::Model> model_create(const config::TrainConfig& cfg) {
@@ -228,7 +228,7 @@ std::vector<model::StTensorRef> export_refs(const std::vector<model::ParamBuffer
   std::vector<model::StTensorRef> refs;
   for (const auto& pb : bufs) {
     for (const auto& t : pb.layout.tensors) {
-      const float* src = pb.data + t.offset;
+      const float* src = pb.host_f32() + t.offset;
       std::vector<int64_t> shape = t.shape;
       if (t.hf_transposed) {
         const int64_t rows = t.shape[0], cols = t.shape[1];

@@ -67,7 +67,7 @@ struct ZeroEngine::Slot {
   size_t bucket = SIZE_MAX, bucket_off = 0;
 
   size_t owned() const { return hi - lo; }
-  float* master_ptr() { return master.empty() ? pb->data + lo : master.data(); }
+  float* master_ptr() { return master.empty() ? pb->host_f32() + lo : master.data(); }
 };
 
 struct ZeroEngine::Bucket {
@@ -82,6 +82,9 @@ struct ZeroEngine::Bucket {
 // ----------------------------------------------------------------------------
 ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const ZeroOptions& opts)
     : model_(model), comm_(comm), opts_(opts) {
+  DT_ENFORCE(model.on_host(), UsageError,
+             "the ZeRO engine keeps its shards, masters and AdamW state in host memory; the model is on {}",
+             model.device().name());
   DT_ENFORCE(opts_.stage >= 0 && opts_.stage <= 3, ConfigError, "zero_optimization.stage {} is not 0, 1, 2 or 3",
              opts_.stage);
   DT_ENFORCE(opts_.reduce_bucket_size > 0 && opts_.allgather_bucket_size > 0, ConfigError,
@@ -124,7 +127,7 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
     s.sharded = opts_.stage == 3 && s.n >= opts_.param_persistence_threshold;
     if (mixed || s.sharded) {
       s.master.resize(s.owned());
-      if (s.owned()) std::memcpy(s.master.data(), s.pb->data + s.lo, s.owned() * sizeof(float));
+      if (s.owned()) std::memcpy(s.master.data(), s.pb->host_f32() + s.lo, s.owned() * sizeof(float));
     }
     if (s.trainable) {
       s.m.resize(s.owned());
@@ -132,7 +135,7 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
       if (opts_.stage >= 2) s.gshard.resize(s.owned());
     }
     if (s.sharded) sharded_.push_back(i);
-    else if (mixed) round_inplace(s.pb->data, s.n, opts_.compute_dtype);
+    else if (mixed) round_inplace(s.pb->host_f32(), s.n, opts_.compute_dtype);
     layer_slots_[static_cast<size_t>(s.layer + 1)].push_back(i);
   }
   plan_buckets();
@@ -157,7 +160,7 @@ ZeroEngine::~ZeroEngine() {
   if (partial)
     for (size_t i : sharded_) {
       Slot& s = slots_[i];
-      if (s.owned()) std::memcpy(s.pb->data + s.lo, s.master.data(), s.owned() * sizeof(float));
+      if (s.owned()) std::memcpy(s.pb->host_f32() + s.lo, s.master.data(), s.owned() * sizeof(float));
     }
 }
 
@@ -367,8 +370,9 @@ void ZeroEngine::params_gather_resident() {
     if (t == DType::F32) return;
     for (auto& s : slots_)
       if (s.trainable) {
-        for (size_t i = 0; i < s.n; ++i) s.pb->data[i] = s.master[i];
-        round_inplace(s.pb->data, s.n, t);
+        float* d = s.pb->host_f32();
+        for (size_t i = 0; i < s.n; ++i) d[i] = s.master[i];
+        round_inplace(d, s.n, t);
       }
     return;
   }
@@ -406,7 +410,7 @@ void ZeroEngine::gather_into_model(const std::vector<size_t>& list, DType t) {
       for (size_t j = 0; j < group.size(); ++j) {
         Slot& s = slots_[group[j]];
         const size_t a = std::min(q * s.s, s.n), e = std::min(a + s.s, s.n);
-        if (e > a) load_wire(s.pb->data + a, buf.data() + (q * seg + offs[j]) * es, e - a, t);
+        if (e > a) load_wire(s.pb->host_f32() + a, buf.data() + (q * seg + offs[j]) * es, e - a, t);
       }
     work_add(-static_cast<ptrdiff_t>(buf.size()));
   }
@@ -604,7 +608,7 @@ void ZeroEngine::params_materialize() {
   const DType f32 = DType::F32;
   if (opts_.stage == 0) {
     for (auto& s : slots_)
-      if (!s.master.empty()) std::memcpy(s.pb->data, s.master.data(), s.n * sizeof(float));
+      if (!s.master.empty()) std::memcpy(s.pb->host_f32(), s.master.data(), s.n * sizeof(float));
   } else {
     model_.storage_restore(false, sharded_);  // the model's own storage takes the full values
     std::vector<size_t> list;
@@ -621,7 +625,7 @@ void ZeroEngine::params_restore() {
   model_.storage_release(false, sharded_);
   if (opts_.compute_dtype != DType::F32)
     for (auto& s : slots_)
-      if (!s.sharded) round_inplace(s.pb->data, s.n, opts_.compute_dtype);
+      if (!s.sharded) round_inplace(s.pb->host_f32(), s.n, opts_.compute_dtype);
   materialized_ = false;
 }
 
@@ -648,8 +652,8 @@ void ZeroEngine::params_loaded() {
   release_all_gathered();
   for (auto& s : slots_) {
     if (s.sharded) continue;
-    if (!s.master.empty() && s.owned()) std::memcpy(s.master.data(), s.pb->data + s.lo, s.owned() * sizeof(float));
-    if (opts_.compute_dtype != DType::F32) round_inplace(s.pb->data, s.n, opts_.compute_dtype);
+    if (!s.master.empty() && s.owned()) std::memcpy(s.master.data(), s.pb->host_f32() + s.lo, s.owned() * sizeof(float));
+    if (opts_.compute_dtype != DType::F32) round_inplace(s.pb->host_f32(), s.n, opts_.compute_dtype);
   }
 }
 

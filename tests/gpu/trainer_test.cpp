@@ -98,7 +98,7 @@ void round_weights(model::Model& m, DType t) {
   for (auto* list : {&m.params(), &m.lora_params()})
     for (auto& pb : *list)
       for (size_t i = 0; i < pb.size; ++i)
-        pb.data[i] = t == DType::BF16 ? bf16_to_f32(f32_to_bf16(pb.data[i])) : f16_to_f32(f32_to_f16(pb.data[i]));
+        pb.host_f32()[i] = t == DType::BF16 ? bf16_to_f32(f32_to_bf16(pb.host_f32()[i])) : f16_to_f32(f32_to_f16(pb.host_f32()[i]));
 }
 
 // LoRA B starts at zero (dA would be zero too): give it values so every path is tested.
@@ -107,7 +107,7 @@ void lora_randomize_b(model::Model& m) {
   for (auto& pb : m.lora_params())
     for (const auto& t : pb.layout.tensors)
       if (t.name.find("lora_B") != std::string::npos)
-        for (size_t i = 0; i < t.numel(); ++i) pb.data[t.offset + i] = r.normal(0.0f, 0.05f);
+        for (size_t i = 0; i < t.numel(); ++i) pb.host_f32()[t.offset + i] = r.normal(0.0f, 0.05f);
 }
 
 gpu::GpuTrainOptions options(DType compute, int accum = 1) {
@@ -180,7 +180,7 @@ struct CpuStepper {
     ++steps;
     for (size_t k = 0; k < bufs.size(); ++k)
       for (const auto& t : bufs[k].layout.tensors)
-        train::adamw_step(bufs[k].data + t.offset, bufs[k].grad + t.offset, mo[k].data() + t.offset,
+        train::adamw_step(bufs[k].host_f32() + t.offset, bufs[k].grad + t.offset, mo[k].data() + t.offset,
                           vo[k].data() + t.offset, t.numel(), acfg, lr, steps, t.decay, coef);
     return r;
   }
@@ -269,7 +269,7 @@ TEST_CASE("gpu trainer: optimizer steps match the CPU trainer's math (accumulati
       const auto& a = out.params()[k];
       const auto& r = cpu.params()[k];
       double worst = 0.0;
-      for (size_t i = 0; i < a.size; ++i) worst = std::max(worst, std::abs(static_cast<double>(a.data[i]) - r.data[i]));
+      for (size_t i = 0; i < a.size; ++i) worst = std::max(worst, std::abs(static_cast<double>(a.host_f32()[i]) - r.host_f32()[i]));
       INFO("buffer " << r.layout.name << " max |dw| " << worst);
       CHECK(worst <= 2.0 * lr);  // an element whose gradient is ~0 may step differently
     }

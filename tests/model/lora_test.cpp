@@ -63,12 +63,12 @@ void randomize_b(Model& m, uint64_t seed) {
   for (auto& pb : m.lora_params())
     for (auto& t : pb.layout.tensors)
       if (t.name.find("lora_B") != std::string::npos)
-        for (size_t i = 0; i < t.numel(); ++i) pb.data[t.offset + i] = r.normal(0.0f, 0.3f);
+        for (size_t i = 0; i < t.numel(); ++i) pb.host_f32()[t.offset + i] = r.normal(0.0f, 0.3f);
 }
 
 std::vector<float> copy_all(std::vector<ParamBuffer>& bufs, bool grad) {
   std::vector<float> v;
-  for (auto& pb : bufs) v.insert(v.end(), grad ? pb.grad : pb.data, (grad ? pb.grad : pb.data) + pb.size);
+  for (auto& pb : bufs) v.insert(v.end(), grad ? pb.grad : pb.host_f32(), (grad ? pb.grad : pb.host_f32()) + pb.size);
   return v;
 }
 }  // namespace
@@ -134,7 +134,7 @@ TEST_CASE("adapter gradients match finite differences of the reference; base has
     // larger base weights so the adapters see O(1) activations
     Rng r(8);
     for (auto& pb : m.params())
-      for (size_t i = 0; i < pb.size; ++i) pb.data[i] += r.normal(0.0f, 0.2f);
+      for (size_t i = 0; i < pb.size; ++i) pb.host_f32()[i] += r.normal(0.0f, 0.2f);
     LoraConfig lc = lora_cfg(arch);
     m.lora_enable(lc);
     randomize_b(m, 9);
@@ -204,7 +204,7 @@ TEST_CASE("SGD on adapters changes only adapter parameters and lowers the loss")
       if (step == 0) first = last;
       m.backward();
       for (auto& pb : m.trainable_params())
-        for (size_t i = 0; i < pb.size; ++i) pb.data[i] -= 1.0f * pb.grad[i];
+        for (size_t i = 0; i < pb.size; ++i) pb.host_f32()[i] -= 1.0f * pb.grad[i];
     }
     auto base1 = copy_all(m.params(), false);
     auto lora1 = copy_all(m.lora_params(), false);

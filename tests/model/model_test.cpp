@@ -73,7 +73,7 @@ Batch make_batch(int B, int T, int V, uint64_t seed, bool mask = true) {
 void randomize(Model& m, uint64_t seed, float scale = 0.3f) {
   Rng r(seed);
   for (auto& pb : m.params())
-    for (size_t i = 0; i < pb.size; ++i) pb.data[i] = r.normal(0.0f, scale) + (i % 7 == 0 ? 1.0f : 0.0f);
+    for (size_t i = 0; i < pb.size; ++i) pb.host_f32()[i] = r.normal(0.0f, scale) + (i % 7 == 0 ? 1.0f : 0.0f);
 }
 
 std::vector<float> grads_copy(Model& m) {
@@ -336,7 +336,7 @@ TEST_CASE("a tiny model overfits one batch with plain SGD") {
       if (step == 0) first = last;
       m.backward();
       for (auto& pb : m.params())
-        for (size_t i = 0; i < pb.size; ++i) pb.data[i] -= 0.5f * pb.grad[i];
+        for (size_t i = 0; i < pb.size; ++i) pb.host_f32()[i] -= 0.5f * pb.grad[i];
     }
     MESSAGE(std::string(arch_name(cfg.arch)), ": loss ", first, " -> ", last);
     CHECK(last < 0.5f * first);
@@ -395,7 +395,7 @@ void check_released_matches(const ModelConfig& cfg) {
   std::vector<std::vector<float>> keep(nb), wgrad(nb);
   std::vector<size_t> all;
   for (size_t i = 0; i < nb; ++i) {
-    keep[i].assign(m.params()[i].data, m.params()[i].data + m.params()[i].size);
+    keep[i].assign(m.params()[i].host_f32(), m.params()[i].host_f32() + m.params()[i].size);
     wgrad[i].assign(m.params()[i].size, 0.0f);
     all.push_back(i);
   }
@@ -445,7 +445,7 @@ void check_released_matches(const ModelConfig& cfg) {
   CHECK_FALSE(m.storage_released());
   CHECK(m.allocated_bytes() == full);
   for (auto& pb : m.params())
-    for (size_t i = 0; i < pb.size; ++i) REQUIRE((pb.data[i] == 0.0f && pb.grad[i] == 0.0f));
+    for (size_t i = 0; i < pb.size; ++i) REQUIRE((pb.host_f32()[i] == 0.0f && pb.grad[i] == 0.0f));
   m.init_weights(5);
   CHECK(m.forward(b.tok.data(), b.tgt.data(), B, T) == want);
 }

@@ -20,7 +20,7 @@ inline Params params_of(Model& m) {
   Params p;
   for (auto* list : {&m.params(), &m.lora_params()})
     for (auto& pb : *list)
-      for (auto& t : pb.layout.tensors) p[t.name] = Vec(pb.data + t.offset, pb.data + t.offset + t.numel());
+      for (auto& t : pb.layout.tensors) p[t.name] = Vec(pb.host_f32() + t.offset, pb.host_f32() + t.offset + t.numel());
   return p;
 }
 

@@ -91,7 +91,7 @@ TEST_CASE("export and re-import are exact for GPT-2 and Llama, with and without 
     auto m = model_create(cfg);
     // Non-zero adapters so a lost B would show.
     for (auto& pb : m->lora_params())
-      for (size_t i = 0; i < pb.size; ++i) pb.data[i] = 0.001f * static_cast<float>(i % 17) - 0.004f;
+      for (size_t i = 0; i < pb.size; ++i) pb.host_f32()[i] = 0.001f * static_cast<float>(i % 17) - 0.004f;
     model_export_hf(*m, dir.path.string(), 256, 257);
     auto hf = model::hf_config_read((dir.path / "config.json").string());
     CHECK(hf.arch == arch);

@@ -224,7 +224,7 @@ TEST_CASE("LoRA lowers the loss and changes only the adapters") {
     for (const auto& t : pb.layout.tensors) {
       std::vector<float> got(t.numel());
       exported.read_f32(t.name, got.data(), got.size());
-      CHECK(std::memcmp(got.data(), pb.data + t.offset, got.size() * 4) == 0);
+      CHECK(std::memcmp(got.data(), pb.host_f32() + t.offset, got.size() * 4) == 0);
     }
   // The adapters moved (B starts at zero).
   model::SafetensorsFile ad((dir.path / "final" / "adapter_model.safetensors").string());
@@ -233,7 +233,7 @@ TEST_CASE("LoRA lowers the loss and changes only the adapters") {
     for (const auto& t : pb.layout.tensors) {
       std::vector<float> got(t.numel());
       ad.read_f32(t.name, got.data(), got.size());
-      moved = moved || std::memcmp(got.data(), pb.data + t.offset, got.size() * 4) != 0;
+      moved = moved || std::memcmp(got.data(), pb.host_f32() + t.offset, got.size() * 4) != 0;
     }
   CHECK(moved);
   CHECK(fs::exists(dir.path / "final" / "adapter_config.json"));

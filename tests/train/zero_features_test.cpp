@@ -70,7 +70,7 @@ TEST_CASE("bf16 compute copy: the model's resident buffers hold bf16 values, the
     size_t off_grid = 0, n = 0;
     for (auto& pb : t.model->params())
       for (size_t i = 0; i < pb.size; ++i, ++n)
-        if (dtrain::bf16_to_f32(dtrain::f32_to_bf16(pb.data[i])) != pb.data[i]) ++off_grid;
+        if (dtrain::bf16_to_f32(dtrain::f32_to_bf16(pb.host_f32()[i])) != pb.host_f32()[i]) ++off_grid;
     if (off_grid != 0) throw std::runtime_error(fmt::format("{} of {} compute values are not bf16", off_grid, n));
     const auto w = t.weights();  // fp32 masters
     size_t master_off_grid = 0;
@@ -136,7 +136,7 @@ TEST_CASE("LoRA under stages 2 and 3 matches single-rank LoRA; the frozen base d
       size_t nb = 0;
       for (auto& pb : m0->params()) nb += pb.size;
       std::vector<float> init;
-      for (auto& pb : m0->params()) init.insert(init.end(), pb.data, pb.data + pb.size);
+      for (auto& pb : m0->params()) init.insert(init.end(), pb.host_f32(), pb.host_f32() + pb.size);
       CHECK(std::vector<float>(got.weights.begin(), got.weights.begin() + static_cast<long>(nb)) == init);
       CHECK(got.losses.back() < got.losses.front());
     }
@@ -274,11 +274,11 @@ TEST_CASE("per-rank memory matches the theoretical figure within 10% and the sta
       t.engine->params_materialize();
       materialized[static_cast<size_t>(r)] = t.model->allocated_bytes();
       std::vector<float> w;
-      for (auto& pb : t.model->params()) w.insert(w.end(), pb.data, pb.data + pb.size);
+      for (auto& pb : t.model->params()) w.insert(w.end(), pb.host_f32(), pb.host_f32() + pb.size);
       t.engine.reset();  // materialized: the model keeps the full fp32 weights
       after[static_cast<size_t>(r)] = t.model->allocated_bytes();
       std::vector<float> w2;
-      for (auto& pb : t.model->params()) w2.insert(w2.end(), pb.data, pb.data + pb.size);
+      for (auto& pb : t.model->params()) w2.insert(w2.end(), pb.host_f32(), pb.host_f32() + pb.size);
       if (w2 != w) throw std::runtime_error("weights changed when the engine was destroyed");
     });
     for (const auto& e : errors) REQUIRE(e == "");
@@ -370,9 +370,9 @@ TEST_CASE("the model frees exactly what the engine shards (persistence threshold
       for (auto* list : {&t.model->params(), &t.model->lora_params()})
         for (auto& pb : *list)
           for (size_t i = 0; i < pb.size; ++i, ++at) {
-            if (pb.data[i] == w[at]) ++kept;
-            else if (c.stage == 2 || pb.data[i] != 0.0f) throw std::runtime_error("weights changed by the destructor");
-            pb.data[i] = w[at];
+            if (pb.host_f32()[i] == w[at]) ++kept;
+            else if (c.stage == 2 || pb.host_f32()[i] != 0.0f) throw std::runtime_error("weights changed by the destructor");
+            pb.host_f32()[i] = w[at];
           }
       if (c.stage == 3 && kept * 2 > w.size()) throw std::runtime_error("more than a shard survived the destructor");
       // With the weights back, the bare model trains without an engine (hooks removed,

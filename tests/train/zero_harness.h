@@ -64,7 +64,7 @@ inline std::unique_ptr<dtrain::model::Model> model_build(const RunSpec& r) {
     m->lora_enable(lc);
     // B starts at zero; give it values so base and adapter gradients are non-trivial.
     for (auto& pb : m->lora_params())
-      for (size_t i = 0; i < pb.size; ++i) pb.data[i] += 0.01f * std::sin(static_cast<float>(i));
+      for (size_t i = 0; i < pb.size; ++i) pb.host_f32()[i] += 0.01f * std::sin(static_cast<float>(i));
   }
   return m;
 }
@@ -120,7 +120,7 @@ struct RankTrainer {
     engine->params_materialize();
     std::vector<float> w;
     for (auto* list : {&model->params(), &model->lora_params()})
-      for (auto& pb : *list) w.insert(w.end(), pb.data, pb.data + pb.size);
+      for (auto& pb : *list) w.insert(w.end(), pb.host_f32(), pb.host_f32() + pb.size);
     engine->params_restore();
     return w;
   }

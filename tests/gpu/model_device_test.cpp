@@ -1,0 +1,234 @@
+// The one model on two devices: the same lib/model code run on the CPU device and on a
+// CUDA device (the execution engine in the EMU tree) gives the same loss and gradients:
+// GPT-2 and Llama (GQA, RoPE, SwiGLU), fp32 and bf16 compute copies, LoRA with dropout
+// (the counter-based masks are the same on both devices), SFT masking and recompute.
+// Skips without a GPU.
+#include "core/error.h"
+#include "core/rng.h"
+#include "device/device.h"
+#include "model/model.h"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+using namespace dtrain;
+using model::ModelConfig;
+
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                               \
+  do {                                                                   \
+    if (device::cuda_count() == 0) {                                     \
+      std::printf("no CUDA device visible: this GPU test is skipped\n"); \
+      std::fflush(stdout);                                               \
+      std::exit(77);                                                     \
+    }                                                                    \
+  } while (0)
+
+constexpr int B = 2, T = 16;
+
+ModelConfig tiny(ModelConfig::Arch arch) {
+  ModelConfig c;
+  c.arch = arch;
+  c.vocab_size = 96;
+  c.max_seq_len = 32;
+  c.n_layer = 2;
+  c.d_model = 32;
+  if (arch == ModelConfig::Arch::GPT2) {
+    c.n_head = c.n_kv_head = 2;
+    c.d_ff = 128;
+    c.tie_embeddings = true;
+  } else {
+    c.n_head = 4;
+    c.n_kv_head = 2;  // GQA
+    c.d_ff = 64;
+    c.tie_embeddings = false;
+  }
+  return c;
+}
+
+struct Batch {
+  std::vector<int32_t> tokens, targets;
+};
+
+// Every 5th target masked (SFT-style), or all of them.
+Batch make_batch(int V, uint64_t seed, bool all_masked = false) {
+  Rng r(seed);
+  Batch b;
+  for (int i = 0; i < B * T; ++i) {
+    b.tokens.push_back(static_cast<int32_t>(r.next_u64() % static_cast<uint64_t>(V)));
+    const bool masked = all_masked || i % 5 == 3;
+    b.targets.push_back(masked ? -100 : static_cast<int32_t>(r.next_u64() % static_cast<uint64_t>(V)));
+  }
+  return b;
+}
+
+// max|got - ref| / max|ref|; inf when got is not finite.
+double max_err(const std::vector<float>& got, const float* ref) {
+  double e = 0, m = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    e = std::max(e, std::abs(static_cast<double>(got[i]) - ref[i]));
+    m = std::max(m, std::abs(static_cast<double>(ref[i])));
+  }
+  return e / std::max(m, 1e-30);
+}
+
+void round_to(model::Model& m, DType t) {
+  if (t == DType::F32) return;
+  for (auto* list : {&m.params(), &m.lora_params()})
+    for (auto& pb : *list) {
+      float* d = pb.host_f32();
+      for (size_t i = 0; i < pb.size; ++i) d[i] = bf16_to_f32(f32_to_bf16(d[i]));
+    }
+}
+
+void lora_on(model::Model& m, float dropout) {
+  model::LoraConfig lc;
+  lc.rank = 4;
+  lc.alpha = 8.0f;
+  lc.dropout = dropout;
+  lc.targets = model::lora_module_names(m.config().arch);
+  lc.seed = 11;
+  m.lora_enable(lc);
+  Rng r(99);  // B starts at zero: give it values so dA and dx see it
+  for (auto& pb : m.lora_params())
+    for (const auto& t : pb.layout.tensors)
+      if (t.name.find("lora_B") != std::string::npos)
+        for (size_t i = 0; i < t.numel(); ++i) pb.host_f32()[t.offset + i] = r.normal(0.0f, 0.05f);
+}
+
+struct Case {
+  ModelConfig::Arch arch;
+  DType dtype;
+  float lora_dropout;  // < 0: no LoRA
+  bool recompute;
+};
+
+// Two forward/backward passes (the second accumulates): loss and gradients vs the CPU.
+void check_case(const Case& c) {
+  const ModelConfig cfg = tiny(c.arch);
+  model::Model cpu(cfg);
+  cpu.init_weights(3);
+  if (c.lora_dropout >= 0.0f) lora_on(cpu, c.lora_dropout);
+  round_to(cpu, c.dtype);
+  auto dev = device::cuda_create(0);
+  model::Model gpu(cfg, *dev, c.dtype);
+  gpu.weights_copy_from(cpu);
+  gpu.set_recompute(c.recompute);
+  CHECK(gpu.lora_on() == cpu.lora_on());
+  const double tol = c.dtype == DType::F32 ? 1e-4 : 3e-2;
+  for (uint64_t seed : {5u, 6u}) {
+    const Batch b = make_batch(cfg.vocab_size, seed);
+    const float lc = cpu.forward(b.tokens.data(), b.targets.data(), B, T);
+    cpu.backward(0.5f);
+    const float lg = gpu.forward(b.tokens.data(), b.targets.data(), B, T);
+    gpu.backward(0.5f);
+    INFO("loss cpu " << lc << " cuda " << lg);
+    CHECK(std::abs(lg - lc) <= tol * std::abs(lc));
+  }
+  CHECK(gpu.num_targets() == cpu.num_targets());
+  auto& ref = cpu.trainable_params();
+  auto& got = gpu.trainable_params();
+  REQUIRE(ref.size() == got.size());
+  for (size_t i = 0; i < ref.size(); ++i) {
+    std::vector<float> g(got[i].size);
+    dev->copy_d2h(g.data(), got[i].grad, g.size() * sizeof(float));
+    const double e = max_err(g, ref[i].grad);
+    INFO("buffer " << ref[i].layout.name << " error " << e);
+    CHECK(e <= tol);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("one model, two devices: GPT-2 and Llama loss and gradients match (fp32, bf16)") {
+  SKIP_WITHOUT_GPU();
+  for (auto arch : {ModelConfig::Arch::GPT2, ModelConfig::Arch::LLAMA})
+    for (DType t : {DType::F32, DType::BF16}) {
+      INFO(model::arch_name(arch) << " " << dtype_name(t));
+      check_case({arch, t, -1.0f, false});
+    }
+}
+
+TEST_CASE("one model, two devices: LoRA with dropout draws the same masks; recompute on CUDA") {
+  SKIP_WITHOUT_GPU();
+  for (auto arch : {ModelConfig::Arch::GPT2, ModelConfig::Arch::LLAMA}) {
+    INFO(model::arch_name(arch));
+    check_case({arch, DType::F32, 0.25f, false});
+    check_case({arch, DType::F32, 0.25f, true});
+    check_case({arch, DType::BF16, 0.0f, true});
+  }
+}
+
+TEST_CASE("one model, two devices: recompute gives the gradients of keeping every activation") {
+  SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = tiny(ModelConfig::Arch::LLAMA);
+  model::Model cpu(cfg);
+  cpu.init_weights(7);
+  auto dev = device::cuda_create(0);
+  std::vector<std::vector<float>> grads[2];
+  for (int rc = 0; rc < 2; ++rc) {
+    model::Model m(cfg, *dev, DType::BF16);
+    m.weights_copy_from(cpu);
+    m.set_recompute(rc == 1);
+    const Batch b = make_batch(cfg.vocab_size, 8);
+    m.forward(b.tokens.data(), b.targets.data(), B, T);
+    m.backward(1.0f);
+    for (auto& pb : m.trainable_params()) {
+      grads[rc].emplace_back(pb.size);
+      dev->copy_d2h(grads[rc].back().data(), pb.grad, pb.size * sizeof(float));
+    }
+  }
+  REQUIRE(grads[0].size() == grads[1].size());
+  for (size_t i = 0; i < grads[0].size(); ++i) CHECK(max_err(grads[1][i], grads[0][i].data()) <= 1e-6);
+}
+
+TEST_CASE("one model, two devices: an all-masked batch has loss 0 and no gradient on CUDA") {
+  SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = tiny(ModelConfig::Arch::GPT2);
+  model::Model cpu(cfg);
+  cpu.init_weights(9);
+  auto dev = device::cuda_create(0);
+  model::Model gpu(cfg, *dev, DType::BF16);
+  gpu.weights_copy_from(cpu);
+  const Batch b = make_batch(cfg.vocab_size, 10, true);
+  CHECK(gpu.forward(b.tokens.data(), b.targets.data(), B, T) == 0.0f);
+  gpu.backward(1.0f);
+  for (auto& pb : gpu.trainable_params()) {
+    std::vector<float> g(pb.size);
+    dev->copy_d2h(g.data(), pb.grad, g.size() * sizeof(float));
+    CHECK(std::all_of(g.begin(), g.end(), [](float x) { return x == 0.0f; }));
+  }
+}
+
+TEST_CASE("one model, two devices: host-only calls and bad inputs are refused clearly") {
+  SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = tiny(ModelConfig::Arch::GPT2);
+  CHECK_THROWS_AS(model::Model(cfg, device::cpu(), DType::BF16), UsageError);
+  auto dev = device::cuda_create(0);
+  model::Model gpu(cfg, *dev, DType::BF16);
+  gpu.init_weights(1);
+  CHECK_THROWS_AS(gpu.tensor("transformer.wte.weight"), UsageError);
+  CHECK_THROWS_AS(gpu.params()[0].host_f32(), UsageError);
+  Batch b = make_batch(cfg.vocab_size, 2);
+  b.tokens[3] = cfg.vocab_size;  // outside the vocabulary: refused on the host
+  CHECK_THROWS_AS(gpu.forward(b.tokens.data(), b.targets.data(), B, T), UsageError);
+  CHECK_THROWS_AS(device::cuda_create(99), DeviceError);
+  // The same seed gives the same weights on either device (drawn on the host).
+  model::Model cpu(cfg);
+  cpu.init_weights(1);
+  for (size_t i = 0; i < cpu.params().size(); ++i) {
+    const std::vector<float> w = gpu.buffer_to_host(i);
+    const float* r = cpu.params()[i].host_f32();
+    size_t off = 0;
+    for (size_t k = 0; k < w.size(); ++k) off += w[k] != bf16_to_f32(f32_to_bf16(r[k]));
+    CHECK(off == 0);
+  }
+}
