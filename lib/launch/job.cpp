@@ -273,6 +273,7 @@ Job job_prepare(const JobRequest& req) {
     config::config_resolve_batch(cfg, job.plan.world_size);
 
   job.run_dir = absolute_path(cfg.training.output_dir);
+  run_dir_check_path(job.run_dir, req.output_dir.empty() ? "training.output_dir" : "--output-dir");
   LaunchSpec& spec = job.spec;
   spec.job_id = job_id_generate();
   spec.round = 0;
