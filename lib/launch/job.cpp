@@ -7,6 +7,7 @@
 #include "core/log.h"
 #include "launch/local_spawner.h"
 #include "launch/run_dir.h"
+#include "launch/same_machine.h"
 #ifdef DTRAIN_HAVE_CUDA
 #include "kernels/device.cuh"
 #endif
@@ -244,6 +245,9 @@ Job job_prepare(const JobRequest& req) {
     hf = config::hostfile_localhost(slots);
   }
   job.hosts = config::hostfile_select(hf, req.selection);
+  // Slurm's node names are distinct nodes by its own definition (and srun, not the name,
+  // decides where an agent runs); a hostfile can name one machine twice.
+  if (!req.hosts) hosts_check_distinct(job.hosts);
   for (const auto& h : job.hosts.hosts) job.all_local = job.all_local && host_is_local(h.host);
 
   // The address ranks and agents dial: --master-addr, the config, or our address on the
