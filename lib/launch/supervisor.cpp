@@ -3,6 +3,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "core/net_address.h"
 #include "launch/agent.h"
 #include "launch/local_spawner.h"
 #include "launch/ssh_spawner.h"
@@ -406,8 +407,8 @@ int supervise(Job& job, const SupervisorOptions& opts) {
   for (int round = 0;; ++round) {
     job.spec.round = round;
     out.set_restarts(round);
-    log_info("round {}: starting {} rank(s) on {} node(s), rendezvous {}:{}", round, job.plan.world_size,
-             job.plan.nodes.size(), job.plan.master_addr, job.plan.master_port);
+    log_info("round {}: starting {} rank(s) on {} node(s), rendezvous {}", round, job.plan.world_size,
+             job.plan.nodes.size(), host_port_text(job.plan.master_addr, job.plan.master_port));
     append_event(job.run_dir, {{"time_ms", unix_ms()}, {"event", "round_start"}, {"round", round},
                                {"world_size", job.plan.world_size}});
     auto t0 = Clock::now();
