@@ -275,6 +275,11 @@ Job job_prepare(const JobRequest& req) {
   // route to the first remote host.
   // An IPv6 literal may come in brackets ([::1]); it is dialled and exported bare.
   std::string addr = address_unbracket(!req.master_addr.empty() ? req.master_addr : cfg.cluster.rendezvous.address);
+  if (addr.find_first_of("[]") != std::string::npos || (addr.find(':') != std::string::npos && !ipv6_literal(addr)))
+    DT_THROW(ConfigError,
+             "{} '{}' is not a host name or IP address (IPv6 as ::1 or [::1]); give the port with --master-port "
+             "or cluster.rendezvous.port",
+             req.master_addr.empty() ? "cluster.rendezvous.address" : "--master-addr", addr);
   if ((addr.empty() || addr == "auto") && !cfg.cluster.network_interface.empty() && !job.all_local) {
     addr = interface_address(cfg.cluster.network_interface);
     DT_ENFORCE(!addr.empty(), ConfigError, "cluster.network_interface '{}' has no IP address on this machine",

@@ -182,6 +182,16 @@ TEST_CASE("IPv6: ::1 in the hostfile and as --master-addr runs a local 2-rank jo
     CHECK(r.rc == 0);
     CHECK(table_rows(r.out).size() == 1);
   }
+  SUBCASE("a port in --master-addr is a usage error pointing at --master-port") {
+    for (const std::string addr : {"[::1]:29500", "127.0.0.1:29500", "[node1]"}) {
+      CAPTURE(addr);
+      RunResult r = run({bin, "launch", "--master-addr", addr, "--dry-run"}, {}, 60s);
+      INFO(r.out);
+      CHECK(r.rc == kUsage);
+      CHECK(contains(r.out, "--master-addr '"));
+      CHECK(contains(r.out, "--master-port"));
+    }
+  }
   SUBCASE("host:port and a bracketed name are hostfile errors naming the line") {
     for (const std::string line : {"node1:22 slots=1", "[node1] slots=1", "[::1 slots=1", "fe80::1%bad/zone slots=1"}) {
       CAPTURE(line);
