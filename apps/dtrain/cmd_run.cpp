@@ -19,8 +19,10 @@
 namespace dtrain::cli {
 
 namespace {
-std::atomic<bool> g_interrupted{false};
-extern "C" void on_sigint(int) { g_interrupted = true; }
+// The signal that asked the launcher to stop (0 = none): SIGINT (Ctrl-C), SIGTERM (kill,
+// a scheduler) or SIGHUP (the login session that started it closed).
+std::atomic<int> g_interrupted{0};
+extern "C" void on_stop_signal(int sig) { g_interrupted = sig; }
 }  // namespace
 
 int run_job(launch::Job& job, const JobOptions& cli, bool resume) {
@@ -50,10 +52,11 @@ int run_job(launch::Job& job, const JobOptions& cli, bool resume) {
   launch::job_write_run_dir(job, resume);
   launch::spawner_become_subreaper();
   struct sigaction sa{};
-  sa.sa_handler = on_sigint;
+  sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGHUP, &sa, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
   launch::SupervisorOptions opts;
   opts.spawner = cli.launcher == "slurm"

@@ -3,6 +3,7 @@
 #include "bench_options.h"
 #include "commands.h"
 
+#include "core/check.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/version.h"
@@ -48,6 +49,15 @@ void add_job_options(CLI::App* cmd, JobOptions& o, bool config_required) {
       ->capture_default_str();
   cmd->add_flag("--tee-all", o.tee_all, "show every rank's output on the terminal (default: rank 0 and all errors)");
   cmd->add_flag("--dry-run", o.dry_run, "print the placement and each node's command and environment, then exit");
+}
+
+// An empty --include/--exclude would read as "no filter" and run on every host: refuse it.
+// (CLI11 skips validators for an empty value, so this is checked after parsing.)
+void check_job_options(const CLI::App* cmd, const JobOptions& o) {
+  for (const auto& [flag, value] : {std::pair{"--include", &o.include}, std::pair{"--exclude", &o.exclude}})
+    if (cmd->count(flag) > 0 && value->empty())
+      DT_THROW(UsageError, "{} is empty: give host[:slot,slot][@host...] (e.g. {} worker-0@worker-1:0,2), or leave "
+               "the flag out", flag, flag);
 }
 
 int run_guarded(const std::function<int()>& body) {
@@ -206,8 +216,19 @@ int main(int argc, char** argv) {
     return run_guarded(
         [&] { return dtrain::cli::run_bench_train(bt.config, bt.sets, bt.steps, bt.warmup, bt.json, bt.device); });
   if (bench->parsed())
-    return run_guarded([&] { return dtrain::cli::run_bench(bench_cli, bench_opts); });
-  if (launch->parsed()) return run_guarded([&] { return dtrain::cli::run_launch(launch_opts); });
-  if (resume->parsed()) return run_guarded([&] { return dtrain::cli::run_resume(resume_dir, resume_opts); });
+    return run_guarded([&] {
+      check_job_options(bench, bench_opts);
+      return dtrain::cli::run_bench(bench_cli, bench_opts);
+    });
+  if (launch->parsed())
+    return run_guarded([&] {
+      check_job_options(launch, launch_opts);
+      return dtrain::cli::run_launch(launch_opts);
+    });
+  if (resume->parsed())
+    return run_guarded([&] {
+      check_job_options(resume, resume_opts);
+      return dtrain::cli::run_resume(resume_dir, resume_opts);
+    });
   return static_cast<int>(dtrain::Exit::USAGE);
 }

@@ -66,10 +66,31 @@ std::vector<std::pair<size_t, SpecSlots>> filter_parse(const Hostfile& hf, std::
                "{} \"{}\": empty node spec (use host[:slot,slot][@host[:slot,...]], e.g. "
                "worker-0@worker-1:0,2)",
                flag, filter);
+    // host, host:slots, or for IPv6 hosts [addr] / [addr]:slots (a bare addr matches
+    // too when it is exactly a hostfile host).
+    auto find_host = [&](std::string_view n) {
+      return std::find_if(hf.hosts.begin(), hf.hosts.end(),
+                          [&](const HostEntry& h) { return lower(h.host) == lower(n); });
+    };
     size_t colon = spec.find(':');
     std::string_view name = trim(spec.substr(0, colon));
-    auto it = std::find_if(hf.hosts.begin(), hf.hosts.end(),
-                           [&](const HostEntry& h) { return lower(h.host) == lower(name); });
+    if (spec.front() == '[') {
+      const size_t close = spec.find(']');
+      if (close == std::string_view::npos || (close + 1 < spec.size() && spec[close + 1] != ':'))
+        DT_THROW(ConfigError, "{} \"{}\": bad node spec \"{}\" (an IPv6 host in brackets: [fe80::1]:0,1)", flag,
+                 filter, spec);
+      name = spec.substr(1, close - 1);
+      colon = close + 1 < spec.size() ? close + 1 : std::string_view::npos;
+    } else if (colon != std::string_view::npos && find_host(spec) != hf.hosts.end()) {
+      name = spec;
+      colon = std::string_view::npos;
+    } else if (spec.find(':', colon == std::string_view::npos ? 0 : colon + 1) != std::string_view::npos) {
+      DT_THROW(ConfigError,
+               "{} \"{}\": \"{}\" has more than one ':'; write an IPv6 host in brackets, [fe80::1] or "
+               "[fe80::1]:0,1 for some of its slots",
+               flag, filter, spec);
+    }
+    auto it = find_host(name);
     if (it == hf.hosts.end())
       DT_THROW(ConfigError, "{} \"{}\": host \"{}\" is not in hostfile {} (hosts: {})", flag,
                filter, name, hf.path.empty() ? "<none>" : hf.path, host_names(hf));

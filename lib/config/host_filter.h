@@ -13,7 +13,8 @@ namespace dtrain::config {
 ///
 /// include / exclude: `NODE_SPEC[@NODE_SPEC...]`, NODE_SPEC = `host[:slot[,slot...]]`
 /// (DeepSpeed's parse_resource_filter). A bare host selects (include) or removes
-/// (exclude) all its slots; `host:0,2` only those slots. Mutually exclusive. Host names
+/// (exclude) all its slots; `host:0,2` only those slots. An IPv6 host is written
+/// `[fe80::1]` or `[fe80::1]:0,2` (bare `fe80::1` selects all its slots). Mutually exclusive. Host names
 /// match case-insensitively. Unlike DeepSpeed, a host named twice in one filter and a
 /// slot listed twice are errors rather than silently overwritten.
 ///

@@ -4,6 +4,9 @@
 #include "config/hostfile.h"
 
 #include "core/check.h"
+#include "core/net_address.h"
+
+#include <arpa/inet.h>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -77,6 +80,18 @@ std::string lower(std::string_view s) {
   return out;
 }
 
+// The name two host entries are compared by: case-folded, IPv6 literals in their one
+// canonical text (so ::1 and 0:0::1 are one host).
+std::string host_key(const std::string& host) {
+  if (!ipv6_literal(host)) return lower(host);
+  const size_t pct = host.find('%');
+  in6_addr a{};
+  char text[INET6_ADDRSTRLEN];
+  if (::inet_pton(AF_INET6, host.substr(0, pct).c_str(), &a) != 1 || !::inet_ntop(AF_INET6, &a, text, sizeof text))
+    return lower(host);
+  return pct == std::string::npos ? std::string(text) : std::string(text) + host.substr(pct);
+}
+
 // Decimal digits only (no sign, no spaces), value in [lo, hi]; false otherwise.
 bool parse_bounded(std::string_view s, long lo, long hi, int* out) {
   if (s.empty() || s.size() > 18) return false;
@@ -119,9 +134,23 @@ struct LineParser {
       if (!is_name(e.user))
         fail(fmt::format("bad user name \"{}\" (letters, digits, '.', '-', '_')", line_shown(e.user)));
     }
-    if (!is_name(dest))
-      fail(fmt::format("bad host name \"{}\" (letters, digits, '.', '-', '_'; not starting with '-')",
+    if (!dest.empty() && dest.front() == '[') {
+      // "[::1]": an IPv6 literal in brackets, as in ssh's and URLs' host:port forms.
+      if (dest.size() < 3 || dest.back() != ']' || !ipv6_literal(dest.substr(1, dest.size() - 2)))
+        fail(fmt::format("bad host name \"{}\" (brackets hold an IPv6 address, like [fe80::1%eth0]; give the ssh "
+                         "port as port=P)",
+                         line_shown(dest)));
+      dest = dest.substr(1, dest.size() - 2);
+    } else if (dest.find(':') != std::string_view::npos) {
+      if (!ipv6_literal(dest))
+        fail(fmt::format("bad host name \"{}\" (a ':' belongs only in an IPv6 address like ::1 or fe80::1%eth0; "
+                         "give the ssh port as port=P, not host:port)",
+                         line_shown(dest)));
+    } else if (!is_name(dest)) {
+      fail(fmt::format("bad host name \"{}\" (letters, digits, '.', '-', '_'; not starting with '-'; or an IP "
+                       "address)",
                        line_shown(dest)));
+    }
     e.host = std::string(dest);
 
     bool have_slots = false, have_port = false;
@@ -184,7 +213,7 @@ Hostfile hostfile_parse(std::string_view text, const std::string& path) {
     if (split_words(body).empty()) continue;  // blank or comment
     LineParser lp{path, line_no, raw};
     HostEntry e = lp.parse(body);
-    auto [it, inserted] = seen.emplace(lower(e.host), line_no);
+    auto [it, inserted] = seen.emplace(host_key(e.host), line_no);
     if (!inserted)
       DT_THROW(ConfigError,
                "{}:{}: duplicate host \"{}\" in line \"{}\" (first given at {}:{}); list each "

@@ -12,7 +12,8 @@ namespace dtrain::config {
 /// Most slots one host may declare; a larger value is a typo, not a machine.
 inline constexpr int HOSTFILE_MAX_SLOTS = 1024;
 
-/// One host line. `host` never contains '@' or ':'; `user` is empty unless the line was
+/// One host line. `host` never contains '@', and ':' only as an IPv6 literal (kept
+/// without brackets: "::1", "fe80::1%eth0"); `user` is empty unless the line was
 /// `user@host`. slot_ids are the device ids the job may use on this host, ascending:
 /// 0..slots-1 as parsed, a subset after hostfile_select().
 struct HostEntry {
@@ -23,7 +24,7 @@ struct HostEntry {
   std::vector<int> slot_ids;
   int line = 0;  // 1-based line in the hostfile; 0 when not from a file
 
-  /// "user@host" or "host" (no port): what ssh and the tables show.
+  /// "user@host" or "host" (no port, IPv6 literals bare): what ssh and the tables show.
   std::string destination() const;
 };
 
@@ -39,8 +40,9 @@ struct Hostfile {
 ///
 ///     [user@]host slots=N [port=P]   [# comment]
 ///
-/// - `host`: letters, digits, '.', '-', '_' (not starting with '-'); names are unique
-///   (compared case-insensitively) whatever the user or port.
+/// - `host`: letters, digits, '.', '-', '_' (not starting with '-'), or an IPv6 literal,
+///   bare (::1, fe80::1%eth0) or in brackets ([::1]); names are unique (compared
+///   case-insensitively, IPv6 literals by address) whatever the user or port.
 /// - `user`: letters, digits, '.', '-', '_' (not starting with '-').
 /// - `slots=N`: required, 1 <= N <= HOSTFILE_MAX_SLOTS.
 /// - `port=P` (dtrain extension, not in DeepSpeed): the node's ssh port, 1..65535, so

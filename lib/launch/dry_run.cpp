@@ -2,6 +2,8 @@
 // The env values are escaped so a value holding a newline cannot fake another line.
 #include "launch/dry_run.h"
 
+#include "core/net_address.h"
+
 #include <fmt/format.h>
 
 namespace dtrain::launch {
@@ -31,7 +33,8 @@ std::string dry_run_report(const Plan& plan, const LaunchSpec& spec,
   for (const NodePlan& node : plan.nodes) {
     NodeCommand cmd = node_command_build(plan, node.node_rank, spec, launcher_env);
     std::string where = node.host.destination();
-    if (node.host.port) where += ":" + std::to_string(node.host.port);
+    if (node.host.port)
+      where = (node.host.user.empty() ? "" : node.host.user + "@") + host_port_text(node.host.host, node.host.port);
     out += fmt::format("\nnode {} ({}):\n", node.node_rank, where);
     out += "  command: " + cmd.shell_line() + "\n";
     out += "  env:\n";

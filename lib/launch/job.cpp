@@ -5,8 +5,10 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "core/net_address.h"
 #include "launch/local_spawner.h"
 #include "launch/run_dir.h"
+#include "launch/same_machine.h"
 #ifdef DTRAIN_HAVE_CUDA
 #include "kernels/device.cuh"
 #endif
@@ -99,20 +101,31 @@ std::string self_exe_path() {
 
 namespace {
 
-// The first IPv4 address of `interface` ("" = of any interface that is up and not loopback).
+// The first IPv4 address of `interface` ("" = of any interface that is up and not
+// loopback); for a named interface without one (an IPv6-only network), its first IPv6
+// address, a global one before a link-local one (which carries its zone: fe80::1%eth0).
 std::string interface_address(const std::string& interface) {
   ifaddrs* ifs = nullptr;
   if (getifaddrs(&ifs) != 0) return "";
-  std::string out;
-  for (ifaddrs* i = ifs; i && out.empty(); i = i->ifa_next) {
-    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
-    if (!(i->ifa_flags & IFF_UP)) continue;
+  std::string v4, v6_global, v6_link;
+  for (ifaddrs* i = ifs; i; i = i->ifa_next) {
+    if (!i->ifa_addr || !(i->ifa_flags & IFF_UP)) continue;
     if (interface.empty() ? (i->ifa_flags & IFF_LOOPBACK) != 0 : interface != i->ifa_name) continue;
-    char buf[INET_ADDRSTRLEN];
-    if (inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, buf, sizeof buf)) out = buf;
+    const int family = i->ifa_addr->sa_family;
+    if (family != AF_INET && !(family == AF_INET6 && !interface.empty())) continue;
+    const socklen_t len = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    char buf[NI_MAXHOST];
+    if (::getnameinfo(i->ifa_addr, len, buf, sizeof buf, nullptr, 0, NI_NUMERICHOST) != 0) continue;
+    if (family == AF_INET) {
+      if (v4.empty()) v4 = buf;
+    } else if (IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr)) {
+      if (v6_link.empty()) v6_link = buf;
+    } else if (v6_global.empty()) {
+      v6_global = buf;
+    }
   }
   freeifaddrs(ifs);
-  return out;
+  return !v4.empty() ? v4 : !v6_global.empty() ? v6_global : v6_link;
 }
 
 
@@ -183,24 +196,33 @@ std::string local_address_towards(const std::string& remote_host) {
   // No shortcut for local hosts: a rank on the node that runs the rendezvous must
   // advertise that node's address, not 127.0.0.1, or other nodes cannot reach it. The
   // route lookup below gives 127.0.0.1 only when remote_host is loopback itself.
+  // IPv4 when the host has an IPv4 address (as before IPv6 support), else IPv6: a rank of
+  // an IPv6 job advertises its IPv6 address (with its zone for a link-local one).
   addrinfo hints{};
-  hints.ai_family = AF_INET;
+  hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* res = nullptr;
-  if (getaddrinfo(remote_host.c_str(), "22", &hints, &res) != 0 || !res) {
+  const std::string host = address_unbracket(remote_host);
+  if (getaddrinfo(host.c_str(), "22", &hints, &res) != 0 || !res) {
     std::string any = interface_address("");
     return any.empty() ? "127.0.0.1" : any;
   }
-  std::string out = "127.0.0.1";
-  int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  const addrinfo* target = res;
+  for (const addrinfo* a = res; a; a = a->ai_next)
+    if (a->ai_family == AF_INET) {
+      target = a;
+      break;
+    }
+  std::string out = target->ai_family == AF_INET6 ? "::1" : "127.0.0.1";
+  int fd = ::socket(target->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd >= 0) {
     // connect() on UDP only picks a route and a source address; nothing is sent.
-    if (::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
-      sockaddr_in local{};
+    if (::connect(fd, target->ai_addr, target->ai_addrlen) == 0) {
+      sockaddr_storage local{};
       socklen_t len = sizeof local;
-      char buf[INET_ADDRSTRLEN];
+      char buf[NI_MAXHOST];
       if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
-          inet_ntop(AF_INET, &local.sin_addr, buf, sizeof buf))
+          ::getnameinfo(reinterpret_cast<sockaddr*>(&local), len, buf, sizeof buf, nullptr, 0, NI_NUMERICHOST) == 0)
         out = buf;
     }
     ::close(fd);
@@ -244,14 +266,23 @@ Job job_prepare(const JobRequest& req) {
     hf = config::hostfile_localhost(slots);
   }
   job.hosts = config::hostfile_select(hf, req.selection);
+  // Slurm's node names are distinct nodes by its own definition (and srun, not the name,
+  // decides where an agent runs); a hostfile can name one machine twice.
+  if (!req.hosts) hosts_check_distinct(job.hosts);
   for (const auto& h : job.hosts.hosts) job.all_local = job.all_local && host_is_local(h.host);
 
   // The address ranks and agents dial: --master-addr, the config, or our address on the
   // route to the first remote host.
-  std::string addr = !req.master_addr.empty() ? req.master_addr : cfg.cluster.rendezvous.address;
+  // An IPv6 literal may come in brackets ([::1]); it is dialled and exported bare.
+  std::string addr = address_unbracket(!req.master_addr.empty() ? req.master_addr : cfg.cluster.rendezvous.address);
+  if (addr.find_first_of("[]") != std::string::npos || (addr.find(':') != std::string::npos && !ipv6_literal(addr)))
+    DT_THROW(ConfigError,
+             "{} '{}' is not a host name or IP address (IPv6 as ::1 or [::1]); give the port with --master-port "
+             "or cluster.rendezvous.port",
+             req.master_addr.empty() ? "cluster.rendezvous.address" : "--master-addr", addr);
   if ((addr.empty() || addr == "auto") && !cfg.cluster.network_interface.empty() && !job.all_local) {
     addr = interface_address(cfg.cluster.network_interface);
-    DT_ENFORCE(!addr.empty(), ConfigError, "cluster.network_interface '{}' has no IPv4 address on this machine",
+    DT_ENFORCE(!addr.empty(), ConfigError, "cluster.network_interface '{}' has no IP address on this machine",
                cfg.cluster.network_interface);
   }
   if (addr.empty() || addr == "auto") {
@@ -273,6 +304,7 @@ Job job_prepare(const JobRequest& req) {
     config::config_resolve_batch(cfg, job.plan.world_size);
 
   job.run_dir = absolute_path(cfg.training.output_dir);
+  run_dir_check_path(job.run_dir, req.output_dir.empty() ? "training.output_dir" : "--output-dir");
   LaunchSpec& spec = job.spec;
   spec.job_id = job_id_generate();
   spec.round = 0;

@@ -68,9 +68,10 @@ void job_commit_run_dir(Job& job);
 std::string job_id_generate();
 
 /// The address of this machine that `remote_host` would be reached from (no packet is
-/// sent: a UDP socket is connected and asked for its local address): 127.0.0.1 for a
-/// loopback host, this node's own address when remote_host is one of its addresses, and
-/// the first non-loopback IPv4 address when remote_host cannot be resolved.
+/// sent: a UDP socket is connected and asked for its local address), over IPv4 when
+/// remote_host has an IPv4 address, else over IPv6: 127.0.0.1 (::1) for a loopback host, this node's own address when remote_host
+/// is one of its addresses, and the first non-loopback IPv4 address when remote_host
+/// cannot be resolved. IPv6 results are bare, link-local ones with their zone (fe80::1%eth0).
 std::string local_address_towards(const std::string& remote_host);
 
 /// Absolute path of the running executable (/proc/self/exe).

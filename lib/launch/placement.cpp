@@ -4,6 +4,7 @@
 #include "launch/placement.h"
 
 #include "core/check.h"
+#include "core/net_address.h"
 
 #include <algorithm>
 
@@ -46,7 +47,7 @@ std::string plan_format_table(const Plan& plan) {
   size_t host_w = 4, ranks_w = 5;
   for (const NodePlan& n : plan.nodes) {
     std::string h = n.host.destination();
-    if (n.host.port) h += ":" + std::to_string(n.host.port);
+    if (n.host.port) h = (n.host.user.empty() ? "" : n.host.user + "@") + host_port_text(n.host.host, n.host.port);
     int last = n.first_rank + static_cast<int>(n.ranks.size()) - 1;
     std::string r = n.ranks.size() == 1 ? std::to_string(n.first_rank)
                                         : fmt::format("{}-{}", n.first_rank, last);
@@ -62,9 +63,8 @@ std::string plan_format_table(const Plan& plan) {
     out += fmt::format("{:<5} {:<{}} {:<{}} {:<5} {}\n", n.node_rank, hosts[i], host_w, ranks[i],
                        ranks_w, n.ranks.size(), n.cuda_visible_devices);
   }
-  out += fmt::format("world size {}, {} node{}, master {}:{}\n", plan.world_size,
-                     plan.nodes.size(), plan.nodes.size() == 1 ? "" : "s", plan.master_addr,
-                     plan.master_port);
+  out += fmt::format("world size {}, {} node{}, master {}\n", plan.world_size, plan.nodes.size(),
+                     plan.nodes.size() == 1 ? "" : "s", host_port_text(plan.master_addr, plan.master_port));
   return out;
 }
 

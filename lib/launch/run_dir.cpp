@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <chrono>
 #include <cstring>
 #include <ctime>
@@ -64,9 +65,43 @@ std::string holder_text(const std::string& record) {
   return fmt::format("pid {} on host {} (started {})", text("pid"), text("host"), text("started"));
 }
 
+// A path as an error message can show it: long ones cut in the middle.
+std::string path_shown(const std::string& p) {
+  return p.size() <= 120 ? p : p.substr(0, 80) + "..." + p.substr(p.size() - 30);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
+
+void run_dir_check_path(const std::string& dir, const std::string& what) {
+  // NAME_MAX of the file system the directory will be created on: ask the nearest
+  // existing ancestor (a long component cannot exist, so the walk ends above it).
+  fs::path probe = fs::path(dir);
+  std::error_code ec;
+  while (probe.has_parent_path() && probe != probe.parent_path() && !fs::is_directory(probe, ec))
+    probe = probe.parent_path();
+  long name_max = ::pathconf(probe.c_str(), _PC_NAME_MAX);
+  if (name_max <= 0) name_max = NAME_MAX;
+  long path_max = ::pathconf(probe.c_str(), _PC_PATH_MAX);
+  if (path_max <= 0 || path_max > PATH_MAX) path_max = PATH_MAX;
+
+  for (const fs::path& part : fs::path(dir)) {
+    const std::string name = part.string();
+    if (static_cast<long>(name.size()) > name_max)
+      DT_THROW(ConfigError,
+               "{} '{}': the path component '{}' is {} bytes long, over the file system's limit of {} bytes per "
+               "name (NAME_MAX); choose a shorter run directory name",
+               what, path_shown(dir), path_shown(name), name.size(), name_max);
+  }
+  // path_max counts the terminating NUL.
+  const long room = path_max - 1 - static_cast<long>(RUN_DIR_INNER_PATH_MAX);
+  if (static_cast<long>(dir.size()) > room)
+    DT_THROW(ConfigError,
+             "{} '{}': the path is {} bytes long; the files the job writes inside it (up to {} more bytes) would pass "
+             "the limit of {} bytes per path (PATH_MAX), so it may be at most {} bytes; choose a shorter path",
+             what, path_shown(dir), dir.size(), RUN_DIR_INNER_PATH_MAX, path_max - 1, room);
+}
 
 mode_t run_dir_mode_parse(const std::string& text) {
   char* end = nullptr;

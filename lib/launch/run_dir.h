@@ -3,6 +3,7 @@
 // holder's host, pid and start time), and its files are replaced atomically.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <sys/types.h>
 
@@ -11,6 +12,18 @@ namespace dtrain::launch {
 /// "0750" -> 0750. ConfigError for anything but an octal mode that lets the owner read,
 /// write and enter the directory.
 mode_t run_dir_mode_parse(const std::string& text);
+
+/// Longest path, in bytes, the job creates below its run directory (a checkpoint's
+/// shard being written: checkpoints/tmp-step<N>/rank<R>.bin.tmp, with margin).
+inline constexpr size_t RUN_DIR_INNER_PATH_MAX = 96;
+
+/// Checks an absolute run directory path before anything is created: every component
+/// within the file system's NAME_MAX (asked of the nearest existing parent, 255 when it
+/// cannot be asked) and the whole path short enough that the files the job creates in it
+/// stay within PATH_MAX. The run directory holds no unix sockets, so their shorter limit
+/// (108 bytes) does not apply. ConfigError naming `what` (the key or flag it came from),
+/// the offending part, its length and the limit.
+void run_dir_check_path(const std::string& dir, const std::string& what);
 
 /// Creates dir (and missing parents) and sets its mode, also when it already exists: a
 /// run created under an older, looser rule becomes private on its next launch or resume.

@@ -3,6 +3,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "core/net_address.h"
 #include "launch/agent.h"
 #include "launch/local_spawner.h"
 #include "launch/ssh_spawner.h"
@@ -14,6 +15,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -187,6 +189,16 @@ Failure agent_failure(const Job& job, rendezvous::StoreClient& store, const std:
           Failure::Kind::AGENT_EXIT};
 }
 
+// "interrupted by SIGHUP (...)": what stopped the launcher, for the terminal and events.jsonl.
+std::string interrupt_why(int sig) {
+  switch (sig) {
+    case SIGINT: return "interrupted by SIGINT (Ctrl-C)";
+    case SIGTERM: return "interrupted by SIGTERM";
+    case SIGHUP: return "interrupted by SIGHUP (the terminal or login session that started the launcher closed)";
+    default: return fmt::format("interrupted by signal {}", sig);
+  }
+}
+
 // One round: start agents, watch, stop. Returns nullopt-like Failure{node=-1} on success.
 Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreClient& store,
                   const std::string& token, const SupervisorOptions& opts, OutputRouter& out) {
@@ -233,7 +245,7 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
   std::vector<bool> done(n, false);
   while (fail.node < 0) {
     if (opts.interrupted && *opts.interrupted) {
-      fail = {-2, "interrupted (Ctrl-C)", static_cast<int>(Exit::INTERRUPTED), Failure::Kind::INTERRUPT};
+      fail = {-2, interrupt_why(*opts.interrupted), static_cast<int>(Exit::INTERRUPTED), Failure::Kind::INTERRUPT};
       break;
     }
     int finished = 0;
@@ -395,8 +407,8 @@ int supervise(Job& job, const SupervisorOptions& opts) {
   for (int round = 0;; ++round) {
     job.spec.round = round;
     out.set_restarts(round);
-    log_info("round {}: starting {} rank(s) on {} node(s), rendezvous {}:{}", round, job.plan.world_size,
-             job.plan.nodes.size(), job.plan.master_addr, job.plan.master_port);
+    log_info("round {}: starting {} rank(s) on {} node(s), rendezvous {}", round, job.plan.world_size,
+             job.plan.nodes.size(), host_port_text(job.plan.master_addr, job.plan.master_port));
     append_event(job.run_dir, {{"time_ms", unix_ms()}, {"event", "round_start"}, {"round", round},
                                {"world_size", job.plan.world_size}});
     auto t0 = Clock::now();
@@ -410,7 +422,7 @@ int supervise(Job& job, const SupervisorOptions& opts) {
     append_event(job.run_dir, {{"time_ms", unix_ms()}, {"event", "failure"}, {"round", round},
                                {"node", f.node}, {"why", f.why}, {"exit_code", f.exit_code}});
     if (f.node == -2) {
-      log_error("interrupted: every node stopped");
+      log_error("{}: every node stopped; continue with: dtrain resume {}", f.why, job.run_dir);
       return f.exit_code;
     }
     log_error("round {} failed: {}; every node stopped", round, f.why);
@@ -427,7 +439,15 @@ int supervise(Job& job, const SupervisorOptions& opts) {
     log_info("restarting in {} s (restart {} of {})", ft.retry_delay, round + 1, ft.max_retries);
     auto until = Clock::now() + seconds_ms(ft.retry_delay);
     while (Clock::now() < until) {
-      if (opts.interrupted && *opts.interrupted) return static_cast<int>(Exit::INTERRUPTED);
+      if (opts.interrupted && *opts.interrupted) {
+        // Between rounds no node runs: nothing to stop, but the run's record says why it ended.
+        const std::string why = interrupt_why(*opts.interrupted);
+        append_event(job.run_dir, {{"time_ms", unix_ms()}, {"event", "failure"}, {"round", round}, {"node", -2},
+                                   {"why", why + " while waiting to restart"},
+                                   {"exit_code", static_cast<int>(Exit::INTERRUPTED)}});
+        log_error("{} while waiting to restart; continue with: dtrain resume {}", why, job.run_dir);
+        return static_cast<int>(Exit::INTERRUPTED);
+      }
       std::this_thread::sleep_for(50ms);
     }
   }

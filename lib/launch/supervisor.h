@@ -27,7 +27,9 @@ SshOptions ssh_options_from_config(const config::SshConfig& ssh);
 
 struct SupervisorOptions {
   NodeSpawner spawner;                        // required
-  std::atomic<bool>* interrupted = nullptr;   // set by a SIGINT handler: stop cleanly
+  /// Set by the launcher's signal handler to the signal number (SIGINT, SIGTERM, SIGHUP):
+  /// stop every node, record the interruption, return Exit::INTERRUPTED. 0 = keep going.
+  std::atomic<int>* interrupted = nullptr;
   bool echo = true;                           // print node output on the terminal
   bool tee_all = false;                       // also every rank's stdout, not only rank 0's
   /// Called once per job, on the supervising thread, as soon as rank 0 reports that
@@ -37,7 +39,8 @@ struct SupervisorOptions {
 };
 
 /// Runs the job to completion (all rounds). Returns the process exit code: 0, the
-/// failing rank's code, Exit::LAUNCH for a lost node, Exit::INTERRUPTED on Ctrl-C.
+/// failing rank's code, Exit::LAUNCH for a lost node, Exit::INTERRUPTED when
+/// interrupted by a signal.
 int supervise(Job& job, const SupervisorOptions& opts);
 
 }  // namespace dtrain::launch

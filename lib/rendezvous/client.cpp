@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "core/net_address.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/protocol.h"
 
@@ -75,9 +76,9 @@ std::string keys_text(const std::vector<std::string>& keys) {
 
 StoreClient::StoreClient(const std::string& host, uint16_t port, const std::string& token,
                          milliseconds connect_timeout)
-    : endpoint_(fmt::format("{}:{}", host, port)) {
+    : endpoint_(host_port_text(address_unbracket(host), port)) {
   try {
-    connect_until(Clock::now() + clamp_timeout(connect_timeout), host, port);
+    connect_until(Clock::now() + clamp_timeout(connect_timeout), address_unbracket(host), port);
     hello(token);
   } catch (...) {
     if (fd_ >= 0) ::close(fd_);

@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "core/net_address.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/protocol.h"
 
@@ -72,7 +73,7 @@ std::string peer_name(const tcp::socket& sock) {
   boost::system::error_code ec;
   auto ep = sock.remote_endpoint(ec);
   if (ec) return "unknown peer";
-  return fmt::format("{}:{}", ep.address().to_string(), ep.port());
+  return host_port_text(ep.address().to_string(), ep.port());
 }
 
 Clock::time_point deadline_after(uint64_t timeout_ms) {
@@ -507,8 +508,8 @@ StoreServer::StoreServer(const std::string& bind_address, uint16_t port, std::st
   if (!ec) acc.bind(ep, ec);
   if (!ec) acc.listen(asio::socket_base::max_listen_connections, ec);
   if (ec)
-    DT_THROW(CommError, "rendezvous store cannot listen on {}:{}: {} (pick another port or free this one)",
-             bind_address, port, ec.message());
+    DT_THROW(CommError, "rendezvous store cannot listen on {}: {} (pick another port or free this one)",
+             host_port_text(bind_address, port), ec.message());
   impl_->port = acc.local_endpoint().port();
   asio::co_spawn(impl_->io, impl_->accept_loop(), log_handler_failure);
   impl_->thread = std::thread([impl = impl_.get()] {
@@ -518,12 +519,13 @@ StoreServer::StoreServer(const std::string& bind_address, uint16_t port, std::st
       log_error("rendezvous: store io thread failed: {}", e.what());
     }
   });
-  log_debug("rendezvous: store listening on {}:{}", bind_address, impl_->port);
+  log_debug("rendezvous: store listening on {}", host_port_text(bind_address, impl_->port));
 }
 
 StoreServer::~StoreServer() { stop(); }
 
-std::string store_listen_address(const std::string& advertised) {
+std::string store_listen_address(const std::string& advertised_text) {
+  const std::string advertised = address_unbracket(advertised_text);
   boost::system::error_code ec;
   asio::ip::make_address(advertised, ec);
   if (!ec) return advertised;

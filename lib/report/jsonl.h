@@ -13,4 +13,10 @@ namespace dtrain::report {
 /// skipped; a missing file gives an empty list.
 std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path);
 
+/// Every line of path as a JSON object, for files whose writer appends whole lines
+/// (events.jsonl): a complete line that is not a JSON object is corruption, an IoError
+/// naming path:line and showing the line. Only a last line without its newline (being
+/// written, or cut by a crash) is skipped. A missing file gives an empty list.
+std::vector<nlohmann::json> read_jsonl_strict(const std::filesystem::path& path);
+
 }  // namespace dtrain::report

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -71,15 +72,32 @@ void write_atomic(const fs::path& path, const std::string& text) {
 }
 
 
+// A file the launcher writes atomically (launcher.json, nodes.json): missing is nullopt,
+// anything but one JSON object is corruption (IoError naming the file).
 std::optional<json> read_json(const fs::path& path) {
   std::ifstream in(path);
   if (!in) return std::nullopt;
   std::stringstream ss;
   ss << in.rdbuf();
-  json j = json::parse(ss.str(), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return std::nullopt;
-  return j;
+  try {
+    json j = json::parse(ss.str());
+    if (j.is_object()) return j;
+    DT_THROW(IoError, "{} is corrupt: it holds a JSON {}, not the object the launcher writes there; the file was "
+             "damaged (edited, or written by something else)", path.string(), j.type_name());
+  } catch (const json::parse_error& e) {
+    // e.byte is 1-based; the line is what a reader looks for.
+    const std::string text = ss.str();
+    const size_t at = std::min<size_t>(e.byte == 0 ? 0 : e.byte - 1, text.size());
+    const long line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n');
+    DT_THROW(IoError, "{}:{}: corrupt: not valid JSON ({}); the file was damaged (edited, or written by something "
+             "else)", path.string(), line, e.what());
+  }
 }
+
+// What `dtrain launch` leaves in a run directory before its first rank starts, and what
+// the ranks add: a directory holding none of these is not a run.
+constexpr const char* RUN_MARKERS[] = {"config.yaml", "launcher.json", "events.jsonl", "metrics.jsonl",
+                                       "hostfile",    "nodes.json",    "checkpoints"};
 
 template <typename T>
 T get_or(const json& j, const char* key, T fallback) {
@@ -151,6 +169,14 @@ RunStatus status_read(const std::string& run_dir) {
   const fs::path dir(run_dir);
   std::error_code ec;
   DT_ENFORCE(fs::is_directory(dir, ec), IoError, "{} is not a run directory (no such directory)", run_dir);
+  bool any_marker = false;
+  for (const char* m : RUN_MARKERS) any_marker = any_marker || fs::exists(dir / m, ec);
+  if (!any_marker)
+    DT_THROW(UsageError,
+             "{} is not a dtrain run directory: it holds none of config.yaml, launcher.json, events.jsonl, "
+             "metrics.jsonl, hostfile, nodes.json or checkpoints/ (what dtrain launch writes there); give the "
+             "directory the job ran in (its --output-dir or training.output_dir)",
+             run_dir);
   RunStatus st;
   st.run_dir = run_dir;
 
@@ -173,7 +199,7 @@ RunStatus status_read(const std::string& run_dir) {
   }
 
   std::string last_event;
-  for (const json& e : read_jsonl(dir / "events.jsonl")) {
+  for (const json& e : read_jsonl_strict(dir / "events.jsonl")) {
     const std::string ev = get_or<std::string>(e, "event", "");
     const int64_t t = get_or<int64_t>(e, "time_ms", 0);
     const int round = get_or<int>(e, "round", 0);

@@ -40,7 +40,7 @@ enum class RunState {
   RUNNING,       ///< the launcher process is alive
   FINISHED,      ///< last event "finished"
   FAILED,        ///< last event a failure and the launcher is gone
-  INTERRUPTED,   ///< stopped by Ctrl-C / SIGTERM (failure with node -2)
+  INTERRUPTED,   ///< stopped by SIGINT (Ctrl-C), SIGTERM or SIGHUP (failure with node -2)
   LOST           ///< the launcher vanished without a final event (killed, node rebooted)
 };
 /// "not started", "running", "finished", "failed", "interrupted", "lost".
@@ -87,8 +87,11 @@ struct RunStatus {
 };
 
 /// Reads the run directory (a checkpoint counts once checkpoints/latest names a directory
-/// holding manifest.json, as train/checkpoint.h writes it). Missing files mean "nothing yet"; malformed lines (a record
-/// being written right now) are skipped. IoError when run_dir is not a directory.
+/// holding manifest.json, as train/checkpoint.h writes it). Missing files mean "nothing yet"; a last line without
+/// its newline (a record being written right now) is skipped, as are broken metrics.jsonl lines (rank 0's file).
+/// IoError when run_dir is not a directory, or when launcher.json or nodes.json is not one JSON object or a
+/// complete events.jsonl line is not one (corrupt: the message names the file and line). UsageError when the
+/// directory holds nothing a run writes (not a run directory).
 RunStatus status_read(const std::string& run_dir);
 
 /// The human-readable report (now_ms: the current unix time; tests pass a fixed one), e.g.

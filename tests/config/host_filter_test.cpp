@@ -126,6 +126,37 @@ TEST_CASE("select: a selected hostfile can be selected again") {
   CHECK(contains(m, "filtered out"));
 }
 
+TEST_CASE("select: IPv6 hosts as [addr] or [addr]:slots, or bare when they match a host exactly") {
+  Hostfile v6 = hostfile_parse("::1 slots=2\nroot@fe80::1%eth0 slots=4\nnode-a slots=1\n", "v6");
+  Hostfile hf = hostfile_select(v6, {.include = "[fe80::1%eth0]:1,3@::1"});
+  REQUIRE(hf.hosts.size() == 2);
+  CHECK(hf.hosts[0].host == "::1");
+  CHECK(hf.hosts[0].slot_ids == Ids{0, 1});
+  CHECK(hf.hosts[1].host == "fe80::1%eth0");
+  CHECK(hf.hosts[1].slot_ids == Ids{1, 3});
+  hf = hostfile_select(v6, {.exclude = "[::1]@node-a:0"});
+  REQUIRE(hf.hosts.size() == 1);
+  CHECK(hf.hosts[0].slot_ids == Ids{0, 1, 2, 3});
+  hf = hostfile_select(v6, {.include = "fe80::1%ETH0"});
+  REQUIRE(hf.hosts.size() == 1);
+  CHECK(hf.hosts[0].host == "fe80::1%eth0");
+
+  auto error = [&](const std::string& include) {
+    try {
+      hostfile_select(v6, {.include = include});
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    FAIL_CHECK("expected a ConfigError for " << include);
+    return std::string();
+  };
+  CHECK(contains(error("::1:0"), "write an IPv6 host in brackets"));
+  CHECK(contains(error("[::1"), "bad node spec"));
+  CHECK(contains(error("[::1]0"), "bad node spec"));
+  CHECK(contains(error("[::1]:2"), "has no slot 2"));
+  CHECK(contains(error("[::2]"), "not in hostfile v6"));
+}
+
 TEST_CASE("select errors") {
   std::string m = select_error({.include = "worker-0", .exclude = "worker-1"});
   CHECK(contains(m, "mutually exclusive"));

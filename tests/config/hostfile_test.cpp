@@ -3,6 +3,7 @@
 #include "config/hostfile.h"
 
 #include "core/error.h"
+#include "core/net_address.h"
 
 #include <doctest/doctest.h>
 
@@ -81,6 +82,42 @@ TEST_CASE("hostfile: CRLF line endings, no final newline, IP addresses") {
   CHECK(hf.hosts[0].host == "10.0.0.1");
   CHECK(hf.hosts[1].slots == 3);
   CHECK(hf.total_slots() == 5);
+}
+
+TEST_CASE("hostfile: IPv6 literals, bare or in brackets, with a zone, under a user") {
+  Hostfile hf = hostfile_parse(
+      "::1 slots=2\n[fe80::1%eth0] slots=1 port=2222\nroot@2001:db8::7 slots=4\nu@[2001:db8::8] slots=1\n"
+      "fe80::2%lo slots=1 # link-local\n",
+      "h");
+  REQUIRE(hf.hosts.size() == 5);
+  CHECK(hf.hosts[0].host == "::1");
+  CHECK(hf.hosts[0].destination() == "::1");
+  CHECK(hf.hosts[1].host == "fe80::1%eth0");
+  CHECK(hf.hosts[1].port == 2222);
+  CHECK(hf.hosts[2].user == "root");
+  CHECK(hf.hosts[2].host == "2001:db8::7");
+  CHECK(hf.hosts[2].destination() == "root@2001:db8::7");
+  CHECK(hf.hosts[3].host == "2001:db8::8");
+  CHECK(hf.hosts[4].host == "fe80::2%lo");
+  // What the run directory's hostfile holds (destination slots=N) parses back the same.
+  std::string again;
+  for (const HostEntry& h : hf.hosts) again += h.destination() + " slots=" + std::to_string(h.slots) + "\n";
+  Hostfile hf2 = hostfile_parse(again, "h2");
+  REQUIRE(hf2.hosts.size() == 5);
+  for (size_t i = 0; i < 5; ++i) CHECK(hf2.hosts[i].host == hf.hosts[i].host);
+}
+
+TEST_CASE("hostfile error: IPv6 spellings of one address are one host; malformed IPv6 names the line") {
+  std::string m = parse_error("::1 slots=1\n0:0:0::1 slots=1\n");
+  CHECK(contains(m, "hosts.txt:2:"));
+  CHECK(contains(m, "duplicate host"));
+  CHECK(contains(m, "hosts.txt:1"));
+  for (const char* line : {"[::1 slots=1", "[node1] slots=1", "[] slots=1", "1:2:3 slots=1", "::1:: slots=1",
+                           "fe80::1% slots=1", "fe80::1%e/th slots=1", "[::1]:22 slots=1", "::1 :22 slots=1"}) {
+    CAPTURE(line);
+    std::string e = parse_error(std::string("a slots=1\n") + line + "\n");
+    CHECK(contains(e, "hosts.txt:2:"));
+  }
 }
 
 TEST_CASE("hostfile: slots bounds and leading zeros") {
@@ -287,7 +324,8 @@ TEST_CASE("hostfile: seeded mutations raise only ConfigError") {
         CHECK(h.slots <= HOSTFILE_MAX_SLOTS);
         CHECK(h.slot_ids.size() == static_cast<size_t>(h.slots));
         CHECK(names.insert(h.host).second);
-        CHECK(h.host.find_first_of("@:# \t\n$'\"") == std::string::npos);
+        CHECK(h.host.find_first_of("@# \t\n$'\"") == std::string::npos);
+        if (h.host.find(':') != std::string::npos) CHECK(dtrain::ipv6_literal(h.host));
       }
     } catch (const ConfigError& e) {
       ++rejected;

@@ -114,3 +114,14 @@ TEST_CASE("placement: table") {
   // Rank column of the single-slot node is "8", not "8-8".
   CHECK(!contains(t, "8-8"));
 }
+
+TEST_CASE("placement: IPv6 hosts and master are bracketed where a port follows") {
+  Hostfile hf = hostfile_parse("::1 slots=1\nroot@[fe80::1%eth0] slots=2 port=2222\n", "h");
+  Plan plan = plan_placement(hf, "fe80::9%eth0", 29500);
+  CHECK(plan.master_addr == "fe80::9%eth0");  // bare: MASTER_ADDR and getaddrinfo take it so
+  std::string t = plan_format_table(plan);
+  INFO(t);
+  CHECK(contains(t, "root@[fe80::1%eth0]:2222"));
+  CHECK(contains(t, "master [fe80::9%eth0]:29500"));
+  CHECK(contains(t, "\n0     ::1 "));
+}

@@ -2,7 +2,7 @@
 // scripts/test_cluster.sh (skipped with a message when not root or unsupported).
 // Parallel runs, namespace identity, byte-exact env through a quoted shell line, stdin,
 // host key policies (mismatch, unknown, accept-new, hashed, [host]:port), connect and
-// auth errors, remote signals, terminate, and a link cut mid-run.
+// auth errors, remote signals, terminate, a link cut mid-run, and an sshd on [::1] (IPv6).
 #include "launch/ssh_spawner.h"
 
 #include "core/error.h"
@@ -526,4 +526,69 @@ TEST_CASE("an idle command survives many keepalive intervals") {
   INFO(s.describe());
   CHECK(s.success());
   CHECK(lines.of(Stream::STDOUT) == std::vector<std::string>{"done"});
+}
+
+TEST_CASE("SSH over IPv6: root@::1 and root@[::1] reach an sshd on [::1], known_hosts gets [::1]:port") {
+  Cluster* c = cluster();
+  if (!c) return;
+  // A free port on [::1] of this namespace (skip when it has no IPv6 loopback).
+  int port = 0;
+  {
+    int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_loopback;
+    socklen_t len = sizeof a;
+    if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+      port = ntohs(a.sin6_port);
+    if (fd >= 0) ::close(fd);
+  }
+  if (port == 0) {
+    MESSAGE("skipped: no IPv6 loopback in this namespace");
+    return;
+  }
+  // The cluster's sshd config and keys, listening on [::1] only, for this test.
+  const std::string pid_file = c->dir() + "/sshd-v6.pid";
+  int rc = 0;
+  std::string log = run_here("/usr/sbin/sshd -f " + c->dir() + "/sshd_config -o Port=" + std::to_string(port) +
+                                 " -o ListenAddress=[::1]:" + std::to_string(port) + " -o PidFile=" + pid_file + " 2>&1",
+                             &rc);
+  REQUIRE_MESSAGE(rc == 0, log);
+  struct StopSshd {
+    std::string pid_file;
+    ~StopSshd() {
+      std::ifstream in(pid_file);
+      int pid = 0;
+      if (in >> pid && pid > 0) ::kill(pid, SIGTERM);
+    }
+  } stop{pid_file};
+  // sshd may still be setting up its listener when the daemonizing parent returns.
+  bool listening = false;
+  for (int i = 0; i < 100 && !listening; ++i) {
+    int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_loopback;
+    a.sin6_port = htons(static_cast<uint16_t>(port));
+    listening = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    if (!listening) std::this_thread::sleep_for(50ms);
+  }
+  REQUIRE(listening);
+
+  const std::string known = c->dir() + "/known_v6";
+  std::ofstream(known) << "";
+  SshOptions o = c->options();
+  o.known_hosts = known;
+  o.port = port;
+  o.policy = SshOptions::HostKeyPolicy::ACCEPT_NEW;
+  Lines lines;
+  CHECK(run_to_end(*spawn_ssh("root@::1", o, "echo v6-ok", "", lines.callback())).success());
+  CHECK(lines.of(Stream::STDOUT) == std::vector<std::string>{"v6-ok"});
+  CHECK(contains(read_file(known), "[::1]:" + std::to_string(port) + " ssh-ed25519 "));
+  o.policy = SshOptions::HostKeyPolicy::STRICT;
+  Lines strict;
+  CHECK(run_to_end(*spawn_ssh("root@[::1]", o, "echo v6-strict", "", strict.callback())).success());
+  CHECK(strict.of(Stream::STDOUT) == std::vector<std::string>{"v6-strict"});
 }

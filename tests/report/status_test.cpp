@@ -179,12 +179,58 @@ TEST_CASE("status: interrupted, lost, recycled pid, empty and missing run dirs")
     CHECK(status_format(st, 5).find("liveness not checkable") != std::string::npos);
   }
   {
-    TempDir d("empty");
+    // config.yaml written, no round yet: a run that has not started.
+    TempDir d("fresh");
+    append(d.path / "config.yaml", "training: {}");
     RunStatus st = status_read(d.str());
     CHECK(st.state == RunState::NOT_STARTED);
     std::string text = status_format(st, 5);
     CHECK(text.find("no training step logged yet") != std::string::npos);
     CHECK(text.find("checkpoint none") != std::string::npos);
   }
+  {
+    // Nothing a run writes: not a run directory at all.
+    TempDir d("empty");
+    fs::create_directories(d.path / "something-else");
+    CHECK_THROWS_WITH_AS(status_read(d.str()), doctest::Contains("is not a dtrain run directory"), dtrain::UsageError);
+  }
   CHECK_THROWS_AS(status_read("/nonexistent/run/dir"), dtrain::IoError);
+}
+
+TEST_CASE("status: corrupt launcher.json, nodes.json or events.jsonl lines are IoErrors naming file and line") {
+  {
+    TempDir d("corrupt-events");
+    append(d.path / "events.jsonl", R"({"time_ms":1,"event":"round_start","round":0})");
+    append(d.path / "events.jsonl", "");  // a blank line is harmless
+    append(d.path / "events.jsonl", R"(not json)");
+    append(d.path / "events.jsonl", R"({"time_ms":2,"event":"finished","round":0})");
+    CHECK_THROWS_WITH_AS(status_read(d.str()), doctest::Contains("events.jsonl:3: corrupt line \"not json\""),
+                         dtrain::IoError);
+  }
+  {
+    // A JSON value that is not an object is as corrupt as broken text.
+    TempDir d("array-event");
+    append(d.path / "events.jsonl", "[1]");
+    CHECK_THROWS_WITH_AS(status_read(d.str()), doctest::Contains("events.jsonl:1: corrupt"), dtrain::IoError);
+  }
+  {
+    // Only the last line may be cut (no newline yet): it is skipped.
+    TempDir d("torn-tail");
+    append(d.path / "events.jsonl", R"({"time_ms":1,"event":"round_start","round":0})");
+    std::ofstream(d.path / "events.jsonl", std::ios::app) << R"({"time_ms":2,"event":"fin)";
+    RunStatus st = status_read(d.str());
+    CHECK(st.rounds == 1);
+  }
+  {
+    TempDir d("corrupt-launcher");
+    append(d.path / "config.yaml", "training: {}");
+    append(d.path / "launcher.json", "{\"pid\": 1,\n\"host\": }");
+    CHECK_THROWS_WITH_AS(status_read(d.str()), doctest::Contains("launcher.json:2: corrupt"), dtrain::IoError);
+  }
+  {
+    TempDir d("corrupt-nodes");
+    append(d.path / "config.yaml", "training: {}");
+    append(d.path / "nodes.json", "\"nodes\"");
+    CHECK_THROWS_WITH_AS(status_read(d.str()), doctest::Contains("nodes.json is corrupt"), dtrain::IoError);
+  }
 }
