@@ -262,11 +262,12 @@ TEST_CASE("a checkpoint write that hits ENOSPC fails the round; once space is fr
   // The next round removed the partial checkpoint and resumed from the complete one.
   CHECK(contains(out, "removed " + run_dir + "/checkpoints/tmp-step10, left by a checkpoint save that did not complete"));
   CHECK(contains(out, "resumed from step 5 "));
-  CHECK(contains(out, "succeeded in round 1"));
+  // (Round 1 unless this test was too slow to free the space within retry_delay.)
+  CHECK(contains(out, "job finished: all 2 rank(s) succeeded in round "));
   CHECK(partial_dirs(run_dir).empty());
   CHECK(read_text(run_dir + "/checkpoints/latest") == "step20");
 
-  // events.jsonl: round 0 failed (with the reason), round 1 finished.
+  // events.jsonl: round 0 failed (with the reason), a later round finished.
   const auto events = events_of(run_dir);
   bool failure = false, finished = false;
   for (const auto& e : events) {
@@ -274,7 +275,7 @@ TEST_CASE("a checkpoint write that hits ENOSPC fails the round; once space is fr
       failure = true;
       CHECK(contains(e.value("why", ""), kNoSpace));
     }
-    if (e.value("event", "") == "finished" && e.value("round", -1) == 1) finished = true;
+    if (e.value("event", "") == "finished" && e.value("round", -1) >= 1) finished = true;
   }
   CHECK(failure);
   CHECK(finished);
@@ -284,7 +285,7 @@ TEST_CASE("a checkpoint write that hits ENOSPC fails the round; once space is fr
 TEST_CASE("a disk that stays full with max_retries 0: the launcher reports its own failed writes, exits non-zero and "
           "status does not say running") {
   const std::string bin = bin_or_skip();
-  Tmpfs t(64 * 1024);
+  Tmpfs t(4 * 1024);  // small: filling it takes a moment, well before the ranks write
   ConfigFile cfg(20, 0, 1);
   const std::string run_dir = t.dir() + "/run";
   Child c(launch_argv(bin, cfg.path, run_dir));
