@@ -243,11 +243,30 @@ int agent_run(const AgentArgs& args, int token_fd, const AgentTiming& timing) {
         continue;
       }
       if (st->success()) continue;
-      int rank = args.first_rank + lr;
-      std::string why = fmt::format("rank {} (local rank {}) on {} {}", rank, lr, host, st->describe());
+      // When a rank dies its local peers fail too, with communication errors, at nearly
+      // the same moment, and may be seen first: look a little longer for the failure
+      // that is not a consequence (as the launcher does across nodes).
+      int culprit = lr;
+      if (exit_code_of(*st) == static_cast<int>(Exit::COMM)) {
+        const auto until = Clock::now() + 1000ms;
+        while (culprit == lr && Clock::now() < until) {
+          for (int j = 0; j < args.local_world_size; ++j) {
+            if (j == lr) continue;
+            auto sj = ranks[j]->wait_for(0ms);
+            if (sj && !sj->success() && exit_code_of(*sj) != static_cast<int>(Exit::COMM)) {
+              culprit = j;
+              st = sj;
+              break;
+            }
+          }
+          if (culprit == lr) std::this_thread::sleep_for(20ms);
+        }
+      }
+      int rank = args.first_rank + culprit;
+      std::string why = fmt::format("rank {} (local rank {}) on {} {}", rank, culprit, host, st->describe());
       {
         std::lock_guard<std::mutex> lock(out_mu);
-        if (!rank_said[static_cast<size_t>(lr)].empty()) why += ": " + rank_said[static_cast<size_t>(lr)];
+        if (!rank_said[static_cast<size_t>(culprit)].empty()) why += ": " + rank_said[static_cast<size_t>(culprit)];
       }
       log_error("{}", why);
       try {
