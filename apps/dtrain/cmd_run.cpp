@@ -49,6 +49,9 @@ int run_job(launch::Job& job, const JobOptions& cli, bool resume) {
   launch::RunDirLock lock = launch::RunDirLock::acquire(job.run_dir, &stale);
   if (!stale.empty()) log_warn("{}", stale);
   refuse_checkpointed();
+  // A save that a crash or a full disk interrupted leaves checkpoints/tmp-step<k>/: it
+  // goes before anything is written here, as it may hold the space that needs.
+  launch::run_dir_remove_partial_checkpoints(job.run_dir);
   launch::job_write_run_dir(job, resume);
   launch::spawner_become_subreaper();
   struct sigaction sa{};

@@ -202,17 +202,23 @@ int agent_run(const AgentArgs& args, int token_fd, const AgentTiming& timing) {
   // Spawn the ranks: `dtrain worker [rank args]`, token on stdin.
   std::mutex out_mu;
   std::vector<std::unique_ptr<LocalProcess>> ranks;
+  // Each rank's last "dtrain: error: ..." line (guarded by out_mu): the failure report
+  // carries why the rank failed (e.g. "cannot write checkpoint file F: No space left on
+  // device"), not only its exit code.
+  std::vector<std::string> rank_said(static_cast<size_t>(args.local_world_size));
   const std::string exe = self_exe_path();
   for (int lr = 0; lr < args.local_world_size; ++lr) {
     int rank = args.first_rank + lr;
     std::vector<std::string> argv = {exe, "worker"};
     argv.insert(argv.end(), args.rank_args.begin(), args.rank_args.end());
     std::string prefix = fmt::format("[node{} rank{}] ", args.node_rank, rank);
-    auto cb = [&out_mu, prefix](Stream s, std::string_view line) {
+    auto cb = [&out_mu, &rank_said, lr, prefix](Stream s, std::string_view line) {
       std::string out = prefix;
       out.append(line);
       out.push_back('\n');
       std::lock_guard<std::mutex> lock(out_mu);
+      if (s == Stream::STDERR && (line.rfind("dtrain: error: ", 0) == 0 || line.rfind("dtrain: internal error: ", 0) == 0))
+        rank_said[static_cast<size_t>(lr)] = std::string(line.substr(0, 1000));
       std::FILE* f = s == Stream::STDOUT ? stdout : stderr;
       std::fwrite(out.data(), 1, out.size(), f);
       std::fflush(f);
@@ -237,8 +243,31 @@ int agent_run(const AgentArgs& args, int token_fd, const AgentTiming& timing) {
         continue;
       }
       if (st->success()) continue;
-      int rank = args.first_rank + lr;
-      std::string why = fmt::format("rank {} (local rank {}) on {} {}", rank, lr, host, st->describe());
+      // When a rank dies its local peers fail too, with communication errors, at nearly
+      // the same moment, and may be seen first: look a little longer for the failure
+      // that is not a consequence (as the launcher does across nodes).
+      int culprit = lr;
+      if (exit_code_of(*st) == static_cast<int>(Exit::COMM)) {
+        const auto until = Clock::now() + 1000ms;
+        while (culprit == lr && Clock::now() < until) {
+          for (int j = 0; j < args.local_world_size; ++j) {
+            if (j == lr) continue;
+            auto sj = ranks[j]->wait_for(0ms);
+            if (sj && !sj->success() && exit_code_of(*sj) != static_cast<int>(Exit::COMM)) {
+              culprit = j;
+              st = sj;
+              break;
+            }
+          }
+          if (culprit == lr) std::this_thread::sleep_for(20ms);
+        }
+      }
+      int rank = args.first_rank + culprit;
+      std::string why = fmt::format("rank {} (local rank {}) on {} {}", rank, culprit, host, st->describe());
+      {
+        std::lock_guard<std::mutex> lock(out_mu);
+        if (!rank_said[static_cast<size_t>(culprit)].empty()) why += ": " + rank_said[static_cast<size_t>(culprit)];
+      }
       log_error("{}", why);
       try {
         round_store.set(agent_failure_key(args.node_rank), why);

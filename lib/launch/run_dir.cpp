@@ -3,6 +3,7 @@
 #include "launch/run_dir.h"
 
 #include "core/check.h"
+#include "core/log.h"
 
 #include <fcntl.h>
 #include <nlohmann/json.hpp>
@@ -10,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <chrono>
@@ -129,28 +131,73 @@ void run_dir_write_file(const std::string& path, const std::string& text, mode_t
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode & 0666);
   DT_ENFORCE(fd >= 0, IoError, "cannot write {}: {}", tmp, std::strerror(errno));
   ::fchmod(fd, mode & 0666);  // the umask must not loosen or tighten it
+  // A failed write leaves no tmp file: on a full disk it would hold on to the space.
+  auto fail = [&](const char* what, int err) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    DT_THROW(IoError, "cannot {} {}: {}", what, tmp, std::strerror(err));
+  };
   const char* p = text.data();
   size_t left = text.size();
   while (left > 0) {
     const ssize_t w = ::write(fd, p, left);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      const int err = errno;
-      ::close(fd);
-      DT_THROW(IoError, "short write to {}: {}", tmp, std::strerror(err));
-    }
+    // write() of a regular file returns 0 only when nothing more fits (errno is not set).
+    if (w <= 0) fail("write", w < 0 ? errno : ENOSPC);
     p += w;
     left -= static_cast<size_t>(w);
   }
-  ::close(fd);
+  // Some filesystems (NFS) report a full disk only when the data is flushed.
+  if (::fsync(fd) != 0 && errno != EINVAL) fail("write", errno);
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    DT_THROW(IoError, "cannot write {}: {}", tmp, std::strerror(err));
+  }
   std::error_code ec;
   fs::rename(tmp, path, ec);
-  DT_ENFORCE(!ec, IoError, "cannot rename {} to {}: {}", tmp, path, ec.message());
+  if (ec) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    DT_THROW(IoError, "cannot rename {} to {}: {}", tmp, path, ec.message());
+  }
+}
+
+bool run_dir_partial_checkpoint_name(const std::string& name) {
+  // The rule of train/checkpoint.cpp (tmp-step<k>, k the step number).
+  if (name.size() <= 8 || name.rfind("tmp-step", 0) != 0) return false;
+  return std::all_of(name.begin() + 8, name.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+std::vector<std::string> run_dir_remove_partial_checkpoints(const std::string& dir) {
+  std::vector<std::string> removed;
+  const fs::path root = fs::path(dir) / "checkpoints";
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return removed;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    std::error_code type_ec;
+    // symlink_status: a symlink named like ours is not ours to follow.
+    const auto st = fs::symlink_status(e.path(), type_ec);
+    const bool partial_dir = run_dir_partial_checkpoint_name(name) && fs::is_directory(st);
+    const bool latest_tmp = name == "latest.tmp" && fs::is_regular_file(st);
+    if (!partial_dir && !latest_tmp) continue;
+    std::error_code rm_ec;
+    fs::remove_all(e.path(), rm_ec);
+    if (rm_ec) {
+      log_warn("cannot remove {}, left by a checkpoint save that did not complete: {}", e.path().string(),
+               rm_ec.message());
+      continue;
+    }
+    log_info("removed {}, left by a checkpoint save that did not complete", e.path().string());
+    removed.push_back(e.path().string());
+  }
+  return removed;
 }
 
 // ---------------------------------------------------------------------------
 
-RunDirLock RunDirLock::acquire(const std::string& dir, std::string* stale_note) {
+RunDirLock RunDirLock::acquire(const std::string& dir, std::string* note) {
   const std::string path = (fs::path(dir) / "launcher.lock").string();
   // Close-on-exec: agents and ranks must not inherit (and so prolong) the lock.
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -171,10 +218,11 @@ RunDirLock RunDirLock::acquire(const std::string& dir, std::string* stale_note) 
   // Ours. A record that is still there was left by a launcher that ended without
   // clearing it (killed or crashed): the kernel dropped its lock, so it is stale.
   const std::string old = fd_read_all(fd);
-  if (!old.empty() && stale_note)
-    *stale_note = fmt::format("run directory {}: taking over a stale lock record of {}, which ended without "
-                              "releasing it (killed or crashed)",
-                              dir, holder_text(old));
+  std::string said;
+  if (!old.empty())
+    said = fmt::format("run directory {}: taking over a stale lock record of {}, which ended without releasing it "
+                       "(killed or crashed)",
+                       dir, holder_text(old));
   const std::string rec =
       nlohmann::json{{"host", host_name()}, {"pid", static_cast<long long>(::getpid())}, {"started", utc_now()},
                      {"started_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -182,12 +230,19 @@ RunDirLock RunDirLock::acquire(const std::string& dir, std::string* stale_note) 
                                         .count()}}
           .dump() +
       "\n";
-  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, rec.data(), rec.size(), 0) != static_cast<ssize_t>(rec.size())) {
-    const int err = errno;
-    ::close(fd);
-    DT_THROW(IoError, "cannot write the run directory lock record {}: {}", path, std::strerror(err));
+  // The flock is what excludes other launchers; the record only names the holder. On a
+  // full disk it may not fit: the launch goes on (and may free space: partial
+  // checkpoints go first), an empty record reads "has not written its record yet".
+  ssize_t w = -1;
+  if (::ftruncate(fd, 0) != 0 || (w = ::pwrite(fd, rec.data(), rec.size(), 0)) != static_cast<ssize_t>(rec.size())) {
+    const int err = w < 0 ? errno : ENOSPC;  // a short write sets no errno: the rest did not fit
+    (void)!::ftruncate(fd, 0);
+    said += fmt::format("{}cannot write the run directory lock record {}: {} (the lock holds without it)",
+                        said.empty() ? "" : "; ", path, std::strerror(err));
+  } else {
+    ::fsync(fd);
   }
-  ::fsync(fd);
+  if (note) *note = said;
   return RunDirLock(fd, path);
 }
 

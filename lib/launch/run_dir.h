@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <string>
 #include <sys/types.h>
+#include <vector>
 
 namespace dtrain::launch {
 
@@ -32,7 +33,19 @@ void run_dir_create(const std::string& dir, mode_t mode);
 
 /// Writes path through path.tmp and a rename, with the given permission bits (not
 /// subject to the umask), so a reader sees the old or the new file, never a torn one.
+/// IoError naming the file and the system's reason ("No space left on device"); the
+/// tmp file does not stay behind.
 void run_dir_write_file(const std::string& path, const std::string& text, mode_t mode);
+
+/// True for the names of dtrain's own unfinished checkpoint directories:
+/// "tmp-step<digits>" (train/checkpoint.h writes a checkpoint there, then renames it).
+bool run_dir_partial_checkpoint_name(const std::string& name);
+
+/// Removes what an interrupted checkpoint save left in <dir>/checkpoints: tmp-step<k>/
+/// directories and the latest.tmp file, nothing else (a user's files stay, whatever
+/// their name). Only while no rank runs (the launcher, before a round). Logs each path
+/// removed, and a warning for one that cannot be; returns the paths removed.
+std::vector<std::string> run_dir_remove_partial_checkpoints(const std::string& dir);
 
 /// Exclusive ownership of a run directory while the object lives: an flock on
 /// <dir>/launcher.lock, which the kernel drops however the process ends (exit, signal,
@@ -41,8 +54,10 @@ class RunDirLock {
  public:
   /// Takes the lock, or throws UsageError naming the holder's host, pid and start time.
   /// A record left behind by a launcher that died without clearing it (the lock itself
-  /// is free) is described in one line in *stale_note (when given) and taken over.
-  static RunDirLock acquire(const std::string& dir, std::string* stale_note = nullptr);
+  /// is free) is taken over; a record that cannot be written (a full disk) does not stop
+  /// the launch, the lock holds without it. Either is described in one line in *note
+  /// (when given), for the caller to report.
+  static RunDirLock acquire(const std::string& dir, std::string* note = nullptr);
 
   RunDirLock(RunDirLock&& o) noexcept : fd_(o.fd_), path_(std::move(o.path_)) { o.fd_ = -1; }
   RunDirLock& operator=(RunDirLock&&) = delete;

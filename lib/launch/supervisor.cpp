@@ -8,6 +8,8 @@
 #include "launch/local_spawner.h"
 #include "launch/ssh_spawner.h"
 #include "launch/progress.h"
+#include "launch/run_dir.h"
+#include "launch/run_files.h"
 #include "rendezvous/store.h"
 #include "report/status.h"
 
@@ -18,7 +20,6 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -48,8 +49,9 @@ std::string expand_home(const std::string& p) {
 // agent's own lines in logs/nodeK.log.
 class OutputRouter {
  public:
-  OutputRouter(const std::string& run_dir, bool echo, bool tee_all)
-      : dir_(fs::path(run_dir) / "logs"), echo_(echo), tee_all_(tee_all), progress_(::isatty(STDOUT_FILENO) != 0, 0) {
+  OutputRouter(const std::string& run_dir, RunFiles& files, bool echo, bool tee_all)
+      : dir_(fs::path(run_dir) / "logs"), files_(files), echo_(echo), tee_all_(tee_all),
+        progress_(::isatty(STDOUT_FILENO) != 0, 0) {
     std::error_code ec;
     fs::create_directories(dir_, ec);
   }
@@ -94,10 +96,9 @@ class OutputRouter {
       }
     }
     std::string file = rank >= 0 ? fmt::format("rank{}.log", rank) : fmt::format("node{}.log", node);
-    auto& out = files_[file];
-    if (!out) out = std::make_unique<std::ofstream>(dir_ / file, std::ios::app);
-    *out << body << '\n';
-    out->flush();
+    std::string record(body);
+    record.push_back('\n');
+    files_.append((dir_ / file).string(), record);
   }
 
   // True once, the first time it is asked after rank 0 reported that training started
@@ -139,10 +140,10 @@ class OutputRouter {
   }
 
   fs::path dir_;
+  RunFiles& files_;
   bool echo_, tee_all_;
   ProgressView progress_;
   std::mutex mu_;
-  std::map<std::string, std::unique_ptr<std::ofstream>> files_;
   std::map<int, std::string> agent_said_;
   std::atomic<bool> started_{false};
   bool started_taken_ = false;
@@ -161,11 +162,6 @@ struct Failure {
   Kind kind = Kind::NONE;
   bool permanent = false;  // retrying cannot help (host key / authentication refused)
 };
-
-void append_event(const std::string& run_dir, const nlohmann::json& ev) {
-  std::ofstream out(fs::path(run_dir) / "events.jsonl", std::ios::app);
-  out << ev.dump() << '\n';
-}
 
 int64_t unix_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -199,9 +195,27 @@ std::string interrupt_why(int sig) {
   }
 }
 
+// nodes.json for `dtrain status`; a failure to write it is reported once, not fatal.
+void write_nodes(const Job& job, RunFiles& files, int round, const std::vector<report::NodeHealth>& health) {
+  files.attempt((fs::path(job.run_dir) / "nodes.json").string(),
+                [&] { report::status_write_nodes(job.run_dir, round, health); });
+}
+
+// The end of supervise: what could not be recorded, said where the user sees it.
+int finish(RunFiles& files, int rc) {
+  files.flush_events();
+  if (const size_t n = files.events_pending(); n > 0)
+    log_error("{} event(s) (the job's end among them) could not be written to events.jsonl, so `dtrain status` "
+              "cannot tell how the job ended: {}",
+              n, files.failing());
+  else if (std::string f = files.failing(); !f.empty())
+    log_warn("some run directory files could not be fully written: {}", f);
+  return rc;
+}
+
 // One round: start agents, watch, stop. Returns nullopt-like Failure{node=-1} on success.
 Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreClient& store,
-                  const std::string& token, const SupervisorOptions& opts, OutputRouter& out) {
+                  const std::string& token, const SupervisorOptions& opts, OutputRouter& out, RunFiles& files) {
   const auto& ft = job.cfg.fault_tolerance;
   const auto hb_timeout = seconds_ms(ft.heartbeat_timeout);
   // Grace before the first heartbeat: SSH connect plus agent start.
@@ -286,7 +300,7 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
     if (finished == n) {  // every node succeeded
       std::vector<report::NodeHealth> health;
       for (int k = 0; k < n; ++k) health.push_back({k, job.plan.nodes[k].host.destination(), -1.0, "done"});
-      report::status_write_nodes(job.run_dir, round, health);
+      write_nodes(job, files, round, health);
       return fail;
     }
 
@@ -303,7 +317,7 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
         health.push_back({k, job.plan.nodes[k].host.destination(), age,
                           done[k] ? "done" : it == beats.end() ? "starting" : "running"});
       }
-      report::status_write_nodes(job.run_dir, round, health);
+      write_nodes(job, files, round, health);
     }
     for (int k = 0; k < n; ++k) {
       if (done[k]) continue;
@@ -353,7 +367,7 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
     for (int k = 0; k < n; ++k)
       health.push_back({k, job.plan.nodes[k].host.destination(), -1.0,
                         k == fail.node ? "failed" : done[k] ? "done" : "stopped"});
-    report::status_write_nodes(job.run_dir, round, health);
+    write_nodes(job, files, round, health);
   }
   return fail;
 }
@@ -399,54 +413,65 @@ int supervise(Job& job, const SupervisorOptions& opts) {
   rendezvous::StoreServer server(listen_addr, static_cast<uint16_t>(job.plan.master_port), token);
   job_set_port(job, server.port());
   rendezvous::StoreClient store(listen_addr, server.port(), token);
-  OutputRouter out(job.run_dir, opts.echo, opts.tee_all);
-  report::status_write_launcher(job.run_dir, job.spec.job_id);
+  RunFiles files(job.run_dir);
+  OutputRouter out(job.run_dir, files, opts.echo, opts.tee_all);
+  files.attempt((fs::path(job.run_dir) / "launcher.json").string(),
+                [&] { report::status_write_launcher(job.run_dir, job.spec.job_id); });
   log_info("run directory: {}", job.run_dir);
   const auto& ft = job.cfg.fault_tolerance;
 
   for (int round = 0;; ++round) {
     job.spec.round = round;
     out.set_restarts(round);
+    // A failed round may have been one that was saving a checkpoint (run_job does this
+    // before round 0, before it writes anything itself).
+    if (round > 0) run_dir_remove_partial_checkpoints(job.run_dir);
     log_info("round {}: starting {} rank(s) on {} node(s), rendezvous {}", round, job.plan.world_size,
              job.plan.nodes.size(), host_port_text(job.plan.master_addr, job.plan.master_port));
-    append_event(job.run_dir, {{"time_ms", unix_ms()}, {"event", "round_start"}, {"round", round},
-                               {"world_size", job.plan.world_size}});
+    files.event({{"time_ms", unix_ms()}, {"event", "round_start"}, {"round", round},
+                 {"world_size", job.plan.world_size}});
     auto t0 = Clock::now();
-    Failure f = run_round(job, server, store, token, opts, out);
+    Failure f = run_round(job, server, store, token, opts, out, files);
     if (f.node == -1) {
       log_info("job finished: all {} rank(s) succeeded in round {} ({:.1f} s)", job.plan.world_size, round,
                std::chrono::duration<double>(Clock::now() - t0).count());
-      append_event(job.run_dir, {{"time_ms", unix_ms()}, {"event", "finished"}, {"round", round}});
-      return 0;
+      files.event({{"time_ms", unix_ms()}, {"event", "finished"}, {"round", round}});
+      return finish(files, 0);
     }
-    append_event(job.run_dir, {{"time_ms", unix_ms()}, {"event", "failure"}, {"round", round},
-                               {"node", f.node}, {"why", f.why}, {"exit_code", f.exit_code}});
+    files.event({{"time_ms", unix_ms()}, {"event", "failure"}, {"round", round}, {"node", f.node}, {"why", f.why},
+                 {"exit_code", f.exit_code}});
     if (f.node == -2) {
       log_error("{}: every node stopped; continue with: dtrain resume {}", f.why, job.run_dir);
-      return f.exit_code;
+      return finish(files, f.exit_code);
     }
     log_error("round {} failed: {}; every node stopped", round, f.why);
     // A rank that stopped on a usage or config error fails the same way every round.
     if (f.exit_code == static_cast<int>(Exit::USAGE)) f.permanent = true;
     if (f.permanent) {
       log_error("not restarting: retrying cannot fix this (a usage, config, host key or credential error): fix it, then dtrain resume");
-      return f.exit_code;
+      return finish(files, f.exit_code);
     }
     if (round >= ft.max_retries) {
       log_error("giving up after {} restart(s) (fault_tolerance.max_retries = {})", round, ft.max_retries);
-      return f.exit_code;
+      return finish(files, f.exit_code);
     }
     log_info("restarting in {} s (restart {} of {})", ft.retry_delay, round + 1, ft.max_retries);
     auto until = Clock::now() + seconds_ms(ft.retry_delay);
+    auto next_flush = Clock::now();
     while (Clock::now() < until) {
       if (opts.interrupted && *opts.interrupted) {
         // Between rounds no node runs: nothing to stop, but the run's record says why it ended.
         const std::string why = interrupt_why(*opts.interrupted);
-        append_event(job.run_dir, {{"time_ms", unix_ms()}, {"event", "failure"}, {"round", round}, {"node", -2},
-                                   {"why", why + " while waiting to restart"},
-                                   {"exit_code", static_cast<int>(Exit::INTERRUPTED)}});
+        files.event({{"time_ms", unix_ms()}, {"event", "failure"}, {"round", round}, {"node", -2},
+                     {"why", why + " while waiting to restart"},
+                     {"exit_code", static_cast<int>(Exit::INTERRUPTED)}});
         log_error("{} while waiting to restart; continue with: dtrain resume {}", why, job.run_dir);
-        return static_cast<int>(Exit::INTERRUPTED);
+        return finish(files, static_cast<int>(Exit::INTERRUPTED));
+      }
+      // Events that did not fit (a full disk) go in as soon as there is room again.
+      if (Clock::now() >= next_flush && files.events_pending() > 0) {
+        files.flush_events();
+        next_flush = Clock::now() + 500ms;
       }
       std::this_thread::sleep_for(50ms);
     }

@@ -10,11 +10,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
@@ -50,25 +52,47 @@ int64_t pid_start_ticks(int pid) {
   }
 }
 
+// A zombie (ended, not yet reaped by its parent) is not alive: a launcher that exited is
+// not "running" because whatever started it has not collected its exit code yet.
 bool pid_alive(int pid) {
   if (pid <= 0) return false;
-  if (::kill(pid, 0) == 0) return true;
-  return errno == EPERM;
+  if (::kill(pid, 0) != 0 && errno != EPERM) return false;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return true;
+  const size_t close = stat.rfind(')');
+  return close == std::string::npos || close + 2 >= stat.size() || (stat[close + 2] != 'Z' && stat[close + 2] != 'X');
 }
 
 // Writes text to path atomically: a reader sees the old or the new file, never half.
+// IoError naming the file and the system's reason; a failed write leaves no tmp file (on
+// a full disk it would hold on to the space).
 void write_atomic(const fs::path& path, const std::string& text) {
   fs::path tmp = path;
   tmp += ".tmp" + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text << '\n';
-    out.flush();
-    DT_ENFORCE(out.good(), IoError, "cannot write {}; check the run directory is writable", tmp.string());
+  const std::string data = text + "\n";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  DT_ENFORCE(fd >= 0, IoError, "cannot write {}: {}", tmp.string(), std::strerror(errno));
+  int err = 0;
+  for (size_t off = 0; off < data.size() && err == 0;) {
+    const ssize_t w = ::write(fd, data.data() + off, data.size() - off);
+    if (w < 0 && errno == EINTR) continue;
+    // write() of a regular file returns 0 only when nothing more fits (errno is not set).
+    if (w <= 0) err = w < 0 ? errno : ENOSPC;
+    else off += static_cast<size_t>(w);
+  }
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmp.c_str());
+    DT_THROW(IoError, "cannot write {}: {}", tmp.string(), std::strerror(err));
   }
   std::error_code ec;
   fs::rename(tmp, path, ec);
-  DT_ENFORCE(!ec, IoError, "cannot rename {} to {}: {}", tmp.string(), path.string(), ec.message());
+  if (ec) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    DT_THROW(IoError, "cannot rename {} to {}: {}", tmp.string(), path.string(), ec.message());
+  }
 }
 
 
@@ -300,7 +324,8 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
                            st.failures.back().exit_code, st.run_dir);
       break;
     case RunState::LOST:
-      state += fmt::format(": the launcher (pid {} on {}) is gone without a final event; continue with: dtrain resume {}",
+      state += fmt::format(": the launcher (pid {} on {}) is gone without a final event (killed, or it could not "
+                           "write events.jsonl: see its output); continue with: dtrain resume {}",
                            st.launcher_pid, st.launcher_host.empty() ? "?" : st.launcher_host, st.run_dir);
       break;
     case RunState::NOT_STARTED:
@@ -333,6 +358,13 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
     for (const auto& n : st.nodes) {
       // Ended nodes (done / failed / stopped) are written without an age: nothing to say.
       const bool ended = n.state == "done" || n.state == "failed" || n.state == "stopped";
+      // A node recorded as live by a launcher that is gone: the launcher could not write
+      // its final record (a full disk) or was killed. Its ranks ended with it.
+      if (!ended && st.state != RunState::RUNNING) {
+        out += fmt::format("  node{} {} unknown: the launcher ended without recording how this node ended\n", n.node,
+                           n.host);
+        continue;
+      }
       std::string hb = n.heartbeat_age_s >= 0 ? fmt::format("last heartbeat {} ago", duration(n.heartbeat_age_s + lag))
                        : ended               ? std::string()
                                              : std::string("no heartbeat yet");

@@ -54,8 +54,8 @@ struct Fd {
   }
 };
 
-[[noreturn]] void io_fail(const std::string& what, const std::string& path) {
-  DT_THROW(IoError, "{} {}: {}", what, path, std::strerror(errno));
+[[noreturn]] void io_fail(const std::string& what, const std::string& path, int err = errno) {
+  DT_THROW(IoError, "{} {}: {}", what, path, std::strerror(err));
 }
 
 void write_all(int fd, const void* data, size_t n, const std::string& path) {
@@ -63,7 +63,8 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
   while (n > 0) {
     const ssize_t w = ::write(fd, p, n);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) io_fail("cannot write checkpoint file", path);
+    // write() of a regular file returns 0 only when nothing more fits (errno is not set).
+    if (w <= 0) io_fail("cannot write checkpoint file", path, w < 0 ? errno : ENOSPC);
     p += w;
     n -= static_cast<size_t>(w);
   }
@@ -84,7 +85,9 @@ mode_t run_dir_mode(const std::string& run_dir) {
   return st.st_mode & 0777;
 }
 
-// Writes path durably (write, fsync, close) and returns its CRC32C.
+// Writes path durably (write, fsync, close) and returns its CRC32C. A file that cannot be
+// written completely is removed at once: on a full disk its partial data would hold the
+// space the other ranks and the launcher need. IoError names the file and the reason.
 uint32_t file_write(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts,
                     mode_t mode) {
   Fd f(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode & 0666));
@@ -92,11 +95,21 @@ uint32_t file_write(const std::string& path, const std::vector<std::pair<const v
   // open's mode is filtered by the umask; the run directory's mode is the rule here.
   ::fchmod(f.fd, mode & 0666);
   uint32_t crc = 0;
-  for (const auto& [p, n] : parts) {
-    write_all(f.fd, p, n, path);
-    crc = crc32c(p, n, crc);
+  try {
+    for (const auto& [p, n] : parts) {
+      write_all(f.fd, p, n, path);
+      crc = crc32c(p, n, crc);
+    }
+    // Some filesystems (NFS) report a full disk only at fsync or close.
+    if (::fsync(f.fd) != 0) io_fail("cannot fsync checkpoint file", path);
+    const int fd = f.fd;
+    f.fd = -1;
+    if (::close(fd) != 0) io_fail("cannot write checkpoint file", path);
+  } catch (const IoError&) {
+    f = Fd();
+    ::unlink(path.c_str());
+    throw;
   }
-  if (::fsync(f.fd) != 0) io_fail("cannot fsync checkpoint file", path);
   return crc;
 }
 
@@ -140,6 +153,11 @@ int64_t step_of(const std::string& name) {
   }
   return k;
 }
+
+// "tmp-step<digits>": a checkpoint being written (or an interrupted save). Only these are
+// removed as leftovers; another name in checkpoints/ is not ours to delete. (The launcher
+// applies the same rule before each round: launch/run_dir.h.)
+bool partial_name(const std::string& name) { return name.rfind("tmp-", 0) == 0 && step_of(name.substr(4)) >= 0; }
 
 // A manifest names its files; they must be bare names inside the checkpoint directory,
 // or a crafted manifest could make us open (and report on) any path.
@@ -390,8 +408,8 @@ std::string checkpoint_save(const std::string& run_dir, ZeroEngine& engine, cons
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(root, ec)) {
       const std::string n = e.path().filename().string();
-      if (n.rfind("tmp-", 0) == 0) {
-        fs::remove_all(e.path(), ec);
+      if (partial_name(n)) {  // an earlier save that did not complete
+        if (e.is_directory(ec)) fs::remove_all(e.path(), ec);
         continue;
       }
       const int64_t k = step_of(n);

@@ -18,14 +18,17 @@
 #include "train/model_factory.h"
 #include "train/zero_engine.h"
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <memory>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 namespace dtrain::train {
@@ -150,14 +153,24 @@ void metrics_cut_after(const std::string& path, int64_t last_step) {
   }
   in.close();
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << kept;
-    out.flush();
-    DT_ENFORCE(out.good(), IoError, "cannot write {}", tmp);
+  // POSIX writes, for the reason when one fails (a full disk); no tmp file stays behind.
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  DT_ENFORCE(fd >= 0, IoError, "cannot write {}: {}", tmp, std::strerror(errno));
+  int err = 0;
+  for (size_t off = 0; off < kept.size() && err == 0;) {
+    const ssize_t w = ::write(fd, kept.data() + off, kept.size() - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) err = w < 0 ? errno : ENOSPC;  // 0: nothing more fits (errno not set)
+    else off += static_cast<size_t>(w);
+  }
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmp.c_str());
+    DT_THROW(IoError, "cannot write {}: {}", tmp, std::strerror(err));
   }
   std::error_code ec;
   fs::rename(tmp, path, ec);
+  if (ec) ::unlink(tmp.c_str());
   DT_ENFORCE(!ec, IoError, "cannot replace {}: {}", path, ec.message());
 }
 

@@ -234,3 +234,41 @@ TEST_CASE("status: corrupt launcher.json, nodes.json or events.jsonl lines are I
     CHECK_THROWS_WITH_AS(status_read(d.str()), doctest::Contains("nodes.json is corrupt"), dtrain::IoError);
   }
 }
+
+TEST_CASE("status: a launcher that ended without its final records does not show nodes as running") {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  TempDir d("ended-unrecorded");
+  // The launcher's last nodes.json (the disk filled up after it) still says running.
+  append(d.path / "events.jsonl", R"({"time_ms":1,"event":"round_start","round":0})");
+  append(d.path / "launcher.json", nlohmann::json{{"pid", dead_pid()}, {"host", host}}.dump());
+  status_write_nodes(d.str(), 0, {{0, "n1", 0.5, "running"}, {1, "n2", -1, "starting"}});
+  RunStatus st = status_read(d.str());
+  CHECK(st.state == RunState::LOST);
+  std::string text = status_format(st, status_now_ms());
+  CAPTURE(text);
+  CHECK(text.find("node0 n1 unknown: the launcher ended without recording how this node ended") != std::string::npos);
+  CHECK(text.find("node1 n2 unknown") != std::string::npos);
+  CHECK(text.find("running") == std::string::npos);
+  CHECK(text.find("could not write events.jsonl") != std::string::npos);
+}
+
+TEST_CASE("status: a launcher that exited but is not yet reaped (a zombie) is not running") {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  pid_t z = ::fork();
+  if (z == 0) ::_exit(3);
+  REQUIRE(z > 0);
+  // Bounded wait until the child has exited (it stays a zombie until waitpid below).
+  siginfo_t info{};
+  REQUIRE(::waitid(P_PID, static_cast<id_t>(z), &info, WEXITED | WNOWAIT) == 0);
+  TempDir d("zombie");
+  append(d.path / "events.jsonl", R"({"time_ms":1,"event":"round_start","round":0})");
+  append(d.path / "events.jsonl",
+         R"({"time_ms":2,"event":"failure","round":0,"node":0,"why":"rank 0 exited with code 3","exit_code":3})");
+  append(d.path / "launcher.json", nlohmann::json{{"pid", z}, {"host", host}}.dump());
+  RunStatus st = status_read(d.str());
+  ::waitpid(z, nullptr, 0);
+  CHECK_FALSE(st.launcher_alive);
+  CHECK(st.state == RunState::FAILED);
+}
