@@ -202,6 +202,9 @@ class LocalProcessImpl final : public LocalProcess {
   void terminate(std::chrono::milliseconds grace) override {
     if (finished()) return;
     send_signal(SIGTERM);
+    // A stopped process (SIGSTOP, a debugger, a hung-rank test) acts on SIGTERM only once
+    // continued, as systemd does it; otherwise it would sit out the grace and need SIGKILL.
+    send_signal(SIGCONT);
     if (wait_finished(Clock::now() + grace)) return;
     send_signal(SIGKILL);
     // SIGKILL cannot be caught; only a process stuck in the kernel (D state) outlives it.
