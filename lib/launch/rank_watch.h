@@ -1,8 +1,7 @@
-// The launcher's watch over rank processes. Every rank heartbeats through the store from a
-// thread of its own process (so a stopped or frozen process goes silent, which an agent
-// watching the pid cannot see) and publishes its training step; RankWatch checks on the
-// server's clock that each running rank still beats and, with a step timeout, still steps,
-// and names the first that does not.
+// The launcher's watch over rank processes: each rank heartbeats from a thread of its own
+// process (a stopped or frozen one goes silent, which an agent watching the pid cannot
+// see) and reports its training steps; RankWatch checks both on the server's clock and
+// names the rank that stopped.
 #pragma once
 
 #include "launch/placement.h"

@@ -46,7 +46,9 @@ struct Fixture {
   void beat(const std::string& name, Clock::duration at, const std::string& value = "1700000000000") {
     s.beats[name] = {value, t0 + at};
   }
-  void step(int rank, const std::string& value, Clock::duration at) { s.progress["rank" + std::to_string(rank)] = {value, t0 + at}; }
+  void step(int rank, const std::string& value, Clock::duration at) {
+    s.progress["rank" + std::to_string(rank)] = {value, t0 + at};
+  }
   // Every agent and rank beating at `at`, and every rank's pid known.
   void all_beat(Clock::duration at) {
     for (int k = 0; k < 2; ++k) beat("node" + std::to_string(k), at);
