@@ -5,6 +5,7 @@
 #include "commands.h"
 
 #include "bench/bench.h"
+#include "comm/activity.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "config/train_config.h"
@@ -20,11 +21,13 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 namespace dtrain::cli {
@@ -84,19 +87,34 @@ int worker_train(launch::RankContext& ctx, rendezvous::Heartbeat& hb) {
   config::LoadedConfig loaded = config::config_load_file(ctx.config_path);
   config::TrainConfig cfg = std::move(loaded.cfg);
   config::config_resolve_batch(cfg, ctx.world_size);
-  std::unique_ptr<comm::Communicator> comm;
-  if (ctx.world_size > 1) comm = launch::rank_comm_create(ctx, comm::Backend::GLOO);
+  // The launcher's step timeout watches the last completed step and whether this rank
+  // waits in a collective (so it can tell the rank that is stuck from the peers waiting
+  // for it); the heartbeat thread publishes both.
+  std::mutex progress_mu;
+  std::atomic<int64_t> last_step{-1};
+  std::unique_ptr<comm::ActivityCommunicator> comm;
+  auto publish = [&] {
+    std::lock_guard<std::mutex> lock(progress_mu);  // the last caller publishes the latest state
+    const int64_t step = last_step.load();
+    if (step >= 0) hb.progress(launch::rank_progress_value(step, comm && comm->in_collective()));
+  };
+  if (ctx.world_size > 1)
+    comm = std::make_unique<comm::ActivityCommunicator>(launch::rank_comm_create(ctx, comm::Backend::GLOO), publish);
   train::TrainerEnv env;
   env.rank = ctx.rank;
   env.world_size = ctx.world_size;
   env.run_dir = ctx.run_dir;
   env.comm = comm.get();
-  // The launcher's step timeout watches these (published by the heartbeat thread).
   env.on_step = [&](int64_t step) {
-    hb.progress(std::to_string(step));
+    last_step = step;
+    publish();
     test_stall_if_asked(ctx, step);
   };
-  env.on_steps_done = [&] { hb.progress(launch::kRankStepsDone); };
+  env.on_steps_done = [&] {
+    std::lock_guard<std::mutex> lock(progress_mu);
+    last_step = -1;  // no more steps: later collectives (the final barriers) publish nothing
+    hb.progress(launch::kRankStepsDone);
+  };
   train::train_run(cfg, env);
   if (comm) comm->barrier();
   return 0;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 namespace dtrain::launch {
 
@@ -29,7 +30,12 @@ int64_t step_of(const std::string& v) {
 
 }  // namespace
 
+constexpr const char* kWaiting = " waiting";
+
 std::string rank_beat_name(int rank) { return fmt::format("rank{}", rank); }
+std::string rank_progress_value(int64_t step, bool in_collective) {
+  return fmt::format("{}{}", step, in_collective ? kWaiting : "");
+}
 std::string rank_info_key(int rank) { return fmt::format("rankinfo/rank{}", rank); }
 
 // ---------------------------------------------------------------------------
@@ -62,13 +68,21 @@ std::string RankHang::describe(const RankWatchLimits& limits) const {
       break;
     case Kind::NO_STEP: {
       what = fmt::format("made no step for {:.1f} s (fault_tolerance.step_timeout {} s; last step {}) while its "
-                         "heartbeat goes on: stuck in a step (a collective that never returns, a deadlock)",
-                         silent_s, limit_text(limits.step_timeout), last_step);
-      if (!others.empty()) {
-        std::string list;
-        for (size_t i = 0; i < others.size(); ++i) list += fmt::format("{}{}", i ? ", " : "", others[i]);
-        what += fmt::format("; also without a step: rank{} {}", others.size() > 1 ? "s" : "", list);
-      }
+                         "heartbeat goes on: {}",
+                         silent_s, limit_text(limits.step_timeout), last_step,
+                         waiting ? "waiting in a collective that does not return"
+                                 : "stuck in its own work, outside any collective");
+      auto list = [](const std::vector<int>& ranks) {
+        std::string s = ranks.size() > 1 ? "ranks " : "rank ";
+        for (size_t i = 0; i < ranks.size(); ++i) s += fmt::format("{}{}", i ? ", " : "", ranks[i]);
+        return s;
+      };
+      std::vector<int> busy;
+      for (int r : others)
+        if (std::find(others_waiting.begin(), others_waiting.end(), r) == others_waiting.end()) busy.push_back(r);
+      if (!others_waiting.empty()) what += fmt::format("; {} wait{} in a collective", list(others_waiting),
+                                                       others_waiting.size() > 1 ? "" : "s");
+      if (!busy.empty()) what += fmt::format("; also without a step: {}", list(busy));
       break;
     }
   }
@@ -145,9 +159,13 @@ std::optional<RankHang> RankWatch::check(const RankWatchSnapshot& s, Clock::time
     for (const RankInfo& r : plan_.nodes[k].ranks) {
       auto it = s.progress.find(rank_beat_name(r.rank));
       if (it == s.progress.end()) continue;
+      const std::string& v = it->second.value;
+      const bool waiting = v.size() > std::strlen(kWaiting) && v.ends_with(kWaiting);
+      const std::string step = waiting ? v.substr(0, v.size() - std::strlen(kWaiting)) : v;
       Progress& p = progress_[r.rank];
-      if (p.value != it->second.value) p = {it->second.value, it->second.set_at};
-      if (limits_.step_timeout.count() <= 0 || !judged[k] || p.value == kRankStepsDone) continue;
+      if (p.step != step) p = {step, waiting, it->second.set_at};
+      p.waiting = waiting;
+      if (limits_.step_timeout.count() <= 0 || !judged[k] || p.step == kRankStepsDone) continue;
       auto beat = s.beats.find(rank_beat_name(r.rank));
       if (beat != s.beats.end() && beat->second.value == kRankBeatExited) continue;
       if (now - p.since <= limits_.step_timeout) continue;
@@ -156,18 +174,25 @@ std::optional<RankHang> RankWatch::check(const RankWatchSnapshot& s, Clock::time
       h.rank = r.rank;
       h.node = static_cast<int>(k);
       h.silent_s = seconds(now - p.since);
-      h.last_step = step_of(p.value);
+      h.last_step = step_of(p.step);
+      h.waiting = p.waiting;
       stalled.push_back(h);
     }
   }
   if (stalled.empty()) return std::nullopt;
   std::sort(stalled.begin(), stalled.end(), [](const RankHang& a, const RankHang& b) {
+    if (a.waiting != b.waiting) return !a.waiting;
     if (a.last_step != b.last_step) return a.last_step < b.last_step;
     if (a.silent_s != b.silent_s) return a.silent_s > b.silent_s;
     return a.rank < b.rank;
   });
   RankHang h = stalled.front();
-  for (size_t i = 1; i < stalled.size(); ++i) h.others.push_back(stalled[i].rank);
+  for (size_t i = 1; i < stalled.size(); ++i) {
+    h.others.push_back(stalled[i].rank);
+    if (stalled[i].waiting) h.others_waiting.push_back(stalled[i].rank);
+  }
+  std::sort(h.others.begin(), h.others.end());
+  std::sort(h.others_waiting.begin(), h.others_waiting.end());
   fill_identity(s, h);
   return h;
 }

@@ -17,9 +17,12 @@ namespace dtrain::launch {
 
 // ---- the keys a rank publishes under its round's prefix
 
-/// "rank<R>": the Heartbeat name, so "hb/rank<R>" beats and "progress/rank<R>" holds the
-/// last completed training step ("0" or the resumed step on entering the loop).
+/// "rank<R>": the Heartbeat name, so "hb/rank<R>" beats and "progress/rank<R>" holds
+/// rank_progress_value(): the last completed training step ("0" or the resumed step on
+/// entering the loop), and whether the rank waits in a collective now.
 std::string rank_beat_name(int rank);
+/// "7", or "7 waiting" while the rank is inside a collective.
+std::string rank_progress_value(int64_t step, bool in_collective);
 /// "rankinfo/rank<R>": "<pid> <hostname>" of the rank process.
 std::string rank_info_key(int rank);
 /// The heartbeat's last value when the rank returned: it is silent from then on by design.
@@ -46,7 +49,9 @@ struct RankHang {
   std::string hostname;    // the rank's own gethostname ("" = not known)
   double silent_s = 0.0;   // since its last beat / step (NO_FIRST_BEAT: since its agent beat)
   int64_t last_step = -1;  // NO_STEP: the last step it completed
-  std::vector<int> others; // NO_STEP: other ranks past the step timeout too
+  bool waiting = false;    // NO_STEP: it waits in a collective (for a peer)
+  std::vector<int> others; // NO_STEP: other ranks past the step timeout too...
+  std::vector<int> others_waiting;  // ...and those of them waiting in a collective
 
   /// "missed_heartbeats", "no_heartbeat" or "no_step" (events.jsonl).
   const char* kind_name() const;
@@ -71,7 +76,8 @@ class RankWatch {
   /// The rank to fail the round for at `now` (server clock), if any; node_done[k] = node
   /// k's agent ended successfully. Missed heartbeats come before step timeouts (a stopped
   /// rank also stalls the steps of every peer waiting for it); among ranks without a
-  /// step, the one with the lowest step (then the longest silence) is named.
+  /// step, one busy outside collectives comes first (its peers wait for it), then the
+  /// lowest step, then the longest silence.
   std::optional<RankHang> check(const RankWatchSnapshot& s, std::chrono::steady_clock::time_point now,
                                 const std::vector<bool>& node_done);
 
@@ -79,7 +85,8 @@ class RankWatch {
 
  private:
   struct Progress {
-    std::string value;
+    std::string step;  // the value without " waiting": a change of it is progress
+    bool waiting = false;
     std::chrono::steady_clock::time_point since;
   };
   void fill_identity(const RankWatchSnapshot& s, RankHang& h) const;

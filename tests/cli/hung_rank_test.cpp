@@ -267,3 +267,27 @@ TEST_CASE("over SSH, 2 nodes x 1 rank: a SIGSTOPped rank on the remote node is n
   CHECK(contains(out, "succeeded in round 1"));
   CHECK(gone(victim));
 }
+
+TEST_CASE("2 ranks, one stuck outside collectives: step_timeout names it, not the peer waiting for it") {
+  if (!have_bin()) return;
+  Job job(40, 0, "  heartbeat_timeout: 30\n  step_timeout: 3\n");
+  Child launcher(job.argv(2), {{"DTRAIN_TEST_STALL_AT_STEP", "8"}, {"DTRAIN_TEST_STALL_RANK", "1"}});
+  REQUIRE(launcher.started());
+  auto rc = launcher.wait(60s);
+  const std::string out = launcher.output();
+  INFO("output:\n" << out);
+  REQUIRE_MESSAGE(rc.has_value(), "the job did not end: the stalled rank was never noticed");
+  CHECK(*rc == kHung);
+  CHECK(contains(out, "rank 1 stalls before step 8"));
+  CHECK(!contains(out, "rank 0 stalls"));
+  const size_t at = out.find("round 0 failed: node 0 (localhost): rank 1 (local rank 1, pid ");
+  REQUIRE(at != std::string::npos);
+  CHECK(out.find(") made no step for ", at) != std::string::npos);
+  CHECK(out.find("(fault_tolerance.step_timeout 3 s; last step 7) while its heartbeat goes on: stuck in its own "
+                 "work, outside any collective; rank 0 waits in a collective",
+                 at) != std::string::npos);
+  const auto failures = events(job.run_dir, "failure");
+  REQUIRE(failures.size() == 1);
+  CHECK(failures[0].value("rank", -1) == 1);
+  CHECK(failures[0].value("hang", "") == "no_step");
+}

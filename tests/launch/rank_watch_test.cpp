@@ -177,7 +177,8 @@ TEST_CASE("step timeout: armed by the first step report, reset by each new step,
   const std::string why = h->describe(l);
   INFO(why);
   CHECK(why.find("node 1 (n1): rank 2 (local rank 0, pid 1002 on host1) made no step for 7.0 s "
-                 "(fault_tolerance.step_timeout 5 s; last step 1)") == 0);
+                 "(fault_tolerance.step_timeout 5 s; last step 1) while its heartbeat goes on: stuck in its own "
+                 "work, outside any collective") == 0);
   CHECK(!off.check(f.s, f.t0 + 38s, f.done));  // step_timeout 0: never
 
   // Its peers then wait in a collective: all stall at step 7; rank 2 (lowest step) is named.
@@ -187,6 +188,7 @@ TEST_CASE("step timeout: armed by the first step report, reset by each new step,
   CHECK(h->rank == 2);
   CHECK(h->others == std::vector<int>{0, 1, 3});
   CHECK(h->describe(l).find("; also without a step: ranks 0, 1, 3") != std::string::npos);
+  CHECK(h->others_waiting.empty());
 
   // A step loop that is over ("done") and a rank that exited are not expected to step.
   f.step(2, kRankStepsDone, 60s);
@@ -210,4 +212,44 @@ TEST_CASE("missed heartbeats win over step timeouts: the stopped rank, not the p
   REQUIRE(h);
   CHECK(h->kind == RankHang::Kind::MISSED_BEATS);
   CHECK(h->rank == 1);
+}
+
+TEST_CASE("step timeout: the rank busy outside collectives is named, the peers waiting for it are listed") {
+  Fixture f;
+  RankWatchLimits l = limits();
+  l.step_timeout = 5s;
+  RankWatch w(f.plan, l);
+  f.all_beat(0s);
+  CHECK(rank_progress_value(7, false) == "7");
+  CHECK(rank_progress_value(7, true) == "7 waiting");
+  // All completed step 7 at 1 s. Ranks 0, 1 and 3 then wait in a collective (the flag
+  // flips while the step does not change: not progress); rank 2 never gets there.
+  for (int r = 0; r < 4; ++r) f.step(r, rank_progress_value(7, false), 1s);
+  CHECK(!w.check(f.s, f.t0 + 1s, f.done));
+  for (int r : {0, 1, 3}) f.step(r, rank_progress_value(7, true), 1500ms);
+  for (const char* n : {"node0", "node1", "rank0", "rank1", "rank2", "rank3"}) f.beat(n, 7s);
+  auto h = w.check(f.s, f.t0 + 7s, f.done);
+  REQUIRE(h);
+  CHECK(h->kind == RankHang::Kind::NO_STEP);
+  CHECK(h->rank == 2);
+  CHECK(!h->waiting);
+  CHECK(h->last_step == 7);
+  CHECK(h->silent_s == doctest::Approx(6.0));  // since the step, not since the flag changed
+  CHECK(h->others == std::vector<int>{0, 1, 3});
+  CHECK(h->others_waiting == std::vector<int>{0, 1, 3});
+  const std::string why = h->describe(l);
+  INFO(why);
+  CHECK(why.find("rank 2 (local rank 0, pid 1002 on host1) made no step for 6.0 s (fault_tolerance.step_timeout 5 s; "
+                 "last step 7) while its heartbeat goes on: stuck in its own work, outside any collective; ranks 0, 1, "
+                 "3 wait in a collective") != std::string::npos);
+
+  // Everyone waiting (a collective that never returns anywhere): lowest step, then longest silence.
+  RankWatch all(f.plan, l);
+  for (int r = 0; r < 4; ++r) f.step(r, rank_progress_value(r == 1 ? 6 : 7, true), 1s);
+  h = all.check(f.s, f.t0 + 7s, f.done);
+  REQUIRE(h);
+  CHECK(h->rank == 1);
+  CHECK(h->waiting);
+  CHECK(h->describe(l).find("waiting in a collective that does not return; ranks 0, 2, 3 wait in a collective") !=
+        std::string::npos);
 }
