@@ -5,12 +5,15 @@
 #include "commands.h"
 
 #include "bench/bench.h"
+#include "comm/activity.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "config/train_config.h"
+#include "launch/agent.h"
 #include "launch/dry_run.h"
 #include "launch/job.h"
 #include "launch/rank_context.h"
+#include "launch/rank_watch.h"
 #include "train/trainer.h"
 #ifdef DTRAIN_HAVE_CUDA
 #include "kernels/device.cuh"
@@ -18,9 +21,14 @@
 
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <mutex>
+#include <thread>
 
 namespace dtrain::cli {
 
@@ -60,18 +68,53 @@ int worker_bench(launch::RankContext& ctx, const std::vector<std::string>& argv)
   return 0;
 }
 
-int worker_train(launch::RankContext& ctx) {
+// Test-only (tests/cli/hung_rank_test.cpp): DTRAIN_TEST_STALL_AT_STEP=N makes the rank
+// stop before training step N in round 0 (only rank DTRAIN_TEST_STALL_RANK when that is
+// set) while its heartbeat goes on, as a rank stuck in a step would; the launcher's
+// fault_tolerance.step_timeout must catch it. Sleeps at most 10 minutes.
+void test_stall_if_asked(const launch::RankContext& ctx, int64_t done_step) {
+  const char* at = std::getenv("DTRAIN_TEST_STALL_AT_STEP");
+  if (!at || !*at || ctx.round != 0 || std::atoll(at) != done_step + 1) return;
+  const char* only = std::getenv("DTRAIN_TEST_STALL_RANK");
+  if (only && *only && std::atoi(only) != ctx.rank) return;
+  std::fprintf(stderr, "[dtrain] test: DTRAIN_TEST_STALL_AT_STEP: rank %d stalls before step %s\n", ctx.rank, at);
+  std::fflush(stderr);
+  for (int i = 0; i < 6000; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+}
+
+int worker_train(launch::RankContext& ctx, rendezvous::Heartbeat& hb) {
   DT_ENFORCE(!ctx.config_path.empty(), UsageError, "DTRAIN_CONFIG is not set: the launcher passes the run's config");
   config::LoadedConfig loaded = config::config_load_file(ctx.config_path);
   config::TrainConfig cfg = std::move(loaded.cfg);
   config::config_resolve_batch(cfg, ctx.world_size);
-  std::unique_ptr<comm::Communicator> comm;
-  if (ctx.world_size > 1) comm = launch::rank_comm_create(ctx, comm::Backend::GLOO);
+  // The launcher's step timeout watches the last completed step and whether this rank
+  // waits in a collective (so it can tell the rank that is stuck from the peers waiting
+  // for it); the heartbeat thread publishes both.
+  std::mutex progress_mu;
+  std::atomic<int64_t> last_step{-1};
+  std::unique_ptr<comm::ActivityCommunicator> comm;
+  auto publish = [&] {
+    std::lock_guard<std::mutex> lock(progress_mu);  // the last caller publishes the latest state
+    const int64_t step = last_step.load();
+    if (step >= 0) hb.progress(launch::rank_progress_value(step, comm && comm->in_collective()));
+  };
+  if (ctx.world_size > 1)
+    comm = std::make_unique<comm::ActivityCommunicator>(launch::rank_comm_create(ctx, comm::Backend::GLOO), publish);
   train::TrainerEnv env;
   env.rank = ctx.rank;
   env.world_size = ctx.world_size;
   env.run_dir = ctx.run_dir;
   env.comm = comm.get();
+  env.on_step = [&](int64_t step) {
+    last_step = step;
+    publish();
+    test_stall_if_asked(ctx, step);
+  };
+  env.on_steps_done = [&] {
+    std::lock_guard<std::mutex> lock(progress_mu);
+    last_step = -1;  // no more steps: later collectives (the final barriers) publish nothing
+    hb.progress(launch::kRankStepsDone);
+  };
   train::train_run(cfg, env);
   if (comm) comm->barrier();
   return 0;
@@ -118,9 +161,14 @@ int run_worker(const std::vector<std::string>& argv) {
     std::fflush(stderr);
     std::_Exit(static_cast<int>(Exit::COMM));
   }).detach();
-  if (ctx.mode == "bench") return worker_bench(ctx, argv);
-  if (ctx.mode == "train") return worker_train(ctx);
-  DT_THROW(UsageError, "unknown worker mode '{}' (expected train or bench)", ctx.mode);
+  DT_ENFORCE(ctx.mode == "bench" || ctx.mode == "train", UsageError,
+             "unknown worker mode '{}' (expected train or bench)", ctx.mode);
+  // Proof of life from this process itself: the agent sees only that the pid exists,
+  // which a stopped or frozen rank still does; this thread stops with the process.
+  auto hb = launch::rank_heartbeat_start(ctx, launch::agent_timing_from_env().heartbeat_interval);
+  const int rc = ctx.mode == "bench" ? worker_bench(ctx, argv) : worker_train(ctx, *hb);
+  hb->finish(launch::kRankBeatExited);
+  return rc;
 }
 
 }  // namespace dtrain::cli

@@ -215,10 +215,15 @@ const std::vector<KeySpec>& build_schema() {
       {"fault_tolerance.retry_delay", KeyType::FLOAT, F(fault_tolerance.retry_delay),
        "seconds to wait before a restart", {}, 0},
       {"fault_tolerance.heartbeat_interval", KeyType::FLOAT, F(fault_tolerance.heartbeat_interval),
-       "seconds between agent heartbeats", {}, 0, {}, true},
+       "seconds between agent and rank heartbeats", {}, 0, {}, true},
       {"fault_tolerance.heartbeat_timeout", KeyType::FLOAT, F(fault_tolerance.heartbeat_timeout),
-       "seconds without a heartbeat before a node is declared dead (> heartbeat_interval)", {}, 0,
-       {}, true},
+       "seconds without a heartbeat before a node is declared dead, or a rank hung (> "
+       "heartbeat_interval)",
+       {}, 0, {}, true},
+      {"fault_tolerance.step_timeout", KeyType::FLOAT, F(fault_tolerance.step_timeout),
+       "seconds a training rank may go without completing a step (its evaluation and checkpoint "
+       "included) before it is declared hung; 0 = off (> heartbeat_interval when on)",
+       {}, 0, {}, false, "DTRAIN_STEP_TIMEOUT"},
 
       // ---- cluster (dtrain)
       {"cluster.ssh.user", KeyType::STRING, F(cluster.ssh.user), "SSH user; \"\" = the launcher's user"},

@@ -131,6 +131,7 @@ struct FaultToleranceConfig {
   double retry_delay = 5.0;  // seconds
   double heartbeat_interval = 2.0;  // seconds
   double heartbeat_timeout = 15.0;  // seconds
+  double step_timeout = 0.0;  // seconds without a training step before a rank is hung; 0 = off
   bool operator==(const FaultToleranceConfig&) const = default;
 };
 

@@ -164,6 +164,11 @@ void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>
   if (f.heartbeat_timeout <= f.heartbeat_interval)
     DT_THROW(ConfigError, "{}: fault_tolerance.heartbeat_timeout: {} s must be greater than heartbeat_interval = {} s",
              o.at("fault_tolerance.heartbeat_timeout"), f.heartbeat_timeout, f.heartbeat_interval);
+  if (f.step_timeout > 0 && f.step_timeout <= f.heartbeat_interval)
+    DT_THROW(ConfigError,
+             "{}: fault_tolerance.step_timeout: {} s must be 0 (off) or greater than heartbeat_interval = {} s (steps "
+             "are reported with the heartbeats)",
+             o.at("fault_tolerance.step_timeout"), f.step_timeout, f.heartbeat_interval);
   if (cfg.training.name.find('/') != std::string::npos)
     DT_THROW(ConfigError, "{}: training.name: '{}' must not contain '/' (it names runs/<name>)", o.at("training.name"),
              cfg.training.name);

@@ -21,6 +21,7 @@ enum class Exit : int {
   TRAIN = 6,        // training cannot go on (e.g. fp16 loss scale at its minimum)
   CHECKPOINT = 7,   // no usable checkpoint
   DEVICE = 8,       // CUDA / cuBLAS / NCCL error
+  HUNG = 9,         // a rank stopped heartbeating or made no training step in time (launcher)
   INTERRUPTED = 130 // Ctrl-C
 };
 

@@ -202,11 +202,16 @@ class LocalProcessImpl final : public LocalProcess {
   void terminate(std::chrono::milliseconds grace) override {
     if (finished()) return;
     send_signal(SIGTERM);
-    if (wait_finished(Clock::now() + grace)) return;
-    send_signal(SIGKILL);
-    // SIGKILL cannot be caught; only a process stuck in the kernel (D state) outlives it.
-    if (!wait_finished(Clock::now() + std::chrono::seconds(10)))
-      log_warn("{} still has live processes 10 s after SIGKILL", where());
+    // A stopped process (SIGSTOP, a debugger, a hung-rank test) acts on SIGTERM only once
+    // continued, as systemd does it; otherwise it would sit out the grace and need SIGKILL.
+    send_signal(SIGCONT);
+    if (!wait_finished(Clock::now() + grace)) {
+      send_signal(SIGKILL);
+      // SIGKILL cannot be caught; only a process stuck in the kernel (D state) outlives it.
+      if (!wait_finished(Clock::now() + std::chrono::seconds(10)))
+        log_warn("{} still has live processes 10 s after SIGKILL", where());
+    }
+    reap_group_tail();
   }
 
   void close_stdin() override {
@@ -247,6 +252,17 @@ class LocalProcessImpl final : public LocalProcess {
       ::kill(-pid_, sig);
     } else if (!status_) {
       ::kill(pid_, sig);
+    }
+  }
+
+  // Members that died a moment ago may still be zombies on their way to this process
+  // (re-parenting after their parent's exit is not instant): reap them for a bounded
+  // while, so the group is gone when terminate() returns, not merely dead.
+  void reap_group_tail() {
+    if (!own_group_) return;
+    for (int i = 0; i < 200 && ::kill(-pid_, 0) == 0; ++i) {
+      reap_group_orphans();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   }
 

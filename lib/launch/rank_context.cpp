@@ -6,6 +6,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "launch/job.h"
+#include "launch/rank_watch.h"
 
 #include <poll.h>
 #include <unistd.h>
@@ -74,13 +75,21 @@ RankContext rank_context_from_env(int token_fd) {
   char host[256] = {0};
   ::gethostname(host, sizeof host - 1);
   set_error_context(fmt::format("host={} rank={}", host, c.rank));
-  std::string token = read_line(token_fd);
-  c.store = std::make_unique<rendezvous::StoreClient>(c.master_addr, static_cast<uint16_t>(c.master_port), token,
+  c.token = read_line(token_fd);
+  c.store = std::make_unique<rendezvous::StoreClient>(c.master_addr, static_cast<uint16_t>(c.master_port), c.token,
                                                       std::chrono::seconds(30));
   c.round_store = std::make_unique<rendezvous::PrefixStore>(*c.store, c.job_id, c.round);
   c.gloo_store = std::make_shared<rendezvous::GlooStore>(*c.store, c.round_store->prefix() + "comm/",
                                                          std::chrono::seconds(120));
   return c;
+}
+
+std::unique_ptr<rendezvous::Heartbeat> rank_heartbeat_start(RankContext& ctx, std::chrono::milliseconds interval) {
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  ctx.round_store->set(rank_info_key(ctx.rank), fmt::format("{} {}", ::getpid(), host));
+  return std::make_unique<rendezvous::Heartbeat>(ctx.master_addr, static_cast<uint16_t>(ctx.master_port), ctx.token,
+                                                 rank_beat_name(ctx.rank), interval, ctx.round_store->prefix());
 }
 
 std::unique_ptr<comm::Communicator> rank_comm_create(RankContext& ctx, comm::Backend backend) {

@@ -5,8 +5,10 @@
 
 #include "comm/communicator.h"
 #include "rendezvous/gloo_store.h"
+#include "rendezvous/heartbeat.h"
 #include "rendezvous/store.h"
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -19,6 +21,7 @@ struct RankContext {
   std::string master_addr;
   int master_port = 0;
   std::string job_id, run_dir, mode, config_path;
+  std::string token;  // the rendezvous token (for further connections: the heartbeat's)
   std::unique_ptr<rendezvous::StoreClient> store;
   std::unique_ptr<rendezvous::PrefixStore> round_store;  // "job/<id>/r<round>/"
   std::shared_ptr<rendezvous::GlooStore> gloo_store;     // under "<round prefix>comm/"
@@ -27,6 +30,13 @@ struct RankContext {
 /// Reads the environment (UsageError naming a missing or bad variable) and the token
 /// (first line of token_fd), then connects to the store.
 RankContext rank_context_from_env(int token_fd);
+
+/// Starts this rank's heartbeat (rank_watch.h: "hb/rank<R>" every interval on its own
+/// connection, from a thread of this process, so it stops when the process is stopped)
+/// and publishes "rankinfo/rank<R>" = "<pid> <hostname>". CommError when the store
+/// cannot be reached. Report training steps with progress(), and finish(kRankBeatExited)
+/// on a clean return.
+std::unique_ptr<rendezvous::Heartbeat> rank_heartbeat_start(RankContext& ctx, std::chrono::milliseconds interval);
 
 /// The communicator for this rank: Gloo over TCP bound to DTRAIN_NETWORK_INTERFACE or
 /// the address that routes to MASTER_ADDR; NCCL on this rank's CUDA device.

@@ -10,6 +10,7 @@
 #include "launch/progress.h"
 #include "launch/run_dir.h"
 #include "launch/run_files.h"
+#include "launch/rank_watch.h"
 #include "rendezvous/store.h"
 #include "report/status.h"
 
@@ -22,6 +23,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <unistd.h>
@@ -155,12 +157,13 @@ std::string agent_said_suffix(const std::string& said) {
 }
 
 struct Failure {
-  enum class Kind { NONE, SPAWN, AGENT_EXIT, HEARTBEAT, INTERRUPT };
+  enum class Kind { NONE, SPAWN, AGENT_EXIT, HEARTBEAT, RANK_HUNG, INTERRUPT };
   int node = -1;
   std::string why;
   int exit_code = 0;
   Kind kind = Kind::NONE;
   bool permanent = false;  // retrying cannot help (host key / authentication refused)
+  std::optional<RankHang> hang = std::nullopt;  // RANK_HUNG: which rank, how long silent
 };
 
 int64_t unix_ms() {
@@ -254,6 +257,13 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
               static_cast<int>(Exit::LAUNCH), Failure::Kind::SPAWN, spawn_permanent[k] != 0};
     }
 
+  RankWatchLimits limits;
+  limits.heartbeat_interval = seconds_ms(ft.heartbeat_interval);
+  limits.heartbeat_timeout = hb_timeout;
+  limits.step_timeout = seconds_ms(ft.step_timeout);
+  limits.first_beat_grace = first_hb_grace;
+  RankWatch rank_watch(job.plan, limits);
+
   const auto started = Clock::now();
   auto last_nodes_write = started - 10s;
   std::vector<bool> done(n, false);
@@ -339,6 +349,12 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
       }
     }
     if (fail.node >= 0) break;
+    // Ranks: their own heartbeats (a stopped process is silent) and training steps.
+    if (auto hang = rank_watch.check(rank_watch_snapshot(server, prefix), Clock::now(), done)) {
+      fail = {hang->node, hang->describe(limits), static_cast<int>(Exit::HUNG), Failure::Kind::RANK_HUNG};
+      fail.hang = std::move(hang);
+      break;
+    }
     std::this_thread::sleep_for(50ms);
   }
 
@@ -438,15 +454,26 @@ int supervise(Job& job, const SupervisorOptions& opts) {
       files.event({{"time_ms", unix_ms()}, {"event", "finished"}, {"round", round}});
       return finish(files, 0);
     }
-    files.event({{"time_ms", unix_ms()}, {"event", "failure"}, {"round", round}, {"node", f.node}, {"why", f.why},
-                 {"exit_code", f.exit_code}});
+    // A rank that stopped on a usage or config error fails the same way every round.
+    if (f.exit_code == static_cast<int>(Exit::USAGE)) f.permanent = true;
+    const bool retry = f.node != -2 && !f.permanent && round < ft.max_retries;
+    nlohmann::json ev{{"time_ms", unix_ms()}, {"event", "failure"},         {"round", round}, {"node", f.node},
+                      {"why", f.why},         {"exit_code", f.exit_code}, {"retry", retry}};
+    if (f.hang) {
+      ev["hang"] = f.hang->kind_name();
+      ev["rank"] = f.hang->rank;
+      ev["local_rank"] = f.hang->local_rank;
+      ev["host"] = f.hang->host;
+      if (f.hang->pid > 0) ev["pid"] = f.hang->pid;
+      ev["silent_s"] = f.hang->silent_s;
+      if (f.hang->kind == RankHang::Kind::NO_STEP) ev["last_step"] = f.hang->last_step;
+    }
+    files.event(ev);
     if (f.node == -2) {
       log_error("{}: every node stopped; continue with: dtrain resume {}", f.why, job.run_dir);
       return finish(files, f.exit_code);
     }
     log_error("round {} failed: {}; every node stopped", round, f.why);
-    // A rank that stopped on a usage or config error fails the same way every round.
-    if (f.exit_code == static_cast<int>(Exit::USAGE)) f.permanent = true;
     if (f.permanent) {
       log_error("not restarting: retrying cannot fix this (a usage, config, host key or credential error): fix it, then dtrain resume");
       return finish(files, f.exit_code);

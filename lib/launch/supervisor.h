@@ -1,7 +1,8 @@
 // The launcher's supervisor: runs the rendezvous store, starts one agent per node
 // (locally or over SSH), streams their output to the terminal and per-rank log files,
-// watches exit codes and heartbeats, and on the first failure anywhere stops every node
-// and, while fault_tolerance.max_retries lasts, starts a new round.
+// watches exit codes, the agents' and ranks' heartbeats and the ranks' training steps
+// (rank_watch.h), and on the first failure anywhere stops every node and, while
+// fault_tolerance.max_retries lasts, starts a new round.
 #pragma once
 
 #include "launch/job.h"
@@ -39,8 +40,8 @@ struct SupervisorOptions {
 };
 
 /// Runs the job to completion (all rounds). Returns the process exit code: 0, the
-/// failing rank's code, Exit::LAUNCH for a lost node, Exit::INTERRUPTED when
-/// interrupted by a signal.
+/// failing rank's code, Exit::LAUNCH for a lost node, Exit::HUNG for a rank that stopped
+/// heartbeating or stepping, Exit::INTERRUPTED when interrupted by a signal.
 int supervise(Job& job, const SupervisorOptions& opts);
 
 }  // namespace dtrain::launch

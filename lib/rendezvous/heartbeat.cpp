@@ -12,11 +12,14 @@ namespace dtrain::rendezvous {
 using std::chrono::milliseconds;
 
 std::string heartbeat_key(const std::string& name, const std::string& prefix) { return prefix + "hb/" + name; }
+std::string heartbeat_progress_key(const std::string& name, const std::string& prefix) {
+  return prefix + "progress/" + name;
+}
 
 Heartbeat::Heartbeat(const std::string& host, uint16_t port, const std::string& token, const std::string& name,
                      milliseconds interval, const std::string& prefix)
     : host_(host), port_(port), token_(token), key_(heartbeat_key(name, prefix)),
-      interval_(std::max(interval, milliseconds(1))) {
+      progress_key_(heartbeat_progress_key(name, prefix)), interval_(std::max(interval, milliseconds(1))) {
   client_ = std::make_unique<StoreClient>(host_, port_, token_, std::max(interval_, milliseconds(1000)));
   // A silently dead server must not hold the thread (and the destructor) for long.
   client_->set_request_timeout(std::max(interval_, milliseconds(1000)));
@@ -24,7 +27,9 @@ Heartbeat::Heartbeat(const std::string& host, uint16_t port, const std::string& 
   thread_ = std::thread([this] { run(); });
 }
 
-Heartbeat::~Heartbeat() {
+Heartbeat::~Heartbeat() { stop_thread(); }
+
+void Heartbeat::stop_thread() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -38,11 +43,50 @@ std::string Heartbeat::last_error() const {
   return last_error_;
 }
 
+void Heartbeat::progress(const std::string& value) {
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (value == progress_) return;
+    progress_ = value;
+    progress_pending_ = progress_ != progress_published_;
+    // Changes an interval or more apart are published at once, so their server time is
+    // exact; faster ones ride on the regular beats (one SET per interval at most).
+    wake = progress_pending_ && std::chrono::steady_clock::now() - progress_at_ >= interval_;
+    if (wake) wake_ = true;
+  }
+  if (wake) cv_.notify_all();
+}
+
+void Heartbeat::finish(const std::string& value) {
+  stop_thread();
+  try {
+    if (!client_) {
+      client_ = std::make_unique<StoreClient>(host_, port_, token_, std::max(interval_, milliseconds(1000)));
+      client_->set_request_timeout(std::max(interval_, milliseconds(1000)));
+    }
+    client_->set(key_, value);
+  } catch (const CommError& e) {
+    log_warn("heartbeat '{}': could not record '{}': {}", key_, value, e.what());
+  }
+}
+
 void Heartbeat::stamp() {
   const auto unix_ms =
       std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   client_->set(key_, std::to_string(unix_ms));
   ++beats_;
+  std::string value;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!progress_pending_) return;
+    value = progress_;
+  }
+  client_->set(progress_key_, value);
+  std::lock_guard<std::mutex> lock(mu_);
+  progress_published_ = value;
+  progress_pending_ = progress_ != progress_published_;
+  progress_at_ = std::chrono::steady_clock::now();
 }
 
 void Heartbeat::beat() {
@@ -67,7 +111,8 @@ void Heartbeat::beat() {
 void Heartbeat::run() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    if (cv_.wait_for(lock, interval_, [this] { return stop_; })) return;
+    if (cv_.wait_for(lock, interval_, [this] { return stop_ || wake_; }) && stop_) return;
+    wake_ = false;
     lock.unlock();
     beat();
     lock.lock();

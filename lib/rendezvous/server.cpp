@@ -564,6 +564,15 @@ std::map<std::string, Clock::time_point> StoreServer::heartbeats(const std::stri
   return out;
 }
 
+std::map<std::string, StoreServer::Stamped> StoreServer::entries(const std::string& prefix) const {
+  std::map<std::string, Stamped> out;
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  for (const auto& [key, entry] : impl_->data)
+    if (key.size() >= prefix.size() && key.compare(0, prefix.size(), prefix) == 0)
+      out.emplace(key.substr(prefix.size()), Stamped{entry.value, entry.set_at});
+  return out;
+}
+
 size_t StoreServer::connection_count() const { return impl_->n_conns.load(); }
 size_t StoreServer::waiter_count() const { return impl_->n_waiters.load(); }
 

@@ -91,6 +91,14 @@ class StoreServer {
   // Measured on the server's clock, so clock skew between nodes does not matter.
   std::map<std::string, std::chrono::steady_clock::time_point> heartbeats(const std::string& prefix) const;
 
+  // The same keys with their values: what a supervisor needs when the value says more
+  // than "alive" (a rank's training step, its pid).
+  struct Stamped {
+    std::string value;
+    std::chrono::steady_clock::time_point set_at;
+  };
+  std::map<std::string, Stamped> entries(const std::string& prefix) const;
+
   // Live connections and blocked GET/WAIT requests (for supervision and tests).
   size_t connection_count() const;
   size_t waiter_count() const;

@@ -339,6 +339,7 @@ TrainResult train_run(const config::TrainConfig& cfg, const TrainerEnv& env) {
     }
   };
 
+  if (env.on_step) env.on_step(start_step);
   for (int64_t step = start_step + 1; step <= total_steps; ++step) {
     // Data first: the step's unmasked-token count fixes every micro-batch's weight.
     std::vector<double> count{0.0};
@@ -443,7 +444,9 @@ TrainResult train_run(const config::TrainConfig& cfg, const TrainerEnv& env) {
     if (!env.run_dir.empty() && cfg.training.save_steps > 0 && step % cfg.training.save_steps == 0 &&
         step != total_steps)
       save(step);
+    if (env.on_step) env.on_step(step);
   }
+  if (env.on_steps_done) env.on_steps_done();
   // A resumed run that was already at (or past) its last step trains nothing: its final
   // evaluation and checkpoint exist.
   const bool trained = start_step < total_steps;

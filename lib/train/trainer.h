@@ -9,6 +9,7 @@
 #include "config/train_config.h"
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,13 @@ struct TrainerEnv {
   /// false: start from scratch even when run_dir holds a checkpoint (it is then
   /// overwritten by this run's checkpoints).
   bool resume = true;
+  /// Training progress for a watchdog (the launcher's step timeout): called on entering
+  /// the step loop with the step it continues after (0 = fresh start) and after every
+  /// optimizer step (its evaluation and checkpoint included) with that step's index.
+  std::function<void(int64_t step)> on_step;
+  /// Called once when the step loop is over (before the final evaluation, checkpoint and
+  /// export), so a watchdog stops expecting steps.
+  std::function<void()> on_steps_done;
 };
 
 /// What a run did. Per-step vectors have one entry per optimizer step attempted by THIS

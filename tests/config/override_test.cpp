@@ -59,7 +59,7 @@ class ScopedEnv {
 
 void clear_env() {
   for (const char* n : {"DTRAIN_OUTPUT_DIR", "DTRAIN_RDZV_PORT", "DTRAIN_RDZV_ADDR", "DTRAIN_MAX_STEPS", "DTRAIN_SEED",
-                        "DTRAIN_DEVICE"})
+                        "DTRAIN_DEVICE", "DTRAIN_STEP_TIMEOUT"})
     ::unsetenv(n);
 }
 
@@ -191,4 +191,26 @@ TEST_CASE("env overrides do not turn a pure DeepSpeed config into a job") {
   ScopedEnv a("DTRAIN_MAX_STEPS", "5");
   LoadedConfig l = config_load_string("train_batch_size: 8\n", "ds.json");
   CHECK(*l.cfg.training.max_steps == 5);
+}
+
+TEST_CASE("fault_tolerance.step_timeout: off by default, DTRAIN_STEP_TIMEOUT, and above heartbeat_interval") {
+  clear_env();
+  CHECK(load({}).fault_tolerance.step_timeout == 0.0);
+  {
+    ScopedEnv a("DTRAIN_STEP_TIMEOUT", "90");
+    CHECK(load({}).fault_tolerance.step_timeout == 90.0);  // env beats the default
+    CHECK(load({"fault_tolerance.step_timeout=0"}).fault_tolerance.step_timeout == 0.0);  // --set beats env
+  }
+  CHECK(load({"fault_tolerance.step_timeout=2.5"}).fault_tolerance.step_timeout == 2.5);
+  std::string m = set_error({"fault_tolerance.step_timeout=-1"});
+  CHECK(has(m, "fault_tolerance.step_timeout"));
+  m = set_error({"fault_tolerance.heartbeat_interval=2", "fault_tolerance.step_timeout=2"});
+  CHECK(has(m, "fault_tolerance.step_timeout: 2 s must be 0 (off) or greater than heartbeat_interval = 2 s"));
+  ScopedEnv b("DTRAIN_STEP_TIMEOUT", "soon");
+  try {
+    load({});
+    FAIL("no throw");
+  } catch (const ConfigError& e) {
+    CHECK(has(e.what(), "env DTRAIN_STEP_TIMEOUT=soon: fault_tolerance.step_timeout"));
+  }
 }

@@ -177,6 +177,28 @@ TEST_CASE("terminate kills the whole process group") {
   CHECK(errno == ESRCH);
 }
 
+TEST_CASE("terminate ends a stopped (SIGSTOP) group with SIGTERM, not by waiting out the grace for SIGKILL") {
+  Lines lines;
+  auto p = spawn_local({"sh", "-c", "echo up; sleep 100"}, {}, "", "", lines.callback());
+  REQUIRE(lines.wait_stdout(1));
+  REQUIRE(::kill(-p->pgid(), SIGSTOP) == 0);
+  // Bounded wait until the kernel shows the leader stopped ('T' in /proc/<pid>/stat).
+  bool stopped = false;
+  for (int i = 0; i < 200 && !stopped; ++i) {
+    std::ifstream in("/proc/" + std::to_string(p->pid()) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t close = stat.rfind(") ");
+    stopped = close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'T';
+    if (!stopped) std::this_thread::sleep_for(10ms);
+  }
+  REQUIRE(stopped);
+  p->terminate(20s);  // without SIGCONT the stopped shell would sit out all 20 s, then SIGKILL
+  auto s = p->wait_for(0ms);
+  REQUIRE(s.has_value());
+  CHECK(!s->exited);
+  CHECK(s->signal == SIGTERM);
+}
+
 TEST_CASE("terminate escalates to SIGKILL when SIGTERM is ignored") {
   Lines lines;
   auto p = spawn_local({"sh", "-c", "trap '' TERM; sleep 100 & echo $!; wait; wait"}, {}, "", "", lines.callback());

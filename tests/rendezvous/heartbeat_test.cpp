@@ -90,3 +90,53 @@ TEST_CASE("heartbeat constructor fails clearly without a server; beater survives
   CHECK(eventually([&] { return server->heartbeats("hb/").count("n") == 1; }));
   CHECK(eventually([&] { return hb.last_error().empty(); }));
 }
+
+TEST_CASE("progress is published once per change, with the server's time of the change; entries() has the values") {
+  CHECK(heartbeat_progress_key("rank3", "job/j/r0/") == "job/j/r0/progress/rank3");
+  const std::string token = token_generate();
+  StoreServer server("127.0.0.1", 0, token);
+  // A long interval, so the repeated value below spans several beats only slowly.
+  Heartbeat hb("127.0.0.1", server.port(), token, "rank0", 400ms, "p/");
+  CHECK(hb.progress_key() == "p/progress/rank0");
+  CHECK(server.entries("p/progress/").empty());  // nothing reported yet
+
+  hb.progress("0");
+  REQUIRE(eventually([&] { return server.entries("p/progress/").count("rank0") == 1; }));
+  auto e = server.entries("p/progress/");
+  CHECK(e["rank0"].value == "0");
+  const auto first = e["rank0"].set_at;
+
+  // The same value again is not a change: several beats later the server's time is unchanged.
+  hb.progress("0");
+  const uint64_t beats = hb.beats();
+  REQUIRE(eventually([&] { return hb.beats() >= beats + 3; }));
+  CHECK(server.entries("p/progress/")["rank0"].set_at == first);
+
+  // Fast changes ride on the beats: the last one is what the server ends up with.
+  for (int step = 1; step <= 50; ++step) hb.progress(std::to_string(step));
+  CHECK(eventually([&] { return server.entries("p/progress/")["rank0"].value == "50"; }));
+  CHECK(server.entries("p/progress/")["rank0"].set_at > first);
+
+  // entries() and heartbeats() see the same keys; values are the stamps.
+  auto beat_entries = server.entries("p/hb/");
+  REQUIRE(beat_entries.count("rank0") == 1);
+  CHECK(std::stoll(beat_entries["rank0"].value) > 0);
+  CHECK(server.heartbeats("p/hb/").count("rank0") == 1);
+}
+
+TEST_CASE("finish stops the beats and leaves its value as the last stamp") {
+  const std::string token = token_generate();
+  StoreServer server("127.0.0.1", 0, token);
+  Heartbeat hb("127.0.0.1", server.port(), token, "rank1", 20ms, "p/");
+  REQUIRE(eventually([&] { return hb.beats() >= 3; }));
+  hb.finish("exited");
+  auto e = server.entries("p/hb/");
+  REQUIRE(e.count("rank1") == 1);
+  CHECK(e["rank1"].value == "exited");
+  const auto at = e["rank1"].set_at;
+  const uint64_t beats = hb.beats();
+  std::this_thread::sleep_for(100ms);  // five intervals: a live thread would have beaten
+  CHECK(hb.beats() == beats);
+  CHECK(server.entries("p/hb/")["rank1"].set_at == at);
+  CHECK(server.entries("p/hb/")["rank1"].value == "exited");
+}

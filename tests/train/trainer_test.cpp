@@ -289,3 +289,31 @@ TEST_CASE("token shards (data.format tokens) train exactly like the same data to
   s.back() = "data.train=" + dir.path.string();  // a directory of shards
   CHECK(train_run(tiny(s), quiet_env()).losses == mem.losses);
 }
+
+TEST_CASE("progress callbacks: the step the loop starts after, every completed step, then done once") {
+  TempDir dir("progress");
+  std::vector<int64_t> steps;
+  std::vector<int64_t> saved_before_report;  // steps whose checkpoint already existed at the callback
+  int done = 0;
+  TrainerEnv env = quiet_env(dir.path.string());
+  env.on_step = [&](int64_t s) {
+    CHECK(done == 0);
+    steps.push_back(s);
+    if (fs::exists(dir.path / "checkpoints" / ("step" + std::to_string(s)))) saved_before_report.push_back(s);
+  };
+  env.on_steps_done = [&] { ++done; };
+  TrainResult r = train_run(tiny({"training.max_steps=6", "training.save_steps=3"}), env);
+  CHECK(r.steps == 6);
+  CHECK(steps == std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6});
+  CHECK(done == 1);
+  // A step's checkpoint is part of the step: written before the step is reported.
+  CHECK(saved_before_report == std::vector<int64_t>{3});
+
+  // Resumed from the step-6 checkpoint with 3 more steps: the loop starts after step 6.
+  steps.clear();
+  done = 0;
+  TrainResult more = train_run(tiny({"training.max_steps=9", "training.save_steps=3"}), env);
+  CHECK(more.resumed_step == 6);
+  CHECK(steps == std::vector<int64_t>{6, 7, 8, 9});
+  CHECK(done == 1);
+}

@@ -1,0 +1,49 @@
+// A Communicator decorator that knows whether this rank is waiting in a collective (on
+// any thread) and tells an observer when that changes, so a step watchdog can tell a rank
+// stuck in its own work from the peers that wait for it.
+#pragma once
+
+#include "comm/communicator.h"
+
+#include <atomic>
+#include <functional>
+#include <memory>
+
+namespace dtrain::comm {
+
+class ActivityCommunicator : public Communicator {
+ public:
+  /// Called after in_collective() may have changed (from the thread that changed it);
+  /// read in_collective() for the state rather than assuming one.
+  using Observer = std::function<void()>;
+
+  ActivityCommunicator(std::unique_ptr<Communicator> inner, Observer observer);
+
+  /// True while any thread is inside a collective, barrier or synchronize of this rank.
+  bool in_collective() const { return depth_.load() > 0; }
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  Backend backend() const override { return inner_->backend(); }
+  bool on_device() const override { return inner_->on_device(); }
+  int device() const override { return inner_->device(); }
+  std::string device_name() const override { return inner_->device_name(); }
+
+  void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override;
+  void reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op) override;
+  void all_gather(const void* send, void* recv, size_t send_count, DType dtype) override;
+  void broadcast(const void* send, void* recv, size_t count, DType dtype, int root) override;
+  void barrier() override;
+  void synchronize() override;
+  void abort() override { inner_->abort(); }
+
+ private:
+  template <typename F>
+  void watched(F&& f);
+
+  std::unique_ptr<Communicator> inner_;
+  Observer observer_;
+  std::atomic<int> depth_{0};
+};
+
+}  // namespace dtrain::comm
