@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cerrno>
@@ -20,6 +21,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
+#include <sstream>
 
 namespace dtrain::config {
 
@@ -157,6 +160,23 @@ size_t second_document_line(std::string_view text) {
   return 0;
 }
 
+// Counts the documents a parser reports, remembering where the second one starts.
+struct DocumentCounter final : YAML::EventHandler {
+  size_t starts = 0;
+  std::optional<YAML::Mark> second_start;
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    if (++starts == 2) second_start = mark;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
 // The config's one document. Text whose first character (past blanks and comments) is '{'
 // is JSON, as DeepSpeed writes it: its comments are blanked and a JSON parser checks it, so
 // its mistakes are reported as JSON; then the YAML parser reads it like any config (JSON is
@@ -175,7 +195,7 @@ YAML::Node document_load(std::string_view text, const std::string& name) {
     bool yaml_instead = false;
     if (!problem.empty() && ext != ".json") {
       try {
-        (void)YAML::LoadAll(body);
+        (void)YAML::Load(body);
         yaml_instead = true;
       } catch (const YAML::Exception&) {
       }
@@ -184,22 +204,36 @@ YAML::Node document_load(std::string_view text, const std::string& name) {
     json = !yaml_instead;
     if (json) body = std::move(stripped);
   }
-  std::vector<YAML::Node> docs;
+  YAML::Node root;
   try {
-    docs = YAML::LoadAll(body);
+    root = YAML::Load(body);
   } catch (const YAML::ParserException& e) {
     DT_THROW(ConfigError, "{}: {} syntax error: {}", mark_text(name, e.mark), json ? "JSON" : "YAML", e.msg);
   } catch (const YAML::Exception& e) {
     DT_THROW(ConfigError, "{}: cannot parse {}: {}", mark_text(name, e.mark), json ? "JSON" : "YAML", e.msg);
   }
-  if (docs.size() > 1) {
+  // YAML::Load reads the first document only. The rest is walked as events, at most two
+  // documents (yaml-cpp 0.7's LoadAll can loop forever on some malformed text).
+  size_t documents = 0;
+  std::optional<YAML::Mark> second;
+  try {
+    std::istringstream in(body);
+    YAML::Parser parser(in);
+    DocumentCounter counter;
+    while (documents < 2 && parser.HandleNextDocument(counter)) ++documents;
+    second = counter.second_start;
+  } catch (const YAML::Exception& e) {
+    documents = 2;  // the first document loaded: the error is in a later one
+    second = e.mark;
+  }
+  if (documents > 1) {
     size_t line = second_document_line(body);
-    if (line == 0 && !docs[1].Mark().is_null()) line = static_cast<size_t>(docs[1].Mark().line) + 1;
+    if (line == 0 && second && !second->is_null()) line = static_cast<size_t>(second->line) + 1;
     DT_THROW(ConfigError, "{}:{}: a second YAML document starts here ('---'); a config is one document: remove the "
              "'---' line and merge the keys into one mapping, or put the other document in its own file",
              name, line);
   }
-  return docs.empty() ? YAML::Node() : docs.front();
+  return root;
 }
 
 // ---------------------------------------------------------------------------
@@ -216,8 +250,9 @@ void walk(const YAML::Node& node, const std::string& section, LoadState& st) {
   }
   std::map<std::string, YAML::Mark> seen;
   for (auto it = node.begin(); it != node.end(); ++it) {
-    const YAML::Node& key = it->first;
-    const YAML::Node& value = it->second;
+    // Copies (handles to the same nodes): it-> yields a temporary pair, not a reference.
+    const YAML::Node key = it->first;
+    const YAML::Node value = it->second;
     if (!key.IsScalar())
       DT_THROW(ConfigError, "{}: {}: keys must be plain names, got {}", mark_text(st.source, key.Mark()),
                section.empty() ? "(top level)" : section, node_kind(key));
