@@ -229,9 +229,9 @@ YAML::Node document_load(std::string_view text, const std::string& name) {
   if (documents > 1) {
     size_t line = second_document_line(body);
     if (line == 0 && second && !second->is_null()) line = static_cast<size_t>(second->line) + 1;
-    DT_THROW(ConfigError, "{}:{}: a second YAML document starts here ('---'); a config is one document: remove the "
+    DT_THROW(ConfigError, "{}: a second YAML document starts here ('---'); a config is one document: remove the "
              "'---' line and merge the keys into one mapping, or put the other document in its own file",
-             name, line);
+             line > 0 ? fmt::format("{}:{}", name, line) : name);
   }
   return root;
 }
