@@ -1,12 +1,15 @@
-// Loading a config: YAML parse, a walk of the document against the schema (key policy:
-// known / accepted-but-ignored DeepSpeed keys / typos / unknown), env overrides, --set
-// overrides, then typed conversion of each value into TrainConfig.
+// Loading a config: JSON (comments stripped, syntax checked as JSON) or one YAML document,
+// a walk of the document against the schema (key policy: known / accepted-but-ignored
+// DeepSpeed keys / typos / unknown), env overrides, --set overrides, typed conversion of
+// each value into TrainConfig, then relative input paths made absolute.
 #include "config/load_detail.h"
 #include "config/schema.h"
 
 #include "core/check.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cerrno>
@@ -18,6 +21,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
+#include <sstream>
 
 namespace dtrain::config {
 
@@ -61,8 +66,174 @@ std::string node_kind(const YAML::Node& n) {
   }
 }
 
+bool is_auto(const YAML::Node& n) { return n.IsScalar() && n.Scalar() == "auto"; }
+bool is_quoted(const YAML::Node& n) { return n.Tag() == "!"; }
+
 std::string join_path(std::string_view section, std::string_view name) {
   return section.empty() ? std::string(name) : fmt::format("{}.{}", section, name);
+}
+
+// ---------------------------------------------------------------------------
+// Reading the document
+
+// "file:line:col" of byte offset `at` in text.
+std::string offset_text(const std::string& source, std::string_view text, size_t at) {
+  at = std::min(at, text.size());
+  size_t line = 1, col = 1;
+  for (size_t i = 0; i < at; ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      col = 1;
+    } else {
+      ++col;
+    }
+  }
+  return fmt::format("{}:{}:{}", source, line, col);
+}
+
+// JSON with // and /* */ comments (DeepSpeed's parser refuses them, but hand-written
+// configs often have them): the comments outside strings become spaces, newlines kept,
+// so every later line:column still points into the file as written.
+// An unclosed /* comment sets *problem.
+std::string json_strip_comments(std::string_view text, const std::string& source, std::string* problem) {
+  std::string out(text);
+  bool in_string = false;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const char c = out[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"' || c == '\n') in_string = false;  // an unterminated string is the parser's to report
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '/' && i + 1 < out.size() && out[i + 1] == '/') {
+      for (; i < out.size() && out[i] != '\n'; ++i) out[i] = ' ';
+    } else if (c == '/' && i + 1 < out.size() && out[i + 1] == '*') {
+      const size_t end = out.find("*/", i + 2);
+      if (end == std::string::npos) {
+        *problem = fmt::format("{}: JSON: a /* comment is not closed (no */ before the end of the file)",
+                               offset_text(source, text, i));
+        return out;
+      }
+      for (size_t j = i; j < end + 2; ++j)
+        if (out[j] != '\n') out[j] = ' ';
+      i = end + 1;
+    }
+  }
+  return out;
+}
+
+// The JSON parser's complaint about text, with file:line:column, or "" when it is valid
+// JSON: a .json config's mistakes are reported as JSON rather than as whatever YAML makes
+// of them.
+std::string json_syntax_problem(const std::string& text, const std::string& source) {
+  try {
+    [[maybe_unused]] const nlohmann::json parsed = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    std::string why = e.what();
+    // "[json.exception.parse_error.101] parse error at line 3, column 5: syntax error ..."
+    if (size_t p = why.find("] "); p != std::string::npos) why = why.substr(p + 2);
+    if (size_t p = why.find(": "); why.rfind("parse error", 0) == 0 && p != std::string::npos) why = why.substr(p + 2);
+    return fmt::format("{}: JSON syntax error: {}", offset_text(source, text, e.byte > 0 ? e.byte - 1 : 0), why);
+  }
+  return "";
+}
+
+// Line (1-based) of the `---` that starts the second YAML document, or 0 if not found.
+size_t second_document_line(std::string_view text) {
+  bool content = false;
+  size_t line = 1;
+  for (size_t at = 0; at < text.size(); ++line) {
+    size_t end = text.find('\n', at);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view l = text.substr(at, end - at);
+    if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
+    const bool marker = l.rfind("---", 0) == 0 && (l.size() == 3 || l[3] == ' ' || l[3] == '\t');
+    if (marker && content) return line;
+    const size_t first = l.find_first_not_of(" \t");
+    // A marker before any content opens the first document; directives (%YAML) precede it.
+    if (!marker && first != std::string_view::npos && l[first] != '#' && l[first] != '%') content = true;
+    if (marker && l.find_first_not_of(" \t", 3) != std::string_view::npos) content = true;  // "--- a: 1"
+    at = end + 1;
+  }
+  return 0;
+}
+
+// Counts the documents a parser reports, remembering where the second one starts.
+struct DocumentCounter final : YAML::EventHandler {
+  size_t starts = 0;
+  std::optional<YAML::Mark> second_start;
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    if (++starts == 2) second_start = mark;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+// The config's one document. Text whose first character (past blanks and comments) is '{'
+// is JSON, as DeepSpeed writes it: its comments are blanked and a JSON parser checks it, so
+// its mistakes are reported as JSON; then the YAML parser reads it like any config (JSON is
+// YAML's flow style). Only outside a *.json file may such text be a YAML flow mapping that
+// is not JSON ({stage: 2}).
+YAML::Node document_load(std::string_view text, const std::string& name) {
+  std::string body(text);
+  std::string problem;
+  std::string stripped = json_strip_comments(text, name, &problem);
+  const size_t first = stripped.find_first_not_of(" \t\r\n");
+  bool json = first != std::string::npos && stripped[first] == '{';
+  if (json) {
+    if (problem.empty()) problem = json_syntax_problem(stripped, name);
+    std::string ext = std::filesystem::path(name).extension().string();
+    for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    bool yaml_instead = false;
+    if (!problem.empty() && ext != ".json") {
+      try {
+        (void)YAML::Load(body);
+        yaml_instead = true;
+      } catch (const YAML::Exception&) {
+      }
+    }
+    if (!problem.empty() && !yaml_instead) DT_THROW(ConfigError, "{}", problem);
+    json = !yaml_instead;
+    if (json) body = std::move(stripped);
+  }
+  YAML::Node root;
+  try {
+    root = YAML::Load(body);
+  } catch (const YAML::ParserException& e) {
+    DT_THROW(ConfigError, "{}: {} syntax error: {}", mark_text(name, e.mark), json ? "JSON" : "YAML", e.msg);
+  } catch (const YAML::Exception& e) {
+    DT_THROW(ConfigError, "{}: cannot parse {}: {}", mark_text(name, e.mark), json ? "JSON" : "YAML", e.msg);
+  }
+  // YAML::Load reads the first document only. The rest is walked as events, at most two
+  // documents (yaml-cpp 0.7's LoadAll can loop forever on some malformed text).
+  size_t documents = 0;
+  std::optional<YAML::Mark> second;
+  try {
+    std::istringstream in(body);
+    YAML::Parser parser(in);
+    DocumentCounter counter;
+    while (documents < 2 && parser.HandleNextDocument(counter)) ++documents;
+    second = counter.second_start;
+  } catch (const YAML::Exception& e) {
+    documents = 2;  // the first document loaded: the error is in a later one
+    second = e.mark;
+  }
+  if (documents > 1) {
+    size_t line = second_document_line(body);
+    if (line == 0 && second && !second->is_null()) line = static_cast<size_t>(second->line) + 1;
+    DT_THROW(ConfigError, "{}: a second YAML document starts here ('---'); a config is one document: remove the "
+             "'---' line and merge the keys into one mapping, or put the other document in its own file",
+             line > 0 ? fmt::format("{}:{}", name, line) : name);
+  }
+  return root;
 }
 
 // ---------------------------------------------------------------------------
@@ -79,13 +250,19 @@ void walk(const YAML::Node& node, const std::string& section, LoadState& st) {
   }
   std::map<std::string, YAML::Mark> seen;
   for (auto it = node.begin(); it != node.end(); ++it) {
-    const YAML::Node& key = it->first;
-    const YAML::Node& value = it->second;
+    // Copies (handles to the same nodes): it-> yields a temporary pair, not a reference.
+    const YAML::Node key = it->first;
+    const YAML::Node value = it->second;
     if (!key.IsScalar())
       DT_THROW(ConfigError, "{}: {}: keys must be plain names, got {}", mark_text(st.source, key.Mark()),
                section.empty() ? "(top level)" : section, node_kind(key));
     const std::string& name = key.Scalar();
     const std::string path = join_path(section, name);
+    // yaml-cpp reads YAML 1.1's merge key as a plain key named "<<": its keys would be
+    // silently lost, so it is refused rather than half-supported.
+    if (name == "<<" && !is_quoted(key))
+      DT_THROW(ConfigError, "{}: {}: YAML merge keys ('<<: *anchor') are not supported; write the merged keys out "
+               "in this mapping", mark_text(st.source, key.Mark()), section.empty() ? "(top level)" : section);
     auto [prev, fresh] = seen.emplace(name, key.Mark());
     if (!fresh)
       DT_THROW(ConfigError, "{}: {}: duplicate key (first given at line {}); keep one of them",
@@ -112,8 +289,6 @@ void walk(const YAML::Node& node, const std::string& section, LoadState& st) {
 // ---------------------------------------------------------------------------
 // Typed conversion of one value
 
-bool is_auto(const YAML::Node& n) { return n.IsScalar() && n.Scalar() == "auto"; }
-bool is_quoted(const YAML::Node& n) { return n.Tag() == "!"; }
 
 std::optional<bool> parse_bool(const std::string& s) {
   std::string l;
@@ -392,21 +567,49 @@ void apply_set(LoadState& st, const std::string& arg) {
 }
 
 // ---------------------------------------------------------------------------
+// Relative input paths
+
+// Keys naming input files or directories read on the launcher's machine. training.output_dir
+// (an output, like --output-dir and its runs/<name> default) keeps the working-directory
+// meaning, and cluster.workdir / cluster.dtrain_path are paths on the nodes.
+constexpr const char* kInputPathKeys[] = {"data.train",          "data.valid",
+                                          "data.tokenizer",      "model.init_from",
+                                          "cluster.ssh.identity_file", "cluster.ssh.known_hosts"};
+
+// Relative input paths become absolute: a file's values against the file's directory
+// (base_dir; "" leaves them as written), --set and env values against the working
+// directory, so a job reads the same files wherever it is started from, and the config
+// saved in the run directory (absolute paths) means the same to every rank.
+void resolve_paths(TrainConfig& cfg, const LoadState& st, const std::string& base_dir) {
+  for (const char* key : kInputPathKeys) {
+    auto it = st.settings.find(key);
+    if (it == st.settings.end()) continue;
+    FieldRef ref = schema_find(key)->field(cfg);
+    std::string** field = std::get_if<std::string*>(&ref);
+    DT_CHECK(field != nullptr);
+    std::string& value = **field;
+    if (value.empty() || value.front() == '~' || (std::string_view(key) == "data.tokenizer" && value == "byte"))
+      continue;
+    const std::filesystem::path p(value);
+    if (p.is_absolute()) continue;
+    if (it->second.rank == Rank::FILE) {
+      if (!base_dir.empty()) value = (std::filesystem::path(base_dir) / p).string();
+    } else {
+      value = (std::filesystem::current_path() / p).string();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
 // The whole load
 
-LoadedConfig load(std::string_view text, const std::string& name, const std::vector<std::string>& sets) {
+LoadedConfig load(std::string_view text, const std::string& name, const std::vector<std::string>& sets,
+                  const std::string& base_dir) {
   LoadState st;
   st.source = name;
   st.origins.source = name;
 
-  YAML::Node root;
-  try {
-    root = YAML::Load(std::string(text));
-  } catch (const YAML::ParserException& e) {
-    DT_THROW(ConfigError, "{}: YAML syntax error: {}", mark_text(name, e.mark), e.msg);
-  } catch (const YAML::Exception& e) {
-    DT_THROW(ConfigError, "{}: cannot parse YAML: {}", mark_text(name, e.mark), e.msg);
-  }
+  YAML::Node root = document_load(text, name);
   if (root.IsNull() && sets.empty())
     DT_THROW(ConfigError, "{}: the config is empty; write a mapping of config keys (see configs/tiny-sft.yaml)", name);
 
@@ -432,6 +635,7 @@ LoadedConfig load(std::string_view text, const std::string& name, const std::vec
       if (apply_value(cfg, *spec, s.value, s.origin)) st.origins.given.insert(path);
       else st.origins.given_by_user.erase(path);
     }
+    resolve_paths(cfg, st, base_dir);
   } catch (const YAML::Exception& e) {
     // Conversions above never ask yaml-cpp to convert; this guards its iterators all the same.
     DT_THROW(ConfigError, "{}: {}", mark_text(name, e.mark), e.msg);
@@ -452,8 +656,9 @@ bool config_apply_text(TrainConfig& cfg, const KeySpec& spec, const std::string&
   return apply_value(cfg, spec, override_value(spec, text, origin), origin);
 }
 
-LoadedConfig config_load_string(std::string_view text, const std::string& name, const std::vector<std::string>& sets) {
-  return load(text, name, sets);
+LoadedConfig config_load_string(std::string_view text, const std::string& name, const std::vector<std::string>& sets,
+                                const std::string& base_dir) {
+  return load(text, name, sets, base_dir);
 }
 
 LoadedConfig config_load_file(const std::string& path, const std::vector<std::string>& sets) {
@@ -484,7 +689,8 @@ LoadedConfig config_load_file(const std::string& path, const std::vector<std::st
   if (text.size() > kConfigMaxBytes)
     DT_THROW(ConfigError, "{}: the config is larger than {} bytes ({} MiB), the most a config may be", path,
              kConfigMaxBytes, kConfigMaxBytes >> 20);
-  return load(text, path, sets);
+  const std::filesystem::path dir = std::filesystem::absolute(path, ec).parent_path();
+  return load(text, path, sets, ec ? std::string() : dir.string());
 }
 
 }  // namespace dtrain::config

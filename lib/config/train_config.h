@@ -210,14 +210,19 @@ struct LoadedConfig {
 // /dev/zero) is a ConfigError naming the file.
 inline constexpr uintmax_t kConfigMaxBytes = uintmax_t{16} << 20;
 
-// Loads path (YAML or DeepSpeed JSON), applies env overrides then `sets` ("key.path=value").
-// Throws IoError if the file cannot be read, ConfigError for anything wrong in it (message
-// starts with file:line:column: key.path:). A config with any dtrain section (model, data,
-// lora, training) must be a complete job (config_check_job); a pure DeepSpeed config need not.
+// Loads path (one YAML document, or DeepSpeed JSON, // and /* */ comments allowed), applies
+// env overrides then `sets` ("key.path=value"). Throws IoError if the file cannot be read,
+// ConfigError for anything wrong in it (message starts with file:line:column: key.path:). A
+// config with any dtrain section (model, data, lora, training) must be a complete job
+// (config_check_job); a pure DeepSpeed config need not. Relative input paths (data.train,
+// data.valid, data.tokenizer, model.init_from, cluster.ssh.identity_file / known_hosts)
+// come back absolute: from the file against its directory, from env or `sets` against the
+// working directory.
 LoadedConfig config_load_file(const std::string& path, const std::vector<std::string>& sets = {});
-// Same from text; `name` stands for the file name in messages and in cfg.source.
+// Same from text; `name` stands for the file name in messages and in cfg.source, and
+// `base_dir` for the file's directory ("" = leave the text's relative paths as written).
 LoadedConfig config_load_string(std::string_view text, const std::string& name,
-                                const std::vector<std::string>& sets = {});
+                                const std::vector<std::string>& sets = {}, const std::string& base_dir = "");
 
 // Throws ConfigError unless cfg describes a runnable job: model (architecture and sizes, or
 // model.init_from), data.train, and one of training.max_steps / training.epochs.
@@ -235,7 +240,9 @@ std::string config_to_yaml(const TrainConfig& cfg);
 // dtrain does not act on. For `dtrain launch --help-config`.
 std::string config_help();
 
-// The embedded default job: the contents of configs/tiny-sft.yaml at build time.
+// The embedded default job: the contents of configs/tiny-sft.yaml at build time, and the
+// directory its relative paths resolve against (the source tree's configs/).
 extern const char* const kDefaultConfigYaml;
+extern const char* const kDefaultConfigDir;
 
 }  // namespace dtrain::config

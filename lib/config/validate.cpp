@@ -93,6 +93,12 @@ void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>
              o.at("training.epochs"), o.at("training.max_steps"));
 
   const ModelConfig& m = cfg.model;
+  // A given data.seq_len below 2 fails its own range check; this is the derived one.
+  if (cfg.data.seq_len && *cfg.data.seq_len < 2)
+    DT_THROW(ConfigError,
+             "{}: data.seq_len: {} (taken from model.max_seq_len) leaves no token to predict; a training sequence "
+             "needs at least 2 tokens: set data.seq_len and model.max_seq_len to 2 or more",
+             o.at("model.max_seq_len"), *cfg.data.seq_len);
   if (m.d_model && m.n_head && *m.d_model % *m.n_head != 0)
     DT_THROW(ConfigError, "{}: model.d_model: {} is not a multiple of model.n_head = {} (at {})", o.at("model.d_model"),
              *m.d_model, *m.n_head, o.at("model.n_head"));

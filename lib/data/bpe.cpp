@@ -89,11 +89,20 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
     if (!model.contains("merges") || !model["merges"].is_array()) fail("model.merges is missing or not an array");
     ignore_merges_ = model.value("ignore_merges", false);
 
+    // Ids index the id -> token table: each is checked against the vocabulary limit before
+    // that table is sized by the largest one.
+    auto check_id = [&](const json& idj, const std::string& what) {
+      if (!idj.is_number_integer())
+        fail(fmt::format("{} has id {}, not an integer", what, idj.dump()));
+      if (idj.is_number_unsigned() ? idj.get<uint64_t>() >= static_cast<uint64_t>(kMaxVocabSize)
+                                   : (idj.get<int64_t>() < 0 || idj.get<int64_t>() >= kMaxVocabSize))
+        fail(fmt::format("{} has id {}; token ids must be from 0 to {} (at most {} tokens, as model.vocab_size)", what,
+                         idj.dump(), kMaxVocabSize - 1, kMaxVocabSize));
+      return static_cast<int32_t>(idj.get<int64_t>());
+    };
     int32_t max_id = -1;
     for (const auto& [tok, idj] : model["vocab"].items()) {
-      if (!idj.is_number_integer() || idj.get<int64_t>() < 0 || idj.get<int64_t>() > (1 << 30))
-        fail("model.vocab entry '" + tok + "' has no valid id");
-      int32_t id = idj.get<int32_t>();
+      int32_t id = check_id(idj, "model.vocab entry '" + tok + "'");
       vocab_[tok] = id;
       max_id = std::max(max_id, id);
     }
@@ -104,9 +113,10 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
       if (!root["added_tokens"].is_array()) fail("added_tokens is not an array");
       for (const json& a : root["added_tokens"]) {
         if (!a.is_object() || !a.contains("id") || !a.contains("content") || !a["id"].is_number_integer() ||
-            !a["content"].is_string() || a["id"].get<int64_t>() < 0 || a["id"].get<int64_t>() > (1 << 30))
-          fail("added_tokens entry " + a.dump() + " needs an integer \"id\" and a string \"content\"");
-        Added t{a["content"].get<std::string>(), a["id"].get<int32_t>()};
+            !a["content"].is_string())
+          fail("added_tokens entry " + a.dump().substr(0, 200) + " needs an integer \"id\" and a string \"content\"");
+        Added t{a["content"].get<std::string>(),
+                check_id(a["id"], "added_tokens entry '" + a["content"].get<std::string>().substr(0, 80) + "'")};
         if (t.content.empty()) fail("added_tokens entry with id " + std::to_string(t.id) + " has empty content");
         max_id = std::max(max_id, t.id);
         added.push_back(std::move(t));

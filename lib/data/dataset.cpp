@@ -50,7 +50,7 @@ struct MemorySource final : TokenDataset::Source {
     if (d.doc_starts.empty() && !d.tokens.empty()) d.doc_starts.push_back(0);
     if (d.vocab_size <= 0) d.vocab_size = d.tokens.empty() ? 1 : *std::max_element(d.tokens.begin(), d.tokens.end()) + 1;
   }
-  std::string name() const override { return "<memory>"; }
+  std::string name() const override { return d.name.empty() ? "<memory>" : d.name; }
   size_t size() const override { return d.tokens.size(); }
   int32_t token(size_t i) const override { return d.tokens[i]; }
   bool mask(size_t i) const override { return d.mask.empty() || d.mask[i] != 0; }
@@ -122,9 +122,25 @@ void TokenDataset::build() {
     log_warn("dataset: skipped {} documents with no trained token within seq_len + 1 = {} tokens", skipped_, window);
   size_t total = 0;
   for (const auto& s : sources_) total += s->size();
+  std::string name;
+  for (const auto& s : sources_) name += (name.empty() ? "" : ", ") + s->name();
   DT_ENFORCE(!index_.empty(), ConfigError,
-             "the dataset yields no samples of seq_len {} ({} tokens in {} shard(s)); use a smaller seq_len or more data",
-             L, total, sources_.size());
+             "{}: the dataset yields no samples of seq_len {} ({} tokens in {} shard(s)); use a smaller seq_len or more "
+             "data", name, L, total, sources_.size());
+  // Padded samples were kept only with a trained target; packed windows need the same
+  // check over the whole data, or training runs its steps on nothing and "succeeds".
+  // It stops at the first trained target, so it costs a scan only when it fails.
+  if (options_.mode == SampleMode::PACK) {
+    bool trained = false;
+    for (const Entry& e : index_) {
+      for (uint64_t j = 1; j < e.length && !trained; ++j) trained = sources_[e.source]->mask(e.begin + j);
+      if (trained) break;
+    }
+    DT_ENFORCE(trained, ConfigError,
+               "{}: the dataset has no trained token: every target in its {} samples of seq_len {} is masked (prompt "
+               "tokens only?); check data.format and the data",
+               name, index_.size(), L);
+  }
 }
 
 // ---------------------------------------------------------------------------

@@ -54,6 +54,7 @@ std::vector<std::string> text_documents(const std::string& path, bool line_per_d
 TokenData data_tokenize(const std::string& input, DataFormat format, const Tokenizer& tokenizer,
                         const DataPrepareOptions& options) {
   TokenData data;
+  data.name = input;
   data.vocab_size = tokenizer.vocab_size();
   data.eos_id = tokenizer.eos_id();
   data.pad_id = tokenizer.pad_id();

@@ -10,6 +10,11 @@
 
 namespace dtrain::data {
 
+// The most tokens a vocabulary may have (ids 0 .. 2^24 - 1): far above any real tokenizer
+// (~256k), low enough that a forged id cannot make loading allocate gigabytes. The config's
+// model.vocab_size has the same limit.
+inline constexpr int32_t kMaxVocabSize = int32_t{1} << 24;
+
 // ---------------------------------------------------------------------------
 // Tokenizer: text <-> token ids. encode() matches the tokenizer's special tokens
 // (e.g. "<|eos|>", "<|im_start|>") in the text and maps them to their ids, like

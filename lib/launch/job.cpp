@@ -179,12 +179,13 @@ std::string input_files_problem(const config::TrainConfig& cfg, const std::strin
                                           workdir)
                             : "";
     std::string fix = fs::path(in.path).is_relative()
-                          ? cfg.source.rfind("<embedded default", 0) == 0
-                                ? "the default job's paths are relative to the dtrain repository root: run from "
-                                  "there, or give --config with absolute paths"
-                                : "run from the directory the path is relative to, set cluster.workdir, or give an "
-                                  "absolute path"
-                          : "fix the path";
+                          ? "run from the directory the path is relative to, set cluster.workdir, or give an "
+                            "absolute path"
+                          : cfg.source.rfind("<embedded default", 0) == 0
+                                ? fmt::format("the default job reads the data shipped in the dtrain source tree it "
+                                              "was built from ({}); give --config with your own data",
+                                              config::kDefaultConfigDir)
+                                : "fix the path";
     return fmt::format("{}: {} '{}'{} {}: {}", cfg.source, in.key, in.path, where, problem, fix);
   }
   return "";
@@ -236,7 +237,7 @@ Job job_prepare(const JobRequest& req) {
   config::LoadedConfig loaded =
       req.config_path.empty()
           ? config::config_load_string(config::kDefaultConfigYaml, "<embedded default: configs/tiny-sft.yaml>",
-                                       req.sets)
+                                       req.sets, config::kDefaultConfigDir)
           : config::config_load_file(req.config_path, req.sets);
   job.cfg = std::move(loaded.cfg);
   job.warnings = std::move(loaded.warnings);

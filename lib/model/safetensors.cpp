@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <filesystem>
 #include <limits>
+#include <set>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -206,8 +207,33 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     data_start_ = 8 + n;
     const char* hb = reinterpret_cast<const char*>(map_ + 8);
     if (n == 0 || hb[0] != '{') bad_file(path, "the header does not start with '{'");
-    const nlohmann::json h = nlohmann::json::parse(hb, hb + n, nullptr, false);
+    // A JSON parser keeps the last of two equal keys; the file would then hold a tensor (or a
+    // dtype, a shape) that no reader agrees on. Keys are recorded per open object as the
+    // parser meets them, and the first repeat is named.
+    struct Open {
+      std::set<std::string> keys;
+      std::string last;
+    };
+    std::vector<Open> open;
+    std::string duplicate;
+    const auto track = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
+      using E = nlohmann::json::parse_event_t;
+      if (ev == E::object_start) {
+        open.emplace_back();
+      } else if (ev == E::object_end && !open.empty()) {
+        open.pop_back();
+      } else if (ev == E::key && !open.empty()) {
+        std::string k = parsed.get<std::string>();
+        if (duplicate.empty() && !open.back().keys.insert(k).second)
+          duplicate = open.size() == 1 ? fmt::format("'{}'", k)
+                                       : fmt::format("'{}' (in the entry of '{}')", k, open[open.size() - 2].last);
+        open.back().last = std::move(k);
+      }
+      return true;
+    };
+    const nlohmann::json h = nlohmann::json::parse(hb, hb + n, track, false);
     if (h.is_discarded() || !h.is_object()) bad_file(path, "the header is not a valid UTF-8 JSON object");
+    if (!duplicate.empty()) bad_file(path, fmt::format("the header has the key {} twice (a damaged or forged file)", duplicate));
 
     for (const auto& [key, val] : h.items()) {
       if (key == "__metadata__") {

@@ -16,10 +16,12 @@
 #include <array>
 #include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 namespace dtrain::train {
@@ -166,6 +168,60 @@ bool bare_file_name(const std::string& n) {
          n.find("..") == std::string::npos;
 }
 
+// Why the value at man[key] (a "/"-separated path) is not an integer in [lo, hi], or "".
+std::string manifest_int_problem(const json& man, const std::string& key, int64_t lo, int64_t hi) {
+  const json* v = &man;
+  for (size_t at = 0; at <= key.size();) {
+    const size_t end = std::min(key.find('/', at), key.size());
+    const std::string part = key.substr(at, end - at);
+    if (!v->is_object() || !v->contains(part)) return "has no \"" + key + "\"";
+    v = &v->at(part);
+    at = end + 1;
+  }
+  bool ok = false;
+  if (v->is_number_unsigned()) {
+    const uint64_t u = v->get<uint64_t>();
+    ok = u <= static_cast<uint64_t>(hi) && static_cast<int64_t>(u) >= lo;  // hi >= 0: the cast is exact here
+  } else if (v->is_number_integer()) {
+    const int64_t i = v->get<int64_t>();
+    ok = i >= lo && i <= hi;
+  }
+  if (ok) return "";
+  return "\"" + key + "\" is " + v->dump() + ", not an integer from " + std::to_string(lo) + " to " + std::to_string(hi);
+}
+
+// The training state a manifest records, checked before anything is loaded: a step that is
+// not the one the directory is named after, or a negative or out-of-range counter (a
+// damaged or hand-edited manifest; the manifest has no checksum of its own) makes the
+// checkpoint unusable like a bad shard, instead of resuming "from step -5".
+std::string manifest_state_problem(const fs::path& dir, const json& man) {
+  constexpr int64_t kI32 = std::numeric_limits<int32_t>::max(), kI64 = std::numeric_limits<int64_t>::max();
+  const std::pair<const char*, std::pair<int64_t, int64_t>> ranges[] = {
+      {"step", {0, kI32}},              // training.max_steps is a 32-bit key
+      {"optimizer_step", {0, kI64}},    {"scheduler_step", {0, kI64}},
+      {"zero_stage", {0, 3}},           {"forward_count", {0, kI64}},
+      {"sampler/epoch", {0, kI64}},     {"sampler/offset", {0, kI64}},
+  };
+  for (const auto& [key, r] : ranges)
+    if (std::string why = manifest_int_problem(man, key, r.first, r.second); !why.empty()) return why;
+  const int64_t named = step_of(dir.filename().string());
+  if (named >= 0 && man.at("step").get<int64_t>() != named)
+    return "\"step\" is " + man.at("step").dump() + " but the directory is " + dir.filename().string();
+  if (!man.contains("config_yaml") || !man.at("config_yaml").is_string()) return "has no \"config_yaml\" string";
+  if (!man.contains("buffers") || !man.at("buffers").is_array()) return "has no \"buffers\" list";
+  if (!man.contains("loss_scaler")) return "has no \"loss_scaler\"";
+  const json& sc = man.at("loss_scaler");
+  if (!sc.is_null()) {
+    if (!sc.is_object() || !sc.contains("scale") || !sc.at("scale").is_number() ||
+        !(sc.at("scale").get<double>() > 0) || !std::isfinite(sc.at("scale").get<double>()))
+      return "\"loss_scaler\" has no positive finite \"scale\"";
+    for (const char* k : {"loss_scaler/cur_iter", "loss_scaler/last_overflow_iter"})
+      if (std::string why = manifest_int_problem(man, k, -1, kI64); !why.empty()) return why;
+    if (std::string why = manifest_int_problem(man, "loss_scaler/cur_hysteresis", 0, kI32); !why.empty()) return why;
+  }
+  return "";
+}
+
 // Parses dir/manifest.json and checks its file list (count, bare names). Returns "" or
 // why the checkpoint is unusable; touches no file the manifest names.
 std::string manifest_read(const fs::path& dir, json& man, int& world) {
@@ -188,6 +244,7 @@ std::string manifest_read(const fs::path& dir, json& man, int& world) {
       f.at("bytes").get<uint64_t>();
       f.at("crc32c").get<uint32_t>();
     }
+    if (std::string why = manifest_state_problem(dir, man); !why.empty()) return mpath.string() + ": " + why;
   } catch (const json::exception& e) {
     return mpath.string() + ": malformed (" + e.what() + ")";
   }

@@ -46,6 +46,9 @@ TrainData data_load(const config::TrainConfig& cfg, int model_vocab_size, int64_
              "{}: tokenizer {} has {} tokens but model.vocab_size is {}; raise model.vocab_size", cfg.source,
              out.tokenizer->name(), out.tokenizer->vocab_size(), model_vocab_size);
   const int64_t seq_len = d.seq_len.value_or(model_max_seq_len);
+  DT_ENFORCE(seq_len >= 2, ConfigError,
+             "{}: data.seq_len {} leaves no token to predict (a training sequence needs at least 2 tokens); set "
+             "data.seq_len to 2 or more", cfg.source, seq_len);
   DT_ENFORCE(seq_len <= model_max_seq_len, ConfigError, "{}: data.seq_len {} exceeds the model's max_seq_len {}",
              cfg.source, seq_len, model_max_seq_len);
   out.train = std::make_unique<data::TokenDataset>(dataset_load(d.train, d, *out.tokenizer, seq_len));

@@ -1,5 +1,5 @@
 // Permanent errors through the real binary (issue 12 finding 10): a missing data file, a
-// directory given as data, the default job started outside the repository root, `bench
+// directory given as data, a relative --set path that does not exist, `bench
 // --json DIR` and bench sizes no rank can allocate each exit 2 at once, naming the key or
 // flag and the path, before any round starts (so never "round 1 failed ... restarting").
 #include "cli_harness.h"
@@ -89,9 +89,9 @@ TEST_CASE("a missing or unusable data file fails before any rank starts, naming 
     auto r = run_in("", launch_argv(bin, t.dir + "/run", {"data.tokenizer=" + missing}));
     expect_refused(r, {"data.tokenizer", missing, "does not exist"});
   }
-  SUBCASE("the default job started outside the repository root (relative configs/ paths)") {
-    auto r = run_in(t.dir, launch_argv(bin, t.dir + "/run", {}));
-    expect_refused(r, {"data.train", "configs/data/tasks/train.jsonl", "does not exist", t.dir, "repository root"});
+  SUBCASE("a relative --set path resolves against the working directory") {
+    auto r = run_in(t.dir, launch_argv(bin, t.dir + "/run", {"data.train=no-such-train.jsonl"}));
+    expect_refused(r, {"data.train", t.dir + "/no-such-train.jsonl", "does not exist"});
   }
   SUBCASE("a dry run reports it without failing") {
     const std::string missing = t.dir + "/no-such-train.jsonl";

@@ -65,7 +65,12 @@ TEST_CASE("a tiny run: plain progress, metrics, plot and status") {
   fs::path dir = fs::temp_directory_path() / ("dtrain-outputs-" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
-  std::ofstream(dir / "tiny.yaml") << kConfig;
+  // Relative paths in a config resolve against its directory: the data paths are made
+  // absolute (the test runs from the repository root).
+  std::string config = kConfig;
+  for (size_t at; (at = config.find(" configs/data/")) != std::string::npos;)
+    config.replace(at + 1, 7, fs::current_path().string() + "/configs");
+  std::ofstream(dir / "tiny.yaml") << config;
   fs::path run = dir / "run";
 
   auto r = run_dtrain("launch --config " + (dir / "tiny.yaml").string() + " --output-dir " + run.string(), 120);

@@ -48,7 +48,14 @@ struct TempRun {
   std::string dir = make_temp_dir("dtrain-rundir");
   std::string config = dir + "/tiny.yaml";
   std::string run = dir + "/run";
-  TempRun() { std::ofstream(config) << kConfig; }
+  TempRun() {
+    // Relative paths in a config resolve against its directory (here a temporary one):
+    // the shipped data is named absolutely (the test runs from the repository root).
+    std::string text = kConfig;
+    const size_t at = text.find(" configs/data/");
+    text.replace(at + 1, 7, fs::current_path().string() + "/configs");
+    std::ofstream(config) << text;
+  }
   ~TempRun() {
     std::error_code ec;
     fs::remove_all(dir, ec);

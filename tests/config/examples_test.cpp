@@ -76,7 +76,8 @@ TEST_CASE("every shipped config loads; YAML ones without warnings") {
 TEST_CASE("the embedded default job is configs/tiny-sft.yaml") {
   clear_env();
   CHECK(std::string(kDefaultConfigYaml) == slurp(source_dir() / "configs/tiny-sft.yaml"));
-  LoadedConfig l = config_load_string(kDefaultConfigYaml, "<embedded default>");
+  CHECK(fs::equivalent(kDefaultConfigDir, source_dir() / "configs"));
+  LoadedConfig l = config_load_string(kDefaultConfigYaml, "<embedded default>", {}, kDefaultConfigDir);
   const TrainConfig& c = l.cfg;
   CHECK(l.warnings.empty());
   CHECK_NOTHROW(config_check_job(c));
@@ -85,7 +86,10 @@ TEST_CASE("the embedded default job is configs/tiny-sft.yaml") {
   CHECK(*c.model.n_kv_head == 2);
   CHECK(c.data.format == "alpaca");
   CHECK(c.data.tokenizer == "byte");
-  CHECK(c.data.train == "configs/data/tasks/train.jsonl");
+  // Its data paths are relative to configs/, so the default job runs from any directory.
+  CHECK(c.data.train == (fs::path(kDefaultConfigDir) / "data/tasks/train.jsonl").string());
+  CHECK(fs::is_regular_file(c.data.train));
+  CHECK(fs::is_regular_file(c.data.valid));
   CHECK(!c.bf16.enabled);
   CHECK(!c.fp16.enabled);
   CHECK(c.zero.stage == 0);

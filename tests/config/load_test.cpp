@@ -277,3 +277,94 @@ TEST_CASE("files: missing, directory, unreadable") {
   }
   std::filesystem::remove_all(dir);
 }
+
+// ---------------------------------------------------------------------------
+TEST_CASE("JSON configs: // and /* */ comments outside strings are skipped; errors say JSON with line") {
+  const std::string json = "{\n  // the batch\n  \"train_batch_size\": 32, /* global */\n"
+                           "  \"cluster\": {\"ssh\": {\"user\": \"a//b /* c */\"}},\n"
+                           "  \"zero_optimization\": {\n    /* two\n       lines */ \"stage\": \"three\"\n  }\n}\n";
+  // The comments became blanks: positions after them still point into the file as written.
+  std::string m = error_of(json);
+  CHECK_MESSAGE(has(m, "t.yaml:7:26:"), m);
+  CHECK_MESSAGE(has(m, "zero_optimization.stage"), m);
+  std::string ok = json;
+  ok.replace(ok.find("\"three\""), 7, "3");
+  LoadedConfig l = config_load_string(ok, "ds.json");
+  CHECK(*l.cfg.train_batch_size == 32);
+  CHECK(l.cfg.zero.stage == 3);
+  CHECK(l.cfg.cluster.ssh.user == "a//b /* c */");  // inside a string: not a comment
+
+  m = error_of("{\n  \"train_batch_size\": 32\n  \"fp16\": {}\n}\n");
+  CHECK_MESSAGE(has(m, "t.yaml:3:"), m);  // where the parser stopped, after the string it did not expect
+  CHECK_MESSAGE(has(m, "JSON syntax error"), m);
+  try {
+    config_load_string("{\"train_batch_size\": 32,}\n", "ds.json");
+    FAIL("no error");
+  } catch (const ConfigError& e) {
+    CHECK_MESSAGE(has(e.what(), "ds.json:1:25: JSON syntax error"), e.what());
+  }
+  try {
+    config_load_string("{\n  \"train_batch_size\": 32 /* open\n}\n", "ds.json");
+    FAIL("no error");
+  } catch (const ConfigError& e) {
+    CHECK_MESSAGE(has(e.what(), "ds.json:2:26: JSON: a /* comment is not closed"), e.what());
+  }
+  // A leading comment does not hide that it is JSON.
+  CHECK(config_load_string("// ds\n{\"train_batch_size\": 8}\n", "ds.json").cfg.train_batch_size == 8);
+  // A YAML flow mapping (not JSON) still loads as YAML.
+  CHECK(config_load_string("{zero_optimization: {stage: 1}}\n", "t.yaml").cfg.zero.stage == 1);
+}
+
+TEST_CASE("one YAML document per config; merge keys are refused") {
+  expect_error(kJob + "---\nsteps_per_print: 5\n", {"t.yaml:5:", "second YAML document"});
+  expect_error("# c\n---\n" + kJob + "---\n", {"t.yaml:7:", "second YAML document"});
+  CHECK(config_load_string("%YAML 1.2\n---\n" + kJob, "t").cfg.model.n_layer == 2);
+  CHECK(config_load_string("---\n" + kJob + "...\n", "t").cfg.model.n_layer == 2);
+  expect_error(kJob + "x: &z {stage: 2}\nzero_optimization:\n  <<: *z\n",
+               {"t.yaml:7:3:", "zero_optimization", "merge keys"});
+  expect_error("<<: {steps_per_print: 5}\n", {"t.yaml:1:1:", "(top level)", "merge keys"});
+  // Quoted, "<<" is an ordinary (unknown) key name.
+  CHECK(config_load_string(kJob + "\"<<\": 1\n", "t").warnings.size() == 1);
+}
+
+TEST_CASE("data.seq_len must leave a token to predict") {
+  expect_error(job({}, {{"seq_len", "1"}}), {"t.yaml:3:", "data.seq_len", "valid range: 2 to"});
+  expect_error(job({{"max_seq_len", "1"}}), {"t.yaml:2:", "data.seq_len: 1 (taken from model.max_seq_len)"});
+  CHECK(*config_load_string(job({}, {{"seq_len", "2"}}), "t").cfg.data.seq_len == 2);
+}
+
+TEST_CASE("relative input paths: a file's against its directory, --set and env against the working directory") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("dtrain_paths_" + std::to_string(::getpid()));
+  fs::create_directories(dir / "sub");
+  const fs::path f = dir / "sub" / "job.yaml";
+  {
+    std::ofstream(f) << job({{"init_from", "../models/m"}}, {{"valid", "v.jsonl"}, {"tokenizer", "tok/tokenizer.json"}},
+                            {{"output_dir", "runs/x"}})
+                     << "cluster: {ssh: {identity_file: keys/id, known_hosts: ~/.ssh/kh}}\n";
+  }
+  const fs::path base = fs::absolute(f).parent_path();
+  TrainConfig c = config_load_file(f.string()).cfg;
+  CHECK(c.data.train == (base / "x.jsonl").string());
+  CHECK(c.data.valid == (base / "v.jsonl").string());
+  CHECK(c.data.tokenizer == (base / "tok/tokenizer.json").string());
+  CHECK(c.model.init_from == (base / "../models/m").string());
+  CHECK(c.cluster.ssh.identity_file == (base / "keys/id").string());
+  CHECK(c.cluster.ssh.known_hosts == "~/.ssh/kh");  // the launcher expands ~
+  CHECK(c.training.output_dir == "runs/x");         // an output: the working directory's, like --output-dir
+
+  c = config_load_file(f.string(), {"data.train=t2.jsonl", "data.tokenizer=byte", "data.valid=/abs/v.jsonl"}).cfg;
+  CHECK(c.data.train == (fs::current_path() / "t2.jsonl").string());
+  CHECK(c.data.tokenizer == "byte");
+  CHECK(c.data.valid == "/abs/v.jsonl");
+
+  // Loading the saved (absolute) config again changes nothing.
+  { std::ofstream(dir / "config.yaml") << config_to_yaml(c); }
+  TrainConfig again = config_load_file((dir / "config.yaml").string()).cfg;
+  CHECK(again.data.train == c.data.train);
+  CHECK(again.model.init_from == c.model.init_from);
+
+  // From text without a directory, paths stay as written (relative to the working directory).
+  CHECK(config_load_string(kJob, "t").cfg.data.train == "x.jsonl");
+  fs::remove_all(dir);
+}

@@ -256,6 +256,24 @@ TEST_CASE("TokenDataset masks prompt targets in PACK and PAD modes") {
   for (char c : got) CHECK((c == '4' || c == '2' || c == 'x' || c == '<' || c == '|' || c == 'e' || c == 'o' || c == 's' || c == '>'));
 }
 
+TEST_CASE("TokenDataset PACK with no trained target anywhere is a ConfigError naming the data") {
+  TokenData d;
+  d.vocab_size = 100;
+  d.name = "prompts.jsonl";
+  d.append({1, 2, 3, 4, 5, 6}, {0, 0, 0, 0, 0, 0});
+  d.append({7, 8, 9, 10, 11}, {0, 0, 0, 0, 0});
+  try {
+    TokenDataset ds(d, {4, SampleMode::PACK, -1});
+    FAIL("no error");
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    CHECK_MESSAGE(what.find("prompts.jsonl: the dataset has no trained token") != std::string::npos, what);
+  }
+  CHECK_THROWS_AS(TokenDataset(d, {4, SampleMode::PAD, -1}), ConfigError);  // every document skipped
+  d.append({12, 13}, {0, 1});  // one trained target is enough
+  CHECK(TokenDataset(d, {4, SampleMode::PACK, -1}).size() == 3);
+}
+
 TEST_CASE("TokenDataset rejects shards of different tokenizers") {
   TempDir dir;
   shard_write(dir.file("a.bin"), make_data(300, 5, false, 1));

@@ -342,6 +342,19 @@ TEST_CASE("malformed tokenizer files are clear errors naming the file") {
   j = small_tokenizer(false);
   j["model"]["vocab"] = "nope";
   expect_error(j.dump(), "model.vocab");
+  // Ids past the vocabulary limit (2^24) are refused before the id table is sized by them.
+  j = small_tokenizer(false);
+  j["model"]["vocab"]["zz"] = 1 << 30;
+  expect_error(j.dump(), "model.vocab entry 'zz' has id 1073741824; token ids must be from 0 to 16777215");
+  j = small_tokenizer(false);
+  j["added_tokens"][0]["id"] = kMaxVocabSize;
+  expect_error(j.dump(), "added_tokens entry '<|endoftext|>' has id 16777216");
+  j = small_tokenizer(false);
+  j["model"]["vocab"]["zz"] = -1;
+  expect_error(j.dump(), "has id -1");
+  j = small_tokenizer(false);
+  j["model"]["vocab"]["zz"] = 1.5;
+  expect_error(j.dump(), "has id 1.5, not an integer");
   // A missing tokenizer file or a directory is a config error (exit 2, not retried).
   CHECK_THROWS_AS(BpeTokenizer((dir.path / "missing.json").string()), ConfigError);
   CHECK_THROWS_AS(BpeTokenizer(dir.path.string()), ConfigError);

@@ -223,6 +223,13 @@ TEST_CASE("each kind of damage is a clean IoError naming the file and tensor") {
       {R"({"__metadata__":{"a":1},"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", d8, "__metadata__"},
       {R"({"t":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,8]}})", d8, "overflow"},
       {std::string("{\"t\xff\":{}}"), {}, "UTF-8"},
+      // A key given twice: a JSON parser keeps the last one silently.
+      {R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+       d8, "the header has the key 't' twice"},
+      {R"({"t":{"dtype":"F32","dtype":"I32","shape":[2],"data_offsets":[0,8]}})", d8,
+       "the header has the key 'dtype' (in the entry of 't') twice"},
+      {R"({"__metadata__":{"a":"1","a":"2"},"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", d8,
+       "'a' (in the entry of '__metadata__') twice"},
   };
   for (const Case& c : cases) {
     CAPTURE(c.header);

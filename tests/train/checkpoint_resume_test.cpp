@@ -390,6 +390,47 @@ TEST_CASE("manifest file names must be bare names in the checkpoint directory") 
   }
 }
 
+TEST_CASE("a manifest step or counter out of range makes the checkpoint unusable, not a resume at step -5") {
+  const RunSpec spec = spec_for(0, 1);
+  struct Case {
+    const char* key;
+    nlohmann::json value;
+    const char* why;
+  };
+  const Case cases[] = {
+      {"step", -5, "\"step\" is -5, not an integer from 0 to 2147483647"},
+      {"step", 3, "\"step\" is 3 but the directory is step4"},
+      {"step", "4", "\"step\" is \"4\", not an integer"},
+      {"step", 4294967296LL, "\"step\" is 4294967296"},
+      {"scheduler_step", -1, "\"scheduler_step\" is -1"},
+      {"optimizer_step", 1.5, "\"optimizer_step\" is 1.5"},
+      {"zero_stage", 7, "\"zero_stage\" is 7, not an integer from 0 to 3"},
+      {"forward_count", -2, "\"forward_count\" is -2"},
+      {"sampler", nlohmann::json{{"epoch", -1}, {"offset", 0}}, "\"sampler/epoch\" is -1"},
+      {"loss_scaler", nlohmann::json{{"scale", -1.0}}, "positive finite \"scale\""},
+      {"config_yaml", nullptr, "config_yaml"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.key);
+    CAPTURE(c.value.dump());
+    TempDir tmp;
+    REQUIRE(phase_run(spec, tmp.path, false, 1, 4, {2, 4}).ok());
+    const fs::path mpath = tmp.path / "checkpoints" / "step4" / "manifest.json";
+    nlohmann::json man = nlohmann::json::parse(std::ifstream(mpath));
+    man[c.key] = c.value;
+    std::ofstream(mpath, std::ios::trunc) << man.dump(1);
+
+    const Phase r = phase_run(spec, tmp.path, true, 3, 3, {});
+    REQUIRE_MESSAGE(r.ok(), r.error_text());
+    CHECK(r.loads[0].state.step == 2);  // the previous checkpoint
+    REQUIRE(r.loads[0].skipped.size() == 1);
+    const std::string& why = r.loads[0].skipped[0];
+    CHECK_MESSAGE(why.find("step4/manifest.json: ") != std::string::npos, why);
+    CHECK_MESSAGE(why.find(c.why) != std::string::npos, why);
+    CHECK(set_aside(tmp.path, "step4").size() == 1);
+  }
+}
+
 TEST_CASE("checkpoint files are as private as the run directory; manifests carry no cluster.env") {
   TempDir tmp;
   const RunSpec spec = spec_for(1, 2);

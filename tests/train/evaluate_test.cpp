@@ -135,7 +135,9 @@ model: {architecture: llama, vocab_size: 264, n_layer: 1, n_head: 2, d_model: 16
 data: {train: configs/data/tasks/train.jsonl, valid: configs/data/tasks/valid.jsonl, format: alpaca, seq_len: 32}
 training: {max_steps: 1, seed: 5}
 )";
-  auto cfg = config::config_load_string(yaml, "t.yaml").cfg;
+  // As if t.yaml were in the repository root: its relative data paths become absolute, as
+  // in every config.yaml dtrain writes into a run directory.
+  auto cfg = config::config_load_string(yaml, "t.yaml", {}, fs::current_path().string()).cfg;
   fs::create_directories(dir);
   {
     std::ofstream f(dir / "config.yaml");
@@ -143,7 +145,7 @@ training: {max_steps: 1, seed: 5}
   }
   EvalTarget init = eval_target_load(dir.string());
   CHECK(init.weights.find("initial weights") == 0);
-  CHECK(init.valid == "configs/data/tasks/valid.jsonl");
+  CHECK(init.valid == (fs::current_path() / "configs/data/tasks/valid.jsonl").string());
   CHECK(init.seq_len == 32);
   CHECK_FALSE(init.model->training());
   // A "trained" model: different seed, exported into final/.

@@ -1,8 +1,10 @@
 // model_factory: TrainConfig -> ModelConfig (sizes, init_from agreement), HF export and
 // re-import (GPT-2 Conv1D transposition, prefix-less GPT-2 names, LoRA adapters), and a
 // trained run's final/ loading back with the same held-out loss.
+#include "config/schema.h"
 #include "config/train_config.h"
 #include "core/error.h"
+#include "data/tokenizer.h"
 #include "model/peft.h"
 #include "model/safetensors.h"
 #include "train/data_loader.h"
@@ -164,4 +166,10 @@ TEST_CASE("a run's final/ loads back with the same held-out loss") {
   auto valid = dataset_load(cfg.data.valid, cfg.data, *tok, 48);
   EvalLoss e = eval_loss(*m, valid, 4);
   CHECK(e.mean() == doctest::Approx(r.final_eval_loss).epsilon(1e-6));
+}
+
+TEST_CASE("model.vocab_size and tokenizer ids share one limit") {
+  const config::KeySpec* spec = config::schema_find("model.vocab_size");
+  REQUIRE(spec != nullptr);
+  CHECK(config::key_int_range(*spec).hi == data::kMaxVocabSize);
 }
