@@ -153,7 +153,7 @@ std::optional<RankHang> RankWatch::check(const RankWatchSnapshot& s, Clock::time
   }
 
   // Steps: a rank is watched from its first progress value until it says "done".
-  std::vector<RankHang> stalled;
+  std::vector<RankHang> stalled, watched;  // over the step timeout / within it
   for (size_t k = 0; k < plan_.nodes.size(); ++k) {
     if (k < node_done.size() && node_done[k]) continue;
     for (const RankInfo& r : plan_.nodes[k].ranks) {
@@ -168,7 +168,6 @@ std::optional<RankHang> RankWatch::check(const RankWatchSnapshot& s, Clock::time
       if (limits_.step_timeout.count() <= 0 || !judged[k] || p.step == kRankStepsDone) continue;
       auto beat = s.beats.find(rank_beat_name(r.rank));
       if (beat != s.beats.end() && beat->second.value == kRankBeatExited) continue;
-      if (now - p.since <= limits_.step_timeout) continue;
       RankHang h;
       h.kind = RankHang::Kind::NO_STEP;
       h.rank = r.rank;
@@ -176,10 +175,17 @@ std::optional<RankHang> RankWatch::check(const RankWatchSnapshot& s, Clock::time
       h.silent_s = seconds(now - p.since);
       h.last_step = step_of(p.step);
       h.waiting = p.waiting;
-      stalled.push_back(h);
+      (now - p.since > limits_.step_timeout ? stalled : watched).push_back(h);
     }
   }
   if (stalled.empty()) return std::nullopt;
+  // The rank the others wait for: at the step they are stuck on or before it, outside any
+  // collective. Its own last report may be younger than the timeout (a loaded host
+  // delivers reports late), but it is what the waiting ranks wait for, so it is named too.
+  int64_t stuck_step = 0;
+  for (const RankHang& h : stalled) stuck_step = std::max(stuck_step, h.last_step);
+  for (const RankHang& h : watched)
+    if (!h.waiting && h.last_step <= stuck_step) stalled.push_back(h);
   std::sort(stalled.begin(), stalled.end(), [](const RankHang& a, const RankHang& b) {
     if (a.waiting != b.waiting) return !a.waiting;
     if (a.last_step != b.last_step) return a.last_step < b.last_step;

@@ -51,6 +51,16 @@ fault_tolerance:
   retry_delay: 1
 )";
 
+// kConfig with its data path absolute: relative paths in a config resolve against the
+// config's directory (a temp dir here); the test runs from the repository root.
+std::string config_text() {
+  std::string c = kConfig;
+  const std::string rel = " configs/data/";
+  for (size_t at; (at = c.find(rel)) != std::string::npos;)
+    c.replace(at + 1, rel.size() - 1, (fs::current_path() / "configs" / "data").string() + "/");
+  return c;
+}
+
 std::string bin_or_skip() {
   std::string bin = dtrain_bin();
   if (bin.empty()) MESSAGE("skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
@@ -238,7 +248,7 @@ TEST_CASE("a run directory path over NAME_MAX or PATH_MAX is exit 2 naming the l
   if (bin.empty()) return;
   TempDir tmp("dtrain-cli-longdir");
   REQUIRE(!tmp.path().empty());
-  const std::string cfg = write_file(tmp.path() + "/tiny.yaml", kConfig);
+  const std::string cfg = write_file(tmp.path() + "/tiny.yaml", config_text());
 
   const std::string long_name = tmp.path() + "/" + std::string(300, 'a') + "/run";
   RunResult r = run({bin, "launch", "--config", cfg, "--output-dir", long_name}, {}, 60s);
@@ -325,7 +335,7 @@ TEST_CASE("SIGHUP and SIGTERM stop the launcher like Ctrl-C: message, every node
     CAPTURE(name);
     TempDir tmp("dtrain-cli-signal");
     REQUIRE(!tmp.path().empty());
-    const std::string cfg = write_file(tmp.path() + "/tiny.yaml", kConfig);
+    const std::string cfg = write_file(tmp.path() + "/tiny.yaml", config_text());
     const std::string run_dir = tmp.path() + "/run";
     Child job({bin, "launch", "--config", cfg, "--output-dir", run_dir, "--nproc-per-node", "2", "--master-port", "0",
                "--set", "training.max_steps=100000"});

@@ -73,7 +73,7 @@ TEST_CASE("a tiny run: plain progress, metrics, plot and status") {
   std::ofstream(dir / "tiny.yaml") << config;
   fs::path run = dir / "run";
 
-  auto r = run_dtrain("launch --config " + (dir / "tiny.yaml").string() + " --output-dir " + run.string(), 120);
+  auto r = run_dtrain("launch --config " + (dir / "tiny.yaml").string() + " --master-port 0 --output-dir " + run.string(), 120);
   INFO(r.out);
   REQUIRE(r.code == 0);
 
@@ -126,7 +126,7 @@ TEST_CASE("a tiny run: plain progress, metrics, plot and status") {
   CHECK(s.out.find("step12") != std::string::npos);
 
   // A second launch into the same run directory is refused, pointing to resume.
-  auto again = run_dtrain("launch --config " + (dir / "tiny.yaml").string() + " --output-dir " + run.string(), 60);
+  auto again = run_dtrain("launch --config " + (dir / "tiny.yaml").string() + " --master-port 0 --output-dir " + run.string(), 60);
   CHECK(again.code == 2);
   CHECK(again.out.find("dtrain resume") != std::string::npos);
   fs::remove_all(dir);

@@ -253,3 +253,29 @@ TEST_CASE("step timeout: the rank busy outside collectives is named, the peers w
   CHECK(h->describe(l).find("waiting in a collective that does not return; ranks 0, 2, 3 wait in a collective") !=
         std::string::npos);
 }
+
+TEST_CASE("step timeout: a rank whose step report arrived late is still named as the one the others wait for") {
+  Fixture f;
+  RankWatchLimits l = limits();
+  l.step_timeout = 5s;
+  RankWatch w(f.plan, l);
+  f.all_beat(0s);
+  // Ranks 0, 1, 3 reported step 7 at 1 s and wait in a collective; rank 2's report of step
+  // 7 reached the store only at 3 s (a loaded host) and it never joins the collective.
+  for (int r : {0, 1, 3}) f.step(r, rank_progress_value(7, true), 1s);
+  f.step(2, rank_progress_value(7, false), 3s);
+  for (const char* n : {"node0", "node1", "rank0", "rank1", "rank2", "rank3"}) f.beat(n, 7s);
+  auto h = w.check(f.s, f.t0 + 7s, f.done);
+  REQUIRE(h);
+  CHECK(h->rank == 2);  // 4 s without a step, under the limit, but the others wait for it
+  CHECK(!h->waiting);
+  CHECK(h->others_waiting == std::vector<int>{0, 1, 3});
+  // A rank ahead of the stuck step (it got further) is not blamed.
+  RankWatch ahead(f.plan, l);
+  for (int r : {0, 1, 3}) f.step(r, rank_progress_value(7, true), 1s);
+  f.step(2, rank_progress_value(8, false), 3s);
+  h = ahead.check(f.s, f.t0 + 7s, f.done);
+  REQUIRE(h);
+  CHECK(h->rank != 2);
+  CHECK(h->waiting);
+}
