@@ -117,6 +117,17 @@ void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>
     DT_THROW(ConfigError, "{}: data.seq_len: {} is longer than model.max_seq_len = {} (at {})", o.at("data.seq_len"),
              *cfg.data.seq_len, *m.max_seq_len, o.at("model.max_seq_len"));
 
+  // ZeRO switches dtrain has one behaviour for: the DeepSpeed default is what it does.
+  if (!cfg.zero.reduce_scatter)
+    warnings.push_back(fmt::format(
+        "{}: zero_optimization.reduce_scatter: false is ignored: dtrain always reduce-scatters the gradients at "
+        "stages 1-3 (each rank receives only its shard), DeepSpeed's default", o.at("zero_optimization.reduce_scatter")));
+  if (!cfg.zero.contiguous_gradients)
+    warnings.push_back(fmt::format(
+        "{}: zero_optimization.contiguous_gradients: false is ignored: dtrain always packs gradients into contiguous "
+        "reduce buckets as backward produces them, DeepSpeed's default",
+        o.at("zero_optimization.contiguous_gradients")));
+
   // LoRA
   if (cfg.lora.r == 0 && o.given.count("lora.target_modules") && !cfg.lora.target_modules.empty())
     warnings.push_back(fmt::format("{}: lora.target_modules is given but lora.r is 0: LoRA is off (set lora.r > 0)",

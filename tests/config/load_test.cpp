@@ -368,3 +368,22 @@ TEST_CASE("relative input paths: a file's against its directory, --set and env a
   CHECK(config_load_string(kJob, "t").cfg.data.train == "x.jsonl");
   fs::remove_all(dir);
 }
+
+TEST_CASE("zero_optimization.reduce_scatter / contiguous_gradients: false is warned about as ignored, true is silent") {
+  LoadedConfig on = config_load_string(kJob + "zero_optimization: {stage: 2, reduce_scatter: true, "
+                                              "contiguous_gradients: true}\n", "z.yaml");
+  CHECK(on.warnings.empty());
+  LoadedConfig off = config_load_string(kJob + "zero_optimization:\n  stage: 2\n  reduce_scatter: false\n"
+                                               "  contiguous_gradients: false\n", "z.yaml");
+  REQUIRE(off.warnings.size() == 2);
+  std::string all = off.warnings[0] + "\n" + off.warnings[1];
+  INFO(all);
+  CHECK(has(all, "z.yaml:7"));
+  CHECK(has(all, "zero_optimization.reduce_scatter: false is ignored"));
+  CHECK(has(all, "z.yaml:8"));
+  CHECK(has(all, "zero_optimization.contiguous_gradients: false is ignored"));
+  // From the command line too.
+  LoadedConfig set = config_load_string(kJob, "z.yaml", {"zero_optimization.reduce_scatter=false"});
+  REQUIRE(set.warnings.size() == 1);
+  CHECK(has(set.warnings[0], "reduce_scatter: false is ignored"));
+}
