@@ -8,6 +8,8 @@
 #include "device/device.h"
 #include "model/model.h"
 
+#include "gpu/gpu_skip.h"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -21,15 +23,6 @@ using namespace dtrain;
 using model::ModelConfig;
 
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                               \
-  do {                                                                   \
-    if (device::cuda_count() == 0) {                                     \
-      std::printf("no CUDA device visible: this GPU test is skipped\n"); \
-      std::fflush(stdout);                                               \
-      std::exit(77);                                                     \
-    }                                                                    \
-  } while (0)
 
 constexpr int B = 2, T = 16;
 

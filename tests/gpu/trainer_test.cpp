@@ -9,6 +9,8 @@
 #include "train/adamw.h"
 #include "train/grad_clip.h"
 
+#include "gpu/gpu_skip.h"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -22,16 +24,6 @@ using namespace dtrain;
 using model::ModelConfig;
 
 namespace {
-
-// No device: exit code 77, reported by ctest as SKIPPED (the EMU build always has one).
-#define SKIP_WITHOUT_GPU()                                             \
-  do {                                                                 \
-    if (gpu::gpu_device_count() == 0) {                                \
-      std::printf("no CUDA device visible: this GPU test is skipped\n"); \
-      std::fflush(stdout);                                             \
-      std::exit(77);                                                   \
-    }                                                                  \
-  } while (0)
 
 constexpr int B = 2, T = 16;
 
