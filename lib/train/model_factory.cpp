@@ -7,6 +7,8 @@
 #include "model/peft.h"
 #include "model/safetensors.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <optional>
@@ -17,6 +19,23 @@ namespace fs = std::filesystem;
 
 // ----------------------------------------------------------------------------
 namespace {
+
+// A model whose fp32 weights and gradients (what the Model allocates when it is built)
+// exceed this host's memory cannot train here: a ConfigError naming the sizes, instead of
+// std::bad_alloc (exit 1, retried) or the OOM killer.
+void model_memory_check(const model::ModelConfig& m, const std::string& source) {
+  size_t params = 0;
+  for (const auto& b : model::layout_build(m)) params += b.size;
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return;  // unknown: let the allocation decide
+  const double host = static_cast<double>(pages) * static_cast<double>(page);
+  const double need = 8.0 * static_cast<double>(params);
+  constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+  DT_ENFORCE(need <= host, ConfigError,
+             "{}: the model (d_model {}, {} layers, d_ff {}, vocab {}) has {} parameters; its fp32 weights and "
+             "gradients alone need {:.1f} GiB, more than this host's {:.1f} GiB of memory: choose a smaller model",
+             source, m.d_model, m.n_layer, m.d_ff, m.vocab_size, params, need / GiB, host / GiB);
+}
 
 model::ModelConfig::Arch arch_parse(const std::string& s, const std::string& where) {
   if (s == "gpt2") return model::ModelConfig::Arch::GPT2;
@@ -184,6 +203,7 @@ void model_load_adapter(model::Model& m, const std::string& path) {
 
 std::unique_ptr<model::Model> model_create(const config::TrainConfig& cfg) {
   const model::ModelConfig mcfg = model_config_from(cfg);
+  model_memory_check(mcfg, cfg.source);
   auto m = std::make_unique<model::Model>(mcfg);
   if (cfg.model.init_from.empty()) {
     m->init_weights(static_cast<uint64_t>(cfg.training.seed));
@@ -202,6 +222,7 @@ std::unique_ptr<model::Model> model_create(const config::TrainConfig& cfg) {
 
 std::unique_ptr<model::Model> model_load_hf_dir(const std::string& dir) {
   const model::ModelConfig mcfg = from_hf(model::hf_config_read((fs::path(dir) / "config.json").string()));
+  model_memory_check(mcfg, (fs::path(dir) / "config.json").string());
   auto m = std::make_unique<model::Model>(mcfg);
   model_load_safetensors(*m, weight_files(dir));
   const fs::path acfg = fs::path(dir) / "adapter_config.json";
