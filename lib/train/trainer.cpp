@@ -1,7 +1,7 @@
-// train_run(): the CPU training loop. The optimizer side (gradient reduction, overflow
-// check, clipping, AdamW, compute-copy refresh) sits behind OptimizerEngine, implemented
-// by the ZeRO engine (stages 0-3, train/zero_engine.h); checkpoints and resume go
-// through train/checkpoint.h.
+// train_run(): the training loop (TrainLoop: one named function per step of it). The
+// optimizer side (gradient reduction, overflow check, clipping, AdamW, compute-copy
+// refresh) sits behind OptimizerEngine, implemented by the ZeRO engine (stages 0-3,
+// train/zero_engine.h); checkpoints and resume go through train/checkpoint.h.
 #include "train/trainer.h"
 
 #include "core/check.h"
@@ -182,17 +182,93 @@ void allreduce_sum(comm::Communicator* comm, std::vector<double>& v) {
   for (size_t i = 0; i < v.size(); ++i) v[i] = f[i];
 }
 
-}  // namespace
-
 // ----------------------------------------------------------------------------
-TrainResult train_run(const config::TrainConfig& cfg, const TrainerEnv& env) {
-  const int W = env.world_size, rank = env.rank;
+// One run of the loop: its state, and each step of the loop as a named function, so
+// run() reads as llm.c's main loop: load the batch, forward and backward, step the
+// optimizer, record, log, evaluate, checkpoint.
+class TrainLoop {
+ public:
+  TrainLoop(const config::TrainConfig& cfg, const TrainerEnv& env);
+  TrainResult run();
+
+ private:
+  void env_check() const;
+  void resume();
+  void metrics_open();
+  double batch_load();                     // returns the step's global unmasked-target count
+  double forward_backward(double n_step, float loss_scale);  // returns this rank's loss sum
+  StepOutcome optimizer_step(int64_t step, float lr, float loss_scale);
+  void record(int64_t step, double step_loss, float lr, float loss_scale, const StepOutcome& out, bool applied);
+  void progress_log(int64_t step, double step_loss, float lr, float loss_scale, const StepOutcome& out, bool applied);
+  void evaluate(int64_t step);
+  void save(int64_t step);
+  void export_final(bool trained);
+
+  const config::TrainConfig& cfg_;
+  const TrainerEnv& env_;
+  const int W_, rank_;
+  const bool lead_;
+  comm::Communicator* comm_;
+  std::unique_ptr<model::Model> model_;
+  TrainData data_;
+  int micro_ = 0, accum_ = 0, T_ = 0;
+  std::unique_ptr<BatchReader> reader_;
+  int64_t total_steps_ = 0;
+  std::unique_ptr<LrSchedule> sched_;
+  ZeroOptions zopts_;
+  std::unique_ptr<LossScaler> scaler_;
+  std::unique_ptr<ZeroOptimizer> engine_;
+  // Stages 2-3 run collectives inside backward (stage 3 inside forward too): every rank
+  // runs every micro-batch, an all-masked one with weight 0. overlap_comm at stages 0/1
+  // reduces in the last micro-batch's backward: every rank must run it too.
+  bool lockstep_ = false;
+  int64_t tokens_per_step_ = 0;
+  int64_t start_step_ = 0;
+  TrainResult res_;
+  std::unique_ptr<MetricsWriter> metrics_;
+  std::string config_yaml_;
+  std::vector<std::vector<int32_t>> inputs_, targets_;
+  std::vector<int64_t> counts_;
+  StepTimer timer_;
+  Stopwatch run_clock_, interval_clock_;
+  int64_t interval_steps_ = 0;
+};
+
+TrainLoop::TrainLoop(const config::TrainConfig& cfg, const TrainerEnv& env)
+    : cfg_(cfg), env_(env), W_(env.world_size), rank_(env.rank), lead_(env.rank == 0),
+      comm_(env.comm != nullptr && env.comm->size() > 1 ? env.comm : nullptr) {
+  env_check();
+  // ---- model, data, optimizer
+  model_ = model_create(cfg);
+  data_ = data_load(cfg, model_->config().vocab_size, model_->config().max_seq_len);
+  micro_ = static_cast<int>(cfg.resolved_micro_batch_size);
+  accum_ = static_cast<int>(cfg.resolved_grad_accum_steps);
+  T_ = static_cast<int>(data_.train->seq_len());
+  reader_ = std::make_unique<BatchReader>(*data_.train, micro_, rank_, W_, static_cast<uint64_t>(cfg.training.seed),
+                                          cfg.data.shuffle);
+  total_steps_ = cfg.training.max_steps ? *cfg.training.max_steps : *cfg.training.epochs * reader_->steps_per_epoch(accum_);
+  DT_ENFORCE_GT(total_steps_, 0, ConfigError, "{}: training.max_steps", cfg.source);
+  sched_ = lr_schedule_create(schedule_config(cfg, total_steps_), static_cast<float>(cfg.optimizer.lr));
+  zopts_ = zero_options_from(cfg);
+  if (cfg.fp16.enabled) scaler_ = std::make_unique<LossScaler>(scaler_config(cfg.fp16));
+  engine_ = std::make_unique<ZeroOptimizer>(*model_, comm_, zopts_);
+  lockstep_ = zopts_.stage >= 2 || zopts_.overlap_comm;
+  tokens_per_step_ = static_cast<int64_t>(micro_) * accum_ * W_ * T_;
+  res_.final_eval_loss = res_.final_eval_ppl = std::numeric_limits<double>::quiet_NaN();
+  config_yaml_ = config::config_to_yaml(cfg);
+  inputs_.resize(static_cast<size_t>(accum_));
+  targets_.resize(static_cast<size_t>(accum_));
+  counts_.resize(static_cast<size_t>(accum_));
+}
+
+void TrainLoop::env_check() const {
+  const int W = W_, rank = rank_;
+  const config::TrainConfig& cfg = cfg_;
   DT_ENFORCE(W >= 1 && rank >= 0 && rank < W, UsageError, "trainer: rank {} outside world size {}", rank, W);
-  comm::Communicator* comm = env.comm != nullptr && env.comm->size() > 1 ? env.comm : nullptr;
   if (W > 1) {
-    DT_ENFORCE(comm != nullptr, UsageError, "trainer: world size {} needs a communicator", W);
-    DT_ENFORCE_EQ(comm->size(), W, UsageError, "trainer: communicator size vs world size");
-    DT_ENFORCE_EQ(comm->rank(), rank, UsageError, "trainer: communicator rank vs rank");
+    DT_ENFORCE(comm_ != nullptr, UsageError, "trainer: world size {} needs a communicator", W);
+    DT_ENFORCE_EQ(comm_->size(), W, UsageError, "trainer: communicator size vs world size");
+    DT_ENFORCE_EQ(comm_->rank(), rank, UsageError, "trainer: communicator rank vs rank");
   }
   DT_ENFORCE(cfg.resolved_micro_batch_size > 0 && cfg.resolved_grad_accum_steps > 0, UsageError,
              "trainer: the batch sizes are not resolved; call config_resolve_batch(cfg, {}) first", W);
@@ -200,277 +276,275 @@ TrainResult train_run(const config::TrainConfig& cfg, const TrainerEnv& env) {
                 "trainer: config_resolve_batch was called for another world size");
   DT_ENFORCE(!(cfg.fp16.enabled && cfg.bf16.enabled), ConfigError, "{}: fp16.enabled and bf16.enabled are exclusive",
              cfg.source);
-  const bool lead = rank == 0;
+}
 
-  // ---- model, data, optimizer
-  auto model = model_create(cfg);
-  model::Model& m = *model;
-  TrainData data = data_load(cfg, m.config().vocab_size, m.config().max_seq_len);
-  const int micro = static_cast<int>(cfg.resolved_micro_batch_size);
-  const int accum = static_cast<int>(cfg.resolved_grad_accum_steps);
-  const int T = static_cast<int>(data.train->seq_len());
-  BatchReader reader(*data.train, micro, rank, W, static_cast<uint64_t>(cfg.training.seed), cfg.data.shuffle);
-  const int64_t total_steps =
-      cfg.training.max_steps ? *cfg.training.max_steps : *cfg.training.epochs * reader.steps_per_epoch(accum);
-  DT_ENFORCE_GT(total_steps, 0, ConfigError, "{}: training.max_steps", cfg.source);
-
-  const auto sched = lr_schedule_create(schedule_config(cfg, total_steps), static_cast<float>(cfg.optimizer.lr));
-  const ZeroOptions zopts = zero_options_from(cfg);
-  const DType compute = zopts.compute_dtype;
-  std::unique_ptr<LossScaler> scaler;
-  if (cfg.fp16.enabled) scaler = std::make_unique<LossScaler>(scaler_config(cfg.fp16));
-  ZeroOptimizer engine(m, comm, zopts);
-  // Stages 2-3 run collectives inside backward (stage 3 inside forward too): every rank
-  // runs every micro-batch, an all-masked one with weight 0.
-  // overlap_comm at stages 0/1 reduces in the last micro-batch's backward: every rank
-  // must run it too.
-  const bool lockstep = zopts.stage >= 2 || zopts.overlap_comm;
-  const int64_t tokens_per_step = static_cast<int64_t>(micro) * accum * W * T;
-
-  TrainResult res;
-  res.final_eval_loss = res.final_eval_ppl = std::numeric_limits<double>::quiet_NaN();
-
-  // ---- resume: the latest complete checkpoint of the run dir, whatever world size and
-  // stage wrote it (checkpoint_load reshards). Everything the loop's future depends on
-  // comes back: weights, AdamW moments and step, scheduler position, loss scaler, the
-  // global sampler position and the forward count (LoRA dropout masks). The loop draws
-  // no other random numbers, so no per-rank RNG stream is saved (has_rng stays false).
-  int64_t start_step = 0;
-  if (!env.run_dir.empty()) {
+// The latest complete checkpoint of the run dir, whatever world size and stage wrote it
+// (checkpoint_load reshards). Everything the loop's future depends on comes back:
+// weights, AdamW moments and step, scheduler position, loss scaler, the global sampler
+// position and the forward count (LoRA dropout masks). The loop draws no other random
+// numbers, so no per-rank RNG stream is saved (has_rng stays false).
+void TrainLoop::resume() {
+  if (!env_.run_dir.empty()) {
     std::error_code ec;
-    fs::create_directories(env.run_dir, ec);
-    DT_ENFORCE(!ec, IoError, "cannot create the run directory {}: {}", env.run_dir, ec.message());
+    fs::create_directories(env_.run_dir, ec);
+    DT_ENFORCE(!ec, IoError, "cannot create the run directory {}: {}", env_.run_dir, ec.message());
   }
-  if (!env.run_dir.empty() && env.resume) {
-    const CheckpointLoadResult ck = checkpoint_load(env.run_dir, engine.engine());
-    res.checkpoints_skipped = ck.skipped;
-    if (lead && env.print)
-      for (const auto& why : ck.skipped) std::printf("resume: skipped a damaged checkpoint: %s\n", why.c_str());
-    if (ck.loaded) {
-      const TrainState& st = ck.state;
-      start_step = st.step;
-      res.steps = st.step;
-      res.applied_steps = st.scheduler_step;
-      res.skipped_steps = st.step - st.scheduler_step;
-      res.tokens = st.step * tokens_per_step;
-      if (scaler) {
-        if (st.has_scaler) scaler->set_state(st.scaler);
-        else if (lead) log_warn("{} was saved without fp16 loss scaling: the loss scaler starts fresh", ck.dir);
-      }
-      reader.set_position(st.sampler);
-      m.set_forward_count(st.forward_count);
-      res.resumed_step = st.step;
-      res.resumed_dir = ck.dir;
-      res.resumed_world_size = ck.saved_world_size;
-      res.resumed_stage = ck.saved_stage;
-      if (lead && env.print)
-        std::printf("resumed from step %lld (checkpoints/%s, saved at world size %d stage %d)\n",
-                    static_cast<long long>(st.step), fs::path(ck.dir).filename().c_str(), ck.saved_world_size,
-                    ck.saved_stage);
-      if (lead && st.step > total_steps)
-        log_warn("the checkpoint is at step {} but training.max_steps is {}: nothing to train; raise "
-                 "training.max_steps to continue",
-                 st.step, total_steps);
-    }
+  if (env_.run_dir.empty() || !env_.resume) return;
+  const CheckpointLoadResult ck = checkpoint_load(env_.run_dir, engine_->engine());
+  res_.checkpoints_skipped = ck.skipped;
+  if (lead_ && env_.print)
+    for (const auto& why : ck.skipped) std::printf("resume: skipped a damaged checkpoint: %s\n", why.c_str());
+  if (!ck.loaded) return;
+  const TrainState& st = ck.state;
+  start_step_ = st.step;
+  res_.steps = st.step;
+  res_.applied_steps = st.scheduler_step;
+  res_.skipped_steps = st.step - st.scheduler_step;
+  res_.tokens = st.step * tokens_per_step_;
+  if (scaler_) {
+    if (st.has_scaler) scaler_->set_state(st.scaler);
+    else if (lead_) log_warn("{} was saved without fp16 loss scaling: the loss scaler starts fresh", ck.dir);
   }
+  reader_->set_position(st.sampler);
+  model_->set_forward_count(st.forward_count);
+  res_.resumed_step = st.step;
+  res_.resumed_dir = ck.dir;
+  res_.resumed_world_size = ck.saved_world_size;
+  res_.resumed_stage = ck.saved_stage;
+  if (lead_ && env_.print)
+    std::printf("resumed from step %lld (checkpoints/%s, saved at world size %d stage %d)\n",
+                static_cast<long long>(st.step), fs::path(ck.dir).filename().c_str(), ck.saved_world_size,
+                ck.saved_stage);
+  if (lead_ && st.step > total_steps_)
+    log_warn("the checkpoint is at step {} but training.max_steps is {}: nothing to train; raise "
+             "training.max_steps to continue",
+             st.step, total_steps_);
+}
 
-  std::unique_ptr<MetricsWriter> metrics;
-  if (lead && !env.run_dir.empty()) {
-    const std::string path = (fs::path(env.run_dir) / "metrics.jsonl").string();
-    if (res.resumed_step >= 0) metrics_cut_after(path, res.resumed_step);
-    metrics = std::make_unique<MetricsWriter>(path, res.resumed_step >= 0);
+void TrainLoop::metrics_open() {
+  if (lead_ && !env_.run_dir.empty()) {
+    const std::string path = (fs::path(env_.run_dir) / "metrics.jsonl").string();
+    if (res_.resumed_step >= 0) metrics_cut_after(path, res_.resumed_step);
+    metrics_ = std::make_unique<MetricsWriter>(path, res_.resumed_step >= 0);
   }
-  if (lead && env.print)
+  const model::Model& m = *model_;
+  if (lead_ && env_.print)
     std::printf("train: %s %zu params (%zu trainable), %zu train samples of %d tokens, %d rank(s) x micro %d x accum %d, "
                 "%lld steps, %s\n",
-                model::arch_name(m.config().arch), m.num_params(), m.num_trainable_params(), data.train->size(), T, W,
-                micro, accum, static_cast<long long>(total_steps), dtype_name(compute));
-  if (lead && env.print) std::printf("%s", engine.engine().memory_report().c_str());
+                model::arch_name(m.config().arch), m.num_params(), m.num_trainable_params(), data_.train->size(), T_, W_,
+                micro_, accum_, static_cast<long long>(total_steps_), dtype_name(zopts_.compute_dtype));
+  if (lead_ && env_.print) std::printf("%s", engine_->engine().memory_report().c_str());
+}
 
-  // ---- loop
-  const int64_t print_every = std::max<int64_t>(1, cfg.steps_per_print);
-  const std::string config_yaml = config::config_to_yaml(cfg);
-  std::vector<std::vector<int32_t>> inputs(static_cast<size_t>(accum)), targets(static_cast<size_t>(accum));
-  std::vector<int64_t> counts(static_cast<size_t>(accum));
-  StepTimer timer;
-  Stopwatch run_clock, interval_clock;
-  int64_t interval_steps = 0;
-
-  auto run_eval = [&](int64_t step) {
-    if (!data.valid) return;
-    // Ranks may run different numbers of eval batches: at stage 3 the full weights are
-    // gathered once for the evaluation instead of layer by layer.
-    if (zopts.stage == 3) engine.engine().params_materialize();
-    EvalLoss e = eval_loss(m, *data.valid, micro, 0, rank, W);
-    if (zopts.stage == 3) engine.engine().params_restore();
-    std::vector<double> v{e.loss_sum, static_cast<double>(e.tokens)};
-    allreduce_sum(comm, v);
-    e.loss_sum = v[0];
-    e.tokens = static_cast<int64_t>(v[1]);
-    res.final_eval_loss = e.mean();
-    res.final_eval_ppl = e.ppl();
-    if (!lead) return;
-    if (env.print)
-      std::printf("eval step %lld | eval_loss %.4f | eval_ppl %.3f\n", static_cast<long long>(step), e.mean(), e.ppl());
-    if (metrics)
-      metrics->write({{"step", step}, {"eval_loss", num(e.mean())}, {"eval_ppl", num(e.ppl())}, {"time_ms", unix_ms()}});
-  };
-
-  // Collective (every rank writes its shard). Runs after the step's evaluation, so the
-  // forward count it saves is the one the next step starts from.
-  auto save = [&](int64_t step) {
-    auto s = timer.scope(Section::CHECKPOINT);
-    Stopwatch clock;
-    TrainState st;
-    st.step = step;
-    st.scheduler_step = res.applied_steps;
-    st.has_scaler = scaler != nullptr;
-    if (scaler) st.scaler = scaler->state();
-    st.sampler = reader.position();
-    st.forward_count = m.forward_count();
-    st.config_yaml = config_yaml;
-    CheckpointSaveOptions o;
-    o.keep_last = cfg.training.keep_last;
-    res.last_checkpoint = checkpoint_save(env.run_dir, engine.engine(), st, o);
-    if (lead && env.print) {
-      std::printf("checkpoint: saved checkpoints/%s (%.2f s)\n", fs::path(res.last_checkpoint).filename().c_str(),
-                  clock.elapsed_s());
-      std::fflush(stdout);
+// Data first: the step's unmasked-token count (over every rank) fixes every
+// micro-batch's weight.
+double TrainLoop::batch_load() {
+  std::vector<double> count{0.0};
+  {
+    auto s = timer_.scope(Section::DATA);
+    for (int a = 0; a < accum_; ++a) {
+      counts_[static_cast<size_t>(a)] = reader_->next(inputs_[static_cast<size_t>(a)], targets_[static_cast<size_t>(a)]);
+      count[0] += static_cast<double>(counts_[static_cast<size_t>(a)]);
     }
-  };
+  }
+  auto s = timer_.scope(Section::COMM);
+  allreduce_sum(comm_, count);
+  return count[0];
+}
 
-  if (env.on_step) env.on_step(start_step);
-  for (int64_t step = start_step + 1; step <= total_steps; ++step) {
-    // Data first: the step's unmasked-token count fixes every micro-batch's weight.
-    std::vector<double> count{0.0};
+double TrainLoop::forward_backward(double n_step, float loss_scale) {
+  model::Model& m = *model_;
+  engine_->engine().before_step();
+  double loss_sum = 0.0;
+  for (int a = 0; a < accum_; ++a) {
+    const int64_t n = counts_[static_cast<size_t>(a)];
+    if (n == 0 && !lockstep_) continue;  // nothing to learn from: no forward, no gradient
+    float loss;
     {
-      auto s = timer.scope(Section::DATA);
-      for (int a = 0; a < accum; ++a) {
-        counts[static_cast<size_t>(a)] = reader.next(inputs[static_cast<size_t>(a)], targets[static_cast<size_t>(a)]);
-        count[0] += static_cast<double>(counts[static_cast<size_t>(a)]);
-      }
+      auto s = timer_.scope(Section::FORWARD);
+      loss = m.forward(inputs_[static_cast<size_t>(a)].data(), targets_[static_cast<size_t>(a)].data(), micro_, T_);
     }
+    loss_sum += static_cast<double>(loss) * static_cast<double>(n);
+    auto s = timer_.scope(Section::BACKWARD);
+    const double weight = n_step > 0 ? static_cast<double>(W_) * static_cast<double>(n) / n_step : 0.0;
+    engine_->engine().set_last_micro_batch(a == accum_ - 1);
+    m.backward(static_cast<float>(weight) * loss_scale);  // fp16 gradients are rounded in the engine's hooks
+  }
+  return loss_sum;
+}
+
+StepOutcome TrainLoop::optimizer_step(int64_t /*step*/, float lr, float loss_scale) {
+  StepRequest req;
+  req.lr = lr;
+  req.loss_scale = loss_scale;
+  req.max_norm = static_cast<float>(cfg_.gradient_clipping);
+  req.check_overflow = scaler_ != nullptr;
+  return engine_->step(req, timer_);
+}
+
+void TrainLoop::record(int64_t step, double step_loss, float lr, float loss_scale, const StepOutcome& out,
+                       bool applied) {
+  res_.steps = step;
+  if (applied) ++res_.applied_steps; else ++res_.skipped_steps;
+  res_.losses.push_back(step_loss);
+  res_.lrs.push_back(lr);
+  res_.grad_norms.push_back(out.grad_norm);
+  res_.loss_scales.push_back(loss_scale);
+  res_.skipped.push_back(applied ? 0 : 1);
+  res_.final_loss = step_loss;
+  res_.tokens += tokens_per_step_;
+  ++interval_steps_;
+}
+
+void TrainLoop::progress_log(int64_t step, double step_loss, float lr, float loss_scale, const StepOutcome& out,
+                             bool applied) {
+  const int64_t print_every = std::max<int64_t>(1, cfg_.steps_per_print);
+  if (step % print_every != 0 && step != total_steps_) return;
+  const double dt = interval_clock_.elapsed_s();
+  const double per_step = dt / static_cast<double>(interval_steps_);
+  const double tps = static_cast<double>(tokens_per_step_ * interval_steps_) / std::max(dt, 1e-9);
+  if (lead_ && env_.print)
+    std::printf("step %lld/%lld | loss %.4f | lr %.1e | grad_norm %.3f | loss_scale %.0f | tokens/s %.0f | %.2f s/step%s\n",
+                static_cast<long long>(step), static_cast<long long>(total_steps_), step_loss, lr, out.grad_norm,
+                static_cast<double>(loss_scale), tps, per_step, applied ? "" : " | skipped (fp16 overflow)");
+  if (metrics_) {
+    nlohmann::json r{{"step", step},          {"loss", num(step_loss)},  {"lr", lr},
+                     {"grad_norm", num(out.grad_norm)}, {"loss_scale", loss_scale}, {"tokens", res_.tokens},
+                     {"tokens_per_s", tps},   {"step_time", per_step},   {"skipped_steps", res_.skipped_steps},
+                     {"time_ms", unix_ms()}};
     {
-      auto s = timer.scope(Section::COMM);
-      allreduce_sum(comm, count);
+      // Memory: this rank's ZeRO state (params + grads + optimizer) and the process RSS.
+      const ZeroMemory mem = engine_->engine().memory();
+      r["memory_state_bytes"] = mem.total();
+      r["memory_rss_bytes"] = process_rss_bytes();
     }
-    const double n_step = count[0];
-    const float loss_scale = scaler ? scaler->scale() : 1.0f;
-    engine.engine().before_step();
-    double loss_sum = 0.0;
-    for (int a = 0; a < accum; ++a) {
-      const int64_t n = counts[static_cast<size_t>(a)];
-      if (n == 0 && !lockstep) continue;  // nothing to learn from: no forward, no gradient
-      float loss;
-      {
-        auto s = timer.scope(Section::FORWARD);
-        loss = m.forward(inputs[static_cast<size_t>(a)].data(), targets[static_cast<size_t>(a)].data(), micro, T);
-      }
-      loss_sum += static_cast<double>(loss) * static_cast<double>(n);
-      auto s = timer.scope(Section::BACKWARD);
-      const double weight = n_step > 0 ? static_cast<double>(W) * static_cast<double>(n) / n_step : 0.0;
-      engine.engine().set_last_micro_batch(a == accum - 1);
-      m.backward(static_cast<float>(weight) * loss_scale);  // fp16 gradients are rounded in the engine's hooks
+    if (cfg_.wall_clock_breakdown) {
+      const double n = static_cast<double>(interval_steps_);
+      for (Section sec : {Section::FORWARD, Section::BACKWARD, Section::COMM, Section::OPTIMIZER, Section::DATA,
+                          Section::CHECKPOINT})
+        r[std::string(section_name(sec)) + "_ms"] = timer_.elapsed_ms(sec) / n;
+      // The ZeRO engine's collectives: exposed = the compute thread waited for them;
+      // overlapped = they ran on the communication thread while compute went on.
+      const ZeroEngine::CommTimes ct = engine_->engine().comm_times_take();
+      r["comm_exposed_ms"] = 1e3 * ct.exposed_s / n;
+      r["comm_overlapped_ms"] = 1e3 * std::max(0.0, ct.busy_s - ct.exposed_s) / n;
     }
-    std::vector<double> lsum{loss_sum};
+    metrics_->write(r);
+  }
+  if (lead_ && env_.print) std::fflush(stdout);
+  timer_.reset();
+  interval_clock_.restart();
+  interval_steps_ = 0;
+}
+
+void TrainLoop::evaluate(int64_t step) {
+  if (!data_.valid) return;
+  // Ranks may run different numbers of eval batches: at stage 3 the full weights are
+  // gathered once for the evaluation instead of layer by layer.
+  if (zopts_.stage == 3) engine_->engine().params_materialize();
+  EvalLoss e = eval_loss(*model_, *data_.valid, micro_, 0, rank_, W_);
+  if (zopts_.stage == 3) engine_->engine().params_restore();
+  std::vector<double> v{e.loss_sum, static_cast<double>(e.tokens)};
+  allreduce_sum(comm_, v);
+  e.loss_sum = v[0];
+  e.tokens = static_cast<int64_t>(v[1]);
+  res_.final_eval_loss = e.mean();
+  res_.final_eval_ppl = e.ppl();
+  if (!lead_) return;
+  if (env_.print)
+    std::printf("eval step %lld | eval_loss %.4f | eval_ppl %.3f\n", static_cast<long long>(step), e.mean(), e.ppl());
+  if (metrics_)
+    metrics_->write({{"step", step}, {"eval_loss", num(e.mean())}, {"eval_ppl", num(e.ppl())}, {"time_ms", unix_ms()}});
+}
+
+// Collective (every rank writes its shard). Runs after the step's evaluation, so the
+// forward count it saves is the one the next step starts from.
+void TrainLoop::save(int64_t step) {
+  auto s = timer_.scope(Section::CHECKPOINT);
+  Stopwatch clock;
+  TrainState st;
+  st.step = step;
+  st.scheduler_step = res_.applied_steps;
+  st.has_scaler = scaler_ != nullptr;
+  if (scaler_) st.scaler = scaler_->state();
+  st.sampler = reader_->position();
+  st.forward_count = model_->forward_count();
+  st.config_yaml = config_yaml_;
+  CheckpointSaveOptions o;
+  o.keep_last = cfg_.training.keep_last;
+  res_.last_checkpoint = checkpoint_save(env_.run_dir, engine_->engine(), st, o);
+  if (lead_ && env_.print) {
+    std::printf("checkpoint: saved checkpoints/%s (%.2f s)\n", fs::path(res_.last_checkpoint).filename().c_str(),
+                clock.elapsed_s());
+    std::fflush(stdout);
+  }
+}
+
+void TrainLoop::export_final(bool trained) {
+  engine_->master_to_model();
+  if (lead_ && !env_.run_dir.empty()) {
+    const std::string dir = (fs::path(env_.run_dir) / "final").string();
+    model_export_hf(*model_, dir, data_.tokenizer->bos_id(), data_.tokenizer->eos_id());
+    if (env_.print && trained)
+      std::printf("train: wrote %s (%lld steps, final loss %.4f, %.1f s)\n", dir.c_str(),
+                  static_cast<long long>(res_.steps), res_.final_loss, res_.elapsed_s);
+    else if (env_.print)
+      std::printf("train: nothing to train (the checkpoint is at step %lld, training.max_steps %lld); wrote %s "
+                  "again\n",
+                  static_cast<long long>(res_.steps), static_cast<long long>(total_steps_), dir.c_str());
+    std::fflush(stdout);
+  }
+  if (comm_) comm_->barrier();  // no rank leaves before the export is complete
+}
+
+TrainResult TrainLoop::run() {
+  resume();
+  metrics_open();
+  // The loop's wall time excludes the model build, resume and the export.
+  run_clock_.restart();
+  interval_clock_.restart();
+  timer_.reset();
+  if (env_.on_step) env_.on_step(start_step_);
+  for (int64_t step = start_step_ + 1; step <= total_steps_; ++step) {
+    const double n_step = batch_load();
+    const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
+    std::vector<double> lsum{forward_backward(n_step, loss_scale)};
     {
-      auto s = timer.scope(Section::COMM);
-      allreduce_sum(comm, lsum);
+      auto s = timer_.scope(Section::COMM);
+      allreduce_sum(comm_, lsum);
     }
     // A step whose every target is masked (possible with short packed windows of SFT
     // data) has loss 0 and zero gradients, as Model::forward defines it; AdamW still runs.
-    if (n_step == 0 && lead) log_warn("step {}: every target of the batch is masked (loss 0)", step);
+    if (n_step == 0 && lead_) log_warn("step {}: every target of the batch is masked (loss 0)", step);
     const double step_loss = n_step > 0 ? lsum[0] / n_step : 0.0;
     DT_ENFORCE(std::isfinite(step_loss), TrainError, "step {}: the loss is {}; lower optimizer.lr", step, step_loss);
 
-    const float lr = sched->lr(res.applied_steps);
-    StepRequest req;
-    req.lr = lr;
-    req.loss_scale = loss_scale;
-    req.max_norm = static_cast<float>(cfg.gradient_clipping);
-    req.check_overflow = scaler != nullptr;
-    const StepOutcome out = engine.step(req, timer);
-    bool applied = true;
-    if (scaler) applied = scaler->update(out.overflow);
-    res.steps = step;
-    if (applied) ++res.applied_steps; else ++res.skipped_steps;
-    res.losses.push_back(step_loss);
-    res.lrs.push_back(lr);
-    res.grad_norms.push_back(out.grad_norm);
-    res.loss_scales.push_back(loss_scale);
-    res.skipped.push_back(applied ? 0 : 1);
-    res.final_loss = step_loss;
-    res.tokens += tokens_per_step;
-    ++interval_steps;
-
-    if (step % print_every == 0 || step == total_steps) {
-      const double dt = interval_clock.elapsed_s();
-      const double per_step = dt / static_cast<double>(interval_steps);
-      const double tps = static_cast<double>(tokens_per_step * interval_steps) / std::max(dt, 1e-9);
-      if (lead && env.print)
-        std::printf("step %lld/%lld | loss %.4f | lr %.1e | grad_norm %.3f | loss_scale %.0f | tokens/s %.0f | %.2f s/step%s\n",
-                    static_cast<long long>(step), static_cast<long long>(total_steps), step_loss, lr, out.grad_norm,
-                    static_cast<double>(loss_scale), tps, per_step, applied ? "" : " | skipped (fp16 overflow)");
-      if (metrics) {
-        nlohmann::json r{{"step", step},          {"loss", num(step_loss)},  {"lr", lr},
-                         {"grad_norm", num(out.grad_norm)}, {"loss_scale", loss_scale}, {"tokens", res.tokens},
-                         {"tokens_per_s", tps},   {"step_time", per_step},   {"skipped_steps", res.skipped_steps},
-                         {"time_ms", unix_ms()}};
-        {
-          // Memory: this rank's ZeRO state (params + grads + optimizer) and the process RSS.
-          const ZeroMemory mem = engine.engine().memory();
-          r["memory_state_bytes"] = mem.total();
-          r["memory_rss_bytes"] = process_rss_bytes();
-        }
-        if (cfg.wall_clock_breakdown) {
-          const double n = static_cast<double>(interval_steps);
-          for (Section sec : {Section::FORWARD, Section::BACKWARD, Section::COMM, Section::OPTIMIZER, Section::DATA,
-                              Section::CHECKPOINT})
-            r[std::string(section_name(sec)) + "_ms"] = timer.elapsed_ms(sec) / n;
-          // The ZeRO engine's collectives: exposed = the compute thread waited for them;
-          // overlapped = they ran on the communication thread while compute went on.
-          const ZeroEngine::CommTimes ct = engine.engine().comm_times_take();
-          r["comm_exposed_ms"] = 1e3 * ct.exposed_s / n;
-          r["comm_overlapped_ms"] = 1e3 * std::max(0.0, ct.busy_s - ct.exposed_s) / n;
-        }
-        metrics->write(r);
-      }
-      if (lead && env.print) std::fflush(stdout);
-      timer.reset();
-      interval_clock.restart();
-      interval_steps = 0;
-    }
-    if (cfg.training.eval_steps > 0 && step % cfg.training.eval_steps == 0 && step != total_steps) run_eval(step);
-    if (!env.run_dir.empty() && cfg.training.save_steps > 0 && step % cfg.training.save_steps == 0 &&
-        step != total_steps)
+    const float lr = sched_->lr(res_.applied_steps);
+    const StepOutcome out = optimizer_step(step, lr, loss_scale);
+    const bool applied = scaler_ ? scaler_->update(out.overflow) : true;
+    record(step, step_loss, lr, loss_scale, out, applied);
+    progress_log(step, step_loss, lr, loss_scale, out, applied);
+    if (cfg_.training.eval_steps > 0 && step % cfg_.training.eval_steps == 0 && step != total_steps_) evaluate(step);
+    if (!env_.run_dir.empty() && cfg_.training.save_steps > 0 && step % cfg_.training.save_steps == 0 &&
+        step != total_steps_)
       save(step);
-    if (env.on_step) env.on_step(step);
+    if (env_.on_step) env_.on_step(step);
   }
-  if (env.on_steps_done) env.on_steps_done();
+  if (env_.on_steps_done) env_.on_steps_done();
   // A resumed run that was already at (or past) its last step trains nothing: its final
   // evaluation and checkpoint exist.
-  const bool trained = start_step < total_steps;
-  if (trained) run_eval(total_steps);
-  res.elapsed_s = run_clock.elapsed_s();
-  res.final_loss_scale = scaler ? scaler->scale() : 1.0;
-  if (trained && !env.run_dir.empty()) save(total_steps);
-
-  // ---- final weights
-  engine.master_to_model();
-  if (lead && !env.run_dir.empty()) {
-    const std::string dir = (fs::path(env.run_dir) / "final").string();
-    model_export_hf(m, dir, data.tokenizer->bos_id(), data.tokenizer->eos_id());
-    if (env.print && trained)
-      std::printf("train: wrote %s (%lld steps, final loss %.4f, %.1f s)\n", dir.c_str(),
-                  static_cast<long long>(res.steps), res.final_loss, res.elapsed_s);
-    else if (env.print)
-      std::printf("train: nothing to train (the checkpoint is at step %lld, training.max_steps %lld); wrote %s "
-                  "again\n",
-                  static_cast<long long>(res.steps), static_cast<long long>(total_steps), dir.c_str());
-    std::fflush(stdout);
-  }
-  if (comm) comm->barrier();  // no rank leaves before the export is complete
-  return res;
+  const bool trained = start_step_ < total_steps_;
+  if (trained) evaluate(total_steps_);
+  res_.elapsed_s = run_clock_.elapsed_s();
+  res_.final_loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  if (trained && !env_.run_dir.empty()) save(total_steps_);
+  export_final(trained);
+  return res_;
 }
+
+}  // namespace
+
+// ----------------------------------------------------------------------------
+TrainResult train_run(const config::TrainConfig& cfg, const TrainerEnv& env) { return TrainLoop(cfg, env).run(); }
 
 }  // namespace dtrain::train
