@@ -317,9 +317,9 @@ std::string config_without_cluster_env(const std::string& yaml) {
   return out;
 }
 
-json layout_json(ZeroEngine& engine) {
+json layout_json(const std::vector<ZeroBufferView>& views) {
   json bufs = json::array();
-  for (const auto& v : engine.buffer_views()) {
+  for (const auto& v : views) {
     json tensors = json::array();
     for (const auto& t : v.buffer->layout.tensors)
       tensors.push_back({{"name", t.name}, {"offset", t.offset}, {"shape", t.shape}, {"decay", t.decay}});
@@ -351,10 +351,10 @@ uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
 }
 
 // ----------------------------------------------------------------------------
-std::string checkpoint_save(const std::string& run_dir, ZeroEngine& engine, const TrainState& state,
+std::string checkpoint_save(const std::string& run_dir, const ZeroCheckpointView& view, const TrainState& state,
                             const CheckpointSaveOptions& opts) {
-  comm::Communicator* comm = engine.communicator();
-  const int W = engine.world_size(), rank = engine.rank();
+  comm::Communicator* comm = view.comm;
+  const int W = view.world, rank = view.rank;
   const fs::path root = fs::path(run_dir) / "checkpoints";
   const std::string name = "step" + std::to_string(state.step);
   const fs::path tmp = root / ("tmp-" + name), final_dir = root / name;
@@ -379,7 +379,7 @@ std::string checkpoint_save(const std::string& run_dir, ZeroEngine& engine, cons
   if (comm) comm->barrier();
 
   // ---- this rank's shard: its partition slice of every buffer's master, m and v
-  const auto views = engine.buffer_views();
+  const auto& views = view.buffers;
   json entries = json::array();
   std::vector<std::pair<const void*, size_t>> data;
   size_t offset = 0;
@@ -435,16 +435,16 @@ std::string checkpoint_save(const std::string& run_dir, ZeroEngine& engine, cons
     json manifest{{"format", FORMAT_VERSION},
                   {"step", state.step},
                   {"world_size", W},
-                  {"zero_stage", engine.stage()},
-                  {"compute_dtype", dtype_name(engine.options().compute_dtype)},
+                  {"zero_stage", view.stage},
+                  {"compute_dtype", dtype_name(view.compute_dtype)},
                   {"master_dtype", "float32"},
-                  {"optimizer_step", engine.step_count()},
+                  {"optimizer_step", view.step_count},
                   {"scheduler_step", state.scheduler_step},
                   {"loss_scaler", scaler},
                   {"sampler", {{"epoch", state.sampler.epoch}, {"offset", state.sampler.offset}}},
                   {"forward_count", state.forward_count},
                   {"shard_layout", "buffer of n elements: rank r holds [r*ceil(n/W), min((r+1)*ceil(n/W), n))"},
-                  {"buffers", layout_json(engine)},
+                  {"buffers", layout_json(view.buffers)},
                   {"files", files},
                   {"config_yaml", config_without_cluster_env(state.config_yaml)}};
     const std::string text = manifest.dump(1);
@@ -575,8 +575,7 @@ void read_range(Opened& o, size_t buffer, const char* kind, size_t n, size_t a, 
 }
 
 // Throws CheckpointError when the saved buffers are not the model's.
-void layout_check(const json& saved, ZeroEngine& engine, const std::string& dir) {
-  const auto views = engine.buffer_views();
+void layout_check(const json& saved, const std::vector<ZeroBufferView>& views, const std::string& dir) {
   DT_ENFORCE_EQ(saved.size(), views.size(), CheckpointError,
                 "{}: the checkpoint has another number of parameter buffers than the model (different model or "
                 "LoRA settings?)", dir);
@@ -592,8 +591,9 @@ void layout_check(const json& saved, ZeroEngine& engine, const std::string& dir)
 
 }  // namespace
 
-CheckpointLoadResult checkpoint_load(const std::string& run_dir, ZeroEngine& engine, bool set_aside_damaged) {
-  comm::Communicator* comm = engine.communicator();
+CheckpointLoadResult checkpoint_load(const std::string& run_dir, const ZeroCheckpointView& view,
+                                     bool set_aside_damaged) {
+  comm::Communicator* comm = view.comm;
   const fs::path root = fs::path(run_dir) / "checkpoints";
   CheckpointLoadResult res;
 
@@ -640,7 +640,7 @@ CheckpointLoadResult checkpoint_load(const std::string& run_dir, ZeroEngine& eng
       // reads it; a later save then neither counts it for keep_last nor keeps it instead
       // of the checkpoint we fall back to.
       std::string aside;
-      if (set_aside_damaged && engine.rank() == 0 && fs::is_directory(dir, ec)) aside = checkpoint_set_aside(dir);
+      if (set_aside_damaged && view.rank == 0 && fs::is_directory(dir, ec)) aside = checkpoint_set_aside(dir);
       if (!aside.empty()) why += " (set aside as " + fs::path(aside).filename().string() + ")";
       log_warn("checkpoint {} is unusable: {}; falling back to the previous complete checkpoint", dir.string(), why);
       res.skipped.push_back(why);
@@ -648,9 +648,9 @@ CheckpointLoadResult checkpoint_load(const std::string& run_dir, ZeroEngine& eng
     }
     const std::string d = dir.string();
     const json& man = o.manifest;
-    layout_check(man.at("buffers"), engine, d);
+    layout_check(man.at("buffers"), view.buffers, d);
 
-    const auto views = engine.buffer_views();
+    const auto& views = view.buffers;
     for (size_t b = 0; b < views.size(); ++b) {
       const auto& v = views[b];
       const size_t n = v.buffer->size;
@@ -661,8 +661,7 @@ CheckpointLoadResult checkpoint_load(const std::string& run_dir, ZeroEngine& eng
         read_range(o, b, "v", n, v.lo, v.hi, v.v, d);
       }
     }
-    engine.set_step_count(man.at("optimizer_step").get<int64_t>());
-    engine.params_loaded();
+    view.loaded(man.at("optimizer_step").get<int64_t>());
 
     TrainState& st = res.state;
     st.step = man.at("step").get<int64_t>();
@@ -679,8 +678,8 @@ CheckpointLoadResult checkpoint_load(const std::string& run_dir, ZeroEngine& eng
     st.sampler.offset = man.at("sampler").at("offset").get<uint64_t>();
     st.forward_count = man.at("forward_count").get<uint64_t>();
     st.config_yaml = man.at("config_yaml").get<std::string>();
-    if (engine.rank() < o.world) {
-      const json& h = o.heads[static_cast<size_t>(engine.rank())];
+    if (view.rank < o.world) {
+      const json& h = o.heads[static_cast<size_t>(view.rank)];
       st.has_rng = h.at("has_rng").get<bool>();
       st.rng = h.at("rng").get<Rng::State>();
     }
@@ -693,7 +692,7 @@ CheckpointLoadResult checkpoint_load(const std::string& run_dir, ZeroEngine& eng
       // `latest` must not keep naming a checkpoint that was set aside: status and the
       // next save's "already saved" test read it. Every rank read it before the
       // allreduces above, so rank 0 may switch it now.
-      if (set_aside_damaged && engine.rank() == 0 && !fs::exists(candidates.front(), ec) &&
+      if (set_aside_damaged && view.rank == 0 && !fs::exists(candidates.front(), ec) &&
           !latest.empty() && latest != dir.filename().string()) {
         const std::string name = dir.filename().string();
         const std::string lt = (root / "latest.tmp").string();

@@ -1,8 +1,8 @@
-// Sharded checkpoints of a ZeroEngine: every rank writes its shard (master / m / v
-// slices, RNG), rank 0 a manifest with the layout and CRC32C of every file; directory
-// rename + an atomically switched `latest`; keep_last pruning. Loading verifies the
-// checksums, falls back to the previous complete checkpoint and reshards to any world
-// size and ZeRO stage.
+// Sharded checkpoints of a ZeroEngine, through its ZeroCheckpointView (buffer views,
+// step, placement): every rank writes its shard (master / m / v slices, RNG), rank 0 a
+// manifest with the layout and CRC32C of every file; directory rename + an atomically
+// switched `latest`; keep_last pruning. Loading verifies the checksums, falls back to the
+// previous complete checkpoint and reshards to any world size and ZeRO stage.
 #pragma once
 
 #include "core/rng.h"
@@ -48,7 +48,7 @@ struct CheckpointSaveOptions {
 /// Collective: every rank calls it.
 /// run_dir must be on a filesystem every rank sees. Returns the checkpoint directory.
 /// IoError when a file cannot be written.
-std::string checkpoint_save(const std::string& run_dir, ZeroEngine& engine, const TrainState& state,
+std::string checkpoint_save(const std::string& run_dir, const ZeroCheckpointView& view, const TrainState& state,
                             const CheckpointSaveOptions& opts = {});
 
 struct CheckpointLoadResult {
@@ -63,7 +63,7 @@ struct CheckpointLoadResult {
 };
 
 /// Loads the checkpoint `latest` names, or (when it is damaged) the newest older complete
-/// one, into engine, whatever world size and stage it was written with: each rank reads
+/// one, into the view's engine, whatever world size and stage it was written with: each rank reads
 /// only the slices it needs. Collective: every rank calls it; all ranks agree on the
 /// checkpoint. Returns loaded == false when run_dir has no checkpoint; throws
 /// CheckpointError naming every checkpoint tried and why when none is usable, or when
@@ -71,7 +71,8 @@ struct CheckpointLoadResult {
 /// a file name that is not a bare name in its directory, a missing, truncated or
 /// corrupt shard) is skipped and, with set_aside_damaged, renamed
 /// stepK.corrupt-<UTC time> by rank 0 so that pruning neither counts nor keeps it.
-CheckpointLoadResult checkpoint_load(const std::string& run_dir, ZeroEngine& engine, bool set_aside_damaged = true);
+CheckpointLoadResult checkpoint_load(const std::string& run_dir, const ZeroCheckpointView& view,
+                                     bool set_aside_damaged = true);
 
 /// CRC32C (Castagnoli), continuing from crc (0 to start).
 uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);

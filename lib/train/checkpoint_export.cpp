@@ -66,7 +66,7 @@ CheckpointExportResult checkpoint_export_hf(const std::string& run_dir, const st
   opts.overlap_comm = false;
   ZeroEngine engine(*model, nullptr, opts);
   // Export only reads the run: a damaged checkpoint is skipped but left where it is.
-  const CheckpointLoadResult ck = checkpoint_load(run_dir, engine, false);
+  const CheckpointLoadResult ck = checkpoint_load(run_dir, engine.checkpoint_view(), false);
   DT_ENFORCE(ck.loaded, CheckpointError, "{}: no checkpoint under {}/checkpoints to export", run_dir, run_dir);
   engine.params_materialize();
 

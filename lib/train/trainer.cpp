@@ -290,7 +290,7 @@ void TrainLoop::resume() {
     DT_ENFORCE(!ec, IoError, "cannot create the run directory {}: {}", env_.run_dir, ec.message());
   }
   if (env_.run_dir.empty() || !env_.resume) return;
-  const CheckpointLoadResult ck = checkpoint_load(env_.run_dir, engine_->engine());
+  const CheckpointLoadResult ck = checkpoint_load(env_.run_dir, engine_->engine().checkpoint_view());
   res_.checkpoints_skipped = ck.skipped;
   if (lead_ && env_.print)
     for (const auto& why : ck.skipped) std::printf("resume: skipped a damaged checkpoint: %s\n", why.c_str());
@@ -472,7 +472,7 @@ void TrainLoop::save(int64_t step) {
   st.config_yaml = config_yaml_;
   CheckpointSaveOptions o;
   o.keep_last = cfg_.training.keep_last;
-  res_.last_checkpoint = checkpoint_save(env_.run_dir, engine_->engine(), st, o);
+  res_.last_checkpoint = checkpoint_save(env_.run_dir, engine_->engine().checkpoint_view(), st, o);
   if (lead_ && env_.print) {
     std::printf("checkpoint: saved checkpoints/%s (%.2f s)\n", fs::path(res_.last_checkpoint).filename().c_str(),
                 clock.elapsed_s());

@@ -629,6 +629,22 @@ void ZeroEngine::params_restore() {
   materialized_ = false;
 }
 
+ZeroCheckpointView ZeroEngine::checkpoint_view() {
+  ZeroCheckpointView v;
+  v.buffers = buffer_views();
+  v.comm = comm_;
+  v.rank = rank_;
+  v.world = world_;
+  v.stage = opts_.stage;
+  v.compute_dtype = opts_.compute_dtype;
+  v.step_count = step_count_;
+  v.loaded = [this](int64_t step_count) {
+    step_count_ = step_count;
+    params_loaded();
+  };
+  return v;
+}
+
 std::vector<ZeroBufferView> ZeroEngine::buffer_views() {
   queue_->wait_all();
   std::vector<ZeroBufferView> out;

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -78,6 +79,19 @@ struct ZeroBufferView {
   float* master = nullptr;  ///< hi - lo fp32 master values
   float* m = nullptr;       ///< hi - lo (trainable only)
   float* v = nullptr;
+};
+
+/// What a checkpoint reads and writes of an engine: its buffers' views, its AdamW step
+/// and where it runs. Checkpoints take this, not the engine (train/checkpoint.h).
+struct ZeroCheckpointView {
+  std::vector<ZeroBufferView> buffers;  ///< base buffers first, then adapters
+  comm::Communicator* comm = nullptr;   ///< nullptr for a single rank
+  int rank = 0, world = 1, stage = 0;
+  DType compute_dtype = DType::F32;
+  int64_t step_count = 0;  ///< applied updates (AdamW's bias-correction step)
+  /// After a checkpoint wrote the masters (and resident full buffers): takes the loaded
+  /// step count and refreshes the compute copies.
+  std::function<void(int64_t step_count)> loaded;
 };
 
 /// The engine. Call order per optimizer step (one thread):
@@ -161,6 +175,8 @@ class ZeroEngine {
 
   /// Checkpoint access: one view per buffer, base buffers first then adapters.
   std::vector<ZeroBufferView> buffer_views();
+  /// Everything a checkpoint needs of the engine (buffer views, step, placement).
+  ZeroCheckpointView checkpoint_view();
   /// After a checkpoint wrote masters (and resident full buffers' fp32 values): rounds
   /// the resident model buffers to the compute dtype and drops stale gathered layers.
   void params_loaded();

@@ -97,11 +97,11 @@ Phase phase_run(const RunSpec& spec, const fs::path& dir, bool load, int first, 
   std::vector<std::vector<float>> weights(static_cast<size_t>(spec.world));
   out.errors = run_ranks(spec.world, [&](dtrain::comm::Communicator* comm, int r) {
     RankTrainer t(spec, comm, r);
-    if (load) out.loads[static_cast<size_t>(r)] = checkpoint_load(dir.string(), *t.engine);
+    if (load) out.loads[static_cast<size_t>(r)] = checkpoint_load(dir.string(), t.engine->checkpoint_view());
     for (int s = first; s <= last; ++s) {
       losses[static_cast<size_t>(r)].push_back(t.step(s));
       if (std::find(saves.begin(), saves.end(), s) != saves.end())
-        checkpoint_save(dir.string(), *t.engine, state_at(s, r), sopts);
+        checkpoint_save(dir.string(), t.engine->checkpoint_view(), state_at(s, r), sopts);
     }
     weights[static_cast<size_t>(r)] = t.weights();
   });
@@ -442,7 +442,7 @@ TEST_CASE("checkpoint files are as private as the run directory; manifests carry
     TrainState st = state_at(1, r);
     st.config_yaml = "training:\n  keep_last: 2\ncluster:\n  env:\n    forward_prefixes: [\"NCCL_\"]\n    set: {\"HF_TOKEN\": \"" +
                      secret + "\"}\n  workdir: \"/w\"\nmodel:\n  d_model: 32\n";
-    checkpoint_save(tmp.path.string(), *t.engine, st);
+    checkpoint_save(tmp.path.string(), t.engine->checkpoint_view(), st);
   });
   for (const auto& e : errors) REQUIRE_MESSAGE(e.empty(), e);
   const fs::path dir = tmp.path / "checkpoints" / "step1";
