@@ -4,6 +4,7 @@
 // seq_len that leaves nothing to predict, negative eval/generate counts, duplicate keys in
 // a safetensors header, and relative paths in a config resolved against its directory.
 #include "cli_harness.h"
+#include "tiny_job.h"
 
 #include <nlohmann/json.hpp>
 
@@ -51,44 +52,17 @@ void expect_usage(const RunResult& r, const std::vector<std::string>& needles) {
   CHECK(!contains(r.out, "internal error"));
 }
 
-// A tiny job on the shipped SFT data; {data} is the directory holding train/valid.jsonl
-// (relative paths are the point of one test).
-constexpr const char* kTinyJob = R"(train_micro_batch_size_per_gpu: 4
-gradient_accumulation_steps: 1
-optimizer:
-  type: AdamW
-  params:
-    lr: 3.0e-3
-model:
-  architecture: llama
-  vocab_size: 264
-  n_layer: 1
-  n_head: 2
-  n_kv_head: 1
-  d_model: 32
-  d_ff: 64
-  max_seq_len: 32
-data:
-  train: {data}/train.jsonl
-  format: alpaca
-  tokenizer: byte
-  seq_len: 32
-training:
-  max_steps: 4
-  save_steps: 2
-  keep_last: 3
-  device: cpu
-fault_tolerance:
-  max_retries: 0
-)";
-
-std::string tiny_job(const std::string& data_dir) {
-  std::string t = kTinyJob;
-  t.replace(t.find("{data}"), 6, data_dir);
-  return t;
+// A tiny job on the shipped SFT data; data_dir holds train/valid.jsonl (relative paths
+// are the point of one test), by default the shipped data named absolutely.
+std::string job_yaml(const std::string& data_dir = shipped_data_dir()) {
+  return tiny_job({.top = "train_micro_batch_size_per_gpu: 4\ngradient_accumulation_steps: 1\n",
+                   .n_layer = 1,
+                   .data_dir = data_dir,
+                   .training_more = "  keep_last: 3\n  device: cpu\n",
+                   .rest = "fault_tolerance:\n  max_retries: 0\n"});
 }
 
-std::string shipped(const std::string& name) { return (fs::current_path() / "configs/data/tasks" / name).string(); }
+std::string shipped(const std::string& name) { return (fs::path(shipped_data_dir()) / name).string(); }
 
 std::vector<std::string> launch_argv(const std::string& bin, const std::string& config, const std::string& run_dir,
                                      const std::vector<std::string>& sets = {}) {
@@ -229,7 +203,7 @@ TEST_CASE("data.seq_len below 2 is a config error naming the key") {
   CHECK(!contains(r.out, "job finished"));
   // Derived from model.max_seq_len.
   const std::string cfg = t.dir + "/job.yaml";
-  std::string job = tiny_job(fs::current_path().string() + "/configs/data/tasks");
+  std::string job = job_yaml();
   job.replace(job.find("  seq_len: 32\n"), 14, "");
   job.replace(job.find("max_seq_len: 32"), 15, "max_seq_len: 1");
   write(cfg, job);
@@ -265,7 +239,7 @@ TEST_CASE("relative paths in a config resolve against its directory, --set paths
   const fs::path elsewhere = fs::path(t.dir) / "elsewhere";
   fs::create_directories(elsewhere);
   fs::copy_file(shipped("valid.jsonl"), elsewhere / "valid.jsonl");
-  write((conf_dir / "job.yaml").string(), tiny_job("data"));
+  write((conf_dir / "job.yaml").string(), job_yaml("data"));
 
   const std::string run_dir = t.dir + "/run";
   auto r = run_in(elsewhere.string(),
@@ -283,7 +257,7 @@ TEST_CASE("relative paths in a config resolve against its directory, --set paths
   CHECK(contains(saved, "valid: \"" + (elsewhere / "valid.jsonl").string() + "\""));
 
   // A relative path the config's directory does not hold is named as resolved there.
-  write((conf_dir / "bad.yaml").string(), tiny_job("missing"));
+  write((conf_dir / "bad.yaml").string(), job_yaml("missing"));
   r = run_in(elsewhere.string(), launch_argv(bin, "../conf/bad.yaml", t.dir + "/run2"));
   expect_usage(r, {(fs::path(t.dir) / "elsewhere/../conf/missing/train.jsonl").string(), "does not exist"});
 }
@@ -313,7 +287,7 @@ TEST_CASE("a checkpoint manifest with step -5 is set aside as corrupt; the run r
   Tmp t;
   REQUIRE(!t.dir.empty());
   const std::string cfg = t.dir + "/job.yaml";
-  write(cfg, tiny_job(fs::current_path().string() + "/configs/data/tasks"));
+  write(cfg, job_yaml());
   const std::string run_dir = t.dir + "/run";
   auto r = run_in("", launch_argv(bin, cfg, run_dir), 120s);
   INFO(r.out);
@@ -358,7 +332,7 @@ TEST_CASE("a safetensors header with a duplicate key is refused naming the file 
   Tmp t;
   REQUIRE(!t.dir.empty());
   const std::string cfg = t.dir + "/job.yaml";
-  std::string job = tiny_job(fs::current_path().string() + "/configs/data/tasks");
+  std::string job = job_yaml();
   job.replace(job.find("max_steps: 4"), 12, "max_steps: 1");
   write(cfg, job);
   const std::string run_dir = t.dir + "/run";

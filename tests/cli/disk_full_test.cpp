@@ -7,6 +7,7 @@
 // stop `dtrain resume`. Exit code 77 (ctest: SKIPPED) when not root, when mounting a
 // tmpfs is not permitted, or without $DTRAIN_BIN.
 #include "cli_harness.h"
+#include "tiny_job.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -104,40 +105,13 @@ uint64_t used_bytes(const fs::path& dir, const std::vector<std::string>& skip = 
 
 // A tiny Llama on the shipped task data, 2 local ranks, a checkpoint every 5 steps.
 std::string config_text(int max_steps, int max_retries, int retry_delay) {
-  const char* src = std::getenv("DTRAIN_SOURCE_DIR");
-  return fmt::format(R"(train_batch_size: 64
-train_micro_batch_size_per_gpu: 16
-steps_per_print: 1
-optimizer:
-  type: AdamW
-  params:
-    lr: 3.0e-3
-model:
-  architecture: llama
-  vocab_size: 264
-  n_layer: 2
-  n_head: 2
-  n_kv_head: 1
-  d_model: 32
-  d_ff: 64
-  max_seq_len: 32
-data:
-  train: {0}/configs/data/tasks/train.jsonl
-  format: alpaca
-  tokenizer: byte
-  seq_len: 32
-training:
-  max_steps: {1}
-  save_steps: 5
-  keep_last: 2
-  seed: 11
-fault_tolerance:
-  max_retries: {2}
-  retry_delay: {3}
-  heartbeat_interval: 1
-  heartbeat_timeout: 10
-)",
-                     fs::absolute(src ? src : ".").string(), max_steps, max_retries, retry_delay);
+  return tiny_job({.top = "train_batch_size: 64\ntrain_micro_batch_size_per_gpu: 16\nsteps_per_print: 1\n",
+                   .max_steps = max_steps,
+                   .save_steps = 5,
+                   .training_more = "  keep_last: 2\n  seed: 11\n",
+                   .rest = fmt::format("fault_tolerance:\n  max_retries: {}\n  retry_delay: {}\n"
+                                       "  heartbeat_interval: 1\n  heartbeat_timeout: 10\n",
+                                       max_retries, retry_delay)});
 }
 
 // The config as a file beside (not inside) the tmpfs, so a full disk cannot touch it.

@@ -6,6 +6,7 @@
 // that stops making training steps while it still beats (the test-only stall knob in
 // `dtrain worker`) is caught by fault_tolerance.step_timeout.
 #include "cli_harness.h"
+#include "tiny_job.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -21,40 +22,12 @@ constexpr int kHung = 9;  // README exit codes: a rank hung
 // A tiny Llama on the shipped task data, long enough that training is still running
 // well after the first checkpoint, with fast heartbeats and retries.
 std::string config_text(int steps, int max_retries, const std::string& fault_extra) {
-  const char* src = std::getenv("DTRAIN_SOURCE_DIR");
-  const std::string source_dir = std::filesystem::absolute(src ? src : ".").string();
-  return fmt::format(R"(train_batch_size: 32
-train_micro_batch_size_per_gpu: 16
-steps_per_print: 1
-optimizer:
-  type: AdamW
-  params:
-    lr: 3.0e-3
-model:
-  architecture: llama
-  vocab_size: 264
-  n_layer: 2
-  n_head: 2
-  n_kv_head: 1
-  d_model: 32
-  d_ff: 64
-  max_seq_len: 32
-data:
-  train: {0}/configs/data/tasks/train.jsonl
-  format: alpaca
-  tokenizer: byte
-  seq_len: 32
-training:
-  max_steps: {1}
-  save_steps: 5
-  keep_last: 2
-  seed: 5
-fault_tolerance:
-  max_retries: {2}
-  retry_delay: 0.5
-  heartbeat_interval: 0.5
-{3})",
-                     source_dir, steps, max_retries, fault_extra);
+  return tiny_job({.top = "train_batch_size: 32\ntrain_micro_batch_size_per_gpu: 16\nsteps_per_print: 1\n",
+                   .max_steps = steps,
+                   .save_steps = 5,
+                   .training_more = "  keep_last: 2\n  seed: 5\n",
+                   .rest = "fault_tolerance:\n  max_retries: " + std::to_string(max_retries) +
+                           "\n  retry_delay: 0.5\n  heartbeat_interval: 0.5\n" + fault_extra});
 }
 
 struct Job {

@@ -4,6 +4,7 @@
 // run directory paths over NAME_MAX/PATH_MAX, `dtrain status` of a non-run or a corrupt
 // run, and SIGHUP/SIGTERM ending a job with a message, a final event and a resumable run.
 #include "cli_harness.h"
+#include "tiny_job.h"
 
 #include <fmt/format.h>
 
@@ -19,47 +20,9 @@ namespace {
 
 constexpr int kUsage = 2, kIo = 3, kInterrupted = 130;
 
-// The tiny CPU job of rundir_safety_test.cpp: one checkpoint per step, so an interrupted
-// run always has one to resume from.
-const char* kConfig = R"(train_micro_batch_size_per_gpu: 4
-gradient_accumulation_steps: 1
-steps_per_print: 1
-optimizer:
-  type: AdamW
-  params:
-    lr: 3.0e-3
-model:
-  architecture: llama
-  vocab_size: 264
-  n_layer: 1
-  n_head: 2
-  n_kv_head: 1
-  d_model: 32
-  d_ff: 64
-  max_seq_len: 32
-data:
-  train: configs/data/tasks/train.jsonl
-  format: alpaca
-  tokenizer: byte
-  seq_len: 32
-training:
-  max_steps: 4
-  save_steps: 1
-  device: cpu
-fault_tolerance:
-  max_retries: 0
-  retry_delay: 1
-)";
-
-// kConfig with its data path absolute: relative paths in a config resolve against the
-// config's directory (a temp dir here); the test runs from the repository root.
-std::string config_text() {
-  std::string c = kConfig;
-  const std::string rel = " configs/data/";
-  for (size_t at; (at = c.find(rel)) != std::string::npos;)
-    c.replace(at + 1, rel.size() - 1, (fs::current_path() / "configs" / "data").string() + "/");
-  return c;
-}
+// The tiny CPU job of rundir_safety_test.cpp with one checkpoint per step, so an
+// interrupted run always has one to resume from.
+std::string config_text() { return tiny_cpu_job(1); }
 
 std::string bin_or_skip() {
   std::string bin = dtrain_bin();

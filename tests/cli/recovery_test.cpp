@@ -6,6 +6,7 @@
 // checkpoint ("resumed from step K"), the job exit 0, and the final weights equal those
 // of an uninterrupted run of the same config.
 #include "cli_harness.h"
+#include "tiny_job.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -23,45 +24,23 @@ constexpr int kSteps = 40;
 // A tiny Llama on the shipped task data: 6 ranks x micro 16 x accum 2 (batches large
 // enough that the 35 steps after the first checkpoint outlast the fault injection), a
 // checkpoint every 5 steps, and fast failure detection and retry.
-std::string config_text(const std::string& source_dir) {
-  return fmt::format(R"(train_batch_size: 192
-train_micro_batch_size_per_gpu: 16
-steps_per_print: 1
-optimizer:
-  type: AdamW
-  params:
-    lr: 3.0e-3
-    weight_decay: 0.01
+std::string config_text() {
+  return tiny_job({.top = "train_batch_size: 192\ntrain_micro_batch_size_per_gpu: 16\nsteps_per_print: 1\n",
+                   .optimizer_more = R"(    weight_decay: 0.01
 scheduler:
   type: WarmupDecayLR
   params:
     warmup_num_steps: 5
-model:
-  architecture: llama
-  vocab_size: 264
-  n_layer: 2
-  n_head: 2
-  n_kv_head: 1
-  d_model: 32
-  d_ff: 64
-  max_seq_len: 32
-data:
-  train: {0}/configs/data/tasks/train.jsonl
-  format: alpaca
-  tokenizer: byte
-  seq_len: 32
-training:
-  max_steps: {1}
-  save_steps: 5
-  keep_last: 3
-  seed: 11
-fault_tolerance:
+)",
+                   .max_steps = kSteps,
+                   .save_steps = 5,
+                   .training_more = "  keep_last: 3\n  seed: 11\n",
+                   .rest = R"(fault_tolerance:
   max_retries: 2
   retry_delay: 1
   heartbeat_interval: 1
   heartbeat_timeout: 5
-)",
-                     source_dir, kSteps);
+)"});
 }
 
 struct Env {
@@ -79,9 +58,8 @@ Env* env() {
   static std::unique_ptr<Env> instance = [] {
     auto e = std::make_unique<Env>();
     if (e->cluster.usable()) {
-      const char* src = std::getenv("DTRAIN_SOURCE_DIR");
       e->config = e->cluster.dir() + "/recovery.yaml";
-      std::ofstream(e->config) << config_text(std::filesystem::absolute(src ? src : ".").string());
+      std::ofstream(e->config) << config_text();
     }
     return e;
   }();

@@ -4,6 +4,7 @@
 // a PNG of the requested size with non-blank content, and `dtrain status` saying finished.
 #include "report/png_reader.h"
 #include "run_binary.h"
+#include "tiny_job.h"
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -18,35 +19,20 @@ using dtrain::test::run_dtrain;
 
 namespace {
 
-const char* kConfig = R"(train_micro_batch_size_per_gpu: 4
+// A tiny 12-step CPU run with an eval and a checkpoint every 6 steps.
+std::string config_text() {
+  return dtrain::cli_test::tiny_job({.top = R"(train_micro_batch_size_per_gpu: 4
 gradient_accumulation_steps: 1
 steps_per_print: 2
 wall_clock_breakdown: true
-optimizer:
-  type: AdamW
-  params:
-    lr: 3.0e-3
-model:
-  architecture: llama
-  vocab_size: 264
-  n_layer: 2
-  n_head: 2
-  n_kv_head: 1
-  d_model: 32
-  d_ff: 64
-  max_seq_len: 48
-data:
-  train: configs/data/tasks/train.jsonl
-  valid: configs/data/tasks/valid.jsonl
-  format: alpaca
-  tokenizer: byte
-  seq_len: 48
-training:
-  max_steps: 12
-  eval_steps: 6
-  save_steps: 6
-  device: cpu
-)";
+)",
+                                     .seq_len = 48,
+                                     .valid = true,
+                                     .max_steps = 12,
+                                     .eval_steps = 6,
+                                     .save_steps = 6,
+                                     .training_more = "  device: cpu\n"});
+}
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -65,12 +51,7 @@ TEST_CASE("a tiny run: plain progress, metrics, plot and status") {
   fs::path dir = fs::temp_directory_path() / ("dtrain-outputs-" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
-  // Relative paths in a config resolve against its directory: the data paths are made
-  // absolute (the test runs from the repository root).
-  std::string config = kConfig;
-  for (size_t at; (at = config.find(" configs/data/")) != std::string::npos;)
-    config.replace(at + 1, 7, fs::current_path().string() + "/configs");
-  std::ofstream(dir / "tiny.yaml") << config;
+  std::ofstream(dir / "tiny.yaml") << config_text();
   fs::path run = dir / "run";
 
   auto r = run_dtrain("launch --config " + (dir / "tiny.yaml").string() + " --master-port 0 --output-dir " + run.string(), 120);

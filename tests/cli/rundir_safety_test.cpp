@@ -4,6 +4,7 @@
 // (config.prev.yaml keeps the one a good resume replaced), and the run is private (0700
 // directory, 0600 files, cluster.env values not in checkpoint manifests).
 #include "cli_harness.h"
+#include "tiny_job.h"
 
 #include <fmt/format.h>
 
@@ -14,48 +15,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const char* kConfig = R"(train_micro_batch_size_per_gpu: 4
-gradient_accumulation_steps: 1
-steps_per_print: 1
-optimizer:
-  type: AdamW
-  params:
-    lr: 3.0e-3
-model:
-  architecture: llama
-  vocab_size: 264
-  n_layer: 1
-  n_head: 2
-  n_kv_head: 1
-  d_model: 32
-  d_ff: 64
-  max_seq_len: 32
-data:
-  train: configs/data/tasks/train.jsonl
-  format: alpaca
-  tokenizer: byte
-  seq_len: 32
-training:
-  max_steps: 4
-  save_steps: 2
-  device: cpu
-fault_tolerance:
-  max_retries: 0
-  retry_delay: 1
-)";
-
 struct TempRun {
   std::string dir = make_temp_dir("dtrain-rundir");
   std::string config = dir + "/tiny.yaml";
   std::string run = dir + "/run";
-  TempRun() {
-    // Relative paths in a config resolve against its directory (here a temporary one):
-    // the shipped data is named absolutely (the test runs from the repository root).
-    std::string text = kConfig;
-    const size_t at = text.find(" configs/data/");
-    text.replace(at + 1, 7, fs::current_path().string() + "/configs");
-    std::ofstream(config) << text;
-  }
+  TempRun() { std::ofstream(config) << tiny_cpu_job(2); }  // 4 steps, a checkpoint every 2
   ~TempRun() {
     std::error_code ec;
     fs::remove_all(dir, ec);
