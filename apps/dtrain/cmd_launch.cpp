@@ -54,6 +54,9 @@ void print_dry_run(const launch::Job& job) {
                 static_cast<long long>(c.resolved_grad_accum_steps), static_cast<long long>(c.resolved_dp_world_size));
   std::printf("precision   %s, ZeRO stage %lld\n", c.bf16.enabled ? "bf16" : c.fp16.enabled ? "fp16" : "fp32",
               static_cast<long long>(c.zero.stage));
+  if (job.spec.mode == "train")
+    std::printf("device      cpu on every rank (training.device %s), collectives over %s\n", c.training.device.c_str(),
+                job.plan.world_size > 1 ? "Gloo" : "none (1 rank)");
   std::printf("run dir     %s\n", job.run_dir.c_str());
   if (!job.incomplete.empty())
     std::printf("note        not a complete dtrain job, a real launch stops here: %s\n", job.incomplete.c_str());

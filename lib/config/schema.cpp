@@ -200,7 +200,7 @@ const std::vector<KeySpec>& build_schema() {
       {"training.seed", KeyType::INT, F(training.seed), "seed for init, shuffling and dropout",
        {}, 0, {}, false, "DTRAIN_SEED"},
       {"training.device", KeyType::ENUM, F(training.device),
-       "auto = cuda when a GPU is visible, else cpu", {"auto", "cpu", "cuda"}, {}, {}, false,
+       "auto = cpu in this version; cuda is refused by launch (the multi-rank trainer runs on the CPU over Gloo)", {"auto", "cpu", "cuda"}, {}, {}, false,
        "DTRAIN_DEVICE"},
       {"training.name", KeyType::STRING, F(training.name), "job name", {}, {}, {}, false, nullptr,
        "the config file name without extension"},

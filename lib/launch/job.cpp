@@ -321,6 +321,18 @@ Job job_prepare(const JobRequest& req) {
   if (!cfg.cluster.network_interface.empty())
     spec.env_set.emplace("DTRAIN_NETWORK_INTERFACE", cfg.cluster.network_interface);
 
+  // The multi-rank trainer runs on the CPU over Gloo: a config asking for CUDA is refused
+  // before any rank starts instead of silently training on the CPU.
+  if (req.require_training && req.mode == "train" && cfg.training.device == "cuda") {
+    const std::string problem = fmt::format(
+        "{}: training.device = cuda, but dtrain launch trains on the CPU over Gloo in this version (its ZeRO engine "
+        "keeps shards, masters and AdamW state in host memory; the multi-rank CUDA trainer is not built yet): set "
+        "training.device: cpu or auto. `dtrain bench train --device cuda` runs the model and a one-GPU step on a GPU",
+        cfg.source);
+    if (!req.dry_run) DT_THROW(ConfigError, "{}", problem);
+    if (job.incomplete.empty()) job.incomplete = problem;
+  }
+
   bool any_local = false;
   for (const auto& h : job.hosts.hosts) any_local = any_local || host_is_local(h.host);
   if (req.require_training && req.mode == "train" && any_local) {

@@ -434,6 +434,9 @@ int supervise(Job& job, const SupervisorOptions& opts) {
   files.attempt((fs::path(job.run_dir) / "launcher.json").string(),
                 [&] { report::status_write_launcher(job.run_dir, job.spec.job_id); });
   log_info("run directory: {}", job.run_dir);
+  if (job.spec.mode == "train")
+    log_info("ranks train on the cpu (training.device {}), collectives over {}", job.cfg.training.device,
+             job.plan.world_size > 1 ? "Gloo" : "none (1 rank)");
   const auto& ft = job.cfg.fault_tolerance;
 
   for (int round = 0;; ++round) {

@@ -5,6 +5,8 @@
 
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -162,3 +164,28 @@ TEST_CASE("--backend nccl in a CPU-only build is a usage error before any rank s
   CHECK(has(r.out, "built without CUDA"));
 }
 #endif
+
+TEST_CASE("training.device: --dry-run says where ranks train; cuda is refused before any rank starts") {
+  if (!have_bin()) return;
+  auto d = run_dtrain("launch --dry-run --nproc-per-node 2");  // the default job says cpu
+  INFO(d.out);
+  CHECK(d.code == 0);
+  CHECK(has(d.out, "device      cpu on every rank (training.device cpu), collectives over Gloo"));
+  auto a = run_dtrain("launch --dry-run --set training.device=auto");
+  INFO(a.out);
+  CHECK(a.code == 0);
+  CHECK(has(a.out, "device      cpu on every rank (training.device auto), collectives over none (1 rank)"));
+  auto c = run_dtrain("launch --dry-run --set training.device=cuda");
+  INFO(c.out);
+  CHECK(c.code == 0);
+  CHECK(has(c.out, "a real launch stops here"));
+  CHECK(has(c.out, "training.device = cuda"));
+  const std::string dir = "/tmp/dtrain-cli-device-" + std::to_string(::getpid());
+  auto r = run_dtrain("launch --set training.device=cuda --master-port 0 --output-dir " + dir, 60);
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(has(r.out, "training.device = cuda, but dtrain launch trains on the CPU"));
+  CHECK(!has(r.out, "round 0: starting"));
+  CHECK(!std::filesystem::exists(dir + "/checkpoints"));
+  std::filesystem::remove_all(dir);
+}
