@@ -167,11 +167,11 @@ TEST_CASE("2 ranks, one stopped with SIGSTOP: it is named, not left to Gloo's 60
   // Well under Gloo's 60 s collective timeout: only the rank's own heartbeat can end it.
   const bool failed = launcher.wait_output("round 0 failed", 40s);
   const auto failed_at = Clock::now();
-  auto rc = launcher.wait(5s);
+  auto rc = launcher.wait(30s);  // teardown of every process; generous for a loaded host
   const std::string out = launcher.output();
   INFO("output:\n" << out);
   REQUIRE_MESSAGE(failed, "no failed round within 40 s of SIGSTOP");
-  REQUIRE_MESSAGE(rc.has_value(), "the launcher did not exit within 5 s of the failed round");
+  REQUIRE_MESSAGE(rc.has_value(), "the launcher did not exit within 30 s of the failed round");
   MESSAGE(fmt::format("SIGSTOP of rank 1 of 2 -> round failed in {:.2f} s (heartbeat_timeout 3 s, interval 0.5 s)",
                       std::chrono::duration<double>(failed_at - stopped_at).count()));
   CHECK(*rc == kHung);
