@@ -8,8 +8,8 @@
 #include "core/rng.h"
 #include "gpu/gpu_model.h"
 #include "train/adamw.h"
-#include "train/grad_clip.h"
 #include "train/model_factory.h"
+#include "train/zero_engine.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -24,41 +24,27 @@ namespace {
 
 constexpr double NaN = std::numeric_limits<double>::quiet_NaN();
 
-// The CPU trainer's fp32 stage-0 step (token-weighted micro-batches, clip, AdamW).
+// One fp32 step of the CPU trainer's optimizer: the ZeRO engine at stage 0 on one rank
+// (clipping, AdamW per tensor with its decay flag), the same code `dtrain launch` runs.
 class CpuBenchStepper {
  public:
-  CpuBenchStepper(model::Model& m, const train::AdamWConfig& a, float max_norm) : m_(m), acfg_(a), max_norm_(max_norm) {
-    for (auto& pb : m_.trainable_params()) {
-      mo_.emplace_back(pb.size, 0.0f);
-      vo_.emplace_back(pb.size, 0.0f);
-    }
-  }
+  CpuBenchStepper(model::Model& m, const train::ZeroOptions& opts) : m_(m), engine_(m, nullptr, opts) {}
   double step(const std::vector<int32_t>& in, const std::vector<int32_t>& tg, int B, int T, int accum, float lr) {
     const size_t n = static_cast<size_t>(B) * T;
-    m_.zero_grad();
+    engine_.before_step();
     double loss = 0.0;
     for (int a = 0; a < accum; ++a) {
       loss += m_.forward(in.data() + a * n, tg.data() + a * n, B, T) / accum;
       m_.backward(1.0f / static_cast<float>(accum));  // every target is unmasked here
     }
-    auto& bufs = m_.trainable_params();
-    double sq = 0.0;
-    for (auto& pb : bufs) sq += train::grad_norm_sq(pb.grad, pb.size);
-    const float coef = train::clip_coefficient(std::sqrt(sq), max_norm_);
-    ++steps_;
-    for (size_t k = 0; k < bufs.size(); ++k)
-      for (const auto& t : bufs[k].layout.tensors)
-        train::adamw_step(bufs[k].host_f32() + t.offset, bufs[k].grad + t.offset, mo_[k].data() + t.offset,
-                          vo_[k].data() + t.offset, t.numel(), acfg_, lr, steps_, t.decay, coef);
+    DT_ENFORCE(engine_.step(lr), TrainError,
+               "bench train: gradients became inf/NaN (global norm {}); lower optimizer.lr", engine_.last_grad_norm());
     return loss;
   }
 
  private:
   model::Model& m_;
-  train::AdamWConfig acfg_;
-  float max_norm_;
-  std::vector<std::vector<float>> mo_, vo_;
-  int64_t steps_ = 0;
+  train::ZeroEngine engine_;
 };
 
 std::string gib(size_t b) { return fmt::format("{:.2f} GiB", static_cast<double>(b) / (1u << 30)); }
@@ -179,7 +165,13 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
     r.device_total_bytes = mem.device_total_bytes;
   } else {
     r.device_name = "CPU (reference model, fp32)";
-    CpuBenchStepper cpu(m, acfg, static_cast<float>(cfg.gradient_clipping));
+    train::ZeroOptions zo = train::zero_options_from(cfg);
+    zo.stage = 0;
+    zo.overlap_comm = false;
+    zo.compute_dtype = DType::F32;  // the CPU bench runs fp32
+    zo.adamw = acfg;
+    zo.gradient_clipping = static_cast<float>(cfg.gradient_clipping);
+    CpuBenchStepper cpu(m, zo);
     for (int s = 0; s < o.warmup + o.steps; ++s) {
       if (s == o.warmup) t0 = Clock::now();
       const size_t k = static_cast<size_t>(s) % inputs.size();
