@@ -42,7 +42,6 @@ class CpuDevice final : public Device {
   void free(void* p) override { std::free(p); }
   void copy_h2d(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
   void copy_d2h(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
-  void copy_d2d(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
   void copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows) override {
     for (size_t r = 0; r < rows; ++r)
       std::memcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
@@ -51,11 +50,6 @@ class CpuDevice final : public Device {
     if (bytes) std::memset(p, 0, bytes);
   }
   void synchronize() override {}
-  void cast(void* out, DType out_t, const void* inp, DType in_t, size_t n) override {
-    DT_ENFORCE(in_t == DType::F32 && out_t == DType::F32, UsageError,
-               "the CPU device keeps fp32 only (cast {} -> {})", dtype_name(in_t), dtype_name(out_t));
-    copy(out, inp, n * sizeof(float));
-  }
 
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const void* A, const void* B, float beta, void* C,
             DType ab_t, DType c_t) override {
@@ -129,10 +123,6 @@ class CpuDevice final : public Device {
                        DType t) override {
     f32(t);
     ops::swiglu_backward(F(dgate), F(dup), F(dout), F(gate), F(up), n);
-  }
-  void residual_forward(void* out, const void* a, const void* b, size_t n, DType t) override {
-    f32(t);
-    ops::residual_forward(F(out), F(a), F(b), n);
   }
   void dropout_forward(void* out, const void* inp, size_t n, float p, uint64_t seed, DType t) override {
     f32(t);

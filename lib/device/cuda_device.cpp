@@ -9,7 +9,6 @@
 #include "core/cuda_check.h"
 #include "kernels/activation.cuh"
 #include "kernels/attention.cuh"
-#include "kernels/cast.cuh"
 #include "kernels/cross_entropy.cuh"
 #include "kernels/device.cuh"
 #include "kernels/dropout.cuh"
@@ -27,10 +26,15 @@ namespace dtrain::device {
 
 int cuda_count() { return 0; }
 
-std::unique_ptr<Device> cuda_create(int) {
+void cuda_require(int) {
   DT_THROW(DeviceError,
-           "training.device = cuda, but this dtrain was built without CUDA (rebuild with -DDTRAIN_CUDA=ON where "
-           "nvcc is installed, or set training.device: cpu)");
+           "the CUDA device is not available: this dtrain was built without CUDA (rebuild with -DDTRAIN_CUDA=ON "
+           "where nvcc is installed, or use the CPU)");
+}
+
+std::unique_ptr<Device> cuda_create(int index) {
+  cuda_require(index);
+  return nullptr;  // not reached
 }
 
 #else
@@ -85,11 +89,6 @@ class CudaDevice final : public Device {
     DT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s_));
     DT_CUDA_CHECK(cudaStreamSynchronize(s_));
   }
-  void copy_d2d(void* dst, const void* src, size_t bytes) override {
-    if (!bytes || dst == src) return;
-    cur();
-    DT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s_));
-  }
   void copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows) override {
     if (!rows || !width) return;
     cur();
@@ -103,10 +102,6 @@ class CudaDevice final : public Device {
   void synchronize() override {
     cur();
     DT_CUDA_CHECK(cudaStreamSynchronize(s_));
-  }
-  void cast(void* out, DType out_t, const void* inp, DType in_t, size_t n) override {
-    cur();
-    kernels::dtype_cast(out, out_t, inp, in_t, n, s_);
   }
 
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const void* A, const void* B, float beta, void* C,
@@ -184,10 +179,6 @@ class CudaDevice final : public Device {
     cur();
     kernels::swiglu_backward(dgate, dup, dout, gate, up, n, t, s_);
   }
-  void residual_forward(void* out, const void* a, const void* b, size_t n, DType t) override {
-    cur();
-    kernels::residual_forward(out, a, b, n, t, s_);
-  }
   void dropout_forward(void* out, const void* inp, size_t n, float p, uint64_t seed, DType t) override {
     cur();
     kernels::dropout_forward(out, inp, n, p, seed, t, s_);
@@ -249,15 +240,19 @@ class CudaDevice final : public Device {
 
 }  // namespace
 
-std::unique_ptr<Device> cuda_create(int index) {
+void cuda_require(int index) {
   const int n = kernels::device_count();
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
   DT_ENFORCE(n > 0, DeviceError,
-             "training.device = cuda, but no CUDA device is visible here (CUDA_VISIBLE_DEVICES='{}'); set "
-             "training.device: cpu or run on a GPU node", visible ? visible : "");
+             "no CUDA device is visible here (CUDA_VISIBLE_DEVICES='{}'): run on a GPU node or use the CPU",
+             visible ? visible : "");
   DT_ENFORCE(index >= 0 && index < n, DeviceError,
              "CUDA device {} does not exist: this process sees {} (CUDA_VISIBLE_DEVICES='{}'); LOCAL_RANK indexes "
              "the visible devices, so start at most {} ranks per node", index, n, visible ? visible : "", n);
+}
+
+std::unique_ptr<Device> cuda_create(int index) {
+  cuda_require(index);
   return std::make_unique<CudaDevice>(index);
 }
 

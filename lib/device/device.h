@@ -40,14 +40,11 @@ class Device {
   virtual void copy_h2d(void* dst, const void* src, size_t bytes) = 0;
   /// Device -> host; returns when dst holds the data (waits for the ops before it).
   virtual void copy_d2h(void* dst, const void* src, size_t bytes) = 0;
-  virtual void copy_d2d(void* dst, const void* src, size_t bytes) = 0;
   /// rows x width bytes from src (rows spitch apart) to dst (dpitch apart).
   virtual void copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows) = 0;
   virtual void zero(void* p, size_t bytes) = 0;
   /// Waits for every op issued so far.
   virtual void synchronize() = 0;
-  /// n fp32 values into `t` (round to nearest even), device to device; out may not alias.
-  virtual void cast(void* out, DType out_t, const void* inp, DType in_t, size_t n) = 0;
 
   // ---- GEMM and linear layers (W stored [OC, IC] as torch.nn.Linear)
   /// Row-major C[M,N] = alpha op(A) op(B) + beta C; A, B of ab_t, C of c_t (= ab_t, or F32).
@@ -84,8 +81,6 @@ class Device {
   virtual void swiglu_forward(void* out, const void* gate, const void* up, size_t n, DType t) = 0;
   virtual void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, size_t n,
                                DType t) = 0;
-  /// out = a + b (out may alias a or b).
-  virtual void residual_forward(void* out, const void* a, const void* b, size_t n, DType t) = 0;
   /// Inverted dropout: out = keep ? inp / (1 - p) : 0 with keep[i] = dropout_keep(seed, i, p)
   /// (core/rng.h: the same mask on every device).
   virtual void dropout_forward(void* out, const void* inp, size_t n, float p, uint64_t seed, DType t) = 0;
@@ -135,6 +130,10 @@ std::unique_ptr<Device> cuda_create(int index);
 
 /// CUDA devices this process sees (0 in a CPU-only build or without a GPU).
 int cuda_count();
+
+/// Throws DeviceError saying why CUDA device `index` cannot be used: a CPU-only build
+/// ("built without CUDA"), no device visible ("no CUDA device"), or an index out of range.
+void cuda_require(int index);
 
 /// Owns one allocation on a device. Move-only.
 class DeviceBuffer {

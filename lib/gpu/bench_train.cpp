@@ -6,8 +6,8 @@
 #include "config/train_config.h"
 #include "core/check.h"
 #include "core/rng.h"
+#include "device/device.h"
 #include "gpu/gpu_model.h"
-#include "train/adamw.h"
 #include "train/model_factory.h"
 #include "train/zero_engine.h"
 
@@ -77,7 +77,7 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
   DT_ENFORCE_GT(o.steps, 0, UsageError, "bench train: --steps");
   DT_ENFORCE_GE(o.warmup, 0, UsageError, "bench train: --warmup");
   const bool cuda = o.device == "cuda";
-  if (cuda) gpu_device_require(0);  // before building a possibly large host model
+  if (cuda) device::cuda_require(0);  // before building a possibly large host model
 
   config::TrainConfig cfg = config::config_load_file(o.config_path, o.sets).cfg;
   BenchTrainResult r;
@@ -117,11 +117,8 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
   r.params = static_cast<int64_t>(m.num_params());
   r.trainable_params = static_cast<int64_t>(m.num_trainable_params());
 
-  train::AdamWConfig acfg;
-  acfg.beta1 = static_cast<float>(cfg.optimizer.betas[0]);
-  acfg.beta2 = static_cast<float>(cfg.optimizer.betas[1]);
-  acfg.eps = static_cast<float>(cfg.optimizer.eps);
-  acfg.weight_decay = static_cast<float>(cfg.optimizer.weight_decay);
+  // The trainer's own optimizer settings (AdamW, clipping), as `dtrain launch` reads them.
+  const train::ZeroOptions zopts = train::zero_options_from(cfg);
   const float lr = static_cast<float>(cfg.optimizer.lr);
 
   // Synthetic data: a few different random batches, cycled (next-token targets of a
@@ -144,8 +141,8 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
     go.seq_len = r.seq_len;
     go.grad_accum = r.grad_accum;
     go.compute = dt;
-    go.adamw = acfg;
-    go.max_grad_norm = static_cast<float>(cfg.gradient_clipping);
+    go.adamw = zopts.adamw;
+    go.max_grad_norm = zopts.gradient_clipping;
     go.recompute = cfg.activation_checkpointing.enabled;
     auto g = gpu_trainer_create(m, go);
     r.device_name = g->device_name();
@@ -165,12 +162,10 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
     r.device_total_bytes = mem.device_total_bytes;
   } else {
     r.device_name = "CPU (reference model, fp32)";
-    train::ZeroOptions zo = train::zero_options_from(cfg);
+    train::ZeroOptions zo = zopts;
     zo.stage = 0;
     zo.overlap_comm = false;
     zo.compute_dtype = DType::F32;  // the CPU bench runs fp32
-    zo.adamw = acfg;
-    zo.gradient_clipping = static_cast<float>(cfg.gradient_clipping);
     CpuBenchStepper cpu(m, zo);
     for (int s = 0; s < o.warmup + o.steps; ++s) {
       if (s == o.warmup) t0 = Clock::now();

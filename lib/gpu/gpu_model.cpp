@@ -1,7 +1,7 @@
 // GpuTrainer: the one model (lib/model) on a CUDA device (lib/device), plus what the
 // optimizer step of one device needs: fp32 masters (under bf16/fp16), fp32 AdamW moments,
 // the token-weighted loss over micro-batches, the fp16 loss scaler, global-norm clipping
-// and AdamW writing the compute copy, with one host read-back per step. CPU-only builds
+// and AdamW writing the compute copy, with one statistics read-back per step. CPU-only builds
 // get a factory that throws DeviceError.
 #include "gpu/gpu_model.h"
 
@@ -21,30 +21,14 @@
 
 namespace dtrain::gpu {
 
-int gpu_device_count() { return device::cuda_count(); }
-
 #ifndef DTRAIN_HAVE_CUDA
 
-void gpu_device_require(int) {
-  DT_THROW(DeviceError,
-           "the GPU path is not available: this dtrain was built without CUDA (rebuild with "
-           "-DDTRAIN_CUDA=ON where nvcc is installed)");
-}
-
 std::unique_ptr<GpuTrainer> gpu_trainer_create(model::Model&, const GpuTrainOptions& opts) {
-  gpu_device_require(opts.device);
+  device::cuda_require(opts.device);
   return nullptr;  // not reached
 }
 
 #else
-
-void gpu_device_require(int device) {
-  const int ndev = device::cuda_count();
-  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-  DT_ENFORCE(ndev > 0, DeviceError, "no CUDA device is visible (CUDA_VISIBLE_DEVICES='{}'); the GPU path needs one",
-             visible ? visible : "");
-  DT_ENFORCE(device >= 0 && device < ndev, DeviceError, "CUDA device {} does not exist ({} visible)", device, ndev);
-}
 
 namespace {
 
@@ -104,7 +88,6 @@ CudaTrainer::CudaTrainer(model::Model& init, const GpuTrainOptions& opts) : opts
   DT_ENFORCE(static_cast<int64_t>(opts.micro_batch) * opts.seq_len <= (int64_t{1} << 31) / cfg.vocab_size,
              UsageError, "GPU trainer: micro-batch {} x seq_len {} x vocab {} logits exceed 2^31 elements",
              opts.micro_batch, opts.seq_len, cfg.vocab_size);
-  gpu_device_require(opts.device);
   dev_ = device::cuda_create(opts.device);
   model_ = std::make_unique<model::Model>(cfg, *dev_, opts.compute);
   model_->weights_copy_from(init);
@@ -149,8 +132,8 @@ CudaTrainer::CudaTrainer(model::Model& init, const GpuTrainOptions& opts) : opts
 }
 
 // Micro-batch a (weight n_a / n_step) is back-propagated with loss_scale * n_a / n_step,
-// as the CPU trainer does; the loss read-back of each forward is the host's only wait
-// besides the statistics read-back before AdamW.
+// as the CPU trainer does; besides each forward's token upload and loss read-back, the
+// host waits once, for the statistics AdamW needs.
 GpuStepResult CudaTrainer::step(const int32_t* inputs, const int32_t* targets, int accum, float lr) {
   DT_ENFORCE(accum >= 1 && accum <= opts_.grad_accum, UsageError,
              "GPU trainer step: {} micro-batches, but it was set up for 1..{} (GpuTrainOptions::grad_accum)", accum,
@@ -181,10 +164,13 @@ GpuStepResult CudaTrainer::step(const int32_t* inputs, const int32_t* targets, i
     kernels::grad_norm_sq(norm_sq_, pb.grad, pb.size, DType::F32, s);
     if (scaler_) kernels::has_inf_or_nan(overflow_, pb.grad, pb.size, DType::F32, s);
   }
+  // One read-back: the norm (double) and the overflow flag sit next to each other.
+  char stats[sizeof(double) + sizeof(int)];
+  dev_->copy_d2h(stats, norm_sq_, sizeof stats);
   double norm_sq = 0.0;
   int overflow = 0;
-  dev_->copy_d2h(&norm_sq, norm_sq_, sizeof(double));
-  dev_->copy_d2h(&overflow, overflow_, sizeof(int));
+  std::memcpy(&norm_sq, stats, sizeof(double));
+  std::memcpy(&overflow, stats + sizeof(double), sizeof(int));
   res.loss = n_step > 0 ? loss_sum / static_cast<double>(n_step) : 0.0;
   res.grad_norm = std::sqrt(norm_sq) / res.loss_scale;
   DT_ENFORCE(std::isfinite(res.loss), TrainError, "GPU step: the loss is {}; lower optimizer.lr", res.loss);

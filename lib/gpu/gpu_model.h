@@ -17,13 +17,6 @@
 
 namespace dtrain::gpu {
 
-/// Devices this process sees (0 in a CPU-only build, without a driver or without a GPU).
-int gpu_device_count();
-
-/// Throws DeviceError saying why device `device` cannot be used: a CPU-only build ("built
-/// without CUDA"), no device visible, or an index out of range.
-void gpu_device_require(int device = 0);
-
 struct GpuTrainOptions {
   int micro_batch = 1;          ///< B: the arena is sized for it
   int seq_len = 0;              ///< T (<= max_seq_len): the arena is sized for it
@@ -54,9 +47,9 @@ struct GpuMemory {
 
 /// A model on the device with its optimizer. Parameter buffers have exactly the CPU
 /// model's layouts (model::layout_build, LoRA buffers), so weights copy across in both
-/// directions. One CUDA stream; one host synchronisation per step (the read-back of the
-/// loss, the gradient norm and the overflow flag, which the clip coefficient and the loss
-/// scaler need before AdamW runs).
+/// directions. One CUDA stream; the host waits for the device when it uploads a
+/// micro-batch's tokens and reads back its loss, and once per step for the gradient norm
+/// and the overflow flag, which the clip coefficient and the loss scaler need before AdamW.
 class GpuTrainer {
  public:
   virtual ~GpuTrainer() = default;

@@ -160,6 +160,8 @@ void Model::init_weights(uint64_t seed) {
   }
 }
 
+// Host fp32 <-> the model's dtype through a host staging copy (core's tensor_copy, round
+// to nearest even); fp32 goes straight to and from the device.
 void Model::buffer_from_host(size_t i, const float* values) {
   ParamBuffer& pb = buffer_at(i);
   buffer_enforce_present(pb, true, false);
@@ -167,10 +169,10 @@ void Model::buffer_from_host(size_t i, const float* values) {
     dev_->copy_h2d(pb.data, values, pb.size * sizeof(float));
     return;
   }
-  std::vector<uint16_t> half(pb.size);
-  for (size_t k = 0; k < pb.size; ++k)
-    half[k] = dtype_ == DType::BF16 ? f32_to_bf16(values[k]) : f32_to_f16(values[k]);
-  dev_->copy_h2d(pb.data, half.data(), pb.size * sizeof(uint16_t));
+  const std::vector<int64_t> shape{static_cast<int64_t>(pb.size)};
+  std::vector<uint16_t> staged(pb.size);
+  tensor_copy(TensorView{staged.data(), dtype_, shape}, TensorView{const_cast<float*>(values), DType::F32, shape});
+  dev_->copy_h2d(pb.data, staged.data(), staged.size() * sizeof(uint16_t));
 }
 
 std::vector<float> Model::buffer_to_host(size_t i) const {
@@ -181,9 +183,10 @@ std::vector<float> Model::buffer_to_host(size_t i) const {
     dev_->copy_d2h(out.data(), pb.data, pb.size * sizeof(float));
     return out;
   }
-  std::vector<uint16_t> half(pb.size);
-  dev_->copy_d2h(half.data(), pb.data, pb.size * sizeof(uint16_t));
-  for (size_t k = 0; k < pb.size; ++k) out[k] = dtype_ == DType::BF16 ? bf16_to_f32(half[k]) : f16_to_f32(half[k]);
+  const std::vector<int64_t> shape{static_cast<int64_t>(pb.size)};
+  std::vector<uint16_t> staged(pb.size);
+  dev_->copy_d2h(staged.data(), pb.data, staged.size() * sizeof(uint16_t));
+  tensor_copy(TensorView{out.data(), DType::F32, shape}, TensorView{staged.data(), dtype_, shape});
   return out;
 }
 

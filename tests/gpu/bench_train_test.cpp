@@ -1,6 +1,7 @@
 // bench_train: the CPU figure on the tiny config (fields, formula, JSON), the device
 // error without a GPU, the peak table and the FLOPs formula.
 #include "core/error.h"
+#include "device/device.h"
 #include "gpu/bench_train.h"
 #include "gpu/gpu_model.h"
 
@@ -62,7 +63,7 @@ TEST_CASE("bench train: --device cuda trains on a device, and is a DeviceError w
   o.config_path = "configs/tiny-cpu.yaml";
   o.steps = 2;
   o.warmup = 1;
-  if (gpu::gpu_device_count() == 0) {
+  if (device::cuda_count() == 0) {
     CHECK_THROWS_AS(gpu::bench_train_run(o), DeviceError);
     return;
   }

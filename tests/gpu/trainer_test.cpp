@@ -5,6 +5,7 @@
 // build, or no device visible) is checked wherever there is no GPU.
 #include "core/error.h"
 #include "core/rng.h"
+#include "device/device.h"
 #include "gpu/gpu_model.h"
 #include "train/adamw.h"
 #include "train/grad_clip.h"
@@ -182,7 +183,7 @@ struct CpuStepper {
 
 // ----------------------------------------------------------------------------
 TEST_CASE("gpu trainer: clear DeviceError without CUDA or without a device") {
-  if (gpu::gpu_device_count() > 0) return;  // covered by the device tests below
+  if (device::cuda_count() > 0) return;  // covered by the device tests below
   model::Model m(tiny_gpt2());
   m.init_weights(1);
   try {

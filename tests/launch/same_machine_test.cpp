@@ -37,7 +37,7 @@ TEST_CASE("same machine: this machine under two names, through the real resolver
     CHECK(contains(m, "both are this machine"));
     CHECK(contains(m, "\"localhost slots=3\""));
   }
-  // Unresolvable placeholder names are never a match.
+  // Names that do not resolve (.invalid) never match each other.
   CHECK(distinct_error(hostfile_parse("node1.invalid slots=1\nnode2.invalid slots=1\n", "hf")).empty());
   CHECK(distinct_error(hostfile_parse("localhost slots=1\n", "hf")).empty());
 }
