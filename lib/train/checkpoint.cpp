@@ -635,12 +635,15 @@ CheckpointLoadResult checkpoint_load(const std::string& run_dir, const ZeroCheck
     float bad = why.empty() ? 0.0f : 1.0f;
     if (comm) comm->allreduce(&bad, &bad, 1, DType::F32, comm::ReduceOp::MAX);
     if (bad != 0.0f) {
+      // Only damage rank 0 saw itself sets the checkpoint aside: another rank's failure
+      // may be its own passing trouble (a mount, a cached stat) on a good checkpoint.
+      const bool own = !why.empty();
       if (why.empty()) why = dir.string() + ": unusable on another rank";
       // Set aside once every rank has looked (the allreduce above), so no rank still
       // reads it; a later save then neither counts it for keep_last nor keeps it instead
       // of the checkpoint we fall back to.
       std::string aside;
-      if (set_aside_damaged && view.rank == 0 && fs::is_directory(dir, ec)) aside = checkpoint_set_aside(dir);
+      if (set_aside_damaged && own && view.rank == 0 && fs::is_directory(dir, ec)) aside = checkpoint_set_aside(dir);
       if (!aside.empty()) why += " (set aside as " + fs::path(aside).filename().string() + ")";
       log_warn("checkpoint {} is unusable: {}; falling back to the previous complete checkpoint", dir.string(), why);
       res.skipped.push_back(why);
