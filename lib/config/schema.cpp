@@ -20,7 +20,8 @@ namespace {
 
 // Integer keys are int32 unless marked: most are narrowed to int by their consumer. The ZeRO
 // element counts are size_t in the engine (zero_options.cpp), and DeepSpeed configs write
-// them in the billions, so they take the full int64 range (>= their minimum).
+// them in the billions, so they take the full int64 range (>= their minimum); so does
+// training.seed (a uint64 seed everywhere it is used).
 constexpr IntWidth kSizeT = IntWidth::I64;
 
 const std::vector<KeySpec>& build_schema() {
@@ -198,7 +199,7 @@ const std::vector<KeySpec>& build_schema() {
        "run directory (checkpoints, metrics, logs)", {}, {}, {}, false, "DTRAIN_OUTPUT_DIR",
        "runs/<training.name>"},
       {"training.seed", KeyType::INT, F(training.seed), "seed for init, shuffling and dropout",
-       {}, 0, {}, false, "DTRAIN_SEED"},
+       {}, 0, {}, false, "DTRAIN_SEED", nullptr, kSizeT},
       {"training.device", KeyType::ENUM, F(training.device),
        "auto = cpu in this version; cuda is refused by launch (the multi-rank trainer runs on the CPU over Gloo)", {"auto", "cpu", "cuda"}, {}, {}, false,
        "DTRAIN_DEVICE"},

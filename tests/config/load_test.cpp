@@ -387,3 +387,9 @@ TEST_CASE("zero_optimization.reduce_scatter / contiguous_gradients: false is war
   REQUIRE(set.warnings.size() == 1);
   CHECK(has(set.warnings[0], "reduce_scatter: false is ignored"));
 }
+
+TEST_CASE("training.seed takes 64-bit values (it seeds uint64 generators)") {
+  LoadedConfig l = config_load_string(kJob, "s.yaml", {"training.seed=4294967296"});
+  CHECK(l.cfg.training.seed == 4294967296LL);
+  CHECK(error_of(kJob, {"training.seed=-1"}).find("training.seed") != std::string::npos);
+}
