@@ -8,7 +8,6 @@
 #include <fmt/format.h>
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +23,28 @@ namespace {
 // so this bound is only reached by a launcher that retried for a very long time.
 constexpr size_t kMaxPendingEvents = 10000;
 
+// Truncates the file after its last newline (nothing when it ends with one or is empty).
+void events_tail_cut(int fd) {
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  if (size <= 0) return;
+  char c = 0;
+  if (::pread(fd, &c, 1, size - 1) != 1 || c == '\n') return;
+  off_t keep = 0;
+  char buf[4096];
+  for (off_t at = size; at > 0 && keep == 0;) {
+    const off_t from = std::max<off_t>(0, at - static_cast<off_t>(sizeof buf));
+    const ssize_t n = ::pread(fd, buf, static_cast<size_t>(at - from), from);
+    if (n <= 0) return;
+    for (ssize_t i = n - 1; i >= 0; --i)
+      if (buf[i] == '\n') {
+        keep = from + i + 1;
+        break;
+      }
+    at = from;
+  }
+  (void)!::ftruncate(fd, keep);
+}
+
 }  // namespace
 
 RunFiles::RunFiles(std::string run_dir)
@@ -37,17 +58,20 @@ RunFiles::~RunFiles() {
 bool RunFiles::append_locked(const std::string& path, std::string_view text) {
   auto it = fds_.find(path);
   if (it == fds_.end()) {
-    const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0666);
+    // events.jsonl is also read: its unterminated tail is cut on open (events_tail_cut).
+    const int mode = path == events_path_ ? O_RDWR : O_WRONLY;
+    const int fd = ::open(path.c_str(), mode | O_APPEND | O_CREAT | O_CLOEXEC, 0666);
     if (fd < 0) {
       const int err = errno;
       failed_locked(path, fmt::format("cannot write {}: {}", path, std::strerror(err)));
       return false;
     }
+    // A launcher killed mid-event left a record without its newline: cut it off, or the
+    // next event would be appended to it and both would read as one corrupt line.
+    if (path == events_path_) events_tail_cut(fd);
     it = fds_.emplace(path, fd).first;
   }
   const int fd = it->second;
-  struct stat st {};
-  const bool sized = ::fstat(fd, &st) == 0;
   size_t off = 0;
   int err = 0;
   while (off < text.size()) {
@@ -64,10 +88,14 @@ bool RunFiles::append_locked(const std::string& path, std::string_view text) {
     succeeded_locked(path);
     return true;
   }
-  // Half a record would spoil the next one written after it: cut it back (when that
-  // fails too, readers skip the line that does not parse). The file is reopened next
-  // time: the directory may have been replaced meanwhile.
-  if (off > 0 && sized) (void)!::ftruncate(fd, st.st_size);
+  // Half a record would spoil the next one written after it: cut it back (O_APPEND left
+  // the offset at the end; when the cut fails too, the next open of events.jsonl cuts the
+  // unterminated tail). The file is reopened next time: the directory may have been
+  // replaced meanwhile.
+  if (off > 0) {
+    const off_t end = ::lseek(fd, 0, SEEK_END);
+    if (end >= static_cast<off_t>(off)) (void)!::ftruncate(fd, end - static_cast<off_t>(off));
+  }
   ::close(fd);
   fds_.erase(it);
   failed_locked(path, fmt::format("cannot write {}: {}", path, std::strerror(err)));

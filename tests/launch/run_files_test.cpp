@@ -129,3 +129,17 @@ TEST_CASE("run_dir_partial_checkpoint_name") {
   CHECK_FALSE(run_dir_partial_checkpoint_name("step12"));
   CHECK_FALSE(run_dir_partial_checkpoint_name("tmp-mine"));
 }
+
+TEST_CASE("RunFiles: an event record a killed launcher left without its newline is cut before the next one") {
+  TempDir d;
+  const fs::path events = d.path / "events.jsonl";
+  std::ofstream(events, std::ios::binary) << "{\"event\":\"round_start\",\"round\":0}\n{\"event\":\"fail";
+  RunFiles files(d.path.string());
+  CHECK(files.event({{"event", "round_start"}, {"round", 1}}));
+  CHECK(read_text(events) == "{\"event\":\"round_start\",\"round\":0}\n{\"event\":\"round_start\",\"round\":1}\n");
+  // A file that ends with its newline is left as it is.
+  RunFiles again(d.path.string());
+  CHECK(again.event({{"event", "finished"}, {"round", 1}}));
+  CHECK(read_text(events) == "{\"event\":\"round_start\",\"round\":0}\n{\"event\":\"round_start\",\"round\":1}\n"
+                             "{\"event\":\"finished\",\"round\":1}\n");
+}
