@@ -425,7 +425,7 @@ int supervise(Job& job, const SupervisorOptions& opts) {
   const std::string token = rendezvous::token_generate();
   // Listen only on the address the nodes are told to dial (loopback for a local job), so
   // the store is not reachable from networks the job does not use.
-  const std::string listen_addr = rendezvous::store_listen_address(job.plan.master_addr);
+  const std::string listen_addr = rendezvous::store_listen_address(job.plan.master_addr, !job.all_local);
   rendezvous::StoreServer server(listen_addr, static_cast<uint16_t>(job.plan.master_port), token);
   job_set_port(job, server.port());
   rendezvous::StoreClient store(listen_addr, server.port(), token);

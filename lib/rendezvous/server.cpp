@@ -524,7 +524,7 @@ StoreServer::StoreServer(const std::string& bind_address, uint16_t port, std::st
 
 StoreServer::~StoreServer() { stop(); }
 
-std::string store_listen_address(const std::string& advertised_text) {
+std::string store_listen_address(const std::string& advertised_text, bool remote_nodes) {
   const std::string advertised = address_unbracket(advertised_text);
   boost::system::error_code ec;
   asio::ip::make_address(advertised, ec);
@@ -543,6 +543,16 @@ std::string store_listen_address(const std::string& advertised_text) {
   char text[NI_MAXHOST];
   DT_ENFORCE(::getnameinfo(res->ai_addr, res->ai_addrlen, text, sizeof text, nullptr, 0, NI_NUMERICHOST) == 0,
              CommError, "cannot print the address that '{}' resolves to", advertised);
+  // A name that is loopback only here (Debian's "127.0.1.1 <hostname>" in /etc/hosts)
+  // while other nodes resolve it to this host's network address: listening on loopback
+  // would shut them out, so the store listens on every interface of that family.
+  const asio::ip::address resolved = asio::ip::make_address(text, ec);
+  if (!ec && resolved.is_loopback() && remote_nodes) {
+    log_warn("--master-addr '{}' resolves to the loopback address {} on this host, which other nodes cannot reach: "
+             "the rendezvous store listens on every interface (give this host's network address as --master-addr "
+             "to restrict it)", advertised, text);
+    return resolved.is_v6() ? "::" : "0.0.0.0";
+  }
   return text;
 }
 

@@ -110,9 +110,11 @@ class StoreServer {
 
 // The IP literal to listen on for the address the nodes are told to dial: the address
 // itself, or the first address a host name resolves to. Listening there rather than on
-// every interface keeps the store off networks the job does not use. CommError naming the
-// address and the resolver's reason when it does not resolve.
-std::string store_listen_address(const std::string& advertised);
+// every interface keeps the store off networks the job does not use. A name that resolves
+// to loopback here while remote_nodes join (an /etc/hosts alias of the host name) gives the
+// wildcard address instead, with a warning. CommError naming the address and the
+// resolver's reason when it does not resolve.
+std::string store_listen_address(const std::string& advertised, bool remote_nodes = false);
 
 // ----------------------------------------------------------------------------
 // Blocking client. Thread-safe: one mutex serializes requests on the one connection, so a

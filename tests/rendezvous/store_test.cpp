@@ -238,3 +238,21 @@ TEST_CASE("server binds the requested address and reports bad ones") {
   CHECK_THROWS_AS(StoreServer("127.0.0.1", any.port(), token), CommError);
   CHECK_THROWS_AS(StoreServer("127.0.0.1", 0, ""), UsageError);
 }
+
+TEST_CASE("store_listen_address: the advertised address, or every interface when a name is loopback only here") {
+  CHECK(store_listen_address("127.0.0.1") == "127.0.0.1");
+  CHECK(store_listen_address("127.0.0.1", true) == "127.0.0.1");  // a literal is taken as given
+  CHECK(store_listen_address("[::1]") == "::1");
+  const std::string local = store_listen_address("localhost");
+  CHECK((local == "127.0.0.1" || local == "::1"));
+  // Remote nodes resolve the name themselves (an /etc/hosts alias of the host name is
+  // loopback only here): listening on loopback would shut them out.
+  const std::string wide = store_listen_address("localhost", true);
+  CHECK((wide == "0.0.0.0" || wide == "::"));
+  const std::string token = token_generate();
+  StoreServer server(wide, 0, token);
+  StoreClient client("localhost", server.port(), token, 5s);
+  client.set("k", "v");
+  CHECK(client.get("k", 2s) == "v");
+  CHECK_THROWS_AS(store_listen_address("no-such-host.invalid"), CommError);
+}
