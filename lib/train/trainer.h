@@ -7,6 +7,7 @@
 
 #include "comm/communicator.h"
 #include "config/train_config.h"
+#include "device/device.h"
 
 #include <cstdint>
 #include <functional>
@@ -22,6 +23,9 @@ struct TrainerEnv {
   std::string run_dir;
   /// nullptr or size 1 = single rank; otherwise rank()/size() must match rank/world_size.
   comm::Communicator* comm = nullptr;
+  /// Where the model, its gradients and the ZeRO engine's state live: nullptr = the CPU.
+  /// A CUDA device needs a communicator whose buffers live on it (NCCL) when world_size > 1.
+  device::Device* device = nullptr;
   /// false: rank 0 prints no progress lines (tests).
   bool print = true;
   /// false: start from scratch even when run_dir holds a checkpoint (it is then
