@@ -17,7 +17,7 @@ struct StepScalars {
   float decay_factor, b1, one_minus_b1, b2, one_minus_b2, step_size, sqrt_bc2, eps, grad_scale;
 };
 
-StepScalars step_scalars(const train::AdamWConfig& cfg, float lr, int64_t step, bool decay, float grad_scale) {
+StepScalars step_scalars(const ops::AdamWConfig& cfg, float lr, int64_t step, bool decay, float grad_scale) {
   DTK_REQUIRE(step >= 1, InternalError, "adamw_step: step is 1-based");
   DTK_REQUIRE(cfg.beta1 >= 0.0f && cfg.beta1 < 1.0f && cfg.beta2 >= 0.0f && cfg.beta2 < 1.0f, ConfigError,
               "AdamW betas must be in [0, 1)");
@@ -97,7 +97,7 @@ void adamw_launch(float* param, const float* grad, float* m, float* v, C* copy, 
 }  // namespace
 
 void adamw_step(float* param, const float* grad, float* m, float* v, size_t n,
-                const train::AdamWConfig& cfg, float lr, int64_t step, bool decay,
+                const ops::AdamWConfig& cfg, float lr, int64_t step, bool decay,
                 float grad_scale, cudaStream_t stream) {
   const StepScalars s = step_scalars(cfg, lr, step, decay, grad_scale);
   if (n == 0) return;
@@ -105,7 +105,7 @@ void adamw_step(float* param, const float* grad, float* m, float* v, size_t n,
 }
 
 void adamw_step_copy(float* param, const float* grad, float* m, float* v, size_t n,
-                     const train::AdamWConfig& cfg, float lr, int64_t step, bool decay,
+                     const ops::AdamWConfig& cfg, float lr, int64_t step, bool decay,
                      float grad_scale, void* compute_copy, DType compute_dtype,
                      cudaStream_t stream) {
   DTK_REQUIRE(compute_dtype == DType::BF16 || compute_dtype == DType::F16, InternalError,

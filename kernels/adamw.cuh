@@ -4,7 +4,7 @@
 #pragma once
 
 #include "core/dtype.h"
-#include "train/adamw.h"
+#include "ops/optim.h"
 
 #include <cuda_runtime.h>
 
@@ -13,16 +13,16 @@
 
 namespace dtrain::kernels {
 
-/// train::adamw_step on device pointers (param, grad, m, v: n fp32 each). Throws
+/// ops::adamw_step on device pointers (param, grad, m, v: n fp32 each). Throws
 /// InternalError when step < 1 and ConfigError for betas outside [0, 1).
 void adamw_step(float* param, const float* grad, float* m, float* v, size_t n,
-                const train::AdamWConfig& cfg, float lr, int64_t step, bool decay,
+                const ops::AdamWConfig& cfg, float lr, int64_t step, bool decay,
                 float grad_scale, cudaStream_t stream);
 
-/// train::adamw_step_copy: also stores the updated parameters, rounded to nearest even,
+/// ops::adamw_step_copy: also stores the updated parameters, rounded to nearest even,
 /// into compute_copy (n elements of compute_dtype: BF16 or F16, else InternalError).
 void adamw_step_copy(float* param, const float* grad, float* m, float* v, size_t n,
-                     const train::AdamWConfig& cfg, float lr, int64_t step, bool decay,
+                     const ops::AdamWConfig& cfg, float lr, int64_t step, bool decay,
                      float grad_scale, void* compute_copy, DType compute_dtype,
                      cudaStream_t stream);
 

@@ -36,7 +36,33 @@ void cast_launch(Out* out, const In* inp, size_t n, cudaStream_t stream) {
   }
   DT_CUDA_LAUNCH_CHECK();
 }
+template <typename T>
+__global__ void round_kernel(float* __restrict__ p, size_t n) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    p[i] = to_f32(from_f32<T>(p[i]));
+}
+
+__global__ void add_kernel(float* __restrict__ dst, const float* __restrict__ src, size_t n) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) dst[i] += src[i];
+}
 }  // namespace
+
+void dtype_round(float* p, size_t n, DType dtype, cudaStream_t stream) {
+  if (n == 0 || dtype == DType::F32) return;
+  dispatch(dtype, [&](auto tt) {
+    using T = typename decltype(tt)::type;
+    DTK_LAUNCH(grid_for(n, 256), 256, 0, stream, round_kernel<T>)(p, n);
+  });
+  DT_CUDA_LAUNCH_CHECK();
+}
+
+void add_f32(float* dst, const float* src, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  DTK_LAUNCH(grid_for(n, 256), 256, 0, stream, add_kernel)(dst, src, n);
+  DT_CUDA_LAUNCH_CHECK();
+}
 
 void dtype_cast(void* out, DType out_dtype, const void* inp, DType in_dtype, size_t n,
                 cudaStream_t stream) {

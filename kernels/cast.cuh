@@ -1,5 +1,6 @@
 // dtype conversion on the device: fp32 <-> bf16 <-> fp16 (any pair, identity included),
-// round to nearest even like core/dtype.h, 16-byte accesses when both sides allow.
+// round to nearest even like core/dtype.h, 16-byte accesses when both sides allow; the
+// in-place rounding of fp32 values to a 16-bit precision, and the fp32 sum of two buffers.
 #pragma once
 
 #include "core/dtype.h"
@@ -14,5 +15,12 @@ namespace dtrain::kernels {
 /// inp must not partially overlap; out == inp is allowed only when the dtypes are equal.
 void dtype_cast(void* out, DType out_dtype, const void* inp, DType in_dtype, size_t n,
                 cudaStream_t stream);
+
+/// p[i] = p[i] rounded to dtype's precision (nearest even; fp16 overflows to inf), kept
+/// as fp32 (n fp32 device values, in place). F32: nothing.
+void dtype_round(float* p, size_t n, DType dtype, cudaStream_t stream);
+
+/// dst[i] += src[i] over n fp32 device values (dst and src must not partially overlap).
+void add_f32(float* dst, const float* src, size_t n, cudaStream_t stream);
 
 }  // namespace dtrain::kernels

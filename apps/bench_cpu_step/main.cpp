@@ -9,7 +9,7 @@
 #include "model/model.h"
 #include "ops/linear.h"
 #include "ops/parallel.h"
-#include "train/adamw.h"
+#include "ops/optim.h"
 #include "train/model_factory.h"
 
 #include <chrono>
@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
       m.emplace_back(pb.size, 0.0f);
       v.emplace_back(pb.size, 0.0f);
     }
-    train::AdamWConfig ac;
+    ops::AdamWConfig ac;
     ac.lr = 1e-4f;
     double t_step = 0, t_fwd = 0, t_bwd = 0, t_opt = 0;
     for (int s = 0; s < warmup + steps; ++s) {
@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
       auto c = std::chrono::steady_clock::now();
       auto& ps = model->trainable_params();
       for (size_t i = 0; i < ps.size(); ++i)
-        train::adamw_step(ps[i].host_f32(), ps[i].grad, m[i].data(), v[i].data(), ps[i].size, ac, ac.lr, s + 1, true);
+        ops::adamw_step(ps[i].host_f32(), ps[i].grad, m[i].data(), v[i].data(), ps[i].size, ac, ac.lr, s + 1, true);
       auto d = std::chrono::steady_clock::now();
       if (s >= warmup) {
         t_fwd += std::chrono::duration<double>(b - a).count();

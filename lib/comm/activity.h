@@ -28,6 +28,7 @@ class ActivityCommunicator : public Communicator {
   bool on_device() const override { return inner_->on_device(); }
   int device() const override { return inner_->device(); }
   std::string device_name() const override { return inner_->device_name(); }
+  void* collective_stream() const override { return inner_->collective_stream(); }
 
   void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override;
   void reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op) override;

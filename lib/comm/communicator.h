@@ -42,6 +42,9 @@ class Communicator {
   virtual int device() const { return -1; }
   /// What the buffers live on, for logs and the bench header ("cpu <model>", GPU name).
   virtual std::string device_name() const = 0;
+  /// The cudaStream_t collectives are enqueued on (NCCL), so callers can order their own
+  /// work against it with events; nullptr when collectives complete before returning (Gloo).
+  virtual void* collective_stream() const { return nullptr; }
 
   /// Reduce `count` elements across ranks; every rank gets the result in recv.
   /// In-place when send == recv.

@@ -77,6 +77,7 @@ class NcclComm final : public NcclCommunicator {
   bool on_device() const override { return true; }
   int device() const override { return device_; }
   std::string device_name() const override { return kernels::device_describe(device_); }
+  void* collective_stream() const override { return stream_; }
   cudaStream_t stream() const override { return stream_; }
   void set_stream(cudaStream_t stream) override { stream_ = stream != nullptr ? stream : own_stream_; }
 

@@ -31,6 +31,10 @@ class CpuDevice final : public Device {
   Kind kind() const override { return Kind::CPU; }
   std::string name() const override { return "cpu"; }
   void* stream() const override { return nullptr; }
+  void* use_stream(void*) override { return nullptr; }
+  std::unique_ptr<Event> event_create() override { return std::make_unique<Event>(); }
+  void event_record(Event&, void*) override {}
+  void stream_wait(void*, Event&) override {}
 
   void* alloc(size_t bytes) override {
     const size_t rounded = (bytes + 63) / 64 * 64;
@@ -46,6 +50,7 @@ class CpuDevice final : public Device {
     for (size_t r = 0; r < rows; ++r)
       std::memcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
   }
+  void copy_d2d(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
   void zero(void* p, size_t bytes) override {
     if (bytes) std::memset(p, 0, bytes);
   }
@@ -183,6 +188,45 @@ class CpuDevice final : public Device {
                               DType t) override {
     f32(t);
     ops::cross_entropy_backward(F(dlogits), F(logits), targets, N, V, scale);
+  }
+
+  void adamw(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig& cfg, float lr,
+             int64_t step, bool decay, float grad_scale, void* copy, DType copy_t) override {
+    if (copy == nullptr || copy_t == DType::F32) {
+      ops::adamw_step(param, grad, m, v, n, cfg, lr, step, decay, grad_scale);
+      if (copy != nullptr) CpuDevice::copy(copy, param, n * sizeof(float));
+      return;
+    }
+    ops::adamw_step_copy(param, grad, m, v, n, cfg, lr, step, decay, grad_scale, static_cast<uint16_t*>(copy),
+                         copy_t);
+  }
+  void norm_sq_accumulate(double* acc, const float* g, size_t n) override { *acc += ops::grad_norm_sq(g, n); }
+  void add(float* dst, const float* src, size_t n) override {
+    for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+  }
+  void cast(void* dst, DType dt, const void* src, DType st, size_t n) override {
+    if (dt == st) {
+      copy(dst, src, n * dtype_size(dt));
+      return;
+    }
+    DT_ENFORCE(dst != src, UsageError, "cast {} -> {} in place", dtype_name(st), dtype_name(dt));
+    if (st == DType::F32 && dt == DType::BF16) {
+      const float* s = F(src);
+      auto* d = static_cast<uint16_t*>(dst);
+      for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(s[i]);
+    } else if (st == DType::BF16 && dt == DType::F32) {
+      const auto* s = static_cast<const uint16_t*>(src);
+      float* d = F(dst);
+      for (size_t i = 0; i < n; ++i) d[i] = bf16_to_f32(s[i]);
+    } else {
+      for (size_t i = 0; i < n; ++i) dtype_store(dst, i, dt, dtype_load(src, i, st));
+    }
+  }
+  void round_to(float* p, size_t n, DType t) override {
+    if (t == DType::BF16)
+      for (size_t i = 0; i < n; ++i) p[i] = bf16_to_f32(f32_to_bf16(p[i]));
+    else if (t == DType::F16)
+      for (size_t i = 0; i < n; ++i) p[i] = f16_to_f32(f32_to_f16(p[i]));
   }
 
  private:

@@ -8,13 +8,16 @@
 #ifdef DTRAIN_HAVE_CUDA
 #include "core/cuda_check.h"
 #include "kernels/activation.cuh"
+#include "kernels/adamw.cuh"
 #include "kernels/attention.cuh"
+#include "kernels/cast.cuh"
 #include "kernels/cross_entropy.cuh"
 #include "kernels/device.cuh"
 #include "kernels/dropout.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/gemm.cuh"
 #include "kernels/norm.cuh"
+#include "kernels/reduce.cuh"
 #include "kernels/rope.cuh"
 #endif
 
@@ -50,31 +53,60 @@ class CudaDevice final : public Device {
   explicit CudaDevice(int index) : index_(index) {
     DT_CUDA_CHECK(cudaSetDevice(index_));
     name_ = "cuda:" + std::to_string(index_) + " (" + kernels::device_describe(index_) + ")";
-    DT_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
+    DT_CUDA_CHECK(cudaStreamCreateWithFlags(&own_, cudaStreamNonBlocking));
+    s_ = own_;
   }
   ~CudaDevice() override {
     (void)cudaSetDevice(index_);
-    (void)cudaStreamSynchronize(s_);
-    (void)cudaStreamDestroy(s_);
+    (void)cudaStreamSynchronize(own_);
+    (void)cudaStreamDestroy(own_);
   }
 
   Kind kind() const override { return Kind::CUDA; }
   std::string name() const override { return name_; }
-  void* stream() const override { return s_; }
+  void* stream() const override { return own_; }
 
-  // Zeroed on the compute stream: a cudaMemset on the legacy stream would not be ordered
-  // before work on a non-blocking stream.
+  void* use_stream(void* stream) override {
+    void* prev = s_ == own_ ? nullptr : s_;
+    s_ = stream != nullptr ? static_cast<cudaStream_t>(stream) : own_;
+    return prev;
+  }
+  class CudaEvent final : public Event {
+   public:
+    cudaEvent_t e = nullptr;
+    ~CudaEvent() override {
+      if (e) (void)cudaEventDestroy(e);
+    }
+  };
+  std::unique_ptr<Event> event_create() override {
+    cur();
+    auto ev = std::make_unique<CudaEvent>();
+    DT_CUDA_CHECK(cudaEventCreateWithFlags(&ev->e, cudaEventDisableTiming));
+    return ev;
+  }
+  void event_record(Event& e, void* stream) override {
+    cur();
+    DT_CUDA_CHECK(cudaEventRecord(static_cast<CudaEvent&>(e).e, stream ? static_cast<cudaStream_t>(stream) : own_));
+  }
+  void stream_wait(void* stream, Event& e) override {
+    cur();
+    DT_CUDA_CHECK(
+        cudaStreamWaitEvent(stream ? static_cast<cudaStream_t>(stream) : own_, static_cast<CudaEvent&>(e).e, 0));
+  }
+
+  // Stream-ordered (the pool reuses memory without a device-wide wait), zeroed on the
+  // same stream: a cudaMemset on the legacy stream would not be ordered before work on
+  // a non-blocking stream.
   void* alloc(size_t bytes) override {
     cur();
     void* p = nullptr;
-    DT_CUDA_CHECK(cudaMalloc(&p, bytes));
+    DT_CUDA_CHECK(cudaMallocAsync(&p, bytes, s_));
     DT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s_));
     return p;
   }
-  // cudaFree waits for the device, so no queued op still reads the memory.
   void free(void* p) override {
     cur();
-    (void)cudaFree(p);
+    (void)cudaFreeAsync(p, s_);
   }
   // The source may be pageable: wait until the stream has consumed it.
   void copy_h2d(void* dst, const void* src, size_t bytes) override {
@@ -93,6 +125,11 @@ class CudaDevice final : public Device {
     if (!rows || !width) return;
     cur();
     DT_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice, s_));
+  }
+  void copy_d2d(void* dst, const void* src, size_t bytes) override {
+    if (!bytes || dst == src) return;
+    cur();
+    DT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s_));
   }
   void zero(void* p, size_t bytes) override {
     if (!bytes) return;
@@ -230,12 +267,42 @@ class CudaDevice final : public Device {
     kernels::cross_entropy_backward(dlogits, logits, targets, N, V, scale, IGNORE_INDEX, t, s_);
   }
 
+  void adamw(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig& cfg, float lr,
+             int64_t step, bool decay, float grad_scale, void* copy, DType copy_t) override {
+    if (!n) return;
+    cur();
+    if (copy == nullptr || copy_t == DType::F32) {
+      kernels::adamw_step(param, grad, m, v, n, cfg, lr, step, decay, grad_scale, s_);
+      if (copy != nullptr) copy_d2d(copy, param, n * sizeof(float));
+      return;
+    }
+    kernels::adamw_step_copy(param, grad, m, v, n, cfg, lr, step, decay, grad_scale, copy, copy_t, s_);
+  }
+  void norm_sq_accumulate(double* acc, const float* g, size_t n) override {
+    if (!n) return;
+    cur();
+    kernels::grad_norm_sq(acc, g, n, DType::F32, s_);
+  }
+  void add(float* dst, const float* src, size_t n) override {
+    cur();
+    kernels::add_f32(dst, src, n, s_);
+  }
+  void cast(void* dst, DType dt, const void* src, DType st, size_t n) override {
+    cur();
+    kernels::dtype_cast(dst, dt, src, st, n, s_);
+  }
+  void round_to(float* p, size_t n, DType t) override {
+    cur();
+    kernels::dtype_round(p, n, t, s_);
+  }
+
  private:
   void cur() const { DT_CUDA_CHECK(cudaSetDevice(index_)); }
 
   int index_;
   std::string name_;
-  cudaStream_t s_ = nullptr;
+  cudaStream_t own_ = nullptr;  // the compute stream
+  cudaStream_t s_ = nullptr;    // the current stream (use_stream)
 };
 
 }  // namespace

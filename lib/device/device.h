@@ -5,6 +5,7 @@
 #pragma once
 
 #include "core/dtype.h"
+#include "ops/optim.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -29,11 +30,32 @@ class Device {
   virtual Kind kind() const = 0;
   /// "cpu" or "cuda:0 (NVIDIA H100 80GB HBM3)".
   virtual std::string name() const = 0;
-  /// The cudaStream_t the ops run on (nullptr on the CPU), for callers that order their
-  /// own work (collectives) after it with events.
+  /// The device's compute stream (a cudaStream_t; nullptr on the CPU), for callers that
+  /// order their own work (collectives) against it with events.
   virtual void* stream() const = 0;
 
-  // ---- Memory (alloc is zeroed and ordered before every later op)
+  // ---- Streams and events: ops are issued on the current stream, the compute stream
+  // unless use_stream() redirected them (the ZeRO engine runs the ops that consume a
+  // collective's result on the communicator's stream). On the CPU every op runs now,
+  // in order, so these do nothing.
+  /// An event of this device (a cudaEvent_t without timing).
+  class Event {
+   public:
+    virtual ~Event() = default;
+  };
+  /// Issues later ops (alloc, free and copies included) on `stream` (a stream of this
+  /// device; nullptr = the compute stream); returns the previous current stream.
+  virtual void* use_stream(void* stream) = 0;
+  virtual std::unique_ptr<Event> event_create() = 0;
+  /// Marks the work issued so far on `stream` (nullptr = the compute stream).
+  virtual void event_record(Event& e, void* stream) = 0;
+  /// Work issued later on `stream` (nullptr = the compute stream) waits for e's mark.
+  virtual void stream_wait(void* stream, Event& e) = 0;
+
+  // ---- Memory. alloc is zeroed and stream-ordered: usable by later ops on the current
+  // stream (other streams must wait for an event recorded after it). free is ordered
+  // after the ops issued so far on the current stream; work on other streams that uses
+  // the memory must be made to finish first (stream_wait on their event).
   virtual void* alloc(size_t bytes) = 0;
   virtual void free(void* p) = 0;
   /// Host -> device; returns when src may be reused.
@@ -42,6 +64,8 @@ class Device {
   virtual void copy_d2h(void* dst, const void* src, size_t bytes) = 0;
   /// rows x width bytes from src (rows spitch apart) to dst (dpitch apart).
   virtual void copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows) = 0;
+  /// Device -> device, ordered on the current stream.
+  virtual void copy_d2d(void* dst, const void* src, size_t bytes) = 0;
   virtual void zero(void* p, size_t bytes) = 0;
   /// Waits for every op issued so far.
   virtual void synchronize() = 0;
@@ -113,6 +137,23 @@ class Device {
   /// WRITES dlogits (may alias logits) = (softmax - onehot) * scale, 0 where masked.
   virtual void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V,
                                       float scale, DType t) = 0;
+
+  // ---- Optimizer and buffer arithmetic (fp32 masters, gradients and moments)
+  /// ops::adamw_step on n elements; with copy != nullptr the updated parameters are also
+  /// written, rounded to nearest even, as copy_t (F32, BF16 or F16) into copy.
+  virtual void adamw(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig& cfg,
+                     float lr, int64_t step, bool decay, float grad_scale, void* copy, DType copy_t) = 0;
+  /// *acc += sum of g[i]^2 in double (acc: one double in this device's memory); inf/NaN
+  /// gradients make it inf/NaN. The partition is fixed by n, so the result is deterministic.
+  virtual void norm_sq_accumulate(double* acc, const float* g, size_t n) = 0;
+  /// dst[i] += src[i].
+  virtual void add(float* dst, const float* src, size_t n) = 0;
+  /// dst = src converted from st to dt (round to nearest even); in place only when the
+  /// dtypes are equal.
+  virtual void cast(void* dst, DType dt, const void* src, DType st, size_t n) = 0;
+  /// p[i] = p[i] rounded to t's precision (BF16 or F16, nearest even; F16 overflows to
+  /// inf as fp16 storage would), kept as fp32. F32: nothing.
+  virtual void round_to(float* p, size_t n, DType t) = 0;
 
  protected:
   Device() = default;

@@ -6,7 +6,7 @@
 
 #include "core/dtype.h"
 #include "model/model.h"
-#include "train/adamw.h"
+#include "ops/optim.h"
 #include "train/loss_scaler.h"
 
 #include <cstddef>
@@ -22,7 +22,7 @@ struct GpuTrainOptions {
   int seq_len = 0;              ///< T (<= max_seq_len): the arena is sized for it
   int grad_accum = 1;           ///< the most micro-batches one step() may take
   DType compute = DType::BF16;  ///< parameters and activations: F32, BF16 or F16
-  train::AdamWConfig adamw;
+  ops::AdamWConfig adamw;
   float max_grad_norm = 0.0f;   ///< global-norm clipping (0 = off)
   train::LossScalerConfig loss_scaler;  ///< used when compute == F16 (dynamic by default)
   int device = 0;

@@ -83,8 +83,10 @@ class Model {
 
   /// Base parameter buffers: embeddings, layers 0..n_layer-1, head. grad is null under LoRA.
   std::vector<ParamBuffer>& params() { return params_; }
+  const std::vector<ParamBuffer>& params() const { return params_; }
   /// LoRA adapter buffers, one per layer (empty unless lora_enable was called).
   std::vector<ParamBuffer>& lora_params() { return lora_params_; }
+  const std::vector<ParamBuffer>& lora_params() const { return lora_params_; }
   /// What the optimizer updates: lora_params() under LoRA, else params().
   std::vector<ParamBuffer>& trainable_params() { return lora_on() ? lora_params_ : params_; }
   /// The tensor named name (base or adapter) as a host fp32 view, or a view with

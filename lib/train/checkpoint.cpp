@@ -657,7 +657,7 @@ CheckpointLoadResult checkpoint_load(const std::string& run_dir, const ZeroCheck
     for (size_t b = 0; b < views.size(); ++b) {
       const auto& v = views[b];
       const size_t n = v.buffer->size;
-      if (v.resident) read_range(o, b, "master", n, 0, n, v.buffer->host_f32(), d);
+      if (v.resident) read_range(o, b, "master", n, 0, n, v.full, d);
       else if (v.hi > v.lo) read_range(o, b, "master", n, v.lo, v.hi, v.master, d);
       if (v.trainable && v.hi > v.lo) {
         read_range(o, b, "m", n, v.lo, v.hi, v.m, d);

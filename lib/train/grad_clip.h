@@ -1,15 +1,12 @@
 // Global-norm gradient clipping as torch.nn.utils.clip_grad_norm_ (L2 norm): the
-// local sum of squares of a shard, and the clip coefficient from the global norm.
+// clip coefficient from the global norm (the local sum of squares of a shard is
+// ops::grad_norm_sq).
 // The trainer allreduces the per-rank sums and takes the square root in between.
 #pragma once
 
 #include <cstddef>
 
 namespace dtrain::train {
-
-/// Sum of squares of n fp32 gradients, accumulated in double. +-inf or NaN inputs give
-/// inf/NaN, which the caller treats as an overflow.
-double grad_norm_sq(const float* g, size_t n);
 
 /// min(1, max_norm / (total_norm + 1e-6)), torch's clip coefficient; 1 when max_norm <= 0
 /// (clipping disabled). A non-finite total_norm gives 1 so that the overflow check, not

@@ -7,7 +7,7 @@
 #include "core/check.h"
 #include "core/dtype.h"
 #include "core/log.h"
-#include "train/adamw.h"
+#include "ops/optim.h"
 #include "train/checkpoint.h"
 #include "train/data_loader.h"
 #include "train/evaluate.h"
@@ -77,7 +77,8 @@ class OptimizerEngine {
 // compute-copy refresh.
 class ZeroOptimizer final : public OptimizerEngine {
  public:
-  ZeroOptimizer(model::Model& m, comm::Communicator* comm, const ZeroOptions& opts) : engine_(m, comm, opts) {}
+  ZeroOptimizer(model::Model& m, comm::Communicator* comm, const ZeroOptions& opts, const model::Model* fp32_source)
+      : engine_(m, comm, opts, fp32_source) {}
 
   StepOutcome step(const StepRequest& req, StepTimer& timer) override {
     // Collectives and the update interleave inside the engine: timed as one section.
@@ -209,7 +210,8 @@ class TrainLoop {
   const int W_, rank_;
   const bool lead_;
   comm::Communicator* comm_;
-  std::unique_ptr<model::Model> model_;
+  std::unique_ptr<model::Model> host_model_;  // built on the host in fp32 (init, import, export)
+  std::unique_ptr<model::Model> model_;       // the one that trains: host_model_ itself on the CPU
   TrainData data_;
   int micro_ = 0, accum_ = 0, T_ = 0;
   std::unique_ptr<BatchReader> reader_;
@@ -239,8 +241,17 @@ TrainLoop::TrainLoop(const config::TrainConfig& cfg, const TrainerEnv& env)
       comm_(env.comm != nullptr && env.comm->size() > 1 ? env.comm : nullptr) {
   env_check();
   // ---- model, data, optimizer
-  model_ = model_create(cfg);
-  data_ = data_load(cfg, model_->config().vocab_size, model_->config().max_seq_len);
+  host_model_ = model_create(cfg);
+  zopts_ = zero_options_from(cfg);
+  device::Device* dev = env.device;
+  if (dev != nullptr && dev->kind() != device::Kind::CPU) {
+    // The compute copy on the device in the compute dtype; the engine's fp32 masters
+    // start from the host model's exact weights.
+    model_ = std::make_unique<model::Model>(host_model_->config(), *dev, zopts_.compute_dtype);
+    model_->weights_copy_from(*host_model_);
+    model_->set_recompute(host_model_->recompute());
+  }
+  data_ = data_load(cfg, host_model_->config().vocab_size, host_model_->config().max_seq_len);
   micro_ = static_cast<int>(cfg.resolved_micro_batch_size);
   accum_ = static_cast<int>(cfg.resolved_grad_accum_steps);
   T_ = static_cast<int>(data_.train->seq_len());
@@ -249,9 +260,13 @@ TrainLoop::TrainLoop(const config::TrainConfig& cfg, const TrainerEnv& env)
   total_steps_ = cfg.training.max_steps ? *cfg.training.max_steps : *cfg.training.epochs * reader_->steps_per_epoch(accum_);
   DT_ENFORCE_GT(total_steps_, 0, ConfigError, "{}: training.max_steps", cfg.source);
   sched_ = lr_schedule_create(schedule_config(cfg, total_steps_), static_cast<float>(cfg.optimizer.lr));
-  zopts_ = zero_options_from(cfg);
   if (cfg.fp16.enabled) scaler_ = std::make_unique<LossScaler>(scaler_config(cfg.fp16));
-  engine_ = std::make_unique<ZeroOptimizer>(*model_, comm_, zopts_);
+  if (model_) {
+    engine_ = std::make_unique<ZeroOptimizer>(*model_, comm_, zopts_, host_model_.get());
+  } else {
+    model_ = std::move(host_model_);
+    engine_ = std::make_unique<ZeroOptimizer>(*model_, comm_, zopts_, nullptr);
+  }
   lockstep_ = zopts_.stage >= 2 || zopts_.overlap_comm;
   tokens_per_step_ = static_cast<int64_t>(micro_) * accum_ * W_ * T_;
   res_.final_eval_loss = res_.final_eval_ppl = std::numeric_limits<double>::quiet_NaN();
@@ -481,10 +496,13 @@ void TrainLoop::save(int64_t step) {
 }
 
 void TrainLoop::export_final(bool trained) {
-  engine_->master_to_model();
+  // The fp32 masters: in the model's own buffers on the CPU, copied to the host model
+  // from a device.
+  if (host_model_) engine_->engine().masters_to_host(*host_model_);
+  else engine_->master_to_model();
   if (lead_ && !env_.run_dir.empty()) {
     const std::string dir = (fs::path(env_.run_dir) / "final").string();
-    model_export_hf(*model_, dir, data_.tokenizer->bos_id(), data_.tokenizer->eos_id());
+    model_export_hf(host_model_ ? *host_model_ : *model_, dir, data_.tokenizer->bos_id(), data_.tokenizer->eos_id());
     if (env_.print && trained)
       std::printf("train: wrote %s (%lld steps, final loss %.4f, %.1f s)\n", dir.c_str(),
                   static_cast<long long>(res_.steps), res_.final_loss, res_.elapsed_s);

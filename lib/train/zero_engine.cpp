@@ -5,6 +5,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "train/grad_clip.h"
+#include "core/dtype.h"
 #include "train/zero_queue.h"
 
 #include <fmt/format.h>
@@ -16,90 +17,84 @@
 
 namespace dtrain::train {
 
-namespace {
-
-void round_inplace(float* x, size_t n, DType t) {
-  if (t == DType::BF16)
-    for (size_t i = 0; i < n; ++i) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
-  else if (t == DType::F16)
-    for (size_t i = 0; i < n; ++i) x[i] = f16_to_f32(f32_to_f16(x[i]));
-}
-
-// Writes n fp32 values as `t` at dst (element offset 0).
-void store_wire(void* dst, const float* src, size_t n, DType t) {
-  if (t == DType::F32) {
-    std::memcpy(dst, src, n * sizeof(float));
-    return;
-  }
-  auto* d = static_cast<uint16_t*>(dst);
-  if (t == DType::BF16)
-    for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
-  else
-    for (size_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
-}
-
-void load_wire(float* dst, const void* src, size_t n, DType t) {
-  if (t == DType::F32) {
-    std::memcpy(dst, src, n * sizeof(float));
-    return;
-  }
-  const auto* s = static_cast<const uint16_t*>(src);
-  if (t == DType::BF16)
-    for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
-  else
-    for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
-}
-
-}  // namespace
-
 // ----------------------------------------------------------------------------
+// One model buffer. The master shard is fp32 (`sdt` F32) except for a frozen buffer of a
+// 16-bit device model, whose stage-3 shard stays in the compute dtype (it never changes).
 struct ZeroEngine::Slot {
   model::ParamBuffer* pb = nullptr;
   int layer = 0;
   bool trainable = false;
-  bool sharded = false;  // stage 3 and not persistent: parameters not resident
+  bool sharded = false;     // stage 3 and not persistent: parameters not resident
+  bool own_master = false;  // a master apart from the model's buffer (the same on every rank)
+  DType sdt = DType::F32;   // dtype of `master`
   size_t n = 0, s = 0, lo = 0, hi = 0;
-  Buffer<float> master, m, v, gshard;  // owned range [lo, hi)
-  Buffer<float> work;                  // stage 3: gathered parameters (W * s)
-  Buffer<float> wgrad;                 // stages 2/3: the layer's full gradient during backward
+  device::DeviceBuffer master, m, v, gshard;  // owned range [lo, hi)
+  device::DeviceBuffer work;                  // stage 3: gathered parameters (W * s, model dtype)
+  device::DeviceBuffer wgrad;                 // stages 2/3: the layer's full gradient during backward
+  std::unique_ptr<device::Device::Event> ready;  // stage 3, stream-ordered: the gather is done
   bool gathered = false;  // issued, maybe in flight
   uint64_t gather_ticket = 0;
   size_t bucket = SIZE_MAX, bucket_off = 0;
 
   size_t owned() const { return hi - lo; }
-  float* master_ptr() { return master.empty() ? pb->host_f32() + lo : master.data(); }
 };
 
 struct ZeroEngine::Bucket {
   std::vector<size_t> slots;
   std::vector<size_t> offs;  // offset of each slot in the per-rank segment
   size_t seg = 0;            // per-rank segment (stage 0: the whole packed length)
-  std::shared_ptr<Buffer<float>> buf;
+  std::shared_ptr<device::DeviceBuffer> buf;
   size_t packed = 0;
   int done_layer = 0;  // its gradients are complete after this layer's backward
 };
 
+namespace {
+char* at(void* base, size_t elems, DType t) { return static_cast<char*>(base) + elems * dtype_size(t); }
+float* fat(void* base, size_t elems) { return static_cast<float*>(base) + elems; }
+}  // namespace
+
 // ----------------------------------------------------------------------------
-ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const ZeroOptions& opts)
-    : model_(model), comm_(comm), opts_(opts) {
-  DT_ENFORCE(model.on_host(), UsageError,
-             "the ZeRO engine keeps its shards, masters and AdamW state in host memory; the model is on {}",
-             model.device().name());
+ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const ZeroOptions& opts,
+                       const model::Model* fp32_source)
+    : model_(model), dev_(&model.device()), comm_(comm), opts_(opts) {
   DT_ENFORCE(opts_.stage >= 0 && opts_.stage <= 3, ConfigError, "zero_optimization.stage {} is not 0, 1, 2 or 3",
              opts_.stage);
   DT_ENFORCE(opts_.reduce_bucket_size > 0 && opts_.allgather_bucket_size > 0, ConfigError,
              "zero_optimization.reduce_bucket_size and allgather_bucket_size must be > 0");
+  mdt_ = model_.dtype();
+  mixed_ = opts_.compute_dtype != DType::F32;
+  DT_ENFORCE(mdt_ == DType::F32 || mdt_ == opts_.compute_dtype, ConfigError,
+             "the model computes in {} but the engine's compute dtype is {}; build the model in the compute dtype",
+             dtype_name(mdt_), dtype_name(opts_.compute_dtype));
   if (comm_ != nullptr && comm_->size() > 1) {
     rank_ = comm_->rank();
     world_ = comm_->size();
+    DT_ENFORCE(comm_->on_device() == !model_.on_host(), UsageError,
+               "the model is on {} but the {} communicator's buffers live {}: use NCCL with a CUDA model and Gloo "
+               "with a CPU model",
+               dev_->name(), comm::backend_name(comm_->backend()), comm_->on_device() ? "on a GPU" : "in host memory");
+    comm_stream_ = comm_->collective_stream();
+    stream_ordered_ = comm_stream_ != nullptr;
   } else {
     comm_ = nullptr;
   }
+  if (stream_ordered_) {
+    ev_compute_ = dev_->event_create();
+    ev_comm_ = dev_->event_create();
+  }
+  if (fp32_source != nullptr) {
+    DT_ENFORCE(fp32_source->on_host() && fp32_source->dtype() == DType::F32, UsageError,
+               "ZeroEngine: the fp32 source must be a host fp32 model");
+    DT_ENFORCE(fp32_source->params().size() == model_.params().size() &&
+                   fp32_source->lora_params().size() == model_.lora_params().size(),
+               UsageError, "ZeroEngine: the fp32 source has other buffers than the model (LoRA on one only?)");
+  }
+  DT_ENFORCE(mdt_ == DType::F32 || fp32_source != nullptr, UsageError,
+             "ZeroEngine: a {} model needs the fp32 weights its masters start from (fp32_source)", dtype_name(mdt_));
   const auto& mc = model_.config();
   tied_ = mc.tie_embeddings;
   n_layer_ = mc.n_layer;
   layer_slots_.resize(static_cast<size_t>(n_layer_) + 2);
-  const bool mixed = opts_.compute_dtype != DType::F32;
   const bool lora = model_.lora_on();
   DT_ENFORCE(!model_.storage_released(), UsageError,
              "ZeroEngine needs a model that owns all its storage; another engine released part of it (destroy that "
@@ -107,6 +102,11 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
   std::vector<model::ParamBuffer*> all;
   for (auto& pb : model_.params()) all.push_back(&pb);
   for (auto& pb : model_.lora_params()) all.push_back(&pb);
+  std::vector<const model::ParamBuffer*> src;
+  if (fp32_source != nullptr) {
+    for (const auto& pb : fp32_source->params()) src.push_back(&pb);
+    for (const auto& pb : fp32_source->lora_params()) src.push_back(&pb);
+  }
   slots_.resize(all.size());
   for (size_t i = 0; i < all.size(); ++i) {
     Slot& s = slots_[i];
@@ -115,6 +115,8 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
     DT_CHECK(s.layer >= -1 && s.layer <= n_layer_);
     s.trainable = lora ? i >= model_.params().size() : true;
     s.n = s.pb->size;
+    if (!src.empty())
+      DT_ENFORCE_EQ(src[i]->size, s.n, UsageError, "ZeroEngine: fp32 source buffer {} size", s.pb->layout.name);
     if (opts_.stage == 0) {
       s.s = s.n;
       s.lo = 0;
@@ -125,21 +127,35 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
       s.hi = std::min(s.lo + s.s, s.n);
     }
     s.sharded = opts_.stage == 3 && s.n >= opts_.param_persistence_threshold;
-    if (mixed || s.sharded) {
-      s.master.resize(s.owned());
-      if (s.owned()) std::memcpy(s.master.data(), s.pb->host_f32() + s.lo, s.owned() * sizeof(float));
+    // A frozen buffer of a 16-bit model keeps no fp32 master: its compute copy is its value.
+    s.own_master = s.sharded || (mixed_ && (s.trainable || mdt_ == DType::F32));
+    s.sdt = (!s.trainable && mdt_ != DType::F32) ? mdt_ : DType::F32;
+    if (s.own_master) {
+      s.master = device::DeviceBuffer(*dev_, s.owned() * dtype_size(s.sdt));
+      if (s.owned()) {
+        if (!src.empty())
+          device_from_host(s.master.get(), s.sdt, src[i]->host_f32() + s.lo, s.owned());
+        else
+          dev_->cast(s.master.get(), s.sdt, at(s.pb->data, s.lo, mdt_), mdt_, s.owned());
+      }
     }
     if (s.trainable) {
-      s.m.resize(s.owned());
-      s.v.resize(s.owned());
-      if (opts_.stage >= 2) s.gshard.resize(s.owned());
+      s.m = device::DeviceBuffer(*dev_, s.owned() * sizeof(float));
+      s.v = device::DeviceBuffer(*dev_, s.owned() * sizeof(float));
+      if (opts_.stage >= 2) s.gshard = device::DeviceBuffer(*dev_, s.owned() * sizeof(float));
     }
-    if (s.sharded) sharded_.push_back(i);
-    else if (mixed) round_inplace(s.pb->host_f32(), s.n, opts_.compute_dtype);
+    if (s.sharded) {
+      sharded_.push_back(i);
+      if (stream_ordered_) s.ready = dev_->event_create();
+    } else if (mixed_ && mdt_ == DType::F32) {
+      dev_->round_to(static_cast<float*>(s.pb->data), s.n, opts_.compute_dtype);
+    }
     layer_slots_[static_cast<size_t>(s.layer + 1)].push_back(i);
   }
+  stats_ = device::DeviceBuffer(*dev_, 4 * sizeof(double));
   plan_buckets();
-  queue_ = std::make_unique<ZeroCommQueue>(opts_.overlap_comm && comm_ != nullptr);
+  // Stream-ordered collectives overlap by themselves; a thread is for blocking ones.
+  queue_ = std::make_unique<ZeroCommQueue>(opts_.overlap_comm && comm_ != nullptr && !stream_ordered_);
   hooks_install();
   // Last, so a constructor that throws leaves the model whole. Slot i is the model's
   // buffer i (base buffers, then adapters). From here on the gradient shards (stages
@@ -151,17 +167,25 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
 ZeroEngine::~ZeroEngine() {
   model_.set_hooks({});
   queue_.reset();  // joins the communication thread
-  // The model gets whole storage back (no pointer into the working buffers freed with
-  // the slots). Materialized, it already holds the full fp32 weights; otherwise a
-  // collective here could hang (other ranks may be unwinding), so a sharded buffer
-  // keeps only this rank's shard of the masters, zeros elsewhere.
-  const bool partial = !materialized_;
-  model_.storage_restore();
-  if (partial)
-    for (size_t i : sharded_) {
-      Slot& s = slots_[i];
-      if (s.owned()) std::memcpy(s.pb->host_f32() + s.lo, s.master.data(), s.owned() * sizeof(float));
-    }
+  try {
+    comm_join();
+    for (auto& s : slots_)
+      if (s.ready && s.gathered) dev_->stream_wait(nullptr, *s.ready);
+    // The model gets whole storage back (no pointer into the working buffers freed with
+    // the slots). Materialized, it already holds the full weights; otherwise a
+    // collective here could hang (other ranks may be unwinding), so a sharded buffer
+    // keeps only this rank's shard of the masters, zeros elsewhere.
+    const bool partial = !materialized_;
+    model_.storage_restore();
+    if (partial)
+      for (size_t i : sharded_) {
+        Slot& s = slots_[i];
+        if (s.owned()) dev_->cast(at(s.pb->data, s.lo, mdt_), mdt_, s.master.get(), s.sdt, s.owned());
+      }
+    dev_->synchronize();
+  } catch (const std::exception& e) {
+    log_warn("zero engine teardown: {}", e.what());
+  }
 }
 
 // Gradient buckets in backward order (layers n_layer .. -1): consecutive trainable
@@ -203,7 +227,67 @@ void ZeroEngine::work_add(ptrdiff_t bytes) {
   work_peak_ = std::max(work_peak_, work_bytes_);
 }
 
+float* ZeroEngine::master_f32(Slot& s) {
+  DT_CHECK(s.sdt == DType::F32);
+  if (s.own_master) return s.master.as<float>();
+  DT_CHECK(mdt_ == DType::F32);
+  return fat(s.pb->data, s.lo);
+}
+
+void ZeroEngine::host_from_device(float* dst, const void* src, DType t, size_t n) {
+  if (!n) return;
+  if (t == DType::F32) {
+    dev_->copy_d2h(dst, src, n * sizeof(float));
+    return;
+  }
+  std::vector<uint16_t> raw(n);
+  dev_->copy_d2h(raw.data(), src, n * sizeof(uint16_t));
+  for (size_t i = 0; i < n; ++i) dst[i] = dtype_load(raw.data(), i, t);
+}
+
+void ZeroEngine::device_from_host(void* dst, DType t, const float* src, size_t n) {
+  if (!n) return;
+  if (t == DType::F32) {
+    dev_->copy_h2d(dst, src, n * sizeof(float));
+    return;
+  }
+  std::vector<uint16_t> raw(n);
+  for (size_t i = 0; i < n; ++i) dtype_store(raw.data(), i, t, src[i]);
+  dev_->copy_h2d(dst, raw.data(), n * sizeof(uint16_t));
+}
+
 // ----------------------------------------------------------------------------
+// Stream order. With NCCL the collectives and the ops that consume their results run on
+// the communicator's stream, after the compute work issued before them (an event); the
+// compute stream waits for that stream only where it reads what they wrote (comm_join,
+// or a stage-3 layer's own event), so backward keeps running while buckets reduce.
+template <typename F> void ZeroEngine::on_comm(F&& f) {
+  if (!stream_ordered_) {
+    f();
+    return;
+  }
+  dev_->event_record(*ev_compute_, nullptr);
+  dev_->stream_wait(comm_stream_, *ev_compute_);
+  void* prev = dev_->use_stream(comm_stream_);
+  try {
+    f();
+  } catch (...) {
+    dev_->use_stream(prev);
+    throw;
+  }
+  dev_->use_stream(prev);
+}
+
+template <typename F> uint64_t ZeroEngine::comm_submit(F&& f) {
+  return queue_->submit([this, f = std::forward<F>(f)]() mutable { on_comm(f); });
+}
+
+void ZeroEngine::comm_join() {
+  if (!stream_ordered_) return;
+  dev_->event_record(*ev_comm_, comm_stream_);
+  dev_->stream_wait(nullptr, *ev_comm_);
+}
+
 // Collectives: called from queued tasks only, so one thread drives the communicator.
 void ZeroEngine::coll_allreduce(void* buf, size_t n, DType t, comm::ReduceOp op) {
   if (comm_ != nullptr && n > 0) comm_->allreduce(buf, buf, n, t, op);
@@ -224,11 +308,12 @@ void ZeroEngine::coll_all_gather(void* buf, size_t shard, DType t) {
 // ----------------------------------------------------------------------------
 void ZeroEngine::before_step() {
   queue_->wait_all();
+  comm_join();
   grads_reduced_ = false;
   for (auto& s : slots_) {
     if (!s.trainable) continue;
-    if (opts_.stage >= 2) s.gshard.zero();
-    else if (s.pb->grad) std::memset(s.pb->grad, 0, s.n * sizeof(float));
+    if (opts_.stage >= 2) dev_->zero(s.gshard.get(), s.gshard.bytes());
+    else if (s.pb->grad) dev_->zero(s.pb->grad, s.n * sizeof(float));
   }
 }
 
@@ -236,43 +321,44 @@ void ZeroEngine::before_step() {
 // the owned range of the model's full gradient buffer. A single-slot stage-0 bucket is
 // reduced in place; otherwise the bucket is packed into `buf` (stage 0: the slots one
 // after the other; stage 1: rank-major, W segments) and unpacked after the collective.
+// Packing, collective and unpacking run together on the communication side.
 bool ZeroEngine::bucket_inplace(const Bucket& b) const { return opts_.stage == 0 && b.slots.size() == 1; }
 
 size_t ZeroEngine::bucket_len(const Bucket& b) const {
   return bucket_inplace(b) ? 0 : (opts_.stage == 0 ? 1 : static_cast<size_t>(world_)) * b.seg;
 }
 
-void ZeroEngine::bucket_pack(const Bucket& b, float* buf) const {
+void ZeroEngine::bucket_pack(const Bucket& b, float* buf) {
   const size_t W = static_cast<size_t>(world_);
   if (opts_.stage == 0) {
     for (size_t k = 0; k < b.slots.size(); ++k) {
       const Slot& s = slots_[b.slots[k]];
-      std::memcpy(buf + b.offs[k], s.pb->grad, s.n * sizeof(float));
+      dev_->copy_d2d(buf + b.offs[k], s.pb->grad, s.n * sizeof(float));
     }
     return;
   }
-  std::memset(buf, 0, W * b.seg * sizeof(float));
+  dev_->zero(buf, W * b.seg * sizeof(float));
   for (size_t k = 0; k < b.slots.size(); ++k) {
     const Slot& s = slots_[b.slots[k]];
     for (size_t q = 0; q < W; ++q) {
       const size_t a = std::min(q * s.s, s.n), e = std::min(a + s.s, s.n);
-      if (e > a) std::memcpy(buf + q * b.seg + b.offs[k], s.pb->grad + a, (e - a) * sizeof(float));
+      if (e > a) dev_->copy_d2d(buf + q * b.seg + b.offs[k], s.pb->grad + a, (e - a) * sizeof(float));
     }
   }
 }
 
-// Runs on whichever thread runs the collective: the compute thread no longer writes
-// these slots' gradients (the bucket is complete).
+// The compute side no longer writes these slots' gradients (the bucket is complete).
 void ZeroEngine::bucket_collective(const Bucket& b, float* buf) {
   if (bucket_inplace(b)) {
     coll_allreduce(slots_[b.slots[0]].pb->grad, b.seg, DType::F32, comm::ReduceOp::AVG);
     return;
   }
+  bucket_pack(b, buf);
   if (opts_.stage == 0) {
     coll_allreduce(buf, b.seg, DType::F32, comm::ReduceOp::AVG);
     for (size_t k = 0; k < b.slots.size(); ++k) {
       const Slot& s = slots_[b.slots[k]];
-      std::memcpy(s.pb->grad, buf + b.offs[k], s.n * sizeof(float));
+      dev_->copy_d2d(s.pb->grad, buf + b.offs[k], s.n * sizeof(float));
     }
     return;
   }
@@ -280,30 +366,26 @@ void ZeroEngine::bucket_collective(const Bucket& b, float* buf) {
   const float* mine = buf + static_cast<size_t>(rank_) * b.seg;
   for (size_t k = 0; k < b.slots.size(); ++k) {
     const Slot& s = slots_[b.slots[k]];
-    if (s.owned()) std::memcpy(s.pb->grad + s.lo, mine + b.offs[k], s.owned() * sizeof(float));
+    if (s.owned()) dev_->copy_d2d(s.pb->grad + s.lo, mine + b.offs[k], s.owned() * sizeof(float));
   }
 }
 
 void ZeroEngine::bucket_reduce(const Bucket& b, float* scratch) {
-  if (!bucket_inplace(b)) bucket_pack(b, scratch);
-  queue_->wait(queue_->submit([&] { bucket_collective(b, scratch); }));
+  queue_->wait(comm_submit([this, &b, scratch] { bucket_collective(b, scratch); }));
 }
 
 // overlap_comm, stages 0/1, last micro-batch: bucket `index` is complete, so its
-// collective goes to the communication thread now, with a bucket buffer of its own that
-// the task frees; after_layer_backward(-1) waits for all of them.
+// collective is issued now (communication thread or stream) with a bucket buffer of its
+// own that the task frees; after_layer_backward(-1) waits for all of them.
 void ZeroEngine::bucket_reduce_async(size_t index) {
   const Bucket& b = buckets_[index];
   const size_t len = bucket_len(b);
-  auto buf = std::make_shared<Buffer<float>>(len);
-  if (len) {
-    work_add(static_cast<ptrdiff_t>(len * sizeof(float)));
-    bucket_pack(b, buf->data());
-  }
-  queue_->submit([this, buf, index] {
-    bucket_collective(buckets_[index], buf->data());
-    const size_t bytes = buf->size() * sizeof(float);
-    buf->resize(0);
+  auto buf = std::make_shared<device::DeviceBuffer>(*dev_, len * sizeof(float));
+  if (len) work_add(static_cast<ptrdiff_t>(len * sizeof(float)));
+  comm_submit([this, buf, index] {
+    bucket_collective(buckets_[index], buf->as<float>());
+    const size_t bytes = buf->bytes();
+    buf->reset();  // on the communication stream, after the collective
     if (bytes) work_add(-static_cast<ptrdiff_t>(bytes));
   });
 }
@@ -312,9 +394,11 @@ void ZeroEngine::grads_reduce_step() {
   if (comm_ == nullptr) return;
   size_t most = 0;
   for (const auto& b : buckets_) most = std::max(most, bucket_len(b));
-  Buffer<float> scratch(most);
+  device::DeviceBuffer scratch(*dev_, most * sizeof(float));
   work_add(static_cast<ptrdiff_t>(most * sizeof(float)));
-  for (const auto& b : buckets_) bucket_reduce(b, scratch.data());
+  for (const auto& b : buckets_) bucket_reduce(b, scratch.as<float>());
+  comm_join();  // before the scratch is freed on the compute stream
+  scratch.reset();
   work_add(-static_cast<ptrdiff_t>(most * sizeof(float)));
 }
 
@@ -323,20 +407,33 @@ bool ZeroEngine::step(float lr, float loss_scale) {
   DT_ENFORCE_GT(loss_scale, 0.0f, UsageError, "ZeroEngine::step loss_scale");
   queue_->wait_all();
   if (opts_.stage <= 1 && !grads_reduced_) grads_reduce_step();
+  comm_join();  // the reduced gradients are complete
 
   auto grad_of = [&](Slot& s) -> float* {
-    return opts_.stage >= 2 ? s.gshard.data() : s.pb->grad + s.lo;
+    return opts_.stage >= 2 ? s.gshard.as<float>() : s.pb->grad + s.lo;
   };
-  double sq = 0.0;
+  // The local sum of squares on the device, one read-back.
+  double* acc = stats_.as<double>();
+  dev_->zero(acc, sizeof(double));
   for (auto& s : slots_)
-    if (s.trainable && s.owned()) sq += grad_norm_sq(grad_of(s), s.owned());
+    if (s.trainable && s.owned()) dev_->norm_sq_accumulate(acc, grad_of(s), s.owned());
+  double sq = 0.0;
+  dev_->copy_d2h(&sq, acc, sizeof(double));
   if (opts_.stage >= 1 && comm_ != nullptr) {
     // Sum of squares as a float pair (hi + lo keeps ~double precision through an fp32
     // SUM) plus the overflow flag, so every rank takes the same decision.
     const float hi = static_cast<float>(sq);
     float red[3] = {hi, static_cast<float>(sq - static_cast<double>(hi)), std::isfinite(sq) ? 0.0f : 1.0f};
     if (!std::isfinite(sq)) red[0] = red[1] = 0.0f;
-    queue_->wait(queue_->submit([&] { coll_allreduce(red, 3, DType::F32, comm::ReduceOp::SUM); }));
+    if (comm_->on_device()) {
+      float* dred = reinterpret_cast<float*>(stats_.as<double>() + 1);
+      dev_->copy_h2d(dred, red, sizeof red);
+      queue_->wait(comm_submit([this, dred] { coll_allreduce(dred, 3, DType::F32, comm::ReduceOp::SUM); }));
+      comm_join();
+      dev_->copy_d2h(red, dred, sizeof red);
+    } else {
+      queue_->wait(queue_->submit([&] { coll_allreduce(red, 3, DType::F32, comm::ReduceOp::SUM); }));
+    }
     sq = red[2] != 0.0f ? std::numeric_limits<double>::infinity()
                         : static_cast<double>(red[0]) + static_cast<double>(red[1]);
   }
@@ -347,43 +444,38 @@ bool ZeroEngine::step(float lr, float loss_scale) {
   ++step_count_;
   for (auto& s : slots_) {
     if (!s.trainable || !s.owned()) continue;
-    float* p = s.master_ptr();
+    float* p = master_f32(s);
     const float* g = grad_of(s);
+    // Stage 0 under mixed precision: AdamW writes the compute copy in the same pass.
+    const bool copy = opts_.stage == 0 && mixed_ && !s.sharded;
     for (const auto& t : s.pb->layout.tensors) {
       const size_t a = std::max(t.offset, s.lo), e = std::min(t.offset + t.numel(), s.hi);
       if (a >= e) continue;
       const size_t o = a - s.lo;
-      adamw_step(p + o, g + o, s.m.data() + o, s.v.data() + o, e - a, opts_.adamw, lr, step_count_, t.decay,
-                 grad_scale);
+      void* cp = copy ? at(s.pb->data, a, mdt_) : nullptr;
+      dev_->adamw(p + o, g + o, s.m.as<float>() + o, s.v.as<float>() + o, e - a, opts_.adamw, lr, step_count_,
+                  t.decay, grad_scale, cp, mdt_);
+      if (cp != nullptr && mdt_ == DType::F32) dev_->round_to(static_cast<float*>(cp), e - a, opts_.compute_dtype);
     }
   }
   params_gather_resident();
   release_all_gathered();
+  comm_join();  // the next forward reads the gathered copies
   return true;
 }
 
-// The model's resident copies of the trainable buffers after an update: stage 0 rounds
-// its full master; stages 1-3 all-gather the owned shards in the compute dtype.
+// The model's resident copies of the trainable buffers after an update at stages 1-3:
+// the owned shards all-gathered in the compute dtype (stage 0's AdamW wrote them).
 void ZeroEngine::params_gather_resident() {
-  const DType t = opts_.compute_dtype;
-  if (opts_.stage == 0) {
-    if (t == DType::F32) return;
-    for (auto& s : slots_)
-      if (s.trainable) {
-        float* d = s.pb->host_f32();
-        for (size_t i = 0; i < s.n; ++i) d[i] = s.master[i];
-        round_inplace(d, s.n, t);
-      }
-    return;
-  }
+  if (opts_.stage == 0) return;
   std::vector<size_t> list;
   for (size_t i = 0; i < slots_.size(); ++i)
     if (slots_[i].trainable && !slots_[i].sharded) list.push_back(i);
-  gather_into_model(list, t);
+  gather_into_model(list, opts_.compute_dtype);
 }
 
-// Bucketed all-gather of the masters of `list` (resident slots, stages >= 1) into the
-// model's full buffers, on the wire as `t`.
+// Bucketed all-gather of the masters of `list` (slots with a master, stages >= 1) into
+// the model's full buffers, on the wire as `t`.
 void ZeroEngine::gather_into_model(const std::vector<size_t>& list, DType t) {
   const size_t W = static_cast<size_t>(world_), es = dtype_size(t);
   size_t k = 0;
@@ -398,21 +490,29 @@ void ZeroEngine::gather_into_model(const std::vector<size_t>& list, DType t) {
       full += slots_[list[k]].n;
       ++k;
     }
-    Buffer<std::byte> buf(W * seg * es);
-    work_add(static_cast<ptrdiff_t>(buf.size()));
-    std::byte* mine = buf.data() + static_cast<size_t>(rank_) * seg * es;
-    for (size_t j = 0; j < group.size(); ++j) {
-      Slot& s = slots_[group[j]];
-      if (s.owned()) store_wire(mine + offs[j] * es, s.master_ptr(), s.owned(), t);
-    }
-    queue_->wait(queue_->submit([&] { coll_all_gather(buf.data(), seg, t); }));
-    for (size_t q = 0; q < W; ++q)
+    queue_->wait(comm_submit([&, seg] {
+      device::DeviceBuffer buf(*dev_, W * seg * es);
+      work_add(static_cast<ptrdiff_t>(buf.bytes()));
+      char* b = static_cast<char*>(buf.get());
+      char* mine = b + static_cast<size_t>(rank_) * seg * es;
       for (size_t j = 0; j < group.size(); ++j) {
         Slot& s = slots_[group[j]];
-        const size_t a = std::min(q * s.s, s.n), e = std::min(a + s.s, s.n);
-        if (e > a) load_wire(s.pb->host_f32() + a, buf.data() + (q * seg + offs[j]) * es, e - a, t);
+        // The owned shard's values: the master, or the model's own range where it is the master.
+        if (s.owned()) {
+          if (s.own_master) dev_->cast(mine + offs[j] * es, t, s.master.get(), s.sdt, s.owned());
+          else dev_->cast(mine + offs[j] * es, t, at(s.pb->data, s.lo, mdt_), mdt_, s.owned());
+        }
       }
-    work_add(-static_cast<ptrdiff_t>(buf.size()));
+      coll_all_gather(b, seg, t);
+      for (size_t q = 0; q < W; ++q)
+        for (size_t j = 0; j < group.size(); ++j) {
+          Slot& s = slots_[group[j]];
+          const size_t a = std::min(q * s.s, s.n), e = std::min(a + s.s, s.n);
+          if (e > a) dev_->cast(at(s.pb->data, a, mdt_), mdt_, b + (q * seg + offs[j]) * es, t, e - a);
+        }
+      work_add(-static_cast<ptrdiff_t>(buf.bytes()));
+      buf.reset();
+    }));
   }
 }
 
@@ -428,10 +528,10 @@ void ZeroEngine::on_before_backward(int layer) {
   if (opts_.stage == 3) stage3_visit(layer, -1);
   if (opts_.stage < 2) return;
   auto attach = [&](Slot& s) {
-    if (!s.trainable || !s.wgrad.empty()) return;
-    s.wgrad.resize(s.n);
+    if (!s.trainable || s.wgrad.get() != nullptr) return;
+    s.wgrad = device::DeviceBuffer(*dev_, s.n * sizeof(float));
     work_add(static_cast<ptrdiff_t>(s.n * sizeof(float)));
-    s.pb->grad = s.wgrad.data();
+    s.pb->grad = s.wgrad.as<float>();
   };
   for (size_t i : layer_slots_[static_cast<size_t>(layer + 1)]) attach(slots_[i]);
   // The tied head writes the embeddings' gradient too.
@@ -444,13 +544,14 @@ void ZeroEngine::on_after_backward(int layer) {
   for (size_t i : layer_slots_[static_cast<size_t>(layer + 1)]) {
     Slot& s = slots_[i];
     if (!s.trainable) continue;
-    if (opts_.compute_dtype == DType::F16) round_inplace(s.pb->grad, s.n, DType::F16);
+    if (opts_.compute_dtype == DType::F16) dev_->round_to(s.pb->grad, s.n, DType::F16);
     if (opts_.stage >= 2) grad_bucket_pack(s);
   }
-  // Stages 0/1 reduce once per step: with a communication thread, during the last
-  // micro-batch's backward, each bucket as soon as its gradients are complete (the same
-  // buckets in the same order as the step-time path, so the results are identical).
-  if (opts_.stage <= 1 && queue_->threaded() && last_micro_) {
+  // Stages 0/1 reduce once per step: with a communication thread or stream, during the
+  // last micro-batch's backward, each bucket as soon as its gradients are complete (the
+  // same buckets in the same order as the step-time path, so the results are identical).
+  const bool overlapped = queue_->threaded() || (stream_ordered_ && opts_.overlap_comm);
+  if (opts_.stage <= 1 && overlapped && last_micro_ && comm_ != nullptr) {
     for (size_t bi = 0; bi < buckets_.size(); ++bi)
       if (buckets_[bi].done_layer == layer) {
         bucket_reduce_async(bi);
@@ -464,7 +565,7 @@ void ZeroEngine::on_after_backward(int layer) {
   }
   if (layer == -1) {
     if (opts_.stage == 3) release_all_gathered();
-    queue_->wait_all();  // nothing in flight once backward returns
+    queue_->wait_all();  // nothing in flight on a thread once backward returns
   }
 }
 
@@ -472,38 +573,37 @@ void ZeroEngine::grad_bucket_pack(Slot& s) {
   Bucket& b = buckets_[s.bucket];
   const size_t W = static_cast<size_t>(world_);
   if (!b.buf) {
-    b.buf = std::make_shared<Buffer<float>>(W * b.seg);
+    b.buf = std::make_shared<device::DeviceBuffer>(*dev_, W * b.seg * sizeof(float));
     work_add(static_cast<ptrdiff_t>(W * b.seg * sizeof(float)));
   }
-  float* dst = b.buf->data();
+  float* dst = b.buf->as<float>();
   for (size_t q = 0; q < W; ++q) {
     const size_t a = std::min(q * s.s, s.n), e = std::min(a + s.s, s.n);
-    if (e > a) std::memcpy(dst + q * b.seg + s.bucket_off, s.wgrad.data() + a, (e - a) * sizeof(float));
+    if (e > a) dev_->copy_d2d(dst + q * b.seg + s.bucket_off, s.wgrad.as<float>() + a, (e - a) * sizeof(float));
   }
   s.pb->grad = nullptr;
-  s.wgrad = Buffer<float>();
+  s.wgrad.reset();
   work_add(-static_cast<ptrdiff_t>(s.n * sizeof(float)));
   if (++b.packed == b.slots.size()) grad_bucket_flush(s.bucket);
 }
 
 void ZeroEngine::grad_bucket_flush(size_t index) {
   Bucket& b = buckets_[index];
-  std::shared_ptr<Buffer<float>> buf = std::move(b.buf);
+  std::shared_ptr<device::DeviceBuffer> buf = std::move(b.buf);
   b.buf.reset();
   b.packed = 0;
-  if (queue_->threaded() && backward_layer_ > -1) ++issued_in_backward_;
-  queue_->submit([this, buf, index] {
+  if ((queue_->threaded() || stream_ordered_) && backward_layer_ > -1) ++issued_in_backward_;
+  comm_submit([this, buf, index] {
     const Bucket& bk = buckets_[index];
-    coll_reduce_scatter(buf->data(), bk.seg, DType::F32);
-    const float* mine = buf->data() + static_cast<size_t>(rank_) * bk.seg;
+    float* base = buf->as<float>();
+    coll_reduce_scatter(base, bk.seg, DType::F32);
+    const float* mine = base + static_cast<size_t>(rank_) * bk.seg;
     for (size_t k = 0; k < bk.slots.size(); ++k) {
       Slot& s = slots_[bk.slots[k]];
-      float* g = s.gshard.data();
-      const float* src = mine + bk.offs[k];
-      for (size_t i = 0; i < s.owned(); ++i) g[i] += src[i];
+      if (s.owned()) dev_->add(s.gshard.as<float>(), mine + bk.offs[k], s.owned());
     }
-    const size_t bytes = buf->size() * sizeof(float);
-    buf->resize(0);
+    const size_t bytes = buf->bytes();
+    buf->reset();  // on the communication stream, after its last use
     work_add(-static_cast<ptrdiff_t>(bytes));
   });
 }
@@ -516,39 +616,47 @@ void ZeroEngine::gather_issue(Slot& s) {
   if (s.gathered) return;
   s.gathered = true;
   const size_t W = static_cast<size_t>(world_);
-  s.work.resize(W * s.s);
-  work_add(static_cast<ptrdiff_t>(s.work.size() * sizeof(float)));
+  s.work = device::DeviceBuffer(*dev_, W * s.s * dtype_size(mdt_));
+  work_add(static_cast<ptrdiff_t>(s.work.bytes()));
   live_elems_ += s.n;
   const DType t = opts_.compute_dtype;
   Slot* sp = &s;
-  s.gather_ticket = queue_->submit([this, sp, t, W] {
+  s.gather_ticket = comm_submit([this, sp, t, W] {
     Slot& g = *sp;
-    if (t == DType::F32) {
-      if (g.owned()) std::memcpy(g.work.data() + static_cast<size_t>(rank_) * g.s, g.master.data(), g.owned() * 4);
-      coll_all_gather(g.work.data(), g.s, DType::F32);
-      return;
+    char* work = static_cast<char*>(g.work.get());
+    if (t == mdt_) {  // on the wire in the model's dtype: straight into the working buffer
+      if (g.owned()) dev_->cast(work + static_cast<size_t>(rank_) * g.s * dtype_size(t), t, g.master.get(), g.sdt,
+                                g.owned());
+      coll_all_gather(work, g.s, t);
+    } else {  // fp32 model (CPU) under mixed precision: the wire is 16-bit
+      device::DeviceBuffer wire(*dev_, W * g.s * dtype_size(t));
+      work_add(static_cast<ptrdiff_t>(wire.bytes()));
+      char* w = static_cast<char*>(wire.get());
+      if (g.owned()) dev_->cast(w + static_cast<size_t>(rank_) * g.s * dtype_size(t), t, g.master.get(), g.sdt,
+                                g.owned());
+      coll_all_gather(w, g.s, t);
+      dev_->cast(work, mdt_, w, t, g.n);
+      work_add(-static_cast<ptrdiff_t>(wire.bytes()));
+      wire.reset();
     }
-    Buffer<uint16_t> wire(W * g.s);
-    work_add(static_cast<ptrdiff_t>(wire.size() * 2));
-    if (g.owned()) store_wire(wire.data() + static_cast<size_t>(rank_) * g.s, g.master.data(), g.owned(), t);
-    coll_all_gather(wire.data(), g.s, t);
-    load_wire(g.work.data(), wire.data(), g.n, t);
-    work_add(-static_cast<ptrdiff_t>(wire.size() * 2));
+    if (g.ready) dev_->event_record(*g.ready, comm_stream_);
   });
 }
 
 void ZeroEngine::gather_wait(Slot& s) {
   queue_->wait(s.gather_ticket);
-  s.pb->data = s.work.data();
+  if (s.ready) dev_->stream_wait(nullptr, *s.ready);
+  s.pb->data = s.work.get();
 }
 
 void ZeroEngine::gather_release(Slot& s) {
   if (!s.gathered) return;
   queue_->wait(s.gather_ticket);
+  if (s.ready) dev_->stream_wait(nullptr, *s.ready);  // freed on the compute stream after the gather
   s.gathered = false;
   s.pb->data = nullptr;
-  work_add(-static_cast<ptrdiff_t>(s.work.size() * sizeof(float)));
-  s.work = Buffer<float>();
+  work_add(-static_cast<ptrdiff_t>(s.work.bytes()));
+  s.work.reset();
   live_elems_ -= s.n;
 }
 
@@ -592,7 +700,7 @@ void ZeroEngine::stage3_visit(int layer, int dir) {
     for (size_t i : layer_slots_[idx(l)])
       if (slots_[i].sharded) gather_issue(slots_[i]);
   for (Slot* s : now) gather_wait(*s);
-  if (dir > 0 && layer == L) queue_->wait_all();  // nothing in flight once forward returns
+  if (dir > 0 && layer == L) queue_->wait_all();  // nothing in flight on a thread once forward returns
 }
 
 // While materialized every buffer is resident: forward (evaluation) needs no gathering.
@@ -605,17 +713,18 @@ void ZeroEngine::params_materialize() {
   if (materialized_) return;
   queue_->wait_all();
   release_all_gathered();
-  const DType f32 = DType::F32;
+  comm_join();
   if (opts_.stage == 0) {
     for (auto& s : slots_)
-      if (!s.master.empty()) std::memcpy(s.pb->host_f32(), s.master.data(), s.n * sizeof(float));
+      if (s.own_master) dev_->cast(s.pb->data, mdt_, s.master.get(), s.sdt, s.n);
   } else {
     model_.storage_restore(false, sharded_);  // the model's own storage takes the full values
     std::vector<size_t> list;
     // The same list on every rank (a rank may own nothing of a small buffer).
     for (size_t i = 0; i < slots_.size(); ++i)
-      if (opts_.compute_dtype != DType::F32 || slots_[i].sharded) list.push_back(i);
-    gather_into_model(list, f32);
+      if (slots_[i].own_master) list.push_back(i);
+    gather_into_model(list, DType::F32);
+    comm_join();
   }
   materialized_ = true;
 }
@@ -623,10 +732,41 @@ void ZeroEngine::params_materialize() {
 void ZeroEngine::params_restore() {
   if (!materialized_) return;
   model_.storage_release(false, sharded_);
-  if (opts_.compute_dtype != DType::F32)
+  if (mixed_ && mdt_ == DType::F32)
     for (auto& s : slots_)
-      if (!s.sharded) round_inplace(s.pb->host_f32(), s.n, opts_.compute_dtype);
+      if (!s.sharded) dev_->round_to(static_cast<float*>(s.pb->data), s.n, opts_.compute_dtype);
   materialized_ = false;
+}
+
+void ZeroEngine::masters_to_host(model::Model& host) {
+  DT_ENFORCE(host.on_host() && host.dtype() == DType::F32, UsageError, "masters_to_host: a host fp32 model");
+  std::vector<model::ParamBuffer*> dst;
+  for (auto& pb : host.params()) dst.push_back(&pb);
+  for (auto& pb : host.lora_params()) dst.push_back(&pb);
+  DT_ENFORCE_EQ(dst.size(), slots_.size(), UsageError, "masters_to_host: buffer count (LoRA on one model only?)");
+  queue_->wait_all();
+  comm_join();
+  const size_t W = static_cast<size_t>(world_);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    DT_ENFORCE_EQ(dst[i]->size, s.n, UsageError, "masters_to_host: size of buffer {}", s.pb->layout.name);
+    float* out = dst[i]->host_f32();
+    if (!s.own_master) {  // resident without a master: the compute copy is the value
+      host_from_device(out, s.pb->data, mdt_, s.n);
+    } else if (opts_.stage == 0 || comm_ == nullptr) {
+      host_from_device(out, s.master.get(), s.sdt, s.n);
+    } else {
+      device::DeviceBuffer full(*dev_, W * s.s * sizeof(float));
+      queue_->wait(comm_submit([&] {
+        if (s.owned())
+          dev_->cast(full.as<float>() + static_cast<size_t>(rank_) * s.s, DType::F32, s.master.get(), s.sdt,
+                     s.owned());
+        coll_all_gather(full.get(), s.s, DType::F32);
+      }));
+      comm_join();
+      host_from_device(out, full.get(), DType::F32, s.n);
+    }
+  }
 }
 
 ZeroCheckpointView ZeroEngine::checkpoint_view() {
@@ -645,19 +785,71 @@ ZeroCheckpointView ZeroEngine::checkpoint_view() {
   return v;
 }
 
+// On a device the view points at host copies (stage_out); a load writes them and
+// params_loaded takes them back (stage_in).
+void ZeroEngine::stage_out() {
+  staged_.assign(slots_.size(), Staged{});
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    Staged& h = staged_[i];
+    h.master.resize(s.owned());
+    if (s.own_master) host_from_device(h.master.data(), s.master.get(), s.sdt, s.owned());
+    else host_from_device(h.master.data(), at(s.pb->data, s.lo, mdt_), mdt_, s.owned());
+    if (s.trainable) {
+      h.m.resize(s.owned());
+      h.v.resize(s.owned());
+      host_from_device(h.m.data(), s.m.get(), DType::F32, s.owned());
+      host_from_device(h.v.data(), s.v.get(), DType::F32, s.owned());
+    }
+    if (!s.sharded) h.full.assign(s.n, 0.0f);
+  }
+}
+
+void ZeroEngine::stage_in() {
+  DT_CHECK(staged_.size() == slots_.size());
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    Staged& h = staged_[i];
+    if (!s.sharded) {  // a resident buffer: its full values were read
+      device_from_host(s.pb->data, mdt_, h.full.data(), s.n);
+      if (s.own_master) device_from_host(s.master.get(), s.sdt, h.full.data() + s.lo, s.owned());
+    } else {
+      device_from_host(s.master.get(), s.sdt, h.master.data(), s.owned());
+    }
+    if (s.trainable) {
+      device_from_host(s.m.get(), DType::F32, h.m.data(), s.owned());
+      device_from_host(s.v.get(), DType::F32, h.v.data(), s.owned());
+    }
+  }
+  staged_.clear();
+}
+
 std::vector<ZeroBufferView> ZeroEngine::buffer_views() {
   queue_->wait_all();
+  comm_join();
+  const bool host = model_.on_host();
+  if (!host) stage_out();
   std::vector<ZeroBufferView> out;
-  for (auto& s : slots_) {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
     ZeroBufferView v;
     v.buffer = s.pb;
     v.trainable = s.trainable;
     v.resident = !s.sharded;
     v.lo = s.lo;
     v.hi = s.hi;
-    v.master = s.owned() ? s.master_ptr() : nullptr;
-    v.m = s.trainable ? s.m.data() : nullptr;
-    v.v = s.trainable ? s.v.data() : nullptr;
+    if (host) {
+      v.master = s.owned() ? master_f32(s) : nullptr;
+      v.m = s.trainable ? s.m.as<float>() : nullptr;
+      v.v = s.trainable ? s.v.as<float>() : nullptr;
+      v.full = v.resident ? s.pb->host_f32() : nullptr;
+    } else {
+      Staged& h = staged_[i];
+      v.master = s.owned() ? h.master.data() : nullptr;
+      v.m = s.trainable ? h.m.data() : nullptr;
+      v.v = s.trainable ? h.v.data() : nullptr;
+      v.full = v.resident ? h.full.data() : nullptr;
+    }
     out.push_back(v);
   }
   return out;
@@ -666,10 +858,16 @@ std::vector<ZeroBufferView> ZeroEngine::buffer_views() {
 void ZeroEngine::params_loaded() {
   queue_->wait_all();
   release_all_gathered();
+  comm_join();
+  if (!model_.on_host()) {
+    stage_in();
+    return;
+  }
   for (auto& s : slots_) {
     if (s.sharded) continue;
-    if (!s.master.empty() && s.owned()) std::memcpy(s.master.data(), s.pb->host_f32() + s.lo, s.owned() * sizeof(float));
-    if (opts_.compute_dtype != DType::F32) round_inplace(s.pb->host_f32(), s.n, opts_.compute_dtype);
+    if (s.own_master && s.owned())
+      dev_->copy_d2d(s.master.get(), fat(s.pb->data, s.lo), s.owned() * sizeof(float));
+    if (mixed_) dev_->round_to(static_cast<float*>(s.pb->data), s.n, opts_.compute_dtype);
   }
 }
 
@@ -683,20 +881,33 @@ ZeroEngine::CommTimes ZeroEngine::comm_times_take() {
 
 ZeroMemory ZeroEngine::memory() const {
   ZeroMemory r;
-  size_t phi = 0, psi = 0;
   // What the model must hold for training: full parameters of the resident buffers
   // (all while materialized), full gradients below stage 2. Its own bookkeeping says
-  // what it does hold; the difference is idle.
+  // what it does hold; the difference is idle. A master shard counts as a parameter
+  // where it is the buffer's only copy between uses (stage 3 without mixed precision,
+  // frozen stage-3 shards) and as optimizer state beside a compute copy.
+  const size_t W = static_cast<size_t>(world_), msz = dtype_size(mdt_);
+  const int st = opts_.stage;
+  const size_t K = mixed_ ? 12 : 8;
   size_t want_param = 0, want_grad = 0;
   for (const auto& s : slots_) {
-    phi += s.n;
-    if (s.trainable) psi += s.n;
-    if (!s.sharded || materialized_) want_param += s.n * sizeof(float);
-    r.param_bytes += s.master.size() * sizeof(float);
+    if (!s.sharded || materialized_) want_param += s.n * msz;
+    const bool master_is_param = s.sharded && (!mixed_ || !s.trainable);
+    (master_is_param ? r.param_bytes : r.optim_bytes) += s.master.bytes();
     if (s.trainable) {
-      r.optim_bytes += (s.m.size() + s.v.size()) * sizeof(float);
-      r.grad_bytes += s.gshard.size() * sizeof(float);
-      if (opts_.stage < 2) want_grad += s.n * sizeof(float);
+      r.optim_bytes += s.m.bytes() + s.v.bytes();
+      r.grad_bytes += s.gshard.bytes();
+      if (st < 2) want_grad += s.n * sizeof(float);
+    }
+    // Theory, per buffer (n / W for a shard).
+    const size_t n = s.n, nw = n / W, n1 = st == 0 ? n : nw;
+    if (!s.sharded) r.theory_param += msz * n;
+    else r.theory_param += (s.trainable ? (mixed_ ? 0 : 4) : dtype_size(s.sdt)) * nw;
+    if (s.trainable) {
+      r.theory_grad += 4 * (st >= 2 ? nw : n);
+      r.theory_optim += K * n1;
+    } else if (mixed_ && mdt_ == DType::F32 && !s.sharded) {
+      r.theory_optim += 4 * n1;  // the CPU's exact frozen masters
     }
   }
   const size_t have_param = model_.param_allocated_bytes(), have_grad = model_.grad_allocated_bytes();
@@ -707,20 +918,14 @@ ZeroMemory ZeroEngine::memory() const {
     std::lock_guard<std::mutex> lk(work_mu_);
     r.work_peak_bytes = work_peak_;
   }
-  const size_t W = static_cast<size_t>(world_);
-  const size_t mp = opts_.compute_dtype != DType::F32 ? 1 : 0;
-  const int st = opts_.stage;
-  r.theory_param = st == 3 ? 4 * phi / W : 4 * phi + mp * 4 * phi / (st == 0 ? 1 : W);
-  r.theory_grad = st >= 2 ? 4 * psi / W : 4 * psi;
-  r.theory_optim = st == 0 ? 8 * psi : 8 * psi / W;
   return r;
 }
 
 std::string ZeroEngine::memory_report() const {
   const ZeroMemory m = memory();
   auto mib = [](size_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); };
-  std::string s = fmt::format("zero: stage {} on {} rank(s), {} compute, overlap_comm {}\n", opts_.stage, world_,
-                              dtype_name(opts_.compute_dtype), opts_.overlap_comm ? "on" : "off");
+  std::string s = fmt::format("zero: stage {} on {} rank(s), {} compute on {}, overlap_comm {}\n", opts_.stage, world_,
+                              dtype_name(opts_.compute_dtype), dev_->name(), opts_.overlap_comm ? "on" : "off");
   s += fmt::format("zero: per rank  params {:.2f} MiB (theory {:.2f})  grads {:.2f} MiB (theory {:.2f})  "
                    "optimizer {:.2f} MiB (theory {:.2f})  total {:.2f} MiB (theory {:.2f})\n",
                    mib(m.param_bytes), mib(m.theory_param), mib(m.grad_bytes), mib(m.theory_grad), mib(m.optim_bytes),

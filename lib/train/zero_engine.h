@@ -1,7 +1,10 @@
 // ZeRO data-parallel optimizer engine (DeepSpeed stages 0-3) over the model's flat
-// per-layer fp32 buffers: bucketed gradient allreduce / reduce-scatter, sharded fp32
-// masters and AdamW state, layer-by-layer gradient sharding (stage 2) and just-in-time
-// parameter gathering with prefetch (stage 3), optionally on a communication thread.
+// per-layer buffers, on the model's device (lib/device: host memory on the CPU, device
+// memory on CUDA): bucketed gradient allreduce / reduce-scatter, sharded fp32 masters and
+// AdamW state, layer-by-layer gradient sharding (stage 2) and just-in-time parameter
+// gathering with prefetch (stage 3). Collectives overlap with compute on a communication
+// thread (Gloo, overlap_comm) or on the communicator's own CUDA stream (NCCL), ordered
+// against the compute stream with events.
 #pragma once
 
 #include "comm/communicator.h"
@@ -9,7 +12,7 @@
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "model/model.h"
-#include "train/adamw.h"
+#include "ops/optim.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -32,9 +35,10 @@ struct ZeroOptions {
   size_t prefetch_bucket_size = 50000000;       ///< stage 3: elements gathered ahead of use
   size_t param_persistence_threshold = 100000;  ///< stage 3: buffers below it stay resident
   size_t max_live_parameters = 1000000000;      ///< stage 3: cap on gathered elements (prefetch stops)
-  AdamWConfig adamw;
-  /// F32, or BF16/F16 mixed precision: fp32 masters, the model's buffers hold the
-  /// masters rounded to this dtype (stored as fp32), all-gathers travel in it.
+  ops::AdamWConfig adamw;
+  /// F32, or BF16/F16 mixed precision: fp32 masters; the model's buffers hold the
+  /// masters rounded to this dtype (stored in it on CUDA, as fp32 values on the CPU);
+  /// parameter all-gathers travel in it.
   DType compute_dtype = DType::F32;
   float gradient_clipping = 0.0f;  ///< max global L2 norm, 0 = off
 };
@@ -46,16 +50,22 @@ ZeroOptions zero_options_from(const config::TrainConfig& cfg);
 
 /// Per-rank bytes. Measured = what is resident for training on this rank; theory uses,
 /// with Phi = all parameter elements, Psi = trainable elements (adapters under LoRA),
-/// W = world size and mp = 1 under mixed precision (fp32 masters kept beside the
-/// model's compute copy, frozen buffers included so the fp32 export stays exact):
-///   stage 0: param 4 Phi + mp 4 Phi      grad 4 Psi     optim 8 Psi
-///   stage 1: param 4 Phi + mp 4 Phi / W  grad 4 Psi     optim 8 Psi / W
-///   stage 2: param 4 Phi + mp 4 Phi / W  grad 4 Psi / W optim 8 Psi / W
-///   stage 3: param 4 Phi / W             grad 4 Psi / W optim 8 Psi / W
-/// (the CPU compute copy is fp32, so DeepSpeed's 2 Psi + 2 Psi + 12 Psi becomes
-/// 4 + 4 + 8 plus the master copy). Stage-3 buffers below the persistence threshold
-/// are resident in full and counted so. Transient buffers (gradient buckets, stage-2
-/// working layer gradients, stage-3 gathered layers) are reported apart as their peak.
+/// Phi_f = Phi - Psi (frozen), W = world size, c = bytes of the model's compute copy
+/// (2 for bf16/fp16 on CUDA, 4 on the CPU and in fp32) and K = 12 under mixed precision
+/// (fp32 master + m + v), 8 in fp32 (the compute copy is the master):
+///   stage 0: param c Phi             grad 4 Psi     optim K Psi
+///   stage 1: param c Phi             grad 4 Psi     optim K Psi / W
+///   stage 2: param c Phi             grad 4 Psi / W optim K Psi / W
+///   stage 3: param c Phi_f / W       grad 4 Psi / W optim K Psi / W
+///            (+ 4 Psi / W in param in fp32, where the master shard is the parameter)
+/// This is DeepSpeed's 2 Phi + 2 Psi + 12 Psi on CUDA with fp32 gradients (4 Psi: the
+/// gradients accumulate in fp32), and at stage 3 without a 16-bit shard of trainable
+/// parameters (they are gathered from the fp32 master shard). On the CPU under mixed
+/// precision the frozen buffers also keep fp32 masters (optim + 4 Phi_f, sharded as the
+/// masters), so the fp32 export stays exact. Stage-3 buffers below the persistence
+/// threshold are resident in full and counted so in both. Transient buffers (gradient
+/// buckets, stage-2 working layer gradients, stage-3 gathered layers) are reported apart
+/// as their peak.
 struct ZeroMemory {
   size_t param_bytes = 0, grad_bytes = 0, optim_bytes = 0;
   size_t work_peak_bytes = 0;  ///< peak of the transient buffers
@@ -68,8 +78,10 @@ struct ZeroMemory {
   size_t theory_total() const { return theory_param + theory_grad + theory_optim; }
 };
 
-/// What a checkpoint needs of one buffer: its shard [lo, hi) of the master weights and
-/// (trainable buffers) AdamW's m and v, plus the full fp32 values when resident.
+/// What a checkpoint needs of one buffer, in host memory (on a device the engine stages
+/// its state on the host when the view is made and takes it back in `loaded`): its shard
+/// [lo, hi) of the master weights and (trainable buffers) AdamW's m and v, plus the full
+/// fp32 values when resident.
 struct ZeroBufferView {
   const model::ParamBuffer* buffer = nullptr;
   bool trainable = false;
@@ -79,6 +91,9 @@ struct ZeroBufferView {
   float* master = nullptr;  ///< hi - lo fp32 master values
   float* m = nullptr;       ///< hi - lo (trainable only)
   float* v = nullptr;
+  /// buffer->size fp32 values of a resident buffer, written by a checkpoint load (the
+  /// engine derives its master and compute copy from them in `loaded`).
+  float* full = nullptr;
 };
 
 /// What a checkpoint reads and writes of an engine: its buffers' views, its AdamW step
@@ -125,8 +140,14 @@ struct ZeroCheckpointView {
 /// storage when the engine is created (UsageError otherwise).
 class ZeroEngine {
  public:
-  /// comm == nullptr or size 1: single rank. Throws ConfigError for a bad stage/dtype.
-  ZeroEngine(model::Model& model, comm::Communicator* comm, const ZeroOptions& opts);
+  /// comm == nullptr or size 1: single rank. The engine's state lives on the model's
+  /// device; with several ranks a CUDA model needs a communicator on that device (NCCL)
+  /// and a CPU model one on the host (Gloo), else UsageError. A model whose compute copy
+  /// is 16-bit (on CUDA) must be given fp32_source, a host fp32 model with the same
+  /// buffers holding the exact weights the fp32 masters start from. Throws ConfigError
+  /// for a bad stage/dtype.
+  ZeroEngine(model::Model& model, comm::Communicator* comm, const ZeroOptions& opts,
+             const model::Model* fp32_source = nullptr);
   ~ZeroEngine();
   ZeroEngine(const ZeroEngine&) = delete;
   ZeroEngine& operator=(const ZeroEngine&) = delete;
@@ -156,10 +177,15 @@ class ZeroEngine {
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t n) { step_count_ = n; }
 
-  /// Puts the full fp32 master weights into every model buffer (stage 3: all-gathers
-  /// them into the model's own storage; collective). For export, evaluation and tests;
-  /// backward and step() refuse to run until params_restore().
+  /// Puts the full master weights into every model buffer (stage 3: all-gathers them into
+  /// the model's own storage; collective), as fp32 on the CPU and as the compute copy on
+  /// a 16-bit device model. For export, evaluation and tests; backward and step() refuse
+  /// to run until params_restore().
   void params_materialize();
+  /// Copies the full fp32 weights of every buffer (masters; a frozen buffer without one:
+  /// its compute copy widened) into `host`, a host fp32 model with the same buffers
+  /// (LoRA enabled alike). Collective at stages 1-3. For the fp32 export of a device run.
+  void masters_to_host(model::Model& host);
   /// Undoes params_materialize(): compute copies back in the model, stage-3 buffers
   /// sharded again.
   void params_restore();
@@ -198,6 +224,15 @@ class ZeroEngine {
   struct Bucket;
 
   void plan_buckets();
+  // ordering against the communicator's stream (no-ops unless collectives are stream-ordered)
+  template <typename F> void on_comm(F&& f);
+  template <typename F> uint64_t comm_submit(F&& f);
+  void comm_join();
+  void stage_out();
+  void stage_in();
+  float* master_f32(Slot& s);
+  void host_from_device(float* dst, const void* src, DType t, size_t n);
+  void device_from_host(void* dst, DType t, const float* src, size_t n);
   void hooks_install();
   // collectives (run inline or on the communication thread)
   void coll_allreduce(void* buf, size_t n, DType t, comm::ReduceOp op);
@@ -207,7 +242,7 @@ class ZeroEngine {
   void grads_reduce_step();
   bool bucket_inplace(const Bucket& b) const;
   size_t bucket_len(const Bucket& b) const;
-  void bucket_pack(const Bucket& b, float* buf) const;
+  void bucket_pack(const Bucket& b, float* buf);
   void bucket_collective(const Bucket& b, float* buf);
   void bucket_reduce(const Bucket& b, float* scratch);
   void bucket_reduce_async(size_t index);
@@ -229,8 +264,19 @@ class ZeroEngine {
   size_t shard_of(size_t n) const { return (n + static_cast<size_t>(world_) - 1) / static_cast<size_t>(world_); }
 
   model::Model& model_;
+  device::Device* dev_;
   comm::Communicator* comm_;
   ZeroOptions opts_;
+  DType mdt_ = DType::F32;  // the model's storage dtype (16-bit only on CUDA)
+  bool mixed_ = false;      // compute dtype != F32
+  bool stream_ordered_ = false;  // collectives run on comm_'s CUDA stream
+  void* comm_stream_ = nullptr;
+  std::unique_ptr<device::Device::Event> ev_compute_, ev_comm_;
+  device::DeviceBuffer stats_;  // the step's gradient sum of squares (one double) and the norm allreduce
+  struct Staged {
+    std::vector<float> master, m, v, full;
+  };
+  std::vector<Staged> staged_;  // device models: the checkpoint view's host copy
   int rank_ = 0, world_ = 1;
   bool tied_ = false;
   int n_layer_ = 0;

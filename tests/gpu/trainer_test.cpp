@@ -7,7 +7,7 @@
 #include "core/rng.h"
 #include "device/device.h"
 #include "gpu/gpu_model.h"
-#include "train/adamw.h"
+#include "ops/optim.h"
 #include "train/grad_clip.h"
 
 #include "gpu/gpu_skip.h"
@@ -138,7 +138,7 @@ void check_gradients(model::Model& m, DType compute, double loss_tol, double gra
 // global-norm clip, AdamW per tensor.
 struct CpuStepper {
   model::Model& m;
-  train::AdamWConfig acfg;
+  ops::AdamWConfig acfg;
   float max_norm = 0.0f;
   std::vector<std::vector<float>> mo, vo;
   int64_t steps = 0;
@@ -167,13 +167,13 @@ struct CpuStepper {
     gpu::GpuStepResult r;
     r.loss = loss_sum / static_cast<double>(total);
     double sq = 0.0;
-    for (auto& pb : bufs) sq += train::grad_norm_sq(pb.grad, pb.size);
+    for (auto& pb : bufs) sq += ops::grad_norm_sq(pb.grad, pb.size);
     r.grad_norm = std::sqrt(sq);
     const float coef = train::clip_coefficient(r.grad_norm, max_norm);
     ++steps;
     for (size_t k = 0; k < bufs.size(); ++k)
       for (const auto& t : bufs[k].layout.tensors)
-        train::adamw_step(bufs[k].host_f32() + t.offset, bufs[k].grad + t.offset, mo[k].data() + t.offset,
+        ops::adamw_step(bufs[k].host_f32() + t.offset, bufs[k].grad + t.offset, mo[k].data() + t.offset,
                           vo[k].data() + t.offset, t.numel(), acfg, lr, steps, t.decay, coef);
     return r;
   }

@@ -6,7 +6,7 @@
 #include "kernels/adamw.cuh"
 #include "kernels/cast.cuh"
 #include "kernels/reduce.cuh"
-#include "train/adamw.h"
+#include "ops/optim.h"
 #include "train/grad_clip.h"
 #include "train/loss_scaler.h"
 
@@ -40,7 +40,7 @@ double adamw_case(DType copy, size_t offset, uint64_t seed) {
   const size_t n = N_ODD;
   Floats p = rand_floats(r, n), g = rand_floats(r, n, 0.1f), m = rand_floats(r, n, 0.01f), v(n);
   for (auto& x : v) x = r.uniform() * 1e-3f;
-  train::AdamWConfig cfg;
+  ops::AdamWConfig cfg;
   cfg.weight_decay = 0.1f;
   const float lr = 3e-3f, gscale = 0.5f;
   const int64_t step = 7;
@@ -48,10 +48,10 @@ double adamw_case(DType copy, size_t offset, uint64_t seed) {
   Floats p_ref = p, m_ref = m, v_ref = v;
   double e = 0;
   if (copy == DType::F32) {
-    train::adamw_step(p_ref.data(), g.data(), m_ref.data(), v_ref.data(), n, cfg, lr, step, true, gscale);
+    ops::adamw_step(p_ref.data(), g.data(), m_ref.data(), v_ref.data(), n, cfg, lr, step, true, gscale);
     adamw_step(dp.f32(), dg.f32(), dm.f32(), dv.f32(), n, cfg, lr, step, true, gscale, nullptr);
   } else {
-    train::adamw_step(p_ref.data(), g.data(), m_ref.data(), v_ref.data(), n, cfg, lr, step, true, gscale);
+    ops::adamw_step(p_ref.data(), g.data(), m_ref.data(), v_ref.data(), n, cfg, lr, step, true, gscale);
     DevBuf dc(n, copy, offset);
     dc.poison();
     adamw_step_copy(dp.f32(), dg.f32(), dm.f32(), dv.f32(), n, cfg, lr, step, true, gscale, dc.ptr(), copy, nullptr);
@@ -68,7 +68,7 @@ double adamw_case(DType copy, size_t offset, uint64_t seed) {
 double norm_case(DType t, size_t offset, uint64_t seed) {
   Rng r(seed);
   const Floats x = round_through(rand_floats(r, N_ODD), t);
-  const double ref = train::grad_norm_sq(x.data(), x.size());
+  const double ref = ops::grad_norm_sq(x.data(), x.size());
   DevBuf dx(x, t, offset);
   double* d_acc = nullptr;
   DT_CUDA_CHECK(cudaMalloc(&d_acc, sizeof(double)));

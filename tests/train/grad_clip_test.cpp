@@ -1,5 +1,6 @@
 // Gradient clipping: the norm in double over a shard split the way ranks split it,
 // torch's coefficient formula, and the disabled / non-finite cases.
+#include "ops/optim.h"
 #include "train/grad_clip.h"
 
 #include <doctest/doctest.h>
@@ -9,6 +10,7 @@
 #include <vector>
 
 using namespace dtrain::train;
+using dtrain::ops::grad_norm_sq;
 
 TEST_CASE("grad_norm_sq of known vectors") {
   const float g[] = {3.0f, 4.0f};

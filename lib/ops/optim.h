@@ -1,6 +1,7 @@
-// AdamW with decoupled weight decay, exactly as torch.optim.AdamW (amsgrad off,
-// maximize off): one fused, vectorisable pass over a flat fp32 shard of parameters,
-// optionally writing the bf16/fp16 compute copy of the updated parameters as well.
+// The optimizer's element loops on the host: AdamW with decoupled weight decay, exactly
+// as torch.optim.AdamW (amsgrad off, maximize off): one fused, vectorisable pass over a flat fp32 shard of parameters,
+// optionally writing the bf16/fp16 compute copy of the updated parameters as well, and
+// the gradient sum of squares for global-norm clipping.
 #pragma once
 
 #include "core/dtype.h"
@@ -8,7 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace dtrain::train {
+namespace dtrain::ops {
 
 /// Hyper-parameters with torch.optim.AdamW's defaults except weight_decay (DeepSpeed's
 /// AdamW default 0.01). `lr` is the base lr; the per-step lr is passed to adamw_step.
@@ -37,4 +38,8 @@ void adamw_step_copy(float* param, const float* grad, float* m, float* v, size_t
                      float lr, int64_t step, bool decay, float grad_scale, uint16_t* compute_copy,
                      DType compute_dtype);
 
-}  // namespace dtrain::train
+/// Sum of squares of n fp32 gradients, accumulated in double. +-inf or NaN inputs give
+/// inf/NaN, which the caller treats as an overflow.
+double grad_norm_sq(const float* g, size_t n);
+
+}  // namespace dtrain::ops

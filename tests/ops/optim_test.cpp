@@ -1,7 +1,7 @@
 // AdamW: a two-step example recomputed independently in double, torch's first-step
 // property (|dp| = lr for any non-tiny gradient), weight decay, grad_scale, and the
 // fused bf16/fp16 compute copy.
-#include "train/adamw.h"
+#include "ops/optim.h"
 
 #include "core/error.h"
 
@@ -11,7 +11,7 @@
 #include <vector>
 
 using namespace dtrain;
-using namespace dtrain::train;
+using namespace dtrain::ops;
 
 namespace {
 
