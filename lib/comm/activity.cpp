@@ -27,6 +27,14 @@ void ActivityCommunicator::allreduce(const void* send, void* recv, size_t count,
   watched([&] { inner_->allreduce(send, recv, count, dtype, op); });
 }
 
+void ActivityCommunicator::allreduce_host(void* data, size_t count, DType dtype, ReduceOp op) {
+  watched([&] { inner_->allreduce_host(data, count, dtype, op); });
+}
+
+void ActivityCommunicator::all_gather_host(const void* send, void* recv, size_t send_count, DType dtype) {
+  watched([&] { inner_->all_gather_host(send, recv, send_count, dtype); });
+}
+
 void ActivityCommunicator::reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
                                           ReduceOp op) {
   watched([&] { inner_->reduce_scatter(send, recv, recv_count, dtype, op); });

@@ -31,6 +31,8 @@ class ActivityCommunicator : public Communicator {
   void* collective_stream() const override { return inner_->collective_stream(); }
 
   void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override;
+  void allreduce_host(void* data, size_t count, DType dtype, ReduceOp op) override;
+  void all_gather_host(const void* send, void* recv, size_t send_count, DType dtype) override;
   void reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op) override;
   void all_gather(const void* send, void* recv, size_t send_count, DType dtype) override;
   void broadcast(const void* send, void* recv, size_t count, DType dtype, int root) override;

@@ -57,6 +57,16 @@ class Communicator {
   /// recv gets size()*send_count elements, rank r's contribution at r*send_count.
   /// In-place when send == recv + rank*send_count (in elements), as in NCCL.
   virtual void all_gather(const void* send, void* recv, size_t send_count, DType dtype) = 0;
+  /// allreduce of a few values in HOST memory (counts, flags, norms), complete on return:
+  /// Gloo reduces them in place; NCCL stages them through device memory and waits.
+  virtual void allreduce_host(void* data, size_t count, DType dtype, ReduceOp op) {
+    allreduce(data, data, count, dtype, op);
+  }
+  /// all_gather of a few values in HOST memory (recv: size() * send_count), complete on
+  /// return, staged through device memory on NCCL.
+  virtual void all_gather_host(const void* send, void* recv, size_t send_count, DType dtype) {
+    all_gather(send, recv, send_count, dtype);
+  }
   /// Copy root's send (count elements) to every rank's recv. In-place when send == recv;
   /// send is read on root only.
   virtual void broadcast(const void* send, void* recv, size_t count, DType dtype, int root) = 0;

@@ -82,6 +82,8 @@ class NcclComm final : public NcclCommunicator {
   void set_stream(cudaStream_t stream) override { stream_ = stream != nullptr ? stream : own_stream_; }
 
   void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override;
+  void allreduce_host(void* data, size_t count, DType dtype, ReduceOp op) override;
+  void all_gather_host(const void* send, void* recv, size_t send_count, DType dtype) override;
   void reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op) override;
   void all_gather(const void* send, void* recv, size_t send_count, DType dtype) override;
   void broadcast(const void* send, void* recv, size_t count, DType dtype, int root) override;
@@ -326,6 +328,45 @@ void NcclComm::allreduce(const void* send, void* recv, size_t count, DType dtype
   enqueue("allreduce", [&](ncclComm_t c) {
     return ncclAllReduce(send, recv, count, nccl_dtype(dtype), nccl_op(op), c, s);
   });
+}
+
+// Host values go through stream-ordered device scratch on the communicator's stream and
+// come back once the stream has finished (bounded like synchronize()).
+void NcclComm::allreduce_host(void* data, size_t count, DType dtype, ReduceOp op) {
+  if (count == 0) return;
+  const size_t bytes = count * dtype_size(dtype);
+  DT_CUDA_CHECK(cudaSetDevice(device_));
+  void* d = nullptr;
+  DT_CUDA_CHECK(cudaMallocAsync(&d, bytes, stream_));
+  DT_CUDA_CHECK(cudaMemcpyAsync(d, data, bytes, cudaMemcpyHostToDevice, stream_));
+  try {
+    allreduce(d, d, count, dtype, op);
+    DT_CUDA_CHECK(cudaMemcpyAsync(data, d, bytes, cudaMemcpyDeviceToHost, stream_));
+    synchronize();
+  } catch (...) {
+    (void)cudaFreeAsync(d, stream_);
+    throw;
+  }
+  DT_CUDA_CHECK(cudaFreeAsync(d, stream_));
+}
+
+void NcclComm::all_gather_host(const void* send, void* recv, size_t send_count, DType dtype) {
+  if (send_count == 0) return;
+  const size_t bytes = send_count * dtype_size(dtype);
+  DT_CUDA_CHECK(cudaSetDevice(device_));
+  char* d = nullptr;
+  DT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&d), bytes * static_cast<size_t>(size_), stream_));
+  char* mine = d + static_cast<size_t>(rank_) * bytes;
+  DT_CUDA_CHECK(cudaMemcpyAsync(mine, send, bytes, cudaMemcpyHostToDevice, stream_));
+  try {
+    all_gather(mine, d, send_count, dtype);
+    DT_CUDA_CHECK(cudaMemcpyAsync(recv, d, bytes * static_cast<size_t>(size_), cudaMemcpyDeviceToHost, stream_));
+    synchronize();
+  } catch (...) {
+    (void)cudaFreeAsync(d, stream_);
+    throw;
+  }
+  DT_CUDA_CHECK(cudaFreeAsync(d, stream_));
 }
 
 void NcclComm::reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op) {

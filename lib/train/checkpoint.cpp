@@ -416,7 +416,7 @@ std::string checkpoint_save(const std::string& run_dir, const ZeroCheckpointView
   u32_to_f2(crc, mine.data());
   u32_to_f2(static_cast<uint32_t>(bytes & 0xffffffffu), mine.data() + 2);
   u32_to_f2(static_cast<uint32_t>(bytes >> 32), mine.data() + 4);
-  if (comm) comm->all_gather(mine.data(), all.data(), 6, DType::F32);
+  if (comm) comm->all_gather_host(mine.data(), all.data(), 6, DType::F32);
   else all = mine;
 
   if (rank == 0) {
@@ -633,7 +633,7 @@ CheckpointLoadResult checkpoint_load(const std::string& run_dir, const ZeroCheck
     std::string why = checkpoint_open(dir, o);
     // Every rank must pick the same checkpoint.
     float bad = why.empty() ? 0.0f : 1.0f;
-    if (comm) comm->allreduce(&bad, &bad, 1, DType::F32, comm::ReduceOp::MAX);
+    if (comm) comm->allreduce_host(&bad, 1, DType::F32, comm::ReduceOp::MAX);
     if (bad != 0.0f) {
       // Only damage rank 0 saw itself sets the checkpoint aside: another rank's failure
       // may be its own passing trouble (a mount, a cached stat) on a good checkpoint.

@@ -179,7 +179,7 @@ void metrics_cut_after(const std::string& path, int64_t last_step) {
 void allreduce_sum(comm::Communicator* comm, std::vector<double>& v) {
   if (comm == nullptr || comm->size() == 1) return;
   std::vector<float> f(v.begin(), v.end());
-  comm->allreduce(f.data(), f.data(), f.size(), DType::F32, comm::ReduceOp::SUM);
+  comm->allreduce_host(f.data(), f.size(), DType::F32, comm::ReduceOp::SUM);
   for (size_t i = 0; i < v.size(); ++i) v[i] = f[i];
 }
 

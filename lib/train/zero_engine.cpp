@@ -152,7 +152,7 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
     }
     layer_slots_[static_cast<size_t>(s.layer + 1)].push_back(i);
   }
-  stats_ = device::DeviceBuffer(*dev_, 4 * sizeof(double));
+  stats_ = device::DeviceBuffer(*dev_, sizeof(double));
   plan_buckets();
   // Stream-ordered collectives overlap by themselves; a thread is for blocking ones.
   queue_ = std::make_unique<ZeroCommQueue>(opts_.overlap_comm && comm_ != nullptr && !stream_ordered_);
@@ -425,15 +425,7 @@ bool ZeroEngine::step(float lr, float loss_scale) {
     const float hi = static_cast<float>(sq);
     float red[3] = {hi, static_cast<float>(sq - static_cast<double>(hi)), std::isfinite(sq) ? 0.0f : 1.0f};
     if (!std::isfinite(sq)) red[0] = red[1] = 0.0f;
-    if (comm_->on_device()) {
-      float* dred = reinterpret_cast<float*>(stats_.as<double>() + 1);
-      dev_->copy_h2d(dred, red, sizeof red);
-      queue_->wait(comm_submit([this, dred] { coll_allreduce(dred, 3, DType::F32, comm::ReduceOp::SUM); }));
-      comm_join();
-      dev_->copy_d2h(red, dred, sizeof red);
-    } else {
-      queue_->wait(queue_->submit([&] { coll_allreduce(red, 3, DType::F32, comm::ReduceOp::SUM); }));
-    }
+    queue_->wait(queue_->submit([&] { comm_->allreduce_host(red, 3, DType::F32, comm::ReduceOp::SUM); }));
     sq = red[2] != 0.0f ? std::numeric_limits<double>::infinity()
                         : static_cast<double>(red[0]) + static_cast<double>(red[1]);
   }

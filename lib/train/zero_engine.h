@@ -272,7 +272,7 @@ class ZeroEngine {
   bool stream_ordered_ = false;  // collectives run on comm_'s CUDA stream
   void* comm_stream_ = nullptr;
   std::unique_ptr<device::Device::Event> ev_compute_, ev_comm_;
-  device::DeviceBuffer stats_;  // the step's gradient sum of squares (one double) and the norm allreduce
+  device::DeviceBuffer stats_;  // the step's local gradient sum of squares (one double)
   struct Staged {
     std::vector<float> master, m, v, full;
   };
