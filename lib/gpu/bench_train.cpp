@@ -1,13 +1,14 @@
 // bench_train_run: builds the config's model (random init from training.seed, LoRA when
-// lora.r > 0), trains it on synthetic random tokens for warm-up + timed steps on the GPU
-// trainer (or the CPU model with --device cpu) and derives tokens/s, MFU and memory.
+// lora.r > 0), trains it on synthetic random tokens for warm-up + timed steps with the
+// trainer's own model and ZeRO engine (stage 0, one rank) on CUDA or the CPU, and derives
+// tokens/s, MFU and memory.
 #include "gpu/bench_train.h"
 
 #include "config/train_config.h"
 #include "core/check.h"
 #include "core/rng.h"
 #include "device/device.h"
-#include "gpu/gpu_model.h"
+#include "train/loss_scaler.h"
 #include "train/model_factory.h"
 #include "train/zero_engine.h"
 
@@ -17,6 +18,11 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <memory>
+
+#ifdef DTRAIN_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 namespace dtrain::gpu {
 
@@ -24,27 +30,41 @@ namespace {
 
 constexpr double NaN = std::numeric_limits<double>::quiet_NaN();
 
-// One fp32 step of the CPU trainer's optimizer: the ZeRO engine at stage 0 on one rank
-// (clipping, AdamW per tensor with its decay flag), the same code `dtrain launch` runs.
-class CpuBenchStepper {
+constexpr size_t CUBLASLT_WORKSPACE_BYTES = 32u << 20;  // kernels/gemm.cu, one per device
+
+// One optimizer step as `dtrain launch` runs it on one rank: the model's forward and
+// backward per micro-batch, then the ZeRO engine at stage 0 (fp16 overflow check and loss
+// scale, clipping, AdamW per tensor with its decay flag, the compute copy refreshed).
+class BenchStepper {
  public:
-  CpuBenchStepper(model::Model& m, const train::ZeroOptions& opts) : m_(m), engine_(m, nullptr, opts) {}
+  BenchStepper(model::Model& m, const train::ZeroOptions& opts, const model::Model* fp32_source,
+               const config::TrainConfig& cfg)
+      : m_(m), engine_(m, nullptr, opts, fp32_source) {
+    if (opts.compute_dtype == DType::F16)
+      scaler_ = std::make_unique<train::LossScaler>(train::loss_scaler_config_from(cfg.fp16));
+  }
   double step(const std::vector<int32_t>& in, const std::vector<int32_t>& tg, int B, int T, int accum, float lr) {
     const size_t n = static_cast<size_t>(B) * T;
+    const float scale = scaler_ ? scaler_->scale() : 1.0f;
     engine_.before_step();
     double loss = 0.0;
     for (int a = 0; a < accum; ++a) {
       loss += m_.forward(in.data() + a * n, tg.data() + a * n, B, T) / accum;
-      m_.backward(1.0f / static_cast<float>(accum));  // every target is unmasked here
+      m_.backward(scale / static_cast<float>(accum));  // every target is unmasked here
     }
-    DT_ENFORCE(engine_.step(lr), TrainError,
-               "bench train: gradients became inf/NaN (global norm {}); lower optimizer.lr", engine_.last_grad_norm());
+    const bool applied = engine_.step(lr, scale);
+    if (scaler_) scaler_->update(!applied);
+    else
+      DT_ENFORCE(applied, TrainError, "bench train: gradients became inf/NaN (global norm {}); lower optimizer.lr",
+                 engine_.last_grad_norm());
     return loss;
   }
+  const train::ZeroEngine& engine() const { return engine_; }
 
  private:
   model::Model& m_;
   train::ZeroEngine engine_;
+  std::unique_ptr<train::LossScaler> scaler_;
 };
 
 std::string gib(size_t b) { return fmt::format("{:.2f} GiB", static_cast<double>(b) / (1u << 30)); }
@@ -133,45 +153,47 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
     targets[k].assign(stream.begin() + 1, stream.end());
   }
 
-  using Clock = std::chrono::steady_clock;
-  Clock::time_point t0;
+  // The trainer's engine at stage 0 on one rank, in the bench's dtype.
+  train::ZeroOptions zo = zopts;
+  zo.stage = 0;
+  zo.overlap_comm = false;
+  zo.compute_dtype = dt;
+  std::unique_ptr<device::Device> dev;
+  std::unique_ptr<model::Model> dm;  // the model on the device
+  model::Model* tm = &m;
   if (cuda) {
-    GpuTrainOptions go;
-    go.micro_batch = r.micro_batch;
-    go.seq_len = r.seq_len;
-    go.grad_accum = r.grad_accum;
-    go.compute = dt;
-    go.adamw = zopts.adamw;
-    go.max_grad_norm = zopts.gradient_clipping;
-    go.recompute = cfg.activation_checkpointing.enabled;
-    auto g = gpu_trainer_create(m, go);
-    r.device_name = g->device_name();
-    for (int s = 0; s < o.warmup + o.steps; ++s) {
-      if (s == o.warmup) {
-        g->synchronize();
-        t0 = Clock::now();
-      }
-      const size_t k = static_cast<size_t>(s) % inputs.size();
-      r.final_loss = g->step(inputs[k].data(), targets[k].data(), r.grad_accum, lr).loss;
-    }
-    g->synchronize();
-    const GpuMemory mem = g->memory();
-    r.arena_bytes = mem.arena_bytes;
-    r.workspace_bytes = mem.workspace_bytes;
-    r.device_used_bytes = mem.device_used_bytes;
-    r.device_total_bytes = mem.device_total_bytes;
+    dev = device::cuda_create(0);
+    dm = std::make_unique<model::Model>(mcfg, *dev, dt);
+    dm->weights_copy_from(m);
+    tm = dm.get();
+    r.device_name = dev->name();
   } else {
     r.device_name = "CPU (reference model, fp32)";
-    train::ZeroOptions zo = zopts;
-    zo.stage = 0;
-    zo.overlap_comm = false;
-    zo.compute_dtype = DType::F32;  // the CPU bench runs fp32
-    CpuBenchStepper cpu(m, zo);
-    for (int s = 0; s < o.warmup + o.steps; ++s) {
-      if (s == o.warmup) t0 = Clock::now();
-      const size_t k = static_cast<size_t>(s) % inputs.size();
-      r.final_loss = cpu.step(inputs[k], targets[k], r.micro_batch, r.seq_len, r.grad_accum, lr);
+  }
+  tm->set_recompute(cfg.activation_checkpointing.enabled);
+  BenchStepper stepper(*tm, zo, cuda ? &m : nullptr, cfg);
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point t0;
+  for (int s = 0; s < o.warmup + o.steps; ++s) {
+    if (s == o.warmup) {
+      tm->device().synchronize();
+      t0 = Clock::now();
     }
+    const size_t k = static_cast<size_t>(s) % inputs.size();
+    r.final_loss = stepper.step(inputs[k], targets[k], r.micro_batch, r.seq_len, r.grad_accum, lr);
+  }
+  tm->device().synchronize();
+  if (cuda) {
+    const train::ZeroMemory zm = stepper.engine().memory();
+    r.arena_bytes = zm.total() + tm->activation_bytes();
+    r.workspace_bytes = CUBLASLT_WORKSPACE_BYTES;
+#ifdef DTRAIN_HAVE_CUDA
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
+      r.device_used_bytes = total_b - free_b;
+      r.device_total_bytes = total_b;
+    }
+#endif
   }
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   r.step_ms = 1e3 * secs / o.steps;
@@ -223,7 +245,7 @@ std::string bench_train_format(const BenchTrainResult& r, bool json) {
     return j.dump() + "\n";
   }
   std::string s;
-  s += fmt::format("bench train: {} on {}{}\n", r.config, gpu ? "cuda:0 " : "", r.device_name);
+  s += fmt::format("bench train: {} on {}\n", r.config, r.device_name);
   s += fmt::format("model        {} {:.2f}M params ({:.2f}M trainable{}), L={} d_model={}, {}\n", r.arch, r.params / 1e6,
                    r.trainable_params / 1e6, r.lora_rank ? fmt::format(", LoRA r={}", r.lora_rank) : "", r.n_layer,
                    r.d_model, r.dtype);

@@ -6,6 +6,10 @@
 #include <cstddef>
 #include <cstdint>
 
+namespace dtrain::config {
+struct Fp16Config;
+}
+
 namespace dtrain::train {
 
 /// The fp16 section of a training config (DeepSpeed key names and defaults).
@@ -44,6 +48,10 @@ struct LossScalerState {
 ///    From a fresh start or an overflow, the first doubling happens on the
 ///    (loss_scale_window + 1)-th consecutive clean step.
 /// A static scale never changes; overflowing steps are still skipped.
+/// The scaler the fp16 section of a training config asks for (defined with the other
+/// config-to-engine mappings in zero_options.cpp).
+LossScalerConfig loss_scaler_config_from(const config::Fp16Config& f);
+
 class LossScaler {
  public:
   /// Throws ConfigError for a non-positive window, hysteresis or min_loss_scale, or an

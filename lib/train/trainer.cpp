@@ -116,17 +116,6 @@ LrScheduleConfig schedule_config(const config::TrainConfig& cfg, int64_t total_s
   return l;
 }
 
-LossScalerConfig scaler_config(const config::Fp16Config& f) {
-  LossScalerConfig c;
-  c.loss_scale = static_cast<float>(f.loss_scale);
-  c.initial_scale_power = static_cast<int>(f.initial_scale_power);
-  c.loss_scale_window = f.loss_scale_window;
-  c.hysteresis = static_cast<int>(f.hysteresis);
-  c.consecutive_hysteresis = f.consecutive_hysteresis;
-  c.min_loss_scale = static_cast<float>(f.min_loss_scale);
-  return c;
-}
-
 // JSON has no inf/NaN: such values are written as null.
 nlohmann::json num(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); }
 
@@ -260,7 +249,7 @@ TrainLoop::TrainLoop(const config::TrainConfig& cfg, const TrainerEnv& env)
   total_steps_ = cfg.training.max_steps ? *cfg.training.max_steps : *cfg.training.epochs * reader_->steps_per_epoch(accum_);
   DT_ENFORCE_GT(total_steps_, 0, ConfigError, "{}: training.max_steps", cfg.source);
   sched_ = lr_schedule_create(schedule_config(cfg, total_steps_), static_cast<float>(cfg.optimizer.lr));
-  if (cfg.fp16.enabled) scaler_ = std::make_unique<LossScaler>(scaler_config(cfg.fp16));
+  if (cfg.fp16.enabled) scaler_ = std::make_unique<LossScaler>(loss_scaler_config_from(cfg.fp16));
   if (model_) {
     engine_ = std::make_unique<ZeroOptimizer>(*model_, comm_, zopts_, host_model_.get());
   } else {

@@ -1,6 +1,8 @@
-// zero_options_from(): the ZeRO engine's options from a training config.
+// zero_options_from() and loss_scaler_config_from(): the ZeRO engine's and the fp16 loss
+// scaler's options from a training config.
 #include "core/check.h"
 #include "train/zero_engine.h"
+#include "train/loss_scaler.h"
 
 #include <algorithm>
 
@@ -32,6 +34,17 @@ ZeroOptions zero_options_from(const config::TrainConfig& cfg) {
   o.compute_dtype = cfg.bf16.enabled ? DType::BF16 : cfg.fp16.enabled ? DType::F16 : DType::F32;
   o.gradient_clipping = static_cast<float>(cfg.gradient_clipping);
   return o;
+}
+
+LossScalerConfig loss_scaler_config_from(const config::Fp16Config& f) {
+  LossScalerConfig c;
+  c.loss_scale = static_cast<float>(f.loss_scale);
+  c.initial_scale_power = static_cast<int>(f.initial_scale_power);
+  c.loss_scale_window = f.loss_scale_window;
+  c.hysteresis = static_cast<int>(f.hysteresis);
+  c.consecutive_hysteresis = f.consecutive_hysteresis;
+  c.min_loss_scale = static_cast<float>(f.min_loss_scale);
+  return c;
 }
 
 }  // namespace dtrain::train

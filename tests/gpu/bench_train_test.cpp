@@ -3,7 +3,6 @@
 #include "core/error.h"
 #include "device/device.h"
 #include "gpu/bench_train.h"
-#include "gpu/gpu_model.h"
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>

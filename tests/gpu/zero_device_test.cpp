@@ -173,6 +173,20 @@ TEST_CASE("fp32: ZeRO 0-3 at world sizes 1-3 on CUDA train like the CPU (Llama G
   }
 }
 
+TEST_CASE("overlap_comm with gradient accumulation on CUDA: buckets reduce on NCCL's stream during backward") {
+  Setup s;
+  if (!enough_gpus(2)) return;
+  for (int stage : {0, 1, 2, 3}) {
+    CAPTURE(stage);
+    const std::vector<std::string> sets = {"zero_optimization.overlap_comm=true", "gradient_accumulation_steps=2",
+                                           "zero_optimization.stage=" + std::to_string(stage)};
+    const TrainResult cpu = run(false, sets, 2);
+    const TrainResult gpu = run(true, sets, 2);
+    check_close(gpu.losses, cpu.losses, 1e-4);
+    check_close(gpu.grad_norms, cpu.grad_norms, 1e-3);
+  }
+}
+
 TEST_CASE("bf16 and fp16 on CUDA: 2-byte compute copies train like the CPU's rounded fp32") {
   Setup s;
   if (!enough_gpus(2)) return;
