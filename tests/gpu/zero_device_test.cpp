@@ -2,7 +2,7 @@
 // engine's state on CUDA (NCCL between the ranks) against the same config on the CPU
 // (Gloo), ranks as threads. Tiny GPT-2 and Llama, ZeRO stages 0-3 at world sizes 1-3:
 // the per-step losses agree within 1e-4 relative in fp32 and within bf16 rounding in
-// bf16; LoRA and SFT masking included; a run checkpointed on CUDA resumes on the CPU
+// bf16; LoRA, SFT masking and evaluation included; a run checkpointed on CUDA resumes on the CPU
 // (and back) at another world size and stage; the CUDA memory report equals the formula.
 #include "comm/gloo_comm.h"
 #include "comm/nccl_comm.h"
@@ -207,16 +207,19 @@ TEST_CASE("bf16 and fp16 on CUDA: 2-byte compute copies train like the CPU's rou
   }
 }
 
-TEST_CASE("LoRA with SFT masking and dropout on CUDA at stages 1 and 3") {
+TEST_CASE("LoRA with SFT masking and dropout on CUDA at stages 1 and 3, with evaluation") {
   Setup s;
   if (!enough_gpus(2)) return;
   for (int stage : {1, 3}) {
     CAPTURE(stage);
     const std::vector<std::string> sets = {"lora.r=4", "lora.alpha=8", "lora.dropout=0.1", "data.format=alpaca",
-                                           "data.pack=false", "zero_optimization.stage=" + std::to_string(stage)};
+                                           "data.pack=false", "data.valid=configs/data/tasks/valid.jsonl",
+                                           "training.eval_steps=3", "zero_optimization.stage=" + std::to_string(stage)};
     const TrainResult cpu = run(false, sets, 2);
     const TrainResult gpu = run(true, sets, 2);
     check_close(gpu.losses, cpu.losses, 1e-4);
+    REQUIRE(std::isfinite(cpu.final_eval_loss));
+    CHECK(std::fabs(gpu.final_eval_loss - cpu.final_eval_loss) <= 1e-4 * cpu.final_eval_loss);
   }
 }
 
