@@ -5,6 +5,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "launch/dry_run.h"
+#include "launch/rank_device.h"
 #include "launch/job.h"
 #include "launch/local_spawner.h"
 #include "launch/slurm.h"
@@ -55,8 +56,8 @@ void print_dry_run(const launch::Job& job) {
   std::printf("precision   %s, ZeRO stage %lld\n", c.bf16.enabled ? "bf16" : c.fp16.enabled ? "fp16" : "fp32",
               static_cast<long long>(c.zero.stage));
   if (job.spec.mode == "train")
-    std::printf("device      cpu on every rank (training.device %s), collectives over %s\n", c.training.device.c_str(),
-                job.plan.world_size > 1 ? "Gloo" : "none (1 rank)");
+    for (const std::string& line : launch::rank_device_plan_lines(job.plan, c.training.device))
+      std::printf("device      %s\n", line.c_str());
   std::printf("run dir     %s\n", job.run_dir.c_str());
   if (!job.incomplete.empty())
     std::printf("note        not a complete dtrain job, a real launch stops here: %s\n", job.incomplete.c_str());

@@ -9,8 +9,10 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "config/train_config.h"
+#include "device/device.h"
 #include "launch/agent.h"
 #include "launch/dry_run.h"
+#include "launch/rank_device.h"
 #include "launch/job.h"
 #include "launch/rank_context.h"
 #include "launch/rank_watch.h"
@@ -98,9 +100,22 @@ int worker_train(launch::RankContext& ctx, rendezvous::Heartbeat& hb) {
     const int64_t step = last_step.load();
     if (step >= 0) hb.progress(launch::rank_progress_value(step, comm && comm->in_collective()));
   };
+  // The agent decided the device before starting us (DTRAIN_DEVICE: cpu or cuda); the
+  // backend follows it. Local rank i opens device i of this node's CUDA_VISIBLE_DEVICES.
+  const char* dev_env = std::getenv("DTRAIN_DEVICE");
+  const std::string device_name = dev_env && *dev_env ? dev_env : "cpu";
+  DT_ENFORCE(device_name == "cpu" || device_name == "cuda", UsageError,
+             "DTRAIN_DEVICE must be cpu or cuda, got \"{}\" (the node agent sets it)", device_name);
+  std::unique_ptr<device::Device> device;
+  if (device_name == "cuda") device = device::cuda_create(ctx.local_rank);
   if (ctx.world_size > 1)
-    comm = std::make_unique<comm::ActivityCommunicator>(launch::rank_comm_create(ctx, comm::Backend::GLOO), publish);
+    comm = std::make_unique<comm::ActivityCommunicator>(
+        launch::rank_comm_create(ctx, device ? comm::Backend::NCCL : comm::Backend::GLOO), publish);
+  log_debug("rank {}: device {}, collectives {}", ctx.rank,
+            device ? fmt::format("cuda:{}", ctx.local_rank) : std::string("cpu"),
+            launch::rank_backend_name(device_name, ctx.world_size));
   train::TrainerEnv env;
+  env.device = device.get();
   env.rank = ctx.rank;
   env.world_size = ctx.world_size;
   env.run_dir = ctx.run_dir;
@@ -117,6 +132,7 @@ int worker_train(launch::RankContext& ctx, rendezvous::Heartbeat& hb) {
   };
   train::train_run(cfg, env);
   if (comm) comm->barrier();
+  comm.reset();  // NCCL's communicator goes before the device it runs on
   return 0;
 }
 

@@ -201,7 +201,9 @@ const std::vector<KeySpec>& build_schema() {
       {"training.seed", KeyType::INT, F(training.seed), "seed for init, shuffling and dropout",
        {}, 0, {}, false, "DTRAIN_SEED", nullptr, kSizeT},
       {"training.device", KeyType::ENUM, F(training.device),
-       "auto = cpu in this version; cuda is refused by launch (the multi-rank trainer runs on the CPU over Gloo)", {"auto", "cpu", "cuda"}, {}, {}, false,
+       "where ranks train: cuda = the CUDA device LOCAL_RANK indexes in CUDA_VISIBLE_DEVICES, collectives over NCCL "
+       "(a host without enough GPUs fails the launch before any rank starts); cpu = the CPU, over Gloo; auto = cuda "
+       "where every node's agent sees a GPU for each of its ranks, else cpu (GPUs on only some nodes are refused)", {"auto", "cpu", "cuda"}, {}, {}, false,
        "DTRAIN_DEVICE"},
       {"training.name", KeyType::STRING, F(training.name), "job name", {}, {}, {}, false, nullptr,
        "the config file name without extension"},

@@ -6,14 +6,20 @@
 #include "core/log.h"
 #include "launch/job.h"
 #include "launch/local_spawner.h"
+#include "launch/rank_device.h"
 #include "rendezvous/store.h"
+#ifdef DTRAIN_HAVE_CUDA
+#include "kernels/device.cuh"
+#endif
 
+#include <fmt/format.h>
 #include <poll.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -29,6 +35,62 @@ std::string hostname() {
   char buf[256] = {0};
   if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown-host";
   return buf;
+}
+
+int cuda_visible() {
+#ifdef DTRAIN_HAVE_CUDA
+  return kernels::device_count();
+#else
+  return 0;
+#endif
+}
+
+// The device this node's ranks train on, decided before any of them starts: the config's
+// choice against the CUDA devices this agent sees and, with several nodes, against every
+// other node's verdict (one job, one backend). Returns the device, or "" after reporting
+// the problem (this node's own, or node 0 for a disagreement) as the node's failure;
+// nodes without a problem of their own then wait for the launcher's stop.
+std::string agent_decide_device(const AgentArgs& args, const std::string& host, rendezvous::PrefixStore& store,
+                                const std::function<bool()>& stop_asked) {
+  const int visible = args.device == "cpu" ? 0 : cuda_visible();
+  NodeDeviceVerdict mine = node_device_verdict(args.device, visible, args.devices, host);
+  std::vector<std::pair<std::string, NodeDeviceVerdict>> all;
+  if (args.nnodes == 1 || args.device == "cpu") {
+    all.emplace_back(host, mine);
+  } else {
+    store.set(device_verdict_key(args.node_rank),
+              mine.problem.empty() ? mine.device + "\n" + host : "error\n" + mine.problem);
+    std::vector<std::string> keys;
+    for (int k = 0; k < args.nnodes; ++k) keys.push_back(device_verdict_key(k));
+    // Bounded: the launcher stops the round when a node never comes up.
+    bool ready = false;
+    for (int i = 0; i < 600 && !ready; ++i) {
+      ready = store.wait(keys, std::chrono::milliseconds(1000));
+      if (!ready && stop_asked()) return "";
+    }
+    DT_ENFORCE(ready, CommError, "the other nodes did not publish their devices within 10 minutes");
+    for (int k = 0; k < args.nnodes; ++k) {
+      const std::string v = store.get(keys[static_cast<size_t>(k)], std::chrono::milliseconds(5000));
+      const size_t nl = v.find('\n');
+      const std::string head = v.substr(0, nl), rest = nl == std::string::npos ? "" : v.substr(nl + 1);
+      if (head == "error") all.emplace_back(fmt::format("node {}", k), NodeDeviceVerdict{"", rest});
+      else all.emplace_back(rest, NodeDeviceVerdict{head, ""});
+    }
+  }
+  NodeDeviceVerdict job = rank_device_agree(all);
+  if (job.problem.empty()) return job.device;
+  // Each node reports its own problem; a disagreement between sound nodes, node 0.
+  bool any_own = false;
+  for (const auto& [h, v] : all) any_own = any_own || !v.problem.empty();
+  const bool report = !mine.problem.empty() || (args.node_rank == 0 && !any_own);
+  if (report) {
+    const std::string why = mine.problem.empty() ? job.problem : mine.problem;
+    log_error("{}", why);
+    store.set(agent_failure_key(args.node_rank), why);
+    return "";
+  }
+  for (int i = 0; i < 600 && !stop_asked(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  return "";
 }
 
 // Reads the token line from fd, then watches for EOF on a thread.
@@ -148,6 +210,7 @@ std::map<std::string, std::string> agent_rank_env(const AgentArgs& a, int local_
   env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(a.round);
   env["DTRAIN_RUN_DIR"] = a.run_dir;
   env["DTRAIN_MODE"] = a.mode;
+  if (a.mode == "train") env["DTRAIN_DEVICE"] = a.device;
   if (!a.config_path.empty()) env["DTRAIN_CONFIG"] = a.config_path;
   // Ranks on one node share its cores: split them, as torchrun does for OMP, unless the
   // user chose. (BLAS threads beyond the cores make every GEMM slower.)
@@ -199,6 +262,22 @@ int agent_run(const AgentArgs& args, int token_fd, const AgentTiming& timing) {
     }
   } joiner{hb_stop, heartbeat};
 
+  // The ranks' device, before any of them starts.
+  AgentArgs resolved = args;
+  if (args.mode == "train") {
+    resolved.device = agent_decide_device(args, host, round_store, [&] {
+      return link.gone() || store_lost || round_store.check({kStopKey});
+    });
+    if (resolved.device.empty()) {
+      const bool own = round_store.check({agent_failure_key(args.node_rank)});
+      return own ? static_cast<int>(Exit::USAGE) : 143;
+    }
+    std::string ids;
+    for (size_t i = 0; i < args.devices.size(); ++i) ids += (i ? "," : "") + std::to_string(args.devices[i]);
+    log_info("{} rank(s) on {}{}, collectives: {}", args.local_world_size, resolved.device, resolved.device == "cuda" ? " devices " + ids : "",
+             rank_backend_name(resolved.device, args.world_size));
+  }
+
   // Spawn the ranks: `dtrain worker [rank args]`, token on stdin.
   std::mutex out_mu;
   std::vector<std::unique_ptr<LocalProcess>> ranks;
@@ -223,7 +302,7 @@ int agent_run(const AgentArgs& args, int token_fd, const AgentTiming& timing) {
       std::fwrite(out.data(), 1, out.size(), f);
       std::fflush(f);
     };
-    ranks.push_back(spawn_local(argv, agent_rank_env(args, lr), "", token + "\n", cb, true));
+    ranks.push_back(spawn_local(argv, agent_rank_env(resolved, lr), "", token + "\n", cb, true));
   }
 
   auto stop_all = [&] {

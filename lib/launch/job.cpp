@@ -7,6 +7,7 @@
 #include "core/log.h"
 #include "core/net_address.h"
 #include "launch/local_spawner.h"
+#include "launch/rank_device.h"
 #include "launch/run_dir.h"
 #include "launch/same_machine.h"
 #ifdef DTRAIN_HAVE_CUDA
@@ -321,20 +322,23 @@ Job job_prepare(const JobRequest& req) {
   if (!cfg.cluster.network_interface.empty())
     spec.env_set.emplace("DTRAIN_NETWORK_INTERFACE", cfg.cluster.network_interface);
 
-  // The multi-rank trainer runs on the CPU over Gloo: a config asking for CUDA is refused
-  // before any rank starts instead of silently training on the CPU.
-  if (req.require_training && req.mode == "train" && cfg.training.device == "cuda") {
-    const std::string problem = fmt::format(
-        "{}: training.device = cuda, but dtrain launch trains on the CPU over Gloo in this version (its ZeRO engine "
-        "keeps shards, masters and AdamW state in host memory; the multi-rank CUDA trainer is not built yet): set "
-        "training.device: cpu or auto. `dtrain bench train --device cuda` runs the model and a one-GPU step on a GPU",
-        cfg.source);
-    if (!req.dry_run) DT_THROW(ConfigError, "{}", problem);
-    if (job.incomplete.empty()) job.incomplete = problem;
-  }
-
+  spec.device = cfg.training.device;
   bool any_local = false;
   for (const auto& h : job.hosts.hosts) any_local = any_local || host_is_local(h.host);
+  // A local node's GPUs are known here: a config that asks for more than it has fails
+  // before anything starts (remote nodes' agents check theirs before starting ranks).
+  if (req.require_training && req.mode == "train" && cfg.training.device == "cuda") {
+    for (const NodePlan& node : job.plan.nodes) {
+      if (!host_is_local(node.host.host)) continue;
+      std::vector<int> ids;
+      for (const RankInfo& r : node.ranks) ids.push_back(r.device);
+      NodeDeviceVerdict v = node_device_verdict("cuda", visible_gpus(), ids, node.host.destination());
+      if (v.problem.empty()) continue;
+      if (!req.dry_run) DT_THROW(ConfigError, "{}: {}", cfg.source, v.problem);
+      if (job.incomplete.empty()) job.incomplete = v.problem;
+      break;
+    }
+  }
   if (req.require_training && req.mode == "train" && any_local) {
     std::string problem = input_files_problem(cfg, spec.workdir);
     if (!problem.empty()) {

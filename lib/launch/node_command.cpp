@@ -86,6 +86,10 @@ std::vector<std::string> agent_args_to_argv(const AgentArgs& a) {
       "--run-dir",    a.run_dir,
       "--mode",       a.mode,
   };
+  if (a.device != "cpu") {
+    v.push_back("--device");
+    v.push_back(a.device);
+  }
   if (!a.config_path.empty()) {
     v.push_back("--config");
     v.push_back(a.config_path);
@@ -123,7 +127,7 @@ AgentArgs agent_args_parse(const std::vector<std::string>& argv) {
       if (i + 1 >= argv.size()) DT_THROW(UsageError, "dtrain agent: {} needs a value", opt);
       value = argv[++i];
     }
-    bool known = opt == "--config" ||
+    bool known = opt == "--config" || opt == "--device" ||
                  std::find(required.begin(), required.end(), opt) != required.end();
     if (!known) DT_THROW(UsageError, "dtrain agent: unknown option \"{}\"", opt);
     if (!given.insert(opt).second) DT_THROW(UsageError, "dtrain agent: {} given twice", opt);
@@ -141,6 +145,7 @@ AgentArgs agent_args_parse(const std::vector<std::string>& argv) {
     else if (opt == "--run-dir") a.run_dir = value;
     else if (opt == "--mode") a.mode = value;
     else if (opt == "--config") a.config_path = value;
+    else if (opt == "--device") a.device = value;
   }
   for (std::string_view opt : required)
     if (!given.count(std::string(opt))) DT_THROW(UsageError, "dtrain agent: {} is required", opt);
@@ -149,6 +154,8 @@ AgentArgs agent_args_parse(const std::vector<std::string>& argv) {
     DT_THROW(UsageError, "dtrain agent: --job-id \"{}\" must be 1-128 of [A-Za-z0-9._-]", a.job_id);
   if (a.mode != "train" && a.mode != "bench")
     DT_THROW(UsageError, "dtrain agent: --mode must be train or bench, got \"{}\"", a.mode);
+  if (a.device != "cpu" && a.device != "cuda" && a.device != "auto")
+    DT_THROW(UsageError, "dtrain agent: --device must be cpu, cuda or auto, got \"{}\"", a.device);
   if (a.master_addr.empty()) DT_THROW(UsageError, "dtrain agent: --master-addr is empty");
   if (a.run_dir.empty()) DT_THROW(UsageError, "dtrain agent: --run-dir is empty");
   if (given.count("--config") && a.config_path.empty())
@@ -245,6 +252,7 @@ NodeCommand node_command_build(const Plan& plan, int node_rank, const LaunchSpec
   a.master_port = plan.master_port;
   a.run_dir = spec.run_dir;
   a.mode = spec.mode;
+  a.device = spec.device;
   a.config_path = spec.config_path;
   a.rank_args = spec.rank_args;
 

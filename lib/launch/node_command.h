@@ -24,6 +24,7 @@ struct LaunchSpec {
   std::map<std::string, std::string> env_set;  // set on every node (overrides forwarded)
   std::string config_path;  // the resolved config saved in the run dir; "" = none
   std::string mode = "train";  // "train" or "bench"
+  std::string device = "cpu";  // training.device: "cpu", "cuda" or "auto" (train mode)
   std::vector<std::string> rank_args;  // extra args for the rank processes
 };
 
@@ -34,8 +35,8 @@ struct LaunchSpec {
 /// As argv (after `dtrain agent`):
 ///     --job-id J --round R --node-rank N --nnodes K --world-size W --first-rank F
 ///     --local-world-size L --devices 0,1 --master-addr A --master-port P --run-dir D
-///     --mode M [--config C] [-- rank args...]
-/// Every option but --config is required, each exactly once, in any order; `--key=value`
+///     --mode M [--device cpu|cuda|auto] [--config C] [-- rank args...]
+/// Every option but --device (default cpu) and --config is required, each exactly once, in any order; `--key=value`
 /// is accepted too. The agent sets CUDA_VISIBLE_DEVICES=<devices> for its ranks, so
 /// local rank i uses CUDA device i, and gives rank i global rank first_rank + i.
 struct AgentArgs {
@@ -51,6 +52,7 @@ struct AgentArgs {
   int master_port = 0;
   std::string run_dir;
   std::string mode = "train";  // "train" or "bench"
+  std::string device = "cpu";  // training.device; the agent resolves auto before it starts ranks
   std::string config_path;     // "" = not passed
   std::vector<std::string> rank_args;  // after "--"
 

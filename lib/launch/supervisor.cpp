@@ -6,6 +6,7 @@
 #include "core/net_address.h"
 #include "launch/agent.h"
 #include "launch/local_spawner.h"
+#include "launch/rank_device.h"
 #include "launch/ssh_spawner.h"
 #include "launch/progress.h"
 #include "launch/run_dir.h"
@@ -435,8 +436,7 @@ int supervise(Job& job, const SupervisorOptions& opts) {
                 [&] { report::status_write_launcher(job.run_dir, job.spec.job_id); });
   log_info("run directory: {}", job.run_dir);
   if (job.spec.mode == "train")
-    log_info("ranks train on the cpu (training.device {}), collectives over {}", job.cfg.training.device,
-             job.plan.world_size > 1 ? "Gloo" : "none (1 rank)");
+    for (const std::string& line : rank_device_plan_lines(job.plan, job.cfg.training.device)) log_info("{}", line);
   const auto& ft = job.cfg.fault_tolerance;
 
   for (int round = 0;; ++round) {

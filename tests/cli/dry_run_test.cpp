@@ -2,6 +2,9 @@
 // the shipped examples (including a DeepSpeed JSON config on 4 x 8 = 32 ranks), and the
 // exit codes and messages of bad configs, hostfiles and overrides.
 #include "run_binary.h"
+#ifdef DTRAIN_HAVE_CUDA
+#include "kernels/device.cuh"
+#endif
 
 #include <doctest/doctest.h>
 
@@ -165,26 +168,35 @@ TEST_CASE("--backend nccl in a CPU-only build is a usage error before any rank s
 }
 #endif
 
-TEST_CASE("training.device: --dry-run says where ranks train; cuda is refused before any rank starts") {
+TEST_CASE("training.device: --dry-run says where every rank trains; cuda without a GPU fails before any rank starts") {
   if (!have_bin()) return;
   auto d = run_dtrain("launch --dry-run --nproc-per-node 2");  // the default job says cpu
   INFO(d.out);
   CHECK(d.code == 0);
-  CHECK(has(d.out, "device      cpu on every rank (training.device cpu), collectives over Gloo"));
+  CHECK(has(d.out, "device      node 0 (localhost): ranks 0-1 on the cpu, collectives over gloo"));
   auto a = run_dtrain("launch --dry-run --set training.device=auto");
   INFO(a.out);
   CHECK(a.code == 0);
-  CHECK(has(a.out, "device      cpu on every rank (training.device auto), collectives over none (1 rank)"));
+  CHECK(has(a.out, "device      node 0 (localhost): rank 0 on cuda device 0 (CUDA_VISIBLE_DEVICES) if localhost sees "
+                   "them, else the cpu (training.device auto), no collectives (1 rank)"));
+  auto g = run_dtrain("launch --dry-run --nproc-per-node 2 --set training.device=cuda");
+  INFO(g.out);
+  CHECK(has(g.out, "device      node 0 (localhost): ranks 0-1 on cuda devices 0,1 (CUDA_VISIBLE_DEVICES), "
+                   "collectives over nccl"));
+  // Where this machine has no GPU, cuda is refused before anything starts, naming the host.
+#ifdef DTRAIN_HAVE_CUDA
+  if (dtrain::kernels::device_count() > 0) return;
+#endif
   auto c = run_dtrain("launch --dry-run --set training.device=cuda");
   INFO(c.out);
   CHECK(c.code == 0);
   CHECK(has(c.out, "a real launch stops here"));
-  CHECK(has(c.out, "training.device = cuda"));
+  CHECK(has(c.out, "training.device = cuda, but localhost sees no CUDA device"));
   const std::string dir = "/tmp/dtrain-cli-device-" + std::to_string(::getpid());
   auto r = run_dtrain("launch --set training.device=cuda --master-port 0 --output-dir " + dir, 60);
   INFO(r.out);
   CHECK(r.code == 2);
-  CHECK(has(r.out, "training.device = cuda, but dtrain launch trains on the CPU"));
+  CHECK(has(r.out, "localhost sees no CUDA device"));
   CHECK(!has(r.out, "round 0: starting"));
   CHECK(!std::filesystem::exists(dir + "/checkpoints"));
   std::filesystem::remove_all(dir);

@@ -7,6 +7,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -278,6 +280,15 @@ TEST_CASE("agent args: round-trip") {
   a.rank_args = {"--", "--job-id", "x", "", "a b"};
   CHECK(agent_args_parse(agent_args_to_argv(a)) == a);
 
+  // --device travels when it is not the default (cpu).
+  for (const char* d : {"cuda", "auto"}) {
+    AgentArgs b = a;
+    b.device = d;
+    std::vector<std::string> words = agent_args_to_argv(b);
+    CHECK(std::find(words.begin(), words.end(), "--device") != words.end());
+    CHECK(agent_args_parse(words) == b);
+  }
+
   // --key=value is accepted and order does not matter.
   std::vector<std::string> v = agent_args_to_argv(a);
   std::vector<std::string> eq_form = {"--mode=bench", "--devices=5,1"};
@@ -341,6 +352,12 @@ TEST_CASE("agent args: rejections name the option") {
       {with("--master-addr", ""), "--master-addr"},
       {with("--run-dir", ""), "--run-dir"},
       {with("--mode", "eval"), "--mode"},
+      {[&] {
+         auto v = base;
+         v.insert(v.end(), {"--device", "gpu"});
+         return v;
+       }(),
+       "--device"},
       {with("--job-id", "a b"), "--job-id"},
       {with("--job-id", ""), "--job-id"},
       {without("--devices"), "--devices is required"},
