@@ -391,6 +391,22 @@ inline std::vector<NsProcess> dtrain_processes(const std::string& ns, const std:
   return out;
 }
 
+/// A rank process (`dtrain worker` with RANK in its environment) of namespace `ns`: its
+/// pid and RANK, waiting up to `timeout` for one.
+inline std::optional<std::pair<pid_t, int>> ns_worker(const std::string& ns, const std::string& bin,
+                                                     std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    for (auto& p : dtrain_processes(ns, bin)) {
+      if (p.cmdline.find(" worker") == std::string::npos) continue;
+      const std::string rank = proc_env(p.pid, "RANK");
+      if (!rank.empty()) return std::make_pair(p.pid, std::stoi(rank));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return std::nullopt;
+}
+
 inline std::string describe(const std::vector<NsProcess>& ps) {
   std::string s;
   for (auto& p : ps) s += std::to_string(p.pid) + ": " + p.cmdline + "\n";

@@ -63,15 +63,6 @@ std::vector<std::pair<int64_t, double>> metric_losses(const std::string& run_dir
   return out;
 }
 
-std::optional<pid_t> find_worker(Cluster& c, const std::string& bin, int k, std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  while (Clock::now() < deadline) {
-    for (auto& p : dtrain_processes(c.ns(k), bin))
-      if (contains(p.cmdline, " worker") && !proc_env(p.pid, "RANK").empty()) return p.pid;
-    std::this_thread::sleep_for(20ms);
-  }
-  return std::nullopt;
-}
 
 }  // namespace
 
@@ -88,9 +79,9 @@ TEST_CASE("dtrain-emu launch, training.device=cuda, 2 nodes x 2 ranks, stage 2: 
   Child launcher(job_argv(c, {bin, "launch", "--config", config, "--output-dir", run_dir}), gpus);
   REQUIRE(launcher.started());
   REQUIRE_MESSAGE(launcher.wait_output("saved checkpoints/step3", 240s), "no first checkpoint:\n" << launcher.output());
-  auto victim = find_worker(c, bin, 1, 10s);
+  auto victim = ns_worker(c.ns(1), bin, 10s);
   REQUIRE_MESSAGE(victim.has_value(), "no worker process in node 1");
-  ::kill(*victim, SIGKILL);
+  ::kill(victim->first, SIGKILL);
   auto rc = launcher.wait(400s);
   const std::string out = launcher.output();
   INFO("output:\n" << out);

@@ -69,16 +69,7 @@ std::string wait_no_leftovers(const Env& e, const std::vector<int>& nodes, Clock
 
 // A worker process of node k (pid and its RANK), waiting up to `timeout` for one.
 std::optional<std::pair<pid_t, int>> find_worker(const Env& e, int k, std::chrono::milliseconds timeout) {
-  auto deadline = Clock::now() + timeout;
-  while (Clock::now() < deadline) {
-    for (auto& p : dtrain_processes(e.cluster.ns(k), e.bin)) {
-      if (!contains(p.cmdline, " worker")) continue;
-      std::string rank = proc_env(p.pid, "RANK");
-      if (!rank.empty()) return std::make_pair(p.pid, std::stoi(rank));
-    }
-    std::this_thread::sleep_for(50ms);
-  }
-  return std::nullopt;
+  return ns_worker(e.cluster.ns(k), e.bin, timeout);
 }
 
 // The line of the launcher's output that holds every part, or "".

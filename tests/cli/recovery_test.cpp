@@ -181,16 +181,6 @@ void check_recovered(Env& e, const std::string& run_dir, const std::string& out,
                           : ""));
 }
 
-// A worker process of node k: its pid, waiting up to `timeout` for one.
-std::optional<pid_t> find_worker(const Env& e, int k, std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  while (Clock::now() < deadline) {
-    for (auto& p : dtrain_processes(e.cluster.ns(k), e.bin))
-      if (contains(p.cmdline, " worker") && !proc_env(p.pid, "RANK").empty()) return p.pid;
-    std::this_thread::sleep_for(20ms);
-  }
-  return std::nullopt;
-}
 
 }  // namespace
 
@@ -202,9 +192,9 @@ TEST_CASE("kill -9 of a rank mid-training: the job resumes from its last checkpo
   Child launcher(launch_argv(*e, run_dir));
   REQUIRE(launcher.started());
   REQUIRE_MESSAGE(launcher.wait_output("saved checkpoints/step5", 60s), "no first checkpoint:\n" << launcher.output());
-  auto victim = find_worker(*e, 1, 10s);
+  auto victim = ns_worker(e->cluster.ns(1), e->bin, 10s);
   REQUIRE_MESSAGE(victim.has_value(), "no worker process in node 1");
-  ::kill(*victim, SIGKILL);
+  ::kill(victim->first, SIGKILL);
   const auto killed_at = Clock::now();
   auto training_again = wait_progress_after(launcher, "resumed from step", 60s);
   auto rc = launcher.wait(60s);
