@@ -153,7 +153,7 @@ struct RendezvousConfig {
 };
 
 struct EnvConfig {
-  std::vector<std::string> forward_prefixes{"NCCL_", "CUDA_", "DTRAIN_", "OMP_"};
+  std::vector<std::string> forward_prefixes{"NCCL_", "CUDA_", "DTRAIN_", "OMP_", "OPENBLAS_"};
   std::map<std::string, std::string> set;
   bool operator==(const EnvConfig&) const = default;
 };

@@ -75,7 +75,7 @@ TEST_CASE("a small job loads with derived values filled") {
   CHECK(c.training.output_dir == "runs/small");
   CHECK(c.zero.stage == 0);
   CHECK(c.zero.reduce_bucket_size == 500000000);
-  CHECK(c.cluster.env.forward_prefixes == std::vector<std::string>{"NCCL_", "CUDA_", "DTRAIN_", "OMP_"});
+  CHECK(c.cluster.env.forward_prefixes == std::vector<std::string>{"NCCL_", "CUDA_", "DTRAIN_", "OMP_", "OPENBLAS_"});
   CHECK(!c.activation_checkpointing.enabled);
   CHECK(!c.lora.enabled());
 }
