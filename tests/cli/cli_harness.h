@@ -49,6 +49,13 @@ inline std::vector<std::string> split_lines(const std::string& text) {
   return out;
 }
 
+/// `s` quoted for a POSIX shell.
+inline std::string shq(const std::string& s) {
+  std::string r = "'";
+  for (char c : s) r += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return r + "'";
+}
+
 // Runs a shell command to its end (bounded by `timeout` in the command itself where it
 // matters); its stdout. No doctest macros: cluster teardown calls it at exit.
 inline std::string shell(const std::string& command, int* rc = nullptr) {

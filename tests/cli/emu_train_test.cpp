@@ -6,6 +6,7 @@
 // config asking for more GPUs than a node has fails before any rank starts, naming the
 // host. Built only in the EMU tree.
 #include "cli_harness.h"
+#include "run_readers.h"
 #include "tiny_job.h"
 
 #include <fmt/format.h>
@@ -52,17 +53,6 @@ std::vector<std::string> job_argv(Cluster& c, const std::vector<std::string>& he
   for (auto& s : c.ssh_sets()) argv.push_back(s);
   return argv;
 }
-
-// (step, loss) of every training record in metrics.jsonl, in file order.
-std::vector<std::pair<int64_t, double>> metric_losses(const std::string& run_dir) {
-  std::vector<std::pair<int64_t, double>> out;
-  for (const auto& line : split_lines(read_text(run_dir + "/metrics.jsonl"))) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("loss")) out.emplace_back(j.at("step").get<int64_t>(), j.at("loss").get<double>());
-  }
-  return out;
-}
-
 
 }  // namespace
 

@@ -6,6 +6,7 @@
 // checkpoint ("resumed from step K"), the job exit 0, and the final weights equal those
 // of an uninterrupted run of the same config.
 #include "cli_harness.h"
+#include "run_readers.h"
 #include "tiny_job.h"
 
 #include <fmt/format.h>
@@ -92,50 +93,10 @@ std::string reference(Env& e) {
   return dir;
 }
 
-// ----------------------------------------------------------------------------
-// safetensors: name -> fp32 values
-std::map<std::string, std::vector<float>> tensors_read(const std::string& path) {
-  std::map<std::string, std::vector<float>> out;
-  const std::string bytes = read_text(path);
-  REQUIRE_MESSAGE(bytes.size() >= 8, path << " is missing or too short");
-  uint64_t n = 0;
-  std::memcpy(&n, bytes.data(), 8);
-  REQUIRE(8 + n <= bytes.size());
-  const auto head = nlohmann::json::parse(bytes.substr(8, n));
-  for (const auto& [name, t] : head.items()) {
-    if (name == "__metadata__") continue;
-    REQUIRE_MESSAGE(t.at("dtype") == "F32", path << ": " << name << " is " << t.at("dtype"));
-    const size_t a = t.at("data_offsets")[0].get<size_t>(), b = t.at("data_offsets")[1].get<size_t>();
-    REQUIRE(8 + n + b <= bytes.size());
-    std::vector<float> v((b - a) / 4);
-    std::memcpy(v.data(), bytes.data() + 8 + n + a, b - a);
-    out[name] = std::move(v);
-  }
-  return out;
-}
-
-// Largest |a - b| / max(1, |b|) over every tensor; infinity when the tensor sets differ.
-double weights_diff(const std::string& a_path, const std::string& b_path) {
-  const auto a = tensors_read(a_path), b = tensors_read(b_path);
-  if (a.size() != b.size() || a.empty()) return INFINITY;
-  double d = 0;
-  for (const auto& [name, va] : a) {
-    auto it = b.find(name);
-    if (it == b.end() || it->second.size() != va.size()) return INFINITY;
-    for (size_t i = 0; i < va.size(); ++i)
-      d = std::max(d, std::fabs(static_cast<double>(va[i]) - it->second[i]) /
-                          std::max(1.0, std::fabs(static_cast<double>(it->second[i]))));
-  }
-  return d;
-}
-
 // Training steps recorded in metrics.jsonl, in file order.
 std::vector<int64_t> metric_steps(const std::string& run_dir) {
   std::vector<int64_t> steps;
-  for (const auto& line : split_lines(read_text(run_dir + "/metrics.jsonl"))) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("loss")) steps.push_back(j.at("step").get<int64_t>());
-  }
+  for (const auto& [step, loss] : metric_losses(run_dir)) steps.push_back(step);
   return steps;
 }
 
