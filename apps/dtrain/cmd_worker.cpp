@@ -88,6 +88,15 @@ int worker_train(launch::RankContext& ctx, rendezvous::Heartbeat& hb) {
   DT_ENFORCE(!ctx.config_path.empty(), UsageError, "DTRAIN_CONFIG is not set: the launcher passes the run's config");
   config::LoadedConfig loaded = config::config_load_file(ctx.config_path);
   config::TrainConfig cfg = std::move(loaded.cfg);
+  // The agent decided the device before starting us (DTRAIN_DEVICE: cpu or cuda).
+  const char* dev_env = std::getenv("DTRAIN_DEVICE");
+  return train_rank(ctx, hb, std::move(cfg), dev_env && *dev_env ? dev_env : "cpu");
+}
+
+}  // namespace
+
+int train_rank(launch::RankContext& ctx, rendezvous::Heartbeat& hb, config::TrainConfig cfg,
+               const std::string& device_name) {
   config::config_resolve_batch(cfg, ctx.world_size);
   // The launcher's step timeout watches the last completed step and whether this rank
   // waits in a collective (so it can tell the rank that is stuck from the peers waiting
@@ -100,12 +109,10 @@ int worker_train(launch::RankContext& ctx, rendezvous::Heartbeat& hb) {
     const int64_t step = last_step.load();
     if (step >= 0) hb.progress(launch::rank_progress_value(step, comm && comm->in_collective()));
   };
-  // The agent decided the device before starting us (DTRAIN_DEVICE: cpu or cuda); the
-  // backend follows it. Local rank i opens device i of this node's CUDA_VISIBLE_DEVICES.
-  const char* dev_env = std::getenv("DTRAIN_DEVICE");
-  const std::string device_name = dev_env && *dev_env ? dev_env : "cpu";
+  // The backend follows the device. Local rank i opens device i of this node's
+  // CUDA_VISIBLE_DEVICES.
   DT_ENFORCE(device_name == "cpu" || device_name == "cuda", UsageError,
-             "DTRAIN_DEVICE must be cpu or cuda, got \"{}\" (the node agent sets it)", device_name);
+             "the rank's device must be cpu or cuda, got \"{}\"", device_name);
   std::unique_ptr<device::Device> device;
   if (device_name == "cuda") device = device::cuda_create(ctx.local_rank);
   if (ctx.world_size > 1)
@@ -135,8 +142,6 @@ int worker_train(launch::RankContext& ctx, rendezvous::Heartbeat& hb) {
   comm.reset();  // NCCL's communicator goes before the device it runs on
   return 0;
 }
-
-}  // namespace
 
 // DTRAIN_WORKER_PRINT_ENV=NAME,NAME,...: print those variables (C-escaped) plus the
 // torchrun contract, one "env NAME=value" line each, so operators (and the multi-node

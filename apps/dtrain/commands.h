@@ -5,6 +5,16 @@
 #include <string>
 #include <vector>
 
+namespace dtrain::config {
+struct TrainConfig;
+}
+namespace dtrain::launch {
+struct RankContext;
+}
+namespace dtrain::rendezvous {
+class Heartbeat;
+}
+
 namespace dtrain::cli {
 
 // Options shared by launch, resume and bench: where the job runs and how it is configured.
@@ -48,5 +58,20 @@ int run_bench(const BenchCliOptions& bench, const JobOptions& opts);
 // `dtrain worker ...` (started by the agent, one per rank).
 int run_agent(const std::vector<std::string>& argv);
 int run_worker(const std::vector<std::string>& argv);
+
+// cmd_worker.cpp: one rank's training over its context (store, placement), on `device`
+// ("cpu" or "cuda"), with the collectives the device implies. The worker and dtrain run
+// both end here.
+int train_rank(launch::RankContext& ctx, rendezvous::Heartbeat& hb, config::TrainConfig cfg,
+               const std::string& device);
+
+// cmd_external.cpp: `dtrain run`, one process of a job another launcher started.
+struct ExternalOptions {
+  std::string config;              // --config FILE ("" = embedded default)
+  std::vector<std::string> sets;   // --set key.path=value
+  std::string output_dir;          // --output-dir DIR
+  int nproc_per_node = 0;          // --nproc-per-node N: this process spawns N local ranks
+};
+int run_external(const ExternalOptions& opts);
 
 }  // namespace dtrain::cli

@@ -183,6 +183,23 @@ int main(int argc, char** argv) {
   plot->add_option("--height", plot_h, "image height")->check(int_in_range("--height", 300, 16384))->capture_default_str();
   plot->footer("Example:\n  dtrain plot runs/tiny-sft -o loss.png");
 
+  dtrain::cli::ExternalOptions run_opts;
+  auto* run_cmd = app.add_subcommand(
+      "run", "one process of a job started by torchrun, a Kubernetes operator, srun or mpirun (placement from "
+             "their environment)");
+  run_cmd->add_option("--config", run_opts.config, "training config (YAML or DeepSpeed JSON); default: the embedded job")
+      ->check(CLI::ExistingFile);
+  run_cmd->add_option("--set", run_opts.sets, "override a config key (repeatable)")
+      ->type_name("KEY=VALUE")
+      ->allow_extra_args(false);
+  run_cmd->add_option("--output-dir", run_opts.output_dir, "run directory (overrides training.output_dir); shared by "
+                                                           "every process");
+  run_cmd->add_option("--nproc-per-node", run_opts.nproc_per_node,
+                      "this process stands for its node and starts N local ranks (the launcher's rank = node index)")
+      ->check(int_at_least("--nproc-per-node", 1));
+  run_cmd->footer("Example (every node of a PyTorchJob):\n  dtrain run --config /etc/dtrain/job.yaml\n"
+                  "The job token comes from cluster.rendezvous.token_file or token_env, never the command line.");
+
   std::string status_dir;
   auto* status = app.add_subcommand("status", "is a run running, failed or finished: progress, checkpoint, restarts, node heartbeats");
   status->add_option("RUN_DIR", status_dir, "the run directory")->required()->check(CLI::ExistingDirectory);
@@ -212,6 +229,7 @@ int main(int argc, char** argv) {
     return run_guarded([&] { return dtrain::cli::run_data_prepare(dp.input, dp.format, dp.tokenizer, dp.output); });
   if (plot->parsed()) return run_guarded([&] { return dtrain::cli::run_plot(plot_dir, plot_out, plot_w, plot_h); });
   if (status->parsed()) return run_guarded([&] { return dtrain::cli::run_status(status_dir); });
+  if (run_cmd->parsed()) return run_guarded([&] { return dtrain::cli::run_external(run_opts); });
   if (bench_train->parsed())
     return run_guarded(
         [&] { return dtrain::cli::run_bench_train(bt.config, bt.sets, bt.steps, bt.warmup, bt.json, bt.device); });

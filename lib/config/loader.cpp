@@ -574,7 +574,8 @@ void apply_set(LoadState& st, const std::string& arg) {
 // meaning, and cluster.workdir / cluster.dtrain_path are paths on the nodes.
 constexpr const char* kInputPathKeys[] = {"data.train",          "data.valid",
                                           "data.tokenizer",      "model.init_from",
-                                          "cluster.ssh.identity_file", "cluster.ssh.known_hosts"};
+                                          "cluster.ssh.identity_file", "cluster.ssh.known_hosts",
+                                          "cluster.rendezvous.token_file"};
 
 // Relative input paths become absolute: a file's values against the file's directory
 // (base_dir; "" leaves them as written), --set and env values against the working

@@ -251,6 +251,13 @@ const std::vector<KeySpec>& build_schema() {
        {}, {}, {}, false, "DTRAIN_RDZV_ADDR"},
       {"cluster.rendezvous.port", KeyType::INT, F(cluster.rendezvous.port),
        "store TCP port; 0 = pick a free one", {}, 0, 65535, false, "DTRAIN_RDZV_PORT"},
+      {"cluster.rendezvous.token_file", KeyType::STRING, F(cluster.rendezvous.token_file),
+       "dtrain run: file holding the job token (a mounted Kubernetes Secret); every process reads the same"},
+      {"cluster.rendezvous.token_env", KeyType::STRING, F(cluster.rendezvous.token_env),
+       "dtrain run: name of the environment variable holding the job token (set from a Secret)"},
+      {"cluster.rendezvous.join_timeout", KeyType::FLOAT, F(cluster.rendezvous.join_timeout),
+       "dtrain run: seconds a process waits for rank 0's store and for every rank to join (pods start late)",
+       {}, 1, 86400},
       {"cluster.network_interface", KeyType::STRING, F(cluster.network_interface),
        "network interface for rendezvous and collectives (the launcher passes it to "
        "NCCL/Gloo); \"\" = the interface of the default route"},

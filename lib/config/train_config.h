@@ -149,6 +149,11 @@ struct SshConfig {
 struct RendezvousConfig {
   std::string address = "auto";  // "auto" = the launcher's address on network_interface
   int64_t port = 29500;  // 0 = pick a free one
+  // dtrain run (ranks started by another launcher): where the job token comes from, and
+  // how long a process waits for the store and its peers (pods that start late).
+  std::string token_file;
+  std::string token_env;
+  double join_timeout = 300.0;
   bool operator==(const RendezvousConfig&) const = default;
 };
 

@@ -76,12 +76,16 @@ RankContext rank_context_from_env(int token_fd) {
   ::gethostname(host, sizeof host - 1);
   set_error_context(fmt::format("host={} rank={}", host, c.rank));
   c.token = read_line(token_fd);
+  rank_context_connect(c, std::chrono::seconds(30));
+  return c;
+}
+
+void rank_context_connect(RankContext& c, std::chrono::milliseconds connect_timeout) {
   c.store = std::make_unique<rendezvous::StoreClient>(c.master_addr, static_cast<uint16_t>(c.master_port), c.token,
-                                                      std::chrono::seconds(30));
+                                                      connect_timeout);
   c.round_store = std::make_unique<rendezvous::PrefixStore>(*c.store, c.job_id, c.round);
   c.gloo_store = std::make_shared<rendezvous::GlooStore>(*c.store, c.round_store->prefix() + "comm/",
                                                          std::chrono::seconds(120));
-  return c;
 }
 
 std::unique_ptr<rendezvous::Heartbeat> rank_heartbeat_start(RankContext& ctx, std::chrono::milliseconds interval) {

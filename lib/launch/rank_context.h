@@ -31,6 +31,11 @@ struct RankContext {
 /// (first line of token_fd), then connects to the store.
 RankContext rank_context_from_env(int token_fd);
 
+/// Connects c.store (retrying until connect_timeout: the server may start later) to
+/// c.master_addr:c.master_port with c.token, and scopes round_store and gloo_store to
+/// c.job_id / c.round.
+void rank_context_connect(RankContext& c, std::chrono::milliseconds connect_timeout);
+
 /// Starts this rank's heartbeat (rank_watch.h: "hb/rank<R>" every interval on its own
 /// connection, from a thread of this process, so it stops when the process is stopped)
 /// and publishes "rankinfo/rank<R>" = "<pid> <hostname>". CommError when the store

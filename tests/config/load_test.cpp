@@ -341,7 +341,8 @@ TEST_CASE("relative input paths: a file's against its directory, --set and env a
   {
     std::ofstream(f) << job({{"init_from", "../models/m"}}, {{"valid", "v.jsonl"}, {"tokenizer", "tok/tokenizer.json"}},
                             {{"output_dir", "runs/x"}})
-                     << "cluster: {ssh: {identity_file: keys/id, known_hosts: ~/.ssh/kh}}\n";
+                     << "cluster: {ssh: {identity_file: keys/id, known_hosts: ~/.ssh/kh}, rendezvous: {token_file: "
+                        "secret/token}}\n";
   }
   const fs::path base = fs::absolute(f).parent_path();
   TrainConfig c = config_load_file(f.string()).cfg;
@@ -351,6 +352,7 @@ TEST_CASE("relative input paths: a file's against its directory, --set and env a
   CHECK(c.model.init_from == (base / "../models/m").string());
   CHECK(c.cluster.ssh.identity_file == (base / "keys/id").string());
   CHECK(c.cluster.ssh.known_hosts == "~/.ssh/kh");  // the launcher expands ~
+  CHECK(c.cluster.rendezvous.token_file == (base / "secret/token").string());
   CHECK(c.training.output_dir == "runs/x");         // an output: the working directory's, like --output-dir
 
   c = config_load_file(f.string(), {"data.train=t2.jsonl", "data.tokenizer=byte", "data.valid=/abs/v.jsonl"}).cfg;

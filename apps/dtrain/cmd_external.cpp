@@ -1,0 +1,257 @@
+// `dtrain run`: one process of a job that torchrun, a Kubernetes operator, srun or mpirun
+// started. Rank 0 hosts the rendezvous store at MASTER_ADDR:MASTER_PORT; every process
+// joins it (waiting for late pods), heartbeats, and trains as a launched rank does. A
+// failing rank reports why; rank 0 turns a failure or a silent rank into the stop key,
+// and every process exits non-zero on it (or on losing the store), so the platform's
+// restart policy starts a new set that resumes from the latest complete checkpoint.
+#include "commands.h"
+
+#include "config/train_config.h"
+#include "core/check.h"
+#include "core/log.h"
+#include "launch/external.h"
+#include "launch/job.h"
+#include "launch/local_spawner.h"
+#include "launch/node_command.h"
+#include "launch/rank_context.h"
+#include "launch/run_dir.h"
+#include "launch/rank_device.h"
+#include "launch/rank_watch.h"
+#include "rendezvous/heartbeat.h"
+#include "rendezvous/store.h"
+#ifdef DTRAIN_HAVE_CUDA
+#include "kernels/device.cuh"
+#endif
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+namespace dtrain::cli {
+
+namespace {
+
+using namespace std::chrono_literals;
+
+std::chrono::milliseconds seconds_ms(double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); }
+
+std::string this_host() {
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  return host;
+}
+
+[[noreturn]] void die(const std::string& why) {
+  std::fprintf(stderr, "dtrain: error: %s\n", why.c_str());
+  std::fflush(stderr);
+  std::fflush(stdout);
+  std::_Exit(static_cast<int>(Exit::COMM));
+}
+
+std::string fail_key(int rank) { return fmt::format("fail/rank{}", rank); }
+int cuda_visible() {
+#ifdef DTRAIN_HAVE_CUDA
+  return kernels::device_count();
+#else
+  return 0;
+#endif
+}
+
+// Every rank's verdict for training.device (its own GPU), agreed through the store.
+std::string device_agree(launch::RankContext& ctx, const std::string& choice, const std::string& host) {
+  launch::NodeDeviceVerdict mine =
+      launch::node_device_verdict(choice, choice == "cpu" ? 0 : cuda_visible(), {ctx.local_rank}, host);
+  ctx.round_store->set(fmt::format("device/rank{}", ctx.rank),
+                       mine.problem.empty() ? mine.device + "\n" + host : "error\n" + mine.problem);
+  std::vector<std::pair<std::string, launch::NodeDeviceVerdict>> all;
+  for (int r = 0; r < ctx.world_size; ++r) {
+    const std::string v = ctx.round_store->get(fmt::format("device/rank{}", r), 300s);
+    const size_t nl = v.find('\n');
+    const std::string head = v.substr(0, nl), rest = nl == std::string::npos ? "" : v.substr(nl + 1);
+    if (head == "error") all.emplace_back(fmt::format("rank {}", r), launch::NodeDeviceVerdict{"", rest});
+    else all.emplace_back(rest, launch::NodeDeviceVerdict{head, ""});
+  }
+  launch::NodeDeviceVerdict job = launch::rank_device_agree(all);
+  DT_ENFORCE(job.problem.empty(), ConfigError, "{}", job.problem);
+  return job.device;
+}
+
+config::TrainConfig load_config(const ExternalOptions& o) {
+  config::LoadedConfig loaded =
+      o.config.empty() ? config::config_load_string(config::kDefaultConfigYaml,
+                                                    "<embedded default: configs/tiny-sft.yaml>", o.sets,
+                                                    config::kDefaultConfigDir)
+                       : config::config_load_file(o.config, o.sets);
+  for (const auto& w : loaded.warnings) log_warn("{}", w);
+  config::TrainConfig cfg = std::move(loaded.cfg);
+  if (!o.output_dir.empty()) cfg.training.output_dir = o.output_dir;
+  config::config_check_job(cfg);
+  return cfg;
+}
+
+// --nproc-per-node: this process stands for its node and spawns the local ranks, each a
+// `dtrain run` under torchrun's variables; the first one to fail stops the others.
+int run_node(const ExternalOptions& o, const launch::ExternalPlacement& node, const std::string& master_addr,
+             int master_port) {
+  const std::map<std::string, std::string> base = launch::environ_map();
+  std::vector<std::string> argv = {launch::self_exe_path(), "run"};
+  if (!o.config.empty()) argv.insert(argv.end(), {"--config", o.config});
+  for (const auto& s : o.sets) argv.insert(argv.end(), {"--set", s});
+  if (!o.output_dir.empty()) argv.insert(argv.end(), {"--output-dir", o.output_dir});
+  log_info("dtrain run: node {} of {} from {} ({}): starting {} local rank(s)", node.rank, node.world_size,
+           node.launcher, node.evidence, o.nproc_per_node);
+  std::mutex out_mu;
+  std::vector<std::unique_ptr<launch::LocalProcess>> ranks;
+  for (int i = 0; i < o.nproc_per_node; ++i) {
+    auto env = launch::external_local_rank_env(base, node, o.nproc_per_node, i, master_addr, master_port);
+    const std::string prefix = fmt::format("[rank{}] ", env.at("RANK"));
+    ranks.push_back(launch::spawn_local(
+        argv, env, "", "",
+        [&out_mu, prefix](launch::Stream s, std::string_view line) {
+          std::lock_guard<std::mutex> lock(out_mu);
+          std::FILE* f = s == launch::Stream::STDOUT ? stdout : stderr;
+          std::fprintf(f, "%s%.*s\n", prefix.c_str(), static_cast<int>(line.size()), line.data());
+          std::fflush(f);
+        },
+        true, launch::EnvMode::REPLACE));
+  }
+  for (;;) {
+    bool all_ok = true;
+    for (auto& r : ranks) {
+      auto st = r->wait_for(0ms);
+      if (!st) {
+        all_ok = false;
+        continue;
+      }
+      if (st->success()) continue;
+      log_error("local rank {} {}: stopping the others", r->where(), st->describe());
+      for (auto& other : ranks)
+        if (other->running()) other->terminate(5000ms);
+      return st->exited ? st->code : 128 + st->signal;
+    }
+    if (all_ok) return 0;
+    std::this_thread::sleep_for(50ms);
+  }
+}
+
+}  // namespace
+
+int run_external(const ExternalOptions& o) {
+  ::signal(SIGPIPE, SIG_IGN);
+  config::TrainConfig cfg = load_config(o);
+  const std::map<std::string, std::string> env = launch::environ_map();
+  const launch::ExternalPlacement p = launch::external_placement(env);
+  std::string master_addr = p.master_addr;
+  if (master_addr.empty() && cfg.cluster.rendezvous.address != "auto") master_addr = cfg.cluster.rendezvous.address;
+  DT_ENFORCE(!master_addr.empty(), UsageError,
+             "dtrain run under {}: no store address: set MASTER_ADDR (the host of rank 0) or "
+             "cluster.rendezvous.address in {}",
+             p.launcher, cfg.source);
+  const int master_port = p.master_port ? p.master_port : static_cast<int>(cfg.cluster.rendezvous.port);
+  DT_ENFORCE(master_port > 0, UsageError,
+             "dtrain run under {}: no store port: set MASTER_PORT or a fixed cluster.rendezvous.port in {} (0 = "
+             "ephemeral cannot be known to the other processes)",
+             p.launcher, cfg.source);
+  const std::string token =
+      launch::external_token(cfg.cluster.rendezvous.token_file, cfg.cluster.rendezvous.token_env, env, cfg.source);
+  if (o.nproc_per_node > 0) return run_node(o, launch::external_node(p, env), master_addr, master_port);
+
+  const std::string host = this_host();
+  set_error_context(fmt::format("host={} rank={}", host, p.rank));
+  const auto hb_interval = seconds_ms(cfg.fault_tolerance.heartbeat_interval);
+  const auto hb_timeout = seconds_ms(cfg.fault_tolerance.heartbeat_timeout);
+  const auto join_timeout = seconds_ms(cfg.cluster.rendezvous.join_timeout);
+  log_info("dtrain run: rank {} of {} (local rank {} of {}, node {}) placed by {} ({}); store {}:{}", p.rank,
+           p.world_size, p.local_rank, p.local_world_size, p.node_rank, p.launcher, p.evidence, master_addr,
+           master_port);
+
+  launch::RankContext ctx;
+  ctx.rank = p.rank;
+  ctx.world_size = p.world_size;
+  ctx.local_rank = p.local_rank;
+  ctx.local_world_size = p.local_world_size;
+  ctx.node_rank = std::min(p.node_rank, p.nnodes - 1);
+  ctx.nnodes = p.nnodes;
+  ctx.master_addr = master_addr;
+  ctx.master_port = master_port;
+  ctx.job_id = launch::external_job_id(p.run_id);
+  ctx.round = 0;
+  ctx.run_dir = std::filesystem::absolute(cfg.training.output_dir).string();
+  ctx.mode = "train";
+  ctx.token = token;
+
+  // What dtrain launch passes its ranks through the agent: the configured environment
+  // (cluster.env.set, never over what the platform set) and the network interface.
+  for (const auto& [k, v] : cfg.cluster.env.set) ::setenv(k.c_str(), v.c_str(), 0);
+  if (!cfg.cluster.network_interface.empty())
+    ::setenv("DTRAIN_NETWORK_INTERFACE", cfg.cluster.network_interface.c_str(), 0);
+
+  std::unique_ptr<rendezvous::StoreServer> server;
+  if (p.rank == 0) {
+    // The run directory (shared by every process) records the config this set runs,
+    // as under dtrain launch; the checkpoints carry their own copy.
+    const mode_t mode = launch::run_dir_mode_parse(cfg.training.run_dir_mode);
+    launch::run_dir_create(ctx.run_dir, mode);
+    launch::run_dir_write_file((std::filesystem::path(ctx.run_dir) / "config.yaml").string(),
+                               config::config_to_yaml(cfg), mode);
+    server = launch::external_store_host(master_addr, master_port, token);
+  }
+  // Wait for rank 0's store (late pods, DNS not yet there), then connect as a rank does.
+  launch::external_store_wait(master_addr, master_port, token, join_timeout);
+  launch::rank_context_connect(ctx, 30s);
+  // Ranks split the node's cores, as under dtrain launch.
+  const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+  const std::string per_rank = std::to_string(std::max(1L, cores / std::max(1, p.local_world_size)));
+  for (const char* k : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) ::setenv(k, per_rank.c_str(), 0);
+
+  auto hb = launch::rank_heartbeat_start(ctx, hb_interval);
+  std::unique_ptr<launch::ExternalRankZeroWatch> zero_watch;
+  if (server)
+    zero_watch = std::make_unique<launch::ExternalRankZeroWatch>(*server, *ctx.store, ctx.round_store->prefix(),
+                                                                 p.world_size, hb_timeout, join_timeout);
+  launch::ExternalStopWatch stop_watch(ctx, hb_timeout, server.get(), die);
+  int rc = 0;
+  try {
+    const std::string device = device_agree(ctx, cfg.training.device, host);
+    if (p.rank == 0)
+      log_info("dtrain run: {} rank(s) train on {}, collectives: {}", p.world_size, device,
+               launch::rank_backend_name(device, p.world_size));
+    rc = train_rank(ctx, *hb, cfg, device);
+  } catch (const Error& e) {
+    try {
+      ctx.round_store->set(fail_key(p.rank), fmt::format("{} rank {} on {} failed: {}", static_cast<int>(e.exit_code()),
+                                                         p.rank, host, e.what()));
+    } catch (const Error&) {
+    }
+    if (server) {  // rank 0's store goes with it: tell the others first
+      try {
+        ctx.round_store->set(launch::kExternalStopKey, fmt::format("rank 0 on {} failed: {}", host, e.what()));
+      } catch (const Error&) {
+      }
+      for (int i = 0; i < 30 && server->connection_count() > 4; ++i) std::this_thread::sleep_for(100ms);
+    }
+    throw;
+  }
+  stop_watch.disarm();
+  hb->finish(launch::kRankBeatExited);
+  if (server) {
+    // Keep the store up until every rank has said it exited (bounded).
+    zero_watch.reset();
+    for (int i = 0; i < 300; ++i) {
+      int exited = 0;
+      for (const auto& [k, v] : server->entries(ctx.round_store->prefix() + "hb/"))
+        if (k.rfind("rank", 0) == 0 && v.value == launch::kRankBeatExited) ++exited;
+      if (exited >= p.world_size) break;
+      std::this_thread::sleep_for(100ms);
+    }
+  }
+  return rc;
+}
+
+}  // namespace dtrain::cli

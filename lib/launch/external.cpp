@@ -1,0 +1,402 @@
+// `dtrain run`: placement from another launcher's environment, the token from the
+// platform, and rank 0's verdict over the heartbeats.
+#include "launch/external.h"
+
+#include "core/check.h"
+#include "core/log.h"
+#include "launch/hostlist.h"
+#include "launch/rank_context.h"
+#include "launch/rank_watch.h"
+
+#include <fmt/format.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+namespace dtrain::launch {
+
+namespace {
+
+using Env = std::map<std::string, std::string>;
+
+std::string get(const Env& env, const std::string& k) {
+  auto it = env.find(k);
+  return it == env.end() ? "" : it->second;
+}
+
+bool has(const Env& env, const std::string& k) { return !get(env, k).empty(); }
+
+int env_int(const Env& env, const std::string& launcher, const std::string& name, long lo, long hi) {
+  const std::string s = get(env, name);
+  DT_ENFORCE(!s.empty(), UsageError, "dtrain run under {}: {} is not set", launcher, name);
+  char* end = nullptr;
+  const long v = std::strtol(s.c_str(), &end, 10);
+  DT_ENFORCE(end && *end == '\0' && v >= lo && v <= hi, UsageError,
+             "dtrain run under {}: {}='{}' must be an integer in [{}, {}]", launcher, name, s, lo, hi);
+  return static_cast<int>(v);
+}
+
+int env_int_or(const Env& env, const std::string& launcher, const std::string& name, long lo, long hi, int fallback) {
+  return has(env, name) ? env_int(env, launcher, name, lo, hi) : fallback;
+}
+
+// Slurm's SLURM_TASKS_PER_NODE / SLURM_STEP_TASKS_PER_NODE: "2(x3),1" = 2,2,2,1. The
+// count on node `node`, or 0 when the text does not say.
+int slurm_tasks_on_node(const std::string& text, int node) {
+  int index = 0;
+  std::stringstream in(text);
+  for (std::string part; std::getline(in, part, ',');) {
+    int count = 0, repeat = 1;
+    if (std::sscanf(part.c_str(), "%d(x%d)", &count, &repeat) < 1 || count <= 0 || repeat <= 0) return 0;
+    if (node < index + repeat) return count;
+    index += repeat;
+  }
+  return 0;
+}
+
+std::string evidence(const Env& env, const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names)
+    if (has(env, n)) out += (out.empty() ? "" : " ") + n + "=" + get(env, n);
+  return out;
+}
+
+constexpr long kMaxRanks = 1L << 20;
+
+}  // namespace
+
+ExternalPlacement external_placement(const Env& env) {
+  ExternalPlacement p;
+  if (has(env, "RANK") || has(env, "WORLD_SIZE")) {
+    // A Kubernetes Indexed Job gives each pod its index, not a RANK: the manifest sets
+    // WORLD_SIZE, MASTER_ADDR and MASTER_PORT, and the index is the rank.
+    const bool indexed = !has(env, "RANK") && has(env, "JOB_COMPLETION_INDEX");
+    p.launcher = indexed ? "a Kubernetes Indexed Job" : "torchrun";
+    p.world_size = env_int(env, p.launcher, "WORLD_SIZE", 1, kMaxRanks);
+    p.rank = env_int(env, p.launcher, indexed ? "JOB_COMPLETION_INDEX" : "RANK", 0, p.world_size - 1);
+    p.local_world_size = env_int_or(env, p.launcher, "LOCAL_WORLD_SIZE", 1, p.world_size, 1);
+    p.local_rank = env_int_or(env, p.launcher, "LOCAL_RANK", 0, p.local_world_size - 1, 0);
+    p.nnodes = p.world_size % p.local_world_size == 0 ? p.world_size / p.local_world_size : 1;
+    p.node_rank = env_int_or(env, p.launcher, "GROUP_RANK", 0, kMaxRanks, p.rank / p.local_world_size);
+    p.run_id = get(env, "TORCHELASTIC_RUN_ID");
+    p.evidence = evidence(env, {indexed ? "JOB_COMPLETION_INDEX" : "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                "LOCAL_WORLD_SIZE", "GROUP_RANK"});
+  } else if (has(env, "OMPI_COMM_WORLD_RANK") || has(env, "OMPI_COMM_WORLD_SIZE")) {
+    p.launcher = "Open MPI";
+    p.world_size = env_int(env, p.launcher, "OMPI_COMM_WORLD_SIZE", 1, kMaxRanks);
+    p.rank = env_int(env, p.launcher, "OMPI_COMM_WORLD_RANK", 0, p.world_size - 1);
+    p.local_world_size = env_int_or(env, p.launcher, "OMPI_COMM_WORLD_LOCAL_SIZE", 1, p.world_size, 1);
+    p.local_rank = env_int_or(env, p.launcher, "OMPI_COMM_WORLD_LOCAL_RANK", 0, p.local_world_size - 1, 0);
+    p.nnodes = p.world_size % p.local_world_size == 0 ? p.world_size / p.local_world_size : 1;
+    p.node_rank = p.rank / p.local_world_size;
+    p.run_id = get(env, "OMPI_MCA_ess_base_jobid");
+    p.evidence = evidence(env, {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                "OMPI_COMM_WORLD_LOCAL_SIZE"});
+  } else if (has(env, "SLURM_PROCID")) {
+    p.launcher = "srun";
+    p.world_size = env_int(env, p.launcher, "SLURM_NTASKS", 1, kMaxRanks);
+    p.rank = env_int(env, p.launcher, "SLURM_PROCID", 0, p.world_size - 1);
+    p.nnodes = env_int_or(env, p.launcher, "SLURM_NNODES", 1, p.world_size, 1);
+    p.node_rank = env_int_or(env, p.launcher, "SLURM_NODEID", 0, p.nnodes - 1, 0);
+    p.local_rank = env_int_or(env, p.launcher, "SLURM_LOCALID", 0, p.world_size - 1, 0);
+    int local = 0;
+    for (const char* k : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})
+      if (!local && has(env, k)) local = slurm_tasks_on_node(get(env, k), p.node_rank);
+    p.local_world_size = std::max(local, p.local_rank + 1);
+    std::string nodelist = get(env, "SLURM_STEP_NODELIST");
+    if (nodelist.empty()) nodelist = get(env, "SLURM_JOB_NODELIST");
+    if (!nodelist.empty()) {
+      std::vector<std::string> hosts = hostlist_expand(nodelist);
+      if (!hosts.empty()) p.master_addr = hosts.front();
+    }
+    p.run_id = get(env, "SLURM_JOB_ID");
+    if (!p.run_id.empty() && has(env, "SLURM_STEP_ID")) p.run_id += "." + get(env, "SLURM_STEP_ID");
+    p.evidence = evidence(env, {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NNODES",
+                                "SLURM_STEP_NODELIST"});
+  } else if (has(env, "PMI_RANK") || has(env, "PMI_SIZE")) {
+    p.launcher = "PMI";
+    p.world_size = env_int(env, p.launcher, "PMI_SIZE", 1, kMaxRanks);
+    p.rank = env_int(env, p.launcher, "PMI_RANK", 0, p.world_size - 1);
+    p.local_world_size = env_int_or(env, p.launcher, "MPI_LOCALNRANKS", 1, p.world_size, 1);
+    p.local_rank = env_int_or(env, p.launcher, "MPI_LOCALRANKID", 0, p.local_world_size - 1, 0);
+    p.nnodes = p.world_size % p.local_world_size == 0 ? p.world_size / p.local_world_size : 1;
+    p.node_rank = p.rank / p.local_world_size;
+    p.evidence = evidence(env, {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"});
+  } else {
+    DT_THROW(UsageError,
+             "dtrain run: no launcher's placement in the environment: it reads RANK/WORLD_SIZE (torchrun, "
+             "Kubeflow PyTorchJob), OMPI_COMM_WORLD_RANK/_SIZE (mpirun), SLURM_PROCID/SLURM_NTASKS (srun) or "
+             "PMI_RANK/PMI_SIZE; to start ranks on hosts yourself use dtrain launch");
+  }
+  if (has(env, "MASTER_ADDR")) p.master_addr = get(env, "MASTER_ADDR");
+  if (has(env, "MASTER_PORT")) p.master_port = env_int(env, p.launcher, "MASTER_PORT", 1, 65535);
+  return p;
+}
+
+ExternalPlacement external_node(const ExternalPlacement& p, const Env& env) {
+  ExternalPlacement node = p;
+  if (!has(env, "PET_NNODES") && !has(env, "PET_NODE_RANK")) return node;
+  // Kubeflow's operator (and torchrun's PET_ convention) says the node count and the
+  // node's index directly; WORLD_SIZE may already count processes (nprocPerNode).
+  const std::string who = "the PET_ variables (Kubeflow)";
+  node.world_size = env_int(env, who, "PET_NNODES", 1, kMaxRanks);
+  node.rank = env_int(env, who, "PET_NODE_RANK", 0, node.world_size - 1);
+  return node;
+}
+
+std::map<std::string, std::string> external_local_rank_env(const Env& base, const ExternalPlacement& node, int nproc,
+                                                           int i, const std::string& master_addr, int master_port) {
+  Env env;
+  for (const auto& [k, v] : base) {
+    const bool other = k.rfind("OMPI_COMM_WORLD_", 0) == 0 || k == "SLURM_PROCID" || k == "SLURM_LOCALID" ||
+                       k == "PMI_RANK" || k == "PMI_SIZE" || k == "MPI_LOCALRANKID" || k == "MPI_LOCALNRANKS";
+    if (!other) env[k] = v;
+  }
+  env["RANK"] = std::to_string(node.rank * nproc + i);
+  env["WORLD_SIZE"] = std::to_string(node.world_size * nproc);
+  env["LOCAL_RANK"] = std::to_string(i);
+  env["LOCAL_WORLD_SIZE"] = std::to_string(nproc);
+  env["GROUP_RANK"] = std::to_string(node.rank);
+  env["MASTER_ADDR"] = master_addr;
+  env["MASTER_PORT"] = std::to_string(master_port);
+  env["TORCHELASTIC_RUN_ID"] = external_job_id(node.run_id);
+  return env;
+}
+
+std::string external_job_id(const std::string& run_id) {
+  std::string out;
+  for (char c : run_id)
+    if (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-') out.push_back(c);
+  while (!out.empty() && out[0] == '-') out.erase(0, 1);
+  if (out.size() > 64) out.resize(64);
+  return out.empty() ? "dtrain-run" : out;
+}
+
+std::string external_token(const std::string& token_file, const std::string& token_env, const Env& env,
+                           const std::string& source) {
+  DT_ENFORCE(!(token_file.empty() && token_env.empty()), ConfigError,
+             "{}: dtrain run needs the job token from the platform: set cluster.rendezvous.token_file (a mounted "
+             "Secret) or cluster.rendezvous.token_env (the variable that holds it); it is never taken from the "
+             "command line",
+             source);
+  DT_ENFORCE(token_file.empty() || token_env.empty(), ConfigError,
+             "{}: set one of cluster.rendezvous.token_file and cluster.rendezvous.token_env, not both", source);
+  std::string token;
+  if (!token_file.empty()) {
+    std::string path = token_file;
+    const std::string home = get(env, "HOME");
+    if (path.rfind("~/", 0) == 0 && !home.empty()) path = home + path.substr(1);
+    std::ifstream in(path, std::ios::binary);
+    DT_ENFORCE(in.good(), ConfigError,
+               "{}: cluster.rendezvous.token_file {} cannot be read: mount the job's token Secret there (every "
+               "process of the job reads the same one)",
+               source, token_file);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    DT_ENFORCE(text.size() <= 4096, ConfigError, "{}: cluster.rendezvous.token_file {} is larger than 4 KiB",
+               source, token_file);
+    token = std::move(text);
+  } else {
+    token = get(env, token_env);
+    DT_ENFORCE(!token.empty(), ConfigError,
+               "{}: cluster.rendezvous.token_env names {}, which is not set in this process's environment: set it "
+               "from the job's Secret",
+               source, token_env);
+  }
+  const auto not_space = [](unsigned char c) { return !std::isspace(c); };
+  token.erase(token.begin(), std::find_if(token.begin(), token.end(), not_space));
+  token.erase(std::find_if(token.rbegin(), token.rend(), not_space).base(), token.end());
+  DT_ENFORCE(token.size() >= 16, ConfigError,
+             "{}: the job token from {} has {} characters; use at least 16 random ones (e.g. `openssl rand -hex 32`)",
+             source, token_file.empty() ? "$" + token_env : token_file, token.size());
+  return token;
+}
+
+std::string external_watch_verdict(const std::map<int, std::pair<std::string, std::chrono::milliseconds>>& beats,
+                                   const std::map<int, std::string>& hosts, int world_size,
+                                   std::chrono::milliseconds heartbeat_timeout, bool join_deadline_passed,
+                                   std::chrono::milliseconds join_timeout) {
+  auto where = [&](int r) {
+    auto it = hosts.find(r);
+    return it == hosts.end() ? std::string() : " (" + it->second + ")";
+  };
+  std::vector<int> missing;
+  for (int r = 0; r < world_size; ++r) {
+    auto it = beats.find(r);
+    if (it == beats.end()) {
+      missing.push_back(r);
+      continue;
+    }
+    const auto& [value, age] = it->second;
+    if (value == kRankBeatExited) continue;
+    if (age > heartbeat_timeout)
+      return fmt::format("rank {}{} missed heartbeats for {:.1f} s (fault_tolerance.heartbeat_timeout {:.0f} s)", r,
+                         where(r), std::chrono::duration<double>(age).count(),
+                         std::chrono::duration<double>(heartbeat_timeout).count());
+  }
+  if (!missing.empty() && join_deadline_passed) {
+    std::string list;
+    for (size_t i = 0; i < missing.size() && i < 8; ++i) list += (i ? ", " : "") + std::to_string(missing[i]);
+    if (missing.size() > 8) list += fmt::format(" and {} more", missing.size() - 8);
+    return fmt::format("rank(s) {} did not join within cluster.rendezvous.join_timeout ({:.0f} s)", list,
+                       std::chrono::duration<double>(join_timeout).count());
+  }
+  return "";
+}
+
+namespace {
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+}  // namespace
+
+std::unique_ptr<rendezvous::StoreServer> external_store_host(const std::string& master_addr, int port,
+                                                             const std::string& token) {
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  std::string listen;
+  try {
+    listen = rendezvous::store_listen_address(master_addr, true);
+    return std::make_unique<rendezvous::StoreServer>(listen, static_cast<uint16_t>(port), token);
+  } catch (const CommError& e) {
+    const std::string what = e.what();
+    if (what.find("in use") != std::string::npos)
+      DT_THROW(CommError,
+               "rank 0 cannot host the store: port {} is in use on {} (another job, or an earlier rank 0 still "
+               "running): set MASTER_PORT / cluster.rendezvous.port to a free port",
+               port, host);
+    log_info("MASTER_ADDR {} is not an address of this host ({}): the store listens on every interface",
+             master_addr, what);
+  }
+  return std::make_unique<rendezvous::StoreServer>("0.0.0.0", static_cast<uint16_t>(port), token);
+}
+
+void external_store_wait(const std::string& host, int port, const std::string& token,
+                         std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    try {
+      rendezvous::StoreClient probe(host, static_cast<uint16_t>(port), token, std::max(left, 1000ms));
+      return;
+    } catch (const CommError& e) {
+      const std::string what = e.what();
+      const bool retry = what.find("cannot resolve") != std::string::npos && Clock::now() + 1s < deadline;
+      if (!retry)
+        DT_THROW(CommError,
+                 "cannot join the job's store at {}:{} (rank 0's process) within cluster.rendezvous.join_timeout: {}",
+                 host, port, what);
+      std::this_thread::sleep_for(1s);
+    }
+  }
+}
+
+std::string external_failure_reason(const std::map<std::string, std::string>& reports, int comm_code,
+                                    std::chrono::milliseconds since_first) {
+  std::string why;
+  const std::string comm_prefix = fmt::format("{} ", comm_code);
+  for (const auto& [k, v] : reports)
+    if (v.rfind(comm_prefix, 0) != 0) why = v;
+  if (why.empty() && since_first > 1s && !reports.empty()) why = reports.begin()->second;
+  if (why.empty()) return "";
+  const size_t sp = why.find(' ');
+  return sp == std::string::npos ? why : why.substr(sp + 1);
+}
+
+ExternalStopWatch::ExternalStopWatch(const RankContext& ctx, std::chrono::milliseconds lost_timeout,
+                                     const rendezvous::StoreServer* server,
+                                     std::function<void(const std::string&)> on_stop)
+    : thread_(&ExternalStopWatch::run, this, ctx.master_addr, ctx.master_port, ctx.token,
+              ctx.round_store->prefix() + kExternalStopKey, lost_timeout, server, std::move(on_stop)) {}
+
+ExternalStopWatch::~ExternalStopWatch() {
+  done_ = true;
+  thread_.join();
+}
+
+void ExternalStopWatch::run(std::string host, int port, std::string token, std::string stop_key,
+                            std::chrono::milliseconds lost_timeout, const rendezvous::StoreServer* server,
+                            std::function<void(const std::string&)> on_stop) {
+  std::unique_ptr<rendezvous::StoreClient> client;
+  bool lost = false;  // the store is unreachable since lost_since
+  Clock::time_point lost_since = Clock::now();
+  while (!done_) {
+    std::this_thread::sleep_for(200ms);
+    if (done_) break;
+    try {
+      if (!client) client = std::make_unique<rendezvous::StoreClient>(host, static_cast<uint16_t>(port), token, 2s);
+      lost = false;
+      if (!client->check({stop_key})) continue;
+      const std::string why = client->get(stop_key, 2s);
+      if (done_) break;
+      if (server)  // rank 0: let the others read it before its store goes (its own 3 connections remain)
+        for (int i = 0; i < 30 && server->connection_count() > 4; ++i) std::this_thread::sleep_for(100ms);
+      on_stop("the job stops: " + why);
+      return;
+    } catch (const Error& e) {
+      client.reset();
+      if (!lost) lost_since = Clock::now();
+      lost = true;
+      if (!done_ && Clock::now() - lost_since > lost_timeout) {
+        on_stop(fmt::format("lost the job's store at {}:{} (rank 0's process) for {:.0f} s: {}; the job stops", host,
+                            port, std::chrono::duration<double>(Clock::now() - lost_since).count(), e.what()));
+        return;
+      }
+    }
+  }
+}
+
+ExternalRankZeroWatch::ExternalRankZeroWatch(const rendezvous::StoreServer& server, rendezvous::StoreClient& store,
+                                             std::string prefix, int world_size,
+                                             std::chrono::milliseconds heartbeat_timeout,
+                                             std::chrono::milliseconds join_timeout)
+    : thread_([=, this, &server, &store] { run(server, store, prefix, world_size, heartbeat_timeout, join_timeout); }) {
+}
+
+ExternalRankZeroWatch::~ExternalRankZeroWatch() {
+  done_ = true;
+  thread_.join();
+}
+
+void ExternalRankZeroWatch::run(const rendezvous::StoreServer& server, rendezvous::StoreClient& store,
+                                const std::string& prefix, int world_size,
+                                std::chrono::milliseconds heartbeat_timeout, std::chrono::milliseconds join_timeout) {
+  const auto started = Clock::now();
+  std::optional<Clock::time_point> first_fail;
+  while (!done_) {
+    std::this_thread::sleep_for(200ms);
+    const auto now = Clock::now();
+    std::map<std::string, std::string> reports;
+    for (const auto& [k, v] : server.entries(prefix + "fail/")) reports[k] = v.value;
+    if (!reports.empty() && !first_fail) first_fail = now;
+    std::string why =
+        reports.empty()
+            ? ""
+            : external_failure_reason(reports, static_cast<int>(Exit::COMM),
+                                      std::chrono::duration_cast<std::chrono::milliseconds>(now - *first_fail));
+    if (why.empty() && reports.empty()) {
+      std::map<int, std::pair<std::string, std::chrono::milliseconds>> beats;
+      std::map<int, std::string> hosts;
+      for (const auto& [k, v] : server.entries(prefix + "hb/"))
+        if (k.rfind("rank", 0) == 0)
+          beats[std::atoi(k.c_str() + 4)] = {v.value,
+                                             std::chrono::duration_cast<std::chrono::milliseconds>(now - v.set_at)};
+      for (const auto& [k, v] : server.entries(prefix + "rankinfo/"))
+        if (k.rfind("rank", 0) == 0) hosts[std::atoi(k.c_str() + 4)] = "pid " + v.value;
+      why = external_watch_verdict(beats, hosts, world_size, heartbeat_timeout, now - started > join_timeout,
+                                   join_timeout);
+    }
+    if (why.empty()) continue;
+    try {
+      store.set(prefix + kExternalStopKey, why);
+    } catch (const Error&) {
+    }
+    return;
+  }
+}
+
+}  // namespace dtrain::launch
