@@ -4,6 +4,7 @@
 // scripts/slurm/submit.sh through sbatch. Skipped with a message when not root, without
 // the Slurm/munge binaries or without $DTRAIN_BIN; every daemon is killed at exit.
 #include "cli_harness.h"
+#include "run_readers.h"
 
 #include <fmt/format.h>
 
@@ -119,12 +120,6 @@ Env* env() {
   return instance.get();
 }
 
-std::string shq(const std::string& s) {
-  std::string r = "'";
-  for (char c : s) r += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return r + "'";
-}
-
 // The launcher runs on node 0 (as under sbatch, on the allocation's first node), which
 // also hosts ranks 0-1: their Gloo address must be node 0's, not 127.0.0.1.
 std::vector<std::string> bench_cmd(const Env& e, const std::string& run_dir, const std::vector<std::string>& extra) {
@@ -203,6 +198,85 @@ TEST_CASE("salloc: a tiny training job (tiny-cpu, 4 steps) --launcher slurm writ
   CHECK(contains(r.out, "step 4/4"));
   CHECK(contains(r.out, "job finished: all 4 rank(s) succeeded in round 0"));
   CHECK(std::filesystem::exists(out_dir + "/final/model.safetensors"));
+}
+
+// A job token every node reads (the namespaces share the filesystem).
+static std::string token_file(const Env& e) {
+  const std::string path = e.cluster.dir() + "/job-token";
+  if (!std::filesystem::exists(path)) std::ofstream(path) << "slurm-test-token-0123456789abcdef\n";
+  return path;
+}
+
+TEST_CASE("salloc + srun dtrain run (no dtrain launcher): 2 nodes x 2 tasks train tiny-cpu to the losses of "
+          "--launcher slurm") {
+  Env* e = env();
+  if (!e) return;
+  const std::vector<std::string> job = {"--config", source_dir() + "/configs/tiny-cpu.yaml", "--set",
+                                        "training.max_steps=4", "--set", "training.eval_steps=4", "--set",
+                                        "steps_per_print=1"};
+  const std::string ref_dir = e->cluster.dir() + "/run-srun-ref", dir = e->cluster.dir() + "/run-srun";
+  std::vector<std::string> launch = {"salloc", "-N", std::to_string(kNodes), "--ntasks-per-node=2", "--time=5",
+                                     e->bin, "launch", "--launcher", "slurm", "--master-port", "0",
+                                     "--set", "training.output_dir=" + ref_dir, "--set", "fault_tolerance.max_retries=0"};
+  launch.insert(launch.end(), job.begin(), job.end());
+  auto ref = run(e->cluster.on_login(launch), {}, 90s);
+  INFO("launch output:\n" << ref.out);
+  REQUIRE(!ref.timed_out);
+  REQUIRE(ref.rc == 0);
+
+  // srun starts every process itself; task 0 (on node0, the first host of the step's
+  // node list) hosts the store.
+  std::vector<std::string> srun = {"salloc", "-N", std::to_string(kNodes), "--ntasks-per-node=2", "--time=5",
+                                   "srun", "--kill-on-bad-exit=1", e->bin, "run", "--set",
+                                   "training.output_dir=" + dir, "--set", "cluster.rendezvous.port=29611", "--set",
+                                   "cluster.rendezvous.token_file=" + token_file(*e)};
+  srun.insert(srun.end(), job.begin(), job.end());
+  auto r = run(e->cluster.on_login(srun), {}, 90s);
+  INFO("srun output:\n" << r.out);
+  REQUIRE(!r.timed_out);
+  CHECK(r.rc == 0);
+  for (int rank = 0; rank < 4; ++rank)
+    CHECK(contains(r.out, fmt::format("dtrain run: rank {} of 4 (local rank {} of 2, node {}) placed by srun (SLURM_PROCID={} "
+                                      "SLURM_NTASKS=4 SLURM_LOCALID={} SLURM_NODEID={}",
+                                      rank, rank % 2, rank / 2, rank, rank % 2, rank / 2)));
+  CHECK(contains(r.out, "store node0:29611"));
+  CHECK(contains(r.out, "step 4/4"));
+  const auto want = metric_losses(ref_dir), got = metric_losses(dir);
+  REQUIRE(want.size() == 4);
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i].second == doctest::Approx(want[i].second).epsilon(1e-6));
+  CHECK(weights_diff(dir + "/final/model.safetensors", ref_dir + "/final/model.safetensors") <= 1e-6);
+}
+
+TEST_CASE("scripts/slurm/dtrain-srun.sbatch: sbatch --wait, srun starts every dtrain run, COMPLETED") {
+  Env* e = env();
+  if (!e) return;
+  std::string work = e->cluster.dir() + "/submit-srun";
+  std::filesystem::create_directories(work);
+  const std::string args = fmt::format("--config {}/configs/tiny-cpu.yaml --set training.max_steps=2 "
+                                       "--set training.eval_steps=2 --set training.output_dir={}/run",
+                                       source_dir(), work);
+  // The template asks for 8 GPUs and 8 tasks per node: override them for this cluster.
+  std::string line = fmt::format(
+      "cd {} && exec sbatch --wait -N 2 --ntasks-per-node=2 --gpus-per-node=0 --cpus-per-task=1 --time=5 {}/scripts/slurm/dtrain-srun.sbatch",
+      shq(work), shq(source_dir()));
+  auto r = run(e->cluster.on_login({"/bin/sh", "-c", line}),
+               {{"DTRAIN", e->bin}, {"DTRAIN_ARGS", args}, {"TOKEN_FILE", work + "/secret/token"}, {"RETRIES", "0"}},
+               120s);
+  std::string log;
+  for (const auto& f : std::filesystem::directory_iterator(work))
+    if (f.path().filename().string().rfind("dtrain-srun-", 0) == 0) log += read_text(f.path().string());
+  INFO("sbatch output:\n" << r.out << "\njob log:\n" << log);
+  REQUIRE(!r.timed_out);
+  CHECK(r.rc == 0);
+  CHECK(contains(log, "dtrain-srun.sbatch: job "));
+  CHECK(contains(log, "placed by srun (SLURM_PROCID=3 SLURM_NTASKS=4"));
+  CHECK(std::filesystem::exists(work + "/run/final/model.safetensors"));
+  // The token the script created: private to the user, long enough.
+  struct stat st {};
+  REQUIRE(::stat((work + "/secret/token").c_str(), &st) == 0);
+  CHECK((st.st_mode & 077) == 0);
+  CHECK(read_text(work + "/secret/token").size() == 64);
 }
 
 TEST_CASE("scripts/slurm/submit.sh: sbatch of dtrain.sbatch, followed to COMPLETED") {
