@@ -19,9 +19,6 @@
 #include "launch/rank_watch.h"
 #include "rendezvous/heartbeat.h"
 #include "rendezvous/store.h"
-#ifdef DTRAIN_HAVE_CUDA
-#include "kernels/device.cuh"
-#endif
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -55,18 +52,10 @@ std::string this_host() {
 }
 
 std::string fail_key(int rank) { return fmt::format("fail/rank{}", rank); }
-int cuda_visible() {
-#ifdef DTRAIN_HAVE_CUDA
-  return kernels::device_count();
-#else
-  return 0;
-#endif
-}
-
 // Every rank's verdict for training.device (its own GPU), agreed through the store.
 std::string device_agree(launch::RankContext& ctx, const std::string& choice, const std::string& host) {
   launch::NodeDeviceVerdict mine =
-      launch::node_device_verdict(choice, choice == "cpu" ? 0 : cuda_visible(), {ctx.local_rank}, host);
+      launch::node_device_verdict(choice, choice == "cpu" ? 0 : launch::visible_cuda_devices(), {ctx.local_rank}, host);
   ctx.round_store->set(fmt::format("device/rank{}", ctx.rank),
                        mine.problem.empty() ? mine.device + "\n" + host : "error\n" + mine.problem);
   std::vector<std::pair<std::string, launch::NodeDeviceVerdict>> all;

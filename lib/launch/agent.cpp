@@ -8,9 +8,6 @@
 #include "launch/local_spawner.h"
 #include "launch/rank_device.h"
 #include "rendezvous/store.h"
-#ifdef DTRAIN_HAVE_CUDA
-#include "kernels/device.cuh"
-#endif
 
 #include <fmt/format.h>
 #include <poll.h>
@@ -37,14 +34,6 @@ std::string hostname() {
   return buf;
 }
 
-int cuda_visible() {
-#ifdef DTRAIN_HAVE_CUDA
-  return kernels::device_count();
-#else
-  return 0;
-#endif
-}
-
 // The device this node's ranks train on, decided before any of them starts: the config's
 // choice against the CUDA devices this agent sees and, with several nodes, against every
 // other node's verdict (one job, one backend). Returns the device, or "" after reporting
@@ -52,7 +41,7 @@ int cuda_visible() {
 // nodes without a problem of their own then wait for the launcher's stop.
 std::string agent_decide_device(const AgentArgs& args, const std::string& host, rendezvous::PrefixStore& store,
                                 const std::function<bool()>& stop_asked) {
-  const int visible = args.device == "cpu" ? 0 : cuda_visible();
+  const int visible = args.device == "cpu" ? 0 : visible_cuda_devices();
   NodeDeviceVerdict mine = node_device_verdict(args.device, visible, args.devices, host);
   std::vector<std::pair<std::string, NodeDeviceVerdict>> all;
   if (args.nnodes == 1 || args.device == "cpu") {

@@ -69,6 +69,21 @@ std::string evidence(const Env& env, const std::vector<std::string>& names) {
 
 constexpr long kMaxRanks = 1L << 20;
 
+// An MPI launcher's placement from its variables: {rank, size, local rank, local size}
+// (the local ones optional); node = rank / local size, as mpirun places ranks by slot.
+ExternalPlacement mpi_placement(const Env& env, const std::string& launcher, const std::vector<std::string>& names) {
+  ExternalPlacement p;
+  p.launcher = launcher;
+  p.world_size = env_int(env, launcher, names[1], 1, kMaxRanks);
+  p.rank = env_int(env, launcher, names[0], 0, p.world_size - 1);
+  p.local_world_size = env_int_or(env, launcher, names[3], 1, p.world_size, 1);
+  p.local_rank = env_int_or(env, launcher, names[2], 0, p.local_world_size - 1, 0);
+  p.nnodes = p.world_size % p.local_world_size == 0 ? p.world_size / p.local_world_size : 1;
+  p.node_rank = p.rank / p.local_world_size;
+  p.evidence = evidence(env, names);
+  return p;
+}
+
 }  // namespace
 
 ExternalPlacement external_placement(const Env& env) {
@@ -88,16 +103,9 @@ ExternalPlacement external_placement(const Env& env) {
     p.evidence = evidence(env, {indexed ? "JOB_COMPLETION_INDEX" : "RANK", "WORLD_SIZE", "LOCAL_RANK",
                                 "LOCAL_WORLD_SIZE", "GROUP_RANK"});
   } else if (has(env, "OMPI_COMM_WORLD_RANK") || has(env, "OMPI_COMM_WORLD_SIZE")) {
-    p.launcher = "Open MPI";
-    p.world_size = env_int(env, p.launcher, "OMPI_COMM_WORLD_SIZE", 1, kMaxRanks);
-    p.rank = env_int(env, p.launcher, "OMPI_COMM_WORLD_RANK", 0, p.world_size - 1);
-    p.local_world_size = env_int_or(env, p.launcher, "OMPI_COMM_WORLD_LOCAL_SIZE", 1, p.world_size, 1);
-    p.local_rank = env_int_or(env, p.launcher, "OMPI_COMM_WORLD_LOCAL_RANK", 0, p.local_world_size - 1, 0);
-    p.nnodes = p.world_size % p.local_world_size == 0 ? p.world_size / p.local_world_size : 1;
-    p.node_rank = p.rank / p.local_world_size;
+    p = mpi_placement(env, "Open MPI", {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                        "OMPI_COMM_WORLD_LOCAL_SIZE"});
     p.run_id = get(env, "OMPI_MCA_ess_base_jobid");
-    p.evidence = evidence(env, {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-                                "OMPI_COMM_WORLD_LOCAL_SIZE"});
   } else if (has(env, "SLURM_PROCID")) {
     p.launcher = "srun";
     p.world_size = env_int(env, p.launcher, "SLURM_NTASKS", 1, kMaxRanks);
@@ -120,14 +128,7 @@ ExternalPlacement external_placement(const Env& env) {
     p.evidence = evidence(env, {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NNODES",
                                 "SLURM_STEP_NODELIST"});
   } else if (has(env, "PMI_RANK") || has(env, "PMI_SIZE")) {
-    p.launcher = "PMI";
-    p.world_size = env_int(env, p.launcher, "PMI_SIZE", 1, kMaxRanks);
-    p.rank = env_int(env, p.launcher, "PMI_RANK", 0, p.world_size - 1);
-    p.local_world_size = env_int_or(env, p.launcher, "MPI_LOCALNRANKS", 1, p.world_size, 1);
-    p.local_rank = env_int_or(env, p.launcher, "MPI_LOCALRANKID", 0, p.local_world_size - 1, 0);
-    p.nnodes = p.world_size % p.local_world_size == 0 ? p.world_size / p.local_world_size : 1;
-    p.node_rank = p.rank / p.local_world_size;
-    p.evidence = evidence(env, {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"});
+    p = mpi_placement(env, "PMI", {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"});
   } else {
     DT_THROW(UsageError,
              "dtrain run: no launcher's placement in the environment: it reads RANK/WORLD_SIZE (torchrun, "

@@ -10,9 +10,6 @@
 #include "launch/rank_device.h"
 #include "launch/run_dir.h"
 #include "launch/same_machine.h"
-#ifdef DTRAIN_HAVE_CUDA
-#include "kernels/device.cuh"
-#endif
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -37,14 +34,6 @@ namespace fs = std::filesystem;
 namespace dtrain::launch {
 
 namespace {
-
-int visible_gpus() {
-#ifdef DTRAIN_HAVE_CUDA
-  return kernels::device_count();
-#else
-  return 0;
-#endif
-}
 
 std::string absolute_path(const std::string& p) {
   std::error_code ec;
@@ -264,7 +253,7 @@ Job job_prepare(const JobRequest& req) {
                "--nproc-per-node applies only without --hostfile (the hostfile's slots=N says it per host)");
     hf = config::hostfile_load(req.hostfile_path);
   } else {
-    int slots = req.nproc_per_node > 0 ? req.nproc_per_node : std::max(1, visible_gpus());
+    int slots = req.nproc_per_node > 0 ? req.nproc_per_node : std::max(1, visible_cuda_devices());
     hf = config::hostfile_localhost(slots);
   }
   job.hosts = config::hostfile_select(hf, req.selection);
@@ -332,7 +321,7 @@ Job job_prepare(const JobRequest& req) {
       if (!host_is_local(node.host.host)) continue;
       std::vector<int> ids;
       for (const RankInfo& r : node.ranks) ids.push_back(r.device);
-      NodeDeviceVerdict v = node_device_verdict("cuda", visible_gpus(), ids, node.host.destination());
+      NodeDeviceVerdict v = node_device_verdict("cuda", visible_cuda_devices(), ids, node.host.destination());
       if (v.problem.empty()) continue;
       if (!req.dry_run) DT_THROW(ConfigError, "{}: {}", cfg.source, v.problem);
       if (job.incomplete.empty()) job.incomplete = v.problem;
