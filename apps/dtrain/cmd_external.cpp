@@ -15,10 +15,12 @@
 #include "launch/node_command.h"
 #include "launch/rank_context.h"
 #include "launch/run_dir.h"
+#include "launch/run_files.h"
 #include "launch/rank_device.h"
 #include "launch/rank_watch.h"
 #include "rendezvous/heartbeat.h"
 #include "rendezvous/store.h"
+#include "report/status.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -182,6 +184,14 @@ int run_external(const ExternalOptions& o) {
     ::setenv("DTRAIN_NETWORK_INTERFACE", cfg.cluster.network_interface.c_str(), 0);
 
   std::unique_ptr<rendezvous::StoreServer> server;
+  std::unique_ptr<launch::RunFiles> files;  // rank 0 only
+  int record_round = 0;
+  std::atomic<bool> recorded{false};  // one failure event per round, whoever sees it first
+  auto record_failure = [&](const std::string& why, int code) {
+    if (files && !recorded.exchange(true))
+      files->event({{"time_ms", report::status_now_ms()}, {"event", "failure"}, {"round", record_round},
+                    {"node", -1}, {"why", why}, {"exit_code", code}});
+  };
   if (p.rank == 0) {
     // The run directory (shared by every process) records the config this set runs,
     // as under dtrain launch; the checkpoints carry their own copy.
@@ -190,6 +200,12 @@ int run_external(const ExternalOptions& o) {
     launch::run_dir_write_file((std::filesystem::path(ctx.run_dir) / "config.yaml").string(),
                                config::config_to_yaml(cfg), mode);
     server = launch::external_store_host(master_addr, master_port, token);
+    // The run's record for `dtrain status`: this round, who started it, and how it ends.
+    files = std::make_unique<launch::RunFiles>(ctx.run_dir);
+    for (const nlohmann::json& ev : report::status_external_round_start(ctx.run_dir, p.world_size, p.launcher)) {
+      files->event(ev);
+      record_round = ev.at("round").get<int>();
+    }
   }
   // Wait for rank 0's store (late pods, DNS not yet there), then connect as a rank does.
   launch::external_store_wait(master_addr, master_port, token, join_timeout);
@@ -204,7 +220,10 @@ int run_external(const ExternalOptions& o) {
   if (server)
     zero_watch = std::make_unique<launch::ExternalRankZeroWatch>(*server, *ctx.store, ctx.round_store->prefix(),
                                                                  p.world_size, hb_timeout, join_timeout);
-  launch::ExternalStopWatch stop_watch(ctx, hb_timeout, server.get(), die);
+  launch::ExternalStopWatch stop_watch(ctx, hb_timeout, server.get(), [&](const std::string& why) {
+    record_failure(why, static_cast<int>(Exit::COMM));
+    die(why);
+  });
   int rc = 0;
   try {
     const std::string device = device_agree(ctx, cfg.training.device, host);
@@ -219,8 +238,10 @@ int run_external(const ExternalOptions& o) {
     } catch (const Error&) {
     }
     if (server) {  // rank 0's store goes with it: tell the others first
+      const std::string why = fmt::format("rank 0 on {} failed: {}", host, e.what());
+      record_failure(why, static_cast<int>(e.exit_code()));
       try {
-        ctx.round_store->set(launch::kExternalStopKey, fmt::format("rank 0 on {} failed: {}", host, e.what()));
+        ctx.round_store->set(launch::kExternalStopKey, why);
       } catch (const Error&) {
       }
       for (int i = 0; i < 30 && server->connection_count() > 4; ++i) std::this_thread::sleep_for(100ms);
@@ -229,6 +250,7 @@ int run_external(const ExternalOptions& o) {
   }
   stop_watch.disarm();
   hb->finish(launch::kRankBeatExited);
+  if (files) files->event({{"time_ms", report::status_now_ms()}, {"event", "finished"}, {"round", record_round}});
   if (server) {
     // Keep the store up until every rank has said it exited (bounded).
     zero_watch.reset();

@@ -161,6 +161,41 @@ void status_write_launcher(const std::string& run_dir, const std::string& job_id
   write_atomic(fs::path(run_dir) / "launcher.json", j.dump());
 }
 
+std::vector<json> status_external_round_start(const std::string& run_dir, int world_size,
+                                              const std::string& started_by) {
+  int round = 0;
+  std::optional<json> open;  // the last round_start when nothing followed it
+  for (const json& e : read_jsonl(fs::path(run_dir) / "events.jsonl")) {
+    const std::string ev = get_or<std::string>(e, "event", "");
+    if (ev.empty()) continue;
+    if (ev == "round_start") ++round;
+    open = ev == "round_start" ? std::optional<json>(e) : std::nullopt;
+  }
+  std::vector<json> out;
+  const int64_t now = status_now_ms();
+  if (open) {
+    const bool external = !get_or<std::string>(*open, "started_by", "").empty();
+    const std::string why =
+        external ? fmt::format("ended without a final event: its rank 0 (pid {} on {}) was killed or lost",
+                               get_or<int>(*open, "pid", 0), get_or<std::string>(*open, "host", "?"))
+                 : "ended without a final event: its launcher was killed or lost";
+    out.push_back({{"time_ms", now},
+                   {"event", "failure"},
+                   {"round", get_or<int>(*open, "round", round - 1)},
+                   {"node", -1},
+                   {"why", why}});
+  }
+  out.push_back({{"time_ms", now},
+                 {"event", "round_start"},
+                 {"round", round},
+                 {"world_size", world_size},
+                 {"started_by", started_by},
+                 {"pid", ::getpid()},
+                 {"host", this_host()},
+                 {"pid_start", pid_start_ticks(::getpid())}});
+  return out;
+}
+
 void status_write_nodes(const std::string& run_dir, int round, const std::vector<NodeHealth>& nodes) {
   json arr = json::array();
   for (const auto& n : nodes)
@@ -223,6 +258,7 @@ RunStatus status_read(const std::string& run_dir) {
   }
 
   std::string last_event;
+  int64_t ext_pid_start = -1;
   for (const json& e : read_jsonl_strict(dir / "events.jsonl")) {
     const std::string ev = get_or<std::string>(e, "event", "");
     const int64_t t = get_or<int64_t>(e, "time_ms", 0);
@@ -232,6 +268,12 @@ RunStatus status_read(const std::string& run_dir) {
     st.last_event_ms = t;
     if (ev == "round_start") {
       ++st.rounds;
+      st.started_by = get_or<std::string>(e, "started_by", "");
+      if (!st.started_by.empty()) {  // dtrain run: its rank 0 owns the record
+        st.launcher_pid = get_or<int>(e, "pid", 0);
+        st.launcher_host = get_or<std::string>(e, "host", "");
+        ext_pid_start = get_or<int64_t>(e, "pid_start", -1);
+      }
     } else if (ev == "failure") {
       RoundFailure f;
       f.round = round;
@@ -288,6 +330,18 @@ RunStatus status_read(const std::string& run_dir) {
       }
   }
 
+  if (!st.started_by.empty()) {
+    // Rank 0 of dtrain run is alive exactly while its round runs.
+    st.launcher_remote = !st.launcher_host.empty() && st.launcher_host != this_host();
+    st.launcher_alive = false;
+    if (last_event == "round_start" && !st.launcher_remote) {
+      st.launcher_alive = pid_alive(st.launcher_pid);
+      if (st.launcher_alive && ext_pid_start >= 0) {
+        const int64_t now_start = pid_start_ticks(st.launcher_pid);
+        if (now_start >= 0 && now_start != ext_pid_start) st.launcher_alive = false;
+      }
+    }
+  }
   if (st.launcher_alive) st.state = RunState::RUNNING;
   else if (last_event == "finished") st.state = RunState::FINISHED;
   else if (last_event == "failure") st.state = st.failures.back().node == -2 ? RunState::INTERRUPTED : RunState::FAILED;
@@ -306,7 +360,10 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
   std::string state = run_state_name(st.state);
   switch (st.state) {
     case RunState::RUNNING:
-      if (st.launcher_remote)
+      if (!st.started_by.empty())
+        state += fmt::format(": dtrain run under {}, rank 0 pid {} on {}{}", st.started_by, st.launcher_pid,
+                             st.launcher_host, st.launcher_remote ? " (liveness not checkable from this host)" : "");
+      else if (st.launcher_remote)
         state += fmt::format(": launcher on {} (pid {}; liveness not checkable from this host)", st.launcher_host,
                              st.launcher_pid);
       else
@@ -320,10 +377,22 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
       break;
     case RunState::FAILED:
     case RunState::INTERRUPTED:
-      state += fmt::format(" {} ago (exit code {}); continue with: dtrain resume {}", ago(st.last_event_ms),
-                           st.failures.back().exit_code, st.run_dir);
+      if (!st.started_by.empty())
+        state += fmt::format(" {} ago (exit code {}); {} restarts the processes (or start them again): they "
+                             "resume from the latest complete checkpoint",
+                             ago(st.last_event_ms), st.failures.back().exit_code, st.started_by);
+      else
+        state += fmt::format(" {} ago (exit code {}); continue with: dtrain resume {}", ago(st.last_event_ms),
+                             st.failures.back().exit_code, st.run_dir);
       break;
     case RunState::LOST:
+      if (!st.started_by.empty()) {
+        state += fmt::format(": rank 0 of dtrain run (pid {} on {}) is gone without a final event (killed); {} "
+                             "restarts the processes (or start them again): they resume from the latest complete "
+                             "checkpoint",
+                             st.launcher_pid, st.launcher_host.empty() ? "?" : st.launcher_host, st.started_by);
+        break;
+      }
       state += fmt::format(": the launcher (pid {} on {}) is gone without a final event (killed, or it could not "
                            "write events.jsonl: see its output); continue with: dtrain resume {}",
                            st.launcher_pid, st.launcher_host.empty() ? "?" : st.launcher_host, st.run_dir);
@@ -348,8 +417,8 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
   row("restarts", std::to_string(st.restarts()));
   for (const auto& f : st.failures) {
     std::string who = f.node >= 0 ? fmt::format("node {}: ", f.node) : "";
-    out += fmt::format("  round {} failed {} ago: {}{} [exit code {}]\n", f.round, ago(f.time_ms), who, f.why,
-                       f.exit_code);
+    out += fmt::format("  round {} failed {} ago: {}{}{}\n", f.round, ago(f.time_ms), who, f.why,
+                       f.exit_code != 0 ? fmt::format(" [exit code {}]", f.exit_code) : std::string());
   }
 
   if (st.have_nodes && !st.nodes.empty()) {

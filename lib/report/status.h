@@ -3,6 +3,8 @@
 // the writers for the two files the launcher keeps current for it.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -30,6 +32,15 @@ struct NodeHealth {
 /// <run_dir>/nodes.json: {"time_ms" (unix ms), "round", "nodes": [{"node", "host",
 /// "heartbeat_age_s", "state"}]}, written atomically. Meant to be called about once a
 /// second by the supervisor. IoError when the file cannot be written.
+/// The events rank 0 of `dtrain run` appends to events.jsonl when its round starts, in
+/// order: when the previous round has no final event (its rank 0 was killed), a
+/// "failure" for it saying so; then "round_start" with time_ms, round (the round_start
+/// events already in events.jsonl: restarts by the platform count on), world_size,
+/// started_by (the launcher whose environment placed the ranks), and this process's pid,
+/// host and pid_start for liveness.
+std::vector<nlohmann::json> status_external_round_start(const std::string& run_dir, int world_size,
+                                                        const std::string& started_by);
+
 void status_write_nodes(const std::string& run_dir, int round, const std::vector<NodeHealth>& nodes);
 
 // ----------------------------------------------------------------------------
@@ -66,6 +77,10 @@ struct RunStatus {
   bool launcher_remote = false;  ///< on another host: liveness unknown from here
   // events.jsonl
   int rounds = 0;                ///< round_start events
+  /// "" when dtrain launch ran the last round; else the launcher whose processes ran it
+  /// under `dtrain run` ("torchrun", "srun", ...): its rank 0 (launcher_pid on
+  /// launcher_host) wrote the events, and the platform restarts it, not dtrain resume.
+  std::string started_by;
   int64_t last_event_ms = 0;
   std::vector<RoundFailure> failures;
   // metrics.jsonl

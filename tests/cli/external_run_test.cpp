@@ -6,7 +6,8 @@
 // weights as `dtrain launch` on the same nodes; a process with a wrong token or none is
 // refused while the job goes on undisturbed; a kill -9 of any process (the store's host
 // included) makes every process exit non-zero, and the restarted set resumes from the
-// last checkpoint and finishes with the uninterrupted run's weights.
+// last checkpoint and finishes with the uninterrupted run's weights, then goes on with
+// 2 of the 3 nodes (another world size) from there.
 #include "cli_harness.h"
 #include "run_readers.h"
 
@@ -89,23 +90,23 @@ const std::string& launch_reference(Env& e) {
 
 enum class Flavour { TORCHRUN, SRUN, OPEN_MPI };
 
-// What each launcher sets for the process on node k (of 3, one process per node), and
+// What each launcher sets for the process on node k (of `nodes`, one process per node), and
 // the --set arguments for what it does not say (srun's port, Open MPI's address and port).
-std::string placement_vars(const Env& e, Flavour f, int k, int port) {
+std::string placement_vars(const Env& e, Flavour f, int k, int nodes, int port) {
   const Cluster& c = e.cluster;
   switch (f) {
     case Flavour::TORCHRUN:  // also Kubeflow's PyTorchJob
       return fmt::format("RANK={0} WORLD_SIZE={1} LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 GROUP_RANK={0} MASTER_ADDR={2} "
                          "MASTER_PORT={3} TORCHELASTIC_RUN_ID=op-test",
-                         k, kNodes, c.addr(0), port);
+                         k, nodes, c.addr(0), port);
     case Flavour::SRUN:
       return fmt::format("SLURM_PROCID={0} SLURM_NTASKS={1} SLURM_LOCALID=0 SLURM_NODEID={0} SLURM_NNODES={1} "
-                         "SLURM_JOB_NODELIST={2},{3},{4} SLURM_TASKS_PER_NODE='1(x3)' SLURM_JOB_ID=4242",
-                         k, kNodes, c.addr(0), c.addr(1), c.addr(2));
+                         "SLURM_JOB_NODELIST={2},{3},{4} SLURM_TASKS_PER_NODE='1(x{1})' SLURM_JOB_ID=4242",
+                         k, nodes, c.addr(0), c.addr(1), c.addr(2));
     case Flavour::OPEN_MPI:
       return fmt::format("OMPI_COMM_WORLD_RANK={} OMPI_COMM_WORLD_SIZE={} OMPI_COMM_WORLD_LOCAL_RANK=0 "
                          "OMPI_COMM_WORLD_LOCAL_SIZE=1",
-                         k, kNodes);
+                         k, nodes);
   }
   return "";
 }
@@ -118,15 +119,19 @@ std::vector<std::string> flavour_sets(const Env& e, Flavour f, int port) {
   return {};
 }
 
-// The operator: a shell loop that starts one `dtrain run` per node (node k's output in
-// <logs>/node<k>.attempt<a>.log), waits for all, and starts all again while any exited
-// non-zero, at most `attempts` times. Prints "attempt A exit codes: c0 c1 c2".
+// The operator: a shell loop that starts one `dtrain run` on each of the first `nodes`
+// nodes (node k's output in <logs>/node<k>.attempt<a>.log), waits for all, and starts all
+// again while any exited non-zero, at most `attempts` times. Prints "attempt A exit
+// codes: c0 c1 ...". `more` = further arguments of every dtrain run.
 struct Operator {
   std::string logs, script;
+  int nodes = kNodes;
 };
 
-Operator write_operator(Env& e, Flavour f, const std::string& name, const std::string& run_dir, int attempts) {
+Operator write_operator(Env& e, Flavour f, const std::string& name, const std::string& run_dir, int attempts,
+                        int nodes = kNodes, const std::vector<std::string>& more = {}) {
   Operator op;
+  op.nodes = nodes;
   op.logs = e.cluster.dir() + "/logs-" + name;
   std::filesystem::create_directories(op.logs);
   const int port = e.next_port++;
@@ -134,16 +139,22 @@ Operator write_operator(Env& e, Flavour f, const std::string& name, const std::s
   std::vector<std::string> sets = job_sets();
   for (const auto& s : flavour_sets(e, f, port)) sets.push_back(s);
   sets.insert(sets.end(), {"--set", "cluster.rendezvous.token_file=" + e.token_file, "--output-dir", run_dir});
+  sets.insert(sets.end(), more.begin(), more.end());
   for (const auto& s : sets) args += " " + shq(s);
   std::string s = "#!/bin/bash\n# stands in for the operator: one process per node, all restarted when any fails\n";
   s += "set -u\n";
   s += fmt::format("for attempt in $(seq 1 {}); do\n", attempts);
-  for (int k = 0; k < kNodes; ++k)
+  std::string waits, codes, all_ok = "true";
+  for (int k = 0; k < nodes; ++k) {
     s += fmt::format("  ip netns exec {} env {} {} run{} > {}/node{}.attempt$attempt.log 2>&1 &\n  p{}=$!\n",
-                     e.cluster.ns(k), placement_vars(e, f, k, port), shq(e.bin), args, shq(op.logs), k, k);
-  s += "  wait $p0; c0=$?; wait $p1; c1=$?; wait $p2; c2=$?\n";
-  s += "  echo \"attempt $attempt exit codes: $c0 $c1 $c2\"\n";
-  s += "  if [ $c0 -eq 0 ] && [ $c1 -eq 0 ] && [ $c2 -eq 0 ]; then exit 0; fi\n";
+                     e.cluster.ns(k), placement_vars(e, f, k, nodes, port), shq(e.bin), args, shq(op.logs), k, k);
+    waits += fmt::format(" wait $p{0}; c{0}=$?;", k);
+    codes += fmt::format(" $c{}", k);
+    all_ok += fmt::format(" && [ $c{} -eq 0 ]", k);
+  }
+  s += " " + waits + "\n";
+  s += "  echo \"attempt $attempt exit codes:" + codes + "\"\n";
+  s += "  if " + all_ok + "; then exit 0; fi\n";
   s += "done\nexit 1\n";
   op.script = op.logs + "/operator.sh";
   std::ofstream(op.script) << s;
@@ -157,7 +168,7 @@ std::string node_log(const Operator& op, int node, int attempt) {
 std::string all_logs(const Operator& op, int attempts) {
   std::string s;
   for (int a = 1; a <= attempts; ++a)
-    for (int k = 0; k < kNodes; ++k) s += fmt::format("--- node {} attempt {}:\n{}", k, a, node_log(op, k, a));
+    for (int k = 0; k < op.nodes; ++k) s += fmt::format("--- node {} attempt {}:\n{}", k, a, node_log(op, k, a));
   return s;
 }
 
@@ -290,7 +301,7 @@ TEST_CASE("dtrain run with Open MPI's variables on 3 nodes: the losses of dtrain
 }
 
 TEST_CASE("dtrain run: kill -9 of a process (then of the store's host) stops every process non-zero; the restarted "
-          "set resumes and finishes with dtrain launch's weights") {
+          "set resumes and finishes with dtrain launch's weights; 2 of the 3 nodes then go on from its checkpoint") {
   Env* e = env();
   if (!e) return;
   launch_reference(*e);
@@ -358,6 +369,36 @@ TEST_CASE("dtrain run: kill -9 of a process (then of the store's host) stops eve
   for (int s = 1; s <= kSteps; ++s) want.push_back(s);
   CHECK(steps == want);
   check_same_as_launch(*e, run_dir);
+
+  // The platform brings the job back on 2 nodes: the checkpoint written by 3 ranks is
+  // resharded, and training goes on from step 40.
+  Operator two = write_operator(*e, Flavour::TORCHRUN, "two-nodes", run_dir, 1, 2,
+                                {"--set", fmt::format("training.max_steps={}", kSteps + 10)});
+  auto r2 = run({"/bin/bash", two.script}, {}, 300s);
+  INFO("2-node operator output:\n" << r2.out << "\nprocess logs:\n" << all_logs(two, 1));
+  REQUIRE(!r2.timed_out);
+  CHECK(r2.rc == 0);
+  CHECK(contains(r2.out, "attempt 1 exit codes: 0 0"));
+  CHECK(contains(node_log(two, 0, 1), fmt::format("resumed from step {} (checkpoints/step{}, saved at world size 3 "
+                                                  "stage 0)",
+                                                  kSteps, kSteps)));
+  CHECK(contains(node_log(two, 0, 1), "dtrain run: 2 rank(s) train on cpu"));
+  steps.clear();
+  for (const auto& [s, l] : metric_losses(run_dir)) steps.push_back(s);
+  for (int s = kSteps + 1; s <= kSteps + 10; ++s) want.push_back(s);
+  CHECK(steps == want);
+
+  // What `dtrain status` reads from the record rank 0 kept: 4 rounds, the 2 failures
+  // with their causes, finished.
+  auto st = run({e->bin, "status", run_dir}, {}, 30s);
+  INFO("dtrain status:\n" << st.out);
+  CHECK(st.rc == 0);
+  CHECK(contains(st.out, "state      finished"));
+  CHECK(contains(st.out, "restarts   3"));
+  CHECK(contains(st.out, "  round 0 failed "));
+  CHECK(contains(st.out, "  round 1 failed "));
+  CHECK(contains(st.out, "[exit code "));
+
   MESSAGE(fmt::format("kill -9 of rank 2: all processes out {:.2f} s later, resumed from step {}; kill -9 of rank 0 "
                       "(the store's host): all out {:.2f} s later, resumed from step {} (heartbeat timeout {:.0f} s)",
                       first_stop, k1, second_stop, k2, kHeartbeatTimeout));

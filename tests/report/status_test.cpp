@@ -272,3 +272,64 @@ TEST_CASE("status: a launcher that exited but is not yet reaped (a zombie) is no
   CHECK_FALSE(st.launcher_alive);
   CHECK(st.state == RunState::FAILED);
 }
+
+TEST_CASE("status: a dtrain run job (rank 0 keeps the record): running, failed with the platform's restart, lost, "
+          "finished") {
+  TempDir d("external");
+  append(d.path / "config.yaml", "training: {}");
+  // The first round's event, as rank 0 of dtrain run writes it: this process is rank 0.
+  std::vector<nlohmann::json> first = status_external_round_start(d.str(), 3, "torchrun");
+  REQUIRE(first.size() == 1);  // nothing before it to close
+  nlohmann::json start = first[0];
+  CHECK(start.at("round") == 0);
+  CHECK(start.at("world_size") == 3);
+  CHECK(start.at("pid") == ::getpid());
+  append(d.path / "events.jsonl", start.dump());
+  RunStatus st = status_read(d.str());
+  CHECK(st.state == RunState::RUNNING);
+  CHECK(st.started_by == "torchrun");
+  CHECK(status_format(st, status_now_ms()).find("dtrain run under torchrun, rank 0 pid " + std::to_string(::getpid())) !=
+        std::string::npos);
+
+  // The round fails: the platform restarts it, not dtrain resume.
+  append(d.path / "events.jsonl",
+         nlohmann::json{{"time_ms", status_now_ms()}, {"event", "failure"}, {"round", 0}, {"node", -1},
+                        {"why", "the job stops: rank 2 on c failed: bad data"}, {"exit_code", 5}}
+             .dump());
+  st = status_read(d.str());
+  CHECK(st.state == RunState::FAILED);
+  std::string text = status_format(st, status_now_ms());
+  CHECK(text.find("torchrun restarts the processes") != std::string::npos);
+  CHECK(text.find("dtrain resume") == std::string::npos);
+  CHECK(text.find("round 0 failed") != std::string::npos);
+
+  // The restarted set's rank 0 counts the rounds before it; killed, it leaves the round open.
+  std::vector<nlohmann::json> second = status_external_round_start(d.str(), 2, "srun");
+  REQUIRE(second.size() == 1);  // round 0 ended with its failure event
+  nlohmann::json again = second[0];
+  CHECK(again.at("round") == 1);
+  again["pid"] = dead_pid();
+  append(d.path / "events.jsonl", again.dump());
+  st = status_read(d.str());
+  CHECK(st.state == RunState::LOST);
+  CHECK(st.restarts() == 1);
+  CHECK(status_format(st, status_now_ms()).find("rank 0 of dtrain run (pid") != std::string::npos);
+
+  // The next rank 0 closes the killed one's round before opening its own.
+  std::vector<nlohmann::json> third = status_external_round_start(d.str(), 2, "srun");
+  REQUIRE(third.size() == 2);
+  CHECK(third[0].at("event") == "failure");
+  CHECK(third[0].at("round") == 1);
+  CHECK(third[0].at("why").get<std::string>().find("ended without a final event: its rank 0 (pid") == 0);
+  CHECK(third[1].at("round") == 2);
+  third[1]["host"] = "pod-0";  // from another host the pid cannot be checked: an open round counts as running
+  for (const auto& ev : third) append(d.path / "events.jsonl", ev.dump());
+  st = status_read(d.str());
+  CHECK(st.state == RunState::RUNNING);
+  CHECK(status_format(st, status_now_ms()).find("liveness not checkable") != std::string::npos);
+
+  CHECK(st.failures.size() == 2);
+  CHECK(st.restarts() == 2);
+  append(d.path / "events.jsonl", R"({"time_ms":1,"event":"finished","round":2})");
+  CHECK(status_read(d.str()).state == RunState::FINISHED);
+}
