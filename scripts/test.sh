@@ -11,10 +11,22 @@ jobs=${DTRAIN_TEST_JOBS:-2}
 # objects for the modules without CUDA code: with -g it would otherwise key every object
 # on the build directory it was compiled in.
 export CCACHE_NOHASHDIR=1
-bash "$root/scripts/setup.sh" --test
-bash "$root/scripts/build.sh"
-DTRAIN_BUILD_DIR="$root/build-emu" bash "$root/scripts/build.sh" -DDTRAIN_CUDA=EMU
+# Each phase's wall time goes to the end of the output (the run must stay well under
+# CI's cap: a clean clone builds without any compiler cache).
+phases=()
+phase() {
+  local name=$1 t0=$SECONDS rc=0
+  shift
+  "$@" || rc=$?
+  phases+=("$(printf '%-28s %4d s' "$name" $((SECONDS - t0)))")
+  return $rc
+}
 status=0
-(cd "$root/build" && ctest --output-on-failure -j "$jobs" --timeout 600) || status=$?
-(cd "$root/build-emu" && ctest --output-on-failure -j "$jobs" --timeout 900) || status=$?
+phase "set-up" bash "$root/scripts/setup.sh" --test
+phase "build (build/)" bash "$root/scripts/build.sh"
+phase "build (build-emu/)" env DTRAIN_BUILD_DIR="$root/build-emu" bash "$root/scripts/build.sh" -DDTRAIN_CUDA=EMU
+phase "ctest (build/)" bash -c "cd '$root/build' && ctest --output-on-failure -j $jobs --timeout 600" || status=$?
+phase "ctest (build-emu/)" bash -c "cd '$root/build-emu' && ctest --output-on-failure -j $jobs --timeout 900" || status=$?
+echo "scripts/test.sh: wall time per phase"
+printf '  %s\n' "${phases[@]}"
 exit $status
