@@ -23,8 +23,12 @@ phase() {
 }
 status=0
 phase "set-up" bash "$root/scripts/setup.sh" --test
-phase "build (build/)" bash "$root/scripts/build.sh"
-phase "build (build-emu/)" env DTRAIN_BUILD_DIR="$root/build-emu" bash "$root/scripts/build.sh" -DDTRAIN_CUDA=EMU
+# The test builds carry no debug info (-O2 as always, without -g): the same code, about a
+# quarter less compile and link time on a clean clone.
+nodebug=("-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -DNDEBUG" "-DCMAKE_CUDA_FLAGS_RELWITHDEBINFO=-O2 -DNDEBUG")
+phase "build (build/)" bash "$root/scripts/build.sh" "${nodebug[@]}"
+phase "build (build-emu/)" env DTRAIN_BUILD_DIR="$root/build-emu" bash "$root/scripts/build.sh" -DDTRAIN_CUDA=EMU \
+  "${nodebug[@]}"
 phase "ctest (build/)" bash -c "cd '$root/build' && ctest --output-on-failure -j $jobs --timeout 600" || status=$?
 phase "ctest (build-emu/)" bash -c "cd '$root/build-emu' && ctest --output-on-failure -j $jobs --timeout 900" || status=$?
 echo "scripts/test.sh: wall time per phase"
