@@ -9,6 +9,7 @@
 #include "config/train_config.h"
 #include "core/check.h"
 #include "core/log.h"
+#include "core/net_address.h"
 #include "launch/external.h"
 #include "launch/job.h"
 #include "launch/local_spawner.h"
@@ -38,14 +39,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::chrono::milliseconds seconds_ms(double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); }
-
-std::string this_host() {
-  char host[256] = {0};
-  ::gethostname(host, sizeof host - 1);
-  return host;
-}
-
 [[noreturn]] void die(const std::string& why) {
   std::fprintf(stderr, "dtrain: error: %s\n", why.c_str());
   std::fflush(stderr);
@@ -58,27 +51,18 @@ std::string fail_key(int rank) { return fmt::format("fail/rank{}", rank); }
 std::string device_agree(launch::RankContext& ctx, const std::string& choice, const std::string& host) {
   launch::NodeDeviceVerdict mine =
       launch::node_device_verdict(choice, choice == "cpu" ? 0 : launch::visible_cuda_devices(), {ctx.local_rank}, host);
-  ctx.round_store->set(fmt::format("device/rank{}", ctx.rank),
-                       mine.problem.empty() ? mine.device + "\n" + host : "error\n" + mine.problem);
+  ctx.round_store->set(fmt::format("device/rank{}", ctx.rank), launch::device_verdict_value(mine, host));
   std::vector<std::pair<std::string, launch::NodeDeviceVerdict>> all;
-  for (int r = 0; r < ctx.world_size; ++r) {
-    const std::string v = ctx.round_store->get(fmt::format("device/rank{}", r), 300s);
-    const size_t nl = v.find('\n');
-    const std::string head = v.substr(0, nl), rest = nl == std::string::npos ? "" : v.substr(nl + 1);
-    if (head == "error") all.emplace_back(fmt::format("rank {}", r), launch::NodeDeviceVerdict{"", rest});
-    else all.emplace_back(rest, launch::NodeDeviceVerdict{head, ""});
-  }
+  for (int r = 0; r < ctx.world_size; ++r)
+    all.push_back(launch::device_verdict_parse(ctx.round_store->get(fmt::format("device/rank{}", r), 300s),
+                                               fmt::format("rank {}", r)));
   launch::NodeDeviceVerdict job = launch::rank_device_agree(all);
   DT_ENFORCE(job.problem.empty(), ConfigError, "{}", job.problem);
   return job.device;
 }
 
 config::TrainConfig load_config(const ExternalOptions& o) {
-  config::LoadedConfig loaded =
-      o.config.empty() ? config::config_load_string(config::kDefaultConfigYaml,
-                                                    "<embedded default: configs/tiny-sft.yaml>", o.sets,
-                                                    config::kDefaultConfigDir)
-                       : config::config_load_file(o.config, o.sets);
+  config::LoadedConfig loaded = config::config_load_or_default(o.config, o.sets);
   for (const auto& w : loaded.warnings) log_warn("{}", w);
   config::TrainConfig cfg = std::move(loaded.cfg);
   if (!o.output_dir.empty()) cfg.training.output_dir = o.output_dir;
@@ -153,11 +137,11 @@ int run_external(const ExternalOptions& o) {
       launch::external_token(cfg.cluster.rendezvous.token_file, cfg.cluster.rendezvous.token_env, env, cfg.source);
   if (o.nproc_per_node > 0) return run_node(o, launch::external_node(p, env), master_addr, master_port);
 
-  const std::string host = this_host();
+  const std::string host = host_name();
   set_error_context(fmt::format("host={} rank={}", host, p.rank));
-  const auto hb_interval = seconds_ms(cfg.fault_tolerance.heartbeat_interval);
-  const auto hb_timeout = seconds_ms(cfg.fault_tolerance.heartbeat_timeout);
-  const auto join_timeout = seconds_ms(cfg.cluster.rendezvous.join_timeout);
+  const auto hb_interval = launch::seconds_ms(cfg.fault_tolerance.heartbeat_interval);
+  const auto hb_timeout = launch::seconds_ms(cfg.fault_tolerance.heartbeat_timeout);
+  const auto join_timeout = launch::seconds_ms(cfg.cluster.rendezvous.join_timeout);
   log_info("dtrain run: rank {} of {} (local rank {} of {}, node {}) placed by {} ({}); store {}:{}", p.rank,
            p.world_size, p.local_rank, p.local_world_size, p.node_rank, p.launcher, p.evidence, master_addr,
            master_port);

@@ -694,4 +694,9 @@ LoadedConfig config_load_file(const std::string& path, const std::vector<std::st
   return load(text, path, sets, ec ? std::string() : dir.string());
 }
 
+LoadedConfig config_load_or_default(const std::string& path, const std::vector<std::string>& sets) {
+  if (!path.empty()) return config_load_file(path, sets);
+  return config_load_string(kDefaultConfigYaml, "<embedded default: configs/tiny-sft.yaml>", sets, kDefaultConfigDir);
+}
+
 }  // namespace dtrain::config

@@ -229,6 +229,10 @@ LoadedConfig config_load_file(const std::string& path, const std::vector<std::st
 LoadedConfig config_load_string(std::string_view text, const std::string& name,
                                 const std::vector<std::string>& sets = {}, const std::string& base_dir = "");
 
+// config_load_file(path, sets), or, when path is "", the embedded default job
+// (kDefaultConfigYaml, its relative paths against kDefaultConfigDir) with `sets`.
+LoadedConfig config_load_or_default(const std::string& path, const std::vector<std::string>& sets = {});
+
 // Throws ConfigError unless cfg describes a runnable job: model (architecture and sizes, or
 // model.init_from), data.train, and one of training.max_steps / training.epochs.
 void config_check_job(const TrainConfig& cfg);

@@ -1,6 +1,8 @@
-// IPv6 literal recognition and host:port formatting shared by the hostfile, placement,
+// IPv6 literal recognition, host:port formatting and this host's name, shared by the hostfile, placement,
 // rendezvous and SSH code.
 #include "core/net_address.h"
+
+#include <unistd.h>
 
 #include <arpa/inet.h>
 
@@ -33,6 +35,12 @@ std::string address_unbracket(std::string_view s) {
 
 std::string host_port_text(std::string_view host, int port) {
   return ipv6_literal(host) ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+}
+
+std::string host_name() {
+  char buf[256] = {0};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown-host";
+  return buf;
 }
 
 }  // namespace dtrain

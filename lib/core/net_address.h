@@ -18,4 +18,7 @@ std::string address_unbracket(std::string_view s);
 /// "host:port", or "[v6]:port" when host is an IPv6 literal.
 std::string host_port_text(std::string_view host, int port);
 
+/// This machine's host name (gethostname), "unknown-host" when it cannot be read.
+std::string host_name();
+
 }  // namespace dtrain

@@ -4,6 +4,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "core/net_address.h"
 #include "launch/job.h"
 #include "launch/local_spawner.h"
 #include "launch/rank_device.h"
@@ -28,12 +29,6 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-std::string hostname() {
-  char buf[256] = {0};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown-host";
-  return buf;
-}
-
 // The device this node's ranks train on, decided before any of them starts: the config's
 // choice against the CUDA devices this agent sees and, with several nodes, against every
 // other node's verdict (one job, one backend). Returns the device, or "" after reporting
@@ -47,8 +42,7 @@ std::string agent_decide_device(const AgentArgs& args, const std::string& host, 
   if (args.nnodes == 1 || args.device == "cpu") {
     all.emplace_back(host, mine);
   } else {
-    store.set(device_verdict_key(args.node_rank),
-              mine.problem.empty() ? mine.device + "\n" + host : "error\n" + mine.problem);
+    store.set(device_verdict_key(args.node_rank), device_verdict_value(mine, host));
     std::vector<std::string> keys;
     for (int k = 0; k < args.nnodes; ++k) keys.push_back(device_verdict_key(k));
     // Bounded: the launcher stops the round when a node never comes up.
@@ -59,11 +53,8 @@ std::string agent_decide_device(const AgentArgs& args, const std::string& host, 
     }
     DT_ENFORCE(ready, CommError, "the other nodes did not publish their devices within 10 minutes");
     for (int k = 0; k < args.nnodes; ++k) {
-      const std::string v = store.get(keys[static_cast<size_t>(k)], std::chrono::milliseconds(5000));
-      const size_t nl = v.find('\n');
-      const std::string head = v.substr(0, nl), rest = nl == std::string::npos ? "" : v.substr(nl + 1);
-      if (head == "error") all.emplace_back(fmt::format("node {}", k), NodeDeviceVerdict{"", rest});
-      else all.emplace_back(rest, NodeDeviceVerdict{head, ""});
+      all.push_back(device_verdict_parse(store.get(keys[static_cast<size_t>(k)], std::chrono::milliseconds(5000)),
+                                         fmt::format("node {}", k)));
     }
   }
   NodeDeviceVerdict job = rank_device_agree(all);
@@ -211,7 +202,7 @@ std::map<std::string, std::string> agent_rank_env(const AgentArgs& a, int local_
 }
 
 int agent_run(const AgentArgs& args, int token_fd, const AgentTiming& timing) {
-  const std::string host = hostname();
+  const std::string host = host_name();
   set_error_context(fmt::format("host={} node={}", host, args.node_rank));
   LauncherLink link(token_fd);
   const std::string token = link.read_token(timing.store_connect_timeout);

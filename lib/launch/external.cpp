@@ -4,7 +4,9 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "core/net_address.h"
 #include "launch/hostlist.h"
+#include "launch/job.h"
 #include "launch/rank_context.h"
 #include "launch/rank_watch.h"
 
@@ -190,9 +192,7 @@ std::string external_token(const std::string& token_file, const std::string& tok
              "{}: set one of cluster.rendezvous.token_file and cluster.rendezvous.token_env, not both", source);
   std::string token;
   if (!token_file.empty()) {
-    std::string path = token_file;
-    const std::string home = get(env, "HOME");
-    if (path.rfind("~/", 0) == 0 && !home.empty()) path = home + path.substr(1);
+    const std::string path = path_expand_home(token_file, get(env, "HOME"));
     std::ifstream in(path, std::ios::binary);
     DT_ENFORCE(in.good(), ConfigError,
                "{}: cluster.rendezvous.token_file {} cannot be read: mount the job's token Secret there (every "
@@ -257,8 +257,6 @@ using namespace std::chrono_literals;
 
 std::unique_ptr<rendezvous::StoreServer> external_store_host(const std::string& master_addr, int port,
                                                              const std::string& token) {
-  char host[256] = {0};
-  ::gethostname(host, sizeof host - 1);
   std::string listen;
   try {
     listen = rendezvous::store_listen_address(master_addr, true);
@@ -269,7 +267,7 @@ std::unique_ptr<rendezvous::StoreServer> external_store_host(const std::string& 
       DT_THROW(CommError,
                "rank 0 cannot host the store: port {} is in use on {} (another job, or an earlier rank 0 still "
                "running): set MASTER_PORT / cluster.rendezvous.port to a free port",
-               port, host);
+               port, host_name());
     log_info("MASTER_ADDR {} is not an address of this host ({}): the store listens on every interface",
              master_addr, what);
   }

@@ -224,11 +224,7 @@ std::string local_address_towards(const std::string& remote_host) {
 
 Job job_prepare(const JobRequest& req) {
   Job job;
-  config::LoadedConfig loaded =
-      req.config_path.empty()
-          ? config::config_load_string(config::kDefaultConfigYaml, "<embedded default: configs/tiny-sft.yaml>",
-                                       req.sets, config::kDefaultConfigDir)
-          : config::config_load_file(req.config_path, req.sets);
+  config::LoadedConfig loaded = config::config_load_or_default(req.config_path, req.sets);
   job.cfg = std::move(loaded.cfg);
   job.warnings = std::move(loaded.warnings);
   config::TrainConfig& cfg = job.cfg;
@@ -383,6 +379,11 @@ void job_commit_run_dir(Job& job) {
   if (read_file(dir / "hostfile") != hosts) run_dir_write_file((dir / "hostfile").string(), hosts, mode);
   job.spec.config_path = current.string();
   job.run_dir_pending = false;
+}
+
+std::string path_expand_home(const std::string& p, const std::string& home) {
+  if (p.rfind("~/", 0) != 0 || home.empty()) return p;
+  return home + p.substr(1);
 }
 
 }  // namespace dtrain::launch

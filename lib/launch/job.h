@@ -77,4 +77,7 @@ std::string local_address_towards(const std::string& remote_host);
 /// Absolute path of the running executable (/proc/self/exe).
 std::string self_exe_path();
 
+/// `p` with a leading "~/" replaced by `home` ("" or no "~/": p unchanged).
+std::string path_expand_home(const std::string& p, const std::string& home);
+
 }  // namespace dtrain::launch

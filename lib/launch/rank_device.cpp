@@ -99,4 +99,15 @@ std::vector<std::string> rank_device_plan_lines(const Plan& plan, std::string_vi
 
 std::string device_verdict_key(int node_rank) { return fmt::format("device/node{}", node_rank); }
 
+std::string device_verdict_value(const NodeDeviceVerdict& v, std::string_view host) {
+  return v.problem.empty() ? v.device + "\n" + std::string(host) : "error\n" + v.problem;
+}
+
+std::pair<std::string, NodeDeviceVerdict> device_verdict_parse(const std::string& value, const std::string& who) {
+  const size_t nl = value.find('\n');
+  const std::string head = value.substr(0, nl), rest = nl == std::string::npos ? "" : value.substr(nl + 1);
+  if (head == "error") return {who, NodeDeviceVerdict{"", rest}};
+  return {rest, NodeDeviceVerdict{head, ""}};
+}
+
 }  // namespace dtrain::launch

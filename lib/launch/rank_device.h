@@ -52,8 +52,14 @@ std::string rank_backend_name(std::string_view device, int world_size);
 ///   "node 1 (gpu2): ranks 2-3 on cuda devices 0,1 if gpu2 sees them, else the cpu (auto), ..."
 std::vector<std::string> rank_device_plan_lines(const Plan& plan, std::string_view choice);
 
-/// Store key under which node k's agent publishes its verdict ("cuda", "cpu" or
-/// "error: <problem>").
+/// Store key under which node k's agent publishes its verdict (device_verdict_value).
 std::string device_verdict_key(int node_rank);
+
+/// A verdict as published in the store: "<device>\n<host>", or "error\n<problem>".
+std::string device_verdict_value(const NodeDeviceVerdict& v, std::string_view host);
+
+/// The (host, verdict) pair rank_device_agree takes, from a published value; `who`
+/// ("node 2", "rank 5") stands for the host of a verdict that is an error.
+std::pair<std::string, NodeDeviceVerdict> device_verdict_parse(const std::string& value, const std::string& who);
 
 }  // namespace dtrain::launch

@@ -15,6 +15,11 @@
 
 namespace dtrain::launch {
 
+/// A config's seconds (fault_tolerance.*, connect timeouts) as a duration.
+inline std::chrono::milliseconds seconds_ms(double s) {
+  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+}
+
 // ---- the keys a rank publishes under its round's prefix
 
 /// "rank<R>": the Heartbeat name, so "hb/rank<R>" beats and "progress/rank<R>" holds

@@ -38,12 +38,9 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-std::chrono::milliseconds seconds_ms(double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); }
-
 std::string expand_home(const std::string& p) {
-  if (p.rfind("~/", 0) != 0) return p;
   const char* home = std::getenv("HOME");
-  return home ? std::string(home) + p.substr(1) : p;
+  return path_expand_home(p, home ? home : "");
 }
 
 // Output of all nodes. Terminal: rank 0's stdout as is (the job's own output), every

@@ -75,3 +75,15 @@ TEST_CASE("rank_device_plan_lines: one line per node naming device and backend")
   REQUIRE(single.size() == 1);
   CHECK(single[0] == "node 0 (localhost): rank 0 on cuda device 0 (CUDA_VISIBLE_DEVICES), no collectives (1 rank)");
 }
+
+TEST_CASE("device_verdict_value / device_verdict_parse: what one agent or rank publishes, another reads back") {
+  const auto ok = device_verdict_parse(device_verdict_value(NodeDeviceVerdict{"cuda", ""}, "gpu07"), "node 1");
+  CHECK(ok.first == "gpu07");
+  CHECK(ok.second.device == "cuda");
+  CHECK(ok.second.problem.empty());
+  const auto bad =
+      device_verdict_parse(device_verdict_value(NodeDeviceVerdict{"", "gpu07 sees 1 CUDA device(s)"}, "gpu07"), "node 1");
+  CHECK(bad.first == "node 1");
+  CHECK(bad.second.device.empty());
+  CHECK(bad.second.problem == "gpu07 sees 1 CUDA device(s)");
+}
