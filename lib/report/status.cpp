@@ -64,6 +64,16 @@ bool pid_alive(int pid) {
   return close == std::string::npos || close + 2 >= stat.size() || (stat[close + 2] != 'Z' && stat[close + 2] != 'X');
 }
 
+// The process that wrote a run's record (the launcher, or rank 0 of dtrain run) is alive:
+// its pid exists and, where its start time was recorded, started then (a recycled pid
+// belongs to some other process started at another time).
+bool owner_alive(int pid, int64_t pid_start) {
+  if (!pid_alive(pid)) return false;
+  if (pid_start < 0) return true;
+  const int64_t now_start = pid_start_ticks(pid);
+  return now_start < 0 || now_start == pid_start;
+}
+
 // Writes text to path atomically: a reader sees the old or the new file, never half.
 // IoError naming the file and the system's reason; a failed write leaves no tmp file (on
 // a full disk it would hold on to the space).
@@ -247,14 +257,7 @@ RunStatus status_read(const std::string& run_dir) {
     st.started_ms = get_or<int64_t>(*l, "started_ms", 0);
     const int64_t pid_start = get_or<int64_t>(*l, "pid_start", -1);
     st.launcher_remote = !st.launcher_host.empty() && st.launcher_host != this_host();
-    if (!st.launcher_remote) {
-      st.launcher_alive = pid_alive(st.launcher_pid);
-      // A recycled pid belongs to some other process started at another time.
-      if (st.launcher_alive && pid_start >= 0) {
-        int64_t now_start = pid_start_ticks(st.launcher_pid);
-        if (now_start >= 0 && now_start != pid_start) st.launcher_alive = false;
-      }
-    }
+    if (!st.launcher_remote) st.launcher_alive = owner_alive(st.launcher_pid, pid_start);
   }
 
   std::string last_event;
@@ -334,13 +337,8 @@ RunStatus status_read(const std::string& run_dir) {
     // Rank 0 of dtrain run is alive exactly while its round runs.
     st.launcher_remote = !st.launcher_host.empty() && st.launcher_host != this_host();
     st.launcher_alive = false;
-    if (last_event == "round_start" && !st.launcher_remote) {
-      st.launcher_alive = pid_alive(st.launcher_pid);
-      if (st.launcher_alive && ext_pid_start >= 0) {
-        const int64_t now_start = pid_start_ticks(st.launcher_pid);
-        if (now_start >= 0 && now_start != ext_pid_start) st.launcher_alive = false;
-      }
-    }
+    if (last_event == "round_start" && !st.launcher_remote)
+      st.launcher_alive = owner_alive(st.launcher_pid, ext_pid_start);
   }
   if (st.launcher_alive) st.state = RunState::RUNNING;
   else if (last_event == "finished") st.state = RunState::FINISHED;
