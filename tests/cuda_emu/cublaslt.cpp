@@ -15,6 +15,7 @@
 
 #include <cublasLt.h>
 #include <cuda_bf16.h>
+#include <cuda_emu_trace.h>
 #include <cuda_fp16.h>
 
 #include "engine.h"
@@ -875,5 +876,21 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   const cudaError_t e = cuda_emu::enqueue(stream, "cublasLtMatmul", [job] { job_run(*job); });
   if (e != cudaSuccess)
     return fail(CUBLAS_STATUS_EXECUTION_FAILED, std::string("matmul: enqueue failed: ") + cudaGetErrorName(e));
+  cuda_emu::TraceMatmul t;
+  t.m = p.m;
+  t.n = p.n;
+  t.k = p.k;
+  t.transa = p.ta;
+  t.transb = p.tb;
+  t.a_type = p.a.type;
+  t.b_type = p.b.type;
+  t.c_type = p.c.type;
+  t.d_type = p.d.type;
+  t.epilogue = p.epilogue;
+  t.alpha = p.device_scalars ? NAN : job->alpha;
+  t.beta = p.device_scalars ? NAN : job->beta;
+  t.batch = d_desc->batch;
+  t.device = device;
+  cuda_emu::trace_matmul(t);
   return CUBLAS_STATUS_SUCCESS;
 }

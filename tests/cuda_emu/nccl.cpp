@@ -8,6 +8,7 @@
 #include "nccl_net.h"
 
 #include <cuda_bf16.h>
+#include <cuda_emu_trace.h>
 #include <cuda_fp16.h>
 
 #include <poll.h>
@@ -596,6 +597,7 @@ ncclResult_t coll_submit(const char* name, ncclComm_t comm, Coll k, cudaStream_t
     c->error_set(ncclUnhandledCudaError, where + ": enqueue failed: " + cudaGetErrorString(e));
     return ncclUnhandledCudaError;
   }
+  cuda_emu::trace_collective(name, k.count, k.dt, c->rank, c->device);
   return ncclSuccess;
 }
 

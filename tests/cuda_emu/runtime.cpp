@@ -8,6 +8,8 @@
 #include "engine.h"
 #include "memory_internal.h"
 
+#include <cuda_emu_trace.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -351,6 +353,7 @@ cudaError_t copy_submit(void* dst, size_t dpitch, const void* src, size_t spitch
   auto sp = stream_locked(sync_api ? nullptr : stream);
   if (!sp) return fail(cudaErrorInvalidResourceHandle);
   if (cudaError_t e = sticky_locked(sp->device)) return fail(e);
+  trace_memop(kind, width, height, sp->device);
   Copy2D c{static_cast<char*>(dst), dpitch, static_cast<const char*>(src), spitch, width, height};
   if (!sync_api) {  // host memory is read/written when the copy runs, pinned or not
     enqueue_locked(sp, "cudaMemcpyAsync", [c] { c.run(); }, false);
@@ -398,6 +401,7 @@ cudaError_t memset_submit(void* p, size_t pitch, int value, size_t width, size_t
   auto sp = stream_locked(sync_api ? nullptr : stream);
   if (!sp) return fail(cudaErrorInvalidResourceHandle);
   if (cudaError_t e = sticky_locked(sp->device)) return fail(e);
+  trace_memop(-1, width, height, sp->device);
   char* base = static_cast<char*>(p);
   auto op = enqueue_locked(sp, "cudaMemset", [=] {
     for (size_t r = 0; r < height; ++r) std::memset(base + r * pitch, value, width);
@@ -506,6 +510,7 @@ void launch_submit(const void* func, const LaunchSite& site, dim3 grid, dim3 blo
       return reject(cudaErrorInvalidValue, buf);
     }
   }
+  trace_kernel(site.kernel, grid, block, smem, sp->device);
   KernelLaunch k;
   k.name = site.kernel;
   k.file = site.file;
