@@ -1,0 +1,350 @@
+// The cost of every Device op on CUDA, as PlanDevice's ops: for the arguments given, the
+// launches cuda_device.cpp and the kernels/ launchers issue (same early returns, same
+// vector-or-scalar choice from the pointers' alignment, same launch text), each with its
+// FLOPs, bytes and unit. When a kernel or a launcher changes, its function here is the
+// one place to update; tests/gpu/plan_trace_test.cpp holds this file to the real launches.
+//
+// Bytes are each array's global-memory reads and writes once (re-reads inside a kernel,
+// e.g. a norm's second pass or attention's K/V tiles, are taken to hit L1/L2). FLOPs of
+// the elementwise and reduction kernels are rough per-element counts (a transcendental
+// as 4); those kernels are memory-bound by a wide margin, so only the order matters.
+#include "device/plan_device.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace dtrain::device {
+
+namespace {
+
+// Per-element FLOP counts of the elementwise kernels.
+constexpr double FLOPS_GELU_FWD = 12, FLOPS_GELU_BWD = 20, FLOPS_SWIGLU_FWD = 8, FLOPS_SWIGLU_BWD = 14;
+constexpr double FLOPS_DROPOUT = 10;  // the counter-based hash per element
+constexpr double FLOPS_ADAMW = 16, FLOPS_CE = 6, FLOPS_ROPE_PAIR = 6, FLOPS_ROPE_TABLE = 20;
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+double es(DType t) { return static_cast<double>(dtype_size(t)); }
+// kernels/common.cuh: VEC16, blocks_for, grid_for.
+size_t vec16(DType t) { return 16 / dtype_size(t); }
+size_t blocks_for(size_t items, size_t per_block) { return (items + per_block - 1) / per_block; }
+size_t grid_for(size_t items, size_t threads, size_t max_blocks) {
+  return std::min(std::max<size_t>(blocks_for(items, threads), 1), max_blocks);
+}
+
+// kernels/attention.cu: head dimensions per lane, and the causal 32 x 32 tile pairs one
+// (batch, query head) visits (diagonal tiles computed whole).
+int attn_dpl(int HD) { return HD <= 64 ? 2 : HD <= 128 ? 4 : 8; }
+double attn_tile_pairs(int T) {
+  const double nt = static_cast<double>(blocks_for(static_cast<size_t>(T), 32));
+  return nt * (nt + 1) / 2;
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------------
+// Memory (CudaDevice: cudaMemcpyAsync / cudaMemcpy2DAsync / cudaMemsetAsync, no-ops
+// skipped).
+void PlanDevice::copy_h2d(void*, const void*, size_t bytes) {
+  if (bytes) memcpy_op("copy_h2d", "cudaMemcpyAsync", PlanCopy::H2D, bytes, 1);
+}
+void PlanDevice::copy_d2h(void* dst, const void*, size_t bytes) {
+  if (!bytes) return;
+  std::fill_n(static_cast<char*>(dst), bytes, char{0});
+  memcpy_op("copy_d2h", "cudaMemcpyAsync", PlanCopy::D2H, bytes, 1);
+}
+void PlanDevice::copy_2d(void*, size_t, const void*, size_t, size_t width, size_t rows) {
+  if (rows && width) memcpy_op("copy_2d", "cudaMemcpy2DAsync", PlanCopy::D2D, width, rows);
+}
+void PlanDevice::copy_d2d(void* dst, const void* src, size_t bytes) {
+  if (bytes && dst != src) memcpy_op("copy_d2d", "cudaMemcpyAsync", PlanCopy::D2D, bytes, 1);
+}
+void PlanDevice::zero(void*, size_t bytes) {
+  if (bytes) memset_op("zero", bytes);
+}
+
+// ----------------------------------------------------------------------------
+// GEMMs (kernels/gemm.cu). cuBLASLt's heuristic is assumed to offer the BGRADB epilogue,
+// as the CPU execution engine's does; without it linear_backward's dW would be a plain
+// GEMM plus the column-sum kernels of column_sums(mode 2) over dout.
+void PlanDevice::gemm(bool ta, bool tb, int M, int N, int K, float alpha, const void*, const void*, float beta, void*,
+                      DType ab_t, DType c_t) {
+  if (M == 0 || N == 0) return;
+  matmul("gemm", ta, tb, M, N, K, alpha, beta, ab_t, c_t, PlanEpilogue::DEFAULT);
+}
+
+void PlanDevice::linear(const char* op, const void* bias, int N, int IC, int OC, DType t) {
+  if (N == 0) return;
+  matmul(op, false, true, N, OC, IC, 1.0f, 0.0f, t, t, bias ? PlanEpilogue::BIAS : PlanEpilogue::DEFAULT);
+}
+void PlanDevice::linear_forward(void*, const void*, const void*, const void* bias, int N, int IC, int OC, DType t) {
+  linear("linear_forward", bias, N, IC, OC, t);
+}
+// CudaDevice: the fused epilogue when OC % 8 == 0, else linear_forward + gelu_forward.
+void PlanDevice::linear_gelu_forward(void* out, void* pre, const void*, const void*, const void* bias, int N, int IC,
+                                     int OC, DType t) {
+  const char* op = "linear_gelu_forward";
+  if (OC % 8 == 0) {
+    if (N == 0) return;
+    matmul(op, false, true, N, OC, IC, 1.0f, 0.0f, t, t,
+           bias ? PlanEpilogue::GELU_AUX_BIAS : PlanEpilogue::GELU_AUX);
+    return;
+  }
+  linear(op, bias, N, IC, OC, t);
+  pointwise(op, false, {pre, out}, 1, 1, static_cast<size_t>(N) * OC, t, FLOPS_GELU_FWD);
+}
+void PlanDevice::linear_backward(void* dinp, float* dweight, float* dbias, const void*, const void*, const void*,
+                                 int N, int IC, int OC, DType t) {
+  const char* op = "linear_backward";
+  if (N == 0) return;
+  if (dinp) matmul(op, false, false, N, IC, OC, 1.0f, 1.0f, t, t, PlanEpilogue::DEFAULT);
+  if (dweight && dbias) {
+    // BGRADB writes the bias gradient to scratch; column_sum_accumulate adds it to dbias.
+    matmul(op, true, false, OC, IC, N, 1.0f, 1.0f, t, DType::F32, PlanEpilogue::BGRADB);
+    column_sums(op, 2, false, true, 1, OC, DType::F32);
+    return;
+  }
+  if (dweight) matmul(op, true, false, OC, IC, N, 1.0f, 1.0f, t, DType::F32, PlanEpilogue::DEFAULT);
+  if (dbias) column_sums(op, 2, false, true, N, OC, t);
+}
+
+// ----------------------------------------------------------------------------
+// Norms (kernels/norm.cu). The forward launch is the lambda parameter `kernel` for both
+// the vector and the scalar variant.
+void PlanDevice::norm_forward(const char* op, bool layer, bool fused, const void* bias, int N, int C, DType t) {
+  if (N <= 0) return;
+  const double nc = static_cast<double>(N) * C;
+  double bytes = nc * es(t) * (fused ? 4.0 : 2.0) + C * es(t) * (layer && bias ? 2.0 : 1.0);
+  bytes += static_cast<double>(N) * 4 * (layer ? 2 : 1);  // mean, rstd
+  kernel(op, "kernel", PlanUnit::CUDA_CORE, nc * ((layer ? 10.0 : 6.0) + (fused ? 1.0 : 0.0)), bytes);
+}
+
+// Column sums of kernels/norm.cu (mode 0 LayerNorm dw/db, 1 RMSNorm dw, 2 plain sum into
+// db): 128-row chunk partials, then one finishing kernel per output.
+void PlanDevice::column_sums(const char* op, int mode, bool dw, bool db, int N, int C, DType t) {
+  const double nc = static_cast<double>(N) * C;
+  const double part = static_cast<double>(blocks_for(static_cast<size_t>(N), 128)) * C;
+  const int outs = (dw ? 1 : 0) + (db ? 1 : 0);
+  double bytes = nc * es(t) + part * 4 * outs;                 // dout (or x) in, partials out
+  if (mode < 2) bytes += nc * es(t) + static_cast<double>(N) * 4 * (mode == 0 ? 2 : 1);  // inp, stats
+  kernel(op, "column_partial_kernel<T, MODE>", PlanUnit::CUDA_CORE, nc * (mode == 0 ? 5 : mode == 1 ? 3 : 1), bytes);
+  for (int i = 0; i < outs; ++i)
+    kernel(op, "column_finish_kernel", PlanUnit::CUDA_CORE, part, part * 4 + static_cast<double>(C) * 8);
+}
+
+void PlanDevice::norm_backward(const char* op, bool layer, const void* dinp, const void* dout, const void* inp,
+                               const void* w, bool dw, bool db, int N, int C, DType t) {
+  if (N <= 0 || C <= 0) return;
+  if (dinp) {
+    const bool vec = static_cast<size_t>(C) % vec16(t) == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) &&
+                     aligned16(w);
+    const double nc = static_cast<double>(N) * C;
+    const double bytes = nc * es(t) * 4 + C * es(t) + static_cast<double>(N) * 4 * (layer ? 2 : 1);
+    kernel(op, vec ? "norm_dinp_kernel<T, V, K>" : "norm_dinp_kernel<T, 1, K>", PlanUnit::CUDA_CORE,
+           nc * (layer ? 12.0 : 8.0), bytes);
+  }
+  if (dw || db) column_sums(op, layer ? 0 : 1, dw, layer && db, N, C, t);
+}
+
+void PlanDevice::layernorm_forward(void*, float*, float*, const void*, const void*, const void* bias, int N, int C,
+                                   float, DType t) {
+  norm_forward("layernorm_forward", true, false, bias, N, C, t);
+}
+void PlanDevice::residual_layernorm_forward(void*, void*, float*, float*, const void*, const void*, const void*,
+                                            const void* bias, int N, int C, float, DType t) {
+  norm_forward("residual_layernorm_forward", true, true, bias, N, C, t);
+}
+void PlanDevice::layernorm_backward(void* dinp, float* dw, float* dbias, const void* dout, const void* inp,
+                                    const void* w, const float*, const float*, int N, int C, DType t) {
+  norm_backward("layernorm_backward", true, dinp, dout, inp, w, dw != nullptr, dbias != nullptr, N, C, t);
+}
+void PlanDevice::rmsnorm_forward(void*, float*, const void*, const void*, int N, int C, float, DType t) {
+  norm_forward("rmsnorm_forward", false, false, nullptr, N, C, t);
+}
+void PlanDevice::residual_rmsnorm_forward(void*, void*, float*, const void*, const void*, const void*, int N, int C,
+                                          float, DType t) {
+  norm_forward("residual_rmsnorm_forward", false, true, nullptr, N, C, t);
+}
+void PlanDevice::rmsnorm_backward(void* dinp, float* dw, const void* dout, const void* inp, const void* w,
+                                  const float*, int N, int C, DType t) {
+  norm_backward("rmsnorm_backward", false, dinp, dout, inp, w, dw != nullptr, false, N, C, t);
+}
+
+// ----------------------------------------------------------------------------
+// Pointwise (kernels/activation.cu, dropout.cu). ptrs: the NIN inputs, then the NOUT
+// outputs (read too when accumulating).
+void PlanDevice::pointwise(const char* op, bool acc, const std::vector<const void*>& ptrs, int nin, int nout, size_t n,
+                           DType t, double flops_per_element) {
+  if (n == 0) return;
+  bool vec = true;
+  for (const void* p : ptrs) vec = vec && aligned16(p);
+  const double bytes = static_cast<double>(n) * es(t) * (nin + nout * (acc ? 2 : 1));
+  kernel(op, vec ? "pointwise_kernel<T, V, ACC, NIN, NOUT, Op>" : "pointwise_kernel<T, 1, ACC, NIN, NOUT, Op>",
+         PlanUnit::CUDA_CORE, static_cast<double>(n) * flops_per_element, bytes);
+}
+void PlanDevice::gelu_forward(void* out, const void* inp, size_t n, DType t) {
+  pointwise("gelu_forward", false, {inp, out}, 1, 1, n, t, FLOPS_GELU_FWD);
+}
+void PlanDevice::gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DType t) {
+  pointwise("gelu_backward", true, {inp, dout, dinp}, 2, 1, n, t, FLOPS_GELU_BWD);
+}
+void PlanDevice::swiglu_forward(void* out, const void* gate, const void* up, size_t n, DType t) {
+  pointwise("swiglu_forward", false, {gate, up, out}, 2, 1, n, t, FLOPS_SWIGLU_FWD);
+}
+void PlanDevice::swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, size_t n,
+                                 DType t) {
+  pointwise("swiglu_backward", true, {dout, gate, up, dgate, dup}, 3, 2, n, t, FLOPS_SWIGLU_BWD);
+}
+void PlanDevice::dropout_forward(void*, const void*, size_t n, float, uint64_t, DType t) {
+  if (n == 0) return;
+  kernel("dropout_forward", "dropout_forward_kernel<T>", PlanUnit::CUDA_CORE, n * FLOPS_DROPOUT, 2.0 * n * es(t));
+}
+void PlanDevice::dropout_backward(void*, const void*, size_t n, float, uint64_t, DType t) {
+  if (n == 0) return;
+  kernel("dropout_backward", "dropout_backward_kernel<T>", PlanUnit::CUDA_CORE, n * FLOPS_DROPOUT, 3.0 * n * es(t));
+}
+
+// ----------------------------------------------------------------------------
+// RoPE (kernels/rope.cu): the cos/sin table, then q and k rotated in place.
+void PlanDevice::rope(const char* op, const void* q, const void* k, int B, int T, int NH, int NKV, int HD, DType t) {
+  if (B <= 0 || T <= 0) return;
+  const size_t half = static_cast<size_t>(HD) / 2;
+  const double table = static_cast<double>(T) * half;
+  kernel(op, "rope_table_kernel", PlanUnit::CUDA_CORE, table * FLOPS_ROPE_TABLE, table * 8);
+  auto apply = [&](const void* x, int H) {
+    const double pairs = static_cast<double>(B) * T * H * half;
+    const bool vec = half % vec16(t) == 0 && aligned16(x);
+    kernel(op, vec ? "rope_apply_kernel<T, V>" : "rope_apply_kernel<T, 1>", PlanUnit::CUDA_CORE,
+           pairs * FLOPS_ROPE_PAIR, pairs * 4 * es(t) + table * 8);
+  };
+  apply(q, NH);
+  if (k) apply(k, NKV);
+}
+void PlanDevice::rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, float, DType t) {
+  rope("rope_forward", q, k, B, T, NH, NKV, HD, t);
+}
+void PlanDevice::rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, float, DType t) {
+  rope("rope_backward", dq, dk, B, T, NH, NKV, HD, t);
+}
+
+// ----------------------------------------------------------------------------
+// Attention (kernels/attention.cu): fp32 flash attention on CUDA cores. Per causal tile
+// pair of 32 queries x 32 keys: forward 2 HD (scores) + 2 HDP (P V) FLOPs per score,
+// dq 4 HD + 2 HDP, dk/dv 4 HD + 4 HDP (HDP: HD padded to 32 x DPL). Bytes: q, k, v, out
+// and the fp32 row statistics once. The launches are the locals `kernel`, `kq`, `kkv`.
+size_t PlanDevice::attention_saved_floats(int B, int T, int NH) const { return static_cast<size_t>(B) * NH * T; }
+
+void PlanDevice::attention_forward(void*, float*, const void*, const void*, const void*, int B, int T, int NH, int NKV,
+                                   int HD, DType t) {
+  if (B == 0 || T == 0) return;
+  const double hdp = 32.0 * attn_dpl(HD), scores = static_cast<double>(B) * NH * attn_tile_pairs(T) * 1024;
+  const double q = static_cast<double>(B) * T * NH * HD * es(t), kv = static_cast<double>(B) * T * NKV * HD * es(t);
+  const double rows = static_cast<double>(B) * NH * T * 4;
+  kernel("attention_forward", "kernel", PlanUnit::CUDA_CORE, scores * (2.0 * HD + 2.0 * hdp + 4),
+         2 * q + 2 * kv + rows);
+}
+
+void PlanDevice::attention_backward(void*, void*, void*, const void*, const void*, const float*, const void*,
+                                    const void*, const void*, int B, int T, int NH, int NKV, int HD, DType t) {
+  const char* op = "attention_backward";
+  if (B == 0 || T == 0) return;
+  const double hdp = 32.0 * attn_dpl(HD), scores = static_cast<double>(B) * NH * attn_tile_pairs(T) * 1024;
+  const double q = static_cast<double>(B) * T * NH * HD * es(t), kv = static_cast<double>(B) * T * NKV * HD * es(t);
+  const double rows = static_cast<double>(B) * NH * T * 4;
+  kernel(op, "attn_dvec_kernel<Ty>", PlanUnit::CUDA_CORE, 2.0 * B * T * NH * HD, 2 * q + rows);
+  kernel(op, "kq", PlanUnit::CUDA_CORE, scores * (4.0 * HD + 2.0 * hdp + 4), 4 * q + 2 * kv + 2 * rows);
+  kernel(op, "kkv", PlanUnit::CUDA_CORE, scores * (4.0 * HD + 4.0 * hdp + 4), 2 * q + 6 * kv + 2 * rows);
+}
+
+// ----------------------------------------------------------------------------
+// Embedding and loss (kernels/embedding.cu, cross_entropy.cu).
+void PlanDevice::embedding_forward(void* out, const int32_t*, const void* wte, const void* wpe, int B, int T, int C,
+                                   int, DType t) {
+  const int N = B * T;
+  if (N <= 0 || C <= 0) return;
+  const bool vec = static_cast<size_t>(C) % vec16(t) == 0 && aligned16(out) && aligned16(wte) &&
+                   (wpe == nullptr || aligned16(wpe));
+  const double nc = static_cast<double>(N) * C;
+  kernel("embedding_forward", vec ? "embedding_forward_kernel<Ty, VEC>" : "embedding_forward_kernel<Ty, 1>",
+         PlanUnit::CUDA_CORE, wpe ? nc : 0.0,
+         N * 4.0 + 2 * nc * es(t) + (wpe ? static_cast<double>(T) * C * es(t) : 0.0));
+}
+// dwte: every (channel block, token bucket) block scans all N tokens; rows of dwte are
+// read and written once per token.
+void PlanDevice::embedding_backward(float*, float* dwpe, const void*, const int32_t*, int B, int T, int C, int,
+                                    DType t) {
+  const char* op = "embedding_backward";
+  const int N = B * T;
+  if (N <= 0 || C <= 0) return;
+  const double nc = static_cast<double>(N) * C;
+  kernel(op, "embedding_dwte_kernel<Ty>", PlanUnit::CUDA_CORE, nc, N * 4.0 + nc * es(t) + nc * 8);
+  if (dwpe)
+    kernel(op, "embedding_dwpe_kernel<Ty>", PlanUnit::CUDA_CORE, nc, nc * es(t) + static_cast<double>(T) * C * 8);
+}
+
+// One block per row; the backward pass reads a row twice (statistics, then gradient),
+// the second time from L2.
+void PlanDevice::cross_entropy(const char* op, bool losses, bool mean, bool dlogits, int N, int V, DType t) {
+  if (N <= 0) {
+    if (mean) memset_op(op, sizeof(float));
+    return;
+  }
+  const double nv = static_cast<double>(N) * V;
+  kernel(op, "cross_entropy_kernel<T>", PlanUnit::CUDA_CORE, nv * FLOPS_CE * (dlogits ? 2 : 1),
+         nv * es(t) * (dlogits ? 2 : 1) + N * 4.0 * ((losses || mean) ? 2 : 1));
+  if (mean) kernel(op, "loss_mean_kernel", PlanUnit::CUDA_CORE, 2.0 * N, N * 8.0);
+}
+void PlanDevice::cross_entropy_forward(float* losses, float* mean, const void*, const int32_t*, int N, int V,
+                                       DType t) {
+  cross_entropy("cross_entropy_forward", losses != nullptr, mean != nullptr, false, N, V, t);
+}
+void PlanDevice::cross_entropy_backward(void*, const void*, const int32_t*, int N, int V, float, DType t) {
+  cross_entropy("cross_entropy_backward", false, false, true, N, V, t);
+}
+
+// ----------------------------------------------------------------------------
+// Optimizer and buffer arithmetic (kernels/adamw.cu, reduce.cu, cast.cu).
+void PlanDevice::adamw(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig&, float,
+                       int64_t, bool, float, void* copy, DType copy_t) {
+  const char* op = "adamw";
+  if (!n) return;
+  const bool copy16 = copy != nullptr && copy_t != DType::F32;
+  bool vec = aligned16(param) && aligned16(grad) && aligned16(m) && aligned16(v);
+  if (copy16) vec = vec && reinterpret_cast<uintptr_t>(copy) % (4 * dtype_size(copy_t)) == 0;
+  const double bytes = static_cast<double>(n) * (28.0 + (copy16 ? es(copy_t) : 0.0));  // p, g, m, v in; p, m, v out
+  kernel(op, vec ? "adamw_kernel<C, V>" : "adamw_kernel<C, 1>", PlanUnit::CUDA_CORE, n * FLOPS_ADAMW, bytes);
+  if (copy != nullptr && !copy16 && copy != param) memcpy_op(op, "cudaMemcpyAsync", PlanCopy::D2D, n * sizeof(float), 1);
+}
+
+void PlanDevice::norm_sq_accumulate(double*, const float* g, size_t n) {
+  const char* op = "norm_sq_accumulate";
+  if (!n) return;
+  const bool vec = aligned16(g);
+  const size_t blocks = grid_for(vec ? n / 4 + 1 : n, 256 * 4, 1024);
+  kernel(op, vec ? "sumsq_partial_kernel<T, V>" : "sumsq_partial_kernel<T, 1>", PlanUnit::CUDA_CORE, 2.0 * n,
+         n * 4.0 + blocks * 8.0);
+  kernel(op, "sumsq_final_kernel", PlanUnit::CUDA_CORE, static_cast<double>(blocks), blocks * 8.0 + 16);
+}
+
+void PlanDevice::add(float*, const float*, size_t n) {
+  if (n) kernel("add", "add_kernel", PlanUnit::CUDA_CORE, static_cast<double>(n), n * 12.0);
+}
+
+void PlanDevice::cast(void* dst, DType dt, const void* src, DType st, size_t n) {
+  if (n == 0) return;
+  if (dt == st) {
+    if (dst != src) memcpy_op("cast", "cudaMemcpyAsync", PlanCopy::D2D, n * dtype_size(st), 1);
+    return;
+  }
+  const size_t V = (dtype_size(st) == 4 || dtype_size(dt) == 4) ? 4 : 8;
+  const bool vec = reinterpret_cast<uintptr_t>(dst) % (V * dtype_size(dt)) == 0 &&
+                   reinterpret_cast<uintptr_t>(src) % (V * dtype_size(st)) == 0;
+  kernel("cast", vec ? "cast_kernel<In, Out, V>" : "cast_kernel<In, Out, 1>", PlanUnit::CUDA_CORE,
+         static_cast<double>(n), n * (es(st) + es(dt)));
+}
+
+void PlanDevice::round_to(float*, size_t n, DType t) {
+  if (n == 0 || t == DType::F32) return;
+  kernel("round_to", "round_kernel<T>", PlanUnit::CUDA_CORE, static_cast<double>(n), n * 8.0);
+}
+
+}  // namespace dtrain::device
