@@ -4,13 +4,9 @@
 // tokens/s, MFU and memory.
 #include "gpu/bench_train.h"
 
-#include "config/train_config.h"
 #include "core/check.h"
-#include "core/rng.h"
 #include "device/device.h"
-#include "train/loss_scaler.h"
-#include "train/model_factory.h"
-#include "train/zero_engine.h"
+#include "gpu/bench_step.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -31,41 +27,6 @@ namespace {
 constexpr double NaN = std::numeric_limits<double>::quiet_NaN();
 
 constexpr size_t CUBLASLT_WORKSPACE_BYTES = 32u << 20;  // kernels/gemm.cu, one per device
-
-// One optimizer step as `dtrain launch` runs it on one rank: the model's forward and
-// backward per micro-batch, then the ZeRO engine at stage 0 (fp16 overflow check and loss
-// scale, clipping, AdamW per tensor with its decay flag, the compute copy refreshed).
-class BenchStepper {
- public:
-  BenchStepper(model::Model& m, const train::ZeroOptions& opts, const model::Model* fp32_source,
-               const config::TrainConfig& cfg)
-      : m_(m), engine_(m, nullptr, opts, fp32_source) {
-    if (opts.compute_dtype == DType::F16)
-      scaler_ = std::make_unique<train::LossScaler>(train::loss_scaler_config_from(cfg.fp16));
-  }
-  double step(const std::vector<int32_t>& in, const std::vector<int32_t>& tg, int B, int T, int accum, float lr) {
-    const size_t n = static_cast<size_t>(B) * T;
-    const float scale = scaler_ ? scaler_->scale() : 1.0f;
-    engine_.before_step();
-    double loss = 0.0;
-    for (int a = 0; a < accum; ++a) {
-      loss += m_.forward(in.data() + a * n, tg.data() + a * n, B, T) / accum;
-      m_.backward(scale / static_cast<float>(accum));  // every target is unmasked here
-    }
-    const bool applied = engine_.step(lr, scale);
-    if (scaler_) scaler_->update(!applied);
-    else
-      DT_ENFORCE(applied, TrainError, "bench train: gradients became inf/NaN (global norm {}); lower optimizer.lr",
-                 engine_.last_grad_norm());
-    return loss;
-  }
-  const train::ZeroEngine& engine() const { return engine_; }
-
- private:
-  model::Model& m_;
-  train::ZeroEngine engine_;
-  std::unique_ptr<train::LossScaler> scaler_;
-};
 
 std::string gib(size_t b) { return fmt::format("{:.2f} GiB", static_cast<double>(b) / (1u << 30)); }
 
@@ -91,6 +52,11 @@ double model_flops_per_token(const model::ModelConfig& cfg, int64_t params, int 
   return (lora ? 4.0 : 6.0) * static_cast<double>(params) + attn;
 }
 
+std::string model_flops_formula(int64_t params, int n_layer, int seq_len, int d_model, bool lora) {
+  return fmt::format("{} + 12*L*T*d_model = {}*{} + 12*{}*{}*{}", lora ? "4N" : "6N", lora ? 4 : 6, params, n_layer,
+                     seq_len, d_model);
+}
+
 BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
   DT_ENFORCE(o.device == "cuda" || o.device == "cpu", UsageError, "bench train: --device must be cuda or cpu, got '{}'",
              o.device);
@@ -99,65 +65,37 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
   const bool cuda = o.device == "cuda";
   if (cuda) device::cuda_require(0);  // before building a possibly large host model
 
-  config::TrainConfig cfg = config::config_load_file(o.config_path, o.sets).cfg;
+  const BenchSetup setup = bench_setup_from(o.config_path, o.sets, cuda);
   BenchTrainResult r;
   r.config = o.config_path;
   r.device = o.device;
   r.steps = o.steps;
   r.warmup = o.warmup;
-  const model::ModelConfig mcfg = train::model_config_from(cfg);
-  // The bench measures one device: the micro-batch of the config, and accumulation only
-  // when gradient_accumulation_steps is given (train_batch_size is a multi-rank figure).
-  if (cfg.train_micro_batch_size_per_gpu) {
-    r.micro_batch = static_cast<int>(*cfg.train_micro_batch_size_per_gpu);
-  } else {
-    config::config_resolve_batch(cfg, 1);
-    r.micro_batch = static_cast<int>(cfg.resolved_micro_batch_size);
-  }
-  r.grad_accum = static_cast<int>(cfg.gradient_accumulation_steps.value_or(1));
-  if (cfg.train_batch_size && !cfg.gradient_accumulation_steps)
-    r.notes.push_back(fmt::format("train_batch_size {} ignored: one device, accumulation 1", *cfg.train_batch_size));
-  r.seq_len = static_cast<int>(cfg.data.seq_len.value_or(mcfg.max_seq_len));
-  DT_ENFORCE(r.micro_batch > 0 && r.grad_accum > 0, ConfigError, "{}: micro-batch and accumulation must be positive",
-             cfg.source);
-  const DType dt = !cuda ? DType::F32 : cfg.bf16.enabled ? DType::BF16 : cfg.fp16.enabled ? DType::F16 : DType::F32;
-  if (!cuda && (cfg.bf16.enabled || cfg.fp16.enabled)) r.notes.push_back("the CPU bench runs fp32");
+  r.micro_batch = setup.micro_batch;
+  r.seq_len = setup.seq_len;
+  r.grad_accum = setup.grad_accum;
+  r.notes = setup.notes;
+  const DType dt = setup.dtype;
   r.dtype = dtype_name(dt);
+  const model::ModelConfig& mcfg = setup.model;
   r.arch = model::arch_name(mcfg.arch);
   r.n_layer = mcfg.n_layer;
   r.d_model = mcfg.d_model;
 
   model::Model m(mcfg);
-  m.init_weights(static_cast<uint64_t>(cfg.training.seed));
-  if (cfg.lora.enabled()) {
-    const model::LoraConfig lc = train::lora_config_from(cfg, mcfg);
-    m.lora_enable(lc);
-    r.lora_rank = lc.rank;
+  m.init_weights(setup.seed);
+  if (setup.lora) {
+    m.lora_enable(*setup.lora);
+    r.lora_rank = setup.lora->rank;
   }
   r.params = static_cast<int64_t>(m.num_params());
   r.trainable_params = static_cast<int64_t>(m.num_trainable_params());
 
-  // The trainer's own optimizer settings (AdamW, clipping), as `dtrain launch` reads them.
-  const train::ZeroOptions zopts = train::zero_options_from(cfg);
-  const float lr = static_cast<float>(cfg.optimizer.lr);
+  // Synthetic data: a few different random batches, cycled.
+  std::vector<BenchBatch> batches;
+  for (uint64_t k = 0; k < 4; ++k) batches.push_back(bench_batch(setup, k));
+  const size_t per_step = batches[0].inputs.size();
 
-  // Synthetic data: a few different random batches, cycled (next-token targets of a
-  // random stream, nothing masked).
-  const size_t per_step = static_cast<size_t>(r.grad_accum) * r.micro_batch * r.seq_len;
-  std::vector<std::vector<int32_t>> inputs(4), targets(4);
-  Rng rng(static_cast<uint64_t>(cfg.training.seed));
-  for (size_t k = 0; k < inputs.size(); ++k) {
-    std::vector<int32_t> stream(per_step + 1);
-    for (auto& t : stream) t = static_cast<int32_t>(rng.next_u64() % static_cast<uint64_t>(mcfg.vocab_size));
-    inputs[k].assign(stream.begin(), stream.end() - 1);
-    targets[k].assign(stream.begin() + 1, stream.end());
-  }
-
-  // The trainer's engine at stage 0 on one rank, in the bench's dtype.
-  train::ZeroOptions zo = zopts;
-  zo.stage = 0;
-  zo.overlap_comm = false;
-  zo.compute_dtype = dt;
   std::unique_ptr<device::Device> dev;
   std::unique_ptr<model::Model> dm;  // the model on the device
   model::Model* tm = &m;
@@ -170,8 +108,8 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
   } else {
     r.device_name = "CPU (reference model, fp32)";
   }
-  tm->set_recompute(cfg.activation_checkpointing.enabled);
-  BenchStepper stepper(*tm, zo, cuda ? &m : nullptr, cfg);
+  tm->set_recompute(setup.recompute);
+  BenchStepper stepper(*tm, setup, cuda ? &m : nullptr);
   using Clock = std::chrono::steady_clock;
   Clock::time_point t0;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
@@ -179,8 +117,7 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
       tm->device().synchronize();
       t0 = Clock::now();
     }
-    const size_t k = static_cast<size_t>(s) % inputs.size();
-    r.final_loss = stepper.step(inputs[k], targets[k], r.micro_batch, r.seq_len, r.grad_accum, lr);
+    r.final_loss = stepper.step(batches[static_cast<size_t>(s) % batches.size()]);
   }
   tm->device().synchronize();
   if (cuda) {
@@ -198,9 +135,8 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   r.step_ms = 1e3 * secs / o.steps;
   r.tokens_per_s = static_cast<double>(per_step) * o.steps / secs;
-  r.flops_per_token = model_flops_per_token(mcfg, r.params, r.seq_len, cfg.lora.enabled());
-  r.flops_formula = fmt::format("{} + 12*L*T*d_model = {}*{} + 12*{}*{}*{}", cfg.lora.enabled() ? "4N" : "6N",
-                                cfg.lora.enabled() ? 4 : 6, r.params, r.n_layer, r.seq_len, r.d_model);
+  r.flops_per_token = model_flops_per_token(mcfg, r.params, r.seq_len, setup.lora.has_value());
+  r.flops_formula = model_flops_formula(r.params, r.n_layer, r.seq_len, r.d_model, setup.lora.has_value());
   r.achieved_tflops = r.flops_per_token * r.tokens_per_s / 1e12;
   r.peak_tflops = cuda ? gpu_peak_bf16_tflops(r.device_name) : NaN;
   r.mfu = r.achieved_tflops / r.peak_tflops;  // NaN when the peak is unknown

@@ -44,6 +44,8 @@ double gpu_peak_bf16_tflops(const std::string& device_name);
 /// Model FLOPs per trained token: 6 N + 12 L T d_model for full training (N = base
 /// parameters); under LoRA 4 N + 12 L T d_model (no base weight gradients).
 double model_flops_per_token(const model::ModelConfig& cfg, int64_t params, int seq_len, bool lora);
+/// That formula with its figures, as the reports print it: "6N + 12*L*T*d_model = 6*N + 12*L*T*d".
+std::string model_flops_formula(int64_t params, int n_layer, int seq_len, int d_model, bool lora);
 
 /// Runs the benchmark. device "cuda" throws DeviceError (exit code 8) in a CPU-only build
 /// or without a visible GPU; ConfigError / IoError for the config.
