@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
     std::string config, device = "cuda";
     std::vector<std::string> sets;
     int steps = 20, warmup = 5;
-    bool json = false;
+    bool json = false, plan = false;
   } bt;
   auto* bench_train = bench->add_subcommand(
       "train", "one-device training throughput on synthetic tokens: tokens/s, step time, MFU, peak memory");
@@ -121,10 +121,15 @@ int main(int argc, char** argv) {
   bench_train->add_option("--steps", bt.steps, "timed steps")->check(int_at_least("--steps", 1))->capture_default_str();
   bench_train->add_option("--warmup", bt.warmup, "untimed warm-up steps")->check(int_at_least("--warmup", 0))->capture_default_str();
   bench_train->add_flag("--json", bt.json, "print one JSON object");
+  bench_train->add_flag("--plan", bt.plan,
+                        "predict the step on an H100 instead of timing it: every launch the CUDA code issues, with "
+                        "its FLOPs, bytes and roofline time (needs no GPU)");
   bench_train->add_option("--device", bt.device, "cuda, or cpu for the CPU reference model (fp32)")
       ->check(CLI::IsMember({"cuda", "cpu"}))
       ->capture_default_str();
-  bench_train->footer("Example:\n  dtrain bench train --config configs/gpt2-124m.yaml --set train_micro_batch_size_per_gpu=16");
+  bench_train->footer(
+      "Examples:\n  dtrain bench train --config configs/gpt2-124m.yaml --set train_micro_batch_size_per_gpu=16\n"
+      "  dtrain bench train --config configs/gpt2-124m.yaml --set train_micro_batch_size_per_gpu=16 --plan");
 
   struct {
     std::string dir, data, config;
@@ -232,7 +237,7 @@ int main(int argc, char** argv) {
   if (run_cmd->parsed()) return run_guarded([&] { return dtrain::cli::run_external(run_opts); });
   if (bench_train->parsed())
     return run_guarded(
-        [&] { return dtrain::cli::run_bench_train(bt.config, bt.sets, bt.steps, bt.warmup, bt.json, bt.device); });
+        [&] { return dtrain::cli::run_bench_train(bt.config, bt.sets, bt.steps, bt.warmup, bt.json, bt.device, bt.plan); });
   if (bench->parsed())
     return run_guarded([&] {
       check_job_options(bench, bench_opts);
