@@ -1,0 +1,123 @@
+// bench train --plan: the budget of GPT-2 124M at B=16 T=1024 comes out of the real
+// model on the plan device without a GPU or model-sized memory, its GEMM FLOPs are
+// exactly 3 x 2 x tokens x linear weights, the figures add up, LoRA drops the frozen
+// weights' gradient GEMMs, and the roofline of one entry is the table's. Runs in every
+// build (nothing executes).
+#include "core/error.h"
+#include "gpu/bench_plan.h"
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <sys/resource.h>
+
+#include <cmath>
+#include <string>
+
+using namespace dtrain;
+
+namespace {
+
+long max_rss_kib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss;
+}
+
+gpu::BenchTrainOptions gpt2_124m(std::vector<std::string> sets = {}) {
+  gpu::BenchTrainOptions o;
+  o.config_path = "configs/gpt2-124m.yaml";
+  o.sets = {"train_micro_batch_size_per_gpu=16"};
+  o.sets.insert(o.sets.end(), sets.begin(), sets.end());  // later --set wins
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("bench plan: GPT-2 124M at B=16 T=1024, exact GEMM FLOPs, consistent totals, no model-sized memory") {
+  const long rss0 = max_rss_kib();
+  const gpu::BenchPlanResult r = gpu::bench_plan_run(gpt2_124m());
+  // Real memory for this step would be gigabytes (2.2 GB of weights, gradients and AdamW
+  // state alone); the plan device hands out fake addresses.
+  CHECK(max_rss_kib() - rss0 < 256 * 1024);
+  CHECK(r.params == 124475904);
+  CHECK(r.micro_batch == 16);
+  CHECK(r.seq_len == 1024);
+  CHECK(r.dtype == "bfloat16");
+  // Every linear runs once forward and twice backward (dX, dW): 6 x tokens x weights.
+  const double C = 768, L = 12, V = 50304, tokens = 16.0 * 1024;
+  const double linear_weights = L * 12 * C * C + V * C;  // c_attn 3C^2, attn c_proj C^2, c_fc and mlp c_proj 4C^2 each; lm head
+  CHECK(r.gemm_gflop * 1e9 == doctest::Approx(6 * tokens * linear_weights).epsilon(1e-9));
+  double ms = 0, share = 0;
+  int64_t launches = 0;
+  bool gemm_row = false, attention_row = false;
+  for (const auto& w : r.rows) {
+    ms += w.ms;
+    share += w.share;
+    launches += w.launches;
+    gemm_row = gemm_row || w.gemm;
+    attention_row = attention_row || w.op == "attention_backward";
+    CHECK(w.ms > 0);
+  }
+  CHECK(gemm_row);
+  CHECK(attention_row);
+  CHECK(ms == doctest::Approx(r.step_ms));
+  CHECK(share == doctest::Approx(1.0));
+  CHECK(launches == r.launches);
+  CHECK(r.gemm_ms + r.other_ms == doctest::Approx(r.step_ms));
+  CHECK(r.tokens_per_s == doctest::Approx(tokens / (r.step_ms / 1e3)));
+  CHECK(r.mfu == doctest::Approx(r.flops_per_token * tokens / (r.step_ms / 1e3 * 989e12)));
+  CHECK(r.flops_per_token == doctest::Approx(6.0 * 124475904 + 12.0 * 12 * 1024 * 768));
+  CHECK_FALSE(r.top_other.empty());
+  CHECK(r.top_other_share > 0);
+  // The budget is the sum of rooflines, so it cannot beat the GEMMs at the capped peak.
+  CHECK(r.step_ms > r.gemm_gflop * 1e9 / (989e12 * 0.8) * 1e3);
+
+  const std::string table = gpu::bench_plan_format(r, false);
+  CHECK(table.find("cublasLtMatmul BGRADB bf16->f32") != std::string::npos);
+  CHECK(table.find("MFU") != std::string::npos);
+  CHECK(table.find("predicted") != std::string::npos);
+  const auto j = nlohmann::json::parse(gpu::bench_plan_format(r, true));
+  CHECK(j["plan"] == true);
+  CHECK(j["kernels"].size() == r.rows.size());
+  CHECK(j["step_ms"].get<double>() == doctest::Approx(r.step_ms));
+  CHECK(j["budget"]["gemm_eff"].get<double>() == 0.80);
+  CHECK(j["tokens_per_step"] == 16 * 1024);
+}
+
+TEST_CASE("bench plan: LoRA plans no gradient GEMM for the frozen weights") {
+  const gpu::BenchPlanResult r =
+      gpu::bench_plan_run(gpt2_124m({"lora.r=8", "data.seq_len=128", "train_micro_batch_size_per_gpu=2"}));
+  CHECK(r.lora_rank == 8);
+  CHECK(r.trainable_params < r.params / 100);
+  for (const auto& w : r.rows) CHECK(w.kernel.find("BGRADB") == std::string::npos);
+  // Base linears: forward and dX only (4 x tokens x weights), plus the small adapters.
+  const double C = 768, L = 12, V = 50304, tokens = 2.0 * 128;
+  const double base = 4 * tokens * (L * 12 * C * C + V * C);
+  CHECK(r.gemm_gflop * 1e9 > base);
+  CHECK(r.gemm_gflop * 1e9 < 1.05 * base);
+  CHECK(r.flops_formula.rfind("4N", 0) == 0);
+}
+
+TEST_CASE("bench plan: the roofline of one entry, and --device cpu has no plan") {
+  gpu::PlanBudgetTable t;
+  device::PlanEntry e;
+  e.unit = device::PlanUnit::TENSOR_GEMM;
+  e.flops = 2e12;
+  e.bytes = 1e9;
+  e.launches = 1;
+  gpu::PlanTime pt = gpu::plan_entry_time(e, t);
+  CHECK(pt.compute == doctest::Approx(2e12 / (989e12 * 0.80)));
+  CHECK(pt.memory == doctest::Approx(1e9 / (3.35e12 * 0.80)));
+  CHECK(pt.total() == doctest::Approx(pt.compute + 2e-6));
+  e.unit = device::PlanUnit::MEMORY;  // bytes only: the FLOPs do not count
+  pt = gpu::plan_entry_time(e, t);
+  CHECK(pt.compute == 0.0);
+  CHECK(pt.total() == doctest::Approx(pt.memory + 2e-6));
+  e.unit = device::PlanUnit::TENSOR_ATTN_BWD;
+  CHECK(gpu::plan_entry_time(e, t).compute == doctest::Approx(2e12 / (989e12 * 0.30)));
+
+  gpu::BenchTrainOptions o = gpt2_124m();
+  o.device = "cpu";
+  CHECK_THROWS_AS(gpu::bench_plan_run(o), UsageError);
+}

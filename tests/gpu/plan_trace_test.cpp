@@ -1,0 +1,230 @@
+// The plan is the code: one real training step (BenchStepper: forward, backward, the ZeRO
+// engine's stage-0 step) on the CPU execution engine's CUDA device, traced, against
+// PlanDevice's list for the same step (gpu::plan_step). Tiny GPT-2 and Llama (GQA,
+// recompute, accumulation, LoRA with dropout), bf16 and fp32: the kernel launches (by
+// launch text), the cuBLASLt matmuls (shape, transposes, types, epilogue, alpha, beta)
+// and the memsets / memcpys (kind, width, height) must be the same multisets. Only the
+// engine can trace, so any other build reports SKIPPED.
+#include "gpu/bench_plan.h"
+#include "gpu/bench_step.h"
+
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#ifndef DTRAIN_CUDA_EMU
+
+TEST_CASE("plan vs trace: needs the CPU execution engine (EMU build)") {
+  std::printf("the plan-vs-trace test runs only in the EMU build (the CPU execution engine traces launches): "
+              "skipped\n");
+  std::fflush(stdout);
+  std::exit(77);
+}
+
+#else
+
+#include "device/device.h"
+#include "device/plan_device.h"
+#include "model/model.h"
+
+#include <cublasLt.h>
+#include <cuda_emu_trace.h>
+
+#include <fmt/format.h>
+
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+using namespace dtrain;
+using device::PlanEntry;
+using device::PlanKind;
+using model::ModelConfig;
+
+namespace {
+
+ModelConfig tiny(ModelConfig::Arch arch) {
+  ModelConfig c;
+  c.arch = arch;
+  c.vocab_size = 96;
+  c.max_seq_len = 64;
+  c.n_layer = 2;
+  c.d_model = 32;
+  if (arch == ModelConfig::Arch::GPT2) {
+    c.n_head = c.n_kv_head = 2;
+    c.d_ff = 128;
+    c.tie_embeddings = true;
+  } else {
+    c.n_head = 4;
+    c.n_kv_head = 2;  // GQA
+    c.d_ff = 64;
+    c.tie_embeddings = false;
+  }
+  return c;
+}
+
+gpu::BenchSetup setup(ModelConfig::Arch arch, DType dt) {
+  gpu::BenchSetup s;
+  s.model = tiny(arch);
+  s.dtype = dt;
+  s.micro_batch = 2;
+  s.seq_len = 40;  // two attention tiles, the second partial
+  s.zero.stage = 0;
+  s.zero.compute_dtype = dt;
+  s.zero.gradient_clipping = 1.0f;
+  s.lr = 1e-3f;
+  s.seed = 7;
+  return s;
+}
+
+int cuda_type(DType t) { return t == DType::F32 ? CUDA_R_32F : t == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F; }
+
+uint32_t epilogue_value(device::PlanEpilogue e) {
+  switch (e) {
+    case device::PlanEpilogue::DEFAULT: return CUBLASLT_EPILOGUE_DEFAULT;
+    case device::PlanEpilogue::BIAS: return CUBLASLT_EPILOGUE_BIAS;
+    case device::PlanEpilogue::GELU_AUX: return CUBLASLT_EPILOGUE_GELU_AUX;
+    case device::PlanEpilogue::GELU_AUX_BIAS: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case device::PlanEpilogue::BGRADB: return CUBLASLT_EPILOGUE_BGRADB;
+  }
+  return 0;
+}
+
+// Multisets of printable keys: what each side issued, with counts.
+using Multiset = std::map<std::string, int64_t>;
+
+std::string matmul_key(int64_t m, int64_t n, int64_t k, bool ta, bool tb, int a, int b, int c, int d, uint32_t epi,
+                       float alpha, float beta, int batch) {
+  return fmt::format("m={} n={} k={} ta={} tb={} types={}/{}/{}/{} epilogue={} alpha={} beta={} batch={}", m, n, k,
+                     ta, tb, a, b, c, d, epi, alpha, beta, batch);
+}
+std::string memop_key(int kind, size_t width, size_t height) {
+  return fmt::format("{} {}x{}", kind < 0 ? "memset" : fmt::format("memcpy kind {}", kind), width, height);
+}
+
+struct Issued {
+  Multiset kernels, matmuls, memops;
+  int64_t collectives = 0;
+};
+
+Issued from_trace(const cuda_emu::Trace& t) {
+  Issued r;
+  for (const auto& k : t.kernels) ++r.kernels[k.name];
+  for (const auto& m : t.matmuls)
+    ++r.matmuls[matmul_key(m.m, m.n, m.k, m.transa, m.transb, m.a_type, m.b_type, m.c_type, m.d_type, m.epilogue,
+                           m.alpha, m.beta, m.batch)];
+  for (const auto& o : t.memops) ++r.memops[memop_key(o.kind, o.width, o.height)];
+  r.collectives = static_cast<int64_t>(t.collectives.size());
+  return r;
+}
+
+Issued from_plan(const std::vector<PlanEntry>& entries) {
+  Issued r;
+  for (const PlanEntry& e : entries) {
+    switch (e.kind) {
+      case PlanKind::KERNEL: r.kernels[e.kernel] += e.launches; break;
+      case PlanKind::MATMUL: {
+        const auto& m = e.matmul;
+        r.matmuls[matmul_key(m.m, m.n, m.k, m.transa, m.transb, cuda_type(m.ab), cuda_type(m.ab), cuda_type(m.c),
+                             cuda_type(m.c), epilogue_value(m.epilogue), m.alpha, m.beta, m.batch)] += e.launches;
+        break;
+      }
+      case PlanKind::MEMSET: r.memops[memop_key(-1, e.width, e.height)] += e.launches; break;
+      case PlanKind::MEMCPY: {
+        const int kind = e.copy == device::PlanCopy::H2D   ? cudaMemcpyHostToDevice
+                         : e.copy == device::PlanCopy::D2H ? cudaMemcpyDeviceToHost
+                                                           : cudaMemcpyDeviceToDevice;
+        r.memops[memop_key(kind, e.width, e.height)] += e.launches;
+        break;
+      }
+    }
+  }
+  return r;
+}
+
+// "" when equal, else what only one side has (with the count difference).
+std::string diff(const Multiset& traced, const Multiset& planned) {
+  std::string out;
+  Multiset all = traced;
+  for (const auto& [k, n] : planned) all[k];
+  for (const auto& [k, unused] : all) {
+    const auto t = traced.count(k) ? traced.at(k) : 0, p = planned.count(k) ? planned.at(k) : 0;
+    if (t != p) out += fmt::format("\n  {}: traced {}, planned {}", k, t, p);
+  }
+  return out;
+}
+
+int64_t total(const Multiset& m) {
+  int64_t n = 0;
+  for (const auto& [k, c] : m) n += c;
+  return n;
+}
+
+// The step as bench_train_run runs it on the device, the second step traced.
+cuda_emu::Trace traced_step(const gpu::BenchSetup& s) {
+  auto dev = device::cuda_create(0);
+  model::Model host(s.model);
+  host.init_weights(s.seed);
+  if (s.lora) host.lora_enable(*s.lora);
+  model::Model m(s.model, *dev, s.dtype);
+  m.weights_copy_from(host);
+  m.set_recompute(s.recompute);
+  gpu::BenchStepper stepper(m, s, &host);
+  const gpu::BenchBatch batch = gpu::bench_batch(s, 0);
+  stepper.step(batch);
+  dev->synchronize();
+  cuda_emu::trace_begin();
+  stepper.step(batch);
+  dev->synchronize();
+  return cuda_emu::trace_take();
+}
+
+void check_plan_matches(const gpu::BenchSetup& s) {
+  const Issued traced = from_trace(traced_step(s));
+  const Issued planned = from_plan(gpu::plan_step(s).entries);
+  // A step issues all three kinds: an empty side would make the comparison vacuous.
+  REQUIRE(total(traced.kernels) > 0);
+  REQUIRE(total(traced.matmuls) > 0);
+  REQUIRE(total(traced.memops) > 0);
+  INFO(fmt::format("{} {} B={} T={} accum={} recompute={} lora={}", model::arch_name(s.model.arch),
+                   dtype_name(s.dtype), s.micro_batch, s.seq_len, s.grad_accum, s.recompute, s.lora.has_value()));
+  const std::string dk = diff(traced.kernels, planned.kernels);
+  const std::string dm = diff(traced.matmuls, planned.matmuls);
+  const std::string dmem = diff(traced.memops, planned.memops);
+  CHECK_MESSAGE(dk.empty(), "kernel launches differ:" << dk);
+  CHECK_MESSAGE(dm.empty(), "cuBLASLt matmuls differ:" << dm);
+  CHECK_MESSAGE(dmem.empty(), "memsets / memcpys differ:" << dmem);
+  CHECK(traced.collectives == 0);  // one rank: the plan has no collectives either
+}
+
+}  // namespace
+
+TEST_CASE("plan vs trace: GPT-2, bf16 and fp32") {
+  for (DType dt : {DType::BF16, DType::F32}) check_plan_matches(setup(ModelConfig::Arch::GPT2, dt));
+}
+
+TEST_CASE("plan vs trace: Llama with GQA, bf16 and fp32; recompute with accumulation") {
+  for (DType dt : {DType::BF16, DType::F32}) check_plan_matches(setup(ModelConfig::Arch::LLAMA, dt));
+  gpu::BenchSetup s = setup(ModelConfig::Arch::LLAMA, DType::BF16);
+  s.recompute = true;
+  s.grad_accum = 2;
+  check_plan_matches(s);
+}
+
+TEST_CASE("plan vs trace: LoRA with dropout (GPT-2 bf16, Llama fp32)") {
+  for (auto [arch, dt] : {std::pair{ModelConfig::Arch::GPT2, DType::BF16}, std::pair{ModelConfig::Arch::LLAMA, DType::F32}}) {
+    gpu::BenchSetup s = setup(arch, dt);
+    model::LoraConfig lc;
+    lc.rank = 4;
+    lc.dropout = 0.1f;
+    lc.targets = arch == ModelConfig::Arch::GPT2 ? std::vector<std::string>{"c_attn", "c_fc"}
+                                                 : std::vector<std::string>{"q_proj", "v_proj", "down_proj"};
+    lc.seed = 3;
+    s.lora = lc;
+    check_plan_matches(s);
+  }
+}
+
+#endif  // DTRAIN_CUDA_EMU
