@@ -22,10 +22,10 @@ const char* dtype_short(DType t) { return t == DType::F32 ? "f32" : t == DType::
 
 const char* plan_unit_name(PlanUnit u) {
   switch (u) {
-    case PlanUnit::TENSOR_GEMM: return "tensor (GEMM)";
-    case PlanUnit::TENSOR_ATTN_FWD: return "tensor (attn fwd)";
-    case PlanUnit::TENSOR_ATTN_BWD: return "tensor (attn bwd)";
-    case PlanUnit::CUDA_CORE: return "cuda-core fp32";
+    case PlanUnit::TENSOR_GEMM: return "tensor";
+    case PlanUnit::TENSOR_ATTN_FWD: return "tensor attn fwd";
+    case PlanUnit::TENSOR_ATTN_BWD: return "tensor attn bwd";
+    case PlanUnit::CUDA_CORE: return "fp32 cores";
     case PlanUnit::MEMORY: return "memory";
     case PlanUnit::PCIE: return "pcie";
   }

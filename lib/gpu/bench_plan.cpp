@@ -70,9 +70,7 @@ BenchPlanResult bench_plan_run(const BenchTrainOptions& o) {
   r.config = o.config_path;
   r.arch = model::arch_name(s.model.arch);
   r.dtype = dtype_name(s.dtype);
-  r.driver =
-      "model forward+backward per micro-batch and the trainer's ZeRO engine step (stage 0, one rank), "
-      "the step after one warm-up";
+  r.driver = "forward + backward per micro-batch, ZeRO engine step (stage 0, one rank); the step after a warm-up";
   r.lora_rank = s.lora ? s.lora->rank : 0;
   r.n_layer = s.model.n_layer;
   r.d_model = s.model.d_model;
@@ -134,9 +132,8 @@ BenchPlanResult bench_plan_run(const BenchTrainOptions& o) {
   r.flops_per_token = model_flops_per_token(s.model, r.params, s.seq_len, s.lora.has_value());
   r.flops_formula = model_flops_formula(r.params, r.n_layer, s.seq_len, r.d_model, s.lora.has_value());
   r.mfu = total_s > 0 ? r.flops_per_token * tokens / (total_s * r.table.tensor_tflops * 1e12) : 0.0;
-  r.notes.push_back(fmt::format(
-      "predicted, not measured: each launch takes max(FLOPs / (unit peak x cap), bytes / ({} TB/s x {})) + {} us",
-      r.table.hbm_tbps, r.table.hbm_eff, r.table.launch_floor_us));
+  r.notes.push_back("predicted, not measured: each launch takes max(FLOPs / (peak x cap), bytes / (bandwidth x cap)) "
+                    "+ the launch floor");
   return r;
 }
 
@@ -207,21 +204,23 @@ std::string bench_plan_format(const BenchPlanResult& r, bool json) {
   s += fmt::format("batch        micro {} x seq {} x accum {} = {} tokens/step\n", r.micro_batch, r.seq_len,
                    r.grad_accum, static_cast<int64_t>(r.micro_batch) * r.seq_len * r.grad_accum);
   s += fmt::format("step         {}\n", r.driver);
-  s += fmt::format("budget       {:.0f} TFLOP/s tensor (GEMM x{:.2f}, attention mma.sync x{:.2f} fwd / x{:.2f} bwd), "
-                   "{:.0f} TFLOP/s fp32 x{:.2f}, {:.2f} TB/s HBM x{:.2f}, {:.0f} GB/s PCIe x{:.2f}, {:.0f} us/launch\n",
+  s += fmt::format("budget       tensor {:.0f} TFLOP/s x{:.2f} (cuBLASLt), x{:.2f} / x{:.2f} (attention on mma.sync fwd / bwd); "
+                   "fp32 {:.0f} TFLOP/s x{:.2f}\n             HBM {:.2f} TB/s x{:.2f}; PCIe {:.0f} GB/s x{:.2f}; "
+                   "{:.0f} us per launch\n",
                    t.tensor_tflops, t.gemm_eff, t.attn_fwd_eff, t.attn_bwd_eff, t.fp32_tflops, t.cuda_core_eff,
                    t.hbm_tbps, t.hbm_eff, t.pcie_gbps, t.pcie_eff, t.launch_floor_us);
-  size_t wop = 2, wk = 6;
+  size_t wop = 2, wk = 6, wu = 4;
   for (const PlanRow& w : r.rows) {
     wop = std::max(wop, w.op.size());
     wk = std::max(wk, w.kernel.size());
+    wu = std::max(wu, w.unit.size());
   }
   s += "\n";
-  s += fmt::format("{:<{}}  {:<{}}  {:>8}  {:>9}  {:>8}  {:<17}  {:<8}  {:>9}  {:>6}\n", "op", wop, "kernel", wk,
-                   "launches", "GFLOP", "GB", "unit", "bound", "time ms", "% step");
+  s += fmt::format("{:<{}}  {:<{}}  {:>8}  {:>8}  {:>6}  {:<{}}  {:<8}  {:>8}  {:>6}\n", "op", wop, "kernel", wk,
+                   "launches", "GFLOP", "GB", "unit", wu, "bound", "time ms", "% step");
   for (const PlanRow& w : r.rows)
-    s += fmt::format("{:<{}}  {:<{}}  {:>8}  {:>9.1f}  {:>8.2f}  {:<17}  {:<8}  {:>9.3f}  {:>5.1f}%\n", w.op, wop,
-                     w.kernel, wk, w.launches, w.gflop, w.gbytes, w.unit, w.bound, w.ms, 100.0 * w.share);
+    s += fmt::format("{:<{}}  {:<{}}  {:>8}  {:>8.1f}  {:>6.2f}  {:<{}}  {:<8}  {:>8.3f}  {:>5.1f}%\n", w.op, wop,
+                     w.kernel, wk, w.launches, w.gflop, w.gbytes, w.unit, wu, w.bound, w.ms, 100.0 * w.share);
   s += "\n";
   auto pct = [&](double ms) { return r.step_ms > 0 ? 100.0 * ms / r.step_ms : 0.0; };
   s += fmt::format("GEMM         {:.2f} ms ({:.1f}%), {:.0f} GFLOP\n", r.gemm_ms, pct(r.gemm_ms), r.gemm_gflop);
