@@ -16,6 +16,7 @@
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace cuda_emu {
@@ -70,8 +71,22 @@ struct Thread {
   unsigned mask;
   int bytes, arg, width;
   uint64_t value, result;
+  const void* io;  // .sync.aligned warp instructions: the lane's operands, on its own stack
 };
 static_assert(std::is_standard_layout_v<Thread>);
+
+// cp.async: one thread's copies in flight, oldest first. A copy's group is the number of
+// commit_groups before the one that committed it; UNCOMMITTED until then.
+struct AsyncCopy {
+  void* dst;
+  const void* src;
+  unsigned group;
+};
+struct AsyncCopies {
+  static constexpr unsigned UNCOMMITTED = ~0u;
+  std::vector<AsyncCopy> q;  // keeps its capacity from block to block
+  unsigned committed = 0;    // commit_groups executed
+};
 
 struct WarpGroup {  // lanes of one mask meeting at a warp intrinsic
   unsigned mask, arrived;
@@ -91,6 +106,8 @@ struct Block {
   unsigned n = 0;
   dim3 dims{0, 0, 0};  // the block shape threads[].idx was computed for
   std::vector<Thread> threads;
+  std::vector<AsyncCopies> async;  // per thread
+  bool async_used = false;         // a thread issued a cp.async since block_setup
   std::vector<Warp> warps;
   unsigned next_start = 0, live = 0, exited = 0, first_exited = 0;
   // The barrier being gathered.
@@ -158,6 +175,9 @@ struct Worker {
   const char* smem_base = nullptr;
   size_t smem_size = 0;
   char* altstack = nullptr;
+  // This OS thread's thread-local storage blocks (static __shared__ lives there), one
+  // [begin, end) per module; read when first needed and again when an address is in none.
+  std::vector<std::pair<const char*, const char*>> tls;
 
   Worker();
   ~Worker();
