@@ -470,7 +470,7 @@ float f16_bits(uint32_t h) { return __half2float(__half{static_cast<uint16_t>(h)
 // inputs propagate as in any fp32 arithmetic.
 template <float (*CVT)(uint32_t)>
 [[gnu::noinline]] void mma_compute(Thread* lanes) {
-  float A[16][16], Bt[8][16];  // Bt[n][k]
+  float A[16][16], B[16][8], D[16][8];
   for (int l = 0; l < 32; ++l) {
     const auto& io = *static_cast<const MmaIo*>(lanes[l].io);
     const int g = l >> 2, q = l & 3;
@@ -480,20 +480,19 @@ template <float (*CVT)(uint32_t)>
       row[1] = CVT(io.a[j] >> 16);
     }
     for (int j = 0; j < 2; ++j) {
-      Bt[g][2 * q + 8 * j] = CVT(io.b[j]);
-      Bt[g][2 * q + 8 * j + 1] = CVT(io.b[j] >> 16);
+      B[2 * q + 8 * j][g] = CVT(io.b[j]);
+      B[2 * q + 8 * j + 1][g] = CVT(io.b[j] >> 16);
     }
+    for (int i = 0; i < 4; ++i) D[g + 8 * (i >> 1)][2 * q + (i & 1)] = io.d[i];
   }
+  // k outermost: each element's sum keeps its order, the 128 sums run side by side.
+  for (int k = 0; k < 16; ++k)
+    for (int r = 0; r < 16; ++r)
+      for (int n = 0; n < 8; ++n) D[r][n] += A[r][k] * B[k][n];
   for (int l = 0; l < 32; ++l) {
     const auto& io = *static_cast<const MmaIo*>(lanes[l].io);
     const int g = l >> 2, q = l & 3;
-    for (int i = 0; i < 4; ++i) {
-      const float* a = A[g + 8 * (i >> 1)];
-      const float* bt = Bt[2 * q + (i & 1)];
-      float acc = io.d[i];
-      for (int k = 0; k < 16; ++k) acc += a[k] * bt[k];
-      io.d[i] = acc;
-    }
+    for (int i = 0; i < 4; ++i) io.d[i] = D[g + 8 * (i >> 1)][2 * q + (i & 1)];
   }
 }
 
