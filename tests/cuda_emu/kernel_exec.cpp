@@ -1,6 +1,7 @@
 // CUDA execution engine (test-only): runs kernels on the CPU. Blocks go to a worker
 // pool; a block's threads run as cooperative fibers that switch at barriers and warp
-// intrinsics, which check what a GPU leaves undefined. Memory faults: kernel_faults.cpp.
+// intrinsics, which check what a GPU leaves undefined. Memory faults: kernel_faults.cpp;
+// tensor-core instructions and cp.async: kernel_mma.cpp.
 #include "kernel_exec_internal.h"
 
 #include <boost/context/fiber.hpp>
@@ -34,29 +35,7 @@ namespace {
 
 namespace bctx = boost::context;
 
-constexpr size_t FIBER_STACK = 256 * 1024;
 constexpr size_t ALT_STACK = 64 * 1024;
-
-// ----------------------------------------------------------------------------
-// Block state (kernel_exec_internal.h) and the ops its threads wait at.
-enum Op : int {
-  OP_BAR,
-  OP_BAR_OR,
-  OP_BAR_AND,
-  OP_BAR_COUNT,
-  OP_SHFL_IDX,
-  OP_SHFL_XOR,
-  OP_SHFL_UP,
-  OP_SHFL_DOWN,
-  OP_SYNCWARP,
-  OP_BALLOT,
-};
-const char* op_name(int op) {
-  static const char* const names[] = {"__syncthreads", "__syncthreads_or", "__syncthreads_and", "__syncthreads_count",
-                                      "__shfl_sync",   "__shfl_xor_sync",  "__shfl_up_sync",    "__shfl_down_sync",
-                                      "__syncwarp",    "__ballot_sync"};
-  return names[op];
-}
 
 struct Cancelled {};  // unwinds a thread of a failed block to its fiber's entry
 
@@ -88,8 +67,6 @@ Worker& this_worker() {
   }
   return *t_worker;
 }
-
-Thread* cur_thread() { return reinterpret_cast<Thread*>(const_cast<uint3*>(t_thread_idx)); }
 
 // Suspends `from` (the running carrier) and runs `to`. Whoever resumes `from` later
 // hands over its own continuation, which is stored back into that carrier.
@@ -152,6 +129,27 @@ std::string hex(unsigned long long v) {
   std::snprintf(buf, sizeof buf, "0x%llx", v);
   return buf;
 }
+const char* op_name(int op) {
+  static const char* const names[] = {"__syncthreads",
+                                      "__syncthreads_or",
+                                      "__syncthreads_and",
+                                      "__syncthreads_count",
+                                      "__shfl_sync",
+                                      "__shfl_xor_sync",
+                                      "__shfl_up_sync",
+                                      "__shfl_down_sync",
+                                      "__syncwarp",
+                                      "__ballot_sync",
+                                      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+                                      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+                                      "ldmatrix.sync.aligned.m8n8.x1.shared.b16",
+                                      "ldmatrix.sync.aligned.m8n8.x2.shared.b16",
+                                      "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+                                      "ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16",
+                                      "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16",
+                                      "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"};
+  return names[op];
+}
 
 namespace {
 
@@ -174,7 +172,7 @@ std::string lanes_str(unsigned bits) {  // "0,3,8-31"
 }
 std::string op_at(const Thread& th) {
   std::string s = op_name(th.op);
-  if (th.op >= OP_SHFL_IDX) s += "(mask " + hex(th.mask) + ")";
+  if (th.op >= OP_SHFL_IDX && !aligned_op(th.op)) s += "(mask " + hex(th.mask) + ")";
   return s + " at " + where_str(th.file, th.line);
 }
 
@@ -185,18 +183,16 @@ void block_fail(Block& b, cudaError_t e, std::string msg) {
   b.err = e;
   b.msg = std::move(msg);
 }
-[[noreturn]] void thread_fail(Block& b, std::string msg) {
-  block_fail(b, cudaErrorLaunchFailure, std::move(msg));
-  throw Cancelled{};
+}  // namespace
+
+// Shared with kernel_mma.cpp (kernel_exec_internal.h).
+std::string lane_str(const Block& b, unsigned t) {
+  return thread_str(b, t) + " (warp " + std::to_string(t / 32) + " lane " + std::to_string(t % 32) + ")";
 }
 
-// Suspends the calling thread until the op it registered completes.
-void thread_wait(Block& b, Thread& th) {
-  th.state = TState::BLOCKED;
-  Worker& w = *b.w;
-  switch_to(w, th.carrier, carrier_next(w));
-  t_thread_idx = &th.idx;
-  if (b.cancel) throw Cancelled{};
+[[noreturn]] void thread_fail(Block& b, std::string msg, cudaError_t e) {
+  block_fail(b, e, std::move(msg));
+  throw Cancelled{};
 }
 
 Block& current_block(const char* file, int line, const char* what) {
@@ -205,6 +201,17 @@ Block& current_block(const char* file, int line, const char* what) {
     std::abort();
   }
   return t_worker->block;
+}
+
+namespace {
+
+// Suspends the calling thread until the op it registered completes.
+void thread_wait(Block& b, Thread& th) {
+  th.state = TState::BLOCKED;
+  Worker& w = *b.w;
+  switch_to(w, th.carrier, carrier_next(w));
+  t_thread_idx = &th.idx;
+  if (b.cancel) throw Cancelled{};
 }
 
 // ----------------------------------------------------------------------------
@@ -347,9 +354,11 @@ uint64_t warp_op(const char* file, int line, int op, unsigned mask, uint64_t val
   if (mask & w.exited) warp_misuse(b, t, LANE_EXITED, nullptr);
   if (op >= OP_SHFL_IDX && op <= OP_SHFL_DOWN && (width < 1 || width > 32 || (width & (width - 1)) != 0))
     warp_misuse(b, t, BAD_WIDTH, nullptr);
+  // A pending .sync.aligned group waits for every lane: lanes of it may first meet here
+  // (e.g. a half-warp shuffle before an mma all lanes reach), so it is no conflict.
   WarpGroup* g = nullptr;
   for (auto& x : w.groups)
-    if (x.mask & mask) g = &x;
+    if ((x.mask & mask) && !aligned_op(x.op)) g = &x;
   if (!g) {
     w.groups.push_back(WarpGroup{mask, 0, op, bytes, width});
     g = &w.groups.back();
@@ -367,6 +376,83 @@ uint64_t warp_op(const char* file, int line, int op, unsigned mask, uint64_t val
   warp_complete(b, warp, done, lane);
   return th.result;
 }
+
+// ----------------------------------------------------------------------------
+// .sync.aligned warp instructions (mma, ldmatrix). All 32 lanes of the warp execute the
+// same instruction: same op and qualifiers at the same call site, none of them exited,
+// no partial warp. Each lane parks with a pointer to its operands (Thread::io: they live
+// on its own stack, which stays valid while it waits); the last lane to arrive computes
+// every lane's result and writes it through those pointers (kernel_mma.cpp).
+constexpr unsigned FULL_WARP = 0xffffffffu;
+
+enum AlignedMisuse { PARTIAL_WARP, LANES_EXITED, OTHER_INSTRUCTION };
+
+[[gnu::cold, gnu::noinline, noreturn]] void aligned_misuse(Block& b, unsigned t, AlignedMisuse why,
+                                                            const WarpGroup* g) {
+  const Thread& th = b.threads[t];
+  const unsigned warp = t / 32;
+  const Warp& w = b.warps[warp];
+  const std::string rule =
+      " (.sync.aligned: all 32 lanes of the warp must execute the same instruction, a GPU leaves anything else "
+      "undefined)";
+  switch (why) {
+    case PARTIAL_WARP:
+      thread_fail(b, lane_str(b, t) + " executes " + op_at(th) + " in a partial warp: the block has " +
+                         std::to_string(b.n) + " threads, so warp " + std::to_string(warp) + " has only lanes " +
+                         lanes_str(w.present) + rule + "; make the block size a multiple of 32");
+    case LANES_EXITED:
+      thread_fail(b, lane_str(b, t) + " executes " + op_at(th) + " but lanes " + lanes_str(w.exited) +
+                         " of its warp already exited (e.g. " +
+                         thread_str(b, warp * 32 + static_cast<unsigned>(__builtin_ctz(w.exited))) + ")" + rule);
+    case OTHER_INSTRUCTION: {
+      const unsigned other = warp * 32 + static_cast<unsigned>(__builtin_ctz(g->arrived));
+      thread_fail(b, "lanes of one warp execute different warp instructions: " + lane_str(b, other) + " at " +
+                         op_at(b.threads[other]) + ", " + lane_str(b, t) + " at " + op_at(th) + rule);
+    }
+  }
+  thread_fail(b, lane_str(b, t) + ": .sync.aligned warp instruction misuse");
+}
+
+bool same_site(const Thread& x, const char* file, int line) {
+  return x.line == line && (x.file == file || std::strcmp(x.file, file) == 0);
+}
+
+}  // namespace
+
+void warp_aligned(Block& b, Thread& th, const char* file, int line, int op, const void* io) {
+  const unsigned t = static_cast<unsigned>(&th - b.threads.data()), warp = t / 32, lane = t % 32;
+  Warp& w = b.warps[warp];
+  th.op = op;
+  th.file = file;
+  th.line = line;
+  th.mask = FULL_WARP;
+  th.io = io;
+  if (w.present != FULL_WARP) aligned_misuse(b, t, PARTIAL_WARP, nullptr);
+  if (w.exited) aligned_misuse(b, t, LANES_EXITED, nullptr);
+  WarpGroup* g = nullptr;  // at most one: it waits for every lane
+  for (auto& x : w.groups)
+    if (aligned_op(x.op)) g = &x;
+  if (!g) {
+    w.groups.push_back(WarpGroup{FULL_WARP, 0, op, 0, 32});
+    g = &w.groups.back();
+  } else if (g->op != op || !same_site(b.threads[warp * 32 + static_cast<unsigned>(__builtin_ctz(g->arrived))], file,
+                                       line)) {
+    aligned_misuse(b, t, OTHER_INSTRUCTION, g);
+  }
+  g->arrived |= 1u << lane;
+  if (g->arrived != FULL_WARP) {
+    thread_wait(b, th);
+    return;
+  }
+  *g = w.groups.back();
+  w.groups.pop_back();
+  Thread* lanes = &b.threads[warp * 32];
+  aligned_complete(op, lanes);
+  for (unsigned i = 0; i < 32; ++i)
+    if (i != lane) b.make_runnable(warp * 32 + i);
+}
+
+namespace {
 
 // A thread returned from the kernel: a barrier or warp op waiting for it can never
 // complete.
@@ -473,6 +559,7 @@ void block_setup(Worker& w, Launch& L, uint3 bidx) {
     for (unsigned z = 0; z < k.block.z; ++z)
       for (unsigned y = 0; y < k.block.y; ++y)
         for (unsigned x = 0; x < k.block.x; ++x) b.threads[t++].idx = uint3{x, y, z};
+    b.async.resize(b.n);
     b.warps.resize((b.n + 31) / 32);
     for (size_t i = 0; i < b.warps.size(); ++i) {
       const unsigned lanes = std::min(32u, b.n - static_cast<unsigned>(i) * 32);
@@ -480,6 +567,13 @@ void block_setup(Worker& w, Launch& L, uint3 bidx) {
     }
   }
   for (auto& th : b.threads) th.state = TState::UNSTARTED;
+  if (b.async_used) {  // copies a previous block's threads left in flight are dropped
+    for (auto& a : b.async) {
+      a.q.clear();
+      a.committed = 0;
+    }
+    b.async_used = false;
+  }
   for (auto& wp : b.warps) {
     wp.exited = 0;
     wp.groups.clear();

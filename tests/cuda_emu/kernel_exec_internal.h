@@ -16,11 +16,37 @@
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace cuda_emu {
 
 constexpr size_t SMEM_RESERVE = 256 * 1024;  // above the 227 KB opt-in limit
+constexpr size_t FIBER_STACK = 256 * 1024;   // each carrier fiber's stack
+
+// What a block thread waits at (Thread::op).
+enum Op : int {
+  OP_BAR,
+  OP_BAR_OR,
+  OP_BAR_AND,
+  OP_BAR_COUNT,
+  OP_SHFL_IDX,
+  OP_SHFL_XOR,
+  OP_SHFL_UP,
+  OP_SHFL_DOWN,
+  OP_SYNCWARP,
+  OP_BALLOT,
+  // .sync.aligned warp instructions: all 32 lanes, one instruction (op and call site).
+  OP_MMA_BF16,
+  OP_MMA_F16,
+  OP_LDSM_X1,
+  OP_LDSM_X2,
+  OP_LDSM_X4,
+  OP_LDSM_X1_T,
+  OP_LDSM_X2_T,
+  OP_LDSM_X4_T,
+};
+inline bool aligned_op(int op) { return op >= OP_MMA_BF16; }
 
 inline size_t page_size() {
   static const size_t ps = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -70,8 +96,22 @@ struct Thread {
   unsigned mask;
   int bytes, arg, width;
   uint64_t value, result;
+  const void* io;  // .sync.aligned warp instructions: the lane's operands, on its own stack
 };
 static_assert(std::is_standard_layout_v<Thread>);
+
+// cp.async: one thread's copies in flight, oldest first. A copy's group is the number of
+// commit_groups before the one that committed it; UNCOMMITTED until then.
+struct AsyncCopy {
+  void* dst;
+  const void* src;
+  unsigned group;
+};
+struct AsyncCopies {
+  static constexpr unsigned UNCOMMITTED = ~0u;
+  std::vector<AsyncCopy> q;  // keeps its capacity from block to block
+  unsigned committed = 0;    // commit_groups executed
+};
 
 struct WarpGroup {  // lanes of one mask meeting at a warp intrinsic
   unsigned mask, arrived;
@@ -91,6 +131,8 @@ struct Block {
   unsigned n = 0;
   dim3 dims{0, 0, 0};  // the block shape threads[].idx was computed for
   std::vector<Thread> threads;
+  std::vector<AsyncCopies> async;  // per thread
+  bool async_used = false;         // a thread issued a cp.async since block_setup
   std::vector<Warp> warps;
   unsigned next_start = 0, live = 0, exited = 0, first_exited = 0;
   // The barrier being gathered.
@@ -158,6 +200,9 @@ struct Worker {
   const char* smem_base = nullptr;
   size_t smem_size = 0;
   char* altstack = nullptr;
+  // This OS thread's thread-local storage blocks (static __shared__ lives there), one
+  // [begin, end) per module; read when first needed and again when an address is in none.
+  std::vector<std::pair<const char*, const char*>> tls;
 
   Worker();
   ~Worker();
@@ -166,10 +211,29 @@ struct Worker {
 
 extern thread_local constinit Worker* t_worker;  // for the signal handler
 
+// The running block thread (t_thread_idx points at its Thread's first member).
+inline Thread* cur_thread() { return reinterpret_cast<Thread*>(const_cast<uint3*>(t_thread_idx)); }
+
 // Report helpers (kernel_exec.cpp).
 std::string dims_str(uint3 v);
 std::string where_str(const char* file, int line);
 std::string hex(unsigned long long v);
+const char* op_name(int op);
+std::string lane_str(const Block& b, unsigned t);  // "thread (x,y,z) (warp w lane l)"
+
+// Scheduler services for the instructions in kernel_mma.cpp (kernel_exec.cpp).
+// The block the calling kernel thread runs in (aborts when called outside a kernel).
+Block& current_block(const char* file, int line, const char* what);
+// Fails the block with `msg` (the first failure wins) and unwinds the calling thread.
+[[noreturn]] void thread_fail(Block& b, std::string msg, cudaError_t e = cudaErrorLaunchFailure);
+// A .sync.aligned warp instruction: parks the calling lane, whose operands are at `io`,
+// until all 32 lanes of its warp reach the same op at the same call site (anything else
+// fails the block); the last to arrive calls aligned_complete and resumes the others.
+void warp_aligned(Block& b, Thread& th, const char* file, int line, int op, const void* io);
+
+// Tensor-core instructions (kernel_mma.cpp): every lane's result of aligned op `op`
+// from the 32 lanes' operands (lanes[i].io).
+void aligned_complete(int op, Thread* lanes);
 
 // Memory faults (kernel_faults.cpp).
 // (Re)installs the SIGSEGV / SIGBUS handler; checked at each launch.

@@ -25,3 +25,6 @@ inline float __bfloat162float(__nv_bfloat16 h) {
   std::memcpy(&f, &u, 4);
   return f;
 }
+// The bit pattern as an unsigned short and back (no conversion).
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.__x; }
+inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) { return __nv_bfloat16{u}; }

@@ -93,6 +93,25 @@ T shfl_down_sync(const char* f, int l, unsigned mask, T var, unsigned delta, int
   return shuffle_typed(f, l, SHFL_DOWN, mask, var, static_cast<int>(delta), width);
 }
 
+// ----------------------------------------------------------------------------
+// Tensor-core warp instructions and asynchronous copies (kernel_exec.cpp), as the PTX
+// instructions they stand for; kernels use them through kernels/mma.cuh (inline PTX
+// under nvcc). Register fragments use the PTX ISA layouts.
+enum MmaType : int { MMA_BF16, MMA_F16 };
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 d, a, b, d: one
+// lane's part (d: 4 floats in/out, a: 4 registers, b: 2). All 32 lanes of the warp
+// must execute the same call.
+void mma_m16n8k16(const char* file, int line, MmaType type, float* d, const uint32_t* a, const uint32_t* b);
+// ldmatrix.sync.aligned.m8n8.x{matrices}{.trans}.shared.b16 r, [p]: one lane's part
+// (r: `matrices` registers; p: this lane's row address, used by lanes < 8 * matrices).
+void ldmatrix(const char* file, int line, int matrices, bool trans, uint32_t* r, const void* p);
+// cp.async.cg.shared.global [smem_dst], [gmem_src], 16; cp.async.commit_group;
+// cp.async.wait_group n: per thread. A copy lands in shared memory when the wait that
+// retires its group runs, never earlier.
+void cp_async_16(const char* file, int line, void* smem_dst, const void* gmem_src);
+void cp_async_commit(const char* file, int line);
+void cp_async_wait(const char* file, int line, int n);
+
 }  // namespace cuda_emu
 
 #define threadIdx (::cuda_emu::this_thread_idx())

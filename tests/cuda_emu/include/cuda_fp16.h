@@ -50,3 +50,6 @@ inline float __half2float(__half h) {
   std::memcpy(&f, &u, 4);
   return f;
 }
+// The bit pattern as an unsigned short and back (no conversion).
+inline unsigned short __half_as_ushort(__half h) { return h.__x; }
+inline __half __ushort_as_half(unsigned short u) { return __half{u}; }
