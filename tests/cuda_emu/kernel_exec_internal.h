@@ -223,7 +223,11 @@ std::string lane_str(const Block& b, unsigned t);  // "thread (x,y,z) (warp w la
 
 // Scheduler services for the instructions in kernel_mma.cpp (kernel_exec.cpp).
 // The block the calling kernel thread runs in (aborts when called outside a kernel).
-Block& current_block(const char* file, int line, const char* what);
+[[noreturn, gnu::cold]] void outside_kernel(const char* file, int line, const char* what);
+inline Block& current_block(const char* file, int line, const char* what) {
+  if (!t_thread_idx || !t_worker || !t_worker->running) outside_kernel(file, line, what);
+  return t_worker->block;
+}
 // Fails the block with `msg` (the first failure wins) and unwinds the calling thread.
 [[noreturn]] void thread_fail(Block& b, std::string msg, cudaError_t e = cudaErrorLaunchFailure);
 // A .sync.aligned warp instruction: parks the calling lane, whose operands are at `io`,

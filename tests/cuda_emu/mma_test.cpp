@@ -371,6 +371,7 @@ __global__ void cp_async_bad_kernel(int which, const uint4* src, uint4* global_d
   if (which == 1) AT_LINE(g_line_a, cp_async_16(global_dst + threadIdx.x, src + threadIdx.x));  // dst: global
   if (which == 2)  // src 8 bytes off
     AT_LINE(g_line_a, cp_async_16(buf + threadIdx.x, reinterpret_cast<const char*>(src + threadIdx.x) + 8));
+  if (which == 3) AT_LINE(g_line_a, cp_async_16(buf + threadIdx.x, src + 1));  // src: 8 of 16 bytes exist
   cp_async_commit();
   cp_async_wait<0>();
 }
@@ -633,7 +634,7 @@ TEST_CASE("error: ldmatrix row addresses in global memory or on the stack") {
   CHECK(has(o.detail, "on the thread's stack"));
 }
 
-TEST_CASE("error: cp.async from pinned host memory, into global memory, from a misaligned source") {
+TEST_CASE("error: cp.async from pinned host memory, into global memory, from a misaligned or too short source") {
   uint4* pinned = nullptr;
   REQUIRE(cudaMallocHost(&pinned, 32 * sizeof(uint4)) == cudaSuccess);
   DevBuf<uint32_t> dev(32 * 4), global(32 * 4);
@@ -659,5 +660,12 @@ TEST_CASE("error: cp.async from pinned host memory, into global memory, from a m
   CHECK(o.err == cudaErrorMisalignedAddress);
   CHECK(has(o.detail, "global source"));
   CHECK(has(o.detail, "not 16-byte aligned"));
+
+  DevBuf<uint8_t> short_src(24);  // a 16-byte copy from offset 16 crosses its end
+  DTK_LAUNCH(1, 32, 32 * 16, 0, cp_async_bad_kernel)(3, reinterpret_cast<const uint4*>(short_src.p), dst);
+  o = finish();
+  CHECK(o.err == cudaErrorIllegalAddress);
+  CHECK(has(o.detail, at_line(g_line_a)));
+  CHECK(has(o.detail, "fewer than 16 readable bytes (offset 16 of a 24-byte allocation)"));
   CHECK(cudaFreeHost(pinned) == cudaSuccess);
 }
