@@ -1,4 +1,5 @@
-// Flash attention on CUDA cores (fp32 math in shared memory, no tensor cores): 32-row
+// Flash attention on CUDA cores for fp32 (bf16 and fp16 run on tensor cores: attention_mma.cu).
+// fp32 math in shared memory: 32-row
 // query tiles x 32-key tiles. A warp owns RPW rows (queries in forward/dq, keys in
 // dk/dv); in the score phase lane j takes key (or query) j of the tile, so dot products
 // need no shuffles, and probabilities are broadcast back with __shfl_sync for the
@@ -7,6 +8,7 @@
 // dimensions per lane (2, 4, 8: HD <= 64, 128, 256) keeps the accumulators in registers.
 #include "kernels/attention.cuh"
 
+#include "kernels/attention_internal.cuh"
 #include "kernels/common.cuh"
 
 #include <cmath>
@@ -28,10 +30,7 @@ struct Cfg {
   static constexpr int THREADS = NW * 32;
 };
 
-struct Shape {
-  int B, T, NH, NKV, HD, G;
-  float scale;
-};
+using Shape = AttnShape;
 
 // dst[r * stride + d] = src[(row0 + r) * pitch + d] for r < 32, d < HDP; zero past T or HD.
 template <typename T>
@@ -57,7 +56,7 @@ __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
   float* Vs = Ks + TILE * (HDP + 1);
   const int bh = blockIdx.x, qt = blockIdx.y, b = bh / s.NH, h = bh % s.NH, kh = h / s.G;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const size_t qp = static_cast<size_t>(s.NH) * s.HD, kp = static_cast<size_t>(s.NKV) * s.HD;
+  const size_t qp = s.qs, kp = s.ks, op = static_cast<size_t>(s.NH) * s.HD;
   const T* qb = q + static_cast<size_t>(b) * s.T * qp + static_cast<size_t>(h) * s.HD;
   const T* kb = k + static_cast<size_t>(b) * s.T * kp + static_cast<size_t>(kh) * s.HD;
   const T* vb = v + static_cast<size_t>(b) * s.T * kp + static_cast<size_t>(kh) * s.HD;
@@ -122,7 +121,7 @@ __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
     const int row = row0 + i;
     if (row >= s.T) continue;
     const float inv = 1.0f / l[i];
-    T* orow = out + (static_cast<size_t>(b) * s.T + row) * qp + static_cast<size_t>(h) * s.HD;
+    T* orow = out + (static_cast<size_t>(b) * s.T + row) * op + static_cast<size_t>(h) * s.HD;
 #pragma unroll
     for (int c = 0; c < DPL; ++c) {
       const int d = lane + 32 * c;
@@ -164,11 +163,12 @@ __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
   float* Vs = Ks + TILE * (HDP + 1);
   const int bh = blockIdx.x, qt = blockIdx.y, b = bh / s.NH, h = bh % s.NH, kh = h / s.G;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const size_t qp = static_cast<size_t>(s.NH) * s.HD, kp = static_cast<size_t>(s.NKV) * s.HD;
+  const size_t qp = s.qs, kp = s.ks, op = static_cast<size_t>(s.NH) * s.HD;
   const size_t qoff = static_cast<size_t>(b) * s.T * qp + static_cast<size_t>(h) * s.HD;
+  const size_t ooff = static_cast<size_t>(b) * s.T * op + static_cast<size_t>(h) * s.HD;
   const size_t koff = static_cast<size_t>(b) * s.T * kp + static_cast<size_t>(kh) * s.HD;
   tile_load(Qs, HDP, q + qoff, qt * TILE, s.T, qp, s.HD, HDP);
-  tile_load(dOs, HDP, dout + qoff, qt * TILE, s.T, qp, s.HD, HDP);
+  tile_load(dOs, HDP, dout + ooff, qt * TILE, s.T, op, s.HD, HDP);
   const int r0 = warp * RPW, row0 = qt * TILE + r0;
   float lrow[RPW], drow[RPW], acc[RPW][DPL];
 #pragma unroll
@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
 #pragma unroll
     for (int c = 0; c < DPL; ++c) {
       const int d = lane + 32 * c;
-      if (d < s.HD) g[d] = from_f32<T>(to_f32(g[d]) + s.scale * acc[i][c]);
+      if (d < s.HD) g[d] = from_f32<T>(s.scale * acc[i][c]);
     }
   }
 }
@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
   float* Ds = Ls + TILE;
   const int kt = blockIdx.y, b = blockIdx.x / s.NKV, kh = blockIdx.x % s.NKV;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const size_t qp = static_cast<size_t>(s.NH) * s.HD, kp = static_cast<size_t>(s.NKV) * s.HD;
+  const size_t qp = s.qs, kp = s.ks, op = static_cast<size_t>(s.NH) * s.HD;
   const size_t koff = static_cast<size_t>(b) * s.T * kp + static_cast<size_t>(kh) * s.HD;
   tile_load(Ks, HDP, k + koff, kt * TILE, s.T, kp, s.HD, HDP);
   tile_load(Vs, HDP, v + koff, kt * TILE, s.T, kp, s.HD, HDP);
@@ -260,11 +260,12 @@ __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
   const int ntiles = (s.T + TILE - 1) / TILE;
   for (int h = kh * s.G; h < (kh + 1) * s.G; ++h) {
     const size_t qoff = static_cast<size_t>(b) * s.T * qp + static_cast<size_t>(h) * s.HD;
+    const size_t ooff = static_cast<size_t>(b) * s.T * op + static_cast<size_t>(h) * s.HD;
     const size_t bh = static_cast<size_t>(b) * s.NH + h;
     for (int qt = kt; qt < ntiles; ++qt) {  // causal: queries at or after the keys
       __syncthreads();
       tile_load(Qs, HDP + 1, q + qoff, qt * TILE, s.T, qp, s.HD, HDP);
-      tile_load(dOs, HDP + 1, dout + qoff, qt * TILE, s.T, qp, s.HD, HDP);
+      tile_load(dOs, HDP + 1, dout + ooff, qt * TILE, s.T, op, s.HD, HDP);
       if (threadIdx.x < TILE) {
         const int row = qt * TILE + threadIdx.x;
         Ls[threadIdx.x] = row < s.T ? lse[bh * s.T + row] : 0.0f;
@@ -319,22 +320,26 @@ __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
     for (int c = 0; c < DPL; ++c) {
       const int d = lane + 32 * c;
       if (d < s.HD) {
-        gk[d] = from_f32<T>(to_f32(gk[d]) + s.scale * ak[jj][c]);
-        gv[d] = from_f32<T>(to_f32(gv[d]) + av[jj][c]);
+        gk[d] = from_f32<T>(s.scale * ak[jj][c]);
+        gv[d] = from_f32<T>(av[jj][c]);
       }
     }
   }
 }
 
 // ----------------------------------------------------------------------------
-Shape shape_check(int B, int T, int NH, int NKV, int HD) {
+Shape shape_check(int B, int T, int NH, int NKV, int HD, int q_stride, int kv_stride) {
   DTK_REQUIRE(NKV > 0 && NH > 0 && NH % NKV == 0, UsageError, "attention needs n_head to be a multiple of n_kv_head");
   DTK_REQUIRE(HD > 0 && HD <= 256, UsageError, "attention supports head dimensions 1..256");
   DTK_REQUIRE(B >= 0 && T >= 0, UsageError, "attention needs non-negative batch and sequence sizes");
+  DTK_REQUIRE(static_cast<int64_t>(q_stride) >= static_cast<int64_t>(NH) * HD &&
+                  static_cast<int64_t>(kv_stride) >= static_cast<int64_t>(NKV) * HD,
+              UsageError, "attention row strides must cover n_head (q) and n_kv_head (k, v) heads of head_dim");
   // Grids are (B * heads, T / 32): x holds up to 2^31 - 1 blocks, y only 65535.
   DTK_REQUIRE(static_cast<int64_t>(B) * NH <= 2147483647 && T <= 65535 * TILE, UsageError,
               "attention supports B * n_head < 2^31 and T <= 2097120");
-  return Shape{B, T, NH, NKV, HD, NH / NKV, 1.0f / std::sqrt(static_cast<float>(HD))};
+  return Shape{B, T, NH, NKV, HD, NH / NKV, 1.0f / std::sqrt(static_cast<float>(HD)), static_cast<size_t>(q_stride),
+               static_cast<size_t>(kv_stride)};
 }
 
 template <typename Kernel>
@@ -357,29 +362,31 @@ void with_dpl(int HD, F&& f) {
 }  // namespace
 
 void attention_forward(void* out, float* lse, const void* q, const void* k, const void* v, int B, int T, int NH, int NKV,
-                       int HD, DType dtype, cudaStream_t stream) {
-  const Shape s = shape_check(B, T, NH, NKV, HD);
+                       int HD, int q_stride, int kv_stride, DType dtype, cudaStream_t stream) {
+  const Shape s = shape_check(B, T, NH, NKV, HD, q_stride, kv_stride);
   if (B == 0 || T == 0) return;
-  dispatch(dtype, [&](auto tag) {
-    using Ty = typename decltype(tag)::type;
-    with_dpl(HD, [&](auto dpl) {
-      constexpr int DPL = decltype(dpl)::value;
-      constexpr int HDP = Cfg<DPL>::HDP;
-      const size_t bytes = sizeof(float) * TILE * (2 * HDP + HDP + 1);
-      auto kernel = attn_fwd_kernel<Ty, DPL>;
-      smem_allow(kernel, bytes);
-      const dim3 grid(B * NH, blocks_for(T, TILE));
-      DTK_LAUNCH(grid, Cfg<DPL>::THREADS, bytes, stream, kernel)(static_cast<Ty*>(out), lse, static_cast<const Ty*>(q),
-                                                          static_cast<const Ty*>(k), static_cast<const Ty*>(v), s);
-      DT_CUDA_LAUNCH_CHECK();
-    });
+  if (dtype != DType::F32) {
+    attention_forward_mma(out, lse, q, k, v, s, dtype, stream);
+    return;
+  }
+  using Ty = float;
+  with_dpl(HD, [&](auto dpl) {
+    constexpr int DPL = decltype(dpl)::value;
+    constexpr int HDP = Cfg<DPL>::HDP;
+    const size_t bytes = sizeof(float) * TILE * (2 * HDP + HDP + 1);
+    auto kernel = attn_fwd_kernel<Ty, DPL>;
+    smem_allow(kernel, bytes);
+    const dim3 grid(B * NH, blocks_for(T, TILE));
+    DTK_LAUNCH(grid, Cfg<DPL>::THREADS, bytes, stream, kernel)(static_cast<Ty*>(out), lse, static_cast<const Ty*>(q),
+                                                        static_cast<const Ty*>(k), static_cast<const Ty*>(v), s);
+    DT_CUDA_LAUNCH_CHECK();
   });
 }
 
 void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out, const float* lse, const void* q,
-                        const void* k, const void* v, int B, int T, int NH, int NKV, int HD, DType dtype,
-                        cudaStream_t stream) {
-  const Shape s = shape_check(B, T, NH, NKV, HD);
+                        const void* k, const void* v, int B, int T, int NH, int NKV, int HD, int q_stride,
+                        int kv_stride, DType dtype, cudaStream_t stream) {
+  const Shape s = shape_check(B, T, NH, NKV, HD, q_stride, kv_stride);
   if (B == 0 || T == 0) return;
   const size_t rows = static_cast<size_t>(B) * T * NH;
   Scratch dvec(rows * sizeof(float), stream);
@@ -388,24 +395,29 @@ void attention_backward(void* dq, void* dk, void* dv, const void* dout, const vo
     DTK_LAUNCH(blocks_for(rows * 32, 256), 256, 0, stream, attn_dvec_kernel<Ty>)(dvec.as<float>(), static_cast<const Ty*>(dout),
                                                                          static_cast<const Ty*>(out), s);
     DT_CUDA_LAUNCH_CHECK();
-    with_dpl(HD, [&](auto dpl) {
-      constexpr int DPL = decltype(dpl)::value;
-      constexpr int HDP = Cfg<DPL>::HDP;
-      const size_t bytes = sizeof(float) * TILE * (2 * HDP + 2 * (HDP + 1));
-      auto kq = attn_dq_kernel<Ty, DPL>;
-      smem_allow(kq, bytes);
-      DTK_LAUNCH(dim3(B * NH, blocks_for(T, TILE)), Cfg<DPL>::THREADS, bytes, stream, kq)(
-          static_cast<Ty*>(dq), static_cast<const Ty*>(dout), lse, dvec.as<float>(), static_cast<const Ty*>(q),
-          static_cast<const Ty*>(k), static_cast<const Ty*>(v), s);
-      DT_CUDA_LAUNCH_CHECK();
-      auto kkv = attn_dkdv_kernel<Ty, DPL>;
-      const size_t bytes_kv = bytes + sizeof(float) * 2 * TILE;
-      smem_allow(kkv, bytes_kv);
-      DTK_LAUNCH(dim3(B * NKV, blocks_for(T, TILE)), Cfg<DPL>::THREADS, bytes_kv, stream, kkv)(
-          static_cast<Ty*>(dk), static_cast<Ty*>(dv), static_cast<const Ty*>(dout), lse, dvec.as<float>(),
-          static_cast<const Ty*>(q), static_cast<const Ty*>(k), static_cast<const Ty*>(v), s);
-      DT_CUDA_LAUNCH_CHECK();
-    });
+  });
+  if (dtype != DType::F32) {
+    attention_backward_mma(dq, dk, dv, dout, lse, dvec.as<float>(), q, k, v, s, dtype, stream);
+    return;
+  }
+  using Ty = float;
+  with_dpl(HD, [&](auto dpl) {
+    constexpr int DPL = decltype(dpl)::value;
+    constexpr int HDP = Cfg<DPL>::HDP;
+    const size_t bytes = sizeof(float) * TILE * (2 * HDP + 2 * (HDP + 1));
+    auto kq = attn_dq_kernel<Ty, DPL>;
+    smem_allow(kq, bytes);
+    DTK_LAUNCH(dim3(B * NH, blocks_for(T, TILE)), Cfg<DPL>::THREADS, bytes, stream, kq)(
+        static_cast<Ty*>(dq), static_cast<const Ty*>(dout), lse, dvec.as<float>(), static_cast<const Ty*>(q),
+        static_cast<const Ty*>(k), static_cast<const Ty*>(v), s);
+    DT_CUDA_LAUNCH_CHECK();
+    auto kkv = attn_dkdv_kernel<Ty, DPL>;
+    const size_t bytes_kv = bytes + sizeof(float) * 2 * TILE;
+    smem_allow(kkv, bytes_kv);
+    DTK_LAUNCH(dim3(B * NKV, blocks_for(T, TILE)), Cfg<DPL>::THREADS, bytes_kv, stream, kkv)(
+        static_cast<Ty*>(dk), static_cast<Ty*>(dv), static_cast<const Ty*>(dout), lse, dvec.as<float>(),
+        static_cast<const Ty*>(q), static_cast<const Ty*>(k), static_cast<const Ty*>(v), s);
+    DT_CUDA_LAUNCH_CHECK();
   });
 }
 

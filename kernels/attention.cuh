@@ -1,9 +1,13 @@
 // Causal multi-head attention with grouped KV heads on the device, flash-attention style:
-// the T x T score matrix never exists in memory. Forward walks 32-key tiles with an online
-// softmax and saves the per-row log-sum-exp; backward recomputes the probabilities per
-// tile from it. Layouts as lib/ops/attention.h: q [B,T,NH,HD], k/v [B,T,NKV,HD], query
-// head h reads KV head h / (NH/NKV). q and k are used as given: apply rope_forward
-// (rope.cuh) before, the attention tiles do not rotate.
+// the T x T score matrix never exists in memory. bf16 and fp16 run on tensor cores
+// (attention_mma.cu: FlashAttention-2 on mma.sync, 64 x 64 tiles, fp32 accumulation); fp32
+// on CUDA cores (attention.cu, 32 x 32 tiles). Forward walks key tiles with an online
+// softmax and saves the per-row log-sum-exp; backward recomputes the probabilities per tile
+// from it. Layouts: q [B,T,NH,HD] and k/v [B,T,NKV,HD] whose token rows may be further apart
+// than one row (q_stride, kv_stride elements: the fused qkv buffer of a GPT-2 block is read
+// in place, q at offset 0, k at NH*HD, v at (NH+NKV)*HD, both strides (NH+2*NKV)*HD); out
+// and dout are dense [B,T,NH,HD]. Query head h reads KV head h / (NH/NKV). q and k are used
+// as given: apply rope_forward (rope.cuh) before, the attention tiles do not rotate.
 #pragma once
 
 #include "core/dtype.h"
@@ -16,13 +20,17 @@ namespace dtrain::kernels {
 /// log-sum-exp of each row of scaled scores (what backward needs, instead of the CPU's
 /// att [B,NH,T,T]). HD <= 256 and NH % NKV == 0, else UsageError.
 void attention_forward(void* out, float* lse, const void* q, const void* k, const void* v, int B,
-                       int T, int NH, int NKV, int HD, DType dtype, cudaStream_t stream);
+                       int T, int NH, int NKV, int HD, int q_stride, int kv_stride, DType dtype,
+                       cudaStream_t stream);
 
-/// dq, dk, dv += the gradients of attention_forward given dout and the forward's out and
-/// lse (ACCUMULATES, as the CPU op). Deterministic: dq is computed per query tile and
-/// dk/dv per key tile summing the NH/NKV query heads of its KV head, no atomics.
+/// WRITES dq, dk, dv (strided as q, k, v) = the gradients of attention_forward given dout
+/// and the forward's out and lse. Deterministic, no float atomics: fp32 dq per query tile
+/// and dk/dv per key tile on CUDA cores; on tensor cores one pass per key tile (no more
+/// recomputation than FlashAttention-2) with dq summed from per-split fp32 partials in a
+/// fixed order (attention_mma.cu).
 void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out,
                         const float* lse, const void* q, const void* k, const void* v, int B, int T,
-                        int NH, int NKV, int HD, DType dtype, cudaStream_t stream);
+                        int NH, int NKV, int HD, int q_stride, int kv_stride, DType dtype,
+                        cudaStream_t stream);
 
 }  // namespace dtrain::kernels

@@ -118,11 +118,15 @@ class Device {
   /// fp32 elements attention_forward saves for backward: the CPU's probabilities
   /// [B,NH,T,T], CUDA's log-sum-exp [B,NH,T].
   virtual size_t attention_saved_floats(int B, int T, int NH) const = 0;
+  /// Causal attention, out [B,T,NH,HD] dense. q's token rows are q_stride elements apart, k's
+  /// and v's kv_stride (NH*HD and NKV*HD when dense; GPT-2 passes the column blocks of its
+  /// fused [N, (NH+2NKV) HD] qkv rows, both strides (NH+2NKV) HD).
   virtual void attention_forward(void* out, float* saved, const void* q, const void* k, const void* v, int B, int T,
-                                 int NH, int NKV, int HD, DType t) = 0;
+                                 int NH, int NKV, int HD, int q_stride, int kv_stride, DType t) = 0;
+  /// WRITES dq (q_stride apart), dk, dv (kv_stride apart); dout dense like out.
   virtual void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out,
                                   const float* saved, const void* q, const void* k, const void* v, int B, int T,
-                                  int NH, int NKV, int HD, DType t) = 0;
+                                  int NH, int NKV, int HD, int q_stride, int kv_stride, DType t) = 0;
 
   // ---- Embedding and loss (tokens, targets: int32 device arrays)
   /// out = wte[tokens] (+ wpe[t]). Tokens are validated by the caller.

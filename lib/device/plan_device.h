@@ -127,10 +127,10 @@ class PlanDevice final : public Device {
   void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, float theta, DType t) override;
   size_t attention_saved_floats(int B, int T, int NH) const override;
   void attention_forward(void* out, float* saved, const void* q, const void* k, const void* v, int B, int T, int NH,
-                         int NKV, int HD, DType t) override;
+                         int NKV, int HD, int q_stride, int kv_stride, DType t) override;
   void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out, const float* saved,
                           const void* q, const void* k, const void* v, int B, int T, int NH, int NKV, int HD,
-                          DType t) override;
+                          int q_stride, int kv_stride, DType t) override;
 
   void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T, int C,
                          int V, DType t) override;

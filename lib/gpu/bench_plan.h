@@ -25,10 +25,12 @@ struct PlanBudgetTable {
   double pcie_gbps = 64.0;       ///< PCIe Gen5 x16, one direction (host <-> device copies)
   /// cuBLASLt bf16/fp16 GEMMs: the best bf16 matmul rate measured on an H100 (~790 of 989).
   double gemm_eff = 0.80;
-  /// Flash attention on tensor cores through mma.sync, forward / backward: FlashAttention-2's
-  /// published H100 rates for that instruction class (~350 / ~300 TFLOP/s of 989).
-  double attn_fwd_eff = 0.35;
-  double attn_bwd_eff = 0.30;
+  /// Flash attention on tensor cores through mma.sync (kernels/attention_mma.cu), forward /
+  /// backward. FlashAttention-2, the same instruction class, peaks near a third of H100's dense
+  /// rate at head dim 128 and long sequences and sits lower at head dim 64 and 1-2k tokens; our
+  /// kernel is FA2's algorithm with simpler tiling, so a quarter / a fifth (~247 / ~198 TFLOP/s).
+  double attn_fwd_eff = 0.25;
+  double attn_bwd_eff = 0.20;
   double cuda_core_eff = 1.0;     ///< fp32 CUDA-core arithmetic (cuBLASLt fp32 GEMMs too)
   double hbm_eff = 0.80;          ///< achievable share of HBM bandwidth
   double pcie_eff = 0.80;         ///< achievable share of the PCIe bandwidth

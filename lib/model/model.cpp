@@ -401,9 +401,15 @@ void Model::allocate(int B, int T) {
       a.ln1 = act(N * C);
       a.ln1_mean = c.of<float>(N);
       a.ln1_rstd = c.of<float>(N);
-      a.q = act(N * QD);
-      a.k = act(N * KD);
-      a.v = act(N * KD);
+      if (gpt2) {  // c_attn's output [N, QD + 2 KD], read in place by attention (strided q, k, v)
+        a.q = act(N * (QD + 2 * KD));
+        a.k = static_cast<char*>(a.q) + QD * es;
+        a.v = static_cast<char*>(a.k) + KD * es;
+      } else {
+        a.q = act(N * QD);
+        a.k = act(N * KD);
+        a.v = act(N * KD);
+      }
       a.att = c.of<float>(dev_->attention_saved_floats(B, T, cfg_.n_head));
       a.atty = act(N * QD);
       a.res2 = act(N * C);
@@ -422,7 +428,6 @@ void Model::allocate(int B, int T) {
       }
     }
     Scratch& s = *scratch_;
-    s.qkv = gpt2 ? act(N * (QD + 2 * KD)) : nullptr;
     s.attproj = act(N * C);
     s.mlp = act(N * C);
     s.lnf = act(N * C);
@@ -435,10 +440,16 @@ void Model::allocate(int B, int T) {
     s.targets = c.of<int32_t>(N);
     s.dres = act(N * C);
     s.dln = act(N * C);
-    s.dqkv = gpt2 ? act(N * (QD + 2 * KD)) : nullptr;
-    s.dq = act(N * QD);
-    s.dk = act(N * KD);
-    s.dv = act(N * KD);
+    if (gpt2) {  // attention's backward writes dq, dk, dv into c_attn's gradient rows
+      s.dqkv = act(N * (QD + 2 * KD));
+      s.dq = s.dqkv;
+      s.dk = static_cast<char*>(s.dq) + QD * es;
+      s.dv = static_cast<char*>(s.dk) + KD * es;
+    } else {
+      s.dq = act(N * QD);
+      s.dk = act(N * KD);
+      s.dv = act(N * KD);
+    }
     s.datty = act(N * QD);
     s.dfc = act(N * F);
     s.dup = gpt2 ? nullptr : act(N * F);
@@ -547,13 +558,7 @@ void Model::layer_forward(int l, LayerActs& a, bool fused_input) {
       dev_->residual_layernorm_forward(x, a.ln1, a.ln1_mean, a.ln1_rstd, prev_res2, s.mlp, P(0), P(1), N, C, eps, dtype_);
     else
       dev_->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, P(0), P(1), N, C, eps, dtype_);
-    proj_forward(l, GPT2_C_ATTN, a.ln1, s.qkv, a);
-    // split [N, QD + 2 KD] rows into q, k, v
-    const size_t es = dtype_size(dtype_), QD = static_cast<size_t>(NH) * HD * es, KD = static_cast<size_t>(NKV) * HD * es;
-    const size_t pitch = QD + 2 * KD;
-    dev_->copy_2d(a.q, QD, s.qkv, pitch, QD, static_cast<size_t>(N));
-    dev_->copy_2d(a.k, KD, static_cast<char*>(s.qkv) + QD, pitch, KD, static_cast<size_t>(N));
-    dev_->copy_2d(a.v, KD, static_cast<char*>(s.qkv) + QD + KD, pitch, KD, static_cast<size_t>(N));
+    proj_forward(l, GPT2_C_ATTN, a.ln1, a.q, a);  // a.q, a.k, a.v are column blocks of its rows
   } else {
     // tensors: 0 input_layernorm 5 post_attention_layernorm
     if (fused_input)
@@ -565,7 +570,7 @@ void Model::layer_forward(int l, LayerActs& a, bool fused_input) {
     proj_forward(l, LL_V, a.ln1, a.v, a);
     dev_->rope_forward(a.q, a.k, B, T, NH, NKV, HD, cfg_.rope_theta, dtype_);
   }
-  dev_->attention_forward(a.atty, a.att, a.q, a.k, a.v, B, T, NH, NKV, HD, dtype_);
+  dev_->attention_forward(a.atty, a.att, a.q, a.k, a.v, B, T, NH, NKV, HD, q_stride(), kv_stride(), dtype_);
   proj_forward(l, gpt2 ? GPT2_ATTN_PROJ : LL_O, a.atty, s.attproj, a);
   if (gpt2) {
     dev_->residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, s.attproj, P(6), P(7), N, C, eps, dtype_);
@@ -593,7 +598,6 @@ void Model::layer_backward(int l, LayerActs& a) {
   const int B = B_, T = T_, N = B * T, C = cfg_.d_model, NH = cfg_.n_head, NKV = cfg_.n_kv_head, HD = cfg_.head_dim();
   const size_t F = static_cast<size_t>(cfg_.d_ff) * N, es = dtype_size(dtype_);
   const size_t NC = static_cast<size_t>(N) * C * es, NQ = static_cast<size_t>(N) * NH * HD * es;
-  const size_t NK = static_cast<size_t>(N) * NKV * HD * es;
   const ParamBuffer& pb = params_[static_cast<size_t>(l) + 1];
   auto P = [&](size_t i) { return param_at(pb, i); };
   auto G = [&](size_t i) { return grad_at(pb, i); };
@@ -621,16 +625,10 @@ void Model::layer_backward(int l, LayerActs& a) {
   // Attention branch: d(attproj) = dres (now d(res2)), which also flows to x.
   dev_->zero(s.datty, NQ);
   proj_backward(l, gpt2 ? GPT2_ATTN_PROJ : LL_O, dres, a.atty, s.datty, a);
-  dev_->zero(s.dq, NQ);
-  dev_->zero(s.dk, NK);
-  dev_->zero(s.dv, NK);
-  dev_->attention_backward(s.dq, s.dk, s.dv, s.datty, a.atty, a.att, a.q, a.k, a.v, B, T, NH, NKV, HD, dtype_);
+  dev_->attention_backward(s.dq, s.dk, s.dv, s.datty, a.atty, a.att, a.q, a.k, a.v, B, T, NH, NKV, HD, q_stride(),
+                           kv_stride(), dtype_);
   dev_->zero(s.dln, NC);
   if (gpt2) {
-    const size_t QD = NQ / static_cast<size_t>(N), KD = NK / static_cast<size_t>(N), pitch = QD + 2 * KD;
-    dev_->copy_2d(s.dqkv, pitch, s.dq, QD, QD, static_cast<size_t>(N));
-    dev_->copy_2d(static_cast<char*>(s.dqkv) + QD, pitch, s.dk, KD, KD, static_cast<size_t>(N));
-    dev_->copy_2d(static_cast<char*>(s.dqkv) + QD + KD, pitch, s.dv, KD, KD, static_cast<size_t>(N));
     proj_backward(l, GPT2_C_ATTN, s.dqkv, a.ln1, s.dln, a);
     dev_->layernorm_backward(dres, G(0), G(1), s.dln, x, P(0), a.ln1_mean, a.ln1_rstd, N, C, dtype_);
   } else {

@@ -169,6 +169,15 @@ class Model {
   void proj_forward(int l, int p, const void* x, void* y, LayerActs& a);
   void proj_backward(int l, int p, const void* dy, const void* x, void* dx, LayerActs& a);
   bool proj_adapted(int l, int p) const;
+  // Elements between consecutive tokens of q (and dq) and of k, v (and dk, dv): GPT-2 reads
+  // them in place from c_attn's [N, (NH + 2 NKV) HD] output, Llama's are dense.
+  int q_stride() const {
+    return cfg_.arch == ModelConfig::Arch::GPT2 ? (cfg_.n_head + 2 * cfg_.n_kv_head) * cfg_.head_dim()
+                                                : cfg_.n_head * cfg_.head_dim();
+  }
+  int kv_stride() const {
+    return cfg_.arch == ModelConfig::Arch::GPT2 ? q_stride() : cfg_.n_kv_head * cfg_.head_dim();
+  }
   uint64_t lora_mask_seed(int l, int p) const;
   LayerActs& acts_for(int l);
   void* at(const void* base, size_t elems) const {

@@ -27,9 +27,13 @@ TEST_CASE("attention: bad shapes are UsageErrors") {
   DTK_SKIP_WITHOUT_GPU();
   DevBuf buf(1 << 16, DType::F32), lse(1024, DType::F32);
   CHECK_THROWS_AS(kernels::attention_forward(buf.ptr(), lse.f32(), buf.ptr(), buf.ptr(), buf.ptr(), 1, 4, 3, 2, 16,
-                                             DType::F32, nullptr),
+                                             48, 32, DType::F32, nullptr),
                   UsageError);
   CHECK_THROWS_AS(kernels::attention_forward(buf.ptr(), lse.f32(), buf.ptr(), buf.ptr(), buf.ptr(), 1, 4, 1, 1, 300,
-                                             DType::F32, nullptr),
+                                             300, 300, DType::F32, nullptr),
+                  UsageError);
+  // Strides shorter than the heads they must cover.
+  CHECK_THROWS_AS(kernels::attention_forward(buf.ptr(), lse.f32(), buf.ptr(), buf.ptr(), buf.ptr(), 1, 4, 2, 1, 16,
+                                             16, 16, DType::BF16, nullptr),
                   UsageError);
 }

@@ -1,7 +1,8 @@
 // Conformance cases for the flash-attention kernels against lib/ops/attention.h: forward
 // output and log-sum-exp (reference in double from the same rounded inputs), backward
-// dq/dk/dv accumulated into random starting values, with GQA/MQA and head dimensions
-// that exercise every register layout (HD <= 64, <= 128, <= 256, not multiples of 32).
+// dq/dk/dv written over poisoned buffers, with GQA/MQA, head dimensions that exercise
+// every register layout (HD <= 64, <= 128, <= 256, not multiples of 32 or of 8) and
+// GPT-2's fused qkv rows read and written in place (strided q, k, v).
 #include "cases.h"
 
 #include "kernels/attention.cuh"
@@ -9,14 +10,23 @@
 
 namespace dtrain::kernels::test {
 
-double attention_check(DType t, int B, int T, int NH, int NKV, int HD, uint64_t seed) {
+namespace {
+// rows x width columns of a [rows, pitch] host array starting at column c0.
+Floats columns(const Floats& a, size_t rows, size_t pitch, size_t c0, size_t width) {
+  Floats o(rows * width);
+  for (size_t r = 0; r < rows; ++r)
+    for (size_t c = 0; c < width; ++c) o[r * width + c] = a[r * pitch + c0 + c];
+  return o;
+}
+}  // namespace
+
+double attention_check(DType t, int B, int T, int NH, int NKV, int HD, uint64_t seed, bool fused) {
   Rng r(seed);
-  const size_t nq = static_cast<size_t>(B) * T * NH * HD, nk = static_cast<size_t>(B) * T * NKV * HD;
+  const size_t N = static_cast<size_t>(B) * T, QW = static_cast<size_t>(NH) * HD, KW = static_cast<size_t>(NKV) * HD;
+  const size_t nq = N * QW, nk = N * KW;
   const Floats q = round_through(rand_floats(r, nq), t), k = round_through(rand_floats(r, nk), t);
   const Floats v = round_through(rand_floats(r, nk), t), dout = round_through(rand_floats(r, nq), t);
-  const Floats dq0 = round_through(rand_floats(r, nq), t), dk0 = round_through(rand_floats(r, nk), t);
-  const Floats dv0 = round_through(rand_floats(r, nk), t);
-  Floats out_ref(nq), att(static_cast<size_t>(B) * NH * T * T), dq_ref = dq0, dk_ref = dk0, dv_ref = dv0;
+  Floats out_ref(nq), att(static_cast<size_t>(B) * NH * T * T), dq_ref(nq, 0.0f), dk_ref(nk, 0.0f), dv_ref(nk, 0.0f);
   ops::attention_forward(out_ref.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
   ops::attention_backward(dq_ref.data(), dk_ref.data(), dv_ref.data(), dout.data(), att.data(), q.data(), k.data(),
                           v.data(), B, T, NH, NKV, HD);
@@ -41,27 +51,65 @@ double attention_check(DType t, int B, int T, int NH, int NKV, int HD, uint64_t 
         for (double s : sc) sum += std::exp(s - mx);
         lse_ref[(static_cast<size_t>(b) * NH + h) * T + i] = static_cast<float>(mx + std::log(sum));
       }
-  DevBuf dQ(q, t), dK(k, t), dV(v, t), dD(dout, t), out(nq, t), lse(lse_ref.size(), DType::F32);
-  DevBuf gq(dq0, t), gk(dk0, t), gv(dv0, t);
+  DevBuf dD(dout, t), out(nq, t), lse(lse_ref.size(), DType::F32);
   out.poison();
   lse.poison();
-  attention_forward(out.ptr(), lse.f32(), dQ.ptr(), dK.ptr(), dV.ptr(), B, T, NH, NKV, HD, t, nullptr);
-  // lse is compared in absolute terms scaled by its magnitude like every other output.
-  const double e_fwd = std::max(buf_err(out, out_ref), buf_err(lse, lse_ref));
-  attention_backward(gq.ptr(), gk.ptr(), gv.ptr(), dD.ptr(), out.ptr(), lse.f32(), dQ.ptr(), dK.ptr(), dV.ptr(), B, T, NH,
-                     NKV, HD, t, nullptr);
-  return std::max({e_fwd, buf_err(gq, dq_ref), buf_err(gk, dk_ref), buf_err(gv, dv_ref)});
+  // The gradients are poisoned first: the backward writes them (a kernel that accumulated
+  // or skipped an element would read or leave NaN).
+  double e_fwd = 0, e_bwd = 0;
+  if (fused) {  // GPT-2's layout: q, k, v column blocks of one [N, QW + 2 KW] buffer, gradients likewise
+    const size_t W = QW + 2 * KW, es = dtype_size(t);
+    Floats qkv(N * W);
+    for (size_t n = 0; n < N; ++n) {
+      std::copy_n(q.begin() + n * QW, QW, qkv.begin() + n * W);
+      std::copy_n(k.begin() + n * KW, KW, qkv.begin() + n * W + QW);
+      std::copy_n(v.begin() + n * KW, KW, qkv.begin() + n * W + QW + KW);
+    }
+    DevBuf dqkv(qkv, t), gqkv(N * W, t);
+    gqkv.poison();
+    char* in = static_cast<char*>(dqkv.ptr());
+    char* g = static_cast<char*>(gqkv.ptr());
+    const int ws = static_cast<int>(W);
+    attention_forward(out.ptr(), lse.f32(), in, in + QW * es, in + (QW + KW) * es, B, T, NH, NKV, HD, ws, ws, t,
+                      nullptr);
+    e_fwd = std::max(buf_err(out, out_ref), buf_err(lse, lse_ref));
+    attention_backward(g, g + QW * es, g + (QW + KW) * es, dD.ptr(), out.ptr(), lse.f32(), in, in + QW * es,
+                       in + (QW + KW) * es, B, T, NH, NKV, HD, ws, ws, t, nullptr);
+    if (!gqkv.guard_intact()) return INFINITY;
+    const Floats got = gqkv.download();
+    e_bwd = std::max({max_err(columns(got, N, W, 0, QW), dq_ref), max_err(columns(got, N, W, QW, KW), dk_ref),
+                      max_err(columns(got, N, W, QW + KW, KW), dv_ref)});
+  } else {
+    DevBuf dQ(q, t), dK(k, t), dV(v, t), gq(nq, t), gk(nk, t), gv(nk, t);
+    gq.poison();
+    gk.poison();
+    gv.poison();
+    const int qs = static_cast<int>(QW), ks = static_cast<int>(KW);
+    attention_forward(out.ptr(), lse.f32(), dQ.ptr(), dK.ptr(), dV.ptr(), B, T, NH, NKV, HD, qs, ks, t, nullptr);
+    // lse is compared in absolute terms scaled by its magnitude like every other output.
+    e_fwd = std::max(buf_err(out, out_ref), buf_err(lse, lse_ref));
+    attention_backward(gq.ptr(), gk.ptr(), gv.ptr(), dD.ptr(), out.ptr(), lse.f32(), dQ.ptr(), dK.ptr(), dV.ptr(), B, T,
+                       NH, NKV, HD, qs, ks, t, nullptr);
+    e_bwd = std::max({buf_err(gq, dq_ref), buf_err(gk, dk_ref), buf_err(gv, dv_ref)});
+  }
+  return std::max(e_fwd, e_bwd);
 }
 
 std::vector<Case> cases_attention() {
   std::vector<Case> c;
   uint64_t seed = 600;
-  struct Shape { int B, T, NH, NKV, HD; };
+  struct Shape { int B, T, NH, NKV, HD; bool fused; };
+  // bf16/fp16 run the tensor-core kernels (64 x 64 tiles: T = 70 and 130 cross tile edges and
+  // the causal diagonal; HD 20 takes the unaligned element-wise loads, 72 and 160 pad the head
+  // dimension to 128 and 256), fp32 the CUDA-core kernels (32 x 32 tiles).
   for (DType t : ALL_DTYPES)
-    for (Shape s : {Shape{2, 37, 4, 2, 16}, Shape{1, 70, 3, 1, 72}, Shape{1, 33, 2, 2, 160}, Shape{2, 32, 2, 2, 64}}) {
+    for (Shape s : {Shape{2, 37, 4, 2, 16, false}, Shape{1, 70, 3, 1, 72, false}, Shape{1, 33, 2, 2, 160, false},
+                    Shape{2, 32, 2, 2, 64, false}, Shape{1, 130, 2, 2, 32, true}, Shape{1, 45, 4, 2, 20, true}}) {
       char name[96];
-      std::snprintf(name, sizeof name, "attention fwd+bwd B=%d T=%d NH=%d NKV=%d HD=%d", s.B, s.T, s.NH, s.NKV, s.HD);
-      c.push_back({name, t, [=] { return attention_check(t, s.B, s.T, s.NH, s.NKV, s.HD, seed); }, tol_for(t, 1e-4)});
+      std::snprintf(name, sizeof name, "attention fwd+bwd B=%d T=%d NH=%d NKV=%d HD=%d%s", s.B, s.T, s.NH, s.NKV,
+                    s.HD, s.fused ? " qkv" : "");
+      c.push_back(
+          {name, t, [=] { return attention_check(t, s.B, s.T, s.NH, s.NKV, s.HD, seed, s.fused); }, tol_for(t, 1e-4)});
       ++seed;
     }
   return c;

@@ -1,0 +1,34 @@
+// INTERNAL to kernels/attention*.cu: the shape both attention implementations take and the
+// tensor-core path's entry points (attention_mma.cu). attention.cu checks the shapes and
+// picks the path: fp32 on CUDA cores, bf16/fp16 on tensor cores.
+#pragma once
+
+#include "core/dtype.h"
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+namespace dtrain::kernels::detail {
+
+struct AttnShape {
+  int B, T, NH, NKV, HD, G;  // G = NH / NKV query heads per KV head
+  float scale;               // 1 / sqrt(HD)
+  size_t qs, ks;             // elements between consecutive tokens of q/dq and of k, v, dk, dv
+};
+
+/// out, lse as kernels::attention_forward; dtype BF16 or F16.
+void attention_forward_mma(void* out, float* lse, const void* q, const void* k, const void* v, const AttnShape& s,
+                           DType dtype, cudaStream_t stream);
+
+/// WRITES dq, dk, dv; D [B,NH,T] = rowsum(dout * out) from the caller. dtype BF16 or F16.
+void attention_backward_mma(void* dq, void* dk, void* dv, const void* dout, const float* lse, const float* D,
+                            const void* q, const void* k, const void* v, const AttnShape& s, DType dtype,
+                            cudaStream_t stream);
+
+/// Splits of the key tiles among the backward's blocks (each split accumulates its own fp32 dq
+/// partial, summed in split order afterwards): a function of the shape only, so the result does
+/// not depend on the GPU. Exposed for the cost model and tests.
+int attention_backward_splits(int B, int T, int NH);
+
+}  // namespace dtrain::kernels::detail

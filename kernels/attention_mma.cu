@@ -1,0 +1,582 @@
+// Flash attention on tensor cores (bf16 / fp16 in, fp32 accumulate), FlashAttention-2's
+// algorithm on mma.sync m16n8k16 with ldmatrix (kernels/mma.cuh). Tiles are 64 queries x 64
+// keys, 4 warps per block, each warp owning 16 rows; shared-memory rows are padded by 8
+// elements (16 bytes) so the 8 row addresses of an ldmatrix fall in different bank groups.
+//
+// Forward: block = (batch*head, query tile). Q's fragments stay in registers; per key tile
+// S = Q K^T (K through ldmatrix), online softmax in the log2 domain on the accumulator
+// fragments, and the probabilities are reused in registers as the A operand of O += P V
+// (V through ldmatrix.trans): the C layout of two adjacent 8-key blocks is exactly the A
+// layout of one 16-key chunk. O is staged through shared memory for 16-byte stores.
+//
+// Backward: block = (batch*head, split). A split walks its key tiles (kt = split, split+S, ...);
+// for each it keeps dK, dV of its 64 keys in registers and walks the query tiles at or after
+// it: S^T = K Q^T and dP^T = V dO^T (warp = 16 keys), P^T = exp(S^T - lse), dS^T = P^T (dP^T - D),
+// dV += P^T dO and dK += dS^T Q with P^T / dS^T reused in registers, dS^T through shared memory
+// to dQ = dS K (warp = 16 queries). These are FlashAttention-2's five GEMMs and nothing else is
+// recomputed. dQ is not accumulated with atomics: each split owns an fp32 partial that only its
+// block writes (the split's first key tile stores, later ones add), and a second kernel sums the
+// partials in split order, so the result is deterministic. With grouped KV heads each query
+// head's dK/dV go to an fp32 buffer summed over the group by the same kernel.
+#include "kernels/attention_internal.cuh"
+
+#include "kernels/common.cuh"
+#include "kernels/mma.cuh"
+
+#include <cmath>
+#include <type_traits>
+
+namespace dtrain::kernels::detail {
+
+namespace {
+
+constexpr int BM = 64;  // queries per tile; equal to BN so the causal diagonal is one tile
+constexpr int BN = 64;  // keys per tile
+constexpr int THREADS = 128;
+constexpr int DS_PITCH = BN + 8;
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+
+template <int HDP>
+struct Tiles {
+  static constexpr int PITCH = HDP + 8;  // elements per shared-memory row
+  static constexpr int ELEMS = BM * PITCH;
+  static constexpr int KC = HDP / 16;    // 16-wide k chunks of the head dimension
+  static constexpr int DN = HDP / 8;     // 8-wide n blocks of the head dimension
+};
+
+struct Args {
+  AttnShape s;
+  int nt;    // tiles along T
+  bool vec;  // q/k/v/dout rows 16-byte aligned: tiles load 8 elements at a time
+};
+
+// dst[r][0, HDP) = src row (row0 + r) for r < 64, zero past T and HD: in-range 16-byte chunks
+// are issued as cp.async (visible after this thread's cp_async_wait and a barrier), the rest
+// is stored directly.
+template <typename T, int HDP>
+__device__ __forceinline__ void tile_load_async(T* dst, const T* src, int row0, int T_, size_t stride, int HD,
+                                                bool vec) {
+  constexpr int CH = HDP / 8, PITCH = Tiles<HDP>::PITCH;
+  for (int idx = threadIdx.x; idx < BM * CH; idx += THREADS) {
+    const int r = idx / CH, c = (idx - r * CH) * 8, t = row0 + r;
+    T* d = dst + r * PITCH + c;
+    const T* g = src + static_cast<size_t>(t) * stride + c;
+    if (t < T_ && vec && c + 8 <= HD) {
+      cp_async_16(d, g);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) d[j] = (t < T_ && c + j < HD) ? g[j] : from_f32<T>(0.0f);
+    }
+  }
+}
+
+__device__ __forceinline__ void store_u32(void* p, uint32_t v) { *static_cast<uint32_t*>(p) = v; }
+
+// ----------------------------------------------------------------------------
+// Forward. smem: Qs, then two stages of Ks, Vs [64][PITCH] of T: the next key tile's loads
+// (cp.async) are in flight while the current one is computed.
+template <typename T, int HDP>
+__global__ void __launch_bounds__(THREADS)
+    attn_fwd_mma_kernel(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ q, const T* __restrict__ k,
+                        const T* __restrict__ v, Args a) {
+  using TL = Tiles<HDP>;
+  constexpr int P = TL::PITCH, KC = TL::KC, DN = TL::DN;
+  const AttnShape& s = a.s;
+  DTK_EXTERN_SHARED(float, smem_raw);
+  T* Qs = reinterpret_cast<T*>(smem_raw);
+  T* KV = Qs + TL::ELEMS;  // stage i: Ks = KV + 2 i ELEMS, Vs = Ks + ELEMS
+  const int bh = blockIdx.x, qt = blockIdx.y, b = bh / s.NH, h = bh % s.NH, kh = h / s.G;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, mi = lane >> 3;
+  const T* qb = q + static_cast<size_t>(b) * s.T * s.qs + static_cast<size_t>(h) * s.HD;
+  const T* kb = k + static_cast<size_t>(b) * s.T * s.ks + static_cast<size_t>(kh) * s.HD;
+  const T* vb = v + static_cast<size_t>(b) * s.T * s.ks + static_cast<size_t>(kh) * s.HD;
+
+  tile_load_async<T, HDP>(Qs, qb, qt * BM, s.T, s.qs, s.HD, a.vec);
+  tile_load_async<T, HDP>(KV, kb, 0, s.T, s.ks, s.HD, a.vec);
+  tile_load_async<T, HDP>(KV + TL::ELEMS, vb, 0, s.T, s.ks, s.HD, a.vec);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  uint32_t qf[KC][4];
+#pragma unroll
+  for (int kc = 0; kc < KC; ++kc) ldmatrix_x4(qf[kc], Qs + (warp * 16 + (lane & 15)) * P + kc * 16 + (lane >> 4) * 8);
+
+  float o[DN][4];
+#pragma unroll
+  for (int dn = 0; dn < DN; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // per row g and g + 8; m in log2 units
+  const float sl2 = s.scale * LOG2E;
+  const int row0 = qt * BM + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
+
+  for (int kt = 0; kt <= qt; ++kt) {  // causal: key tiles up to the diagonal
+    const T* Ks = KV + (kt & 1) * 2 * TL::ELEMS;
+    const T* Vs = Ks + TL::ELEMS;
+    if (kt < qt) {  // prefetch the next tile into the other stage (last read two iterations ago)
+      T* nk = KV + ((kt + 1) & 1) * 2 * TL::ELEMS;
+      tile_load_async<T, HDP>(nk, kb, (kt + 1) * BN, s.T, s.ks, s.HD, a.vec);
+      tile_load_async<T, HDP>(nk + TL::ELEMS, vb, (kt + 1) * BN, s.T, s.ks, s.HD, a.vec);
+      cp_async_commit();
+      cp_async_wait<1>();  // this tile's group is complete, the prefetch may still fly
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // every thread's part of this tile has landed
+    float sc[8][4];
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb) sc[nb][0] = sc[nb][1] = sc[nb][2] = sc[nb][3] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc) {
+#pragma unroll
+      for (int nb2 = 0; nb2 < 4; ++nb2) {
+        uint32_t kf[4];
+        ldmatrix_x4(kf, Ks + ((nb2 * 2 + (mi >> 1)) * 8 + (lane & 7)) * P + kc * 16 + (mi & 1) * 8);
+        const uint32_t b0[2] = {kf[0], kf[1]}, b1[2] = {kf[2], kf[3]};
+        mma_m16n8k16<T>(sc[2 * nb2], qf[kc], b0);
+        mma_m16n8k16<T>(sc[2 * nb2 + 1], qf[kc], b1);
+      }
+    }
+    // Scale into the log2 domain, mask, and the online softmax of rows row0 (i < 2), row0 + 8.
+    const bool diag = kt == qt;
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int key = kt * BN + nb * 8 + 2 * tq + (i & 1), row = row0 + (i >> 1) * 8;
+        const float x = (key >= s.T || (diag && key > row)) ? -INFINITY : sc[nb][i] * sl2;
+        sc[nb][i] = x;
+        mx[i >> 1] = fmaxf(mx[i >> 1], x);
+      }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      // Finite: tile 0 always holds key 0, visible to every row (padding rows included).
+      alpha[r] = exp2f(m[r] - mx[r]);
+      m[r] = mx[r];
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int dn = 0; dn < DN; ++dn) {
+      o[dn][0] *= alpha[0];
+      o[dn][1] *= alpha[0];
+      o[dn][2] *= alpha[1];
+      o[dn][3] *= alpha[1];
+    }
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float p = exp2f(sc[nb][i] - m[i >> 1]);
+        sc[nb][i] = p;
+        l[i >> 1] += p;  // this thread's part of the row sum; the quad adds up at the end
+      }
+    }
+    // O += P V over four 16-key chunks.
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint32_t pa[4] = {pack2<T>(sc[2 * kk][0], sc[2 * kk][1]), pack2<T>(sc[2 * kk][2], sc[2 * kk][3]),
+                              pack2<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                              pack2<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+      for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
+        uint32_t vf[4];
+        ldmatrix_x4_trans(vf, Vs + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * P + (dn2 * 2 + (mi >> 1)) * 8);
+        const uint32_t b0[2] = {vf[0], vf[1]}, b1[2] = {vf[2], vf[3]};
+        mma_m16n8k16<T>(o[2 * dn2], pa, b0);
+        mma_m16n8k16<T>(o[2 * dn2 + 1], pa, b1);
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before it is refilled
+  }
+
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    inv[r] = 1.0f / l[r];
+  }
+  // Stage this warp's 16 rows in its own rows of Qs (read only before the loop), then store
+  // them 16 bytes at a time.
+  T* Os = Qs + warp * 16 * P;
+#pragma unroll
+  for (int dn = 0; dn < DN; ++dn) {
+    store_u32(Os + g * P + dn * 8 + 2 * tq, pack2<T>(o[dn][0] * inv[0], o[dn][1] * inv[0]));
+    store_u32(Os + (g + 8) * P + dn * 8 + 2 * tq, pack2<T>(o[dn][2] * inv[1], o[dn][3] * inv[1]));
+  }
+  __syncwarp();
+  const size_t op = static_cast<size_t>(s.NH) * s.HD;
+  constexpr int CH = HDP / 8;
+  for (int idx = lane; idx < 16 * CH; idx += 32) {
+    const int r = idx / CH, c = (idx - r * CH) * 8, t = qt * BM + warp * 16 + r;
+    if (t >= s.T) continue;
+    T* dst = out + (static_cast<size_t>(b) * s.T + t) * op + static_cast<size_t>(h) * s.HD + c;
+    if (a.vec && c + 8 <= s.HD) {
+      pack_store<T, 8>(dst, pack_load<T, 8>(Os + r * P + c));
+    } else {
+      for (int j = 0; j < 8 && c + j < s.HD; ++j) dst[j] = Os[r * P + c + j];
+    }
+  }
+  if (tq == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + r * 8;
+      if (row < s.T) lse[static_cast<size_t>(bh) * s.T + row] = (m[r] + log2f(l[r])) * LN2;
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------
+// Backward. smem: Ks, Vs, then two stages of Qs, dOs [64][PITCH] of T (the next query tile's
+// loads in flight while the current one is computed); dSs [64 keys][DS_PITCH] of T; two stages
+// of Ls, Ds [64] fp32.
+// dq_part [S][B*NH][T][HD] fp32. G == 1: dk, dv written in T (strided); G > 1: dk_exp, dv_exp
+// [B*NH][T][HD] fp32 per query head.
+template <typename T, int HDP>
+__global__ void __launch_bounds__(THREADS)
+    attn_bwd_mma_kernel(float* __restrict__ dq_part, T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dk_exp,
+                        float* __restrict__ dv_exp, const T* __restrict__ dout, const float* __restrict__ lse,
+                        const float* __restrict__ Dvec, const T* __restrict__ q, const T* __restrict__ k,
+                        const T* __restrict__ v, Args a) {
+  using TL = Tiles<HDP>;
+  constexpr int P = TL::PITCH, KC = TL::KC, DN = TL::DN;
+  const AttnShape& s = a.s;
+  DTK_EXTERN_SHARED(float, smem_raw);
+  T* Ks = reinterpret_cast<T*>(smem_raw);
+  T* Vs = Ks + TL::ELEMS;
+  T* QO = Vs + TL::ELEMS;  // stage i: Qs = QO + 2 i ELEMS, dOs = Qs + ELEMS
+  T* dSs = QO + 4 * TL::ELEMS;
+  float* LD = reinterpret_cast<float*>(dSs + BN * DS_PITCH);  // stage i: Ls = LD + 2 i BM, Ds = Ls + BM
+  const int bh = blockIdx.x, split = blockIdx.y, S = gridDim.y, b = bh / s.NH, h = bh % s.NH, kh = h / s.G;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, mi = lane >> 3;
+  const size_t op = static_cast<size_t>(s.NH) * s.HD;
+  const T* qb = q + static_cast<size_t>(b) * s.T * s.qs + static_cast<size_t>(h) * s.HD;
+  const T* ob = dout + static_cast<size_t>(b) * s.T * op + static_cast<size_t>(h) * s.HD;
+  const T* kb = k + static_cast<size_t>(b) * s.T * s.ks + static_cast<size_t>(kh) * s.HD;
+  const T* vb = v + static_cast<size_t>(b) * s.T * s.ks + static_cast<size_t>(kh) * s.HD;
+  float* dqp = dq_part + (static_cast<size_t>(split) * s.B * s.NH + bh) * s.T * s.HD;
+  const float sl2 = s.scale * LOG2E;
+  // Issues query tile qt's loads into stage st: Q, dO by cp.async, lse (log2 units) and D directly.
+  auto load_query_tile = [&](int qt, int st) {
+    T* qs = QO + st * 2 * TL::ELEMS;
+    tile_load_async<T, HDP>(qs, qb, qt * BM, s.T, s.qs, s.HD, a.vec);
+    tile_load_async<T, HDP>(qs + TL::ELEMS, ob, qt * BM, s.T, op, s.HD, a.vec);
+    if (threadIdx.x < BM) {
+      const int row = qt * BM + threadIdx.x;
+      float* ls = LD + st * 2 * BM;
+      ls[threadIdx.x] = row < s.T ? lse[static_cast<size_t>(bh) * s.T + row] * LOG2E : 0.0f;
+      ls[BM + threadIdx.x] = row < s.T ? Dvec[static_cast<size_t>(bh) * s.T + row] : 0.0f;
+    }
+  };
+
+  for (int kt = split; kt < a.nt; kt += S) {
+    __syncthreads();  // the previous key tile is done with Ks, Vs and both query stages
+    tile_load_async<T, HDP>(Ks, kb, kt * BN, s.T, s.ks, s.HD, a.vec);
+    tile_load_async<T, HDP>(Vs, vb, kt * BN, s.T, s.ks, s.HD, a.vec);
+    load_query_tile(kt, 0);
+    cp_async_commit();
+    float dka[DN][4], dva[DN][4];
+#pragma unroll
+    for (int dn = 0; dn < DN; ++dn)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dka[dn][i] = dva[dn][i] = 0.0f;
+    const int key0 = kt * BN + warp * 16 + g;  // this thread's keys: key0 and key0 + 8
+
+    for (int qt = kt; qt < a.nt; ++qt) {  // causal: query tiles at or after the keys
+      const int stage = (qt - kt) & 1;
+      const T* Qs = QO + stage * 2 * TL::ELEMS;
+      const T* dOs = Qs + TL::ELEMS;
+      const float* Ls = LD + stage * 2 * BM;
+      const float* Ds = Ls + BM;
+      // The other stage was last read before the previous tile's second barrier.
+      if (qt + 1 < a.nt) {
+        load_query_tile(qt + 1, stage ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();  // this tile has landed, and the previous tile's dQ phase is done with dSs
+
+      // S^T = K_w Q^T and dP^T = V_w dO^T: 16 keys x 64 queries per warp.
+      float st[8][4], dpt[8][4];
+#pragma unroll
+      for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) st[nb][i] = dpt[nb][i] = 0.0f;
+#pragma unroll
+      for (int kc = 0; kc < KC; ++kc) {
+        uint32_t kf[4], vf[4];
+        ldmatrix_x4(kf, Ks + (warp * 16 + (lane & 15)) * P + kc * 16 + (lane >> 4) * 8);
+        ldmatrix_x4(vf, Vs + (warp * 16 + (lane & 15)) * P + kc * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int nb2 = 0; nb2 < 4; ++nb2) {
+          uint32_t qf4[4], of4[4];
+          const int off = ((nb2 * 2 + (mi >> 1)) * 8 + (lane & 7)) * P + kc * 16 + (mi & 1) * 8;
+          ldmatrix_x4(qf4, Qs + off);
+          ldmatrix_x4(of4, dOs + off);
+          const uint32_t q0[2] = {qf4[0], qf4[1]}, q1[2] = {qf4[2], qf4[3]};
+          const uint32_t o0[2] = {of4[0], of4[1]}, o1[2] = {of4[2], of4[3]};
+          mma_m16n8k16<T>(st[2 * nb2], kf, q0);
+          mma_m16n8k16<T>(st[2 * nb2 + 1], kf, q1);
+          mma_m16n8k16<T>(dpt[2 * nb2], vf, o0);
+          mma_m16n8k16<T>(dpt[2 * nb2 + 1], vf, o1);
+        }
+      }
+      // P^T = exp(S^T * scale - lse) (0 where masked), dS^T = P^T (dP^T - D).
+#pragma unroll
+      for (int nb = 0; nb < 8; ++nb) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int key = key0 + (i >> 1) * 8, col = nb * 8 + 2 * tq + (i & 1), query = qt * BM + col;
+          const bool ok = query < s.T && key <= query;
+          const float p = ok ? exp2f(st[nb][i] * sl2 - Ls[col]) : 0.0f;
+          st[nb][i] = p;
+          dpt[nb][i] = p * (dpt[nb][i] - Ds[col]);
+        }
+      }
+      // dV += P^T dO, dK += dS^T Q (k = the 64 queries in four 16-query chunks).
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint32_t pa[4] = {pack2<T>(st[2 * kk][0], st[2 * kk][1]), pack2<T>(st[2 * kk][2], st[2 * kk][3]),
+                                pack2<T>(st[2 * kk + 1][0], st[2 * kk + 1][1]),
+                                pack2<T>(st[2 * kk + 1][2], st[2 * kk + 1][3])};
+        const uint32_t sa[4] = {pack2<T>(dpt[2 * kk][0], dpt[2 * kk][1]), pack2<T>(dpt[2 * kk][2], dpt[2 * kk][3]),
+                                pack2<T>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
+                                pack2<T>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
+#pragma unroll
+        for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
+          uint32_t of4[4], qf4[4];
+          const int off = (kk * 16 + (mi & 1) * 8 + (lane & 7)) * P + (dn2 * 2 + (mi >> 1)) * 8;
+          ldmatrix_x4_trans(of4, dOs + off);
+          ldmatrix_x4_trans(qf4, Qs + off);
+          const uint32_t o0[2] = {of4[0], of4[1]}, o1[2] = {of4[2], of4[3]};
+          const uint32_t q0[2] = {qf4[0], qf4[1]}, q1[2] = {qf4[2], qf4[3]};
+          mma_m16n8k16<T>(dva[2 * dn2], pa, o0);
+          mma_m16n8k16<T>(dva[2 * dn2 + 1], pa, o1);
+          mma_m16n8k16<T>(dka[2 * dn2], sa, q0);
+          mma_m16n8k16<T>(dka[2 * dn2 + 1], sa, q1);
+        }
+      }
+      // dS^T to shared memory, [key][query], for the dQ product across warps.
+#pragma unroll
+      for (int nb = 0; nb < 8; ++nb) {
+        const int r = warp * 16 + g, c = nb * 8 + 2 * tq;
+        store_u32(dSs + r * DS_PITCH + c, pack2<T>(dpt[nb][0], dpt[nb][1]));
+        store_u32(dSs + (r + 8) * DS_PITCH + c, pack2<T>(dpt[nb][2], dpt[nb][3]));
+      }
+      __syncthreads();
+      // dQ (queries warp*16 ..) = dS K over the tile's 64 keys: A = dS from dSs^T, B = K.
+      float dqa[DN][4];
+#pragma unroll
+      for (int dn = 0; dn < DN; ++dn) dqa[dn][0] = dqa[dn][1] = dqa[dn][2] = dqa[dn][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        uint32_t af[4];
+        ldmatrix_x4_trans(af, dSs + (kk * 16 + (mi >> 1) * 8 + (lane & 7)) * DS_PITCH + warp * 16 + (mi & 1) * 8);
+#pragma unroll
+        for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
+          uint32_t kf4[4];
+          ldmatrix_x4_trans(kf4, Ks + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * P + (dn2 * 2 + (mi >> 1)) * 8);
+          const uint32_t k0[2] = {kf4[0], kf4[1]}, k1[2] = {kf4[2], kf4[3]};
+          mma_m16n8k16<T>(dqa[2 * dn2], af, k0);
+          mma_m16n8k16<T>(dqa[2 * dn2 + 1], af, k1);
+        }
+      }
+      // This split's partial: its first key tile stores, the later ones add.
+      const bool first = kt == split;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = qt * BM + warp * 16 + g + r * 8;
+        if (row >= s.T) continue;
+        float* dst = dqp + static_cast<size_t>(row) * s.HD;
+#pragma unroll
+        for (int dn = 0; dn < DN; ++dn) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int d = dn * 8 + 2 * tq + j;
+            if (d >= s.HD) continue;
+            const float val = s.scale * dqa[dn][r * 2 + j];
+            dst[d] = first ? val : dst[d] + val;
+          }
+        }
+      }
+    }
+    // dK (scaled) and dV of this key tile.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = key0 + r * 8;
+      if (key >= s.T) continue;
+#pragma unroll
+      for (int dn = 0; dn < DN; ++dn) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int d = dn * 8 + 2 * tq + j;
+          if (d >= s.HD) continue;
+          const float gk = s.scale * dka[dn][r * 2 + j], gv = dva[dn][r * 2 + j];
+          if (s.G == 1) {
+            const size_t at = (static_cast<size_t>(b) * s.T + key) * s.ks + static_cast<size_t>(kh) * s.HD + d;
+            dk[at] = from_f32<T>(gk);
+            dv[at] = from_f32<T>(gv);
+          } else {
+            const size_t at = (static_cast<size_t>(bh) * s.T + key) * s.HD + d;
+            dk_exp[at] = gk;
+            dv_exp[at] = gv;
+          }
+        }
+      }
+    }
+  }
+}
+
+// dq[b,t,h,:] = sum over the splits that reached t's query tile of dq_part, in split order.
+template <typename T>
+__global__ void attn_dq_reduce_kernel(T* __restrict__ dq, const float* __restrict__ dq_part, int S, AttnShape s) {
+  const size_t total = static_cast<size_t>(s.B) * s.T * s.NH * s.HD, per_split = total;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+    const int d = static_cast<int>(idx % s.HD);
+    const size_t r = idx / s.HD;  // (b * NH + h) * T + t: dq_part's order
+    const int t = static_cast<int>(r % s.T);
+    const size_t bh = r / s.T;
+    const int h = static_cast<int>(bh % s.NH), b = static_cast<int>(bh / s.NH);
+    const int last = min(t / BM, S - 1);
+    float acc = 0.0f;
+    for (int sp = 0; sp <= last; ++sp) acc += dq_part[sp * per_split + idx];
+    dq[(static_cast<size_t>(b) * s.T + t) * s.qs + static_cast<size_t>(h) * s.HD + d] = from_f32<T>(acc);
+  }
+}
+
+// dk/dv[b,t,kh,:] = sum over the G query heads of kh of dk_exp/dv_exp, in head order.
+template <typename T>
+__global__ void attn_dkv_reduce_kernel(T* __restrict__ dk, T* __restrict__ dv, const float* __restrict__ dk_exp,
+                                       const float* __restrict__ dv_exp, AttnShape s) {
+  const size_t total = static_cast<size_t>(s.B) * s.NKV * s.T * s.HD;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  const size_t head = static_cast<size_t>(s.T) * s.HD;
+  for (size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+    const int d = static_cast<int>(idx % s.HD);
+    const size_t r = idx / s.HD;  // (b * NKV + kh) * T + t
+    const int t = static_cast<int>(r % s.T);
+    const size_t bk = r / s.T;
+    const int kh = static_cast<int>(bk % s.NKV), b = static_cast<int>(bk / s.NKV);
+    const size_t src = (static_cast<size_t>(b) * s.NH + static_cast<size_t>(kh) * s.G) * head +
+                       static_cast<size_t>(t) * s.HD + d;
+    float gk = 0.0f, gv = 0.0f;
+    for (int j = 0; j < s.G; ++j) {
+      gk += dk_exp[src + j * head];
+      gv += dv_exp[src + j * head];
+    }
+    const size_t at = (static_cast<size_t>(b) * s.T + t) * s.ks + static_cast<size_t>(kh) * s.HD + d;
+    dk[at] = from_f32<T>(gk);
+    dv[at] = from_f32<T>(gv);
+  }
+}
+
+template <typename Kernel>
+void smem_allow(Kernel kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    DT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+// Calls f(std::integral_constant<int, HDP>) for the smallest padded head dimension >= HD.
+template <typename F>
+void with_hdp(int HD, F&& f) {
+  if (HD <= 32) {
+    f(std::integral_constant<int, 32>{});
+  } else if (HD <= 64) {
+    f(std::integral_constant<int, 64>{});
+  } else if (HD <= 128) {
+    f(std::integral_constant<int, 128>{});
+  } else {
+    f(std::integral_constant<int, 256>{});
+  }
+}
+
+template <typename F>
+void with_type(DType dtype, F&& f) {
+  if (dtype == DType::BF16) {
+    f(Tag<bf16>{});
+  } else {
+    DTK_REQUIRE(dtype == DType::F16, InternalError, "tensor-core attention runs bf16 or fp16");
+    f(Tag<fp16>{});
+  }
+}
+
+bool rows_aligned(const void* p, size_t stride_elems, int HD) {
+  return aligned16(p) && HD % 8 == 0 && stride_elems % 8 == 0;
+}
+
+}  // namespace
+
+int attention_backward_splits(int B, int T, int NH) {
+  // Enough blocks for two per SM on a 132-SM GPU, at most 4 partials (memory: 4 x dq in fp32)
+  // and never more than there are key tiles.
+  const int nt = (T + BN - 1) / BN;
+  const long long heads = static_cast<long long>(B) * NH;
+  int S = heads >= 264 ? 1 : static_cast<int>((264 + heads - 1) / heads);
+  if (S > 4) S = 4;
+  if (S > nt) S = nt;
+  return S < 1 ? 1 : S;
+}
+
+void attention_forward_mma(void* out, float* lse, const void* q, const void* k, const void* v, const AttnShape& s,
+                           DType dtype, cudaStream_t stream) {
+  const Args a{s, (s.T + BM - 1) / BM,
+               rows_aligned(q, s.qs, s.HD) && rows_aligned(k, s.ks, s.HD) && rows_aligned(v, s.ks, s.HD) &&
+                   aligned16(out)};
+  with_type(dtype, [&](auto tag) {
+    using Ty = typename decltype(tag)::type;
+    with_hdp(s.HD, [&](auto hdp) {
+      constexpr int HDP = decltype(hdp)::value;
+      const size_t bytes = sizeof(Ty) * 5 * Tiles<HDP>::ELEMS;
+      auto kernel = attn_fwd_mma_kernel<Ty, HDP>;
+      smem_allow(kernel, bytes);
+      DTK_LAUNCH(dim3(s.B * s.NH, a.nt), THREADS, bytes, stream, kernel)(
+          static_cast<Ty*>(out), lse, static_cast<const Ty*>(q), static_cast<const Ty*>(k), static_cast<const Ty*>(v), a);
+      DT_CUDA_LAUNCH_CHECK();
+    });
+  });
+}
+
+void attention_backward_mma(void* dq, void* dk, void* dv, const void* dout, const float* lse, const float* D,
+                            const void* q, const void* k, const void* v, const AttnShape& s, DType dtype,
+                            cudaStream_t stream) {
+  const Args a{s, (s.T + BM - 1) / BM,
+               rows_aligned(q, s.qs, s.HD) && rows_aligned(k, s.ks, s.HD) && rows_aligned(v, s.ks, s.HD) &&
+                   rows_aligned(dout, static_cast<size_t>(s.NH) * s.HD, s.HD)};
+  const int S = attention_backward_splits(s.B, s.T, s.NH);
+  const size_t per_head = static_cast<size_t>(s.B) * s.NH * s.T * s.HD;
+  Scratch part(sizeof(float) * per_head * S, stream);
+  Scratch kv_exp(s.G > 1 ? sizeof(float) * per_head * 2 : 0, stream);
+  float* dk_exp = s.G > 1 ? kv_exp.as<float>() : nullptr;
+  float* dv_exp = s.G > 1 ? dk_exp + per_head : nullptr;
+  with_type(dtype, [&](auto tag) {
+    using Ty = typename decltype(tag)::type;
+    with_hdp(s.HD, [&](auto hdp) {
+      constexpr int HDP = decltype(hdp)::value;
+      const size_t bytes = sizeof(Ty) * (6 * Tiles<HDP>::ELEMS + BN * DS_PITCH) + sizeof(float) * 4 * BM;
+      auto kernel = attn_bwd_mma_kernel<Ty, HDP>;
+      smem_allow(kernel, bytes);
+      DTK_LAUNCH(dim3(s.B * s.NH, S), THREADS, bytes, stream, kernel)(
+          part.as<float>(), static_cast<Ty*>(dk), static_cast<Ty*>(dv), dk_exp, dv_exp, static_cast<const Ty*>(dout),
+          lse, D, static_cast<const Ty*>(q), static_cast<const Ty*>(k), static_cast<const Ty*>(v), a);
+      DT_CUDA_LAUNCH_CHECK();
+    });
+    DTK_LAUNCH(grid_for(per_head, 256), 256, 0, stream, attn_dq_reduce_kernel<Ty>)(static_cast<Ty*>(dq),
+                                                                                 part.as<float>(), S, s);
+    DT_CUDA_LAUNCH_CHECK();
+    if (s.G > 1) {
+      const size_t kv_total = static_cast<size_t>(s.B) * s.NKV * s.T * s.HD;
+      DTK_LAUNCH(grid_for(kv_total, 256), 256, 0, stream, attn_dkv_reduce_kernel<Ty>)(
+          static_cast<Ty*>(dk), static_cast<Ty*>(dv), dk_exp, dv_exp, s);
+      DT_CUDA_LAUNCH_CHECK();
+    }
+  });
+}
+
+}  // namespace dtrain::kernels::detail
