@@ -40,7 +40,9 @@ int main(int argc, char** argv) {
     auto model = train::model_create(cfg);
     const auto& mc = model->config();
     const int B = static_cast<int>(cfg.resolved_micro_batch_size);
-    const int T = mc.max_seq_len;
+    // The sequence length every other command trains at: data.seq_len (the config loader
+    // derives it from model.max_seq_len when left out and keeps it within it).
+    const int T = static_cast<int>(cfg.data.seq_len.value_or(mc.max_seq_len));
     Rng rng(1);
     std::vector<int32_t> tokens(static_cast<size_t>(B) * T), targets(tokens.size());
     for (auto& t : tokens) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(mc.vocab_size)));
