@@ -1,9 +1,11 @@
 // AdamW update loops. The per-step scalars are computed once in double and the
 // element loop is branch-free so the compiler vectorises it; the compute-copy variant
-// is one loop per dtype so the conversion inlines.
+// is one loop per dtype so the conversion inlines. Elements are independent, so the
+// loops split across the ops thread pool (parallel.h) with results identical to serial.
 #include "ops/optim.h"
 
 #include "core/check.h"
+#include "ops/parallel.h"
 
 #include <cmath>
 
@@ -62,7 +64,9 @@ inline float update_one(float* __restrict p, const float* __restrict g, float* _
 void adamw_step(float* param, const float* grad, float* m, float* v, size_t n, const AdamWConfig& cfg,
                 float lr, int64_t step, bool decay, float grad_scale) {
   const StepScalars s = step_scalars(cfg, lr, step, decay, grad_scale);
-  for (size_t i = 0; i < n; ++i) update_one(param, grad, m, v, i, s);
+  parallel_for(n, n, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) update_one(param, grad, m, v, i, s);
+  });
 }
 
 void adamw_step_copy(float* param, const float* grad, float* m, float* v, size_t n, const AdamWConfig& cfg,
@@ -71,11 +75,14 @@ void adamw_step_copy(float* param, const float* grad, float* m, float* v, size_t
   DT_ENFORCE(compute_dtype == DType::BF16 || compute_dtype == DType::F16, InternalError,
              "adamw_step_copy: the compute copy must be bf16 or fp16, got {}", dtype_name(compute_dtype));
   const StepScalars s = step_scalars(cfg, lr, step, decay, grad_scale);
-  if (compute_dtype == DType::BF16) {
-    for (size_t i = 0; i < n; ++i) compute_copy[i] = f32_to_bf16(update_one(param, grad, m, v, i, s));
-  } else {
-    for (size_t i = 0; i < n; ++i) compute_copy[i] = f32_to_f16(update_one(param, grad, m, v, i, s));
-  }
+  const bool bf16 = compute_dtype == DType::BF16;
+  parallel_for(n, n, [&](size_t begin, size_t end) {
+    if (bf16) {
+      for (size_t i = begin; i < end; ++i) compute_copy[i] = f32_to_bf16(update_one(param, grad, m, v, i, s));
+    } else {
+      for (size_t i = begin; i < end; ++i) compute_copy[i] = f32_to_f16(update_one(param, grad, m, v, i, s));
+    }
+  });
 }
 
 // Four double accumulators break the add dependency chain so the loop runs near memory speed.

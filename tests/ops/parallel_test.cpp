@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "ops/attention.h"
 #include "ops/norm.h"
+#include "ops/optim.h"
 #include "reference.h"
 
 #include <doctest/doctest.h>
@@ -69,7 +70,7 @@ TEST_CASE("an exception in any chunk reaches the caller and the pool stays usabl
   CHECK(n.load() == 9);
 }
 
-TEST_CASE("threaded ops are bit-identical to serial ones") {
+TEST_CASE("threaded ops are bit-identical to serial ones (norms, attention, AdamW)") {
   const int N = 128, C = 384, B = 2, T = 48, NH = 4, NKV = 2, HD = 16;
   Rng r(1);
   auto x = ref::rand_floats(r, N * C), w = ref::rand_floats(r, C), bias = ref::rand_floats(r, C), d = ref::rand_floats(r, N * C);
@@ -84,8 +85,20 @@ TEST_CASE("threaded ops are bit-identical to serial ones") {
     std::vector<float> ao(q.size()), att(size_t(B) * NH * T * T), dq(q.size()), dk(k.size()), dv(v.size());
     attention_forward(ao.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
     attention_backward(dq.data(), dk.data(), dv.data(), dq_in.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
+    // AdamW over more elements than one chunk (PARALLEL_MIN_WORK), plain and with a bf16 copy.
+    const size_t P = 3 * PARALLEL_MIN_WORK + 7;
+    Rng rp(2);
+    auto p = ref::rand_floats(rp, P), g = ref::rand_floats(rp, P), m = ref::rand_floats(rp, P), mv = ref::rand_floats(rp, P);
+    for (auto& x2 : mv) x2 = x2 * x2;  // second moments are non-negative
+    auto p2 = p, m2 = m, v2 = mv;
+    std::vector<uint16_t> copy(P);
+    AdamWConfig ac;
+    adamw_step(p.data(), g.data(), m.data(), mv.data(), P, ac, 1e-3f, 3, true, 0.5f);
+    adamw_step_copy(p2.data(), g.data(), m2.data(), v2.data(), P, ac, 1e-3f, 3, true, 0.5f, copy.data(), DType::BF16);
+    std::vector<float> copy_f(copy.begin(), copy.end());
     auto& o = res[th - 1];
-    for (auto* vec : {&out, &dx, &dw, &db, &ao, &dq, &dk, &dv}) o.insert(o.end(), vec->begin(), vec->end());
+    for (auto* vec : {&out, &dx, &dw, &db, &ao, &dq, &dk, &dv, &p, &m, &mv, &p2, &m2, &v2, &copy_f})
+      o.insert(o.end(), vec->begin(), vec->end());
   }
   REQUIRE(res[0].size() == res[1].size());
   CHECK(std::memcmp(res[0].data(), res[1].data(), res[0].size() * sizeof(float)) == 0);
