@@ -21,6 +21,7 @@
 #include "kernels/rope.cuh"
 #endif
 
+#include <cstdint>
 #include <cstdlib>
 
 namespace dtrain::device {
@@ -53,6 +54,14 @@ class CudaDevice final : public Device {
   explicit CudaDevice(int index) : index_(index) {
     DT_CUDA_CHECK(cudaSetDevice(index_));
     name_ = "cuda:" + std::to_string(index_) + " (" + kernels::device_describe(index_) + ")";
+    // alloc/free and the kernels' scratch are stream-ordered allocations from the
+    // device's default pool, which by default hands every freed byte back to the OS at
+    // the next synchronisation (release threshold 0) and maps it again on the next
+    // allocation. Every step synchronises (the loss read-back), so keep what it holds.
+    cudaMemPool_t pool = nullptr;
+    DT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, index_));
+    uint64_t keep = UINT64_MAX;
+    DT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     DT_CUDA_CHECK(cudaStreamCreateWithFlags(&own_, cudaStreamNonBlocking));
     s_ = own_;
   }
