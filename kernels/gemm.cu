@@ -4,6 +4,7 @@
 // guards the per-call pointer attributes set on a cached descriptor.
 #include "kernels/gemm.cuh"
 
+#include "kernels/cast.cuh"
 #include "kernels/common.cuh"
 
 #include <map>
@@ -18,13 +19,14 @@ using namespace detail;
 
 constexpr size_t WORKSPACE_BYTES = 32u << 20;
 
-enum class Epi : int { DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS, BGRADB };
+enum class Epi : int { DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS, DGELU, BGRADB };
 
 cublasLtEpilogue_t epi_lt(Epi e) {
   switch (e) {
     case Epi::BIAS: return CUBLASLT_EPILOGUE_BIAS;
     case Epi::GELU_AUX: return CUBLASLT_EPILOGUE_GELU_AUX;
     case Epi::GELU_AUX_BIAS: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case Epi::DGELU: return CUBLASLT_EPILOGUE_DGELU;
     case Epi::BGRADB: return CUBLASLT_EPILOGUE_BGRADB;
     default: return CUBLASLT_EPILOGUE_DEFAULT;
   }
@@ -235,26 +237,49 @@ void linear_gelu_forward(void* out, void* pre_gelu, const void* inp, const void*
   matmul_run(p, 1.0f, inp, weight, 0.0f, out, bias, pre_gelu, stream);
 }
 
-void linear_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* weight,
-                     int N, int IC, int OC, DType dtype, cudaStream_t stream) {
-  DTK_REQUIRE(N >= 0 && IC > 0 && OC > 0, UsageError, "linear: sizes must be positive");
-  if (N == 0) return;
-  if (dinp) gemm(false, false, N, IC, OC, 1.0f, dout, weight, 1.0f, dinp, dtype, dtype, stream);
+namespace {
+// dweight += dout^T @ inp and dbias += sum_rows(dout), the parameter half of a linear
+// backward. BGRADB writes (never accumulates) its vector, so the dW GEMM leaves the bias
+// gradient in an OC-float scratch that one add folds into dbias.
+void weight_grads(float* dweight, float* dbias, const void* dout, const void* inp, int N, int IC, int OC, DType dtype,
+                  cudaStream_t stream) {
   bool bias_done = false;
   if (dweight) {
     if (dbias) {
-      // BGRADB overwrites its vector: produce it in scratch, then accumulate into dbias.
       Scratch tmp(static_cast<size_t>(OC) * sizeof(float), stream);
       const Problem p = problem_for(true, false, OC, IC, N, dout, inp, dweight, dtype, DType::F32, Epi::BGRADB,
                                     tmp.as<float>(), nullptr);
       if (matmul_try(p, 1.0f, dout, inp, 1.0f, dweight, tmp.as<float>(), nullptr, stream)) {
-        column_sum_accumulate(dbias, tmp.as<float>(), 1, OC, DType::F32, stream);
+        add_f32(dbias, tmp.as<float>(), static_cast<size_t>(OC), stream);
         bias_done = true;
       }
     }
     if (!bias_done) gemm(true, false, OC, IC, N, 1.0f, dout, inp, 1.0f, dweight, dtype, DType::F32, stream);
   }
   if (dbias && !bias_done) column_sum_accumulate(dbias, dout, N, OC, dtype, stream);
+}
+}  // namespace
+
+void linear_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* weight,
+                     int N, int IC, int OC, bool accumulate_dinp, DType dtype, cudaStream_t stream) {
+  DTK_REQUIRE(N >= 0 && IC > 0 && OC > 0, UsageError, "linear: sizes must be positive");
+  if (N == 0) return;
+  if (dinp) gemm(false, false, N, IC, OC, 1.0f, dout, weight, accumulate_dinp ? 1.0f : 0.0f, dinp, dtype, dtype, stream);
+  weight_grads(dweight, dbias, dout, inp, N, IC, OC, dtype, stream);
+}
+
+void linear_dgelu_backward(void* dpre, float* dweight, float* dbias, const void* dout, const void* inp,
+                           const void* weight, const void* pre_gelu, int N, int IC, int OC, DType dtype,
+                           cudaStream_t stream) {
+  DTK_REQUIRE(N >= 0 && IC > 0 && OC > 0, UsageError, "linear: sizes must be positive");
+  DTK_REQUIRE(IC % 8 == 0, UsageError, "linear_dgelu_backward: cuBLASLt's GELU input (aux) needs IC % 8 == 0");
+  if (N == 0) return;
+  // dpre[N,IC] = gelu'(pre_gelu) * (dout[N,OC] @ weight[OC,IC]): beta = 0, the epilogue
+  // reads pre_gelu with dpre's leading dimension.
+  const Problem p = problem_for(false, false, N, IC, OC, dout, weight, dpre, dtype, dtype, Epi::DGELU, nullptr,
+                                pre_gelu);
+  matmul_run(p, 1.0f, dout, weight, 0.0f, dpre, nullptr, pre_gelu, stream);
+  weight_grads(dweight, dbias, dout, inp, N, IC, OC, dtype, stream);
 }
 
 }  // namespace dtrain::kernels

@@ -105,9 +105,15 @@ class CpuDevice final : public Device {
     ops::gelu_forward(F(out), F(pre), static_cast<size_t>(N) * OC);
   }
   void linear_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* w,
-                       int N, int IC, int OC, DType t) override {
+                       int N, int IC, int OC, bool accumulate_dinp, DType t) override {
     f32(t);
-    ops::linear_backward(F(dinp), dweight, dbias, F(dout), F(inp), F(w), N, IC, OC);
+    ops::linear_backward(F(dinp), dweight, dbias, F(dout), F(inp), F(w), N, IC, OC, accumulate_dinp);
+  }
+  void linear_dgelu_backward(void* dpre, float* dweight, float* dbias, const void* dout, const void* inp,
+                             const void* w, const void* pre, int N, int IC, int OC, DType t) override {
+    f32(t);
+    ops::linear_backward(F(dpre), dweight, dbias, F(dout), F(inp), F(w), N, IC, OC, false);
+    ops::gelu_backward(F(dpre), F(pre), F(dpre), static_cast<size_t>(N) * IC);
   }
 
   void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* bias, int N,

@@ -92,19 +92,38 @@ void PlanDevice::linear_gelu_forward(void* out, void* pre, const void*, const vo
   linear(op, bias, N, IC, OC, t);
   pointwise(op, false, {pre, out}, 1, 1, static_cast<size_t>(N) * OC, t, FLOPS_GELU_FWD);
 }
-void PlanDevice::linear_backward(void* dinp, float* dweight, float* dbias, const void*, const void*, const void*,
-                                 int N, int IC, int OC, DType t) {
-  const char* op = "linear_backward";
-  if (N == 0) return;
-  if (dinp) matmul(op, false, false, N, IC, OC, 1.0f, 1.0f, t, t, PlanEpilogue::DEFAULT);
-  if (dweight && dbias) {
-    // BGRADB writes the bias gradient to scratch; column_sum_accumulate adds it to dbias.
+// kernels/gemm.cu's weight_grads: BGRADB writes the bias gradient to an OC-float scratch
+// that add_f32 adds to dbias.
+void PlanDevice::weight_grads(const char* op, bool dw, bool db, int N, int IC, int OC, DType t) {
+  if (dw && db) {
     matmul(op, true, false, OC, IC, N, 1.0f, 1.0f, t, DType::F32, PlanEpilogue::BGRADB);
-    column_sums(op, 2, false, true, 1, OC, DType::F32);
+    kernel(op, "add_kernel", PlanUnit::CUDA_CORE, static_cast<double>(OC), OC * 12.0);
     return;
   }
-  if (dweight) matmul(op, true, false, OC, IC, N, 1.0f, 1.0f, t, DType::F32, PlanEpilogue::DEFAULT);
-  if (dbias) column_sums(op, 2, false, true, N, OC, t);
+  if (dw) matmul(op, true, false, OC, IC, N, 1.0f, 1.0f, t, DType::F32, PlanEpilogue::DEFAULT);
+  if (db) column_sums(op, 2, false, true, N, OC, t);
+}
+void PlanDevice::linear_backward(void* dinp, float* dweight, float* dbias, const void*, const void*, const void*,
+                                 int N, int IC, int OC, bool accumulate_dinp, DType t) {
+  const char* op = "linear_backward";
+  if (N == 0) return;
+  if (dinp) matmul(op, false, false, N, IC, OC, 1.0f, accumulate_dinp ? 1.0f : 0.0f, t, t, PlanEpilogue::DEFAULT);
+  weight_grads(op, dweight != nullptr, dbias != nullptr, N, IC, OC, t);
+}
+// CudaDevice: the DGELU epilogue when IC % 8 == 0, else the plain backward + gelu_backward
+// in place.
+void PlanDevice::linear_dgelu_backward(void* dpre, float* dweight, float* dbias, const void*, const void*,
+                                       const void*, const void* pre, int N, int IC, int OC, DType t) {
+  const char* op = "linear_dgelu_backward";
+  if (N == 0) return;
+  if (IC % 8 == 0) {
+    matmul(op, false, false, N, IC, OC, 1.0f, 0.0f, t, t, PlanEpilogue::DGELU);
+    weight_grads(op, dweight != nullptr, dbias != nullptr, N, IC, OC, t);
+    return;
+  }
+  matmul(op, false, false, N, IC, OC, 1.0f, 0.0f, t, t, PlanEpilogue::DEFAULT);
+  weight_grads(op, dweight != nullptr, dbias != nullptr, N, IC, OC, t);
+  pointwise(op, false, {pre, dpre, dpre}, 2, 1, static_cast<size_t>(N) * IC, t, FLOPS_GELU_BWD);
 }
 
 // ----------------------------------------------------------------------------
@@ -185,14 +204,14 @@ void PlanDevice::gelu_forward(void* out, const void* inp, size_t n, DType t) {
   pointwise("gelu_forward", false, {inp, out}, 1, 1, n, t, FLOPS_GELU_FWD);
 }
 void PlanDevice::gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DType t) {
-  pointwise("gelu_backward", true, {inp, dout, dinp}, 2, 1, n, t, FLOPS_GELU_BWD);
+  pointwise("gelu_backward", false, {inp, dout, dinp}, 2, 1, n, t, FLOPS_GELU_BWD);
 }
 void PlanDevice::swiglu_forward(void* out, const void* gate, const void* up, size_t n, DType t) {
   pointwise("swiglu_forward", false, {gate, up, out}, 2, 1, n, t, FLOPS_SWIGLU_FWD);
 }
 void PlanDevice::swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, size_t n,
                                  DType t) {
-  pointwise("swiglu_backward", true, {dout, gate, up, dgate, dup}, 3, 2, n, t, FLOPS_SWIGLU_BWD);
+  pointwise("swiglu_backward", false, {dout, gate, up, dgate, dup}, 3, 2, n, t, FLOPS_SWIGLU_BWD);
 }
 void PlanDevice::dropout_forward(void*, const void*, size_t n, float, uint64_t, DType t) {
   if (n == 0) return;

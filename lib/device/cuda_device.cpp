@@ -172,9 +172,20 @@ class CudaDevice final : public Device {
     }
   }
   void linear_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* w,
-                       int N, int IC, int OC, DType t) override {
+                       int N, int IC, int OC, bool accumulate_dinp, DType t) override {
     cur();
-    kernels::linear_backward(dinp, dweight, dbias, dout, inp, w, N, IC, OC, t, s_);
+    kernels::linear_backward(dinp, dweight, dbias, dout, inp, w, N, IC, OC, accumulate_dinp, t, s_);
+  }
+  // The DGELU epilogue reads pre with dpre's leading dimension: IC % 8 == 0 (as forward).
+  void linear_dgelu_backward(void* dpre, float* dweight, float* dbias, const void* dout, const void* inp,
+                             const void* w, const void* pre, int N, int IC, int OC, DType t) override {
+    cur();
+    if (IC % 8 == 0) {
+      kernels::linear_dgelu_backward(dpre, dweight, dbias, dout, inp, w, pre, N, IC, OC, t, s_);
+    } else {
+      kernels::linear_backward(dpre, dweight, dbias, dout, inp, w, N, IC, OC, false, t, s_);
+      kernels::gelu_backward(dpre, pre, dpre, static_cast<size_t>(N) * IC, t, s_);
+    }
   }
 
   void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* bias, int N,

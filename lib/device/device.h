@@ -80,9 +80,16 @@ class Device {
   /// pre = inp W^T + bias; out = gelu(pre) (one fused epilogue on CUDA).
   virtual void linear_gelu_forward(void* out, void* pre, const void* inp, const void* w, const void* bias, int N,
                                    int IC, int OC, DType t) = 0;
-  /// dinp += dout W; dweight += dout^T inp; dbias += colsum(dout) (fp32 gradients).
+  /// dinp (+)= dout W (+= when accumulate_dinp; else written, a GEMM with beta = 0 that
+  /// never reads dinp); dweight += dout^T inp; dbias += colsum(dout) (fp32 gradients).
   virtual void linear_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp,
-                               const void* w, int N, int IC, int OC, DType t) = 0;
+                               const void* w, int N, int IC, int OC, bool accumulate_dinp, DType t) = 0;
+  /// The backward of a linear layer whose input is inp = gelu(pre) (pre [N, IC], the
+  /// pre-activation linear_gelu_forward kept): WRITES dpre = gelu'(pre) * (dout W);
+  /// dweight += dout^T inp; dbias += colsum(dout). On CUDA the GELU derivative is the
+  /// d(inp) GEMM's epilogue, so d(inp) is never stored.
+  virtual void linear_dgelu_backward(void* dpre, float* dweight, float* dbias, const void* dout, const void* inp,
+                                     const void* w, const void* pre, int N, int IC, int OC, DType t) = 0;
 
   // ---- Norms (statistics fp32 [N]); residual_* also write residual = a + b first
   virtual void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w,
@@ -101,8 +108,10 @@ class Device {
 
   // ---- Pointwise
   virtual void gelu_forward(void* out, const void* inp, size_t n, DType t) = 0;
+  /// WRITES dinp = gelu'(inp) * dout (dinp may alias dout).
   virtual void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DType t) = 0;
   virtual void swiglu_forward(void* out, const void* gate, const void* up, size_t n, DType t) = 0;
+  /// WRITES dgate and dup (ops::swiglu_backward).
   virtual void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, size_t n,
                                DType t) = 0;
   /// Inverted dropout: out = keep ? inp / (1 - p) : 0 with keep[i] = dropout_keep(seed, i, p)

@@ -167,7 +167,7 @@ class Model {
   void layer_forward(int l, LayerActs& a, bool fused_input);
   void layer_backward(int l, LayerActs& a);
   void proj_forward(int l, int p, const void* x, void* y, LayerActs& a);
-  void proj_backward(int l, int p, const void* dy, const void* x, void* dx, LayerActs& a);
+  void proj_backward(int l, int p, const void* dy, const void* x, void* dx, bool accumulate_dx, LayerActs& a);
   bool proj_adapted(int l, int p) const;
   // Elements between consecutive tokens of q (and dq) and of k, v (and dk, dv): GPT-2 reads
   // them in place from c_attn's [N, (NH + 2 NKV) HD] output, Llama's are dense.

@@ -99,8 +99,9 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
 }
 
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int N, int IC, int OC) {
-  if (dinp) gemm(false, false, N, IC, OC, 1.0f, dout, weight, 1.0f, dinp);
+                     const float* inp, const float* weight, int N, int IC, int OC,
+                     bool accumulate_dinp) {
+  if (dinp) gemm(false, false, N, IC, OC, 1.0f, dout, weight, accumulate_dinp ? 1.0f : 0.0f, dinp);
   if (dweight) gemm(true, false, OC, IC, N, 1.0f, dout, inp, 1.0f, dweight);
   if (dbias) {
     parallel_for(static_cast<size_t>(OC), static_cast<size_t>(N) * OC, [&](size_t begin, size_t end) {

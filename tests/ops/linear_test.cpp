@@ -1,7 +1,7 @@
 // linear through OpenBLAS: forward vs double reference (<= 1e-5) with and without bias,
 // backward dinp/dW/dbias vs central finite differences (<= 1e-3), null gradients skip
-// their GEMM, accumulation, and the generic gemm() in every transpose combination, also
-// split into row blocks over several threads.
+// their GEMM, accumulation (dinp written or accumulated as asked), and the generic gemm()
+// in every transpose combination, also split into row blocks over several threads.
 #include "ops/linear.h"
 
 #include "ops/parallel.h"
@@ -28,20 +28,23 @@ TEST_CASE("linear forward/backward, odd sizes (N=14, IC=12, OC=5)") {
     return ref::dot(ref::linear(ref::slice(p, 0, N * IC), ref::slice(p, N * IC, OC * IC), &bb, N, IC, OC), ref::to_double(dout));
   };
   auto g = ref::fd_grad(loss, ref::concat({ref::to_double(x), ref::to_double(W), ref::to_double(b)}));
-  std::vector<float> dx(N * IC), dW(OC * IC), db(OC);
-  linear_backward(dx.data(), dW.data(), db.data(), dout.data(), x.data(), W.data(), N, IC, OC);
+  std::vector<float> dx(N * IC, NAN), dW(OC * IC), db(OC);  // dx written: its NaNs are never read
+  linear_backward(dx.data(), dW.data(), db.data(), dout.data(), x.data(), W.data(), N, IC, OC, false);
   CHECK(ref::max_rel_err(dx, ref::slice(g, 0, N * IC)) <= 1e-3);
   CHECK(ref::max_rel_err(dW, ref::slice(g, N * IC, OC * IC)) <= 1e-3);
   CHECK(ref::max_rel_err(db, ref::slice(g, N * IC + OC * IC, OC)) <= 1e-3);
   auto dx1 = dx, dW1 = dW, db1 = db;
-  linear_backward(dx.data(), dW.data(), db.data(), dout.data(), x.data(), W.data(), N, IC, OC);
+  linear_backward(dx.data(), dW.data(), db.data(), dout.data(), x.data(), W.data(), N, IC, OC, true);
   for (int i = 0; i < N * IC; ++i) CHECK(dx[i] == doctest::Approx(2 * dx1[i]).epsilon(1e-6));
   for (int i = 0; i < OC * IC; ++i) CHECK(dW[i] == doctest::Approx(2 * dW1[i]).epsilon(1e-6));
   for (int i = 0; i < OC; ++i) CHECK(db[i] == doctest::Approx(2 * db1[i]).epsilon(1e-6));
   // null dW / dbias: only dinp is touched
-  std::vector<float> dx2(N * IC);
-  linear_backward(dx2.data(), nullptr, nullptr, dout.data(), x.data(), W.data(), N, IC, OC);
+  std::vector<float> dx2(N * IC, NAN);
+  linear_backward(dx2.data(), nullptr, nullptr, dout.data(), x.data(), W.data(), N, IC, OC, false);
   CHECK(ref::max_rel_err(dx2, ref::slice(g, 0, N * IC)) <= 1e-3);
+  // written again: the same values, not twice them
+  linear_backward(dx2.data(), nullptr, nullptr, dout.data(), x.data(), W.data(), N, IC, OC, false);
+  for (int i = 0; i < N * IC; ++i) CHECK(dx2[i] == dx1[i]);
 }
 
 TEST_CASE("gemm handles every transpose combination, alpha and beta") {
