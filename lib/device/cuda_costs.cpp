@@ -11,6 +11,7 @@
 #include "device/plan_device.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 namespace dtrain::device {
@@ -324,15 +325,26 @@ void PlanDevice::embedding_forward(void* out, const int32_t*, const void* wte, c
          PlanUnit::CUDA_CORE, wpe ? nc : 0.0,
          N * 4.0 + 2 * nc * es(t) + (wpe ? static_cast<double>(T) * C * es(t) : 0.0));
 }
-// dwte: every (channel block, token bucket) block scans all N tokens; rows of dwte are
-// read and written once per token.
-void PlanDevice::embedding_backward(float*, float* dwpe, const void*, const int32_t*, int B, int T, int C, int,
+// dwte: the positions sorted by token (an 8-bit LSD radix sort over the key width of V:
+// keys and positions 8 bytes per position, 256 counts per 256-position chunk), then one
+// block per sorted index, the run starts summing; rows of dwte are read and written once
+// per distinct token, taken as once per position (tokens rarely repeat at this level).
+void PlanDevice::embedding_backward(float*, float* dwpe, const void*, const int32_t*, int B, int T, int C, int V,
                                     DType t) {
   const char* op = "embedding_backward";
   const int N = B * T;
   if (N <= 0 || C <= 0) return;
-  const double nc = static_cast<double>(N) * C;
-  kernel(op, "embedding_dwte_kernel<Ty>", PlanUnit::CUDA_CORE, nc, N * 4.0 + nc * es(t) + nc * 8);
+  const double n = N, nc = n * C, counts = 256.0 * static_cast<double>(blocks_for(static_cast<size_t>(N), 256)) * 4;
+  int passes = 0;
+  for (uint32_t k = static_cast<uint32_t>(V); k != 0; k >>= 8) ++passes;
+  kernel(op, "sort_init_kernel", PlanUnit::CUDA_CORE, n, n * 12);
+  for (int p = 0; p < passes; ++p) {
+    kernel(op, "radix_count_kernel", PlanUnit::CUDA_CORE, n * 256, n * 4 + counts);
+    kernel(op, "exclusive_scan_kernel", PlanUnit::CUDA_CORE, counts / 4 * 2, counts * 2);
+    kernel(op, "radix_scatter_kernel", PlanUnit::CUDA_CORE, n * 128, n * 16 + counts);
+  }
+  const double blocks_y = static_cast<double>(blocks_for(static_cast<size_t>(C), 128));
+  kernel(op, "embedding_dwte_kernel<Ty>", PlanUnit::CUDA_CORE, nc, n * 8 * blocks_y + nc * es(t) + nc * 8);
   if (dwpe)
     kernel(op, "embedding_dwpe_kernel<Ty>", PlanUnit::CUDA_CORE, nc, nc * es(t) + static_cast<double>(T) * C * 8);
 }
