@@ -77,7 +77,8 @@ void PlanDevice::linear(const char* op, const void* bias, int N, int IC, int OC,
   if (N == 0) return;
   matmul(op, false, true, N, OC, IC, 1.0f, 0.0f, t, t, bias ? PlanEpilogue::BIAS : PlanEpilogue::DEFAULT);
 }
-void PlanDevice::linear_forward(void*, const void*, const void*, const void* bias, int N, int IC, int OC, DType t) {
+void PlanDevice::linear_forward(void*, const void*, const void*, const void* bias, int N, int IC, int OC, int,
+                                DType t) {
   linear("linear_forward", bias, N, IC, OC, t);
 }
 // CudaDevice: the fused epilogue when OC % 8 == 0, else linear_forward + gelu_forward.
@@ -105,7 +106,7 @@ void PlanDevice::weight_grads(const char* op, bool dw, bool db, int N, int IC, i
   if (db) column_sums(op, 2, false, true, N, OC, t);
 }
 void PlanDevice::linear_backward(void* dinp, float* dweight, float* dbias, const void*, const void*, const void*,
-                                 int N, int IC, int OC, bool accumulate_dinp, DType t) {
+                                 int N, int IC, int OC, int, bool accumulate_dinp, DType t) {
   const char* op = "linear_backward";
   if (N == 0) return;
   if (dinp) matmul(op, false, false, N, IC, OC, 1.0f, accumulate_dinp ? 1.0f : 0.0f, t, t, PlanEpilogue::DEFAULT);
@@ -361,11 +362,11 @@ void PlanDevice::cross_entropy(const char* op, bool losses, bool mean, bool dlog
          nv * es(t) * (dlogits ? 2 : 1) + N * 4.0 * ((losses || mean) ? 2 : 1));
   if (mean) kernel(op, "loss_mean_kernel", PlanUnit::CUDA_CORE, 2.0 * N, N * 8.0);
 }
-void PlanDevice::cross_entropy_forward(float* losses, float* mean, const void*, const int32_t*, int N, int V,
+void PlanDevice::cross_entropy_forward(float* losses, float* mean, const void*, const int32_t*, int N, int V, int,
                                        DType t) {
   cross_entropy("cross_entropy_forward", losses != nullptr, mean != nullptr, false, N, V, t);
 }
-void PlanDevice::cross_entropy_backward(void*, const void*, const int32_t*, int N, int V, float, DType t) {
+void PlanDevice::cross_entropy_backward(void*, const void*, const int32_t*, int N, int V, int, float, DType t) {
   cross_entropy("cross_entropy_backward", false, false, true, N, V, t);
 }
 

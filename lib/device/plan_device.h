@@ -95,12 +95,12 @@ class PlanDevice final : public Device {
 
   void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, const void* B, float beta,
             void* C, DType ab_t, DType c_t) override;
-  void linear_forward(void* out, const void* inp, const void* w, const void* bias, int N, int IC, int OC,
+  void linear_forward(void* out, const void* inp, const void* w, const void* bias, int N, int IC, int OC, int ld_out,
                       DType t) override;
   void linear_gelu_forward(void* out, void* pre, const void* inp, const void* w, const void* bias, int N, int IC,
                            int OC, DType t) override;
   void linear_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* w,
-                       int N, int IC, int OC, bool accumulate_dinp, DType t) override;
+                       int N, int IC, int OC, int ld_dout, bool accumulate_dinp, DType t) override;
   void linear_dgelu_backward(void* dpre, float* dweight, float* dbias, const void* dout, const void* inp,
                              const void* w, const void* pre, int N, int IC, int OC, DType t) override;
 
@@ -139,9 +139,9 @@ class PlanDevice final : public Device {
   void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T, int C,
                           int V, DType t) override;
   void cross_entropy_forward(float* losses, float* mean, const void* logits, const int32_t* targets, int N, int V,
-                             DType t) override;
-  void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V, float scale,
-                              DType t) override;
+                             int ld, DType t) override;
+  void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V, int ld,
+                              float scale, DType t) override;
 
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig& cfg, float lr,
              int64_t step, bool decay, float grad_scale, void* copy, DType copy_t) override;

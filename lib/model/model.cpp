@@ -18,6 +18,14 @@ namespace {
 constexpr int32_t IGNORE_INDEX = -100;
 constexpr int GPT2_C_ATTN = 0, GPT2_ATTN_PROJ = 1, GPT2_FC = 2, GPT2_MLP_PROJ = 3;
 constexpr int LL_Q = 0, LL_K = 1, LL_V = 2, LL_O = 3, LL_GATE = 4, LL_UP = 5, LL_DOWN = 6;
+// On a device the logits rows are padded to a multiple of this many elements (GPT-2's
+// 50257 -> 50304): every row starts 16-byte aligned, so the cross-entropy kernel reads
+// whole 16-byte packs from each row's first element, and the logits GEMMs' leading
+// dimension is a multiple of 128, which cuBLASLt's tensor-core tiles prefer. Only the
+// first V columns are ever written or read: the padding never reaches the loss, a
+// gradient or a parameter (the head keeps V rows). On the CPU the rows stay packed:
+// logits() hands them out as [B, T, V], and BLAS packs its panels whatever the pitch.
+constexpr size_t LOGITS_ROW_ALIGN = 128;
 // How a backward op treats its input-gradient output: the first producer of a gradient
 // array writes it (a GEMM with beta = 0, no zeroing pass), later ones add to it.
 constexpr bool WRITE = false, ACCUMULATE = true;
@@ -393,6 +401,7 @@ void Model::allocate(int B, int T) {
     for (int l = 0; l < cfg_.n_layer; ++l) adapted[p] = adapted[p] || proj_adapted(l, static_cast<int>(p));
 
   arena_.reset();
+  logits_ld_ = static_cast<int>(on_host() ? V : (V + LOGITS_ROW_ALIGN - 1) / LOGITS_ROW_ALIGN * LOGITS_ROW_ALIGN);
   residuals_.assign(static_cast<size_t>(cfg_.n_layer) + 1, nullptr);
   acts_.clear();
   for (int s = 0; s < sets; ++s) acts_.push_back(std::make_unique<LayerActs>());
@@ -436,7 +445,7 @@ void Model::allocate(int B, int T) {
     s.lnf = act(N * C);
     s.lnf_mean = c.of<float>(N);
     s.lnf_rstd = c.of<float>(N);
-    s.logits = act(N * V);
+    s.logits = act(N * static_cast<size_t>(logits_ld_));
     s.losses = c.of<float>(N);
     s.loss_mean = c.of<float>(1);
     s.tokens = c.of<int32_t>(N);
@@ -493,7 +502,7 @@ void Model::proj_forward(int l, int p, const void* x, void* y, LayerActs& a) {
   const int N = B_ * T_;
   const void* W = param_at(pb, static_cast<size_t>(pr.w));
   const void* b = pr.b >= 0 ? param_at(pb, static_cast<size_t>(pr.b)) : nullptr;
-  dev_->linear_forward(y, x, W, b, N, pr.in, pr.out, dtype_);
+  dev_->linear_forward(y, x, W, b, N, pr.in, pr.out, pr.out, dtype_);
   if (!proj_adapted(l, p)) return;
   // y += scale * dropout(x) A^T B^T
   const size_t slot = static_cast<size_t>(lora_slot_[static_cast<size_t>(l)][static_cast<size_t>(p)]);
@@ -518,7 +527,7 @@ void Model::proj_backward(int l, int p, const void* dy, const void* x, void* dx,
   const int N = B_ * T_;
   dev_->linear_backward(dx, grad_at(pb, static_cast<size_t>(pr.w)),
                         pr.b >= 0 ? grad_at(pb, static_cast<size_t>(pr.b)) : nullptr, dy, x,
-                        param_at(pb, static_cast<size_t>(pr.w)), N, pr.in, pr.out, accumulate_dx, dtype_);
+                        param_at(pb, static_cast<size_t>(pr.w)), N, pr.in, pr.out, pr.out, accumulate_dx, dtype_);
   if (!proj_adapted(l, p)) return;
   const size_t slot = static_cast<size_t>(lora_slot_[static_cast<size_t>(l)][static_cast<size_t>(p)]);
   const ParamBuffer& lb = lora_params_[static_cast<size_t>(l)];
@@ -694,13 +703,13 @@ float Model::forward(const int32_t* tokens, const int32_t* targets, int B, int T
   else
     dev_->residual_rmsnorm_forward(xL, s.lnf, s.lnf_rstd, res2, s.mlp, head.data, N, C, cfg_.norm_eps, dtype_);
   const void* wlm = cfg_.tie_embeddings ? emb.data : param_at(head, head.layout.tensors.size() - 1);
-  dev_->linear_forward(s.logits, s.lnf, wlm, nullptr, N, C, V, dtype_);
+  dev_->linear_forward(s.logits, s.lnf, wlm, nullptr, N, C, V, logits_ld_, dtype_);
 
   if (!targets) return std::numeric_limits<float>::quiet_NaN();
   dev_->copy_h2d(s.targets, targets, static_cast<size_t>(N) * sizeof(int32_t));
   num_targets_ = 0;
   for (int i = 0; i < N; ++i) num_targets_ += targets[i] != IGNORE_INDEX;
-  dev_->cross_entropy_forward(s.losses, s.loss_mean, s.logits, s.targets, N, V, dtype_);
+  dev_->cross_entropy_forward(s.losses, s.loss_mean, s.logits, s.targets, N, V, logits_ld_, dtype_);
   float loss = 0.0f;
   dev_->copy_d2h(&loss, s.loss_mean, sizeof(float));
   have_targets_ = true;
@@ -722,11 +731,11 @@ void Model::backward(float grad_scale) {
   buffer_enforce_present(head, true, base_grads);
   if (cfg_.tie_embeddings) buffer_enforce_present(emb, true, base_grads);
   const float scale = num_targets_ > 0 ? grad_scale / static_cast<float>(num_targets_) : 0.0f;
-  dev_->cross_entropy_backward(s.logits, s.logits, s.targets, N, V, scale, dtype_);  // dlogits over the logits
+  dev_->cross_entropy_backward(s.logits, s.logits, s.targets, N, V, logits_ld_, scale, dtype_);  // dlogits over the logits
   const size_t lm = head.layout.tensors.size() - 1;
   const void* wlm = cfg_.tie_embeddings ? emb.data : param_at(head, lm);
   float* dwlm = cfg_.tie_embeddings ? emb.grad : grad_at(head, lm);
-  dev_->linear_backward(s.dln, dwlm, nullptr, s.logits, s.lnf, wlm, N, C, V, WRITE, dtype_);
+  dev_->linear_backward(s.dln, dwlm, nullptr, s.logits, s.lnf, wlm, N, C, V, logits_ld_, WRITE, dtype_);
   dev_->zero(s.dres, NC);
   const void* xL = residuals_[static_cast<size_t>(L)];
   if (gpt2)

@@ -206,6 +206,7 @@ class Model {
   LoraConfig lora_cfg_;
 
   int B_ = 0, T_ = 0;
+  int logits_ld_ = 0;  // row pitch of the logits (elements): the vocabulary, padded on a device
   bool recompute_ = false;
   bool training_ = true;
   float acts_dropout_ = 0.0f;  // LoRA dropout the saved activations were made with

@@ -31,13 +31,14 @@ void gemm_ld(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
           const float* B, float beta, float* C);
 
-/// out = inp @ weight^T + bias (bias may be null). Overwrites out.
+/// out = inp @ weight^T + bias (bias may be null). Overwrites out's N x OC elements, rows
+/// ld_out >= OC apart (the columns past OC are left as they are).
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int IC, int OC);
+                    int IC, int OC, int ld_out);
 /// dinp (+)= dout @ weight (+= when accumulate_dinp, else =); dweight += dout^T @ inp;
-/// dbias += sum_rows(dout).
+/// dbias += sum_rows(dout). dout's rows are ld_dout >= OC apart (only OC columns read).
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int N, int IC, int OC,
+                     const float* inp, const float* weight, int N, int IC, int OC, int ld_dout,
                      bool accumulate_dinp);
 
 }  // namespace dtrain::ops
