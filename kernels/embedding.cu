@@ -189,8 +189,8 @@ void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_
   dispatch(dtype, [&](auto tag) {
     using Ty = typename decltype(tag)::type;
     const dim3 grid(static_cast<unsigned>(N), blocks_for(static_cast<size_t>(C), DWTE_THREADS));
-    DTK_LAUNCH(grid, DWTE_THREADS, 0, stream, embedding_dwte_kernel<Ty>)(dwte, static_cast<const Ty*>(dout), sorted_keys,
-                                                                       sorted_pos, N, C, V);
+    DTK_LAUNCH(grid, DWTE_THREADS, 0, stream, embedding_dwte_kernel<Ty>)(dwte, static_cast<const Ty*>(dout),
+                                                                       sorted_keys, sorted_pos, N, C, V);
     DT_CUDA_LAUNCH_CHECK();
     if (dwpe) {
       DTK_LAUNCH(grid_for(static_cast<size_t>(T) * C, 256), 256, 0, stream, embedding_dwpe_kernel<Ty>)(

@@ -215,9 +215,10 @@ void matmul_run(const Problem& p, float alpha, const void* A, const void* B, flo
 }
 
 // gemm() with row pitches.
-void gemm_pitched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, const void* B, float beta,
-                  void* C, Pitch ld, DType ab_dtype, DType c_dtype, cudaStream_t stream) {
-  const Problem p = problem_for(trans_a, trans_b, M, N, K, A, B, C, ld, ab_dtype, c_dtype, Epi::DEFAULT, nullptr, nullptr);
+void gemm_pitched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, const void* B,
+                  float beta, void* C, Pitch ld, DType ab_dtype, DType c_dtype, cudaStream_t stream) {
+  const Problem p =
+      problem_for(trans_a, trans_b, M, N, K, A, B, C, ld, ab_dtype, c_dtype, Epi::DEFAULT, nullptr, nullptr);
   matmul_run(p, alpha, A, B, beta, C, nullptr, nullptr, stream);
 }
 }  // namespace
@@ -283,8 +284,8 @@ void linear_backward(void* dinp, float* dweight, float* dbias, const void* dout,
   DTK_REQUIRE(ld_dout >= OC, UsageError, "linear_backward: dout's row pitch is below its width");
   if (N == 0) return;
   if (dinp)
-    gemm_pitched(false, false, N, IC, OC, 1.0f, dout, weight, accumulate_dinp ? 1.0f : 0.0f, dinp, Pitch{ld_dout, IC, IC},
-                 dtype, dtype, stream);
+    gemm_pitched(false, false, N, IC, OC, 1.0f, dout, weight, accumulate_dinp ? 1.0f : 0.0f, dinp,
+                 Pitch{ld_dout, IC, IC}, dtype, dtype, stream);
   weight_grads(dweight, dbias, dout, ld_dout, inp, N, IC, OC, dtype, stream);
 }
 

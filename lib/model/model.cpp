@@ -731,7 +731,8 @@ void Model::backward(float grad_scale) {
   buffer_enforce_present(head, true, base_grads);
   if (cfg_.tie_embeddings) buffer_enforce_present(emb, true, base_grads);
   const float scale = num_targets_ > 0 ? grad_scale / static_cast<float>(num_targets_) : 0.0f;
-  dev_->cross_entropy_backward(s.logits, s.logits, s.targets, N, V, logits_ld_, scale, dtype_);  // dlogits over the logits
+  // dlogits over the logits
+  dev_->cross_entropy_backward(s.logits, s.logits, s.targets, N, V, logits_ld_, scale, dtype_);
   const size_t lm = head.layout.tensors.size() - 1;
   const void* wlm = cfg_.tie_embeddings ? emb.data : param_at(head, lm);
   float* dwlm = cfg_.tie_embeddings ? emb.grad : grad_at(head, lm);

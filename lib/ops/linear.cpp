@@ -111,7 +111,8 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
                      const float* inp, const float* weight, int N, int IC, int OC, int ld_dout,
                      bool accumulate_dinp) {
   DT_ENFORCE_GE(ld_dout, OC, UsageError, "linear_backward: dout's row pitch is below its width");
-  if (dinp) gemm_rows(false, false, N, IC, OC, 1.0f, dout, ld_dout, weight, IC, accumulate_dinp ? 1.0f : 0.0f, dinp, IC);
+  if (dinp)
+    gemm_rows(false, false, N, IC, OC, 1.0f, dout, ld_dout, weight, IC, accumulate_dinp ? 1.0f : 0.0f, dinp, IC);
   if (dweight) gemm_rows(true, false, OC, IC, N, 1.0f, dout, ld_dout, inp, IC, 1.0f, dweight, IC);
   if (dbias) {
     parallel_for(static_cast<size_t>(OC), static_cast<size_t>(N) * OC, [&](size_t begin, size_t end) {
