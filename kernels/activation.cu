@@ -114,14 +114,14 @@ void gelu_forward(void* out, const void* inp, size_t n, DType dtype, cudaStream_
   pointwise_launch<false>(Io<1, 1>{{inp}, {out}}, n, dtype, GeluFwd{}, stream);
 }
 void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DType dtype, cudaStream_t stream) {
-  pointwise_launch<true>(Io<2, 1>{{inp, dout}, {dinp}}, n, dtype, GeluBwd{}, stream);
+  pointwise_launch<false>(Io<2, 1>{{inp, dout}, {dinp}}, n, dtype, GeluBwd{}, stream);
 }
 void swiglu_forward(void* out, const void* gate, const void* up, size_t n, DType dtype, cudaStream_t stream) {
   pointwise_launch<false>(Io<2, 1>{{gate, up}, {out}}, n, dtype, SwigluFwd{}, stream);
 }
 void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, size_t n,
                      DType dtype, cudaStream_t stream) {
-  pointwise_launch<true>(Io<3, 2>{{dout, gate, up}, {dgate, dup}}, n, dtype, SwigluBwd{}, stream);
+  pointwise_launch<false>(Io<3, 2>{{dout, gate, up}, {dgate, dup}}, n, dtype, SwigluBwd{}, stream);
 }
 void residual_forward(void* out, const void* a, const void* b, size_t n, DType dtype, cudaStream_t stream) {
   pointwise_launch<false>(Io<2, 1>{{a, b}, {out}}, n, dtype, AddFwd{}, stream);

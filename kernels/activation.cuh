@@ -1,7 +1,8 @@
 // Pointwise ops on the device: GELU (tanh approximation), SwiGLU (gate and up in separate
-// arrays), residual add. Same semantics as lib/ops/activation.h: forward overwrites,
-// backward ACCUMULATES (+=). All tensors are n elements of `dtype` (fp32/bf16/fp16),
-// math in fp32, 16-byte accesses when every pointer is 16-byte aligned.
+// arrays), residual add. Same semantics as lib/ops/activation.h: forward overwrites, GELU
+// and SwiGLU backward overwrite, the residual backward ACCUMULATES (+=). All tensors are
+// n elements of `dtype` (fp32/bf16/fp16), math in fp32, 16-byte accesses when every
+// pointer is 16-byte aligned.
 #pragma once
 
 #include "core/dtype.h"
@@ -14,14 +15,14 @@ namespace dtrain::kernels {
 
 /// out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); out may alias inp.
 void gelu_forward(void* out, const void* inp, size_t n, DType dtype, cudaStream_t stream);
-/// dinp += gelu'(inp) * dout.
+/// dinp = gelu'(inp) * dout (dinp may alias dout).
 void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DType dtype,
                    cudaStream_t stream);
 
 /// out = gate * sigmoid(gate) * up.
 void swiglu_forward(void* out, const void* gate, const void* up, size_t n, DType dtype,
                     cudaStream_t stream);
-/// dgate += dout * up * silu'(gate); dup += dout * silu(gate). dgate and dup must differ.
+/// dgate = dout * up * silu'(gate); dup = dout * silu(gate). dgate and dup must differ.
 void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
                      size_t n, DType dtype, cudaStream_t stream);
 

@@ -157,7 +157,8 @@ class Scratch {
 }  // namespace dtrain::kernels::detail
 
 namespace dtrain::kernels::detail {
-// out[c] += sum over rows n of x[n, c] (x: [N, C] of dtype, out: fp32 [C]); deterministic
-// (defined in norm.cu; linear's bias gradient uses it when cuBLASLt has no BGRADB algo).
-void column_sum_accumulate(float* out, const void* x, int N, int C, DType dtype, cudaStream_t stream);
+// out[c] += sum over rows n of x[n, c] (x: [N, C] of dtype, rows ld >= C apart; out: fp32
+// [C]); deterministic (defined in norm.cu; linear's bias gradient uses it when cuBLASLt has
+// no BGRADB algo).
+void column_sum_accumulate(float* out, const void* x, int N, int C, int ld, DType dtype, cudaStream_t stream);
 }  // namespace dtrain::kernels::detail

@@ -1,6 +1,7 @@
 // Cross-entropy kernels. The row loop handles any row alignment (V is often odd, e.g.
-// GPT-2's 50257): a scalar head up to the first 16-byte boundary, 16-byte packs, a
-// scalar tail. Per-thread online (max, sum-exp) pairs are merged across the block.
+// GPT-2's 50257, and rows may be packed): a scalar head up to the first 16-byte boundary
+// (empty for the model's padded rows), 16-byte packs, a scalar tail. Per-thread online
+// (max, sum-exp) pairs are merged across the block.
 #include "kernels/cross_entropy.cuh"
 
 #include "kernels/common.cuh"
@@ -36,11 +37,11 @@ __device__ __forceinline__ void row_visit(const T* row, int V, F&& f) {
 // logits and dlogits may alias (no __restrict__).
 template <typename T>
 __global__ void __launch_bounds__(CE_THREADS) cross_entropy_kernel(float* __restrict__ losses, T* dlogits, const T* logits,
-                                                                   const int32_t* __restrict__ targets, int V, float scale,
-                                                                   int32_t ignore_index) {
+                                                                   const int32_t* __restrict__ targets, int V, int ld,
+                                                                   float scale, int32_t ignore_index) {
   const int n = blockIdx.x;
-  const T* x = logits + static_cast<size_t>(n) * V;
-  T* d = dlogits ? dlogits + static_cast<size_t>(n) * V : nullptr;
+  const T* x = logits + static_cast<size_t>(n) * ld;
+  T* d = dlogits ? dlogits + static_cast<size_t>(n) * ld : nullptr;
   const int32_t tgt = targets[n];
   const bool masked = tgt == ignore_index;
   const bool invalid = !masked && (tgt < 0 || tgt >= V);
@@ -105,8 +106,10 @@ __global__ void loss_mean_kernel(float* __restrict__ mean, const float* __restri
 }  // namespace
 
 void cross_entropy_forward_backward(float* losses, float* mean, void* dlogits, const void* logits, const int32_t* targets,
-                                    int N, int V, float scale, int32_t ignore_index, DType dtype, cudaStream_t stream) {
+                                    int N, int V, int ld, float scale, int32_t ignore_index, DType dtype,
+                                    cudaStream_t stream) {
   DTK_REQUIRE(V > 0, UsageError, "cross-entropy needs a non-empty vocabulary");
+  DTK_REQUIRE(ld >= V, UsageError, "cross-entropy: the logits' row pitch is below the vocabulary");
   if (N <= 0) {
     if (mean) DT_CUDA_CHECK(cudaMemsetAsync(mean, 0, sizeof(float), stream));
     return;
@@ -117,7 +120,8 @@ void cross_entropy_forward_backward(float* losses, float* mean, void* dlogits, c
   dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     DTK_LAUNCH(N, CE_THREADS, 0, stream, cross_entropy_kernel<T>)(row_losses, static_cast<T*>(dlogits),
-                                                           static_cast<const T*>(logits), targets, V, scale, ignore_index);
+                                                           static_cast<const T*>(logits), targets, V, ld, scale,
+                                                           ignore_index);
     DT_CUDA_LAUNCH_CHECK();
   });
   if (mean) {
@@ -127,13 +131,14 @@ void cross_entropy_forward_backward(float* losses, float* mean, void* dlogits, c
 }
 
 void cross_entropy_forward(float* losses, float* mean, const void* logits, const int32_t* targets, int N, int V,
-                           int32_t ignore_index, DType dtype, cudaStream_t stream) {
-  cross_entropy_forward_backward(losses, mean, nullptr, logits, targets, N, V, 1.0f, ignore_index, dtype, stream);
+                           int ld, int32_t ignore_index, DType dtype, cudaStream_t stream) {
+  cross_entropy_forward_backward(losses, mean, nullptr, logits, targets, N, V, ld, 1.0f, ignore_index, dtype, stream);
 }
 
-void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V, float scale,
-                            int32_t ignore_index, DType dtype, cudaStream_t stream) {
-  cross_entropy_forward_backward(nullptr, nullptr, dlogits, logits, targets, N, V, scale, ignore_index, dtype, stream);
+void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V, int ld,
+                            float scale, int32_t ignore_index, DType dtype, cudaStream_t stream) {
+  cross_entropy_forward_backward(nullptr, nullptr, dlogits, logits, targets, N, V, ld, scale, ignore_index, dtype,
+                                 stream);
 }
 
 }  // namespace dtrain::kernels

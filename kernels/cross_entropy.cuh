@@ -3,6 +3,8 @@
 // max/log-sum-exp and once more to write dlogits = (softmax - onehot) * scale. dlogits
 // may be the logits buffer itself (in place: the usual case, saves [N, V] of memory) or
 // a separate one. Masked rows (target == ignore_index) get loss 0 and zero gradients.
+// Rows are ld >= V elements apart (a padded vocabulary, e.g. 50257 -> 50304, so every row
+// starts 16-byte aligned); the columns past V are neither read nor written.
 #pragma once
 
 #include "core/dtype.h"
@@ -13,7 +15,7 @@
 
 namespace dtrain::kernels {
 
-/// One pass over logits [N, V] of `dtype`; every output is optional (null = skip):
+/// One pass over logits [N, V] (rows ld apart) of `dtype`; every output is optional (null = skip):
 ///  - losses[n] (fp32 [N]) = logsumexp(logits[n]) - logits[n, targets[n]], 0 when masked;
 ///  - *mean (one device fp32) = mean of losses over unmasked rows, 0 when all are masked
 ///    (deterministic fixed-order reduction);
@@ -22,15 +24,17 @@ namespace dtrain::kernels {
 /// A target outside [0, V) that is not ignore_index cannot throw from the device: its loss
 /// and gradient row are written as NaN (the loss scaler / NaN check then catches it).
 void cross_entropy_forward_backward(float* losses, float* mean, void* dlogits, const void* logits,
-                                    const int32_t* targets, int N, int V, float scale,
+                                    const int32_t* targets, int N, int V, int ld, float scale,
                                     int32_t ignore_index, DType dtype, cudaStream_t stream);
 
 /// The forward alone (cross_entropy_forward_backward with dlogits = null).
 void cross_entropy_forward(float* losses, float* mean, const void* logits, const int32_t* targets,
-                           int N, int V, int32_t ignore_index, DType dtype, cudaStream_t stream);
+                           int N, int V, int ld, int32_t ignore_index, DType dtype,
+                           cudaStream_t stream);
 
 /// The backward alone: WRITES (does not accumulate) dlogits, as the CPU op.
 void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V,
-                            float scale, int32_t ignore_index, DType dtype, cudaStream_t stream);
+                            int ld, float scale, int32_t ignore_index, DType dtype,
+                            cudaStream_t stream);
 
 }  // namespace dtrain::kernels

@@ -1,7 +1,7 @@
 // Token (+ learned position) embedding on the device, as lib/ops/embedding.h. wte, wpe
 // and out are `dtype`; the parameter gradients dwte / dwpe are fp32 (every kernel keeps
 // parameter gradients in fp32 so micro-batch accumulation does not round) and backward
-// ACCUMULATES into them, deterministically (no atomics).
+// ACCUMULATES into them, deterministically (no atomics), parallel over positions.
 #pragma once
 
 #include "core/dtype.h"
@@ -20,7 +20,9 @@ void embedding_forward(void* out, const int32_t* tokens, const void* wte, const 
 
 /// dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += sum_b dout[b,t] (skipped when dwpe is null).
 /// dwte has V rows: a token outside [0, V) contributes nothing (its forward row was NaN),
-/// it never writes outside the table.
+/// it never writes outside the table. Each dwte row adds its positions' rows in position
+/// order, as the CPU reference does (equal to it in fp32); the positions are sorted by
+/// token on the device (scratch of 16 bytes per position + 1 KiB per 256 positions).
 void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B,
                         int T, int C, int V, DType dtype, cudaStream_t stream);
 

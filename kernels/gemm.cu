@@ -4,6 +4,7 @@
 // guards the per-call pointer attributes set on a cached descriptor.
 #include "kernels/gemm.cuh"
 
+#include "kernels/cast.cuh"
 #include "kernels/common.cuh"
 
 #include <map>
@@ -18,13 +19,14 @@ using namespace detail;
 
 constexpr size_t WORKSPACE_BYTES = 32u << 20;
 
-enum class Epi : int { DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS, BGRADB };
+enum class Epi : int { DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS, DGELU, BGRADB };
 
 cublasLtEpilogue_t epi_lt(Epi e) {
   switch (e) {
     case Epi::BIAS: return CUBLASLT_EPILOGUE_BIAS;
     case Epi::GELU_AUX: return CUBLASLT_EPILOGUE_GELU_AUX;
     case Epi::GELU_AUX_BIAS: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case Epi::DGELU: return CUBLASLT_EPILOGUE_DGELU;
     case Epi::BGRADB: return CUBLASLT_EPILOGUE_BGRADB;
     default: return CUBLASLT_EPILOGUE_DEFAULT;
   }
@@ -168,18 +170,24 @@ bool matmul_try(const Problem& p, float alpha, const void* A, const void* B, flo
   return true;
 }
 
+// Row pitches (elements) of gemm()'s row-major A, B and C.
+struct Pitch {
+  int64_t a, b, c;
+};
+Pitch packed(bool trans_a, bool trans_b, int M, int N, int K) { return {trans_a ? M : K, trans_b ? K : N, N}; }
+
 // The row-major problem of gemm(...) in cuBLASLt's column-major terms.
-Problem problem_for(bool trans_a, bool trans_b, int M, int N, int K, const void* A, const void* B, void* C, DType ab,
-                    DType c, Epi epi, const void* bias, const void* aux) {
+Problem problem_for(bool trans_a, bool trans_b, int M, int N, int K, const void* A, const void* B, void* C, Pitch ld,
+                    DType ab, DType c, Epi epi, const void* bias, const void* aux) {
   Problem p;
   p.ta = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A is our B
   p.tb = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // and its B is our A
   p.m = N;
   p.n = M;
   p.k = K;
-  p.lda = trans_b ? K : N;
-  p.ldb = trans_a ? M : K;
-  p.ldc = N;
+  p.lda = ld.b;
+  p.ldb = ld.a;
+  p.ldc = ld.c;
   p.ab = ab;
   p.c = c;
   p.epi = epi;
@@ -205,6 +213,14 @@ void matmul_run(const Problem& p, float alpha, const void* A, const void* B, flo
                                       dtype_name(p.c) + ", epilogue " + std::to_string(static_cast<int>(p.epi)) + ")",
                                   __FILE__, __LINE__);
 }
+
+// gemm() with row pitches.
+void gemm_pitched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, const void* B,
+                  float beta, void* C, Pitch ld, DType ab_dtype, DType c_dtype, cudaStream_t stream) {
+  const Problem p =
+      problem_for(trans_a, trans_b, M, N, K, A, B, C, ld, ab_dtype, c_dtype, Epi::DEFAULT, nullptr, nullptr);
+  matmul_run(p, alpha, A, B, beta, C, nullptr, nullptr, stream);
+}
 }  // namespace
 
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, const void* B, float beta,
@@ -212,16 +228,18 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const vo
   dtypes_check(ab_dtype, c_dtype);
   DTK_REQUIRE(M >= 0 && N >= 0 && K > 0, UsageError, "gemm: sizes must be positive");
   if (M == 0 || N == 0) return;
-  const Problem p = problem_for(trans_a, trans_b, M, N, K, A, B, C, ab_dtype, c_dtype, Epi::DEFAULT, nullptr, nullptr);
-  matmul_run(p, alpha, A, B, beta, C, nullptr, nullptr, stream);
+  gemm_pitched(trans_a, trans_b, M, N, K, alpha, A, B, beta, C, packed(trans_a, trans_b, M, N, K), ab_dtype, c_dtype,
+               stream);
 }
 
-void linear_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC, int OC, DType dtype,
-                    cudaStream_t stream) {
+void linear_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC, int OC, int ld_out,
+                    DType dtype, cudaStream_t stream) {
   DTK_REQUIRE(N >= 0 && IC > 0 && OC > 0, UsageError, "linear: sizes must be positive");
+  DTK_REQUIRE(ld_out >= OC, UsageError, "linear_forward: the output's row pitch is below its width");
   if (N == 0) return;
   const Epi epi = bias ? Epi::BIAS : Epi::DEFAULT;
-  const Problem p = problem_for(false, true, N, OC, IC, inp, weight, out, dtype, dtype, epi, bias, nullptr);
+  const Problem p = problem_for(false, true, N, OC, IC, inp, weight, out, Pitch{IC, IC, ld_out}, dtype, dtype, epi,
+                                bias, nullptr);
   matmul_run(p, 1.0f, inp, weight, 0.0f, out, bias, nullptr, stream);
 }
 
@@ -231,30 +249,58 @@ void linear_gelu_forward(void* out, void* pre_gelu, const void* inp, const void*
   DTK_REQUIRE(OC % 8 == 0, UsageError, "linear_gelu_forward: cuBLASLt's GELU auxiliary output needs OC % 8 == 0");
   if (N == 0) return;
   const Epi epi = bias ? Epi::GELU_AUX_BIAS : Epi::GELU_AUX;
-  const Problem p = problem_for(false, true, N, OC, IC, inp, weight, out, dtype, dtype, epi, bias, pre_gelu);
+  const Problem p = problem_for(false, true, N, OC, IC, inp, weight, out, packed(false, true, N, OC, IC), dtype, dtype,
+                                epi, bias, pre_gelu);
   matmul_run(p, 1.0f, inp, weight, 0.0f, out, bias, pre_gelu, stream);
 }
 
-void linear_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* weight,
-                     int N, int IC, int OC, DType dtype, cudaStream_t stream) {
-  DTK_REQUIRE(N >= 0 && IC > 0 && OC > 0, UsageError, "linear: sizes must be positive");
-  if (N == 0) return;
-  if (dinp) gemm(false, false, N, IC, OC, 1.0f, dout, weight, 1.0f, dinp, dtype, dtype, stream);
+namespace {
+// dweight += dout^T @ inp and dbias += sum_rows(dout), the parameter half of a linear
+// backward (dout's rows ld_dout apart). BGRADB writes (never accumulates) its vector, so
+// the dW GEMM leaves the bias gradient in an OC-float scratch that one add folds into dbias.
+void weight_grads(float* dweight, float* dbias, const void* dout, int ld_dout, const void* inp, int N, int IC, int OC,
+                  DType dtype, cudaStream_t stream) {
+  const Pitch ld{ld_dout, IC, IC};
   bool bias_done = false;
   if (dweight) {
     if (dbias) {
-      // BGRADB overwrites its vector: produce it in scratch, then accumulate into dbias.
       Scratch tmp(static_cast<size_t>(OC) * sizeof(float), stream);
-      const Problem p = problem_for(true, false, OC, IC, N, dout, inp, dweight, dtype, DType::F32, Epi::BGRADB,
+      const Problem p = problem_for(true, false, OC, IC, N, dout, inp, dweight, ld, dtype, DType::F32, Epi::BGRADB,
                                     tmp.as<float>(), nullptr);
       if (matmul_try(p, 1.0f, dout, inp, 1.0f, dweight, tmp.as<float>(), nullptr, stream)) {
-        column_sum_accumulate(dbias, tmp.as<float>(), 1, OC, DType::F32, stream);
+        add_f32(dbias, tmp.as<float>(), static_cast<size_t>(OC), stream);
         bias_done = true;
       }
     }
-    if (!bias_done) gemm(true, false, OC, IC, N, 1.0f, dout, inp, 1.0f, dweight, dtype, DType::F32, stream);
+    if (!bias_done) gemm_pitched(true, false, OC, IC, N, 1.0f, dout, inp, 1.0f, dweight, ld, dtype, DType::F32, stream);
   }
-  if (dbias && !bias_done) column_sum_accumulate(dbias, dout, N, OC, dtype, stream);
+  if (dbias && !bias_done) column_sum_accumulate(dbias, dout, N, OC, ld_dout, dtype, stream);
+}
+}  // namespace
+
+void linear_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* weight,
+                     int N, int IC, int OC, int ld_dout, bool accumulate_dinp, DType dtype, cudaStream_t stream) {
+  DTK_REQUIRE(N >= 0 && IC > 0 && OC > 0, UsageError, "linear: sizes must be positive");
+  DTK_REQUIRE(ld_dout >= OC, UsageError, "linear_backward: dout's row pitch is below its width");
+  if (N == 0) return;
+  if (dinp)
+    gemm_pitched(false, false, N, IC, OC, 1.0f, dout, weight, accumulate_dinp ? 1.0f : 0.0f, dinp,
+                 Pitch{ld_dout, IC, IC}, dtype, dtype, stream);
+  weight_grads(dweight, dbias, dout, ld_dout, inp, N, IC, OC, dtype, stream);
+}
+
+void linear_dgelu_backward(void* dpre, float* dweight, float* dbias, const void* dout, const void* inp,
+                           const void* weight, const void* pre_gelu, int N, int IC, int OC, DType dtype,
+                           cudaStream_t stream) {
+  DTK_REQUIRE(N >= 0 && IC > 0 && OC > 0, UsageError, "linear: sizes must be positive");
+  DTK_REQUIRE(IC % 8 == 0, UsageError, "linear_dgelu_backward: cuBLASLt's GELU input (aux) needs IC % 8 == 0");
+  if (N == 0) return;
+  // dpre[N,IC] = gelu'(pre_gelu) * (dout[N,OC] @ weight[OC,IC]): beta = 0, the epilogue
+  // reads pre_gelu with dpre's leading dimension.
+  const Problem p = problem_for(false, false, N, IC, OC, dout, weight, dpre, packed(false, false, N, IC, OC), dtype,
+                                dtype, Epi::DGELU, nullptr, pre_gelu);
+  matmul_run(p, 1.0f, dout, weight, 0.0f, dpre, nullptr, pre_gelu, stream);
+  weight_grads(dweight, dbias, dout, OC, inp, N, IC, OC, dtype, stream);
 }
 
 }  // namespace dtrain::kernels

@@ -126,19 +126,19 @@ __global__ void norm_dinp_kernel(T* __restrict__ dinp, const T* __restrict__ dou
 }
 
 // Column partial sums over one CHUNK_ROWS chunk (blockIdx.x: N/128 may exceed grid.y's
-// 65535) for 32 columns (blockIdx.y):
+// 65535) for 32 columns (blockIdx.y), rows ld apart:
 // MODE 0 = LayerNorm (pw: d*xhat, pb: d), 1 = RMSNorm (pw: d*x*rstd), 2 = plain sum (pb: x).
 template <typename T, int MODE>
 __global__ void column_partial_kernel(float* __restrict__ pw, float* __restrict__ pb, const T* __restrict__ dout,
                                       const T* __restrict__ inp, const float* __restrict__ mean,
-                                      const float* __restrict__ rstd, int N, int C) {
+                                      const float* __restrict__ rstd, int N, int C, int ld) {
   __shared__ float sw[8][33], sb[8][33];
   const int c = blockIdx.y * 32 + threadIdx.x;
   const int r0 = blockIdx.x * CHUNK_ROWS, r1 = min(N, r0 + CHUNK_ROWS);
   float aw = 0.0f, ab = 0.0f;
   if (c < C) {
     for (int n = r0 + threadIdx.y; n < r1; n += 8) {
-      const size_t i = static_cast<size_t>(n) * C + c;
+      const size_t i = static_cast<size_t>(n) * ld + c;
       const float d = to_f32(dout[i]);
       if constexpr (MODE == 0) {
         aw += d * ((to_f32(inp[i]) - mean[n]) * rstd[n]);
@@ -176,13 +176,13 @@ __global__ void column_finish_kernel(float* __restrict__ out, const float* __res
 
 template <typename T, int MODE>
 void column_sums(float* dw, float* db, const T* dout, const T* inp, const float* mean, const float* rstd, int N, int C,
-                 cudaStream_t stream) {
+                 int ld, cudaStream_t stream) {
   const int chunks = static_cast<int>(blocks_for(N, CHUNK_ROWS));
   const size_t part = static_cast<size_t>(chunks) * C;
   Scratch scratch(part * sizeof(float) * ((dw ? 1 : 0) + (db ? 1 : 0)), stream);
   float* pw = dw ? scratch.as<float>() : nullptr;
   float* pb = db ? scratch.as<float>() + (dw ? part : 0) : nullptr;
-  DTK_LAUNCH(dim3(chunks, blocks_for(C, 32)), dim3(32, 8), 0, stream, column_partial_kernel<T, MODE>)(pw, pb, dout, inp, mean, rstd, N, C);
+  DTK_LAUNCH(dim3(chunks, blocks_for(C, 32)), dim3(32, 8), 0, stream, column_partial_kernel<T, MODE>)(pw, pb, dout, inp, mean, rstd, N, C, ld);
   DT_CUDA_LAUNCH_CHECK();
   if (dw) {
     DTK_LAUNCH(blocks_for(C, 256), 256, 0, stream, column_finish_kernel)(dw, pw, chunks, C);
@@ -242,17 +242,17 @@ void norm_backward(void* dinp, float* dw, float* db, const void* dout, const voi
     }
     if (dw || db) {
       column_sums<T, K == Norm::LAYER ? 0 : 1>(dw, K == Norm::LAYER ? db : nullptr, static_cast<const T*>(dout),
-                                               static_cast<const T*>(inp), mean, rstd, N, C, stream);
+                                               static_cast<const T*>(inp), mean, rstd, N, C, C, stream);
     }
   });
 }
 }  // namespace
 
-void detail::column_sum_accumulate(float* out, const void* x, int N, int C, DType dtype, cudaStream_t stream) {
+void detail::column_sum_accumulate(float* out, const void* x, int N, int C, int ld, DType dtype, cudaStream_t stream) {
   if (N <= 0 || C <= 0) return;
   dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    column_sums<T, 2>(nullptr, out, static_cast<const T*>(x), nullptr, nullptr, nullptr, N, C, stream);
+    column_sums<T, 2>(nullptr, out, static_cast<const T*>(x), nullptr, nullptr, nullptr, N, C, ld, stream);
   });
 }
 

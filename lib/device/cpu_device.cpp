@@ -93,21 +93,27 @@ class CpuDevice final : public Device {
     f32(c_t);
     ops::gemm(ta, tb, M, N, K, alpha, F(A), F(B), beta, F(C));
   }
-  void linear_forward(void* out, const void* inp, const void* w, const void* bias, int N, int IC, int OC,
+  void linear_forward(void* out, const void* inp, const void* w, const void* bias, int N, int IC, int OC, int ld_out,
                       DType t) override {
     f32(t);
-    ops::linear_forward(F(out), F(inp), F(w), F(bias), N, IC, OC);
+    ops::linear_forward(F(out), F(inp), F(w), F(bias), N, IC, OC, ld_out);
   }
   void linear_gelu_forward(void* out, void* pre, const void* inp, const void* w, const void* bias, int N, int IC,
                            int OC, DType t) override {
     f32(t);
-    ops::linear_forward(F(pre), F(inp), F(w), F(bias), N, IC, OC);
+    ops::linear_forward(F(pre), F(inp), F(w), F(bias), N, IC, OC, OC);
     ops::gelu_forward(F(out), F(pre), static_cast<size_t>(N) * OC);
   }
   void linear_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* w,
-                       int N, int IC, int OC, DType t) override {
+                       int N, int IC, int OC, int ld_dout, bool accumulate_dinp, DType t) override {
     f32(t);
-    ops::linear_backward(F(dinp), dweight, dbias, F(dout), F(inp), F(w), N, IC, OC);
+    ops::linear_backward(F(dinp), dweight, dbias, F(dout), F(inp), F(w), N, IC, OC, ld_dout, accumulate_dinp);
+  }
+  void linear_dgelu_backward(void* dpre, float* dweight, float* dbias, const void* dout, const void* inp,
+                             const void* w, const void* pre, int N, int IC, int OC, DType t) override {
+    f32(t);
+    ops::linear_backward(F(dpre), dweight, dbias, F(dout), F(inp), F(w), N, IC, OC, OC, false);
+    ops::gelu_backward(F(dpre), F(pre), F(dpre), static_cast<size_t>(N) * IC);
   }
 
   void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* bias, int N,
@@ -222,15 +228,15 @@ class CpuDevice final : public Device {
     ops::embedding_backward(dwte, dwpe, F(dout), tokens, B, T, C);
   }
   void cross_entropy_forward(float* losses, float* mean, const void* logits, const int32_t* targets, int N, int V,
-                             DType t) override {
+                             int ld, DType t) override {
     f32(t);
-    const float m = ops::cross_entropy_forward(losses, F(logits), targets, N, V);
+    const float m = ops::cross_entropy_forward(losses, F(logits), targets, N, V, ld);
     if (mean) *mean = m;
   }
-  void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V, float scale,
-                              DType t) override {
+  void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V, int ld,
+                              float scale, DType t) override {
     f32(t);
-    ops::cross_entropy_backward(F(dlogits), F(logits), targets, N, V, scale);
+    ops::cross_entropy_backward(F(dlogits), F(logits), targets, N, V, ld, scale);
   }
 
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig& cfg, float lr,

@@ -11,6 +11,7 @@
 #include "device/plan_device.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 namespace dtrain::device {
@@ -76,7 +77,8 @@ void PlanDevice::linear(const char* op, const void* bias, int N, int IC, int OC,
   if (N == 0) return;
   matmul(op, false, true, N, OC, IC, 1.0f, 0.0f, t, t, bias ? PlanEpilogue::BIAS : PlanEpilogue::DEFAULT);
 }
-void PlanDevice::linear_forward(void*, const void*, const void*, const void* bias, int N, int IC, int OC, DType t) {
+void PlanDevice::linear_forward(void*, const void*, const void*, const void* bias, int N, int IC, int OC, int,
+                                DType t) {
   linear("linear_forward", bias, N, IC, OC, t);
 }
 // CudaDevice: the fused epilogue when OC % 8 == 0, else linear_forward + gelu_forward.
@@ -92,19 +94,38 @@ void PlanDevice::linear_gelu_forward(void* out, void* pre, const void*, const vo
   linear(op, bias, N, IC, OC, t);
   pointwise(op, false, {pre, out}, 1, 1, static_cast<size_t>(N) * OC, t, FLOPS_GELU_FWD);
 }
-void PlanDevice::linear_backward(void* dinp, float* dweight, float* dbias, const void*, const void*, const void*,
-                                 int N, int IC, int OC, DType t) {
-  const char* op = "linear_backward";
-  if (N == 0) return;
-  if (dinp) matmul(op, false, false, N, IC, OC, 1.0f, 1.0f, t, t, PlanEpilogue::DEFAULT);
-  if (dweight && dbias) {
-    // BGRADB writes the bias gradient to scratch; column_sum_accumulate adds it to dbias.
+// kernels/gemm.cu's weight_grads: BGRADB writes the bias gradient to an OC-float scratch
+// that add_f32 adds to dbias.
+void PlanDevice::weight_grads(const char* op, bool dw, bool db, int N, int IC, int OC, DType t) {
+  if (dw && db) {
     matmul(op, true, false, OC, IC, N, 1.0f, 1.0f, t, DType::F32, PlanEpilogue::BGRADB);
-    column_sums(op, 2, false, true, 1, OC, DType::F32);
+    kernel(op, "add_kernel", PlanUnit::CUDA_CORE, static_cast<double>(OC), OC * 12.0);
     return;
   }
-  if (dweight) matmul(op, true, false, OC, IC, N, 1.0f, 1.0f, t, DType::F32, PlanEpilogue::DEFAULT);
-  if (dbias) column_sums(op, 2, false, true, N, OC, t);
+  if (dw) matmul(op, true, false, OC, IC, N, 1.0f, 1.0f, t, DType::F32, PlanEpilogue::DEFAULT);
+  if (db) column_sums(op, 2, false, true, N, OC, t);
+}
+void PlanDevice::linear_backward(void* dinp, float* dweight, float* dbias, const void*, const void*, const void*,
+                                 int N, int IC, int OC, int, bool accumulate_dinp, DType t) {
+  const char* op = "linear_backward";
+  if (N == 0) return;
+  if (dinp) matmul(op, false, false, N, IC, OC, 1.0f, accumulate_dinp ? 1.0f : 0.0f, t, t, PlanEpilogue::DEFAULT);
+  weight_grads(op, dweight != nullptr, dbias != nullptr, N, IC, OC, t);
+}
+// CudaDevice: the DGELU epilogue when IC % 8 == 0, else the plain backward + gelu_backward
+// in place.
+void PlanDevice::linear_dgelu_backward(void* dpre, float* dweight, float* dbias, const void*, const void*,
+                                       const void*, const void* pre, int N, int IC, int OC, DType t) {
+  const char* op = "linear_dgelu_backward";
+  if (N == 0) return;
+  if (IC % 8 == 0) {
+    matmul(op, false, false, N, IC, OC, 1.0f, 0.0f, t, t, PlanEpilogue::DGELU);
+    weight_grads(op, dweight != nullptr, dbias != nullptr, N, IC, OC, t);
+    return;
+  }
+  matmul(op, false, false, N, IC, OC, 1.0f, 0.0f, t, t, PlanEpilogue::DEFAULT);
+  weight_grads(op, dweight != nullptr, dbias != nullptr, N, IC, OC, t);
+  pointwise(op, false, {pre, dpre, dpre}, 2, 1, static_cast<size_t>(N) * IC, t, FLOPS_GELU_BWD);
 }
 
 // ----------------------------------------------------------------------------
@@ -185,14 +206,14 @@ void PlanDevice::gelu_forward(void* out, const void* inp, size_t n, DType t) {
   pointwise("gelu_forward", false, {inp, out}, 1, 1, n, t, FLOPS_GELU_FWD);
 }
 void PlanDevice::gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DType t) {
-  pointwise("gelu_backward", true, {inp, dout, dinp}, 2, 1, n, t, FLOPS_GELU_BWD);
+  pointwise("gelu_backward", false, {inp, dout, dinp}, 2, 1, n, t, FLOPS_GELU_BWD);
 }
 void PlanDevice::swiglu_forward(void* out, const void* gate, const void* up, size_t n, DType t) {
   pointwise("swiglu_forward", false, {gate, up, out}, 2, 1, n, t, FLOPS_SWIGLU_FWD);
 }
 void PlanDevice::swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, size_t n,
                                  DType t) {
-  pointwise("swiglu_backward", true, {dout, gate, up, dgate, dup}, 3, 2, n, t, FLOPS_SWIGLU_BWD);
+  pointwise("swiglu_backward", false, {dout, gate, up, dgate, dup}, 3, 2, n, t, FLOPS_SWIGLU_BWD);
 }
 void PlanDevice::dropout_forward(void*, const void*, size_t n, float, uint64_t, DType t) {
   if (n == 0) return;
@@ -305,15 +326,26 @@ void PlanDevice::embedding_forward(void* out, const int32_t*, const void* wte, c
          PlanUnit::CUDA_CORE, wpe ? nc : 0.0,
          N * 4.0 + 2 * nc * es(t) + (wpe ? static_cast<double>(T) * C * es(t) : 0.0));
 }
-// dwte: every (channel block, token bucket) block scans all N tokens; rows of dwte are
-// read and written once per token.
-void PlanDevice::embedding_backward(float*, float* dwpe, const void*, const int32_t*, int B, int T, int C, int,
+// dwte: the positions sorted by token (an 8-bit LSD radix sort over the key width of V:
+// keys and positions 8 bytes per position, 256 counts per 256-position chunk), then one
+// block per sorted index, the run starts summing; rows of dwte are read and written once
+// per distinct token, taken as once per position (tokens rarely repeat at this level).
+void PlanDevice::embedding_backward(float*, float* dwpe, const void*, const int32_t*, int B, int T, int C, int V,
                                     DType t) {
   const char* op = "embedding_backward";
   const int N = B * T;
   if (N <= 0 || C <= 0) return;
-  const double nc = static_cast<double>(N) * C;
-  kernel(op, "embedding_dwte_kernel<Ty>", PlanUnit::CUDA_CORE, nc, N * 4.0 + nc * es(t) + nc * 8);
+  const double n = N, nc = n * C, counts = 256.0 * static_cast<double>(blocks_for(static_cast<size_t>(N), 256)) * 4;
+  int passes = 0;
+  for (uint32_t k = static_cast<uint32_t>(V); k != 0; k >>= 8) ++passes;
+  kernel(op, "sort_init_kernel", PlanUnit::CUDA_CORE, n, n * 12);
+  for (int p = 0; p < passes; ++p) {
+    kernel(op, "radix_count_kernel", PlanUnit::CUDA_CORE, n * 256, n * 4 + counts);
+    kernel(op, "exclusive_scan_kernel", PlanUnit::CUDA_CORE, counts / 4 * 2, counts * 2);
+    kernel(op, "radix_scatter_kernel", PlanUnit::CUDA_CORE, n * 128, n * 16 + counts);
+  }
+  const double blocks_y = static_cast<double>(blocks_for(static_cast<size_t>(C), 128));
+  kernel(op, "embedding_dwte_kernel<Ty>", PlanUnit::CUDA_CORE, nc, n * 8 * blocks_y + nc * es(t) + nc * 8);
   if (dwpe)
     kernel(op, "embedding_dwpe_kernel<Ty>", PlanUnit::CUDA_CORE, nc, nc * es(t) + static_cast<double>(T) * C * 8);
 }
@@ -330,11 +362,11 @@ void PlanDevice::cross_entropy(const char* op, bool losses, bool mean, bool dlog
          nv * es(t) * (dlogits ? 2 : 1) + N * 4.0 * ((losses || mean) ? 2 : 1));
   if (mean) kernel(op, "loss_mean_kernel", PlanUnit::CUDA_CORE, 2.0 * N, N * 8.0);
 }
-void PlanDevice::cross_entropy_forward(float* losses, float* mean, const void*, const int32_t*, int N, int V,
+void PlanDevice::cross_entropy_forward(float* losses, float* mean, const void*, const int32_t*, int N, int V, int,
                                        DType t) {
   cross_entropy("cross_entropy_forward", losses != nullptr, mean != nullptr, false, N, V, t);
 }
-void PlanDevice::cross_entropy_backward(void*, const void*, const int32_t*, int N, int V, float, DType t) {
+void PlanDevice::cross_entropy_backward(void*, const void*, const int32_t*, int N, int V, int, float, DType t) {
   cross_entropy("cross_entropy_backward", false, false, true, N, V, t);
 }
 

@@ -21,6 +21,7 @@
 #include "kernels/rope.cuh"
 #endif
 
+#include <cstdint>
 #include <cstdlib>
 
 namespace dtrain::device {
@@ -53,6 +54,14 @@ class CudaDevice final : public Device {
   explicit CudaDevice(int index) : index_(index) {
     DT_CUDA_CHECK(cudaSetDevice(index_));
     name_ = "cuda:" + std::to_string(index_) + " (" + kernels::device_describe(index_) + ")";
+    // alloc/free and the kernels' scratch are stream-ordered allocations from the
+    // device's default pool, which by default hands every freed byte back to the OS at
+    // the next synchronisation (release threshold 0) and maps it again on the next
+    // allocation. Every step synchronises (the loss read-back), so keep what it holds.
+    cudaMemPool_t pool = nullptr;
+    DT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, index_));
+    uint64_t keep = UINT64_MAX;
+    DT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     DT_CUDA_CHECK(cudaStreamCreateWithFlags(&own_, cudaStreamNonBlocking));
     s_ = own_;
   }
@@ -146,10 +155,10 @@ class CudaDevice final : public Device {
     cur();
     kernels::gemm(ta, tb, M, N, K, alpha, A, B, beta, C, ab_t, c_t, s_);
   }
-  void linear_forward(void* out, const void* inp, const void* w, const void* bias, int N, int IC, int OC,
+  void linear_forward(void* out, const void* inp, const void* w, const void* bias, int N, int IC, int OC, int ld_out,
                       DType t) override {
     cur();
-    kernels::linear_forward(out, inp, w, bias, N, IC, OC, t, s_);
+    kernels::linear_forward(out, inp, w, bias, N, IC, OC, ld_out, t, s_);
   }
   // The fused bias + GELU epilogue needs OC % 8 == 0 (cuBLASLt's aux-output alignment).
   void linear_gelu_forward(void* out, void* pre, const void* inp, const void* w, const void* bias, int N, int IC,
@@ -158,14 +167,25 @@ class CudaDevice final : public Device {
     if (OC % 8 == 0) {
       kernels::linear_gelu_forward(out, pre, inp, w, bias, N, IC, OC, t, s_);
     } else {
-      kernels::linear_forward(pre, inp, w, bias, N, IC, OC, t, s_);
+      kernels::linear_forward(pre, inp, w, bias, N, IC, OC, OC, t, s_);
       kernels::gelu_forward(out, pre, static_cast<size_t>(N) * OC, t, s_);
     }
   }
   void linear_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* w,
-                       int N, int IC, int OC, DType t) override {
+                       int N, int IC, int OC, int ld_dout, bool accumulate_dinp, DType t) override {
     cur();
-    kernels::linear_backward(dinp, dweight, dbias, dout, inp, w, N, IC, OC, t, s_);
+    kernels::linear_backward(dinp, dweight, dbias, dout, inp, w, N, IC, OC, ld_dout, accumulate_dinp, t, s_);
+  }
+  // The DGELU epilogue reads pre with dpre's leading dimension: IC % 8 == 0 (as forward).
+  void linear_dgelu_backward(void* dpre, float* dweight, float* dbias, const void* dout, const void* inp,
+                             const void* w, const void* pre, int N, int IC, int OC, DType t) override {
+    cur();
+    if (IC % 8 == 0) {
+      kernels::linear_dgelu_backward(dpre, dweight, dbias, dout, inp, w, pre, N, IC, OC, t, s_);
+    } else {
+      kernels::linear_backward(dpre, dweight, dbias, dout, inp, w, N, IC, OC, OC, false, t, s_);
+      kernels::gelu_backward(dpre, pre, dpre, static_cast<size_t>(N) * IC, t, s_);
+    }
   }
 
   void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* bias, int N,
@@ -257,14 +277,14 @@ class CudaDevice final : public Device {
     kernels::embedding_backward(dwte, dwpe, dout, tokens, B, T, C, V, t, s_);
   }
   void cross_entropy_forward(float* losses, float* mean, const void* logits, const int32_t* targets, int N, int V,
-                             DType t) override {
+                             int ld, DType t) override {
     cur();
-    kernels::cross_entropy_forward(losses, mean, logits, targets, N, V, IGNORE_INDEX, t, s_);
+    kernels::cross_entropy_forward(losses, mean, logits, targets, N, V, ld, IGNORE_INDEX, t, s_);
   }
-  void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V, float scale,
-                              DType t) override {
+  void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V, int ld,
+                              float scale, DType t) override {
     cur();
-    kernels::cross_entropy_backward(dlogits, logits, targets, N, V, scale, IGNORE_INDEX, t, s_);
+    kernels::cross_entropy_backward(dlogits, logits, targets, N, V, ld, scale, IGNORE_INDEX, t, s_);
   }
 
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig& cfg, float lr,

@@ -74,15 +74,25 @@ class Device {
   /// Row-major C[M,N] = alpha op(A) op(B) + beta C; A, B of ab_t, C of c_t (= ab_t, or F32).
   virtual void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, const void* B,
                     float beta, void* C, DType ab_t, DType c_t) = 0;
-  /// out = inp W^T + bias (bias may be null).
+  /// out = inp W^T + bias (bias may be null); out's rows are ld_out >= OC apart (the
+  /// model's logits rows are padded, see Model), the columns past OC untouched.
   virtual void linear_forward(void* out, const void* inp, const void* w, const void* bias, int N, int IC, int OC,
-                              DType t) = 0;
+                              int ld_out, DType t) = 0;
   /// pre = inp W^T + bias; out = gelu(pre) (one fused epilogue on CUDA).
   virtual void linear_gelu_forward(void* out, void* pre, const void* inp, const void* w, const void* bias, int N,
                                    int IC, int OC, DType t) = 0;
-  /// dinp += dout W; dweight += dout^T inp; dbias += colsum(dout) (fp32 gradients).
+  /// dinp (+)= dout W (+= when accumulate_dinp; else written, a GEMM with beta = 0 that
+  /// never reads dinp); dweight += dout^T inp; dbias += colsum(dout) (fp32 gradients).
+  /// dout's rows are ld_dout >= OC apart; only OC columns are read.
   virtual void linear_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp,
-                               const void* w, int N, int IC, int OC, DType t) = 0;
+                               const void* w, int N, int IC, int OC, int ld_dout, bool accumulate_dinp,
+                               DType t) = 0;
+  /// The backward of a linear layer whose input is inp = gelu(pre) (pre [N, IC], the
+  /// pre-activation linear_gelu_forward kept): WRITES dpre = gelu'(pre) * (dout W);
+  /// dweight += dout^T inp; dbias += colsum(dout). On CUDA the GELU derivative is the
+  /// d(inp) GEMM's epilogue, so d(inp) is never stored.
+  virtual void linear_dgelu_backward(void* dpre, float* dweight, float* dbias, const void* dout, const void* inp,
+                                     const void* w, const void* pre, int N, int IC, int OC, DType t) = 0;
 
   // ---- Norms (statistics fp32 [N]); residual_* also write residual = a + b first
   virtual void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w,
@@ -101,8 +111,10 @@ class Device {
 
   // ---- Pointwise
   virtual void gelu_forward(void* out, const void* inp, size_t n, DType t) = 0;
+  /// WRITES dinp = gelu'(inp) * dout (dinp may alias dout).
   virtual void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DType t) = 0;
   virtual void swiglu_forward(void* out, const void* gate, const void* up, size_t n, DType t) = 0;
+  /// WRITES dgate and dup (ops::swiglu_backward).
   virtual void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, size_t n,
                                DType t) = 0;
   /// Inverted dropout: out = keep ? inp / (1 - p) : 0 with keep[i] = dropout_keep(seed, i, p)
@@ -135,11 +147,13 @@ class Device {
   virtual void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T,
                                   int C, int V, DType t) = 0;
   /// losses fp32 [N] (0 where masked); *mean (one fp32 device value) = their mean over
-  /// the unmasked rows (0 when all are masked).
+  /// the unmasked rows (0 when all are masked). logits' rows are ld >= V apart; the
+  /// columns past V are never read.
   virtual void cross_entropy_forward(float* losses, float* mean, const void* logits, const int32_t* targets, int N,
-                                     int V, DType t) = 0;
-  /// WRITES dlogits (may alias logits) = (softmax - onehot) * scale, 0 where masked.
-  virtual void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V,
+                                     int V, int ld, DType t) = 0;
+  /// WRITES dlogits (may alias logits; rows ld apart, V columns) = (softmax - onehot) *
+  /// scale, 0 where masked.
+  virtual void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V, int ld,
                                       float scale, DType t) = 0;
 
   // ---- Optimizer and buffer arithmetic (fp32 masters, gradients and moments)

@@ -38,6 +38,7 @@ const char* plan_epilogue_name(PlanEpilogue e) {
     case PlanEpilogue::BIAS: return "BIAS";
     case PlanEpilogue::GELU_AUX: return "GELU_AUX";
     case PlanEpilogue::GELU_AUX_BIAS: return "GELU_AUX_BIAS";
+    case PlanEpilogue::DGELU: return "DGELU";
     case PlanEpilogue::BGRADB: return "BGRADB";
   }
   return "?";
@@ -75,14 +76,16 @@ void PlanDevice::kernel(const char* op, const char* name, PlanUnit unit, double 
 
 // FLOPs 2 M N K (epilogue arithmetic is noise next to it). Bytes: A and B read, D
 // written, C read when beta != 0, plus the epilogue's vectors and matrices: the bias
-// read (BIAS), the pre-activation written (GELU_AUX), the bias gradient written (BGRADB).
+// read (BIAS), the pre-activation written (GELU_AUX) or read (DGELU), the bias gradient
+// written (BGRADB).
 void PlanDevice::matmul(const char* op, bool trans_a, bool trans_b, int M, int N, int K, float alpha, float beta,
                         DType ab, DType c, PlanEpilogue epi) {
   if (!recording_) return;
   const double m = M, n = N, k = K, es_ab = static_cast<double>(dtype_size(ab)), es_c = static_cast<double>(dtype_size(c));
   double bytes = es_ab * (m * k + k * n) + es_c * m * n * (beta != 0.0f ? 2.0 : 1.0);
   if (epi == PlanEpilogue::BIAS || epi == PlanEpilogue::GELU_AUX_BIAS) bytes += es_c * n;
-  if (epi == PlanEpilogue::GELU_AUX || epi == PlanEpilogue::GELU_AUX_BIAS) bytes += es_c * m * n;
+  if (epi == PlanEpilogue::GELU_AUX || epi == PlanEpilogue::GELU_AUX_BIAS || epi == PlanEpilogue::DGELU)
+    bytes += es_c * m * n;
   if (epi == PlanEpilogue::BGRADB) bytes += es_c * m;  // per row of the row-major C: columns of cuBLASLt's D
   PlanEntry e;
   e.op = op;

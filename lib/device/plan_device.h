@@ -29,7 +29,7 @@ const char* plan_unit_name(PlanUnit u);
 enum class PlanKind { KERNEL, MATMUL, MEMSET, MEMCPY };
 
 /// The cuBLASLt epilogues kernels/gemm.cu uses.
-enum class PlanEpilogue { DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS, BGRADB };
+enum class PlanEpilogue { DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS, DGELU, BGRADB };
 const char* plan_epilogue_name(PlanEpilogue e);
 
 /// A matmul as cuBLASLt sees it: column-major D[m,n] = alpha op(A) op(B) + beta C, the
@@ -95,12 +95,14 @@ class PlanDevice final : public Device {
 
   void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, const void* B, float beta,
             void* C, DType ab_t, DType c_t) override;
-  void linear_forward(void* out, const void* inp, const void* w, const void* bias, int N, int IC, int OC,
+  void linear_forward(void* out, const void* inp, const void* w, const void* bias, int N, int IC, int OC, int ld_out,
                       DType t) override;
   void linear_gelu_forward(void* out, void* pre, const void* inp, const void* w, const void* bias, int N, int IC,
                            int OC, DType t) override;
   void linear_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* w,
-                       int N, int IC, int OC, DType t) override;
+                       int N, int IC, int OC, int ld_dout, bool accumulate_dinp, DType t) override;
+  void linear_dgelu_backward(void* dpre, float* dweight, float* dbias, const void* dout, const void* inp,
+                             const void* w, const void* pre, int N, int IC, int OC, DType t) override;
 
   void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* bias, int N,
                          int C, float eps, DType t) override;
@@ -137,9 +139,9 @@ class PlanDevice final : public Device {
   void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T, int C,
                           int V, DType t) override;
   void cross_entropy_forward(float* losses, float* mean, const void* logits, const int32_t* targets, int N, int V,
-                             DType t) override;
-  void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V, float scale,
-                              DType t) override;
+                             int ld, DType t) override;
+  void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V, int ld,
+                              float scale, DType t) override;
 
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig& cfg, float lr,
              int64_t step, bool decay, float grad_scale, void* copy, DType copy_t) override;
@@ -160,6 +162,7 @@ class PlanDevice final : public Device {
 
   // Launch sequences shared by several ops (cuda_costs.cpp).
   void linear(const char* op, const void* bias, int N, int IC, int OC, DType t);
+  void weight_grads(const char* op, bool dw, bool db, int N, int IC, int OC, DType t);
   void pointwise(const char* op, bool acc, const std::vector<const void*>& ptrs, int nin, int nout, size_t n, DType t,
                  double flops_per_element);
   void column_sums(const char* op, int mode, bool dw, bool db, int N, int C, DType t);

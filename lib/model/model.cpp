@@ -18,6 +18,17 @@ namespace {
 constexpr int32_t IGNORE_INDEX = -100;
 constexpr int GPT2_C_ATTN = 0, GPT2_ATTN_PROJ = 1, GPT2_FC = 2, GPT2_MLP_PROJ = 3;
 constexpr int LL_Q = 0, LL_K = 1, LL_V = 2, LL_O = 3, LL_GATE = 4, LL_UP = 5, LL_DOWN = 6;
+// On a device the logits rows are padded to a multiple of this many elements (GPT-2's
+// 50257 -> 50304): every row starts 16-byte aligned, so the cross-entropy kernel reads
+// whole 16-byte packs from each row's first element, and the logits GEMMs' leading
+// dimension is a multiple of 128, which cuBLASLt's tensor-core tiles prefer. Only the
+// first V columns are ever written or read: the padding never reaches the loss, a
+// gradient or a parameter (the head keeps V rows). On the CPU the rows stay packed:
+// logits() hands them out as [B, T, V], and BLAS packs its panels whatever the pitch.
+constexpr size_t LOGITS_ROW_ALIGN = 128;
+// How a backward op treats its input-gradient output: the first producer of a gradient
+// array writes it (a GEMM with beta = 0, no zeroing pass), later ones add to it.
+constexpr bool WRITE = false, ACCUMULATE = true;
 
 int tensor_index(const BufferLayout& b, const std::string& name) {
   for (size_t i = 0; i < b.tensors.size(); ++i)
@@ -390,6 +401,7 @@ void Model::allocate(int B, int T) {
     for (int l = 0; l < cfg_.n_layer; ++l) adapted[p] = adapted[p] || proj_adapted(l, static_cast<int>(p));
 
   arena_.reset();
+  logits_ld_ = static_cast<int>(on_host() ? V : (V + LOGITS_ROW_ALIGN - 1) / LOGITS_ROW_ALIGN * LOGITS_ROW_ALIGN);
   residuals_.assign(static_cast<size_t>(cfg_.n_layer) + 1, nullptr);
   acts_.clear();
   for (int s = 0; s < sets; ++s) acts_.push_back(std::make_unique<LayerActs>());
@@ -433,7 +445,7 @@ void Model::allocate(int B, int T) {
     s.lnf = act(N * C);
     s.lnf_mean = c.of<float>(N);
     s.lnf_rstd = c.of<float>(N);
-    s.logits = act(N * V);
+    s.logits = act(N * static_cast<size_t>(logits_ld_));
     s.losses = c.of<float>(N);
     s.loss_mean = c.of<float>(1);
     s.tokens = c.of<int32_t>(N);
@@ -453,7 +465,9 @@ void Model::allocate(int B, int T) {
     s.datty = act(N * QD);
     s.dfc = act(N * F);
     s.dup = gpt2 ? nullptr : act(N * F);
-    s.dact = act(N * F);
+    // d(act) is stored only where an adapter on the down projection adds to it, or
+    // SwiGLU needs it; GPT-2's plain projection goes straight to d(fc).
+    s.dact = gpt2 && !adapted[GPT2_MLP_PROJ] ? nullptr : act(N * F);
     s.dh = r ? act(N * r) : nullptr;
     s.dxd = xd ? act(N * max_in) : nullptr;
   };
@@ -488,7 +502,7 @@ void Model::proj_forward(int l, int p, const void* x, void* y, LayerActs& a) {
   const int N = B_ * T_;
   const void* W = param_at(pb, static_cast<size_t>(pr.w));
   const void* b = pr.b >= 0 ? param_at(pb, static_cast<size_t>(pr.b)) : nullptr;
-  dev_->linear_forward(y, x, W, b, N, pr.in, pr.out, dtype_);
+  dev_->linear_forward(y, x, W, b, N, pr.in, pr.out, pr.out, dtype_);
   if (!proj_adapted(l, p)) return;
   // y += scale * dropout(x) A^T B^T
   const size_t slot = static_cast<size_t>(lora_slot_[static_cast<size_t>(l)][static_cast<size_t>(p)]);
@@ -505,15 +519,15 @@ void Model::proj_forward(int l, int p, const void* x, void* y, LayerActs& a) {
   dev_->gemm(false, true, N, pr.out, r, lora_cfg_.scale(), h, param_at(lb, slot + 1), 1.0f, y, dtype_, dtype_);
 }
 
-// dx += dy W; dW, db += (when trainable); under LoRA dB += scale dy^T h,
-// dA += (scale dy B)^T dropout(x), dx += dropout'((scale dy B) A).
-void Model::proj_backward(int l, int p, const void* dy, const void* x, void* dx, LayerActs& a) {
+// dx = dy W (accumulate_dx: dx += dy W); dW, db += (when trainable); under LoRA
+// dB += scale dy^T h, dA += (scale dy B)^T dropout(x), dx += dropout'((scale dy B) A).
+void Model::proj_backward(int l, int p, const void* dy, const void* x, void* dx, bool accumulate_dx, LayerActs& a) {
   const Proj& pr = projs_[static_cast<size_t>(p)];
   const ParamBuffer& pb = params_[static_cast<size_t>(l) + 1];
   const int N = B_ * T_;
   dev_->linear_backward(dx, grad_at(pb, static_cast<size_t>(pr.w)),
                         pr.b >= 0 ? grad_at(pb, static_cast<size_t>(pr.b)) : nullptr, dy, x,
-                        param_at(pb, static_cast<size_t>(pr.w)), N, pr.in, pr.out, dtype_);
+                        param_at(pb, static_cast<size_t>(pr.w)), N, pr.in, pr.out, pr.out, accumulate_dx, dtype_);
   if (!proj_adapted(l, p)) return;
   const size_t slot = static_cast<size_t>(lora_slot_[static_cast<size_t>(l)][static_cast<size_t>(p)]);
   const ParamBuffer& lb = lora_params_[static_cast<size_t>(l)];
@@ -596,8 +610,7 @@ void Model::layer_forward(int l, LayerActs& a, bool fused_input) {
 void Model::layer_backward(int l, LayerActs& a) {
   const bool gpt2 = cfg_.arch == ModelConfig::Arch::GPT2;
   const int B = B_, T = T_, N = B * T, C = cfg_.d_model, NH = cfg_.n_head, NKV = cfg_.n_kv_head, HD = cfg_.head_dim();
-  const size_t F = static_cast<size_t>(cfg_.d_ff) * N, es = dtype_size(dtype_);
-  const size_t NC = static_cast<size_t>(N) * C * es, NQ = static_cast<size_t>(N) * NH * HD * es;
+  const size_t F = static_cast<size_t>(cfg_.d_ff) * N;
   const ParamBuffer& pb = params_[static_cast<size_t>(l) + 1];
   auto P = [&](size_t i) { return param_at(pb, i); };
   auto G = [&](size_t i) { return grad_at(pb, i); };
@@ -605,37 +618,42 @@ void Model::layer_backward(int l, LayerActs& a) {
   void* dres = s.dres;
   const void* x = residuals_[static_cast<size_t>(l)];
 
-  // MLP branch: d(mlp) = dres, and dres also flows straight to res2.
-  dev_->zero(s.dact, F * es);
-  proj_backward(l, gpt2 ? GPT2_MLP_PROJ : LL_DOWN, dres, a.act, s.dact, a);
-  dev_->zero(s.dfc, F * es);
-  dev_->zero(s.dln, NC);
+  // MLP branch: d(mlp) = dres, and dres also flows straight to res2. Every gradient
+  // array is written by its first producer (no zeroing pass); only d(ln2) has two (gate, up).
+  // GPT-2: d(fc) = gelu'(fc) (dres W_proj) in one op (on CUDA the d(act) GEMM's DGELU
+  // epilogue reads the pre-activation a.fc), so d(act) is never stored, unless an adapter
+  // on the projection adds its own part to d(act) first.
+  const bool dgelu = gpt2 && !proj_adapted(l, GPT2_MLP_PROJ);
+  if (dgelu) {
+    const Proj& pr = projs_[GPT2_MLP_PROJ];
+    dev_->linear_dgelu_backward(s.dfc, G(static_cast<size_t>(pr.w)), G(static_cast<size_t>(pr.b)), dres, a.act,
+                                P(static_cast<size_t>(pr.w)), a.fc, N, pr.in, pr.out, dtype_);
+  } else {
+    proj_backward(l, gpt2 ? GPT2_MLP_PROJ : LL_DOWN, dres, a.act, s.dact, WRITE, a);
+  }
   if (gpt2) {
-    dev_->gelu_backward(s.dfc, a.fc, s.dact, F, dtype_);
-    proj_backward(l, GPT2_FC, s.dfc, a.ln2, s.dln, a);
+    if (!dgelu) dev_->gelu_backward(s.dfc, a.fc, s.dact, F, dtype_);
+    proj_backward(l, GPT2_FC, s.dfc, a.ln2, s.dln, WRITE, a);
     dev_->layernorm_backward(dres, G(6), G(7), s.dln, a.res2, P(6), a.ln2_mean, a.ln2_rstd, N, C, dtype_);
   } else {
-    dev_->zero(s.dup, F * es);
     dev_->swiglu_backward(s.dfc, s.dup, s.dact, a.fc, a.up, F, dtype_);
-    proj_backward(l, LL_GATE, s.dfc, a.ln2, s.dln, a);
-    proj_backward(l, LL_UP, s.dup, a.ln2, s.dln, a);
+    proj_backward(l, LL_GATE, s.dfc, a.ln2, s.dln, WRITE, a);
+    proj_backward(l, LL_UP, s.dup, a.ln2, s.dln, ACCUMULATE, a);
     dev_->rmsnorm_backward(dres, G(5), s.dln, a.res2, P(5), a.ln2_rstd, N, C, dtype_);
   }
 
   // Attention branch: d(attproj) = dres (now d(res2)), which also flows to x.
-  dev_->zero(s.datty, NQ);
-  proj_backward(l, gpt2 ? GPT2_ATTN_PROJ : LL_O, dres, a.atty, s.datty, a);
+  proj_backward(l, gpt2 ? GPT2_ATTN_PROJ : LL_O, dres, a.atty, s.datty, WRITE, a);
   dev_->attention_backward(s.dq, s.dk, s.dv, s.datty, a.atty, a.att, a.q, a.k, a.v, B, T, NH, NKV, HD, q_stride(),
                            kv_stride(), dtype_);
-  dev_->zero(s.dln, NC);
   if (gpt2) {
-    proj_backward(l, GPT2_C_ATTN, s.dqkv, a.ln1, s.dln, a);
+    proj_backward(l, GPT2_C_ATTN, s.dqkv, a.ln1, s.dln, WRITE, a);
     dev_->layernorm_backward(dres, G(0), G(1), s.dln, x, P(0), a.ln1_mean, a.ln1_rstd, N, C, dtype_);
   } else {
     dev_->rope_backward(s.dq, s.dk, B, T, NH, NKV, HD, cfg_.rope_theta, dtype_);
-    proj_backward(l, LL_Q, s.dq, a.ln1, s.dln, a);
-    proj_backward(l, LL_K, s.dk, a.ln1, s.dln, a);
-    proj_backward(l, LL_V, s.dv, a.ln1, s.dln, a);
+    proj_backward(l, LL_Q, s.dq, a.ln1, s.dln, WRITE, a);
+    proj_backward(l, LL_K, s.dk, a.ln1, s.dln, ACCUMULATE, a);
+    proj_backward(l, LL_V, s.dv, a.ln1, s.dln, ACCUMULATE, a);
     dev_->rmsnorm_backward(dres, G(0), s.dln, x, P(0), a.ln1_rstd, N, C, dtype_);
   }
 }
@@ -685,13 +703,13 @@ float Model::forward(const int32_t* tokens, const int32_t* targets, int B, int T
   else
     dev_->residual_rmsnorm_forward(xL, s.lnf, s.lnf_rstd, res2, s.mlp, head.data, N, C, cfg_.norm_eps, dtype_);
   const void* wlm = cfg_.tie_embeddings ? emb.data : param_at(head, head.layout.tensors.size() - 1);
-  dev_->linear_forward(s.logits, s.lnf, wlm, nullptr, N, C, V, dtype_);
+  dev_->linear_forward(s.logits, s.lnf, wlm, nullptr, N, C, V, logits_ld_, dtype_);
 
   if (!targets) return std::numeric_limits<float>::quiet_NaN();
   dev_->copy_h2d(s.targets, targets, static_cast<size_t>(N) * sizeof(int32_t));
   num_targets_ = 0;
   for (int i = 0; i < N; ++i) num_targets_ += targets[i] != IGNORE_INDEX;
-  dev_->cross_entropy_forward(s.losses, s.loss_mean, s.logits, s.targets, N, V, dtype_);
+  dev_->cross_entropy_forward(s.losses, s.loss_mean, s.logits, s.targets, N, V, logits_ld_, dtype_);
   float loss = 0.0f;
   dev_->copy_d2h(&loss, s.loss_mean, sizeof(float));
   have_targets_ = true;
@@ -713,12 +731,12 @@ void Model::backward(float grad_scale) {
   buffer_enforce_present(head, true, base_grads);
   if (cfg_.tie_embeddings) buffer_enforce_present(emb, true, base_grads);
   const float scale = num_targets_ > 0 ? grad_scale / static_cast<float>(num_targets_) : 0.0f;
-  dev_->cross_entropy_backward(s.logits, s.logits, s.targets, N, V, scale, dtype_);  // dlogits over the logits
+  // dlogits over the logits
+  dev_->cross_entropy_backward(s.logits, s.logits, s.targets, N, V, logits_ld_, scale, dtype_);
   const size_t lm = head.layout.tensors.size() - 1;
   const void* wlm = cfg_.tie_embeddings ? emb.data : param_at(head, lm);
   float* dwlm = cfg_.tie_embeddings ? emb.grad : grad_at(head, lm);
-  dev_->zero(s.dln, NC);
-  dev_->linear_backward(s.dln, dwlm, nullptr, s.logits, s.lnf, wlm, N, C, V, dtype_);
+  dev_->linear_backward(s.dln, dwlm, nullptr, s.logits, s.lnf, wlm, N, C, V, logits_ld_, WRITE, dtype_);
   dev_->zero(s.dres, NC);
   const void* xL = residuals_[static_cast<size_t>(L)];
   if (gpt2)

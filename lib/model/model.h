@@ -167,7 +167,7 @@ class Model {
   void layer_forward(int l, LayerActs& a, bool fused_input);
   void layer_backward(int l, LayerActs& a);
   void proj_forward(int l, int p, const void* x, void* y, LayerActs& a);
-  void proj_backward(int l, int p, const void* dy, const void* x, void* dx, LayerActs& a);
+  void proj_backward(int l, int p, const void* dy, const void* x, void* dx, bool accumulate_dx, LayerActs& a);
   bool proj_adapted(int l, int p) const;
   // Elements between consecutive tokens of q (and dq) and of k, v (and dk, dv): GPT-2 reads
   // them in place from c_attn's [N, (NH + 2 NKV) HD] output, Llama's are dense.
@@ -206,6 +206,7 @@ class Model {
   LoraConfig lora_cfg_;
 
   int B_ = 0, T_ = 0;
+  int logits_ld_ = 0;  // row pitch of the logits (elements): the vocabulary, padded on a device
   bool recompute_ = false;
   bool training_ = true;
   float acts_dropout_ = 0.0f;  // LoRA dropout the saved activations were made with

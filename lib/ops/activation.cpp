@@ -29,7 +29,7 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
       float th = std::tanh(u);
       float sech2 = 1.0f - th * th;
       float g = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * GELU_C * x * x);
-      dinp[i] += g * dout[i];
+      dinp[i] = g * dout[i];
     }
   });
 }
@@ -50,8 +50,8 @@ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* g
       float g = gate[i];
       float s = 1.0f / (1.0f + std::exp(-g));
       float silu = g * s;
-      dgate[i] += dout[i] * up[i] * s * (1.0f + g * (1.0f - s));
-      dup[i] += dout[i] * silu;
+      dgate[i] = dout[i] * up[i] * s * (1.0f + g * (1.0f - s));
+      dup[i] = dout[i] * silu;
     }
   });
 }

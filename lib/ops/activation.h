@@ -1,6 +1,7 @@
 // Pointwise ops: GELU (GPT-2's tanh approximation), SwiGLU (out = silu(gate) * up with
 // gate and up in SEPARATE arrays, matching HF Llama's separate gate_proj / up_proj) and
-// the residual add. Backward ACCUMULATES (+=) into every gradient output.
+// the residual add. GELU and SwiGLU backward WRITE their gradients (each is the only
+// producer of its input's gradient); the residual backward ACCUMULATES (+=).
 #pragma once
 
 #include <cstddef>
@@ -9,10 +10,12 @@ namespace dtrain::ops {
 
 /// out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 void gelu_forward(float* out, const float* inp, size_t n);
+/// dinp = gelu'(inp) * dout (dinp may alias dout).
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
 
 /// out = gate * sigmoid(gate) * up
 void swiglu_forward(float* out, const float* gate, const float* up, size_t n);
+/// dgate = dout * up * silu'(gate); dup = dout * silu(gate).
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
                      const float* up, size_t n);
 

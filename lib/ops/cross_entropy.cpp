@@ -35,7 +35,8 @@ int cross_entropy_count(const int32_t* targets, int N, int32_t ignore_index) {
 }
 
 float cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
-                            int V, int32_t ignore_index) {
+                            int V, int ld, int32_t ignore_index) {
+  DT_ENFORCE_GE(ld, V, UsageError, "cross_entropy_forward: the logits' row pitch is below the vocabulary");
   targets_check(targets, N, V, ignore_index);
   parallel_for(static_cast<size_t>(N), static_cast<size_t>(N) * V, [&](size_t begin, size_t end) {
     for (int n = static_cast<int>(begin); n < static_cast<int>(end); ++n) {
@@ -43,7 +44,7 @@ float cross_entropy_forward(float* losses, const float* logits, const int32_t* t
         losses[n] = 0.0f;
         continue;
       }
-      const float* x = logits + static_cast<size_t>(n) * V;
+      const float* x = logits + static_cast<size_t>(n) * ld;
       float m;
       double lse;
       row_lse(x, V, &m, &lse);
@@ -61,16 +62,17 @@ float cross_entropy_forward(float* losses, const float* logits, const int32_t* t
 }
 
 void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets, int N,
-                            int V, float scale, int32_t ignore_index) {
+                            int V, int ld, float scale, int32_t ignore_index) {
+  DT_ENFORCE_GE(ld, V, UsageError, "cross_entropy_backward: the logits' row pitch is below the vocabulary");
   targets_check(targets, N, V, ignore_index);
   parallel_for(static_cast<size_t>(N), static_cast<size_t>(N) * V, [&](size_t begin, size_t end) {
     for (int n = static_cast<int>(begin); n < static_cast<int>(end); ++n) {
-      float* d = dlogits + static_cast<size_t>(n) * V;
+      float* d = dlogits + static_cast<size_t>(n) * ld;
       if (targets[n] == ignore_index) {
         for (int i = 0; i < V; ++i) d[i] = 0.0f;
         continue;
       }
-      const float* x = logits + static_cast<size_t>(n) * V;
+      const float* x = logits + static_cast<size_t>(n) * ld;
       float m;
       double lse;
       row_lse(x, V, &m, &lse);

@@ -1,6 +1,8 @@
 // Softmax cross-entropy over logits [N,V] with integer targets and an ignore index
 // (-100 like PyTorch). The backward is fused with the softmax and WRITES dlogits (it
 // does not accumulate: it is the start of the backward pass); dlogits may alias logits.
+// Rows are ld >= V elements apart (a padded vocabulary); only the first V are read or
+// written.
 #pragma once
 
 #include <cstdint>
@@ -16,12 +18,12 @@ int cross_entropy_count(const int32_t* targets, int N, int32_t ignore_index = IG
 /// the mean over unmasked rows (0 when every row is masked). Throws UsageError when a
 /// target is outside [0, V) and not ignore_index.
 float cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
-                            int V, int32_t ignore_index = IGNORE_INDEX);
+                            int V, int ld, int32_t ignore_index = IGNORE_INDEX);
 
 /// dlogits[n] = (softmax(logits[n]) - onehot(targets[n])) * scale for unmasked rows, 0 for
 /// masked rows. For the gradient of the mean loss times an upstream factor g (loss scale,
 /// 1/grad_accum, ...) pass scale = g / cross_entropy_count(...).
 void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets, int N,
-                            int V, float scale, int32_t ignore_index = IGNORE_INDEX);
+                            int V, int ld, float scale, int32_t ignore_index = IGNORE_INDEX);
 
 }  // namespace dtrain::ops

@@ -3,6 +3,7 @@
 // pool for all CPU parallelism, so nothing spin-waits for a core another pool holds.
 #include "ops/linear.h"
 
+#include "core/check.h"
 #include "ops/parallel.h"
 
 #include <cblas.h>
@@ -65,12 +66,13 @@ void gemm_ld(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const
               alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
-          const float* B, float beta, float* C) {
+namespace {
+// gemm() with leading dimensions (row pitches): the linear layers' padded logits rows.
+void gemm_rows(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+               const float* B, int ldb, float beta, float* C, int ldc) {
   if (M == 0 || N == 0) return;
   GemmTimer timer(2.0 * M * N * static_cast<double>(K));
   std::call_once(g_blas_once, [] { openblas_set_num_threads(1); });
-  const int lda = trans_a ? M : K, ldb = trans_b ? K : N;
   const auto ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
   const size_t blocks = static_cast<size_t>((M + GEMM_MIN_ROWS - 1) / GEMM_MIN_ROWS);
   // Work is counted in multiply-adds / 64 so a GEMM goes threaded at ~2M flops.
@@ -79,34 +81,44 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
     const int m0 = static_cast<int>(begin) * GEMM_MIN_ROWS;
     const int m1 = std::min(M, static_cast<int>(end) * GEMM_MIN_ROWS);
     // Rows m0..m1 of op(A): row offset in A, or column offset when A is transposed.
-    const float* a = trans_a ? A + m0 : A + static_cast<size_t>(m0) * K;
+    const float* a = trans_a ? A + m0 : A + static_cast<size_t>(m0) * lda;
     cblas_sgemm(CblasRowMajor, ta, tb, m1 - m0, N, K, alpha, a, lda, B, ldb, beta,
-                C + static_cast<size_t>(m0) * N, N);
+                C + static_cast<size_t>(m0) * ldc, ldc);
   });
+}
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+          const float* B, float beta, float* C) {
+  gemm_rows(trans_a, trans_b, M, N, K, alpha, A, trans_a ? M : K, B, trans_b ? K : N, beta, C, N);
 }
 
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int IC, int OC) {
+                    int IC, int OC, int ld_out) {
+  DT_ENFORCE_GE(ld_out, OC, UsageError, "linear_forward: the output's row pitch is below its width");
   float beta = 0.0f;
   if (bias) {
     for (int n = 0; n < N; ++n) {
-      float* o = out + static_cast<size_t>(n) * OC;
+      float* o = out + static_cast<size_t>(n) * ld_out;
       for (int c = 0; c < OC; ++c) o[c] = bias[c];
     }
     beta = 1.0f;
   }
-  gemm(false, true, N, OC, IC, 1.0f, inp, weight, beta, out);
+  gemm_rows(false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, beta, out, ld_out);
 }
 
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int N, int IC, int OC) {
-  if (dinp) gemm(false, false, N, IC, OC, 1.0f, dout, weight, 1.0f, dinp);
-  if (dweight) gemm(true, false, OC, IC, N, 1.0f, dout, inp, 1.0f, dweight);
+                     const float* inp, const float* weight, int N, int IC, int OC, int ld_dout,
+                     bool accumulate_dinp) {
+  DT_ENFORCE_GE(ld_dout, OC, UsageError, "linear_backward: dout's row pitch is below its width");
+  if (dinp)
+    gemm_rows(false, false, N, IC, OC, 1.0f, dout, ld_dout, weight, IC, accumulate_dinp ? 1.0f : 0.0f, dinp, IC);
+  if (dweight) gemm_rows(true, false, OC, IC, N, 1.0f, dout, ld_dout, inp, IC, 1.0f, dweight, IC);
   if (dbias) {
     parallel_for(static_cast<size_t>(OC), static_cast<size_t>(N) * OC, [&](size_t begin, size_t end) {
       for (int c = static_cast<int>(begin); c < static_cast<int>(end); ++c) {
         float s = 0;
-        for (int n = 0; n < N; ++n) s += dout[static_cast<size_t>(n) * OC + c];
+        for (int n = 0; n < N; ++n) s += dout[static_cast<size_t>(n) * ld_dout + c];
         dbias[c] += s;
       }
     });

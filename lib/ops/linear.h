@@ -1,7 +1,8 @@
 // Linear layers through OpenBLAS: out[N,OC] = inp[N,IC] @ W^T (+ bias), W stored
 // [OC, IC] like torch.nn.Linear (HF weights load without transposes). Backward
-// ACCUMULATES (+=) into dinp, dweight and dbias; pass null for any of them to skip that
-// GEMM (frozen base weights under LoRA skip the dW GEMM).
+// ACCUMULATES (+=) into dweight and dbias, and into dinp or writes it (the first of the
+// projections that share an input gradient writes it: no zeroing pass); pass null for
+// any of them to skip that GEMM (frozen base weights under LoRA skip the dW GEMM).
 #pragma once
 
 #include <cstdint>
@@ -30,11 +31,14 @@ void gemm_ld(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
           const float* B, float beta, float* C);
 
-/// out = inp @ weight^T + bias (bias may be null). Overwrites out.
+/// out = inp @ weight^T + bias (bias may be null). Overwrites out's N x OC elements, rows
+/// ld_out >= OC apart (the columns past OC are left as they are).
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int IC, int OC);
-/// dinp += dout @ weight; dweight += dout^T @ inp; dbias += sum_rows(dout).
+                    int IC, int OC, int ld_out);
+/// dinp (+)= dout @ weight (+= when accumulate_dinp, else =); dweight += dout^T @ inp;
+/// dbias += sum_rows(dout). dout's rows are ld_dout >= OC apart (only OC columns read).
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int N, int IC, int OC);
+                     const float* inp, const float* weight, int N, int IC, int OC, int ld_dout,
+                     bool accumulate_dinp);
 
 }  // namespace dtrain::ops

@@ -406,6 +406,115 @@ TEST_CASE("cublasLt: dtrain's patterns (bf16 GELU_AUX_BIAS forward, BGRADB into 
   bwd.beta = 1.0f;
   bwd.epi = CUBLASLT_EPILOGUE_BGRADB;
   run_case(bwd);
+  Case dgelu;  // d(pre)[N,IC] = gelu'(pre) * (dout @ W): m = IC, n = N, k = OC, A = W (N), B = dout (N)
+  dgelu.m = 24;
+  dgelu.n = 10;
+  dgelu.k = 16;
+  dgelu.ab = dgelu.cd = CUDA_R_16BF;
+  dgelu.epi = CUBLASLT_EPILOGUE_DGELU;
+  run_case(dgelu);
+  dgelu.in_place = false;  // C unread with beta 0, wherever it points
+  run_case(dgelu, 3);
+}
+
+TEST_CASE("cublasLt: DGELU reads the GELU input the forward's GELU_AUX_BIAS stored") {
+  // Forward: act = gelu(W1 x + b) with aux = the pre-activation; backward: d(pre) =
+  // gelu'(aux) * (W2^T dy) through DGELU. The chain equals the scalar derivative.
+  const int64_t F = 16, C = 8, N = 5;
+  std::mt19937 rng(21);
+  const Mat w1 = random_mat(CUDA_R_32F, C, F, C, rng), x = random_mat(CUDA_R_32F, C, N, C, rng);
+  const Mat bias = random_mat(CUDA_R_32F, F, 1, F, rng), w2 = random_mat(CUDA_R_32F, C, F, C, rng);
+  const Mat dy = random_mat(CUDA_R_32F, C, N, C, rng);
+  Buf dw1(w1.v.size() * 4), dx(x.v.size() * 4), db(bias.v.size() * 4), dw2(w2.v.size() * 4), ddy(dy.v.size() * 4);
+  Buf act(static_cast<size_t>(F * N) * 4), aux(static_cast<size_t>(F * N) * 4), dpre(static_cast<size_t>(F * N) * 4);
+  dw1.upload(encode(CUDA_R_32F, w1.v));
+  dx.upload(encode(CUDA_R_32F, x.v));
+  db.upload(encode(CUDA_R_32F, bias.v));
+  dw2.upload(encode(CUDA_R_32F, w2.v));
+  ddy.upload(encode(CUDA_R_32F, dy.v));
+  const Mat out = shape(CUDA_R_32F, F, N, F);
+  cublasLtMatmulAlgo_t algo{};
+  {
+    Lt fwd;  // act[F,N] = W1^T[F,C] x[C,N] + b
+    fwd.describe(w1, true, x, false, out, out);
+    REQUIRE(fwd.set(CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_GELU_AUX_BIAS) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(fwd.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(db.p)) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(fwd.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux.p) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(fwd.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, F) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(fwd.heuristic(&algo) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(fwd.matmul(&algo, 1.0f, dw1.p, dx.p, 0.0f, act.p, act.p) == CUBLAS_STATUS_SUCCESS);
+  }
+  {
+    Lt bwd;  // d(pre)[F,N] = gelu'(aux) * (W2^T[F,C] dy[C,N])
+    bwd.describe(w2, true, dy, false, out, out);
+    REQUIRE(bwd.set(CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DGELU) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(bwd.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux.p) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(bwd.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, F) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(bwd.heuristic(&algo) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(bwd.matmul(&algo, 1.0f, dw2.p, ddy.p, 0.0f, dpre.p, dpre.p) == CUBLAS_STATUS_SUCCESS);
+  }
+  const std::vector<float> a = decode(CUDA_R_32F, act.download(act.bytes));
+  const std::vector<float> d = decode(CUDA_R_32F, dpre.download(dpre.bytes));
+  for (int64_t f = 0; f < F; ++f)
+    for (int64_t n = 0; n < N; ++n) {
+      double pre = bias.at(f, 0), g = 0, mag = std::fabs(bias.at(f, 0)), gmag = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        pre += double(w1.at(c, f)) * x.at(c, n);
+        mag += std::fabs(double(w1.at(c, f)) * x.at(c, n));
+        g += double(w2.at(c, f)) * dy.at(c, n);
+        gmag += std::fabs(double(w2.at(c, f)) * dy.at(c, n));
+      }
+      const size_t e = static_cast<size_t>(f + n * F);
+      check_close("act", a[e], gelu(pre), mag, 4.0 * (C + 4) * 0x1p-24);
+      check_close("d(pre)", d[e], gelu_grad(pre) * g, gmag * (1 + mag), 8.0 * (C + 4) * 0x1p-24);
+    }
+}
+
+TEST_CASE("cublasLt: DGELU needs its GELU input; DGELU_BGRAD its bias gradient vector") {
+  Buf A(4096), B(4096), D(4096), aux(4096), bias(256);
+  const Mat f8 = shape(CUDA_R_32F, 8, 8, 8);
+  for (cublasLtEpilogue_t epi : {CUBLASLT_EPILOGUE_DGELU, CUBLASLT_EPILOGUE_DGELU_BGRAD}) {
+    CAPTURE(epi);
+    const bool bgrad = epi == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    cublasLtMatmulAlgo_t algo{};
+    {  // no aux pointer: the heuristic has nothing to check, the call refuses
+      Lt lt;
+      lt.describe(f8, false, f8, false, f8, f8);
+      REQUIRE(lt.set(CUBLASLT_MATMUL_DESC_EPILOGUE, epi) == CUBLAS_STATUS_SUCCESS);
+      REQUIRE(lt.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t{8}) == CUBLAS_STATUS_SUCCESS);
+      if (bgrad) REQUIRE(lt.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias.p) == CUBLAS_STATUS_SUCCESS);
+      REQUIRE(lt.heuristic(&algo) == CUBLAS_STATUS_SUCCESS);
+      CHECK(lt.matmul(&algo, 1.0f, A.p, B.p, 0.0f, D.p, D.p) == CUBLAS_STATUS_INVALID_VALUE);
+    }
+    {  // no aux leading dimension (default 0): "Must be divisible by 8 and be no less than the rows"
+      Lt lt;
+      lt.describe(f8, false, f8, false, f8, f8);
+      REQUIRE(lt.set(CUBLASLT_MATMUL_DESC_EPILOGUE, epi) == CUBLAS_STATUS_SUCCESS);
+      REQUIRE(lt.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux.p) == CUBLAS_STATUS_SUCCESS);
+      if (bgrad) REQUIRE(lt.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias.p) == CUBLAS_STATUS_SUCCESS);
+      CHECK(lt.heuristic(&algo) == CUBLAS_STATUS_NOT_SUPPORTED);
+      CHECK(lt.matmul(nullptr, 1.0f, A.p, B.p, 0.0f, D.p, D.p) == CUBLAS_STATUS_INVALID_VALUE);
+    }
+    {  // the output written over the GELU input it reads: undefined on a GPU, refused here
+      Lt lt;
+      lt.describe(f8, false, f8, false, f8, f8);
+      REQUIRE(lt.set(CUBLASLT_MATMUL_DESC_EPILOGUE, epi) == CUBLAS_STATUS_SUCCESS);
+      REQUIRE(lt.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, D.p) == CUBLAS_STATUS_SUCCESS);
+      REQUIRE(lt.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t{8}) == CUBLAS_STATUS_SUCCESS);
+      if (bgrad) REQUIRE(lt.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias.p) == CUBLAS_STATUS_SUCCESS);
+      REQUIRE(lt.heuristic(&algo) == CUBLAS_STATUS_SUCCESS);
+      CHECK(lt.matmul(&algo, 1.0f, A.p, B.p, 0.0f, D.p, D.p) == CUBLAS_STATUS_INVALID_VALUE);
+    }
+    if (bgrad) {  // no bias gradient vector
+      Lt lt;
+      lt.describe(f8, false, f8, false, f8, f8);
+      REQUIRE(lt.set(CUBLASLT_MATMUL_DESC_EPILOGUE, epi) == CUBLAS_STATUS_SUCCESS);
+      REQUIRE(lt.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux.p) == CUBLAS_STATUS_SUCCESS);
+      REQUIRE(lt.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t{8}) == CUBLAS_STATUS_SUCCESS);
+      REQUIRE(lt.heuristic(&algo) == CUBLAS_STATUS_SUCCESS);
+      CHECK(lt.matmul(&algo, 1.0f, A.p, B.p, 0.0f, D.p, D.p) == CUBLAS_STATUS_INVALID_VALUE);
+    }
+  }
 }
 
 TEST_CASE("cublasLt: bias gradients overwrite the bias vector") {

@@ -26,6 +26,7 @@
 
 struct CUstream_st {};
 struct CUevent_st {};
+struct CUmemPoolHandle_st {};
 
 namespace cuda_emu {
 
@@ -64,8 +65,19 @@ struct Event : CUevent_st {
   OpPtr op;  // the latest record; null: never recorded (complete)
 };
 
+// A device's default memory pool, which serves cudaMallocAsync: `used` is what it has
+// handed out and not yet had back, `reserved` what it holds from the OS (used plus freed
+// memory kept for reuse). A stream, event or device synchronisation releases what is
+// reserved beyond max(used, release threshold), as the driver does.
+struct Pool : CUmemPoolHandle_st {
+  uint64_t release_threshold = 0;
+  int reuse[3] = {1, 1, 1};  // FollowEventDependencies, AllowOpportunistic, AllowInternalDependencies
+  uint64_t used = 0, used_high = 0, reserved = 0, reserved_high = 0;
+};
+
 struct Device {
   std::shared_ptr<Stream> legacy;
+  Pool pool;
   std::vector<OpPtr> pending;  // not yet run
   std::thread executor;
   std::condition_variable cv;
@@ -86,6 +98,7 @@ struct State {
   int physical = 8;   // devices of the emulated machine (CUDA_EMU_DEVICE_COUNT)
   std::vector<int> visible;  // after CUDA_VISIBLE_DEVICES
   std::string detail;        // last reported engine error
+  std::unordered_map<const void*, size_t> pool_allocs;  // live cudaMallocAsync allocations -> bytes
   ~State();
 };
 
@@ -264,6 +277,29 @@ void device_sync_locked(std::unique_lock<std::mutex>& lock, int dev) {
   std::vector<OpPtr> all = g.devices[dev]->pending;
   for (auto& o : all) demand_locked(o);
   for (auto& o : all) g.done_cv.wait(lock, [&] { return o->done; });
+}
+
+// Memory the pool handed out comes back (its free ran); other memory is not the pool's.
+void pool_release_locked(const void* p, int dev) {
+  auto it = st().pool_allocs.find(p);
+  if (it == st().pool_allocs.end()) return;
+  st().devices[dev]->pool.used -= it->second;
+  st().pool_allocs.erase(it);
+}
+
+// What a synchronisation does to the pool of `dev`: release reserved memory beyond the
+// threshold (never memory in use).
+void pool_trim_locked(int dev) {
+  if (dev < 0 || dev >= static_cast<int>(st().devices.size())) return;
+  Pool& p = st().devices[dev]->pool;
+  if (p.reserved > p.release_threshold) p.reserved = std::max(p.used, p.release_threshold);
+}
+
+// The pool a handle names (only the devices' default pools exist); nullptr otherwise.
+Pool* pool_locked(cudaMemPool_t handle) {
+  for (auto& d : st().devices)
+    if (handle == &d->pool) return &d->pool;
+  return nullptr;
 }
 
 cudaError_t sticky_locked(int dev) {
@@ -667,6 +703,7 @@ cudaError_t cudaDeviceSynchronize() {
   if (cudaError_t e = api_check(t_device)) return fail(e);
   std::unique_lock<std::mutex> lock(st().mu);
   device_sync_locked(lock, t_device);
+  pool_trim_locked(t_device);
   return fail(sticky_locked(t_device));
 }
 
@@ -705,6 +742,7 @@ cudaError_t cudaFree(void* ptr) {
     // Freeing waits for the device to finish the work that may still use the memory.
     std::unique_lock<std::mutex> lock(st().mu);
     device_sync_locked(lock, a->device);
+    pool_release_locked(ptr, a->device);
   }
   mem_free(ptr, nullptr, nullptr);
   return cudaSuccess;
@@ -740,15 +778,90 @@ cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t stream) {
     return cudaSuccess;
   }
   *ptr = mem_alloc(size, dev, false);
-  return *ptr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+  if (!*ptr) return fail(cudaErrorMemoryAllocation);
+  std::lock_guard<std::mutex> lock(st().mu);
+  Pool& p = st().devices[dev]->pool;
+  p.used += size;
+  p.used_high = std::max(p.used_high, p.used);
+  p.reserved = std::max(p.reserved, p.used);  // reuses what the pool holds, else grows
+  p.reserved_high = std::max(p.reserved_high, p.reserved);
+  st().pool_allocs[*ptr] = size;
+  return cudaSuccess;
 }
 
 cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
   if (!ptr) return cudaSuccess;
   auto a = alloc_find(ptr, 0);
   if (!a || a->pinned_host || a->base != ptr) return fail(cudaErrorInvalidValue);
-  // Freed when the stream reaches this point; later use faults (quarantine).
-  return enqueue(stream, "cudaFreeAsync", [ptr] { mem_free(ptr, nullptr, nullptr); });
+  // Freed when the stream reaches this point; later use faults (quarantine). The memory
+  // returns to the pool, which keeps it reserved until a synchronisation trims it.
+  const int dev = a->device;
+  return enqueue(stream, "cudaFreeAsync", [ptr, dev] {
+    {
+      std::lock_guard<std::mutex> lock(st().mu);
+      pool_release_locked(ptr, dev);
+    }
+    mem_free(ptr, nullptr, nullptr);
+  });
+}
+
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
+  if (!pool) return fail(cudaErrorInvalidValue);
+  if (cudaError_t e = api_check(device)) return fail(e);
+  *pool = &st().devices[device]->pool;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  Pool* p = pool_locked(pool);
+  if (!p || !value) return fail(cudaErrorInvalidValue);
+  auto u64 = [value] { return *static_cast<const uint64_t*>(value); };
+  switch (attr) {
+    case cudaMemPoolReuseFollowEventDependencies:
+    case cudaMemPoolReuseAllowOpportunistic:
+    case cudaMemPoolReuseAllowInternalDependencies:
+      p->reuse[attr - cudaMemPoolReuseFollowEventDependencies] = *static_cast<const int*>(value);
+      return cudaSuccess;
+    case cudaMemPoolAttrReleaseThreshold:
+      p->release_threshold = u64();
+      return cudaSuccess;
+    // "It is illegal to set this attribute to a non-zero value": zero resets the mark.
+    case cudaMemPoolAttrReservedMemHigh:
+      if (u64() != 0) return fail(cudaErrorInvalidValue);
+      p->reserved_high = p->reserved;
+      return cudaSuccess;
+    case cudaMemPoolAttrUsedMemHigh:
+      if (u64() != 0) return fail(cudaErrorInvalidValue);
+      p->used_high = p->used;
+      return cudaSuccess;
+    case cudaMemPoolAttrReservedMemCurrent:  // read-only
+    case cudaMemPoolAttrUsedMemCurrent:
+      break;
+  }
+  return fail(cudaErrorInvalidValue);
+}
+
+cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  Pool* p = pool_locked(pool);
+  if (!p || !value) return fail(cudaErrorInvalidValue);
+  uint64_t v = 0;
+  switch (attr) {
+    case cudaMemPoolReuseFollowEventDependencies:
+    case cudaMemPoolReuseAllowOpportunistic:
+    case cudaMemPoolReuseAllowInternalDependencies:
+      *static_cast<int*>(value) = p->reuse[attr - cudaMemPoolReuseFollowEventDependencies];
+      return cudaSuccess;
+    case cudaMemPoolAttrReleaseThreshold: v = p->release_threshold; break;
+    case cudaMemPoolAttrReservedMemCurrent: v = p->reserved; break;
+    case cudaMemPoolAttrReservedMemHigh: v = p->reserved_high; break;
+    case cudaMemPoolAttrUsedMemCurrent: v = p->used; break;
+    case cudaMemPoolAttrUsedMemHigh: v = p->used_high; break;
+    default: return fail(cudaErrorInvalidValue);
+  }
+  *static_cast<uint64_t*>(value) = v;
+  return cudaSuccess;
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
@@ -811,6 +924,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   } else {
     wait_locked(lock, sp->last);
   }
+  pool_trim_locked(sp->device);
   return fail(sticky_locked(sp->device));
 }
 
@@ -874,6 +988,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   OpPtr op = it->second->op;
   const int dev = it->second->device;
   wait_locked(lock, op);
+  pool_trim_locked(dev);
   return fail(sticky_locked(dev));
 }
 

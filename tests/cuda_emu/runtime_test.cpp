@@ -313,3 +313,94 @@ TEST_CASE("cuda_emu: a kernel writing past its allocation is an illegal address 
   cudaFree(d);
   cudaFree(e);
 }
+
+TEST_CASE("cuda_emu: each device's default memory pool; freed memory stays reserved up to the release threshold") {
+  int count = 0;
+  REQUIRE(cudaGetDeviceCount(&count) == cudaSuccess);
+  REQUIRE(count >= 2);
+  cudaMemPool_t p0 = nullptr, p1 = nullptr, again = nullptr;
+  REQUIRE(cudaDeviceGetDefaultMemPool(&p0, 0) == cudaSuccess);
+  REQUIRE(cudaDeviceGetDefaultMemPool(&p1, 1) == cudaSuccess);
+  REQUIRE(cudaDeviceGetDefaultMemPool(&again, 1) == cudaSuccess);
+  CHECK(p0 != nullptr);
+  CHECK(p0 != p1);
+  CHECK(p1 == again);
+  // Arguments the documentation rules out.
+  CHECK(cudaDeviceGetDefaultMemPool(nullptr, 0) == cudaErrorInvalidValue);
+  CHECK(cudaDeviceGetDefaultMemPool(&again, count) == cudaErrorInvalidDevice);
+  CHECK(cudaDeviceGetDefaultMemPool(&again, -1) == cudaErrorInvalidDevice);
+  uint64_t v = 0;
+  int flag = 0;
+  CHECK(cudaMemPoolGetAttribute(p1, cudaMemPoolAttrReleaseThreshold, nullptr) == cudaErrorInvalidValue);
+  CHECK(cudaMemPoolGetAttribute(reinterpret_cast<cudaMemPool_t>(&v), cudaMemPoolAttrReleaseThreshold, &v) ==
+        cudaErrorInvalidValue);
+  CHECK(cudaMemPoolSetAttribute(p1, cudaMemPoolAttrUsedMemCurrent, &v) == cudaErrorInvalidValue);      // read-only
+  CHECK(cudaMemPoolSetAttribute(p1, cudaMemPoolAttrReservedMemCurrent, &v) == cudaErrorInvalidValue);  // read-only
+  v = 5;
+  CHECK(cudaMemPoolSetAttribute(p1, cudaMemPoolAttrUsedMemHigh, &v) == cudaErrorInvalidValue);  // only reset to 0
+  CHECK(cudaMemPoolSetAttribute(p1, static_cast<cudaMemPoolAttr>(0x42), &v) == cudaErrorInvalidValue);
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+  // Documented defaults: threshold 0, every reuse policy enabled.
+  REQUIRE(cudaMemPoolGetAttribute(p1, cudaMemPoolAttrReleaseThreshold, &v) == cudaSuccess);
+  CHECK(v == 0);
+  for (cudaMemPoolAttr a : {cudaMemPoolReuseFollowEventDependencies, cudaMemPoolReuseAllowOpportunistic,
+                            cudaMemPoolReuseAllowInternalDependencies}) {
+    REQUIRE(cudaMemPoolGetAttribute(p1, a, &flag) == cudaSuccess);
+    CHECK(flag == 1);
+  }
+  flag = 0;
+  REQUIRE(cudaMemPoolSetAttribute(p1, cudaMemPoolReuseAllowOpportunistic, &flag) == cudaSuccess);
+  REQUIRE(cudaMemPoolGetAttribute(p1, cudaMemPoolReuseAllowOpportunistic, &flag) == cudaSuccess);
+  CHECK(flag == 0);
+
+  // Accounting on device 1 (no other test allocates there asynchronously).
+  REQUIRE(cudaSetDevice(1) == cudaSuccess);
+  cudaStream_t s = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  auto attr = [&](cudaMemPoolAttr a) {
+    uint64_t x = ~0ull;
+    REQUIRE(cudaMemPoolGetAttribute(p1, a, &x) == cudaSuccess);
+    return x;
+  };
+  const uint64_t MB = 1 << 20;
+  void* a = nullptr;
+  REQUIRE(cudaMallocAsync(&a, MB, s) == cudaSuccess);
+  CHECK(attr(cudaMemPoolAttrUsedMemCurrent) == MB);
+  CHECK(attr(cudaMemPoolAttrReservedMemCurrent) == MB);
+  // Threshold 0: the synchronisation after the free hands everything back to the OS.
+  REQUIRE(cudaFreeAsync(a, s) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  CHECK(attr(cudaMemPoolAttrUsedMemCurrent) == 0);
+  CHECK(attr(cudaMemPoolAttrReservedMemCurrent) == 0);
+  CHECK(attr(cudaMemPoolAttrUsedMemHigh) == MB);
+  CHECK(attr(cudaMemPoolAttrReservedMemHigh) == MB);
+  // UINT64_MAX: the pool keeps what it has, and a new allocation reuses it.
+  v = UINT64_MAX;
+  REQUIRE(cudaMemPoolSetAttribute(p1, cudaMemPoolAttrReleaseThreshold, &v) == cudaSuccess);
+  CHECK(attr(cudaMemPoolAttrReleaseThreshold) == UINT64_MAX);
+  REQUIRE(cudaMallocAsync(&a, 2 * MB, s) == cudaSuccess);
+  REQUIRE(cudaFreeAsync(a, s) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(attr(cudaMemPoolAttrUsedMemCurrent) == 0);
+  CHECK(attr(cudaMemPoolAttrReservedMemCurrent) == 2 * MB);
+  REQUIRE(cudaMallocAsync(&a, MB, s) == cudaSuccess);
+  CHECK(attr(cudaMemPoolAttrReservedMemCurrent) == 2 * MB);
+  // A threshold between: a synchronisation trims down to it, never below what is in use.
+  v = MB + MB / 2;
+  REQUIRE(cudaMemPoolSetAttribute(p1, cudaMemPoolAttrReleaseThreshold, &v) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  CHECK(attr(cudaMemPoolAttrReservedMemCurrent) == MB + MB / 2);
+  v = 0;
+  REQUIRE(cudaMemPoolSetAttribute(p1, cudaMemPoolAttrReleaseThreshold, &v) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  CHECK(attr(cudaMemPoolAttrReservedMemCurrent) == MB);
+  // Resetting a high watermark brings it down to the current amount.
+  REQUIRE(cudaMemPoolSetAttribute(p1, cudaMemPoolAttrUsedMemHigh, &v) == cudaSuccess);
+  CHECK(attr(cudaMemPoolAttrUsedMemHigh) == MB);
+  REQUIRE(cudaFreeAsync(a, s) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  CHECK(attr(cudaMemPoolAttrReservedMemCurrent) == 0);
+  REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+}

@@ -87,6 +87,7 @@ uint32_t epilogue_value(device::PlanEpilogue e) {
     case device::PlanEpilogue::BIAS: return CUBLASLT_EPILOGUE_BIAS;
     case device::PlanEpilogue::GELU_AUX: return CUBLASLT_EPILOGUE_GELU_AUX;
     case device::PlanEpilogue::GELU_AUX_BIAS: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case device::PlanEpilogue::DGELU: return CUBLASLT_EPILOGUE_DGELU;
     case device::PlanEpilogue::BGRADB: return CUBLASLT_EPILOGUE_BGRADB;
   }
   return 0;

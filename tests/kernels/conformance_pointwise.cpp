@@ -1,6 +1,7 @@
 // Conformance cases for the pointwise kernels (GELU, SwiGLU, residual), RoPE and the
 // embedding, forward and backward, against lib/ops. Accumulating outputs start from
-// random values on both sides; overwritten outputs are poisoned first.
+// random values on both sides; overwritten outputs (forwards, the GELU and SwiGLU
+// backward) are poisoned first.
 #include "cases.h"
 
 #include "kernels/activation.cuh"
@@ -21,26 +22,30 @@ Floats input(Rng& r, size_t n, DType t, float scale = 1.0f) { return round_throu
 
 double gelu_case(DType t, size_t off, uint64_t seed) {
   Rng r(seed);
-  const Floats x = input(r, N_PW, t, 2.0f), dout = input(r, N_PW, t), dinp0 = input(r, N_PW, t);
-  Floats out_ref(N_PW), dinp_ref = dinp0;
+  const Floats x = input(r, N_PW, t, 2.0f), dout = input(r, N_PW, t);
+  Floats out_ref(N_PW), dinp_ref(N_PW);
   ops::gelu_forward(out_ref.data(), x.data(), N_PW);
   ops::gelu_backward(dinp_ref.data(), x.data(), dout.data(), N_PW);
-  DevBuf dx(x, t, off), dd(dout, t, off), out(N_PW, t, off), dinp(dinp0, t, off);
+  DevBuf dx(x, t, off), dd(dout, t, off), out(N_PW, t, off), dinp(N_PW, t, off);
   out.poison();
+  dinp.poison();
   gelu_forward(out.ptr(), dx.ptr(), N_PW, t, nullptr);
   gelu_backward(dinp.ptr(), dx.ptr(), dd.ptr(), N_PW, t, nullptr);
-  return std::max(buf_err(out, out_ref), buf_err(dinp, dinp_ref));
+  const double e = std::max(buf_err(out, out_ref), buf_err(dinp, dinp_ref));
+  gelu_backward(dd.ptr(), dx.ptr(), dd.ptr(), N_PW, t, nullptr);  // in place over dout
+  return std::max(e, buf_err(dd, dinp_ref));
 }
 
 double swiglu_case(DType t, size_t off, uint64_t seed) {
   Rng r(seed);
   const Floats g = input(r, N_PW, t, 2.0f), u = input(r, N_PW, t), dout = input(r, N_PW, t);
-  const Floats dg0 = input(r, N_PW, t), du0 = input(r, N_PW, t);
-  Floats out_ref(N_PW), dg_ref = dg0, du_ref = du0;
+  Floats out_ref(N_PW), dg_ref(N_PW), du_ref(N_PW);
   ops::swiglu_forward(out_ref.data(), g.data(), u.data(), N_PW);
   ops::swiglu_backward(dg_ref.data(), du_ref.data(), dout.data(), g.data(), u.data(), N_PW);
-  DevBuf dgate(g, t, off), dup_in(u, t, off), dd(dout, t, off), out(N_PW, t, off), dg(dg0, t, off), du(du0, t, off);
+  DevBuf dgate(g, t, off), dup_in(u, t, off), dd(dout, t, off), out(N_PW, t, off), dg(N_PW, t, off), du(N_PW, t, off);
   out.poison();
+  dg.poison();
+  du.poison();
   swiglu_forward(out.ptr(), dgate.ptr(), dup_in.ptr(), N_PW, t, nullptr);
   swiglu_backward(dg.ptr(), du.ptr(), dd.ptr(), dgate.ptr(), dup_in.ptr(), N_PW, t, nullptr);
   return std::max({buf_err(out, out_ref), buf_err(dg, dg_ref), buf_err(du, du_ref)});
@@ -122,6 +127,41 @@ double embedding_case(DType t, int C, bool with_wpe, uint64_t seed) {
   return e;
 }
 
+// dwte alone at a scale the parallel backward must get right: several sort chunks (N >
+// 256), heavily repeated tokens (`distinct` ids, one of them V - 1), a vocabulary needing
+// 3 radix passes and wider than a grid's y dimension, and tokens outside [0, V). Each row
+// adds in position order from its starting value, as the CPU op: equal, not just close.
+double embedding_dwte_case(DType t, int V, int distinct, int B, int T, int C, uint64_t seed) {
+  Rng r(seed);
+  const size_t N = static_cast<size_t>(B) * T;
+  std::vector<int32_t> ids(static_cast<size_t>(distinct));
+  for (auto& x : ids) x = static_cast<int32_t>(r.below(V));
+  ids[0] = V - 1;
+  std::vector<int32_t> tok(N);
+  for (auto& x : tok) x = ids[r.below(distinct)];
+  tok[5] = -5;  // invalid ids contribute nothing
+  tok[N - 2] = V;
+  const Floats dout = input(r, N * C, t), dwte0 = rand_floats(r, static_cast<size_t>(V) * C);
+  Floats dwte_ref = dwte0;
+  std::vector<int32_t> valid;
+  Floats dout_valid;
+  for (size_t n = 0; n < N; ++n) {
+    if (tok[n] < 0 || tok[n] >= V) continue;
+    valid.push_back(tok[n]);
+    dout_valid.insert(dout_valid.end(), dout.begin() + n * C, dout.begin() + (n + 1) * C);
+  }
+  ops::embedding_backward(dwte_ref.data(), nullptr, dout_valid.data(), valid.data(), 1, static_cast<int>(valid.size()),
+                          C);
+  int32_t* dtok = nullptr;
+  DT_CUDA_CHECK(cudaMalloc(&dtok, N * sizeof(int32_t)));
+  DT_CUDA_CHECK(cudaMemcpy(dtok, tok.data(), N * sizeof(int32_t), cudaMemcpyHostToDevice));
+  DevBuf dd(dout, t), dwte(dwte0, DType::F32);
+  embedding_backward(dwte.f32(), nullptr, dd.ptr(), dtok, B, T, C, V, t, nullptr);
+  const double e = buf_err(dwte, dwte_ref);
+  DT_CUDA_CHECK(cudaFree(dtok));
+  return e;
+}
+
 }  // namespace
 
 std::vector<Case> cases_pointwise() {
@@ -147,6 +187,13 @@ std::vector<Case> cases_pointwise() {
                      [=] { return embedding_case(t, C, wpe, seed); }, tol_for(t, 1e-6)});
         ++seed;
       }
+    struct Emb { int V, distinct, B, T, C; };
+    for (Emb m : {Emb{300, 7, 4, 150, 40}, Emb{70000, 40, 3, 200, 8}, Emb{9, 1, 2, 333, 36}}) {
+      c.push_back({"embedding dwte V=" + std::to_string(m.V) + " ids=" + std::to_string(m.distinct) + " N=" +
+                       std::to_string(m.B * m.T),
+                   t, [=] { return embedding_dwte_case(t, m.V, m.distinct, m.B, m.T, m.C, seed); }, 0.0});
+      ++seed;
+    }
   }
   return c;
 }

@@ -65,4 +65,8 @@ TEST_CASE("gemm: bad arguments are UsageErrors") {
                   UsageError);
   CHECK_THROWS_AS(kernels::linear_gelu_forward(c.ptr(), c.ptr(), a.ptr(), b.ptr(), nullptr, 2, 4, 6, DType::BF16, nullptr),
                   UsageError);
+  // The GELU input of DGELU has d(inp)'s leading dimension IC: a multiple of 8.
+  CHECK_THROWS_AS(kernels::linear_dgelu_backward(c.ptr(), nullptr, nullptr, c.ptr(), c.ptr(), c.ptr(), c.ptr(), 2, 6, 4,
+                                                 DType::BF16, nullptr),
+                  UsageError);
 }

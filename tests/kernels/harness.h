@@ -121,6 +121,25 @@ class DevBuf {
   void* base_ = nullptr;
 };
 
+// Rows [N, V] of v laid out ld >= V apart, the padding filled with `fill`; and back.
+inline Floats rows_pad(const Floats& v, size_t N, size_t V, size_t ld, float fill = NAN) {
+  Floats o(N * ld, fill);
+  for (size_t n = 0; n < N; ++n) std::copy(v.begin() + n * V, v.begin() + (n + 1) * V, o.begin() + n * ld);
+  return o;
+}
+inline Floats rows_unpad(const Floats& v, size_t N, size_t V, size_t ld) {
+  Floats o(N * V);
+  for (size_t n = 0; n < N; ++n) std::copy(v.begin() + n * ld, v.begin() + n * ld + V, o.begin() + n * V);
+  return o;
+}
+// True when every padding element (columns V..ld-1) is still NaN: never written.
+inline bool padding_nan(const Floats& v, size_t N, size_t V, size_t ld) {
+  for (size_t n = 0; n < N; ++n)
+    for (size_t i = V; i < ld; ++i)
+      if (!std::isnan(v[n * ld + i])) return false;
+  return true;
+}
+
 // Downloads `buf`, checks its guard zone, and returns its error against ref.
 inline double buf_err(const DevBuf& buf, const Floats& ref) {
   if (!buf.guard_intact()) return INFINITY;

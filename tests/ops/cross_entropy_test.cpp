@@ -1,7 +1,8 @@
 // Cross-entropy: per-row losses and the unmasked mean vs the double reference (<= 1e-5),
 // the fused backward vs central finite differences of the mean (<= 1e-3), the ignore
 // index (masked rows give loss 0 and dlogits 0 and do not change the mean), the scale
-// argument, in-place dlogits, all-masked input and bad targets.
+// argument, in-place dlogits, padded rows (a row pitch past V), all-masked input and bad
+// targets.
 #include "ops/cross_entropy.h"
 
 #include "core/error.h"
@@ -22,7 +23,7 @@ TEST_CASE("cross entropy forward/backward with masked rows (N=7, V=11)") {
   tgt[5] = IGNORE_INDEX;
   CHECK(cross_entropy_count(tgt.data(), N) == 5);
   std::vector<float> losses(N, -1.0f);
-  float mean = cross_entropy_forward(losses.data(), logits.data(), tgt.data(), N, V);
+  float mean = cross_entropy_forward(losses.data(), logits.data(), tgt.data(), N, V, V);
   ref::Vec ref_losses;
   double ref_mean = ref::cross_entropy(ref::to_double(logits), tgt, N, V, &ref_losses);
   CHECK(ref::max_rel_err(losses, ref_losses) <= 1e-5);
@@ -39,14 +40,14 @@ TEST_CASE("cross entropy forward/backward with masked rows (N=7, V=11)") {
       logits_kept.insert(logits_kept.end(), logits.begin() + n * V, logits.begin() + (n + 1) * V);
     }
   std::vector<float> l2(tgt_kept.size());
-  CHECK(cross_entropy_forward(l2.data(), logits_kept.data(), tgt_kept.data(), int(tgt_kept.size()), V) ==
+  CHECK(cross_entropy_forward(l2.data(), logits_kept.data(), tgt_kept.data(), int(tgt_kept.size()), V, V) ==
         doctest::Approx(mean).epsilon(1e-6));
 
   // backward of upstream * mean, upstream = 0.25 (e.g. 1/grad_accum)
   const float up = 0.25f;
   auto g = ref::fd_grad([&](const ref::Vec& x) { return up * ref::cross_entropy(x, tgt, N, V); }, ref::to_double(logits));
   std::vector<float> d(N * V, 99.0f);
-  cross_entropy_backward(d.data(), logits.data(), tgt.data(), N, V, up / cross_entropy_count(tgt.data(), N));
+  cross_entropy_backward(d.data(), logits.data(), tgt.data(), N, V, V, up / cross_entropy_count(tgt.data(), N));
   CHECK(ref::max_rel_err(d, g) <= 1e-3);
   for (int i = 0; i < V; ++i) {
     CHECK(d[2 * V + i] == 0.0f);
@@ -58,7 +59,7 @@ TEST_CASE("cross entropy forward/backward with masked rows (N=7, V=11)") {
   CHECK(std::abs(rs) < 1e-6);
   // in place: dlogits aliasing logits gives the same result
   auto inplace = logits;
-  cross_entropy_backward(inplace.data(), inplace.data(), tgt.data(), N, V, up / 5);
+  cross_entropy_backward(inplace.data(), inplace.data(), tgt.data(), N, V, V, up / 5);
   for (int i = 0; i < N * V; ++i) CHECK(inplace[i] == d[i]);
 }
 
@@ -66,8 +67,8 @@ TEST_CASE("cross entropy with every row masked has mean 0 and zero gradient") {
   const int N = 3, V = 4;
   std::vector<float> logits(N * V, 1.0f), losses(N), d(N * V, 5.0f);
   std::vector<int32_t> tgt(N, IGNORE_INDEX);
-  CHECK(cross_entropy_forward(losses.data(), logits.data(), tgt.data(), N, V) == 0.0f);
-  cross_entropy_backward(d.data(), logits.data(), tgt.data(), N, V, 1.0f);
+  CHECK(cross_entropy_forward(losses.data(), logits.data(), tgt.data(), N, V, V) == 0.0f);
+  cross_entropy_backward(d.data(), logits.data(), tgt.data(), N, V, V, 1.0f);
   for (float x : d) CHECK(x == 0.0f);
 }
 
@@ -79,7 +80,7 @@ TEST_CASE("cross entropy is stable for huge logits and at a threaded size") {
   std::vector<int32_t> tgt(N);
   for (auto& t : tgt) t = static_cast<int32_t>(r.below(V));
   std::vector<float> losses(N);
-  float mean = cross_entropy_forward(losses.data(), logits.data(), tgt.data(), N, V);
+  float mean = cross_entropy_forward(losses.data(), logits.data(), tgt.data(), N, V, V);
   CHECK(std::isfinite(mean));
   ref::Vec rl;
   CHECK(mean == doctest::Approx(ref::cross_entropy(ref::to_double(logits), tgt, N, V, &rl)).epsilon(1e-5));
@@ -89,7 +90,30 @@ TEST_CASE("cross entropy is stable for huge logits and at a threaded size") {
 TEST_CASE("cross entropy rejects targets outside the vocabulary") {
   std::vector<float> logits(4), losses(1);
   std::vector<int32_t> tgt = {4};
-  CHECK_THROWS_AS(cross_entropy_forward(losses.data(), logits.data(), tgt.data(), 1, 4), UsageError);
+  CHECK_THROWS_AS(cross_entropy_forward(losses.data(), logits.data(), tgt.data(), 1, 4, 4), UsageError);
   tgt[0] = -1;
-  CHECK_THROWS_AS(cross_entropy_backward(logits.data(), logits.data(), tgt.data(), 1, 4, 1.0f), UsageError);
+  CHECK_THROWS_AS(cross_entropy_backward(logits.data(), logits.data(), tgt.data(), 1, 4, 4, 1.0f), UsageError);
+}
+
+TEST_CASE("cross entropy over padded rows reads and writes only the first V columns") {
+  const int N = 5, V = 11, ld = 16;
+  Rng r(63);
+  auto logits = ref::rand_floats(r, N * V, 3.0f);
+  std::vector<int32_t> tgt(N);
+  for (auto& t : tgt) t = static_cast<int32_t>(r.below(V));
+  tgt[1] = IGNORE_INDEX;
+  std::vector<float> padded(N * ld, NAN);  // the padding is NaN: reading it would show
+  for (int n = 0; n < N; ++n) std::copy(logits.begin() + n * V, logits.begin() + (n + 1) * V, padded.begin() + n * ld);
+  std::vector<float> losses(N), losses_p(N), d(N * V);
+  const float mean = cross_entropy_forward(losses.data(), logits.data(), tgt.data(), N, V, V);
+  CHECK(cross_entropy_forward(losses_p.data(), padded.data(), tgt.data(), N, V, ld) == mean);
+  CHECK(losses_p == losses);
+  cross_entropy_backward(d.data(), logits.data(), tgt.data(), N, V, V, 0.5f);
+  cross_entropy_backward(padded.data(), padded.data(), tgt.data(), N, V, ld, 0.5f);  // in place
+  for (int n = 0; n < N; ++n)
+    for (int i = 0; i < ld; ++i) {
+      if (i < V) CHECK(padded[n * ld + i] == d[n * V + i]);
+      else CHECK(std::isnan(padded[n * ld + i]));  // never written
+    }
+  CHECK_THROWS_AS(cross_entropy_forward(losses.data(), logits.data(), tgt.data(), N, V, V - 1), UsageError);
 }

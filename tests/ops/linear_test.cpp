@@ -1,9 +1,11 @@
 // linear through OpenBLAS: forward vs double reference (<= 1e-5) with and without bias,
 // backward dinp/dW/dbias vs central finite differences (<= 1e-3), null gradients skip
-// their GEMM, accumulation, and the generic gemm() in every transpose combination, also
-// split into row blocks over several threads.
+// their GEMM, accumulation (dinp written or accumulated as asked), padded output / dout
+// rows, and the generic gemm() in every transpose combination, also split into row
+// blocks over several threads.
 #include "ops/linear.h"
 
+#include "core/error.h"
 #include "ops/parallel.h"
 #include "reference.h"
 
@@ -19,7 +21,7 @@ TEST_CASE("linear forward/backward, odd sizes (N=14, IC=12, OC=5)") {
   auto dout = ref::rand_floats(r, N * OC);
   for (bool with_bias : {true, false}) {
     std::vector<float> out(N * OC, 123.0f);  // forward must overwrite
-    linear_forward(out.data(), x.data(), W.data(), with_bias ? b.data() : nullptr, N, IC, OC);
+    linear_forward(out.data(), x.data(), W.data(), with_bias ? b.data() : nullptr, N, IC, OC, OC);
     ref::Vec bd = ref::to_double(b);
     CHECK(ref::max_rel_err(out, ref::linear(ref::to_double(x), ref::to_double(W), with_bias ? &bd : nullptr, N, IC, OC)) <= 1e-5);
   }
@@ -28,20 +30,47 @@ TEST_CASE("linear forward/backward, odd sizes (N=14, IC=12, OC=5)") {
     return ref::dot(ref::linear(ref::slice(p, 0, N * IC), ref::slice(p, N * IC, OC * IC), &bb, N, IC, OC), ref::to_double(dout));
   };
   auto g = ref::fd_grad(loss, ref::concat({ref::to_double(x), ref::to_double(W), ref::to_double(b)}));
-  std::vector<float> dx(N * IC), dW(OC * IC), db(OC);
-  linear_backward(dx.data(), dW.data(), db.data(), dout.data(), x.data(), W.data(), N, IC, OC);
+  std::vector<float> dx(N * IC, NAN), dW(OC * IC), db(OC);  // dx written: its NaNs are never read
+  linear_backward(dx.data(), dW.data(), db.data(), dout.data(), x.data(), W.data(), N, IC, OC, OC, false);
   CHECK(ref::max_rel_err(dx, ref::slice(g, 0, N * IC)) <= 1e-3);
   CHECK(ref::max_rel_err(dW, ref::slice(g, N * IC, OC * IC)) <= 1e-3);
   CHECK(ref::max_rel_err(db, ref::slice(g, N * IC + OC * IC, OC)) <= 1e-3);
   auto dx1 = dx, dW1 = dW, db1 = db;
-  linear_backward(dx.data(), dW.data(), db.data(), dout.data(), x.data(), W.data(), N, IC, OC);
+  linear_backward(dx.data(), dW.data(), db.data(), dout.data(), x.data(), W.data(), N, IC, OC, OC, true);
   for (int i = 0; i < N * IC; ++i) CHECK(dx[i] == doctest::Approx(2 * dx1[i]).epsilon(1e-6));
   for (int i = 0; i < OC * IC; ++i) CHECK(dW[i] == doctest::Approx(2 * dW1[i]).epsilon(1e-6));
   for (int i = 0; i < OC; ++i) CHECK(db[i] == doctest::Approx(2 * db1[i]).epsilon(1e-6));
   // null dW / dbias: only dinp is touched
-  std::vector<float> dx2(N * IC);
-  linear_backward(dx2.data(), nullptr, nullptr, dout.data(), x.data(), W.data(), N, IC, OC);
+  std::vector<float> dx2(N * IC, NAN);
+  linear_backward(dx2.data(), nullptr, nullptr, dout.data(), x.data(), W.data(), N, IC, OC, OC, false);
   CHECK(ref::max_rel_err(dx2, ref::slice(g, 0, N * IC)) <= 1e-3);
+  // written again: the same values, not twice them
+  linear_backward(dx2.data(), nullptr, nullptr, dout.data(), x.data(), W.data(), N, IC, OC, OC, false);
+  for (int i = 0; i < N * IC; ++i) CHECK(dx2[i] == dx1[i]);
+}
+
+TEST_CASE("linear with padded rows (a logits pitch past OC): the same numbers, the padding untouched and unread") {
+  const int N = 37, IC = 12, OC = 11, ld = 16;  // N > 16: several row blocks
+  Rng r(54);
+  auto x = ref::rand_floats(r, N * IC), W = ref::rand_floats(r, OC * IC), b = ref::rand_floats(r, OC);
+  auto dout = ref::rand_floats(r, N * OC);
+  std::vector<float> out(N * OC), out_p(N * ld, NAN);
+  linear_forward(out.data(), x.data(), W.data(), b.data(), N, IC, OC, OC);
+  linear_forward(out_p.data(), x.data(), W.data(), b.data(), N, IC, OC, ld);
+  std::vector<float> dout_p(N * ld, NAN);
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < ld; ++c) {
+      if (c < OC) CHECK(out_p[n * ld + c] == out[n * OC + c]);
+      else CHECK(std::isnan(out_p[n * ld + c]));
+      if (c < OC) dout_p[n * ld + c] = dout[n * OC + c];
+    }
+  std::vector<float> dx(N * IC), dW(OC * IC, 0.5f), db(OC, 0.25f), dx_p(N * IC), dW_p = dW, db_p = db;
+  linear_backward(dx.data(), dW.data(), db.data(), dout.data(), x.data(), W.data(), N, IC, OC, OC, false);
+  linear_backward(dx_p.data(), dW_p.data(), db_p.data(), dout_p.data(), x.data(), W.data(), N, IC, OC, ld, false);
+  CHECK(dx_p == dx);
+  CHECK(dW_p == dW);
+  CHECK(db_p == db);
+  CHECK_THROWS_AS(linear_forward(out.data(), x.data(), W.data(), b.data(), N, IC, OC, OC - 1), UsageError);
 }
 
 TEST_CASE("gemm handles every transpose combination, alpha and beta") {

@@ -41,8 +41,10 @@ using cudaError = cudaError_t;
 
 struct CUstream_st;
 struct CUevent_st;
+struct CUmemPoolHandle_st;
 using cudaStream_t = CUstream_st*;
 using cudaEvent_t = CUevent_st*;
+using cudaMemPool_t = CUmemPoolHandle_st*;
 #define cudaStreamLegacy ((cudaStream_t)0x1)
 #define cudaStreamDefault 0x00
 #define cudaStreamNonBlocking 0x01
@@ -64,6 +66,19 @@ enum cudaFuncAttribute {
 };
 
 #define cudaHostAllocDefault 0x00
+
+// Attributes of a stream-ordered memory pool (driver_types.h values). The reuse flags
+// are ints; the rest uint64_t (the driver's cuuint64_t).
+enum cudaMemPoolAttr {
+  cudaMemPoolReuseFollowEventDependencies = 0x1,
+  cudaMemPoolReuseAllowOpportunistic = 0x2,
+  cudaMemPoolReuseAllowInternalDependencies = 0x3,
+  cudaMemPoolAttrReleaseThreshold = 0x4,
+  cudaMemPoolAttrReservedMemCurrent = 0x5,
+  cudaMemPoolAttrReservedMemHigh = 0x6,
+  cudaMemPoolAttrUsedMemCurrent = 0x7,
+  cudaMemPoolAttrUsedMemHigh = 0x8,
+};
 
 struct uint3 {
   unsigned int x, y, z;
@@ -139,6 +154,12 @@ cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int flags);
 cudaError_t cudaFreeHost(void* ptr);
 cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t stream);
 cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream);
+// Each device's default pool serves cudaMallocAsync. Freed memory stays reserved by the
+// pool until a stream, event or device synchronisation finds more than the release
+// threshold reserved (default 0: everything not in use is released at every one).
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device);
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value);
+cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value);
 
 // The runtime's typed conveniences (cuda_runtime.h's C++ templates).
 template <typename T>
