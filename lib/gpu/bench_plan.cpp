@@ -89,7 +89,7 @@ BenchPlanResult bench_plan_run(const BenchTrainOptions& o) {
     double compute = 0, memory = 0, floor = 0;
   };
   std::map<std::tuple<std::string, std::string, PlanUnit>, Acc> groups;
-  double total_s = 0, gemm_s = 0;
+  double total_s = 0, gemm_s = 0, attn_s = 0;
   for (const PlanEntry& e : step.entries) {
     const PlanTime t = plan_entry_time(e, r.table);
     Acc& a = groups[{e.op, e.kernel, e.unit}];
@@ -97,6 +97,7 @@ BenchPlanResult bench_plan_run(const BenchTrainOptions& o) {
     a.row.kernel = e.kernel;
     a.row.unit = device::plan_unit_name(e.unit);
     a.row.gemm = e.kind == PlanKind::MATMUL;
+    a.row.attn = e.unit == PlanUnit::TENSOR_ATTN_FWD || e.unit == PlanUnit::TENSOR_ATTN_BWD;
     a.row.launches += e.launches;
     a.row.gflop += e.flops / 1e9;
     a.row.gbytes += e.bytes / 1e9;
@@ -108,6 +109,9 @@ BenchPlanResult bench_plan_run(const BenchTrainOptions& o) {
     if (a.row.gemm) {
       gemm_s += t.total();
       r.gemm_gflop += e.flops / 1e9;
+    } else if (a.row.attn) {
+      attn_s += t.total();
+      r.attn_gflop += e.flops / 1e9;
     }
     r.total_gflop += e.flops / 1e9;
     r.launches += e.launches;
@@ -120,9 +124,10 @@ BenchPlanResult bench_plan_run(const BenchTrainOptions& o) {
   std::sort(r.rows.begin(), r.rows.end(), [](const PlanRow& a, const PlanRow& b) { return a.ms > b.ms; });
   r.step_ms = total_s * 1e3;
   r.gemm_ms = gemm_s * 1e3;
-  r.other_ms = r.step_ms - r.gemm_ms;
+  r.attn_ms = attn_s * 1e3;
+  r.other_ms = r.step_ms - r.gemm_ms - r.attn_ms;
   for (const PlanRow& row : r.rows)
-    if (!row.gemm) {
+    if (!row.gemm && !row.attn) {
       r.top_other = row.op + ": " + row.kernel;
       r.top_other_share = row.share;
       break;
@@ -183,10 +188,12 @@ std::string bench_plan_format(const BenchPlanResult& r, bool json) {
                      {"kernels", rows},
                      {"launches", r.launches},
                      {"gemm_ms", r.gemm_ms},
+                     {"attn_ms", r.attn_ms},
                      {"other_ms", r.other_ms},
                      {"step_ms", r.step_ms},
                      {"tokens_per_s", r.tokens_per_s},
                      {"gemm_gflop", r.gemm_gflop},
+                     {"attn_gflop", r.attn_gflop},
                      {"total_gflop", r.total_gflop},
                      {"flops_per_token", r.flops_per_token},
                      {"flops_formula", r.flops_formula},
@@ -223,8 +230,11 @@ std::string bench_plan_format(const BenchPlanResult& r, bool json) {
                      w.kernel, wk, w.launches, w.gflop, w.gbytes, w.unit, wu, w.bound, w.ms, 100.0 * w.share);
   s += "\n";
   auto pct = [&](double ms) { return r.step_ms > 0 ? 100.0 * ms / r.step_ms : 0.0; };
-  s += fmt::format("GEMM         {:.2f} ms ({:.1f}%), {:.0f} GFLOP\n", r.gemm_ms, pct(r.gemm_ms), r.gemm_gflop);
-  s += fmt::format("non-GEMM     {:.2f} ms ({:.1f}%); largest: {} ({:.1f}%)\n", r.other_ms, pct(r.other_ms),
+  s += fmt::format("GEMM         {:.2f} ms ({:.1f}%), {:.0f} GFLOP (cuBLASLt)\n", r.gemm_ms, pct(r.gemm_ms),
+                   r.gemm_gflop);
+  s += fmt::format("attention    {:.2f} ms ({:.1f}%), {:.0f} GFLOP (mma.sync on tensor cores)\n", r.attn_ms,
+                   pct(r.attn_ms), r.attn_gflop);
+  s += fmt::format("other        {:.2f} ms ({:.1f}%); largest: {} ({:.1f}%)\n", r.other_ms, pct(r.other_ms),
                    r.top_other, 100.0 * r.top_other_share);
   s += fmt::format("launches     {}\n", r.launches);
   s += fmt::format("step time    {:.2f} ms (predicted)\n", r.step_ms);

@@ -60,6 +60,7 @@ struct PlanRow {
   std::string op, kernel, unit;
   std::string bound;  ///< "compute", "memory" or "launches": the largest of the group's time terms
   bool gemm = false;  ///< cuBLASLt matmuls
+  bool attn = false;  ///< flash attention on tensor cores (mma.sync)
   int64_t launches = 0;
   double gflop = 0, gbytes = 0, ms = 0, share = 0;  ///< share: fraction of the step
 };
@@ -73,12 +74,12 @@ struct BenchPlanResult {
   PlanBudgetTable table;
   std::vector<PlanRow> rows;
   int64_t launches = 0;
-  double gemm_ms = 0, other_ms = 0, step_ms = 0, tokens_per_s = 0;
-  double gemm_gflop = 0, total_gflop = 0;  ///< executed FLOPs of the step (GEMMs; all)
+  double gemm_ms = 0, attn_ms = 0, other_ms = 0, step_ms = 0, tokens_per_s = 0;  ///< other = the rest
+  double gemm_gflop = 0, attn_gflop = 0, total_gflop = 0;  ///< executed FLOPs (GEMMs; attention; all)
   double flops_per_token = 0;              ///< model FLOPs (model_flops_per_token)
   std::string flops_formula;
   double mfu = 0;  ///< model FLOPs per step / (step time x tensor peak)
-  std::string top_other;            ///< the longest non-GEMM row, "op: kernel"
+  std::string top_other;            ///< the longest row that is neither GEMM nor attention, "op: kernel"
   double top_other_share = 0;       ///< its fraction of the step
   std::vector<std::string> notes;
 };

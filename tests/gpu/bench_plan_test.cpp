@@ -64,7 +64,8 @@ TEST_CASE("bench plan: GPT-2 124M at B=16 T=1024, exact GEMM FLOPs, consistent t
   CHECK(ms == doctest::Approx(r.step_ms));
   CHECK(share == doctest::Approx(1.0));
   CHECK(launches == r.launches);
-  CHECK(r.gemm_ms + r.other_ms == doctest::Approx(r.step_ms));
+  CHECK(r.gemm_ms + r.attn_ms + r.other_ms == doctest::Approx(r.step_ms));
+  CHECK(r.attn_ms > 0);  // bf16 attention runs on tensor cores
   CHECK(r.tokens_per_s == doctest::Approx(tokens / (r.step_ms / 1e3)));
   CHECK(r.mfu == doctest::Approx(r.flops_per_token * tokens / (r.step_ms / 1e3 * 989e12)));
   CHECK(r.flops_per_token == doctest::Approx(6.0 * 124475904 + 12.0 * 12 * 1024 * 768));
