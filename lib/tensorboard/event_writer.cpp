@@ -7,6 +7,7 @@
 #include "tensorboard/record.h"
 #include "tf_event.pb.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
