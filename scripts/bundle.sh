@@ -10,10 +10,11 @@
 # loader, glibc (libc, libm, libpthread, libdl, librt, libresolv, libutil) and the CUDA
 # driver libcuda.so.1. Everything else is carried: libstdc++/libgcc_s (Debian 12's GCC 12
 # runtime is newer than older distributions'), yaml-cpp, fmt, libssh2 + OpenSSL + zlib,
-# gloo, OpenBLAS + gfortran/quadmath, and in a CUDA build cudart, cuBLASLt/cuBLAS and
-# NCCL (the bundle then needs only a driver that supports CUDA 13). --no-cuda-libs leaves
-# the CUDA toolkit libraries out (about 750 MB) and relies on the machine's CUDA 13
-# runtime: they must then be on its loader path (ld.so.conf or LD_LIBRARY_PATH).
+# protobuf-lite (TensorBoard event files), gloo, OpenBLAS + gfortran/quadmath, and in a
+# CUDA build cudart, cuBLASLt/cuBLAS and NCCL (the bundle then needs only a driver that
+# supports CUDA 13). --no-cuda-libs leaves the CUDA toolkit libraries out (about 750 MB)
+# and relies on the machine's CUDA 13 runtime: they must then be on its loader path
+# (ld.so.conf or LD_LIBRARY_PATH).
 set -euo pipefail
 
 build=build
@@ -21,7 +22,7 @@ carry_cuda=1
 for a in "$@"; do
   case "$a" in
     --no-cuda-libs) carry_cuda=0 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     -*) echo "bundle.sh: unknown option $a" >&2; exit 2 ;;
     *) build="$a" ;;
   esac

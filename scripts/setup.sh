@@ -16,7 +16,8 @@ done
 
 pkgs=(build-essential cmake pkg-config git python3
       libcli11-dev libyaml-cpp-dev libssh2-1-dev libfmt-dev libboost-dev doctest-dev
-      libgloo-dev libopenblas-dev nlohmann-json3-dev libssl-dev openssh-client patchelf)
+      libgloo-dev libopenblas-dev nlohmann-json3-dev libssl-dev openssh-client patchelf
+      libprotobuf-dev protobuf-compiler)
 if [ "$want_test" = 1 ]; then
   # libboost-context-dev: the fibers of the CPU execution engine that runs the CUDA code
   # in tests (the EMU build tree).

@@ -230,6 +230,16 @@ const std::vector<KeySpec>& build_schema() {
        "included) before it is declared hung; 0 = off (> heartbeat_interval when on)",
        {}, 0, {}, false, "DTRAIN_STEP_TIMEOUT"},
 
+      // ---- TensorBoard (DeepSpeed's section and key names)
+      {"tensorboard.enabled", KeyType::BOOL, F(tensorboard.enabled),
+       "rank 0 also writes the training metrics (loss, lr, grad norm, tokens/s, eval loss; the loss scale with "
+       "fp16) as TensorBoard scalars: `tensorboard --logdir RUN_DIR` plots them"},
+      {"tensorboard.output_path", KeyType::STRING, F(tensorboard.output_path),
+       "directory of the event files; a relative path is against the run directory (\"\" = the run directory "
+       "itself); a resumed run adds a new file there"},
+      {"tensorboard.job_name", KeyType::STRING, F(tensorboard.job_name),
+       "subdirectory of output_path for the event files (DeepSpeed writes output_path/job_name); \"\" = none"},
+
       // ---- cluster (dtrain)
       {"cluster.ssh.user", KeyType::STRING, F(cluster.ssh.user), "SSH user; \"\" = the launcher's user"},
       {"cluster.ssh.port", KeyType::INT, F(cluster.ssh.port),
@@ -275,7 +285,7 @@ const std::vector<KeySpec>& build_schema() {
 
 // DeepSpeed keys that dtrain accepts and ignores (one warning lists those present).
 const std::vector<std::string> kIgnored = {
-    "amp", "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comet", "monitor_config",
+    "amp", "flops_profiler", "wandb", "csv_monitor", "comet", "monitor_config",
     "comms_logger", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "elasticity",
     "autotuning", "sparse_gradients", "prescale_gradients", "gradient_predivide_factor",
     "communication_data_type", "seq_parallel_communication_data_type", "data_types",

@@ -163,6 +163,13 @@ struct EnvConfig {
   bool operator==(const EnvConfig&) const = default;
 };
 
+struct TensorboardConfig {
+  bool enabled = false;
+  std::string output_path = "tensorboard";  // relative: against the run directory
+  std::string job_name;                     // "" = none; else a subdirectory of output_path
+  bool operator==(const TensorboardConfig&) const = default;
+};
+
 struct ClusterConfig {
   SshConfig ssh;
   RendezvousConfig rendezvous;
@@ -199,6 +206,7 @@ struct TrainConfig {
   ActivationCheckpointingConfig activation_checkpointing;
   TrainingConfig training;
   FaultToleranceConfig fault_tolerance;
+  TensorboardConfig tensorboard;  // DeepSpeed's tensorboard section
   ClusterConfig cluster;
 
   std::string source;  // the file path, or the name given to config_load_string

@@ -189,6 +189,11 @@ void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>
   if (cfg.training.name.find('/') != std::string::npos)
     DT_THROW(ConfigError, "{}: training.name: '{}' must not contain '/' (it names runs/<name>)", o.at("training.name"),
              cfg.training.name);
+  // An absolute job_name would silently replace output_path (path joining).
+  if (!cfg.tensorboard.job_name.empty() && cfg.tensorboard.job_name.front() == '/')
+    DT_THROW(ConfigError, "{}: tensorboard.job_name: '{}' must be a relative directory name (it goes below "
+             "tensorboard.output_path); give the absolute directory as output_path instead",
+             o.at("tensorboard.job_name"), cfg.tensorboard.job_name);
   if (cfg.data.tokenizer.empty())
     DT_THROW(ConfigError, "{}: data.tokenizer: empty; give a tokenizer.json path or \"byte\"", o.at("data.tokenizer"));
   if (cfg.cluster.rendezvous.address.empty())

@@ -8,6 +8,7 @@
 #include "core/dtype.h"
 #include "core/log.h"
 #include "ops/optim.h"
+#include "tensorboard/event_writer.h"
 #include "train/checkpoint.h"
 #include "train/data_loader.h"
 #include "train/evaluate.h"
@@ -217,6 +218,7 @@ class TrainLoop {
   int64_t start_step_ = 0;
   TrainResult res_;
   std::unique_ptr<MetricsWriter> metrics_;
+  std::unique_ptr<tensorboard::EventWriter> tb_;  // tensorboard.enabled: the same records as scalars
   std::string config_yaml_;
   std::vector<std::vector<int32_t>> inputs_, targets_;
   std::vector<int64_t> counts_;
@@ -331,6 +333,16 @@ void TrainLoop::metrics_open() {
     if (res_.resumed_step >= 0) metrics_cut_after(path, res_.resumed_step);
     metrics_ = std::make_unique<MetricsWriter>(path, res_.resumed_step >= 0);
   }
+  if (lead_ && !env_.run_dir.empty() && cfg_.tensorboard.enabled && start_step_ < total_steps_) {
+    // Every round that trains opens a new event file beside the older ones. Its
+    // SessionLog START at the first step it runs makes TensorBoard drop what earlier files
+    // hold from that step on: the steps a failed round ran past its last checkpoint
+    // (metrics_cut_after's job for metrics.jsonl), since old files are never rewritten.
+    const auto& t = cfg_.tensorboard;
+    tb_ = std::make_unique<tensorboard::EventWriter>(tensorboard::log_dir(env_.run_dir, t.output_path, t.job_name));
+    tb_->session_start(start_step_ + 1);
+    if (env_.print) std::printf("tensorboard: writing %s\n", tb_->path().c_str());
+  }
   const model::Model& m = *model_;
   if (lead_ && env_.print)
     std::printf("train: %s %zu params (%zu trainable), %zu train samples of %d tokens, %d rank(s) x micro %d x accum %d, "
@@ -411,11 +423,21 @@ void TrainLoop::progress_log(int64_t step, double step_loss, float lr, float los
     std::printf("step %lld/%lld | loss %.4f | lr %.1e | grad_norm %.3f | loss_scale %.0f | tokens/s %.0f | %.2f s/step%s\n",
                 static_cast<long long>(step), static_cast<long long>(total_steps_), step_loss, lr, out.grad_norm,
                 static_cast<double>(loss_scale), tps, per_step, applied ? "" : " | skipped (fp16 overflow)");
+  // One clock reading for both logs: an event's wall_time is the record's time_ms / 1000.
+  const int64_t now_ms = unix_ms();
+  if (tb_) {
+    std::vector<tensorboard::Scalar> v{{"train/loss", step_loss},
+                                       {"train/lr", lr},
+                                       {"train/grad_norm", out.grad_norm},
+                                       {"train/tokens_per_s", tps}};
+    if (scaler_) v.push_back({"train/loss_scale", loss_scale});  // 1 throughout without fp16
+    tb_->scalars(step, v, static_cast<double>(now_ms) / 1e3);
+  }
   if (metrics_) {
     nlohmann::json r{{"step", step},          {"loss", num(step_loss)},  {"lr", lr},
                      {"grad_norm", num(out.grad_norm)}, {"loss_scale", loss_scale}, {"tokens", res_.tokens},
                      {"tokens_per_s", tps},   {"step_time", per_step},   {"skipped_steps", res_.skipped_steps},
-                     {"time_ms", unix_ms()}};
+                     {"time_ms", now_ms}};
     {
       // Memory: this rank's ZeRO state (params + grads + optimizer) and the process RSS.
       const ZeroMemory mem = engine_->engine().memory();
@@ -457,8 +479,10 @@ void TrainLoop::evaluate(int64_t step) {
   if (!lead_) return;
   if (env_.print)
     std::printf("eval step %lld | eval_loss %.4f | eval_ppl %.3f\n", static_cast<long long>(step), e.mean(), e.ppl());
+  const int64_t now_ms = unix_ms();
+  if (tb_) tb_->scalars(step, {{"eval/loss", e.mean()}, {"eval/ppl", e.ppl()}}, static_cast<double>(now_ms) / 1e3);
   if (metrics_)
-    metrics_->write({{"step", step}, {"eval_loss", num(e.mean())}, {"eval_ppl", num(e.ppl())}, {"time_ms", unix_ms()}});
+    metrics_->write({{"step", step}, {"eval_loss", num(e.mean())}, {"eval_ppl", num(e.ppl())}, {"time_ms", now_ms}});
 }
 
 // Collective (every rank writes its shard). Runs after the step's evaluation, so the

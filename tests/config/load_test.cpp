@@ -215,6 +215,29 @@ TEST_CASE("activation checkpointing: the section turns it on unless enabled: fal
   CHECK(!config_load_string(kJob + "activation_checkpointing: {enabled: false}\n", "t").cfg.activation_checkpointing.enabled);
 }
 
+TEST_CASE("tensorboard: DeepSpeed's section; output_path stays relative (to the run directory)") {
+  const TrainConfig d = config_load_string(kJob, "t").cfg;
+  CHECK(!d.tensorboard.enabled);
+  CHECK(d.tensorboard.output_path == "tensorboard");
+  CHECK(d.tensorboard.job_name.empty());
+  // DeepSpeed's JSON spelling: acted on, so not in the "not acted on" warning; a relative
+  // output_path is not an input path resolved against the config's directory.
+  LoadedConfig ds = config_load_string(
+      "{\"train_batch_size\": 8, \"tensorboard\": {\"enabled\": true, \"output_path\": \"logs/tb\", "
+      "\"job_name\": \"bert\"}}\n",
+      "ds.json", {}, "/configs");
+  CHECK(ds.warnings.empty());
+  CHECK(ds.cfg.tensorboard.enabled);
+  CHECK(ds.cfg.tensorboard.output_path == "logs/tb");
+  CHECK(ds.cfg.tensorboard.job_name == "bert");
+  CHECK(config_load_string(kJob, "t", {"tensorboard.enabled=true"}).cfg.tensorboard.enabled);
+  // The section survives config.yaml.
+  CHECK(config_load_string(config_to_yaml(ds.cfg), "ds.json").cfg == ds.cfg);
+  expect_error(kJob + "tensorboard: {enable: true}\n", {"t.yaml:5:", "did you mean tensorboard.enabled?"});
+  expect_error(kJob + "tensorboard: {enabled: true, job_name: /abs/dir}\n",
+               {"t.yaml:5:", "tensorboard.job_name", "must be a relative directory name"});
+}
+
 // ---------------------------------------------------------------------------
 TEST_CASE("document-level errors") {
   expect_error(kJob + "model: [1, 2\n", {"t.yaml:", "YAML syntax error"});
