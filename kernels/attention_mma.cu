@@ -73,6 +73,17 @@ __device__ __forceinline__ void tile_load_async(T* dst, const T* src, int row0, 
 
 __device__ __forceinline__ void store_u32(void* p, uint32_t v) { *static_cast<uint32_t*>(p) = v; }
 
+// The A fragment of the 16-wide k chunk kk of a 16 x 64 accumulator tile c (eight 8-wide C
+// fragments): the C layout of blocks 2kk and 2kk+1 is exactly A's (FlashAttention-2's
+// register reuse), rounded to T.
+template <typename T>
+__device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c)[8][4], int kk) {
+  a[0] = pack2<T>(c[2 * kk][0], c[2 * kk][1]);
+  a[1] = pack2<T>(c[2 * kk][2], c[2 * kk][3]);
+  a[2] = pack2<T>(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+  a[3] = pack2<T>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
 // ----------------------------------------------------------------------------
 // Forward. smem: Qs, then two stages of Ks, Vs [64][PITCH] of T: the next key tile's loads
 // (cp.async) are in flight while the current one is computed.
@@ -178,9 +189,8 @@ __global__ void __launch_bounds__(THREADS)
     // O += P V over four 16-key chunks.
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      const uint32_t pa[4] = {pack2<T>(sc[2 * kk][0], sc[2 * kk][1]), pack2<T>(sc[2 * kk][2], sc[2 * kk][3]),
-                              pack2<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                              pack2<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+      uint32_t pa[4];
+      c_to_a<T>(pa, sc, kk);
 #pragma unroll
       for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
         uint32_t vf[4];
@@ -342,12 +352,9 @@ __global__ void __launch_bounds__(THREADS)
       // dV += P^T dO, dK += dS^T Q (k = the 64 queries in four 16-query chunks).
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
-        const uint32_t pa[4] = {pack2<T>(st[2 * kk][0], st[2 * kk][1]), pack2<T>(st[2 * kk][2], st[2 * kk][3]),
-                                pack2<T>(st[2 * kk + 1][0], st[2 * kk + 1][1]),
-                                pack2<T>(st[2 * kk + 1][2], st[2 * kk + 1][3])};
-        const uint32_t sa[4] = {pack2<T>(dpt[2 * kk][0], dpt[2 * kk][1]), pack2<T>(dpt[2 * kk][2], dpt[2 * kk][3]),
-                                pack2<T>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
-                                pack2<T>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
+        uint32_t pa[4], sa[4];
+        c_to_a<T>(pa, st, kk);
+        c_to_a<T>(sa, dpt, kk);
 #pragma unroll
         for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
           uint32_t of4[4], qf4[4];

@@ -9,6 +9,7 @@
 #include "model/model.h"
 
 #include "gpu/gpu_skip.h"
+#include "gpu/tiny_model.h"
 
 #include <doctest/doctest.h>
 
@@ -26,25 +27,7 @@ namespace {
 
 constexpr int B = 2, T = 16;
 
-ModelConfig tiny(ModelConfig::Arch arch) {
-  ModelConfig c;
-  c.arch = arch;
-  c.vocab_size = 96;
-  c.max_seq_len = 32;
-  c.n_layer = 2;
-  c.d_model = 32;
-  if (arch == ModelConfig::Arch::GPT2) {
-    c.n_head = c.n_kv_head = 2;
-    c.d_ff = 128;
-    c.tie_embeddings = true;
-  } else {
-    c.n_head = 4;
-    c.n_kv_head = 2;  // GQA
-    c.d_ff = 64;
-    c.tie_embeddings = false;
-  }
-  return c;
-}
+ModelConfig tiny(ModelConfig::Arch arch) { return test::tiny_model(arch, 32); }
 
 struct Batch {
   std::vector<int32_t> tokens, targets;

@@ -28,6 +28,8 @@ TEST_CASE("plan vs trace: needs the CPU execution engine (EMU build)") {
 #include "device/plan_device.h"
 #include "model/model.h"
 
+#include "gpu/tiny_model.h"
+
 #include <cublasLt.h>
 #include <cuda_emu_trace.h>
 
@@ -45,25 +47,7 @@ using model::ModelConfig;
 
 namespace {
 
-ModelConfig tiny(ModelConfig::Arch arch) {
-  ModelConfig c;
-  c.arch = arch;
-  c.vocab_size = 96;
-  c.max_seq_len = 64;
-  c.n_layer = 2;
-  c.d_model = 32;
-  if (arch == ModelConfig::Arch::GPT2) {
-    c.n_head = c.n_kv_head = 2;
-    c.d_ff = 128;
-    c.tie_embeddings = true;
-  } else {
-    c.n_head = 4;
-    c.n_kv_head = 2;  // GQA
-    c.d_ff = 64;
-    c.tie_embeddings = false;
-  }
-  return c;
-}
+ModelConfig tiny(ModelConfig::Arch arch) { return test::tiny_model(arch, 64); }
 
 gpu::BenchSetup setup(ModelConfig::Arch arch, DType dt) {
   gpu::BenchSetup s;
