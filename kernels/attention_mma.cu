@@ -73,6 +73,16 @@ __device__ __forceinline__ void tile_load_async(T* dst, const T* src, int row0, 
 
 __device__ __forceinline__ void store_u32(void* p, uint32_t v) { *static_cast<uint32_t*>(p) = v; }
 
+// Two 16x8 products sharing A: d0 += a b[0..1], d1 += a b[2..3] (the B fragments of two
+// adjacent 8-wide n blocks, as one ldmatrix_x4 loads them).
+template <typename T>
+__device__ __forceinline__ void mma_pair(float (&d0)[4], float (&d1)[4], const uint32_t (&a)[4],
+                                         const uint32_t (&b)[4]) {
+  const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+  mma_m16n8k16<T>(d0, a, b0);
+  mma_m16n8k16<T>(d1, a, b1);
+}
+
 // The A fragment of the 16-wide k chunk kk of a 16 x 64 accumulator tile c (eight 8-wide C
 // fragments): the C layout of blocks 2kk and 2kk+1 is exactly A's (FlashAttention-2's
 // register reuse), rounded to T.
@@ -142,9 +152,7 @@ __global__ void __launch_bounds__(THREADS)
       for (int nb2 = 0; nb2 < 4; ++nb2) {
         uint32_t kf[4];
         ldmatrix_x4(kf, Ks + ((nb2 * 2 + (mi >> 1)) * 8 + (lane & 7)) * P + kc * 16 + (mi & 1) * 8);
-        const uint32_t b0[2] = {kf[0], kf[1]}, b1[2] = {kf[2], kf[3]};
-        mma_m16n8k16<T>(sc[2 * nb2], qf[kc], b0);
-        mma_m16n8k16<T>(sc[2 * nb2 + 1], qf[kc], b1);
+        mma_pair<T>(sc[2 * nb2], sc[2 * nb2 + 1], qf[kc], kf);
       }
     }
     // Scale into the log2 domain, mask, and the online softmax of rows row0 (i < 2), row0 + 8.
@@ -195,9 +203,7 @@ __global__ void __launch_bounds__(THREADS)
       for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
         uint32_t vf[4];
         ldmatrix_x4_trans(vf, Vs + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * P + (dn2 * 2 + (mi >> 1)) * 8);
-        const uint32_t b0[2] = {vf[0], vf[1]}, b1[2] = {vf[2], vf[3]};
-        mma_m16n8k16<T>(o[2 * dn2], pa, b0);
-        mma_m16n8k16<T>(o[2 * dn2 + 1], pa, b1);
+        mma_pair<T>(o[2 * dn2], o[2 * dn2 + 1], pa, vf);
       }
     }
     __syncthreads();  // every warp is done with this stage before it is refilled
@@ -329,12 +335,8 @@ __global__ void __launch_bounds__(THREADS)
           const int off = ((nb2 * 2 + (mi >> 1)) * 8 + (lane & 7)) * P + kc * 16 + (mi & 1) * 8;
           ldmatrix_x4(qf4, Qs + off);
           ldmatrix_x4(of4, dOs + off);
-          const uint32_t q0[2] = {qf4[0], qf4[1]}, q1[2] = {qf4[2], qf4[3]};
-          const uint32_t o0[2] = {of4[0], of4[1]}, o1[2] = {of4[2], of4[3]};
-          mma_m16n8k16<T>(st[2 * nb2], kf, q0);
-          mma_m16n8k16<T>(st[2 * nb2 + 1], kf, q1);
-          mma_m16n8k16<T>(dpt[2 * nb2], vf, o0);
-          mma_m16n8k16<T>(dpt[2 * nb2 + 1], vf, o1);
+          mma_pair<T>(st[2 * nb2], st[2 * nb2 + 1], kf, qf4);
+          mma_pair<T>(dpt[2 * nb2], dpt[2 * nb2 + 1], vf, of4);
         }
       }
       // P^T = exp(S^T * scale - lse) (0 where masked), dS^T = P^T (dP^T - D).
@@ -361,12 +363,8 @@ __global__ void __launch_bounds__(THREADS)
           const int off = (kk * 16 + (mi & 1) * 8 + (lane & 7)) * P + (dn2 * 2 + (mi >> 1)) * 8;
           ldmatrix_x4_trans(of4, dOs + off);
           ldmatrix_x4_trans(qf4, Qs + off);
-          const uint32_t o0[2] = {of4[0], of4[1]}, o1[2] = {of4[2], of4[3]};
-          const uint32_t q0[2] = {qf4[0], qf4[1]}, q1[2] = {qf4[2], qf4[3]};
-          mma_m16n8k16<T>(dva[2 * dn2], pa, o0);
-          mma_m16n8k16<T>(dva[2 * dn2 + 1], pa, o1);
-          mma_m16n8k16<T>(dka[2 * dn2], sa, q0);
-          mma_m16n8k16<T>(dka[2 * dn2 + 1], sa, q1);
+          mma_pair<T>(dva[2 * dn2], dva[2 * dn2 + 1], pa, of4);
+          mma_pair<T>(dka[2 * dn2], dka[2 * dn2 + 1], sa, qf4);
         }
       }
       // dS^T to shared memory, [key][query], for the dQ product across warps.
@@ -389,9 +387,7 @@ __global__ void __launch_bounds__(THREADS)
         for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
           uint32_t kf4[4];
           ldmatrix_x4_trans(kf4, Ks + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * P + (dn2 * 2 + (mi >> 1)) * 8);
-          const uint32_t k0[2] = {kf4[0], kf4[1]}, k1[2] = {kf4[2], kf4[3]};
-          mma_m16n8k16<T>(dqa[2 * dn2], af, k0);
-          mma_m16n8k16<T>(dqa[2 * dn2 + 1], af, k1);
+          mma_pair<T>(dqa[2 * dn2], dqa[2 * dn2 + 1], af, kf4);
         }
       }
       // This split's partial: its first key tile stores, the later ones add.

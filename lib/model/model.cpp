@@ -407,21 +407,26 @@ void Model::allocate(int B, int T) {
   for (int s = 0; s < sets; ++s) acts_.push_back(std::make_unique<LayerActs>());
   auto plan = [&](Carver& c) {
     auto act = [&](size_t n) { return c.bytes(n * es); };
+    // q, k, v (or their gradients): GPT-2's are the column blocks of one [N, QD + 2 KD] array
+    // (c_attn's rows), Llama's three dense arrays.
+    auto qkv = [&](void*& q, void*& k, void*& v) {
+      if (gpt2) {
+        q = act(N * (QD + 2 * KD));
+        k = static_cast<char*>(q) + QD * es;
+        v = static_cast<char*>(k) + KD * es;
+      } else {
+        q = act(N * QD);
+        k = act(N * KD);
+        v = act(N * KD);
+      }
+    };
     for (auto& res : residuals_) res = act(N * C);
     for (auto& ap : acts_) {
       LayerActs& a = *ap;
       a.ln1 = act(N * C);
       a.ln1_mean = c.of<float>(N);
       a.ln1_rstd = c.of<float>(N);
-      if (gpt2) {  // c_attn's output [N, QD + 2 KD], read in place by attention (strided q, k, v)
-        a.q = act(N * (QD + 2 * KD));
-        a.k = static_cast<char*>(a.q) + QD * es;
-        a.v = static_cast<char*>(a.k) + KD * es;
-      } else {
-        a.q = act(N * QD);
-        a.k = act(N * KD);
-        a.v = act(N * KD);
-      }
+      qkv(a.q, a.k, a.v);  // GPT-2: c_attn's output rows, read in place by attention (strided q, k, v)
       a.att = c.of<float>(dev_->attention_saved_floats(B, T, cfg_.n_head));
       a.atty = act(N * QD);
       a.res2 = act(N * C);
@@ -452,16 +457,8 @@ void Model::allocate(int B, int T) {
     s.targets = c.of<int32_t>(N);
     s.dres = act(N * C);
     s.dln = act(N * C);
-    if (gpt2) {  // attention's backward writes dq, dk, dv into c_attn's gradient rows
-      s.dqkv = act(N * (QD + 2 * KD));
-      s.dq = s.dqkv;
-      s.dk = static_cast<char*>(s.dq) + QD * es;
-      s.dv = static_cast<char*>(s.dk) + KD * es;
-    } else {
-      s.dq = act(N * QD);
-      s.dk = act(N * KD);
-      s.dv = act(N * KD);
-    }
+    qkv(s.dq, s.dk, s.dv);  // GPT-2: attention's backward writes into c_attn's gradient rows
+    if (gpt2) s.dqkv = s.dq;
     s.datty = act(N * QD);
     s.dfc = act(N * F);
     s.dup = gpt2 ? nullptr : act(N * F);
