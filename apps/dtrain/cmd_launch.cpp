@@ -25,6 +25,21 @@ launch::JobRequest job_request(const JobOptions& o, const std::string& mode) {
   r.hostfile_path = o.hostfile;
   r.output_dir = o.output_dir;
   r.sets = o.sets;
+  if (!o.nnodes.empty()) {
+    // "MIN:MAX" or "N": torchrun's grammar, as two config keys (after the --set ones, so
+    // the flag wins, and recorded in the run's config.yaml for resume).
+    const size_t colon = o.nnodes.find(':');
+    const std::string lo = o.nnodes.substr(0, colon), hi = colon == std::string::npos ? lo : o.nnodes.substr(colon + 1);
+    auto number = [&](const std::string& t) {
+      DT_ENFORCE(!t.empty() && t.size() < 6 && t.find_first_not_of("0123456789") == std::string::npos && std::stoi(t) >= 1,
+                 UsageError, "--nnodes '{}': give MIN:MAX (e.g. 2:4) or N, with 1 <= MIN <= MAX", o.nnodes);
+      return std::stoi(t);
+    };
+    const int mn = number(lo), mx = number(hi);
+    DT_ENFORCE(mn <= mx, UsageError, "--nnodes '{}': MIN {} is above MAX {}", o.nnodes, mn, mx);
+    r.sets.push_back(fmt::format("elastic.min_nodes={}", mn));
+    r.sets.push_back(fmt::format("elastic.max_nodes={}", mx));
+  }
   r.selection.include = o.include;
   r.selection.exclude = o.exclude;
   r.selection.num_nodes = o.num_nodes;

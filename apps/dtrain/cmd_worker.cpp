@@ -14,6 +14,7 @@
 #include "launch/dry_run.h"
 #include "launch/rank_device.h"
 #include "launch/job.h"
+#include "launch/membership.h"
 #include "launch/rank_context.h"
 #include "launch/rank_watch.h"
 #include "train/trainer.h"
@@ -23,6 +24,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -84,6 +86,16 @@ void test_stall_if_asked(const launch::RankContext& ctx, int64_t done_step) {
   for (int i = 0; i < 6000; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
 }
 
+// Test-only (tests/cli/straggler_test.cpp): DTRAIN_TEST_SLOW_RANK=R with
+// DTRAIN_TEST_SLOW_MS=M makes rank R sleep M ms (at most 10 s) after every training step,
+// a persistently slow rank for the straggler check to flag.
+void test_slow_if_asked(const launch::RankContext& ctx) {
+  const char* r = std::getenv("DTRAIN_TEST_SLOW_RANK");
+  const char* ms = std::getenv("DTRAIN_TEST_SLOW_MS");
+  if (!r || !*r || !ms || !*ms || std::atoi(r) != ctx.rank) return;
+  std::this_thread::sleep_for(std::chrono::milliseconds(std::clamp(std::atoi(ms), 0, 10000)));
+}
+
 int worker_train(launch::RankContext& ctx, rendezvous::Heartbeat& hb) {
   DT_ENFORCE(!ctx.config_path.empty(), UsageError, "DTRAIN_CONFIG is not set: the launcher passes the run's config");
   config::LoadedConfig loaded = config::config_load_file(ctx.config_path);
@@ -131,6 +143,20 @@ int train_rank(launch::RankContext& ctx, rendezvous::Heartbeat& hb, config::Trai
     last_step = step;
     publish();
     test_stall_if_asked(ctx, step);
+    if (step > 0) test_slow_if_asked(ctx);
+  };
+  // An elastic launcher that wants to regrow the job asks (store key) for a stop at the
+  // next checkpoint; rank 0 answers for all and records the step it stopped at.
+  env.stop_after_save = [&](int64_t step) {
+    if (ctx.rank != 0 || !ctx.round_store) return false;
+    try {
+      if (!ctx.round_store->check({launch::kElasticGrowKey})) return false;
+      ctx.round_store->set(launch::kElasticStoppedKey, std::to_string(step));
+      return true;
+    } catch (const Error& e) {
+      log_warn("rank 0 could not ask the store whether to stop for a membership change: {}", e.what());
+      return false;
+    }
   };
   env.on_steps_done = [&] {
     std::lock_guard<std::mutex> lock(progress_mu);

@@ -31,6 +31,7 @@ struct JobOptions {
   bool dry_run = false;               // --dry-run
   bool tee_all = false;               // --tee-all
   std::string launcher = "ssh";       // --launcher ssh|slurm
+  std::string nnodes;                 // --nnodes MIN:MAX (elastic.min_nodes / max_nodes)
 };
 
 int run_launch(const JobOptions& opts);

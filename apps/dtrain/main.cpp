@@ -35,6 +35,11 @@ void add_job_options(CLI::App* cmd, JobOptions& o, bool config_required) {
   inc->excludes(exc);
   cmd->add_option("--num-nodes", o.num_nodes, "use the first N hosts of the hostfile")
       ->check(int_at_least("--num-nodes", 1));
+  cmd->add_option("--nnodes", o.nnodes,
+                  "elastic membership as torchrun's: MIN:MAX nodes (N = N:N); a node that fails the probe or "
+                  "elastic.max_node_failures rounds in a row is left out while MIN remain, and rejoins at a "
+                  "checkpoint (sets elastic.min_nodes and elastic.max_nodes)")
+      ->type_name("MIN:MAX");
   cmd->add_option("--num-gpus", o.num_gpus, "use the first N slots of each host")->check(int_at_least("--num-gpus", 1));
   cmd->add_option("--nproc-per-node", o.nproc_per_node,
                   "ranks on localhost when no hostfile is given (default: visible GPUs, else 1)")

@@ -89,4 +89,34 @@ void config_resolve_batch(TrainConfig& cfg, int dp_world_size) {
   cfg.resolved_dp_world_size = w;
 }
 
+ElasticBatch config_elastic_batch(const TrainConfig& cfg, int ref_world, int world) {
+  TrainConfig ref = cfg;
+  if (ref.resolved_dp_world_size != ref_world) config_resolve_batch(ref, ref_world);
+  const int64_t t = ref.resolved_train_batch_size, m = ref.resolved_micro_batch_size, g = ref.resolved_grad_accum_steps;
+  DT_ENFORCE(world >= 1, ConfigError, "{}: an elastic round needs at least one rank", cfg.source);
+  ElasticBatch out;
+  out.cfg = cfg;
+  int64_t t2 = t, g2 = g;
+  if (t % (m * world) == 0) {
+    g2 = t / (m * world);
+    out.note = g2 == g ? fmt::format("batch unchanged: train_batch_size {} = micro {} x accumulation {} x {} ranks", t,
+                                     m, g, world)
+                       : fmt::format("train_batch_size {} kept: gradient_accumulation_steps {} -> {} on {} ranks "
+                                     "(micro-batch {})",
+                                     t, g, g2, world, m);
+  } else {
+    t2 = m * g * world;
+    out.global_changed = true;
+    out.note = fmt::format("train_batch_size {} -> {}: {} is not a multiple of micro-batch {} x {} ranks, so the "
+                           "micro-batch {} and gradient_accumulation_steps {} stay and the global batch follows the "
+                           "world size (the learning rate schedule is unchanged)",
+                           t, t2, t, m, world, m, g);
+  }
+  out.cfg.train_batch_size = t2;
+  out.cfg.train_micro_batch_size_per_gpu = m;
+  out.cfg.gradient_accumulation_steps = g2;
+  config_resolve_batch(out.cfg, world);
+  return out;
+}
+
 }  // namespace dtrain::config

@@ -229,6 +229,34 @@ const std::vector<KeySpec>& build_schema() {
        "seconds a training rank may go without completing a step (its evaluation and checkpoint "
        "included) before it is declared hung; 0 = off (> heartbeat_interval when on)",
        {}, 0, {}, false, "DTRAIN_STEP_TIMEOUT"},
+      {"fault_tolerance.straggler_factor", KeyType::FLOAT, F(fault_tolerance.straggler_factor),
+       "a rank whose compute time per step (step time minus its wait in collectives) is above this factor "
+       "times the median rank's, in straggler_window consecutive progress records, is flagged as a straggler "
+       "(launcher output and dtrain status, naming its host)",
+       {}, 1, {}, true},
+      {"fault_tolerance.straggler_window", KeyType::INT, F(fault_tolerance.straggler_window),
+       "consecutive progress records (one per steps_per_print steps) a rank must be slow in before it is "
+       "flagged as a straggler",
+       {}, 1},
+
+      // ---- elastic membership (torchrun's --nnodes MIN:MAX; dtrain launch --nnodes sets both)
+      {"elastic.min_nodes", KeyType::INT, F(elastic.min_nodes),
+       "the fewest nodes a round may run on: a node that fails the probe before a round, or fails "
+       "max_node_failures rounds in a row, is left out while this many remain; 0 = not elastic (every "
+       "selected host in every round)",
+       {}, 0},
+      {"elastic.max_nodes", KeyType::INT, F(elastic.max_nodes),
+       "the most nodes a round runs on (hostfile order; further hosts are standbys that replace nodes left "
+       "out); 0 = every selected host",
+       {}, 0},
+      {"elastic.max_node_failures", KeyType::INT, F(elastic.max_node_failures),
+       "consecutive failed rounds blamed on one node before an elastic job leaves it out", {}, 1},
+      {"elastic.probe_interval", KeyType::FLOAT, F(elastic.probe_interval),
+       "seconds between probes (SSH reachable, same dtrain version) of the nodes left out while a round runs; "
+       "one that passes rejoins at the next checkpoint",
+       {}, 0, {}, true},
+      {"elastic.probe_timeout", KeyType::FLOAT, F(elastic.probe_timeout),
+       "seconds a probe of one host may take before it counts as failed", {}, 0, {}, true},
 
       // ---- TensorBoard (DeepSpeed's section and key names)
       {"tensorboard.enabled", KeyType::BOOL, F(tensorboard.enabled),

@@ -132,7 +132,19 @@ struct FaultToleranceConfig {
   double heartbeat_interval = 2.0;  // seconds
   double heartbeat_timeout = 15.0;  // seconds
   double step_timeout = 0.0;  // seconds without a training step before a rank is hung; 0 = off
+  double straggler_factor = 1.5;  // a rank whose compute time exceeds factor x the median ...
+  int64_t straggler_window = 5;   // ... in this many consecutive progress records is a straggler
   bool operator==(const FaultToleranceConfig&) const = default;
+};
+
+// Elastic node membership (torchrun's --nnodes MIN:MAX).
+struct ElasticConfig {
+  int64_t min_nodes = 0;          // 0 = not elastic: every selected host, every round
+  int64_t max_nodes = 0;          // 0 = every selected host (hosts beyond it are standbys)
+  int64_t max_node_failures = 2;  // consecutive failed rounds blamed on one node before it is left out
+  double probe_interval = 10.0;   // seconds between probes of the nodes left out while a round runs
+  double probe_timeout = 15.0;    // seconds a probe of one host may take
+  bool operator==(const ElasticConfig&) const = default;
 };
 
 struct SshConfig {
@@ -206,6 +218,7 @@ struct TrainConfig {
   ActivationCheckpointingConfig activation_checkpointing;
   TrainingConfig training;
   FaultToleranceConfig fault_tolerance;
+  ElasticConfig elastic;
   TensorboardConfig tensorboard;  // DeepSpeed's tensorboard section
   ClusterConfig cluster;
 
@@ -248,6 +261,18 @@ void config_check_job(const TrainConfig& cfg);
 // DeepSpeed's rule train_batch_size = micro * grad_accum * dp_world_size: fills the three
 // resolved_* fields (and resolved_dp_world_size) from what was given; ConfigError otherwise.
 void config_resolve_batch(TrainConfig& cfg, int dp_world_size);
+
+// An elastic round's batch: cfg resolved at ref_world (the full membership) carried to
+// `world` ranks. The global batch stays when it divides exactly into micro-batches of the
+// same size (gradient accumulation changes); otherwise micro-batch and accumulation stay
+// and the global batch follows the world size, and `note` says so. The returned config
+// has all three batch keys given and is resolved for `world`.
+struct ElasticBatch {
+  TrainConfig cfg;
+  bool global_changed = false;
+  std::string note;  // "train_batch_size 24 kept: gradient_accumulation_steps 1 -> 2 on 4 ranks" ...
+};
+ElasticBatch config_elastic_batch(const TrainConfig& cfg, int ref_world, int world);
 
 // Complete YAML for cfg (every key, derived values explicit); loading it gives an equal
 // config (source aside).

@@ -186,6 +186,10 @@ void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>
              "{}: fault_tolerance.step_timeout: {} s must be 0 (off) or greater than heartbeat_interval = {} s (steps "
              "are reported with the heartbeats)",
              o.at("fault_tolerance.step_timeout"), f.step_timeout, f.heartbeat_interval);
+  const ElasticConfig& el = cfg.elastic;
+  if (el.max_nodes > 0 && el.min_nodes > el.max_nodes)
+    DT_THROW(ConfigError, "{}: elastic.min_nodes: {} is above elastic.max_nodes = {} (--nnodes MIN:MAX needs MIN <= MAX)",
+             o.at("elastic.min_nodes"), el.min_nodes, el.max_nodes);
   if (cfg.training.name.find('/') != std::string::npos)
     DT_THROW(ConfigError, "{}: training.name: '{}' must not contain '/' (it names runs/<name>)", o.at("training.name"),
              cfg.training.name);

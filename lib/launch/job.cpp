@@ -282,7 +282,18 @@ Job job_prepare(const JobRequest& req) {
   }
   int port = req.master_port >= 0 ? req.master_port : static_cast<int>(cfg.cluster.rendezvous.port);
   // Port 0 is bound at launch; plan with a placeholder that job_set_port replaces.
-  job.plan = plan_placement(job.hosts, addr, port == 0 ? 29500 : port);
+  // An elastic job plans its first round over the first elastic.max_nodes hosts (the
+  // rest are standbys); the supervisor re-plans every round over the members.
+  config::Hostfile planned = job.hosts;
+  if (cfg.elastic.min_nodes > 0) {
+    DT_ENFORCE(static_cast<size_t>(cfg.elastic.min_nodes) <= job.hosts.hosts.size(), ConfigError,
+               "{}: elastic.min_nodes (--nnodes MIN) is {} but the hostfile selects only {} host(s); lower MIN or add "
+               "hosts",
+               cfg.source, cfg.elastic.min_nodes, job.hosts.hosts.size());
+    if (cfg.elastic.max_nodes > 0 && planned.hosts.size() > static_cast<size_t>(cfg.elastic.max_nodes))
+      planned.hosts.resize(static_cast<size_t>(cfg.elastic.max_nodes));
+  }
+  job.plan = plan_placement(planned, addr, port == 0 ? 29500 : port);
   if (port == 0) job.plan.master_port = 0;
   // A pure DeepSpeed config may leave every batch key to its trainer ("auto"): a dry run
   // then plans without one; a given but inconsistent batch is always an error.

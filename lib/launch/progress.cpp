@@ -120,6 +120,7 @@ std::string ProgressView::render_tty(const ProgressRecord& r) const {
                               r.step, r.total_steps, pct, r.loss, r.lr, format_rate(r.tokens_per_s),
                               progress_format_duration(eta_seconds()), r.loss_scale, r.grad_norm);
   if (restarts_ > 0) s += fmt::format(" | restarts {}", restarts_);
+  if (!flag_.empty()) s += " | " + flag_;
   if (r.skipped) s += " | skipped";
   return sanitize(s);
 }
@@ -151,6 +152,7 @@ bool ProgressView::consume(std::string_view rank0_line, std::string* out) {
   } else {
     *out = sanitize(rank0_line);
     if (restarts_ > 0) *out += fmt::format(" | restarts {}", restarts_);
+    if (!flag_.empty()) *out += " | " + sanitize(flag_);
     out->push_back('\n');
   }
   return true;

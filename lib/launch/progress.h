@@ -48,6 +48,10 @@ class ProgressView {
   /// Sets the restart count shown from now on (the supervisor calls it per round).
   void set_restarts(int restarts) { restarts_ = restarts; }
 
+  /// A mark shown on every progress line from now on ("" = none): the supervisor's
+  /// straggler flag, e.g. "straggler rank 2 (node3) 3.1x".
+  void set_flag(std::string flag) { flag_ = std::move(flag); }
+
   /// Consumes one line of rank 0's stdout (without '\n') and sets *out to the bytes to
   /// write. Returns true when the line was a progress line.
   bool consume(std::string_view rank0_line, std::string* out);
@@ -66,6 +70,7 @@ class ProgressView {
 
   bool tty_;
   int restarts_;
+  std::string flag_;
   bool line_open_ = false;  // a status line without '\n' is on the terminal
   std::optional<ProgressRecord> last_;
   double ema_step_s_ = -1.0;

@@ -5,6 +5,9 @@
 #include "core/log.h"
 #include "core/net_address.h"
 #include "launch/agent.h"
+#include "launch/host_probe.h"
+#include "launch/membership.h"
+#include "config/train_config.h"
 #include "launch/local_spawner.h"
 #include "launch/rank_device.h"
 #include "launch/ssh_spawner.h"
@@ -14,10 +17,12 @@
 #include "launch/rank_watch.h"
 #include "rendezvous/store.h"
 #include "report/status.h"
+#include "report/straggler.h"
 
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <condition_variable>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -26,6 +31,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include <unistd.h>
 
@@ -49,11 +55,24 @@ std::string expand_home(const std::string& p) {
 // agent's own lines in logs/nodeK.log.
 class OutputRouter {
  public:
-  OutputRouter(const std::string& run_dir, RunFiles& files, bool echo, bool tee_all)
+  OutputRouter(const std::string& run_dir, RunFiles& files, bool echo, bool tee_all, double straggler_factor,
+               int straggler_window)
       : dir_(fs::path(run_dir) / "logs"), files_(files), echo_(echo), tee_all_(tee_all),
-        progress_(::isatty(STDOUT_FILENO) != 0, 0) {
+        progress_(::isatty(STDOUT_FILENO) != 0, 0), stragglers_(straggler_factor, straggler_window) {
     std::error_code ec;
     fs::create_directories(dir_, ec);
+  }
+
+  // The round's placement, for naming a straggler's host; a new round counts afresh.
+  void set_plan(const Plan& plan, int round) {
+    std::lock_guard<std::mutex> lock(mu_);
+    rank_where_.clear();
+    for (const NodePlan& n : plan.nodes)
+      for (size_t i = 0; i < n.ranks.size(); ++i) rank_where_.emplace_back(n.node_rank, n.host.destination());
+    stragglers_ = report::StragglerDetector(stragglers_.factor(), stragglers_.window());
+    flagged_.clear();
+    progress_.set_flag("");
+    round_ = round;
   }
 
   void line(int node, Stream s, std::string_view text) {
@@ -76,6 +95,15 @@ class OutputRouter {
     if (rank < 0 && s == Stream::STDERR && (text.find("error: ") != std::string_view::npos ||
                                             text.find("warning: ") != std::string_view::npos))
       agent_said_[node] = std::string(text);
+    // Rank 0's per-rank times: the straggler check, not terminal output (kept in its log).
+    if (rank == 0 && s == Stream::STDOUT)
+      if (auto times = report::rank_times_parse(body)) {
+        straggler_check(*times);
+        std::string record(body);
+        record.push_back('\n');
+        files_.append((dir_ / "rank0.log").string(), record);
+        return;
+      }
     if (echo_) {
       if (rank == 0 && s == Stream::STDOUT) {
         // Progress lines become one redrawn status line on a TTY, plain lines otherwise.
@@ -122,6 +150,12 @@ class OutputRouter {
     progress_.set_restarts(restarts);
   }
 
+  // Events (stragglers flagged or recovered) for the supervising thread to record.
+  std::vector<nlohmann::json> take_events() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(events_, {});
+  }
+
   // Other output must start on a fresh line when a redrawn status line is open.
   void end_status_line() {
     std::string nl = progress_.interrupt();
@@ -139,10 +173,61 @@ class OutputRouter {
     std::fflush(f);
   }
 
+  // Under mu_. A rank flagged (or no longer flagged) by the straggler rule: one line on
+  // the terminal naming its host, a mark on the live progress line, an event.
+  void straggler_check(const report::RankTimes& t) {
+    const auto& now = stragglers_.add(t.compute_ms);
+    std::map<int, report::Straggler> cur;
+    for (const auto& x : now) cur[x.rank] = x;
+    std::string flag;
+    for (const auto& [r, x] : cur) {
+      const auto [node, host] = r < static_cast<int>(rank_where_.size()) ? rank_where_[static_cast<size_t>(r)]
+                                                                         : std::pair<int, std::string>{-1, "?"};
+      if (!flag.empty()) flag += ", ";
+      flag += fmt::format("rank {} ({}) {:.1f}x", r, host, x.ratio);
+      if (flagged_.count(r)) continue;
+      const std::string msg = fmt::format(
+          "straggler: rank {} on {} (node {}) computes {:.1f} ms per step, {:.1f}x the median rank's {:.1f} ms, for {} "
+          "progress records in a row (fault_tolerance.straggler_factor {:g}, straggler_window {}); its peers wait for "
+          "it in every collective",
+          r, host, node, x.compute_ms, x.ratio, x.median_ms, x.records, stragglers_.factor(), stragglers_.window());
+      if (echo_) {
+        end_status_line();
+        print(stderr, "", "[dtrain] warning: " + msg);
+      }
+      events_.push_back({{"time_ms", unix_ms_now()}, {"event", "straggler"}, {"round", round_}, {"rank", r},
+                         {"node", node}, {"host", host}, {"compute_ms", x.compute_ms}, {"median_ms", x.median_ms},
+                         {"ratio", x.ratio}});
+    }
+    for (const auto& [r, x] : flagged_)
+      if (!cur.count(r)) {
+        const std::string host = r < static_cast<int>(rank_where_.size()) ? rank_where_[static_cast<size_t>(r)].second : "?";
+        if (echo_) {
+          end_status_line();
+          print(stderr, "", fmt::format("[dtrain] straggler: rank {} on {} is no longer slower than {:g}x the median",
+                                        r, host, stragglers_.factor()));
+        }
+        events_.push_back({{"time_ms", unix_ms_now()}, {"event", "straggler_recovered"}, {"round", round_},
+                           {"rank", r}, {"host", host}});
+      }
+    flagged_ = std::move(cur);
+    progress_.set_flag(flag.empty() ? "" : "straggler " + flag);
+  }
+
+  static int64_t unix_ms_now() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+
   fs::path dir_;
   RunFiles& files_;
   bool echo_, tee_all_;
   ProgressView progress_;
+  report::StragglerDetector stragglers_;
+  std::vector<std::pair<int, std::string>> rank_where_;  // by global rank: node, host
+  std::map<int, report::Straggler> flagged_;
+  std::vector<nlohmann::json> events_;
+  int round_ = 0;
   std::mutex mu_;
   std::map<int, std::string> agent_said_;
   std::atomic<bool> started_{false};
@@ -154,6 +239,14 @@ std::string agent_said_suffix(const std::string& said) {
   return said.empty() ? std::string() : fmt::format(" (its agent said: {})", said);
 }
 
+// How a round ended (a run loop over states: the round's one result says what happened).
+enum class RoundEnd {
+  SUCCEEDED,    // every node's agent succeeded: the job is done
+  FAILED,       // a node failed (node, why, exit_code say which and how)
+  INTERRUPTED,  // the launcher got SIGINT/SIGTERM/SIGHUP
+  RESIZED       // an elastic job stopped itself at a checkpoint to take a host back
+};
+
 struct Failure {
   enum class Kind { NONE, SPAWN, AGENT_EXIT, HEARTBEAT, RANK_HUNG, INTERRUPT };
   int node = -1;
@@ -162,6 +255,8 @@ struct Failure {
   Kind kind = Kind::NONE;
   bool permanent = false;  // retrying cannot help (host key / authentication refused)
   std::optional<RankHang> hang = std::nullopt;  // RANK_HUNG: which rank, how long silent
+  RoundEnd end = RoundEnd::FAILED;
+  int64_t resized_at_step = -1;  // RESIZED: the checkpoint step the ranks stopped at
 };
 
 int64_t unix_ms() {
@@ -197,9 +292,16 @@ std::string interrupt_why(int sig) {
 }
 
 // nodes.json for `dtrain status`; a failure to write it is reported once, not fatal.
-void write_nodes(const Job& job, RunFiles& files, int round, const std::vector<report::NodeHealth>& health) {
-  files.attempt((fs::path(job.run_dir) / "nodes.json").string(),
-                [&] { report::status_write_nodes(job.run_dir, round, health); });
+void write_nodes(const Job& job, RunFiles& files, int round, std::vector<report::NodeHealth> health) {
+  for (auto& h : health)
+    if (h.node >= 0 && h.node < static_cast<int>(job.plan.nodes.size())) {
+      h.first_rank = job.plan.nodes[static_cast<size_t>(h.node)].first_rank;
+      h.num_ranks = static_cast<int>(job.plan.nodes[static_cast<size_t>(h.node)].ranks.size());
+    }
+  const auto& ft = job.cfg.fault_tolerance;
+  files.attempt((fs::path(job.run_dir) / "nodes.json").string(), [&] {
+    report::status_write_nodes(job.run_dir, round, health, ft.straggler_factor, static_cast<int>(ft.straggler_window));
+  });
 }
 
 // The end of supervise: what could not be recorded, said where the user sees it.
@@ -215,8 +317,66 @@ int finish(RunFiles& files, int rc) {
 }
 
 // One round: start agents, watch, stop. Returns nullopt-like Failure{node=-1} on success.
+// While a round of an elastic job runs, the hosts left out are probed every
+// elastic.probe_interval; once one passes, the ranks are asked (store key) to stop at
+// their next checkpoint so the next round can take it back.
+class RejoinProber {
+ public:
+  RejoinProber(HostProbe* probe, const Membership& m, double interval_s, rendezvous::StoreClient& store,
+               std::string grow_key)
+      : store_(store), key_(std::move(grow_key)) {
+    if (!probe || !m.elastic()) return;
+    std::vector<config::HostEntry> hosts;
+    for (int i : m.rejoin_candidates()) hosts.push_back(m.hostfile().hosts[static_cast<size_t>(i)]);
+    if (hosts.empty()) return;
+    thread_ = std::thread([this, probe, hosts, interval = seconds_ms(interval_s)] {
+      while (true) {
+        {
+          std::unique_lock<std::mutex> lock(mu_);
+          if (cv_.wait_for(lock, interval, [&] { return stop_; })) return;
+        }
+        auto res = host_probe_all(*probe, hosts);
+        for (size_t i = 0; i < res.size(); ++i)
+          if (res[i].ok) {
+            try {
+              store_.set(key_, "1");
+            } catch (const Error&) {
+              continue;  // the store is going away with the round: the next round probes anyway
+            }
+            std::lock_guard<std::mutex> lock(mu_);
+            asked_ = hosts[i].destination();
+            return;
+          }
+      }
+    });
+  }
+  ~RejoinProber() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  // The host whose passing probe asked the ranks to stop ("" = none yet).
+  std::string asked() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return asked_;
+  }
+
+ private:
+  rendezvous::StoreClient& store_;
+  std::string key_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::string asked_;
+  std::thread thread_;
+};
+
 Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreClient& store,
-                  const std::string& token, const SupervisorOptions& opts, OutputRouter& out, RunFiles& files) {
+                  const std::string& token, const SupervisorOptions& opts, OutputRouter& out, RunFiles& files,
+                  HostProbe* probe, const Membership& members) {
   const auto& ft = job.cfg.fault_tolerance;
   const auto hb_timeout = seconds_ms(ft.heartbeat_timeout);
   // Grace before the first heartbeat: SSH connect plus agent start.
@@ -261,6 +421,9 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
   limits.step_timeout = seconds_ms(ft.step_timeout);
   limits.first_beat_grace = first_hb_grace;
   RankWatch rank_watch(job.plan, limits);
+  std::optional<RejoinProber> rejoin;
+  if (fail.node < 0) rejoin.emplace(probe, members, job.cfg.elastic.probe_interval, store, prefix + kElasticGrowKey);
+  std::string rejoin_logged;
 
   const auto started = Clock::now();
   auto last_nodes_write = started - 10s;
@@ -268,6 +431,7 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
   while (fail.node < 0) {
     if (opts.interrupted && *opts.interrupted) {
       fail = {-2, interrupt_why(*opts.interrupted), static_cast<int>(Exit::INTERRUPTED), Failure::Kind::INTERRUPT};
+      fail.end = RoundEnd::INTERRUPTED;
       break;
     }
     int finished = 0;
@@ -305,10 +469,23 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
     }
     if (fail.node >= 0) break;
     if (opts.on_started && out.take_started(finished == n)) opts.on_started();
+    for (auto& ev : out.take_events()) files.event(ev);
+    if (rejoin && rejoin_logged.empty() && !(rejoin_logged = rejoin->asked()).empty())
+      log_info("{} passed the probe again: the ranks stop at their next checkpoint and the job regrows", rejoin_logged);
     if (finished == n) {  // every node succeeded
       std::vector<report::NodeHealth> health;
       for (int k = 0; k < n; ++k) health.push_back({k, job.plan.nodes[k].host.destination(), -1.0, "done"});
       write_nodes(job, files, round, health);
+      fail.end = RoundEnd::SUCCEEDED;
+      // Ranks that stopped at a checkpoint because a host passed the probe again.
+      try {
+        if (store.check({prefix + kElasticStoppedKey})) {
+          fail.end = RoundEnd::RESIZED;
+          fail.resized_at_step = std::atoll(store.get(prefix + kElasticStoppedKey, 1000ms).c_str());
+          fail.why = rejoin ? rejoin->asked() : "";
+        }
+      } catch (const Error&) {
+      }
       return fail;
     }
 
@@ -418,6 +595,62 @@ NodeSpawner node_spawner_default(const config::TrainConfig& cfg) {
   };
 }
 
+namespace {
+
+// The hosts and batch of an elastic job's next round: placement over the members, and a
+// config for the ranks whose batch keeps the global batch where it divides (written as
+// config.elastic.yaml when the world size differs from the full membership's). One
+// "membership" event with every change and its cause. False (and *problem) when fewer
+// than elastic.min_nodes hosts can run.
+bool elastic_plan_round(Job& job, Membership& members, HostProbe& probe, int round, int ref_world,
+                        const std::string& base_config, RunFiles& files, std::string* problem) {
+  const auto probes = host_probe_all(probe, members.hostfile().hosts);
+  RoundMembers rm = members.plan_round(probes);
+  nlohmann::json changes = nlohmann::json::array();
+  for (const auto& c : rm.changes) {
+    changes.push_back({{"host", c.name}, {"change", c.joined ? "joined" : "left"}, {"cause", c.cause}});
+    if (c.joined && c.cause == "initial membership") continue;
+    if (c.joined) log_info("membership: {} joins round {}: {}", c.name, round, c.cause);
+    else log_warn("membership: {} is left out of round {}: {}", c.name, round, c.cause);
+  }
+  if (!rm.problem.empty()) {
+    *problem = rm.problem;
+    files.event({{"time_ms", unix_ms()}, {"event", "membership"}, {"round", round}, {"changes", changes},
+                 {"hosts", nlohmann::json::array()}, {"problem", rm.problem}});
+    return false;
+  }
+  const config::Hostfile hf = members.hostfile_of(rm.hosts);
+  const int port = job.plan.master_port;
+  job.plan = plan_placement(hf, job.plan.master_addr, port);
+  const config::ElasticBatch b = config::config_elastic_batch(job.cfg, ref_world, job.plan.world_size);
+  job.spec.config_path = base_config;
+  if (job.plan.world_size != ref_world) {
+    const std::string path = (fs::path(job.run_dir) / "config.elastic.yaml").string();
+    run_dir_write_file(path, config::config_to_yaml(b.cfg), run_dir_mode_parse(job.cfg.training.run_dir_mode));
+    job.spec.config_path = path;
+  }
+  nlohmann::json hosts = nlohmann::json::array();
+  for (const auto& h : hf.hosts) hosts.push_back(h.destination());
+  if (!rm.changes.empty()) {
+    if (round > 0 || job.plan.world_size != ref_world) log_info("membership: round {} runs on {} node(s), {} rank(s); {}",
+                                                                round, hf.hosts.size(), job.plan.world_size, b.note);
+    files.event({{"time_ms", unix_ms()},
+                 {"event", "membership"},
+                 {"round", round},
+                 {"hosts", hosts},
+                 {"world_size", job.plan.world_size},
+                 {"changes", changes},
+                 {"train_batch_size", b.cfg.resolved_train_batch_size},
+                 {"micro_batch", b.cfg.resolved_micro_batch_size},
+                 {"grad_accum", b.cfg.resolved_grad_accum_steps},
+                 {"global_batch_changed", b.global_changed},
+                 {"batch", b.note}});
+  }
+  return true;
+}
+
+}  // namespace
+
 int supervise(Job& job, const SupervisorOptions& opts) {
   DT_ENFORCE(static_cast<bool>(opts.spawner), InternalError, "supervise needs a spawner");
   const std::string token = rendezvous::token_generate();
@@ -428,37 +661,80 @@ int supervise(Job& job, const SupervisorOptions& opts) {
   job_set_port(job, server.port());
   rendezvous::StoreClient store(listen_addr, server.port(), token);
   RunFiles files(job.run_dir);
-  OutputRouter out(job.run_dir, files, opts.echo, opts.tee_all);
+  const auto& ft = job.cfg.fault_tolerance;
+  OutputRouter out(job.run_dir, files, opts.echo, opts.tee_all, ft.straggler_factor,
+                   static_cast<int>(ft.straggler_window));
   files.attempt((fs::path(job.run_dir) / "launcher.json").string(),
                 [&] { report::status_write_launcher(job.run_dir, job.spec.job_id); });
   log_info("run directory: {}", job.run_dir);
   if (job.spec.mode == "train")
     for (const std::string& line : rank_device_plan_lines(job.plan, job.cfg.training.device)) log_info("{}", line);
-  const auto& ft = job.cfg.fault_tolerance;
 
+  // Elastic membership (--nnodes MIN:MAX): job.plan is re-planned over the members
+  // before every round; ref_world is the full membership's world size, the one the
+  // config's batch was resolved for.
+  const auto& el = job.cfg.elastic;
+  Membership members(job.hosts, static_cast<int>(el.min_nodes), static_cast<int>(el.max_nodes),
+                     static_cast<int>(el.max_node_failures));
+  std::unique_ptr<HostProbe> probe;
+  if (members.elastic()) {
+    probe = opts.probe_factory ? opts.probe_factory(job)
+                               : host_probe_version(job.cfg, job.spec.dtrain_path, seconds_ms(el.probe_timeout));
+    log_info("elastic: {} to {} node(s) of the {} host(s); a node is left out after failing the probe or {} round(s) "
+             "in a row, and rejoins at a checkpoint once it passes the probe again",
+             members.min_nodes(), members.max_nodes(), job.hosts.hosts.size(), el.max_node_failures);
+  }
+  const int ref_world = job.plan.world_size;
+
+  int failed_rounds = 0;
   for (int round = 0;; ++round) {
     job.spec.round = round;
-    out.set_restarts(round);
+    out.set_restarts(failed_rounds);
     // A failed round may have been one that was saving a checkpoint (run_job does this
     // before round 0, before it writes anything itself).
     if (round > 0) run_dir_remove_partial_checkpoints(job.run_dir);
-    log_info("round {}: starting {} rank(s) on {} node(s), rendezvous {}", round, job.plan.world_size,
-             job.plan.nodes.size(), host_port_text(job.plan.master_addr, job.plan.master_port));
-    files.event({{"time_ms", unix_ms()}, {"event", "round_start"}, {"round", round},
-                 {"world_size", job.plan.world_size}});
-    auto t0 = Clock::now();
-    Failure f = run_round(job, server, store, token, opts, out, files);
-    if (f.node == -1) {
-      log_info("job finished: all {} rank(s) succeeded in round {} ({:.1f} s)", job.plan.world_size, round,
-               std::chrono::duration<double>(Clock::now() - t0).count());
-      files.event({{"time_ms", unix_ms()}, {"event", "finished"}, {"round", round}});
-      return finish(files, 0);
+    Failure f;
+    std::string no_members;
+    const std::string base_config = (fs::path(job.run_dir) / (job.run_dir_pending ? "config.pending.yaml" : "config.yaml")).string();
+    if (members.elastic() &&
+        !elastic_plan_round(job, members, *probe, round, ref_world, base_config, files, &no_members)) {
+      f = {-1, no_members, static_cast<int>(Exit::LAUNCH), Failure::Kind::SPAWN};
+    } else {
+      out.set_plan(job.plan, round);
+      log_info("round {}: starting {} rank(s) on {} node(s), rendezvous {}", round, job.plan.world_size,
+               job.plan.nodes.size(), host_port_text(job.plan.master_addr, job.plan.master_port));
+      files.event({{"time_ms", unix_ms()}, {"event", "round_start"}, {"round", round},
+                   {"world_size", job.plan.world_size}});
+      auto t0 = Clock::now();
+      f = run_round(job, server, store, token, opts, out, files, probe.get(), members);
+      for (auto& ev : out.take_events()) files.event(ev);
+      if (f.end == RoundEnd::SUCCEEDED) {
+        log_info("job finished: all {} rank(s) succeeded in round {} ({:.1f} s)", job.plan.world_size, round,
+                 std::chrono::duration<double>(Clock::now() - t0).count());
+        files.event({{"time_ms", unix_ms()}, {"event", "finished"}, {"round", round}});
+        return finish(files, 0);
+      }
+      if (f.end == RoundEnd::RESIZED) {
+        members.round_healthy();
+        log_info("round {} stopped after its checkpoint at step {}: {} passed the probe again, the next round takes "
+                 "it back",
+                 round, f.resized_at_step, f.why.empty() ? "a host left out" : f.why);
+        files.event({{"time_ms", unix_ms()}, {"event", "resize"}, {"round", round}, {"step", f.resized_at_step},
+                     {"why", fmt::format("{} passed the probe again", f.why.empty() ? "a host left out" : f.why)}});
+        continue;
+      }
     }
+    // A round that ran some steps before failing resets its nodes' failure streaks only
+    // by succeeding; the node blamed for this one counts one more.
+    if (members.elastic() && f.node >= 0 && f.node < static_cast<int>(members.members().size()))
+      members.round_failed(members.members()[static_cast<size_t>(f.node)], f.why);
     // A rank that stopped on a usage or config error fails the same way every round.
     if (f.exit_code == static_cast<int>(Exit::USAGE)) f.permanent = true;
-    const bool retry = f.node != -2 && !f.permanent && round < ft.max_retries;
+    const bool retry = f.node != -2 && !f.permanent && failed_rounds < ft.max_retries;
     nlohmann::json ev{{"time_ms", unix_ms()}, {"event", "failure"},         {"round", round}, {"node", f.node},
                       {"why", f.why},         {"exit_code", f.exit_code}, {"retry", retry}};
+    if (f.node >= 0 && f.node < static_cast<int>(job.plan.nodes.size()))
+      ev["host"] = job.plan.nodes[static_cast<size_t>(f.node)].host.destination();
     if (f.hang) {
       ev["hang"] = f.hang->kind_name();
       ev["rank"] = f.hang->rank;
@@ -469,7 +745,7 @@ int supervise(Job& job, const SupervisorOptions& opts) {
       if (f.hang->kind == RankHang::Kind::NO_STEP) ev["last_step"] = f.hang->last_step;
     }
     files.event(ev);
-    if (f.node == -2) {
+    if (f.end == RoundEnd::INTERRUPTED) {
       log_error("{}: every node stopped; continue with: dtrain resume {}", f.why, job.run_dir);
       return finish(files, f.exit_code);
     }
@@ -478,11 +754,12 @@ int supervise(Job& job, const SupervisorOptions& opts) {
       log_error("not restarting: retrying cannot fix this (a usage, config, host key or credential error): fix it, then dtrain resume");
       return finish(files, f.exit_code);
     }
-    if (round >= ft.max_retries) {
-      log_error("giving up after {} restart(s) (fault_tolerance.max_retries = {})", round, ft.max_retries);
+    if (failed_rounds >= ft.max_retries) {
+      log_error("giving up after {} restart(s) (fault_tolerance.max_retries = {})", failed_rounds, ft.max_retries);
       return finish(files, f.exit_code);
     }
-    log_info("restarting in {} s (restart {} of {})", ft.retry_delay, round + 1, ft.max_retries);
+    ++failed_rounds;
+    log_info("restarting in {} s (restart {} of {})", ft.retry_delay, failed_rounds, ft.max_retries);
     auto until = Clock::now() + seconds_ms(ft.retry_delay);
     auto next_flush = Clock::now();
     while (Clock::now() < until) {

@@ -5,6 +5,7 @@
 // fault_tolerance.max_retries lasts, starts a new round.
 #pragma once
 
+#include "launch/host_probe.h"
 #include "launch/job.h"
 #include "launch/spawner.h"
 #include "launch/ssh_session.h"
@@ -37,6 +38,9 @@ struct SupervisorOptions {
   /// training started (its "resumed from step" / "train:" line, printed once every rank
   /// loaded the config and the checkpoint, or a progress line), or when a round succeeds.
   std::function<void()> on_started;
+  /// Elastic jobs (elastic.min_nodes > 0): the probe a host must pass to run in a round
+  /// and to rejoin. Empty = host_probe_version (SSH reachable, same dtrain version).
+  std::function<std::unique_ptr<HostProbe>(const Job&)> probe_factory;
 };
 
 /// Runs the job to completion (all rounds). Returns the process exit code: 0, the

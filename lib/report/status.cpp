@@ -2,6 +2,7 @@
 // latest checkpoint and per-node heartbeat ages, gathered from the run directory.
 #include "report/jsonl.h"
 #include "report/status.h"
+#include "report/straggler.h"
 
 #include "core/check.h"
 
@@ -206,11 +207,22 @@ std::vector<json> status_external_round_start(const std::string& run_dir, int wo
   return out;
 }
 
-void status_write_nodes(const std::string& run_dir, int round, const std::vector<NodeHealth>& nodes) {
+void status_write_nodes(const std::string& run_dir, int round, const std::vector<NodeHealth>& nodes,
+                        double straggler_factor, int straggler_window) {
   json arr = json::array();
-  for (const auto& n : nodes)
-    arr.push_back({{"node", n.node}, {"host", n.host}, {"heartbeat_age_s", n.heartbeat_age_s}, {"state", n.state}});
+  for (const auto& n : nodes) {
+    json x{{"node", n.node}, {"host", n.host}, {"heartbeat_age_s", n.heartbeat_age_s}, {"state", n.state}};
+    if (n.first_rank >= 0) {
+      x["first_rank"] = n.first_rank;
+      x["num_ranks"] = n.num_ranks;
+    }
+    arr.push_back(std::move(x));
+  }
   json j{{"time_ms", status_now_ms()}, {"round", round}, {"nodes", arr}};
+  if (straggler_factor > 0 && straggler_window > 0) {
+    j["straggler_factor"] = straggler_factor;
+    j["straggler_window"] = straggler_window;
+  }
   write_atomic(fs::path(run_dir) / "nodes.json", j.dump());
 }
 
@@ -277,6 +289,24 @@ RunStatus status_read(const std::string& run_dir) {
         st.launcher_host = get_or<std::string>(e, "host", "");
         ext_pid_start = get_or<int64_t>(e, "pid_start", -1);
       }
+    } else if (ev == "membership") {
+      MembershipRecord m;
+      m.round = round;
+      m.time_ms = t;
+      if (e.contains("hosts") && e["hosts"].is_array())
+        for (const json& h : e["hosts"])
+          if (h.is_string()) m.hosts.push_back(h.get<std::string>());
+      m.world_size = get_or<int>(e, "world_size", 0);
+      if (e.contains("changes") && e["changes"].is_array())
+        for (const json& c : e["changes"])
+          if (c.is_object())
+            m.changes.push_back(fmt::format("{} {}: {}", get_or<std::string>(c, "change", "?"),
+                                            get_or<std::string>(c, "host", "?"), get_or<std::string>(c, "cause", "")));
+      m.batch = get_or<std::string>(e, "batch", "");
+      m.problem = get_or<std::string>(e, "problem", "");
+      st.membership.push_back(std::move(m));
+    } else if (ev == "resize") {
+      ++st.resizes;
     } else if (ev == "failure") {
       RoundFailure f;
       f.round = round;
@@ -288,9 +318,15 @@ RunStatus status_read(const std::string& run_dir) {
     }
   }
 
+  std::vector<std::vector<double>> rank_compute;  // per record, metrics.jsonl order
   for (const json& m : read_jsonl(dir / "metrics.jsonl")) {
     auto step = m.find("step");
     if (step == m.end() || !step->is_number()) continue;
+    if (auto rc = m.find("rank_compute_ms"); rc != m.end() && rc->is_array()) {
+      std::vector<double> v;
+      for (const json& x : *rc) v.push_back(x.is_number() ? x.get<double>() : 0.0);
+      rank_compute.push_back(std::move(v));
+    }
     if (m.contains("loss") && m["loss"].is_number()) {
       st.last_step = step->get<int64_t>();
       st.last_loss = m["loss"].get<double>();
@@ -329,8 +365,25 @@ RunStatus status_read(const std::string& run_dir) {
         h.host = get_or<std::string>(x, "host", "");
         h.heartbeat_age_s = get_or<double>(x, "heartbeat_age_s", -1.0);
         h.state = get_or<std::string>(x, "state", "");
+        h.first_rank = get_or<int>(x, "first_rank", -1);
+        h.num_ranks = get_or<int>(x, "num_ranks", 0);
         st.nodes.push_back(std::move(h));
       }
+    st.straggler_factor = get_or<double>(*n, "straggler_factor", 0.0);
+    st.straggler_window = get_or<int>(*n, "straggler_window", 0);
+  }
+
+  // The launcher's straggler rule over the records (a record of another world size, a
+  // later round's, starts it over); hosts from the latest round's placement.
+  if (st.straggler_factor > 1.0 && st.straggler_window > 0 && !rank_compute.empty()) {
+    StragglerDetector det(st.straggler_factor, st.straggler_window);
+    for (const auto& v : rank_compute) det.add(v);
+    for (const Straggler& x : det.flagged()) {
+      StragglerFlag f{x.rank, "?", x.compute_ms, x.median_ms, x.ratio, x.records};
+      for (const NodeHealth& h : st.nodes)
+        if (h.first_rank >= 0 && x.rank >= h.first_rank && x.rank < h.first_rank + h.num_ranks) f.host = h.host;
+      st.stragglers.push_back(std::move(f));
+    }
   }
 
   if (!st.started_by.empty()) {
@@ -417,6 +470,30 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
     std::string who = f.node >= 0 ? fmt::format("node {}: ", f.node) : "";
     out += fmt::format("  round {} failed {} ago: {}{}{}\n", f.round, ago(f.time_ms), who, f.why,
                        f.exit_code != 0 ? fmt::format(" [exit code {}]", f.exit_code) : std::string());
+  }
+
+  if (st.resizes > 0) row("resizes", fmt::format("{} (rounds stopped at a checkpoint to take a host back)", st.resizes));
+  if (!st.membership.empty()) {
+    row("membership", fmt::format("{} change(s) of the elastic job's nodes", st.membership.size()));
+    for (const auto& m : st.membership) {
+      std::string hosts;
+      for (const auto& h : m.hosts) hosts += (hosts.empty() ? "" : " ") + h;
+      if (!m.problem.empty())
+        out += fmt::format("  round {} ({} ago): cannot run: {}\n", m.round, ago(m.time_ms), m.problem);
+      else
+        out += fmt::format("  round {} ({} ago): {} node(s), {} rank(s): {}\n", m.round, ago(m.time_ms),
+                           m.hosts.size(), m.world_size, hosts);
+      for (const auto& c : m.changes) out += fmt::format("    {}\n", c);
+      if (!m.batch.empty()) out += fmt::format("    batch: {}\n", m.batch);
+    }
+  }
+
+  if (!st.stragglers.empty()) {
+    row("stragglers", fmt::format("{} rank(s) slower than {:g}x the median for {}+ progress records in a row",
+                                  st.stragglers.size(), st.straggler_factor, st.straggler_window));
+    for (const auto& x : st.stragglers)
+      out += fmt::format("  rank {} on {}: compute {:.1f} ms/step, {:.1f}x the median {:.1f} ms ({} records)\n", x.rank,
+                         x.host, x.compute_ms, x.ratio, x.median_ms, x.records);
   }
 
   if (st.have_nodes && !st.nodes.empty()) {

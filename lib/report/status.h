@@ -27,6 +27,8 @@ struct NodeHealth {
   std::string host;
   double heartbeat_age_s = -1.0;  ///< seconds since its last heartbeat; < 0: none yet
   std::string state;              ///< "running", "done", "failed" or "starting"
+  int first_rank = -1;            ///< its global ranks: first_rank .. first_rank + num_ranks - 1
+  int num_ranks = 0;
 };
 
 /// <run_dir>/nodes.json: {"time_ms" (unix ms), "round", "nodes": [{"node", "host",
@@ -41,7 +43,10 @@ struct NodeHealth {
 std::vector<nlohmann::json> status_external_round_start(const std::string& run_dir, int world_size,
                                                         const std::string& started_by);
 
-void status_write_nodes(const std::string& run_dir, int round, const std::vector<NodeHealth>& nodes);
+/// straggler_factor / straggler_window: the run's fault_tolerance straggler rule, so
+/// status applies the launcher's rule to metrics.jsonl (0 = not recorded).
+void status_write_nodes(const std::string& run_dir, int round, const std::vector<NodeHealth>& nodes,
+                        double straggler_factor = 0.0, int straggler_window = 0);
 
 // ----------------------------------------------------------------------------
 // Reading
@@ -63,6 +68,25 @@ struct RoundFailure {
   std::string why;
   int exit_code = 0;
   int64_t time_ms = 0;
+};
+
+/// One change of an elastic job's membership (a "membership" event).
+struct MembershipRecord {
+  int round = 0;
+  int64_t time_ms = 0;
+  std::vector<std::string> hosts;  ///< the round's hosts ([] when it could not run)
+  int world_size = 0;
+  std::vector<std::string> changes;  ///< "left node3: failed the probe: ..." / "joined ..."
+  std::string batch;                 ///< what happened to the batch
+  std::string problem;               ///< not "": too few hosts to run
+};
+
+/// A rank flagged by the straggler rule over metrics.jsonl's latest records.
+struct StragglerFlag {
+  int rank = 0;
+  std::string host;  ///< from nodes.json ("?" when unknown)
+  double compute_ms = 0, median_ms = 0, ratio = 0;
+  int records = 0;
 };
 
 struct RunStatus {
@@ -97,8 +121,14 @@ struct RunStatus {
   int64_t nodes_time_ms = 0;
   int nodes_round = 0;
   std::vector<NodeHealth> nodes;
+  // elastic membership history (events.jsonl) and stragglers (metrics.jsonl + nodes.json)
+  std::vector<MembershipRecord> membership;
+  int resizes = 0;                  ///< rounds an elastic job ended at a checkpoint to regrow
+  double straggler_factor = 0.0;    ///< the rule (nodes.json); 0 = unknown, no check
+  int straggler_window = 0;
+  std::vector<StragglerFlag> stragglers;
 
-  int restarts() const { return rounds > 0 ? rounds - 1 : 0; }
+  int restarts() const { return rounds > 0 ? rounds - 1 - resizes : 0; }
 };
 
 /// Reads the run directory (a checkpoint counts once checkpoints/latest names a directory

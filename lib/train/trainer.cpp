@@ -18,6 +18,7 @@
 #include "train/metrics.h"
 #include "train/model_factory.h"
 #include "train/zero_engine.h"
+#include "report/straggler.h"
 
 #include <cerrno>
 #include <chrono>
@@ -33,6 +34,8 @@
 #include <unistd.h>
 
 namespace dtrain::train {
+
+using report::RankTimes;
 
 namespace fs = std::filesystem;
 
@@ -193,6 +196,8 @@ class TrainLoop {
   void progress_log(int64_t step, double step_loss, float lr, float loss_scale, const StepOutcome& out, bool applied);
   void evaluate(int64_t step);
   void save(int64_t step);
+  bool stop_requested(int64_t step);
+  RankTimes rank_times_take(double interval_s, int64_t steps);
   void export_final(bool trained);
 
   const config::TrainConfig& cfg_;
@@ -225,6 +230,7 @@ class TrainLoop {
   StepTimer timer_;
   Stopwatch run_clock_, interval_clock_;
   int64_t interval_steps_ = 0;
+  ZeroEngine::CommTimes last_comm_times_;
 };
 
 TrainLoop::TrainLoop(const config::TrainConfig& cfg, const TrainerEnv& env)
@@ -419,10 +425,15 @@ void TrainLoop::progress_log(int64_t step, double step_loss, float lr, float los
   const double dt = interval_clock_.elapsed_s();
   const double per_step = dt / static_cast<double>(interval_steps_);
   const double tps = static_cast<double>(tokens_per_step_ * interval_steps_) / std::max(dt, 1e-9);
-  if (lead_ && env_.print)
+  // Collective: every rank reaches this print step.
+  const RankTimes times = rank_times_take(dt, interval_steps_);
+  if (lead_ && env_.print) {
     std::printf("step %lld/%lld | loss %.4f | lr %.1e | grad_norm %.3f | loss_scale %.0f | tokens/s %.0f | %.2f s/step%s\n",
                 static_cast<long long>(step), static_cast<long long>(total_steps_), step_loss, lr, out.grad_norm,
                 static_cast<double>(loss_scale), tps, per_step, applied ? "" : " | skipped (fp16 overflow)");
+    // For the launcher's straggler check (it does not show this line on the terminal).
+    if (W_ > 1) std::printf("%s\n", report::rank_times_format(times).c_str());
+  }
   // One clock reading for both logs: an event's wall_time is the record's time_ms / 1000.
   const int64_t now_ms = unix_ms();
   if (tb_) {
@@ -444,6 +455,11 @@ void TrainLoop::progress_log(int64_t step, double step_loss, float lr, float los
       r["memory_state_bytes"] = mem.total();
       r["memory_rss_bytes"] = process_rss_bytes();
     }
+    if (W_ > 1) {
+      // Per rank (index = rank): compute and wait in collectives, ms per step.
+      r["rank_compute_ms"] = times.compute_ms;
+      r["rank_comm_ms"] = times.comm_ms;
+    }
     if (cfg_.wall_clock_breakdown) {
       const double n = static_cast<double>(interval_steps_);
       for (Section sec : {Section::FORWARD, Section::BACKWARD, Section::COMM, Section::OPTIMIZER, Section::DATA,
@@ -451,7 +467,7 @@ void TrainLoop::progress_log(int64_t step, double step_loss, float lr, float los
         r[std::string(section_name(sec)) + "_ms"] = timer_.elapsed_ms(sec) / n;
       // The ZeRO engine's collectives: exposed = the compute thread waited for them;
       // overlapped = they ran on the communication thread while compute went on.
-      const ZeroEngine::CommTimes ct = engine_->engine().comm_times_take();
+      const ZeroEngine::CommTimes& ct = last_comm_times_;
       r["comm_exposed_ms"] = 1e3 * ct.exposed_s / n;
       r["comm_overlapped_ms"] = 1e3 * std::max(0.0, ct.busy_s - ct.exposed_s) / n;
     }
@@ -508,6 +524,37 @@ void TrainLoop::save(int64_t step) {
   }
 }
 
+// Every rank answers; one yes stops them all (so every rank leaves the loop at the same step).
+bool TrainLoop::stop_requested(int64_t step) {
+  if (!env_.stop_after_save) return false;
+  float want = env_.stop_after_save(step) ? 1.0f : 0.0f;
+  if (comm_) comm_->allreduce_host(&want, 1, DType::F32, comm::ReduceOp::MAX);
+  return want != 0.0f;
+}
+
+// Every rank's compute time and wait in collectives per step over the last print interval
+// (ms), gathered on every rank. Wait = the host's own collectives (COMM) plus the time the
+// compute thread waited for the ZeRO engine's; compute = the rest of the step's wall time,
+// so anything that delays a rank (a slow GPU, a busy CPU, an injected test delay) counts
+// as its compute, and its peers' waiting for it as their communication.
+RankTimes TrainLoop::rank_times_take(double interval_s, int64_t steps) {
+  const ZeroEngine::CommTimes ct = engine_->engine().comm_times_take();
+  const double n = static_cast<double>(std::max<int64_t>(1, steps));
+  const double step_ms = 1e3 * interval_s / n;
+  const double comm_ms = (timer_.elapsed_ms(Section::COMM) + 1e3 * ct.exposed_s) / n;
+  const float mine[2] = {static_cast<float>(std::max(0.0, step_ms - comm_ms)), static_cast<float>(comm_ms)};
+  std::vector<float> all(2 * static_cast<size_t>(W_));
+  if (comm_) comm_->all_gather_host(mine, all.data(), 2, DType::F32);
+  else std::copy(mine, mine + 2, all.begin());
+  RankTimes t;
+  for (int r = 0; r < W_; ++r) {
+    t.compute_ms.push_back(all[2 * static_cast<size_t>(r)]);
+    t.comm_ms.push_back(all[2 * static_cast<size_t>(r) + 1]);
+  }
+  last_comm_times_ = ct;
+  return t;
+}
+
 void TrainLoop::export_final(bool trained) {
   // The fp32 masters: in the model's own buffers on the CPU, copied to the host model
   // from a device.
@@ -557,9 +604,27 @@ TrainResult TrainLoop::run() {
     progress_log(step, step_loss, lr, loss_scale, out, applied);
     if (cfg_.training.eval_steps > 0 && step % cfg_.training.eval_steps == 0 && step != total_steps_) evaluate(step);
     if (!env_.run_dir.empty() && cfg_.training.save_steps > 0 && step % cfg_.training.save_steps == 0 &&
-        step != total_steps_)
+        step != total_steps_) {
       save(step);
+      if (stop_requested(step)) {
+        res_.stopped_at_checkpoint = true;
+        if (env_.on_step) env_.on_step(step);
+        break;
+      }
+    }
     if (env_.on_step) env_.on_step(step);
+  }
+  if (res_.stopped_at_checkpoint) {
+    if (env_.on_steps_done) env_.on_steps_done();
+    res_.elapsed_s = run_clock_.elapsed_s();
+    res_.final_loss_scale = scaler_ ? scaler_->scale() : 1.0;
+    if (lead_ && env_.print) {
+      std::printf("train: stopped after the checkpoint at step %lld (the launcher changes the job's membership)\n",
+                  static_cast<long long>(res_.steps));
+      std::fflush(stdout);
+    }
+    if (comm_) comm_->barrier();
+    return res_;
   }
   if (env_.on_steps_done) env_.on_steps_done();
   // A resumed run that was already at (or past) its last step trains nothing: its final

@@ -38,6 +38,11 @@ struct TrainerEnv {
   /// Called once when the step loop is over (before the final evaluation, checkpoint and
   /// export), so a watchdog stops expecting steps.
   std::function<void()> on_steps_done;
+  /// Asked on every rank after each periodic checkpoint (not the final one): true on any
+  /// rank stops every rank right there, with the checkpoint complete and nothing trained
+  /// past it (the launcher regrows an elastic job this way). No final evaluation,
+  /// checkpoint or export follows; TrainResult::stopped_at_checkpoint says so.
+  std::function<bool(int64_t step)> stop_after_save;
 };
 
 /// What a run did. Per-step vectors have one entry per optimizer step attempted by THIS
@@ -47,6 +52,7 @@ struct TrainResult {
   int64_t steps = 0;            ///< attempted optimizer steps (the last step's index)
   int64_t applied_steps = 0;    ///< steps that updated the weights (= scheduler/optimizer step count)
   int64_t skipped_steps = 0;    ///< fp16 overflow steps
+  bool stopped_at_checkpoint = false;  ///< stop_after_save stopped the run after its checkpoint at `steps`
   int64_t resumed_step = -1;    ///< the checkpoint step this call continued from; -1 = fresh start
   std::string resumed_dir;      ///< that checkpoint's directory
   int resumed_world_size = 0;   ///< world size and ZeRO stage it was saved at

@@ -133,3 +133,36 @@ TEST_CASE("a train_batch_size smaller than one step of micro batches") {
   std::string m = error_of(4, 4, std::nullopt, 2);
   check_four(m, "4", "4", "not set", 2);
 }
+
+// ---------------------------------------------------------------------------
+// Elastic rounds (config_elastic_batch): the global batch stays where it divides.
+
+TEST_CASE("elastic batch: fewer ranks keep the global batch through more accumulation") {
+  TrainConfig c = with(24, 4, std::nullopt);
+  config_resolve_batch(c, 6);  // accumulation 1 on 6 ranks
+  ElasticBatch b = config_elastic_batch(c, 6, 3);
+  CHECK_FALSE(b.global_changed);
+  CHECK(b.cfg.resolved_train_batch_size == 24);
+  CHECK(b.cfg.resolved_micro_batch_size == 4);
+  CHECK(b.cfg.resolved_grad_accum_steps == 2);
+  CHECK(b.cfg.resolved_dp_world_size == 3);
+  CHECK(b.note.find("gradient_accumulation_steps 1 -> 2") != std::string::npos);
+  // back at full size: unchanged
+  ElasticBatch full = config_elastic_batch(c, 6, 6);
+  CHECK(full.cfg.resolved_grad_accum_steps == 1);
+  CHECK(full.note.find("unchanged") != std::string::npos);
+}
+
+TEST_CASE("elastic batch: a world size that does not divide keeps micro and accumulation and says the global batch changed") {
+  TrainConfig c = with(std::nullopt, 4, 2);
+  config_resolve_batch(c, 6);  // 48
+  ElasticBatch b = config_elastic_batch(c, 6, 4);  // 48 / (4*4) = 3: divides
+  CHECK_FALSE(b.global_changed);
+  CHECK(b.cfg.resolved_grad_accum_steps == 3);
+  ElasticBatch odd = config_elastic_batch(c, 6, 5);  // 48 / 20: does not
+  CHECK(odd.global_changed);
+  CHECK(odd.cfg.resolved_train_batch_size == 40);
+  CHECK(odd.cfg.resolved_micro_batch_size == 4);
+  CHECK(odd.cfg.resolved_grad_accum_steps == 2);
+  CHECK(odd.note.find("train_batch_size 48 -> 40") != std::string::npos);
+}

@@ -127,3 +127,17 @@ TEST_CASE("progress: plain view passes lines through without control characters"
     CHECK_FALSE(has_control(out));
   }
 }
+
+TEST_CASE("progress: a straggler flag shows on every progress line until cleared, on a TTY and in plain view") {
+  for (bool tty : {true, false}) {
+    CAPTURE(tty);
+    ProgressView v(tty, 0);
+    std::string out;
+    v.set_flag("straggler rank 2 (node3) 3.1x");
+    CHECK(v.consume(trainer_line(5, 50, 3.25, 1e-4, 1.25, 1, 512, 0.25, true), &out));
+    CHECK(out.find("| straggler rank 2 (node3) 3.1x") != std::string::npos);
+    v.set_flag("");
+    CHECK(v.consume(trainer_line(6, 50, 3.25, 1e-4, 1.25, 1, 512, 0.25, true), &out));
+    CHECK(out.find("straggler") == std::string::npos);
+  }
+}

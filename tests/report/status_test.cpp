@@ -333,3 +333,56 @@ TEST_CASE("status: a dtrain run job (rank 0 keeps the record): running, failed w
   append(d.path / "events.jsonl", R"({"time_ms":1,"event":"finished","round":2})");
   CHECK(status_read(d.str()).state == RunState::FINISHED);
 }
+
+TEST_CASE("status: an elastic job's membership history, its resize, and a straggler named with its host") {
+  TempDir d("elastic");
+  const fs::path ev = d.path / "events.jsonl";
+  append(ev, R"({"time_ms":1700000000000,"event":"membership","round":0,"hosts":["n1","n2","n3"],"world_size":3,"changes":[{"host":"n1","change":"joined","cause":"initial membership"}],"batch":"batch unchanged"})");
+  append(ev, R"({"time_ms":1700000000000,"event":"round_start","round":0,"world_size":3})");
+  append(ev, R"({"time_ms":1700000010000,"event":"failure","round":0,"node":2,"why":"node 2 (n3): SSH connection lost","exit_code":4})");
+  append(ev, R"({"time_ms":1700000012000,"event":"membership","round":1,"hosts":["n1","n2"],"world_size":2,"changes":[{"host":"n3","change":"left","cause":"failed the probe: connection refused"}],"batch":"train_batch_size 12 kept: gradient_accumulation_steps 1 -> 2 on 2 ranks"})");
+  append(ev, R"({"time_ms":1700000012000,"event":"round_start","round":1,"world_size":2})");
+  append(ev, R"({"time_ms":1700000030000,"event":"resize","round":1,"step":10,"why":"n3 passed the probe again"})");
+  append(ev, R"({"time_ms":1700000031000,"event":"membership","round":2,"hosts":["n1","n2","n3"],"world_size":3,"changes":[{"host":"n3","change":"joined","cause":"passed the probe again"}],"batch":"batch unchanged"})");
+  append(ev, R"({"time_ms":1700000031000,"event":"round_start","round":2,"world_size":3})");
+  append(ev, R"({"time_ms":1700000040000,"event":"finished","round":2})");
+  // Rank 2 (on n3) slow in the last 3 records; the rule from nodes.json: 1.5x for 3.
+  const fs::path m = d.path / "metrics.jsonl";
+  append(m, R"({"step":11,"loss":2.0,"rank_compute_ms":[10,10,10],"rank_comm_ms":[1,1,1]})");
+  append(m, R"({"step":12,"loss":2.0,"rank_compute_ms":[10,11,40],"rank_comm_ms":[30,29,1]})");
+  append(m, R"({"step":13,"loss":2.0,"rank_compute_ms":[10,11,40],"rank_comm_ms":[30,29,1]})");
+  append(m, R"({"step":14,"loss":2.0,"rank_compute_ms":[10,11,40],"rank_comm_ms":[30,29,1]})");
+  NodeHealth a{0, "n1", -1, "done", 0, 1}, b{1, "n2", -1, "done", 1, 1}, c{2, "n3", -1, "done", 2, 1};
+  status_write_nodes(d.str(), 2, {a, b, c}, 1.5, 3);
+
+  RunStatus st = status_read(d.str());
+  CHECK(st.state == RunState::FINISHED);
+  CHECK(st.rounds == 3);
+  CHECK(st.resizes == 1);
+  CHECK(st.restarts() == 1);  // the resize is not a restart
+  REQUIRE(st.membership.size() == 3);
+  CHECK(st.membership[1].hosts == std::vector<std::string>{"n1", "n2"});
+  CHECK(st.membership[1].world_size == 2);
+  REQUIRE(st.stragglers.size() == 1);
+  CHECK(st.stragglers[0].rank == 2);
+  CHECK(st.stragglers[0].host == "n3");
+  CHECK(st.stragglers[0].records == 3);
+  const std::string text = status_format(st, T0 + 60000);
+  CAPTURE(text);
+  CHECK(text.find("membership 3 change(s)") != std::string::npos);
+  CHECK(text.find("round 1 (") != std::string::npos);
+  CHECK(text.find("2 node(s), 2 rank(s): n1 n2") != std::string::npos);
+  CHECK(text.find("left n3: failed the probe: connection refused") != std::string::npos);
+  CHECK(text.find("gradient_accumulation_steps 1 -> 2") != std::string::npos);
+  CHECK(text.find("joined n3: passed the probe again") != std::string::npos);
+  CHECK(text.find("resizes    1") != std::string::npos);
+  CHECK(text.find("rank 2 on n3: compute 40.0 ms/step, 3.6x the median 11.0 ms (3 records)") != std::string::npos);
+
+  // Two records only: below the window, nothing flagged.
+  TempDir d2("elastic2");
+  append(d2.path / "events.jsonl", R"({"time_ms":1700000000000,"event":"round_start","round":0,"world_size":3})");
+  append(d2.path / "metrics.jsonl", R"({"step":1,"loss":2.0,"rank_compute_ms":[10,11,40],"rank_comm_ms":[30,29,1]})");
+  append(d2.path / "metrics.jsonl", R"({"step":2,"loss":2.0,"rank_compute_ms":[10,11,40],"rank_comm_ms":[30,29,1]})");
+  status_write_nodes(d2.str(), 0, {a, b, c}, 1.5, 3);
+  CHECK(status_read(d2.str()).stragglers.empty());
+}

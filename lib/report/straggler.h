@@ -1,0 +1,61 @@
+// Straggler detection: a rank whose compute time per step (its step time minus its wait
+// in collectives) stays above `factor` times the median rank's for `window` consecutive
+// progress records. Fed by the launcher's live view (rank 0's "rank_times" lines) and by
+// `dtrain status` (metrics.jsonl's rank_compute_ms arrays); the same rule for both.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dtrain::report {
+
+/// One progress record's per-rank figures (index = global rank), in ms per step.
+struct RankTimes {
+  std::vector<double> compute_ms;
+  std::vector<double> comm_ms;
+};
+
+/// A rank flagged as slow.
+struct Straggler {
+  int rank = 0;
+  double compute_ms = 0.0;  ///< in the latest record
+  double median_ms = 0.0;   ///< the median rank's compute time in that record
+  double ratio = 0.0;       ///< compute_ms / median_ms
+  int records = 0;          ///< consecutive records it has been slow in
+};
+
+/// The median of v: for an even count the lower of the two middle values (with two ranks
+/// the faster one, so one slow rank of two can be told). NaN for an empty v.
+double straggler_median(std::vector<double> v);
+
+class StragglerDetector {
+ public:
+  /// factor > 1, window >= 1 (the config schema enforces both).
+  StragglerDetector(double factor, int window);
+
+  /// Adds one record. A record with another rank count than the previous one (a new
+  /// round on a different world size) starts the count over. Returns the ranks flagged
+  /// after it, in rank order.
+  const std::vector<Straggler>& add(const std::vector<double>& compute_ms);
+
+  /// The ranks flagged after the last record.
+  const std::vector<Straggler>& flagged() const { return flagged_; }
+  double factor() const { return factor_; }
+  int window() const { return window_; }
+
+ private:
+  double factor_;
+  int window_;
+  std::vector<int> streak_;
+  std::vector<Straggler> flagged_;
+};
+
+/// The line rank 0 prints after each progress line when world_size > 1:
+///     rank_times compute_ms 12.1,13.0,40.2 comm_ms 30.1,29.8,1.2
+std::string rank_times_format(const RankTimes& t);
+/// nullopt for any other line, or a malformed one (counts differ, a non-number).
+std::optional<RankTimes> rank_times_parse(std::string_view line);
+
+}  // namespace dtrain::report

@@ -1,0 +1,68 @@
+// The straggler rule: a rank above factor x the median (lower median for even counts)
+// in `window` consecutive records is flagged; one fast record resets it; a new world size
+// starts over; the rank_times line round-trips and malformed lines are refused.
+#include "report/straggler.h"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+using namespace dtrain::report;
+
+TEST_CASE("straggler: median is the lower middle value") {
+  CHECK(straggler_median({3.0, 1.0, 2.0}) == 2.0);
+  CHECK(straggler_median({10.0, 40.0}) == 10.0);
+  CHECK(straggler_median({4.0, 1.0, 3.0, 2.0}) == 2.0);
+  CHECK(std::isnan(straggler_median({})));
+}
+
+TEST_CASE("straggler: flagged only after window consecutive slow records") {
+  StragglerDetector d(1.5, 3);
+  CHECK(d.add({10, 11, 30}).empty());
+  CHECK(d.add({10, 11, 30}).empty());
+  const auto& f = d.add({10, 11, 30});
+  REQUIRE(f.size() == 1);
+  CHECK(f[0].rank == 2);
+  CHECK(f[0].median_ms == 11.0);
+  CHECK(f[0].ratio == doctest::Approx(30.0 / 11.0));
+  CHECK(f[0].records == 3);
+  CHECK(d.add({10, 11, 30}).size() == 1);
+  // one record at normal speed: no longer flagged, and the count starts over
+  CHECK(d.add({10, 11, 12}).empty());
+  CHECK(d.add({10, 11, 30}).empty());
+}
+
+TEST_CASE("straggler: not above the factor is not slow; two ranks can tell one slow rank") {
+  StragglerDetector d(1.5, 1);
+  CHECK(d.add({10, 14.9, 10}).empty());
+  CHECK(d.add({10, 15.1, 10}).size() == 1);
+  StragglerDetector two(1.5, 2);
+  two.add({10, 25});
+  const auto& f = two.add({10, 25});
+  REQUIRE(f.size() == 1);
+  CHECK(f[0].rank == 1);
+  StragglerDetector one(1.5, 1);
+  CHECK(one.add({100}).empty());  // one rank: nothing to compare with
+}
+
+TEST_CASE("straggler: a record of another world size starts the count over") {
+  StragglerDetector d(1.5, 2);
+  d.add({10, 10, 30});
+  CHECK(d.add({10, 30}).empty());  // 2 ranks now: the 3-rank streak does not carry over
+  CHECK(d.add({10, 30}).size() == 1);
+}
+
+TEST_CASE("straggler: rank_times line round-trips; malformed lines are not records") {
+  RankTimes t{{12.5, 13, 40.25}, {30, 29.75, 1}};
+  const std::string line = rank_times_format(t);
+  CHECK(line == "rank_times compute_ms 12.50,13.00,40.25 comm_ms 30.00,29.75,1.00");
+  auto back = rank_times_parse(line);
+  REQUIRE(back.has_value());
+  CHECK(back->compute_ms == t.compute_ms);
+  CHECK(back->comm_ms == t.comm_ms);
+  CHECK_FALSE(rank_times_parse("step 3/4 | loss 2.0").has_value());
+  CHECK_FALSE(rank_times_parse("rank_times compute_ms 1,2 comm_ms 1").has_value());     // counts differ
+  CHECK_FALSE(rank_times_parse("rank_times compute_ms 1,x comm_ms 1,2").has_value());   // not a number
+  CHECK_FALSE(rank_times_parse("rank_times compute_ms 1, comm_ms 1,2").has_value());    // empty item
+  CHECK_FALSE(rank_times_parse("rank_times compute_ms 1,2").has_value());               // no comm_ms
+}
