@@ -8,6 +8,8 @@
 #   test_cluster.sh down STATE_DIR           kill everything in the nodes, delete them (idempotent)
 #   test_cluster.sh link-down STATE_DIR I    cut node I off the network (silently: no RST)
 #   test_cluster.sh link-up STATE_DIR I      reconnect node I
+#   test_cluster.sh node-down STATE_DIR I    take node I down: kill every process in it (sshd included)
+#   test_cluster.sh node-up STATE_DIR I      bring node I back: start its sshd again
 #   test_cluster.sh exec STATE_DIR I CMD...  run CMD inside node I's namespace
 #   test_cluster.sh status STATE_DIR         print STATE_DIR/env and whether each sshd runs
 #
@@ -23,7 +25,7 @@ SSHD=${SSHD:-/usr/sbin/sshd}
 LOCK_FILE=/run/dtrain-test-cluster.lock
 
 usage() {
-  sed -n '6,13p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '6,15p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 die() {
@@ -260,6 +262,29 @@ case $command in
     cluster_names "$2"
     node_index "$3"
     ip link set "$(veth_name "$3")" "${command#link-}"
+    ;;
+  node-down)
+    [[ $# -eq 3 ]] || usage
+    cluster_names "$2"
+    node_index "$3"
+    ns=$(ns_name "$3")
+    for tries in 1 2 3 4 5 6 7 8 9 10; do
+      pids=$(ip netns pids "$ns" 2>/dev/null || true)
+      [[ -z $pids ]] && break
+      kill -9 $pids 2>/dev/null || true
+      sleep 0.2
+    done
+    [[ -z $(ip netns pids "$ns" 2>/dev/null || true) ]] || die "processes of node $3 survived kill -9"
+    ;;
+  node-up)
+    [[ $# -eq 3 ]] || usage
+    cluster_names "$2"
+    node_index "$3"
+    addr=$(sed -n "s/^NODE_$3_ADDR=//p" "$STATE_DIR/env")
+    [[ -n $addr ]] || die "no address for node $3 in $STATE_DIR/env"
+    ip netns exec "$(ns_name "$3")" "$SSHD" -f "$STATE_DIR/sshd_config" -E "$STATE_DIR/sshd-$3.log" \
+      -o "ListenAddress=$addr" -o "PidFile=$STATE_DIR/sshd-$3.pid" ||
+      die "sshd for node $3 did not start; see $STATE_DIR/sshd-$3.log"
     ;;
   exec)
     [[ $# -ge 4 ]] || usage

@@ -86,13 +86,14 @@ void test_stall_if_asked(const launch::RankContext& ctx, int64_t done_step) {
   for (int i = 0; i < 6000; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
 }
 
-// Test-only (tests/cli/straggler_test.cpp): DTRAIN_TEST_SLOW_RANK=R with
-// DTRAIN_TEST_SLOW_MS=M makes rank R sleep M ms (at most 10 s) after every training step,
-// a persistently slow rank for the straggler check to flag.
+// Test-only: DTRAIN_TEST_SLOW_RANK=R with DTRAIN_TEST_SLOW_MS=M makes rank R sleep M ms
+// (at most 10 s) after every training step, a persistently slow rank for the straggler
+// check to flag (tests/cli/straggler_test.cpp); R = "all" slows every rank, a job paced
+// so a test can act between its checkpoints (tests/cli/elastic_test.cpp).
 void test_slow_if_asked(const launch::RankContext& ctx) {
   const char* r = std::getenv("DTRAIN_TEST_SLOW_RANK");
   const char* ms = std::getenv("DTRAIN_TEST_SLOW_MS");
-  if (!r || !*r || !ms || !*ms || std::atoi(r) != ctx.rank) return;
+  if (!r || !*r || !ms || !*ms || (std::string(r) != "all" && std::atoi(r) != ctx.rank)) return;
   std::this_thread::sleep_for(std::chrono::milliseconds(std::clamp(std::atoi(ms), 0, 10000)));
 }
 

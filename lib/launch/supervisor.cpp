@@ -176,7 +176,7 @@ class OutputRouter {
   // Under mu_. A rank flagged (or no longer flagged) by the straggler rule: one line on
   // the terminal naming its host, a mark on the live progress line, an event.
   void straggler_check(const report::RankTimes& t) {
-    const auto& now = stragglers_.add(t.compute_ms);
+    const auto& now = stragglers_.add(t.compute_ms, t.comm_ms);
     std::map<int, report::Straggler> cur;
     for (const auto& x : now) cur[x.rank] = x;
     std::string flag;

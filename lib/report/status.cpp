@@ -318,14 +318,16 @@ RunStatus status_read(const std::string& run_dir) {
     }
   }
 
-  std::vector<std::vector<double>> rank_compute;  // per record, metrics.jsonl order
+  std::vector<std::pair<std::vector<double>, std::vector<double>>> rank_times;  // compute, comm per record
   for (const json& m : read_jsonl(dir / "metrics.jsonl")) {
     auto step = m.find("step");
     if (step == m.end() || !step->is_number()) continue;
     if (auto rc = m.find("rank_compute_ms"); rc != m.end() && rc->is_array()) {
-      std::vector<double> v;
+      std::vector<double> v, w;
       for (const json& x : *rc) v.push_back(x.is_number() ? x.get<double>() : 0.0);
-      rank_compute.push_back(std::move(v));
+      if (auto cm = m.find("rank_comm_ms"); cm != m.end() && cm->is_array())
+        for (const json& x : *cm) w.push_back(x.is_number() ? x.get<double>() : 0.0);
+      rank_times.emplace_back(std::move(v), std::move(w));
     }
     if (m.contains("loss") && m["loss"].is_number()) {
       st.last_step = step->get<int64_t>();
@@ -375,9 +377,9 @@ RunStatus status_read(const std::string& run_dir) {
 
   // The launcher's straggler rule over the records (a record of another world size, a
   // later round's, starts it over); hosts from the latest round's placement.
-  if (st.straggler_factor > 1.0 && st.straggler_window > 0 && !rank_compute.empty()) {
+  if (st.straggler_factor > 1.0 && st.straggler_window > 0 && !rank_times.empty()) {
     StragglerDetector det(st.straggler_factor, st.straggler_window);
-    for (const auto& v : rank_compute) det.add(v);
+    for (const auto& [compute, comm] : rank_times) det.add(compute, comm);
     for (const Straggler& x : det.flagged()) {
       StragglerFlag f{x.rank, "?", x.compute_ms, x.median_ms, x.ratio, x.records};
       for (const NodeHealth& h : st.nodes)

@@ -20,13 +20,16 @@ double straggler_median(std::vector<double> v) {
 
 StragglerDetector::StragglerDetector(double factor, int window) : factor_(factor), window_(std::max(1, window)) {}
 
-const std::vector<Straggler>& StragglerDetector::add(const std::vector<double>& compute_ms) {
+const std::vector<Straggler>& StragglerDetector::add(const std::vector<double>& compute_ms,
+                                                     const std::vector<double>& comm_ms) {
   if (compute_ms.size() != streak_.size()) streak_.assign(compute_ms.size(), 0);
   flagged_.clear();
   const double med = straggler_median(compute_ms);
+  const bool have_comm = comm_ms.size() == compute_ms.size();
   for (size_t r = 0; r < compute_ms.size(); ++r) {
     const double c = compute_ms[r];
-    const bool slow = compute_ms.size() > 1 && std::isfinite(c) && std::isfinite(med) && med > 0 && c > factor_ * med;
+    bool slow = compute_ms.size() > 1 && std::isfinite(c) && std::isfinite(med) && med > 0 && c > factor_ * med;
+    if (slow && have_comm) slow = c - med >= kMinStepShare * (c + comm_ms[r]);
     streak_[r] = slow ? streak_[r] + 1 : 0;
     if (streak_[r] >= window_) flagged_.push_back({static_cast<int>(r), c, med, c / med, streak_[r]});
   }

@@ -36,9 +36,13 @@ class StragglerDetector {
   StragglerDetector(double factor, int window);
 
   /// Adds one record. A record with another rank count than the previous one (a new
-  /// round on a different world size) starts the count over. Returns the ranks flagged
-  /// after it, in rank order.
-  const std::vector<Straggler>& add(const std::vector<double>& compute_ms);
+  /// round on a different world size) starts the count over. With comm_ms (same size),
+  /// a rank counts as slow only when its excess over the median is also at least
+  /// kMinStepShare of its step time (compute + comm): a rank 3x slower at work that is
+  /// 1% of the step (rank 0 writing the logs while everyone waits on the network) costs
+  /// nothing worth flagging. Returns the ranks flagged after it, in rank order.
+  const std::vector<Straggler>& add(const std::vector<double>& compute_ms, const std::vector<double>& comm_ms = {});
+  static constexpr double kMinStepShare = 0.05;
 
   /// The ranks flagged after the last record.
   const std::vector<Straggler>& flagged() const { return flagged_; }

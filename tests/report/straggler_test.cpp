@@ -66,3 +66,13 @@ TEST_CASE("straggler: rank_times line round-trips; malformed lines are not recor
   CHECK_FALSE(rank_times_parse("rank_times compute_ms 1, comm_ms 1,2").has_value());    // empty item
   CHECK_FALSE(rank_times_parse("rank_times compute_ms 1,2").has_value());               // no comm_ms
 }
+
+TEST_CASE("straggler: a rank slower at a negligible share of the step is not flagged") {
+  StragglerDetector d(1.5, 1);
+  // rank 0: 0.6 ms of a 165 ms step against a median 0.2 ms: 3x, but 0.2% of the step
+  CHECK(d.add({0.6, 0.2, 0.2}, {164, 164.5, 164.5}).empty());
+  // the same ratio when compute is the step: flagged
+  CHECK(d.add({60, 20, 20}, {5, 45, 45}).size() == 1);
+  // without comm figures the ratio alone decides
+  CHECK(d.add({0.6, 0.2, 0.2}).size() == 1);
+}
