@@ -103,13 +103,13 @@ int worker_train(launch::RankContext& ctx, rendezvous::Heartbeat& hb) {
   config::TrainConfig cfg = std::move(loaded.cfg);
   // The agent decided the device before starting us (DTRAIN_DEVICE: cpu or cuda).
   const char* dev_env = std::getenv("DTRAIN_DEVICE");
-  return train_rank(ctx, hb, std::move(cfg), dev_env && *dev_env ? dev_env : "cpu");
+  return train_rank(ctx, hb, std::move(cfg), dev_env && *dev_env ? dev_env : "cpu", true);
 }
 
 }  // namespace
 
 int train_rank(launch::RankContext& ctx, rendezvous::Heartbeat& hb, config::TrainConfig cfg,
-               const std::string& device_name) {
+               const std::string& device_name, bool launcher_lines) {
   config::config_resolve_batch(cfg, ctx.world_size);
   // The launcher's step timeout watches the last completed step and whether this rank
   // waits in a collective (so it can tell the rank that is stuck from the peers waiting
@@ -140,6 +140,7 @@ int train_rank(launch::RankContext& ctx, rendezvous::Heartbeat& hb, config::Trai
   env.world_size = ctx.world_size;
   env.run_dir = ctx.run_dir;
   env.comm = comm.get();
+  env.print_rank_times = launcher_lines;
   env.on_step = [&](int64_t step) {
     last_step = step;
     publish();

@@ -63,9 +63,10 @@ int run_worker(const std::vector<std::string>& argv);
 
 // cmd_worker.cpp: one rank's training over its context (store, placement), on `device`
 // ("cpu" or "cuda"), with the collectives the device implies. The worker and dtrain run
-// both end here.
+// both end here; launcher_lines (the worker): rank 0 also prints the per-rank times line
+// dtrain launch's straggler check reads.
 int train_rank(launch::RankContext& ctx, rendezvous::Heartbeat& hb, config::TrainConfig cfg,
-               const std::string& device);
+               const std::string& device, bool launcher_lines = false);
 
 // cmd_external.cpp: `dtrain run`, one process of a job another launcher started.
 struct ExternalOptions {

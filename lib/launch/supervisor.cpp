@@ -622,9 +622,12 @@ bool elastic_plan_round(Job& job, Membership& members, HostProbe& probe, int rou
   const config::Hostfile hf = members.hostfile_of(rm.hosts);
   const int port = job.plan.master_port;
   job.plan = plan_placement(hf, job.plan.master_addr, port);
-  const config::ElasticBatch b = config::config_elastic_batch(job.cfg, ref_world, job.plan.world_size);
+  const bool train = job.spec.mode == "train";  // a benchmark has no batch to keep
+  config::ElasticBatch b;
+  if (train) b = config::config_elastic_batch(job.cfg, ref_world, job.plan.world_size);
+  else b.note = "no batch (benchmark)";
   job.spec.config_path = base_config;
-  if (job.plan.world_size != ref_world) {
+  if (train && job.plan.world_size != ref_world) {
     const std::string path = (fs::path(job.run_dir) / "config.elastic.yaml").string();
     run_dir_write_file(path, config::config_to_yaml(b.cfg), run_dir_mode_parse(job.cfg.training.run_dir_mode));
     job.spec.config_path = path;
@@ -730,7 +733,7 @@ int supervise(Job& job, const SupervisorOptions& opts) {
       members.round_failed(members.members()[static_cast<size_t>(f.node)], f.why);
     // A rank that stopped on a usage or config error fails the same way every round.
     if (f.exit_code == static_cast<int>(Exit::USAGE)) f.permanent = true;
-    const bool retry = f.node != -2 && !f.permanent && failed_rounds < ft.max_retries;
+    const bool retry = f.end != RoundEnd::INTERRUPTED && !f.permanent && failed_rounds < ft.max_retries;
     nlohmann::json ev{{"time_ms", unix_ms()}, {"event", "failure"},         {"round", round}, {"node", f.node},
                       {"why", f.why},         {"exit_code", f.exit_code}, {"retry", retry}};
     if (f.node >= 0 && f.node < static_cast<int>(job.plan.nodes.size()))

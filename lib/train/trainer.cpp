@@ -432,7 +432,7 @@ void TrainLoop::progress_log(int64_t step, double step_loss, float lr, float los
                 static_cast<long long>(step), static_cast<long long>(total_steps_), step_loss, lr, out.grad_norm,
                 static_cast<double>(loss_scale), tps, per_step, applied ? "" : " | skipped (fp16 overflow)");
     // For the launcher's straggler check (it does not show this line on the terminal).
-    if (W_ > 1) std::printf("%s\n", report::rank_times_format(times).c_str());
+    if (W_ > 1 && env_.print_rank_times) std::printf("%s\n", report::rank_times_format(times).c_str());
   }
   // One clock reading for both logs: an event's wall_time is the record's time_ms / 1000.
   const int64_t now_ms = unix_ms();
