@@ -31,12 +31,12 @@ launch::JobRequest job_request(const JobOptions& o, const std::string& mode) {
     const size_t colon = o.nnodes.find(':');
     const std::string lo = o.nnodes.substr(0, colon), hi = colon == std::string::npos ? lo : o.nnodes.substr(colon + 1);
     auto number = [&](const std::string& t) {
-      DT_ENFORCE(!t.empty() && t.size() < 6 && t.find_first_not_of("0123456789") == std::string::npos && std::stoi(t) >= 1,
-                 UsageError, "--nnodes '{}': give MIN:MAX (e.g. 2:4) or N, with 1 <= MIN <= MAX", o.nnodes);
+      if (t.empty() || t.size() > 5 || t.find_first_not_of("0123456789") != std::string::npos || std::stoi(t) < 1)
+        DT_THROW(UsageError, "--nnodes '{}': give MIN:MAX (e.g. 2:4) or N, with 1 <= MIN <= MAX", o.nnodes);
       return std::stoi(t);
     };
     const int mn = number(lo), mx = number(hi);
-    DT_ENFORCE(mn <= mx, UsageError, "--nnodes '{}': MIN {} is above MAX {}", o.nnodes, mn, mx);
+    if (mn > mx) DT_THROW(UsageError, "--nnodes '{}': MIN {} is above MAX {}", o.nnodes, mn, mx);
     r.sets.push_back(fmt::format("elastic.min_nodes={}", mn));
     r.sets.push_back(fmt::format("elastic.max_nodes={}", mx));
   }

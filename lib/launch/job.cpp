@@ -286,7 +286,8 @@ Job job_prepare(const JobRequest& req) {
   // rest are standbys); the supervisor re-plans every round over the members.
   config::Hostfile planned = job.hosts;
   if (cfg.elastic.min_nodes > 0) {
-    DT_ENFORCE(static_cast<size_t>(cfg.elastic.min_nodes) <= job.hosts.hosts.size(), ConfigError,
+    if (static_cast<size_t>(cfg.elastic.min_nodes) > job.hosts.hosts.size())
+      DT_THROW(ConfigError,
                "{}: elastic.min_nodes (--nnodes MIN) is {} but the hostfile selects only {} host(s); lower MIN or add "
                "hosts",
                cfg.source, cfg.elastic.min_nodes, job.hosts.hosts.size());

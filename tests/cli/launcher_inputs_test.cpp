@@ -102,6 +102,29 @@ TEST_CASE("--include '' and --exclude '' are usage errors, not 'every host'") {
   }
 }
 
+TEST_CASE("--nnodes: a malformed MIN:MAX or a MIN above the hosts there are is exit 2 saying what to give") {
+  const std::string bin = bin_or_skip();
+  if (bin.empty()) return;
+  const struct {
+    std::string value, says;
+  } cases[] = {{"x", "--nnodes 'x': give MIN:MAX (e.g. 2:4) or N"},
+               {"0:2", "--nnodes '0:2': give MIN:MAX"},
+               {"2:", "--nnodes '2:': give MIN:MAX"},
+               {"3:2", "--nnodes '3:2': MIN 3 is above MAX 2"},
+               {"2:3", "elastic.min_nodes (--nnodes MIN) is 2 but the hostfile selects only 1 host(s)"}};
+  for (const auto& c : cases) {
+    CAPTURE(c.value);
+    RunResult r = run({bin, "launch", "--nnodes", c.value, "--dry-run"}, {}, 60s);
+    INFO(r.out);
+    REQUIRE(!r.timed_out);
+    CHECK(r.rc == kUsage);
+    CHECK(contains(r.out, c.says));
+  }
+  RunResult ok = run({bin, "launch", "--nnodes", "1:1", "--dry-run"}, {}, 60s);
+  INFO(ok.out);
+  CHECK(ok.rc == 0);
+}
+
 TEST_CASE("IPv6: ::1 in the hostfile and as --master-addr runs a local 2-rank job over IPv6") {
   const std::string bin = bin_or_skip();
   if (bin.empty()) return;
