@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -155,7 +156,7 @@ std::string agent_said_suffix(const std::string& said) {
 }
 
 struct Failure {
-  enum class Kind { NONE, SPAWN, AGENT_EXIT, HEARTBEAT, RANK_HUNG, INTERRUPT };
+  enum class Kind { NONE, SPAWN, AGENT_EXIT, HEARTBEAT, RANK_HUNG, INTERRUPT, PREFLIGHT };
   int node = -1;
   std::string why;
   int exit_code = 0;
@@ -447,7 +448,13 @@ int supervise(Job& job, const SupervisorOptions& opts) {
     files.event({{"time_ms", unix_ms()}, {"event", "round_start"}, {"round", round},
                  {"world_size", job.plan.world_size}});
     auto t0 = Clock::now();
-    Failure f = run_round(job, server, store, token, opts, out, files);
+    Failure f;
+    if (opts.preflight) {
+      PreflightVerdict v = opts.preflight(job);
+      if (!v.why.empty())
+        f = {std::max(v.node, 0), "preflight: " + v.why, static_cast<int>(Exit::LAUNCH), Failure::Kind::PREFLIGHT};
+    }
+    if (f.kind != Failure::Kind::PREFLIGHT) f = run_round(job, server, store, token, opts, out, files);
     if (f.node == -1) {
       log_info("job finished: all {} rank(s) succeeded in round {} ({:.1f} s)", job.plan.world_size, round,
                std::chrono::duration<double>(Clock::now() - t0).count());

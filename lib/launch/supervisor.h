@@ -26,6 +26,13 @@ NodeSpawner node_spawner_default(const config::TrainConfig& cfg);
 /// override user and port per host.
 SshOptions ssh_options_from_config(const config::SshConfig& ssh);
 
+/// What a preflight found: why (host and check named) the round must not start, and the
+/// first node concerned; why "" = every node is fit.
+struct PreflightVerdict {
+  int node = -1;
+  std::string why;
+};
+
 struct SupervisorOptions {
   NodeSpawner spawner;                        // required
   /// Set by the launcher's signal handler to the signal number (SIGINT, SIGTERM, SIGHUP):
@@ -37,6 +44,10 @@ struct SupervisorOptions {
   /// training started (its "resumed from step" / "train:" line, printed once every rank
   /// loaded the config and the checkpoint, or a progress line), or when a round succeeds.
   std::function<void()> on_started;
+  /// Run before every round when set (the CLI sets lib/doctor's quick preflight when
+  /// doctor.preflight is on): a verdict with a reason fails the round before any node
+  /// starts, as a launch failure that the retry loop counts like any other.
+  std::function<PreflightVerdict(const Job&)> preflight;
 };
 
 /// Runs the job to completion (all rounds). Returns the process exit code: 0, the
