@@ -111,7 +111,7 @@ std::vector<Finding> analyze_nodes(const std::vector<NodeObservation>& nodes, co
                                      short_id(f.build_id), ex.version, short_id(ex.build_id)),
                          fmt::format("install the launcher's dtrain binary at {} on {} (or point cluster.dtrain_path "
                                      "at the same build)",
-                                     ex.dtrain_path, f.hostname)));
+                                     ex.dtrain_path, n.host)));
     else
       out.push_back(make(n, "build", Status::OK, fmt::format("dtrain {} build {}", f.version, short_id(f.build_id))));
 

@@ -480,7 +480,8 @@ int supervise(Job& job, const SupervisorOptions& opts) {
       log_error("{}: every node stopped; continue with: dtrain resume {}", f.why, job.run_dir);
       return finish(files, f.exit_code);
     }
-    log_error("round {} failed: {}; every node stopped", round, f.why);
+    log_error("round {} failed: {}; {}", round, f.why,
+              f.kind == Failure::Kind::PREFLIGHT ? "no node was started" : "every node stopped");
     if (f.permanent) {
       log_error("not restarting: retrying cannot fix this (a usage, config, host key or credential error): fix it, then dtrain resume");
       return finish(files, f.exit_code);
