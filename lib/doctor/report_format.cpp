@@ -60,7 +60,13 @@ std::string report_table(const Report& r) {
                       : cell(r, n, "disk", ""));
     row.push_back(cell(r, n, "shared_dir", ""));
     row.push_back(n.clock_offset_s ? cell(r, n, "clock", fmt::format("{:+.3f}s", *n.clock_offset_s)) : "-");
-    if (r.network) row.push_back(cell(r, n, "connectivity", ""));
+    if (r.network) {
+      // Connectivity, or SLOW when the node's bandwidth was flagged.
+      const Finding* bw = find(r, n.node, "bandwidth");
+      row.push_back(bw && bw->status == Status::FAIL && cell(r, n, "connectivity", "") == "ok"
+                        ? "SLOW"
+                        : cell(r, n, "connectivity", ""));
+    }
     rows.push_back(row);
   }
   std::vector<size_t> width(head.size(), 0);

@@ -213,6 +213,21 @@ TEST_CASE("report: table, JSON and the preflight message name host, check and wh
   CHECK(has(t, "FAIL node 1 (root@10.0.0.11) build"));
   CHECK(has(t, "what to do:"));
   CHECK(has(t, "FAILED"));
+  // Node 2's row says SLOW in the net column; node 0's says ok.
+  auto row = [&](int k) {
+    const std::string start = std::to_string(k) + " ", host = "root@10.0.0." + std::to_string(10 + k);
+    for (size_t pos = 0; pos < t.size();) {
+      size_t end = t.find('\n', pos);
+      std::string line = t.substr(pos, end - pos);
+      if (line.rfind(start, 0) == 0 && has(line, host)) return line;
+      if (end == std::string::npos) break;
+      pos = end + 1;
+    }
+    return std::string();
+  };
+  CHECK(row(2).size() > 4);
+  CHECK(row(2).substr(row(2).size() - 4) == "SLOW");
+  CHECK(row(0).substr(row(0).size() - 2) == "ok");
 
   auto j = report_json(r);
   CHECK(j["ok"] == false);
