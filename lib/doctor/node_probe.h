@@ -1,8 +1,7 @@
-// The node side of `dtrain doctor` and the preflight: the hidden `dtrain doctor-node`
-// command the launcher starts on every node over the job's spawner (SSH or local). It
-// reports this node's facts, writes its nonce into the run directory, waits for the
-// launcher's barrier (stdin EOF), reports its clock and the nonces it can read, and
-// optionally runs the network probe. Output: one JSON object per line on stdout.
+// The node side of `dtrain doctor` and the preflight (hidden `dtrain doctor-node`, started
+// over the job's spawner): this node's facts and nonce, the launcher's barrier (stdin
+// EOF), its clock and the nonces it can read, optionally the network probe; one JSON
+// object per line on stdout.
 #pragma once
 
 #include "doctor/analysis.h"
