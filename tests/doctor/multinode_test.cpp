@@ -3,7 +3,7 @@
 // without $DTRAIN_BIN): all healthy; one node's link throttled with tc (named as the
 // slowest link and flagged); one node running a different dtrain binary (named with both
 // build ids, and the launch preflight refuses the round); one node that sees another
-// directory at the run directory's path (said so).
+// directory at the run directory's path (said so); one node cut off the network.
 #include "cli/cli_harness.h"
 
 #include <nlohmann/json.hpp>
@@ -201,4 +201,22 @@ TEST_CASE("a run directory one node cannot see: that node named, the others fine
   CHECK(contains(r.out, "mount the same shared filesystem"));
   CHECK_FALSE(contains(r.out, "FAIL " + host(*e, 0) + " shared_dir"));
   CHECK_FALSE(contains(r.out, "FAIL " + host(*e, 1) + " shared_dir"));
+}
+
+TEST_CASE("a node cut off the network: its ssh check fails within the connect timeout, the others pass") {
+  Env* e = env();
+  if (!e) return;
+  REQUIRE(e->cluster.link(2, false));
+  struct Relink {
+    Env* e;
+    ~Relink() { e->cluster.link(2, true); }
+  } relink{e};
+  auto r = run(doctor_argv(*e, e->cluster.dir() + "/run-down", {"--set", "cluster.ssh.connect_timeout=3"}), {}, 120s);
+  INFO(r.out);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.rc == 10);
+  CHECK(contains(r.out, "FAIL " + host(*e, 2) + " ssh: "));
+  CHECK_FALSE(contains(r.out, "FAIL " + host(*e, 0)));
+  CHECK_FALSE(contains(r.out, "FAIL " + host(*e, 1)));
+  CHECK(contains(r.out, "node 0 <-> node 1"));  // the reachable nodes still get their link measured
 }
