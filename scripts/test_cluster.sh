@@ -11,6 +11,12 @@
 #   test_cluster.sh node-down STATE_DIR I    take node I down: kill every process in it (sshd included)
 #   test_cluster.sh node-up STATE_DIR I      bring node I back: start its sshd again
 #   test_cluster.sh exec STATE_DIR I CMD...  run CMD inside node I's namespace
+#   test_cluster.sh throttle STATE_DIR I RATE  shape node I's link to RATE (tc tbf, both
+#                                            directions; e.g. 40mbit)
+#   test_cluster.sh unthrottle STATE_DIR I   remove that shaping
+#   test_cluster.sh bind STATE_DIR I SRC DST bind-mount SRC over DST for node I only (its
+#                                            sshd's mount namespace: every SSH session there)
+#   test_cluster.sh unbind STATE_DIR I DST   undo it
 #   test_cluster.sh status STATE_DIR         print STATE_DIR/env and whether each sshd runs
 #
 # `up` writes into STATE_DIR: hostfile ("root@198.18.X.10 slots=2" per node), known_hosts
@@ -25,7 +31,7 @@ SSHD=${SSHD:-/usr/sbin/sshd}
 LOCK_FILE=/run/dtrain-test-cluster.lock
 
 usage() {
-  sed -n '6,15p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '6,21p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 die() {
@@ -241,6 +247,35 @@ EOF
 }
 
 # ---------------------------------------------------------------------------
+# Per-node faults: a slow link, a file or directory that only one node sees
+
+# The pid of node I's sshd, whose mount namespace every SSH session of the node shares.
+# `ip netns exec` gave it a mount namespace of its own (slave of the host's, so host
+# mounts reach it but its mounts stay inside); refuse to mount when that is not so.
+node_mount_pid() {
+  local pid
+  pid=$(cat "$STATE_DIR/sshd-$1.pid" 2>/dev/null) || die "no sshd pid file for node $1"
+  kill -0 "$pid" 2>/dev/null || die "sshd of node $1 (pid $pid) is not running"
+  [[ $(readlink "/proc/$pid/ns/mnt") != $(readlink /proc/self/ns/mnt) ]] ||
+    die "node $1's sshd shares this mount namespace: a mount there would change every node"
+  echo "$pid"
+}
+
+node_throttle() {
+  local ns veth
+  ns=$(ns_name "$1")
+  veth=$(veth_name "$1")
+  # Egress of the bridge side (traffic to the node) and of the node's eth0 (from it).
+  tc qdisc replace dev "$veth" root tbf rate "$2" burst 64kb latency 100ms
+  ip netns exec "$ns" tc qdisc replace dev eth0 root tbf rate "$2" burst 64kb latency 100ms
+}
+
+node_unthrottle() {
+  tc qdisc del dev "$(veth_name "$1")" root 2>/dev/null || true
+  ip netns exec "$(ns_name "$1")" tc qdisc del dev eth0 root 2>/dev/null || true
+}
+
+# ---------------------------------------------------------------------------
 # main
 
 command=${1:-}
@@ -293,6 +328,32 @@ case $command in
     ns=$(ns_name "$3")
     shift 3
     exec ip netns exec "$ns" "$@"
+    ;;
+  throttle)
+    [[ $# -eq 4 ]] || usage
+    [[ $4 =~ ^[0-9]+(bit|kbit|mbit|gbit)$ ]] || die "rate '$4' must look like 40mbit"
+    cluster_names "$2"
+    node_index "$3"
+    node_throttle "$3" "$4"
+    ;;
+  unthrottle)
+    [[ $# -eq 3 ]] || usage
+    cluster_names "$2"
+    node_index "$3"
+    node_unthrottle "$3"
+    ;;
+  bind)
+    [[ $# -eq 5 ]] || usage
+    cluster_names "$2"
+    node_index "$3"
+    [[ -e $4 && -e $5 ]] || die "bind: both '$4' and '$5' must exist"
+    nsenter -t "$(node_mount_pid "$3")" -m mount --bind "$4" "$5"
+    ;;
+  unbind)
+    [[ $# -eq 4 ]] || usage
+    cluster_names "$2"
+    node_index "$3"
+    nsenter -t "$(node_mount_pid "$3")" -m umount "$4"
     ;;
   status)
     [[ $# -eq 2 ]] || usage

@@ -17,8 +17,6 @@
 
 namespace dtrain::cli {
 
-namespace {
-
 launch::JobRequest job_request(const JobOptions& o, const std::string& mode) {
   launch::JobRequest r;
   r.config_path = o.config;
@@ -53,6 +51,8 @@ launch::JobRequest job_request(const JobOptions& o, const std::string& mode) {
   if (o.launcher == "slurm") r.hosts = launch::slurm_hostfile(launch::slurm_allocation_from_env(launch::environ_map()));
   return r;
 }
+
+namespace {
 
 void print_dry_run(const launch::Job& job) {
   const auto& c = job.cfg;

@@ -67,6 +67,7 @@ int run_job(launch::Job& job, const JobOptions& cli, bool resume) {
                      : launch::node_spawner_default(job.cfg);
   opts.interrupted = &g_interrupted;
   opts.tee_all = cli.tee_all;
+  preflight_install(opts, job);
   // A resumed run's new config (and hostfile) replace the old ones only once the ranks
   // loaded the checkpoint with it: a failed `resume --set ...` leaves the run as it was.
   opts.on_started = [&job] {

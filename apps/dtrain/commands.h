@@ -10,6 +10,9 @@ struct TrainConfig;
 }
 namespace dtrain::launch {
 struct RankContext;
+struct JobRequest;
+struct Job;
+struct SupervisorOptions;
 }
 namespace dtrain::rendezvous {
 class Heartbeat;
@@ -35,6 +38,8 @@ struct JobOptions {
 };
 
 int run_launch(const JobOptions& opts);
+// cmd_launch.cpp: the job request the options describe ("train" or "bench" mode).
+launch::JobRequest job_request(const JobOptions& o, const std::string& mode);
 int run_resume(const std::string& run_dir, const JobOptions& opts);
 // cmd_train.cpp
 int run_eval(const std::string& run_dir_or_model_dir, const std::string& data_jsonl, int max_records,
@@ -67,6 +72,16 @@ int run_worker(const std::vector<std::string>& argv);
 // dtrain launch's straggler check reads.
 int train_rank(launch::RankContext& ctx, rendezvous::Heartbeat& hb, config::TrainConfig cfg,
                const std::string& device, bool launcher_lines = false);
+
+// cmd_doctor.cpp: `dtrain doctor` (exit 0 when every check passed, kExitUnhealthy
+// otherwise), the hidden `dtrain doctor-node`, and the preflight run before each
+// launch round when doctor.preflight is on (over the job's own spawner).
+constexpr int kExitUnhealthy = 10;  // beside core/error.h's Exit codes: a doctor check failed
+int run_doctor(const JobOptions& opts, bool json, bool network);
+int run_doctor_node(const std::vector<std::string>& argv);
+// Sets opts.preflight to the doctor's quick check over opts.spawner when
+// job.cfg.doctor.preflight is on (DTRAIN_PREFLIGHT=0 turns it off).
+void preflight_install(launch::SupervisorOptions& opts, const launch::Job& job);
 
 // cmd_external.cpp: `dtrain run`, one process of a job another launcher started.
 struct ExternalOptions {

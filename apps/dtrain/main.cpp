@@ -215,11 +215,25 @@ int main(int argc, char** argv) {
   status->add_option("RUN_DIR", status_dir, "the run directory")->required()->check(CLI::ExistingDirectory);
   status->footer("Example:\n  dtrain status runs/tiny-sft");
 
+  JobOptions doctor_opts;
+  bool doctor_json = false, doctor_no_network = false;
+  auto* doctor = app.add_subcommand(
+      "doctor", "check every host before a long job: SSH, same dtrain build, slots vs GPUs/CPUs, driver, free "
+                "space, shared run directory, clock skew, collective connectivity and per-link bandwidth");
+  add_job_options(doctor, doctor_opts, false);
+  for (const char* flag : {"--dry-run", "--tee-all"}) doctor->remove_option(doctor->get_option(flag));
+  doctor->add_flag("--json", doctor_json, "print the report as JSON instead of the table");
+  doctor->add_flag("--no-network", doctor_no_network, "skip the connectivity check and the bandwidth table");
+  doctor->footer("Exit 0 when every check passed, 10 when one failed (each failure names host, check and what to "
+                 "do).\nExample:\n  dtrain doctor --hostfile hostfiles/two-nodes-8 --config configs/gpt2-124m.yaml");
+
   // Internal commands, started by dtrain itself: their arguments pass through untouched.
   auto* agent = app.add_subcommand("agent", "internal: node agent started by the launcher")->prefix_command();
   agent->group("");
   auto* worker = app.add_subcommand("worker", "internal: rank process started by the agent")->prefix_command();
   worker->group("");
+  auto* doctor_node = app.add_subcommand("doctor-node", "internal: one node's part of dtrain doctor")->prefix_command();
+  doctor_node->group("");
 
   try {
     app.parse(argc, argv);
@@ -230,6 +244,13 @@ int main(int argc, char** argv) {
 
   if (agent->parsed()) return run_guarded([&] { return dtrain::cli::run_agent(agent->remaining()); });
   if (worker->parsed()) return run_guarded([&] { return dtrain::cli::run_worker(worker->remaining()); });
+  if (doctor_node->parsed())
+    return run_guarded([&] { return dtrain::cli::run_doctor_node(doctor_node->remaining()); });
+  if (doctor->parsed())
+    return run_guarded([&] {
+      check_job_options(doctor, doctor_opts);
+      return dtrain::cli::run_doctor(doctor_opts, doctor_json, !doctor_no_network);
+    });
   if (eval->parsed())
     return run_guarded([&] { return dtrain::cli::run_eval(ev.dir, ev.data, ev.max_records, ev.config, ev.init); });
   if (export_cmd->parsed()) return run_guarded([&] { return dtrain::cli::run_export(export_dir, export_out); });

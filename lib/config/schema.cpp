@@ -307,6 +307,22 @@ const std::vector<KeySpec>& build_schema() {
        "working directory on the nodes; \"\" = the launcher's working directory"},
       {"cluster.dtrain_path", KeyType::STRING, F(cluster.dtrain_path),
        "dtrain binary on the nodes; \"\" = the launcher's own path"},
+
+      // ---- doctor (dtrain): `dtrain doctor` and the preflight before each launch round
+      {"doctor.preflight", KeyType::BOOL, F(doctor.preflight),
+       "before every launch round check each node (SSH, same dtrain build, slots, shared run directory, free "
+       "space) and fail the round naming the host and check",
+       {}, {}, {}, false, "DTRAIN_PREFLIGHT"},
+      {"doctor.min_free_gb", KeyType::FLOAT, F(doctor.min_free_gb),
+       "GiB that must be free on the run directory's filesystem on every node", {}, 0},
+      {"doctor.max_clock_skew", KeyType::FLOAT, F(doctor.max_clock_skew),
+       "seconds a node's clock may differ from the launcher's (dtrain doctor)", {}, 0, {}, true},
+      {"doctor.slow_factor", KeyType::FLOAT, F(doctor.slow_factor),
+       "dtrain doctor flags a node whose best link is this many times slower than the median node", {}, 1, {}, true},
+      {"doctor.link_seconds", KeyType::FLOAT, F(doctor.link_seconds),
+       "seconds of traffic per link direction in the dtrain doctor bandwidth table", {}, 0, 60, true},
+      {"doctor.timeout", KeyType::FLOAT, F(doctor.timeout),
+       "seconds every node gets to answer the checks (after its SSH connect)", {}, 1, 3600},
   };
   return keys;
 }

@@ -182,6 +182,17 @@ struct TensorboardConfig {
   bool operator==(const TensorboardConfig&) const = default;
 };
 
+// `dtrain doctor` and the quick preflight before every launch round (lib/doctor).
+struct DoctorConfig {
+  bool preflight = true;        // quick checks on every node before each round
+  double min_free_gb = 1.0;     // free space the run directory's filesystem must have
+  double max_clock_skew = 5.0;  // seconds a node's clock may differ from the launcher's
+  double slow_factor = 2.0;     // a node this many times below the median bandwidth is flagged
+  double link_seconds = 0.5;    // time budget per link direction of the bandwidth table
+  double timeout = 30.0;        // seconds for every node to answer (after the SSH connect)
+  bool operator==(const DoctorConfig&) const = default;
+};
+
 struct ClusterConfig {
   SshConfig ssh;
   RendezvousConfig rendezvous;
@@ -221,6 +232,7 @@ struct TrainConfig {
   ElasticConfig elastic;
   TensorboardConfig tensorboard;  // DeepSpeed's tensorboard section
   ClusterConfig cluster;
+  DoctorConfig doctor;
 
   std::string source;  // the file path, or the name given to config_load_string
 

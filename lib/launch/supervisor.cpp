@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <chrono>
@@ -248,7 +249,7 @@ enum class RoundEnd {
 };
 
 struct Failure {
-  enum class Kind { NONE, SPAWN, AGENT_EXIT, HEARTBEAT, RANK_HUNG, INTERRUPT };
+  enum class Kind { NONE, SPAWN, AGENT_EXIT, HEARTBEAT, RANK_HUNG, INTERRUPT, PREFLIGHT };
   int node = -1;
   std::string why;
   int exit_code = 0;
@@ -709,7 +710,12 @@ int supervise(Job& job, const SupervisorOptions& opts) {
       files.event({{"time_ms", unix_ms()}, {"event", "round_start"}, {"round", round},
                    {"world_size", job.plan.world_size}});
       auto t0 = Clock::now();
-      f = run_round(job, server, store, token, opts, out, files, probe.get(), members);
+      if (opts.preflight) {
+        PreflightVerdict v = opts.preflight(job);
+        if (!v.why.empty())
+          f = {std::max(v.node, 0), "preflight: " + v.why, static_cast<int>(Exit::LAUNCH), Failure::Kind::PREFLIGHT};
+      }
+      if (f.kind != Failure::Kind::PREFLIGHT) f = run_round(job, server, store, token, opts, out, files, probe.get(), members);
       for (auto& ev : out.take_events()) files.event(ev);
       if (f.end == RoundEnd::SUCCEEDED) {
         log_info("job finished: all {} rank(s) succeeded in round {} ({:.1f} s)", job.plan.world_size, round,
@@ -752,7 +758,8 @@ int supervise(Job& job, const SupervisorOptions& opts) {
       log_error("{}: every node stopped; continue with: dtrain resume {}", f.why, job.run_dir);
       return finish(files, f.exit_code);
     }
-    log_error("round {} failed: {}; every node stopped", round, f.why);
+    log_error("round {} failed: {}; {}", round, f.why,
+              f.kind == Failure::Kind::PREFLIGHT ? "no node was started" : "every node stopped");
     if (f.permanent) {
       log_error("not restarting: retrying cannot fix this (a usage, config, host key or credential error): fix it, then dtrain resume");
       return finish(files, f.exit_code);

@@ -27,6 +27,13 @@ NodeSpawner node_spawner_default(const config::TrainConfig& cfg);
 /// override user and port per host.
 SshOptions ssh_options_from_config(const config::SshConfig& ssh);
 
+/// What a preflight found: why (host and check named) the round must not start, and the
+/// first node concerned; why "" = every node is fit.
+struct PreflightVerdict {
+  int node = -1;
+  std::string why;
+};
+
 struct SupervisorOptions {
   NodeSpawner spawner;                        // required
   /// Set by the launcher's signal handler to the signal number (SIGINT, SIGTERM, SIGHUP):
@@ -41,6 +48,10 @@ struct SupervisorOptions {
   /// Elastic jobs (elastic.min_nodes > 0): the probe a host must pass to run in a round
   /// and to rejoin. Empty = host_probe_version (SSH reachable, same dtrain version).
   std::function<std::unique_ptr<HostProbe>(const Job&)> probe_factory;
+  /// Run before every round when set (the CLI sets lib/doctor's quick preflight when
+  /// doctor.preflight is on): a verdict with a reason fails the round before any node
+  /// starts, as a launch failure that the retry loop counts like any other.
+  std::function<PreflightVerdict(const Job&)> preflight;
 };
 
 /// Runs the job to completion (all rounds). Returns the process exit code: 0, the

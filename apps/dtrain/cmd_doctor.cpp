@@ -1,0 +1,61 @@
+// `dtrain doctor` (check every host of a hostfile: SSH, build, slots, driver, disk,
+// shared run directory, clock, connectivity and per-link bandwidth), the hidden
+// `dtrain doctor-node` it starts on each node, and the quick preflight hook for launches.
+#include "commands.h"
+
+#include "core/check.h"
+#include "core/log.h"
+#include "doctor/doctor.h"
+#include "doctor/node_probe.h"
+#include "launch/job.h"
+#include "launch/local_spawner.h"
+#include "launch/slurm.h"
+#include "launch/supervisor.h"
+
+#include <csignal>
+#include <cstdio>
+
+namespace dtrain::cli {
+
+launch::NodeSpawner job_spawner(const launch::Job& job, const JobOptions& opts) {
+  return opts.launcher == "slurm"
+             ? launch::node_spawner_slurm(launch::slurm_allocation_from_env(launch::environ_map()))
+             : launch::node_spawner_default(job.cfg);
+}
+
+int run_doctor(const JobOptions& opts, bool json, bool network) {
+  ::signal(SIGPIPE, SIG_IGN);
+  launch::JobRequest req = job_request(opts, "train");
+  req.require_training = false;
+  launch::Job job = launch::job_prepare(req);
+  for (const auto& w : job.warnings) log_warn("{}", w);
+  launch::spawner_become_subreaper();
+  doctor::DoctorOptions o;
+  o.network = network;
+  doctor::Report rep = doctor::doctor_run(job, job_spawner(job, opts), o);
+  const std::string text = json ? doctor::report_json(rep).dump(2) + "\n" : doctor::report_table(rep);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+  return rep.ok() ? 0 : kExitUnhealthy;
+}
+
+int run_doctor_node(const std::vector<std::string>& argv) {
+  ::signal(SIGPIPE, SIG_IGN);
+  return doctor::node_probe_main(doctor::node_probe_parse(argv), 0, stdout);
+}
+
+void preflight_install(launch::SupervisorOptions& opts, const launch::Job& job) {
+  if (!job.cfg.doctor.preflight) return;
+  opts.preflight = [spawner = opts.spawner](const launch::Job& job) {
+    doctor::Report rep = doctor::preflight(job, spawner);
+    for (const doctor::Finding& f : rep.findings)
+      if (f.status == doctor::Status::WARN)
+        log_warn("preflight: node {} ({}): {}: {}; {}", f.node, f.host, f.check, f.detail, f.advice);
+    if (rep.ok())
+      log_info("preflight: {} node(s) fit (SSH, dtrain build, slots, shared run directory, free space) in {:.1f} s",
+               rep.nodes.size(), rep.seconds);
+    return doctor::preflight_verdict(rep);
+  };
+}
+
+}  // namespace dtrain::cli

@@ -1,0 +1,65 @@
+// `dtrain doctor` on localhost through the real binary (no root needed): the table and
+// --json agree with this machine, a free-space bar it cannot meet fails naming host, check
+// and what to do, and the launch preflight refuses a round on the same grounds.
+#include "cli/cli_harness.h"
+
+#include <nlohmann/json.hpp>
+
+using namespace dtrain::cli_test;
+
+namespace {
+
+std::string bin_or_skip() {
+  std::string b = dtrain_bin();
+  if (b.empty()) MESSAGE("skipped: $DTRAIN_BIN is not set or not executable (run through ctest)");
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("localhost: every check passes; --json names this build and the network part ran") {
+  std::string bin = bin_or_skip();
+  if (bin.empty()) return;
+  TempDir t("dtrain-doctor-cli");
+  const std::string run_dir = t.path() + "/run";
+  auto r = run({bin, "doctor", "--output-dir", run_dir}, {}, 60s);
+  INFO(r.out);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.rc == 0);
+  CHECK(contains(r.out, "localhost"));
+  CHECK(contains(r.out, "PASSED: 0 failure(s)"));
+  CHECK_FALSE(std::filesystem::exists(run_dir));  // created for the nonces, removed again
+
+  auto j = run({bin, "doctor", "--output-dir", run_dir, "--json"}, {}, 60s);
+  REQUIRE(j.rc == 0);
+  auto doc = nlohmann::json::parse(j.out);
+  CHECK(doc["ok"] == true);
+  REQUIRE(doc["nodes"].size() == 1);
+  CHECK(doc["nodes"][0]["build_id"] == doc["launcher"]["build_id"]);
+  CHECK(doc["nodes"][0]["build_id"].get<std::string>().size() == 64);
+  CHECK(doc["nodes"][0]["allreduce_ok"] == true);
+  CHECK(doc["links"].empty());
+}
+
+TEST_CASE("a free-space bar this machine cannot meet: doctor exits 10 naming it, the launch preflight refuses") {
+  std::string bin = bin_or_skip();
+  if (bin.empty()) return;
+  TempDir t("dtrain-doctor-cli");
+  const std::string run_dir = t.path() + "/run";
+  auto r = run({bin, "doctor", "--no-network", "--output-dir", run_dir, "--set", "doctor.min_free_gb=100000000"}, {},
+               60s);
+  INFO(r.out);
+  CHECK(r.rc == 10);
+  CHECK(contains(r.out, "FAIL node 0 (localhost) disk: "));
+  CHECK(contains(r.out, "below doctor.min_free_gb = 100000000"));
+  CHECK(contains(r.out, "what to do: free space there"));
+
+  auto l = run({bin, "launch", "--output-dir", run_dir, "--master-port", "0", "--set", "doctor.min_free_gb=100000000",
+                "--set", "fault_tolerance.max_retries=0"},
+               {}, 120s);
+  INFO(l.out);
+  CHECK(l.rc == 4);
+  CHECK(contains(l.out, "round 0 failed: preflight: node 0 (localhost): disk: "));
+  CHECK(contains(l.out, "no node was started"));
+  CHECK_FALSE(std::filesystem::exists(run_dir + "/logs/rank0.log"));
+}
