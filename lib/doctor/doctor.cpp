@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -98,7 +99,12 @@ std::vector<int> Report::failed_nodes() const {
   return out;
 }
 
-Report doctor_run(const launch::Job& job, const launch::NodeSpawner& spawner, const DoctorOptions& opts) {
+namespace {
+
+// The checks over `plans` (each identified by its node_rank), with job's config,
+// run directory and dtrain path.
+Report run_checks(const launch::Job& job, const launch::NodeSpawner& spawner, const DoctorOptions& opts,
+                  const std::vector<launch::NodePlan>& plans) {
   const auto t_begin = Clock::now();
   const auto& dc = job.cfg.doctor;
   const auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(dc.timeout));
@@ -107,7 +113,7 @@ Report doctor_run(const launch::Job& job, const launch::NodeSpawner& spawner, co
   rep.network = opts.network;
   Expectations& ex = rep.expect;
   ex.version = version();
-  ex.build_id = build_id();
+  ex.build_id = opts.expected_build_id.empty() ? build_id() : opts.expected_build_id;
   ex.device = job.cfg.training.device;
   ex.run_dir = job.run_dir;
   ex.dtrain_path = job.spec.dtrain_path;
@@ -115,12 +121,14 @@ Report doctor_run(const launch::Job& job, const launch::NodeSpawner& spawner, co
   ex.max_clock_skew = dc.max_clock_skew;
   ex.slow_factor = dc.slow_factor;
 
-  std::vector<int> which = opts.nodes;
-  if (which.empty())
-    for (size_t k = 0; k < job.plan.nodes.size(); ++k) which.push_back(static_cast<int>(k));
-  for (int k : which)
-    DT_ENFORCE(k >= 0 && k < static_cast<int>(job.plan.nodes.size()), InternalError, "doctor: node {} of {}", k,
-               job.plan.nodes.size());
+  std::vector<int> which;
+  int nnodes = 0;
+  for (const launch::NodePlan& p : plans) {
+    DT_ENFORCE(p.node_rank >= 0 && std::find(which.begin(), which.end(), p.node_rank) == which.end(), InternalError,
+               "doctor: node index {} negative or given twice", p.node_rank);
+    which.push_back(p.node_rank);
+    nnodes = std::max(nnodes, p.node_rank + 1);
+  }
   const size_t n = which.size();
 
   // The launcher's nonce first: every node looks for it.
@@ -150,7 +158,7 @@ Report doctor_run(const launch::Job& job, const launch::NodeSpawner& spawner, co
     std::vector<std::thread> starters;
     for (size_t i = 0; i < n; ++i) {
       const int k = which[i];
-      const launch::NodePlan& node = job.plan.nodes[static_cast<size_t>(k)];
+      const launch::NodePlan& node = plans[i];
       rep.nodes[i].node = k;
       rep.nodes[i].host = node.host.destination();
       rep.nodes[i].slots = static_cast<int>(node.ranks.size());
@@ -174,7 +182,7 @@ Report doctor_run(const launch::Job& job, const launch::NodeSpawner& spawner, co
         cmd.workdir = job.spec.workdir;
         NodeState* st = state[i].get();
         try {
-          procs[i] = spawner(job.plan.nodes[static_cast<size_t>(k)], cmd, opts.network ? token + "\n" : std::string(),
+          procs[i] = spawner(plans[i], cmd, opts.network ? token + "\n" : std::string(),
                              [st](launch::Stream s, std::string_view line) { st->line(s, line); });
         } catch (const Error& e) {
           rep.nodes[i].start_error = e.what();
@@ -269,7 +277,7 @@ Report doctor_run(const launch::Job& job, const launch::NodeSpawner& spawner, co
       for (const auto& l : state[i]->net_json["links"])
         parts.push_back({l.value("a", 0), l.value("b", 0), l.value("ab", 0.0), l.value("ba", 0.0)});
     }
-    rep.net = network_summarize(link_merge(parts), static_cast<int>(job.plan.nodes.size()), dc.slow_factor);
+    rep.net = network_summarize(link_merge(parts), nnodes, dc.slow_factor);
   }
 
   // The session's files as the launcher sees them; an empty run directory the check
@@ -290,12 +298,36 @@ Report doctor_run(const launch::Job& job, const launch::NodeSpawner& spawner, co
   return rep;
 }
 
-Report preflight(const launch::Job& job, const launch::NodeSpawner& spawner, const std::vector<int>& nodes) {
+}  // namespace
+
+Report doctor_run(const launch::Job& job, const launch::NodeSpawner& spawner, const DoctorOptions& opts) {
+  std::vector<launch::NodePlan> plans;
+  for (size_t k = 0; k < job.plan.nodes.size(); ++k)
+    if (opts.nodes.empty() || std::find(opts.nodes.begin(), opts.nodes.end(), static_cast<int>(k)) != opts.nodes.end())
+      plans.push_back(job.plan.nodes[k]);
+  for (int k : opts.nodes)
+    DT_ENFORCE(k >= 0 && k < static_cast<int>(job.plan.nodes.size()), InternalError, "doctor: node {} of {}", k,
+               job.plan.nodes.size());
+  return run_checks(job, spawner, opts, plans);
+}
+
+Report preflight(const launch::Job& job, const launch::NodeSpawner& spawner, const std::vector<int>& nodes,
+                 const std::string& expected_build_id) {
   DoctorOptions o;
+  o.expected_build_id = expected_build_id;
   o.network = false;
   o.nodes = nodes;
   o.clock_is_warning = true;
   return doctor_run(job, spawner, o);
+}
+
+Report preflight_nodes(const launch::Job& job, const launch::NodeSpawner& spawner,
+                       const std::vector<launch::NodePlan>& nodes, const std::string& expected_build_id) {
+  DoctorOptions o;
+  o.expected_build_id = expected_build_id;
+  o.network = false;
+  o.clock_is_warning = true;
+  return run_checks(job, spawner, o, nodes);
 }
 
 launch::PreflightVerdict preflight_verdict(const Report& r) {

@@ -22,6 +22,9 @@ struct DoctorOptions {
   std::vector<int> nodes;
   /// Preflight: a clock off by more than doctor.max_clock_skew is a warning, not a failure.
   bool clock_is_warning = false;
+  /// The build every node must run; "" = this process's own (the launcher's build_id()).
+  /// Set it when the caller is not the dtrain binary itself (a test, another tool).
+  std::string expected_build_id;
 };
 
 struct Report {
@@ -56,7 +59,15 @@ Report doctor_run(const launch::Job& job, const launch::NodeSpawner& spawner, co
 ///     auto r = doctor::preflight(job, spawner, {2});     // only node 2 (e.g. a node that left)
 ///     if (!r.ok()) for (int k : r.failed_nodes()) ...;   // unhealthy: k indexes job.plan.nodes
 ///     log_error("{}", preflight_message(r));             // one line per failure, host and check named
-Report preflight(const launch::Job& job, const launch::NodeSpawner& spawner, const std::vector<int>& nodes = {});
+Report preflight(const launch::Job& job, const launch::NodeSpawner& spawner, const std::vector<int>& nodes = {},
+                 const std::string& expected_build_id = "");
+
+/// The same quick check for nodes that are not (or no longer) in job.plan, e.g. a node
+/// that left an elastic job and is probed before it rejoins: each NodePlan gives the host
+/// and its slots (its ranks); findings carry its node_rank. Same config, run directory,
+/// dtrain path and spawner as the job.
+Report preflight_nodes(const launch::Job& job, const launch::NodeSpawner& spawner,
+                       const std::vector<launch::NodePlan>& nodes, const std::string& expected_build_id = "");
 
 /// The supervisor's form of a preflight report (launch::SupervisorOptions::preflight):
 /// the first failing node and preflight_message; an empty verdict when ok.
