@@ -62,6 +62,16 @@ struct Strided {
 };
 thread_local std::vector<float> g_q, g_k, g_v, g_dq, g_dk, g_dv;
 
+// The logits whose per-row logsumexp t_ce_lse holds, per calling thread (the device is
+// one object shared by every rank thread of a process); a write into that buffer through
+// the device (forget) or a backward drops it, and the backward then recomputes.
+struct CeKey {
+  const void* logits = nullptr;
+  int N = 0, V = 0, ld = 0;
+};
+thread_local CeKey t_ce;
+thread_local std::vector<float> t_ce_lse;
+
 class CpuDevice final : public Device {
  public:
   Kind kind() const override { return Kind::CPU; }
@@ -273,19 +283,20 @@ class CpuDevice final : public Device {
                              int ld, DType t) override {
     ops::OpScope scope(ops::OpClass::CROSS_ENTROPY);
     f32(t);
-    ce_lse_.resize(static_cast<size_t>(N));
-    const float m = ops::cross_entropy_forward(losses, F(logits), targets, N, V, ld, ops::IGNORE_INDEX, ce_lse_.data());
-    ce_ = CeKey{logits, N, V, ld};
+    t_ce.logits = nullptr;
+    t_ce_lse.resize(static_cast<size_t>(N));
+    const float m = ops::cross_entropy_forward(losses, F(logits), targets, N, V, ld, ops::IGNORE_INDEX, t_ce_lse.data());
+    t_ce = CeKey{logits, N, V, ld};
     if (mean) *mean = m;
   }
   void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V, int ld,
                               float scale, DType t) override {
     ops::OpScope scope(ops::OpClass::CROSS_ENTROPY);
     f32(t);
-    const bool cached = ce_.logits == logits && ce_.N == N && ce_.V == V && ce_.ld == ld;
-    ce_.logits = nullptr;  // the backward overwrites the logits when dlogits aliases them
+    const bool cached = t_ce.logits == logits && t_ce.N == N && t_ce.V == V && t_ce.ld == ld;
+    t_ce.logits = nullptr;  // the backward overwrites the logits when dlogits aliases them
     ops::cross_entropy_backward(F(dlogits), F(logits), targets, N, V, ld, scale, ops::IGNORE_INDEX,
-                                cached ? ce_lse_.data() : nullptr);
+                                cached ? t_ce_lse.data() : nullptr);
   }
 
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig& cfg, float lr,
@@ -325,20 +336,13 @@ class CpuDevice final : public Device {
     forget(dst);
     if (bytes && dst != src) std::memmove(dst, src, bytes);
   }
-  // The logits whose per-row logsumexp ce_lse_ holds; a write into that buffer through
-  // the device (forget) or a backward drops it, and the backward then recomputes.
-  struct CeKey {
-    const void* logits = nullptr;
-    int N = 0, V = 0, ld = 0;
-  };
-  void forget(const void* p) {
-    if (!ce_.logits || !p) return;
-    const char* lo = static_cast<const char*>(ce_.logits);
+  static void forget(const void* p) {
+    CeKey& ce = t_ce;
+    if (!ce.logits || !p) return;
+    const char* lo = static_cast<const char*>(ce.logits);
     const char* c = static_cast<const char*>(p);
-    if (c >= lo && c < lo + static_cast<size_t>(ce_.N) * ce_.ld * sizeof(float)) ce_.logits = nullptr;
+    if (c >= lo && c < lo + static_cast<size_t>(ce.N) * ce.ld * sizeof(float)) ce.logits = nullptr;
   }
-  CeKey ce_;
-  std::vector<float> ce_lse_;
   static void f32(DType t) {
     DT_ENFORCE(t == DType::F32, UsageError,
                "the CPU device computes in fp32 (got {}): its mixed-precision compute copy is fp32 values "
