@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The CPU race: dtrain's training step (build/bench_cpu_step) against the same model in
 PyTorch, side by side. For each shape it alternates dtrain and PyTorch runs (each run a
-fresh process, so peak RSS is per run) and prints ms/step, tokens/s and peak RSS, the
-median over the runs.
+fresh process, so peak RSS is per run) and prints ms/step, tokens/s, CPU time per step
+(user + system over all threads: what a step costs when other load shares the machine)
+and peak RSS, the median over the runs.
 
 The PyTorch side builds the same GPT-2 / Llama as dtrain's model (same shapes, parameter
 count, tied or untied embeddings, the init rule of Model::init_weights: N(0, 0.02), the
@@ -150,7 +151,10 @@ def torch_run(shape, threads, steps, warmup):
     targets = torch.roll(tokens, -1).view(B, T)
     tokens = tokens.view(B, T)
     total = 0.0
+    cpu0 = 0.0
     for s in range(warmup + steps):
+        if s == warmup:
+            cpu0 = time.process_time()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=False)
         loss = model(tokens, targets)
@@ -159,8 +163,9 @@ def torch_run(shape, threads, steps, warmup):
         if s >= warmup:
             total += time.perf_counter() - t0
     ms = 1e3 * total / steps
+    cpu_ms = 1e3 * (time.process_time() - cpu0) / steps
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    print(f"RESULT ms={ms:.3f} tokps={B * T / (ms / 1e3):.1f} rss={rss:.1f} params={params} "
+    print(f"RESULT ms={ms:.3f} cpu={cpu_ms:.3f} tokps={B * T / (ms / 1e3):.1f} rss={rss:.1f} params={params} "
           f"torch={torch.__version__} threads={torch.get_num_threads()}")
 
 
@@ -186,17 +191,19 @@ def parse_dtrain(out):
     ms = float(re.search(r"step time\s+([\d.]+) ms", out).group(1))
     tok = float(re.search(r"tokens/s\s+(\d+)", out).group(1))
     rss = float(re.search(r"peak RSS\s+(\d+) MiB", out).group(1))
+    cpu = float(re.search(r"CPU time\s+([\d.]+) ms/step", out).group(1))
     gemm = re.search(r"GEMM\s+([\d.]+)%", out).group(1)
     params = re.search(r"\(\w+, (\d+) params", out).group(1)
-    return {"ms": ms, "tokps": tok, "rss": rss, "gemm": float(gemm), "params": int(params)}
+    return {"ms": ms, "cpu": cpu, "tokps": tok, "rss": rss, "gemm": float(gemm), "params": int(params)}
 
 
 def parse_torch(out):
-    m = re.search(r"RESULT ms=([\d.]+) tokps=([\d.]+) rss=([\d.]+) params=(\d+) torch=(\S+) threads=(\d+)", out)
+    m = re.search(r"RESULT ms=([\d.]+) cpu=([\d.]+) tokps=([\d.]+) rss=([\d.]+) params=(\d+) torch=(\S+) "
+                  r"threads=(\d+)", out)
     if not m:
         raise RuntimeError("PyTorch run printed no result:\n" + out)
-    return {"ms": float(m.group(1)), "tokps": float(m.group(2)), "rss": float(m.group(3)),
-            "params": int(m.group(4)), "version": m.group(5), "threads": int(m.group(6))}
+    return {"ms": float(m.group(1)), "cpu": float(m.group(2)), "tokps": float(m.group(3)), "rss": float(m.group(4)),
+            "params": int(m.group(5)), "version": m.group(6), "threads": int(m.group(7))}
 
 
 def run(cmd, env, timeout):
@@ -259,14 +266,17 @@ def main():
             print(f"compare_cpu.py: warning: {s}: dtrain has {dt[0]['params']} parameters, PyTorch "
                   f"{pt[0]['params']}", file=sys.stderr)
         rows.append((s, dt[0]["params"], med(dt, "ms"), med(pt, "ms"), med(dt, "tokps"), med(pt, "tokps"),
-                     med(dt, "rss"), med(pt, "rss"), med(dt, "gemm"), pt[0]["version"]))
+                     med(dt, "rss"), med(pt, "rss"), med(dt, "gemm"), med(dt, "cpu"), med(pt, "cpu"),
+                     pt[0]["version"]))
     print()
     print("| shape | params | dtrain ms/step | PyTorch ms/step | dtrain tok/s | PyTorch tok/s | speed-up "
-          "| dtrain peak RSS MiB | PyTorch peak RSS MiB | dtrain GEMM share |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for s, n, dms, pms, dtok, ptok, drss, prss, gemm, _ in rows:
+          "| dtrain CPU ms/step | PyTorch CPU ms/step | dtrain peak RSS MiB | PyTorch peak RSS MiB "
+          "| dtrain GEMM share |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for s, n, dms, pms, dtok, ptok, drss, prss, gemm, dcpu, pcpu, _ in rows:
         print(f"| {s} | {n / 1e6:.1f}M | {dms:.1f} | {pms:.1f} | {dtok:.0f} | {ptok:.0f} | {dtok / ptok:.2f}x "
-              f"| {drss:.0f} | {prss:.0f} | {gemm:.1f}% |")
+              f"| {dcpu:.0f} | {pcpu:.0f} | {drss:.0f} | {prss:.0f} | {gemm:.1f}% |")
+    print(f"\nload average while measuring: {os.getloadavg()[0]:.1f} (1 min) on {os.cpu_count()} CPUs")
     print(f"\nPyTorch {rows[0][-1]}" if rows else "")
     return 0
 

@@ -25,6 +25,15 @@
 
 using namespace dtrain;
 
+namespace {
+double process_cpu_seconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: %s CONFIG [--steps N] [--warmup N] [--set key=value ...]\n", argv[0]);
@@ -58,9 +67,10 @@ int main(int argc, char** argv) {
     }
     ops::AdamWConfig ac;
     ac.lr = 1e-4f;
-    double t_step = 0, t_fwd = 0, t_bwd = 0, t_opt = 0;
+    double t_step = 0, t_fwd = 0, t_bwd = 0, t_opt = 0, cpu0 = 0;
     for (int s = 0; s < warmup + steps; ++s) {
       if (s == warmup) {
+        cpu0 = process_cpu_seconds();
         ops::gemm_stats_reset();
         ops::gemm_stats_enable(true);
         ops::op_stats_reset();
@@ -83,6 +93,7 @@ int main(int argc, char** argv) {
         t_step += std::chrono::duration<double>(d - a).count();
       }
     }
+    const double cpu_s = process_cpu_seconds() - cpu0;
     ops::GemmStats g = ops::gemm_stats();
     const auto per_op = ops::op_stats_seconds();
     const double tok = static_cast<double>(B) * T * steps;
@@ -98,11 +109,16 @@ int main(int argc, char** argv) {
     std::printf("step time       %.1f ms (forward %.1f, backward %.1f, AdamW %.1f)\n", 1e3 * t_step / steps,
                 1e3 * t_fwd / steps, 1e3 * t_bwd / steps, 1e3 * t_opt / steps);
     std::printf("tokens/s        %.0f\n", tok / t_step);
+    // CPU time (user + system, all threads): the work a step costs, which other load on
+    // the machine inflates far less than the wall time (no thread here spin-waits).
+    std::printf("CPU time        %.1f ms/step (%.2f cores busy on average)\n", 1e3 * cpu_s / steps, cpu_s / t_step);
     std::printf("peak RSS        %.0f MiB\n", static_cast<double>(ru.ru_maxrss) / 1024.0);
-    // GEMM time is thread-time summed over the pool, so its share is of threads x step time.
-    std::printf("GEMM            %.1f%% of the step's thread-time (%llu calls, %.1f GFLOP/s per thread inside GEMM)\n",
-                100.0 * g.seconds / (t_step * threads), static_cast<unsigned long long>(g.calls),
-                g.seconds > 0 ? g.flops / g.seconds / 1e9 : 0.0);
+    // GEMM's share of the step's CPU time (robust to other load on the machine), and of
+    // threads x wall time (what it is on an otherwise idle machine).
+    std::printf("GEMM            %.1f%% of the step's CPU time, %.1f%% of threads x wall time (%llu calls, %.1f GFLOP/s "
+                "per thread inside GEMM by CPU time)\n",
+                100.0 * g.cpu_seconds / cpu_s, 100.0 * g.seconds / (t_step * threads),
+                static_cast<unsigned long long>(g.calls), g.cpu_seconds > 0 ? g.flops / g.cpu_seconds / 1e9 : 0.0);
     std::printf("per op class    ms/step   %% of step (wall time on the calling thread)\n");
     double accounted = t_opt;
     for (size_t c = 0; c < ops::OP_CLASSES; ++c) {

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <ctime>
 #include <mutex>
 #include <vector>
 
@@ -32,18 +33,30 @@ std::atomic<uint64_t> g_stats_calls{0};
 std::atomic<uint64_t> g_stats_ns{0};
 std::atomic<uint64_t> g_stats_kflop{0};  // flops / 1e3, so 64 bits never overflow
 
+std::atomic<uint64_t> g_stats_cpu_ns{0};
+
+int64_t thread_cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
 // One cblas_sgemm on the calling thread, its time and flops added to the counters when
-// accounting is on (thread-time: two threads in GEMM for 1 ms count 2 ms).
+// accounting is on: wall time on the thread (two threads in GEMM for 1 ms count 2 ms)
+// and the thread's CPU time (what other load on the machine does not inflate).
 void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
            int ldb, float beta, float* C, int ldc) {
   const bool on = g_stats_on.load(std::memory_order_relaxed);
   const auto t0 = on ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  const int64_t c0 = on ? thread_cpu_ns() : 0;
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
               alpha, A, lda, B, ldb, beta, C, ldc);
   if (!on) return;
+  const int64_t cpu = thread_cpu_ns() - c0;
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   g_stats_calls.fetch_add(1, std::memory_order_relaxed);
   g_stats_ns.fetch_add(static_cast<uint64_t>(ns), std::memory_order_relaxed);
+  g_stats_cpu_ns.fetch_add(static_cast<uint64_t>(cpu), std::memory_order_relaxed);
   g_stats_kflop.fetch_add(static_cast<uint64_t>(2.0 * M * N * static_cast<double>(K) / 1e3),
                           std::memory_order_relaxed);
 }
@@ -110,13 +123,15 @@ void bias_grad(float* dbias, const float* dout, int N, int OC, int ld) {
 void gemm_stats_enable(bool on) { g_stats_on = on; }
 
 GemmStats gemm_stats() {
-  return {g_stats_calls.load(), static_cast<double>(g_stats_kflop.load()) * 1e3, g_stats_ns.load() * 1e-9};
+  return {g_stats_calls.load(), static_cast<double>(g_stats_kflop.load()) * 1e3, g_stats_ns.load() * 1e-9,
+          g_stats_cpu_ns.load() * 1e-9};
 }
 
 void gemm_stats_reset() {
   g_stats_calls = 0;
   g_stats_ns = 0;
   g_stats_kflop = 0;
+  g_stats_cpu_ns = 0;
 }
 
 void gemm_ld(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,

@@ -13,11 +13,13 @@ namespace dtrain::ops {
 /// A is [M,K] ([K,M] when trans_a); B is [K,N] ([N,K] when trans_b).
 /// GEMM accounting for benchmarks: when enabled, every BLAS sgemm call adds its time on
 /// the thread that ran it (pool threads included: thread-seconds, not wall time) and
-/// its 2*M*N*K flops to process-wide counters (relaxed atomics; off by default).
+/// its 2*M*N*K flops to process-wide counters, and its thread CPU time (relaxed atomics;
+/// off by default).
 struct GemmStats {
   uint64_t calls = 0;
   double flops = 0;
-  double seconds = 0;
+  double seconds = 0;      ///< wall time inside sgemm, summed over threads
+  double cpu_seconds = 0;  ///< CPU time of the threads inside sgemm
 };
 void gemm_stats_enable(bool on);
 GemmStats gemm_stats();
