@@ -29,8 +29,9 @@ DT_OPS_SIMD double sum(const float* __restrict x, int C) {
   return simd::lanes_sum(acc);
 }
 
-// out = a + b, and returns sum(out) (the fused residual + norm's first pass).
-DT_OPS_SIMD double add_sum(float* __restrict out, const float* __restrict a, const float* __restrict b, int C) {
+// out = a + b, and returns sum(out) (the fused residual + norm's first pass). out may be
+// a or b (no __restrict): each element is read before it is written.
+DT_OPS_SIMD double add_sum(float* out, const float* a, const float* b, int C) {
   float acc[LANES] = {};
   size_t c = 0;
   const size_t n = static_cast<size_t>(C);
