@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Installs everything dtrain needs on Debian 12 from Debian's packages (idempotent:
 # packages already present are not touched). `--test` adds what the test suite uses
-# (sshd for the namespace cluster, node/npm for the GPT-2 tokenizer check).
+# (sshd for the namespace cluster, node/npm for the GPT-2 tokenizer check); `--compare`
+# adds PyTorch (python3-torch) for scripts/compare_cpu.py, never part of the default set.
 # The CUDA toolkit (nvcc, NCCL, cuBLASLt) is expected in /usr/local/cuda when present.
 set -euo pipefail
 
 want_test=0
+want_compare=0
 for a in "$@"; do
   case "$a" in
     --test) want_test=1 ;;
-    -h|--help) echo "usage: scripts/setup.sh [--test]"; exit 0 ;;
-    *) echo "setup.sh: unknown option '$a' (usage: scripts/setup.sh [--test])" >&2; exit 2 ;;
+    --compare) want_compare=1 ;;
+    -h|--help) echo "usage: scripts/setup.sh [--test] [--compare]"; exit 0 ;;
+    *) echo "setup.sh: unknown option '$a' (usage: scripts/setup.sh [--test] [--compare])" >&2; exit 2 ;;
   esac
 done
 
@@ -24,6 +27,8 @@ if [ "$want_test" = 1 ]; then
   pkgs+=(openssh-server iproute2 procps slurmctld slurmd slurm-client munge libboost-context-dev ccache)
   command -v npm >/dev/null 2>&1 || pkgs+=(npm)
 fi
+# PyTorch from Debian (1.13) for the CPU race against dtrain (scripts/compare_cpu.py).
+if [ "$want_compare" = 1 ]; then pkgs+=(python3-torch); fi
 
 missing=()
 for p in "${pkgs[@]}"; do

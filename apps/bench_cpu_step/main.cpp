@@ -1,6 +1,6 @@
 // bench_cpu_step: tokens/s of a CPU training step (forward, backward, AdamW) for a
-// config, on synthetic tokens, and the share of the step spent inside GEMM (BLAS).
-// Prints figures; asserts nothing.
+// config, on synthetic tokens, the share of the step spent inside GEMM (BLAS), a
+// per-op-class breakdown and the peak RSS. Prints figures; asserts nothing.
 //
 //   build/bench_cpu_step configs/tiny-sft.yaml [--steps N] [--warmup N] [--set k=v ...]
 #include "config/train_config.h"
@@ -8,9 +8,13 @@
 #include "core/rng.h"
 #include "model/model.h"
 #include "ops/linear.h"
+#include "ops/op_stats.h"
 #include "ops/parallel.h"
 #include "ops/optim.h"
 #include "train/model_factory.h"
+
+#include <cblas.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <cstdio>
@@ -20,6 +24,15 @@
 #include <vector>
 
 using namespace dtrain;
+
+namespace {
+double process_cpu_seconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
@@ -54,11 +67,14 @@ int main(int argc, char** argv) {
     }
     ops::AdamWConfig ac;
     ac.lr = 1e-4f;
-    double t_step = 0, t_fwd = 0, t_bwd = 0, t_opt = 0;
+    double t_step = 0, t_fwd = 0, t_bwd = 0, t_opt = 0, cpu0 = 0;
     for (int s = 0; s < warmup + steps; ++s) {
       if (s == warmup) {
+        cpu0 = process_cpu_seconds();
         ops::gemm_stats_reset();
         ops::gemm_stats_enable(true);
+        ops::op_stats_reset();
+        ops::op_stats_enable(true);
       }
       auto a = std::chrono::steady_clock::now();
       model->zero_grad();
@@ -77,17 +93,43 @@ int main(int argc, char** argv) {
         t_step += std::chrono::duration<double>(d - a).count();
       }
     }
+    const double cpu_s = process_cpu_seconds() - cpu0;
     ops::GemmStats g = ops::gemm_stats();
+    const auto per_op = ops::op_stats_seconds();
     const double tok = static_cast<double>(B) * T * steps;
+    const int threads = ops::num_threads();
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
     std::printf("config          %s (%s, %zu params, d_model %d, %d layers, vocab %d)\n", path.c_str(),
                 model::arch_name(mc.arch), model->num_params(), mc.d_model, mc.n_layer, mc.vocab_size);
     std::printf("batch           %d x %d tokens, %d timed steps after %d warm-up, %d threads\n", B, T, steps, warmup,
-                ops::num_threads());
+                threads);
+    std::printf("BLAS            %s (OPENBLAS_CORETYPE=%s)\n", openblas_get_corename(),
+                std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "unset: detected");
     std::printf("step time       %.1f ms (forward %.1f, backward %.1f, AdamW %.1f)\n", 1e3 * t_step / steps,
                 1e3 * t_fwd / steps, 1e3 * t_bwd / steps, 1e3 * t_opt / steps);
     std::printf("tokens/s        %.0f\n", tok / t_step);
-    std::printf("GEMM            %.1f%% of the step (%llu calls, %.2f GFLOP/s inside GEMM)\n",
-                100.0 * g.seconds / t_step, static_cast<unsigned long long>(g.calls), g.flops / g.seconds / 1e9);
+    // CPU time (user + system, all threads): the work a step costs, which other load on
+    // the machine inflates far less than the wall time (no thread here spin-waits).
+    std::printf("CPU time        %.1f ms/step (%.2f cores busy on average)\n", 1e3 * cpu_s / steps, cpu_s / t_step);
+    std::printf("peak RSS        %.0f MiB\n", static_cast<double>(ru.ru_maxrss) / 1024.0);
+    // GEMM's share of the step's CPU time (robust to other load on the machine), and of
+    // threads x wall time (what it is on an otherwise idle machine).
+    std::printf("GEMM            %.1f%% of the step's CPU time, %.1f%% of threads x wall time (%llu calls, %.1f GFLOP/s "
+                "per thread inside GEMM by CPU time)\n",
+                100.0 * g.cpu_seconds / cpu_s, 100.0 * g.seconds / (t_step * threads),
+                static_cast<unsigned long long>(g.calls), g.cpu_seconds > 0 ? g.flops / g.cpu_seconds / 1e9 : 0.0);
+    std::printf("per op class    ms/step   %% of step (wall time on the calling thread)\n");
+    double accounted = t_opt;
+    for (size_t c = 0; c < ops::OP_CLASSES; ++c) {
+      const auto cls = static_cast<ops::OpClass>(c);
+      const double sec = cls == ops::OpClass::OPTIMIZER ? per_op[c] + t_opt : per_op[c];
+      if (cls != ops::OpClass::OPTIMIZER) accounted += per_op[c];
+      if (sec == 0) continue;
+      std::printf("  %-28s %8.2f %6.1f%%\n", ops::op_class_name(cls), 1e3 * sec / steps, 100.0 * sec / t_step);
+    }
+    std::printf("  %-28s %8.2f %6.1f%%\n", "outside the ops", 1e3 * (t_step - accounted) / steps,
+                100.0 * (t_step - accounted) / t_step);
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_cpu_step: %s\n", e.what());

@@ -1,19 +1,24 @@
-// The CPU device: every op is the lib/ops reference on host memory, fp32 only. Fused ops
-// (residual + norm, linear + GELU) are the two reference ops in sequence, so a model run
-// on this device computes exactly what the reference ops compute.
+// The CPU device: every op is the lib/ops implementation on host memory, fp32 only, fused
+// ops included (residual + norm and linear + GELU are single lib/ops passes). The
+// cross-entropy forward keeps each row's logsumexp for the backward of the same logits
+// (llm.c's fused classifier, split at the API). Each op is timed into its class for
+// bench_cpu_step's breakdown when ops::op_stats is on.
 #include "device/device.h"
 
 #include "core/check.h"
 #include "core/dropout_mask.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
+#include "ops/cast.h"
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
 #include "ops/linear.h"
 #include "ops/norm.h"
+#include "ops/op_stats.h"
 #include "ops/rope.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -57,6 +62,16 @@ struct Strided {
 };
 thread_local std::vector<float> g_q, g_k, g_v, g_dq, g_dk, g_dv;
 
+// The logits whose per-row logsumexp t_ce_lse holds, per calling thread (the device is
+// one object shared by every rank thread of a process); a write into that buffer through
+// the device (forget) or a backward drops it, and the backward then recomputes.
+struct CeKey {
+  const void* logits = nullptr;
+  int N = 0, V = 0, ld = 0;
+};
+thread_local CeKey t_ce;
+thread_local std::vector<float> t_ce_lse;
+
 class CpuDevice final : public Device {
  public:
   Kind kind() const override { return Kind::CPU; }
@@ -74,99 +89,129 @@ class CpuDevice final : public Device {
     std::memset(p, 0, rounded);
     return p;
   }
-  void free(void* p) override { std::free(p); }
-  void copy_h2d(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
-  void copy_d2h(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
+  void free(void* p) override {
+    forget(p);
+    std::free(p);
+  }
+  void copy_h2d(void* dst, const void* src, size_t bytes) override {
+    ops::OpScope scope(ops::OpClass::OTHER);
+    copy(dst, src, bytes);
+  }
+  void copy_d2h(void* dst, const void* src, size_t bytes) override {
+    ops::OpScope scope(ops::OpClass::OTHER);
+    copy(dst, src, bytes);
+  }
   void copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows) override {
+    ops::OpScope scope(ops::OpClass::OTHER);
+    forget(dst);
     for (size_t r = 0; r < rows; ++r)
       std::memcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
   }
-  void copy_d2d(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
+  void copy_d2d(void* dst, const void* src, size_t bytes) override {
+    ops::OpScope scope(ops::OpClass::OTHER);
+    copy(dst, src, bytes);
+  }
   void zero(void* p, size_t bytes) override {
+    ops::OpScope scope(ops::OpClass::OTHER);
+    forget(p);
     if (bytes) std::memset(p, 0, bytes);
   }
   void synchronize() override {}
 
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const void* A, const void* B, float beta, void* C,
             DType ab_t, DType c_t) override {
+    ops::OpScope scope(ops::OpClass::LINEAR);
     f32(ab_t);
     f32(c_t);
+    forget(C);
     ops::gemm(ta, tb, M, N, K, alpha, F(A), F(B), beta, F(C));
   }
   void linear_forward(void* out, const void* inp, const void* w, const void* bias, int N, int IC, int OC, int ld_out,
                       DType t) override {
+    ops::OpScope scope(ops::OpClass::LINEAR);
     f32(t);
+    forget(out);
     ops::linear_forward(F(out), F(inp), F(w), F(bias), N, IC, OC, ld_out);
   }
   void linear_gelu_forward(void* out, void* pre, const void* inp, const void* w, const void* bias, int N, int IC,
                            int OC, DType t) override {
+    ops::OpScope scope(ops::OpClass::LINEAR);
     f32(t);
-    ops::linear_forward(F(pre), F(inp), F(w), F(bias), N, IC, OC, OC);
-    ops::gelu_forward(F(out), F(pre), static_cast<size_t>(N) * OC);
+    ops::linear_gelu_forward(F(out), F(pre), F(inp), F(w), F(bias), N, IC, OC);
   }
   void linear_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* w,
                        int N, int IC, int OC, int ld_dout, bool accumulate_dinp, DType t) override {
+    ops::OpScope scope(ops::OpClass::LINEAR);
     f32(t);
     ops::linear_backward(F(dinp), dweight, dbias, F(dout), F(inp), F(w), N, IC, OC, ld_dout, accumulate_dinp);
   }
   void linear_dgelu_backward(void* dpre, float* dweight, float* dbias, const void* dout, const void* inp,
                              const void* w, const void* pre, int N, int IC, int OC, DType t) override {
+    ops::OpScope scope(ops::OpClass::LINEAR);
     f32(t);
-    ops::linear_backward(F(dpre), dweight, dbias, F(dout), F(inp), F(w), N, IC, OC, OC, false);
-    ops::gelu_backward(F(dpre), F(pre), F(dpre), static_cast<size_t>(N) * IC);
+    ops::linear_dgelu_backward(F(dpre), dweight, dbias, F(dout), F(inp), F(w), F(pre), N, IC, OC);
   }
 
   void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* bias, int N,
                          int C, float eps, DType t) override {
+    ops::OpScope scope(ops::OpClass::NORM);
     f32(t);
     ops::layernorm_forward(F(out), mean, rstd, F(inp), F(w), F(bias), N, C, eps);
   }
   void residual_layernorm_forward(void* residual, void* out, float* mean, float* rstd, const void* a, const void* b,
                                   const void* w, const void* bias, int N, int C, float eps, DType t) override {
+    ops::OpScope scope(ops::OpClass::NORM);
     f32(t);
-    ops::residual_forward(F(residual), F(a), F(b), static_cast<size_t>(N) * C);
-    ops::layernorm_forward(F(out), mean, rstd, F(residual), F(w), F(bias), N, C, eps);
+    ops::residual_layernorm_forward(F(residual), F(out), mean, rstd, F(a), F(b), F(w), F(bias), N, C, eps);
   }
   void layernorm_backward(void* dinp, float* dw, float* dbias, const void* dout, const void* inp, const void* w,
                           const float* mean, const float* rstd, int N, int C, DType t) override {
+    ops::OpScope scope(ops::OpClass::NORM);
     f32(t);
     ops::layernorm_backward(F(dinp), dw, dbias, F(dout), F(inp), F(w), mean, rstd, N, C);
   }
   void rmsnorm_forward(void* out, float* rstd, const void* inp, const void* w, int N, int C, float eps,
                        DType t) override {
+    ops::OpScope scope(ops::OpClass::NORM);
     f32(t);
     ops::rmsnorm_forward(F(out), rstd, F(inp), F(w), N, C, eps);
   }
   void residual_rmsnorm_forward(void* residual, void* out, float* rstd, const void* a, const void* b, const void* w,
                                 int N, int C, float eps, DType t) override {
+    ops::OpScope scope(ops::OpClass::NORM);
     f32(t);
-    ops::residual_forward(F(residual), F(a), F(b), static_cast<size_t>(N) * C);
-    ops::rmsnorm_forward(F(out), rstd, F(residual), F(w), N, C, eps);
+    ops::residual_rmsnorm_forward(F(residual), F(out), rstd, F(a), F(b), F(w), N, C, eps);
   }
   void rmsnorm_backward(void* dinp, float* dw, const void* dout, const void* inp, const void* w, const float* rstd,
                         int N, int C, DType t) override {
+    ops::OpScope scope(ops::OpClass::NORM);
     f32(t);
     ops::rmsnorm_backward(F(dinp), dw, F(dout), F(inp), F(w), rstd, N, C);
   }
 
   void gelu_forward(void* out, const void* inp, size_t n, DType t) override {
+    ops::OpScope scope(ops::OpClass::ACTIVATION);
     f32(t);
     ops::gelu_forward(F(out), F(inp), n);
   }
   void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DType t) override {
+    ops::OpScope scope(ops::OpClass::ACTIVATION);
     f32(t);
     ops::gelu_backward(F(dinp), F(inp), F(dout), n);
   }
   void swiglu_forward(void* out, const void* gate, const void* up, size_t n, DType t) override {
+    ops::OpScope scope(ops::OpClass::ACTIVATION);
     f32(t);
     ops::swiglu_forward(F(out), F(gate), F(up), n);
   }
   void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, size_t n,
                        DType t) override {
+    ops::OpScope scope(ops::OpClass::ACTIVATION);
     f32(t);
     ops::swiglu_backward(F(dgate), F(dup), F(dout), F(gate), F(up), n);
   }
   void dropout_forward(void* out, const void* inp, size_t n, float p, uint64_t seed, DType t) override {
+    ops::OpScope scope(ops::OpClass::ACTIVATION);
     f32(t);
     const float inv = 1.0f / (1.0f - p);
     float* o = F(out);
@@ -174,6 +219,7 @@ class CpuDevice final : public Device {
     for (size_t i = 0; i < n; ++i) o[i] = dropout_keep(seed, i, p) ? x[i] * inv : 0.0f;
   }
   void dropout_backward(void* dinp, const void* dout, size_t n, float p, uint64_t seed, DType t) override {
+    ops::OpScope scope(ops::OpClass::ACTIVATION);
     f32(t);
     const float inv = 1.0f / (1.0f - p);
     float* d = F(dinp);
@@ -183,10 +229,12 @@ class CpuDevice final : public Device {
   }
 
   void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, float theta, DType t) override {
+    ops::OpScope scope(ops::OpClass::ROPE);
     f32(t);
     ops::rope_forward(F(q), F(k), B, T, NH, NKV, HD, theta);
   }
   void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, float theta, DType t) override {
+    ops::OpScope scope(ops::OpClass::ROPE);
     f32(t);
     ops::rope_backward(F(dq), F(dk), B, T, NH, NKV, HD, theta);
   }
@@ -195,6 +243,7 @@ class CpuDevice final : public Device {
   }
   void attention_forward(void* out, float* saved, const void* q, const void* k, const void* v, int B, int T, int NH,
                          int NKV, int HD, int q_stride, int kv_stride, DType t) override {
+    ops::OpScope scope(ops::OpClass::ATTENTION);
     f32(t);
     const Strided sq{q_stride, NH * HD}, skv{kv_stride, NKV * HD};
     const size_t N = static_cast<size_t>(B) * T;
@@ -204,6 +253,7 @@ class CpuDevice final : public Device {
   void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* /*out*/, const float* saved,
                           const void* q, const void* k, const void* v, int B, int T, int NH, int NKV, int HD,
                           int q_stride, int kv_stride, DType t) override {
+    ops::OpScope scope(ops::OpClass::ATTENTION);
     f32(t);
     const Strided sq{q_stride, NH * HD}, skv{kv_stride, NKV * HD};
     const size_t N = static_cast<size_t>(B) * T;
@@ -219,28 +269,39 @@ class CpuDevice final : public Device {
 
   void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T, int C,
                          int V, DType t) override {
+    ops::OpScope scope(ops::OpClass::EMBEDDING);
     f32(t);
     ops::embedding_forward(F(out), tokens, F(wte), F(wpe), B, T, C, V);
   }
   void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T, int C,
                           int /*V*/, DType t) override {
+    ops::OpScope scope(ops::OpClass::EMBEDDING);
     f32(t);
     ops::embedding_backward(dwte, dwpe, F(dout), tokens, B, T, C);
   }
   void cross_entropy_forward(float* losses, float* mean, const void* logits, const int32_t* targets, int N, int V,
                              int ld, DType t) override {
+    ops::OpScope scope(ops::OpClass::CROSS_ENTROPY);
     f32(t);
-    const float m = ops::cross_entropy_forward(losses, F(logits), targets, N, V, ld);
+    t_ce.logits = nullptr;
+    t_ce_lse.resize(static_cast<size_t>(N));
+    const float m = ops::cross_entropy_forward(losses, F(logits), targets, N, V, ld, ops::IGNORE_INDEX, t_ce_lse.data());
+    t_ce = CeKey{logits, N, V, ld};
     if (mean) *mean = m;
   }
   void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V, int ld,
                               float scale, DType t) override {
+    ops::OpScope scope(ops::OpClass::CROSS_ENTROPY);
     f32(t);
-    ops::cross_entropy_backward(F(dlogits), F(logits), targets, N, V, ld, scale);
+    const bool cached = t_ce.logits == logits && t_ce.N == N && t_ce.V == V && t_ce.ld == ld;
+    t_ce.logits = nullptr;  // the backward overwrites the logits when dlogits aliases them
+    ops::cross_entropy_backward(F(dlogits), F(logits), targets, N, V, ld, scale, ops::IGNORE_INDEX,
+                                cached ? t_ce_lse.data() : nullptr);
   }
 
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig& cfg, float lr,
              int64_t step, bool decay, float grad_scale, void* copy, DType copy_t) override {
+    ops::OpScope scope(ops::OpClass::OPTIMIZER);
     if (copy == nullptr || copy_t == DType::F32) {
       ops::adamw_step(param, grad, m, v, n, cfg, lr, step, decay, grad_scale);
       if (copy != nullptr) CpuDevice::copy(copy, param, n * sizeof(float));
@@ -249,38 +310,38 @@ class CpuDevice final : public Device {
     ops::adamw_step_copy(param, grad, m, v, n, cfg, lr, step, decay, grad_scale, static_cast<uint16_t*>(copy),
                          copy_t);
   }
-  void norm_sq_accumulate(double* acc, const float* g, size_t n) override { *acc += ops::grad_norm_sq(g, n); }
+  void norm_sq_accumulate(double* acc, const float* g, size_t n) override {
+    ops::OpScope scope(ops::OpClass::OPTIMIZER);
+    *acc += ops::grad_norm_sq(g, n);
+  }
   void add(float* dst, const float* src, size_t n) override {
-    for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+    ops::OpScope scope(ops::OpClass::OTHER);
+    ops::add_inplace(dst, src, n);
   }
   void cast(void* dst, DType dt, const void* src, DType st, size_t n) override {
-    if (dt == st) {
-      copy(dst, src, n * dtype_size(dt));
-      return;
+    ops::OpScope scope(ops::OpClass::OTHER);
+    if (dt != st) {
+      DT_ENFORCE(dst != src, UsageError, "cast {} -> {} in place", dtype_name(st), dtype_name(dt));
     }
-    DT_ENFORCE(dst != src, UsageError, "cast {} -> {} in place", dtype_name(st), dtype_name(dt));
-    if (st == DType::F32 && dt == DType::BF16) {
-      const float* s = F(src);
-      auto* d = static_cast<uint16_t*>(dst);
-      for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(s[i]);
-    } else if (st == DType::BF16 && dt == DType::F32) {
-      const auto* s = static_cast<const uint16_t*>(src);
-      float* d = F(dst);
-      for (size_t i = 0; i < n; ++i) d[i] = bf16_to_f32(s[i]);
-    } else {
-      for (size_t i = 0; i < n; ++i) dtype_store(dst, i, dt, dtype_load(src, i, st));
-    }
+    forget(dst);
+    ops::cast(dst, dt, src, st, n);
   }
   void round_to(float* p, size_t n, DType t) override {
-    if (t == DType::BF16)
-      for (size_t i = 0; i < n; ++i) p[i] = bf16_to_f32(f32_to_bf16(p[i]));
-    else if (t == DType::F16)
-      for (size_t i = 0; i < n; ++i) p[i] = f16_to_f32(f32_to_f16(p[i]));
+    ops::OpScope scope(ops::OpClass::OTHER);
+    ops::round_to(p, n, t);
   }
 
  private:
-  static void copy(void* dst, const void* src, size_t bytes) {
+  void copy(void* dst, const void* src, size_t bytes) {
+    forget(dst);
     if (bytes && dst != src) std::memmove(dst, src, bytes);
+  }
+  static void forget(const void* p) {
+    CeKey& ce = t_ce;
+    if (!ce.logits || !p) return;
+    const char* lo = static_cast<const char*>(ce.logits);
+    const char* c = static_cast<const char*>(p);
+    if (c >= lo && c < lo + static_cast<size_t>(ce.N) * ce.ld * sizeof(float)) ce.logits = nullptr;
   }
   static void f32(DType t) {
     DT_ENFORCE(t == DType::F32, UsageError,

@@ -1,11 +1,13 @@
 // Causal grouped-query attention on the CPU: per-(batch, head) BLAS GEMMs for the four
-// products, plain loops for the causal softmax and its backward. Parallel over (b, h)
-// pairs; grouped heads' dK/dV are reduced in a fixed order (deterministic).
+// products, vectorised row loops (simd.h) for the causal softmax and its backward.
+// Parallel over (b, h) pairs; grouped heads' dK/dV are reduced in a fixed order
+// (deterministic).
 #include "ops/attention.h"
 
 #include "core/check.h"
 #include "ops/linear.h"
 #include "ops/parallel.h"
+#include "ops/simd.h"
 
 #include <cmath>
 #include <cstddef>
@@ -14,6 +16,45 @@
 namespace dtrain::ops {
 
 namespace {
+
+using simd::LANES;
+
+// Causal softmax of one score row in place: entries [0, len) normalised, the rest zeroed.
+DT_OPS_SIMD void softmax_row(float* __restrict row, int len, int T) {
+  float mx = row[0];
+  for (int i = 1; i < len; ++i) mx = row[i] > mx ? row[i] : mx;
+  float acc[LANES] = {};
+  size_t i = 0;
+  const size_t n = static_cast<size_t>(len);
+  for (; i + LANES <= n; i += LANES)
+    for (size_t k = 0; k < LANES; ++k) {
+      const float e = simd::exp(row[i + k] - mx);
+      row[i + k] = e;
+      acc[k] += e;
+    }
+  for (size_t k = 0; i + k < n; ++k) {
+    const float e = simd::exp(row[i + k] - mx);
+    row[i + k] = e;
+    acc[k] += e;
+  }
+  const float inv = static_cast<float>(1.0 / simd::lanes_sum(acc));
+  for (int j = 0; j < len; ++j) row[j] *= inv;
+  for (int j = len; j < T; ++j) row[j] = 0.0f;
+}
+
+// dS row from P and dP: dS = P * (dP - sum(P * dP)) * scale, zero past the diagonal.
+DT_OPS_SIMD void softmax_bwd_row(float* __restrict dr, const float* __restrict pr, int len, int T, float scale) {
+  float acc[LANES] = {};
+  size_t i = 0;
+  const size_t n = static_cast<size_t>(len);
+  for (; i + LANES <= n; i += LANES)
+    for (size_t k = 0; k < LANES; ++k) acc[k] += pr[i + k] * dr[i + k];
+  for (size_t k = 0; i + k < n; ++k) acc[k] += pr[i + k] * dr[i + k];
+  const float dot = static_cast<float>(simd::lanes_sum(acc));
+  for (int j = 0; j < len; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
+  for (int j = len; j < T; ++j) dr[j] = 0.0f;
+}
+
 void attention_check(int NH, int NKV, int HD) {
   DT_ENFORCE(NKV > 0 && NH % NKV == 0, UsageError,
              "attention needs n_head ({}) to be a multiple of n_kv_head ({})", NH, NKV);
@@ -40,19 +81,7 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
       const float* vv = v + static_cast<size_t>(b) * T * ks + static_cast<size_t>(kh) * HD;
       float* a = att + p * T * T;
       gemm_ld(false, true, T, T, HD, scale, qh, qs, kk, ks, 0.0f, a, T);
-      for (int t = 0; t < T; ++t) {
-        float* row = a + static_cast<size_t>(t) * T;
-        float mx = -INFINITY;
-        for (int t2 = 0; t2 <= t; ++t2) mx = row[t2] > mx ? row[t2] : mx;
-        float sum = 0;
-        for (int t2 = 0; t2 <= t; ++t2) {
-          row[t2] = std::exp(row[t2] - mx);
-          sum += row[t2];
-        }
-        const float inv = 1.0f / sum;
-        for (int t2 = 0; t2 <= t; ++t2) row[t2] *= inv;
-        for (int t2 = t + 1; t2 < T; ++t2) row[t2] = 0.0f;
-      }
+      for (int t = 0; t < T; ++t) softmax_row(a + static_cast<size_t>(t) * T, t + 1, T);
       float* oh = out + static_cast<size_t>(b) * T * qs + static_cast<size_t>(h) * HD;
       gemm_ld(false, false, T, HD, T, 1.0f, a, T, vv, ks, 0.0f, oh, qs);
     }
@@ -84,14 +113,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
       const size_t koff = static_cast<size_t>(b) * T * ks + static_cast<size_t>(kh) * HD;
       const float* a = att + p * T * T;
       gemm_ld(false, true, T, T, HD, 1.0f, dout + qoff, qs, v + koff, ks, 0.0f, ds.data(), T);
-      for (int t = 0; t < T; ++t) {
-        const float* pr = a + static_cast<size_t>(t) * T;
-        float* dr = ds.data() + static_cast<size_t>(t) * T;
-        float dot = 0;
-        for (int t2 = 0; t2 <= t; ++t2) dot += pr[t2] * dr[t2];
-        for (int t2 = 0; t2 <= t; ++t2) dr[t2] = pr[t2] * (dr[t2] - dot) * scale;
-        for (int t2 = t + 1; t2 < T; ++t2) dr[t2] = 0.0f;
-      }
+      for (int t = 0; t < T; ++t)
+        softmax_bwd_row(ds.data() + static_cast<size_t>(t) * T, a + static_cast<size_t>(t) * T, t + 1, T, scale);
       gemm_ld(false, false, T, HD, T, 1.0f, ds.data(), T, k + koff, ks, 1.0f, dq + qoff, qs);
       float* dkh = G > 1 ? pk.data() + qoff : dk + koff;
       float* dvh = G > 1 ? pv.data() + qoff : dv + koff;

@@ -11,12 +11,15 @@ namespace dtrain::ops {
 
 /// Row-major C[M,N] = alpha * op(A) @ op(B) + beta * C, op(X) = X^T when trans_x.
 /// A is [M,K] ([K,M] when trans_a); B is [K,N] ([N,K] when trans_b).
-/// GEMM accounting for benchmarks: when enabled, every gemm() adds its wall time and
-/// 2*M*N*K flops to process-wide counters (relaxed atomics; off by default).
+/// GEMM accounting for benchmarks: when enabled, every BLAS sgemm call adds its time on
+/// the thread that ran it (pool threads included: thread-seconds, not wall time) and
+/// its 2*M*N*K flops to process-wide counters, and its thread CPU time (relaxed atomics;
+/// off by default).
 struct GemmStats {
   uint64_t calls = 0;
   double flops = 0;
-  double seconds = 0;
+  double seconds = 0;      ///< wall time inside sgemm, summed over threads
+  double cpu_seconds = 0;  ///< CPU time of the threads inside sgemm
 };
 void gemm_stats_enable(bool on);
 GemmStats gemm_stats();
@@ -35,10 +38,20 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
 /// ld_out >= OC apart (the columns past OC are left as they are).
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int IC, int OC, int ld_out);
+/// pre = inp @ weight^T + bias and out = gelu(pre), each row block's GELU right after
+/// its GEMM (rows OC apart).
+void linear_gelu_forward(float* out, float* pre, const float* inp, const float* weight, const float* bias, int N,
+                         int IC, int OC);
 /// dinp (+)= dout @ weight (+= when accumulate_dinp, else =); dweight += dout^T @ inp;
 /// dbias += sum_rows(dout). dout's rows are ld_dout >= OC apart (only OC columns read).
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                      const float* inp, const float* weight, int N, int IC, int OC, int ld_dout,
                      bool accumulate_dinp);
+
+/// The backward of a linear layer whose input was gelu(pre): dpre = gelu'(pre) * (dout @
+/// weight) (written, each row block's GELU' right after its GEMM), dweight += dout^T @
+/// inp, dbias += sum_rows(dout). dout's rows are OC apart, dpre's and pre's IC apart.
+void linear_dgelu_backward(float* dpre, float* dweight, float* dbias, const float* dout, const float* inp,
+                           const float* weight, const float* pre, int N, int IC, int OC);
 
 }  // namespace dtrain::ops

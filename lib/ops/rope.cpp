@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "ops/parallel.h"
+#include "ops/simd.h"
 
 #include <cmath>
 #include <cstddef>
@@ -13,6 +14,17 @@
 namespace dtrain::ops {
 
 namespace {
+
+// One head vector: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s) over its two halves.
+DT_OPS_SIMD void rotate(float* __restrict v, const float* __restrict c, const float* __restrict s, int half,
+                        float sign) {
+  for (int i = 0; i < half; ++i) {
+    const float x1 = v[i], x2 = v[i + half];
+    const float si = sign * s[i];
+    v[i] = x1 * c[i] - x2 * si;
+    v[i + half] = x2 * c[i] + x1 * si;
+  }
+}
 
 void rope_apply(float* x, int B, int T, int H, int HD, const std::vector<float>& cs,
                 const std::vector<float>& sn, float sign) {
@@ -23,15 +35,7 @@ void rope_apply(float* x, int B, int T, int H, int HD, const std::vector<float>&
       const int t = static_cast<int>(r % static_cast<size_t>(T));
       const float* c = cs.data() + static_cast<size_t>(t) * half;
       const float* s = sn.data() + static_cast<size_t>(t) * half;
-      for (int h = 0; h < H; ++h) {
-        float* v = x + (r * H + h) * HD;
-        for (int i = 0; i < half; ++i) {
-          float x1 = v[i], x2 = v[i + half];
-          float si = sign * s[i];
-          v[i] = x1 * c[i] - x2 * si;
-          v[i + half] = x2 * c[i] + x1 * si;
-        }
-      }
+      for (int h = 0; h < H; ++h) rotate(x + (r * H + h) * HD, c, s, half, sign);
     }
   });
 }

@@ -87,6 +87,34 @@ TEST_CASE("cross entropy is stable for huge logits and at a threaded size") {
   CHECK(ref::max_rel_err(losses, rl) <= 1e-5);
 }
 
+TEST_CASE("cross entropy backward from the forward's logsumexp equals the recomputing one, bit for bit") {
+  const int N = 33, V = 517, ld = 520;
+  Rng r(64);
+  auto logits = ref::rand_floats(r, N * ld, 4.0f);
+  std::vector<int32_t> tgt(N);
+  for (auto& t : tgt) t = static_cast<int32_t>(r.below(V));
+  tgt[0] = tgt[5] = IGNORE_INDEX;
+  std::vector<float> losses(N), losses2(N), lse(N);
+  const float m1 = cross_entropy_forward(losses.data(), logits.data(), tgt.data(), N, V, ld, IGNORE_INDEX, lse.data());
+  const float m2 = cross_entropy_forward(losses2.data(), logits.data(), tgt.data(), N, V, ld);
+  CHECK(m1 == m2);
+  CHECK(losses == losses2);
+  CHECK(std::isnan(lse[0]));  // ignored rows are not computed
+  std::vector<float> d1(N * ld, 7.0f), d2(N * ld, 7.0f);
+  cross_entropy_backward(d1.data(), logits.data(), tgt.data(), N, V, ld, 0.5f, IGNORE_INDEX, lse.data());
+  cross_entropy_backward(d2.data(), logits.data(), tgt.data(), N, V, ld, 0.5f);
+  CHECK(d1 == d2);
+  // A row ignored in the forward but not in the backward is recomputed, not read as 0.
+  auto tgt2 = tgt;
+  tgt2[0] = 3;
+  cross_entropy_backward(d1.data(), logits.data(), tgt2.data(), N, V, ld, 0.5f, IGNORE_INDEX, lse.data());
+  cross_entropy_backward(d2.data(), logits.data(), tgt2.data(), N, V, ld, 0.5f);
+  CHECK(d1 == d2);
+  double row0 = 0;
+  for (int i = 0; i < V; ++i) row0 += d1[i];
+  CHECK(row0 == doctest::Approx(0.0).epsilon(1e-5));  // softmax - onehot sums to 0
+}
+
 TEST_CASE("cross entropy rejects targets outside the vocabulary") {
   std::vector<float> logits(4), losses(1);
   std::vector<int32_t> tgt = {4};

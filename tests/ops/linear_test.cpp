@@ -2,10 +2,11 @@
 // backward dinp/dW/dbias vs central finite differences (<= 1e-3), null gradients skip
 // their GEMM, accumulation (dinp written or accumulated as asked), padded output / dout
 // rows, and the generic gemm() in every transpose combination, also split into row
-// blocks over several threads.
+// blocks over several threads; the fused linear + GELU against the two ops in sequence.
 #include "ops/linear.h"
 
 #include "core/error.h"
+#include "ops/activation.h"
 #include "ops/parallel.h"
 #include "reference.h"
 
@@ -118,6 +119,31 @@ TEST_CASE("threaded gemm (row blocks over the pool) in every transpose combinati
         gemm(ta, tb, M, N, K, 1.0f, ta ? At.data() : A.data(), tb ? Bt.data() : Bm.data(), 0.5f, C.data());
         CHECK(ref::max_rel_err(C, expect) <= 1e-5);
       }
+  }
+  set_num_threads(2);
+}
+
+TEST_CASE("linear + GELU fused equals linear then GELU, forward and backward, bit for bit") {
+  for (int th : {1, 3}) {
+    set_num_threads(th);
+    const int N = 70, IC = 24, OC = 96;  // N * OC * IC large enough to split into row blocks
+    Rng r(120 + th);
+    auto x = ref::rand_floats(r, N * IC), w = ref::rand_floats(r, OC * IC, 0.3f), b = ref::rand_floats(r, OC);
+    std::vector<float> out(N * OC), pre(N * OC), pre2(N * OC), out2(N * OC);
+    linear_gelu_forward(out.data(), pre.data(), x.data(), w.data(), b.data(), N, IC, OC);
+    linear_forward(pre2.data(), x.data(), w.data(), b.data(), N, IC, OC, OC);
+    gelu_forward(out2.data(), pre2.data(), out2.size());
+    CHECK(pre == pre2);
+    CHECK(out == out2);
+    // Backward of the next layer (input width OC... here IC) whose input was gelu(pre_in).
+    auto dout = ref::rand_floats(r, N * OC), pre_in = ref::rand_floats(r, N * IC);
+    std::vector<float> dpre(N * IC), dw(OC * IC, 0.5f), db(OC, 0.25f), dpre2(N * IC), dw2 = dw, db2 = db;
+    linear_dgelu_backward(dpre.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), pre_in.data(), N, IC, OC);
+    linear_backward(dpre2.data(), dw2.data(), db2.data(), dout.data(), x.data(), w.data(), N, IC, OC, OC, false);
+    gelu_backward(dpre2.data(), pre_in.data(), dpre2.data(), dpre2.size());
+    CHECK(dpre == dpre2);
+    CHECK(dw == dw2);
+    CHECK(db == db2);
   }
   set_num_threads(2);
 }

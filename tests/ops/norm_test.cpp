@@ -90,3 +90,31 @@ TEST_CASE("norms on rows large enough to run threaded match the reference") {
   for (int c = 0; c < C; ++c) s += double(x[c]) * x[c];
   CHECK(rstd[0] == doctest::Approx(1.0 / std::sqrt(s / C + 1e-5)).epsilon(1e-6));
 }
+
+TEST_CASE("residual + norm fused equals the residual add followed by the norm, bit for bit") {
+  for (int C : {7, 64, 771}) {
+    const int N = 37;
+    Rng r(90 + C);
+    auto a = ref::rand_floats(r, N * C), b = ref::rand_floats(r, N * C), w = ref::rand_floats(r, C),
+         bias = ref::rand_floats(r, C);
+    std::vector<float> res(N * C), out(N * C), mean(N), rstd(N), res2(N * C), out2(N * C), mean2(N), rstd2(N);
+    residual_layernorm_forward(res.data(), out.data(), mean.data(), rstd.data(), a.data(), b.data(), w.data(),
+                               bias.data(), N, C, 1e-5f);
+    for (int i = 0; i < N * C; ++i) res2[i] = a[i] + b[i];
+    layernorm_forward(out2.data(), mean2.data(), rstd2.data(), res2.data(), w.data(), bias.data(), N, C, 1e-5f);
+    CHECK(res == res2);
+    CHECK(out == out2);
+    CHECK(mean == mean2);
+    CHECK(rstd == rstd2);
+    residual_rmsnorm_forward(res.data(), out.data(), rstd.data(), a.data(), b.data(), w.data(), N, C, 1e-6f);
+    rmsnorm_forward(out2.data(), rstd2.data(), res2.data(), w.data(), N, C, 1e-6f);
+    CHECK(res == res2);
+    CHECK(out == out2);
+    CHECK(rstd == rstd2);
+    // In place over the first input, as the model's residual stream uses it.
+    auto a3 = a;
+    residual_rmsnorm_forward(a3.data(), out.data(), rstd.data(), a3.data(), b.data(), w.data(), N, C, 1e-6f);
+    CHECK(a3 == res2);
+    CHECK(out == out2);
+  }
+}
