@@ -4,6 +4,7 @@
 #include "kernels/reduce.cuh"
 
 #include "kernels/common.cuh"
+#include "ops/step_scale.h"
 
 namespace dtrain::kernels {
 
@@ -58,7 +59,27 @@ __global__ void nonfinite_kernel(int* __restrict__ flag, const T* __restrict__ x
   for (size_t i = npack * V + tid; i < n; i += stride) bad |= !isfinite(to_f32(x[i]));
   if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
+__global__ void norm_sq_pack_kernel(float* __restrict__ red, const double* __restrict__ sq) {
+  ops::norm_sq_pack(red, *sq);
+}
+
+__global__ void step_scale_kernel(float* __restrict__ scale, double* __restrict__ sq, const float* __restrict__ red,
+                                  float loss_scale, float max_norm) {
+  const double total = red != nullptr ? ops::norm_sq_unpack(red) : *sq;
+  *sq = total;
+  ops::step_scale(scale, total, loss_scale, max_norm);
+}
 }  // namespace
+
+void norm_sq_pack(float* red, const double* sq, cudaStream_t stream) {
+  DTK_LAUNCH(1, 1, 0, stream, norm_sq_pack_kernel)(red, sq);
+  DT_CUDA_LAUNCH_CHECK();
+}
+
+void step_scale(float* scale, double* sq, const float* red, float loss_scale, float max_norm, cudaStream_t stream) {
+  DTK_LAUNCH(1, 1, 0, stream, step_scale_kernel)(scale, sq, red, loss_scale, max_norm);
+  DT_CUDA_LAUNCH_CHECK();
+}
 
 void grad_norm_sq(double* accum, const void* x, size_t n, DType dtype, cudaStream_t stream) {
   if (n == 0) return;

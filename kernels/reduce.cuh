@@ -21,4 +21,11 @@ void grad_norm_sq(double* accum, const void* x, size_t n, DType dtype, cudaStrea
 /// it (zero it once per step). The device form of train::has_inf_or_nan.
 void has_inf_or_nan(int* flag, const void* x, size_t n, DType dtype, cudaStream_t stream);
 
+/// The optimizer step's agreement on the device (ops/step_scale.h), one thread each:
+/// red[0..2] = ops::norm_sq_pack(*sq), the form an fp32 SUM across ranks keeps exact.
+void norm_sq_pack(float* red, const double* sq, cudaStream_t stream);
+/// With total = red ? ops::norm_sq_unpack(red) : *sq: *sq = total and scale[0..1] =
+/// ops::step_scale(total, loss_scale, max_norm) (the AdamW gradient scale, skip flag).
+void step_scale(float* scale, double* sq, const float* red, float loss_scale, float max_norm, cudaStream_t stream);
+
 }  // namespace dtrain::kernels

@@ -205,6 +205,10 @@ const std::vector<KeySpec>& build_schema() {
        "(a host without enough GPUs fails the launch before any rank starts); cpu = the CPU, over Gloo; auto = cuda "
        "where every node's agent sees a GPU for each of its ranks, else cpu (GPUs on only some nodes are refused)", {"auto", "cpu", "cuda"}, {}, {}, false,
        "DTRAIN_DEVICE"},
+      {"training.cuda_graph", KeyType::BOOL, F(training.cuda_graph),
+       "on CUDA, capture the steady-state step (forward, backward, reduction, optimizer) once as a CUDA graph and "
+       "replay it; steps that cannot be captured run eagerly (README: CUDA graphs)",
+       {}, {}, {}, false, "DTRAIN_CUDA_GRAPH"},
       {"training.name", KeyType::STRING, F(training.name), "job name", {}, {}, {}, false, nullptr,
        "the config file name without extension"},
       {"training.run_dir_mode", KeyType::ENUM, F(training.run_dir_mode),

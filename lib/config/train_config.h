@@ -121,6 +121,7 @@ struct TrainingConfig {
   std::string output_dir;  // derived: runs/<name>
   int64_t seed = 1234;
   std::string device = "auto";  // "auto" | "cpu" | "cuda"
+  bool cuda_graph = true;        // replay the steady-state step as a CUDA graph (CUDA only)
   std::string name;  // derived: the config file's stem
   std::string run_dir_mode = "0700";  // run directory permissions; files get them without x
   bool operator==(const TrainingConfig&) const = default;

@@ -16,6 +16,7 @@
 #include "ops/norm.h"
 #include "ops/op_stats.h"
 #include "ops/rope.h"
+#include "ops/step_scale.h"
 
 #include <algorithm>
 #include <cmath>
@@ -300,8 +301,10 @@ class CpuDevice final : public Device {
   }
 
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig& cfg, float lr,
-             int64_t step, bool decay, float grad_scale, void* copy, DType copy_t) override {
+             int64_t step, bool decay, const float* scale, void* copy, DType copy_t) override {
     ops::OpScope scope(ops::OpClass::OPTIMIZER);
+    if (scale[1] != 0.0f) return;  // a skipped step
+    const float grad_scale = scale[0];
     if (copy == nullptr || copy_t == DType::F32) {
       ops::adamw_step(param, grad, m, v, n, cfg, lr, step, decay, grad_scale);
       if (copy != nullptr) CpuDevice::copy(copy, param, n * sizeof(float));
@@ -313,6 +316,12 @@ class CpuDevice final : public Device {
   void norm_sq_accumulate(double* acc, const float* g, size_t n) override {
     ops::OpScope scope(ops::OpClass::OPTIMIZER);
     *acc += ops::grad_norm_sq(g, n);
+  }
+  void norm_sq_pack(float* red, const double* sq) override { ops::norm_sq_pack(red, *sq); }
+  void step_scale(float* scale, double* sq, const float* red, float loss_scale, float max_norm) override {
+    ops::OpScope scope(ops::OpClass::OPTIMIZER);
+    *sq = red != nullptr ? ops::norm_sq_unpack(red) : *sq;
+    ops::step_scale(scale, *sq, loss_scale, max_norm);
   }
   void add(float* dst, const float* src, size_t n) override {
     ops::OpScope scope(ops::OpClass::OTHER);

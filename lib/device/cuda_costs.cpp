@@ -373,7 +373,7 @@ void PlanDevice::cross_entropy_backward(void*, const void*, const int32_t*, int 
 // ----------------------------------------------------------------------------
 // Optimizer and buffer arithmetic (kernels/adamw.cu, reduce.cu, cast.cu).
 void PlanDevice::adamw(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig&, float,
-                       int64_t, bool, float, void* copy, DType copy_t) {
+                       int64_t, bool, const float*, void* copy, DType copy_t) {
   const char* op = "adamw";
   if (!n) return;
   const bool copy16 = copy != nullptr && copy_t != DType::F32;
@@ -392,6 +392,14 @@ void PlanDevice::norm_sq_accumulate(double*, const float* g, size_t n) {
   kernel(op, vec ? "sumsq_partial_kernel<T, V>" : "sumsq_partial_kernel<T, 1>", PlanUnit::CUDA_CORE, 2.0 * n,
          n * 4.0 + blocks * 8.0);
   kernel(op, "sumsq_final_kernel", PlanUnit::CUDA_CORE, static_cast<double>(blocks), blocks * 8.0 + 16);
+}
+
+// One thread each: the step's agreement values (ops/step_scale.h).
+void PlanDevice::norm_sq_pack(float*, const double*) {
+  kernel("norm_sq_pack", "norm_sq_pack_kernel", PlanUnit::CUDA_CORE, 4.0, 8.0 + 12.0);
+}
+void PlanDevice::step_scale(float*, double*, const float* red, float, float) {
+  kernel("step_scale", "step_scale_kernel", PlanUnit::CUDA_CORE, 8.0, (red ? 12.0 : 8.0) + 8.0 + 8.0);
 }
 
 void PlanDevice::add(float*, const float*, size_t n) {

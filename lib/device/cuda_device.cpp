@@ -288,20 +288,28 @@ class CudaDevice final : public Device {
   }
 
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig& cfg, float lr,
-             int64_t step, bool decay, float grad_scale, void* copy, DType copy_t) override {
+             int64_t step, bool decay, const float* scale, void* copy, DType copy_t) override {
     if (!n) return;
     cur();
     if (copy == nullptr || copy_t == DType::F32) {
-      kernels::adamw_step(param, grad, m, v, n, cfg, lr, step, decay, grad_scale, s_);
-      if (copy != nullptr) copy_d2d(copy, param, n * sizeof(float));
+      kernels::adamw_step(param, grad, m, v, n, cfg, lr, step, decay, 1.0f, s_, scale);
+      if (copy != nullptr) copy_d2d(copy, param, n * sizeof(float));  // a skipped step copies the same values
       return;
     }
-    kernels::adamw_step_copy(param, grad, m, v, n, cfg, lr, step, decay, grad_scale, copy, copy_t, s_);
+    kernels::adamw_step_copy(param, grad, m, v, n, cfg, lr, step, decay, 1.0f, copy, copy_t, s_, scale);
   }
   void norm_sq_accumulate(double* acc, const float* g, size_t n) override {
     if (!n) return;
     cur();
     kernels::grad_norm_sq(acc, g, n, DType::F32, s_);
+  }
+  void norm_sq_pack(float* red, const double* sq) override {
+    cur();
+    kernels::norm_sq_pack(red, sq, s_);
+  }
+  void step_scale(float* scale, double* sq, const float* red, float loss_scale, float max_norm) override {
+    cur();
+    kernels::step_scale(scale, sq, red, loss_scale, max_norm, s_);
   }
   void add(float* dst, const float* src, size_t n) override {
     cur();
@@ -314,6 +322,40 @@ class CudaDevice final : public Device {
   void round_to(float* p, size_t n, DType t) override {
     cur();
     kernels::dtype_round(p, n, t, s_);
+  }
+
+  // Thread-local capture: other host threads (other ranks in the tests, NCCL's watchdog)
+  // may keep making their own CUDA calls meanwhile.
+  class CudaGraph final : public Graph {
+   public:
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t x = nullptr;
+    ~CudaGraph() override {
+      if (x) (void)cudaGraphExecDestroy(x);
+      if (g) (void)cudaGraphDestroy(g);
+    }
+  };
+  bool graph_begin() override {
+    cur();
+    DT_CUDA_CHECK(cudaStreamBeginCapture(own_, cudaStreamCaptureModeThreadLocal));
+    return true;
+  }
+  std::unique_ptr<Graph> graph_end() override {
+    cur();
+    auto graph = std::make_unique<CudaGraph>();
+    const cudaError_t e = cudaStreamEndCapture(own_, &graph->g);
+    if (e == cudaErrorStreamCaptureInvalidated || e == cudaErrorStreamCaptureUnsupported ||
+        e == cudaErrorStreamCaptureUnjoined) {
+      (void)cudaGetLastError();  // not sticky: the stream is usable again
+      return nullptr;
+    }
+    DT_CUDA_CHECK(e);
+    DT_CUDA_CHECK(cudaGraphInstantiate(&graph->x, graph->g, 0));
+    return graph;
+  }
+  void graph_launch(Graph& g) override {
+    cur();
+    DT_CUDA_CHECK(cudaGraphLaunch(static_cast<CudaGraph&>(g).x, own_));
   }
 
  private:

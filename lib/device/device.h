@@ -157,13 +157,24 @@ class Device {
                                       float scale, DType t) = 0;
 
   // ---- Optimizer and buffer arithmetic (fp32 masters, gradients and moments)
-  /// ops::adamw_step on n elements; with copy != nullptr the updated parameters are also
-  /// written, rounded to nearest even, as copy_t (F32, BF16 or F16) into copy.
+  /// ops::adamw_step on n elements with the gradient scale scale[0], unless scale[1] != 0
+  /// (the step is skipped: nothing is written). `scale` is this device's memory: [0..1] as
+  /// step_scale writes them, [2..4] ops::adamw_step_values(lr, step) (CUDA reads them
+  /// there, the CPU computes the same from lr and step), so clipping, the overflow skip and
+  /// the scheduled lr need no host value inside the step (a CUDA graph replays it). With
+  /// copy != nullptr the updated parameters are also written, rounded to nearest even, as
+  /// copy_t (F32, BF16 or F16) into copy.
   virtual void adamw(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig& cfg,
-                     float lr, int64_t step, bool decay, float grad_scale, void* copy, DType copy_t) = 0;
+                     float lr, int64_t step, bool decay, const float* scale, void* copy, DType copy_t) = 0;
   /// *acc += sum of g[i]^2 in double (acc: one double in this device's memory); inf/NaN
   /// gradients make it inf/NaN. The partition is fixed by n, so the result is deterministic.
   virtual void norm_sq_accumulate(double* acc, const float* g, size_t n) = 0;
+  /// red[0..2] = ops::norm_sq_pack(*sq): the sum of squares as an fp32 pair plus an
+  /// overflow flag, for an fp32 SUM across ranks (all in this device's memory).
+  virtual void norm_sq_pack(float* red, const double* sq) = 0;
+  /// With total = red ? ops::norm_sq_unpack(red) : *sq: *sq = total, scale[0..1] =
+  /// ops::step_scale(total, loss_scale, max_norm) (AdamW's gradient scale, skip flag).
+  virtual void step_scale(float* scale, double* sq, const float* red, float loss_scale, float max_norm) = 0;
   /// dst[i] += src[i].
   virtual void add(float* dst, const float* src, size_t n) = 0;
   /// dst = src converted from st to dt (round to nearest even); in place only when the
@@ -172,6 +183,21 @@ class Device {
   /// p[i] = p[i] rounded to t's precision (BF16 or F16, nearest even; F16 overflows to
   /// inf as fp16 storage would), kept as fp32. F32: nothing.
   virtual void round_to(float* p, size_t n, DType t) = 0;
+
+  // ---- Graphs: the ops issued on the compute stream (and on streams that join it through
+  // events) recorded once and replayed (CUDA graphs). Inside a recording nothing runs and
+  // nothing may wait for the device (no copy_h2d/copy_d2h/synchronize).
+  class Graph {
+   public:
+    virtual ~Graph() = default;
+  };
+  /// Starts recording on the compute stream; false when this device cannot (the CPU).
+  virtual bool graph_begin() { return false; }
+  /// Ends the recording: the graph, ready to launch; nullptr when something issued in
+  /// between could not be recorded (nothing of it ran: run it without a graph).
+  virtual std::unique_ptr<Graph> graph_end() { return nullptr; }
+  /// Runs the recorded work once more, on the compute stream after the work before it.
+  virtual void graph_launch(Graph& /*g*/) {}
 
  protected:
   Device() = default;

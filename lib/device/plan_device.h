@@ -144,8 +144,10 @@ class PlanDevice final : public Device {
                               float scale, DType t) override;
 
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig& cfg, float lr,
-             int64_t step, bool decay, float grad_scale, void* copy, DType copy_t) override;
+             int64_t step, bool decay, const float* scale, void* copy, DType copy_t) override;
   void norm_sq_accumulate(double* acc, const float* g, size_t n) override;
+  void norm_sq_pack(float* red, const double* sq) override;
+  void step_scale(float* scale, double* sq, const float* red, float loss_scale, float max_norm) override;
   void add(float* dst, const float* src, size_t n) override;
   void cast(void* dst, DType dt, const void* src, DType st, size_t n) override;
   void round_to(float* p, size_t n, DType t) override;

@@ -387,6 +387,7 @@ void Model::set_recompute(bool on) {
 // Activations: one arena for (B, T)
 
 void Model::allocate(int B, int T) {
+  ++buffers_version_;
   const size_t N = static_cast<size_t>(B) * T, C = cfg_.d_model, F = cfg_.d_ff, V = cfg_.vocab_size;
   const size_t QD = static_cast<size_t>(cfg_.n_head) * cfg_.head_dim(), KD = static_cast<size_t>(cfg_.n_kv_head) * cfg_.head_dim();
   const size_t es = dtype_size(dtype_);
@@ -658,11 +659,16 @@ void Model::layer_backward(int l, LayerActs& a) {
 // ---------------------------------------------------------------------------
 // Whole model
 
-float Model::forward(const int32_t* tokens, const int32_t* targets, int B, int T) {
+float Model::forward(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss_out) {
+  inputs_set(tokens, targets, B, T);
+  return forward_issue(loss_out);
+}
+
+void Model::inputs_set(const int32_t* tokens, const int32_t* targets, int B, int T) {
   DT_ENFORCE_GT(B, 0, UsageError, "model forward batch size");
   DT_ENFORCE_GT(T, 0, UsageError, "model forward sequence length");
   DT_ENFORCE_LE(T, cfg_.max_seq_len, UsageError, "sequence length exceeds the model's max_seq_len");
-  const int N = B * T, C = cfg_.d_model, V = cfg_.vocab_size, L = cfg_.n_layer;
+  const int N = B * T, V = cfg_.vocab_size;
   for (int i = 0; i < N; ++i)
     DT_ENFORCE(tokens[i] >= 0 && tokens[i] < V, UsageError,
                "token id {} at position {} is outside the vocabulary [0, {})", tokens[i], i, V);
@@ -672,9 +678,20 @@ float Model::forward(const int32_t* tokens, const int32_t* targets, int B, int T
                  "target {} at row {} is outside the vocabulary [0, {}) and not the ignore index {}", targets[i], i, V,
                  IGNORE_INDEX);
   if (B != B_ || T != T_) allocate(B, T);
-  const bool gpt2 = cfg_.arch == ModelConfig::Arch::GPT2;
   Scratch& s = *scratch_;
   dev_->copy_h2d(s.tokens, tokens, static_cast<size_t>(N) * sizeof(int32_t));
+  inputs_targets_ = targets != nullptr;
+  if (!targets) return;
+  dev_->copy_h2d(s.targets, targets, static_cast<size_t>(N) * sizeof(int32_t));
+  num_targets_ = 0;
+  for (int i = 0; i < N; ++i) num_targets_ += targets[i] != IGNORE_INDEX;
+}
+
+float Model::forward_issue(float* loss_out) {
+  DT_ENFORCE(scratch_ != nullptr, UsageError, "Model::forward_issue() needs inputs_set() first");
+  const int B = B_, T = T_, N = B * T, C = cfg_.d_model, V = cfg_.vocab_size, L = cfg_.n_layer;
+  const bool gpt2 = cfg_.arch == ModelConfig::Arch::GPT2;
+  Scratch& s = *scratch_;
   acts_step_ = forward_count_++;
   acts_dropout_ = training_ && lora_on() ? lora_cfg_.dropout : 0.0f;
   have_targets_ = false;
@@ -702,14 +719,15 @@ float Model::forward(const int32_t* tokens, const int32_t* targets, int B, int T
   const void* wlm = cfg_.tie_embeddings ? emb.data : param_at(head, head.layout.tensors.size() - 1);
   dev_->linear_forward(s.logits, s.lnf, wlm, nullptr, N, C, V, logits_ld_, dtype_);
 
-  if (!targets) return std::numeric_limits<float>::quiet_NaN();
-  dev_->copy_h2d(s.targets, targets, static_cast<size_t>(N) * sizeof(int32_t));
-  num_targets_ = 0;
-  for (int i = 0; i < N; ++i) num_targets_ += targets[i] != IGNORE_INDEX;
+  if (!inputs_targets_) return std::numeric_limits<float>::quiet_NaN();
   dev_->cross_entropy_forward(s.losses, s.loss_mean, s.logits, s.targets, N, V, logits_ld_, dtype_);
+  have_targets_ = true;
+  if (loss_out != nullptr) {
+    dev_->copy_d2d(loss_out, s.loss_mean, sizeof(float));
+    return std::numeric_limits<float>::quiet_NaN();
+  }
   float loss = 0.0f;
   dev_->copy_d2h(&loss, s.loss_mean, sizeof(float));
-  have_targets_ = true;
   return loss;
 }
 

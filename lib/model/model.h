@@ -70,8 +70,17 @@ class Model {
   /// targets == nullptr only computes logits and returns NaN. UsageError for a token or
   /// target outside the vocabulary (checked on the host, for every device). Activations
   /// are allocated (one arena on the device) on the first call for a (B, T) and reused
-  /// while (B, T) stays the same. On CUDA the loss read-back waits for the device.
-  float forward(const int32_t* tokens, const int32_t* targets, int B, int T);
+  /// while (B, T) stays the same. On CUDA the loss read-back waits for the device; with
+  /// loss_out (one float of the model's device memory) the mean loss is written there
+  /// instead, nothing is read back and forward returns NaN (the trainer reads every
+  /// micro-batch's loss in its step's one read-back).
+  float forward(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss_out = nullptr);
+  /// forward() in two calls, for a caller that records the step in a CUDA graph:
+  /// inputs_set validates and uploads tokens and targets to the model's fixed device
+  /// buffers (waits for the device on CUDA); forward_issue runs the model on them, waiting
+  /// for nothing when loss_out is given.
+  void inputs_set(const int32_t* tokens, const int32_t* targets, int B, int T);
+  float forward_issue(float* loss_out = nullptr);
 
   /// Accumulates (+=) d(grad_scale * mean loss)/d(params) into the gradient buffers (the
   /// adapters' only, under LoRA). grad_scale carries the loss scale / accumulation factor.
@@ -101,6 +110,9 @@ class Model {
   const float* losses() const;
   /// Unmasked target count of the last forward.
   int num_targets() const { return num_targets_; }
+  /// Changes whenever the model reallocates its activations or scratch (a new (B, T)):
+  /// work recorded against the old buffers (a CUDA graph) must not be replayed.
+  uint64_t buffers_version() const { return buffers_version_; }
 
   size_t num_params() const;            ///< base parameters
   size_t num_trainable_params() const;  ///< adapters under LoRA, else num_params()
@@ -213,6 +225,8 @@ class Model {
   bool have_targets_ = false;
   int num_targets_ = 0;
   uint64_t forward_count_ = 0;
+  bool inputs_targets_ = false;  // inputs_set had targets
+  uint64_t buffers_version_ = 0;
   uint64_t acts_step_ = 0;  // forward count the saved activations (and dropout masks) belong to
   ModelHooks hooks_;
   bool grads_released_ = false;

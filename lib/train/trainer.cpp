@@ -29,6 +29,7 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <optional>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -48,7 +49,6 @@ struct StepRequest {
   float lr = 0.0f;
   float loss_scale = 1.0f;  // the gradients hold loss_scale * true gradient
   float max_norm = 0.0f;    // gradient_clipping (0 = off)
-  bool check_overflow = false;
 };
 
 struct StepOutcome {
@@ -69,7 +69,7 @@ size_t process_rss_bytes() {
 class OptimizerEngine {
  public:
   virtual ~OptimizerEngine() = default;
-  /// Reduces the gradients across ranks and, unless they overflowed, applies one update.
+  /// Reads back the step forward_backward issued (reduction, overflow check, update).
   virtual StepOutcome step(const StepRequest& req, StepTimer& timer) = 0;
   /// Puts the fp32 master weights into the model's buffers (before an fp32 export).
   virtual void master_to_model() = 0;
@@ -88,12 +88,8 @@ class ZeroOptimizer final : public OptimizerEngine {
     // Collectives and the update interleave inside the engine: timed as one section.
     auto s = timer.scope(Section::OPTIMIZER);
     StepOutcome out;
-    out.overflow = !engine_.step(req.lr, req.loss_scale);
+    out.overflow = !engine_.step_finish(req.loss_scale);  // forward_backward issued the update
     out.grad_norm = engine_.last_grad_norm();
-    if (out.overflow)
-      DT_ENFORCE(req.check_overflow, TrainError,
-                 "gradients became inf/NaN (global norm {}); lower optimizer.lr or enable gradient_clipping",
-                 out.grad_norm);
     return out;
   }
 
@@ -190,7 +186,9 @@ class TrainLoop {
   void resume();
   void metrics_open();
   double batch_load();                     // returns the step's global unmasked-target count
-  double forward_backward(double n_step, float loss_scale);  // returns this rank's loss sum
+  void forward_backward(double n_step, float loss_scale, float lr);  // issues the step; losses to loss slots
+  void step_graphed(double n_step, float loss_scale, float* slot);
+  double loss_sum() const;                                 // this rank's, from the step's read-back
   StepOutcome optimizer_step(int64_t step, float lr, float loss_scale);
   void record(int64_t step, double step_loss, float lr, float loss_scale, const StepOutcome& out, bool applied);
   void progress_log(int64_t step, double step_loss, float lr, float loss_scale, const StepOutcome& out, bool applied);
@@ -227,6 +225,20 @@ class TrainLoop {
   std::string config_yaml_;
   std::vector<std::vector<int32_t>> inputs_, targets_;
   std::vector<int64_t> counts_;
+  std::vector<char> ran_;  // the micro-batches forward_backward ran this step
+  // CUDA graphs (training.cuda_graph): the step recorded once and replayed while the values
+  // it was recorded with (the key) stay the same.
+  struct GraphKey {
+    bool run = false;          // the micro-batch runs forward/backward
+    float backward_scale = 0;  // Model::backward's grad_scale
+    int num_targets = 0;
+    float loss_scale = 1;
+    uint64_t buffers = 0;      // Model::buffers_version
+    bool operator==(const GraphKey&) const = default;
+  };
+  bool graph_on_ = false;
+  std::unique_ptr<device::Device::Graph> graph_;
+  std::optional<GraphKey> graph_key_, last_key_;
   StepTimer timer_;
   Stopwatch run_clock_, interval_clock_;
   int64_t interval_steps_ = 0;
@@ -265,6 +277,11 @@ TrainLoop::TrainLoop(const config::TrainConfig& cfg, const TrainerEnv& env)
     engine_ = std::make_unique<ZeroOptimizer>(*model_, comm_, zopts_, nullptr);
   }
   lockstep_ = zopts_.stage >= 2 || zopts_.overlap_comm;
+  // What a graph can replay: one micro-batch per step (its inputs uploaded before the
+  // launch), no collective inside forward/backward hooks beyond stage 1's stream-ordered
+  // buckets, no dropout (its masks are seeded per forward).
+  graph_on_ = cfg.training.cuda_graph && dev != nullptr && dev->kind() == device::Kind::CUDA && accum_ == 1 &&
+              zopts_.stage <= 1 && !(model_->lora_config().dropout > 0.0f);
   tokens_per_step_ = static_cast<int64_t>(micro_) * accum_ * W_ * T_;
   res_.final_eval_loss = res_.final_eval_ppl = std::numeric_limits<double>::quiet_NaN();
   config_yaml_ = config::config_to_yaml(cfg);
@@ -374,25 +391,111 @@ double TrainLoop::batch_load() {
   return count[0];
 }
 
-double TrainLoop::forward_backward(double n_step, float loss_scale) {
+// Issues the step's forward and backward passes; nothing is read back (each micro-batch's
+// mean loss goes to a loss slot of the engine, read with the gradient norm in the step).
+void TrainLoop::forward_backward(double n_step, float loss_scale, float lr) {
   model::Model& m = *model_;
-  engine_->engine().before_step();
-  double loss_sum = 0.0;
+  ZeroEngine& engine = engine_->engine();
+  float* slots = engine.loss_slots(static_cast<size_t>(accum_));
+  engine.step_prepare(lr);  // the step's host values, uploaded while the device is idle
+  ran_.assign(static_cast<size_t>(accum_), 0);
+  if (graph_on_) {
+    step_graphed(n_step, loss_scale, slots);
+    return;
+  }
+  engine.before_step();
   for (int a = 0; a < accum_; ++a) {
     const int64_t n = counts_[static_cast<size_t>(a)];
     if (n == 0 && !lockstep_) continue;  // nothing to learn from: no forward, no gradient
-    float loss;
+    ran_[static_cast<size_t>(a)] = 1;
     {
       auto s = timer_.scope(Section::FORWARD);
-      loss = m.forward(inputs_[static_cast<size_t>(a)].data(), targets_[static_cast<size_t>(a)].data(), micro_, T_);
+      m.forward(inputs_[static_cast<size_t>(a)].data(), targets_[static_cast<size_t>(a)].data(), micro_, T_, slots + a);
     }
-    loss_sum += static_cast<double>(loss) * static_cast<double>(n);
     auto s = timer_.scope(Section::BACKWARD);
     const double weight = n_step > 0 ? static_cast<double>(W_) * static_cast<double>(n) / n_step : 0.0;
     engine_->engine().set_last_micro_batch(a == accum_ - 1);
     m.backward(static_cast<float>(weight) * loss_scale);  // fp16 gradients are rounded in the engine's hooks
   }
-  return loss_sum;
+  auto s = timer_.scope(Section::OPTIMIZER);
+  engine.step_issue(loss_scale);
+}
+
+// One micro-batch per step: its inputs go to the model's fixed buffers first, then the
+// step runs eagerly, is recorded (the second step in a row with the same key) or is
+// replayed (the key of the recording).
+void TrainLoop::step_graphed(double n_step, float loss_scale, float* slot) {
+  model::Model& m = *model_;
+  ZeroEngine& engine = engine_->engine();
+  device::Device& dev = m.device();
+  const int64_t n = counts_[0];
+  GraphKey key;
+  key.run = n > 0 || lockstep_;
+  {
+    auto s = timer_.scope(Section::FORWARD);
+    if (key.run) m.inputs_set(inputs_[0].data(), targets_[0].data(), micro_, T_);
+  }
+  const double weight = n_step > 0 ? static_cast<double>(W_) * static_cast<double>(n) / n_step : 0.0;
+  key.backward_scale = static_cast<float>(weight) * loss_scale;
+  key.num_targets = m.num_targets();
+  key.loss_scale = loss_scale;
+  key.buffers = m.buffers_version();
+  ran_[0] = key.run ? 1 : 0;
+  auto body = [&] {
+    engine.before_step();
+    if (key.run) {
+      m.forward_issue(slot);
+      engine.set_last_micro_batch(true);
+      m.backward(key.backward_scale);
+    }
+    engine.step_issue(loss_scale);
+  };
+  auto s = timer_.scope(Section::FORWARD);
+  if (graph_ && graph_key_ == key) {
+    dev.graph_launch(*graph_);
+    if (key.run) m.set_forward_count(m.forward_count() + 1);  // as the recorded forward did
+    ++res_.graph_steps;
+  } else if (last_key_ == key) {
+    graph_.reset();
+    const uint64_t forward_count = m.forward_count();
+    if (!dev.graph_begin()) {
+      graph_on_ = false;
+      body();
+      return;
+    }
+    try {
+      body();
+    } catch (...) {
+      (void)dev.graph_end();
+      throw;
+    }
+    graph_ = dev.graph_end();
+    if (graph_) {
+      graph_key_ = key;
+      dev.graph_launch(*graph_);
+      ++res_.graph_steps;
+    } else {
+      // Something in the step could not be recorded (and nothing of it ran): run it
+      // eagerly, from here on always.
+      if (lead_) log_warn("training.cuda_graph: the step could not be captured in a CUDA graph; running without");
+      graph_on_ = false;
+      graph_key_.reset();
+      m.set_forward_count(forward_count);
+      body();
+    }
+  } else {
+    body();
+  }
+  last_key_ = key;
+}
+
+double TrainLoop::loss_sum() const {
+  const std::vector<float>& losses = engine_->engine().step_losses();
+  double sum = 0.0;
+  for (int a = 0; a < accum_; ++a)
+    if (ran_[static_cast<size_t>(a)])
+      sum += static_cast<double>(losses[static_cast<size_t>(a)]) * static_cast<double>(counts_[static_cast<size_t>(a)]);
+  return sum;
 }
 
 StepOutcome TrainLoop::optimizer_step(int64_t /*step*/, float lr, float loss_scale) {
@@ -400,7 +503,6 @@ StepOutcome TrainLoop::optimizer_step(int64_t /*step*/, float lr, float loss_sca
   req.lr = lr;
   req.loss_scale = loss_scale;
   req.max_norm = static_cast<float>(cfg_.gradient_clipping);
-  req.check_overflow = scaler_ != nullptr;
   return engine_->step(req, timer_);
 }
 
@@ -586,7 +688,11 @@ TrainResult TrainLoop::run() {
   for (int64_t step = start_step_ + 1; step <= total_steps_; ++step) {
     const double n_step = batch_load();
     const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
-    std::vector<double> lsum{forward_backward(n_step, loss_scale)};
+    const float lr = sched_->lr(res_.applied_steps);
+    forward_backward(n_step, loss_scale, lr);
+    // The update is issued; the step's one read-back: gradient norm, overflow, losses.
+    const StepOutcome out = optimizer_step(step, lr, loss_scale);
+    std::vector<double> lsum{loss_sum()};
     {
       auto s = timer_.scope(Section::COMM);
       allreduce_sum(comm_, lsum);
@@ -596,9 +702,10 @@ TrainResult TrainLoop::run() {
     if (n_step == 0 && lead_) log_warn("step {}: every target of the batch is masked (loss 0)", step);
     const double step_loss = n_step > 0 ? lsum[0] / n_step : 0.0;
     DT_ENFORCE(std::isfinite(step_loss), TrainError, "step {}: the loss is {}; lower optimizer.lr", step, step_loss);
-
-    const float lr = sched_->lr(res_.applied_steps);
-    const StepOutcome out = optimizer_step(step, lr, loss_scale);
+    if (out.overflow)
+      DT_ENFORCE(scaler_ != nullptr, TrainError,
+                 "gradients became inf/NaN (global norm {}); lower optimizer.lr or enable gradient_clipping",
+                 out.grad_norm);
     const bool applied = scaler_ ? scaler_->update(out.overflow) : true;
     record(step, step_loss, lr, loss_scale, out, applied);
     progress_log(step, step_loss, lr, loss_scale, out, applied);

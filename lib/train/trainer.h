@@ -56,6 +56,7 @@ struct TrainResult {
   int64_t applied_steps = 0;    ///< steps that updated the weights (= scheduler/optimizer step count)
   int64_t skipped_steps = 0;    ///< fp16 overflow steps
   bool stopped_at_checkpoint = false;  ///< stop_after_save stopped the run after its checkpoint at `steps`
+  int64_t graph_steps = 0;      ///< steps replayed from a CUDA graph (training.cuda_graph)
   int64_t resumed_step = -1;    ///< the checkpoint step this call continued from; -1 = fresh start
   std::string resumed_dir;      ///< that checkpoint's directory
   int resumed_world_size = 0;   ///< world size and ZeRO stage it was saved at

@@ -4,14 +4,15 @@
 
 #include "core/check.h"
 #include "core/log.h"
-#include "train/grad_clip.h"
 #include "core/dtype.h"
+#include "ops/step_scale.h"
 #include "train/zero_queue.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 
@@ -152,7 +153,7 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
     }
     layer_slots_[static_cast<size_t>(s.layer + 1)].push_back(i);
   }
-  stats_ = device::DeviceBuffer(*dev_, sizeof(double));
+  stats_ = device::DeviceBuffer(*dev_, sizeof(StepStats));
   plan_buckets();
   // Stream-ordered collectives overlap by themselves; a thread is for blocking ones.
   queue_ = std::make_unique<ZeroCommQueue>(opts_.overlap_comm && comm_ != nullptr && !stream_ordered_);
@@ -268,6 +269,7 @@ template <typename F> void ZeroEngine::on_comm(F&& f) {
   }
   dev_->event_record(*ev_compute_, nullptr);
   dev_->stream_wait(comm_stream_, *ev_compute_);
+  comm_unjoined_ = true;
   void* prev = dev_->use_stream(comm_stream_);
   try {
     f();
@@ -282,8 +284,12 @@ template <typename F> uint64_t ZeroEngine::comm_submit(F&& f) {
   return queue_->submit([this, f = std::forward<F>(f)]() mutable { on_comm(f); });
 }
 
+// Only after work was issued there since the last join: a step recorded in a CUDA graph
+// may not wait on the communicator's stream before its own work brought that stream into
+// the recording (CUDA refuses a dependency on work outside the capture).
 void ZeroEngine::comm_join() {
-  if (!stream_ordered_) return;
+  if (!stream_ordered_ || !comm_unjoined_) return;
+  comm_unjoined_ = false;
   dev_->event_record(*ev_comm_, comm_stream_);
   dev_->stream_wait(nullptr, *ev_comm_);
 }
@@ -403,6 +409,19 @@ void ZeroEngine::grads_reduce_step() {
 }
 
 bool ZeroEngine::step(float lr, float loss_scale) {
+  step_prepare(lr);
+  step_issue(loss_scale);
+  return step_finish(loss_scale);
+}
+
+void ZeroEngine::step_prepare(float lr) {
+  lr_ = lr;
+  float v[3];
+  ops::adamw_step_values(v, lr, opts_.adamw.weight_decay, opts_.adamw.beta1, opts_.adamw.beta2, step_count_ + 1);
+  dev_->copy_h2d(stats_.as<char>() + offsetof(StepStats, scale) + 2 * sizeof(float), v, sizeof v);
+}
+
+void ZeroEngine::step_issue(float loss_scale) {
   DT_ENFORCE(!materialized_, UsageError, "ZeroEngine::step() after params_materialize(); call params_restore() first");
   DT_ENFORCE_GT(loss_scale, 0.0f, UsageError, "ZeroEngine::step loss_scale");
   queue_->wait_all();
@@ -412,28 +431,27 @@ bool ZeroEngine::step(float lr, float loss_scale) {
   auto grad_of = [&](Slot& s) -> float* {
     return opts_.stage >= 2 ? s.gshard.as<float>() : s.pb->grad + s.lo;
   };
-  // The local sum of squares on the device, one read-back.
-  double* acc = stats_.as<double>();
-  dev_->zero(acc, sizeof(double));
+  // Everything is decided on the device and read back once, after the update is issued:
+  // the local sum of squares, its sum over the ranks (on the device communicator), the
+  // clip scale and the overflow skip that AdamW reads from device memory.
+  char* stats = stats_.as<char>();
+  double* sq = reinterpret_cast<double*>(stats + offsetof(StepStats, sq));
+  dev_->zero(sq, sizeof(double));
   for (auto& s : slots_)
-    if (s.trainable && s.owned()) dev_->norm_sq_accumulate(acc, grad_of(s), s.owned());
-  double sq = 0.0;
-  dev_->copy_d2h(&sq, acc, sizeof(double));
+    if (s.trainable && s.owned()) dev_->norm_sq_accumulate(sq, grad_of(s), s.owned());
+  float* red = nullptr;
   if (opts_.stage >= 1 && comm_ != nullptr) {
-    // Sum of squares as a float pair (hi + lo keeps ~double precision through an fp32
-    // SUM) plus the overflow flag, so every rank takes the same decision.
-    const float hi = static_cast<float>(sq);
-    float red[3] = {hi, static_cast<float>(sq - static_cast<double>(hi)), std::isfinite(sq) ? 0.0f : 1.0f};
-    if (!std::isfinite(sq)) red[0] = red[1] = 0.0f;
-    queue_->wait(queue_->submit([&] { comm_->allreduce_host(red, 3, DType::F32, comm::ReduceOp::SUM); }));
-    sq = red[2] != 0.0f ? std::numeric_limits<double>::infinity()
-                        : static_cast<double>(red[0]) + static_cast<double>(red[1]);
+    // Each rank holds a shard: sum the (hi, lo, overflow) triples so every rank takes the
+    // same decision.
+    red = reinterpret_cast<float*>(stats + offsetof(StepStats, red));
+    dev_->norm_sq_pack(red, sq);
+    queue_->wait(comm_submit([this, red] { coll_allreduce(red, 3, DType::F32, comm::ReduceOp::SUM); }));
+    comm_join();  // the scale below reads the sum
   }
-  last_norm_ = std::sqrt(sq) / static_cast<double>(loss_scale);
-  if (!std::isfinite(sq)) return false;
+  float* scale = reinterpret_cast<float*>(stats + offsetof(StepStats, scale));
+  dev_->step_scale(scale, sq, red, loss_scale, opts_.gradient_clipping);
 
-  const float grad_scale = clip_coefficient(last_norm_, opts_.gradient_clipping) / loss_scale;
-  ++step_count_;
+  const int64_t step = step_count_ + 1;  // counted only if the update is applied
   for (auto& s : slots_) {
     if (!s.trainable || !s.owned()) continue;
     float* p = master_f32(s);
@@ -445,15 +463,40 @@ bool ZeroEngine::step(float lr, float loss_scale) {
       if (a >= e) continue;
       const size_t o = a - s.lo;
       void* cp = copy ? at(s.pb->data, a, mdt_) : nullptr;
-      dev_->adamw(p + o, g + o, s.m.as<float>() + o, s.v.as<float>() + o, e - a, opts_.adamw, lr, step_count_,
-                  t.decay, grad_scale, cp, mdt_);
+      dev_->adamw(p + o, g + o, s.m.as<float>() + o, s.v.as<float>() + o, e - a, opts_.adamw, lr_, step, t.decay,
+                  scale, cp, mdt_);
       if (cp != nullptr && mdt_ == DType::F32) dev_->round_to(static_cast<float*>(cp), e - a, opts_.compute_dtype);
     }
   }
+  // A skipped step gathers the unchanged masters: the copies the model already holds.
   params_gather_resident();
   release_all_gathered();
   comm_join();  // the next forward reads the gathered copies
+}
+
+bool ZeroEngine::step_finish(float loss_scale) {
+  // The step's one read-back (the agreed sum of squares and the losses the model left in
+  // the loss slots).
+  const char* stats = stats_.as<char>();
+  std::vector<char> host(sizeof(StepStats) + losses_n_ * sizeof(float));
+  dev_->copy_d2h(host.data(), stats, host.size());
+  StepStats st;
+  std::memcpy(&st, host.data(), sizeof st);
+  losses_.resize(losses_n_);
+  if (losses_n_) std::memcpy(losses_.data(), host.data() + sizeof(StepStats), losses_n_ * sizeof(float));
+  last_norm_ = std::sqrt(st.sq) / static_cast<double>(loss_scale);
+  if (!std::isfinite(st.sq)) return false;
+  ++step_count_;
   return true;
+}
+
+float* ZeroEngine::loss_slots(size_t n) {
+  if (n > losses_cap_) {
+    stats_ = device::DeviceBuffer(*dev_, sizeof(StepStats) + n * sizeof(float));
+    losses_cap_ = n;
+  }
+  losses_n_ = n;
+  return reinterpret_cast<float*>(stats_.as<char>() + sizeof(StepStats));
 }
 
 // The model's resident copies of the trainable buffers after an update at stages 1-3:

@@ -162,8 +162,24 @@ class ZeroEngine {
   /// loss_scale * the true gradient. Returns true when the update was applied; false
   /// (weights untouched, step count unchanged) on overflow.
   bool step(float lr, float loss_scale = 1.0f);
+  /// step() in three calls, for a caller that records the step in a CUDA graph:
+  /// step_prepare uploads the step's host values (lr, AdamW's step) to device memory (on
+  /// CUDA it waits for the stream: call it before the step's forward, after loss_slots);
+  /// step_issue issues the reduction, norm, clip and overflow decision, AdamW and the
+  /// gathers without reading anything back (nothing in it waits for the device);
+  /// step_finish reads back once and returns step()'s result.
+  void step_prepare(float lr);
+  void step_issue(float loss_scale);
+  bool step_finish(float loss_scale);
   /// Global L2 norm of the last step's unscaled, unclipped gradient (inf/NaN on overflow).
   double last_grad_norm() const { return last_norm_; }
+  /// n fp32 slots in the engine's step buffer (device memory) for the micro-batch losses
+  /// of the next step (Model::forward's loss_out), read back by step() together with the
+  /// gradient norm: one device-to-host read per step. The pointer stays valid while n
+  /// does not grow (a growing n reallocates the step buffer: call before step_prepare).
+  float* loss_slots(size_t n);
+  /// The losses the last step() read back from the loss slots.
+  const std::vector<float>& step_losses() const { return losses_; }
   /// overlap_comm at stages 0/1: the gradients are reduced once per step, during the
   /// backward of the micro-batch marked last (each bucket as soon as it is complete), so
   /// with gradient accumulation mark the earlier micro-batches with false before their
@@ -271,8 +287,20 @@ class ZeroEngine {
   bool mixed_ = false;      // compute dtype != F32
   bool stream_ordered_ = false;  // collectives run on comm_'s CUDA stream
   void* comm_stream_ = nullptr;
+  bool comm_unjoined_ = false;  // work issued on comm_stream_ since the last comm_join
   std::unique_ptr<device::Device::Event> ev_compute_, ev_comm_;
-  device::DeviceBuffer stats_;  // the step's local gradient sum of squares (one double)
+  // The step's agreement values in device memory, then the loss slots: read back as one.
+  struct StepStats {
+    double sq;       // the (agreed) gradient sum of squares
+    float red[3];    // its (hi, lo, overflow) triple, summed over the ranks
+    float pad;
+    float scale[5];  // AdamW's gradient scale, skip flag, then adamw_step_values (step_prepare)
+    float pad2;
+  };
+  float lr_ = 0.0f;  // step_prepare's
+  device::DeviceBuffer stats_;
+  size_t losses_n_ = 0, losses_cap_ = 0;
+  std::vector<float> losses_;
   struct Staged {
     std::vector<float> master, m, v, full;
   };

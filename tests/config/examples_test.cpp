@@ -36,7 +36,7 @@ std::vector<fs::path> shipped_configs() {
 
 void clear_env() {
   for (const char* n : {"DTRAIN_OUTPUT_DIR", "DTRAIN_RDZV_PORT", "DTRAIN_RDZV_ADDR", "DTRAIN_MAX_STEPS", "DTRAIN_SEED",
-                        "DTRAIN_DEVICE", "DTRAIN_STEP_TIMEOUT"})
+                        "DTRAIN_DEVICE", "DTRAIN_STEP_TIMEOUT", "DTRAIN_CUDA_GRAPH"})
     ::unsetenv(n);
 }
 

@@ -158,7 +158,7 @@ std::string try_load(const std::string& text, const std::vector<std::string>& se
 
 TEST_CASE("2000 mutants of the shipped configs: accepted or ConfigError, nothing else") {
   for (const char* n : {"DTRAIN_OUTPUT_DIR", "DTRAIN_RDZV_PORT", "DTRAIN_RDZV_ADDR", "DTRAIN_MAX_STEPS", "DTRAIN_SEED",
-                        "DTRAIN_DEVICE", "DTRAIN_STEP_TIMEOUT"})
+                        "DTRAIN_DEVICE", "DTRAIN_STEP_TIMEOUT", "DTRAIN_CUDA_GRAPH"})
     ::unsetenv(n);
   std::vector<std::string> texts = shipped_texts();
   REQUIRE(!texts.empty());

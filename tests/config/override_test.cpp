@@ -61,7 +61,7 @@ class ScopedEnv {
 
 void clear_env() {
   for (const char* n : {"DTRAIN_OUTPUT_DIR", "DTRAIN_RDZV_PORT", "DTRAIN_RDZV_ADDR", "DTRAIN_MAX_STEPS", "DTRAIN_SEED",
-                        "DTRAIN_DEVICE", "DTRAIN_STEP_TIMEOUT"})
+                        "DTRAIN_DEVICE", "DTRAIN_STEP_TIMEOUT", "DTRAIN_CUDA_GRAPH"})
     ::unsetenv(n);
 }
 
@@ -215,5 +215,23 @@ TEST_CASE("fault_tolerance.step_timeout: off by default, DTRAIN_STEP_TIMEOUT, an
     FAIL("no throw");
   } catch (const ConfigError& e) {
     CHECK(has(e.what(), "env DTRAIN_STEP_TIMEOUT=soon: fault_tolerance.step_timeout"));
+  }
+}
+
+TEST_CASE("training.cuda_graph: on by default, DTRAIN_CUDA_GRAPH, --set") {
+  clear_env();
+  CHECK(load({}).training.cuda_graph);
+  {
+    ScopedEnv a("DTRAIN_CUDA_GRAPH", "false");
+    CHECK_FALSE(load({}).training.cuda_graph);                        // env beats the default
+    CHECK(load({"training.cuda_graph=true"}).training.cuda_graph);   // --set beats env
+  }
+  CHECK_FALSE(load({"training.cuda_graph=false"}).training.cuda_graph);
+  ScopedEnv b("DTRAIN_CUDA_GRAPH", "sometimes");
+  try {
+    load({});
+    FAIL("no throw");
+  } catch (const ConfigError& e) {
+    CHECK(has(e.what(), "env DTRAIN_CUDA_GRAPH=sometimes: training.cuda_graph"));
   }
 }

@@ -50,6 +50,11 @@ bool stream_valid(cudaStream_t s);
 // runs every queued op eventually, and a peer may be waiting for this one). Returns
 // cudaErrorInvalidResourceHandle for a bad stream, or the device's sticky error.
 cudaError_t enqueue(cudaStream_t s, const char* what, std::function<void()> fn, bool eager = false);
+// As enqueue, for work whose every run must be set up anew when it is issued (an NCCL
+// collective takes its sequence number): make() runs now on a stream that does not
+// capture, and at every cudaGraphLaunch (in node order) when the work was captured.
+cudaError_t enqueue_replayable(cudaStream_t s, const char* what, std::function<std::function<void()>()> make,
+                               bool eager = false);
 
 // Records an error found while executing device work: every later API call on the
 // device returns it (as a real CUDA context's sticky errors), and `detail` is printed

@@ -577,20 +577,24 @@ ncclResult_t coll_submit(const char* name, ncclComm_t comm, Coll k, cudaStream_t
                                                      : k.send == k.recv;
     k.snapshot = !in_place;
   }
-  auto ticket = std::make_shared<Ticket>();
-  ticket->c = c;
-  {
-    std::lock_guard<std::mutex> lock(c->mu);
-    k.seq = c->next_seq++;
-    ++c->pending;
-  }
-  const cudaError_t e = cuda_emu::enqueue(
-      stream, name,
-      [ticket, k] {
-        coll_run(*ticket->c, k);
-        ticket->finish();
-      },
-      /*eager=*/true);
+  // Each run is a collective of its own: its sequence number is taken when it is issued
+  // (now, or at every launch of a graph that captured it).
+  auto issue = [c, k]() mutable -> std::function<void()> {
+    auto ticket = std::make_shared<Ticket>();
+    ticket->c = c;
+    {
+      std::lock_guard<std::mutex> lock(c->mu);
+      k.seq = c->next_seq++;
+      ++c->pending;
+    }
+    return [ticket, k] {
+      coll_run(*ticket->c, k);
+      ticket->finish();
+    };
+  };
+  const cudaError_t e = cuda_emu::enqueue_replayable(stream, name, issue, /*eager=*/true);
+  if (e == cudaErrorStreamCaptureInvalidated || e == cudaErrorStreamCaptureImplicit)
+    return fail(ncclInvalidUsage, where + ": " + cudaGetErrorString(e));  // nothing issued, no number spent
   if (e != cudaSuccess) {
     // The sequence number is spent: peers would wait for this collective forever.
     std::lock_guard<std::mutex> lock(c->mu);

@@ -7,6 +7,7 @@
 // missing synchronisation shows as a wrong result in a test instead of on a user's GPU.
 #include "engine.h"
 #include "memory_internal.h"
+#include "runtime_internal.h"
 
 #include <cuda_emu_trace.h>
 
@@ -24,85 +25,13 @@
 #include <unordered_map>
 #include <vector>
 
-struct CUstream_st {};
-struct CUevent_st {};
-struct CUmemPoolHandle_st {};
-
 namespace cuda_emu {
 
-namespace {
-
-using Clock = std::chrono::steady_clock;
+namespace rt {
 
 constexpr size_t TOTAL_MEM = 80ull << 30;  // an H100 SXM's 80 GB
 constexpr int SMEM_DEFAULT = 48 * 1024;
 constexpr int SMEM_OPTIN = 227 * 1024;
-
-struct Stream;
-
-struct Op {
-  uint64_t id = 0;
-  std::string what;
-  std::function<void()> fn;
-  std::vector<std::shared_ptr<Op>> deps;
-  int device = 0;
-  bool demanded = false;
-  bool done = false;
-  Clock::time_point finished{};
-};
-using OpPtr = std::shared_ptr<Op>;
-
-struct Stream : CUstream_st {
-  int device = 0;
-  bool blocking = true;  // synchronises with the legacy default stream
-  bool legacy = false;
-  OpPtr last;
-};
-
-struct Event : CUevent_st {
-  int device = 0;
-  bool timing = true;
-  OpPtr op;  // the latest record; null: never recorded (complete)
-};
-
-// A device's default memory pool, which serves cudaMallocAsync: `used` is what it has
-// handed out and not yet had back, `reserved` what it holds from the OS (used plus freed
-// memory kept for reuse). A stream, event or device synchronisation releases what is
-// reserved beyond max(used, release threshold), as the driver does.
-struct Pool : CUmemPoolHandle_st {
-  uint64_t release_threshold = 0;
-  int reuse[3] = {1, 1, 1};  // FollowEventDependencies, AllowOpportunistic, AllowInternalDependencies
-  uint64_t used = 0, used_high = 0, reserved = 0, reserved_high = 0;
-};
-
-struct Device {
-  std::shared_ptr<Stream> legacy;
-  Pool pool;
-  std::vector<OpPtr> pending;  // not yet run
-  std::thread executor;
-  std::condition_variable cv;
-  std::mt19937_64 rng;
-  cudaError_t sticky = cudaSuccess;
-  std::unordered_map<const void*, int> smem_attr;
-};
-
-struct State {
-  std::mutex mu;                 // everything below and every Op's flags
-  std::condition_variable done_cv;
-  std::vector<std::unique_ptr<Device>> devices;
-  std::map<CUstream_st*, std::shared_ptr<Stream>> streams;
-  std::map<CUevent_st*, std::unique_ptr<Event>> events;
-  uint64_t next_id = 1;
-  bool stop = false;
-  bool fifo = false;  // CUDA_EMU_SCHEDULE=fifo: run everything at once in issue order
-  int physical = 8;   // devices of the emulated machine (CUDA_EMU_DEVICE_COUNT)
-  std::vector<int> visible;  // after CUDA_VISIBLE_DEVICES
-  std::string detail;        // last reported engine error
-  std::unordered_map<const void*, size_t> pool_allocs;  // live cudaMallocAsync allocations -> bytes
-  ~State();
-};
-
-State& st();
 
 thread_local int t_device = 0;
 thread_local cudaError_t t_last = cudaSuccess;
@@ -324,6 +253,11 @@ void report(const std::string& detail) {
   std::fprintf(stderr, "cuda_emu: %s\n", detail.c_str());
 }
 
+void report_locked(const std::string& detail) {
+  st().detail = detail;
+  std::fprintf(stderr, "cuda_emu: %s\n", detail.c_str());
+}
+
 // ----------------------------------------------------------------------------
 // Copies.
 enum class Mem { HOST, PINNED, DEVICE };
@@ -384,13 +318,31 @@ cudaError_t copy_submit(void* dst, size_t dpitch, const void* src, size_t spitch
     return fail(cudaErrorInvalidValue);
   }
   const bool src_pinned = !src_dev && mem_kind(src, 1, nullptr) == Mem::PINNED;
+  const bool dst_pinned = !dst_dev && mem_kind(dst, 1, nullptr) == Mem::PINNED;
   State& g = st();
   std::unique_lock<std::mutex> lock(g.mu);
   auto sp = stream_locked(sync_api ? nullptr : stream);
   if (!sp) return fail(cudaErrorInvalidResourceHandle);
   if (cudaError_t e = sticky_locked(sp->device)) return fail(e);
-  trace_memop(kind, width, height, sp->device);
+  if (sync_api)
+    if (cudaError_t e = capture_unsafe_check_locked()) return fail(e);
+  if (cudaError_t e = capture_gate_locked(sp)) return fail(e);
   Copy2D c{static_cast<char*>(dst), dpitch, static_cast<const char*>(src), spitch, width, height};
+  if (sp->capture) {
+    // Stricter than CUDA: a captured copy may touch host memory only when it is pinned
+    // (pageable memory is read or written at every replay, long after the call).
+    if ((!src_dev && !src_pinned) || (!dst_dev && !dst_pinned)) {
+      capture_invalidate_locked(*sp->capture, cudaErrorStreamCaptureUnsupported);
+      lock.unlock();
+      report("cudaMemcpyAsync during stream capture with pageable host memory (the engine requires pinned "
+             "memory for copies in a graph)");
+      return fail(cudaErrorStreamCaptureUnsupported);
+    }
+    trace_memop(kind, width, height, sp->device);
+    capture_record_locked(*sp, "cudaMemcpyAsync", [c] { c.run(); }, nullptr, false);
+    return cudaSuccess;
+  }
+  trace_memop(kind, width, height, sp->device);
   if (!sync_api) {  // host memory is read/written when the copy runs, pinned or not
     enqueue_locked(sp, "cudaMemcpyAsync", [c] { c.run(); }, false);
     return cudaSuccess;
@@ -437,16 +389,26 @@ cudaError_t memset_submit(void* p, size_t pitch, int value, size_t width, size_t
   auto sp = stream_locked(sync_api ? nullptr : stream);
   if (!sp) return fail(cudaErrorInvalidResourceHandle);
   if (cudaError_t e = sticky_locked(sp->device)) return fail(e);
+  if (sync_api)
+    if (cudaError_t e = capture_unsafe_check_locked()) return fail(e);
+  if (cudaError_t e = capture_gate_locked(sp)) return fail(e);
   trace_memop(-1, width, height, sp->device);
   char* base = static_cast<char*>(p);
-  auto op = enqueue_locked(sp, "cudaMemset", [=] {
+  auto fn = [=] {
     for (size_t r = 0; r < height; ++r) std::memset(base + r * pitch, value, width);
-  }, false);
+  };
+  if (sp->capture) {
+    capture_record_locked(*sp, "cudaMemsetAsync", fn, nullptr, false);
+    return cudaSuccess;
+  }
+  auto op = enqueue_locked(sp, "cudaMemset", fn, false);
   if (sync_api && a->pinned_host) wait_locked(lock, op);
   return cudaSuccess;
 }
 
-}  // namespace
+}  // namespace rt
+
+using namespace rt;
 
 // ----------------------------------------------------------------------------
 // engine.h
@@ -465,8 +427,26 @@ cudaError_t enqueue(cudaStream_t s, const char* what, std::function<void()> fn, 
   auto sp = stream_locked(s);
   if (!sp) return fail(cudaErrorInvalidResourceHandle);
   if (cudaError_t e = sticky_locked(sp->device)) return fail(e);
-  enqueue_locked(sp, what, std::move(fn), eager);
+  if (cudaError_t e = capture_gate_locked(sp)) return fail(e);
+  if (sp->capture) capture_record_locked(*sp, what, std::move(fn), nullptr, eager);
+  else enqueue_locked(sp, what, std::move(fn), eager);
   return cudaSuccess;
+}
+
+cudaError_t enqueue_replayable(cudaStream_t s, const char* what, std::function<std::function<void()>()> make,
+                               bool eager) {
+  {
+    std::lock_guard<std::mutex> lock(st().mu);
+    auto sp = stream_locked(s);
+    if (!sp) return fail(cudaErrorInvalidResourceHandle);
+    if (cudaError_t e = sticky_locked(sp->device)) return fail(e);
+    if (cudaError_t e = capture_gate_locked(sp)) return fail(e);
+    if (sp->capture) {
+      capture_record_locked(*sp, what, nullptr, std::move(make), eager);
+      return cudaSuccess;
+    }
+  }
+  return enqueue(s, what, make(), eager);
 }
 
 void sticky_error_set(int device, cudaError_t err, const std::string& detail) {
@@ -523,6 +503,11 @@ void launch_submit(const void* func, const LaunchSite& site, dim3 grid, dim3 blo
     fail(e);
     return;
   }
+  if (cudaError_t e = capture_gate_locked(sp)) {
+    lock.unlock();
+    return reject(e, "the stream's capture was invalidated earlier, or the legacy stream was used while a blocking "
+                     "stream captures");
+  }
   Device& d = *g.devices[sp->device];
   int limit = SMEM_DEFAULT;
   if (auto it = d.smem_attr.find(func); it != d.smem_attr.end()) limit = std::max(limit, it->second);
@@ -558,7 +543,9 @@ void launch_submit(const void* func, const LaunchSite& site, dim3 grid, dim3 blo
   k.body = std::move(body);
   k.device = sp->device;
   lock.lock();
-  enqueue_locked(sp, "kernel", [k = std::move(k)] {
+  sp = stream_locked(stream);
+  if (!sp) return reject(cudaErrorInvalidResourceHandle, "invalid stream");
+  auto run = [k = std::move(k)] {
     std::string detail;
     const cudaError_t e = kernel_run(k, &detail);  // restores any guard page it opened
     if (e != cudaSuccess) {
@@ -569,7 +556,9 @@ void launch_submit(const void* func, const LaunchSite& site, dim3 grid, dim3 blo
     if (!over.empty())
       sticky_error_set(k.device, cudaErrorIllegalAddress,
                        "kernel " + k.name + " (launched at " + k.file + ":" + std::to_string(k.line) + "): " + over);
-  }, false);
+  };
+  if (sp->capture) capture_record_locked(*sp, "kernel", std::move(run), nullptr, false);
+  else enqueue_locked(sp, "kernel", std::move(run), false);
 }
 
 }  // namespace cuda_emu
@@ -588,7 +577,10 @@ const char* cudaGetErrorName(cudaError_t e) {
     NAME(cudaErrorInvalidResourceHandle) NAME(cudaErrorNotReady) NAME(cudaErrorIllegalAddress)
     NAME(cudaErrorLaunchOutOfResources) NAME(cudaErrorAssert) NAME(cudaErrorHardwareStackError)
     NAME(cudaErrorIllegalInstruction) NAME(cudaErrorMisalignedAddress) NAME(cudaErrorLaunchFailure)
-    NAME(cudaErrorNotSupported) NAME(cudaErrorStreamCaptureUnsupported) NAME(cudaErrorUnknown)
+    NAME(cudaErrorNotSupported) NAME(cudaErrorStreamCaptureUnsupported) NAME(cudaErrorIllegalState)
+    NAME(cudaErrorStreamCaptureInvalidated) NAME(cudaErrorStreamCaptureMerge) NAME(cudaErrorStreamCaptureUnmatched)
+    NAME(cudaErrorStreamCaptureUnjoined) NAME(cudaErrorStreamCaptureIsolation) NAME(cudaErrorStreamCaptureImplicit)
+    NAME(cudaErrorCapturedEvent) NAME(cudaErrorStreamCaptureWrongThread) NAME(cudaErrorUnknown)
 #undef NAME
   }
   return "cudaErrorUnknown";
@@ -617,6 +609,15 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorLaunchFailure: return "unspecified launch failure";
     case cudaErrorNotSupported: return "operation not supported";
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureMerge: return "operation would result in a merge of separate capture sequences";
+    case cudaErrorStreamCaptureUnmatched: return "capture was not ended in the same stream as it began";
+    case cudaErrorStreamCaptureUnjoined: return "capturing stream has unjoined work";
+    case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
+    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
+    case cudaErrorStreamCaptureWrongThread: return "attempt to terminate a thread-local capture sequence from another thread";
     case cudaErrorUnknown: return "unknown error";
   }
   return "unrecognized error code";
@@ -702,6 +703,7 @@ cudaError_t cudaRuntimeGetVersion(int* v) { return cudaDriverGetVersion(v); }
 cudaError_t cudaDeviceSynchronize() {
   if (cudaError_t e = api_check(t_device)) return fail(e);
   std::unique_lock<std::mutex> lock(st().mu);
+  if (cudaError_t e = capture_sync_check_locked(nullptr, t_device)) return fail(e);
   device_sync_locked(lock, t_device);
   pool_trim_locked(t_device);
   return fail(sticky_locked(t_device));
@@ -729,6 +731,10 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
     *ptr = nullptr;
     return cudaSuccess;
   }
+  {
+    std::lock_guard<std::mutex> lock(st().mu);
+    if (cudaError_t e = capture_unsafe_check_locked()) return fail(e);
+  }
   if (size > TOTAL_MEM - std::min(TOTAL_MEM, mem_used(t_device))) return fail(cudaErrorMemoryAllocation);
   *ptr = mem_alloc(size, t_device, false);
   return *ptr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
@@ -741,6 +747,8 @@ cudaError_t cudaFree(void* ptr) {
   {
     // Freeing waits for the device to finish the work that may still use the memory.
     std::unique_lock<std::mutex> lock(st().mu);
+    if (cudaError_t e = capture_unsafe_check_locked()) return fail(e);
+    if (cudaError_t e = capture_sync_check_locked(nullptr, a->device)) return fail(e);
     device_sync_locked(lock, a->device);
     pool_release_locked(ptr, a->device);
   }
@@ -751,6 +759,10 @@ cudaError_t cudaFree(void* ptr) {
 cudaError_t cudaMallocHost(void** ptr, size_t size) {
   if (!ptr) return fail(cudaErrorInvalidValue);
   if (st().devices.empty()) return fail(cudaErrorNoDevice);
+  {
+    std::lock_guard<std::mutex> lock(st().mu);
+    if (cudaError_t e = capture_unsafe_check_locked()) return fail(e);
+  }
   *ptr = mem_alloc(size, -1, true);
   return *ptr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
 }
@@ -762,6 +774,9 @@ cudaError_t cudaFreeHost(void* ptr) {
   if (!a || !a->pinned_host || a->base != ptr) return fail(cudaErrorInvalidValue);
   {
     std::unique_lock<std::mutex> lock(st().mu);
+    if (cudaError_t e = capture_unsafe_check_locked()) return fail(e);
+    for (int d = 0; d < static_cast<int>(st().devices.size()); ++d)
+      if (cudaError_t e = capture_sync_check_locked(nullptr, d)) return fail(e);
     for (int d = 0; d < static_cast<int>(st().devices.size()); ++d) device_sync_locked(lock, d);
   }
   mem_free(ptr, nullptr, nullptr);
@@ -776,6 +791,13 @@ cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t stream) {
   if (size == 0) {
     *ptr = nullptr;
     return cudaSuccess;
+  }
+  {
+    std::lock_guard<std::mutex> lock(st().mu);
+    auto sp = stream_locked(stream);
+    if (!sp) return fail(cudaErrorInvalidResourceHandle);
+    if (cudaError_t e = capture_gate_locked(sp)) return fail(e);
+    if (sp->capture) return fail(capture_malloc_locked(*sp, ptr, size));
   }
   *ptr = mem_alloc(size, dev, false);
   if (!*ptr) return fail(cudaErrorMemoryAllocation);
@@ -796,6 +818,13 @@ cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
   // Freed when the stream reaches this point; later use faults (quarantine). The memory
   // returns to the pool, which keeps it reserved until a synchronisation trims it.
   const int dev = a->device;
+  {
+    std::lock_guard<std::mutex> lock(st().mu);
+    auto sp = stream_locked(stream);
+    if (!sp) return fail(cudaErrorInvalidResourceHandle);
+    if (cudaError_t e = capture_gate_locked(sp)) return fail(e);
+    if (sp->capture) return fail(capture_free_locked(*sp, ptr));
+  }
   return enqueue(stream, "cudaFreeAsync", [ptr, dev] {
     {
       std::lock_guard<std::mutex> lock(st().mu);
@@ -917,6 +946,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   std::unique_lock<std::mutex> lock(st().mu);
   auto sp = stream_locked(stream);
   if (!sp) return fail(cudaErrorInvalidResourceHandle);
+  if (cudaError_t e = capture_sync_check_locked(sp.get(), -1)) return fail(e);
+  if (cudaError_t e = capture_gate_locked(sp)) return fail(e);
   if (sp->legacy) {
     // The legacy stream's next op waits for every blocking stream: synchronising it
     // means the same as enqueueing a marker there and waiting for it.
@@ -933,6 +964,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   auto sp = stream_locked(stream);
   if (!sp) return fail(cudaErrorInvalidResourceHandle);
   if (cudaError_t e = sticky_locked(sp->device)) return fail(e);
+  if (cudaError_t e = capture_sync_check_locked(sp.get(), -1)) return fail(e);
   if (!sp->last || sp->last->done) return cudaSuccess;
   demand_locked(sp->last);  // the work runs; a later query sees it done
   return cudaErrorNotReady;
@@ -945,6 +977,10 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   auto it = st().events.find(event);
   if (!sp || it == st().events.end()) return fail(cudaErrorInvalidResourceHandle);
   if (cudaError_t e = sticky_locked(sp->device)) return fail(e);
+  bool handled = false;
+  if (cudaError_t e = capture_event_wait_locked(sp, *it->second, &handled)) return fail(e);
+  if (handled) return cudaSuccess;
+  if (cudaError_t e = capture_gate_locked(sp)) return fail(e);
   OpPtr rec = it->second->op;
   auto w = enqueue_locked(sp, "cudaStreamWaitEvent", [] {}, false);
   if (rec && !rec->done) w->deps.push_back(rec);  // captured now: later records do not count
@@ -977,6 +1013,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (!sp || it == st().events.end()) return fail(cudaErrorInvalidResourceHandle);
   if (it->second->device != sp->device) return fail(cudaErrorInvalidResourceHandle);
   if (cudaError_t e = sticky_locked(sp->device)) return fail(e);
+  if (cudaError_t e = capture_gate_locked(sp)) return fail(e);
+  if (capture_event_record_locked(*sp, *it->second)) return cudaSuccess;
   it->second->op = enqueue_locked(sp, "cudaEventRecord", [] {}, false);
   return cudaSuccess;
 }
@@ -985,6 +1023,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   std::unique_lock<std::mutex> lock(st().mu);
   auto it = st().events.find(event);
   if (it == st().events.end()) return fail(cudaErrorInvalidResourceHandle);
+  if (it->second->captured) return fail(cudaErrorCapturedEvent);
   OpPtr op = it->second->op;
   const int dev = it->second->device;
   wait_locked(lock, op);
@@ -996,6 +1035,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   std::lock_guard<std::mutex> lock(st().mu);
   auto it = st().events.find(event);
   if (it == st().events.end()) return fail(cudaErrorInvalidResourceHandle);
+  if (it->second->captured) return fail(cudaErrorCapturedEvent);
   OpPtr op = it->second->op;
   if (!op || op->done) return cudaSuccess;
   demand_locked(op);

@@ -55,4 +55,10 @@ void trace_collective(const char* op, size_t count, int type, int rank, int devi
     g_trace().collectives.push_back(TraceCollective{op, count, type, rank, device});
 }
 
+void trace_graph_launch(size_t nodes, int device) {
+  if (!g_on.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_on.load(std::memory_order_relaxed)) g_trace().graph_launches.push_back(TraceGraphLaunch{nodes, device});
+}
+
 }  // namespace cuda_emu

@@ -1,7 +1,8 @@
 // CUDA execution engine (test-only): a trace of the device work a process issues, for
 // tests that hold a model of that work (lib/device's PlanDevice) to what the CUDA code
 // really does. Recorded at submission, on the issuing host thread, in issue order per
-// list: kernel launches, cuBLASLt matmuls, memsets and memcpys, NCCL collectives.
+// list: kernel launches, cuBLASLt matmuls, memsets and memcpys, NCCL collectives, graph
+// launches. Work recorded by a stream capture is traced when it is captured, not replayed.
 // Calls the engine rejects, and no-ops (zero sizes), are not recorded.
 #pragma once
 
@@ -48,11 +49,17 @@ struct TraceCollective {
   int rank = 0, device = 0;
 };
 
+struct TraceGraphLaunch {
+  size_t nodes = 0;  // the graph's recorded operations
+  int device = 0;
+};
+
 struct Trace {
   std::vector<TraceKernel> kernels;
   std::vector<TraceMatmul> matmuls;
   std::vector<TraceMemop> memops;
   std::vector<TraceCollective> collectives;
+  std::vector<TraceGraphLaunch> graph_launches;  // cudaGraphLaunch calls (their nodes were traced at capture)
 };
 
 /// Starts recording (clearing what an earlier trace left).
@@ -66,5 +73,6 @@ void trace_kernel(const char* name, dim3 grid, dim3 block, size_t smem, int devi
 void trace_matmul(const TraceMatmul& m);
 void trace_memop(int kind, size_t width, size_t height, int device);
 void trace_collective(const char* op, size_t count, int type, int rank, int device);
+void trace_graph_launch(size_t nodes, int device);
 
 }  // namespace cuda_emu
