@@ -202,6 +202,8 @@ TEST_CASE("a node whose dtrain binary differs: named with both build ids; the la
                                                    "0.1.0 build " +
                              theirs + " differs"));
   CHECK_FALSE(contains(el.out, "round 0 failed"));
+  // The members were just probed with the preflight's checks: no second preflight.
+  CHECK_FALSE(contains(el.out, "node(s) fit (SSH, dtrain build"));
   CHECK(contains(el.out, "round 0: starting 4 rank(s) on 2 node(s)"));
   auto el_off = run(elastic("run-elastic-off"), {{"DTRAIN_PREFLIGHT", "false"}}, 120s);
   INFO(el_off.out);
