@@ -6,6 +6,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "doctor/doctor.h"
+#include "doctor/host_probe_doctor.h"
 #include "doctor/node_probe.h"
 #include "launch/job.h"
 #include "launch/local_spawner.h"
@@ -56,6 +57,12 @@ void preflight_install(launch::SupervisorOptions& opts, const launch::Job& job) 
                rep.nodes.size(), rep.seconds);
     return doctor::preflight_verdict(rep);
   };
+  // An elastic job probes its hosts with the same checks (before every round, and the
+  // hosts left out while a round runs): a host failing them is left out, not retried.
+  opts.probe_factory = [spawner = opts.spawner](const launch::Job& job) {
+    return doctor::host_probe_doctor(job, spawner);
+  };
+  opts.probe_is_preflight = true;
 }
 
 }  // namespace dtrain::cli

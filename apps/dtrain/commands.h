@@ -79,7 +79,8 @@ int train_rank(launch::RankContext& ctx, rendezvous::Heartbeat& hb, config::Trai
 constexpr int kExitUnhealthy = 10;  // beside core/error.h's Exit codes: a doctor check failed
 int run_doctor(const JobOptions& opts, bool json, bool network);
 int run_doctor_node(const std::vector<std::string>& argv);
-// Sets opts.preflight to the doctor's quick check over opts.spawner when
+// Sets opts.preflight to the doctor's quick check over opts.spawner, and an elastic
+// job's host probe (opts.probe_factory) to the same checks, when
 // job.cfg.doctor.preflight is on (DTRAIN_PREFLIGHT=0 turns it off).
 void preflight_install(launch::SupervisorOptions& opts, const launch::Job& job);
 

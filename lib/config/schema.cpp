@@ -256,7 +256,8 @@ const std::vector<KeySpec>& build_schema() {
       {"elastic.max_node_failures", KeyType::INT, F(elastic.max_node_failures),
        "consecutive failed rounds blamed on one node before an elastic job leaves it out", {}, 1},
       {"elastic.probe_interval", KeyType::FLOAT, F(elastic.probe_interval),
-       "seconds between probes (SSH reachable, same dtrain version) of the nodes left out while a round runs; "
+       "seconds between probes (the doctor's preflight checks; SSH and dtrain --version when doctor.preflight is "
+       "off) of the nodes left out while a round runs; "
        "one that passes rejoins at the next checkpoint",
        {}, 0, {}, true},
       {"elastic.probe_timeout", KeyType::FLOAT, F(elastic.probe_timeout),

@@ -1,7 +1,7 @@
 // Probing a host before it takes part in a round of an elastic job: the interface the
-// membership code asks ("may this host run ranks now?"), and its cheap implementation
-// over the launcher's own spawners (SSH reachable with the job's options, and the dtrain
-// there answering --version with this build's version). A fuller preflight can take its place.
+// membership code asks ("may this host run ranks now?") and its cheap implementation (SSH
+// with the job's options, `dtrain --version` printing this build's version). The CLI uses
+// lib/doctor/host_probe_doctor.h (the preflight's checks) when doctor.preflight is on.
 #pragma once
 
 #include "config/hostfile.h"

@@ -710,7 +710,9 @@ int supervise(Job& job, const SupervisorOptions& opts) {
       files.event({{"time_ms", unix_ms()}, {"event", "round_start"}, {"round", round},
                    {"world_size", job.plan.world_size}});
       auto t0 = Clock::now();
-      if (opts.preflight) {
+      // An elastic job whose probe is the preflight ran it on every host just now
+      // (elastic_plan_round): the members passed it, the hosts that failed are left out.
+      if (opts.preflight && !(members.elastic() && opts.probe_is_preflight)) {
         PreflightVerdict v = opts.preflight(job);
         if (!v.why.empty())
           f = {std::max(v.node, 0), "preflight: " + v.why, static_cast<int>(Exit::LAUNCH), Failure::Kind::PREFLIGHT};

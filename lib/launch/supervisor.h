@@ -46,12 +46,19 @@ struct SupervisorOptions {
   /// loaded the config and the checkpoint, or a progress line), or when a round succeeds.
   std::function<void()> on_started;
   /// Elastic jobs (elastic.min_nodes > 0): the probe a host must pass to run in a round
-  /// and to rejoin. Empty = host_probe_version (SSH reachable, same dtrain version).
+  /// and to rejoin. Empty = host_probe_version (SSH reachable, same dtrain version); the
+  /// CLI sets lib/doctor's preflight probe when doctor.preflight is on.
   std::function<std::unique_ptr<HostProbe>(const Job&)> probe_factory;
   /// Run before every round when set (the CLI sets lib/doctor's quick preflight when
   /// doctor.preflight is on): a verdict with a reason fails the round before any node
   /// starts, as a launch failure that the retry loop counts like any other.
   std::function<PreflightVerdict(const Job&)> preflight;
+  /// probe_factory's probe runs the preflight's checks (the CLI's doctor-backed probe):
+  /// an elastic job then does not run `preflight` before a round. Every host was just
+  /// probed with those checks, a member failing them is left out of the round (while
+  /// elastic.min_nodes remain) instead of failing it, round after round, until
+  /// max_retries. Non-elastic jobs run `preflight` as always.
+  bool probe_is_preflight = false;
 };
 
 /// Runs the job to completion (all rounds). Returns the process exit code: 0, the

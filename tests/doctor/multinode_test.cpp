@@ -181,6 +181,35 @@ TEST_CASE("a node whose dtrain binary differs: named with both build ids; the la
   INFO(off.out);
   CHECK(off.rc == 0);
   CHECK_FALSE(contains(off.out, "preflight: "));
+
+  // An elastic job (--nnodes 2:3) probes every host with the same checks before a round:
+  // node 1 is left out, named with the build check, and the bench runs on the other two
+  // without a failed round. With the preflight off the probe is `dtrain --version`,
+  // which the variant passes: all three nodes run.
+  auto elastic = [&](const std::string& out_dir) {
+    std::vector<std::string> argv = bench;
+    for (size_t i = 0; i + 1 < argv.size(); ++i)
+      if (argv[i] == "--output-dir") argv[i + 1] = e->cluster.dir() + "/" + out_dir;
+    argv.push_back("--nnodes");
+    argv.push_back("2:3");
+    return argv;
+  };
+  const std::string dest1 = "root@" + e->cluster.addr(1);
+  auto el = run(elastic("run-elastic"), {}, 120s);
+  INFO(el.out);
+  CHECK(el.rc == 0);
+  CHECK(contains(el.out, "membership: " + dest1 + " is left out of round 0: failed the probe: preflight build: dtrain "
+                                                   "0.1.0 build " +
+                             theirs + " differs"));
+  CHECK_FALSE(contains(el.out, "round 0 failed"));
+  // The members were just probed with the preflight's checks: no second preflight.
+  CHECK_FALSE(contains(el.out, "node(s) fit (SSH, dtrain build"));
+  CHECK(contains(el.out, "round 0: starting 4 rank(s) on 2 node(s)"));
+  auto el_off = run(elastic("run-elastic-off"), {{"DTRAIN_PREFLIGHT", "false"}}, 120s);
+  INFO(el_off.out);
+  CHECK(el_off.rc == 0);
+  CHECK_FALSE(contains(el_off.out, "is left out of round"));
+  CHECK(contains(el_off.out, "round 0: starting 6 rank(s) on 3 node(s)"));
 }
 
 TEST_CASE("a run directory one node cannot see: that node named, the others fine") {
