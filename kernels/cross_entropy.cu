@@ -5,6 +5,7 @@
 #include "kernels/cross_entropy.cuh"
 
 #include "kernels/common.cuh"
+#include "ops/step_scale.h"
 
 namespace dtrain::kernels {
 
@@ -38,7 +39,9 @@ __device__ __forceinline__ void row_visit(const T* row, int V, F&& f) {
 template <typename T>
 __global__ void __launch_bounds__(CE_THREADS) cross_entropy_kernel(float* __restrict__ losses, T* dlogits, const T* logits,
                                                                    const int32_t* __restrict__ targets, int V, int ld,
-                                                                   float scale, int32_t ignore_index) {
+                                                                   float scale, const float* __restrict__ count,
+                                                                   int32_t ignore_index) {
+  if (count != nullptr) scale = ops::ce_backward_scale(scale, *count);
   const int n = blockIdx.x;
   const T* x = logits + static_cast<size_t>(n) * ld;
   T* d = dlogits ? dlogits + static_cast<size_t>(n) * ld : nullptr;
@@ -107,7 +110,7 @@ __global__ void loss_mean_kernel(float* __restrict__ mean, const float* __restri
 
 void cross_entropy_forward_backward(float* losses, float* mean, void* dlogits, const void* logits, const int32_t* targets,
                                     int N, int V, int ld, float scale, int32_t ignore_index, DType dtype,
-                                    cudaStream_t stream) {
+                                    cudaStream_t stream, const float* count) {
   DTK_REQUIRE(V > 0, UsageError, "cross-entropy needs a non-empty vocabulary");
   DTK_REQUIRE(ld >= V, UsageError, "cross-entropy: the logits' row pitch is below the vocabulary");
   if (N <= 0) {
@@ -121,7 +124,7 @@ void cross_entropy_forward_backward(float* losses, float* mean, void* dlogits, c
     using T = typename decltype(tag)::type;
     DTK_LAUNCH(N, CE_THREADS, 0, stream, cross_entropy_kernel<T>)(row_losses, static_cast<T*>(dlogits),
                                                            static_cast<const T*>(logits), targets, V, ld, scale,
-                                                           ignore_index);
+                                                           count, ignore_index);
     DT_CUDA_LAUNCH_CHECK();
   });
   if (mean) {
@@ -136,9 +139,9 @@ void cross_entropy_forward(float* losses, float* mean, const void* logits, const
 }
 
 void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V, int ld,
-                            float scale, int32_t ignore_index, DType dtype, cudaStream_t stream) {
+                            float scale, int32_t ignore_index, DType dtype, cudaStream_t stream, const float* count) {
   cross_entropy_forward_backward(nullptr, nullptr, dlogits, logits, targets, N, V, ld, scale, ignore_index, dtype,
-                                 stream);
+                                 stream, count);
 }
 
 }  // namespace dtrain::kernels

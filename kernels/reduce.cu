@@ -69,7 +69,19 @@ __global__ void step_scale_kernel(float* __restrict__ scale, double* __restrict_
   *sq = total;
   ops::step_scale(scale, total, loss_scale, max_norm);
 }
+
+__global__ void loss_sum_kernel(double* __restrict__ sum, float* __restrict__ sum_f32, const float* __restrict__ means,
+                                const float* __restrict__ counts, int n) {
+  const double s = ops::step_loss_sum(means, counts, n);
+  *sum = s;
+  *sum_f32 = static_cast<float>(s);
+}
 }  // namespace
+
+void loss_sum(double* sum, float* sum_f32, const float* means, const float* counts, int n, cudaStream_t stream) {
+  DTK_LAUNCH(1, 1, 0, stream, loss_sum_kernel)(sum, sum_f32, means, counts, n);
+  DT_CUDA_LAUNCH_CHECK();
+}
 
 void norm_sq_pack(float* red, const double* sq, cudaStream_t stream) {
   DTK_LAUNCH(1, 1, 0, stream, norm_sq_pack_kernel)(red, sq);

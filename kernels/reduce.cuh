@@ -28,4 +28,7 @@ void norm_sq_pack(float* red, const double* sq, cudaStream_t stream);
 /// ops::step_scale(total, loss_scale, max_norm) (the AdamW gradient scale, skip flag).
 void step_scale(float* scale, double* sq, const float* red, float loss_scale, float max_norm, cudaStream_t stream);
 
+/// *sum = ops::step_loss_sum(means, counts, n), *sum_f32 = (float)*sum; one thread.
+void loss_sum(double* sum, float* sum_f32, const float* means, const float* counts, int n, cudaStream_t stream);
+
 }  // namespace dtrain::kernels

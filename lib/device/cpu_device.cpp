@@ -291,8 +291,9 @@ class CpuDevice final : public Device {
     if (mean) *mean = m;
   }
   void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V, int ld,
-                              float scale, DType t) override {
+                              float factor, const float* count, DType t) override {
     ops::OpScope scope(ops::OpClass::CROSS_ENTROPY);
+    const float scale = ops::ce_backward_scale(factor, *count);
     f32(t);
     const bool cached = t_ce.logits == logits && t_ce.N == N && t_ce.V == V && t_ce.ld == ld;
     t_ce.logits = nullptr;  // the backward overwrites the logits when dlogits aliases them
@@ -318,6 +319,10 @@ class CpuDevice final : public Device {
     *acc += ops::grad_norm_sq(g, n);
   }
   void norm_sq_pack(float* red, const double* sq) override { ops::norm_sq_pack(red, *sq); }
+  void loss_sum(double* sum, float* sum_f32, const float* means, const float* counts, int n) override {
+    *sum = ops::step_loss_sum(means, counts, n);
+    *sum_f32 = static_cast<float>(*sum);
+  }
   void step_scale(float* scale, double* sq, const float* red, float loss_scale, float max_norm) override {
     ops::OpScope scope(ops::OpClass::OPTIMIZER);
     *sq = red != nullptr ? ops::norm_sq_unpack(red) : *sq;

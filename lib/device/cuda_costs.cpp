@@ -366,7 +366,8 @@ void PlanDevice::cross_entropy_forward(float* losses, float* mean, const void*, 
                                        DType t) {
   cross_entropy("cross_entropy_forward", losses != nullptr, mean != nullptr, false, N, V, t);
 }
-void PlanDevice::cross_entropy_backward(void*, const void*, const int32_t*, int N, int V, int, float, DType t) {
+void PlanDevice::cross_entropy_backward(void*, const void*, const int32_t*, int N, int V, int, float, const float*,
+                                        DType t) {
   cross_entropy("cross_entropy_backward", false, false, true, N, V, t);
 }
 
@@ -400,6 +401,9 @@ void PlanDevice::norm_sq_pack(float*, const double*) {
 }
 void PlanDevice::step_scale(float*, double*, const float* red, float, float) {
   kernel("step_scale", "step_scale_kernel", PlanUnit::CUDA_CORE, 8.0, (red ? 12.0 : 8.0) + 8.0 + 8.0);
+}
+void PlanDevice::loss_sum(double*, float*, const float*, const float*, int n) {
+  kernel("loss_sum", "loss_sum_kernel", PlanUnit::CUDA_CORE, 2.0 * n, 8.0 * n + 12.0);
 }
 
 void PlanDevice::add(float*, const float*, size_t n) {

@@ -282,9 +282,9 @@ class CudaDevice final : public Device {
     kernels::cross_entropy_forward(losses, mean, logits, targets, N, V, ld, IGNORE_INDEX, t, s_);
   }
   void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V, int ld,
-                              float scale, DType t) override {
+                              float factor, const float* count, DType t) override {
     cur();
-    kernels::cross_entropy_backward(dlogits, logits, targets, N, V, ld, scale, IGNORE_INDEX, t, s_);
+    kernels::cross_entropy_backward(dlogits, logits, targets, N, V, ld, factor, IGNORE_INDEX, t, s_, count);
   }
 
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig& cfg, float lr,
@@ -310,6 +310,10 @@ class CudaDevice final : public Device {
   void step_scale(float* scale, double* sq, const float* red, float loss_scale, float max_norm) override {
     cur();
     kernels::step_scale(scale, sq, red, loss_scale, max_norm, s_);
+  }
+  void loss_sum(double* sum, float* sum_f32, const float* means, const float* counts, int n) override {
+    cur();
+    kernels::loss_sum(sum, sum_f32, means, counts, n, s_);
   }
   void add(float* dst, const float* src, size_t n) override {
     cur();

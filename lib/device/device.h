@@ -152,9 +152,11 @@ class Device {
   virtual void cross_entropy_forward(float* losses, float* mean, const void* logits, const int32_t* targets, int N,
                                      int V, int ld, DType t) = 0;
   /// WRITES dlogits (may alias logits; rows ld apart, V columns) = (softmax - onehot) *
-  /// scale, 0 where masked.
+  /// ops::ce_backward_scale(factor, *count), 0 where masked. count is one fp32 device
+  /// value (the unmasked targets the loss averages over), read by the op on the device:
+  /// a recorded step does not bake it in.
   virtual void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V, int ld,
-                                      float scale, DType t) = 0;
+                                      float factor, const float* count, DType t) = 0;
 
   // ---- Optimizer and buffer arithmetic (fp32 masters, gradients and moments)
   /// ops::adamw_step on n elements with the gradient scale scale[0], unless scale[1] != 0
@@ -175,6 +177,9 @@ class Device {
   /// With total = red ? ops::norm_sq_unpack(red) : *sq: *sq = total, scale[0..1] =
   /// ops::step_scale(total, loss_scale, max_norm) (AdamW's gradient scale, skip flag).
   virtual void step_scale(float* scale, double* sq, const float* red, float loss_scale, float max_norm) = 0;
+  /// *sum = ops::step_loss_sum(means, counts, n) (n micro-batches' mean losses and
+  /// unmasked-target counts, fp32 device values) and *sum_f32 = (float)*sum.
+  virtual void loss_sum(double* sum, float* sum_f32, const float* means, const float* counts, int n) = 0;
   /// dst[i] += src[i].
   virtual void add(float* dst, const float* src, size_t n) = 0;
   /// dst = src converted from st to dt (round to nearest even); in place only when the

@@ -141,13 +141,14 @@ class PlanDevice final : public Device {
   void cross_entropy_forward(float* losses, float* mean, const void* logits, const int32_t* targets, int N, int V,
                              int ld, DType t) override;
   void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V, int ld,
-                              float scale, DType t) override;
+                              float factor, const float* count, DType t) override;
 
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig& cfg, float lr,
              int64_t step, bool decay, const float* scale, void* copy, DType copy_t) override;
   void norm_sq_accumulate(double* acc, const float* g, size_t n) override;
   void norm_sq_pack(float* red, const double* sq) override;
   void step_scale(float* scale, double* sq, const float* red, float loss_scale, float max_norm) override;
+  void loss_sum(double* sum, float* sum_f32, const float* means, const float* counts, int n) override;
   void add(float* dst, const float* src, size_t n) override;
   void cast(void* dst, DType dt, const void* src, DType st, size_t n) override;
   void round_to(float* p, size_t n, DType t) override;

@@ -84,6 +84,7 @@ struct Model::LayerActs {
 struct Model::Scratch {
   void *qkv = nullptr, *attproj = nullptr, *mlp = nullptr, *lnf = nullptr, *logits = nullptr;
   float *lnf_mean = nullptr, *lnf_rstd = nullptr, *losses = nullptr, *loss_mean = nullptr;
+  float* num_targets = nullptr;  // the last inputs' unmasked-target count (backward's default)
   int32_t *tokens = nullptr, *targets = nullptr;
   void *dres = nullptr, *dln = nullptr, *dqkv = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
   void *datty = nullptr, *dfc = nullptr, *dup = nullptr, *dact = nullptr, *dh = nullptr, *dxd = nullptr;
@@ -454,6 +455,7 @@ void Model::allocate(int B, int T) {
     s.logits = act(N * static_cast<size_t>(logits_ld_));
     s.losses = c.of<float>(N);
     s.loss_mean = c.of<float>(1);
+    s.num_targets = c.of<float>(1);
     s.tokens = c.of<int32_t>(N);
     s.targets = c.of<int32_t>(N);
     s.dres = act(N * C);
@@ -685,6 +687,8 @@ void Model::inputs_set(const int32_t* tokens, const int32_t* targets, int B, int
   dev_->copy_h2d(s.targets, targets, static_cast<size_t>(N) * sizeof(int32_t));
   num_targets_ = 0;
   for (int i = 0; i < N; ++i) num_targets_ += targets[i] != IGNORE_INDEX;
+  const float count = static_cast<float>(num_targets_);
+  dev_->copy_h2d(s.num_targets, &count, sizeof count);
 }
 
 float Model::forward_issue(float* loss_out) {
@@ -731,7 +735,7 @@ float Model::forward_issue(float* loss_out) {
   return loss;
 }
 
-void Model::backward(float grad_scale) {
+void Model::backward(float grad_scale, const float* count) {
   DT_ENFORCE(have_targets_, UsageError, "Model::backward() needs a forward() with targets since the last backward()");
   have_targets_ = false;
   const bool gpt2 = cfg_.arch == ModelConfig::Arch::GPT2;
@@ -745,9 +749,9 @@ void Model::backward(float grad_scale) {
   const bool base_grads = grads_released_ && !lora_on();  // hooks must supply the base gradients
   buffer_enforce_present(head, true, base_grads);
   if (cfg_.tie_embeddings) buffer_enforce_present(emb, true, base_grads);
-  const float scale = num_targets_ > 0 ? grad_scale / static_cast<float>(num_targets_) : 0.0f;
-  // dlogits over the logits
-  dev_->cross_entropy_backward(s.logits, s.logits, s.targets, N, V, logits_ld_, scale, dtype_);
+  // dlogits over the logits, scaled by grad_scale / count (read on the device)
+  dev_->cross_entropy_backward(s.logits, s.logits, s.targets, N, V, logits_ld_, grad_scale,
+                               count != nullptr ? count : s.num_targets, dtype_);
   const size_t lm = head.layout.tensors.size() - 1;
   const void* wlm = cfg_.tie_embeddings ? emb.data : param_at(head, lm);
   float* dwlm = cfg_.tie_embeddings ? emb.grad : grad_at(head, lm);

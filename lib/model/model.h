@@ -85,7 +85,11 @@ class Model {
   /// Accumulates (+=) d(grad_scale * mean loss)/d(params) into the gradient buffers (the
   /// adapters' only, under LoRA). grad_scale carries the loss scale / accumulation factor.
   /// Needs a forward() with targets since the last backward. Overwrites logits().
-  void backward(float grad_scale = 1.0f);
+  /// With count (one fp32 value in device memory, read on the device when the backward
+  /// runs) the loss is the sum over this forward's targets divided by *count instead of
+  /// their mean: the trainer passes the step's target count summed over micro-batches and
+  /// ranks, so a recorded step does not bake the per-step scale in.
+  void backward(float grad_scale = 1.0f, const float* count = nullptr);
 
   /// Zeros every trainable gradient buffer.
   void zero_grad();

@@ -49,6 +49,22 @@ DT_HOST_DEVICE inline void step_scale(float* out, double sq, float loss_scale, f
   out[1] = step_finite(sq) ? 0.0f : 1.0f;
 }
 
+/// The cross-entropy backward's per-target gradient scale: factor / count, count being the
+/// unmasked targets the loss is averaged over (the step's global count: the trainer keeps
+/// it in device memory, summed over the ranks there), 0 when there are none.
+DT_HOST_DEVICE inline float ce_backward_scale(float factor, float count) {
+  return count > 0.0f ? factor / count : 0.0f;
+}
+
+/// A step's loss sum over its unmasked targets: each micro-batch's mean loss times its
+/// unmasked-target count, summed in double (a micro-batch without targets adds nothing).
+DT_HOST_DEVICE inline double step_loss_sum(const float* means, const float* counts, int n) {
+  double sum = 0.0;
+  for (int a = 0; a < n; ++a)
+    if (counts[a] > 0.0f) sum += static_cast<double>(means[a]) * static_cast<double>(counts[a]);
+  return sum;
+}
+
 /// AdamW's per-step values that depend on the scheduled lr and the 1-based step, as
 /// float from double: out[0] = 1 - lr * weight_decay (the decay factor of decayed
 /// tensors), out[1] = lr / (1 - beta1^step), out[2] = sqrt(1 - beta2^step). Host only:

@@ -185,10 +185,9 @@ class TrainLoop {
   void env_check() const;
   void resume();
   void metrics_open();
-  double batch_load();                     // returns the step's global unmasked-target count
-  void forward_backward(double n_step, float loss_scale, float lr);  // issues the step; losses to loss slots
-  void step_graphed(double n_step, float loss_scale, float* slot);
-  double loss_sum() const;                                 // this rank's, from the step's read-back
+  void batch_load();                       // the micro-batches and their unmasked-target counts
+  void forward_backward(float loss_scale, float lr);  // issues the step; losses to loss slots
+  void step_graphed(float factor, float loss_scale, float* slot);
   StepOutcome optimizer_step(int64_t step, float lr, float loss_scale);
   void record(int64_t step, double step_loss, float lr, float loss_scale, const StepOutcome& out, bool applied);
   void progress_log(int64_t step, double step_loss, float lr, float loss_scale, const StepOutcome& out, bool applied);
@@ -225,13 +224,10 @@ class TrainLoop {
   std::string config_yaml_;
   std::vector<std::vector<int32_t>> inputs_, targets_;
   std::vector<int64_t> counts_;
-  std::vector<char> ran_;  // the micro-batches forward_backward ran this step
   // CUDA graphs (training.cuda_graph): the step recorded once and replayed while the values
   // it was recorded with (the key) stay the same.
   struct GraphKey {
     bool run = false;          // the micro-batch runs forward/backward
-    float backward_scale = 0;  // Model::backward's grad_scale
-    int num_targets = 0;
     float loss_scale = 1;
     uint64_t buffers = 0;      // Model::buffers_version
     bool operator==(const GraphKey&) const = default;
@@ -375,47 +371,42 @@ void TrainLoop::metrics_open() {
   if (lead_ && env_.print) std::printf("%s", engine_->engine().memory_report().c_str());
 }
 
-// Data first: the step's unmasked-token count (over every rank) fixes every
-// micro-batch's weight.
-double TrainLoop::batch_load() {
-  std::vector<double> count{0.0};
-  {
-    auto s = timer_.scope(Section::DATA);
-    for (int a = 0; a < accum_; ++a) {
-      counts_[static_cast<size_t>(a)] = reader_->next(inputs_[static_cast<size_t>(a)], targets_[static_cast<size_t>(a)]);
-      count[0] += static_cast<double>(counts_[static_cast<size_t>(a)]);
-    }
-  }
-  auto s = timer_.scope(Section::COMM);
-  allreduce_sum(comm_, count);
-  return count[0];
+// Data first: each micro-batch's unmasked-target count. Their sum over the ranks, which
+// scales the cross-entropy backward (every target of the step weighs the same), is
+// taken on the device (ZeroEngine::targets_reduce), not here.
+void TrainLoop::batch_load() {
+  auto s = timer_.scope(Section::DATA);
+  for (int a = 0; a < accum_; ++a)
+    counts_[static_cast<size_t>(a)] = reader_->next(inputs_[static_cast<size_t>(a)], targets_[static_cast<size_t>(a)]);
 }
 
 // Issues the step's forward and backward passes; nothing is read back (each micro-batch's
 // mean loss goes to a loss slot of the engine, read with the gradient norm in the step).
-void TrainLoop::forward_backward(double n_step, float loss_scale, float lr) {
+void TrainLoop::forward_backward(float loss_scale, float lr) {
   model::Model& m = *model_;
   ZeroEngine& engine = engine_->engine();
   float* slots = engine.loss_slots(static_cast<size_t>(accum_));
   engine.step_prepare(lr);  // the step's host values, uploaded while the device is idle
-  ran_.assign(static_cast<size_t>(accum_), 0);
+  engine.step_targets(counts_.data(), counts_.size());
+  // Each micro-batch's backward: loss_scale * W * (its loss sum) / (the step's target
+  // count over every rank, read on the device); W undoes the ranks' gradient average.
+  const float factor = static_cast<float>(W_) * loss_scale;
   if (graph_on_) {
-    step_graphed(n_step, loss_scale, slots);
+    step_graphed(factor, loss_scale, slots);
     return;
   }
   engine.before_step();
+  engine.targets_reduce();
   for (int a = 0; a < accum_; ++a) {
     const int64_t n = counts_[static_cast<size_t>(a)];
     if (n == 0 && !lockstep_) continue;  // nothing to learn from: no forward, no gradient
-    ran_[static_cast<size_t>(a)] = 1;
     {
       auto s = timer_.scope(Section::FORWARD);
       m.forward(inputs_[static_cast<size_t>(a)].data(), targets_[static_cast<size_t>(a)].data(), micro_, T_, slots + a);
     }
     auto s = timer_.scope(Section::BACKWARD);
-    const double weight = n_step > 0 ? static_cast<double>(W_) * static_cast<double>(n) / n_step : 0.0;
     engine_->engine().set_last_micro_batch(a == accum_ - 1);
-    m.backward(static_cast<float>(weight) * loss_scale);  // fp16 gradients are rounded in the engine's hooks
+    m.backward(factor, engine.targets_count());  // fp16 gradients are rounded in the engine's hooks
   }
   auto s = timer_.scope(Section::OPTIMIZER);
   engine.step_issue(loss_scale);
@@ -424,7 +415,7 @@ void TrainLoop::forward_backward(double n_step, float loss_scale, float lr) {
 // One micro-batch per step: its inputs go to the model's fixed buffers first, then the
 // step runs eagerly, is recorded (the second step in a row with the same key) or is
 // replayed (the key of the recording).
-void TrainLoop::step_graphed(double n_step, float loss_scale, float* slot) {
+void TrainLoop::step_graphed(float factor, float loss_scale, float* slot) {
   model::Model& m = *model_;
   ZeroEngine& engine = engine_->engine();
   device::Device& dev = m.device();
@@ -435,18 +426,17 @@ void TrainLoop::step_graphed(double n_step, float loss_scale, float* slot) {
     auto s = timer_.scope(Section::FORWARD);
     if (key.run) m.inputs_set(inputs_[0].data(), targets_[0].data(), micro_, T_);
   }
-  const double weight = n_step > 0 ? static_cast<double>(W_) * static_cast<double>(n) / n_step : 0.0;
-  key.backward_scale = static_cast<float>(weight) * loss_scale;
-  key.num_targets = m.num_targets();
+  // The target counts are in device memory (step_targets): the recording does not
+  // bake the step's backward scale in.
   key.loss_scale = loss_scale;
   key.buffers = m.buffers_version();
-  ran_[0] = key.run ? 1 : 0;
   auto body = [&] {
     engine.before_step();
+    engine.targets_reduce();
     if (key.run) {
       m.forward_issue(slot);
       engine.set_last_micro_batch(true);
-      m.backward(key.backward_scale);
+      m.backward(factor, engine.targets_count());
     }
     engine.step_issue(loss_scale);
   };
@@ -487,15 +477,6 @@ void TrainLoop::step_graphed(double n_step, float loss_scale, float* slot) {
     body();
   }
   last_key_ = key;
-}
-
-double TrainLoop::loss_sum() const {
-  const std::vector<float>& losses = engine_->engine().step_losses();
-  double sum = 0.0;
-  for (int a = 0; a < accum_; ++a)
-    if (ran_[static_cast<size_t>(a)])
-      sum += static_cast<double>(losses[static_cast<size_t>(a)]) * static_cast<double>(counts_[static_cast<size_t>(a)]);
-  return sum;
 }
 
 StepOutcome TrainLoop::optimizer_step(int64_t /*step*/, float lr, float loss_scale) {
@@ -686,21 +667,18 @@ TrainResult TrainLoop::run() {
   timer_.reset();
   if (env_.on_step) env_.on_step(start_step_);
   for (int64_t step = start_step_ + 1; step <= total_steps_; ++step) {
-    const double n_step = batch_load();
+    batch_load();
     const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
     const float lr = sched_->lr(res_.applied_steps);
-    forward_backward(n_step, loss_scale, lr);
-    // The update is issued; the step's one read-back: gradient norm, overflow, losses.
+    forward_backward(loss_scale, lr);
+    // The update is issued; the step's one read-back: gradient norm, overflow, the loss
+    // sum and the target count over every rank.
     const StepOutcome out = optimizer_step(step, lr, loss_scale);
-    std::vector<double> lsum{loss_sum()};
-    {
-      auto s = timer_.scope(Section::COMM);
-      allreduce_sum(comm_, lsum);
-    }
+    const double n_step = engine_->engine().step_target_count();
     // A step whose every target is masked (possible with short packed windows of SFT
     // data) has loss 0 and zero gradients, as Model::forward defines it; AdamW still runs.
     if (n_step == 0 && lead_) log_warn("step {}: every target of the batch is masked (loss 0)", step);
-    const double step_loss = n_step > 0 ? lsum[0] / n_step : 0.0;
+    const double step_loss = n_step > 0 ? engine_->engine().step_loss_sum() / n_step : 0.0;
     DT_ENFORCE(std::isfinite(step_loss), TrainError, "step {}: the loss is {}; lower optimizer.lr", step, step_loss);
     if (out.overflow)
       DT_ENFORCE(scaler_ != nullptr, TrainError,

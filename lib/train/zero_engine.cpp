@@ -439,14 +439,25 @@ void ZeroEngine::step_issue(float loss_scale) {
   dev_->zero(sq, sizeof(double));
   for (auto& s : slots_)
     if (s.trainable && s.owned()) dev_->norm_sq_accumulate(sq, grad_of(s), s.owned());
+  // The step's loss sum (the loss slots' means times step_targets' counts) rides on the
+  // norm's collective as red[3]: no host allreduce for the log.
+  float* const red4 = reinterpret_cast<float*>(stats + offsetof(StepStats, red));
+  const bool loss = targets_set_ && losses_n_ > 0;
+  if (loss)
+    dev_->loss_sum(reinterpret_cast<double*>(stats + offsetof(StepStats, loss)), red4 + 3, counts_dev() + losses_cap_,
+                   counts_dev(), static_cast<int>(losses_n_));
   float* red = nullptr;
   if (opts_.stage >= 1 && comm_ != nullptr) {
     // Each rank holds a shard: sum the (hi, lo, overflow) triples so every rank takes the
     // same decision.
-    red = reinterpret_cast<float*>(stats + offsetof(StepStats, red));
+    red = red4;
     dev_->norm_sq_pack(red, sq);
-    queue_->wait(comm_submit([this, red] { coll_allreduce(red, 3, DType::F32, comm::ReduceOp::SUM); }));
+    const size_t n = loss ? 4 : 3;
+    queue_->wait(comm_submit([this, red, n] { coll_allreduce(red, n, DType::F32, comm::ReduceOp::SUM); }));
     comm_join();  // the scale below reads the sum
+  } else if (loss && comm_ != nullptr) {
+    queue_->wait(comm_submit([this, red4] { coll_allreduce(red4 + 3, 1, DType::F32, comm::ReduceOp::SUM); }));
+    comm_join();
   }
   float* scale = reinterpret_cast<float*>(stats + offsetof(StepStats, scale));
   dev_->step_scale(scale, sq, red, loss_scale, opts_.gradient_clipping);
@@ -478,12 +489,17 @@ bool ZeroEngine::step_finish(float loss_scale) {
   // The step's one read-back (the agreed sum of squares and the losses the model left in
   // the loss slots).
   const char* stats = stats_.as<char>();
-  std::vector<char> host(sizeof(StepStats) + losses_n_ * sizeof(float));
+  const size_t at_losses = sizeof(StepStats) + losses_cap_ * sizeof(float);
+  std::vector<char> host(at_losses + losses_n_ * sizeof(float));
   dev_->copy_d2h(host.data(), stats, host.size());
   StepStats st;
   std::memcpy(&st, host.data(), sizeof st);
   losses_.resize(losses_n_);
-  if (losses_n_) std::memcpy(losses_.data(), host.data() + sizeof(StepStats), losses_n_ * sizeof(float));
+  if (losses_n_) std::memcpy(losses_.data(), host.data() + at_losses, losses_n_ * sizeof(float));
+  // One rank: the double sum as the host summed it; several: the fp32 sum over the ranks.
+  step_loss_ = !targets_set_ || losses_n_ == 0 ? 0.0 : (comm_ != nullptr && world_ > 1 ? st.red[3] : st.loss);
+  step_count_total_ = targets_set_ ? st.count : 0.0;
+  targets_set_ = false;
   last_norm_ = std::sqrt(st.sq) / static_cast<double>(loss_scale);
   if (!std::isfinite(st.sq)) return false;
   ++step_count_;
@@ -492,11 +508,35 @@ bool ZeroEngine::step_finish(float loss_scale) {
 
 float* ZeroEngine::loss_slots(size_t n) {
   if (n > losses_cap_) {
-    stats_ = device::DeviceBuffer(*dev_, sizeof(StepStats) + n * sizeof(float));
+    stats_ = device::DeviceBuffer(*dev_, sizeof(StepStats) + 2 * n * sizeof(float));
     losses_cap_ = n;
   }
   losses_n_ = n;
-  return reinterpret_cast<float*>(stats_.as<char>() + sizeof(StepStats));
+  return counts_dev() + losses_cap_;
+}
+
+void ZeroEngine::step_targets(const int64_t* counts, size_t n) {
+  DT_ENFORCE_EQ(n, losses_n_, UsageError, "ZeroEngine::step_targets needs one count per loss slot (loss_slots first)");
+  static_assert(offsetof(StepStats, count) + sizeof(float) == sizeof(StepStats), "count precedes the counts");
+  // One upload: the total, then each slot's count (exact in fp32 below 2^24).
+  std::vector<float> v(n + 1);
+  double total = 0.0;
+  for (size_t a = 0; a < n; ++a) {
+    v[a + 1] = static_cast<float>(counts[a]);
+    total += static_cast<double>(counts[a]);
+  }
+  v[0] = static_cast<float>(total);
+  dev_->copy_h2d(stats_.as<char>() + offsetof(StepStats, count), v.data(), v.size() * sizeof(float));
+  targets_set_ = true;
+}
+
+// Every rank, each step, before the backward that reads targets_count(): the sum over the
+// ranks on the device communicator, ordered like the norm's reduction.
+void ZeroEngine::targets_reduce() {
+  if (comm_ == nullptr || world_ <= 1) return;
+  float* c = stats_.as<float>() + offsetof(StepStats, count) / sizeof(float);
+  queue_->wait(comm_submit([this, c] { coll_allreduce(c, 1, DType::F32, comm::ReduceOp::SUM); }));
+  comm_join();  // the backward reads the sum
 }
 
 // The model's resident copies of the trainable buffers after an update at stages 1-3:

@@ -171,6 +171,21 @@ class ZeroEngine {
   void step_prepare(float lr);
   void step_issue(float loss_scale);
   bool step_finish(float loss_scale);
+  /// The step's unmasked-target counts, one per loss slot (after loss_slots, before the
+  /// step; an upload like step_prepare's): step_issue then sums the slots' mean loss times
+  /// these counts on the device (and over the ranks), read back with the gradient norm
+  /// as step_loss_sum(); their total, summed over the ranks on the device by
+  /// targets_reduce(), is step_target_count() after step_finish and, in device memory,
+  /// targets_count() for Model::backward (issue targets_reduce first, every rank).
+  void step_targets(const int64_t* counts, size_t n);
+  void targets_reduce();
+  const float* targets_count() const {
+    return reinterpret_cast<const float*>(stats_.as<char>() + offsetof(StepStats, count));
+  }
+  /// The last step's loss sum over its unmasked targets and their count, both over every
+  /// rank (0 when step_targets was not called for it).
+  double step_loss_sum() const { return step_loss_; }
+  double step_target_count() const { return step_count_total_; }
   /// Global L2 norm of the last step's unscaled, unclipped gradient (inf/NaN on overflow).
   double last_grad_norm() const { return last_norm_; }
   /// n fp32 slots in the engine's step buffer (device memory) for the micro-batch losses
@@ -290,13 +305,18 @@ class ZeroEngine {
   bool comm_unjoined_ = false;  // work issued on comm_stream_ since the last comm_join
   std::unique_ptr<device::Device::Event> ev_compute_, ev_comm_;
   // The step's agreement values in device memory, then the loss slots: read back as one.
+  // Device memory: StepStats, then losses_cap_ fp32 micro-batch target counts
+  // (step_targets), then the loss slots.
   struct StepStats {
     double sq;       // the (agreed) gradient sum of squares
-    float red[3];    // its (hi, lo, overflow) triple, summed over the ranks
-    float pad;
+    double loss;     // this rank's loss sum (ops::step_loss_sum of the loss slots)
+    float red[4];    // the (hi, lo, overflow) triple and the fp32 loss sum, summed over the ranks
     float scale[5];  // AdamW's gradient scale, skip flag, then adamw_step_values (step_prepare)
-    float pad2;
+    float count;     // the step's target count: this rank's (step_targets), then all ranks' (targets_reduce)
   };
+  float* counts_dev() { return reinterpret_cast<float*>(stats_.as<char>() + sizeof(StepStats)); }
+  bool targets_set_ = false;  // step_targets ran for the step in flight
+  double step_loss_ = 0.0, step_count_total_ = 0.0;
   float lr_ = 0.0f;  // step_prepare's
   device::DeviceBuffer stats_;
   size_t losses_n_ = 0, losses_cap_ = 0;

@@ -60,7 +60,9 @@ TEST_CASE("the logits head over padded rows on CUDA equals the CPU's packed head
   float mean_ref = 0.0f;
   cpu.linear_forward(logits.data(), lnf.data(), w.data(), nullptr, N, C, V, V, DType::F32);
   cpu.cross_entropy_forward(losses.data(), &mean_ref, logits.data(), tgt.data(), N, V, V, DType::F32);
-  cpu.cross_entropy_backward(logits.data(), logits.data(), tgt.data(), N, V, V, scale, DType::F32);
+  // The backward's scale is factor / count, count read from (device) memory.
+  const float count = 2.0f;
+  cpu.cross_entropy_backward(logits.data(), logits.data(), tgt.data(), N, V, V, 2.0f * scale, &count, DType::F32);
   cpu.linear_backward(dln.data(), dw_ref.data(), nullptr, logits.data(), lnf.data(), w.data(), N, C, V, V, false,
                       DType::F32);
 
@@ -81,12 +83,15 @@ TEST_CASE("the logits head over padded rows on CUDA equals the CPU's packed head
     device::DeviceBuffer d_losses(*dev, N * sizeof(float)), d_mean(*dev, sizeof(float));
     device::DeviceBuffer d_tgt(*dev, N * sizeof(int32_t)), d_dw(*dev, w.size() * sizeof(float));
     dev->copy_h2d(d_tgt.get(), tgt.data(), N * sizeof(int32_t));
+    device::DeviceBuffer d_count(*dev, sizeof(float));
+    dev->copy_h2d(d_count.get(), &count, sizeof(float));
     REQUIRE(cudaMemsetAsync(d_logits.get(), 0xff, d_logits.bytes(), static_cast<cudaStream_t>(dev->stream())) ==
             cudaSuccess);  // NaN in every element, padding included
     dev->linear_forward(d_logits.get(), d_lnf.get(), d_w.get(), nullptr, N, C, V, ld, t);
     dev->cross_entropy_forward(d_losses.as<float>(), d_mean.as<float>(), d_logits.get(), d_tgt.as<int32_t>(), N, V, ld,
                                t);
-    dev->cross_entropy_backward(d_logits.get(), d_logits.get(), d_tgt.as<int32_t>(), N, V, ld, scale, t);
+    dev->cross_entropy_backward(d_logits.get(), d_logits.get(), d_tgt.as<int32_t>(), N, V, ld, 2.0f * scale,
+                                d_count.as<float>(), t);
     dev->linear_backward(d_dln.get(), d_dw.as<float>(), nullptr, d_logits.get(), d_lnf.get(), d_w.get(), N, C, V, ld,
                          false, t);
 

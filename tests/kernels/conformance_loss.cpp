@@ -60,7 +60,12 @@ double ce_case(DType t, int V, int ld, Mode mode, uint64_t seed, bool masked_voc
       break;
     case Mode::SEPARATE:
       cross_entropy_forward(dloss.f32(), dmean.f32(), dlog.ptr(), dt, N, V, ld, ops::IGNORE_INDEX, t, nullptr);
-      cross_entropy_backward(dgrad.ptr(), dlog.ptr(), dt, N, V, ld, scale, ops::IGNORE_INDEX, t, nullptr);
+      {
+        // The scale read on the device: 0.75 / count, count in device memory.
+        DevBuf dcount(Floats{static_cast<float>(count)}, DType::F32);
+        cross_entropy_backward(dgrad.ptr(), dlog.ptr(), dt, N, V, ld, 0.75f, ops::IGNORE_INDEX, t, nullptr,
+                               dcount.f32());
+      }
       e = grad_err(dgrad);
       break;
   }
