@@ -5,6 +5,7 @@
 // a safetensors header, and relative paths in a config resolved against its directory.
 #include "cli_harness.h"
 #include "tiny_job.h"
+#include "skip.h"
 
 #include <nlohmann/json.hpp>
 
@@ -27,7 +28,7 @@ struct Tmp {
 
 std::string bin_or_skip() {
   std::string b = dtrain_bin();
-  if (b.empty()) MESSAGE("bad input tests skipped: $DTRAIN_BIN is not set or not executable");
+  if (b.empty()) ::dtrain::test::skip_test("bad input tests skipped: $DTRAIN_BIN is not set or not executable");
   return b;
 }
 

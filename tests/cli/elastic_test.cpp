@@ -11,6 +11,7 @@
 #include "cli_harness.h"
 #include "run_readers.h"
 #include "tiny_job.h"
+#include "skip.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -50,12 +51,12 @@ struct Env {
 
 Env* env() {
   if (dtrain_bin().empty()) {
-    MESSAGE("elastic tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
+    ::dtrain::test::skip_test("elastic tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
     return nullptr;
   }
   static std::unique_ptr<Env> instance = std::make_unique<Env>();
   if (!instance->cluster.usable()) {
-    MESSAGE("elastic tests skipped: " << instance->cluster.skip_reason());
+    ::dtrain::test::skip_test("elastic tests skipped: " + instance->cluster.skip_reason());
     if (instance->cluster.failed()) FAIL("the test cluster could not be started: " << instance->cluster.skip_reason());
     return nullptr;
   }

@@ -7,6 +7,7 @@
 // `dtrain worker`) is caught by fault_tolerance.step_timeout.
 #include "cli_harness.h"
 #include "tiny_job.h"
+#include "skip.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -100,7 +101,7 @@ pid_t stop_rank_after_checkpoint(Child& launcher, const Job& job, int rank) {
 
 bool have_bin() {
   if (!dtrain_bin().empty()) return true;
-  MESSAGE("hung-rank tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
+  ::dtrain::test::skip_test("hung-rank tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
   return false;
 }
 
@@ -216,7 +217,7 @@ TEST_CASE("over SSH, 2 nodes x 1 rank: a SIGSTOPped rank on the remote node is n
   if (!have_bin()) return;
   Cluster cluster(2, 1);
   if (!cluster.usable()) {
-    MESSAGE("multi-node hung-rank test skipped: " << cluster.skip_reason());
+    ::dtrain::test::skip_test("multi-node hung-rank test skipped: " + cluster.skip_reason());
     if (cluster.failed()) FAIL("the test cluster could not be started: " << cluster.skip_reason());
     return;
   }

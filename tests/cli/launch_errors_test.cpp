@@ -4,6 +4,7 @@
 // port and a bad identity file each end bounded, with exit code 4 and a message naming
 // the host and the file to fix.
 #include "cli_harness.h"
+#include "skip.h"
 
 #include <fmt/format.h>
 
@@ -20,13 +21,13 @@ struct Env {
 
 Env* env() {
   if (dtrain_bin().empty()) {
-    MESSAGE("launch error tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a "
+    ::dtrain::test::skip_test("launch error tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a "
             "full build)");
     return nullptr;
   }
   static std::unique_ptr<Env> instance = std::make_unique<Env>();
   if (!instance->cluster.usable()) {
-    MESSAGE("launch error tests skipped: " << instance->cluster.skip_reason());
+    ::dtrain::test::skip_test("launch error tests skipped: " + instance->cluster.skip_reason());
     if (instance->cluster.failed()) FAIL("the test cluster could not be started: " << instance->cluster.skip_reason());
     return nullptr;
   }

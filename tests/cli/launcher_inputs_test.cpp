@@ -5,6 +5,7 @@
 // run, and SIGHUP/SIGTERM ending a job with a message, a final event and a resumable run.
 #include "cli_harness.h"
 #include "tiny_job.h"
+#include "skip.h"
 
 #include <fmt/format.h>
 
@@ -26,7 +27,7 @@ std::string config_text() { return tiny_cpu_job(1); }
 
 std::string bin_or_skip() {
   std::string bin = dtrain_bin();
-  if (bin.empty()) MESSAGE("skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
+  if (bin.empty()) ::dtrain::test::skip_test("skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
   return bin;
 }
 
@@ -138,7 +139,7 @@ TEST_CASE("IPv6: ::1 in the hostfile and as --master-addr runs a local 2-rank jo
                                     "--hostfile", hf, "--master-addr", "::1", "--master-port", "0", "--output-dir",
                                     dir + "/run"});
     if (argv.empty()) {
-      MESSAGE("skipped: no IPv6 loopback here and no way to make one (needs root, unshare and ip)");
+      ::dtrain::test::skip_test("skipped: no IPv6 loopback here and no way to make one (needs root, unshare and ip)");
       return;
     }
     RunResult r = run(argv, {{"DTRAIN_LOG_LEVEL", "debug"}}, 90s);
@@ -169,7 +170,7 @@ TEST_CASE("IPv6: ::1 in the hostfile and as --master-addr runs a local 2-rank jo
                                     "--hostfile", hf, "--master-addr", "[::1]", "--master-port", "0", "--output-dir",
                                     dir + "/run"});
     if (argv.empty()) {
-      MESSAGE("skipped the run: no IPv6 loopback here and no way to make one");
+      ::dtrain::test::skip_test("skipped the run: no IPv6 loopback here and no way to make one");
       return;
     }
     RunResult r = run(argv, {}, 90s);

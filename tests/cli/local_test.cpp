@@ -1,13 +1,14 @@
 // End-to-end local launch through the real `dtrain` binary (no SSH, no root): 3 ranks on
 // this machine run the allreduce sweep and print the full nccl-tests table.
 #include "cli_harness.h"
+#include "skip.h"
 
 using namespace dtrain::cli_test;
 
 TEST_CASE("local launch: dtrain bench allreduce --nproc-per-node 3 -b 1K -e 64K") {
   std::string bin = dtrain_bin();
   if (bin.empty()) {
-    MESSAGE("local CLI test skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
+    ::dtrain::test::skip_test("local CLI test skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
     return;
   }
   TempDir tmp("dtrain-cli-local");

@@ -6,6 +6,7 @@
 #include "cli_harness.h"
 
 #include "launch/dry_run.h"
+#include "skip.h"
 
 #include <fmt/format.h>
 
@@ -26,13 +27,13 @@ struct Env {
 // when the tests cannot run here.
 Env* env() {
   if (dtrain_bin().empty()) {
-    MESSAGE("multi-node CLI tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a "
+    ::dtrain::test::skip_test("multi-node CLI tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a "
             "full build)");
     return nullptr;
   }
   static std::unique_ptr<Env> instance = std::make_unique<Env>();
   if (!instance->cluster.usable()) {
-    MESSAGE("multi-node CLI tests skipped: " << instance->cluster.skip_reason());
+    ::dtrain::test::skip_test("multi-node CLI tests skipped: " + instance->cluster.skip_reason());
     if (instance->cluster.failed()) FAIL("the test cluster could not be started: " << instance->cluster.skip_reason());
     return nullptr;
   }

@@ -3,6 +3,7 @@
 // --json DIR` and bench sizes no rank can allocate each exit 2 at once, naming the key or
 // flag and the path, before any round starts (so never "round 1 failed ... restarting").
 #include "cli_harness.h"
+#include "skip.h"
 
 #include <fmt/format.h>
 
@@ -22,7 +23,7 @@ struct Tmp {
 
 std::string bin_or_skip() {
   std::string b = dtrain_bin();
-  if (b.empty()) MESSAGE("permanent error tests skipped: $DTRAIN_BIN is not set or not executable");
+  if (b.empty()) ::dtrain::test::skip_test("permanent error tests skipped: $DTRAIN_BIN is not set or not executable");
   return b;
 }
 

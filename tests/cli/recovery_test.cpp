@@ -8,6 +8,7 @@
 #include "cli_harness.h"
 #include "run_readers.h"
 #include "tiny_job.h"
+#include "skip.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -53,7 +54,7 @@ struct Env {
 
 Env* env() {
   if (dtrain_bin().empty()) {
-    MESSAGE("recovery tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
+    ::dtrain::test::skip_test("recovery tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
     return nullptr;
   }
   static std::unique_ptr<Env> instance = [] {
@@ -65,7 +66,7 @@ Env* env() {
     return e;
   }();
   if (!instance->cluster.usable()) {
-    MESSAGE("recovery tests skipped: " << instance->cluster.skip_reason());
+    ::dtrain::test::skip_test("recovery tests skipped: " + instance->cluster.skip_reason());
     if (instance->cluster.failed()) FAIL("the test cluster could not be started: " << instance->cluster.skip_reason());
     return nullptr;
   }

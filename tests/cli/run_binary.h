@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include "skip.h"
 
 namespace dtrain::test {
 
@@ -35,7 +36,7 @@ inline const char* dtrain_bin() {
 // True when $DTRAIN_BIN is set; otherwise says the CLI tests are skipped.
 inline bool have_bin() {
   if (dtrain_bin()) return true;
-  MESSAGE("DTRAIN_BIN not set: skipping CLI tests");
+  ::dtrain::test::skip_test("DTRAIN_BIN not set: skipping CLI tests");
   return false;
 }
 inline bool has(const std::string& out, const std::string& needle) { return out.find(needle) != std::string::npos; }

@@ -5,6 +5,7 @@
 #include "report/png_reader.h"
 #include "run_binary.h"
 #include "tiny_job.h"
+#include "skip.h"
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -45,7 +46,7 @@ std::string slurp(const fs::path& p) {
 
 TEST_CASE("a tiny run: plain progress, metrics, plot and status") {
   if (!dtrain::test::dtrain_bin()) {
-    MESSAGE("DTRAIN_BIN not set: skipping");
+    ::dtrain::test::skip_test("DTRAIN_BIN not set: skipping");
     return;
   }
   fs::path dir = fs::temp_directory_path() / ("dtrain-outputs-" + std::to_string(::getpid()));

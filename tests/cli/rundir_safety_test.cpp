@@ -5,6 +5,7 @@
 // directory, 0600 files, cluster.env values not in checkpoint manifests).
 #include "cli_harness.h"
 #include "tiny_job.h"
+#include "skip.h"
 
 #include <fmt/format.h>
 
@@ -45,7 +46,7 @@ std::vector<std::string> manifests(const std::string& run) {
 TEST_CASE("one launcher per run directory; a stale lock record is taken over") {
   const std::string bin = dtrain_bin();
   if (bin.empty()) {
-    MESSAGE("DTRAIN_BIN not set: skipping");
+    ::dtrain::test::skip_test("DTRAIN_BIN not set: skipping");
     return;
   }
   TempRun t;
@@ -91,7 +92,7 @@ TEST_CASE("one launcher per run directory; a stale lock record is taken over") {
 TEST_CASE("a failed resume --set changes nothing; a good one keeps config.prev.yaml; the run is private") {
   const std::string bin = dtrain_bin();
   if (bin.empty()) {
-    MESSAGE("DTRAIN_BIN not set: skipping");
+    ::dtrain::test::skip_test("DTRAIN_BIN not set: skipping");
     return;
   }
   TempRun t;

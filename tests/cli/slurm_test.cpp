@@ -5,6 +5,7 @@
 // the Slurm/munge binaries or without $DTRAIN_BIN; every daemon is killed at exit.
 #include "cli_harness.h"
 #include "run_readers.h"
+#include "skip.h"
 
 #include <fmt/format.h>
 
@@ -108,12 +109,12 @@ struct Env {
 
 Env* env() {
   if (dtrain_bin().empty()) {
-    MESSAGE("Slurm CLI tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
+    ::dtrain::test::skip_test("Slurm CLI tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
     return nullptr;
   }
   static std::unique_ptr<Env> instance = std::make_unique<Env>();
   if (!instance->cluster.usable()) {
-    MESSAGE("Slurm CLI tests skipped: " << instance->cluster.skip_reason());
+    ::dtrain::test::skip_test("Slurm CLI tests skipped: " + instance->cluster.skip_reason());
     if (instance->cluster.failed()) FAIL("the Slurm cluster could not be started: " << instance->cluster.skip_reason());
     return nullptr;
   }

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "rendezvous/protocol.h"
 #include "rendezvous/store.h"
+#include "skip.h"
 
 #include <fmt/format.h>
 
@@ -32,12 +33,12 @@ struct Env {
 // when the tests cannot run here.
 Env* env() {
   if (dtrain_bin().empty()) {
-    MESSAGE("store auth CLI tests skipped: $DTRAIN_BIN is not set or not executable");
+    ::dtrain::test::skip_test("store auth CLI tests skipped: $DTRAIN_BIN is not set or not executable");
     return nullptr;
   }
   static std::unique_ptr<Env> instance = std::make_unique<Env>();
   if (!instance->cluster.usable()) {
-    MESSAGE("store auth CLI tests skipped: " << instance->cluster.skip_reason());
+    ::dtrain::test::skip_test("store auth CLI tests skipped: " + instance->cluster.skip_reason());
     if (instance->cluster.failed()) FAIL("the test cluster could not be started: " << instance->cluster.skip_reason());
     return nullptr;
   }
@@ -208,7 +209,7 @@ TEST_CASE("agents that cannot reach the store say why, and the launcher shows it
 TEST_CASE("an unresolvable --master-addr fails at once, naming the address and the resolver's reason") {
   const std::string bin = dtrain_bin();
   if (bin.empty()) {
-    MESSAGE("skipped: $DTRAIN_BIN is not set");
+    ::dtrain::test::skip_test("skipped: $DTRAIN_BIN is not set");
     return;
   }
   const std::string dir = make_temp_dir("dtrain-badaddr");

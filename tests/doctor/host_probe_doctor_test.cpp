@@ -3,6 +3,7 @@
 // binary with bytes appended), naming the build check, where the version probe passes it.
 #include "core/version.h"
 #include "doctor/host_probe_doctor.h"
+#include "skip.h"
 
 #include <doctest/doctest.h>
 
@@ -26,7 +27,7 @@ struct Fixture {
   Fixture() {
     const char* b = std::getenv("DTRAIN_BIN");
     if (!b || ::access(b, X_OK) != 0) {
-      MESSAGE("skipped: $DTRAIN_BIN is not set (run through ctest)");
+      ::dtrain::test::skip_test("skipped: $DTRAIN_BIN is not set (run through ctest)");
       return;
     }
     std::string t = (fs::temp_directory_path() / "dtrain-probe-doctor-XXXXXX").string();

@@ -2,6 +2,7 @@
 // --json agree with this machine, a free-space bar it cannot meet fails naming host, check
 // and what to do, and the launch preflight refuses a round on the same grounds.
 #include "cli/cli_harness.h"
+#include "skip.h"
 
 #include <nlohmann/json.hpp>
 
@@ -11,7 +12,7 @@ namespace {
 
 std::string bin_or_skip() {
   std::string b = dtrain_bin();
-  if (b.empty()) MESSAGE("skipped: $DTRAIN_BIN is not set or not executable (run through ctest)");
+  if (b.empty()) ::dtrain::test::skip_test("skipped: $DTRAIN_BIN is not set or not executable (run through ctest)");
   return b;
 }
 

@@ -5,6 +5,7 @@
 // build ids, and the launch preflight refuses the round); one node that sees another
 // directory at the run directory's path (said so); one node cut off the network.
 #include "cli/cli_harness.h"
+#include "skip.h"
 
 #include <nlohmann/json.hpp>
 
@@ -23,16 +24,16 @@ struct Env {
 
 Env* env() {
   if (dtrain_bin().empty()) {
-    MESSAGE("doctor multi-node tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest)");
+    ::dtrain::test::skip_test("doctor multi-node tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest)");
     return nullptr;
   }
   if (shell("command -v tc").empty() || shell("command -v nsenter").empty()) {
-    MESSAGE("doctor multi-node tests skipped: no tc (iproute2) or nsenter (util-linux)");
+    ::dtrain::test::skip_test("doctor multi-node tests skipped: no tc (iproute2) or nsenter (util-linux)");
     return nullptr;
   }
   static std::unique_ptr<Env> instance = std::make_unique<Env>();
   if (!instance->cluster.usable()) {
-    MESSAGE("doctor multi-node tests skipped: " << instance->cluster.skip_reason());
+    ::dtrain::test::skip_test("doctor multi-node tests skipped: " + instance->cluster.skip_reason());
     if (instance->cluster.failed()) FAIL("the test cluster could not be started: " << instance->cluster.skip_reason());
     return nullptr;
   }

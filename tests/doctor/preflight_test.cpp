@@ -3,6 +3,7 @@
 // node outside the plan (findings carry its node index), a host the spawner cannot reach.
 #include "core/version.h"
 #include "doctor/doctor.h"
+#include "skip.h"
 
 #include <doctest/doctest.h>
 
@@ -26,7 +27,7 @@ struct Fixture {
   Fixture() {
     const char* bin = std::getenv("DTRAIN_BIN");
     if (!bin || ::access(bin, X_OK) != 0) {
-      MESSAGE("skipped: $DTRAIN_BIN is not set (run through ctest)");
+      ::dtrain::test::skip_test("skipped: $DTRAIN_BIN is not set (run through ctest)");
       return;
     }
     std::string t = (fs::temp_directory_path() / "dtrain-preflight-XXXXXX").string();

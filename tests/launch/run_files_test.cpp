@@ -6,6 +6,7 @@
 #include "launch/run_files.h"
 
 #include "core/error.h"
+#include "skip.h"
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -49,7 +50,7 @@ bool have_dev_full() { return ::access("/dev/full", W_OK) == 0; }
 
 TEST_CASE("RunFiles: events that cannot be written are kept and written in order once the file takes them") {
   if (!have_dev_full()) {
-    MESSAGE("skipped: no writable /dev/full");
+    ::dtrain::test::skip_test("skipped: no writable /dev/full");
     return;
   }
   TempDir d;
@@ -75,7 +76,7 @@ TEST_CASE("RunFiles: events that cannot be written are kept and written in order
 
 TEST_CASE("RunFiles: a failing append or replace is reported, not thrown; the file works again later") {
   if (!have_dev_full()) {
-    MESSAGE("skipped: no writable /dev/full");
+    ::dtrain::test::skip_test("skipped: no writable /dev/full");
     return;
   }
   TempDir d;

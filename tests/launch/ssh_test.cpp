@@ -8,6 +8,7 @@
 #include "core/error.h"
 
 #include "line_collector.h"
+#include "skip.h"
 
 #include <doctest/doctest.h>
 
@@ -119,7 +120,7 @@ class Cluster {
 Cluster* cluster() {
   static std::unique_ptr<Cluster> instance = std::make_unique<Cluster>();
   if (!instance->usable()) {
-    MESSAGE("SSH tests skipped: " << instance->skip_reason());
+    ::dtrain::test::skip_test("SSH tests skipped: " + instance->skip_reason());
     return nullptr;
   }
   return instance.get();
@@ -545,7 +546,7 @@ TEST_CASE("SSH over IPv6: root@::1 and root@[::1] reach an sshd on [::1], known_
     if (fd >= 0) ::close(fd);
   }
   if (port == 0) {
-    MESSAGE("skipped: no IPv6 loopback in this namespace");
+    ::dtrain::test::skip_test("skipped: no IPv6 loopback in this namespace");
     return;
   }
   // The cluster's sshd config and keys, listening on [::1] only, for this test.
