@@ -182,10 +182,13 @@ std::optional<RankHang> RankWatch::check(const RankWatchSnapshot& s, Clock::time
   // The rank the others wait for: at the step they are stuck on or before it, outside any
   // collective. Its own last report may be younger than the timeout (a loaded host
   // delivers reports late), but it is what the waiting ranks wait for, so it is named too.
+  // A rank waiting in a collective is named as waiting however young its report: the
+  // collective cannot return while a peer is stuck outside it (its report can trail the
+  // stuck rank's by more than one poll when rank 0 also logs and gathers the step's times).
   int64_t stuck_step = 0;
   for (const RankHang& h : stalled) stuck_step = std::max(stuck_step, h.last_step);
   for (const RankHang& h : watched)
-    if (!h.waiting && h.last_step <= stuck_step) stalled.push_back(h);
+    if (h.waiting || h.last_step <= stuck_step) stalled.push_back(h);
   std::sort(stalled.begin(), stalled.end(), [](const RankHang& a, const RankHang& b) {
     if (a.waiting != b.waiting) return !a.waiting;
     if (a.last_step != b.last_step) return a.last_step < b.last_step;

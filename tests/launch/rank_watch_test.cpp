@@ -279,3 +279,22 @@ TEST_CASE("step timeout: a rank whose step report arrived late is still named as
   CHECK(h->rank != 2);
   CHECK(h->waiting);
 }
+
+TEST_CASE("step timeout: a peer whose 'waiting' report arrived late is still listed as waiting") {
+  Fixture f;
+  RankWatchLimits l = limits();
+  l.step_timeout = 5s;
+  RankWatch w(f.plan, l);
+  f.all_beat(0s);
+  // Rank 2 reported step 7 at 1 s and stays outside any collective; ranks 1 and 3 wait
+  // in the next collective from 1 s, rank 0's report of it reached the store only at 3 s.
+  f.step(2, rank_progress_value(7, false), 1s);
+  for (int r : {1, 3}) f.step(r, rank_progress_value(7, true), 1s);
+  f.step(0, rank_progress_value(7, true), 3s);
+  for (const char* n : {"node0", "node1", "rank0", "rank1", "rank2", "rank3"}) f.beat(n, 7s);
+  auto h = w.check(f.s, f.t0 + 7s, f.done);
+  REQUIRE(h);
+  CHECK(h->rank == 2);
+  CHECK(!h->waiting);
+  CHECK(h->others_waiting == std::vector<int>{0, 1, 3});
+}
