@@ -339,10 +339,15 @@ TEST_CASE("gloo abort: a collective blocked on a rank that never joins throws Co
 
 TEST_CASE("gloo peer loss: a rank that destroys its communicator fails the others' collective") {
   std::atomic<bool> gone{false};
+  std::atomic<int> connected{0};
   std::string outcome;
   auto errors = run_ranks(
       2,
       [&](Communicator& c) {
+        // Rank 1 leaves only once rank 0 has its mesh too: leaving earlier fails rank 0's
+        // connect, not its collective (bounded wait: 15 s).
+        ++connected;
+        for (int i = 0; i < 15000 && connected.load() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
         if (c.rank() == 1) {
           gone = true;
           return;  // the communicator is destroyed: its sockets close
