@@ -1,8 +1,8 @@
 // cblas_sgemm wrappers. OpenBLAS is pinned to one thread and big GEMMs are split into
-// row blocks of the output across the ops thread pool (ops/parallel.h): one sleeping
-// pool for all CPU parallelism, so nothing spin-waits for a core another pool holds.
-// The bias fill and the GELU (forward) or GELU' (backward) of the fused linear + GELU run
-// in the same row block right after its GEMM, while the block is still in cache.
+// row or column blocks of the output across the ops thread pool (ops/parallel.h): one
+// sleeping pool for all CPU parallelism, so nothing spin-waits for a core another pool
+// holds. The bias fill and the GELU (forward) or GELU' (backward) of the fused linear +
+// GELU run in the same block right after its GEMM, while the block is still in cache.
 #include "ops/linear.h"
 
 #include "core/check.h"
@@ -24,7 +24,7 @@
 namespace dtrain::ops {
 
 namespace {
-// Row blocks smaller than this many output rows are not worth a thread.
+// Blocks narrower than this many output rows (or columns) are not worth a thread.
 constexpr int GEMM_MIN_ROWS = 16;
 std::once_flag g_blas_once;
 
@@ -65,20 +65,41 @@ void blas_init() {
   std::call_once(g_blas_once, [] { openblas_set_num_threads(1); });
 }
 
-// Calls fn(m0, m1) on row blocks of an M-row GEMM output across the pool.
+// Calls fn(m0, m1, n0, n1) on blocks of an M x N GEMM output across the pool, splitting
+// the longer side: every sgemm call packs its whole slice of A and of B, so cutting the
+// shorter side would pack the big operand once per block (the 124M model's lm_head,
+// M = 256 tokens by N = 50304, packed its 154 MB weight 8 times a step). Two blocks per
+// thread: enough to rebalance when the OS deschedules a worker, few enough that packing
+// stays a small share (bench_cpu_step: 4 per thread and rows only cost 7-13% more wall
+// time per step on the 124M, d256-V50304 and d256-V512 shapes).
+constexpr int GEMM_CHUNKS_PER_THREAD = 2;
+
 template <class Fn>
-void row_blocks(int M, int N, int K, Fn&& fn) {
-  const size_t blocks = static_cast<size_t>((M + GEMM_MIN_ROWS - 1) / GEMM_MIN_ROWS);
+void gemm_blocks(int M, int N, int K, Fn&& fn) {
+  const bool by_rows = M >= N;
+  const int len = by_rows ? M : N;
+  const size_t blocks = static_cast<size_t>((len + GEMM_MIN_ROWS - 1) / GEMM_MIN_ROWS);
   // Work is counted in multiply-adds / 64 so a GEMM goes threaded at ~2M flops.
   const size_t work = static_cast<size_t>(M) * N * static_cast<size_t>(K) / 64;
-  parallel_for(blocks, work, [&](size_t begin, size_t end) {
-    fn(static_cast<int>(begin) * GEMM_MIN_ROWS, std::min(M, static_cast<int>(end) * GEMM_MIN_ROWS));
-  });
+  parallel_for(
+      blocks, work,
+      [&](size_t begin, size_t end) {
+        const int b0 = static_cast<int>(begin) * GEMM_MIN_ROWS, b1 = std::min(len, static_cast<int>(end) * GEMM_MIN_ROWS);
+        if (by_rows)
+          fn(b0, b1, 0, N);
+        else
+          fn(0, M, b0, b1);
+      },
+      GEMM_CHUNKS_PER_THREAD);
 }
 
 // Rows m0..m1 of op(A): the row offset in A, or the column offset when A is transposed.
 const float* a_rows(bool trans_a, const float* A, int lda, int m0) {
   return trans_a ? A + m0 : A + static_cast<size_t>(m0) * lda;
+}
+// Columns n0..n1 of op(B): the column offset in B, or the row offset when B is transposed.
+const float* b_cols(bool trans_b, const float* B, int ldb, int n0) {
+  return trans_b ? B + static_cast<size_t>(n0) * ldb : B + n0;
 }
 
 // gemm() with leading dimensions (row pitches): the linear layers' padded logits rows.
@@ -86,19 +107,21 @@ void gemm_rows(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
                int ldb, float beta, float* C, int ldc) {
   if (M == 0 || N == 0) return;
   blas_init();
-  row_blocks(M, N, K, [&](int m0, int m1) {
-    sgemm(trans_a, trans_b, m1 - m0, N, K, alpha, a_rows(trans_a, A, lda, m0), lda, B, ldb, beta,
-          C + static_cast<size_t>(m0) * ldc, ldc);
+  gemm_blocks(M, N, K, [&](int m0, int m1, int n0, int n1) {
+    sgemm(trans_a, trans_b, m1 - m0, n1 - n0, K, alpha, a_rows(trans_a, A, lda, m0), lda, b_cols(trans_b, B, ldb, n0),
+          ldb, beta, C + static_cast<size_t>(m0) * ldc + n0, ldc);
   });
 }
 
-// Rows [m0, m1) of out = inp @ W^T + bias.
-void linear_block(float* out, const float* inp, const float* weight, const float* bias, int IC, int OC, int ld_out,
-                  int m0, int m1) {
+// Block [m0, m1) x [n0, n1) of out = inp @ W^T + bias.
+void linear_block(float* out, const float* inp, const float* weight, const float* bias, int IC, int ld_out, int m0,
+                  int m1, int n0, int n1) {
   if (bias)
-    for (int n = m0; n < m1; ++n) std::memcpy(out + static_cast<size_t>(n) * ld_out, bias, sizeof(float) * OC);
-  sgemm(false, true, m1 - m0, OC, IC, 1.0f, inp + static_cast<size_t>(m0) * IC, IC, weight, IC, bias ? 1.0f : 0.0f,
-        out + static_cast<size_t>(m0) * ld_out, ld_out);
+    for (int n = m0; n < m1; ++n)
+      std::memcpy(out + static_cast<size_t>(n) * ld_out + n0, bias + n0, sizeof(float) * static_cast<size_t>(n1 - n0));
+  sgemm(false, true, m1 - m0, n1 - n0, IC, 1.0f, inp + static_cast<size_t>(m0) * IC, IC,
+        weight + static_cast<size_t>(n0) * IC, IC, bias ? 1.0f : 0.0f, out + static_cast<size_t>(m0) * ld_out + n0,
+        ld_out);
 }
 
 // dbias[c0..c1) += column sums of dout, rows in order (contiguous loads).
@@ -151,17 +174,26 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
   DT_ENFORCE_GE(ld_out, OC, UsageError, "linear_forward: the output's row pitch is below its width");
   if (N == 0 || OC == 0) return;
   blas_init();
-  row_blocks(N, OC, IC, [&](int m0, int m1) { linear_block(out, inp, weight, bias, IC, OC, ld_out, m0, m1); });
+  gemm_blocks(N, OC, IC, [&](int m0, int m1, int n0, int n1) {
+    linear_block(out, inp, weight, bias, IC, ld_out, m0, m1, n0, n1);
+  });
 }
 
 void linear_gelu_forward(float* out, float* pre, const float* inp, const float* weight, const float* bias, int N,
                          int IC, int OC) {
   if (N == 0 || OC == 0) return;
   blas_init();
-  row_blocks(N, OC, IC, [&](int m0, int m1) {
-    linear_block(pre, inp, weight, bias, IC, OC, OC, m0, m1);
-    const size_t off = static_cast<size_t>(m0) * OC;
-    gelu_forward(out + off, pre + off, static_cast<size_t>(m1 - m0) * OC);  // serial inside the pool
+  gemm_blocks(N, OC, IC, [&](int m0, int m1, int n0, int n1) {
+    linear_block(pre, inp, weight, bias, IC, OC, m0, m1, n0, n1);
+    if (n0 == 0 && n1 == OC) {  // whole rows: one contiguous pass (serial inside the pool)
+      const size_t off = static_cast<size_t>(m0) * OC;
+      gelu_forward(out + off, pre + off, static_cast<size_t>(m1 - m0) * OC);
+      return;
+    }
+    for (int m = m0; m < m1; ++m) {
+      const size_t off = static_cast<size_t>(m) * OC + n0;
+      gelu_forward(out + off, pre + off, static_cast<size_t>(n1 - n0));
+    }
   });
 }
 
@@ -178,11 +210,18 @@ void linear_dgelu_backward(float* dpre, float* dweight, float* dbias, const floa
                            const float* weight, const float* pre, int N, int IC, int OC) {
   if (N > 0 && IC > 0) {
     blas_init();
-    row_blocks(N, IC, OC, [&](int m0, int m1) {
-      const size_t off = static_cast<size_t>(m0) * IC;
-      sgemm(false, false, m1 - m0, IC, OC, 1.0f, dout + static_cast<size_t>(m0) * OC, OC, weight, IC, 0.0f,
+    gemm_blocks(N, IC, OC, [&](int m0, int m1, int n0, int n1) {
+      const size_t off = static_cast<size_t>(m0) * IC + n0;
+      sgemm(false, false, m1 - m0, n1 - n0, OC, 1.0f, dout + static_cast<size_t>(m0) * OC, OC, weight + n0, IC, 0.0f,
             dpre + off, IC);
-      gelu_backward(dpre + off, pre + off, dpre + off, static_cast<size_t>(m1 - m0) * IC);
+      if (n0 == 0 && n1 == IC) {
+        gelu_backward(dpre + off, pre + off, dpre + off, static_cast<size_t>(m1 - m0) * IC);
+        return;
+      }
+      for (int m = m0; m < m1; ++m) {
+        const size_t o = static_cast<size_t>(m) * IC + n0;
+        gelu_backward(dpre + o, pre + o, dpre + o, static_cast<size_t>(n1 - n0));
+      }
     });
   }
   if (dweight) gemm_rows(true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);

@@ -12,6 +12,9 @@
 
 #include <doctest/doctest.h>
 
+#include <tuple>
+#include <utility>
+
 using namespace dtrain;
 using namespace dtrain::ops;
 
@@ -97,9 +100,12 @@ TEST_CASE("gemm handles every transpose combination, alpha and beta") {
     }
 }
 
-TEST_CASE("threaded gemm (row blocks over the pool) in every transpose combination") {
-  const int M = 203, N = 97, K = 130;  // M not a multiple of the row block
-  Rng r(53);
+TEST_CASE("threaded gemm (row or column blocks over the pool) in every transpose combination") {
+  // M > N splits rows, M < N splits columns; neither a multiple of the 16-wide block.
+  for (auto [M, N] : {std::pair{203, 97}, std::pair{97, 203}}) {
+  CAPTURE(M);
+  const int K = 130;
+  Rng r(53 + M);
   auto A = ref::rand_floats(r, M * K), Bm = ref::rand_floats(r, K * N), C0 = ref::rand_floats(r, M * N);
   std::vector<float> At(K * M), Bt(N * K);
   for (int i = 0; i < M; ++i) for (int k = 0; k < K; ++k) At[k * M + i] = A[i * K + k];
@@ -120,14 +126,18 @@ TEST_CASE("threaded gemm (row blocks over the pool) in every transpose combinati
         CHECK(ref::max_rel_err(C, expect) <= 1e-5);
       }
   }
+  }
   set_num_threads(2);
 }
 
 TEST_CASE("linear + GELU fused equals linear then GELU, forward and backward, bit for bit") {
+  // Sizes large enough to go threaded: (70, 24, 96) splits the forward by columns (OC >
+  // N) and the backward by rows (N > IC); (40, 300, 200) splits both by columns.
+  for (auto [N, IC, OC] : {std::tuple{70, 24, 96}, std::tuple{40, 300, 200}})
   for (int th : {1, 3}) {
+    CAPTURE(N);
     set_num_threads(th);
-    const int N = 70, IC = 24, OC = 96;  // N * OC * IC large enough to split into row blocks
-    Rng r(120 + th);
+    Rng r(120 + th + N);
     auto x = ref::rand_floats(r, N * IC), w = ref::rand_floats(r, OC * IC, 0.3f), b = ref::rand_floats(r, OC);
     std::vector<float> out(N * OC), pre(N * OC), pre2(N * OC), out2(N * OC);
     linear_gelu_forward(out.data(), pre.data(), x.data(), w.data(), b.data(), N, IC, OC);
