@@ -1,8 +1,8 @@
 // Causal attention with grouped KV heads: forward vs the double reference (<= 1e-5),
 // saved probabilities (rows sum to 1, zero above the diagonal), backward dq/dk/dv vs
 // central finite differences of the double reference (<= 1e-3) for MHA, GQA (NH=4, NKV=2)
-// and MQA (NKV=1) at T=7 and at sizes where the thread pool runs (the grouped-head
-// reduction included), gradient accumulation.
+// and MQA (NKV=1) at T=7, at sizes where the thread pool runs (the grouped-head
+// reduction included) and past one causal query block; gradient accumulation.
 #include "ops/attention.h"
 
 #include "core/error.h"
@@ -63,6 +63,11 @@ TEST_CASE("attention GQA and MQA at thread-pool sizes (B=2, T=24, HD=8) vs finit
 }
 TEST_CASE("attention at a larger threaded size (B=2, T=64, NH=4, NKV=2, HD=32)") {
   check_attention(2, 64, 4, 2, 32, 35, false);
+}
+
+TEST_CASE("attention past one causal query block (T=70 > 64 rows), MHA and MQA, vs finite differences") {
+  check_attention(1, 70, 2, 2, 4, 38, true);
+  check_attention(1, 70, 2, 1, 4, 39, true);
 }
 
 TEST_CASE("attention rejects NH not a multiple of NKV") {
