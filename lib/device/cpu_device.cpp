@@ -15,6 +15,7 @@
 #include "ops/linear.h"
 #include "ops/norm.h"
 #include "ops/op_stats.h"
+#include "ops/parallel.h"
 #include "ops/rope.h"
 #include "ops/step_scale.h"
 
@@ -217,7 +218,10 @@ class CpuDevice final : public Device {
     const float inv = 1.0f / (1.0f - p);
     float* o = F(out);
     const float* x = F(inp);
-    for (size_t i = 0; i < n; ++i) o[i] = dropout_keep(seed, i, p) ? x[i] * inv : 0.0f;
+    // The mask is a pure function of (seed, element): any split gives the same output.
+    ops::parallel_for(n, n * 8, [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i) o[i] = dropout_keep(seed, i, p) ? x[i] * inv : 0.0f;
+    });
   }
   void dropout_backward(void* dinp, const void* dout, size_t n, float p, uint64_t seed, DType t) override {
     ops::OpScope scope(ops::OpClass::ACTIVATION);
@@ -225,8 +229,10 @@ class CpuDevice final : public Device {
     const float inv = 1.0f / (1.0f - p);
     float* d = F(dinp);
     const float* g = F(dout);
-    for (size_t i = 0; i < n; ++i)
-      if (dropout_keep(seed, i, p)) d[i] += g[i] * inv;
+    ops::parallel_for(n, n * 8, [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i)
+        if (dropout_keep(seed, i, p)) d[i] += g[i] * inv;
+    });
   }
 
   void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, float theta, DType t) override {

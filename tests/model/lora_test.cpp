@@ -5,8 +5,10 @@
 #include "model/lora.h"
 
 #include "core/error.h"
+#include "device/device.h"
 #include "model/model.h"
 #include "model/reference_model.h"
+#include "ops/parallel.h"
 
 #include <doctest/doctest.h>
 
@@ -268,4 +270,29 @@ TEST_CASE("LoRA config validation") {
   CHECK_THROWS_AS(l.validate(c), ConfigError);
   CHECK(lora_tensor_name("model.layers.0.self_attn.q_proj", false) ==
         "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
+}
+
+TEST_CASE("LoRA dropout on the CPU device: the same bits on 1 and 3 threads, forward and backward") {
+  const size_t n = 100003;  // large enough for the pool, not a multiple of its chunks
+  std::vector<float> x(n), dout(n);
+  for (size_t i = 0; i < n; ++i) {
+    x[i] = std::sin(0.37f * static_cast<float>(i));
+    dout[i] = std::cos(0.11f * static_cast<float>(i));
+  }
+  std::vector<float> out[2], dinp[2];
+  const int threads[2] = {1, 3};
+  for (int r = 0; r < 2; ++r) {
+    ops::set_num_threads(threads[r]);
+    out[r].assign(n, -1.0f);
+    dinp[r].assign(n, 0.5f);
+    device::cpu().dropout_forward(out[r].data(), x.data(), n, 0.3f, 77, DType::F32);
+    device::cpu().dropout_backward(dinp[r].data(), dout.data(), n, 0.3f, 77, DType::F32);
+  }
+  ops::set_num_threads(2);
+  CHECK(std::memcmp(out[0].data(), out[1].data(), n * 4) == 0);
+  CHECK(std::memcmp(dinp[0].data(), dinp[1].data(), n * 4) == 0);
+  size_t dropped = 0;
+  for (size_t i = 0; i < n; ++i) dropped += out[0][i] == 0.0f && x[i] != 0.0f;
+  CHECK(dropped > n / 4);  // p = 0.3 of them, give or take
+  CHECK(dropped < n * 7 / 20);
 }
