@@ -79,16 +79,24 @@ node_index() {
 # ---------------------------------------------------------------------------
 # down
 
+# kill -9 every process in namespace $1 (sshd and every session), up to 10 rounds $2 s
+# apart (a process may fork while the last round ran). True when none is left.
+ns_kill_all() {
+  local pids tries
+  for tries in 1 2 3 4 5 6 7 8 9 10; do
+    pids=$(ip netns pids "$1" 2>/dev/null || true)
+    [[ -z $pids ]] && return 0
+    kill -9 $pids 2>/dev/null || true
+    sleep "$2"
+  done
+  [[ -z $(ip netns pids "$1" 2>/dev/null || true) ]]
+}
+
 cluster_down() {
-  local ns pids veth tries
+  local ns veth
   for ns in $(cluster_namespaces); do
-    # Processes keep a namespace alive: kill all of them (sshd and every session).
-    for tries in 1 2 3 4 5 6 7 8 9 10; do
-      pids=$(ip netns pids "$ns" 2>/dev/null || true)
-      [[ -z $pids ]] && break
-      kill -9 $pids 2>/dev/null || true
-      sleep 0.1
-    done
+    # Processes keep a namespace alive: kill all of them.
+    ns_kill_all "$ns" 0.1 || true
     ip netns del "$ns" 2>/dev/null || true
   done
   for veth in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep "^dtv$H-" || true); do
@@ -302,14 +310,7 @@ case $command in
     [[ $# -eq 3 ]] || usage
     cluster_names "$2"
     node_index "$3"
-    ns=$(ns_name "$3")
-    for tries in 1 2 3 4 5 6 7 8 9 10; do
-      pids=$(ip netns pids "$ns" 2>/dev/null || true)
-      [[ -z $pids ]] && break
-      kill -9 $pids 2>/dev/null || true
-      sleep 0.2
-    done
-    [[ -z $(ip netns pids "$ns" 2>/dev/null || true) ]] || die "processes of node $3 survived kill -9"
+    ns_kill_all "$(ns_name "$3")" 0.2 || die "processes of node $3 survived kill -9"
     ;;
   node-up)
     [[ $# -eq 3 ]] || usage

@@ -3,13 +3,9 @@
 // replays it from the seed alone.
 #pragma once
 
-#include <cstdint>
+#include "core/host_device.h"
 
-#if defined(__CUDACC__)
-#define DT_HOST_DEVICE __host__ __device__
-#else
-#define DT_HOST_DEVICE
-#endif
+#include <cstdint>
 
 namespace dtrain {
 

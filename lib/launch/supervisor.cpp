@@ -249,7 +249,8 @@ enum class RoundEnd {
 };
 
 struct Failure {
-  enum class Kind { NONE, SPAWN, AGENT_EXIT, HEARTBEAT, RANK_HUNG, INTERRUPT, PREFLIGHT };
+  // NOT_STARTED: no node ran (too few hosts for elastic.min_nodes, or the preflight refused).
+  enum class Kind { NONE, SPAWN, AGENT_EXIT, HEARTBEAT, RANK_HUNG, INTERRUPT, NOT_STARTED };
   int node = -1;
   std::string why;
   int exit_code = 0;
@@ -702,7 +703,18 @@ int supervise(Job& job, const SupervisorOptions& opts) {
     const std::string base_config = (fs::path(job.run_dir) / (job.run_dir_pending ? "config.pending.yaml" : "config.yaml")).string();
     if (members.elastic() &&
         !elastic_plan_round(job, members, *probe, round, ref_world, base_config, files, &no_members)) {
-      f = {-1, no_members, static_cast<int>(Exit::LAUNCH), Failure::Kind::SPAWN};
+      f = {-1, no_members, static_cast<int>(Exit::LAUNCH), Failure::Kind::NOT_STARTED};
+    } else if (opts.preflight && !(members.elastic() && opts.probe_is_preflight)) {
+      // (An elastic job whose probe is the preflight ran it on every host just now in
+      // elastic_plan_round: the members passed it, the hosts that failed are left out.)
+      PreflightVerdict v = opts.preflight(job);
+      if (!v.why.empty())
+        f = {std::max(v.node, 0), "preflight: " + v.why, static_cast<int>(Exit::LAUNCH), Failure::Kind::NOT_STARTED};
+    }
+    if (f.kind == Failure::Kind::NOT_STARTED) {
+      // Recorded as a round (it uses a retry like any failed round) that no node ran in,
+      // so `dtrain status` and `dtrain plot` count the restart that follows it.
+      files.event({{"time_ms", unix_ms()}, {"event", "round_not_started"}, {"round", round}, {"why", f.why}});
     } else {
       out.set_plan(job.plan, round);
       log_info("round {}: starting {} rank(s) on {} node(s), rendezvous {}", round, job.plan.world_size,
@@ -710,14 +722,7 @@ int supervise(Job& job, const SupervisorOptions& opts) {
       files.event({{"time_ms", unix_ms()}, {"event", "round_start"}, {"round", round},
                    {"world_size", job.plan.world_size}});
       auto t0 = Clock::now();
-      // An elastic job whose probe is the preflight ran it on every host just now
-      // (elastic_plan_round): the members passed it, the hosts that failed are left out.
-      if (opts.preflight && !(members.elastic() && opts.probe_is_preflight)) {
-        PreflightVerdict v = opts.preflight(job);
-        if (!v.why.empty())
-          f = {std::max(v.node, 0), "preflight: " + v.why, static_cast<int>(Exit::LAUNCH), Failure::Kind::PREFLIGHT};
-      }
-      if (f.kind != Failure::Kind::PREFLIGHT) f = run_round(job, server, store, token, opts, out, files, probe.get(), members);
+      f = run_round(job, server, store, token, opts, out, files, probe.get(), members);
       for (auto& ev : out.take_events()) files.event(ev);
       if (f.end == RoundEnd::SUCCEEDED) {
         log_info("job finished: all {} rank(s) succeeded in round {} ({:.1f} s)", job.plan.world_size, round,
@@ -761,7 +766,7 @@ int supervise(Job& job, const SupervisorOptions& opts) {
       return finish(files, f.exit_code);
     }
     log_error("round {} failed: {}; {}", round, f.why,
-              f.kind == Failure::Kind::PREFLIGHT ? "no node was started" : "every node stopped");
+              f.kind == Failure::Kind::NOT_STARTED ? "no node was started" : "every node stopped");
     if (f.permanent) {
       log_error("not restarting: retrying cannot fix this (a usage, config, host key or credential error): fix it, then dtrain resume");
       return finish(files, f.exit_code);

@@ -4,13 +4,9 @@
 // overflow skip flag, so a CUDA step decides clipping and skipping without a read-back.
 #pragma once
 
-#include <cmath>
+#include "core/host_device.h"
 
-#if defined(__CUDACC__)
-#define DT_HOST_DEVICE __host__ __device__
-#else
-#define DT_HOST_DEVICE
-#endif
+#include <cmath>
 
 namespace dtrain::ops {
 

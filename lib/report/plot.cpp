@@ -1,7 +1,9 @@
 // Run plot: read metrics and events, lay out two panels, draw grid, ticks, lines, eval
-// markers, restart markers and line-end labels into an indexed image, write the PNG.
+// markers, restart / resize / resume markers and line-end labels into an indexed image,
+// write the PNG.
 #include "report/jsonl.h"
 #include "report/plot.h"
+#include "report/round_history.h"
 
 #include "core/check.h"
 #include "report/font.h"
@@ -12,6 +14,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 namespace fs = std::filesystem;
 
@@ -155,16 +158,25 @@ PlotData plot_data_read(const std::string& run_dir) {
   d.title = fs::path(run_dir).lexically_normal().filename().string();
   if (d.title.empty()) d.title = fs::path(run_dir).lexically_normal().parent_path().filename().string();
 
-  std::vector<int64_t> round_starts;  // time_ms of round_start events of rounds >= 1
-  for (const json& e : read_jsonl(dir / "events.jsonl")) {
-    if (e.value("event", "") != "round_start") continue;
-    double t = 0, r = 0;
-    if (number(e, "round", &r) && r >= 1) round_starts.push_back(number(e, "time_ms", &t) ? static_cast<int64_t>(t) : -1);
-  }
+  // The later rounds that ran, each to be marked at its first logged step.
+  const RoundHistory rounds = round_history(read_jsonl(dir / "events.jsonl"));
+  d.restarts = rounds.restarts;
+  d.resizes = rounds.resizes;
+  d.resumes = rounds.resumes;
+  d.not_started = rounds.not_started;
+  std::vector<RoundRecord> later;
+  for (const RoundRecord& r : rounds.rounds)
+    if (r.started && r.cause != RoundCause::FIRST) later.push_back(r);
+  auto mark_of = [](const RoundRecord& r) {
+    const PlotMarkKind k = r.cause == RoundCause::RESIZE   ? PlotMarkKind::RESIZE
+                           : r.cause == RoundCause::RESUME ? PlotMarkKind::RESUME
+                                                           : PlotMarkKind::RESTART;
+    return PlotMark{0, k, r.number};
+  };
 
   int segment = 0;
   int64_t prev_step = INT64_MIN;
-  size_t next_restart = 0;
+  size_t next_round = 0;
   bool timed = false;
   for (const json& m : read_jsonl(dir / "metrics.jsonl")) {
     double s = 0, v = 0, t = 0;
@@ -172,20 +184,26 @@ PlotData plot_data_read(const std::string& run_dir) {
     const auto step = static_cast<int64_t>(s);
     const bool train = number(m, "loss", &v);
     if (train) {
-      bool restart = false;
+      std::optional<PlotMark> mark;
       if (number(m, "time_ms", &t)) {
+        // Rounds that began by this record's time; several at once: the last one ran it.
         timed = true;
-        while (next_restart < round_starts.size() && round_starts[next_restart] >= 0 &&
-               static_cast<int64_t>(t) >= round_starts[next_restart]) {
-          ++next_restart;
-          restart = prev_step != INT64_MIN;
+        while (next_round < later.size() && later[next_round].time_ms >= 0 &&
+               static_cast<int64_t>(t) >= later[next_round].time_ms) {
+          if (prev_step != INT64_MIN) mark = mark_of(later[next_round]);
+          ++next_round;
         }
       } else if (!timed && prev_step != INT64_MIN && step <= prev_step) {
-        restart = true;
+        // Untimed log: the step went back, so a restart or resume (the next such round
+        // in events.jsonl names which; none recorded: a restart).
+        while (next_round < later.size() && later[next_round].cause == RoundCause::RESIZE) ++next_round;
+        if (next_round < later.size()) mark = mark_of(later[next_round++]);
+        else mark = PlotMark{0, PlotMarkKind::RESTART, 0};
       }
-      if (restart) {
-        ++segment;
-        d.restarts.push_back(step);
+      if (mark) {
+        mark->step = step;
+        if (mark->kind != PlotMarkKind::RESIZE) ++segment;  // a resize goes on at the next step
+        d.marks.push_back(*mark);
       }
       prev_step = step;
       d.train.push_back({step, v, segment});
@@ -195,7 +213,12 @@ PlotData plot_data_read(const std::string& run_dir) {
   }
   DT_ENFORCE(!d.train.empty(), IoError, "{} holds no training step yet; nothing to plot",
              (dir / "metrics.jsonl").string());
-  d.restarts_unplaced = std::max(0, static_cast<int>(round_starts.size()) - static_cast<int>(d.restarts.size()));
+  // Without events.jsonl, restarts are what the steps showed.
+  int found = 0;
+  for (PlotMark& k : d.marks)
+    if (k.kind == PlotMarkKind::RESTART && k.number == 0) k.number = ++found + d.restarts;
+  d.restarts += found;
+  d.unplaced = std::max(0, static_cast<int>(later.size()) - (static_cast<int>(d.marks.size()) - found));
   return d;
 }
 
@@ -204,7 +227,7 @@ Image plot_render(const PlotData& data, const PlotOptions& opts, PlotLayout* lay
              opts.width, opts.height);
   Image img(opts.width, opts.height, PLOT_BACKGROUND);
   const uint8_t ink = img.color(PLOT_INK), c_train = img.color(PLOT_TRAIN), c_eval = img.color(PLOT_EVAL),
-                c_tok = img.color(PLOT_TOKENS), c_restart = img.color(PLOT_RESTART);
+                c_tok = img.color(PLOT_TOKENS);
   img.color(PLOT_GRID);
 
   // Layout: title band, loss panel (60 %), tokens panel, x labels; room right for names.
@@ -223,9 +246,14 @@ Image plot_render(const PlotData& data, const PlotOptions& opts, PlotLayout* lay
   if (layout) *layout = {loss, tok};
 
   std::string title = "RUN " + data.title;
-  const int n_restarts = static_cast<int>(data.restarts.size()) + data.restarts_unplaced;
-  if (n_restarts > 0) title += fmt::format("  -  {} RESTART{}", n_restarts, n_restarts > 1 ? "S" : "");
-  if (data.restarts_unplaced > 0) title += fmt::format(" ({} AT UNKNOWN STEPS)", data.restarts_unplaced);
+  auto count = [&](int n, const char* what) {
+    if (n > 0) title += fmt::format("  -  {} {}{}", n, what, n > 1 ? "S" : "");
+  };
+  count(data.restarts, "RESTART");
+  if (data.not_started > 0) title += fmt::format(" ({} NOT STARTED)", data.not_started);
+  count(data.resizes, "RESIZE");
+  count(data.resumes, "RESUME");
+  if (data.unplaced > 0) title += fmt::format("  -  {} AT UNKNOWN STEPS", data.unplaced);
   text_draw(img, left, 10, title, ink, kScale);
 
   draw_axes(img, loss, "LOSS", false);
@@ -233,16 +261,26 @@ Image plot_render(const PlotData& data, const PlotOptions& opts, PlotLayout* lay
   const std::string xl = "STEP";
   text_draw(img, (left + right) / 2 - text_width(xl, kScale) / 2, bottom + 34, xl, ink, kScale);
 
-  // Restarts: dashed verticals through both panels, labels staggered so close ones stay legible.
-  for (size_t i = 0; i < data.restarts.size(); ++i) {
-    const int x = loss.px(static_cast<double>(data.restarts[i]));
+  // Later rounds: verticals through both panels in the kind's colour and dash pattern
+  // (restart dashed, resize dotted, resume dash-dotted), labels staggered so close ones
+  // stay legible.
+  for (size_t i = 0; i < data.marks.size(); ++i) {
+    const PlotMark& mk = data.marks[i];
+    const bool restart = mk.kind == PlotMarkKind::RESTART, resize = mk.kind == PlotMarkKind::RESIZE;
+    const uint8_t c = img.color(restart ? PLOT_RESTART : resize ? PLOT_RESIZE : PLOT_RESUME);
+    auto ink_at = [&](int y) {
+      if (restart) return (y / 6) % 2 == 0;       // 6 on, 6 off
+      if (resize) return y % 6 < 2;               // 2 on, 4 off
+      return y % 16 < 8 || (y % 16 >= 11 && y % 16 < 13);  // dash, dot
+    };
+    const int x = loss.px(static_cast<double>(mk.step));
     for (const PlotPanel* p : {&loss, &tok})
       for (int y = p->y0; y <= p->y1; ++y)
-        if ((y / 6) % 2 == 0) img.set(x, y, c_restart), img.set(x + 1, y, c_restart);
-    std::string label = fmt::format("RESTART {}", i + 1);
+        if (ink_at(y)) img.set(x, y, c), img.set(x + 1, y, c);
+    std::string label = fmt::format("{} {}", restart ? "RESTART" : resize ? "RESIZE" : "RESUME", mk.number);
     int lx = x + 6;
     if (lx + text_width(label, kScale) > loss.x1) lx = x - 6 - text_width(label, kScale);
-    text_draw(img, lx, loss.y0 + 8 + static_cast<int>(i % 4) * 18, label, c_restart, kScale);
+    text_draw(img, lx, loss.y0 + 8 + static_cast<int>(i % 4) * 18, label, c, kScale);
   }
 
   draw_series(img, loss, data.train, c_train, false);

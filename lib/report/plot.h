@@ -1,6 +1,7 @@
 // `dtrain plot RUN_DIR`: a PNG chart of a run from metrics.jsonl and events.jsonl: the
 // loss panel (train line, eval points) and the tokens/s panel over steps, with tick
-// labels, restarts as labelled vertical lines and each line named at its right end.
+// labels, restarts, elastic resizes and resumes as distinct labelled vertical lines and
+// each line named at its right end.
 #pragma once
 
 #include "report/png.h"
@@ -14,7 +15,20 @@ namespace dtrain::report {
 struct PlotPoint {
   int64_t step = 0;
   double value = 0.0;
-  int segment = 0;  ///< consecutive points of one segment are joined; a restart starts a new one
+  int segment = 0;  ///< consecutive points of one segment are joined; a restart or resume starts a new one
+};
+
+/// What began a later round (round_history.h's causes that have a first step to mark).
+enum class PlotMarkKind {
+  RESTART,  ///< after a failure: resumes from the last complete checkpoint (steps may repeat)
+  RESIZE,   ///< an elastic job regrew at a checkpoint: resumes at the very next step
+  RESUME    ///< `dtrain resume` started the run again
+};
+
+struct PlotMark {
+  int64_t step = 0;     ///< the round's first logged step
+  PlotMarkKind kind = PlotMarkKind::RESTART;
+  int number = 0;       ///< the restart / resize / resume it is (1-based, as `dtrain status` counts)
 };
 
 /// What a run's files say, ready to draw.
@@ -23,15 +37,19 @@ struct PlotData {
   std::vector<PlotPoint> train;    ///< train loss per logged step
   std::vector<PlotPoint> eval;     ///< eval loss
   std::vector<PlotPoint> tokens;   ///< tokens/s per logged step
-  std::vector<int64_t> restarts;   ///< step where restart i+1 resumed, in order
-  int restarts_unplaced = 0;       ///< restarts in events.jsonl that no step could be tied to
+  std::vector<PlotMark> marks;     ///< where later rounds began, in log order
+  int restarts = 0, resizes = 0, resumes = 0;  ///< totals (events.jsonl, or restart marks found without it)
+  int not_started = 0;             ///< rounds that could not start (no node ran: nothing to mark)
+  int unplaced = 0;                ///< later rounds that started but no step could be tied to
 };
 
 /// Reads <run_dir>/metrics.jsonl (records with step + loss / eval_loss / tokens_per_s;
-/// malformed lines skipped) and <run_dir>/events.jsonl. A restart is placed at the first
-/// metrics record whose "time_ms" is at or after the round_start event's time_ms when
-/// records carry time_ms, else where the logged step goes backwards (a resume from an
-/// earlier checkpoint). IoError when run_dir is missing or holds no training record.
+/// malformed lines skipped) and <run_dir>/events.jsonl, whose rounds are classified by
+/// round_history (report/round_history.h). A round after the first is marked at the first
+/// metrics record whose "time_ms" is at or after its round_start event's time_ms when
+/// records carry time_ms, else where the logged step goes backwards (a restart or resume
+/// from an earlier checkpoint; a resize continues at the next step and cannot be found
+/// that way). IoError when run_dir is missing or holds no training record.
 PlotData plot_data_read(const std::string& run_dir);
 
 struct PlotOptions {
@@ -50,9 +68,11 @@ struct PlotLayout {
   PlotPanel loss, tokens;
 };
 
-/// The palette colours used (tests look for them).
+/// The palette colours used (tests look for them). Markers also differ in dash pattern:
+/// a restart is dashed, a resize dotted, a resume dash-dotted.
 inline constexpr Rgb PLOT_TRAIN{31, 119, 180}, PLOT_EVAL{255, 127, 14}, PLOT_TOKENS{44, 160, 44},
-    PLOT_RESTART{214, 39, 40}, PLOT_GRID{225, 225, 225}, PLOT_INK{40, 40, 40}, PLOT_BACKGROUND{255, 255, 255};
+    PLOT_RESTART{214, 39, 40}, PLOT_RESIZE{148, 103, 189}, PLOT_RESUME{140, 86, 75}, PLOT_GRID{225, 225, 225},
+    PLOT_INK{40, 40, 40}, PLOT_BACKGROUND{255, 255, 255};
 
 /// Draws the chart. ConfigError for a size below 400x300 or above 16384.
 Image plot_render(const PlotData& data, const PlotOptions& opts, PlotLayout* layout = nullptr);

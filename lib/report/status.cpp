@@ -1,6 +1,7 @@
 // Run status: liveness of the launcher, rounds and failures, training progress, the
 // latest checkpoint and per-node heartbeat ages, gathered from the run directory.
 #include "report/jsonl.h"
+#include "report/round_history.h"
 #include "report/status.h"
 #include "report/straggler.h"
 
@@ -174,12 +175,12 @@ void status_write_launcher(const std::string& run_dir, const std::string& job_id
 
 std::vector<json> status_external_round_start(const std::string& run_dir, int world_size,
                                               const std::string& started_by) {
-  int round = 0;
+  const std::vector<json> events = read_jsonl(fs::path(run_dir) / "events.jsonl");
+  const int round = static_cast<int>(round_history(events).rounds.size());
   std::optional<json> open;  // the last round_start when nothing followed it
-  for (const json& e : read_jsonl(fs::path(run_dir) / "events.jsonl")) {
+  for (const json& e : events) {
     const std::string ev = get_or<std::string>(e, "event", "");
     if (ev.empty()) continue;
-    if (ev == "round_start") ++round;
     open = ev == "round_start" ? std::optional<json>(e) : std::nullopt;
   }
   std::vector<json> out;
@@ -274,15 +275,23 @@ RunStatus status_read(const std::string& run_dir) {
 
   std::string last_event;
   int64_t ext_pid_start = -1;
-  for (const json& e : read_jsonl_strict(dir / "events.jsonl")) {
+  const std::vector<json> events = read_jsonl_strict(dir / "events.jsonl");
+  const RoundHistory rounds = round_history(events);
+  st.rounds = static_cast<int>(rounds.rounds.size());
+  st.rounds_not_started = rounds.not_started;
+  st.restarts = rounds.restarts;
+  st.resizes = rounds.resizes;
+  st.resumes = rounds.resumes;
+  bool round_started = true;  // the last round record was a round_start
+  for (const json& e : events) {
     const std::string ev = get_or<std::string>(e, "event", "");
     const int64_t t = get_or<int64_t>(e, "time_ms", 0);
     const int round = get_or<int>(e, "round", 0);
     if (ev.empty()) continue;
     last_event = ev;
     st.last_event_ms = t;
+    if (ev == "round_start" || ev == "round_not_started") round_started = ev == "round_start";
     if (ev == "round_start") {
-      ++st.rounds;
       st.started_by = get_or<std::string>(e, "started_by", "");
       if (!st.started_by.empty()) {  // dtrain run: its rank 0 owns the record
         st.launcher_pid = get_or<int>(e, "pid", 0);
@@ -305,8 +314,6 @@ RunStatus status_read(const std::string& run_dir) {
       m.batch = get_or<std::string>(e, "batch", "");
       m.problem = get_or<std::string>(e, "problem", "");
       st.membership.push_back(std::move(m));
-    } else if (ev == "resize") {
-      ++st.resizes;
     } else if (ev == "failure") {
       RoundFailure f;
       f.round = round;
@@ -314,6 +321,8 @@ RunStatus status_read(const std::string& run_dir) {
       f.why = get_or<std::string>(e, "why", "");
       f.exit_code = get_or<int>(e, "exit_code", 0);
       f.time_ms = t;
+      f.started = round_started;
+      f.retry = get_or<bool>(e, "retry", false);
       st.failures.push_back(std::move(f));
     }
   }
@@ -395,10 +404,12 @@ RunStatus status_read(const std::string& run_dir) {
     if (last_event == "round_start" && !st.launcher_remote)
       st.launcher_alive = owner_alive(st.launcher_pid, ext_pid_start);
   }
+  st.last_event = last_event;
   if (st.launcher_alive) st.state = RunState::RUNNING;
   else if (last_event == "finished") st.state = RunState::FINISHED;
   else if (last_event == "failure") st.state = st.failures.back().node == -2 ? RunState::INTERRUPTED : RunState::FAILED;
-  else if (last_event == "round_start") st.state = st.launcher_remote ? RunState::RUNNING : RunState::LOST;
+  else if (last_event == "round_start" || last_event == "round_not_started")
+    st.state = st.launcher_remote ? RunState::RUNNING : RunState::LOST;
   else st.state = RunState::NOT_STARTED;
   return st;
 }
@@ -422,8 +433,7 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
       else
         state += fmt::format(": launcher pid {} on {}", st.launcher_pid, st.launcher_host);
       if (st.started_ms > 0) state += fmt::format(", started {} ago", ago(st.started_ms));
-      if (!st.failures.empty() && st.failures.back().round + 1 >= st.rounds)
-        state += "; restarting after a failure";
+      if (st.last_event == "failure" && st.failures.back().retry) state += "; restarting after a failure";
       break;
     case RunState::FINISHED:
       state += fmt::format(" {} ago", ago(st.last_event_ms));
@@ -467,12 +477,17 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
   if (!st.checkpoint.empty()) row("checkpoint", st.checkpoint);
   else row("checkpoint", st.checkpoint_note.empty() ? "none" : "none (" + st.checkpoint_note + ")");
 
-  row("restarts", std::to_string(st.restarts()));
+  std::string restarts = std::to_string(st.restarts);
+  if (st.rounds_not_started > 0)
+    restarts += fmt::format(" ({} round(s) could not start: no node ran)", st.rounds_not_started);
+  row("restarts", restarts);
   for (const auto& f : st.failures) {
     std::string who = f.node >= 0 ? fmt::format("node {}: ", f.node) : "";
-    out += fmt::format("  round {} failed {} ago: {}{}{}\n", f.round, ago(f.time_ms), who, f.why,
+    out += fmt::format("  round {} {} {} ago: {}{}{}\n", f.round, f.started ? "failed" : "could not start",
+                       ago(f.time_ms), who, f.why,
                        f.exit_code != 0 ? fmt::format(" [exit code {}]", f.exit_code) : std::string());
   }
+  if (st.resumes > 0) row("resumes", fmt::format("{} (later launches by dtrain resume)", st.resumes));
 
   if (st.resizes > 0) row("resizes", fmt::format("{} (rounds stopped at a checkpoint to take a host back)", st.resizes));
   if (!st.membership.empty()) {

@@ -36,8 +36,8 @@ struct NodeHealth {
 /// second by the supervisor. IoError when the file cannot be written.
 /// The events rank 0 of `dtrain run` appends to events.jsonl when its round starts, in
 /// order: when the previous round has no final event (its rank 0 was killed), a
-/// "failure" for it saying so; then "round_start" with time_ms, round (the round_start
-/// events already in events.jsonl: restarts by the platform count on), world_size,
+/// "failure" for it saying so; then "round_start" with time_ms, round (the rounds already
+/// in events.jsonl, as round_history counts them: restarts by the platform count on), world_size,
 /// started_by (the launcher whose environment placed the ranks), and this process's pid,
 /// host and pid_start for liveness.
 std::vector<nlohmann::json> status_external_round_start(const std::string& run_dir, int world_size,
@@ -68,6 +68,8 @@ struct RoundFailure {
   std::string why;
   int exit_code = 0;
   int64_t time_ms = 0;
+  bool started = true;  ///< false: the round could not start (a "round_not_started" event), no node ran
+  bool retry = false;   ///< the launcher said it starts another round
 };
 
 /// One change of an elastic job's membership (a "membership" event).
@@ -99,12 +101,16 @@ struct RunStatus {
   int64_t started_ms = 0;
   bool launcher_alive = false;
   bool launcher_remote = false;  ///< on another host: liveness unknown from here
-  // events.jsonl
-  int rounds = 0;                ///< round_start events
+  // events.jsonl (counted by round_history, as `dtrain plot` counts them)
+  int rounds = 0;                ///< rounds attempted: round_start and round_not_started events
+  int rounds_not_started = 0;    ///< of those, rounds no node ran in (too few hosts, preflight refused)
+  int restarts = 0;              ///< rounds started again after a failure (including those that could not start)
+  int resumes = 0;               ///< rounds 0 of later launchers (dtrain resume)
   /// "" when dtrain launch ran the last round; else the launcher whose processes ran it
   /// under `dtrain run` ("torchrun", "srun", ...): its rank 0 (launcher_pid on
   /// launcher_host) wrote the events, and the platform restarts it, not dtrain resume.
   std::string started_by;
+  std::string last_event;        ///< the last event's name ("failure", "round_start", ...)
   int64_t last_event_ms = 0;
   std::vector<RoundFailure> failures;
   // metrics.jsonl
@@ -123,12 +129,10 @@ struct RunStatus {
   std::vector<NodeHealth> nodes;
   // elastic membership history (events.jsonl) and stragglers (metrics.jsonl + nodes.json)
   std::vector<MembershipRecord> membership;
-  int resizes = 0;                  ///< rounds an elastic job ended at a checkpoint to regrow
+  int resizes = 0;                  ///< rounds after one an elastic job ended at a checkpoint to regrow
   double straggler_factor = 0.0;    ///< the rule (nodes.json); 0 = unknown, no check
   int straggler_window = 0;
   std::vector<StragglerFlag> stragglers;
-
-  int restarts() const { return rounds > 0 ? rounds - 1 - resizes : 0; }
 };
 
 /// Reads the run directory (a checkpoint counts once checkpoints/latest names a directory

@@ -256,8 +256,8 @@ class ZeroEngine {
 
   void plan_buckets();
   // ordering against the communicator's stream (no-ops unless collectives are stream-ordered)
-  template <typename F> void on_comm(F&& f);
-  template <typename F> uint64_t comm_submit(F&& f);
+  void on_comm(const std::function<void()>& f);
+  uint64_t comm_submit(std::function<void()> f);
   void comm_join();
   void stage_out();
   void stage_in();

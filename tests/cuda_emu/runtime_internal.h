@@ -1,4 +1,4 @@
-// INTERNAL to the engine's runtime (runtime.cpp, graph.cpp): the scheduler's state,
+// INTERNAL to the engine's runtime (runtime.cpp, copy.cpp, graph.cpp): the scheduler's state,
 // streams, events and stream capture. Every member is guarded by State::mu; the
 // *_locked helpers expect it held.
 #pragma once
@@ -156,6 +156,8 @@ void demand_locked(const OpPtr& root);
 std::shared_ptr<Stream> stream_locked(cudaStream_t s);
 // Enqueues on a stream that is not capturing (callers check capture_gate_locked first).
 OpPtr enqueue_locked(const std::shared_ptr<Stream>& sp, const char* what, std::function<void()> fn, bool eager);
+// Runs op (and what it depends on) and waits, releasing st().mu meanwhile.
+void wait_locked(std::unique_lock<std::mutex>& lock, const OpPtr& op);
 
 // ---- capture rules (graph.cpp)
 // Whether work may be issued to sp now: cudaSuccess (then it is recorded when sp

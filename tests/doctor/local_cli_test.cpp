@@ -1,6 +1,7 @@
 // `dtrain doctor` on localhost through the real binary (no root needed): the table and
 // --json agree with this machine, a free-space bar it cannot meet fails naming host, check
-// and what to do, and the launch preflight refuses a round on the same grounds.
+// and what to do, and the launch preflight refuses a round on the same grounds (recorded
+// as a round that could not start).
 #include "cli/cli_harness.h"
 #include "skip.h"
 
@@ -63,4 +64,12 @@ TEST_CASE("a free-space bar this machine cannot meet: doctor exits 10 naming it,
   CHECK(contains(l.out, "round 0 failed: preflight: node 0 (localhost): disk: "));
   CHECK(contains(l.out, "no node was started"));
   CHECK_FALSE(std::filesystem::exists(run_dir + "/logs/rank0.log"));
+  // Recorded as a round no node ran in (not as a started one), and status says so.
+  const std::string events = read_text(run_dir + "/events.jsonl");
+  CHECK(contains(events, R"("event":"round_not_started")"));
+  CHECK_FALSE(contains(events, R"("event":"round_start")"));
+  auto st = run({bin, "status", run_dir}, {}, 60s);
+  INFO(st.out);
+  CHECK(contains(st.out, "restarts   0 (1 round(s) could not start: no node ran)"));
+  CHECK(contains(st.out, "round 0 could not start "));
 }

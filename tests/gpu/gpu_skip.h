@@ -1,18 +1,24 @@
-// The GPU suites' first line: without a visible CUDA device the binary ends with exit code
-// 77, which ctest reports as SKIPPED (never passed). Under the CPU execution engine (the
-// EMU tree) devices are always visible, so these suites run in every test run.
+// The GPU suites' skips, both ending the binary with exit code 77, which ctest reports as
+// SKIPPED (never passed): SKIP_WITHOUT_GPU() as a case's first line when no CUDA device is
+// visible, and EMU_ONLY_SUITE for a suite only the CPU execution engine can run (it traces
+// the device work). Under the engine (the EMU tree) devices are always visible.
 #pragma once
 
 #include "device/device.h"
+#include "skip.h"
 
-#include <cstdio>
-#include <cstdlib>
+#include <doctest/doctest.h>
 
-#define SKIP_WITHOUT_GPU()                                               \
-  do {                                                                   \
-    if (::dtrain::device::cuda_count() == 0) {                           \
-      std::printf("no CUDA device visible: this GPU test is skipped\n"); \
-      std::fflush(stdout);                                               \
-      std::exit(77);                                                     \
-    }                                                                    \
+#define SKIP_WITHOUT_GPU()                                                                              \
+  do {                                                                                                  \
+    if (::dtrain::device::cuda_count() == 0)                                                            \
+      ::dtrain::test::skip_binary("no CUDA device visible: this GPU test is skipped");                  \
   } while (0)
+
+// Outside the EMU build, the whole of an engine-only suite: one case, named after the
+// suite, that skips the binary. Use as `#ifndef DTRAIN_CUDA_EMU EMU_ONLY_SUITE("x") #else ...`.
+#define EMU_ONLY_SUITE(suite)                                                                           \
+  TEST_CASE(suite ": needs the CPU execution engine (EMU build)") {                                    \
+    ::dtrain::test::skip_binary(                                                                        \
+        "this suite runs only in the EMU build (the CPU execution engine traces the device work): skipped"); \
+  }

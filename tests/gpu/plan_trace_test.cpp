@@ -7,20 +7,13 @@
 // engine can trace, so any other build reports SKIPPED.
 #include "gpu/bench_plan.h"
 #include "gpu/bench_step.h"
+#include "gpu/gpu_skip.h"
 
 #include <doctest/doctest.h>
 
-#include <cstdio>
-#include <cstdlib>
-
 #ifndef DTRAIN_CUDA_EMU
 
-TEST_CASE("plan vs trace: needs the CPU execution engine (EMU build)") {
-  std::printf("the plan-vs-trace test runs only in the EMU build (the CPU execution engine traces launches): "
-              "skipped\n");
-  std::fflush(stdout);
-  std::exit(77);
-}
+EMU_ONLY_SUITE("plan vs trace")
 
 #else
 

@@ -3,18 +3,15 @@
 // norms, the exported weights): fp32, bf16, fp16 with loss-scale overflow steps, one
 // rank and two at ZeRO stage 1 (NCCL captured on its own stream), plain text and SFT data
 // (the step's target count, summed over the ranks on the device, is not recorded). Only the engine can capture and trace, so any other build reports SKIPPED.
+#include "gpu/gpu_skip.h"
+
 #include <doctest/doctest.h>
 
-#include <cstdio>
 #include <cstdlib>
 
 #ifndef DTRAIN_CUDA_EMU
 
-TEST_CASE("step graph: needs the CPU execution engine (EMU build)") {
-  std::printf("this suite runs only in the EMU build (the CPU execution engine traces the device work): skipped\n");
-  std::fflush(stdout);
-  std::exit(77);
-}
+EMU_ONLY_SUITE("step graph")
 
 #else
 

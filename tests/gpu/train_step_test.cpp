@@ -4,18 +4,15 @@
 // micro-batch losses and, summed over the ranks on the device, the loss sum and the
 // target count together), with one rank or several. Only the engine traces, so any other
 // build reports SKIPPED.
+#include "gpu/gpu_skip.h"
+
 #include <doctest/doctest.h>
 
-#include <cstdio>
 #include <cstdlib>
 
 #ifndef DTRAIN_CUDA_EMU
 
-TEST_CASE("train step: needs the CPU execution engine (EMU build)") {
-  std::printf("this suite runs only in the EMU build (the CPU execution engine traces the device work): skipped\n");
-  std::fflush(stdout);
-  std::exit(77);
-}
+EMU_ONLY_SUITE("train step")
 
 #else
 

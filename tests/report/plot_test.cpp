@@ -1,7 +1,8 @@
 // Run plot: CRC/Adler reference values, a minimal independent PNG reader (chunks, CRCs,
 // inflate of stored and fixed-Huffman blocks) applied to a plot of a synthetic run,
-// pixels of each line where the data puts them, restart markers, ticks, bad input;
-// python3's zlib cross-checks the stream when python3 is installed.
+// pixels of each line where the data puts them, restart markers apart from elastic
+// resize markers, ticks, bad input; python3's zlib cross-checks the stream when python3
+// is installed.
 #include "report/plot.h"
 
 #include "core/error.h"
@@ -48,6 +49,15 @@ struct TempDir {
   }
 };
 
+// Writes img as a PNG at path with the code under test and returns the file's bytes.
+std::string png_file(const Image& img, const fs::path& path) {
+  png_write(img, path.string());
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
 double loss_at(int64_t s) { return 4.0 * std::exp(-double(s) / 60.0) + 1.0; }
 double tps_at(int64_t s) { return 20000.0 + 3000.0 * std::sin(double(s) / 10.0); }
 
@@ -92,9 +102,12 @@ TEST_CASE("plot: a synthetic run draws where its data is") {
   CHECK(data.train.size() == 170);
   CHECK(data.eval.size() == 3);
   CHECK(data.tokens.size() == 170);
-  REQUIRE(data.restarts.size() == 1);
-  CHECK(data.restarts[0] == 81);
-  CHECK(data.restarts_unplaced == 0);
+  REQUIRE(data.marks.size() == 1);
+  CHECK(data.marks[0].step == 81);
+  CHECK(data.marks[0].kind == PlotMarkKind::RESTART);
+  CHECK(data.marks[0].number == 1);
+  CHECK(data.restarts == 1);
+  CHECK(data.unplaced == 0);
   CHECK(data.train[99].segment == 0);
   CHECK(data.train[100].segment == 1);
 
@@ -103,11 +116,7 @@ TEST_CASE("plot: a synthetic run draws where its data is") {
   CHECK(img.width == 1200);
   CHECK(img.height == 800);
   const fs::path png_path = d.path / "plot.png";
-  png_write(img, png_path.string());
-  std::ifstream in(png_path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string bytes = ss.str();
+  const std::string bytes = png_file(img, png_path);
   CHECK(bytes.size() < 200000);  // compressed: the raw image is 960 KB
   Decoded dec = png_decode(bytes);
   REQUIRE(dec.width == 1200);
@@ -167,9 +176,11 @@ TEST_CASE("plot: restarts from time_ms, unplaced restarts, single points") {
     for (int s = 1; s <= 10; ++s) m << nlohmann::json{{"step", s}, {"loss", 2.0}, {"time_ms", 100 + s * 50}}.dump() << "\n";
   }
   PlotData data = plot_data_read(d.path.string());
-  REQUIRE(data.restarts.size() == 1);
-  CHECK(data.restarts[0] == 8);  // first record at or after t=500
-  CHECK(data.restarts_unplaced == 1);
+  REQUIRE(data.marks.size() == 1);
+  CHECK(data.marks[0].step == 8);  // first record at or after t=500
+  CHECK(data.marks[0].number == 1);
+  CHECK(data.restarts == 2);
+  CHECK(data.unplaced == 1);
   Image img = plot_render(data, PlotOptions{640, 400});
   CHECK(img.width == 640);
 
@@ -178,6 +189,92 @@ TEST_CASE("plot: restarts from time_ms, unplaced restarts, single points") {
   PlotLayout lay;
   Image i1 = plot_render(plot_data_read(one.path.string()), PlotOptions{}, &lay);
   CHECK(i1.at(lay.loss.px(1), lay.loss.py(3.0)) == i1.color(PLOT_TRAIN));
+}
+
+TEST_CASE("plot: an elastic resize is marked apart from a restart; a round that could not start is counted") {
+  TempDir d("resize");
+  {
+    // Round 0: steps 1..40, fails; round 1 cannot start (too few hosts); round 2 resumes
+    // from step 31 and stops at its checkpoint at step 60 to take a host back (resize);
+    // round 3 goes on at step 61.
+    std::ofstream m(d.path / "metrics.jsonl"), e(d.path / "events.jsonl");
+    e << R"({"time_ms":1000,"event":"round_start","round":0,"world_size":3})" << "\n"
+      << R"({"time_ms":1500,"event":"failure","round":0,"node":2,"why":"lost","exit_code":4,"retry":true})" << "\n"
+      << R"({"time_ms":1600,"event":"membership","round":1,"hosts":[],"changes":[],"problem":"too few"})" << "\n"
+      << R"({"time_ms":1600,"event":"round_not_started","round":1,"why":"too few"})" << "\n"
+      << R"({"time_ms":1600,"event":"failure","round":1,"node":-1,"why":"too few","exit_code":4,"retry":true})" << "\n"
+      << R"({"time_ms":2000,"event":"round_start","round":2,"world_size":2})" << "\n"
+      << R"({"time_ms":2400,"event":"resize","round":2,"step":60,"why":"n3 passed the probe again"})" << "\n"
+      << R"({"time_ms":3000,"event":"round_start","round":3,"world_size":3})" << "\n"
+      << R"({"time_ms":3500,"event":"finished","round":3})" << "\n";
+    auto rec = [&](int64_t s, int64_t t) {
+      m << nlohmann::json{{"step", s}, {"loss", loss_at(s)}, {"tokens_per_s", tps_at(s)}, {"time_ms", t}}.dump() << "\n";
+    };
+    for (int64_t s = 1; s <= 40; ++s) rec(s, 1000 + 10 * s);
+    for (int64_t s = 31; s <= 60; ++s) rec(s, 2000 + 10 * (s - 30));
+    for (int64_t s = 61; s <= 100; ++s) rec(s, 3000 + 10 * (s - 60));
+  }
+  PlotData data = plot_data_read(d.path.string());
+  REQUIRE(data.marks.size() == 2);
+  CHECK(data.marks[0].step == 31);
+  CHECK(data.marks[0].kind == PlotMarkKind::RESTART);
+  CHECK(data.marks[0].number == 2);  // restart 1 was the round that could not start
+  CHECK(data.marks[1].step == 61);
+  CHECK(data.marks[1].kind == PlotMarkKind::RESIZE);
+  CHECK(data.marks[1].number == 1);
+  CHECK(data.restarts == 2);
+  CHECK(data.not_started == 1);
+  CHECK(data.resizes == 1);
+  CHECK(data.resumes == 0);
+  CHECK(data.unplaced == 0);
+  // The restart breaks the line (steps went back); the resize does not (no step lost).
+  CHECK(data.train[39].segment == 0);
+  CHECK(data.train[40].segment == 1);
+  CHECK(data.train[70].segment == 1);
+
+  PlotLayout lay;
+  const Decoded dec = png_decode(png_file(plot_render(data, PlotOptions{}, &lay), d.path / "plot.png"));
+  // Count each marker colour down a marker's column (both panels, 2 px wide).
+  auto column = [&](int64_t step, Rgb c) {
+    const int x = lay.loss.px(double(step));
+    int n = 0;
+    for (const PlotPanel* p : {&lay.loss, &lay.tokens})
+      for (int y = p->y0 + 1; y < p->y1; ++y) n += dec.at(x, y) == c || dec.at(x + 1, y) == c;
+    return n;
+  };
+  const int panel_px = (lay.loss.y1 - lay.loss.y0 - 1) + (lay.tokens.y1 - lay.tokens.y0 - 1);
+  CAPTURE(panel_px);
+  CHECK(column(31, PLOT_RESTART) > panel_px / 3);
+  CHECK(column(31, PLOT_RESIZE) == 0);
+  CHECK(column(61, PLOT_RESIZE) > panel_px / 5);
+  CHECK(column(61, PLOT_RESTART) == 0);
+  // The patterns differ too: a restart is dashed (half inked), a resize dotted (a third).
+  CHECK(column(61, PLOT_RESIZE) < column(31, PLOT_RESTART));
+  // The train line joins step 60 to 61 across the resize.
+  CHECK(near(dec, lay.loss.px(60.5), lay.loss.py((loss_at(60) + loss_at(61)) / 2), PLOT_TRAIN, 2));
+
+  // Untimed records: a step going back is the next restart or resume events.jsonl names;
+  // a resize (no step goes back) cannot be placed and is counted as unplaced.
+  TempDir u("untimed");
+  {
+    std::ofstream m(u.path / "metrics.jsonl"), e(u.path / "events.jsonl");
+    e << R"({"time_ms":1,"event":"round_start","round":0})" << "\n"
+      << R"({"time_ms":2,"event":"resize","round":0,"step":10})" << "\n"
+      << R"({"time_ms":3,"event":"round_start","round":1})" << "\n"
+      << R"({"time_ms":4,"event":"failure","round":1,"retry":false})" << "\n"
+      << R"({"time_ms":5,"event":"round_start","round":0})" << "\n";
+    for (int64_t s : {1, 5, 10, 11, 15, 11, 20})
+      m << nlohmann::json{{"step", s}, {"loss", loss_at(s)}}.dump() << "\n";
+  }
+  PlotData ud = plot_data_read(u.path.string());
+  REQUIRE(ud.marks.size() == 1);
+  CHECK(ud.marks[0].step == 11);
+  CHECK(ud.marks[0].kind == PlotMarkKind::RESUME);
+  CHECK(ud.marks[0].number == 1);
+  CHECK(ud.resizes == 1);
+  CHECK(ud.unplaced == 1);
+  Image ui = plot_render(ud, PlotOptions{});
+  CHECK(ui.width == 1200);
 }
 
 TEST_CASE("plot: bad input") {

@@ -72,7 +72,7 @@ TEST_CASE("status: running job with a live launcher, heartbeats and a checkpoint
   CHECK(st.launcher_pid == ::getpid());
   CHECK(st.job_id == "job-42");
   CHECK(st.rounds == 2);
-  CHECK(st.restarts() == 1);
+  CHECK(st.restarts == 1);
   REQUIRE(st.failures.size() == 1);
   CHECK(st.failures[0].node == 1);
   CHECK(st.failures[0].exit_code == 137);
@@ -312,7 +312,7 @@ TEST_CASE("status: a dtrain run job (rank 0 keeps the record): running, failed w
   append(d.path / "events.jsonl", again.dump());
   st = status_read(d.str());
   CHECK(st.state == RunState::LOST);
-  CHECK(st.restarts() == 1);
+  CHECK(st.restarts == 1);
   CHECK(status_format(st, status_now_ms()).find("rank 0 of dtrain run (pid") != std::string::npos);
 
   // The next rank 0 closes the killed one's round before opening its own.
@@ -329,7 +329,7 @@ TEST_CASE("status: a dtrain run job (rank 0 keeps the record): running, failed w
   CHECK(status_format(st, status_now_ms()).find("liveness not checkable") != std::string::npos);
 
   CHECK(st.failures.size() == 2);
-  CHECK(st.restarts() == 2);
+  CHECK(st.restarts == 2);
   append(d.path / "events.jsonl", R"({"time_ms":1,"event":"finished","round":2})");
   CHECK(status_read(d.str()).state == RunState::FINISHED);
 }
@@ -359,7 +359,7 @@ TEST_CASE("status: an elastic job's membership history, its resize, and a stragg
   CHECK(st.state == RunState::FINISHED);
   CHECK(st.rounds == 3);
   CHECK(st.resizes == 1);
-  CHECK(st.restarts() == 1);  // the resize is not a restart
+  CHECK(st.restarts == 1);  // the resize is not a restart
   REQUIRE(st.membership.size() == 3);
   CHECK(st.membership[1].hosts == std::vector<std::string>{"n1", "n2"});
   CHECK(st.membership[1].world_size == 2);

@@ -1,0 +1,47 @@
+// ZeroEngine's private state per model buffer (Slot: shard range, master, AdamW moments,
+// stage-2/3 working buffers) and per gradient bucket, shared by the engine's source files
+// (zero_engine.cpp: construction and the step; zero_hooks.cpp: the per-layer hooks).
+// Include only from lib/train/zero_*.cpp.
+#pragma once
+
+#include "device/device.h"
+#include "train/zero_engine.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace dtrain::train {
+
+// One model buffer. The master shard is fp32 (`sdt` F32) except for a frozen buffer of a
+// 16-bit device model, whose stage-3 shard stays in the compute dtype (it never changes).
+struct ZeroEngine::Slot {
+  model::ParamBuffer* pb = nullptr;
+  int layer = 0;
+  bool trainable = false;
+  bool sharded = false;     // stage 3 and not persistent: parameters not resident
+  bool own_master = false;  // a master apart from the model's buffer (the same on every rank)
+  DType sdt = DType::F32;   // dtype of `master`
+  size_t n = 0, s = 0, lo = 0, hi = 0;
+  device::DeviceBuffer master, m, v, gshard;  // owned range [lo, hi)
+  device::DeviceBuffer work;                  // stage 3: gathered parameters (W * s, model dtype)
+  device::DeviceBuffer wgrad;                 // stages 2/3: the layer's full gradient during backward
+  std::unique_ptr<device::Device::Event> ready;  // stage 3, stream-ordered: the gather is done
+  bool gathered = false;  // issued, maybe in flight
+  uint64_t gather_ticket = 0;
+  size_t bucket = SIZE_MAX, bucket_off = 0;
+
+  size_t owned() const { return hi - lo; }
+};
+
+struct ZeroEngine::Bucket {
+  std::vector<size_t> slots;
+  std::vector<size_t> offs;  // offset of each slot in the per-rank segment
+  size_t seg = 0;            // per-rank segment (stage 0: the whole packed length)
+  std::shared_ptr<device::DeviceBuffer> buf;
+  size_t packed = 0;
+  int done_layer = 0;  // its gradients are complete after this layer's backward
+};
+
+}  // namespace dtrain::train
