@@ -771,6 +771,13 @@ std::string ZeroEngine::memory_report() const {
   auto mib = [](size_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); };
   std::string s = fmt::format("zero: stage {} on {} rank(s), {} compute on {}, overlap_comm {}\n", opts_.stage, world_,
                               dtype_name(opts_.compute_dtype), dev_->name(), opts_.overlap_comm ? "on" : "off");
+  // The CPU device computes in fp32: its bf16/fp16 is the optimizer rounding the fp32
+  // compute copy, which saves neither memory nor time. Say so rather than let the line
+  // above suggest 2-byte GEMMs.
+  if (opts_.compute_dtype != DType::F32 && dev_->kind() == device::Kind::CPU)
+    s += fmt::format("zero: {} on the CPU is fp32 compute on values rounded to {} (4-byte compute copies, fp32 "
+                     "GEMMs): no memory or time saved; 2-byte CPU GEMMs are not built\n",
+                     dtype_name(opts_.compute_dtype), dtype_name(opts_.compute_dtype));
   s += fmt::format("zero: per rank  params {:.2f} MiB (theory {:.2f})  grads {:.2f} MiB (theory {:.2f})  "
                    "optimizer {:.2f} MiB (theory {:.2f})  total {:.2f} MiB (theory {:.2f})\n",
                    mib(m.param_bytes), mib(m.theory_param), mib(m.grad_bytes), mib(m.theory_grad), mib(m.optim_bytes),

@@ -2,7 +2,8 @@
 // overflow skipped by every rank together, LoRA under stages 2 and 3, clipping by the
 // true global norm, overlap_comm identical to the inline path, stage-3 persistence,
 // per-rank memory against the theoretical figure (with the stage-2/3 savings measured),
-// and the model really freeing the arrays the engine shards (Model::allocated_bytes).
+// the model really freeing the arrays the engine shards (Model::allocated_bytes), and
+// the memory report's line on what bf16/fp16 on the CPU is.
 #include "zero_harness.h"
 
 #include <doctest/doctest.h>
@@ -58,6 +59,17 @@ TEST_CASE("bf16: stages 0-3 agree with the single-rank bf16 run within bf16 prec
   // And bf16 is really in use: the fp32 run differs by more than fp32 noise.
   const RunResult f32 = train_run(spec_for(0, 1));
   CHECK(max_rel_diff(f32.losses, ref.losses) > 1e-4);
+}
+
+TEST_CASE("the memory report says what bf16 on the CPU is (fp32 GEMMs on rounded values), and only then") {
+  for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+    RunSpec s = spec_for(1, 1);
+    s.opts.compute_dtype = dt;
+    RankTrainer t(s, nullptr, 0);
+    const std::string rep = t.engine->memory_report();
+    INFO(rep);
+    CHECK((rep.find("no memory or time saved") != std::string::npos) == (dt != DType::F32));
+  }
 }
 
 TEST_CASE("bf16 compute copy: the model's resident buffers hold bf16 values, the masters do not") {
