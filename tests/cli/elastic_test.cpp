@@ -182,6 +182,7 @@ TEST_CASE("--nnodes 2:3: a node taken down for good mid-run is left out, the job
   CHECK(contains(st.out, "left root@" + e->cluster.addr(2) + ": failed the probe"));
   CHECK(contains(st.out, "joined root@" + e->cluster.addr(2) + ": passed the probe again"));
   CHECK(contains(st.out, "resizes    1"));
+  CHECK(contains(st.out, "restarts   1"));  // round 1 after the failure; round 2 is the resize
 
   // The result: within the spread of uninterrupted runs.
   const double got = final_eval_loss(run_dir);

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 namespace cuda_emu::rt {
@@ -38,6 +39,19 @@ bool extent_ok(const void* p, size_t extent, bool want_device, int* device) {
   }
   auto a = alloc_find(p, 0);
   return !a || a->pinned_host;
+}
+
+// The stream a copy or memset runs on (the legacy stream for the synchronous calls) after
+// the checks both make first; st().mu held. An error is also the thread's last error.
+cudaError_t memop_stream_locked(cudaStream_t stream, bool sync_api, std::shared_ptr<Stream>* out) {
+  auto sp = stream_locked(sync_api ? nullptr : stream);
+  if (!sp) return fail(cudaErrorInvalidResourceHandle);
+  if (cudaError_t e = sticky_locked(sp->device)) return fail(e);
+  if (sync_api)
+    if (cudaError_t e = capture_unsafe_check_locked()) return fail(e);
+  if (cudaError_t e = capture_gate_locked(sp)) return fail(e);
+  *out = std::move(sp);
+  return cudaSuccess;
 }
 
 struct Copy2D {
@@ -76,14 +90,9 @@ cudaError_t copy_submit(void* dst, size_t dpitch, const void* src, size_t spitch
   }
   const bool src_pinned = !src_dev && mem_kind(src, 1, nullptr) == Mem::PINNED;
   const bool dst_pinned = !dst_dev && mem_kind(dst, 1, nullptr) == Mem::PINNED;
-  State& g = st();
-  std::unique_lock<std::mutex> lock(g.mu);
-  auto sp = stream_locked(sync_api ? nullptr : stream);
-  if (!sp) return fail(cudaErrorInvalidResourceHandle);
-  if (cudaError_t e = sticky_locked(sp->device)) return fail(e);
-  if (sync_api)
-    if (cudaError_t e = capture_unsafe_check_locked()) return fail(e);
-  if (cudaError_t e = capture_gate_locked(sp)) return fail(e);
+  std::unique_lock<std::mutex> lock(st().mu);
+  std::shared_ptr<Stream> sp;
+  if (cudaError_t e = memop_stream_locked(stream, sync_api, &sp)) return e;
   Copy2D c{static_cast<char*>(dst), dpitch, static_cast<const char*>(src), spitch, width, height};
   if (sp->capture) {
     // Stricter than CUDA: a captured copy may touch host memory only when it is pinned
@@ -141,14 +150,9 @@ cudaError_t memset_submit(void* p, size_t pitch, int value, size_t width, size_t
     report(buf);
     return fail(cudaErrorInvalidValue);
   }
-  State& g = st();
-  std::unique_lock<std::mutex> lock(g.mu);
-  auto sp = stream_locked(sync_api ? nullptr : stream);
-  if (!sp) return fail(cudaErrorInvalidResourceHandle);
-  if (cudaError_t e = sticky_locked(sp->device)) return fail(e);
-  if (sync_api)
-    if (cudaError_t e = capture_unsafe_check_locked()) return fail(e);
-  if (cudaError_t e = capture_gate_locked(sp)) return fail(e);
+  std::unique_lock<std::mutex> lock(st().mu);
+  std::shared_ptr<Stream> sp;
+  if (cudaError_t e = memop_stream_locked(stream, sync_api, &sp)) return e;
   trace_memop(-1, width, height, sp->device);
   char* base = static_cast<char*>(p);
   auto fn = [=] {
