@@ -257,13 +257,21 @@ EOF
 # ---------------------------------------------------------------------------
 # Per-node faults: a slow link, a file or directory that only one node sees
 
+# True when process $1 exists and is not a zombie (a killed sshd stays a zombie until its
+# parent reaps it, and kill -0 succeeds on a zombie).
+pid_alive() {
+  local state
+  state=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
+  [[ -n $state && $state != Z && $state != X ]]
+}
+
 # The pid of node I's sshd, whose mount namespace every SSH session of the node shares.
 # `ip netns exec` gave it a mount namespace of its own (slave of the host's, so host
 # mounts reach it but its mounts stay inside); refuse to mount when that is not so.
 node_mount_pid() {
   local pid
   pid=$(cat "$STATE_DIR/sshd-$1.pid" 2>/dev/null) || die "no sshd pid file for node $1"
-  kill -0 "$pid" 2>/dev/null || die "sshd of node $1 (pid $pid) is not running"
+  pid_alive "$pid" || die "sshd of node $1 (pid $pid) is not running"
   [[ $(readlink "/proc/$pid/ns/mnt") != $(readlink /proc/self/ns/mnt) ]] ||
     die "node $1's sshd shares this mount namespace: a mount there would change every node"
   echo "$pid"
@@ -363,7 +371,7 @@ case $command in
     cat "$STATE_DIR/env"
     for pidfile in "$STATE_DIR"/sshd-*.pid; do
       [[ -f $pidfile ]] || continue
-      if kill -0 "$(cat "$pidfile")" 2>/dev/null; then echo "$(basename "$pidfile" .pid): running"; else echo "$(basename "$pidfile" .pid): NOT running"; fi
+      if pid_alive "$(cat "$pidfile")"; then echo "$(basename "$pidfile" .pid): running"; else echo "$(basename "$pidfile" .pid): NOT running"; fi
     done
     ;;
   *) usage ;;
