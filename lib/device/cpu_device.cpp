@@ -38,31 +38,18 @@ const float* F(const void* p) { return static_cast<const float*>(p); }
 // Rows of `width` floats `stride` apart (attention's q, k, v may be column blocks of GPT-2's
 // fused qkv rows) seen as the packed rows lib/ops takes: packed input is used in place, other
 // input is gathered into a per-thread buffer and outputs are computed there and scattered.
-struct Strided {
-  int stride, width;
-  bool packed() const { return stride == width; }
-  const float* dense(const float* p, size_t rows, std::vector<float>& buf) const {
-    if (packed()) return p;
-    buf.resize(rows * static_cast<size_t>(width));
-    for (size_t r = 0; r < rows; ++r)
-      std::memcpy(buf.data() + r * width, p + r * stride, sizeof(float) * static_cast<size_t>(width));
-    return buf.data();
+// Zeroes `width` floats of each of `rows` rows `stride` apart (the q, k or v columns of a
+// fused qkv gradient), across the ops pool.
+void zero_rows(float* p, size_t rows, int width, int stride) {
+  const size_t w = static_cast<size_t>(width), st = static_cast<size_t>(stride);
+  if (w == st) {
+    ops::parallel_for(rows, rows * w, [&](size_t b, size_t e) { std::fill(p + b * w, p + e * w, 0.0f); });
+    return;
   }
-  float* zeroed_out(float* p, size_t rows, std::vector<float>& buf) const {
-    if (packed()) {
-      std::fill(p, p + rows * static_cast<size_t>(width), 0.0f);
-      return p;
-    }
-    buf.assign(rows * static_cast<size_t>(width), 0.0f);
-    return buf.data();
-  }
-  void scatter(float* dst, const float* src, size_t rows) const {
-    if (dst == src) return;
-    for (size_t r = 0; r < rows; ++r)
-      std::memcpy(dst + r * stride, src + r * width, sizeof(float) * static_cast<size_t>(width));
-  }
-};
-thread_local std::vector<float> g_q, g_k, g_v, g_dq, g_dk, g_dv;
+  ops::parallel_for(rows, rows * w, [&](size_t b, size_t e) {
+    for (size_t r = b; r < e; ++r) std::fill(p + r * st, p + r * st + w, 0.0f);
+  });
+}
 
 // The logits whose per-row logsumexp t_ce_lse holds, per calling thread (the device is
 // one object shared by every rank thread of a process); a write into that buffer through
@@ -252,26 +239,21 @@ class CpuDevice final : public Device {
                          int NKV, int HD, int q_stride, int kv_stride, DType t) override {
     ops::OpScope scope(ops::OpClass::ATTENTION);
     f32(t);
-    const Strided sq{q_stride, NH * HD}, skv{kv_stride, NKV * HD};
-    const size_t N = static_cast<size_t>(B) * T;
-    ops::attention_forward(F(out), saved, sq.dense(F(q), N, g_q), skv.dense(F(k), N, g_k), skv.dense(F(v), N, g_v),
-                           B, T, NH, NKV, HD);
+    // q, k and v are read in place (strided column slices of a fused qkv): no copies.
+    ops::attention_forward(F(out), saved, F(q), F(k), F(v), B, T, NH, NKV, HD, q_stride, kv_stride);
   }
   void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* /*out*/, const float* saved,
                           const void* q, const void* k, const void* v, int B, int T, int NH, int NKV, int HD,
                           int q_stride, int kv_stride, DType t) override {
     ops::OpScope scope(ops::OpClass::ATTENTION);
     f32(t);
-    const Strided sq{q_stride, NH * HD}, skv{kv_stride, NKV * HD};
+    // The device writes dq/dk/dv; ops::attention_backward accumulates, so zero them first.
     const size_t N = static_cast<size_t>(B) * T;
-    float* gq = sq.zeroed_out(F(dq), N, g_dq);
-    float* gk = skv.zeroed_out(F(dk), N, g_dk);
-    float* gv = skv.zeroed_out(F(dv), N, g_dv);
-    ops::attention_backward(gq, gk, gv, F(dout), saved, sq.dense(F(q), N, g_q), skv.dense(F(k), N, g_k),
-                            skv.dense(F(v), N, g_v), B, T, NH, NKV, HD);
-    sq.scatter(F(dq), gq, N);
-    skv.scatter(F(dk), gk, N);
-    skv.scatter(F(dv), gv, N);
+    zero_rows(F(dq), N, NH * HD, q_stride);
+    zero_rows(F(dk), N, NKV * HD, kv_stride);
+    zero_rows(F(dv), N, NKV * HD, kv_stride);
+    ops::attention_backward(F(dq), F(dk), F(dv), F(dout), saved, F(q), F(k), F(v), B, T, NH, NKV, HD, q_stride,
+                            kv_stride);
   }
 
   void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T, int C,

@@ -5,6 +5,7 @@
 #include "ops/attention.h"
 
 #include "core/check.h"
+#include "core/error.h"
 #include "ops/linear.h"
 #include "ops/parallel.h"
 #include "ops/simd.h"
@@ -67,17 +68,20 @@ void attention_check(int NH, int NKV, int HD) {
 }  // namespace
 
 // Per (batch, head): S = scale * Q K^T and O = P V as BLAS GEMMs over strided head
-// views (lda = NH*HD or NKV*HD), with the causal softmax between them. Query rows go in
-// blocks of ATT_QB: block [q0, q1) attends to keys [0, q1) only, so the GEMMs skip most of
-// the masked upper triangle (at T = 128 they do 3/4 of the square's work, at 1024 under 9/16) while each
-// stays a BLAS call; the never-computed scores are zero in att, as the softmax leaves
-// them.
+// views (lda = the row strides), with the causal softmax between them. Query rows go in
+// blocks of ATT_QB: block [q0, q1) attends to keys [0, q1) only, so the GEMMs skip most
+// of the masked upper triangle (at T = 128 they do 3/4 of the square's work, at 1024
+// under 9/16) while each stays a BLAS call; the never-computed scores are zero in att,
+// as the softmax leaves them.
 void attention_forward(float* out, float* att, const float* q, const float* k, const float* v,
-                       int B, int T, int NH, int NKV, int HD) {
+                       int B, int T, int NH, int NKV, int HD, int q_stride, int kv_stride) {
   attention_check(NH, NKV, HD);
   const int G = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
-  const int qs = NH * HD, ks = NKV * HD;
+  const int os = NH * HD;  // out is dense
+  const int qs = q_stride ? q_stride : os, ks = kv_stride ? kv_stride : NKV * HD;
+  DT_ENFORCE(qs >= os && ks >= NKV * HD, UsageError, "attention: row strides ({}, {}) below the widths ({}, {})", qs,
+             ks, os, NKV * HD);
   const size_t pairs = static_cast<size_t>(B) * NH;
   parallel_for(pairs, pairs * T * T * HD, [&](size_t begin, size_t end) {
     for (size_t p = begin; p < end; ++p) {
@@ -86,13 +90,13 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
       const float* kk = k + static_cast<size_t>(b) * T * ks + static_cast<size_t>(kh) * HD;
       const float* vv = v + static_cast<size_t>(b) * T * ks + static_cast<size_t>(kh) * HD;
       float* a = att + p * T * T;
-      float* oh = out + static_cast<size_t>(b) * T * qs + static_cast<size_t>(h) * HD;
+      float* oh = out + static_cast<size_t>(b) * T * os + static_cast<size_t>(h) * HD;
       for (int q0 = 0; q0 < T; q0 += ATT_QB) {
         const int q1 = std::min(T, q0 + ATT_QB), m = q1 - q0;
         float* ab = a + static_cast<size_t>(q0) * T;
         gemm_ld(false, true, m, q1, HD, scale, qh + static_cast<size_t>(q0) * qs, qs, kk, ks, 0.0f, ab, T);
         for (int t = q0; t < q1; ++t) softmax_row(a + static_cast<size_t>(t) * T, t + 1, T);
-        gemm_ld(false, false, m, HD, q1, 1.0f, ab, T, vv, ks, 0.0f, oh + static_cast<size_t>(q0) * qs, qs);
+        gemm_ld(false, false, m, HD, q1, 1.0f, ab, T, vv, ks, 0.0f, oh + static_cast<size_t>(q0) * os, os);
       }
     }
   });
@@ -106,14 +110,17 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
 // deterministic).
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* att,
                         const float* q, const float* k, const float* v, int B, int T, int NH,
-                        int NKV, int HD) {
+                        int NKV, int HD, int q_stride, int kv_stride) {
   attention_check(NH, NKV, HD);
   const int G = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
-  const int qs = NH * HD, ks = NKV * HD;
+  const int os = NH * HD;  // dout and the grouped-head scratch are dense
+  const int qs = q_stride ? q_stride : os, ks = kv_stride ? kv_stride : NKV * HD;
+  DT_ENFORCE(qs >= os && ks >= NKV * HD, UsageError, "attention: row strides ({}, {}) below the widths ({}, {})", qs,
+             ks, os, NKV * HD);
   std::vector<float> pk, pv;
   if (G > 1) {
-    pk.assign(static_cast<size_t>(B) * T * qs, 0.0f);
+    pk.assign(static_cast<size_t>(B) * T * os, 0.0f);
     pv.assign(pk.size(), 0.0f);
   }
   const size_t pairs = static_cast<size_t>(B) * NH;
@@ -121,37 +128,40 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
     std::vector<float> ds(static_cast<size_t>(T) * T);
     for (size_t p = begin; p < end; ++p) {
       const int b = static_cast<int>(p / NH), h = static_cast<int>(p % NH), kh = h / G;
-      const size_t qoff = static_cast<size_t>(b) * T * qs + static_cast<size_t>(h) * HD;
-      const size_t koff = static_cast<size_t>(b) * T * ks + static_cast<size_t>(kh) * HD;
+      const size_t row0 = static_cast<size_t>(b) * T;
+      const size_t ooff = row0 * os + static_cast<size_t>(h) * HD;   // dout, scratch
+      const size_t qoff = row0 * qs + static_cast<size_t>(h) * HD;   // q, dq
+      const size_t koff = row0 * ks + static_cast<size_t>(kh) * HD;  // k, v, dk, dv
       const float* a = att + p * T * T;
-      float* dkh = G > 1 ? pk.data() + qoff : dk + koff;
-      float* dvh = G > 1 ? pv.data() + qoff : dv + koff;
-      const int ld = G > 1 ? qs : ks;
+      float* dkh = G > 1 ? pk.data() + ooff : dk + koff;
+      float* dvh = G > 1 ? pv.data() + ooff : dv + koff;
+      const int ld = G > 1 ? os : ks;
       // Query block [q0, q1) against keys [0, q1), as in the forward.
       for (int q0 = 0; q0 < T; q0 += ATT_QB) {
         const int q1 = std::min(T, q0 + ATT_QB), m = q1 - q0;
         float* dsb = ds.data() + static_cast<size_t>(q0) * T;
         const float* ab = a + static_cast<size_t>(q0) * T;
+        const float* dob = dout + ooff + static_cast<size_t>(q0) * os;
         const size_t qb = qoff + static_cast<size_t>(q0) * qs;
-        gemm_ld(false, true, m, q1, HD, 1.0f, dout + qb, qs, v + koff, ks, 0.0f, dsb, T);
+        gemm_ld(false, true, m, q1, HD, 1.0f, dob, os, v + koff, ks, 0.0f, dsb, T);
         for (int t = q0; t < q1; ++t)
           softmax_bwd_row(ds.data() + static_cast<size_t>(t) * T, a + static_cast<size_t>(t) * T, t + 1, T, scale);
         gemm_ld(false, false, m, HD, q1, 1.0f, dsb, T, k + koff, ks, 1.0f, dq + qb, qs);
         gemm_ld(true, false, q1, HD, m, 1.0f, dsb, T, q + qb, qs, 1.0f, dkh, ld);
-        gemm_ld(true, false, q1, HD, m, 1.0f, ab, T, dout + qb, qs, 1.0f, dvh, ld);
+        gemm_ld(true, false, q1, HD, m, 1.0f, ab, T, dob, os, 1.0f, dvh, ld);
       }
     }
   });
   if (G == 1) return;
   const size_t rows = static_cast<size_t>(B) * T;
-  parallel_for(rows, rows * qs, [&](size_t begin, size_t end) {
+  parallel_for(rows, rows * os, [&](size_t begin, size_t end) {
     for (size_t r = begin; r < end; ++r)
       for (int kh = 0; kh < NKV; ++kh) {
         float* dkr = dk + r * ks + static_cast<size_t>(kh) * HD;
         float* dvr = dv + r * ks + static_cast<size_t>(kh) * HD;
         for (int h = kh * G; h < (kh + 1) * G; ++h) {
-          const float* a = pk.data() + r * qs + static_cast<size_t>(h) * HD;
-          const float* c = pv.data() + r * qs + static_cast<size_t>(h) * HD;
+          const float* a = pk.data() + r * os + static_cast<size_t>(h) * HD;
+          const float* c = pv.data() + r * os + static_cast<size_t>(h) * HD;
           for (int i = 0; i < HD; ++i) {
             dkr[i] += a[i];
             dvr[i] += c[i];

@@ -2,13 +2,16 @@
 // saved probabilities (rows sum to 1, zero above the diagonal), backward dq/dk/dv vs
 // central finite differences of the double reference (<= 1e-3) for MHA, GQA (NH=4, NKV=2)
 // and MQA (NKV=1) at T=7, at sizes where the thread pool runs (the grouped-head
-// reduction included) and past one causal query block; gradient accumulation.
+// reduction included) and past one causal query block; gradient accumulation; q, k, v
+// read in place from a fused qkv with strided gradients, bit-identical to dense.
 #include "ops/attention.h"
 
 #include "core/error.h"
 #include "reference.h"
 
 #include <doctest/doctest.h>
+
+#include <algorithm>
 
 using namespace dtrain;
 using namespace dtrain::ops;
@@ -68,6 +71,37 @@ TEST_CASE("attention at a larger threaded size (B=2, T=64, NH=4, NKV=2, HD=32)")
 TEST_CASE("attention past one causal query block (T=70 > 64 rows), MHA and MQA, vs finite differences") {
   check_attention(1, 70, 2, 2, 4, 38, true);
   check_attention(1, 70, 2, 1, 4, 39, true);
+}
+
+TEST_CASE("attention reads q, k, v in place from a fused qkv and writes strided gradients: the same bits as dense") {
+  for (int NKV : {4, 2}) {  // MHA and GQA
+    CAPTURE(NKV);
+    const int B = 2, T = 70, NH = 4, HD = 8, qw = NH * HD, kw = NKV * HD, W = qw + 2 * kw;
+    const size_t N = size_t(B) * T;
+    Rng r(40 + NKV);
+    auto qkv = ref::rand_floats(r, N * W), dout = ref::rand_floats(r, N * qw);
+    std::vector<float> q(N * qw), k(N * kw), v(N * kw);
+    for (size_t n = 0; n < N; ++n) {
+      std::copy_n(&qkv[n * W], qw, &q[n * qw]);
+      std::copy_n(&qkv[n * W + qw], kw, &k[n * kw]);
+      std::copy_n(&qkv[n * W + qw + kw], kw, &v[n * kw]);
+    }
+    std::vector<float> out(N * qw), out_s(N * qw), att(size_t(B) * NH * T * T), att_s(att.size());
+    attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
+    attention_forward(out_s.data(), att_s.data(), &qkv[0], &qkv[qw], &qkv[qw + kw], B, T, NH, NKV, HD, W, W);
+    CHECK(out == out_s);
+    CHECK(att == att_s);
+    std::vector<float> dq(N * qw, 0.0f), dk(N * kw, 0.0f), dv(N * kw, 0.0f), dqkv(N * W, 0.0f);
+    attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), att.data(), q.data(), k.data(), v.data(), B, T,
+                       NH, NKV, HD);
+    attention_backward(&dqkv[0], &dqkv[qw], &dqkv[qw + kw], dout.data(), att.data(), &qkv[0], &qkv[qw],
+                       &qkv[qw + kw], B, T, NH, NKV, HD, W, W);
+    for (size_t n = 0; n < N; ++n) {
+      REQUIRE(std::equal(&dq[n * qw], &dq[n * qw] + qw, &dqkv[n * W]));
+      REQUIRE(std::equal(&dk[n * kw], &dk[n * kw] + kw, &dqkv[n * W + qw]));
+      REQUIRE(std::equal(&dv[n * kw], &dv[n * kw] + kw, &dqkv[n * W + qw + kw]));
+    }
+  }
 }
 
 TEST_CASE("attention rejects NH not a multiple of NKV") {
