@@ -296,3 +296,15 @@ TEST_CASE("LoRA dropout on the CPU device: the same bits on 1 and 3 threads, for
   CHECK(dropped > n / 4);  // p = 0.3 of them, give or take
   CHECK(dropped < n * 7 / 20);
 }
+
+TEST_CASE("CPU device zero(): exactly the given bytes, on 1 and 3 threads, sizes around the 64 KiB blocks") {
+  for (int th : {1, 3})
+    for (size_t bytes : {size_t{0}, size_t{5}, size_t{65536}, size_t{65537}, size_t{3 * 65536 + 3}, size_t{1 << 22}}) {
+      CAPTURE(bytes);
+      ops::set_num_threads(th);
+      std::vector<unsigned char> buf(bytes + 16, 0xAB);
+      device::cpu().zero(buf.data() + 8, bytes);
+      for (size_t i = 0; i < buf.size(); ++i) REQUIRE(buf[i] == ((i >= 8 && i < 8 + bytes) ? 0 : 0xAB));
+    }
+  ops::set_num_threads(2);
+}
