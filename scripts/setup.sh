@@ -23,8 +23,9 @@ pkgs=(build-essential cmake pkg-config git python3
       libprotobuf-dev protobuf-compiler)
 if [ "$want_test" = 1 ]; then
   # libboost-context-dev: the fibers of the CPU execution engine that runs the CUDA code
-  # in tests (the EMU build tree).
-  pkgs+=(openssh-server iproute2 procps slurmctld slurmd slurm-client munge libboost-context-dev ccache)
+  # in tests (the EMU build tree); ccache and lld (ld.lld, which CMake then links with):
+  # the test run's two build trees compile and link faster.
+  pkgs+=(openssh-server iproute2 procps slurmctld slurmd slurm-client munge libboost-context-dev ccache lld)
   command -v npm >/dev/null 2>&1 || pkgs+=(npm)
 fi
 # PyTorch from Debian (1.13) for the CPU race against dtrain (scripts/compare_cpu.py).
