@@ -35,17 +35,10 @@ namespace {
 float* F(void* p) { return static_cast<float*>(p); }
 const float* F(const void* p) { return static_cast<const float*>(p); }
 
-// Rows of `width` floats `stride` apart (attention's q, k, v may be column blocks of GPT-2's
-// fused qkv rows) seen as the packed rows lib/ops takes: packed input is used in place, other
-// input is gathered into a per-thread buffer and outputs are computed there and scattered.
-// Zeroes `width` floats of each of `rows` rows `stride` apart (the q, k or v columns of a
-// fused qkv gradient), across the ops pool.
+// Zeroes `width` floats of each of `rows` rows `stride` apart (attention's dq, dk, dv may be
+// column blocks of GPT-2's fused qkv gradient rows), across the ops pool.
 void zero_rows(float* p, size_t rows, int width, int stride) {
   const size_t w = static_cast<size_t>(width), st = static_cast<size_t>(stride);
-  if (w == st) {
-    ops::parallel_for(rows, rows * w, [&](size_t b, size_t e) { std::fill(p + b * w, p + e * w, 0.0f); });
-    return;
-  }
   ops::parallel_for(rows, rows * w, [&](size_t b, size_t e) {
     for (size_t r = b; r < e; ++r) std::fill(p + r * st, p + r * st + w, 0.0f);
   });
