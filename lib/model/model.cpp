@@ -253,6 +253,19 @@ TensorView Model::tensor(const std::string& name) {
   return TensorView{};
 }
 
+std::vector<float> Model::logits_to_host() const {
+  DT_ENFORCE(scratch_ && B_ > 0, UsageError, "logits_to_host(): no forward has run");
+  const size_t N = static_cast<size_t>(B_) * T_, V = cfg_.vocab_size, ld = logits_ld_;
+  std::vector<float> out(N * V);
+  const size_t esz = dtype_size(dtype_);
+  std::vector<char> staged(N * ld * esz);
+  dev_->copy_d2h(staged.data(), scratch_->logits, staged.size());
+  const std::vector<int64_t> shape{static_cast<int64_t>(V)};
+  for (size_t n = 0; n < N; ++n)
+    tensor_copy(TensorView{out.data() + n * V, DType::F32, shape}, TensorView{staged.data() + n * ld * esz, dtype_, shape});
+  return out;
+}
+
 const float* Model::logits() const {
   host_enforce("logits()");
   return static_cast<const float*>(scratch_->logits);

@@ -109,6 +109,10 @@ class Model {
   /// Logits [B, T, vocab] of the last forward (valid until backward()), host fp32.
   /// UsageError on a device model.
   const float* logits() const;
+  /// Logits [B, T, vocab] of the last forward (valid until backward()) copied to host fp32,
+  /// on any device: a device model's padded rows are dropped and bf16/fp16 values widened.
+  /// Waits for the device. For parity checks against other implementations, not the step.
+  std::vector<float> logits_to_host() const;
   /// Per-position losses [B, T] of the last forward with targets (0 where masked), host.
   /// UsageError on a device model.
   const float* losses() const;

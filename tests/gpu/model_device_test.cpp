@@ -208,3 +208,29 @@ TEST_CASE("one model, two devices: host-only calls and bad inputs are refused cl
     CHECK(off == 0);
   }
 }
+
+TEST_CASE("logits_to_host: a device model's logits (padded rows dropped, bf16 widened) match the CPU's") {
+  SKIP_WITHOUT_GPU();
+  for (auto arch : {ModelConfig::Arch::GPT2, ModelConfig::Arch::LLAMA})
+    for (DType t : {DType::F32, DType::BF16}) {
+      INFO(model::arch_name(arch) << " " << dtype_name(t));
+      // A vocabulary that is not a multiple of the device's row padding.
+      ModelConfig cfg = tiny(arch);
+      cfg.vocab_size = 37;
+      model::Model cpu(cfg);
+      cpu.init_weights(4);
+      round_to(cpu, t);
+      auto dev = device::cuda_create(0);
+      model::Model gpu(cfg, *dev, t);
+      gpu.weights_copy_from(cpu);
+      const Batch b = make_batch(cfg.vocab_size, 8);
+      cpu.forward(b.tokens.data(), nullptr, B, T);
+      gpu.forward(b.tokens.data(), nullptr, B, T);
+      const std::vector<float> host = cpu.logits_to_host();
+      REQUIRE(host.size() == static_cast<size_t>(B) * T * cfg.vocab_size);
+      CHECK(std::equal(host.begin(), host.end(), cpu.logits()));  // the CPU: the same values
+      const std::vector<float> got = gpu.logits_to_host();
+      REQUIRE(got.size() == host.size());
+      CHECK(max_err(got, host.data()) <= (t == DType::F32 ? 1e-4 : 3e-2));
+    }
+}
