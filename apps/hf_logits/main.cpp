@@ -1,0 +1,112 @@
+// hf_logits: loads a Hugging Face model directory (config.json + safetensors, and a PEFT
+// adapter beside them when present) with dtrain's importer, runs dtrain's model on it on
+// the CPU or a CUDA device, and writes the logits [B, T, vocab] as raw little-endian fp32
+// plus one JSON line (mean next-token loss, shapes) on stdout. Asserts nothing: the GPU
+// check's hf stage (scripts/gpu_hf_parity.py) compares it with transformers and peft.
+//
+//   hf_logits --model DIR --tokens FILE --batch B --seq T [--device cpu|cuda]
+//             [--dtype f32|bf16|f16] --out LOGITS.f32
+//
+// FILE holds B rows of T + 1 int32 token ids: inputs are each row's first T, targets the
+// next T (the last position of a row predicts its T+1-th token).
+#include "core/check.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "device/device.h"
+#include "model/model.h"
+#include "train/model_factory.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+using namespace dtrain;
+
+namespace {
+
+int usage(const char* argv0, const std::string& why) {
+  std::fprintf(stderr,
+               "hf_logits: %s\nusage: %s --model DIR --tokens FILE --batch B --seq T [--device cpu|cuda] "
+               "[--dtype f32|bf16|f16] --out FILE\n",
+               why.c_str(), argv0);
+  return 2;
+}
+
+std::vector<int32_t> read_tokens(const std::string& path, size_t count) {
+  std::ifstream f(path, std::ios::binary);
+  DT_ENFORCE(f.good(), IoError, "{}: cannot open the token file", path);
+  std::vector<int32_t> v(count);
+  f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(count * sizeof(int32_t)));
+  DT_ENFORCE(f.gcount() == static_cast<std::streamsize>(count * sizeof(int32_t)), IoError,
+             "{}: holds fewer than {} int32 token ids (batch x (seq + 1))", path, count);
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_dir, tokens_path, out_path, device = "cpu", dtype_s = "f32";
+  int B = 0, T = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) return usage(argv[0], "option " + a + " needs a value");
+    const std::string v = argv[++i];
+    if (a == "--model") model_dir = v;
+    else if (a == "--tokens") tokens_path = v;
+    else if (a == "--out") out_path = v;
+    else if (a == "--device") device = v;
+    else if (a == "--dtype") dtype_s = v;
+    else if (a == "--batch") B = std::atoi(v.c_str());
+    else if (a == "--seq") T = std::atoi(v.c_str());
+    else return usage(argv[0], "unknown option " + a);
+  }
+  if (model_dir.empty() || tokens_path.empty() || out_path.empty() || B <= 0 || T <= 0)
+    return usage(argv[0], "--model, --tokens, --out, --batch and --seq are required (batch and seq > 0)");
+  if (device != "cpu" && device != "cuda") return usage(argv[0], "--device is cpu or cuda");
+  DType dt{};
+  if (!dtype_parse(dtype_s, &dt)) return usage(argv[0], "--dtype is f32, bf16 or f16");
+  if (device == "cpu" && dt != DType::F32) return usage(argv[0], "the CPU device computes in f32 only");
+  try {
+    std::unique_ptr<model::Model> host = train::model_load_hf_dir(model_dir);
+    const model::ModelConfig& cfg = host->config();
+    DT_ENFORCE(T <= cfg.max_seq_len, UsageError, "--seq {} is over the model's max_seq_len {}", T, cfg.max_seq_len);
+    const std::vector<int32_t> rows = read_tokens(tokens_path, static_cast<size_t>(B) * (T + 1));
+    std::vector<int32_t> tokens, targets;
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t) {
+        tokens.push_back(rows[static_cast<size_t>(b) * (T + 1) + t]);
+        targets.push_back(rows[static_cast<size_t>(b) * (T + 1) + t + 1]);
+      }
+    std::unique_ptr<device::Device> dev;
+    std::unique_ptr<model::Model> dm;
+    model::Model* m = host.get();
+    if (device == "cuda") {
+      device::cuda_require(0);
+      dev = device::cuda_create(0);
+      dm = std::make_unique<model::Model>(cfg, *dev, dt);
+      dm->weights_copy_from(*host);
+      m = dm.get();
+    }
+    m->set_training(false);
+    const float loss = m->forward(tokens.data(), targets.data(), B, T);
+    const std::vector<float> logits = m->logits_to_host();
+    std::ofstream o(out_path, std::ios::binary | std::ios::trunc);
+    o.write(reinterpret_cast<const char*>(logits.data()), static_cast<std::streamsize>(logits.size() * sizeof(float)));
+    o.close();
+    DT_ENFORCE(o.good(), IoError, "{}: writing the logits failed", out_path);
+    nlohmann::json j{{"model", model_dir},   {"device", device},         {"dtype", dtype_name(dt)},
+                     {"batch", B},           {"seq", T},                 {"vocab", cfg.vocab_size},
+                     {"loss", loss},         {"lora", m->lora_on()},     {"params", m->num_params()},
+                     {"logits", out_path}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hf_logits: %s\n", e.what());
+    return 1;
+  }
+}
