@@ -17,6 +17,9 @@
 #include <memory>
 
 #ifdef DTRAIN_HAVE_CUDA
+#include "core/cuda_check.h"
+
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 #endif
 
@@ -116,10 +119,18 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
     if (s == o.warmup) {
       tm->device().synchronize();
       t0 = Clock::now();
+#ifdef DTRAIN_HAVE_CUDA
+      // A profiler started with "from start off" (ncu --profile-from-start off, as the GPU
+      // check's speed stage does) records the timed steps only; without one, no effect.
+      if (cuda) DT_CUDA_CHECK(cudaProfilerStart());
+#endif
     }
     r.final_loss = stepper.step(batches[static_cast<size_t>(s) % batches.size()]);
   }
   tm->device().synchronize();
+#ifdef DTRAIN_HAVE_CUDA
+  if (cuda) DT_CUDA_CHECK(cudaProfilerStop());
+#endif
   if (cuda) {
     const train::ZeroMemory zm = stepper.engine().memory();
     r.arena_bytes = zm.total() + tm->activation_bytes();
