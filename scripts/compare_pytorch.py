@@ -48,6 +48,7 @@ def parse_args():
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first (torch.compile compiles here)")
     p.add_argument("--no-compile", action="store_true", help="PyTorch eager instead of torch.compile")
     p.add_argument("--skip-dtrain", action="store_true", help="PyTorch figures only")
+    p.add_argument("--json", metavar="FILE", help="also write every case's figures (dtrain, torch, ratio) to FILE")
     return p.parse_args()
 
 
@@ -274,6 +275,13 @@ def main():
               f"{gib(t['peak_memory_bytes']):>9} {mfu:>7}  max_memory_allocated; reserved {gib(t['reserved_bytes'])} GiB")
         if d is not None:
             print(f"{'':<11} {'':>10} {'ratio':<8} {d['tokens_per_s'] / t['tokens_per_s']:>11.2f}x")
+    if args.json:
+        doc = dict(gpu=gpu, torch=torch.__version__, compile=not args.no_compile, warmup=args.warmup, steps=args.steps,
+                   cases=[dict(case=name, micro_batch=micro, seq_len=seq_len, dtrain=d, torch=t,
+                               ratio=(d["tokens_per_s"] / t["tokens_per_s"]) if d is not None else None)
+                          for name, micro, seq_len, d, t in rows])
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
     return 0
 
 
