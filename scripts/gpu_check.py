@@ -1,0 +1,878 @@
+#!/usr/bin/env python3
+"""The GPU check's stages (scripts/gpu_check.sh is the entry point; see README "Checking
+on a real GPU"). Standard library only: it runs on the GPU machine's python3 and here.
+
+Stages, in order, each bounded in time; after each one $OUT/gpu_check.md (a table a person
+reads, then each stage's details) and $OUT/gpu_check.json are rewritten whole (write, then
+rename), so a run cut off at any point still returns every stage that finished:
+
+  env        GPU, SMs, memory, driver, the CUDA / cuBLASLt / NCCL libraries the binaries
+             resolved, dtrain's version and build id
+  tests      every GPU test binary of the bundle (doctest), pass / fail / skipped
+  sanitizer  compute-sanitizer memcheck, racecheck, synccheck, initcheck over the kernel
+             conformance table and the attention at a tile-crossing T
+  job        the default job on one GPU (fp32, bf16; CUDA graphs on and off): per-step losses
+             against the CPU reference made where the bundle was built
+  speed      dtrain bench train on GPT-2 124M and Llama 1B: tokens/s, MFU, peak memory,
+             beside --plan's prediction, per kernel class where ncu can time the kernels
+  peers      the same two models in PyTorch on the same GPU (scripts/compare_pytorch.py)
+  hf         transformers' tiny random models (and a peft adapter) against dtrain's import
+             (scripts/gpu_hf_parity.py)
+  profile    ncu on the attention forward / backward and the largest GEMM
+
+--rehearse runs the same stages here against the EMU tree (build-emu: dtrain-emu and the
+test binaries compiled against the CPU execution engine), with tiny shapes; a stage whose
+tool is missing (compute-sanitizer, ncu, PyTorch, transformers) reports SKIPPED with why.
+"""
+import argparse
+import csv
+import io
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STAGES = ["env", "tests", "sanitizer", "job", "speed", "peers", "hf", "profile"]
+# Seconds each stage may take on a GPU (the whole check is meant to end within ~6 minutes
+# on an H100; a stage that runs over is cut and reported TIMEOUT).
+STAGE_CAP = {"env": 20, "tests": 150, "sanitizer": 150, "job": 60, "speed": 100, "peers": 110, "hf": 60,
+             "profile": 45}
+# The GPU test binaries of the real build that run on a GPU (the engine-only suites, which
+# trace the device work, skip there and are left out). In a rehearsal the ones marked
+# True run whole; the others are listed (their own EMU ctest runs them).
+GPU_TESTS = [("gpu_cuda_device_test", True), ("kernels_gemm_test", True), ("gpu_bench_plan_test", True),
+             ("kernels_conformance_test", False), ("kernels_attention_test", False),
+             ("gpu_model_device_test", False), ("gpu_zero_device_test", False), ("gpu_bench_train_test", False),
+             ("comm_nccl_test", False)]
+# The default job as the check runs it (and as gpu_bundle.sh makes its CPU reference).
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from gpu_hf_parity import TINY_SETS  # noqa: E402 - the rehearsal's model shape, shared with the hf stage
+
+JOB_STEPS = {"gpu": 200, "rehearse": 4}
+JOB_SETS = {"gpu": ["training.eval_steps=100", "training.save_steps=100"],
+            "rehearse": TINY_SETS + ["training.eval_steps=4", "training.save_steps=4"]}
+
+
+def now():
+    return time.monotonic()
+
+
+# ----------------------------------------------------------------------------
+# Report: every stage's row, rewritten after each stage.
+class Report:
+    def __init__(self, out, mode, argv):
+        self.out, self.mode = out, mode
+        self.rows = []
+        self.header = dict(mode=mode, started=time.strftime("%Y-%m-%d %H:%M:%S %Z"), command=" ".join(argv))
+        os.makedirs(out, exist_ok=True)
+
+    def add(self, stage, status, seconds, summary, details="", data=None):
+        self.rows.append(dict(stage=stage, status=status, seconds=round(seconds, 1), summary=summary,
+                              details=details, data=data or {}))
+        self.write()
+
+    def write(self):
+        md = [f"# dtrain GPU check ({self.mode})", "",
+              f"started {self.header['started']}; `{self.header['command']}`", "",
+              "| stage | result | s | summary |", "|---|---|---:|---|"]
+        for r in self.rows:
+            md.append(f"| {r['stage']} | {r['status']} | {r['seconds']:.0f} | {r['summary'].replace('|', '/')} |")
+        for r in self.rows:
+            if r["details"]:
+                md += ["", f"## {r['stage']}: {r['status']}", "", r["details"].rstrip()]
+        self._atomic("gpu_check.md", "\n".join(md) + "\n")
+        self._atomic("gpu_check.json", json.dumps(dict(self.header, stages=self.rows), indent=1) + "\n")
+
+    def _atomic(self, name, text):
+        tmp = os.path.join(self.out, name + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, os.path.join(self.out, name))
+
+
+def run(cmd, timeout, env=None, cwd=ROOT):
+    """(rc, output, seconds); rc None when the command ran past its timeout."""
+    t0 = now()
+    try:
+        p = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=max(1, timeout), text=True, errors="replace")
+        return p.returncode, p.stdout, now() - t0
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return None, out, now() - t0
+    except OSError as e:
+        return 127, f"cannot run {cmd[0]}: {e}", now() - t0
+
+
+def tail(text, n=25):
+    lines = [l for l in text.splitlines() if l.strip()]
+    return "\n".join(lines[-n:])
+
+
+def code(text):
+    return "```\n" + text.rstrip() + "\n```\n" if text.strip() else ""
+
+
+def md_table(head, rows):
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        out.append("| " + " | ".join(str(c) for c in r) + " |")
+    return "\n".join(out) + "\n"
+
+
+def last_json(text):
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    return None
+
+
+# ----------------------------------------------------------------------------
+# Where the binaries are: the bundle (GPU) or the EMU tree (rehearsal).
+class Layout:
+    def __init__(self, args):
+        self.rehearse = args.rehearse
+        if args.rehearse:
+            self.build = os.path.abspath(args.build or os.path.join(ROOT, "build-emu"))
+            self.dtrain = os.path.join(self.build, "dtrain-emu")
+            self.bin = self.build
+            self.ref = None
+            self.manifest = {}
+        else:
+            self.bundle = os.path.abspath(args.bundle or os.path.join(ROOT, "gpu-bundle"))
+            self.bin = os.path.join(self.bundle, "bin")
+            self.dtrain = os.path.join(self.bin, "dtrain")
+            self.ref = os.path.join(self.bundle, "ref")
+            try:
+                with open(os.path.join(self.bundle, "manifest.json")) as f:
+                    self.manifest = json.load(f)
+            except (OSError, ValueError):
+                self.manifest = {}
+        self.hf_logits = os.path.join(self.bin, "hf_logits")
+        self.env = dict(os.environ)
+        self.env["DTRAIN_BIN"] = self.dtrain
+        self.env["DTRAIN_SOURCE_DIR"] = ROOT
+        self.libdirs = []
+
+    def test(self, name):
+        # a build tree keeps the kernel suites in tests/kernels/; the bundle has them all in bin/
+        for d in (self.bin, os.path.join(self.bin, "tests", "kernels")):
+            if os.access(os.path.join(d, name), os.X_OK):
+                return os.path.join(d, name)
+        return os.path.join(self.bin, name)
+
+    def missing(self):
+        need = [self.dtrain] + ([] if self.rehearse else [self.hf_logits])
+        return [p for p in need if not os.access(p, os.X_OK)]
+
+
+# The CUDA libraries a bundle does not carry come from the GPU machine: the toolkit's
+# lib64, the loader's cache, or PyTorch's pip wheels (nvidia/*/lib), whichever has them.
+def resolve_cuda_libs(lay):
+    binaries = [lay.dtrain, lay.hf_logits] + [lay.test(t) for t, _ in GPU_TESTS]
+    wanted = set()
+    for b in binaries:
+        if not os.access(b, os.X_OK):
+            continue
+        rc, out, _ = run(["ldd", b], 20, env=lay.env)
+        for m in re.finditer(r"^\s*(\S+) => not found", out, re.M):
+            wanted.add(m.group(1))
+    candidates = ["/usr/local/cuda/lib64", "/usr/local/cuda/lib", "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/lib/x86_64-linux-gnu",
+                  "/usr/local/nvidia/lib64", "/usr/local/nvidia/lib"]
+    for base in sorted(set(p for p in sys.path if p.endswith("site-packages")) | {"/opt/torch/.venv/lib"}):
+        for dirpath, dirnames, filenames in os.walk(base):
+            if dirpath.count(os.sep) - base.count(os.sep) > 4:
+                dirnames[:] = []
+                continue
+            if os.path.basename(dirpath) == "lib" and os.sep + "nvidia" + os.sep in dirpath + os.sep:
+                candidates.append(dirpath)
+    found = {}
+    for name in sorted(wanted):
+        for d in candidates:
+            if os.path.exists(os.path.join(d, name)):
+                found[name] = d
+                break
+    dirs = []
+    for d in found.values():
+        if d not in dirs:
+            dirs.append(d)
+    if dirs:
+        lay.libdirs = dirs
+        lay.env["LD_LIBRARY_PATH"] = ":".join(dirs + [p for p in lay.env.get("LD_LIBRARY_PATH", "").split(":") if p])
+    return wanted, found
+
+
+# ----------------------------------------------------------------------------
+# env
+def stage_env(lay, rep, cap):
+    t0 = now()
+    lines, data = [], {}
+    missing = lay.missing()
+    if missing:
+        rep.add("env", "FAIL", now() - t0, "missing binaries: " + ", ".join(missing),
+                "Build the bundle first (scripts/gpu_bundle.sh) or, for --rehearse, the EMU tree.")
+        return False
+    if not lay.rehearse:
+        wanted, found = lay.wanted, lay.found
+        unresolved = sorted(wanted - set(found))
+        data["libraries_wanted"] = sorted(wanted)
+        data["libraries_found"] = found
+        if unresolved:
+            rep.add("env", "FAIL", now() - t0, "CUDA libraries not found: " + ", ".join(unresolved),
+                    "Searched the toolkit, the loader's paths and the Python wheels (nvidia/*/lib).")
+            return False
+    rc, out, _ = run([lay.dtrain, "--version"], 20, env=lay.env)
+    data["dtrain_version"] = out.strip()
+    lines.append(f"dtrain: {out.strip()}")
+    if rc != 0:
+        rep.add("env", "FAIL", now() - t0, f"dtrain --version exit {rc}", code(out))
+        return False
+    rc, out, _ = run(["ldd", lay.dtrain], 20, env=lay.env)
+    libs = {}
+    for m in re.finditer(r"^\s*(lib(?:cudart|cublasLt|cublas|nccl)[^ ]*) => (\S+)", out, re.M):
+        libs[m.group(1)] = os.path.realpath(m.group(2))
+    data["cuda_libraries"] = libs
+    lines += [f"{k} => {v}" for k, v in sorted(libs.items())]
+    gpu = "CPU execution engine (rehearsal)"
+    if shutil.which("nvidia-smi"):
+        rc, out, _ = run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit",
+                          "--format=csv,noheader"], 20)
+        if rc == 0 and out.strip():
+            gpu = out.strip().splitlines()[0]
+            data["nvidia_smi"] = gpu
+    rc, out, _ = run([sys.executable, "-c",
+                      "import torch;p=torch.cuda.get_device_properties(0);"
+                      "print(p.name, p.multi_processor_count, p.total_memory, f'{p.major}.{p.minor}', torch.version.cuda)"],
+                     30) if not lay.rehearse else (1, "", 0)
+    if rc == 0 and out.strip():
+        data["torch_device"] = out.strip().splitlines()[-1]
+        lines.append("torch: " + data["torch_device"] + " (name, SMs, bytes, capability, CUDA)")
+    if lay.manifest:
+        data["bundle"] = lay.manifest
+        lines.append("bundle: " + json.dumps(lay.manifest))
+    if lay.libdirs:
+        lines.append("LD_LIBRARY_PATH += " + ":".join(lay.libdirs))
+    data["gpu"] = gpu
+    rep.add("env", "PASS", now() - t0, f"{gpu}; {data['dtrain_version']}", code("\n".join(lines)), data)
+    return True
+
+
+# ----------------------------------------------------------------------------
+# tests
+def doctest_counts(out):
+    m = None
+    for m in re.finditer(r"test cases:\s*(\d+)\s*\|\s*(\d+) passed\s*\|\s*(\d+) failed\s*\|\s*(\d+) skipped", out):
+        pass
+    return tuple(int(x) for x in m.groups()) if m else None
+
+
+def stage_tests(lay, rep, cap):
+    t0 = now()
+    rows, details, worst = [], [], "PASS"
+    for name, cheap in GPU_TESTS:
+        path = lay.test(name)
+        left = cap - (now() - t0)
+        if not os.access(path, os.X_OK):
+            rows.append([name, "MISSING", "-", "not in the bundle"])
+            worst = "FAIL"
+            continue
+        if left < 5:
+            rows.append([name, "NOT RUN", "-", "stage time used up"])
+            worst = "TIMEOUT" if worst == "PASS" else worst
+            continue
+        if lay.rehearse and not cheap:
+            rc, out, secs = run([path, "-ltc"], min(left, 30), env=lay.env)
+            n = len([l for l in out.splitlines() if l.strip() and not l.startswith(("[doctest]", "=", "-"))])
+            rows.append([name, "LISTED" if rc == 0 else "FAIL", f"{secs:.1f}",
+                         f"{n} test case(s) listed; its own EMU ctest runs them"])
+            if rc != 0:
+                worst = "FAIL"
+                details.append(f"### {name}\n" + code(tail(out)))
+            continue
+        rc, out, secs = run([path], min(left, 120), env=lay.env)
+        counts = doctest_counts(out)
+        cnt = f"{counts[1]} passed, {counts[2]} failed, {counts[3]} skipped" if counts else ""
+        if rc is None:
+            status = "TIMEOUT"
+        elif rc == 0:
+            status = "PASS"
+        elif rc == 77:
+            status = "SKIPPED"
+        else:
+            status = "FAIL"
+        note = cnt
+        skipped_why = re.findall(r"(only \d+ CUDA device\(s\)[^\n]*|skipped[^\n]*)", out)
+        if status == "SKIPPED" and skipped_why:
+            note = skipped_why[-1].strip()[:120]
+        rows.append([name, status, f"{secs:.1f}", note])
+        if status in ("FAIL", "TIMEOUT"):
+            worst = "FAIL"
+            # doctest prints each failed check's values (the error figures) before the summary
+            details.append(f"### {name} ({status})\n" + code(tail(out, 40)))
+    n_pass = sum(1 for r in rows if r[1] == "PASS")
+    summary = f"{n_pass}/{len(rows)} binaries passed" + (
+        "; " + ", ".join(f"{r[0]} {r[1]}" for r in rows if r[1] not in ("PASS", "LISTED")) if worst != "PASS" else "")
+    if lay.rehearse:
+        summary += f"; {sum(1 for r in rows if r[1] == 'LISTED')} listed (rehearsal)"
+    rep.add("tests", worst, now() - t0, summary,
+            md_table(["binary", "result", "s", "note"], rows) + "\n".join(details), dict(rows=rows))
+
+
+# ----------------------------------------------------------------------------
+# sanitizer
+SANITIZER_RUNS = [
+    ("kernels_conformance_test", ["-tc=conformance table*"]),
+    # T=1024 crosses the attention's 64-row tiles many times (GQA and MQA, fp32 and bf16).
+    ("kernels_attention_test", ["-tc=attention: T=1024*"]),
+]
+
+
+def stage_sanitizer(lay, rep, cap):
+    t0 = now()
+    cs = shutil.which("compute-sanitizer") or (
+        "/usr/local/cuda/bin/compute-sanitizer" if os.access("/usr/local/cuda/bin/compute-sanitizer", os.X_OK) else None)
+    if lay.rehearse or not cs:
+        why = ("rehearsal: compute-sanitizer checks a real GPU; the engine's own checks run in every EMU test"
+               if lay.rehearse else "compute-sanitizer not found")
+        rep.add("sanitizer", "SKIPPED", now() - t0, why)
+        return
+    rows, details, worst = [], [], "PASS"
+    tools = ["memcheck", "racecheck", "synccheck", "initcheck"]
+    for tool in tools:
+        for name, filt in SANITIZER_RUNS:
+            left = cap - (now() - t0)
+            if left < 5:
+                rows.append([tool, name, "NOT RUN", "-", "stage time used up"])
+                worst = "TIMEOUT" if worst == "PASS" else worst
+                continue
+            extra = ["--racecheck-report", "all"] if tool == "racecheck" else []
+            cmd = [cs, "--tool", tool, "--error-exitcode", "99", "--print-limit", "20"] + extra + [lay.test(name)] + filt
+            rc, out, secs = run(cmd, min(left, 45), env=lay.env)
+            m = re.search(r"ERROR SUMMARY:\s*(\d+) error", out)
+            errors = int(m.group(1)) if m else None
+            if rc is None:
+                status = "TIMEOUT"
+            elif errors == 0 and rc == 0:
+                status = "PASS"
+            else:
+                status = "FAIL"
+            rows.append([tool, name, status, f"{secs:.1f}", f"{errors} errors" if errors is not None else "no summary"])
+            if status != "PASS":
+                worst = "FAIL" if status == "FAIL" or worst == "FAIL" else "TIMEOUT"
+                details.append(f"### {tool} on {name} ({status})\n" + code(tail(out, 40)))
+    total = sum(int(r[4].split()[0]) for r in rows if r[4].endswith("errors"))
+    rep.add("sanitizer", worst, now() - t0, f"{total} errors over {len(rows)} runs",
+            md_table(["tool", "binary", "result", "s", "errors"], rows) + "\n".join(details), dict(rows=rows))
+
+
+# ----------------------------------------------------------------------------
+# job: the default job, per-step losses against the CPU reference
+def read_metrics(run_dir):
+    train, evals, step_ms = {}, {}, []
+    path = os.path.join(run_dir, "metrics.jsonl")
+    try:
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(r, dict) or "step" not in r:
+                    continue
+                if "eval_loss" in r:
+                    evals[int(r["step"])] = float(r["eval_loss"])
+                elif "loss" in r:
+                    train[int(r["step"])] = float(r["loss"])
+                    if isinstance(r.get("step_time"), (int, float)) and int(r["step"]) > 1:
+                        step_ms.append(1e3 * float(r["step_time"]))  # seconds; step 1 includes set-up
+    except OSError:
+        pass
+    return train, evals, step_ms
+
+
+def job_command(dtrain, run_dir, device, steps, sets, extra=()):
+    # one rank (one GPU), every step logged
+    cmd = [dtrain, "launch", "--output-dir", run_dir, "--nproc-per-node", "1", "--set", f"training.device={device}",
+           "--set", f"training.max_steps={steps}", "--set", "steps_per_print=1"]
+    for s in list(sets) + list(extra):
+        cmd += ["--set", s]
+    return cmd
+
+
+def make_reference(dtrain, ref_dir, mode, env, timeout):
+    """Runs the default job on the CPU (fp32) and writes ref_dir/job_cpu.json."""
+    work = tempfile.mkdtemp(prefix="dtrain-ref-")
+    run_dir = os.path.join(work, "cpu")
+    rc, out, secs = run(job_command(dtrain, run_dir, "cpu", JOB_STEPS[mode], JOB_SETS[mode]), timeout, env=env)
+    train, evals, step_ms = read_metrics(run_dir)
+    shutil.rmtree(work, ignore_errors=True)
+    if rc != 0 or not train:
+        raise RuntimeError(f"the CPU reference job failed (exit {rc}):\n{tail(out)}")
+    os.makedirs(ref_dir, exist_ok=True)
+    doc = dict(steps=JOB_STEPS[mode], sets=JOB_SETS[mode], device="cpu", dtype="fp32",
+               losses={str(k): v for k, v in sorted(train.items())}, eval_losses={str(k): v for k, v in evals.items()},
+               seconds=round(secs, 1))
+    with open(os.path.join(ref_dir, "job_cpu.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    return doc
+
+
+# Tolerances: the first steps follow the CPU closely (the same data, init and schedule;
+# only the order of float operations differs); later steps drift apart as training does
+# between any two implementations, so from step 50 only the evaluation loss is compared,
+# against the spread of the default job over seeds (README: eval_loss 1.76-1.89).
+EARLY_STEPS = 50
+TOL = {"fp32": 2e-3, "bf16": 3e-2}
+EVAL_TOL = 0.15
+
+
+def compare_losses(got, ref, dtype):
+    early = [s for s in sorted(ref) if s <= EARLY_STEPS and s in got]
+    worst = 0.0
+    for s in early:
+        worst = max(worst, abs(got[s] - ref[s]) / max(abs(ref[s]), 1e-6))
+    return early, worst
+
+
+def stage_job(lay, rep, cap, out_dir):
+    t0 = now()
+    mode = "rehearse" if lay.rehearse else "gpu"
+    ref_path = os.path.join(lay.ref or os.path.join(out_dir, "ref"), "job_cpu.json")
+    try:
+        if lay.rehearse and not os.path.exists(ref_path):
+            make_reference(lay.dtrain, os.path.dirname(ref_path), mode, lay.env, cap / 2)
+        with open(ref_path) as f:
+            ref_doc = json.load(f)
+    except (OSError, ValueError, RuntimeError) as e:
+        rep.add("job", "FAIL", now() - t0, "no CPU reference", code(str(e)))
+        return None
+    ref = {int(k): v for k, v in ref_doc["losses"].items()}
+    ref_eval = {int(k): v for k, v in ref_doc.get("eval_losses", {}).items()}
+    steps, sets = ref_doc["steps"], ref_doc["sets"]
+    variants = [("fp32", []), ("bf16", ["bf16.enabled=true"]), ("fp32, graphs off", ["training.cuda_graph=false"])]
+    rows, details, worst, keep = [], [], "PASS", None
+    work = os.path.join(out_dir, "work")
+    os.makedirs(work, exist_ok=True)
+    for label, extra in variants:
+        left = cap - (now() - t0)
+        if left < 5:
+            rows.append([label, "NOT RUN", "-", "-", "-", "-", "stage time used up"])
+            worst = "TIMEOUT" if worst == "PASS" else worst
+            continue
+        run_dir = os.path.join(work, "job-" + re.sub(r"[^a-z0-9]+", "-", label))
+        shutil.rmtree(run_dir, ignore_errors=True)
+        rc, out, secs = run(job_command(lay.dtrain, run_dir, "cuda", steps, sets, extra), left, env=lay.env)
+        got, evals, step_ms = read_metrics(run_dir)
+        dtype = "bf16" if "bf16" in label else "fp32"
+        early, err = compare_losses(got, ref, dtype)
+        last = max(got) if got else None
+        ev = max(evals) if evals else None
+        eval_diff = abs(evals[ev] - ref_eval[ev]) if ev is not None and ev in ref_eval else None
+        status = "PASS"
+        why = []
+        if rc is None:
+            status, why = "TIMEOUT", ["ran past the stage's time"]
+        elif rc != 0:
+            status, why = "FAIL", [f"exit {rc}"]
+        elif len(got) < len(ref):
+            status, why = "FAIL", [f"{len(got)} of {len(ref)} steps logged"]
+        else:
+            if err > TOL[dtype]:
+                status = "FAIL"
+                why.append(f"steps <= {EARLY_STEPS}: relative loss difference {err:.2e} > {TOL[dtype]:.0e}")
+            if eval_diff is not None and eval_diff > EVAL_TOL:
+                status = "FAIL"
+                why.append(f"eval_loss differs by {eval_diff:.3f} > {EVAL_TOL}")
+        if label == "fp32" and status == "PASS":
+            keep = run_dir
+        ms = f"{sum(step_ms) / len(step_ms):.2f}" if step_ms else "-"
+        rows.append([label, status, f"{secs:.1f}", f"{err:.2e}" if early else "-",
+                     f"{got[last]:.4f} / {ref.get(last, float('nan')):.4f}" if last is not None else "-",
+                     f"{evals[ev]:.4f} / {ref_eval.get(ev, float('nan')):.4f}" if ev is not None else "-",
+                     "; ".join(why) or f"{len(got)} steps; mean step {ms} ms"])
+        if status != "PASS":
+            worst = "FAIL" if status == "FAIL" or worst == "FAIL" else "TIMEOUT"
+            details.append(f"### {label} ({status})\n" + code(tail(out, 30)))
+    summary = ", ".join(f"{r[0]} {r[1]}" for r in rows) + f" ({steps} steps vs the CPU fp32 reference)"
+    rep.add("job", worst, now() - t0, summary,
+            md_table(["run", "result", "s", f"max rel. diff, steps <= {EARLY_STEPS}", "last loss (cuda / cpu)",
+                      "eval_loss (cuda / cpu)", "note"], rows) + "\n".join(details), dict(rows=rows))
+    return keep
+
+
+# ----------------------------------------------------------------------------
+# speed: bench train beside the plan, per kernel class where ncu can time the kernels
+SPEED_CASES = {
+    "gpu": [("gpt2-124m", "configs/gpt2-124m.yaml", ["train_micro_batch_size_per_gpu=16", "data.seq_len=1024"]),
+            ("llama-1b", "configs/llama-1b.yaml", ["train_micro_batch_size_per_gpu=4", "data.seq_len=2048"])],
+    "rehearse": [("tiny-sft", "configs/tiny-sft.yaml", TINY_SETS + ["bf16.enabled=true"])],
+}
+SPEED_STEPS = {"gpu": (3, 10), "rehearse": (1, 2)}
+CUBLAS_HINT = re.compile(r"gemm|xmma|cutlass|nvjet|splitK|sm\d+_|cublas", re.I)
+
+
+def kernel_class(name):
+    base = name.split("<")[0].split("(")[0].strip()
+    if base.startswith("attn_fwd"):
+        return "attention_forward"
+    if base.startswith(("attn_bwd", "attn_dq", "attn_dkv", "attn_dkdv", "attn_dvec")):
+        return "attention_backward"
+    if base.endswith("_kernel") or base in ("norm_sq_pack",):
+        return base
+    if CUBLAS_HINT.search(base):
+        return "gemm (cuBLASLt)"
+    return base
+
+
+def plan_classes(plan):
+    out = {}
+    for row in plan.get("kernels", []):
+        if row.get("gemm"):
+            cls = "gemm (cuBLASLt)"
+        elif str(row.get("op", "")).startswith("attention_"):
+            cls = row["op"]
+        else:
+            kern = str(row.get("kernel", ""))
+            if kern.startswith(("memset", "memcpy", "cudaMemset", "cudaMemcpy")):
+                continue
+            cls = kernel_class(kern)
+        out[cls] = out.get(cls, 0.0) + float(row.get("ms", 0.0))
+    return out
+
+
+def ncu_path():
+    for c in [shutil.which("ncu"), "/usr/local/cuda/bin/ncu"]:
+        if c and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+def ncu_class_times(ncu, cmd, env, timeout):
+    """Per-class measured milliseconds of the kernels between cudaProfilerStart/Stop."""
+    full = [ncu, "--profile-from-start", "off", "--metrics", "gpu__time_duration.sum", "--csv", "--page", "raw",
+            "--print-units", "base", "--cache-control", "none", "--clock-control", "none",
+            "--print-kernel-base", "function"] + cmd
+    rc, out, secs = run(full, timeout, env=env)
+    if rc != 0:
+        return None, f"ncu exit {rc}:\n{tail(out)}"
+    start = out.find('"ID"')
+    if start < 0:
+        return None, "ncu printed no CSV:\n" + tail(out)
+    rows = list(csv.reader(io.StringIO(out[start:])))
+    head = rows[0]
+    try:
+        ki, ti = head.index("Kernel Name"), head.index("gpu__time_duration.sum")
+    except ValueError:
+        return None, "ncu CSV without Kernel Name / gpu__time_duration.sum columns"
+    classes, n = {}, 0
+    for r in rows[1:]:
+        if len(r) <= max(ki, ti):
+            continue
+        try:
+            ns = float(r[ti].replace(",", ""))
+        except ValueError:
+            continue  # the units row
+        cls = kernel_class(r[ki])
+        classes[cls] = classes.get(cls, 0.0) + ns / 1e6
+        n += 1
+    return classes, f"{n} kernels timed by ncu in {secs:.0f} s"
+
+
+def bench_cmd(lay, config, sets, warmup, steps, plan=False):
+    cmd = [lay.dtrain, "bench", "train", "--config", os.path.join(ROOT, config), "--device", "cuda", "--json",
+           "--warmup", str(warmup), "--steps", str(steps)]
+    for s in sets:
+        cmd += ["--set", s]
+    if plan:
+        cmd = [c for c in cmd if c not in ("--device", "cuda")] + ["--plan"]
+    return cmd
+
+
+def stage_speed(lay, rep, cap):
+    t0 = now()
+    mode = "rehearse" if lay.rehearse else "gpu"
+    warmup, steps = SPEED_STEPS[mode]
+    ncu = None if lay.rehearse else ncu_path()
+    rows, details, worst, results = [], [], "PASS", {}
+    for name, config, sets in SPEED_CASES[mode]:
+        left = cap - (now() - t0)
+        if left < 10:
+            rows.append([name, "NOT RUN"] + ["-"] * 6)
+            worst = "TIMEOUT" if worst == "PASS" else worst
+            continue
+        rc, out, secs = run(bench_cmd(lay, config, sets, warmup, steps), min(left, 60), env=lay.env)
+        b = last_json(out) if rc == 0 else None
+        rcp, outp, _ = run(bench_cmd(lay, config, sets, 0, 1, plan=True), 30, env=lay.env)
+        p = last_json(outp) if rcp == 0 else None
+        if b is None or p is None:
+            worst = "FAIL"
+            rows.append([name, "FAIL", "-", "-", "-", "-", "-", "-"])
+            details.append(f"### {name}\n" + code(tail(out if b is None else outp, 30)))
+            continue
+        results[name] = dict(bench=b, plan=p)
+        mfu = f"{100 * b['mfu']:.1f}%" if b.get("mfu") is not None else "N/A"
+        pm = f"{100 * p['mfu']:.1f}%" if p.get("mfu") is not None else "N/A"
+        peak = b.get("peak_memory_bytes")
+        rows.append([name, "PASS", f"{b['tokens_per_s']:.0f}", f"{b['step_ms']:.2f}", mfu,
+                     f"{peak / 2**30:.2f}" if peak else "-", f"{p['step_ms']:.2f}", pm])
+        # per kernel class: measured (ncu, the timed step only) vs the plan
+        if ncu and cap - (now() - t0) > 20:
+            classes, note = ncu_class_times(ncu, bench_cmd(lay, config, sets, 2, 1), lay.env,
+                                            min(60, cap - (now() - t0) - 5))
+            if classes is None:
+                details.append(f"### {name}: per-class timing\n" + code(note))
+                continue
+            pc = plan_classes(p)
+            crow, off = [], []
+            for cls in sorted(set(pc) | set(classes), key=lambda c: -max(pc.get(c, 0), classes.get(c, 0))):
+                m, q = classes.get(cls), pc.get(cls)
+                ratio = (m / q) if m and q else None
+                flag = ratio is not None and abs(ratio - 1) > 0.25
+                if flag or (m and not q) or (q and not m):
+                    off.append(cls)
+                crow.append([cls, f"{q:.3f}" if q else "-", f"{m:.3f}" if m else "-",
+                             f"{ratio:.2f}" if ratio else "-", "MISJUDGED" if flag else ("" if ratio else "unmatched")])
+            results[name]["classes"] = dict(measured=classes, plan=pc, misjudged=off)
+            details.append(f"### {name}: per kernel class, plan vs measured (ncu: {note})\n\n" +
+                           md_table(["class", "plan ms", "measured ms", "measured / plan", ""], crow) +
+                           ("\nmisjudged by more than 25%: " + ", ".join(off) + "\n" if off else ""))
+        elif not ncu:
+            details.append(f"### {name}: per kernel class\n\nnot timed: " +
+                           ("rehearsal (the engine's times are not a GPU's)" if lay.rehearse else "ncu not found") + "\n")
+    summary = "; ".join(f"{r[0]} {r[2]} tok/s, MFU {r[4]} (plan {r[7]})" if r[1] == "PASS" else f"{r[0]} {r[1]}"
+                        for r in rows)
+    if lay.rehearse:
+        summary += " (engine: not a speed)"
+    rep.add("speed", worst, now() - t0, summary,
+            md_table(["model", "result", "tokens/s", "step ms", "MFU", "peak GiB", "plan step ms", "plan MFU"], rows) +
+            "\nCUDA graphs: `bench train` times the bench's own eager step (it does not replay graphs yet); the job "
+            "stage runs the trainer with graphs on and off.\n\n" + "\n".join(details), dict(results=results))
+    return results
+
+
+# ----------------------------------------------------------------------------
+# peers: PyTorch on the same GPU
+def torch_probe(env):
+    rc, out, _ = run([sys.executable, "-c", "import torch;print(torch.__version__, torch.cuda.is_available())"], 60,
+                     env=env)
+    if rc != 0:
+        return None, "PyTorch is not installed for " + sys.executable
+    ver, cuda = out.split()[-2:]
+    return ver, cuda == "True"
+
+
+def stage_peers(lay, rep, cap, speed, out_dir):
+    t0 = now()
+    ver, cuda = torch_probe(lay.env)
+    if ver is None or not cuda or lay.rehearse:
+        why = cuda if ver is None else (f"torch {ver} sees no CUDA device" if not cuda else
+                                        f"torch {ver} here has no GPU to race on")
+        rep.add("peers", "SKIPPED", now() - t0, ("rehearsal: " if lay.rehearse else "") + why)
+        return
+    rows, details, worst = [], [], "PASS"
+    have_dtrain = all(k in speed for k in ("gpt2-124m", "llama-1b"))
+    runs = [("eager", ["--no-compile"]), ("torch.compile", [])]
+    docs = {}
+    for label, extra in runs:
+        left = cap - (now() - t0)
+        if left < 30:
+            rows.append([label, "NOT RUN", "-", "-", "-", "stage time used up"])
+            continue
+        js = os.path.join(out_dir, f"peers-{label.replace('.', '-')}.json")
+        cases = "gpt2,llama" if label == "eager" else "gpt2"
+        cmd = [sys.executable, os.path.join(ROOT, "scripts", "compare_pytorch.py"), "--dtrain", lay.dtrain, "--cases",
+               cases, "--steps", "10", "--warmup", "3", "--json", js] + extra
+        if have_dtrain:
+            cmd.append("--skip-dtrain")
+        rc, out, secs = run(cmd, left - 2, env=lay.env)
+        if rc != 0:
+            worst = "FAIL" if rc is not None else "TIMEOUT"
+            rows.append([label, "FAIL" if rc is not None else "TIMEOUT", "-", "-", "-", f"{secs:.0f} s"])
+            details.append(f"### {label}\n" + code(tail(out, 30)))
+            continue
+        with open(js) as f:
+            docs[label] = json.load(f)
+        for c in docs[label]["cases"]:
+            key = "gpt2-124m" if c["case"] == "gpt2" else "llama-1b"
+            d = speed[key]["bench"] if have_dtrain else c["dtrain"]
+            t = c["torch"]
+            ratio = d["tokens_per_s"] / t["tokens_per_s"] if d else None
+            rows.append([label, key, f"{d['tokens_per_s']:.0f}" if d else "-", f"{t['tokens_per_s']:.0f}",
+                         f"{ratio:.2f}x" if ratio else "-",
+                         f"torch peak {t['peak_memory_bytes'] / 2**30:.2f} GiB"])
+    summary = "; ".join(f"{r[1]} {r[0]}: dtrain/PyTorch {r[4]}" for r in rows if len(r) == 6 and r[1] in
+                        ("gpt2-124m", "llama-1b")) or "no figures"
+    rep.add("peers", worst, now() - t0, summary,
+            md_table(["torch", "model", "dtrain tokens/s", "PyTorch tokens/s", "dtrain / PyTorch", "note"], rows) +
+            "\n".join(details), dict(docs=docs))
+
+
+# ----------------------------------------------------------------------------
+# hf: tiny random models of every architecture dtrain imports
+def stage_hf(lay, rep, cap, out_dir):
+    t0 = now()
+    js = os.path.join(out_dir, "hf_parity.json")
+    cmd = [sys.executable, os.path.join(ROOT, "scripts", "gpu_hf_parity.py"), "--dtrain", lay.dtrain, "--hf-logits",
+           lay.hf_logits, "--work", os.path.join(out_dir, "work", "hf"), "--json", js]
+    if lay.rehearse:
+        cmd.append("--rehearse")
+    rc, out, secs = run(cmd, cap, env=lay.env)
+    doc = None
+    try:
+        with open(js) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        pass
+    if rc == 3 and doc and doc.get("skipped"):
+        rep.add("hf", "SKIPPED", now() - t0, doc["skipped"])
+        return
+    if doc is None:
+        rep.add("hf", "FAIL" if rc is not None else "TIMEOUT", now() - t0, f"gpu_hf_parity.py exit {rc}",
+                code(tail(out, 30)))
+        return
+    rows = [[c["case"], c["reference"], c["dtype"], "PASS" if c["ok"] else "FAIL", f"{c['logits_rel_err']:.2e}",
+             f"{c['loss_dtrain']:.5f} / {c['loss_ref']:.5f}", c.get("note", "")] for c in doc["cases"]]
+    status = "PASS" if rc == 0 and all(c["ok"] for c in doc["cases"]) else ("TIMEOUT" if rc is None else "FAIL")
+    summary = f"{sum(1 for c in doc['cases'] if c['ok'])}/{len(doc['cases'])} cases match ({doc.get('reference')})"
+    rep.add("hf", status, now() - t0, summary,
+            md_table(["case", "reference", "dtype", "result", "max abs logit diff / max abs logit", "loss dtrain / ref",
+                      "note"], rows) + ("" if status == "PASS" else code(tail(out, 30))), doc)
+
+
+# ----------------------------------------------------------------------------
+# profile: ncu on the attention kernels and the largest GEMM of one GPT-2 step
+PROFILE_METRICS = ["gpu__time_duration.sum", "dram__bytes.sum", "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+                   "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+                   "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+                   "launch__registers_per_thread", "sm__warps_active.avg.pct_of_peak_sustained_active"]
+
+
+def stage_profile(lay, rep, cap, speed):
+    t0 = now()
+    ncu = None if lay.rehearse else ncu_path()
+    if ncu is None:
+        rep.add("profile", "SKIPPED", now() - t0,
+                "rehearsal: ncu reads a real GPU's counters" if lay.rehearse else "ncu not found")
+        return
+    name, config, sets = SPEED_CASES["gpu"][0]
+    plan = speed.get(name, {}).get("plan")
+    cmd = [ncu, "--profile-from-start", "off", "--csv", "--page", "raw", "--print-units", "base",
+           "--print-kernel-base", "function", "--clock-control", "none", "--kernel-name",
+           r"regex:attn_fwd_mma|attn_bwd_mma|gemm|xmma|nvjet|cutlass", "--launch-count", "40",
+           "--metrics", ",".join(PROFILE_METRICS)] + bench_cmd(lay, config, sets, 2, 1)
+    rc, out, secs = run(cmd, cap - 2, env=lay.env)
+    start = out.find('"ID"')
+    if rc != 0 or start < 0:
+        rep.add("profile", "FAIL" if rc is not None else "TIMEOUT", now() - t0, f"ncu exit {rc}", code(tail(out, 30)))
+        return
+    rows = list(csv.reader(io.StringIO(out[start:])))
+    head = rows[0]
+    col = {h: i for i, h in enumerate(head)}
+    best = {}
+    for r in rows[1:]:
+        if len(r) < len(head):
+            continue
+        try:
+            t = float(r[col["gpu__time_duration.sum"]].replace(",", ""))
+        except (ValueError, KeyError):
+            continue
+        cls = kernel_class(r[col["Kernel Name"]])
+        key = cls if cls.startswith("attention") else "largest GEMM"
+        if key not in best or t > best[key][0]:
+            best[key] = (t, r)
+    # the plan's FLOPs per launch of the class give the achieved rate
+    flops = {}
+    for row in (plan or {}).get("kernels", []):
+        cls = "largest GEMM" if row.get("gemm") else row.get("op")
+        per = float(row.get("gflop", 0)) / max(1, int(row.get("launches", 1)))
+        flops[cls] = max(flops.get(cls, 0.0), per)
+    out_rows = []
+    for key, (t, r) in sorted(best.items()):
+        g = lambda m: r[col[m]] if m in col else "-"
+        tflops = flops.get(key, 0) / (t * 1e-9) / 1e3 if flops.get(key) else None
+        dram = float(g("dram__bytes.sum").replace(",", "") or 0) if g("dram__bytes.sum") != "-" else None
+        out_rows.append([key, r[col["Kernel Name"]][:60], f"{t / 1e3:.1f}", f"{tflops:.0f}" if tflops else "-",
+                         f"{dram / (t * 1e-9) / 1e12:.2f}" if dram else "-",
+                         g("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"),
+                         g("sm__warps_active.avg.pct_of_peak_sustained_active"), g("launch__registers_per_thread")])
+    rep.add("profile", "PASS", now() - t0, "; ".join(f"{r[0]} {r[2]} us, {r[3]} TFLOP/s, {r[4]} TB/s" for r in out_rows),
+            md_table(["kernel class", "kernel", "us", "TFLOP/s (plan FLOPs)", "DRAM TB/s", "tensor pipe %",
+                      "warps active %", "regs"], out_rows), dict(rows=out_rows))
+
+
+# ----------------------------------------------------------------------------
+def main():
+    ap = argparse.ArgumentParser(description="dtrain's GPU check (see scripts/gpu_check.sh)")
+    ap.add_argument("--rehearse", action="store_true", help="run against the EMU tree here, tiny shapes")
+    ap.add_argument("--only", help="comma list of stages: " + ",".join(STAGES))
+    ap.add_argument("--bundle", help="the bundle (default: ./gpu-bundle)")
+    ap.add_argument("--build", help="--rehearse: the EMU build tree (default: ./build-emu)")
+    ap.add_argument("--out", help="report folder (default: $OUT, else ./gpu-check-out)")
+    ap.add_argument("--budget", type=float, default=560,
+                    help="seconds for the whole check (default 560: one device call may run 600)")
+    ap.add_argument("--make-reference", metavar="DTRAIN",
+                    help="only write the CPU reference of the job stage with this dtrain into --out")
+    args = ap.parse_args()
+    if args.make_reference:
+        doc = make_reference(args.make_reference, args.out, "gpu", dict(os.environ), 1200)
+        print(f"gpu_check: CPU reference: {len(doc['losses'])} steps in {doc['seconds']} s -> {args.out}/job_cpu.json")
+        return 0
+    only = STAGES if not args.only else [s.strip() for s in args.only.split(",") if s.strip()]
+    bad = [s for s in only if s not in STAGES]
+    if bad:
+        print(f"gpu_check: unknown stage(s) {', '.join(bad)}; stages: {', '.join(STAGES)}", file=sys.stderr)
+        return 2
+    out_dir = os.path.abspath(args.out or os.environ.get("OUT") or os.path.join(ROOT, "gpu-check-out"))
+    lay = Layout(args)
+    lay.wanted, lay.found = resolve_cuda_libs(lay) if not args.rehearse else (set(), {})
+    rep = Report(out_dir, "rehearsal on the CPU execution engine" if args.rehearse else "GPU", sys.argv)
+    t_start = now()
+    speed = {}
+    for stage in STAGES:
+        if stage not in only:
+            continue
+        left = args.budget - (now() - t_start)
+        cap = min(STAGE_CAP[stage] * (3 if args.rehearse else 1), left)
+        if cap < 5:
+            rep.add(stage, "NOT RUN", 0, f"the check's budget of {args.budget:.0f} s was used up")
+            continue
+        print(f"gpu_check: {stage} (up to {cap:.0f} s)", flush=True)
+        if stage == "env":
+            if not stage_env(lay, rep, cap):
+                break
+        elif stage == "tests":
+            stage_tests(lay, rep, cap)
+        elif stage == "sanitizer":
+            stage_sanitizer(lay, rep, cap)
+        elif stage == "job":
+            stage_job(lay, rep, cap, out_dir)
+        elif stage == "speed":
+            speed = stage_speed(lay, rep, cap)
+        elif stage == "peers":
+            stage_peers(lay, rep, cap, speed, out_dir)
+        elif stage == "hf":
+            stage_hf(lay, rep, cap, out_dir)
+        elif stage == "profile":
+            stage_profile(lay, rep, cap, speed)
+        r = rep.rows[-1]
+        print(f"gpu_check: {r['stage']}: {r['status']} ({r['seconds']:.0f} s) {r['summary']}", flush=True)
+    failed = [r["stage"] for r in rep.rows if r["status"] in ("FAIL", "TIMEOUT", "NOT RUN")]
+    print(f"gpu_check: report {out_dir}/gpu_check.md; " + (f"failed: {', '.join(failed)}" if failed else "no failures"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

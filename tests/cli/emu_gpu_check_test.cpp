@@ -1,0 +1,111 @@
+// The GPU check's rehearsal (scripts/gpu_check.sh --rehearse) against this EMU tree: every
+// stage reports in gpu_check.json and gpu_check.md, the stages the CPU execution engine can
+// run pass (env, tests, the default job against its CPU reference, the bench beside its
+// plan, dtrain's HF export read back by apps/hf_logits on both devices), the stages that
+// need a real GPU's tools say SKIPPED with the reason; --only, a used-up budget and a bad
+// stage name behave as the script says. So the script that meets a borrowed GPU is proven
+// in every CI run. Built only in the EMU tree.
+#include "cli_harness.h"
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <set>
+
+using namespace dtrain::cli_test;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string source_dir() {
+  const char* s = std::getenv("DTRAIN_SOURCE_DIR");
+  return s && *s ? s : fs::current_path().string();
+}
+
+RunResult gpu_check(const std::vector<std::string>& args, int timeout_s) {
+  const std::string bin = dtrain_bin();
+  std::vector<std::string> argv{"/bin/bash", source_dir() + "/scripts/gpu_check.sh", "--rehearse", "--build",
+                                fs::path(bin).parent_path().string()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run(argv, {}, std::chrono::seconds(timeout_s));
+}
+
+nlohmann::json report(const std::string& dir) {
+  const std::string text = read_text(dir + "/gpu_check.json");
+  REQUIRE_MESSAGE(!text.empty(), "no gpu_check.json in " << dir);
+  return nlohmann::json::parse(text);
+}
+
+std::map<std::string, nlohmann::json> by_stage(const nlohmann::json& j) {
+  std::map<std::string, nlohmann::json> m;
+  for (const auto& s : j.at("stages")) m[s.at("stage").get<std::string>()] = s;
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("gpu_check --rehearse: every stage reports; the engine's stages pass, the GPU tools' stages skip") {
+  REQUIRE_MESSAGE(!dtrain_bin().empty(), "$DTRAIN_BIN (dtrain-emu) is not set: run through ctest in the EMU tree");
+  TempDir tmp("dtrain-gpu-check");
+  REQUIRE(!tmp.path().empty());
+  const RunResult r = gpu_check({"--out", tmp.path()}, 800);
+  INFO(r.out);
+  REQUIRE(!r.timed_out);
+  CHECK(r.rc == 0);
+  const nlohmann::json j = report(tmp.path());
+  std::vector<std::string> order;
+  for (const auto& s : j.at("stages")) order.push_back(s.at("stage"));
+  CHECK(order == std::vector<std::string>{"env", "tests", "sanitizer", "job", "speed", "peers", "hf", "profile"});
+  auto st = by_stage(j);
+  for (const char* s : {"env", "tests", "job", "speed", "hf"}) {
+    INFO(s << ": " << st[s].dump());
+    CHECK(st[s].at("status") == "PASS");
+  }
+  for (const char* s : {"sanitizer", "peers", "profile"}) {
+    INFO(s << ": " << st[s].dump());
+    CHECK(st[s].at("status") == "SKIPPED");
+    CHECK(contains(st[s].at("summary").get<std::string>(), "rehearsal"));  // says why
+  }
+  // the job: three runs on the engine's CUDA device, each compared step by step
+  const auto& job = st["job"].at("data").at("rows");
+  REQUIRE(job.size() == 3);
+  for (const auto& row : job) CHECK(row.at(1) == "PASS");
+  // hf: dtrain's export on the CUDA device (fp32, bf16) and with a LoRA adapter that
+  // moved the logits, against the CPU
+  const auto& hf = st["hf"].at("data").at("cases");
+  REQUIRE(hf.size() == 3);
+  for (const auto& c : hf) CHECK(c.at("ok") == true);
+  // the bench beside its plan
+  const auto& sp = st["speed"].at("data").at("results").at("tiny-sft");
+  CHECK(sp.at("bench").at("tokens_per_s").get<double>() > 0);
+  CHECK(sp.at("plan").at("launches").get<int>() > 0);
+  // the person-readable table has a row per stage
+  const std::string md = read_text(tmp.path() + "/gpu_check.md");
+  for (const std::string& s : order) CHECK(contains(md, "| " + s + " | "));
+}
+
+TEST_CASE("gpu_check --rehearse: --only runs the named stages; a used-up budget and a bad name are reported") {
+  REQUIRE_MESSAGE(!dtrain_bin().empty(), "$DTRAIN_BIN (dtrain-emu) is not set: run through ctest in the EMU tree");
+  TempDir tmp("dtrain-gpu-check-only");
+  REQUIRE(!tmp.path().empty());
+  RunResult r = gpu_check({"--out", tmp.path(), "--only", "speed,env"}, 300);
+  INFO(r.out);
+  CHECK(r.rc == 0);
+  {
+    auto st = by_stage(report(tmp.path()));
+    CHECK(st.size() == 2);
+    CHECK(st["env"].at("status") == "PASS");
+    CHECK(st["speed"].at("status") == "PASS");
+  }
+  // a budget too small for any stage: each is NOT RUN, and the check fails
+  r = gpu_check({"--out", tmp.path(), "--only", "env,tests", "--budget", "2"}, 60);
+  CHECK(r.rc == 1);
+  {
+    auto st = by_stage(report(tmp.path()));
+    CHECK(st["env"].at("status") == "NOT RUN");
+    CHECK(st["tests"].at("status") == "NOT RUN");
+  }
+  r = gpu_check({"--out", tmp.path(), "--only", "env,gpus"}, 60);
+  CHECK(r.rc == 2);
+  CHECK(contains(r.out, "unknown stage(s) gpus"));
+}
