@@ -26,6 +26,7 @@ tool is missing (compute-sanitizer, ncu, PyTorch, transformers) reports SKIPPED 
 """
 import argparse
 import csv
+import glob
 import io
 import json
 import math
@@ -34,6 +35,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 
@@ -150,6 +152,14 @@ class Layout:
             self.manifest = {}
         else:
             self.bundle = os.path.abspath(args.bundle or os.path.join(ROOT, "gpu-bundle"))
+            packed = self.bundle + ".tar.gz"
+            if not os.path.isdir(self.bundle) and os.path.isfile(packed):
+                # the carried form (scripts/gpu_bundle.sh): unpacked beside itself, once
+                with tarfile.open(packed) as tf:
+                    if hasattr(tarfile, "data_filter"):
+                        tf.extractall(os.path.dirname(self.bundle), filter="data")
+                    else:
+                        tf.extractall(os.path.dirname(self.bundle))
             self.bin = os.path.join(self.bundle, "bin")
             self.dtrain = os.path.join(self.bin, "dtrain")
             self.ref = os.path.join(self.bundle, "ref")
@@ -189,13 +199,9 @@ def resolve_cuda_libs(lay):
             wanted.add(m.group(1))
     candidates = ["/usr/local/cuda/lib64", "/usr/local/cuda/lib", "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/lib/x86_64-linux-gnu",
                   "/usr/local/nvidia/lib64", "/usr/local/nvidia/lib"]
-    for base in sorted(set(p for p in sys.path if p.endswith("site-packages")) | {"/opt/torch/.venv/lib"}):
-        for dirpath, dirnames, filenames in os.walk(base):
-            if dirpath.count(os.sep) - base.count(os.sep) > 4:
-                dirnames[:] = []
-                continue
-            if os.path.basename(dirpath) == "lib" and os.sep + "nvidia" + os.sep in dirpath + os.sep:
-                candidates.append(dirpath)
+    # PyTorch's CUDA wheels: site-packages/nvidia/<name>/lib (nvidia/cu13/lib, nvidia/nccl/lib, ...)
+    for sp in sorted(set(p for p in sys.path if p.endswith("site-packages"))):
+        candidates += sorted(glob.glob(os.path.join(sp, "nvidia", "*", "lib")))
     found = {}
     for name in sorted(wanted):
         for d in candidates:
@@ -243,7 +249,7 @@ def stage_env(lay, rep, cap):
         libs[m.group(1)] = os.path.realpath(m.group(2))
     data["cuda_libraries"] = libs
     lines += [f"{k} => {v}" for k, v in sorted(libs.items())]
-    gpu = "CPU execution engine (rehearsal)"
+    gpu = "CPU execution engine (rehearsal)" if lay.rehearse else "no nvidia-smi here"
     if shutil.which("nvidia-smi"):
         rc, out, _ = run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit",
                           "--format=csv,noheader"], 20)
@@ -311,9 +317,12 @@ def stage_tests(lay, rep, cap):
         else:
             status = "FAIL"
         note = cnt
-        skipped_why = re.findall(r"(only \d+ CUDA device\(s\)[^\n]*|skipped[^\n]*)", out)
-        if status == "SKIPPED" and skipped_why:
-            note = skipped_why[-1].strip()[:120]
+        if status == "SKIPPED":
+            why = [l.strip() for l in out.splitlines() if "skip" in l.lower() and not l.startswith("[doctest]")]
+            note = why[-1][:120] if why else "skipped"
+            if not lay.rehearse and "no CUDA device visible" in out:
+                status = "FAIL"  # on the GPU machine a test that sees no GPU is a broken check
+                note = "no CUDA device visible to the test"
         rows.append([name, status, f"{secs:.1f}", note])
         if status in ("FAIL", "TIMEOUT"):
             worst = "FAIL"
@@ -405,7 +414,8 @@ def read_metrics(run_dir):
 
 def job_command(dtrain, run_dir, device, steps, sets, extra=()):
     # one rank (one GPU), every step logged
-    cmd = [dtrain, "launch", "--output-dir", run_dir, "--nproc-per-node", "1", "--set", f"training.device={device}",
+    cmd = [dtrain, "launch", "--output-dir", run_dir, "--nproc-per-node", "1", "--master-port", "0",
+           "--set", f"training.device={device}",
            "--set", f"training.max_steps={steps}", "--set", "steps_per_print=1"]
     for s in list(sets) + list(extra):
         cmd += ["--set", s]

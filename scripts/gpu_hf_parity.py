@@ -110,7 +110,8 @@ def lora_run(args, base_dir, work, device, model_sets=()):
     exp = os.path.join(work, "lora-export")
     shutil.rmtree(run_dir, ignore_errors=True)
     shutil.rmtree(exp, ignore_errors=True)
-    cmd = [args.dtrain, "launch", "--output-dir", run_dir, "--nproc-per-node", "1", "--set", f"model.init_from={base_dir}",
+    cmd = [args.dtrain, "launch", "--output-dir", run_dir, "--nproc-per-node", "1", "--master-port", "0",
+           "--set", f"model.init_from={base_dir}",
            "--set", f"training.device={device}"]
     for s in list(model_sets) + LORA_SETS:
         cmd += ["--set", s]
@@ -130,7 +131,8 @@ def rehearse(args, work):
     base = os.path.join(work, "base")
     shutil.rmtree(base_run, ignore_errors=True)
     shutil.rmtree(base, ignore_errors=True)
-    cmd = [args.dtrain, "launch", "--output-dir", base_run, "--nproc-per-node", "1", "--set", "training.device=cpu"]
+    cmd = [args.dtrain, "launch", "--output-dir", base_run, "--nproc-per-node", "1", "--master-port", "0",
+           "--set", "training.device=cpu"]
     for s in TINY_SETS + ["training.max_steps=2", "training.save_steps=2", "training.eval_steps=2"]:
         cmd += ["--set", s]
     sh(cmd, 300)
