@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "core/net_address.h"
 #include "launch/external.h"
+#include "launch/external_join.h"
 #include "launch/job.h"
 #include "launch/local_spawner.h"
 #include "launch/node_command.h"
@@ -48,13 +49,16 @@ using namespace std::chrono_literals;
 
 std::string fail_key(int rank) { return fmt::format("fail/rank{}", rank); }
 // Every rank's verdict for training.device (its own GPU), agreed through the store.
-std::string device_agree(launch::RankContext& ctx, const std::string& choice, const std::string& host) {
+// `timeout` covers the ranks still joining (rank 0's watch stops the job, naming those
+// that never do, join_timeout after it started).
+std::string device_agree(launch::RankContext& ctx, const std::string& choice, const std::string& host,
+                         std::chrono::milliseconds timeout) {
   launch::NodeDeviceVerdict mine =
       launch::node_device_verdict(choice, choice == "cpu" ? 0 : launch::visible_cuda_devices(), {ctx.local_rank}, host);
   ctx.round_store->set(fmt::format("device/rank{}", ctx.rank), launch::device_verdict_value(mine, host));
   std::vector<std::pair<std::string, launch::NodeDeviceVerdict>> all;
   for (int r = 0; r < ctx.world_size; ++r)
-    all.push_back(launch::device_verdict_parse(ctx.round_store->get(fmt::format("device/rank{}", r), 300s),
+    all.push_back(launch::device_verdict_parse(ctx.round_store->get(fmt::format("device/rank{}", r), timeout),
                                                fmt::format("rank {}", r)));
   launch::NodeDeviceVerdict job = launch::rank_device_agree(all);
   DT_ENFORCE(job.problem.empty(), ConfigError, "{}", job.problem);
@@ -133,6 +137,12 @@ int run_external(const ExternalOptions& o) {
              "dtrain run under {}: no store port: set MASTER_PORT or a fixed cluster.rendezvous.port in {} (0 = "
              "ephemeral cannot be known to the other processes)",
              p.launcher, cfg.source);
+  // Processes on other nodes dial their own loopback: said now, not after join_timeout.
+  if (address_is_loopback(master_addr) && p.nnodes > 1)
+    log_warn("dtrain run: the store address {} is a loopback address, but {} places this job's ranks on {} nodes: "
+             "processes on the other nodes dial their own loopback and cannot reach rank 0's store unless every "
+             "node is this machine; set MASTER_ADDR (or cluster.rendezvous.address) to rank 0's host",
+             master_addr, p.launcher, p.nnodes);
   const std::string token =
       launch::external_token(cfg.cluster.rendezvous.token_file, cfg.cluster.rendezvous.token_env, env, cfg.source);
   if (o.nproc_per_node > 0) return run_node(o, launch::external_node(p, env), master_addr, master_port);
@@ -176,14 +186,25 @@ int run_external(const ExternalOptions& o) {
       files->event({{"time_ms", report::status_now_ms()}, {"event", "failure"}, {"round", record_round},
                     {"node", -1}, {"why", why}, {"exit_code", code}});
   };
+  if (p.rank == 0) server = launch::external_store_host(master_addr, master_port, token);
+  // Wait for rank 0's store (late pods, DNS not yet there), then connect as a rank does.
+  launch::external_store_wait(master_addr, master_port, token, join_timeout);
+  launch::rank_context_connect(ctx, 30s);
+  // Claim this rank before touching the run directory: a second process with this rank
+  // (a second rank 0 on another node reaches the first one's store) is refused here, and
+  // records nothing in the first one's run.
+  const std::string who = fmt::format("{} (pid {})", host, ::getpid());
+  launch::external_join_claim(*ctx.round_store, p.rank, who, launch::kExternalStopKey, join_timeout);
+  log_info("dtrain run: rank {} joined the job's store at {} as {}", p.rank, ctx.store->endpoint(), who);
+  const std::string config_text = launch::external_config_text(cfg);
   if (p.rank == 0) {
+    launch::external_config_publish(*ctx.round_store, config_text);
     // The run directory (shared by every process) records the config this set runs,
     // as under dtrain launch; the checkpoints carry their own copy.
     const mode_t mode = launch::run_dir_mode_parse(cfg.training.run_dir_mode);
     launch::run_dir_create(ctx.run_dir, mode);
     launch::run_dir_write_file((std::filesystem::path(ctx.run_dir) / "config.yaml").string(),
                                config::config_to_yaml(cfg), mode);
-    server = launch::external_store_host(master_addr, master_port, token);
     // The run's record for `dtrain status`: this round, who started it, and how it ends.
     files = std::make_unique<launch::RunFiles>(ctx.run_dir);
     for (const nlohmann::json& ev : report::status_external_round_start(ctx.run_dir, p.world_size, p.launcher)) {
@@ -191,9 +212,6 @@ int run_external(const ExternalOptions& o) {
       record_round = ev.at("round").get<int>();
     }
   }
-  // Wait for rank 0's store (late pods, DNS not yet there), then connect as a rank does.
-  launch::external_store_wait(master_addr, master_port, token, join_timeout);
-  launch::rank_context_connect(ctx, 30s);
   // Ranks split the node's cores, as under dtrain launch.
   const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
   const std::string per_rank = std::to_string(std::max(1L, cores / std::max(1, p.local_world_size)));
@@ -202,15 +220,17 @@ int run_external(const ExternalOptions& o) {
   auto hb = launch::rank_heartbeat_start(ctx, hb_interval);
   std::unique_ptr<launch::ExternalRankZeroWatch> zero_watch;
   if (server)
-    zero_watch = std::make_unique<launch::ExternalRankZeroWatch>(*server, *ctx.store, ctx.round_store->prefix(),
-                                                                 p.world_size, hb_timeout, join_timeout);
+    zero_watch = std::make_unique<launch::ExternalRankZeroWatch>(*server, ctx, p.world_size, hb_timeout, join_timeout);
   launch::ExternalStopWatch stop_watch(ctx, hb_timeout, server.get(), [&](const std::string& why) {
     record_failure(why, static_cast<int>(Exit::COMM));
     die(why);
   });
   int rc = 0;
   try {
-    const std::string device = device_agree(ctx, cfg.training.device, host);
+    // Bounded by twice join_timeout: a rank may have started up to join_timeout before
+    // rank 0, whose watch names the ranks that never join join_timeout after it started.
+    if (p.rank != 0) launch::external_config_check(*ctx.round_store, config_text, p.rank, 2 * join_timeout);
+    const std::string device = device_agree(ctx, cfg.training.device, host, 2 * join_timeout);
     if (p.rank == 0)
       log_info("dtrain run: {} rank(s) train on {}, collectives: {}", p.world_size, device,
                launch::rank_backend_name(device, p.world_size));

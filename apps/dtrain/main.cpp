@@ -2,6 +2,7 @@
 // maps typed exceptions to process exit codes. The only place that catches dtrain::Error.
 #include "bench_options.h"
 #include "commands.h"
+#include "config/hostfile.h"
 
 #include "core/check.h"
 #include "core/error.h"
@@ -206,7 +207,8 @@ int main(int argc, char** argv) {
                                                            "every process");
   run_cmd->add_option("--nproc-per-node", run_opts.nproc_per_node,
                       "this process stands for its node and starts N local ranks (the launcher's rank = node index)")
-      ->check(int_at_least("--nproc-per-node", 1));
+      ->check(int_in_range("--nproc-per-node", 1, dtrain::config::HOSTFILE_MAX_SLOTS,
+                           "ranks on one node, as dtrain launch's slots per host"));
   run_cmd->footer("Example (every node of a PyTorchJob):\n  dtrain run --config /etc/dtrain/job.yaml\n"
                   "The job token comes from cluster.rendezvous.token_file or token_env, never the command line.");
 

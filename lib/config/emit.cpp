@@ -76,6 +76,14 @@ std::optional<std::string> value_text(const FieldRef& ref) {
 
 // ---------------------------------------------------------------------------
 
+std::vector<std::pair<std::string, std::string>> config_key_values(const TrainConfig& cfg_in) {
+  TrainConfig cfg = cfg_in;  // FieldRef needs a mutable object
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const KeySpec& spec : schema_keys())
+    if (std::optional<std::string> text = value_text(spec.field(cfg))) out.emplace_back(spec.path, *text);
+  return out;
+}
+
 std::string config_to_yaml(const TrainConfig& cfg_in) {
   TrainConfig cfg = cfg_in;  // FieldRef needs a mutable object
   std::ostringstream out;

@@ -291,6 +291,10 @@ ElasticBatch config_elastic_batch(const TrainConfig& cfg, int ref_world, int wor
 // config (source aside).
 std::string config_to_yaml(const TrainConfig& cfg);
 
+// Every key given or defaulted, in schema order, as (path, value as YAML flow text): the
+// canonical form two processes compare to tell whether they run the same config.
+std::vector<std::pair<std::string, std::string>> config_key_values(const TrainConfig& cfg);
+
 // Every key: path, type, default, env override and help; then the accepted DeepSpeed keys
 // dtrain does not act on. For `dtrain launch --help-config`.
 std::string config_help();

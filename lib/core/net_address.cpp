@@ -6,6 +6,8 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace dtrain {
@@ -35,6 +37,17 @@ std::string address_unbracket(std::string_view s) {
 
 std::string host_port_text(std::string_view host, int port) {
   return ipv6_literal(host) ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+}
+
+bool address_is_loopback(std::string_view s) {
+  const std::string a = address_unbracket(s);
+  if (a == "localhost" || a == "localhost.localdomain" || a == "ip6-localhost" || a == "ip6-loopback") return true;
+  unsigned char v4[4], v6[16];
+  if (::inet_pton(AF_INET, a.c_str(), v4) == 1) return v4[0] == 127;
+  if (::inet_pton(AF_INET6, a.c_str(), v6) != 1) return false;
+  static const unsigned char loop6[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+  static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return std::equal(v6, v6 + 16, loop6) || (std::equal(v6, v6 + 12, mapped) && v6[12] == 127);
 }
 
 std::string host_name() {

@@ -20,6 +20,9 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <string_view>
+#include <utility>
+#include <sys/stat.h>
 
 namespace dtrain::launch {
 
@@ -48,15 +51,43 @@ int env_int_or(const Env& env, const std::string& launcher, const std::string& n
   return has(env, name) ? env_int(env, launcher, name, lo, hi) : fallback;
 }
 
+constexpr long kMaxRanks = 1L << 20;
+
+// A decimal count in [1, kMaxRanks] at the start of `text` (advanced past it), or nullopt
+// when there is none; UsageError naming the variable when the digits are out of range
+// (they would wrap an int: "99999999999(x2)" read as 1215752191 local ranks).
+std::optional<long> slurm_count(std::string_view& text, const std::string& name, const std::string& value) {
+  size_t n = 0;
+  while (n < text.size() && std::isdigit(static_cast<unsigned char>(text[n]))) ++n;
+  if (n == 0) return std::nullopt;
+  const std::string digits(text.substr(0, n));
+  text.remove_prefix(n);
+  DT_ENFORCE(n <= 7 && std::stol(digits) >= 1 && std::stol(digits) <= kMaxRanks, UsageError,
+             "dtrain run under srun: {}='{}' holds the count {}, outside [1, {}]: this is not the environment srun "
+             "sets; unset it or start the job with srun",
+             name, value, digits, kMaxRanks);
+  return std::stol(digits);
+}
+
 // Slurm's SLURM_TASKS_PER_NODE / SLURM_STEP_TASKS_PER_NODE: "2(x3),1" = 2,2,2,1. The
 // count on node `node`, or 0 when the text does not say.
-int slurm_tasks_on_node(const std::string& text, int node) {
-  int index = 0;
+int slurm_tasks_on_node(const std::string& name, const std::string& text, int node) {
+  long index = 0;
   std::stringstream in(text);
   for (std::string part; std::getline(in, part, ',');) {
-    int count = 0, repeat = 1;
-    if (std::sscanf(part.c_str(), "%d(x%d)", &count, &repeat) < 1 || count <= 0 || repeat <= 0) return 0;
-    if (node < index + repeat) return count;
+    std::string_view rest = part;
+    const std::optional<long> count = slurm_count(rest, name, text);
+    if (!count) return 0;
+    long repeat = 1;
+    if (rest.rfind("(x", 0) == 0) {
+      rest.remove_prefix(2);
+      const std::optional<long> r = slurm_count(rest, name, text);
+      if (!r || rest != ")") return 0;
+      repeat = *r;
+    } else if (!rest.empty()) {
+      return 0;
+    }
+    if (node < index + repeat) return static_cast<int>(*count);
     index += repeat;
   }
   return 0;
@@ -68,8 +99,6 @@ std::string evidence(const Env& env, const std::vector<std::string>& names) {
     if (has(env, n)) out += (out.empty() ? "" : " ") + n + "=" + get(env, n);
   return out;
 }
-
-constexpr long kMaxRanks = 1L << 20;
 
 // An MPI launcher's placement from its variables: {rank, size, local rank, local size}
 // (the local ones optional); node = rank / local size, as mpirun places ranks by slot.
@@ -86,6 +115,34 @@ ExternalPlacement mpi_placement(const Env& env, const std::string& launcher, con
   return p;
 }
 
+// Another launcher's rank and size beside the chosen one's (p): the same process's view
+// (equal), or the outer launcher of a nested one (mpirun starting one torchrun per node:
+// its rank is the node index, its size the node count). Anything else is two jobs'
+// variables mixed (an exported RANK under mpirun): trusting either would start ranks that
+// never meet, so UsageError naming both. Slurm's are not compared: an allocation's batch
+// step exports SLURM_PROCID=0 to everything started inside it.
+void check_other_launcher(const ExternalPlacement& p, const Env& env, const std::string& other,
+                          const std::string& rank_var, const std::string& size_var) {
+  auto number = [&](const std::string& name) -> std::optional<long> {
+    const std::string s = get(env, name);
+    char* end = nullptr;
+    const long v = s.empty() ? 0 : std::strtol(s.c_str(), &end, 10);
+    if (s.empty() || !end || *end != '\0') return std::nullopt;
+    return v;
+  };
+  const std::optional<long> rank = number(rank_var), size = number(size_var);
+  if (!rank && !size) return;
+  const bool same = (!rank || *rank == p.rank) && (!size || *size == p.world_size);
+  const bool outer = (!rank || *rank == p.node_rank) && (!size || *size == p.nnodes);
+  if (same || outer) return;
+  DT_THROW(UsageError,
+           "dtrain run: the environment holds two launchers' placements that disagree: {} (as {}) and {}={} {}={} "
+           "(as {}, neither the same rank nor this node's index and node count): unset the variables of the "
+           "launcher that did not start this process",
+           p.evidence, p.launcher, rank_var, get(env, rank_var).empty() ? "(unset)" : get(env, rank_var), size_var,
+           get(env, size_var).empty() ? "(unset)" : get(env, size_var), other);
+}
+
 }  // namespace
 
 ExternalPlacement external_placement(const Env& env) {
@@ -99,8 +156,15 @@ ExternalPlacement external_placement(const Env& env) {
     p.rank = env_int(env, p.launcher, indexed ? "JOB_COMPLETION_INDEX" : "RANK", 0, p.world_size - 1);
     p.local_world_size = env_int_or(env, p.launcher, "LOCAL_WORLD_SIZE", 1, p.world_size, 1);
     p.local_rank = env_int_or(env, p.launcher, "LOCAL_RANK", 0, p.local_world_size - 1, 0);
-    p.nnodes = p.world_size % p.local_world_size == 0 ? p.world_size / p.local_world_size : 1;
-    p.node_rank = env_int_or(env, p.launcher, "GROUP_RANK", 0, kMaxRanks, p.rank / p.local_world_size);
+    // The node count: torchrun's GROUP_WORLD_SIZE, else what the local size implies. A
+    // node holds at least one rank, so GROUP_RANK stays below the node count (below
+    // WORLD_SIZE when uneven nodes leave the count unknown).
+    const bool even = p.world_size % p.local_world_size == 0;
+    p.nnodes = env_int_or(env, p.launcher, "GROUP_WORLD_SIZE", 1, p.world_size,
+                          even ? p.world_size / p.local_world_size : 1);
+    const bool nodes_known = even || has(env, "GROUP_WORLD_SIZE");
+    p.node_rank = env_int_or(env, p.launcher, "GROUP_RANK", 0, (nodes_known ? p.nnodes : p.world_size) - 1,
+                             p.rank / p.local_world_size);
     p.run_id = get(env, "TORCHELASTIC_RUN_ID");
     p.evidence = evidence(env, {indexed ? "JOB_COMPLETION_INDEX" : "RANK", "WORLD_SIZE", "LOCAL_RANK",
                                 "LOCAL_WORLD_SIZE", "GROUP_RANK"});
@@ -117,7 +181,7 @@ ExternalPlacement external_placement(const Env& env) {
     p.local_rank = env_int_or(env, p.launcher, "SLURM_LOCALID", 0, p.world_size - 1, 0);
     int local = 0;
     for (const char* k : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})
-      if (!local && has(env, k)) local = slurm_tasks_on_node(get(env, k), p.node_rank);
+      if (!local && has(env, k)) local = slurm_tasks_on_node(k, get(env, k), p.node_rank);
     p.local_world_size = std::max(local, p.local_rank + 1);
     std::string nodelist = get(env, "SLURM_STEP_NODELIST");
     if (nodelist.empty()) nodelist = get(env, "SLURM_JOB_NODELIST");
@@ -137,6 +201,9 @@ ExternalPlacement external_placement(const Env& env) {
              "Kubeflow PyTorchJob), OMPI_COMM_WORLD_RANK/_SIZE (mpirun), SLURM_PROCID/SLURM_NTASKS (srun) or "
              "PMI_RANK/PMI_SIZE; to start ranks on hosts yourself use dtrain launch");
   }
+  if (p.launcher == "torchrun")
+    check_other_launcher(p, env, "Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
+  if (p.launcher == "torchrun" || p.launcher == "Open MPI") check_other_launcher(p, env, "PMI", "PMI_RANK", "PMI_SIZE");
   if (has(env, "MASTER_ADDR")) p.master_addr = get(env, "MASTER_ADDR");
   if (has(env, "MASTER_PORT")) p.master_port = env_int(env, p.launcher, "MASTER_PORT", 1, 65535);
   return p;
@@ -181,6 +248,15 @@ std::string external_job_id(const std::string& run_id) {
   return out.empty() ? "dtrain-run" : out;
 }
 
+void external_token_mode_check(const std::string& path, const std::string& named) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || (st.st_mode & 044) == 0) return;
+  log_warn("cluster.rendezvous.token_file {} is readable by {} (mode {:04o}): anyone who reads the job token can "
+           "join the job's store and stop or steer it; make it readable by its owner only (chmod 600 {}, or "
+           "defaultMode: 0400 on the Kubernetes Secret volume)",
+           named, (st.st_mode & 004) ? "every user" : "its group", st.st_mode & 07777, path);
+}
+
 std::string external_token(const std::string& token_file, const std::string& token_env, const Env& env,
                            const std::string& source) {
   DT_ENFORCE(!(token_file.empty() && token_env.empty()), ConfigError,
@@ -193,6 +269,7 @@ std::string external_token(const std::string& token_file, const std::string& tok
   std::string token;
   if (!token_file.empty()) {
     const std::string path = path_expand_home(token_file, get(env, "HOME"));
+    external_token_mode_check(path, token_file);
     std::ifstream in(path, std::ios::binary);
     DT_ENFORCE(in.good(), ConfigError,
                "{}: cluster.rendezvous.token_file {} cannot be read: mount the job's token Secret there (every "
@@ -349,22 +426,23 @@ void ExternalStopWatch::run(std::string host, int port, std::string token, std::
   }
 }
 
-ExternalRankZeroWatch::ExternalRankZeroWatch(const rendezvous::StoreServer& server, rendezvous::StoreClient& store,
-                                             std::string prefix, int world_size,
-                                             std::chrono::milliseconds heartbeat_timeout,
+ExternalRankZeroWatch::ExternalRankZeroWatch(const rendezvous::StoreServer& server, const RankContext& ctx,
+                                             int world_size, std::chrono::milliseconds heartbeat_timeout,
                                              std::chrono::milliseconds join_timeout)
-    : thread_([=, this, &server, &store] { run(server, store, prefix, world_size, heartbeat_timeout, join_timeout); }) {
-}
+    : thread_(&ExternalRankZeroWatch::run, this, std::cref(server), ctx.master_addr, ctx.master_port, ctx.token,
+              ctx.round_store->prefix(), world_size, heartbeat_timeout, join_timeout) {}
 
 ExternalRankZeroWatch::~ExternalRankZeroWatch() {
   done_ = true;
   thread_.join();
 }
 
-void ExternalRankZeroWatch::run(const rendezvous::StoreServer& server, rendezvous::StoreClient& store,
-                                const std::string& prefix, int world_size,
-                                std::chrono::milliseconds heartbeat_timeout, std::chrono::milliseconds join_timeout) {
+void ExternalRankZeroWatch::run(const rendezvous::StoreServer& server, std::string host, int port, std::string token,
+                                std::string prefix, int world_size, std::chrono::milliseconds heartbeat_timeout,
+                                std::chrono::milliseconds join_timeout) {
   const auto started = Clock::now();
+  std::unique_ptr<rendezvous::StoreClient> client;
+  bool warned = false;
   std::optional<Clock::time_point> first_fail;
   while (!done_) {
     std::this_thread::sleep_for(200ms);
@@ -391,10 +469,13 @@ void ExternalRankZeroWatch::run(const rendezvous::StoreServer& server, rendezvou
     }
     if (why.empty()) continue;
     try {
-      store.set(prefix + kExternalStopKey, why);
-    } catch (const Error&) {
+      if (!client) client = std::make_unique<rendezvous::StoreClient>(host, static_cast<uint16_t>(port), token, 2s);
+      client->set(prefix + kExternalStopKey, why);
+      return;
+    } catch (const Error& e) {
+      client.reset();  // retried on the next pass while the watch runs
+      if (!std::exchange(warned, true)) log_warn("dtrain run: cannot set the job's stop key ({}): {}", why, e.what());
     }
-    return;
   }
 }
 

@@ -75,6 +75,12 @@ std::string external_job_id(const std::string& run_id);
 std::string external_token(const std::string& token_file, const std::string& token_env,
                            const std::map<std::string, std::string>& env, const std::string& source);
 
+/// Warns (once, naming the file, its mode and the fix) when the token file at `path`
+/// (`named` as the config says it) is readable by its group or every user. A warning and
+/// not a refusal, unlike ssh's for a private key: Kubernetes mounts a Secret volume 0644
+/// unless the manifest sets defaultMode, and there the file is seen only inside the pod.
+void external_token_mode_check(const std::string& path, const std::string& named);
+
 // ----------------------------------------------------------------------------
 // The shared fate
 
@@ -134,20 +140,21 @@ class ExternalStopWatch {
 
 /// Rank 0: watches the round's failure reports ("fail/rank<R>" = "<exit code> <why>"),
 /// heartbeats ("hb/rank<R>") and rank info in its own server, and sets the stop key
-/// through `store` with the reason: a rank's own error before the communication errors
-/// of its peers that follow it (it looks a second for one), else a silent rank or one that
-/// never joined (external_watch_verdict). Stops watching once it has set the key.
+/// with the reason: a rank's own error before the communication errors of its peers that
+/// follow it (it looks a second for one), else a silent rank or one that never joined
+/// (external_watch_verdict). It sets the key on a connection of its own to ctx's store:
+/// the rank's own client may be held by a blocking request for as long as that request's
+/// timeout. Stops watching once it has set the key.
 class ExternalRankZeroWatch {
  public:
-  ExternalRankZeroWatch(const rendezvous::StoreServer& server, rendezvous::StoreClient& store, std::string prefix,
-                        int world_size, std::chrono::milliseconds heartbeat_timeout,
-                        std::chrono::milliseconds join_timeout);
+  ExternalRankZeroWatch(const rendezvous::StoreServer& server, const RankContext& ctx, int world_size,
+                        std::chrono::milliseconds heartbeat_timeout, std::chrono::milliseconds join_timeout);
   ~ExternalRankZeroWatch();
   ExternalRankZeroWatch(const ExternalRankZeroWatch&) = delete;
   ExternalRankZeroWatch& operator=(const ExternalRankZeroWatch&) = delete;
 
  private:
-  void run(const rendezvous::StoreServer& server, rendezvous::StoreClient& store, const std::string& prefix,
+  void run(const rendezvous::StoreServer& server, std::string host, int port, std::string token, std::string prefix,
            int world_size, std::chrono::milliseconds heartbeat_timeout, std::chrono::milliseconds join_timeout);
   std::atomic<bool> done_{false};
   std::thread thread_;

@@ -280,6 +280,22 @@ Job job_prepare(const JobRequest& req) {
         break;
       }
   }
+  // A loopback address reaches only this machine: the agents on other hosts would dial
+  // their own loopback and fail after the connect timeout. Said before anything starts; a
+  // warning, not a refusal: an SSH tunnel to each node can carry that port back here.
+  if (address_is_loopback(addr) && !job.all_local) {
+    std::vector<std::string> remote;
+    for (const auto& h : job.hosts.hosts)
+      if (!host_is_local(h.host)) remote.push_back(h.host);
+    std::string list;
+    for (size_t i = 0; i < remote.size() && i < 3; ++i) list += (i ? ", " : "") + remote[i];
+    if (remote.size() > 3) list += fmt::format(" and {} more", remote.size() - 3);
+    log_warn("{} '{}' is a loopback address, but {} {} not this machine: {} agents will dial their own loopback and "
+             "cannot reach this launcher's store; give this host's address on the nodes' network, or leave it unset "
+             "(dtrain then uses its address on the route to the first remote host)",
+             req.master_addr.empty() ? "cluster.rendezvous.address" : "--master-addr", addr, list,
+             remote.size() == 1 ? "is" : "are", remote.size() == 1 ? "its" : "their");
+  }
   int port = req.master_port >= 0 ? req.master_port : static_cast<int>(cfg.cluster.rendezvous.port);
   // Port 0 is bound at launch; plan with a placeholder that job_set_port replaces.
   // An elastic job plans its first round over the first elastic.max_nodes hosts (the

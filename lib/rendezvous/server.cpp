@@ -10,6 +10,7 @@
 #include "core/net_address.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/protocol.h"
+#include "rendezvous/warn_limit.h"
 
 #include <utility>  // Boost 1.74 awaitable.hpp uses std::exchange without including it
 #include <boost/asio.hpp>
@@ -76,6 +77,10 @@ std::string peer_name(const tcp::socket& sock) {
   return host_port_text(ep.address().to_string(), ep.port());
 }
 
+// Warnings an outsider can cause: this many of each kind per interval in full.
+constexpr size_t kWarnBurst = 5;
+constexpr std::chrono::milliseconds kWarnInterval{10000};
+
 Clock::time_point deadline_after(uint64_t timeout_ms) {
   return Clock::now() + std::chrono::milliseconds(std::min(timeout_ms, proto::kMaxTimeoutMs));
 }
@@ -104,12 +109,18 @@ struct StoreServer::Impl {
   std::atomic<size_t> n_conns{0};
   std::atomic<size_t> n_waiters{0};
   bool stopping = false;  // io thread only
+  // What outsiders cause (refused and closed connections) is logged through this: a
+  // few lines per kind per interval, then a count (io thread only).
+  WarnLimiter warn_limit{kWarnBurst, kWarnInterval, [](const std::string& line) { log_warn("{}", line); }};
+  asio::steady_timer* warn_timer = nullptr;  // the flush loop's, while it runs (io thread only)
   asio::io_context io{1};
   tcp::acceptor acceptor{io};
   uint16_t port = 0;
   std::mutex stop_mu;
   std::thread thread;
 
+  void peer_warn(const std::string& kind, const std::string& line) { warn_limit.warn(kind, line); }
+  asio::awaitable<void> warn_flush_loop();
   asio::awaitable<void> accept_loop();
   asio::awaitable<void> session(std::shared_ptr<Conn> c);
   asio::awaitable<void> watchdog(std::shared_ptr<Conn> c);
@@ -137,8 +148,23 @@ bool StoreServer::Impl::keys_present(const std::vector<std::string>& keys) const
   return true;
 }
 
+// Writes each interval's summary even when the flood has stopped (warn() alone would
+// write it only with the next warning).
+asio::awaitable<void> StoreServer::Impl::warn_flush_loop() {
+  asio::steady_timer timer(io);
+  warn_timer = &timer;
+  while (!stopping) {
+    timer.expires_after(kWarnInterval);
+    boost::system::error_code ec;
+    co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    warn_limit.flush(Clock::now(), stopping);
+  }
+  warn_timer = nullptr;
+}
+
 void StoreServer::Impl::close_all() {
   stopping = true;
+  if (warn_timer) warn_timer->cancel();
   boost::system::error_code ec;
   acceptor.close(ec);
   for (Conn* c : conns) {
@@ -160,14 +186,15 @@ asio::awaitable<void> StoreServer::Impl::accept_loop() {
     if (stopping || ec == asio::error::operation_aborted) co_return;
     if (ec) {
       // EMFILE and friends: back off instead of spinning, keep serving existing clients.
-      log_warn("rendezvous: accept failed: {}", ec.message());
+      peer_warn("accept failed", fmt::format("rendezvous: accept failed: {}", ec.message()));
       asio::steady_timer pause(io, std::chrono::milliseconds(100));
       co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
       continue;
     }
     if (n_conns.load() >= limits.max_connections) {
-      log_warn("rendezvous: refused connection from {}: {} connections open (limit {})", peer_name(sock),
-               n_conns.load(), limits.max_connections);
+      peer_warn("refused: too many connections",
+                fmt::format("rendezvous: refused connection from {}: {} connections open (limit {})", peer_name(sock),
+                            n_conns.load(), limits.max_connections));
       // Best effort: the refusal is a few bytes and fits in any socket buffer.
       const std::string f =
           reply_error(Status::ERROR, "server full: too many connections to the rendezvous store", true).frame;
@@ -183,8 +210,9 @@ asio::awaitable<void> StoreServer::Impl::accept_loop() {
 asio::awaitable<void> StoreServer::Impl::watchdog(std::shared_ptr<Conn> c) {
   while (c->sock.is_open()) {
     if (c->deadline.expiry() <= Clock::now()) {
-      log_warn("rendezvous: closing connection from {}: {}", c->peer,
-               c->authed ? "frame stalled past the frame timeout" : "not authenticated within the hello timeout");
+      const char* why =
+          c->authed ? "frame stalled past the frame timeout" : "not authenticated within the hello timeout";
+      peer_warn(why, fmt::format("rendezvous: closing connection from {}: {}", c->peer, why));
       boost::system::error_code ec;
       c->sock.close(ec);
       co_return;
@@ -225,7 +253,9 @@ asio::awaitable<void> StoreServer::Impl::session(std::shared_ptr<Conn> c) {
       const uint32_t min_len = sealed ? uint32_t(proto::kMacBytes) + 1 : 1;
       Reply reply;
       if (len < min_len || len > max_len) {
-        log_warn("rendezvous: closing connection from {}: frame of {} bytes (limit {})", c->peer, len, max_len);
+        peer_warn("oversized frame",
+                  fmt::format("rendezvous: closing connection from {}: frame of {} bytes (limit {})", c->peer, len,
+                              max_len));
         reply = reply_error(
             Status::ERROR, fmt::format("frame of {} bytes refused: frames must be {}..{} bytes", len, min_len, max_len),
             true);
@@ -238,9 +268,10 @@ asio::awaitable<void> StoreServer::Impl::session(std::shared_ptr<Conn> c) {
           // Forged, altered, replayed or reordered: nothing this peer sends can be trusted
           // any more, and an error reply would only help it probe. Other connections are
           // untouched.
-          log_warn("rendezvous: closing connection from {}: a frame failed authentication (altered, replayed or "
-                   "out of order)",
-                   c->peer);
+          peer_warn("frame failed authentication",
+                    fmt::format("rendezvous: closing connection from {}: a frame failed authentication (altered, "
+                                "replayed or out of order)",
+                                c->peer));
           break;
         }
         reply = co_await handle(*c, body);
@@ -324,11 +355,12 @@ Reply StoreServer::Impl::handle_hello(Conn& c, proto::Reader& rd) {
   const std::string client_nonce = rd.str();
   const uint32_t version = rd.u32();
   if (!rd.ok() || !rd.at_end()) {
-    log_warn("rendezvous: refused connection from {}: malformed HELLO", c.peer);
+    peer_warn("malformed HELLO", fmt::format("rendezvous: refused connection from {}: malformed HELLO", c.peer));
     return reply_error(Status::ERROR, "malformed HELLO frame", true);
   }
   if (version != proto::kVersion) {
-    log_warn("rendezvous: refused connection from {}: protocol version {}", c.peer, version);
+    peer_warn("protocol version",
+              fmt::format("rendezvous: refused connection from {}: protocol version {}", c.peer, version));
     return reply_error(Status::ERROR,
                        fmt::format("protocol version {} not supported (server speaks {}): run the same dtrain "
                                    "version on every node",
@@ -336,7 +368,8 @@ Reply StoreServer::Impl::handle_hello(Conn& c, proto::Reader& rd) {
                        true);
   }
   if (client_nonce.size() != proto::kNonceBytes) {
-    log_warn("rendezvous: refused connection from {}: HELLO nonce of {} bytes", c.peer, client_nonce.size());
+    peer_warn("malformed HELLO", fmt::format("rendezvous: refused connection from {}: HELLO nonce of {} bytes",
+                                             c.peer, client_nonce.size()));
     return reply_error(Status::ERROR, "malformed HELLO frame: bad nonce", true);
   }
   const std::string server_nonce = proto::nonce_generate();
@@ -350,11 +383,11 @@ Reply StoreServer::Impl::handle_hello(Conn& c, proto::Reader& rd) {
 Reply StoreServer::Impl::handle_auth(Conn& c, proto::Reader& rd) {
   const std::string proof = rd.str();
   if (!rd.ok() || !rd.at_end()) {
-    log_warn("rendezvous: refused connection from {}: malformed AUTH", c.peer);
+    peer_warn("malformed AUTH", fmt::format("rendezvous: refused connection from {}: malformed AUTH", c.peer));
     return reply_error(Status::ERROR, "malformed AUTH frame", true);
   }
   if (!proto::mac_equal(proof, c.keys.client_proof)) {
-    log_warn("rendezvous: refused connection from {}: wrong job token", c.peer);
+    peer_warn("wrong job token", fmt::format("rendezvous: refused connection from {}: wrong job token", c.peer));
     return reply_error(Status::AUTH_FAILED, "authentication refused: wrong job token", true);
   }
   Reply ok{proto::Writer().u8(uint8_t(Status::OK)).str(c.keys.server_proof).finish()};
@@ -392,16 +425,19 @@ asio::awaitable<Reply> StoreServer::Impl::handle(Conn& c, const std::string& bod
   const uint8_t code = rd.u8();
   if (c.phase == Conn::Phase::HELLO) {
     if (code == uint8_t(Op::HELLO)) co_return handle_hello(c, rd);
-    log_warn("rendezvous: refused connection from {}: first frame is not HELLO", c.peer);
+    peer_warn("first frame not HELLO",
+              fmt::format("rendezvous: refused connection from {}: first frame is not HELLO", c.peer));
     co_return reply_error(Status::ERROR, "first frame must be HELLO (authenticate first)", true);
   }
   if (c.phase == Conn::Phase::AUTH) {
     if (code == uint8_t(Op::AUTH)) co_return handle_auth(c, rd);
-    log_warn("rendezvous: refused connection from {}: second frame is not AUTH", c.peer);
+    peer_warn("second frame not AUTH",
+              fmt::format("rendezvous: refused connection from {}: second frame is not AUTH", c.peer));
     co_return reply_error(Status::ERROR, "second frame must be AUTH (authenticate first)", true);
   }
   auto malformed = [&](const char* what) {
-    log_warn("rendezvous: closing connection from {}: malformed {} frame", c.peer, what);
+    peer_warn("malformed frame",
+              fmt::format("rendezvous: closing connection from {}: malformed {} frame", c.peer, what));
     return reply_error(Status::ERROR, fmt::format("malformed {} frame", what), true);
   };
   auto read_keys = [&](std::vector<std::string>& keys) {
@@ -482,7 +518,7 @@ asio::awaitable<Reply> StoreServer::Impl::handle(Conn& c, const std::string& bod
     case Op::AUTH:
       co_return malformed("repeated AUTH");
   }
-  log_warn("rendezvous: closing connection from {}: unknown opcode {}", c.peer, code);
+  peer_warn("unknown opcode", fmt::format("rendezvous: closing connection from {}: unknown opcode {}", c.peer, code));
   co_return reply_error(Status::ERROR, fmt::format("unknown opcode {}", code), true);
 }
 
@@ -512,6 +548,7 @@ StoreServer::StoreServer(const std::string& bind_address, uint16_t port, std::st
              host_port_text(bind_address, port), ec.message());
   impl_->port = acc.local_endpoint().port();
   asio::co_spawn(impl_->io, impl_->accept_loop(), log_handler_failure);
+  asio::co_spawn(impl_->io, impl_->warn_flush_loop(), log_handler_failure);
   impl_->thread = std::thread([impl = impl_.get()] {
     try {
       impl->io.run();

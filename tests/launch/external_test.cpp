@@ -289,7 +289,7 @@ TEST_CASE("ExternalRankZeroWatch sets the stop key with a rank's failure; every 
                                                               stopped[r] = why;
                                                               if (++count == 3) all = true;
                                                             }));
-    ExternalRankZeroWatch zero(job.server, *job.ranks[0].store, job.ranks[0].round_store->prefix(), 3, 60s, 60s);
+    ExternalRankZeroWatch zero(job.server, job.ranks[0], 3, 60s, 60s);
     for (int r = 0; r < 3; ++r) job.ranks[r].round_store->set(fmt::format("hb/rank{}", r), "1");
     std::this_thread::sleep_for(500ms);
     CHECK(count == 0);  // everyone beating, nobody failed: nothing stops
@@ -310,7 +310,7 @@ TEST_CASE("ExternalRankZeroWatch names a rank that stops beating; a watch whose 
       why = w;
       done = true;
     });
-    ExternalRankZeroWatch zero(job.server, *job.ranks[0].store, job.ranks[0].round_store->prefix(), 2, 1s, 60s);
+    ExternalRankZeroWatch zero(job.server, job.ranks[0], 2, 1s, 60s);
     // Rank 0 keeps beating, rank 1 falls silent.
     for (int i = 0; i < 40 && !done; ++i) {
       job.ranks[0].round_store->set("hb/rank0", "1");
