@@ -79,6 +79,19 @@ struct KernelLaunch {
 // naming the kernel, the launch site and the offending source line / thread.
 cudaError_t kernel_run(const KernelLaunch& k, std::string* detail);
 
+// How kernels run; from the environment at first use, changeable by tests.
+// CUDA_EMU_RACECHECK=0 turns the shared-memory racecheck off (it is on by default).
+// CUDA_EMU_WARP_ORDER picks the block threads' order: unset, CUDA_EMU_SEED's shuffled
+// order (0 = plain); `ahead`, the lowest warp runs as far as it can before any other,
+// then the next; `behind`, the same from the highest warp down.
+enum class Schedule : int { SEEDED = 0, WARP_AHEAD = 1, WARP_BEHIND = 2 };
+struct ExecMode {
+  bool racecheck = true;
+  Schedule schedule = Schedule::SEEDED;
+};
+ExecMode exec_mode();
+void exec_mode_set(ExecMode m);
+
 // Runs fn over [0, n) split in contiguous chunks on the worker pool (cuBLASLt GEMMs,
 // NCCL reductions); returns when every chunk is done. fn must not throw.
 void parallel_for(size_t n, const std::function<void(size_t begin, size_t end)>& fn);

@@ -149,8 +149,6 @@ void fault_handler_ensure() {
   }
 }
 
-namespace {
-
 // "file:line (in function), inlined at ..." for a code address, via addr2line.
 std::string code_location(uintptr_t pc) {
   struct Query {
@@ -206,8 +204,6 @@ std::string code_location(uintptr_t pc) {
   }
   return out.empty() ? fallback : out + " [" + fallback + "]";
 }
-
-}  // namespace
 
 std::string fault_report(const Launch& L) {
   const FaultRecord& r = L.fault;
