@@ -4,7 +4,9 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -36,6 +38,22 @@ struct FaultInfo {
 bool fault_resolve(const void* addr, FaultInfo* out);
 // Restores every guard page that fault_resolve opened (after the launch ends).
 void guards_reprotect();
+
+// Memory faults in stream-ordered work outside kernels (copies, NCCL collectives, GEMMs):
+// the device executor arms one per op (and parallel_for hands it to its chunks). A hit on
+// an allocation's guard zone or on freed memory is recorded here (the access then
+// completes on the opened page) and the op's device gets a sticky error naming the op,
+// where the process would otherwise die of SIGSEGV (kernel_faults.cpp).
+struct OpFault {
+  std::atomic<int> state{0};  // 0 none, 1 being written, 2 written
+  const void* addr = nullptr;
+  FaultInfo info;
+  uintptr_t pc = 0;
+  int access = 0;  // 0 unknown, 1 read, 2 write
+};
+extern thread_local constinit OpFault* t_op_fault;
+// "read address A: offset O of a freed N-byte allocation (use after free); faulting code: ..."
+std::string op_fault_report(const OpFault& f);
 
 // ----------------------------------------------------------------------------
 // Devices, streams and stream-ordered work (runtime.cpp).

@@ -909,9 +909,10 @@ void parallel_for(size_t n, const std::function<void(size_t begin, size_t end)>&
   struct Ctx {
     size_t n, chunks;
     const std::function<void(size_t, size_t)>* fn;
+    OpFault* fault;  // the calling op's (engine.h): chunks on pool threads report there
   };
   const size_t workers = std::max(1u, std::thread::hardware_concurrency()) + 1;
-  Ctx c{n, std::min(n, workers * 4), &fn};
+  Ctx c{n, std::min(n, workers * 4), &fn, t_op_fault};
   if (t_pool_thread || (t_worker && t_worker->running) || c.chunks == 1) {
     fn(0, n);
     return;
@@ -921,7 +922,10 @@ void parallel_for(size_t n, const std::function<void(size_t begin, size_t end)>&
   job.ctx = &c;
   job.run = [](void* ctx, size_t i) {
     const auto& c = *static_cast<const Ctx*>(ctx);
+    OpFault* const saved = t_op_fault;
+    t_op_fault = c.fault;
     (*c.fn)(c.n * i / c.chunks, c.n * (i + 1) / c.chunks);
+    t_op_fault = saved;
   };
   pool().run(job);
 }

@@ -333,7 +333,7 @@ TEST_CASE("mutation: divergent barrier, partial-mask shuffle, out-of-bounds glob
   }
 }
 
-TEST_CASE("mutation: a missing stream wait between two streams; use after cudaFreeAsync") {
+TEST_CASE("mutation: a missing stream wait between two streams; use after cudaFreeAsync by a kernel and by a copy") {
   cuda_emu::exec_mode_set(cuda_emu::ExecMode{});
   const int n = 256;
   cudaStream_t s1, s2;
@@ -382,6 +382,26 @@ TEST_CASE("mutation: a missing stream wait between two streams; use after cudaFr
   CHECK(has(detail, "use after free"));
   CHECK(has(detail, "plain_copy_kernel"));
   MESSAGE("use after cudaFreeAsync -> " << detail);
+  cuda_emu::test_clear_errors();
+
+  // The same bug in work that is not a kernel (a copy; NCCL collectives and GEMMs run the
+  // same way): an engine report naming the op, not a SIGSEGV of the test process.
+  std::vector<float> host(n);
+  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&victim), n * sizeof(float)) == cudaSuccess);
+  REQUIRE(cudaFreeAsync(victim, s1) == cudaSuccess);
+  REQUIRE(cudaMemcpyAsync(out, victim, n * sizeof(float), cudaMemcpyDeviceToDevice, s1) == cudaSuccess);
+  CHECK(cudaStreamSynchronize(s1) == cudaErrorIllegalAddress);
+  const std::string copy_detail = cuda_emu::last_error_detail();
+  CHECK(has(copy_detail, "cudaMemcpyAsync"));
+  CHECK(has(copy_detail, "read address"));
+  CHECK(has(copy_detail, "use after free"));
+  MESSAGE("use after cudaFreeAsync by a copy -> " << copy_detail);
+  cuda_emu::test_clear_errors();
+  // The freed pages are closed again: the next use faults as well.
+  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&victim), n * sizeof(float)) == cudaSuccess);
+  REQUIRE(cudaFreeAsync(victim, s1) == cudaSuccess);
+  REQUIRE(cudaMemcpyAsync(out, victim, n * sizeof(float), cudaMemcpyDeviceToDevice, s1) == cudaSuccess);
+  CHECK(cudaStreamSynchronize(s1) == cudaErrorIllegalAddress);
   cuda_emu::test_clear_errors();
   cudaFree(buf);
   cudaFree(out);
