@@ -709,6 +709,7 @@ void block_run(Worker& w, Launch& L, uint3 bidx) {
     }
   }
   w.running = nullptr;
+  w.rc_active = false;  // instrumented host code may run on this thread next
   t_thread_idx = nullptr;
   if (w.smem_guard_open) {
     mprotect(w.smem_guard(), page_size(), PROT_NONE);
