@@ -81,6 +81,15 @@ __global__ void waw_kernel(float* out, bool bug) {  // warp 0's store, then warp
 }
 constexpr int L_WAW_1 = __LINE__ - 6, L_WAW_2 = __LINE__ - 4;
 
+__global__ void lanes_kernel(float* out, bool bug) {  // lane 1 reads what lane 0 wrote
+  __shared__ float s[1];
+  const unsigned t = threadIdx.x;
+  if (t == 0) s[0] = 7.0f;
+  if (!bug) __syncwarp();
+  if (t == 1) out[0] = s[0];
+}
+constexpr int L_LANE_W = __LINE__ - 4, L_LANE_R = __LINE__ - 2;
+
 __global__ void divergent_barrier_kernel(float* out, bool bug) {
   const unsigned t = threadIdx.x;
   if (!bug || t < 32) __syncthreads();
@@ -258,6 +267,24 @@ TEST_CASE("mutation: a missing __syncthreads is a racecheck error (read-after-wr
     const Result seeded = run("race_kernel", 2, 64, 0, [=] { k(o, true); });
     CHECK(has(seeded.detail, " hazard at shared address"));
   }
+}
+
+TEST_CASE("mutation: a missing __syncwarp between two lanes of one warp is a racecheck error") {
+  cuda_emu::exec_mode_set(cuda_emu::ExecMode{true, cuda_emu::Schedule::WARP_AHEAD});
+  std::vector<float> out(1);
+  float* o = out.data();
+  Row r{"missing __syncwarp between a lane's store and another lane's load",
+        run("lanes_kernel", 1, 32, 0, [=] { lanes_kernel(o, false); }),
+        run("lanes_kernel", 1, 32, 0, [=] { lanes_kernel(o, true); })};
+  CHECK_MESSAGE(r.ok.err == cudaSuccess, r.ok.detail);
+  CHECK(out[0] == 7.0f);
+  CHECK(r.mutant.err == cudaErrorLaunchFailure);
+  CHECK(has(r.mutant.detail, "racecheck: read-after-write hazard"));
+  CHECK(has(r.mutant.detail, "no __syncwarp or other warp instruction of both lanes"));
+  CHECK(has(r.mutant.detail, here(L_LANE_R)));
+  CHECK(has(r.mutant.detail, here(L_LANE_W)));
+  report(r);
+  cuda_emu::exec_mode_set(cuda_emu::ExecMode{});
 }
 
 TEST_CASE("mutation: ordering races change results under the warp-ahead and warp-behind schedules") {
