@@ -9,3 +9,6 @@ target_include_directories(dtrain_cuda_emu PUBLIC ${CMAKE_CURRENT_LIST_DIR}/incl
 target_compile_definitions(dtrain_cuda_emu PUBLIC DTRAIN_CUDA_EMU=1)
 target_compile_options(dtrain_cuda_emu PRIVATE -Wall -Wextra)
 target_link_libraries(dtrain_cuda_emu PUBLIC Boost::context Threads::Threads ${CMAKE_DL_LIBS})
+# Compile options that let the engine's racecheck see a file's memory accesses (GCC's
+# ThreadSanitizer instrumentation calling the engine's own hooks, racecheck.cpp).
+set(DTRAIN_EMU_RACECHECK_FLAGS -fsanitize=thread --param=tsan-instrument-func-entry-exit=0)

@@ -4,7 +4,9 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -36,6 +38,22 @@ struct FaultInfo {
 bool fault_resolve(const void* addr, FaultInfo* out);
 // Restores every guard page that fault_resolve opened (after the launch ends).
 void guards_reprotect();
+
+// Memory faults in stream-ordered work outside kernels (copies, NCCL collectives, GEMMs):
+// the device executor arms one per op (and parallel_for hands it to its chunks). A hit on
+// an allocation's guard zone or on freed memory is recorded here (the access then
+// completes on the opened page) and the op's device gets a sticky error naming the op,
+// where the process would otherwise die of SIGSEGV (kernel_faults.cpp).
+struct OpFault {
+  std::atomic<int> state{0};  // 0 none, 1 being written, 2 written
+  const void* addr = nullptr;
+  FaultInfo info;
+  uintptr_t pc = 0;
+  int access = 0;  // 0 unknown, 1 read, 2 write
+};
+extern thread_local constinit OpFault* t_op_fault;
+// "read address A: offset O of a freed N-byte allocation (use after free); faulting code: ..."
+std::string op_fault_report(const OpFault& f);
 
 // ----------------------------------------------------------------------------
 // Devices, streams and stream-ordered work (runtime.cpp).
@@ -78,6 +96,19 @@ struct KernelLaunch {
 // GPU would report (or that the engine reports where a GPU is undefined) with *detail
 // naming the kernel, the launch site and the offending source line / thread.
 cudaError_t kernel_run(const KernelLaunch& k, std::string* detail);
+
+// How kernels run; from the environment at first use, changeable by tests.
+// CUDA_EMU_RACECHECK=0 turns the shared-memory racecheck off (it is on by default).
+// CUDA_EMU_WARP_ORDER picks the block threads' order: unset, CUDA_EMU_SEED's shuffled
+// order (0 = plain); `ahead`, the lowest warp runs as far as it can before any other,
+// then the next; `behind`, the same from the highest warp down.
+enum class Schedule : int { SEEDED = 0, WARP_AHEAD = 1, WARP_BEHIND = 2 };
+struct ExecMode {
+  bool racecheck = true;
+  Schedule schedule = Schedule::SEEDED;
+};
+ExecMode exec_mode();
+void exec_mode_set(ExecMode m);
 
 // Runs fn over [0, n) split in contiguous chunks on the worker pool (cuBLASLt GEMMs,
 // NCCL reductions); returns when every chunk is done. fn must not throw.

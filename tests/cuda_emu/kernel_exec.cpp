@@ -227,6 +227,20 @@ namespace {
                      " (e.g. " + thread_str(b, b.bar_first) + "), " + thread_str(b, t) + " at " + op_at(th));
 }
 
+bool warp_before(const Block& b, unsigned x, unsigned y);
+size_t best_runnable(const Block& b);
+
+// Warp-ordered schedules: the thread that completes a barrier runs on only when no
+// thread of an earlier warp (in the schedule's order) can run.
+void yield_to_earlier_warp(Block& b, Thread& th, unsigned t) {
+  if (b.run_head == b.runnable.size() || !warp_before(b, b.runnable[best_runnable(b)], t)) return;
+  b.make_runnable(t);
+  Worker& w = *b.w;
+  switch_to(w, th.carrier, carrier_next(w));  // an earlier warp's thread, never this one
+  t_thread_idx = &th.idx;
+  if (b.cancel) throw Cancelled{};
+}
+
 int barrier(const char* file, int line, int op, int pred) {
   Block& b = current_block(file, line, op_name(op));
   Thread& th = *cur_thread();
@@ -252,6 +266,7 @@ int barrier(const char* file, int line, int op, int pred) {
     thread_wait(b, th);
     return static_cast<int>(th.result);
   }
+  racecheck_barrier(*b.w, b);
   int r = 0;
   if (op == OP_BAR_OR) r = b.bar_or;
   if (op == OP_BAR_AND) r = b.bar_and;
@@ -262,6 +277,7 @@ int barrier(const char* file, int line, int op, int pred) {
   }
   b.bar_waiters.clear();
   b.bar_arrived = 0;
+  if (b.order != 0) yield_to_earlier_warp(b, th, t);
   return r;
 }
 
@@ -330,6 +346,7 @@ void warp_complete(Block& b, unsigned warp, const WarpGroup& g, unsigned self) {
       lanes[i].result = lanes[s].value;
     }
   }
+  racecheck_warp_sync(*b.w, b, warp);
   for (int i = 0; i < 32; ++i)
     if ((g.mask >> i & 1u) && static_cast<unsigned>(i) != self) b.make_runnable(warp * 32 + i);
 }
@@ -446,6 +463,7 @@ void warp_aligned(Block& b, Thread& th, const char* file, int line, int op, cons
   w.groups.pop_back();
   Thread* lanes = &b.threads[warp * 32];
   aligned_complete(op, lanes);
+  racecheck_warp_sync(*b.w, b, warp);
   for (unsigned i = 0; i < 32; ++i)
     if (i != lane) b.make_runnable(warp * 32 + i);
 }
@@ -507,6 +525,10 @@ bctx::fiber carrier_main(Carrier* c, bctx::fiber&& from) {
   Block& b = w.block;
   while (!c->quit) {
     while (!b.cancel && b.next_start < b.n) {
+      // Ordered by warp: a resumable thread of an earlier warp goes before a new one.
+      if (b.order != 0 && b.run_head < b.runnable.size() &&
+          warp_before(b, b.runnable[best_runnable(b)], b.next_start_peek()))
+        break;
       run_thread(b, b.start_next(), c);
     }
     w.idle.push_back(c);
@@ -584,7 +606,8 @@ void block_setup(Worker& w, Launch& L, uint3 bidx) {
   b.cancel = false;
   b.err = cudaSuccess;
   b.msg.clear();
-  b.shuffled = L.seed != 0 && b.n > 1;
+  b.order = L.order;
+  b.shuffled = L.seed != 0 && b.n > 1 && b.order == 0;
   if (b.shuffled) {
     const uint64_t lin = bidx.x + static_cast<uint64_t>(k.grid.x) * (bidx.y + static_cast<uint64_t>(k.grid.y) * bidx.z);
     b.rng = L.seed * 0x9e3779b97f4a7c15ull ^ (L.serial << 32) ^ lin;
@@ -604,6 +627,7 @@ void block_setup(Worker& w, Launch& L, uint3 bidx) {
     }
     b.perm_cur = b.random_below(b.n);
   }
+  racecheck_block_start(w, b);
   t_block.block_idx = bidx;
   t_block.block_dim = k.block;
   t_block.grid_dim = k.grid;
@@ -615,12 +639,39 @@ void block_setup(Worker& w, Launch& L, uint3 bidx) {
   t_block.dynamic_smem = base;
 }
 
+bool warp_before(const Block& b, unsigned x, unsigned y) { return b.order == 1 ? x / 32 < y / 32 : x / 32 > y / 32; }
+size_t best_runnable(const Block& b) {  // b.run_head < b.runnable.size()
+  size_t best = b.run_head;
+  for (size_t i = b.run_head + 1; i < b.runnable.size(); ++i)
+    if (warp_before(b, b.runnable[i], b.runnable[best])) best = i;
+  return best;
+}
+
+// The warp-ahead / warp-behind schedules: the runnable or unstarted thread of the lowest
+// (highest) warp runs next, so that warp runs as far as it can before any other does.
+Carrier* carrier_next_by_warp(Worker& w, bool can_resume, bool can_start) {
+  Block& b = w.block;
+  if (can_resume) {
+    const size_t best = best_runnable(b);
+    if (!can_start || !warp_before(b, b.next_start_peek(), b.runnable[best])) {
+      std::swap(b.runnable[b.run_head], b.runnable[best]);
+      Thread& th = b.threads[b.runnable[b.run_head++]];
+      if (b.run_head == b.runnable.size()) b.runnable.clear(), b.run_head = 0;
+      th.state = TState::RUNNING;
+      return th.carrier;
+    }
+  }
+  if (can_start) return carrier_get(w);
+  return &w.native;
+}
+
 // What runs next: a thread whose wait completed, a carrier to start more threads, or
 // the block loop when neither exists (block done, deadlock, unwinding).
 Carrier* carrier_next(Worker& w) {
   Block& b = w.block;
   const bool can_resume = b.run_head < b.runnable.size();
   const bool can_start = !b.cancel && b.next_start < b.n;
+  if (b.order != 0) return carrier_next_by_warp(w, can_resume, can_start);
   if (can_resume && !(can_start && b.shuffled && (b.next_random() & 1))) {
     if (b.shuffled) {
       const size_t pending = b.runnable.size() - b.run_head;
@@ -658,6 +709,7 @@ void block_run(Worker& w, Launch& L, uint3 bidx) {
     }
   }
   w.running = nullptr;
+  w.rc_active = false;  // instrumented host code may run on this thread next
   t_thread_idx = nullptr;
   if (w.smem_guard_open) {
     mprotect(w.smem_guard(), page_size(), PROT_NONE);
@@ -668,7 +720,7 @@ void block_run(Worker& w, Launch& L, uint3 bidx) {
     if (L.err == cudaSuccess) {
       L.err = b.err;
       L.detail = "kernel " + L.k->name + " (launched at " + where_str(L.k->file, L.k->line) + ") block " +
-                 dims_str(bidx) + ": " + b.msg;
+                 dims_str(bidx) + ": " + (b.hazard.kind ? racecheck_report(b) : b.msg);
     }
     L.stop = true;
   }
@@ -830,6 +882,7 @@ cudaError_t kernel_run(const KernelLaunch& k, std::string* detail) {
   L.k = &k;
   L.nthreads = static_cast<unsigned>(nthreads);
   L.seed = seed_from_env();
+  L.order = static_cast<int>(exec_mode().schedule);
   L.serial = g_launch_serial.fetch_add(1);
   Job job;
   job.count = nblocks;
@@ -857,9 +910,10 @@ void parallel_for(size_t n, const std::function<void(size_t begin, size_t end)>&
   struct Ctx {
     size_t n, chunks;
     const std::function<void(size_t, size_t)>* fn;
+    OpFault* fault;  // the calling op's (engine.h): chunks on pool threads report there
   };
   const size_t workers = std::max(1u, std::thread::hardware_concurrency()) + 1;
-  Ctx c{n, std::min(n, workers * 4), &fn};
+  Ctx c{n, std::min(n, workers * 4), &fn, t_op_fault};
   if (t_pool_thread || (t_worker && t_worker->running) || c.chunks == 1) {
     fn(0, n);
     return;
@@ -869,7 +923,10 @@ void parallel_for(size_t n, const std::function<void(size_t begin, size_t end)>&
   job.ctx = &c;
   job.run = [](void* ctx, size_t i) {
     const auto& c = *static_cast<const Ctx*>(ctx);
+    OpFault* const saved = t_op_fault;
+    t_op_fault = c.fault;
     (*c.fn)(c.n * i / c.chunks, c.n * (i + 1) / c.chunks);
+    t_op_fault = saved;
   };
   pool().run(job);
 }

@@ -70,6 +70,7 @@ struct Launch {
   const KernelLaunch* k = nullptr;
   unsigned nthreads = 0;
   uint64_t seed = 0;  // 0: plain thread order
+  int order = 0;      // Schedule (engine.h)
   uint64_t serial = 0;
   std::atomic<bool> stop{false};
   std::mutex mu;
@@ -106,6 +107,7 @@ struct AsyncCopy {
   void* dst;
   const void* src;
   unsigned group;
+  uintptr_t pc;  // the issuing code, for racecheck reports
 };
 struct AsyncCopies {
   static constexpr unsigned UNCOMMITTED = ~0u;
@@ -124,6 +126,26 @@ struct Warp {
 };
 
 struct Worker;
+
+// Racecheck (racecheck.cpp): one shadow cell per byte of shared memory. A barrier
+// interval (epoch) and a warp's sync generation are values of the worker's clock, unique
+// across blocks, so cells left by an earlier block or interval never match.
+struct RaceCell {
+  uint32_t w_epoch, w_gen;  // last write: barrier interval, its warp's generation
+  uint32_t r_epoch, r_mask;  // reads since: interval, warps that read
+  uint32_t r_gen;            // generation of r_t's warp at its read
+  uint16_t w_t, r_t, r_t2;   // writer; latest reader of one warp; first reader of another
+  uintptr_t w_pc, r_pc, r_pc2;
+};
+enum HazardKind : int { HAZ_RAW = 1, HAZ_WAR, HAZ_WAW };
+struct Hazard {  // the first one a block hit
+  int kind = 0;
+  const char* addr = nullptr;
+  bool dynamic = false;  // dynamic shared memory, else static __shared__
+  size_t offset = 0;     // in the dynamic buffer / this thread's TLS block
+  unsigned t_now = 0, t_prev = 0;
+  uintptr_t pc_now = 0, pc_prev = 0;
+};
 
 struct Block {
   Worker* w = nullptr;
@@ -148,6 +170,7 @@ struct Block {
   // Seeded order: threads start in the permutation (a * i + b) mod n; runnable ones
   // resume in random order.
   bool shuffled = false;
+  int order = 0;  // Schedule (engine.h): warp-ahead / warp-behind pick threads by warp
   uint64_t rng = 0;
   unsigned perm_a = 1, perm_cur = 0;
 
@@ -160,8 +183,16 @@ struct Block {
   unsigned random_below(unsigned bound) {  // no division: this runs at every switch
     return static_cast<unsigned>(((next_random() & 0xffffffffu) * bound) >> 32);
   }
+  // Racecheck state (racecheck.cpp): the current barrier interval, each warp's sync
+  // generation, the first hazard.
+  uint32_t rc_epoch = 0;
+  std::vector<uint32_t> rc_gen;
+  Hazard hazard;
+
+  unsigned next_start_peek() const { return order == 2 ? n - 1 - next_start : next_start; }  // order != 0
   unsigned start_next() {  // the next thread to start; next_start < n
     ++next_start;
+    if (order == 2) return n - next_start;  // warp-behind: the last warp first
     if (!shuffled) return next_start - 1;
     const unsigned t = perm_cur;
     perm_cur += perm_a;  // perm_a < n
@@ -203,6 +234,14 @@ struct Worker {
   // This OS thread's thread-local storage blocks (static __shared__ lives there), one
   // [begin, end) per module; read when first needed and again when an address is in none.
   std::vector<std::pair<const char*, const char*>> tls;
+  // Racecheck (racecheck.cpp): on while it runs a block under racecheck; shadow cells for
+  // the dynamic shared memory reserve and for the TLS block holding static __shared__.
+  bool rc_active = false;
+  uint32_t rc_clock = 0;
+  RaceCell* rc_dyn = nullptr;
+  RaceCell* rc_tls = nullptr;
+  const char* rc_tls_lo = nullptr;
+  size_t rc_tls_len = 0;
 
   Worker();
   ~Worker();
@@ -238,6 +277,26 @@ void warp_aligned(Block& b, Thread& th, const char* file, int line, int op, cons
 // Tensor-core instructions (kernel_mma.cpp): every lane's result of aligned op `op`
 // from the 32 lanes' operands (lanes[i].io).
 void aligned_complete(int op, Thread* lanes);
+
+// Racecheck (racecheck.cpp). The kernels' loads and stores reach it through GCC's
+// -fsanitize=thread hooks, which the engine defines itself (no libtsan).
+// Prepares the worker's shadow and the block's clocks (block_setup).
+void racecheck_block_start(Worker& w, Block& b);
+// A __syncthreads completed / warp `warp` completed a warp instruction: what came
+// before is ordered before what follows.
+inline void racecheck_barrier(Worker& w, Block& b) {
+  if (w.rc_active) b.rc_epoch = ++w.rc_clock;
+}
+inline void racecheck_warp_sync(Worker& w, Block& b, unsigned warp) {
+  if (w.rc_active) b.rc_gen[warp] = ++w.rc_clock;
+}
+// An access the engine performs for the calling thread (ldmatrix rows, cp.async landing),
+// attributed to kernel code at `pc`.
+void racecheck_access(const void* p, size_t bytes, bool write, uintptr_t pc);
+// The block's hazard, with both source lines (after the block ran).
+std::string racecheck_report(const Block& b);
+// "file:line (in function), inlined at ..." for a code address (kernel_faults.cpp).
+std::string code_location(uintptr_t pc);
 
 // Memory faults (kernel_faults.cpp).
 // (Re)installs the SIGSEGV / SIGBUS handler; checked at each launch.

@@ -11,11 +11,14 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <mutex>
 #include <string>
 #include <vector>
 
 namespace cuda_emu {
+
+thread_local constinit OpFault* t_op_fault = nullptr;
 
 namespace {
 
@@ -63,6 +66,28 @@ void fault_handler(int sig, siginfo_t* si, void* uctx) {
   Worker* w = t_worker;
   Launch* L = w ? w->running : nullptr;
   const char* addr = static_cast<const char*>(si->si_addr);
+  if (!L && t_op_fault) {  // stream-ordered work outside a kernel
+    OpFault* f = t_op_fault;
+    FaultInfo info;
+    if (fault_resolve(addr, &info)) {
+      int expected = 0;
+      if (f->state.compare_exchange_strong(expected, 1)) {
+        f->addr = addr;
+        f->info = info;
+        const auto* uc = static_cast<const ucontext_t*>(uctx);
+#if defined(__x86_64__)
+        f->pc = static_cast<uintptr_t>(uc->uc_mcontext.gregs[REG_RIP]);
+        f->access = (uc->uc_mcontext.gregs[REG_ERR] & 2) ? 2 : 1;
+#elif defined(__aarch64__)
+        f->pc = static_cast<uintptr_t>(uc->uc_mcontext.pc);
+#else
+        (void)uc;
+#endif
+        f->state.store(2);
+      }
+      return;  // the access now succeeds; the executor reports it when the op ends
+    }
+  }
   if (L) {
     FaultRecord r{};
     r.addr = addr;
@@ -149,8 +174,6 @@ void fault_handler_ensure() {
   }
 }
 
-namespace {
-
 // "file:line (in function), inlined at ..." for a code address, via addr2line.
 std::string code_location(uintptr_t pc) {
   struct Query {
@@ -199,15 +222,35 @@ std::string code_location(uintptr_t pc) {
   std::string out;
   int shown = 0;
   for (size_t i = 0; i + 1 < lines.size() && shown < 4; i += 2) {
-    const std::string& loc = lines[i + 1];
+    std::string loc = lines[i + 1];
     if (loc.rfind("??", 0) == 0 || (i > 0 && loc.rfind("/usr/", 0) == 0)) continue;
+    if (loc.front() == '/') {  // build/kernels/../../kernels/x.cu:7 -> /src/kernels/x.cu:7
+      const size_t colon = loc.find(':');
+      loc = std::filesystem::path(loc.substr(0, colon)).lexically_normal().string() +
+            (colon == std::string::npos ? "" : loc.substr(colon));
+    }
     out += shown == 0 ? loc + " (in " + lines[i] + ")" : (shown == 1 ? ", inlined at " : ", ") + loc;
     ++shown;
   }
   return out.empty() ? fallback : out + " [" + fallback + "]";
 }
 
+namespace {
+std::string alloc_fault_str(const FaultInfo& info) {
+  const std::string alloc =
+      std::to_string(info.size) + "-byte allocation at " + hex(reinterpret_cast<uintptr_t>(info.base));
+  if (info.freed) return "offset " + std::to_string(info.offset) + " of a freed " + alloc + " (use after free)";
+  if (info.offset < 0) return std::to_string(-info.offset) + " bytes before the start of a " + alloc;
+  return "offset " + std::to_string(info.offset) + " of a " + alloc + " (" +
+         std::to_string(info.offset - static_cast<long long>(info.size)) + " bytes past its end)";
+}
 }  // namespace
+
+std::string op_fault_report(const OpFault& f) {
+  const char* verb = f.access == 2 ? "wrote" : f.access == 1 ? "read" : "accessed";
+  return std::string(verb) + " address " + hex(reinterpret_cast<uintptr_t>(f.addr)) + ": " +
+         alloc_fault_str(f.info) + "; faulting code: " + code_location(f.pc);
+}
 
 std::string fault_report(const Launch& L) {
   const FaultRecord& r = L.fault;
@@ -221,15 +264,7 @@ std::string fault_report(const Launch& L) {
          " bytes of dynamic shared memory (" + std::to_string(r.smem_offset - static_cast<long long>(r.smem_size)) +
          " bytes past the end)";
   } else {
-    const std::string alloc = std::to_string(r.info.size) + "-byte allocation at " +
-                              hex(reinterpret_cast<uintptr_t>(r.info.base));
-    if (r.info.freed)
-      s += "offset " + std::to_string(r.info.offset) + " of a freed " + alloc + " (use after free)";
-    else if (r.info.offset < 0)
-      s += std::to_string(-r.info.offset) + " bytes before the start of a " + alloc;
-    else
-      s += "offset " + std::to_string(r.info.offset) + " of a " + alloc + " (" +
-           std::to_string(r.info.offset - static_cast<long long>(r.info.size)) + " bytes past its end)";
+    s += alloc_fault_str(r.info);
   }
   return s + "; faulting code: " + code_location(r.pc);
 }

@@ -246,7 +246,10 @@ void ldmatrix(const char* file, int line, int matrices, bool trans, uint32_t* r,
   if (op < 0)
     thread_fail(b, lane_str(b, t) + " at ldmatrix at " + where_str(file, line) + ": " + std::to_string(matrices) +
                        " matrices (PTX has .x1, .x2 and .x4)");
-  if (t % 32 < 8u * static_cast<unsigned>(matrices)) shared16_check(b, t, op_name(op), file, line, "row address", p);
+  if (t % 32 < 8u * static_cast<unsigned>(matrices)) {
+    shared16_check(b, t, op_name(op), file, line, "row address", p);
+    racecheck_access(p, 16, false, reinterpret_cast<uintptr_t>(__builtin_return_address(0)));
+  }
   const LdsmIo io{r, p};
   warp_aligned(b, th, file, line, op, &io);
 }
@@ -258,7 +261,8 @@ void cp_async_16(const char* file, int line, void* smem_dst, const void* gmem_sr
   if (reinterpret_cast<uintptr_t>(gmem_src) & 15u) cp_async_bad_source(b, t, file, line, gmem_src);
   const auto a = alloc_find(gmem_src, 16);
   if (!a || a->pinned_host || a->device != b.launch->k->device) cp_async_bad_source(b, t, file, line, gmem_src);
-  b.async[t].q.push_back(AsyncCopy{smem_dst, gmem_src, AsyncCopies::UNCOMMITTED});
+  b.async[t].q.push_back(AsyncCopy{smem_dst, gmem_src, AsyncCopies::UNCOMMITTED,
+                                   reinterpret_cast<uintptr_t>(__builtin_return_address(0))});
   b.async_used = true;
 }
 
@@ -283,8 +287,10 @@ void cp_async_wait(const char* file, int line, int n) {
   size_t k = 0;
   for (; k < a.q.size() && a.q[k].group != AsyncCopies::UNCOMMITTED &&
          a.q[k].group + static_cast<unsigned>(n) < a.committed;
-       ++k)
+       ++k) {
+    racecheck_access(a.q[k].dst, 16, true, a.q[k].pc);  // the copy's write, by its issuing code
     std::memcpy(a.q[k].dst, a.q[k].src, 16);
+  }
   a.q.erase(a.q.begin(), a.q.begin() + static_cast<std::ptrdiff_t>(k));
 }
 

@@ -138,7 +138,16 @@ void executor_loop(int dev) {
     OpPtr op = d.pending[pick];
     d.pending.erase(d.pending.begin() + static_cast<long>(pick));
     lock.unlock();
+    OpFault fault;  // a memory fault in the op becomes the device's sticky error
+    t_op_fault = &fault;
     op->fn();
+    t_op_fault = nullptr;
+    if (fault.state.load() == 2) {
+      guards_reprotect();
+      sticky_error_set(dev, cudaErrorIllegalAddress,
+                       op->what + " (stream-ordered work on device " + std::to_string(dev) + ") " +
+                           op_fault_report(fault));
+    }
     op->fn = nullptr;
     lock.lock();
     op->done = true;
