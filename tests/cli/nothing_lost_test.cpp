@@ -334,14 +334,21 @@ TEST_CASE("a disk-full round's last retry leaves no empty checkpoints/tmp-step<k
   if (disk.dir().empty()) return ::dtrain::test::skip_test("cannot mount a tmpfs (not root?): skipping");
   TempDir tmp("dtrain-lost-ckpt");
   const std::string config = tmp.path() + "/tiny.yaml";
-  std::ofstream(config) << tiny_cpu_job(2);
+  // (The preflight would refuse the tiny disk before any rank runs: doctor.min_free_gb.)
+  std::ofstream(config) << tiny_job({.top = "train_micro_batch_size_per_gpu: 4\nsteps_per_print: 1\n",
+                                     .n_layer = 1,
+                                     .save_steps = 2,
+                                     .training_more = "  device: cpu\n",
+                                     .rest = "fault_tolerance:\n  max_retries: 0\ndoctor:\n  preflight: false\n"});
   const std::string run_dir = disk.dir() + "/run";
-  // Leave room for the run's small files but not for a checkpoint (tens of KiB).
-  fill(disk.dir() + "/filler", disk.free_bytes() - 24 * 1024);
+  // Room for the run's small files (logs, metrics: a few KiB) but not for a checkpoint.
+  fill(disk.dir() + "/filler", disk.free_bytes() - 160 * 1024);
   RunResult r = run({bin, "launch", "--config", config, "--master-port", "0", "--output-dir", run_dir}, {}, 120s);
   INFO(r.out);
   REQUIRE(!r.timed_out);
   CHECK(r.rc != 0);
+  // The step-2 save failed on the full disk (one checkpoint is about 300 KiB).
+  CHECK(contains(r.out, "cannot write checkpoint file " + run_dir + "/checkpoints/tmp-step2/"));
   CHECK(contains(r.out, "No space left on device"));
   std::vector<std::string> partial;
   std::error_code ec;

@@ -78,11 +78,13 @@ mount -t tmpfs -o size=4m,mode=0755 tmpfs {scratch} || exit 93
 mkdir {scratch}/kproc {scratch}/home && mount -t proc proc {scratch}/kproc || exit 94
 chmod 0755 {scratch}/home
 for d in / /proc /proc/self /sys /dev /etc /usr /var /tmp /root {scratch}/kproc {scratch}/home; do
-  # (pids come and go under /proc: the listing compared leaves them out)
-  before="$(stat -c %a "$d") $(ls -A "$d" 2>/dev/null | grep -v '^[0-9]*$' | md5sum)"
+  # The mode, and which of the names a run directory holds are there (other processes
+  # on the machine may come and go in /tmp or /proc meanwhile).
+  names='^(\.dtrain-run|\.dtrain-run\.tmp|config\.yaml|config\.yaml\.tmp|events\.jsonl|launcher\.lock|hostfile|logs|checkpoints)$'
+  before="$(stat -c %a "$d") $(ls -A "$d" 2>/dev/null | grep -E "$names" | md5sum)"
   HOME={scratch}/home {bin} launch --config {config} --output-dir "$d" --master-port 0 > {scratch}/out 2>&1
   rc=$?
-  after="$(stat -c %a "$d") $(ls -A "$d" 2>/dev/null | grep -v '^[0-9]*$' | md5sum)"
+  after="$(stat -c %a "$d") $(ls -A "$d" 2>/dev/null | grep -E "$names" | md5sum)"
   echo "CASE $d rc=$rc same=$([ "$before" = "$after" ] && echo yes || echo no) mode=$(stat -c %a "$d")"
   sed 's/^/  | /' {scratch}/out
 done
