@@ -71,15 +71,20 @@ int run_generate(const std::string& dir, const std::string& prompt, int max_new_
     rec.messages.push_back({data::SftRole::ASSISTANT, "", ""});
     ids = data::sft_render_prompt(rec, *t.tokenizer, data::sft_template_parse(t.template_name));
   }
-  // The model sees at most max_seq_len tokens: a prompt that fills them leaves no room.
+  // The model sees at most max_seq_len tokens: a longer prompt is cut to its last
+  // max_seq_len - 1 tokens (generate_greedy_batch), which leaves room for one new token.
+  // Said, not silent.
   const int64_t max_len = t.model->config().max_seq_len;
-  DT_ENFORCE(static_cast<int64_t>(ids.size()) < max_len, UsageError,
-             "generate: the prompt is {} tokens{}, and the model's max_seq_len is {}: no room to generate a token; "
-             "shorten the prompt",
-             ids.size(), raw ? "" : " with its template", max_len);
-  if (static_cast<int64_t>(ids.size()) + max_new_tokens > max_len)
-    std::fprintf(stderr, "generate: the prompt is %zu tokens of the model's max_seq_len %lld: at most %lld new tokens\n",
-                 ids.size(), static_cast<long long>(max_len), static_cast<long long>(max_len - static_cast<int64_t>(ids.size())));
+  const int64_t n = static_cast<int64_t>(ids.size());
+  if (n >= max_len)
+    std::fprintf(stderr,
+                 "generate: the prompt is %lld tokens%s, and the model's max_seq_len is %lld: only its last %lld "
+                 "tokens are used, leaving room for 1 new token; shorten the prompt\n",
+                 static_cast<long long>(n), raw ? "" : " with its template", static_cast<long long>(max_len),
+                 static_cast<long long>(max_len - 1));
+  else if (n + max_new_tokens > max_len)
+    std::fprintf(stderr, "generate: the prompt is %lld tokens of the model's max_seq_len %lld: at most %lld new tokens\n",
+                 static_cast<long long>(n), static_cast<long long>(max_len), static_cast<long long>(max_len - n));
   const std::vector<int32_t> stops = data::sft_stop_ids(*t.tokenizer);
   std::vector<int32_t> gen =
       train::generate_greedy_batch(*t.model, {ids}, max_new_tokens, stops, 1, t.tokenizer->vocab_size())[0];
