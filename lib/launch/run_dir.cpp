@@ -1,5 +1,5 @@
-// Run directory safety: its mode, the launcher lock (flock + holder record) and atomic
-// file replacement.
+// Run directory safety: which directories may be created or adopted, its mode and
+// marker, the launcher lock (flock + holder record) and atomic file replacement.
 #include "launch/run_dir.h"
 
 #include "core/check.h"

@@ -1,6 +1,8 @@
-// A run directory's safety rules: it is private (training.run_dir_mode, 0700 by default;
-// its files 0600), it has one launcher at a time (an flock'ed launcher.lock recording the
-// holder's host, pid and start time), and its files are replaced atomically.
+// A run directory's safety rules: dtrain creates it, or adopts only an empty one or its
+// own (never a system path); it is private (training.run_dir_mode, 0700 by default, set
+// only on a directory dtrain created; its files 0600), it has one launcher at a time (an
+// flock'ed launcher.lock recording the holder's host, pid and start time), and its files
+// are replaced atomically.
 #pragma once
 
 #include <cstddef>
