@@ -1,6 +1,8 @@
 // Nothing lost, round two (issue 33, items 2, 4, 14, 20, 22, 23) through the real binary:
 // eval / generate / export of a run without final/ use its latest complete checkpoint
-// (said on stderr) and fail without one, --init being the only way to initial weights;
+// (said on stderr) and fail without one, --init being the only way to initial weights,
+// and a resume that trains on drops its old final/ (an interruption then evaluates its
+// newer checkpoint, not the stale final/);
 // `data prepare` never replaces its input and leaves no stray .tmp; a full disk under the
 // TensorBoard output costs events, not the run, and leaves only whole records; `bench
 // --json /dev/full` fails; `dtrain status` on a damaged events.jsonl is exit 3 naming
@@ -356,4 +358,27 @@ TEST_CASE("a disk-full round's last retry leaves no empty checkpoints/tmp-step<k
   for (const auto& e : fs::directory_iterator(run_dir + "/checkpoints", ec))
     if (e.path().filename().string().rfind("tmp-", 0) == 0) partial.push_back(e.path().string());
   CHECK(partial.empty());
+}
+
+TEST_CASE("a resume that trains on drops its old final/: interrupted, eval uses the newer checkpoint") {
+  const std::string bin = dtrain_bin();
+  if (bin.empty()) return ::dtrain::test::skip_test("DTRAIN_BIN not set: skipping");
+  TrainedRun t(bin);
+  INFO(t.launched.out);
+  REQUIRE(t.launched.rc == 0);
+  REQUIRE(fs::exists(t.run + "/final/model.safetensors"));  // of step 4
+  // Resumed to 8 steps, the rank stalls before step 7 (test hook): step 6 is saved by then.
+  Child resumed({bin, "resume", t.run, "--master-port", "0", "--set", "training.max_steps=8"},
+                {{"DTRAIN_TEST_STALL_AT_STEP", "7"}});
+  REQUIRE(resumed.started());
+  const bool stalled = resumed.wait_output("rank 0 stalls before step 7", 120s);
+  INFO(resumed.output());
+  REQUIRE(stalled);
+  CHECK(!fs::exists(t.run + "/final"));
+  CHECK(contains(resumed.output(), "removed " + t.run + "/final: the run trains on from step 4"));
+  resumed.kill_group();
+  RunResult r = TrainedRun::run_cmd({bin, "eval", t.run, "--data", t.valid, "--max-records", "2"});
+  INFO(r.out);
+  CHECK(r.rc == 0);
+  CHECK(contains(r.out, "eval: " + t.run + "/checkpoints/step6 (step 6) on "));
 }
