@@ -32,6 +32,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 namespace dtrain::cli {
@@ -71,6 +72,10 @@ config::TrainConfig load_config(const ExternalOptions& o) {
   config::TrainConfig cfg = std::move(loaded.cfg);
   if (!o.output_dir.empty()) cfg.training.output_dir = o.output_dir;
   config::config_check_job(cfg);
+  // Every process refuses a system path (rank 0 also refuses a directory of someone
+  // else's when it creates the run directory).
+  launch::run_dir_check_safe(std::filesystem::absolute(cfg.training.output_dir).string(),
+                             o.output_dir.empty() ? "training.output_dir" : "--output-dir");
   return cfg;
 }
 
@@ -177,6 +182,7 @@ int run_external(const ExternalOptions& o) {
   if (!cfg.cluster.network_interface.empty())
     ::setenv("DTRAIN_NETWORK_INTERFACE", cfg.cluster.network_interface.c_str(), 0);
 
+  std::optional<launch::RunDirLock> run_dir_lock;  // rank 0 only
   std::unique_ptr<rendezvous::StoreServer> server;
   std::unique_ptr<launch::RunFiles> files;  // rank 0 only
   int record_round = 0;
@@ -203,6 +209,11 @@ int run_external(const ExternalOptions& o) {
     // as under dtrain launch; the checkpoints carry their own copy.
     const mode_t mode = launch::run_dir_mode_parse(cfg.training.run_dir_mode);
     launch::run_dir_create(ctx.run_dir, mode);
+    // The launcher's lock, for this process's life: a `dtrain launch` or another set's
+    // rank 0 on the same directory is refused here, before anything is written into it.
+    std::string stale;
+    run_dir_lock.emplace(launch::RunDirLock::acquire(ctx.run_dir, &stale));
+    if (!stale.empty()) log_warn("{}", stale);
     launch::run_dir_write_file((std::filesystem::path(ctx.run_dir) / "config.yaml").string(),
                                config::config_to_yaml(cfg), mode);
     // The run's record for `dtrain status`: this round, who started it, and how it ends.

@@ -78,6 +78,9 @@ int run_job(launch::Job& job, const JobOptions& cli, bool resume) {
     }
   };
   const int rc = launch::supervise(job, opts);
+  // Every rank has ended: a save the last round could not finish (a full disk) leaves no
+  // tmp-step<k>/ behind, also when no retry round is left to remove it.
+  launch::run_dir_remove_partial_checkpoints(job.run_dir);
   if (job.run_dir_pending) {
     // The new config never started: the run keeps its config.yaml, and the next resume
     // starts from that, not from a leftover.

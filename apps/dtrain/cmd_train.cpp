@@ -60,8 +60,8 @@ int run_eval(const std::string& run_dir_or_model_dir, const std::string& data_js
 
 // Greedy generation from dir's model. The prompt is an instruction rendered with the
 // model's SFT template unless raw, in which case it is tokenized as it is.
-int run_generate(const std::string& dir, const std::string& prompt, int max_new_tokens, bool raw) {
-  train::EvalTarget t = train::eval_target_load(dir);
+int run_generate(const std::string& dir, const std::string& prompt, int max_new_tokens, bool raw, bool init_weights) {
+  train::EvalTarget t = train::eval_target_load(dir, "", init_weights);
   std::vector<int32_t> ids;
   if (raw) {
     ids = t.tokenizer->encode(prompt);
@@ -71,6 +71,20 @@ int run_generate(const std::string& dir, const std::string& prompt, int max_new_
     rec.messages.push_back({data::SftRole::ASSISTANT, "", ""});
     ids = data::sft_render_prompt(rec, *t.tokenizer, data::sft_template_parse(t.template_name));
   }
+  // The model sees at most max_seq_len tokens: a longer prompt is cut to its last
+  // max_seq_len - 1 tokens (generate_greedy_batch), which leaves room for one new token.
+  // Said, not silent.
+  const int64_t max_len = t.model->config().max_seq_len;
+  const int64_t n = static_cast<int64_t>(ids.size());
+  if (n >= max_len)
+    std::fprintf(stderr,
+                 "generate: the prompt is %lld tokens%s, and the model's max_seq_len is %lld: only its last %lld "
+                 "tokens are used, leaving room for 1 new token; shorten the prompt\n",
+                 static_cast<long long>(n), raw ? "" : " with its template", static_cast<long long>(max_len),
+                 static_cast<long long>(max_len - 1));
+  else if (n + max_new_tokens > max_len)
+    std::fprintf(stderr, "generate: the prompt is %lld tokens of the model's max_seq_len %lld: at most %lld new tokens\n",
+                 static_cast<long long>(n), static_cast<long long>(max_len), static_cast<long long>(max_len - n));
   const std::vector<int32_t> stops = data::sft_stop_ids(*t.tokenizer);
   std::vector<int32_t> gen =
       train::generate_greedy_batch(*t.model, {ids}, max_new_tokens, stops, 1, t.tokenizer->vocab_size())[0];

@@ -22,14 +22,17 @@
 #include "kernels/device.cuh"
 #endif
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <thread>
@@ -37,6 +40,26 @@
 namespace dtrain::cli {
 
 namespace {
+
+// The --json results, every byte checked: a full disk (or /dev/full) is an error naming
+// the file and the reason, never an empty file and exit 0.
+void bench_json_write(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  DT_ENFORCE(fd >= 0, IoError, "cannot write --json file {}: {}", path, std::strerror(errno));
+  int err = 0;
+  for (size_t off = 0; off < text.size() && err == 0;) {
+    const ssize_t w = ::write(fd, text.data() + off, text.size() - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) err = w < 0 ? errno : ENOSPC;  // 0: nothing more fits (errno not set)
+    else off += static_cast<size_t>(w);
+  }
+  // Some file systems (NFS) report a full disk only when the data is flushed; a device
+  // or pipe cannot be synced (EINVAL / EROFS), which is no error of the write.
+  if (err == 0 && ::fsync(fd) != 0 && errno != EINVAL && errno != EROFS) err = errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  DT_ENFORCE(err == 0, IoError, "cannot write --json file {}: {}; the results are only in the output above", path,
+             std::strerror(err));
+}
 
 int worker_bench(launch::RankContext& ctx, const std::vector<std::string>& argv) {
   CLI::App app{"dtrain worker (bench)"};
@@ -61,11 +84,7 @@ int worker_bench(launch::RankContext& ctx, const std::vector<std::string>& argv)
   auto comm = launch::rank_comm_create(ctx, backend);
   auto rows = bench::bench_run(*comm, opts, ctx.rank == 0 ? stdout : nullptr);
   std::fflush(stdout);
-  if (ctx.rank == 0 && !o.json.empty()) {
-    std::ofstream out(o.json);
-    DT_ENFORCE(out.good(), IoError, "cannot write --json file {}", o.json);
-    out << bench::bench_json(rows, ctx.world_size, backend, opts) << '\n';
-  }
+  if (ctx.rank == 0 && !o.json.empty()) bench_json_write(o.json, bench::bench_json(rows, ctx.world_size, backend, opts) + "\n");
   comm->barrier();
   int64_t wrong = bench::bench_wrong_total(rows);
   DT_ENFORCE(wrong == 0, CommError, "{} wrong element(s) in the collective results", wrong);

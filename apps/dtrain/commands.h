@@ -44,11 +44,11 @@ int run_resume(const std::string& run_dir, const JobOptions& opts);
 // cmd_train.cpp
 int run_eval(const std::string& run_dir_or_model_dir, const std::string& data_jsonl, int max_records,
              const std::string& config_override_path, bool init_weights);
-int run_generate(const std::string& dir, const std::string& prompt, int max_new_tokens, bool raw);
+int run_generate(const std::string& dir, const std::string& prompt, int max_new_tokens, bool raw, bool init_weights);
 int run_data_prepare(const std::string& input, const std::string& format, const std::string& tokenizer,
                      const std::string& output);
 // cmd_export.cpp
-int run_export(const std::string& run_dir, const std::string& out_dir);
+int run_export(const std::string& run_dir, const std::string& out_dir, bool init_weights);
 
 // cmd_plot.cpp, cmd_status.cpp
 int run_plot(const std::string& run_dir, const std::string& out_png, int width, int height);

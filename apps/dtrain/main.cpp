@@ -57,6 +57,14 @@ void add_job_options(CLI::App* cmd, JobOptions& o, bool config_required) {
   cmd->add_flag("--dry-run", o.dry_run, "print the placement and each node's command and environment, then exit");
 }
 
+// An empty --output-dir would read as "not given" and write into the config's
+// training.output_dir: refuse it.
+void check_output_dir(const CLI::App* cmd, const std::string& output_dir) {
+  if (cmd->count("--output-dir") > 0 && output_dir.empty())
+    DT_THROW(UsageError, "--output-dir is empty: give the run directory's path, or leave the flag out to use the "
+             "config's training.output_dir");
+}
+
 // An empty --include/--exclude would read as "no filter" and run on every host: refuse it.
 // (CLI11 skips validators for an empty value, so this is checked after parsing.)
 void check_job_options(const CLI::App* cmd, const JobOptions& o) {
@@ -64,6 +72,7 @@ void check_job_options(const CLI::App* cmd, const JobOptions& o) {
     if (cmd->count(flag) > 0 && value->empty())
       DT_THROW(UsageError, "{} is empty: give host[:slot,slot][@host...] (e.g. {} worker-0@worker-1:0,2), or leave "
                "the flag out", flag, flag);
+  check_output_dir(cmd, o.output_dir);
 }
 
 int run_guarded(const std::function<int()>& body) {
@@ -143,7 +152,8 @@ int main(int argc, char** argv) {
     bool init = false;
   } ev;
   auto* eval = app.add_subcommand("eval", "held-out task accuracy and validation loss of a trained model");
-  eval->add_option("DIR", ev.dir, "run directory, its final/ or a Hugging Face model directory")->required();
+  eval->add_option("DIR", ev.dir, "run directory (its final/, else its latest complete checkpoint), its final/ or a "
+                                  "Hugging Face model directory")->required();
   eval->add_option("--data", ev.data, "SFT JSONL to evaluate on (default: the config's data.valid)");
   eval->add_option("--max-records", ev.max_records, "records to generate answers for (0 = all)")
       ->check(int_at_least("--max-records", 0))
@@ -153,24 +163,29 @@ int main(int argc, char** argv) {
   eval->footer("Example:\n  dtrain eval runs/tiny-sft --max-records 200");
 
   std::string export_dir, export_out;
+  bool export_init = false;
   auto* export_cmd = app.add_subcommand(
-      "export", "write a run's latest complete checkpoint (any world size / ZeRO stage) as Hugging Face files");
+      "export", "write a run's final/ model, else its latest complete checkpoint (any world size / ZeRO stage), as "
+                "Hugging Face files");
   export_cmd->add_option("RUN_DIR", export_dir, "the run directory")->required()->check(CLI::ExistingDirectory);
   export_cmd->add_option("-o,--output", export_out, "directory to write (default: RUN_DIR/export)");
+  export_cmd->add_flag("--init", export_init, "export the config's freshly initialised model instead");
   export_cmd->footer("Example:\n  dtrain export runs/tiny-sft -o tiny-sft-hf");
 
   struct {
     std::string dir, prompt;
     int max_new = 64;
-    bool raw = false;
+    bool raw = false, init = false;
   } gen;
   auto* generate = app.add_subcommand("generate", "greedy generation from a trained model");
-  generate->add_option("DIR", gen.dir, "run directory, its final/ or a Hugging Face model directory")->required();
+  generate->add_option("DIR", gen.dir, "run directory (its final/, else its latest complete checkpoint), its final/ "
+                                       "or a Hugging Face model directory")->required();
   generate->add_option("PROMPT", gen.prompt, "instruction (rendered with the model's SFT template)")->required();
   generate->add_option("--max-new-tokens", gen.max_new, "tokens to generate at most")
       ->check(int_at_least("--max-new-tokens", 0))
       ->capture_default_str();
   generate->add_flag("--raw", gen.raw, "use PROMPT as is, without the SFT template");
+  generate->add_flag("--init", gen.init, "generate with the config's freshly initialised model");
   generate->footer("Example:\n  dtrain generate runs/tiny-sft \"add 12 and 30\"");
 
   struct {
@@ -255,14 +270,18 @@ int main(int argc, char** argv) {
     });
   if (eval->parsed())
     return run_guarded([&] { return dtrain::cli::run_eval(ev.dir, ev.data, ev.max_records, ev.config, ev.init); });
-  if (export_cmd->parsed()) return run_guarded([&] { return dtrain::cli::run_export(export_dir, export_out); });
+  if (export_cmd->parsed()) return run_guarded([&] { return dtrain::cli::run_export(export_dir, export_out, export_init); });
   if (generate->parsed())
-    return run_guarded([&] { return dtrain::cli::run_generate(gen.dir, gen.prompt, gen.max_new, gen.raw); });
+    return run_guarded([&] { return dtrain::cli::run_generate(gen.dir, gen.prompt, gen.max_new, gen.raw, gen.init); });
   if (prepare->parsed())
     return run_guarded([&] { return dtrain::cli::run_data_prepare(dp.input, dp.format, dp.tokenizer, dp.output); });
   if (plot->parsed()) return run_guarded([&] { return dtrain::cli::run_plot(plot_dir, plot_out, plot_w, plot_h); });
   if (status->parsed()) return run_guarded([&] { return dtrain::cli::run_status(status_dir); });
-  if (run_cmd->parsed()) return run_guarded([&] { return dtrain::cli::run_external(run_opts); });
+  if (run_cmd->parsed())
+    return run_guarded([&] {
+      check_output_dir(run_cmd, run_opts.output_dir);
+      return dtrain::cli::run_external(run_opts);
+    });
   if (bench_train->parsed())
     return run_guarded(
         [&] { return dtrain::cli::run_bench_train(bt.config, bt.sets, bt.steps, bt.warmup, bt.json, bt.device, bt.plan); });

@@ -166,8 +166,9 @@ const std::vector<KeySpec>& build_schema() {
       {"data.seq_len", KeyType::INT, F(data.seq_len),
        "tokens per training sequence (<= model.max_seq_len); at least 2: a token and the next one it predicts",
        {}, 2, {}, false, nullptr, "model.max_seq_len"},
-      {"data.template", KeyType::STRING, F(data.template_name),
-       "SFT prompt/chat template name (e.g. plain, chatml)"},
+      {"data.template", KeyType::ENUM, F(data.template_name),
+       "SFT prompt/chat template: plain (alpaca is another name for it) or chatml",
+       {"plain", "alpaca", "chatml"}},
       {"data.pack", KeyType::BOOL, F(data.pack), "pack several examples into one sequence"},
       {"data.shuffle", KeyType::BOOL, F(data.shuffle), "shuffle examples each epoch (seeded)"},
 

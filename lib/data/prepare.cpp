@@ -5,6 +5,7 @@
 #include "core/log.h"
 #include "data/input_file.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -83,6 +84,23 @@ TokenData data_tokenize(const std::string& input, DataFormat format, const Token
 
 DataPrepareStats data_prepare(const std::string& input, DataFormat format, const std::string& tokenizer_spec,
                               const std::string& output, const DataPrepareOptions& options) {
+  // The output replaces whatever file it names: never the input (the same path, or another
+  // name of the same file), and never a directory.
+  {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    DT_ENFORCE(!output.empty(), UsageError, "data prepare: OUTPUT is empty: give the token shard's file name");
+    DT_ENFORCE(!fs::is_directory(output, ec), UsageError,
+               "data prepare: OUTPUT '{}' is a directory: give the token shard's file name, e.g. {}/data.bin", output,
+               output);
+    std::error_code eq_ec;
+    const bool same = fs::equivalent(input, output, eq_ec) ||
+                      (!fs::exists(output, ec) && fs::weakly_canonical(input, ec) == fs::weakly_canonical(output, ec));
+    DT_ENFORCE(!same, UsageError,
+               "data prepare: OUTPUT '{}' is the INPUT file '{}': writing the shard would replace your data; give "
+               "another output name, e.g. {}.bin",
+               output, input, input);
+  }
   std::unique_ptr<Tokenizer> tok = tokenizer_load(tokenizer_spec);
   TokenData data = data_tokenize(input, format, *tok, options);
   shard_write(output, data);

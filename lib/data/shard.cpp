@@ -115,17 +115,29 @@ void shard_write(const std::string& path, const TokenData& data) {
   put<uint32_t>(h.data() + 52, crc32_update(0, h.data(), 52));
 
   const std::string tmp = path + ".tmp";
+  // Whatever fails after the tmp file exists removes it: no stray .tmp beside the output.
+  auto drop_tmp = [&] {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+  };
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     DT_ENFORCE(out.good(), IoError, "cannot create shard '{}': {}", tmp, std::strerror(errno));
     out.write(reinterpret_cast<const char*>(h.data()), h.size());
     out.write(reinterpret_cast<const char*>(payload.data()), static_cast<std::streamsize>(payload.size()));
     out.flush();
-    DT_ENFORCE(out.good(), IoError, "error writing shard '{}' (disk full?)", tmp);
+    if (!out.good()) {
+      out.close();
+      drop_tmp();
+      DT_THROW(IoError, "error writing shard '{}' (disk full?)", tmp);
+    }
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
-  DT_ENFORCE(!ec, IoError, "cannot rename '{}' to '{}': {}", tmp, path, ec.message());
+  if (ec) {
+    drop_tmp();
+    DT_THROW(IoError, "cannot rename '{}' to '{}': {}", tmp, path, ec.message());
+  }
 }
 
 // ---------------------------------------------------------------------------

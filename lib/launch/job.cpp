@@ -319,7 +319,11 @@ Job job_prepare(const JobRequest& req) {
     config::config_resolve_batch(cfg, job.plan.world_size);
 
   job.run_dir = absolute_path(cfg.training.output_dir);
-  run_dir_check_path(job.run_dir, req.output_dir.empty() ? "training.output_dir" : "--output-dir");
+  const char* run_dir_what = req.output_dir.empty() ? "training.output_dir" : "--output-dir";
+  run_dir_check_path(job.run_dir, run_dir_what);
+  // A system path or a directory of someone else's is refused before anything is written
+  // (a dry run says so too); run_dir_create checks again when it creates or adopts it.
+  run_dir_check_adoptable(job.run_dir, run_dir_what);
   LaunchSpec& spec = job.spec;
   spec.job_id = job_id_generate();
   spec.round = 0;

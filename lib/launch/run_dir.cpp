@@ -1,5 +1,5 @@
-// Run directory safety: its mode, the launcher lock (flock + holder record) and atomic
-// file replacement.
+// Run directory safety: which directories may be created or adopted, its mode and
+// marker, the launcher lock (flock + holder record) and atomic file replacement.
 #include "launch/run_dir.h"
 
 #include "core/check.h"
@@ -9,15 +9,20 @@
 #include <nlohmann/json.hpp>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 namespace fs = std::filesystem;
 
@@ -116,14 +121,184 @@ mode_t run_dir_mode_parse(const std::string& text) {
   return static_cast<mode_t>(v);
 }
 
-void run_dir_create(const std::string& dir, mode_t mode) {
+// ---------------------------------------------------------------------------
+// Which directories dtrain may write into.
+
+namespace {
+
+// Top-level directories a run must never be, and those nothing may be created below.
+constexpr const char* kSystemDirs[] = {"/",     "/bin",  "/boot",  "/dev",   "/etc",    "/home", "/lib",
+                                       "/lib32", "/lib64", "/libx32", "/media", "/mnt",  "/opt",  "/proc",
+                                       "/root", "/run",  "/sbin",  "/snap",  "/srv",    "/sys",  "/tmp",
+                                       "/usr",  "/var",  "/var/tmp"};
+constexpr const char* kSystemTrees[] = {"/proc", "/sys",   "/dev",  "/etc",  "/usr",   "/bin",
+                                        "/sbin", "/boot",  "/lib",  "/lib32", "/lib64", "/libx32"};
+
+// The f_type of the kernel's own file systems (linux/magic.h), where nothing is data.
+struct KernelFs {
+  long magic;
+  const char* name;
+};
+constexpr KernelFs kKernelFs[] = {{0x9fa0, "proc"},        {0x62656572, "sysfs"},    {0x1cd1, "devpts"},
+                                  {0x27e0eb, "cgroup"},    {0x63677270, "cgroup2"},  {0x64626720, "debugfs"},
+                                  {0x74726163, "tracefs"}, {0x73636673, "securityfs"}, {0xcafe4a11, "bpf"},
+                                  {0x6165676c, "pstore"},  {0x62656570, "configfs"}, {0xde5e81e4, "efivarfs"}};
+
+bool path_within(const fs::path& p, const std::string& root) {
+  const std::string s = p.string();
+  return s == root || (s.size() > root.size() && s.compare(0, root.size(), root) == 0 && s[root.size()] == '/');
+}
+
+// Why `p` (absolute, lexically normal, no trailing slash) is a system location, or "".
+std::string system_reason(const fs::path& p) {
+  const std::string s = p.string();
+  for (const char* d : kSystemDirs)
+    if (s == d) return fmt::format("{} is a system directory", s);
+  for (const char* t : kSystemTrees)
+    if (path_within(p, t)) return fmt::format("{} is inside the system directory {}", s, t);
+  if (const char* home = std::getenv("HOME"); home && *home) {
+    std::error_code ec;
+    fs::path h = fs::weakly_canonical(fs::path(home), ec);
+    if (ec) h = fs::path(home).lexically_normal();
+    std::string hs = h.string();
+    while (hs.size() > 1 && hs.back() == '/') hs.pop_back();
+    if (s == hs) return fmt::format("{} is your home directory ($HOME) itself", s);
+  }
+  return "";
+}
+
+fs::path normal_absolute(const std::string& dir) {
+  fs::path p = fs::absolute(fs::path(dir)).lexically_normal();
+  std::string s = p.string();
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  return fs::path(s);
+}
+
+// The directory's entries, at most `limit` of them ("" on an error: `err` says which).
+std::vector<std::string> dir_entries(const fs::path& dir, size_t limit, std::error_code& err) {
+  std::vector<std::string> out;
+  for (fs::directory_iterator it(dir, err), end; !err && it != end && out.size() < limit; it.increment(err))
+    out.push_back(it->path().filename().string());
+  return out;
+}
+
+// The marker's record: "created" true when dtrain made the directory.
+std::string marker_record(bool created) {
+  return nlohmann::json{{"dtrain_run_dir", 1}, {"created", created}, {"host", host_name()}, {"time", utc_now()}}
+             .dump() +
+         "\n";
+}
+
+// -1: no marker; 0: a marker of a directory dtrain adopted; 1: one dtrain created.
+int marker_created(const fs::path& dir) {
+  const fs::path m = dir / RUN_DIR_MARKER;
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  DT_ENFORCE(!ec, IoError, "cannot create run directory {}: {}", dir, ec.message());
-  // Set explicitly: mkdir's mode is filtered by the umask, and an existing directory
-  // keeps whatever it had.
-  DT_ENFORCE(::chmod(dir.c_str(), mode) == 0, IoError, "cannot set the permissions of run directory {} to {:04o}: {}",
-             dir, static_cast<unsigned>(mode), std::strerror(errno));
+  if (!fs::is_regular_file(fs::symlink_status(m, ec))) return -1;
+  std::ifstream in(m);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto j = nlohmann::json::parse(text.substr(0, 4096), nullptr, false);
+  return j.is_object() && j.contains("created") && j.at("created").is_boolean() && j.at("created").get<bool>() ? 1 : 0;
+}
+
+}  // namespace
+
+void run_dir_check_safe(const std::string& dir, const std::string& what) {
+  DT_ENFORCE(!dir.empty(), ConfigError, "{} is empty: give the run directory's path", what);
+  const fs::path p = normal_absolute(dir);
+  std::string why = system_reason(p);
+  if (why.empty()) {
+    // The same with symlinks resolved (/lib -> /usr/lib, a link to /).
+    std::error_code ec;
+    const fs::path c = fs::weakly_canonical(p, ec);
+    if (!ec && c != p) {
+      why = system_reason(normal_absolute(c.string()));
+      if (!why.empty()) why = fmt::format("{} (through a symlink): {}", p.string(), why);
+    }
+  }
+  if (why.empty()) {
+    // The file system of the nearest existing ancestor: a kernel file system holds no data.
+    fs::path probe = p;
+    std::error_code ec;
+    while (probe.has_parent_path() && probe != probe.parent_path() && !fs::exists(probe, ec))
+      probe = probe.parent_path();
+    struct statfs st {};
+    if (::statfs(probe.c_str(), &st) == 0)
+      for (const KernelFs& k : kKernelFs)
+        if (static_cast<long>(st.f_type) == k.magic)
+          why = fmt::format("{} is on a {} file system (the kernel's, at {})", p.string(), k.name, probe.string());
+  }
+  if (!why.empty())
+    DT_THROW(ConfigError,
+             "{} '{}': refused: {}. dtrain writes its run (config, logs, checkpoints) into the run directory and "
+             "makes it private; give a directory of its own, e.g. --output-dir runs/my-run",
+             what, dir, why);
+}
+
+void run_dir_check_adoptable(const std::string& dir, const std::string& what) {
+  run_dir_check_safe(dir, what);
+  const fs::path p = normal_absolute(dir);
+  std::error_code ec;
+  const auto st = fs::status(p, ec);
+  if (!fs::exists(st)) return;  // created by dtrain
+  DT_ENFORCE(fs::is_directory(st), UsageError, "{} '{}': exists and is not a directory; give a new run directory path",
+             what, dir);
+  if (marker_created(p) >= 0) return;
+  std::error_code lec;
+  const std::vector<std::string> names = dir_entries(p, 64, lec);
+  DT_ENFORCE(!lec, IoError, "{} '{}': cannot list the directory: {}", what, dir, lec.message());
+  if (names.empty()) return;
+  auto has_file = [&](const char* n) { return fs::is_regular_file(fs::symlink_status(p / n, ec)); };
+  // A run of a dtrain from before the marker: its config with its events or checkpoints,
+  // or the lock file alone (a launcher that stopped before writing anything else).
+  const bool legacy = (has_file("config.yaml") &&
+                       (has_file("events.jsonl") || fs::is_directory(fs::symlink_status(p / "checkpoints", ec)))) ||
+                      (names.size() == 1 && names[0] == "launcher.lock" && has_file("launcher.lock"));
+  if (legacy) return;
+  std::string shown;
+  for (size_t i = 0; i < names.size() && i < 5; ++i) shown += (i ? ", " : "") + names[i];
+  if (names.size() > 5) shown += ", ...";
+  DT_THROW(UsageError,
+           "{} '{}': refused: the directory is not empty ({}) and is not a dtrain run directory (it has no {} marker, "
+           "nor an earlier run's config.yaml with events.jsonl or checkpoints/). dtrain writes only into a directory it "
+           "creates, an empty one or a run directory of its own, so nothing of yours is replaced; give a new path, "
+           "e.g. {}/run",
+           what, dir, shown, RUN_DIR_MARKER, dir);
+}
+
+void run_dir_create(const std::string& dir, mode_t mode) {
+  run_dir_check_adoptable(dir, "run directory");
+  const fs::path p = normal_absolute(dir);
+  std::error_code ec;
+  if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
+  DT_ENFORCE(!ec, IoError, "cannot create the parent directories of run directory {}: {}", dir, ec.message());
+  const std::string marker = (p / RUN_DIR_MARKER).string();
+  if (::mkdir(p.c_str(), 0700) == 0) {
+    // Ours: its mode is set explicitly (mkdir's is filtered by the umask).
+    DT_ENFORCE(::chmod(p.c_str(), mode) == 0, IoError,
+               "cannot set the permissions of run directory {} to {:04o}: {}", dir, static_cast<unsigned>(mode),
+               std::strerror(errno));
+    run_dir_write_file(marker, marker_record(true), 0600);
+    return;
+  }
+  DT_ENFORCE(errno == EEXIST, IoError, "cannot create run directory {}: {}", dir, std::strerror(errno));
+  // It exists (another process may have made it a moment ago): the same rules again.
+  run_dir_check_adoptable(dir, "run directory");
+  const int created = marker_created(p);
+  if (created == 1) {
+    // dtrain made it: a run created under an older, looser rule becomes private.
+    DT_ENFORCE(::chmod(p.c_str(), mode) == 0, IoError,
+               "cannot set the permissions of run directory {} to {:04o}: {}", dir, static_cast<unsigned>(mode),
+               std::strerror(errno));
+    return;
+  }
+  struct stat st {};
+  if (::stat(p.c_str(), &st) == 0 && (st.st_mode & 07777 & ~mode) != 0)
+    log_warn("run directory {} has mode {:04o}, looser than training.run_dir_mode {:04o}: dtrain did not create it, so "
+             "it leaves its mode as it is (its files are still written {:04o}); chmod it yourself if others must not "
+             "read the run",
+             dir, static_cast<unsigned>(st.st_mode & 07777), static_cast<unsigned>(mode),
+             static_cast<unsigned>(mode & 0666));
+  if (created < 0) run_dir_write_file(marker, marker_record(false), 0600);
 }
 
 void run_dir_write_file(const std::string& path, const std::string& text, mode_t mode) {

@@ -1,6 +1,8 @@
-// A run directory's safety rules: it is private (training.run_dir_mode, 0700 by default;
-// its files 0600), it has one launcher at a time (an flock'ed launcher.lock recording the
-// holder's host, pid and start time), and its files are replaced atomically.
+// A run directory's safety rules: dtrain creates it, or adopts only an empty one or its
+// own (never a system path); it is private (training.run_dir_mode, 0700 by default, set
+// only on a directory dtrain created; its files 0600), it has one launcher at a time (an
+// flock'ed launcher.lock recording the holder's host, pid and start time), and its files
+// are replaced atomically.
 #pragma once
 
 #include <cstddef>
@@ -26,9 +28,30 @@ inline constexpr size_t RUN_DIR_INNER_PATH_MAX = 96;
 /// the offending part, its length and the limit.
 void run_dir_check_path(const std::string& dir, const std::string& what);
 
-/// Creates dir (and missing parents) and sets its mode, also when it already exists: a
-/// run created under an older, looser rule becomes private on its next launch or resume.
-/// IoError when it cannot.
+/// The file dtrain writes into every run directory it creates or adopts. Its record says
+/// whether dtrain created the directory (then dtrain may set the directory's mode).
+inline constexpr const char* RUN_DIR_MARKER = ".dtrain-run";
+
+/// Refuses a run directory that is a system location, before anything is created:
+/// "/", the top-level system directories (/bin /boot /dev /etc /home /lib* /media /mnt
+/// /opt /proc /root /run /sbin /snap /srv /sys /tmp /usr /var /var/tmp) and $HOME
+/// itself, anything below /proc /sys /dev /etc /usr /bin /sbin /boot /lib*, and any path
+/// on a kernel file system (proc, sysfs, devpts, cgroup, debugfs, ...). Checked on the
+/// path as given and with its symlinks resolved. ConfigError naming `what`.
+void run_dir_check_safe(const std::string& dir, const std::string& what);
+
+/// Whether dtrain may write into dir, without changing anything: it does not exist yet,
+/// or it is an empty directory, or a dtrain run directory: it holds RUN_DIR_MARKER, or
+/// (a run of a dtrain from before the marker) config.yaml with events.jsonl or
+/// checkpoints/, or only a launcher.lock. Also run_dir_check_safe. UsageError naming the
+/// directory and what to do otherwise.
+void run_dir_check_adoptable(const std::string& dir, const std::string& what);
+
+/// Creates dir (and missing parents) with the given mode, or adopts an existing one that
+/// run_dir_check_adoptable accepts, and writes RUN_DIR_MARKER into it. The mode of an
+/// existing directory is set only when its marker says dtrain created it: a directory
+/// dtrain did not create keeps its mode (a warning says when it is looser than `mode`).
+/// UsageError / ConfigError as run_dir_check_adoptable; IoError when it cannot.
 void run_dir_create(const std::string& dir, mode_t mode);
 
 /// Writes path through path.tmp and a rename, with the given permission bits (not

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <string>
 #include <vector>
 
 namespace dtrain::report {
@@ -16,7 +17,10 @@ std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path);
 /// Every line of path as a JSON object, for files whose writer appends whole lines
 /// (events.jsonl): a complete line that is not a JSON object is corruption, an IoError
 /// naming path:line and showing the line. Only a last line without its newline (being
-/// written, or cut by a crash) is skipped. A missing file gives an empty list.
-std::vector<nlohmann::json> read_jsonl_strict(const std::filesystem::path& path);
+/// written, or cut by a crash) is skipped, unless it holds a NUL byte or runs past 1 MiB
+/// (damage, not a line being written). Each of string_keys must be present in every line
+/// and be a string, else the same IoError. A missing file gives an empty list.
+std::vector<nlohmann::json> read_jsonl_strict(const std::filesystem::path& path,
+                                              const std::vector<std::string>& string_keys = {});
 
 }  // namespace dtrain::report

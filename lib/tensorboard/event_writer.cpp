@@ -2,6 +2,7 @@
 // lite runtime) and the one-write-per-record appends.
 #include "tensorboard/event_writer.h"
 
+#include "core/append_record.h"
 #include "core/check.h"
 #include "core/net_address.h"
 #include "tensorboard/record.h"
@@ -83,13 +84,10 @@ EventWriter::EventWriter(const std::string& dir, double wall_time, const std::st
   pb::Event e;
   e.set_wall_time(wall_time);
   e.set_file_version("brain.Event:2");
-  try {
-    record_write(e.SerializeAsString());
-  } catch (...) {
-    ::close(fd_);
-    ::unlink(path_.c_str());  // no file without its file_version record
-    throw;
-  }
+  header_ = e.SerializeAsString();
+  // On a full disk the file stays empty (readers accept that) and the header goes first
+  // with the next record that fits.
+  record_write({});
 }
 
 EventWriter::~EventWriter() {
@@ -117,15 +115,16 @@ void EventWriter::scalars(int64_t step, const std::vector<Scalar>& values, doubl
   record_write(e.SerializeAsString());
 }
 
-void EventWriter::record_write(std::string_view data) {
-  const std::string rec = record_frame(data);
-  size_t off = 0;
-  while (off < rec.size()) {
-    const ssize_t n = ::write(fd_, rec.data() + off, rec.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) DT_THROW(IoError, "cannot write the TensorBoard event file {}: {}", path_, std::strerror(n < 0 ? errno : ENOSPC));
-    off += static_cast<size_t>(n);
-  }
+bool EventWriter::record_write(std::string_view data) {
+  // The file_version record first, once: no event file without it.
+  std::string rec = header_.empty() ? std::string() : record_frame(header_);
+  if (!data.empty()) rec += record_frame(data);
+  if (rec.empty()) return true;
+  // Observability only: a full disk costs events, never the run, and the file keeps only
+  // whole records (a torn one would end TensorBoard's reading of the whole file).
+  if (!report_.update(path_, append_record(fd_, rec))) return false;
+  header_.clear();
+  return true;
 }
 
 }  // namespace dtrain::tensorboard

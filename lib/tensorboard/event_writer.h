@@ -4,6 +4,8 @@
 // `tensorboard --logdir DIR` plots them.
 #pragma once
 
+#include "core/append_record.h"
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -38,7 +40,8 @@ class EventWriter {
   /// an existing file: when the name is taken, or an event file already in dir has the
   /// same or a later time (another host's clock, a restart within the second), the time
   /// in the name moves past it, so names sort in creation order, the order TensorBoard
-  /// reads a directory's files in. Throws IoError naming the path.
+  /// reads a directory's files in. Throws IoError naming the path when the directory or
+  /// the file cannot be created; a full disk only delays the file_version record.
   explicit EventWriter(const std::string& dir, double wall_time = unix_seconds(),
                        const std::string& host = "");
   ~EventWriter();
@@ -49,16 +52,21 @@ class EventWriter {
   /// older files) whose step is >= step, the steps a failed round ran past its last
   /// checkpoint and this run repeats.
   void session_start(int64_t step, double wall_time = unix_seconds());
-  /// One Event with a Summary of the scalars. Throws IoError when the write fails.
+  /// One Event with a Summary of the scalars.
   void scalars(int64_t step, const std::vector<Scalar>& values, double wall_time = unix_seconds());
 
   const std::string& path() const { return path_; }
 
  private:
-  void record_write(std::string_view data);
+  /// Appends data's record (after the file_version record while that is not written).
+  /// A failed write (a full disk) does not throw: the record is dropped whole, the first
+  /// failure logged once; false then.
+  bool record_write(std::string_view data);
 
   std::string path_;
   int fd_ = -1;
+  std::string header_;  // the file_version Event, until it is written
+  AppendReport report_{"its TensorBoard events"};
 };
 
 }  // namespace dtrain::tensorboard

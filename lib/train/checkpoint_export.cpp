@@ -37,7 +37,11 @@ config::TrainConfig export_config(const fs::path& run_dir) {
   const fs::path root = run_dir / "checkpoints";
   std::string latest = text_read(root / "latest");
   while (!latest.empty() && std::isspace(static_cast<unsigned char>(latest.back()))) latest.pop_back();
-  if (!latest.empty()) {
+  // Only a plain step<N> name: "../elsewhere" or an absolute path must not make us open a
+  // manifest outside the run (checkpoint_load then skips it and names it).
+  const bool plain = latest.size() > 4 && latest.rfind("step", 0) == 0 &&
+                     latest.find_first_not_of("0123456789", 4) == std::string::npos;
+  if (plain) {
     const fs::path mpath = root / latest / "manifest.json";
     const nlohmann::json man = nlohmann::json::parse(text_read(mpath), nullptr, false);
     if (man.is_object() && man.contains("config_yaml") && man.at("config_yaml").is_string() &&
@@ -54,34 +58,42 @@ config::TrainConfig export_config(const fs::path& run_dir) {
 
 }  // namespace
 
-CheckpointExportResult checkpoint_export_hf(const std::string& run_dir, const std::string& out_dir) {
+CheckpointModel checkpoint_model_load(const std::string& run_dir) {
   DT_ENFORCE(fs::is_directory(run_dir), IoError, "{}: not a directory (pass a dtrain run directory)", run_dir);
-  const config::TrainConfig cfg = export_config(run_dir);
-  auto model = model_create(cfg);
+  CheckpointModel cm;
+  cm.cfg = export_config(run_dir);
+  cm.model = model_create(cm.cfg);
   // One rank at stage 0 in fp32: every buffer is resident and its master IS the model's
   // buffer, so the load reassembles the full fp32 weights from any saved partition.
-  ZeroOptions opts = zero_options_from(cfg);
+  ZeroOptions opts = zero_options_from(cm.cfg);
   opts.stage = 0;
   opts.compute_dtype = DType::F32;
   opts.overlap_comm = false;
-  ZeroEngine engine(*model, nullptr, opts);
-  // Export only reads the run: a damaged checkpoint is skipped but left where it is.
+  ZeroEngine engine(*cm.model, nullptr, opts);
+  // Only reads the run: a damaged checkpoint is skipped but left where it is.
   const CheckpointLoadResult ck = checkpoint_load(run_dir, engine.checkpoint_view(), false);
-  DT_ENFORCE(ck.loaded, CheckpointError, "{}: no checkpoint under {}/checkpoints to export", run_dir, run_dir);
+  std::string tried;
+  for (const auto& s : ck.skipped) tried += "\n  " + s;
+  DT_ENFORCE(ck.loaded, CheckpointError,
+             "{}: no final/ model and no complete checkpoint under {}/checkpoints{}{}; pass --init to use the config's "
+             "initial weights instead",
+             run_dir, run_dir, tried.empty() ? "" : "; skipped:", tried);
   engine.params_materialize();
+  cm.info.checkpoint_dir = ck.dir;
+  cm.info.step = ck.state.step;
+  cm.info.saved_world_size = ck.saved_world_size;
+  cm.info.saved_stage = ck.saved_stage;
+  cm.info.lora = cm.model->lora_on();
+  cm.info.skipped = ck.skipped;
+  return cm;
+}
 
-  const auto tokenizer = data::tokenizer_load(cfg.data.tokenizer);
+CheckpointExportResult checkpoint_export_hf(const std::string& run_dir, const std::string& out_dir) {
+  CheckpointModel cm = checkpoint_model_load(run_dir);
+  const auto tokenizer = data::tokenizer_load(cm.cfg.data.tokenizer);
   const std::string dir = out_dir.empty() ? (fs::path(run_dir) / "export").string() : out_dir;
-  model_export_hf(*model, dir, tokenizer->bos_id(), tokenizer->eos_id());
-
-  CheckpointExportResult r;
-  r.checkpoint_dir = ck.dir;
-  r.step = ck.state.step;
-  r.saved_world_size = ck.saved_world_size;
-  r.saved_stage = ck.saved_stage;
-  r.lora = model->lora_on();
-  r.skipped = ck.skipped;
-  return r;
+  model_export_hf(*cm.model, dir, tokenizer->bos_id(), tokenizer->eos_id());
+  return cm.info;
 }
 
 }  // namespace dtrain::train

@@ -3,7 +3,11 @@
 // a single rank and written as model.safetensors + config.json (and the PEFT adapter).
 #pragma once
 
+#include "config/train_config.h"
+#include "model/model.h"
+
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +22,21 @@ struct CheckpointExportResult {
   /// Newer checkpoints that were unusable and skipped, one line each naming the bad file.
   std::vector<std::string> skipped;
 };
+
+/// The model of a run's latest complete checkpoint, rebuilt in this process.
+struct CheckpointModel {
+  std::unique_ptr<model::Model> model;  ///< fp32, the checkpoint's master weights
+  config::TrainConfig cfg;              ///< the config it was trained with
+  CheckpointExportResult info;          ///< which checkpoint (out_dir fields unused)
+};
+
+/// Loads the checkpoint <run_dir>/checkpoints/latest names (or, when it is damaged, the
+/// newest older complete one) into a model rebuilt from the config saved in its manifest
+/// (else <run_dir>/config.yaml). Only reads the run. A `latest` that is not a plain
+/// "step<N>" name (one pointing outside the run directory) is never opened.
+/// CheckpointError when the run has no usable checkpoint (the message names --init,
+/// the one way to get initial weights), ConfigError when the config cannot be read.
+CheckpointModel checkpoint_model_load(const std::string& run_dir);
 
 /// Exports the checkpoint <run_dir>/checkpoints/latest names (or, when it is damaged,
 /// the newest older complete one) to out_dir ("" = <run_dir>/export): full fp32 master

@@ -2,6 +2,8 @@
 #include "train/evaluate.h"
 
 #include "core/check.h"
+#include "core/log.h"
+#include "train/checkpoint_export.h"
 #include "train/model_factory.h"
 
 #include <algorithm>
@@ -171,20 +173,34 @@ EvalTarget eval_target_load(const std::string& dir, const std::string& config_pa
   if (!cfg_file.empty()) t.cfg = config::config_load_file(cfg_file).cfg;
 
   const fs::path final_dir = fs::path(dir) / "final";
-  if (!init_weights && fs::exists(final_dir / "config.json")) {
-    t.model = model_load_hf_dir(final_dir.string());
-    t.weights = final_dir.string();
-  } else if (!init_weights && fs::exists(fs::path(dir) / "config.json")) {
-    t.model = model_load_hf_dir(dir);
-    t.weights = dir;
-  } else {
+  std::error_code ec;
+  if (init_weights) {
     DT_ENFORCE(t.cfg.has_value(), UsageError,
-               "{}: no final/ model, no config.json and no config.yaml: pass a run directory, a Hugging Face model "
-               "directory or --config",
-               dir);
+               "{}: --init needs the config of the model to initialise: {} has no config.yaml; pass --config", dir, dir);
     t.model = model_create(*t.cfg);
     t.weights = t.cfg->model.init_from.empty() ? fmt::format("initial weights (seed {})", t.cfg->training.seed)
                                                : "initial weights (" + t.cfg->model.init_from + ")";
+  } else if (fs::exists(final_dir / "config.json", ec)) {
+    t.model = model_load_hf_dir(final_dir.string());
+    t.weights = final_dir.string();
+  } else if (fs::exists(fs::path(dir) / "config.json", ec)) {
+    t.model = model_load_hf_dir(dir);
+    t.weights = dir;
+  } else if (fs::is_directory(fs::path(dir) / "checkpoints", ec)) {
+    // A run that stopped before writing final/ (interrupted, failed, still running):
+    // its latest complete checkpoint, said on stderr, never the initial weights.
+    CheckpointModel cm = checkpoint_model_load(dir);
+    for (const auto& why : cm.info.skipped) log_warn("skipped a damaged checkpoint: {}", why);
+    log_warn("{} has no final/ model (the run did not finish): using its latest complete checkpoint {} (step {})",
+             dir, cm.info.checkpoint_dir, cm.info.step);
+    t.model = std::move(cm.model);
+    t.weights = fmt::format("{} (step {})", cm.info.checkpoint_dir, cm.info.step);
+    if (!t.cfg) t.cfg = std::move(cm.cfg);
+  } else {
+    DT_THROW(UsageError,
+             "{}: no final/ model, no checkpoints/ and no config.json: pass a run directory, its final/ or a Hugging "
+             "Face model directory{}",
+             dir, t.cfg ? "; --init uses the config's initial weights instead" : "");
   }
   t.model->set_training(false);
   t.tokenizer = data::tokenizer_load(t.cfg ? t.cfg->data.tokenizer : "byte");

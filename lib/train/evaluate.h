@@ -88,10 +88,12 @@ struct EvalTarget {
 ///  - the config: config_path when given, else dir/config.yaml (a run directory; the
 ///    launcher writes it), else none (byte tokenizer, plain template);
 ///  - the weights: with init_weights, the config's initial model (random init from
-///    training.seed, or model.init_from) - the "before training" baseline; else
-///    dir/final/ (a finished run), else dir itself when it holds config.json (an HF
-///    model directory), else the config's initial model (a run with no final/ yet).
-/// UsageError when nothing usable is found.
+///    training.seed, or model.init_from) - the "before training" baseline, and the only
+///    way to get it; else dir/final/ (a finished run), else dir itself when it holds
+///    config.json (an HF model directory), else the run's latest complete checkpoint
+///    (a run with no final/: which one is logged on stderr).
+/// UsageError when nothing usable is found, CheckpointError when the run has
+/// checkpoints/ but no usable checkpoint.
 EvalTarget eval_target_load(const std::string& dir, const std::string& config_path = "", bool init_weights = false);
 
 }  // namespace dtrain::train

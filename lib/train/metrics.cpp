@@ -2,6 +2,7 @@
 // section timers.
 #include "train/metrics.h"
 
+#include "core/append_record.h"
 #include "core/check.h"
 #include "core/log.h"
 
@@ -53,7 +54,7 @@ void drop_partial_last_line(int fd, const std::string& path) {
 
 // ----------------------------------------------------------------------------
 MetricsWriter::MetricsWriter(const std::string& path, bool append, bool fsync_each)
-    : path_(path), fsync_each_(fsync_each) {
+    : path_(path), fsync_each_(fsync_each), report_("its metrics records") {
   // Append mode reads the tail back (partial-line repair), hence O_RDWR.
   const int mode = append ? (O_RDWR | O_APPEND) : (O_WRONLY | O_TRUNC);
   fd_ = ::open(path.c_str(), mode | O_CREAT | O_CLOEXEC, 0644);
@@ -72,21 +73,16 @@ MetricsWriter::~MetricsWriter() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void MetricsWriter::write(const nlohmann::json& record) {
+bool MetricsWriter::write(const nlohmann::json& record) {
   DT_ENFORCE(record.is_object(), InternalError, "metrics record must be a JSON object, got {}", record.type_name());
   // Invalid UTF-8 in a string value is replaced rather than aborting the run.
   std::string line = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   line.push_back('\n');
-  size_t off = 0;
-  while (off < line.size()) {
-    const ssize_t n = ::write(fd_, line.data() + off, line.size() - off);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw_io("cannot write metrics file", path_);
-    }
-    off += static_cast<size_t>(n);
-  }
-  if (fsync_each_ && ::fsync(fd_) != 0) throw_io("cannot fsync metrics file", path_);
+  // An observability file: a full disk costs records, never the run, and never leaves
+  // half a record (append_record cuts it back).
+  int err = append_record(fd_, line);
+  if (err == 0 && fsync_each_ && ::fsync(fd_) != 0) err = errno;
+  return report_.update(path_, err);
 }
 
 std::vector<nlohmann::json> metrics_read(const std::string& path) {

@@ -3,6 +3,8 @@
 // checkpoint) that DeepSpeed's wall_clock_breakdown reports.
 #pragma once
 
+#include "core/append_record.h"
+
 #include <nlohmann/json.hpp>
 
 #include <array>
@@ -26,14 +28,17 @@ class MetricsWriter {
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
 
-  /// Throws InternalError unless record is an object, IoError when the write fails.
-  void write(const nlohmann::json& record);
+  /// Appends the record as one line. Throws InternalError unless record is an object. A
+  /// failed write (a full disk) does not throw: the file keeps only whole records, the
+  /// first failure is logged once, and false is returned.
+  bool write(const nlohmann::json& record);
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
   int fd_ = -1;
   bool fsync_each_;
+  AppendReport report_;
 };
 
 /// Reads every record of a metrics.jsonl file (blank lines skipped). Throws IoError

@@ -347,6 +347,16 @@ void TrainLoop::resume() {
 }
 
 void TrainLoop::metrics_open() {
+  if (lead_ && !env_.run_dir.empty() && start_step_ < total_steps_) {
+    // final/ is the model of a run that finished: one that trains on (a resume with more
+    // steps) drops the old one, so an interruption cannot leave eval, generate and export
+    // (which prefer final/) on weights older than its latest checkpoint.
+    const fs::path final_dir = fs::path(env_.run_dir) / "final";
+    std::error_code ec;
+    if (fs::exists(final_dir, ec) && fs::remove_all(final_dir, ec) > 0 && !ec)
+      log_info("removed {}: the run trains on from step {}, its final/ is written again at the end",
+               final_dir.string(), start_step_);
+  }
   if (lead_ && !env_.run_dir.empty()) {
     const std::string path = (fs::path(env_.run_dir) / "metrics.jsonl").string();
     if (res_.resumed_step >= 0) metrics_cut_after(path, res_.resumed_step);

@@ -125,7 +125,7 @@ TEST_CASE("an untrained model scores (almost) nothing on the held-out tasks") {
   CHECK(a.correct <= 2);
 }
 
-TEST_CASE("eval_target_load: run dir without final/, with final/, bare HF dir, --init") {
+TEST_CASE("eval_target_load: run dir without final/ (an error), with final/, bare HF dir, --init") {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("dtrain_eval_target_" + std::to_string(getpid()));
   fs::remove_all(dir);
@@ -143,7 +143,10 @@ training: {max_steps: 1, seed: 5}
     std::ofstream f(dir / "config.yaml");
     f << config::config_to_yaml(cfg);
   }
-  EvalTarget init = eval_target_load(dir.string());
+  // No final/ and no checkpoint: an error naming --init, never silently the initial
+  // weights (issue 33, item 2); --init is the way to them.
+  CHECK_THROWS_WITH_AS(eval_target_load(dir.string()), doctest::Contains("--init"), UsageError);
+  EvalTarget init = eval_target_load(dir.string(), "", true);
   CHECK(init.weights.find("initial weights") == 0);
   CHECK(init.valid == (fs::current_path() / "configs/data/tasks/valid.jsonl").string());
   CHECK(init.seq_len == 32);
