@@ -240,6 +240,11 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
            "none (SentencePiece-style BPE)");
     }
 
+    if (!sentencepiece_ && root.contains("decoder") && !root["decoder"].is_null() &&
+        (!root["decoder"].is_object() || root["decoder"].value("type", std::string("?")) != "ByteLevel"))
+      fail("unsupported decoder " + root["decoder"].dump().substr(0, 200) +
+           " with a byte-level pre-tokenizer: dtrain decodes byte-level BPE as the ByteLevel decoder does");
+
     // ---- added-token matchers: normalized tokens are searched for in normalized text, so
     // their patterns are their normalized content.
     std::vector<AddedTokenSpec> raw, normalized;

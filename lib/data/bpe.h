@@ -26,7 +26,8 @@ namespace dtrain::data {
 // normalized=true in the normalized text; single_word, lstrip and rstrip honoured), and
 // either
 //  - byte-level: pre_tokenizer ByteLevel (GPT-2 regex, add_prefix_space honoured) or a
-//    Sequence of a Split with the Llama-3 / Qwen2 regex and ByteLevel, normalizer null;
+//    Sequence of a Split with the Llama-3 / Qwen2 regex and ByteLevel, normalizer null,
+//    decoder null or ByteLevel;
 //  - SentencePiece-style: pre_tokenizer null or Metaspace (replacement "\u2581",
 //    prepend_scheme always/first/never or the older add_prefix_space, split), normalizer
 //    null, Prepend("\u2581"), Replace(" " -> "\u2581") or a Sequence of those two,

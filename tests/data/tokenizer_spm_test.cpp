@@ -310,6 +310,15 @@ TEST_CASE("unsupported SentencePiece-style parts are refused by name") {
   for (int b = 0; b < 256; ++b) j["model"]["vocab"].erase(fmt::format("<0x{:02X}>", b));
   expect_error(j, "byte_fallback is true but model.vocab has no <0xNN> byte tokens");
   j = sp_tokenizer();
+  j["pre_tokenizer"] = json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  j["normalizer"] = nullptr;
+  for (int b = 0; b < 256; ++b) {
+    std::string c;
+    utf8_append(c, byte_to_unicode(static_cast<uint8_t>(b)));
+    j["model"]["vocab"][c] = 1000 + b;
+  }
+  expect_error(j, "with a byte-level pre-tokenizer: dtrain decodes byte-level BPE as the ByteLevel decoder does");
+  j = sp_tokenizer();
   j["added_tokens"][1]["lstrip"] = "yes";
   expect_error(j, "\"lstrip\" is not true/false");
 }
