@@ -246,14 +246,12 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
            " with a byte-level pre-tokenizer: dtrain decodes byte-level BPE as the ByteLevel decoder does");
 
     // ---- added-token matchers: normalized tokens are searched for in normalized text, so
-    // their patterns are their normalized content.
+    // their patterns are their normalized content (the content itself for byte-level).
     std::vector<AddedTokenSpec> raw, normalized;
     for (const Added& a : added_) {
       AddedTokenSpec spec{a.content, a.id, a.single_word, a.lstrip, a.rstrip};
-      if (a.normalized && sentencepiece_) {
+      if (a.normalized) {
         spec.pattern = normalize(a.content);
-        normalized.push_back(std::move(spec));
-      } else if (a.normalized) {
         normalized.push_back(std::move(spec));
       } else {
         raw.push_back(std::move(spec));
