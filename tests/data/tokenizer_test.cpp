@@ -335,8 +335,8 @@ TEST_CASE("malformed tokenizer files are clear errors naming the file") {
   j["model"]["vocab"].erase(byte_char('a'));
   expect_error(j.dump(), "byte 0x61");
   j = small_tokenizer(false);
-  j["pre_tokenizer"] = json{{"type", "Metaspace"}};
-  expect_error(j.dump(), "unsupported pre_tokenizer type 'Metaspace'");
+  j["pre_tokenizer"] = json{{"type", "Whitespace"}};
+  expect_error(j.dump(), "unsupported pre_tokenizer type 'Whitespace'");
   j = small_tokenizer(false);
   j["model"]["merges"][0] = 17;
   expect_error(j.dump(), "model.merges[0]");
