@@ -262,10 +262,13 @@ Job job_prepare(const JobRequest& req) {
   for (const auto& h : job.hosts.hosts) job.all_local = job.all_local && host_is_local(h.host);
   // libssh2 reads the identity file whole and blocking when the first node connects: a
   // FIFO, /dev/zero or a huge file would hang there past every timeout (and SIGTERM), so
-  // it is refused here, before any connection, as any bad config value is.
-  if (!req.hosts && !job.all_local && !cfg.cluster.ssh.identity_file.empty()) {
-    const char* home = std::getenv("HOME");
-    const std::string file = path_expand_home(cfg.cluster.ssh.identity_file, home ? home : "");
+  // it is refused here, before any connection, as any bad config value is. (A missing or
+  // unreadable file is left to the SSH session, which names the host it was for.)
+  struct stat id_st {};
+  const char* home = std::getenv("HOME");
+  const std::string id_file = path_expand_home(cfg.cluster.ssh.identity_file, home ? home : "");
+  if (!req.hosts && !job.all_local && !id_file.empty() && ::stat(id_file.c_str(), &id_st) == 0) {
+    const std::string& file = id_file;
     const std::string problem = small_file_problem(file, kIdentityFileMaxBytes);
     if (!problem.empty())
       DT_THROW(ConfigError, "{}: cluster.ssh.identity_file: {} {}; give the private key file SSH should use",
