@@ -61,6 +61,9 @@ void config_check_batch_memory(const TrainConfig& cfg, int ranks, double memory_
   const BatchFootprint f = config_batch_footprint(cfg);
   const double need = f.total() * ranks;
   if (need <= memory_bytes) return;
+  // A model that does not fit by itself is the model factory's error (it names the model's
+  // size and says to choose a smaller one); this one is about the batch.
+  if (f.weight_bytes * ranks > memory_bytes) return;
   // Name the key that dominates: the host batches grow with accumulation, the rest with micro.
   const bool accum = f.batch_bytes > f.activation_bytes + f.weight_bytes && cfg.resolved_grad_accum_steps > 1;
   DT_THROW(ConfigError,
