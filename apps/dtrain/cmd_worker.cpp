@@ -130,6 +130,13 @@ int worker_train(launch::RankContext& ctx, rendezvous::Heartbeat& hb) {
 int train_rank(launch::RankContext& ctx, rendezvous::Heartbeat& hb, config::TrainConfig cfg,
                const std::string& device_name, bool launcher_lines) {
   config::config_resolve_batch(cfg, ctx.world_size);
+  // Before anything is allocated: this node's CPU ranks share its memory (a CUDA rank's
+  // activations are on its GPU, which the launcher cannot see).
+  if (device_name == "cpu")
+    config::config_check_batch_memory(
+        cfg, ctx.local_world_size, config::config_host_memory_bytes(),
+        fmt::format("this machine has {:.1f} GiB of memory for its {} rank(s)",
+                    config::config_host_memory_bytes() / (1024.0 * 1024.0 * 1024.0), ctx.local_world_size));
   // The launcher's step timeout watches the last completed step and whether this rank
   // waits in a collective (so it can tell the rank that is stuck from the peers waiting
   // for it); the heartbeat thread publishes both.

@@ -4,6 +4,7 @@
 #include "commands.h"
 #include "config/hostfile.h"
 
+#include "config/train_config.h"
 #include "core/check.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -55,6 +56,15 @@ void add_job_options(CLI::App* cmd, JobOptions& o, bool config_required) {
       ->capture_default_str();
   cmd->add_flag("--tee-all", o.tee_all, "show every rank's output on the terminal (default: rank 0 and all errors)");
   cmd->add_flag("--dry-run", o.dry_run, "print the placement and each node's command and environment, then exit");
+  // The config loader's unknown-key message points here.
+  cmd->add_flag_callback(
+      "--help-config",
+      [] {
+        const std::string text = dtrain::config::config_help();
+        std::fwrite(text.data(), 1, text.size(), stdout);
+        throw CLI::Success();
+      },
+      "print every config key with its type, default, bounds and environment override, then exit");
 }
 
 // An empty --output-dir would read as "not given" and write into the config's

@@ -87,6 +87,7 @@ void config_resolve_batch(TrainConfig& cfg, int dp_world_size) {
   cfg.resolved_micro_batch_size = m;
   cfg.resolved_grad_accum_steps = g;
   cfg.resolved_dp_world_size = w;
+  config_check_batch_widths(cfg);
 }
 
 ElasticBatch config_elastic_batch(const TrainConfig& cfg, int ref_world, int world) {

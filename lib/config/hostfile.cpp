@@ -219,6 +219,10 @@ Hostfile hostfile_parse(std::string_view text, const std::string& path) {
                "{}:{}: duplicate host \"{}\" in line \"{}\" (first given at {}:{}); list each "
                "host once with all its slots",
                shown_path(path), line_no, e.host, line_shown(raw), shown_path(path), it->second);
+    if (hf.hosts.size() >= static_cast<size_t>(HOSTFILE_MAX_HOSTS))
+      DT_THROW(ConfigError, "{}:{}: more than {} hosts; dtrain plans at most {} hosts per job (split the file, or "
+               "select hosts with --include / --num-nodes from a shorter one)",
+               shown_path(path), line_no, HOSTFILE_MAX_HOSTS, HOSTFILE_MAX_HOSTS);
     hf.hosts.push_back(std::move(e));
   }
   if (hf.hosts.empty())

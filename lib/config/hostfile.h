@@ -11,6 +11,9 @@ namespace dtrain::config {
 
 /// Most slots one host may declare; a larger value is a typo, not a machine.
 inline constexpr int HOSTFILE_MAX_SLOTS = 1024;
+/// Most hosts one hostfile may list: above the largest clusters; a longer file is a
+/// generated mistake, refused at once instead of planned (and printed) host by host.
+inline constexpr int HOSTFILE_MAX_HOSTS = 65536;
 
 /// One host line. `host` never contains '@', and ':' only as an IPv6 literal (kept
 /// without brackets: "::1", "fe80::1%eth0"); `user` is empty unless the line was

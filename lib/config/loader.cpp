@@ -9,9 +9,11 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -140,6 +142,14 @@ std::string json_syntax_problem(const std::string& text, const std::string& sour
   return "";
 }
 
+// yaml-cpp's depth limit (DeepRecursion, whose message is "bad file") in words.
+std::string nesting_too_deep(const YAML::DeepRecursion& e) {
+  return fmt::format("nesting too deep: brackets or indentation nest {} levels here, past the YAML parser's limit "
+                     "(a dtrain config nests 3 or 4 levels, as scheduler.params.warmup_type); look for "
+                     "unclosed [ or {{ or a generated file",
+                     e.depth());
+}
+
 // Line (1-based) of the `---` that starts the second YAML document, or 0 if not found.
 size_t second_document_line(std::string_view text) {
   bool content = false;
@@ -207,6 +217,17 @@ YAML::Node document_load(std::string_view text, const std::string& name) {
   YAML::Node root;
   try {
     root = YAML::Load(body);
+  } catch (const YAML::DeepRecursion& e) {
+    // yaml-cpp reports its depth limit as "bad file", and its mark may already stand past
+    // the last line (it scans ahead): name the last line with text then.
+    YAML::Mark at = e.mark;
+    const int lines = static_cast<int>(std::count(body.begin(), body.end(), '\n')) +
+                      (!body.empty() && body.back() != '\n' ? 1 : 0);
+    if (!at.is_null() && at.line >= lines && lines > 0) {
+      at.line = lines - 1;
+      at.column = 0;
+    }
+    DT_THROW(ConfigError, "{}: {}", mark_text(name, at), nesting_too_deep(e));
   } catch (const YAML::ParserException& e) {
     DT_THROW(ConfigError, "{}: {} syntax error: {}", mark_text(name, e.mark), json ? "JSON" : "YAML", e.msg);
   } catch (const YAML::Exception& e) {
@@ -479,6 +500,8 @@ YAML::Node override_value(const KeySpec& spec, const std::string& text, const st
   }
   try {
     return YAML::Load(text);
+  } catch (const YAML::DeepRecursion& e) {
+    DT_THROW(ConfigError, "{}: {}: the value {}", origin, spec.path, nesting_too_deep(e));
   } catch (const YAML::Exception& e) {
     DT_THROW(ConfigError, "{}: {}: the value is not valid YAML ({}); expected {}", origin, spec.path, e.msg,
              key_type_name(spec));
@@ -491,7 +514,11 @@ void apply_env(LoadState& st) {
     const char* v = std::getenv(spec.env);
     if (!v || !*v) continue;
     std::string origin = fmt::format("env {}={}", spec.env, v);
-    YAML::Node n = override_value(spec, v, origin);
+    // Environment switches are commonly 0/1 (DTRAIN_PREFLIGHT=0, as NCCL's knobs); in
+    // YAML those are integers, so a boolean knob reads them here.
+    std::string text = v;
+    if (spec.type == KeyType::BOOL && (text == "0" || text == "1")) text = text == "1" ? "true" : "false";
+    YAML::Node n = override_value(spec, text, origin);
     drop_exclusive(st, spec.path, Rank::ENV);
     st.settings[spec.path] = Setting{n, origin, Rank::ENV};
   }

@@ -308,7 +308,8 @@ const std::vector<KeySpec>& build_schema() {
       {"cluster.env.forward_prefixes", KeyType::STRING_LIST, F(cluster.env.forward_prefixes),
        "launcher env vars with these prefixes are forwarded to every rank"},
       {"cluster.env.set", KeyType::STRING_MAP, F(cluster.env.set),
-       "extra env vars for every rank {NAME: value} (win over forwarded ones)"},
+       "extra env vars for every rank {NAME: value} (win over forwarded ones; for secrets: sent on the agent's "
+       "stdin, never in a command line)"},
       {"cluster.workdir", KeyType::STRING, F(cluster.workdir),
        "working directory on the nodes; \"\" = the launcher's working directory"},
       {"cluster.dtrain_path", KeyType::STRING, F(cluster.dtrain_path),

@@ -275,6 +275,31 @@ void config_check_job(const TrainConfig& cfg);
 // resolved_* fields (and resolved_dp_world_size) from what was given; ConfigError otherwise.
 void config_resolve_batch(TrainConfig& cfg, int dp_world_size);
 
+// What one rank's batch needs, known before anything is allocated (cfg resolved by
+// config_resolve_batch). Lower bounds: the activation arena, weights and the host copies of
+// the step's micro-batches are counted with the fewest bytes they can take, so a job refused
+// on them can never run. 0 where the model's sizes are not in the config (model.init_from).
+struct BatchFootprint {
+  int64_t tokens_per_micro = 0;  // micro-batch x data.seq_len: the model's 32-bit row count
+  double batch_bytes = 0;        // the step's token ids and targets (micro x accumulation), host
+  double activation_bytes = 0;   // one micro-batch's activations and logits
+  double weight_bytes = 0;       // the model's weights (a stage-3 shard of them)
+  double total() const { return batch_bytes + activation_bytes + weight_bytes; }
+};
+BatchFootprint config_batch_footprint(const TrainConfig& cfg);
+
+// ConfigError naming train_micro_batch_size_per_gpu (and gradient_accumulation_steps) when
+// the widths the trainer uses cannot hold the batch: micro x seq_len tokens above INT32_MAX.
+// Called by config_resolve_batch.
+void config_check_batch_widths(const TrainConfig& cfg);
+
+// ConfigError with the numbers when `ranks` ranks' footprints exceed `memory_bytes`
+// (`memory_what` says whose memory: "this machine's 23.4 GiB of memory").
+void config_check_batch_memory(const TrainConfig& cfg, int ranks, double memory_bytes, const std::string& memory_what);
+
+// This machine's physical memory in bytes (0 when unknown).
+double config_host_memory_bytes();
+
 // An elastic round's batch: cfg resolved at ref_world (the full membership) carried to
 // `world` ranks. The global batch stays when it divides exactly into micro-batches of the
 // same size (gradient accumulation changes); otherwise micro-batch and accumulation stay

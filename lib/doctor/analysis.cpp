@@ -87,7 +87,21 @@ std::vector<Finding> analyze_nodes(const std::vector<NodeObservation>& nodes, co
   for (const auto& [d, c] : drivers)
     if (c > common_count) common_driver = d, common_count = c;
 
+  // The node's command starts with `cd <workdir>`: when that is what failed, the working
+  // directory is the problem, not the host, SSH or the dtrain build.
+  auto workdir_failed = [&](const std::string& error) {
+    return !ex.workdir.empty() && error.find(ex.workdir) != std::string::npos &&
+           (error.find("cd") != std::string::npos || error.find("working directory") != std::string::npos);
+  };
+  const std::string workdir_advice = fmt::format(
+      "cluster.workdir {} must be a directory that exists on every node (the nodes cd to it; leave the key out to "
+      "use the launcher's current directory)",
+      ex.workdir);
   for (const NodeObservation& n : nodes) {
+    if (!n.start_error.empty() && workdir_failed(n.start_error)) {
+      out.push_back(make(n, "workdir", Status::FAIL, n.start_error, workdir_advice));
+      continue;
+    }
     if (!n.start_error.empty()) {
       out.push_back(make(n, "ssh", Status::FAIL, n.start_error,
                          "check that the host is up and reachable, and the cluster.ssh settings (user, port, "
@@ -95,6 +109,10 @@ std::vector<Finding> analyze_nodes(const std::vector<NodeObservation>& nodes, co
       continue;
     }
     out.push_back(make(n, "ssh", Status::OK, "connected, command started"));
+    if (!n.facts && workdir_failed(n.end_error)) {
+      out.push_back(make(n, "workdir", Status::FAIL, n.end_error, workdir_advice));
+      continue;
+    }
     if (!n.facts) {
       out.push_back(make(n, "node", Status::FAIL,
                          n.end_error.empty() ? "the node check reported nothing" : n.end_error,

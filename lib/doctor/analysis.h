@@ -44,6 +44,7 @@ struct NodeObservation {
   std::string host;            ///< destination as in the hostfile ("root@10.0.0.2")
   int slots = 0;
   std::string start_error;     ///< SSH connect / command start failure ("" = started)
+  bool start_refused = false;  ///< start_error is permanent: host key or credentials refused
   std::string end_error;       ///< the node's command failed or did not answer in time
   std::optional<NodeFacts> facts;
   std::optional<double> clock_offset_s;       ///< node clock minus launcher clock
@@ -76,6 +77,7 @@ struct Expectations {
   std::string device = "auto";    ///< training.device: cpu, cuda or auto
   std::string run_dir;
   std::string dtrain_path;        ///< as the nodes run it, for advice
+  std::string workdir;            ///< cluster.workdir as the nodes cd to it ("" = login directory)
   double min_free_gb = 1.0;
   double max_clock_skew = 5.0;
   double slow_factor = 2.0;

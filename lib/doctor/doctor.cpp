@@ -6,6 +6,7 @@
 #include "core/version.h"
 #include "doctor/node_probe.h"
 #include "doctor/net_probe.h"
+#include "launch/ssh_session.h"
 #include "rendezvous/store.h"
 
 #include <fmt/format.h>
@@ -117,6 +118,7 @@ Report run_checks(const launch::Job& job, const launch::NodeSpawner& spawner, co
   ex.device = job.cfg.training.device;
   ex.run_dir = job.run_dir;
   ex.dtrain_path = job.spec.dtrain_path;
+  ex.workdir = job.spec.workdir;
   ex.min_free_gb = dc.min_free_gb;
   ex.max_clock_skew = dc.max_clock_skew;
   ex.slow_factor = dc.slow_factor;
@@ -184,6 +186,9 @@ Report run_checks(const launch::Job& job, const launch::NodeSpawner& spawner, co
         try {
           procs[i] = spawner(plans[i], cmd, opts.network ? token + "\n" : std::string(),
                              [st](launch::Stream s, std::string_view line) { st->line(s, line); });
+        } catch (const SshRefusedError& e) {
+          rep.nodes[i].start_error = e.what();
+          rep.nodes[i].start_refused = true;
         } catch (const Error& e) {
           rep.nodes[i].start_error = e.what();
         }
@@ -336,6 +341,9 @@ launch::PreflightVerdict preflight_verdict(const Report& r) {
   auto failed = r.failed_nodes();
   v.node = failed.empty() ? 0 : failed.front();
   v.why = preflight_message(r);
+  // A host key mismatch, an unknown host under the strict policy or refused credentials
+  // fail every retry the same way: the launcher does not spend restarts on them.
+  for (const NodeObservation& n : r.nodes) v.permanent = v.permanent || n.start_refused;
   return v;
 }
 

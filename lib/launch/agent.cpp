@@ -83,24 +83,20 @@ class LauncherLink {
   }
 
   std::string read_token(std::chrono::milliseconds timeout) {
-    std::string line;
-    auto deadline = Clock::now() + timeout;
-    while (Clock::now() < deadline) {
-      pollfd p{fd_, POLLIN, 0};
-      int r = ::poll(&p, 1, 100);
-      if (r < 0 && errno == EINTR) continue;
-      DT_ENFORCE(r >= 0, IoError, "poll on the agent's stdin failed");
-      if (r == 0) continue;
-      char c;
-      ssize_t n = ::read(fd_, &c, 1);
-      if (n < 0 && errno == EINTR) continue;
-      DT_ENFORCE(n > 0, UsageError, "the launcher closed stdin before sending the rendezvous token");
-      if (c == '\n') return line;
-      line.push_back(c);
-      DT_ENFORCE(line.size() < 4096, UsageError, "the rendezvous token line on stdin is too long");
+    return read_line(Clock::now() + timeout, 4096, "the rendezvous token");
+  }
+
+  // The secret environment after the token (node_command.h, agent_stdin_payload): at most
+  // 4096 lines of at most 1 MiB, up to the empty line.
+  std::map<std::string, std::string> read_env(std::chrono::milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    std::map<std::string, std::string> env;
+    for (int i = 0; i < 4096; ++i) {
+      const std::string line = read_line(deadline, 1 << 20, "the environment (cluster.env.set)");
+      if (line.empty()) return env;
+      env.insert(agent_env_line_parse(line));
     }
-    DT_THROW(UsageError, "no rendezvous token arrived on stdin within {} s (the agent is started by dtrain launch)",
-             timeout.count() / 1000);
+    DT_THROW(UsageError, "more than 4096 environment lines on the agent's stdin");
   }
 
   void watch() {
@@ -123,6 +119,25 @@ class LauncherLink {
   bool gone() const { return gone_; }
 
  private:
+  std::string read_line(Clock::time_point deadline, size_t max_len, const char* what) {
+    std::string line;
+    while (Clock::now() < deadline) {
+      pollfd p{fd_, POLLIN, 0};
+      int r = ::poll(&p, 1, 100);
+      if (r < 0 && errno == EINTR) continue;
+      DT_ENFORCE(r >= 0, IoError, "poll on the agent's stdin failed");
+      if (r == 0) continue;
+      char c;
+      ssize_t n = ::read(fd_, &c, 1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) DT_THROW(UsageError, "the launcher closed stdin before sending {}", what);
+      if (c == '\n') return line;
+      line.push_back(c);
+      if (line.size() > max_len) DT_THROW(UsageError, "{} on stdin: a line is longer than {} bytes", what, max_len);
+    }
+    DT_THROW(UsageError, "{} did not arrive on stdin in time (the agent is started by dtrain launch)", what);
+  }
+
   int fd_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> gone_{false};
@@ -206,6 +221,7 @@ int agent_run(const AgentArgs& args, int token_fd, const AgentTiming& timing) {
   set_error_context(fmt::format("host={} node={}", host, args.node_rank));
   LauncherLink link(token_fd);
   const std::string token = link.read_token(timing.store_connect_timeout);
+  const std::map<std::string, std::string> secret_env = link.read_env(timing.store_connect_timeout);
   link.watch();
 
   const uint16_t port = static_cast<uint16_t>(args.master_port);
@@ -282,7 +298,10 @@ int agent_run(const AgentArgs& args, int token_fd, const AgentTiming& timing) {
       std::fwrite(out.data(), 1, out.size(), f);
       std::fflush(f);
     };
-    ranks.push_back(spawn_local(argv, agent_rank_env(resolved, lr), "", token + "\n", cb, true));
+    // The rank contract (RANK, ...) wins over cluster.env.set, as over anything forwarded.
+    std::map<std::string, std::string> env = agent_rank_env(resolved, lr);
+    env.insert(secret_env.begin(), secret_env.end());
+    ranks.push_back(spawn_local(argv, env, "", token + "\n", cb, true));
   }
 
   auto stop_all = [&] {

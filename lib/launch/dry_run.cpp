@@ -39,6 +39,8 @@ std::string dry_run_report(const Plan& plan, const LaunchSpec& spec,
     out += "  command: " + cmd.shell_line() + "\n";
     out += "  env:\n";
     for (const auto& [k, v] : cmd.env) out += "    " + k + "=" + dry_run_escape(v) + "\n";
+    for (const auto& [k, v] : cmd.secret_env)
+      out += fmt::format("    {}=<{} bytes of cluster.env.set, sent on the agent's stdin, not shown>\n", k, v.size());
   }
   return out;
 }

@@ -3,6 +3,7 @@
 #include "launch/external.h"
 
 #include "core/check.h"
+#include "core/small_file.h"
 #include "core/log.h"
 #include "core/net_address.h"
 #include "launch/hostlist.h"
@@ -269,15 +270,15 @@ std::string external_token(const std::string& token_file, const std::string& tok
   std::string token;
   if (!token_file.empty()) {
     const std::string path = path_expand_home(token_file, get(env, "HOME"));
+    // Type and size first: a directory, /dev/zero or a FIFO is a config error at once.
+    std::string problem = small_file_problem(path, 4096);
+    if (!problem.empty())
+      DT_THROW(ConfigError,
+               "{}: cluster.rendezvous.token_file {} {}: mount the job's token Secret there (a regular file of at "
+               "most 4 KiB that every process of the job reads)",
+               source, token_file, problem);
     external_token_mode_check(path, token_file);
-    std::ifstream in(path, std::ios::binary);
-    DT_ENFORCE(in.good(), ConfigError,
-               "{}: cluster.rendezvous.token_file {} cannot be read: mount the job's token Secret there (every "
-               "process of the job reads the same one)",
-               source, token_file);
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    DT_ENFORCE(text.size() <= 4096, ConfigError, "{}: cluster.rendezvous.token_file {} is larger than 4 KiB",
-               source, token_file);
+    std::string text = small_file_read(path, 4096, source + ": cluster.rendezvous.token_file");
     token = std::move(text);
   } else {
     token = get(env, token_env);

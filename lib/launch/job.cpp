@@ -6,10 +6,12 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "core/net_address.h"
+#include "core/small_file.h"
 #include "launch/local_spawner.h"
 #include "launch/rank_device.h"
 #include "launch/run_dir.h"
 #include "launch/same_machine.h"
+#include "launch/ssh_session.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -22,6 +24,7 @@
 #include <chrono>
 #include <cerrno>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -257,6 +260,20 @@ Job job_prepare(const JobRequest& req) {
   // decides where an agent runs); a hostfile can name one machine twice.
   if (!req.hosts) hosts_check_distinct(job.hosts);
   for (const auto& h : job.hosts.hosts) job.all_local = job.all_local && host_is_local(h.host);
+  // libssh2 reads the identity file whole and blocking when the first node connects: a
+  // FIFO, /dev/zero or a huge file would hang there past every timeout (and SIGTERM), so
+  // it is refused here, before any connection, as any bad config value is. (A missing or
+  // unreadable file is left to the SSH session, which names the host it was for.)
+  struct stat id_st {};
+  const char* home = std::getenv("HOME");
+  const std::string id_file = path_expand_home(cfg.cluster.ssh.identity_file, home ? home : "");
+  if (!req.hosts && !job.all_local && !id_file.empty() && ::stat(id_file.c_str(), &id_st) == 0) {
+    const std::string& file = id_file;
+    const std::string problem = small_file_problem(file, kIdentityFileMaxBytes);
+    if (!problem.empty())
+      DT_THROW(ConfigError, "{}: cluster.ssh.identity_file: {} {}; give the private key file SSH should use",
+               cfg.source, file, problem);
+  }
 
   // The address ranks and agents dial: --master-addr, the config, or our address on the
   // route to the first remote host.
@@ -317,6 +334,15 @@ Job job_prepare(const JobRequest& req) {
   bool batch_given = cfg.train_batch_size || cfg.train_micro_batch_size_per_gpu || cfg.gradient_accumulation_steps;
   if (req.require_training && (batch_given || job.incomplete.empty()))
     config::config_resolve_batch(cfg, job.plan.world_size);
+  // CPU ranks all on this machine share its memory: a batch that cannot fit is refused here
+  // (and in --dry-run) with the numbers, not by std::bad_alloc on a rank. Remote and CUDA
+  // ranks check their own memory before allocating.
+  if (req.require_training && req.mode == "train" && cfg.training.device == "cpu" && job.all_local &&
+      cfg.resolved_micro_batch_size > 0)
+    config::config_check_batch_memory(
+        cfg, job.plan.world_size, config::config_host_memory_bytes(),
+        fmt::format("this machine, where all {} rank(s) run, has {:.1f} GiB of memory", job.plan.world_size,
+                    config::config_host_memory_bytes() / (1024.0 * 1024.0 * 1024.0)));
 
   job.run_dir = absolute_path(cfg.training.output_dir);
   const char* run_dir_what = req.output_dir.empty() ? "training.output_dir" : "--output-dir";
@@ -331,7 +357,8 @@ Job job_prepare(const JobRequest& req) {
   spec.dtrain_path = cfg.cluster.dtrain_path.empty() ? self_exe_path() : cfg.cluster.dtrain_path;
   spec.run_dir = job.run_dir;
   spec.forward_prefixes = cfg.cluster.env.forward_prefixes;
-  spec.env_set = cfg.cluster.env.set;
+  // cluster.env.set holds secrets: it reaches the ranks on the agent's stdin, never argv.
+  spec.secret_env = cfg.cluster.env.set;
   spec.config_path = (fs::path(job.run_dir) / "config.yaml").string();
   spec.mode = req.mode;
   // Supervision timing travels with the agent's environment.

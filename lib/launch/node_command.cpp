@@ -172,6 +172,44 @@ AgentArgs agent_args_parse(const std::vector<std::string>& argv) {
 // ----------------------------------------------------------------------------
 // NodeCommand
 
+std::string agent_stdin_payload(const std::string& token, const std::map<std::string, std::string>& secret_env) {
+  static const char* kHex = "0123456789abcdef";
+  std::string out = token + "\n";
+  for (const auto& [k, v] : secret_env) {
+    out += k + "=";
+    for (unsigned char c : v) {
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+    out += "\n";
+  }
+  out += "\n";
+  return out;
+}
+
+std::pair<std::string, std::string> agent_env_line_parse(std::string_view line) {
+  const size_t eq = line.find('=');
+  const std::string name(line.substr(0, eq == std::string_view::npos ? 0 : eq));
+  if (eq == std::string_view::npos || !env_name_valid(name))
+    DT_THROW(UsageError, "dtrain agent: malformed environment line on stdin (expected NAME=<hex>)");
+  std::string_view hex = line.substr(eq + 1);
+  auto nibble = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  if (hex.size() % 2 != 0)
+    DT_THROW(UsageError, "dtrain agent: the value of {} on stdin is not hex (odd length)", name);
+  std::string value;
+  value.reserve(hex.size() / 2);
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    const int hi = nibble(hex[i]), lo = nibble(hex[i + 1]);
+    if (hi < 0 || lo < 0) DT_THROW(UsageError, "dtrain agent: the value of {} on stdin is not hex", name);
+    value.push_back(static_cast<char>(hi * 16 + lo));
+  }
+  return {name, value};
+}
+
 std::string shell_quote(std::string_view word) {
   std::string out = "'";
   for (char c : word) {
@@ -232,12 +270,21 @@ NodeCommand node_command_build(const Plan& plan, int node_rank, const LaunchSpec
                k);
     cmd.env[k] = v;
   }
+  for (const auto& [k, v] : spec.secret_env) {
+    if (!env_name_valid(k))
+      DT_THROW(ConfigError, "cluster.env.set: \"{}\" is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)", k);
+    if (spec.env_set.count(k)) continue;  // dtrain's own settings win, as they always did
+    cmd.env.erase(k);                     // a forwarded variable of that name is overridden
+    cmd.secret_env[k] = v;
+  }
   cmd.env["MASTER_ADDR"] = plan.master_addr;
   cmd.env["MASTER_PORT"] = std::to_string(plan.master_port);
   cmd.env["WORLD_SIZE"] = std::to_string(plan.world_size);
   cmd.env["NODE_RANK"] = std::to_string(node.node_rank);
   cmd.env["NNODES"] = std::to_string(plan.nodes.size());
   cmd.env["DTRAIN_JOB_ID"] = spec.job_id;
+  for (const char* k : {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "NNODES", "DTRAIN_JOB_ID"})
+    cmd.secret_env.erase(k);
 
   AgentArgs a;
   a.job_id = spec.job_id;

@@ -7,6 +7,8 @@
 
 #include <map>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 namespace dtrain::launch {
@@ -22,6 +24,9 @@ struct LaunchSpec {
   std::string run_dir;      // shared run directory (absolute path as the nodes see it)
   std::vector<std::string> forward_prefixes;  // launcher env vars whose names start with one
   std::map<std::string, std::string> env_set;  // set on every node (overrides forwarded)
+  /// cluster.env.set (tokens, passwords): set for the ranks on every node, but sent on the
+  /// agent's stdin, never in a command line (/proc/PID/cmdline is world-readable).
+  std::map<std::string, std::string> secret_env;
   std::string config_path;  // the resolved config saved in the run dir; "" = none
   std::string mode = "train";  // "train" or "bench"
   std::string device = "cpu";  // training.device: "cpu", "cuda" or "auto" (train mode)
@@ -73,6 +78,7 @@ AgentArgs agent_args_parse(const std::vector<std::string>& argv);
 struct NodeCommand {
   std::vector<std::string> argv;             // {dtrain_path, "agent", ...}
   std::map<std::string, std::string> env;    // set for the agent (sorted by name)
+  std::map<std::string, std::string> secret_env;  // for the ranks, on the agent's stdin only
   std::string workdir;
 
   /// The exact POSIX sh line:
@@ -85,13 +91,22 @@ struct NodeCommand {
   std::string shell_line() const;
 };
 
+/// What the launcher writes on the agent's stdin: the rendezvous token line, then one
+/// "NAME=<value in hex>" line per secret_env entry (hex: any byte, newlines included, stays
+/// on its line), then an empty line. The agent reads it with agent_stdin_read_env.
+std::string agent_stdin_payload(const std::string& token, const std::map<std::string, std::string>& secret_env);
+
+/// One "NAME=<hex>" line of that block as (NAME, value); UsageError for a malformed line.
+std::pair<std::string, std::string> agent_env_line_parse(std::string_view line);
+
 /// Single-quotes `word` for POSIX sh ('' for the empty string).
 std::string shell_quote(std::string_view word);
 
 /// The agent command for node `node_rank` of `plan`.
 /// env = launcher_env entries whose names start with a forward prefix (valid names
 /// only), then spec.env_set (overrides), then MASTER_ADDR, MASTER_PORT, WORLD_SIZE,
-/// NODE_RANK, NNODES, DTRAIN_JOB_ID from the plan (these always win).
+/// NODE_RANK, NNODES, DTRAIN_JOB_ID from the plan (these always win). spec.secret_env goes
+/// to secret_env (and out of env) unless env_set or the plan sets that name.
 /// ConfigError for a bad spec (empty job id/run dir, unknown mode, env_set name that is
 /// not [A-Za-z_][A-Za-z0-9_]*, '=' in dtrain_path); InternalError for a bad node_rank.
 NodeCommand node_command_build(const Plan& plan, int node_rank, const LaunchSpec& spec,

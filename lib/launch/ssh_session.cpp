@@ -5,6 +5,7 @@
 #include "launch/ssh_session.h"
 
 #include "core/check.h"
+#include "core/small_file.h"
 #include "core/log.h"
 
 #include <arpa/inet.h>
@@ -453,9 +454,12 @@ void SshSession::authenticate() {
 
   if (!options_.identity_file.empty()) {
     const std::string& file = options_.identity_file;
-    int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) DT_THROW(SshRefusedError, "SSH to {}: cannot read identity file {}: {}", host_, file, std::strerror(errno));
-    ::close(fd);
+    // libssh2 reads the whole file, blocking: a FIFO, /dev/zero or a huge file would hang
+    // it beyond every timeout, so type and size are checked first (a key is a few KiB).
+    const std::string problem = small_file_problem(file, kIdentityFileMaxBytes);
+    if (!problem.empty())
+      DT_THROW(SshRefusedError, "SSH to {}: identity file {} {}: set cluster.ssh.identity_file to a private key file",
+               host_, file, problem);
     std::string error;
     if (try_file(file, &error)) return;
     DT_THROW(SshRefusedError,

@@ -25,6 +25,9 @@ class SshRefusedError : public LaunchError {
 
 namespace dtrain::launch {
 
+/// The largest identity file accepted (an RSA-16384 key in PEM is under 13 KiB).
+constexpr size_t kIdentityFileMaxBytes = 1 << 20;
+
 struct SshOptions {
   /// Login name; empty: the "user@" part of the host, else $USER (or the passwd name).
   std::string user;

@@ -398,7 +398,7 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
       starters.emplace_back([&, k] {
         try {
           NodeCommand cmd = node_command_build(job.plan, k, job.spec, env);
-          agents[k] = opts.spawner(job.plan.nodes[k], cmd, token + "\n",
+          agents[k] = opts.spawner(job.plan.nodes[k], cmd, agent_stdin_payload(token, cmd.secret_env),
                                    [&out, k](Stream s, std::string_view line) { out.line(k, s, line); });
         } catch (const SshRefusedError& e) {
           spawn_errors[k] = e.what();
@@ -709,7 +709,8 @@ int supervise(Job& job, const SupervisorOptions& opts) {
       // elastic_plan_round: the members passed it, the hosts that failed are left out.)
       PreflightVerdict v = opts.preflight(job);
       if (!v.why.empty())
-        f = {std::max(v.node, 0), "preflight: " + v.why, static_cast<int>(Exit::LAUNCH), Failure::Kind::NOT_STARTED};
+        f = {std::max(v.node, 0), "preflight: " + v.why, static_cast<int>(Exit::LAUNCH), Failure::Kind::NOT_STARTED,
+             v.permanent};
     }
     if (f.kind == Failure::Kind::NOT_STARTED) {
       // Recorded as a round (it uses a retry like any failed round) that no node ran in,

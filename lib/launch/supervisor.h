@@ -32,6 +32,7 @@ SshOptions ssh_options_from_config(const config::SshConfig& ssh);
 struct PreflightVerdict {
   int node = -1;
   std::string why;
+  bool permanent = false;  // retrying cannot help (host key, identity file, credentials)
 };
 
 struct SupervisorOptions {

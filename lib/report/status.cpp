@@ -424,6 +424,19 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
   row("run", st.job_id.empty() ? st.run_dir : fmt::format("{} (job {})", st.run_dir, st.job_id));
 
   std::string state = run_state_name(st.state);
+  // `dtrain resume` only where there is a checkpoint to continue from: after a "no usable
+  // checkpoint" failure (exit 7) it would fail the same way, and without any checkpoint
+  // it starts again from step 0.
+  auto next_step = [&](int exit_code) -> std::string {
+    if (exit_code == static_cast<int>(Exit::CHECKPOINT))
+      return fmt::format("no usable checkpoint under {}/checkpoints (the failure says why each one was refused): "
+                         "set the damaged ones aside, or start a new run with dtrain launch --output-dir DIR",
+                         st.run_dir);
+    if (st.checkpoint.empty())
+      return fmt::format("no usable checkpoint to continue from{}: dtrain resume {} would start again from step 0",
+                         st.checkpoint_note.empty() ? "" : " (" + st.checkpoint_note + ")", st.run_dir);
+    return fmt::format("continue with: dtrain resume {} (from {})", st.run_dir, st.checkpoint);
+  };
   switch (st.state) {
     case RunState::RUNNING:
       if (!st.started_by.empty())
@@ -447,8 +460,8 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
                              "resume from the latest complete checkpoint",
                              ago(st.last_event_ms), st.failures.back().exit_code, st.started_by);
       else
-        state += fmt::format(" {} ago (exit code {}); continue with: dtrain resume {}", ago(st.last_event_ms),
-                             st.failures.back().exit_code, st.run_dir);
+        state += fmt::format(" {} ago (exit code {}); {}", ago(st.last_event_ms), st.failures.back().exit_code,
+                             next_step(st.failures.back().exit_code));
       break;
     case RunState::LOST:
       if (!st.started_by.empty()) {
@@ -459,8 +472,8 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
         break;
       }
       state += fmt::format(": the launcher (pid {} on {}) is gone without a final event (killed, or it could not "
-                           "write events.jsonl: see its output); continue with: dtrain resume {}",
-                           st.launcher_pid, st.launcher_host.empty() ? "?" : st.launcher_host, st.run_dir);
+                           "write events.jsonl: see its output); {}",
+                           st.launcher_pid, st.launcher_host.empty() ? "?" : st.launcher_host, next_step(0));
       break;
     case RunState::NOT_STARTED:
       break;

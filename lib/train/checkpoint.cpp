@@ -16,6 +16,7 @@
 #include <array>
 #include <cctype>
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <ctime>
@@ -209,6 +210,23 @@ std::string manifest_state_problem(const fs::path& dir, const json& man) {
     return "\"step\" is " + man.at("step").dump() + " but the directory is " + dir.filename().string();
   if (!man.contains("config_yaml") || !man.at("config_yaml").is_string()) return "has no \"config_yaml\" string";
   if (!man.contains("buffers") || !man.at("buffers").is_array()) return "has no \"buffers\" list";
+  // Typed here, so that comparing them with the model (layout_check) cannot meet a
+  // string where a size belongs: a wrong field makes the checkpoint unusable, and the
+  // load falls back to the previous complete one.
+  const json& bufs = man.at("buffers");
+  for (size_t b = 0; b < bufs.size(); ++b) {
+    const json& e = bufs[b];
+    const std::string at = "\"buffers\"[" + std::to_string(b) + "]";
+    if (!e.is_object()) return at + " is " + e.dump() + ", not an object";
+    if (!e.contains("name") || !e.at("name").is_string())
+      return at + ".name is " + (e.contains("name") ? e.at("name").dump() : "missing") + ", not a string";
+    if (!e.contains("size") || !e.at("size").is_number_unsigned())
+      return at + ".size is " + (e.contains("size") ? e.at("size").dump() : "missing") +
+             ", not a non-negative integer";
+    if (!e.contains("trainable") || !e.at("trainable").is_boolean())
+      return at + ".trainable is " + (e.contains("trainable") ? e.at("trainable").dump() : "missing") +
+             ", not true or false";
+  }
   if (!man.contains("loss_scaler")) return "has no \"loss_scaler\"";
   const json& sc = man.at("loss_scaler");
   if (!sc.is_null()) {
@@ -230,19 +248,29 @@ std::string manifest_read(const fs::path& dir, json& man, int& world) {
   if (text.empty()) return mpath.string() + ": missing or empty";
   try {
     man = json::parse(text);
-    world = man.at("world_size").get<int>();
-    if (man.at("format").get<int>() != FORMAT_VERSION)
+    if (!man.is_object()) return mpath.string() + ": not a JSON object";
+    if (std::string why = manifest_int_problem(man, "format", 0, INT32_MAX); !why.empty())
+      return mpath.string() + ": " + why;
+    if (man.at("format").get<int64_t>() != FORMAT_VERSION)
       return mpath.string() + ": unsupported format " + man.at("format").dump();
+    if (std::string why = manifest_int_problem(man, "world_size", 1, 1 << 24); !why.empty())
+      return mpath.string() + ": " + why;
+    world = man.at("world_size").get<int>();
+    if (!man.contains("files") || !man.at("files").is_array()) return mpath.string() + ": has no \"files\" list";
     const auto& files = man.at("files");
-    if (world < 1 || static_cast<int>(files.size()) != world)
-      return mpath.string() + ": file list does not match world_size";
-    for (const auto& f : files) {
+    if (static_cast<int64_t>(files.size()) != world) return mpath.string() + ": file list does not match world_size";
+    for (size_t i = 0; i < files.size(); ++i) {
+      const json& f = files[i];
+      const std::string at = mpath.string() + ": \"files\"[" + std::to_string(i) + "]";
+      if (!f.is_object() || !f.contains("name") || !f.at("name").is_string())
+        return at + ".name is not a string";
       const std::string n = f.at("name").get<std::string>();
       if (!bare_file_name(n))
         return mpath.string() + ": names file " + json(n).dump() +
                ", not a bare file name inside the checkpoint directory (a damaged or forged manifest)";
-      f.at("bytes").get<uint64_t>();
-      f.at("crc32c").get<uint32_t>();
+      if (!f.contains("bytes") || !f.at("bytes").is_number_unsigned())
+        return at + ".bytes is not a non-negative integer";
+      if (std::string why = manifest_int_problem(f, "crc32c", 0, UINT32_MAX); !why.empty()) return at + ": " + why;
     }
     if (std::string why = manifest_state_problem(dir, man); !why.empty()) return mpath.string() + ": " + why;
   } catch (const json::exception& e) {
@@ -498,6 +526,19 @@ std::string checkpoint_save(const std::string& run_dir, const ZeroCheckpointView
 // ----------------------------------------------------------------------------
 namespace {
 
+// Why a shard file's header is not what the load reads (typed entries, has_rng), or "".
+std::string shard_head_problem(const json& h) {
+  if (!h.is_object() || !h.contains("entries") || !h.at("entries").is_array()) return "has no \"entries\" list";
+  for (const json& e : h.at("entries")) {
+    if (!e.is_object() || !e.contains("kind") || !e.at("kind").is_string()) return "has an entry without a \"kind\"";
+    for (const char* k : {"buffer", "lo", "count", "offset"})
+      if (!e.contains(k) || !e.at(k).is_number_unsigned())
+        return std::string("has an entry whose \"") + k + "\" is not a non-negative integer";
+  }
+  if (!h.contains("has_rng") || !h.at("has_rng").is_boolean()) return "has no \"has_rng\" flag";
+  return "";
+}
+
 // One verified checkpoint: its manifest and open shard files with their entry tables.
 struct Opened {
   json manifest;
@@ -542,7 +583,9 @@ std::string checkpoint_open(const fs::path& dir, Opened& out) {
         return p.string() + ": not a dtrain shard file";
       std::string head(hl, '\0');
       if (::pread(fd.fd, head.data(), hl, 16) != static_cast<ssize_t>(hl)) return p.string() + ": short header";
-      out.heads.push_back(json::parse(head));
+      json h = json::parse(head);
+      if (std::string why = shard_head_problem(h); !why.empty()) return p.string() + ": header " + why;
+      out.heads.push_back(std::move(h));
       out.data_start.push_back(16 + hl);
       out.fds.push_back(std::move(fd));
     }
@@ -574,18 +617,22 @@ void read_range(Opened& o, size_t buffer, const char* kind, size_t n, size_t a, 
   }
 }
 
-// Throws CheckpointError when the saved buffers are not the model's.
+// ConfigError when the saved buffers (typed by manifest_state_problem) are not the
+// model's: the config describes another model than the run trained, which every retry
+// would meet again, so it is a config error (exit 2, not restarted), not a damaged checkpoint.
 void layout_check(const json& saved, const std::vector<ZeroBufferView>& views, const std::string& dir) {
-  DT_ENFORCE_EQ(saved.size(), views.size(), CheckpointError,
-                "{}: the checkpoint has another number of parameter buffers than the model (different model or "
-                "LoRA settings?)", dir);
+  const char* fix = "the config describes another model than the one this run trained (model sizes, LoRA or "
+                    "tie_embeddings changed?): resume with the config the run was trained with, or start a new run "
+                    "with --output-dir";
+  DT_ENFORCE_EQ(saved.size(), views.size(), ConfigError, "{}: the checkpoint has another number of parameter buffers "
+                "than the model; {}", dir, fix);
   for (size_t b = 0; b < views.size(); ++b) {
     const auto& s = saved[b];
-    DT_ENFORCE(s.at("name").get<std::string>() == views[b].buffer->layout.name &&
-                   s.at("size").get<size_t>() == views[b].buffer->size &&
-                   s.at("trainable").get<bool>() == views[b].trainable,
-               CheckpointError, "{}: buffer {} is {} ({} elements) in the checkpoint but {} ({}) in the model", dir, b,
-               s.at("name").dump(), s.at("size").dump(), views[b].buffer->layout.name, views[b].buffer->size);
+    if (s.at("name").get<std::string>() != views[b].buffer->layout.name ||
+        s.at("size").get<uint64_t>() != views[b].buffer->size || s.at("trainable").get<bool>() != views[b].trainable)
+      DT_THROW(ConfigError, "{}: buffer {} is {} ({} elements{}) in the checkpoint but {} ({} elements{}) in the model; {}",
+               dir, b, s.at("name").dump(), s.at("size").dump(), s.at("trainable").get<bool>() ? "" : ", frozen",
+               views[b].buffer->layout.name, views[b].buffer->size, views[b].trainable ? "" : ", frozen", fix);
   }
 }
 
@@ -705,8 +752,9 @@ CheckpointLoadResult checkpoint_load(const std::string& run_dir, const ZeroCheck
     }
     return res;
   }
+  // One line: the launcher reports a rank's first error line, which must carry the reasons.
   std::string tried;
-  for (const auto& s : res.skipped) tried += "\n  " + s;
+  for (const auto& s : res.skipped) tried += (tried.empty() ? " " : "; ") + s;
   DT_THROW(CheckpointError, "no usable checkpoint under {}; tried:{}", root.string(), tried);
 }
 

@@ -121,8 +121,9 @@ TEST_CASE("status: failed job (launcher gone, last event a failure)") {
   CHECK(st.checkpoint.empty());
   std::string text = status_format(st, 1700000360000);
   CAPTURE(text);
-  CHECK(text.find("state      failed 1m00s ago (exit code 4); continue with: dtrain resume " + d.str()) !=
-        std::string::npos);
+  // No checkpoint was saved: resume is not offered as a way to continue.
+  CHECK(text.find("state      failed 1m00s ago (exit code 4); no usable checkpoint to continue from: dtrain resume " +
+                  d.str() + " would start again from step 0") != std::string::npos);
   CHECK(text.find("checkpoint none") != std::string::npos);
   CHECK(text.find("restarts   1") != std::string::npos);
 }
