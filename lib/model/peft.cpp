@@ -194,10 +194,26 @@ HfModelConfig hf_config_from_json(const json& j, const std::string& src) {
     const std::string act = r.string("hidden_act", "silu");
     DT_ENFORCE(act == "silu", ConfigError, "{}: hidden_act '{}' is not supported; dtrain's Llama uses SwiGLU (silu)",
                src, act);
-    DT_ENFORCE(!r.has("rope_scaling"), ConfigError,
-               "{}: rope_scaling {} is not supported by dtrain's Llama (plain RoPE only); remove it or use a model "
-               "without scaled RoPE",
-               src, j.at("rope_scaling").dump());
+    // RoPE parameters: transformers writes "rope_scaling" (and, from v5, "rope_parameters"
+    // holding rope_theta too); a rope_type / type of "default" is plain RoPE, anything else
+    // is scaled RoPE, which dtrain's Llama does not compute.
+    for (const char* key : {"rope_scaling", "rope_parameters"}) {
+      if (!r.has(key)) continue;
+      const json& rp = j.at(key);
+      const json* type = rp.is_object() ? (rp.contains("rope_type") ? &rp.at("rope_type")
+                                           : rp.contains("type")    ? &rp.at("type")
+                                                                    : nullptr)
+                                        : nullptr;
+      DT_ENFORCE(type && type->is_string() && type->get<std::string>() == "default", ConfigError,
+                 "{}: {} {} is not supported by dtrain's Llama (plain RoPE only); remove it or use a model "
+                 "without scaled RoPE",
+                 src, key, rp.dump());
+      if (rp.contains("rope_theta") && !j.contains("rope_theta")) {
+        DT_ENFORCE(rp.at("rope_theta").is_number() && rp.at("rope_theta").get<double>() > 0, ConfigError,
+                   "{}: {}.rope_theta {} is not a positive number", src, key, rp.at("rope_theta").dump());
+        c.rope_theta = rp.at("rope_theta").get<float>();
+      }
+    }
     DT_ENFORCE(!r.boolean("attention_bias", false), ConfigError,
                "{}: attention_bias true is not supported by dtrain's Llama", src);
     DT_ENFORCE(!r.boolean("mlp_bias", false), ConfigError, "{}: mlp_bias true is not supported by dtrain's Llama",

@@ -190,6 +190,18 @@ TEST_CASE("malformed or unsupported config.json is rejected clearly") {
   CHECK(config_error(with(llama, "head_dim", 128)).find("head_dim") != std::string::npos);
   CHECK(config_error(with(llama, "torch_dtype", "int8")).find("torch_dtype") != std::string::npos);
   CHECK(config_error(with(llama, "head_dim", 64)).empty());
+  // rope_type "default" (transformers' rope_scaling / v5's rope_parameters) is plain RoPE
+  CHECK(config_error(with(llama, "rope_scaling", json{{"rope_type", "default"}})).empty());
+  CHECK(config_error(with(llama, "rope_parameters", json{{"rope_type", "llama3"}, {"factor", 8.0}}))
+            .find("rope_parameters") != std::string::npos);
+  CHECK(config_error(with(llama, "rope_scaling", json{{"factor", 2.0}})).find("rope_scaling") != std::string::npos);
+  {
+    json v5 = without(llama, "rope_theta");
+    v5["rope_parameters"] = json{{"rope_type", "default"}, {"rope_theta", 500000.0}};
+    CHECK(hf_config_from_json(v5, "v5/config.json").rope_theta == doctest::Approx(500000.0));
+    v5["rope_parameters"]["rope_theta"] = "x";
+    CHECK(config_error(v5).find("rope_parameters.rope_theta") != std::string::npos);
+  }
   CHECK(config_error(without(llama, "num_key_value_heads")).empty());
 }
 
