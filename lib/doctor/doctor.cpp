@@ -211,7 +211,6 @@ Report run_checks(const launch::Job& job, const launch::NodeSpawner& spawner, co
       state[i]->cv.wait_for(lock, 50ms);
     }
   }
-  ex.launcher_seen = nonces_read(job.run_dir, session);
   nlohmann::json world = nlohmann::json::array();
   for (size_t i = 0; i < n; ++i) {
     std::lock_guard lock(state[i]->mu);
@@ -285,8 +284,11 @@ Report run_checks(const launch::Job& job, const launch::NodeSpawner& spawner, co
     rep.net = network_summarize(link_merge(parts), nnodes, dc.slow_factor);
   }
 
-  // The session's files as the launcher sees them; an empty run directory the check
-  // created goes too.
+  // The session's files as the launcher sees them, read last: a node writes its nonce
+  // before it reports its facts, and on a loaded machine a report may come after phase 1's
+  // deadline (read there, such a node was blamed for a run directory it does share).
+  ex.launcher_seen = nonces_read(job.run_dir, session);
+  // Then they go, and an empty run directory the check created goes too.
   fs::remove_all(session_dir(job.run_dir, session), ec);
   fs::remove(fs::path(job.run_dir) / ".doctor", ec);  // only when empty
   if (!run_dir_existed) fs::remove(job.run_dir, ec);  // only when empty
