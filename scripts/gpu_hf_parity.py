@@ -186,7 +186,7 @@ def against_transformers(args, work, torch, transformers):
         model = model_cls(cfg_cls(**kw))
         d = os.path.join(work, name.split()[0] + "-" + name.split()[1].strip("()").lower())
         shutil.rmtree(d, ignore_errors=True)
-        model.save_pretrained(d, safe_serialization=True)
+        model.save_pretrained(d)  # safetensors, the default since transformers 4.35
         dirs[name] = (d, model_cls)
         ref, loss_r = hf_logits(model)
         for dt in ("f32", "bf16"):
