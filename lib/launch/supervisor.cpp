@@ -45,6 +45,9 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
+// The least time a node's agent gets, beyond the SSH connect, to send its first heartbeat.
+constexpr std::chrono::milliseconds kFirstBeatFloor = 30s;
+
 std::string expand_home(const std::string& p) {
   const char* home = std::getenv("HOME");
   return path_expand_home(p, home ? home : "");
@@ -381,8 +384,12 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
                   HostProbe* probe, const Membership& members) {
   const auto& ft = job.cfg.fault_tolerance;
   const auto hb_timeout = seconds_ms(ft.heartbeat_timeout);
-  // Grace before the first heartbeat: SSH connect plus agent start.
-  const auto first_hb_grace = seconds_ms(job.cfg.cluster.ssh.connect_timeout) + hb_timeout;
+  // Grace before the first heartbeat: SSH connect plus process start, which is not a
+  // heartbeat interval: a binary and its libraries loaded from a cold shared filesystem,
+  // or a node under load, take tens of seconds (a CI run at load ~10 once took over 15 s).
+  // A short heartbeat_timeout is for noticing a running node that went silent.
+  const auto first_hb_grace =
+      seconds_ms(job.cfg.cluster.ssh.connect_timeout) + std::max<std::chrono::milliseconds>(hb_timeout, kFirstBeatFloor);
   const int round = job.spec.round;
   const std::string prefix = rendezvous::store_prefix(job.spec.job_id, round);
   const auto env = environ_map();

@@ -84,7 +84,7 @@ std::vector<std::string> launch_argv(const Env& e, const std::string& run_dir) {
 std::string reference(Env& e) {
   if (!e.reference_dir.empty()) return e.reference_dir;
   const std::string dir = e.cluster.dir() + "/run-reference";
-  auto r = run(launch_argv(e, dir), {}, 60s);
+  auto r = run(launch_argv(e, dir), {}, 180s);
   INFO("reference run output:\n" << r.out);
   REQUIRE_MESSAGE(!r.timed_out, "the uninterrupted run did not finish in 60 s");
   REQUIRE(r.rc == 0);
@@ -153,13 +153,13 @@ TEST_CASE("kill -9 of a rank mid-training: the job resumes from its last checkpo
   const std::string run_dir = e->cluster.dir() + "/run-kill";
   Child launcher(launch_argv(*e, run_dir));
   REQUIRE(launcher.started());
-  REQUIRE_MESSAGE(launcher.wait_output("saved checkpoints/step5", 60s), "no first checkpoint:\n" << launcher.output());
+  REQUIRE_MESSAGE(launcher.wait_output("saved checkpoints/step5", 180s), "no first checkpoint:\n" << launcher.output());
   auto victim = ns_worker(e->cluster.ns(1), e->bin, 10s);
   REQUIRE_MESSAGE(victim.has_value(), "no worker process in node 1");
   ::kill(victim->first, SIGKILL);
   const auto killed_at = Clock::now();
-  auto training_again = wait_progress_after(launcher, "resumed from step", 60s);
-  auto rc = launcher.wait(60s);
+  auto training_again = wait_progress_after(launcher, "resumed from step", 180s);
+  auto rc = launcher.wait(180s);
   REQUIRE_MESSAGE(rc.has_value(), "the job did not finish:\n" << launcher.output());
   check_recovered(*e, run_dir, launcher.output(), *rc);
   REQUIRE(training_again.has_value());
@@ -174,7 +174,7 @@ TEST_CASE("a node cut off the network mid-training and back: the job resumes by 
   const std::string run_dir = e->cluster.dir() + "/run-link";
   Child launcher(launch_argv(*e, run_dir));
   REQUIRE(launcher.started());
-  REQUIRE_MESSAGE(launcher.wait_output("saved checkpoints/step5", 60s), "no first checkpoint:\n" << launcher.output());
+  REQUIRE_MESSAGE(launcher.wait_output("saved checkpoints/step5", 180s), "no first checkpoint:\n" << launcher.output());
   REQUIRE(e->cluster.link(2, false));
   const auto cut_at = Clock::now();
   struct LinkBack {
@@ -187,8 +187,8 @@ TEST_CASE("a node cut off the network mid-training and back: the job resumes by 
   REQUIRE(e->cluster.link(2, true));
   const auto back_at = Clock::now();
   REQUIRE_MESSAGE(failed, "the launcher did not notice the cut-off node:\n" << launcher.output());
-  auto training_again = wait_progress_after(launcher, "resumed from step", 60s);
-  auto rc = launcher.wait(60s);
+  auto training_again = wait_progress_after(launcher, "resumed from step", 180s);
+  auto rc = launcher.wait(180s);
   REQUIRE_MESSAGE(rc.has_value(), "the job did not finish:\n" << launcher.output());
   check_recovered(*e, run_dir, launcher.output(), *rc);
   REQUIRE(training_again.has_value());
