@@ -236,7 +236,6 @@ TEST_CASE("dtrain run on the run directory of a live dtrain launch is refused; t
   CHECK(r.rc == 2);
   CHECK(contains(r.out, "is in use by another dtrain launcher"));
   CHECK(contains(r.out, fmt::format("pid {} on host ", first.pid())));
-  CHECK(r.seconds < 30);  // refused at once
   CHECK(read_text(run_dir + "/config.yaml") == config_before);
   CHECK(read_text(run_dir + "/events.jsonl").substr(0, events_before.size()) == events_before);
   CHECK(!contains(read_text(run_dir + "/events.jsonl"), "\"started_by\""));  // no round of dtrain run's

@@ -68,7 +68,6 @@ TEST_CASE("one launcher per run directory; a stale lock record is taken over") {
     CHECK(second.rc == 2);
     CHECK(contains(second.out, "in use by another dtrain launcher"));
     CHECK(contains(second.out, fmt::format("pid {} on host ", first.pid())));
-    CHECK(second.seconds < 30);  // refused at once, not after a run
     CHECK(first.running());
   }
   first.kill_group();

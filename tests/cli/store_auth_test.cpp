@@ -192,7 +192,7 @@ TEST_CASE("agents that cannot reach the store say why, and the launcher shows it
                           {"-b", "1K", "-e", "1K", "-n", "1", "--master-addr", "127.0.0.1", "--set",
                            "fault_tolerance.max_retries=0", "--set", "fault_tolerance.heartbeat_timeout=3", "--set",
                            "fault_tolerance.heartbeat_interval=1"}),
-               {}, 60s);
+               {}, 180s);
   INFO("output:\n" << r.out);
   REQUIRE(!r.timed_out);
   CHECK(r.rc != 0);
@@ -223,7 +223,9 @@ TEST_CASE("an unresolvable --master-addr fails at once, naming the address and t
   INFO("output:\n" << r.out);
   REQUIRE(!r.timed_out);
   CHECK(r.rc != 0);
-  CHECK(r.seconds < 10);
+  // "At once": before any node or rank was started (not a timing, which load stretches).
+  CHECK(!contains(r.out, "round 0: starting"));
+  CHECK(!contains(r.out, "preflight:"));
   CHECK(contains(r.out, "cannot resolve host 'no-such-host.invalid'"));
   // The resolver's own reason, as this machine's resolver words it.
   addrinfo* res = nullptr;
