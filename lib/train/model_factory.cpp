@@ -38,9 +38,9 @@ void model_memory_check(const model::ModelConfig& m, const std::string& source) 
 }
 
 model::ModelConfig::Arch arch_parse(const std::string& s, const std::string& where) {
-  if (s == "gpt2") return model::ModelConfig::Arch::GPT2;
-  if (s == "llama") return model::ModelConfig::Arch::LLAMA;
-  DT_THROW(ConfigError, "{}: unknown architecture '{}' (use gpt2 or llama)", where, s);
+  model::ModelConfig::Arch a{};
+  if (model::arch_parse(s, &a)) return a;
+  DT_THROW(ConfigError, "{}: unknown architecture '{}' (use gpt2, llama, qwen2, qwen3 or mistral)", where, s);
 }
 
 model::ModelConfig from_hf(const model::HfModelConfig& h) {
@@ -56,6 +56,17 @@ model::ModelConfig from_hf(const model::HfModelConfig& h) {
   m.norm_eps = h.norm_eps;
   m.rope_theta = h.rope_theta;
   m.tie_embeddings = h.tie_embeddings;
+  m.head_size = h.head_dim;
+  m.qkv_bias = h.qkv_bias;
+  m.o_bias = h.o_bias;
+  m.mlp_bias = h.mlp_bias;
+  m.qk_norm = h.qk_norm;
+  m.sliding_window = h.sliding_window;
+  m.rope_scaling = h.rope_scaling;
+  m.rope_factor = h.rope_factor;
+  m.rope_low_freq_factor = h.rope_low_freq_factor;
+  m.rope_high_freq_factor = h.rope_high_freq_factor;
+  m.rope_original_max_pos = h.rope_original_max_pos;
   return m;
 }
 
@@ -72,6 +83,17 @@ model::HfModelConfig to_hf(const model::ModelConfig& m) {
   h.norm_eps = m.norm_eps;
   h.rope_theta = m.rope_theta;
   h.tie_embeddings = m.tie_embeddings;
+  h.head_dim = m.head_size;
+  h.qkv_bias = m.qkv_bias;
+  h.o_bias = m.o_bias;
+  h.mlp_bias = m.mlp_bias;
+  h.qk_norm = m.qk_norm;
+  h.sliding_window = m.sliding_window;
+  h.rope_scaling = m.rope_scaling;
+  h.rope_factor = m.rope_factor;
+  h.rope_low_freq_factor = m.rope_low_freq_factor;
+  h.rope_high_freq_factor = m.rope_high_freq_factor;
+  h.rope_original_max_pos = m.rope_original_max_pos;
   return h;
 }
 
@@ -178,8 +200,7 @@ model::LoraConfig lora_config_from(const config::TrainConfig& cfg, const model::
   l.dropout = static_cast<float>(cfg.lora.dropout);
   l.targets = cfg.lora.target_modules;
   if (l.targets.empty())
-    l.targets = mcfg.arch == model::ModelConfig::Arch::LLAMA ? std::vector<std::string>{"q_proj", "v_proj"}
-                                                             : std::vector<std::string>{"c_attn"};
+    l.targets = !mcfg.is_gpt2() ? std::vector<std::string>{"q_proj", "v_proj"} : std::vector<std::string>{"c_attn"};
   l.seed = static_cast<uint64_t>(cfg.training.seed);
   l.validate(mcfg);
   return l;
