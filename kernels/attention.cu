@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
 #pragma unroll
     for (int i = 0; i < RPW; ++i) {
       const int row = row0 + i;
-      const bool ok = row < s.T && key <= row;
+      const bool ok = row < s.T && attn_visible(key, row, s.W);
       const float sv = ok ? sc[i] * s.scale : -INFINITY;
       const float mn = fmaxf(m[i], warp_max(sv));
       if (mn == -INFINITY) {  // warp-uniform: nothing visible to this row yet
@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
 #pragma unroll
     for (int i = 0; i < RPW; ++i) {
       const int row = row0 + i;
-      const bool ok = row < s.T && key <= row;
+      const bool ok = row < s.T && attn_visible(key, row, s.W);
       const float p = ok ? expf(sc[i] * s.scale - lrow[i]) : 0.0f;
       ds[i] = p * (dp[i] - drow[i]);
     }
@@ -287,7 +287,7 @@ __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
       float p[RPW], ds[RPW];
 #pragma unroll
       for (int jj = 0; jj < RPW; ++jj) {
-        const bool ok = query < s.T && key0 + jj <= query;
+        const bool ok = query < s.T && attn_visible(key0 + jj, query, s.W);
         p[jj] = ok ? expf(sc[jj] * s.scale - Ls[lane]) : 0.0f;
         ds[jj] = p[jj] * (dp[jj] - Ds[lane]);
       }
@@ -328,7 +328,8 @@ __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
 }
 
 // ----------------------------------------------------------------------------
-Shape shape_check(int B, int T, int NH, int NKV, int HD, int q_stride, int kv_stride) {
+Shape shape_check(int B, int T, int NH, int NKV, int HD, int q_stride, int kv_stride, int window) {
+  DTK_REQUIRE(window >= 0, UsageError, "attention's sliding window must be >= 0 (0: none)");
   DTK_REQUIRE(NKV > 0 && NH > 0 && NH % NKV == 0, UsageError, "attention needs n_head to be a multiple of n_kv_head");
   DTK_REQUIRE(HD > 0 && HD <= 256, UsageError, "attention supports head dimensions 1..256");
   DTK_REQUIRE(B >= 0 && T >= 0, UsageError, "attention needs non-negative batch and sequence sizes");
@@ -339,7 +340,7 @@ Shape shape_check(int B, int T, int NH, int NKV, int HD, int q_stride, int kv_st
   DTK_REQUIRE(static_cast<int64_t>(B) * NH <= 2147483647 && T <= 65535 * TILE, UsageError,
               "attention supports B * n_head < 2^31 and T <= 2097120");
   return Shape{B, T, NH, NKV, HD, NH / NKV, 1.0f / std::sqrt(static_cast<float>(HD)), static_cast<size_t>(q_stride),
-               static_cast<size_t>(kv_stride)};
+               static_cast<size_t>(kv_stride), window};
 }
 
 template <typename Kernel>
@@ -362,8 +363,8 @@ void with_dpl(int HD, F&& f) {
 }  // namespace
 
 void attention_forward(void* out, float* lse, const void* q, const void* k, const void* v, int B, int T, int NH, int NKV,
-                       int HD, int q_stride, int kv_stride, DType dtype, cudaStream_t stream) {
-  const Shape s = shape_check(B, T, NH, NKV, HD, q_stride, kv_stride);
+                       int HD, int q_stride, int kv_stride, DType dtype, cudaStream_t stream, int window) {
+  const Shape s = shape_check(B, T, NH, NKV, HD, q_stride, kv_stride, window);
   if (B == 0 || T == 0) return;
   if (dtype != DType::F32) {
     attention_forward_mma(out, lse, q, k, v, s, dtype, stream);
@@ -385,8 +386,8 @@ void attention_forward(void* out, float* lse, const void* q, const void* k, cons
 
 void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out, const float* lse, const void* q,
                         const void* k, const void* v, int B, int T, int NH, int NKV, int HD, int q_stride,
-                        int kv_stride, DType dtype, cudaStream_t stream) {
-  const Shape s = shape_check(B, T, NH, NKV, HD, q_stride, kv_stride);
+                        int kv_stride, DType dtype, cudaStream_t stream, int window) {
+  const Shape s = shape_check(B, T, NH, NKV, HD, q_stride, kv_stride, window);
   if (B == 0 || T == 0) return;
   const size_t rows = static_cast<size_t>(B) * T * NH;
   Scratch dvec(rows * sizeof(float), stream);

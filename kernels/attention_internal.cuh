@@ -15,7 +15,12 @@ struct AttnShape {
   int B, T, NH, NKV, HD, G;  // G = NH / NKV query heads per KV head
   float scale;               // 1 / sqrt(HD)
   size_t qs, ks;             // elements between consecutive tokens of q/dq and of k, v, dk, dv
+  int W;                     // sliding window (0: none): query i sees keys i - W < j <= i
 };
+
+/// Whether query `row` sees key `key`: causal, and within the sliding window when W > 0
+/// (Mistral's mask, HF's `kv_idx > q_idx - sliding_window`).
+__host__ __device__ inline bool attn_visible(int key, int row, int W) { return key <= row && (W <= 0 || key > row - W); }
 
 /// out, lse as kernels::attention_forward; dtype BF16 or F16.
 void attention_forward_mma(void* out, float* lse, const void* q, const void* k, const void* v, const AttnShape& s,

@@ -163,18 +163,22 @@ __global__ void __launch_bounds__(THREADS)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int key = kt * BN + nb * 8 + 2 * tq + (i & 1), row = row0 + (i >> 1) * 8;
-        const float x = (key >= s.T || (diag && key > row)) ? -INFINITY : sc[nb][i] * sl2;
+        const bool masked = key >= s.T || (diag && key > row) || (s.W > 0 && key <= row - s.W);
+        const float x = masked ? -INFINITY : sc[nb][i] * sl2;
         sc[nb][i] = x;
         mx[i >> 1] = fmaxf(mx[i >> 1], x);
       }
     }
-    float alpha[2];
+    float alpha[2], mref[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      // Finite: tile 0 always holds key 0, visible to every row (padding rows included).
-      alpha[r] = exp2f(m[r] - mx[r]);
+      // Without a window tile 0 holds key 0, visible to every row, so mx is finite; a sliding
+      // window can hide a whole tile from a row, which then has seen nothing yet (mx = -inf):
+      // its reference max is 0, so alpha and every p are exp2(-inf) = 0, not NaN.
+      mref[r] = mx[r] == -INFINITY ? 0.0f : mx[r];
+      alpha[r] = exp2f(m[r] - mref[r]);
       m[r] = mx[r];
       l[r] *= alpha[r];
     }
@@ -189,7 +193,7 @@ __global__ void __launch_bounds__(THREADS)
     for (int nb = 0; nb < 8; ++nb) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const float p = exp2f(sc[nb][i] - m[i >> 1]);
+        const float p = exp2f(sc[nb][i] - mref[i >> 1]);
         sc[nb][i] = p;
         l[i >> 1] += p;  // this thread's part of the row sum; the quad adds up at the end
       }
@@ -345,7 +349,7 @@ __global__ void __launch_bounds__(THREADS)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int key = key0 + (i >> 1) * 8, col = nb * 8 + 2 * tq + (i & 1), query = qt * BM + col;
-          const bool ok = query < s.T && key <= query;
+          const bool ok = query < s.T && attn_visible(key, query, s.W);
           const float p = ok ? exp2f(st[nb][i] * sl2 - Ls[col]) : 0.0f;
           st[nb][i] = p;
           dpt[nb][i] = p * (dpt[nb][i] - Ds[col]);

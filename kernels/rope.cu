@@ -10,11 +10,11 @@ namespace dtrain::kernels {
 namespace {
 using namespace detail;
 
-__global__ void rope_table_kernel(float2* __restrict__ table, int T, int half, int HD, double theta) {
+__global__ void rope_table_kernel(float2* __restrict__ table, int T, int half, int HD, ops::RopeFreq rope) {
   const size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= static_cast<size_t>(T) * half) return;
   const int t = static_cast<int>(idx / half), i = static_cast<int>(idx % half);
-  const double inv_freq = 1.0 / pow(theta, 2.0 * i / HD);
+  const double inv_freq = ops::rope_inv_freq(rope, i, HD);
   double s, c;
   sincos(t * inv_freq, &s, &c);
   table[idx] = make_float2(static_cast<float>(c), static_cast<float>(s));
@@ -58,14 +58,13 @@ void rope_apply(void* x, const float2* table, int rows, int T_, int H, int half,
   DT_CUDA_LAUNCH_CHECK();
 }
 
-void rope_run(void* q, void* k, int B, int T, int NH, int NKV, int HD, float theta, DType dtype, float sign,
+void rope_run(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope, DType dtype, float sign,
               cudaStream_t stream) {
   DTK_REQUIRE(HD > 0 && HD % 2 == 0, UsageError, "rope needs an even head dimension");
   if (B <= 0 || T <= 0) return;
   const int half = HD / 2;
   Scratch table(static_cast<size_t>(T) * half * sizeof(float2), stream);
-  DTK_LAUNCH(blocks_for(static_cast<size_t>(T) * half, 256), 256, 0, stream, rope_table_kernel)(table.as<float2>(), T, half, HD,
-                                                                                       static_cast<double>(theta));
+  DTK_LAUNCH(blocks_for(static_cast<size_t>(T) * half, 256), 256, 0, stream, rope_table_kernel)(table.as<float2>(), T, half, HD, rope);
   DT_CUDA_LAUNCH_CHECK();
   dispatch(dtype, [&](auto tag) {
     using Ty = typename decltype(tag)::type;
@@ -75,13 +74,13 @@ void rope_run(void* q, void* k, int B, int T, int NH, int NKV, int HD, float the
 }
 }  // namespace
 
-void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, float theta, DType dtype,
+void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope, DType dtype,
                   cudaStream_t stream) {
-  rope_run(q, k, B, T, NH, NKV, HD, theta, dtype, 1.0f, stream);
+  rope_run(q, k, B, T, NH, NKV, HD, rope, dtype, 1.0f, stream);
 }
-void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, float theta, DType dtype,
+void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope, DType dtype,
                    cudaStream_t stream) {
-  rope_run(dq, dk, B, T, NH, NKV, HD, theta, dtype, -1.0f, stream);
+  rope_run(dq, dk, B, T, NH, NKV, HD, rope, dtype, -1.0f, stream);
 }
 
 }  // namespace dtrain::kernels

@@ -14,6 +14,16 @@ Needs a CUDA GPU and PyTorch >= 2.1; without PyTorch it prints a message and exi
 Python 3 standard library + torch only.
 
   python3 scripts/compare_pytorch.py --dtrain build/dtrain --gpt2-micro-batch 16
+
+--parity is the correctness check of the HF families instead (no GPU needed, PyTorch >= 1.13,
+e.g. Debian's python3-torch): for each tiny random checkpoint (llama with llama3 / linear /
+dynamic RoPE, explicit head_dim, tied embeddings, attention and MLP biases; qwen2; qwen3;
+mistral with a sliding window shorter than the sequence; a LoRA adapter on qwen2) it runs
+dtrain's apps/hf_logits on each --devices entry and compares the logits and the gradients of
+the mean loss with scripts/hf_reference.py (written from transformers' modeling code), as
+max |dtrain - ref| / max |ref| per tensor; exits 1 above --tol, 77 without PyTorch.
+
+  python3 scripts/compare_pytorch.py --parity --hf-logits build/hf_logits [--devices cpu,cuda]
 """
 import argparse
 import json
@@ -49,7 +59,192 @@ def parse_args():
     p.add_argument("--no-compile", action="store_true", help="PyTorch eager instead of torch.compile")
     p.add_argument("--skip-dtrain", action="store_true", help="PyTorch figures only")
     p.add_argument("--json", metavar="FILE", help="also write every case's figures (dtrain, torch, ratio) to FILE")
+    p.add_argument("--parity", action="store_true", help="the HF-family correctness check (see above)")
+    p.add_argument("--hf-logits", default=os.path.join(ROOT, "build", "hf_logits"), help="--parity: hf_logits binary")
+    p.add_argument("--devices", default="cpu", help="--parity: comma list of hf_logits devices (cpu, cuda)")
+    p.add_argument("--families", default="", help="--parity: comma list of case names (default: all)")
+    p.add_argument("--tol", type=float, default=1e-4, help="--parity: max relative difference allowed")
     return p.parse_args()
+
+
+# ----------------------------------------------------------------------------
+# --parity: tiny random checkpoints of each HF family, dtrain (hf_logits) against hf_reference.py
+def parity_cases():
+    base = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0,
+                hidden_act="silu", tie_word_embeddings=False, torch_dtype="float32")
+    llama = dict(base, model_type="llama", architectures=["LlamaForCausalLM"], attention_bias=False, mlp_bias=False)
+    # llama3 bands: with head_dim 32 and theta 5e5 the wavelengths span 6 .. 1.3e6, so an
+    # original context of 32 (high/low wavelengths 8 and 32) puts pairs in all three.
+    llama3 = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                  original_max_position_embeddings=32)
+    return {
+        "llama3-tied-headdim": (dict(llama, head_dim=32, rope_theta=500000.0, rope_scaling=llama3,
+                                     tie_word_embeddings=True), None),
+        "llama-linear-bias": (dict(llama, rope_scaling=dict(rope_type="linear", factor=2.0), attention_bias=True,
+                                   mlp_bias=True), None),
+        "llama-dynamic": (dict(llama, rope_scaling=dict(type="dynamic", factor=4.0)), None),
+        "qwen2": (dict(base, model_type="qwen2", architectures=["Qwen2ForCausalLM"], tie_word_embeddings=True,
+                       use_sliding_window=False, sliding_window=32, max_window_layers=2, rope_theta=1000000.0), None),
+        "qwen3": (dict(base, model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=24, attention_bias=False,
+                       use_sliding_window=False, sliding_window=None, max_window_layers=2, tie_word_embeddings=True),
+                  None),
+        "mistral-window": (dict(base, model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=7),
+                           None),
+        "qwen2-lora": (dict(base, model_type="qwen2", architectures=["Qwen2ForCausalLM"], tie_word_embeddings=True),
+                       dict(peft_type="LORA", task_type="CAUSAL_LM", r=4, lora_alpha=8, lora_dropout=0.0, bias="none",
+                            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                            "down_proj"])),
+    }
+
+
+def parity_weights(torch, cfg, gen):
+    """Random weights with every parameter mattering: biases and norm weights away from 0 and 1."""
+    from hf_reference import head_dim_of
+    C, NH, V, F = cfg["hidden_size"], cfg["num_attention_heads"], cfg["vocab_size"], cfg["intermediate_size"]
+    NKV, HD = cfg["num_key_value_heads"], head_dim_of(cfg)
+    mt = cfg["model_type"]
+    qkv_bias = mt == "qwen2" or cfg.get("attention_bias", False)
+    o_bias = mt != "qwen2" and cfg.get("attention_bias", False)
+    mlp_bias = cfg.get("mlp_bias", False)
+    W = {}
+
+    def rnd(*shape, std=1.0):
+        return torch.randn(*shape, generator=gen) * std
+
+    def lin(name, out, inp, bias):
+        W[name + ".weight"] = rnd(out, inp, std=inp ** -0.5)
+        if bias:
+            W[name + ".bias"] = rnd(out, std=0.2)
+
+    W["model.embed_tokens.weight"] = rnd(V, C)
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        W[p + "input_layernorm.weight"] = 1 + rnd(C, std=0.2)
+        lin(p + "self_attn.q_proj", NH * HD, C, qkv_bias)
+        lin(p + "self_attn.k_proj", NKV * HD, C, qkv_bias)
+        lin(p + "self_attn.v_proj", NKV * HD, C, qkv_bias)
+        lin(p + "self_attn.o_proj", C, NH * HD, o_bias)
+        if mt == "qwen3":
+            W[p + "self_attn.q_norm.weight"] = 1 + rnd(HD, std=0.2)
+            W[p + "self_attn.k_norm.weight"] = 1 + rnd(HD, std=0.2)
+        W[p + "post_attention_layernorm.weight"] = 1 + rnd(C, std=0.2)
+        lin(p + "mlp.gate_proj", F, C, mlp_bias)
+        lin(p + "mlp.up_proj", F, C, mlp_bias)
+        lin(p + "mlp.down_proj", C, F, mlp_bias)
+    W["model.norm.weight"] = 1 + rnd(C, std=0.2)
+    if not cfg.get("tie_word_embeddings", False):
+        W["lm_head.weight"] = rnd(V, C, std=C ** -0.5)
+    return W
+
+
+def parity_adapter(torch, cfg, acfg, gen):
+    """PEFT adapter tensors for every target module, B random (not PEFT's zeros) so both matter."""
+    from hf_reference import head_dim_of
+    C, F, HD = cfg["hidden_size"], cfg["intermediate_size"], head_dim_of(cfg)
+    NH, NKV, r = cfg["num_attention_heads"], cfg["num_key_value_heads"], acfg["r"]
+    dims = dict(q_proj=(C, NH * HD), k_proj=(C, NKV * HD), v_proj=(C, NKV * HD), o_proj=(NH * HD, C),
+                gate_proj=(C, F), up_proj=(C, F), down_proj=(F, C))
+    A = {}
+    for l in range(cfg["num_hidden_layers"]):
+        for m in acfg["target_modules"]:
+            path = f"base_model.model.model.layers.{l}." + ("mlp." if m in ("gate_proj", "up_proj", "down_proj")
+                                                            else "self_attn.") + m
+            inp, out = dims[m]
+            A[path + ".lora_A.weight"] = torch.randn(r, inp, generator=gen) * inp ** -0.5
+            A[path + ".lora_B.weight"] = torch.randn(out, r, generator=gen) * 0.1
+    return A
+
+
+def torch_zeros_like(t):
+    import torch
+    return torch.zeros_like(t, dtype=torch.float64)
+
+
+def rel_diff(got, ref):
+    if ref is None:  # a tensor the reference's loss does not depend on
+        ref = torch_zeros_like(got)
+    return float((got.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
+def parity(args):
+    try:
+        import torch
+    except ImportError:
+        print("compare_pytorch.py --parity needs PyTorch (Debian: apt-get install python3-torch); skipped",
+              file=sys.stderr)
+        return 77
+    import tempfile
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from hf_reference import forward, safetensors_read, safetensors_write
+
+    if not os.access(args.hf_logits, os.X_OK):
+        print(f"compare_pytorch.py: no hf_logits binary at {args.hf_logits} (build the hf_logits target)",
+              file=sys.stderr)
+        return 2
+    cases = parity_cases()
+    names = [n for n in args.families.split(",") if n] or list(cases)
+    devices = [d for d in args.devices.split(",") if d]
+    B, T = 2, 24  # T > the mistral case's window
+    worst, failed = 0.0, []
+    with tempfile.TemporaryDirectory(prefix="dtrain_parity_") as tmp:
+        for ci, name in enumerate(names):
+            cfg, acfg = cases[name]
+            gen = torch.Generator().manual_seed(1000 + ci)
+            W = parity_weights(torch, cfg, gen)
+            d = os.path.join(tmp, name)
+            os.makedirs(d)
+            with open(os.path.join(d, "config.json"), "w") as f:
+                json.dump(cfg, f, indent=2)
+            safetensors_write(os.path.join(d, "model.safetensors"), W)
+            A = None
+            if acfg:
+                A = parity_adapter(torch, cfg, acfg, gen)
+                with open(os.path.join(d, "adapter_config.json"), "w") as f:
+                    json.dump(acfg, f, indent=2)
+                safetensors_write(os.path.join(d, "adapter_model.safetensors"), A)
+            rows = torch.randint(0, cfg["vocab_size"], (B, T + 1), generator=gen, dtype=torch.int32)
+            tok_path = os.path.join(d, "tokens.i32")
+            with open(tok_path, "wb") as f:
+                f.write(rows.numpy().tobytes())
+            # the reference in float64: logits and d(mean next-token loss)/d(trainable tensors)
+            Wd = {k: v.double().requires_grad_(A is None) for k, v in W.items()}
+            Ad = {k: v.double().requires_grad_(True) for k, v in A.items()} if A else None
+            logits = forward(cfg, Wd, rows[:, :T].long(), (acfg, Ad) if A else None)
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, cfg["vocab_size"]), rows[:, 1:].reshape(-1).long())
+            loss.backward()
+            ref_grads = {k: v.grad for k, v in (Ad or Wd).items()}
+            for dev in devices:
+                out, gpath = os.path.join(d, f"logits.{dev}.f32"), os.path.join(d, f"grads.{dev}.safetensors")
+                cmd = [args.hf_logits, "--model", d, "--tokens", tok_path, "--batch", str(B), "--seq", str(T),
+                       "--device", dev, "--out", out, "--grads", gpath]
+                p = subprocess.run(cmd, capture_output=True, text=True)
+                if p.returncode != 0:
+                    print(f"[{name}/{dev}] hf_logits failed (exit {p.returncode}): {p.stderr.strip()}", flush=True)
+                    failed.append(f"{name}/{dev}")
+                    continue
+                with open(out, "rb") as f:
+                    got = torch.frombuffer(bytearray(f.read()), dtype=torch.float32).reshape(logits.shape)
+                e_logits = rel_diff(got, logits.detach())
+                grads = safetensors_read(gpath)
+                missing = sorted(set(ref_grads) ^ set(grads))
+                if missing:
+                    print(f"[{name}/{dev}] gradient names differ from the reference's: {missing}", flush=True)
+                    failed.append(f"{name}/{dev}")
+                    continue
+                e_grads = {k: rel_diff(grads[k], ref_grads[k]) for k in ref_grads}
+                gk = max(e_grads, key=e_grads.get)
+                e_loss = abs(json.loads(p.stdout.strip().splitlines()[-1])["loss"] - loss.item()) / loss.item()
+                e = max(e_logits, e_grads[gk], e_loss)
+                worst = max(worst, e)
+                ok = e <= args.tol
+                if not ok:
+                    failed.append(f"{name}/{dev}")
+                print(f"[{name}/{dev}] {'ok' if ok else 'FAIL'}: logits {e_logits:.2e}, loss {e_loss:.2e}, "
+                      f"{len(e_grads)} gradients max {e_grads[gk]:.2e} ({gk})", flush=True)
+    print(json.dumps(dict(parity="hf-families", cases=names, devices=devices, tol=args.tol, max_rel_diff=worst,
+                          failed=failed)))
+    return 1 if failed else 0
 
 
 # ----------------------------------------------------------------------------
@@ -227,6 +422,8 @@ def run_torch(torch, args, name, case, micro, seq_len):
 # ----------------------------------------------------------------------------
 def main():
     args = parse_args()
+    if args.parity:
+        return parity(args)
     try:
         import torch
     except ImportError:

@@ -753,7 +753,8 @@ def stage_hf(lay, rep, cap, out_dir):
         rep.add("hf", "FAIL" if rc is not None else "TIMEOUT", now() - t0, f"gpu_hf_parity.py exit {rc}",
                 code(tail(out, 30)))
         return
-    rows = [[c["case"], c["reference"], c["dtype"], "PASS" if c["ok"] else "FAIL", f"{c['logits_rel_err']:.2e}",
+    rows = [[c["case"], c["reference"], c["dtype"], "SKIPPED" if c.get("skipped") else "PASS" if c["ok"] else "FAIL",
+             f"{c['logits_rel_err']:.2e}",
              f"{c['loss_dtrain']:.5f} / {c['loss_ref']:.5f}", c.get("note", "")] for c in doc["cases"]]
     status = "PASS" if rc == 0 and all(c["ok"] for c in doc["cases"]) else ("TIMEOUT" if rc is None else "FAIL")
     summary = f"{sum(1 for c in doc['cases'] if c['ok'])}/{len(doc['cases'])} cases match ({doc.get('reference')})"

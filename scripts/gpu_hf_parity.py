@@ -2,7 +2,10 @@
 """The GPU check's hf stage: dtrain's Hugging Face import against transformers and peft.
 
 For each architecture dtrain imports (GPT-2 with tied embeddings, Llama with GQA, Llama
-with MHA) transformers builds a tiny random model and saves it (safetensors); dtrain's
+with MHA, and the families: Llama 3 RoPE scaling with an explicit head_dim and tied
+embeddings, Llama with linear RoPE and attention/MLP biases, Qwen2, Qwen3, Mistral with a
+sliding window shorter than the sequence) transformers builds a tiny random model (every
+parameter perturbed, so zero-initialised biases and unit norms matter) and saves it; dtrain's
 importer loads it and runs it on the GPU (apps/hf_logits, fp32 and bf16) on random tokens;
 the logits and the mean next-token loss are compared with transformers' on the same GPU.
 Then dtrain fine-tunes the Llama one with LoRA for a few steps (`dtrain launch` with
@@ -13,6 +16,8 @@ adapter is not ignored on either side).
 --rehearse (no transformers here): the same plumbing against dtrain itself. The base model
 is a dtrain export of two CPU training steps, the reference is apps/hf_logits on the CPU,
 and the compared side runs on the CUDA device (the CPU execution engine in the EMU tree).
+The families are not rehearsed here: the EMU tree's hf_family_parity_test runs them on the
+CPU and on the CUDA device under the engine against scripts/hf_reference.py.
 
 Writes --json FILE; exit 0 when every case matches, 1 when one does not, 3 (with
 {"skipped": why}) when transformers or a GPU is missing outside a rehearsal.
@@ -42,6 +47,22 @@ LLAMA_GQA = dict(vocab_size=V, hidden_size=128, intermediate_size=384, num_hidde
 LLAMA_MHA = dict(LLAMA_GQA, num_hidden_layers=2, num_key_value_heads=4, intermediate_size=256)
 GPT2 = dict(vocab_size=V, n_positions=128, n_embd=128, n_layer=2, n_head=4, activation_function="gelu_new",
             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True)
+# The HF families (class names in transformers, config.json fields). T = 64 is past the
+# mistral window and past the llama3 case's original context (its three frequency bands).
+FAMILIES = [
+    ("llama3 tied head_dim", "LlamaConfig", "LlamaForCausalLM",
+     dict(LLAMA_GQA, num_hidden_layers=2, head_dim=64, tie_word_embeddings=True, rope_theta=500000.0,
+          rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                            original_max_position_embeddings=32))),
+    ("llama linear bias", "LlamaConfig", "LlamaForCausalLM",
+     dict(LLAMA_GQA, num_hidden_layers=2, attention_bias=True, mlp_bias=True,
+          rope_scaling=dict(rope_type="linear", factor=2.0))),
+    ("qwen2 tied", "Qwen2Config", "Qwen2ForCausalLM",
+     dict(LLAMA_GQA, num_hidden_layers=2, tie_word_embeddings=True, rope_theta=1000000.0, use_sliding_window=False)),
+    ("qwen3 head_dim", "Qwen3Config", "Qwen3ForCausalLM",
+     dict(LLAMA_GQA, num_hidden_layers=2, head_dim=48, tie_word_embeddings=True, use_sliding_window=False)),
+    ("mistral window", "MistralConfig", "MistralForCausalLM", dict(LLAMA_GQA, num_hidden_layers=2, sliding_window=16)),
+]
 TOL = {"f32": 1e-3, "bf16": 5e-2}  # max |logit difference| / max |logit|
 LOSS_TOL = {"f32": 1e-3, "bf16": 2e-2}  # relative difference of the mean loss
 # LoRA fine-tune: a large learning rate from the first step (the default job's WarmupDecayLR
@@ -196,6 +217,30 @@ def against_transformers(args, work, torch, transformers):
             except RuntimeError as e:
                 cases.append(dict(case=name, reference="transformers", dtype=dt, ok=False, logits_rel_err=math.inf,
                                   loss_dtrain=math.nan, loss_ref=loss_r, note=str(e)[-300:]))
+    # The families: a class this transformers lacks (Qwen3 before 4.51) is reported, not failed.
+    for name, cfg_name, model_name, kw in FAMILIES:
+        cfg_cls, model_cls = getattr(transformers, cfg_name, None), getattr(transformers, model_name, None)
+        if cfg_cls is None or model_cls is None:
+            cases.append(dict(case=name, reference="transformers", dtype="-", ok=True, skipped=True,
+                              logits_rel_err=math.nan, loss_dtrain=math.nan, loss_ref=math.nan,
+                              note=f"transformers {transformers.__version__} has no {model_name}: not checked"))
+            continue
+        torch.manual_seed(4321)
+        model = model_cls(cfg_cls(**kw, attn_implementation="eager"))
+        with torch.no_grad():  # biases start at 0 and norms at 1: perturb every parameter so each matters
+            for prm in model.parameters():
+                prm.add_(0.02 * torch.randn_like(prm))
+        d = os.path.join(work, "family-" + name.replace(" ", "-"))
+        shutil.rmtree(d, ignore_errors=True)
+        model.save_pretrained(d)
+        ref, loss_r = hf_logits(model)
+        for dt in ("f32", "bf16"):
+            try:
+                got, loss_d = dtrain_logits(args, d, tokens, "cuda", dt, work, "family")
+                cases.append(case_row(name, "transformers", dt, got, loss_d, ref, loss_r))
+            except RuntimeError as e:
+                cases.append(dict(case=name, reference="transformers", dtype=dt, ok=False, logits_rel_err=math.inf,
+                                  loss_dtrain=math.nan, loss_ref=loss_r, note=str(e)[-300:]))
     # LoRA: dtrain trains and exports the adapter, peft applies it to transformers' model
     try:
         import peft
@@ -253,7 +298,8 @@ def main():
     with open(args.json, "w") as f:
         json.dump(doc, f, indent=1, default=str)
     for c in doc["cases"]:
-        print(f"{c['case']:<30} {c['dtype']:<5} {'ok' if c['ok'] else 'MISMATCH'}  logits {c['logits_rel_err']:.2e}  "
+        status = "SKIPPED" if c.get("skipped") else "ok" if c["ok"] else "MISMATCH"
+        print(f"{c['case']:<30} {c['dtype']:<5} {status}  logits {c['logits_rel_err']:.2e}  "
               f"loss {c['loss_dtrain']:.5f} / {c['loss_ref']:.5f}  {c.get('note', '')}")
     return 0 if all(c["ok"] for c in doc["cases"]) else 1
 

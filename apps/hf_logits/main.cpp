@@ -1,11 +1,14 @@
 // hf_logits: loads a Hugging Face model directory (config.json + safetensors, and a PEFT
 // adapter beside them when present) with dtrain's importer, runs dtrain's model on it on
 // the CPU or a CUDA device, and writes the logits [B, T, vocab] as raw little-endian fp32
-// plus one JSON line (mean next-token loss, shapes) on stdout. Asserts nothing: the GPU
-// check's hf stage (scripts/gpu_hf_parity.py) compares it with transformers and peft.
+// plus one JSON line (mean next-token loss, shapes) on stdout; with --grads, also the
+// gradients of that mean loss for every trainable tensor (the adapters' under LoRA) as an
+// fp32 safetensors file with HF/PEFT names and layouts. Asserts nothing: the GPU check's hf
+// stage (scripts/gpu_hf_parity.py) compares it with transformers and peft, and
+// scripts/compare_pytorch.py --parity with its own reference written from HF's modeling code.
 //
 //   hf_logits --model DIR --tokens FILE --batch B --seq T [--device cpu|cuda]
-//             [--dtype f32|bf16|f16] --out LOGITS.f32
+//             [--dtype f32|bf16|f16] --out LOGITS.f32 [--grads GRADS.safetensors]
 //
 // FILE holds B rows of T + 1 int32 token ids: inputs are each row's first T, targets the
 // next T (the last position of a row predicts its T+1-th token).
@@ -14,6 +17,7 @@
 #include "core/error.h"
 #include "device/device.h"
 #include "model/model.h"
+#include "model/safetensors.h"
 #include "train/model_factory.h"
 
 #include <nlohmann/json.hpp>
@@ -32,7 +36,7 @@ namespace {
 int usage(const char* argv0, const std::string& why) {
   std::fprintf(stderr,
                "hf_logits: %s\nusage: %s --model DIR --tokens FILE --batch B --seq T [--device cpu|cuda] "
-               "[--dtype f32|bf16|f16] --out FILE\n",
+               "[--dtype f32|bf16|f16] --out FILE [--grads FILE]\n",
                why.c_str(), argv0);
   return 2;
 }
@@ -47,10 +51,40 @@ std::vector<int32_t> read_tokens(const std::string& path, size_t count) {
   return v;
 }
 
+// The trainable buffers' gradients on the host, as HF lays the tensors out (GPT-2's
+// Conv1D weights transposed back to [in, out]).
+void grads_write(const model::Model& m, const std::string& path) {
+  std::vector<std::vector<float>> store;
+  std::vector<model::StTensorRef> refs;
+  const auto& bufs = m.lora_on() ? m.lora_params() : m.params();
+  for (const auto& pb : bufs) {
+    DT_ENFORCE(pb.grad != nullptr, UsageError, "buffer {} has no gradient", pb.layout.name);
+    std::vector<float> g(pb.size);
+    m.device().copy_d2h(g.data(), pb.grad, pb.size * sizeof(float));
+    for (const auto& t : pb.layout.tensors) {
+      std::vector<float> v(g.begin() + static_cast<std::ptrdiff_t>(t.offset),
+                           g.begin() + static_cast<std::ptrdiff_t>(t.offset + t.numel()));
+      std::vector<int64_t> shape = t.shape;
+      if (t.hf_transposed) {
+        const int64_t rows = t.shape[0], cols = t.shape[1];
+        std::vector<float> tr(v.size());
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t j = 0; j < cols; ++j) tr[static_cast<size_t>(j * rows + i)] = v[static_cast<size_t>(i * cols + j)];
+        v = std::move(tr);
+        std::swap(shape[0], shape[1]);
+      }
+      store.push_back(std::move(v));
+      refs.push_back({t.name, DType::F32, shape, nullptr});
+    }
+  }
+  for (size_t i = 0; i < refs.size(); ++i) refs[i].data = store[i].data();
+  model::safetensors_write(path, refs, {{"format", "pt"}});
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_dir, tokens_path, out_path, device = "cpu", dtype_s = "f32";
+  std::string model_dir, tokens_path, out_path, grads_path, device = "cpu", dtype_s = "f32";
   int B = 0, T = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -59,6 +93,7 @@ int main(int argc, char** argv) {
     if (a == "--model") model_dir = v;
     else if (a == "--tokens") tokens_path = v;
     else if (a == "--out") out_path = v;
+    else if (a == "--grads") grads_path = v;
     else if (a == "--device") device = v;
     else if (a == "--dtype") dtype_s = v;
     else if (a == "--batch") B = std::atoi(v.c_str());
@@ -99,6 +134,11 @@ int main(int argc, char** argv) {
     o.write(reinterpret_cast<const char*>(logits.data()), static_cast<std::streamsize>(logits.size() * sizeof(float)));
     o.close();
     DT_ENFORCE(o.good(), IoError, "{}: writing the logits failed", out_path);
+    if (!grads_path.empty()) {
+      m->zero_grad();
+      m->backward(1.0f);
+      grads_write(*m, grads_path);
+    }
     nlohmann::json j{{"model", model_dir},   {"device", device},         {"dtype", dtype_name(dt)},
                      {"batch", B},           {"seq", T},                 {"vocab", cfg.vocab_size},
                      {"loss", loss},         {"lora", m->lora_on()},     {"params", m->num_params()},

@@ -220,29 +220,31 @@ class CpuDevice final : public Device {
     });
   }
 
-  void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, float theta, DType t) override {
+  void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
+                    DType t) override {
     ops::OpScope scope(ops::OpClass::ROPE);
     f32(t);
-    ops::rope_forward(F(q), F(k), B, T, NH, NKV, HD, theta);
+    ops::rope_forward(F(q), F(k), B, T, NH, NKV, HD, rope);
   }
-  void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, float theta, DType t) override {
+  void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
+                     DType t) override {
     ops::OpScope scope(ops::OpClass::ROPE);
     f32(t);
-    ops::rope_backward(F(dq), F(dk), B, T, NH, NKV, HD, theta);
+    ops::rope_backward(F(dq), F(dk), B, T, NH, NKV, HD, rope);
   }
   size_t attention_saved_floats(int B, int T, int NH) const override {
     return static_cast<size_t>(B) * NH * T * T;
   }
   void attention_forward(void* out, float* saved, const void* q, const void* k, const void* v, int B, int T, int NH,
-                         int NKV, int HD, int q_stride, int kv_stride, DType t) override {
+                         int NKV, int HD, int q_stride, int kv_stride, int window, DType t) override {
     ops::OpScope scope(ops::OpClass::ATTENTION);
     f32(t);
     // q, k and v are read in place (strided column slices of a fused qkv): no copies.
-    ops::attention_forward(F(out), saved, F(q), F(k), F(v), B, T, NH, NKV, HD, q_stride, kv_stride);
+    ops::attention_forward(F(out), saved, F(q), F(k), F(v), B, T, NH, NKV, HD, q_stride, kv_stride, window);
   }
   void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* /*out*/, const float* saved,
                           const void* q, const void* k, const void* v, int B, int T, int NH, int NKV, int HD,
-                          int q_stride, int kv_stride, DType t) override {
+                          int q_stride, int kv_stride, int window, DType t) override {
     ops::OpScope scope(ops::OpClass::ATTENTION);
     f32(t);
     // The device writes dq/dk/dv; ops::attention_backward accumulates, so zero them first.
@@ -251,7 +253,7 @@ class CpuDevice final : public Device {
     zero_rows(F(dk), N, NKV * HD, kv_stride);
     zero_rows(F(dv), N, NKV * HD, kv_stride);
     ops::attention_backward(F(dq), F(dk), F(dv), F(dout), saved, F(q), F(k), F(v), B, T, NH, NKV, HD, q_stride,
-                            kv_stride);
+                            kv_stride, window);
   }
 
   void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T, int C,

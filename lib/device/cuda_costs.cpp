@@ -240,10 +240,11 @@ void PlanDevice::rope(const char* op, const void* q, const void* k, int B, int T
   apply(q, NH);
   if (k) apply(k, NKV);
 }
-void PlanDevice::rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, float, DType t) {
+void PlanDevice::rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq&, DType t) {
   rope("rope_forward", q, k, B, T, NH, NKV, HD, t);
 }
-void PlanDevice::rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, float, DType t) {
+void PlanDevice::rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq&,
+                               DType t) {
   rope("rope_backward", dq, dk, B, T, NH, NKV, HD, t);
 }
 
@@ -276,7 +277,7 @@ int mma_splits(int B, int T, int NH) {
 }  // namespace
 
 void PlanDevice::attention_forward(void*, float*, const void*, const void*, const void*, int B, int T, int NH, int NKV,
-                                   int HD, int, int, DType t) {
+                                   int HD, int, int, int /*window: costed as causal*/, DType t) {
   if (B == 0 || T == 0) return;
   const double q = static_cast<double>(B) * T * NH * HD * es(t), kv = static_cast<double>(B) * T * NKV * HD * es(t);
   const double rows = static_cast<double>(B) * NH * T * 4;
@@ -292,7 +293,7 @@ void PlanDevice::attention_forward(void*, float*, const void*, const void*, cons
 
 void PlanDevice::attention_backward(void*, void*, void*, const void*, const void*, const float*, const void*,
                                     const void*, const void*, int B, int T, int NH, int NKV, int HD, int, int,
-                                    DType t) {
+                                    int /*window: costed as causal*/, DType t) {
   const char* op = "attention_backward";
   if (B == 0 || T == 0) return;
   const double q = static_cast<double>(B) * T * NH * HD * es(t), kv = static_cast<double>(B) * T * NKV * HD * es(t);

@@ -245,25 +245,28 @@ class CudaDevice final : public Device {
     kernels::dropout_backward(dinp, dout, n, p, seed, t, s_);
   }
 
-  void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, float theta, DType t) override {
+  void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
+                    DType t) override {
     cur();
-    kernels::rope_forward(q, k, B, T, NH, NKV, HD, theta, t, s_);
+    kernels::rope_forward(q, k, B, T, NH, NKV, HD, rope, t, s_);
   }
-  void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, float theta, DType t) override {
+  void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
+                     DType t) override {
     cur();
-    kernels::rope_backward(dq, dk, B, T, NH, NKV, HD, theta, t, s_);
+    kernels::rope_backward(dq, dk, B, T, NH, NKV, HD, rope, t, s_);
   }
   size_t attention_saved_floats(int B, int T, int NH) const override { return static_cast<size_t>(B) * NH * T; }
   void attention_forward(void* out, float* saved, const void* q, const void* k, const void* v, int B, int T, int NH,
-                         int NKV, int HD, int q_stride, int kv_stride, DType t) override {
+                         int NKV, int HD, int q_stride, int kv_stride, int window, DType t) override {
     cur();
-    kernels::attention_forward(out, saved, q, k, v, B, T, NH, NKV, HD, q_stride, kv_stride, t, s_);
+    kernels::attention_forward(out, saved, q, k, v, B, T, NH, NKV, HD, q_stride, kv_stride, t, s_, window);
   }
   void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out, const float* saved,
                           const void* q, const void* k, const void* v, int B, int T, int NH, int NKV, int HD,
-                          int q_stride, int kv_stride, DType t) override {
+                          int q_stride, int kv_stride, int window, DType t) override {
     cur();
-    kernels::attention_backward(dq, dk, dv, dout, out, saved, q, k, v, B, T, NH, NKV, HD, q_stride, kv_stride, t, s_);
+    kernels::attention_backward(dq, dk, dv, dout, out, saved, q, k, v, B, T, NH, NKV, HD, q_stride, kv_stride, t, s_,
+                                window);
   }
 
   void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T, int C,

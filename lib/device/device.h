@@ -6,6 +6,7 @@
 
 #include "core/dtype.h"
 #include "ops/optim.h"
+#include "ops/rope.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -124,21 +125,25 @@ class Device {
   virtual void dropout_backward(void* dinp, const void* dout, size_t n, float p, uint64_t seed, DType t) = 0;
 
   // ---- Position and attention
-  virtual void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, float theta, DType t) = 0;
+  /// Rotates q and k in place with the frequencies of `rope` (ops::rope_inv_freq).
+  virtual void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
+                            DType t) = 0;
   /// The inverse rotation, in place.
-  virtual void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, float theta, DType t) = 0;
+  virtual void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
+                             DType t) = 0;
   /// fp32 elements attention_forward saves for backward: the CPU's probabilities
   /// [B,NH,T,T], CUDA's log-sum-exp [B,NH,T].
   virtual size_t attention_saved_floats(int B, int T, int NH) const = 0;
   /// Causal attention, out [B,T,NH,HD] dense. q's token rows are q_stride elements apart, k's
   /// and v's kv_stride (NH*HD and NKV*HD when dense; GPT-2 passes the column blocks of its
-  /// fused [N, (NH+2NKV) HD] qkv rows, both strides (NH+2NKV) HD).
+  /// fused [N, (NH+2NKV) HD] qkv rows, both strides (NH+2NKV) HD). window > 0 is a sliding
+  /// window (Mistral): query i sees keys i - window < j <= i only; 0 is plain causal.
   virtual void attention_forward(void* out, float* saved, const void* q, const void* k, const void* v, int B, int T,
-                                 int NH, int NKV, int HD, int q_stride, int kv_stride, DType t) = 0;
+                                 int NH, int NKV, int HD, int q_stride, int kv_stride, int window, DType t) = 0;
   /// WRITES dq (q_stride apart), dk, dv (kv_stride apart); dout dense like out.
   virtual void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out,
                                   const float* saved, const void* q, const void* k, const void* v, int B, int T,
-                                  int NH, int NKV, int HD, int q_stride, int kv_stride, DType t) = 0;
+                                  int NH, int NKV, int HD, int q_stride, int kv_stride, int window, DType t) = 0;
 
   // ---- Embedding and loss (tokens, targets: int32 device arrays)
   /// out = wte[tokens] (+ wpe[t]). Tokens are validated by the caller.

@@ -1,4 +1,4 @@
-// Builds the HF-named parameter layout for GPT-2 and Llama.
+// Builds the HF-named parameter layout for GPT-2 and the Llama family.
 #include "model/layout.h"
 
 #include "core/check.h"
@@ -72,15 +72,24 @@ std::vector<BufferLayout> layout_build(const ModelConfig& cfg) {
       add(b, p + "mlp.c_proj.weight", {C, F}, true, true);
       add(b, p + "mlp.c_proj.bias", {C}, false);
     } else {
+      // HF's module order; biases and q/k norms only where the family has them.
+      auto linear = [&](const std::string& m, int64_t out, int64_t in, bool bias) {
+        add(b, p + m + ".weight", {out, in}, true);
+        if (bias) add(b, p + m + ".bias", {out}, false);
+      };
       add(b, p + "input_layernorm.weight", {C}, false);
-      add(b, p + "self_attn.q_proj.weight", {QD, C}, true);
-      add(b, p + "self_attn.k_proj.weight", {KD, C}, true);
-      add(b, p + "self_attn.v_proj.weight", {KD, C}, true);
-      add(b, p + "self_attn.o_proj.weight", {C, QD}, true);
+      linear("self_attn.q_proj", QD, C, cfg.qkv_bias);
+      linear("self_attn.k_proj", KD, C, cfg.qkv_bias);
+      linear("self_attn.v_proj", KD, C, cfg.qkv_bias);
+      linear("self_attn.o_proj", C, QD, cfg.o_bias);
+      if (cfg.qk_norm) {
+        add(b, p + "self_attn.q_norm.weight", {HD}, false);
+        add(b, p + "self_attn.k_norm.weight", {HD}, false);
+      }
       add(b, p + "post_attention_layernorm.weight", {C}, false);
-      add(b, p + "mlp.gate_proj.weight", {F, C}, true);
-      add(b, p + "mlp.up_proj.weight", {F, C}, true);
-      add(b, p + "mlp.down_proj.weight", {C, F}, true);
+      linear("mlp.gate_proj", F, C, cfg.mlp_bias);
+      linear("mlp.up_proj", F, C, cfg.mlp_bias);
+      linear("mlp.down_proj", C, F, cfg.mlp_bias);
     }
     out.push_back(std::move(b));
   }

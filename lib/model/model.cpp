@@ -1,4 +1,4 @@
-// Model: GPT-2 / Llama forward and backward written once over the device layer (llm.c
+// Model: GPT-2 / Llama-family forward and backward written once over the device layer (llm.c
 // structure: layer inputs kept per layer boundary, each formed by the next norm's fused
 // residual add; per-layer saved activations; one set of backward scratch arrays; all of
 // them carved from one arena), plus recomputation, ZeRO hooks and LoRA adapters.
@@ -75,6 +75,8 @@ struct Model::LayerActs {
   void *ln2 = nullptr, *fc = nullptr, *up = nullptr, *act = nullptr;
   float *ln1_mean = nullptr, *ln1_rstd = nullptr, *ln2_mean = nullptr, *ln2_rstd = nullptr;
   float* att = nullptr;         // what the device's attention saves (Device::attention_saved_floats)
+  void *qpre = nullptr, *kpre = nullptr;          // qk_norm: q, k before their per-head norms
+  float *qn_rstd = nullptr, *kn_rstd = nullptr;   // qk_norm: per (token, head) statistics
   std::vector<void*> lora_h;    // per projection: dropout(x) A^T [N, r] (null when not adapted)
   std::vector<void*> lora_xd;   // per projection: dropout(x) [N, in] (null without dropout)
 };
@@ -88,6 +90,7 @@ struct Model::Scratch {
   int32_t *tokens = nullptr, *targets = nullptr;
   void *dres = nullptr, *dln = nullptr, *dqkv = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
   void *datty = nullptr, *dfc = nullptr, *dup = nullptr, *dact = nullptr, *dh = nullptr, *dxd = nullptr;
+  void *dqpre = nullptr, *dkpre = nullptr;  // qk_norm: gradients of q, k before their norms
 };
 
 Model::Model(const ModelConfig& cfg, device::Device& dev, DType dtype)
@@ -112,13 +115,19 @@ Model::Model(const ModelConfig& cfg, device::Device& dev, DType dtype)
     proj("c_fc", "mlp.c_fc", C, F, true);
     proj("c_proj", "mlp.c_proj", F, C, true);
   } else {
-    proj("q_proj", "self_attn.q_proj", C, QD, false);
-    proj("k_proj", "self_attn.k_proj", C, KD, false);
-    proj("v_proj", "self_attn.v_proj", C, KD, false);
-    proj("o_proj", "self_attn.o_proj", QD, C, false);
-    proj("gate_proj", "mlp.gate_proj", C, F, false);
-    proj("up_proj", "mlp.up_proj", C, F, false);
-    proj("down_proj", "mlp.down_proj", F, C, false);
+    proj("q_proj", "self_attn.q_proj", C, QD, cfg_.qkv_bias);
+    proj("k_proj", "self_attn.k_proj", C, KD, cfg_.qkv_bias);
+    proj("v_proj", "self_attn.v_proj", C, KD, cfg_.qkv_bias);
+    proj("o_proj", "self_attn.o_proj", QD, C, cfg_.o_bias);
+    proj("gate_proj", "mlp.gate_proj", C, F, cfg_.mlp_bias);
+    proj("up_proj", "mlp.up_proj", C, F, cfg_.mlp_bias);
+    proj("down_proj", "mlp.down_proj", F, C, cfg_.mlp_bias);
+    ln1_ = tensor_index(l0, p0 + "input_layernorm.weight");
+    ln2_ = tensor_index(l0, p0 + "post_attention_layernorm.weight");
+    if (cfg_.qk_norm) {
+      qnorm_ = tensor_index(l0, p0 + "self_attn.q_norm.weight");
+      knorm_ = tensor_index(l0, p0 + "self_attn.k_norm.weight");
+    }
   }
   for (auto& l : layouts) {
     param_store_.emplace_back(*dev_, l.size * dtype_size(dtype_));
@@ -443,6 +452,12 @@ void Model::allocate(int B, int T) {
       a.ln1_rstd = c.of<float>(N);
       qkv(a.q, a.k, a.v);  // GPT-2: c_attn's output rows, read in place by attention (strided q, k, v)
       a.att = c.of<float>(dev_->attention_saved_floats(B, T, cfg_.n_head));
+      if (cfg_.qk_norm) {
+        a.qpre = act(N * QD);
+        a.kpre = act(N * KD);
+        a.qn_rstd = c.of<float>(N * static_cast<size_t>(cfg_.n_head));
+        a.kn_rstd = c.of<float>(N * static_cast<size_t>(cfg_.n_kv_head));
+      }
       a.atty = act(N * QD);
       a.res2 = act(N * C);
       a.ln2 = act(N * C);
@@ -476,6 +491,10 @@ void Model::allocate(int B, int T) {
     qkv(s.dq, s.dk, s.dv);  // GPT-2: attention's backward writes into c_attn's gradient rows
     if (gpt2) s.dqkv = s.dq;
     s.datty = act(N * QD);
+    if (cfg_.qk_norm) {
+      s.dqpre = act(N * QD);
+      s.dkpre = act(N * KD);
+    }
     s.dfc = act(N * F);
     s.dup = gpt2 ? nullptr : act(N * F);
     // d(act) is stored only where an adapter on the down projection adds to it, or
@@ -587,17 +606,25 @@ void Model::layer_forward(int l, LayerActs& a, bool fused_input) {
       dev_->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, P(0), P(1), N, C, eps, dtype_);
     proj_forward(l, GPT2_C_ATTN, a.ln1, a.q, a);  // a.q, a.k, a.v are column blocks of its rows
   } else {
-    // tensors: 0 input_layernorm 5 post_attention_layernorm
+    const size_t ln1 = static_cast<size_t>(ln1_);
     if (fused_input)
-      dev_->residual_rmsnorm_forward(x, a.ln1, a.ln1_rstd, prev_res2, s.mlp, P(0), N, C, eps, dtype_);
+      dev_->residual_rmsnorm_forward(x, a.ln1, a.ln1_rstd, prev_res2, s.mlp, P(ln1), N, C, eps, dtype_);
     else
-      dev_->rmsnorm_forward(a.ln1, a.ln1_rstd, x, P(0), N, C, eps, dtype_);
-    proj_forward(l, LL_Q, a.ln1, a.q, a);
-    proj_forward(l, LL_K, a.ln1, a.k, a);
+      dev_->rmsnorm_forward(a.ln1, a.ln1_rstd, x, P(ln1), N, C, eps, dtype_);
+    if (cfg_.qk_norm) {  // qwen3: each q and k head RMS-normed over head_dim, before RoPE
+      proj_forward(l, LL_Q, a.ln1, a.qpre, a);
+      proj_forward(l, LL_K, a.ln1, a.kpre, a);
+      dev_->rmsnorm_forward(a.q, a.qn_rstd, a.qpre, P(static_cast<size_t>(qnorm_)), N * NH, HD, eps, dtype_);
+      dev_->rmsnorm_forward(a.k, a.kn_rstd, a.kpre, P(static_cast<size_t>(knorm_)), N * NKV, HD, eps, dtype_);
+    } else {
+      proj_forward(l, LL_Q, a.ln1, a.q, a);
+      proj_forward(l, LL_K, a.ln1, a.k, a);
+    }
     proj_forward(l, LL_V, a.ln1, a.v, a);
-    dev_->rope_forward(a.q, a.k, B, T, NH, NKV, HD, cfg_.rope_theta, dtype_);
+    dev_->rope_forward(a.q, a.k, B, T, NH, NKV, HD, cfg_.rope_freq(), dtype_);
   }
-  dev_->attention_forward(a.atty, a.att, a.q, a.k, a.v, B, T, NH, NKV, HD, q_stride(), kv_stride(), dtype_);
+  dev_->attention_forward(a.atty, a.att, a.q, a.k, a.v, B, T, NH, NKV, HD, q_stride(), kv_stride(), cfg_.sliding_window,
+                          dtype_);
   proj_forward(l, gpt2 ? GPT2_ATTN_PROJ : LL_O, a.atty, s.attproj, a);
   if (gpt2) {
     dev_->residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, s.attproj, P(6), P(7), N, C, eps, dtype_);
@@ -611,7 +638,8 @@ void Model::layer_forward(int l, LayerActs& a, bool fused_input) {
     }
     proj_forward(l, GPT2_MLP_PROJ, a.act, s.mlp, a);
   } else {
-    dev_->residual_rmsnorm_forward(a.res2, a.ln2, a.ln2_rstd, x, s.attproj, P(5), N, C, eps, dtype_);
+    dev_->residual_rmsnorm_forward(a.res2, a.ln2, a.ln2_rstd, x, s.attproj, P(static_cast<size_t>(ln2_)), N, C, eps,
+                                   dtype_);
     proj_forward(l, LL_GATE, a.ln2, a.fc, a);
     proj_forward(l, LL_UP, a.ln2, a.up, a);
     dev_->swiglu_forward(a.act, a.fc, a.up, F, dtype_);
@@ -652,22 +680,36 @@ void Model::layer_backward(int l, LayerActs& a) {
     dev_->swiglu_backward(s.dfc, s.dup, s.dact, a.fc, a.up, F, dtype_);
     proj_backward(l, LL_GATE, s.dfc, a.ln2, s.dln, WRITE, a);
     proj_backward(l, LL_UP, s.dup, a.ln2, s.dln, ACCUMULATE, a);
-    dev_->rmsnorm_backward(dres, G(5), s.dln, a.res2, P(5), a.ln2_rstd, N, C, dtype_);
+    const size_t ln2 = static_cast<size_t>(ln2_);
+    dev_->rmsnorm_backward(dres, G(ln2), s.dln, a.res2, P(ln2), a.ln2_rstd, N, C, dtype_);
   }
 
   // Attention branch: d(attproj) = dres (now d(res2)), which also flows to x.
   proj_backward(l, gpt2 ? GPT2_ATTN_PROJ : LL_O, dres, a.atty, s.datty, WRITE, a);
   dev_->attention_backward(s.dq, s.dk, s.dv, s.datty, a.atty, a.att, a.q, a.k, a.v, B, T, NH, NKV, HD, q_stride(),
-                           kv_stride(), dtype_);
+                           kv_stride(), cfg_.sliding_window, dtype_);
   if (gpt2) {
     proj_backward(l, GPT2_C_ATTN, s.dqkv, a.ln1, s.dln, WRITE, a);
     dev_->layernorm_backward(dres, G(0), G(1), s.dln, x, P(0), a.ln1_mean, a.ln1_rstd, N, C, dtype_);
   } else {
-    dev_->rope_backward(s.dq, s.dk, B, T, NH, NKV, HD, cfg_.rope_theta, dtype_);
-    proj_backward(l, LL_Q, s.dq, a.ln1, s.dln, WRITE, a);
-    proj_backward(l, LL_K, s.dk, a.ln1, s.dln, ACCUMULATE, a);
+    dev_->rope_backward(s.dq, s.dk, B, T, NH, NKV, HD, cfg_.rope_freq(), dtype_);
+    void* dq = s.dq;
+    void* dk = s.dk;
+    if (cfg_.qk_norm) {  // through the per-head norms (their backward accumulates: zero first)
+      const size_t es = dtype_size(dtype_);
+      dev_->zero(s.dqpre, static_cast<size_t>(N) * NH * HD * es);
+      dev_->zero(s.dkpre, static_cast<size_t>(N) * NKV * HD * es);
+      const size_t qn = static_cast<size_t>(qnorm_), kn = static_cast<size_t>(knorm_);
+      dev_->rmsnorm_backward(s.dqpre, G(qn), s.dq, a.qpre, P(qn), a.qn_rstd, N * NH, HD, dtype_);
+      dev_->rmsnorm_backward(s.dkpre, G(kn), s.dk, a.kpre, P(kn), a.kn_rstd, N * NKV, HD, dtype_);
+      dq = s.dqpre;
+      dk = s.dkpre;
+    }
+    proj_backward(l, LL_Q, dq, a.ln1, s.dln, WRITE, a);
+    proj_backward(l, LL_K, dk, a.ln1, s.dln, ACCUMULATE, a);
     proj_backward(l, LL_V, s.dv, a.ln1, s.dln, ACCUMULATE, a);
-    dev_->rmsnorm_backward(dres, G(0), s.dln, x, P(0), a.ln1_rstd, N, C, dtype_);
+    const size_t ln1 = static_cast<size_t>(ln1_);
+    dev_->rmsnorm_backward(dres, G(ln1), s.dln, x, P(ln1), a.ln1_rstd, N, C, dtype_);
   }
 }
 

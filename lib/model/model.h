@@ -1,4 +1,4 @@
-// The native decoder-only transformer (GPT-2 or Llama, see ModelConfig), written once
+// The native decoder-only transformer (GPT-2 or the Llama family, see ModelConfig), written once
 // over the device layer (lib/device: CPU ops or CUDA kernels): flat per-layer parameter
 // buffers with HF-named layouts (compute copy in the model's dtype, fp32 gradients),
 // forward with masked cross-entropy, backward accumulating into the gradient buffers,
@@ -220,6 +220,9 @@ class Model {
   device::Device* dev_;
   DType dtype_;
   std::vector<Proj> projs_;
+  // Llama family: tensor indices (in each layer buffer) of the two norms, and of qwen3's
+  // q/k norms (-1 without).
+  int ln1_ = 0, ln2_ = 0, qnorm_ = -1, knorm_ = -1;
   std::vector<device::DeviceBuffer> param_store_, grad_store_, lora_store_, lora_grad_store_;
   std::vector<ParamBuffer> params_, lora_params_;
   std::vector<std::vector<int>> lora_slot_;  // [layer][proj] -> tensor index of lora_A in lora buffer, -1 if none

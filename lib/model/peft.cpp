@@ -104,11 +104,140 @@ void check_dtype(const std::string& d, const std::string& src) {
              "{}: torch_dtype '{}' is not one of float32, bfloat16, float16", src, d);
 }
 
+// ----------------------------------------------------------------------------
+// The Llama family's config.json (LlamaConfig, Qwen2Config, Qwen3Config, MistralConfig as
+// transformers writes them).
+
+double positive_number(const json& v, const std::string& what, const std::string& src) {
+  DT_ENFORCE(v.is_number() && v.get<double>() > 0 && std::isfinite(v.get<double>()), ConfigError,
+             "{}: {} must be a positive number, got {}", src, what, v.dump());
+  return v.get<double>();
+}
+
+// rope_scaling (and v5's rope_parameters): default, linear, dynamic and llama3 are computed
+// exactly as transformers' ROPE_INIT_FUNCTIONS; any other type is refused by name.
+void rope_read(const json& j, const char* key, HfModelConfig& c, const std::string& src) {
+  const json& rp = j.at(key);
+  DT_ENFORCE(rp.is_object(), ConfigError, "{}: {} must be an object or null, got {}", src, key, rp.dump());
+  const json* type = rp.contains("rope_type") ? &rp.at("rope_type") : rp.contains("type") ? &rp.at("type") : nullptr;
+  DT_ENFORCE(type && type->is_string(), ConfigError, "{}: {} {} has no rope_type", src, key, rp.dump());
+  const std::string t = type->get<std::string>();
+  const std::string where = std::string(key) + ".";
+  auto need = [&](const char* f) -> double {
+    DT_ENFORCE(rp.contains(f) && !rp.at(f).is_null(), ConfigError, "{}: {} rope_type '{}' needs '{}'", src, key, t, f);
+    return positive_number(rp.at(f), where + f, src);
+  };
+  if (rp.contains("rope_theta") && !j.contains("rope_theta"))
+    c.rope_theta = static_cast<float>(positive_number(rp.at("rope_theta"), where + "rope_theta", src));
+  if (rp.contains("partial_rotary_factor"))
+    DT_ENFORCE(rp.at("partial_rotary_factor").is_number() && rp.at("partial_rotary_factor").get<double>() == 1.0,
+               ConfigError, "{}: {}partial_rotary_factor {} is not supported (dtrain rotates the whole head)", src,
+               where, rp.at("partial_rotary_factor").dump());
+  using RS = ModelConfig::RopeScaling;
+  if (t == "default") {
+    c.rope_scaling = RS::NONE;
+  } else if (t == "linear") {
+    c.rope_scaling = RS::LINEAR;
+    c.rope_factor = static_cast<float>(need("factor"));
+  } else if (t == "dynamic") {
+    // Dynamic NTK changes the base only once a sequence is longer than
+    // max_position_embeddings (transformers' dynamic_rope_update); dtrain never runs one,
+    // so this is plain RoPE at every length it trains, exactly. An original length below
+    // max_position_embeddings would make that depend on the transformers version: refused.
+    c.rope_scaling = RS::DYNAMIC;
+    c.rope_factor = static_cast<float>(need("factor"));
+    if (rp.contains("original_max_position_embeddings") && !rp.at("original_max_position_embeddings").is_null())
+      DT_ENFORCE(rp.at("original_max_position_embeddings").is_number_integer() &&
+                     rp.at("original_max_position_embeddings").get<int64_t>() >= c.max_seq_len,
+                 ConfigError,
+                 "{}: {} dynamic with original_max_position_embeddings {} below max_position_embeddings {} is not "
+                 "supported (the scaled base would apply inside the trained lengths)",
+                 src, key, rp.at("original_max_position_embeddings").dump(), c.max_seq_len);
+  } else if (t == "llama3") {
+    c.rope_scaling = RS::LLAMA3;
+    c.rope_factor = static_cast<float>(need("factor"));
+    c.rope_low_freq_factor = static_cast<float>(need("low_freq_factor"));
+    c.rope_high_freq_factor = static_cast<float>(need("high_freq_factor"));
+    const double omax = need("original_max_position_embeddings");
+    DT_ENFORCE(omax == std::floor(omax) && omax <= INT32_MAX, ConfigError,
+               "{}: {}original_max_position_embeddings must be an integer", src, where);
+    c.rope_original_max_pos = static_cast<int>(omax);
+    DT_ENFORCE(c.rope_high_freq_factor > c.rope_low_freq_factor, ConfigError,
+               "{}: {} llama3 needs high_freq_factor > low_freq_factor", src, key);
+  } else {
+    DT_THROW(ConfigError,
+             "{}: {} rope_type '{}' is not supported; dtrain computes RoPE types default, linear, dynamic and llama3",
+             src, key, t);
+  }
+}
+
+void llama_family_read(const Reader& r, HfModelConfig& c) {
+  const json& j = r.j;
+  const std::string& src = r.src;
+  const bool qwen = c.arch == "qwen2" || c.arch == "qwen3";
+  c.vocab_size = r.positive_int("vocab_size");
+  c.max_seq_len = r.positive_int("max_position_embeddings");
+  c.n_layer = r.positive_int("num_hidden_layers");
+  c.n_head = r.positive_int("num_attention_heads");
+  c.n_kv_head = r.has("num_key_value_heads") ? r.positive_int("num_key_value_heads") : c.n_head;
+  c.d_model = r.positive_int("hidden_size");
+  c.d_ff = r.positive_int("intermediate_size");
+  c.norm_eps = r.number("rms_norm_eps", 1e-6f);
+  c.rope_theta = r.number("rope_theta", 10000.0f);
+  c.tie_embeddings = r.boolean("tie_word_embeddings", false);
+  // head_dim: Qwen3Config's default is 128; the others derive it from the sizes.
+  c.head_dim = r.has("head_dim") ? r.positive_int("head_dim") : c.arch == "qwen3" ? 128 : 0;
+  if (c.head_dim * c.n_head == c.d_model) c.head_dim = 0;  // the derived value: nothing to keep
+  const std::string act = r.string("hidden_act", "silu");
+  DT_ENFORCE(act == "silu", ConfigError, "{}: hidden_act '{}' is not supported; dtrain's {} uses SwiGLU (silu)", src,
+             act, c.arch);
+  for (const char* key : {"rope_scaling", "rope_parameters"})
+    if (r.has(key)) rope_read(j, key, c, src);
+  if (r.has("partial_rotary_factor"))
+    DT_ENFORCE(j.at("partial_rotary_factor").is_number() && j.at("partial_rotary_factor").get<double>() == 1.0,
+               ConfigError, "{}: partial_rotary_factor {} is not supported (dtrain rotates the whole head)", src,
+               j.at("partial_rotary_factor").dump());
+  if (c.arch == "qwen2") {
+    c.qkv_bias = true;  // Qwen2Attention: q/k/v always biased, o_proj never
+  } else if (c.arch == "llama" || c.arch == "qwen3") {
+    c.qkv_bias = c.o_bias = r.boolean("attention_bias", false);
+  } else {
+    DT_ENFORCE(!r.boolean("attention_bias", false), ConfigError, "{}: attention_bias true is not a {} option", src,
+               c.arch);
+  }
+  if (c.arch == "llama")
+    c.mlp_bias = r.boolean("mlp_bias", false);
+  else
+    DT_ENFORCE(!r.boolean("mlp_bias", false), ConfigError, "{}: mlp_bias true is not a {} option", src, c.arch);
+  c.qk_norm = c.arch == "qwen3";
+  if (qwen) {
+    // Qwen2/Qwen3 keep sliding_window in every config but apply it only with
+    // use_sliding_window (to the layers from max_window_layers on): that is refused.
+    DT_ENFORCE(!r.boolean("use_sliding_window", false), ConfigError,
+               "{}: use_sliding_window true is not supported for {} (dtrain's window is mistral's, on every layer)",
+               src, c.arch);
+    if (r.has("layer_types"))
+      for (const json& t : j.at("layer_types"))
+        DT_ENFORCE(t == "full_attention", ConfigError, "{}: layer_types {} is not supported (full_attention only)",
+                   src, t.dump());
+  } else if (c.arch == "mistral") {
+    // MistralConfig's default is 4096; null (Mistral 7B v0.2 on) means no window.
+    if (!j.contains("sliding_window")) {
+      c.sliding_window = 4096;
+    } else if (!j.at("sliding_window").is_null()) {
+      c.sliding_window = r.positive_int("sliding_window");
+    }
+  } else {
+    DT_ENFORCE(!r.has("sliding_window"), ConfigError, "{}: sliding_window is not a llama option", src);
+  }
+}
+
 }  // namespace
 
 // ----------------------------------------------------------------------------
 json hf_config_to_json(const HfModelConfig& c) {
-  DT_ENFORCE(c.arch == "gpt2" || c.arch == "llama", InternalError, "HfModelConfig.arch '{}' unknown", c.arch);
+  ModelConfig::Arch arch{};
+  DT_ENFORCE(arch_parse(c.arch, &arch), InternalError, "HfModelConfig.arch '{}' unknown", c.arch);
   check_dtype(c.torch_dtype, "HfModelConfig");
   json j;
   if (c.arch == "gpt2") {
@@ -131,25 +260,51 @@ json hf_config_to_json(const HfModelConfig& c) {
          {"use_cache", true},
          {"vocab_size", c.vocab_size}};
   } else {
-    j = {{"architectures", {"LlamaForCausalLM"}},
-         {"attention_bias", false},
+    const bool qwen = c.arch == "qwen2" || c.arch == "qwen3";
+    const char* cls = c.arch == "llama"   ? "LlamaForCausalLM"
+                      : c.arch == "qwen2" ? "Qwen2ForCausalLM"
+                      : c.arch == "qwen3" ? "Qwen3ForCausalLM"
+                                          : "MistralForCausalLM";
+    j = {{"architectures", {cls}},
          {"attention_dropout", 0.0},
          {"hidden_act", "silu"},
          {"hidden_size", c.d_model},
          {"initializer_range", 0.02},
          {"intermediate_size", c.d_ff},
          {"max_position_embeddings", c.max_seq_len},
-         {"mlp_bias", false},
-         {"model_type", "llama"},
+         {"model_type", c.arch},
          {"num_attention_heads", c.n_head},
          {"num_hidden_layers", c.n_layer},
          {"num_key_value_heads", c.n_kv_head},
-         {"pretraining_tp", 1},
          {"rms_norm_eps", short_double(c.norm_eps)},
          {"rope_scaling", nullptr},
          {"rope_theta", short_double(c.rope_theta)},
          {"use_cache", true},
          {"vocab_size", c.vocab_size}};
+    j["head_dim"] = c.head_dim > 0 ? c.head_dim : c.d_model / c.n_head;
+    if (c.arch == "llama") {
+      j["attention_bias"] = c.qkv_bias;
+      j["mlp_bias"] = c.mlp_bias;
+      j["pretraining_tp"] = 1;
+    } else if (c.arch == "qwen3") {
+      j["attention_bias"] = c.qkv_bias;
+    }
+    if (qwen) {
+      j["use_sliding_window"] = false;
+      j["sliding_window"] = nullptr;
+      j["max_window_layers"] = c.n_layer;
+    }
+    if (c.arch == "mistral") j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+    using RS = ModelConfig::RopeScaling;
+    if (c.rope_scaling != RS::NONE) {
+      json rs = {{"rope_type", rope_scaling_name(c.rope_scaling)}, {"factor", short_double(c.rope_factor)}};
+      if (c.rope_scaling == RS::LLAMA3) {
+        rs["low_freq_factor"] = short_double(c.rope_low_freq_factor);
+        rs["high_freq_factor"] = short_double(c.rope_high_freq_factor);
+        rs["original_max_position_embeddings"] = c.rope_original_max_pos;
+      }
+      j["rope_scaling"] = rs;
+    }
   }
   j["tie_word_embeddings"] = c.tie_embeddings;
   j["torch_dtype"] = c.torch_dtype;
@@ -180,54 +335,15 @@ HfModelConfig hf_config_from_json(const json& j, const std::string& src) {
                "{}: scale_attn_weights false is not supported by dtrain's GPT-2", src);
     DT_ENFORCE(!r.boolean("scale_attn_by_inverse_layer_idx", false), ConfigError,
                "{}: scale_attn_by_inverse_layer_idx true is not supported by dtrain's GPT-2", src);
-  } else if (c.arch == "llama") {
-    c.vocab_size = r.positive_int("vocab_size");
-    c.max_seq_len = r.positive_int("max_position_embeddings");
-    c.n_layer = r.positive_int("num_hidden_layers");
-    c.n_head = r.positive_int("num_attention_heads");
-    c.n_kv_head = r.has("num_key_value_heads") ? r.positive_int("num_key_value_heads") : c.n_head;
-    c.d_model = r.positive_int("hidden_size");
-    c.d_ff = r.positive_int("intermediate_size");
-    c.norm_eps = r.number("rms_norm_eps", 1e-6f);
-    c.rope_theta = r.number("rope_theta", 10000.0f);
-    c.tie_embeddings = r.boolean("tie_word_embeddings", false);
-    const std::string act = r.string("hidden_act", "silu");
-    DT_ENFORCE(act == "silu", ConfigError, "{}: hidden_act '{}' is not supported; dtrain's Llama uses SwiGLU (silu)",
-               src, act);
-    // RoPE parameters: transformers writes "rope_scaling" (and, from v5, "rope_parameters"
-    // holding rope_theta too); a rope_type / type of "default" is plain RoPE, anything else
-    // is scaled RoPE, which dtrain's Llama does not compute.
-    for (const char* key : {"rope_scaling", "rope_parameters"}) {
-      if (!r.has(key)) continue;
-      const json& rp = j.at(key);
-      const json* type = rp.is_object() ? (rp.contains("rope_type") ? &rp.at("rope_type")
-                                           : rp.contains("type")    ? &rp.at("type")
-                                                                    : nullptr)
-                                        : nullptr;
-      DT_ENFORCE(type && type->is_string() && type->get<std::string>() == "default", ConfigError,
-                 "{}: {} {} is not supported by dtrain's Llama (plain RoPE only); remove it or use a model "
-                 "without scaled RoPE",
-                 src, key, rp.dump());
-      if (rp.contains("rope_theta") && !j.contains("rope_theta")) {
-        DT_ENFORCE(rp.at("rope_theta").is_number() && rp.at("rope_theta").get<double>() > 0, ConfigError,
-                   "{}: {}.rope_theta {} is not a positive number", src, key, rp.at("rope_theta").dump());
-        c.rope_theta = rp.at("rope_theta").get<float>();
-      }
-    }
-    DT_ENFORCE(!r.boolean("attention_bias", false), ConfigError,
-               "{}: attention_bias true is not supported by dtrain's Llama", src);
-    DT_ENFORCE(!r.boolean("mlp_bias", false), ConfigError, "{}: mlp_bias true is not supported by dtrain's Llama",
-               src);
-    if (r.has("head_dim"))
-      DT_ENFORCE(r.positive_int("head_dim") * c.n_head == c.d_model, ConfigError,
-                 "{}: head_dim {} differs from hidden_size / num_attention_heads = {}; not supported", src,
-                 j.at("head_dim").dump(), c.d_model / c.n_head);
+  } else if (c.arch == "llama" || c.arch == "qwen2" || c.arch == "qwen3" || c.arch == "mistral") {
+    llama_family_read(r, c);
   } else {
-    DT_THROW(ConfigError, "{}: model_type '{}' is not supported; dtrain trains \"gpt2\" and \"llama\" models", src,
+    DT_THROW(ConfigError,
+             "{}: model_type '{}' is not supported; dtrain trains gpt2, llama, qwen2, qwen3 and mistral models", src,
              c.arch);
   }
-  DT_ENFORCE(c.d_model % c.n_head == 0, ConfigError, "{}: hidden size {} is not divisible by {} attention heads", src,
-             c.d_model, c.n_head);
+  DT_ENFORCE(c.head_dim > 0 || c.d_model % c.n_head == 0, ConfigError,
+             "{}: hidden size {} is not divisible by {} attention heads", src, c.d_model, c.n_head);
   DT_ENFORCE(c.n_head % c.n_kv_head == 0, ConfigError,
              "{}: {} attention heads are not divisible by {} key/value heads", src, c.n_head, c.n_kv_head);
   DT_ENFORCE(c.norm_eps > 0.0f && std::isfinite(c.norm_eps), ConfigError, "{}: the norm epsilon must be positive",

@@ -1,7 +1,10 @@
-// Hugging Face interchange files beside the weights: config.json for GPT2LMHeadModel
-// and LlamaForCausalLM, and PEFT's adapter_config.json for LoRA adapters, mapped to
-// plain structs. Features dtrain's model does not implement are rejected, not ignored.
+// Hugging Face interchange files beside the weights: config.json for GPT2LMHeadModel,
+// LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and MistralForCausalLM, and PEFT's
+// adapter_config.json for LoRA adapters, mapped to plain structs. Features dtrain's model
+// does not implement are rejected by name, not ignored.
 #pragma once
+
+#include "model/config.h"
 
 #include <nlohmann/json.hpp>
 
@@ -12,7 +15,7 @@ namespace dtrain::model {
 
 /// The architecture fields dtrain needs from / writes to an HF config.json.
 struct HfModelConfig {
-  std::string arch;             ///< "gpt2" or "llama" (config.json model_type)
+  std::string arch;             ///< config.json model_type: gpt2, llama, qwen2, qwen3, mistral
   int vocab_size = 0;
   int max_seq_len = 0;          ///< n_positions / max_position_embeddings
   int n_layer = 0;
@@ -21,8 +24,15 @@ struct HfModelConfig {
   int d_model = 0;
   int d_ff = 0;                 ///< gpt2: n_inner (null means 4 * d_model)
   float norm_eps = 1e-5f;       ///< layer_norm_epsilon / rms_norm_eps
-  float rope_theta = 10000.0f;  ///< llama only
+  float rope_theta = 10000.0f;  ///< llama family only
   bool tie_embeddings = true;   ///< tie_word_embeddings
+  // Llama family (see ModelConfig for their meaning)
+  int head_dim = 0;             ///< 0: hidden_size / num_attention_heads
+  bool qkv_bias = false, o_bias = false, mlp_bias = false, qk_norm = false;
+  int sliding_window = 0;       ///< 0: none (null)
+  ModelConfig::RopeScaling rope_scaling = ModelConfig::RopeScaling::NONE;
+  float rope_factor = 1.0f, rope_low_freq_factor = 1.0f, rope_high_freq_factor = 4.0f;
+  int rope_original_max_pos = 8192;
   std::string torch_dtype = "float32";  ///< "float32", "bfloat16" or "float16"
   int bos_token_id = -1;        ///< -1: not written / not present
   int eos_token_id = -1;
@@ -33,7 +43,8 @@ struct HfModelConfig {
 nlohmann::json hf_config_to_json(const HfModelConfig& cfg);
 /// Parses a config.json object; `source` (a path) prefixes error messages. Throws
 /// ConfigError for a missing or mistyped key, an unknown model_type or an unsupported
-/// feature (other activations, rope_scaling, attention/mlp biases in llama, ...).
+/// feature, named (other activations, rope_scaling types other than default, linear,
+/// dynamic and llama3, partial_rotary_factor, qwen's use_sliding_window, ...).
 HfModelConfig hf_config_from_json(const nlohmann::json& j, const std::string& source);
 /// Atomic write (temp file + rename), 2-space indented like transformers.
 void hf_config_write(const std::string& path, const HfModelConfig& cfg);

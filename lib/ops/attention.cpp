@@ -24,8 +24,13 @@ using simd::LANES;
 // Query rows per causal block (see attention_forward).
 constexpr int ATT_QB = 64;
 
-// Causal softmax of one score row in place: entries [0, len) normalised, the rest zeroed.
-DT_OPS_SIMD void softmax_row(float* __restrict row, int len, int T) {
+// Causal softmax of one score row in place: entries [lo, len) normalised (lo > 0 under a
+// sliding window), the rest zeroed.
+DT_OPS_SIMD void softmax_row(float* __restrict row, int lo, int len, int T) {
+  for (int j = 0; j < lo; ++j) row[j] = 0.0f;
+  row += lo;
+  len -= lo;
+  T -= lo;
   float mx = row[0];
   for (int i = 1; i < len; ++i) mx = row[i] > mx ? row[i] : mx;
   float acc[LANES] = {};
@@ -47,8 +52,14 @@ DT_OPS_SIMD void softmax_row(float* __restrict row, int len, int T) {
   for (int j = len; j < T; ++j) row[j] = 0.0f;
 }
 
-// dS row from P and dP: dS = P * (dP - sum(P * dP)) * scale, zero past the diagonal.
-DT_OPS_SIMD void softmax_bwd_row(float* __restrict dr, const float* __restrict pr, int len, int T, float scale) {
+// dS row from P and dP: dS = P * (dP - sum(P * dP)) * scale over [lo, len), zero elsewhere.
+DT_OPS_SIMD void softmax_bwd_row(float* __restrict dr, const float* __restrict pr, int lo, int len, int T,
+                                 float scale) {
+  for (int j = 0; j < lo; ++j) dr[j] = 0.0f;
+  dr += lo;
+  pr += lo;
+  len -= lo;
+  T -= lo;
   float acc[LANES] = {};
   size_t i = 0;
   const size_t n = static_cast<size_t>(len);
@@ -60,7 +71,11 @@ DT_OPS_SIMD void softmax_bwd_row(float* __restrict dr, const float* __restrict p
   for (int j = len; j < T; ++j) dr[j] = 0.0f;
 }
 
-void attention_check(int NH, int NKV, int HD) {
+// First key query t sees: 0, or t - window + 1 under a sliding window.
+int window_lo(int t, int window) { return window > 0 ? std::max(0, t - window + 1) : 0; }
+
+void attention_check(int NH, int NKV, int HD, int window) {
+  DT_ENFORCE(window >= 0, UsageError, "attention sliding window {} must be >= 0 (0: none)", window);
   DT_ENFORCE(NKV > 0 && NH % NKV == 0, UsageError,
              "attention needs n_head ({}) to be a multiple of n_kv_head ({})", NH, NKV);
   DT_ENFORCE_GT(HD, 0, UsageError, "attention head dimension");
@@ -74,8 +89,8 @@ void attention_check(int NH, int NKV, int HD) {
 // under 9/16) while each stays a BLAS call; the never-computed scores are zero in att,
 // as the softmax leaves them.
 void attention_forward(float* out, float* att, const float* q, const float* k, const float* v,
-                       int B, int T, int NH, int NKV, int HD, int q_stride, int kv_stride) {
-  attention_check(NH, NKV, HD);
+                       int B, int T, int NH, int NKV, int HD, int q_stride, int kv_stride, int window) {
+  attention_check(NH, NKV, HD, window);
   const int G = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
   const int os = NH * HD;  // out is dense
@@ -95,7 +110,7 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
         const int q1 = std::min(T, q0 + ATT_QB), m = q1 - q0;
         float* ab = a + static_cast<size_t>(q0) * T;
         gemm_ld(false, true, m, q1, HD, scale, qh + static_cast<size_t>(q0) * qs, qs, kk, ks, 0.0f, ab, T);
-        for (int t = q0; t < q1; ++t) softmax_row(a + static_cast<size_t>(t) * T, t + 1, T);
+        for (int t = q0; t < q1; ++t) softmax_row(a + static_cast<size_t>(t) * T, window_lo(t, window), t + 1, T);
         gemm_ld(false, false, m, HD, q1, 1.0f, ab, T, vv, ks, 0.0f, oh + static_cast<size_t>(q0) * os, os);
       }
     }
@@ -110,8 +125,8 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
 // deterministic).
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* att,
                         const float* q, const float* k, const float* v, int B, int T, int NH,
-                        int NKV, int HD, int q_stride, int kv_stride) {
-  attention_check(NH, NKV, HD);
+                        int NKV, int HD, int q_stride, int kv_stride, int window) {
+  attention_check(NH, NKV, HD, window);
   const int G = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
   const int os = NH * HD;  // dout and the grouped-head scratch are dense
@@ -145,7 +160,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         const size_t qb = qoff + static_cast<size_t>(q0) * qs;
         gemm_ld(false, true, m, q1, HD, 1.0f, dob, os, v + koff, ks, 0.0f, dsb, T);
         for (int t = q0; t < q1; ++t)
-          softmax_bwd_row(ds.data() + static_cast<size_t>(t) * T, a + static_cast<size_t>(t) * T, t + 1, T, scale);
+          softmax_bwd_row(ds.data() + static_cast<size_t>(t) * T, a + static_cast<size_t>(t) * T, window_lo(t, window), t + 1, T,
+                          scale);
         gemm_ld(false, false, m, HD, q1, 1.0f, dsb, T, k + koff, ks, 1.0f, dq + qb, qs);
         gemm_ld(true, false, q1, HD, m, 1.0f, dsb, T, q + qb, qs, 1.0f, dkh, ld);
         gemm_ld(true, false, q1, HD, m, 1.0f, ab, T, dob, os, 1.0f, dvh, ld);

@@ -40,12 +40,12 @@ void rope_apply(float* x, int B, int T, int H, int HD, const std::vector<float>&
   });
 }
 
-void rope_run(float* q, float* k, int B, int T, int NH, int NKV, int HD, float theta, float sign) {
+void rope_run(float* q, float* k, int B, int T, int NH, int NKV, int HD, const RopeFreq& rope, float sign) {
   DT_ENFORCE(HD % 2 == 0, UsageError, "rope needs an even head dimension, got {}", HD);
   const int half = HD / 2;
   std::vector<float> cs(static_cast<size_t>(T) * half), sn(cs.size());
   for (int i = 0; i < half; ++i) {
-    double inv_freq = 1.0 / std::pow(static_cast<double>(theta), 2.0 * i / HD);
+    const double inv_freq = rope_inv_freq(rope, i, HD);
     for (int t = 0; t < T; ++t) {
       double a = t * inv_freq;
       cs[static_cast<size_t>(t) * half + i] = static_cast<float>(std::cos(a));
@@ -58,12 +58,12 @@ void rope_run(float* q, float* k, int B, int T, int NH, int NKV, int HD, float t
 
 }  // namespace
 
-void rope_forward(float* q, float* k, int B, int T, int NH, int NKV, int HD, float theta) {
-  rope_run(q, k, B, T, NH, NKV, HD, theta, 1.0f);
+void rope_forward(float* q, float* k, int B, int T, int NH, int NKV, int HD, const RopeFreq& rope) {
+  rope_run(q, k, B, T, NH, NKV, HD, rope, 1.0f);
 }
 
-void rope_backward(float* dq, float* dk, int B, int T, int NH, int NKV, int HD, float theta) {
-  rope_run(dq, dk, B, T, NH, NKV, HD, theta, -1.0f);
+void rope_backward(float* dq, float* dk, int B, int T, int NH, int NKV, int HD, const RopeFreq& rope) {
+  rope_run(dq, dk, B, T, NH, NKV, HD, rope, -1.0f);
 }
 
 }  // namespace dtrain::ops

@@ -11,7 +11,11 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <optional>
+#include <set>
+#include <unordered_map>
 
 namespace dtrain::train {
 
@@ -38,9 +42,9 @@ void model_memory_check(const model::ModelConfig& m, const std::string& source) 
 }
 
 model::ModelConfig::Arch arch_parse(const std::string& s, const std::string& where) {
-  if (s == "gpt2") return model::ModelConfig::Arch::GPT2;
-  if (s == "llama") return model::ModelConfig::Arch::LLAMA;
-  DT_THROW(ConfigError, "{}: unknown architecture '{}' (use gpt2 or llama)", where, s);
+  model::ModelConfig::Arch a{};
+  if (model::arch_parse(s, &a)) return a;
+  DT_THROW(ConfigError, "{}: unknown architecture '{}' (use gpt2, llama, qwen2, qwen3 or mistral)", where, s);
 }
 
 model::ModelConfig from_hf(const model::HfModelConfig& h) {
@@ -56,6 +60,17 @@ model::ModelConfig from_hf(const model::HfModelConfig& h) {
   m.norm_eps = h.norm_eps;
   m.rope_theta = h.rope_theta;
   m.tie_embeddings = h.tie_embeddings;
+  m.head_size = h.head_dim;
+  m.qkv_bias = h.qkv_bias;
+  m.o_bias = h.o_bias;
+  m.mlp_bias = h.mlp_bias;
+  m.qk_norm = h.qk_norm;
+  m.sliding_window = h.sliding_window;
+  m.rope_scaling = h.rope_scaling;
+  m.rope_factor = h.rope_factor;
+  m.rope_low_freq_factor = h.rope_low_freq_factor;
+  m.rope_high_freq_factor = h.rope_high_freq_factor;
+  m.rope_original_max_pos = h.rope_original_max_pos;
   return m;
 }
 
@@ -72,6 +87,17 @@ model::HfModelConfig to_hf(const model::ModelConfig& m) {
   h.norm_eps = m.norm_eps;
   h.rope_theta = m.rope_theta;
   h.tie_embeddings = m.tie_embeddings;
+  h.head_dim = m.head_size;
+  h.qkv_bias = m.qkv_bias;
+  h.o_bias = m.o_bias;
+  h.mlp_bias = m.mlp_bias;
+  h.qk_norm = m.qk_norm;
+  h.sliding_window = m.sliding_window;
+  h.rope_scaling = m.rope_scaling;
+  h.rope_factor = m.rope_factor;
+  h.rope_low_freq_factor = m.rope_low_freq_factor;
+  h.rope_high_freq_factor = m.rope_high_freq_factor;
+  h.rope_original_max_pos = m.rope_original_max_pos;
   return h;
 }
 
@@ -82,9 +108,75 @@ void check_same(const std::optional<int64_t>& given, int actual, const char* key
              key, *given, dir, actual, key);
 }
 
-std::vector<std::string> weight_files(const std::string& dir) {
+// The safetensors files of a checkpoint and which one holds each tensor. A tensor in two
+// files is an error (which copy would be meant?), as is, with an index, any disagreement
+// between model.safetensors.index.json's weight_map and the shards.
+struct WeightSet {
+  std::vector<model::SafetensorsFile> files;
+  std::unordered_map<std::string, size_t> file_of;
+};
+
+WeightSet weights_open(const std::vector<std::string>& paths) {
+  WeightSet w;
+  for (const auto& p : paths) w.files.emplace_back(p);
+  for (size_t i = 0; i < w.files.size(); ++i)
+    for (const auto& n : w.files[i].names()) {
+      auto [it, fresh] = w.file_of.emplace(n, i);
+      DT_ENFORCE(fresh, IoError, "tensor {} is in both {} and {}: a checkpoint names each weight once", n,
+                 w.files[it->second].path(), w.files[i].path());
+    }
+  return w;
+}
+
+// model.safetensors; else the shards model.safetensors.index.json names (HF's sharded
+// layout, validated against the index); else every model-*.safetensors.
+WeightSet weights_open_dir(const std::string& dir) {
   const fs::path single = fs::path(dir) / "model.safetensors";
-  if (fs::exists(single)) return {single.string()};
+  if (fs::exists(single)) return weights_open({single.string()});
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    const std::string ip = index.string();
+    nlohmann::json j;
+    {
+      std::ifstream in(ip);
+      DT_ENFORCE(in.good(), IoError, "cannot open {}", ip);
+      try {
+        j = nlohmann::json::parse(in);
+      } catch (const nlohmann::json::parse_error& e) {
+        DT_THROW(IoError, "{}: invalid JSON: {}", ip, e.what());
+      }
+    }
+    DT_ENFORCE(j.is_object() && j.contains("weight_map") && j.at("weight_map").is_object() &&
+                   !j.at("weight_map").empty(),
+               IoError, "{}: no \"weight_map\" object naming each tensor's shard", ip);
+    std::map<std::string, std::string> map;
+    std::set<std::string> shards;
+    for (const auto& [name, file] : j.at("weight_map").items()) {
+      DT_ENFORCE(file.is_string() && !file.get<std::string>().empty() &&
+                     file.get<std::string>().find('/') == std::string::npos,
+                 IoError, "{}: weight_map[\"{}\"] must be a file name in {}, got {}", ip, name, dir, file.dump());
+      map[name] = file.get<std::string>();
+      shards.insert(file.get<std::string>());
+    }
+    std::vector<std::string> paths;
+    for (const auto& f : shards) {
+      const fs::path p = fs::path(dir) / f;
+      DT_ENFORCE(fs::exists(p), IoError, "{} names shard {}, which is not in {}", ip, f, dir);
+      paths.push_back(p.string());
+    }
+    WeightSet w = weights_open(paths);
+    for (const auto& [name, file] : map) {
+      auto it = w.file_of.find(name);
+      DT_ENFORCE(it != w.file_of.end(), IoError, "{}: tensor {} is mapped to {}, which does not hold it", ip, name,
+                 file);
+      DT_ENFORCE(fs::path(w.files[it->second].path()).filename() == file, IoError,
+                 "{}: tensor {} is mapped to {} but is in {}", ip, name, file, w.files[it->second].path());
+    }
+    for (const auto& [name, i] : w.file_of)
+      DT_ENFORCE(map.count(name) != 0, IoError, "{} holds tensor {}, which {} does not list", w.files[i].path(), name,
+                 ip);
+    return w;
+  }
   std::vector<std::string> shards;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
@@ -92,38 +184,43 @@ std::vector<std::string> weight_files(const std::string& dir) {
     if (name.rfind("model-", 0) == 0 && e.path().extension() == ".safetensors") shards.push_back(e.path().string());
   }
   std::sort(shards.begin(), shards.end());
-  DT_ENFORCE(!shards.empty(), IoError, "{}: no model.safetensors (or model-*.safetensors shards) found", dir);
-  return shards;
+  DT_ENFORCE(!shards.empty(), IoError,
+             "{}: no model.safetensors, model.safetensors.index.json or model-*.safetensors shards found", dir);
+  return weights_open(shards);
 }
 
-// Reads one tensor of the layout from whichever file holds it, transposing Conv1D.
-void load_tensor(const std::vector<model::SafetensorsFile>& files, const model::TensorSpec& t, float* dst,
-                 const model::ModelConfig& cfg) {
+// Reads one tensor of the layout from the file that holds it, transposing Conv1D.
+void load_tensor(const WeightSet& w, const model::TensorSpec& t, float* dst, const model::ModelConfig& cfg) {
   std::vector<std::string> names{t.name};
   if (cfg.arch == model::ModelConfig::Arch::GPT2 && t.name.rfind("transformer.", 0) == 0)
     names.push_back(t.name.substr(12));  // HF's "gpt2" checkpoints omit the prefix
-  for (const auto& f : files) {
-    for (const auto& n : names) {
-      if (!f.contains(n)) continue;
-      const auto& info = f.info(n);
-      std::vector<int64_t> want = t.shape;
-      if (t.hf_transposed) std::reverse(want.begin(), want.end());
-      if (info.shape != want)
-        DT_THROW(IoError, "{}: tensor {} has shape [{}], the model expects [{}]", f.path(), n,
-                 fmt::join(info.shape, ", "), fmt::join(want, ", "));
-      if (!t.hf_transposed) {
-        f.read_f32(n, dst, t.numel());
-      } else {
-        std::vector<float> tmp(t.numel());
-        f.read_f32(n, tmp.data(), tmp.size());
-        const int64_t rows = t.shape[0], cols = t.shape[1];  // ours [rows, cols] = HF [cols, rows]
-        for (int64_t i = 0; i < rows; ++i)
-          for (int64_t j = 0; j < cols; ++j) dst[i * cols + j] = tmp[static_cast<size_t>(j * rows + i)];
-      }
-      return;
+  for (const auto& n : names) {
+    auto it = w.file_of.find(n);
+    if (it == w.file_of.end()) continue;
+    const model::SafetensorsFile& f = w.files[it->second];
+    const auto& info = f.info(n);
+    std::vector<int64_t> want = t.shape;
+    if (t.hf_transposed) std::reverse(want.begin(), want.end());
+    if (info.shape != want)
+      DT_THROW(IoError, "{}: tensor {} has shape [{}], the model expects [{}]", f.path(), n,
+               fmt::join(info.shape, ", "), fmt::join(want, ", "));
+    if (!t.hf_transposed) {
+      f.read_f32(n, dst, t.numel());
+    } else {
+      std::vector<float> tmp(t.numel());
+      f.read_f32(n, tmp.data(), tmp.size());
+      const int64_t rows = t.shape[0], cols = t.shape[1];  // ours [rows, cols] = HF [cols, rows]
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) dst[i * cols + j] = tmp[static_cast<size_t>(j * rows + i)];
     }
+    return;
   }
-  DT_THROW(IoError, "{}: tensor {} is missing", files.front().path(), t.name);
+  DT_THROW(IoError, "{}: tensor {} is missing", w.files.front().path(), t.name);
+}
+
+void load_all(model::Model& m, const WeightSet& w) {
+  for (auto& pb : m.params())
+    for (const auto& t : pb.layout.tensors) load_tensor(w, t, pb.host_f32() + t.offset, m.config());
 }
 
 }  // namespace
@@ -178,8 +275,7 @@ model::LoraConfig lora_config_from(const config::TrainConfig& cfg, const model::
   l.dropout = static_cast<float>(cfg.lora.dropout);
   l.targets = cfg.lora.target_modules;
   if (l.targets.empty())
-    l.targets = mcfg.arch == model::ModelConfig::Arch::LLAMA ? std::vector<std::string>{"q_proj", "v_proj"}
-                                                             : std::vector<std::string>{"c_attn"};
+    l.targets = !mcfg.is_gpt2() ? std::vector<std::string>{"q_proj", "v_proj"} : std::vector<std::string>{"c_attn"};
   l.seed = static_cast<uint64_t>(cfg.training.seed);
   l.validate(mcfg);
   return l;
@@ -187,18 +283,16 @@ model::LoraConfig lora_config_from(const config::TrainConfig& cfg, const model::
 
 void model_load_safetensors(model::Model& m, const std::vector<std::string>& paths) {
   DT_ENFORCE(!paths.empty(), InternalError, "model_load_safetensors: no files");
-  std::vector<model::SafetensorsFile> files;
-  for (const auto& p : paths) files.emplace_back(p);
-  for (auto& pb : m.params())
-    for (const auto& t : pb.layout.tensors) load_tensor(files, t, pb.host_f32() + t.offset, m.config());
+  load_all(m, weights_open(paths));
 }
+
+void model_load_hf_weights(model::Model& m, const std::string& dir) { load_all(m, weights_open_dir(dir)); }
 
 void model_load_adapter(model::Model& m, const std::string& path) {
   DT_ENFORCE(m.lora_on(), InternalError, "model_load_adapter: LoRA is not enabled");
-  std::vector<model::SafetensorsFile> files;
-  files.emplace_back(path);
+  const WeightSet w = weights_open({path});
   for (auto& pb : m.lora_params())
-    for (const auto& t : pb.layout.tensors) load_tensor(files, t, pb.host_f32() + t.offset, m.config());
+    for (const auto& t : pb.layout.tensors) load_tensor(w, t, pb.host_f32() + t.offset, m.config());
 }
 
 std::unique_ptr<model::Model> model_create(const config::TrainConfig& cfg) {
@@ -208,7 +302,7 @@ std::unique_ptr<model::Model> model_create(const config::TrainConfig& cfg) {
   if (cfg.model.init_from.empty()) {
     m->init_weights(static_cast<uint64_t>(cfg.training.seed));
   } else {
-    model_load_safetensors(*m, weight_files(cfg.model.init_from));
+    model_load_hf_weights(*m, cfg.model.init_from);
     log_info("model: loaded {} ({} parameters)", cfg.model.init_from, m->num_params());
   }
   if (cfg.lora.enabled()) {
@@ -224,7 +318,7 @@ std::unique_ptr<model::Model> model_load_hf_dir(const std::string& dir) {
   const model::ModelConfig mcfg = from_hf(model::hf_config_read((fs::path(dir) / "config.json").string()));
   model_memory_check(mcfg, (fs::path(dir) / "config.json").string());
   auto m = std::make_unique<model::Model>(mcfg);
-  model_load_safetensors(*m, weight_files(dir));
+  model_load_hf_weights(*m, dir);
   const fs::path acfg = fs::path(dir) / "adapter_config.json";
   if (fs::exists(acfg)) {
     const model::LoraAdapterConfig a = model::peft_config_read(acfg.string());

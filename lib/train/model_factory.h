@@ -22,8 +22,8 @@ model::ModelConfig model_config_from(const config::TrainConfig& cfg);
 model::LoraConfig lora_config_from(const config::TrainConfig& cfg, const model::ModelConfig& mcfg);
 
 /// Builds the model for cfg: random init from training.seed, or the weights of
-/// model.init_from (model.safetensors, or model-*.safetensors shards listed in any
-/// order); then LoRA when lora.r > 0 (adapters loaded from init_from's
+/// model.init_from (model_load_hf_weights: model.safetensors, or the shards of
+/// model.safetensors.index.json); then LoRA when lora.r > 0 (adapters loaded from init_from's
 /// adapter_model.safetensors when that file exists there), and recompute when
 /// activation_checkpointing.enabled.
 std::unique_ptr<model::Model> model_create(const config::TrainConfig& cfg);
@@ -33,6 +33,12 @@ std::unique_ptr<model::Model> model_create(const config::TrainConfig& cfg);
 /// tensors are transposed; a tied lm_head.weight is ignored). IoError naming the file
 /// and tensor for a missing tensor or a shape mismatch.
 void model_load_safetensors(model::Model& m, const std::vector<std::string>& paths);
+
+/// Loads the base tensors from an HF directory: model.safetensors; else the shards
+/// model.safetensors.index.json names, validated (every shard present, every tensor in the
+/// file its weight_map entry says and listed there, none in two shards); else every
+/// model-*.safetensors (none in two). IoError naming the file and tensor otherwise.
+void model_load_hf_weights(model::Model& m, const std::string& dir);
 
 /// Loads PEFT adapter weights into a model whose LoRA is enabled.
 void model_load_adapter(model::Model& m, const std::string& path);

@@ -17,6 +17,6 @@ std::vector<Case> cases_attention();  // flash attention
 
 // One attention forward+backward check (worst error over out, lse, dq, dk, dv); also
 // used by attention_test at long sequence lengths.
-double attention_check(DType t, int B, int T, int NH, int NKV, int HD, uint64_t seed, bool fused = false);
+double attention_check(DType t, int B, int T, int NH, int NKV, int HD, uint64_t seed, bool fused = false, int W = 0);
 
 }  // namespace dtrain::kernels::test

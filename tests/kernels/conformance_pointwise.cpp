@@ -67,19 +67,18 @@ double residual_case(DType t, size_t off, uint64_t seed) {
   return std::max({buf_err(out, out_ref), buf_err(dA, out_ref), buf_err(da, da_ref), buf_err(db, db_ref)});
 }
 
-double rope_case(DType t, int HD, bool backward, uint64_t seed) {
+double rope_case(DType t, int HD, bool backward, uint64_t seed, const ops::RopeFreq& rope) {
   Rng r(seed);
   const int B = 2, T = 37, NH = 4, NKV = 2;
-  const float theta = 10000.0f;
   const size_t nq = static_cast<size_t>(B) * T * NH * HD, nk = static_cast<size_t>(B) * T * NKV * HD;
   Floats q = input(r, nq, t), k = input(r, nk, t);
   DevBuf dq(q, t), dk(k, t);
   if (backward) {
-    ops::rope_backward(q.data(), k.data(), B, T, NH, NKV, HD, theta);
-    rope_backward(dq.ptr(), dk.ptr(), B, T, NH, NKV, HD, theta, t, nullptr);
+    ops::rope_backward(q.data(), k.data(), B, T, NH, NKV, HD, rope);
+    rope_backward(dq.ptr(), dk.ptr(), B, T, NH, NKV, HD, rope, t, nullptr);
   } else {
-    ops::rope_forward(q.data(), k.data(), B, T, NH, NKV, HD, theta);
-    rope_forward(dq.ptr(), dk.ptr(), B, T, NH, NKV, HD, theta, t, nullptr);
+    ops::rope_forward(q.data(), k.data(), B, T, NH, NKV, HD, rope);
+    rope_forward(dq.ptr(), dk.ptr(), B, T, NH, NKV, HD, rope, t, nullptr);
   }
   return std::max(buf_err(dq, q), buf_err(dk, k));
 }
@@ -175,12 +174,19 @@ std::vector<Case> cases_pointwise() {
       c.push_back({"residual fwd+bwd" + u, t, [=] { return residual_case(t, off, seed + 3); }, tol_for(t, 1e-6)});
       seed += 4;
     }
+    // RoPE types: default; linear (factor 4); llama3 with a short original context so the
+    // pairs of HD = 16 fall in all three bands (kept, blended, scaled).
+    ops::RopeFreq linear{500000.0f, ops::RopeFreq::LINEAR, 4.0f};
+    ops::RopeFreq llama3{500000.0f, ops::RopeFreq::LLAMA3, 8.0f, 1.0f, 4.0f, 64};
     for (int hd : {16, 12})
-      for (bool bwd : {false, true}) {
-        c.push_back({std::string("rope ") + (bwd ? "bwd" : "fwd") + " HD=" + std::to_string(hd), t,
-                     [=] { return rope_case(t, hd, bwd, seed); }, tol_for(t, 1e-5)});
-        ++seed;
-      }
+      for (bool bwd : {false, true})
+        for (const auto& named : {std::pair{"", ops::RopeFreq{10000.0f}}, std::pair{" linear", linear},
+                                  std::pair{" llama3", llama3}}) {
+          const ops::RopeFreq rope = named.second;
+          c.push_back({std::string("rope ") + (bwd ? "bwd" : "fwd") + " HD=" + std::to_string(hd) + named.first, t,
+                       [=] { return rope_case(t, hd, bwd, seed, rope); }, tol_for(t, 1e-5)});
+          ++seed;
+        }
     for (int C : {72, 70})
       for (bool wpe : {true, false}) {
         c.push_back({"embedding fwd+bwd C=" + std::to_string(C) + (wpe ? " +wpe" : ""), t,

@@ -183,17 +183,19 @@ TEST_CASE("malformed or unsupported config.json is rejected clearly") {
   CHECK(config_error(with(gpt2, "scale_attn_by_inverse_layer_idx", true)).find("inverse") != std::string::npos);
   CHECK(config_error(with(gpt2, "layer_norm_epsilon", "x")).find("layer_norm_epsilon") != std::string::npos);
   CHECK(config_error(with(llama, "num_key_value_heads", 5)).find("key/value") != std::string::npos);
-  CHECK(config_error(with(llama, "rope_scaling", json{{"type", "linear"}, {"factor", 2.0}})).find("rope_scaling") !=
+  CHECK(config_error(with(llama, "rope_scaling", json{{"type", "linear"}, {"factor", 2.0}})).empty());
+  CHECK(config_error(with(llama, "rope_scaling", json{{"type", "yarn"}, {"factor", 2.0}})).find("rope_type 'yarn'") !=
         std::string::npos);
   CHECK(config_error(with(llama, "hidden_act", "gelu")).find("hidden_act") != std::string::npos);
-  CHECK(config_error(with(llama, "attention_bias", true)).find("attention_bias") != std::string::npos);
-  CHECK(config_error(with(llama, "head_dim", 128)).find("head_dim") != std::string::npos);
+  CHECK(config_error(with(llama, "attention_bias", true)).empty());  // supported: q/k/v/o biases
+  CHECK(config_error(with(llama, "attention_bias", "yes")).find("attention_bias") != std::string::npos);
+  CHECK(hf_config_from_json(with(llama, "head_dim", 128), "cfg.json").head_dim == 128);  // != 2048 / 32
   CHECK(config_error(with(llama, "torch_dtype", "int8")).find("torch_dtype") != std::string::npos);
   CHECK(config_error(with(llama, "head_dim", 64)).empty());
   // rope_type "default" (transformers' rope_scaling / v5's rope_parameters) is plain RoPE
   CHECK(config_error(with(llama, "rope_scaling", json{{"rope_type", "default"}})).empty());
   CHECK(config_error(with(llama, "rope_parameters", json{{"rope_type", "llama3"}, {"factor", 8.0}}))
-            .find("rope_parameters") != std::string::npos);
+            .find("rope_parameters rope_type 'llama3' needs 'low_freq_factor'") != std::string::npos);
   CHECK(config_error(with(llama, "rope_scaling", json{{"factor", 2.0}})).find("rope_scaling") != std::string::npos);
   {
     json v5 = without(llama, "rope_theta");

@@ -148,7 +148,7 @@ TEST_CASE("every threaded op matches its single-threaded run (bit for bit; GEMMs
     embedding_forward(emb.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, 50);
     embedding_backward(dwte.data(), dwpe.data(), demb.data(), tokens.data(), B, T, C);
     auto rq = q, rk = k;
-    rope_forward(rq.data(), rk.data(), B, T, NH, NKV, HD, 10000.0f);
+    rope_forward(rq.data(), rk.data(), B, T, NH, NKV, HD, RopeFreq{10000.0f});
     std::vector<float> lo(size_t(N) * OC), lpre(lo.size()), ldp(size_t(N) * IC), ldw(lin_w.size()), ldb(OC);
     linear_gelu_forward(lo.data(), lpre.data(), lin_in.data(), lin_w.data(), lin_b.data(), N, IC, OC);
     linear_dgelu_backward(ldp.data(), ldw.data(), ldb.data(), lin_d.data(), lin_in.data(), lin_w.data(), lin_in.data(),

@@ -17,7 +17,7 @@ TEST_CASE("rope forward matches HF rotate_half, backward matches finite differen
   Rng r(21);
   auto q = ref::rand_floats(r, B * T * NH * HD), k = ref::rand_floats(r, B * T * NKV * HD);
   auto q0 = q, k0 = k;
-  rope_forward(q.data(), k.data(), B, T, NH, NKV, HD, theta);
+  rope_forward(q.data(), k.data(), B, T, NH, NKV, HD, RopeFreq{theta});
   CHECK(ref::max_rel_err(q, ref::rope(ref::to_double(q0), B, T, NH, HD, theta)) <= 1e-6);
   CHECK(ref::max_rel_err(k, ref::rope(ref::to_double(k0), B, T, NKV, HD, theta)) <= 1e-6);
   // position 0 is the identity; every position preserves the norm of each head vector
@@ -30,13 +30,13 @@ TEST_CASE("rope forward matches HF rotate_half, backward matches finite differen
   auto lq = [&](const ref::Vec& x) { return ref::dot(ref::rope(x, B, T, NH, HD, theta), ref::to_double(dq)); };
   auto lk = [&](const ref::Vec& x) { return ref::dot(ref::rope(x, B, T, NKV, HD, theta), ref::to_double(dk)); };
   auto gq = ref::fd_grad(lq, ref::to_double(q0)), gk = ref::fd_grad(lk, ref::to_double(k0));
-  rope_backward(dq.data(), dk.data(), B, T, NH, NKV, HD, theta);
+  rope_backward(dq.data(), dk.data(), B, T, NH, NKV, HD, RopeFreq{theta});
   CHECK(ref::max_rel_err(dq, gq) <= 1e-4);
   CHECK(ref::max_rel_err(dk, gk) <= 1e-4);
   // backward(forward(x)) == x: the rotation is orthogonal
   auto x = q0;
-  rope_forward(x.data(), nullptr, B, T, NH, 0, HD, 500000.0f);
-  rope_backward(x.data(), nullptr, B, T, NH, 0, HD, 500000.0f);
+  rope_forward(x.data(), nullptr, B, T, NH, 0, HD, RopeFreq{500000.0f});
+  rope_backward(x.data(), nullptr, B, T, NH, 0, HD, RopeFreq{500000.0f});
   CHECK(ref::max_rel_err(x, ref::to_double(q0)) <= 1e-6);
 }
 
@@ -44,11 +44,11 @@ TEST_CASE("rope with a small theta and long sequence (large angles)") {
   const int B = 1, T = 300, H = 1, HD = 8;
   Rng r(22);
   auto q = ref::rand_floats(r, T * HD), q0 = q;
-  rope_forward(q.data(), nullptr, B, T, H, 0, HD, 100.0f);
+  rope_forward(q.data(), nullptr, B, T, H, 0, HD, RopeFreq{100.0f});
   CHECK(ref::max_rel_err(q, ref::rope(ref::to_double(q0), B, T, H, HD, 100.0)) <= 1e-5);
 }
 
 TEST_CASE("rope rejects an odd head dimension") {
   std::vector<float> q(3);
-  CHECK_THROWS_AS(rope_forward(q.data(), nullptr, 1, 1, 1, 0, 3, 10000.0f), UsageError);
+  CHECK_THROWS_AS(rope_forward(q.data(), nullptr, 1, 1, 1, 0, 3, RopeFreq{10000.0f}), UsageError);
 }
