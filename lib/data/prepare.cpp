@@ -72,9 +72,9 @@ TokenData data_tokenize(const std::string& input, DataFormat format, const Token
     const SftFormat f = format == DataFormat::CHAT     ? SftFormat::CHAT
                         : format == DataFormat::ALPACA ? SftFormat::ALPACA
                                                        : SftFormat::AUTO;
-    const SftTemplate tmpl = sft_template_parse(options.sft_template);
+    const SftTemplate tmpl = sft_template_parse(options.sft_template, &tokenizer);
     for (const SftRecord& rec : sft_load_jsonl(input, f)) {
-      SftTokens t = sft_render(rec, tokenizer, tmpl, options.add_bos);
+      SftTokens t = sft_render(rec, tokenizer, tmpl, options.add_bos, options.train_on_prompt);
       data.append(t.tokens, t.mask);
     }
   }

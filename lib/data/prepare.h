@@ -24,7 +24,8 @@ enum class DataFormat { TEXT, ALPACA, CHAT, SFT };
 DataFormat data_format_parse(std::string_view name);
 
 struct DataPrepareOptions {
-  std::string sft_template = "plain";  // plain | chatml
+  std::string sft_template = "plain";  // a data/chat_template.h name, or auto (from the tokenizer's directory)
+  bool train_on_prompt = false;        // SFT: every token trains, not only the assistant turns
   bool add_bos = false;                // prepend bos to every document
   bool text_line_per_doc = false;      // TEXT: one document per line
 };

@@ -33,6 +33,7 @@ data::TokenDataset dataset_load(const std::string& path, const config::DataConfi
   }
   data::DataPrepareOptions popts;
   popts.sft_template = dcfg.template_name;
+  popts.train_on_prompt = dcfg.train_on_prompt;
   data::TokenData td = data::data_tokenize(path, data::data_format_parse(dcfg.format), tokenizer, popts);
   return data::TokenDataset(std::move(td), opts);
 }
