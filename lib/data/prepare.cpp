@@ -82,6 +82,22 @@ TokenData data_tokenize(const std::string& input, DataFormat format, const Token
   return data;
 }
 
+TokenData data_tokenize_records(const std::vector<SftRecord>& records, const std::string& name,
+                                const Tokenizer& tokenizer, const DataPrepareOptions& options) {
+  TokenData data;
+  data.name = name;
+  data.vocab_size = tokenizer.vocab_size();
+  data.eos_id = tokenizer.eos_id();
+  data.pad_id = tokenizer.pad_id();
+  const SftTemplate tmpl = sft_template_parse(options.sft_template, &tokenizer);
+  for (const SftRecord& rec : records) {
+    SftTokens t = sft_render(rec, tokenizer, tmpl, options.add_bos, options.train_on_prompt);
+    data.append(t.tokens, t.mask);
+  }
+  DT_ENFORCE(!data.tokens.empty(), ConfigError, "'{}' holds no records: nothing to tokenize", name);
+  return data;
+}
+
 DataPrepareStats data_prepare(const std::string& input, DataFormat format, const std::string& tokenizer_spec,
                               const std::string& output, const DataPrepareOptions& options) {
   // The output replaces whatever file it names: never the input (the same path, or another

@@ -40,6 +40,11 @@ struct DataPrepareStats {
 TokenData data_tokenize(const std::string& input, DataFormat format, const Tokenizer& tokenizer,
                         const DataPrepareOptions& options = {});
 
+// Renders SFT records (e.g. LLaMA-Factory's, data/llamafactory.h) into memory; `name`
+// labels the data in shard metadata and errors.
+TokenData data_tokenize_records(const std::vector<SftRecord>& records, const std::string& name,
+                                const Tokenizer& tokenizer, const DataPrepareOptions& options = {});
+
 // Tokenizes `input` with the tokenizer named by tokenizer_spec ("byte" or a
 // tokenizer.json path) and writes the shard `output`.
 DataPrepareStats data_prepare(const std::string& input, DataFormat format, const std::string& tokenizer_spec,
