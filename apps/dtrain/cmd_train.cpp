@@ -76,7 +76,7 @@ int run_generate(const std::string& dir, const std::string& prompt, int max_new_
     data::SftRecord rec;
     rec.messages.push_back({data::SftRole::USER, prompt, ""});
     rec.messages.push_back({data::SftRole::ASSISTANT, "", ""});
-    ids = data::sft_render_prompt(rec, *t.tokenizer, data::sft_template_parse(t.template_name));
+    ids = data::sft_render_prompt(rec, *t.tokenizer, data::sft_template_parse(t.template_name, t.tokenizer.get()));
   }
   // The model sees at most max_seq_len tokens: a longer prompt is cut to its last
   // max_seq_len - 1 tokens (generate_greedy_batch), which leaves room for one new token.

@@ -154,7 +154,8 @@ const std::vector<KeySpec>& build_schema() {
        "the architecture and sizes, so those keys become optional (given ones must match)"},
 
       // ---- data (dtrain)
-      {"data.train", KeyType::STRING, F(data.train), "training data path (file or directory)", {},
+      {"data.train", KeyType::STRING, F(data.train),
+       "training data path (file or directory; with data.dataset, LLaMA-Factory's dataset_dir)", {},
        {}, {}, false, nullptr, "required for a job"},
       {"data.valid", KeyType::STRING, F(data.valid), "validation data path; \"\" = none"},
       {"data.format", KeyType::ENUM, F(data.format),
@@ -167,8 +168,19 @@ const std::vector<KeySpec>& build_schema() {
        "tokens per training sequence (<= model.max_seq_len); at least 2: a token and the next one it predicts",
        {}, 2, {}, false, nullptr, "model.max_seq_len"},
       {"data.template", KeyType::ENUM, F(data.template_name),
-       "SFT prompt/chat template: plain (alpaca is another name for it) or chatml",
-       {"plain", "alpaca", "chatml"}},
+       "SFT prompt/chat template, as the model family's own chat_template renders it: plain (alpaca is "
+       "another name for it), chatml, qwen (ChatML with Qwen2.5's default system message), qwen3 (thinking off), "
+       "llama3, llama2, mistral; auto reads it from the chat_template in tokenizer_config.json beside "
+       "data.tokenizer",
+       {"plain", "alpaca", "chatml", "qwen", "qwen3", "llama3", "llama2", "mistral", "auto"}},
+      {"data.dataset", KeyType::STRING, F(data.dataset),
+       "LLaMA-Factory dataset names (comma-separated) from the dataset_info.json of the directory data.train "
+       "names (its dataset_dir); \"\" = data.train is a data file"},
+      {"data.mix", KeyType::STRING_LIST, F(data.mix),
+       "one weight per data.dataset name: each contributes that share of the records; [] = the datasets one after "
+       "the other"},
+      {"data.train_on_prompt", KeyType::BOOL, F(data.train_on_prompt),
+       "SFT: train on the prompt tokens too (LLaMA-Factory's train_on_prompt); false = only the assistant turns"},
       {"data.pack", KeyType::BOOL, F(data.pack), "pack several examples into one sequence"},
       {"data.shuffle", KeyType::BOOL, F(data.shuffle), "shuffle examples each epoch (seeded)"},
 

@@ -41,6 +41,9 @@ struct DataConfig {
   std::string tokenizer = "byte";  // path to tokenizer.json, or "byte"
   std::optional<int64_t> seq_len;  // derived: model.max_seq_len
   std::string template_name = "plain";  // YAML key data.template
+  bool train_on_prompt = false;
+  std::string dataset;            // LLaMA-Factory dataset names (data.train is their dataset_dir)
+  std::vector<std::string> mix;   // one weight per data.dataset name; empty = concatenated
   bool pack = true;
   bool shuffle = true;
   bool operator==(const DataConfig&) const = default;

@@ -43,6 +43,7 @@ class BpeTokenizer final : public Tokenizer {
 
   std::vector<int32_t> encode(std::string_view text) const override;
   std::vector<int32_t> encode_ordinary(std::string_view text) const override;
+  std::vector<int32_t> encode_ordinary_at(std::string_view text, TextAt at) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
   int32_t vocab_size() const override { return static_cast<int32_t>(id_to_token_.size()); }
   int32_t bos_id() const override { return bos_id_; }
@@ -81,7 +82,9 @@ class BpeTokenizer final : public Tokenizer {
   void encode_text(std::string_view text, bool at_start, std::vector<int32_t>& out) const;
   void encode_segment(std::string_view text, std::vector<int32_t>& out) const;
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
-  void encode_sp(std::string_view normalized, bool at_start, std::vector<int32_t>& out) const;
+  // never_prepend: text continuing earlier text (TextAt::CONTINUATION) gets no "\u2581".
+  void encode_sp(std::string_view normalized, bool at_start, std::vector<int32_t>& out,
+                 bool never_prepend = false) const;
   void encode_sp_piece(std::string_view piece, std::vector<int32_t>& out) const;
   // Rank-ordered merges over the symbol ids in `id`, appended to out.
   void merge(std::vector<int32_t>& id, std::vector<int32_t>& out) const;

@@ -191,7 +191,21 @@ std::string BpeTokenizer::normalize(std::string_view text) const {
   return s;
 }
 
-void BpeTokenizer::encode_sp(std::string_view normalized, bool at_start, std::vector<int32_t>& out) const {
+std::vector<int32_t> BpeTokenizer::encode_ordinary_at(std::string_view text, TextAt at) const {
+  if (!sentencepiece_ || at == TextAt::START) return encode_ordinary(text);
+  std::vector<int32_t> out;
+  if (at == TextAt::AFTER_SPECIAL) {
+    encode_sp(normalize(text), false, out);
+    return out;
+  }
+  std::string s(text);  // the normalizer without its Prepend
+  if (norm_replace_space_) replace_all(s, " ", kMeta);
+  encode_sp(s, false, out, true);
+  return out;
+}
+
+void BpeTokenizer::encode_sp(std::string_view normalized, bool at_start, std::vector<int32_t>& out,
+                             bool never_prepend) const {
   if (normalized.empty()) return;
   if (!metaspace_) {
     encode_sp_piece(normalized, out);
@@ -200,7 +214,7 @@ void BpeTokenizer::encode_sp(std::string_view normalized, bool at_start, std::ve
   std::string s(normalized);
   replace_all(s, " ", kMeta);
   const bool starts_meta = s.compare(0, kMeta.size(), kMeta) == 0;
-  if (!starts_meta && (metaspace_prepend_ == Prepend::ALWAYS || (metaspace_prepend_ == Prepend::FIRST && at_start)))
+  if (!starts_meta && !never_prepend && (metaspace_prepend_ == Prepend::ALWAYS || (metaspace_prepend_ == Prepend::FIRST && at_start)))
     s.insert(0, kMeta);
   if (!metaspace_split_) {
     encode_sp_piece(s, out);

@@ -72,13 +72,29 @@ TokenData data_tokenize(const std::string& input, DataFormat format, const Token
     const SftFormat f = format == DataFormat::CHAT     ? SftFormat::CHAT
                         : format == DataFormat::ALPACA ? SftFormat::ALPACA
                                                        : SftFormat::AUTO;
-    const SftTemplate tmpl = sft_template_parse(options.sft_template);
+    const SftTemplate tmpl = sft_template_parse(options.sft_template, &tokenizer);
     for (const SftRecord& rec : sft_load_jsonl(input, f)) {
-      SftTokens t = sft_render(rec, tokenizer, tmpl, options.add_bos);
+      SftTokens t = sft_render(rec, tokenizer, tmpl, options.add_bos, options.train_on_prompt);
       data.append(t.tokens, t.mask);
     }
   }
   DT_ENFORCE(!data.tokens.empty(), ConfigError, "'{}' holds no documents: nothing to tokenize", input);
+  return data;
+}
+
+TokenData data_tokenize_records(const std::vector<SftRecord>& records, const std::string& name,
+                                const Tokenizer& tokenizer, const DataPrepareOptions& options) {
+  TokenData data;
+  data.name = name;
+  data.vocab_size = tokenizer.vocab_size();
+  data.eos_id = tokenizer.eos_id();
+  data.pad_id = tokenizer.pad_id();
+  const SftTemplate tmpl = sft_template_parse(options.sft_template, &tokenizer);
+  for (const SftRecord& rec : records) {
+    SftTokens t = sft_render(rec, tokenizer, tmpl, options.add_bos, options.train_on_prompt);
+    data.append(t.tokens, t.mask);
+  }
+  DT_ENFORCE(!data.tokens.empty(), ConfigError, "'{}' holds no records: nothing to tokenize", name);
   return data;
 }
 

@@ -24,7 +24,8 @@ enum class DataFormat { TEXT, ALPACA, CHAT, SFT };
 DataFormat data_format_parse(std::string_view name);
 
 struct DataPrepareOptions {
-  std::string sft_template = "plain";  // plain | chatml
+  std::string sft_template = "plain";  // a data/chat_template.h name, or auto (from the tokenizer's directory)
+  bool train_on_prompt = false;        // SFT: every token trains, not only the assistant turns
   bool add_bos = false;                // prepend bos to every document
   bool text_line_per_doc = false;      // TEXT: one document per line
 };
@@ -38,6 +39,11 @@ struct DataPrepareStats {
 // Tokenizes `input` into memory.
 TokenData data_tokenize(const std::string& input, DataFormat format, const Tokenizer& tokenizer,
                         const DataPrepareOptions& options = {});
+
+// Renders SFT records (e.g. LLaMA-Factory's, data/llamafactory.h) into memory; `name`
+// labels the data in shard metadata and errors.
+TokenData data_tokenize_records(const std::vector<SftRecord>& records, const std::string& name,
+                                const Tokenizer& tokenizer, const DataPrepareOptions& options = {});
 
 // Tokenizes `input` with the tokenizer named by tokenizer_spec ("byte" or a
 // tokenizer.json path) and writes the shard `output`.

@@ -22,6 +22,12 @@ inline constexpr int32_t kMaxVocabSize = int32_t{1} << 24;
 // decode() renders special tokens as their text; ids outside [0, vocab_size()) (a
 // model's padded vocabulary can produce them) decode to nothing. Implementations are immutable after
 // construction, so one instance may be shared by threads.
+// Where ordinary text sits in a longer text that a chat template tokenizes piece by
+// piece: at the start, right after a special token, or continuing earlier text (after a
+// loss-mask boundary). SentencePiece-style tokenizers prepend "\u2581" at the first two
+// (as Hugging Face does per segment between added tokens), never at the third.
+enum class TextAt { START, AFTER_SPECIAL, CONTINUATION };
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -29,6 +35,11 @@ class Tokenizer {
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
   virtual std::vector<int32_t> encode_ordinary(std::string_view text) const = 0;
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  // encode_ordinary() of text at `at` in a longer text (see TextAt).
+  virtual std::vector<int32_t> encode_ordinary_at(std::string_view text, TextAt at) const {
+    (void)at;
+    return encode_ordinary(text);
+  }
 
   // One past the largest id the tokenizer can produce.
   virtual int32_t vocab_size() const = 0;

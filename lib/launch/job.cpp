@@ -157,7 +157,7 @@ std::string input_files_problem(const config::TrainConfig& cfg, const std::strin
     bool dir_ok, dir_only;
   };
   const Input inputs[] = {
-      {"data.train", cfg.data.train, tokens, false},
+      {"data.train", cfg.data.train, tokens || !cfg.data.dataset.empty(), false},
       {"data.valid", cfg.data.valid, tokens, false},
       {"data.tokenizer", cfg.data.tokenizer == "byte" ? std::string() : cfg.data.tokenizer, true, false},
       {"model.init_from", cfg.model.init_from, true, true},

@@ -4,6 +4,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "data/llamafactory.h"
 #include "data/prepare.h"
 
 #include <algorithm>
@@ -19,6 +20,9 @@ data::TokenDataset dataset_load(const std::string& path, const config::DataConfi
   data::DatasetOptions opts;
   opts.seq_len = seq_len;
   opts.mode = dcfg.pack ? data::SampleMode::PACK : data::SampleMode::PAD;
+  DT_ENFORCE(dcfg.dataset.empty() || dcfg.format != "tokens", ConfigError,
+             "data.dataset names LLaMA-Factory SFT datasets, but data.format is tokens (pre-tokenized shards): drop "
+             "one of them");
   if (dcfg.format == "tokens") {
     std::vector<std::string> shards;
     if (fs::is_directory(path)) {
@@ -33,6 +37,27 @@ data::TokenDataset dataset_load(const std::string& path, const config::DataConfi
   }
   data::DataPrepareOptions popts;
   popts.sft_template = dcfg.template_name;
+  popts.train_on_prompt = dcfg.train_on_prompt;
+  if (!dcfg.dataset.empty() && path == dcfg.train) {
+    // LLaMA-Factory: data.train is the dataset_dir, data.dataset its dataset names.
+    std::vector<double> mix;
+    for (const std::string& w : dcfg.mix) {
+      size_t used = 0;
+      double v = -1;
+      try {
+        v = std::stod(w, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      DT_ENFORCE(used == w.size() && used > 0, ConfigError, "data.mix: '{}' is not a number (one weight per dataset)",
+                 w);
+      mix.push_back(v);
+    }
+    data::TokenData td = data::data_tokenize_records(data::llamafactory_load(path, dcfg.dataset, mix),
+                                                     path + " [" + dcfg.dataset + "]", tokenizer, popts);
+    return data::TokenDataset(std::move(td), opts);
+  }
+  DT_ENFORCE(dcfg.mix.empty(), ConfigError, "data.mix weights the datasets of data.dataset, which is not set");
   data::TokenData td = data::data_tokenize(path, data::data_format_parse(dcfg.format), tokenizer, popts);
   return data::TokenDataset(std::move(td), opts);
 }

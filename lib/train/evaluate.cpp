@@ -148,7 +148,7 @@ TaskAccuracy eval_tasks(model::Model& m, const data::Tokenizer& tokenizer, const
   std::vector<data::SftRecord> records = data::sft_load_jsonl(jsonl);
   if (max_records > 0 && records.size() > static_cast<size_t>(max_records))
     records.resize(static_cast<size_t>(max_records));
-  const data::SftTemplate tmpl = data::sft_template_parse(template_name);
+  const data::SftTemplate tmpl = data::sft_template_parse(template_name, &tokenizer);
   std::vector<std::vector<int32_t>> prompts;
   size_t longest_answer = 0;
   for (const auto& r : records) {

