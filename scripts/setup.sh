@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything dtrain needs on Debian 12 from Debian's packages (idempotent:
 # packages already present are not touched). `--test` adds what the test suite uses
-# (sshd for the namespace cluster, node/npm for the GPT-2 tokenizer check); `--compare`
+# (sshd for the namespace cluster, node/npm for the GPT-2 tokenizer check, and PyTorch for
+# the HF families' reference when it can be installed); `--compare`
 # adds PyTorch (python3-torch) for scripts/compare_cpu.py, never part of the default set.
 # The CUDA toolkit (nvcc, NCCL, cuBLASLt) is expected in /usr/local/cuda when present.
 set -euo pipefail
@@ -52,6 +53,17 @@ else
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The test set-up also wants Debian's PyTorch: scripts/hf_reference.py, the independent
+# reference the HF model families' logits and gradients are checked against
+# (hf_family_parity_test). Optional: where it cannot be installed that test skips.
+if [ "$want_test" = 1 ] && [ "$want_compare" = 0 ] &&
+  ! dpkg-query -W -f='${Status}' python3-torch 2>/dev/null | grep -q "install ok installed"; then
+  echo "setup.sh: installing python3-torch (the reference of hf_family_parity_test)"
+  if [ "$(id -u)" -eq 0 ]; then SUDO=; elif command -v sudo >/dev/null 2>&1; then SUDO=sudo; else SUDO=false; fi
+  { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-torch; } ||
+    echo "setup.sh: python3-torch not installed; hf_family_parity_test will skip"
 fi
 
 if [ "$want_test" = 1 ]; then
