@@ -7,7 +7,6 @@
 #include "launch/job.h"
 #include "launch/local_spawner.h"
 #include "launch/run_dir.h"
-#include "launch/slurm.h"
 #include "launch/supervisor.h"
 
 #include <sys/stat.h>
@@ -62,9 +61,7 @@ int run_job(launch::Job& job, const JobOptions& cli, bool resume) {
   ::sigaction(SIGHUP, &sa, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
   launch::SupervisorOptions opts;
-  opts.spawner = cli.launcher == "slurm"
-                     ? launch::node_spawner_slurm(launch::slurm_allocation_from_env(launch::environ_map()))
-                     : launch::node_spawner_default(job.cfg);
+  opts.spawner = launch::node_spawner_for(job.cfg, cli.launcher);
   opts.interrupted = &g_interrupted;
   opts.tee_all = cli.tee_all;
   preflight_install(opts, job);
