@@ -10,19 +10,12 @@
 #include "doctor/node_probe.h"
 #include "launch/job.h"
 #include "launch/local_spawner.h"
-#include "launch/slurm.h"
 #include "launch/supervisor.h"
 
 #include <csignal>
 #include <cstdio>
 
 namespace dtrain::cli {
-
-launch::NodeSpawner job_spawner(const launch::Job& job, const JobOptions& opts) {
-  return opts.launcher == "slurm"
-             ? launch::node_spawner_slurm(launch::slurm_allocation_from_env(launch::environ_map()))
-             : launch::node_spawner_default(job.cfg);
-}
 
 int run_doctor(const JobOptions& opts, bool json, bool network) {
   ::signal(SIGPIPE, SIG_IGN);
@@ -33,11 +26,11 @@ int run_doctor(const JobOptions& opts, bool json, bool network) {
   launch::spawner_become_subreaper();
   doctor::DoctorOptions o;
   o.network = network;
-  doctor::Report rep = doctor::doctor_run(job, job_spawner(job, opts), o);
+  doctor::Report rep = doctor::doctor_run(job, launch::node_spawner_for(job.cfg, opts.launcher), o);
   const std::string text = json ? doctor::report_json(rep).dump(2) + "\n" : doctor::report_table(rep);
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fflush(stdout);
-  return rep.ok() ? 0 : kExitUnhealthy;
+  return rep.ok() ? 0 : static_cast<int>(Exit::UNHEALTHY);
 }
 
 int run_doctor_node(const std::vector<std::string>& argv) {

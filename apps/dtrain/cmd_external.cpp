@@ -13,7 +13,7 @@
 #include "launch/external.h"
 #include "launch/external_join.h"
 #include "launch/job.h"
-#include "launch/local_spawner.h"
+#include "launch/local_rank_group.h"
 #include "launch/node_command.h"
 #include "launch/rank_context.h"
 #include "launch/run_dir.h"
@@ -90,36 +90,25 @@ int run_node(const ExternalOptions& o, const launch::ExternalPlacement& node, co
   if (!o.output_dir.empty()) argv.insert(argv.end(), {"--output-dir", o.output_dir});
   log_info("dtrain run: node {} of {} from {} ({}): starting {} local rank(s)", node.rank, node.world_size,
            node.launcher, node.evidence, o.nproc_per_node);
-  std::mutex out_mu;
-  std::vector<std::unique_ptr<launch::LocalProcess>> ranks;
+  std::vector<launch::LocalRankSpec> specs;
   for (int i = 0; i < o.nproc_per_node; ++i) {
-    auto env = launch::external_local_rank_env(base, node, o.nproc_per_node, i, master_addr, master_port);
-    const std::string prefix = fmt::format("[rank{}] ", env.at("RANK"));
-    ranks.push_back(launch::spawn_local(
-        argv, env, "", "",
-        [&out_mu, prefix](launch::Stream s, std::string_view line) {
-          std::lock_guard<std::mutex> lock(out_mu);
-          std::FILE* f = s == launch::Stream::STDOUT ? stdout : stderr;
-          std::fprintf(f, "%s%.*s\n", prefix.c_str(), static_cast<int>(line.size()), line.data());
-          std::fflush(f);
-        },
-        true, launch::EnvMode::REPLACE));
+    launch::LocalRankSpec r;
+    r.argv = argv;
+    r.env = launch::external_local_rank_env(base, node, o.nproc_per_node, i, master_addr, master_port);
+    r.prefix = fmt::format("[rank{}] ", r.env.at("RANK"));
+    r.env_mode = launch::EnvMode::REPLACE;
+    specs.push_back(std::move(r));
   }
+  launch::LocalRankGroup ranks(std::move(specs), 5000ms);
   for (;;) {
-    bool all_ok = true;
-    for (auto& r : ranks) {
-      auto st = r->wait_for(0ms);
-      if (!st) {
-        all_ok = false;
-        continue;
-      }
-      if (st->success()) continue;
-      log_error("local rank {} {}: stopping the others", r->where(), st->describe());
-      for (auto& other : ranks)
-        if (other->running()) other->terminate(5000ms);
-      return st->exited ? st->code : 128 + st->signal;
+    const launch::LocalRankGroupStatus g = ranks.poll();
+    if (g.state == launch::LocalRankGroupStatus::State::SUCCEEDED) return 0;
+    if (g.state == launch::LocalRankGroupStatus::State::FAILED) {
+      log_error("local rank {} {}: stopping the others", ranks.rank(static_cast<size_t>(g.local_rank)).where(),
+                g.exit.describe());
+      ranks.stop();
+      return g.exit_code;
     }
-    if (all_ok) return 0;
     std::this_thread::sleep_for(50ms);
   }
 }
@@ -189,8 +178,7 @@ int run_external(const ExternalOptions& o) {
   std::atomic<bool> recorded{false};  // one failure event per round, whoever sees it first
   auto record_failure = [&](const std::string& why, int code) {
     if (files && !recorded.exchange(true))
-      files->event({{"time_ms", report::status_now_ms()}, {"event", "failure"}, {"round", record_round},
-                    {"node", -1}, {"why", why}, {"exit_code", code}});
+      files->event({.kind = report::EventKind::FAILURE, .round = record_round, .why = why, .exit_code = code});
   };
   if (p.rank == 0) server = launch::external_store_host(master_addr, master_port, token);
   // Wait for rank 0's store (late pods, DNS not yet there), then connect as a rank does.
@@ -218,15 +206,13 @@ int run_external(const ExternalOptions& o) {
                                config::config_to_yaml(cfg), mode);
     // The run's record for `dtrain status`: this round, who started it, and how it ends.
     files = std::make_unique<launch::RunFiles>(ctx.run_dir);
-    for (const nlohmann::json& ev : report::status_external_round_start(ctx.run_dir, p.world_size, p.launcher)) {
+    for (const report::Event& ev : report::status_external_round_start(ctx.run_dir, p.world_size, p.launcher)) {
       files->event(ev);
-      record_round = ev.at("round").get<int>();
+      record_round = ev.round;
     }
   }
   // Ranks split the node's cores, as under dtrain launch.
-  const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
-  const std::string per_rank = std::to_string(std::max(1L, cores / std::max(1, p.local_world_size)));
-  for (const char* k : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) ::setenv(k, per_rank.c_str(), 0);
+  for (const auto& [k, v] : launch::rank_thread_env(p.local_world_size)) ::setenv(k.c_str(), v.c_str(), 0);
 
   auto hb = launch::rank_heartbeat_start(ctx, hb_interval);
   std::unique_ptr<launch::ExternalRankZeroWatch> zero_watch;
@@ -265,7 +251,7 @@ int run_external(const ExternalOptions& o) {
   }
   stop_watch.disarm();
   hb->finish(launch::kRankBeatExited);
-  if (files) files->event({{"time_ms", report::status_now_ms()}, {"event", "finished"}, {"round", record_round}});
+  if (files) files->event({.kind = report::EventKind::FINISHED, .round = record_round});
   if (server) {
     // Keep the store up until every rank has said it exited (bounded).
     zero_watch.reset();

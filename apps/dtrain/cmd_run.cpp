@@ -1,94 +1,22 @@
-// Runs a prepared job under the supervisor, and the internal `dtrain agent` entry point.
+// Runs a prepared job (lib/launch/job_run.h, with the doctor's preflight), and the
+// internal `dtrain agent` entry point.
 #include "commands.h"
 
-#include "core/check.h"
-#include "core/log.h"
 #include "launch/agent.h"
-#include "launch/job.h"
+#include "launch/job_run.h"
 #include "launch/local_spawner.h"
-#include "launch/run_dir.h"
-#include "launch/slurm.h"
-#include "launch/supervisor.h"
 
-#include <sys/stat.h>
-
-#include <atomic>
 #include <csignal>
-#include <filesystem>
 
 namespace dtrain::cli {
 
-namespace {
-// The signal that asked the launcher to stop (0 = none): SIGINT (Ctrl-C), SIGTERM (kill,
-// a scheduler) or SIGHUP (the login session that started it closed).
-std::atomic<int> g_interrupted{0};
-extern "C" void on_stop_signal(int sig) { g_interrupted = sig; }
-}  // namespace
-
 int run_job(launch::Job& job, const JobOptions& cli, bool resume) {
-  namespace fs = std::filesystem;
-  // Ranks resume from the run directory's latest checkpoint (that is how retry rounds
-  // continue), so a new launch must not silently continue an old run. Checked before
-  // touching the directory, and again under the lock (a run that ended a moment ago).
-  auto refuse_checkpointed = [&] {
-    if (!resume && job.spec.mode == "train" && fs::exists(fs::path(job.run_dir) / "checkpoints" / "latest"))
-      DT_THROW(UsageError,
-               "{} already holds a checkpointed run: continue it with 'dtrain resume {}', or start a new run with "
-               "--output-dir DIR",
-               job.run_dir, job.run_dir);
-  };
-  refuse_checkpointed();
-  // Everything the launcher and its local agents and ranks create in the run directory
-  // (logs, events, status, metrics) is as private as the directory itself.
-  const mode_t mode = launch::run_dir_mode_parse(job.cfg.training.run_dir_mode);
-  ::umask(~mode & 0777);
-  launch::run_dir_create(job.run_dir, mode);
-  // One launcher per run directory for the job's whole life: a second launch or resume
-  // would overwrite this one's checkpoints and interleave its logs.
-  std::string stale;
-  launch::RunDirLock lock = launch::RunDirLock::acquire(job.run_dir, &stale);
-  if (!stale.empty()) log_warn("{}", stale);
-  refuse_checkpointed();
-  // A save that a crash or a full disk interrupted leaves checkpoints/tmp-step<k>/: it
-  // goes before anything is written here, as it may hold the space that needs.
-  launch::run_dir_remove_partial_checkpoints(job.run_dir);
-  launch::job_write_run_dir(job, resume);
-  launch::spawner_become_subreaper();
-  struct sigaction sa{};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  ::sigaction(SIGINT, &sa, nullptr);
-  ::sigaction(SIGTERM, &sa, nullptr);
-  ::sigaction(SIGHUP, &sa, nullptr);
-  ::signal(SIGPIPE, SIG_IGN);
-  launch::SupervisorOptions opts;
-  opts.spawner = cli.launcher == "slurm"
-                     ? launch::node_spawner_slurm(launch::slurm_allocation_from_env(launch::environ_map()))
-                     : launch::node_spawner_default(job.cfg);
-  opts.interrupted = &g_interrupted;
-  opts.tee_all = cli.tee_all;
-  preflight_install(opts, job);
-  // A resumed run's new config (and hostfile) replace the old ones only once the ranks
-  // loaded the checkpoint with it: a failed `resume --set ...` leaves the run as it was.
-  opts.on_started = [&job] {
-    try {
-      launch::job_commit_run_dir(job);
-    } catch (const Error& e) {
-      log_error("could not record the new config in {}: {}", job.run_dir, e.what());
-    }
-  };
-  const int rc = launch::supervise(job, opts);
-  // Every rank has ended: a save the last round could not finish (a full disk) leaves no
-  // tmp-step<k>/ behind, also when no retry round is left to remove it.
-  launch::run_dir_remove_partial_checkpoints(job.run_dir);
-  if (job.run_dir_pending) {
-    // The new config never started: the run keeps its config.yaml, and the next resume
-    // starts from that, not from a leftover.
-    std::error_code ec;
-    fs::remove(job.spec.config_path, ec);
-    log_info("{}/config.yaml left unchanged: the job did not start with the new config", job.run_dir);
-  }
-  return rc;
+  launch::JobRunOptions o;
+  o.resume = resume;
+  o.launcher = cli.launcher;
+  o.tee_all = cli.tee_all;
+  o.customize = [](launch::SupervisorOptions& opts, const launch::Job& j) { preflight_install(opts, j); };
+  return launch::job_run(job, o);
 }
 
 int run_agent(const std::vector<std::string>& argv) {

@@ -6,12 +6,12 @@
 
 #include "bench/bench.h"
 #include "comm/activity.h"
+#include "core/c_escape.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "config/train_config.h"
 #include "device/device.h"
 #include "launch/agent.h"
-#include "launch/dry_run.h"
 #include "launch/rank_device.h"
 #include "launch/job.h"
 #include "launch/membership.h"
@@ -217,7 +217,7 @@ void print_env_if_asked() {
   }
   for (const auto& n : names) {
     const char* v = std::getenv(n.c_str());
-    std::printf("env %s=%s\n", n.c_str(), v ? launch::dry_run_escape(v).c_str() : "<unset>");
+    std::printf("env %s=%s\n", n.c_str(), v ? c_escape(v).c_str() : "<unset>");
   }
   std::fflush(stdout);
 }

@@ -73,10 +73,9 @@ int run_worker(const std::vector<std::string>& argv);
 int train_rank(launch::RankContext& ctx, rendezvous::Heartbeat& hb, config::TrainConfig cfg,
                const std::string& device, bool launcher_lines = false);
 
-// cmd_doctor.cpp: `dtrain doctor` (exit 0 when every check passed, kExitUnhealthy
+// cmd_doctor.cpp: `dtrain doctor` (exit 0 when every check passed, Exit::UNHEALTHY
 // otherwise), the hidden `dtrain doctor-node`, and the preflight run before each
 // launch round when doctor.preflight is on (over the job's own spawner).
-constexpr int kExitUnhealthy = 10;  // beside core/error.h's Exit codes: a doctor check failed
 int run_doctor(const JobOptions& opts, bool json, bool network);
 int run_doctor_node(const std::vector<std::string>& argv);
 // Sets opts.preflight to the doctor's quick check over opts.spawner, and an elastic

@@ -2,6 +2,7 @@
 // again to an equal config) and config_help (the schema as text for --help-config).
 #include "config/load_detail.h"
 #include "config/schema.h"
+#include "core/c_escape.h"
 
 #include <fmt/format.h>
 
@@ -12,22 +13,7 @@ namespace dtrain::config {
 namespace {
 
 // Double-quoted YAML scalar: always a string on reload, whatever the text looks like.
-std::string quote(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      default:
-        if (c < 0x20 || c == 0x7f) out += fmt::format("\\x{:02x}", c);
-        else out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
+std::string quote(const std::string& s) { return "\"" + c_escape(s, {.quotes = true}) + "\""; }
 
 // Shortest text that parses back to the same double; always readable as a YAML number.
 std::string number(double v) { return fmt::format("{}", v); }

@@ -3,6 +3,7 @@
 // names path:line and shows the offending line (control bytes escaped).
 #include "config/hostfile.h"
 
+#include "core/c_escape.h"
 #include "core/check.h"
 #include "core/net_address.h"
 
@@ -34,16 +35,12 @@ std::string shown_path(const std::string& path) { return path.empty() ? "<hostfi
 // escaped, long lines cut.
 std::string line_shown(std::string_view line) {
   std::string out;
-  for (unsigned char c : line) {
+  for (size_t i = 0; i < line.size(); ++i) {
     if (out.size() >= MAX_SHOWN) {
       out += "...";
       break;
     }
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\t') out += "\\t";
-    else if (c < 0x20 || c >= 0x7f) out += fmt::format("\\x{:02x}", c);
-    else out += static_cast<char>(c);
+    out += c_escape(line.substr(i, 1), {.quotes = true, .non_ascii = true});
   }
   return out;
 }

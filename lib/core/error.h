@@ -22,7 +22,9 @@ enum class Exit : int {
   CHECKPOINT = 7,   // no usable checkpoint
   DEVICE = 8,       // CUDA / cuBLAS / NCCL error
   HUNG = 9,         // a rank stopped heartbeating or made no training step in time (launcher)
-  INTERRUPTED = 130 // Ctrl-C
+  UNHEALTHY = 10,   // `dtrain doctor`: at least one check failed
+  INTERRUPTED = 130, // Ctrl-C
+  STOPPED = 143     // told to stop (128 + SIGTERM): an agent whose round the launcher ended
 };
 
 class Error : public std::runtime_error {

@@ -6,8 +6,9 @@
 #include "core/log.h"
 #include "core/net_address.h"
 #include "launch/job.h"
-#include "launch/local_spawner.h"
+#include "launch/local_rank_group.h"
 #include "launch/rank_device.h"
+#include "rendezvous/heartbeat.h"
 #include "rendezvous/store.h"
 
 #include <fmt/format.h>
@@ -144,11 +145,6 @@ class LauncherLink {
   std::thread watcher_;
 };
 
-int exit_code_of(const ExitStatus& s) {
-  if (s.exited) return s.code;
-  return 128 + s.signal;
-}
-
 // Connects to the launcher's store. The reason a first short attempt failed (refused,
 // timed out, ...) goes to stderr at once, because the launcher may give up on this node's
 // heartbeats before our own timeout ends and shows the user only what we printed.
@@ -173,7 +169,6 @@ std::unique_ptr<rendezvous::StoreClient> store_connect(const AgentArgs& args, co
 
 // ---------------------------------------------------------------------------
 
-std::string agent_heartbeat_key(int node_rank) { return fmt::format("hb/node{}", node_rank); }
 std::string agent_failure_key(int node_rank) { return fmt::format("fail/node{}", node_rank); }
 
 AgentTiming agent_timing_from_env() {
@@ -207,12 +202,8 @@ std::map<std::string, std::string> agent_rank_env(const AgentArgs& a, int local_
   env["DTRAIN_MODE"] = a.mode;
   if (a.mode == "train") env["DTRAIN_DEVICE"] = a.device;
   if (!a.config_path.empty()) env["DTRAIN_CONFIG"] = a.config_path;
-  // Ranks on one node share its cores: split them, as torchrun does for OMP, unless the
-  // user chose. (BLAS threads beyond the cores make every GEMM slower.)
-  long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
-  std::string per_rank = std::to_string(std::max(1L, cores / std::max(1, a.local_world_size)));
-  for (const char* k : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
-    if (!std::getenv(k)) env[k] = per_rank;
+  // Ranks on one node share its cores.
+  env.merge(rank_thread_env(a.local_world_size));
   return env;
 }
 
@@ -229,44 +220,22 @@ int agent_run(const AgentArgs& args, int token_fd, const AgentTiming& timing) {
   rendezvous::PrefixStore round_store(*store, args.job_id, args.round);
   round_store.set(fmt::format("agent/node{}", args.node_rank), fmt::format("{} pid {}", host, ::getpid()));
 
-  // Heartbeats on their own connection so a blocked request never delays them.
-  std::atomic<bool> hb_stop{false};
-  std::atomic<bool> store_lost{false};
-  std::thread heartbeat([&] {
-    try {
-      rendezvous::StoreClient hb(args.master_addr, port, token, timing.store_connect_timeout);
-      hb.set_request_timeout(std::max(timing.heartbeat_interval * 3, std::chrono::milliseconds(5000)));
-      const std::string key = rendezvous::store_key(args.job_id, args.round, agent_heartbeat_key(args.node_rank));
-      while (!hb_stop) {
-        hb.set(key, std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                       std::chrono::system_clock::now().time_since_epoch())
-                                       .count()));
-        for (auto waited = 0ms; waited < timing.heartbeat_interval && !hb_stop; waited += 50ms)
-          std::this_thread::sleep_for(50ms);
-      }
-    } catch (const Error& e) {
-      log_error("heartbeat to the launcher failed: {}", e.what());
-      store_lost = true;
-    }
-  });
-  struct Joiner {
-    std::atomic<bool>& stop;
-    std::thread& t;
-    ~Joiner() {
-      stop = true;
-      if (t.joinable()) t.join();
-    }
-  } joiner{hb_stop, heartbeat};
+  // Heartbeats on their own connection so a blocked request never delays them. A beat
+  // that fails means the launcher's store is gone: the ranks are stopped.
+  rendezvous::Heartbeat hb(args.master_addr, port, token, fmt::format("node{}", args.node_rank),
+                           timing.heartbeat_interval, round_store.prefix(),
+                           std::max(timing.heartbeat_interval * 3, std::chrono::milliseconds(5000)));
+  auto store_lost = [&hb] { return !hb.last_error().empty(); };
 
   // The ranks' device, before any of them starts.
   AgentArgs resolved = args;
   if (args.mode == "train") {
     resolved.device = agent_decide_device(args, host, round_store, [&] {
-      return link.gone() || store_lost || round_store.check({kStopKey});
+      return link.gone() || store_lost() || round_store.check({kStopKey});
     });
     if (resolved.device.empty()) {
       const bool own = round_store.check({agent_failure_key(args.node_rank)});
-      return own ? static_cast<int>(Exit::USAGE) : 143;
+      return own ? static_cast<int>(Exit::USAGE) : static_cast<int>(Exit::STOPPED);
     }
     std::string ids;
     for (size_t i = 0; i < args.devices.size(); ++i) ids += (i ? "," : "") + std::to_string(args.devices[i]);
@@ -275,91 +244,46 @@ int agent_run(const AgentArgs& args, int token_fd, const AgentTiming& timing) {
   }
 
   // Spawn the ranks: `dtrain worker [rank args]`, token on stdin.
-  std::mutex out_mu;
-  std::vector<std::unique_ptr<LocalProcess>> ranks;
-  // Each rank's last "dtrain: error: ..." line (guarded by out_mu): the failure report
-  // carries why the rank failed (e.g. "cannot write checkpoint file F: No space left on
-  // device"), not only its exit code.
-  std::vector<std::string> rank_said(static_cast<size_t>(args.local_world_size));
   const std::string exe = self_exe_path();
+  std::vector<LocalRankSpec> specs;
   for (int lr = 0; lr < args.local_world_size; ++lr) {
-    int rank = args.first_rank + lr;
-    std::vector<std::string> argv = {exe, "worker"};
-    argv.insert(argv.end(), args.rank_args.begin(), args.rank_args.end());
-    std::string prefix = fmt::format("[node{} rank{}] ", args.node_rank, rank);
-    auto cb = [&out_mu, &rank_said, lr, prefix](Stream s, std::string_view line) {
-      std::string out = prefix;
-      out.append(line);
-      out.push_back('\n');
-      std::lock_guard<std::mutex> lock(out_mu);
-      if (s == Stream::STDERR && (line.rfind("dtrain: error: ", 0) == 0 || line.rfind("dtrain: internal error: ", 0) == 0))
-        rank_said[static_cast<size_t>(lr)] = std::string(line.substr(0, 1000));
-      std::FILE* f = s == Stream::STDOUT ? stdout : stderr;
-      std::fwrite(out.data(), 1, out.size(), f);
-      std::fflush(f);
-    };
+    LocalRankSpec r;
+    r.argv = {exe, "worker"};
+    r.argv.insert(r.argv.end(), args.rank_args.begin(), args.rank_args.end());
     // The rank contract (RANK, ...) wins over cluster.env.set, as over anything forwarded.
-    std::map<std::string, std::string> env = agent_rank_env(resolved, lr);
-    env.insert(secret_env.begin(), secret_env.end());
-    ranks.push_back(spawn_local(argv, env, "", token + "\n", cb, true));
+    r.env = agent_rank_env(resolved, lr);
+    r.env.insert(secret_env.begin(), secret_env.end());
+    r.stdin_data = token + "\n";
+    r.prefix = fmt::format("[node{} rank{}] ", args.node_rank, args.first_rank + lr);
+    specs.push_back(std::move(r));
   }
-
-  auto stop_all = [&] {
-    std::vector<std::thread> stoppers;
-    for (auto& r : ranks)
-      if (r->running()) stoppers.emplace_back([&r, &timing] { r->terminate(timing.stop_grace); });
-    for (auto& t : stoppers) t.join();
-  };
+  LocalRankGroup ranks(std::move(specs), timing.stop_grace);
 
   auto last_stop_check = Clock::now();
   while (true) {
-    bool all_ok = true;
-    for (int lr = 0; lr < args.local_world_size; ++lr) {
-      auto st = ranks[lr]->wait_for(0ms);
-      if (!st) {
-        all_ok = false;
-        continue;
-      }
-      if (st->success()) continue;
-      // When a rank dies its local peers fail too, with communication errors, at nearly
-      // the same moment, and may be seen first: look a little longer for the failure
-      // that is not a consequence (as the launcher does across nodes).
-      int culprit = lr;
-      if (exit_code_of(*st) == static_cast<int>(Exit::COMM)) {
-        const auto until = Clock::now() + 1000ms;
-        while (culprit == lr && Clock::now() < until) {
-          for (int j = 0; j < args.local_world_size; ++j) {
-            if (j == lr) continue;
-            auto sj = ranks[j]->wait_for(0ms);
-            if (sj && !sj->success() && exit_code_of(*sj) != static_cast<int>(Exit::COMM)) {
-              culprit = j;
-              st = sj;
-              break;
-            }
-          }
-          if (culprit == lr) std::this_thread::sleep_for(20ms);
-        }
-      }
-      int rank = args.first_rank + culprit;
-      std::string why = fmt::format("rank {} (local rank {}) on {} {}", rank, culprit, host, st->describe());
-      {
-        std::lock_guard<std::mutex> lock(out_mu);
-        if (!rank_said[static_cast<size_t>(culprit)].empty()) why += ": " + rank_said[static_cast<size_t>(culprit)];
-      }
+    const LocalRankGroupStatus g = ranks.poll();
+    if (g.state == LocalRankGroupStatus::State::SUCCEEDED) return 0;
+    if (g.state == LocalRankGroupStatus::State::FAILED) {
+      std::string why = fmt::format("rank {} (local rank {}) on {} {}", args.first_rank + g.local_rank, g.local_rank,
+                                    host, g.exit.describe());
+      if (!g.said.empty()) why += ": " + g.said;
       log_error("{}", why);
       try {
         round_store.set(agent_failure_key(args.node_rank), why);
       } catch (const Error&) {
         // The launcher is gone too; stopping the ranks is all that is left to do.
       }
-      stop_all();
-      return exit_code_of(*st);
+      ranks.stop();
+      return g.exit_code;
     }
-    if (all_ok) return 0;
-    if (link.gone() || store_lost) {
+    if (g.state == LocalRankGroupStatus::State::FAILING) {  // its cause is looked for a little longer
+      std::this_thread::sleep_for(20ms);
+      continue;
+    }
+    if (link.gone() || store_lost()) {
       log_error("the launcher went away ({}): stopping {} local rank(s)",
                 link.gone() ? "its connection closed" : "the rendezvous store is unreachable", ranks.size());
-      stop_all();
+      ranks.stop();
       return static_cast<int>(Exit::COMM);
     }
     if (Clock::now() - last_stop_check > 300ms) {
@@ -369,12 +293,12 @@ int agent_run(const AgentArgs& args, int token_fd, const AgentTiming& timing) {
         stop = round_store.check({kStopKey});
       } catch (const Error& e) {
         log_error("lost the rendezvous store: {}", e.what());
-        stop_all();
+        ranks.stop();
         return static_cast<int>(Exit::COMM);
       }
       if (stop) {
-        stop_all();
-        return 143;
+        ranks.stop();
+        return static_cast<int>(Exit::STOPPED);
       }
     }
     std::this_thread::sleep_for(20ms);

@@ -21,7 +21,7 @@ struct AgentTiming {
 /// Runs the agent until its ranks end. `token_in` yields the rendezvous token as its
 /// first line and then stays open while the launcher lives (EOF = launcher gone).
 /// Returns the exit code: 0 when every rank succeeded, the failing rank's code (128+N
-/// for a signal N), 143 when told to stop, Exit::COMM when the launcher vanished.
+/// for a signal N), Exit::STOPPED (143) when told to stop, Exit::COMM when the launcher vanished.
 int agent_run(const AgentArgs& args, int token_fd, const AgentTiming& timing);
 
 /// AgentTiming from the environment the launcher sets (DTRAIN_HEARTBEAT_INTERVAL, seconds).
@@ -35,7 +35,6 @@ AgentTiming agent_timing_from_env();
 std::map<std::string, std::string> agent_rank_env(const AgentArgs& args, int local_rank);
 
 /// Store keys (under the round's prefix) the agent and launcher share.
-std::string agent_heartbeat_key(int node_rank);   // "hb/node<k>"
 std::string agent_failure_key(int node_rank);     // "fail/node<k>": why a rank failed
 inline constexpr const char* kStopKey = "stop";   // set by the launcher: stop this round
 

@@ -2,27 +2,13 @@
 // The env values are escaped so a value holding a newline cannot fake another line.
 #include "launch/dry_run.h"
 
+#include "core/c_escape.h"
 #include "core/net_address.h"
 
 #include <fmt/format.h>
 
 namespace dtrain::launch {
 
-std::string dry_run_escape(std::string_view value) {
-  std::string out;
-  for (unsigned char c : value) {
-    switch (c) {
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      case '\\': out += "\\\\"; break;
-      default:
-        if (c < 0x20 || c == 0x7f) out += fmt::format("\\x{:02x}", c);
-        else out += static_cast<char>(c);
-    }
-  }
-  return out;
-}
 
 std::string dry_run_report(const Plan& plan, const LaunchSpec& spec,
                            const std::map<std::string, std::string>& launcher_env) {
@@ -38,7 +24,7 @@ std::string dry_run_report(const Plan& plan, const LaunchSpec& spec,
     out += fmt::format("\nnode {} ({}):\n", node.node_rank, where);
     out += "  command: " + cmd.shell_line() + "\n";
     out += "  env:\n";
-    for (const auto& [k, v] : cmd.env) out += "    " + k + "=" + dry_run_escape(v) + "\n";
+    for (const auto& [k, v] : cmd.env) out += "    " + k + "=" + c_escape(v) + "\n";
     for (const auto& [k, v] : cmd.secret_env)
       out += fmt::format("    {}=<{} bytes of cluster.env.set, sent on the agent's stdin, not shown>\n", k, v.size());
   }

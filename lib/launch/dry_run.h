@@ -21,7 +21,4 @@ namespace dtrain::launch {
 std::string dry_run_report(const Plan& plan, const LaunchSpec& spec,
                            const std::map<std::string, std::string>& launcher_env);
 
-/// C-style escaping of control bytes and backslashes: one printable line per value.
-std::string dry_run_escape(std::string_view value);
-
 }  // namespace dtrain::launch

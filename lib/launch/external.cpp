@@ -6,6 +6,7 @@
 #include "core/small_file.h"
 #include "core/log.h"
 #include "core/net_address.h"
+#include "launch/culprit.h"
 #include "launch/hostlist.h"
 #include "launch/job.h"
 #include "launch/rank_context.h"
@@ -374,12 +375,21 @@ void external_store_wait(const std::string& host, int port, const std::string& t
 
 std::string external_failure_reason(const std::map<std::string, std::string>& reports, int comm_code,
                                     std::chrono::milliseconds since_first) {
-  std::string why;
+  // Every report as seen when the first one was: the culprit rule (culprit.h) decides.
+  const Clock::time_point now = Clock::now();
+  std::vector<FailureSeen> seen;
+  std::vector<std::string> whys;
   const std::string comm_prefix = fmt::format("{} ", comm_code);
-  for (const auto& [k, v] : reports)
-    if (v.rfind(comm_prefix, 0) != 0) why = v;
-  if (why.empty() && since_first > 1s && !reports.empty()) why = reports.begin()->second;
-  if (why.empty()) return "";
+  for (const auto& [k, v] : reports) {
+    // Any report but "<comm_code> ..." is a rank's own error.
+    const bool comm = v.rfind(comm_prefix, 0) == 0;
+    seen.push_back({static_cast<int>(seen.size()), static_cast<int>(comm ? Exit::COMM : Exit::INTERNAL),
+                    now - since_first});
+    whys.push_back(v);
+  }
+  const std::optional<size_t> c = culprit_pick(seen, now, kCulpritWindow + 1ms);
+  if (!c) return "";
+  const std::string& why = whys[*c];
   const size_t sp = why.find(' ');
   return sp == std::string::npos ? why : why.substr(sp + 1);
 }

@@ -4,6 +4,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "core/unix_time.h"
 
 #include <fcntl.h>
 #include <nlohmann/json.hpp>
@@ -400,9 +401,7 @@ RunDirLock RunDirLock::acquire(const std::string& dir, std::string* note) {
                        dir, holder_text(old));
   const std::string rec =
       nlohmann::json{{"host", host_name()}, {"pid", static_cast<long long>(::getpid())}, {"started", utc_now()},
-                     {"started_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
-                                        std::chrono::system_clock::now().time_since_epoch())
-                                        .count()}}
+                     {"started_ms", unix_ms()}}
           .dump() +
       "\n";
   // The flock is what excludes other launchers; the record only names the holder. On a

@@ -125,10 +125,12 @@ bool RunFiles::write_pending_locked(size_t fresh) {
   return pending_.empty();
 }
 
-bool RunFiles::event(const nlohmann::json& ev) {
+bool RunFiles::event(const report::Event& ev) {
+  // Stamped now, not when a full disk lets it in: the record says when it happened.
+  const std::string line = report::event_json(ev).dump() + "\n";
   std::lock_guard<std::mutex> lock(mu_);
   if (pending_.size() >= kMaxPendingEvents) pending_.erase(pending_.begin());
-  pending_.push_back(ev.dump() + "\n");
+  pending_.push_back(line);
   return write_pending_locked(1);
 }
 

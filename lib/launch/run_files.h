@@ -5,7 +5,7 @@
 // in order, as soon as a later attempt succeeds.
 #pragma once
 
-#include <nlohmann/json.hpp>
+#include "report/event.h"
 
 #include <functional>
 #include <map>
@@ -23,9 +23,9 @@ class RunFiles {
   RunFiles(const RunFiles&) = delete;
   RunFiles& operator=(const RunFiles&) = delete;
 
-  /// Appends ev as one line to <run_dir>/events.jsonl, after any events that failed
-  /// before it. False when it could not (it stays pending).
-  bool event(const nlohmann::json& ev);
+  /// Appends ev (report::event_json) as one line to <run_dir>/events.jsonl, after any
+  /// events that failed before it. False when it could not (it stays pending).
+  bool event(const report::Event& ev);
 
   /// Writes the pending events, if any. False when some are still pending.
   bool flush_events();

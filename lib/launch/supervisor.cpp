@@ -10,12 +10,15 @@
 #include "config/train_config.h"
 #include "launch/local_spawner.h"
 #include "launch/rank_device.h"
+#include "launch/slurm.h"
 #include "launch/ssh_spawner.h"
 #include "launch/progress.h"
 #include "launch/run_dir.h"
 #include "launch/run_files.h"
 #include "launch/rank_watch.h"
+#include "launch/round.h"
 #include "rendezvous/store.h"
+#include "report/event.h"
 #include "report/status.h"
 #include "report/straggler.h"
 
@@ -155,7 +158,7 @@ class OutputRouter {
   }
 
   // Events (stragglers flagged or recovered) for the supervising thread to record.
-  std::vector<nlohmann::json> take_events() {
+  std::vector<report::Event> take_events() {
     std::lock_guard<std::mutex> lock(mu_);
     return std::exchange(events_, {});
   }
@@ -199,9 +202,12 @@ class OutputRouter {
         end_status_line();
         print(stderr, "", "[dtrain] warning: " + msg);
       }
-      events_.push_back({{"time_ms", unix_ms_now()}, {"event", "straggler"}, {"round", round_}, {"rank", r},
-                         {"node", node}, {"host", host}, {"compute_ms", x.compute_ms}, {"median_ms", x.median_ms},
-                         {"ratio", x.ratio}});
+      events_.push_back({.kind = report::EventKind::STRAGGLER,
+                         .round = round_,
+                         .node = node >= 0 ? std::optional<int>(node) : std::nullopt,
+                         .host = host,
+                         .detail = {{"rank", r}, {"compute_ms", x.compute_ms}, {"median_ms", x.median_ms},
+                                    {"ratio", x.ratio}}});
     }
     for (const auto& [r, x] : flagged_)
       if (!cur.count(r)) {
@@ -211,16 +217,11 @@ class OutputRouter {
           print(stderr, "", fmt::format("[dtrain] straggler: rank {} on {} is no longer slower than {:g}x the median",
                                         r, host, stragglers_.factor()));
         }
-        events_.push_back({{"time_ms", unix_ms_now()}, {"event", "straggler_recovered"}, {"round", round_},
-                           {"rank", r}, {"host", host}});
+        events_.push_back(
+            {.kind = report::EventKind::STRAGGLER_RECOVERED, .round = round_, .host = host, .detail = {{"rank", r}}});
       }
     flagged_ = std::move(cur);
     progress_.set_flag(flag.empty() ? "" : "straggler " + flag);
-  }
-
-  static int64_t unix_ms_now() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-        .count();
   }
 
   fs::path dir_;
@@ -230,7 +231,7 @@ class OutputRouter {
   report::StragglerDetector stragglers_;
   std::vector<std::pair<int, std::string>> rank_where_;  // by global rank: node, host
   std::map<int, report::Straggler> flagged_;
-  std::vector<nlohmann::json> events_;
+  std::vector<report::Event> events_;
   int round_ = 0;
   std::mutex mu_;
   std::map<int, std::string> agent_said_;
@@ -243,36 +244,10 @@ std::string agent_said_suffix(const std::string& said) {
   return said.empty() ? std::string() : fmt::format(" (its agent said: {})", said);
 }
 
-// How a round ended (a run loop over states: the round's one result says what happened).
-enum class RoundEnd {
-  SUCCEEDED,    // every node's agent succeeded: the job is done
-  FAILED,       // a node failed (node, why, exit_code say which and how)
-  INTERRUPTED,  // the launcher got SIGINT/SIGTERM/SIGHUP
-  RESIZED       // an elastic job stopped itself at a checkpoint to take a host back
-};
-
-struct Failure {
-  // NOT_STARTED: no node ran (too few hosts for elastic.min_nodes, or the preflight refused).
-  enum class Kind { NONE, SPAWN, AGENT_EXIT, HEARTBEAT, RANK_HUNG, INTERRUPT, NOT_STARTED };
-  int node = -1;
-  std::string why;
-  int exit_code = 0;
-  Kind kind = Kind::NONE;
-  bool permanent = false;  // retrying cannot help (host key / authentication refused)
-  std::optional<RankHang> hang = std::nullopt;  // RANK_HUNG: which rank, how long silent
-  RoundEnd end = RoundEnd::FAILED;
-  int64_t resized_at_step = -1;  // RESIZED: the checkpoint step the ranks stopped at
-};
-
-int64_t unix_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 // Why node k's agent ended unsuccessfully: the agent's own account of the failing rank
 // (store key fail/node<k>, given a moment to land), prefixed with the node and host.
-Failure agent_failure(const Job& job, rendezvous::StoreClient& store, const std::string& prefix, int k,
-                      const ExitStatus& st, const std::string& agent_said) {
+NodeFailure agent_failure(const Job& job, rendezvous::StoreClient& store, const std::string& prefix, int k,
+                          const ExitStatus& st, const std::string& agent_said) {
   std::string detail;
   try {
     if (store.wait({prefix + agent_failure_key(k)}, 500ms)) detail = store.get(prefix + agent_failure_key(k), 100ms);
@@ -280,10 +255,10 @@ Failure agent_failure(const Job& job, rendezvous::StoreClient& store, const std:
   }
   std::string host = job.plan.nodes[k].host.destination();
   if (detail.empty()) detail = fmt::format("the agent {}{}", st.describe(), agent_said_suffix(agent_said));
-  int code = st.exited ? st.code : 128 + st.signal;
-  if (st.connection_lost) code = static_cast<int>(Exit::LAUNCH);
-  return {k, fmt::format("node {} ({}): {}", k, host, detail), code == 0 ? static_cast<int>(Exit::LAUNCH) : code,
-          Failure::Kind::AGENT_EXIT};
+  return {.kind = NodeFailure::Kind::AGENT_EXIT,
+          .node = k,
+          .why = fmt::format("node {} ({}): {}", k, host, detail),
+          .exit_code = agent_exit_code(st)};
 }
 
 // "interrupted by SIGHUP (...)": what stopped the launcher, for the terminal and events.jsonl.
@@ -321,7 +296,6 @@ int finish(RunFiles& files, int rc) {
   return rc;
 }
 
-// One round: start agents, watch, stop. Returns nullopt-like Failure{node=-1} on success.
 // While a round of an elastic job runs, the hosts left out are probed every
 // elastic.probe_interval; once one passes, the ranks are asked (store key) to stop at
 // their next checkpoint so the next round can take it back.
@@ -379,23 +353,22 @@ class RejoinProber {
   std::thread thread_;
 };
 
-Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreClient& store,
-                  const std::string& token, const SupervisorOptions& opts, OutputRouter& out, RunFiles& files,
-                  HostProbe* probe, const Membership& members) {
-  const auto& ft = job.cfg.fault_tolerance;
-  const auto hb_timeout = seconds_ms(ft.heartbeat_timeout);
-  // Grace before the first heartbeat: SSH connect plus process start, which is not a
-  // heartbeat interval: a binary and its libraries loaded from a cold shared filesystem,
-  // or a node under load, take tens of seconds (a CI run at load ~10 once took over 15 s).
-  // A short heartbeat_timeout is for noticing a running node that went silent.
-  const auto first_hb_grace =
-      seconds_ms(job.cfg.cluster.ssh.connect_timeout) + std::max<std::chrono::milliseconds>(hb_timeout, kFirstBeatFloor);
-  const int round = job.spec.round;
-  const std::string prefix = rendezvous::store_prefix(job.spec.job_id, round);
+// ---------------------------------------------------------------------------
+// One round: start the agents, watch (observe, then round_watch decides), stop.
+
+// The round's agents, started in parallel; `failure` names the first node that could not
+// be started (the round then stops at once).
+struct RoundAgents {
+  std::vector<std::unique_ptr<Process>> agents;
+  std::optional<NodeFailure> failure;
+};
+
+RoundAgents round_start_agents(const Job& job, const std::string& token, const SupervisorOptions& opts,
+                               OutputRouter& out) {
   const auto env = environ_map();
   const int n = static_cast<int>(job.plan.nodes.size());
-
-  std::vector<std::unique_ptr<Process>> agents(n);
+  RoundAgents r;
+  r.agents.resize(static_cast<size_t>(n));
   std::vector<std::string> spawn_errors(n);
   std::vector<char> spawn_permanent(n, 0);
   {
@@ -405,8 +378,8 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
       starters.emplace_back([&, k] {
         try {
           NodeCommand cmd = node_command_build(job.plan, k, job.spec, env);
-          agents[k] = opts.spawner(job.plan.nodes[k], cmd, agent_stdin_payload(token, cmd.secret_env),
-                                   [&out, k](Stream s, std::string_view line) { out.line(k, s, line); });
+          r.agents[k] = opts.spawner(job.plan.nodes[k], cmd, agent_stdin_payload(token, cmd.secret_env),
+                                     [&out, k](Stream s, std::string_view line) { out.line(k, s, line); });
         } catch (const SshRefusedError& e) {
           spawn_errors[k] = e.what();
           spawn_permanent[k] = 1;
@@ -417,144 +390,72 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
     }
     for (auto& t : starters) t.join();
   }
-  Failure fail;
-  for (int k = 0; k < n; ++k)
-    if (!spawn_errors[k].empty() && fail.node < 0) {
-      fail = {k, fmt::format("could not start node {} ({}): {}", k, job.plan.nodes[k].host.destination(), spawn_errors[k]),
-              static_cast<int>(Exit::LAUNCH), Failure::Kind::SPAWN, spawn_permanent[k] != 0};
-    }
+  for (int k = 0; k < n && !r.failure; ++k)
+    if (!spawn_errors[k].empty())
+      r.failure = NodeFailure{.kind = NodeFailure::Kind::SPAWN,
+                              .node = k,
+                              .why = fmt::format("could not start node {} ({}): {}", k,
+                                                 job.plan.nodes[k].host.destination(), spawn_errors[k]),
+                              .exit_code = static_cast<int>(Exit::LAUNCH),
+                              .permanent = spawn_permanent[k] != 0};
+  return r;
+}
 
-  RankWatchLimits limits;
-  limits.heartbeat_interval = seconds_ms(ft.heartbeat_interval);
-  limits.heartbeat_timeout = hb_timeout;
-  limits.step_timeout = seconds_ms(ft.step_timeout);
-  limits.first_beat_grace = first_hb_grace;
-  RankWatch rank_watch(job.plan, limits);
-  std::optional<RejoinProber> rejoin;
-  if (fail.node < 0) rejoin.emplace(probe, members, job.cfg.elastic.probe_interval, store, prefix + kElasticGrowKey);
-  std::string rejoin_logged;
-
-  const auto started = Clock::now();
-  auto last_nodes_write = started - 10s;
-  std::vector<bool> done(n, false);
-  while (fail.node < 0) {
-    if (opts.interrupted && *opts.interrupted) {
-      fail = {-2, interrupt_why(*opts.interrupted), static_cast<int>(Exit::INTERRUPTED), Failure::Kind::INTERRUPT};
-      fail.end = RoundEnd::INTERRUPTED;
-      break;
-    }
-    int finished = 0;
-    for (int k = 0; k < n && fail.node < 0; ++k) {
-      if (done[k]) {
-        ++finished;
-        continue;
-      }
-      auto st = agents[k]->wait_for(0ms);
-      if (!st) continue;
-      if (st->success()) {
-        done[k] = true;
-        ++finished;
-        continue;
-      }
-      fail = agent_failure(job, store, prefix, k, *st, out.agent_said(k));
-      // When a rank dies its peers fail too, with communication errors, at nearly the
-      // same moment: look a little longer for the failure that is not a consequence.
-      if (fail.exit_code == static_cast<int>(Exit::COMM)) {
-        auto until = Clock::now() + 1000ms;
-        while (Clock::now() < until && fail.exit_code == static_cast<int>(Exit::COMM)) {
-          for (int j = 0; j < n; ++j) {
-            if (j == k || done[j]) continue;
-            auto sj = agents[j]->wait_for(0ms);
-            if (!sj || sj->success()) continue;
-            Failure fj = agent_failure(job, store, prefix, j, *sj, out.agent_said(j));
-            if (fj.exit_code != static_cast<int>(Exit::COMM)) {
-              fail = fj;
-              break;
-            }
-          }
-          std::this_thread::sleep_for(20ms);
-        }
-      }
-    }
-    if (fail.node >= 0) break;
-    if (opts.on_started && out.take_started(finished == n)) opts.on_started();
-    for (auto& ev : out.take_events()) files.event(ev);
-    if (rejoin && rejoin_logged.empty() && !(rejoin_logged = rejoin->asked()).empty())
-      log_info("{} passed the probe again: the ranks stop at their next checkpoint and the job regrows", rejoin_logged);
-    if (finished == n) {  // every node succeeded
-      std::vector<report::NodeHealth> health;
-      for (int k = 0; k < n; ++k) health.push_back({k, job.plan.nodes[k].host.destination(), -1.0, "done"});
-      write_nodes(job, files, round, health);
-      fail.end = RoundEnd::SUCCEEDED;
-      // Ranks that stopped at a checkpoint because a host passed the probe again.
-      try {
-        if (store.check({prefix + kElasticStoppedKey})) {
-          fail.end = RoundEnd::RESIZED;
-          fail.resized_at_step = std::atoll(store.get(prefix + kElasticStoppedKey, 1000ms).c_str());
-          fail.why = rejoin ? rejoin->asked() : "";
-        }
-      } catch (const Error&) {
-      }
-      return fail;
-    }
-
-    // Heartbeats, measured on the server's clock.
-    auto beats = server.heartbeats(prefix + "hb/");
-    auto now = Clock::now();
-    if (now - last_nodes_write > 1000ms) {
-      // For `dtrain status`: each node's last heartbeat age, refreshed every second.
-      last_nodes_write = now;
-      std::vector<report::NodeHealth> health;
-      for (int k = 0; k < n; ++k) {
-        auto it = beats.find(fmt::format("node{}", k));
-        double age = it == beats.end() ? -1.0 : std::chrono::duration<double>(now - it->second).count();
-        health.push_back({k, job.plan.nodes[k].host.destination(), age,
-                          done[k] ? "done" : it == beats.end() ? "starting" : "running"});
-      }
-      write_nodes(job, files, round, health);
-    }
-    for (int k = 0; k < n; ++k) {
-      if (done[k]) continue;
-      auto it = beats.find(fmt::format("node{}", k));
-      std::string host = job.plan.nodes[k].host.destination();
-      if (it == beats.end()) {
-        if (now - started > first_hb_grace) {
-          fail = {k, fmt::format("node {} ({}) sent no heartbeat within {:.0f} s of its start{}", k, host,
-                                 std::chrono::duration<double>(first_hb_grace).count(),
+// The watch's verdict as the round's failure, with the words the user reads.
+NodeFailure round_failure(const Job& job, const RoundVerdict& v, rendezvous::StoreClient& store,
+                          const std::string& prefix, OutputRouter& out, const RankWatchLimits& limits,
+                          std::chrono::milliseconds first_beat_grace) {
+  const int k = v.node.value_or(0);
+  const std::string host = v.node ? job.plan.nodes[static_cast<size_t>(k)].host.destination() : "";
+  switch (v.kind) {
+    case RoundVerdict::Kind::INTERRUPTED:
+      return {.kind = NodeFailure::Kind::INTERRUPT,
+              .why = interrupt_why(v.signal),
+              .exit_code = static_cast<int>(Exit::INTERRUPTED)};
+    case RoundVerdict::Kind::AGENT_EXIT: return agent_failure(job, store, prefix, k, v.exit, out.agent_said(k));
+    case RoundVerdict::Kind::NO_FIRST_BEAT:
+      return {.kind = NodeFailure::Kind::HEARTBEAT,
+              .node = k,
+              .why = fmt::format("node {} ({}) sent no heartbeat within {:.0f} s of its start{}", k, host,
+                                 std::chrono::duration<double>(first_beat_grace).count(),
                                  agent_said_suffix(out.agent_said(k))),
-                  static_cast<int>(Exit::LAUNCH), Failure::Kind::HEARTBEAT};
-          break;
-        }
-      } else if (now - it->second > hb_timeout) {
-        fail = {k, fmt::format("node {} ({}) missed heartbeats for {:.1f} s (heartbeat_timeout {} s)", k, host,
-                               std::chrono::duration<double>(now - it->second).count(), ft.heartbeat_timeout),
-                static_cast<int>(Exit::LAUNCH), Failure::Kind::HEARTBEAT};
-        break;
-      }
-    }
-    if (fail.node >= 0) break;
-    // Ranks: their own heartbeats (a stopped process is silent) and training steps.
-    if (auto hang = rank_watch.check(rank_watch_snapshot(server, prefix), Clock::now(), done)) {
-      fail = {hang->node, hang->describe(limits), static_cast<int>(Exit::HUNG), Failure::Kind::RANK_HUNG};
-      fail.hang = std::move(hang);
-      break;
-    }
-    std::this_thread::sleep_for(50ms);
+              .exit_code = static_cast<int>(Exit::LAUNCH)};
+    case RoundVerdict::Kind::MISSED_BEATS:
+      return {.kind = NodeFailure::Kind::HEARTBEAT,
+              .node = k,
+              .why = fmt::format("node {} ({}) missed heartbeats for {:.1f} s (heartbeat_timeout {} s)", k, host,
+                                 v.silent_s, job.cfg.fault_tolerance.heartbeat_timeout),
+              .exit_code = static_cast<int>(Exit::LAUNCH)};
+    case RoundVerdict::Kind::RANK_HUNG:
+      return {.kind = NodeFailure::Kind::RANK_HUNG,
+              .node = k,
+              .why = v.hang->describe(limits),
+              .exit_code = static_cast<int>(Exit::HUNG),
+              .hang = v.hang};
+    case RoundVerdict::Kind::WATCH:
+    case RoundVerdict::Kind::SUCCEEDED: break;
   }
+  DT_THROW(InternalError, "round_failure: the verdict is not a failure");
+}
 
-  // Stop every node: the stop key reaches agents that still talk to the store; closing
-  // the sessions (stdin EOF / SIGTERM) reaches the rest.
+// Stops every node: the stop key reaches agents that still talk to the store; closing
+// the sessions (stdin EOF / SIGTERM) reaches the rest. Then nodes.json says how each ended.
+void round_stop(const Job& job, std::vector<std::unique_ptr<Process>>& agents, const std::vector<bool>& done,
+                const std::optional<NodeFailure>& fail, rendezvous::StoreClient& store, const std::string& prefix,
+                RunFiles& files) {
   try {
     store.set(prefix + kStopKey, "1");
   } catch (const Error&) {
   }
+  const int n = static_cast<int>(agents.size());
+  const std::optional<int> blamed = fail ? fail->node : std::nullopt;
   std::vector<std::thread> stoppers;
   for (int k = 0; k < n; ++k)
     if (agents[k] && agents[k]->running())
       stoppers.emplace_back([&, k] {
         // A node that stopped answering cannot stop anything: drop its session now (its
         // agent stops its ranks when its stdin closes or the store vanishes).
-        if (k == fail.node && fail.kind == Failure::Kind::HEARTBEAT) {
+        if (blamed == k && fail->kind == NodeFailure::Kind::HEARTBEAT) {
           agents[k]->terminate(1000ms);
           return;
         }
@@ -562,14 +463,111 @@ Failure run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreCl
         if (!agents[k]->wait_for(3000ms)) agents[k]->terminate(8000ms);
       });
   for (auto& t : stoppers) t.join();
-  {
-    std::vector<report::NodeHealth> health;
-    for (int k = 0; k < n; ++k)
-      health.push_back({k, job.plan.nodes[k].host.destination(), -1.0,
-                        k == fail.node ? "failed" : done[k] ? "done" : "stopped"});
-    write_nodes(job, files, round, health);
+  std::vector<report::NodeHealth> health;
+  for (int k = 0; k < n; ++k)
+    health.push_back({k, job.plan.nodes[k].host.destination(), -1.0,
+                      blamed == k ? "failed" : done[k] ? "done" : "stopped"});
+  write_nodes(job, files, job.spec.round, health);
+}
+
+RoundResult run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreClient& store,
+                      const std::string& token, const SupervisorOptions& opts, OutputRouter& out, RunFiles& files,
+                      HostProbe* probe, const Membership& members) {
+  const auto& ft = job.cfg.fault_tolerance;
+  RoundWatchLimits watch_limits;
+  watch_limits.heartbeat_timeout = seconds_ms(ft.heartbeat_timeout);
+  // Grace before the first heartbeat: SSH connect plus agent start.
+  // Grace before the first heartbeat: SSH connect plus process start, which is not a
+  // heartbeat interval: a binary and its libraries loaded from a cold shared filesystem,
+  // or a node under load, take tens of seconds (a CI run at load ~10 once took over 15 s).
+  // A short heartbeat_timeout is for noticing a running node that went silent.
+  watch_limits.first_beat_grace = seconds_ms(job.cfg.cluster.ssh.connect_timeout) +
+                                  std::max<std::chrono::milliseconds>(watch_limits.heartbeat_timeout, kFirstBeatFloor);
+  const int round = job.spec.round;
+  const std::string prefix = rendezvous::store_prefix(job.spec.job_id, round);
+  const int n = static_cast<int>(job.plan.nodes.size());
+
+  RoundAgents started_agents = round_start_agents(job, token, opts, out);
+  auto& agents = started_agents.agents;
+  std::optional<NodeFailure> fail = std::move(started_agents.failure);
+
+  RankWatchLimits limits;
+  limits.heartbeat_interval = seconds_ms(ft.heartbeat_interval);
+  limits.heartbeat_timeout = watch_limits.heartbeat_timeout;
+  limits.step_timeout = seconds_ms(ft.step_timeout);
+  limits.first_beat_grace = watch_limits.first_beat_grace;
+  RankWatch rank_watch(job.plan, limits);
+  std::optional<RejoinProber> rejoin;
+  if (!fail) rejoin.emplace(probe, members, job.cfg.elastic.probe_interval, store, prefix + kElasticGrowKey);
+  std::string rejoin_logged;
+
+  RoundObservation obs;
+  obs.started = Clock::now();
+  obs.nodes.resize(static_cast<size_t>(n));
+  auto last_nodes_write = obs.started - 10s;
+  std::vector<bool> done(n, false);
+  RoundResult result;
+  while (!fail) {
+    // Observe: a signal, the agents' exits, heartbeats (server clock), the ranks.
+    obs.now = Clock::now();
+    obs.interrupted = opts.interrupted ? opts.interrupted->load() : 0;
+    for (int k = 0; k < n; ++k) {
+      NodeObservation& o = obs.nodes[static_cast<size_t>(k)];
+      if (!o.exit && (o.exit = agents[k]->wait_for(0ms))) o.exit_seen_at = obs.now;
+      done[k] = o.exit && o.exit->success();
+    }
+    const auto beats = server.heartbeats(prefix + "hb/");
+    for (int k = 0; k < n; ++k) {
+      auto it = beats.find(fmt::format("node{}", k));
+      obs.nodes[static_cast<size_t>(k)].last_beat =
+          it == beats.end() ? std::nullopt : std::optional<Clock::time_point>(it->second);
+    }
+    obs.rank_hang = rank_watch.check(rank_watch_snapshot(server, prefix), obs.now, done);
+
+    const RoundVerdict v = round_watch(obs, watch_limits);
+    if (v.kind == RoundVerdict::Kind::SUCCEEDED) {
+      if (opts.on_started && out.take_started(true)) opts.on_started();
+      for (auto& ev : out.take_events()) files.event(ev);
+      std::vector<report::NodeHealth> health;
+      for (int k = 0; k < n; ++k) health.push_back({k, job.plan.nodes[k].host.destination(), -1.0, "done"});
+      write_nodes(job, files, round, health);
+      // Ranks that stopped at a checkpoint because a host passed the probe again.
+      try {
+        if (store.check({prefix + kElasticStoppedKey})) {
+          result.end = RoundEnd::RESIZED;
+          result.resized_at_step = std::atoll(store.get(prefix + kElasticStoppedKey, 1000ms).c_str());
+          result.resized_for = rejoin ? rejoin->asked() : "";
+        }
+      } catch (const Error&) {
+      }
+      return result;
+    }
+    if (v.kind != RoundVerdict::Kind::WATCH) {
+      fail = round_failure(job, v, store, prefix, out, limits, watch_limits.first_beat_grace);
+      break;
+    }
+    if (opts.on_started && out.take_started()) opts.on_started();
+    for (auto& ev : out.take_events()) files.event(ev);
+    if (rejoin && rejoin_logged.empty() && !(rejoin_logged = rejoin->asked()).empty())
+      log_info("{} passed the probe again: the ranks stop at their next checkpoint and the job regrows", rejoin_logged);
+    if (obs.now - last_nodes_write > 1000ms) {
+      // For `dtrain status`: each node's last heartbeat age, refreshed every second.
+      last_nodes_write = obs.now;
+      std::vector<report::NodeHealth> health;
+      for (int k = 0; k < n; ++k) {
+        const auto& beat = obs.nodes[static_cast<size_t>(k)].last_beat;
+        const double age = beat ? std::chrono::duration<double>(obs.now - *beat).count() : -1.0;
+        health.push_back({k, job.plan.nodes[k].host.destination(), age,
+                          done[k] ? "done" : beat ? "running" : "starting"});
+      }
+      write_nodes(job, files, round, health);
+    }
+    std::this_thread::sleep_for(50ms);
   }
-  return fail;
+  round_stop(job, agents, done, fail, store, prefix, files);
+  result.end = fail->kind == NodeFailure::Kind::INTERRUPT ? RoundEnd::INTERRUPTED : RoundEnd::FAILED;
+  result.failure = std::move(fail);
+  return result;
 }
 
 }  // namespace
@@ -604,6 +602,11 @@ NodeSpawner node_spawner_default(const config::TrainConfig& cfg) {
   };
 }
 
+NodeSpawner node_spawner_for(const config::TrainConfig& cfg, const std::string& launcher) {
+  return launcher == "slurm" ? node_spawner_slurm(slurm_allocation_from_env(environ_map()))
+                             : node_spawner_default(cfg);
+}
+
 namespace {
 
 // The hosts and batch of an elastic job's next round: placement over the members, and a
@@ -624,8 +627,9 @@ bool elastic_plan_round(Job& job, Membership& members, HostProbe& probe, int rou
   }
   if (!rm.problem.empty()) {
     *problem = rm.problem;
-    files.event({{"time_ms", unix_ms()}, {"event", "membership"}, {"round", round}, {"changes", changes},
-                 {"hosts", nlohmann::json::array()}, {"problem", rm.problem}});
+    files.event({.kind = report::EventKind::MEMBERSHIP,
+                 .round = round,
+                 .detail = {{"changes", changes}, {"hosts", nlohmann::json::array()}, {"problem", rm.problem}}});
     return false;
   }
   const config::Hostfile hf = members.hostfile_of(rm.hosts);
@@ -646,19 +650,42 @@ bool elastic_plan_round(Job& job, Membership& members, HostProbe& probe, int rou
   if (!rm.changes.empty()) {
     if (round > 0 || job.plan.world_size != ref_world) log_info("membership: round {} runs on {} node(s), {} rank(s); {}",
                                                                 round, hf.hosts.size(), job.plan.world_size, b.note);
-    files.event({{"time_ms", unix_ms()},
-                 {"event", "membership"},
-                 {"round", round},
-                 {"hosts", hosts},
-                 {"world_size", job.plan.world_size},
-                 {"changes", changes},
-                 {"train_batch_size", b.cfg.resolved_train_batch_size},
-                 {"micro_batch", b.cfg.resolved_micro_batch_size},
-                 {"grad_accum", b.cfg.resolved_grad_accum_steps},
-                 {"global_batch_changed", b.global_changed},
-                 {"batch", b.note}});
+    files.event({.kind = report::EventKind::MEMBERSHIP,
+                 .round = round,
+                 .world_size = job.plan.world_size,
+                 .detail = {{"hosts", hosts},
+                            {"changes", changes},
+                            {"train_batch_size", b.cfg.resolved_train_batch_size},
+                            {"micro_batch", b.cfg.resolved_micro_batch_size},
+                            {"grad_accum", b.cfg.resolved_grad_accum_steps},
+                            {"global_batch_changed", b.global_changed},
+                            {"batch", b.note}}});
   }
   return true;
+}
+
+// The round's "failure" record: the node blamed (null when none) and its host, a hung
+// rank's identity and silence, whether a retry follows.
+report::Event failure_event(const Job& job, int round, const NodeFailure& f, bool retry) {
+  report::Event ev{.kind = report::EventKind::FAILURE,
+                   .round = round,
+                   .node = f.node,
+                   .why = f.why,
+                   .exit_code = f.exit_code,
+                   .retry = retry,
+                   .interrupted = f.kind == NodeFailure::Kind::INTERRUPT};
+  if (f.node && *f.node < static_cast<int>(job.plan.nodes.size()))
+    ev.host = job.plan.nodes[static_cast<size_t>(*f.node)].host.destination();
+  if (f.hang) {
+    ev.host = f.hang->host;
+    ev.detail = {{"hang", f.hang->kind_name()},
+                 {"rank", f.hang->rank},
+                 {"local_rank", f.hang->local_rank},
+                 {"silent_s", f.hang->silent_s}};
+    if (f.hang->pid > 0) ev.detail["pid"] = f.hang->pid;
+    if (f.hang->kind == RankHang::Kind::NO_STEP) ev.detail["last_step"] = f.hang->last_step;
+  }
+  return ev;
 }
 
 }  // namespace
@@ -705,76 +732,73 @@ int supervise(Job& job, const SupervisorOptions& opts) {
     // A failed round may have been one that was saving a checkpoint (run_job does this
     // before round 0, before it writes anything itself).
     if (round > 0) run_dir_remove_partial_checkpoints(job.run_dir);
-    Failure f;
+    std::optional<NodeFailure> not_started;
     std::string no_members;
     const std::string base_config = (fs::path(job.run_dir) / (job.run_dir_pending ? "config.pending.yaml" : "config.yaml")).string();
     if (members.elastic() &&
         !elastic_plan_round(job, members, *probe, round, ref_world, base_config, files, &no_members)) {
-      f = {-1, no_members, static_cast<int>(Exit::LAUNCH), Failure::Kind::NOT_STARTED};
+      not_started = NodeFailure{.kind = NodeFailure::Kind::NOT_STARTED,
+                                .why = no_members,
+                                .exit_code = static_cast<int>(Exit::LAUNCH)};
     } else if (opts.preflight && !(members.elastic() && opts.probe_is_preflight)) {
       // (An elastic job whose probe is the preflight ran it on every host just now in
       // elastic_plan_round: the members passed it, the hosts that failed are left out.)
       PreflightVerdict v = opts.preflight(job);
       if (!v.why.empty())
-        f = {std::max(v.node, 0), "preflight: " + v.why, static_cast<int>(Exit::LAUNCH), Failure::Kind::NOT_STARTED,
-             v.permanent};
+        not_started = NodeFailure{.kind = NodeFailure::Kind::NOT_STARTED,
+                                  .node = std::max(v.node, 0),
+                                  .why = "preflight: " + v.why,
+                                  .exit_code = static_cast<int>(Exit::LAUNCH),
+                                  .permanent = v.permanent};
     }
-    if (f.kind == Failure::Kind::NOT_STARTED) {
+    RoundResult r{.end = RoundEnd::FAILED, .failure = not_started};
+    if (not_started) {
       // Recorded as a round (it uses a retry like any failed round) that no node ran in,
       // so `dtrain status` and `dtrain plot` count the restart that follows it.
-      files.event({{"time_ms", unix_ms()}, {"event", "round_not_started"}, {"round", round}, {"why", f.why}});
+      files.event({.kind = report::EventKind::ROUND_NOT_STARTED, .round = round, .why = not_started->why});
     } else {
       out.set_plan(job.plan, round);
       log_info("round {}: starting {} rank(s) on {} node(s), rendezvous {}", round, job.plan.world_size,
                job.plan.nodes.size(), host_port_text(job.plan.master_addr, job.plan.master_port));
-      files.event({{"time_ms", unix_ms()}, {"event", "round_start"}, {"round", round},
-                   {"world_size", job.plan.world_size}});
+      files.event({.kind = report::EventKind::ROUND_START, .round = round, .world_size = job.plan.world_size});
       auto t0 = Clock::now();
-      f = run_round(job, server, store, token, opts, out, files, probe.get(), members);
+      r = run_round(job, server, store, token, opts, out, files, probe.get(), members);
       for (auto& ev : out.take_events()) files.event(ev);
-      if (f.end == RoundEnd::SUCCEEDED) {
+      if (r.end == RoundEnd::SUCCEEDED) {
         log_info("job finished: all {} rank(s) succeeded in round {} ({:.1f} s)", job.plan.world_size, round,
                  std::chrono::duration<double>(Clock::now() - t0).count());
-        files.event({{"time_ms", unix_ms()}, {"event", "finished"}, {"round", round}});
+        files.event({.kind = report::EventKind::FINISHED, .round = round});
         return finish(files, 0);
       }
-      if (f.end == RoundEnd::RESIZED) {
+      if (r.end == RoundEnd::RESIZED) {
         members.round_healthy();
+        const std::string who = r.resized_for.empty() ? "a host left out" : r.resized_for;
         log_info("round {} stopped after its checkpoint at step {}: {} passed the probe again, the next round takes "
                  "it back",
-                 round, f.resized_at_step, f.why.empty() ? "a host left out" : f.why);
-        files.event({{"time_ms", unix_ms()}, {"event", "resize"}, {"round", round}, {"step", f.resized_at_step},
-                     {"why", fmt::format("{} passed the probe again", f.why.empty() ? "a host left out" : f.why)}});
+                 round, r.resized_at_step, who);
+        files.event({.kind = report::EventKind::RESIZE,
+                     .round = round,
+                     .why = fmt::format("{} passed the probe again", who),
+                     .detail = {{"step", r.resized_at_step}}});
         continue;
       }
     }
+    NodeFailure& f = *r.failure;
     // A round that ran some steps before failing resets its nodes' failure streaks only
     // by succeeding; the node blamed for this one counts one more.
-    if (members.elastic() && f.node >= 0 && f.node < static_cast<int>(members.members().size()))
-      members.round_failed(members.members()[static_cast<size_t>(f.node)], f.why);
+    if (members.elastic() && f.node && *f.node < static_cast<int>(members.members().size()))
+      members.round_failed(members.members()[static_cast<size_t>(*f.node)], f.why);
     // A rank that stopped on a usage or config error fails the same way every round.
     if (f.exit_code == static_cast<int>(Exit::USAGE)) f.permanent = true;
-    const bool retry = f.end != RoundEnd::INTERRUPTED && !f.permanent && failed_rounds < ft.max_retries;
-    nlohmann::json ev{{"time_ms", unix_ms()}, {"event", "failure"},         {"round", round}, {"node", f.node},
-                      {"why", f.why},         {"exit_code", f.exit_code}, {"retry", retry}};
-    if (f.node >= 0 && f.node < static_cast<int>(job.plan.nodes.size()))
-      ev["host"] = job.plan.nodes[static_cast<size_t>(f.node)].host.destination();
-    if (f.hang) {
-      ev["hang"] = f.hang->kind_name();
-      ev["rank"] = f.hang->rank;
-      ev["local_rank"] = f.hang->local_rank;
-      ev["host"] = f.hang->host;
-      if (f.hang->pid > 0) ev["pid"] = f.hang->pid;
-      ev["silent_s"] = f.hang->silent_s;
-      if (f.hang->kind == RankHang::Kind::NO_STEP) ev["last_step"] = f.hang->last_step;
-    }
-    files.event(ev);
-    if (f.end == RoundEnd::INTERRUPTED) {
+    const bool interrupted = r.end == RoundEnd::INTERRUPTED;
+    const bool retry = !interrupted && !f.permanent && failed_rounds < ft.max_retries;
+    files.event(failure_event(job, round, f, retry));
+    if (interrupted) {
       log_error("{}: every node stopped; continue with: dtrain resume {}", f.why, job.run_dir);
       return finish(files, f.exit_code);
     }
     log_error("round {} failed: {}; {}", round, f.why,
-              f.kind == Failure::Kind::NOT_STARTED ? "no node was started" : "every node stopped");
+              f.kind == NodeFailure::Kind::NOT_STARTED ? "no node was started" : "every node stopped");
     if (f.permanent) {
       log_error("not restarting: retrying cannot fix this (a usage, config, host key or credential error): fix it, then dtrain resume");
       return finish(files, f.exit_code);
@@ -791,9 +815,11 @@ int supervise(Job& job, const SupervisorOptions& opts) {
       if (opts.interrupted && *opts.interrupted) {
         // Between rounds no node runs: nothing to stop, but the run's record says why it ended.
         const std::string why = interrupt_why(*opts.interrupted);
-        files.event({{"time_ms", unix_ms()}, {"event", "failure"}, {"round", round}, {"node", -2},
-                     {"why", why + " while waiting to restart"},
-                     {"exit_code", static_cast<int>(Exit::INTERRUPTED)}});
+        files.event({.kind = report::EventKind::FAILURE,
+                     .round = round,
+                     .why = why + " while waiting to restart",
+                     .exit_code = static_cast<int>(Exit::INTERRUPTED),
+                     .interrupted = true});
         log_error("{} while waiting to restart; continue with: dtrain resume {}", why, job.run_dir);
         return finish(files, static_cast<int>(Exit::INTERRUPTED));
       }

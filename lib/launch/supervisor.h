@@ -23,6 +23,10 @@ using NodeSpawner = std::function<std::unique_ptr<Process>(const NodePlan& node,
 
 NodeSpawner node_spawner_default(const config::TrainConfig& cfg);
 
+/// The spawner `--launcher` names: "slurm" starts the agents with srun inside this
+/// Slurm allocation (read from the environment), anything else is node_spawner_default.
+NodeSpawner node_spawner_for(const config::TrainConfig& cfg, const std::string& launcher);
+
 /// cluster.ssh as libssh2 options ("~/" expanded). The hostfile's user@ and port=
 /// override user and port per host.
 SshOptions ssh_options_from_config(const config::SshConfig& ssh);

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/unix_time.h"
 
 #include <algorithm>
 
@@ -17,12 +18,13 @@ std::string heartbeat_progress_key(const std::string& name, const std::string& p
 }
 
 Heartbeat::Heartbeat(const std::string& host, uint16_t port, const std::string& token, const std::string& name,
-                     milliseconds interval, const std::string& prefix)
+                     milliseconds interval, const std::string& prefix, milliseconds timeout)
     : host_(host), port_(port), token_(token), key_(heartbeat_key(name, prefix)),
-      progress_key_(heartbeat_progress_key(name, prefix)), interval_(std::max(interval, milliseconds(1))) {
-  client_ = std::make_unique<StoreClient>(host_, port_, token_, std::max(interval_, milliseconds(1000)));
+      progress_key_(heartbeat_progress_key(name, prefix)), interval_(std::max(interval, milliseconds(1))),
+      timeout_(timeout > milliseconds(0) ? timeout : std::max(interval_, milliseconds(1000))) {
+  client_ = std::make_unique<StoreClient>(host_, port_, token_, timeout_);
   // A silently dead server must not hold the thread (and the destructor) for long.
-  client_->set_request_timeout(std::max(interval_, milliseconds(1000)));
+  client_->set_request_timeout(timeout_);
   stamp();  // throws: the caller learns at once that the store is unreachable
   thread_ = std::thread([this] { run(); });
 }
@@ -62,8 +64,8 @@ void Heartbeat::finish(const std::string& value) {
   stop_thread();
   try {
     if (!client_) {
-      client_ = std::make_unique<StoreClient>(host_, port_, token_, std::max(interval_, milliseconds(1000)));
-      client_->set_request_timeout(std::max(interval_, milliseconds(1000)));
+      client_ = std::make_unique<StoreClient>(host_, port_, token_, timeout_);
+      client_->set_request_timeout(timeout_);
     }
     client_->set(key_, value);
   } catch (const CommError& e) {
@@ -72,9 +74,7 @@ void Heartbeat::finish(const std::string& value) {
 }
 
 void Heartbeat::stamp() {
-  const auto unix_ms =
-      std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-  client_->set(key_, std::to_string(unix_ms));
+  client_->set(key_, std::to_string(unix_ms()));
   ++beats_;
   std::string value;
   {
@@ -93,8 +93,8 @@ void Heartbeat::beat() {
   std::string error;
   try {
     if (!client_) {
-      client_ = std::make_unique<StoreClient>(host_, port_, token_, std::max(interval_, milliseconds(1000)));
-      client_->set_request_timeout(std::max(interval_, milliseconds(1000)));
+      client_ = std::make_unique<StoreClient>(host_, port_, token_, timeout_);
+      client_->set_request_timeout(timeout_);
     }
     stamp();
   } catch (const CommError& e) {

@@ -25,12 +25,14 @@ std::string heartbeat_progress_key(const std::string& name, const std::string& p
 // Sets heartbeat_key(name, prefix) to the current unix time in milliseconds (decimal) every
 // interval. The constructor beats once before returning and throws CommError when the store
 // cannot be reached. Later failures never throw: they are logged once, kept in last_error(),
-// and the thread reconnects on the next beat. The destructor stops the thread; it returns
-// within about max(interval, 1 s) even when the server hangs.
+// and the thread reconnects on the next beat. `timeout` bounds the connection and each
+// beat (zero: max(interval, 1 s)). The destructor stops the thread; it returns within
+// about that timeout even when the server hangs.
 class Heartbeat {
  public:
   Heartbeat(const std::string& host, uint16_t port, const std::string& token, const std::string& name,
-            std::chrono::milliseconds interval, const std::string& prefix = "");
+            std::chrono::milliseconds interval, const std::string& prefix = "",
+            std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
   ~Heartbeat();
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
@@ -65,6 +67,7 @@ class Heartbeat {
   std::string key_;
   std::string progress_key_;
   std::chrono::milliseconds interval_;
+  std::chrono::milliseconds timeout_;
   std::unique_ptr<StoreClient> client_;  // heartbeat thread only (after construction)
   std::atomic<uint64_t> beats_{0};
   mutable std::mutex mu_;

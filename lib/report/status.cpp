@@ -6,6 +6,7 @@
 #include "report/straggler.h"
 
 #include "core/check.h"
+#include "core/unix_time.h"
 
 #include <nlohmann/json.hpp>
 
@@ -168,13 +169,13 @@ std::string rate(double v) {
 
 void status_write_launcher(const std::string& run_dir, const std::string& job_id) {
   json j{{"pid", ::getpid()},         {"host", this_host()},
-         {"job_id", job_id},          {"started_ms", status_now_ms()},
+         {"job_id", job_id},          {"started_ms", unix_ms()},
          {"pid_start", pid_start_ticks(::getpid())}};
   write_atomic(fs::path(run_dir) / "launcher.json", j.dump());
 }
 
-std::vector<json> status_external_round_start(const std::string& run_dir, int world_size,
-                                              const std::string& started_by) {
+std::vector<Event> status_external_round_start(const std::string& run_dir, int world_size,
+                                               const std::string& started_by) {
   const std::vector<json> events = read_jsonl(fs::path(run_dir) / "events.jsonl");
   const int round = static_cast<int>(round_history(events).rounds.size());
   std::optional<json> open;  // the last round_start when nothing followed it
@@ -183,28 +184,25 @@ std::vector<json> status_external_round_start(const std::string& run_dir, int wo
     if (ev.empty()) continue;
     open = ev == "round_start" ? std::optional<json>(e) : std::nullopt;
   }
-  std::vector<json> out;
-  const int64_t now = status_now_ms();
+  std::vector<Event> out;
+  const int64_t now = unix_ms();
   if (open) {
     const bool external = !get_or<std::string>(*open, "started_by", "").empty();
     const std::string why =
         external ? fmt::format("ended without a final event: its rank 0 (pid {} on {}) was killed or lost",
                                get_or<int>(*open, "pid", 0), get_or<std::string>(*open, "host", "?"))
                  : "ended without a final event: its launcher was killed or lost";
-    out.push_back({{"time_ms", now},
-                   {"event", "failure"},
-                   {"round", get_or<int>(*open, "round", round - 1)},
-                   {"node", -1},
-                   {"why", why}});
+    out.push_back({.kind = EventKind::FAILURE,
+                   .round = get_or<int>(*open, "round", round - 1),
+                   .time_ms = now,
+                   .why = why});
   }
-  out.push_back({{"time_ms", now},
-                 {"event", "round_start"},
-                 {"round", round},
-                 {"world_size", world_size},
-                 {"started_by", started_by},
-                 {"pid", ::getpid()},
-                 {"host", this_host()},
-                 {"pid_start", pid_start_ticks(::getpid())}});
+  out.push_back({.kind = EventKind::ROUND_START,
+                 .round = round,
+                 .time_ms = now,
+                 .host = this_host(),
+                 .world_size = world_size,
+                 .detail = {{"started_by", started_by}, {"pid", ::getpid()}, {"pid_start", pid_start_ticks(::getpid())}}});
   return out;
 }
 
@@ -219,7 +217,7 @@ void status_write_nodes(const std::string& run_dir, int round, const std::vector
     }
     arr.push_back(std::move(x));
   }
-  json j{{"time_ms", status_now_ms()}, {"round", round}, {"nodes", arr}};
+  json j{{"time_ms", unix_ms()}, {"round", round}, {"nodes", arr}};
   if (straggler_factor > 0 && straggler_window > 0) {
     j["straggler_factor"] = straggler_factor;
     j["straggler_window"] = straggler_window;
@@ -240,11 +238,6 @@ const char* run_state_name(RunState s) {
     case RunState::LOST: return "lost";
   }
   return "?";
-}
-
-int64_t status_now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
 }
 
 RunStatus status_read(const std::string& run_dir) {
@@ -319,7 +312,8 @@ RunStatus status_read(const std::string& run_dir) {
     } else if (ev == "failure") {
       RoundFailure f;
       f.round = round;
-      f.node = get_or<int>(e, "node", -1);
+      f.node = event_node(e);
+      f.interrupted = event_interrupted(e);
       f.why = get_or<std::string>(e, "why", "");
       f.exit_code = get_or<int>(e, "exit_code", 0);
       f.time_ms = t;
@@ -409,7 +403,7 @@ RunStatus status_read(const std::string& run_dir) {
   st.last_event = last_event;
   if (st.launcher_alive) st.state = RunState::RUNNING;
   else if (last_event == "finished") st.state = RunState::FINISHED;
-  else if (last_event == "failure") st.state = st.failures.back().node == -2 ? RunState::INTERRUPTED : RunState::FAILED;
+  else if (last_event == "failure") st.state = st.failures.back().interrupted ? RunState::INTERRUPTED : RunState::FAILED;
   else if (last_event == "round_start" || last_event == "round_not_started")
     st.state = st.launcher_remote ? RunState::RUNNING : RunState::LOST;
   else st.state = RunState::NOT_STARTED;
@@ -497,7 +491,7 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
     restarts += fmt::format(" ({} round(s) could not start: no node ran)", st.rounds_not_started);
   row("restarts", restarts);
   for (const auto& f : st.failures) {
-    std::string who = f.node >= 0 ? fmt::format("node {}: ", f.node) : "";
+    std::string who = f.node ? fmt::format("node {}: ", *f.node) : "";
     out += fmt::format("  round {} {} {} ago: {}{}{}\n", f.round, f.started ? "failed" : "could not start",
                        ago(f.time_ms), who, f.why,
                        f.exit_code != 0 ? fmt::format(" [exit code {}]", f.exit_code) : std::string());
@@ -551,7 +545,7 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
 }
 
 std::string status_report(const std::string& run_dir) {
-  const int64_t now = status_now_ms();
+  const int64_t now = unix_ms();
   return status_format(status_read(run_dir), now);
 }
 

@@ -3,6 +3,8 @@
 // the writers for the two files the launcher keeps current for it.
 #pragma once
 
+#include "report/event.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -40,8 +42,8 @@ struct NodeHealth {
 /// in events.jsonl, as round_history counts them: restarts by the platform count on), world_size,
 /// started_by (the launcher whose environment placed the ranks), and this process's pid,
 /// host and pid_start for liveness.
-std::vector<nlohmann::json> status_external_round_start(const std::string& run_dir, int world_size,
-                                                        const std::string& started_by);
+std::vector<Event> status_external_round_start(const std::string& run_dir, int world_size,
+                                               const std::string& started_by);
 
 /// straggler_factor / straggler_window: the run's fault_tolerance straggler rule, so
 /// status applies the launcher's rule to metrics.jsonl (0 = not recorded).
@@ -56,7 +58,7 @@ enum class RunState {
   RUNNING,       ///< the launcher process is alive
   FINISHED,      ///< last event "finished"
   FAILED,        ///< last event a failure and the launcher is gone
-  INTERRUPTED,   ///< stopped by SIGINT (Ctrl-C), SIGTERM or SIGHUP (failure with node -2)
+  INTERRUPTED,   ///< stopped by SIGINT (Ctrl-C), SIGTERM or SIGHUP (a failure marked "interrupted")
   LOST           ///< the launcher vanished without a final event (killed, node rebooted)
 };
 /// "not started", "running", "finished", "failed", "interrupted", "lost".
@@ -64,7 +66,8 @@ const char* run_state_name(RunState s);
 
 struct RoundFailure {
   int round = 0;
-  int node = -1;
+  std::optional<int> node;  ///< the node blamed; none when no node started, or when interrupted
+  bool interrupted = false; ///< the launcher was stopped by a signal
   std::string why;
   int exit_code = 0;
   int64_t time_ms = 0;
@@ -157,7 +160,5 @@ std::string status_format(const RunStatus& st, int64_t now_ms);
 /// status_format(status_read(run_dir, now), now) with the current time.
 std::string status_report(const std::string& run_dir);
 
-/// Current unix time in ms.
-int64_t status_now_ms();
 
 }  // namespace dtrain::report

@@ -7,6 +7,7 @@
 #include "core/check.h"
 #include "core/dtype.h"
 #include "core/log.h"
+#include "core/unix_time.h"
 #include "ops/optim.h"
 #include "tensorboard/event_writer.h"
 #include "train/checkpoint.h"
@@ -118,13 +119,6 @@ LrScheduleConfig schedule_config(const config::TrainConfig& cfg, int64_t total_s
 
 // JSON has no inf/NaN: such values are written as null.
 nlohmann::json num(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); }
-
-// Unix milliseconds: the clock of the launcher's events.jsonl, so plots can line the
-// metrics up with round starts.
-int64_t unix_ms() {
-  using namespace std::chrono;
-  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
-}
 
 // After a resume from step `last_step`: drops the records a failed round wrote for the
 // steps it ran after that checkpoint (they are about to be run again) and a partial

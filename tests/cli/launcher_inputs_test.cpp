@@ -346,7 +346,8 @@ TEST_CASE("SIGHUP and SIGTERM stop the launcher like Ctrl-C: message, every node
     auto lines = split_lines(read_text(run_dir + "/events.jsonl"));
     REQUIRE(!lines.empty());
     CHECK(contains(lines.back(), "\"event\":\"failure\""));
-    CHECK(contains(lines.back(), "\"node\":-2"));
+    CHECK(contains(lines.back(), "\"node\":null"));
+    CHECK(contains(lines.back(), "\"interrupted\":true"));
     CHECK(contains(lines.back(), name));
 
     RunResult st = run({bin, "status", run_dir}, {}, 30s);

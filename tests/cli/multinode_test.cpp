@@ -5,7 +5,7 @@
 // rank (teardown everywhere, exit code, retry), and a node cut off the network.
 #include "cli_harness.h"
 
-#include "launch/dry_run.h"
+#include "core/c_escape.h"
 #include "skip.h"
 
 #include <fmt/format.h>
@@ -187,8 +187,8 @@ TEST_CASE("heterogeneous hostfile (1, 2, 3 slots): rank env contract and byte-ex
       CHECK(has(fmt::format("env LOCAL_WORLD_SIZE={}", slots[node])));
       CHECK(has(fmt::format("env NODE_RANK={}", node)));
       CHECK(has("env MASTER_ADDR=" + e->cluster.launcher_addr()));
-      CHECK(has("env DT_E2E_ODD=" + dtrain::launch::dry_run_escape(odd)));
-      CHECK(has("env NCCL_E2E_FWD=" + dtrain::launch::dry_run_escape(fwd)));
+      CHECK(has("env DT_E2E_ODD=" + dtrain::c_escape(odd)));
+      CHECK(has("env NCCL_E2E_FWD=" + dtrain::c_escape(fwd)));
       CHECK(contains(log, "addr=[" + e->cluster.addr(node) + "]"));
     }
   }

@@ -19,13 +19,6 @@ bool contains(const std::string& s, std::string_view part) {
 }
 }  // namespace
 
-TEST_CASE("dry_run_escape") {
-  CHECK(dry_run_escape("plain value") == "plain value");
-  CHECK(dry_run_escape("a\nb\tc\rd\\e") == "a\\nb\\tc\\rd\\\\e");
-  CHECK(dry_run_escape(std::string("\x01\x7f\0", 3)) == "\\x01\\x7f\\x00");
-  CHECK(dry_run_escape("é 'q' \"d\" $x") == "é 'q' \"d\" $x");
-}
-
 TEST_CASE("dry_run_report: heterogeneous hostfile") {
   Hostfile hf = hostfile_load("hostfiles/hetero");
   Plan plan = plan_placement(hf, "node1", 29500);

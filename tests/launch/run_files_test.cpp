@@ -44,6 +44,17 @@ std::string read_text(const fs::path& p) {
   return ss.str();
 }
 
+// "event round," per line of events.jsonl: every line must be a whole JSON record.
+std::string event_lines(const fs::path& p) {
+  std::istringstream in(read_text(p));
+  std::string out;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    out += j.at("event").get<std::string>() + " " + std::to_string(j.at("round").get<int>()) + ",";
+  }
+  return out;
+}
+
 bool have_dev_full() { return ::access("/dev/full", W_OK) == 0; }
 
 }  // namespace
@@ -57,8 +68,8 @@ TEST_CASE("RunFiles: events that cannot be written are kept and written in order
   const fs::path events = d.path / "events.jsonl";
   fs::create_symlink("/dev/full", events);  // every write: ENOSPC
   RunFiles files(d.path.string());
-  CHECK_FALSE(files.event({{"event", "round_start"}, {"round", 0}}));
-  CHECK_FALSE(files.event({{"event", "failure"}, {"round", 0}}));
+  CHECK_FALSE(files.event({.kind = report::EventKind::ROUND_START, .round = 0}));
+  CHECK_FALSE(files.event({.kind = report::EventKind::FAILURE, .round = 0}));
   CHECK(files.events_pending() == 2);
   const std::string failing = files.failing();
   CHECK(failing.find(events.string()) != std::string::npos);
@@ -66,12 +77,10 @@ TEST_CASE("RunFiles: events that cannot be written are kept and written in order
   CHECK_FALSE(files.flush_events());
 
   fs::remove(events);  // space again: the next write creates a regular file
-  CHECK(files.event({{"event", "round_start"}, {"round", 1}}));
+  CHECK(files.event({.kind = report::EventKind::ROUND_START, .round = 1}));
   CHECK(files.events_pending() == 0);
   CHECK(files.failing().empty());
-  CHECK(read_text(events) ==
-        "{\"event\":\"round_start\",\"round\":0}\n{\"event\":\"failure\",\"round\":0}\n"
-        "{\"event\":\"round_start\",\"round\":1}\n");
+  CHECK(event_lines(events) == "round_start 0,failure 0,round_start 1,");
 }
 
 TEST_CASE("RunFiles: a failing append or replace is reported, not thrown; the file works again later") {
@@ -136,11 +145,10 @@ TEST_CASE("RunFiles: an event record a killed launcher left without its newline 
   const fs::path events = d.path / "events.jsonl";
   std::ofstream(events, std::ios::binary) << "{\"event\":\"round_start\",\"round\":0}\n{\"event\":\"fail";
   RunFiles files(d.path.string());
-  CHECK(files.event({{"event", "round_start"}, {"round", 1}}));
-  CHECK(read_text(events) == "{\"event\":\"round_start\",\"round\":0}\n{\"event\":\"round_start\",\"round\":1}\n");
+  CHECK(files.event({.kind = report::EventKind::ROUND_START, .round = 1}));
+  CHECK(event_lines(events) == "round_start 0,round_start 1,");
   // A file that ends with its newline is left as it is.
   RunFiles again(d.path.string());
-  CHECK(again.event({{"event", "finished"}, {"round", 1}}));
-  CHECK(read_text(events) == "{\"event\":\"round_start\",\"round\":0}\n{\"event\":\"round_start\",\"round\":1}\n"
-                             "{\"event\":\"finished\",\"round\":1}\n");
+  CHECK(again.event({.kind = report::EventKind::FINISHED, .round = 1}));
+  CHECK(event_lines(events) == "round_start 0,round_start 1,finished 1,");
 }

@@ -3,6 +3,7 @@
 #include "report/status.h"
 
 #include "core/error.h"
+#include "core/unix_time.h"
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -15,6 +16,15 @@
 
 namespace fs = std::filesystem;
 using namespace dtrain::report;
+using dtrain::unix_ms;
+
+namespace {
+std::vector<nlohmann::json> as_json(const std::vector<dtrain::report::Event>& events) {
+  std::vector<nlohmann::json> out;
+  for (const auto& e : events) out.push_back(dtrain::report::event_json(e));
+  return out;
+}
+}  // namespace
 
 namespace {
 
@@ -246,7 +256,7 @@ TEST_CASE("status: a launcher that ended without its final records does not show
   status_write_nodes(d.str(), 0, {{0, "n1", 0.5, "running"}, {1, "n2", -1, "starting"}});
   RunStatus st = status_read(d.str());
   CHECK(st.state == RunState::LOST);
-  std::string text = status_format(st, status_now_ms());
+  std::string text = status_format(st, unix_ms());
   CAPTURE(text);
   CHECK(text.find("node0 n1 unknown: the launcher ended without recording how this node ended") != std::string::npos);
   CHECK(text.find("node1 n2 unknown") != std::string::npos);
@@ -279,7 +289,7 @@ TEST_CASE("status: a dtrain run job (rank 0 keeps the record): running, failed w
   TempDir d("external");
   append(d.path / "config.yaml", "training: {}");
   // The first round's event, as rank 0 of dtrain run writes it: this process is rank 0.
-  std::vector<nlohmann::json> first = status_external_round_start(d.str(), 3, "torchrun");
+  std::vector<nlohmann::json> first = as_json(status_external_round_start(d.str(), 3, "torchrun"));
   REQUIRE(first.size() == 1);  // nothing before it to close
   nlohmann::json start = first[0];
   CHECK(start.at("round") == 0);
@@ -289,23 +299,23 @@ TEST_CASE("status: a dtrain run job (rank 0 keeps the record): running, failed w
   RunStatus st = status_read(d.str());
   CHECK(st.state == RunState::RUNNING);
   CHECK(st.started_by == "torchrun");
-  CHECK(status_format(st, status_now_ms()).find("dtrain run under torchrun, rank 0 pid " + std::to_string(::getpid())) !=
+  CHECK(status_format(st, unix_ms()).find("dtrain run under torchrun, rank 0 pid " + std::to_string(::getpid())) !=
         std::string::npos);
 
   // The round fails: the platform restarts it, not dtrain resume.
   append(d.path / "events.jsonl",
-         nlohmann::json{{"time_ms", status_now_ms()}, {"event", "failure"}, {"round", 0}, {"node", -1},
+         nlohmann::json{{"time_ms", unix_ms()}, {"event", "failure"}, {"round", 0}, {"node", -1},
                         {"why", "the job stops: rank 2 on c failed: bad data"}, {"exit_code", 5}}
              .dump());
   st = status_read(d.str());
   CHECK(st.state == RunState::FAILED);
-  std::string text = status_format(st, status_now_ms());
+  std::string text = status_format(st, unix_ms());
   CHECK(text.find("torchrun restarts the processes") != std::string::npos);
   CHECK(text.find("dtrain resume") == std::string::npos);
   CHECK(text.find("round 0 failed") != std::string::npos);
 
   // The restarted set's rank 0 counts the rounds before it; killed, it leaves the round open.
-  std::vector<nlohmann::json> second = status_external_round_start(d.str(), 2, "srun");
+  std::vector<nlohmann::json> second = as_json(status_external_round_start(d.str(), 2, "srun"));
   REQUIRE(second.size() == 1);  // round 0 ended with its failure event
   nlohmann::json again = second[0];
   CHECK(again.at("round") == 1);
@@ -314,10 +324,10 @@ TEST_CASE("status: a dtrain run job (rank 0 keeps the record): running, failed w
   st = status_read(d.str());
   CHECK(st.state == RunState::LOST);
   CHECK(st.restarts == 1);
-  CHECK(status_format(st, status_now_ms()).find("rank 0 of dtrain run (pid") != std::string::npos);
+  CHECK(status_format(st, unix_ms()).find("rank 0 of dtrain run (pid") != std::string::npos);
 
   // The next rank 0 closes the killed one's round before opening its own.
-  std::vector<nlohmann::json> third = status_external_round_start(d.str(), 2, "srun");
+  std::vector<nlohmann::json> third = as_json(status_external_round_start(d.str(), 2, "srun"));
   REQUIRE(third.size() == 2);
   CHECK(third[0].at("event") == "failure");
   CHECK(third[0].at("round") == 1);
@@ -327,7 +337,7 @@ TEST_CASE("status: a dtrain run job (rank 0 keeps the record): running, failed w
   for (const auto& ev : third) append(d.path / "events.jsonl", ev.dump());
   st = status_read(d.str());
   CHECK(st.state == RunState::RUNNING);
-  CHECK(status_format(st, status_now_ms()).find("liveness not checkable") != std::string::npos);
+  CHECK(status_format(st, unix_ms()).find("liveness not checkable") != std::string::npos);
 
   CHECK(st.failures.size() == 2);
   CHECK(st.restarts == 2);
