@@ -20,7 +20,7 @@ done
 pkgs=(build-essential cmake pkg-config git python3
       libcli11-dev libyaml-cpp-dev libssh2-1-dev libfmt-dev libboost-dev doctest-dev
       libgloo-dev libopenblas-dev nlohmann-json3-dev libssl-dev openssh-client patchelf
-      libprotobuf-dev protobuf-compiler
+      libprotobuf-dev protobuf-compiler zlib1g-dev
       ccache lld)
 # ccache and lld (ld.lld, which CMake then links with) are in the default set, not only the
 # test extras: the quickstart's build then links faster, and the test run's configure of
