@@ -59,7 +59,7 @@ LrScheduleConfig schedule_config(const config::TrainConfig& cfg, int64_t total_s
   LrScheduleConfig l;
   l.type = s.type.value_or("constant");
   l.warmup_min_lr = static_cast<float>(s.warmup_min_lr);
-  l.warmup_max_lr = s.warmup_max_lr ? static_cast<float>(*s.warmup_max_lr) : -1.0f;
+  if (s.warmup_max_lr) l.warmup_max_lr = static_cast<float>(*s.warmup_max_lr);
   l.warmup_num_steps = s.warmup_num_steps;
   l.total_num_steps = s.total_num_steps.value_or(total_steps);
   l.warmup_type = s.warmup_type;
