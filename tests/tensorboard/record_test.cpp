@@ -14,7 +14,6 @@ using dtrain::crc32c;
 namespace {
 
 uint32_t crc_of(const std::string& s) { return crc32c(s.data(), s.size()); }
-uint32_t crc_of(const std::vector<unsigned char>& v) { return crc32c(v.data(), v.size()); }
 
 // Little-endian unsigned integer of `bytes` bytes at s[at].
 uint64_t le(const std::string& s, size_t at, int bytes) {
