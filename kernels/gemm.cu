@@ -17,8 +17,6 @@ namespace dtrain::kernels {
 namespace {
 using namespace detail;
 
-constexpr size_t WORKSPACE_BYTES = 32u << 20;
-
 enum class Epi : int { DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS, DGELU, BGRADB };
 
 cublasLtEpilogue_t epi_lt(Epi e) {
@@ -82,7 +80,7 @@ struct DeviceState {
   std::map<Key, std::unique_ptr<Plan>> plans;
   DeviceState() {
     DT_CUBLAS_CHECK(cublasLtCreate(&handle));
-    DT_CUDA_CHECK(cudaMalloc(&workspace, WORKSPACE_BYTES));
+    DT_CUDA_CHECK(cudaMalloc(&workspace, GEMM_WORKSPACE_BYTES));
   }
   DeviceState(const DeviceState&) = delete;
   DeviceState& operator=(const DeviceState&) = delete;
@@ -130,7 +128,7 @@ std::unique_ptr<Plan> plan_create(DeviceState& st, const Problem& p, const void*
 
   cublasLtMatmulPreference_t pref = nullptr;
   DT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const uint64_t ws = WORKSPACE_BYTES;
+  const uint64_t ws = GEMM_WORKSPACE_BYTES;
   auto pref_set = [&](cublasLtMatmulPreferenceAttributes_t a, const auto& v) {
     DT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, a, &v, sizeof v));
   };
@@ -166,7 +164,7 @@ bool matmul_try(const Problem& p, float alpha, const void* A, const void* B, flo
   if (bias) desc_set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   if (aux) desc_set(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
   DT_CUBLAS_CHECK(cublasLtMatmul(st.handle, plan->desc, &alpha, B, plan->la, A, plan->lb, &beta, C, plan->lc, C, plan->lc,
-                                 &plan->algo, st.workspace, WORKSPACE_BYTES, stream));
+                                 &plan->algo, st.workspace, GEMM_WORKSPACE_BYTES, stream));
   return true;
 }
 

@@ -12,7 +12,12 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
+
 namespace dtrain::kernels {
+
+/// The cuBLASLt workspace each device holds (one per device, shared by its GEMMs).
+inline constexpr size_t GEMM_WORKSPACE_BYTES = 32u << 20;
 
 /// Row-major C[M,N] = alpha * op(A) @ op(B) + beta * C, op(X) = X^T when trans_x (as
 /// ops::gemm). A is [M,K] ([K,M] when trans_a), B is [K,N] ([N,K] when trans_b), both of

@@ -4,7 +4,9 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bash "$root/scripts/setup.sh"
-bash "$root/scripts/build.sh"
+# Only the product, the dtrain binary (with its CUDA kernels where nvcc exists), not the
+# test suites; scripts/test.sh later builds those with the same flags and reuses this.
+DTRAIN_BUILD_TARGETS=dtrain bash "$root/scripts/build.sh"
 cd "$root"
 # A fresh run directory each time: dtrain never overwrites or silently continues a run
 # (continue one with: build/dtrain resume runs/quickstart-...).

@@ -21,12 +21,16 @@ done
 pkgs=(build-essential cmake pkg-config git python3
       libcli11-dev libyaml-cpp-dev libssh2-1-dev libfmt-dev libboost-dev doctest-dev
       libgloo-dev libopenblas-dev nlohmann-json3-dev libssl-dev openssh-client patchelf
-      libprotobuf-dev protobuf-compiler)
+      libprotobuf-dev protobuf-compiler zlib1g-dev
+      ccache lld)
+# ccache and lld (ld.lld, which CMake then links with) are in the default set, not only the
+# test extras: the quickstart's build then links faster, and the test run's configure of
+# build/ is the quickstart's (same compiler launcher, same linker), so it reuses the
+# quickstart's objects and its second tree (build-emu/) gets the first one's from ccache.
 if [ "$want_test" = 1 ]; then
   # libboost-context-dev: the fibers of the CPU execution engine that runs the CUDA code
-  # in tests (the EMU build tree); ccache and lld (ld.lld, which CMake then links with):
-  # the test run's two build trees compile and link faster.
-  pkgs+=(openssh-server iproute2 procps slurmctld slurmd slurm-client munge libboost-context-dev ccache lld)
+  # in tests (the EMU build tree).
+  pkgs+=(openssh-server iproute2 procps slurmctld slurmd slurm-client munge libboost-context-dev)
   command -v npm >/dev/null 2>&1 || pkgs+=(npm)
 fi
 # PyTorch from Debian (1.13) for the CPU race against dtrain (scripts/compare_cpu.py).

@@ -12,7 +12,7 @@ jobs=${DTRAIN_TEST_JOBS:-2}
 # cli_external_run_test 93 s in 279 s. Four at a time keep two cores busy without
 # starving the EMU tree's CPU-bound tests beside them.
 main_jobs=${DTRAIN_TEST_MAIN_JOBS:-4}
-# ccache (installed by the test set-up) may then serve the EMU tree the main tree's
+# ccache (installed by the set-up) may then serve the EMU tree the main tree's
 # objects for the modules without CUDA code: with -g it would otherwise key every object
 # on the build directory it was compiled in.
 export CCACHE_NOHASHDIR=1
@@ -28,10 +28,9 @@ phase() {
 }
 status=0
 phase "set-up" bash "$root/scripts/setup.sh" --test
-# The test builds carry no debug info (-O2 as always, without -g): the same code, about a
-# quarter less compile and link time on a clean clone.
-nodebug=("-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -DNDEBUG" "-DCMAKE_CUDA_FLAGS_RELWITHDEBINFO=-O2 -DNDEBUG")
-phase "build (build/)" bash "$root/scripts/build.sh" "${nodebug[@]}"
+# scripts/build.sh builds with the quickstart's flags (-O2, no -g), so after the quickstart
+# this build compiles only what the dtrain binary does not use (the tests).
+phase "build (build/)" bash "$root/scripts/build.sh"
 # The main tree's tests spend most of their time waiting (SSH sessions, heartbeats,
 # timeouts, retry delays), so they run while the EMU tree builds and runs its CPU-bound
 # tests instead of before them. Their output goes to build/ctest.log and is printed
@@ -46,8 +45,7 @@ main_t0=$SECONDS
 ) &
 main_pid=$!
 emu_rc=0
-phase "build (build-emu/)" env DTRAIN_BUILD_DIR="$root/build-emu" bash "$root/scripts/build.sh" -DDTRAIN_CUDA=EMU \
-  "${nodebug[@]}" || emu_rc=$?
+phase "build (build-emu/)" env DTRAIN_BUILD_DIR="$root/build-emu" bash "$root/scripts/build.sh" -DDTRAIN_CUDA=EMU || emu_rc=$?
 if [ "$emu_rc" -eq 0 ]; then
   phase "ctest (build-emu/)" bash -c "cd '$root/build-emu' && ctest --output-on-failure -j $jobs --timeout 900" || status=$?
 else

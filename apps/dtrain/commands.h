@@ -55,7 +55,7 @@ int run_plot(const std::string& run_dir, const std::string& out_png, int width, 
 int run_status(const std::string& run_dir);
 
 // cmd_bench_train.cpp
-// plan: the predicted budget of the step (lib/gpu/bench_plan.h) instead of a timed run.
+// plan: the predicted budget of the step (lib/bench/bench_plan.h) instead of a timed run.
 int run_bench_train(const std::string& config_path, const std::vector<std::string>& sets, int steps, int warmup,
                     bool json = false, const std::string& device = "cuda", bool plan = false);
 

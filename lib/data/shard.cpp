@@ -14,6 +14,7 @@
 #include <fstream>
 
 #include <fcntl.h>
+#include <zlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -27,17 +28,9 @@ static_assert(std::endian::native == std::endian::little, "token shards assume a
 
 namespace {
 
-const std::array<uint32_t, 256>& crc_table() {
-  static const std::array<uint32_t, 256> table = [] {
-    std::array<uint32_t, 256> t{};
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  return table;
+// zlib's CRC-32 (IEEE 802.3); crc32_z takes a size_t length (payloads may pass 4 GiB).
+uint32_t crc32_of(const void* data, size_t size) {
+  return static_cast<uint32_t>(crc32_z(0, static_cast<const Bytef*>(data), size));
 }
 
 template <typename T>
@@ -50,14 +43,6 @@ T get(const uint8_t* p) {
 }
 
 }  // namespace
-
-uint32_t crc32_update(uint32_t crc, const void* data, size_t size) {
-  const auto& t = crc_table();
-  const auto* p = static_cast<const uint8_t*>(data);
-  crc = ~crc;
-  for (size_t i = 0; i < size; ++i) crc = t[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
-  return ~crc;
-}
 
 // ---------------------------------------------------------------------------
 // TokenData / writer
@@ -111,8 +96,8 @@ void shard_write(const std::string& path, const TokenData& data) {
   put<int32_t>(h.data() + 36, data.vocab_size);
   put<int32_t>(h.data() + 40, data.eos_id);
   put<int32_t>(h.data() + 44, data.pad_id);
-  put<uint32_t>(h.data() + 48, crc32_update(0, payload.data(), payload.size()));
-  put<uint32_t>(h.data() + 52, crc32_update(0, h.data(), 52));
+  put<uint32_t>(h.data() + 48, crc32_of(payload.data(), payload.size()));
+  put<uint32_t>(h.data() + 52, crc32_of(h.data(), 52));
 
   const std::string tmp = path + ".tmp";
   // Whatever fails after the tmp file exists removes it: no stray .tmp beside the output.
@@ -169,7 +154,7 @@ ShardReader::ShardReader(const std::string& path, bool verify) : path_(path) {
     const uint8_t* h = base_;
     DT_ENFORCE(std::memcmp(h, SHARD_MAGIC, 8) == 0, IoError,
                "'{}' is not a dtrain token shard (bad magic); create it with `dtrain data prepare`", path);
-    DT_ENFORCE(get<uint32_t>(h + 52) == crc32_update(0, h, 52), IoError,
+    DT_ENFORCE(get<uint32_t>(h + 52) == crc32_of(h, 52), IoError,
                "token shard '{}' has a corrupt header (checksum mismatch)", path);
     uint32_t version = get<uint32_t>(h + 8);
     DT_ENFORCE(version == SHARD_VERSION, IoError, "token shard '{}' has version {}, this dtrain reads {}", path,
@@ -196,7 +181,7 @@ ShardReader::ShardReader(const std::string& path, bool verify) : path_(path) {
     mask_ = has_mask_ ? tokens_ + num_tokens_ * width_ : nullptr;
     docs_ = tokens_ + num_tokens_ * width_ + (has_mask_ ? num_tokens_ : 0);
     if (verify)
-      DT_ENFORCE(get<uint32_t>(h + 48) == crc32_update(0, tokens_, room), IoError,
+      DT_ENFORCE(get<uint32_t>(h + 48) == crc32_of(tokens_, room), IoError,
                  "token shard '{}' is corrupt (payload checksum mismatch); regenerate it", path);
     DT_ENFORCE(num_tokens_ == 0 || (num_docs_ > 0 && doc_start(0) == 0), IoError,
                "token shard '{}' has no valid document index", path);

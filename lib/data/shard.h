@@ -51,9 +51,6 @@ struct TokenData {
 // token is outside [0, vocab_size) or the mask/doc arrays are inconsistent.
 void shard_write(const std::string& path, const TokenData& data);
 
-// CRC-32 (IEEE 802.3, as zlib's crc32), continuing from crc.
-uint32_t crc32_update(uint32_t crc, const void* data, size_t size);
-
 // ---------------------------------------------------------------------------
 // ShardReader: maps a shard read-only. The constructor checks magic, version, sizes
 // against the file length and (verify) the payload checksum; any mismatch is an

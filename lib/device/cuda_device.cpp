@@ -2,6 +2,7 @@
 // per device. Every entry point makes its device current first (cudaSetDevice is per host
 // thread, and ranks run as threads in the tests). CPU-only builds get the factory's error.
 #include "device/device.h"
+#include "device/cuda_workspace.h"
 
 #include "core/check.h"
 
@@ -30,6 +31,8 @@ namespace dtrain::device {
 
 int cuda_count() { return 0; }
 
+size_t cuda_workspace_bytes() { return 0; }
+
 void cuda_require(int) {
   DT_THROW(DeviceError,
            "the CUDA device is not available: this dtrain was built without CUDA (rebuild with -DDTRAIN_CUDA=ON "
@@ -44,6 +47,8 @@ std::unique_ptr<Device> cuda_create(int index) {
 #else
 
 int cuda_count() { return kernels::device_count(); }
+
+size_t cuda_workspace_bytes() { return kernels::GEMM_WORKSPACE_BYTES; }
 
 namespace {
 

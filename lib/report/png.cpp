@@ -1,8 +1,10 @@
-// PNG writer: CRC-32, Adler-32, a small fixed-Huffman deflate with run and row-above
-// matches, and the PNG chunk layout for an 8-bit indexed-colour image.
+// PNG writer: the PNG chunk layout for an 8-bit indexed-colour image; deflate and the
+// CRC-32 / Adler-32 checksums are zlib's.
 #include "report/png.h"
 
 #include "core/check.h"
+
+#include <zlib.h>
 
 #include <algorithm>
 #include <fstream>
@@ -11,66 +13,6 @@ namespace dtrain::report {
 
 namespace {
 
-// Deflate's bit stream: values packed from the least significant bit up.
-class BitWriter {
- public:
-  explicit BitWriter(std::string& out) : out_(out) {}
-  void bits(uint32_t value, int count) {
-    acc_ |= static_cast<uint64_t>(value) << nbits_;
-    nbits_ += count;
-    while (nbits_ >= 8) {
-      out_.push_back(static_cast<char>(acc_ & 0xff));
-      acc_ >>= 8;
-      nbits_ -= 8;
-    }
-  }
-  // Huffman codes go most significant bit first.
-  void code(uint32_t code, int len) {
-    uint32_t rev = 0;
-    for (int i = 0; i < len; ++i) rev |= ((code >> i) & 1u) << (len - 1 - i);
-    bits(rev, len);
-  }
-  void flush() {
-    if (nbits_ > 0) bits(0, 8 - nbits_);
-  }
-
- private:
-  std::string& out_;
-  uint64_t acc_ = 0;
-  int nbits_ = 0;
-};
-
-// Fixed Huffman literal/length code (RFC 1951 3.2.6).
-void put_litlen(BitWriter& bw, int sym) {
-  if (sym < 144) bw.code(0x30 + static_cast<uint32_t>(sym), 8);
-  else if (sym < 256) bw.code(0x190 + static_cast<uint32_t>(sym - 144), 9);
-  else if (sym < 280) bw.code(static_cast<uint32_t>(sym - 256), 7);
-  else bw.code(0xc0 + static_cast<uint32_t>(sym - 280), 8);
-}
-
-constexpr int kLenBase[29] = {3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 15, 17, 19, 23, 27, 31, 35, 43, 51, 59, 67, 83, 99, 115, 131, 163, 195, 227, 258};
-constexpr int kLenExtra[29] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 0};
-constexpr int kDistBase[30] = {1, 2, 3, 4, 5, 7, 9, 13, 17, 25, 33, 49, 65, 97, 129, 193, 257, 385, 513, 769, 1025, 1537, 2049, 3073, 4097, 6145, 8193, 12289, 16385, 24577};
-constexpr int kDistExtra[30] = {0, 0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13};
-
-void put_match(BitWriter& bw, int len, int dist) {
-  int l = 28;
-  while (kLenBase[l] > len) --l;
-  put_litlen(bw, 257 + l);
-  if (kLenExtra[l]) bw.bits(static_cast<uint32_t>(len - kLenBase[l]), kLenExtra[l]);
-  int d = 29;
-  while (kDistBase[d] > dist) --d;
-  bw.code(static_cast<uint32_t>(d), 5);
-  if (kDistExtra[d]) bw.bits(static_cast<uint32_t>(dist - kDistBase[d]), kDistExtra[d]);
-}
-
-size_t match_length(const uint8_t* data, size_t n, size_t pos, size_t dist) {
-  if (dist == 0 || dist > pos) return 0;
-  size_t len = 0;
-  while (len < 258 && pos + len < n && data[pos + len] == data[pos + len - dist]) ++len;
-  return len;
-}
-
 void chunk(std::string& out, const char* type, const std::string& body) {
   auto be32 = [&](uint32_t v) {
     for (int s = 24; s >= 0; s -= 8) out.push_back(static_cast<char>((v >> s) & 0xff));
@@ -78,7 +20,7 @@ void chunk(std::string& out, const char* type, const std::string& body) {
   be32(static_cast<uint32_t>(body.size()));
   std::string typed = std::string(type, 4) + body;
   out += typed;
-  be32(png_crc32(reinterpret_cast<const uint8_t*>(typed.data()), typed.size()));
+  be32(static_cast<uint32_t>(::crc32(0, reinterpret_cast<const Bytef*>(typed.data()), static_cast<uInt>(typed.size()))));
 }
 
 }  // namespace
@@ -99,60 +41,21 @@ uint8_t Image::color(Rgb c) {
   return static_cast<uint8_t>(palette.size() - 1);
 }
 
-uint32_t png_crc32(const uint8_t* data, size_t n, uint32_t crc) {
-  static const auto table = [] {
-    std::array<uint32_t, 256> t{};
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xedb88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  crc = ~crc;
-  for (size_t i = 0; i < n; ++i) crc = table[(crc ^ data[i]) & 0xff] ^ (crc >> 8);
-  return ~crc;
-}
-
-uint32_t png_adler32(const uint8_t* data, size_t n) {
-  uint32_t a = 1, b = 0;
-  for (size_t i = 0; i < n; ++i) {
-    a = (a + data[i]) % 65521;
-    b = (b + a) % 65521;
-  }
-  return (b << 16) | a;
-}
-
-std::string zlib_compress(const uint8_t* data, size_t n, size_t stride) {
-  std::string out;
-  out.push_back(0x78);  // CM 8 (deflate), 32K window
-  out.push_back(0x01);  // FCHECK: (0x78 * 256 + 0x01) % 31 == 0, fastest
-  BitWriter bw(out);
-  // One fixed-Huffman block per 64 KiB of input keeps each block's work bounded.
-  size_t pos = 0;
-  do {
-    const size_t end = std::min(n, pos + 65536);
-    bw.bits(end == n ? 1u : 0u, 1);  // BFINAL
-    bw.bits(1, 2);                    // BTYPE 01: fixed Huffman
-    while (pos < end) {
-      size_t best = match_length(data, end, pos, 1), dist = 1;
-      if (stride > 1 && stride <= 32768) {
-        size_t up = match_length(data, end, pos, stride);
-        if (up > best) best = up, dist = stride;
-      }
-      if (best >= 3) {
-        put_match(bw, static_cast<int>(best), static_cast<int>(dist));
-        pos += best;
-      } else {
-        put_litlen(bw, data[pos]);
-        ++pos;
-      }
-    }
-    put_litlen(bw, 256);  // end of block
-  } while (pos < n);
-  bw.flush();
-  const uint32_t adler = png_adler32(data, n);
-  for (int s = 24; s >= 0; s -= 8) out.push_back(static_cast<char>((adler >> s) & 0xff));
+std::string zlib_compress(const uint8_t* data, size_t n) {
+  // Fixed Huffman codes (Z_FIXED): plots are a few colours in long runs and rows that
+  // repeat the one above, which LZ77 matches catch; dynamic code tables gain little there.
+  z_stream zs{};
+  DT_ENFORCE(deflateInit2(&zs, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15, 8, Z_FIXED) == Z_OK, InternalError,
+             "zlib: deflateInit2 failed");
+  std::string out(deflateBound(&zs, static_cast<uLong>(n)), '\0');
+  zs.next_in = const_cast<Bytef*>(data);
+  zs.avail_in = static_cast<uInt>(n);
+  zs.next_out = reinterpret_cast<Bytef*>(out.data());
+  zs.avail_out = static_cast<uInt>(out.size());
+  const int rc = deflate(&zs, Z_FINISH);
+  out.resize(zs.total_out);
+  deflateEnd(&zs);
+  DT_ENFORCE(rc == Z_STREAM_END, InternalError, "zlib: deflate returned {} for {} bytes", rc, n);
   return out;
 }
 
@@ -176,7 +79,7 @@ std::string png_encode(const Image& img) {
     std::copy_n(img.pixels.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(y) * static_cast<size_t>(img.width)),
                 img.width, raw.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(y) * row + 1));
   }
-  chunk(out, "IDAT", zlib_compress(raw.data(), raw.size(), row));
+  chunk(out, "IDAT", zlib_compress(raw.data(), raw.size()));
   chunk(out, "IEND", "");
   return out;
 }

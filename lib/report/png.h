@@ -1,7 +1,6 @@
-// A dependency-free PNG writer for the run plots: an indexed-colour raster (palette of
-// up to 256 RGB colours, one byte per pixel) encoded as a zlib stream of fixed-Huffman
-// deflate blocks whose matches are runs and copies of the row above (plots compress
-// well that way), with the CRC-32 and Adler-32 the format requires.
+// The PNG writer for the run plots: an indexed-colour raster (palette of up to 256 RGB
+// colours, one byte per pixel) in a zlib stream (zlib's deflate with fixed Huffman codes,
+// its CRC-32 for the chunks).
 #pragma once
 
 #include <array>
@@ -33,14 +32,9 @@ struct Image {
   }
 };
 
-/// CRC-32 (ISO-HDLC, as PNG and zlib use) of `data`, continuing from `crc` (0 to start).
-uint32_t png_crc32(const uint8_t* data, size_t n, uint32_t crc = 0);
-/// Adler-32 of `data` (the zlib trailer).
-uint32_t png_adler32(const uint8_t* data, size_t n);
-
-/// A zlib stream (RFC 1950/1951) of `data`: fixed-Huffman blocks, with matches at
-/// distance 1 (runs) and distance `stride` (the previous scanline) when stride > 0.
-std::string zlib_compress(const uint8_t* data, size_t n, size_t stride);
+/// A zlib stream (RFC 1950/1951) of `data` through zlib: fixed-Huffman (or stored)
+/// blocks, the Adler-32 trailer.
+std::string zlib_compress(const uint8_t* data, size_t n);
 
 /// The PNG file bytes: IHDR (8-bit indexed colour), PLTE, one IDAT, IEND; every
 /// scanline uses filter type 0.

@@ -1,9 +1,5 @@
-// TFRecord framing. CRC-32C through Boost.CRC (header-only, libboost-dev, already a
-// dtrain dependency): Debian 12 ships no libcrc32c, and records are a few hundred bytes
-// once per logged step, so a table-driven CRC is plenty.
+// TFRecord framing (the CRC-32C is core/crc32c.h's, as checkpoints use).
 #include "tensorboard/record.h"
-
-#include <boost/crc.hpp>
 
 namespace dtrain::tensorboard {
 
@@ -14,13 +10,6 @@ void put_le(std::string& out, uint64_t v, int bytes) {
 }
 
 }  // namespace
-
-uint32_t crc32c(const void* data, size_t n) {
-  // Castagnoli polynomial 0x1EDC6F41, reflected in and out, init and final xor all ones.
-  boost::crc_optimal<32, 0x1EDC6F41, 0xFFFFFFFF, 0xFFFFFFFF, true, true> crc;
-  crc.process_bytes(data, n);
-  return crc.checksum();
-}
 
 uint32_t crc32c_mask(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8u; }
 

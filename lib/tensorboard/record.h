@@ -3,16 +3,14 @@
 // CRC32C of the data (both checksums uint32 little-endian).
 #pragma once
 
+#include "core/crc32c.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 
 namespace dtrain::tensorboard {
-
-/// CRC-32C (Castagnoli, reflected, init and final xor 0xffffffff) of n bytes:
-/// crc32c("123456789") = 0xe3069283.
-uint32_t crc32c(const void* data, size_t n);
 
 /// TFRecord's checksum mask, ((crc >> 15) | (crc << 17)) + 0xa282ead8 (mod 2^32): a CRC
 /// of data that holds CRCs is then not itself a CRC of that data.

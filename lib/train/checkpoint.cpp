@@ -5,6 +5,7 @@
 #include "train/checkpoint.h"
 
 #include "core/check.h"
+#include "core/crc32c.h"
 #include "core/log.h"
 
 #include <fcntl.h>
@@ -13,7 +14,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <cctype>
 #include <cerrno>
 #include <climits>
@@ -361,22 +361,6 @@ json layout_json(const std::vector<ZeroBufferView>& views) {
 
 }  // namespace
 
-// ----------------------------------------------------------------------------
-uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
-  static const std::array<uint32_t, 256> table = [] {
-    std::array<uint32_t, 256> t{};
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1u) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  const auto* p = static_cast<const unsigned char*>(data);
-  crc = ~crc;
-  for (size_t i = 0; i < n; ++i) crc = table[(crc ^ p[i]) & 0xffu] ^ (crc >> 8);
-  return ~crc;
-}
 
 // ----------------------------------------------------------------------------
 std::string checkpoint_save(const std::string& run_dir, const ZeroCheckpointView& view, const TrainState& state,

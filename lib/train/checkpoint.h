@@ -74,7 +74,4 @@ struct CheckpointLoadResult {
 CheckpointLoadResult checkpoint_load(const std::string& run_dir, const ZeroCheckpointView& view,
                                      bool set_aside_damaged = true);
 
-/// CRC32C (Castagnoli), continuing from crc (0 to start).
-uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
-
 }  // namespace dtrain::train

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace dtrain::train {
@@ -14,7 +15,7 @@ namespace dtrain::train {
 struct LrScheduleConfig {
   std::string type = "constant";   ///< "constant" (or ""), "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"
   float warmup_min_lr = 0.0f;      ///< WarmupLR / WarmupDecayLR
-  float warmup_max_lr = -1.0f;     ///< WarmupLR / WarmupDecayLR; < 0 means the optimizer's base lr
+  std::optional<float> warmup_max_lr;  ///< WarmupLR / WarmupDecayLR; unset: the optimizer's base lr
   int64_t warmup_num_steps = 1000; ///< all warmup schedules; must be > 0; values < 2 act as 2 (DeepSpeed)
   int64_t total_num_steps = 0;     ///< WarmupDecayLR / WarmupCosineLR; must be > 0 there
   std::string warmup_type = "log"; ///< "log" or "linear"

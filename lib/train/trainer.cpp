@@ -1,7 +1,7 @@
 // train_run(): the training loop (TrainLoop: one named function per step of it). The
-// optimizer side (gradient reduction, overflow check, clipping, AdamW, compute-copy
-// refresh) sits behind OptimizerEngine, implemented by the ZeRO engine (stages 0-3,
-// train/zero_engine.h); checkpoints and resume go through train/checkpoint.h.
+// optimizer step itself (forward/backward, the ZeRO engine's update, the loss scaler,
+// CUDA graphs) is train/train_step.h, the one `dtrain bench train` times; checkpoints and
+// resume go through train/checkpoint.h.
 #include "train/trainer.h"
 
 #include "core/check.h"
@@ -18,6 +18,7 @@
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/model_factory.h"
+#include "train/train_step.h"
 #include "train/zero_engine.h"
 #include "report/straggler.h"
 
@@ -41,21 +42,7 @@ using report::RankTimes;
 
 namespace fs = std::filesystem;
 
-// ----------------------------------------------------------------------------
-// Optimizer engine: everything between "backward done on every micro-batch" and "the
-// model's parameter buffers hold the next step's weights".
 namespace {
-
-struct StepRequest {
-  float lr = 0.0f;
-  float loss_scale = 1.0f;  // the gradients hold loss_scale * true gradient
-  float max_norm = 0.0f;    // gradient_clipping (0 = off)
-};
-
-struct StepOutcome {
-  bool overflow = false;
-  double grad_norm = 0.0;  // global, unscaled, before clipping
-};
 
 // Resident set size of this process (from /proc/self/statm), 0 where unavailable.
 size_t process_rss_bytes() {
@@ -67,48 +54,13 @@ size_t process_rss_bytes() {
   return got == 2 ? static_cast<size_t>(pages_rss) * static_cast<size_t>(::sysconf(_SC_PAGESIZE)) : 0;
 }
 
-class OptimizerEngine {
- public:
-  virtual ~OptimizerEngine() = default;
-  /// Reads back the step forward_backward issued (reduction, overflow check, update).
-  virtual StepOutcome step(const StepRequest& req, StepTimer& timer) = 0;
-  /// Puts the fp32 master weights into the model's buffers (before an fp32 export).
-  virtual void master_to_model() = 0;
-};
-
-// Every stage through the ZeRO engine: gradient reduction (allreduce / reduce-scatter,
-// during backward at stages 2-3), fp16 gradient rounding in the backward hooks, the
-// agreed overflow check, global-norm clipping, AdamW on the owned shard and the
-// compute-copy refresh.
-class ZeroOptimizer final : public OptimizerEngine {
- public:
-  ZeroOptimizer(model::Model& m, comm::Communicator* comm, const ZeroOptions& opts, const model::Model* fp32_source)
-      : engine_(m, comm, opts, fp32_source) {}
-
-  StepOutcome step(const StepRequest& req, StepTimer& timer) override {
-    // Collectives and the update interleave inside the engine: timed as one section.
-    auto s = timer.scope(Section::OPTIMIZER);
-    StepOutcome out;
-    out.overflow = !engine_.step_finish(req.loss_scale);  // forward_backward issued the update
-    out.grad_norm = engine_.last_grad_norm();
-    return out;
-  }
-
-  void master_to_model() override { engine_.params_materialize(); }
-
-  ZeroEngine& engine() { return engine_; }
-
- private:
-  ZeroEngine engine_;
-};
-
 // ----------------------------------------------------------------------------
 LrScheduleConfig schedule_config(const config::TrainConfig& cfg, int64_t total_steps) {
   const auto& s = cfg.scheduler;
   LrScheduleConfig l;
   l.type = s.type.value_or("constant");
   l.warmup_min_lr = static_cast<float>(s.warmup_min_lr);
-  l.warmup_max_lr = s.warmup_max_lr ? static_cast<float>(*s.warmup_max_lr) : -1.0f;
+  if (s.warmup_max_lr) l.warmup_max_lr = static_cast<float>(*s.warmup_max_lr);
   l.warmup_num_steps = s.warmup_num_steps;
   l.total_num_steps = s.total_num_steps.value_or(total_steps);
   l.warmup_type = s.warmup_type;
@@ -180,11 +132,8 @@ class TrainLoop {
   void resume();
   void metrics_open();
   void batch_load();                       // the micro-batches and their unmasked-target counts
-  void forward_backward(float loss_scale, float lr);  // issues the step; losses to loss slots
-  void step_graphed(float factor, float loss_scale, float* slot);
-  StepOutcome optimizer_step(int64_t step, float lr, float loss_scale);
-  void record(int64_t step, double step_loss, float lr, float loss_scale, const StepOutcome& out, bool applied);
-  void progress_log(int64_t step, double step_loss, float lr, float loss_scale, const StepOutcome& out, bool applied);
+  void record(int64_t step, const StepOutcome& out);
+  void progress_log(int64_t step, const StepOutcome& out);
   void evaluate(int64_t step);
   void save(int64_t step);
   bool stop_requested(int64_t step);
@@ -204,12 +153,8 @@ class TrainLoop {
   int64_t total_steps_ = 0;
   std::unique_ptr<LrSchedule> sched_;
   ZeroOptions zopts_;
-  std::unique_ptr<LossScaler> scaler_;
-  std::unique_ptr<ZeroOptimizer> engine_;
-  // Stages 2-3 run collectives inside backward (stage 3 inside forward too): every rank
-  // runs every micro-batch, an all-masked one with weight 0. overlap_comm at stages 0/1
-  // reduces in the last micro-batch's backward: every rank must run it too.
-  bool lockstep_ = false;
+  std::unique_ptr<TrainStep> step_;  // the optimizer step, its ZeRO engine and loss scaler
+  LossScaler* scaler_ = nullptr;     // step_'s (fp16), nullptr without one
   int64_t tokens_per_step_ = 0;
   int64_t start_step_ = 0;
   TrainResult res_;
@@ -218,17 +163,6 @@ class TrainLoop {
   std::string config_yaml_;
   std::vector<std::vector<int32_t>> inputs_, targets_;
   std::vector<int64_t> counts_;
-  // CUDA graphs (training.cuda_graph): the step recorded once and replayed while the values
-  // it was recorded with (the key) stay the same.
-  struct GraphKey {
-    bool run = false;          // the micro-batch runs forward/backward
-    float loss_scale = 1;
-    uint64_t buffers = 0;      // Model::buffers_version
-    bool operator==(const GraphKey&) const = default;
-  };
-  bool graph_on_ = false;
-  std::unique_ptr<device::Device::Graph> graph_;
-  std::optional<GraphKey> graph_key_, last_key_;
   StepTimer timer_;
   Stopwatch run_clock_, interval_clock_;
   int64_t interval_steps_ = 0;
@@ -246,9 +180,7 @@ TrainLoop::TrainLoop(const config::TrainConfig& cfg, const TrainerEnv& env)
   if (dev != nullptr && dev->kind() != device::Kind::CPU) {
     // The compute copy on the device in the compute dtype; the engine's fp32 masters
     // start from the host model's exact weights.
-    model_ = std::make_unique<model::Model>(host_model_->config(), *dev, zopts_.compute_dtype);
-    model_->weights_copy_from(*host_model_);
-    model_->set_recompute(host_model_->recompute());
+    model_ = model_on_device(*host_model_, *dev, zopts_.compute_dtype);
   }
   data_ = data_load(cfg, host_model_->config().vocab_size, host_model_->config().max_seq_len);
   micro_ = static_cast<int>(cfg.resolved_micro_batch_size);
@@ -259,19 +191,15 @@ TrainLoop::TrainLoop(const config::TrainConfig& cfg, const TrainerEnv& env)
   total_steps_ = cfg.training.max_steps ? *cfg.training.max_steps : *cfg.training.epochs * reader_->steps_per_epoch(accum_);
   DT_ENFORCE_GT(total_steps_, 0, ConfigError, "{}: training.max_steps", cfg.source);
   sched_ = lr_schedule_create(schedule_config(cfg, total_steps_), static_cast<float>(cfg.optimizer.lr));
-  if (cfg.fp16.enabled) scaler_ = std::make_unique<LossScaler>(loss_scaler_config_from(cfg.fp16));
-  if (model_) {
-    engine_ = std::make_unique<ZeroOptimizer>(*model_, comm_, zopts_, host_model_.get());
-  } else {
-    model_ = std::move(host_model_);
-    engine_ = std::make_unique<ZeroOptimizer>(*model_, comm_, zopts_, nullptr);
-  }
-  lockstep_ = zopts_.stage >= 2 || zopts_.overlap_comm;
-  // What a graph can replay: one micro-batch per step (its inputs uploaded before the
-  // launch), no collective inside forward/backward hooks beyond stage 1's stream-ordered
-  // buckets, no dropout (its masks are seeded per forward).
-  graph_on_ = cfg.training.cuda_graph && dev != nullptr && dev->kind() == device::Kind::CUDA && accum_ == 1 &&
-              zopts_.stage <= 1 && !(model_->lora_config().dropout > 0.0f);
+  TrainStepOptions so;
+  so.micro_batch = micro_;
+  so.grad_accum = accum_;
+  so.seq_len = T_;
+  if (cfg.fp16.enabled) so.loss_scaler = loss_scaler_config_from(cfg.fp16);
+  so.cuda_graph = cfg.training.cuda_graph;
+  if (!model_) model_ = std::move(host_model_);
+  step_ = std::make_unique<TrainStep>(*model_, host_model_.get(), comm_, zopts_, so);
+  scaler_ = step_->scaler();
   tokens_per_step_ = static_cast<int64_t>(micro_) * accum_ * W_ * T_;
   res_.final_eval_loss = res_.final_eval_ppl = std::numeric_limits<double>::quiet_NaN();
   config_yaml_ = config::config_to_yaml(cfg);
@@ -309,7 +237,7 @@ void TrainLoop::resume() {
     DT_ENFORCE(!ec, IoError, "cannot create the run directory {}: {}", env_.run_dir, ec.message());
   }
   if (env_.run_dir.empty() || !env_.resume) return;
-  const CheckpointLoadResult ck = checkpoint_load(env_.run_dir, engine_->engine().checkpoint_view());
+  const CheckpointLoadResult ck = checkpoint_load(env_.run_dir, step_->engine().checkpoint_view());
   res_.checkpoints_skipped = ck.skipped;
   if (lead_ && env_.print)
     for (const auto& why : ck.skipped) std::printf("resume: skipped a damaged checkpoint: %s\n", why.c_str());
@@ -372,7 +300,7 @@ void TrainLoop::metrics_open() {
                 "%lld steps, %s\n",
                 model::arch_name(m.config().arch), m.num_params(), m.num_trainable_params(), data_.train->size(), T_, W_,
                 micro_, accum_, static_cast<long long>(total_steps_), dtype_name(zopts_.compute_dtype));
-  if (lead_ && env_.print) std::printf("%s", engine_->engine().memory_report().c_str());
+  if (lead_ && env_.print) std::printf("%s", step_->engine().memory_report().c_str());
 }
 
 // Data first: each micro-batch's unmasked-target count. Their sum over the ranks, which
@@ -384,129 +312,23 @@ void TrainLoop::batch_load() {
     counts_[static_cast<size_t>(a)] = reader_->next(inputs_[static_cast<size_t>(a)], targets_[static_cast<size_t>(a)]);
 }
 
-// Issues the step's forward and backward passes; nothing is read back (each micro-batch's
-// mean loss goes to a loss slot of the engine, read with the gradient norm in the step).
-void TrainLoop::forward_backward(float loss_scale, float lr) {
-  model::Model& m = *model_;
-  ZeroEngine& engine = engine_->engine();
-  float* slots = engine.loss_slots(static_cast<size_t>(accum_));
-  engine.step_prepare(lr);  // the step's host values, uploaded while the device is idle
-  engine.step_targets(counts_.data(), counts_.size());
-  // Each micro-batch's backward: loss_scale * W * (its loss sum) / (the step's target
-  // count over every rank, read on the device); W undoes the ranks' gradient average.
-  const float factor = static_cast<float>(W_) * loss_scale;
-  if (graph_on_) {
-    step_graphed(factor, loss_scale, slots);
-    return;
-  }
-  engine.before_step();
-  engine.targets_reduce();
-  for (int a = 0; a < accum_; ++a) {
-    const int64_t n = counts_[static_cast<size_t>(a)];
-    if (n == 0 && !lockstep_) continue;  // nothing to learn from: no forward, no gradient
-    {
-      auto s = timer_.scope(Section::FORWARD);
-      m.forward(inputs_[static_cast<size_t>(a)].data(), targets_[static_cast<size_t>(a)].data(), micro_, T_, slots + a);
-    }
-    auto s = timer_.scope(Section::BACKWARD);
-    engine_->engine().set_last_micro_batch(a == accum_ - 1);
-    m.backward(factor, engine.targets_count());  // fp16 gradients are rounded in the engine's hooks
-  }
-  auto s = timer_.scope(Section::OPTIMIZER);
-  engine.step_issue(loss_scale);
-}
-
-// One micro-batch per step: its inputs go to the model's fixed buffers first, then the
-// step runs eagerly, is recorded (the second step in a row with the same key) or is
-// replayed (the key of the recording).
-void TrainLoop::step_graphed(float factor, float loss_scale, float* slot) {
-  model::Model& m = *model_;
-  ZeroEngine& engine = engine_->engine();
-  device::Device& dev = m.device();
-  const int64_t n = counts_[0];
-  GraphKey key;
-  key.run = n > 0 || lockstep_;
-  {
-    auto s = timer_.scope(Section::FORWARD);
-    if (key.run) m.inputs_set(inputs_[0].data(), targets_[0].data(), micro_, T_);
-  }
-  // The target counts are in device memory (step_targets): the recording does not
-  // bake the step's backward scale in.
-  key.loss_scale = loss_scale;
-  key.buffers = m.buffers_version();
-  auto body = [&] {
-    engine.before_step();
-    engine.targets_reduce();
-    if (key.run) {
-      m.forward_issue(slot);
-      engine.set_last_micro_batch(true);
-      m.backward(factor, engine.targets_count());
-    }
-    engine.step_issue(loss_scale);
-  };
-  auto s = timer_.scope(Section::FORWARD);
-  if (graph_ && graph_key_ == key) {
-    dev.graph_launch(*graph_);
-    if (key.run) m.set_forward_count(m.forward_count() + 1);  // as the recorded forward did
-    ++res_.graph_steps;
-  } else if (last_key_ == key) {
-    graph_.reset();
-    const uint64_t forward_count = m.forward_count();
-    if (!dev.graph_begin()) {
-      graph_on_ = false;
-      body();
-      return;
-    }
-    try {
-      body();
-    } catch (...) {
-      (void)dev.graph_end();
-      throw;
-    }
-    graph_ = dev.graph_end();
-    if (graph_) {
-      graph_key_ = key;
-      dev.graph_launch(*graph_);
-      ++res_.graph_steps;
-    } else {
-      // Something in the step could not be recorded (and nothing of it ran): run it
-      // eagerly, from here on always.
-      if (lead_) log_warn("training.cuda_graph: the step could not be captured in a CUDA graph; running without");
-      graph_on_ = false;
-      graph_key_.reset();
-      m.set_forward_count(forward_count);
-      body();
-    }
-  } else {
-    body();
-  }
-  last_key_ = key;
-}
-
-StepOutcome TrainLoop::optimizer_step(int64_t /*step*/, float lr, float loss_scale) {
-  StepRequest req;
-  req.lr = lr;
-  req.loss_scale = loss_scale;
-  req.max_norm = static_cast<float>(cfg_.gradient_clipping);
-  return engine_->step(req, timer_);
-}
-
-void TrainLoop::record(int64_t step, double step_loss, float lr, float loss_scale, const StepOutcome& out,
-                       bool applied) {
+void TrainLoop::record(int64_t step, const StepOutcome& out) {
   res_.steps = step;
-  if (applied) ++res_.applied_steps; else ++res_.skipped_steps;
-  res_.losses.push_back(step_loss);
-  res_.lrs.push_back(lr);
+  if (out.applied) ++res_.applied_steps; else ++res_.skipped_steps;
+  res_.losses.push_back(out.loss);
+  res_.lrs.push_back(out.lr);
   res_.grad_norms.push_back(out.grad_norm);
-  res_.loss_scales.push_back(loss_scale);
-  res_.skipped.push_back(applied ? 0 : 1);
-  res_.final_loss = step_loss;
+  res_.loss_scales.push_back(out.loss_scale);
+  res_.skipped.push_back(out.applied ? 0 : 1);
+  res_.final_loss = out.loss;
   res_.tokens += tokens_per_step_;
   ++interval_steps_;
 }
 
-void TrainLoop::progress_log(int64_t step, double step_loss, float lr, float loss_scale, const StepOutcome& out,
-                             bool applied) {
+void TrainLoop::progress_log(int64_t step, const StepOutcome& out) {
+  const double step_loss = out.loss;
+  const float lr = out.lr, loss_scale = out.loss_scale;
+  const bool applied = out.applied;
   const int64_t print_every = std::max<int64_t>(1, cfg_.steps_per_print);
   if (step % print_every != 0 && step != total_steps_) return;
   const double dt = interval_clock_.elapsed_s();
@@ -538,7 +360,7 @@ void TrainLoop::progress_log(int64_t step, double step_loss, float lr, float los
                      {"time_ms", now_ms}};
     {
       // Memory: this rank's ZeRO state (params + grads + optimizer) and the process RSS.
-      const ZeroMemory mem = engine_->engine().memory();
+      const ZeroMemory mem = step_->engine().memory();
       r["memory_state_bytes"] = mem.total();
       r["memory_rss_bytes"] = process_rss_bytes();
     }
@@ -570,9 +392,9 @@ void TrainLoop::evaluate(int64_t step) {
   if (!data_.valid) return;
   // Ranks may run different numbers of eval batches: at stage 3 the full weights are
   // gathered once for the evaluation instead of layer by layer.
-  if (zopts_.stage == 3) engine_->engine().params_materialize();
+  if (zopts_.stage == 3) step_->engine().params_materialize();
   EvalLoss e = eval_loss(*model_, *data_.valid, micro_, 0, rank_, W_);
-  if (zopts_.stage == 3) engine_->engine().params_restore();
+  if (zopts_.stage == 3) step_->engine().params_restore();
   std::vector<double> v{e.loss_sum, static_cast<double>(e.tokens)};
   allreduce_sum(comm_, v);
   e.loss_sum = v[0];
@@ -603,7 +425,7 @@ void TrainLoop::save(int64_t step) {
   st.config_yaml = config_yaml_;
   CheckpointSaveOptions o;
   o.keep_last = cfg_.training.keep_last;
-  res_.last_checkpoint = checkpoint_save(env_.run_dir, engine_->engine().checkpoint_view(), st, o);
+  res_.last_checkpoint = checkpoint_save(env_.run_dir, step_->engine().checkpoint_view(), st, o);
   if (lead_ && env_.print) {
     std::printf("checkpoint: saved checkpoints/%s (%.2f s)\n", fs::path(res_.last_checkpoint).filename().c_str(),
                 clock.elapsed_s());
@@ -625,7 +447,7 @@ bool TrainLoop::stop_requested(int64_t step) {
 // so anything that delays a rank (a slow GPU, a busy CPU, an injected test delay) counts
 // as its compute, and its peers' waiting for it as their communication.
 RankTimes TrainLoop::rank_times_take(double interval_s, int64_t steps) {
-  const ZeroEngine::CommTimes ct = engine_->engine().comm_times_take();
+  const ZeroEngine::CommTimes ct = step_->engine().comm_times_take();
   const double n = static_cast<double>(std::max<int64_t>(1, steps));
   const double step_ms = 1e3 * interval_s / n;
   const double comm_ms = (timer_.elapsed_ms(Section::COMM) + 1e3 * ct.exposed_s) / n;
@@ -645,8 +467,8 @@ RankTimes TrainLoop::rank_times_take(double interval_s, int64_t steps) {
 void TrainLoop::export_final(bool trained) {
   // The fp32 masters: in the model's own buffers on the CPU, copied to the host model
   // from a device.
-  if (host_model_) engine_->engine().masters_to_host(*host_model_);
-  else engine_->master_to_model();
+  if (host_model_) step_->engine().masters_to_host(*host_model_);
+  else step_->engine().params_materialize();
   if (lead_ && !env_.run_dir.empty()) {
     const std::string dir = (fs::path(env_.run_dir) / "final").string();
     model_export_hf(host_model_ ? *host_model_ : *model_, dir, data_.tokenizer->bos_id(), data_.tokenizer->eos_id());
@@ -672,25 +494,12 @@ TrainResult TrainLoop::run() {
   if (env_.on_step) env_.on_step(start_step_);
   for (int64_t step = start_step_ + 1; step <= total_steps_; ++step) {
     batch_load();
-    const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
-    const float lr = sched_->lr(res_.applied_steps);
-    forward_backward(loss_scale, lr);
-    // The update is issued; the step's one read-back: gradient norm, overflow, the loss
-    // sum and the target count over every rank.
-    const StepOutcome out = optimizer_step(step, lr, loss_scale);
-    const double n_step = engine_->engine().step_target_count();
-    // A step whose every target is masked (possible with short packed windows of SFT
-    // data) has loss 0 and zero gradients, as Model::forward defines it; AdamW still runs.
-    if (n_step == 0 && lead_) log_warn("step {}: every target of the batch is masked (loss 0)", step);
-    const double step_loss = n_step > 0 ? engine_->engine().step_loss_sum() / n_step : 0.0;
-    DT_ENFORCE(std::isfinite(step_loss), TrainError, "step {}: the loss is {}; lower optimizer.lr", step, step_loss);
-    if (out.overflow)
-      DT_ENFORCE(scaler_ != nullptr, TrainError,
-                 "gradients became inf/NaN (global norm {}); lower optimizer.lr or enable gradient_clipping",
-                 out.grad_norm);
-    const bool applied = scaler_ ? scaler_->update(out.overflow) : true;
-    record(step, step_loss, lr, loss_scale, out, applied);
-    progress_log(step, step_loss, lr, loss_scale, out, applied);
+    const StepOutcome out = step_->run(step, sched_->lr(res_.applied_steps), StepBatch{&inputs_, &targets_, &counts_},
+                                       timer_);
+    res_.graph_steps = step_->graph_steps();
+    if (out.target_count == 0 && lead_) log_warn("step {}: every target of the batch is masked (loss 0)", step);
+    record(step, out);
+    progress_log(step, out);
     if (cfg_.training.eval_steps > 0 && step % cfg_.training.eval_steps == 0 && step != total_steps_) evaluate(step);
     if (!env_.run_dir.empty() && cfg_.training.save_steps > 0 && step % cfg_.training.save_steps == 0 &&
         step != total_steps_) {

@@ -370,12 +370,6 @@ void ZeroEngine::grads_reduce_step() {
   work_add(-static_cast<ptrdiff_t>(most * sizeof(float)));
 }
 
-bool ZeroEngine::step(float lr, float loss_scale) {
-  step_prepare(lr);
-  step_issue(loss_scale);
-  return step_finish(loss_scale);
-}
-
 void ZeroEngine::step_prepare(float lr) {
   lr_ = lr;
   float v[3];
@@ -384,8 +378,8 @@ void ZeroEngine::step_prepare(float lr) {
 }
 
 void ZeroEngine::step_issue(float loss_scale) {
-  DT_ENFORCE(!materialized_, UsageError, "ZeroEngine::step() after params_materialize(); call params_restore() first");
-  DT_ENFORCE_GT(loss_scale, 0.0f, UsageError, "ZeroEngine::step loss_scale");
+  DT_ENFORCE(!materialized_, UsageError, "ZeroEngine::step_issue() after params_materialize(); call params_restore() first");
+  DT_ENFORCE_GT(loss_scale, 0.0f, UsageError, "ZeroEngine::step_issue loss_scale");
   queue_->wait_all();
   if (opts_.stage <= 1 && !grads_reduced_) grads_reduce_step();
   comm_join();  // the reduced gradients are complete

@@ -109,11 +109,14 @@ struct ZeroCheckpointView {
   std::function<void(int64_t step_count)> loaded;
 };
 
-/// The engine. Call order per optimizer step (one thread):
+/// The engine. Call order per optimizer step (one thread; train::TrainStep is the caller
+/// that training and `dtrain bench train` use):
+///   engine.step_prepare(lr);                    // the step's host values to the device
 ///   engine.before_step();                       // zeroes the gradients it owns
 ///   for each micro-batch: engine.set_last_micro_batch(is_last);  // overlap_comm, stages 0/1
 ///                         model.forward(...); model.backward(scale);
-///   bool applied = engine.step(lr, loss_scale); // reduce, overflow check, clip, AdamW, gather
+///   engine.step_issue(loss_scale);              // reduce, overflow check, clip, AdamW, gather
+///   bool applied = engine.step_finish(loss_scale);  // the one read-back
 /// The constructor installs the model hooks (stages 2/3 reduce-scatter and gather in
 /// them; every stage rounds fp16 gradients there) and, under mixed precision, rounds the
 /// model's buffers to the compute dtype. Between forward()/backward() calls no engine
@@ -157,17 +160,15 @@ class ZeroEngine {
   /// (Re)installs the model hooks; the constructor already did. Needed only after the
   /// caller replaced them.
   void backward_hooks_install();
-  /// Reduces the gradients, agrees on overflow over all ranks, clips by the global norm
-  /// and applies AdamW with this lr unless a gradient is inf/NaN. The gradients hold
-  /// loss_scale * the true gradient. Returns true when the update was applied; false
-  /// (weights untouched, step count unchanged) on overflow.
-  bool step(float lr, float loss_scale = 1.0f);
-  /// step() in three calls, for a caller that records the step in a CUDA graph:
+  /// The update, in three calls so that a caller can record the step in a CUDA graph:
   /// step_prepare uploads the step's host values (lr, AdamW's step) to device memory (on
   /// CUDA it waits for the stream: call it before the step's forward, after loss_slots);
   /// step_issue issues the reduction, norm, clip and overflow decision, AdamW and the
-  /// gathers without reading anything back (nothing in it waits for the device);
-  /// step_finish reads back once and returns step()'s result.
+  /// gathers without reading anything back (nothing in it waits for the device): the
+  /// gradients are reduced, the overflow agreed over all ranks, clipped by the global norm
+  /// and AdamW applied with the lr unless a gradient is inf/NaN (the gradients hold
+  /// loss_scale * the true gradient); step_finish reads back once and returns true when
+  /// the update was applied, false (weights untouched, step count unchanged) on overflow.
   void step_prepare(float lr);
   void step_issue(float loss_scale);
   bool step_finish(float loss_scale);
@@ -189,17 +190,17 @@ class ZeroEngine {
   /// Global L2 norm of the last step's unscaled, unclipped gradient (inf/NaN on overflow).
   double last_grad_norm() const { return last_norm_; }
   /// n fp32 slots in the engine's step buffer (device memory) for the micro-batch losses
-  /// of the next step (Model::forward's loss_out), read back by step() together with the
+  /// of the next step (Model::forward's loss_out), read back by step_finish() together with the
   /// gradient norm: one device-to-host read per step. The pointer stays valid while n
   /// does not grow (a growing n reallocates the step buffer: call before step_prepare).
   float* loss_slots(size_t n);
-  /// The losses the last step() read back from the loss slots.
+  /// The losses the last step_finish() read back from the loss slots.
   const std::vector<float>& step_losses() const { return losses_; }
   /// overlap_comm at stages 0/1: the gradients are reduced once per step, during the
   /// backward of the micro-batch marked last (each bucket as soon as it is complete), so
   /// with gradient accumulation mark the earlier micro-batches with false before their
   /// backward, and every rank must run the same micro-batches. Default true (one
-  /// backward per step). Without a communication thread the reduction runs in step().
+  /// backward per step). Without a communication thread the reduction runs in step_issue().
   void set_last_micro_batch(bool last) { last_micro_ = last; }
   /// Gradient collectives queued on the communication thread during backward before its
   /// last layer ran (so they could overlap with the remaining compute); cumulative.
@@ -210,7 +211,7 @@ class ZeroEngine {
 
   /// Puts the full master weights into every model buffer (stage 3: all-gathers them into
   /// the model's own storage; collective), as fp32 on the CPU and as the compute copy on
-  /// a 16-bit device model. For export, evaluation and tests; backward and step() refuse
+  /// a 16-bit device model. For export, evaluation and tests; backward and step_issue() refuse
   /// to run until params_restore().
   void params_materialize();
   /// Copies the full fp32 weights of every buffer (masters; a frozen buffer without one:

@@ -1,12 +1,12 @@
-// The plan is the code: one real training step (BenchStepper: forward, backward, the ZeRO
-// engine's stage-0 step) on the CPU execution engine's CUDA device, traced, against
-// PlanDevice's list for the same step (gpu::plan_step). Tiny GPT-2 and Llama (GQA,
+// The plan is the code: one real training step (the trainer's train::TrainStep: forward,
+// backward, the ZeRO engine's stage-0 update) on the CPU execution engine's CUDA device, traced, against
+// PlanDevice's list for the same step (bench::plan_step). Tiny GPT-2 and Llama (GQA,
 // recompute, accumulation, LoRA with dropout), bf16 and fp32: the kernel launches (by
 // launch text), the cuBLASLt matmuls (shape, transposes, types, epilogue, alpha, beta)
 // and the memsets / memcpys (kind, width, height) must be the same multisets. Only the
 // engine can trace, so any other build reports SKIPPED.
-#include "gpu/bench_plan.h"
-#include "gpu/bench_step.h"
+#include "bench/bench_plan.h"
+#include "bench/bench_step.h"
 #include "gpu/gpu_skip.h"
 
 #include <doctest/doctest.h>
@@ -20,6 +20,7 @@ EMU_ONLY_SUITE("plan vs trace")
 #include "device/device.h"
 #include "device/plan_device.h"
 #include "model/model.h"
+#include "train/train_step.h"
 
 #include "gpu/tiny_model.h"
 
@@ -29,6 +30,7 @@ EMU_ONLY_SUITE("plan vs trace")
 #include <fmt/format.h>
 
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -42,8 +44,8 @@ namespace {
 
 ModelConfig tiny(ModelConfig::Arch arch) { return test::tiny_model(arch, 64); }
 
-gpu::BenchSetup setup(ModelConfig::Arch arch, DType dt) {
-  gpu::BenchSetup s;
+bench::BenchSetup setup(ModelConfig::Arch arch, DType dt) {
+  bench::BenchSetup s;
   s.model = tiny(arch);
   s.dtype = dt;
   s.micro_batch = 2;
@@ -140,28 +142,29 @@ int64_t total(const Multiset& m) {
   return n;
 }
 
-// The step as bench_train_run runs it on the device, the second step traced.
-cuda_emu::Trace traced_step(const gpu::BenchSetup& s) {
+// The step as bench_train_run runs it on the device (the trainer's, train::TrainStep),
+// the second step traced.
+cuda_emu::Trace traced_step(const bench::BenchSetup& s) {
   auto dev = device::cuda_create(0);
   model::Model host(s.model);
   host.init_weights(s.seed);
   if (s.lora) host.lora_enable(*s.lora);
-  model::Model m(s.model, *dev, s.dtype);
-  m.weights_copy_from(host);
-  m.set_recompute(s.recompute);
-  gpu::BenchStepper stepper(m, s, &host);
-  const gpu::BenchBatch batch = gpu::bench_batch(s, 0);
-  stepper.step(batch);
+  host.set_recompute(s.recompute);
+  const std::unique_ptr<model::Model> m = train::model_on_device(host, *dev, s.dtype);
+  train::TrainStep step(*m, &host, nullptr, s.zero, s.step_options());
+  train::StepTimer timer;
+  const bench::BenchBatch batch = bench::bench_batch(s, 0);
+  step.run(1, s.lr, batch.view(), timer);
   dev->synchronize();
   cuda_emu::trace_begin();
-  stepper.step(batch);
+  step.run(2, s.lr, batch.view(), timer);
   dev->synchronize();
   return cuda_emu::trace_take();
 }
 
-void check_plan_matches(const gpu::BenchSetup& s) {
+void check_plan_matches(const bench::BenchSetup& s) {
   const Issued traced = from_trace(traced_step(s));
-  const Issued planned = from_plan(gpu::plan_step(s).entries);
+  const Issued planned = from_plan(bench::plan_step(s).entries);
   // A step issues all three kinds: an empty side would make the comparison vacuous.
   REQUIRE(total(traced.kernels) > 0);
   REQUIRE(total(traced.matmuls) > 0);
@@ -185,7 +188,7 @@ TEST_CASE("plan vs trace: GPT-2, bf16 and fp32") {
 
 TEST_CASE("plan vs trace: Llama with GQA, bf16 and fp32; recompute with accumulation") {
   for (DType dt : {DType::BF16, DType::F32}) check_plan_matches(setup(ModelConfig::Arch::LLAMA, dt));
-  gpu::BenchSetup s = setup(ModelConfig::Arch::LLAMA, DType::BF16);
+  bench::BenchSetup s = setup(ModelConfig::Arch::LLAMA, DType::BF16);
   s.recompute = true;
   s.grad_accum = 2;
   check_plan_matches(s);
@@ -193,7 +196,7 @@ TEST_CASE("plan vs trace: Llama with GQA, bf16 and fp32; recompute with accumula
 
 TEST_CASE("plan vs trace: LoRA with dropout (GPT-2 bf16, Llama fp32)") {
   for (auto [arch, dt] : {std::pair{ModelConfig::Arch::GPT2, DType::BF16}, std::pair{ModelConfig::Arch::LLAMA, DType::F32}}) {
-    gpu::BenchSetup s = setup(arch, dt);
+    bench::BenchSetup s = setup(arch, dt);
     model::LoraConfig lc;
     lc.rank = 4;
     lc.dropout = 0.1f;

@@ -77,21 +77,13 @@ void write_run(const fs::path& dir) {
 
 }  // namespace
 
-TEST_CASE("png: checksums match reference values") {
-  const std::string s = "123456789";
-  CHECK(png_crc32(reinterpret_cast<const uint8_t*>(s.data()), s.size()) == 0xcbf43926u);
-  CHECK(png_adler32(reinterpret_cast<const uint8_t*>(s.data()), s.size()) == 0x091e01deu);
-  CHECK(png_crc32(reinterpret_cast<const uint8_t*>(s.data()), 4, png_crc32(reinterpret_cast<const uint8_t*>(s.data() + 0), 0)) ==
-        crc_bitwise("1234"));
-}
-
 TEST_CASE("png: deflate round trip on awkward data") {
   std::string data;
   for (int i = 0; i < 200000; ++i) data.push_back(char((i * 7919) % 251 < 30 ? 0 : (i / 300) % 256));
   data += std::string(70000, 'x');  // runs across the 64 KiB block boundary
-  auto z = zlib_compress(reinterpret_cast<const uint8_t*>(data.data()), data.size(), 301);
+  auto z = zlib_compress(reinterpret_cast<const uint8_t*>(data.data()), data.size());
   CHECK(inflate(z) == data);
-  auto e = zlib_compress(nullptr, 0, 0);
+  auto e = zlib_compress(nullptr, 0);
   CHECK(inflate(e).empty());
 }
 

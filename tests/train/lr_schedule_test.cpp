@@ -73,7 +73,7 @@ TEST_CASE("WarmupLR literal values") {
   CHECK(s->lr(9) == doctest::Approx(0.9));
   CHECK(s->lr(10) == 1.0f);
   // warmup_max_lr unset: the optimizer's base lr.
-  cfg.warmup_max_lr = -1.0f;
+  cfg.warmup_max_lr.reset();
   CHECK(lr_schedule_create(cfg, 0.25f)->lr(100) == 0.25f);
   // warmup_num_steps 1 acts as 2 (DeepSpeed's max(2, n)).
   cfg.warmup_num_steps = 1;

@@ -237,7 +237,7 @@ TEST_CASE("overlap_comm with gradient accumulation: reduced once, in the last mi
             t.model->forward(t.tok.data(), t.tgt.data(), rows, s.T);
             CHECK_THROWS_AS(t.model->backward(0.5f), dtrain::UsageError);
           }
-          t.engine->step(s.lr);
+          t.update(s.lr);
         }
         std::vector<float> w = t.weights();
         if (r == 0) w0 = w;

@@ -111,9 +111,16 @@ struct RankTrainer {
     engine->before_step();
     const float loss = model->forward(tok.data(), tgt.data(), rows, spec.T);
     model->backward(spec.loss_scale);
-    const bool ok = engine->step(spec.lr, spec.loss_scale);
+    const bool ok = update(spec.lr, spec.loss_scale);
     if (applied) *applied = ok;
     return loss;
+  }
+  // The engine's update after backward (its three calls, as train::TrainStep makes them);
+  // true when applied.
+  bool update(float lr, float loss_scale = 1.0f) {
+    engine->step_prepare(lr);
+    engine->step_issue(loss_scale);
+    return engine->step_finish(loss_scale);
   }
   // Every parameter (base then adapters), full fp32 masters.
   std::vector<float> weights() {

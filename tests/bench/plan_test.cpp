@@ -4,7 +4,7 @@
 // weights' gradient GEMMs, and the roofline of one entry is the table's. Runs in every
 // build (nothing executes).
 #include "core/error.h"
-#include "gpu/bench_plan.h"
+#include "bench/bench_plan.h"
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -24,8 +24,8 @@ long max_rss_kib() {
   return u.ru_maxrss;
 }
 
-gpu::BenchTrainOptions gpt2_124m(std::vector<std::string> sets = {}) {
-  gpu::BenchTrainOptions o;
+bench::BenchTrainOptions gpt2_124m(std::vector<std::string> sets = {}) {
+  bench::BenchTrainOptions o;
   o.config_path = "configs/gpt2-124m.yaml";
   o.sets = {"train_micro_batch_size_per_gpu=16"};
   o.sets.insert(o.sets.end(), sets.begin(), sets.end());  // later --set wins
@@ -36,7 +36,7 @@ gpu::BenchTrainOptions gpt2_124m(std::vector<std::string> sets = {}) {
 
 TEST_CASE("bench plan: GPT-2 124M at B=16 T=1024, exact GEMM FLOPs, consistent totals, no model-sized memory") {
   const long rss0 = max_rss_kib();
-  const gpu::BenchPlanResult r = gpu::bench_plan_run(gpt2_124m());
+  const bench::BenchPlanResult r = bench::bench_plan_run(gpt2_124m());
   // Real memory for this step would be gigabytes (2.2 GB of weights, gradients and AdamW
   // state alone); the plan device hands out fake addresses.
   CHECK(max_rss_kib() - rss0 < 256 * 1024);
@@ -74,11 +74,11 @@ TEST_CASE("bench plan: GPT-2 124M at B=16 T=1024, exact GEMM FLOPs, consistent t
   // The budget is the sum of rooflines, so it cannot beat the GEMMs at the capped peak.
   CHECK(r.step_ms > r.gemm_gflop * 1e9 / (989e12 * 0.8) * 1e3);
 
-  const std::string table = gpu::bench_plan_format(r, false);
+  const std::string table = bench::bench_plan_format(r, false);
   CHECK(table.find("cublasLtMatmul BGRADB bf16->f32") != std::string::npos);
   CHECK(table.find("MFU") != std::string::npos);
   CHECK(table.find("predicted") != std::string::npos);
-  const auto j = nlohmann::json::parse(gpu::bench_plan_format(r, true));
+  const auto j = nlohmann::json::parse(bench::bench_plan_format(r, true));
   CHECK(j["plan"] == true);
   CHECK(j["kernels"].size() == r.rows.size());
   CHECK(j["step_ms"].get<double>() == doctest::Approx(r.step_ms));
@@ -87,8 +87,8 @@ TEST_CASE("bench plan: GPT-2 124M at B=16 T=1024, exact GEMM FLOPs, consistent t
 }
 
 TEST_CASE("bench plan: LoRA plans no gradient GEMM for the frozen weights") {
-  const gpu::BenchPlanResult r =
-      gpu::bench_plan_run(gpt2_124m({"lora.r=8", "data.seq_len=128", "train_micro_batch_size_per_gpu=2"}));
+  const bench::BenchPlanResult r =
+      bench::bench_plan_run(gpt2_124m({"lora.r=8", "data.seq_len=128", "train_micro_batch_size_per_gpu=2"}));
   CHECK(r.lora_rank == 8);
   CHECK(r.trainable_params < r.params / 100);
   for (const auto& w : r.rows) CHECK(w.kernel.find("BGRADB") == std::string::npos);
@@ -101,24 +101,24 @@ TEST_CASE("bench plan: LoRA plans no gradient GEMM for the frozen weights") {
 }
 
 TEST_CASE("bench plan: the roofline of one entry, and --device cpu has no plan") {
-  gpu::PlanBudgetTable t;
+  bench::PlanBudgetTable t;
   device::PlanEntry e;
   e.unit = device::PlanUnit::TENSOR_GEMM;
   e.flops = 2e12;
   e.bytes = 1e9;
   e.launches = 1;
-  gpu::PlanTime pt = gpu::plan_entry_time(e, t);
+  bench::PlanTime pt = bench::plan_entry_time(e, t);
   CHECK(pt.compute == doctest::Approx(2e12 / (989e12 * 0.80)));
   CHECK(pt.memory == doctest::Approx(1e9 / (3.35e12 * 0.80)));
   CHECK(pt.total() == doctest::Approx(pt.compute + 2e-6));
   e.unit = device::PlanUnit::MEMORY;  // bytes only: the FLOPs do not count
-  pt = gpu::plan_entry_time(e, t);
+  pt = bench::plan_entry_time(e, t);
   CHECK(pt.compute == 0.0);
   CHECK(pt.total() == doctest::Approx(pt.memory + 2e-6));
   e.unit = device::PlanUnit::TENSOR_ATTN_BWD;
-  CHECK(gpu::plan_entry_time(e, t).compute == doctest::Approx(2e12 / (989e12 * 0.20)));
+  CHECK(bench::plan_entry_time(e, t).compute == doctest::Approx(2e12 / (989e12 * 0.20)));
 
-  gpu::BenchTrainOptions o = gpt2_124m();
+  bench::BenchTrainOptions o = gpt2_124m();
   o.device = "cpu";
-  CHECK_THROWS_AS(gpu::bench_plan_run(o), UsageError);
+  CHECK_THROWS_AS(bench::bench_plan_run(o), UsageError);
 }

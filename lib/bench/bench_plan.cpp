@@ -1,7 +1,7 @@
 // bench_plan_run: one training step of a config on a PlanDevice (the real model and ZeRO
 // engine, nothing executed), each recorded launch timed by its roofline on the budget
 // table, grouped by kernel into the --plan report.
-#include "gpu/bench_plan.h"
+#include "bench/bench_plan.h"
 
 #include "core/check.h"
 
@@ -12,7 +12,7 @@
 #include <map>
 #include <tuple>
 
-namespace dtrain::gpu {
+namespace dtrain::bench {
 
 using device::PlanEntry;
 using device::PlanKind;
@@ -48,11 +48,12 @@ PlanStep plan_step(const BenchSetup& s) {
     m.lora_enable(*s.lora);
   }
   m.set_recompute(s.recompute);
-  BenchStepper stepper(m, s, &src);
+  train::TrainStep step(m, &src, nullptr, s.zero, s.step_options());
+  train::StepTimer timer;
   const BenchBatch batch = bench_batch(s, 0);
-  stepper.step(batch);
+  step.run(1, s.lr, batch.view(), timer);
   dev.record(true);
-  stepper.step(batch);
+  step.run(2, s.lr, batch.view(), timer);
   dev.record(false);
   PlanStep r;
   r.entries = dev.take();
@@ -70,7 +71,7 @@ BenchPlanResult bench_plan_run(const BenchTrainOptions& o) {
   r.config = o.config_path;
   r.arch = model::arch_name(s.model.arch);
   r.dtype = dtype_name(s.dtype);
-  r.driver = "forward + backward per micro-batch, ZeRO engine step (stage 0, one rank); the step after a warm-up";
+  r.driver = "the trainer's step: forward + backward per micro-batch, ZeRO engine update (stage 0, one rank); the step after a warm-up";
   r.lora_rank = s.lora ? s.lora->rank : 0;
   r.n_layer = s.model.n_layer;
   r.d_model = s.model.d_model;
@@ -245,4 +246,4 @@ std::string bench_plan_format(const BenchPlanResult& r, bool json) {
   return s;
 }
 
-}  // namespace dtrain::gpu
+}  // namespace dtrain::bench

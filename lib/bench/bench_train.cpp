@@ -1,12 +1,17 @@
-// bench_train_run: builds the config's model (random init from training.seed, LoRA when
-// lora.r > 0), trains it on synthetic random tokens for warm-up + timed steps with the
-// trainer's own model and ZeRO engine (stage 0, one rank) on CUDA or the CPU, and derives
-// tokens/s, MFU and memory.
-#include "gpu/bench_train.h"
+// bench_train_run: builds the config's model as the trainer does (train::model_create:
+// random init from training.seed or model.init_from's weights, LoRA when lora.r > 0, and
+// its device copy), runs the trainer's own step (train::TrainStep: ZeRO engine at stage 0,
+// one rank) on synthetic random tokens for warm-up + timed steps on CUDA or the CPU, and
+// derives tokens/s, MFU and memory.
+#include "bench/bench_train.h"
 
+#include "bench/bench_step.h"
 #include "core/check.h"
+#include "device/cuda_workspace.h"
 #include "device/device.h"
-#include "gpu/bench_step.h"
+#include "train/metrics.h"
+#include "train/model_factory.h"
+#include "train/train_step.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -23,13 +28,11 @@
 #include <cuda_runtime.h>
 #endif
 
-namespace dtrain::gpu {
+namespace dtrain::bench {
 
 namespace {
 
 constexpr double NaN = std::numeric_limits<double>::quiet_NaN();
-
-constexpr size_t CUBLASLT_WORKSPACE_BYTES = 32u << 20;  // kernels/gemm.cu, one per device
 
 std::string gib(size_t b) { return fmt::format("{:.2f} GiB", static_cast<double>(b) / (1u << 30)); }
 
@@ -40,10 +43,10 @@ nlohmann::json num(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlo
 // ----------------------------------------------------------------------------
 double gpu_peak_bf16_tflops(const std::string& name) {
   auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
-  if (has("H200")) return 989.0;
+  if (has("H200")) return H100_SXM_BF16_TFLOPS;  // the H100 SXM's tensor cores, more memory
   if (has("H100")) {
     if (has("PCIe")) return 756.0;
-    if (has("SXM") || has("HBM3")) return 989.0;  // "NVIDIA H100 80GB HBM3" is the SXM part
+    if (has("SXM") || has("HBM3")) return H100_SXM_BF16_TFLOPS;  // "NVIDIA H100 80GB HBM3" is the SXM part
     return NaN;                                   // NVL and other variants: not in the table
   }
   if (has("A100")) return 312.0;
@@ -85,34 +88,30 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
   r.n_layer = mcfg.n_layer;
   r.d_model = mcfg.d_model;
 
-  model::Model m(mcfg);
-  m.init_weights(setup.seed);
-  if (setup.lora) {
-    m.lora_enable(*setup.lora);
-    r.lora_rank = setup.lora->rank;
-  }
-  r.params = static_cast<int64_t>(m.num_params());
-  r.trainable_params = static_cast<int64_t>(m.num_trainable_params());
+  // The trainer's model: its host model and (CUDA) the device copy that trains.
+  const std::unique_ptr<model::Model> host = train::model_create(setup.cfg);
+  if (setup.lora) r.lora_rank = setup.lora->rank;
+  r.params = static_cast<int64_t>(host->num_params());
+  r.trainable_params = static_cast<int64_t>(host->num_trainable_params());
 
   // Synthetic data: a few different random batches, cycled.
   std::vector<BenchBatch> batches;
   for (uint64_t k = 0; k < 4; ++k) batches.push_back(bench_batch(setup, k));
-  const size_t per_step = batches[0].inputs.size();
+  const size_t per_step = static_cast<size_t>(setup.grad_accum) * setup.micro_batch * setup.seq_len;
 
   std::unique_ptr<device::Device> dev;
   std::unique_ptr<model::Model> dm;  // the model on the device
-  model::Model* tm = &m;
+  model::Model* tm = host.get();
   if (cuda) {
     dev = device::cuda_create(0);
-    dm = std::make_unique<model::Model>(mcfg, *dev, dt);
-    dm->weights_copy_from(m);
+    dm = train::model_on_device(*host, *dev, dt);
     tm = dm.get();
     r.device_name = dev->name();
   } else {
     r.device_name = "CPU (reference model, fp32)";
   }
-  tm->set_recompute(setup.recompute);
-  BenchStepper stepper(*tm, setup, cuda ? &m : nullptr);
+  train::TrainStep step(*tm, cuda ? host.get() : nullptr, nullptr, setup.zero, setup.step_options());
+  train::StepTimer timer;  // the trainer's sections; the bench reads the wall clock
   using Clock = std::chrono::steady_clock;
   Clock::time_point t0;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
@@ -125,16 +124,16 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
       if (cuda) DT_CUDA_CHECK(cudaProfilerStart());
 #endif
     }
-    r.final_loss = stepper.step(batches[static_cast<size_t>(s) % batches.size()]);
+    r.final_loss = step.run(s + 1, setup.lr, batches[static_cast<size_t>(s) % batches.size()].view(), timer).loss;
   }
   tm->device().synchronize();
 #ifdef DTRAIN_HAVE_CUDA
   if (cuda) DT_CUDA_CHECK(cudaProfilerStop());
 #endif
   if (cuda) {
-    const train::ZeroMemory zm = stepper.engine().memory();
+    const train::ZeroMemory zm = step.engine().memory();
     r.arena_bytes = zm.total() + tm->activation_bytes();
-    r.workspace_bytes = CUBLASLT_WORKSPACE_BYTES;
+    r.workspace_bytes = device::cuda_workspace_bytes();
 #ifdef DTRAIN_HAVE_CUDA
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
@@ -216,4 +215,4 @@ std::string bench_train_format(const BenchTrainResult& r, bool json) {
   return s;
 }
 
-}  // namespace dtrain::gpu
+}  // namespace dtrain::bench

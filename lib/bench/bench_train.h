@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-namespace dtrain::gpu {
+namespace dtrain::bench {
 
 struct BenchTrainOptions {
   std::string config_path;
@@ -37,6 +37,10 @@ struct BenchTrainResult {
   std::vector<std::string> notes;  ///< settings the bench changed or ignored
 };
 
+/// The H100 SXM's dense bf16/fp16 tensor-core peak (TFLOPS, datasheet, no sparsity): the
+/// MFU denominator of a timed run on it and the device `--plan` budgets (PlanBudgetTable).
+inline constexpr double H100_SXM_BF16_TFLOPS = 989.0;
+
 /// Dense bf16 tensor-core peak (TFLOPS, no sparsity) for a cudaDeviceProp name: H100 SXM
 /// 989, H100 PCIe 756, H200 989, A100 312; NaN for any other device.
 double gpu_peak_bf16_tflops(const std::string& device_name);
@@ -54,4 +58,4 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& opts);
 /// The human-readable table, or one JSON object (json = true; null for unknown figures).
 std::string bench_train_format(const BenchTrainResult& r, bool json);
 
-}  // namespace dtrain::gpu
+}  // namespace dtrain::bench

@@ -7,19 +7,19 @@
 #pragma once
 
 #include "device/plan_device.h"
-#include "gpu/bench_step.h"
-#include "gpu/bench_train.h"
+#include "bench/bench_step.h"
+#include "bench/bench_train.h"
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-namespace dtrain::gpu {
+namespace dtrain::bench {
 
 /// The budget's hardware figures and efficiency caps, in one table to adjust.
 struct PlanBudgetTable {
   std::string gpu = "H100 SXM";
-  double tensor_tflops = 989.0;  ///< dense bf16/fp16 tensor cores (datasheet, no sparsity)
+  double tensor_tflops = H100_SXM_BF16_TFLOPS;  ///< dense bf16/fp16 tensor cores (datasheet, no sparsity)
   double fp32_tflops = 67.0;     ///< fp32 on CUDA cores
   double hbm_tbps = 3.35;        ///< HBM3
   double pcie_gbps = 64.0;       ///< PCIe Gen5 x16, one direction (host <-> device copies)
@@ -47,7 +47,7 @@ struct PlanTime {
 PlanTime plan_entry_time(const device::PlanEntry& e, const PlanBudgetTable& t);
 
 /// One steady-state step of s on a PlanDevice: the model (LoRA and recompute as set) and
-/// BenchStepper run one unrecorded warm-up step (the activation arena is allocated on the
+/// the trainer's step (train::TrainStep) run one unrecorded warm-up step (the activation arena is allocated on the
 /// first forward), then the recorded step. Allocates no model-sized memory.
 struct PlanStep {
   std::vector<device::PlanEntry> entries;
@@ -92,4 +92,4 @@ BenchPlanResult bench_plan_run(const BenchTrainOptions& o);
 /// object with the same figures (json = true).
 std::string bench_plan_format(const BenchPlanResult& r, bool json);
 
-}  // namespace dtrain::gpu
+}  // namespace dtrain::bench

@@ -1,6 +1,6 @@
-// BenchSetup from a training config, the synthetic batches, and BenchStepper: the step
-// `dtrain bench train` times and `--plan` budgets.
-#include "gpu/bench_step.h"
+// BenchSetup from a training config and the synthetic batches of the step `dtrain bench
+// train` times and `--plan` budgets.
+#include "bench/bench_step.h"
 
 #include "core/check.h"
 #include "core/rng.h"
@@ -8,11 +8,12 @@
 
 #include <fmt/format.h>
 
-namespace dtrain::gpu {
+namespace dtrain::bench {
 
 BenchSetup bench_setup_from(const std::string& path, const std::vector<std::string>& sets, bool cuda) {
-  config::TrainConfig cfg = config::config_load_file(path, sets).cfg;
   BenchSetup s;
+  s.cfg = config::config_load_file(path, sets).cfg;
+  config::TrainConfig& cfg = s.cfg;
   s.model = train::model_config_from(cfg);
   if (cfg.lora.enabled()) s.lora = train::lora_config_from(cfg, s.model);
   s.recompute = cfg.activation_checkpointing.enabled;
@@ -39,44 +40,35 @@ BenchSetup bench_setup_from(const std::string& path, const std::vector<std::stri
   s.zero.overlap_comm = false;
   s.zero.compute_dtype = s.dtype;
   if (s.dtype == DType::F16) s.loss_scaler = train::loss_scaler_config_from(cfg.fp16);
+  s.cuda_graph = cfg.training.cuda_graph;
   s.lr = static_cast<float>(cfg.optimizer.lr);
   s.seed = static_cast<uint64_t>(cfg.training.seed);
   return s;
 }
 
+train::TrainStepOptions BenchSetup::step_options() const {
+  train::TrainStepOptions o;
+  o.micro_batch = micro_batch;
+  o.grad_accum = grad_accum;
+  o.seq_len = seq_len;
+  o.loss_scaler = loss_scaler;
+  o.cuda_graph = cuda_graph;
+  return o;
+}
+
 BenchBatch bench_batch(const BenchSetup& s, uint64_t index) {
-  const size_t n = static_cast<size_t>(s.grad_accum) * s.micro_batch * s.seq_len;
+  const size_t n = static_cast<size_t>(s.micro_batch) * s.seq_len;
   Rng rng(splitmix64(s.seed ^ splitmix64(index + 1)));
-  std::vector<int32_t> stream(n + 1);
+  std::vector<int32_t> stream(static_cast<size_t>(s.grad_accum) * n + 1);
   for (auto& t : stream) t = static_cast<int32_t>(rng.next_u64() % static_cast<uint64_t>(s.model.vocab_size));
-  return BenchBatch{{stream.begin(), stream.end() - 1}, {stream.begin() + 1, stream.end()}};
-}
-
-BenchStepper::BenchStepper(model::Model& m, const BenchSetup& s, const model::Model* fp32_source)
-    : m_(m),
-      B_(s.micro_batch),
-      T_(s.seq_len),
-      accum_(s.grad_accum),
-      lr_(s.lr),
-      engine_(m, nullptr, s.zero, fp32_source) {
-  if (s.loss_scaler) scaler_ = std::make_unique<train::LossScaler>(*s.loss_scaler);
-}
-
-double BenchStepper::step(const BenchBatch& b) {
-  const size_t n = static_cast<size_t>(B_) * T_;
-  const float scale = scaler_ ? scaler_->scale() : 1.0f;
-  engine_.before_step();
-  double loss = 0.0;
-  for (int a = 0; a < accum_; ++a) {
-    loss += m_.forward(b.inputs.data() + a * n, b.targets.data() + a * n, B_, T_) / accum_;
-    m_.backward(scale / static_cast<float>(accum_));  // every target is unmasked here
+  BenchBatch b;
+  for (int a = 0; a < s.grad_accum; ++a) {
+    const auto at = stream.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(a) * n);
+    b.inputs.emplace_back(at, at + static_cast<ptrdiff_t>(n));
+    b.targets.emplace_back(at + 1, at + 1 + static_cast<ptrdiff_t>(n));
+    b.counts.push_back(static_cast<int64_t>(n));
   }
-  const bool applied = engine_.step(lr_, scale);
-  if (scaler_) scaler_->update(!applied);
-  else
-    DT_ENFORCE(applied, TrainError, "bench train: gradients became inf/NaN (global norm {}); lower optimizer.lr",
-               engine_.last_grad_norm());
-  return loss;
+  return b;
 }
 
-}  // namespace dtrain::gpu
+}  // namespace dtrain::bench
