@@ -181,20 +181,28 @@ TEST_CASE("terminate ends a stopped (SIGSTOP) group with SIGTERM, not by waiting
   Lines lines;
   auto p = spawn_local({"sh", "-c", "echo up; sleep 100"}, {}, "", "", lines.callback());
   REQUIRE(lines.wait_stdout(1));
-  REQUIRE(::kill(-p->pgid(), SIGSTOP) == 0);
-  // Bounded wait (30 s by the clock) until the kernel shows the leader stopped ('T' in
+  // Bounded wait (60 s by the clock) until the kernel shows the leader stopped ('T' in
   // /proc/<pid>/stat): the stop takes effect when the shell next runs, which on a loaded
   // 2-core machine (the test run builds and runs the EMU tree, racecheck on, beside these
-  // tests) took over 2 s once and over 10 s once.
+  // tests) took over 2 s once and over 10 s once; once it was not seen in 30 s at all, so
+  // SIGSTOP is sent again every second until it shows.
   bool stopped = false;
-  const auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (!stopped && std::chrono::steady_clock::now() < deadline) {
+  int sent = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto next_send = t0;
+  while (!stopped && std::chrono::steady_clock::now() < t0 + 60s) {
+    if (std::chrono::steady_clock::now() >= next_send) {
+      REQUIRE(::kill(-p->pgid(), SIGSTOP) == 0);
+      ++sent;
+      next_send += 1s;
+    }
     std::ifstream in("/proc/" + std::to_string(p->pid()) + "/stat");
     std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     const size_t close = stat.rfind(") ");
     stopped = close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'T';
     if (!stopped) std::this_thread::sleep_for(10ms);
   }
+  INFO("SIGSTOP sent " << sent << " time(s)");
   REQUIRE(stopped);
   p->terminate(20s);  // without SIGCONT the stopped shell would sit out all 20 s, then SIGKILL
   auto s = p->wait_for(0ms);
