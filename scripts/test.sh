@@ -7,11 +7,11 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 jobs=${DTRAIN_TEST_JOBS:-2}
-# The main tree's long tests wait (SSH, heartbeats, retry delays, probes): measured here,
-# cli_launcher_inputs_test used 36 s of CPU in 180 s, cli_hardening_b_test 42 s in 221 s,
-# cli_external_run_test 93 s in 279 s. Four at a time keep two cores busy without
-# starving the EMU tree's CPU-bound tests beside them.
-main_jobs=${DTRAIN_TEST_MAIN_JOBS:-4}
+# The main tree's long tests mostly wait (measured alone: cli_launcher_inputs_test used
+# 36 s of CPU in 180 s, cli_hardening_b_test 42 s in 221 s), but beside the EMU tree's
+# build and tests the two cores are full: 4 at a time took 880 s here against 861-941 s
+# for 2 at a time, with each test slower and nearer its bounds. So 2 (DTRAIN_TEST_MAIN_JOBS).
+main_jobs=${DTRAIN_TEST_MAIN_JOBS:-2}
 # ccache (installed by the set-up) may then serve the EMU tree the main tree's
 # objects for the modules without CUDA code: with -g it would otherwise key every object
 # on the build directory it was compiled in.
