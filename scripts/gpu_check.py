@@ -48,10 +48,10 @@ STAGE_CAP = {"env": 20, "tests": 150, "sanitizer": 150, "job": 60, "speed": 100,
 # The GPU test binaries of the real build that run on a GPU (the engine-only suites, which
 # trace the device work, skip there and are left out). In a rehearsal the ones marked
 # True run whole; the others are listed (their own EMU ctest runs them).
-GPU_TESTS = [("gpu_cuda_device_test", True), ("kernels_gemm_test", True), ("gpu_bench_plan_test", True),
+GPU_TESTS = [("gpu_cuda_device_test", True), ("kernels_gemm_test", True), ("bench_plan_test", True),
              ("kernels_conformance_test", False), ("kernels_attention_test", False),
-             ("gpu_model_device_test", False), ("gpu_zero_device_test", False), ("gpu_bench_train_test", False),
-             ("comm_nccl_test", False)]
+             ("gpu_model_device_test", False), ("gpu_families_device_test", False), ("gpu_zero_device_test", False),
+             ("bench_train_test", False), ("comm_nccl_test", False)]
 # The default job as the check runs it (and as gpu_bundle.sh makes its CPU reference).
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from gpu_hf_parity import TINY_SETS  # noqa: E402 - the rehearsal's model shape, shared with the hf stage
