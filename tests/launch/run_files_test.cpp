@@ -2,6 +2,7 @@
 // ENOSPC, no root needed): RunFiles reports and survives, keeps events that did not fit
 // and writes them in order once the file takes them; run_dir_remove_partial_checkpoints
 // removes only tmp-step<digits>/ and latest.tmp.
+#include "temp_dir.h"
 #include "launch/run_dir.h"
 #include "launch/run_files.h"
 
@@ -24,18 +25,7 @@ using namespace dtrain::launch;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "dtrain-runfiles-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using dtrain::test::TempDir;
 
 std::string read_text(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

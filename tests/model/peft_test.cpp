@@ -1,6 +1,7 @@
 // HF config.json (GPT-2, Llama) and PEFT adapter_config.json: round trips, real-world
 // files as transformers/PEFT write them, and clear rejections of malformed or
 // unsupported files.
+#include "temp_dir.h"
 #include "model/peft.h"
 
 #include "core/error.h"
@@ -19,15 +20,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("dtrain_peft_test_" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using dtrain::test::TempDir;
 
 void spit(const fs::path& p, const std::string& s) {
   std::ofstream out(p, std::ios::trunc);

@@ -1,6 +1,7 @@
 // safetensors: round trips of F32/BF16/F16 with metadata, headers checked byte for byte
 // against the format spec (and huggingface/safetensors' own serialisation vectors),
 // validation errors for each kind of damage, truncation and random corruption.
+#include "temp_dir.h"
 #include "model/safetensors.h"
 
 #include "core/error.h"
@@ -21,15 +22,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("dtrain_st_test_" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using dtrain::test::TempDir;
 
 std::vector<uint8_t> slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

@@ -3,6 +3,7 @@
 // pixels of each line where the data puts them, restart markers apart from elastic
 // resize markers, ticks, bad input; python3's zlib cross-checks the stream when python3
 // is installed.
+#include "temp_dir.h"
 #include "report/plot.h"
 
 #include "core/error.h"
@@ -37,17 +38,7 @@ bool near(const Decoded& d, int x, int y, Rgb c, int r) {
   return false;
 }
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& n) : path(fs::temp_directory_path() / ("dtrain-plot-" + n + "-" + std::to_string(::getpid()))) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using dtrain::test::TempDir;
 
 // Writes img as a PNG at path with the code under test and returns the file's bytes.
 std::string png_file(const Image& img, const fs::path& path) {

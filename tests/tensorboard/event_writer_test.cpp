@@ -3,6 +3,7 @@
 // existing file, the log directory rule, and the files read back by the independent
 // reader (tfevents_read.py): scalars, SessionLog START purging, and a flipped byte or a
 // torn last record caught.
+#include "temp_dir.h"
 #include "tensorboard/event_writer.h"
 #include "tensorboard/record.h"
 
@@ -28,18 +29,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "dtrain-tboard-XXXXXX").string();
-    REQUIRE(::mkdtemp(t.data()) != nullptr);
-    path = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using dtrain::test::TempDir;
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

@@ -5,6 +5,7 @@
 // damaged checkpoints set aside rather than kept by pruning, manifest file names confined
 // to their directory, checkpoint files as private as the run directory, no cluster.env in
 // manifests.
+#include "temp_dir.h"
 #include "train/checkpoint.h"
 #include "zero_harness.h"
 
@@ -24,20 +25,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("dtrain_ckpt_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using dtrain::test::TempDir;
 
 RunSpec spec_for(int stage, int world, dtrain::DType dt = dtrain::DType::F32, bool lora = false) {
   RunSpec s;

@@ -1,5 +1,6 @@
 // metrics.jsonl: records parse back, append continues a file (and repairs a partial
 // last line), bad input errors; StepTimer sums per section on an injected clock.
+#include "temp_dir.h"
 #include "train/metrics.h"
 
 #include "core/error.h"
@@ -19,15 +20,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("dtrain_metrics_test_" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using dtrain::test::TempDir;
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

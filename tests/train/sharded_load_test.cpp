@@ -4,6 +4,7 @@
 // in bf16 and fp32, loads back to the same weights; an index that disagrees with its shards
 // (a missing shard, a tensor in another file or in none, one in two shards, one the index
 // does not list) is an IoError naming the file and the tensor.
+#include "temp_dir.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "model/model.h"
@@ -28,15 +29,7 @@ using nlohmann::json;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name)
-      : path(fs::temp_directory_path() / ("dtrain_shard_test_" + std::to_string(getpid()) + "_" + name)) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using dtrain::test::TempDir;
 
 model::ModelConfig qwen2() {
   model::ModelConfig c;

@@ -3,6 +3,7 @@
 // that fails after its last checkpoint and the round that resumes it (the new file's
 // SessionLog START drops the repeated steps), fp16 overflow steps (non-finite grad
 // norms), output_path/job_name, only rank 0 writing, and nothing without the key.
+#include "temp_dir.h"
 #include "config/train_config.h"
 #include "core/error.h"
 #include "train/trainer.h"
@@ -62,18 +63,7 @@ training:
   seed: 5
 )";
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "dtrain-tblog-XXXXXX").string();
-    REQUIRE(::mkdtemp(t.data()) != nullptr);
-    path = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using dtrain::test::TempDir;
 
 config::TrainConfig tiny(const std::vector<std::string>& sets, int world = 1) {
   config::TrainConfig c = config::config_load_string(kTiny, "tiny.yaml", sets).cfg;
