@@ -17,7 +17,10 @@ jobs=${DTRAIN_JOBS:-$(nproc)}
 flags=("-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -DNDEBUG" "-DCMAKE_CUDA_FLAGS_RELWITHDEBINFO=-O2 -DNDEBUG")
 launcher=()
 if command -v ccache >/dev/null 2>&1; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" "${flags[@]}" "$@" >/dev/null
+# --no-warn-unused-cli: the CUDA flags go to every tree on purpose; a tree without the CUDA
+# language (EMU, OFF, no nvcc) does not read them, which CMake would warn about.
+cmake -S "$root" -B "$build" --no-warn-unused-cli -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" "${flags[@]}" "$@" \
+  >/dev/null
 targets=()
 for t in ${DTRAIN_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
 cmake --build "$build" -j "$jobs" "${targets[@]}"
