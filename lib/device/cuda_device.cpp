@@ -8,6 +8,9 @@
 
 #ifdef DTRAIN_HAVE_CUDA
 #include "core/cuda_check.h"
+#ifndef DTRAIN_CUDA_EMU
+#include "cublaslt/lazy.h"
+#endif
 #include "kernels/activation.cuh"
 #include "kernels/adamw.cuh"
 #include "kernels/attention.cuh"
@@ -58,6 +61,12 @@ class CudaDevice final : public Device {
  public:
   explicit CudaDevice(int index) : index_(index) {
     DT_CUDA_CHECK(cudaSetDevice(index_));
+#ifndef DTRAIN_CUDA_EMU
+    // cuBLASLt is loaded on first use (lib/cublaslt/lazy.h): a node without it fails here,
+    // naming the files tried, rather than at its first GEMM with a bare status code.
+    if (!cublaslt::ensure_loaded())
+      throw DeviceError("cuda:" + std::to_string(index_) + ": " + cublaslt::load_error());
+#endif
     name_ = "cuda:" + std::to_string(index_) + " (" + kernels::device_describe(index_) + ")";
     // alloc/free and the kernels' scratch are stream-ordered allocations from the
     // device's default pool, which by default hands every freed byte back to the OS at
