@@ -197,6 +197,11 @@ def resolve_cuda_libs(lay):
         rc, out, _ = run(["ldd", b], 20, env=lay.env)
         for m in re.finditer(r"^\s*(\S+) => not found", out, re.M):
             wanted.add(m.group(1))
+        # libcublasLt is not a link-time dependency: dtrain dlopen()s it on the first cuBLASLt
+        # call (lib/cublaslt), by the SONAME of the toolkit it was built with, whose major
+        # version is cudart's. ldd cannot name it, so it is looked for here by that name.
+        for m in re.finditer(r"^\s*libcudart\.so\.(\d+) =>", out, re.M):
+            wanted.add("libcublasLt.so." + m.group(1))
     candidates = ["/usr/local/cuda/lib64", "/usr/local/cuda/lib", "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/lib/x86_64-linux-gnu",
                   "/usr/local/nvidia/lib64", "/usr/local/nvidia/lib"]
     # PyTorch's CUDA wheels: site-packages/nvidia/<name>/lib (nvidia/cu13/lib, nvidia/nccl/lib, ...)
@@ -208,6 +213,11 @@ def resolve_cuda_libs(lay):
             if os.path.exists(os.path.join(d, name)):
                 found[name] = d
                 break
+    if wanted - set(found):  # the loader's cache (ldconfig -p) knows others
+        rc, out, _ = run(["ldconfig", "-p"], 20)
+        for m in re.finditer(r"^\s*(\S+) \(libc6,x86-64[^)]*\) => (\S+)", out if rc == 0 else "", re.M):
+            if m.group(1) in wanted and m.group(1) not in found:
+                found[m.group(1)] = os.path.dirname(m.group(2))
     dirs = []
     for d in found.values():
         if d not in dirs:
@@ -247,6 +257,9 @@ def stage_env(lay, rep, cap):
     libs = {}
     for m in re.finditer(r"^\s*(lib(?:cudart|cublasLt|cublas|nccl)[^ ]*) => (\S+)", out, re.M):
         libs[m.group(1)] = os.path.realpath(m.group(2))
+    for name, d in sorted(lay.found.items()) if not lay.rehearse else []:
+        if name.startswith("libcublasLt.so") and name not in libs:
+            libs[name] = os.path.realpath(os.path.join(d, name)) + " (dlopen()ed on first use)"
     data["cuda_libraries"] = libs
     lines += [f"{k} => {v}" for k, v in sorted(libs.items())]
     gpu = "CPU execution engine (rehearsal)" if lay.rehearse else "no nvidia-smi here"
