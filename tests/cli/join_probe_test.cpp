@@ -5,7 +5,8 @@
 // equal) with no second process ends at join_timeout; a second rank 0 on the same host
 // (its store's port taken by the first) is refused naming both processes and stops the
 // set; an outsider's flood of idle connections to rank 0's store gives a few lines and a
-// summary; a --master-addr that is another machine's IP is refused before anything starts.
+// summary; a --master-addr that is another machine's IP is refused before anything starts,
+// and one that is a name of another machine fails at the store naming the cause.
 #include "cli_harness.h"
 
 #include <fmt/format.h>
@@ -273,4 +274,29 @@ TEST_CASE("dtrain launch: a --master-addr that is another machine's IP is refuse
   INFO("output:\n" << ok.out);
   CHECK(ok.rc == 0);
   CHECK(!contains(ok.out, "is not an address of this machine"));
+}
+
+TEST_CASE("dtrain launch: a --master-addr name of another machine fails at the store saying so, not 'pick another port'") {
+  if (::geteuid() != 0) {
+    MESSAGE("not root: no mount namespace for a private /etc/hosts; case not run");
+    return;
+  }
+  TempDir dir("dtrain-join-probe");
+  // A name that resolves to TEST-NET-1 only inside this command's mount namespace.
+  const std::string hosts = dir.path() + "/hosts";
+  std::ofstream(hosts) << read_text("/etc/hosts") << "\n192.0.2.20 faraway.test\n";
+  const std::string cmd = fmt::format(
+      "mount --bind {} /etc/hosts || exit 99; exec {} launch --nproc-per-node 1 --master-addr faraway.test "
+      "--output-dir {}",
+      shq(hosts), shq(bin()), shq(dir.path() + "/run"));
+  auto r = run({"/usr/bin/unshare", "-m", "--propagation", "private", "/bin/sh", "-c", cmd}, {}, 120s);
+  INFO("output:\n" << r.out);
+  REQUIRE(!r.timed_out);
+  REQUIRE_MESSAGE(r.rc != 99, "could not bind-mount a private /etc/hosts");
+  // Before: "Cannot assign requested address (pick another port or free this one)".
+  CHECK(r.rc == 5);
+  CHECK(contains(r.out, "rendezvous store cannot listen on 192.0.2.20:"));
+  CHECK(contains(r.out, "that address is not this machine's"));
+  CHECK(!contains(r.out, "pick another port"));
+  MESSAGE(fmt::format("--master-addr faraway.test (192.0.2.20): exit {} after {:.1f} s", r.rc, r.seconds));
 }
