@@ -30,6 +30,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -79,8 +80,17 @@ config::TrainConfig load_config(const ExternalOptions& o) {
   return cfg;
 }
 
+// The signal that asked a --nproc-per-node process to stop (0 = none). Its local ranks
+// run in process groups of their own (a terminal's Ctrl-C or a scheduler's SIGTERM to
+// this process does not reach them), so it stops them itself before it goes: otherwise
+// they would sit in the join or train on until their own timeouts.
+std::atomic<int> g_node_signal{0};
+extern "C" void on_node_signal(int sig) { g_node_signal = sig; }
+
 // --nproc-per-node: this process stands for its node and spawns the local ranks, each a
-// `dtrain run` under torchrun's variables; the first one to fail stops the others.
+// `dtrain run` under torchrun's variables; the first one to fail stops the others, and
+// SIGINT, SIGTERM or SIGHUP stops them all (exit 128 + the signal, as the default action
+// would report it).
 int run_node(const ExternalOptions& o, const launch::ExternalPlacement& node, const std::string& master_addr,
              int master_port) {
   const std::map<std::string, std::string> base = launch::environ_map();
@@ -99,8 +109,18 @@ int run_node(const ExternalOptions& o, const launch::ExternalPlacement& node, co
     r.env_mode = launch::EnvMode::REPLACE;
     specs.push_back(std::move(r));
   }
+  struct sigaction sa {};
+  sa.sa_handler = on_node_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
   launch::LocalRankGroup ranks(std::move(specs), 5000ms);
   for (;;) {
+    if (const int sig = g_node_signal.load()) {
+      log_error("dtrain run: node {} got {}: stopping its {} local rank(s)", node.rank, ::strsignal(sig),
+                ranks.size());
+      ranks.stop();
+      return 128 + sig;
+    }
     const launch::LocalRankGroupStatus g = ranks.poll();
     if (g.state == launch::LocalRankGroupStatus::State::SUCCEEDED) return 0;
     if (g.state == launch::LocalRankGroupStatus::State::FAILED) {
@@ -180,7 +200,19 @@ int run_external(const ExternalOptions& o) {
     if (files && !recorded.exchange(true))
       files->event({.kind = report::EventKind::FAILURE, .round = record_round, .why = why, .exit_code = code});
   };
-  if (p.rank == 0) server = launch::external_store_host(master_addr, master_port, token);
+  std::string cannot_host;  // rank 0: why it cannot host the store, when this job's store holds the port
+  if (p.rank == 0) {
+    try {
+      server = launch::external_store_host(master_addr, master_port, token);
+    } catch (const CommError& e) {
+      // The port may be held by this job's own store: a second rank 0 on this host. It
+      // joins that store instead, where the claim below refuses it naming both processes
+      // (and stops the set, as for a second rank 0 on another node). Anything else on the
+      // port does not take this job's token: that error stands.
+      if (!launch::external_store_answers(master_addr, master_port, token)) throw;
+      cannot_host = e.what();
+    }
+  }
   // Wait for rank 0's store (late pods, DNS not yet there), then connect as a rank does.
   launch::external_store_wait(master_addr, master_port, token, join_timeout);
   launch::rank_context_connect(ctx, 30s);
@@ -189,6 +221,9 @@ int run_external(const ExternalOptions& o) {
   // records nothing in the first one's run.
   const std::string who = fmt::format("{} (pid {})", host, ::getpid());
   launch::external_join_claim(*ctx.round_store, p.rank, who, launch::kExternalStopKey, join_timeout);
+  // Claimed first, yet the port is this job's store's: the other rank 0 is refused by its
+  // own claim, and this one cannot host the store.
+  if (p.rank == 0 && !server) DT_THROW(CommError, "{}", cannot_host);
   log_info("dtrain run: rank {} joined the job's store at {} as {}", p.rank, ctx.store->endpoint(), who);
   const std::string config_text = launch::external_config_text(cfg);
   if (p.rank == 0) {

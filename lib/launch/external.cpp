@@ -353,6 +353,15 @@ std::unique_ptr<rendezvous::StoreServer> external_store_host(const std::string& 
   return std::make_unique<rendezvous::StoreServer>("0.0.0.0", static_cast<uint16_t>(port), token);
 }
 
+bool external_store_answers(const std::string& host, int port, const std::string& token) {
+  try {
+    rendezvous::StoreClient probe(host, static_cast<uint16_t>(port), token, 2s);
+    return true;
+  } catch (const CommError&) {
+    return false;
+  }
+}
+
 void external_store_wait(const std::string& host, int port, const std::string& token,
                          std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;

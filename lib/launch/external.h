@@ -105,6 +105,11 @@ std::string external_watch_verdict(const std::map<int, std::pair<std::string, st
 std::unique_ptr<rendezvous::StoreServer> external_store_host(const std::string& master_addr, int port,
                                                              const std::string& token);
 
+/// Whether a store that takes `token` (this job's) answers at host:port within 2 s: when
+/// rank 0 cannot host the store because its port is in use, the holder may be another
+/// process of this job (a second rank 0 on this host), which the join then names.
+bool external_store_answers(const std::string& host, int port, const std::string& token);
+
 /// Waits until the store at host:port answers (its name may not resolve yet: a pod's DNS
 /// record appears when the pod starts; rank 0 may start last) and authenticates with
 /// `token`, for at most `timeout`. CommError naming the store and

@@ -38,6 +38,12 @@ namespace dtrain::launch {
 
 namespace {
 
+// An IPv4 or IPv6 address literal (no name lookup).
+bool ip_literal(const std::string& s) {
+  in_addr v4{};
+  return ::inet_pton(AF_INET, s.c_str(), &v4) == 1 || ipv6_literal(s);
+}
+
 std::string absolute_path(const std::string& p) {
   std::error_code ec;
   fs::path abs = fs::absolute(p, ec);
@@ -313,6 +319,16 @@ Job job_prepare(const JobRequest& req) {
              req.master_addr.empty() ? "cluster.rendezvous.address" : "--master-addr", addr, list,
              remote.size() == 1 ? "is" : "are", remote.size() == 1 ? "its" : "their");
   }
+  // This process hosts the store on exactly that address: an IP literal of another machine
+  // (a typo, the head node's address on a compute node) cannot be listened on, and would
+  // otherwise surface only when the store starts. Refused here, so --dry-run says it too.
+  // (A name is left to the store, which names the resolver's answer.)
+  if (!address_is_loopback(addr) && addr != "0.0.0.0" && addr != "::" && ip_literal(addr) && !host_is_local(addr))
+    DT_THROW(ConfigError,
+             "{} '{}' is not an address of this machine ({}), which hosts the job's rendezvous store there: give one "
+             "of this machine's addresses on the nodes' network, or leave it unset (dtrain then uses its address "
+             "on the route to the first remote host)",
+             req.master_addr.empty() ? "cluster.rendezvous.address" : "--master-addr", addr, host_name());
   int port = req.master_port >= 0 ? req.master_port : static_cast<int>(cfg.cluster.rendezvous.port);
   // Port 0 is bound at launch; plan with a placeholder that job_set_port replaces.
   // An elastic job plans its first round over the first elastic.max_nodes hosts (the

@@ -544,8 +544,12 @@ StoreServer::StoreServer(const std::string& bind_address, uint16_t port, std::st
   if (!ec) acc.bind(ep, ec);
   if (!ec) acc.listen(asio::socket_base::max_listen_connections, ec);
   if (ec)
-    DT_THROW(CommError, "rendezvous store cannot listen on {}: {} (pick another port or free this one)",
-             host_port_text(bind_address, port), ec.message());
+    DT_THROW(CommError, "rendezvous store cannot listen on {}: {} ({})", host_port_text(bind_address, port),
+             ec.message(),
+             ec == boost::system::errc::address_not_available
+                 ? "that address is not this machine's: give one of its addresses as --master-addr or "
+                   "cluster.rendezvous.address, or leave it unset"
+                 : "pick another port or free this one");
   impl_->port = acc.local_endpoint().port();
   asio::co_spawn(impl_->io, impl_->accept_loop(), log_handler_failure);
   asio::co_spawn(impl_->io, impl_->warn_flush_loop(), log_handler_failure);
