@@ -26,6 +26,8 @@ constexpr IntWidth kSizeT = IntWidth::I64;
 
 const std::vector<KeySpec>& build_schema() {
   static const std::vector<KeySpec> keys = {
+      // One row per key, laid out by hand.
+      // clang-format off
       // ---- DeepSpeed top level
       {.path = "train_batch_size", .type = KeyType::INT, .field = F(train_batch_size),
        .help = "global batch (sequences per optimizer step) = micro * accumulation * data-parallel "
@@ -412,6 +414,7 @@ const std::vector<KeySpec>& build_schema() {
       {.path = "doctor.timeout", .type = KeyType::FLOAT, .field = F(doctor.timeout),
        .help = "seconds every node gets to answer the checks (after its SSH connect)",
        .min = 1, .max = 3600},
+      // clang-format on
   };
   return keys;
 }
