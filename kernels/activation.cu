@@ -106,7 +106,10 @@ struct AddFwd {
   __device__ void operator()(const float* x, float* y) const { y[0] = x[0] + x[1]; }
 };
 struct AddBwd {
-  __device__ void operator()(const float* x, float* y) const { y[0] = x[0]; y[1] = x[0]; }
+  __device__ void operator()(const float* x, float* y) const {
+    y[0] = x[0];
+    y[1] = x[0];
+  }
 };
 }  // namespace
 
@@ -119,8 +122,8 @@ void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DTyp
 void swiglu_forward(void* out, const void* gate, const void* up, size_t n, DType dtype, cudaStream_t stream) {
   pointwise_launch<false>(Io<2, 1>{{gate, up}, {out}}, n, dtype, SwigluFwd{}, stream);
 }
-void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, size_t n,
-                     DType dtype, cudaStream_t stream) {
+void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, size_t n, DType dtype,
+                     cudaStream_t stream) {
   pointwise_launch<false>(Io<3, 2>{{dout, gate, up}, {dgate, dup}}, n, dtype, SwigluBwd{}, stream);
 }
 void residual_forward(void* out, const void* a, const void* b, size_t n, DType dtype, cudaStream_t stream) {

@@ -16,21 +16,17 @@ namespace dtrain::kernels {
 /// out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); out may alias inp.
 void gelu_forward(void* out, const void* inp, size_t n, DType dtype, cudaStream_t stream);
 /// dinp = gelu'(inp) * dout (dinp may alias dout).
-void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DType dtype,
-                   cudaStream_t stream);
+void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DType dtype, cudaStream_t stream);
 
 /// out = gate * sigmoid(gate) * up.
-void swiglu_forward(void* out, const void* gate, const void* up, size_t n, DType dtype,
-                    cudaStream_t stream);
+void swiglu_forward(void* out, const void* gate, const void* up, size_t n, DType dtype, cudaStream_t stream);
 /// dgate = dout * up * silu'(gate); dup = dout * silu(gate). dgate and dup must differ.
-void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
-                     size_t n, DType dtype, cudaStream_t stream);
+void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, size_t n, DType dtype,
+                     cudaStream_t stream);
 
 /// out = a + b (out may alias a or b).
-void residual_forward(void* out, const void* a, const void* b, size_t n, DType dtype,
-                      cudaStream_t stream);
+void residual_forward(void* out, const void* a, const void* b, size_t n, DType dtype, cudaStream_t stream);
 /// da += dout; db += dout (da and db must differ).
-void residual_backward(void* da, void* db, const void* dout, size_t n, DType dtype,
-                       cudaStream_t stream);
+void residual_backward(void* da, void* db, const void* dout, size_t n, DType dtype, cudaStream_t stream);
 
 }  // namespace dtrain::kernels

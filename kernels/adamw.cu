@@ -106,17 +106,15 @@ void adamw_launch(float* param, const float* grad, float* m, float* v, C* copy, 
 }
 }  // namespace
 
-void adamw_step(float* param, const float* grad, float* m, float* v, size_t n,
-                const ops::AdamWConfig& cfg, float lr, int64_t step, bool decay,
-                float grad_scale, cudaStream_t stream, const float* dev_scale) {
+void adamw_step(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig& cfg, float lr,
+                int64_t step, bool decay, float grad_scale, cudaStream_t stream, const float* dev_scale) {
   const StepScalars s = step_scalars(cfg, lr, step, decay, grad_scale);
   if (n == 0) return;
   adamw_launch<float>(param, grad, m, v, nullptr, n, s, dev_scale, stream);
 }
 
-void adamw_step_copy(float* param, const float* grad, float* m, float* v, size_t n,
-                     const ops::AdamWConfig& cfg, float lr, int64_t step, bool decay,
-                     float grad_scale, void* compute_copy, DType compute_dtype,
+void adamw_step_copy(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig& cfg,
+                     float lr, int64_t step, bool decay, float grad_scale, void* compute_copy, DType compute_dtype,
                      cudaStream_t stream, const float* dev_scale) {
   DTK_REQUIRE(compute_dtype == DType::BF16 || compute_dtype == DType::F16, InternalError,
               "adamw_step_copy: the compute copy must be bf16 or fp16");

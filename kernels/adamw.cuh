@@ -20,15 +20,13 @@ namespace dtrain::kernels {
 /// the lr-dependent values there instead of from the arguments, and writes nothing when
 /// dev_scale[1] != 0: clipping and the overflow skip are decided on the device, and a
 /// captured step replays with each step's lr.
-void adamw_step(float* param, const float* grad, float* m, float* v, size_t n,
-                const ops::AdamWConfig& cfg, float lr, int64_t step, bool decay,
-                float grad_scale, cudaStream_t stream, const float* dev_scale = nullptr);
+void adamw_step(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig& cfg, float lr,
+                int64_t step, bool decay, float grad_scale, cudaStream_t stream, const float* dev_scale = nullptr);
 
 /// ops::adamw_step_copy: also stores the updated parameters, rounded to nearest even,
 /// into compute_copy (n elements of compute_dtype: BF16 or F16, else InternalError).
-void adamw_step_copy(float* param, const float* grad, float* m, float* v, size_t n,
-                     const ops::AdamWConfig& cfg, float lr, int64_t step, bool decay,
-                     float grad_scale, void* compute_copy, DType compute_dtype,
+void adamw_step_copy(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig& cfg,
+                     float lr, int64_t step, bool decay, float grad_scale, void* compute_copy, DType compute_dtype,
                      cudaStream_t stream, const float* dev_scale = nullptr);
 
 }  // namespace dtrain::kernels

@@ -24,9 +24,9 @@ constexpr int TILE = 32;
 
 template <int DPL>
 struct Cfg {
-  static constexpr int HDP = DPL * 32;            // padded head dim
-  static constexpr int RPW = DPL == 8 ? 4 : 8;    // rows per warp (register budget)
-  static constexpr int NW = TILE / RPW;           // warps per block
+  static constexpr int HDP = DPL * 32;          // padded head dim
+  static constexpr int RPW = DPL == 8 ? 4 : 8;  // rows per warp (register budget)
+  static constexpr int NW = TILE / RPW;         // warps per block
   static constexpr int THREADS = NW * 32;
 };
 
@@ -70,9 +70,9 @@ __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
 #pragma unroll
     for (int c = 0; c < DPL; ++c) o[i][c] = 0.0f;
   }
-  const int r0 = warp * RPW;             // first row of this warp within the tile
-  const int row0 = qt * TILE + r0;       // its sequence position
-  for (int kt = 0; kt <= qt; ++kt) {     // causal: key tiles up to the diagonal
+  const int r0 = warp * RPW;          // first row of this warp within the tile
+  const int row0 = qt * TILE + r0;    // its sequence position
+  for (int kt = 0; kt <= qt; ++kt) {  // causal: key tiles up to the diagonal
     __syncthreads();
     tile_load(Ks, HDP + 1, kb, kt * TILE, s.T, kp, s.HD, HDP);
     tile_load(Vs, HDP, vb, kt * TILE, s.T, kp, s.HD, HDP);
@@ -134,7 +134,8 @@ __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
 // ----------------------------------------------------------------------------
 // D[b,h,t] = dout . out over HD (one warp per row), the softmax-backward row term.
 template <typename T>
-__global__ void attn_dvec_kernel(float* __restrict__ D, const T* __restrict__ dout, const T* __restrict__ out, Shape s) {
+__global__ void attn_dvec_kernel(float* __restrict__ D, const T* __restrict__ dout, const T* __restrict__ out,
+                                 Shape s) {
   const size_t w = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (w >= static_cast<size_t>(s.B) * s.T * s.NH) return;
@@ -250,7 +251,7 @@ __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
   const size_t koff = static_cast<size_t>(b) * s.T * kp + static_cast<size_t>(kh) * s.HD;
   tile_load(Ks, HDP, k + koff, kt * TILE, s.T, kp, s.HD, HDP);
   tile_load(Vs, HDP, v + koff, kt * TILE, s.T, kp, s.HD, HDP);
-  const int j0 = warp * RPW;                 // this warp's first key within the tile
+  const int j0 = warp * RPW;  // this warp's first key within the tile
   const int key0 = kt * TILE + j0;
   float ak[RPW][DPL], av[RPW][DPL];
 #pragma unroll
@@ -339,8 +340,16 @@ Shape shape_check(int B, int T, int NH, int NKV, int HD, int q_stride, int kv_st
   // Grids are (B * heads, T / 32): x holds up to 2^31 - 1 blocks, y only 65535.
   DTK_REQUIRE(static_cast<int64_t>(B) * NH <= 2147483647 && T <= 65535 * TILE, UsageError,
               "attention supports B * n_head < 2^31 and T <= 2097120");
-  return Shape{B, T, NH, NKV, HD, NH / NKV, 1.0f / std::sqrt(static_cast<float>(HD)), static_cast<size_t>(q_stride),
-               static_cast<size_t>(kv_stride), window};
+  return Shape{B,
+               T,
+               NH,
+               NKV,
+               HD,
+               NH / NKV,
+               1.0f / std::sqrt(static_cast<float>(HD)),
+               static_cast<size_t>(q_stride),
+               static_cast<size_t>(kv_stride),
+               window};
 }
 
 template <typename Kernel>
@@ -362,8 +371,8 @@ void with_dpl(int HD, F&& f) {
 }
 }  // namespace
 
-void attention_forward(void* out, float* lse, const void* q, const void* k, const void* v, int B, int T, int NH, int NKV,
-                       int HD, int q_stride, int kv_stride, DType dtype, cudaStream_t stream, int window) {
+void attention_forward(void* out, float* lse, const void* q, const void* k, const void* v, int B, int T, int NH,
+                       int NKV, int HD, int q_stride, int kv_stride, DType dtype, cudaStream_t stream, int window) {
   const Shape s = shape_check(B, T, NH, NKV, HD, q_stride, kv_stride, window);
   if (B == 0 || T == 0) return;
   if (dtype != DType::F32) {
@@ -378,23 +387,23 @@ void attention_forward(void* out, float* lse, const void* q, const void* k, cons
     auto kernel = attn_fwd_kernel<Ty, DPL>;
     smem_allow(kernel, bytes);
     const dim3 grid(B * NH, blocks_for(T, TILE));
-    DTK_LAUNCH(grid, Cfg<DPL>::THREADS, bytes, stream, kernel)(static_cast<Ty*>(out), lse, static_cast<const Ty*>(q),
-                                                        static_cast<const Ty*>(k), static_cast<const Ty*>(v), s);
+    DTK_LAUNCH(grid, Cfg<DPL>::THREADS, bytes, stream, kernel)
+    (static_cast<Ty*>(out), lse, static_cast<const Ty*>(q), static_cast<const Ty*>(k), static_cast<const Ty*>(v), s);
     DT_CUDA_LAUNCH_CHECK();
   });
 }
 
-void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out, const float* lse, const void* q,
-                        const void* k, const void* v, int B, int T, int NH, int NKV, int HD, int q_stride,
-                        int kv_stride, DType dtype, cudaStream_t stream, int window) {
+void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out, const float* lse,
+                        const void* q, const void* k, const void* v, int B, int T, int NH, int NKV, int HD,
+                        int q_stride, int kv_stride, DType dtype, cudaStream_t stream, int window) {
   const Shape s = shape_check(B, T, NH, NKV, HD, q_stride, kv_stride, window);
   if (B == 0 || T == 0) return;
   const size_t rows = static_cast<size_t>(B) * T * NH;
   Scratch dvec(rows * sizeof(float), stream);
   dispatch(dtype, [&](auto tag) {
     using Ty = typename decltype(tag)::type;
-    DTK_LAUNCH(blocks_for(rows * 32, 256), 256, 0, stream, attn_dvec_kernel<Ty>)(dvec.as<float>(), static_cast<const Ty*>(dout),
-                                                                         static_cast<const Ty*>(out), s);
+    DTK_LAUNCH(blocks_for(rows * 32, 256), 256, 0, stream, attn_dvec_kernel<Ty>)
+    (dvec.as<float>(), static_cast<const Ty*>(dout), static_cast<const Ty*>(out), s);
     DT_CUDA_LAUNCH_CHECK();
   });
   if (dtype != DType::F32) {
@@ -408,16 +417,16 @@ void attention_backward(void* dq, void* dk, void* dv, const void* dout, const vo
     const size_t bytes = sizeof(float) * TILE * (2 * HDP + 2 * (HDP + 1));
     auto kq = attn_dq_kernel<Ty, DPL>;
     smem_allow(kq, bytes);
-    DTK_LAUNCH(dim3(B * NH, blocks_for(T, TILE)), Cfg<DPL>::THREADS, bytes, stream, kq)(
-        static_cast<Ty*>(dq), static_cast<const Ty*>(dout), lse, dvec.as<float>(), static_cast<const Ty*>(q),
-        static_cast<const Ty*>(k), static_cast<const Ty*>(v), s);
+    DTK_LAUNCH(dim3(B * NH, blocks_for(T, TILE)), Cfg<DPL>::THREADS, bytes, stream, kq)
+    (static_cast<Ty*>(dq), static_cast<const Ty*>(dout), lse, dvec.as<float>(), static_cast<const Ty*>(q),
+     static_cast<const Ty*>(k), static_cast<const Ty*>(v), s);
     DT_CUDA_LAUNCH_CHECK();
     auto kkv = attn_dkdv_kernel<Ty, DPL>;
     const size_t bytes_kv = bytes + sizeof(float) * 2 * TILE;
     smem_allow(kkv, bytes_kv);
-    DTK_LAUNCH(dim3(B * NKV, blocks_for(T, TILE)), Cfg<DPL>::THREADS, bytes_kv, stream, kkv)(
-        static_cast<Ty*>(dk), static_cast<Ty*>(dv), static_cast<const Ty*>(dout), lse, dvec.as<float>(),
-        static_cast<const Ty*>(q), static_cast<const Ty*>(k), static_cast<const Ty*>(v), s);
+    DTK_LAUNCH(dim3(B * NKV, blocks_for(T, TILE)), Cfg<DPL>::THREADS, bytes_kv, stream, kkv)
+    (static_cast<Ty*>(dk), static_cast<Ty*>(dv), static_cast<const Ty*>(dout), lse, dvec.as<float>(),
+     static_cast<const Ty*>(q), static_cast<const Ty*>(k), static_cast<const Ty*>(v), s);
     DT_CUDA_LAUNCH_CHECK();
   });
 }

@@ -20,18 +20,16 @@ namespace dtrain::kernels {
 /// log-sum-exp of each row of scaled scores (what backward needs, instead of the CPU's
 /// att [B,NH,T,T]). HD <= 256 and NH % NKV == 0, else UsageError. window > 0 is a sliding
 /// window (Mistral): query i sees keys i - window < j <= i only; 0 is plain causal.
-void attention_forward(void* out, float* lse, const void* q, const void* k, const void* v, int B,
-                       int T, int NH, int NKV, int HD, int q_stride, int kv_stride, DType dtype,
-                       cudaStream_t stream, int window = 0);
+void attention_forward(void* out, float* lse, const void* q, const void* k, const void* v, int B, int T, int NH,
+                       int NKV, int HD, int q_stride, int kv_stride, DType dtype, cudaStream_t stream, int window = 0);
 
 /// WRITES dq, dk, dv (strided as q, k, v) = the gradients of attention_forward given dout
 /// and the forward's out and lse. Deterministic, no float atomics: fp32 dq per query tile
 /// and dk/dv per key tile on CUDA cores; on tensor cores one pass per key tile (no more
 /// recomputation than FlashAttention-2) with dq summed from per-split fp32 partials in a
 /// fixed order (attention_mma.cu).
-void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out,
-                        const float* lse, const void* q, const void* k, const void* v, int B, int T,
-                        int NH, int NKV, int HD, int q_stride, int kv_stride, DType dtype,
-                        cudaStream_t stream, int window = 0);
+void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out, const float* lse,
+                        const void* q, const void* k, const void* v, int B, int T, int NH, int NKV, int HD,
+                        int q_stride, int kv_stride, DType dtype, cudaStream_t stream, int window = 0);
 
 }  // namespace dtrain::kernels

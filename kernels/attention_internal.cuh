@@ -20,7 +20,9 @@ struct AttnShape {
 
 /// Whether query `row` sees key `key`: causal, and within the sliding window when W > 0
 /// (Mistral's mask, HF's `kv_idx > q_idx - sliding_window`).
-__host__ __device__ inline bool attn_visible(int key, int row, int W) { return key <= row && (W <= 0 || key > row - W); }
+__host__ __device__ inline bool attn_visible(int key, int row, int W) {
+  return key <= row && (W <= 0 || key > row - W);
+}
 
 /// out, lse as kernels::attention_forward; dtype BF16 or F16.
 void attention_forward_mma(void* out, float* lse, const void* q, const void* k, const void* v, const AttnShape& s,

@@ -41,8 +41,8 @@ template <int HDP>
 struct Tiles {
   static constexpr int PITCH = HDP + 8;  // elements per shared-memory row
   static constexpr int ELEMS = BM * PITCH;
-  static constexpr int KC = HDP / 16;    // 16-wide k chunks of the head dimension
-  static constexpr int DN = HDP / 8;     // 8-wide n blocks of the head dimension
+  static constexpr int KC = HDP / 16;  // 16-wide k chunks of the head dimension
+  static constexpr int DN = HDP / 8;   // 8-wide n blocks of the head dimension
 };
 
 struct Args {
@@ -471,8 +471,8 @@ __global__ void attn_dkv_reduce_kernel(T* __restrict__ dk, T* __restrict__ dv, c
     const int t = static_cast<int>(r % s.T);
     const size_t bk = r / s.T;
     const int kh = static_cast<int>(bk % s.NKV), b = static_cast<int>(bk / s.NKV);
-    const size_t src = (static_cast<size_t>(b) * s.NH + static_cast<size_t>(kh) * s.G) * head +
-                       static_cast<size_t>(t) * s.HD + d;
+    const size_t src =
+        (static_cast<size_t>(b) * s.NH + static_cast<size_t>(kh) * s.G) * head + static_cast<size_t>(t) * s.HD + d;
     float gk = 0.0f, gv = 0.0f;
     for (int j = 0; j < s.G; ++j) {
       gk += dk_exp[src + j * head];
@@ -533,9 +533,9 @@ int attention_backward_splits(int B, int T, int NH) {
 
 void attention_forward_mma(void* out, float* lse, const void* q, const void* k, const void* v, const AttnShape& s,
                            DType dtype, cudaStream_t stream) {
-  const Args a{s, (s.T + BM - 1) / BM,
-               rows_aligned(q, s.qs, s.HD) && rows_aligned(k, s.ks, s.HD) && rows_aligned(v, s.ks, s.HD) &&
-                   aligned16(out)};
+  const Args a{
+      s, (s.T + BM - 1) / BM,
+      rows_aligned(q, s.qs, s.HD) && rows_aligned(k, s.ks, s.HD) && rows_aligned(v, s.ks, s.HD) && aligned16(out)};
   with_type(dtype, [&](auto tag) {
     using Ty = typename decltype(tag)::type;
     with_hdp(s.HD, [&](auto hdp) {
@@ -543,8 +543,8 @@ void attention_forward_mma(void* out, float* lse, const void* q, const void* k, 
       const size_t bytes = sizeof(Ty) * 5 * Tiles<HDP>::ELEMS;
       auto kernel = attn_fwd_mma_kernel<Ty, HDP>;
       smem_allow(kernel, bytes);
-      DTK_LAUNCH(dim3(s.B * s.NH, a.nt), THREADS, bytes, stream, kernel)(
-          static_cast<Ty*>(out), lse, static_cast<const Ty*>(q), static_cast<const Ty*>(k), static_cast<const Ty*>(v), a);
+      DTK_LAUNCH(dim3(s.B * s.NH, a.nt), THREADS, bytes, stream, kernel)
+      (static_cast<Ty*>(out), lse, static_cast<const Ty*>(q), static_cast<const Ty*>(k), static_cast<const Ty*>(v), a);
       DT_CUDA_LAUNCH_CHECK();
     });
   });
@@ -569,18 +569,18 @@ void attention_backward_mma(void* dq, void* dk, void* dv, const void* dout, cons
       const size_t bytes = sizeof(Ty) * (6 * Tiles<HDP>::ELEMS + BN * DS_PITCH) + sizeof(float) * 4 * BM;
       auto kernel = attn_bwd_mma_kernel<Ty, HDP>;
       smem_allow(kernel, bytes);
-      DTK_LAUNCH(dim3(s.B * s.NH, S), THREADS, bytes, stream, kernel)(
-          part.as<float>(), static_cast<Ty*>(dk), static_cast<Ty*>(dv), dk_exp, dv_exp, static_cast<const Ty*>(dout),
-          lse, D, static_cast<const Ty*>(q), static_cast<const Ty*>(k), static_cast<const Ty*>(v), a);
+      DTK_LAUNCH(dim3(s.B * s.NH, S), THREADS, bytes, stream, kernel)
+      (part.as<float>(), static_cast<Ty*>(dk), static_cast<Ty*>(dv), dk_exp, dv_exp, static_cast<const Ty*>(dout), lse,
+       D, static_cast<const Ty*>(q), static_cast<const Ty*>(k), static_cast<const Ty*>(v), a);
       DT_CUDA_LAUNCH_CHECK();
     });
-    DTK_LAUNCH(grid_for(per_head, 256), 256, 0, stream, attn_dq_reduce_kernel<Ty>)(static_cast<Ty*>(dq),
-                                                                                 part.as<float>(), S, s);
+    DTK_LAUNCH(grid_for(per_head, 256), 256, 0, stream, attn_dq_reduce_kernel<Ty>)
+    (static_cast<Ty*>(dq), part.as<float>(), S, s);
     DT_CUDA_LAUNCH_CHECK();
     if (s.G > 1) {
       const size_t kv_total = static_cast<size_t>(s.B) * s.NKV * s.T * s.HD;
-      DTK_LAUNCH(grid_for(kv_total, 256), 256, 0, stream, attn_dkv_reduce_kernel<Ty>)(
-          static_cast<Ty*>(dk), static_cast<Ty*>(dv), dk_exp, dv_exp, s);
+      DTK_LAUNCH(grid_for(kv_total, 256), 256, 0, stream, attn_dkv_reduce_kernel<Ty>)
+      (static_cast<Ty*>(dk), static_cast<Ty*>(dv), dk_exp, dv_exp, s);
       DT_CUDA_LAUNCH_CHECK();
     }
   });

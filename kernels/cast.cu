@@ -64,8 +64,7 @@ void add_f32(float* dst, const float* src, size_t n, cudaStream_t stream) {
   DT_CUDA_LAUNCH_CHECK();
 }
 
-void dtype_cast(void* out, DType out_dtype, const void* inp, DType in_dtype, size_t n,
-                cudaStream_t stream) {
+void dtype_cast(void* out, DType out_dtype, const void* inp, DType in_dtype, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   if (out_dtype == in_dtype) {
     if (out != inp)

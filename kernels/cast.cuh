@@ -13,8 +13,7 @@ namespace dtrain::kernels {
 
 /// out[i] = inp[i] converted from in_dtype to out_dtype, i < n (device pointers). out and
 /// inp must not partially overlap; out == inp is allowed only when the dtypes are equal.
-void dtype_cast(void* out, DType out_dtype, const void* inp, DType in_dtype, size_t n,
-                cudaStream_t stream);
+void dtype_cast(void* out, DType out_dtype, const void* inp, DType in_dtype, size_t n, cudaStream_t stream);
 
 /// p[i] = p[i] rounded to dtype's precision (nearest even; fp16 overflows to inf), kept
 /// as fp32 (n fp32 device values, in place). F32: nothing.

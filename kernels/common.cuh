@@ -30,9 +30,9 @@
 
 // Launcher argument check without fmt (nvcc code): throws ::dtrain::Type (UsageError,
 // InternalError, ...) with the failed condition and file:line.
-#define DTK_REQUIRE(cond, Type, message)                                                   \
-  do {                                                                                     \
-    if (!(cond))                                                                           \
+#define DTK_REQUIRE(cond, Type, message)                                                                         \
+  do {                                                                                                           \
+    if (!(cond))                                                                                                 \
       throw ::dtrain::Type(std::string(message) + " (" #cond ")" + ::dtrain::detail::where(__FILE__, __LINE__)); \
   } while (0)
 
@@ -47,13 +47,26 @@ __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_f32(fp16 x) { return __half2float(x); }
 
-template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) { return __float2bfloat16_rn(x); }
-template <> __device__ __forceinline__ fp16 from_f32<fp16>(float x) { return __float2half_rn(x); }
+template <typename T>
+__device__ __forceinline__ T from_f32(float x);
+template <>
+__device__ __forceinline__ float from_f32<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ bf16 from_f32<bf16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ fp16 from_f32<fp16>(float x) {
+  return __float2half_rn(x);
+}
 
 // Rounds x to T and back: what storing to T and re-reading gives.
-template <typename T> __device__ __forceinline__ float round_to(float x) { return to_f32(from_f32<T>(x)); }
+template <typename T>
+__device__ __forceinline__ float round_to(float x) {
+  return to_f32(from_f32<T>(x));
+}
 
 // ----------------------------------------------------------------------------
 // Packs: N elements moved as one aligned access (N * sizeof(T) = 16 bytes is the
@@ -62,12 +75,15 @@ template <typename T, int N>
 struct alignas(sizeof(T) * N) Pack {
   T v[N];
 };
-template <typename T> inline constexpr int VEC16 = 16 / static_cast<int>(sizeof(T));
+template <typename T>
+inline constexpr int VEC16 = 16 / static_cast<int>(sizeof(T));
 
-template <typename T, int N> __device__ __forceinline__ Pack<T, N> pack_load(const T* p) {
+template <typename T, int N>
+__device__ __forceinline__ Pack<T, N> pack_load(const T* p) {
   return *reinterpret_cast<const Pack<T, N>*>(p);
 }
-template <typename T, int N> __device__ __forceinline__ void pack_store(T* p, const Pack<T, N>& v) {
+template <typename T, int N>
+__device__ __forceinline__ void pack_store(T* p, const Pack<T, N>& v) {
   *reinterpret_cast<Pack<T, N>*>(p) = v;
 }
 
@@ -114,8 +130,12 @@ __device__ __forceinline__ float block_max(float v) {
 // ----------------------------------------------------------------------------
 // DType -> C++ storage type: dispatch(dtype, [&](auto tag) { using T = typename
 // decltype(tag)::type; ... }).
-template <typename T> struct Tag { using type = T; };
-template <typename F> void dispatch(DType dtype, F&& f) {
+template <typename T>
+struct Tag {
+  using type = T;
+};
+template <typename F>
+void dispatch(DType dtype, F&& f) {
   switch (dtype) {
     case DType::F32: f(Tag<float>{}); return;
     case DType::BF16: f(Tag<bf16>{}); return;
@@ -147,7 +167,10 @@ class Scratch {
   }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
-  template <typename T> T* as() const { return static_cast<T*>(ptr_); }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
 
  private:
   void* ptr_ = nullptr;

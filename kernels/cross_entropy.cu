@@ -37,10 +37,9 @@ __device__ __forceinline__ void row_visit(const T* row, int V, F&& f) {
 
 // logits and dlogits may alias (no __restrict__).
 template <typename T>
-__global__ void __launch_bounds__(CE_THREADS) cross_entropy_kernel(float* __restrict__ losses, T* dlogits, const T* logits,
-                                                                   const int32_t* __restrict__ targets, int V, int ld,
-                                                                   float scale, const float* __restrict__ count,
-                                                                   int32_t ignore_index) {
+__global__ void __launch_bounds__(CE_THREADS)
+    cross_entropy_kernel(float* __restrict__ losses, T* dlogits, const T* logits, const int32_t* __restrict__ targets,
+                         int V, int ld, float scale, const float* __restrict__ count, int32_t ignore_index) {
   if (count != nullptr) scale = ops::ce_backward_scale(scale, *count);
   const int n = blockIdx.x;
   const T* x = logits + static_cast<size_t>(n) * ld;
@@ -94,8 +93,8 @@ __global__ void __launch_bounds__(CE_THREADS) cross_entropy_kernel(float* __rest
   }
 }
 
-__global__ void loss_mean_kernel(float* __restrict__ mean, const float* __restrict__ losses, const int32_t* __restrict__ targets,
-                                 int N, int32_t ignore_index) {
+__global__ void loss_mean_kernel(float* __restrict__ mean, const float* __restrict__ losses,
+                                 const int32_t* __restrict__ targets, int N, int32_t ignore_index) {
   double s = 0.0, c = 0.0;
   for (int n = threadIdx.x; n < N; n += blockDim.x) {
     if (targets[n] == ignore_index) continue;
@@ -108,9 +107,9 @@ __global__ void loss_mean_kernel(float* __restrict__ mean, const float* __restri
 }
 }  // namespace
 
-void cross_entropy_forward_backward(float* losses, float* mean, void* dlogits, const void* logits, const int32_t* targets,
-                                    int N, int V, int ld, float scale, int32_t ignore_index, DType dtype,
-                                    cudaStream_t stream, const float* count) {
+void cross_entropy_forward_backward(float* losses, float* mean, void* dlogits, const void* logits,
+                                    const int32_t* targets, int N, int V, int ld, float scale, int32_t ignore_index,
+                                    DType dtype, cudaStream_t stream, const float* count) {
   DTK_REQUIRE(V > 0, UsageError, "cross-entropy needs a non-empty vocabulary");
   DTK_REQUIRE(ld >= V, UsageError, "cross-entropy: the logits' row pitch is below the vocabulary");
   if (N <= 0) {
@@ -122,9 +121,8 @@ void cross_entropy_forward_backward(float* losses, float* mean, void* dlogits, c
   float* row_losses = losses ? losses : tmp.as<float>();
   dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    DTK_LAUNCH(N, CE_THREADS, 0, stream, cross_entropy_kernel<T>)(row_losses, static_cast<T*>(dlogits),
-                                                           static_cast<const T*>(logits), targets, V, ld, scale,
-                                                           count, ignore_index);
+    DTK_LAUNCH(N, CE_THREADS, 0, stream, cross_entropy_kernel<T>)
+    (row_losses, static_cast<T*>(dlogits), static_cast<const T*>(logits), targets, V, ld, scale, count, ignore_index);
     DT_CUDA_LAUNCH_CHECK();
   });
   if (mean) {
@@ -133,8 +131,8 @@ void cross_entropy_forward_backward(float* losses, float* mean, void* dlogits, c
   }
 }
 
-void cross_entropy_forward(float* losses, float* mean, const void* logits, const int32_t* targets, int N, int V,
-                           int ld, int32_t ignore_index, DType dtype, cudaStream_t stream) {
+void cross_entropy_forward(float* losses, float* mean, const void* logits, const int32_t* targets, int N, int V, int ld,
+                           int32_t ignore_index, DType dtype, cudaStream_t stream) {
   cross_entropy_forward_backward(losses, mean, nullptr, logits, targets, N, V, ld, 1.0f, ignore_index, dtype, stream);
 }
 

@@ -24,20 +24,18 @@ namespace dtrain::kernels {
 /// A target outside [0, V) that is not ignore_index cannot throw from the device: its loss
 /// and gradient row are written as NaN (the loss scaler / NaN check then catches it).
 void cross_entropy_forward_backward(float* losses, float* mean, void* dlogits, const void* logits,
-                                    const int32_t* targets, int N, int V, int ld, float scale,
-                                    int32_t ignore_index, DType dtype, cudaStream_t stream,
-                                    const float* count = nullptr);
+                                    const int32_t* targets, int N, int V, int ld, float scale, int32_t ignore_index,
+                                    DType dtype, cudaStream_t stream, const float* count = nullptr);
 
 /// The forward alone (cross_entropy_forward_backward with dlogits = null).
-void cross_entropy_forward(float* losses, float* mean, const void* logits, const int32_t* targets,
-                           int N, int V, int ld, int32_t ignore_index, DType dtype,
-                           cudaStream_t stream);
+void cross_entropy_forward(float* losses, float* mean, const void* logits, const int32_t* targets, int N, int V, int ld,
+                           int32_t ignore_index, DType dtype, cudaStream_t stream);
 
 /// The backward alone: WRITES (does not accumulate) dlogits, as the CPU op. With count
 /// (one fp32 device value) the kernel scales by ops::ce_backward_scale(scale, *count),
 /// read on the device (a CUDA graph does not bake it in).
-void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V,
-                            int ld, float scale, int32_t ignore_index, DType dtype,
-                            cudaStream_t stream, const float* count = nullptr);
+void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V, int ld,
+                            float scale, int32_t ignore_index, DType dtype, cudaStream_t stream,
+                            const float* count = nullptr);
 
 }  // namespace dtrain::kernels

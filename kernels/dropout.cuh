@@ -12,10 +12,8 @@
 namespace dtrain::kernels {
 
 /// out[i] = keep(seed, i, p) ? inp[i] / (1 - p) : 0. out may not alias inp.
-void dropout_forward(void* out, const void* inp, size_t n, float p, uint64_t seed, DType dtype,
-                     cudaStream_t stream);
+void dropout_forward(void* out, const void* inp, size_t n, float p, uint64_t seed, DType dtype, cudaStream_t stream);
 /// dinp[i] += keep(seed, i, p) ? dout[i] / (1 - p) : 0.
-void dropout_backward(void* dinp, const void* dout, size_t n, float p, uint64_t seed, DType dtype,
-                      cudaStream_t stream);
+void dropout_backward(void* dinp, const void* dout, size_t n, float p, uint64_t seed, DType dtype, cudaStream_t stream);
 
 }  // namespace dtrain::kernels

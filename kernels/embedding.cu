@@ -18,8 +18,9 @@ constexpr int SCAN_THREADS = 1024;
 constexpr int DWTE_THREADS = 128;
 
 template <typename T, int V>
-__global__ void embedding_forward_kernel(T* __restrict__ out, const int32_t* __restrict__ tokens, const T* __restrict__ wte,
-                                         const T* __restrict__ wpe, int N, int T_, int C, int Vocab) {
+__global__ void embedding_forward_kernel(T* __restrict__ out, const int32_t* __restrict__ tokens,
+                                         const T* __restrict__ wte, const T* __restrict__ wpe, int N, int T_, int C,
+                                         int Vocab) {
   const int packs = C / V;
   const size_t total = static_cast<size_t>(N) * packs;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
@@ -45,8 +46,8 @@ __global__ void embedding_forward_kernel(T* __restrict__ out, const int32_t* __r
 
 // Sort keys: the token, or V for a token outside [0, V) (a run after every real row that
 // backward skips: its forward row was NaN). Values: the positions.
-__global__ void sort_init_kernel(uint32_t* __restrict__ keys, int32_t* __restrict__ pos, const int32_t* __restrict__ tokens,
-                                 int N, int Vocab) {
+__global__ void sort_init_kernel(uint32_t* __restrict__ keys, int32_t* __restrict__ pos,
+                                 const int32_t* __restrict__ tokens, int N, int Vocab) {
   const int stride = gridDim.x * blockDim.x;
   for (int n = blockIdx.x * blockDim.x + threadIdx.x; n < N; n += stride) {
     const int32_t tok = tokens[n];
@@ -147,18 +148,18 @@ void embedding_forward(void* out, const int32_t* tokens, const void* wte, const 
     constexpr int VEC = VEC16<Ty>;
     const bool vec = C % VEC == 0 && aligned16(out) && aligned16(wte) && (wpe == nullptr || aligned16(wpe));
     if (vec) {
-      DTK_LAUNCH(grid_for(static_cast<size_t>(N) * C / VEC, 256), 256, 0, stream, embedding_forward_kernel<Ty, VEC>)(
-          static_cast<Ty*>(out), tokens, static_cast<const Ty*>(wte), static_cast<const Ty*>(wpe), N, T, C, V);
+      DTK_LAUNCH(grid_for(static_cast<size_t>(N) * C / VEC, 256), 256, 0, stream, embedding_forward_kernel<Ty, VEC>)
+      (static_cast<Ty*>(out), tokens, static_cast<const Ty*>(wte), static_cast<const Ty*>(wpe), N, T, C, V);
     } else {
-      DTK_LAUNCH(grid_for(static_cast<size_t>(N) * C, 256), 256, 0, stream, embedding_forward_kernel<Ty, 1>)(
-          static_cast<Ty*>(out), tokens, static_cast<const Ty*>(wte), static_cast<const Ty*>(wpe), N, T, C, V);
+      DTK_LAUNCH(grid_for(static_cast<size_t>(N) * C, 256), 256, 0, stream, embedding_forward_kernel<Ty, 1>)
+      (static_cast<Ty*>(out), tokens, static_cast<const Ty*>(wte), static_cast<const Ty*>(wpe), N, T, C, V);
     }
     DT_CUDA_LAUNCH_CHECK();
   });
 }
 
-void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T, int C,
-                        int V, DType dtype, cudaStream_t stream) {
+void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T, int C, int V,
+                        DType dtype, cudaStream_t stream) {
   const int N = B * T;
   if (N <= 0 || C <= 0) return;
   DTK_REQUIRE(V > 0, UsageError, "embedding backward needs a non-empty vocabulary");
@@ -180,8 +181,8 @@ void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_
     DT_CUDA_LAUNCH_CHECK();
     DTK_LAUNCH(1, SCAN_THREADS, 0, stream, exclusive_scan_kernel)(counts, SORT_CHUNK * chunks);
     DT_CUDA_LAUNCH_CHECK();
-    DTK_LAUNCH(chunks, SORT_CHUNK, 0, stream, radix_scatter_kernel)(keys[1 - in], pos[1 - in], keys[in], pos[in],
-                                                                    counts, N, shift, chunks);
+    DTK_LAUNCH(chunks, SORT_CHUNK, 0, stream, radix_scatter_kernel)
+    (keys[1 - in], pos[1 - in], keys[in], pos[in], counts, N, shift, chunks);
     DT_CUDA_LAUNCH_CHECK();
   }
   const uint32_t* sorted_keys = keys[passes & 1];
@@ -189,12 +190,12 @@ void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_
   dispatch(dtype, [&](auto tag) {
     using Ty = typename decltype(tag)::type;
     const dim3 grid(static_cast<unsigned>(N), blocks_for(static_cast<size_t>(C), DWTE_THREADS));
-    DTK_LAUNCH(grid, DWTE_THREADS, 0, stream, embedding_dwte_kernel<Ty>)(dwte, static_cast<const Ty*>(dout),
-                                                                       sorted_keys, sorted_pos, N, C, V);
+    DTK_LAUNCH(grid, DWTE_THREADS, 0, stream, embedding_dwte_kernel<Ty>)
+    (dwte, static_cast<const Ty*>(dout), sorted_keys, sorted_pos, N, C, V);
     DT_CUDA_LAUNCH_CHECK();
     if (dwpe) {
-      DTK_LAUNCH(grid_for(static_cast<size_t>(T) * C, 256), 256, 0, stream, embedding_dwpe_kernel<Ty>)(
-          dwpe, static_cast<const Ty*>(dout), B, T, C);
+      DTK_LAUNCH(grid_for(static_cast<size_t>(T) * C, 256), 256, 0, stream, embedding_dwpe_kernel<Ty>)
+      (dwpe, static_cast<const Ty*>(dout), B, T, C);
       DT_CUDA_LAUNCH_CHECK();
     }
   });

@@ -15,15 +15,15 @@ namespace dtrain::kernels {
 /// out[B,T,C] = wte[tokens[b,t]] (+ wpe[t] when wpe != nullptr). A token outside [0, V)
 /// cannot throw from the device: its row is written as NaN (the loss then turns NaN);
 /// validate tokens on the host where it matters.
-void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B,
-                       int T, int C, int V, DType dtype, cudaStream_t stream);
+void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T, int C, int V,
+                       DType dtype, cudaStream_t stream);
 
 /// dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += sum_b dout[b,t] (skipped when dwpe is null).
 /// dwte has V rows: a token outside [0, V) contributes nothing (its forward row was NaN),
 /// it never writes outside the table. Each dwte row adds its positions' rows in position
 /// order, as the CPU reference does (equal to it in fp32); the positions are sorted by
 /// token on the device (scratch of 16 bytes per position + 1 KiB per 256 positions).
-void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B,
-                        int T, int C, int V, DType dtype, cudaStream_t stream);
+void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T, int C, int V,
+                        DType dtype, cudaStream_t stream);
 
 }  // namespace dtrain::kernels

@@ -30,9 +30,7 @@ cublasLtEpilogue_t epi_lt(Epi e) {
   }
 }
 
-cudaDataType_t cuda_type(DType t) {
-  return t == DType::F32 ? CUDA_R_32F : t == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
-}
+cudaDataType_t cuda_type(DType t) { return t == DType::F32 ? CUDA_R_32F : t == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F; }
 
 // Largest power of two (<= 256) dividing the address: the heuristic's alignment promise.
 uint32_t align_of(const void* p) {
@@ -52,7 +50,8 @@ struct Problem {
   uint32_t align_a, align_b, align_c, align_bias, align_aux;
   auto key() const {
     return std::make_tuple(static_cast<int>(ta), static_cast<int>(tb), m, n, k, lda, ldb, ldc, static_cast<int>(ab),
-                           static_cast<int>(c), static_cast<int>(epi), align_a, align_b, align_c, align_bias, align_aux);
+                           static_cast<int>(c), static_cast<int>(epi), align_a, align_b, align_c, align_bias,
+                           align_aux);
   }
 };
 using Key = decltype(std::declval<Problem>().key());
@@ -163,8 +162,8 @@ bool matmul_try(const Problem& p, float alpha, const void* A, const void* B, flo
   if (!plan->found) return false;
   if (bias) desc_set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   if (aux) desc_set(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
-  DT_CUBLAS_CHECK(cublasLtMatmul(st.handle, plan->desc, &alpha, B, plan->la, A, plan->lb, &beta, C, plan->lc, C, plan->lc,
-                                 &plan->algo, st.workspace, GEMM_WORKSPACE_BYTES, stream));
+  DT_CUBLAS_CHECK(cublasLtMatmul(st.handle, plan->desc, &alpha, B, plan->la, A, plan->lb, &beta, C, plan->lc, C,
+                                 plan->lc, &plan->algo, st.workspace, GEMM_WORKSPACE_BYTES, stream));
   return true;
 }
 
@@ -206,9 +205,10 @@ void matmul_run(const Problem& p, float alpha, const void* A, const void* B, flo
                 const void* aux, cudaStream_t stream) {
   if (!matmul_try(p, alpha, A, B, beta, C, bias, aux, stream))
     ::dtrain::detail::throw_error(Exit::DEVICE,
-                                  "cuBLASLt has no algorithm for this GEMM (m=" + std::to_string(p.m) + " n=" +
-                                      std::to_string(p.n) + " k=" + std::to_string(p.k) + " " + dtype_name(p.ab) + "->" +
-                                      dtype_name(p.c) + ", epilogue " + std::to_string(static_cast<int>(p.epi)) + ")",
+                                  "cuBLASLt has no algorithm for this GEMM (m=" + std::to_string(p.m) +
+                                      " n=" + std::to_string(p.n) + " k=" + std::to_string(p.k) + " " +
+                                      dtype_name(p.ab) + "->" + dtype_name(p.c) + ", epilogue " +
+                                      std::to_string(static_cast<int>(p.epi)) + ")",
                                   __FILE__, __LINE__);
 }
 
@@ -236,13 +236,13 @@ void linear_forward(void* out, const void* inp, const void* weight, const void* 
   DTK_REQUIRE(ld_out >= OC, UsageError, "linear_forward: the output's row pitch is below its width");
   if (N == 0) return;
   const Epi epi = bias ? Epi::BIAS : Epi::DEFAULT;
-  const Problem p = problem_for(false, true, N, OC, IC, inp, weight, out, Pitch{IC, IC, ld_out}, dtype, dtype, epi,
-                                bias, nullptr);
+  const Problem p =
+      problem_for(false, true, N, OC, IC, inp, weight, out, Pitch{IC, IC, ld_out}, dtype, dtype, epi, bias, nullptr);
   matmul_run(p, 1.0f, inp, weight, 0.0f, out, bias, nullptr, stream);
 }
 
-void linear_gelu_forward(void* out, void* pre_gelu, const void* inp, const void* weight, const void* bias, int N, int IC,
-                         int OC, DType dtype, cudaStream_t stream) {
+void linear_gelu_forward(void* out, void* pre_gelu, const void* inp, const void* weight, const void* bias, int N,
+                         int IC, int OC, DType dtype, cudaStream_t stream) {
   DTK_REQUIRE(N >= 0 && IC > 0 && OC > 0, UsageError, "linear: sizes must be positive");
   DTK_REQUIRE(OC % 8 == 0, UsageError, "linear_gelu_forward: cuBLASLt's GELU auxiliary output needs OC % 8 == 0");
   if (N == 0) return;

@@ -37,12 +37,15 @@ namespace dtrain::kernels::detail {
 
 // Two floats -> one register of two T (round to nearest even); lo goes to the low 16
 // bits (the lower column index), as every fragment above expects.
-template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
          static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16;
 }
-template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   return static_cast<uint32_t>(__half_as_ushort(__float2half_rn(lo))) |
          static_cast<uint32_t>(__half_as_ushort(__float2half_rn(hi))) << 16;
 }
@@ -120,7 +123,8 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's committed groups are pending (copies not yet
 // committed are not waited for).
-template <int N> __device__ __forceinline__ void cp_async_wait() {
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
   static_assert(N >= 0, "cp_async_wait: N is the number of groups left pending (0 or more)");
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
@@ -161,7 +165,8 @@ inline void cp_async_16(void* smem_dst, const void* gmem_src, SourceSite at = So
 inline void cp_async_commit(SourceSite at = SourceSite::current()) {
   ::cuda_emu::cp_async_commit(at.file_name(), static_cast<int>(at.line()));
 }
-template <int N> inline void cp_async_wait(SourceSite at = SourceSite::current()) {
+template <int N>
+inline void cp_async_wait(SourceSite at = SourceSite::current()) {
   static_assert(N >= 0, "cp_async_wait: N is the number of groups left pending (0 or more)");
   ::cuda_emu::cp_async_wait(at.file_name(), static_cast<int>(at.line()), N);
 }

@@ -18,9 +18,9 @@ enum class Norm { LAYER, RMS };
 
 // residual/a may alias: no __restrict__ on them.
 template <typename T, int V, Norm K, bool FUSED>
-__global__ void norm_forward_kernel(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd, T* residual,
-                                    const T* a, const T* b, const T* __restrict__ w, const T* __restrict__ bias, int N,
-                                    int C, float eps) {
+__global__ void norm_forward_kernel(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
+                                    T* residual, const T* a, const T* b, const T* __restrict__ w,
+                                    const T* __restrict__ bias, int N, int C, float eps) {
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
   if (row >= N) return;
@@ -84,8 +84,8 @@ __global__ void norm_forward_kernel(T* __restrict__ out, float* __restrict__ mea
 // dinp += ...: LayerNorm r (w d - mean(w d) - xhat mean(w d xhat)); RMSNorm r w d - x r^3 mean(w d x).
 template <typename T, int V, Norm K>
 __global__ void norm_dinp_kernel(T* __restrict__ dinp, const T* __restrict__ dout, const T* __restrict__ inp,
-                                 const T* __restrict__ w, const float* __restrict__ mean, const float* __restrict__ rstd,
-                                 int N, int C) {
+                                 const T* __restrict__ w, const float* __restrict__ mean,
+                                 const float* __restrict__ rstd, int N, int C) {
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
   if (row >= N) return;
@@ -93,7 +93,8 @@ __global__ void norm_dinp_kernel(T* __restrict__ dinp, const T* __restrict__ dou
   const float m = K == Norm::LAYER ? mean[row] : 0.0f, r = rstd[row];
   float s1 = 0.0f, s2 = 0.0f;
   for (int c = lane * V; c < C; c += 32 * V) {
-    const Pack<T, V> dv = pack_load<T, V>(dout + off + c), xv = pack_load<T, V>(inp + off + c), wv = pack_load<T, V>(w + c);
+    const Pack<T, V> dv = pack_load<T, V>(dout + off + c), xv = pack_load<T, V>(inp + off + c),
+                     wv = pack_load<T, V>(w + c);
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const float dn = to_f32(wv.v[j]) * to_f32(dv.v[j]);
@@ -108,7 +109,8 @@ __global__ void norm_dinp_kernel(T* __restrict__ dinp, const T* __restrict__ dou
   const float md = warp_sum(s1) / C, mdx = warp_sum(s2) / C;
   const float k3 = mdx * r * r * r;
   for (int c = lane * V; c < C; c += 32 * V) {
-    const Pack<T, V> dv = pack_load<T, V>(dout + off + c), xv = pack_load<T, V>(inp + off + c), wv = pack_load<T, V>(w + c);
+    const Pack<T, V> dv = pack_load<T, V>(dout + off + c), xv = pack_load<T, V>(inp + off + c),
+                     wv = pack_load<T, V>(w + c);
     Pack<T, V> di = pack_load<T, V>(dinp + off + c);
 #pragma unroll
     for (int j = 0; j < V; ++j) {
@@ -182,7 +184,8 @@ void column_sums(float* dw, float* db, const T* dout, const T* inp, const float*
   Scratch scratch(part * sizeof(float) * ((dw ? 1 : 0) + (db ? 1 : 0)), stream);
   float* pw = dw ? scratch.as<float>() : nullptr;
   float* pb = db ? scratch.as<float>() + (dw ? part : 0) : nullptr;
-  DTK_LAUNCH(dim3(chunks, blocks_for(C, 32)), dim3(32, 8), 0, stream, column_partial_kernel<T, MODE>)(pw, pb, dout, inp, mean, rstd, N, C, ld);
+  DTK_LAUNCH(dim3(chunks, blocks_for(C, 32)), dim3(32, 8), 0, stream, column_partial_kernel<T, MODE>)
+  (pw, pb, dout, inp, mean, rstd, N, C, ld);
   DT_CUDA_LAUNCH_CHECK();
   if (dw) {
     DTK_LAUNCH(blocks_for(C, 256), 256, 0, stream, column_finish_kernel)(dw, pw, chunks, C);
@@ -206,9 +209,9 @@ void norm_forward(void* residual, void* out, float* mean, float* rstd, const voi
     if (FUSED) vec = vec && aligned16(residual) && aligned16(b);
     const unsigned grid = blocks_for(N, ROWS_PER_BLOCK);
     auto args = [&](auto kernel) {
-      DTK_LAUNCH(grid, 32 * ROWS_PER_BLOCK, 0, stream, kernel)(static_cast<T*>(out), mean, rstd, static_cast<T*>(residual),
-                                                      static_cast<const T*>(a), static_cast<const T*>(b),
-                                                      static_cast<const T*>(w), static_cast<const T*>(bias), N, C, eps);
+      DTK_LAUNCH(grid, 32 * ROWS_PER_BLOCK, 0, stream, kernel)
+      (static_cast<T*>(out), mean, rstd, static_cast<T*>(residual), static_cast<const T*>(a), static_cast<const T*>(b),
+       static_cast<const T*>(w), static_cast<const T*>(bias), N, C, eps);
     };
     if (vec) {
       args(norm_forward_kernel<T, V, K, FUSED>);
@@ -230,13 +233,13 @@ void norm_backward(void* dinp, float* dw, float* db, const void* dout, const voi
       const bool vec = C % V == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(w);
       const unsigned grid = blocks_for(N, ROWS_PER_BLOCK);
       if (vec) {
-        DTK_LAUNCH(grid, 32 * ROWS_PER_BLOCK, 0, stream, norm_dinp_kernel<T, V, K>)(
-            static_cast<T*>(dinp), static_cast<const T*>(dout), static_cast<const T*>(inp), static_cast<const T*>(w),
-            mean, rstd, N, C);
+        DTK_LAUNCH(grid, 32 * ROWS_PER_BLOCK, 0, stream, norm_dinp_kernel<T, V, K>)
+        (static_cast<T*>(dinp), static_cast<const T*>(dout), static_cast<const T*>(inp), static_cast<const T*>(w), mean,
+         rstd, N, C);
       } else {
-        DTK_LAUNCH(grid, 32 * ROWS_PER_BLOCK, 0, stream, norm_dinp_kernel<T, 1, K>)(
-            static_cast<T*>(dinp), static_cast<const T*>(dout), static_cast<const T*>(inp), static_cast<const T*>(w),
-            mean, rstd, N, C);
+        DTK_LAUNCH(grid, 32 * ROWS_PER_BLOCK, 0, stream, norm_dinp_kernel<T, 1, K>)
+        (static_cast<T*>(dinp), static_cast<const T*>(dout), static_cast<const T*>(inp), static_cast<const T*>(w), mean,
+         rstd, N, C);
       }
       DT_CUDA_LAUNCH_CHECK();
     }
@@ -256,8 +259,8 @@ void detail::column_sum_accumulate(float* out, const void* x, int N, int C, int 
   });
 }
 
-void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* weight, const void* bias, int N,
-                       int C, float eps, DType dtype, cudaStream_t stream) {
+void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* weight, const void* bias,
+                       int N, int C, float eps, DType dtype, cudaStream_t stream) {
   norm_forward<Norm::LAYER, false>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, eps, dtype, stream);
 }
 void residual_layernorm_forward(void* residual, void* out, float* mean, float* rstd, const void* a, const void* b,

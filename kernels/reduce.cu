@@ -102,9 +102,11 @@ void grad_norm_sq(double* accum, const void* x, size_t n, DType dtype, cudaStrea
     const unsigned blocks = grid_for(vec ? n / V + 1 : n, REDUCE_THREADS * 4, REDUCE_MAX_BLOCKS);
     Scratch partial(blocks * sizeof(double), stream);
     if (vec) {
-      DTK_LAUNCH(blocks, REDUCE_THREADS, 0, stream, sumsq_partial_kernel<T, V>)(partial.as<double>(), static_cast<const T*>(x), n);
+      DTK_LAUNCH(blocks, REDUCE_THREADS, 0, stream, sumsq_partial_kernel<T, V>)
+      (partial.as<double>(), static_cast<const T*>(x), n);
     } else {
-      DTK_LAUNCH(blocks, REDUCE_THREADS, 0, stream, sumsq_partial_kernel<T, 1>)(partial.as<double>(), static_cast<const T*>(x), n);
+      DTK_LAUNCH(blocks, REDUCE_THREADS, 0, stream, sumsq_partial_kernel<T, 1>)
+      (partial.as<double>(), static_cast<const T*>(x), n);
     }
     DT_CUDA_LAUNCH_CHECK();
     DTK_LAUNCH(1, 1024, 0, stream, sumsq_final_kernel)(accum, partial.as<double>(), static_cast<int>(blocks));
@@ -118,7 +120,8 @@ void has_inf_or_nan(int* flag, const void* x, size_t n, DType dtype, cudaStream_
     using T = typename decltype(tag)::type;
     constexpr int V = VEC16<T>;
     if (aligned16(x)) {
-      DTK_LAUNCH(grid_for(n / V + 1, 256, 4096), 256, 0, stream, nonfinite_kernel<T, V>)(flag, static_cast<const T*>(x), n);
+      DTK_LAUNCH(grid_for(n / V + 1, 256, 4096), 256, 0, stream, nonfinite_kernel<T, V>)
+      (flag, static_cast<const T*>(x), n);
     } else {
       DTK_LAUNCH(grid_for(n, 256, 4096), 256, 0, stream, nonfinite_kernel<T, 1>)(flag, static_cast<const T*>(x), n);
     }

@@ -51,20 +51,23 @@ void rope_apply(void* x, const float2* table, int rows, int T_, int H, int half,
   constexpr int V = VEC16<T>;
   const size_t pairs = static_cast<size_t>(rows) * H * half;
   if (half % V == 0 && aligned16(x)) {
-    DTK_LAUNCH(grid_for(pairs / V, 256), 256, 0, stream, rope_apply_kernel<T, V>)(static_cast<T*>(x), table, rows, T_, H, half, sign);
+    DTK_LAUNCH(grid_for(pairs / V, 256), 256, 0, stream, rope_apply_kernel<T, V>)
+    (static_cast<T*>(x), table, rows, T_, H, half, sign);
   } else {
-    DTK_LAUNCH(grid_for(pairs, 256), 256, 0, stream, rope_apply_kernel<T, 1>)(static_cast<T*>(x), table, rows, T_, H, half, sign);
+    DTK_LAUNCH(grid_for(pairs, 256), 256, 0, stream, rope_apply_kernel<T, 1>)
+    (static_cast<T*>(x), table, rows, T_, H, half, sign);
   }
   DT_CUDA_LAUNCH_CHECK();
 }
 
-void rope_run(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope, DType dtype, float sign,
-              cudaStream_t stream) {
+void rope_run(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope, DType dtype,
+              float sign, cudaStream_t stream) {
   DTK_REQUIRE(HD > 0 && HD % 2 == 0, UsageError, "rope needs an even head dimension");
   if (B <= 0 || T <= 0) return;
   const int half = HD / 2;
   Scratch table(static_cast<size_t>(T) * half * sizeof(float2), stream);
-  DTK_LAUNCH(blocks_for(static_cast<size_t>(T) * half, 256), 256, 0, stream, rope_table_kernel)(table.as<float2>(), T, half, HD, rope);
+  DTK_LAUNCH(blocks_for(static_cast<size_t>(T) * half, 256), 256, 0, stream, rope_table_kernel)
+  (table.as<float2>(), T, half, HD, rope);
   DT_CUDA_LAUNCH_CHECK();
   dispatch(dtype, [&](auto tag) {
     using Ty = typename decltype(tag)::type;

@@ -12,10 +12,10 @@
 namespace dtrain::kernels {
 
 /// Rotates q and k (k may be null) in place. HD must be even (else UsageError).
-void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
-                  DType dtype, cudaStream_t stream);
+void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope, DType dtype,
+                  cudaStream_t stream);
 /// The inverse rotation applied to dq and dk in place (the backward of rope_forward).
-void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
-                   DType dtype, cudaStream_t stream);
+void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope, DType dtype,
+                   cudaStream_t stream);
 
 }  // namespace dtrain::kernels

@@ -115,10 +115,11 @@ int main(int argc, char** argv) {
     std::printf("peak RSS        %.0f MiB\n", static_cast<double>(ru.ru_maxrss) / 1024.0);
     // GEMM's share of the step's CPU time (robust to other load on the machine), and of
     // threads x wall time (what it is on an otherwise idle machine).
-    std::printf("GEMM            %.1f%% of the step's CPU time, %.1f%% of threads x wall time (%llu calls, %.1f GFLOP/s "
-                "per thread inside GEMM by CPU time)\n",
-                100.0 * g.cpu_seconds / cpu_s, 100.0 * g.seconds / (t_step * threads),
-                static_cast<unsigned long long>(g.calls), g.cpu_seconds > 0 ? g.flops / g.cpu_seconds / 1e9 : 0.0);
+    std::printf(
+        "GEMM            %.1f%% of the step's CPU time, %.1f%% of threads x wall time (%llu calls, %.1f GFLOP/s "
+        "per thread inside GEMM by CPU time)\n",
+        100.0 * g.cpu_seconds / cpu_s, 100.0 * g.seconds / (t_step * threads), static_cast<unsigned long long>(g.calls),
+        g.cpu_seconds > 0 ? g.flops / g.cpu_seconds / 1e9 : 0.0);
     std::printf("per op class    ms/step   %% of step (wall time on the calling thread)\n");
     double accounted = t_opt;
     for (size_t c = 0; c < ops::OP_CLASSES; ++c) {

@@ -42,8 +42,8 @@ int main(int argc, char** argv) {
       ++passes;
     }
     const double s = elapsed();
-    std::printf("{\"passes\":%zu,\"tokens\":%zu,\"bytes\":%zu,\"seconds\":%.3f,\"tokens_per_s\":%.0f}\n", passes, tokens,
-                bytes, s, tokens / s);
+    std::printf("{\"passes\":%zu,\"tokens\":%zu,\"bytes\":%zu,\"seconds\":%.3f,\"tokens_per_s\":%.0f}\n", passes,
+                tokens, bytes, s, tokens / s);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_tokenizer: %s\n", e.what());

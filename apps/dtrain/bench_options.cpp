@@ -13,7 +13,8 @@ namespace dtrain::cli {
 
 namespace {
 CLI::Validator int_check(const std::string& name, long long lo, long long hi, const std::string& what) {
-  std::string rule = hi == INT_MAX ? fmt::format("must be at least {}", lo) : fmt::format("must be from {} to {}", lo, hi);
+  std::string rule =
+      hi == INT_MAX ? fmt::format("must be at least {}", lo) : fmt::format("must be from {} to {}", lo, hi);
   if (!what.empty()) rule += fmt::format(" ({})", what);
   return CLI::Validator(
       [name, lo, hi, rule](std::string& text) -> std::string {
@@ -53,7 +54,9 @@ void bench_add_options(CLI::App* app, BenchCliOptions& o) {
   app->add_option("-e,--maxbytes", o.max_bytes, "largest size")->capture_default_str();
   app->add_option("-f,--stepfactor", o.step_factor, "multiply the size by this each row")->capture_default_str();
   app->add_option("-i,--stepbytes", o.step_bytes, "add this to the size each row instead (0 = use -f)");
-  app->add_option("-n,--iters", o.iters, "timed iterations per size")->check(int_at_least("-n/--iters", 1))->capture_default_str();
+  app->add_option("-n,--iters", o.iters, "timed iterations per size")
+      ->check(int_at_least("-n/--iters", 1))
+      ->capture_default_str();
   app->add_option("-w,--warmup_iters", o.warmup, "untimed warm-up iterations")
       ->check(int_at_least("-w/--warmup_iters", 0))
       ->capture_default_str();
@@ -116,12 +119,19 @@ bench::BenchOptions bench_options_resolve(const BenchCliOptions& o) {
 }
 
 std::vector<std::string> bench_options_argv(const BenchCliOptions& o) {
-  std::vector<std::string> a = {"--collective", o.collective, "-b", o.min_bytes, "-e", o.max_bytes,
-                                "-f", fmt::format("{}", o.step_factor), "-i", o.step_bytes,
-                                "-n", std::to_string(o.iters), "-w", std::to_string(o.warmup),
-                                "-m", std::to_string(o.agg), "-c", std::to_string(o.check),
-                                "-o", o.op, "-d", o.dtype, "-r", std::to_string(o.root),
-                                "-z", std::to_string(o.blocking)};
+  std::vector<std::string> a = {"--collective", o.collective,
+                                "-b",           o.min_bytes,
+                                "-e",           o.max_bytes,
+                                "-f",           fmt::format("{}", o.step_factor),
+                                "-i",           o.step_bytes,
+                                "-n",           std::to_string(o.iters),
+                                "-w",           std::to_string(o.warmup),
+                                "-m",           std::to_string(o.agg),
+                                "-c",           std::to_string(o.check),
+                                "-o",           o.op,
+                                "-d",           o.dtype,
+                                "-r",           std::to_string(o.root),
+                                "-z",           std::to_string(o.blocking)};
   if (!o.backend.empty()) a.insert(a.end(), {"--backend", o.backend});
   if (!o.json.empty()) a.insert(a.end(), {"--json", o.json});
   return a;

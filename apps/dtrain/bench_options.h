@@ -34,7 +34,7 @@ std::string cli_failure_message(const CLI::App* app, const CLI::Error& e);
 inline constexpr size_t kBenchMaxBytes = size_t{1} << 38;
 
 void bench_add_options(CLI::App* app, BenchCliOptions& o);
-bench::BenchOptions bench_options_resolve(const BenchCliOptions& o);  // UsageError on bad values
+bench::BenchOptions bench_options_resolve(const BenchCliOptions& o);    // UsageError on bad values
 std::vector<std::string> bench_options_argv(const BenchCliOptions& o);  // the words for the ranks
 
 }  // namespace dtrain::cli

@@ -116,8 +116,7 @@ int run_node(const ExternalOptions& o, const launch::ExternalPlacement& node, co
   launch::LocalRankGroup ranks(std::move(specs), 5000ms);
   for (;;) {
     if (const int sig = g_node_signal.load()) {
-      log_error("dtrain run: node {} got {}: stopping its {} local rank(s)", node.rank, ::strsignal(sig),
-                ranks.size());
+      log_error("dtrain run: node {} got {}: stopping its {} local rank(s)", node.rank, ::strsignal(sig), ranks.size());
       ranks.stop();
       return 128 + sig;
     }
@@ -153,10 +152,11 @@ int run_external(const ExternalOptions& o) {
              p.launcher, cfg.source);
   // Processes on other nodes dial their own loopback: said now, not after join_timeout.
   if (address_is_loopback(master_addr) && p.nnodes > 1)
-    log_warn("dtrain run: the store address {} is a loopback address, but {} places this job's ranks on {} nodes: "
-             "processes on the other nodes dial their own loopback and cannot reach rank 0's store unless every "
-             "node is this machine; set MASTER_ADDR (or cluster.rendezvous.address) to rank 0's host",
-             master_addr, p.launcher, p.nnodes);
+    log_warn(
+        "dtrain run: the store address {} is a loopback address, but {} places this job's ranks on {} nodes: "
+        "processes on the other nodes dial their own loopback and cannot reach rank 0's store unless every "
+        "node is this machine; set MASTER_ADDR (or cluster.rendezvous.address) to rank 0's host",
+        master_addr, p.launcher, p.nnodes);
   const std::string token =
       launch::external_token(cfg.cluster.rendezvous.token_file, cfg.cluster.rendezvous.token_env, env, cfg.source);
   if (o.nproc_per_node > 0) return run_node(o, launch::external_node(p, env), master_addr, master_port);

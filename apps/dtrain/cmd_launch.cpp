@@ -56,19 +56,23 @@ namespace {
 
 void print_dry_run(const launch::Job& job) {
   const auto& c = job.cfg;
-  std::string model = !c.model.architecture && c.model.init_from.empty() ? std::string("(no model section)")
-                      : c.model.init_from.empty()
-                          ? fmt::format("{} d_model={} n_layer={} n_head={}", c.model.architecture.value_or("?"),
-                                        c.model.d_model.value_or(0), c.model.n_layer.value_or(0),
-                                        c.model.n_head.value_or(0))
-                          : fmt::format("from {}", c.model.init_from);
+  std::string model =
+      !c.model.architecture && c.model.init_from.empty() ? std::string("(no model section)")
+      : c.model.init_from.empty()
+          ? fmt::format("{} d_model={} n_layer={} n_head={}", c.model.architecture.value_or("?"),
+                        c.model.d_model.value_or(0), c.model.n_layer.value_or(0), c.model.n_head.value_or(0))
+          : fmt::format("from {}", c.model.init_from);
   std::printf("config      %s\n", c.source.c_str());
   std::printf("model       %s\n", model.c_str());
   if (c.resolved_train_batch_size > 0)
     std::printf("batch       train_batch_size=%lld = micro %lld x accumulation %lld x world %lld\n",
-                static_cast<long long>(c.resolved_train_batch_size), static_cast<long long>(c.resolved_micro_batch_size),
+                static_cast<long long>(c.resolved_train_batch_size),
+                static_cast<long long>(c.resolved_micro_batch_size),
                 static_cast<long long>(c.resolved_grad_accum_steps), static_cast<long long>(c.resolved_dp_world_size));
-  std::printf("precision   %s, ZeRO stage %lld\n", c.bf16.enabled ? "bf16" : c.fp16.enabled ? "fp16" : "fp32",
+  std::printf("precision   %s, ZeRO stage %lld\n",
+              c.bf16.enabled   ? "bf16"
+              : c.fp16.enabled ? "fp16"
+                               : "fp32",
               static_cast<long long>(c.zero.stage));
   if (job.spec.mode == "train")
     for (const std::string& line : launch::rank_device_plan_lines(job.plan, c.training.device))
@@ -129,7 +133,8 @@ namespace {
 void bench_check_job(const BenchCliOptions& bench, const dtrain::bench::BenchOptions& b, const launch::Job& job) {
   namespace fs = std::filesystem;
   if (!bench.json.empty() && !job.hosts.hosts.empty() && launch::host_is_local(job.hosts.hosts.front().host)) {
-    const fs::path p = fs::path(bench.json).is_absolute() ? fs::path(bench.json) : fs::path(job.spec.workdir) / bench.json;
+    const fs::path p =
+        fs::path(bench.json).is_absolute() ? fs::path(bench.json) : fs::path(job.spec.workdir) / bench.json;
     std::error_code ec;
     DT_ENFORCE(!fs::is_directory(p, ec), UsageError,
                "--json {}: is a directory; give a file name to write the results to, e.g. {}/bench.json", bench.json,

@@ -90,7 +90,8 @@ int run_generate(const std::string& dir, const std::string& prompt, int max_new_
                  static_cast<long long>(n), raw ? "" : " with its template", static_cast<long long>(max_len),
                  static_cast<long long>(max_len - 1));
   else if (n + max_new_tokens > max_len)
-    std::fprintf(stderr, "generate: the prompt is %lld tokens of the model's max_seq_len %lld: at most %lld new tokens\n",
+    std::fprintf(stderr,
+                 "generate: the prompt is %lld tokens of the model's max_seq_len %lld: at most %lld new tokens\n",
                  static_cast<long long>(n), static_cast<long long>(max_len), static_cast<long long>(max_len - n));
   const std::vector<int32_t> stops = data::sft_stop_ids(*t.tokenizer);
   std::vector<int32_t> gen =

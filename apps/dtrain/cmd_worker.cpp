@@ -84,7 +84,8 @@ int worker_bench(launch::RankContext& ctx, const std::vector<std::string>& argv)
   auto comm = launch::rank_comm_create(ctx, backend);
   auto rows = bench::bench_run(*comm, opts, ctx.rank == 0 ? stdout : nullptr);
   std::fflush(stdout);
-  if (ctx.rank == 0 && !o.json.empty()) bench_json_write(o.json, bench::bench_json(rows, ctx.world_size, backend, opts) + "\n");
+  if (ctx.rank == 0 && !o.json.empty())
+    bench_json_write(o.json, bench::bench_json(rows, ctx.world_size, backend, opts) + "\n");
   comm->barrier();
   int64_t wrong = bench::bench_wrong_total(rows);
   DT_ENFORCE(wrong == 0, CommError, "{} wrong element(s) in the collective results", wrong);
@@ -203,8 +204,8 @@ int train_rank(launch::RankContext& ctx, rendezvous::Heartbeat& hb, config::Trai
 void print_env_if_asked() {
   const char* list = std::getenv("DTRAIN_WORKER_PRINT_ENV");
   if (!list || !*list) return;
-  std::vector<std::string> names = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
-                                    "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"};
+  std::vector<std::string> names = {"RANK",      "LOCAL_RANK",  "WORLD_SIZE",  "LOCAL_WORLD_SIZE",
+                                    "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"};
   std::string cur;
   for (const char* p = list;; ++p) {
     if (*p == ',' || *p == '\0') {

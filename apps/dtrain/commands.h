@@ -13,7 +13,7 @@ struct RankContext;
 struct JobRequest;
 struct Job;
 struct SupervisorOptions;
-}
+}  // namespace dtrain::launch
 namespace dtrain::rendezvous {
 class Heartbeat;
 }
@@ -70,8 +70,8 @@ int run_worker(const std::vector<std::string>& argv);
 // ("cpu" or "cuda"), with the collectives the device implies. The worker and dtrain run
 // both end here; launcher_lines (the worker): rank 0 also prints the per-rank times line
 // dtrain launch's straggler check reads.
-int train_rank(launch::RankContext& ctx, rendezvous::Heartbeat& hb, config::TrainConfig cfg,
-               const std::string& device, bool launcher_lines = false);
+int train_rank(launch::RankContext& ctx, rendezvous::Heartbeat& hb, config::TrainConfig cfg, const std::string& device,
+               bool launcher_lines = false);
 
 // cmd_doctor.cpp: `dtrain doctor` (exit 0 when every check passed, Exit::UNHEALTHY
 // otherwise), the hidden `dtrain doctor-node`, and the preflight run before each
@@ -85,10 +85,10 @@ void preflight_install(launch::SupervisorOptions& opts, const launch::Job& job);
 
 // cmd_external.cpp: `dtrain run`, one process of a job another launcher started.
 struct ExternalOptions {
-  std::string config;              // --config FILE ("" = embedded default)
-  std::vector<std::string> sets;   // --set key.path=value
-  std::string output_dir;          // --output-dir DIR
-  int nproc_per_node = 0;          // --nproc-per-node N: this process spawns N local ranks
+  std::string config;             // --config FILE ("" = embedded default)
+  std::vector<std::string> sets;  // --set key.path=value
+  std::string output_dir;         // --output-dir DIR
+  int nproc_per_node = 0;         // --nproc-per-node N: this process spawns N local ranks
 };
 int run_external(const ExternalOptions& opts);
 

@@ -30,8 +30,10 @@ void add_job_options(CLI::App* cmd, JobOptions& o, bool config_required) {
   cmd->add_option("--hostfile", o.hostfile, "DeepSpeed-style hostfile (\"host slots=N\" per line); default: localhost")
       ->check(CLI::ExistingFile);
   cmd->add_option("--output-dir", o.output_dir, "the run directory (overrides training.output_dir)");
-  cmd->add_option("--set", o.sets, "override a config key, typed like its YAML value (repeatable): --set zero_optimization.stage=2")
-      ->type_name("KEY=VALUE")->allow_extra_args(false);
+  cmd->add_option("--set", o.sets,
+                  "override a config key, typed like its YAML value (repeatable): --set zero_optimization.stage=2")
+      ->type_name("KEY=VALUE")
+      ->allow_extra_args(false);
   auto* inc = cmd->add_option("--include", o.include, "use only these hosts/slots: host[:slot,slot][@host...]");
   auto* exc = cmd->add_option("--exclude", o.exclude, "leave out these hosts/slots: host[:slot,slot][@host...]");
   inc->excludes(exc);
@@ -71,7 +73,8 @@ void add_job_options(CLI::App* cmd, JobOptions& o, bool config_required) {
 // training.output_dir: refuse it.
 void check_output_dir(const CLI::App* cmd, const std::string& output_dir) {
   if (cmd->count("--output-dir") > 0 && output_dir.empty())
-    DT_THROW(UsageError, "--output-dir is empty: give the run directory's path, or leave the flag out to use the "
+    DT_THROW(UsageError,
+             "--output-dir is empty: give the run directory's path, or leave the flag out to use the "
              "config's training.output_dir");
 }
 
@@ -80,8 +83,10 @@ void check_output_dir(const CLI::App* cmd, const std::string& output_dir) {
 void check_job_options(const CLI::App* cmd, const JobOptions& o) {
   for (const auto& [flag, value] : {std::pair{"--include", &o.include}, std::pair{"--exclude", &o.exclude}})
     if (cmd->count(flag) > 0 && value->empty())
-      DT_THROW(UsageError, "{} is empty: give host[:slot,slot][@host...] (e.g. {} worker-0@worker-1:0,2), or leave "
-               "the flag out", flag, flag);
+      DT_THROW(UsageError,
+               "{} is empty: give host[:slot,slot][@host...] (e.g. {} worker-0@worker-1:0,2), or leave "
+               "the flag out",
+               flag, flag);
   check_output_dir(cmd, o.output_dir);
 }
 
@@ -104,16 +109,18 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("dtrain ") + dtrain::version());
   app.require_subcommand(1);
   app.failure_message(dtrain::cli::cli_failure_message);
-  app.footer("Exit codes: 0 success, 2 usage/config error, 3 I/O, 4 launch/SSH, 5 communication, "
-             "6 training, 7 checkpoint, 8 device; a failed rank's own code otherwise.\n"
-             "Run 'dtrain <command> --help' for a command's options.");
+  app.footer(
+      "Exit codes: 0 success, 2 usage/config error, 3 I/O, 4 launch/SSH, 5 communication, "
+      "6 training, 7 checkpoint, 8 device; a failed rank's own code otherwise.\n"
+      "Run 'dtrain <command> --help' for a command's options.");
 
   JobOptions launch_opts;
   auto* launch = app.add_subcommand("launch", "run a training job on the hosts of a hostfile");
   add_job_options(launch, launch_opts, false);
-  launch->footer("Example:\n  dtrain launch --hostfile hostfiles/two-nodes-8 --config configs/gpt2-124m.yaml "
-                 "--set training.max_steps=100\nWithout --config the embedded default job runs "
-                 "(configs/tiny-sft.yaml: a tiny model on the shipped data, one CPU rank).");
+  launch->footer(
+      "Example:\n  dtrain launch --hostfile hostfiles/two-nodes-8 --config configs/gpt2-124m.yaml "
+      "--set training.max_steps=100\nWithout --config the embedded default job runs "
+      "(configs/tiny-sft.yaml: a tiny model on the shipped data, one CPU rank).");
 
   JobOptions resume_opts;
   std::string resume_dir;
@@ -142,9 +149,13 @@ int main(int argc, char** argv) {
   bench_train->add_option("--config", bt.config, "training config (model, micro-batch, seq_len, precision, LoRA)")
       ->required()
       ->check(CLI::ExistingFile);
-  bench_train->add_option("--set", bt.sets, "override a config key (repeatable)")->type_name("KEY=VALUE")->allow_extra_args(false);
+  bench_train->add_option("--set", bt.sets, "override a config key (repeatable)")
+      ->type_name("KEY=VALUE")
+      ->allow_extra_args(false);
   bench_train->add_option("--steps", bt.steps, "timed steps")->check(int_at_least("--steps", 1))->capture_default_str();
-  bench_train->add_option("--warmup", bt.warmup, "untimed warm-up steps")->check(int_at_least("--warmup", 0))->capture_default_str();
+  bench_train->add_option("--warmup", bt.warmup, "untimed warm-up steps")
+      ->check(int_at_least("--warmup", 0))
+      ->capture_default_str();
   bench_train->add_flag("--json", bt.json, "print one JSON object");
   bench_train->add_flag("--plan", bt.plan,
                         "predict the step on an H100 instead of timing it: every launch the CUDA code issues, with "
@@ -162,8 +173,10 @@ int main(int argc, char** argv) {
     bool init = false;
   } ev;
   auto* eval = app.add_subcommand("eval", "held-out task accuracy and validation loss of a trained model");
-  eval->add_option("DIR", ev.dir, "run directory (its final/, else its latest complete checkpoint), its final/ or a "
-                                  "Hugging Face model directory")->required();
+  eval->add_option("DIR", ev.dir,
+                   "run directory (its final/, else its latest complete checkpoint), its final/ or a "
+                   "Hugging Face model directory")
+      ->required();
   eval->add_option("--data", ev.data, "SFT JSONL to evaluate on (default: the config's data.valid)");
   eval->add_option("--max-records", ev.max_records, "records to generate answers for (0 = all)")
       ->check(int_at_least("--max-records", 0))
@@ -175,8 +188,9 @@ int main(int argc, char** argv) {
   std::string export_dir, export_out;
   bool export_init = false;
   auto* export_cmd = app.add_subcommand(
-      "export", "write a run's final/ model, else its latest complete checkpoint (any world size / ZeRO stage), as "
-                "Hugging Face files");
+      "export",
+      "write a run's final/ model, else its latest complete checkpoint (any world size / ZeRO stage), as "
+      "Hugging Face files");
   export_cmd->add_option("RUN_DIR", export_dir, "the run directory")->required()->check(CLI::ExistingDirectory);
   export_cmd->add_option("-o,--output", export_out, "directory to write (default: RUN_DIR/export)");
   export_cmd->add_flag("--init", export_init, "export the config's freshly initialised model instead");
@@ -188,8 +202,11 @@ int main(int argc, char** argv) {
     bool raw = false, init = false;
   } gen;
   auto* generate = app.add_subcommand("generate", "greedy generation from a trained model");
-  generate->add_option("DIR", gen.dir, "run directory (its final/, else its latest complete checkpoint), its final/ "
-                                       "or a Hugging Face model directory")->required();
+  generate
+      ->add_option("DIR", gen.dir,
+                   "run directory (its final/, else its latest complete checkpoint), its final/ "
+                   "or a Hugging Face model directory")
+      ->required();
   generate->add_option("PROMPT", gen.prompt, "instruction (rendered with the model's SFT template)")->required();
   generate->add_option("--max-new-tokens", gen.max_new, "tokens to generate at most")
       ->check(int_at_least("--max-new-tokens", 0))
@@ -206,7 +223,8 @@ int main(int argc, char** argv) {
   auto* prepare = data->add_subcommand("prepare", "tokenize plain text or SFT JSONL into a token shard");
   prepare->add_option("INPUT", dp.input, "text file or JSONL")->required()->check(CLI::ExistingFile);
   prepare->add_option("OUTPUT", dp.output, "token shard to write")->required();
-  prepare->add_option("--format", dp.format, "text, alpaca, chat or sft (alpaca or chat per line)")->capture_default_str();
+  prepare->add_option("--format", dp.format, "text, alpaca, chat or sft (alpaca or chat per line)")
+      ->capture_default_str();
   prepare->add_option("--tokenizer", dp.tokenizer, "byte, or a Hugging Face tokenizer.json")->capture_default_str();
   prepare->footer("Example:\n  dtrain data prepare configs/data/tasks/train.jsonl /tmp/tasks.bin --format alpaca");
 
@@ -216,43 +234,53 @@ int main(int argc, char** argv) {
   plot->add_option("RUN_DIR", plot_dir, "the run directory")->required()->check(CLI::ExistingDirectory);
   plot->add_option("-o,--output", plot_out, "PNG to write (default: RUN_DIR/plot.png)");
   plot->add_option("--width", plot_w, "image width")->check(int_in_range("--width", 400, 16384))->capture_default_str();
-  plot->add_option("--height", plot_h, "image height")->check(int_in_range("--height", 300, 16384))->capture_default_str();
+  plot->add_option("--height", plot_h, "image height")
+      ->check(int_in_range("--height", 300, 16384))
+      ->capture_default_str();
   plot->footer("Example:\n  dtrain plot runs/tiny-sft -o loss.png");
 
   dtrain::cli::ExternalOptions run_opts;
   auto* run_cmd = app.add_subcommand(
-      "run", "one process of a job started by torchrun, a Kubernetes operator, srun or mpirun (placement from "
-             "their environment)");
-  run_cmd->add_option("--config", run_opts.config, "training config (YAML or DeepSpeed JSON); default: the embedded job")
+      "run",
+      "one process of a job started by torchrun, a Kubernetes operator, srun or mpirun (placement from "
+      "their environment)");
+  run_cmd
+      ->add_option("--config", run_opts.config, "training config (YAML or DeepSpeed JSON); default: the embedded job")
       ->check(CLI::ExistingFile);
   run_cmd->add_option("--set", run_opts.sets, "override a config key (repeatable)")
       ->type_name("KEY=VALUE")
       ->allow_extra_args(false);
-  run_cmd->add_option("--output-dir", run_opts.output_dir, "run directory (overrides training.output_dir); shared by "
-                                                           "every process");
-  run_cmd->add_option("--nproc-per-node", run_opts.nproc_per_node,
-                      "this process stands for its node and starts N local ranks (the launcher's rank = node index)")
+  run_cmd->add_option("--output-dir", run_opts.output_dir,
+                      "run directory (overrides training.output_dir); shared by "
+                      "every process");
+  run_cmd
+      ->add_option("--nproc-per-node", run_opts.nproc_per_node,
+                   "this process stands for its node and starts N local ranks (the launcher's rank = node index)")
       ->check(int_in_range("--nproc-per-node", 1, dtrain::config::HOSTFILE_MAX_SLOTS,
                            "ranks on one node, as dtrain launch's slots per host"));
-  run_cmd->footer("Example (every node of a PyTorchJob):\n  dtrain run --config /etc/dtrain/job.yaml\n"
-                  "The job token comes from cluster.rendezvous.token_file or token_env, never the command line.");
+  run_cmd->footer(
+      "Example (every node of a PyTorchJob):\n  dtrain run --config /etc/dtrain/job.yaml\n"
+      "The job token comes from cluster.rendezvous.token_file or token_env, never the command line.");
 
   std::string status_dir;
-  auto* status = app.add_subcommand("status", "is a run running, failed or finished: progress, checkpoint, restarts, node heartbeats");
+  auto* status = app.add_subcommand(
+      "status", "is a run running, failed or finished: progress, checkpoint, restarts, node heartbeats");
   status->add_option("RUN_DIR", status_dir, "the run directory")->required()->check(CLI::ExistingDirectory);
   status->footer("Example:\n  dtrain status runs/tiny-sft");
 
   JobOptions doctor_opts;
   bool doctor_json = false, doctor_no_network = false;
-  auto* doctor = app.add_subcommand(
-      "doctor", "check every host before a long job: SSH, same dtrain build, slots vs GPUs/CPUs, driver, free "
-                "space, shared run directory, clock skew, collective connectivity and per-link bandwidth");
+  auto* doctor =
+      app.add_subcommand("doctor",
+                         "check every host before a long job: SSH, same dtrain build, slots vs GPUs/CPUs, driver, free "
+                         "space, shared run directory, clock skew, collective connectivity and per-link bandwidth");
   add_job_options(doctor, doctor_opts, false);
   for (const char* flag : {"--dry-run", "--tee-all"}) doctor->remove_option(doctor->get_option(flag));
   doctor->add_flag("--json", doctor_json, "print the report as JSON instead of the table");
   doctor->add_flag("--no-network", doctor_no_network, "skip the connectivity check and the bandwidth table");
-  doctor->footer("Exit 0 when every check passed, 10 when one failed (each failure names host, check and what to "
-                 "do).\nExample:\n  dtrain doctor --hostfile hostfiles/two-nodes-8 --config configs/gpt2-124m.yaml");
+  doctor->footer(
+      "Exit 0 when every check passed, 10 when one failed (each failure names host, check and what to "
+      "do).\nExample:\n  dtrain doctor --hostfile hostfiles/two-nodes-8 --config configs/gpt2-124m.yaml");
 
   // Internal commands, started by dtrain itself: their arguments pass through untouched.
   auto* agent = app.add_subcommand("agent", "internal: node agent started by the launcher")->prefix_command();
@@ -271,8 +299,7 @@ int main(int argc, char** argv) {
 
   if (agent->parsed()) return run_guarded([&] { return dtrain::cli::run_agent(agent->remaining()); });
   if (worker->parsed()) return run_guarded([&] { return dtrain::cli::run_worker(worker->remaining()); });
-  if (doctor_node->parsed())
-    return run_guarded([&] { return dtrain::cli::run_doctor_node(doctor_node->remaining()); });
+  if (doctor_node->parsed()) return run_guarded([&] { return dtrain::cli::run_doctor_node(doctor_node->remaining()); });
   if (doctor->parsed())
     return run_guarded([&] {
       check_job_options(doctor, doctor_opts);
@@ -280,7 +307,8 @@ int main(int argc, char** argv) {
     });
   if (eval->parsed())
     return run_guarded([&] { return dtrain::cli::run_eval(ev.dir, ev.data, ev.max_records, ev.config, ev.init); });
-  if (export_cmd->parsed()) return run_guarded([&] { return dtrain::cli::run_export(export_dir, export_out, export_init); });
+  if (export_cmd->parsed())
+    return run_guarded([&] { return dtrain::cli::run_export(export_dir, export_out, export_init); });
   if (generate->parsed())
     return run_guarded([&] { return dtrain::cli::run_generate(gen.dir, gen.prompt, gen.max_new, gen.raw, gen.init); });
   if (prepare->parsed())
@@ -293,8 +321,9 @@ int main(int argc, char** argv) {
       return dtrain::cli::run_external(run_opts);
     });
   if (bench_train->parsed())
-    return run_guarded(
-        [&] { return dtrain::cli::run_bench_train(bt.config, bt.sets, bt.steps, bt.warmup, bt.json, bt.device, bt.plan); });
+    return run_guarded([&] {
+      return dtrain::cli::run_bench_train(bt.config, bt.sets, bt.steps, bt.warmup, bt.json, bt.device, bt.plan);
+    });
   if (bench->parsed())
     return run_guarded([&] {
       check_job_options(bench, bench_opts);

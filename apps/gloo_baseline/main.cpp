@@ -40,9 +40,21 @@ size_t parse_size(const std::string& s) {
   double v = std::strtod(s.c_str(), &end);
   if (end == s.c_str() || v < 0) throw std::runtime_error("bad size '" + s + "'");
   switch (*end) {
-    case 'k': case 'K': v *= 1024; ++end; break;
-    case 'm': case 'M': v *= 1024 * 1024; ++end; break;
-    case 'g': case 'G': v *= 1024.0 * 1024 * 1024; ++end; break;
+    case 'k':
+    case 'K':
+      v *= 1024;
+      ++end;
+      break;
+    case 'm':
+    case 'M':
+      v *= 1024 * 1024;
+      ++end;
+      break;
+    case 'g':
+    case 'G':
+      v *= 1024.0 * 1024 * 1024;
+      ++end;
+      break;
     default: break;
   }
   if (*end == 'B' || *end == 'b') ++end;
@@ -145,14 +157,17 @@ int main(int argc, char** argv) {
 
     std::vector<float> send(o.max_bytes / 4 + 1), recv(o.max_bytes / 4 + 1);
     if (o.rank == 0) {
-      std::printf("# gloo_baseline: gloo::allreduce (ring), %d rank(s), minBytes %zu maxBytes %zu factor %g "
-                  "warmup iters: %d iters: %d\n#\n",
-                  n, o.min_bytes, o.max_bytes, o.factor, o.warmup, o.iters);
+      std::printf(
+          "# gloo_baseline: gloo::allreduce (ring), %d rank(s), minBytes %zu maxBytes %zu factor %g "
+          "warmup iters: %d iters: %d\n#\n",
+          n, o.min_bytes, o.max_bytes, o.factor, o.warmup, o.iters);
       std::printf("#%58s%s%30s%s\n", "", "out-of-place", "", "in-place");
-      std::printf("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   "
-                  "algbw   busbw #wrong\n");
-      std::printf("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  "
-                  "(GB/s)  (GB/s)       \n");
+      std::printf(
+          "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   "
+          "algbw   busbw #wrong\n");
+      std::printf(
+          "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  "
+          "(GB/s)  (GB/s)       \n");
       std::fflush(stdout);
     }
     for (size_t bytes = o.min_bytes; bytes <= o.max_bytes;
@@ -166,8 +181,8 @@ int main(int argc, char** argv) {
         b.barrier();
         auto start = std::chrono::steady_clock::now();
         for (int it = 0; it < o.iters; ++it) b.allreduce(in, recv.data(), count);
-        double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() /
-                    o.iters;
+        double us =
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / o.iters;
         t[ip] = b.max_across(us);
         for (size_t i = 0; i < count; ++i) in[i] = value(o.rank, i);
         b.allreduce(in, recv.data(), count);

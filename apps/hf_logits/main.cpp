@@ -69,7 +69,8 @@ void grads_write(const model::Model& m, const std::string& path) {
         const int64_t rows = t.shape[0], cols = t.shape[1];
         std::vector<float> tr(v.size());
         for (int64_t i = 0; i < rows; ++i)
-          for (int64_t j = 0; j < cols; ++j) tr[static_cast<size_t>(j * rows + i)] = v[static_cast<size_t>(i * cols + j)];
+          for (int64_t j = 0; j < cols; ++j)
+            tr[static_cast<size_t>(j * rows + i)] = v[static_cast<size_t>(i * cols + j)];
         v = std::move(tr);
         std::swap(shape[0], shape[1]);
       }
@@ -139,9 +140,15 @@ int main(int argc, char** argv) {
       m->backward(1.0f);
       grads_write(*m, grads_path);
     }
-    nlohmann::json j{{"model", model_dir},   {"device", device},         {"dtype", dtype_name(dt)},
-                     {"batch", B},           {"seq", T},                 {"vocab", cfg.vocab_size},
-                     {"loss", loss},         {"lora", m->lora_on()},     {"params", m->num_params()},
+    nlohmann::json j{{"model", model_dir},
+                     {"device", device},
+                     {"dtype", dtype_name(dt)},
+                     {"batch", B},
+                     {"seq", T},
+                     {"vocab", cfg.vocab_size},
+                     {"loss", loss},
+                     {"lora", m->lora_on()},
+                     {"params", m->num_params()},
                      {"logits", out_path}};
     std::printf("%s\n", j.dump().c_str());
     return 0;

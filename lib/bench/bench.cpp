@@ -37,10 +37,22 @@ bool collective_parse(std::string_view s, Collective* out) {
   std::string l;
   for (char ch : s)
     if (ch != '_' && ch != '-') l += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  if (l == "allreduce") { *out = Collective::ALLREDUCE; return true; }
-  if (l == "reducescatter") { *out = Collective::REDUCE_SCATTER; return true; }
-  if (l == "allgather") { *out = Collective::ALL_GATHER; return true; }
-  if (l == "broadcast" || l == "bcast") { *out = Collective::BROADCAST; return true; }
+  if (l == "allreduce") {
+    *out = Collective::ALLREDUCE;
+    return true;
+  }
+  if (l == "reducescatter") {
+    *out = Collective::REDUCE_SCATTER;
+    return true;
+  }
+  if (l == "allgather") {
+    *out = Collective::ALL_GATHER;
+    return true;
+  }
+  if (l == "broadcast" || l == "bcast") {
+    *out = Collective::BROADCAST;
+    return true;
+  }
   return false;
 }
 
@@ -58,22 +70,33 @@ double bus_factor(Collective c, int n) {
 size_t parse_size(const std::string& text) {
   size_t i = 0;
   while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
-  DT_ENFORCE(i > 0, UsageError,
-             "invalid size '{}': expected a byte count such as 8, 64K, 4M or 1G (powers of 1024)", text);
+  DT_ENFORCE(i > 0, UsageError, "invalid size '{}': expected a byte count such as 8, 64K, 4M or 1G (powers of 1024)",
+             text);
   size_t value = 0;
   for (size_t k = 0; k < i; ++k) {
     const size_t digit = static_cast<size_t>(text[k] - '0');
-    DT_ENFORCE(value <= (std::numeric_limits<size_t>::max() - digit) / 10, UsageError,
-               "size '{}' is too large", text);
+    DT_ENFORCE(value <= (std::numeric_limits<size_t>::max() - digit) / 10, UsageError, "size '{}' is too large", text);
     value = value * 10 + digit;
   }
   size_t mult = 1;
   if (i < text.size()) {
     switch (std::tolower(static_cast<unsigned char>(text[i]))) {
-      case 'k': mult = size_t{1} << 10; ++i; break;
-      case 'm': mult = size_t{1} << 20; ++i; break;
-      case 'g': mult = size_t{1} << 30; ++i; break;
-      case 't': mult = size_t{1} << 40; ++i; break;
+      case 'k':
+        mult = size_t{1} << 10;
+        ++i;
+        break;
+      case 'm':
+        mult = size_t{1} << 20;
+        ++i;
+        break;
+      case 'g':
+        mult = size_t{1} << 30;
+        ++i;
+        break;
+      case 't':
+        mult = size_t{1} << 40;
+        ++i;
+        break;
       default: break;
     }
     if (i < text.size() && (text[i] == 'B' || text[i] == 'b')) ++i;
@@ -127,9 +150,7 @@ Pattern pattern_for(DType t, int n) {
   return Pattern{std::clamp(limit / std::max(n, 1), 1, 4)};
 }
 
-double avg_tolerance(DType t) {
-  return t == DType::BF16 ? 1.0 / 128 : t == DType::F16 ? 1.0 / 1024 : 1.0 / (1 << 22);
-}
+double avg_tolerance(DType t) { return t == DType::BF16 ? 1.0 / 128 : t == DType::F16 ? 1.0 / 1024 : 1.0 / (1 << 22); }
 
 float expected_reduce(const Pattern& p, int n, size_t i, ReduceOp op) {
   double sum = 0;
@@ -145,7 +166,8 @@ float expected_reduce(const Pattern& p, int n, size_t i, ReduceOp op) {
 
 bool matches(float got, float want, ReduceOp op, DType t) {
   if (op != ReduceOp::AVG) return got == want;
-  return std::fabs(static_cast<double>(got) - want) <= avg_tolerance(t) * std::max(1.0, std::fabs(static_cast<double>(want)));
+  return std::fabs(static_cast<double>(got) - want) <=
+         avg_tolerance(t) * std::max(1.0, std::fabs(static_cast<double>(want)));
 }
 
 void fill(std::vector<char>& host, DType t, size_t count, const std::function<float(size_t)>& f) {
@@ -159,9 +181,9 @@ void fill(std::vector<char>& host, DType t, size_t count, const std::function<fl
 
 struct Shape {
   Collective coll;
-  size_t count;       // the count argument of the collective
-  size_t in_elems;    // elements of input per rank
-  size_t out_elems;   // elements of output per rank
+  size_t count;      // the count argument of the collective
+  size_t in_elems;   // elements of input per rank
+  size_t out_elems;  // elements of output per rank
 };
 
 Shape shape_for(Collective c, size_t bytes, DType t, int n) {
@@ -182,8 +204,7 @@ Shape shape_for(Collective c, size_t bytes, DType t, int n) {
 class Runner {
  public:
   Runner(Communicator& comm, const BenchOptions& opts, size_t max_bytes)
-      : comm_(comm), opts_(opts), n_(comm.size()), rank_(comm.rank()),
-        pattern_(pattern_for(opts.dtype, comm.size())),
+      : comm_(comm), opts_(opts), n_(comm.size()), rank_(comm.rank()), pattern_(pattern_for(opts.dtype, comm.size())),
         send_(comm, max_bytes), recv_(comm, max_bytes) {}
 
   // Issue the collective once (asynchronously on NCCL).
@@ -257,10 +278,8 @@ class Runner {
     comm_.synchronize();
 
     std::vector<char> got(s.out_elems * es);
-    if (s.coll == Collective::REDUCE_SCATTER && in_place)
-      send_.copy_to_host(got.data(), got.size(), r * s.count * es);
-    else
-      recv_.copy_to_host(got.data(), got.size());
+    if (s.coll == Collective::REDUCE_SCATTER && in_place) send_.copy_to_host(got.data(), got.size(), r * s.count * es);
+    else recv_.copy_to_host(got.data(), got.size());
 
     const ReduceOp op = opts_.op;
     int64_t wrong = 0;
@@ -330,8 +349,8 @@ std::vector<std::string> gather_rank_list(Communicator& comm) {
   char host[HOST_NAME_MAX + 1] = {};
   if (gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "?");
   char record[kRecord] = {};
-  std::snprintf(record, sizeof record, "%d|%s|%d|%s", static_cast<int>(getpid()), host,
-                std::max(comm.device(), 0), comm.device_name().c_str());
+  std::snprintf(record, sizeof record, "%d|%s|%d|%s", static_cast<int>(getpid()), host, std::max(comm.device(), 0),
+                comm.device_name().c_str());
   // Raw bytes travel as fp16 bit patterns: all_gather copies them unchanged.
   Buffer mine(comm, kRecord), all(comm, kRecord * comm.size());
   mine.copy_from_host(record, kRecord);
@@ -351,8 +370,8 @@ void print_header(std::FILE* out, const BenchOptions& opts, const std::vector<st
   std::fprintf(out, "# nThread 1 nGpus 1 minBytes %zu maxBytes %zu step: ", opts.min_bytes, opts.max_bytes);
   if (opts.step_bytes > 0) std::fprintf(out, "%zu(bytes)", opts.step_bytes);
   else std::fprintf(out, "%g(factor)", opts.step_factor);
-  std::fprintf(out, " warmup iters: %d iters: %d agg iters: %d validation: %d graph: 0\n", opts.warmup,
-               opts.iters, opts.agg_iters, opts.check ? 1 : 0);
+  std::fprintf(out, " warmup iters: %d iters: %d agg iters: %d validation: %d graph: 0\n", opts.warmup, opts.iters,
+               opts.agg_iters, opts.check ? 1 : 0);
   std::fprintf(out, "#\n# Using devices\n");
   for (size_t r = 0; r < ranks.size(); ++r) {
     // pid|host|device|name; the name is last so it may contain '|'.
@@ -364,8 +383,8 @@ void print_header(std::FILE* out, const BenchOptions& opts, const std::vector<st
       rest = bar == std::string::npos ? "" : rest.substr(bar + 1);
     }
     f[3] = rest;
-    std::fprintf(out, "#  Rank %2zu Group  0 Pid %6s on %10s device %2s [%s]\n", r, f[0].c_str(),
-                 f[1].c_str(), f[2].c_str(), f[3].c_str());
+    std::fprintf(out, "#  Rank %2zu Group  0 Pid %6s on %10s device %2s [%s]\n", r, f[0].c_str(), f[1].c_str(),
+                 f[2].c_str(), f[3].c_str());
   }
   std::fprintf(out, "#\n");
   std::fflush(out);
@@ -374,15 +393,19 @@ void print_header(std::FILE* out, const BenchOptions& opts, const std::vector<st
 void print_columns(std::FILE* out, Collective c) {
   std::fprintf(out, "#\n# Collective test: %s\n", collective_name(c));
   std::fprintf(out, "#%58s%s%30s%s\n", "", "out-of-place", "", "in-place");
-  std::fprintf(out, "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n");
-  std::fprintf(out, "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       \n");
+  std::fprintf(
+      out,
+      "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n");
+  std::fprintf(
+      out,
+      "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       \n");
   std::fflush(out);
 }
 
 void print_row(std::FILE* out, const BenchRow& r) {
   const bool reduces = r.coll == Collective::ALLREDUCE || r.coll == Collective::REDUCE_SCATTER;
-  std::fprintf(out, "%12zu  %12zu  %8s  %6s  %6d  %7s  %6.2f  %6.2f  %6s  %7s  %6.2f  %6.2f  %6s\n", r.bytes,
-               r.count, type_name(r.dtype), reduces ? comm::reduce_op_name(r.op) : "none", r.root,
+  std::fprintf(out, "%12zu  %12zu  %8s  %6s  %6d  %7s  %6.2f  %6.2f  %6s  %7s  %6.2f  %6.2f  %6s\n", r.bytes, r.count,
+               type_name(r.dtype), reduces ? comm::reduce_op_name(r.op) : "none", r.root,
                time_str(r.oop_time_us).c_str(), r.oop_algbw, r.oop_busbw, wrong_str(r.oop_wrong).c_str(),
                time_str(r.ip_time_us).c_str(), r.ip_algbw, r.ip_busbw, wrong_str(r.ip_wrong).c_str());
   std::fflush(out);
@@ -413,8 +436,8 @@ std::vector<BenchRow> bench_run(Communicator& comm, const BenchOptions& opts, st
   std::vector<size_t> sizes;
   for (size_t b = opts.min_bytes; b <= opts.max_bytes;) {
     sizes.push_back(b);
-    const size_t next = opts.step_bytes > 0 ? b + opts.step_bytes
-                                            : static_cast<size_t>(static_cast<double>(b) * opts.step_factor);
+    const size_t next =
+        opts.step_bytes > 0 ? b + opts.step_bytes : static_cast<size_t>(static_cast<double>(b) * opts.step_factor);
     if (next <= b) break;  // overflow or a factor too close to 1 to advance
     b = next;
   }
@@ -441,9 +464,8 @@ std::vector<BenchRow> bench_run(Communicator& comm, const BenchOptions& opts, st
       row.root = c == Collective::BROADCAST ? opts.root : -1;
       std::vector<double> wrong = {-1, -1};
       if (opts.check) {
-        wrong = runner.reduce_across({static_cast<double>(runner.check(s, false)),
-                                      static_cast<double>(runner.check(s, true))},
-                                     ReduceOp::SUM);
+        wrong = runner.reduce_across(
+            {static_cast<double>(runner.check(s, false)), static_cast<double>(runner.check(s, true))}, ReduceOp::SUM);
       }
       const auto times = runner.reduce_across({runner.time_us(s, false), runner.time_us(s, true)}, ReduceOp::MAX);
       row.oop_time_us = times[0];
@@ -461,7 +483,8 @@ std::vector<BenchRow> bench_run(Communicator& comm, const BenchOptions& opts, st
   }
   if (out != nullptr) {
     const int64_t wrong = bench_wrong_total(rows);
-    std::fprintf(out, "# Out of bounds values : %lld %s\n", static_cast<long long>(wrong), wrong == 0 ? "OK" : "FAILED");
+    std::fprintf(out, "# Out of bounds values : %lld %s\n", static_cast<long long>(wrong),
+                 wrong == 0 ? "OK" : "FAILED");
     std::fprintf(out, "# Avg bus bandwidth    : %g \n#\n", bench_avg_busbw(rows));
     std::fflush(out);
   }
@@ -474,16 +497,25 @@ std::string bench_json(const std::vector<BenchRow>& rows, int world_size, comm::
   json j;
   j["world_size"] = world_size;
   j["backend"] = comm::backend_name(backend);
-  j["options"] = {{"min_bytes", opts.min_bytes}, {"max_bytes", opts.max_bytes},
-                  {"step_factor", opts.step_factor}, {"step_bytes", opts.step_bytes},
-                  {"iters", opts.iters}, {"warmup", opts.warmup}, {"agg_iters", opts.agg_iters},
-                  {"check", opts.check}, {"blocking", opts.blocking}, {"type", type_name(opts.dtype)},
-                  {"redop", comm::reduce_op_name(opts.op)}, {"root", opts.root}};
+  j["options"] = {{"min_bytes", opts.min_bytes},
+                  {"max_bytes", opts.max_bytes},
+                  {"step_factor", opts.step_factor},
+                  {"step_bytes", opts.step_bytes},
+                  {"iters", opts.iters},
+                  {"warmup", opts.warmup},
+                  {"agg_iters", opts.agg_iters},
+                  {"check", opts.check},
+                  {"blocking", opts.blocking},
+                  {"type", type_name(opts.dtype)},
+                  {"redop", comm::reduce_op_name(opts.op)},
+                  {"root", opts.root}};
   json arr = json::array();
   for (const auto& r : rows) {
     const bool reduces = r.coll == Collective::ALLREDUCE || r.coll == Collective::REDUCE_SCATTER;
     auto side = [](double t, double alg, double bus, int64_t wrong) {
-      return json{{"time_us", t}, {"algbw_gbps", alg}, {"busbw_gbps", bus},
+      return json{{"time_us", t},
+                  {"algbw_gbps", alg},
+                  {"busbw_gbps", bus},
                   {"wrong", wrong < 0 ? json(nullptr) : json(wrong)}};
     };
     arr.push_back({{"collective", collective_name(r.coll)},

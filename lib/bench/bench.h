@@ -28,17 +28,17 @@ bool collective_parse(std::string_view s, Collective* out);
 double bus_factor(Collective c, int n);
 
 struct BenchOptions {
-  std::vector<Collective> collectives;  ///< run in this order; empty = all four
+  std::vector<Collective> collectives;          ///< run in this order; empty = all four
   size_t min_bytes = 32, max_bytes = 32 << 20;  ///< -b / -e
-  double step_factor = 2;  ///< -f: next size = size * factor (when step_bytes == 0)
-  size_t step_bytes = 0;   ///< -i: next size = size + step_bytes when non-zero
-  int iters = 20, warmup = 5;  ///< -n / -w
-  bool check = true;           ///< -c: count elements that differ from the exact result
-  ReduceOp op = ReduceOp::SUM;  ///< -o
-  DType dtype = DType::F32;     ///< -d
-  int root = 0;                 ///< -r (broadcast)
-  int agg_iters = 1;            ///< -m: collectives issued per timed iteration
-  bool blocking = false;        ///< -z: wait for each collective before issuing the next
+  double step_factor = 2;                       ///< -f: next size = size * factor (when step_bytes == 0)
+  size_t step_bytes = 0;                        ///< -i: next size = size + step_bytes when non-zero
+  int iters = 20, warmup = 5;                   ///< -n / -w
+  bool check = true;                            ///< -c: count elements that differ from the exact result
+  ReduceOp op = ReduceOp::SUM;                  ///< -o
+  DType dtype = DType::F32;                     ///< -d
+  int root = 0;                                 ///< -r (broadcast)
+  int agg_iters = 1;                            ///< -m: collectives issued per timed iteration
+  bool blocking = false;                        ///< -z: wait for each collective before issuing the next
 };
 
 /// "8", "1K", "4M", "1G" (powers of 1024 like nccl-tests; k/m/g, an optional trailing
@@ -48,7 +48,8 @@ size_t parse_size(const std::string& text);
 struct BenchRow {
   Collective coll;
   size_t bytes;  ///< whole buffer: allreduce/broadcast data, reduce_scatter input, all_gather output
-  size_t count;  ///< elements per rank argument: allreduce/broadcast count, reduce_scatter recv_count, all_gather send_count
+  size_t
+      count;  ///< elements per rank argument: allreduce/broadcast count, reduce_scatter recv_count, all_gather send_count
   DType dtype;
   ReduceOp op;
   int root;  ///< broadcast root, -1 otherwise

@@ -65,13 +65,15 @@ PlanStep plan_step(const BenchSetup& s) {
 BenchPlanResult bench_plan_run(const BenchTrainOptions& o) {
   DT_ENFORCE(o.device == "cuda", UsageError,
              "bench train --plan budgets a step on the CUDA device; --device {} has no plan (drop --device or use "
-             "--device cuda)", o.device);
+             "--device cuda)",
+             o.device);
   const BenchSetup s = bench_setup_from(o.config_path, o.sets, true);
   BenchPlanResult r;
   r.config = o.config_path;
   r.arch = model::arch_name(s.model.arch);
   r.dtype = dtype_name(s.dtype);
-  r.driver = "the trainer's step: forward + backward per micro-batch, ZeRO engine update (stage 0, one rank); the step after a warm-up";
+  r.driver =
+      "the trainer's step: forward + backward per micro-batch, ZeRO engine update (stage 0, one rank); the step after a warm-up";
   r.lora_rank = s.lora ? s.lora->rank : 0;
   r.n_layer = s.model.n_layer;
   r.d_model = s.model.d_model;
@@ -138,8 +140,9 @@ BenchPlanResult bench_plan_run(const BenchTrainOptions& o) {
   r.flops_per_token = model_flops_per_token(s.model, r.params, s.seq_len, s.lora.has_value());
   r.flops_formula = model_flops_formula(r.params, r.n_layer, s.seq_len, r.d_model, s.lora.has_value());
   r.mfu = total_s > 0 ? r.flops_per_token * tokens / (total_s * r.table.tensor_tflops * 1e12) : 0.0;
-  r.notes.push_back("predicted, not measured: each launch takes max(FLOPs / (peak x cap), bytes / (bandwidth x cap)) "
-                    "+ the launch floor");
+  r.notes.push_back(
+      "predicted, not measured: each launch takes max(FLOPs / (peak x cap), bytes / (bandwidth x cap)) "
+      "+ the launch floor");
   return r;
 }
 
@@ -212,11 +215,12 @@ std::string bench_plan_format(const BenchPlanResult& r, bool json) {
   s += fmt::format("batch        micro {} x seq {} x accum {} = {} tokens/step\n", r.micro_batch, r.seq_len,
                    r.grad_accum, static_cast<int64_t>(r.micro_batch) * r.seq_len * r.grad_accum);
   s += fmt::format("step         {}\n", r.driver);
-  s += fmt::format("budget       tensor {:.0f} TFLOP/s x{:.2f} (cuBLASLt), x{:.2f} / x{:.2f} (attention on mma.sync fwd / bwd); "
-                   "fp32 {:.0f} TFLOP/s x{:.2f}\n             HBM {:.2f} TB/s x{:.2f}; PCIe {:.0f} GB/s x{:.2f}; "
-                   "{:.0f} us per launch\n",
-                   t.tensor_tflops, t.gemm_eff, t.attn_fwd_eff, t.attn_bwd_eff, t.fp32_tflops, t.cuda_core_eff,
-                   t.hbm_tbps, t.hbm_eff, t.pcie_gbps, t.pcie_eff, t.launch_floor_us);
+  s += fmt::format(
+      "budget       tensor {:.0f} TFLOP/s x{:.2f} (cuBLASLt), x{:.2f} / x{:.2f} (attention on mma.sync fwd / bwd); "
+      "fp32 {:.0f} TFLOP/s x{:.2f}\n             HBM {:.2f} TB/s x{:.2f}; PCIe {:.0f} GB/s x{:.2f}; "
+      "{:.0f} us per launch\n",
+      t.tensor_tflops, t.gemm_eff, t.attn_fwd_eff, t.attn_bwd_eff, t.fp32_tflops, t.cuda_core_eff, t.hbm_tbps,
+      t.hbm_eff, t.pcie_gbps, t.pcie_eff, t.launch_floor_us);
   size_t wop = 2, wk = 6, wu = 4;
   for (const PlanRow& w : r.rows) {
     wop = std::max(wop, w.op.size());

@@ -20,9 +20,9 @@ namespace dtrain::bench {
 struct PlanBudgetTable {
   std::string gpu = "H100 SXM";
   double tensor_tflops = H100_SXM_BF16_TFLOPS;  ///< dense bf16/fp16 tensor cores (datasheet, no sparsity)
-  double fp32_tflops = 67.0;     ///< fp32 on CUDA cores
-  double hbm_tbps = 3.35;        ///< HBM3
-  double pcie_gbps = 64.0;       ///< PCIe Gen5 x16, one direction (host <-> device copies)
+  double fp32_tflops = 67.0;                    ///< fp32 on CUDA cores
+  double hbm_tbps = 3.35;                       ///< HBM3
+  double pcie_gbps = 64.0;                      ///< PCIe Gen5 x16, one direction (host <-> device copies)
   /// cuBLASLt bf16/fp16 GEMMs: the best bf16 matmul rate measured on an H100 (~790 of 989).
   double gemm_eff = 0.80;
   /// Flash attention on tensor cores through mma.sync (kernels/attention_mma.cu), forward /
@@ -31,10 +31,10 @@ struct PlanBudgetTable {
   /// kernel is FA2's algorithm with simpler tiling, so a quarter / a fifth (~247 / ~198 TFLOP/s).
   double attn_fwd_eff = 0.25;
   double attn_bwd_eff = 0.20;
-  double cuda_core_eff = 1.0;     ///< fp32 CUDA-core arithmetic (cuBLASLt fp32 GEMMs too)
-  double hbm_eff = 0.80;          ///< achievable share of HBM bandwidth
-  double pcie_eff = 0.80;         ///< achievable share of the PCIe bandwidth
-  double launch_floor_us = 2.0;   ///< per launch: launch latency and a short kernel's tail
+  double cuda_core_eff = 1.0;    ///< fp32 CUDA-core arithmetic (cuBLASLt fp32 GEMMs too)
+  double hbm_eff = 0.80;         ///< achievable share of HBM bandwidth
+  double pcie_eff = 0.80;        ///< achievable share of the PCIe bandwidth
+  double launch_floor_us = 2.0;  ///< per launch: launch latency and a short kernel's tail
 };
 
 /// The parts of one entry's roofline time, in seconds: compute = FLOPs / (peak of its unit
@@ -76,11 +76,11 @@ struct BenchPlanResult {
   int64_t launches = 0;
   double gemm_ms = 0, attn_ms = 0, other_ms = 0, step_ms = 0, tokens_per_s = 0;  ///< other = the rest
   double gemm_gflop = 0, attn_gflop = 0, total_gflop = 0;  ///< executed FLOPs (GEMMs; attention; all)
-  double flops_per_token = 0;              ///< model FLOPs (model_flops_per_token)
+  double flops_per_token = 0;                              ///< model FLOPs (model_flops_per_token)
   std::string flops_formula;
-  double mfu = 0;  ///< model FLOPs per step / (step time x tensor peak)
-  std::string top_other;            ///< the longest row that is neither GEMM nor attention, "op: kernel"
-  double top_other_share = 0;       ///< its fraction of the step
+  double mfu = 0;              ///< model FLOPs per step / (step time x tensor peak)
+  std::string top_other;       ///< the longest row that is neither GEMM nor attention, "op: kernel"
+  double top_other_share = 0;  ///< its fraction of the step
   std::vector<std::string> notes;
 };
 

@@ -28,10 +28,10 @@ struct BenchSetup {
   int micro_batch = 1, seq_len = 1, grad_accum = 1;
   train::ZeroOptions zero;  ///< the config's optimizer settings at stage 0, one rank, no overlap
   std::optional<train::LossScalerConfig> loss_scaler;  ///< fp16 only
-  bool cuda_graph = false;  ///< training.cuda_graph
+  bool cuda_graph = false;                             ///< training.cuda_graph
   float lr = 0.0f;
-  uint64_t seed = 0;                ///< training.seed: weights and synthetic tokens
-  std::vector<std::string> notes;   ///< settings the bench changed or ignored
+  uint64_t seed = 0;               ///< training.seed: weights and synthetic tokens
+  std::vector<std::string> notes;  ///< settings the bench changed or ignored
 
   /// The trainer's step options for this setup.
   train::TrainStepOptions step_options() const;

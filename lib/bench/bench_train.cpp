@@ -47,7 +47,7 @@ double gpu_peak_bf16_tflops(const std::string& name) {
   if (has("H100")) {
     if (has("PCIe")) return 756.0;
     if (has("SXM") || has("HBM3")) return H100_SXM_BF16_TFLOPS;  // "NVIDIA H100 80GB HBM3" is the SXM part
-    return NaN;                                   // NVL and other variants: not in the table
+    return NaN;                                                  // NVL and other variants: not in the table
   }
   if (has("A100")) return 312.0;
   return NaN;
@@ -192,9 +192,9 @@ std::string bench_train_format(const BenchTrainResult& r, bool json) {
   }
   std::string s;
   s += fmt::format("bench train: {} on {}\n", r.config, r.device_name);
-  s += fmt::format("model        {} {:.2f}M params ({:.2f}M trainable{}), L={} d_model={}, {}\n", r.arch, r.params / 1e6,
-                   r.trainable_params / 1e6, r.lora_rank ? fmt::format(", LoRA r={}", r.lora_rank) : "", r.n_layer,
-                   r.d_model, r.dtype);
+  s += fmt::format("model        {} {:.2f}M params ({:.2f}M trainable{}), L={} d_model={}, {}\n", r.arch,
+                   r.params / 1e6, r.trainable_params / 1e6, r.lora_rank ? fmt::format(", LoRA r={}", r.lora_rank) : "",
+                   r.n_layer, r.d_model, r.dtype);
   s += fmt::format("batch        micro {} x seq {} x accum {} = {} tokens/step; {} warm-up + {} timed steps\n",
                    r.micro_batch, r.seq_len, r.grad_accum,
                    static_cast<int64_t>(r.micro_batch) * r.seq_len * r.grad_accum, r.warmup, r.steps);
@@ -204,8 +204,7 @@ std::string bench_train_format(const BenchTrainResult& r, bool json) {
   s += fmt::format("achieved     {:.2f} TFLOPS\n", r.achieved_tflops);
   if (std::isfinite(r.mfu))
     s += fmt::format("MFU          {:.1f}% of {:.0f} TFLOPS dense bf16 peak\n", 100.0 * r.mfu, r.peak_tflops);
-  else
-    s += fmt::format("MFU          N/A ({})\n", gpu ? "device not in the peak table" : "CPU run");
+  else s += fmt::format("MFU          N/A ({})\n", gpu ? "device not in the peak table" : "CPU run");
   if (gpu)
     s += fmt::format("peak memory  {} (arena {} + cuBLASLt workspace {}); device in use {} of {}\n",
                      gib(r.arena_bytes + r.workspace_bytes), gib(r.arena_bytes), gib(r.workspace_bytes),

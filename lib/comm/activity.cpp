@@ -35,8 +35,7 @@ void ActivityCommunicator::all_gather_host(const void* send, void* recv, size_t 
   watched([&] { inner_->all_gather_host(send, recv, send_count, dtype); });
 }
 
-void ActivityCommunicator::reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
-                                          ReduceOp op) {
+void ActivityCommunicator::reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op) {
   watched([&] { inner_->reduce_scatter(send, recv, recv_count, dtype, op); });
 }
 

@@ -26,17 +26,15 @@ Buffer::Buffer(const Communicator& comm, size_t bytes) : bytes_(bytes), on_devic
 #ifdef DTRAIN_HAVE_CUDA
   DT_CUDA_CHECK(cudaMalloc(&data_, alloc));
 #else
-  DT_THROW(DeviceError, "device buffer of {} bytes requested but dtrain was built without CUDA",
-           bytes);
+  DT_THROW(DeviceError, "device buffer of {} bytes requested but dtrain was built without CUDA", bytes);
 #endif
 }
 
 Buffer::~Buffer() { release(); }
 
 Buffer::Buffer(Buffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)),
-      bytes_(std::exchange(other.bytes_, 0)),
-      on_device_(other.on_device_) {}
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)), on_device_(other.on_device_) {
+}
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {

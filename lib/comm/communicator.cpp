@@ -25,9 +25,18 @@ const char* reduce_op_name(ReduceOp op) {
 
 bool reduce_op_parse(std::string_view s, ReduceOp* out) {
   const std::string l = lower(s);
-  if (l == "sum") { *out = ReduceOp::SUM; return true; }
-  if (l == "avg" || l == "mean") { *out = ReduceOp::AVG; return true; }
-  if (l == "max") { *out = ReduceOp::MAX; return true; }
+  if (l == "sum") {
+    *out = ReduceOp::SUM;
+    return true;
+  }
+  if (l == "avg" || l == "mean") {
+    *out = ReduceOp::AVG;
+    return true;
+  }
+  if (l == "max") {
+    *out = ReduceOp::MAX;
+    return true;
+  }
   return false;
 }
 
@@ -35,8 +44,14 @@ const char* backend_name(Backend b) { return b == Backend::GLOO ? "gloo" : "nccl
 
 bool backend_parse(std::string_view s, Backend* out) {
   const std::string l = lower(s);
-  if (l == "gloo") { *out = Backend::GLOO; return true; }
-  if (l == "nccl") { *out = Backend::NCCL; return true; }
+  if (l == "gloo") {
+    *out = Backend::GLOO;
+    return true;
+  }
+  if (l == "nccl") {
+    *out = Backend::NCCL;
+    return true;
+  }
   return false;
 }
 

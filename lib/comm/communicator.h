@@ -52,8 +52,7 @@ class Communicator {
   /// send holds size()*recv_count elements; recv gets this rank's reduced slice
   /// (elements [rank*recv_count, (rank+1)*recv_count)). In-place when
   /// recv == send + rank*recv_count (in elements), as in NCCL.
-  virtual void reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
-                              ReduceOp op) = 0;
+  virtual void reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op) = 0;
   /// recv gets size()*send_count elements, rank r's contribution at r*send_count.
   /// In-place when send == recv + rank*send_count (in elements), as in NCCL.
   virtual void all_gather(const void* send, void* recv, size_t send_count, DType dtype) = 0;

@@ -39,7 +39,7 @@ namespace {
 template <ReduceOp OP>
 inline float reduce_pair(float x, float y) {
   if constexpr (OP == ReduceOp::MAX) return (x != x || x > y) ? x : y;  // NaN propagates
-  return x + y;                                                          // SUM; AVG divides later
+  return x + y;                                                         // SUM; AVG divides later
 }
 
 template <ReduceOp OP, float (*Load)(uint16_t), uint16_t (*Store)(float)>
@@ -82,12 +82,9 @@ using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 template <ReduceOp OP>
 ReduceFn reduce_function_for(DType dtype) {
   switch (dtype) {
-    case DType::F32:
-      return &reduce_f32<OP>;
-    case DType::BF16:
-      return &reduce_half<OP, bf16_to_f32, f32_to_bf16>;
-    case DType::F16:
-      return &reduce_half<OP, f16_to_f32, f32_to_f16>;
+    case DType::F32: return &reduce_f32<OP>;
+    case DType::BF16: return &reduce_half<OP, bf16_to_f32, f32_to_bf16>;
+    case DType::F16: return &reduce_half<OP, f16_to_f32, f32_to_f16>;
   }
   DT_THROW(InternalError, "unknown dtype {}", static_cast<int>(dtype));
 }
@@ -150,8 +147,7 @@ inline size_t chunk_bound(size_t count, int n, int c) {
 
 class GlooCommunicator final : public Communicator {
  public:
-  GlooCommunicator(std::shared_ptr<gloo::rendezvous::Store> store, int rank, int size,
-                   const GlooOptions& opts);
+  GlooCommunicator(std::shared_ptr<gloo::rendezvous::Store> store, int rank, int size, const GlooOptions& opts);
   ~GlooCommunicator() override;
 
   int rank() const override { return rank_; }
@@ -193,11 +189,10 @@ class GlooCommunicator final : public Communicator {
   // Ring reduce-scatter of src (count elements split by `bounds`) into dst, which may be
   // src: on return chunk rank_ of dst holds the reduction over all ranks (no AVG
   // division); dst's other chunks hold partial sums. src is only read.
-  void ring_reduce_scatter(const void* src, void* dst, size_t count, const std::vector<size_t>& bounds,
-                           DType dtype, ReduceOp op, uint64_t slot);
+  void ring_reduce_scatter(const void* src, void* dst, size_t count, const std::vector<size_t>& bounds, DType dtype,
+                           ReduceOp op, uint64_t slot);
   // In-place ring all-gather: chunk r of data (split by bounds) is rank r's on entry.
-  void ring_all_gather(void* data, size_t bytes_per_elem, const std::vector<size_t>& bounds,
-                       uint64_t slot);
+  void ring_all_gather(void* data, size_t bytes_per_elem, const std::vector<size_t>& bounds, uint64_t slot);
   // Allreduce for small buffers: all-to-all exchange, then every rank reduces the
   // contributions in rank order (so every rank computes bit-identical results).
   void direct_allreduce(const void* src, void* dst, size_t count, DType dtype, ReduceOp op, uint64_t slot);
@@ -209,14 +204,14 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   uint32_t next_tag_ = 0;
-  std::vector<char> scratch_;  // reduce_scatter's working copy
-  std::vector<char> incoming_; // a received chunk before it is reduced
-  std::vector<char> gathered_; // direct_allreduce: every rank's contribution, rank order
+  std::vector<char> scratch_;   // reduce_scatter's working copy
+  std::vector<char> incoming_;  // a received chunk before it is reduced
+  std::vector<char> gathered_;  // direct_allreduce: every rank's contribution, rank order
 
-  std::mutex abort_mutex_;               // guards aborted_ transitions and active_
+  std::mutex abort_mutex_;  // guards aborted_ transitions and active_
   std::atomic<bool> aborted_{false};
-  std::vector<UnboundBuffer*> active_;   // buffers of the running collective
-  std::string broken_;                   // first failure; touched only by the collective thread
+  std::vector<UnboundBuffer*> active_;  // buffers of the running collective
+  std::string broken_;                  // first failure; touched only by the collective thread
 };
 
 GlooCommunicator::OpBuffer::OpBuffer(GlooCommunicator& comm, void* ptr, size_t bytes)
@@ -243,17 +238,15 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<gloo::rendezvous::Store> stor
   DT_ENFORCE_GT(size, 0, UsageError, "world size must be positive");
   DT_ENFORCE(rank >= 0 && rank < size, UsageError, "rank {} out of range for world size {}", rank, size);
   DT_ENFORCE(opts.interface.empty() || opts.address.empty(), UsageError,
-             "set either the Gloo interface ('{}') or the address ('{}'), not both", opts.interface,
-             opts.address);
+             "set either the Gloo interface ('{}') or the address ('{}'), not both", opts.interface, opts.address);
   DT_ENFORCE_GT(opts.timeout.count(), 0, UsageError, "Gloo timeout must be positive (milliseconds)");
 
   // gloo writes to its sockets with writev(2), which raises SIGPIPE when a peer has
   // closed its end: a dead peer must surface as CommError, not kill this process (the
   // Python hosts gloo usually runs in ignore SIGPIPE for the same reason). A handler
   // the program installed itself is left alone.
-  struct sigaction old_action{};
-  if (::sigaction(SIGPIPE, nullptr, &old_action) == 0 && old_action.sa_handler == SIG_DFL)
-    ::signal(SIGPIPE, SIG_IGN);
+  struct sigaction old_action {};
+  if (::sigaction(SIGPIPE, nullptr, &old_action) == 0 && old_action.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
 
   gloo::transport::tcp::attr attr;
   attr.iface = opts.interface;
@@ -287,8 +280,7 @@ GlooCommunicator::~GlooCommunicator() = default;
 void GlooCommunicator::run(const char* what, const std::function<void(uint64_t)>& body) {
   if (aborted_.load()) DT_THROW(CommError, "Gloo {} on rank {}: communicator was aborted", what, rank_);
   if (!broken_.empty())
-    DT_THROW(CommError, "Gloo {} on rank {}: communicator unusable after an earlier failure: {}", what,
-             rank_, broken_);
+    DT_THROW(CommError, "Gloo {} on rank {}: communicator unusable after an earlier failure: {}", what, rank_, broken_);
   const uint64_t slot = kSlotPrefix | next_tag_++;
   std::string error;
   try {
@@ -322,9 +314,8 @@ void GlooCommunicator::wait_recv(OpBuffer& b) {
 // (s = n-2) is chunk r. Step 0 sends our raw chunk from src and every later step the
 // chunk reduced one step before, so dst needs no copy of src first (out of place, that
 // copy was a tenth of a large allreduce).
-void GlooCommunicator::ring_reduce_scatter(const void* src, void* dst, size_t count,
-                                           const std::vector<size_t>& bounds, DType dtype, ReduceOp op,
-                                           uint64_t slot) {
+void GlooCommunicator::ring_reduce_scatter(const void* src, void* dst, size_t count, const std::vector<size_t>& bounds,
+                                           DType dtype, ReduceOp op, uint64_t slot) {
   const int n = size_;
   const size_t es = dtype_size(dtype);
   size_t max_chunk = 0;
@@ -355,8 +346,7 @@ void GlooCommunicator::ring_reduce_scatter(const void* src, void* dst, size_t co
 }
 
 // Step s sends chunk (r-s) right and receives chunk (r-s-1) from the left into place.
-void GlooCommunicator::ring_all_gather(void* data, size_t es, const std::vector<size_t>& bounds,
-                                       uint64_t slot) {
+void GlooCommunicator::ring_all_gather(void* data, size_t es, const std::vector<size_t>& bounds, uint64_t slot) {
   const int n = size_;
   OpBuffer buf(*this, data, bounds[n] * es);
   const int right = (rank_ + 1) % n, left = (rank_ + n - 1) % n;
@@ -372,7 +362,7 @@ void GlooCommunicator::ring_all_gather(void* data, size_t es, const std::vector<
 }
 
 void GlooCommunicator::direct_allreduce(const void* src, void* data, size_t count, DType dtype, ReduceOp op,
-                                         uint64_t slot) {
+                                        uint64_t slot) {
   const int n = size_;
   const size_t bytes = count * dtype_size(dtype);
   gathered_.resize(bytes * n);
@@ -412,8 +402,7 @@ void GlooCommunicator::allreduce(const void* send, void* recv, size_t count, DTy
   });
 }
 
-void GlooCommunicator::reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
-                                      ReduceOp op) {
+void GlooCommunicator::reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op) {
   run("reduce_scatter", [&](uint64_t slot) {
     if (recv_count == 0) return;
     const size_t es = dtype_size(dtype);
@@ -450,8 +439,7 @@ void GlooCommunicator::all_gather(const void* send, void* recv, size_t send_coun
 // A pipelined chain root -> root+1 -> ... -> root-1 in segments, so every link carries
 // the buffer once (bus bandwidth ~ link bandwidth, as NCCL's ring broadcast).
 void GlooCommunicator::broadcast(const void* send, void* recv, size_t count, DType dtype, int root) {
-  DT_ENFORCE(root >= 0 && root < size_, UsageError, "broadcast root {} out of range for world size {}",
-             root, size_);
+  DT_ENFORCE(root >= 0 && root < size_, UsageError, "broadcast root {} out of range for world size {}", root, size_);
   run("broadcast", [&](uint64_t slot) {
     if (count == 0) return;
     const size_t bytes = count * dtype_size(dtype);
@@ -517,8 +505,8 @@ void GlooCommunicator::abort() {
 }
 }  // namespace
 
-std::unique_ptr<Communicator> comm_create_gloo(std::shared_ptr<gloo::rendezvous::Store> store, int rank,
-                                               int size, const GlooOptions& opts) {
+std::unique_ptr<Communicator> comm_create_gloo(std::shared_ptr<gloo::rendezvous::Store> store, int rank, int size,
+                                               const GlooOptions& opts) {
   return std::make_unique<GlooCommunicator>(std::move(store), rank, size, opts);
 }
 

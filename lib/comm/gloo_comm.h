@@ -27,7 +27,7 @@ struct GlooOptions {
 /// Connects `size` ranks into a full TCP mesh through `store` and returns this rank's
 /// communicator. Every rank calls it with the same store contents and size. Throws
 /// UsageError for bad options and CommError when the mesh cannot be formed in time.
-std::unique_ptr<Communicator> comm_create_gloo(std::shared_ptr<gloo::rendezvous::Store> store, int rank,
-                                               int size, const GlooOptions& opts);
+std::unique_ptr<Communicator> comm_create_gloo(std::shared_ptr<gloo::rendezvous::Store> store, int rank, int size,
+                                               const GlooOptions& opts);
 
 }  // namespace dtrain::comm

@@ -325,9 +325,8 @@ void NcclComm::enqueue(const char* what, F call) {
 
 void NcclComm::allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
   cudaStream_t s = stream_;
-  enqueue("allreduce", [&](ncclComm_t c) {
-    return ncclAllReduce(send, recv, count, nccl_dtype(dtype), nccl_op(op), c, s);
-  });
+  enqueue("allreduce",
+          [&](ncclComm_t c) { return ncclAllReduce(send, recv, count, nccl_dtype(dtype), nccl_op(op), c, s); });
 }
 
 // Host values go through stream-ordered device scratch on the communicator's stream and
@@ -378,27 +377,21 @@ void NcclComm::reduce_scatter(const void* send, void* recv, size_t recv_count, D
 
 void NcclComm::all_gather(const void* send, void* recv, size_t send_count, DType dtype) {
   cudaStream_t s = stream_;
-  enqueue("all_gather", [&](ncclComm_t c) {
-    return ncclAllGather(send, recv, send_count, nccl_dtype(dtype), c, s);
-  });
+  enqueue("all_gather", [&](ncclComm_t c) { return ncclAllGather(send, recv, send_count, nccl_dtype(dtype), c, s); });
 }
 
 void NcclComm::broadcast(const void* send, void* recv, size_t count, DType dtype, int root) {
-  DT_ENFORCE(root >= 0 && root < size_, UsageError, "broadcast root {} out of range for world size {}",
-             root, size_);
+  DT_ENFORCE(root >= 0 && root < size_, UsageError, "broadcast root {} out of range for world size {}", root, size_);
   cudaStream_t s = stream_;
-  enqueue("broadcast", [&](ncclComm_t c) {
-    return ncclBroadcast(send, recv, count, nccl_dtype(dtype), root, c, s);
-  });
+  enqueue("broadcast", [&](ncclComm_t c) { return ncclBroadcast(send, recv, count, nccl_dtype(dtype), root, c, s); });
 }
 
 // NCCL has no barrier: a one-element allreduce that every rank must join, then a wait
 // for it (and everything enqueued before it) to finish.
 void NcclComm::barrier() {
   cudaStream_t s = stream_;
-  enqueue("barrier", [&](ncclComm_t c) {
-    return ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, c, s);
-  });
+  enqueue("barrier",
+          [&](ncclComm_t c) { return ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, c, s); });
   synchronize();
 }
 

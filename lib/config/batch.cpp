@@ -26,10 +26,10 @@ void config_resolve_batch(TrainConfig& cfg, int dp_world_size) {
   const std::optional<int64_t> tb = cfg.train_batch_size, mb = cfg.train_micro_batch_size_per_gpu,
                                ga = cfg.gradient_accumulation_steps;
   const int64_t w = dp_world_size;
-  const std::string numbers =
-      fmt::format("train_batch_size = {}, train_micro_batch_size_per_gpu = {}, gradient_accumulation_steps = {}, "
-                  "data-parallel world size = {}",
-                  show(tb), show(mb), show(ga), w);
+  const std::string numbers = fmt::format(
+      "train_batch_size = {}, train_micro_batch_size_per_gpu = {}, gradient_accumulation_steps = {}, "
+      "data-parallel world size = {}",
+      show(tb), show(mb), show(ga), w);
   const std::string& src = cfg.source;
   if (w < 1) DT_THROW(ConfigError, "{}: batch sizes: the data-parallel world size must be >= 1 ({})", src, numbers);
   for (const auto& v : {tb, mb, ga})
@@ -102,16 +102,18 @@ ElasticBatch config_elastic_batch(const TrainConfig& cfg, int ref_world, int wor
     g2 = t / (m * world);
     out.note = g2 == g ? fmt::format("batch unchanged: train_batch_size {} = micro {} x accumulation {} x {} ranks", t,
                                      m, g, world)
-                       : fmt::format("train_batch_size {} kept: gradient_accumulation_steps {} -> {} on {} ranks "
-                                     "(micro-batch {})",
-                                     t, g, g2, world, m);
+                       : fmt::format(
+                             "train_batch_size {} kept: gradient_accumulation_steps {} -> {} on {} ranks "
+                             "(micro-batch {})",
+                             t, g, g2, world, m);
   } else {
     t2 = m * g * world;
     out.global_changed = true;
-    out.note = fmt::format("train_batch_size {} -> {}: {} is not a multiple of micro-batch {} x {} ranks, so the "
-                           "micro-batch {} and gradient_accumulation_steps {} stay and the global batch follows the "
-                           "world size (the learning rate schedule is unchanged)",
-                           t, t2, t, m, world, m, g);
+    out.note = fmt::format(
+        "train_batch_size {} -> {}: {} is not a multiple of micro-batch {} x {} ranks, so the "
+        "micro-batch {} and gradient_accumulation_steps {} stay and the global batch follows the "
+        "world size (the learning rate schedule is unchanged)",
+        t, t2, t, m, world, m, g);
   }
   out.cfg.train_batch_size = t2;
   out.cfg.train_micro_batch_size_per_gpu = m;

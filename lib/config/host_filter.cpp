@@ -77,8 +77,8 @@ std::vector<std::pair<size_t, SpecSlots>> filter_parse(const Hostfile& hf, std::
     if (spec.front() == '[') {
       const size_t close = spec.find(']');
       if (close == std::string_view::npos || (close + 1 < spec.size() && spec[close + 1] != ':'))
-        DT_THROW(ConfigError, "{} \"{}\": bad node spec \"{}\" (an IPv6 host in brackets: [fe80::1]:0,1)", flag,
-                 filter, spec);
+        DT_THROW(ConfigError, "{} \"{}\": bad node spec \"{}\" (an IPv6 host in brackets: [fe80::1]:0,1)", flag, filter,
+                 spec);
       name = spec.substr(1, close - 1);
       colon = close + 1 < spec.size() ? close + 1 : std::string_view::npos;
     } else if (colon != std::string_view::npos && find_host(spec) != hf.hosts.end()) {
@@ -92,12 +92,12 @@ std::vector<std::pair<size_t, SpecSlots>> filter_parse(const Hostfile& hf, std::
     }
     auto it = find_host(name);
     if (it == hf.hosts.end())
-      DT_THROW(ConfigError, "{} \"{}\": host \"{}\" is not in hostfile {} (hosts: {})", flag,
-               filter, name, hf.path.empty() ? "<none>" : hf.path, host_names(hf));
+      DT_THROW(ConfigError, "{} \"{}\": host \"{}\" is not in hostfile {} (hosts: {})", flag, filter, name,
+               hf.path.empty() ? "<none>" : hf.path, host_names(hf));
     size_t idx = static_cast<size_t>(it - hf.hosts.begin());
     if (!seen_hosts.insert(idx).second)
-      DT_THROW(ConfigError, "{} \"{}\": host \"{}\" is named twice; list its slots once as {}:a,b",
-               flag, filter, it->host, it->host);
+      DT_THROW(ConfigError, "{} \"{}\": host \"{}\" is named twice; list its slots once as {}:a,b", flag, filter,
+               it->host, it->host);
 
     SpecSlots ss;
     if (colon == std::string_view::npos) {
@@ -106,8 +106,8 @@ std::vector<std::pair<size_t, SpecSlots>> filter_parse(const Hostfile& hf, std::
       std::string_view list = spec.substr(colon + 1);
       for (std::string_view raw_slot : split(list, ',')) {
         std::string_view t = trim(raw_slot);
-        bool digits = !t.empty() && t.size() <= 9 &&
-                      std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; });
+        bool digits =
+            !t.empty() && t.size() <= 9 && std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; });
         if (!digits)
           DT_THROW(ConfigError,
                    "{} \"{}\": bad slot \"{}\" for host \"{}\" (slots are device numbers: "
@@ -115,13 +115,11 @@ std::vector<std::pair<size_t, SpecSlots>> filter_parse(const Hostfile& hf, std::
                    flag, filter, t, it->host, it->host);
         int slot = std::stoi(std::string(t));
         if (std::find(it->slot_ids.begin(), it->slot_ids.end(), slot) == it->slot_ids.end())
-          DT_THROW(ConfigError,
-                   "{} \"{}\": host \"{}\" has no slot {} (it has slots=0..{}{})", flag, filter,
-                   it->host, slot, it->slots - 1,
+          DT_THROW(ConfigError, "{} \"{}\": host \"{}\" has no slot {} (it has slots=0..{}{})", flag, filter, it->host,
+                   slot, it->slots - 1,
                    static_cast<int>(it->slot_ids.size()) == it->slots ? "" : ", some filtered out");
         if (!ss.slots.insert(slot).second)
-          DT_THROW(ConfigError, "{} \"{}\": slot {} of host \"{}\" is listed twice", flag, filter,
-                   slot, it->host);
+          DT_THROW(ConfigError, "{} \"{}\": slot {} of host \"{}\" is listed twice", flag, filter, slot, it->host);
       }
     }
     out.emplace_back(idx, std::move(ss));
@@ -137,22 +135,18 @@ std::vector<std::pair<size_t, SpecSlots>> filter_parse(const Hostfile& hf, std::
 Hostfile hostfile_select(const Hostfile& hf, const HostSelection& sel) {
   DT_ENFORCE(!hf.hosts.empty(), ConfigError, "hostfile {} has no hosts to select from", hf.path);
   if (!sel.include.empty() && !sel.exclude.empty())
-    DT_THROW(ConfigError,
-             "--include \"{}\" and --exclude \"{}\" are mutually exclusive; give only one",
-             sel.include, sel.exclude);
+    DT_THROW(ConfigError, "--include \"{}\" and --exclude \"{}\" are mutually exclusive; give only one", sel.include,
+             sel.exclude);
   auto count_ok = [](int n) { return n == -1 || n >= 1; };
-  if (!count_ok(sel.num_nodes))
-    DT_THROW(ConfigError, "--num-nodes must be a positive number, got {}", sel.num_nodes);
-  if (!count_ok(sel.num_gpus))
-    DT_THROW(ConfigError, "--num-gpus must be a positive number, got {}", sel.num_gpus);
+  if (!count_ok(sel.num_nodes)) DT_THROW(ConfigError, "--num-nodes must be a positive number, got {}", sel.num_nodes);
+  if (!count_ok(sel.num_gpus)) DT_THROW(ConfigError, "--num-gpus must be a positive number, got {}", sel.num_gpus);
 
   Hostfile out = hf;
   std::string what = "the hostfile";
   if (!sel.include.empty()) {
     for (HostEntry& h : out.hosts) h.slot_ids.clear();
     for (auto& [idx, ss] : filter_parse(hf, sel.include, "--include"))
-      out.hosts[idx].slot_ids = ss.all ? hf.hosts[idx].slot_ids
-                                       : std::vector<int>(ss.slots.begin(), ss.slots.end());
+      out.hosts[idx].slot_ids = ss.all ? hf.hosts[idx].slot_ids : std::vector<int>(ss.slots.begin(), ss.slots.end());
     what = fmt::format("--include \"{}\"", sel.include);
   } else if (!sel.exclude.empty()) {
     for (auto& [idx, ss] : filter_parse(hf, sel.exclude, "--exclude")) {
@@ -163,14 +157,12 @@ Hostfile hostfile_select(const Hostfile& hf, const HostSelection& sel) {
     what = fmt::format("--exclude \"{}\"", sel.exclude);
   }
   std::erase_if(out.hosts, [](const HostEntry& h) { return h.slot_ids.empty(); });
-  if (out.hosts.empty())
-    DT_THROW(ConfigError, "{} leaves no host with a slot to run on", what);
+  if (out.hosts.empty()) DT_THROW(ConfigError, "{} leaves no host with a slot to run on", what);
 
   if (sel.num_nodes != -1) {
     int have = static_cast<int>(out.hosts.size());
     if (sel.num_nodes > have)
-      DT_THROW(ConfigError, "--num-nodes {} asks for more nodes than {} provides ({})",
-               sel.num_nodes, what, have);
+      DT_THROW(ConfigError, "--num-nodes {} asks for more nodes than {} provides ({})", sel.num_nodes, what, have);
     out.hosts.resize(static_cast<size_t>(sel.num_nodes));
   }
   if (sel.num_gpus != -1) {

@@ -15,11 +15,11 @@
 namespace dtrain::config {
 
 struct Origins {
-  std::string source;  // file name
+  std::string source;                                     // file name
   std::map<std::string, std::string, std::less<>> where;  // key path -> "file:3:1", "--set k=v", "env X=v"
-  std::set<std::string, std::less<>> given;  // keys with a real value (not null, not "auto")
-  std::set<std::string, std::less<>> given_by_user;  // given in the file or by --set (not env)
-  std::set<std::string, std::less<>> sections_seen;  // sections present in the file or --set
+  std::set<std::string, std::less<>> given;               // keys with a real value (not null, not "auto")
+  std::set<std::string, std::less<>> given_by_user;       // given in the file or by --set (not env)
+  std::set<std::string, std::less<>> sections_seen;       // sections present in the file or --set
 
   // "file:line:col" of the key's value, or the source name when the key was not given.
   std::string at(std::string_view path) const {

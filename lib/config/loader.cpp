@@ -144,10 +144,11 @@ std::string json_syntax_problem(const std::string& text, const std::string& sour
 
 // yaml-cpp's depth limit (DeepRecursion, whose message is "bad file") in words.
 std::string nesting_too_deep(const YAML::DeepRecursion& e) {
-  return fmt::format("nesting too deep: brackets or indentation nest {} levels here, past the YAML parser's limit "
-                     "(a dtrain config nests 3 or 4 levels, as scheduler.params.warmup_type); look for "
-                     "unclosed [ or {{ or a generated file",
-                     e.depth());
+  return fmt::format(
+      "nesting too deep: brackets or indentation nest {} levels here, past the YAML parser's limit "
+      "(a dtrain config nests 3 or 4 levels, as scheduler.params.warmup_type); look for "
+      "unclosed [ or {{ or a generated file",
+      e.depth());
 }
 
 // Line (1-based) of the `---` that starts the second YAML document, or 0 if not found.
@@ -221,8 +222,8 @@ YAML::Node document_load(std::string_view text, const std::string& name) {
     // yaml-cpp reports its depth limit as "bad file", and its mark may already stand past
     // the last line (it scans ahead): name the last line with text then.
     YAML::Mark at = e.mark;
-    const int lines = static_cast<int>(std::count(body.begin(), body.end(), '\n')) +
-                      (!body.empty() && body.back() != '\n' ? 1 : 0);
+    const int lines =
+        static_cast<int>(std::count(body.begin(), body.end(), '\n')) + (!body.empty() && body.back() != '\n' ? 1 : 0);
     if (!at.is_null() && at.line >= lines && lines > 0) {
       at.line = lines - 1;
       at.column = 0;
@@ -250,7 +251,8 @@ YAML::Node document_load(std::string_view text, const std::string& name) {
   if (documents > 1) {
     size_t line = second_document_line(body);
     if (line == 0 && second && !second->is_null()) line = static_cast<size_t>(second->line) + 1;
-    DT_THROW(ConfigError, "{}: a second YAML document starts here ('---'); a config is one document: remove the "
+    DT_THROW(ConfigError,
+             "{}: a second YAML document starts here ('---'); a config is one document: remove the "
              "'---' line and merge the keys into one mapping, or put the other document in its own file",
              line > 0 ? fmt::format("{}:{}", name, line) : name);
   }
@@ -266,8 +268,7 @@ void walk(const YAML::Node& node, const std::string& section, LoadState& st) {
       DT_THROW(ConfigError, "{}: the top level must be a mapping of config keys, got {}",
                mark_text(st.source, node.Mark()), node_kind(node));
     DT_THROW(ConfigError, "{}: {}: expected a mapping (a section with keys {}), got {}",
-             mark_text(st.source, node.Mark()), section, fmt::join(schema_children(section), ", "),
-             node_kind(node));
+             mark_text(st.source, node.Mark()), section, fmt::join(schema_children(section), ", "), node_kind(node));
   }
   std::map<std::string, YAML::Mark> seen;
   for (auto it = node.begin(); it != node.end(); ++it) {
@@ -282,8 +283,10 @@ void walk(const YAML::Node& node, const std::string& section, LoadState& st) {
     // yaml-cpp reads YAML 1.1's merge key as a plain key named "<<": its keys would be
     // silently lost, so it is refused rather than half-supported.
     if (name == "<<" && !is_quoted(key))
-      DT_THROW(ConfigError, "{}: {}: YAML merge keys ('<<: *anchor') are not supported; write the merged keys out "
-               "in this mapping", mark_text(st.source, key.Mark()), section.empty() ? "(top level)" : section);
+      DT_THROW(ConfigError,
+               "{}: {}: YAML merge keys ('<<: *anchor') are not supported; write the merged keys out "
+               "in this mapping",
+               mark_text(st.source, key.Mark()), section.empty() ? "(top level)" : section);
     auto [prev, fresh] = seen.emplace(name, key.Mark());
     if (!fresh)
       DT_THROW(ConfigError, "{}: {}: duplicate key (first given at line {}); keep one of them",
@@ -299,8 +302,8 @@ void walk(const YAML::Node& node, const std::string& section, LoadState& st) {
     } else {
       std::string hint = key_suggest(name, schema_children(section));
       if (!hint.empty())
-        DT_THROW(ConfigError, "{}: {}: unknown key; did you mean {}?", mark_text(st.source, key.Mark()),
-                 path, join_path(section, hint));
+        DT_THROW(ConfigError, "{}: {}: unknown key; did you mean {}?", mark_text(st.source, key.Mark()), path,
+                 join_path(section, hint));
       st.warnings.push_back(fmt::format("{}: {}: unknown key, ignored (see dtrain launch --help-config)",
                                         mark_text(st.source, key.Mark()), path));
     }
@@ -309,7 +312,6 @@ void walk(const YAML::Node& node, const std::string& section, LoadState& st) {
 
 // ---------------------------------------------------------------------------
 // Typed conversion of one value
-
 
 std::optional<bool> parse_bool(const std::string& s) {
   std::string l;
@@ -374,8 +376,7 @@ struct Converter {
       // width's limit ("expected an integer >= 1" alone hides that 2^31 does not fit).
       IntRange r = key_int_range(spec);
       bool width_limited = spec.width == IntWidth::I32 && r.hi == std::numeric_limits<int32_t>::max();
-      hint = fmt::format("; valid range: {} to {}{}", r.lo, r.hi,
-                         width_limited ? " (stored as a 32-bit integer)" : "");
+      hint = fmt::format("; valid range: {} to {}{}", r.lo, r.hi, width_limited ? " (stored as a 32-bit integer)" : "");
     }
     DT_THROW(ConfigError, "{}: {}: expected {}, got {}{}", origin, spec.path, key_type_name(spec), got, hint);
   }
@@ -418,8 +419,8 @@ struct Converter {
     std::vector<std::string> out;
     for (const YAML::Node& e : n) {
       if (!e.IsScalar())
-        DT_THROW(ConfigError, "{}: {}: expected {}, got a list containing {}", origin, spec.path,
-                 key_type_name(spec), node_kind(e));
+        DT_THROW(ConfigError, "{}: {}: expected {}, got a list containing {}", origin, spec.path, key_type_name(spec),
+                 node_kind(e));
       out.push_back(e.Scalar());
     }
     return out;
@@ -438,8 +439,8 @@ struct Converter {
       if (name_ok)
         for (char c : k.Scalar()) name_ok = name_ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
       if (!name_ok)
-        DT_THROW(ConfigError, "{}: {}: {} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)",
-                 origin, spec.path, node_kind(k));
+        DT_THROW(ConfigError, "{}: {}: {} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)", origin,
+                 spec.path, node_kind(k));
       if (!v.IsScalar())
         DT_THROW(ConfigError, "{}: {}.{}: expected a string value, got {}", origin, spec.path, k.Scalar(),
                  node_kind(v));
@@ -467,7 +468,8 @@ bool apply_value(TrainConfig& cfg, const KeySpec& spec, const YAML::Node& n, con
         if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::optional<bool>>) *p = c.boolean(n);
         else if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, std::optional<int64_t>>) *p = c.integer(n);
         else if constexpr (std::is_same_v<T, double> || std::is_same_v<T, std::optional<double>>) *p = c.real(n);
-        else if constexpr (std::is_same_v<T, std::string> || std::is_same_v<T, std::optional<std::string>>) *p = c.string(n);
+        else if constexpr (std::is_same_v<T, std::string> || std::is_same_v<T, std::optional<std::string>>)
+          *p = c.string(n);
         else if constexpr (std::is_same_v<T, std::vector<std::string>>) *p = c.string_list(n);
         else if constexpr (std::is_same_v<T, std::array<double, 2>>) *p = c.pair(n);
         else *p = c.string_map(n);
@@ -599,9 +601,12 @@ void apply_set(LoadState& st, const std::string& arg) {
 // Keys naming input files or directories read on the launcher's machine. training.output_dir
 // (an output, like --output-dir and its runs/<name> default) keeps the working-directory
 // meaning, and cluster.workdir / cluster.dtrain_path are paths on the nodes.
-constexpr const char* kInputPathKeys[] = {"data.train",          "data.valid",
-                                          "data.tokenizer",      "model.init_from",
-                                          "cluster.ssh.identity_file", "cluster.ssh.known_hosts",
+constexpr const char* kInputPathKeys[] = {"data.train",
+                                          "data.valid",
+                                          "data.tokenizer",
+                                          "model.init_from",
+                                          "cluster.ssh.identity_file",
+                                          "cluster.ssh.known_hosts",
                                           "cluster.rendezvous.token_file"};
 
 // Relative input paths become absolute: a file's values against the file's directory
@@ -670,9 +675,9 @@ LoadedConfig load(std::string_view text, const std::string& name, const std::vec
   }
 
   if (!st.ignored.empty())
-    st.warnings.push_back(fmt::format(
-        "{}: accepted but not acted on by dtrain (DeepSpeed features it does not have): {}", name,
-        fmt::join(st.ignored, ", ")));
+    st.warnings.push_back(
+        fmt::format("{}: accepted but not acted on by dtrain (DeepSpeed features it does not have): {}", name,
+                    fmt::join(st.ignored, ", ")));
   config_derive_validate(out.cfg, st.origins, st.warnings);
   out.warnings = std::move(st.warnings);
   return out;
@@ -692,10 +697,8 @@ LoadedConfig config_load_string(std::string_view text, const std::string& name, 
 LoadedConfig config_load_file(const std::string& path, const std::vector<std::string>& sets) {
   std::error_code ec;
   std::filesystem::file_status st = std::filesystem::status(path, ec);
-  if (!std::filesystem::exists(st))
-    DT_THROW(IoError, "{}: config file does not exist (check the --config path)", path);
-  if (std::filesystem::is_directory(st))
-    DT_THROW(IoError, "{}: is a directory, not a config file", path);
+  if (!std::filesystem::exists(st)) DT_THROW(IoError, "{}: config file does not exist (check the --config path)", path);
+  if (std::filesystem::is_directory(st)) DT_THROW(IoError, "{}: is a directory, not a config file", path);
   // A device or pipe (/dev/zero, /dev/stdin) has no end or no size: reading it whole would
   // exhaust memory (std::bad_alloc) or hang, so only regular files are configs.
   if (!std::filesystem::is_regular_file(st))

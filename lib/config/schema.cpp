@@ -420,40 +420,81 @@ const std::vector<KeySpec>& build_schema() {
 }
 
 // DeepSpeed keys that dtrain accepts and ignores (one warning lists those present).
-const std::vector<std::string> kIgnored = {
-    "amp", "flops_profiler", "wandb", "csv_monitor", "comet", "monitor_config",
-    "comms_logger", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "elasticity",
-    "autotuning", "sparse_gradients", "prescale_gradients", "gradient_predivide_factor",
-    "communication_data_type", "seq_parallel_communication_data_type", "data_types",
-    "memory_breakdown", "dump_state", "sparse_attention", "pipeline", "data_efficiency",
-    "curriculum_learning", "compression_training", "checkpoint", "aio", "nebula",
-    "weight_quantization", "dataloader_drop_last", "disable_allgather", "fp32_allreduce",
-    "graph_harvesting", "use_data_before_expert_parallelism", "hybrid_engine",
-    "optimizer.params.torch_adam", "optimizer.params.adam_w_mode", "optimizer.params.bias_correction",
-    "optimizer.params.amsgrad", "scheduler.params.last_batch_iteration",
-    "fp16.auto_cast", "fp16.fp16_master_weights_and_grads", "bf16.immediate_grad_update",
-    "bf16.check_grad_overflow", "zero_optimization.offload_optimizer",
-    "zero_optimization.offload_param", "zero_optimization.cpu_offload",
-    "zero_optimization.cpu_offload_params", "zero_optimization.cpu_offload_use_pin_memory",
-    "zero_optimization.sub_group_size", "zero_optimization.round_robin_gradients",
-    "zero_optimization.stage3_gather_16bit_weights_on_model_save",
-    "zero_optimization.stage3_gather_fp16_weights_on_model_save",
-    "zero_optimization.gather_16bit_weights_on_model_save",
-    "zero_optimization.stage3_max_reuse_distance", "zero_optimization.allgather_partitions",
-    "zero_optimization.load_from_fp32_weights", "zero_optimization.elastic_checkpoint",
-    "zero_optimization.ignore_unused_parameters", "zero_optimization.legacy_stage1",
-    "zero_optimization.zero_hpz_partition_size", "zero_optimization.zero_quantized_weights",
-    "zero_optimization.zero_quantized_gradients", "zero_optimization.mics_shard_size",
-    "zero_optimization.mics_hierarchical_params_gather",
-    "zero_optimization.memory_efficient_linear",
-    "zero_optimization.use_multi_rank_bucket_allreduce",
-    "zero_optimization.stage3_module_granularity_threshold",
-    "zero_optimization.pipeline_loading_checkpoint", "zero_optimization.override_module_apply",
-    "activation_checkpointing.partition_activations", "activation_checkpointing.cpu_checkpointing",
-    "activation_checkpointing.contiguous_memory_optimization",
-    "activation_checkpointing.number_checkpoints",
-    "activation_checkpointing.synchronize_checkpoint_boundary",
-    "activation_checkpointing.profile"};
+const std::vector<std::string> kIgnored = {"amp",
+                                           "flops_profiler",
+                                           "wandb",
+                                           "csv_monitor",
+                                           "comet",
+                                           "monitor_config",
+                                           "comms_logger",
+                                           "zero_allow_untested_optimizer",
+                                           "zero_force_ds_cpu_optimizer",
+                                           "elasticity",
+                                           "autotuning",
+                                           "sparse_gradients",
+                                           "prescale_gradients",
+                                           "gradient_predivide_factor",
+                                           "communication_data_type",
+                                           "seq_parallel_communication_data_type",
+                                           "data_types",
+                                           "memory_breakdown",
+                                           "dump_state",
+                                           "sparse_attention",
+                                           "pipeline",
+                                           "data_efficiency",
+                                           "curriculum_learning",
+                                           "compression_training",
+                                           "checkpoint",
+                                           "aio",
+                                           "nebula",
+                                           "weight_quantization",
+                                           "dataloader_drop_last",
+                                           "disable_allgather",
+                                           "fp32_allreduce",
+                                           "graph_harvesting",
+                                           "use_data_before_expert_parallelism",
+                                           "hybrid_engine",
+                                           "optimizer.params.torch_adam",
+                                           "optimizer.params.adam_w_mode",
+                                           "optimizer.params.bias_correction",
+                                           "optimizer.params.amsgrad",
+                                           "scheduler.params.last_batch_iteration",
+                                           "fp16.auto_cast",
+                                           "fp16.fp16_master_weights_and_grads",
+                                           "bf16.immediate_grad_update",
+                                           "bf16.check_grad_overflow",
+                                           "zero_optimization.offload_optimizer",
+                                           "zero_optimization.offload_param",
+                                           "zero_optimization.cpu_offload",
+                                           "zero_optimization.cpu_offload_params",
+                                           "zero_optimization.cpu_offload_use_pin_memory",
+                                           "zero_optimization.sub_group_size",
+                                           "zero_optimization.round_robin_gradients",
+                                           "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+                                           "zero_optimization.stage3_gather_fp16_weights_on_model_save",
+                                           "zero_optimization.gather_16bit_weights_on_model_save",
+                                           "zero_optimization.stage3_max_reuse_distance",
+                                           "zero_optimization.allgather_partitions",
+                                           "zero_optimization.load_from_fp32_weights",
+                                           "zero_optimization.elastic_checkpoint",
+                                           "zero_optimization.ignore_unused_parameters",
+                                           "zero_optimization.legacy_stage1",
+                                           "zero_optimization.zero_hpz_partition_size",
+                                           "zero_optimization.zero_quantized_weights",
+                                           "zero_optimization.zero_quantized_gradients",
+                                           "zero_optimization.mics_shard_size",
+                                           "zero_optimization.mics_hierarchical_params_gather",
+                                           "zero_optimization.memory_efficient_linear",
+                                           "zero_optimization.use_multi_rank_bucket_allreduce",
+                                           "zero_optimization.stage3_module_granularity_threshold",
+                                           "zero_optimization.pipeline_loading_checkpoint",
+                                           "zero_optimization.override_module_apply",
+                                           "activation_checkpointing.partition_activations",
+                                           "activation_checkpointing.cpu_checkpointing",
+                                           "activation_checkpointing.contiguous_memory_optimization",
+                                           "activation_checkpointing.number_checkpoints",
+                                           "activation_checkpointing.synchronize_checkpoint_boundary",
+                                           "activation_checkpointing.profile"};
 
 }  // namespace
 
@@ -474,8 +515,7 @@ bool schema_is_section(std::string_view path) {
   if (path.empty()) return true;
   for (const KeySpec& k : schema_keys()) {
     std::string_view p(k.path);
-    if (p.size() > path.size() && p.substr(0, path.size()) == path && p[path.size()] == '.')
-      return true;
+    if (p.size() > path.size() && p.substr(0, path.size()) == path && p[path.size()] == '.') return true;
   }
   return false;
 }
@@ -486,9 +526,7 @@ std::vector<std::string> schema_children(std::string_view section) {
   for (const KeySpec& k : schema_keys()) {
     std::string_view p(k.path);
     if (!section.empty()) {
-      if (p.size() <= section.size() || p.substr(0, section.size()) != section ||
-          p[section.size()] != '.')
-        continue;
+      if (p.size() <= section.size() || p.substr(0, section.size()) != section || p[section.size()] != '.') continue;
       p = p.substr(section.size() + 1);
     }
     std::string name(p.substr(0, p.find('.')));
@@ -541,17 +579,15 @@ std::string key_suggest(std::string_view key, const std::vector<std::string>& ca
 // Describing keys (errors, help)
 
 namespace {
-std::string num_text(double v) {
-  return fmt::format("{}", v);
-}
+std::string num_text(double v) { return fmt::format("{}", v); }
 }  // namespace
 
 std::string key_type_name(const KeySpec& spec) {
   std::string bounds;
   if (spec.min && spec.max)
-    bounds = fmt::format(" in [{}, {}{}", num_text(*spec.min), num_text(*spec.max), spec.type == KeyType::FLOAT_PAIR ? ")" : "]");
-  else if (spec.min)
-    bounds = fmt::format(" {} {}", spec.min_exclusive ? ">" : ">=", num_text(*spec.min));
+    bounds = fmt::format(" in [{}, {}{}", num_text(*spec.min), num_text(*spec.max),
+                         spec.type == KeyType::FLOAT_PAIR ? ")" : "]");
+  else if (spec.min) bounds = fmt::format(" {} {}", spec.min_exclusive ? ">" : ">=", num_text(*spec.min));
   if (spec.min && spec.max && spec.min_exclusive)
     bounds = fmt::format(" in ({}, {}]", num_text(*spec.min), num_text(*spec.max));
   switch (spec.type) {
@@ -592,14 +628,11 @@ std::string key_default_text(const KeySpec& spec) {
         else if constexpr (std::is_same_v<T, int64_t>) return fmt::format("{}", *p);
         else if constexpr (std::is_same_v<T, double>) return num_text(*p);
         else if constexpr (std::is_same_v<T, std::string>) return p->empty() ? "\"\"" : *p;
-        else if constexpr (std::is_same_v<T, std::vector<std::string>>)
-          return fmt::format("[{}]", fmt::join(*p, ", "));
+        else if constexpr (std::is_same_v<T, std::vector<std::string>>) return fmt::format("[{}]", fmt::join(*p, ", "));
         else if constexpr (std::is_same_v<T, std::array<double, 2>>)
           return fmt::format("[{}, {}]", num_text((*p)[0]), num_text((*p)[1]));
-        else if constexpr (std::is_same_v<T, std::map<std::string, std::string>>)
-          return p->empty() ? "{}" : "(set)";
-        else
-          return p->has_value() ? "(set)" : "none";
+        else if constexpr (std::is_same_v<T, std::map<std::string, std::string>>) return p->empty() ? "{}" : "(set)";
+        else return p->has_value() ? "(set)" : "none";
       },
       ref);
 }

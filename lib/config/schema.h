@@ -22,11 +22,9 @@ enum class KeyType { BOOL, INT, FLOAT, STRING, ENUM, STRING_LIST, FLOAT_PAIR, ST
 enum class IntWidth { I32, I64 };
 
 // Where a key's value lives; optional<> fields are keys without a plain default.
-using FieldRef =
-    std::variant<bool*, int64_t*, double*, std::string*, std::vector<std::string>*,
-                 std::array<double, 2>*, std::map<std::string, std::string>*,
-                 std::optional<bool>*, std::optional<int64_t>*, std::optional<double>*,
-                 std::optional<std::string>*>;
+using FieldRef = std::variant<bool*, int64_t*, double*, std::string*, std::vector<std::string>*, std::array<double, 2>*,
+                              std::map<std::string, std::string>*, std::optional<bool>*, std::optional<int64_t>*,
+                              std::optional<double>*, std::optional<std::string>*>;
 
 struct KeySpec {
   const char* path;  // "zero_optimization.stage"
@@ -34,11 +32,11 @@ struct KeySpec {
   FieldRef (*field)(TrainConfig&);
   const char* help;
   std::vector<std::string> allowed = {};  // ENUM values
-  std::optional<double> min = {};  // numeric bounds (inclusive unless min_exclusive)
+  std::optional<double> min = {};         // numeric bounds (inclusive unless min_exclusive)
   std::optional<double> max = {};
   bool min_exclusive = false;
-  const char* env = nullptr;  // env override name
-  const char* derived = nullptr;  // for keys without a plain default: how the value is found
+  const char* env = nullptr;       // env override name
+  const char* derived = nullptr;   // for keys without a plain default: how the value is found
   IntWidth width = IntWidth::I32;  // INT keys: the storage width the value must fit
 };
 
@@ -66,7 +64,7 @@ size_t key_distance(std::string_view a, std::string_view b);
 // than 5 characters), or "" when none is.
 std::string key_suggest(std::string_view key, const std::vector<std::string>& candidates);
 
-std::string key_type_name(const KeySpec& spec);  // "integer >= 1", "one of: a, b", ...
+std::string key_type_name(const KeySpec& spec);     // "integer >= 1", "one of: a, b", ...
 std::string key_default_text(const KeySpec& spec);  // the default as YAML, or the derived rule
 
 }  // namespace dtrain::config

@@ -23,7 +23,7 @@ struct ModelConfig {
   std::optional<int64_t> vocab_size;
   std::optional<int64_t> n_layer;
   std::optional<int64_t> n_head;
-  std::optional<int64_t> n_kv_head;    // derived: n_head
+  std::optional<int64_t> n_kv_head;  // derived: n_head
   std::optional<int64_t> d_model;
   std::optional<int64_t> d_ff;         // derived: gpt2 4*d_model; llama 256*ceil(int(8*d_model/3)/256)
   std::optional<int64_t> max_seq_len;  // derived: data.seq_len
@@ -35,15 +35,15 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string train;   // path ("" only in a pure DeepSpeed config)
-  std::string valid;   // path or "" (no validation)
-  std::string format = "text";  // "text" | "alpaca" | "chat" | "tokens"
-  std::string tokenizer = "byte";  // path to tokenizer.json, or "byte"
-  std::optional<int64_t> seq_len;  // derived: model.max_seq_len
+  std::string train;                    // path ("" only in a pure DeepSpeed config)
+  std::string valid;                    // path or "" (no validation)
+  std::string format = "text";          // "text" | "alpaca" | "chat" | "tokens"
+  std::string tokenizer = "byte";       // path to tokenizer.json, or "byte"
+  std::optional<int64_t> seq_len;       // derived: model.max_seq_len
   std::string template_name = "plain";  // YAML key data.template
   bool train_on_prompt = false;
-  std::string dataset;            // LLaMA-Factory dataset names (data.train is their dataset_dir)
-  std::vector<std::string> mix;   // one weight per data.dataset name; empty = concatenated
+  std::string dataset;           // LLaMA-Factory dataset names (data.train is their dataset_dir)
+  std::vector<std::string> mix;  // one weight per data.dataset name; empty = concatenated
   bool pack = true;
   bool shuffle = true;
   bool operator==(const DataConfig&) const = default;
@@ -72,10 +72,10 @@ struct SchedulerConfig {
   double warmup_min_lr = 0.0;
   std::optional<double> warmup_max_lr;  // derived: optimizer.lr (WarmupLR, WarmupDecayLR)
   int64_t warmup_num_steps = 1000;
-  std::string warmup_type = "log";  // "log" | "linear"
+  std::string warmup_type = "log";         // "log" | "linear"
   std::optional<int64_t> total_num_steps;  // WarmupDecayLR / WarmupCosineLR; derived: training.max_steps
-  double warmup_min_ratio = 0.0;  // WarmupCosineLR
-  double cos_min_ratio = 0.0001;  // WarmupCosineLR
+  double warmup_min_ratio = 0.0;           // WarmupCosineLR
+  double cos_min_ratio = 0.0001;           // WarmupCosineLR
   bool operator==(const SchedulerConfig&) const = default;
 };
 
@@ -123,21 +123,21 @@ struct TrainingConfig {
   int64_t keep_last = 2;
   std::string output_dir;  // derived: runs/<name>
   int64_t seed = 1234;
-  std::string device = "auto";  // "auto" | "cpu" | "cuda"
-  bool cuda_graph = true;        // replay the steady-state step as a CUDA graph (CUDA only)
-  std::string name;  // derived: the config file's stem
+  std::string device = "auto";        // "auto" | "cpu" | "cuda"
+  bool cuda_graph = true;             // replay the steady-state step as a CUDA graph (CUDA only)
+  std::string name;                   // derived: the config file's stem
   std::string run_dir_mode = "0700";  // run directory permissions; files get them without x
   bool operator==(const TrainingConfig&) const = default;
 };
 
 struct FaultToleranceConfig {
   int64_t max_retries = 3;
-  double retry_delay = 5.0;  // seconds
+  double retry_delay = 5.0;         // seconds
   double heartbeat_interval = 2.0;  // seconds
   double heartbeat_timeout = 15.0;  // seconds
-  double step_timeout = 0.0;  // seconds without a training step before a rank is hung; 0 = off
-  double straggler_factor = 1.5;  // a rank whose compute time exceeds factor x the median ...
-  int64_t straggler_window = 5;   // ... in this many consecutive progress records is a straggler
+  double step_timeout = 0.0;        // seconds without a training step before a rank is hung; 0 = off
+  double straggler_factor = 1.5;    // a rank whose compute time exceeds factor x the median ...
+  int64_t straggler_window = 5;     // ... in this many consecutive progress records is a straggler
   bool operator==(const FaultToleranceConfig&) const = default;
 };
 
@@ -156,15 +156,15 @@ struct SshConfig {
   int64_t port = 22;
   std::string identity_file;  // "" = ssh-agent / default keys
   std::string known_hosts = "~/.ssh/known_hosts";
-  std::string host_key_policy = "strict";    // "strict" | "accept-new" | "off"
-  double connect_timeout = 10.0;  // seconds
-  double keepalive_interval = 15.0;  // seconds, 0 = off
+  std::string host_key_policy = "strict";  // "strict" | "accept-new" | "off"
+  double connect_timeout = 10.0;           // seconds
+  double keepalive_interval = 15.0;        // seconds, 0 = off
   bool operator==(const SshConfig&) const = default;
 };
 
 struct RendezvousConfig {
   std::string address = "auto";  // "auto" = the launcher's address on network_interface
-  int64_t port = 29500;  // 0 = pick a free one
+  int64_t port = 29500;          // 0 = pick a free one
   // dtrain run (ranks started by another launcher): where the job token comes from, and
   // how long a process waits for the store and its peers (pods that start late).
   std::string token_file;
@@ -202,7 +202,7 @@ struct ClusterConfig {
   RendezvousConfig rendezvous;
   std::string network_interface;  // "" = the interface of the default route
   EnvConfig env;
-  std::string workdir;  // "" = the launcher's working directory
+  std::string workdir;      // "" = the launcher's working directory
   std::string dtrain_path;  // "" = the launcher's own binary path
   bool operator==(const ClusterConfig&) const = default;
 };

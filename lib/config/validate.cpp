@@ -28,7 +28,7 @@ bool scheduler_param_applies(const std::optional<std::string>& type, std::string
 }
 
 const std::vector<std::string>& lora_modules_for(std::string_view architecture) {
-  static const std::vector<std::string> kLlama = {"q_proj", "k_proj", "v_proj", "o_proj",
+  static const std::vector<std::string> kLlama = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                                   "gate_proj", "up_proj", "down_proj"};
   static const std::vector<std::string> kGpt2 = {"c_attn", "c_proj", "c_fc"};
   static const std::vector<std::string> kNone;
@@ -75,8 +75,8 @@ void derive(TrainConfig& cfg, const Origins& o) {
     s.total_num_steps = cfg.training.max_steps;
 
   if (cfg.lora.r > 0 && cfg.lora.target_modules.empty() && m.architecture)
-    cfg.lora.target_modules = *m.architecture == "llama" ? std::vector<std::string>{"q_proj", "v_proj"}
-                                                          : std::vector<std::string>{"c_attn"};
+    cfg.lora.target_modules =
+        *m.architecture == "llama" ? std::vector<std::string>{"q_proj", "v_proj"} : std::vector<std::string>{"c_attn"};
   if (!o.given.count("activation_checkpointing.enabled") && o.sections_seen.count("activation_checkpointing"))
     cfg.activation_checkpointing.enabled = true;
 }
@@ -89,7 +89,8 @@ void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>
     DT_THROW(ConfigError, "{}: bf16.enabled: fp16.enabled (at {}) and bf16.enabled are both true; enable at most one",
              o.at("bf16.enabled"), o.at("fp16.enabled"));
   if (cfg.training.max_steps && cfg.training.epochs)
-    DT_THROW(ConfigError, "{}: training.epochs: both training.max_steps (at {}) and training.epochs are given; keep one",
+    DT_THROW(ConfigError,
+             "{}: training.epochs: both training.max_steps (at {}) and training.epochs are given; keep one",
              o.at("training.epochs"), o.at("training.max_steps"));
 
   const ModelConfig& m = cfg.model;
@@ -107,8 +108,10 @@ void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>
       DT_THROW(ConfigError, "{}: model.n_kv_head: {} must divide model.n_head = {} (at {})", o.at("model.n_kv_head"),
                *m.n_kv_head, *m.n_head, o.at("model.n_head"));
     if (m.architecture == "gpt2" && *m.n_kv_head != *m.n_head)
-      DT_THROW(ConfigError, "{}: model.n_kv_head: gpt2 has no grouped-query attention; n_kv_head must equal n_head = {} "
-               "(or drop the key)", o.at("model.n_kv_head"), *m.n_head);
+      DT_THROW(ConfigError,
+               "{}: model.n_kv_head: gpt2 has no grouped-query attention; n_kv_head must equal n_head = {} "
+               "(or drop the key)",
+               o.at("model.n_kv_head"), *m.n_head);
   }
   if (m.architecture == "llama" && m.d_model && m.n_head && (*m.d_model / *m.n_head) % 2 != 0)
     DT_THROW(ConfigError, "{}: model.d_model: llama needs an even head size for RoPE, d_model / n_head = {}",
@@ -121,7 +124,8 @@ void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>
   if (!cfg.zero.reduce_scatter)
     warnings.push_back(fmt::format(
         "{}: zero_optimization.reduce_scatter: false is ignored: dtrain always reduce-scatters the gradients at "
-        "stages 1-3 (each rank receives only its shard), DeepSpeed's default", o.at("zero_optimization.reduce_scatter")));
+        "stages 1-3 (each rank receives only its shard), DeepSpeed's default",
+        o.at("zero_optimization.reduce_scatter")));
   if (!cfg.zero.contiguous_gradients)
     warnings.push_back(fmt::format(
         "{}: zero_optimization.contiguous_gradients: false is ignored: dtrain always packs gradients into contiguous "
@@ -160,8 +164,10 @@ void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>
     if (path.rfind(kPrefix, 0) != 0) continue;
     std::string param = path.substr(kPrefix.size());
     if (!s.type)
-      DT_THROW(ConfigError, "{}: {}: scheduler parameters without scheduler.type; set scheduler.type to WarmupLR, "
-               "WarmupDecayLR or WarmupCosineLR", o.at(path), path);
+      DT_THROW(ConfigError,
+               "{}: {}: scheduler parameters without scheduler.type; set scheduler.type to WarmupLR, "
+               "WarmupDecayLR or WarmupCosineLR",
+               o.at(path), path);
     if (!scheduler_param_applies(s.type, param))
       DT_THROW(ConfigError, "{}: {}: not a parameter of scheduler {} (at {})", o.at(path), path, *s.type,
                o.at("scheduler.type"));
@@ -174,8 +180,10 @@ void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>
     DT_THROW(ConfigError, "{}: scheduler.params.warmup_max_lr: {} is below warmup_min_lr = {}",
              o.at("scheduler.params.warmup_max_lr"), *s.warmup_max_lr, s.warmup_min_lr);
   if (s.type && *s.type != "WarmupLR" && !s.total_num_steps && cfg.training.epochs)
-    warnings.push_back(fmt::format("{}: scheduler.params.total_num_steps not given: the {} schedule ends at the "
-                                   "last step of training.epochs", o.at("scheduler.type"), *s.type));
+    warnings.push_back(
+        fmt::format("{}: scheduler.params.total_num_steps not given: the {} schedule ends at the "
+                    "last step of training.epochs",
+                    o.at("scheduler.type"), *s.type));
 
   const FaultToleranceConfig& f = cfg.fault_tolerance;
   if (f.heartbeat_timeout <= f.heartbeat_interval)
@@ -188,14 +196,16 @@ void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>
              o.at("fault_tolerance.step_timeout"), f.step_timeout, f.heartbeat_interval);
   const ElasticConfig& el = cfg.elastic;
   if (el.max_nodes > 0 && el.min_nodes > el.max_nodes)
-    DT_THROW(ConfigError, "{}: elastic.min_nodes: {} is above elastic.max_nodes = {} (--nnodes MIN:MAX needs MIN <= MAX)",
+    DT_THROW(ConfigError,
+             "{}: elastic.min_nodes: {} is above elastic.max_nodes = {} (--nnodes MIN:MAX needs MIN <= MAX)",
              o.at("elastic.min_nodes"), el.min_nodes, el.max_nodes);
   if (cfg.training.name.find('/') != std::string::npos)
     DT_THROW(ConfigError, "{}: training.name: '{}' must not contain '/' (it names runs/<name>)", o.at("training.name"),
              cfg.training.name);
   // An absolute job_name would silently replace output_path (path joining).
   if (!cfg.tensorboard.job_name.empty() && cfg.tensorboard.job_name.front() == '/')
-    DT_THROW(ConfigError, "{}: tensorboard.job_name: '{}' must be a relative directory name (it goes below "
+    DT_THROW(ConfigError,
+             "{}: tensorboard.job_name: '{}' must be a relative directory name (it goes below "
              "tensorboard.output_path); give the absolute directory as output_path instead",
              o.at("tensorboard.job_name"), cfg.tensorboard.job_name);
   if (cfg.data.tokenizer.empty())

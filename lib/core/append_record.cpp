@@ -52,9 +52,10 @@ bool AppendReport::update(const std::string& path, int err) {
     return true;
   }
   if (!failing_)
-    log_warn("cannot write {}: {}; training goes on, and {} are lost until it can be written again (reported once; "
-             "the file keeps only whole records)",
-             path, std::strerror(err), what_);
+    log_warn(
+        "cannot write {}: {}; training goes on, and {} are lost until it can be written again (reported once; "
+        "the file keeps only whole records)",
+        path, std::strerror(err), what_);
   failing_ = true;
   return false;
 }

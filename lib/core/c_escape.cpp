@@ -14,9 +14,7 @@ std::string c_escape(std::string_view s, CEscape how) {
       case '\t': out += "\\t"; break;
       case '\r': out += "\\r"; break;
       case '\\': out += "\\\\"; break;
-      case '"':
-        out += how.quotes ? "\\\"" : "\"";
-        break;
+      case '"': out += how.quotes ? "\\\"" : "\""; break;
       default:
         if (c < 0x20 || c == 0x7f || (how.non_ascii && c >= 0x80)) out += fmt::format("\\x{:02x}", c);
         else out += static_cast<char>(c);

@@ -16,9 +16,7 @@ inline std::string cuda_describe(cudaError_t s) {
   return std::string(cudaGetErrorName(s)) + " (" + cudaGetErrorString(s) + ")";
 }
 inline bool cublas_ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
-inline std::string cublas_describe(cublasStatus_t s) {
-  return "cuBLAS status " + std::to_string(static_cast<int>(s));
-}
+inline std::string cublas_describe(cublasStatus_t s) { return "cuBLAS status " + std::to_string(static_cast<int>(s)); }
 inline bool nccl_ok(ncclResult_t s) { return s == ncclSuccess || s == ncclInProgress; }
 inline std::string nccl_describe(ncclResult_t s) { return ncclGetErrorString(s); }
 }  // namespace dtrain::detail

@@ -19,14 +19,31 @@ inline const char* dtype_name(DType t) {
 // Accepts the names used in configs, safetensors and nccl-tests: float/float32/fp32/f32,
 // bfloat16/bf16, half/float16/fp16/f16. Returns false when unknown.
 inline bool dtype_parse(std::string_view s, DType* out) {
-  if (s == "float32" || s == "float" || s == "fp32" || s == "f32" || s == "F32") { *out = DType::F32; return true; }
-  if (s == "bfloat16" || s == "bf16" || s == "BF16") { *out = DType::BF16; return true; }
-  if (s == "float16" || s == "half" || s == "fp16" || s == "f16" || s == "F16") { *out = DType::F16; return true; }
+  if (s == "float32" || s == "float" || s == "fp32" || s == "f32" || s == "F32") {
+    *out = DType::F32;
+    return true;
+  }
+  if (s == "bfloat16" || s == "bf16" || s == "BF16") {
+    *out = DType::BF16;
+    return true;
+  }
+  if (s == "float16" || s == "half" || s == "fp16" || s == "f16" || s == "F16") {
+    *out = DType::F16;
+    return true;
+  }
   return false;
 }
 
-inline uint32_t f32_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
-inline float bits_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline uint32_t f32_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float bits_f32(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 
 // ---------------------------------------------------------------------------
 // bf16: the top 16 bits of an fp32, rounded to nearest even; NaN stays a quiet NaN.
@@ -44,10 +61,10 @@ inline uint16_t f32_to_f16(float f) {
   uint32_t u = f32_bits(f);
   uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);      // NaN
-  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);     // >= 65520: inf
-  if (abs < 0x38800000u) {                                                  // < 2^-14: subnormal
-    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);              // < 2^-25: zero
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520: inf
+  if (abs < 0x38800000u) {                                               // < 2^-14: subnormal
+    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);           // < 2^-25: zero
     uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
     // value = mant * 2^(e-150); in units of the fp16 subnormal step 2^-24 that is
     // mant >> (126 - e), with e in 102..112 here.
@@ -58,8 +75,8 @@ inline uint16_t f32_to_f16(float f) {
     if (rem > mid || (rem == mid && (half & 1u))) ++half;
     return static_cast<uint16_t>(sign | half);
   }
-  uint32_t r = abs - 0x38000000u;                   // rebias exponent 127 -> 15
-  r += 0xfffu + ((r >> 13) & 1u);                   // round to nearest even on 13 dropped bits
+  uint32_t r = abs - 0x38000000u;  // rebias exponent 127 -> 15
+  r += 0xfffu + ((r >> 13) & 1u);  // round to nearest even on 13 dropped bits
   return static_cast<uint16_t>(sign | (r >> 13));
 }
 inline float f16_to_f32(uint16_t h) {

@@ -13,18 +13,18 @@ namespace dtrain {
 // with that rank's code instead.
 enum class Exit : int {
   OK = 0,
-  INTERNAL = 1,     // a bug: an invariant did not hold
-  USAGE = 2,        // bad command line, config or hostfile
-  IO = 3,           // a file could not be read or written
-  LAUNCH = 4,       // SSH / spawn / host key / agent failure
-  COMM = 5,         // rendezvous or collective failure, timeout, peer lost
-  TRAIN = 6,        // training cannot go on (e.g. fp16 loss scale at its minimum)
-  CHECKPOINT = 7,   // no usable checkpoint
-  DEVICE = 8,       // CUDA / cuBLAS / NCCL error
-  HUNG = 9,         // a rank stopped heartbeating or made no training step in time (launcher)
-  UNHEALTHY = 10,   // `dtrain doctor`: at least one check failed
-  INTERRUPTED = 130, // Ctrl-C
-  STOPPED = 143     // told to stop (128 + SIGTERM): an agent whose round the launcher ended
+  INTERNAL = 1,       // a bug: an invariant did not hold
+  USAGE = 2,          // bad command line, config or hostfile
+  IO = 3,             // a file could not be read or written
+  LAUNCH = 4,         // SSH / spawn / host key / agent failure
+  COMM = 5,           // rendezvous or collective failure, timeout, peer lost
+  TRAIN = 6,          // training cannot go on (e.g. fp16 loss scale at its minimum)
+  CHECKPOINT = 7,     // no usable checkpoint
+  DEVICE = 8,         // CUDA / cuBLAS / NCCL error
+  HUNG = 9,           // a rank stopped heartbeating or made no training step in time (launcher)
+  UNHEALTHY = 10,     // `dtrain doctor`: at least one check failed
+  INTERRUPTED = 130,  // Ctrl-C
+  STOPPED = 143       // told to stop (128 + SIGTERM): an agent whose round the launcher ended
 };
 
 class Error : public std::runtime_error {
@@ -37,9 +37,9 @@ class Error : public std::runtime_error {
   Exit code_;
 };
 
-#define DTRAIN_DEFINE_ERROR(Name, Code) \
-  class Name : public Error {           \
-   public:                              \
+#define DTRAIN_DEFINE_ERROR(Name, Code)                           \
+  class Name : public Error {                                     \
+   public:                                                        \
     explicit Name(const std::string& what) : Error(Code, what) {} \
   };
 DTRAIN_DEFINE_ERROR(InternalError, Exit::INTERNAL)
@@ -71,15 +71,14 @@ std::string sys_describe(long r);  // strerror(errno) captured at the failure
 // The one generic status check that DT_SYS_CHECK, DT_CUDA_CHECK, DT_CUBLAS_CHECK and
 // DT_NCCL_CHECK are made from: evaluate expr once, test it with ok(status), describe a
 // failure with describe(status), throw the Error for exit code `code`.
-#define DT_STATUS_CHECK(expr, ok, describe, code)                                        \
-  do {                                                                                   \
-    auto dt_status_ = (expr);                                                            \
-    if (!(ok(dt_status_)))                                                               \
-      ::dtrain::detail::throw_error(code, std::string(#expr) + " failed: " + describe(dt_status_), \
-                                    __FILE__, __LINE__);                                 \
+#define DT_STATUS_CHECK(expr, ok, describe, code)                                                            \
+  do {                                                                                                       \
+    auto dt_status_ = (expr);                                                                                \
+    if (!(ok(dt_status_)))                                                                                   \
+      ::dtrain::detail::throw_error(code, std::string(#expr) + " failed: " + describe(dt_status_), __FILE__, \
+                                    __LINE__);                                                               \
   } while (0)
 
 // DT_SYS_CHECK(::open(...)): POSIX calls returning -1 and setting errno.
-#define DT_SYS_CHECK(expr)                                                            \
-  DT_STATUS_CHECK(static_cast<long>(expr), ::dtrain::detail::sys_ok, ::dtrain::detail::sys_describe, \
-                  ::dtrain::Exit::IO)
+#define DT_SYS_CHECK(expr) \
+  DT_STATUS_CHECK(static_cast<long>(expr), ::dtrain::detail::sys_ok, ::dtrain::detail::sys_describe, ::dtrain::Exit::IO)

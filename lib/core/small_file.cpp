@@ -42,8 +42,8 @@ int open_checked(const std::string& path, size_t max_bytes, std::string* problem
   } else if (!S_ISREG(st.st_mode)) {
     *problem = kind_of(st.st_mode);
   } else if (static_cast<unsigned long long>(st.st_size) > max_bytes) {
-    *problem = fmt::format("is {} bytes, more than the {} allowed for it", static_cast<long long>(st.st_size),
-                           max_bytes);
+    *problem =
+        fmt::format("is {} bytes, more than the {} allowed for it", static_cast<long long>(st.st_size), max_bytes);
   } else {
     return fd;
   }

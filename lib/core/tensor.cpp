@@ -12,8 +12,8 @@ int64_t shape_numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) {
     DT_ENFORCE_GE(d, 0, UsageError, "tensor shape {} has a negative dimension", shape_str(shape));
-    DT_ENFORCE(d == 0 || n <= std::numeric_limits<int64_t>::max() / d, UsageError,
-               "tensor shape {} overflows int64", shape_str(shape));
+    DT_ENFORCE(d == 0 || n <= std::numeric_limits<int64_t>::max() / d, UsageError, "tensor shape {} overflows int64",
+               shape_str(shape));
     n *= d;
   }
   return n;
@@ -42,8 +42,7 @@ Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(
 
 void tensor_copy(const TensorView& dst, const TensorView& src) {
   int64_t n = src.numel();
-  DT_ENFORCE_EQ(dst.numel(), n, UsageError, "tensor_copy from {} to {}", shape_str(src.shape),
-                shape_str(dst.shape));
+  DT_ENFORCE_EQ(dst.numel(), n, UsageError, "tensor_copy from {} to {}", shape_str(src.shape), shape_str(dst.shape));
   if (dst.dtype == src.dtype) {
     std::memcpy(dst.data, src.data, src.nbytes());
     return;

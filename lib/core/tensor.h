@@ -27,16 +27,25 @@ std::string shape_str(const std::vector<int64_t>& shape);
 
 /// A zero-initialised, 64-byte aligned array of trivially copyable T. Move-only.
 template <typename T>
-  requires std::is_trivially_copyable_v<T>
+requires std::is_trivially_copyable_v<T>
 class Buffer {
  public:
   Buffer() = default;
   explicit Buffer(size_t n) { resize(n); }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
-  Buffer(Buffer&& o) noexcept : data_(o.data_), size_(o.size_) { o.data_ = nullptr; o.size_ = 0; }
+  Buffer(Buffer&& o) noexcept : data_(o.data_), size_(o.size_) {
+    o.data_ = nullptr;
+    o.size_ = 0;
+  }
   Buffer& operator=(Buffer&& o) noexcept {
-    if (this != &o) { release(); data_ = o.data_; size_ = o.size_; o.data_ = nullptr; o.size_ = 0; }
+    if (this != &o) {
+      release();
+      data_ = o.data_;
+      size_ = o.size_;
+      o.data_ = nullptr;
+      o.size_ = 0;
+    }
     return *this;
   }
   ~Buffer() { release(); }
@@ -49,7 +58,9 @@ class Buffer {
     data_ = static_cast<T*>(aligned_zalloc(bytes));
     size_ = n;
   }
-  void zero() { if (size_) zero_bytes(data_, size_ * sizeof(T)); }
+  void zero() {
+    if (size_) zero_bytes(data_, size_ * sizeof(T));
+  }
 
   T* data() { return data_; }
   const T* data() const { return data_; }

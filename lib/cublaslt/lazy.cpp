@@ -101,11 +101,11 @@ const char* build_dir_path() {
 
 // Each forwarder resolves its symbol once (a function-local static: thread-safe) and
 // calls it; without the library it answers CUBLAS_STATUS_NOT_INITIALIZED.
-#define DT_FORWARD(ret, name, params, args)                                                         \
-  extern "C" ret name params {                                                                      \
+#define DT_FORWARD(ret, name, params, args)                                                        \
+  extern "C" ret name params {                                                                     \
     static const auto real = reinterpret_cast<decltype(&name)>(::dtrain::cublaslt::symbol(#name)); \
-    if (!real) return ::dtrain::cublaslt::unavailable<ret>();                                       \
-    return real args;                                                                               \
+    if (!real) return ::dtrain::cublaslt::unavailable<ret>();                                      \
+    return real args;                                                                              \
   }
 
 DT_FORWARD(cublasStatus_t, cublasLtCreate, (cublasLtHandle_t * h), (h))
@@ -113,9 +113,9 @@ DT_FORWARD(cublasStatus_t, cublasLtDestroy, (cublasLtHandle_t h), (h))
 DT_FORWARD(size_t, cublasLtGetVersion, (void), ())
 DT_FORWARD(cublasStatus_t, cublasLtMatmul,
            (cublasLtHandle_t h, cublasLtMatmulDesc_t desc, const void* alpha, const void* A,
-            cublasLtMatrixLayout_t Adesc, const void* B, cublasLtMatrixLayout_t Bdesc, const void* beta,
-            const void* C, cublasLtMatrixLayout_t Cdesc, void* D, cublasLtMatrixLayout_t Ddesc,
-            const cublasLtMatmulAlgo_t* algo, void* workspace, size_t workspace_bytes, cudaStream_t stream),
+            cublasLtMatrixLayout_t Adesc, const void* B, cublasLtMatrixLayout_t Bdesc, const void* beta, const void* C,
+            cublasLtMatrixLayout_t Cdesc, void* D, cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo,
+            void* workspace, size_t workspace_bytes, cudaStream_t stream),
            (h, desc, alpha, A, Adesc, B, Bdesc, beta, C, Cdesc, D, Ddesc, algo, workspace, workspace_bytes, stream))
 DT_FORWARD(cublasStatus_t, cublasLtMatrixLayoutCreate,
            (cublasLtMatrixLayout_t * layout, cudaDataType type, uint64_t rows, uint64_t cols, int64_t ld),
@@ -135,20 +135,17 @@ DT_FORWARD(cublasStatus_t, cublasLtMatmulDescSetAttribute,
            (cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const void* buf, size_t bytes),
            (desc, attr, buf, bytes))
 DT_FORWARD(cublasStatus_t, cublasLtMatmulDescGetAttribute,
-           (cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, void* buf, size_t bytes,
-            size_t* written),
+           (cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, void* buf, size_t bytes, size_t* written),
            (desc, attr, buf, bytes, written))
 DT_FORWARD(cublasStatus_t, cublasLtMatmulPreferenceCreate, (cublasLtMatmulPreference_t * pref), (pref))
 DT_FORWARD(cublasStatus_t, cublasLtMatmulPreferenceDestroy, (cublasLtMatmulPreference_t pref), (pref))
 DT_FORWARD(cublasStatus_t, cublasLtMatmulPreferenceSetAttribute,
-           (cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr, const void* buf,
-            size_t bytes),
+           (cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr, const void* buf, size_t bytes),
            (pref, attr, buf, bytes))
 DT_FORWARD(cublasStatus_t, cublasLtMatmulAlgoGetHeuristic,
-           (cublasLtHandle_t h, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t Adesc,
-            cublasLtMatrixLayout_t Bdesc, cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
-            cublasLtMatmulPreference_t pref, int requested, cublasLtMatmulHeuristicResult_t results[],
-            int* returned),
+           (cublasLtHandle_t h, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t Adesc, cublasLtMatrixLayout_t Bdesc,
+            cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc, cublasLtMatmulPreference_t pref, int requested,
+            cublasLtMatmulHeuristicResult_t results[], int* returned),
            (h, desc, Adesc, Bdesc, Cdesc, Ddesc, pref, requested, results, returned))
 
 // The status names answer without the library too: an error message must not need it.

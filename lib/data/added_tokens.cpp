@@ -61,7 +61,7 @@ void AddedTokenMatcher::split(std::string_view text, std::vector<AddedSplit>& ou
       continue;
     }
     size_t start = i, stop = i + hit->pattern.size();
-    i = stop;  // the next search starts after this match, kept or not
+    i = stop;                    // the next search starts after this match, kept or not
     if (start < done) continue;  // inside white space an rstrip swallowed
     if (hit->single_word) {
       bool word_before = start > 0 && is_word(cp_before(text, start));

@@ -38,8 +38,8 @@ class AddedTokenMatcher {
   void split(std::string_view text, std::vector<AddedSplit>& out) const;
 
  private:
-  std::vector<AddedTokenSpec> specs_;             // longest pattern first
-  std::vector<std::vector<int32_t>> by_first_;    // 256 lists of indices into specs_
+  std::vector<AddedTokenSpec> specs_;           // longest pattern first
+  std::vector<std::vector<int32_t>> by_first_;  // 256 lists of indices into specs_
 };
 
 }  // namespace dtrain::data

@@ -70,12 +70,10 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
   try {
     root = json::parse(text);
   } catch (const json::parse_error& e) {
-    DT_THROW(ConfigError, "tokenizer file '{}' is not valid JSON (byte {}): {}; is it truncated?", path,
-             e.byte, e.what());
+    DT_THROW(ConfigError, "tokenizer file '{}' is not valid JSON (byte {}): {}; is it truncated?", path, e.byte,
+             e.what());
   }
-  auto fail = [&](const std::string& what) {
-    DT_THROW(ConfigError, "tokenizer file '{}': {}", path, what);
-  };
+  auto fail = [&](const std::string& what) { DT_THROW(ConfigError, "tokenizer file '{}': {}", path, what); };
   if (!root.is_object()) fail("top level is not a JSON object");
 
   try {
@@ -83,8 +81,7 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
     if (!root.contains("model") || !root["model"].is_object()) fail("missing \"model\" object");
     const json& model = root["model"];
     std::string type = model.value("type", std::string("BPE"));
-    if (type != "BPE")
-      fail("unsupported model type '" + type + "': dtrain supports byte-level BPE tokenizers only");
+    if (type != "BPE") fail("unsupported model type '" + type + "': dtrain supports byte-level BPE tokenizers only");
     if (!model.contains("vocab") || !model["vocab"].is_object()) fail("model.vocab is missing or not an object");
     if (!model.contains("merges") || !model["merges"].is_array()) fail("model.merges is missing or not an array");
     ignore_merges_ = model.value("ignore_merges", false);
@@ -92,8 +89,7 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
     // Ids index the id -> token table: each is checked against the vocabulary limit before
     // that table is sized by the largest one.
     auto check_id = [&](const json& idj, const std::string& what) {
-      if (!idj.is_number_integer())
-        fail(fmt::format("{} has id {}, not an integer", what, idj.dump()));
+      if (!idj.is_number_integer()) fail(fmt::format("{} has id {}, not an integer", what, idj.dump()));
       if (idj.is_number_unsigned() ? idj.get<uint64_t>() >= static_cast<uint64_t>(kMaxVocabSize)
                                    : (idj.get<int64_t>() < 0 || idj.get<int64_t>() >= kMaxVocabSize))
         fail(fmt::format("{} has id {}; token ids must be from 0 to {} (at most {} tokens, as model.vocab_size)", what,
@@ -121,7 +117,9 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
         // A missing "normalized" defaults as in tokenizers: special tokens are not normalized.
         Added t{a["content"].get<std::string>(),
                 check_id(a["id"], "added_tokens entry '" + a["content"].get<std::string>().substr(0, 80) + "'"),
-                a.value("single_word", false), a.value("lstrip", false), a.value("rstrip", false),
+                a.value("single_word", false),
+                a.value("lstrip", false),
+                a.value("rstrip", false),
                 a.value("normalized", !a.value("special", false))};
         if (t.content.empty()) fail("added_tokens entry with id " + std::to_string(t.id) + " has empty content");
         max_id = std::max(max_id, t.id);
@@ -158,8 +156,10 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
       utf8_append(s, byte_to_unicode(static_cast<uint8_t>(b)));
       auto it = vocab_.find(s);
       if (it == vocab_.end())
-        fail(fmt::format("model.vocab lacks the byte-level token for byte 0x{:02X} ('{}'): not a byte-level "
-                         "BPE vocabulary", b, s));
+        fail(
+            fmt::format("model.vocab lacks the byte-level token for byte 0x{:02X} ('{}'): not a byte-level "
+                        "BPE vocabulary",
+                        b, s));
       byte_ids_[b] = it->second;
     }
     const json& merges = model["merges"];
@@ -192,10 +192,10 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
       load_sentencepiece(root);
     } else if (root.contains("normalizer") && !root["normalizer"].is_null()) {
       std::string nt = root["normalizer"].value("type", std::string("?"));
-      if (nt == "NFC")
-        log_debug("tokenizer '{}': NFC normalizer not applied (text assumed NFC)", path);
+      if (nt == "NFC") log_debug("tokenizer '{}': NFC normalizer not applied (text assumed NFC)", path);
       else
-        fail("unsupported normalizer '" + nt + "' with a byte-level pre-tokenizer: dtrain supports byte-level "
+        fail("unsupported normalizer '" + nt +
+             "' with a byte-level pre-tokenizer: dtrain supports byte-level "
              "BPE without a normalizer");
     }
     const json& pre = sentencepiece_ ? json() : root["pre_tokenizer"];
@@ -214,8 +214,8 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
         std::string regex;
         if (seq[0].contains("pattern") && seq[0]["pattern"].is_object())
           regex = seq[0]["pattern"].value("Regex", std::string());
-        bool isolated = seq[0].value("behavior", std::string("Isolated")) == "Isolated" &&
-                        !seq[0].value("invert", false);
+        bool isolated =
+            seq[0].value("behavior", std::string("Isolated")) == "Isolated" && !seq[0].value("invert", false);
         bool byte_regex = seq[1].value("use_regex", true);
         add_prefix_space_ = seq[1].value("add_prefix_space", false);
         if (isolated && !byte_regex && regex == LLAMA3_REGEX) {
@@ -336,7 +336,8 @@ void BpeTokenizer::encode_segment(std::string_view text, std::vector<int32_t>& o
     prefixed.append(text);
     text = prefixed;
   }
-  for (const Piece& p : pretokenize(text, pretokenizer_, max_digits_)) encode_piece(text.substr(p.offset, p.length), out);
+  for (const Piece& p : pretokenize(text, pretokenizer_, max_digits_))
+    encode_piece(text.substr(p.offset, p.length), out);
 }
 
 void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {

@@ -69,7 +69,7 @@ class BpeTokenizer final : public Tokenizer {
   // One step of a SentencePiece-style decoder, applied to the list of token strings.
   struct DecodeStep {
     enum Kind { REPLACE, BYTE_FALLBACK, FUSE, STRIP, METASPACE } kind;
-    std::string from, to;  // REPLACE: every `from` in a token becomes `to`; STRIP/METASPACE: from = the char
+    std::string from, to;     // REPLACE: every `from` in a token becomes `to`; STRIP/METASPACE: from = the char
     int start = 0, stop = 0;  // STRIP: at most this many `from` removed at each end of each token
     Prepend prepend = Prepend::ALWAYS;  // METASPACE
   };
@@ -115,7 +115,7 @@ class BpeTokenizer final : public Tokenizer {
   bool byte_fallback_ = false;
   bool fuse_unk_ = false;
   int32_t unk_id_ = -1;
-  std::array<int32_t, 256> fallback_ids_{};  // <0xNN>, -1 when missing
+  std::array<int32_t, 256> fallback_ids_{};         // <0xNN>, -1 when missing
   std::unordered_map<uint32_t, int32_t> char_ids_;  // single-character vocabulary entries
   std::vector<DecodeStep> decoder_;
 };

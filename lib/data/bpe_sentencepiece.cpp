@@ -56,14 +56,11 @@ bool valid_utf8(std::string_view s) {
 // Loading
 
 void BpeTokenizer::load_sentencepiece(const json& root) {
-  auto fail = [&](const std::string& what) {
-    DT_THROW(ConfigError, "tokenizer file '{}': {}", path_, what);
-  };
+  auto fail = [&](const std::string& what) { DT_THROW(ConfigError, "tokenizer file '{}': {}", path_, what); };
   const json& model = root["model"];
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (model.contains(key) && !model[key].is_null() && model[key] != "")
-      fail(fmt::format("model.{} = {} is not supported (dtrain's BPE has no subword affixes)", key,
-                       model[key].dump()));
+      fail(fmt::format("model.{} = {} is not supported (dtrain's BPE has no subword affixes)", key, model[key].dump()));
   if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].is_number() &&
       model["dropout"].get<double>() != 0.0)
     fail("model.dropout = " + model["dropout"].dump() + " is not supported: BPE dropout randomizes encoding");
@@ -83,8 +80,7 @@ void BpeTokenizer::load_sentencepiece(const json& root) {
     if (it != vocab_.end()) fallback_ids_[b] = it->second;
     else ++missing;
   }
-  if (byte_fallback_ && missing == 256)
-    fail("model.byte_fallback is true but model.vocab has no <0xNN> byte tokens");
+  if (byte_fallback_ && missing == 256) fail("model.byte_fallback is true but model.vocab has no <0xNN> byte tokens");
   for (const auto& [tok, id] : vocab_) {
     std::vector<Utf8Unit> u = utf8_units(tok);
     if (u.size() == 1 && u[0].cp != UTF8_INVALID) char_ids_[u[0].cp] = id;
@@ -96,8 +92,7 @@ void BpeTokenizer::load_sentencepiece(const json& root) {
     std::vector<json> steps;
     if (n.value("type", std::string()) == "Sequence" && n.contains("normalizers") && n["normalizers"].is_array())
       for (const json& x : n["normalizers"]) steps.push_back(x);
-    else
-      steps.push_back(n);
+    else steps.push_back(n);
     for (const json& st : steps) {
       const std::string t = st.is_object() ? st.value("type", std::string("?")) : std::string("?");
       if (t == "Prepend" && st.value("prepend", std::string()) == kMeta && !norm_prepend_ && !norm_replace_space_) {
@@ -138,14 +133,14 @@ void BpeTokenizer::load_sentencepiece(const json& root) {
 
   // ---- decoder
   if (!root.contains("decoder") || root["decoder"].is_null())
-    fail("missing decoder: a SentencePiece-style tokenizer.json needs one (Replace/ByteFallback/Fuse/Strip or "
-         "Metaspace)");
+    fail(
+        "missing decoder: a SentencePiece-style tokenizer.json needs one (Replace/ByteFallback/Fuse/Strip or "
+        "Metaspace)");
   const json& d = root["decoder"];
   std::vector<json> steps;
   if (d.value("type", std::string()) == "Sequence" && d.contains("decoders") && d["decoders"].is_array())
     for (const json& x : d["decoders"]) steps.push_back(x);
-  else
-    steps.push_back(d);
+  else steps.push_back(d);
   for (const json& st : steps) {
     const std::string t = st.is_object() ? st.value("type", std::string("?")) : std::string("?");
     DecodeStep step{};
@@ -214,7 +209,8 @@ void BpeTokenizer::encode_sp(std::string_view normalized, bool at_start, std::ve
   std::string s(normalized);
   replace_all(s, " ", kMeta);
   const bool starts_meta = s.compare(0, kMeta.size(), kMeta) == 0;
-  if (!starts_meta && !never_prepend && (metaspace_prepend_ == Prepend::ALWAYS || (metaspace_prepend_ == Prepend::FIRST && at_start)))
+  if (!starts_meta && !never_prepend &&
+      (metaspace_prepend_ == Prepend::ALWAYS || (metaspace_prepend_ == Prepend::FIRST && at_start)))
     s.insert(0, kMeta);
   if (!metaspace_split_) {
     encode_sp_piece(s, out);
@@ -253,7 +249,8 @@ void BpeTokenizer::encode_sp_piece(std::string_view piece, std::vector<int32_t>&
     }
     if (byte_fallback_) {
       bool all = true;
-      for (uint32_t k = 0; k < u.length; ++k) all = all && fallback_ids_[static_cast<uint8_t>(piece[u.offset + k])] >= 0;
+      for (uint32_t k = 0; k < u.length; ++k)
+        all = all && fallback_ids_[static_cast<uint8_t>(piece[u.offset + k])] >= 0;
       if (all) {
         if (pending_unk) id.push_back(unk_id_);
         pending_unk = false;
@@ -299,7 +296,10 @@ std::string BpeTokenizer::decode_sp(const std::vector<int32_t>& ids) const {
         };
         for (std::string& t : toks) {
           auto hex = [](char c) {
-            return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+            return c >= '0' && c <= '9'   ? c - '0'
+                   : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                   : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                          : -1;
           };
           if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && hex(t[3]) >= 0 && hex(t[4]) >= 0) {
             bytes.push_back(static_cast<char>(hex(t[3]) * 16 + hex(t[4])));
@@ -323,7 +323,9 @@ std::string BpeTokenizer::decode_sp(const std::vector<int32_t>& ids) const {
         for (std::string& t : toks) {
           size_t b = 0, e = t.size();
           for (int k = 0; k < st.start && t.compare(b, st.from.size(), st.from) == 0 && b < e; ++k) b += st.from.size();
-          for (int k = 0; k < st.stop && e >= b + st.from.size() && t.compare(e - st.from.size(), st.from.size(), st.from) == 0; ++k)
+          for (int k = 0;
+               k < st.stop && e >= b + st.from.size() && t.compare(e - st.from.size(), st.from.size(), st.from) == 0;
+               ++k)
             e -= st.from.size();
           t = t.substr(b, e - b);
         }

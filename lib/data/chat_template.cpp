@@ -124,7 +124,8 @@ SftTemplate sft_template_detect(const std::string& model_dir) {
   if (has("<|im_start|>")) {
     if (has("<think>") || has("enable_thinking")) return SftTemplate::QWEN3;
     if (has(kQwen25System)) return SftTemplate::QWEN;
-    if (has(std::string("system\\n") + std::string(kQwen2System)) || has(std::string("system\n") + std::string(kQwen2System))) {
+    if (has(std::string("system\\n") + std::string(kQwen2System)) ||
+        has(std::string("system\n") + std::string(kQwen2System))) {
       SftTemplate t(SftTemplate::QWEN);
       t.default_system = kQwen2System;
       return t;
@@ -276,13 +277,13 @@ SftTokens render(const SftRecord& rec, const Tokenizer& tok, const SftTemplate& 
   Renderer r(tok);
   const auto& msgs = rec.messages;
   const int32_t eos = tok.eos_id();
-  const bool own_bos = tmpl.kind == SftTemplate::LLAMA3 || tmpl.kind == SftTemplate::LLAMA2 ||
-                       tmpl.kind == SftTemplate::MISTRAL;
+  const bool own_bos =
+      tmpl.kind == SftTemplate::LLAMA3 || tmpl.kind == SftTemplate::LLAMA2 || tmpl.kind == SftTemplate::MISTRAL;
   if (add_bos && !own_bos && tok.bos_id() >= 0) r.id(tok.bos_id());
   if (own_bos || tmpl.kind == SftTemplate::PLAIN)
     DT_ENFORCE(eos >= 0 && (!own_bos || tok.bos_id() >= 0), ConfigError,
-               "the {} SFT template needs the tokenizer's {} token; tokenizer '{}' has none",
-               kind_name(tmpl.kind), own_bos ? "bos and eos" : "eos", tok.name());
+               "the {} SFT template needs the tokenizer's {} token; tokenizer '{}' has none", kind_name(tmpl.kind),
+               own_bos ? "bos and eos" : "eos", tok.name());
 
   switch (tmpl.kind) {
     case SftTemplate::PLAIN: {

@@ -80,8 +80,8 @@ struct SftTokens {
 
 // The whole record. add_bos prepends the tokenizer's bos (unmasked) for the templates that
 // do not write one themselves (PLAIN, CHATML, QWEN, QWEN3).
-SftTokens sft_render(const SftRecord& record, const Tokenizer& tokenizer, const SftTemplate& tmpl,
-                     bool add_bos = false, bool train_on_prompt = false);
+SftTokens sft_render(const SftRecord& record, const Tokenizer& tokenizer, const SftTemplate& tmpl, bool add_bos = false,
+                     bool train_on_prompt = false);
 
 // All of the record's messages (a conversation ending with a user turn) and the template's
 // generation prompt: what the model is given to answer next (add_generation_prompt).

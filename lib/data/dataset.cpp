@@ -48,7 +48,8 @@ struct MemorySource final : TokenDataset::Source {
     DT_ENFORCE(d.mask.empty() || d.mask.size() == d.tokens.size(), ConfigError,
                "token data: mask has {} entries for {} tokens", d.mask.size(), d.tokens.size());
     if (d.doc_starts.empty() && !d.tokens.empty()) d.doc_starts.push_back(0);
-    if (d.vocab_size <= 0) d.vocab_size = d.tokens.empty() ? 1 : *std::max_element(d.tokens.begin(), d.tokens.end()) + 1;
+    if (d.vocab_size <= 0)
+      d.vocab_size = d.tokens.empty() ? 1 : *std::max_element(d.tokens.begin(), d.tokens.end()) + 1;
   }
   std::string name() const override { return d.name.empty() ? "<memory>" : d.name; }
   size_t size() const override { return d.tokens.size(); }
@@ -56,7 +57,9 @@ struct MemorySource final : TokenDataset::Source {
   bool mask(size_t i) const override { return d.mask.empty() || d.mask[i] != 0; }
   size_t num_docs() const override { return d.doc_starts.size(); }
   uint64_t doc_start(size_t k) const override { return d.doc_starts[k]; }
-  uint64_t doc_end(size_t k) const override { return k + 1 < d.doc_starts.size() ? d.doc_starts[k + 1] : d.tokens.size(); }
+  uint64_t doc_end(size_t k) const override {
+    return k + 1 < d.doc_starts.size() ? d.doc_starts[k + 1] : d.tokens.size();
+  }
   int32_t vocab_size() const override { return d.vocab_size; }
   int32_t eos_id() const override { return d.eos_id; }
   int32_t pad_id() const override { return d.pad_id; }
@@ -89,8 +92,8 @@ void TokenDataset::build() {
   DT_ENFORCE(L >= 1, ConfigError, "seq_len must be at least 1, got {}", L);
   vocab_size_ = sources_[0]->vocab_size();
   for (const auto& s : sources_)
-    DT_ENFORCE_EQ(s->vocab_size(), vocab_size_, ConfigError,
-                  "shard '{}' was made with another tokenizer than '{}'", s->name(), sources_[0]->name());
+    DT_ENFORCE_EQ(s->vocab_size(), vocab_size_, ConfigError, "shard '{}' was made with another tokenizer than '{}'",
+                  s->name(), sources_[0]->name());
   pad_id_ = options_.pad_id;
   if (pad_id_ < 0) pad_id_ = sources_[0]->pad_id();
   if (pad_id_ < 0) pad_id_ = sources_[0]->eos_id();
@@ -124,9 +127,11 @@ void TokenDataset::build() {
   for (const auto& s : sources_) total += s->size();
   std::string name;
   for (const auto& s : sources_) name += (name.empty() ? "" : ", ") + s->name();
-  DT_ENFORCE(!index_.empty(), ConfigError,
-             "{}: the dataset yields no samples of seq_len {} ({} tokens in {} shard(s)); use a smaller seq_len or more "
-             "data", name, L, total, sources_.size());
+  DT_ENFORCE(
+      !index_.empty(), ConfigError,
+      "{}: the dataset yields no samples of seq_len {} ({} tokens in {} shard(s)); use a smaller seq_len or more "
+      "data",
+      name, L, total, sources_.size());
   // Padded samples were kept only with a trained target; packed windows need the same
   // check over the whole data, or training runs its steps on nothing and "succeeds".
   // It stops at the first trained target, so it costs a scan only when it fails.

@@ -27,9 +27,9 @@ constexpr int32_t IGNORE_INDEX = -100;  // target value that takes no loss
 enum class SampleMode { PACK, PAD };
 
 struct DatasetOptions {
-  int64_t seq_len = 0;                  // tokens per sample (inputs); >= 1
+  int64_t seq_len = 0;  // tokens per sample (inputs); >= 1
   SampleMode mode = SampleMode::PACK;
-  int32_t pad_id = -1;                  // PAD input filler; -1: the shard's pad, else its eos, else 0
+  int32_t pad_id = -1;  // PAD input filler; -1: the shard's pad, else its eos, else 0
 };
 
 struct Sample {
@@ -63,8 +63,8 @@ class TokenDataset {
  private:
   struct Entry {
     uint32_t source;
-    uint64_t begin;  // first token of the window / document
-    uint64_t length; // tokens available (<= seq_len + 1)
+    uint64_t begin;   // first token of the window / document
+    uint64_t length;  // tokens available (<= seq_len + 1)
   };
   void build();
 

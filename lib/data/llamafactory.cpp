@@ -92,8 +92,8 @@ void json_array_elements(const std::string& text, const std::string& file, F&& f
       ++i;
       continue;
     }
-    DT_ENFORCE(text[i] == ']', ConfigError, "{}:{}: expected ',' or ']' after the record that starts on line {}",
-               file, line, start_line);
+    DT_ENFORCE(text[i] == ']', ConfigError, "{}:{}: expected ',' or ']' after the record that starts on line {}", file,
+               line, start_line);
     return;
   }
 }
@@ -106,8 +106,8 @@ struct Entry {
   fs::path file;
   bool sharegpt = false;
   // columns
-  std::string prompt = "instruction", query = "input", response = "output", history, messages = "conversations",
-              system, tools;
+  std::string prompt = "instruction", query = "input", response = "output", history, messages = "conversations", system,
+              tools;
   // tags
   std::string role = "from", content = "value", user = "human", assistant = "gpt", observation = "observation",
               function = "function_call", system_tag = "system";
@@ -164,13 +164,22 @@ Entry entry_parse(const json& info, const std::string& name, const fs::path& dir
     }
   };
   mapping("columns",
-          {{"prompt", &out.prompt}, {"query", &out.query}, {"response", &out.response}, {"history", &out.history},
-           {"messages", &out.messages}, {"system", &out.system}, {"tools", &out.tools}},
+          {{"prompt", &out.prompt},
+           {"query", &out.query},
+           {"response", &out.response},
+           {"history", &out.history},
+           {"messages", &out.messages},
+           {"system", &out.system},
+           {"tools", &out.tools}},
           {"images", "videos", "audios", "chosen", "rejected", "kto_tag"});
   mapping("tags",
-          {{"role_tag", &out.role}, {"content_tag", &out.content}, {"user_tag", &out.user},
-           {"assistant_tag", &out.assistant}, {"observation_tag", &out.observation},
-           {"function_tag", &out.function}, {"system_tag", &out.system_tag}},
+          {{"role_tag", &out.role},
+           {"content_tag", &out.content},
+           {"user_tag", &out.user},
+           {"assistant_tag", &out.assistant},
+           {"observation_tag", &out.observation},
+           {"function_tag", &out.function},
+           {"system_tag", &out.system_tag}},
           {});
   return out;
 }
@@ -179,8 +188,7 @@ Entry entry_parse(const json& info, const std::string& name, const fs::path& dir
 // Records
 
 // A string column: "" when absent or null and not required.
-std::string column(const json& j, const std::string& key, bool required, const std::string& where,
-                   const char* role) {
+std::string column(const json& j, const std::string& key, bool required, const std::string& where, const char* role) {
   if (!j.contains(key) || j[key].is_null()) {
     DT_ENFORCE(!required, ConfigError, "{}: missing \"{}\" (the {} column, a string)", where, key, role);
     return {};
@@ -263,9 +271,9 @@ SftRecord sharegpt_record(const json& j, const Entry& e, const std::string& wher
     DT_ENFORCE(user_turn ? is_user : is_answer, ConfigError,
                "{}: \"{}\"[{}].\"{}\" is '{}' where a {} turn belongs: sharegpt turns alternate {}/{} and {}/{} "
                "after an optional first {} message",
-               where, e.messages, k, e.role, role, user_turn ? e.user + "/" + e.observation
-                                                             : e.assistant + "/" + e.function,
-               e.user, e.observation, e.assistant, e.function, e.system_tag);
+               where, e.messages, k, e.role, role,
+               user_turn ? e.user + "/" + e.observation : e.assistant + "/" + e.function, e.user, e.observation,
+               e.assistant, e.function, e.system_tag);
     rec.messages.push_back({is_user ? SftRole::USER : SftRole::ASSISTANT, content, ""});
   }
   DT_ENFORCE(msgs.size() > first && (msgs.size() - first) % 2 == 0, ConfigError,
@@ -320,8 +328,9 @@ bool llamafactory_is_dataset_dir(const std::string& path) {
 
 std::vector<SftRecord> llamafactory_load(const std::string& dataset_dir, const std::string& names,
                                          const std::vector<double>& mix) {
-  const fs::path info_path =
-      fs::path(dataset_dir).filename() == "dataset_info.json" ? fs::path(dataset_dir) : fs::path(dataset_dir) / "dataset_info.json";
+  const fs::path info_path = fs::path(dataset_dir).filename() == "dataset_info.json"
+                                 ? fs::path(dataset_dir)
+                                 : fs::path(dataset_dir) / "dataset_info.json";
   const fs::path dir = info_path.parent_path();
   json info;
   try {
@@ -334,8 +343,8 @@ std::vector<SftRecord> llamafactory_load(const std::string& dataset_dir, const s
   std::istringstream ss(names);
   for (std::string n; std::getline(ss, n, ',');)
     if (!trim_copy(n).empty()) list.push_back(trim_copy(n));
-  DT_ENFORCE(!list.empty(), ConfigError,
-             "data.dataset is empty: name the datasets of {} to train on (comma-separated)", info_path.string());
+  DT_ENFORCE(!list.empty(), ConfigError, "data.dataset is empty: name the datasets of {} to train on (comma-separated)",
+             info_path.string());
   DT_ENFORCE(mix.empty() || mix.size() == list.size(), ConfigError,
              "data.mix has {} weights for {} datasets ({}): give one weight per dataset, or none to concatenate them",
              mix.size(), list.size(), names);

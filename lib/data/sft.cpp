@@ -110,8 +110,8 @@ std::string normalize_ws(std::string_view s) {
 }  // namespace
 
 bool sft_answer_matches(const std::string& expected, const std::string& generated) {
-  static constexpr std::string_view STOPS[] = {"<|eos|>", "<|endoftext|>", "<|im_end|>", "<|end_of_text|>",
-                                               "<|eot_id|>", "</s>", "\n###"};
+  static constexpr std::string_view STOPS[] = {"<|eos|>",    "<|endoftext|>", "<|im_end|>", "<|end_of_text|>",
+                                               "<|eot_id|>", "</s>",          "\n###"};
   size_t cut = generated.size();
   for (std::string_view s : STOPS) cut = std::min(cut, generated.find(s));
   return normalize_ws(expected) == normalize_ws(std::string_view(generated).substr(0, cut));

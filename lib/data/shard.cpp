@@ -34,7 +34,9 @@ uint32_t crc32_of(const void* data, size_t size) {
 }
 
 template <typename T>
-void put(uint8_t* p, T v) { std::memcpy(p, &v, sizeof(T)); }
+void put(uint8_t* p, T v) {
+  std::memcpy(p, &v, sizeof(T));
+}
 template <typename T>
 T get(const uint8_t* p) {
   T v;
@@ -52,8 +54,7 @@ void TokenData::append(const std::vector<int32_t>& doc, const std::vector<uint8_
   bool masked = !mask.empty() || (!doc_mask.empty() && tokens.empty());
   DT_ENFORCE(doc_mask.empty() || doc_mask.size() == doc.size(), InternalError,
              "document mask has {} entries for {} tokens", doc_mask.size(), doc.size());
-  DT_ENFORCE(masked == !doc_mask.empty(), InternalError,
-             "all documents of one TokenData must have a mask, or none");
+  DT_ENFORCE(masked == !doc_mask.empty(), InternalError, "all documents of one TokenData must have a mask, or none");
   doc_starts.push_back(tokens.size());
   tokens.insert(tokens.end(), doc.begin(), doc.end());
   mask.insert(mask.end(), doc_mask.begin(), doc_mask.end());
@@ -62,12 +63,13 @@ void TokenData::append(const std::vector<int32_t>& doc, const std::vector<uint8_
 void shard_write(const std::string& path, const TokenData& data) {
   const size_t n = data.tokens.size();
   DT_ENFORCE(data.vocab_size > 0, ConfigError, "shard '{}': vocab_size must be positive", path);
-  DT_ENFORCE(data.mask.empty() || data.mask.size() == n, ConfigError,
-             "shard '{}': mask has {} entries for {} tokens", path, data.mask.size(), n);
+  DT_ENFORCE(data.mask.empty() || data.mask.size() == n, ConfigError, "shard '{}': mask has {} entries for {} tokens",
+             path, data.mask.size(), n);
   for (size_t d = 0; d < data.doc_starts.size(); ++d) {
-    DT_ENFORCE(data.doc_starts[d] < n && (d == 0 ? data.doc_starts[d] == 0 : data.doc_starts[d] > data.doc_starts[d - 1]),
-               ConfigError, "shard '{}': document start {} (= {}) is out of order or past the tokens", path, d,
-               data.doc_starts[d]);
+    DT_ENFORCE(
+        data.doc_starts[d] < n && (d == 0 ? data.doc_starts[d] == 0 : data.doc_starts[d] > data.doc_starts[d - 1]),
+        ConfigError, "shard '{}': document start {} (= {}) is out of order or past the tokens", path, d,
+        data.doc_starts[d]);
   }
   DT_ENFORCE(n == 0 || !data.doc_starts.empty(), ConfigError, "shard '{}': tokens without document starts", path);
   const uint32_t width = data.vocab_size <= 65536 ? 2 : 4;
@@ -175,8 +177,8 @@ ShardReader::ShardReader(const std::string& path, bool verify) : path_(path) {
                num_tokens_, num_docs_, bytes_);
     const size_t expect = num_tokens_ * width_ + (has_mask_ ? num_tokens_ : 0) + num_docs_ * 8;
     DT_ENFORCE(expect == room, IoError,
-               "token shard '{}' is truncated or has trailing bytes: expected {} payload bytes, found {}", path,
-               expect, room);
+               "token shard '{}' is truncated or has trailing bytes: expected {} payload bytes, found {}", path, expect,
+               room);
     tokens_ = base_ + SHARD_HEADER_BYTES;
     mask_ = has_mask_ ? tokens_ + num_tokens_ * width_ : nullptr;
     docs_ = tokens_ + num_tokens_ * width_ + (has_mask_ ? num_tokens_ : 0);

@@ -73,7 +73,7 @@ class ShardReader {
   int32_t pad_id() const { return pad_id_; }
 
   int32_t token(size_t i) const;
-  bool mask(size_t i) const;         // true when the shard has no mask
+  bool mask(size_t i) const;  // true when the shard has no mask
   uint64_t doc_start(size_t d) const;
   uint64_t doc_end(size_t d) const;  // doc_start(d + 1) or size()
   // Copies tokens [begin, begin + n) (n <= size() - begin).

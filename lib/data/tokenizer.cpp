@@ -82,8 +82,7 @@ int32_t ByteTokenizer::special_id(std::string_view token) const {
 // tokenizer_load
 
 std::unique_ptr<Tokenizer> tokenizer_load(const std::string& spec) {
-  DT_ENFORCE(!spec.empty(), ConfigError,
-             "empty tokenizer spec: use \"byte\" or the path of a tokenizer.json");
+  DT_ENFORCE(!spec.empty(), ConfigError, "empty tokenizer spec: use \"byte\" or the path of a tokenizer.json");
   if (spec == "byte") return std::make_unique<ByteTokenizer>();
   std::string path = spec;
   if (std::filesystem::is_directory(path)) path = (std::filesystem::path(path) / "tokenizer.json").string();

@@ -132,8 +132,8 @@ class CpuDevice final : public Device {
     f32(t);
     ops::linear_backward(F(dinp), dweight, dbias, F(dout), F(inp), F(w), N, IC, OC, ld_dout, accumulate_dinp);
   }
-  void linear_dgelu_backward(void* dpre, float* dweight, float* dbias, const void* dout, const void* inp,
-                             const void* w, const void* pre, int N, int IC, int OC, DType t) override {
+  void linear_dgelu_backward(void* dpre, float* dweight, float* dbias, const void* dout, const void* inp, const void* w,
+                             const void* pre, int N, int IC, int OC, DType t) override {
     ops::OpScope scope(ops::OpClass::LINEAR);
     f32(t);
     ops::linear_dgelu_backward(F(dpre), dweight, dbias, F(dout), F(inp), F(w), F(pre), N, IC, OC);
@@ -232,9 +232,7 @@ class CpuDevice final : public Device {
     f32(t);
     ops::rope_backward(F(dq), F(dk), B, T, NH, NKV, HD, rope);
   }
-  size_t attention_saved_floats(int B, int T, int NH) const override {
-    return static_cast<size_t>(B) * NH * T * T;
-  }
+  size_t attention_saved_floats(int B, int T, int NH) const override { return static_cast<size_t>(B) * NH * T * T; }
   void attention_forward(void* out, float* saved, const void* q, const void* k, const void* v, int B, int T, int NH,
                          int NKV, int HD, int q_stride, int kv_stride, int window, DType t) override {
     ops::OpScope scope(ops::OpClass::ATTENTION);
@@ -256,8 +254,8 @@ class CpuDevice final : public Device {
                             kv_stride, window);
   }
 
-  void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T, int C,
-                         int V, DType t) override {
+  void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T, int C, int V,
+                         DType t) override {
     ops::OpScope scope(ops::OpClass::EMBEDDING);
     f32(t);
     ops::embedding_forward(F(out), tokens, F(wte), F(wpe), B, T, C, V);
@@ -274,7 +272,8 @@ class CpuDevice final : public Device {
     f32(t);
     t_ce.logits = nullptr;
     t_ce_lse.resize(static_cast<size_t>(N));
-    const float m = ops::cross_entropy_forward(losses, F(logits), targets, N, V, ld, ops::IGNORE_INDEX, t_ce_lse.data());
+    const float m =
+        ops::cross_entropy_forward(losses, F(logits), targets, N, V, ld, ops::IGNORE_INDEX, t_ce_lse.data());
     t_ce = CeKey{logits, N, V, ld};
     if (mean) *mean = m;
   }
@@ -299,8 +298,7 @@ class CpuDevice final : public Device {
       if (copy != nullptr) CpuDevice::copy(copy, param, n * sizeof(float));
       return;
     }
-    ops::adamw_step_copy(param, grad, m, v, n, cfg, lr, step, decay, grad_scale, static_cast<uint16_t*>(copy),
-                         copy_t);
+    ops::adamw_step_copy(param, grad, m, v, n, cfg, lr, step, decay, grad_scale, static_cast<uint16_t*>(copy), copy_t);
   }
   void norm_sq_accumulate(double* acc, const float* g, size_t n) override {
     ops::OpScope scope(ops::OpClass::OPTIMIZER);
@@ -348,7 +346,8 @@ class CpuDevice final : public Device {
   static void f32(DType t) {
     DT_ENFORCE(t == DType::F32, UsageError,
                "the CPU device computes in fp32 (got {}): its mixed-precision compute copy is fp32 values "
-               "rounded to bf16/fp16", dtype_name(t));
+               "rounded to bf16/fp16",
+               dtype_name(t));
   }
 };
 

@@ -87,8 +87,7 @@ void PlanDevice::linear_gelu_forward(void* out, void* pre, const void*, const vo
   const char* op = "linear_gelu_forward";
   if (OC % 8 == 0) {
     if (N == 0) return;
-    matmul(op, false, true, N, OC, IC, 1.0f, 0.0f, t, t,
-           bias ? PlanEpilogue::GELU_AUX_BIAS : PlanEpilogue::GELU_AUX);
+    matmul(op, false, true, N, OC, IC, 1.0f, 0.0f, t, t, bias ? PlanEpilogue::GELU_AUX_BIAS : PlanEpilogue::GELU_AUX);
     return;
   }
   linear(op, bias, N, IC, OC, t);
@@ -105,8 +104,8 @@ void PlanDevice::weight_grads(const char* op, bool dw, bool db, int N, int IC, i
   if (dw) matmul(op, true, false, OC, IC, N, 1.0f, 1.0f, t, DType::F32, PlanEpilogue::DEFAULT);
   if (db) column_sums(op, 2, false, true, N, OC, t);
 }
-void PlanDevice::linear_backward(void* dinp, float* dweight, float* dbias, const void*, const void*, const void*,
-                                 int N, int IC, int OC, int, bool accumulate_dinp, DType t) {
+void PlanDevice::linear_backward(void* dinp, float* dweight, float* dbias, const void*, const void*, const void*, int N,
+                                 int IC, int OC, int, bool accumulate_dinp, DType t) {
   const char* op = "linear_backward";
   if (N == 0) return;
   if (dinp) matmul(op, false, false, N, IC, OC, 1.0f, accumulate_dinp ? 1.0f : 0.0f, t, t, PlanEpilogue::DEFAULT);
@@ -114,8 +113,8 @@ void PlanDevice::linear_backward(void* dinp, float* dweight, float* dbias, const
 }
 // CudaDevice: the DGELU epilogue when IC % 8 == 0, else the plain backward + gelu_backward
 // in place.
-void PlanDevice::linear_dgelu_backward(void* dpre, float* dweight, float* dbias, const void*, const void*,
-                                       const void*, const void* pre, int N, int IC, int OC, DType t) {
+void PlanDevice::linear_dgelu_backward(void* dpre, float* dweight, float* dbias, const void*, const void*, const void*,
+                                       const void* pre, int N, int IC, int OC, DType t) {
   const char* op = "linear_dgelu_backward";
   if (N == 0) return;
   if (IC % 8 == 0) {
@@ -145,7 +144,7 @@ void PlanDevice::column_sums(const char* op, int mode, bool dw, bool db, int N, 
   const double nc = static_cast<double>(N) * C;
   const double part = static_cast<double>(blocks_for(static_cast<size_t>(N), 128)) * C;
   const int outs = (dw ? 1 : 0) + (db ? 1 : 0);
-  double bytes = nc * es(t) + part * 4 * outs;                 // dout (or x) in, partials out
+  double bytes = nc * es(t) + part * 4 * outs;                                           // dout (or x) in, partials out
   if (mode < 2) bytes += nc * es(t) + static_cast<double>(N) * 4 * (mode == 0 ? 2 : 1);  // inp, stats
   kernel(op, "column_partial_kernel<T, MODE>", PlanUnit::CUDA_CORE, nc * (mode == 0 ? 5 : mode == 1 ? 3 : 1), bytes);
   for (int i = 0; i < outs; ++i)
@@ -156,8 +155,8 @@ void PlanDevice::norm_backward(const char* op, bool layer, const void* dinp, con
                                const void* w, bool dw, bool db, int N, int C, DType t) {
   if (N <= 0 || C <= 0) return;
   if (dinp) {
-    const bool vec = static_cast<size_t>(C) % vec16(t) == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) &&
-                     aligned16(w);
+    const bool vec =
+        static_cast<size_t>(C) % vec16(t) == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(w);
     const double nc = static_cast<double>(N) * C;
     const double bytes = nc * es(t) * 4 + C * es(t) + static_cast<double>(N) * 4 * (layer ? 2 : 1);
     kernel(op, vec ? "norm_dinp_kernel<T, V, K>" : "norm_dinp_kernel<T, 1, K>", PlanUnit::CUDA_CORE,
@@ -185,8 +184,8 @@ void PlanDevice::residual_rmsnorm_forward(void*, void*, float*, const void*, con
                                           float, DType t) {
   norm_forward("residual_rmsnorm_forward", false, true, nullptr, N, C, t);
 }
-void PlanDevice::rmsnorm_backward(void* dinp, float* dw, const void* dout, const void* inp, const void* w,
-                                  const float*, int N, int C, DType t) {
+void PlanDevice::rmsnorm_backward(void* dinp, float* dw, const void* dout, const void* inp, const void* w, const float*,
+                                  int N, int C, DType t) {
   norm_backward("rmsnorm_backward", false, dinp, dout, inp, w, dw != nullptr, false, N, C, t);
 }
 
@@ -320,8 +319,8 @@ void PlanDevice::embedding_forward(void* out, const int32_t*, const void* wte, c
                                    int, DType t) {
   const int N = B * T;
   if (N <= 0 || C <= 0) return;
-  const bool vec = static_cast<size_t>(C) % vec16(t) == 0 && aligned16(out) && aligned16(wte) &&
-                   (wpe == nullptr || aligned16(wpe));
+  const bool vec =
+      static_cast<size_t>(C) % vec16(t) == 0 && aligned16(out) && aligned16(wte) && (wpe == nullptr || aligned16(wpe));
   const double nc = static_cast<double>(N) * C;
   kernel("embedding_forward", vec ? "embedding_forward_kernel<Ty, VEC>" : "embedding_forward_kernel<Ty, 1>",
          PlanUnit::CUDA_CORE, wpe ? nc : 0.0,
@@ -383,7 +382,8 @@ void PlanDevice::adamw(float* param, const float* grad, float* m, float* v, size
   if (copy16) vec = vec && reinterpret_cast<uintptr_t>(copy) % (4 * dtype_size(copy_t)) == 0;
   const double bytes = static_cast<double>(n) * (28.0 + (copy16 ? es(copy_t) : 0.0));  // p, g, m, v in; p, m, v out
   kernel(op, vec ? "adamw_kernel<C, V>" : "adamw_kernel<C, 1>", PlanUnit::CUDA_CORE, n * FLOPS_ADAMW, bytes);
-  if (copy != nullptr && !copy16 && copy != param) memcpy_op(op, "cudaMemcpyAsync", PlanCopy::D2D, n * sizeof(float), 1);
+  if (copy != nullptr && !copy16 && copy != param)
+    memcpy_op(op, "cudaMemcpyAsync", PlanCopy::D2D, n * sizeof(float), 1);
 }
 
 void PlanDevice::norm_sq_accumulate(double*, const float* g, size_t n) {

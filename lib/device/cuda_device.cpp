@@ -64,8 +64,7 @@ class CudaDevice final : public Device {
 #ifndef DTRAIN_CUDA_EMU
     // cuBLASLt is loaded on first use (lib/cublaslt/lazy.h): a node without it fails here,
     // naming the files tried, rather than at its first GEMM with a bare status code.
-    if (!cublaslt::ensure_loaded())
-      throw DeviceError("cuda:" + std::to_string(index_) + ": " + cublaslt::load_error());
+    if (!cublaslt::ensure_loaded()) throw DeviceError("cuda:" + std::to_string(index_) + ": " + cublaslt::load_error());
 #endif
     name_ = "cuda:" + std::to_string(index_) + " (" + kernels::device_describe(index_) + ")";
     // alloc/free and the kernels' scratch are stream-ordered allocations from the
@@ -191,8 +190,8 @@ class CudaDevice final : public Device {
     kernels::linear_backward(dinp, dweight, dbias, dout, inp, w, N, IC, OC, ld_dout, accumulate_dinp, t, s_);
   }
   // The DGELU epilogue reads pre with dpre's leading dimension: IC % 8 == 0 (as forward).
-  void linear_dgelu_backward(void* dpre, float* dweight, float* dbias, const void* dout, const void* inp,
-                             const void* w, const void* pre, int N, int IC, int OC, DType t) override {
+  void linear_dgelu_backward(void* dpre, float* dweight, float* dbias, const void* dout, const void* inp, const void* w,
+                             const void* pre, int N, int IC, int OC, DType t) override {
     cur();
     if (IC % 8 == 0) {
       kernels::linear_dgelu_backward(dpre, dweight, dbias, dout, inp, w, pre, N, IC, OC, t, s_);
@@ -283,13 +282,13 @@ class CudaDevice final : public Device {
                                 window);
   }
 
-  void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T, int C,
-                         int V, DType t) override {
+  void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T, int C, int V,
+                         DType t) override {
     cur();
     kernels::embedding_forward(out, tokens, wte, wpe, B, T, C, V, t, s_);
   }
-  void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T, int C,
-                          int V, DType t) override {
+  void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T, int C, int V,
+                          DType t) override {
     cur();
     kernels::embedding_backward(dwte, dwpe, dout, tokens, B, T, C, V, t, s_);
   }
@@ -398,7 +397,8 @@ void cuda_require(int index) {
              visible ? visible : "");
   DT_ENFORCE(index >= 0 && index < n, DeviceError,
              "CUDA device {} does not exist: this process sees {} (CUDA_VISIBLE_DEVICES='{}'); LOCAL_RANK indexes "
-             "the visible devices, so start at most {} ranks per node", index, n, visible ? visible : "", n);
+             "the visible devices, so start at most {} ranks per node",
+             index, n, visible ? visible : "", n);
 }
 
 std::unique_ptr<Device> cuda_create(int index) {

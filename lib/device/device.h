@@ -86,8 +86,7 @@ class Device {
   /// never reads dinp); dweight += dout^T inp; dbias += colsum(dout) (fp32 gradients).
   /// dout's rows are ld_dout >= OC apart; only OC columns are read.
   virtual void linear_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp,
-                               const void* w, int N, int IC, int OC, int ld_dout, bool accumulate_dinp,
-                               DType t) = 0;
+                               const void* w, int N, int IC, int OC, int ld_dout, bool accumulate_dinp, DType t) = 0;
   /// The backward of a linear layer whose input is inp = gelu(pre) (pre [N, IC], the
   /// pre-activation linear_gelu_forward kept): WRITES dpre = gelu'(pre) * (dout W);
   /// dweight += dout^T inp; dbias += colsum(dout). On CUDA the GELU derivative is the
@@ -96,13 +95,13 @@ class Device {
                                      const void* w, const void* pre, int N, int IC, int OC, DType t) = 0;
 
   // ---- Norms (statistics fp32 [N]); residual_* also write residual = a + b first
-  virtual void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w,
-                                 const void* bias, int N, int C, float eps, DType t) = 0;
+  virtual void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* bias,
+                                 int N, int C, float eps, DType t) = 0;
   virtual void residual_layernorm_forward(void* residual, void* out, float* mean, float* rstd, const void* a,
                                           const void* b, const void* w, const void* bias, int N, int C, float eps,
                                           DType t) = 0;
-  virtual void layernorm_backward(void* dinp, float* dw, float* dbias, const void* dout, const void* inp,
-                                  const void* w, const float* mean, const float* rstd, int N, int C, DType t) = 0;
+  virtual void layernorm_backward(void* dinp, float* dw, float* dbias, const void* dout, const void* inp, const void* w,
+                                  const float* mean, const float* rstd, int N, int C, DType t) = 0;
   virtual void rmsnorm_forward(void* out, float* rstd, const void* inp, const void* w, int N, int C, float eps,
                                DType t) = 0;
   virtual void residual_rmsnorm_forward(void* residual, void* out, float* rstd, const void* a, const void* b,
@@ -141,9 +140,9 @@ class Device {
   virtual void attention_forward(void* out, float* saved, const void* q, const void* k, const void* v, int B, int T,
                                  int NH, int NKV, int HD, int q_stride, int kv_stride, int window, DType t) = 0;
   /// WRITES dq (q_stride apart), dk, dv (kv_stride apart); dout dense like out.
-  virtual void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out,
-                                  const float* saved, const void* q, const void* k, const void* v, int B, int T,
-                                  int NH, int NKV, int HD, int q_stride, int kv_stride, int window, DType t) = 0;
+  virtual void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out, const float* saved,
+                                  const void* q, const void* k, const void* v, int B, int T, int NH, int NKV, int HD,
+                                  int q_stride, int kv_stride, int window, DType t) = 0;
 
   // ---- Embedding and loss (tokens, targets: int32 device arrays)
   /// out = wte[tokens] (+ wpe[t]). Tokens are validated by the caller.
@@ -257,7 +256,10 @@ class DeviceBuffer {
     bytes_ = 0;
   }
   void* get() const { return ptr_; }
-  template <typename T> T* as() const { return static_cast<T*>(ptr_); }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
   size_t bytes() const { return bytes_; }
 
  private:

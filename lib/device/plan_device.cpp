@@ -81,7 +81,8 @@ void PlanDevice::kernel(const char* op, const char* name, PlanUnit unit, double 
 void PlanDevice::matmul(const char* op, bool trans_a, bool trans_b, int M, int N, int K, float alpha, float beta,
                         DType ab, DType c, PlanEpilogue epi) {
   if (!recording_) return;
-  const double m = M, n = N, k = K, es_ab = static_cast<double>(dtype_size(ab)), es_c = static_cast<double>(dtype_size(c));
+  const double m = M, n = N, k = K, es_ab = static_cast<double>(dtype_size(ab)),
+               es_c = static_cast<double>(dtype_size(c));
   double bytes = es_ab * (m * k + k * n) + es_c * m * n * (beta != 0.0f ? 2.0 : 1.0);
   if (epi == PlanEpilogue::BIAS || epi == PlanEpilogue::GELU_AUX_BIAS) bytes += es_c * n;
   if (epi == PlanEpilogue::GELU_AUX || epi == PlanEpilogue::GELU_AUX_BIAS || epi == PlanEpilogue::DGELU)

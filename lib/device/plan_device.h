@@ -48,7 +48,7 @@ enum class PlanCopy { H2D, D2H, D2D };
 
 /// One launch (kernel, matmul, memset or memcpy) of one op call.
 struct PlanEntry {
-  std::string op;      ///< the Device op that issued it, e.g. "linear_backward"
+  std::string op;  ///< the Device op that issued it, e.g. "linear_backward"
   /// KERNEL: the launch expression as kernels/ writes it (the text the CPU execution
   /// engine records, e.g. "adamw_kernel<C, V>"); MATMUL: "cublasLtMatmul <epilogue>
   /// <A/B>-><C/D>"; MEMSET: "cudaMemsetAsync"; MEMCPY: "cudaMemcpyAsync <kind>" or
@@ -57,9 +57,9 @@ struct PlanEntry {
   PlanKind kind = PlanKind::KERNEL;
   PlanUnit unit = PlanUnit::MEMORY;
   int64_t launches = 1;
-  double flops = 0;  ///< arithmetic performed (a GEMM: 2 m n k)
-  double bytes = 0;  ///< global memory (PCIE: bus) reads + writes, each array once
-  PlanMatmul matmul;            ///< MATMUL only
+  double flops = 0;               ///< arithmetic performed (a GEMM: 2 m n k)
+  double bytes = 0;               ///< global memory (PCIE: bus) reads + writes, each array once
+  PlanMatmul matmul;              ///< MATMUL only
   PlanCopy copy = PlanCopy::D2D;  ///< MEMCPY only
   size_t width = 0, height = 0;   ///< MEMSET / MEMCPY: width x height bytes (1D: height 1)
 };
@@ -101,8 +101,8 @@ class PlanDevice final : public Device {
                            int OC, DType t) override;
   void linear_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* w,
                        int N, int IC, int OC, int ld_dout, bool accumulate_dinp, DType t) override;
-  void linear_dgelu_backward(void* dpre, float* dweight, float* dbias, const void* dout, const void* inp,
-                             const void* w, const void* pre, int N, int IC, int OC, DType t) override;
+  void linear_dgelu_backward(void* dpre, float* dweight, float* dbias, const void* dout, const void* inp, const void* w,
+                             const void* pre, int N, int IC, int OC, DType t) override;
 
   void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* bias, int N,
                          int C, float eps, DType t) override;
@@ -136,10 +136,10 @@ class PlanDevice final : public Device {
                           const void* q, const void* k, const void* v, int B, int T, int NH, int NKV, int HD,
                           int q_stride, int kv_stride, int window, DType t) override;
 
-  void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T, int C,
-                         int V, DType t) override;
-  void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T, int C,
-                          int V, DType t) override;
+  void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T, int C, int V,
+                         DType t) override;
+  void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T, int C, int V,
+                          DType t) override;
   void cross_entropy_forward(float* losses, float* mean, const void* logits, const int32_t* targets, int N, int V,
                              int ld, DType t) override;
   void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V, int ld,

@@ -23,7 +23,9 @@ Finding make(const NodeObservation& n, const char* check, Status s, std::string 
   return {n.node, n.host, check, s, std::move(detail), std::move(advice)};
 }
 
-std::string gib(int64_t bytes) { return fmt::format("{:.1f} GiB", static_cast<double>(bytes) / (1024.0 * 1024 * 1024)); }
+std::string gib(int64_t bytes) {
+  return fmt::format("{:.1f} GiB", static_cast<double>(bytes) / (1024.0 * 1024 * 1024));
+}
 
 }  // namespace
 
@@ -114,8 +116,7 @@ std::vector<Finding> analyze_nodes(const std::vector<NodeObservation>& nodes, co
       continue;
     }
     if (!n.facts) {
-      out.push_back(make(n, "node", Status::FAIL,
-                         n.end_error.empty() ? "the node check reported nothing" : n.end_error,
+      out.push_back(make(n, "node", Status::FAIL, n.end_error.empty() ? "the node check reported nothing" : n.end_error,
                          fmt::format("check that {} is this dtrain build on the node (cluster.dtrain_path) and that "
                                      "it runs there: {} --version",
                                      ex.dtrain_path, ex.dtrain_path)));
@@ -135,18 +136,17 @@ std::vector<Finding> analyze_nodes(const std::vector<NodeObservation>& nodes, co
 
     const bool want_gpu = ex.device == "cuda" || (ex.device == "auto" && f.gpus > 0);
     if (want_gpu && f.gpus < n.slots)
-      out.push_back(make(n, "slots", Status::FAIL,
-                         fmt::format("the hostfile claims {} slot(s) but the node sees {} CUDA device(s)", n.slots,
-                                     f.gpus),
-                         "fix slots= for this host in the hostfile, or the node's CUDA_VISIBLE_DEVICES / driver"));
+      out.push_back(
+          make(n, "slots", Status::FAIL,
+               fmt::format("the hostfile claims {} slot(s) but the node sees {} CUDA device(s)", n.slots, f.gpus),
+               "fix slots= for this host in the hostfile, or the node's CUDA_VISIBLE_DEVICES / driver"));
     else if (want_gpu)
       out.push_back(make(n, "slots", Status::OK, fmt::format("{} slot(s), {} CUDA device(s)", n.slots, f.gpus)));
     else if (f.cpus < n.slots)
       out.push_back(make(n, "slots", Status::WARN,
                          fmt::format("{} CPU rank(s) on {} logical CPU(s): oversubscribed", n.slots, f.cpus),
                          "fewer slots= for this host, unless oversubscription is intended"));
-    else
-      out.push_back(make(n, "slots", Status::OK, fmt::format("{} CPU slot(s), {} logical CPU(s)", n.slots, f.cpus)));
+    else out.push_back(make(n, "slots", Status::OK, fmt::format("{} CPU slot(s), {} logical CPU(s)", n.slots, f.cpus)));
 
     if (f.gpus > 0) {
       if (f.driver.empty())
@@ -156,8 +156,7 @@ std::vector<Finding> analyze_nodes(const std::vector<NodeObservation>& nodes, co
         out.push_back(make(n, "driver", Status::WARN,
                            fmt::format("NVIDIA driver {} while most GPU nodes run {}", f.driver, common_driver),
                            "install the same driver on every GPU node"));
-      else
-        out.push_back(make(n, "driver", Status::OK, fmt::format("NVIDIA driver {}", f.driver)));
+      else out.push_back(make(n, "driver", Status::OK, fmt::format("NVIDIA driver {}", f.driver)));
     }
 
     const double min_bytes = ex.min_free_gb * 1024.0 * 1024 * 1024;
@@ -166,11 +165,10 @@ std::vector<Finding> analyze_nodes(const std::vector<NodeObservation>& nodes, co
                          "check that the run directory's filesystem is mounted"));
     else if (static_cast<double>(f.free_bytes) < min_bytes)
       out.push_back(make(n, "disk", Status::FAIL,
-                         fmt::format("{} free on the filesystem of {}, below doctor.min_free_gb = {}", gib(f.free_bytes),
-                                     f.free_path, ex.min_free_gb),
+                         fmt::format("{} free on the filesystem of {}, below doctor.min_free_gb = {}",
+                                     gib(f.free_bytes), f.free_path, ex.min_free_gb),
                          "free space there, or put training.output_dir on a larger shared filesystem"));
-    else
-      out.push_back(make(n, "disk", Status::OK, fmt::format("{} free on {}", gib(f.free_bytes), f.free_path)));
+    else out.push_back(make(n, "disk", Status::OK, fmt::format("{} free on {}", gib(f.free_bytes), f.free_path)));
 
     const std::string name = node_nonce_name(n.node);
     if (!f.write_error.empty()) {
@@ -198,9 +196,9 @@ std::vector<Finding> analyze_nodes(const std::vector<NodeObservation>& nodes, co
       // ranks read it); only when it could not write, the majority of the nodes is.
       const bool shared = launcher_ok ? (sees_launcher && launcher_sees) : (peers > 0 && 2 * peers_seen >= peers);
       if (shared)
-        out.push_back(make(n, "shared_dir", Status::OK,
-                           fmt::format("{} is shared: {}{}", ex.run_dir, launcher_ok ? "sees the launcher's file, " : "",
-                                       peer_text)));
+        out.push_back(make(
+            n, "shared_dir", Status::OK,
+            fmt::format("{} is shared: {}{}", ex.run_dir, launcher_ok ? "sees the launcher's file, " : "", peer_text)));
       else
         out.push_back(make(
             n, "shared_dir", Status::FAIL,
@@ -221,12 +219,11 @@ std::vector<Finding> analyze_nodes(const std::vector<NodeObservation>& nodes, co
       const double off = *n.clock_offset_s, unc = n.clock_uncertainty_s.value_or(0);
       const std::string text = fmt::format("{:+.3f} s from the launcher's clock (+-{:.3f} s)", off, unc);
       if (std::fabs(off) - unc > ex.max_clock_skew)
-        out.push_back(make(n, "clock", Status::FAIL, text + fmt::format(", more than doctor.max_clock_skew = {} s",
-                                                                        ex.max_clock_skew),
+        out.push_back(make(n, "clock", Status::FAIL,
+                           text + fmt::format(", more than doctor.max_clock_skew = {} s", ex.max_clock_skew),
                            "synchronise the node's clock (chrony or systemd-timesyncd against the cluster's NTP "
                            "server): logs, events and timeouts compare times across nodes"));
-      else
-        out.push_back(make(n, "clock", Status::OK, text));
+      else out.push_back(make(n, "clock", Status::OK, text));
     }
     if (!n.end_error.empty())
       out.push_back(make(n, "node", Status::FAIL, n.end_error, "see the node's message above; rerun dtrain doctor"));
@@ -250,12 +247,15 @@ std::vector<Finding> analyze_network(const std::vector<NodeObservation>& nodes, 
   }
   for (int k : net.slow_nodes) {
     const auto it = std::find_if(nodes.begin(), nodes.end(), [&](const NodeObservation& o) { return o.node == k; });
-    Finding f{k, it != nodes.end() ? it->host : "", "bandwidth", Status::FAIL,
-              fmt::format("its fastest link runs at {}, {:.1f}x below the median node's {} (doctor.slow_factor = {})",
-                          rate_text(net.node_best[static_cast<size_t>(k)]),
-                          net.median_node / net.node_best[static_cast<size_t>(k)], rate_text(net.median_node),
-                          slow_factor),
-              "check this node's NIC and link speed (ethtool), cabling, and traffic shaping (tc qdisc show)"};
+    Finding f{
+        k,
+        it != nodes.end() ? it->host : "",
+        "bandwidth",
+        Status::FAIL,
+        fmt::format("its fastest link runs at {}, {:.1f}x below the median node's {} (doctor.slow_factor = {})",
+                    rate_text(net.node_best[static_cast<size_t>(k)]),
+                    net.median_node / net.node_best[static_cast<size_t>(k)], rate_text(net.median_node), slow_factor),
+        "check this node's NIC and link speed (ethtool), cabling, and traffic shaping (tc qdisc show)"};
     out.push_back(f);
   }
   for (int i : net.slow_links) {
@@ -263,9 +263,9 @@ std::vector<Finding> analyze_network(const std::vector<NodeObservation>& nodes, 
     out.push_back({-1, "", "bandwidth", Status::FAIL,
                    fmt::format("link {} <-> {} runs at {} ({} one way, {} the other), {:.1f}x below the median node's "
                                "{}{}",
-                               node_label(nodes, l.a), node_label(nodes, l.b), rate_text(l.bandwidth()), rate_text(l.ab),
-                               rate_text(l.ba), net.median_node / l.bandwidth(), rate_text(net.median_node),
-                               net.slowest == i ? " (the slowest link)" : ""),
+                               node_label(nodes, l.a), node_label(nodes, l.b), rate_text(l.bandwidth()),
+                               rate_text(l.ab), rate_text(l.ba), net.median_node / l.bandwidth(),
+                               rate_text(net.median_node), net.slowest == i ? " (the slowest link)" : ""),
                    "check the NICs and switch ports of these two nodes and any traffic shaping between them"});
   }
   return out;

@@ -19,8 +19,8 @@ const char* status_name(Status s);
 /// One verdict. Checks: ssh, build, slots, driver, disk, shared_dir, clock,
 /// connectivity, bandwidth.
 struct Finding {
-  int node = -1;       ///< node index; -1 = the cluster as a whole
-  std::string host;    ///< the node's hostfile destination ("" for the cluster)
+  int node = -1;     ///< node index; -1 = the cluster as a whole
+  std::string host;  ///< the node's hostfile destination ("" for the cluster)
   std::string check;
   Status status = Status::OK;
   std::string detail;  ///< what was found, with the figures
@@ -30,28 +30,28 @@ struct Finding {
 /// A node's own account of itself (doctor-node's "facts" line).
 struct NodeFacts {
   std::string hostname, version, build_id;
-  int cpus = 0;               ///< logical CPUs this process may run on
-  int gpus = 0;               ///< CUDA devices visible (CUDA_VISIBLE_DEVICES applied)
-  std::string driver;         ///< NVIDIA driver version, "" without one
-  int64_t free_bytes = -1;    ///< free bytes for unprivileged users on the run directory's filesystem
-  std::string free_path;      ///< the path statvfs was asked about (the run dir or its nearest existing parent)
-  std::string write_error;    ///< why the nonce could not be written ("" = written)
+  int cpus = 0;             ///< logical CPUs this process may run on
+  int gpus = 0;             ///< CUDA devices visible (CUDA_VISIBLE_DEVICES applied)
+  std::string driver;       ///< NVIDIA driver version, "" without one
+  int64_t free_bytes = -1;  ///< free bytes for unprivileged users on the run directory's filesystem
+  std::string free_path;    ///< the path statvfs was asked about (the run dir or its nearest existing parent)
+  std::string write_error;  ///< why the nonce could not be written ("" = written)
 };
 
 /// Everything the launcher learnt about one node.
 struct NodeObservation {
   int node = 0;
-  std::string host;            ///< destination as in the hostfile ("root@10.0.0.2")
+  std::string host;  ///< destination as in the hostfile ("root@10.0.0.2")
   int slots = 0;
   std::string start_error;     ///< SSH connect / command start failure ("" = started)
   bool start_refused = false;  ///< start_error is permanent: host key or credentials refused
   std::string end_error;       ///< the node's command failed or did not answer in time
   std::optional<NodeFacts> facts;
-  std::optional<double> clock_offset_s;       ///< node clock minus launcher clock
-  std::optional<double> clock_uncertainty_s;  ///< half the round trip the offset was measured over
+  std::optional<double> clock_offset_s;                    ///< node clock minus launcher clock
+  std::optional<double> clock_uncertainty_s;               ///< half the round trip the offset was measured over
   std::optional<std::map<std::string, std::string>> seen;  ///< nonce files it read: name -> content
-  std::optional<bool> allreduce_ok;  ///< network phase: the collective check's outcome
-  std::string net_error;             ///< network phase failure on this node
+  std::optional<bool> allreduce_ok;                        ///< network phase: the collective check's outcome
+  std::string net_error;                                   ///< network phase failure on this node
 };
 
 /// Measured bandwidth of one link, both directions, bytes per second (0 = not measured).
@@ -64,11 +64,11 @@ struct LinkSample {
 /// The bandwidth table's verdict.
 struct NetworkSummary {
   std::vector<LinkSample> links;
-  int slowest = -1;                 ///< index into links, -1 = none measured
-  std::vector<double> node_best;    ///< per node: its fastest link (0 = none measured)
-  double median_node = 0;           ///< median of node_best over nodes with a measurement
-  std::vector<int> slow_nodes;      ///< nodes whose best link is > factor below the median
-  std::vector<int> slow_links;      ///< link indices > factor below the median node
+  int slowest = -1;               ///< index into links, -1 = none measured
+  std::vector<double> node_best;  ///< per node: its fastest link (0 = none measured)
+  double median_node = 0;         ///< median of node_best over nodes with a measurement
+  std::vector<int> slow_nodes;    ///< nodes whose best link is > factor below the median
+  std::vector<int> slow_links;    ///< link indices > factor below the median node
 };
 
 /// What the checks compare against.
@@ -76,8 +76,8 @@ struct Expectations {
   std::string version, build_id;  ///< the launcher's
   std::string device = "auto";    ///< training.device: cpu, cuda or auto
   std::string run_dir;
-  std::string dtrain_path;        ///< as the nodes run it, for advice
-  std::string workdir;            ///< cluster.workdir as the nodes cd to it ("" = login directory)
+  std::string dtrain_path;  ///< as the nodes run it, for advice
+  std::string workdir;      ///< cluster.workdir as the nodes cd to it ("" = login directory)
   double min_free_gb = 1.0;
   double max_clock_skew = 5.0;
   double slow_factor = 2.0;

@@ -49,9 +49,9 @@ struct NodeState {
   bool facts = false, clock = false, shared = false, net = false;
   nlohmann::json facts_json, shared_json, net_json;
   int64_t clock_ns = 0, clock_arrival_ns = 0;
-  std::string error;                 // an "error" line
+  std::string error;  // an "error" line
   std::deque<std::string> stderr_tail;
-  std::string bad_line;              // stdout that was not a JSON object
+  std::string bad_line;  // stdout that was not a JSON object
 
   void line(launch::Stream s, std::string_view text) {
     std::lock_guard lock(mu);
@@ -227,10 +227,11 @@ Report run_checks(const launch::Job& job, const launch::NodeSpawner& spawner, co
       procs[i]->close_stdin();
     }
   const int pairs = static_cast<int>(world.size() * (world.size() - 1) / 2);
-  const auto net_budget = opts.network ? std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(
-                                             pairs * 2 * (2 * dc.link_seconds + 1.0) + 5.0)) +
-                                             timeout
-                                       : 0ms;
+  const auto net_budget = opts.network
+                              ? std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    std::chrono::duration<double>(pairs * 2 * (2 * dc.link_seconds + 1.0) + 5.0)) +
+                                    timeout
+                              : 0ms;
   const auto end_deadline = Clock::now() + timeout + net_budget;
   for (size_t i = 0; i < n; ++i) {
     if (!procs[i]) continue;
@@ -240,7 +241,7 @@ Report run_checks(const launch::Job& job, const launch::NodeSpawner& spawner, co
     NodeState& st = *state[i];
     if (!status) {
       procs[i]->terminate(1000ms);
-      o.end_error = fmt::format("the node check did not finish within {:.0f} s", 
+      o.end_error = fmt::format("the node check did not finish within {:.0f} s",
                                 std::chrono::duration<double>(timeout + net_budget).count());
     }
     std::lock_guard lock(st.mu);
@@ -262,9 +263,9 @@ Report run_checks(const launch::Job& job, const launch::NodeSpawner& spawner, co
     }
     if (o.end_error.empty() && !st.error.empty()) o.end_error = st.error;
     if (o.end_error.empty() && status && !status->success())
-      o.end_error = fmt::format("dtrain doctor-node {}{}{}", status->describe(),
-                                st.tail().empty() ? "" : ": " + st.tail(),
-                                st.bad_line.empty() ? "" : " (stdout: " + st.bad_line + ")");
+      o.end_error =
+          fmt::format("dtrain doctor-node {}{}{}", status->describe(), st.tail().empty() ? "" : ": " + st.tail(),
+                      st.bad_line.empty() ? "" : " (stdout: " + st.bad_line + ")");
     if (o.end_error.empty() && !st.facts)
       o.end_error = fmt::format("dtrain doctor-node printed no report{}",
                                 st.bad_line.empty() ? "" : " (stdout: " + st.bad_line + ")");

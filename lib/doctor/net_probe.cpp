@@ -78,7 +78,8 @@ NetProbeResult net_probe_run(rendezvous::StoreClient& client, const std::string&
     for (int b = a + 1; b < world; ++b) {
       all->barrier();  // one link at a time: no other traffic shares the NICs
       if (rank != a && rank != b) continue;
-      auto store = std::make_shared<rendezvous::GlooStore>(client, fmt::format("{}pair{}-{}/", prefix, a, b), o.timeout);
+      auto store =
+          std::make_shared<rendezvous::GlooStore>(client, fmt::format("{}pair{}-{}/", prefix, a, b), o.timeout);
       auto pair = comm::comm_create_gloo(store, rank == a ? 0 : 1, 2, g);
       LinkSample s{a, b, 0, 0};
       const double ab = measure_direction(*pair, 0, buf, o);

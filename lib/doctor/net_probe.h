@@ -14,11 +14,11 @@
 namespace dtrain::doctor {
 
 struct NetProbeOptions {
-  std::string interface;  ///< Gloo interface; "" = by address
-  std::string address;    ///< Gloo bind address ("" with "" interface = the host name)
-  double link_seconds = 0.5;  ///< traffic per direction per link (after one warm-up message)
+  std::string interface;                     ///< Gloo interface; "" = by address
+  std::string address;                       ///< Gloo bind address ("" with "" interface = the host name)
+  double link_seconds = 0.5;                 ///< traffic per direction per link (after one warm-up message)
   std::chrono::milliseconds timeout{30000};  ///< bound on every mesh connect and collective
-  size_t message_bytes = 1 << 20;  ///< size of one timed broadcast
+  size_t message_bytes = 1 << 20;            ///< size of one timed broadcast
 };
 
 struct NetProbeResult {

@@ -75,7 +75,8 @@ bool read_until_eof(int fd, std::chrono::milliseconds timeout, std::string* text
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   char buf[512];
   while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return false;
     pollfd p{fd, POLLIN, 0};
     int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 200)));
@@ -117,9 +118,9 @@ int64_t wall_ns() {
 }
 
 std::vector<std::string> node_probe_argv(const NodeProbeArgs& a) {
-  std::vector<std::string> v = {"--node",  std::to_string(a.node), "--run-dir", a.run_dir,
-                                "--session", a.session,            "--nonce",   a.nonce,
-                                "--timeout", fmt::format("{}", a.timeout)};
+  std::vector<std::string> v = {
+      "--node",    std::to_string(a.node),      "--run-dir", a.run_dir, "--session", a.session, "--nonce", a.nonce,
+      "--timeout", fmt::format("{}", a.timeout)};
   if (a.network) {
     v.insert(v.end(), {"--network", "--master-addr", a.master_addr, "--master-port", std::to_string(a.master_port),
                        "--link-seconds", fmt::format("{}", a.link_seconds)});
@@ -219,16 +220,22 @@ NodeFacts node_facts_gather(const std::string& run_dir, const std::string& sessi
   std::error_code ec;
   while (!p.empty() && !fs::exists(p, ec) && p != p.root_path()) p = p.parent_path();
   f.free_path = p.string();
-  struct statvfs st{};
+  struct statvfs st {};
   if (::statvfs(p.c_str(), &st) == 0)
     f.free_bytes = static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
   return f;
 }
 
 nlohmann::json facts_to_json(const NodeFacts& f) {
-  return {{"hostname", f.hostname}, {"version", f.version},     {"build_id", f.build_id},
-          {"cpus", f.cpus},         {"gpus", f.gpus},           {"driver", f.driver},
-          {"free_bytes", f.free_bytes}, {"free_path", f.free_path}, {"write_error", f.write_error}};
+  return {{"hostname", f.hostname},
+          {"version", f.version},
+          {"build_id", f.build_id},
+          {"cpus", f.cpus},
+          {"gpus", f.gpus},
+          {"driver", f.driver},
+          {"free_bytes", f.free_bytes},
+          {"free_path", f.free_path},
+          {"write_error", f.write_error}};
 }
 
 NodeFacts facts_from_json(const nlohmann::json& j) {
@@ -255,7 +262,8 @@ int node_probe_main(const NodeProbeArgs& a, int stdin_fd, std::FILE* out) {
   // The barrier: the launcher closes stdin once every node has written its nonce.
   std::string input;
   if (!read_until_eof(stdin_fd, timeout, &input)) {
-    emit(out, {{"type", "error"}, {"error", fmt::format("the launcher's barrier did not come within {} s", a.timeout)}});
+    emit(out,
+         {{"type", "error"}, {"error", fmt::format("the launcher's barrier did not come within {} s", a.timeout)}});
     return 1;
   }
   emit(out, {{"type", "clock"}, {"time_ns", wall_ns()}});

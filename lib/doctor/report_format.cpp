@@ -52,8 +52,8 @@ std::string report_table(const Report& r) {
     row.push_back(cell(r, n, "ssh", ""));
     row.push_back(f ? cell(r, n, "build", f->build_id.substr(0, 16)) : cell(r, n, "node", ""));
     const bool gpu = f && f->gpus > 0 && r.expect.device != "cpu";
-    row.push_back(f ? cell(r, n, "slots", fmt::format("{}/{} {}", n.slots, gpu ? f->gpus : f->cpus, gpu ? "gpu" : "cpu"))
-                    : "-");
+    row.push_back(
+        f ? cell(r, n, "slots", fmt::format("{}/{} {}", n.slots, gpu ? f->gpus : f->cpus, gpu ? "gpu" : "cpu")) : "-");
     if (any_gpu) row.push_back(f ? cell(r, n, "driver", f->driver) : "-");
     row.push_back(f && f->free_bytes >= 0
                       ? cell(r, n, "disk", fmt::format("{:.1f}G", static_cast<double>(f->free_bytes) / (1 << 30)))
@@ -82,9 +82,10 @@ std::string report_table(const Report& r) {
   if (r.network) {
     int answered = 0;
     for (const auto& n : r.nodes) answered += n.allreduce_ok.has_value();
-    out += fmt::format("\nnetwork: allreduce + barrier over gloo across {} node(s); bandwidth per link, each "
-                       "direction timed for about the link budget\n",
-                       answered);
+    out += fmt::format(
+        "\nnetwork: allreduce + barrier over gloo across {} node(s); bandwidth per link, each "
+        "direction timed for about the link budget\n",
+        answered);
     if (!r.net.links.empty()) {
       std::vector<std::vector<std::string>> lrows = {{"link", "a -> b", "b -> a", ""}};
       for (size_t i = 0; i < r.net.links.size(); ++i) {
@@ -124,8 +125,9 @@ std::string report_table(const Report& r) {
   for (const Finding& f : r.findings) {
     if (f.status == Status::OK) continue;
     (f.status == Status::FAIL ? fails : warns)++;
-    problems += fmt::format("  {} {}{}: {}\n", status_name(f.status),
-                            f.node >= 0 ? fmt::format("node {} ({}) ", f.node, f.host) : std::string(), f.check, f.detail);
+    problems +=
+        fmt::format("  {} {}{}: {}\n", status_name(f.status),
+                    f.node >= 0 ? fmt::format("node {} ({}) ", f.node, f.host) : std::string(), f.check, f.detail);
     if (!f.advice.empty()) problems += fmt::format("       what to do: {}\n", f.advice);
   }
   if (!problems.empty()) out += "\nproblems:\n" + problems;
@@ -179,7 +181,9 @@ nlohmann::json report_json(const Report& r) {
     j["findings"].push_back({{"node", f.node},
                              {"host", f.host},
                              {"check", f.check},
-                             {"status", f.status == Status::OK ? "ok" : f.status == Status::WARN ? "warn" : "fail"},
+                             {"status", f.status == Status::OK     ? "ok"
+                                        : f.status == Status::WARN ? "warn"
+                                                                   : "fail"},
                              {"detail", f.detail},
                              {"advice", f.advice}});
   return j;

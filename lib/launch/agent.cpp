@@ -230,17 +230,16 @@ int agent_run(const AgentArgs& args, int token_fd, const AgentTiming& timing) {
   // The ranks' device, before any of them starts.
   AgentArgs resolved = args;
   if (args.mode == "train") {
-    resolved.device = agent_decide_device(args, host, round_store, [&] {
-      return link.gone() || store_lost() || round_store.check({kStopKey});
-    });
+    resolved.device = agent_decide_device(args, host, round_store,
+                                          [&] { return link.gone() || store_lost() || round_store.check({kStopKey}); });
     if (resolved.device.empty()) {
       const bool own = round_store.check({agent_failure_key(args.node_rank)});
       return own ? static_cast<int>(Exit::USAGE) : static_cast<int>(Exit::STOPPED);
     }
     std::string ids;
     for (size_t i = 0; i < args.devices.size(); ++i) ids += (i ? "," : "") + std::to_string(args.devices[i]);
-    log_info("{} rank(s) on {}{}, collectives: {}", args.local_world_size, resolved.device, resolved.device == "cuda" ? " devices " + ids : "",
-             rank_backend_name(resolved.device, args.world_size));
+    log_info("{} rank(s) on {}{}, collectives: {}", args.local_world_size, resolved.device,
+             resolved.device == "cuda" ? " devices " + ids : "", rank_backend_name(resolved.device, args.world_size));
   }
 
   // Spawn the ranks: `dtrain worker [rank args]`, token on stdin.

@@ -14,7 +14,7 @@ namespace dtrain::launch {
 
 struct AgentTiming {
   std::chrono::milliseconds heartbeat_interval{2000};
-  std::chrono::milliseconds stop_grace{5000};        // SIGTERM -> SIGKILL per rank group
+  std::chrono::milliseconds stop_grace{5000};  // SIGTERM -> SIGKILL per rank group
   std::chrono::milliseconds store_connect_timeout{30000};
 };
 
@@ -35,7 +35,7 @@ AgentTiming agent_timing_from_env();
 std::map<std::string, std::string> agent_rank_env(const AgentArgs& args, int local_rank);
 
 /// Store keys (under the round's prefix) the agent and launcher share.
-std::string agent_failure_key(int node_rank);     // "fail/node<k>": why a rank failed
-inline constexpr const char* kStopKey = "stop";   // set by the launcher: stop this round
+std::string agent_failure_key(int node_rank);    // "fail/node<k>": why a rank failed
+inline constexpr const char* kStopKey = "stop";  // set by the launcher: stop this round
 
 }  // namespace dtrain::launch

@@ -162,17 +162,18 @@ ExternalPlacement external_placement(const Env& env) {
     // node holds at least one rank, so GROUP_RANK stays below the node count (below
     // WORLD_SIZE when uneven nodes leave the count unknown).
     const bool even = p.world_size % p.local_world_size == 0;
-    p.nnodes = env_int_or(env, p.launcher, "GROUP_WORLD_SIZE", 1, p.world_size,
-                          even ? p.world_size / p.local_world_size : 1);
+    p.nnodes =
+        env_int_or(env, p.launcher, "GROUP_WORLD_SIZE", 1, p.world_size, even ? p.world_size / p.local_world_size : 1);
     const bool nodes_known = even || has(env, "GROUP_WORLD_SIZE");
     p.node_rank = env_int_or(env, p.launcher, "GROUP_RANK", 0, (nodes_known ? p.nnodes : p.world_size) - 1,
                              p.rank / p.local_world_size);
     p.run_id = get(env, "TORCHELASTIC_RUN_ID");
-    p.evidence = evidence(env, {indexed ? "JOB_COMPLETION_INDEX" : "RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                "LOCAL_WORLD_SIZE", "GROUP_RANK"});
+    p.evidence = evidence(
+        env, {indexed ? "JOB_COMPLETION_INDEX" : "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"});
   } else if (has(env, "OMPI_COMM_WORLD_RANK") || has(env, "OMPI_COMM_WORLD_SIZE")) {
-    p = mpi_placement(env, "Open MPI", {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-                                        "OMPI_COMM_WORLD_LOCAL_SIZE"});
+    p = mpi_placement(
+        env, "Open MPI",
+        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"});
     p.run_id = get(env, "OMPI_MCA_ess_base_jobid");
   } else if (has(env, "SLURM_PROCID")) {
     p.launcher = "srun";
@@ -193,8 +194,8 @@ ExternalPlacement external_placement(const Env& env) {
     }
     p.run_id = get(env, "SLURM_JOB_ID");
     if (!p.run_id.empty() && has(env, "SLURM_STEP_ID")) p.run_id += "." + get(env, "SLURM_STEP_ID");
-    p.evidence = evidence(env, {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NNODES",
-                                "SLURM_STEP_NODELIST"});
+    p.evidence = evidence(
+        env, {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NNODES", "SLURM_STEP_NODELIST"});
   } else if (has(env, "PMI_RANK") || has(env, "PMI_SIZE")) {
     p = mpi_placement(env, "PMI", {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"});
   } else {
@@ -253,10 +254,11 @@ std::string external_job_id(const std::string& run_id) {
 void external_token_mode_check(const std::string& path, const std::string& named) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || (st.st_mode & 044) == 0) return;
-  log_warn("cluster.rendezvous.token_file {} is readable by {} (mode {:04o}): anyone who reads the job token can "
-           "join the job's store and stop or steer it; make it readable by its owner only (chmod 600 {}, or "
-           "defaultMode: 0400 on the Kubernetes Secret volume)",
-           named, (st.st_mode & 004) ? "every user" : "its group", st.st_mode & 07777, path);
+  log_warn(
+      "cluster.rendezvous.token_file {} is readable by {} (mode {:04o}): anyone who reads the job token can "
+      "join the job's store and stop or steer it; make it readable by its owner only (chmod 600 {}, or "
+      "defaultMode: 0400 on the Kubernetes Secret volume)",
+      named, (st.st_mode & 004) ? "every user" : "its group", st.st_mode & 07777, path);
 }
 
 std::string external_token(const std::string& token_file, const std::string& token_env, const Env& env,
@@ -347,8 +349,8 @@ std::unique_ptr<rendezvous::StoreServer> external_store_host(const std::string& 
                "rank 0 cannot host the store: port {} is in use on {} (another job, or an earlier rank 0 still "
                "running): set MASTER_PORT / cluster.rendezvous.port to a free port",
                port, host_name());
-    log_info("MASTER_ADDR {} is not an address of this host ({}): the store listens on every interface",
-             master_addr, what);
+    log_info("MASTER_ADDR {} is not an address of this host ({}): the store listens on every interface", master_addr,
+             what);
   }
   return std::make_unique<rendezvous::StoreServer>("0.0.0.0", static_cast<uint16_t>(port), token);
 }
@@ -392,8 +394,8 @@ std::string external_failure_reason(const std::map<std::string, std::string>& re
   for (const auto& [k, v] : reports) {
     // Any report but "<comm_code> ..." is a rank's own error.
     const bool comm = v.rfind(comm_prefix, 0) == 0;
-    seen.push_back({static_cast<int>(seen.size()), static_cast<int>(comm ? Exit::COMM : Exit::INTERNAL),
-                    now - since_first});
+    seen.push_back(
+        {static_cast<int>(seen.size()), static_cast<int>(comm ? Exit::COMM : Exit::INTERNAL), now - since_first});
     whys.push_back(v);
   }
   const std::optional<size_t> c = culprit_pick(seen, now, kCulpritWindow + 1ms);
@@ -470,11 +472,10 @@ void ExternalRankZeroWatch::run(const rendezvous::StoreServer& server, std::stri
     std::map<std::string, std::string> reports;
     for (const auto& [k, v] : server.entries(prefix + "fail/")) reports[k] = v.value;
     if (!reports.empty() && !first_fail) first_fail = now;
-    std::string why =
-        reports.empty()
-            ? ""
-            : external_failure_reason(reports, static_cast<int>(Exit::COMM),
-                                      std::chrono::duration_cast<std::chrono::milliseconds>(now - *first_fail));
+    std::string why = reports.empty() ? ""
+                                      : external_failure_reason(
+                                            reports, static_cast<int>(Exit::COMM),
+                                            std::chrono::duration_cast<std::chrono::milliseconds>(now - *first_fail));
     if (why.empty() && reports.empty()) {
       std::map<int, std::pair<std::string, std::chrono::milliseconds>> beats;
       std::map<int, std::string> hosts;

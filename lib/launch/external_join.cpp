@@ -55,8 +55,8 @@ std::vector<std::string> external_config_diff(const std::string& rank0, const st
   return out;
 }
 
-void external_join_claim(rendezvous::PrefixStore& store, int rank, const std::string& who,
-                         const std::string& stop_key, std::chrono::milliseconds timeout) {
+void external_join_claim(rendezvous::PrefixStore& store, int rank, const std::string& who, const std::string& stop_key,
+                         std::chrono::milliseconds timeout) {
   const int64_t n = store.add(claim_key(rank), 1);
   store.set(who_key(rank, n), who);
   if (n == 1) return;
@@ -67,10 +67,10 @@ void external_join_claim(rendezvous::PrefixStore& store, int rank, const std::st
     first = store.get(who_key(rank, 1), timeout);
   } catch (const CommError&) {
   }
-  const std::string why =
-      fmt::format("rank {} was started twice: by {} and again by {}; every process of the job needs its own rank "
-                  "(check RANK / the launcher's rank variable of each; a process of an earlier set may still run)",
-                  rank, first, who);
+  const std::string why = fmt::format(
+      "rank {} was started twice: by {} and again by {}; every process of the job needs its own rank "
+      "(check RANK / the launcher's rank variable of each; a process of an earlier set may still run)",
+      rank, first, who);
   try {
     store.set(stop_key, why);
   } catch (const CommError&) {

@@ -31,8 +31,8 @@ std::vector<std::string> external_config_diff(const std::string& rank0, const st
 /// key (prefix + stop_key) naming both, so the whole set ends now rather than at a
 /// timeout, and throws UsageError naming both. `timeout` bounds reading the first
 /// claimant's name.
-void external_join_claim(rendezvous::PrefixStore& store, int rank, const std::string& who,
-                         const std::string& stop_key, std::chrono::milliseconds timeout);
+void external_join_claim(rendezvous::PrefixStore& store, int rank, const std::string& who, const std::string& stop_key,
+                         std::chrono::milliseconds timeout);
 
 /// Rank 0: publishes its config text as "join/config".
 void external_config_publish(rendezvous::PrefixStore& store, const std::string& text);

@@ -10,9 +10,7 @@ namespace dtrain::launch {
 
 namespace {
 
-bool is_name_char(char c) {
-  return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_';
-}
+bool is_name_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_'; }
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
 std::string printable(char c) {
@@ -27,8 +25,10 @@ using Group = std::vector<std::string>;
 // Parses the inside of "[...]" (expr[begin, end)) into its names' number texts.
 Group parse_group(std::string_view expr, size_t begin, size_t end) {
   auto fail = [&](size_t col, const std::string& what) {
-    DT_THROW(ConfigError, "hostlist '{}', column {}: {}; a bracket group holds numbers and LO-HI ranges "
-             "separated by commas, e.g. node[01-04,07]", expr, col + 1, what);
+    DT_THROW(ConfigError,
+             "hostlist '{}', column {}: {}; a bracket group holds numbers and LO-HI ranges "
+             "separated by commas, e.g. node[01-04,07]",
+             expr, col + 1, what);
   };
   if (begin == end) fail(begin - 1, "empty brackets '[]'");
   Group out;
@@ -46,8 +46,7 @@ Group parse_group(std::string_view expr, size_t begin, size_t end) {
       uint64_t v = 0;
       for (size_t i = 0; i < digits.size(); ++i) {
         char c = digits[i];
-        if (c < '0' || c > '9')
-          fail(col + i, fmt::format("{} in range '{}' is not a digit", printable(c), r));
+        if (c < '0' || c > '9') fail(col + i, fmt::format("{} in range '{}' is not a digit", printable(c), r));
         if (v > (UINT64_MAX - 9) / 10) fail(col, fmt::format("number '{}' is too large", digits));
         v = v * 10 + static_cast<uint64_t>(c - '0');
       }
@@ -57,8 +56,8 @@ Group parse_group(std::string_view expr, size_t begin, size_t end) {
     uint64_t b = dash == std::string_view::npos ? a : parse_num(hi, pos + dash + 1, "last");
     if (a > b) fail(pos, fmt::format("range '{}' runs backwards; write it as {}-{}", r, hi, lo));
     if (b - a >= HOSTLIST_MAX_RANGE)
-      fail(pos, fmt::format("range '{}' has {} names, more than the {} Slurm allows in one range", r,
-                            b - a + 1, HOSTLIST_MAX_RANGE));
+      fail(pos, fmt::format("range '{}' has {} names, more than the {} Slurm allows in one range", r, b - a + 1,
+                            HOSTLIST_MAX_RANGE));
     const int width = static_cast<int>(lo.size());
     for (uint64_t v = a;; ++v) {
       out.push_back(fmt::format("{:0{}}", v, width));
@@ -80,8 +79,8 @@ void expand_item(std::string_view expr, size_t begin, size_t end, std::vector<st
       size_t close = i + 1;
       while (close < end && expr[close] != ']') {
         if (expr[close] == '[')
-          DT_THROW(ConfigError, "hostlist '{}', column {}: '[' inside brackets; bracket groups cannot nest",
-                   expr, close + 1);
+          DT_THROW(ConfigError, "hostlist '{}', column {}: '[' inside brackets; bracket groups cannot nest", expr,
+                   close + 1);
         if (is_space(expr[close]))
           DT_THROW(ConfigError, "hostlist '{}', column {}: whitespace inside brackets; remove it", expr, close + 1);
         ++close;
@@ -95,8 +94,10 @@ void expand_item(std::string_view expr, size_t begin, size_t end, std::vector<st
     } else if (c == ']') {
       DT_THROW(ConfigError, "hostlist '{}', column {}: ']' without a matching '['", expr, i + 1);
     } else if (!is_name_char(c)) {
-      DT_THROW(ConfigError, "hostlist '{}', column {}: {} cannot be part of a host name (letters, digits, "
-               "'.', '-' and '_' can)", expr, i + 1, printable(c));
+      DT_THROW(ConfigError,
+               "hostlist '{}', column {}: {} cannot be part of a host name (letters, digits, "
+               "'.', '-' and '_' can)",
+               expr, i + 1, printable(c));
     } else {
       text.push_back(c);
     }

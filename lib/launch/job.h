@@ -16,18 +16,18 @@
 namespace dtrain::launch {
 
 struct JobRequest {
-  std::string config_path;            // "" = the embedded default job
-  std::string hostfile_path;          // "" = localhost
+  std::string config_path;                // "" = the embedded default job
+  std::string hostfile_path;              // "" = localhost
   std::optional<config::Hostfile> hosts;  // given hosts (Slurm allocation) instead of a hostfile
-  std::string output_dir;             // "" = training.output_dir
-  std::vector<std::string> sets;      // --set key.path=value
-  config::HostSelection selection;    // --include/--exclude/--num-nodes/--num-gpus
-  int nproc_per_node = -1;            // localhost slots without a hostfile (-1 = GPUs or 1)
-  std::string master_addr;            // "" = cluster.rendezvous.address
-  int master_port = -1;               // -1 = cluster.rendezvous.port
-  std::string mode = "train";         // "train" | "bench"
-  bool require_training = true;       // check the config describes a runnable job
-  bool dry_run = false;               // plan only: an incomplete job is reported, not refused
+  std::string output_dir;                 // "" = training.output_dir
+  std::vector<std::string> sets;          // --set key.path=value
+  config::HostSelection selection;        // --include/--exclude/--num-nodes/--num-gpus
+  int nproc_per_node = -1;                // localhost slots without a hostfile (-1 = GPUs or 1)
+  std::string master_addr;                // "" = cluster.rendezvous.address
+  int master_port = -1;                   // -1 = cluster.rendezvous.port
+  std::string mode = "train";             // "train" | "bench"
+  bool require_training = true;           // check the config describes a runnable job
+  bool dry_run = false;                   // plan only: an incomplete job is reported, not refused
 };
 
 struct Job {
@@ -36,10 +36,10 @@ struct Job {
   config::Hostfile hosts;             // after selection
   Plan plan;
   LaunchSpec spec;
-  std::string run_dir;                // absolute
-  bool all_local = true;              // every host is this machine
-  std::string incomplete;             // dry run: why this config could not train ("" = it can)
-  bool run_dir_pending = false;       // config.pending.yaml awaits job_commit_run_dir
+  std::string run_dir;           // absolute
+  bool all_local = true;         // every host is this machine
+  std::string incomplete;        // dry run: why this config could not train ("" = it can)
+  bool run_dir_pending = false;  // config.pending.yaml awaits job_commit_run_dir
 };
 
 /// Loads and validates everything; creates nothing on disk. ConfigError/IoError on bad

@@ -51,8 +51,9 @@ LocalRankGroupStatus LocalRankGroup::poll() {
     if (!ended_[i] && (ended_[i] = procs_[i]->wait_for(0ms))) ended_at_[i] = now;
     if (!ended_[i]) continue;
     if (ended_[i]->success()) ++succeeded;
-    else failed.push_back({static_cast<int>(i), ended_[i]->exited ? ended_[i]->code : 128 + ended_[i]->signal,
-                           ended_at_[i]});
+    else
+      failed.push_back(
+          {static_cast<int>(i), ended_[i]->exited ? ended_[i]->code : 128 + ended_[i]->signal, ended_at_[i]});
   }
   LocalRankGroupStatus st;
   if (failed.empty()) {

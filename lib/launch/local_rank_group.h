@@ -28,16 +28,16 @@ struct LocalRankSpec {
 /// What the group's watch concludes.
 struct LocalRankGroupStatus {
   enum class State {
-    RUNNING,    // every rank runs or succeeded
-    FAILING,    // ranks failed with communication errors: looking a little longer for the cause
-    FAILED,     // `local_rank` is to blame
-    SUCCEEDED   // every rank succeeded
+    RUNNING,   // every rank runs or succeeded
+    FAILING,   // ranks failed with communication errors: looking a little longer for the cause
+    FAILED,    // `local_rank` is to blame
+    SUCCEEDED  // every rank succeeded
   };
   State state = State::RUNNING;
-  int local_rank = -1;   // FAILED
-  ExitStatus exit;       // FAILED: how it ended
-  int exit_code = 0;     // FAILED: its code, or 128 + its signal
-  std::string said;      // FAILED: its last "dtrain: error: ..." line ("" = none)
+  int local_rank = -1;  // FAILED
+  ExitStatus exit;      // FAILED: how it ended
+  int exit_code = 0;    // FAILED: its code, or 128 + its signal
+  std::string said;     // FAILED: its last "dtrain: error: ..." line ("" = none)
 };
 
 class LocalRankGroup {

@@ -105,8 +105,8 @@ struct ChildFailure {
 }
 
 // Runs in the forked child: only async-signal-safe calls from here to execve.
-[[noreturn]] void child_exec(bool own_group, int in_fd, int out_fd, int err_fd, int report_fd,
-                             const char* workdir, const char* exe, char* const* argv, char* const* envp) {
+[[noreturn]] void child_exec(bool own_group, int in_fd, int out_fd, int err_fd, int report_fd, const char* workdir,
+                             const char* exe, char* const* argv, char* const* envp) {
   if (own_group) ::setpgid(0, 0);
   if (::dup2(in_fd, 0) < 0 || ::dup2(out_fd, 1) < 0 || ::dup2(err_fd, 2) < 0) child_fail(report_fd, 2);
   // The launcher may block or ignore signals (signalfd, SIGPIPE); the child starts clean.
@@ -158,15 +158,10 @@ bool group_has_live_members(pid_t pgid) {
 
 class LocalProcessImpl final : public LocalProcess {
  public:
-  LocalProcessImpl(pid_t pid, bool own_group, UniqueFd in, UniqueFd out, UniqueFd err,
-                   std::string stdin_data, LineCallback callback)
-      : pid_(pid),
-        own_group_(own_group),
-        in_(std::move(in)),
-        out_(std::move(out)),
-        err_(std::move(err)),
-        stdin_buf_(std::move(stdin_data)),
-        callback_(std::move(callback)) {
+  LocalProcessImpl(pid_t pid, bool own_group, UniqueFd in, UniqueFd out, UniqueFd err, std::string stdin_data,
+                   LineCallback callback)
+      : pid_(pid), own_group_(own_group), in_(std::move(in)), out_(std::move(out)), err_(std::move(err)),
+        stdin_buf_(std::move(stdin_data)), callback_(std::move(callback)) {
     int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
     if (pidfd >= 0) pidfd_.reset(pidfd);  // else: kernels < 5.3, the thread polls waitpid
     thread_ = std::thread([this] { run(); });
@@ -415,13 +410,13 @@ class LocalProcessImpl final : public LocalProcess {
 // spawn_local
 
 std::unique_ptr<LocalProcess> spawn_local(const std::vector<std::string>& argv,
-                                          const std::map<std::string, std::string>& env,
-                                          const std::string& workdir, const std::string& stdin_data,
-                                          LineCallback callback, bool own_process_group, EnvMode env_mode) {
+                                          const std::map<std::string, std::string>& env, const std::string& workdir,
+                                          const std::string& stdin_data, LineCallback callback, bool own_process_group,
+                                          EnvMode env_mode) {
   DT_ENFORCE(!argv.empty() && !argv[0].empty(), LaunchError, "cannot spawn an empty command line");
   for (const auto& arg : argv)
-    DT_ENFORCE(arg.find('\0') == std::string::npos, LaunchError,
-               "cannot spawn '{}': an argument contains a NUL byte", argv[0]);
+    DT_ENFORCE(arg.find('\0') == std::string::npos, LaunchError, "cannot spawn '{}': an argument contains a NUL byte",
+               argv[0]);
 
   // The child's environment: inherited first (first occurrence wins, like getenv), then env.
   std::map<std::string, std::string> merged;
@@ -434,9 +429,8 @@ std::unique_ptr<LocalProcess> spawn_local(const std::vector<std::string>& argv,
     }
   }
   for (const auto& [key, value] : env) {
-    DT_ENFORCE(!key.empty() && key.find('=') == std::string::npos && key.find('\0') == std::string::npos,
-               LaunchError, "cannot spawn '{}': environment variable name '{}' is empty or holds '=' or NUL",
-               argv[0], key);
+    DT_ENFORCE(!key.empty() && key.find('=') == std::string::npos && key.find('\0') == std::string::npos, LaunchError,
+               "cannot spawn '{}': environment variable name '{}' is empty or holds '=' or NUL", argv[0], key);
     DT_ENFORCE(value.find('\0') == std::string::npos, LaunchError,
                "cannot spawn '{}': the value of environment variable {} contains a NUL byte", argv[0], key);
     merged[key] = value;
@@ -447,8 +441,7 @@ std::unique_ptr<LocalProcess> spawn_local(const std::vector<std::string>& argv,
     auto it = merged.find("PATH");
     std::string path = it != merged.end() ? it->second : "/usr/local/bin:/usr/bin:/bin";
     exe = find_in_path(argv[0], path);
-    DT_ENFORCE(!exe.empty(), LaunchError, "cannot spawn '{}': no executable of that name in PATH={}",
-               argv[0], path);
+    DT_ENFORCE(!exe.empty(), LaunchError, "cannot spawn '{}': no executable of that name in PATH={}", argv[0], path);
   }
 
   // Everything the child needs is built before fork: after it only syscalls are safe.
@@ -465,8 +458,8 @@ std::unique_ptr<LocalProcess> spawn_local(const std::vector<std::string>& argv,
   pid_t pid = ::fork();
   DT_SYS_CHECK(pid);
   if (pid == 0)
-    child_exec(own_process_group, in.read.get(), out.write.get(), err.write.get(), report.write.get(),
-               workdir.c_str(), exe.c_str(), argv_ptrs.data(), env_ptrs.data());
+    child_exec(own_process_group, in.read.get(), out.write.get(), err.write.get(), report.write.get(), workdir.c_str(),
+               exe.c_str(), argv_ptrs.data(), env_ptrs.data());
 
   // Also set the group here: whichever of parent and child runs first, the group exists
   // before anyone signals it.
@@ -521,8 +514,7 @@ bool same_address(const sockaddr* a, const sockaddr* b) {
 }
 
 bool is_loopback(const sockaddr* a) {
-  if (a->sa_family == AF_INET)
-    return (ntohl(reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr) >> 24) == 127;
+  if (a->sa_family == AF_INET) return (ntohl(reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr) >> 24) == 127;
   if (a->sa_family == AF_INET6) {
     const in6_addr& v6 = reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr;
     if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;

@@ -36,10 +36,9 @@ class LocalProcess : public Process {
 /// whole group. Throws LaunchError (naming the command) when it cannot be started:
 /// not found, not executable, bad workdir, or an env key/value that cannot be passed.
 std::unique_ptr<LocalProcess> spawn_local(const std::vector<std::string>& argv,
-                                          const std::map<std::string, std::string>& env,
-                                          const std::string& workdir, const std::string& stdin_data,
-                                          LineCallback callback, bool own_process_group = true,
-                                          EnvMode env_mode = EnvMode::INHERIT);
+                                          const std::map<std::string, std::string>& env, const std::string& workdir,
+                                          const std::string& stdin_data, LineCallback callback,
+                                          bool own_process_group = true, EnvMode env_mode = EnvMode::INHERIT);
 
 /// Makes this process a child subreaper (prctl PR_SET_CHILD_SUBREAPER): descendants
 /// orphaned inside a spawned process group are re-parented here, and the LocalProcess

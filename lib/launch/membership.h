@@ -21,9 +21,9 @@ inline constexpr const char* kElasticGrowKey = "elastic/grow";
 inline constexpr const char* kElasticStoppedKey = "elastic/stopped";
 
 struct MembershipChange {
-  int host = 0;           ///< index into the hostfile's hosts
-  std::string name;       ///< the host's destination ("root@10.0.0.3")
-  bool joined = false;    ///< true: joins the next round; false: left out of it
+  int host = 0;         ///< index into the hostfile's hosts
+  std::string name;     ///< the host's destination ("root@10.0.0.3")
+  bool joined = false;  ///< true: joins the next round; false: left out of it
   std::string cause;
 };
 
@@ -71,8 +71,8 @@ class Membership {
   struct Host {
     bool in = false;
     int failures = 0;
-    bool sit_out = false;        // left out for failures at this boundary: not back before the next
-    std::string failure_why;     // the last failure blamed on it
+    bool sit_out = false;     // left out for failures at this boundary: not back before the next
+    std::string failure_why;  // the last failure blamed on it
     std::string out_cause;
   };
   config::Hostfile hf_;

@@ -25,8 +25,8 @@ bool env_name_valid(std::string_view name) {
 bool job_id_valid(std::string_view id) {
   if (id.empty() || id.size() > 128 || id[0] == '-') return false;
   return std::all_of(id.begin(), id.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '.' || c == '_' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+           c == '-';
   });
 }
 
@@ -41,12 +41,11 @@ std::string devices_join(const std::vector<int>& devices) {
 
 // Decimal digits only, value in [lo, hi].
 int parse_int(std::string_view opt, std::string_view s, long lo, long hi) {
-  bool digits = !s.empty() && s.size() <= 9 &&
-                std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  bool digits =
+      !s.empty() && s.size() <= 9 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
   long v = digits ? std::stol(std::string(s)) : -1;
   if (!digits || v < lo || v > hi)
-    DT_THROW(UsageError, "dtrain agent: {} expects an integer in {}..{}, got \"{}\"", opt, lo, hi,
-             s);
+    DT_THROW(UsageError, "dtrain agent: {} expects an integer in {}..{}, got \"{}\"", opt, lo, hi, s);
   return static_cast<int>(v);
 }
 
@@ -58,8 +57,7 @@ std::vector<int> parse_devices(std::string_view s) {
     size_t comma = s.find(',', start);
     std::string_view part = s.substr(start, comma == std::string_view::npos ? s.npos : comma - start);
     int d = parse_int("--devices", part, 0, config::HOSTFILE_MAX_SLOTS - 1);
-    if (!seen.insert(d).second)
-      DT_THROW(UsageError, "dtrain agent: --devices \"{}\" lists device {} twice", s, d);
+    if (!seen.insert(d).second) DT_THROW(UsageError, "dtrain agent: --devices \"{}\" lists device {} twice", s, d);
     out.push_back(d);
     if (comma == std::string_view::npos) return out;
     start = comma + 1;
@@ -73,18 +71,30 @@ std::vector<int> parse_devices(std::string_view s) {
 
 std::vector<std::string> agent_args_to_argv(const AgentArgs& a) {
   std::vector<std::string> v = {
-      "--job-id",     a.job_id,
-      "--round",      std::to_string(a.round),
-      "--node-rank",  std::to_string(a.node_rank),
-      "--nnodes",     std::to_string(a.nnodes),
-      "--world-size", std::to_string(a.world_size),
-      "--first-rank", std::to_string(a.first_rank),
-      "--local-world-size", std::to_string(a.local_world_size),
-      "--devices",    devices_join(a.devices),
-      "--master-addr", a.master_addr,
-      "--master-port", std::to_string(a.master_port),
-      "--run-dir",    a.run_dir,
-      "--mode",       a.mode,
+      "--job-id",
+      a.job_id,
+      "--round",
+      std::to_string(a.round),
+      "--node-rank",
+      std::to_string(a.node_rank),
+      "--nnodes",
+      std::to_string(a.nnodes),
+      "--world-size",
+      std::to_string(a.world_size),
+      "--first-rank",
+      std::to_string(a.first_rank),
+      "--local-world-size",
+      std::to_string(a.local_world_size),
+      "--devices",
+      devices_join(a.devices),
+      "--master-addr",
+      a.master_addr,
+      "--master-port",
+      std::to_string(a.master_port),
+      "--run-dir",
+      a.run_dir,
+      "--mode",
+      a.mode,
   };
   if (a.device != "cpu") {
     v.push_back("--device");
@@ -103,10 +113,9 @@ std::vector<std::string> agent_args_to_argv(const AgentArgs& a) {
 
 AgentArgs agent_args_parse(const std::vector<std::string>& argv) {
   constexpr long MAX_RANKS = 1L << 24;
-  const std::vector<std::string_view> required = {
-      "--job-id",   "--round",      "--node-rank",   "--nnodes",      "--world-size",
-      "--first-rank", "--local-world-size", "--devices", "--master-addr", "--master-port",
-      "--run-dir",  "--mode"};
+  const std::vector<std::string_view> required = {"--job-id",      "--round",       "--node-rank",        "--nnodes",
+                                                  "--world-size",  "--first-rank",  "--local-world-size", "--devices",
+                                                  "--master-addr", "--master-port", "--run-dir",          "--mode"};
   AgentArgs a;
   std::set<std::string> given;
   for (size_t i = 0; i < argv.size(); ++i) {
@@ -116,8 +125,7 @@ AgentArgs agent_args_parse(const std::vector<std::string>& argv) {
       break;
     }
     if (word.rfind("--", 0) != 0)
-      DT_THROW(UsageError, "dtrain agent: unexpected argument \"{}\" (rank arguments go after --)",
-               word);
+      DT_THROW(UsageError, "dtrain agent: unexpected argument \"{}\" (rank arguments go after --)", word);
     std::string opt = word, value;
     size_t eq = word.find('=');
     if (eq != std::string::npos) {
@@ -127,8 +135,8 @@ AgentArgs agent_args_parse(const std::vector<std::string>& argv) {
       if (i + 1 >= argv.size()) DT_THROW(UsageError, "dtrain agent: {} needs a value", opt);
       value = argv[++i];
     }
-    bool known = opt == "--config" || opt == "--device" ||
-                 std::find(required.begin(), required.end(), opt) != required.end();
+    bool known =
+        opt == "--config" || opt == "--device" || std::find(required.begin(), required.end(), opt) != required.end();
     if (!known) DT_THROW(UsageError, "dtrain agent: unknown option \"{}\"", opt);
     if (!given.insert(opt).second) DT_THROW(UsageError, "dtrain agent: {} given twice", opt);
 
@@ -158,8 +166,7 @@ AgentArgs agent_args_parse(const std::vector<std::string>& argv) {
     DT_THROW(UsageError, "dtrain agent: --device must be cpu, cuda or auto, got \"{}\"", a.device);
   if (a.master_addr.empty()) DT_THROW(UsageError, "dtrain agent: --master-addr is empty");
   if (a.run_dir.empty()) DT_THROW(UsageError, "dtrain agent: --run-dir is empty");
-  if (given.count("--config") && a.config_path.empty())
-    DT_THROW(UsageError, "dtrain agent: --config is empty");
+  if (given.count("--config") && a.config_path.empty()) DT_THROW(UsageError, "dtrain agent: --config is empty");
   DT_ENFORCE_LT(a.node_rank, a.nnodes, UsageError, "dtrain agent: --node-rank out of range");
   DT_ENFORCE_LE(a.nnodes, a.world_size, UsageError, "dtrain agent: more nodes than ranks");
   DT_ENFORCE_LE(a.first_rank + a.local_world_size, a.world_size, UsageError,
@@ -198,8 +205,7 @@ std::pair<std::string, std::string> agent_env_line_parse(std::string_view line) 
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
     return -1;
   };
-  if (hex.size() % 2 != 0)
-    DT_THROW(UsageError, "dtrain agent: the value of {} on stdin is not hex (odd length)", name);
+  if (hex.size() % 2 != 0) DT_THROW(UsageError, "dtrain agent: the value of {} on stdin is not hex (odd length)", name);
   std::string value;
   value.reserve(hex.size() / 2);
   for (size_t i = 0; i < hex.size(); i += 2) {
@@ -224,8 +230,7 @@ std::string NodeCommand::shell_line() const {
   DT_ENFORCE(!argv.empty(), InternalError, "node command without argv");
   // env(1) would take a program path containing '=' for one more assignment.
   if (argv[0].find('=') != std::string::npos)
-    DT_THROW(ConfigError, "program path \"{}\" contains '='; install dtrain at a path without it",
-             argv[0]);
+    DT_THROW(ConfigError, "program path \"{}\" contains '='; install dtrain at a path without it", argv[0]);
   std::string line;
   if (!workdir.empty()) {
     // A leading '-' would read as a cd option.
@@ -233,8 +238,7 @@ std::string NodeCommand::shell_line() const {
   }
   line += "exec env --";
   for (const auto& [k, v] : env) {
-    if (!env_name_valid(k))
-      DT_THROW(ConfigError, "environment variable name \"{}\" is not [A-Za-z_][A-Za-z0-9_]*", k);
+    if (!env_name_valid(k)) DT_THROW(ConfigError, "environment variable name \"{}\" is not [A-Za-z_][A-Za-z0-9_]*", k);
     line += " " + shell_quote(k + "=" + v);
   }
   for (const std::string& w : argv) line += " " + shell_quote(w);
@@ -245,14 +249,12 @@ NodeCommand node_command_build(const Plan& plan, int node_rank, const LaunchSpec
                                const std::map<std::string, std::string>& launcher_env) {
   DT_ENFORCE(node_rank >= 0 && node_rank < static_cast<int>(plan.nodes.size()), InternalError,
              "node rank {} outside the plan's {} nodes", node_rank, plan.nodes.size());
-  if (!job_id_valid(spec.job_id))
-    DT_THROW(ConfigError, "job id \"{}\" must be 1-128 of [A-Za-z0-9._-]", spec.job_id);
+  if (!job_id_valid(spec.job_id)) DT_THROW(ConfigError, "job id \"{}\" must be 1-128 of [A-Za-z0-9._-]", spec.job_id);
   DT_ENFORCE_GE(spec.round, 0, ConfigError, "restart round must not be negative");
   DT_ENFORCE(!spec.run_dir.empty(), ConfigError, "no run directory for the nodes");
   DT_ENFORCE(!spec.dtrain_path.empty(), ConfigError, "no dtrain path for the nodes");
   if (spec.dtrain_path.find('=') != std::string::npos)
-    DT_THROW(ConfigError, "dtrain path \"{}\" contains '='; install dtrain at a path without it",
-             spec.dtrain_path);
+    DT_THROW(ConfigError, "dtrain path \"{}\" contains '='; install dtrain at a path without it", spec.dtrain_path);
   if (spec.mode != "train" && spec.mode != "bench")
     DT_THROW(ConfigError, "launch mode must be train or bench, got \"{}\"", spec.mode);
   const NodePlan& node = plan.nodes[static_cast<size_t>(node_rank)];
@@ -266,8 +268,7 @@ NodeCommand node_command_build(const Plan& plan, int node_rank, const LaunchSpec
   }
   for (const auto& [k, v] : spec.env_set) {
     if (!env_name_valid(k))
-      DT_THROW(ConfigError, "env name \"{}\" is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)",
-               k);
+      DT_THROW(ConfigError, "env name \"{}\" is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)", k);
     cmd.env[k] = v;
   }
   for (const auto& [k, v] : spec.secret_env) {

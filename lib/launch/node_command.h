@@ -17,19 +17,19 @@ namespace dtrain::launch {
 // What to launch
 
 struct LaunchSpec {
-  std::string job_id;       // [A-Za-z0-9._-]+
-  int round = 0;            // restart round, >= 0
-  std::string workdir;      // remote cwd; "" = the login directory
-  std::string dtrain_path = "dtrain";  // the dtrain binary as the nodes see it
-  std::string run_dir;      // shared run directory (absolute path as the nodes see it)
-  std::vector<std::string> forward_prefixes;  // launcher env vars whose names start with one
+  std::string job_id;                          // [A-Za-z0-9._-]+
+  int round = 0;                               // restart round, >= 0
+  std::string workdir;                         // remote cwd; "" = the login directory
+  std::string dtrain_path = "dtrain";          // the dtrain binary as the nodes see it
+  std::string run_dir;                         // shared run directory (absolute path as the nodes see it)
+  std::vector<std::string> forward_prefixes;   // launcher env vars whose names start with one
   std::map<std::string, std::string> env_set;  // set on every node (overrides forwarded)
   /// cluster.env.set (tokens, passwords): set for the ranks on every node, but sent on the
   /// agent's stdin, never in a command line (/proc/PID/cmdline is world-readable).
   std::map<std::string, std::string> secret_env;
-  std::string config_path;  // the resolved config saved in the run dir; "" = none
-  std::string mode = "train";  // "train" or "bench"
-  std::string device = "cpu";  // training.device: "cpu", "cuda" or "auto" (train mode)
+  std::string config_path;             // the resolved config saved in the run dir; "" = none
+  std::string mode = "train";          // "train" or "bench"
+  std::string device = "cpu";          // training.device: "cpu", "cuda" or "auto" (train mode)
   std::vector<std::string> rank_args;  // extra args for the rank processes
 };
 
@@ -56,9 +56,9 @@ struct AgentArgs {
   std::string master_addr;
   int master_port = 0;
   std::string run_dir;
-  std::string mode = "train";  // "train" or "bench"
-  std::string device = "cpu";  // training.device; the agent resolves auto before it starts ranks
-  std::string config_path;     // "" = not passed
+  std::string mode = "train";          // "train" or "bench"
+  std::string device = "cpu";          // training.device; the agent resolves auto before it starts ranks
+  std::string config_path;             // "" = not passed
   std::vector<std::string> rank_args;  // after "--"
 
   bool operator==(const AgentArgs&) const = default;
@@ -76,8 +76,8 @@ AgentArgs agent_args_parse(const std::vector<std::string>& argv);
 // The command run on each node
 
 struct NodeCommand {
-  std::vector<std::string> argv;             // {dtrain_path, "agent", ...}
-  std::map<std::string, std::string> env;    // set for the agent (sorted by name)
+  std::vector<std::string> argv;                  // {dtrain_path, "agent", ...}
+  std::map<std::string, std::string> env;         // set for the agent (sorted by name)
   std::map<std::string, std::string> secret_env;  // for the ranks, on the agent's stdin only
   std::string workdir;
 

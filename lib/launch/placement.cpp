@@ -15,8 +15,7 @@ Plan plan_placement(const config::Hostfile& hf, const std::string& master_addr, 
              hf.path.empty() ? "<none>" : hf.path);
   DT_ENFORCE(!master_addr.empty(), ConfigError,
              "no master address to plan with; set cluster.master_addr or --master-addr");
-  if (master_port < 1 || master_port > 65535)
-    DT_THROW(ConfigError, "master port {} is outside 1..65535", master_port);
+  if (master_port < 1 || master_port > 65535) DT_THROW(ConfigError, "master port {} is outside 1..65535", master_port);
 
   Plan plan;
   plan.master_addr = master_addr;
@@ -49,19 +48,18 @@ std::string plan_format_table(const Plan& plan) {
     std::string h = n.host.destination();
     if (n.host.port) h = (n.host.user.empty() ? "" : n.host.user + "@") + host_port_text(n.host.host, n.host.port);
     int last = n.first_rank + static_cast<int>(n.ranks.size()) - 1;
-    std::string r = n.ranks.size() == 1 ? std::to_string(n.first_rank)
-                                        : fmt::format("{}-{}", n.first_rank, last);
+    std::string r = n.ranks.size() == 1 ? std::to_string(n.first_rank) : fmt::format("{}-{}", n.first_rank, last);
     host_w = std::max(host_w, h.size());
     ranks_w = std::max(ranks_w, r.size());
     hosts.push_back(std::move(h));
     ranks.push_back(std::move(r));
   }
-  std::string out = fmt::format("{:<5} {:<{}} {:<{}} {:<5} {}\n", "node", "host", host_w, "ranks",
-                                ranks_w, "local", "devices");
+  std::string out =
+      fmt::format("{:<5} {:<{}} {:<{}} {:<5} {}\n", "node", "host", host_w, "ranks", ranks_w, "local", "devices");
   for (size_t i = 0; i < plan.nodes.size(); ++i) {
     const NodePlan& n = plan.nodes[i];
-    out += fmt::format("{:<5} {:<{}} {:<{}} {:<5} {}\n", n.node_rank, hosts[i], host_w, ranks[i],
-                       ranks_w, n.ranks.size(), n.cuda_visible_devices);
+    out += fmt::format("{:<5} {:<{}} {:<{}} {:<5} {}\n", n.node_rank, hosts[i], host_w, ranks[i], ranks_w,
+                       n.ranks.size(), n.cuda_visible_devices);
   }
   out += fmt::format("world size {}, {} node{}, master {}\n", plan.world_size, plan.nodes.size(),
                      plan.nodes.size() == 1 ? "" : "s", host_port_text(plan.master_addr, plan.master_port));

@@ -24,8 +24,8 @@ struct RankInfo {
 struct NodePlan {
   int node_rank = 0;
   config::HostEntry host;
-  int first_rank = 0;           // global rank of local rank 0
-  std::vector<RankInfo> ranks;  // local rank order
+  int first_rank = 0;                // global rank of local rank 0
+  std::vector<RankInfo> ranks;       // local rank order
   std::string cuda_visible_devices;  // selected slot ids joined by ',' ("1,3")
 };
 

@@ -89,7 +89,8 @@ std::optional<ProgressRecord> progress_parse(std::string_view line) {
     else if (field_value(f, "grad_norm", &v)) ok = parse_double(v, &r.grad_norm);
     else if (field_value(f, "loss_scale", &v)) ok = parse_double(v, &r.loss_scale);
     else if (field_value(f, "tokens/s", &v)) ok = parse_double(v, &r.tokens_per_s);
-    else if (f.size() > 7 && f.substr(f.size() - 7) == " s/step") ok = parse_double(f.substr(0, f.size() - 7), &r.step_time_s);
+    else if (f.size() > 7 && f.substr(f.size() - 7) == " s/step")
+      ok = parse_double(f.substr(0, f.size() - 7), &r.step_time_s);
     else if (f.rfind("skipped", 0) == 0) r.skipped = true;
     // Unknown fields are tolerated: a newer trainer may print more.
     if (!ok) return std::nullopt;
@@ -116,9 +117,10 @@ double ProgressView::eta_seconds() const {
 
 std::string ProgressView::render_tty(const ProgressRecord& r) const {
   const double pct = r.total_steps > 0 ? 100.0 * static_cast<double>(r.step) / static_cast<double>(r.total_steps) : 0.0;
-  std::string s = fmt::format("step {}/{} ({:.0f}%) | loss {:.4f} | lr {:.1e} | {} tok/s | ETA {} | scale {:g} | gnorm {:.3f}",
-                              r.step, r.total_steps, pct, r.loss, r.lr, format_rate(r.tokens_per_s),
-                              progress_format_duration(eta_seconds()), r.loss_scale, r.grad_norm);
+  std::string s =
+      fmt::format("step {}/{} ({:.0f}%) | loss {:.4f} | lr {:.1e} | {} tok/s | ETA {} | scale {:g} | gnorm {:.3f}",
+                  r.step, r.total_steps, pct, r.loss, r.lr, format_rate(r.tokens_per_s),
+                  progress_format_duration(eta_seconds()), r.loss_scale, r.grad_norm);
   if (restarts_ > 0) s += fmt::format(" | restarts {}", restarts_);
   if (!flag_.empty()) s += " | " + flag_;
   if (r.skipped) s += " | skipped";

@@ -31,8 +31,8 @@ int env_int(const char* name, int lo, int hi) {
   std::string s = env_str(name);
   char* end = nullptr;
   long v = std::strtol(s.c_str(), &end, 10);
-  DT_ENFORCE(end && *end == '\0' && v >= lo && v <= hi, UsageError, "{}='{}' must be an integer in [{}, {}]", name,
-             s, lo, hi);
+  DT_ENFORCE(end && *end == '\0' && v >= lo && v <= hi, UsageError, "{}='{}' must be an integer in [{}, {}]", name, s,
+             lo, hi);
   return static_cast<int>(v);
 }
 
@@ -84,8 +84,8 @@ void rank_context_connect(RankContext& c, std::chrono::milliseconds connect_time
   c.store = std::make_unique<rendezvous::StoreClient>(c.master_addr, static_cast<uint16_t>(c.master_port), c.token,
                                                       connect_timeout);
   c.round_store = std::make_unique<rendezvous::PrefixStore>(*c.store, c.job_id, c.round);
-  c.gloo_store = std::make_shared<rendezvous::GlooStore>(*c.store, c.round_store->prefix() + "comm/",
-                                                         std::chrono::seconds(120));
+  c.gloo_store =
+      std::make_shared<rendezvous::GlooStore>(*c.store, c.round_store->prefix() + "comm/", std::chrono::seconds(120));
 }
 
 std::unique_ptr<rendezvous::Heartbeat> rank_heartbeat_start(RankContext& ctx, std::chrono::milliseconds interval) {

@@ -39,8 +39,7 @@ NodeDeviceVerdict node_device_verdict(std::string_view choice, int visible, cons
   const int need = devices.empty() ? 0 : *std::max_element(devices.begin(), devices.end()) + 1;
   const bool fits = visible > 0 && need <= visible;
   if (choice == "auto") return {fits ? "cuda" : "cpu", ""};
-  if (choice != "cuda")
-    return {"", fmt::format("training.device must be auto, cpu or cuda, got \"{}\"", choice)};
+  if (choice != "cuda") return {"", fmt::format("training.device must be auto, cpu or cuda, got \"{}\"", choice)};
   if (fits) return {"cuda", ""};
   if (visible <= 0)
     return {"", fmt::format("training.device = cuda, but {} sees no CUDA device (a CPU-only build, no driver, "
@@ -84,13 +83,12 @@ std::vector<std::string> rank_device_plan_lines(const Plan& plan, std::string_vi
     const std::string cuda_where =
         fmt::format("cuda device{} {} (CUDA_VISIBLE_DEVICES)", ids.size() == 1 ? "" : "s", ids_text(ids));
     if (choice == "cuda")
-      out.push_back(fmt::format("{} on {}, {}", head, cuda_where,
-                                one ? "no collectives (1 rank)" : "collectives over nccl"));
+      out.push_back(
+          fmt::format("{} on {}, {}", head, cuda_where, one ? "no collectives (1 rank)" : "collectives over nccl"));
     else if (choice == "auto")
-      out.push_back(fmt::format("{} on {} if {} sees them, else the cpu (training.device auto), {}", head,
-                                cuda_where, host,
-                                one ? "no collectives (1 rank)"
-                                    : "collectives over nccl when every node has its GPUs, else gloo"));
+      out.push_back(fmt::format(
+          "{} on {} if {} sees them, else the cpu (training.device auto), {}", head, cuda_where, host,
+          one ? "no collectives (1 rank)" : "collectives over nccl when every node has its GPUs, else gloo"));
     else
       out.push_back(fmt::format("{} on the cpu, {}", head, one ? "no collectives (1 rank)" : "collectives over gloo"));
   }

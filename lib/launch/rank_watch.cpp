@@ -57,21 +57,23 @@ std::string RankHang::describe(const RankWatchLimits& limits) const {
   std::string what;
   switch (kind) {
     case Kind::NO_FIRST_BEAT:
-      what = fmt::format("sent no heartbeat within {:.1f} s of its agent's first one: the rank process did not start "
-                         "or is stopped",
-                         silent_s);
+      what = fmt::format(
+          "sent no heartbeat within {:.1f} s of its agent's first one: the rank process did not start "
+          "or is stopped",
+          silent_s);
       break;
     case Kind::MISSED_BEATS:
-      what = fmt::format("sent no heartbeat for {:.1f} s (fault_tolerance.heartbeat_timeout {} s): the process is "
-                         "hung (stopped, frozen or starved) while its agent is alive",
-                         silent_s, limit_text(limits.heartbeat_timeout));
+      what = fmt::format(
+          "sent no heartbeat for {:.1f} s (fault_tolerance.heartbeat_timeout {} s): the process is "
+          "hung (stopped, frozen or starved) while its agent is alive",
+          silent_s, limit_text(limits.heartbeat_timeout));
       break;
     case Kind::NO_STEP: {
-      what = fmt::format("made no step for {:.1f} s (fault_tolerance.step_timeout {} s; last step {}) while its "
-                         "heartbeat goes on: {}",
-                         silent_s, limit_text(limits.step_timeout), last_step,
-                         waiting ? "waiting in a collective that does not return"
-                                 : "stuck in its own work, outside any collective");
+      what = fmt::format(
+          "made no step for {:.1f} s (fault_tolerance.step_timeout {} s; last step {}) while its "
+          "heartbeat goes on: {}",
+          silent_s, limit_text(limits.step_timeout), last_step,
+          waiting ? "waiting in a collective that does not return" : "stuck in its own work, outside any collective");
       auto list = [](const std::vector<int>& ranks) {
         std::string s = ranks.size() > 1 ? "ranks " : "rank ";
         for (size_t i = 0; i < ranks.size(); ++i) s += fmt::format("{}{}", i ? ", " : "", ranks[i]);
@@ -80,8 +82,8 @@ std::string RankHang::describe(const RankWatchLimits& limits) const {
       std::vector<int> busy;
       for (int r : others)
         if (std::find(others_waiting.begin(), others_waiting.end(), r) == others_waiting.end()) busy.push_back(r);
-      if (!others_waiting.empty()) what += fmt::format("; {} wait{} in a collective", list(others_waiting),
-                                                       others_waiting.size() > 1 ? "" : "s");
+      if (!others_waiting.empty())
+        what += fmt::format("; {} wait{} in a collective", list(others_waiting), others_waiting.size() > 1 ? "" : "s");
       if (!busy.empty()) what += fmt::format("; also without a step: {}", list(busy));
       break;
     }

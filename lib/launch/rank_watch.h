@@ -49,13 +49,13 @@ struct RankHang {
   enum class Kind { NO_FIRST_BEAT, MISSED_BEATS, NO_STEP };
   Kind kind = Kind::MISSED_BEATS;
   int rank = 0, local_rank = 0, node = 0;
-  std::string host;        // the node's hostfile destination
-  int pid = -1;            // as the rank reported it (-1: not known)
-  std::string hostname;    // the rank's own gethostname ("" = not known)
-  double silent_s = 0.0;   // since its last beat / step (NO_FIRST_BEAT: since its agent beat)
-  int64_t last_step = -1;  // NO_STEP: the last step it completed
-  bool waiting = false;    // NO_STEP: it waits in a collective (for a peer)
-  std::vector<int> others; // NO_STEP: other ranks past the step timeout too...
+  std::string host;                 // the node's hostfile destination
+  int pid = -1;                     // as the rank reported it (-1: not known)
+  std::string hostname;             // the rank's own gethostname ("" = not known)
+  double silent_s = 0.0;            // since its last beat / step (NO_FIRST_BEAT: since its agent beat)
+  int64_t last_step = -1;           // NO_STEP: the last step it completed
+  bool waiting = false;             // NO_STEP: it waits in a collective (for a peer)
+  std::vector<int> others;          // NO_STEP: other ranks past the step timeout too...
   std::vector<int> others_waiting;  // ...and those of them waiting in a collective
 
   /// "missed_heartbeats", "no_heartbeat" or "no_step" (events.jsonl).
@@ -99,7 +99,7 @@ class RankWatch {
   const Plan& plan_;
   RankWatchLimits limits_;
   std::vector<std::optional<std::chrono::steady_clock::time_point>> agent_seen_;  // per node
-  std::map<int, Progress> progress_;                                               // per rank
+  std::map<int, Progress> progress_;                                              // per rank
 };
 
 }  // namespace dtrain::launch

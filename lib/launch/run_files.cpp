@@ -47,8 +47,7 @@ void events_tail_cut(int fd) {
 
 }  // namespace
 
-RunFiles::RunFiles(std::string run_dir)
-    : events_path_((std::filesystem::path(run_dir) / "events.jsonl").string()) {}
+RunFiles::RunFiles(std::string run_dir) : events_path_((std::filesystem::path(run_dir) / "events.jsonl").string()) {}
 
 RunFiles::~RunFiles() {
   for (auto& [path, fd] : fds_)

@@ -51,9 +51,9 @@ class RunFiles {
 
   std::mutex mu_;
   std::string events_path_;
-  std::map<std::string, int> fds_;            // append targets, opened once
+  std::map<std::string, int> fds_;              // append targets, opened once
   std::map<std::string, std::string> failing_;  // path -> the error of its last write
-  std::vector<std::string> pending_;          // event lines not yet written
+  std::vector<std::string> pending_;            // event lines not yet written
 };
 
 }  // namespace dtrain::launch

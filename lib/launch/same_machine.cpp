@@ -57,13 +57,12 @@ HostIdentity host_identity(const std::string& host) {
   return id;
 }
 
-void hosts_check_distinct(const config::Hostfile& hf,
-                          const std::function<HostIdentity(const std::string&)>& identify) {
+void hosts_check_distinct(const config::Hostfile& hf, const std::function<HostIdentity(const std::string&)>& identify) {
   // One pass with the first entry seen per key (this machine; address and port): a
   // pairwise comparison took minutes on a 200,000-line hostfile. The pair reported is the
   // one the pairwise order found first: the earliest later entry, with its earliest match.
   std::optional<size_t> first_local;
-  std::unordered_map<std::string, size_t> first_at;  // "port address" -> entry index
+  std::unordered_map<std::string, size_t> first_at;     // "port address" -> entry index
   std::unordered_map<std::string, HostIdentity> known;  // a name repeated is resolved once
   for (size_t j = 0; j < hf.hosts.size(); ++j) {
     const config::HostEntry& b = hf.hosts[j];

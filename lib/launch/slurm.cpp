@@ -29,8 +29,10 @@ std::string get(const std::map<std::string, std::string>& env, const char* key) 
 std::vector<int> slurm_counts_expand(std::string_view text, const std::string& var) {
   std::vector<int> out;
   auto bad = [&](std::string_view item, const char* why) {
-    DT_THROW(ConfigError, "{}='{}': item '{}' {}; Slurm writes per-node counts as N or N(xR), comma separated, "
-             "e.g. 2(x3),1", var, text, item, why);
+    DT_THROW(ConfigError,
+             "{}='{}': item '{}' {}; Slurm writes per-node counts as N or N(xR), comma separated, "
+             "e.g. 2(x3),1",
+             var, text, item, why);
   };
   size_t pos = 0;
   while (pos <= text.size()) {
@@ -64,7 +66,8 @@ int slurm_gpus_parse(std::string_view text, const std::string& var) {
     std::string_view num = item.substr(item.rfind(':') == std::string_view::npos ? 0 : item.rfind(':') + 1);
     int n = 0;
     if (!parse_positive(num, &n) && num != "0")
-      DT_THROW(ConfigError, "{}='{}': '{}' is not a GPU count (expected N or TYPE:N, comma separated)", var, text, item);
+      DT_THROW(ConfigError, "{}='{}': '{}' is not a GPU count (expected N or TYPE:N, comma separated)", var, text,
+               item);
     total += n;
     pos = comma + 1;
   }
@@ -89,8 +92,8 @@ SlurmAllocation slurm_allocation_from_env(const std::map<std::string, std::strin
 
   if (std::string t = get(env, "SLURM_TASKS_PER_NODE"); !t.empty()) {
     a.tasks_per_node = slurm_counts_expand(t, "SLURM_TASKS_PER_NODE");
-    DT_ENFORCE_EQ(a.tasks_per_node.size(), n, ConfigError, "SLURM_TASKS_PER_NODE='{}' does not match the {} node(s) of {}='{}'",
-                  t, n, list_var, list);
+    DT_ENFORCE_EQ(a.tasks_per_node.size(), n, ConfigError,
+                  "SLURM_TASKS_PER_NODE='{}' does not match the {} node(s) of {}='{}'", t, n, list_var, list);
   } else if (std::string t2 = get(env, "SLURM_NTASKS_PER_NODE"); !t2.empty()) {
     int k = 0;
     DT_ENFORCE(parse_positive(t2, &k), ConfigError, "SLURM_NTASKS_PER_NODE='{}' is not a positive number", t2);
@@ -101,7 +104,8 @@ SlurmAllocation slurm_allocation_from_env(const std::map<std::string, std::strin
     DT_ENFORCE_EQ(a.cpus_per_node.size(), n, ConfigError,
                   "SLURM_JOB_CPUS_PER_NODE='{}' does not match the {} node(s) of {}='{}'", c, n, list_var, list);
   }
-  if (std::string g = get(env, "SLURM_GPUS_ON_NODE"); !g.empty()) a.gpus_per_node = slurm_gpus_parse(g, "SLURM_GPUS_ON_NODE");
+  if (std::string g = get(env, "SLURM_GPUS_ON_NODE"); !g.empty())
+    a.gpus_per_node = slurm_gpus_parse(g, "SLURM_GPUS_ON_NODE");
   else if (std::string g2 = get(env, "SLURM_GPUS_PER_NODE"); !g2.empty())
     a.gpus_per_node = slurm_gpus_parse(g2, "SLURM_GPUS_PER_NODE");
   else if (std::string ids = get(env, "SLURM_JOB_GPUS"); !ids.empty())
@@ -115,10 +119,11 @@ config::Hostfile slurm_hostfile(const SlurmAllocation& alloc) {
   for (size_t i = 0; i < alloc.nodes.size(); ++i) {
     config::HostEntry e;
     e.host = alloc.nodes[i];
-    e.slots = alloc.gpus_per_node > 0 ? alloc.gpus_per_node
-              : i < alloc.tasks_per_node.size() ? alloc.tasks_per_node[i] : 1;
-    DT_ENFORCE(e.slots <= config::HOSTFILE_MAX_SLOTS, ConfigError, "node {} of the Slurm allocation has {} slots (max {})",
-               e.host, e.slots, config::HOSTFILE_MAX_SLOTS);
+    e.slots = alloc.gpus_per_node > 0           ? alloc.gpus_per_node
+              : i < alloc.tasks_per_node.size() ? alloc.tasks_per_node[i]
+                                                : 1;
+    DT_ENFORCE(e.slots <= config::HOSTFILE_MAX_SLOTS, ConfigError,
+               "node {} of the Slurm allocation has {} slots (max {})", e.host, e.slots, config::HOSTFILE_MAX_SLOTS);
     for (int s = 0; s < e.slots; ++s) e.slot_ids.push_back(s);
     e.line = static_cast<int>(i) + 1;
     hf.hosts.push_back(std::move(e));
@@ -128,8 +133,9 @@ config::Hostfile slurm_hostfile(const SlurmAllocation& alloc) {
 
 std::vector<std::string> slurm_srun_argv(const std::string& host, int node_rank, const NodeCommand& cmd,
                                          const SrunOptions& opts) {
-  std::vector<std::string> argv{opts.srun,      "--nodes=1",    "--ntasks=1",  "--nodelist=" + host,
-                                "--export=ALL", "--unbuffered", "--overlap",   fmt::format("--job-name=dtrain-node{}", node_rank)};
+  std::vector<std::string> argv{
+      opts.srun,      "--nodes=1",    "--ntasks=1", "--nodelist=" + host,
+      "--export=ALL", "--unbuffered", "--overlap",  fmt::format("--job-name=dtrain-node{}", node_rank)};
   if (opts.cpus > 0) argv.push_back(fmt::format("--cpus-per-task={}", opts.cpus));
   if (opts.gpus > 0) argv.push_back(fmt::format("--gres=gpu:{}", opts.gpus));
   argv.push_back("--mem=0");  // the step may use all of the job's memory on its node

@@ -15,11 +15,11 @@
 namespace dtrain::launch {
 
 struct SlurmAllocation {
-  std::string job_id;                 ///< SLURM_JOB_ID ("" outside a job)
-  std::vector<std::string> nodes;     ///< expanded SLURM_JOB_NODELIST, Slurm's order
-  std::vector<int> tasks_per_node;    ///< per node; empty when Slurm gave no task counts
-  std::vector<int> cpus_per_node;     ///< per node (SLURM_JOB_CPUS_PER_NODE); may be empty
-  int gpus_per_node = 0;              ///< SLURM_GPUS_ON_NODE / SLURM_GPUS_PER_NODE; 0 = none/unknown
+  std::string job_id;               ///< SLURM_JOB_ID ("" outside a job)
+  std::vector<std::string> nodes;   ///< expanded SLURM_JOB_NODELIST, Slurm's order
+  std::vector<int> tasks_per_node;  ///< per node; empty when Slurm gave no task counts
+  std::vector<int> cpus_per_node;   ///< per node (SLURM_JOB_CPUS_PER_NODE); may be empty
+  int gpus_per_node = 0;            ///< SLURM_GPUS_ON_NODE / SLURM_GPUS_PER_NODE; 0 = none/unknown
 };
 
 /// Expands Slurm's per-node count lists: "2(x3),1" -> {2,2,2,1}; "8" -> {8}.
@@ -45,9 +45,9 @@ SlurmAllocation slurm_allocation_from_env(const std::map<std::string, std::strin
 config::Hostfile slurm_hostfile(const SlurmAllocation& alloc);
 
 struct SrunOptions {
-  std::string srun = "srun";   ///< the srun binary (tests use a stand-in)
-  int cpus = 0;                ///< --cpus-per-task; 0 = leave to Slurm
-  int gpus = 0;                ///< --gres=gpu:N; 0 = none requested
+  std::string srun = "srun";       ///< the srun binary (tests use a stand-in)
+  int cpus = 0;                    ///< --cpus-per-task; 0 = leave to Slurm
+  int gpus = 0;                    ///< --gres=gpu:N; 0 = none requested
   std::vector<std::string> extra;  ///< more srun options, before the command
 };
 

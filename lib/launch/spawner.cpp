@@ -23,10 +23,8 @@ std::string ExitStatus::describe() const {
     text = detail.empty() ? "SSH connection lost" : detail;
     return text;
   }
-  if (exited)
-    text = fmt::format("exited with code {}", code);
-  else
-    text = fmt::format("killed by signal {} ({})", signal, signal_name(signal));
+  if (exited) text = fmt::format("exited with code {}", code);
+  else text = fmt::format("killed by signal {} ({})", signal, signal_name(signal));
   if (!detail.empty()) text += fmt::format(" ({})", detail);
   return text;
 }

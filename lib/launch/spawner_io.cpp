@@ -55,7 +55,8 @@ void discard_pending_sigpipe() {
 }
 
 int poll_timeout_ms(std::chrono::steady_clock::time_point deadline, int cap_ms) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+  auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
   if (left < 0) return 0;
   // Round up so a poll never returns just before the deadline and spins.
   return static_cast<int>(std::min<long long>(left + 1, cap_ms));

@@ -41,10 +41,8 @@ bool connection_error(int rc) {
     case LIBSSH2_ERROR_SOCKET_TIMEOUT:
     case LIBSSH2_ERROR_SOCKET_RECV:
     case LIBSSH2_ERROR_ENCRYPT:
-    case LIBSSH2_ERROR_BAD_SOCKET:
-      return true;
-    default:
-      return false;
+    case LIBSSH2_ERROR_BAD_SOCKET: return true;
+    default: return false;
   }
 }
 
@@ -63,9 +61,7 @@ class SshProcess final : public Process {
  public:
   SshProcess(std::unique_ptr<SshSession> session, LIBSSH2_CHANNEL* channel, std::string stdin_data,
              LineCallback callback)
-      : session_(std::move(session)),
-        channel_(channel),
-        stdin_buf_(std::move(stdin_data)),
+      : session_(std::move(session)), channel_(channel), stdin_buf_(std::move(stdin_data)),
         callback_(std::move(callback)) {
     thread_ = std::thread([this] { run(); });
   }
@@ -272,9 +268,10 @@ class SshProcess final : public Process {
 
       now = Clock::now();
       if (probing && now - session_->last_received() > silence_limit) {
-        finish_lost(fmt::format("nothing received for {} s (keepalive every {} s)",
-                                std::chrono::duration_cast<std::chrono::seconds>(now - session_->last_received()).count(),
-                                interval.count()));
+        finish_lost(
+            fmt::format("nothing received for {} s (keepalive every {} s)",
+                        std::chrono::duration_cast<std::chrono::seconds>(now - session_->last_received()).count(),
+                        interval.count()));
         break;
       }
       if (terminating && now >= term_deadline) {
@@ -284,9 +281,10 @@ class SshProcess final : public Process {
         ExitStatus s;
         s.exited = true;
         s.code = 255;
-        s.detail = fmt::format("terminated: the command on {} did not exit after stdin EOF; SSH channel closed "
-                               "(a process that ignores stdin EOF and never writes may still run there)",
-                               session_->host());
+        s.detail = fmt::format(
+            "terminated: the command on {} did not exit after stdin EOF; SSH channel closed "
+            "(a process that ignores stdin EOF and never writes may still run there)",
+            session_->host());
         finish(std::move(s));
         break;
       }
@@ -334,9 +332,8 @@ class SshProcess final : public Process {
 // ---------------------------------------------------------------------------
 // spawn_ssh
 
-std::unique_ptr<Process> spawn_ssh(const std::string& host, const SshOptions& options,
-                                   const std::string& shell_command, const std::string& stdin_data,
-                                   LineCallback callback) {
+std::unique_ptr<Process> spawn_ssh(const std::string& host, const SshOptions& options, const std::string& shell_command,
+                                   const std::string& stdin_data, LineCallback callback) {
   DT_ENFORCE(shell_command.find('\0') == std::string::npos, LaunchError,
              "SSH to {}: the command line contains a NUL byte", host);
   auto session = std::make_unique<SshSession>(host, options);

@@ -30,9 +30,8 @@ namespace dtrain::launch {
 /// send SSH "signal" requests, so remote commands (the dtrain agent) must end, and
 /// kill what they started, when stdin reaches EOF.
 /// Throws LaunchError naming the host when the session or the command cannot start.
-std::unique_ptr<Process> spawn_ssh(const std::string& host, const SshOptions& options,
-                                   const std::string& shell_command, const std::string& stdin_data,
-                                   LineCallback callback);
+std::unique_ptr<Process> spawn_ssh(const std::string& host, const SshOptions& options, const std::string& shell_command,
+                                   const std::string& stdin_data, LineCallback callback);
 
 /// One command for spawn_ssh_parallel.
 struct SshCommand {

@@ -99,8 +99,8 @@ class OutputRouter {
     std::lock_guard<std::mutex> lock(mu_);
     // An agent's own warning or error (e.g. why it cannot reach the store) explains a
     // node that fails or never heartbeats: kept for the failure message.
-    if (rank < 0 && s == Stream::STDERR && (text.find("error: ") != std::string_view::npos ||
-                                            text.find("warning: ") != std::string_view::npos))
+    if (rank < 0 && s == Stream::STDERR &&
+        (text.find("error: ") != std::string_view::npos || text.find("warning: ") != std::string_view::npos))
       agent_said_[node] = std::string(text);
     // Rank 0's per-rank times: the straggler check, not terminal output (kept in its log).
     if (rank == 0 && s == Stream::STDOUT)
@@ -202,20 +202,22 @@ class OutputRouter {
         end_status_line();
         print(stderr, "", "[dtrain] warning: " + msg);
       }
-      events_.push_back({.kind = report::EventKind::STRAGGLER,
-                         .round = round_,
-                         .node = node >= 0 ? std::optional<int>(node) : std::nullopt,
-                         .host = host,
-                         .detail = {{"rank", r}, {"compute_ms", x.compute_ms}, {"median_ms", x.median_ms},
-                                    {"ratio", x.ratio}}});
+      events_.push_back(
+          {.kind = report::EventKind::STRAGGLER,
+           .round = round_,
+           .node = node >= 0 ? std::optional<int>(node) : std::nullopt,
+           .host = host,
+           .detail = {{"rank", r}, {"compute_ms", x.compute_ms}, {"median_ms", x.median_ms}, {"ratio", x.ratio}}});
     }
     for (const auto& [r, x] : flagged_)
       if (!cur.count(r)) {
-        const std::string host = r < static_cast<int>(rank_where_.size()) ? rank_where_[static_cast<size_t>(r)].second : "?";
+        const std::string host =
+            r < static_cast<int>(rank_where_.size()) ? rank_where_[static_cast<size_t>(r)].second : "?";
         if (echo_) {
           end_status_line();
-          print(stderr, "", fmt::format("[dtrain] straggler: rank {} on {} is no longer slower than {:g}x the median",
-                                        r, host, stragglers_.factor()));
+          print(stderr, "",
+                fmt::format("[dtrain] straggler: rank {} on {} is no longer slower than {:g}x the median", r, host,
+                            stragglers_.factor()));
         }
         events_.push_back(
             {.kind = report::EventKind::STRAGGLER_RECOVERED, .round = round_, .host = host, .detail = {{"rank", r}}});
@@ -288,9 +290,10 @@ void write_nodes(const Job& job, RunFiles& files, int round, std::vector<report:
 int finish(RunFiles& files, int rc) {
   files.flush_events();
   if (const size_t n = files.events_pending(); n > 0)
-    log_error("{} event(s) (the job's end among them) could not be written to events.jsonl, so `dtrain status` "
-              "cannot tell how the job ended: {}",
-              n, files.failing());
+    log_error(
+        "{} event(s) (the job's end among them) could not be written to events.jsonl, so `dtrain status` "
+        "cannot tell how the job ended: {}",
+        n, files.failing());
   else if (std::string f = files.failing(); !f.empty())
     log_warn("some run directory files could not be fully written: {}", f);
   return rc;
@@ -466,7 +469,9 @@ void round_stop(const Job& job, std::vector<std::unique_ptr<Process>>& agents, c
   std::vector<report::NodeHealth> health;
   for (int k = 0; k < n; ++k)
     health.push_back({k, job.plan.nodes[k].host.destination(), -1.0,
-                      blamed == k ? "failed" : done[k] ? "done" : "stopped"});
+                      blamed == k ? "failed"
+                      : done[k]   ? "done"
+                                  : "stopped"});
   write_nodes(job, files, job.spec.round, health);
 }
 
@@ -558,7 +563,9 @@ RoundResult run_round(Job& job, rendezvous::StoreServer& server, rendezvous::Sto
         const auto& beat = obs.nodes[static_cast<size_t>(k)].last_beat;
         const double age = beat ? std::chrono::duration<double>(obs.now - *beat).count() : -1.0;
         health.push_back({k, job.plan.nodes[k].host.destination(), age,
-                          done[k] ? "done" : beat ? "running" : "starting"});
+                          done[k] ? "done"
+                          : beat  ? "running"
+                                  : "starting"});
       }
       write_nodes(job, files, round, health);
     }
@@ -603,8 +610,7 @@ NodeSpawner node_spawner_default(const config::TrainConfig& cfg) {
 }
 
 NodeSpawner node_spawner_for(const config::TrainConfig& cfg, const std::string& launcher) {
-  return launcher == "slurm" ? node_spawner_slurm(slurm_allocation_from_env(environ_map()))
-                             : node_spawner_default(cfg);
+  return launcher == "slurm" ? node_spawner_slurm(slurm_allocation_from_env(environ_map())) : node_spawner_default(cfg);
 }
 
 namespace {
@@ -648,8 +654,9 @@ bool elastic_plan_round(Job& job, Membership& members, HostProbe& probe, int rou
   nlohmann::json hosts = nlohmann::json::array();
   for (const auto& h : hf.hosts) hosts.push_back(h.destination());
   if (!rm.changes.empty()) {
-    if (round > 0 || job.plan.world_size != ref_world) log_info("membership: round {} runs on {} node(s), {} rank(s); {}",
-                                                                round, hf.hosts.size(), job.plan.world_size, b.note);
+    if (round > 0 || job.plan.world_size != ref_world)
+      log_info("membership: round {} runs on {} node(s), {} rank(s); {}", round, hf.hosts.size(), job.plan.world_size,
+               b.note);
     files.event({.kind = report::EventKind::MEMBERSHIP,
                  .round = round,
                  .world_size = job.plan.world_size,
@@ -719,9 +726,10 @@ int supervise(Job& job, const SupervisorOptions& opts) {
   if (members.elastic()) {
     probe = opts.probe_factory ? opts.probe_factory(job)
                                : host_probe_version(job.cfg, job.spec.dtrain_path, seconds_ms(el.probe_timeout));
-    log_info("elastic: {} to {} node(s) of the {} host(s); a node is left out after failing the probe or {} round(s) "
-             "in a row, and rejoins at a checkpoint once it passes the probe again",
-             members.min_nodes(), members.max_nodes(), job.hosts.hosts.size(), el.max_node_failures);
+    log_info(
+        "elastic: {} to {} node(s) of the {} host(s); a node is left out after failing the probe or {} round(s) "
+        "in a row, and rejoins at a checkpoint once it passes the probe again",
+        members.min_nodes(), members.max_nodes(), job.hosts.hosts.size(), el.max_node_failures);
   }
   const int ref_world = job.plan.world_size;
 
@@ -734,7 +742,8 @@ int supervise(Job& job, const SupervisorOptions& opts) {
     if (round > 0) run_dir_remove_partial_checkpoints(job.run_dir);
     std::optional<NodeFailure> not_started;
     std::string no_members;
-    const std::string base_config = (fs::path(job.run_dir) / (job.run_dir_pending ? "config.pending.yaml" : "config.yaml")).string();
+    const std::string base_config =
+        (fs::path(job.run_dir) / (job.run_dir_pending ? "config.pending.yaml" : "config.yaml")).string();
     if (members.elastic() &&
         !elastic_plan_round(job, members, *probe, round, ref_world, base_config, files, &no_members)) {
       not_started = NodeFailure{.kind = NodeFailure::Kind::NOT_STARTED,
@@ -773,9 +782,10 @@ int supervise(Job& job, const SupervisorOptions& opts) {
       if (r.end == RoundEnd::RESIZED) {
         members.round_healthy();
         const std::string who = r.resized_for.empty() ? "a host left out" : r.resized_for;
-        log_info("round {} stopped after its checkpoint at step {}: {} passed the probe again, the next round takes "
-                 "it back",
-                 round, r.resized_at_step, who);
+        log_info(
+            "round {} stopped after its checkpoint at step {}: {} passed the probe again, the next round takes "
+            "it back",
+            round, r.resized_at_step, who);
         files.event({.kind = report::EventKind::RESIZE,
                      .round = round,
                      .why = fmt::format("{} passed the probe again", who),
@@ -800,7 +810,8 @@ int supervise(Job& job, const SupervisorOptions& opts) {
     log_error("round {} failed: {}; {}", round, f.why,
               f.kind == NodeFailure::Kind::NOT_STARTED ? "no node was started" : "every node stopped");
     if (f.permanent) {
-      log_error("not restarting: retrying cannot fix this (a usage, config, host key or credential error): fix it, then dtrain resume");
+      log_error(
+          "not restarting: retrying cannot fix this (a usage, config, host key or credential error): fix it, then dtrain resume");
       return finish(files, f.exit_code);
     }
     if (failed_rounds >= ft.max_retries) {

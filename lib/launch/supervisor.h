@@ -40,12 +40,12 @@ struct PreflightVerdict {
 };
 
 struct SupervisorOptions {
-  NodeSpawner spawner;                        // required
+  NodeSpawner spawner;  // required
   /// Set by the launcher's signal handler to the signal number (SIGINT, SIGTERM, SIGHUP):
   /// stop every node, record the interruption, return Exit::INTERRUPTED. 0 = keep going.
   std::atomic<int>* interrupted = nullptr;
-  bool echo = true;                           // print node output on the terminal
-  bool tee_all = false;                       // also every rank's stdout, not only rank 0's
+  bool echo = true;      // print node output on the terminal
+  bool tee_all = false;  // also every rank's stdout, not only rank 0's
   /// Called once per job, on the supervising thread, as soon as rank 0 reports that
   /// training started (its "resumed from step" / "train:" line, printed once every rank
   /// loaded the config and the checkpoint, or a progress line), or when a round succeeds.

@@ -60,7 +60,8 @@ void ModelConfig::validate() const {
   DT_ENFORCE_GE(head_size, 0, ConfigError, "model head_dim");
   DT_ENFORCE(head_size > 0 || d_model % n_head == 0, ConfigError,
              "model d_model ({}) must be a multiple of n_head ({}) unless head_dim is given", d_model, n_head);
-  DT_ENFORCE(n_head % n_kv_head == 0, ConfigError, "model n_head ({}) must be a multiple of n_kv_head ({})", n_head, n_kv_head);
+  DT_ENFORCE(n_head % n_kv_head == 0, ConfigError, "model n_head ({}) must be a multiple of n_kv_head ({})", n_head,
+             n_kv_head);
   DT_ENFORCE_GT(norm_eps, 0.0f, ConfigError, "model norm_eps");
   DT_ENFORCE_GE(sliding_window, 0, ConfigError, "model sliding_window");
   const char* name = arch_name(arch);
@@ -68,10 +69,11 @@ void ModelConfig::validate() const {
     DT_ENFORCE_EQ(n_kv_head, n_head, ConfigError, "GPT-2 has no grouped KV heads: set n_kv_head = n_head");
     DT_ENFORCE(head_size == 0 || head_size * n_head == d_model, ConfigError,
                "GPT-2's head dim is d_model / n_head; head_dim {} differs", head_size);
-    DT_ENFORCE(!qkv_bias && !o_bias && !mlp_bias && !qk_norm && sliding_window == 0 &&
-                   rope_scaling == RopeScaling::NONE,
-               ConfigError, "GPT-2 takes none of the Llama family's options (biases flags, qk_norm, sliding_window, "
-               "rope_scaling)");
+    DT_ENFORCE(
+        !qkv_bias && !o_bias && !mlp_bias && !qk_norm && sliding_window == 0 && rope_scaling == RopeScaling::NONE,
+        ConfigError,
+        "GPT-2 takes none of the Llama family's options (biases flags, qk_norm, sliding_window, "
+        "rope_scaling)");
     return;
   }
   DT_ENFORCE(head_dim() % 2 == 0, ConfigError, "{} RoPE needs an even head dim, got {}", name, head_dim());
@@ -88,9 +90,7 @@ void ModelConfig::validate() const {
       DT_ENFORCE(qkv_bias == o_bias && !mlp_bias, ConfigError,
                  "qwen3's attention_bias puts biases on q, k, v and o together, and its MLP has none");
       break;
-    case Arch::MISTRAL:
-      DT_ENFORCE(!qkv_bias && !o_bias && !mlp_bias, ConfigError, "mistral has no biases");
-      break;
+    case Arch::MISTRAL: DT_ENFORCE(!qkv_bias && !o_bias && !mlp_bias, ConfigError, "mistral has no biases"); break;
     default:
       DT_ENFORCE(qkv_bias == o_bias, ConfigError, "llama's attention_bias puts biases on q, k, v and o together");
   }

@@ -27,7 +27,7 @@ struct ModelConfig {
   int n_head = 0;
   int n_kv_head = 0;  ///< == n_head for GPT-2; divides n_head for Llama (GQA / MQA)
   int d_model = 0;
-  int d_ff = 0;       ///< MLP hidden size (GPT-2: usually 4*d_model; Llama: intermediate_size)
+  int d_ff = 0;  ///< MLP hidden size (GPT-2: usually 4*d_model; Llama: intermediate_size)
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;
   bool tie_embeddings = true;
@@ -39,10 +39,10 @@ struct ModelConfig {
   bool qk_norm = false;    ///< RMSNorm over head_dim of each q and k head before RoPE (qwen3)
   int sliding_window = 0;  ///< > 0: query i attends to keys i - window < j <= i (mistral)
   RopeScaling rope_scaling = RopeScaling::NONE;
-  float rope_factor = 1.0f;             ///< linear, dynamic, llama3
-  float rope_low_freq_factor = 1.0f;    ///< llama3
-  float rope_high_freq_factor = 4.0f;   ///< llama3
-  int rope_original_max_pos = 8192;     ///< llama3: original_max_position_embeddings
+  float rope_factor = 1.0f;            ///< linear, dynamic, llama3
+  float rope_low_freq_factor = 1.0f;   ///< llama3
+  float rope_high_freq_factor = 4.0f;  ///< llama3
+  int rope_original_max_pos = 8192;    ///< llama3: original_max_position_embeddings
 
   int head_dim() const { return head_size > 0 ? head_size : (n_head > 0 ? d_model / n_head : 0); }
   bool is_gpt2() const { return arch == Arch::GPT2; }

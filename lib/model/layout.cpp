@@ -11,13 +11,13 @@ size_t TensorSpec::numel() const { return static_cast<size_t>(shape_numel(shape)
 float* ParamBuffer::host_f32() const {
   DT_ENFORCE(on_host && dtype == DType::F32, UsageError,
              "parameter buffer {} is {} {} memory; this code reads host fp32 weights (copy the model to the CPU "
-             "first)", layout.name, on_host ? "host" : "device", dtype_name(dtype));
+             "first)",
+             layout.name, on_host ? "host" : "device", dtype_name(dtype));
   return static_cast<float*>(data);
 }
 
 float* ParamBuffer::host_grad() const {
-  DT_ENFORCE(on_host, UsageError, "gradient buffer {} is device memory; this code reads host gradients",
-             layout.name);
+  DT_ENFORCE(on_host, UsageError, "gradient buffer {} is device memory; this code reads host gradients", layout.name);
   return grad;
 }
 

@@ -33,7 +33,7 @@ struct BufferLayout {
   std::string name;  ///< "embeddings", "layers.3", "head", "lora.layers.3"
   int layer = 0;     ///< -1 embeddings, 0..n_layer-1 transformer layers, n_layer head
   std::vector<TensorSpec> tensors;
-  size_t size = 0;   ///< total floats
+  size_t size = 0;  ///< total floats
   /// The tensor called name, or nullptr.
   const TensorSpec* find(const std::string& name) const;
 };

@@ -9,7 +9,7 @@ namespace dtrain::model {
 
 const std::vector<std::string>& lora_module_names(ModelConfig::Arch arch) {
   static const std::vector<std::string> gpt2 = {"c_attn", "c_proj", "c_fc"};
-  static const std::vector<std::string> llama = {"q_proj", "k_proj", "v_proj", "o_proj",
+  static const std::vector<std::string> llama = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                                  "gate_proj", "up_proj", "down_proj"};
   return arch == ModelConfig::Arch::GPT2 ? gpt2 : llama;
 }

@@ -20,7 +20,7 @@ struct LoraConfig {
   /// Module names adapted, PEFT "target_modules" style: Llama q_proj k_proj v_proj o_proj
   /// gate_proj up_proj down_proj; GPT-2 c_attn c_proj c_fc (c_proj = attn and mlp).
   std::vector<std::string> targets;
-  uint64_t seed = 0;     ///< adapter init and dropout masks
+  uint64_t seed = 0;  ///< adapter init and dropout masks
   float scale() const { return alpha / static_cast<float>(rank); }
   /// Throws ConfigError for rank <= 0, dropout outside [0, 1), an empty or unknown target.
   void validate(const ModelConfig& cfg) const;

@@ -52,7 +52,10 @@ class Carver {
     off_ += n;
     return p;
   }
-  template <typename T> T* of(size_t n) { return static_cast<T*>(bytes(n * sizeof(T))); }
+  template <typename T>
+  T* of(size_t n) {
+    return static_cast<T*>(bytes(n * sizeof(T)));
+  }
   size_t size() const { return off_; }
 
  private:
@@ -66,7 +69,7 @@ struct Model::Proj {
   std::string short_name;  // LoRA target name: "q_proj", "c_proj", ...
   std::string module;      // path inside the layer: "self_attn.q_proj", "mlp.c_proj"
   int in = 0, out = 0;
-  int w = -1, b = -1;      // tensor indices in the layer buffer (b = -1: no bias)
+  int w = -1, b = -1;  // tensor indices in the layer buffer (b = -1: no bias)
 };
 
 // What one layer's backward needs (one set per layer, or one shared set under recompute).
@@ -74,11 +77,11 @@ struct Model::LayerActs {
   void *ln1 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *atty = nullptr, *res2 = nullptr;
   void *ln2 = nullptr, *fc = nullptr, *up = nullptr, *act = nullptr;
   float *ln1_mean = nullptr, *ln1_rstd = nullptr, *ln2_mean = nullptr, *ln2_rstd = nullptr;
-  float* att = nullptr;         // what the device's attention saves (Device::attention_saved_floats)
-  void *qpre = nullptr, *kpre = nullptr;          // qk_norm: q, k before their per-head norms
-  float *qn_rstd = nullptr, *kn_rstd = nullptr;   // qk_norm: per (token, head) statistics
-  std::vector<void*> lora_h;    // per projection: dropout(x) A^T [N, r] (null when not adapted)
-  std::vector<void*> lora_xd;   // per projection: dropout(x) [N, in] (null without dropout)
+  float* att = nullptr;                          // what the device's attention saves (Device::attention_saved_floats)
+  void *qpre = nullptr, *kpre = nullptr;         // qk_norm: q, k before their per-head norms
+  float *qn_rstd = nullptr, *kn_rstd = nullptr;  // qk_norm: per (token, head) statistics
+  std::vector<void*> lora_h;                     // per projection: dropout(x) A^T [N, r] (null when not adapted)
+  std::vector<void*> lora_xd;                    // per projection: dropout(x) [N, in] (null without dropout)
 };
 
 // Arrays no backward reads from an earlier layer: forward temporaries, the head's
@@ -97,7 +100,8 @@ Model::Model(const ModelConfig& cfg, device::Device& dev, DType dtype)
     : cfg_(cfg), dev_(&dev), dtype_(dtype), scratch_(std::make_unique<Scratch>()) {
   DT_ENFORCE(dtype == DType::F32 || dev.kind() == device::Kind::CUDA, UsageError,
              "a {} model on the {} device: the CPU computes in fp32 (bf16/fp16 there are fp32 values rounded by the "
-             "optimizer)", dtype_name(dtype), dev.name());
+             "optimizer)",
+             dtype_name(dtype), dev.name());
   auto layouts = layout_build(cfg_);  // validates
   DT_CHECK(cfg_.n_layer >= 1);
   const int C = cfg_.d_model, F = cfg_.d_ff, QD = cfg_.n_head * cfg_.head_dim(), KD = cfg_.n_kv_head * cfg_.head_dim();
@@ -224,10 +228,8 @@ void Model::weights_copy_from(const Model& src) {
   for (size_t i = 0; i < params_.size() + lora_params_.size(); ++i) {
     const ParamBuffer& s = src.buffer_at(i);
     DT_ENFORCE_EQ(s.size, buffer_at(i).size, UsageError, "weights_copy_from: size of buffer {}", s.layout.name);
-    if (s.on_host && s.dtype == DType::F32)
-      buffer_from_host(i, s.host_f32());
-    else
-      buffer_from_host(i, src.buffer_to_host(i).data());
+    if (s.on_host && s.dtype == DType::F32) buffer_from_host(i, s.host_f32());
+    else buffer_from_host(i, src.buffer_to_host(i).data());
   }
 }
 
@@ -256,7 +258,8 @@ TensorView Model::tensor(const std::string& name) {
       if (const TensorSpec* t = pb.layout.find(name)) {
         DT_ENFORCE(pb.data != nullptr || pb.size == 0, UsageError,
                    "tensor {} is in buffer {}, whose storage is released (ZeRO stage 3 shards it): materialize "
-                   "the parameters (ZeroEngine::params_materialize) before reading them", name, pb.layout.name);
+                   "the parameters (ZeroEngine::params_materialize) before reading them",
+                   name, pb.layout.name);
         return TensorView{static_cast<float*>(pb.data) + t->offset, DType::F32, t->shape};
       }
   return TensorView{};
@@ -271,7 +274,8 @@ std::vector<float> Model::logits_to_host() const {
   dev_->copy_d2h(staged.data(), scratch_->logits, staged.size());
   const std::vector<int64_t> shape{static_cast<int64_t>(V)};
   for (size_t n = 0; n < N; ++n)
-    tensor_copy(TensorView{out.data() + n * V, DType::F32, shape}, TensorView{staged.data() + n * ld * esz, dtype_, shape});
+    tensor_copy(TensorView{out.data() + n * V, DType::F32, shape},
+                TensorView{staged.data() + n * ld * esz, dtype_, shape});
   return out;
 }
 
@@ -288,7 +292,8 @@ const float* Model::losses() const {
 void Model::host_enforce(const char* what) const {
   DT_ENFORCE(on_host(), UsageError,
              "Model::{} returns host fp32 memory, but this model lives on {}: copy it to a CPU model "
-             "(Model::weights_copy_from) first", what, dev_->name());
+             "(Model::weights_copy_from) first",
+             what, dev_->name());
 }
 
 // ---------------------------------------------------------------------------
@@ -377,7 +382,8 @@ size_t Model::grad_allocated_bytes() const {
 void Model::storage_enforce_whole(const char* what) const {
   DT_ENFORCE(!storage_released(), UsageError,
              "Model::{} needs the model's own parameter and gradient storage, but part of it is released to the ZeRO "
-             "engine (stages 2-3); call it before creating the engine or after it is destroyed", what);
+             "engine (stages 2-3); call it before creating the engine or after it is destroyed",
+             what);
 }
 
 // Layer l's base buffer and adapter, after its hook ran (grads: released gradients
@@ -392,10 +398,12 @@ void Model::buffer_enforce_present(const ParamBuffer& pb, bool need_data, bool n
   if (pb.size == 0) return;
   DT_ENFORCE(!need_data || pb.data != nullptr, UsageError,
              "parameter buffer {} has no storage when the model needs it: it is released (ZeRO stage 3) and no hook "
-             "gathered it (install the engine's hooks, or call params_materialize() for evaluation)", pb.layout.name);
+             "gathered it (install the engine's hooks, or call params_materialize() for evaluation)",
+             pb.layout.name);
   DT_ENFORCE(!need_grad || pb.grad != nullptr, UsageError,
              "gradient buffer {} has no storage when backward needs it: gradients are released (ZeRO stages 2-3) and "
-             "no hook supplied a working buffer (install the engine's hooks)", pb.layout.name);
+             "no hook supplied a working buffer (install the engine's hooks)",
+             pb.layout.name);
 }
 
 void Model::set_recompute(bool on) {
@@ -412,7 +420,8 @@ void Model::set_recompute(bool on) {
 void Model::allocate(int B, int T) {
   ++buffers_version_;
   const size_t N = static_cast<size_t>(B) * T, C = cfg_.d_model, F = cfg_.d_ff, V = cfg_.vocab_size;
-  const size_t QD = static_cast<size_t>(cfg_.n_head) * cfg_.head_dim(), KD = static_cast<size_t>(cfg_.n_kv_head) * cfg_.head_dim();
+  const size_t QD = static_cast<size_t>(cfg_.n_head) * cfg_.head_dim(),
+               KD = static_cast<size_t>(cfg_.n_kv_head) * cfg_.head_dim();
   const size_t es = dtype_size(dtype_);
   const bool gpt2 = cfg_.arch == ModelConfig::Arch::GPT2;
   const int sets = recompute_ ? 1 : cfg_.n_layer;
@@ -601,16 +610,14 @@ void Model::layer_forward(int l, LayerActs& a, bool fused_input) {
   if (gpt2) {
     // tensors: 0 ln_1.w 1 ln_1.b ... 6 ln_2.w 7 ln_2.b
     if (fused_input)
-      dev_->residual_layernorm_forward(x, a.ln1, a.ln1_mean, a.ln1_rstd, prev_res2, s.mlp, P(0), P(1), N, C, eps, dtype_);
-    else
-      dev_->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, P(0), P(1), N, C, eps, dtype_);
+      dev_->residual_layernorm_forward(x, a.ln1, a.ln1_mean, a.ln1_rstd, prev_res2, s.mlp, P(0), P(1), N, C, eps,
+                                       dtype_);
+    else dev_->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, P(0), P(1), N, C, eps, dtype_);
     proj_forward(l, GPT2_C_ATTN, a.ln1, a.q, a);  // a.q, a.k, a.v are column blocks of its rows
   } else {
     const size_t ln1 = static_cast<size_t>(ln1_);
-    if (fused_input)
-      dev_->residual_rmsnorm_forward(x, a.ln1, a.ln1_rstd, prev_res2, s.mlp, P(ln1), N, C, eps, dtype_);
-    else
-      dev_->rmsnorm_forward(a.ln1, a.ln1_rstd, x, P(ln1), N, C, eps, dtype_);
+    if (fused_input) dev_->residual_rmsnorm_forward(x, a.ln1, a.ln1_rstd, prev_res2, s.mlp, P(ln1), N, C, eps, dtype_);
+    else dev_->rmsnorm_forward(a.ln1, a.ln1_rstd, x, P(ln1), N, C, eps, dtype_);
     if (cfg_.qk_norm) {  // qwen3: each q and k head RMS-normed over head_dim, before RoPE
       proj_forward(l, LL_Q, a.ln1, a.qpre, a);
       proj_forward(l, LL_K, a.ln1, a.kpre, a);
@@ -627,7 +634,8 @@ void Model::layer_forward(int l, LayerActs& a, bool fused_input) {
                           dtype_);
   proj_forward(l, gpt2 ? GPT2_ATTN_PROJ : LL_O, a.atty, s.attproj, a);
   if (gpt2) {
-    dev_->residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, s.attproj, P(6), P(7), N, C, eps, dtype_);
+    dev_->residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, s.attproj, P(6), P(7), N, C, eps,
+                                     dtype_);
     if (proj_adapted(l, GPT2_FC)) {
       proj_forward(l, GPT2_FC, a.ln2, a.fc, a);
       dev_->gelu_forward(a.act, a.fc, F, dtype_);
@@ -771,10 +779,9 @@ float Model::forward_issue(float* loss_out) {
   void* xL = residuals_[static_cast<size_t>(L)];
   const void* res2 = acts_for(L - 1).res2;
   if (gpt2)
-    dev_->residual_layernorm_forward(xL, s.lnf, s.lnf_mean, s.lnf_rstd, res2, s.mlp, head.data, param_at(head, 1), N,
-                                     C, cfg_.norm_eps, dtype_);
-  else
-    dev_->residual_rmsnorm_forward(xL, s.lnf, s.lnf_rstd, res2, s.mlp, head.data, N, C, cfg_.norm_eps, dtype_);
+    dev_->residual_layernorm_forward(xL, s.lnf, s.lnf_mean, s.lnf_rstd, res2, s.mlp, head.data, param_at(head, 1), N, C,
+                                     cfg_.norm_eps, dtype_);
+  else dev_->residual_rmsnorm_forward(xL, s.lnf, s.lnf_rstd, res2, s.mlp, head.data, N, C, cfg_.norm_eps, dtype_);
   const void* wlm = cfg_.tie_embeddings ? emb.data : param_at(head, head.layout.tensors.size() - 1);
   dev_->linear_forward(s.logits, s.lnf, wlm, nullptr, N, C, V, logits_ld_, dtype_);
 
@@ -816,8 +823,7 @@ void Model::backward(float grad_scale, const float* count) {
   if (gpt2)
     dev_->layernorm_backward(s.dres, head.grad, grad_at(head, 1), s.dln, xL, head.data, s.lnf_mean, s.lnf_rstd, N, C,
                              dtype_);
-  else
-    dev_->rmsnorm_backward(s.dres, head.grad, s.dln, xL, head.data, s.lnf_rstd, N, C, dtype_);
+  else dev_->rmsnorm_backward(s.dres, head.grad, s.dln, xL, head.data, s.lnf_rstd, N, C, dtype_);
   if (hooks_.after_layer_backward) hooks_.after_layer_backward(L);
 
   for (int l = L - 1; l >= 0; --l) {

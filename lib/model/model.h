@@ -195,9 +195,7 @@ class Model {
     return cfg_.arch == ModelConfig::Arch::GPT2 ? (cfg_.n_head + 2 * cfg_.n_kv_head) * cfg_.head_dim()
                                                 : cfg_.n_head * cfg_.head_dim();
   }
-  int kv_stride() const {
-    return cfg_.arch == ModelConfig::Arch::GPT2 ? q_stride() : cfg_.n_kv_head * cfg_.head_dim();
-  }
+  int kv_stride() const { return cfg_.arch == ModelConfig::Arch::GPT2 ? q_stride() : cfg_.n_kv_head * cfg_.head_dim(); }
   uint64_t lora_mask_seed(int l, int p) const;
   LayerActs& acts_for(int l);
   void* at(const void* base, size_t elems) const {

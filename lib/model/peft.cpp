@@ -205,10 +205,8 @@ void llama_family_read(const Reader& r, HfModelConfig& c) {
     DT_ENFORCE(!r.boolean("attention_bias", false), ConfigError, "{}: attention_bias true is not a {} option", src,
                c.arch);
   }
-  if (c.arch == "llama")
-    c.mlp_bias = r.boolean("mlp_bias", false);
-  else
-    DT_ENFORCE(!r.boolean("mlp_bias", false), ConfigError, "{}: mlp_bias true is not a {} option", src, c.arch);
+  if (c.arch == "llama") c.mlp_bias = r.boolean("mlp_bias", false);
+  else DT_ENFORCE(!r.boolean("mlp_bias", false), ConfigError, "{}: mlp_bias true is not a {} option", src, c.arch);
   c.qk_norm = c.arch == "qwen3";
   if (qwen) {
     // Qwen2/Qwen3 keep sliding_window in every config but apply it only with
@@ -218,8 +216,8 @@ void llama_family_read(const Reader& r, HfModelConfig& c) {
                src, c.arch);
     if (r.has("layer_types"))
       for (const json& t : j.at("layer_types"))
-        DT_ENFORCE(t == "full_attention", ConfigError, "{}: layer_types {} is not supported (full_attention only)",
-                   src, t.dump());
+        DT_ENFORCE(t == "full_attention", ConfigError, "{}: layer_types {} is not supported (full_attention only)", src,
+                   t.dump());
   } else if (c.arch == "mistral") {
     // MistralConfig's default is 4096; null (Mistral 7B v0.2 on) means no window.
     if (!j.contains("sliding_window")) {
@@ -344,10 +342,9 @@ HfModelConfig hf_config_from_json(const json& j, const std::string& src) {
   }
   DT_ENFORCE(c.head_dim > 0 || c.d_model % c.n_head == 0, ConfigError,
              "{}: hidden size {} is not divisible by {} attention heads", src, c.d_model, c.n_head);
-  DT_ENFORCE(c.n_head % c.n_kv_head == 0, ConfigError,
-             "{}: {} attention heads are not divisible by {} key/value heads", src, c.n_head, c.n_kv_head);
-  DT_ENFORCE(c.norm_eps > 0.0f && std::isfinite(c.norm_eps), ConfigError, "{}: the norm epsilon must be positive",
-             src);
+  DT_ENFORCE(c.n_head % c.n_kv_head == 0, ConfigError, "{}: {} attention heads are not divisible by {} key/value heads",
+             src, c.n_head, c.n_kv_head);
+  DT_ENFORCE(c.norm_eps > 0.0f && std::isfinite(c.norm_eps), ConfigError, "{}: the norm epsilon must be positive", src);
   DT_ENFORCE(c.rope_theta > 0.0f && std::isfinite(c.rope_theta), ConfigError, "{}: rope_theta must be positive", src);
   c.torch_dtype = r.string("torch_dtype", "float32");
   check_dtype(c.torch_dtype, src);
@@ -387,8 +384,7 @@ LoraAdapterConfig peft_config_from_json(const json& j, const std::string& src) {
   DT_ENFORCE(j.is_object(), ConfigError, "{}: expected a JSON object", src);
   const Reader r{j, src};
   const std::string type = r.string("peft_type", "");
-  DT_ENFORCE(type == "LORA", ConfigError, "{}: peft_type '{}' is not supported; dtrain reads LORA adapters", src,
-             type);
+  DT_ENFORCE(type == "LORA", ConfigError, "{}: peft_type '{}' is not supported; dtrain reads LORA adapters", src, type);
   const std::string task = r.string("task_type", "CAUSAL_LM");
   DT_ENFORCE(task == "CAUSAL_LM", ConfigError, "{}: task_type '{}' is not supported; expected CAUSAL_LM", src, task);
   const std::string bias = r.string("bias", "none");
@@ -401,8 +397,8 @@ LoraAdapterConfig peft_config_from_json(const json& j, const std::string& src) {
     DT_ENFORCE(!r.has(key) || (j.at(key).is_object() && j.at(key).empty()), ConfigError,
                "{}: per-module '{}' is not supported; every target uses r and lora_alpha", src, key);
   for (const char* key : {"layers_to_transform", "modules_to_save"})
-    DT_ENFORCE(!r.has(key) || (j.at(key).is_array() && j.at(key).empty()), ConfigError,
-               "{}: '{}' {} is not supported", src, key, j.at(key).dump());
+    DT_ENFORCE(!r.has(key) || (j.at(key).is_array() && j.at(key).empty()), ConfigError, "{}: '{}' {} is not supported",
+               src, key, j.at(key).dump());
   LoraAdapterConfig c;
   c.r = r.positive_int("r");
   c.lora_alpha = r.number("lora_alpha", 8.0f);

@@ -15,26 +15,26 @@ namespace dtrain::model {
 
 /// The architecture fields dtrain needs from / writes to an HF config.json.
 struct HfModelConfig {
-  std::string arch;             ///< config.json model_type: gpt2, llama, qwen2, qwen3, mistral
+  std::string arch;  ///< config.json model_type: gpt2, llama, qwen2, qwen3, mistral
   int vocab_size = 0;
-  int max_seq_len = 0;          ///< n_positions / max_position_embeddings
+  int max_seq_len = 0;  ///< n_positions / max_position_embeddings
   int n_layer = 0;
   int n_head = 0;
-  int n_kv_head = 0;            ///< == n_head for gpt2
+  int n_kv_head = 0;  ///< == n_head for gpt2
   int d_model = 0;
   int d_ff = 0;                 ///< gpt2: n_inner (null means 4 * d_model)
   float norm_eps = 1e-5f;       ///< layer_norm_epsilon / rms_norm_eps
   float rope_theta = 10000.0f;  ///< llama family only
   bool tie_embeddings = true;   ///< tie_word_embeddings
   // Llama family (see ModelConfig for their meaning)
-  int head_dim = 0;             ///< 0: hidden_size / num_attention_heads
+  int head_dim = 0;  ///< 0: hidden_size / num_attention_heads
   bool qkv_bias = false, o_bias = false, mlp_bias = false, qk_norm = false;
-  int sliding_window = 0;       ///< 0: none (null)
+  int sliding_window = 0;  ///< 0: none (null)
   ModelConfig::RopeScaling rope_scaling = ModelConfig::RopeScaling::NONE;
   float rope_factor = 1.0f, rope_low_freq_factor = 1.0f, rope_high_freq_factor = 4.0f;
   int rope_original_max_pos = 8192;
   std::string torch_dtype = "float32";  ///< "float32", "bfloat16" or "float16"
-  int bos_token_id = -1;        ///< -1: not written / not present
+  int bos_token_id = -1;                ///< -1: not written / not present
   int eos_token_id = -1;
 };
 
@@ -58,7 +58,7 @@ struct LoraAdapterConfig {
   float lora_dropout = 0.0f;
   std::vector<std::string> target_modules;  ///< e.g. {"c_attn"} or {"q_proj", "v_proj"}
   std::string base_model_name_or_path;
-  bool fan_in_fan_out = false;              ///< true for GPT-2 (Conv1D weights are [in, out])
+  bool fan_in_fan_out = false;  ///< true for GPT-2 (Conv1D weights are [in, out])
 };
 
 nlohmann::json peft_config_to_json(const LoraAdapterConfig& cfg);

@@ -29,10 +29,9 @@ struct StDtype {
   const char* name;
   size_t size;
 };
-constexpr StDtype kDtypes[] = {{"BOOL", 1},   {"U8", 1},   {"I8", 1},   {"F8_E5M2", 1}, {"F8_E4M3", 1},
-                               {"F8_E8M0", 1}, {"I16", 2},  {"U16", 2},  {"F16", 2},     {"BF16", 2},
-                               {"I32", 4},    {"U32", 4},  {"F32", 4},  {"F64", 8},     {"I64", 8},
-                               {"U64", 8}};
+constexpr StDtype kDtypes[] = {{"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"F8_E8M0", 1},
+                               {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},     {"U32", 4},
+                               {"F32", 4},  {"F64", 8}, {"I64", 8}, {"U64", 8}};
 
 const StDtype* st_dtype_find(const std::string& name) {
   for (const StDtype& d : kDtypes)
@@ -202,8 +201,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(map_[i]) << (8 * i);
     if (n > kMaxHeaderSize) bad_file(path, fmt::format("header length {} exceeds the 100 MB limit", n));
     if (8 + n > size)
-      bad_file(path, fmt::format("header length {} runs past the end of the file ({} bytes); the file is truncated",
-                                 n, size));
+      bad_file(path, fmt::format("header length {} runs past the end of the file ({} bytes); the file is truncated", n,
+                                 size));
     data_start_ = 8 + n;
     const char* hb = reinterpret_cast<const char*>(map_ + 8);
     if (n == 0 || hb[0] != '{') bad_file(path, "the header does not start with '{'");
@@ -233,7 +232,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     };
     const nlohmann::json h = nlohmann::json::parse(hb, hb + n, track, false);
     if (h.is_discarded() || !h.is_object()) bad_file(path, "the header is not a valid UTF-8 JSON object");
-    if (!duplicate.empty()) bad_file(path, fmt::format("the header has the key {} twice (a damaged or forged file)", duplicate));
+    if (!duplicate.empty())
+      bad_file(path, fmt::format("the header has the key {} twice (a damaged or forged file)", duplicate));
 
     for (const auto& [key, val] : h.items()) {
       if (key == "__metadata__") {
@@ -332,8 +332,8 @@ std::vector<std::string> SafetensorsFile::names() const {
 
 const StTensorInfo& SafetensorsFile::info(const std::string& name) const {
   const auto it = index_.find(name);
-  if (it == index_.end()) DT_THROW(IoError, "{}: no tensor named '{}' ({} tensors in the file)", path_, name,
-                                   tensors_.size());
+  if (it == index_.end())
+    DT_THROW(IoError, "{}: no tensor named '{}' ({} tensors in the file)", path_, name, tensors_.size());
   return tensors_[it->second];
 }
 
@@ -342,15 +342,13 @@ const uint8_t* SafetensorsFile::raw(const std::string& name) const { return map_
 void SafetensorsFile::read_f32(const std::string& name, float* out, size_t n) const {
   const StTensorInfo& t = info(name);
   DType dt;
-  DT_ENFORCE(t.dtype(&dt), IoError, "{}: tensor '{}' has dtype {}; only F32, BF16 and F16 convert to fp32", path_,
-             name, t.dtype_name);
+  DT_ENFORCE(t.dtype(&dt), IoError, "{}: tensor '{}' has dtype {}; only F32, BF16 and F16 convert to fp32", path_, name,
+             t.dtype_name);
   DT_ENFORCE_EQ(static_cast<int64_t>(n), t.numel(), IoError, "{}: tensor '{}' (shape size) does not match the buffer",
                 path_, name);
   const uint8_t* p = map_ + data_start_ + t.begin;
   switch (dt) {
-    case DType::F32:
-      std::memcpy(out, p, n * 4);
-      break;
+    case DType::F32: std::memcpy(out, p, n * 4); break;
     case DType::BF16:
       for (size_t i = 0; i < n; ++i) {
         uint16_t h;

@@ -39,10 +39,10 @@ std::string safetensors_header(const std::vector<StTensorRef>& tensors,
 /// One tensor's header entry.
 struct StTensorInfo {
   std::string name;
-  std::string dtype_name;      ///< as in the file: "F32", "BF16", "F16", "I64", ...
-  size_t elem_size = 0;        ///< bytes per element of dtype_name
+  std::string dtype_name;  ///< as in the file: "F32", "BF16", "F16", "I64", ...
+  size_t elem_size = 0;    ///< bytes per element of dtype_name
   std::vector<int64_t> shape;
-  uint64_t begin = 0, end = 0; ///< data_offsets, relative to the start of the data section
+  uint64_t begin = 0, end = 0;  ///< data_offsets, relative to the start of the data section
   int64_t numel() const;
   /// True (and *out set) for F32, BF16 and F16: the dtypes read_f32 converts.
   bool dtype(DType* out) const;

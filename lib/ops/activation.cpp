@@ -66,9 +66,8 @@ void swiglu_forward(float* out, const float* gate, const float* up, size_t n) {
 }
 
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, size_t n) {
-  parallel_for(n, n * 8, [&](size_t b, size_t e) {
-    swiglu_bwd_range(dgate + b, dup + b, dout + b, gate + b, up + b, e - b);
-  });
+  parallel_for(n, n * 8,
+               [&](size_t b, size_t e) { swiglu_bwd_range(dgate + b, dup + b, dout + b, gate + b, up + b, e - b); });
 }
 
 void residual_forward(float* out, const float* a, const float* b, size_t n) {

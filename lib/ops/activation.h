@@ -16,8 +16,7 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
 /// out = gate * sigmoid(gate) * up
 void swiglu_forward(float* out, const float* gate, const float* up, size_t n);
 /// dgate = dout * up * silu'(gate); dup = dout * silu(gate).
-void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
-                     const float* up, size_t n);
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, size_t n);
 
 /// out = a + b (out may alias a or b).
 void residual_forward(float* out, const float* a, const float* b, size_t n);

@@ -76,8 +76,8 @@ int window_lo(int t, int window) { return window > 0 ? std::max(0, t - window + 
 
 void attention_check(int NH, int NKV, int HD, int window) {
   DT_ENFORCE(window >= 0, UsageError, "attention sliding window {} must be >= 0 (0: none)", window);
-  DT_ENFORCE(NKV > 0 && NH % NKV == 0, UsageError,
-             "attention needs n_head ({}) to be a multiple of n_kv_head ({})", NH, NKV);
+  DT_ENFORCE(NKV > 0 && NH % NKV == 0, UsageError, "attention needs n_head ({}) to be a multiple of n_kv_head ({})", NH,
+             NKV);
   DT_ENFORCE_GT(HD, 0, UsageError, "attention head dimension");
 }
 }  // namespace
@@ -88,8 +88,8 @@ void attention_check(int NH, int NKV, int HD, int window) {
 // of the masked upper triangle (at T = 128 they do 3/4 of the square's work, at 1024
 // under 9/16) while each stays a BLAS call; the never-computed scores are zero in att,
 // as the softmax leaves them.
-void attention_forward(float* out, float* att, const float* q, const float* k, const float* v,
-                       int B, int T, int NH, int NKV, int HD, int q_stride, int kv_stride, int window) {
+void attention_forward(float* out, float* att, const float* q, const float* k, const float* v, int B, int T, int NH,
+                       int NKV, int HD, int q_stride, int kv_stride, int window) {
   attention_check(NH, NKV, HD, window);
   const int G = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
@@ -123,9 +123,9 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
 // G > 1 query heads share a KV head, so each head writes its dK/dV into its own slice of
 // a [B, T, NH, HD] scratch, reduced over the group afterwards in head order (race-free,
 // deterministic).
-void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* att,
-                        const float* q, const float* k, const float* v, int B, int T, int NH,
-                        int NKV, int HD, int q_stride, int kv_stride, int window) {
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* att, const float* q,
+                        const float* k, const float* v, int B, int T, int NH, int NKV, int HD, int q_stride,
+                        int kv_stride, int window) {
   attention_check(NH, NKV, HD, window);
   const int G = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
@@ -160,8 +160,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         const size_t qb = qoff + static_cast<size_t>(q0) * qs;
         gemm_ld(false, true, m, q1, HD, 1.0f, dob, os, v + koff, ks, 0.0f, dsb, T);
         for (int t = q0; t < q1; ++t)
-          softmax_bwd_row(ds.data() + static_cast<size_t>(t) * T, a + static_cast<size_t>(t) * T, window_lo(t, window), t + 1, T,
-                          scale);
+          softmax_bwd_row(ds.data() + static_cast<size_t>(t) * T, a + static_cast<size_t>(t) * T, window_lo(t, window),
+                          t + 1, T, scale);
         gemm_ld(false, false, m, HD, q1, 1.0f, dsb, T, k + koff, ks, 1.0f, dq + qb, qs);
         gemm_ld(true, false, q1, HD, m, 1.0f, dsb, T, q + qb, qs, 1.0f, dkh, ld);
         gemm_ld(true, false, q1, HD, m, 1.0f, ab, T, dob, os, 1.0f, dvh, ld);

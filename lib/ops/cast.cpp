@@ -46,10 +46,8 @@ void cast(void* dst, DType dt, const void* src, DType st, size_t n) {
 void round_to(float* p, size_t n, DType t) {
   if (t == DType::F32) return;
   parallel_for(n, n, [&](size_t b, size_t e) {
-    if (t == DType::BF16)
-      round_bf16(p + b, e - b);
-    else
-      round_f16(p + b, e - b);
+    if (t == DType::BF16) round_bf16(p + b, e - b);
+    else round_f16(p + b, e - b);
   });
 }
 

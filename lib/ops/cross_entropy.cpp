@@ -20,8 +20,8 @@ using simd::LANES;
 void targets_check(const int32_t* targets, int N, int V, int32_t ignore_index) {
   for (int n = 0; n < N; ++n)
     DT_ENFORCE(targets[n] == ignore_index || (targets[n] >= 0 && targets[n] < V), UsageError,
-               "target {} at row {} is outside the vocabulary [0, {}) and not the ignore index {}",
-               targets[n], n, V, ignore_index);
+               "target {} at row {} is outside the vocabulary [0, {}) and not the ignore index {}", targets[n], n, V,
+               ignore_index);
 }
 
 DT_OPS_SIMD float row_max(const float* __restrict x, int V) {

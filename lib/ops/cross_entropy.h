@@ -18,16 +18,15 @@ int cross_entropy_count(const int32_t* targets, int N, int32_t ignore_index = IG
 /// the mean over unmasked rows (0 when every row is masked). Throws UsageError when a
 /// target is outside [0, V) and not ignore_index. When row_lse is given it receives each
 /// row's logsumexp (NaN for ignored rows: not computed) for cross_entropy_backward.
-float cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
-                            int V, int ld, int32_t ignore_index = IGNORE_INDEX, float* row_lse = nullptr);
+float cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V, int ld,
+                            int32_t ignore_index = IGNORE_INDEX, float* row_lse = nullptr);
 
 /// dlogits[n] = (softmax(logits[n]) - onehot(targets[n])) * scale for unmasked rows, 0 for
 /// masked rows. For the gradient of the mean loss times an upstream factor g (loss scale,
 /// 1/grad_accum, ...) pass scale = g / cross_entropy_count(...). row_lse, when given, is
 /// the forward's per-row logsumexp of these same logits: the backward then skips
 /// recomputing it (the same bits either way; rows holding NaN are recomputed).
-void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets, int N,
-                            int V, int ld, float scale, int32_t ignore_index = IGNORE_INDEX,
-                            const float* row_lse = nullptr);
+void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets, int N, int V, int ld,
+                            float scale, int32_t ignore_index = IGNORE_INDEX, const float* row_lse = nullptr);
 
 }  // namespace dtrain::ops

@@ -49,16 +49,15 @@ void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const f
   const bool on = g_stats_on.load(std::memory_order_relaxed);
   const auto t0 = on ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   const int64_t c0 = on ? thread_cpu_ns() : 0;
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
-              alpha, A, lda, B, ldb, beta, C, ldc);
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha,
+              A, lda, B, ldb, beta, C, ldc);
   if (!on) return;
   const int64_t cpu = thread_cpu_ns() - c0;
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   g_stats_calls.fetch_add(1, std::memory_order_relaxed);
   g_stats_ns.fetch_add(static_cast<uint64_t>(ns), std::memory_order_relaxed);
   g_stats_cpu_ns.fetch_add(static_cast<uint64_t>(cpu), std::memory_order_relaxed);
-  g_stats_kflop.fetch_add(static_cast<uint64_t>(2.0 * M * N * static_cast<double>(K) / 1e3),
-                          std::memory_order_relaxed);
+  g_stats_kflop.fetch_add(static_cast<uint64_t>(2.0 * M * N * static_cast<double>(K) / 1e3), std::memory_order_relaxed);
 }
 
 void blas_init() {
@@ -84,11 +83,10 @@ void gemm_blocks(int M, int N, int K, Fn&& fn) {
   parallel_for(
       blocks, work,
       [&](size_t begin, size_t end) {
-        const int b0 = static_cast<int>(begin) * GEMM_MIN_ROWS, b1 = std::min(len, static_cast<int>(end) * GEMM_MIN_ROWS);
-        if (by_rows)
-          fn(b0, b1, 0, N);
-        else
-          fn(0, M, b0, b1);
+        const int b0 = static_cast<int>(begin) * GEMM_MIN_ROWS,
+                  b1 = std::min(len, static_cast<int>(end) * GEMM_MIN_ROWS);
+        if (by_rows) fn(b0, b1, 0, N);
+        else fn(0, M, b0, b1);
       },
       GEMM_CHUNKS_PER_THREAD);
 }

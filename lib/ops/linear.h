@@ -28,25 +28,24 @@ void gemm_stats_reset();
 /// One row-major GEMM with explicit leading dimensions (strided views such as one head
 /// of [T, NH, HD]), run on the calling thread: for callers that parallelise over many
 /// small GEMMs themselves. Counted by gemm_stats like gemm().
-void gemm_ld(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
-             const float* B, int ldb, float beta, float* C, int ldc);
+void gemm_ld(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+             int ldb, float beta, float* C, int ldc);
 
-void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
-          const float* B, float beta, float* C);
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, const float* B, float beta,
+          float* C);
 
 /// out = inp @ weight^T + bias (bias may be null). Overwrites out's N x OC elements, rows
 /// ld_out >= OC apart (the columns past OC are left as they are).
-void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int IC, int OC, int ld_out);
+void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int IC, int OC,
+                    int ld_out);
 /// pre = inp @ weight^T + bias and out = gelu(pre), each row block's GELU right after
 /// its GEMM (rows OC apart).
 void linear_gelu_forward(float* out, float* pre, const float* inp, const float* weight, const float* bias, int N,
                          int IC, int OC);
 /// dinp (+)= dout @ weight (+= when accumulate_dinp, else =); dweight += dout^T @ inp;
 /// dbias += sum_rows(dout). dout's rows are ld_dout >= OC apart (only OC columns read).
-void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int N, int IC, int OC, int ld_dout,
-                     bool accumulate_dinp);
+void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int IC, int OC, int ld_dout, bool accumulate_dinp);
 
 /// The backward of a linear layer whose input was gelu(pre): dpre = gelu'(pre) * (dout @
 /// weight) (written, each row block's GELU' right after its GEMM), dweight += dout^T @

@@ -149,8 +149,8 @@ DT_OPS_SIMD void rms_dw_block(float* __restrict sw, const float* dout, const flo
   }
 }
 
-void ln_rows(float* out, float* mean, float* rstd, float* residual, const float* a, const float* b,
-             const float* weight, const float* bias, int N, int C, float eps) {
+void ln_rows(float* out, float* mean, float* rstd, float* residual, const float* a, const float* b, const float* weight,
+             const float* bias, int N, int C, float eps) {
   parallel_for(static_cast<size_t>(N), static_cast<size_t>(N) * C * 2, [&](size_t begin, size_t end) {
     for (size_t n = begin; n < end; ++n) {
       const size_t off = n * static_cast<size_t>(C);

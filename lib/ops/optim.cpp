@@ -23,8 +23,8 @@ namespace {
 struct StepScalars {
   float decay_factor;  // 1 - lr*wd (torch: param.mul_(1 - lr * weight_decay))
   float b1, one_minus_b1, b2, one_minus_b2;
-  float step_size;     // lr / (1 - b1^t)
-  float sqrt_bc2;      // sqrt(1 - b2^t); divided, not multiplied, as torch does
+  float step_size;  // lr / (1 - b1^t)
+  float sqrt_bc2;   // sqrt(1 - b2^t); divided, not multiplied, as torch does
   float eps;
   float grad_scale;
 };
@@ -50,8 +50,8 @@ StepScalars step_scalars(const AdamWConfig& cfg, float lr, int64_t step, bool de
 }
 
 // One element; returns the new parameter value.
-inline float update_one(float* __restrict p, const float* __restrict g, float* __restrict m,
-                        float* __restrict v, size_t i, const StepScalars& s) {
+inline float update_one(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
+                        size_t i, const StepScalars& s) {
   const float gi = g[i] * s.grad_scale;
   const float mi = s.b1 * m[i] + s.one_minus_b1 * gi;
   const float vi = s.b2 * v[i] + s.one_minus_b2 * gi * gi;
@@ -63,8 +63,8 @@ inline float update_one(float* __restrict p, const float* __restrict g, float* _
   return pi;
 }
 
-DT_OPS_SIMD void update_range(float* __restrict p, const float* __restrict g, float* __restrict m,
-                              float* __restrict v, size_t n, const StepScalars& s) {
+DT_OPS_SIMD void update_range(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
+                              size_t n, const StepScalars& s) {
   for (size_t i = 0; i < n; ++i) update_one(p, g, m, v, i, s);
 }
 
@@ -101,24 +101,21 @@ constexpr size_t NORM_BLOCK = 1 << 14;
 }  // namespace
 
 // ----------------------------------------------------------------------------
-void adamw_step(float* param, const float* grad, float* m, float* v, size_t n, const AdamWConfig& cfg,
-                float lr, int64_t step, bool decay, float grad_scale) {
+void adamw_step(float* param, const float* grad, float* m, float* v, size_t n, const AdamWConfig& cfg, float lr,
+                int64_t step, bool decay, float grad_scale) {
   const StepScalars s = step_scalars(cfg, lr, step, decay, grad_scale);
   parallel_for(n, n * 4, [&](size_t b, size_t e) { update_range(param + b, grad + b, m + b, v + b, e - b, s); });
 }
 
-void adamw_step_copy(float* param, const float* grad, float* m, float* v, size_t n, const AdamWConfig& cfg,
-                     float lr, int64_t step, bool decay, float grad_scale, uint16_t* compute_copy,
-                     DType compute_dtype) {
+void adamw_step_copy(float* param, const float* grad, float* m, float* v, size_t n, const AdamWConfig& cfg, float lr,
+                     int64_t step, bool decay, float grad_scale, uint16_t* compute_copy, DType compute_dtype) {
   DT_ENFORCE(compute_dtype == DType::BF16 || compute_dtype == DType::F16, InternalError,
              "adamw_step_copy: the compute copy must be bf16 or fp16, got {}", dtype_name(compute_dtype));
   const StepScalars s = step_scalars(cfg, lr, step, decay, grad_scale);
   const bool bf16 = compute_dtype == DType::BF16;
   parallel_for(n, n * 4, [&](size_t b, size_t e) {
-    if (bf16)
-      update_range_bf16(param + b, grad + b, m + b, v + b, compute_copy + b, e - b, s);
-    else
-      update_range_f16(param + b, grad + b, m + b, v + b, compute_copy + b, e - b, s);
+    if (bf16) update_range_bf16(param + b, grad + b, m + b, v + b, compute_copy + b, e - b, s);
+    else update_range_f16(param + b, grad + b, m + b, v + b, compute_copy + b, e - b, s);
   });
 }
 
@@ -127,7 +124,8 @@ double grad_norm_sq(const float* g, size_t n) {
   if (blocks <= 1) return norm_sq_range(g, n);
   std::vector<double> part(blocks);
   parallel_for(blocks, n, [&](size_t b, size_t e) {
-    for (size_t k = b; k < e; ++k) part[k] = norm_sq_range(g + k * NORM_BLOCK, std::min(n, (k + 1) * NORM_BLOCK) - k * NORM_BLOCK);
+    for (size_t k = b; k < e; ++k)
+      part[k] = norm_sq_range(g + k * NORM_BLOCK, std::min(n, (k + 1) * NORM_BLOCK) - k * NORM_BLOCK);
   });
   double sum = 0;
   for (double p : part) sum += p;

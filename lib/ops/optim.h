@@ -29,14 +29,13 @@ struct AdamWConfig {
 /// `step` is 1-based (the number of updates including this one) and drives the bias
 /// correction; `grad_scale` folds loss-scale unscaling and the clip coefficient in.
 /// The config's lr is ignored in favour of `lr` (the scheduled value).
-void adamw_step(float* param, const float* grad, float* m, float* v, size_t n, const AdamWConfig& cfg,
-                float lr, int64_t step, bool decay, float grad_scale = 1.0f);
+void adamw_step(float* param, const float* grad, float* m, float* v, size_t n, const AdamWConfig& cfg, float lr,
+                int64_t step, bool decay, float grad_scale = 1.0f);
 
 /// adamw_step that also stores the updated parameters, rounded to nearest even, into
 /// compute_copy (n elements of compute_dtype, which must be BF16 or F16) in the same pass.
-void adamw_step_copy(float* param, const float* grad, float* m, float* v, size_t n, const AdamWConfig& cfg,
-                     float lr, int64_t step, bool decay, float grad_scale, uint16_t* compute_copy,
-                     DType compute_dtype);
+void adamw_step_copy(float* param, const float* grad, float* m, float* v, size_t n, const AdamWConfig& cfg, float lr,
+                     int64_t step, bool decay, float grad_scale, uint16_t* compute_copy, DType compute_dtype);
 
 /// Sum of squares of n fp32 gradients, accumulated in double. +-inf or NaN inputs give
 /// inf/NaN, which the caller treats as an overflow.

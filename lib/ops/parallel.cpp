@@ -89,7 +89,6 @@ class Pool {
   }
 
  private:
-
   void work(Job& job) {
     const bool outer = t_in_pool;
     t_in_pool = true;

@@ -26,8 +26,8 @@ DT_OPS_SIMD void rotate(float* __restrict v, const float* __restrict c, const fl
   }
 }
 
-void rope_apply(float* x, int B, int T, int H, int HD, const std::vector<float>& cs,
-                const std::vector<float>& sn, float sign) {
+void rope_apply(float* x, int B, int T, int H, int HD, const std::vector<float>& cs, const std::vector<float>& sn,
+                float sign) {
   const int half = HD / 2;
   const size_t rows = static_cast<size_t>(B) * T;
   parallel_for(rows, rows * H * HD, [&](size_t begin, size_t end) {

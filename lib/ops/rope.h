@@ -27,9 +27,9 @@ struct RopeFreq {
   float theta = 10000.0f;
   Type type = DEFAULT;
   float factor = 1.0f;
-  float low_freq_factor = 1.0f;         ///< llama3
-  float high_freq_factor = 4.0f;        ///< llama3
-  int original_max_position = 8192;     ///< llama3: original_max_position_embeddings
+  float low_freq_factor = 1.0f;      ///< llama3
+  float high_freq_factor = 4.0f;     ///< llama3
+  int original_max_position = 8192;  ///< llama3: original_max_position_embeddings
 };
 
 /// inv_freq of pair index i (0 <= i < HD/2), in double (HF forms it in fp32; the

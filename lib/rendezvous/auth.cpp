@@ -42,9 +42,9 @@ std::string hmac_sha256(std::string_view key, std::initializer_list<std::string_
                  InternalError, "HMAC-SHA256 update failed");
   std::string out(kMacBytes, '\0');
   size_t n = 0;
-  DT_ENFORCE(EVP_MAC_final(ctx.get(), reinterpret_cast<unsigned char*>(out.data()), &n, out.size()) == 1 &&
-                 n == kMacBytes,
-             InternalError, "HMAC-SHA256 final failed");
+  DT_ENFORCE(
+      EVP_MAC_final(ctx.get(), reinterpret_cast<unsigned char*>(out.data()), &n, out.size()) == 1 && n == kMacBytes,
+      InternalError, "HMAC-SHA256 final failed");
   return out;
 }
 

@@ -24,9 +24,9 @@
 namespace dtrain::rendezvous {
 
 using Clock = std::chrono::steady_clock;
-using std::chrono::milliseconds;
 using proto::Op;
 using proto::Status;
+using std::chrono::milliseconds;
 
 namespace {
 
@@ -74,8 +74,7 @@ std::string keys_text(const std::vector<std::string>& keys) {
 // ----------------------------------------------------------------------------
 // Connection setup.
 
-StoreClient::StoreClient(const std::string& host, uint16_t port, const std::string& token,
-                         milliseconds connect_timeout)
+StoreClient::StoreClient(const std::string& host, uint16_t port, const std::string& token, milliseconds connect_timeout)
     : endpoint_(host_port_text(address_unbracket(host), port)) {
   try {
     connect_until(Clock::now() + clamp_timeout(connect_timeout), address_unbracket(host), port);
@@ -186,8 +185,9 @@ void StoreClient::hello(const std::string& token) {
   proto::Reader auth_rd(body);
   const std::string server_proof = auth_rd.str();
   if (!auth_rd.ok() || !auth_rd.at_end() || !proto::mac_equal(server_proof, keys.server_proof))
-    fail("authentication failed: the server did not prove that it holds the job token (something other than "
-         "this job's launcher answers at this address)");
+    fail(
+        "authentication failed: the server did not prove that it holds the job token (something other than "
+        "this job's launcher answers at this address)");
   auth_ = std::make_unique<proto::FrameAuth>(std::move(keys.session_key), proto::Dir::CLIENT_TO_SERVER);
 }
 
@@ -215,9 +215,10 @@ void StoreClient::send_all(const std::string& data, Clock::time_point deadline, 
         fail(fmt::format("timed out sending {} ({} of {} bytes sent)", op, off, data.size()));
       continue;
     }
-    fail(fmt::format("connection lost while sending {}: {} (the server may have stopped, or refused a "
-                     "frame of {} bytes)",
-                     op, errno_text(errno), data.size()));
+    fail(
+        fmt::format("connection lost while sending {}: {} (the server may have stopped, or refused a "
+                    "frame of {} bytes)",
+                    op, errno_text(errno), data.size()));
   }
 }
 
@@ -239,10 +240,10 @@ void StoreClient::recv_all(char* buf, size_t n, Clock::time_point deadline, cons
   }
 }
 
-std::string StoreClient::request(const std::string& frame, const char* op, const std::string& key,
-                                 milliseconds extra, uint8_t* status) {
-  if (fd_ < 0) DT_THROW(CommError, "rendezvous store at {}: connection unusable after an earlier failure: {}",
-                        endpoint_, broken_);
+std::string StoreClient::request(const std::string& frame, const char* op, const std::string& key, milliseconds extra,
+                                 uint8_t* status) {
+  if (fd_ < 0)
+    DT_THROW(CommError, "rendezvous store at {}: connection unusable after an earlier failure: {}", endpoint_, broken_);
   const auto deadline = Clock::now() + request_timeout_ + extra;
   send_all(auth_ ? auth_->seal(frame) : frame, deadline, op);
   unsigned char hdr[4];
@@ -289,12 +290,13 @@ std::string StoreClient::get(const std::string& key, milliseconds timeout) {
   uint8_t status = 0;
   std::string body = request(frame, "GET", quoted(key), timeout, &status);
   if (status == uint8_t(Status::NOT_FOUND))
-    DT_THROW(CommError, "get('{}') timed out after {} ms on the rendezvous store at {}: no process set that key "
-             "(a peer may have failed or not started)", key, ms, endpoint_);
+    DT_THROW(CommError,
+             "get('{}') timed out after {} ms on the rendezvous store at {}: no process set that key "
+             "(a peer may have failed or not started)",
+             key, ms, endpoint_);
   proto::Reader rd(body);
   std::string value = rd.str();
-  if (status != uint8_t(Status::OK) || !rd.ok() || !rd.at_end())
-    fail(fmt::format("malformed reply to GET '{}'", key));
+  if (status != uint8_t(Status::OK) || !rd.ok() || !rd.at_end()) fail(fmt::format("malformed reply to GET '{}'", key));
   return value;
 }
 
@@ -345,7 +347,8 @@ bool StoreClient::del(const std::string& key) {
   std::string body = request(frame, "DELETE", quoted(key), milliseconds(0), &status);
   proto::Reader rd(body);
   const uint8_t existed = rd.u8();
-  if (status != uint8_t(Status::OK) || !rd.ok() || !rd.at_end()) fail(fmt::format("malformed reply to DELETE '{}'", key));
+  if (status != uint8_t(Status::OK) || !rd.ok() || !rd.at_end())
+    fail(fmt::format("malformed reply to DELETE '{}'", key));
   return existed != 0;
 }
 

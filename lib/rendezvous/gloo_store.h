@@ -20,8 +20,7 @@ namespace dtrain::rendezvous {
 // the client, give each rank its own client.
 class GlooStore : public gloo::rendezvous::Store {
  public:
-  GlooStore(StoreClient& client, std::string prefix,
-            std::chrono::milliseconds timeout = std::chrono::seconds(30));
+  GlooStore(StoreClient& client, std::string prefix, std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
   void set(const std::string& key, const std::vector<char>& data) override;
   std::vector<char> get(const std::string& key) override;

@@ -73,10 +73,10 @@ class Heartbeat {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
-  bool wake_ = false;                 // progress() asks for an early beat
-  std::string progress_;              // latest value given to progress()
-  std::string progress_published_;    // what the server has
-  bool progress_pending_ = false;     // progress_ differs from progress_published_
+  bool wake_ = false;                                    // progress() asks for an early beat
+  std::string progress_;                                 // latest value given to progress()
+  std::string progress_published_;                       // what the server has
+  bool progress_pending_ = false;                        // progress_ differs from progress_published_
   std::chrono::steady_clock::time_point progress_at_{};  // last publication
   std::string last_error_;
   std::thread thread_;
@@ -85,7 +85,6 @@ class Heartbeat {
 // Names in `expected` whose heartbeat under `prefix` (keys "<prefix>hb/<name>") is older
 // than max_age on the server's clock, or absent. Call after the peers had time to beat.
 std::vector<std::string> heartbeat_missed(const StoreServer& server, const std::string& prefix,
-                                          const std::vector<std::string>& expected,
-                                          std::chrono::milliseconds max_age);
+                                          const std::vector<std::string>& expected, std::chrono::milliseconds max_age);
 
 }  // namespace dtrain::rendezvous

@@ -50,9 +50,9 @@ struct Conn {
   tcp::socket sock;
   asio::steady_timer deadline;  // enforced by the watchdog; max() while idle or blocked
   enum class Phase { HELLO, AUTH, READY } phase = Phase::HELLO;
-  bool authed = false;             // phase == READY: frames are sealed both ways
-  proto::HandshakeKeys keys;       // between HELLO and AUTH
-  proto::FrameAuth auth;           // after AUTH
+  bool authed = false;        // phase == READY: frames are sealed both ways
+  proto::HandshakeKeys keys;  // between HELLO and AUTH
+  proto::FrameAuth auth;      // after AUTH
   std::string peer;
 };
 
@@ -253,9 +253,8 @@ asio::awaitable<void> StoreServer::Impl::session(std::shared_ptr<Conn> c) {
       const uint32_t min_len = sealed ? uint32_t(proto::kMacBytes) + 1 : 1;
       Reply reply;
       if (len < min_len || len > max_len) {
-        peer_warn("oversized frame",
-                  fmt::format("rendezvous: closing connection from {}: frame of {} bytes (limit {})", c->peer, len,
-                              max_len));
+        peer_warn("oversized frame", fmt::format("rendezvous: closing connection from {}: frame of {} bytes (limit {})",
+                                                 c->peer, len, max_len));
         reply = reply_error(
             Status::ERROR, fmt::format("frame of {} bytes refused: frames must be {}..{} bytes", len, min_len, max_len),
             true);
@@ -368,8 +367,8 @@ Reply StoreServer::Impl::handle_hello(Conn& c, proto::Reader& rd) {
                        true);
   }
   if (client_nonce.size() != proto::kNonceBytes) {
-    peer_warn("malformed HELLO", fmt::format("rendezvous: refused connection from {}: HELLO nonce of {} bytes",
-                                             c.peer, client_nonce.size()));
+    peer_warn("malformed HELLO", fmt::format("rendezvous: refused connection from {}: HELLO nonce of {} bytes", c.peer,
+                                             client_nonce.size()));
     return reply_error(Status::ERROR, "malformed HELLO frame: bad nonce", true);
   }
   const std::string server_nonce = proto::nonce_generate();
@@ -513,10 +512,8 @@ asio::awaitable<Reply> StoreServer::Impl::handle(Conn& c, const std::string& bod
     case Op::PING:
       if (!rd.at_end()) co_return malformed("PING");
       co_return reply_ok();
-    case Op::HELLO:
-      co_return malformed("repeated HELLO");
-    case Op::AUTH:
-      co_return malformed("repeated AUTH");
+    case Op::HELLO: co_return malformed("repeated HELLO");
+    case Op::AUTH: co_return malformed("repeated AUTH");
   }
   peer_warn("unknown opcode", fmt::format("rendezvous: closing connection from {}: unknown opcode {}", c.peer, code));
   co_return reply_error(Status::ERROR, fmt::format("unknown opcode {}", code), true);
@@ -589,9 +586,11 @@ std::string store_listen_address(const std::string& advertised_text, bool remote
   // would shut them out, so the store listens on every interface of that family.
   const asio::ip::address resolved = asio::ip::make_address(text, ec);
   if (!ec && resolved.is_loopback() && remote_nodes) {
-    log_warn("--master-addr '{}' resolves to the loopback address {} on this host, which other nodes cannot reach: "
-             "the rendezvous store listens on every interface (give this host's network address as --master-addr "
-             "to restrict it)", advertised, text);
+    log_warn(
+        "--master-addr '{}' resolves to the loopback address {} on this host, which other nodes cannot reach: "
+        "the rendezvous store listens on every interface (give this host's network address as --master-addr "
+        "to restrict it)",
+        advertised, text);
     return resolved.is_v6() ? "::" : "0.0.0.0";
   }
   return text;

@@ -62,10 +62,10 @@ class FrameAuth;
 
 // Server-side limits; every field is in force for every connection.
 struct ServerLimits {
-  uint32_t max_frame_bytes = 64u << 20;               // per frame, after HELLO
-  size_t max_connections = 4096;                      // further connections are refused
-  std::chrono::milliseconds frame_timeout{10000};     // a started frame must complete within
-  std::chrono::milliseconds hello_timeout{10000};     // a new connection must authenticate within
+  uint32_t max_frame_bytes = 64u << 20;            // per frame, after HELLO
+  size_t max_connections = 4096;                   // further connections are refused
+  std::chrono::milliseconds frame_timeout{10000};  // a started frame must complete within
+  std::chrono::milliseconds hello_timeout{10000};  // a new connection must authenticate within
 };
 
 // The key-value server. Runs its own io thread; the destructor stops and joins it.
@@ -74,8 +74,7 @@ class StoreServer {
   // bind_address: an IP literal ("127.0.0.1", "::1", a node-facing address; see
   // store_listen_address); port 0 picks an ephemeral port. Throws CommError when the
   // address is invalid or cannot be bound, and UsageError for an empty token or zero limits.
-  StoreServer(const std::string& bind_address, uint16_t port, std::string token,
-              ServerLimits limits = {});
+  StoreServer(const std::string& bind_address, uint16_t port, std::string token, ServerLimits limits = {});
   ~StoreServer();
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;
@@ -153,8 +152,8 @@ class StoreClient {
   const std::string& endpoint() const { return endpoint_; }
 
  private:
-  std::string request(const std::string& frame, const char* op, const std::string& key,
-                      std::chrono::milliseconds extra, uint8_t* status);
+  std::string request(const std::string& frame, const char* op, const std::string& key, std::chrono::milliseconds extra,
+                      uint8_t* status);
   [[noreturn]] void fail(const std::string& what);
   void send_all(const std::string& data, std::chrono::steady_clock::time_point deadline, const char* op);
   void recv_all(char* buf, size_t n, std::chrono::steady_clock::time_point deadline, const char* op);
@@ -164,7 +163,7 @@ class StoreClient {
   std::mutex mu_;
   int fd_ = -1;
   std::string endpoint_;
-  std::string broken_;  // why the connection was lost; empty while healthy
+  std::string broken_;                      // why the connection was lost; empty while healthy
   std::unique_ptr<proto::FrameAuth> auth_;  // seals and opens frames once hello() succeeded
   std::chrono::milliseconds request_timeout_{15000};
 };

@@ -8,8 +8,7 @@
 
 namespace dtrain::rendezvous {
 
-WarnLimiter::WarnLimiter(size_t burst, std::chrono::milliseconds interval,
-                         std::function<void(const std::string&)> sink)
+WarnLimiter::WarnLimiter(size_t burst, std::chrono::milliseconds interval, std::function<void(const std::string&)> sink)
     : burst_(burst), interval_(interval), sink_(std::move(sink)), window_start_(Clock::now()) {}
 
 void WarnLimiter::warn(const std::string& kind, const std::string& line, Clock::time_point now) {
@@ -38,9 +37,10 @@ void WarnLimiter::flush(Clock::time_point now, bool force) {
     std::string parts;
     for (const auto& [n, kind] : kinds) parts += fmt::format("{}{} {}", parts.empty() ? "" : ", ", n, kind);
     const double secs = std::chrono::duration<double>(now - window_start_).count();
-    sink_(fmt::format("rendezvous: {} more such connection warning(s) in the last {:.0f} s not shown ({} per kind "
-                      "are): {}",
-                      total, secs, burst_, parts));
+    sink_(
+        fmt::format("rendezvous: {} more such connection warning(s) in the last {:.0f} s not shown ({} per kind "
+                    "are): {}",
+                    total, secs, burst_, parts));
   }
   suppressed_.clear();
   written_.clear();

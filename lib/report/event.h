@@ -29,7 +29,7 @@ const char* event_kind_name(EventKind k);
 struct Event {
   EventKind kind = EventKind::FAILURE;
   int round = 0;
-  int64_t time_ms = 0;             ///< unix ms; 0 = when it is written (event_json)
+  int64_t time_ms = 0;  ///< unix ms; 0 = when it is written (event_json)
   /// The node concerned. A failure always records it: null when no node is to blame (no
   /// node started, the launcher was interrupted, `dtrain run`).
   std::optional<int> node = std::nullopt;
@@ -37,7 +37,7 @@ struct Event {
   std::optional<std::string> why = std::nullopt;
   std::optional<int> exit_code = std::nullopt;
   std::optional<bool> retry = std::nullopt;  ///< failure: another round follows
-  bool interrupted = false;        ///< failure: a signal stopped the launcher (SIGINT, SIGTERM, SIGHUP)
+  bool interrupted = false;                  ///< failure: a signal stopped the launcher (SIGINT, SIGTERM, SIGHUP)
   std::optional<int> world_size = std::nullopt;
   /// The kind's own fields (membership's hosts and changes, a straggler's figures, a hung
   /// rank's identity and silence, a resize's step, dtrain run's started_by and pid).

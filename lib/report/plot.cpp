@@ -24,7 +24,6 @@ namespace {
 
 using nlohmann::json;
 
-
 bool number(const json& j, const char* key, double* v) {
   auto it = j.find(key);
   if (it == j.end() || !it->is_number()) return false;
@@ -269,8 +268,8 @@ Image plot_render(const PlotData& data, const PlotOptions& opts, PlotLayout* lay
     const bool restart = mk.kind == PlotMarkKind::RESTART, resize = mk.kind == PlotMarkKind::RESIZE;
     const uint8_t c = img.color(restart ? PLOT_RESTART : resize ? PLOT_RESIZE : PLOT_RESUME);
     auto ink_at = [&](int y) {
-      if (restart) return (y / 6) % 2 == 0;       // 6 on, 6 off
-      if (resize) return y % 6 < 2;               // 2 on, 4 off
+      if (restart) return (y / 6) % 2 == 0;                // 6 on, 6 off
+      if (resize) return y % 6 < 2;                        // 2 on, 4 off
       return y % 16 < 8 || (y % 16 >= 11 && y % 16 < 13);  // dash, dot
     };
     const int x = loss.px(static_cast<double>(mk.step));

@@ -26,21 +26,21 @@ enum class PlotMarkKind {
 };
 
 struct PlotMark {
-  int64_t step = 0;     ///< the round's first logged step
+  int64_t step = 0;  ///< the round's first logged step
   PlotMarkKind kind = PlotMarkKind::RESTART;
-  int number = 0;       ///< the restart / resize / resume it is (1-based, as `dtrain status` counts)
+  int number = 0;  ///< the restart / resize / resume it is (1-based, as `dtrain status` counts)
 };
 
 /// What a run's files say, ready to draw.
 struct PlotData {
-  std::string title;               ///< the run directory's name
-  std::vector<PlotPoint> train;    ///< train loss per logged step
-  std::vector<PlotPoint> eval;     ///< eval loss
-  std::vector<PlotPoint> tokens;   ///< tokens/s per logged step
-  std::vector<PlotMark> marks;     ///< where later rounds began, in log order
+  std::string title;                           ///< the run directory's name
+  std::vector<PlotPoint> train;                ///< train loss per logged step
+  std::vector<PlotPoint> eval;                 ///< eval loss
+  std::vector<PlotPoint> tokens;               ///< tokens/s per logged step
+  std::vector<PlotMark> marks;                 ///< where later rounds began, in log order
   int restarts = 0, resizes = 0, resumes = 0;  ///< totals (events.jsonl, or restart marks found without it)
-  int not_started = 0;             ///< rounds that could not start (no node ran: nothing to mark)
-  int unplaced = 0;                ///< later rounds that started but no step could be tied to
+  int not_started = 0;                         ///< rounds that could not start (no node ran: nothing to mark)
+  int unplaced = 0;                            ///< later rounds that started but no step could be tied to
 };
 
 /// Reads <run_dir>/metrics.jsonl (records with step + loss / eval_loss / tokens_per_s;

@@ -20,7 +20,8 @@ void chunk(std::string& out, const char* type, const std::string& body) {
   be32(static_cast<uint32_t>(body.size()));
   std::string typed = std::string(type, 4) + body;
   out += typed;
-  be32(static_cast<uint32_t>(::crc32(0, reinterpret_cast<const Bytef*>(typed.data()), static_cast<uInt>(typed.size()))));
+  be32(
+      static_cast<uint32_t>(::crc32(0, reinterpret_cast<const Bytef*>(typed.data()), static_cast<uInt>(typed.size()))));
 }
 
 }  // namespace
@@ -70,7 +71,8 @@ std::string png_encode(const Image& img) {
   ihdr += std::string("\x08\x03\x00\x00\x00", 5);  // depth 8, indexed, deflate, filter 0, no interlace
   chunk(out, "IHDR", ihdr);
   std::string plte;
-  for (const Rgb& c : img.palette) plte += std::string{static_cast<char>(c[0]), static_cast<char>(c[1]), static_cast<char>(c[2])};
+  for (const Rgb& c : img.palette)
+    plte += std::string{static_cast<char>(c[0]), static_cast<char>(c[1]), static_cast<char>(c[2])};
   chunk(out, "PLTE", plte);
   const size_t row = static_cast<size_t>(img.width) + 1;
   std::vector<uint8_t> raw(row * static_cast<size_t>(img.height));

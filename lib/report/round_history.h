@@ -26,12 +26,12 @@ const char* round_cause_name(RoundCause c);
 /// One round: a "round_start" event (it ran) or a "round_not_started" event (no node ran:
 /// too few hosts for elastic.min_nodes, or the preflight refused; its "failure" follows).
 struct RoundRecord {
-  int round = 0;          ///< the event's round number
+  int round = 0;  ///< the event's round number
   bool started = true;
   RoundCause cause = RoundCause::FIRST;
-  int number = 0;         ///< 1-based count of its cause so far (the 2nd restart: 2); FIRST: 0
-  int64_t time_ms = -1;   ///< the event's time_ms (-1: not recorded)
-  std::string why;        ///< not started: the event's "why"
+  int number = 0;        ///< 1-based count of its cause so far (the 2nd restart: 2); FIRST: 0
+  int64_t time_ms = -1;  ///< the event's time_ms (-1: not recorded)
+  std::string why;       ///< not started: the event's "why"
 };
 
 struct RoundHistory {

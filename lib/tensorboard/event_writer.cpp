@@ -41,7 +41,8 @@ int64_t name_time(std::string_view name) {
 int64_t newest_time(const fs::path& dir) {
   int64_t newest = -1;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) newest = std::max(newest, name_time(e.path().filename().native()));
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    newest = std::max(newest, name_time(e.path().filename().native()));
   DT_ENFORCE(!ec, IoError, "cannot list the TensorBoard directory {}: {}", dir.string(), ec.message());
   return newest;
 }
@@ -69,8 +70,10 @@ std::string log_dir(const std::string& run_dir, const std::string& output_path, 
 EventWriter::EventWriter(const std::string& dir, double wall_time, const std::string& host) {
   std::error_code ec;
   fs::create_directories(dir, ec);
-  DT_ENFORCE(!ec, IoError, "cannot create the TensorBoard directory {}: {}; set tensorboard.output_path to a "
-             "writable directory", dir, ec.message());
+  DT_ENFORCE(!ec, IoError,
+             "cannot create the TensorBoard directory {}: {}; set tensorboard.output_path to a "
+             "writable directory",
+             dir, ec.message());
   const std::string h = host.empty() ? host_name() : host;
   int64_t t = std::max(static_cast<int64_t>(wall_time), newest_time(dir) + 1);
   // O_EXCL: another writer (a second job logging into the same directory) may take a

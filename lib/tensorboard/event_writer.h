@@ -42,8 +42,7 @@ class EventWriter {
   /// in the name moves past it, so names sort in creation order, the order TensorBoard
   /// reads a directory's files in. Throws IoError naming the path when the directory or
   /// the file cannot be created; a full disk only delays the file_version record.
-  explicit EventWriter(const std::string& dir, double wall_time = unix_seconds(),
-                       const std::string& host = "");
+  explicit EventWriter(const std::string& dir, double wall_time = unix_seconds(), const std::string& host = "");
   ~EventWriter();
   EventWriter(const EventWriter&) = delete;
   EventWriter& operator=(const EventWriter&) = delete;

@@ -73,13 +73,14 @@ TrainData data_load(const config::TrainConfig& cfg, int model_vocab_size, int64_
   const int64_t seq_len = d.seq_len.value_or(model_max_seq_len);
   DT_ENFORCE(seq_len >= 2, ConfigError,
              "{}: data.seq_len {} leaves no token to predict (a training sequence needs at least 2 tokens); set "
-             "data.seq_len to 2 or more", cfg.source, seq_len);
+             "data.seq_len to 2 or more",
+             cfg.source, seq_len);
   DT_ENFORCE(seq_len <= model_max_seq_len, ConfigError, "{}: data.seq_len {} exceeds the model's max_seq_len {}",
              cfg.source, seq_len, model_max_seq_len);
   out.train = std::make_unique<data::TokenDataset>(dataset_load(d.train, d, *out.tokenizer, seq_len));
   DT_ENFORCE(out.train->vocab_size() <= model_vocab_size, ConfigError,
-             "{}: data {} uses vocab_size {} but model.vocab_size is {}", cfg.source, d.train,
-             out.train->vocab_size(), model_vocab_size);
+             "{}: data {} uses vocab_size {} but model.vocab_size is {}", cfg.source, d.train, out.train->vocab_size(),
+             model_vocab_size);
   if (!d.valid.empty()) {
     out.valid = std::make_unique<data::TokenDataset>(dataset_load(d.valid, d, *out.tokenizer, seq_len));
     DT_ENFORCE(out.valid->vocab_size() <= model_vocab_size, ConfigError,
@@ -90,8 +91,8 @@ TrainData data_load(const config::TrainConfig& cfg, int model_vocab_size, int64_
 }
 
 // ----------------------------------------------------------------------------
-BatchReader::BatchReader(const data::TokenDataset& dataset, int micro_batch, int rank, int world_size,
-                         uint64_t seed, bool shuffle)
+BatchReader::BatchReader(const data::TokenDataset& dataset, int micro_batch, int rank, int world_size, uint64_t seed,
+                         bool shuffle)
     : ds_(dataset), micro_(micro_batch), sampler_(dataset.size(), rank, world_size, seed, shuffle, true) {
   DT_ENFORCE_GT(micro_batch, 0, ConfigError, "micro batch size");
 }

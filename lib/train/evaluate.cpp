@@ -82,7 +82,8 @@ std::vector<std::vector<int32_t>> generate_greedy_batch(model::Model& m,
       if (ctx[r].empty()) ctx[r].push_back(0);  // nothing to condition on: start from id 0
       longest = std::max(longest, ctx[r].size());
     }
-    const int T = static_cast<int>(std::min<size_t>(static_cast<size_t>(max_T), longest + static_cast<size_t>(std::max(0, max_new_tokens))));
+    const int T = static_cast<int>(
+        std::min<size_t>(static_cast<size_t>(max_T), longest + static_cast<size_t>(std::max(0, max_new_tokens))));
     std::vector<int32_t> tokens(B * static_cast<size_t>(T), 0);
     std::vector<char> done(B, 0);
     for (int step = 0; step < max_new_tokens; ++step) {
@@ -169,14 +170,16 @@ EvalTarget eval_target_load(const std::string& dir, const std::string& config_pa
   namespace fs = std::filesystem;
   EvalTarget t;
   std::string cfg_file = config_path;
-  if (cfg_file.empty() && fs::exists(fs::path(dir) / "config.yaml")) cfg_file = (fs::path(dir) / "config.yaml").string();
+  if (cfg_file.empty() && fs::exists(fs::path(dir) / "config.yaml"))
+    cfg_file = (fs::path(dir) / "config.yaml").string();
   if (!cfg_file.empty()) t.cfg = config::config_load_file(cfg_file).cfg;
 
   const fs::path final_dir = fs::path(dir) / "final";
   std::error_code ec;
   if (init_weights) {
     DT_ENFORCE(t.cfg.has_value(), UsageError,
-               "{}: --init needs the config of the model to initialise: {} has no config.yaml; pass --config", dir, dir);
+               "{}: --init needs the config of the model to initialise: {} has no config.yaml; pass --config", dir,
+               dir);
     t.model = model_create(*t.cfg);
     t.weights = t.cfg->model.init_from.empty() ? fmt::format("initial weights (seed {})", t.cfg->training.seed)
                                                : "initial weights (" + t.cfg->model.init_from + ")";
@@ -191,8 +194,8 @@ EvalTarget eval_target_load(const std::string& dir, const std::string& config_pa
     // its latest complete checkpoint, said on stderr, never the initial weights.
     CheckpointModel cm = checkpoint_model_load(dir);
     for (const auto& why : cm.info.skipped) log_warn("skipped a damaged checkpoint: {}", why);
-    log_warn("{} has no final/ model (the run did not finish): using its latest complete checkpoint {} (step {})",
-             dir, cm.info.checkpoint_dir, cm.info.step);
+    log_warn("{} has no final/ model (the run did not finish): using its latest complete checkpoint {} (step {})", dir,
+             cm.info.checkpoint_dir, cm.info.step);
     t.model = std::move(cm.model);
     t.weights = fmt::format("{} (step {})", cm.info.checkpoint_dir, cm.info.step);
     if (!t.cfg) t.cfg = std::move(cm.cfg);

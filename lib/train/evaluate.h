@@ -79,9 +79,9 @@ struct EvalTarget {
   std::unique_ptr<data::Tokenizer> tokenizer;
   std::optional<config::TrainConfig> cfg;  ///< the run's config, when one was found
   std::string template_name = "plain";
-  std::string valid;     ///< data.valid of the config ("" without a config)
-  int64_t seq_len = 0;   ///< data.seq_len of the config, else the model's max_seq_len
-  std::string weights;   ///< what was loaded: a directory, or "initial weights (seed N)"
+  std::string valid;    ///< data.valid of the config ("" without a config)
+  int64_t seq_len = 0;  ///< data.seq_len of the config, else the model's max_seq_len
+  std::string weights;  ///< what was loaded: a directory, or "initial weights (seed N)"
 };
 
 /// Finds the model and its settings for `dir`:

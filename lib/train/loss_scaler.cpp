@@ -31,8 +31,9 @@ LossScaler::LossScaler(const LossScalerConfig& cfg) : cfg_(cfg), dynamic_(cfg.lo
 bool LossScaler::update(bool overflow) {
   if (!dynamic_) {
     ++state_.cur_iter;
-    if (overflow) log_debug("fp16 overflow at iteration {} with static loss scale {}; skipping step",
-                           state_.cur_iter - 1, state_.scale);
+    if (overflow)
+      log_debug("fp16 overflow at iteration {} with static loss scale {}; skipping step", state_.cur_iter - 1,
+                state_.scale);
     return !overflow;
   }
   LossScalerState& s = state_;
@@ -50,7 +51,7 @@ bool LossScaler::update(bool overflow) {
       s.scale = next;
     } else {
       log_debug("fp16 overflow at iteration {}: skipping step, loss scale {} kept, hysteresis {} -> {}", s.cur_iter,
-               s.scale, s.cur_hysteresis, s.cur_hysteresis - 1);
+                s.scale, s.cur_hysteresis, s.cur_hysteresis - 1);
       --s.cur_hysteresis;
     }
     s.last_overflow_iter = s.cur_iter;
@@ -69,16 +70,16 @@ bool LossScaler::update(bool overflow) {
 void LossScaler::set_state(const LossScalerState& s) {
   DT_ENFORCE(std::isfinite(s.scale) && s.scale > 0.0f, CheckpointError,
              "checkpointed loss scale {} is not a positive finite number", s.scale);
-  DT_ENFORCE(s.cur_iter >= 0 && s.last_overflow_iter >= -1 && s.last_overflow_iter < s.cur_iter,
-             CheckpointError, "checkpointed loss scaler iterations are inconsistent (cur_iter {}, last_overflow_iter {})",
-             s.cur_iter, s.last_overflow_iter);
+  DT_ENFORCE(s.cur_iter >= 0 && s.last_overflow_iter >= -1 && s.last_overflow_iter < s.cur_iter, CheckpointError,
+             "checkpointed loss scaler iterations are inconsistent (cur_iter {}, last_overflow_iter {})", s.cur_iter,
+             s.last_overflow_iter);
   if (dynamic_)
     DT_ENFORCE(s.cur_hysteresis >= 1 && s.cur_hysteresis <= cfg_.hysteresis, CheckpointError,
                "checkpointed cur_hysteresis {} is outside 1..fp16.hysteresis={}", s.cur_hysteresis, cfg_.hysteresis);
   state_ = s;
   if (!dynamic_ && s.scale != cfg_.loss_scale) {
-    log_warn("checkpoint holds loss scale {} but the config sets static fp16.loss_scale {}; using the config",
-             s.scale, cfg_.loss_scale);
+    log_warn("checkpoint holds loss scale {} but the config sets static fp16.loss_scale {}; using the config", s.scale,
+             cfg_.loss_scale);
     state_.scale = cfg_.loss_scale;
   }
 }

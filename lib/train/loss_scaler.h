@@ -14,19 +14,19 @@ namespace dtrain::train {
 
 /// The fp16 section of a training config (DeepSpeed key names and defaults).
 struct LossScalerConfig {
-  float loss_scale = 0.0f;             ///< fp16.loss_scale: > 0 = static scale, 0 = dynamic
-  int initial_scale_power = 16;        ///< fp16.initial_scale_power: dynamic start 2^power
-  int64_t loss_scale_window = 1000;    ///< fp16.loss_scale_window
-  int hysteresis = 2;                  ///< fp16.hysteresis (DeepSpeed's delayed_shift)
-  bool consecutive_hysteresis = false; ///< fp16.consecutive_hysteresis
-  float min_loss_scale = 1.0f;         ///< fp16.min_loss_scale
+  float loss_scale = 0.0f;              ///< fp16.loss_scale: > 0 = static scale, 0 = dynamic
+  int initial_scale_power = 16;         ///< fp16.initial_scale_power: dynamic start 2^power
+  int64_t loss_scale_window = 1000;     ///< fp16.loss_scale_window
+  int hysteresis = 2;                   ///< fp16.hysteresis (DeepSpeed's delayed_shift)
+  bool consecutive_hysteresis = false;  ///< fp16.consecutive_hysteresis
+  float min_loss_scale = 1.0f;          ///< fp16.min_loss_scale
   bool raise_error_at_min_scale = true;
 };
 
 /// Everything a checkpoint must hold to resume the scaler bit-exactly.
 struct LossScalerState {
   float scale = 1.0f;
-  int64_t cur_iter = 0;             ///< number of update() calls so far
+  int64_t cur_iter = 0;  ///< number of update() calls so far
   int64_t last_overflow_iter = -1;
   int cur_hysteresis = 1;
 };

@@ -108,8 +108,7 @@ void check_total(const LrScheduleConfig& cfg) {
 std::unique_ptr<LrSchedule> lr_schedule_create(const LrScheduleConfig& cfg, float base_lr) {
   if (cfg.type.empty() || cfg.type == "constant") return std::make_unique<ConstantLr>(base_lr);
   const double max_lr = cfg.warmup_max_lr.value_or(base_lr);
-  if (cfg.type == "WarmupLR")
-    return std::make_unique<WarmupLr>(cfg.warmup_min_lr, max_lr, warmup_from(cfg), false, 0);
+  if (cfg.type == "WarmupLR") return std::make_unique<WarmupLr>(cfg.warmup_min_lr, max_lr, warmup_from(cfg), false, 0);
   if (cfg.type == "WarmupDecayLR") {
     Warmup w = warmup_from(cfg);
     check_total(cfg);

@@ -13,14 +13,14 @@ namespace dtrain::train {
 /// The scheduler section of a training config (DeepSpeed's key names). Unused fields
 /// are ignored by the schedules that do not read them.
 struct LrScheduleConfig {
-  std::string type = "constant";   ///< "constant" (or ""), "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"
-  float warmup_min_lr = 0.0f;      ///< WarmupLR / WarmupDecayLR
+  std::string type = "constant";       ///< "constant" (or ""), "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"
+  float warmup_min_lr = 0.0f;          ///< WarmupLR / WarmupDecayLR
   std::optional<float> warmup_max_lr;  ///< WarmupLR / WarmupDecayLR; unset: the optimizer's base lr
-  int64_t warmup_num_steps = 1000; ///< all warmup schedules; must be > 0; values < 2 act as 2 (DeepSpeed)
-  int64_t total_num_steps = 0;     ///< WarmupDecayLR / WarmupCosineLR; must be > 0 there
-  std::string warmup_type = "log"; ///< "log" or "linear"
-  float warmup_min_ratio = 0.0f;   ///< WarmupCosineLR: start ratio of the base lr
-  float cos_min_ratio = 1e-4f;     ///< WarmupCosineLR: end ratio of the base lr
+  int64_t warmup_num_steps = 1000;     ///< all warmup schedules; must be > 0; values < 2 act as 2 (DeepSpeed)
+  int64_t total_num_steps = 0;         ///< WarmupDecayLR / WarmupCosineLR; must be > 0 there
+  std::string warmup_type = "log";     ///< "log" or "linear"
+  float warmup_min_ratio = 0.0f;       ///< WarmupCosineLR: start ratio of the base lr
+  float cos_min_ratio = 1e-4f;         ///< WarmupCosineLR: end ratio of the base lr
 };
 
 /// lr(step) for optimizer step `step`, 0-based: the lr used by the first optimizer update

@@ -105,7 +105,8 @@ double monotonic_seconds() {
 }
 
 const char* section_name(Section s) {
-  static constexpr const char* kNames[kSectionCount] = {"forward", "backward", "comm", "optimizer", "data", "checkpoint"};
+  static constexpr const char* kNames[kSectionCount] = {"forward",   "backward", "comm",
+                                                        "optimizer", "data",     "checkpoint"};
   return kNames[static_cast<size_t>(s)];
 }
 

@@ -104,8 +104,8 @@ model::HfModelConfig to_hf(const model::ModelConfig& m) {
 // A config size given next to init_from must agree with the checkpoint's.
 void check_same(const std::optional<int64_t>& given, int actual, const char* key, const std::string& dir) {
   if (given && *given != actual)
-    DT_THROW(ConfigError, "model.{} = {} disagrees with {}/config.json ({}); remove model.{} from the config",
-             key, *given, dir, actual, key);
+    DT_THROW(ConfigError, "model.{} = {} disagrees with {}/config.json ({}); remove model.{} from the config", key,
+             *given, dir, actual, key);
 }
 
 // The safetensors files of a checkpoint and which one holds each tensor. A tensor in two
@@ -146,9 +146,9 @@ WeightSet weights_open_dir(const std::string& dir) {
         DT_THROW(IoError, "{}: invalid JSON: {}", ip, e.what());
       }
     }
-    DT_ENFORCE(j.is_object() && j.contains("weight_map") && j.at("weight_map").is_object() &&
-                   !j.at("weight_map").empty(),
-               IoError, "{}: no \"weight_map\" object naming each tensor's shard", ip);
+    DT_ENFORCE(
+        j.is_object() && j.contains("weight_map") && j.at("weight_map").is_object() && !j.at("weight_map").empty(),
+        IoError, "{}: no \"weight_map\" object naming each tensor's shard", ip);
     std::map<std::string, std::string> map;
     std::set<std::string> shards;
     for (const auto& [name, file] : j.at("weight_map").items()) {

@@ -41,11 +41,11 @@ struct StepBatch {
 /// What the step did.
 struct StepOutcome {
   float lr = 0.0f;
-  float loss_scale = 1.0f;  ///< the scale the step ran with (1 without fp16)
-  bool overflow = false;    ///< inf/NaN gradients: the update was skipped (fp16 only)
-  bool applied = true;      ///< the weights were updated
-  double grad_norm = 0.0;   ///< global, unscaled, before clipping
-  double loss = 0.0;        ///< mean cross-entropy over the step's unmasked targets on every rank (0: none)
+  float loss_scale = 1.0f;    ///< the scale the step ran with (1 without fp16)
+  bool overflow = false;      ///< inf/NaN gradients: the update was skipped (fp16 only)
+  bool applied = true;        ///< the weights were updated
+  double grad_norm = 0.0;     ///< global, unscaled, before clipping
+  double loss = 0.0;          ///< mean cross-entropy over the step's unmasked targets on every rank (0: none)
   double target_count = 0.0;  ///< the step's unmasked targets over every rank
 };
 
@@ -85,7 +85,7 @@ class TrainStep {
   // CUDA graphs: the step recorded once and replayed while the values it was recorded
   // with (the key) stay the same.
   struct GraphKey {
-    bool run = false;      // the micro-batch runs forward/backward
+    bool run = false;  // the micro-batch runs forward/backward
     float loss_scale = 1;
     uint64_t buffers = 0;  // Model::buffers_version
     bool operator==(const GraphKey&) const = default;

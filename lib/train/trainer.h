@@ -52,29 +52,29 @@ struct TrainerEnv {
 /// call (skipped fp16 overflow steps included): after a resume from step K they start
 /// at step K + 1. The counters (steps, applied/skipped steps, tokens) count from step 1.
 struct TrainResult {
-  int64_t steps = 0;            ///< attempted optimizer steps (the last step's index)
-  int64_t applied_steps = 0;    ///< steps that updated the weights (= scheduler/optimizer step count)
-  int64_t skipped_steps = 0;    ///< fp16 overflow steps
+  int64_t steps = 0;                   ///< attempted optimizer steps (the last step's index)
+  int64_t applied_steps = 0;           ///< steps that updated the weights (= scheduler/optimizer step count)
+  int64_t skipped_steps = 0;           ///< fp16 overflow steps
   bool stopped_at_checkpoint = false;  ///< stop_after_save stopped the run after its checkpoint at `steps`
-  int64_t graph_steps = 0;      ///< steps replayed from a CUDA graph (training.cuda_graph)
-  int64_t resumed_step = -1;    ///< the checkpoint step this call continued from; -1 = fresh start
-  std::string resumed_dir;      ///< that checkpoint's directory
-  int resumed_world_size = 0;   ///< world size and ZeRO stage it was saved at
+  int64_t graph_steps = 0;             ///< steps replayed from a CUDA graph (training.cuda_graph)
+  int64_t resumed_step = -1;           ///< the checkpoint step this call continued from; -1 = fresh start
+  std::string resumed_dir;             ///< that checkpoint's directory
+  int resumed_world_size = 0;          ///< world size and ZeRO stage it was saved at
   int resumed_stage = 0;
   /// Newer checkpoints that were unusable and skipped, one line each naming the bad file.
   std::vector<std::string> checkpoints_skipped;
-  std::string last_checkpoint;  ///< the directory of the last checkpoint this call wrote ("" = none)
-  double final_loss = 0.0;      ///< loss of the last step
-  double final_eval_loss = 0.0; ///< NaN when there is no validation set
+  std::string last_checkpoint;   ///< the directory of the last checkpoint this call wrote ("" = none)
+  double final_loss = 0.0;       ///< loss of the last step
+  double final_eval_loss = 0.0;  ///< NaN when there is no validation set
   double final_eval_ppl = 0.0;
   double final_loss_scale = 1.0;
-  int64_t tokens = 0;           ///< input tokens of steps 1..steps over all ranks (this run's batch)
-  double elapsed_s = 0.0;       ///< wall time of the loop (model build and export excluded)
-  std::vector<double> losses;      ///< mean loss per step over all micro-batches and ranks
-  std::vector<double> lrs;         ///< lr used by each step (skipped steps: the lr they would have used)
-  std::vector<double> grad_norms;  ///< pre-clip global norm (unscaled); NaN/inf on overflow
-  std::vector<double> loss_scales; ///< loss scale each step ran with (1 without fp16)
-  std::vector<char> skipped;       ///< 1 where the step was skipped
+  int64_t tokens = 0;               ///< input tokens of steps 1..steps over all ranks (this run's batch)
+  double elapsed_s = 0.0;           ///< wall time of the loop (model build and export excluded)
+  std::vector<double> losses;       ///< mean loss per step over all micro-batches and ranks
+  std::vector<double> lrs;          ///< lr used by each step (skipped steps: the lr they would have used)
+  std::vector<double> grad_norms;   ///< pre-clip global norm (unscaled); NaN/inf on overflow
+  std::vector<double> loss_scales;  ///< loss scale each step ran with (1 without fp16)
+  std::vector<char> skipped;        ///< 1 where the step was skipped
 };
 
 /// Trains cfg to the end. cfg must have been through config_resolve_batch for

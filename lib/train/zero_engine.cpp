@@ -106,10 +106,8 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
     if (s.own_master) {
       s.master = device::DeviceBuffer(*dev_, s.owned() * dtype_size(s.sdt));
       if (s.owned()) {
-        if (!src.empty())
-          device_from_host(s.master.get(), s.sdt, src[i]->host_f32() + s.lo, s.owned());
-        else
-          dev_->cast(s.master.get(), s.sdt, at(s.pb->data, s.lo, mdt_), mdt_, s.owned());
+        if (!src.empty()) device_from_host(s.master.get(), s.sdt, src[i]->host_f32() + s.lo, s.owned());
+        else dev_->cast(s.master.get(), s.sdt, at(s.pb->data, s.lo, mdt_), mdt_, s.owned());
       }
     }
     if (s.trainable) {
@@ -378,15 +376,14 @@ void ZeroEngine::step_prepare(float lr) {
 }
 
 void ZeroEngine::step_issue(float loss_scale) {
-  DT_ENFORCE(!materialized_, UsageError, "ZeroEngine::step_issue() after params_materialize(); call params_restore() first");
+  DT_ENFORCE(!materialized_, UsageError,
+             "ZeroEngine::step_issue() after params_materialize(); call params_restore() first");
   DT_ENFORCE_GT(loss_scale, 0.0f, UsageError, "ZeroEngine::step_issue loss_scale");
   queue_->wait_all();
   if (opts_.stage <= 1 && !grads_reduced_) grads_reduce_step();
   comm_join();  // the reduced gradients are complete
 
-  auto grad_of = [&](Slot& s) -> float* {
-    return opts_.stage >= 2 ? s.gshard.as<float>() : s.pb->grad + s.lo;
-  };
+  auto grad_of = [&](Slot& s) -> float* { return opts_.stage >= 2 ? s.gshard.as<float>() : s.pb->grad + s.lo; };
   // Everything is decided on the device and read back once, after the update is issued:
   // the local sum of squares, its sum over the ranks (on the device communicator), the
   // clip scale and the overflow skip that AdamW reads from device memory.
@@ -430,8 +427,8 @@ void ZeroEngine::step_issue(float loss_scale) {
       if (a >= e) continue;
       const size_t o = a - s.lo;
       void* cp = copy ? at(s.pb->data, a, mdt_) : nullptr;
-      dev_->adamw(p + o, g + o, s.m.as<float>() + o, s.v.as<float>() + o, e - a, opts_.adamw, lr_, step, t.decay,
-                  scale, cp, mdt_);
+      dev_->adamw(p + o, g + o, s.m.as<float>() + o, s.v.as<float>() + o, e - a, opts_.adamw, lr_, step, t.decay, scale,
+                  cp, mdt_);
       if (cp != nullptr && mdt_ == DType::F32) dev_->round_to(static_cast<float*>(cp), e - a, opts_.compute_dtype);
     }
   }
@@ -598,8 +595,7 @@ void ZeroEngine::masters_to_host(model::Model& host) {
       device::DeviceBuffer full(*dev_, W * s.s * sizeof(float));
       queue_->wait(comm_submit([&] {
         if (s.owned())
-          dev_->cast(full.as<float>() + static_cast<size_t>(rank_) * s.s, DType::F32, s.master.get(), s.sdt,
-                     s.owned());
+          dev_->cast(full.as<float>() + static_cast<size_t>(rank_) * s.s, DType::F32, s.master.get(), s.sdt, s.owned());
         coll_all_gather(full.get(), s.s, DType::F32);
       }));
       comm_join();
@@ -704,8 +700,7 @@ void ZeroEngine::params_loaded() {
   }
   for (auto& s : slots_) {
     if (s.sharded) continue;
-    if (s.own_master && s.owned())
-      dev_->copy_d2d(s.master.get(), fat(s.pb->data, s.lo), s.owned() * sizeof(float));
+    if (s.own_master && s.owned()) dev_->copy_d2d(s.master.get(), fat(s.pb->data, s.lo), s.owned() * sizeof(float));
     if (mixed_) dev_->round_to(static_cast<float*>(s.pb->data), s.n, opts_.compute_dtype);
   }
 }
@@ -769,20 +764,23 @@ std::string ZeroEngine::memory_report() const {
   // compute copy, which saves neither memory nor time. Say so rather than let the line
   // above suggest 2-byte GEMMs.
   if (opts_.compute_dtype != DType::F32 && dev_->kind() == device::Kind::CPU)
-    s += fmt::format("zero: {} on the CPU is fp32 compute on values rounded to {} (4-byte compute copies, fp32 "
-                     "GEMMs): no memory or time saved; 2-byte CPU GEMMs are not built\n",
-                     dtype_name(opts_.compute_dtype), dtype_name(opts_.compute_dtype));
-  s += fmt::format("zero: per rank  params {:.2f} MiB (theory {:.2f})  grads {:.2f} MiB (theory {:.2f})  "
-                   "optimizer {:.2f} MiB (theory {:.2f})  total {:.2f} MiB (theory {:.2f})\n",
-                   mib(m.param_bytes), mib(m.theory_param), mib(m.grad_bytes), mib(m.theory_grad), mib(m.optim_bytes),
-                   mib(m.theory_optim), mib(m.total()), mib(m.theory_total()));
+    s += fmt::format(
+        "zero: {} on the CPU is fp32 compute on values rounded to {} (4-byte compute copies, fp32 "
+        "GEMMs): no memory or time saved; 2-byte CPU GEMMs are not built\n",
+        dtype_name(opts_.compute_dtype), dtype_name(opts_.compute_dtype));
+  s += fmt::format(
+      "zero: per rank  params {:.2f} MiB (theory {:.2f})  grads {:.2f} MiB (theory {:.2f})  "
+      "optimizer {:.2f} MiB (theory {:.2f})  total {:.2f} MiB (theory {:.2f})\n",
+      mib(m.param_bytes), mib(m.theory_param), mib(m.grad_bytes), mib(m.theory_grad), mib(m.optim_bytes),
+      mib(m.theory_optim), mib(m.total()), mib(m.theory_total()));
   if (opts_.stage == 3) {
     size_t resident = 0;
     for (const auto& sl : slots_) resident += sl.sharded ? 0 : 1;
     if (resident)
-      s += fmt::format("zero: {} of {} parameter buffers are below stage3_param_persistence_threshold ({}) and stay "
-                       "resident (counted in params)\n",
-                       resident, slots_.size(), opts_.param_persistence_threshold);
+      s += fmt::format(
+          "zero: {} of {} parameter buffers are below stage3_param_persistence_threshold ({}) and stay "
+          "resident (counted in params)\n",
+          resident, slots_.size(), opts_.param_persistence_threshold);
   }
   s += fmt::format("zero: transient peak {:.2f} MiB; model-owned storage left idle {:.2f} MiB\n",
                    mib(m.work_peak_bytes), mib(m.model_idle_bytes));

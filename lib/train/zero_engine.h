@@ -87,7 +87,7 @@ struct ZeroBufferView {
   bool trainable = false;
   /// True when the model holds the full buffer (stages 0-2, stage-3 persistent buffers).
   bool resident = false;
-  size_t lo = 0, hi = 0;  ///< owned element range (stage 0: the whole buffer)
+  size_t lo = 0, hi = 0;    ///< owned element range (stage 0: the whole buffer)
   float* master = nullptr;  ///< hi - lo fp32 master values
   float* m = nullptr;       ///< hi - lo (trainable only)
   float* v = nullptr;
@@ -299,8 +299,8 @@ class ZeroEngine {
   device::Device* dev_;
   comm::Communicator* comm_;
   ZeroOptions opts_;
-  DType mdt_ = DType::F32;  // the model's storage dtype (16-bit only on CUDA)
-  bool mixed_ = false;      // compute dtype != F32
+  DType mdt_ = DType::F32;       // the model's storage dtype (16-bit only on CUDA)
+  bool mixed_ = false;           // compute dtype != F32
   bool stream_ordered_ = false;  // collectives run on comm_'s CUDA stream
   void* comm_stream_ = nullptr;
   bool comm_unjoined_ = false;  // work issued on comm_stream_ since the last comm_join
@@ -330,20 +330,20 @@ class ZeroEngine {
   bool tied_ = false;
   int n_layer_ = 0;
   std::vector<Slot> slots_;
-  std::vector<std::vector<size_t>> layer_slots_;  // [layer + 1] -> slot indices
-  std::vector<Bucket> buckets_;                   // gradient buckets in backward order
+  std::vector<std::vector<size_t>> layer_slots_;    // [layer + 1] -> slot indices
+  std::vector<Bucket> buckets_;                     // gradient buckets in backward order
   std::vector<std::vector<size_t>> gather_groups_;  // post-step all-gather groups of resident slots
   std::unique_ptr<ZeroCommQueue> queue_;
   int64_t step_count_ = 0;
   double last_norm_ = 0.0;
   bool materialized_ = false;
-  bool last_micro_ = true;       // set_last_micro_batch
-  bool grads_reduced_ = false;   // stages 0/1: this step's reduction already ran in backward
-  int backward_layer_ = 0;       // the layer whose after_layer_backward runs
+  bool last_micro_ = true;      // set_last_micro_batch
+  bool grads_reduced_ = false;  // stages 0/1: this step's reduction already ran in backward
+  int backward_layer_ = 0;      // the layer whose after_layer_backward runs
   uint64_t issued_in_backward_ = 0;
   mutable std::mutex work_mu_;  // work accounting is also touched by the communication thread
   size_t work_bytes_ = 0, work_peak_ = 0;
-  size_t live_elems_ = 0;  // stage 3: gathered elements
+  size_t live_elems_ = 0;        // stage 3: gathered elements
   std::vector<size_t> sharded_;  // stage 3: slots (= model buffer indices) whose parameters are sharded
 };
 

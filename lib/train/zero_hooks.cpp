@@ -30,7 +30,8 @@ void ZeroEngine::hooks_install() {
 // before_layer_backward to after_layer_backward, is packed rank-major into its bucket
 // and the full bucket is reduce-scattered (AVG) and accumulated into the shards.
 void ZeroEngine::on_before_backward(int layer) {
-  DT_ENFORCE(!materialized_, UsageError, "backward() after ZeroEngine::params_materialize(); call params_restore() first");
+  DT_ENFORCE(!materialized_, UsageError,
+             "backward() after ZeroEngine::params_materialize(); call params_restore() first");
   DT_ENFORCE(!grads_reduced_, UsageError,
              "backward() after the step's last micro-batch already reduced the gradients (overlap_comm); call "
              "ZeroEngine::before_step() first, or set_last_micro_batch(false) for the earlier micro-batches");
@@ -134,15 +135,15 @@ void ZeroEngine::gather_issue(Slot& s) {
     Slot& g = *sp;
     char* work = static_cast<char*>(g.work.get());
     if (t == mdt_) {  // on the wire in the model's dtype: straight into the working buffer
-      if (g.owned()) dev_->cast(work + static_cast<size_t>(rank_) * g.s * dtype_size(t), t, g.master.get(), g.sdt,
-                                g.owned());
+      if (g.owned())
+        dev_->cast(work + static_cast<size_t>(rank_) * g.s * dtype_size(t), t, g.master.get(), g.sdt, g.owned());
       coll_all_gather(work, g.s, t);
     } else {  // fp32 model (CPU) under mixed precision: the wire is 16-bit
       device::DeviceBuffer wire(*dev_, W * g.s * dtype_size(t));
       work_add(static_cast<ptrdiff_t>(wire.bytes()));
       char* w = static_cast<char*>(wire.get());
-      if (g.owned()) dev_->cast(w + static_cast<size_t>(rank_) * g.s * dtype_size(t), t, g.master.get(), g.sdt,
-                                g.owned());
+      if (g.owned())
+        dev_->cast(w + static_cast<size_t>(rank_) * g.s * dtype_size(t), t, g.master.get(), g.sdt, g.owned());
       coll_all_gather(w, g.s, t);
       dev_->cast(work, mdt_, w, t, g.n);
       work_add(-static_cast<ptrdiff_t>(wire.bytes()));

@@ -24,11 +24,11 @@ struct ZeroEngine::Slot {
   bool own_master = false;  // a master apart from the model's buffer (the same on every rank)
   DType sdt = DType::F32;   // dtype of `master`
   size_t n = 0, s = 0, lo = 0, hi = 0;
-  device::DeviceBuffer master, m, v, gshard;  // owned range [lo, hi)
-  device::DeviceBuffer work;                  // stage 3: gathered parameters (W * s, model dtype)
-  device::DeviceBuffer wgrad;                 // stages 2/3: the layer's full gradient during backward
+  device::DeviceBuffer master, m, v, gshard;     // owned range [lo, hi)
+  device::DeviceBuffer work;                     // stage 3: gathered parameters (W * s, model dtype)
+  device::DeviceBuffer wgrad;                    // stages 2/3: the layer's full gradient during backward
   std::unique_ptr<device::Device::Event> ready;  // stage 3, stream-ordered: the gather is done
-  bool gathered = false;  // issued, maybe in flight
+  bool gathered = false;                         // issued, maybe in flight
   uint64_t gather_ticket = 0;
   size_t bucket = SIZE_MAX, bucket_off = 0;
 

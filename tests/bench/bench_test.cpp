@@ -118,8 +118,8 @@ TEST_CASE("parse_size: nccl-tests suffixes are powers of 1024, garbage is a Usag
   CHECK(parse_size("1G") == (size_t{1} << 30));
   CHECK(parse_size("2GB") == (size_t{2} << 30));
   CHECK(parse_size("0") == 0);
-  for (const char* bad : {"", "K", "1.5M", "-1", "12Q", "4M4", " 8", "1KBB", "99999999999999999999",
-                          "20000000000000000G"}) {
+  for (const char* bad :
+       {"", "K", "1.5M", "-1", "12Q", "4M4", " 8", "1KBB", "99999999999999999999", "20000000000000000G"}) {
     CAPTURE(bad);
     CHECK_THROWS_AS(parse_size(bad), UsageError);
   }

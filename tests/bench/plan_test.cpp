@@ -46,7 +46,8 @@ TEST_CASE("bench plan: GPT-2 124M at B=16 T=1024, exact GEMM FLOPs, consistent t
   CHECK(r.dtype == "bfloat16");
   // Every linear runs once forward and twice backward (dX, dW): 6 x tokens x weights.
   const double C = 768, L = 12, V = 50304, tokens = 16.0 * 1024;
-  const double linear_weights = L * 12 * C * C + V * C;  // c_attn 3C^2, attn c_proj C^2, c_fc and mlp c_proj 4C^2 each; lm head
+  const double linear_weights =
+      L * 12 * C * C + V * C;  // c_attn 3C^2, attn c_proj C^2, c_fc and mlp c_proj 4C^2 each; lm head
   CHECK(r.gemm_gflop * 1e9 == doctest::Approx(6 * tokens * linear_weights).epsilon(1e-9));
   double ms = 0, share = 0;
   int64_t launches = 0;

@@ -243,9 +243,9 @@ TEST_CASE("relative paths in a config resolve against its directory, --set paths
   write((conf_dir / "job.yaml").string(), job_yaml("data"));
 
   const std::string run_dir = t.dir + "/run";
-  auto r = run_in(elsewhere.string(),
-                  launch_argv(bin, "../conf/job.yaml", run_dir, {"data.valid=valid.jsonl", "training.max_steps=2"}),
-                  120s);
+  auto r =
+      run_in(elsewhere.string(),
+             launch_argv(bin, "../conf/job.yaml", run_dir, {"data.valid=valid.jsonl", "training.max_steps=2"}), 120s);
   INFO(r.out);
   REQUIRE(!r.timed_out);
   CHECK(r.rc == 0);
@@ -272,9 +272,10 @@ TEST_CASE("the default job runs from any directory (its data paths are relative 
   INFO(r.out);
   CHECK(r.rc == 0);
   CHECK(!contains(r.out, "not a complete dtrain job"));
-  r = run_in(t.dir, launch_argv(bin, "", t.dir + "/run",
-                                {"training.max_steps=2", "training.eval_steps=0", "scheduler.params.total_num_steps=2",
-                                 "scheduler.params.warmup_num_steps=1"}),
+  r = run_in(t.dir,
+             launch_argv(bin, "", t.dir + "/run",
+                         {"training.max_steps=2", "training.eval_steps=0", "scheduler.params.total_num_steps=2",
+                          "scheduler.params.warmup_num_steps=1"}),
              120s);
   INFO(r.out);
   REQUIRE(!r.timed_out);
@@ -352,8 +353,8 @@ TEST_CASE("a safetensors header with a duplicate key is refused naming the file 
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(file[i])) << (8 * i);
   nlohmann::json head = nlohmann::json::parse(file.substr(8, n));
-  const std::string first = head.items().begin().key() == "__metadata__" ? std::next(head.items().begin()).key()
-                                                                          : head.items().begin().key();
+  const std::string first =
+      head.items().begin().key() == "__metadata__" ? std::next(head.items().begin()).key() : head.items().begin().key();
   std::string text = file.substr(8, n);
   while (!text.empty() && text.back() == ' ') text.pop_back();
   text.pop_back();  // the closing brace

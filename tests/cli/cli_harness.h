@@ -333,7 +333,8 @@ class Cluster {
   std::string hostfile(const std::string& name, const std::vector<int>& slots) const {
     std::string path = dir_ + "/" + name;
     std::ofstream out(path);
-    for (size_t i = 0; i < slots.size(); ++i) out << "root@" << addr(static_cast<int>(i)) << " slots=" << slots[i] << "\n";
+    for (size_t i = 0; i < slots.size(); ++i)
+      out << "root@" << addr(static_cast<int>(i)) << " slots=" << slots[i] << "\n";
     return path;
   }
 
@@ -401,7 +402,7 @@ inline std::vector<NsProcess> dtrain_processes(const std::string& ns, const std:
 /// A rank process (`dtrain worker` with RANK in its environment) of namespace `ns`: its
 /// pid and RANK, waiting up to `timeout` for one.
 inline std::optional<std::pair<pid_t, int>> ns_worker(const std::string& ns, const std::string& bin,
-                                                     std::chrono::milliseconds timeout) {
+                                                      std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
     for (auto& p : dtrain_processes(ns, bin)) {

@@ -16,8 +16,7 @@ using dtrain::test::has;
 using dtrain::test::have_bin;
 using dtrain::test::run_dtrain;
 
-namespace {
-}  // namespace
+namespace {}  // namespace
 
 TEST_CASE("--dry-run rejects integers that would wrap, naming the key, the value and the range") {
   if (!have_bin()) return;
@@ -73,7 +72,8 @@ TEST_CASE("--config /dev/zero exits 2 quickly, naming the file") {
 TEST_CASE("a model larger than this host's memory is a config error naming its size, not bad_alloc retried") {
   if (!have_bin()) return;
   const std::string dir = "/tmp/dtrain-cli-bigmodel-" + std::to_string(::getpid());
-  auto r = run_dtrain("launch --set model.d_model=65536 --set model.n_head=512 --master-port 0 --output-dir " + dir, 120);
+  auto r =
+      run_dtrain("launch --set model.d_model=65536 --set model.n_head=512 --master-port 0 --output-dir " + dir, 120);
   std::filesystem::remove_all(dir);
   INFO(r.out);
   CHECK(r.code == 2);
@@ -94,7 +94,8 @@ TEST_CASE("CLI numbers out of range say what is allowed in words") {
       {"launch --dry-run --nproc-per-node 0", "--nproc-per-node must be at least 1 (got 0)"},
       {"launch --dry-run --nproc-per-node 4294967297", "--nproc-per-node must be at least 1, at most 2147483647"},
       {"launch --dry-run --num-nodes two", "--num-nodes must be a whole number and must be at least 1 (got 'two')"},
-      {"launch --dry-run --master-port 70000", "--master-port must be from 0 to 65535 (0 = pick a free port) (got 70000)"},
+      {"launch --dry-run --master-port 70000",
+       "--master-port must be from 0 to 65535 (0 = pick a free port) (got 70000)"},
       {"bench allreduce --dry-run -n 0", "-n/--iters must be at least 1 (got 0)"},
       {"bench allreduce --dry-run -w -1", "-w/--warmup_iters must be at least 0 (got -1)"},
       {"bench allreduce --dry-run -c 2", "-c/--check must be from 0 to 1"},

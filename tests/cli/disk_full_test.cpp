@@ -98,7 +98,8 @@ uint64_t used_bytes(const fs::path& dir, const std::vector<std::string>& skip = 
       continue;
     }
     struct stat st {};
-    if (::lstat(it->path().c_str(), &st) == 0 && S_ISREG(st.st_mode)) total += static_cast<uint64_t>(st.st_blocks) * 512;
+    if (::lstat(it->path().c_str(), &st) == 0 && S_ISREG(st.st_mode))
+      total += static_cast<uint64_t>(st.st_blocks) * 512;
   }
   return total;
 }
@@ -200,8 +201,9 @@ StatusRows status_of(const std::string& bin, const std::string& run_dir) {
 
 }  // namespace
 
-TEST_CASE("a checkpoint write that hits ENOSPC fails the round; once space is freed the retry continues from the "
-          "last complete checkpoint") {
+TEST_CASE(
+    "a checkpoint write that hits ENOSPC fails the round; once space is freed the retry continues from the "
+    "last complete checkpoint") {
   const std::string bin = bin_or_skip();
   const Sizes& sizes = job_sizes(bin);
   MESSAGE(fmt::format("one checkpoint takes {} KiB, the rest of the run directory {} KiB", sizes.checkpoint / 1024,
@@ -237,7 +239,8 @@ TEST_CASE("a checkpoint write that hits ENOSPC fails the round; once space is fr
   CHECK(some_line_has(out, {"cannot write checkpoint file " + run_dir + "/checkpoints/tmp-step10/", kNoSpace}));
   CHECK(some_line_has(out, {"round 0 failed", kNoSpace}));
   // The next round removed the partial checkpoint and resumed from the complete one.
-  CHECK(contains(out, "removed " + run_dir + "/checkpoints/tmp-step10, left by a checkpoint save that did not complete"));
+  CHECK(
+      contains(out, "removed " + run_dir + "/checkpoints/tmp-step10, left by a checkpoint save that did not complete"));
   CHECK(contains(out, "resumed from step 5 "));
   // (Round 1 unless this test was too slow to free the space within retry_delay.)
   CHECK(contains(out, "job finished: all 2 rank(s) succeeded in round "));
@@ -259,8 +262,9 @@ TEST_CASE("a checkpoint write that hits ENOSPC fails the round; once space is fr
   CHECK(status_of(bin, run_dir).state.rfind("finished", 0) == 0);
 }
 
-TEST_CASE("a disk that stays full with max_retries 0: the launcher reports its own failed writes, exits non-zero and "
-          "status does not say running") {
+TEST_CASE(
+    "a disk that stays full with max_retries 0: the launcher reports its own failed writes, exits non-zero and "
+    "status does not say running") {
   const std::string bin = bin_or_skip();
   Tmpfs t(4 * 1024);  // small: filling it takes a moment, well before the ranks write
   ConfigFile cfg(20, 0, 1);

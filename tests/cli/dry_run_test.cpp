@@ -83,7 +83,8 @@ TEST_CASE("heterogeneous hostfile: ranks and local world sizes per node; filters
   CHECK(has(r.out, "world size 14"));
   CHECK(has(r.out, "'--local-world-size' '4'"));
   CHECK(has(r.out, "'--local-world-size' '2'"));
-  auto f = run_dtrain("launch --dry-run --hostfile hostfiles/hetero --config configs/tiny-cpu.yaml --include node1:1,3");
+  auto f =
+      run_dtrain("launch --dry-run --hostfile hostfiles/hetero --config configs/tiny-cpu.yaml --include node1:1,3");
   INFO(f.out);
   CHECK(f.code == 0);
   CHECK(has(f.out, "'--devices' '1,3'"));
@@ -112,8 +113,9 @@ TEST_CASE("config errors exit 2 with file:line, key path and a suggestion") {
   CHECK(has(r.out, "train_micro_batch_size_per_gpu"));
 
   // The batch rule shows all four numbers.
-  r = run_dtrain("launch --dry-run --config configs/tiny-cpu.yaml --nproc-per-node 3 --set train_batch_size=16 "
-                 "--set train_micro_batch_size_per_gpu=4 --set gradient_accumulation_steps=1");
+  r = run_dtrain(
+      "launch --dry-run --config configs/tiny-cpu.yaml --nproc-per-node 3 --set train_batch_size=16 "
+      "--set train_micro_batch_size_per_gpu=4 --set gradient_accumulation_steps=1");
   INFO(r.out);
   CHECK(r.code == 2);
   CHECK(has(r.out, "16"));
@@ -156,8 +158,8 @@ TEST_CASE("a rank's config error is reported once and not restarted") {
   // validation since issue 33, item 23.)
   const std::string tok = (base / "tokenizer.json").string();
   std::ofstream(tok) << "not json\n";
-  auto r = run_dtrain("launch --set data.tokenizer=" + tok + " --set training.max_steps=5 --master-port 0 --output-dir " +
-                      (base / "run").string());
+  auto r = run_dtrain("launch --set data.tokenizer=" + tok +
+                      " --set training.max_steps=5 --master-port 0 --output-dir " + (base / "run").string());
   INFO(r.out);
   CHECK(r.code == 2);
   CHECK(has(r.out, "tokenizer file '" + tok + "' is not valid JSON"));
@@ -183,12 +185,14 @@ TEST_CASE("training.device: --dry-run says where every rank trains; cuda without
   auto a = run_dtrain("launch --dry-run --set training.device=auto");
   INFO(a.out);
   CHECK(a.code == 0);
-  CHECK(has(a.out, "device      node 0 (localhost): rank 0 on cuda device 0 (CUDA_VISIBLE_DEVICES) if localhost sees "
-                   "them, else the cpu (training.device auto), no collectives (1 rank)"));
+  CHECK(has(a.out,
+            "device      node 0 (localhost): rank 0 on cuda device 0 (CUDA_VISIBLE_DEVICES) if localhost sees "
+            "them, else the cpu (training.device auto), no collectives (1 rank)"));
   auto g = run_dtrain("launch --dry-run --nproc-per-node 2 --set training.device=cuda");
   INFO(g.out);
-  CHECK(has(g.out, "device      node 0 (localhost): ranks 0-1 on cuda devices 0,1 (CUDA_VISIBLE_DEVICES), "
-                   "collectives over nccl"));
+  CHECK(has(g.out,
+            "device      node 0 (localhost): ranks 0-1 on cuda devices 0,1 (CUDA_VISIBLE_DEVICES), "
+            "collectives over nccl"));
   // Where this machine has no GPU, cuda is refused before anything starts, naming the host.
 #ifdef DTRAIN_HAVE_CUDA
   if (dtrain::kernels::device_count() > 0) return;

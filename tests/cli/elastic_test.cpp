@@ -53,7 +53,8 @@ struct Env {
 
 Env* env() {
   if (dtrain_bin().empty()) {
-    ::dtrain::test::skip_test("elastic tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
+    ::dtrain::test::skip_test(
+        "elastic tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
     return nullptr;
   }
   static std::unique_ptr<Env> instance = std::make_unique<Env>();
@@ -68,9 +69,9 @@ Env* env() {
 std::vector<std::string> launch_argv(const Env& e, int seed, const std::string& run_dir) {
   const std::string config = e.cluster.dir() + fmt::format("/elastic-{}.yaml", seed);
   std::ofstream(config) << config_text(seed);
-  std::vector<std::string> argv = {e.bin,       "launch",        "--config", config, "--hostfile",
-                                   e.cluster.dir() + "/hostfile", "--nnodes", "2:3", "--master-port",
-                                   "0",         "--output-dir",  run_dir};
+  std::vector<std::string> argv = {
+      e.bin,      "launch", "--config",      config, "--hostfile",   e.cluster.dir() + "/hostfile",
+      "--nnodes", "2:3",    "--master-port", "0",    "--output-dir", run_dir};
   for (auto& s : e.cluster.ssh_sets()) argv.push_back(s);
   return argv;
 }
@@ -78,8 +79,8 @@ std::vector<std::string> launch_argv(const Env& e, int seed, const std::string& 
 bool node(const Env& e, const char* what, int i) {
   const char* src = std::getenv("DTRAIN_SOURCE_DIR");
   int rc = 0;
-  shell(fmt::format("timeout 20 bash {}/scripts/test_cluster.sh {} {} {} 2>&1", src ? src : ".", what,
-                    e.cluster.dir(), i),
+  shell(fmt::format("timeout 20 bash {}/scripts/test_cluster.sh {} {} {} 2>&1", src ? src : ".", what, e.cluster.dir(),
+                    i),
         &rc);
   return rc == 0;
 }
@@ -131,7 +132,8 @@ TEST_CASE("--nnodes 2:3: a node taken down for good mid-run is left out, the job
     const Env& e;
     ~NodeBack() { node(e, "node-up", 2); }
   };
-  REQUIRE_MESSAGE(launcher.wait_output("saved checkpoints/step8", 180s), "no checkpoint at step 8:\n" << launcher.output());
+  REQUIRE_MESSAGE(launcher.wait_output("saved checkpoints/step8", 180s), "no checkpoint at step 8:\n"
+                                                                             << launcher.output());
   REQUIRE(node(*e, "node-down", 2));
   NodeBack back{*e};
   // The node comes back as soon as round 1 has been formed without it, before that
@@ -139,12 +141,13 @@ TEST_CASE("--nnodes 2:3: a node taken down for good mid-run is left out, the job
   // the probe to pass again (with the node brought back only once round 1 trained, a
   // loaded machine finished round 1 first and the node never rejoined).
   REQUIRE_MESSAGE(launcher.wait_output("round 1: starting 2 rank(s) on 2 node(s)", 180s),
-                  "the job did not go on without the node:\n" << launcher.output());
+                  "the job did not go on without the node:\n"
+                      << launcher.output());
   REQUIRE(node(*e, "node-up", 2));
   REQUIRE_MESSAGE(launcher.wait_output("gradient_accumulation_steps 2 -> 3 on 2 ranks", 5s), launcher.output());
   REQUIRE_MESSAGE(launcher.wait_output("2 rank(s) x micro 2 x accum 3", 180s), launcher.output());
-  REQUIRE_MESSAGE(launcher.wait_output("round 2: starting 3 rank(s) on 3 node(s)", 180s),
-                  "the node did not rejoin:\n" << launcher.output());
+  REQUIRE_MESSAGE(launcher.wait_output("round 2: starting 3 rank(s) on 3 node(s)", 180s), "the node did not rejoin:\n"
+                                                                                              << launcher.output());
   auto rc = launcher.wait(90s);
   const std::string out = launcher.output();
   INFO("output:\n" << out);
@@ -192,9 +195,10 @@ TEST_CASE("--nnodes 2:3: a node taken down for good mid-run is left out, the job
 
   // The result: within the spread of uninterrupted runs.
   const double got = final_eval_loss(run_dir);
-  MESSAGE(fmt::format("final eval loss: elastic run {:.6f}; uninterrupted seed 11 {:.6f}, seed 12 {:.6f} (spread {:.6f}); "
-                      "elastic vs seed 11: {:.2e}; launcher {:.1f} s",
-                      got, ref[0], ref[1], spread, std::fabs(got - ref[0]), launcher.seconds()));
+  MESSAGE(
+      fmt::format("final eval loss: elastic run {:.6f}; uninterrupted seed 11 {:.6f}, seed 12 {:.6f} (spread {:.6f}); "
+                  "elastic vs seed 11: {:.2e}; launcher {:.1f} s",
+                  got, ref[0], ref[1], spread, std::fabs(got - ref[0]), launcher.seconds()));
   CHECK(std::isfinite(got));
   CHECK(std::fabs(got - ref[0]) <= spread);
 }

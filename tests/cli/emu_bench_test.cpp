@@ -27,8 +27,8 @@ TEST_CASE("dtrain-emu bench allreduce --backend nccl: 2 local ranks") {
   const std::string& dir = tmp.path();
   REQUIRE(!dir.empty());
   // Loopback only: the engine's NCCL picks the interface as NCCL does.
-  auto r = run({bin, "bench", "allreduce", "--backend", "nccl", "--nproc-per-node", "2", "-b", "1K", "-e", "256K",
-                "-n", "3", "-w", "1", "--output-dir", dir + "/run"},
+  auto r = run({bin, "bench", "allreduce", "--backend", "nccl", "--nproc-per-node", "2", "-b", "1K", "-e", "256K", "-n",
+                "3", "-w", "1", "--output-dir", dir + "/run"},
                {{"NCCL_SOCKET_IFNAME", "lo"}}, 180s);
   INFO("output:\n" << r.out);
   REQUIRE(!r.timed_out);
@@ -47,9 +47,25 @@ TEST_CASE("dtrain-emu bench allreduce --backend nccl: 2 namespace nodes over ssh
     std::fflush(stdout);
     std::exit(77);
   }
-  std::vector<std::string> argv = {bin, "bench", "allreduce", "--backend", "nccl", "--hostfile",
-                                   cluster.hostfile("hf-2x1", {1, 1}), "--master-port", "0", "--output-dir",
-                                   cluster.dir() + "/run-nccl", "-b", "1K", "-e", "256K", "-n", "3", "-w", "1"};
+  std::vector<std::string> argv = {bin,
+                                   "bench",
+                                   "allreduce",
+                                   "--backend",
+                                   "nccl",
+                                   "--hostfile",
+                                   cluster.hostfile("hf-2x1", {1, 1}),
+                                   "--master-port",
+                                   "0",
+                                   "--output-dir",
+                                   cluster.dir() + "/run-nccl",
+                                   "-b",
+                                   "1K",
+                                   "-e",
+                                   "256K",
+                                   "-n",
+                                   "3",
+                                   "-w",
+                                   "1"};
   for (auto& s : cluster.ssh_sets()) argv.push_back(s);
   // No NCCL_SOCKET_IFNAME: each rank's NCCL takes its namespace's veth address.
   auto r = run(argv, {{"DTRAIN_LOG_LEVEL", "debug"}}, 240s);

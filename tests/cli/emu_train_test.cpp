@@ -109,8 +109,8 @@ TEST_CASE("dtrain-emu launch, training.device=cuda, 2 nodes x 2 ranks, stage 2: 
   CHECK(r.rc == 0);
   CHECK(contains(r.out, "ranks 2-3 on the cpu, collectives over gloo"));
   CHECK(contains(r.out, "2 rank(s) on cpu, collectives: gloo"));
-  CHECK(contains(r.out, fmt::format("resumed from step {} (checkpoints/step{}, saved at world size 4 stage 2)",
-                                    kSteps, kSteps)));
+  CHECK(contains(
+      r.out, fmt::format("resumed from step {} (checkpoints/step{}, saved at world size 4 stage 2)", kSteps, kSteps)));
   auto after = metric_losses(run_dir);
   REQUIRE(after.size() == static_cast<size_t>(kSteps + 3));
   for (size_t i = 0; i < after.size(); ++i) CHECK(after[i].first == static_cast<int64_t>(i + 1));
@@ -118,14 +118,16 @@ TEST_CASE("dtrain-emu launch, training.device=cuda, 2 nodes x 2 ranks, stage 2: 
   // weights), not a restart from scratch.
   CHECK(after[kSteps].second < after.front().second);
   CHECK(std::fabs(after[kSteps].second - after[kSteps - 1].second) < 0.5 * after[kSteps - 1].second);
-  MESSAGE(fmt::format("cuda: loss {:.4f} at step 1, resumed from step {} after the kill, {:.4f} at step {}; cpu resume: "
-                      "{:.4f} at step {}, {:.4f} at step {}",
-                      losses.front().second, k, losses.back().second, kSteps, after[kSteps].second, kSteps + 1,
-                      after.back().second, kSteps + 3));
+  MESSAGE(
+      fmt::format("cuda: loss {:.4f} at step 1, resumed from step {} after the kill, {:.4f} at step {}; cpu resume: "
+                  "{:.4f} at step {}, {:.4f} at step {}",
+                  losses.front().second, k, losses.back().second, kSteps, after[kSteps].second, kSteps + 1,
+                  after.back().second, kSteps + 3));
 }
 
-TEST_CASE("dtrain-emu launch, training.device=cuda on nodes with too few GPUs: refused before any rank starts, "
-          "naming the host") {
+TEST_CASE(
+    "dtrain-emu launch, training.device=cuda on nodes with too few GPUs: refused before any rank starts, "
+    "naming the host") {
   const std::string bin = dtrain_bin();
   REQUIRE(!bin.empty());
   Cluster& c = cluster_or_skip();

@@ -49,21 +49,20 @@ int free_port() {
 
 // torchrun's variables for rank `rank` of `world` on loopback, the token in the environment.
 std::map<std::string, std::string> torchrun_env(int rank, int world, int port) {
-  return {{"RANK", std::to_string(rank)},  {"WORLD_SIZE", std::to_string(world)},
-          {"LOCAL_RANK", "0"},             {"LOCAL_WORLD_SIZE", "1"},
-          {"MASTER_ADDR", "127.0.0.1"},    {"MASTER_PORT", std::to_string(port)},
+  return {{"RANK", std::to_string(rank)}, {"WORLD_SIZE", std::to_string(world)}, {"LOCAL_RANK", "0"},
+          {"LOCAL_WORLD_SIZE", "1"},      {"MASTER_ADDR", "127.0.0.1"},          {"MASTER_PORT", std::to_string(port)},
           {"DTRAIN_TEST_TOKEN", kToken}};
 }
 
 // `dtrain run` with small timeouts so that every waiting case ends in seconds.
 std::vector<std::string> run_argv(const std::string& run_dir, const std::vector<std::string>& more = {}) {
-  std::vector<std::string> argv = {bin(),   "run",
+  std::vector<std::string> argv = {bin(),          "run",
                                    "--output-dir", run_dir,
-                                   "--set", "cluster.rendezvous.token_env=DTRAIN_TEST_TOKEN",
-                                   "--set", "cluster.rendezvous.join_timeout=3",
-                                   "--set", "fault_tolerance.heartbeat_interval=1",
-                                   "--set", "fault_tolerance.heartbeat_timeout=5",
-                                   "--set", "training.max_steps=20"};
+                                   "--set",        "cluster.rendezvous.token_env=DTRAIN_TEST_TOKEN",
+                                   "--set",        "cluster.rendezvous.join_timeout=3",
+                                   "--set",        "fault_tolerance.heartbeat_interval=1",
+                                   "--set",        "fault_tolerance.heartbeat_timeout=5",
+                                   "--set",        "training.max_steps=20"};
   argv.insert(argv.end(), more.begin(), more.end());
   return argv;
 }
@@ -101,8 +100,8 @@ TEST_CASE("dtrain run: a lone rank 0 of WORLD_SIZE=2 or 4 ends at join_timeout n
     const auto fails = failure_whys(dir.path() + "/run");
     REQUIRE(fails.size() == 1);
     CHECK(contains(fails[0], missing));
-    MESSAGE(fmt::format("lone rank 0 of WORLD_SIZE={}: exit {} after {:.1f} s (join_timeout 3 s)", world, r.rc,
-                        r.seconds));
+    MESSAGE(
+        fmt::format("lone rank 0 of WORLD_SIZE={}: exit {} after {:.1f} s (join_timeout 3 s)", world, r.rc, r.seconds));
   }
 }
 
@@ -150,9 +149,14 @@ TEST_CASE("dtrain run: overflowing or impossible launcher variables are usage er
   TempDir dir("dtrain-join");
   SUBCASE("SLURM_TASKS_PER_NODE='99999999999(x2)'") {
     auto r = run(run_argv(dir.path() + "/run"),
-                 {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_NNODES", "2"}, {"SLURM_NODEID", "0"},
-                  {"SLURM_TASKS_PER_NODE", "99999999999(x2)"}, {"MASTER_ADDR", "127.0.0.1"},
-                  {"MASTER_PORT", std::to_string(free_port())}, {"DTRAIN_TEST_TOKEN", kToken}},
+                 {{"SLURM_PROCID", "0"},
+                  {"SLURM_NTASKS", "2"},
+                  {"SLURM_NNODES", "2"},
+                  {"SLURM_NODEID", "0"},
+                  {"SLURM_TASKS_PER_NODE", "99999999999(x2)"},
+                  {"MASTER_ADDR", "127.0.0.1"},
+                  {"MASTER_PORT", std::to_string(free_port())},
+                  {"DTRAIN_TEST_TOKEN", kToken}},
                  60s);
     INFO("output:\n" << r.out);
     CHECK(r.rc == 2);
@@ -209,11 +213,12 @@ TEST_CASE("a loopback --master-addr with remote hosts is warned about before any
                {}, 60s);
   INFO("output:\n" << r.out);
   CHECK(r.rc == 0);
-  CHECK(contains(r.out, "--master-addr '127.0.0.1' is a loopback address, but 192.0.2.10, 192.0.2.11 are not this "
-                        "machine"));
+  CHECK(contains(r.out,
+                 "--master-addr '127.0.0.1' is a loopback address, but 192.0.2.10, 192.0.2.11 are not this "
+                 "machine"));
   // Local hosts only: nothing to say.
-  auto local = run({bin(), "launch", "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--dry-run",
-                    "--output-dir", dir.path() + "/run2"},
+  auto local = run({bin(), "launch", "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--dry-run", "--output-dir",
+                    dir.path() + "/run2"},
                    {}, 60s);
   CHECK(!contains(local.out, "is a loopback address"));
 
@@ -221,8 +226,9 @@ TEST_CASE("a loopback --master-addr with remote hosts is warned about before any
   auto run_r = run(run_argv(dir.path() + "/run3", {"--set", "cluster.rendezvous.join_timeout=1"}),
                    torchrun_env(1, 2, free_port()), 60s);
   INFO("dtrain run output:\n" << run_r.out);
-  CHECK(contains(run_r.out, "the store address 127.0.0.1 is a loopback address, but torchrun places this job's "
-                            "ranks on 2 nodes"));
+  CHECK(contains(run_r.out,
+                 "the store address 127.0.0.1 is a loopback address, but torchrun places this job's "
+                 "ranks on 2 nodes"));
 }
 
 // ---------------------------------------------------------------------------
@@ -256,9 +262,10 @@ TEST_CASE("dtrain run: a second process with RANK=1 is refused naming both; the 
   const auto fails = failure_whys(run_dir);
   REQUIRE(fails.size() == 1);
   CHECK(contains(fails[0], "rank 1 was started twice"));
-  MESSAGE(fmt::format("duplicate RANK=1: refused in {:.1f} s; rank 0 and the first rank 1 ended {:.1f} s after "
-                      "the start of rank 0",
-                      second.seconds(), rank0.seconds()));
+  MESSAGE(
+      fmt::format("duplicate RANK=1: refused in {:.1f} s; rank 0 and the first rank 1 ended {:.1f} s after "
+                  "the start of rank 0",
+                  second.seconds(), rank0.seconds()));
 }
 
 // ---------------------------------------------------------------------------
@@ -269,7 +276,8 @@ TEST_CASE("dtrain run: processes with different configs stop at join naming the 
     std::vector<std::string> sets0, sets1;
     std::string key;
   };
-  for (const Case& c : {Case{{"--set", "training.max_steps=40"}, {"--set", "training.max_steps=20"},
+  for (const Case& c : {Case{{"--set", "training.max_steps=40"},
+                             {"--set", "training.max_steps=20"},
                              "training.max_steps (rank 0: 40, rank 1: 20)"},
                         Case{{}, {"--set", "model.d_model=64"}, "model.d_model (rank 0: 128, rank 1: 64)"}}) {
     CAPTURE(c.key);

@@ -29,9 +29,11 @@ constexpr double kHeartbeatTimeout = 5;
 // instruction data), shortened, with a checkpoint every 10 steps and fast failure
 // detection; every step's loss in metrics.jsonl. Both launchers get exactly these.
 std::vector<std::string> job_sets() {
-  return {"--set", fmt::format("training.max_steps={}", kSteps), "--set", "training.save_steps=10",
+  return {"--set", fmt::format("training.max_steps={}", kSteps),
+          "--set", "training.save_steps=10",
           "--set", "steps_per_print=1",
-          "--set", "training.keep_last=5",                        "--set", "fault_tolerance.heartbeat_interval=1",
+          "--set", "training.keep_last=5",
+          "--set", "fault_tolerance.heartbeat_interval=1",
           "--set", fmt::format("fault_tolerance.heartbeat_timeout={}", kHeartbeatTimeout)};
 }
 
@@ -74,8 +76,8 @@ Env* env() {
 const std::string& launch_reference(Env& e) {
   if (!e.launch_dir.empty()) return e.launch_dir;
   const std::string dir = e.cluster.dir() + "/run-launch";
-  std::vector<std::string> argv = {e.bin,        "launch", "--hostfile", e.cluster.dir() + "/hostfile",
-                                   "--master-port", "0",   "--output-dir", dir};
+  std::vector<std::string> argv = {e.bin,           "launch", "--hostfile",   e.cluster.dir() + "/hostfile",
+                                   "--master-port", "0",      "--output-dir", dir};
   for (const auto& s : e.cluster.ssh_sets()) argv.push_back(s);
   for (const auto& s : job_sets()) argv.push_back(s);
   auto r = run(argv, {}, 300s);
@@ -96,17 +98,20 @@ std::string placement_vars(const Env& e, Flavour f, int k, int nodes, int port) 
   const Cluster& c = e.cluster;
   switch (f) {
     case Flavour::TORCHRUN:  // also Kubeflow's PyTorchJob
-      return fmt::format("RANK={0} WORLD_SIZE={1} LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 GROUP_RANK={0} MASTER_ADDR={2} "
-                         "MASTER_PORT={3} TORCHELASTIC_RUN_ID=op-test",
-                         k, nodes, c.addr(0), port);
+      return fmt::format(
+          "RANK={0} WORLD_SIZE={1} LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 GROUP_RANK={0} MASTER_ADDR={2} "
+          "MASTER_PORT={3} TORCHELASTIC_RUN_ID=op-test",
+          k, nodes, c.addr(0), port);
     case Flavour::SRUN:
-      return fmt::format("SLURM_PROCID={0} SLURM_NTASKS={1} SLURM_LOCALID=0 SLURM_NODEID={0} SLURM_NNODES={1} "
-                         "SLURM_JOB_NODELIST={2},{3},{4} SLURM_TASKS_PER_NODE='1(x{1})' SLURM_JOB_ID=4242",
-                         k, nodes, c.addr(0), c.addr(1), c.addr(2));
+      return fmt::format(
+          "SLURM_PROCID={0} SLURM_NTASKS={1} SLURM_LOCALID=0 SLURM_NODEID={0} SLURM_NNODES={1} "
+          "SLURM_JOB_NODELIST={2},{3},{4} SLURM_TASKS_PER_NODE='1(x{1})' SLURM_JOB_ID=4242",
+          k, nodes, c.addr(0), c.addr(1), c.addr(2));
     case Flavour::OPEN_MPI:
-      return fmt::format("OMPI_COMM_WORLD_RANK={} OMPI_COMM_WORLD_SIZE={} OMPI_COMM_WORLD_LOCAL_RANK=0 "
-                         "OMPI_COMM_WORLD_LOCAL_SIZE=1",
-                         k, nodes);
+      return fmt::format(
+          "OMPI_COMM_WORLD_RANK={} OMPI_COMM_WORLD_SIZE={} OMPI_COMM_WORLD_LOCAL_RANK=0 "
+          "OMPI_COMM_WORLD_LOCAL_SIZE=1",
+          k, nodes);
   }
   return "";
 }
@@ -218,12 +223,13 @@ void check_same_as_launch(Env& e, const std::string& run_dir) {
   CHECK_MESSAGE(worst <= 1e-6, "losses differ from dtrain launch's by up to " << worst << " (relative)");
   const double d = weights_diff(run_dir + "/final/model.safetensors", ref + "/final/model.safetensors");
   CHECK_MESSAGE(d <= 1e-6, "final weights differ from dtrain launch's by " << d);
-  MESSAGE(fmt::format("loss {:.4f} at step 1, {:.4f} at step {} (dtrain launch: {:.4f}, {:.4f}); losses max rel diff "
-                      "{:g}, final weights max rel diff {:g}{}",
-                      got.front().second, got.back().second, kSteps, want.front().second, want.back().second, worst, d,
-                      read_text(run_dir + "/final/model.safetensors") == read_text(ref + "/final/model.safetensors")
-                          ? " (bit-identical)"
-                          : ""));
+  MESSAGE(
+      fmt::format("loss {:.4f} at step 1, {:.4f} at step {} (dtrain launch: {:.4f}, {:.4f}); losses max rel diff "
+                  "{:g}, final weights max rel diff {:g}{}",
+                  got.front().second, got.back().second, kSteps, want.front().second, want.back().second, worst, d,
+                  read_text(run_dir + "/final/model.safetensors") == read_text(ref + "/final/model.safetensors")
+                      ? " (bit-identical)"
+                      : ""));
 }
 
 void train_and_compare(Env& e, Flavour f, const std::string& name, const std::string& found) {
@@ -242,8 +248,9 @@ void train_and_compare(Env& e, Flavour f, const std::string& name, const std::st
 
 }  // namespace
 
-TEST_CASE("dtrain run with torchrun's variables on 3 nodes: the losses of dtrain launch; a wrong or missing token "
-          "is refused and the job goes on") {
+TEST_CASE(
+    "dtrain run with torchrun's variables on 3 nodes: the losses of dtrain launch; a wrong or missing token "
+    "is refused and the job goes on") {
   Env* e = env();
   if (!e) return;
   launch_reference(*e);
@@ -258,7 +265,8 @@ TEST_CASE("dtrain run with torchrun's variables on 3 nodes: the losses of dtrain
   const std::string wrong = e->cluster.dir() + "/wrong-token";
   std::ofstream(wrong) << "0123456789abcdef0123456789abcdef\n";
   const int port = e->next_port - 1;
-  const std::string intruder_vars = fmt::format("RANK=1 WORLD_SIZE=3 MASTER_ADDR={} MASTER_PORT={}", e->cluster.addr(0), port);
+  const std::string intruder_vars =
+      fmt::format("RANK=1 WORLD_SIZE=3 MASTER_ADDR={} MASTER_PORT={}", e->cluster.addr(0), port);
   auto intruder = run({"/bin/sh", "-c",
                        fmt::format("exec ip netns exec {} env {} {} run --set cluster.rendezvous.token_file={} "
                                    "--output-dir {}/run-intruder",
@@ -300,8 +308,9 @@ TEST_CASE("dtrain run with Open MPI's variables on 3 nodes: the losses of dtrain
   train_and_compare(*e, Flavour::OPEN_MPI, "ompi", "Open MPI");
 }
 
-TEST_CASE("dtrain run: kill -9 of a process (then of the store's host) stops every process non-zero; the restarted "
-          "set resumes and finishes with dtrain launch's weights; 2 of the 3 nodes then go on from its checkpoint") {
+TEST_CASE(
+    "dtrain run: kill -9 of a process (then of the store's host) stops every process non-zero; the restarted "
+    "set resumes and finishes with dtrain launch's weights; 2 of the 3 nodes then go on from its checkpoint") {
   Env* e = env();
   if (!e) return;
   launch_reference(*e);
@@ -338,7 +347,8 @@ TEST_CASE("dtrain run: kill -9 of a process (then of the store's host) stops eve
   CHECK(k1 >= 10);
   REQUIRE(k1 + 10 < kSteps);
   REQUIRE_MESSAGE(wait_log(op, 0, 2, fmt::format("saved checkpoints/step{}", k1 + 10), 120s),
-                  "attempt 2 saved no checkpoint:\n" << all_logs(op, 2));
+                  "attempt 2 saved no checkpoint:\n"
+                      << all_logs(op, 2));
   victim = run_process(*e, 0, 10s);
   REQUIRE_MESSAGE(victim.has_value(), "no dtrain run process in node 0");
   ::kill(*victim, SIGKILL);
@@ -399,9 +409,10 @@ TEST_CASE("dtrain run: kill -9 of a process (then of the store's host) stops eve
   CHECK(contains(st.out, "  round 1 failed "));
   CHECK(contains(st.out, "[exit code "));
 
-  MESSAGE(fmt::format("kill -9 of rank 2: all processes out {:.2f} s later, resumed from step {}; kill -9 of rank 0 "
-                      "(the store's host): all out {:.2f} s later, resumed from step {} (heartbeat timeout {:.0f} s)",
-                      first_stop, k1, second_stop, k2, kHeartbeatTimeout));
+  MESSAGE(
+      fmt::format("kill -9 of rank 2: all processes out {:.2f} s later, resumed from step {}; kill -9 of rank 0 "
+                  "(the store's host): all out {:.2f} s later, resumed from step {} (heartbeat timeout {:.0f} s)",
+                  first_stop, k1, second_stop, k2, kHeartbeatTimeout));
 }
 
 TEST_CASE("dtrain run --nproc-per-node 2 on this host (torchrun's node variables): both local ranks train") {
@@ -412,11 +423,11 @@ TEST_CASE("dtrain run --nproc-per-node 2 on this host (torchrun's node variables
   const std::string token = dir.path() + "/token";
   std::ofstream(token) << "local-test-token-0123456789abcdef\n";
   const int port = 40000 + static_cast<int>(::getpid() % 20000);
-  auto r = run({bin, "run", "--nproc-per-node", "2", "--output-dir", dir.path() + "/run", "--set",
-                "training.max_steps=4", "--set", "training.save_steps=2", "--set", "steps_per_print=1", "--set",
-                "cluster.rendezvous.token_file=" + token},
-               {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}},
-               180s);
+  auto r = run(
+      {bin, "run", "--nproc-per-node", "2", "--output-dir", dir.path() + "/run", "--set", "training.max_steps=4",
+       "--set", "training.save_steps=2", "--set", "steps_per_print=1", "--set",
+       "cluster.rendezvous.token_file=" + token},
+      {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}}, 180s);
   INFO("output:\n" << r.out);
   REQUIRE(!r.timed_out);
   CHECK(r.rc == 0);

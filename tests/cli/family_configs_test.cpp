@@ -47,7 +47,8 @@ void safetensors(const fs::path& p, const std::vector<Tensor>& ts) {
   const uint64_t n = hs.size();
   out.write(reinterpret_cast<const char*>(&n), 8);
   out << hs;
-  for (const auto& t : ts) out.write(reinterpret_cast<const char*>(t.data.data()), static_cast<std::streamsize>(4 * t.data.size()));
+  for (const auto& t : ts)
+    out.write(reinterpret_cast<const char*>(t.data.data()), static_cast<std::streamsize>(4 * t.data.size()));
 }
 
 // A tiny checkpoint of `cfg`'s family (hidden 32, 2 layers, vocab 512: the byte tokenizer's ids fit).
@@ -94,19 +95,24 @@ void checkpoint(const fs::path& dir, const json& cfg, bool sharded) {
   }
   const size_t half = ts.size() / 2;
   json map = json::object();
-  std::vector<Tensor> a(ts.begin(), ts.begin() + static_cast<std::ptrdiff_t>(half)), b(ts.begin() + static_cast<std::ptrdiff_t>(half), ts.end());
+  std::vector<Tensor> a(ts.begin(), ts.begin() + static_cast<std::ptrdiff_t>(half)),
+      b(ts.begin() + static_cast<std::ptrdiff_t>(half), ts.end());
   safetensors(dir / "model-00001-of-00002.safetensors", a);
   safetensors(dir / "model-00002-of-00002.safetensors", b);
   for (const auto& t : a) map[t.name] = "model-00001-of-00002.safetensors";
   for (const auto& t : b) map[t.name] = "model-00002-of-00002.safetensors";
-  std::ofstream(dir / "model.safetensors.index.json") << json{{"metadata", json::object()}, {"weight_map", map}}.dump(2);
+  std::ofstream(dir / "model.safetensors.index.json")
+      << json{{"metadata", json::object()}, {"weight_map", map}}.dump(2);
 }
 
 json base(const char* model_type) {
-  return {{"model_type", model_type}, {"vocab_size", 512}, {"hidden_size", 32}, {"intermediate_size", 64},
-          {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
-          {"max_position_embeddings", 64}, {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0}, {"hidden_act", "silu"},
-          {"tie_word_embeddings", false}, {"torch_dtype", "float32"}};
+  return {{"model_type", model_type}, {"vocab_size", 512},
+          {"hidden_size", 32},        {"intermediate_size", 64},
+          {"num_hidden_layers", 2},   {"num_attention_heads", 4},
+          {"num_key_value_heads", 2}, {"max_position_embeddings", 64},
+          {"rms_norm_eps", 1e-6},     {"rope_theta", 10000.0},
+          {"hidden_act", "silu"},     {"tie_word_embeddings", false},
+          {"torch_dtype", "float32"}};
 }
 
 }  // namespace
@@ -118,8 +124,11 @@ TEST_CASE("the HF families' example configs train two steps and export the famil
   json llama = base("llama");
   llama["head_dim"] = 16;  // != 32 / 4
   llama["tie_word_embeddings"] = true;
-  llama["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 32.0}, {"low_freq_factor", 1.0},
-                           {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 16}};
+  llama["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", 32.0},
+                           {"low_freq_factor", 1.0},
+                           {"high_freq_factor", 4.0},
+                           {"original_max_position_embeddings", 16}};
   json qwen2 = base("qwen2");
   qwen2["tie_word_embeddings"] = true;
   qwen2["use_sliding_window"] = false;
@@ -133,19 +142,20 @@ TEST_CASE("the HF families' example configs train two steps and export the famil
     json cfg;
     bool lora, sharded;
   };
-  for (const Case& c : {Case{"qwen2.5-0.5b-sft.yaml", qwen2, false, false}, Case{"llama-3.2-1b-sft.yaml", llama, false, false},
-                        Case{"qwen3-0.6b-lora.yaml", qwen3, true, false}, Case{"mistral-7b-lora.yaml", mistral, true, true}}) {
+  for (const Case& c :
+       {Case{"qwen2.5-0.5b-sft.yaml", qwen2, false, false}, Case{"llama-3.2-1b-sft.yaml", llama, false, false},
+        Case{"qwen3-0.6b-lora.yaml", qwen3, true, false}, Case{"mistral-7b-lora.yaml", mistral, true, true}}) {
     INFO(c.config);
     const fs::path model = tmp / c.config / "model", run = tmp / c.config / "run", exp = tmp / c.config / "export";
     checkpoint(model, c.cfg, c.sharded);
     std::string args = "launch --config configs/" + std::string(c.config) + " --output-dir " + shq(run.string()) +
                        " --nproc-per-node 1 --master-port 0";
-    for (const std::string& s : {"model.init_from=" + model.string(), std::string("data.tokenizer=byte"),
-                                std::string("data.template=plain"), std::string("data.seq_len=24"),
-                                std::string("training.device=cpu"), std::string("bf16.enabled=false"),
-                                std::string("training.max_steps=2"), std::string("training.save_steps=2"),
-                                std::string("training.eval_steps=2"), std::string("train_batch_size=2"),
-                                std::string("train_micro_batch_size_per_gpu=2")})
+    for (const std::string& s :
+         {"model.init_from=" + model.string(), std::string("data.tokenizer=byte"), std::string("data.template=plain"),
+          std::string("data.seq_len=24"), std::string("training.device=cpu"), std::string("bf16.enabled=false"),
+          std::string("training.max_steps=2"), std::string("training.save_steps=2"),
+          std::string("training.eval_steps=2"), std::string("train_batch_size=2"),
+          std::string("train_micro_batch_size_per_gpu=2")})
       args += " --set " + shq(s);
     const RunResult r = run_dtrain(args, 180);
     INFO(r.out);

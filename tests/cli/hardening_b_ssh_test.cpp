@@ -35,8 +35,24 @@ Env* env() {
 // A 1-rank bench on node 0 with these settings after the cluster's own SSH ones.
 std::vector<std::string> bench(const Env& e, const std::string& tag, const std::vector<std::string>& extra) {
   const std::string hf = e.cluster.hostfile("hf-" + tag, {1});
-  std::vector<std::string> argv = {e.bin, "bench", "allreduce", "--backend", "gloo", "-b", "1K", "-e", "1K", "-n",
-                                   "1", "-w", "0", "--hostfile", hf, "--master-port", "0", "--output-dir",
+  std::vector<std::string> argv = {e.bin,
+                                   "bench",
+                                   "allreduce",
+                                   "--backend",
+                                   "gloo",
+                                   "-b",
+                                   "1K",
+                                   "-e",
+                                   "1K",
+                                   "-n",
+                                   "1",
+                                   "-w",
+                                   "0",
+                                   "--hostfile",
+                                   hf,
+                                   "--master-port",
+                                   "0",
+                                   "--output-dir",
                                    e.cluster.dir() + "/run-" + tag};
   for (const auto& s : e.cluster.ssh_sets()) argv.push_back(s);
   argv.insert(argv.end(), extra.begin(), extra.end());
@@ -83,8 +99,8 @@ TEST_CASE("item 15: the preflight does not restart on an unknown host key or an 
   std::ofstream(not_a_key) << "this is not a private key\n";
   ::chmod(not_a_key.c_str(), 0600);
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
-      {"unknown host key", {"--set", "cluster.ssh.known_hosts=" + empty_known, "--set",
-                            "cluster.ssh.host_key_policy=strict"}},
+      {"unknown host key",
+       {"--set", "cluster.ssh.known_hosts=" + empty_known, "--set", "cluster.ssh.host_key_policy=strict"}},
       {"not a key", {"--set", "cluster.ssh.identity_file=" + not_a_key}},
   };
   int n = 0;

@@ -52,7 +52,8 @@ RunResult run_external(const std::string& bin, const std::string& run_dir, std::
   std::vector<std::string> argv = {bin, "run", "--output-dir", run_dir};
   argv.insert(argv.end(), extra.begin(), extra.end());
   const int port = 41000 + static_cast<int>(::getpid() % 15000);
-  return run(argv, {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}},
+  return run(argv,
+             {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}},
              timeout);
 }
 
@@ -202,8 +203,16 @@ TEST_CASE("item 11: an identity_file that is /dev/zero or a FIFO fails launch an
     for (const std::string& cmd : {std::string("launch"), std::string("doctor")}) {
       CAPTURE(key);
       CAPTURE(cmd);
-      std::vector<std::string> argv = {bin, cmd, "--hostfile", t.path("hosts"), "--output-dir", t.run, "--set",
-                                       "cluster.ssh.identity_file=" + key, "--set", "doctor.timeout=5"};
+      std::vector<std::string> argv = {bin,
+                                       cmd,
+                                       "--hostfile",
+                                       t.path("hosts"),
+                                       "--output-dir",
+                                       t.run,
+                                       "--set",
+                                       "cluster.ssh.identity_file=" + key,
+                                       "--set",
+                                       "doctor.timeout=5"};
       if (cmd == "launch") argv.insert(argv.end(), {"--config", t.config, "--master-port", "0"});
       auto r = run(argv, {}, 60s);
       expect_refused(r, {"cluster.ssh.identity_file: " + key + " is not a regular file"});
@@ -224,8 +233,7 @@ TEST_CASE("item 12: a 200,000-host hostfile --dry-run ends promptly with a clear
     std::ofstream hf(t.path("hosts"));
     for (int i = 0; i < 200000; ++i) hf << fmt::format("10.{}.{}.{} slots=1\n", i >> 16, (i >> 8) & 255, i & 255);
   }
-  auto r = run({bin, "launch", "--config", t.config, "--hostfile", t.path("hosts"), "--output-dir", t.run,
-                "--dry-run"},
+  auto r = run({bin, "launch", "--config", t.config, "--hostfile", t.path("hosts"), "--output-dir", t.run, "--dry-run"},
                {}, 120s);
   INFO("output (head):\n" << r.out.substr(0, 2000));
   REQUIRE(!r.timed_out);
@@ -241,9 +249,9 @@ TEST_CASE("item 12: a 200,000-host hostfile --dry-run ends promptly with a clear
     for (int i = 0; i < 65535; ++i) hf << fmt::format("10.{}.{}.{} slots=1\n", i >> 16, (i >> 8) & 255, i & 255);
     hf << "::ffff:10.0.0.0 slots=2\n";
   }
-  auto c = run({bin, "launch", "--config", t.config, "--hostfile", t.path("hosts-cap"), "--output-dir", t.run,
-                "--dry-run"},
-               {}, 120s);
+  auto c =
+      run({bin, "launch", "--config", t.config, "--hostfile", t.path("hosts-cap"), "--output-dir", t.run, "--dry-run"},
+          {}, 120s);
   INFO("output (head):\n" << c.out.substr(0, 2000));
   REQUIRE(!c.timed_out);
   CHECK(c.rc == kUsage);
@@ -261,8 +269,8 @@ TEST_CASE("item 13: cluster.env.set is in no node command line; the ranks still 
   Tmp t;
   const std::string secret = "s3cr3t-value-'quoted' $HOME";
   std::ofstream(t.path("hosts")) << "198.51.100.7 slots=1\n";
-  auto d = run({bin, "launch", "--config", t.config, "--hostfile", t.path("hosts"), "--output-dir", t.run,
-                "--dry-run", "--set", "cluster.env.set.MY_SECRET=" + secret},
+  auto d = run({bin, "launch", "--config", t.config, "--hostfile", t.path("hosts"), "--output-dir", t.run, "--dry-run",
+                "--set", "cluster.env.set.MY_SECRET=" + secret},
                {}, 60s);
   INFO("dry run:\n" << d.out);
   REQUIRE(!d.timed_out);
@@ -308,8 +316,8 @@ TEST_CASE("item 15: a resume whose model does not match the checkpoint is a conf
   if (bin.empty()) return;
   Tmp t;
   train_tiny(bin, t);
-  auto r = run({bin, "resume", t.run, "--master-port", "0", "--set", "training.max_steps=6", "--set",
-                "model.n_layer=2", "--set", "fault_tolerance.max_retries=2", "--set", "fault_tolerance.retry_delay=1"},
+  auto r = run({bin, "resume", t.run, "--master-port", "0", "--set", "training.max_steps=6", "--set", "model.n_layer=2",
+                "--set", "fault_tolerance.max_retries=2", "--set", "fault_tolerance.retry_delay=1"},
                {}, 120s);
   INFO("output:\n" << r.out);
   REQUIRE(!r.timed_out);
@@ -328,15 +336,15 @@ TEST_CASE("item 16: DTRAIN_PREFLIGHT=0 works and --help-config exists where the 
   Tmp t;
   for (const char* v : {"0", "1", "false"}) {
     CAPTURE(v);
-    auto r = run({bin, "launch", "--config", t.config, "--output-dir", t.run, "--dry-run"}, {{"DTRAIN_PREFLIGHT", v}},
-                 60s);
+    auto r =
+        run({bin, "launch", "--config", t.config, "--output-dir", t.run, "--dry-run"}, {{"DTRAIN_PREFLIGHT", v}}, 60s);
     INFO("output:\n" << r.out);
     REQUIRE(!r.timed_out);
     CHECK(r.rc == 0);
   }
-  auto typo = run({bin, "launch", "--config", t.config, "--output-dir", t.run, "--dry-run", "--set",
-                   "doctor.preflite=false"},
-                  {}, 60s);
+  auto typo =
+      run({bin, "launch", "--config", t.config, "--output-dir", t.run, "--dry-run", "--set", "doctor.preflite=false"},
+          {}, 60s);
   INFO("typo:\n" << typo.out);
   CHECK(typo.rc == kUsage);
   CHECK(contains(typo.out, "dtrain launch --help-config"));

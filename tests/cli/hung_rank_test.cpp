@@ -42,8 +42,8 @@ struct Job {
     std::ofstream(config) << config_text(steps, max_retries, fault_extra);
   }
   std::vector<std::string> argv(int nproc) const {
-    return {bin, "launch", "--config", config, "--nproc-per-node", std::to_string(nproc), "--master-port", "0",
-            "--output-dir", run_dir};
+    return {bin, "launch",       "--config", config, "--nproc-per-node", std::to_string(nproc), "--master-port",
+            "0", "--output-dir", run_dir};
   }
 };
 
@@ -101,7 +101,8 @@ pid_t stop_rank_after_checkpoint(Child& launcher, const Job& job, int rank) {
 
 bool have_bin() {
   if (!dtrain_bin().empty()) return true;
-  ::dtrain::test::skip_test("hung-rank tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
+  ::dtrain::test::skip_test(
+      "hung-rank tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
   return false;
 }
 
@@ -222,9 +223,9 @@ TEST_CASE("over SSH, 2 nodes x 1 rank: a SIGSTOPped rank on the remote node is n
     return;
   }
   Job job(600, 1, "  heartbeat_timeout: 3\n");
-  std::vector<std::string> argv = {job.bin,         "launch",        "--config", job.config,
-                                   "--hostfile",    cluster.hostfile("hf-2x1", {1, 1}),   "--master-port",
-                                   "0",             "--output-dir",  job.run_dir};
+  std::vector<std::string> argv = {
+      job.bin,         "launch", "--config",     job.config, "--hostfile", cluster.hostfile("hf-2x1", {1, 1}),
+      "--master-port", "0",      "--output-dir", job.run_dir};
   for (const auto& s : cluster.ssh_sets()) argv.push_back(s);
   Child launcher(argv);
   const pid_t victim = stop_rank_after_checkpoint(launcher, job, 1);
@@ -233,8 +234,8 @@ TEST_CASE("over SSH, 2 nodes x 1 rank: a SIGSTOPped rank on the remote node is n
   INFO("output:\n" << out);
   REQUIRE_MESSAGE(rc.has_value(), "the job did not end: the stopped rank was never noticed");
   CHECK(*rc == 0);
-  CHECK(contains(out, fmt::format("round 0 failed: node 1 (root@{}): rank 1 (local rank 0, pid {}", cluster.addr(1),
-                                  victim)));
+  CHECK(contains(
+      out, fmt::format("round 0 failed: node 1 (root@{}): rank 1 (local rank 0, pid {}", cluster.addr(1), victim)));
   CHECK(contains(out, ") sent no heartbeat for "));
   CHECK(!contains(out, "missed heartbeats for"));  // node 1's agent was fine: not a lost node
   CHECK(contains(out, "resumed from step "));

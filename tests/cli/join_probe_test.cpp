@@ -51,21 +51,20 @@ int free_port() {
 }
 
 std::map<std::string, std::string> torchrun_env(int rank, int world, int port) {
-  return {{"RANK", std::to_string(rank)},  {"WORLD_SIZE", std::to_string(world)},
-          {"LOCAL_RANK", "0"},             {"LOCAL_WORLD_SIZE", "1"},
-          {"MASTER_ADDR", "127.0.0.1"},    {"MASTER_PORT", std::to_string(port)},
+  return {{"RANK", std::to_string(rank)}, {"WORLD_SIZE", std::to_string(world)}, {"LOCAL_RANK", "0"},
+          {"LOCAL_WORLD_SIZE", "1"},      {"MASTER_ADDR", "127.0.0.1"},          {"MASTER_PORT", std::to_string(port)},
           {"DTRAIN_TEST_TOKEN", kToken}};
 }
 
 std::vector<std::string> run_argv(const std::string& run_dir, int join_timeout,
                                   const std::vector<std::string>& more = {}) {
-  std::vector<std::string> argv = {bin(),   "run",
+  std::vector<std::string> argv = {bin(),          "run",
                                    "--output-dir", run_dir,
-                                   "--set", "cluster.rendezvous.token_env=DTRAIN_TEST_TOKEN",
-                                   "--set", fmt::format("cluster.rendezvous.join_timeout={}", join_timeout),
-                                   "--set", "fault_tolerance.heartbeat_interval=1",
-                                   "--set", "fault_tolerance.heartbeat_timeout=5",
-                                   "--set", "training.max_steps=20"};
+                                   "--set",        "cluster.rendezvous.token_env=DTRAIN_TEST_TOKEN",
+                                   "--set",        fmt::format("cluster.rendezvous.join_timeout={}", join_timeout),
+                                   "--set",        "fault_tolerance.heartbeat_interval=1",
+                                   "--set",        "fault_tolerance.heartbeat_timeout=5",
+                                   "--set",        "training.max_steps=20"};
   argv.insert(argv.end(), more.begin(), more.end());
   return argv;
 }
@@ -141,11 +140,12 @@ TEST_CASE("dtrain run --nproc-per-node: SIGTERM or SIGINT stops the node's local
       CHECK_MESSAGE(!alive(pid), "local rank pid " << pid << " still runs after its node process ended");
       if (alive(pid)) ::kill(pid, SIGKILL);
     }
-    CHECK(contains(node.output(), fmt::format("dtrain run: node 0 got {}: stopping its 2 local rank(s)",
-                                              ::strsignal(sig))));
-    MESSAGE(fmt::format("--nproc-per-node 2, {} during the join (join_timeout 60 s): node exit {} {:.2f} s after "
-                        "the signal, its ranks gone",
-                        ::strsignal(sig), *rc, after));
+    CHECK(contains(node.output(),
+                   fmt::format("dtrain run: node 0 got {}: stopping its 2 local rank(s)", ::strsignal(sig))));
+    MESSAGE(
+        fmt::format("--nproc-per-node 2, {} during the join (join_timeout 60 s): node exit {} {:.2f} s after "
+                    "the signal, its ranks gone",
+                    ::strsignal(sig), *rc, after));
   }
 }
 
@@ -241,9 +241,10 @@ TEST_CASE("dtrain run: 300 idle connections to rank 0's store give a few warning
   CHECK(closed <= 5);
   CHECK(count(out, "more such connection warning(s)") >= 1);
   CHECK(contains(out, "not authenticated within the hello timeout"));
-  MESSAGE(fmt::format("{} idle connections to rank 0's store: {} connection line(s) and {} summary line(s), {} lines "
-                      "of output in all",
-                      kConns, closed, count(out, "more such connection warning(s)"), split_lines(out).size()));
+  MESSAGE(
+      fmt::format("{} idle connections to rank 0's store: {} connection line(s) and {} summary line(s), {} lines "
+                  "of output in all",
+                  kConns, closed, count(out, "more such connection warning(s)"), split_lines(out).size()));
 }
 
 // ---------------------------------------------------------------------------
@@ -254,8 +255,9 @@ TEST_CASE("dtrain launch: a --master-addr that is another machine's IP is refuse
   // TEST-NET-1 (192.0.2.0/24) is never this machine's.
   for (bool dry : {true, false}) {
     CAPTURE(dry);
-    std::vector<std::string> argv = {bin(), "launch", "--nproc-per-node", "1", "--master-addr", "192.0.2.10",
-                                     "--output-dir", dir.path() + (dry ? "/dry" : "/run")};
+    std::vector<std::string> argv = {
+        bin(),           "launch",     "--nproc-per-node", "1",
+        "--master-addr", "192.0.2.10", "--output-dir",     dir.path() + (dry ? "/dry" : "/run")};
     if (dry) argv.push_back("--dry-run");
     auto r = run(argv, {}, 60s);
     INFO("output:\n" << r.out);
@@ -263,8 +265,8 @@ TEST_CASE("dtrain launch: a --master-addr that is another machine's IP is refuse
     // Before: --dry-run printed the plan (exit 0); the launch failed only when the store
     // could not listen there ("pick another port or free this one").
     CHECK(r.rc == 2);
-    CHECK(contains(r.out, fmt::format("--master-addr '192.0.2.10' is not an address of this machine ({})",
-                                      this_host())));
+    CHECK(
+        contains(r.out, fmt::format("--master-addr '192.0.2.10' is not an address of this machine ({})", this_host())));
     CHECK(!std::filesystem::exists(dir.path() + "/run"));
   }
   // This machine's own addresses are fine.
@@ -276,7 +278,8 @@ TEST_CASE("dtrain launch: a --master-addr that is another machine's IP is refuse
   CHECK(!contains(ok.out, "is not an address of this machine"));
 }
 
-TEST_CASE("dtrain launch: a --master-addr name of another machine fails at the store saying so, not 'pick another port'") {
+TEST_CASE(
+    "dtrain launch: a --master-addr name of another machine fails at the store saying so, not 'pick another port'") {
   if (::geteuid() != 0) {
     MESSAGE("not root: no mount namespace for a private /etc/hosts; case not run");
     return;

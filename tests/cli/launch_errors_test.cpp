@@ -21,8 +21,9 @@ struct Env {
 
 Env* env() {
   if (dtrain_bin().empty()) {
-    ::dtrain::test::skip_test("launch error tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a "
-            "full build)");
+    ::dtrain::test::skip_test(
+        "launch error tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a "
+        "full build)");
     return nullptr;
   }
   static std::unique_ptr<Env> instance = std::make_unique<Env>();
@@ -40,10 +41,32 @@ RunResult launch(const Env& e, const std::string& hostfile_line, const std::stri
                  const std::string& known_hosts, const std::string& tag) {
   std::string hf = e.cluster.dir() + "/hf-" + tag;
   std::ofstream(hf) << hostfile_line << "\n";
-  return run({e.bin, "bench", "allreduce", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "--hostfile", hf,
-              "--master-port", "0", "--output-dir", e.cluster.dir() + "/run-" + tag, "--set",
-              "cluster.ssh.identity_file=" + identity, "--set", "cluster.ssh.known_hosts=" + known_hosts, "--set",
-              "cluster.ssh.host_key_policy=strict", "--set", "cluster.ssh.connect_timeout=5", "--set",
+  return run({e.bin,
+              "bench",
+              "allreduce",
+              "-b",
+              "1K",
+              "-e",
+              "1K",
+              "-n",
+              "1",
+              "-w",
+              "0",
+              "--hostfile",
+              hf,
+              "--master-port",
+              "0",
+              "--output-dir",
+              e.cluster.dir() + "/run-" + tag,
+              "--set",
+              "cluster.ssh.identity_file=" + identity,
+              "--set",
+              "cluster.ssh.known_hosts=" + known_hosts,
+              "--set",
+              "cluster.ssh.host_key_policy=strict",
+              "--set",
+              "cluster.ssh.connect_timeout=5",
+              "--set",
               "fault_tolerance.max_retries=0"},
              {}, 60s);
 }

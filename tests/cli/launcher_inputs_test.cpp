@@ -27,7 +27,9 @@ std::string config_text() { return tiny_cpu_job(1); }
 
 std::string bin_or_skip() {
   std::string bin = dtrain_bin();
-  if (bin.empty()) ::dtrain::test::skip_test("skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
+  if (bin.empty())
+    ::dtrain::test::skip_test(
+        "skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
   return bin;
 }
 
@@ -53,8 +55,10 @@ bool ipv6_loopback_here() {
 std::vector<std::string> with_ipv6_loopback(const std::vector<std::string>& argv) {
   if (ipv6_loopback_here()) return argv;
   if (::geteuid() != 0 || shell("command -v unshare").empty() || shell("command -v ip").empty()) return {};
-  std::vector<std::string> out{"/usr/bin/env", "unshare", "-n", "sh", "-c",
-                               "ip link set lo up && sysctl -qw net.ipv6.conf.lo.disable_ipv6=0 && exec \"$0\" \"$@\""};
+  std::vector<std::string> out{
+      "/usr/bin/env", "unshare",
+      "-n",           "sh",
+      "-c",           "ip link set lo up && sysctl -qw net.ipv6.conf.lo.disable_ipv6=0 && exec \"$0\" \"$@\""};
   out.insert(out.end(), argv.begin(), argv.end());
   return out;
 }
@@ -135,9 +139,9 @@ TEST_CASE("IPv6: ::1 in the hostfile and as --master-addr runs a local 2-rank jo
 
   SUBCASE("bare ::1 hosts and master: the store and Gloo use IPv6") {
     const std::string hf = write_file(dir + "/hf", "::1 slots=2   # IPv6 loopback\n");
-    auto argv = with_ipv6_loopback({bin, "bench", "allreduce", "-b", "1K", "-e", "4K", "-n", "2", "-w", "1",
-                                    "--hostfile", hf, "--master-addr", "::1", "--master-port", "0", "--output-dir",
-                                    dir + "/run"});
+    auto argv =
+        with_ipv6_loopback({bin, "bench", "allreduce", "-b", "1K", "-e", "4K", "-n", "2", "-w", "1", "--hostfile", hf,
+                            "--master-addr", "::1", "--master-port", "0", "--output-dir", dir + "/run"});
     if (argv.empty()) {
       ::dtrain::test::skip_test("skipped: no IPv6 loopback here and no way to make one (needs root, unshare and ip)");
       return;
@@ -155,8 +159,8 @@ TEST_CASE("IPv6: ::1 in the hostfile and as --master-addr runs a local 2-rank jo
   }
   SUBCASE("[::1] in brackets, in the hostfile and --master-addr; --include [::1]:1") {
     const std::string hf = write_file(dir + "/hf", "[::1] slots=2\n");
-    RunResult plan = run({bin, "bench", "allreduce", "--hostfile", hf, "--include", "[::1]:1", "--master-addr",
-                          "[::1]", "--master-port", "29511", "--output-dir", dir + "/plan", "--dry-run"},
+    RunResult plan = run({bin, "bench", "allreduce", "--hostfile", hf, "--include", "[::1]:1", "--master-addr", "[::1]",
+                          "--master-port", "29511", "--output-dir", dir + "/plan", "--dry-run"},
                          {}, 60s);
     INFO(plan.out);
     REQUIRE(!plan.timed_out);
@@ -166,9 +170,9 @@ TEST_CASE("IPv6: ::1 in the hostfile and as --master-addr runs a local 2-rank jo
     CHECK(contains(plan.out, "'--devices' '1'"));
     CHECK(contains(plan.out, "world size 1,"));
 
-    auto argv = with_ipv6_loopback({bin, "bench", "allreduce", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0",
-                                    "--hostfile", hf, "--master-addr", "[::1]", "--master-port", "0", "--output-dir",
-                                    dir + "/run"});
+    auto argv =
+        with_ipv6_loopback({bin, "bench", "allreduce", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "--hostfile", hf,
+                            "--master-addr", "[::1]", "--master-port", "0", "--output-dir", dir + "/run"});
     if (argv.empty()) {
       ::dtrain::test::skip_test("skipped the run: no IPv6 loopback here and no way to make one");
       return;
@@ -289,8 +293,9 @@ TEST_CASE("dtrain status: a directory no run wrote is exit 2, corrupt run files 
   INFO(partial.out);
   CHECK(partial.rc == 0);
 
-  write_file(dir + "/events.jsonl",
-             "{\"time_ms\":1,\"event\":\"round_start\",\"round\":0}\nGARBAGE{{\n{\"time_ms\":3,\"event\":\"finished\"}\n");
+  write_file(
+      dir + "/events.jsonl",
+      "{\"time_ms\":1,\"event\":\"round_start\",\"round\":0}\nGARBAGE{{\n{\"time_ms\":3,\"event\":\"finished\"}\n");
   RunResult bad_events = run({bin, "status", dir}, {}, 30s);
   INFO(bad_events.out);
   CHECK(bad_events.rc == kIo);
@@ -360,9 +365,9 @@ TEST_CASE("SIGHUP and SIGTERM stop the launcher like Ctrl-C: message, every node
       std::string latest = read_text(run_dir + "/checkpoints/latest");
       REQUIRE(latest.rfind("step", 0) == 0);
       const long step = std::stol(latest.substr(4));
-      RunResult again = run({bin, "resume", run_dir, "--set", fmt::format("training.max_steps={}", step + 2),
-                             "--master-port", "0"},
-                            {}, 120s);
+      RunResult again =
+          run({bin, "resume", run_dir, "--set", fmt::format("training.max_steps={}", step + 2), "--master-port", "0"},
+              {}, 120s);
       INFO(again.out);
       REQUIRE(!again.timed_out);
       CHECK(again.rc == 0);

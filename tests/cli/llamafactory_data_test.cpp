@@ -58,14 +58,18 @@ void write_dataset_dir(const fs::path& dir) {
   fs::create_directories(dir);
   std::ofstream(dir / "alpaca_tasks.json") << alpaca.dump(2);
   std::ofstream(dir / "sharegpt_tasks.json") << sharegpt.dump(2);
-  const json info = {
-      {"tasks_alpaca",
-       {{"file_name", "alpaca_tasks.json"},
-        {"columns",
-         {{"prompt", "instruction"}, {"query", "input"}, {"response", "output"}, {"system", "system"},
-          {"history", "history"}}}}},
-      {"tasks_sharegpt",
-       {{"file_name", "sharegpt_tasks.json"}, {"formatting", "sharegpt"}, {"columns", {{"messages", "conversations"}}}}}};
+  const json info = {{"tasks_alpaca",
+                      {{"file_name", "alpaca_tasks.json"},
+                       {"columns",
+                        {{"prompt", "instruction"},
+                         {"query", "input"},
+                         {"response", "output"},
+                         {"system", "system"},
+                         {"history", "history"}}}}},
+                     {"tasks_sharegpt",
+                      {{"file_name", "sharegpt_tasks.json"},
+                       {"formatting", "sharegpt"},
+                       {"columns", {{"messages", "conversations"}}}}}};
   std::ofstream(dir / "dataset_info.json") << info.dump(2);
 }
 
@@ -109,9 +113,8 @@ TEST_CASE("a LLaMA-Factory dataset_dir (alpaca + sharegpt) trains through dtrain
     CAPTURE(c.name);
     const fs::path run = dir / (std::string("run-") + std::to_string(&c - cases));
     std::ofstream(dir / "job.yaml") << job(data, c.lines);
-    auto r = run_dtrain("launch --config " + (dir / "job.yaml").string() + " --master-port 0 --output-dir " +
-                            run.string(),
-                        180);
+    auto r = run_dtrain(
+        "launch --config " + (dir / "job.yaml").string() + " --master-port 0 --output-dir " + run.string(), 180);
     INFO(r.out);
     CHECK(r.code == 0);
     CHECK(r.out.find("step 4/4 | loss ") != std::string::npos);
@@ -129,9 +132,9 @@ TEST_CASE("a LLaMA-Factory dataset_dir (alpaca + sharegpt) trains through dtrain
     if (text.compare(i, 4, "  {\n") == 0 && (i == 0 || text[i - 1] == '\n') && ++objects == 3) break;
   }
   std::ofstream(dir / "job.yaml") << job(data, "  dataset: tasks_alpaca,tasks_sharegpt\n  template: chatml\n");
-  auto r = run_dtrain("launch --config " + (dir / "job.yaml").string() + " --master-port 0 --output-dir " +
-                          (dir / "run-bad").string(),
-                      180);
+  auto r = run_dtrain(
+      "launch --config " + (dir / "job.yaml").string() + " --master-port 0 --output-dir " + (dir / "run-bad").string(),
+      180);
   INFO(r.out);
   CHECK(r.code != 0);
   const std::string want = (data / "sharegpt_tasks.json").string() + ":" + std::to_string(line) +

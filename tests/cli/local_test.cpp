@@ -8,15 +8,16 @@ using namespace dtrain::cli_test;
 TEST_CASE("local launch: dtrain bench allreduce --nproc-per-node 3 -b 1K -e 64K") {
   std::string bin = dtrain_bin();
   if (bin.empty()) {
-    ::dtrain::test::skip_test("local CLI test skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
+    ::dtrain::test::skip_test(
+        "local CLI test skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
     return;
   }
   TempDir tmp("dtrain-cli-local");
   const std::string& dir = tmp.path();
   REQUIRE(!dir.empty());
-  auto r = run({bin, "bench", "allreduce", "--nproc-per-node", "3", "-b", "1K", "-e", "64K", "--output-dir",
-                dir + "/run"},
-               {}, 60s);
+  auto r =
+      run({bin, "bench", "allreduce", "--nproc-per-node", "3", "-b", "1K", "-e", "64K", "--output-dir", dir + "/run"},
+          {}, 60s);
   INFO("output:\n" << r.out);
   REQUIRE(!r.timed_out);
   CHECK(r.rc == 0);

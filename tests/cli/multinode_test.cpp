@@ -27,8 +27,9 @@ struct Env {
 // when the tests cannot run here.
 Env* env() {
   if (dtrain_bin().empty()) {
-    ::dtrain::test::skip_test("multi-node CLI tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a "
-            "full build)");
+    ::dtrain::test::skip_test(
+        "multi-node CLI tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a "
+        "full build)");
     return nullptr;
   }
   static std::unique_ptr<Env> instance = std::make_unique<Env>();
@@ -42,8 +43,8 @@ Env* env() {
 
 std::vector<std::string> bench_argv(const Env& e, const std::string& hostfile, const std::string& run_dir,
                                     const std::vector<std::string>& extra) {
-  std::vector<std::string> argv = {e.bin, "bench", "allreduce", "--backend", "gloo", "--hostfile", hostfile,
-                                   "--master-port", "0", "--output-dir", run_dir};
+  std::vector<std::string> argv = {e.bin,    "bench",         "allreduce", "--backend",    "gloo", "--hostfile",
+                                   hostfile, "--master-port", "0",         "--output-dir", run_dir};
   for (auto& s : e.cluster.ssh_sets()) argv.push_back(s);
   argv.insert(argv.end(), extra.begin(), extra.end());
   return argv;
@@ -103,9 +104,10 @@ struct KillRun {
 
 KillRun kill_one_rank(Env& e, const std::string& tag) {
   KillRun k;
-  Child launcher(bench_argv(e, e.cluster.dir() + "/hostfile", e.cluster.dir() + "/run-" + tag,
-                            {"-b", "16M", "-e", "16M", "-n", "1000", "-w", "1", "--set", "fault_tolerance.max_retries=0"}),
-                 kDebug);
+  Child launcher(
+      bench_argv(e, e.cluster.dir() + "/hostfile", e.cluster.dir() + "/run-" + tag,
+                 {"-b", "16M", "-e", "16M", "-n", "1000", "-w", "1", "--set", "fault_tolerance.max_retries=0"}),
+      kDebug);
   REQUIRE(launcher.started());
   REQUIRE_MESSAGE(wait_all_connected(launcher, 6), "the bench did not start:\n" << launcher.output());
   auto victim = find_worker(e, 1, 10s);
@@ -136,8 +138,8 @@ TEST_CASE("3 nodes x 2 slots: the full allreduce table, every rank where the pla
     CHECK(rows[i].bytes == (size_t{1024} << i));
     REQUIRE(rows[i].cols.size() == 13);
     CHECK(rows[i].cols[1] == std::to_string((size_t{1024} << i) / 4));  // count of floats
-    CHECK(rows[i].cols[8] == "0");                                    // out-of-place #wrong
-    CHECK(rows[i].cols[12] == "0");                                   // in-place #wrong
+    CHECK(rows[i].cols[8] == "0");                                      // out-of-place #wrong
+    CHECK(rows[i].cols[12] == "0");                                     // in-place #wrong
   }
   CHECK(contains(r.out, "# Out of bounds values : 0 OK"));
   // Placement: rank r on node r/2, local rank r%2. The rank's Gloo device binds the
@@ -149,11 +151,11 @@ TEST_CASE("3 nodes x 2 slots: the full allreduce table, every rank where the pla
                                      fmt::format("gloo: rank {} of 6 connected", rank), "addr=[" + addr + "]"})
                        .empty(),
                   "rank " << rank << " did not connect from node " << node << " (" << addr << ")");
-    CHECK_MESSAGE(!line_with(r.out, {fmt::format("[node{} rank{}]", node, rank),
-                                     fmt::format("rank {} (local {}, node {}) on", rank, rank % 2, node),
-                                     "gloo address " + addr})
-                       .empty(),
-                  "no worker placement line for rank " << rank);
+    CHECK_MESSAGE(
+        !line_with(r.out, {fmt::format("[node{} rank{}]", node, rank),
+                           fmt::format("rank {} (local {}, node {}) on", rank, rank % 2, node), "gloo address " + addr})
+             .empty(),
+        "no worker placement line for rank " << rank);
   }
 }
 
@@ -165,11 +167,11 @@ TEST_CASE("heterogeneous hostfile (1, 2, 3 slots): rank env contract and byte-ex
   const std::string odd = "a b 'single' \"double\" $HOME ${X} `id` \\back\ttab\nsecond line\n";
   const std::string fwd = "forwarded 'value' with $dollar\nand a newline";
   std::string run_dir = e->cluster.dir() + "/run-env";
-  auto r = run(bench_argv(*e, e->cluster.hostfile("hf-123", {1, 2, 3}), run_dir,
-                          {"-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "--set", "cluster.env.set.DT_E2E_ODD=" + odd}),
-               {{"DTRAIN_WORKER_PRINT_ENV", "DT_E2E_ODD,NCCL_E2E_FWD"}, {"NCCL_E2E_FWD", fwd},
-                {"DTRAIN_LOG_LEVEL", "debug"}},
-               60s);
+  auto r = run(
+      bench_argv(*e, e->cluster.hostfile("hf-123", {1, 2, 3}), run_dir,
+                 {"-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "--set", "cluster.env.set.DT_E2E_ODD=" + odd}),
+      {{"DTRAIN_WORKER_PRINT_ENV", "DT_E2E_ODD,NCCL_E2E_FWD"}, {"NCCL_E2E_FWD", fwd}, {"DTRAIN_LOG_LEVEL", "debug"}},
+      60s);
   INFO("output:\n" << r.out);
   REQUIRE(!r.timed_out);
   CHECK(r.rc == 0);
@@ -195,7 +197,6 @@ TEST_CASE("heterogeneous hostfile (1, 2, 3 slots): rank env contract and byte-ex
   // The whole job used exactly the ranks 0..5.
   CHECK(!std::filesystem::exists(run_dir + "/logs/rank6.log"));
 }
-
 
 TEST_CASE("kill -9 of one rank: every process on every node gone, the rank and its node named") {
   Env* e = env();
@@ -259,11 +260,11 @@ TEST_CASE("a node cut off the network: missed heartbeats detected, job torn down
   Env* e = env();
   if (!e) return;
   std::string run_dir = e->cluster.dir() + "/run-link";
-  Child launcher(bench_argv(*e, e->cluster.dir() + "/hostfile", run_dir,
-                            {"-b", "16M", "-e", "16M", "-n", "1000", "-w", "1", "--set", "fault_tolerance.max_retries=0",
-                             "--set", "fault_tolerance.heartbeat_interval=1", "--set",
-                             "fault_tolerance.heartbeat_timeout=4"}),
-                 kDebug);
+  Child launcher(
+      bench_argv(*e, e->cluster.dir() + "/hostfile", run_dir,
+                 {"-b", "16M", "-e", "16M", "-n", "1000", "-w", "1", "--set", "fault_tolerance.max_retries=0", "--set",
+                  "fault_tolerance.heartbeat_interval=1", "--set", "fault_tolerance.heartbeat_timeout=4"}),
+      kDebug);
   REQUIRE(launcher.started());
   REQUIRE_MESSAGE(wait_all_connected(launcher, 6), "the bench did not start:\n" << launcher.output());
   REQUIRE(e->cluster.link(2, false));

@@ -181,8 +181,9 @@ TEST_CASE("a checkpoints/latest pointing outside the run is never opened; a prom
   RunResult r = TrainedRun::run_cmd({bin, "generate", t.run, std::string(200, 'a'), "--raw"});
   INFO(r.out);
   CHECK(r.rc == 0);
-  CHECK(contains(r.out, "the prompt is 200 tokens, and the model's max_seq_len is 128: only its last 127 tokens are "
-                        "used, leaving room for 1 new token"));
+  CHECK(contains(r.out,
+                 "the prompt is 200 tokens, and the model's max_seq_len is 128: only its last 127 tokens are "
+                 "used, leaving room for 1 new token"));
 
   fs::remove_all(t.run + "/final");
   const std::string outside = t.tmp.path() + "/outside";
@@ -265,8 +266,10 @@ TEST_CASE("dtrain status on an events.jsonl of NUL bytes or with a non-string ev
   CHECK(contains(r.out, events + ":1:"));
   CHECK(contains(r.out, "NUL bytes"));
 
-  std::ofstream(events, std::ios::trunc) << R"({"time_ms":1,"event":"round_start","round":0})" << "\n"
-                                         << R"({"time_ms":2,"event":5,"round":0})" << "\n";
+  std::ofstream(events, std::ios::trunc) << R"({"time_ms":1,"event":"round_start","round":0})"
+                                         << "\n"
+                                         << R"({"time_ms":2,"event":5,"round":0})"
+                                         << "\n";
   r = run({bin, "status", run_dir}, {}, 60s);
   INFO(r.out);
   CHECK(r.rc == kIo);
@@ -278,8 +281,26 @@ TEST_CASE("bench --json /dev/full fails naming the file and the reason") {
   const std::string bin = dtrain_bin();
   if (bin.empty()) return ::dtrain::test::skip_test("DTRAIN_BIN not set: skipping");
   TempDir tmp("dtrain-lost-bench");
-  RunResult r = run({bin, "bench", "allreduce", "--nproc-per-node", "1", "--master-port", "0", "-n", "1", "-w", "0",
-                     "--output-dir", tmp.path() + "/run", "-b", "1K", "-e", "1K", "--json", "/dev/full", "--set",
+  RunResult r = run({bin,
+                     "bench",
+                     "allreduce",
+                     "--nproc-per-node",
+                     "1",
+                     "--master-port",
+                     "0",
+                     "-n",
+                     "1",
+                     "-w",
+                     "0",
+                     "--output-dir",
+                     tmp.path() + "/run",
+                     "-b",
+                     "1K",
+                     "-e",
+                     "1K",
+                     "--json",
+                     "/dev/full",
+                     "--set",
                      "fault_tolerance.max_retries=0"},
                     {}, 120s);
   INFO(r.out);
@@ -307,9 +328,10 @@ TEST_CASE("a full disk under the TensorBoard output: reported once, training goe
                                      .save_steps = 0,
                                      .training_more = "  device: cpu\n",
                                      .rest = "fault_tolerance:\n  max_retries: 0\ntensorboard:\n  enabled: true\n  "
-                                             "output_path: " + logs + "\n"});
-  RunResult r = run({bin, "launch", "--config", config, "--master-port", "0", "--output-dir", tmp.path() + "/run"}, {},
-                    180s);
+                                             "output_path: " +
+                                             logs + "\n"});
+  RunResult r =
+      run({bin, "launch", "--config", config, "--master-port", "0", "--output-dir", tmp.path() + "/run"}, {}, 180s);
   INFO(r.out);
   REQUIRE(!r.timed_out);
   CHECK(r.rc == 0);
@@ -322,7 +344,7 @@ TEST_CASE("a full disk under the TensorBoard output: reported once, training goe
   CHECK(contains(r.out, said));
   CHECK(r.out.find(said) == r.out.rfind(said));
   const std::string bytes = read_text(files[0].string());
-  CHECK(bytes.size() > 1000);                   // the page was used
+  CHECK(bytes.size() > 1000);                  // the page was used
   CHECK(whole_frames(bytes) == bytes.size());  // and ends with a whole record
   const auto v = dtrain::test::tfevents_read(logs);
   INFO("reader:\n" << v.output);

@@ -58,8 +58,8 @@ std::vector<std::string> launch_argv(const std::string& bin, const std::string& 
 
 std::vector<std::string> bench_argv(const std::string& bin, const std::string& run_dir,
                                     const std::vector<std::string>& extra) {
-  std::vector<std::string> a = {bin, "bench", "allreduce", "--nproc-per-node", "1", "--master-port", "0",
-                                "-n", "1", "-w", "0", "--output-dir", run_dir};
+  std::vector<std::string> a = {bin, "bench", "allreduce", "--nproc-per-node", "1",    "--master-port", "0", "-n",
+                                "1", "-w",    "0",         "--output-dir",     run_dir};
   a.insert(a.end(), extra.begin(), extra.end());
   return a;
 }

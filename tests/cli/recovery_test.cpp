@@ -54,7 +54,8 @@ struct Env {
 
 Env* env() {
   if (dtrain_bin().empty()) {
-    ::dtrain::test::skip_test("recovery tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
+    ::dtrain::test::skip_test(
+        "recovery tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
     return nullptr;
   }
   static std::unique_ptr<Env> instance = [] {
@@ -74,8 +75,9 @@ Env* env() {
 }
 
 std::vector<std::string> launch_argv(const Env& e, const std::string& run_dir) {
-  std::vector<std::string> argv = {e.bin,          "launch",        "--config", e.config, "--hostfile",
-                                   e.cluster.dir() + "/hostfile", "--master-port", "0",  "--output-dir", run_dir};
+  std::vector<std::string> argv = {
+      e.bin,           "launch", "--config",     e.config, "--hostfile", e.cluster.dir() + "/hostfile",
+      "--master-port", "0",      "--output-dir", run_dir};
   for (auto& s : e.cluster.ssh_sets()) argv.push_back(s);
   return argv;
 }
@@ -142,7 +144,6 @@ void check_recovered(Env& e, const std::string& run_dir, const std::string& out,
                           ? " (bit-identical)"
                           : ""));
 }
-
 
 }  // namespace
 

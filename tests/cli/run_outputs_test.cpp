@@ -55,7 +55,8 @@ TEST_CASE("a tiny run: plain progress, metrics, plot and status") {
   std::ofstream(dir / "tiny.yaml") << config_text();
   fs::path run = dir / "run";
 
-  auto r = run_dtrain("launch --config " + (dir / "tiny.yaml").string() + " --master-port 0 --output-dir " + run.string(), 120);
+  auto r = run_dtrain(
+      "launch --config " + (dir / "tiny.yaml").string() + " --master-port 0 --output-dir " + run.string(), 120);
   INFO(r.out);
   REQUIRE(r.code == 0);
 
@@ -77,9 +78,8 @@ TEST_CASE("a tiny run: plain progress, metrics, plot and status") {
     }
     ++steps;
     for (const char* k : {"step", "loss", "lr", "grad_norm", "loss_scale", "tokens", "tokens_per_s", "step_time",
-                          "memory_state_bytes", "memory_rss_bytes", "time_ms", "forward_ms", "backward_ms",
-                          "comm_ms", "optimizer_ms", "data_ms", "checkpoint_ms", "comm_exposed_ms",
-                          "comm_overlapped_ms"})
+                          "memory_state_bytes", "memory_rss_bytes", "time_ms", "forward_ms", "backward_ms", "comm_ms",
+                          "optimizer_ms", "data_ms", "checkpoint_ms", "comm_exposed_ms", "comm_overlapped_ms"})
       CHECK_MESSAGE(j.contains(k), "missing " << k << " in " << line);
     CHECK(j["loss"].get<double>() > 0);
     CHECK(j["memory_state_bytes"].get<double>() > 0);
@@ -108,7 +108,8 @@ TEST_CASE("a tiny run: plain progress, metrics, plot and status") {
   CHECK(s.out.find("step12") != std::string::npos);
 
   // A second launch into the same run directory is refused, pointing to resume.
-  auto again = run_dtrain("launch --config " + (dir / "tiny.yaml").string() + " --master-port 0 --output-dir " + run.string(), 60);
+  auto again = run_dtrain(
+      "launch --config " + (dir / "tiny.yaml").string() + " --master-port 0 --output-dir " + run.string(), 60);
   CHECK(again.code == 2);
   CHECK(again.out.find("dtrain resume") != std::string::npos);
   fs::remove_all(dir);

@@ -97,8 +97,9 @@ echo DONE
   REQUIRE(!r.timed_out);
   REQUIRE(r.rc == 0);
   REQUIRE(contains(r.out, "DONE"));
-  const std::vector<std::string> cases{"/",    "/proc", "/proc/self", "/sys",           "/dev",          "/etc",
-                                       "/usr", "/var",  "/tmp",       "/root", scratch + "/kproc", scratch + "/home"};
+  const std::vector<std::string> cases{
+      "/",    "/proc", "/proc/self",       "/sys",           "/dev", "/etc", "/usr", "/var",
+      "/tmp", "/root", scratch + "/kproc", scratch + "/home"};
   for (const std::string& d : cases) {
     CAPTURE(d);
     const size_t at = r.out.find("CASE " + d + " ");
@@ -140,10 +141,9 @@ TEST_CASE("a non-empty directory that is not a dtrain run is refused, its mode a
     ::chmod(token.c_str(), 0600);
     if (cmd == "run") argv.insert(argv.end(), {"--set", "cluster.rendezvous.token_file=" + token});
     const int port = 41000 + static_cast<int>(::getpid() % 20000);
-    RunResult r = run(argv,
-                      {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"},
-                       {"MASTER_PORT", std::to_string(port)}},
-                      60s);
+    RunResult r = run(
+        argv, {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}},
+        60s);
     INFO(r.out);
     REQUIRE(!r.timed_out);
     CHECK(r.rc == 2);
@@ -199,8 +199,8 @@ TEST_CASE("--output-dir '' is a usage error, not the config's output_dir") {
   const std::string cfg_dir = s.tmp.path() + "/from-config";
   for (const std::string cmd : {"launch", "run"}) {
     CAPTURE(cmd);
-    RunResult r = run({bin, cmd, "--config", s.config, "--output-dir", "", "--set", "training.output_dir=" + cfg_dir},
-                      {}, 60s);
+    RunResult r =
+        run({bin, cmd, "--config", s.config, "--output-dir", "", "--set", "training.output_dir=" + cfg_dir}, {}, 60s);
     INFO(r.out);
     REQUIRE(!r.timed_out);
     CHECK(r.rc == 2);
@@ -226,11 +226,10 @@ TEST_CASE("dtrain run on the run directory of a live dtrain launch is refused; t
   std::ofstream(token) << "adopt-test-token-0123456789abcdef\n";
   ::chmod(token.c_str(), 0600);
   const int port = 42000 + static_cast<int>(::getpid() % 20000);
-  RunResult r = run({bin, "run", "--config", s.config, "--output-dir", run_dir, "--set", "model.d_model=64", "--set",
-                     "cluster.rendezvous.token_file=" + token},
-                    {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"},
-                     {"MASTER_PORT", std::to_string(port)}},
-                    60s);
+  RunResult r = run(
+      {bin, "run", "--config", s.config, "--output-dir", run_dir, "--set", "model.d_model=64", "--set",
+       "cluster.rendezvous.token_file=" + token},
+      {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}}, 60s);
   INFO(r.out);
   REQUIRE(!r.timed_out);
   CHECK(r.rc == 2);

@@ -58,10 +58,10 @@ TEST_CASE("one launcher per run directory; a stale lock record is taken over") {
 
   for (const std::string& cmd : {std::string("launch"), std::string("resume")}) {
     CAPTURE(cmd);
-    std::vector<std::string> argv = cmd == "launch"
-                                        ? std::vector<std::string>{bin, "launch", "--config", t.config, "--output-dir",
-                                                                   t.run, "--master-port", "0"}
-                                        : std::vector<std::string>{bin, "resume", t.run, "--master-port", "0"};
+    std::vector<std::string> argv =
+        cmd == "launch"
+            ? std::vector<std::string>{bin, "launch", "--config", t.config, "--output-dir", t.run, "--master-port", "0"}
+            : std::vector<std::string>{bin, "resume", t.run, "--master-port", "0"};
     RunResult second = run(argv, {}, 60s);
     INFO(second.out);
     REQUIRE(!second.timed_out);
@@ -77,8 +77,8 @@ TEST_CASE("one launcher per run directory; a stale lock record is taken over") {
   // dropped its flock, so the next launcher reports the record in one line and goes on.
   TempRun s;
   fs::create_directories(s.run);
-  std::ofstream(s.run + "/launcher.lock")
-      << R"({"host":"ghost-node","pid":999999,"started":"2020-01-01T00:00:00Z"})" << "\n";
+  std::ofstream(s.run + "/launcher.lock") << R"({"host":"ghost-node","pid":999999,"started":"2020-01-01T00:00:00Z"})"
+                                          << "\n";
   RunResult r = run({bin, "launch", "--config", s.config, "--output-dir", s.run, "--master-port", "0"}, {}, 120s);
   INFO(r.out);
   REQUIRE(!r.timed_out);
@@ -124,9 +124,9 @@ TEST_CASE("a failed resume --set changes nothing; a good one keeps config.prev.y
   // model, which no retry fixes) and rewrites nothing.
   const std::string before = read_text(t.run + "/config.yaml");
   const std::string hosts_before = read_text(t.run + "/hostfile");
-  RunResult bad = run({bin, "resume", t.run, "--master-port", "0", "--set", "model.d_model=64", "--set",
-                       "training.max_steps=6"},
-                      {}, 120s);
+  RunResult bad =
+      run({bin, "resume", t.run, "--master-port", "0", "--set", "model.d_model=64", "--set", "training.max_steps=6"},
+          {}, 120s);
   INFO(bad.out);
   REQUIRE(!bad.timed_out);
   CHECK(bad.rc == 2);

@@ -89,8 +89,8 @@ class SlurmCluster {
 
   /// Slurm's state of job `id` as slurmctld reports it ("" when unknown).
   std::string job_state(const std::string& id) const {
-    std::string out = shell(fmt::format("timeout 10 bash {} exec {} 0 scontrol show job -o {} 2>/dev/null", script_,
-                                        dir_, id));
+    std::string out =
+        shell(fmt::format("timeout 10 bash {} exec {} 0 scontrol show job -o {} 2>/dev/null", script_, dir_, id));
     auto pos = out.find("JobState=");
     if (pos == std::string::npos) return "";
     return out.substr(pos + 9, out.find(' ', pos) - pos - 9);
@@ -109,7 +109,8 @@ struct Env {
 
 Env* env() {
   if (dtrain_bin().empty()) {
-    ::dtrain::test::skip_test("Slurm CLI tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
+    ::dtrain::test::skip_test(
+        "Slurm CLI tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
     return nullptr;
   }
   static std::unique_ptr<Env> instance = std::make_unique<Env>();
@@ -124,10 +125,32 @@ Env* env() {
 // The launcher runs on node 0 (as under sbatch, on the allocation's first node), which
 // also hosts ranks 0-1: their Gloo address must be node 0's, not 127.0.0.1.
 std::vector<std::string> bench_cmd(const Env& e, const std::string& run_dir, const std::vector<std::string>& extra) {
-  std::vector<std::string> cmd = {"salloc", "-N", std::to_string(kNodes), "--ntasks-per-node=2", "--time=5",
-                                  e.bin, "bench", "allreduce", "-b", "1K", "-e", "64K", "-n", "5", "-w", "1",
-                                  "--launcher", "slurm", "--backend", "gloo", "--master-port", "0",
-                                  "--output-dir", run_dir, "--set", "fault_tolerance.max_retries=0"};
+  std::vector<std::string> cmd = {"salloc",
+                                  "-N",
+                                  std::to_string(kNodes),
+                                  "--ntasks-per-node=2",
+                                  "--time=5",
+                                  e.bin,
+                                  "bench",
+                                  "allreduce",
+                                  "-b",
+                                  "1K",
+                                  "-e",
+                                  "64K",
+                                  "-n",
+                                  "5",
+                                  "-w",
+                                  "1",
+                                  "--launcher",
+                                  "slurm",
+                                  "--backend",
+                                  "gloo",
+                                  "--master-port",
+                                  "0",
+                                  "--output-dir",
+                                  run_dir,
+                                  "--set",
+                                  "fault_tolerance.max_retries=0"};
   cmd.insert(cmd.end(), extra.begin(), extra.end());
   return cmd;
 }
@@ -185,12 +208,27 @@ TEST_CASE("salloc: a tiny training job (tiny-cpu, 4 steps) --launcher slurm writ
   Env* e = env();
   if (!e) return;
   std::string out_dir = e->cluster.dir() + "/run-train";
-  std::vector<std::string> cmd = {"salloc", "-N", std::to_string(kNodes), "--ntasks-per-node=2", "--time=5",
-                                  e->bin, "launch", "--launcher", "slurm",
-                                  "--config", source_dir() + "/configs/tiny-cpu.yaml", "--master-port", "0",
-                                  "--set", "training.max_steps=4", "--set", "training.eval_steps=4",
-                                  "--set", "training.output_dir=" + out_dir,
-                                  "--set", "fault_tolerance.max_retries=0"};
+  std::vector<std::string> cmd = {"salloc",
+                                  "-N",
+                                  std::to_string(kNodes),
+                                  "--ntasks-per-node=2",
+                                  "--time=5",
+                                  e->bin,
+                                  "launch",
+                                  "--launcher",
+                                  "slurm",
+                                  "--config",
+                                  source_dir() + "/configs/tiny-cpu.yaml",
+                                  "--master-port",
+                                  "0",
+                                  "--set",
+                                  "training.max_steps=4",
+                                  "--set",
+                                  "training.eval_steps=4",
+                                  "--set",
+                                  "training.output_dir=" + out_dir,
+                                  "--set",
+                                  "fault_tolerance.max_retries=0"};
   auto r = run(e->cluster.on_login(cmd), {}, 90s);
   INFO("output:\n" << r.out);
   REQUIRE(!r.timed_out);
@@ -208,17 +246,31 @@ static std::string token_file(const Env& e) {
   return path;
 }
 
-TEST_CASE("salloc + srun dtrain run (no dtrain launcher): 2 nodes x 2 tasks train tiny-cpu to the losses of "
-          "--launcher slurm") {
+TEST_CASE(
+    "salloc + srun dtrain run (no dtrain launcher): 2 nodes x 2 tasks train tiny-cpu to the losses of "
+    "--launcher slurm") {
   Env* e = env();
   if (!e) return;
-  const std::vector<std::string> job = {"--config", source_dir() + "/configs/tiny-cpu.yaml", "--set",
-                                        "training.max_steps=4", "--set", "training.eval_steps=4", "--set",
-                                        "steps_per_print=1"};
+  const std::vector<std::string> job = {"--config", source_dir() + "/configs/tiny-cpu.yaml",
+                                        "--set",    "training.max_steps=4",
+                                        "--set",    "training.eval_steps=4",
+                                        "--set",    "steps_per_print=1"};
   const std::string ref_dir = e->cluster.dir() + "/run-srun-ref", dir = e->cluster.dir() + "/run-srun";
-  std::vector<std::string> launch = {"salloc", "-N", std::to_string(kNodes), "--ntasks-per-node=2", "--time=5",
-                                     e->bin, "launch", "--launcher", "slurm", "--master-port", "0",
-                                     "--set", "training.output_dir=" + ref_dir, "--set", "fault_tolerance.max_retries=0"};
+  std::vector<std::string> launch = {"salloc",
+                                     "-N",
+                                     std::to_string(kNodes),
+                                     "--ntasks-per-node=2",
+                                     "--time=5",
+                                     e->bin,
+                                     "launch",
+                                     "--launcher",
+                                     "slurm",
+                                     "--master-port",
+                                     "0",
+                                     "--set",
+                                     "training.output_dir=" + ref_dir,
+                                     "--set",
+                                     "fault_tolerance.max_retries=0"};
   launch.insert(launch.end(), job.begin(), job.end());
   auto ref = run(e->cluster.on_login(launch), {}, 90s);
   INFO("launch output:\n" << ref.out);
@@ -227,9 +279,20 @@ TEST_CASE("salloc + srun dtrain run (no dtrain launcher): 2 nodes x 2 tasks trai
 
   // srun starts every process itself; task 0 (on node0, the first host of the step's
   // node list) hosts the store.
-  std::vector<std::string> srun = {"salloc", "-N", std::to_string(kNodes), "--ntasks-per-node=2", "--time=5",
-                                   "srun", "--kill-on-bad-exit=1", e->bin, "run", "--set",
-                                   "training.output_dir=" + dir, "--set", "cluster.rendezvous.port=29611", "--set",
+  std::vector<std::string> srun = {"salloc",
+                                   "-N",
+                                   std::to_string(kNodes),
+                                   "--ntasks-per-node=2",
+                                   "--time=5",
+                                   "srun",
+                                   "--kill-on-bad-exit=1",
+                                   e->bin,
+                                   "run",
+                                   "--set",
+                                   "training.output_dir=" + dir,
+                                   "--set",
+                                   "cluster.rendezvous.port=29611",
+                                   "--set",
                                    "cluster.rendezvous.token_file=" + token_file(*e)};
   srun.insert(srun.end(), job.begin(), job.end());
   auto r = run(e->cluster.on_login(srun), {}, 90s);
@@ -237,9 +300,10 @@ TEST_CASE("salloc + srun dtrain run (no dtrain launcher): 2 nodes x 2 tasks trai
   REQUIRE(!r.timed_out);
   CHECK(r.rc == 0);
   for (int rank = 0; rank < 4; ++rank)
-    CHECK(contains(r.out, fmt::format("dtrain run: rank {} of 4 (local rank {} of 2, node {}) placed by srun (SLURM_PROCID={} "
-                                      "SLURM_NTASKS=4 SLURM_LOCALID={} SLURM_NODEID={}",
-                                      rank, rank % 2, rank / 2, rank, rank % 2, rank / 2)));
+    CHECK(contains(r.out,
+                   fmt::format("dtrain run: rank {} of 4 (local rank {} of 2, node {}) placed by srun (SLURM_PROCID={} "
+                               "SLURM_NTASKS=4 SLURM_LOCALID={} SLURM_NODEID={}",
+                               rank, rank % 2, rank / 2, rank, rank % 2, rank / 2)));
   CHECK(contains(r.out, "store node0:29611"));
   CHECK(contains(r.out, "step 4/4"));
   const auto want = metric_losses(ref_dir), got = metric_losses(dir);
@@ -254,16 +318,17 @@ TEST_CASE("scripts/slurm/dtrain-srun.sbatch: sbatch --wait, srun starts every dt
   if (!e) return;
   std::string work = e->cluster.dir() + "/submit-srun";
   std::filesystem::create_directories(work);
-  const std::string args = fmt::format("--config {}/configs/tiny-cpu.yaml --set training.max_steps=2 "
-                                       "--set training.eval_steps=2 --set training.output_dir={}/run",
-                                       source_dir(), work);
+  const std::string args = fmt::format(
+      "--config {}/configs/tiny-cpu.yaml --set training.max_steps=2 "
+      "--set training.eval_steps=2 --set training.output_dir={}/run",
+      source_dir(), work);
   // The template asks for 8 GPUs and 8 tasks per node: override them for this cluster.
   std::string line = fmt::format(
       "cd {} && exec sbatch --wait -N 2 --ntasks-per-node=2 --gpus-per-node=0 --cpus-per-task=1 --time=5 {}/scripts/slurm/dtrain-srun.sbatch",
       shq(work), shq(source_dir()));
-  auto r = run(e->cluster.on_login({"/bin/sh", "-c", line}),
-               {{"DTRAIN", e->bin}, {"DTRAIN_ARGS", args}, {"TOKEN_FILE", work + "/secret/token"}, {"RETRIES", "0"}},
-               120s);
+  auto r =
+      run(e->cluster.on_login({"/bin/sh", "-c", line}),
+          {{"DTRAIN", e->bin}, {"DTRAIN_ARGS", args}, {"TOKEN_FILE", work + "/secret/token"}, {"RETRIES", "0"}}, 120s);
   std::string log;
   for (const auto& f : std::filesystem::directory_iterator(work))
     if (f.path().filename().string().rfind("dtrain-srun-", 0) == 0) log += read_text(f.path().string());
@@ -325,7 +390,8 @@ TEST_CASE("salloc bench with the default rendezvous address: node 0's ranks adve
     for (const auto& line : split_lines(out))
       found = found || (contains(line, fmt::format("rank {} (local {}, node {}) on", rank, rank % 2, node)) &&
                         contains(line, "gloo address " + e->cluster.addr(node)));
-    CHECK_MESSAGE(found, "rank " << rank << " does not advertise node " << node << "'s address " << e->cluster.addr(node));
+    CHECK_MESSAGE(found,
+                  "rank " << rank << " does not advertise node " << node << "'s address " << e->cluster.addr(node));
     all_right = all_right && found;
   }
   if (!all_right) return;  // the launcher is killed with its process group (~Child)

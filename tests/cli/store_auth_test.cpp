@@ -46,8 +46,9 @@ Env* env() {
 }
 
 std::vector<std::string> bench_argv(const Env& e, const std::string& run_dir, const std::vector<std::string>& extra) {
-  std::vector<std::string> argv = {e.bin, "bench", "allreduce", "--backend", "gloo", "--hostfile",
-                                   e.cluster.hostfile("hf-2x1", {1, 1}), "--master-port", "0", "--output-dir", run_dir};
+  std::vector<std::string> argv = {
+      e.bin,           "bench", "allreduce",    "--backend", "gloo", "--hostfile", e.cluster.hostfile("hf-2x1", {1, 1}),
+      "--master-port", "0",     "--output-dir", run_dir};
   for (auto& s : e.cluster.ssh_sets()) argv.push_back(s);
   argv.insert(argv.end(), extra.begin(), extra.end());
   return argv;
@@ -140,8 +141,8 @@ TEST_CASE("an attacker on a node without the token cannot stop the job; the stor
   Env* e = env();
   if (!e) return;
   const std::string run_dir = e->cluster.dir() + "/run-attack";
-  Child launcher(bench_argv(*e, run_dir, {"-b", "4M", "-e", "4M", "-n", "400", "-w", "1", "--set",
-                                          "fault_tolerance.max_retries=0"}),
+  Child launcher(bench_argv(*e, run_dir,
+                            {"-b", "4M", "-e", "4M", "-n", "400", "-w", "1", "--set", "fault_tolerance.max_retries=0"}),
                  {{"DTRAIN_LOG_LEVEL", "debug"}});
   REQUIRE(launcher.started());
   REQUIRE_MESSAGE(launcher.wait_count(" of 2 connected on", 2, 60s), "the bench did not start:\n" << launcher.output());
@@ -214,10 +215,10 @@ TEST_CASE("an unresolvable --master-addr fails at once, naming the address and t
   }
   const std::string dir = make_temp_dir("dtrain-badaddr");
   REQUIRE(!dir.empty());
-  auto r = run({bin, "bench", "allreduce", "--backend", "gloo", "--nproc-per-node", "1", "--master-addr",
-                "no-such-host.invalid", "--master-port", "0", "-b", "1K", "-e", "1K", "-n", "1", "--output-dir",
-                dir + "/run"},
-               {}, 30s);
+  auto r = run(
+      {bin, "bench", "allreduce", "--backend", "gloo", "--nproc-per-node", "1", "--master-addr", "no-such-host.invalid",
+       "--master-port", "0", "-b", "1K", "-e", "1K", "-n", "1", "--output-dir", dir + "/run"},
+      {}, 30s);
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   INFO("output:\n" << r.out);

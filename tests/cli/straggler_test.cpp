@@ -15,7 +15,8 @@ using namespace dtrain::cli_test;
 
 TEST_CASE("a persistently slow rank is flagged with its host by the launcher and by dtrain status") {
   if (dtrain_bin().empty()) {
-    ::dtrain::test::skip_test("straggler test skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
+    ::dtrain::test::skip_test(
+        "straggler test skipped: $DTRAIN_BIN is not set or not executable (run through ctest after a full build)");
     return;
   }
   Cluster cluster(3, 1);
@@ -33,8 +34,9 @@ TEST_CASE("a persistently slow rank is flagged with its host by the launcher and
                                      .rest = "fault_tolerance:\n  max_retries: 0\n  straggler_factor: 1.5\n"
                                              "  straggler_window: 3\n"});
   const std::string run_dir = cluster.dir() + "/run";
-  std::vector<std::string> argv = {dtrain_bin(), "launch", "--config", config, "--hostfile", cluster.dir() + "/hostfile",
-                                   "--master-port", "0", "--output-dir", run_dir};
+  std::vector<std::string> argv = {
+      dtrain_bin(),    "launch", "--config",     config, "--hostfile", cluster.dir() + "/hostfile",
+      "--master-port", "0",      "--output-dir", run_dir};
   for (auto& s : cluster.ssh_sets()) argv.push_back(s);
   auto r = run(argv, {{"DTRAIN_TEST_SLOW_RANK", "1"}, {"DTRAIN_TEST_SLOW_MS", "200"}}, 90s);
   INFO("output:\n" << r.out);

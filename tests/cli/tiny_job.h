@@ -17,8 +17,7 @@ namespace dtrain::cli_test {
 // root).
 inline std::string shipped_data_dir() {
   const char* src = std::getenv("DTRAIN_SOURCE_DIR");
-  const std::filesystem::path root =
-      src && *src ? std::filesystem::absolute(src) : std::filesystem::current_path();
+  const std::filesystem::path root = src && *src ? std::filesystem::absolute(src) : std::filesystem::current_path();
   return (root / "configs" / "data" / "tasks").string();
 }
 
@@ -28,14 +27,14 @@ struct TinyJob {
   std::string top{};             // top-level lines before optimizer: (batch sizes, printing)
   std::string optimizer_more{};  // lines after optimizer.params.lr (more params, a scheduler:)
   int n_layer = 2;
-  int seq_len = 32;              // model.max_seq_len and data.seq_len
+  int seq_len = 32;                           // model.max_seq_len and data.seq_len
   std::string data_dir = shipped_data_dir();  // holds train.jsonl (and valid.jsonl)
-  bool valid = false;            // data.valid: <data_dir>/valid.jsonl
+  bool valid = false;                         // data.valid: <data_dir>/valid.jsonl
   int max_steps = 4;
-  int eval_steps = 0;            // 0: no training.eval_steps line
+  int eval_steps = 0;  // 0: no training.eval_steps line
   int save_steps = 2;
-  std::string training_more{};   // lines after training.save_steps
-  std::string rest{};            // top-level sections after training: (fault_tolerance: ...)
+  std::string training_more{};  // lines after training.save_steps
+  std::string rest{};           // top-level sections after training: (fault_tolerance: ...)
 };
 
 inline std::string tiny_job(const TinyJob& j) {

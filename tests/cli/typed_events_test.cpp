@@ -44,8 +44,9 @@ TEST_CASE("dtrain status: a failure with no node to blame, old -1 and new null; 
   for (const std::string node : {"-1", "null"}) {
     CAPTURE(node);
     TempDir d("typed_events");
-    write_events(d.path(), {start, R"({"time_ms":1700000001000,"event":"failure","round":0,"node":)" + node +
-                                       R"j(,"why":"only 1 of the 2 host(s) can run a round","exit_code":4,"retry":false})j"});
+    write_events(d.path(),
+                 {start, R"({"time_ms":1700000001000,"event":"failure","round":0,"node":)" + node +
+                             R"j(,"why":"only 1 of the 2 host(s) can run a round","exit_code":4,"retry":false})j"});
     RunResult st = run({bin, "status", d.path()}, {}, 30s);
     INFO(st.out);
     CHECK(st.rc == 0);

@@ -75,8 +75,8 @@ TEST_CASE("in_collective and the observer follow every call, also one that throw
   c.broadcast(&x, &x, 1, DType::F32, 0);
   c.barrier();
   c.synchronize();
-  CHECK(f->calls == std::vector<std::string>{"allreduce", "reduce_scatter", "all_gather", "broadcast", "barrier",
-                                             "synchronize"});
+  CHECK(f->calls ==
+        std::vector<std::string>{"allreduce", "reduce_scatter", "all_gather", "broadcast", "barrier", "synchronize"});
   CHECK(inside == std::vector<bool>(6, true));
   CHECK(!c.in_collective());
   CHECK(seen.size() == 12);  // in and out of each

@@ -88,8 +88,8 @@ std::string compare(const char* what, const std::vector<char>& got, DType t, siz
   for (size_t i = 0; i < count; ++i) {
     const float g = dtype_load(got.data(), i, t), w = want(i);
     if (!(g == w))
-      return std::string(what) + " " + dtype_name(t) + " element " + std::to_string(i) + ": got " +
-             std::to_string(g) + " want " + std::to_string(w);
+      return std::string(what) + " " + dtype_name(t) + " element " + std::to_string(i) + ": got " + std::to_string(g) +
+             " want " + std::to_string(w);
   }
   return "";
 }
@@ -256,8 +256,7 @@ TEST_CASE("gloo barrier: nobody leaves before everyone arrived") {
       if (c.rank() == n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));
       arrived.fetch_add(1);
       c.barrier();
-      if (arrived.load() < n * (k + 1))
-        throw std::runtime_error("left barrier round " + std::to_string(k) + " early");
+      if (arrived.load() < n * (k + 1)) throw std::runtime_error("left barrier round " + std::to_string(k) + " early");
       c.barrier();  // nobody starts round k+1 before everyone checked round k
     }
   });
@@ -299,8 +298,7 @@ TEST_CASE("gloo abort: a collective blocked on a rank that never joins throws Co
         if (c.rank() == n - 1) {
           // Never joins; stays alive until the others gave up (bounded wait).
           auto until = Clock::now() + std::chrono::seconds(20);
-          while (done.load() < n - 1 && Clock::now() < until)
-            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          while (done.load() < n - 1 && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
           return;
         }
         std::thread timer([&c] {
@@ -347,7 +345,8 @@ TEST_CASE("gloo peer loss: a rank that destroys its communicator fails the other
         // Rank 1 leaves only once rank 0 has its mesh too: leaving earlier fails rank 0's
         // connect, not its collective (bounded wait: 15 s).
         ++connected;
-        for (int i = 0; i < 15000 && connected.load() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        for (int i = 0; i < 15000 && connected.load() < 2; ++i)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
         if (c.rank() == 1) {
           gone = true;
           return;  // the communicator is destroyed: its sockets close
@@ -374,8 +373,7 @@ TEST_CASE("gloo timeout: a peer that stays connected but silent surfaces as Comm
       [&](Communicator& c) {
         if (c.rank() == 1) {
           auto until = Clock::now() + std::chrono::seconds(20);
-          while (!finished.load() && Clock::now() < until)
-            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          while (!finished.load() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
           return;
         }
         std::vector<float> buf(64, 1.0f);
@@ -425,12 +423,12 @@ TEST_CASE("reduce op and backend names parse back") {
 }
 
 TEST_CASE("gloo: creating a communicator ignores SIGPIPE so a dead peer is a CommError, not a signal") {
-  struct sigaction saved{};
+  struct sigaction saved {};
   REQUIRE(::sigaction(SIGPIPE, nullptr, &saved) == 0);
   ::signal(SIGPIPE, SIG_DFL);
   auto errors = run_ranks(1, [](Communicator&) {});
   check_all_passed(errors);
-  struct sigaction now{};
+  struct sigaction now {};
   REQUIRE(::sigaction(SIGPIPE, nullptr, &now) == 0);
   CHECK((now.sa_handler == SIG_IGN));
   ::sigaction(SIGPIPE, &saved, nullptr);

@@ -181,7 +181,8 @@ TEST_CASE("nccl reduce_scatter, all_gather, broadcast and barrier") {
       auto in = host_input(DType::BF16, c.rank(), per);
       buf.copy_from_host(in.data(), in.size());
       c.broadcast(buf.data(), buf.data(), per, DType::BF16, root);
-      err = check_buffer(c, buf, DType::BF16, per, [&](size_t i) { return value(root, i); }, "broadcast");
+      err = check_buffer(
+          c, buf, DType::BF16, per, [&](size_t i) { return value(root, i); }, "broadcast");
     }
     if (err.empty()) c.barrier();
     if (!err.empty()) throw std::runtime_error(err);

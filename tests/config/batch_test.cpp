@@ -153,9 +153,10 @@ TEST_CASE("elastic batch: fewer ranks keep the global batch through more accumul
   CHECK(full.note.find("unchanged") != std::string::npos);
 }
 
-TEST_CASE("elastic batch: a world size that does not divide keeps micro and accumulation and says the global batch changed") {
+TEST_CASE(
+    "elastic batch: a world size that does not divide keeps micro and accumulation and says the global batch changed") {
   TrainConfig c = with(std::nullopt, 4, 2);
-  config_resolve_batch(c, 6);  // 48
+  config_resolve_batch(c, 6);                      // 48
   ElasticBatch b = config_elastic_batch(c, 6, 4);  // 48 / (4*4) = 3: divides
   CHECK_FALSE(b.global_changed);
   CHECK(b.cfg.resolved_grad_accum_steps == 3);

@@ -73,7 +73,7 @@ struct Mutator {
     std::vector<std::string> ls = lines_of(t);
     switch (pick(9)) {
       case 0: return t.substr(0, pick(t.size() + 1));  // truncate
-      case 1: {  // swap two lines
+      case 1: {                                        // swap two lines
         if (ls.size() > 1) std::swap(ls[pick(ls.size())], ls[pick(ls.size())]);
         return join_lines(ls);
       }
@@ -89,16 +89,18 @@ struct Mutator {
         return t.insert(at, garbage(1 + pick(8)));
       }
       case 4: {  // a number replaced by a huge, negative or odd one
-        static const char* kNums[] = {"-1", "0", "1e308", "-1e308", "99999999999999999999", "1e-320", "nan",
-                                      ".inf", "-0", "0x10", "1_000", "3.5", "9223372036854775807", "+7", "1e19"};
+        static const char* kNums[] = {"-1", "0",    "1e308", "-1e308", "99999999999999999999", "1e-320", "nan", ".inf",
+                                      "-0", "0x10", "1_000", "3.5",    "9223372036854775807",  "+7",     "1e19"};
         std::vector<size_t> digits;
         for (size_t i = 0; i < t.size(); ++i)
-          if (std::isdigit(static_cast<unsigned char>(t[i])) && (i == 0 || !std::isalnum(static_cast<unsigned char>(t[i - 1]))))
+          if (std::isdigit(static_cast<unsigned char>(t[i])) &&
+              (i == 0 || !std::isalnum(static_cast<unsigned char>(t[i - 1]))))
             digits.push_back(i);
         if (digits.empty()) return t;
         size_t at = digits[pick(digits.size())];
         size_t end = at;
-        while (end < t.size() && (std::isalnum(static_cast<unsigned char>(t[end])) || t[end] == '.' || t[end] == '-')) ++end;
+        while (end < t.size() && (std::isalnum(static_cast<unsigned char>(t[end])) || t[end] == '.' || t[end] == '-'))
+          ++end;
         return t.replace(at, end - at, kNums[pick(std::size(kNums))]);
       }
       case 5: {  // delete characters
@@ -177,12 +179,24 @@ TEST_CASE("2000 mutants of the shipped configs: accepted or ConfigError, nothing
 }
 
 TEST_CASE("random --set arguments: accepted or ConfigError") {
-  static const char* kPaths[] = {"zero_optimization.stage", "train_batch_size", "optimizer.params.betas",
-                                 "cluster.env.set", "cluster.env.set.X", "lora.target_modules", "model.n_head",
-                                 "scheduler.type", "training.max_steps", "training.epochs", "fp16.enabled",
-                                 "zero_optimization", "nonsense.key", "", "zero_optimization.offload_param.x"};
-  static const char* kValues[] = {"1", "-5", "abc", "[1, 2]", "{a: b}", "", "null", "auto", "[", "}", "1e999",
-                                  "true", "[q_proj]", "WarmupLR", "'quoted'", "\x01\xff", "&a", "*b", "!!str 3"};
+  static const char* kPaths[] = {"zero_optimization.stage",
+                                 "train_batch_size",
+                                 "optimizer.params.betas",
+                                 "cluster.env.set",
+                                 "cluster.env.set.X",
+                                 "lora.target_modules",
+                                 "model.n_head",
+                                 "scheduler.type",
+                                 "training.max_steps",
+                                 "training.epochs",
+                                 "fp16.enabled",
+                                 "zero_optimization",
+                                 "nonsense.key",
+                                 "",
+                                 "zero_optimization.offload_param.x"};
+  static const char* kValues[] = {"1",        "-5",       "abc", "[1, 2]", "{a: b}", "",         "null",
+                                  "auto",     "[",        "}",   "1e999",  "true",   "[q_proj]", "WarmupLR",
+                                  "'quoted'", "\x01\xff", "&a",  "*b",     "!!str 3"};
   std::string base(kDefaultConfigYaml);
   std::mt19937_64 rng(7);
   for (int i = 0; i < 300; ++i) {

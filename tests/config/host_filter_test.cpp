@@ -31,9 +31,7 @@ std::string select_error(const HostSelection& sel) {
   return "";
 }
 
-bool contains(const std::string& s, std::string_view part) {
-  return s.find(part) != std::string::npos;
-}
+bool contains(const std::string& s, std::string_view part) { return s.find(part) != std::string::npos; }
 
 std::vector<std::string> names(const Hostfile& hf) {
   std::vector<std::string> out;
@@ -102,8 +100,7 @@ TEST_CASE("select: num-nodes and num-gpus") {
   CHECK(c.hosts[0].slot_ids == Ids{0, 1, 2});
 
   // After a filter, "first N" means the first N of what the filter left.
-  Hostfile d = hostfile_select(workers(), {.exclude = "worker-0@worker-1:0", .num_nodes = 1,
-                                           .num_gpus = 2});
+  Hostfile d = hostfile_select(workers(), {.exclude = "worker-0@worker-1:0", .num_nodes = 1, .num_gpus = 2});
   REQUIRE(d.hosts.size() == 1);
   CHECK(d.hosts[0].host == "worker-1");
   CHECK(d.hosts[0].slot_ids == Ids{1, 2});
@@ -175,8 +172,7 @@ TEST_CASE("select errors") {
   m = select_error({.exclude = "worker-1:4"});
   CHECK(contains(m, "no slot 4"));
 
-  for (const char* bad : {"worker-1:", "worker-1:a", "worker-1:-1", "worker-1:1,,2",
-                          "worker-1:99999999999999999"}) {
+  for (const char* bad : {"worker-1:", "worker-1:a", "worker-1:-1", "worker-1:1,,2", "worker-1:99999999999999999"}) {
     CAPTURE(bad);
     m = select_error({.include = bad});
     CHECK(contains(m, "bad slot"));
@@ -206,9 +202,8 @@ TEST_CASE("select errors") {
 }
 
 TEST_CASE("select: seeded random filters raise only ConfigError") {
-  const std::vector<std::string> atoms = {"worker-0", "worker-1", "WORKER-2", "nobody", ":",
-                                          "@",        ",",        "0",        "3",      "9",
-                                          " ",        "-1",       "",         "x"};
+  const std::vector<std::string> atoms = {"worker-0", "worker-1", "WORKER-2", "nobody", ":",  "@", ",",
+                                          "0",        "3",        "9",        " ",      "-1", "",  "x"};
   std::mt19937 rng(7u);
   int accepted = 0, rejected = 0;
   for (int iter = 0; iter < 3000; ++iter) {

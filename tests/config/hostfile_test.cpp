@@ -31,9 +31,7 @@ std::string parse_error(std::string_view text, const std::string& path = "hosts.
   return "";
 }
 
-bool contains(const std::string& s, std::string_view part) {
-  return s.find(part) != std::string::npos;
-}
+bool contains(const std::string& s, std::string_view part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
 
@@ -185,8 +183,8 @@ TEST_CASE("hostfile error: bad lines show path:line, the line and the grammar") 
 }
 
 TEST_CASE("hostfile error: slots not a positive integer") {
-  const char* bad[] = {"0", "-1", "-8", "+8", "", "eight", "8.0", "0x10", "1025",
-                       "99999999999999999999999999", "2147483648", "8a", " "};
+  const char* bad[] = {"0",          "-1", "-8", "+8", "", "eight", "8.0", "0x10", "1025", "99999999999999999999999999",
+                       "2147483648", "8a", " "};
   for (const char* v : bad) {
     CAPTURE(v);
     std::string line = std::string("gpu-node slots=") + v;
@@ -284,13 +282,13 @@ TEST_CASE("hostfiles/ examples parse") {
 
 TEST_CASE("hostfile: seeded mutations raise only ConfigError") {
   const std::vector<std::string> base = {
-      "# cluster",     "node1 slots=8",        "ubuntu@node2 slots=4 # gpu box",
-      "",              "node3\tslots=2 port=2222", "10.1.2.3 slots=1",
+      "# cluster",        "node1 slots=8", "ubuntu@node2 slots=4 # gpu box", "", "node3\tslots=2 port=2222",
+      "10.1.2.3 slots=1",
   };
   const std::vector<std::string> junk = {
-      "slots=",  "slots=-1", "slots=0",  "slots=99999999999999999999", "port=99999", "@",
-      "#",       "=",        "\t",       std::string("\0", 1),          "\xff\xfe",   "\r",
-      "node1",   "slots=3",  "x@y",      "slots=2147483647",           "port=-1",    "\n",
+      "slots=", "slots=-1", "slots=0", "slots=99999999999999999999", "port=99999", "@",
+      "#",      "=",        "\t",      std::string("\0", 1),         "\xff\xfe",   "\r",
+      "node1",  "slots=3",  "x@y",     "slots=2147483647",           "port=-1",    "\n",
   };
   std::mt19937 rng(20240601u);
   auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
@@ -301,9 +299,9 @@ TEST_CASE("hostfile: seeded mutations raise only ConfigError") {
     for (int k = 0; k < edits; ++k) {
       std::string& l = lines[pick(lines.size())];
       switch (pick(8)) {
-        case 0: l = l.substr(0, pick(l.size() + 1)); break;                 // truncate
-        case 1: std::swap(l, lines[pick(lines.size())]); break;             // swap lines
-        case 2: lines.push_back(lines[pick(lines.size())]); break;          // duplicate
+        case 0: l = l.substr(0, pick(l.size() + 1)); break;                        // truncate
+        case 1: std::swap(l, lines[pick(lines.size())]); break;                    // swap lines
+        case 2: lines.push_back(lines[pick(lines.size())]); break;                 // duplicate
         case 3: l.insert(pick(l.size() + 1), 1, static_cast<char>(rng())); break;  // garbage
         case 4: l.insert(pick(l.size() + 1), junk[pick(junk.size())]); break;
         case 5: l = "n" + std::to_string(rng()) + " slots=" + junk[pick(junk.size())]; break;

@@ -32,10 +32,20 @@ std::string flow(Over base, const Over& over) {
 }
 std::string job(const Over& model = {}, const Over& data = {}, const Over& training = {}) {
   return "train_micro_batch_size_per_gpu: 2\n"
-         "model: " + flow({{"architecture", "llama"}, {"vocab_size", "512"}, {"n_layer", "2"}, {"n_head", "4"},
-                           {"d_model", "64"}, {"max_seq_len", "32"}}, model) + "\n"
-         "data: " + flow({{"train", "x.jsonl"}}, data) + "\n"
-         "training: " + flow({{"max_steps", "10"}}, training) + "\n";
+         "model: " +
+         flow({{"architecture", "llama"},
+               {"vocab_size", "512"},
+               {"n_layer", "2"},
+               {"n_head", "4"},
+               {"d_model", "64"},
+               {"max_seq_len", "32"}},
+              model) +
+         "\n"
+         "data: " +
+         flow({{"train", "x.jsonl"}}, data) +
+         "\n"
+         "training: " +
+         flow({{"max_steps", "10"}}, training) + "\n";
 }
 const std::string kJob = job();
 
@@ -137,8 +147,9 @@ TEST_CASE("key policy: DeepSpeed keys dtrain does not act on are listed in one w
                                       "t.yaml");
   REQUIRE(l.warnings.size() == 1);
   const std::string& w = l.warnings[0];
-  for (const char* k : {"zero_optimization.offload_optimizer", "zero_optimization.stage3_gather_16bit_weights_on_model_save",
-                        "wandb", "fp16.auto_cast", "zero_allow_untested_optimizer"})
+  for (const char* k :
+       {"zero_optimization.offload_optimizer", "zero_optimization.stage3_gather_16bit_weights_on_model_save", "wandb",
+        "fp16.auto_cast", "zero_allow_untested_optimizer"})
     CHECK_MESSAGE(has(w, k), k);
   CHECK(has(w, "not acted on"));
   CHECK(l.cfg.zero.stage == 3);
@@ -183,7 +194,9 @@ TEST_CASE("relations between keys") {
 }
 
 TEST_CASE("LoRA targets are checked against the architecture") {
-  LoadedConfig l = config_load_string(kJob + "lora: {r: 8, target_modules: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]}\n", "t.yaml");
+  LoadedConfig l = config_load_string(
+      kJob + "lora: {r: 8, target_modules: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]}\n",
+      "t.yaml");
   CHECK(l.cfg.lora.enabled());
   CHECK(l.cfg.lora.target_modules.size() == 7);
   LoadedConfig d = config_load_string(kJob + "lora: {r: 8}\n", "t.yaml");
@@ -198,21 +211,26 @@ TEST_CASE("LoRA targets are checked against the architecture") {
 }
 
 TEST_CASE("scheduler parameters") {
-  LoadedConfig l = config_load_string(kJob + "optimizer: {params: {lr: 0.01}}\nscheduler: {type: WarmupDecayLR, params: {warmup_num_steps: 3}}\n", "t.yaml");
+  LoadedConfig l = config_load_string(
+      kJob + "optimizer: {params: {lr: 0.01}}\nscheduler: {type: WarmupDecayLR, params: {warmup_num_steps: 3}}\n",
+      "t.yaml");
   CHECK(*l.cfg.scheduler.total_num_steps == 10);  // from training.max_steps
   CHECK(*l.cfg.scheduler.warmup_max_lr == 0.01);  // from optimizer.params.lr
   expect_error(kJob + "scheduler:\n  type: WarmupDecayLR\n  params: {warmup_num_steps: 100, total_num_steps: 50}\n",
                {"t.yaml:7:", "scheduler.params.total_num_steps", "50 must be greater than warmup_num_steps = 100"});
   expect_error(kJob + "scheduler: {type: WarmupLR, params: {cos_min_ratio: 0.1}}\n",
                {"scheduler.params.cos_min_ratio", "not a parameter of scheduler WarmupLR"});
-  expect_error(kJob + "scheduler: {params: {warmup_num_steps: 3}}\n", {"scheduler.params.warmup_num_steps", "scheduler.type"});
+  expect_error(kJob + "scheduler: {params: {warmup_num_steps: 3}}\n",
+               {"scheduler.params.warmup_num_steps", "scheduler.type"});
   expect_error(kJob + "scheduler: {type: OneCycle}\n", {"scheduler.type", "WarmupLR, WarmupDecayLR, WarmupCosineLR"});
 }
 
 TEST_CASE("activation checkpointing: the section turns it on unless enabled: false") {
-  CHECK(config_load_string(kJob + "activation_checkpointing: {partition_activations: false}\n", "t").cfg.activation_checkpointing.enabled);
+  CHECK(config_load_string(kJob + "activation_checkpointing: {partition_activations: false}\n", "t")
+            .cfg.activation_checkpointing.enabled);
   CHECK(config_load_string(kJob + "activation_checkpointing:\n", "t").cfg.activation_checkpointing.enabled);
-  CHECK(!config_load_string(kJob + "activation_checkpointing: {enabled: false}\n", "t").cfg.activation_checkpointing.enabled);
+  CHECK(!config_load_string(kJob + "activation_checkpointing: {enabled: false}\n", "t")
+             .cfg.activation_checkpointing.enabled);
 }
 
 TEST_CASE("tensorboard: DeepSpeed's section; output_path stays relative (to the run directory)") {
@@ -251,11 +269,13 @@ TEST_CASE("document-level errors") {
 
 TEST_CASE("a complete job needs model, data and steps; a pure DeepSpeed config does not") {
   expect_error("model: {architecture: llama}\n", {"model.vocab_size", "model.n_layer", "model.init_from"});
-  expect_error("train_micro_batch_size_per_gpu: 2\nmodel: {architecture: llama, vocab_size: 512, n_layer: 2, "
-               "n_head: 4, d_model: 64, max_seq_len: 32}\ndata: {train: x}\n",
-               {"training.max_steps / training.epochs", "neither"});
+  expect_error(
+      "train_micro_batch_size_per_gpu: 2\nmodel: {architecture: llama, vocab_size: 512, n_layer: 2, "
+      "n_head: 4, d_model: 64, max_seq_len: 32}\ndata: {train: x}\n",
+      {"training.max_steps / training.epochs", "neither"});
   expect_error("model: {init_from: /models/llama}\ntraining: {epochs: 1}\n", {"data.train"});
-  LoadedConfig hf = config_load_string("model: {init_from: /models/llama}\ndata: {train: d}\ntraining: {epochs: 1}\n", "t");
+  LoadedConfig hf =
+      config_load_string("model: {init_from: /models/llama}\ndata: {train: d}\ntraining: {epochs: 1}\n", "t");
   CHECK(!hf.cfg.model.n_layer);
   LoadedConfig ds = config_load_string("train_batch_size: 16\nzero_optimization: {stage: 2}\n", "ds.json");
   CHECK(ds.cfg.zero.stage == 2);
@@ -264,8 +284,9 @@ TEST_CASE("a complete job needs model, data and steps; a pure DeepSpeed config d
 }
 
 TEST_CASE("JSON (DeepSpeed ds_config) loads, with JSON positions in errors") {
-  std::string json = "{\n  \"train_batch_size\": 32,\n  \"fp16\": {\"enabled\": true, \"loss_scale\": 0},\n"
-                     "  \"zero_optimization\": {\"stage\": 3, \"overlap_comm\": true}\n}\n";
+  std::string json =
+      "{\n  \"train_batch_size\": 32,\n  \"fp16\": {\"enabled\": true, \"loss_scale\": 0},\n"
+      "  \"zero_optimization\": {\"stage\": 3, \"overlap_comm\": true}\n}\n";
   LoadedConfig l = config_load_string(json, "ds.json");
   CHECK(*l.cfg.train_batch_size == 32);
   CHECK(l.cfg.zero.stage == 3);
@@ -303,9 +324,10 @@ TEST_CASE("files: missing, directory, unreadable") {
 
 // ---------------------------------------------------------------------------
 TEST_CASE("JSON configs: // and /* */ comments outside strings are skipped; errors say JSON with line") {
-  const std::string json = "{\n  // the batch\n  \"train_batch_size\": 32, /* global */\n"
-                           "  \"cluster\": {\"ssh\": {\"user\": \"a//b /* c */\"}},\n"
-                           "  \"zero_optimization\": {\n    /* two\n       lines */ \"stage\": \"three\"\n  }\n}\n";
+  const std::string json =
+      "{\n  // the batch\n  \"train_batch_size\": 32, /* global */\n"
+      "  \"cluster\": {\"ssh\": {\"user\": \"a//b /* c */\"}},\n"
+      "  \"zero_optimization\": {\n    /* two\n       lines */ \"stage\": \"three\"\n  }\n}\n";
   // The comments became blanks: positions after them still point into the file as written.
   std::string m = error_of(json);
   CHECK_MESSAGE(has(m, "t.yaml:7:26:"), m);
@@ -376,7 +398,7 @@ TEST_CASE("relative input paths: a file's against its directory, --set and env a
   CHECK(c.cluster.ssh.identity_file == (base / "keys/id").string());
   CHECK(c.cluster.ssh.known_hosts == "~/.ssh/kh");  // the launcher expands ~
   CHECK(c.cluster.rendezvous.token_file == (base / "secret/token").string());
-  CHECK(c.training.output_dir == "runs/x");         // an output: the working directory's, like --output-dir
+  CHECK(c.training.output_dir == "runs/x");  // an output: the working directory's, like --output-dir
 
   c = config_load_file(f.string(), {"data.train=t2.jsonl", "data.tokenizer=byte", "data.valid=/abs/v.jsonl"}).cfg;
   CHECK(c.data.train == (fs::current_path() / "t2.jsonl").string());
@@ -395,11 +417,15 @@ TEST_CASE("relative input paths: a file's against its directory, --set and env a
 }
 
 TEST_CASE("zero_optimization.reduce_scatter / contiguous_gradients: false is warned about as ignored, true is silent") {
-  LoadedConfig on = config_load_string(kJob + "zero_optimization: {stage: 2, reduce_scatter: true, "
-                                              "contiguous_gradients: true}\n", "z.yaml");
+  LoadedConfig on = config_load_string(kJob +
+                                           "zero_optimization: {stage: 2, reduce_scatter: true, "
+                                           "contiguous_gradients: true}\n",
+                                       "z.yaml");
   CHECK(on.warnings.empty());
-  LoadedConfig off = config_load_string(kJob + "zero_optimization:\n  stage: 2\n  reduce_scatter: false\n"
-                                               "  contiguous_gradients: false\n", "z.yaml");
+  LoadedConfig off = config_load_string(kJob +
+                                            "zero_optimization:\n  stage: 2\n  reduce_scatter: false\n"
+                                            "  contiguous_gradients: false\n",
+                                        "z.yaml");
   REQUIRE(off.warnings.size() == 2);
   std::string all = off.warnings[0] + "\n" + off.warnings[1];
   INFO(all);

@@ -201,7 +201,7 @@ TEST_CASE("fault_tolerance.step_timeout: off by default, DTRAIN_STEP_TIMEOUT, an
   CHECK(load({}).fault_tolerance.step_timeout == 0.0);
   {
     ScopedEnv a("DTRAIN_STEP_TIMEOUT", "90");
-    CHECK(load({}).fault_tolerance.step_timeout == 90.0);  // env beats the default
+    CHECK(load({}).fault_tolerance.step_timeout == 90.0);                                 // env beats the default
     CHECK(load({"fault_tolerance.step_timeout=0"}).fault_tolerance.step_timeout == 0.0);  // --set beats env
   }
   CHECK(load({"fault_tolerance.step_timeout=2.5"}).fault_tolerance.step_timeout == 2.5);
@@ -223,8 +223,8 @@ TEST_CASE("training.cuda_graph: on by default, DTRAIN_CUDA_GRAPH, --set") {
   CHECK(load({}).training.cuda_graph);
   {
     ScopedEnv a("DTRAIN_CUDA_GRAPH", "false");
-    CHECK_FALSE(load({}).training.cuda_graph);                        // env beats the default
-    CHECK(load({"training.cuda_graph=true"}).training.cuda_graph);   // --set beats env
+    CHECK_FALSE(load({}).training.cuda_graph);                      // env beats the default
+    CHECK(load({"training.cuda_graph=true"}).training.cuda_graph);  // --set beats env
   }
   CHECK_FALSE(load({"training.cuda_graph=false"}).training.cuda_graph);
   ScopedEnv b("DTRAIN_CUDA_GRAPH", "sometimes");

@@ -26,11 +26,11 @@ namespace {
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-const std::string k2p32p1 = "4294967297";            // 2^32 + 1: wraps to 1 in 32 bits
-const std::string k2p31 = "2147483648";              // 2^31: wraps to INT_MIN in 32 bits
+const std::string k2p32p1 = "4294967297";               // 2^32 + 1: wraps to 1 in 32 bits
+const std::string k2p31 = "2147483648";                 // 2^31: wraps to INT_MIN in 32 bits
 const std::string kMinus2p63 = "-9223372036854775808";  // -2^63: INT64_MIN
-const std::string k2p63 = "9223372036854775808";       // 2^63: INT64_MAX + 1
-const std::string k2p64p1 = "18446744073709551617";    // 2^64 + 1: wraps to 1 in 64 bits
+const std::string k2p63 = "9223372036854775808";        // 2^63: INT64_MAX + 1
+const std::string k2p64p1 = "18446744073709551617";     // 2^64 + 1: wraps to 1 in 64 bits
 
 // The int64 value spec's field holds in cfg (either int64_t or optional<int64_t>).
 int64_t field_value(TrainConfig& cfg, const KeySpec& spec) {
@@ -107,8 +107,8 @@ TEST_CASE("every integer key: values its width cannot hold are rejected, its lim
     }
     CHECK(r.lo >= 0);
     const std::string range = fmt_range(r);
-    std::vector<std::string> bads = {kMinus2p63, "1.5", "abc", "99999999999999999999", "1e300", "1e400",
-                                     std::to_string(r.hi) + "0", k2p63, k2p64p1};
+    std::vector<std::string> bads = {
+        kMinus2p63, "1.5", "abc", "99999999999999999999", "1e300", "1e400", std::to_string(r.hi) + "0", k2p63, k2p64p1};
     if (spec.width == IntWidth::I32) bads.insert(bads.end(), {k2p32p1, k2p31});
     for (const std::string& bad : bads) {
       INFO(bad);
@@ -182,8 +182,9 @@ TEST_CASE("every integer key: the same check from --set, YAML, JSON and env, thr
 
 TEST_CASE("the wrap of finding 4: n_layer 2^32+1 and micro batch 2^31 name the key, value and range") {
   std::string e = load_error("wall_clock_breakdown: false\n", "base.yaml", {"model.n_layer=4294967297"});
-  CHECK(has(e, "--set model.n_layer=4294967297: model.n_layer: expected an integer >= 1, got '4294967297'; "
-               "valid range: 1 to 2147483647 (stored as a 32-bit integer)"));
+  CHECK(has(e,
+            "--set model.n_layer=4294967297: model.n_layer: expected an integer >= 1, got '4294967297'; "
+            "valid range: 1 to 2147483647 (stored as a 32-bit integer)"));
   e = load_error("train_micro_batch_size_per_gpu: 2147483648\n", "ds.yaml");
   CHECK(has(e, "ds.yaml:1:33: train_micro_batch_size_per_gpu:"));
   CHECK(has(e, "'2147483648'"));

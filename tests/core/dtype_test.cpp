@@ -48,8 +48,8 @@ TEST_CASE("fp16 conversion rounds to the nearest value, ties to even") {
     if (below > lo) REQUIRE(f32_to_f16(below) == h);
     if (above < hi) REQUIRE(f32_to_f16(above) == h + 1);
   }
-  CHECK(f32_to_f16(65520.0f) == 0x7c00);   // rounds up to inf
-  CHECK(f32_to_f16(65519.0f) == 0x7bff);   // largest finite
+  CHECK(f32_to_f16(65520.0f) == 0x7c00);  // rounds up to inf
+  CHECK(f32_to_f16(65519.0f) == 0x7bff);  // largest finite
   CHECK(f32_to_f16(-1e10f) == 0xfc00);
   CHECK(f32_to_f16(1e-10f) == 0x0000);
   CHECK(f32_to_f16(std::ldexp(1.0f, -24)) == 0x0001);  // smallest subnormal

@@ -6,8 +6,8 @@
 using namespace dtrain;
 
 TEST_CASE("ipv6_literal: addresses with and without zones; names, IPv4 and junk are not") {
-  for (const char* yes : {"::1", "::", "fe80::1", "2001:db8::7", "fe80::1%eth0", "fe80::1%2", "::ffff:10.0.0.1",
-                          "1:2:3:4:5:6:7:8"})
+  for (const char* yes :
+       {"::1", "::", "fe80::1", "2001:db8::7", "fe80::1%eth0", "fe80::1%2", "::ffff:10.0.0.1", "1:2:3:4:5:6:7:8"})
     CHECK_MESSAGE(ipv6_literal(yes), yes);
   for (const char* no : {"", "localhost", "10.0.0.1", "[::1]", "::1::", "1:2:3", "fe80::1%", "fe80::1%e/x",
                          "fe80::1%eth 0", "node1:22", "::1]:22", "gggg::1"})

@@ -100,17 +100,20 @@ cudaError_t copy_submit(void* dst, size_t dpitch, const void* src, size_t spitch
     if ((!src_dev && !src_pinned) || (!dst_dev && !dst_pinned)) {
       capture_invalidate_locked(*sp->capture, cudaErrorStreamCaptureUnsupported);
       lock.unlock();
-      report("cudaMemcpyAsync during stream capture with pageable host memory (the engine requires pinned "
-             "memory for copies in a graph)");
+      report(
+          "cudaMemcpyAsync during stream capture with pageable host memory (the engine requires pinned "
+          "memory for copies in a graph)");
       return fail(cudaErrorStreamCaptureUnsupported);
     }
     trace_memop(kind, width, height, sp->device);
-    capture_record_locked(*sp, "cudaMemcpyAsync", [c] { c.run(); }, nullptr, false);
+    capture_record_locked(
+        *sp, "cudaMemcpyAsync", [c] { c.run(); }, nullptr, false);
     return cudaSuccess;
   }
   trace_memop(kind, width, height, sp->device);
   if (!sync_api) {  // host memory is read/written when the copy runs, pinned or not
-    enqueue_locked(sp, "cudaMemcpyAsync", [c] { c.run(); }, false);
+    enqueue_locked(
+        sp, "cudaMemcpyAsync", [c] { c.run(); }, false);
     return cudaSuccess;
   }
   switch (kind) {
@@ -123,16 +126,20 @@ cudaError_t copy_submit(void* dst, size_t dpitch, const void* src, size_t spitch
         std::memcpy(staged->data(), src, sext);
         Copy2D s2 = c;
         s2.src = staged->data();
-        enqueue_locked(sp, "cudaMemcpy (pageable HtoD DMA)", [s2, staged] { s2.run(); }, false);
+        enqueue_locked(
+            sp, "cudaMemcpy (pageable HtoD DMA)", [s2, staged] { s2.run(); }, false);
         return cudaSuccess;
       }
-      wait_locked(lock, enqueue_locked(sp, "cudaMemcpy HtoD", [c] { c.run(); }, false));
+      wait_locked(lock, enqueue_locked(
+                            sp, "cudaMemcpy HtoD", [c] { c.run(); }, false));
       return cudaSuccess;
     case cudaMemcpyDeviceToDevice:  // no host synchronisation
-      enqueue_locked(sp, "cudaMemcpy DtoD", [c] { c.run(); }, false);
+      enqueue_locked(
+          sp, "cudaMemcpy DtoD", [c] { c.run(); }, false);
       return cudaSuccess;
     default:  // to host: returns once the copy has completed
-      wait_locked(lock, enqueue_locked(sp, "cudaMemcpy", [c] { c.run(); }, false));
+      wait_locked(lock, enqueue_locked(
+                            sp, "cudaMemcpy", [c] { c.run(); }, false));
       return cudaSuccess;
   }
 }

@@ -339,10 +339,9 @@ Verdict problem_check(const cublasLtMatmulDescOpaque_t& dd, const cublasLtMatrix
   const int64_t am = p.ta ? p.a.cols : p.a.rows;
   const int64_t bk = p.tb ? p.b.cols : p.b.rows, bn = p.tb ? p.b.rows : p.b.cols;
   if (am != p.m || bk != p.k || bn != p.n || p.c.rows != p.m || p.c.cols != p.n)
-    return refuse(invalid, "shapes do not match: op(A) " + std::to_string(am) + "x" + std::to_string(p.k) +
-                               ", op(B) " + std::to_string(bk) + "x" + std::to_string(bn) + ", C " +
-                               std::to_string(p.c.rows) + "x" + std::to_string(p.c.cols) + ", D " +
-                               std::to_string(p.m) + "x" + std::to_string(p.n));
+    return refuse(invalid, "shapes do not match: op(A) " + std::to_string(am) + "x" + std::to_string(p.k) + ", op(B) " +
+                               std::to_string(bk) + "x" + std::to_string(bn) + ", C " + std::to_string(p.c.rows) + "x" +
+                               std::to_string(p.c.cols) + ", D " + std::to_string(p.m) + "x" + std::to_string(p.n));
   // CUBLASLT_MATRIX_LAYOUT_LD: "Currently only non-negative values are supported ... must
   // be ... greater or equal to CUBLASLT_MATRIX_LAYOUT_ROWS in case of CUBLASLT_ORDER_COL".
   // cublasLtMatmul: "the leading dimension of C can be 0 to achieve row or column
@@ -592,8 +591,9 @@ struct Range {
 // The operation touches [p, p + bytes): it must be device memory of `device`, aligned to
 // the element size and to what the algorithm was chosen for.
 Verdict pointer_check(const char* name, const void* ptr, size_t bytes, size_t elem, uint32_t promised, int device,
-                      const char* promise = "the algo was chosen for (set CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES "
-                                            "or the descriptor's pointer before the heuristic)") {
+                      const char* promise =
+                          "the algo was chosen for (set CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES "
+                          "or the descriptor's pointer before the heuristic)") {
   if (!ptr) return refuse(CUBLAS_STATUS_INVALID_VALUE, std::string(name) + " is null");
   const uintptr_t a = reinterpret_cast<uintptr_t>(ptr);
   char buf[256];
@@ -608,8 +608,8 @@ Verdict pointer_check(const char* name, const void* ptr, size_t bytes, size_t el
   if (bytes == 0) return Verdict{};
   const std::optional<Alloc> al = cuda_emu::alloc_find(ptr, bytes);
   if (!al || al->pinned_host || al->device != device) {
-    std::snprintf(buf, sizeof buf, "%s=[%p, +%zu bytes) is not inside one live device allocation of device %d",
-                  name, ptr, bytes, device);
+    std::snprintf(buf, sizeof buf, "%s=[%p, +%zu bytes) is not inside one live device allocation of device %d", name,
+                  ptr, bytes, device);
     return refuse(CUBLAS_STATUS_INVALID_VALUE, buf);
   }
   return Verdict{};
@@ -648,8 +648,7 @@ Verdict call_check(const Problem& p, const cublasLtMatmulDescOpaque_t& dd, const
     if (Verdict v = pointer_check("C", C, beta_zero ? 0 : c_bytes, d_elem, algo_align(algo, 2), device); v.status)
       return v;
   // "in-place matrix multiplication (C == D and Cdesc == Ddesc)"
-  if (C == D && !(p.c == p.d))
-    return refuse(invalid, "C == D requires identical C and D layouts");
+  if (C == D && !(p.c == p.d)) return refuse(invalid, "C == D requires identical C and D layouts");
   std::vector<Range> inputs{{"A", static_cast<const char*>(A), a_bytes}, {"B", static_cast<const char*>(B), b_bytes}};
   std::vector<Range> outputs{{"D", static_cast<const char*>(D), d_bytes}};
   if (C != D && !beta_zero) inputs.push_back({"C", static_cast<const char*>(C), c_bytes});
@@ -675,8 +674,7 @@ Verdict call_check(const Problem& p, const cublasLtMatmulDescOpaque_t& dd, const
   // memory, races: the result would depend on the kernel's tiling.
   for (size_t o = 0; o < outputs.size(); ++o) {
     for (const Range& in : inputs)
-      if (outputs[o].overlaps(in))
-        return refuse(invalid, std::string(outputs[o].name) + " overlaps input " + in.name);
+      if (outputs[o].overlaps(in)) return refuse(invalid, std::string(outputs[o].name) + " overlaps input " + in.name);
     for (size_t q = o + 1; q < outputs.size(); ++q)
       if (outputs[o].overlaps(outputs[q]))
         return refuse(invalid, std::string(outputs[o].name) + " overlaps output " + outputs[q].name);
@@ -769,8 +767,8 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasL
   return field_set(desc_field(*desc, attr), buf, size, "MatmulDescSetAttribute");
 }
 
-cublasStatus_t cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
-                                              void* buf, size_t size, size_t* size_written) {
+cublasStatus_t cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, void* buf,
+                                              size_t size, size_t* size_written) {
   if (!object_live(desc)) return fail(CUBLAS_STATUS_INVALID_VALUE, "MatmulDescGetAttribute: unknown descriptor");
   return field_get(desc_field(*desc, attr), buf, size, size_written, "MatmulDescGetAttribute");
 }

@@ -343,8 +343,10 @@ TEST_CASE("cublasLt: sizes spanning several tiles, and k = 1") {
 }
 
 TEST_CASE("cublasLt: every supported dtype combination") {
-  const std::pair<cudaDataType_t, cudaDataType_t> combos[] = {{CUDA_R_32F, CUDA_R_32F},   {CUDA_R_16F, CUDA_R_16F},
-                                                              {CUDA_R_16F, CUDA_R_32F},   {CUDA_R_16BF, CUDA_R_16BF},
+  const std::pair<cudaDataType_t, cudaDataType_t> combos[] = {{CUDA_R_32F, CUDA_R_32F},
+                                                              {CUDA_R_16F, CUDA_R_16F},
+                                                              {CUDA_R_16F, CUDA_R_32F},
+                                                              {CUDA_R_16BF, CUDA_R_16BF},
                                                               {CUDA_R_16BF, CUDA_R_32F}};
   for (auto [ab, cd] : combos) {
     for (int t = 0; t < 4; ++t) {
@@ -363,12 +365,11 @@ TEST_CASE("cublasLt: every supported dtype combination") {
 }
 
 TEST_CASE("cublasLt: every epilogue, fp32 and bf16") {
-  const cublasLtEpilogue_t epis[] = {CUBLASLT_EPILOGUE_RELU,          CUBLASLT_EPILOGUE_BIAS,
-                                     CUBLASLT_EPILOGUE_RELU_BIAS,     CUBLASLT_EPILOGUE_GELU,
-                                     CUBLASLT_EPILOGUE_GELU_AUX,      CUBLASLT_EPILOGUE_GELU_BIAS,
-                                     CUBLASLT_EPILOGUE_GELU_AUX_BIAS, CUBLASLT_EPILOGUE_DGELU,
-                                     CUBLASLT_EPILOGUE_DGELU_BGRAD,   CUBLASLT_EPILOGUE_BGRADA,
-                                     CUBLASLT_EPILOGUE_BGRADB};
+  const cublasLtEpilogue_t epis[] = {
+      CUBLASLT_EPILOGUE_RELU,          CUBLASLT_EPILOGUE_BIAS,     CUBLASLT_EPILOGUE_RELU_BIAS,
+      CUBLASLT_EPILOGUE_GELU,          CUBLASLT_EPILOGUE_GELU_AUX, CUBLASLT_EPILOGUE_GELU_BIAS,
+      CUBLASLT_EPILOGUE_GELU_AUX_BIAS, CUBLASLT_EPILOGUE_DGELU,    CUBLASLT_EPILOGUE_DGELU_BGRAD,
+      CUBLASLT_EPILOGUE_BGRADA,        CUBLASLT_EPILOGUE_BGRADB};
   for (cublasLtEpilogue_t epi : epis) {
     for (cudaDataType_t ab : {CUDA_R_32F, CUDA_R_16BF}) {
       for (int t = 0; t < 4; t += 3) {
@@ -700,7 +701,7 @@ TEST_CASE("cublasLt: invalid shapes and arguments") {
             CUBLAS_STATUS_SUCCESS);
     REQUIRE(lt2.heuristic(&algo) == CUBLAS_STATUS_SUCCESS);
     CHECK(lt2.matmul(&algo, 1.0f, A.p, B.p, 1.0f, D.at(4), D.p) == CUBLAS_STATUS_INVALID_VALUE);
-    CHECK(lt2.matmul(&algo, 1.0f, A.p, B.p, 0.0f, D.at(4), D.p) == CUBLAS_STATUS_SUCCESS);  // C unread
+    CHECK(lt2.matmul(&algo, 1.0f, A.p, B.p, 0.0f, D.at(4), D.p) == CUBLAS_STATUS_SUCCESS);    // C unread
     CHECK(lt2.matmul(&algo, 1.0f, D.p, B.p, 0.0f, D.p, D.p) == CUBLAS_STATUS_INVALID_VALUE);  // D overwrites A
   }
   SUBCASE("attribute sizes are checked") {
@@ -819,8 +820,8 @@ TEST_CASE("cublasLt: stream order; descriptor and scalars read at call time, inp
   cublasLtMatmulAlgo_t algo{};
   REQUIRE(lt.heuristic(&algo) == CUBLAS_STATUS_SUCCESS);
   float alpha = 1.0f, beta = 0.0f;
-  REQUIRE(cublasLtMatmul(lt.h, lt.desc, &alpha, A.p, lt.la, B.p, lt.lb, &beta, D.p, lt.ld, D.p, lt.ld, &algo,
-                         nullptr, 0, s) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasLtMatmul(lt.h, lt.desc, &alpha, A.p, lt.la, B.p, lt.lb, &beta, D.p, lt.ld, D.p, lt.ld, &algo, nullptr,
+                         0, s) == CUBLAS_STATUS_SUCCESS);
   // Changed after the call: none of this may affect the queued GEMM...
   alpha = 3.0f;
   REQUIRE(lt.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bb.p)) == CUBLAS_STATUS_SUCCESS);
@@ -835,8 +836,8 @@ TEST_CASE("cublasLt: stream order; descriptor and scalars read at call time, inp
   const std::vector<float> d = decode(CUDA_R_32F, D.download(D.bytes));
   for (float x : d) CHECK(x == 8.0f + 10.0f);
   // The next call sees the new A, alpha and bias.
-  REQUIRE(cublasLtMatmul(lt.h, lt.desc, &alpha, A.p, lt.la, B.p, lt.lb, &beta, D.p, lt.ld, D.p, lt.ld, &algo,
-                         nullptr, 0, s) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasLtMatmul(lt.h, lt.desc, &alpha, A.p, lt.la, B.p, lt.lb, &beta, D.p, lt.ld, D.p, lt.ld, &algo, nullptr,
+                         0, s) == CUBLAS_STATUS_SUCCESS);
   REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
   const std::vector<float> d2 = decode(CUDA_R_32F, D.download(D.bytes));
   for (float x : d2) CHECK(x == 3.0f * 16.0f + 100.0f);

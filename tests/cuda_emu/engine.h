@@ -29,8 +29,8 @@ std::optional<Alloc> alloc_find(const void* p, size_t bytes = 1);
 struct FaultInfo {
   const char* base = nullptr;  // the allocation whose guard was hit
   size_t size = 0;
-  long long offset = 0;        // fault address - base (negative: before it)
-  bool freed = false;          // the allocation was already freed (use after free)
+  long long offset = 0;  // fault address - base (negative: before it)
+  bool freed = false;    // the allocation was already freed (use after free)
 };
 // When addr lies in the guard zone of a live or quarantined allocation: makes that guard
 // page accessible (so the faulting instruction can complete), remembers it for
@@ -57,9 +57,9 @@ std::string op_fault_report(const OpFault& f);
 
 // ----------------------------------------------------------------------------
 // Devices, streams and stream-ordered work (runtime.cpp).
-int device_current();                    // cudaGetDevice of this host thread
-int device_count();                      // devices visible to this process
-int stream_device(cudaStream_t s);       // device of s (legacy/null stream: the current device); -1 if invalid
+int device_current();               // cudaGetDevice of this host thread
+int device_count();                 // devices visible to this process
+int stream_device(cudaStream_t s);  // device of s (legacy/null stream: the current device); -1 if invalid
 bool stream_valid(cudaStream_t s);
 
 // Enqueues fn on stream s after everything CUDA's ordering rules put before it; fn runs
@@ -82,8 +82,8 @@ void sticky_error_set(int device, cudaError_t err, const std::string& detail);
 // ----------------------------------------------------------------------------
 // Kernel execution (kernel_exec.cpp).
 struct KernelLaunch {
-  std::string name;          // the launch expression, e.g. "attn_fwd_kernel<Ty, DPL>"
-  const char* file = "";     // launch site
+  std::string name;       // the launch expression, e.g. "attn_fwd_kernel<Ty, DPL>"
+  const char* file = "";  // launch site
   int line = 0;
   const void* func = nullptr;  // the kernel's address (for addr2line in reports)
   dim3 grid, block;

@@ -172,7 +172,8 @@ cudaError_t capture_malloc_locked(Stream& sp, void** ptr, size_t size) {
   sp.capture->allocs.push_back(p);
   // A graph allocation's contents are undefined whenever the node runs: poison them so a
   // read before a write shows.
-  capture_record_locked(sp, "cudaMallocAsync (graph)", [p, size] { std::memset(p, 0xFF, size); }, nullptr, false);
+  capture_record_locked(
+      sp, "cudaMallocAsync (graph)", [p, size] { std::memset(p, 0xFF, size); }, nullptr, false);
   *ptr = p;
   return cudaSuccess;
 }
@@ -184,12 +185,14 @@ cudaError_t capture_free_locked(Stream& sp, void* ptr) {
   if (it == c.allocs.end()) {
     // Stricter than CUDA: only memory this capture allocated may be freed inside it.
     capture_invalidate_locked(c, cudaErrorStreamCaptureUnsupported);
-    report_locked("cudaFreeAsync during stream capture of memory not allocated in that capture (the engine allows only "
-           "graph allocations to be freed in a graph)");
+    report_locked(
+        "cudaFreeAsync during stream capture of memory not allocated in that capture (the engine allows only "
+        "graph allocations to be freed in a graph)");
     return cudaErrorStreamCaptureUnsupported;
   }
   c.allocs.erase(it);
-  capture_record_locked(sp, "cudaFreeAsync (graph)", [] {}, nullptr, false);
+  capture_record_locked(
+      sp, "cudaFreeAsync (graph)", [] {}, nullptr, false);
   return cudaSuccess;
 }
 
@@ -252,8 +255,9 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
       for (size_t o : sp->frontier) joined = joined || reaches(*c->graph, o, n);
       if (!joined) {
         capture_end_locked(c);
-        report_locked("cudaStreamEndCapture: a stream that joined the capture through an event has work the origin "
-               "stream does not wait for (record an event on it and cudaStreamWaitEvent the origin on it)");
+        report_locked(
+            "cudaStreamEndCapture: a stream that joined the capture through an event has work the origin "
+            "stream does not wait for (record an event on it and cudaStreamWaitEvent the origin on it)");
         return fail(cudaErrorStreamCaptureUnjoined);
       }
     }
@@ -276,8 +280,8 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* 
         if (s->device == sp->device && s->blocking) return fail(cudaErrorStreamCaptureImplicit);
   if (!sp->capture) *status = cudaStreamCaptureStatusNone;
   else
-    *status = sp->capture->invalidated != cudaSuccess ? cudaStreamCaptureStatusInvalidated
-                                                      : cudaStreamCaptureStatusActive;
+    *status =
+        sp->capture->invalidated != cudaSuccess ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
   return cudaSuccess;
 }
 
@@ -326,7 +330,8 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   trace_graph_launch(nodes.size(), sp->device);
   // The graph's start: after the stream's work and the executable's previous launch.
   auto mem = x.memory;
-  OpPtr start = enqueue_locked(sp, "cudaGraphLaunch (start)", [] {}, false);
+  OpPtr start = enqueue_locked(
+      sp, "cudaGraphLaunch (start)", [] {}, false);
   if (x.last && !x.last->done) start->deps.push_back(x.last);
   std::vector<OpPtr> ops(nodes.size());
   std::vector<bool> has_dependent(nodes.size(), false);
@@ -349,7 +354,8 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
     ops[i] = op;
   }
   // The graph's end joins every sink; later work on the stream follows it.
-  OpPtr end = enqueue_locked(sp, "cudaGraphLaunch (end)", [] {}, false);
+  OpPtr end = enqueue_locked(
+      sp, "cudaGraphLaunch (end)", [] {}, false);
   for (size_t i = 0; i < nodes.size(); ++i)
     if (!has_dependent[i]) end->deps.push_back(ops[i]);
   x.last = end;

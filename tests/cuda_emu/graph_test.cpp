@@ -97,7 +97,7 @@ TEST_CASE("cuda_emu graph: captured work is recorded, not run; each launch repla
   REQUIRE(cudaGraphLaunch(x, s.a) == cudaSuccess);
   CHECK(download(p, n, s.a) == std::vector<float>(n, 3.0f));  // (0 + 1) * 3
   REQUIRE(cudaGraphLaunch(x, s.a) == cudaSuccess);
-  REQUIRE(cudaGraphLaunch(x, s.a) == cudaSuccess);  // launches of one executable run in order
+  REQUIRE(cudaGraphLaunch(x, s.a) == cudaSuccess);             // launches of one executable run in order
   CHECK(download(p, n, s.a) == std::vector<float>(n, 39.0f));  // ((3 + 1) * 3 + 1) * 3
   // Stream order around a launch: work before it is seen, work after it sees it.
   LAUNCH(2, 256, 0, s.a, add_kernel)(p, n, -39.0f);

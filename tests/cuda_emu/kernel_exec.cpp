@@ -300,7 +300,7 @@ int shuffle_source(int op, int lane, int arg, int width) {
 enum WarpMisuse { NOT_IN_MASK, NO_SUCH_LANE, LANE_EXITED, BAD_WIDTH, OTHER_OP, SOURCE_OUTSIDE };
 
 [[gnu::cold, gnu::noinline, noreturn]] void warp_misuse(Block& b, unsigned t, WarpMisuse why, const WarpGroup* g,
-                                                         int source = 0) {
+                                                        int source = 0) {
   const Thread& th = b.threads[t];
   const unsigned warp = t / 32, lane = t % 32;
   const Warp& w = b.warps[warp];
@@ -403,7 +403,7 @@ constexpr unsigned FULL_WARP = 0xffffffffu;
 enum AlignedMisuse { PARTIAL_WARP, LANES_EXITED, OTHER_INSTRUCTION };
 
 [[gnu::cold, gnu::noinline, noreturn]] void aligned_misuse(Block& b, unsigned t, AlignedMisuse why,
-                                                            const WarpGroup* g) {
+                                                           const WarpGroup* g) {
   const Thread& th = b.threads[t];
   const unsigned warp = t / 32;
   const Warp& w = b.warps[warp];
@@ -450,8 +450,8 @@ void warp_aligned(Block& b, Thread& th, const char* file, int line, int op, cons
   if (!g) {
     w.groups.push_back(WarpGroup{FULL_WARP, 0, op, 0, 32});
     g = &w.groups.back();
-  } else if (g->op != op || !same_site(b.threads[warp * 32 + static_cast<unsigned>(__builtin_ctz(g->arrived))], file,
-                                       line)) {
+  } else if (g->op != op ||
+             !same_site(b.threads[warp * 32 + static_cast<unsigned>(__builtin_ctz(g->arrived))], file, line)) {
     aligned_misuse(b, t, OTHER_INSTRUCTION, g);
   }
   g->arrived |= 1u << lane;
@@ -491,8 +491,8 @@ void thread_exit(Block& b, unsigned t) {
     if (!(g.mask >> (t % 32) & 1u)) continue;
     const unsigned other = (t / 32) * 32 + static_cast<unsigned>(__builtin_ctz(g.arrived));
     block_fail(b, cudaErrorLaunchFailure,
-               thread_str(b, t) + " (lane " + std::to_string(t % 32) + ") exited while lanes " +
-                   lanes_str(g.arrived) + " of its warp wait for it at " + op_at(b.threads[other]));
+               thread_str(b, t) + " (lane " + std::to_string(t % 32) + ") exited while lanes " + lanes_str(g.arrived) +
+                   " of its warp wait for it at " + op_at(b.threads[other]));
     return;
   }
 }
@@ -822,7 +822,6 @@ Pool& pool() {
   return *p;
 }
 
-
 uint64_t seed_from_env() {
   static const uint64_t seed = [] {
     const char* e = std::getenv("CUDA_EMU_SEED");
@@ -873,7 +872,8 @@ cudaError_t kernel_run(const KernelLaunch& k, std::string* detail) {
   if (nblocks == 0 || nthreads == 0) return cudaSuccess;
   if (nthreads > 1024 || k.dynamic_smem > SMEM_RESERVE) {
     if (detail)
-      *detail = "kernel " + k.name + " (launched at " + where_str(k.file, k.line) + "): configuration beyond the engine";
+      *detail =
+          "kernel " + k.name + " (launched at " + where_str(k.file, k.line) + "): configuration beyond the engine";
     return cudaErrorInvalidConfiguration;
   }
   fault_handler_ensure();

@@ -131,7 +131,7 @@ struct Worker;
 // interval (epoch) and a warp's sync generation are values of the worker's clock, unique
 // across blocks, so cells left by an earlier block or interval never match.
 struct RaceCell {
-  uint32_t w_epoch, w_gen;  // last write: barrier interval, its warp's generation
+  uint32_t w_epoch, w_gen;   // last write: barrier interval, its warp's generation
   uint32_t r_epoch, r_mask;  // reads since: interval, warps that read
   uint32_t r_gen;            // generation of r_t's warp at its read
   uint16_t w_t, r_t, r_t2;   // writer; latest reader of one warp; first reader of another

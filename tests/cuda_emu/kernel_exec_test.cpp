@@ -44,10 +44,10 @@ bool has(const std::string& s, const std::string& part) { return s.find(part) !=
 std::string at_line(int line) { return "kernel_exec_test.cpp:" + std::to_string(line); }
 
 // Records the source line of the statement it wraps, for checking error reports.
-#define AT_LINE(var, stmt)                             \
-  do {                                                 \
+#define AT_LINE(var, stmt)                            \
+  do {                                                \
     (var).store(__LINE__, std::memory_order_relaxed); \
-    stmt;                                              \
+    stmt;                                             \
   } while (0)
 
 unsigned linear_tid() { return threadIdx.x + threadIdx.y * blockDim.x + threadIdx.z * blockDim.x * blockDim.y; }
@@ -139,10 +139,8 @@ __global__ void exit_before_barrier_kernel() {
 }
 
 __global__ void divergent_barrier_kernel() {
-  if (threadIdx.x < 16)
-    AT_LINE(g_line_a, __syncthreads());
-  else
-    AT_LINE(g_line_b, __syncthreads());
+  if (threadIdx.x < 16) AT_LINE(g_line_a, __syncthreads());
+  else AT_LINE(g_line_b, __syncthreads());
 }
 
 __global__ void shuffle_exited_lane_kernel(float* out) {
@@ -164,10 +162,8 @@ __global__ void lane_not_in_mask_kernel() {
 
 __global__ void mixed_intrinsics_kernel(int* out) {
   int v = static_cast<int>(threadIdx.x);
-  if (threadIdx.x < 16)
-    AT_LINE(g_line_a, v = __shfl_xor_sync(0xffffffffu, v, 1));
-  else
-    AT_LINE(g_line_b, v = __shfl_down_sync(0xffffffffu, v, 1));
+  if (threadIdx.x < 16) AT_LINE(g_line_a, v = __shfl_xor_sync(0xffffffffu, v, 1));
+  else AT_LINE(g_line_b, v = __shfl_down_sync(0xffffffffu, v, 1));
   out[threadIdx.x] = v;
 }
 
@@ -178,10 +174,8 @@ __global__ void source_outside_mask_kernel(int* out) {
 
 __global__ void deadlock_kernel(int* out) {
   int v = 0;
-  if (threadIdx.x == 0)
-    AT_LINE(g_line_a, v = __shfl_sync(0xffffffffu, 1, 0));
-  else
-    AT_LINE(g_line_b, __syncthreads());
+  if (threadIdx.x == 0) AT_LINE(g_line_a, v = __shfl_sync(0xffffffffu, 1, 0));
+  else AT_LINE(g_line_b, __syncthreads());
   out[threadIdx.x] = v;
 }
 

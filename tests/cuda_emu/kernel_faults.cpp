@@ -248,8 +248,8 @@ std::string alloc_fault_str(const FaultInfo& info) {
 
 std::string op_fault_report(const OpFault& f) {
   const char* verb = f.access == 2 ? "wrote" : f.access == 1 ? "read" : "accessed";
-  return std::string(verb) + " address " + hex(reinterpret_cast<uintptr_t>(f.addr)) + ": " +
-         alloc_fault_str(f.info) + "; faulting code: " + code_location(f.pc);
+  return std::string(verb) + " address " + hex(reinterpret_cast<uintptr_t>(f.addr)) + ": " + alloc_fault_str(f.info) +
+         "; faulting code: " + code_location(f.pc);
 }
 
 std::string fault_report(const Launch& L) {

@@ -191,9 +191,9 @@ void shared16_check(Block& b, unsigned t, const char* what, const char* file, in
 constexpr const char* CP_ASYNC = "cp.async.cg.shared.global";
 
 [[gnu::cold, gnu::noinline, noreturn]] void cp_async_bad_source(Block& b, unsigned t, const char* file, int line,
-                                                                 const void* src) {
-  const std::string head = lane_str(b, t) + " at " + CP_ASYNC + " at " + where_str(file, line) +
-                           ": global source " + hex(reinterpret_cast<uintptr_t>(src)) + " ";
+                                                                const void* src) {
+  const std::string head = lane_str(b, t) + " at " + CP_ASYNC + " at " + where_str(file, line) + ": global source " +
+                           hex(reinterpret_cast<uintptr_t>(src)) + " ";
   if (reinterpret_cast<uintptr_t>(src) & 15u)
     thread_fail(b, head + "is not 16-byte aligned (cp-size 16 needs 16-byte aligned addresses)",
                 cudaErrorMisalignedAddress);
@@ -212,8 +212,7 @@ constexpr const char* CP_ASYNC = "cp.async.cg.shared.global";
     else if (a->device != device)
       what = "is memory of device " + std::to_string(a->device) + " (" + where +
              "allocation), but the kernel runs on device " + std::to_string(device);
-    else
-      what = "has fewer than 16 readable bytes (" + where + "allocation)";
+    else what = "has fewer than 16 readable bytes (" + where + "allocation)";
   }
   thread_fail(b, head + what, cudaErrorIllegalAddress);
 }
@@ -279,8 +278,8 @@ void cp_async_wait(const char* file, int line, int n) {
   unsigned t;
   Block& b = async_block(file, line, "cp.async.wait_group", &t);
   if (n < 0)
-    thread_fail(b, lane_str(b, t) + " at cp.async.wait_group at " + where_str(file, line) + ": N = " +
-                       std::to_string(n) + " (must be 0 or more)");
+    thread_fail(b, lane_str(b, t) + " at cp.async.wait_group at " + where_str(file, line) +
+                       ": N = " + std::to_string(n) + " (must be 0 or more)");
   AsyncCopies& a = b.async[t];
   // Every committed group but the newest n completes: its copies land now, in order.
   // Copies not yet committed stay in flight.

@@ -20,10 +20,10 @@ namespace cuda_emu {
 
 namespace {
 
-constexpr size_t GUARD_BYTES = 64 * 1024;           // before and after every allocation
-constexpr size_t QUARANTINE_BYTES = 256ull << 20;   // freed memory kept inaccessible
+constexpr size_t GUARD_BYTES = 64 * 1024;          // before and after every allocation
+constexpr size_t QUARANTINE_BYTES = 256ull << 20;  // freed memory kept inaccessible
 constexpr unsigned char POISON = 0xff;
-constexpr unsigned char CANARY = 0xa5;              // slack between the end and the guard
+constexpr unsigned char CANARY = 0xa5;  // slack between the end and the guard
 
 size_t page_size() {
   static const size_t p = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -32,11 +32,11 @@ size_t page_size() {
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 struct Entry {
-  char* map = nullptr;   // whole mapping: guard | data pages | guard
+  char* map = nullptr;  // whole mapping: guard | data pages | guard
   size_t map_len = 0;
   char* base = nullptr;  // user pointer
   size_t size = 0;
-  size_t slack = 0;      // canary bytes after base + size, up to the guard
+  size_t slack = 0;  // canary bytes after base + size, up to the guard
   int device = -1;
   bool pinned = false;
   bool freed = false;
@@ -54,7 +54,7 @@ struct Guard {
   ~Guard() { g_lock.clear(std::memory_order_release); }
 };
 
-std::map<uintptr_t, Entry>& entries() {  // keyed by mapping start
+std::map<uintptr_t, Entry>& entries() {               // keyed by mapping start
   static auto* m = new std::map<uintptr_t, Entry>();  // never destroyed: used by late frees
   return *m;
 }

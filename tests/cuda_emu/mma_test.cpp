@@ -26,17 +26,13 @@ namespace {
 // Host helpers.
 template <typename T>
 uint16_t to_bits(float f) {
-  if constexpr (std::is_same_v<T, bf16>)
-    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-  else
-    return __half_as_ushort(__float2half_rn(f));
+  if constexpr (std::is_same_v<T, bf16>) return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+  else return __half_as_ushort(__float2half_rn(f));
 }
 template <typename T>
 float from_bits(uint16_t h) {
-  if constexpr (std::is_same_v<T, bf16>)
-    return __bfloat162float(__ushort_as_bfloat16(h));
-  else
-    return __half2float(__ushort_as_half(h));
+  if constexpr (std::is_same_v<T, bf16>) return __bfloat162float(__ushort_as_bfloat16(h));
+  else return __half2float(__ushort_as_half(h));
 }
 template <typename T>
 std::vector<T> to_t(const std::vector<float>& v) {
@@ -84,10 +80,10 @@ bool has(const std::string& s, const std::string& part) { return s.find(part) !=
 std::string at_line(int line) { return "mma_test.cpp:" + std::to_string(line); }
 
 // Records the source line of the statement it wraps, for checking error reports.
-#define AT_LINE(var, stmt)                             \
-  do {                                                 \
+#define AT_LINE(var, stmt)                            \
+  do {                                                \
     (var).store(__LINE__, std::memory_order_relaxed); \
-    stmt;                                              \
+    stmt;                                             \
   } while (0)
 std::atomic<int> g_line_a{0}, g_line_b{0};
 
@@ -170,18 +166,14 @@ __device__ void ldmatrix_run(uint32_t* out, uint16_t* smem) {
     ldmatrix_x1(r[0], p);
   } else if constexpr (X == 2) {
     uint32_t r2[2];
-    if constexpr (TRANS)
-      ldmatrix_x2_trans(r2, p);
-    else
-      ldmatrix_x2(r2, p);
+    if constexpr (TRANS) ldmatrix_x2_trans(r2, p);
+    else ldmatrix_x2(r2, p);
     r[0] = r2[0];
     r[1] = r2[1];
   } else {
     uint32_t r4[4];
-    if constexpr (TRANS)
-      ldmatrix_x4_trans(r4, p);
-    else
-      ldmatrix_x4(r4, p);
+    if constexpr (TRANS) ldmatrix_x4_trans(r4, p);
+    else ldmatrix_x4(r4, p);
     for (int j = 0; j < 4; ++j) r[j] = r4[j];
   }
   for (int j = 0; j < 4; ++j) out[lane * 4 + j] = r[j];
@@ -330,10 +322,8 @@ __global__ void mma_lane_exits_kernel(float* out) {
 __global__ void mma_two_sites_kernel(float* out) {
   const uint32_t a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
   float d[4] = {0, 0, 0, 0};
-  if (threadIdx.x < 16)
-    AT_LINE(g_line_a, mma_m16n8k16<fp16>(d, a, b));
-  else
-    AT_LINE(g_line_b, mma_m16n8k16<fp16>(d, a, b));
+  if (threadIdx.x < 16) AT_LINE(g_line_a, mma_m16n8k16<fp16>(d, a, b));
+  else AT_LINE(g_line_b, mma_m16n8k16<fp16>(d, a, b));
   out[threadIdx.x] = d[0];
 }
 
@@ -367,9 +357,9 @@ __global__ void ldmatrix_stack_kernel(uint32_t* out) {
 
 __global__ void cp_async_bad_kernel(int which, const uint4* src, uint4* global_dst) {
   DTK_EXTERN_SHARED(uint4, buf);
-  if (which == 0) AT_LINE(g_line_a, cp_async_16(buf + threadIdx.x, src + threadIdx.x));   // src: pinned host
+  if (which == 0) AT_LINE(g_line_a, cp_async_16(buf + threadIdx.x, src + threadIdx.x));         // src: pinned host
   if (which == 1) AT_LINE(g_line_a, cp_async_16(global_dst + threadIdx.x, src + threadIdx.x));  // dst: global
-  if (which == 2)  // src 8 bytes off
+  if (which == 2)                                                                               // src 8 bytes off
     AT_LINE(g_line_a, cp_async_16(buf + threadIdx.x, reinterpret_cast<const char*>(src + threadIdx.x) + 8));
   if (which == 3) AT_LINE(g_line_a, cp_async_16(buf + threadIdx.x, src + 1));  // src: 8 of 16 bytes exist
   cp_async_commit();
@@ -404,8 +394,7 @@ TEST_CASE_TEMPLATE("mma m16n8k16: fragments from the PTX ISA formulas, D = A B +
       // of a partial sum bounded by sum |terms|: |error| <= 16 * 2^-24 * mag < 1e-6 mag.
       const double tol = t == 0 ? 0.0 : 1e-6 * r.mag[i];
       CHECK_MESSAGE(std::fabs(d[t * 128 + i] - r.d[i]) <= tol,
-                    "tile " << t << " D[" << i / 8 << "][" << i % 8 << "] = " << d[t * 128 + i] << ", want "
-                            << r.d[i]);
+                    "tile " << t << " D[" << i / 8 << "][" << i % 8 << "] = " << d[t * 128 + i] << ", want " << r.d[i]);
     }
   }
 }
@@ -426,14 +415,10 @@ TEST_CASE_TEMPLATE("mma m16n8k16: inf and NaN inputs propagate", T, bf16, fp16) 
   const Ref r = reference(a.data(), b.data(), c.data(), 16, 8, 16);
   for (int i = 0; i < 128; ++i) {
     const int row = i / 8;
-    if (row == 3)
-      CHECK(d[i] == INFINITY);
-    else if (row == 7)
-      CHECK(std::isnan(d[i]));
-    else if (row == 12)
-      CHECK(d[i] == -INFINITY);
-    else
-      CHECK(d[i] == r.d[i]);  // small integers and halves: exact
+    if (row == 3) CHECK(d[i] == INFINITY);
+    else if (row == 7) CHECK(std::isnan(d[i]));
+    else if (row == 12) CHECK(d[i] == -INFINITY);
+    else CHECK(d[i] == r.d[i]);  // small integers and halves: exact
   }
 }
 
@@ -450,10 +435,8 @@ void ldmatrix_case(bool static_smem) {
   CAPTURE(TRANS);
   CAPTURE(static_smem);
   DevBuf<uint32_t> out(32 * 4);
-  if (static_smem)
-    DTK_LAUNCH(1, 32, 0, 0, ldmatrix_static_kernel<X, TRANS>)(out.p);
-  else
-    DTK_LAUNCH(1, 32, 32 * LDSM_PITCH * sizeof(uint16_t), 0, ldmatrix_dynamic_kernel<X, TRANS>)(out.p);
+  if (static_smem) DTK_LAUNCH(1, 32, 0, 0, ldmatrix_static_kernel<X, TRANS>)(out.p);
+  else DTK_LAUNCH(1, 32, 32 * LDSM_PITCH * sizeof(uint16_t), 0, ldmatrix_dynamic_kernel<X, TRANS>)(out.p);
   const Outcome o = finish();
   REQUIRE_MESSAGE(o.err == cudaSuccess, o.detail);
   const std::vector<uint32_t> r = out.get();
@@ -475,8 +458,8 @@ TEST_CASE("ldmatrix x1/x2/x4 (.trans): the documented per-lane mapping, from dyn
   }
 }
 
-TEST_CASE_TEMPLATE("a 16x16 tile product: cp.async, ldmatrix (B [k][n] via .trans) and mma, as attention does", T,
-                   bf16, fp16) {
+TEST_CASE_TEMPLATE("a 16x16 tile product: cp.async, ldmatrix (B [k][n] via .trans) and mma, as attention does", T, bf16,
+                   fp16) {
   for (int K : {16, 64}) {
     CAPTURE(K);
     std::mt19937 rng(11 + K);
@@ -495,8 +478,8 @@ TEST_CASE_TEMPLATE("a 16x16 tile product: cp.async, ldmatrix (B [k][n] via .tran
     for (int i = 0; i < 256; ++i) {
       // K exact products added one by one in fp32: |error| <= K * 2^-24 * mag.
       const double tol = K * 6e-8 * r.mag[i];
-      CHECK_MESSAGE(std::fabs(d[i] - r.d[i]) <= tol, "D[" << i / 16 << "][" << i % 16 << "] = " << d[i] << ", want "
-                                                          << r.d[i]);
+      CHECK_MESSAGE(std::fabs(d[i] - r.d[i]) <= tol,
+                    "D[" << i / 16 << "][" << i % 16 << "] = " << d[i] << ", want " << r.d[i]);
     }
   }
 }
@@ -508,10 +491,8 @@ TEST_CASE("cp.async: bytes land at the wait, not before it and not at a barrier;
   for (bool st : {false, true}) {
     CAPTURE(st);
     const auto* s = reinterpret_cast<const uint4*>(dsrc.p);
-    if (st)
-      DTK_LAUNCH(1, 64, 0, 0, cp_async_static_kernel)(out.p, s);
-    else
-      DTK_LAUNCH(1, 64, 64 * 16, 0, cp_async_dynamic_kernel)(out.p, s);
+    if (st) DTK_LAUNCH(1, 64, 0, 0, cp_async_static_kernel)(out.p, s);
+    else DTK_LAUNCH(1, 64, 64 * 16, 0, cp_async_dynamic_kernel)(out.p, s);
     const Outcome o = finish();
     REQUIRE_MESSAGE(o.err == cudaSuccess, o.detail);
     const std::vector<uint32_t> r = out.get();

@@ -169,10 +169,8 @@ __global__ void mma_kernel(float* D, const uint16_t* A, const uint16_t* B, const
   const int l = static_cast<int>(threadIdx.x);
   uint32_t a[4], b[2];
   float d[4];
-  for (int j = 0; j < 4; ++j)
-    a[j] = A[a_idx[l * 8 + 2 * j]] | static_cast<uint32_t>(A[a_idx[l * 8 + 2 * j + 1]]) << 16;
-  for (int j = 0; j < 2; ++j)
-    b[j] = B[b_idx[l * 4 + 2 * j]] | static_cast<uint32_t>(B[b_idx[l * 4 + 2 * j + 1]]) << 16;
+  for (int j = 0; j < 4; ++j) a[j] = A[a_idx[l * 8 + 2 * j]] | static_cast<uint32_t>(A[a_idx[l * 8 + 2 * j + 1]]) << 16;
+  for (int j = 0; j < 2; ++j) b[j] = B[b_idx[l * 4 + 2 * j]] | static_cast<uint32_t>(B[b_idx[l * 4 + 2 * j + 1]]) << 16;
   for (int i = 0; i < 4; ++i) d[i] = 0.0f;
   if (bug) {
     const uint32_t x = a[1];
@@ -230,7 +228,8 @@ void report(const Row& r) { MESSAGE((std::string(r.bug) + " -> " + r.mutant.deta
 }  // namespace
 
 // ----------------------------------------------------------------------------
-TEST_CASE("mutation: a missing __syncthreads is a racecheck error (read-after-write, write-after-read, write-after-write)") {
+TEST_CASE(
+    "mutation: a missing __syncthreads is a racecheck error (read-after-write, write-after-read, write-after-write)") {
   std::vector<float> out(64);
   float* o = out.data();
   // Which access comes second decides the hazard's name: each row pins the warp order.
@@ -316,7 +315,8 @@ TEST_CASE("mutation: divergent barrier, partial-mask shuffle, out-of-bounds glob
   std::vector<float> out(64);
   float* o = out.data();
   {
-    Row r{"__syncthreads in divergent code", run("divergent_barrier_kernel", 1, 64, 0, [=] { divergent_barrier_kernel(o, false); }),
+    Row r{"__syncthreads in divergent code",
+          run("divergent_barrier_kernel", 1, 64, 0, [=] { divergent_barrier_kernel(o, false); }),
           run("divergent_barrier_kernel", 1, 64, 0, [=] { divergent_barrier_kernel(o, true); })};
     CHECK(r.ok.err == cudaSuccess);
     CHECK(r.mutant.err == cudaErrorLaunchFailure);
@@ -353,7 +353,8 @@ TEST_CASE("mutation: divergent barrier, partial-mask shuffle, out-of-bounds glob
     const int n = 1024;  // a page of floats: the guard page follows the last one
     std::vector<float> big(n);
     float* b = big.data();
-    Row r{"shared load one past the end", run("smem_copy_kernel", 1, n, n * sizeof(float), [=] { smem_copy_kernel(b, n, false); }),
+    Row r{"shared load one past the end",
+          run("smem_copy_kernel", 1, n, n * sizeof(float), [=] { smem_copy_kernel(b, n, false); }),
           run("smem_copy_kernel", 1, n, n * sizeof(float), [=] { smem_copy_kernel(b, n, true); })};
     CHECK(r.ok.err == cudaSuccess);
     CHECK(r.mutant.err == cudaErrorIllegalAddress);
@@ -511,5 +512,5 @@ TEST_CASE("mutation: mma fragments (a[1]/a[2] swapped) and ldmatrix .trans, agai
   CHECK(wrong_n > 0);
   CHECK(wrong_t > 0);
   MESSAGE("ldmatrix with the wrong .trans -> " << wrong_n << " and " << wrong_t
-                                                << " of 64 elements differ from the PTX table");
+                                               << " of 64 elements differ from the PTX table");
 }

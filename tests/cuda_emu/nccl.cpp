@@ -747,12 +747,9 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
   if (!comm || !async_error) return fail(ncclInvalidArgument, "ncclCommGetAsyncError: NULL argument");
   Comm& c = *comm->c;
   std::lock_guard<std::mutex> lock(c.mu);
-  if (c.init_result != ncclSuccess)
-    *async_error = c.init_result;  // includes ncclInProgress
-  else if (c.async_error != ncclSuccess)
-    *async_error = c.async_error;
-  else
-    *async_error = c.finalizing && c.pending > 0 ? ncclInProgress : ncclSuccess;
+  if (c.init_result != ncclSuccess) *async_error = c.init_result;  // includes ncclInProgress
+  else if (c.async_error != ncclSuccess) *async_error = c.async_error;
+  else *async_error = c.finalizing && c.pending > 0 ? ncclInProgress : ncclSuccess;
   return ncclSuccess;
 }
 

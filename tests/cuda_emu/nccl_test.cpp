@@ -51,10 +51,8 @@ struct EnvSet {
     setenv(n, v.c_str(), 1);
   }
   ~EnvSet() {
-    if (had)
-      setenv(name.c_str(), old.c_str(), 1);
-    else
-      unsetenv(name.c_str());
+    if (had) setenv(name.c_str(), old.c_str(), 1);
+    else unsetenv(name.c_str());
   }
 };
 
@@ -148,21 +146,15 @@ void require_passed(const std::vector<std::string>& errors) {
 // contract reads (16-bit floats in fp32, rank order, one rounding; ncclAvg = sum / n).
 template <typename T>
 float to_f(T v) {
-  if constexpr (std::is_same_v<T, __half>)
-    return __half2float(v);
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __bfloat162float(v);
-  else
-    return static_cast<float>(v);
+  if constexpr (std::is_same_v<T, __half>) return __half2float(v);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(v);
+  else return static_cast<float>(v);
 }
 template <typename T>
 T from_f(double v) {
-  if constexpr (std::is_same_v<T, __half>)
-    return __float2half_rn(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __float2bfloat16_rn(static_cast<float>(v));
-  else
-    return static_cast<T>(v);
+  if constexpr (std::is_same_v<T, __half>) return __float2half_rn(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(static_cast<float>(v));
+  else return static_cast<T>(v);
 }
 template <typename T>
 bool same_bits(T a, T b) {
@@ -182,28 +174,20 @@ T reference(ncclRedOp_t op, int n, size_t i, const std::function<T(int, size_t)>
   using A = std::conditional_t<std::is_same_v<T, double>, double,
                                std::conditional_t<std::is_integral_v<T>, long long, float>>;
   auto load = [&](int r) {
-    if constexpr (std::is_integral_v<T> || std::is_same_v<T, double>)
-      return static_cast<A>(in(r, i));
-    else
-      return to_f(in(r, i));
+    if constexpr (std::is_integral_v<T> || std::is_same_v<T, double>) return static_cast<A>(in(r, i));
+    else return to_f(in(r, i));
   };
   A acc = load(0);
   for (int r = 1; r < n; ++r) {
     const A v = load(r);
-    if (op == ncclProd)
-      acc *= v;
-    else if (op == ncclMax)
-      acc = std::max(acc, v);
-    else if (op == ncclMin)
-      acc = std::min(acc, v);
-    else
-      acc += v;
+    if (op == ncclProd) acc *= v;
+    else if (op == ncclMax) acc = std::max(acc, v);
+    else if (op == ncclMin) acc = std::min(acc, v);
+    else acc += v;
   }
   if (op == ncclAvg) acc = static_cast<A>(acc / static_cast<A>(n));
-  if constexpr (std::is_same_v<T, double> || std::is_integral_v<T>)
-    return static_cast<T>(acc);
-  else
-    return from_f<T>(acc);
+  if constexpr (std::is_same_v<T, double> || std::is_integral_v<T>) return static_cast<T>(acc);
+  else return from_f<T>(acc);
 }
 
 template <typename T>
@@ -666,10 +650,8 @@ TEST_CASE("nccl_emu: ranks issuing different collectives get an error, not mixed
   std::vector<ncclResult_t> seen(2, ncclSuccess);
   require_passed(run_ranks(2, [&](Rank& k) {
     DevBuf<float> a(8), b(16);
-    if (k.rank == 0)
-      need_nccl(ncclAllReduce(a.p, a.p, 8, ncclFloat32, ncclSum, k.comm, k.stream), "allreduce");
-    else
-      need_nccl(ncclAllGather(a.p, b.p, 8, ncclFloat32, k.comm, k.stream), "allgather");
+    if (k.rank == 0) need_nccl(ncclAllReduce(a.p, a.p, 8, ncclFloat32, ncclSum, k.comm, k.stream), "allreduce");
+    else need_nccl(ncclAllGather(a.p, b.p, 8, ncclFloat32, k.comm, k.stream), "allgather");
     need_cuda(cudaStreamSynchronize(k.stream), "sync");
     seen[k.rank] = wait_error(k.comm);
     ncclCommAbort(std::exchange(k.comm, nullptr));

@@ -73,7 +73,7 @@ int tls_find(dl_phdr_info* info, size_t, void* out) {
 }
 
 [[gnu::cold, gnu::noinline]] void hazard(Block& b, int kind, const char* addr, bool dynamic, size_t offset,
-                                          unsigned t_now, uintptr_t pc_now, unsigned t_prev, uintptr_t pc_prev) {
+                                         unsigned t_now, uintptr_t pc_now, unsigned t_prev, uintptr_t pc_prev) {
   Hazard& h = b.hazard;
   h.kind = kind;
   h.addr = addr;
@@ -93,8 +93,7 @@ int tls_find(dl_phdr_info* info, size_t, void* out) {
 }
 
 // Checks and records an access of `n` bytes at cells[off...] by the running thread.
-void check(Worker& w, RaceCell* cells, size_t off, size_t n, bool write, uintptr_t pc, const char* addr,
-           bool dynamic) {
+void check(Worker& w, RaceCell* cells, size_t off, size_t n, bool write, uintptr_t pc, const char* addr, bool dynamic) {
   Block& b = w.block;
   if (b.cancel) return;
   const unsigned t = static_cast<unsigned>(cur_thread() - b.threads.data()), warp = t >> 5;
@@ -192,9 +191,8 @@ std::string racecheck_report(const Block& b) {
   const bool same_warp = h.t_now / 32 == h.t_prev / 32;
   const char* now = h.kind == HAZ_RAW ? "read" : "wrote";
   const char* prev = h.kind == HAZ_WAR ? "read" : "wrote";
-  std::string where = h.dynamic ? "dynamic shared memory, offset " +
-                                      std::to_string(h.addr - (b.w->smem_base)) + " of " +
-                                      std::to_string(b.w->smem_size) + " bytes"
+  std::string where = h.dynamic ? "dynamic shared memory, offset " + std::to_string(h.addr - (b.w->smem_base)) +
+                                      " of " + std::to_string(b.w->smem_size) + " bytes"
                                 : "static __shared__ storage";
   return std::string("racecheck: ") + kind_str(h.kind) + " hazard at shared address " +
          hex(reinterpret_cast<uintptr_t>(h.addr)) + " (" + where + "): " + lane_str(b, h.t_now) + " " + now +
@@ -211,34 +209,32 @@ std::string racecheck_report(const Block& b) {
 // drops the function entry/exit ones, defined anyway). Atomics perform the operation,
 // sequentially consistent; they take no part in the racecheck.
 #define RC_PC reinterpret_cast<uintptr_t>(__builtin_return_address(0))
-#define RC_RW(N)                                                                                           \
-  void __tsan_read##N(void* p) { cuda_emu::on_access(p, N, false, RC_PC); }                               \
-  void __tsan_write##N(void* p) { cuda_emu::on_access(p, N, true, RC_PC); }                               \
-  void __tsan_unaligned_read##N(void* p) { cuda_emu::on_access(p, N, false, RC_PC); }                     \
-  void __tsan_unaligned_write##N(void* p) { cuda_emu::on_access(p, N, true, RC_PC); }                     \
-  void __tsan_volatile_read##N(void* p) { cuda_emu::on_access(p, N, false, RC_PC); }                      \
+#define RC_RW(N)                                                                      \
+  void __tsan_read##N(void* p) { cuda_emu::on_access(p, N, false, RC_PC); }           \
+  void __tsan_write##N(void* p) { cuda_emu::on_access(p, N, true, RC_PC); }           \
+  void __tsan_unaligned_read##N(void* p) { cuda_emu::on_access(p, N, false, RC_PC); } \
+  void __tsan_unaligned_write##N(void* p) { cuda_emu::on_access(p, N, true, RC_PC); } \
+  void __tsan_volatile_read##N(void* p) { cuda_emu::on_access(p, N, false, RC_PC); }  \
   void __tsan_volatile_write##N(void* p) { cuda_emu::on_access(p, N, true, RC_PC); }
-#define RC_ATOMIC(N, T)                                                                                    \
-  T __tsan_atomic##N##_load(const volatile T* a, int) { return __atomic_load_n(a, __ATOMIC_SEQ_CST); }     \
-  void __tsan_atomic##N##_store(volatile T* a, T v, int) { __atomic_store_n(a, v, __ATOMIC_SEQ_CST); }    \
-  T __tsan_atomic##N##_exchange(volatile T* a, T v, int) { return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST); } \
-  T __tsan_atomic##N##_fetch_add(volatile T* a, T v, int) { return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); } \
-  T __tsan_atomic##N##_fetch_sub(volatile T* a, T v, int) { return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST); } \
-  T __tsan_atomic##N##_fetch_and(volatile T* a, T v, int) { return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST); } \
-  T __tsan_atomic##N##_fetch_or(volatile T* a, T v, int) { return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST); }   \
-  T __tsan_atomic##N##_fetch_xor(volatile T* a, T v, int) { return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST); } \
-  T __tsan_atomic##N##_fetch_nand(volatile T* a, T v, int) {                                               \
-    return __atomic_fetch_nand(a, v, __ATOMIC_SEQ_CST);                                                    \
-  }                                                                                                        \
-  int __tsan_atomic##N##_compare_exchange_strong(volatile T* a, T* c, T v, int, int) {                    \
-    return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                \
-  }                                                                                                        \
-  int __tsan_atomic##N##_compare_exchange_weak(volatile T* a, T* c, T v, int, int) {                      \
-    return __atomic_compare_exchange_n(a, c, v, true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                 \
-  }                                                                                                        \
-  T __tsan_atomic##N##_compare_exchange_val(volatile T* a, T c, T v, int, int) {                          \
-    __atomic_compare_exchange_n(a, &c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                      \
-    return c;                                                                                              \
+#define RC_ATOMIC(N, T)                                                                                            \
+  T __tsan_atomic##N##_load(const volatile T* a, int) { return __atomic_load_n(a, __ATOMIC_SEQ_CST); }             \
+  void __tsan_atomic##N##_store(volatile T* a, T v, int) { __atomic_store_n(a, v, __ATOMIC_SEQ_CST); }             \
+  T __tsan_atomic##N##_exchange(volatile T* a, T v, int) { return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST); }   \
+  T __tsan_atomic##N##_fetch_add(volatile T* a, T v, int) { return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); }   \
+  T __tsan_atomic##N##_fetch_sub(volatile T* a, T v, int) { return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST); }   \
+  T __tsan_atomic##N##_fetch_and(volatile T* a, T v, int) { return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST); }   \
+  T __tsan_atomic##N##_fetch_or(volatile T* a, T v, int) { return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST); }     \
+  T __tsan_atomic##N##_fetch_xor(volatile T* a, T v, int) { return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST); }   \
+  T __tsan_atomic##N##_fetch_nand(volatile T* a, T v, int) { return __atomic_fetch_nand(a, v, __ATOMIC_SEQ_CST); } \
+  int __tsan_atomic##N##_compare_exchange_strong(volatile T* a, T* c, T v, int, int) {                             \
+    return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                        \
+  }                                                                                                                \
+  int __tsan_atomic##N##_compare_exchange_weak(volatile T* a, T* c, T v, int, int) {                               \
+    return __atomic_compare_exchange_n(a, c, v, true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                         \
+  }                                                                                                                \
+  T __tsan_atomic##N##_compare_exchange_val(volatile T* a, T c, T v, int, int) {                                   \
+    __atomic_compare_exchange_n(a, &c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                              \
+    return c;                                                                                                      \
   }
 
 extern "C" {

@@ -144,9 +144,9 @@ void executor_loop(int dev) {
     t_op_fault = nullptr;
     if (fault.state.load() == 2) {
       guards_reprotect();
-      sticky_error_set(dev, cudaErrorIllegalAddress,
-                       op->what + " (stream-ordered work on device " + std::to_string(dev) + ") " +
-                           op_fault_report(fault));
+      sticky_error_set(
+          dev, cudaErrorIllegalAddress,
+          op->what + " (stream-ordered work on device " + std::to_string(dev) + ") " + op_fault_report(fault));
     }
     op->fn = nullptr;
     lock.lock();
@@ -337,15 +337,17 @@ void launch_submit(const void* func, const LaunchSite& site, dim3 grid, dim3 blo
                    const void* const* pointers, int npointers, std::function<void()> body) {
   char buf[512];
   auto reject = [&](cudaError_t e, const std::string& why) {
-    std::snprintf(buf, sizeof buf, "launch of %s at %s:%d rejected: %s", site.kernel, site.file, site.line, why.c_str());
+    std::snprintf(buf, sizeof buf, "launch of %s at %s:%d rejected: %s", site.kernel, site.file, site.line,
+                  why.c_str());
     report(buf);
     fail(e);
   };
   const unsigned long long threads = 1ull * block.x * block.y * block.z;
   if (block.x == 0 || block.y == 0 || block.z == 0 || block.x > 1024 || block.y > 1024 || block.z > 64 ||
       threads > 1024) {
-    std::snprintf(buf, sizeof buf, "block (%u,%u,%u) exceeds the limits (x,y <= 1024, z <= 64, %llu threads > 1024 or 0)",
-                  block.x, block.y, block.z, threads);
+    std::snprintf(buf, sizeof buf,
+                  "block (%u,%u,%u) exceeds the limits (x,y <= 1024, z <= 64, %llu threads > 1024 or 0)", block.x,
+                  block.y, block.z, threads);
     return reject(cudaErrorInvalidConfiguration, buf);
   }
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535) {
@@ -366,8 +368,9 @@ void launch_submit(const void* func, const LaunchSite& site, dim3 grid, dim3 blo
   }
   if (cudaError_t e = capture_gate_locked(sp)) {
     lock.unlock();
-    return reject(e, "the stream's capture was invalidated earlier, or the legacy stream was used while a blocking "
-                     "stream captures");
+    return reject(e,
+                  "the stream's capture was invalidated earlier, or the legacy stream was used while a blocking "
+                  "stream captures");
   }
   Device& d = *g.devices[sp->device];
   int limit = SMEM_DEFAULT;
@@ -432,16 +435,19 @@ const char* cudaGetErrorName(cudaError_t e) {
   switch (e) {
 #define NAME(x) \
   case x: return #x;
-    NAME(cudaSuccess) NAME(cudaErrorInvalidValue) NAME(cudaErrorMemoryAllocation) NAME(cudaErrorInitializationError)
-    NAME(cudaErrorInvalidConfiguration) NAME(cudaErrorInvalidDevicePointer) NAME(cudaErrorInvalidMemcpyDirection)
-    NAME(cudaErrorInvalidDeviceFunction) NAME(cudaErrorNoDevice) NAME(cudaErrorInvalidDevice)
-    NAME(cudaErrorInvalidResourceHandle) NAME(cudaErrorNotReady) NAME(cudaErrorIllegalAddress)
-    NAME(cudaErrorLaunchOutOfResources) NAME(cudaErrorAssert) NAME(cudaErrorHardwareStackError)
-    NAME(cudaErrorIllegalInstruction) NAME(cudaErrorMisalignedAddress) NAME(cudaErrorLaunchFailure)
-    NAME(cudaErrorNotSupported) NAME(cudaErrorStreamCaptureUnsupported) NAME(cudaErrorIllegalState)
-    NAME(cudaErrorStreamCaptureInvalidated) NAME(cudaErrorStreamCaptureMerge) NAME(cudaErrorStreamCaptureUnmatched)
-    NAME(cudaErrorStreamCaptureUnjoined) NAME(cudaErrorStreamCaptureIsolation) NAME(cudaErrorStreamCaptureImplicit)
-    NAME(cudaErrorCapturedEvent) NAME(cudaErrorStreamCaptureWrongThread) NAME(cudaErrorUnknown)
+    NAME(cudaSuccess)
+    NAME(cudaErrorInvalidValue) NAME(cudaErrorMemoryAllocation) NAME(cudaErrorInitializationError)
+        NAME(cudaErrorInvalidConfiguration) NAME(cudaErrorInvalidDevicePointer) NAME(cudaErrorInvalidMemcpyDirection)
+            NAME(cudaErrorInvalidDeviceFunction) NAME(cudaErrorNoDevice) NAME(cudaErrorInvalidDevice)
+                NAME(cudaErrorInvalidResourceHandle) NAME(cudaErrorNotReady) NAME(cudaErrorIllegalAddress)
+                    NAME(cudaErrorLaunchOutOfResources) NAME(cudaErrorAssert) NAME(cudaErrorHardwareStackError)
+                        NAME(cudaErrorIllegalInstruction) NAME(cudaErrorMisalignedAddress) NAME(cudaErrorLaunchFailure)
+                            NAME(cudaErrorNotSupported) NAME(cudaErrorStreamCaptureUnsupported)
+                                NAME(cudaErrorIllegalState) NAME(cudaErrorStreamCaptureInvalidated)
+                                    NAME(cudaErrorStreamCaptureMerge) NAME(cudaErrorStreamCaptureUnmatched)
+                                        NAME(cudaErrorStreamCaptureUnjoined) NAME(cudaErrorStreamCaptureIsolation)
+                                            NAME(cudaErrorStreamCaptureImplicit) NAME(cudaErrorCapturedEvent)
+                                                NAME(cudaErrorStreamCaptureWrongThread) NAME(cudaErrorUnknown)
 #undef NAME
   }
   return "cudaErrorUnknown";
@@ -476,9 +482,11 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorStreamCaptureUnmatched: return "capture was not ended in the same stream as it began";
     case cudaErrorStreamCaptureUnjoined: return "capturing stream has unjoined work";
     case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
-    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorStreamCaptureImplicit:
+      return "operation would make the legacy stream depend on a capturing blocking stream";
     case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
-    case cudaErrorStreamCaptureWrongThread: return "attempt to terminate a thread-local capture sequence from another thread";
+    case cudaErrorStreamCaptureWrongThread:
+      return "attempt to terminate a thread-local capture sequence from another thread";
     case cudaErrorUnknown: return "unknown error";
   }
   return "unrecognized error code";
@@ -509,7 +517,8 @@ cudaError_t cudaGetDeviceCount(int* count) {
 }
 
 cudaError_t cudaSetDevice(int device) {
-  if (device < 0 || device >= device_count()) return fail(device_count() == 0 ? cudaErrorNoDevice : cudaErrorInvalidDevice);
+  if (device < 0 || device >= device_count())
+    return fail(device_count() == 0 ? cudaErrorNoDevice : cudaErrorInvalidDevice);
   t_device = device;
   return cudaSuccess;
 }
@@ -713,9 +722,7 @@ cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, vo
     case cudaMemPoolReuseAllowInternalDependencies:
       p->reuse[attr - cudaMemPoolReuseFollowEventDependencies] = *static_cast<const int*>(value);
       return cudaSuccess;
-    case cudaMemPoolAttrReleaseThreshold:
-      p->release_threshold = u64();
-      return cudaSuccess;
+    case cudaMemPoolAttrReleaseThreshold: p->release_threshold = u64(); return cudaSuccess;
     // "It is illegal to set this attribute to a non-zero value": zero resets the mark.
     case cudaMemPoolAttrReservedMemHigh:
       if (u64() != 0) return fail(cudaErrorInvalidValue);
@@ -726,8 +733,7 @@ cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, vo
       p->used_high = p->used;
       return cudaSuccess;
     case cudaMemPoolAttrReservedMemCurrent:  // read-only
-    case cudaMemPoolAttrUsedMemCurrent:
-      break;
+    case cudaMemPoolAttrUsedMemCurrent: break;
   }
   return fail(cudaErrorInvalidValue);
 }
@@ -785,7 +791,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (sp->legacy) {
     // The legacy stream's next op waits for every blocking stream: synchronising it
     // means the same as enqueueing a marker there and waiting for it.
-    wait_locked(lock, enqueue_locked(sp, "sync marker", [] {}, false));
+    wait_locked(lock, enqueue_locked(
+                          sp, "sync marker", [] {}, false));
   } else {
     wait_locked(lock, sp->last);
   }
@@ -816,7 +823,8 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   if (handled) return cudaSuccess;
   if (cudaError_t e = capture_gate_locked(sp)) return fail(e);
   OpPtr rec = it->second->op;
-  auto w = enqueue_locked(sp, "cudaStreamWaitEvent", [] {}, false);
+  auto w = enqueue_locked(
+      sp, "cudaStreamWaitEvent", [] {}, false);
   if (rec && !rec->done) w->deps.push_back(rec);  // captured now: later records do not count
   return cudaSuccess;
 }
@@ -849,7 +857,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (cudaError_t e = sticky_locked(sp->device)) return fail(e);
   if (cudaError_t e = capture_gate_locked(sp)) return fail(e);
   if (capture_event_record_locked(*sp, *it->second)) return cudaSuccess;
-  it->second->op = enqueue_locked(sp, "cudaEventRecord", [] {}, false);
+  it->second->op = enqueue_locked(
+      sp, "cudaEventRecord", [] {}, false);
   return cudaSuccess;
 }
 
@@ -897,6 +906,7 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
     st().devices[t_device]->smem_attr[func] = value;
     return cudaSuccess;
   }
-  if (attr == cudaFuncAttributePreferredSharedMemoryCarveout) return value >= -1 && value <= 100 ? cudaSuccess : fail(cudaErrorInvalidValue);
+  if (attr == cudaFuncAttributePreferredSharedMemoryCarveout)
+    return value >= -1 && value <= 100 ? cudaSuccess : fail(cudaErrorInvalidValue);
   return fail(cudaErrorInvalidValue);
 }

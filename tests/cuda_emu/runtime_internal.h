@@ -81,7 +81,7 @@ struct Capture {
   Stream* origin = nullptr;
   std::vector<Stream*> streams;  // origin first, then every stream that joined
   std::unique_ptr<Graph> graph;
-  std::vector<void*> allocs;  // captured cudaMallocAsync pointers not yet freed in the capture
+  std::vector<void*> allocs;              // captured cudaMallocAsync pointers not yet freed in the capture
   cudaError_t invalidated = cudaSuccess;  // why, once invalidated
 };
 using CapturePtr = std::shared_ptr<Capture>;
@@ -127,7 +127,7 @@ struct Device {
 };
 
 struct State {
-  std::mutex mu;                 // everything below and every Op's flags
+  std::mutex mu;  // everything below and every Op's flags
   std::condition_variable done_cv;
   std::vector<std::unique_ptr<Device>> devices;
   std::map<CUstream_st*, std::shared_ptr<Stream>> streams;
@@ -137,10 +137,10 @@ struct State {
   std::map<CUgraphExec_st*, std::unique_ptr<GraphExec>> execs;
   uint64_t next_id = 1;
   bool stop = false;
-  bool fifo = false;  // CUDA_EMU_SCHEDULE=fifo: run everything at once in issue order
-  int physical = 8;   // devices of the emulated machine (CUDA_EMU_DEVICE_COUNT)
-  std::vector<int> visible;  // after CUDA_VISIBLE_DEVICES
-  std::string detail;        // last reported engine error
+  bool fifo = false;                                    // CUDA_EMU_SCHEDULE=fifo: run everything at once in issue order
+  int physical = 8;                                     // devices of the emulated machine (CUDA_EMU_DEVICE_COUNT)
+  std::vector<int> visible;                             // after CUDA_VISIBLE_DEVICES
+  std::string detail;                                   // last reported engine error
   std::unordered_map<const void*, size_t> pool_allocs;  // live cudaMallocAsync allocations -> bytes
   ~State();
 };

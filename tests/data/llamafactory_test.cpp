@@ -64,9 +64,10 @@ void write_all(const TempDir& d) {
   d.write("alpaca.json", kAlpaca);
   d.write("renamed.jsonl", "{\"q\": \"Q1\", \"a\": \"A1\"}\n\n{\"q\": \"Q2\", \"a\": \"A2\"}\n");
   d.write("sg.json", kShareGpt);
-  d.write("oai.jsonl",
-          R"({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}]})"
-          "\n");
+  d.write(
+      "oai.jsonl",
+      R"({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}]})"
+      "\n");
 }
 
 std::vector<std::pair<SftRole, std::string>> flat(const SftRecord& r) {
@@ -89,8 +90,13 @@ TEST_CASE("dataset_info.json: alpaca with system and history, sharegpt from/valu
 
   auto recs = llamafactory_load(d.path.string(), "alpaca_sys");
   REQUIRE(recs.size() == 2);
-  CHECK(flat(recs[0]) == R{{S, "Be exact."}, {U, "Add 1 and 1."}, {A, "2"}, {U, "Add 2 and 2."}, {A, "4"},
-                           {U, "Add 2 and 3.\nnumbers"}, {A, "5"}});
+  CHECK(flat(recs[0]) == R{{S, "Be exact."},
+                           {U, "Add 1 and 1."},
+                           {A, "2"},
+                           {U, "Add 2 and 2."},
+                           {A, "4"},
+                           {U, "Add 2 and 3.\nnumbers"},
+                           {A, "5"}});
   CHECK(flat(recs[1]) == R{{U, "Say hi."}, {A, "hi"}});
   CHECK(recs[0].source == (d.path / "alpaca.json").string() + ":2: record 0 of dataset 'alpaca_sys'");
   CHECK(recs[1].source == (d.path / "alpaca.json").string() + ":9: record 1 of dataset 'alpaca_sys'");
@@ -147,7 +153,8 @@ TEST_CASE("malformed records: the file, line, record and field") {
   expect("sg.json", "[" + ok + ", " + R"({"conversations": [{"from": "human", "value": "q"}]})" + "]", "sg",
          "sg.json:1: record 1 of dataset 'sg': \"conversations\" ends with a human turn");
   expect("sg.json",
-         "[\n" + std::string(R"({"conversations": [{"from": "human", "value": "q"}, {"from": "system", "value": "s"}]})") +
+         "[\n" +
+             std::string(R"({"conversations": [{"from": "human", "value": "q"}, {"from": "system", "value": "s"}]})") +
              "]",
          "sg", "sg.json:2: record 0 of dataset 'sg': \"conversations\"[1]: a 'system' message must come first");
   expect("sg.json", "[\n" + std::string(R"({"conversations": [{"from": "robot", "value": "q"}]})") + "]", "sg",
@@ -164,7 +171,8 @@ TEST_CASE("malformed records: the file, line, record and field") {
          "\"output\" (the response column) must be a string, got number");
   expect("alpaca.json", "[\n  {\"instruction\": \"x\", \"output\": \"y\"},\n  {\"instruction\": \"x\" \"output\"}\n]",
          "alpaca_sys", "alpaca.json:3: record 1 of dataset 'alpaca_sys': invalid JSON");
-  expect("alpaca.json", "[\n  {\"instruction\": \"x\", \"output\": \"y\"}", "alpaca_sys", "the JSON array is not closed");
+  expect("alpaca.json", "[\n  {\"instruction\": \"x\", \"output\": \"y\"}", "alpaca_sys",
+         "the JSON array is not closed");
   expect("alpaca.json", "{\"instruction\": \"x\", \"output\": \"y\"}", "alpaca_sys", "is a JSON array of records");
   expect("renamed.jsonl", "{\"q\": \"Q1\", \"a\": \"A1\"}\n[1]\n", "alpaca_renamed",
          "renamed.jsonl:2: record 1 of dataset 'alpaca_renamed': a record must be a JSON object");

@@ -56,8 +56,8 @@ struct TempFile {
 
 TEST_CASE("plain template: Alpaca record, mask covers exactly output + eos") {
   ByteTokenizer tok;
-  SftRecord rec = sft_parse_line(R"({"instruction":"Add 37 and 45.","input":"numbers","output":"82"})",
-                                 SftFormat::AUTO, "x.jsonl", 1);
+  SftRecord rec = sft_parse_line(R"({"instruction":"Add 37 and 45.","input":"numbers","output":"82"})", SftFormat::AUTO,
+                                 "x.jsonl", 1);
   SftTokens t = sft_render(rec, tok, SftTemplate::PLAIN);
   auto [on, off] = split_by_mask(t, tok);
   CHECK(on == "82<|eos|>");
@@ -138,14 +138,15 @@ TEST_CASE("malformed JSONL lines are ConfigErrors with file:line") {
   expect(R"({"messages":[]})", "non-empty \"messages\"");
   expect(good, "non-empty \"messages\"", SftFormat::CHAT);
   // Missing input, or a directory given as the file: config errors (exit 2, not retried).
-  CHECK_THROWS_WITH_AS(sft_load_jsonl("/nonexistent/x.jsonl"), doctest::Contains("/nonexistent/x.jsonl' does not exist"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(sft_load_jsonl("/nonexistent/x.jsonl"),
+                       doctest::Contains("/nonexistent/x.jsonl' does not exist"), ConfigError);
   CHECK_THROWS_WITH_AS(sft_load_jsonl("/tmp"), doctest::Contains("is a directory"), ConfigError);
   CHECK_THROWS_AS(sft_template_parse("llama9"), ConfigError);
 }
 
 TEST_CASE("sft_load_jsonl skips blank lines and handles CRLF") {
-  TempFile file("{\"instruction\":\"a\",\"output\":\"b\"}\r\n\r\n  \n{\"messages\":[{\"role\":\"assistant\",\"content\":\"hi\"}]}\n");
+  TempFile file(
+      "{\"instruction\":\"a\",\"output\":\"b\"}\r\n\r\n  \n{\"messages\":[{\"role\":\"assistant\",\"content\":\"hi\"}]}\n");
   auto recs = sft_load_jsonl(file.path.string());
   REQUIRE(recs.size() == 2);
   CHECK(recs[0].messages[1].content == "b");

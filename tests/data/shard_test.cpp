@@ -142,8 +142,7 @@ TEST_CASE("a missing, directory or unreadable input file is a ConfigError naming
   expect_config_error(dir.file("missing.bin"), "does not exist");
   expect_config_error(dir.path.string(), "is a directory");
   DataPrepareOptions o;
-  CHECK_THROWS_AS(data_prepare(dir.file("missing.txt"), DataFormat::TEXT, "byte", dir.file("out.bin"), o),
-                  ConfigError);
+  CHECK_THROWS_AS(data_prepare(dir.file("missing.txt"), DataFormat::TEXT, "byte", dir.file("out.bin"), o), ConfigError);
   CHECK_THROWS_AS(data_prepare(dir.path.string(), DataFormat::SFT, "byte", dir.file("out.bin"), o), ConfigError);
   if (::geteuid() != 0) {  // root reads a mode-000 file anyway
     const std::string p = dir.file("locked.bin");
@@ -176,14 +175,17 @@ TEST_CASE("data_prepare: text documents separated by blank lines, each followed 
 
 TEST_CASE("data_prepare: SFT JSONL keeps the response mask per record") {
   TempDir dir;
-  std::ofstream(dir.file("in.jsonl")) << R"({"instruction":"add 1 and 2","output":"3"})" << "\n"
-                                      << R"({"instruction":"reverse ab","input":"","output":"ba"})" << "\n";
+  std::ofstream(dir.file("in.jsonl")) << R"({"instruction":"add 1 and 2","output":"3"})"
+                                      << "\n"
+                                      << R"({"instruction":"reverse ab","input":"","output":"ba"})"
+                                      << "\n";
   DataPrepareStats s = data_prepare(dir.file("in.jsonl"), DataFormat::ALPACA, "byte", dir.file("s.bin"));
   CHECK(s.documents == 2);
   CHECK(s.trained_tokens == 2 + 3);  // "3"+eos, "ba"+eos
   ShardReader r(dir.file("s.bin"));
   CHECK(r.has_mask());
-  std::ofstream(dir.file("bad.jsonl")) << R"({"instruction":"a","output":"b"})" << "\nnot json\n";
+  std::ofstream(dir.file("bad.jsonl")) << R"({"instruction":"a","output":"b"})"
+                                       << "\nnot json\n";
   try {
     data_prepare(dir.file("bad.jsonl"), DataFormat::SFT, "byte", dir.file("b.bin"));
     FAIL("expected an error");
@@ -210,8 +212,10 @@ TEST_CASE("TokenDataset PACK: contiguous windows of seq_len + 1, shifted targets
 
 TEST_CASE("TokenDataset masks prompt targets in PACK and PAD modes") {
   TempDir dir;
-  std::ofstream(dir.file("in.jsonl")) << R"({"instruction":"q","output":"42"})" << "\n"
-                                      << R"({"instruction":"hello there","output":"x"})" << "\n";
+  std::ofstream(dir.file("in.jsonl")) << R"({"instruction":"q","output":"42"})"
+                                      << "\n"
+                                      << R"({"instruction":"hello there","output":"x"})"
+                                      << "\n";
   data_prepare(dir.file("in.jsonl"), DataFormat::ALPACA, "byte", dir.file("s.bin"));
   ByteTokenizer tok;
   const std::string prompt0 = "### Instruction:\nq\n\n### Response:\n";
@@ -248,7 +252,8 @@ TEST_CASE("TokenDataset masks prompt targets in PACK and PAD modes") {
     if (t != IGNORE_INDEX) all_trained.push_back(t);
   const std::string got = tok.decode(all_trained);
   CHECK(got.find("42<|eos|>") != std::string::npos);
-  for (char c : got) CHECK((c == '4' || c == '2' || c == 'x' || c == '<' || c == '|' || c == 'e' || c == 'o' || c == 's' || c == '>'));
+  for (char c : got)
+    CHECK((c == '4' || c == '2' || c == 'x' || c == '<' || c == '|' || c == 'e' || c == 'o' || c == 's' || c == '>'));
 }
 
 TEST_CASE("TokenDataset PACK with no trained target anywhere is a ConfigError naming the data") {
@@ -265,7 +270,7 @@ TEST_CASE("TokenDataset PACK with no trained target anywhere is a ConfigError na
     CHECK_MESSAGE(what.find("prompts.jsonl: the dataset has no trained token") != std::string::npos, what);
   }
   CHECK_THROWS_AS(TokenDataset(d, {4, SampleMode::PAD, -1}), ConfigError);  // every document skipped
-  d.append({12, 13}, {0, 1});  // one trained target is enough
+  d.append({12, 13}, {0, 1});                                               // one trained target is enough
   CHECK(TokenDataset(d, {4, SampleMode::PACK, -1}).size() == 3);
 }
 

@@ -51,8 +51,27 @@ const std::string M = "\xE2\x96\x81";  // U+2581
 // ids: <unk> 0, <s> 1, </s> 2, <0x00>..<0xFF> 3..258, then ▁ h e l o w r d (259..266), then
 // the merges' results in rank order: ▁h 267, ll 268, ell 269, ▁hell 270, or 271, ▁w 272,
 // ▁wor 273, o▁ 274.
-enum : int32_t { UNK = 0, BOS = 1, EOS = 2, META = 259, H = 260, E = 261, L = 262, O = 263, W = 264, R = 265,
-                 D = 266, MH = 267, LL = 268, ELL = 269, MHELL = 270, OR = 271, MW = 272, MWOR = 273, OM = 274 };
+enum : int32_t {
+  UNK = 0,
+  BOS = 1,
+  EOS = 2,
+  META = 259,
+  H = 260,
+  E = 261,
+  L = 262,
+  O = 263,
+  W = 264,
+  R = 265,
+  D = 266,
+  MH = 267,
+  LL = 268,
+  ELL = 269,
+  MHELL = 270,
+  OR = 271,
+  MW = 272,
+  MWOR = 273,
+  OM = 274
+};
 int32_t byte_id(int b) { return 3 + b; }
 
 json sp_tokenizer() {
@@ -73,8 +92,8 @@ json sp_tokenizer() {
     m.push_back(a + " " + b);
   }
   auto special = [](int id, const char* s) {
-    return json{{"id", id}, {"content", s}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
-                {"normalized", false}, {"special", true}};
+    return json{{"id", id},        {"content", s},        {"single_word", false}, {"lstrip", false},
+                {"rstrip", false}, {"normalized", false}, {"special", true}};
   };
   json root;
   root["version"] = "1.0";
@@ -85,9 +104,8 @@ json sp_tokenizer() {
   root["decoder"] = json::parse(R"({"type":"Sequence","decoders":[
       {"type":"Replace","pattern":{"String":"\u2581"},"content":" "},{"type":"ByteFallback"},{"type":"Fuse"},
       {"type":"Strip","content":" ","start":1,"stop":0}]})");
-  root["model"] = json{{"type", "BPE"},       {"dropout", nullptr},   {"unk_token", "<unk>"},
-                       {"fuse_unk", true},    {"byte_fallback", true}, {"vocab", vocab},
-                       {"merges", m}};
+  root["model"] = json{{"type", "BPE"},         {"dropout", nullptr}, {"unk_token", "<unk>"}, {"fuse_unk", true},
+                       {"byte_fallback", true}, {"vocab", vocab},     {"merges", m}};
   return root;
 }
 
@@ -101,8 +119,13 @@ json metaspace(const std::string& scheme, bool split) {
 }
 
 json added(int id, const std::string& s, bool lstrip, bool rstrip, bool single_word, bool normalized) {
-  return json{{"id", id}, {"content", s}, {"single_word", single_word}, {"lstrip", lstrip}, {"rstrip", rstrip},
-              {"normalized", normalized}, {"special", !normalized}};
+  return json{{"id", id},
+              {"content", s},
+              {"single_word", single_word},
+              {"lstrip", lstrip},
+              {"rstrip", rstrip},
+              {"normalized", normalized},
+              {"special", !normalized}};
 }
 
 fs::path source_dir() {
@@ -145,7 +168,7 @@ TEST_CASE("Prepend + Replace normalizer, merges by rank, byte fallback, decoder 
   for (int i = 0; i < 300; ++i) {
     std::string s;
     for (int k = rng() % 12; k > 0; --k) s += pool[rng() % pool.size()];
-    if (s.empty() || s[0] == ' ') continue;  // the decoder strips one leading space
+    if (s.empty() || s[0] == ' ') continue;        // the decoder strips one leading space
     if (s.find(M) != std::string::npos) continue;  // a literal ▁ decodes as a space
     CHECK(tok->decode(tok->encode_ordinary(s)) == s);
   }
@@ -230,11 +253,10 @@ TEST_CASE("added tokens honour lstrip, rstrip, single_word and normalized (byte-
   json root;
   root["model"] = json{{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}};
   root["pre_tokenizer"] = json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
-  root["added_tokens"] = json::array({added(256, "<x>", true, false, false, false),
-                                      added(257, "<y>", false, true, false, false),
-                                      added(258, "ab", false, false, true, false),
-                                      added(259, "<n>", false, false, false, true),
-                                      added(260, "<z>", false, false, false, false)});
+  root["added_tokens"] =
+      json::array({added(256, "<x>", true, false, false, false), added(257, "<y>", false, true, false, false),
+                   added(258, "ab", false, false, true, false), added(259, "<n>", false, false, false, true),
+                   added(260, "<z>", false, false, false, false)});
   auto tok = load(dir, root);
   CHECK_FALSE(tok->sentencepiece());
   CHECK(tok->encode("q \t<x>") == Ids{'q', 256});
@@ -244,7 +266,8 @@ TEST_CASE("added tokens honour lstrip, rstrip, single_word and normalized (byte-
   CHECK(tok->encode("x ab y") == Ids{'x', ' ', 258, ' ', 'y'});
   CHECK(tok->encode("xab") == Ids{'x', 'a', 'b'});
   CHECK(tok->encode("ab_") == Ids{'a', 'b', '_'});
-  CHECK(tok->encode("\xC3\xA9" "ab") == Ids{0xC3, 0xA9, 'a', 'b'});  // é is a letter
+  CHECK(tok->encode("\xC3\xA9"
+                    "ab") == Ids{0xC3, 0xA9, 'a', 'b'});  // é is a letter
   CHECK(tok->encode("(ab)") == Ids{'(', 258, ')'});
   // No normalizer: a normalized token matches its content.
   CHECK(tok->encode("q<n>q") == Ids{'q', 259, 'q'});
@@ -374,7 +397,8 @@ std::unique_ptr<ReferenceAssets> reference_assets(const TempDir& dir, const fs::
   auto a = std::make_unique<ReferenceAssets>();
   a->modules = source_dir() / "build-assets" / "node_modules";
   if (!fs::exists(a->modules / needed) || !fs::exists(a->modules / "@lenml" / "tokenizers" / "package.json")) {
-    ::dtrain::test::skip_test("skipped: " + needed.string() + " or @lenml/tokenizers missing; run "
+    ::dtrain::test::skip_test("skipped: " + needed.string() +
+                              " or @lenml/tokenizers missing; run "
                               "scripts/fetch_test_assets.sh");
     return nullptr;
   }
@@ -383,8 +407,8 @@ std::unique_ptr<ReferenceAssets> reference_assets(const TempDir& dir, const fs::
     return nullptr;
   }
   a->texts_path = dir.path / "texts.json";
-  const std::string gen = "python3 '" + (source_dir() / "scripts" / "gen_tokenizer_text.py").string() +
-                          "' 10000 '" + a->texts_path.string() + "' 7";
+  const std::string gen = "python3 '" + (source_dir() / "scripts" / "gen_tokenizer_text.py").string() + "' 10000 '" +
+                          a->texts_path.string() + "' 7";
   REQUIRE(std::system(gen.c_str()) == 0);
   a->texts = json::parse(read_all(a->texts_path)).get<std::vector<std::string>>();
   REQUIRE(a->texts.size() == 10000);
@@ -427,8 +451,11 @@ TEST_CASE("Llama-2-style tokenizer.json matches the @lenml/tokenizers JS referen
   for (const char* scheme : {"first", "always"}) {
     json v = original;
     v["normalizer"] = nullptr;
-    v["pre_tokenizer"] = json{{"type", "Metaspace"}, {"replacement", M}, {"add_prefix_space", true},
-                              {"prepend_scheme", scheme}, {"split", false}};
+    v["pre_tokenizer"] = json{{"type", "Metaspace"},
+                              {"replacement", M},
+                              {"add_prefix_space", true},
+                              {"prepend_scheme", scheme},
+                              {"split", false}};
     compare_with_reference(std::string("Metaspace ") + scheme, a->modules, variant(dir.path, scheme, v, config),
                            a->texts_path, a->texts);
   }
@@ -465,8 +492,10 @@ TEST_CASE("byte-level BPE (GPT-2) with lstrip/rstrip added tokens matches the @l
   root["added_tokens"] = json::array({added(50256, "<|endoftext|>", true, true, false, false),
                                       added(50257, "<|im_start|>", false, true, false, false),
                                       added(50258, "<|im_end|>", true, false, false, false)});
-  const json config = {{"tokenizer_class", "GPT2Tokenizer"}, {"clean_up_tokenization_spaces", false},
-                       {"bos_token", "<|endoftext|>"}, {"eos_token", "<|endoftext|>"}};
+  const json config = {{"tokenizer_class", "GPT2Tokenizer"},
+                       {"clean_up_tokenization_spaces", false},
+                       {"bos_token", "<|endoftext|>"},
+                       {"eos_token", "<|endoftext|>"}};
   std::vector<std::string> lines = a->flag_texts;
   for (std::string& l : lines)
     for (size_t at = l.find("</s>"); at != std::string::npos; at = l.find("</s>", at + 13))

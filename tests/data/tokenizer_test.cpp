@@ -50,8 +50,8 @@ std::string byte_char(int b) {
 json small_tokenizer(bool pair_merges) {
   json vocab = json::object();
   for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
-  const std::vector<std::pair<std::string, std::string>> merges = {
-      {"h", "e"}, {"l", "l"}, {"he", "ll"}, {"\xC4\xA0", "w"}, {"o", "r"}, {"\xC4\xA0w", "or"}};
+  const std::vector<std::pair<std::string, std::string>> merges = {{"h", "e"},        {"l", "l"}, {"he", "ll"},
+                                                                   {"\xC4\xA0", "w"}, {"o", "r"}, {"\xC4\xA0w", "or"}};
   json m = json::array();
   int next = 256;
   for (const auto& [a, b] : merges) {
@@ -83,9 +83,9 @@ std::string random_bytes(std::mt19937& rng, size_t n) {
 // Random valid UTF-8 from a mix of scripts, emoji, combining marks and white space.
 std::string random_utf8(std::mt19937& rng, size_t n) {
   static const std::vector<std::pair<uint32_t, uint32_t>> ranges = {
-      {0x20, 0x7E}, {0x0A, 0x0A}, {0x09, 0x09}, {0xA0, 0x17F}, {0x300, 0x36F}, {0x370, 0x3FF}, {0x400, 0x4FF},
-      {0x590, 0x5FF}, {0x600, 0x6FF}, {0x4E00, 0x9FFF}, {0x3040, 0x30FF}, {0xAC00, 0xD7A3}, {0x1F300, 0x1F64F},
-      {0x2000, 0x206F}, {0x10000, 0x10FFFF}};
+      {0x20, 0x7E},     {0x0A, 0x0A},     {0x09, 0x09},       {0xA0, 0x17F},    {0x300, 0x36F},
+      {0x370, 0x3FF},   {0x400, 0x4FF},   {0x590, 0x5FF},     {0x600, 0x6FF},   {0x4E00, 0x9FFF},
+      {0x3040, 0x30FF}, {0xAC00, 0xD7A3}, {0x1F300, 0x1F64F}, {0x2000, 0x206F}, {0x10000, 0x10FFFF}};
   std::string s;
   for (size_t i = 0; i < n; ++i) {
     const auto& r = ranges[rng() % ranges.size()];
@@ -143,8 +143,7 @@ TEST_CASE("GPT-2 pre-tokenizer follows the regex") {
   CHECK(piece_strings("a  \n\n b", PretokenizerKind::GPT2) == V{"a", "  \n\n", " b"});
   CHECK(piece_strings("x   ", PretokenizerKind::GPT2) == V{"x", "   "});
   CHECK(piece_strings("they'RE it'll", PretokenizerKind::GPT2) == V{"they", "'", "RE", " it", "'ll"});
-  CHECK(piece_strings("Привет, мир! 東京123", PretokenizerKind::GPT2) ==
-        V{"Привет", ",", " мир", "!", " 東京", "123"});
+  CHECK(piece_strings("Привет, мир! 東京123", PretokenizerKind::GPT2) == V{"Привет", ",", " мир", "!", " 東京", "123"});
   CHECK(piece_strings("", PretokenizerKind::GPT2).empty());
 }
 
@@ -162,7 +161,8 @@ TEST_CASE("Llama-3 pre-tokenizer follows the regex") {
 }
 
 TEST_CASE("unicode classification covers many scripts") {
-  for (uint32_t cp : {0x41u, 0xE9u, 0x3B1u, 0x416u, 0x5D0u, 0x627u, 0x4E2Du, 0x3042u, 0xAC00u}) CHECK(unicode_is_letter(cp));
+  for (uint32_t cp : {0x41u, 0xE9u, 0x3B1u, 0x416u, 0x5D0u, 0x627u, 0x4E2Du, 0x3042u, 0xAC00u})
+    CHECK(unicode_is_letter(cp));
   for (uint32_t cp : {0x30u, 0x660u, 0xFF11u, 0x2163u, 0xB2u}) CHECK(unicode_is_number(cp));
   for (uint32_t cp : {0x20u, 0x21u, 0x1F600u, 0x301u, 0x2Cu}) CHECK_FALSE(unicode_is_letter(cp));
   CHECK(unicode_is_space(0x3000));
@@ -178,11 +178,57 @@ TEST_CASE("pre-tokenizers agree with the JS regex engine on random text") {
   // A pool that exercises every branch: contractions, case, digits of several kinds,
   // white space incl. CR/LF/tab/NBSP/ideographic space, punctuation, other scripts,
   // emoji and combining marks (neither letters nor numbers).
-  const std::vector<std::string> pool = {
-      "a", "b", "Z", "s", "t", "re", "RE", "ve", "m", "LL", "d", "D", "'", "'", " ", " ", " ", "  ", "\t", "\n",
-      "\r\n", "\n\n", "0", "7", "42", "12345", "\xD9\xA3", "\xC2\xB2", "\xE2\x85\xA3", ".", ",", "!", "?", "(",
-      ")", "-", "_", "#", "\"", "\xC3\xA9", "\xC3\x9F", "\xD0\x96\xD0\xB8", "\xCE\xB1", "\xE4\xB8\xAD",
-      "\xE3\x81\x82", "\xD8\xB3", "\xD7\xA9", "\xF0\x9F\x98\x80", "\xCC\x81", "\xC2\xA0", "\xE3\x80\x80"};
+  const std::vector<std::string> pool = {"a",
+                                         "b",
+                                         "Z",
+                                         "s",
+                                         "t",
+                                         "re",
+                                         "RE",
+                                         "ve",
+                                         "m",
+                                         "LL",
+                                         "d",
+                                         "D",
+                                         "'",
+                                         "'",
+                                         " ",
+                                         " ",
+                                         " ",
+                                         "  ",
+                                         "\t",
+                                         "\n",
+                                         "\r\n",
+                                         "\n\n",
+                                         "0",
+                                         "7",
+                                         "42",
+                                         "12345",
+                                         "\xD9\xA3",
+                                         "\xC2\xB2",
+                                         "\xE2\x85\xA3",
+                                         ".",
+                                         ",",
+                                         "!",
+                                         "?",
+                                         "(",
+                                         ")",
+                                         "-",
+                                         "_",
+                                         "#",
+                                         "\"",
+                                         "\xC3\xA9",
+                                         "\xC3\x9F",
+                                         "\xD0\x96\xD0\xB8",
+                                         "\xCE\xB1",
+                                         "\xE4\xB8\xAD",
+                                         "\xE3\x81\x82",
+                                         "\xD8\xB3",
+                                         "\xD7\xA9",
+                                         "\xF0\x9F\x98\x80",
+                                         "\xCC\x81",
+                                         "\xC2\xA0",
+                                         "\xE3\x80\x80"};
   std::mt19937 rng(11);
   std::vector<std::string> texts;
   for (int i = 0; i < 400; ++i) {
@@ -281,7 +327,8 @@ TEST_CASE("BpeTokenizer round-trips arbitrary UTF-8 and invalid bytes") {
     CHECK(tok.decode(tok.encode_ordinary(s)) == s);
     CHECK(tok.decode(tok.encode(s)) == s);
   }
-  const std::string fixed = "e\xCC\x81 \xF0\x9F\x98\x80\xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD \xE4\xB8\xAD\xE6\x96\x87 \xFF\xC3";
+  const std::string fixed =
+      "e\xCC\x81 \xF0\x9F\x98\x80\xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD \xE4\xB8\xAD\xE6\x96\x87 \xFF\xC3";
   CHECK(tok.decode(tok.encode(fixed)) == fixed);
 }
 
@@ -411,11 +458,11 @@ TEST_CASE("GPT-2 encodings match the gpt-3-encoder JS reference") {
   REQUIRE(texts.back().size() > 10000);
   json jtexts = texts;
   write_file(dir.path / "texts.json", jtexts.dump());
-  const std::string cmd = "timeout 120 node -e \"const e = require(process.argv[1]); const fs = require('fs');"
-                          " const t = JSON.parse(fs.readFileSync(process.argv[2], 'utf8'));"
-                          " fs.writeFileSync(process.argv[3], JSON.stringify(t.map(x => e.encode(x))));\" '" +
-                          pkg.string() + "' '" + (dir.path / "texts.json").string() + "' '" +
-                          (dir.path / "ids.json").string() + "'";
+  const std::string cmd =
+      "timeout 120 node -e \"const e = require(process.argv[1]); const fs = require('fs');"
+      " const t = JSON.parse(fs.readFileSync(process.argv[2], 'utf8'));"
+      " fs.writeFileSync(process.argv[3], JSON.stringify(t.map(x => e.encode(x))));\" '" +
+      pkg.string() + "' '" + (dir.path / "texts.json").string() + "' '" + (dir.path / "ids.json").string() + "'";
   REQUIRE(std::system(cmd.c_str()) == 0);
   json expected = json::parse(read_all(dir.path / "ids.json"));
   REQUIRE(expected.size() == texts.size());

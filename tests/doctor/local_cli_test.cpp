@@ -78,8 +78,8 @@ TEST_CASE("a free-space bar this machine cannot meet: doctor exits 10 naming it,
   if (bin.empty()) return;
   TempDir t("dtrain-doctor-cli");
   const std::string run_dir = t.path() + "/run";
-  auto r = run({bin, "doctor", "--no-network", "--output-dir", run_dir, "--set", "doctor.min_free_gb=100000000"}, {},
-               60s);
+  auto r =
+      run({bin, "doctor", "--no-network", "--output-dir", run_dir, "--set", "doctor.min_free_gb=100000000"}, {}, 60s);
   INFO(r.out);
   CHECK(r.rc == 10);
   CHECK(contains(r.out, "FAIL node 0 (localhost) disk: "));

@@ -24,7 +24,8 @@ struct Env {
 
 Env* env() {
   if (dtrain_bin().empty()) {
-    ::dtrain::test::skip_test("doctor multi-node tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest)");
+    ::dtrain::test::skip_test(
+        "doctor multi-node tests skipped: $DTRAIN_BIN is not set or not executable (run through ctest)");
     return nullptr;
   }
   if (shell("command -v tc").empty() || shell("command -v nsenter").empty()) {
@@ -55,8 +56,8 @@ std::string sub(const std::string& cmd, const Env& e, int node, const std::strin
 }
 
 std::vector<std::string> doctor_argv(const Env& e, const std::string& run_dir, const std::vector<std::string>& extra) {
-  std::vector<std::string> argv = {e.bin, "doctor", "--hostfile", e.cluster.dir() + "/hostfile", "--output-dir", run_dir,
-                                   "--set", "doctor.link_seconds=0.3"};
+  std::vector<std::string> argv = {e.bin,          "doctor", "--hostfile", e.cluster.dir() + "/hostfile",
+                                   "--output-dir", run_dir,  "--set",      "doctor.link_seconds=0.3"};
   for (auto& s : e.cluster.ssh_sets()) argv.push_back(s);
   argv.insert(argv.end(), extra.begin(), extra.end());
   return argv;
@@ -166,10 +167,27 @@ TEST_CASE("a node whose dtrain binary differs: named with both build ids; the la
   CHECK_FALSE(contains(r.out, "FAIL " + host(*e, 2)));
 
   // A launch stops before any rank starts, naming node, host and check.
-  std::vector<std::string> bench = {e->bin, "bench", "allreduce", "--backend", "gloo", "--hostfile",
-                                    e->cluster.dir() + "/hostfile", "--master-port", "0", "--output-dir",
-                                    e->cluster.dir() + "/run-preflight", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0",
-                                    "--set", "fault_tolerance.max_retries=0"};
+  std::vector<std::string> bench = {e->bin,
+                                    "bench",
+                                    "allreduce",
+                                    "--backend",
+                                    "gloo",
+                                    "--hostfile",
+                                    e->cluster.dir() + "/hostfile",
+                                    "--master-port",
+                                    "0",
+                                    "--output-dir",
+                                    e->cluster.dir() + "/run-preflight",
+                                    "-b",
+                                    "1K",
+                                    "-e",
+                                    "1K",
+                                    "-n",
+                                    "1",
+                                    "-w",
+                                    "0",
+                                    "--set",
+                                    "fault_tolerance.max_retries=0"};
   for (auto& s : e->cluster.ssh_sets()) bench.push_back(s);
   auto b = run(bench, {}, 120s);
   INFO(b.out);
@@ -203,8 +221,9 @@ TEST_CASE("a node whose dtrain binary differs: named with both build ids; the la
   auto el = run(elastic("run-elastic"), {}, 240s);
   INFO(el.out);
   CHECK(el.rc == 0);
-  CHECK(contains(el.out, "membership: " + dest1 + " is left out of round 0: failed the probe: preflight build: dtrain "
-                                                   "0.1.0 build " +
+  CHECK(contains(el.out, "membership: " + dest1 +
+                             " is left out of round 0: failed the probe: preflight build: dtrain "
+                             "0.1.0 build " +
                              theirs + " differs"));
   CHECK_FALSE(contains(el.out, "round 0 failed"));
   // The members were just probed with the preflight's checks: no second preflight.

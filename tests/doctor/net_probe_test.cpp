@@ -50,7 +50,8 @@ TEST_CASE("3 ranks over loopback: allreduce correct, 3 links measured both ways"
   for (int r = 0; r < n; ++r) {
     CHECK_MESSAGE(errors[static_cast<size_t>(r)].empty(), errors[static_cast<size_t>(r)]);
     CHECK(results[static_cast<size_t>(r)].allreduce_ok);
-    parts.insert(parts.end(), results[static_cast<size_t>(r)].links.begin(), results[static_cast<size_t>(r)].links.end());
+    parts.insert(parts.end(), results[static_cast<size_t>(r)].links.begin(),
+                 results[static_cast<size_t>(r)].links.end());
   }
   auto links = link_merge(parts);
   REQUIRE(links.size() == 3);

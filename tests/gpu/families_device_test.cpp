@@ -59,8 +59,7 @@ ModelConfig family(ModelConfig::Arch arch) {
     case ModelConfig::Arch::MISTRAL:
       c.sliding_window = 9;  // rows 72.. of the last 64-query tile see no key of tile 0
       break;
-    default:
-      break;
+    default: break;
   }
   return c;
 }
@@ -135,8 +134,8 @@ void check(ModelConfig::Arch arch, DType t, bool lora, bool recompute) {
 
 TEST_CASE("HF families on two devices: loss and gradients match (fp32, bf16)") {
   SKIP_WITHOUT_GPU();
-  for (auto arch : {ModelConfig::Arch::LLAMA, ModelConfig::Arch::QWEN2, ModelConfig::Arch::QWEN3,
-                    ModelConfig::Arch::MISTRAL})
+  for (auto arch :
+       {ModelConfig::Arch::LLAMA, ModelConfig::Arch::QWEN2, ModelConfig::Arch::QWEN3, ModelConfig::Arch::MISTRAL})
     for (DType t : {DType::F32, DType::BF16}) {
       INFO(model::arch_name(arch) << " " << dtype_name(t));
       check(arch, t, false, false);

@@ -9,16 +9,16 @@
 
 #include <doctest/doctest.h>
 
-#define SKIP_WITHOUT_GPU()                                                                              \
-  do {                                                                                                  \
-    if (::dtrain::device::cuda_count() == 0)                                                            \
-      ::dtrain::test::skip_binary("no CUDA device visible: this GPU test is skipped");                  \
+#define SKIP_WITHOUT_GPU()                                                             \
+  do {                                                                                 \
+    if (::dtrain::device::cuda_count() == 0)                                           \
+      ::dtrain::test::skip_binary("no CUDA device visible: this GPU test is skipped"); \
   } while (0)
 
 // Outside the EMU build, the whole of an engine-only suite: one case, named after the
 // suite, that skips the binary. Use as `#ifndef DTRAIN_CUDA_EMU EMU_ONLY_SUITE("x") #else ...`.
-#define EMU_ONLY_SUITE(suite)                                                                           \
-  TEST_CASE(suite ": needs the CPU execution engine (EMU build)") {                                    \
-    ::dtrain::test::skip_binary(                                                                        \
+#define EMU_ONLY_SUITE(suite)                                                                                \
+  TEST_CASE(suite ": needs the CPU execution engine (EMU build)") {                                          \
+    ::dtrain::test::skip_binary(                                                                             \
         "this suite runs only in the EMU build (the CPU execution engine traces the device work): skipped"); \
   }

@@ -77,8 +77,8 @@ using Multiset = std::map<std::string, int64_t>;
 
 std::string matmul_key(int64_t m, int64_t n, int64_t k, bool ta, bool tb, int a, int b, int c, int d, uint32_t epi,
                        float alpha, float beta, int batch) {
-  return fmt::format("m={} n={} k={} ta={} tb={} types={}/{}/{}/{} epilogue={} alpha={} beta={} batch={}", m, n, k,
-                     ta, tb, a, b, c, d, epi, alpha, beta, batch);
+  return fmt::format("m={} n={} k={} ta={} tb={} types={}/{}/{}/{} epilogue={} alpha={} beta={} batch={}", m, n, k, ta,
+                     tb, a, b, c, d, epi, alpha, beta, batch);
 }
 std::string memop_key(int kind, size_t width, size_t height) {
   return fmt::format("{} {}x{}", kind < 0 ? "memset" : fmt::format("memcpy kind {}", kind), width, height);
@@ -169,8 +169,8 @@ void check_plan_matches(const bench::BenchSetup& s) {
   REQUIRE(total(traced.kernels) > 0);
   REQUIRE(total(traced.matmuls) > 0);
   REQUIRE(total(traced.memops) > 0);
-  INFO(fmt::format("{} {} B={} T={} accum={} recompute={} lora={}", model::arch_name(s.model.arch),
-                   dtype_name(s.dtype), s.micro_batch, s.seq_len, s.grad_accum, s.recompute, s.lora.has_value()));
+  INFO(fmt::format("{} {} B={} T={} accum={} recompute={} lora={}", model::arch_name(s.model.arch), dtype_name(s.dtype),
+                   s.micro_batch, s.seq_len, s.grad_accum, s.recompute, s.lora.has_value()));
   const std::string dk = diff(traced.kernels, planned.kernels);
   const std::string dm = diff(traced.matmuls, planned.matmuls);
   const std::string dmem = diff(traced.memops, planned.memops);
@@ -195,7 +195,8 @@ TEST_CASE("plan vs trace: Llama with GQA, bf16 and fp32; recompute with accumula
 }
 
 TEST_CASE("plan vs trace: LoRA with dropout (GPT-2 bf16, Llama fp32)") {
-  for (auto [arch, dt] : {std::pair{ModelConfig::Arch::GPT2, DType::BF16}, std::pair{ModelConfig::Arch::LLAMA, DType::F32}}) {
+  for (auto [arch, dt] :
+       {std::pair{ModelConfig::Arch::GPT2, DType::BF16}, std::pair{ModelConfig::Arch::LLAMA, DType::F32}}) {
     bench::BenchSetup s = setup(arch, dt);
     model::LoraConfig lc;
     lc.rank = 4;

@@ -60,5 +60,4 @@ TEST_CASE("step graph: CUDA graphs with two ranks at ZeRO stage 1 (NCCL captured
   graph_vs_eager(2, {"zero_optimization.stage=1"});
 }
 
-
 #endif

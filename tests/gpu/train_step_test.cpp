@@ -43,5 +43,4 @@ TEST_CASE("train step: two ranks at ZeRO stage 1 agree on the norm on the device
   CHECK(per_step(2, {"zero_optimization.stage=1"}) == std::vector<size_t>{1, 1});
 }
 
-
 #endif

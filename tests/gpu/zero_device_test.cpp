@@ -212,9 +212,14 @@ TEST_CASE("LoRA with SFT masking and dropout on CUDA at stages 1 and 3, with eva
   if (!enough_gpus(2)) return;
   for (int stage : {1, 3}) {
     CAPTURE(stage);
-    const std::vector<std::string> sets = {"lora.r=4", "lora.alpha=8", "lora.dropout=0.1", "data.format=alpaca",
-                                           "data.pack=false", "data.valid=configs/data/tasks/valid.jsonl",
-                                           "training.eval_steps=3", "zero_optimization.stage=" + std::to_string(stage)};
+    const std::vector<std::string> sets = {"lora.r=4",
+                                           "lora.alpha=8",
+                                           "lora.dropout=0.1",
+                                           "data.format=alpaca",
+                                           "data.pack=false",
+                                           "data.valid=configs/data/tasks/valid.jsonl",
+                                           "training.eval_steps=3",
+                                           "zero_optimization.stage=" + std::to_string(stage)};
     const TrainResult cpu = run(false, sets, 2);
     const TrainResult gpu = run(true, sets, 2);
     check_close(gpu.losses, cpu.losses, 1e-4);
@@ -231,10 +236,11 @@ TEST_CASE("a run checkpointed on CUDA resumes on the CPU at another world size a
   // The same global batch (4) at both world sizes: 1 rank accumulates 2 micro-batches.
   const TrainResult whole = run(false, {"gradient_accumulation_steps=2", "zero_optimization.stage=1"}, 1);
   // 3 steps on CUDA (2 ranks, stage 2), then the CPU continues (1 rank, stage 1) to 6.
-  const TrainResult first = run(true, {"training.max_steps=3", "training.save_steps=3", "zero_optimization.stage=2"}, 2,
-                                d.path.string());
+  const TrainResult first =
+      run(true, {"training.max_steps=3", "training.save_steps=3", "zero_optimization.stage=2"}, 2, d.path.string());
   REQUIRE(first.steps == 3);
-  const TrainResult rest = run(false, {"gradient_accumulation_steps=2", "zero_optimization.stage=1"}, 1, d.path.string());
+  const TrainResult rest =
+      run(false, {"gradient_accumulation_steps=2", "zero_optimization.stage=1"}, 1, d.path.string());
   CHECK(rest.resumed_step == 3);
   CHECK(rest.resumed_world_size == 2);
   CHECK(rest.resumed_stage == 2);

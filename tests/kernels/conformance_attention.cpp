@@ -92,7 +92,8 @@ double attention_check(DType t, int B, int T, int NH, int NKV, int HD, uint64_t 
     gk.poison();
     gv.poison();
     const int qs = static_cast<int>(QW), ks = static_cast<int>(KW);
-    attention_forward(out.ptr(), lse.f32(), dQ.ptr(), dK.ptr(), dV.ptr(), B, T, NH, NKV, HD, qs, ks, t, nullptr, window);
+    attention_forward(out.ptr(), lse.f32(), dQ.ptr(), dK.ptr(), dV.ptr(), B, T, NH, NKV, HD, qs, ks, t, nullptr,
+                      window);
     // lse is compared in absolute terms scaled by its magnitude like every other output.
     e_fwd = std::max(buf_err(out, out_ref), buf_err(lse, lse_ref));
     attention_backward(gq.ptr(), gk.ptr(), gv.ptr(), dD.ptr(), out.ptr(), lse.f32(), dQ.ptr(), dK.ptr(), dV.ptr(), B, T,
@@ -105,18 +106,22 @@ double attention_check(DType t, int B, int T, int NH, int NKV, int HD, uint64_t 
 std::vector<Case> cases_attention() {
   std::vector<Case> c;
   uint64_t seed = 600;
-  struct Shape { int B, T, NH, NKV, HD; bool fused; int W = 0; };
+  struct Shape {
+    int B, T, NH, NKV, HD;
+    bool fused;
+    int W = 0;
+  };
   // bf16/fp16 run the tensor-core kernels (64 x 64 tiles: T = 70 and 130 cross tile edges and
   // the causal diagonal; HD 20 takes the unaligned element-wise loads, 72 and 160 pad the head
   // dimension to 128 and 256), fp32 the CUDA-core kernels (32 x 32 tiles).
   for (DType t : ALL_DTYPES)
-    for (Shape s : {Shape{2, 37, 4, 2, 16, false}, Shape{1, 70, 3, 1, 72, false}, Shape{1, 33, 2, 2, 160, false},
-                    Shape{2, 32, 2, 2, 64, false}, Shape{1, 130, 2, 2, 32, true}, Shape{1, 45, 4, 2, 20, true},
-                    // sliding windows: W = 40 at T = 130 hides whole 32- and 64-key tiles from later rows;
-                    // W = 17, 3 and 2 cut inside tiles (W = 1 leaves dq = dk = 0 exactly: no relative error)
-                    Shape{1, 130, 2, 1, 32, false, 40}, Shape{2, 70, 4, 2, 16, false, 17}, Shape{1, 45, 4, 2, 20, true, 2},
-                    Shape{1, 45, 4, 2, 16, false, 3},
-                    Shape{1, 100, 2, 2, 72, false, 64}}) {
+    for (Shape s :
+         {Shape{2, 37, 4, 2, 16, false}, Shape{1, 70, 3, 1, 72, false}, Shape{1, 33, 2, 2, 160, false},
+          Shape{2, 32, 2, 2, 64, false}, Shape{1, 130, 2, 2, 32, true}, Shape{1, 45, 4, 2, 20, true},
+          // sliding windows: W = 40 at T = 130 hides whole 32- and 64-key tiles from later rows;
+          // W = 17, 3 and 2 cut inside tiles (W = 1 leaves dq = dk = 0 exactly: no relative error)
+          Shape{1, 130, 2, 1, 32, false, 40}, Shape{2, 70, 4, 2, 16, false, 17}, Shape{1, 45, 4, 2, 20, true, 2},
+          Shape{1, 45, 4, 2, 16, false, 3}, Shape{1, 100, 2, 2, 72, false, 64}}) {
       char name[112];
       std::snprintf(name, sizeof name, "attention fwd+bwd B=%d T=%d NH=%d NKV=%d HD=%d%s%s%d", s.B, s.T, s.NH, s.NKV,
                     s.HD, s.fused ? " qkv" : "", s.W ? " window=" : "", s.W);

@@ -54,8 +54,8 @@ double linear_case(DType t, int N, int IC, int OC, Fwd fwd, uint64_t seed) {
                   true, t, nullptr);
   dinp_write.poison();
   linear_backward(dinp_write.ptr(), nullptr, nullptr, dd.ptr(), dx.ptr(), dwt.ptr(), N, IC, OC, OC, false, t, nullptr);
-  return std::max({e, buf_err(dinp, dinp_ref), buf_err(dW, dw_ref), buf_err(dB, db_ref),
-                   buf_err(dinp_write, dinp_write_ref)});
+  return std::max(
+      {e, buf_err(dinp, dinp_ref), buf_err(dW, dw_ref), buf_err(dB, db_ref), buf_err(dinp_write, dinp_write_ref)});
 }
 
 // The layer after linear_gelu_forward: its input act = gelu(pre) (both as stored in t).
@@ -111,12 +111,16 @@ double linear_padded_case(DType t, int N, int IC, int OC, int ld, bool with_bias
 std::vector<Case> cases_linear() {
   std::vector<Case> c;
   uint64_t seed = 500;
-  struct Shape { int N, IC, OC; };
+  struct Shape {
+    int N, IC, OC;
+  };
   for (DType t : ALL_DTYPES)
     for (Shape s : {Shape{64, 96, 128}, Shape{37, 72, 40}})
       for (Fwd f : {Fwd::PLAIN, Fwd::BIAS, Fwd::GELU, Fwd::GELU_BIAS}) {
-        const char* name = f == Fwd::PLAIN ? "linear" : f == Fwd::BIAS ? "linear +bias" : f == Fwd::GELU ? "linear_gelu"
-                                                                                                         : "linear_gelu +bias";
+        const char* name = f == Fwd::PLAIN  ? "linear"
+                           : f == Fwd::BIAS ? "linear +bias"
+                           : f == Fwd::GELU ? "linear_gelu"
+                                            : "linear_gelu +bias";
         c.push_back({std::string(name) + " fwd+bwd " + std::to_string(s.N) + "x" + std::to_string(s.IC) + "->" +
                          std::to_string(s.OC),
                      t, [=] { return linear_case(t, s.N, s.IC, s.OC, f, seed); }, tol_for(t, 1e-4)});

@@ -74,8 +74,8 @@ double ce_case(DType t, int V, int ld, Mode mode, uint64_t seed, bool masked_voc
   tgt[3] = V + 7;
   DT_CUDA_CHECK(cudaMemcpy(dt, tgt.data(), N * sizeof(int32_t), cudaMemcpyHostToDevice));
   DevBuf fresh(padded, t);
-  cross_entropy_forward_backward(dloss.f32(), nullptr, fresh.ptr(), fresh.ptr(), dt, N, V, ld, scale,
-                                 ops::IGNORE_INDEX, t, nullptr);
+  cross_entropy_forward_backward(dloss.f32(), nullptr, fresh.ptr(), fresh.ptr(), dt, N, V, ld, scale, ops::IGNORE_INDEX,
+                                 t, nullptr);
   const Floats l = dloss.download(), g = fresh.download();
   if (!std::isnan(l[3]) || !std::isnan(g[3 * static_cast<size_t>(ld)]) || std::isnan(l[4])) e = INFINITY;
   DT_CUDA_CHECK(cudaFree(dt));

@@ -20,7 +20,8 @@ double layernorm_case(DType t, int N, int C, bool fused, size_t off, uint64_t se
   Rng r(seed);
   const size_t n = static_cast<size_t>(N) * C;
   const float eps = 1e-5f;
-  const Floats a = input(r, n, t, 1.0f, 0.3f), b = input(r, n, t), w = input(r, C, t, 0.2f, 1.0f), bias = input(r, C, t, 0.1f);
+  const Floats a = input(r, n, t, 1.0f, 0.3f), b = input(r, n, t), w = input(r, C, t, 0.2f, 1.0f),
+               bias = input(r, C, t, 0.1f);
   const Floats dout = input(r, n, t), dinp0 = input(r, n, t);
   const Floats dw0 = rand_floats(r, C), db0 = rand_floats(r, C);
   Floats x = a;
@@ -39,8 +40,8 @@ double layernorm_case(DType t, int N, int C, bool fused, size_t off, uint64_t se
   dmean.poison();
   drstd.poison();
   if (fused) {
-    residual_layernorm_forward(res.ptr(), out.ptr(), dmean.f32(), drstd.f32(), dA.ptr(), dB.ptr(), dW.ptr(), dBias.ptr(),
-                               N, C, eps, t, nullptr);
+    residual_layernorm_forward(res.ptr(), out.ptr(), dmean.f32(), drstd.f32(), dA.ptr(), dB.ptr(), dW.ptr(),
+                               dBias.ptr(), N, C, eps, t, nullptr);
   } else {
     layernorm_forward(out.ptr(), dmean.f32(), drstd.f32(), dA.ptr(), dW.ptr(), dBias.ptr(), N, C, eps, t, nullptr);
   }
@@ -88,13 +89,16 @@ double rmsnorm_case(DType t, int N, int C, bool fused, size_t off, uint64_t seed
 std::vector<Case> cases_norm() {
   std::vector<Case> c;
   uint64_t seed = 300;
-  struct Shape { int N, C; size_t off; };
+  struct Shape {
+    int N, C;
+    size_t off;
+  };
   // 200 channels: vector path; 131: scalar path; 300 rows: several 128-row chunks.
   for (DType t : ALL_DTYPES)
     for (Shape s : {Shape{37, 200, 0}, Shape{300, 131, 0}, Shape{19, 256, 1}})
       for (bool fused : {false, true}) {
-        const std::string shape = " N=" + std::to_string(s.N) + " C=" + std::to_string(s.C) +
-                                  (s.off ? " (unaligned)" : "");
+        const std::string shape =
+            " N=" + std::to_string(s.N) + " C=" + std::to_string(s.C) + (s.off ? " (unaligned)" : "");
         c.push_back({std::string(fused ? "residual_layernorm" : "layernorm") + " fwd+bwd" + shape, t,
                      [=] { return layernorm_case(t, s.N, s.C, fused, s.off, seed); }, tol_for(t, 1e-5)});
         c.push_back({std::string(fused ? "residual_rmsnorm" : "rmsnorm") + " fwd+bwd" + shape, t,

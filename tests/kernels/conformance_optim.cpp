@@ -19,8 +19,8 @@ constexpr size_t N_ODD = 10007;  // not a multiple of any pack width: exercises 
 double cast_case(DType from, DType to, size_t offset, uint64_t seed) {
   Rng r(seed);
   Floats x = rand_floats(r, N_ODD, 3.0f);
-  x[5] = 1e6f;  // overflows fp16 -> inf on both sides
-  x[6] = 1e-9f; // fp16 subnormal/zero
+  x[5] = 1e6f;   // overflows fp16 -> inf on both sides
+  x[6] = 1e-9f;  // fp16 subnormal/zero
   x[7] = NAN;
   const Floats xin = round_through(x, from);
   Floats ref(xin.size());
@@ -121,7 +121,8 @@ std::vector<Case> cases_optim() {
       }
   for (DType copy : ALL_DTYPES)
     for (size_t off : {0, 1}) {
-      const std::string name = std::string(copy == DType::F32 ? "adamw_step" : "adamw_step_copy") + (off ? " (unaligned)" : "");
+      const std::string name =
+          std::string(copy == DType::F32 ? "adamw_step" : "adamw_step_copy") + (off ? " (unaligned)" : "");
       c.push_back({name, copy, [=] { return adamw_case(copy, off, seed); }, 1e-5});
       ++seed;
     }

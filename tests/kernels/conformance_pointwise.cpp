@@ -180,8 +180,8 @@ std::vector<Case> cases_pointwise() {
     ops::RopeFreq llama3{500000.0f, ops::RopeFreq::LLAMA3, 8.0f, 1.0f, 4.0f, 64};
     for (int hd : {16, 12})
       for (bool bwd : {false, true})
-        for (const auto& named : {std::pair{"", ops::RopeFreq{10000.0f}}, std::pair{" linear", linear},
-                                  std::pair{" llama3", llama3}}) {
+        for (const auto& named :
+             {std::pair{"", ops::RopeFreq{10000.0f}}, std::pair{" linear", linear}, std::pair{" llama3", llama3}}) {
           const ops::RopeFreq rope = named.second;
           c.push_back({std::string("rope ") + (bwd ? "bwd" : "fwd") + " HD=" + std::to_string(hd) + named.first, t,
                        [=] { return rope_case(t, hd, bwd, seed, rope); }, tol_for(t, 1e-5)});
@@ -193,10 +193,12 @@ std::vector<Case> cases_pointwise() {
                      [=] { return embedding_case(t, C, wpe, seed); }, tol_for(t, 1e-6)});
         ++seed;
       }
-    struct Emb { int V, distinct, B, T, C; };
+    struct Emb {
+      int V, distinct, B, T, C;
+    };
     for (Emb m : {Emb{300, 7, 4, 150, 40}, Emb{70000, 40, 3, 200, 8}, Emb{9, 1, 2, 333, 36}}) {
-      c.push_back({"embedding dwte V=" + std::to_string(m.V) + " ids=" + std::to_string(m.distinct) + " N=" +
-                       std::to_string(m.B * m.T),
+      c.push_back({"embedding dwte V=" + std::to_string(m.V) + " ids=" + std::to_string(m.distinct) +
+                       " N=" + std::to_string(m.B * m.T),
                    t, [=] { return embedding_dwte_case(t, m.V, m.distinct, m.B, m.T, m.C, seed); }, 0.0});
       ++seed;
     }

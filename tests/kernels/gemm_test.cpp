@@ -31,13 +31,18 @@ double gemm_case(bool ta, bool tb, int M, int N, int K, float alpha, float beta,
 
 TEST_CASE("gemm: transposes, dtypes, alpha/beta and odd shapes match ops::gemm") {
   DTK_SKIP_WITHOUT_GPU();
-  struct Types { DType ab, c; double tol; };
-  struct Shape { int M, N, K; };
+  struct Types {
+    DType ab, c;
+    double tol;
+  };
+  struct Shape {
+    int M, N, K;
+  };
   uint64_t seed = 900;
   std::printf("%-44s %12s\n", "gemm case", "max err");
-  for (Types ty : {Types{DType::F32, DType::F32, 1e-4}, Types{DType::BF16, DType::BF16, 1e-2},
-                   Types{DType::BF16, DType::F32, 1e-4}, Types{DType::F16, DType::F16, 2e-3},
-                   Types{DType::F16, DType::F32, 1e-4}})
+  for (Types ty :
+       {Types{DType::F32, DType::F32, 1e-4}, Types{DType::BF16, DType::BF16, 1e-2},
+        Types{DType::BF16, DType::F32, 1e-4}, Types{DType::F16, DType::F16, 2e-3}, Types{DType::F16, DType::F32, 1e-4}})
     for (Shape s : {Shape{64, 128, 96}, Shape{33, 17, 45}, Shape{1, 64, 256}})
       for (int tr = 0; tr < 4; ++tr)
         for (float beta : {0.0f, 1.0f}) {
@@ -54,17 +59,19 @@ TEST_CASE("gemm: transposes, dtypes, alpha/beta and odd shapes match ops::gemm")
 
 TEST_CASE("gemm: the cached plan is reused across calls with other pointers") {
   DTK_SKIP_WITHOUT_GPU();
-  for (int i = 0; i < 3; ++i) CHECK(gemm_case(false, true, 48, 40, 32, 1.0f, 1.0f, DType::BF16, DType::F32, 77 + i) <= 1e-4);
+  for (int i = 0; i < 3; ++i)
+    CHECK(gemm_case(false, true, 48, 40, 32, 1.0f, 1.0f, DType::BF16, DType::F32, 77 + i) <= 1e-4);
 }
 
 TEST_CASE("gemm: bad arguments are UsageErrors") {
   DTK_SKIP_WITHOUT_GPU();
   DevBuf a(64, DType::F32), b(64, DType::F32), c(64, DType::BF16);
-  CHECK_THROWS_AS(kernels::gemm(false, false, 8, 8, 8, 1.0f, a.ptr(), b.ptr(), 0.0f, c.ptr(), DType::F32, DType::BF16,
-                                nullptr),
-                  UsageError);
-  CHECK_THROWS_AS(kernels::linear_gelu_forward(c.ptr(), c.ptr(), a.ptr(), b.ptr(), nullptr, 2, 4, 6, DType::BF16, nullptr),
-                  UsageError);
+  CHECK_THROWS_AS(
+      kernels::gemm(false, false, 8, 8, 8, 1.0f, a.ptr(), b.ptr(), 0.0f, c.ptr(), DType::F32, DType::BF16, nullptr),
+      UsageError);
+  CHECK_THROWS_AS(
+      kernels::linear_gelu_forward(c.ptr(), c.ptr(), a.ptr(), b.ptr(), nullptr, 2, 4, 6, DType::BF16, nullptr),
+      UsageError);
   // The GELU input of DGELU has d(inp)'s leading dimension IC: a multiple of 8.
   CHECK_THROWS_AS(kernels::linear_dgelu_backward(c.ptr(), nullptr, nullptr, c.ptr(), c.ptr(), c.ptr(), c.ptr(), 2, 6, 4,
                                                  DType::BF16, nullptr),

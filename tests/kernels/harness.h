@@ -26,13 +26,13 @@ namespace dtrain::kernels::test {
 // Every CUDA test starts with this: no device ends the binary with exit code 77, which
 // ctest reports as SKIPPED (never as passed). Under the CPU execution engine (the EMU
 // build) devices are always visible, so these tests run in every test run.
-#define DTK_SKIP_WITHOUT_GPU()                                               \
-  do {                                                                       \
-    if (::dtrain::kernels::device_count() == 0) {                            \
-      std::printf("no CUDA device visible: this GPU test is skipped\n");     \
-      std::fflush(stdout);                                                   \
-      std::exit(77);                                                         \
-    }                                                                        \
+#define DTK_SKIP_WITHOUT_GPU()                                           \
+  do {                                                                   \
+    if (::dtrain::kernels::device_count() == 0) {                        \
+      std::printf("no CUDA device visible: this GPU test is skipped\n"); \
+      std::fflush(stdout);                                               \
+      std::exit(77);                                                     \
+    }                                                                    \
   } while (0)
 
 using Floats = std::vector<float>;
@@ -46,7 +46,8 @@ inline Floats rand_floats(Rng& r, size_t n, float scale = 1.0f, float mean = 0.0
 // What the device sees after the host data is stored as `t`.
 inline Floats round_through(const Floats& v, DType t) {
   Floats o(v.size());
-  for (size_t i = 0; i < v.size(); ++i) o[i] = t == DType::F32 ? v[i] : t == DType::BF16 ? bf16_to_f32(f32_to_bf16(v[i])) : f16_to_f32(f32_to_f16(v[i]));
+  for (size_t i = 0; i < v.size(); ++i)
+    o[i] = t == DType::F32 ? v[i] : t == DType::BF16 ? bf16_to_f32(f32_to_bf16(v[i])) : f16_to_f32(f32_to_f16(v[i]));
   return o;
 }
 
@@ -156,9 +157,7 @@ struct Case {
   double tol;
 };
 
-inline double tol_for(DType t, double f32_tol) {
-  return t == DType::F32 ? f32_tol : t == DType::BF16 ? 1e-2 : 2e-3;
-}
+inline double tol_for(DType t, double f32_tol) { return t == DType::F32 ? f32_tol : t == DType::BF16 ? 1e-2 : 2e-3; }
 
 inline void table_run(const std::vector<Case>& cases) {
   std::printf("%-40s %-9s %12s %10s\n", "case", "dtype", "max err", "tol");

@@ -51,8 +51,11 @@ RankContext joined(rendezvous::StoreServer& server, const std::string& token, in
 }  // namespace
 
 TEST_CASE("external_placement: counts that overflow and node indices past the node count are errors") {
-  const Env slurm = {{"SLURM_PROCID", "0"},  {"SLURM_NTASKS", "2"}, {"SLURM_NNODES", "2"},
-                     {"SLURM_NODEID", "0"}, {"SLURM_TASKS_PER_NODE", "99999999999(x2)"}};
+  const Env slurm = {{"SLURM_PROCID", "0"},
+                     {"SLURM_NTASKS", "2"},
+                     {"SLURM_NNODES", "2"},
+                     {"SLURM_NODEID", "0"},
+                     {"SLURM_TASKS_PER_NODE", "99999999999(x2)"}};
   const std::string e = error_of([&] { external_placement(slurm); });
   CHECK(contains(e, "SLURM_TASKS_PER_NODE='99999999999(x2)'"));
   CHECK(contains(e, "outside [1, 1048576]"));
@@ -63,17 +66,24 @@ TEST_CASE("external_placement: counts that overflow and node indices past the no
   fine["SLURM_TASKS_PER_NODE"] = "1(x2)";
   CHECK(external_placement(fine).local_world_size == 1);
 
-  CHECK(contains(error_of([] { external_placement({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"GROUP_RANK", "99999"}}); }),
+  CHECK(contains(error_of([] {
+                   external_placement({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"GROUP_RANK", "99999"}});
+                 }),
                  "GROUP_RANK='99999' must be an integer in [0, 0]"));
   // 8 ranks, 4 per node: nodes 0 and 1.
-  CHECK(contains(error_of([] {
-                   external_placement({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_WORLD_SIZE", "4"},
-                                       {"LOCAL_RANK", "1"}, {"GROUP_RANK", "2"}});
-                 }),
-                 "GROUP_RANK='2' must be an integer in [0, 1]"));
+  CHECK(contains(
+      error_of([] {
+        external_placement(
+            {{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"GROUP_RANK", "2"}});
+      }),
+      "GROUP_RANK='2' must be an integer in [0, 1]"));
   // torchrun's GROUP_WORLD_SIZE says the node count where the nodes are uneven.
-  ExternalPlacement uneven = external_placement({{"RANK", "4"}, {"WORLD_SIZE", "5"}, {"LOCAL_WORLD_SIZE", "2"},
-                                                 {"LOCAL_RANK", "0"}, {"GROUP_RANK", "2"}, {"GROUP_WORLD_SIZE", "3"}});
+  ExternalPlacement uneven = external_placement({{"RANK", "4"},
+                                                 {"WORLD_SIZE", "5"},
+                                                 {"LOCAL_WORLD_SIZE", "2"},
+                                                 {"LOCAL_RANK", "0"},
+                                                 {"GROUP_RANK", "2"},
+                                                 {"GROUP_WORLD_SIZE", "3"}});
   CHECK(uneven.nnodes == 3);
   CHECK(uneven.node_rank == 2);
 }
@@ -85,17 +95,23 @@ TEST_CASE("external_placement: two launchers' placements that disagree are refus
   });
   CHECK(contains(e, "RANK=1 WORLD_SIZE=2"));
   CHECK(contains(e, "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=1"));
-  CHECK(contains(error_of([] {
-                   external_placement({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"PMI_RANK", "0"},
-                                       {"PMI_SIZE", "2"}});
-                 }),
-                 "PMI_RANK=0 PMI_SIZE=2"));
+  CHECK(contains(
+      error_of([] {
+        external_placement(
+            {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"PMI_RANK", "0"}, {"PMI_SIZE", "2"}});
+      }),
+      "PMI_RANK=0 PMI_SIZE=2"));
   // The same view twice, or mpirun's one process per node starting torchrun: accepted.
-  CHECK(external_placement({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "1"},
-                            {"OMPI_COMM_WORLD_SIZE", "2"}})
+  CHECK(external_placement(
+            {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}})
             .rank == 1);
-  CHECK(external_placement({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"},
-                            {"GROUP_RANK", "1"}, {"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}})
+  CHECK(external_placement({{"RANK", "5"},
+                            {"WORLD_SIZE", "8"},
+                            {"LOCAL_WORLD_SIZE", "4"},
+                            {"LOCAL_RANK", "1"},
+                            {"GROUP_RANK", "1"},
+                            {"OMPI_COMM_WORLD_RANK", "1"},
+                            {"OMPI_COMM_WORLD_SIZE", "2"}})
             .rank == 5);
   // Slurm's are not compared: a batch step exports SLURM_PROCID=0 to what it starts.
   CHECK(external_placement({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}}).rank ==

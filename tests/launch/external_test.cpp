@@ -97,8 +97,8 @@ TEST_CASE("external_placement: srun, Open MPI and PMI") {
                                             {"SLURM_TASKS_PER_NODE", "3,1"}});
   CHECK(u.local_world_size == 1);
   // MASTER_ADDR wins over the nodelist.
-  CHECK(external_placement({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_JOB_NODELIST", "n[1-2]"},
-                            {"MASTER_ADDR", "login"}})
+  CHECK(external_placement(
+            {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_JOB_NODELIST", "n[1-2]"}, {"MASTER_ADDR", "login"}})
             .master_addr == "login");
 
   ExternalPlacement o = external_placement({{"OMPI_COMM_WORLD_RANK", "6"},
@@ -112,15 +112,16 @@ TEST_CASE("external_placement: srun, Open MPI and PMI") {
   CHECK(o.node_rank == 1);
   CHECK(o.master_addr.empty());
 
-  ExternalPlacement m = external_placement({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"MPI_LOCALRANKID", "1"},
-                                            {"MPI_LOCALNRANKS", "2"}});
+  ExternalPlacement m =
+      external_placement({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"}});
   CHECK(m.launcher == "PMI");
   CHECK(m.rank == 1);
   CHECK(m.local_rank == 1);
 
   // torchrun's variables come first (a torchrun inside an srun step).
-  CHECK(external_placement({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}})
-            .launcher == "torchrun");
+  CHECK(
+      external_placement({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}}).launcher ==
+      "torchrun");
 }
 
 TEST_CASE("external_placement: errors name the variable") {
@@ -134,15 +135,19 @@ TEST_CASE("external_placement: errors name the variable") {
                  }),
                  "MASTER_PORT='70000'"));
   CHECK(contains(error_of([] {
-                   external_placement({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"},
-                                       {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+                   external_placement({{"OMPI_COMM_WORLD_RANK", "0"},
+                                       {"OMPI_COMM_WORLD_SIZE", "2"},
+                                       {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+                                       {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
                  }),
                  "OMPI_COMM_WORLD_LOCAL_RANK"));
 }
 
 TEST_CASE("external_placement: a Kubernetes Indexed Job pod's index is its rank") {
-  ExternalPlacement p = external_placement(
-      {{"JOB_COMPLETION_INDEX", "2"}, {"WORLD_SIZE", "3"}, {"MASTER_ADDR", "dtrain-0.dtrain"}, {"MASTER_PORT", "29500"}});
+  ExternalPlacement p = external_placement({{"JOB_COMPLETION_INDEX", "2"},
+                                            {"WORLD_SIZE", "3"},
+                                            {"MASTER_ADDR", "dtrain-0.dtrain"},
+                                            {"MASTER_PORT", "29500"}});
   CHECK(p.launcher == "a Kubernetes Indexed Job");
   CHECK(p.rank == 2);
   CHECK(p.world_size == 3);
@@ -151,7 +156,9 @@ TEST_CASE("external_placement: a Kubernetes Indexed Job pod's index is its rank"
   CHECK(contains(p.evidence, "JOB_COMPLETION_INDEX=2 WORLD_SIZE=3"));
   // RANK, where a manifest sets it too, wins; an index beyond WORLD_SIZE is an error.
   CHECK(external_placement({{"JOB_COMPLETION_INDEX", "2"}, {"RANK", "1"}, {"WORLD_SIZE", "3"}}).rank == 1);
-  CHECK(contains(error_of([] { external_placement({{"JOB_COMPLETION_INDEX", "3"}, {"WORLD_SIZE", "3"}}); }),
+  CHECK(contains(error_of([] {
+                   external_placement({{"JOB_COMPLETION_INDEX", "3"}, {"WORLD_SIZE", "3"}});
+                 }),
                  "JOB_COMPLETION_INDEX='3' must be an integer in [0, 2]"));
 }
 
@@ -169,7 +176,10 @@ TEST_CASE("external_node: PET_NNODES / PET_NODE_RANK, where Kubeflow sets them, 
 
 TEST_CASE("external_local_rank_env: --nproc-per-node children read torchrun's variables") {
   ExternalPlacement node = external_placement({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "3"}, {"SLURM_JOB_ID", "77"}});
-  Env base = {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "3"}, {"SLURM_LOCALID", "0"}, {"PATH", "/bin"},
+  Env base = {{"SLURM_PROCID", "1"},
+              {"SLURM_NTASKS", "3"},
+              {"SLURM_LOCALID", "0"},
+              {"PATH", "/bin"},
               {"OMPI_COMM_WORLD_RANK", "9"}};
   Env e = external_local_rank_env(base, node, 4, 2, "n1", 29500);
   CHECK(e.at("RANK") == "6");
@@ -204,8 +214,7 @@ TEST_CASE("external_token: a mounted file or a named variable, never empty or sh
   const auto slash = path.rfind('/');
   CHECK(external_token("~" + path.substr(slash), "", {{"HOME", path.substr(0, slash)}}, "c.yaml") ==
         "0123456789abcdef0123");
-  CHECK(external_token("", "JOB_TOKEN", {{"JOB_TOKEN", "fedcba9876543210fedc"}}, "c.yaml") ==
-        "fedcba9876543210fedc");
+  CHECK(external_token("", "JOB_TOKEN", {{"JOB_TOKEN", "fedcba9876543210fedc"}}, "c.yaml") == "fedcba9876543210fedc");
 
   std::string none = error_of([] { external_token("", "", {}, "c.yaml"); });
   CHECK(contains(none, "c.yaml"));
@@ -338,7 +347,8 @@ TEST_CASE("ExternalRankZeroWatch names a rank that stops beating; a watch whose 
 
 TEST_CASE("external_store_wait: a wrong token is refused at once; an address that never answers times out") {
   LocalJob job(1);
-  std::string e = error_of([&] { external_store_wait("127.0.0.1", job.server.port(), rendezvous::token_generate(), 30s); });
+  std::string e =
+      error_of([&] { external_store_wait("127.0.0.1", job.server.port(), rendezvous::token_generate(), 30s); });
   CHECK(contains(e, "cannot join the job's store at 127.0.0.1:"));
   CHECK(contains(e, "refused authentication"));
   external_store_wait("127.0.0.1", job.server.port(), job.token, 5s);  // the right one joins

@@ -52,7 +52,8 @@ ProbeResult probe_with(const std::string& path, std::chrono::milliseconds timeou
 
 TEST_CASE("host probe: the same version passes, anything else fails naming it") {
   Scripts s;
-  const std::string same = s.write("same", fmt::format("[ \"$1\" = --version ] && echo 'dtrain {}'", dtrain::version()));
+  const std::string same =
+      s.write("same", fmt::format("[ \"$1\" = --version ] && echo 'dtrain {}'", dtrain::version()));
   CHECK(probe_with(same).ok);
 
   const ProbeResult other = probe_with(s.write("other", "echo 'dtrain 0.0.1-elsewhere'"));

@@ -206,9 +206,7 @@ TEST_CASE("hostlist: random expressions agree with scontrol") {
   }
   std::string script = "export SLURM_CONF='" + (dir / "slurm.conf").string() + "'\n";
   for (const auto& e : exprs) script += "scontrol show hostnames '" + e + "' | tr '\\n' ' '; echo\n";
-  {
-    std::ofstream(dir / "run.sh") << script;
-  }
+  { std::ofstream(dir / "run.sh") << script; }
   std::string cmd = "sh '" + (dir / "run.sh").string() + "' > '" + (dir / "out.txt").string() + "' 2>&1";
   REQUIRE(std::system(cmd.c_str()) == 0);
   std::ifstream in(dir / "out.txt");

@@ -61,7 +61,7 @@ struct PodJob {
   std::vector<std::string> sets;
   std::map<std::string, std::string> set_values;
   std::string output_dir;
-  Env env;  // the container's own env entries
+  Env env;                                   // the container's own env entries
   std::map<std::string, YAML::Node> mounts;  // mountPath -> the pod's volume
 };
 
@@ -121,10 +121,11 @@ void check_pod_job(const PodJob& j, const std::string& manifest_text) {
   // The run directory on a shared claim.
   REQUIRE(!j.output_dir.empty());
   const YAML::Node runs = volume_under(j, j.output_dir);
-  REQUIRE_MESSAGE(static_cast<bool>(runs && runs["persistentVolumeClaim"]), j.output_dir << " is not on a PersistentVolumeClaim");
+  REQUIRE_MESSAGE(static_cast<bool>(runs && runs["persistentVolumeClaim"]),
+                  j.output_dir << " is not on a PersistentVolumeClaim");
   // The overrides are valid for the embedded default job and leave the token to the file.
-  config::LoadedConfig loaded = config::config_load_string(config::kDefaultConfigYaml, "<embedded default>", j.sets,
-                                                           config::kDefaultConfigDir);
+  config::LoadedConfig loaded =
+      config::config_load_string(config::kDefaultConfigYaml, "<embedded default>", j.sets, config::kDefaultConfigDir);
   CHECK(loaded.cfg.cluster.rendezvous.token_file == token_file);
   CHECK(loaded.cfg.cluster.rendezvous.token_env.empty());
   CHECK(loaded.cfg.fault_tolerance.heartbeat_timeout > 0);
@@ -222,7 +223,8 @@ TEST_CASE("scripts/k8s/indexed-job.yaml: the pod index is the rank, pod 0's DNS 
   REQUIRE(j.env.count("MASTER_PORT"));
   CHECK(j.env.at("MASTER_ADDR") == name + "-0." + svc);
   bool exposed = false;
-  for (const auto& p : service["spec"]["ports"]) exposed = exposed || std::to_string(p["port"].as<int>()) == j.env.at("MASTER_PORT");
+  for (const auto& p : service["spec"]["ports"])
+    exposed = exposed || std::to_string(p["port"].as<int>()) == j.env.at("MASTER_PORT");
   CHECK(exposed);
   std::set<int> ranks;
   for (int i = 0; i < completions; ++i) {

@@ -63,10 +63,11 @@ TEST_CASE("LocalRankGroup: a rank's own error is blamed before a peer's communic
   const std::string comm = std::to_string(static_cast<int>(Exit::COMM));
   std::vector<LocalRankSpec> specs;
   // Rank 0 fails as a peer does once rank 1 is gone; rank 2 would run for a minute.
-  specs.push_back(sh("i=0; while [ ! -e " + flag + " ] && [ $i -lt 3000 ]; do sleep 0.01; i=$((i+1)); done; exit " + comm, 0));
-  specs.push_back(sh("echo 'dtrain: error: cannot write checkpoint file x: No space left on device' >&2; touch " +
-                         flag + "; exit 3",
-                     1));
+  specs.push_back(
+      sh("i=0; while [ ! -e " + flag + " ] && [ $i -lt 3000 ]; do sleep 0.01; i=$((i+1)); done; exit " + comm, 0));
+  specs.push_back(sh(
+      "echo 'dtrain: error: cannot write checkpoint file x: No space left on device' >&2; touch " + flag + "; exit 3",
+      1));
   specs.push_back(sh("sleep 60", 2));
   LocalRankGroup g(std::move(specs), 2000ms);
   const LocalRankGroupStatus st = settle(g);

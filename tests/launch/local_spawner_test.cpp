@@ -31,7 +31,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-
 ExitStatus run_to_end(Process& p, std::chrono::milliseconds timeout = 20s) {
   auto status = p.wait_for(timeout);
   REQUIRE_MESSAGE(status.has_value(), p.where() << " did not end within the timeout");
@@ -101,8 +100,8 @@ TEST_CASE("stdout and stderr are split into lines, partial last line included") 
 
 TEST_CASE("long lines arrive whole up to the limit") {
   Lines lines;
-  auto p = spawn_local({"sh", "-c", "head -c 300000 /dev/zero | tr '\\0' x; echo; echo tail"}, {}, "", "",
-                       lines.callback());
+  auto p =
+      spawn_local({"sh", "-c", "head -c 300000 /dev/zero | tr '\\0' x; echo; echo tail"}, {}, "", "", lines.callback());
   CHECK(run_to_end(*p).success());
   auto out = lines.of(Stream::STDOUT);
   REQUIRE(out.size() == 2);

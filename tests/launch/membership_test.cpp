@@ -25,7 +25,9 @@ dtrain::config::Hostfile hosts(int n) {
   return hf;
 }
 
-std::vector<ProbeResult> all_ok(int n) { return std::vector<ProbeResult>(static_cast<size_t>(n), ProbeResult{true, ""}); }
+std::vector<ProbeResult> all_ok(int n) {
+  return std::vector<ProbeResult>(static_cast<size_t>(n), ProbeResult{true, ""});
+}
 
 std::vector<ProbeResult> failing(int n, std::vector<int> bad) {
   auto r = all_ok(n);

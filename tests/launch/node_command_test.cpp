@@ -90,9 +90,7 @@ LaunchSpec basic_spec() {
   return s;
 }
 
-bool contains(const std::string& s, std::string_view part) {
-  return s.find(part) != std::string::npos;
-}
+bool contains(const std::string& s, std::string_view part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
 
@@ -172,9 +170,8 @@ TEST_CASE("shell_line: format and rejections") {
 TEST_CASE("node_command_build: argv, forwarded env, overrides and plan variables") {
   Plan plan = two_node_plan();
   std::map<std::string, std::string> launcher_env = {
-      {"NCCL_IB_DISABLE", "1"},       {"NCCL_DEBUG", "INFO"},   {"HF_HOME", "/data/hf cache"},
-      {"HOME", "/home/me"},           {"PATH", "/usr/bin"},     {"MASTER_ADDR", "wrong"},
-      {"HF_BAD-NAME", "x"},           {"XNCCL_Y", "no"},
+      {"NCCL_IB_DISABLE", "1"}, {"NCCL_DEBUG", "INFO"},   {"HF_HOME", "/data/hf cache"}, {"HOME", "/home/me"},
+      {"PATH", "/usr/bin"},     {"MASTER_ADDR", "wrong"}, {"HF_BAD-NAME", "x"},          {"XNCCL_Y", "no"},
   };
   LaunchSpec spec = basic_spec();
   spec.env_set["WORLD_SIZE"] = "999";  // the plan's value wins
@@ -182,19 +179,50 @@ TEST_CASE("node_command_build: argv, forwarded env, overrides and plan variables
   NodeCommand c1 = node_command_build(plan, 1, spec, launcher_env);
   CHECK(c1.workdir == "/work/dir");
   std::map<std::string, std::string> expect_env = {
-      {"DTRAIN_JOB_ID", "job-42"},  {"HF_HOME", "/data/hf cache"}, {"MASTER_ADDR", "10.0.0.1"},
-      {"MASTER_PORT", "29500"},     {"NCCL_DEBUG", "WARN"},        {"NCCL_IB_DISABLE", "1"},
-      {"NNODES", "2"},              {"NODE_RANK", "1"},            {"OMP_NUM_THREADS", "4"},
+      {"DTRAIN_JOB_ID", "job-42"},
+      {"HF_HOME", "/data/hf cache"},
+      {"MASTER_ADDR", "10.0.0.1"},
+      {"MASTER_PORT", "29500"},
+      {"NCCL_DEBUG", "WARN"},
+      {"NCCL_IB_DISABLE", "1"},
+      {"NNODES", "2"},
+      {"NODE_RANK", "1"},
+      {"OMP_NUM_THREADS", "4"},
       {"WORLD_SIZE", "4"},
   };
   CHECK(c1.env == expect_env);
 
-  std::vector<std::string> expect_argv = {
-      "/opt/dtrain/bin/dtrain", "agent",
-      "--job-id", "job-42", "--round", "3", "--node-rank", "1", "--nnodes", "2",
-      "--world-size", "4", "--first-rank", "2", "--local-world-size", "2", "--devices", "0,1",
-      "--master-addr", "10.0.0.1", "--master-port", "29500", "--run-dir", "/shared/runs/job-42",
-      "--mode", "train", "--config", "/shared/runs/job-42/config.yaml", "--", "--steps", "10"};
+  std::vector<std::string> expect_argv = {"/opt/dtrain/bin/dtrain",
+                                          "agent",
+                                          "--job-id",
+                                          "job-42",
+                                          "--round",
+                                          "3",
+                                          "--node-rank",
+                                          "1",
+                                          "--nnodes",
+                                          "2",
+                                          "--world-size",
+                                          "4",
+                                          "--first-rank",
+                                          "2",
+                                          "--local-world-size",
+                                          "2",
+                                          "--devices",
+                                          "0,1",
+                                          "--master-addr",
+                                          "10.0.0.1",
+                                          "--master-port",
+                                          "29500",
+                                          "--run-dir",
+                                          "/shared/runs/job-42",
+                                          "--mode",
+                                          "train",
+                                          "--config",
+                                          "/shared/runs/job-42/config.yaml",
+                                          "--",
+                                          "--steps",
+                                          "10"};
   CHECK(c1.argv == expect_argv);
 
   NodeCommand c0 = node_command_build(plan, 0, spec, launcher_env);

@@ -14,9 +14,7 @@ using namespace dtrain::config;
 using namespace dtrain::launch;
 
 namespace {
-bool contains(const std::string& s, std::string_view part) {
-  return s.find(part) != std::string::npos;
-}
+bool contains(const std::string& s, std::string_view part) { return s.find(part) != std::string::npos; }
 }  // namespace
 
 TEST_CASE("placement: heterogeneous nodes 8 + 4 + 2") {

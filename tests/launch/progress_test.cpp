@@ -15,9 +15,10 @@ namespace {
 std::string trainer_line(long long step, long long total, double loss, double lr, double gn, double scale, double tps,
                          double per_step, bool applied) {
   char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "step %lld/%lld | loss %.4f | lr %.1e | grad_norm %.3f | loss_scale %.0f | tokens/s %.0f | %.2f s/step%s",
-                step, total, loss, lr, gn, scale, tps, per_step, applied ? "" : " | skipped (fp16 overflow)");
+  std::snprintf(
+      buf, sizeof buf,
+      "step %lld/%lld | loss %.4f | lr %.1e | grad_norm %.3f | loss_scale %.0f | tokens/s %.0f | %.2f s/step%s", step,
+      total, loss, lr, gn, scale, tps, per_step, applied ? "" : " | skipped (fp16 overflow)");
   return buf;
 }
 
@@ -56,11 +57,11 @@ TEST_CASE("progress: other lines are not progress lines") {
   CHECK_FALSE(progress_parse(""));
   CHECK_FALSE(progress_parse("train: gpt2 124M params"));
   CHECK_FALSE(progress_parse("eval step 40 | eval_loss 2.1 | eval_ppl 8.1"));
-  CHECK_FALSE(progress_parse("step 4 | loss 2.0"));            // no total
-  CHECK_FALSE(progress_parse("step 4/x | loss 2.0"));          // bad total
-  CHECK_FALSE(progress_parse("step 4/10 | lr 1e-3"));          // no loss
-  CHECK_FALSE(progress_parse("step 4/10 | loss two"));         // bad number
-  CHECK_FALSE(progress_parse("step -4/10 | loss 2"));          // negative step
+  CHECK_FALSE(progress_parse("step 4 | loss 2.0"));                // no total
+  CHECK_FALSE(progress_parse("step 4/x | loss 2.0"));              // bad total
+  CHECK_FALSE(progress_parse("step 4/10 | lr 1e-3"));              // no loss
+  CHECK_FALSE(progress_parse("step 4/10 | loss two"));             // bad number
+  CHECK_FALSE(progress_parse("step -4/10 | loss 2"));              // negative step
   CHECK(progress_parse("step 4/10 | loss 2.0 | future_field 7"));  // unknown fields tolerated
 }
 

@@ -81,8 +81,8 @@ TEST_CASE("device_verdict_value / device_verdict_parse: what one agent or rank p
   CHECK(ok.first == "gpu07");
   CHECK(ok.second.device == "cuda");
   CHECK(ok.second.problem.empty());
-  const auto bad =
-      device_verdict_parse(device_verdict_value(NodeDeviceVerdict{"", "gpu07 sees 1 CUDA device(s)"}, "gpu07"), "node 1");
+  const auto bad = device_verdict_parse(
+      device_verdict_value(NodeDeviceVerdict{"", "gpu07 sees 1 CUDA device(s)"}, "gpu07"), "node 1");
   CHECK(bad.first == "node 1");
   CHECK(bad.second.device.empty());
   CHECK(bad.second.problem == "gpu07 sees 1 CUDA device(s)");

@@ -95,9 +95,9 @@ TEST_CASE("the most silent of several ranks is named; an exited rank and a finis
   f.beat("node0", 9s);
   f.beat("node1", 9s);
   f.beat("rank0", 9s);
-  f.beat("rank1", 3s);                     // silent 7 s at t=10
-  f.beat("rank2", 1s, kRankBeatExited);   // returned cleanly: silent by design
-  f.beat("rank3", 2s);                     // silent 8 s at t=10
+  f.beat("rank1", 3s);                   // silent 7 s at t=10
+  f.beat("rank2", 1s, kRankBeatExited);  // returned cleanly: silent by design
+  f.beat("rank3", 2s);                   // silent 8 s at t=10
   auto h = w.check(f.s, f.t0 + 10s, f.done);
   REQUIRE(h);
   CHECK(h->rank == 3);

@@ -114,8 +114,8 @@ TEST_CASE("run_dir_remove_partial_checkpoints: only dtrain's tmp-step<k>/ direct
   std::sort(removed.begin(), removed.end());
   CHECK(removed == std::vector<std::string>{(ck / "latest.tmp").string(), (ck / "tmp-step0").string(),
                                             (ck / "tmp-step10").string()});
-  for (const char* kept : {"tmp-step", "tmp-stepx", "tmp-step5.bak", "tmp-mine", "step5", "tmp-step7", "latest",
-                           "tmp-step11"})
+  for (const char* kept :
+       {"tmp-step", "tmp-stepx", "tmp-step5.bak", "tmp-mine", "step5", "tmp-step7", "latest", "tmp-step11"})
     CHECK_MESSAGE(fs::exists(fs::symlink_status(ck / kept)), kept);
   CHECK(fs::is_directory(elsewhere.path / "data"));
   CHECK(run_dir_remove_partial_checkpoints((d.path / "missing").string()).empty());

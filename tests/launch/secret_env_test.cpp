@@ -50,7 +50,8 @@ std::map<std::string, std::string> parse_payload(const std::string& payload, std
 
 TEST_CASE("secret env: not in the sh line or argv, in the stdin payload byte-exact") {
   const std::string value = "hf_s3cr3t 'q' \"d\" $HOME\nline2\t\x01\xff=";
-  const NodeCommand cmd = node_command_build(one_remote_node(), 0, spec_with_secret(value), {{"HF_TOKEN", "forwarded"}});
+  const NodeCommand cmd =
+      node_command_build(one_remote_node(), 0, spec_with_secret(value), {{"HF_TOKEN", "forwarded"}});
   const std::string line = cmd.shell_line();
   CAPTURE(line);
   CHECK(line.find("hf_s3cr3t") == std::string::npos);

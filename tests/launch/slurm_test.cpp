@@ -72,12 +72,15 @@ TEST_CASE("slurm: allocation from the environment") {
   CHECK(b.gpus_per_node == 0);
 
   CHECK(error_of([] { slurm_allocation_from_env({}); }).find("not inside a Slurm allocation") != std::string::npos);
-  CHECK(error_of([] { slurm_allocation_from_env({{"SLURM_JOB_NODELIST", "n[1-3]"}, {"SLURM_TASKS_PER_NODE", "2(x2)"}}); })
-            .find("does not match the 3 node(s)") != std::string::npos);
-  CHECK(error_of([] { slurm_allocation_from_env({{"SLURM_JOB_NODELIST", "n[1-"}}); }).find("never closed") !=
-        std::string::npos);
-  CHECK(error_of([] { slurm_allocation_from_env({{"SLURM_JOB_NODELIST", "n1"}, {"SLURM_NTASKS_PER_NODE", "x"}}); })
-            .find("SLURM_NTASKS_PER_NODE='x'") != std::string::npos);
+  CHECK(error_of([] {
+          slurm_allocation_from_env({{"SLURM_JOB_NODELIST", "n[1-3]"}, {"SLURM_TASKS_PER_NODE", "2(x2)"}});
+        }).find("does not match the 3 node(s)") != std::string::npos);
+  CHECK(error_of([] {
+          slurm_allocation_from_env({{"SLURM_JOB_NODELIST", "n[1-"}});
+        }).find("never closed") != std::string::npos);
+  CHECK(error_of([] {
+          slurm_allocation_from_env({{"SLURM_JOB_NODELIST", "n1"}, {"SLURM_NTASKS_PER_NODE", "x"}});
+        }).find("SLURM_NTASKS_PER_NODE='x'") != std::string::npos);
 }
 
 TEST_CASE("slurm: hostfile and placement") {
@@ -112,10 +115,21 @@ TEST_CASE("slurm: srun command line") {
   o.gpus = 4;
   o.extra = {"--mpi=none"};
   auto argv = slurm_srun_argv("gpu02", 1, cmd, o);
-  std::vector<std::string> expected{"srun",        "--nodes=1",       "--ntasks=1", "--nodelist=gpu02",
-                                    "--export=ALL", "--unbuffered",   "--overlap",  "--job-name=dtrain-node1",
-                                    "--cpus-per-task=64", "--gres=gpu:4", "--mem=0", "--mpi=none",
-                                    "/bin/sh",     "-c",              cmd.shell_line()};
+  std::vector<std::string> expected{"srun",
+                                    "--nodes=1",
+                                    "--ntasks=1",
+                                    "--nodelist=gpu02",
+                                    "--export=ALL",
+                                    "--unbuffered",
+                                    "--overlap",
+                                    "--job-name=dtrain-node1",
+                                    "--cpus-per-task=64",
+                                    "--gres=gpu:4",
+                                    "--mem=0",
+                                    "--mpi=none",
+                                    "/bin/sh",
+                                    "-c",
+                                    cmd.shell_line()};
   CHECK(argv == expected);
   auto plain = slurm_srun_argv("n1", 0, cmd, SrunOptions{});
   CHECK(std::find(plain.begin(), plain.end(), "--gres=gpu:4") == plain.end());
@@ -131,7 +145,9 @@ TEST_CASE("slurm: the spawner runs each agent through srun") {
   {
     std::ofstream f(fake);
     f << "#!/bin/sh\n"
-         "while [ \"$1\" != /bin/sh ]; do echo \"$1\" >> '" << (dir / "args").string() << "'; shift; done\n"
+         "while [ \"$1\" != /bin/sh ]; do echo \"$1\" >> '"
+      << (dir / "args").string()
+      << "'; shift; done\n"
          "exec \"$@\"\n";
   }
   ::chmod(fake.c_str(), 0755);

@@ -35,7 +35,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-
 std::string quote(const std::string& word) {
   std::string out = "'";
   for (char c : word) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
@@ -152,8 +151,9 @@ TEST_CASE("commands run on every node in parallel with their output and exit cod
   Lines lines[2];
   std::vector<SshCommand> commands;
   for (int i = 0; i < 2; ++i)
-    commands.push_back({c->host(i), "echo out-" + std::to_string(i) + "; echo err-" + std::to_string(i) +
-                                        " >&2; hostname -I; exit " + std::to_string(3 + i),
+    commands.push_back({c->host(i),
+                        "echo out-" + std::to_string(i) + "; echo err-" + std::to_string(i) +
+                            " >&2; hostname -I; exit " + std::to_string(3 + i),
                         "", lines[i].callback()});
   auto processes = spawn_ssh_parallel(commands, c->options());
   REQUIRE(processes.size() == 2);
@@ -211,9 +211,8 @@ TEST_CASE("stdin data arrives and stdin stays open until close_stdin") {
   Cluster* c = cluster();
   if (!c) return;
   Lines lines;
-  auto p = spawn_ssh(c->host(1), c->options(),
-                     "read x; echo got:$x; if read y; then echo more:$y; else echo eof; fi", "first line\n",
-                     lines.callback());
+  auto p = spawn_ssh(c->host(1), c->options(), "read x; echo got:$x; if read y; then echo more:$y; else echo eof; fi",
+                     "first line\n", lines.callback());
   REQUIRE(lines.wait_stdout(1));
   CHECK(lines.of(Stream::STDOUT)[0] == "got:first line");
   CHECK(!p->wait_for(300ms).has_value());  // the second read waits: no EOF was sent
@@ -338,8 +337,8 @@ TEST_CASE("host key policies") {
     // A second sshd on node 0, port 2222.
     int rc = 0;
     std::string log = run_here(c->script() + " exec " + c->dir() + " 0 /usr/sbin/sshd -f " + c->dir() +
-                                   "/sshd_config -o Port=2222 -o ListenAddress=" + c->addr(0) + ":2222 -o PidFile=" +
-                                   dir + "/sshd-2222.pid 2>&1",
+                                   "/sshd_config -o Port=2222 -o ListenAddress=" + c->addr(0) +
+                                   ":2222 -o PidFile=" + dir + "/sshd-2222.pid 2>&1",
                                &rc);
     REQUIRE_MESSAGE(rc == 0, log);
     // sshd may still be setting up its listener when the daemonizing parent returns.
@@ -552,9 +551,10 @@ TEST_CASE("SSH over IPv6: root@::1 and root@[::1] reach an sshd on [::1], known_
   // The cluster's sshd config and keys, listening on [::1] only, for this test.
   const std::string pid_file = c->dir() + "/sshd-v6.pid";
   int rc = 0;
-  std::string log = run_here("/usr/sbin/sshd -f " + c->dir() + "/sshd_config -o Port=" + std::to_string(port) +
-                                 " -o ListenAddress=[::1]:" + std::to_string(port) + " -o PidFile=" + pid_file + " 2>&1",
-                             &rc);
+  std::string log =
+      run_here("/usr/sbin/sshd -f " + c->dir() + "/sshd_config -o Port=" + std::to_string(port) +
+                   " -o ListenAddress=[::1]:" + std::to_string(port) + " -o PidFile=" + pid_file + " 2>&1",
+               &rc);
   REQUIRE_MESSAGE(rc == 0, log);
   struct StopSshd {
     std::string pid_file;

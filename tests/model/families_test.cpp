@@ -142,17 +142,20 @@ TEST_CASE("every config.json field that would change the math and is not compute
   for (const char* t : {"yarn", "longrope", "su", "mrope"})
     CHECK(config_error(with(llama, "rope_scaling", json{{"rope_type", t}, {"factor", 4.0}}))
               .find(std::string("rope_scaling rope_type '") + t + "' is not supported") != std::string::npos);
-  CHECK(config_error(with(qwen2, "rope_scaling", json{{"type", "yarn"}, {"factor", 4.0},
-                                                      {"original_max_position_embeddings", 32768}}))
+  CHECK(config_error(with(qwen2, "rope_scaling",
+                          json{{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}}))
             .find("'yarn'") != std::string::npos);
   CHECK(config_error(with(llama, "rope_scaling", json{{"rope_type", "linear"}})).find("needs 'factor'") !=
         std::string::npos);
-  CHECK(config_error(with(llama, "rope_scaling", json{{"rope_type", "dynamic"}, {"factor", 2.0},
-                                                      {"original_max_position_embeddings", 8192}}))
+  CHECK(config_error(with(llama, "rope_scaling",
+                          json{{"rope_type", "dynamic"}, {"factor", 2.0}, {"original_max_position_embeddings", 8192}}))
             .find("original_max_position_embeddings") != std::string::npos);
-  CHECK(config_error(with(llama, "rope_scaling", json{{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 4.0},
-                                                      {"high_freq_factor", 1.0},
-                                                      {"original_max_position_embeddings", 8192}}))
+  CHECK(config_error(with(llama, "rope_scaling",
+                          json{{"rope_type", "llama3"},
+                               {"factor", 8.0},
+                               {"low_freq_factor", 4.0},
+                               {"high_freq_factor", 1.0},
+                               {"original_max_position_embeddings", 8192}}))
             .find("high_freq_factor > low_freq_factor") != std::string::npos);
   CHECK(config_error(with(llama, "partial_rotary_factor", 0.5)).find("partial_rotary_factor") != std::string::npos);
   CHECK(config_error(with(qwen2, "use_sliding_window", true)).find("use_sliding_window") != std::string::npos);
@@ -250,10 +253,8 @@ TEST_CASE("mistral's sliding window reaches exactly window tokens back") {
   for (int t = 0; t < T; ++t) {
     float diff = 0;
     for (int v = 0; v < V; ++v) diff = std::max(diff, std::fabs(a.logits()[t * V + v] - b.logits()[t * V + v]));
-    if (t < W)
-      CHECK(diff == 0.0f);
-    else
-      CHECK(diff > 0.0f);
+    if (t < W) CHECK(diff == 0.0f);
+    else CHECK(diff > 0.0f);
   }
   b.backward();
   for (const auto& pb : b.params())

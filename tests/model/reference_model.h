@@ -35,8 +35,8 @@ inline void add_inplace(Vec& a, const Vec& b) {
 }
 
 // y = x W^T (+ b) (+ LoRA delta when the module is adapted).
-inline Vec ref_proj(const Params& P, const std::string& module, const std::string& shrt, const Vec& x, int N,
-                    int in, int out, bool bias, const RefLora* lora) {
+inline Vec ref_proj(const Params& P, const std::string& module, const std::string& shrt, const Vec& x, int N, int in,
+                    int out, bool bias, const RefLora* lora) {
   const Vec* b = bias ? &P.at(module + ".bias") : nullptr;
   Vec y = ops::ref::linear(x, P.at(module + ".weight"), b, N, in, out);
   if (lora) {
@@ -78,8 +78,10 @@ inline double ref_loss(const ModelConfig& cfg, const Params& P, const std::vecto
       }
     } else {
       ln1 = R::rmsnorm(x, P.at(p + "input_layernorm.weight"), N, C, eps);
-      q = R::rope(ref_proj(P, p + "self_attn.q_proj", "q_proj", ln1, N, C, QD, false, lora), B, T, NH, HD, cfg.rope_theta);
-      k = R::rope(ref_proj(P, p + "self_attn.k_proj", "k_proj", ln1, N, C, KD, false, lora), B, T, NKV, HD, cfg.rope_theta);
+      q = R::rope(ref_proj(P, p + "self_attn.q_proj", "q_proj", ln1, N, C, QD, false, lora), B, T, NH, HD,
+                  cfg.rope_theta);
+      k = R::rope(ref_proj(P, p + "self_attn.k_proj", "k_proj", ln1, N, C, KD, false, lora), B, T, NKV, HD,
+                  cfg.rope_theta);
       v = ref_proj(P, p + "self_attn.v_proj", "v_proj", ln1, N, C, KD, false, lora);
     }
     Vec y = R::attention(q, k, v, B, T, NH, NKV, HD);
@@ -98,8 +100,8 @@ inline double ref_loss(const ModelConfig& cfg, const Params& P, const std::vecto
   }
   Vec lnf = gpt2 ? R::layernorm(x, P.at("transformer.ln_f.weight"), P.at("transformer.ln_f.bias"), N, C, eps)
                  : R::rmsnorm(x, P.at("model.norm.weight"), N, C, eps);
-  const Vec& wlm = cfg.tie_embeddings ? P.at(gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight")
-                                      : P.at("lm_head.weight");
+  const Vec& wlm =
+      cfg.tie_embeddings ? P.at(gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight") : P.at("lm_head.weight");
   Vec logits = R::linear(lnf, wlm, nullptr, N, C, V);
   if (logits_out) *logits_out = logits;
   return R::cross_entropy(logits, tgt, N, V);

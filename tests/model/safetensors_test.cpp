@@ -119,11 +119,10 @@ TEST_CASE("header bytes follow the spec exactly") {
   REQUIRE(json.size() == 64);  // already a multiple of 8: no padding
   CHECK(safetensors_header({{"attn.0", DType::F32, {1, 2, 3}, v.data()}}, {}) == json);
   const std::vector<uint8_t> hf_vector = {
-      64,  0,   0,   0,   0,   0,   0,   0,   123, 34,  97,  116, 116, 110, 46,  48,  34,  58,  123, 34,  100,
-      116, 121, 112, 101, 34,  58,  34,  70,  51,  50,  34,  44,  34,  115, 104, 97,  112, 101, 34,  58,  91,
-      49,  44,  50,  44,  51,  93,  44,  34,  100, 97,  116, 97,  95,  111, 102, 102, 115, 101, 116, 115, 34,
-      58,  91,  48,  44,  50,  52,  93,  125, 125, 0,   0,   0,   0,   0,   0,   128, 63,  0,   0,   0,   64,
-      0,   0,   64,  64,  0,   0,   128, 64,  0,   0,   160, 64};
+      64,  0,  0,   0,  0,   0,  0,   0,   123, 34,  97,  116, 116, 110, 46,  48, 34, 58, 123, 34, 100, 116, 121, 112,
+      101, 34, 58,  34, 70,  51, 50,  34,  44,  34,  115, 104, 97,  112, 101, 34, 58, 91, 49,  44, 50,  44,  51,  93,
+      44,  34, 100, 97, 116, 97, 95,  111, 102, 102, 115, 101, 116, 115, 34,  58, 91, 48, 44,  50, 52,  93,  125, 125,
+      0,   0,  0,   0,  0,   0,  128, 63,  0,   0,   0,   64,  0,   0,   64,  64, 0,  0,  128, 64, 0,   0,   160, 64};
   CHECK(make_file(json, f32_bytes(v)) == hf_vector);
   TempDir dir;
   const fs::path p = dir.path / "a.safetensors";
@@ -138,13 +137,16 @@ TEST_CASE("header bytes follow the spec exactly") {
 
   // No tensors: "{}" + 6 spaces; with metadata {"framework": "pt"}: 35 bytes + 5 spaces.
   CHECK(safetensors_header({}, {}) == "{}      ");
-  CHECK(safetensors_header({}, {{"framework", "pt"}}) == std::string(R"({"__metadata__":{"framework":"pt"}})") + "     ");
+  CHECK(safetensors_header({}, {{"framework", "pt"}}) ==
+        std::string(R"({"__metadata__":{"framework":"pt"}})") + "     ");
 
   // Mixed dtypes: F32 first, then BF16, then F16, names sorted within a dtype.
   const uint16_t h[2] = {0x3c00, 0x4000};
-  const std::string mixed = safetensors_header(
-      {{"b", DType::F16, {2}, h}, {"c", DType::BF16, {1}, h}, {"a", DType::F16, {1}, h}, {"d", DType::F32, {}, v.data()}},
-      {{"k", "v"}});
+  const std::string mixed = safetensors_header({{"b", DType::F16, {2}, h},
+                                                {"c", DType::BF16, {1}, h},
+                                                {"a", DType::F16, {1}, h},
+                                                {"d", DType::F32, {}, v.data()}},
+                                               {{"k", "v"}});
   std::string expect = R"({"__metadata__":{"k":"v"},"d":{"dtype":"F32","shape":[],"data_offsets":[0,4]},)"
                        R"("c":{"dtype":"BF16","shape":[1],"data_offsets":[4,6]},)"
                        R"("a":{"dtype":"F16","shape":[1],"data_offsets":[6,8]},)"

@@ -22,7 +22,8 @@ TEST_CASE("gelu forward/backward (n odd, includes large |x|)") {
     gelu_forward(out.data(), x.data(), n);
     CHECK(ref::max_rel_err(out, ref::gelu(ref::to_double(x))) <= 1e-5);
     if (n > 1000) continue;
-    auto g = ref::fd_grad([&](const ref::Vec& p) { return ref::dot(ref::gelu(p), ref::to_double(dout)); }, ref::to_double(x));
+    auto g = ref::fd_grad([&](const ref::Vec& p) { return ref::dot(ref::gelu(p), ref::to_double(dout)); },
+                          ref::to_double(x));
     std::vector<float> dx(n, NAN);  // written, never read
     gelu_backward(dx.data(), x.data(), dout.data(), n);
     CHECK(ref::max_rel_err(dx, g) <= 1e-3);
@@ -42,7 +43,9 @@ TEST_CASE("swiglu forward/backward with separate gate and up arrays") {
   std::vector<float> out(n);
   swiglu_forward(out.data(), gate.data(), up.data(), n);
   CHECK(ref::max_rel_err(out, ref::swiglu(ref::to_double(gate), ref::to_double(up))) <= 1e-5);
-  auto loss = [&](const ref::Vec& p) { return ref::dot(ref::swiglu(ref::slice(p, 0, n), ref::slice(p, n, n)), ref::to_double(dout)); };
+  auto loss = [&](const ref::Vec& p) {
+    return ref::dot(ref::swiglu(ref::slice(p, 0, n), ref::slice(p, n, n)), ref::to_double(dout));
+  };
   auto g = ref::fd_grad(loss, ref::concat({ref::to_double(gate), ref::to_double(up)}));
   std::vector<float> dg(n, NAN), du(n, NAN);  // written, never read
   swiglu_backward(dg.data(), du.data(), dout.data(), gate.data(), up.data(), n);

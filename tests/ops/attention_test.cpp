@@ -24,7 +24,8 @@ void check_attention(int B, int T, int NH, int NKV, int HD, uint64_t seed, bool 
   auto dout = ref::rand_floats(r, nq);
   std::vector<float> out(nq), att(size_t(B) * NH * T * T, -1.0f);
   attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
-  CHECK(ref::max_rel_err(out, ref::attention(ref::to_double(q), ref::to_double(k), ref::to_double(v), B, T, NH, NKV, HD)) <= 1e-5);
+  CHECK(ref::max_rel_err(
+            out, ref::attention(ref::to_double(q), ref::to_double(k), ref::to_double(v), B, T, NH, NKV, HD)) <= 1e-5);
   for (int row = 0; row < B * NH * T; ++row) {
     int t = row % T;
     double s = 0;
@@ -37,17 +38,20 @@ void check_attention(int B, int T, int NH, int NKV, int HD, uint64_t seed, bool 
   }
   if (!fd) return;
   auto loss = [&](const ref::Vec& x) {
-    return ref::dot(ref::attention(ref::slice(x, 0, nq), ref::slice(x, nq, nk), ref::slice(x, nq + nk, nk), B, T, NH, NKV, HD),
-                    ref::to_double(dout));
+    return ref::dot(
+        ref::attention(ref::slice(x, 0, nq), ref::slice(x, nq, nk), ref::slice(x, nq + nk, nk), B, T, NH, NKV, HD),
+        ref::to_double(dout));
   };
   auto g = ref::fd_grad(loss, ref::concat({ref::to_double(q), ref::to_double(k), ref::to_double(v)}));
   std::vector<float> dq(nq), dk(nk), dv(nk);
-  attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
+  attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH,
+                     NKV, HD);
   CHECK(ref::max_rel_err(dq, ref::slice(g, 0, nq)) <= 1e-3);
   CHECK(ref::max_rel_err(dk, ref::slice(g, nq, nk)) <= 1e-3);
   CHECK(ref::max_rel_err(dv, ref::slice(g, nq + nk, nk)) <= 1e-3);
   auto dq1 = dq, dk1 = dk, dv1 = dv;
-  attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
+  attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH,
+                     NKV, HD);
   for (size_t i = 0; i < nq; ++i) REQUIRE(dq[i] == doctest::Approx(2 * dq1[i]).epsilon(1e-5));
   for (size_t i = 0; i < nk; ++i) {
     REQUIRE(dk[i] == doctest::Approx(2 * dk1[i]).epsilon(1e-5));
@@ -92,10 +96,10 @@ TEST_CASE("attention reads q, k, v in place from a fused qkv and writes strided 
     CHECK(out == out_s);
     CHECK(att == att_s);
     std::vector<float> dq(N * qw, 0.0f), dk(N * kw, 0.0f), dv(N * kw, 0.0f), dqkv(N * W, 0.0f);
-    attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), att.data(), q.data(), k.data(), v.data(), B, T,
-                       NH, NKV, HD);
-    attention_backward(&dqkv[0], &dqkv[qw], &dqkv[qw + kw], dout.data(), att.data(), &qkv[0], &qkv[qw],
-                       &qkv[qw + kw], B, T, NH, NKV, HD, W, W);
+    attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH,
+                       NKV, HD);
+    attention_backward(&dqkv[0], &dqkv[qw], &dqkv[qw + kw], dout.data(), att.data(), &qkv[0], &qkv[qw], &qkv[qw + kw],
+                       B, T, NH, NKV, HD, W, W);
     for (size_t n = 0; n < N; ++n) {
       REQUIRE(std::equal(&dq[n * qw], &dq[n * qw] + qw, &dqkv[n * W]));
       REQUIRE(std::equal(&dk[n * kw], &dk[n * kw] + kw, &dqkv[n * W + qw]));

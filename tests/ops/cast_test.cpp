@@ -17,8 +17,8 @@ TEST_CASE("cast, round_to and add_inplace equal the scalar conversions at thread
   const size_t n = 3 * PARALLEL_MIN_WORK + 5;
   Rng r(5);
   auto x = ref::rand_floats(r, n, 100.0f), y = ref::rand_floats(r, n);
-  x[0] = 1e30f;    // overflows fp16
-  x[1] = 1e-30f;   // underflows
+  x[0] = 1e30f;   // overflows fp16
+  x[1] = 1e-30f;  // underflows
   x[2] = -0.0f;
   for (int th : {1, 3}) {
     set_num_threads(th);

@@ -45,7 +45,8 @@ TEST_CASE("cross entropy forward/backward with masked rows (N=7, V=11)") {
 
   // backward of upstream * mean, upstream = 0.25 (e.g. 1/grad_accum)
   const float up = 0.25f;
-  auto g = ref::fd_grad([&](const ref::Vec& x) { return up * ref::cross_entropy(x, tgt, N, V); }, ref::to_double(logits));
+  auto g =
+      ref::fd_grad([&](const ref::Vec& x) { return up * ref::cross_entropy(x, tgt, N, V); }, ref::to_double(logits));
   std::vector<float> d(N * V, 99.0f);
   cross_entropy_backward(d.data(), logits.data(), tgt.data(), N, V, V, up / cross_entropy_count(tgt.data(), N));
   CHECK(ref::max_rel_err(d, g) <= 1e-3);

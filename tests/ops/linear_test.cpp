@@ -27,11 +27,13 @@ TEST_CASE("linear forward/backward, odd sizes (N=14, IC=12, OC=5)") {
     std::vector<float> out(N * OC, 123.0f);  // forward must overwrite
     linear_forward(out.data(), x.data(), W.data(), with_bias ? b.data() : nullptr, N, IC, OC, OC);
     ref::Vec bd = ref::to_double(b);
-    CHECK(ref::max_rel_err(out, ref::linear(ref::to_double(x), ref::to_double(W), with_bias ? &bd : nullptr, N, IC, OC)) <= 1e-5);
+    CHECK(ref::max_rel_err(
+              out, ref::linear(ref::to_double(x), ref::to_double(W), with_bias ? &bd : nullptr, N, IC, OC)) <= 1e-5);
   }
   auto loss = [&](const ref::Vec& p) {
     ref::Vec bb = ref::slice(p, N * IC + OC * IC, OC);
-    return ref::dot(ref::linear(ref::slice(p, 0, N * IC), ref::slice(p, N * IC, OC * IC), &bb, N, IC, OC), ref::to_double(dout));
+    return ref::dot(ref::linear(ref::slice(p, 0, N * IC), ref::slice(p, N * IC, OC * IC), &bb, N, IC, OC),
+                    ref::to_double(dout));
   };
   auto g = ref::fd_grad(loss, ref::concat({ref::to_double(x), ref::to_double(W), ref::to_double(b)}));
   std::vector<float> dx(N * IC, NAN), dW(OC * IC), db(OC);  // dx written: its NaNs are never read
@@ -83,8 +85,10 @@ TEST_CASE("gemm handles every transpose combination, alpha and beta") {
   auto A = ref::rand_floats(r, M * K), Bm = ref::rand_floats(r, K * N), C0 = ref::rand_floats(r, M * N);
   // transposed copies
   std::vector<float> At(K * M), Bt(N * K);
-  for (int i = 0; i < M; ++i) for (int k = 0; k < K; ++k) At[k * M + i] = A[i * K + k];
-  for (int k = 0; k < K; ++k) for (int j = 0; j < N; ++j) Bt[j * K + k] = Bm[k * N + j];
+  for (int i = 0; i < M; ++i)
+    for (int k = 0; k < K; ++k) At[k * M + i] = A[i * K + k];
+  for (int k = 0; k < K; ++k)
+    for (int j = 0; j < N; ++j) Bt[j * K + k] = Bm[k * N + j];
   ref::Vec expect(M * N);
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < N; ++j) {
@@ -103,29 +107,31 @@ TEST_CASE("gemm handles every transpose combination, alpha and beta") {
 TEST_CASE("threaded gemm (row or column blocks over the pool) in every transpose combination") {
   // M > N splits rows, M < N splits columns; neither a multiple of the 16-wide block.
   for (auto [M, N] : {std::pair{203, 97}, std::pair{97, 203}}) {
-  CAPTURE(M);
-  const int K = 130;
-  Rng r(53 + M);
-  auto A = ref::rand_floats(r, M * K), Bm = ref::rand_floats(r, K * N), C0 = ref::rand_floats(r, M * N);
-  std::vector<float> At(K * M), Bt(N * K);
-  for (int i = 0; i < M; ++i) for (int k = 0; k < K; ++k) At[k * M + i] = A[i * K + k];
-  for (int k = 0; k < K; ++k) for (int j = 0; j < N; ++j) Bt[j * K + k] = Bm[k * N + j];
-  ref::Vec expect(M * N);
-  for (int i = 0; i < M; ++i)
-    for (int j = 0; j < N; ++j) {
-      double s = 0;
-      for (int k = 0; k < K; ++k) s += double(A[i * K + k]) * Bm[k * N + j];
-      expect[i * N + j] = s + 0.5 * C0[i * N + j];
-    }
-  for (int threads : {1, 3}) {
-    set_num_threads(threads);
-    for (int ta = 0; ta < 2; ++ta)
-      for (int tb = 0; tb < 2; ++tb) {
-        auto C = C0;
-        gemm(ta, tb, M, N, K, 1.0f, ta ? At.data() : A.data(), tb ? Bt.data() : Bm.data(), 0.5f, C.data());
-        CHECK(ref::max_rel_err(C, expect) <= 1e-5);
+    CAPTURE(M);
+    const int K = 130;
+    Rng r(53 + M);
+    auto A = ref::rand_floats(r, M * K), Bm = ref::rand_floats(r, K * N), C0 = ref::rand_floats(r, M * N);
+    std::vector<float> At(K * M), Bt(N * K);
+    for (int i = 0; i < M; ++i)
+      for (int k = 0; k < K; ++k) At[k * M + i] = A[i * K + k];
+    for (int k = 0; k < K; ++k)
+      for (int j = 0; j < N; ++j) Bt[j * K + k] = Bm[k * N + j];
+    ref::Vec expect(M * N);
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < N; ++j) {
+        double s = 0;
+        for (int k = 0; k < K; ++k) s += double(A[i * K + k]) * Bm[k * N + j];
+        expect[i * N + j] = s + 0.5 * C0[i * N + j];
       }
-  }
+    for (int threads : {1, 3}) {
+      set_num_threads(threads);
+      for (int ta = 0; ta < 2; ++ta)
+        for (int tb = 0; tb < 2; ++tb) {
+          auto C = C0;
+          gemm(ta, tb, M, N, K, 1.0f, ta ? At.data() : A.data(), tb ? Bt.data() : Bm.data(), 0.5f, C.data());
+          CHECK(ref::max_rel_err(C, expect) <= 1e-5);
+        }
+    }
   }
   set_num_threads(2);
 }
@@ -134,26 +140,27 @@ TEST_CASE("linear + GELU fused equals linear then GELU, forward and backward, bi
   // Sizes large enough to go threaded: (70, 24, 96) splits the forward by columns (OC >
   // N) and the backward by rows (N > IC); (40, 300, 200) splits both by columns.
   for (auto [N, IC, OC] : {std::tuple{70, 24, 96}, std::tuple{40, 300, 200}})
-  for (int th : {1, 3}) {
-    CAPTURE(N);
-    set_num_threads(th);
-    Rng r(120 + th + N);
-    auto x = ref::rand_floats(r, N * IC), w = ref::rand_floats(r, OC * IC, 0.3f), b = ref::rand_floats(r, OC);
-    std::vector<float> out(N * OC), pre(N * OC), pre2(N * OC), out2(N * OC);
-    linear_gelu_forward(out.data(), pre.data(), x.data(), w.data(), b.data(), N, IC, OC);
-    linear_forward(pre2.data(), x.data(), w.data(), b.data(), N, IC, OC, OC);
-    gelu_forward(out2.data(), pre2.data(), out2.size());
-    CHECK(pre == pre2);
-    CHECK(out == out2);
-    // Backward of the next layer (input width OC... here IC) whose input was gelu(pre_in).
-    auto dout = ref::rand_floats(r, N * OC), pre_in = ref::rand_floats(r, N * IC);
-    std::vector<float> dpre(N * IC), dw(OC * IC, 0.5f), db(OC, 0.25f), dpre2(N * IC), dw2 = dw, db2 = db;
-    linear_dgelu_backward(dpre.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), pre_in.data(), N, IC, OC);
-    linear_backward(dpre2.data(), dw2.data(), db2.data(), dout.data(), x.data(), w.data(), N, IC, OC, OC, false);
-    gelu_backward(dpre2.data(), pre_in.data(), dpre2.data(), dpre2.size());
-    CHECK(dpre == dpre2);
-    CHECK(dw == dw2);
-    CHECK(db == db2);
-  }
+    for (int th : {1, 3}) {
+      CAPTURE(N);
+      set_num_threads(th);
+      Rng r(120 + th + N);
+      auto x = ref::rand_floats(r, N * IC), w = ref::rand_floats(r, OC * IC, 0.3f), b = ref::rand_floats(r, OC);
+      std::vector<float> out(N * OC), pre(N * OC), pre2(N * OC), out2(N * OC);
+      linear_gelu_forward(out.data(), pre.data(), x.data(), w.data(), b.data(), N, IC, OC);
+      linear_forward(pre2.data(), x.data(), w.data(), b.data(), N, IC, OC, OC);
+      gelu_forward(out2.data(), pre2.data(), out2.size());
+      CHECK(pre == pre2);
+      CHECK(out == out2);
+      // Backward of the next layer (input width OC... here IC) whose input was gelu(pre_in).
+      auto dout = ref::rand_floats(r, N * OC), pre_in = ref::rand_floats(r, N * IC);
+      std::vector<float> dpre(N * IC), dw(OC * IC, 0.5f), db(OC, 0.25f), dpre2(N * IC), dw2 = dw, db2 = db;
+      linear_dgelu_backward(dpre.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), pre_in.data(), N, IC,
+                            OC);
+      linear_backward(dpre2.data(), dw2.data(), db2.data(), dout.data(), x.data(), w.data(), N, IC, OC, OC, false);
+      gelu_backward(dpre2.data(), pre_in.data(), dpre2.data(), dpre2.size());
+      CHECK(dpre == dpre2);
+      CHECK(dw == dw2);
+      CHECK(db == db2);
+    }
   set_num_threads(2);
 }

@@ -21,11 +21,13 @@ void check_layernorm(int N, int C, uint64_t seed) {
   auto dout = ref::rand_floats(r, N * C);
   std::vector<float> out(N * C), mean(N), rstd(N);
   layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, eps);
-  CHECK(ref::max_rel_err(out, ref::layernorm(ref::to_double(x), ref::to_double(w), ref::to_double(b), N, C, eps)) <= 1e-5);
+  CHECK(ref::max_rel_err(out, ref::layernorm(ref::to_double(x), ref::to_double(w), ref::to_double(b), N, C, eps)) <=
+        1e-5);
 
   auto loss = [&](const ref::Vec& p) {
-    return ref::dot(ref::layernorm(ref::slice(p, 0, N * C), ref::slice(p, N * C, C), ref::slice(p, N * C + C, C), N, C, eps),
-                    ref::to_double(dout));
+    return ref::dot(
+        ref::layernorm(ref::slice(p, 0, N * C), ref::slice(p, N * C, C), ref::slice(p, N * C + C, C), N, C, eps),
+        ref::to_double(dout));
   };
   auto g = ref::fd_grad(loss, ref::concat({ref::to_double(x), ref::to_double(w), ref::to_double(b)}));
   std::vector<float> dx(N * C), dw(C), db(C);
@@ -82,7 +84,8 @@ TEST_CASE("norms on rows large enough to run threaded match the reference") {
   auto x = ref::rand_floats(r, N * C), w = ref::rand_floats(r, C), b = ref::rand_floats(r, C);
   std::vector<float> out(N * C), mean(N), rstd(N);
   layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
-  CHECK(ref::max_rel_err(out, ref::layernorm(ref::to_double(x), ref::to_double(w), ref::to_double(b), N, C, 1e-5)) <= 1e-5);
+  CHECK(ref::max_rel_err(out, ref::layernorm(ref::to_double(x), ref::to_double(w), ref::to_double(b), N, C, 1e-5)) <=
+        1e-5);
   rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
   CHECK(ref::max_rel_err(out, ref::rmsnorm(ref::to_double(x), ref::to_double(w), N, C, 1e-5)) <= 1e-5);
   // the saved rstd is 1/sqrt(mean(x^2) + eps)

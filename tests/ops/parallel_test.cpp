@@ -79,8 +79,10 @@ TEST_CASE("an exception in any chunk reaches the caller and the pool stays usabl
 TEST_CASE("threaded ops are bit-identical to serial ones (norms, attention, AdamW)") {
   const int N = 128, C = 384, B = 2, T = 48, NH = 4, NKV = 2, HD = 16;
   Rng r(1);
-  auto x = ref::rand_floats(r, N * C), w = ref::rand_floats(r, C), bias = ref::rand_floats(r, C), d = ref::rand_floats(r, N * C);
-  auto q = ref::rand_floats(r, B * T * NH * HD), k = ref::rand_floats(r, B * T * NKV * HD), v = ref::rand_floats(r, B * T * NKV * HD);
+  auto x = ref::rand_floats(r, N * C), w = ref::rand_floats(r, C), bias = ref::rand_floats(r, C),
+       d = ref::rand_floats(r, N * C);
+  auto q = ref::rand_floats(r, B * T * NH * HD), k = ref::rand_floats(r, B * T * NKV * HD),
+       v = ref::rand_floats(r, B * T * NKV * HD);
   auto dq_in = ref::rand_floats(r, q.size());
   std::vector<float> res[2];
   for (int th : {1, 2}) {
@@ -90,11 +92,13 @@ TEST_CASE("threaded ops are bit-identical to serial ones (norms, attention, Adam
     layernorm_backward(dx.data(), dw.data(), db.data(), d.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C);
     std::vector<float> ao(q.size()), att(size_t(B) * NH * T * T), dq(q.size()), dk(k.size()), dv(v.size());
     attention_forward(ao.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
-    attention_backward(dq.data(), dk.data(), dv.data(), dq_in.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
+    attention_backward(dq.data(), dk.data(), dv.data(), dq_in.data(), att.data(), q.data(), k.data(), v.data(), B, T,
+                       NH, NKV, HD);
     // AdamW over more elements than one chunk (PARALLEL_MIN_WORK), plain and with a bf16 copy.
     const size_t P = 3 * PARALLEL_MIN_WORK + 7;
     Rng rp(2);
-    auto p = ref::rand_floats(rp, P), g = ref::rand_floats(rp, P), m = ref::rand_floats(rp, P), mv = ref::rand_floats(rp, P);
+    auto p = ref::rand_floats(rp, P), g = ref::rand_floats(rp, P), m = ref::rand_floats(rp, P),
+         mv = ref::rand_floats(rp, P);
     for (auto& x2 : mv) x2 = x2 * x2;  // second moments are non-negative
     auto p2 = p, m2 = m, v2 = mv;
     std::vector<uint16_t> copy(P);
@@ -124,7 +128,8 @@ TEST_CASE("every threaded op matches its single-threaded run (bit for bit; GEMMs
   for (auto& t : tokens) t = static_cast<int32_t>(r.below(50));  // repeated tokens: dwte rows collide
   auto wte = ref::rand_floats(r, 50 * C), wpe = ref::rand_floats(r, T * C), demb = ref::rand_floats(r, B * T * C);
   auto q = ref::rand_floats(r, B * T * NH * HD), k = ref::rand_floats(r, B * T * NKV * HD);
-  auto lin_in = ref::rand_floats(r, N * IC), lin_w = ref::rand_floats(r, OC * IC, 0.1f), lin_b = ref::rand_floats(r, OC);
+  auto lin_in = ref::rand_floats(r, N * IC), lin_w = ref::rand_floats(r, OC * IC, 0.1f),
+       lin_b = ref::rand_floats(r, OC);
   auto lin_d = ref::rand_floats(r, N * OC), big = ref::rand_floats(r, 5 * PARALLEL_MIN_WORK + 3);
   std::vector<float> res[2], gemm_res[2];
   for (int th : {1, 2}) {
@@ -139,10 +144,12 @@ TEST_CASE("every threaded op matches its single-threaded run (bit for bit; GEMMs
     residual_layernorm_forward(res_out.data(), ln.data(), mean.data(), rstd.data(), a.data(), b.data(), w.data(),
                                bias.data(), N, C, 1e-5f);
     residual_rmsnorm_forward(rres.data(), rms.data(), rrstd.data(), a.data(), b.data(), w.data(), N, C, 1e-5f);
-    layernorm_backward(dx.data(), dw.data(), db.data(), d.data(), res_out.data(), w.data(), mean.data(), rstd.data(), N, C);
+    layernorm_backward(dx.data(), dw.data(), db.data(), d.data(), res_out.data(), w.data(), mean.data(), rstd.data(), N,
+                       C);
     rmsnorm_backward(dxr.data(), dwr.data(), d.data(), rres.data(), w.data(), rrstd.data(), N, C);
     std::vector<float> losses(N), lse(N), dl(logits.size());
-    const float mloss = cross_entropy_forward(losses.data(), logits.data(), tgt.data(), N, V, V, IGNORE_INDEX, lse.data());
+    const float mloss =
+        cross_entropy_forward(losses.data(), logits.data(), tgt.data(), N, V, V, IGNORE_INDEX, lse.data());
     cross_entropy_backward(dl.data(), logits.data(), tgt.data(), N, V, V, 0.25f, IGNORE_INDEX, lse.data());
     std::vector<float> emb(size_t(B) * T * C), dwte(wte.size()), dwpe(wpe.size());
     embedding_forward(emb.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, 50);
@@ -155,10 +162,11 @@ TEST_CASE("every threaded op matches its single-threaded run (bit for bit; GEMMs
                           N, IC, OC);
     const float gn = static_cast<float>(grad_norm_sq(big.data(), big.size()));
     auto& o = res[th - 1];
-    for (auto* vec : {&g, &gb, &sg, &sgd, &sud, &res_out, &ln, &mean, &rstd, &rres, &rms, &rrstd, &dx, &dw, &db, &dxr,
-                      &dwr, &losses, &lse, &dl, &emb, &dwte, &dwpe, &rq, &rk})
+    for (auto* vec : {&g,  &gb, &sg,  &sgd, &sud,    &res_out, &ln, &mean, &rstd, &rres, &rms, &rrstd, &dx,
+                      &dw, &db, &dxr, &dwr, &losses, &lse,     &dl, &emb,  &dwte, &dwpe, &rq,  &rk})
       o.insert(o.end(), vec->begin(), vec->end());
-    for (auto* vec : {&lo, &lpre, &ldp, &ldw, &ldb}) gemm_res[th - 1].insert(gemm_res[th - 1].end(), vec->begin(), vec->end());
+    for (auto* vec : {&lo, &lpre, &ldp, &ldw, &ldb})
+      gemm_res[th - 1].insert(gemm_res[th - 1].end(), vec->begin(), vec->end());
     o.push_back(mloss);
     o.push_back(gn);
   }

@@ -123,8 +123,7 @@ inline Vec attention(const Vec& q, const Vec& k, const Vec& v, int B, int T, int
         double mx = -1e300;
         for (int t2 = 0; t2 <= t; ++t2) {
           double d = 0;
-          for (int i = 0; i < HD; ++i)
-            d += q[((b * T + t) * NH + h) * HD + i] * k[((b * T + t2) * NKV + kh) * HD + i];
+          for (int i = 0; i < HD; ++i) d += q[((b * T + t) * NH + h) * HD + i] * k[((b * T + t2) * NKV + kh) * HD + i];
           s[t2] = d / std::sqrt(static_cast<double>(HD));
           mx = std::max(mx, s[t2]);
         }
@@ -165,8 +164,8 @@ inline Vec linear(const Vec& x, const Vec& W, const Vec* b, int N, int IC, int O
 }
 
 // Per-row losses (0 for ignored rows); returns the mean over unmasked rows.
-inline double cross_entropy(const Vec& logits, const std::vector<int32_t>& tgt, int N, int V,
-                            Vec* losses = nullptr, int32_t ignore = -100) {
+inline double cross_entropy(const Vec& logits, const std::vector<int32_t>& tgt, int N, int V, Vec* losses = nullptr,
+                            int32_t ignore = -100) {
   double sum = 0;
   int cnt = 0;
   if (losses) losses->assign(N, 0.0);

@@ -23,7 +23,10 @@ TEST_CASE("rope forward matches HF rotate_half, backward matches finite differen
   // position 0 is the identity; every position preserves the norm of each head vector
   for (int i = 0; i < NH * HD; ++i) CHECK(q[i] == q0[i]);
   double n0 = 0, n1 = 0;
-  for (size_t i = 0; i < q.size(); ++i) { n0 += double(q0[i]) * q0[i]; n1 += double(q[i]) * q[i]; }
+  for (size_t i = 0; i < q.size(); ++i) {
+    n0 += double(q0[i]) * q0[i];
+    n1 += double(q[i]) * q[i];
+  }
   CHECK(n1 == doctest::Approx(n0).epsilon(1e-6));
 
   auto dq = ref::rand_floats(r, q.size()), dk = ref::rand_floats(r, k.size());

@@ -32,7 +32,8 @@ TEST_CASE("simd::tanh and simd::sigmoid are within 2e-7 of libm") {
   for (int i = 0; i <= 20000; ++i) {
     const float x = -30.0f + 60.0f * static_cast<float>(i) / 20000.0f;
     wt = std::max(wt, std::abs(static_cast<double>(simd::tanh(x)) - std::tanh(static_cast<double>(x))));
-    ws = std::max(ws, std::abs(static_cast<double>(simd::sigmoid(x)) - 1.0 / (1.0 + std::exp(-static_cast<double>(x)))));
+    ws =
+        std::max(ws, std::abs(static_cast<double>(simd::sigmoid(x)) - 1.0 / (1.0 + std::exp(-static_cast<double>(x)))));
   }
   CHECK(wt <= 2e-7);
   CHECK(ws <= 2e-7);

@@ -167,7 +167,6 @@ bool closed_within(int fd, std::chrono::milliseconds timeout) {
   return false;
 }
 
-
 struct Fixture {
   std::string token = token_generate();
   StoreServer server{"127.0.0.1", 0, token};

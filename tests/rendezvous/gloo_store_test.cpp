@@ -62,8 +62,7 @@ TEST_CASE("Gloo full mesh over the rendezvous store: allreduce with 4 ranks") {
         gloo::AllreduceOptions opts(ctx);
         opts.setInput(in.data(), kCount);
         opts.setOutput(out.data(), kCount);
-        opts.setReduceFunction(
-            static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+        opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
         opts.setTimeout(15s);
         gloo::allreduce(opts);
         results[rank] = std::move(out);

@@ -43,8 +43,9 @@ TEST_CASE("heartbeat keys, values and server-side times") {
     // The value is the beater's unix time in ms.
     StoreClient c("127.0.0.1", server.port(), token, 5s);
     const long long stamped = std::stoll(c.get("job/j/hb/node0", 1s));
-    const long long now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                                 std::chrono::system_clock::now().time_since_epoch()).count();
+    const long long now_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
     CHECK(stamped <= now_ms);
     CHECK(stamped > now_ms - 60'000);
 

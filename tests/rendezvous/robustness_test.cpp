@@ -99,7 +99,8 @@ class RawConn {
     size_t off = 0;
     while (off < n) {
       pollfd p{fd_, POLLIN, 0};
-      const int ms = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+      const int ms =
+          static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
       if (ms <= 0 || ::poll(&p, 1, ms) <= 0) return false;
       ssize_t r = ::recv(fd_, out.data() + off, n - off, 0);
       if (r <= 0) return false;
@@ -123,9 +124,9 @@ uint8_t status_of(const std::optional<std::string>& reply) {
   return static_cast<uint8_t>((*reply)[0]);
 }
 
-
 struct Fixture {
-  explicit Fixture(ServerLimits limits = {}) : server("127.0.0.1", 0, token, limits), good("127.0.0.1", server.port(), token, 5s) {
+  explicit Fixture(ServerLimits limits = {})
+      : server("127.0.0.1", 0, token, limits), good("127.0.0.1", server.port(), token, 5s) {
     good.set("stable", "yes");
   }
   // The well-behaved client still works after whatever the test did.
@@ -269,9 +270,8 @@ TEST_CASE("garbage bytes and half-sent frames leave the server serving") {
   {
     RawConn raw(f.server.port());
     raw.hello(f.token);
-    const std::string full =
-        proto::FrameAuth(std::string(32, 'k'), proto::Dir::CLIENT_TO_SERVER)
-            .seal(proto::Writer().u8(uint8_t(proto::Op::SET)).str("half").str("value").finish());
+    const std::string full = proto::FrameAuth(std::string(32, 'k'), proto::Dir::CLIENT_TO_SERVER)
+                                 .seal(proto::Writer().u8(uint8_t(proto::Op::SET)).str("half").str("value").finish());
     REQUIRE(raw.send(full.substr(0, full.size() / 2)));
     raw.close();
   }

@@ -127,5 +127,5 @@ TEST_CASE("a flood of idle connections gives a few warning lines and a summary w
   CHECK(accepted <= 80);
   CHECK(closed + summarised(logged, "not authenticated within the hello timeout") == accepted);
   MESSAGE((refused + closed) << " connection lines and " << count(logged, "more such connection warning(s)")
-                           << " summary line(s) for " << kConns << " idle connections");
+                             << " summary line(s) for " << kConns << " idle connections");
 }

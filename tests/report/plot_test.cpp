@@ -55,15 +55,21 @@ double tps_at(int64_t s) { return 20000.0 + 3000.0 * std::sin(double(s) / 10.0);
 // 1..100 then a restart resuming at step 81 up to 150; eval every 25 steps.
 void write_run(const fs::path& dir) {
   std::ofstream m(dir / "metrics.jsonl"), e(dir / "events.jsonl");
-  e << R"({"time_ms":1000,"event":"round_start","round":0,"world_size":2})" << "\n";
-  for (int64_t s = 1; s <= 100; ++s) m << nlohmann::json{{"step", s}, {"loss", loss_at(s)}, {"tokens_per_s", tps_at(s)}}.dump() << "\n";
-  e << R"({"time_ms":2000,"event":"failure","round":0,"node":1,"why":"x","exit_code":137})" << "\n";
-  e << R"({"time_ms":3000,"event":"round_start","round":1,"world_size":2})" << "\n";
+  e << R"({"time_ms":1000,"event":"round_start","round":0,"world_size":2})"
+    << "\n";
+  for (int64_t s = 1; s <= 100; ++s)
+    m << nlohmann::json{{"step", s}, {"loss", loss_at(s)}, {"tokens_per_s", tps_at(s)}}.dump() << "\n";
+  e << R"({"time_ms":2000,"event":"failure","round":0,"node":1,"why":"x","exit_code":137})"
+    << "\n";
+  e << R"({"time_ms":3000,"event":"round_start","round":1,"world_size":2})"
+    << "\n";
   for (int64_t s = 81; s <= 150; ++s) {
     m << nlohmann::json{{"step", s}, {"loss", loss_at(s)}, {"tokens_per_s", tps_at(s)}}.dump() << "\n";
-    if (s % 25 == 0) m << nlohmann::json{{"step", s}, {"eval_loss", loss_at(s) + 0.3}, {"eval_ppl", 9.0}}.dump() << "\n";
+    if (s % 25 == 0)
+      m << nlohmann::json{{"step", s}, {"eval_loss", loss_at(s) + 0.3}, {"eval_ppl", 9.0}}.dump() << "\n";
   }
-  m << R"({"step":151,"loss":1.)" << "\n";  // being written
+  m << R"({"step":151,"loss":1.)"
+    << "\n";  // being written
 }
 
 }  // namespace
@@ -153,10 +159,14 @@ TEST_CASE("plot: restarts from time_ms, unplaced restarts, single points") {
   TempDir d("timed");
   {
     std::ofstream m(d.path / "metrics.jsonl"), e(d.path / "events.jsonl");
-    e << R"({"time_ms":100,"event":"round_start","round":0})" << "\n";
-    e << R"({"time_ms":500,"event":"round_start","round":1})" << "\n";
-    e << R"({"time_ms":900,"event":"round_start","round":2})" << "\n";
-    for (int s = 1; s <= 10; ++s) m << nlohmann::json{{"step", s}, {"loss", 2.0}, {"time_ms", 100 + s * 50}}.dump() << "\n";
+    e << R"({"time_ms":100,"event":"round_start","round":0})"
+      << "\n";
+    e << R"({"time_ms":500,"event":"round_start","round":1})"
+      << "\n";
+    e << R"({"time_ms":900,"event":"round_start","round":2})"
+      << "\n";
+    for (int s = 1; s <= 10; ++s)
+      m << nlohmann::json{{"step", s}, {"loss", 2.0}, {"time_ms", 100 + s * 50}}.dump() << "\n";
   }
   PlotData data = plot_data_read(d.path.string());
   REQUIRE(data.marks.size() == 1);
@@ -168,7 +178,8 @@ TEST_CASE("plot: restarts from time_ms, unplaced restarts, single points") {
   CHECK(img.width == 640);
 
   TempDir one("one");
-  std::ofstream(one.path / "metrics.jsonl") << R"({"step":1,"loss":3.0,"tokens_per_s":5})" << "\n";
+  std::ofstream(one.path / "metrics.jsonl") << R"({"step":1,"loss":3.0,"tokens_per_s":5})"
+                                            << "\n";
   PlotLayout lay;
   Image i1 = plot_render(plot_data_read(one.path.string()), PlotOptions{}, &lay);
   CHECK(i1.at(lay.loss.px(1), lay.loss.py(3.0)) == i1.color(PLOT_TRAIN));
@@ -181,17 +192,27 @@ TEST_CASE("plot: an elastic resize is marked apart from a restart; a round that 
     // from step 31 and stops at its checkpoint at step 60 to take a host back (resize);
     // round 3 goes on at step 61.
     std::ofstream m(d.path / "metrics.jsonl"), e(d.path / "events.jsonl");
-    e << R"({"time_ms":1000,"event":"round_start","round":0,"world_size":3})" << "\n"
-      << R"({"time_ms":1500,"event":"failure","round":0,"node":2,"why":"lost","exit_code":4,"retry":true})" << "\n"
-      << R"({"time_ms":1600,"event":"membership","round":1,"hosts":[],"changes":[],"problem":"too few"})" << "\n"
-      << R"({"time_ms":1600,"event":"round_not_started","round":1,"why":"too few"})" << "\n"
-      << R"({"time_ms":1600,"event":"failure","round":1,"node":-1,"why":"too few","exit_code":4,"retry":true})" << "\n"
-      << R"({"time_ms":2000,"event":"round_start","round":2,"world_size":2})" << "\n"
-      << R"({"time_ms":2400,"event":"resize","round":2,"step":60,"why":"n3 passed the probe again"})" << "\n"
-      << R"({"time_ms":3000,"event":"round_start","round":3,"world_size":3})" << "\n"
-      << R"({"time_ms":3500,"event":"finished","round":3})" << "\n";
+    e << R"({"time_ms":1000,"event":"round_start","round":0,"world_size":3})"
+      << "\n"
+      << R"({"time_ms":1500,"event":"failure","round":0,"node":2,"why":"lost","exit_code":4,"retry":true})"
+      << "\n"
+      << R"({"time_ms":1600,"event":"membership","round":1,"hosts":[],"changes":[],"problem":"too few"})"
+      << "\n"
+      << R"({"time_ms":1600,"event":"round_not_started","round":1,"why":"too few"})"
+      << "\n"
+      << R"({"time_ms":1600,"event":"failure","round":1,"node":-1,"why":"too few","exit_code":4,"retry":true})"
+      << "\n"
+      << R"({"time_ms":2000,"event":"round_start","round":2,"world_size":2})"
+      << "\n"
+      << R"({"time_ms":2400,"event":"resize","round":2,"step":60,"why":"n3 passed the probe again"})"
+      << "\n"
+      << R"({"time_ms":3000,"event":"round_start","round":3,"world_size":3})"
+      << "\n"
+      << R"({"time_ms":3500,"event":"finished","round":3})"
+      << "\n";
     auto rec = [&](int64_t s, int64_t t) {
-      m << nlohmann::json{{"step", s}, {"loss", loss_at(s)}, {"tokens_per_s", tps_at(s)}, {"time_ms", t}}.dump() << "\n";
+      m << nlohmann::json{{"step", s}, {"loss", loss_at(s)}, {"tokens_per_s", tps_at(s)}, {"time_ms", t}}.dump()
+        << "\n";
     };
     for (int64_t s = 1; s <= 40; ++s) rec(s, 1000 + 10 * s);
     for (int64_t s = 31; s <= 60; ++s) rec(s, 2000 + 10 * (s - 30));
@@ -241,13 +262,17 @@ TEST_CASE("plot: an elastic resize is marked apart from a restart; a round that 
   TempDir u("untimed");
   {
     std::ofstream m(u.path / "metrics.jsonl"), e(u.path / "events.jsonl");
-    e << R"({"time_ms":1,"event":"round_start","round":0})" << "\n"
-      << R"({"time_ms":2,"event":"resize","round":0,"step":10})" << "\n"
-      << R"({"time_ms":3,"event":"round_start","round":1})" << "\n"
-      << R"({"time_ms":4,"event":"failure","round":1,"retry":false})" << "\n"
-      << R"({"time_ms":5,"event":"round_start","round":0})" << "\n";
-    for (int64_t s : {1, 5, 10, 11, 15, 11, 20})
-      m << nlohmann::json{{"step", s}, {"loss", loss_at(s)}}.dump() << "\n";
+    e << R"({"time_ms":1,"event":"round_start","round":0})"
+      << "\n"
+      << R"({"time_ms":2,"event":"resize","round":0,"step":10})"
+      << "\n"
+      << R"({"time_ms":3,"event":"round_start","round":1})"
+      << "\n"
+      << R"({"time_ms":4,"event":"failure","round":1,"retry":false})"
+      << "\n"
+      << R"({"time_ms":5,"event":"round_start","round":0})"
+      << "\n";
+    for (int64_t s : {1, 5, 10, 11, 15, 11, 20}) m << nlohmann::json{{"step", s}, {"loss", loss_at(s)}}.dump() << "\n";
   }
   PlotData ud = plot_data_read(u.path.string());
   REQUIRE(ud.marks.size() == 1);

@@ -69,10 +69,13 @@ inline std::string inflate(const std::string& z) {
   REQUIRE(z.size() >= 6);
   REQUIRE((uint8_t(z[0]) * 256 + uint8_t(z[1])) % 31 == 0);
   REQUIRE((uint8_t(z[0]) & 0x0f) == 8);
-  static const int lbase[] = {3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 15, 17, 19, 23, 27, 31, 35, 43, 51, 59, 67, 83, 99, 115, 131, 163, 195, 227, 258};
+  static const int lbase[] = {3,  4,  5,  6,  7,  8,  9,  10, 11,  13,  15,  17,  19,  23, 27,
+                              31, 35, 43, 51, 59, 67, 83, 99, 115, 131, 163, 195, 227, 258};
   static const int lext[] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 0};
-  static const int dbase[] = {1, 2, 3, 4, 5, 7, 9, 13, 17, 25, 33, 49, 65, 97, 129, 193, 257, 385, 513, 769, 1025, 1537, 2049, 3073, 4097, 6145, 8193, 12289, 16385, 24577};
-  static const int dext[] = {0, 0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13};
+  static const int dbase[] = {1,   2,   3,   4,   5,   7,    9,    13,   17,   25,   33,   49,   65,    97,    129,
+                              193, 257, 385, 513, 769, 1025, 1537, 2049, 3073, 4097, 6145, 8193, 12289, 16385, 24577};
+  static const int dext[] = {0, 0, 0, 0, 1, 1, 2, 2,  3,  3,  4,  4,  5,  5,  6,
+                             6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13};
   std::string out;
   BitReader br{z, 2, 0};
   for (bool final = false; !final;) {
@@ -142,7 +145,8 @@ inline Decoded png_decode(const std::string& png) {
       ctype = uint8_t(body[9]);
     } else if (type == "PLTE") {
       REQUIRE(len % 3 == 0);
-      for (size_t i = 0; i < len; i += 3) palette.push_back({uint8_t(body[i]), uint8_t(body[i + 1]), uint8_t(body[i + 2])});
+      for (size_t i = 0; i < len; i += 3)
+        palette.push_back({uint8_t(body[i]), uint8_t(body[i + 1]), uint8_t(body[i + 2])});
     } else if (type == "IDAT") {
       idat += body;
     } else if (type == "IEND") {

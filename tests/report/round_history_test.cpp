@@ -95,13 +95,20 @@ TEST_CASE("status: restarts counted from the rounds, a round that could not star
   fs::create_directories(dir);
   {
     std::ofstream e(dir / "events.jsonl");
-    e << R"({"time_ms":1700000000000,"event":"round_start","round":0,"world_size":2})" << "\n"
-      << R"({"time_ms":1700000010000,"event":"failure","round":0,"node":1,"why":"node 1 (b): SSH connection lost","exit_code":4,"retry":true})" << "\n"
-      << R"({"time_ms":1700000012000,"event":"membership","round":1,"hosts":[],"changes":[],"problem":"only 1 of the 2 host(s) can run a round"})" << "\n"
-      << R"({"time_ms":1700000012000,"event":"round_not_started","round":1,"why":"only 1 of the 2 host(s) can run a round"})" << "\n"
-      << R"({"time_ms":1700000012000,"event":"failure","round":1,"node":-1,"why":"only 1 of the 2 host(s) can run a round","exit_code":4,"retry":true})" << "\n"
-      << R"({"time_ms":1700000020000,"event":"round_start","round":2,"world_size":2})" << "\n"
-      << R"({"time_ms":1700000030000,"event":"finished","round":2})" << "\n";
+    e << R"({"time_ms":1700000000000,"event":"round_start","round":0,"world_size":2})"
+      << "\n"
+      << R"({"time_ms":1700000010000,"event":"failure","round":0,"node":1,"why":"node 1 (b): SSH connection lost","exit_code":4,"retry":true})"
+      << "\n"
+      << R"({"time_ms":1700000012000,"event":"membership","round":1,"hosts":[],"changes":[],"problem":"only 1 of the 2 host(s) can run a round"})"
+      << "\n"
+      << R"({"time_ms":1700000012000,"event":"round_not_started","round":1,"why":"only 1 of the 2 host(s) can run a round"})"
+      << "\n"
+      << R"({"time_ms":1700000012000,"event":"failure","round":1,"node":-1,"why":"only 1 of the 2 host(s) can run a round","exit_code":4,"retry":true})"
+      << "\n"
+      << R"({"time_ms":1700000020000,"event":"round_start","round":2,"world_size":2})"
+      << "\n"
+      << R"({"time_ms":1700000030000,"event":"finished","round":2})"
+      << "\n";
   }
   RunStatus st = status_read(dir.string());
   CHECK(st.state == RunState::FINISHED);
@@ -121,8 +128,10 @@ TEST_CASE("status: restarts counted from the rounds, a round that could not star
   // The live launcher between a round that could not start and its retry: restarting.
   {
     std::ofstream e(dir / "events.jsonl");
-    e << R"({"time_ms":1700000000000,"event":"round_not_started","round":0,"why":"preflight: disk"})" << "\n"
-      << R"({"time_ms":1700000000000,"event":"failure","round":0,"node":0,"why":"preflight: disk","exit_code":4,"retry":true})" << "\n";
+    e << R"({"time_ms":1700000000000,"event":"round_not_started","round":0,"why":"preflight: disk"})"
+      << "\n"
+      << R"({"time_ms":1700000000000,"event":"failure","round":0,"node":0,"why":"preflight: disk","exit_code":4,"retry":true})"
+      << "\n";
   }
   status_write_launcher(dir.string(), "job-1");
   st = status_read(dir.string());

@@ -49,8 +49,9 @@ constexpr int64_t T0 = 1'700'000'000'000;
 
 void write_events_and_metrics(const fs::path& dir) {
   append(dir / "events.jsonl", R"({"time_ms":1700000000000,"event":"round_start","round":0,"world_size":4})");
-  append(dir / "events.jsonl",
-         R"({"time_ms":1700000190000,"event":"failure","round":0,"node":1,"why":"rank 3 exited with code 137","exit_code":137})");
+  append(
+      dir / "events.jsonl",
+      R"({"time_ms":1700000190000,"event":"failure","round":0,"node":1,"why":"rank 3 exited with code 137","exit_code":137})");
   append(dir / "events.jsonl", R"({"time_ms":1700000200000,"event":"round_start","round":1,"world_size":4})");
   append(dir / "metrics.jsonl", R"({"step":10,"loss":3.5,"lr":0.001,"tokens_per_s":1000})");
   append(dir / "metrics.jsonl", R"({"step":20,"loss":2.75,"lr":0.001,"tokens_per_s":18234})");
@@ -115,8 +116,9 @@ TEST_CASE("status: running job with a live launcher, heartbeats and a checkpoint
 TEST_CASE("status: failed job (launcher gone, last event a failure)") {
   TempDir d("failed");
   write_events_and_metrics(d.path);
-  append(d.path / "events.jsonl",
-         R"({"time_ms":1700000300000,"event":"failure","round":1,"node":0,"why":"node 0 (n1) missed heartbeats","exit_code":4})");
+  append(
+      d.path / "events.jsonl",
+      R"({"time_ms":1700000300000,"event":"failure","round":1,"node":0,"why":"node 0 (n1) missed heartbeats","exit_code":4})");
   nlohmann::json l{{"pid", dead_pid()}, {"host", "x"}, {"job_id", "j"}, {"started_ms", T0}};
   // Same host as this one, so liveness is checked.
   char host[256] = {};
@@ -152,7 +154,8 @@ TEST_CASE("status: finished job") {
   CHECK(text.find("state      finished 5.0 s ago") != std::string::npos);
   CHECK(text.find("checkpoints/latest names step30, but checkpoints/step30 does not exist") != std::string::npos);
   fs::create_directories(d.path / "checkpoints" / "step30");  // no manifest: a torn write
-  CHECK(status_format(status_read(d.path.string()), 0).find("checkpoints/step30 has no manifest.json") != std::string::npos);
+  CHECK(status_format(status_read(d.path.string()), 0).find("checkpoints/step30 has no manifest.json") !=
+        std::string::npos);
 }
 
 TEST_CASE("status: interrupted, lost, recycled pid, empty and missing run dirs") {
@@ -161,7 +164,8 @@ TEST_CASE("status: interrupted, lost, recycled pid, empty and missing run dirs")
   {
     TempDir d("interrupted");
     append(d.path / "events.jsonl", R"({"time_ms":1,"event":"round_start","round":0})");
-    append(d.path / "events.jsonl", R"j({"time_ms":2,"event":"failure","round":0,"node":-2,"why":"interrupted (Ctrl-C)","exit_code":130})j");
+    append(d.path / "events.jsonl",
+           R"j({"time_ms":2,"event":"failure","round":0,"node":-2,"why":"interrupted (Ctrl-C)","exit_code":130})j");
     CHECK(status_read(d.str()).state == RunState::INTERRUPTED);
   }
   {
@@ -176,8 +180,7 @@ TEST_CASE("status: interrupted, lost, recycled pid, empty and missing run dirs")
     // Our own pid but another start time: a recycled pid, not the launcher.
     TempDir d("recycled");
     append(d.path / "events.jsonl", R"({"time_ms":1,"event":"round_start","round":0})");
-    append(d.path / "launcher.json",
-           nlohmann::json{{"pid", ::getpid()}, {"host", host}, {"pid_start", 1}}.dump());
+    append(d.path / "launcher.json", nlohmann::json{{"pid", ::getpid()}, {"host", host}, {"pid_start", 1}}.dump());
     CHECK(status_read(d.str()).state == RunState::LOST);
   }
   {
@@ -284,8 +287,9 @@ TEST_CASE("status: a launcher that exited but is not yet reaped (a zombie) is no
   CHECK(st.state == RunState::FAILED);
 }
 
-TEST_CASE("status: a dtrain run job (rank 0 keeps the record): running, failed with the platform's restart, lost, "
-          "finished") {
+TEST_CASE(
+    "status: a dtrain run job (rank 0 keeps the record): running, failed with the platform's restart, lost, "
+    "finished") {
   TempDir d("external");
   append(d.path / "config.yaml", "training: {}");
   // The first round's event, as rank 0 of dtrain run writes it: this process is rank 0.
@@ -303,10 +307,13 @@ TEST_CASE("status: a dtrain run job (rank 0 keeps the record): running, failed w
         std::string::npos);
 
   // The round fails: the platform restarts it, not dtrain resume.
-  append(d.path / "events.jsonl",
-         nlohmann::json{{"time_ms", unix_ms()}, {"event", "failure"}, {"round", 0}, {"node", -1},
-                        {"why", "the job stops: rank 2 on c failed: bad data"}, {"exit_code", 5}}
-             .dump());
+  append(d.path / "events.jsonl", nlohmann::json{{"time_ms", unix_ms()},
+                                                 {"event", "failure"},
+                                                 {"round", 0},
+                                                 {"node", -1},
+                                                 {"why", "the job stops: rank 2 on c failed: bad data"},
+                                                 {"exit_code", 5}}
+                                      .dump());
   st = status_read(d.str());
   CHECK(st.state == RunState::FAILED);
   std::string text = status_format(st, unix_ms());
@@ -348,13 +355,21 @@ TEST_CASE("status: a dtrain run job (rank 0 keeps the record): running, failed w
 TEST_CASE("status: an elastic job's membership history, its resize, and a straggler named with its host") {
   TempDir d("elastic");
   const fs::path ev = d.path / "events.jsonl";
-  append(ev, R"({"time_ms":1700000000000,"event":"membership","round":0,"hosts":["n1","n2","n3"],"world_size":3,"changes":[{"host":"n1","change":"joined","cause":"initial membership"}],"batch":"batch unchanged"})");
+  append(
+      ev,
+      R"({"time_ms":1700000000000,"event":"membership","round":0,"hosts":["n1","n2","n3"],"world_size":3,"changes":[{"host":"n1","change":"joined","cause":"initial membership"}],"batch":"batch unchanged"})");
   append(ev, R"({"time_ms":1700000000000,"event":"round_start","round":0,"world_size":3})");
-  append(ev, R"({"time_ms":1700000010000,"event":"failure","round":0,"node":2,"why":"node 2 (n3): SSH connection lost","exit_code":4})");
-  append(ev, R"({"time_ms":1700000012000,"event":"membership","round":1,"hosts":["n1","n2"],"world_size":2,"changes":[{"host":"n3","change":"left","cause":"failed the probe: connection refused"}],"batch":"train_batch_size 12 kept: gradient_accumulation_steps 1 -> 2 on 2 ranks"})");
+  append(
+      ev,
+      R"({"time_ms":1700000010000,"event":"failure","round":0,"node":2,"why":"node 2 (n3): SSH connection lost","exit_code":4})");
+  append(
+      ev,
+      R"({"time_ms":1700000012000,"event":"membership","round":1,"hosts":["n1","n2"],"world_size":2,"changes":[{"host":"n3","change":"left","cause":"failed the probe: connection refused"}],"batch":"train_batch_size 12 kept: gradient_accumulation_steps 1 -> 2 on 2 ranks"})");
   append(ev, R"({"time_ms":1700000012000,"event":"round_start","round":1,"world_size":2})");
   append(ev, R"({"time_ms":1700000030000,"event":"resize","round":1,"step":10,"why":"n3 passed the probe again"})");
-  append(ev, R"({"time_ms":1700000031000,"event":"membership","round":2,"hosts":["n1","n2","n3"],"world_size":3,"changes":[{"host":"n3","change":"joined","cause":"passed the probe again"}],"batch":"batch unchanged"})");
+  append(
+      ev,
+      R"({"time_ms":1700000031000,"event":"membership","round":2,"hosts":["n1","n2","n3"],"world_size":3,"changes":[{"host":"n3","change":"joined","cause":"passed the probe again"}],"batch":"batch unchanged"})");
   append(ev, R"({"time_ms":1700000031000,"event":"round_start","round":2,"world_size":3})");
   append(ev, R"({"time_ms":1700000040000,"event":"finished","round":2})");
   // Rank 2 (on n3) slow in the last 3 records; the rule from nodes.json: 1.5x for 3.

@@ -61,10 +61,10 @@ TEST_CASE("straggler: rank_times line round-trips; malformed lines are not recor
   CHECK(back->compute_ms == t.compute_ms);
   CHECK(back->comm_ms == t.comm_ms);
   CHECK_FALSE(rank_times_parse("step 3/4 | loss 2.0").has_value());
-  CHECK_FALSE(rank_times_parse("rank_times compute_ms 1,2 comm_ms 1").has_value());     // counts differ
-  CHECK_FALSE(rank_times_parse("rank_times compute_ms 1,x comm_ms 1,2").has_value());   // not a number
-  CHECK_FALSE(rank_times_parse("rank_times compute_ms 1, comm_ms 1,2").has_value());    // empty item
-  CHECK_FALSE(rank_times_parse("rank_times compute_ms 1,2").has_value());               // no comm_ms
+  CHECK_FALSE(rank_times_parse("rank_times compute_ms 1,2 comm_ms 1").has_value());    // counts differ
+  CHECK_FALSE(rank_times_parse("rank_times compute_ms 1,x comm_ms 1,2").has_value());  // not a number
+  CHECK_FALSE(rank_times_parse("rank_times compute_ms 1, comm_ms 1,2").has_value());   // empty item
+  CHECK_FALSE(rank_times_parse("rank_times compute_ms 1,2").has_value());              // no comm_ms
 }
 
 TEST_CASE("straggler: a rank slower at a negligible share of the step is not flagged") {

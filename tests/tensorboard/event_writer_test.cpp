@@ -168,7 +168,7 @@ TEST_CASE("the independent reader: scalars, restarts, and damaged files") {
     CHECK(tfevents_steps(v, "eval/loss") == std::vector<int64_t>{2});
     const auto& loss = v.result["scalars"]["train/loss"];
     CHECK(loss[0][1].get<double>() == 3.75);
-    CHECK(loss[2][1].get<double>() == 13.0);  // the second round's step 3
+    CHECK(loss[2][1].get<double>() == 13.0);    // the second round's step 3
     CHECK(loss[2][2].get<double>() == 1013.0);  // its wall_time
     CHECK(v.result["scalars"]["train/grad_norm"][1][1] == "inf");
     CHECK(v.result["scalars"]["eval/loss"][0][1].get<double>() == static_cast<double>(3.3f));  // float32

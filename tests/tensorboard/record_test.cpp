@@ -38,8 +38,8 @@ TEST_CASE("record_frame: length, its masked crc, data, the data's masked crc") {
     const std::string r = record_frame("");
     REQUIRE(r.size() == 16);
     CHECK(le64(r, 0) == 0);
-    CHECK(le32(r, 8) == 0x07980329u);  // masked crc32c of 8 zero bytes (0x8c28b28a)
-    CHECK(le32(r, 12) == 0xa282ead8u); // masked crc32c of nothing
+    CHECK(le32(r, 8) == 0x07980329u);   // masked crc32c of 8 zero bytes (0x8c28b28a)
+    CHECK(le32(r, 12) == 0xa282ead8u);  // masked crc32c of nothing
   }
   SUBCASE("a few bytes") {
     const std::string data = "123456789";

@@ -127,9 +127,8 @@ TEST_CASE("resume at the same world size and stage continues bit-exactly") {
     int stage, world;
     dtrain::DType dt;
   };
-  for (const Case& c : {Case{0, 2, dtrain::DType::F32}, Case{1, 3, dtrain::DType::F32},
-                        Case{2, 2, dtrain::DType::BF16}, Case{3, 3, dtrain::DType::F32},
-                        Case{3, 2, dtrain::DType::BF16}}) {
+  for (const Case& c : {Case{0, 2, dtrain::DType::F32}, Case{1, 3, dtrain::DType::F32}, Case{2, 2, dtrain::DType::BF16},
+                        Case{3, 3, dtrain::DType::F32}, Case{3, 2, dtrain::DType::BF16}}) {
     CAPTURE(c.stage);
     CAPTURE(c.world);
     TempDir tmp;
@@ -348,7 +347,7 @@ TEST_CASE("pruning sets a damaged checkpoint aside instead of keeping it in plac
 TEST_CASE("manifest file names must be bare names in the checkpoint directory") {
   const RunSpec spec = spec_for(0, 1);
   for (const std::string& forged : {std::string("../../secret.txt"), std::string("/etc/hostname"), std::string(""),
-                                   std::string("sub/rank0.bin"), std::string(".."), std::string("rank0.bin\0x", 11)}) {
+                                    std::string("sub/rank0.bin"), std::string(".."), std::string("rank0.bin\0x", 11)}) {
     CAPTURE(forged);
     TempDir tmp;
     // A file outside the checkpoint that a forged manifest points at; its size must not
@@ -421,8 +420,9 @@ TEST_CASE("checkpoint files are as private as the run directory; manifests carry
     RankTrainer t(spec, comm, r);
     t.step(1);
     TrainState st = state_at(1, r);
-    st.config_yaml = "training:\n  keep_last: 2\ncluster:\n  env:\n    forward_prefixes: [\"NCCL_\"]\n    set: {\"HF_TOKEN\": \"" +
-                     secret + "\"}\n  workdir: \"/w\"\nmodel:\n  d_model: 32\n";
+    st.config_yaml =
+        "training:\n  keep_last: 2\ncluster:\n  env:\n    forward_prefixes: [\"NCCL_\"]\n    set: {\"HF_TOKEN\": \"" +
+        secret + "\"}\n  workdir: \"/w\"\nmodel:\n  d_model: 32\n";
     checkpoint_save(tmp.path.string(), t.engine->checkpoint_view(), st);
   });
   for (const auto& e : errors) REQUIRE_MESSAGE(e.empty(), e);

@@ -110,7 +110,8 @@ TEST_CASE("score_answers counts an identity generator and a corrupted one correc
   CHECK(ok.examples.size() == 5);
   CHECK(ok.examples[0].prompt.find("### Response:") != std::string::npos);
   for (size_t i = 0; i < gen.size(); i += 4) gen[i] = "  wrong  ";
-  for (size_t i = 1; i < gen.size(); i += 4) gen[i] = "  " + records[i].messages.back().content + " \n";  // spacing only
+  for (size_t i = 1; i < gen.size(); i += 4)
+    gen[i] = "  " + records[i].messages.back().content + " \n";  // spacing only
   TaskAccuracy part = score_answers(records, gen, *tok, data::SftTemplate::PLAIN);
   CHECK(part.correct == 30);
   CHECK_FALSE(part.examples[0].correct);

@@ -150,7 +150,7 @@ TEST_CASE("static loss scale never changes") {
 
 TEST_CASE("state round trip resumes identically") {
   LossScaler a(dyn(8, 4, 2, false));
-  const std::vector<bool> seq = {false, true, false, false, true, true, false, false, false,
+  const std::vector<bool> seq = {false, true,  false, false, true,  true,  false, false, false,
                                  false, false, true,  false, false, false, false, false, false};
   for (size_t i = 0; i < 7; ++i) a.update(seq[i]);
   LossScaler b(dyn(8, 4, 2, false));

@@ -39,9 +39,7 @@ double expected_cosine_lr(int64_t s, double base, double wmin, double cmin, int6
   return base * (cmin + (1.0 - cmin) * 0.5 * (1.0 + std::cos(kPi * progress)));
 }
 
-std::vector<int64_t> boundary_steps(int64_t w, int64_t t) {
-  return {0, 1, w - 1, w, w + 1, t - 1, t, t + 1, t + 1000};
-}
+std::vector<int64_t> boundary_steps(int64_t w, int64_t t) { return {0, 1, w - 1, w, w + 1, t - 1, t, t + 1, t + 1000}; }
 
 }  // namespace
 

@@ -30,7 +30,8 @@ std::string yaml(const std::string& arch) {
   return R"(
 train_micro_batch_size_per_gpu: 4
 model:
-  architecture: )" + arch + R"(
+  architecture: )" +
+         arch + R"(
   vocab_size: 264
   n_layer: 2
   n_head: 2

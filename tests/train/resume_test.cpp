@@ -152,7 +152,8 @@ void check_exact_resume(const std::vector<std::string>& sets, int world, const s
   const TrainResult full = run(sets, world, full_dir.path.string());
   REQUIRE(full.losses.size() == 8);
   CHECK(full.resumed_step == -1);
-  for (int k : {3, 6, 8}) CHECK(fs::exists(full_dir.path / "checkpoints" / ("step" + std::to_string(k)) / "manifest.json"));
+  for (int k : {3, 6, 8})
+    CHECK(fs::exists(full_dir.path / "checkpoints" / ("step" + std::to_string(k)) / "manifest.json"));
 
   stage_run_dir(full_dir.path, cut_dir.path, {3});
   const TrainResult resumed = run(sets, world, cut_dir.path.string());
@@ -163,7 +164,8 @@ void check_exact_resume(const std::vector<std::string>& sets, int world, const s
   CHECK(resumed.applied_steps == full.applied_steps);
   CHECK(resumed.losses == tail(full.losses, 3));  // bit-exact
   CHECK(resumed.final_loss == full.final_loss);
-  CHECK(bytes_of(cut_dir.path / "final" / "model.safetensors") == bytes_of(full_dir.path / "final" / "model.safetensors"));
+  CHECK(bytes_of(cut_dir.path / "final" / "model.safetensors") ==
+        bytes_of(full_dir.path / "final" / "model.safetensors"));
   if (fs::exists(full_dir.path / "final" / "adapter_model.safetensors"))
     CHECK(bytes_of(cut_dir.path / "final" / "adapter_model.safetensors") ==
           bytes_of(full_dir.path / "final" / "adapter_model.safetensors"));
@@ -178,9 +180,9 @@ void check_exact_resume(const std::vector<std::string>& sets, int world, const s
 
 // ----------------------------------------------------------------------------
 TEST_CASE("one rank: resume from step 3 is bit-identical (fp16 loss scaler, LoRA dropout)") {
-  check_exact_resume({"fp16.enabled=true", "fp16.initial_scale_power=12", "fp16.loss_scale_window=2", "lora.r=4",
-                      "lora.dropout=0.1"},
-                     1, "w1");
+  check_exact_resume(
+      {"fp16.enabled=true", "fp16.initial_scale_power=12", "fp16.loss_scale_window=2", "lora.r=4", "lora.dropout=0.1"},
+      1, "w1");
 }
 
 TEST_CASE("two ranks: resume from step 3 is bit-identical at stages 1 and 3") {
@@ -227,7 +229,8 @@ TEST_CASE("a corrupt shard: the previous checkpoint is used, the bad file named,
   CHECK(resumed.checkpoints_skipped[0].find(bad.string()) != std::string::npos);
   CHECK(resumed.checkpoints_skipped[0].find("checksum") != std::string::npos);
   CHECK(resumed.losses == tail(full.losses, 3));
-  CHECK(bytes_of(cut_dir.path / "final" / "model.safetensors") == bytes_of(full_dir.path / "final" / "model.safetensors"));
+  CHECK(bytes_of(cut_dir.path / "final" / "model.safetensors") ==
+        bytes_of(full_dir.path / "final" / "model.safetensors"));
 }
 
 TEST_CASE("a finished run: re-running trains nothing; a larger max_steps extends it") {
@@ -260,8 +263,8 @@ TEST_CASE("a finished run: re-running trains nothing; a larger max_steps extends
 
 TEST_CASE("export: a 3-rank stage-3 LoRA checkpoint gives the weights the live run exported") {
   TempDir dir("export");
-  const TrainResult r = run({"zero_optimization.stage=3", "bf16.enabled=true", "lora.r=4", "training.max_steps=4"}, 3,
-                            dir.path.string());
+  const TrainResult r =
+      run({"zero_optimization.stage=3", "bf16.enabled=true", "lora.r=4", "training.max_steps=4"}, 3, dir.path.string());
   REQUIRE(r.losses.size() == 4);
   const CheckpointExportResult e = checkpoint_export_hf(dir.path.string());
   CHECK(e.step == 4);

@@ -134,12 +134,13 @@ TEST_CASE("an index that disagrees with its shards is refused, naming the file a
   };
   // the layout itself: every check below fails only through the edit
   CHECK(variant("ok", {}).empty());
-  CHECK(variant("missing_shard", [](json& j) { j["weight_map"]["model.norm.weight"] = "model-00009-of-00009.safetensors"; })
-            .find("names shard model-00009-of-00009.safetensors, which is not in") != std::string::npos);
+  CHECK(variant("missing_shard", [](json& j) {
+          j["weight_map"]["model.norm.weight"] = "model-00009-of-00009.safetensors";
+        }).find("names shard model-00009-of-00009.safetensors, which is not in") != std::string::npos);
   CHECK(variant("wrong_file", [&](json& j) {
           const std::string f = j["weight_map"][t];
           j["weight_map"][t] = f == "model-00001-of-00003.safetensors" ? "model-00003-of-00003.safetensors"
-                                                                        : "model-00001-of-00003.safetensors";
+                                                                       : "model-00001-of-00003.safetensors";
         }).find("tensor " + t + " is mapped to") != std::string::npos);
   CHECK(variant("unlisted", [&](json& j) { j["weight_map"].erase(t); }).find(t + ", which") != std::string::npos);
   CHECK(variant("phantom", [](json& j) { j["weight_map"]["model.extra.weight"] = "model-00001-of-00003.safetensors"; })

@@ -85,8 +85,8 @@ TEST_CASE("a round that fails past its checkpoint, then the resumed round: the s
   TempDir tmp;
   const fs::path run = tmp.path / "run";
   const fs::path logs = tmp.path / "tb" / "job1";  // absolute output_path + job_name
-  const std::vector<std::string> sets{"tensorboard.enabled=true", "tensorboard.output_path=" + (tmp.path / "tb").string(),
-                                      "tensorboard.job_name=job1"};
+  const std::vector<std::string> sets{
+      "tensorboard.enabled=true", "tensorboard.output_path=" + (tmp.path / "tb").string(), "tensorboard.job_name=job1"};
   TrainerEnv env;
   env.print = false;
   env.run_dir = run.string();

@@ -181,9 +181,9 @@ TEST_CASE("fp16 with dynamic loss scaling trains like bf16; a huge initial scale
 
   // 2^26: the scaled gradients overflow fp16 until the scale has halved enough.
   auto so = std::vector<std::string>{"training.max_steps=40"};
-  so.insert(so.end(), {"fp16.enabled=true", "fp16.initial_scale_power=26", "fp16.hysteresis=1",
-                       "scheduler.type=WarmupLR", "scheduler.params.warmup_num_steps=10",
-                       "scheduler.params.warmup_type=linear"});
+  so.insert(so.end(),
+            {"fp16.enabled=true", "fp16.initial_scale_power=26", "fp16.hysteresis=1", "scheduler.type=WarmupLR",
+             "scheduler.params.warmup_num_steps=10", "scheduler.params.warmup_type=linear"});
   TrainResult o = train_run(tiny(so), quiet_env());
   INFO("skipped " << o.skipped_steps << " final scale " << o.final_loss_scale);
   CHECK(o.skipped_steps >= 5);
@@ -206,10 +206,13 @@ TEST_CASE("LoRA lowers the loss and changes only the adapters") {
   TempDir base_dir("lora_base"), dir("lora");
   const std::string valid = "data.valid=configs/data/tasks/valid.jsonl";
   TrainResult base = train_run(tiny({"training.max_steps=40", valid}), quiet_env(base_dir.path.string()));
-  const std::vector<std::string> sets{"lora.r=8", "lora.alpha=16",
+  const std::vector<std::string> sets{"lora.r=8",
+                                      "lora.alpha=16",
                                       "lora.target_modules=[q_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]",
-                                      "optimizer.params.lr=1.0e-2", "training.max_steps=100",
-                                      "train_micro_batch_size_per_gpu=8", valid,
+                                      "optimizer.params.lr=1.0e-2",
+                                      "training.max_steps=100",
+                                      "train_micro_batch_size_per_gpu=8",
+                                      valid,
                                       "model.init_from=" + (base_dir.path / "final").string()};
   const auto cfg = tiny(sets);
   TrainResult r = train_run(cfg, quiet_env(dir.path.string()));
@@ -253,8 +256,8 @@ TEST_CASE("metrics.jsonl records, periodic eval and the wall-clock breakdown") {
       continue;
     }
     train_steps.push_back(j.at("step").get<int64_t>());
-    for (const char* k : {"loss", "lr", "grad_norm", "loss_scale", "tokens", "tokens_per_s", "step_time",
-                          "forward_ms", "backward_ms", "comm_ms", "optimizer_ms", "data_ms"})
+    for (const char* k : {"loss", "lr", "grad_norm", "loss_scale", "tokens", "tokens_per_s", "step_time", "forward_ms",
+                          "backward_ms", "comm_ms", "optimizer_ms", "data_ms"})
       CHECK_MESSAGE(j.contains(k), k);
     const int64_t step = j.at("step").get<int64_t>();
     CHECK(j.at("loss").get<double>() == doctest::Approx(r.losses[static_cast<size_t>(step - 1)]));

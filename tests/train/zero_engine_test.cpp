@@ -5,7 +5,6 @@
 
 #include <doctest/doctest.h>
 
-
 using namespace zero_test;
 using dtrain::DType;
 

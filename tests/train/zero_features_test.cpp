@@ -295,10 +295,11 @@ TEST_CASE("per-rank memory matches the theoretical figure within 10% and the sta
     });
     for (const auto& e : errors) REQUIRE(e == "");
     const auto& m = ranks[0];
-    MESSAGE(fmt::format("stage {} W {}: params {} (theory {}) grads {} (theory {}) optim {} (theory {}) "
-                        "transient peak {} model-idle {}; model holds {} of {} bytes",
-                        stage, W, m.param_bytes, m.theory_param, m.grad_bytes, m.theory_grad, m.optim_bytes,
-                        m.theory_optim, m.work_peak_bytes, m.model_idle_bytes, training[0], full));
+    MESSAGE(
+        fmt::format("stage {} W {}: params {} (theory {}) grads {} (theory {}) optim {} (theory {}) "
+                    "transient peak {} model-idle {}; model holds {} of {} bytes",
+                    stage, W, m.param_bytes, m.theory_param, m.grad_bytes, m.theory_grad, m.optim_bytes, m.theory_optim,
+                    m.work_peak_bytes, m.model_idle_bytes, training[0], full));
     for (int r = 0; r < W; ++r) {
       CAPTURE(r);
       const auto& x = ranks[static_cast<size_t>(r)];
@@ -383,7 +384,8 @@ TEST_CASE("the model frees exactly what the engine shards (persistence threshold
         for (auto& pb : *list)
           for (size_t i = 0; i < pb.size; ++i, ++at) {
             if (pb.host_f32()[i] == w[at]) ++kept;
-            else if (c.stage == 2 || pb.host_f32()[i] != 0.0f) throw std::runtime_error("weights changed by the destructor");
+            else if (c.stage == 2 || pb.host_f32()[i] != 0.0f)
+              throw std::runtime_error("weights changed by the destructor");
             pb.host_f32()[i] = w[at];
           }
       if (c.stage == 3 && kept * 2 > w.size()) throw std::runtime_error("more than a shard survived the destructor");

@@ -80,8 +80,9 @@ inline void batch_rows(int step, int row0, int rows, int T, int vocab, std::vect
     // A learnable pattern (x -> x + 1 mod vocab) with noise.
     seq[0] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab)));
     for (int t = 1; t <= T; ++t)
-      seq[static_cast<size_t>(t)] = rng.uniform() < 0.8f ? (seq[static_cast<size_t>(t) - 1] + 1) % vocab
-                                                         : static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab)));
+      seq[static_cast<size_t>(t)] = rng.uniform() < 0.8f
+                                        ? (seq[static_cast<size_t>(t) - 1] + 1) % vocab
+                                        : static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab)));
     for (int t = 0; t < T; ++t) {
       tok[static_cast<size_t>(r) * T + t] = seq[static_cast<size_t>(t)];
       tgt[static_cast<size_t>(r) * T + t] = seq[static_cast<size_t>(t) + 1];
@@ -90,7 +91,6 @@ inline void batch_rows(int step, int row0, int rows, int T, int vocab, std::vect
 }
 
 using dtrain::test::run_ranks;
-
 
 // One rank's training state and steps: forward/backward on its slice of the global batch.
 struct RankTrainer {

@@ -106,9 +106,8 @@ TEST_CASE("stages 1-3 on 2 ranks train like stage 0 on one, export included") {
   for (int stage : {1, 2, 3}) {
     CAPTURE(stage);
     TempDir d("st" + std::to_string(stage));
-    const TrainResult got = run({"zero_optimization.stage=" + std::to_string(stage),
-                                 "train_micro_batch_size_per_gpu=2"},
-                                2, d.path.string());
+    const TrainResult got = run(
+        {"zero_optimization.stage=" + std::to_string(stage), "train_micro_batch_size_per_gpu=2"}, 2, d.path.string());
     check_close(got.losses, single.losses, 1e-5);
     // The exported fp32 weights match the single-rank export.
     model::SafetensorsFile a((d0.path / "final" / "model.safetensors").string());

@@ -96,20 +96,20 @@ struct cublasLtMatmulHeuristicResult_t {
 // ----------------------------------------------------------------------------
 // Attributes. Each comment names the value type SetAttribute expects (its size is checked).
 enum cublasLtMatmulDescAttributes_t {
-  CUBLASLT_MATMUL_DESC_COMPUTE_TYPE = 0,            // int32_t (cublasComputeType_t)
-  CUBLASLT_MATMUL_DESC_SCALE_TYPE = 1,              // int32_t (cudaDataType_t)
-  CUBLASLT_MATMUL_DESC_POINTER_MODE = 2,            // int32_t (cublasLtPointerMode_t)
-  CUBLASLT_MATMUL_DESC_TRANSA = 3,                  // int32_t (cublasOperation_t)
-  CUBLASLT_MATMUL_DESC_TRANSB = 4,                  // int32_t
-  CUBLASLT_MATMUL_DESC_TRANSC = 5,                  // int32_t, only CUBLAS_OP_N
-  CUBLASLT_MATMUL_DESC_EPILOGUE = 7,                // uint32_t (cublasLtEpilogue_t)
-  CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,            // void*
-  CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE = 10,      // int64_t
-  CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER = 11,   // void*
-  CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 12,        // int64_t
+  CUBLASLT_MATMUL_DESC_COMPUTE_TYPE = 0,                // int32_t (cublasComputeType_t)
+  CUBLASLT_MATMUL_DESC_SCALE_TYPE = 1,                  // int32_t (cudaDataType_t)
+  CUBLASLT_MATMUL_DESC_POINTER_MODE = 2,                // int32_t (cublasLtPointerMode_t)
+  CUBLASLT_MATMUL_DESC_TRANSA = 3,                      // int32_t (cublasOperation_t)
+  CUBLASLT_MATMUL_DESC_TRANSB = 4,                      // int32_t
+  CUBLASLT_MATMUL_DESC_TRANSC = 5,                      // int32_t, only CUBLAS_OP_N
+  CUBLASLT_MATMUL_DESC_EPILOGUE = 7,                    // uint32_t (cublasLtEpilogue_t)
+  CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,                // void*
+  CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE = 10,          // int64_t
+  CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER = 11,       // void*
+  CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 12,            // int64_t
   CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE = 13,  // int64_t
-  CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE = 22, // int32_t (cudaDataType_t), default -1
-  CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26,         // int32_t (cudaDataType_t), default -1
+  CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE = 22,     // int32_t (cudaDataType_t), default -1
+  CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26,             // int32_t (cudaDataType_t), default -1
 };
 
 enum cublasLtMatrixLayoutAttribute_t {
@@ -123,12 +123,12 @@ enum cublasLtMatrixLayoutAttribute_t {
 };
 
 enum cublasLtMatmulPreferenceAttributes_t {
-  CUBLASLT_MATMUL_PREF_SEARCH_MODE = 0,             // uint32_t
-  CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,     // uint64_t, default 0
-  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,   // uint32_t, default 256
-  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,   // uint32_t, default 256
-  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,   // uint32_t, default 256
-  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8,   // uint32_t, default 256
+  CUBLASLT_MATMUL_PREF_SEARCH_MODE = 0,            // uint32_t
+  CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,    // uint64_t, default 0
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,  // uint32_t, default 256
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,  // uint32_t, default 256
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,  // uint32_t, default 256
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8,  // uint32_t, default 256
 };
 
 enum cublasLtOrder_t {
@@ -177,8 +177,8 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComput
 cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc);
 cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
                                               const void* buf, size_t size);
-cublasStatus_t cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
-                                              void* buf, size_t size, size_t* size_written);
+cublasStatus_t cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, void* buf,
+                                              size_t size, size_t* size_written);
 
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType_t type, uint64_t rows,
                                           uint64_t cols, int64_t ld);

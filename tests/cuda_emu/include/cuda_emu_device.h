@@ -147,22 +147,38 @@ inline float __cosf(float x) { return std::cos(x); }
 inline float __powf(float x, float y) { return std::pow(x, y); }
 inline float __fdividef(float x, float y) { return x / y; }
 inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
-inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, 4); return f; }
-inline int __float_as_int(float x) { int i; std::memcpy(&i, &x, 4); return i; }
-inline float __uint_as_float(unsigned x) { float f; std::memcpy(&f, &x, 4); return f; }
-inline unsigned __float_as_uint(float x) { unsigned u; std::memcpy(&u, &x, 4); return u; }
+inline float __int_as_float(int x) {
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+inline int __float_as_int(float x) {
+  int i;
+  std::memcpy(&i, &x, 4);
+  return i;
+}
+inline float __uint_as_float(unsigned x) {
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+inline unsigned __float_as_uint(float x) {
+  unsigned u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
 
 // CUDA's device min/max: one overload set for every arithmetic pair, mixed signedness
 // resolved as the usual arithmetic conversions do (as CUDA's headers do).
 template <typename A, typename B>
-  requires std::is_arithmetic_v<A> && std::is_arithmetic_v<B>
+requires std::is_arithmetic_v<A> && std::is_arithmetic_v<B>
 inline std::common_type_t<A, B> min(A a, B b) {
   using C = std::common_type_t<A, B>;
   const C x = static_cast<C>(a), y = static_cast<C>(b);
   return y < x ? y : x;
 }
 template <typename A, typename B>
-  requires std::is_arithmetic_v<A> && std::is_arithmetic_v<B>
+requires std::is_arithmetic_v<A> && std::is_arithmetic_v<B>
 inline std::common_type_t<A, B> max(A a, B b) {
   using C = std::common_type_t<A, B>;
   const C x = static_cast<C>(a), y = static_cast<C>(b);

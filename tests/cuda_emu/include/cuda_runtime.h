@@ -209,8 +209,7 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
 cudaError_t cudaMemset(void* ptr, int value, size_t count);
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream = 0);
 cudaError_t cudaMemset2D(void* ptr, size_t pitch, int value, size_t width, size_t height);
-cudaError_t cudaMemset2DAsync(void* ptr, size_t pitch, int value, size_t width, size_t height,
-                              cudaStream_t stream = 0);
+cudaError_t cudaMemset2DAsync(void* ptr, size_t pitch, int value, size_t width, size_t height, cudaStream_t stream = 0);
 
 cudaError_t cudaStreamCreate(cudaStream_t* stream);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags);
@@ -259,8 +258,8 @@ struct LaunchSite {
 
 // Validates the configuration and enqueues the kernel; errors go to cudaGetLastError.
 // pointers: the launch's pointer arguments, for the argument check.
-void launch_submit(const void* func, const LaunchSite& site, dim3 grid, dim3 block, size_t smem,
-                   cudaStream_t stream, const void* const* pointers, int npointers, std::function<void()> body);
+void launch_submit(const void* func, const LaunchSite& site, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                   const void* const* pointers, int npointers, std::function<void()> body);
 
 template <typename T>
 void pointer_collect(const T& v, const void** out, int* n) {
