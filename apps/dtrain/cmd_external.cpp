@@ -196,11 +196,11 @@ int run_external(const ExternalOptions& o) {
     // The run directory (shared by every process) records the config this set runs,
     // as under dtrain launch; the checkpoints carry their own copy.
     const mode_t mode = launch::run_dir_mode_parse(cfg.training.run_dir_mode);
-    launch::run_dir_create(ctx.run_dir, mode);
     // The launcher's lock, for this process's life: a `dtrain launch` or another set's
-    // rank 0 on the same directory is refused here, before anything is written into it.
+    // rank 0 on the same directory is refused here, before anything is written into it
+    // (an existing directory is adopted, its mode or marker touched, only under the lock).
     std::string stale;
-    run_dir_lock.emplace(launch::RunDirLock::acquire(ctx.run_dir, &stale));
+    run_dir_lock.emplace(launch::run_dir_create_locked(ctx.run_dir, mode, &stale));
     if (!stale.empty()) log_warn("{}", stale);
     launch::run_dir_write_file((std::filesystem::path(ctx.run_dir) / "config.yaml").string(),
                                config::config_to_yaml(cfg), mode);

@@ -1,0 +1,132 @@
+// The run directory of a live job and one dtrain did not create, through the real binary
+// (issue 33, items 1 and 3): `dtrain run` adopts an empty 1777 directory without changing
+// its mode; a second launch, resume or `dtrain run` on a live launch's directory, even
+// with another training.run_dir_mode, is refused naming the holder before it changes the
+// directory's mode, marker or files; and a launch on a live `dtrain run`'s directory is
+// refused the same way. Local CPU runs, no root needed.
+#include "cli_harness.h"
+#include "skip.h"
+#include "tiny_job.h"
+
+#include <fmt/format.h>
+
+#include <sys/stat.h>
+
+using namespace dtrain::cli_test;
+namespace fs = std::filesystem;
+
+namespace {
+
+unsigned mode_of(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return 077777;  // "missing": never a valid answer
+  return st.st_mode & 07777;
+}
+
+struct Scratch {
+  TempDir tmp{"dtrain-rundir-lock"};
+  std::string config = tmp.path() + "/tiny.yaml";
+  std::string token = tmp.path() + "/token";
+  Scratch() {
+    std::ofstream(config) << tiny_cpu_job(2);  // 4 steps, a checkpoint every 2
+    std::ofstream(token) << "rundir-lock-test-token-0123456789abcdef\n";
+    ::chmod(token.c_str(), 0600);
+  }
+};
+
+// A lone `dtrain run` rank 0 (WORLD_SIZE 1) on a loopback port of its own.
+std::map<std::string, std::string> lone_rank_env(int offset) {
+  const int port = 30000 + static_cast<int>((::getpid() * 7 + offset) % 25000);
+  return {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}};
+}
+
+}  // namespace
+
+TEST_CASE("dtrain run adopts an empty 1777 directory without changing its mode; its files are private") {
+  const std::string bin = dtrain_bin();
+  if (bin.empty()) return ::dtrain::test::skip_test("DTRAIN_BIN not set: skipping");
+  Scratch s;
+  const std::string shared = s.tmp.path() + "/shared";
+  fs::create_directories(shared);
+  REQUIRE(::chmod(shared.c_str(), 01777) == 0);
+  RunResult r = run({bin, "run", "--config", s.config, "--output-dir", shared, "--set",
+                     "cluster.rendezvous.token_file=" + s.token},
+                    lone_rank_env(1), 120s);
+  INFO(r.out);
+  REQUIRE(!r.timed_out);
+  CHECK(r.rc == 0);
+  CHECK(mode_of(shared) == 01777);
+  CHECK(contains(r.out, "dtrain did not create it, so it leaves its mode as it is"));
+  CHECK(contains(read_text(shared + "/.dtrain-run"), "\"created\":false"));
+  CHECK(mode_of(shared + "/config.yaml") == 0600);
+  CHECK(fs::exists(shared + "/checkpoints/step4/manifest.json"));
+}
+
+TEST_CASE("a second launch, resume or dtrain run on a live launch's directory changes nothing, its mode included") {
+  const std::string bin = dtrain_bin();
+  if (bin.empty()) return ::dtrain::test::skip_test("DTRAIN_BIN not set: skipping");
+  Scratch s;
+  const std::string run_dir = s.tmp.path() + "/run";
+  Child first({bin, "launch", "--config", s.config, "--output-dir", run_dir, "--master-port", "0", "--set",
+               "training.max_steps=100000", "--set", "training.save_steps=0"});
+  REQUIRE(first.started());
+  REQUIRE_MESSAGE(first.wait_output("round 0:", 60s), first.output());
+  REQUIRE(mode_of(run_dir) == 0700);
+  const std::string marker = read_text(run_dir + "/.dtrain-run");
+  const std::string config = read_text(run_dir + "/config.yaml");
+  REQUIRE(contains(marker, "\"created\":true"));
+
+  // Each asks for another run_dir_mode: applied before the lock, it would loosen the
+  // live run's directory.
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases{
+      {"launch",
+       {bin, "launch", "--config", s.config, "--output-dir", run_dir, "--master-port", "0", "--set",
+        "training.run_dir_mode=0755"}},
+      {"resume", {bin, "resume", run_dir, "--master-port", "0", "--set", "training.run_dir_mode=0750"}},
+      {"run",
+       {bin, "run", "--config", s.config, "--output-dir", run_dir, "--set", "training.run_dir_mode=0755", "--set",
+        "cluster.rendezvous.token_file=" + s.token}},
+  };
+  int offset = 10;
+  for (const auto& [name, argv] : cases) {
+    CAPTURE(name);
+    RunResult r = run(argv, name == "run" ? lone_rank_env(offset++) : std::map<std::string, std::string>{}, 60s);
+    INFO(r.out);
+    REQUIRE(!r.timed_out);
+    CHECK(r.rc == 2);
+    CHECK(contains(r.out, "is in use by another dtrain launcher"));
+    CHECK(contains(r.out, fmt::format("pid {} on host ", first.pid())));
+    CHECK(mode_of(run_dir) == 0700);
+    CHECK(read_text(run_dir + "/.dtrain-run") == marker);
+    CHECK(read_text(run_dir + "/config.yaml") == config);
+    CHECK(first.running());
+  }
+  first.kill_group();
+}
+
+TEST_CASE("a launch on the directory of a live dtrain run is refused naming it") {
+  const std::string bin = dtrain_bin();
+  if (bin.empty()) return ::dtrain::test::skip_test("DTRAIN_BIN not set: skipping");
+  Scratch s;
+  const std::string run_dir = s.tmp.path() + "/run";
+  Child first({bin, "run", "--config", s.config, "--output-dir", run_dir, "--set", "training.max_steps=100000",
+               "--set", "training.save_steps=0", "--set", "cluster.rendezvous.token_file=" + s.token},
+              lone_rank_env(20));
+  REQUIRE(first.started());
+  REQUIRE_MESSAGE(first.wait_output("rank(s) train on", 60s), first.output());
+  const std::string config = read_text(run_dir + "/config.yaml");
+  REQUIRE(!config.empty());
+
+  RunResult r = run({bin, "launch", "--config", s.config, "--output-dir", run_dir, "--master-port", "0", "--set",
+                     "model.d_model=64"},
+                    {}, 60s);
+  INFO(r.out);
+  REQUIRE(!r.timed_out);
+  CHECK(r.rc == 2);
+  CHECK(contains(r.out, "is in use by another dtrain launcher"));
+  CHECK(contains(r.out, fmt::format("pid {} on host ", first.pid())));
+  CHECK(read_text(run_dir + "/config.yaml") == config);
+  CHECK(mode_of(run_dir) == 0700);
+  CHECK(first.running());
+  first.kill_group();
+}
