@@ -1,6 +1,7 @@
 // The run directory of a live job and one dtrain did not create, through the real binary
-// (issue 33, items 1 and 3): `dtrain run` adopts an empty 1777 directory without changing
-// its mode; a second launch, resume or `dtrain run` on a live launch's directory, even
+// (issue 33, items 1 and 3): `dtrain run` and `launch` adopt an empty 1777 directory
+// without changing its mode, and write their checkpoints with training.run_dir_mode, not
+// the directory's world-writable bits; a second launch, resume or `dtrain run` on a live launch's directory, even
 // with another training.run_dir_mode, is refused naming the holder before it changes the
 // directory's mode, marker or files; and a launch on a live `dtrain run`'s directory is
 // refused the same way. Local CPU runs, no root needed.
@@ -59,7 +60,43 @@ TEST_CASE("dtrain run adopts an empty 1777 directory without changing its mode; 
   CHECK(contains(r.out, "dtrain did not create it, so it leaves its mode as it is"));
   CHECK(contains(read_text(shared + "/.dtrain-run"), "\"created\":false"));
   CHECK(mode_of(shared + "/config.yaml") == 0600);
-  CHECK(fs::exists(shared + "/checkpoints/step4/manifest.json"));
+  REQUIRE(fs::exists(shared + "/checkpoints/step4/manifest.json"));
+  // The checkpoints follow training.run_dir_mode (0700), not the directory's 1777: no
+  // other user may replace the weights the next resume loads.
+  for (const char* d : {"checkpoints", "checkpoints/step4"}) {
+    CAPTURE(d);
+    CHECK(mode_of(shared + "/" + d) == 0700);
+  }
+  for (const char* f : {"checkpoints/latest", "checkpoints/step4/manifest.json", "checkpoints/step4/rank0.bin"}) {
+    CAPTURE(f);
+    CHECK(mode_of(shared + "/" + f) == 0600);
+  }
+}
+
+TEST_CASE("a launch into an adopted 1777 directory writes its checkpoints with training.run_dir_mode") {
+  const std::string bin = dtrain_bin();
+  if (bin.empty()) return ::dtrain::test::skip_test("DTRAIN_BIN not set: skipping");
+  Scratch s;
+  const std::string shared = s.tmp.path() + "/shared";
+  fs::create_directories(shared);
+  REQUIRE(::chmod(shared.c_str(), 01777) == 0);
+  RunResult r = run({bin, "launch", "--config", s.config, "--output-dir", shared, "--master-port", "0", "--set",
+                     "training.run_dir_mode=0750"},
+                    {}, 120s);
+  INFO(r.out);
+  REQUIRE(!r.timed_out);
+  CHECK(r.rc == 0);
+  CHECK(mode_of(shared) == 01777);
+  REQUIRE(fs::exists(shared + "/checkpoints/step4/manifest.json"));
+  for (const char* d : {"checkpoints", "checkpoints/step2", "checkpoints/step4"}) {
+    CAPTURE(d);
+    CHECK(mode_of(shared + "/" + d) == 0750);
+  }
+  for (const char* f : {"config.yaml", "checkpoints/latest", "checkpoints/step4/manifest.json",
+                        "checkpoints/step4/rank0.bin"}) {
+    CAPTURE(f);
+    CHECK(mode_of(shared + "/" + f) == 0640);
+  }
 }
 
 TEST_CASE("a second launch, resume or dtrain run on a live launch's directory changes nothing, its mode included") {
