@@ -25,6 +25,7 @@
 #include "report/status.h"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -170,6 +171,12 @@ int run_external(const ExternalOptions& o) {
   for (const auto& [k, v] : cfg.cluster.env.set) ::setenv(k.c_str(), v.c_str(), 0);
   if (!cfg.cluster.network_interface.empty())
     ::setenv("DTRAIN_NETWORK_INTERFACE", cfg.cluster.network_interface.c_str(), 0);
+
+  // Everything this process creates in the run directory (events, metrics, TensorBoard,
+  // final/) is as private as training.run_dir_mode, as under dtrain launch, whose ranks
+  // inherit the launcher's umask: an adopted directory (a shared 1777 one) keeps its own
+  // mode, so the files must not rely on it.
+  ::umask(~launch::run_dir_mode_parse(cfg.training.run_dir_mode) & 0777);
 
   std::optional<launch::RunDirLock> run_dir_lock;  // rank 0 only
   std::unique_ptr<rendezvous::StoreServer> server;

@@ -71,6 +71,13 @@ TEST_CASE("dtrain run adopts an empty 1777 directory without changing its mode; 
     CAPTURE(f);
     CHECK(mode_of(shared + "/" + f) == 0600);
   }
+  // So do the run's other files, whatever the caller's umask (dtrain launch's ranks get
+  // the launcher's; dtrain run sets its own).
+  CHECK(mode_of(shared + "/final") == 0700);
+  for (const char* f : {"events.jsonl", "metrics.jsonl", "final/model.safetensors", "final/config.json"}) {
+    CAPTURE(f);
+    CHECK(mode_of(shared + "/" + f) == 0600);
+  }
 }
 
 TEST_CASE("a launch into an adopted 1777 directory writes its checkpoints with training.run_dir_mode") {
