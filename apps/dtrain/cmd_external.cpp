@@ -209,6 +209,11 @@ int run_external(const ExternalOptions& o) {
     std::string stale;
     run_dir_lock.emplace(launch::run_dir_create_locked(ctx.run_dir, mode, &stale));
     if (!stale.empty()) log_warn("{}", stale);
+    // A save that a crash or a full disk interrupted in an earlier set left
+    // checkpoints/tmp-step<k>/ (no launcher removes it between sets, as between rounds):
+    // it goes before any rank trains, as it may hold the space the next save needs. No
+    // rank of this set saves before it joined rank 0's device agreement.
+    launch::run_dir_remove_partial_checkpoints(ctx.run_dir);
     launch::run_dir_write_file((std::filesystem::path(ctx.run_dir) / "config.yaml").string(),
                                config::config_to_yaml(cfg), mode);
     // The run's record for `dtrain status`: this round, who started it, and how it ends.

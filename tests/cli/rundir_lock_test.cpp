@@ -4,7 +4,8 @@
 // the directory's world-writable bits; a second launch, resume or `dtrain run` on a live launch's directory, even
 // with another training.run_dir_mode, is refused naming the holder before it changes the
 // directory's mode, marker or files; and a launch on a live `dtrain run`'s directory is
-// refused the same way. Local CPU runs, no root needed.
+// refused the same way; and `dtrain run`'s rank 0 removes the checkpoints/tmp-step<k>/ an
+// earlier set's interrupted save left (issue 33, item 23). Local CPU runs, no root needed.
 #include "cli_harness.h"
 #include "skip.h"
 #include "tiny_job.h"
@@ -173,4 +174,31 @@ TEST_CASE("a launch on the directory of a live dtrain run is refused naming it")
   CHECK(mode_of(run_dir) == 0700);
   CHECK(first.running());
   first.kill_group();
+}
+
+TEST_CASE("dtrain run removes the tmp-step<k>/ an interrupted save of an earlier set left") {
+  const std::string bin = dtrain_bin();
+  if (bin.empty()) return ::dtrain::test::skip_test("DTRAIN_BIN not set: skipping");
+  Scratch s;
+  const std::string run_dir = s.tmp.path() + "/run";
+  const std::vector<std::string> argv{bin, "run", "--config", s.config, "--output-dir", run_dir, "--set",
+                                      "cluster.rendezvous.token_file=" + s.token};
+  RunResult r = run(argv, lone_rank_env(30), 120s);
+  INFO(r.out);
+  REQUIRE(!r.timed_out);
+  REQUIRE(r.rc == 0);
+  // As a set whose save of step 99 a full disk or a crash cut short leaves it.
+  const std::string partial = run_dir + "/checkpoints/tmp-step99";
+  fs::create_directories(partial);
+  std::ofstream(partial + "/rank0.bin.tmp") << std::string(4096, 'x');
+  const std::string mine = run_dir + "/checkpoints/notes-tmp-step1";  // not dtrain's name: kept
+  std::ofstream(mine) << "keep\n";
+  r = run(argv, lone_rank_env(31), 120s);
+  INFO(r.out);
+  REQUIRE(!r.timed_out);
+  CHECK(r.rc == 0);
+  CHECK(!fs::exists(partial));
+  CHECK(contains(r.out, "removed " + partial + ", left by a checkpoint save that did not complete"));
+  CHECK(read_text(mine) == "keep\n");
+  CHECK(fs::exists(run_dir + "/checkpoints/step4/manifest.json"));
 }
