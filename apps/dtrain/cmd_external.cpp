@@ -134,10 +134,11 @@ int run_external(const ExternalOptions& o) {
              p.launcher, cfg.source);
   // Processes on other nodes dial their own loopback: said now, not after join_timeout.
   if (address_is_loopback(master_addr) && p.nnodes > 1)
-    log_warn("dtrain run: the store address {} is a loopback address, but {} places this job's ranks on {} nodes: "
-             "processes on the other nodes dial their own loopback and cannot reach rank 0's store unless every "
-             "node is this machine; set MASTER_ADDR (or cluster.rendezvous.address) to rank 0's host",
-             master_addr, p.launcher, p.nnodes);
+    log_warn(
+        "dtrain run: the store address {} is a loopback address, but {} places this job's ranks on {} nodes: "
+        "processes on the other nodes dial their own loopback and cannot reach rank 0's store unless every "
+        "node is this machine; set MASTER_ADDR (or cluster.rendezvous.address) to rank 0's host",
+        master_addr, p.launcher, p.nnodes);
   const std::string token =
       launch::external_token(cfg.cluster.rendezvous.token_file, cfg.cluster.rendezvous.token_env, env, cfg.source);
   if (o.nproc_per_node > 0) return run_node(o, launch::external_node(p, env), master_addr, master_port);

@@ -50,7 +50,7 @@ int job_run(Job& job, const JobRunOptions& o) {
   run_dir_remove_partial_checkpoints(job.run_dir);
   job_write_run_dir(job, o.resume);
   spawner_become_subreaper();
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGINT, &sa, nullptr);

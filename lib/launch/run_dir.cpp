@@ -128,22 +128,21 @@ mode_t run_dir_mode_parse(const std::string& text) {
 namespace {
 
 // Top-level directories a run must never be, and those nothing may be created below.
-constexpr const char* kSystemDirs[] = {"/",     "/bin",  "/boot",  "/dev",   "/etc",    "/home", "/lib",
-                                       "/lib32", "/lib64", "/libx32", "/media", "/mnt",  "/opt",  "/proc",
-                                       "/root", "/run",  "/sbin",  "/snap",  "/srv",    "/sys",  "/tmp",
-                                       "/usr",  "/var",  "/var/tmp"};
-constexpr const char* kSystemTrees[] = {"/proc", "/sys",   "/dev",  "/etc",  "/usr",   "/bin",
-                                        "/sbin", "/boot",  "/lib",  "/lib32", "/lib64", "/libx32"};
+constexpr const char* kSystemDirs[] = {"/",      "/bin",    "/boot",  "/dev", "/etc", "/home", "/lib",  "/lib32",
+                                       "/lib64", "/libx32", "/media", "/mnt", "/opt", "/proc", "/root", "/run",
+                                       "/sbin",  "/snap",   "/srv",   "/sys", "/tmp", "/usr",  "/var",  "/var/tmp"};
+constexpr const char* kSystemTrees[] = {"/proc", "/sys",  "/dev", "/etc",   "/usr",   "/bin",
+                                        "/sbin", "/boot", "/lib", "/lib32", "/lib64", "/libx32"};
 
 // The f_type of the kernel's own file systems (linux/magic.h), where nothing is data.
 struct KernelFs {
   long magic;
   const char* name;
 };
-constexpr KernelFs kKernelFs[] = {{0x9fa0, "proc"},        {0x62656572, "sysfs"},    {0x1cd1, "devpts"},
-                                  {0x27e0eb, "cgroup"},    {0x63677270, "cgroup2"},  {0x64626720, "debugfs"},
+constexpr KernelFs kKernelFs[] = {{0x9fa0, "proc"},        {0x62656572, "sysfs"},      {0x1cd1, "devpts"},
+                                  {0x27e0eb, "cgroup"},    {0x63677270, "cgroup2"},    {0x64626720, "debugfs"},
                                   {0x74726163, "tracefs"}, {0x73636673, "securityfs"}, {0xcafe4a11, "bpf"},
-                                  {0x6165676c, "pstore"},  {0x62656570, "configfs"}, {0xde5e81e4, "efivarfs"}};
+                                  {0x6165676c, "pstore"},  {0x62656570, "configfs"},   {0xde5e81e4, "efivarfs"}};
 
 bool path_within(const fs::path& p, const std::string& root) {
   const std::string s = p.string();
@@ -258,12 +257,13 @@ void run_dir_check_adoptable(const std::string& dir, const std::string& what) {
   std::string shown;
   for (size_t i = 0; i < names.size() && i < 5; ++i) shown += (i ? ", " : "") + names[i];
   if (names.size() > 5) shown += ", ...";
-  DT_THROW(UsageError,
-           "{} '{}': refused: the directory is not empty ({}) and is not a dtrain run directory (it has no {} marker, "
-           "nor an earlier run's config.yaml with events.jsonl or checkpoints/). dtrain writes only into a directory it "
-           "creates, an empty one or a run directory of its own, so nothing of yours is replaced; give a new path, "
-           "e.g. {}/run",
-           what, dir, shown, RUN_DIR_MARKER, dir);
+  DT_THROW(
+      UsageError,
+      "{} '{}': refused: the directory is not empty ({}) and is not a dtrain run directory (it has no {} marker, "
+      "nor an earlier run's config.yaml with events.jsonl or checkpoints/). dtrain writes only into a directory it "
+      "creates, an empty one or a run directory of its own, so nothing of yours is replaced; give a new path, "
+      "e.g. {}/run",
+      what, dir, shown, RUN_DIR_MARKER, dir);
 }
 
 namespace {
@@ -292,18 +292,18 @@ void run_dir_adopt(const fs::path& p, const std::string& dir, mode_t mode) {
   const int created = marker_created(p);
   if (created == 1) {
     // dtrain made it: a run created under an older, looser rule becomes private.
-    DT_ENFORCE(::chmod(p.c_str(), mode) == 0, IoError,
-               "cannot set the permissions of run directory {} to {:04o}: {}", dir, static_cast<unsigned>(mode),
-               std::strerror(errno));
+    DT_ENFORCE(::chmod(p.c_str(), mode) == 0, IoError, "cannot set the permissions of run directory {} to {:04o}: {}",
+               dir, static_cast<unsigned>(mode), std::strerror(errno));
     return;
   }
   struct stat st {};
   if (::stat(p.c_str(), &st) == 0 && (st.st_mode & 07777 & ~mode) != 0)
-    log_warn("run directory {} has mode {:04o}, looser than training.run_dir_mode {:04o}: dtrain did not create it, so "
-             "it leaves its mode as it is (its files are still written {:04o}); chmod it yourself if others must not "
-             "read the run",
-             dir, static_cast<unsigned>(st.st_mode & 07777), static_cast<unsigned>(mode),
-             static_cast<unsigned>(mode & 0666));
+    log_warn(
+        "run directory {} has mode {:04o}, looser than training.run_dir_mode {:04o}: dtrain did not create it, so "
+        "it leaves its mode as it is (its files are still written {:04o}); chmod it yourself if others must not "
+        "read the run",
+        dir, static_cast<unsigned>(st.st_mode & 07777), static_cast<unsigned>(mode),
+        static_cast<unsigned>(mode & 0666));
   if (created < 0) run_dir_write_file((p / RUN_DIR_MARKER).string(), marker_record(false), 0600);
 }
 
@@ -421,14 +421,16 @@ RunDirLock RunDirLock::acquire(const std::string& dir, std::string* note) {
   const std::string old = fd_read_all(fd);
   std::string said;
   if (!old.empty())
-    said = fmt::format("run directory {}: taking over a stale lock record of {}, which ended without releasing it "
-                       "(killed or crashed)",
-                       dir, holder_text(old));
-  const std::string rec =
-      nlohmann::json{{"host", host_name()}, {"pid", static_cast<long long>(::getpid())}, {"started", utc_now()},
-                     {"started_ms", unix_ms()}}
-          .dump() +
-      "\n";
+    said = fmt::format(
+        "run directory {}: taking over a stale lock record of {}, which ended without releasing it "
+        "(killed or crashed)",
+        dir, holder_text(old));
+  const std::string rec = nlohmann::json{{"host", host_name()},
+                                         {"pid", static_cast<long long>(::getpid())},
+                                         {"started", utc_now()},
+                                         {"started_ms", unix_ms()}}
+                              .dump() +
+                          "\n";
   // The flock is what excludes other launchers; the record only names the holder. On a
   // full disk it may not fit: the launch goes on (and may free space: partial
   // checkpoints go first), an empty record reads "has not written its record yet".

@@ -132,7 +132,7 @@ class TrainLoop {
   void env_check() const;
   void resume();
   void metrics_open();
-  void batch_load();                       // the micro-batches and their unmasked-target counts
+  void batch_load();  // the micro-batches and their unmasked-target counts
   void record(int64_t step, const StepOutcome& out);
   void progress_log(int64_t step, const StepOutcome& out);
   void evaluate(int64_t step);
@@ -189,7 +189,8 @@ TrainLoop::TrainLoop(const config::TrainConfig& cfg, const TrainerEnv& env)
   T_ = static_cast<int>(data_.train->seq_len());
   reader_ = std::make_unique<BatchReader>(*data_.train, micro_, rank_, W_, static_cast<uint64_t>(cfg.training.seed),
                                           cfg.data.shuffle);
-  total_steps_ = cfg.training.max_steps ? *cfg.training.max_steps : *cfg.training.epochs * reader_->steps_per_epoch(accum_);
+  total_steps_ =
+      cfg.training.max_steps ? *cfg.training.max_steps : *cfg.training.epochs * reader_->steps_per_epoch(accum_);
   DT_ENFORCE_GT(total_steps_, 0, ConfigError, "{}: training.max_steps", cfg.source);
   sched_ = lr_schedule_create(schedule_config(cfg, total_steps_), static_cast<float>(cfg.optimizer.lr));
   TrainStepOptions so;
@@ -264,9 +265,10 @@ void TrainLoop::resume() {
                 static_cast<long long>(st.step), fs::path(ck.dir).filename().c_str(), ck.saved_world_size,
                 ck.saved_stage);
   if (lead_ && st.step > total_steps_)
-    log_warn("the checkpoint is at step {} but training.max_steps is {}: nothing to train; raise "
-             "training.max_steps to continue",
-             st.step, total_steps_);
+    log_warn(
+        "the checkpoint is at step {} but training.max_steps is {}: nothing to train; raise "
+        "training.max_steps to continue",
+        st.step, total_steps_);
 }
 
 void TrainLoop::metrics_open() {
@@ -277,8 +279,8 @@ void TrainLoop::metrics_open() {
     const fs::path final_dir = fs::path(env_.run_dir) / "final";
     std::error_code ec;
     if (fs::exists(final_dir, ec) && fs::remove_all(final_dir, ec) > 0 && !ec)
-      log_info("removed {}: the run trains on from step {}, its final/ is written again at the end",
-               final_dir.string(), start_step_);
+      log_info("removed {}: the run trains on from step {}, its final/ is written again at the end", final_dir.string(),
+               start_step_);
   }
   if (lead_ && !env_.run_dir.empty()) {
     const std::string path = (fs::path(env_.run_dir) / "metrics.jsonl").string();
@@ -297,10 +299,11 @@ void TrainLoop::metrics_open() {
   }
   const model::Model& m = *model_;
   if (lead_ && env_.print)
-    std::printf("train: %s %zu params (%zu trainable), %zu train samples of %d tokens, %d rank(s) x micro %d x accum %d, "
-                "%lld steps, %s\n",
-                model::arch_name(m.config().arch), m.num_params(), m.num_trainable_params(), data_.train->size(), T_, W_,
-                micro_, accum_, static_cast<long long>(total_steps_), dtype_name(zopts_.compute_dtype));
+    std::printf(
+        "train: %s %zu params (%zu trainable), %zu train samples of %d tokens, %d rank(s) x micro %d x accum %d, "
+        "%lld steps, %s\n",
+        model::arch_name(m.config().arch), m.num_params(), m.num_trainable_params(), data_.train->size(), T_, W_,
+        micro_, accum_, static_cast<long long>(total_steps_), dtype_name(zopts_.compute_dtype));
   if (lead_ && env_.print) std::printf("%s", step_->engine().memory_report().c_str());
 }
 
@@ -315,7 +318,8 @@ void TrainLoop::batch_load() {
 
 void TrainLoop::record(int64_t step, const StepOutcome& out) {
   res_.steps = step;
-  if (out.applied) ++res_.applied_steps; else ++res_.skipped_steps;
+  if (out.applied) ++res_.applied_steps;
+  else ++res_.skipped_steps;
   res_.losses.push_back(out.loss);
   res_.lrs.push_back(out.lr);
   res_.grad_norms.push_back(out.grad_norm);
@@ -338,9 +342,10 @@ void TrainLoop::progress_log(int64_t step, const StepOutcome& out) {
   // Collective: every rank reaches this print step.
   const RankTimes times = rank_times_take(dt, interval_steps_);
   if (lead_ && env_.print) {
-    std::printf("step %lld/%lld | loss %.4f | lr %.1e | grad_norm %.3f | loss_scale %.0f | tokens/s %.0f | %.2f s/step%s\n",
-                static_cast<long long>(step), static_cast<long long>(total_steps_), step_loss, lr, out.grad_norm,
-                static_cast<double>(loss_scale), tps, per_step, applied ? "" : " | skipped (fp16 overflow)");
+    std::printf(
+        "step %lld/%lld | loss %.4f | lr %.1e | grad_norm %.3f | loss_scale %.0f | tokens/s %.0f | %.2f s/step%s\n",
+        static_cast<long long>(step), static_cast<long long>(total_steps_), step_loss, lr, out.grad_norm,
+        static_cast<double>(loss_scale), tps, per_step, applied ? "" : " | skipped (fp16 overflow)");
     // For the launcher's straggler check (it does not show this line on the terminal).
     if (W_ > 1 && env_.print_rank_times) std::printf("%s\n", report::rank_times_format(times).c_str());
   }
@@ -355,9 +360,15 @@ void TrainLoop::progress_log(int64_t step, const StepOutcome& out) {
     tb_->scalars(step, v, static_cast<double>(now_ms) / 1e3);
   }
   if (metrics_) {
-    nlohmann::json r{{"step", step},          {"loss", num(step_loss)},  {"lr", lr},
-                     {"grad_norm", num(out.grad_norm)}, {"loss_scale", loss_scale}, {"tokens", res_.tokens},
-                     {"tokens_per_s", tps},   {"step_time", per_step},   {"skipped_steps", res_.skipped_steps},
+    nlohmann::json r{{"step", step},
+                     {"loss", num(step_loss)},
+                     {"lr", lr},
+                     {"grad_norm", num(out.grad_norm)},
+                     {"loss_scale", loss_scale},
+                     {"tokens", res_.tokens},
+                     {"tokens_per_s", tps},
+                     {"step_time", per_step},
+                     {"skipped_steps", res_.skipped_steps},
                      {"time_ms", now_ms}};
     {
       // Memory: this rank's ZeRO state (params + grads + optimizer) and the process RSS.
@@ -372,8 +383,8 @@ void TrainLoop::progress_log(int64_t step, const StepOutcome& out) {
     }
     if (cfg_.wall_clock_breakdown) {
       const double n = static_cast<double>(interval_steps_);
-      for (Section sec : {Section::FORWARD, Section::BACKWARD, Section::COMM, Section::OPTIMIZER, Section::DATA,
-                          Section::CHECKPOINT})
+      for (Section sec :
+           {Section::FORWARD, Section::BACKWARD, Section::COMM, Section::OPTIMIZER, Section::DATA, Section::CHECKPOINT})
         r[std::string(section_name(sec)) + "_ms"] = timer_.elapsed_ms(sec) / n;
       // The ZeRO engine's collectives: exposed = the compute thread waited for them;
       // overlapped = they ran on the communication thread while compute went on.
@@ -479,9 +490,10 @@ void TrainLoop::export_final(bool trained) {
       std::printf("train: wrote %s (%lld steps, final loss %.4f, %.1f s)\n", dir.c_str(),
                   static_cast<long long>(res_.steps), res_.final_loss, res_.elapsed_s);
     else if (env_.print)
-      std::printf("train: nothing to train (the checkpoint is at step %lld, training.max_steps %lld); wrote %s "
-                  "again\n",
-                  static_cast<long long>(res_.steps), static_cast<long long>(total_steps_), dir.c_str());
+      std::printf(
+          "train: nothing to train (the checkpoint is at step %lld, training.max_steps %lld); wrote %s "
+          "again\n",
+          static_cast<long long>(res_.steps), static_cast<long long>(total_steps_), dir.c_str());
     std::fflush(stdout);
   }
   if (comm_) comm_->barrier();  // no rank leaves before the export is complete
@@ -497,8 +509,8 @@ TrainResult TrainLoop::run() {
   if (env_.on_step) env_.on_step(start_step_);
   for (int64_t step = start_step_ + 1; step <= total_steps_; ++step) {
     batch_load();
-    const StepOutcome out = step_->run(step, sched_->lr(res_.applied_steps), StepBatch{&inputs_, &targets_, &counts_},
-                                       timer_);
+    const StepOutcome out =
+        step_->run(step, sched_->lr(res_.applied_steps), StepBatch{&inputs_, &targets_, &counts_}, timer_);
     res_.graph_steps = step_->graph_steps();
     if (out.target_count == 0 && lead_) log_warn("step {}: every target of the batch is masked (loss 0)", step);
     record(step, out);

@@ -51,9 +51,9 @@ TEST_CASE("dtrain run adopts an empty 1777 directory without changing its mode; 
   const std::string shared = s.tmp.path() + "/shared";
   fs::create_directories(shared);
   REQUIRE(::chmod(shared.c_str(), 01777) == 0);
-  RunResult r = run({bin, "run", "--config", s.config, "--output-dir", shared, "--set",
-                     "cluster.rendezvous.token_file=" + s.token},
-                    lone_rank_env(1), 120s);
+  RunResult r = run(
+      {bin, "run", "--config", s.config, "--output-dir", shared, "--set", "cluster.rendezvous.token_file=" + s.token},
+      lone_rank_env(1), 120s);
   INFO(r.out);
   REQUIRE(!r.timed_out);
   CHECK(r.rc == 0);
@@ -100,8 +100,8 @@ TEST_CASE("a launch into an adopted 1777 directory writes its checkpoints with t
     CAPTURE(d);
     CHECK(mode_of(shared + "/" + d) == 0750);
   }
-  for (const char* f : {"config.yaml", "checkpoints/latest", "checkpoints/step4/manifest.json",
-                        "checkpoints/step4/rank0.bin"}) {
+  for (const char* f :
+       {"config.yaml", "checkpoints/latest", "checkpoints/step4/manifest.json", "checkpoints/step4/rank0.bin"}) {
     CAPTURE(f);
     CHECK(mode_of(shared + "/" + f) == 0640);
   }
@@ -154,17 +154,17 @@ TEST_CASE("a launch on the directory of a live dtrain run is refused naming it")
   if (bin.empty()) return ::dtrain::test::skip_test("DTRAIN_BIN not set: skipping");
   Scratch s;
   const std::string run_dir = s.tmp.path() + "/run";
-  Child first({bin, "run", "--config", s.config, "--output-dir", run_dir, "--set", "training.max_steps=100000",
-               "--set", "training.save_steps=0", "--set", "cluster.rendezvous.token_file=" + s.token},
+  Child first({bin, "run", "--config", s.config, "--output-dir", run_dir, "--set", "training.max_steps=100000", "--set",
+               "training.save_steps=0", "--set", "cluster.rendezvous.token_file=" + s.token},
               lone_rank_env(20));
   REQUIRE(first.started());
   REQUIRE_MESSAGE(first.wait_output("rank(s) train on", 60s), first.output());
   const std::string config = read_text(run_dir + "/config.yaml");
   REQUIRE(!config.empty());
 
-  RunResult r = run({bin, "launch", "--config", s.config, "--output-dir", run_dir, "--master-port", "0", "--set",
-                     "model.d_model=64"},
-                    {}, 60s);
+  RunResult r = run(
+      {bin, "launch", "--config", s.config, "--output-dir", run_dir, "--master-port", "0", "--set", "model.d_model=64"},
+      {}, 60s);
   INFO(r.out);
   REQUIRE(!r.timed_out);
   CHECK(r.rc == 2);
@@ -181,8 +181,8 @@ TEST_CASE("dtrain run removes the tmp-step<k>/ an interrupted save of an earlier
   if (bin.empty()) return ::dtrain::test::skip_test("DTRAIN_BIN not set: skipping");
   Scratch s;
   const std::string run_dir = s.tmp.path() + "/run";
-  const std::vector<std::string> argv{bin, "run", "--config", s.config, "--output-dir", run_dir, "--set",
-                                      "cluster.rendezvous.token_file=" + s.token};
+  const std::vector<std::string> argv{
+      bin, "run", "--config", s.config, "--output-dir", run_dir, "--set", "cluster.rendezvous.token_file=" + s.token};
   RunResult r = run(argv, lone_rank_env(30), 120s);
   INFO(r.out);
   REQUIRE(!r.timed_out);
