@@ -25,6 +25,7 @@
 #include "report/status.h"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -191,6 +192,12 @@ int run_external(const ExternalOptions& o) {
   if (!cfg.cluster.network_interface.empty())
     ::setenv("DTRAIN_NETWORK_INTERFACE", cfg.cluster.network_interface.c_str(), 0);
 
+  // Everything this process creates in the run directory (events, metrics, TensorBoard,
+  // final/) is as private as training.run_dir_mode, as under dtrain launch, whose ranks
+  // inherit the launcher's umask: an adopted directory (a shared 1777 one) keeps its own
+  // mode, so the files must not rely on it.
+  ::umask(~launch::run_dir_mode_parse(cfg.training.run_dir_mode) & 0777);
+
   std::optional<launch::RunDirLock> run_dir_lock;  // rank 0 only
   std::unique_ptr<rendezvous::StoreServer> server;
   std::unique_ptr<launch::RunFiles> files;  // rank 0 only
@@ -231,12 +238,17 @@ int run_external(const ExternalOptions& o) {
     // The run directory (shared by every process) records the config this set runs,
     // as under dtrain launch; the checkpoints carry their own copy.
     const mode_t mode = launch::run_dir_mode_parse(cfg.training.run_dir_mode);
-    launch::run_dir_create(ctx.run_dir, mode);
     // The launcher's lock, for this process's life: a `dtrain launch` or another set's
-    // rank 0 on the same directory is refused here, before anything is written into it.
+    // rank 0 on the same directory is refused here, before anything is written into it
+    // (an existing directory is adopted, its mode or marker touched, only under the lock).
     std::string stale;
-    run_dir_lock.emplace(launch::RunDirLock::acquire(ctx.run_dir, &stale));
+    run_dir_lock.emplace(launch::run_dir_create_locked(ctx.run_dir, mode, &stale));
     if (!stale.empty()) log_warn("{}", stale);
+    // A save that a crash or a full disk interrupted in an earlier set left
+    // checkpoints/tmp-step<k>/ (no launcher removes it between sets, as between rounds):
+    // it goes before any rank trains, as it may hold the space the next save needs. No
+    // rank of this set saves before it joined rank 0's device agreement.
+    launch::run_dir_remove_partial_checkpoints(ctx.run_dir);
     launch::run_dir_write_file((std::filesystem::path(ctx.run_dir) / "config.yaml").string(),
                                config::config_to_yaml(cfg), mode);
     // The run's record for `dtrain status`: this round, who started it, and how it ends.

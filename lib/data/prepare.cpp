@@ -101,7 +101,8 @@ TokenData data_tokenize_records(const std::vector<SftRecord>& records, const std
 DataPrepareStats data_prepare(const std::string& input, DataFormat format, const std::string& tokenizer_spec,
                               const std::string& output, const DataPrepareOptions& options) {
   // The output replaces whatever file it names: never the input (the same path, or another
-  // name of the same file), and never a directory.
+  // name of the same file), never a directory, and never anything but a regular file (the
+  // rename would put a shard in place of a device node such as /dev/null, or a FIFO).
   {
     namespace fs = std::filesystem;
     std::error_code ec;
@@ -109,6 +110,11 @@ DataPrepareStats data_prepare(const std::string& input, DataFormat format, const
     DT_ENFORCE(!fs::is_directory(output, ec), UsageError,
                "data prepare: OUTPUT '{}' is a directory: give the token shard's file name, e.g. {}/data.bin", output,
                output);
+    const fs::file_status st = fs::status(output, ec);
+    DT_ENFORCE(!fs::exists(st) || fs::is_regular_file(st), UsageError,
+               "data prepare: OUTPUT '{}' exists and is not a regular file (a device, FIFO or socket): writing the "
+               "shard would replace it; give the token shard's file name, e.g. {}.bin",
+               output, input);
     std::error_code eq_ec;
     const bool same = fs::equivalent(input, output, eq_ec) ||
                       (!fs::exists(output, ec) && fs::weakly_canonical(input, ec) == fs::weakly_canonical(output, ec));

@@ -38,11 +38,11 @@ int job_run(Job& job, const JobRunOptions& o) {
   // (logs, events, status, metrics) is as private as the directory itself.
   const mode_t mode = run_dir_mode_parse(job.cfg.training.run_dir_mode);
   ::umask(~mode & 0777);
-  run_dir_create(job.run_dir, mode);
   // One launcher per run directory for the job's whole life: a second launch or resume
-  // would overwrite this one's checkpoints and interleave its logs.
+  // would overwrite this one's checkpoints and interleave its logs. An existing directory
+  // is adopted only under the lock, so a second one changes nothing there.
   std::string stale;
-  RunDirLock lock = RunDirLock::acquire(job.run_dir, &stale);
+  RunDirLock lock = run_dir_create_locked(job.run_dir, mode, &stale);
   if (!stale.empty()) log_warn("{}", stale);
   refuse_checkpointed();
   // A save that a crash or a full disk interrupted leaves checkpoints/tmp-step<k>/: it

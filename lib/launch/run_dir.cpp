@@ -266,22 +266,28 @@ void run_dir_check_adoptable(const std::string& dir, const std::string& what) {
       what, dir, shown, RUN_DIR_MARKER, dir);
 }
 
-void run_dir_create(const std::string& dir, mode_t mode) {
-  run_dir_check_adoptable(dir, "run directory");
-  const fs::path p = normal_absolute(dir);
+namespace {
+
+// Creates p (its parents first): true when this call made it (then its mode is set and
+// its marker written), false when it already existed. IoError otherwise.
+bool run_dir_make(const fs::path& p, const std::string& dir, mode_t mode) {
   std::error_code ec;
   if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
   DT_ENFORCE(!ec, IoError, "cannot create the parent directories of run directory {}: {}", dir, ec.message());
-  const std::string marker = (p / RUN_DIR_MARKER).string();
-  if (::mkdir(p.c_str(), 0700) == 0) {
-    // Ours: its mode is set explicitly (mkdir's is filtered by the umask).
-    DT_ENFORCE(::chmod(p.c_str(), mode) == 0, IoError, "cannot set the permissions of run directory {} to {:04o}: {}",
-               dir, static_cast<unsigned>(mode), std::strerror(errno));
-    run_dir_write_file(marker, marker_record(true), 0600);
-    return;
+  if (::mkdir(p.c_str(), 0700) != 0) {
+    DT_ENFORCE(errno == EEXIST, IoError, "cannot create run directory {}: {}", dir, std::strerror(errno));
+    return false;
   }
-  DT_ENFORCE(errno == EEXIST, IoError, "cannot create run directory {}: {}", dir, std::strerror(errno));
-  // It exists (another process may have made it a moment ago): the same rules again.
+  // Ours: its mode is set explicitly (mkdir's is filtered by the umask).
+  DT_ENFORCE(::chmod(p.c_str(), mode) == 0, IoError, "cannot set the permissions of run directory {} to {:04o}: {}",
+             dir, static_cast<unsigned>(mode), std::strerror(errno));
+  run_dir_write_file((p / RUN_DIR_MARKER).string(), marker_record(true), 0600);
+  return true;
+}
+
+// Adopts the existing directory p under run_dir_check_adoptable's rules: the mode of one
+// dtrain created is set, one it did not create keeps its mode, a missing marker is written.
+void run_dir_adopt(const fs::path& p, const std::string& dir, mode_t mode) {
   run_dir_check_adoptable(dir, "run directory");
   const int created = marker_created(p);
   if (created == 1) {
@@ -298,7 +304,27 @@ void run_dir_create(const std::string& dir, mode_t mode) {
         "read the run",
         dir, static_cast<unsigned>(st.st_mode & 07777), static_cast<unsigned>(mode),
         static_cast<unsigned>(mode & 0666));
-  if (created < 0) run_dir_write_file(marker, marker_record(false), 0600);
+  if (created < 0) run_dir_write_file((p / RUN_DIR_MARKER).string(), marker_record(false), 0600);
+}
+
+}  // namespace
+
+void run_dir_create(const std::string& dir, mode_t mode) {
+  run_dir_check_adoptable(dir, "run directory");
+  const fs::path p = normal_absolute(dir);
+  // It exists (another process may have made it a moment ago): the same rules again.
+  if (!run_dir_make(p, dir, mode)) run_dir_adopt(p, dir, mode);
+}
+
+RunDirLock run_dir_create_locked(const std::string& dir, mode_t mode, std::string* note) {
+  run_dir_check_adoptable(dir, "run directory");
+  const fs::path p = normal_absolute(dir);
+  run_dir_make(p, dir, mode);
+  // An existing directory is changed only under its lock: a live launch's or `dtrain
+  // run`'s directory is refused (naming the holder) before its mode or marker is touched.
+  RunDirLock lock = RunDirLock::acquire(dir, note);
+  run_dir_adopt(p, dir, mode);
+  return lock;
 }
 
 void run_dir_write_file(const std::string& path, const std::string& text, mode_t mode) {

@@ -54,6 +54,14 @@ void run_dir_check_adoptable(const std::string& dir, const std::string& what);
 /// UsageError / ConfigError as run_dir_check_adoptable; IoError when it cannot.
 void run_dir_create(const std::string& dir, mode_t mode);
 
+class RunDirLock;
+
+/// run_dir_create under the launcher's lock (RunDirLock::acquire, which see for *note): a
+/// new directory is created, an existing one is adopted only once the lock is held, so a
+/// second launcher or `dtrain run` on a live run's directory is refused naming the holder
+/// before it changes anything there (its mode included).
+RunDirLock run_dir_create_locked(const std::string& dir, mode_t mode, std::string* note = nullptr);
+
 /// Writes path through path.tmp and a rename, with the given permission bits (not
 /// subject to the umask), so a reader sees the old or the new file, never a torn one.
 /// IoError naming the file and the system's reason ("No space left on device"); the

@@ -81,7 +81,9 @@ void fsync_path(const std::string& path) {
 
 // Checkpoints may hold secrets (the config) and are as private as the run directory
 // they live in: files get its permission bits without x (0700 -> 0600, 0755 -> 0644),
-// directories its bits. The launcher sets the run directory's mode (training.run_dir_mode).
+// directories its bits. The launcher sets the mode of a run directory it created
+// (training.run_dir_mode); checkpoint_save bounds the bits by that mode, as an adopted
+// directory keeps its own.
 mode_t run_dir_mode(const std::string& run_dir) {
   struct stat st {};
   if (::stat(run_dir.c_str(), &st) != 0) return 0700;
@@ -372,7 +374,7 @@ std::string checkpoint_save(const std::string& run_dir, const ZeroCheckpointView
     if (comm) comm->barrier();
     return final_dir.string();
   }
-  const mode_t mode = run_dir_mode(run_dir);
+  const mode_t mode = run_dir_mode(run_dir) & (opts.max_mode & 0777);
   if (rank == 0) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
@@ -734,7 +736,8 @@ CheckpointLoadResult checkpoint_load(const std::string& run_dir, const ZeroCheck
           latest != dir.filename().string()) {
         const std::string name = dir.filename().string();
         const std::string lt = (root / "latest.tmp").string();
-        file_write(lt, {{name.data(), name.size()}}, run_dir_mode(run_dir));
+        // checkpoints/ has the bits the saves gave it (bounded by training.run_dir_mode).
+        file_write(lt, {{name.data(), name.size()}}, run_dir_mode(run_dir) & run_dir_mode(root.string()));
         rename_durable(lt, (root / "latest").string());
       }
     }

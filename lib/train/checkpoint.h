@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/types.h>
+
 namespace dtrain::train {
 
 /// Trainer state carried beside the engine's. Every field but rng is global (rank 0's
@@ -34,6 +36,11 @@ struct TrainState {
 
 struct CheckpointSaveOptions {
   int64_t keep_last = 2;  ///< complete checkpoints kept (the one `latest` names always is)
+  /// The run's training.run_dir_mode: checkpoint directories get the run directory's
+  /// permission bits within it, files those without x. A directory dtrain adopted keeps
+  /// its own, maybe looser mode (a shared 1777 scratch directory); its checkpoints must
+  /// not become world-writable with it.
+  mode_t max_mode = 0700;
   /// Test hook, called at "shard_written" (every rank, its shard durable, before the
   /// ranks confirm) and "renamed" (rank 0: step<k>/ in place, `latest` not switched).
   /// Throwing there simulates a crash at that point.
@@ -44,7 +51,8 @@ struct CheckpointSaveOptions {
 /// through tmp-step<k>/ and switches <run_dir>/checkpoints/latest to it once every rank
 /// confirmed its shard; prunes beyond keep_last (counting only checkpoints that verify:
 /// a damaged one is renamed stepK.corrupt-<time>, never deleted). Files get the run
-/// directory's permission bits without x; the manifest's config omits cluster.env.
+/// directory's permission bits within opts.max_mode, without x; the manifest's config
+/// omits cluster.env.
 /// Collective: every rank calls it.
 /// run_dir must be on a filesystem every rank sees. Returns the checkpoint directory.
 /// IoError when a file cannot be written.

@@ -25,6 +25,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <cstdio>
 #include <filesystem>
@@ -436,6 +437,8 @@ void TrainLoop::save(int64_t step) {
   st.config_yaml = config_yaml_;
   CheckpointSaveOptions o;
   o.keep_last = cfg_.training.keep_last;
+  // Validated octal (0700, 0750, 0770 or 0755): the bound on the checkpoint's permissions.
+  o.max_mode = static_cast<mode_t>(std::strtoul(cfg_.training.run_dir_mode.c_str(), nullptr, 8) & 0777) | 0700;
   res_.last_checkpoint = checkpoint_save(env_.run_dir, step_->engine().checkpoint_view(), st, o);
   if (lead_ && env_.print) {
     std::printf("checkpoint: saved checkpoints/%s (%.2f s)\n", fs::path(res_.last_checkpoint).filename().c_str(),
