@@ -27,6 +27,8 @@ namespace dtrain::launch {
 
 /// The largest identity file accepted (an RSA-16384 key in PEM is under 13 KiB).
 constexpr size_t kIdentityFileMaxBytes = 1 << 20;
+/// The largest known_hosts file read (an entry is under 1 KiB: tens of thousands of hosts).
+constexpr size_t kKnownHostsMaxBytes = 64u << 20;
 
 struct SshOptions {
   /// Login name; empty: the "user@" part of the host, else $USER (or the passwd name).
