@@ -86,3 +86,86 @@ TEST_CASE("a known_hosts file that is /dev/zero, a FIFO or a directory fails lau
   CHECK(r.rc == 0);
   CHECK(!contains(r.out, "cluster.ssh.known_hosts"));
 }
+
+// ---------------------------------------------------------------------------
+// Item 6: every manifest field typed
+
+TEST_CASE("a manifest whose tensors or dtypes are mistyped is skipped; export and resume fall back and name the field") {
+  const std::string bin = bin_or_skip();
+  if (bin.empty()) return;
+  Tmp t;
+  const std::string trained = t.path("trained");
+  {
+    auto r = run({bin, "launch", "--config", t.config, "--output-dir", trained, "--master-port", "0"}, {}, 120s);
+    INFO(r.out);
+    REQUIRE(!r.timed_out);
+    REQUIRE(r.rc == 0);
+    REQUIRE(fs::exists(trained + "/checkpoints/step2/manifest.json"));
+    REQUIRE(fs::exists(trained + "/checkpoints/step4/manifest.json"));
+  }
+  // The run as if interrupted after its last save: the weights are only in checkpoints/.
+  fs::remove_all(trained + "/final");
+
+  struct Case {
+    std::string name;
+    std::function<void(nlohmann::json&)> change;
+    std::string why;  // the reason printed after the manifest's path
+  };
+  const std::vector<Case> cases = {
+      {"shape", [](nlohmann::json& m) { m["buffers"][0]["tensors"][0]["shape"] = {"x"}; },
+       "\"buffers\"[0].tensors[0].shape is [\"x\"], not a list of positive integers"},
+      {"offset", [](nlohmann::json& m) { m["buffers"][1]["tensors"][1]["offset"] = 1000000000000LL; },
+       "\"buffers\"[1].tensors[1]"},
+      {"tensors", [](nlohmann::json& m) { m["buffers"][0]["tensors"] = nlohmann::json::object(); },
+       "\"buffers\"[0].tensors is {}, not a list"},
+      {"decay", [](nlohmann::json& m) { m["buffers"][1]["tensors"][0]["decay"] = "yes"; },
+       "\"buffers\"[1].tensors[0].decay is \"yes\", not true or false"},
+      {"dtype", [](nlohmann::json& m) { m["compute_dtype"] = 5; },
+       "\"compute_dtype\" is 5, not \"float32\", \"bfloat16\" or \"float16\""},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.name);
+    const std::string run_dir = t.path("run-" + c.name);
+    fs::copy(trained, run_dir, fs::copy_options::recursive);
+    const std::string man = run_dir + "/checkpoints/step4/manifest.json";
+    edit_manifest(man, c.change);
+    auto r = run({bin, "export", run_dir, "-o", t.path("hf-" + c.name)}, {}, 60s);
+    INFO("output:\n" << r.out);
+    REQUIRE(!r.timed_out);
+    CHECK(r.rc == 0);
+    CHECK(contains(r.out, man + ": " + c.why));
+    CHECK(contains(r.out, run_dir + "/checkpoints/step2"));  // before: step4 was exported as if whole
+    CHECK(fs::exists(t.path("hf-" + c.name) + "/model.safetensors"));
+  }
+
+  {  // resume skips the mistyped step4 and continues from step2
+    const std::string run_dir = t.path("run-resume");
+    fs::copy(trained, run_dir, fs::copy_options::recursive);
+    edit_manifest(run_dir + "/checkpoints/step4/manifest.json",
+                  [](nlohmann::json& m) { m["buffers"][0]["tensors"][0]["shape"] = {"x"}; });
+    auto r = run({bin, "resume", run_dir, "--master-port", "0", "--set", "training.max_steps=6"}, {}, 120s);
+    INFO("output:\n" << r.out);
+    REQUIRE(!r.timed_out);
+    CHECK(r.rc == 0);
+    CHECK(contains(r.out, "tensors[0].shape is [\"x\"]"));
+    CHECK(contains(r.out, "falling back to the previous complete checkpoint"));
+    CHECK(contains(r.out, "checkpoints/step2"));
+  }
+  {  // a tensor of another shape (same size) in an intact manifest: a model mismatch, exit 2
+    const std::string run_dir = t.path("run-transposed");
+    fs::copy(trained, run_dir, fs::copy_options::recursive);
+    // Both checkpoints record the embedding transposed: the sizes agree, the layout does not.
+    for (const char* step : {"step2", "step4"})
+      edit_manifest(run_dir + "/checkpoints/" + step + "/manifest.json", [](nlohmann::json& m) {
+        auto& shape = m["buffers"][0]["tensors"][0]["shape"];
+        shape = {shape[1], shape[0]};
+      });
+    auto r = run({bin, "export", run_dir, "-o", t.path("hf-transposed")}, {}, 60s);
+    INFO("output:\n" << r.out);
+    REQUIRE(!r.timed_out);
+    CHECK(r.rc == kUsage);
+    CHECK(contains(r.out, "tensor 0 is"));
+    CHECK(contains(r.out, "in the checkpoint but"));
+    CHECK(!fs::exists(t.path("hf-transposed") + "/model.safetensors"));
+  }
+}
