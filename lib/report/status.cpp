@@ -270,7 +270,8 @@ RunStatus status_read(const std::string& run_dir) {
   int64_t ext_pid_start = -1;
   // Every record of events.jsonl names its event: one that does not is damage, not a
   // record to skip (skipping them all would read as "not started").
-  const std::vector<json> events = read_jsonl_strict(dir / "events.jsonl", {"event"});
+  const std::vector<json> events = read_jsonl_strict(dir / "events.jsonl", {"event"},
+                                                     {"round", "time_ms", "world_size", "exit_code", "pid"});
   const RoundHistory rounds = round_history(events);
   st.rounds = static_cast<int>(rounds.rounds.size());
   st.rounds_not_started = rounds.not_started;

@@ -169,3 +169,41 @@ TEST_CASE("a manifest whose tensors or dtypes are mistyped is skipped; export an
     CHECK(!fs::exists(t.path("hf-transposed") + "/model.safetensors"));
   }
 }
+
+// ---------------------------------------------------------------------------
+// Item 22: every events.jsonl field status reads as a number is typed
+
+TEST_CASE("dtrain status on events.jsonl records whose round, time_ms or exit_code is not an integer: exit 3, file:line") {
+  const std::string bin = bin_or_skip();
+  if (bin.empty()) return;
+  constexpr int kIo = 3;  // main.cpp footer: 3 I/O error
+  Tmp t;
+  const std::string run_dir = t.path("run");
+  fs::create_directories(run_dir);
+  std::ofstream(run_dir + "/config.yaml") << tiny_cpu_job(2);
+  const std::string events = run_dir + "/events.jsonl";
+  const std::string start = R"({"time_ms":1,"event":"round_start","round":0,"world_size":1})";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"time_ms":2,"event":"failure","round":"x","node":0,"exit_code":1})", "\"round\" field is \"x\""},
+      {R"({"time_ms":"soon","event":"finished","round":0})", "\"time_ms\" field is \"soon\""},
+      {R"({"time_ms":2,"event":"failure","round":0,"node":0,"exit_code":[1]})", "\"exit_code\" field is [1]"},
+  };
+  for (const auto& [line, why] : cases) {
+    CAPTURE(line);
+    std::ofstream(events, std::ios::trunc) << start << "\n" << line << "\n";
+    RunResult r = run({bin, "status", run_dir}, {}, 60s);
+    INFO(r.out);
+    REQUIRE(!r.timed_out);
+    CHECK(r.rc == kIo);  // before: exit 0, the record read as round 0 / time 0 / exit code 0
+    CHECK(contains(r.out, events + ":2:"));
+    CHECK(contains(r.out, why + ", not an integer"));
+  }
+  // Null and absent stay what they were: not given.
+  std::ofstream(events, std::ios::trunc) << start << "\n"
+                                         << R"({"time_ms":2,"event":"failure","round":0,"node":null,"exit_code":null})"
+                                         << "\n";
+  RunResult r = run({bin, "status", run_dir}, {}, 60s);
+  INFO(r.out);
+  CHECK(r.rc != kIo);
+  CHECK(!contains(r.out, "corrupt line"));
+}
