@@ -207,3 +207,37 @@ TEST_CASE("dtrain status on events.jsonl records whose round, time_ms or exit_co
   CHECK(r.rc != kIo);
   CHECK(!contains(r.out, "corrupt line"));
 }
+
+// ---------------------------------------------------------------------------
+// Item 7's sibling: the hostfile
+
+TEST_CASE("--hostfile naming a FIFO nothing writes to or /dev/zero is exit 2 at once; a written pipe still works") {
+  const std::string bin = bin_or_skip();
+  if (bin.empty()) return;
+  Tmp t;
+  const std::string fifo = t.path("hosts.fifo");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {fifo, "is a FIFO or pipe that gave no data"},  // before: blocked in open() for ever
+      {"/dev/zero", "it is a device, not a file or a pipe"},
+  };
+  for (const auto& [file, why] : cases) {
+    CAPTURE(file);
+    auto r = run({bin, "launch", "--dry-run", "--config", t.config, "--hostfile", file, "--output-dir", t.path("run")},
+                 {}, 60s);
+    INFO("output:\n" << r.out);
+    REQUIRE(!r.timed_out);
+    CHECK(r.rc == kUsage);
+    CHECK(contains(r.out, why));
+  }
+  // bash's process substitution hands over a pipe with its writer: read as before.
+  if (::access("/bin/bash", X_OK) != 0) return;
+  auto r = run({"/bin/bash", "-c",
+                shq(bin) + " launch --dry-run --config " + shq(t.config) + " --output-dir " + shq(t.path("run")) +
+                    " --hostfile <(sleep 1; echo 'localhost slots=2')"},
+               {}, 60s);
+  INFO("output:\n" << r.out);
+  REQUIRE(!r.timed_out);
+  CHECK(r.rc == 0);
+  CHECK(contains(r.out, "WORLD_SIZE=2"));
+}
