@@ -679,6 +679,8 @@ void layout_check(const json& saved, const std::vector<ZeroBufferView>& views, c
 
 }  // namespace
 
+std::string checkpoint_problem(const std::string& dir) { return checkpoint_check_sizes(fs::path(dir)); }
+
 CheckpointLoadResult checkpoint_load(const std::string& run_dir, const ZeroCheckpointView& view,
                                      bool set_aside_damaged) {
   comm::Communicator* comm = view.comm;

@@ -171,6 +171,43 @@ TEST_CASE("a manifest whose tensors or dtypes are mistyped is skipped; export an
 }
 
 // ---------------------------------------------------------------------------
+// Item 21: status offers a resume only from a checkpoint the load would take
+
+TEST_CASE("dtrain status names the checkpoint a resume would load, and offers none when no manifest verifies") {
+  const std::string bin = bin_or_skip();
+  if (bin.empty()) return;
+  Tmp t;
+  const std::string run_dir = t.path("run");
+  {
+    auto r = run({bin, "launch", "--config", t.config, "--output-dir", run_dir, "--master-port", "0"}, {}, 120s);
+    INFO(r.out);
+    REQUIRE(!r.timed_out);
+    REQUIRE(r.rc == 0);
+  }
+  // As if the launcher had been killed after its last save: no final event.
+  {
+    std::string kept;
+    for (const auto& line : split_lines(read_text(run_dir + "/events.jsonl")))
+      if (!contains(line, "\"finished\"")) kept += line + "\n";
+    std::ofstream(run_dir + "/events.jsonl", std::ios::trunc) << kept;
+  }
+  std::ofstream(run_dir + "/checkpoints/step4/manifest.json", std::ios::trunc) << "not json\n";
+  auto r = run({bin, "status", run_dir}, {}, 60s);
+  INFO("output:\n" << r.out);
+  REQUIRE(!r.timed_out);
+  CHECK(contains(r.out, "dtrain resume " + run_dir + " (from step2)"));  // before: (from step4)
+  CHECK(contains(r.out, run_dir + "/checkpoints/step4/manifest.json"));
+
+  std::ofstream(run_dir + "/checkpoints/step2/manifest.json", std::ios::trunc) << "not json\n";
+  r = run({bin, "status", run_dir}, {}, 60s);
+  INFO("output:\n" << r.out);
+  REQUIRE(!r.timed_out);
+  CHECK(!contains(r.out, "continue with: dtrain resume"));
+  CHECK(contains(r.out, "no usable checkpoint to continue from"));
+  CHECK(contains(r.out, "none verifies"));
+}
+
+// ---------------------------------------------------------------------------
 // Item 22: every events.jsonl field status reads as a number is typed
 
 TEST_CASE("dtrain status on events.jsonl records whose round, time_ms or exit_code is not an integer: exit 3, file:line") {
