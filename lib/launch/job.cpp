@@ -281,7 +281,7 @@ Job job_prepare(const JobRequest& req) {
       home ? home : "");
   struct stat kh_st {};
   if (!req.hosts && !job.all_local && cfg.cluster.ssh.host_key_policy != "off" && !kh_file.empty() &&
-      ::stat(kh_file.c_str(), &kh_st) == 0) {
+      ::stat(kh_file.c_str(), &kh_st) == 0 && !known_hosts_is_dev_null(kh_file)) {
     const std::string problem = small_file_problem(kh_file, kKnownHostsMaxBytes);
     if (!problem.empty())
       DT_THROW(ConfigError, "{}: cluster.ssh.known_hosts: {} {}; give an OpenSSH known_hosts file (or leave the key "

@@ -107,6 +107,16 @@ struct KnownHosts {
   }
 };
 
+}  // namespace
+
+bool known_hosts_is_dev_null(const std::string& path) {
+  struct stat st {}, null_st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISCHR(st.st_mode) && ::stat("/dev/null", &null_st) == 0 &&
+         S_ISCHR(null_st.st_mode) && st.st_rdev == null_st.st_rdev;
+}
+
+namespace {
+
 // Loads a known_hosts file line by line: libssh2_knownhost_readfile stops at the first
 // line it cannot parse (certificate authorities, @revoked, sk-* keys), which would
 // silently drop every entry after it. Returns the number of lines skipped. A file that is
@@ -116,6 +126,7 @@ struct KnownHosts {
 int known_hosts_load(LIBSSH2_KNOWNHOSTS* hosts, const std::string& path, const std::string& host) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec) && !std::filesystem::is_symlink(path, ec)) return 0;
+  if (known_hosts_is_dev_null(path)) return 0;  // ssh's UserKnownHostsFile=/dev/null: no keys
   if (const std::string problem = small_file_problem(path, kKnownHostsMaxBytes); !problem.empty())
     DT_THROW(SshRefusedError, "SSH to {}: known_hosts file {} {}: set cluster.ssh.known_hosts to an OpenSSH "
              "known_hosts file", host, path, problem);
