@@ -67,8 +67,8 @@ std::vector<std::string_view> split_words(std::string_view s) {
 bool is_name(std::string_view s) {
   if (s.empty() || s.front() == '-' || s.size() > 253) return false;
   for (char c : s) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '.' || c == '-' || c == '_';
+    bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '-' || c == '_';
     if (!ok) return false;
   }
   return true;
@@ -115,8 +115,7 @@ struct LineParser {
   std::string_view raw;
 
   [[noreturn]] void fail(const std::string& why) const {
-    DT_THROW(ConfigError, "{}:{}: {} in line \"{}\"; {}", shown_path(path), line_no, why,
-             line_shown(raw), GRAMMAR);
+    DT_THROW(ConfigError, "{}:{}: {} in line \"{}\"; {}", shown_path(path), line_no, why, line_shown(raw), GRAMMAR);
   }
 
   // Parses one non-blank, comment-stripped line into `entry`.
@@ -138,19 +137,22 @@ struct LineParser {
     if (!dest.empty() && dest.front() == '[') {
       // "[::1]": an IPv6 literal in brackets, as in ssh's and URLs' host:port forms.
       if (dest.size() < 3 || dest.back() != ']' || !ipv6_literal(dest.substr(1, dest.size() - 2)))
-        fail(fmt::format("bad host name \"{}\" (brackets hold an IPv6 address, like [fe80::1%eth0]; give the ssh "
-                         "port as port=P)",
-                         line_shown(dest)));
+        fail(
+            fmt::format("bad host name \"{}\" (brackets hold an IPv6 address, like [fe80::1%eth0]; give the ssh "
+                        "port as port=P)",
+                        line_shown(dest)));
       dest = dest.substr(1, dest.size() - 2);
     } else if (dest.find(':') != std::string_view::npos) {
       if (!ipv6_literal(dest))
-        fail(fmt::format("bad host name \"{}\" (a ':' belongs only in an IPv6 address like ::1 or fe80::1%eth0; "
-                         "give the ssh port as port=P, not host:port)",
-                         line_shown(dest)));
+        fail(
+            fmt::format("bad host name \"{}\" (a ':' belongs only in an IPv6 address like ::1 or fe80::1%eth0; "
+                        "give the ssh port as port=P, not host:port)",
+                        line_shown(dest)));
     } else if (!is_name(dest)) {
-      fail(fmt::format("bad host name \"{}\" (letters, digits, '.', '-', '_'; not starting with '-'; or an IP "
-                       "address)",
-                       line_shown(dest)));
+      fail(
+          fmt::format("bad host name \"{}\" (letters, digits, '.', '-', '_'; not starting with '-'; or an IP "
+                      "address)",
+                      line_shown(dest)));
     }
     e.host = std::string(dest);
 
@@ -159,14 +161,12 @@ struct LineParser {
       std::string_view w = words[i];
       size_t eq = w.find('=');
       if (eq == std::string_view::npos)
-        fail(fmt::format("unexpected word \"{}\" (only key=value pairs may follow the host)",
-                         line_shown(w)));
+        fail(fmt::format("unexpected word \"{}\" (only key=value pairs may follow the host)", line_shown(w)));
       std::string_view key = w.substr(0, eq), value = w.substr(eq + 1);
       if (key == "slots") {
         if (have_slots) fail("slots= given twice");
         if (!parse_bounded(value, 1, HOSTFILE_MAX_SLOTS, &e.slots))
-          fail(fmt::format("slots must be an integer in 1..{}, got \"{}\"", HOSTFILE_MAX_SLOTS,
-                           line_shown(value)));
+          fail(fmt::format("slots must be an integer in 1..{}, got \"{}\"", HOSTFILE_MAX_SLOTS, line_shown(value)));
         have_slots = true;
       } else if (key == "port") {
         if (have_port) fail("port= given twice");
@@ -221,14 +221,14 @@ Hostfile hostfile_parse(std::string_view text, const std::string& path) {
                "host once with all its slots",
                shown_path(path), line_no, e.host, line_shown(raw), shown_path(path), it->second);
     if (hf.hosts.size() >= static_cast<size_t>(HOSTFILE_MAX_HOSTS))
-      DT_THROW(ConfigError, "{}:{}: more than {} hosts; dtrain plans at most {} hosts per job (split the file, or "
+      DT_THROW(ConfigError,
+               "{}:{}: more than {} hosts; dtrain plans at most {} hosts per job (split the file, or "
                "select hosts with --include / --num-nodes from a shorter one)",
                shown_path(path), line_no, HOSTFILE_MAX_HOSTS, HOSTFILE_MAX_HOSTS);
     hf.hosts.push_back(std::move(e));
   }
   if (hf.hosts.empty())
-    DT_THROW(ConfigError, "{}: the hostfile lists no hosts; {}, one host per line",
-             shown_path(path), GRAMMAR);
+    DT_THROW(ConfigError, "{}: the hostfile lists no hosts; {}, one host per line", shown_path(path), GRAMMAR);
   return hf;
 }
 
@@ -238,8 +238,8 @@ Hostfile hostfile_load(const std::string& path) {
   // --hostfile <(...)) is read as it arrives, each wait bounded by HOSTFILE_PIPE_IDLE_MS.
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0)
-    DT_THROW(ConfigError, "cannot read hostfile {}: {}; pass an existing file to --hostfile",
-             shown_path(path), std::strerror(errno));
+    DT_THROW(ConfigError, "cannot read hostfile {}: {}; pass an existing file to --hostfile", shown_path(path),
+             std::strerror(errno));
   struct FdCloser {
     int fd;
     ~FdCloser() { ::close(fd); }
@@ -248,8 +248,10 @@ Hostfile hostfile_load(const std::string& path) {
   if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode))
     DT_THROW(ConfigError, "cannot read hostfile {}: it is a directory", shown_path(path));
   if (::fstat(fd, &st) == 0 && (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) || S_ISSOCK(st.st_mode)))
-    DT_THROW(ConfigError, "cannot read hostfile {}: it is a {}, not a file or a pipe; pass the hostfile's path to "
-             "--hostfile", shown_path(path), S_ISSOCK(st.st_mode) ? "socket" : "device");
+    DT_THROW(ConfigError,
+             "cannot read hostfile {}: it is a {}, not a file or a pipe; pass the hostfile's path to "
+             "--hostfile",
+             shown_path(path), S_ISSOCK(st.st_mode) ? "socket" : "device");
 
   std::string text;
   char buf[65536];
@@ -261,27 +263,30 @@ Hostfile hostfile_load(const std::string& path) {
       const int r = ::poll(&p, 1, HOSTFILE_PIPE_IDLE_MS);
       if (r < 0 && errno == EINTR) continue;
       if (r == 0)
-        DT_THROW(ConfigError, "hostfile {}: nothing arrived on this pipe for {} s (is anything writing to it?); "
-                 "pass a regular file to --hostfile", shown_path(path), HOSTFILE_PIPE_IDLE_MS / 1000);
+        DT_THROW(ConfigError,
+                 "hostfile {}: nothing arrived on this pipe for {} s (is anything writing to it?); "
+                 "pass a regular file to --hostfile",
+                 shown_path(path), HOSTFILE_PIPE_IDLE_MS / 1000);
       continue;
     }
-    if (n < 0)
-      DT_THROW(ConfigError, "cannot read hostfile {}: {}", shown_path(path), std::strerror(errno));
+    if (n < 0) DT_THROW(ConfigError, "cannot read hostfile {}: {}", shown_path(path), std::strerror(errno));
     if (n == 0) break;
     text.append(buf, static_cast<size_t>(n));
     if (text.size() > MAX_FILE_BYTES)
-      DT_THROW(ConfigError, "hostfile {} is larger than {} bytes; is it the right file?",
-               shown_path(path), MAX_FILE_BYTES);
+      DT_THROW(ConfigError, "hostfile {} is larger than {} bytes; is it the right file?", shown_path(path),
+               MAX_FILE_BYTES);
   }
   if (text.empty() && S_ISFIFO(st.st_mode))
-    DT_THROW(ConfigError, "hostfile {} is a FIFO or pipe that gave no data (nothing was writing to it); pass a "
-             "regular file to --hostfile", shown_path(path));
+    DT_THROW(ConfigError,
+             "hostfile {} is a FIFO or pipe that gave no data (nothing was writing to it); pass a "
+             "regular file to --hostfile",
+             shown_path(path));
   return hostfile_parse(text, path);
 }
 
 Hostfile hostfile_localhost(int slots) {
-  DT_ENFORCE(slots >= 1 && slots <= HOSTFILE_MAX_SLOTS, ConfigError,
-             "localhost slot count must be in 1..{}, got {}", HOSTFILE_MAX_SLOTS, slots);
+  DT_ENFORCE(slots >= 1 && slots <= HOSTFILE_MAX_SLOTS, ConfigError, "localhost slot count must be in 1..{}, got {}",
+             HOSTFILE_MAX_SLOTS, slots);
   HostEntry e;
   e.host = "localhost";
   e.slots = slots;

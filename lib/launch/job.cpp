@@ -121,7 +121,6 @@ std::string interface_address(const std::string& interface) {
   return !v4.empty() ? v4 : !v6_global.empty() ? v6_global : v6_link;
 }
 
-
 // ---------------------------------------------------------------------------
 // Input files, checked once before any rank starts
 
@@ -134,7 +133,8 @@ std::string input_path_problem(const std::string& path, const std::string& workd
   struct stat st {};
   if (::stat(p.c_str(), &st) != 0) {
     const int e = errno;
-    return e == ENOENT || e == ENOTDIR ? std::string("does not exist") : fmt::format("cannot be read: {}", std::strerror(e));
+    return e == ENOENT || e == ENOTDIR ? std::string("does not exist")
+                                       : fmt::format("cannot be read: {}", std::strerror(e));
   }
   if (S_ISDIR(st.st_mode)) {
     if (!dir_ok && !dir_only) return "is a directory, not a file";
@@ -167,18 +167,20 @@ std::string input_files_problem(const config::TrainConfig& cfg, const std::strin
     std::string problem = input_path_problem(in.path, workdir, in.dir_ok, in.dir_only);
     if (problem.empty()) continue;
     std::string where = fs::path(in.path).is_relative()
-                            ? fmt::format(" (relative paths are resolved against the working directory {}, where the "
-                                          "ranks start)",
-                                          workdir)
+                            ? fmt::format(
+                                  " (relative paths are resolved against the working directory {}, where the "
+                                  "ranks start)",
+                                  workdir)
                             : "";
     std::string fix = fs::path(in.path).is_relative()
                           ? "run from the directory the path is relative to, set cluster.workdir, or give an "
                             "absolute path"
-                          : cfg.source.rfind("<embedded default", 0) == 0
-                                ? fmt::format("the default job reads the data shipped in the dtrain source tree it "
-                                              "was built from ({}); give --config with your own data",
-                                              config::kDefaultConfigDir)
-                                : "fix the path";
+                      : cfg.source.rfind("<embedded default", 0) == 0
+                          ? fmt::format(
+                                "the default job reads the data shipped in the dtrain source tree it "
+                                "was built from ({}); give --config with your own data",
+                                config::kDefaultConfigDir)
+                          : "fix the path";
     return fmt::format("{}: {} '{}'{} {}: {}", cfg.source, in.key, in.path, where, problem, fix);
   }
   return "";
@@ -244,8 +246,9 @@ Job job_prepare(const JobRequest& req) {
   // Hosts: the hostfile, or this machine with --nproc-per-node / its GPUs / 1 slot.
   config::Hostfile hf;
   if (req.hosts) {
-    DT_ENFORCE(req.hostfile_path.empty(), UsageError,
-               "--hostfile and --launcher slurm exclude each other: under Slurm the nodes come from SLURM_JOB_NODELIST");
+    DT_ENFORCE(
+        req.hostfile_path.empty(), UsageError,
+        "--hostfile and --launcher slurm exclude each other: under Slurm the nodes come from SLURM_JOB_NODELIST");
     hf = *req.hosts;
   } else if (!req.hostfile_path.empty()) {
     DT_ENFORCE(req.nproc_per_node < 0, UsageError,
@@ -284,8 +287,10 @@ Job job_prepare(const JobRequest& req) {
       ::stat(kh_file.c_str(), &kh_st) == 0 && !known_hosts_is_dev_null(kh_file)) {
     const std::string problem = small_file_problem(kh_file, kKnownHostsMaxBytes);
     if (!problem.empty())
-      DT_THROW(ConfigError, "{}: cluster.ssh.known_hosts: {} {}; give an OpenSSH known_hosts file (or leave the key "
-               "out for ~/.ssh/known_hosts)", cfg.source, kh_file, problem);
+      DT_THROW(ConfigError,
+               "{}: cluster.ssh.known_hosts: {} {}; give an OpenSSH known_hosts file (or leave the key "
+               "out for ~/.ssh/known_hosts)",
+               cfg.source, kh_file, problem);
   }
 
   // The address ranks and agents dial: --master-addr, the config, or our address on the
@@ -320,11 +325,12 @@ Job job_prepare(const JobRequest& req) {
     std::string list;
     for (size_t i = 0; i < remote.size() && i < 3; ++i) list += (i ? ", " : "") + remote[i];
     if (remote.size() > 3) list += fmt::format(" and {} more", remote.size() - 3);
-    log_warn("{} '{}' is a loopback address, but {} {} not this machine: {} agents will dial their own loopback and "
-             "cannot reach this launcher's store; give this host's address on the nodes' network, or leave it unset "
-             "(dtrain then uses its address on the route to the first remote host)",
-             req.master_addr.empty() ? "cluster.rendezvous.address" : "--master-addr", addr, list,
-             remote.size() == 1 ? "is" : "are", remote.size() == 1 ? "its" : "their");
+    log_warn(
+        "{} '{}' is a loopback address, but {} {} not this machine: {} agents will dial their own loopback and "
+        "cannot reach this launcher's store; give this host's address on the nodes' network, or leave it unset "
+        "(dtrain then uses its address on the route to the first remote host)",
+        req.master_addr.empty() ? "cluster.rendezvous.address" : "--master-addr", addr, list,
+        remote.size() == 1 ? "is" : "are", remote.size() == 1 ? "its" : "their");
   }
   int port = req.master_port >= 0 ? req.master_port : static_cast<int>(cfg.cluster.rendezvous.port);
   // Port 0 is bound at launch; plan with a placeholder that job_set_port replaces.

@@ -110,7 +110,8 @@ struct KnownHosts {
 }  // namespace
 
 bool known_hosts_is_dev_null(const std::string& path) {
-  struct stat st {}, null_st {};
+  struct stat st {
+  }, null_st{};
   return ::stat(path.c_str(), &st) == 0 && S_ISCHR(st.st_mode) && ::stat("/dev/null", &null_st) == 0 &&
          S_ISCHR(null_st.st_mode) && st.st_rdev == null_st.st_rdev;
 }
@@ -128,8 +129,10 @@ int known_hosts_load(LIBSSH2_KNOWNHOSTS* hosts, const std::string& path, const s
   if (!std::filesystem::exists(path, ec) && !std::filesystem::is_symlink(path, ec)) return 0;
   if (known_hosts_is_dev_null(path)) return 0;  // ssh's UserKnownHostsFile=/dev/null: no keys
   if (const std::string problem = small_file_problem(path, kKnownHostsMaxBytes); !problem.empty())
-    DT_THROW(SshRefusedError, "SSH to {}: known_hosts file {} {}: set cluster.ssh.known_hosts to an OpenSSH "
-             "known_hosts file", host, path, problem);
+    DT_THROW(SshRefusedError,
+             "SSH to {}: known_hosts file {} {}: set cluster.ssh.known_hosts to an OpenSSH "
+             "known_hosts file",
+             host, path, problem);
   std::istringstream in(small_file_read(path, kKnownHostsMaxBytes, "known_hosts file"));
   std::string line;
   int skipped = 0, number = 0;
@@ -334,18 +337,20 @@ void SshSession::connect_tcp() {
     }
     ::close(fd);
     char address[INET6_ADDRSTRLEN] = "?";
-    const void* raw = a->ai_family == AF_INET ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr)
-                                              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
+    const void* raw = a->ai_family == AF_INET
+                          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr)
+                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
     ::inet_ntop(a->ai_family, raw, address, sizeof address);
     if (error == ETIMEDOUT)
-      errors += fmt::format("; {} port {}: no answer within {} ms", address, options_.port,
-                            options_.connect_timeout.count());
-    else
-      errors += fmt::format("; {} port {}: {}", address, options_.port, std::strerror(error));
+      errors +=
+          fmt::format("; {} port {}: no answer within {} ms", address, options_.port, options_.connect_timeout.count());
+    else errors += fmt::format("; {} port {}: {}", address, options_.port, std::strerror(error));
     if (Clock::now() >= deadline) break;
   }
-  DT_THROW(LaunchError, "SSH to {}: cannot connect{}. Check the host name, that sshd runs there and that no "
-           "firewall blocks port {}", host_, errors, options_.port);
+  DT_THROW(LaunchError,
+           "SSH to {}: cannot connect{}. Check the host name, that sshd runs there and that no "
+           "firewall blocks port {}",
+           host_, errors, options_.port);
 }
 
 void SshSession::handshake_and_verify() {
@@ -377,8 +382,10 @@ void SshSession::handshake_and_verify() {
 
   int rc = libssh2_session_handshake(session_, socket_);
   if (rc == LIBSSH2_ERROR_TIMEOUT || rc == LIBSSH2_ERROR_SOCKET_TIMEOUT)
-    DT_THROW(LaunchError, "SSH to {} port {}: the SSH handshake timed out after {} ms (the port accepts TCP "
-             "connections but does not speak SSH?)", host_, options_.port, options_.connect_timeout.count());
+    DT_THROW(LaunchError,
+             "SSH to {} port {}: the SSH handshake timed out after {} ms (the port accepts TCP "
+             "connections but does not speak SSH?)",
+             host_, options_.port, options_.connect_timeout.count());
   if (rc != 0)
     DT_THROW(LaunchError, "SSH to {} port {}: the SSH handshake failed: {} (is it an SSH server?)", host_,
              options_.port, last_error());
@@ -398,9 +405,10 @@ void SshSession::handshake_and_verify() {
   if (options_.policy == Policy::OFF) {
     static std::once_flag warned;
     std::call_once(warned, [&] {
-      log_warn("SSH host key checking is OFF: connections (first {}, {} {}) are open to man-in-the-middle "
-               "attacks; use the strict or accept-new policy with a known_hosts file",
-               host_, type_name, fingerprint);
+      log_warn(
+          "SSH host key checking is OFF: connections (first {}, {} {}) are open to man-in-the-middle "
+          "attacks; use the strict or accept-new policy with a known_hosts file",
+          host_, type_name, fingerprint);
     });
     return;
   }
@@ -409,20 +417,18 @@ void SshSession::handshake_and_verify() {
 
   std::lock_guard lock(known_hosts_mutex());
   libssh2_knownhost* found = nullptr;
-  int check = libssh2_knownhost_checkp(known.hosts, host_.c_str(), options_.port, key, key_length,
-                                       LIBSSH2_KNOWNHOST_TYPE_PLAIN | LIBSSH2_KNOWNHOST_KEYENC_RAW | kind->knownhost_bit,
-                                       &found);
+  int check = libssh2_knownhost_checkp(
+      known.hosts, host_.c_str(), options_.port, key, key_length,
+      LIBSSH2_KNOWNHOST_TYPE_PLAIN | LIBSSH2_KNOWNHOST_KEYENC_RAW | kind->knownhost_bit, &found);
   switch (check) {
-    case LIBSSH2_KNOWNHOST_CHECK_MATCH:
-      return;
+    case LIBSSH2_KNOWNHOST_CHECK_MATCH: return;
     case LIBSSH2_KNOWNHOST_CHECK_MISMATCH:
       DT_THROW(SshRefusedError,
                "SSH to {}: HOST KEY MISMATCH. The server offers {} key {}, but known_hosts file {} holds a "
                "different {} key for {}. The host was reinstalled, or someone is intercepting the connection. "
                "If the change is expected, remove the old entry (ssh-keygen -R '{}' -f {}) and connect again",
                host_, type_name, fingerprint, path, type_name, entry_name, entry_name, path);
-    case LIBSSH2_KNOWNHOST_CHECK_NOTFOUND:
-      break;
+    case LIBSSH2_KNOWNHOST_CHECK_NOTFOUND: break;
     default:
       DT_THROW(LaunchError, "SSH to {}: cannot check the host key against known_hosts file {}: {}", host_, path,
                last_error());
@@ -434,13 +440,14 @@ void SshSession::handshake_and_verify() {
     DT_THROW(SshRefusedError,
              "SSH to {}: unknown host key: the server offers {} key {}, which is not in known_hosts file {}{}. "
              "Verify the fingerprint, then add it (ssh-keyscan -p {} -t {} {} >> {}) or use the accept-new host "
-             "key policy", host_, type_name, fingerprint, path, others, options_.port, type_name, host_, path);
+             "key policy",
+             host_, type_name, fingerprint, path, others, options_.port, type_name, host_, path);
   }
   // ACCEPT_NEW: trust on first use, recorded like OpenSSH's StrictHostKeyChecking=accept-new.
   libssh2_knownhost* entry = nullptr;
-  int added = libssh2_knownhost_addc(known.hosts, entry_name.c_str(), nullptr, key, key_length, nullptr, 0,
-                                     LIBSSH2_KNOWNHOST_TYPE_PLAIN | LIBSSH2_KNOWNHOST_KEYENC_RAW | kind->knownhost_bit,
-                                     &entry);
+  int added =
+      libssh2_knownhost_addc(known.hosts, entry_name.c_str(), nullptr, key, key_length, nullptr, 0,
+                             LIBSSH2_KNOWNHOST_TYPE_PLAIN | LIBSSH2_KNOWNHOST_KEYENC_RAW | kind->knownhost_bit, &entry);
   DT_ENFORCE(added == 0 && entry != nullptr, LaunchError, "SSH to {}: cannot record the new host key: {}", host_,
              last_error());
   known_hosts_append(known.hosts, entry, path);
@@ -451,8 +458,7 @@ void SshSession::authenticate() {
   const char* methods = libssh2_userauth_list(session_, user_.c_str(), static_cast<unsigned>(user_.size()));
   if (!methods) {
     if (libssh2_userauth_authenticated(session_)) return;  // the server accepted "none"
-    DT_THROW(LaunchError, "SSH to {}: cannot list authentication methods for user {}: {}", host_, user_,
-             last_error());
+    DT_THROW(LaunchError, "SSH to {}: cannot list authentication methods for user {}: {}", host_, user_, last_error());
   }
   DT_ENFORCE(std::strstr(methods, "publickey") != nullptr, SshRefusedError,
              "SSH to {}: the server offers only '{}' for user {}; dtrain needs public-key authentication", host_,
@@ -465,8 +471,7 @@ void SshSession::authenticate() {
                                                     have_pub ? pub.c_str() : nullptr, file.c_str(), nullptr);
     if (rc == 0) return true;
     if (rc == LIBSSH2_ERROR_TIMEOUT)
-      DT_THROW(LaunchError, "SSH to {}: authentication timed out after {} ms", host_,
-               options_.connect_timeout.count());
+      DT_THROW(LaunchError, "SSH to {}: authentication timed out after {} ms", host_, options_.connect_timeout.count());
     *error = last_error();
     return false;
   };

@@ -51,7 +51,8 @@ std::vector<nlohmann::json> read_jsonl_strict(const std::filesystem::path& path,
       // of zeros after a crash, or another program's output).
       const std::string tail = text.substr(pos, std::min<size_t>(text.size() - pos, 200));
       if (text.find('\0', pos) != std::string::npos || text.size() - pos > (1u << 20))
-        DT_THROW(IoError, "{}:{}: corrupt line \"{}\" ({} bytes without a newline{}): the file was damaged (a crash "
+        DT_THROW(IoError,
+                 "{}:{}: corrupt line \"{}\" ({} bytes without a newline{}): the file was damaged (a crash "
                  "on some file systems leaves zeros, or something else wrote it)",
                  path.string(), line_no, line_shown(tail), text.size() - pos,
                  text.find('\0', pos) != std::string::npos ? ", with NUL bytes" : "");
@@ -62,8 +63,10 @@ std::vector<nlohmann::json> read_jsonl_strict(const std::filesystem::path& path,
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object())
-      DT_THROW(IoError, "{}:{}: corrupt line \"{}\": not a JSON object; the file was damaged (edited, or written by "
-               "something else)", path.string(), line_no, line_shown(line));
+      DT_THROW(IoError,
+               "{}:{}: corrupt line \"{}\": not a JSON object; the file was damaged (edited, or written by "
+               "something else)",
+               path.string(), line_no, line_shown(line));
     for (const std::string& k : string_keys) {
       auto it = j.find(k);
       DT_ENFORCE(it != j.end() && it->is_string(), IoError,

@@ -110,7 +110,6 @@ void write_atomic(const fs::path& path, const std::string& text) {
   }
 }
 
-
 // A file the launcher writes atomically (launcher.json, nodes.json): missing is nullopt,
 // anything but one JSON object is corruption (IoError naming the file).
 std::optional<json> read_json(const fs::path& path) {
@@ -121,15 +120,19 @@ std::optional<json> read_json(const fs::path& path) {
   try {
     json j = json::parse(ss.str());
     if (j.is_object()) return j;
-    DT_THROW(IoError, "{} is corrupt: it holds a JSON {}, not the object the launcher writes there; the file was "
-             "damaged (edited, or written by something else)", path.string(), j.type_name());
+    DT_THROW(IoError,
+             "{} is corrupt: it holds a JSON {}, not the object the launcher writes there; the file was "
+             "damaged (edited, or written by something else)",
+             path.string(), j.type_name());
   } catch (const json::parse_error& e) {
     // e.byte is 1-based; the line is what a reader looks for.
     const std::string text = ss.str();
     const size_t at = std::min<size_t>(e.byte == 0 ? 0 : e.byte - 1, text.size());
     const long line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n');
-    DT_THROW(IoError, "{}:{}: corrupt: not valid JSON ({}); the file was damaged (edited, or written by something "
-             "else)", path.string(), line, e.what());
+    DT_THROW(IoError,
+             "{}:{}: corrupt: not valid JSON ({}); the file was damaged (edited, or written by something "
+             "else)",
+             path.string(), line, e.what());
   }
 }
 
@@ -170,8 +173,10 @@ std::string rate(double v) {
 // Writers
 
 void status_write_launcher(const std::string& run_dir, const std::string& job_id) {
-  json j{{"pid", ::getpid()},         {"host", this_host()},
-         {"job_id", job_id},          {"started_ms", unix_ms()},
+  json j{{"pid", ::getpid()},
+         {"host", this_host()},
+         {"job_id", job_id},
+         {"started_ms", unix_ms()},
          {"pid_start", pid_start_ticks(::getpid())}};
   write_atomic(fs::path(run_dir) / "launcher.json", j.dump());
 }
@@ -194,17 +199,16 @@ std::vector<Event> status_external_round_start(const std::string& run_dir, int w
         external ? fmt::format("ended without a final event: its rank 0 (pid {} on {}) was killed or lost",
                                get_or<int>(*open, "pid", 0), get_or<std::string>(*open, "host", "?"))
                  : "ended without a final event: its launcher was killed or lost";
-    out.push_back({.kind = EventKind::FAILURE,
-                   .round = get_or<int>(*open, "round", round - 1),
-                   .time_ms = now,
-                   .why = why});
+    out.push_back(
+        {.kind = EventKind::FAILURE, .round = get_or<int>(*open, "round", round - 1), .time_ms = now, .why = why});
   }
-  out.push_back({.kind = EventKind::ROUND_START,
-                 .round = round,
-                 .time_ms = now,
-                 .host = this_host(),
-                 .world_size = world_size,
-                 .detail = {{"started_by", started_by}, {"pid", ::getpid()}, {"pid_start", pid_start_ticks(::getpid())}}});
+  out.push_back(
+      {.kind = EventKind::ROUND_START,
+       .round = round,
+       .time_ms = now,
+       .host = this_host(),
+       .world_size = world_size,
+       .detail = {{"started_by", started_by}, {"pid", ::getpid()}, {"pid_start", pid_start_ticks(::getpid())}}});
   return out;
 }
 
@@ -272,8 +276,8 @@ RunStatus status_read(const std::string& run_dir, const CheckpointProblem& check
   int64_t ext_pid_start = -1;
   // Every record of events.jsonl names its event: one that does not is damage, not a
   // record to skip (skipping them all would read as "not started").
-  const std::vector<json> events = read_jsonl_strict(dir / "events.jsonl", {"event"},
-                                                     {"round", "time_ms", "world_size", "exit_code", "pid"});
+  const std::vector<json> events =
+      read_jsonl_strict(dir / "events.jsonl", {"event"}, {"round", "time_ms", "world_size", "exit_code", "pid"});
   const RoundHistory rounds = round_history(events);
   st.rounds = static_cast<int>(rounds.rounds.size());
   st.rounds_not_started = rounds.not_started;
@@ -359,16 +363,14 @@ RunStatus status_read(const std::string& run_dir, const CheckpointProblem& check
       st.checkpoint_note = fmt::format("checkpoints/latest names {}, but checkpoints/{} does not exist", name, name);
     else if (!fs::exists(dir / "checkpoints" / name / "manifest.json", ec))
       st.checkpoint_note = fmt::format("checkpoints/{} has no manifest.json (incomplete)", name);
-    else
-      st.checkpoint = name;
+    else st.checkpoint = name;
   }
   // What a resume would load: latest when it verifies, else the newest older checkpoint
   // that does (train/checkpoint.cpp's order); none when none does, saying why.
   if (checkpoint_problem && fs::is_directory(dir / "checkpoints", ec)) {
     std::vector<std::pair<long long, std::string>> older;
     long long limit = -1;
-    if (!st.checkpoint.empty() && st.checkpoint.rfind("step", 0) == 0)
-      limit = std::atoll(st.checkpoint.c_str() + 4);
+    if (!st.checkpoint.empty() && st.checkpoint.rfind("step", 0) == 0) limit = std::atoll(st.checkpoint.c_str() + 4);
     for (const auto& e : fs::directory_iterator(dir / "checkpoints", ec)) {
       const std::string n = e.path().filename().string();
       if (n.size() > 4 && n.rfind("step", 0) == 0 && n.find_first_not_of("0123456789", 4) == std::string::npos &&
@@ -393,8 +395,8 @@ RunStatus status_read(const std::string& run_dir, const CheckpointProblem& check
     std::string reasons;
     for (const auto& r : refused) reasons += (reasons.empty() ? "" : "; ") + r;
     if (!refused.empty())
-      st.checkpoint_note = usable.empty() ? fmt::format("none verifies: {}", reasons)
-                                          : fmt::format("newer ones skipped: {}", reasons);
+      st.checkpoint_note =
+          usable.empty() ? fmt::format("none verifies: {}", reasons) : fmt::format("newer ones skipped: {}", reasons);
     if (!candidates.empty()) st.checkpoint = usable;
   }
 
@@ -441,7 +443,8 @@ RunStatus status_read(const std::string& run_dir, const CheckpointProblem& check
   st.last_event = last_event;
   if (st.launcher_alive) st.state = RunState::RUNNING;
   else if (last_event == "finished") st.state = RunState::FINISHED;
-  else if (last_event == "failure") st.state = st.failures.back().interrupted ? RunState::INTERRUPTED : RunState::FAILED;
+  else if (last_event == "failure")
+    st.state = st.failures.back().interrupted ? RunState::INTERRUPTED : RunState::FAILED;
   else if (last_event == "round_start" || last_event == "round_not_started")
     st.state = st.launcher_remote ? RunState::RUNNING : RunState::LOST;
   else st.state = RunState::NOT_STARTED;
@@ -461,9 +464,10 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
   // it starts again from step 0.
   auto next_step = [&](int exit_code) -> std::string {
     if (exit_code == static_cast<int>(Exit::CHECKPOINT))
-      return fmt::format("no usable checkpoint under {}/checkpoints (the failure says why each one was refused): "
-                         "set the damaged ones aside, or start a new run with dtrain launch --output-dir DIR",
-                         st.run_dir);
+      return fmt::format(
+          "no usable checkpoint under {}/checkpoints (the failure says why each one was refused): "
+          "set the damaged ones aside, or start a new run with dtrain launch --output-dir DIR",
+          st.run_dir);
     if (st.checkpoint.empty())
       return fmt::format("no usable checkpoint to continue from{}: dtrain resume {} would start again from step 0",
                          st.checkpoint_note.empty() ? "" : " (" + st.checkpoint_note + ")", st.run_dir);
@@ -477,38 +481,37 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
       else if (st.launcher_remote)
         state += fmt::format(": launcher on {} (pid {}; liveness not checkable from this host)", st.launcher_host,
                              st.launcher_pid);
-      else
-        state += fmt::format(": launcher pid {} on {}", st.launcher_pid, st.launcher_host);
+      else state += fmt::format(": launcher pid {} on {}", st.launcher_pid, st.launcher_host);
       if (st.started_ms > 0) state += fmt::format(", started {} ago", ago(st.started_ms));
       if (st.last_event == "failure" && st.failures.back().retry) state += "; restarting after a failure";
       break;
-    case RunState::FINISHED:
-      state += fmt::format(" {} ago", ago(st.last_event_ms));
-      break;
+    case RunState::FINISHED: state += fmt::format(" {} ago", ago(st.last_event_ms)); break;
     case RunState::FAILED:
     case RunState::INTERRUPTED:
       if (!st.started_by.empty())
-        state += fmt::format(" {} ago (exit code {}); {} restarts the processes (or start them again): they "
-                             "resume from the latest complete checkpoint",
-                             ago(st.last_event_ms), st.failures.back().exit_code, st.started_by);
+        state += fmt::format(
+            " {} ago (exit code {}); {} restarts the processes (or start them again): they "
+            "resume from the latest complete checkpoint",
+            ago(st.last_event_ms), st.failures.back().exit_code, st.started_by);
       else
         state += fmt::format(" {} ago (exit code {}); {}", ago(st.last_event_ms), st.failures.back().exit_code,
                              next_step(st.failures.back().exit_code));
       break;
     case RunState::LOST:
       if (!st.started_by.empty()) {
-        state += fmt::format(": rank 0 of dtrain run (pid {} on {}) is gone without a final event (killed); {} "
-                             "restarts the processes (or start them again): they resume from the latest complete "
-                             "checkpoint",
-                             st.launcher_pid, st.launcher_host.empty() ? "?" : st.launcher_host, st.started_by);
+        state += fmt::format(
+            ": rank 0 of dtrain run (pid {} on {}) is gone without a final event (killed); {} "
+            "restarts the processes (or start them again): they resume from the latest complete "
+            "checkpoint",
+            st.launcher_pid, st.launcher_host.empty() ? "?" : st.launcher_host, st.started_by);
         break;
       }
-      state += fmt::format(": the launcher (pid {} on {}) is gone without a final event (killed, or it could not "
-                           "write events.jsonl: see its output); {}",
-                           st.launcher_pid, st.launcher_host.empty() ? "?" : st.launcher_host, next_step(0));
+      state += fmt::format(
+          ": the launcher (pid {} on {}) is gone without a final event (killed, or it could not "
+          "write events.jsonl: see its output); {}",
+          st.launcher_pid, st.launcher_host.empty() ? "?" : st.launcher_host, next_step(0));
       break;
-    case RunState::NOT_STARTED:
-      break;
+    case RunState::NOT_STARTED: break;
   }
   row("state", state);
 
@@ -531,13 +534,14 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
   row("restarts", restarts);
   for (const auto& f : st.failures) {
     std::string who = f.node ? fmt::format("node {}: ", *f.node) : "";
-    out += fmt::format("  round {} {} {} ago: {}{}{}\n", f.round, f.started ? "failed" : "could not start",
-                       ago(f.time_ms), who, f.why,
-                       f.exit_code != 0 ? fmt::format(" [exit code {}]", f.exit_code) : std::string());
+    out +=
+        fmt::format("  round {} {} {} ago: {}{}{}\n", f.round, f.started ? "failed" : "could not start", ago(f.time_ms),
+                    who, f.why, f.exit_code != 0 ? fmt::format(" [exit code {}]", f.exit_code) : std::string());
   }
   if (st.resumes > 0) row("resumes", fmt::format("{} (later launches by dtrain resume)", st.resumes));
 
-  if (st.resizes > 0) row("resizes", fmt::format("{} (rounds stopped at a checkpoint to take a host back)", st.resizes));
+  if (st.resizes > 0)
+    row("resizes", fmt::format("{} (rounds stopped at a checkpoint to take a host back)", st.resizes));
   if (!st.membership.empty()) {
     row("membership", fmt::format("{} change(s) of the elastic job's nodes", st.membership.size()));
     for (const auto& m : st.membership) {
@@ -546,8 +550,8 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
       if (!m.problem.empty())
         out += fmt::format("  round {} ({} ago): cannot run: {}\n", m.round, ago(m.time_ms), m.problem);
       else
-        out += fmt::format("  round {} ({} ago): {} node(s), {} rank(s): {}\n", m.round, ago(m.time_ms),
-                           m.hosts.size(), m.world_size, hosts);
+        out += fmt::format("  round {} ({} ago): {} node(s), {} rank(s): {}\n", m.round, ago(m.time_ms), m.hosts.size(),
+                           m.world_size, hosts);
       for (const auto& c : m.changes) out += fmt::format("    {}\n", c);
       if (!m.batch.empty()) out += fmt::format("    batch: {}\n", m.batch);
     }
@@ -575,8 +579,8 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
         continue;
       }
       std::string hb = n.heartbeat_age_s >= 0 ? fmt::format("last heartbeat {} ago", duration(n.heartbeat_age_s + lag))
-                       : ended               ? std::string()
-                                             : std::string("no heartbeat yet");
+                       : ended                ? std::string()
+                                              : std::string("no heartbeat yet");
       out += fmt::format("  node{} {}{} {}\n", n.node, n.host, n.state.empty() ? "" : " " + n.state, hb);
     }
   }

@@ -55,20 +55,20 @@ void status_write_nodes(const std::string& run_dir, int round, const std::vector
 // Reading
 
 enum class RunState {
-  NOT_STARTED,   ///< no events yet and no live launcher
-  RUNNING,       ///< the launcher process is alive
-  FINISHED,      ///< last event "finished"
-  FAILED,        ///< last event a failure and the launcher is gone
-  INTERRUPTED,   ///< stopped by SIGINT (Ctrl-C), SIGTERM or SIGHUP (a failure marked "interrupted")
-  LOST           ///< the launcher vanished without a final event (killed, node rebooted)
+  NOT_STARTED,  ///< no events yet and no live launcher
+  RUNNING,      ///< the launcher process is alive
+  FINISHED,     ///< last event "finished"
+  FAILED,       ///< last event a failure and the launcher is gone
+  INTERRUPTED,  ///< stopped by SIGINT (Ctrl-C), SIGTERM or SIGHUP (a failure marked "interrupted")
+  LOST          ///< the launcher vanished without a final event (killed, node rebooted)
 };
 /// "not started", "running", "finished", "failed", "interrupted", "lost".
 const char* run_state_name(RunState s);
 
 struct RoundFailure {
   int round = 0;
-  std::optional<int> node;  ///< the node blamed; none when no node started, or when interrupted
-  bool interrupted = false; ///< the launcher was stopped by a signal
+  std::optional<int> node;   ///< the node blamed; none when no node started, or when interrupted
+  bool interrupted = false;  ///< the launcher was stopped by a signal
   std::string why;
   int exit_code = 0;
   int64_t time_ms = 0;
@@ -106,15 +106,15 @@ struct RunStatus {
   bool launcher_alive = false;
   bool launcher_remote = false;  ///< on another host: liveness unknown from here
   // events.jsonl (counted by round_history, as `dtrain plot` counts them)
-  int rounds = 0;                ///< rounds attempted: round_start and round_not_started events
-  int rounds_not_started = 0;    ///< of those, rounds no node ran in (too few hosts, preflight refused)
-  int restarts = 0;              ///< rounds started again after a failure (including those that could not start)
-  int resumes = 0;               ///< rounds 0 of later launchers (dtrain resume)
+  int rounds = 0;              ///< rounds attempted: round_start and round_not_started events
+  int rounds_not_started = 0;  ///< of those, rounds no node ran in (too few hosts, preflight refused)
+  int restarts = 0;            ///< rounds started again after a failure (including those that could not start)
+  int resumes = 0;             ///< rounds 0 of later launchers (dtrain resume)
   /// "" when dtrain launch ran the last round; else the launcher whose processes ran it
   /// under `dtrain run` ("torchrun", "srun", ...): its rank 0 (launcher_pid on
   /// launcher_host) wrote the events, and the platform restarts it, not dtrain resume.
   std::string started_by;
-  std::string last_event;        ///< the last event's name ("failure", "round_start", ...)
+  std::string last_event;  ///< the last event's name ("failure", "round_start", ...)
   int64_t last_event_ms = 0;
   std::vector<RoundFailure> failures;
   // metrics.jsonl
@@ -124,8 +124,8 @@ struct RunStatus {
   std::optional<int64_t> last_eval_step;
   double last_eval_loss = 0.0;
   // checkpoints
-  std::string checkpoint;        ///< "step120", "" = none
-  std::string checkpoint_note;   ///< why `latest` could not be used, if it exists
+  std::string checkpoint;       ///< "step120", "" = none
+  std::string checkpoint_note;  ///< why `latest` could not be used, if it exists
   // nodes.json
   bool have_nodes = false;
   int64_t nodes_time_ms = 0;
@@ -133,8 +133,8 @@ struct RunStatus {
   std::vector<NodeHealth> nodes;
   // elastic membership history (events.jsonl) and stragglers (metrics.jsonl + nodes.json)
   std::vector<MembershipRecord> membership;
-  int resizes = 0;                  ///< rounds after one an elastic job ended at a checkpoint to regrow
-  double straggler_factor = 0.0;    ///< the rule (nodes.json); 0 = unknown, no check
+  int resizes = 0;                ///< rounds after one an elastic job ended at a checkpoint to regrow
+  double straggler_factor = 0.0;  ///< the rule (nodes.json); 0 = unknown, no check
   int straggler_window = 0;
   std::vector<StragglerFlag> stragglers;
 };
@@ -165,6 +165,5 @@ std::string status_format(const RunStatus& st, int64_t now_ms);
 
 /// status_format(status_read(run_dir, now), now) with the current time.
 std::string status_report(const std::string& run_dir, const CheckpointProblem& checkpoint_problem = {});
-
 
 }  // namespace dtrain::report

@@ -91,8 +91,7 @@ mode_t run_dir_mode(const std::string& run_dir) {
 // Writes path durably (write, fsync, close) and returns its CRC32C. A file that cannot be
 // written completely is removed at once: on a full disk its partial data would hold the
 // space the other ranks and the launcher need. IoError names the file and the reason.
-uint32_t file_write(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts,
-                    mode_t mode) {
+uint32_t file_write(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts, mode_t mode) {
   Fd f(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode & 0666));
   if (f.fd < 0) io_fail("cannot create checkpoint file", path);
   // open's mode is filtered by the umask; the run directory's mode is the rule here.
@@ -188,7 +187,8 @@ std::string manifest_int_problem(const json& man, const std::string& key, int64_
     ok = i >= lo && i <= hi;
   }
   if (ok) return "";
-  return "\"" + key + "\" is " + v->dump() + ", not an integer from " + std::to_string(lo) + " to " + std::to_string(hi);
+  return "\"" + key + "\" is " + v->dump() + ", not an integer from " + std::to_string(lo) + " to " +
+         std::to_string(hi);
 }
 
 // Why a buffer's "tensors" list (name, offset, shape, decay of each tensor, as
@@ -209,7 +209,8 @@ std::string manifest_tensors_problem(const json& buf, const std::string& at) {
     if (!e.contains("name") || !e.at("name").is_string()) return tat + ".name is " + shown("name") + ", not a string";
     if (!e.contains("offset") || !e.at("offset").is_number_unsigned())
       return tat + ".offset is " + shown("offset") + ", not a non-negative integer";
-    if (!e.contains("decay") || !e.at("decay").is_boolean()) return tat + ".decay is " + shown("decay") + ", not true or false";
+    if (!e.contains("decay") || !e.at("decay").is_boolean())
+      return tat + ".decay is " + shown("decay") + ", not true or false";
     if (!e.contains("shape") || !e.at("shape").is_array() || e.at("shape").empty() || e.at("shape").size() > 8)
       return tat + ".shape is " + shown("shape") + ", not a list of 1 to 8 dimensions";
     // The product in double: a forged shape must not wrap around to a small count.
@@ -233,10 +234,9 @@ std::string manifest_tensors_problem(const json& buf, const std::string& at) {
 std::string manifest_state_problem(const fs::path& dir, const json& man) {
   constexpr int64_t kI32 = std::numeric_limits<int32_t>::max(), kI64 = std::numeric_limits<int64_t>::max();
   const std::pair<const char*, std::pair<int64_t, int64_t>> ranges[] = {
-      {"step", {0, kI32}},              // training.max_steps is a 32-bit key
-      {"optimizer_step", {0, kI64}},    {"scheduler_step", {0, kI64}},
-      {"zero_stage", {0, 3}},           {"forward_count", {0, kI64}},
-      {"sampler/epoch", {0, kI64}},     {"sampler/offset", {0, kI64}},
+      {"step", {0, kI32}},  // training.max_steps is a 32-bit key
+      {"optimizer_step", {0, kI64}}, {"scheduler_step", {0, kI64}}, {"zero_stage", {0, 3}},
+      {"forward_count", {0, kI64}},  {"sampler/epoch", {0, kI64}},  {"sampler/offset", {0, kI64}},
   };
   for (const auto& [key, r] : ranges)
     if (std::string why = manifest_int_problem(man, key, r.first, r.second); !why.empty()) return why;
@@ -256,8 +256,7 @@ std::string manifest_state_problem(const fs::path& dir, const json& man) {
     if (!e.contains("name") || !e.at("name").is_string())
       return at + ".name is " + (e.contains("name") ? e.at("name").dump() : "missing") + ", not a string";
     if (!e.contains("size") || !e.at("size").is_number_unsigned())
-      return at + ".size is " + (e.contains("size") ? e.at("size").dump() : "missing") +
-             ", not a non-negative integer";
+      return at + ".size is " + (e.contains("size") ? e.at("size").dump() : "missing") + ", not a non-negative integer";
     if (!e.contains("trainable") || !e.at("trainable").is_boolean())
       return at + ".trainable is " + (e.contains("trainable") ? e.at("trainable").dump() : "missing") +
              ", not true or false";
@@ -304,8 +303,7 @@ std::string manifest_read(const fs::path& dir, json& man, int& world) {
     for (size_t i = 0; i < files.size(); ++i) {
       const json& f = files[i];
       const std::string at = mpath.string() + ": \"files\"[" + std::to_string(i) + "]";
-      if (!f.is_object() || !f.contains("name") || !f.at("name").is_string())
-        return at + ".name is not a string";
+      if (!f.is_object() || !f.contains("name") || !f.at("name").is_string()) return at + ".name is not a string";
       const std::string n = f.at("name").get<std::string>();
       if (!bare_file_name(n))
         return mpath.string() + ": names file " + json(n).dump() +
@@ -393,16 +391,13 @@ json layout_json(const std::vector<ZeroBufferView>& views) {
     json tensors = json::array();
     for (const auto& t : v.buffer->layout.tensors)
       tensors.push_back({{"name", t.name}, {"offset", t.offset}, {"shape", t.shape}, {"decay", t.decay}});
-    bufs.push_back({{"name", v.buffer->layout.name},
-                    {"size", v.buffer->size},
-                    {"trainable", v.trainable},
-                    {"tensors", tensors}});
+    bufs.push_back(
+        {{"name", v.buffer->layout.name}, {"size", v.buffer->size}, {"trainable", v.trainable}, {"tensors", tensors}});
   }
   return bufs;
 }
 
 }  // namespace
-
 
 // ----------------------------------------------------------------------------
 std::string checkpoint_save(const std::string& run_dir, const ZeroCheckpointView& view, const TrainState& state,
@@ -453,9 +448,14 @@ std::string checkpoint_save(const std::string& run_dir, const ZeroCheckpointView
       offset += cnt * sizeof(float);
     }
   }
-  json head{{"format", FORMAT_VERSION}, {"rank", rank},      {"world_size", W},
-            {"step", state.step},       {"has_rng", state.has_rng}, {"rng", state.rng},
-            {"forward_count", state.forward_count}, {"entries", entries}};
+  json head{{"format", FORMAT_VERSION},
+            {"rank", rank},
+            {"world_size", W},
+            {"step", state.step},
+            {"has_rng", state.has_rng},
+            {"rng", state.rng},
+            {"forward_count", state.forward_count},
+            {"entries", entries}};
   const std::string head_text = head.dump();
   const uint64_t head_len = head_text.size();
   std::vector<std::pair<const void*, size_t>> parts{{SHARD_MAGIC, 8}, {&head_len, 8}, {head_text.data(), head_len}};
@@ -601,7 +601,8 @@ std::string checkpoint_open(const fs::path& dir, Opened& out) {
         if (n == 0) break;
         crc = crc32c(buf.data(), static_cast<size_t>(n), crc);
       }
-      if (crc != f.at("crc32c").get<uint32_t>()) return p.string() + ": checksum mismatch (CRC32C), the file is corrupt";
+      if (crc != f.at("crc32c").get<uint32_t>())
+        return p.string() + ": checksum mismatch (CRC32C), the file is corrupt";
       char magic[8];
       uint64_t hl = 0;
       if (::pread(fd.fd, magic, 8, 0) != 8 || std::memcmp(magic, SHARD_MAGIC, 8) != 0 ||
@@ -635,8 +636,8 @@ void read_range(Opened& o, size_t buffer, const char* kind, size_t n, size_t a, 
     DT_ENFORCE(entry->at("lo").get<size_t>() == p.lo && entry->at("count").get<size_t>() == p.hi - p.lo,
                CheckpointError, "{}/rank{}.bin: the {} slice of buffer {} does not follow the shard layout", dir, q,
                kind, buffer);
-    const uint64_t off = o.data_start[static_cast<size_t>(q)] + entry->at("offset").get<uint64_t>() +
-                         (x - p.lo) * sizeof(float);
+    const uint64_t off =
+        o.data_start[static_cast<size_t>(q)] + entry->at("offset").get<uint64_t>() + (x - p.lo) * sizeof(float);
     const size_t bytes = (y - x) * sizeof(float);
     const ssize_t r = ::pread(o.fds[static_cast<size_t>(q)].fd, dst + (x - a), bytes, static_cast<off_t>(off));
     DT_ENFORCE(r == static_cast<ssize_t>(bytes), CheckpointError, "{}/rank{}.bin: short read", dir, q);
@@ -647,17 +648,21 @@ void read_range(Opened& o, size_t buffer, const char* kind, size_t n, size_t a, 
 // model's: the config describes another model than the run trained, which every retry
 // would meet again, so it is a config error (exit 2, not restarted), not a damaged checkpoint.
 void layout_check(const json& saved, const std::vector<ZeroBufferView>& views, const std::string& dir) {
-  const char* fix = "the config describes another model than the one this run trained (model sizes, LoRA or "
-                    "tie_embeddings changed?): resume with the config the run was trained with, or start a new run "
-                    "with --output-dir";
-  DT_ENFORCE_EQ(saved.size(), views.size(), ConfigError, "{}: the checkpoint has another number of parameter buffers "
-                "than the model; {}", dir, fix);
+  const char* fix =
+      "the config describes another model than the one this run trained (model sizes, LoRA or "
+      "tie_embeddings changed?): resume with the config the run was trained with, or start a new run "
+      "with --output-dir";
+  DT_ENFORCE_EQ(saved.size(), views.size(), ConfigError,
+                "{}: the checkpoint has another number of parameter buffers "
+                "than the model; {}",
+                dir, fix);
   for (size_t b = 0; b < views.size(); ++b) {
     const auto& s = saved[b];
     if (s.at("name").get<std::string>() != views[b].buffer->layout.name ||
         s.at("size").get<uint64_t>() != views[b].buffer->size || s.at("trainable").get<bool>() != views[b].trainable)
-      DT_THROW(ConfigError, "{}: buffer {} is {} ({} elements{}) in the checkpoint but {} ({} elements{}) in the model; {}",
-               dir, b, s.at("name").dump(), s.at("size").dump(), s.at("trainable").get<bool>() ? "" : ", frozen",
+      DT_THROW(ConfigError,
+               "{}: buffer {} is {} ({} elements{}) in the checkpoint but {} ({} elements{}) in the model; {}", dir, b,
+               s.at("name").dump(), s.at("size").dump(), s.at("trainable").get<bool>() ? "" : ", frozen",
                views[b].buffer->layout.name, views[b].buffer->size, views[b].trainable ? "" : ", frozen", fix);
     // Equal sizes can still hold other tensors (d_model and d_ff swapped, another head
     // split of the same projection): the values would load into the wrong places. Names
@@ -665,15 +670,18 @@ void layout_check(const json& saved, const std::vector<ZeroBufferView>& views, c
     // checkpoint of a build that named a tensor otherwise still loads.
     const auto& tensors = views[b].buffer->layout.tensors;
     const json& st = s.at("tensors");
-    DT_ENFORCE_EQ(st.size(), tensors.size(), ConfigError, "{}: buffer {} ({}) holds another number of tensors in the "
-                  "checkpoint than in the model; {}", dir, b, views[b].buffer->layout.name, fix);
+    DT_ENFORCE_EQ(st.size(), tensors.size(), ConfigError,
+                  "{}: buffer {} ({}) holds another number of tensors in the "
+                  "checkpoint than in the model; {}",
+                  dir, b, views[b].buffer->layout.name, fix);
     for (size_t t = 0; t < tensors.size(); ++t) {
       const json shape = tensors[t].shape;
       if (st[t].at("offset").get<uint64_t>() != tensors[t].offset || st[t].at("shape") != shape)
-        DT_THROW(ConfigError, "{}: buffer {} ({}) tensor {} is {} (offset {}, shape {}) in the checkpoint but {} "
-                 "(offset {}, shape {}) in the model; {}", dir, b, views[b].buffer->layout.name, t,
-                 st[t].at("name").dump(), st[t].at("offset").dump(), st[t].at("shape").dump(), tensors[t].name,
-                 tensors[t].offset, shape.dump(), fix);
+        DT_THROW(ConfigError,
+                 "{}: buffer {} ({}) tensor {} is {} (offset {}, shape {}) in the checkpoint but {} "
+                 "(offset {}, shape {}) in the model; {}",
+                 dir, b, views[b].buffer->layout.name, t, st[t].at("name").dump(), st[t].at("offset").dump(),
+                 st[t].at("shape").dump(), tensors[t].name, tensors[t].offset, shape.dump(), fix);
     }
   }
 }
@@ -786,8 +794,8 @@ CheckpointLoadResult checkpoint_load(const std::string& run_dir, const ZeroCheck
       // `latest` must not keep naming a checkpoint that was set aside: status and the
       // next save's "already saved" test read it. Every rank read it before the
       // allreduces above, so rank 0 may switch it now.
-      if (set_aside_damaged && view.rank == 0 && !fs::exists(candidates.front(), ec) &&
-          !latest.empty() && latest != dir.filename().string()) {
+      if (set_aside_damaged && view.rank == 0 && !fs::exists(candidates.front(), ec) && !latest.empty() &&
+          latest != dir.filename().string()) {
         const std::string name = dir.filename().string();
         const std::string lt = (root / "latest.tmp").string();
         file_write(lt, {{name.data(), name.size()}}, run_dir_mode(run_dir));

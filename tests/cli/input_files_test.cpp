@@ -62,9 +62,18 @@ TEST_CASE("a known_hosts file that is /dev/zero, a FIFO or a directory fails lau
     for (const std::string cmd : {"launch", "doctor"}) {
       CAPTURE(file);
       CAPTURE(cmd);
-      std::vector<std::string> argv = {bin, cmd, "--hostfile", t.path("hosts"), "--output-dir", t.path("run"),
-                                       "--set", "cluster.ssh.known_hosts=" + file, "--set", "doctor.timeout=5",
-                                       "--set", "cluster.ssh.connect_timeout=5"};
+      std::vector<std::string> argv = {bin,
+                                       cmd,
+                                       "--hostfile",
+                                       t.path("hosts"),
+                                       "--output-dir",
+                                       t.path("run"),
+                                       "--set",
+                                       "cluster.ssh.known_hosts=" + file,
+                                       "--set",
+                                       "doctor.timeout=5",
+                                       "--set",
+                                       "cluster.ssh.connect_timeout=5"};
       if (cmd == "launch")
         argv.insert(argv.end(), {"--config", t.config, "--master-port", "0", "--set", "fault_tolerance.max_retries=0"});
       auto r = run(argv, {}, 60s);
@@ -93,7 +102,8 @@ TEST_CASE("a known_hosts file that is /dev/zero, a FIFO or a directory fails lau
 // ---------------------------------------------------------------------------
 // Item 6: every manifest field typed
 
-TEST_CASE("a manifest whose tensors or dtypes are mistyped is skipped; export and resume fall back and name the field") {
+TEST_CASE(
+    "a manifest whose tensors or dtypes are mistyped is skipped; export and resume fall back and name the field") {
   const std::string bin = bin_or_skip();
   if (bin.empty()) return;
   Tmp t;
@@ -213,7 +223,8 @@ TEST_CASE("dtrain status names the checkpoint a resume would load, and offers no
 // ---------------------------------------------------------------------------
 // Item 22: every events.jsonl field status reads as a number is typed
 
-TEST_CASE("dtrain status on events.jsonl records whose round, time_ms or exit_code is not an integer: exit 3, file:line") {
+TEST_CASE(
+    "dtrain status on events.jsonl records whose round, time_ms or exit_code is not an integer: exit 3, file:line") {
   const std::string bin = bin_or_skip();
   if (bin.empty()) return;
   constexpr int kIo = 3;  // main.cpp footer: 3 I/O error
