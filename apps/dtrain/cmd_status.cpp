@@ -3,13 +3,14 @@
 #include "commands.h"
 
 #include "report/status.h"
+#include "train/checkpoint.h"
 
 #include <cstdio>
 
 namespace dtrain::cli {
 
 int run_status(const std::string& run_dir) {
-  const std::string text = report::status_report(run_dir);
+  const std::string text = report::status_report(run_dir, train::checkpoint_problem);
   std::fwrite(text.data(), 1, text.size(), stdout);
   return 0;
 }

@@ -10,6 +10,7 @@
 #include <arpa/inet.h>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -25,6 +26,9 @@ namespace {
 constexpr std::string_view GRAMMAR = "expected \"host slots=N\" (also \"user@host slots=N port=P\")";
 constexpr size_t MAX_SHOWN = 160;             // longest line quoted back in an error
 constexpr size_t MAX_FILE_BYTES = 16u << 20;  // a hostfile is never megabytes
+// The longest a pipe given as the hostfile may stay silent (a generator that is slower
+// than this is not writing a hostfile).
+constexpr int HOSTFILE_PIPE_IDLE_MS = 30000;
 
 // ----------------------------------------------------------------------------
 // Small text helpers
@@ -229,7 +233,10 @@ Hostfile hostfile_parse(std::string_view text, const std::string& path) {
 }
 
 Hostfile hostfile_load(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Non-blocking: a FIFO nothing writes to reads as end of file at once instead of
+  // blocking the open (and the read) forever; a pipe that is written (bash's
+  // --hostfile <(...)) is read as it arrives, each wait bounded by HOSTFILE_PIPE_IDLE_MS.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0)
     DT_THROW(ConfigError, "cannot read hostfile {}: {}; pass an existing file to --hostfile", shown_path(path),
              std::strerror(errno));
@@ -240,12 +247,28 @@ Hostfile hostfile_load(const std::string& path) {
   struct stat st {};
   if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode))
     DT_THROW(ConfigError, "cannot read hostfile {}: it is a directory", shown_path(path));
+  if (::fstat(fd, &st) == 0 && (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) || S_ISSOCK(st.st_mode)))
+    DT_THROW(ConfigError,
+             "cannot read hostfile {}: it is a {}, not a file or a pipe; pass the hostfile's path to "
+             "--hostfile",
+             shown_path(path), S_ISSOCK(st.st_mode) ? "socket" : "device");
 
   std::string text;
   char buf[65536];
   for (;;) {
     ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) {
+      pollfd p{fd, POLLIN, 0};
+      const int r = ::poll(&p, 1, HOSTFILE_PIPE_IDLE_MS);
+      if (r < 0 && errno == EINTR) continue;
+      if (r == 0)
+        DT_THROW(ConfigError,
+                 "hostfile {}: nothing arrived on this pipe for {} s (is anything writing to it?); "
+                 "pass a regular file to --hostfile",
+                 shown_path(path), HOSTFILE_PIPE_IDLE_MS / 1000);
+      continue;
+    }
     if (n < 0) DT_THROW(ConfigError, "cannot read hostfile {}: {}", shown_path(path), std::strerror(errno));
     if (n == 0) break;
     text.append(buf, static_cast<size_t>(n));
@@ -253,6 +276,11 @@ Hostfile hostfile_load(const std::string& path) {
       DT_THROW(ConfigError, "hostfile {} is larger than {} bytes; is it the right file?", shown_path(path),
                MAX_FILE_BYTES);
   }
+  if (text.empty() && S_ISFIFO(st.st_mode))
+    DT_THROW(ConfigError,
+             "hostfile {} is a FIFO or pipe that gave no data (nothing was writing to it); pass a "
+             "regular file to --hostfile",
+             shown_path(path));
   return hostfile_parse(text, path);
 }
 

@@ -283,6 +283,21 @@ Job job_prepare(const JobRequest& req) {
       DT_THROW(ConfigError, "{}: cluster.ssh.identity_file: {} {}; give the private key file SSH should use",
                cfg.source, file, problem);
   }
+  // The known_hosts file is read whole at every connection the same way (unless the host
+  // key policy is off). One that does not exist yet is fine: accept-new creates it.
+  const std::string kh_file = path_expand_home(
+      cfg.cluster.ssh.known_hosts.empty() ? std::string("~/.ssh/known_hosts") : cfg.cluster.ssh.known_hosts,
+      home ? home : "");
+  struct stat kh_st {};
+  if (!req.hosts && !job.all_local && cfg.cluster.ssh.host_key_policy != "off" && !kh_file.empty() &&
+      ::stat(kh_file.c_str(), &kh_st) == 0 && !known_hosts_is_dev_null(kh_file)) {
+    const std::string problem = small_file_problem(kh_file, kKnownHostsMaxBytes);
+    if (!problem.empty())
+      DT_THROW(ConfigError,
+               "{}: cluster.ssh.known_hosts: {} {}; give an OpenSSH known_hosts file (or leave the key "
+               "out for ~/.ssh/known_hosts)",
+               cfg.source, kh_file, problem);
+  }
 
   // The address ranks and agents dial: --master-addr, the config, or our address on the
   // route to the first remote host.

@@ -27,6 +27,7 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <vector>
 
 namespace dtrain::launch {
@@ -106,12 +107,33 @@ struct KnownHosts {
   }
 };
 
+}  // namespace
+
+bool known_hosts_is_dev_null(const std::string& path) {
+  struct stat st {
+  }, null_st{};
+  return ::stat(path.c_str(), &st) == 0 && S_ISCHR(st.st_mode) && ::stat("/dev/null", &null_st) == 0 &&
+         S_ISCHR(null_st.st_mode) && st.st_rdev == null_st.st_rdev;
+}
+
+namespace {
+
 // Loads a known_hosts file line by line: libssh2_knownhost_readfile stops at the first
 // line it cannot parse (certificate authorities, @revoked, sk-* keys), which would
-// silently drop every entry after it. Returns the number of lines skipped.
-int known_hosts_load(LIBSSH2_KNOWNHOSTS* hosts, const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return 0;
+// silently drop every entry after it. Returns the number of lines skipped. A file that is
+// absent holds no keys; one that is not a regular file of at most kKnownHostsMaxBytes (a
+// FIFO would block the read, /dev/zero never end it) is refused naming it, checked on the
+// descriptor before the first byte is read.
+int known_hosts_load(LIBSSH2_KNOWNHOSTS* hosts, const std::string& path, const std::string& host) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec) && !std::filesystem::is_symlink(path, ec)) return 0;
+  if (known_hosts_is_dev_null(path)) return 0;  // ssh's UserKnownHostsFile=/dev/null: no keys
+  if (const std::string problem = small_file_problem(path, kKnownHostsMaxBytes); !problem.empty())
+    DT_THROW(SshRefusedError,
+             "SSH to {}: known_hosts file {} {}: set cluster.ssh.known_hosts to an OpenSSH "
+             "known_hosts file",
+             host, path, problem);
+  std::istringstream in(small_file_read(path, kKnownHostsMaxBytes, "known_hosts file"));
   std::string line;
   int skipped = 0, number = 0;
   while (std::getline(in, line)) {
@@ -345,7 +367,7 @@ void SshSession::handshake_and_verify() {
   std::vector<const KeyKind*> known_kinds;
   if (options_.policy != Policy::OFF) {
     std::lock_guard lock(known_hosts_mutex());
-    known_hosts_load(known.hosts, path);
+    known_hosts_load(known.hosts, path, host_);
     known_kinds = known_key_kinds(known.hosts, host_, options_.port);
   }
   // Like OpenSSH: ask first for the key types known_hosts already holds for this host, so
@@ -502,6 +524,11 @@ void SshSession::authenticate() {
   for (const char* name : {"id_ed25519", "id_ecdsa", "id_rsa"}) {
     std::string file = home_dir() + "/.ssh/" + name;
     if (::access(file.c_str(), R_OK) != 0) continue;
+    // Checked like an identity file given by name: libssh2 would block reading a FIFO.
+    if (const std::string problem = small_file_problem(file, kIdentityFileMaxBytes); !problem.empty()) {
+      tried.push_back(fmt::format("{} ({})", file, problem));
+      continue;
+    }
     std::string error;
     if (try_file(file, &error)) return;
     tried.push_back(fmt::format("{} ({})", file, error));

@@ -27,6 +27,13 @@ namespace dtrain::launch {
 
 /// The largest identity file accepted (an RSA-16384 key in PEM is under 13 KiB).
 constexpr size_t kIdentityFileMaxBytes = 1 << 20;
+/// The largest known_hosts file read (an entry is under 1 KiB: tens of thousands of hosts).
+constexpr size_t kKnownHostsMaxBytes = 64u << 20;
+
+/// True when path is the null device (as in ssh's UserKnownHostsFile=/dev/null): a
+/// known_hosts file that holds no keys and takes appended ones, accepted although it is
+/// not a regular file.
+bool known_hosts_is_dev_null(const std::string& path);
 
 struct SshOptions {
   /// Login name; empty: the "user@" part of the host, else $USER (or the passwd name).

@@ -34,7 +34,8 @@ std::string line_shown(const std::string& line) {
 }  // namespace
 
 std::vector<nlohmann::json> read_jsonl_strict(const std::filesystem::path& path,
-                                              const std::vector<std::string>& string_keys) {
+                                              const std::vector<std::string>& string_keys,
+                                              const std::vector<std::string>& integer_keys) {
   std::vector<nlohmann::json> out;
   std::ifstream in(path, std::ios::binary);
   if (!in) return out;
@@ -72,6 +73,13 @@ std::vector<nlohmann::json> read_jsonl_strict(const std::filesystem::path& path,
                  "{}:{}: corrupt line \"{}\": its \"{}\" field is {}, not a string; the file was damaged (edited, or "
                  "written by something else)",
                  path.string(), line_no, line_shown(line), k, it == j.end() ? std::string("missing") : it->dump());
+    }
+    for (const std::string& k : integer_keys) {
+      auto it = j.find(k);
+      DT_ENFORCE(it == j.end() || it->is_null() || it->is_number_integer() || it->is_number_unsigned(), IoError,
+                 "{}:{}: corrupt line \"{}\": its \"{}\" field is {}, not an integer; the file was damaged (edited, "
+                 "or written by something else)",
+                 path.string(), line_no, line_shown(line), k, it->dump());
     }
     out.push_back(std::move(j));
   }

@@ -19,8 +19,11 @@ std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path);
 /// naming path:line and showing the line. Only a last line without its newline (being
 /// written, or cut by a crash) is skipped, unless it holds a NUL byte or runs past 1 MiB
 /// (damage, not a line being written). Each of string_keys must be present in every line
-/// and be a string, else the same IoError. A missing file gives an empty list.
+/// and be a string, else the same IoError; each of integer_keys, where present and not
+/// null, must be an integer (a "round" of "x" is damage, not round 0). A missing file gives
+/// an empty list.
 std::vector<nlohmann::json> read_jsonl_strict(const std::filesystem::path& path,
-                                              const std::vector<std::string>& string_keys = {});
+                                              const std::vector<std::string>& string_keys = {},
+                                              const std::vector<std::string>& integer_keys = {});
 
 }  // namespace dtrain::report

@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdlib>
+#include <functional>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -244,7 +246,7 @@ const char* run_state_name(RunState s) {
   return "?";
 }
 
-RunStatus status_read(const std::string& run_dir) {
+RunStatus status_read(const std::string& run_dir, const CheckpointProblem& checkpoint_problem) {
   const fs::path dir(run_dir);
   std::error_code ec;
   DT_ENFORCE(fs::is_directory(dir, ec), IoError, "{} is not a run directory (no such directory)", run_dir);
@@ -274,7 +276,8 @@ RunStatus status_read(const std::string& run_dir) {
   int64_t ext_pid_start = -1;
   // Every record of events.jsonl names its event: one that does not is damage, not a
   // record to skip (skipping them all would read as "not started").
-  const std::vector<json> events = read_jsonl_strict(dir / "events.jsonl", {"event"});
+  const std::vector<json> events =
+      read_jsonl_strict(dir / "events.jsonl", {"event"}, {"round", "time_ms", "world_size", "exit_code", "pid"});
   const RoundHistory rounds = round_history(events);
   st.rounds = static_cast<int>(rounds.rounds.size());
   st.rounds_not_started = rounds.not_started;
@@ -361,6 +364,40 @@ RunStatus status_read(const std::string& run_dir) {
     else if (!fs::exists(dir / "checkpoints" / name / "manifest.json", ec))
       st.checkpoint_note = fmt::format("checkpoints/{} has no manifest.json (incomplete)", name);
     else st.checkpoint = name;
+  }
+  // What a resume would load: latest when it verifies, else the newest older checkpoint
+  // that does (train/checkpoint.cpp's order); none when none does, saying why.
+  if (checkpoint_problem && fs::is_directory(dir / "checkpoints", ec)) {
+    std::vector<std::pair<long long, std::string>> older;
+    long long limit = -1;
+    if (!st.checkpoint.empty() && st.checkpoint.rfind("step", 0) == 0) limit = std::atoll(st.checkpoint.c_str() + 4);
+    for (const auto& e : fs::directory_iterator(dir / "checkpoints", ec)) {
+      const std::string n = e.path().filename().string();
+      if (n.size() > 4 && n.rfind("step", 0) == 0 && n.find_first_not_of("0123456789", 4) == std::string::npos &&
+          e.is_directory(ec))
+        older.emplace_back(std::atoll(n.c_str() + 4), n);
+    }
+    std::sort(older.begin(), older.end(), std::greater<>());
+    std::vector<std::string> candidates;
+    if (!st.checkpoint.empty()) candidates.push_back(st.checkpoint);
+    for (const auto& [k, n] : older)
+      if (limit < 0 ? st.checkpoint.empty() : k < limit) candidates.push_back(n);
+    std::vector<std::string> refused;
+    std::string usable;
+    for (const auto& n : candidates) {
+      const std::string why = checkpoint_problem((dir / "checkpoints" / n).string());
+      if (why.empty()) {
+        usable = n;
+        break;
+      }
+      refused.push_back(why);
+    }
+    std::string reasons;
+    for (const auto& r : refused) reasons += (reasons.empty() ? "" : "; ") + r;
+    if (!refused.empty())
+      st.checkpoint_note =
+          usable.empty() ? fmt::format("none verifies: {}", reasons) : fmt::format("newer ones skipped: {}", reasons);
+    if (!candidates.empty()) st.checkpoint = usable;
   }
 
   if (auto n = read_json(dir / "nodes.json")) {
@@ -487,7 +524,8 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
     row("progress", "no training step logged yet");
   }
 
-  if (!st.checkpoint.empty()) row("checkpoint", st.checkpoint);
+  if (!st.checkpoint.empty())
+    row("checkpoint", st.checkpoint_note.empty() ? st.checkpoint : st.checkpoint + " (" + st.checkpoint_note + ")");
   else row("checkpoint", st.checkpoint_note.empty() ? "none" : "none (" + st.checkpoint_note + ")");
 
   std::string restarts = std::to_string(st.restarts);
@@ -549,9 +587,9 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
   return out;
 }
 
-std::string status_report(const std::string& run_dir) {
+std::string status_report(const std::string& run_dir, const CheckpointProblem& checkpoint_problem) {
   const int64_t now = unix_ms();
-  return status_format(status_read(run_dir), now);
+  return status_format(status_read(run_dir, checkpoint_problem), now);
 }
 
 }  // namespace dtrain::report

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -144,7 +145,12 @@ struct RunStatus {
 /// IoError when run_dir is not a directory, or when launcher.json or nodes.json is not one JSON object or a
 /// complete events.jsonl line is not one (corrupt: the message names the file and line). UsageError when the
 /// directory holds nothing a run writes (not a run directory).
-RunStatus status_read(const std::string& run_dir);
+/// checkpoint_problem, when given, says why a checkpoint directory is unusable ("" when
+/// it is usable; train::checkpoint_problem): the checkpoint reported is then the one a
+/// resume would load (latest, else the newest older one that passes), and none when none
+/// passes, with the reasons in checkpoint_note.
+using CheckpointProblem = std::function<std::string(const std::string& checkpoint_dir)>;
+RunStatus status_read(const std::string& run_dir, const CheckpointProblem& checkpoint_problem = {});
 
 /// The human-readable report (now_ms: the current unix time; tests pass a fixed one), e.g.
 ///     run        runs/tiny (job 20261122-001500-3fa9)
@@ -158,6 +164,6 @@ RunStatus status_read(const std::string& run_dir);
 std::string status_format(const RunStatus& st, int64_t now_ms);
 
 /// status_format(status_read(run_dir, now), now) with the current time.
-std::string status_report(const std::string& run_dir);
+std::string status_report(const std::string& run_dir, const CheckpointProblem& checkpoint_problem = {});
 
 }  // namespace dtrain::report

@@ -193,6 +193,42 @@ std::string manifest_int_problem(const json& man, const std::string& key, int64_
          std::to_string(hi);
 }
 
+// Why a buffer's "tensors" list (name, offset, shape, decay of each tensor, as
+// layout_json writes them) is not well typed or does not lie inside the buffer's "size",
+// or "". Typed here like the rest, so the comparison with the model (layout_check) only
+// ever meets the types it reads.
+std::string manifest_tensors_problem(const json& buf, const std::string& at) {
+  if (!buf.contains("tensors") || !buf.at("tensors").is_array())
+    return at + ".tensors is " + (buf.contains("tensors") ? buf.at("tensors").dump() : std::string("missing")) +
+           ", not a list";
+  const uint64_t size = buf.at("size").get<uint64_t>();
+  const json& ts = buf.at("tensors");
+  for (size_t t = 0; t < ts.size(); ++t) {
+    const json& e = ts[t];
+    const std::string tat = at + ".tensors[" + std::to_string(t) + "]";
+    auto shown = [&](const char* k) { return e.contains(k) ? e.at(k).dump() : std::string("missing"); };
+    if (!e.is_object()) return tat + " is " + e.dump() + ", not an object";
+    if (!e.contains("name") || !e.at("name").is_string()) return tat + ".name is " + shown("name") + ", not a string";
+    if (!e.contains("offset") || !e.at("offset").is_number_unsigned())
+      return tat + ".offset is " + shown("offset") + ", not a non-negative integer";
+    if (!e.contains("decay") || !e.at("decay").is_boolean())
+      return tat + ".decay is " + shown("decay") + ", not true or false";
+    if (!e.contains("shape") || !e.at("shape").is_array() || e.at("shape").empty() || e.at("shape").size() > 8)
+      return tat + ".shape is " + shown("shape") + ", not a list of 1 to 8 dimensions";
+    // The product in double: a forged shape must not wrap around to a small count.
+    double numel = 1;
+    for (const json& d : e.at("shape")) {
+      if (!d.is_number_unsigned() || d.get<uint64_t>() == 0)
+        return tat + ".shape is " + e.at("shape").dump() + ", not a list of positive integers";
+      numel *= static_cast<double>(d.get<uint64_t>());
+    }
+    if (static_cast<double>(e.at("offset").get<uint64_t>()) + numel > static_cast<double>(size))
+      return tat + " (" + e.at("name").dump() + ", offset " + e.at("offset").dump() + ", shape " +
+             e.at("shape").dump() + ") ends past its buffer's " + std::to_string(size) + " elements";
+  }
+  return "";
+}
+
 // The training state a manifest records, checked before anything is loaded: a step that is
 // not the one the directory is named after, or a negative or out-of-range counter (a
 // damaged or hand-edited manifest; the manifest has no checksum of its own) makes the
@@ -226,7 +262,14 @@ std::string manifest_state_problem(const fs::path& dir, const json& man) {
     if (!e.contains("trainable") || !e.at("trainable").is_boolean())
       return at + ".trainable is " + (e.contains("trainable") ? e.at("trainable").dump() : "missing") +
              ", not true or false";
+    if (std::string why = manifest_tensors_problem(e, at); !why.empty()) return why;
   }
+  for (const char* k : {"compute_dtype", "master_dtype"})
+    if (!man.contains(k) || !man.at(k).is_string() ||
+        (man.at(k).get<std::string>() != "float32" && man.at(k).get<std::string>() != "bfloat16" &&
+         man.at(k).get<std::string>() != "float16"))
+      return std::string("\"") + k + "\" is " + (man.contains(k) ? man.at(k).dump() : std::string("missing")) +
+             ", not \"float32\", \"bfloat16\" or \"float16\"";
   if (!man.contains("loss_scaler")) return "has no \"loss_scaler\"";
   const json& sc = man.at("loss_scaler");
   if (!sc.is_null()) {
@@ -623,10 +666,31 @@ void layout_check(const json& saved, const std::vector<ZeroBufferView>& views, c
                "{}: buffer {} is {} ({} elements{}) in the checkpoint but {} ({} elements{}) in the model; {}", dir, b,
                s.at("name").dump(), s.at("size").dump(), s.at("trainable").get<bool>() ? "" : ", frozen",
                views[b].buffer->layout.name, views[b].buffer->size, views[b].trainable ? "" : ", frozen", fix);
+    // Equal sizes can still hold other tensors (d_model and d_ff swapped, another head
+    // split of the same projection): the values would load into the wrong places. Names
+    // are shown, not compared: where each value lies is what the load depends on, and a
+    // checkpoint of a build that named a tensor otherwise still loads.
+    const auto& tensors = views[b].buffer->layout.tensors;
+    const json& st = s.at("tensors");
+    DT_ENFORCE_EQ(st.size(), tensors.size(), ConfigError,
+                  "{}: buffer {} ({}) holds another number of tensors in the "
+                  "checkpoint than in the model; {}",
+                  dir, b, views[b].buffer->layout.name, fix);
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      const json shape = tensors[t].shape;
+      if (st[t].at("offset").get<uint64_t>() != tensors[t].offset || st[t].at("shape") != shape)
+        DT_THROW(ConfigError,
+                 "{}: buffer {} ({}) tensor {} is {} (offset {}, shape {}) in the checkpoint but {} "
+                 "(offset {}, shape {}) in the model; {}",
+                 dir, b, views[b].buffer->layout.name, t, st[t].at("name").dump(), st[t].at("offset").dump(),
+                 st[t].at("shape").dump(), tensors[t].name, tensors[t].offset, shape.dump(), fix);
+    }
   }
 }
 
 }  // namespace
+
+std::string checkpoint_problem(const std::string& dir) { return checkpoint_check_sizes(fs::path(dir)); }
 
 CheckpointLoadResult checkpoint_load(const std::string& run_dir, const ZeroCheckpointView& view,
                                      bool set_aside_damaged) {

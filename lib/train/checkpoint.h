@@ -59,6 +59,12 @@ struct CheckpointSaveOptions {
 std::string checkpoint_save(const std::string& run_dir, const ZeroCheckpointView& view, const TrainState& state,
                             const CheckpointSaveOptions& opts = {});
 
+/// "" when the checkpoint directory dir looks usable without reading its shards whole:
+/// its manifest parses and every field is typed and in range, and every file it names is
+/// there at its recorded size; otherwise why not (naming the file). For `dtrain status`,
+/// which must not offer a resume from a checkpoint the load would refuse.
+std::string checkpoint_problem(const std::string& dir);
+
 struct CheckpointLoadResult {
   bool loaded = false;  ///< false: no checkpoint at all under run_dir (fresh start)
   std::string dir;      ///< the checkpoint loaded
