@@ -433,21 +433,40 @@ using namespace cuda_emu;
 
 const char* cudaGetErrorName(cudaError_t e) {
   switch (e) {
-#define NAME(x) \
-  case x: return #x;
+    // clang-format off
+#define NAME(x) case x: return #x;
     NAME(cudaSuccess)
-    NAME(cudaErrorInvalidValue) NAME(cudaErrorMemoryAllocation) NAME(cudaErrorInitializationError)
-        NAME(cudaErrorInvalidConfiguration) NAME(cudaErrorInvalidDevicePointer) NAME(cudaErrorInvalidMemcpyDirection)
-            NAME(cudaErrorInvalidDeviceFunction) NAME(cudaErrorNoDevice) NAME(cudaErrorInvalidDevice)
-                NAME(cudaErrorInvalidResourceHandle) NAME(cudaErrorNotReady) NAME(cudaErrorIllegalAddress)
-                    NAME(cudaErrorLaunchOutOfResources) NAME(cudaErrorAssert) NAME(cudaErrorHardwareStackError)
-                        NAME(cudaErrorIllegalInstruction) NAME(cudaErrorMisalignedAddress) NAME(cudaErrorLaunchFailure)
-                            NAME(cudaErrorNotSupported) NAME(cudaErrorStreamCaptureUnsupported)
-                                NAME(cudaErrorIllegalState) NAME(cudaErrorStreamCaptureInvalidated)
-                                    NAME(cudaErrorStreamCaptureMerge) NAME(cudaErrorStreamCaptureUnmatched)
-                                        NAME(cudaErrorStreamCaptureUnjoined) NAME(cudaErrorStreamCaptureIsolation)
-                                            NAME(cudaErrorStreamCaptureImplicit) NAME(cudaErrorCapturedEvent)
-                                                NAME(cudaErrorStreamCaptureWrongThread) NAME(cudaErrorUnknown)
+    NAME(cudaErrorInvalidValue)
+    NAME(cudaErrorMemoryAllocation)
+    NAME(cudaErrorInitializationError)
+    NAME(cudaErrorInvalidConfiguration)
+    NAME(cudaErrorInvalidDevicePointer)
+    NAME(cudaErrorInvalidMemcpyDirection)
+    NAME(cudaErrorInvalidDeviceFunction)
+    NAME(cudaErrorNoDevice)
+    NAME(cudaErrorInvalidDevice)
+    NAME(cudaErrorInvalidResourceHandle)
+    NAME(cudaErrorNotReady)
+    NAME(cudaErrorIllegalAddress)
+    NAME(cudaErrorLaunchOutOfResources)
+    NAME(cudaErrorAssert)
+    NAME(cudaErrorHardwareStackError)
+    NAME(cudaErrorIllegalInstruction)
+    NAME(cudaErrorMisalignedAddress)
+    NAME(cudaErrorLaunchFailure)
+    NAME(cudaErrorNotSupported)
+    NAME(cudaErrorStreamCaptureUnsupported)
+    NAME(cudaErrorIllegalState)
+    NAME(cudaErrorStreamCaptureInvalidated)
+    NAME(cudaErrorStreamCaptureMerge)
+    NAME(cudaErrorStreamCaptureUnmatched)
+    NAME(cudaErrorStreamCaptureUnjoined)
+    NAME(cudaErrorStreamCaptureIsolation)
+    NAME(cudaErrorStreamCaptureImplicit)
+    NAME(cudaErrorCapturedEvent)
+    NAME(cudaErrorStreamCaptureWrongThread)
+    NAME(cudaErrorUnknown)
+    // clang-format on
 #undef NAME
   }
   return "cudaErrorUnknown";
