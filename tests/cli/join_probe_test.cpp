@@ -8,6 +8,7 @@
 // summary; a --master-addr that is another machine's IP is refused before anything starts,
 // and one that is a name of another machine fails at the store naming the cause.
 #include "cli_harness.h"
+#include "external_harness.h"
 
 #include <fmt/format.h>
 #include <netinet/in.h>
@@ -21,52 +22,13 @@ using namespace dtrain::cli_test;
 
 namespace {
 
-constexpr const char* kToken = "0123456789abcdef0123456789abcdef";
+constexpr const char* kToken = kExternalToken;
 
-[[noreturn]] void skip(const std::string& why) {
-  std::printf("join probe tests skipped: %s\n", why.c_str());
-  std::fflush(stdout);
-  std::exit(77);
-}
-
-std::string bin() {
-  if (dtrain_bin().empty()) skip("$DTRAIN_BIN is not set or not executable (run through ctest)");
-  return dtrain_bin();
-}
-
-// A loopback port nobody listens on now (the kernel's pick).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = 0;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    port = ntohs(a.sin_port);
-  if (fd >= 0) ::close(fd);
-  REQUIRE(port > 0);
-  return port;
-}
-
-std::map<std::string, std::string> torchrun_env(int rank, int world, int port) {
-  return {{"RANK", std::to_string(rank)}, {"WORLD_SIZE", std::to_string(world)}, {"LOCAL_RANK", "0"},
-          {"LOCAL_WORLD_SIZE", "1"},      {"MASTER_ADDR", "127.0.0.1"},          {"MASTER_PORT", std::to_string(port)},
-          {"DTRAIN_TEST_TOKEN", kToken}};
-}
+std::string bin() { return external_bin("join probe tests"); }
 
 std::vector<std::string> run_argv(const std::string& run_dir, int join_timeout,
                                   const std::vector<std::string>& more = {}) {
-  std::vector<std::string> argv = {bin(),          "run",
-                                   "--output-dir", run_dir,
-                                   "--set",        "cluster.rendezvous.token_env=DTRAIN_TEST_TOKEN",
-                                   "--set",        fmt::format("cluster.rendezvous.join_timeout={}", join_timeout),
-                                   "--set",        "fault_tolerance.heartbeat_interval=1",
-                                   "--set",        "fault_tolerance.heartbeat_timeout=5",
-                                   "--set",        "training.max_steps=20"};
-  argv.insert(argv.end(), more.begin(), more.end());
-  return argv;
+  return external_run_argv(bin(), run_dir, join_timeout, more);
 }
 
 std::string this_host() {
