@@ -11,7 +11,6 @@
 #include <dlfcn.h>
 
 #include <fstream>
-#include <mutex>
 #include <string>
 #include <type_traits>
 
@@ -21,40 +20,44 @@
 namespace dtrain::cublaslt {
 namespace {
 
+// The file names tried, in order: the SONAME of the toolkit the build used (found through
+// LD_LIBRARY_PATH, the binary's RUNPATH and the loader cache), then the same name in the
+// toolkit's library directory at build time.
+constexpr const char* kSoname = "libcublasLt.so." DT_STR(CUBLAS_VER_MAJOR);
+#ifdef DTRAIN_CUBLASLT_BUILD_DIR
+constexpr const char* kBuildDirPath = DTRAIN_CUBLASLT_BUILD_DIR "/libcublasLt.so." DT_STR(CUBLAS_VER_MAJOR);
+#else
+constexpr const char* kBuildDirPath = "";
+#endif
+
 struct Library {
-  std::once_flag once;
   void* handle = nullptr;
-  std::string error;
+  std::string error;  // empty while nothing failed
 };
 
-Library& lib() {
-  static Library l;
-  return l;
-}
-
-void load(Library& l) {
-  for (const char* name : {soname(), build_dir_path()}) {
+Library load() {
+  Library l;
+  for (const char* name : {kSoname, kBuildDirPath}) {
     if (!*name) continue;
     dlerror();
     // RTLD_LOCAL: its symbols resolve only through dlsym below, never for other objects.
-    if (void* h = dlopen(name, RTLD_NOW | RTLD_LOCAL)) {
-      l.handle = h;
-      l.error.clear();
-      return;
-    }
+    if (void* h = dlopen(name, RTLD_NOW | RTLD_LOCAL)) return {h, ""};
     const char* why = dlerror();
     if (!l.error.empty()) l.error += "; ";
     l.error += std::string(name) + ": " + (why ? why : "dlopen failed");
   }
   l.error = "cannot load cuBLASLt (" + l.error +
             "); install the CUDA toolkit's libcublasLt or put its directory on LD_LIBRARY_PATH";
+  return l;
 }
 
-void* symbol(const char* name) {
-  Library& l = lib();
-  std::call_once(l.once, [&] { load(l); });
-  return l.handle ? dlsym(l.handle, name) : nullptr;
+// Loaded once, on the first call from any thread (a function-local static).
+const Library& lib() {
+  static const Library l = load();
+  return l;
 }
+
+void* symbol(const char* name) { return lib().handle ? dlsym(lib().handle, name) : nullptr; }
 
 // A forwarder's answer when the library or the symbol is missing.
 template <typename R>
@@ -68,16 +71,9 @@ R unavailable() {
 
 }  // namespace
 
-bool ensure_loaded() {
-  symbol("cublasLtGetVersion");
-  return lib().handle != nullptr;
-}
+bool ensure_loaded() { return lib().handle != nullptr; }
 
-std::string load_error() {
-  Library& l = lib();
-  std::call_once(l.once, [&] { load(l); });
-  return l.error;
-}
+std::string load_error() { return lib().error; }
 
 bool mapped_in_process() {
   std::ifstream maps("/proc/self/maps");
@@ -85,16 +81,6 @@ bool mapped_in_process() {
   while (std::getline(maps, line))
     if (line.find("libcublasLt.so") != std::string::npos) return true;
   return false;
-}
-
-const char* soname() { return "libcublasLt.so." DT_STR(CUBLAS_VER_MAJOR); }
-
-const char* build_dir_path() {
-#ifdef DTRAIN_CUBLASLT_BUILD_DIR
-  return DTRAIN_CUBLASLT_BUILD_DIR "/libcublasLt.so." DT_STR(CUBLAS_VER_MAJOR);
-#else
-  return "";
-#endif
 }
 
 }  // namespace dtrain::cublaslt

@@ -15,17 +15,12 @@ namespace dtrain::cublaslt {
 /// True when it is loaded; otherwise load_error() says which files were tried and why.
 bool ensure_loaded();
 
-/// Empty while nothing failed; else what dlopen said for each file tried.
+/// Empty while nothing failed; else what dlopen said for each file tried: the SONAME of
+/// the toolkit the build used, then that name in the toolkit's directory at build time.
 std::string load_error();
 
 /// Whether libcublasLt is mapped into this process (read from /proc/self/maps): what the
 /// lazy loading is for, and what its test checks.
 bool mapped_in_process();
-
-/// The file names tried, in order: the SONAME of the toolkit the build used (found through
-/// LD_LIBRARY_PATH, the binary's RUNPATH and the loader cache), then the same name in the
-/// toolkit's library directory at build time.
-const char* soname();
-const char* build_dir_path();
 
 }  // namespace dtrain::cublaslt
