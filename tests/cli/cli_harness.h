@@ -35,6 +35,14 @@ using Clock = std::chrono::steady_clock;
 
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
+/// A path's permission bits with setuid/setgid/sticky (07777), or 077777 when it is
+/// missing: never a valid mode, so a comparison with any expected mode fails.
+inline unsigned mode_of(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return 077777;
+  return st.st_mode & 07777;
+}
+
 inline std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream ss;

@@ -21,12 +21,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-unsigned mode_of(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return 077777;  // "missing": never a valid answer
-  return st.st_mode & 07777;
-}
-
 // The names in dir, sorted, and each regular file's contents: what must not change.
 std::string dir_snapshot(const std::string& dir) {
   std::vector<std::string> lines;

@@ -7,6 +7,7 @@
 // refused the same way; and `dtrain run`'s rank 0 removes the checkpoints/tmp-step<k>/ an
 // earlier set's interrupted save left (issue 33, item 23). Local CPU runs, no root needed.
 #include "cli_harness.h"
+#include "external_harness.h"
 #include "skip.h"
 #include "tiny_job.h"
 
@@ -19,12 +20,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-unsigned mode_of(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return 077777;  // "missing": never a valid answer
-  return st.st_mode & 07777;
-}
-
 struct Scratch {
   TempDir tmp{"dtrain-rundir-lock"};
   std::string config = tmp.path() + "/tiny.yaml";
@@ -36,10 +31,12 @@ struct Scratch {
   }
 };
 
-// A lone `dtrain run` rank 0 (WORLD_SIZE 1) on a loopback port of its own.
-std::map<std::string, std::string> lone_rank_env(int offset) {
-  const int port = 30000 + static_cast<int>((::getpid() * 7 + offset) % 25000);
-  return {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}};
+// A lone `dtrain run` rank 0 (WORLD_SIZE 1) on a free loopback port (the kernel's pick).
+std::map<std::string, std::string> lone_rank_env() {
+  return {{"RANK", "0"},
+          {"WORLD_SIZE", "1"},
+          {"MASTER_ADDR", "127.0.0.1"},
+          {"MASTER_PORT", std::to_string(free_port())}};
 }
 
 }  // namespace
@@ -53,7 +50,7 @@ TEST_CASE("dtrain run adopts an empty 1777 directory without changing its mode; 
   REQUIRE(::chmod(shared.c_str(), 01777) == 0);
   RunResult r = run(
       {bin, "run", "--config", s.config, "--output-dir", shared, "--set", "cluster.rendezvous.token_file=" + s.token},
-      lone_rank_env(1), 120s);
+      lone_rank_env(), 120s);
   INFO(r.out);
   REQUIRE(!r.timed_out);
   CHECK(r.rc == 0);
@@ -132,10 +129,9 @@ TEST_CASE("a second launch, resume or dtrain run on a live launch's directory ch
        {bin, "run", "--config", s.config, "--output-dir", run_dir, "--set", "training.run_dir_mode=0755", "--set",
         "cluster.rendezvous.token_file=" + s.token}},
   };
-  int offset = 10;
   for (const auto& [name, argv] : cases) {
     CAPTURE(name);
-    RunResult r = run(argv, name == "run" ? lone_rank_env(offset++) : std::map<std::string, std::string>{}, 60s);
+    RunResult r = run(argv, name == "run" ? lone_rank_env() : std::map<std::string, std::string>{}, 60s);
     INFO(r.out);
     REQUIRE(!r.timed_out);
     CHECK(r.rc == 2);
@@ -156,7 +152,7 @@ TEST_CASE("a launch on the directory of a live dtrain run is refused naming it")
   const std::string run_dir = s.tmp.path() + "/run";
   Child first({bin, "run", "--config", s.config, "--output-dir", run_dir, "--set", "training.max_steps=100000", "--set",
                "training.save_steps=0", "--set", "cluster.rendezvous.token_file=" + s.token},
-              lone_rank_env(20));
+              lone_rank_env());
   REQUIRE(first.started());
   REQUIRE_MESSAGE(first.wait_output("rank(s) train on", 60s), first.output());
   const std::string config = read_text(run_dir + "/config.yaml");
@@ -183,7 +179,7 @@ TEST_CASE("dtrain run removes the tmp-step<k>/ an interrupted save of an earlier
   const std::string run_dir = s.tmp.path() + "/run";
   const std::vector<std::string> argv{
       bin, "run", "--config", s.config, "--output-dir", run_dir, "--set", "cluster.rendezvous.token_file=" + s.token};
-  RunResult r = run(argv, lone_rank_env(30), 120s);
+  RunResult r = run(argv, lone_rank_env(), 120s);
   INFO(r.out);
   REQUIRE(!r.timed_out);
   REQUIRE(r.rc == 0);
@@ -193,7 +189,7 @@ TEST_CASE("dtrain run removes the tmp-step<k>/ an interrupted save of an earlier
   std::ofstream(partial + "/rank0.bin.tmp") << std::string(4096, 'x');
   const std::string mine = run_dir + "/checkpoints/notes-tmp-step1";  // not dtrain's name: kept
   std::ofstream(mine) << "keep\n";
-  r = run(argv, lone_rank_env(31), 120s);
+  r = run(argv, lone_rank_env(), 120s);
   INFO(r.out);
   REQUIRE(!r.timed_out);
   CHECK(r.rc == 0);

@@ -27,12 +27,6 @@ struct TempRun {
   }
 };
 
-unsigned mode_of(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return 07777;  // "missing": never a valid answer
-  return st.st_mode & 0777;
-}
-
 std::vector<std::string> manifests(const std::string& run) {
   std::vector<std::string> out;
   std::error_code ec;
