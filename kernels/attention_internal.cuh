@@ -33,9 +33,9 @@ void attention_backward_mma(void* dq, void* dk, void* dv, const void* dout, cons
                             const void* q, const void* k, const void* v, const AttnShape& s, DType dtype,
                             cudaStream_t stream);
 
-/// Splits of the key tiles among the backward's blocks (each split accumulates its own fp32 dq
-/// partial, summed in split order afterwards): a function of the shape only, so the result does
-/// not depend on the GPU. Exposed for the cost model and tests.
-int attention_backward_splits(int B, int T, int NH);
+/// Caps the opt-in shared memory per block the tensor-core attention plans with (0: the
+/// device's own). Lets a test run, on any GPU, the one-stage variants an A100 (163 KB) or an
+/// sm_86/sm_89 card (99 KB) picks. Process-wide; for tests.
+void attention_smem_cap_for_testing(size_t bytes);
 
 }  // namespace dtrain::kernels::detail

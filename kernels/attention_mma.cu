@@ -2,28 +2,39 @@
 // algorithm on mma.sync m16n8k16 with ldmatrix (kernels/mma.cuh). Tiles are 64 queries x 64
 // keys, 4 warps per block, each warp owning 16 rows; shared-memory rows are padded by 8
 // elements (16 bytes) so the 8 row addresses of an ldmatrix fall in different bank groups.
+// Every kernel has a two-stage variant (the next tile's cp.async loads in flight while the
+// current one is computed) and, for the head dims where two stages exceed a card's opt-in
+// shared memory (A100 163 KB, sm_86/sm_89 99 KB), a one-stage variant: the variant is picked
+// at run time from cudaDeviceProp::sharedMemPerBlockOptin.
 //
-// Forward: block = (batch*head, query tile). Q's fragments stay in registers; per key tile
-// S = Q K^T (K through ldmatrix), online softmax in the log2 domain on the accumulator
-// fragments, and the probabilities are reused in registers as the A operand of O += P V
-// (V through ldmatrix.trans): the C layout of two adjacent 8-key blocks is exactly the A
-// layout of one 16-key chunk. O is staged through shared memory for 16-byte stores.
+// Forward: block = (batch*head, query tile), the longest rows (last query tiles) first. Q's
+// fragments stay in registers; per key tile S = Q K^T (K through ldmatrix), online softmax in
+// the log2 domain on the accumulator fragments, and the probabilities are reused in registers
+// as the A operand of O += P V (V through ldmatrix.trans): the C layout of two adjacent 8-key
+// blocks is exactly the A layout of one 16-key chunk. O is staged through shared memory for
+// 16-byte stores.
 //
-// Backward: block = (batch*head, split). A split walks its key tiles (kt = split, split+S, ...);
-// for each it keeps dK, dV of its 64 keys in registers and walks the query tiles at or after
-// it: S^T = K Q^T and dP^T = V dO^T (warp = 16 keys), P^T = exp(S^T - lse), dS^T = P^T (dP^T - D),
-// dV += P^T dO and dK += dS^T Q with P^T / dS^T reused in registers, dS^T through shared memory
-// to dQ = dS K (warp = 16 queries). These are FlashAttention-2's five GEMMs and nothing else is
-// recomputed. dQ is not accumulated with atomics: each split owns an fp32 partial that only its
-// block writes (the split's first key tile stores, later ones add), and a second kernel sums the
-// partials in split order, so the result is deterministic. With grouped KV heads each query
-// head's dK/dV go to an fp32 buffer summed over the group by the same kernel.
+// Backward, two kernels, each block one 64-row tile, longest first (the H200 measured the
+// earlier one-kernel design, one block per head walking every key tile with an fp32 dQ partial
+// read-modify-written per tile pair, at 39 TFLOP/s: 384 blocks of 4 warps, 10 GB of partial
+// traffic per GPT-2 step):
+// - dK/dV: block = (batch*head, key tile); for the query tiles at or after it, S^T = K Q^T and
+//   dP^T = V dO^T (warp = 16 keys), P^T = exp(S^T - lse), dS^T = P^T (dP^T - D), dV += P^T dO
+//   and dK += dS^T Q with P^T / dS^T reused in registers.
+// - dQ: block = (batch*head, query tile); for the key tiles up to it, S = Q K^T and
+//   dP = dO V^T (warp = 16 queries), P and dS as above, dQ += dS K.
+// S and dP are computed twice (7 tile products instead of FlashAttention-2's 5), which buys
+// what FlashAttention-2's dQ atomics would cost: every output has one writer, so the result is
+// deterministic, and no fp32 dQ buffer. With grouped KV heads each query head's dK/dV go to an
+// fp32 buffer summed over the group by a third kernel, in head order.
 #include "kernels/attention_internal.cuh"
 
 #include "kernels/common.cuh"
 #include "kernels/mma.cuh"
 
+#include <atomic>
 #include <cmath>
+#include <string>
 #include <type_traits>
 
 namespace dtrain::kernels::detail {
@@ -95,9 +106,9 @@ __device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c)[8][4],
 }
 
 // ----------------------------------------------------------------------------
-// Forward. smem: Qs, then two stages of Ks, Vs [64][PITCH] of T: the next key tile's loads
-// (cp.async) are in flight while the current one is computed.
-template <typename T, int HDP>
+// Forward. smem: Qs, then STAGES stages of Ks, Vs [64][PITCH] of T: with two, the next key
+// tile's loads (cp.async) are in flight while the current one is computed.
+template <typename T, int HDP, int STAGES>
 __global__ void __launch_bounds__(THREADS)
     attn_fwd_mma_kernel(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ q, const T* __restrict__ k,
                         const T* __restrict__ v, Args a) {
@@ -107,7 +118,9 @@ __global__ void __launch_bounds__(THREADS)
   DTK_EXTERN_SHARED(float, smem_raw);
   T* Qs = reinterpret_cast<T*>(smem_raw);
   T* KV = Qs + TL::ELEMS;  // stage i: Ks = KV + 2 i ELEMS, Vs = Ks + ELEMS
-  const int bh = blockIdx.x, qt = blockIdx.y, b = bh / s.NH, h = bh % s.NH, kh = h / s.G;
+  // Longest rows first: blocks start in index order, so the last query tiles (the most key
+  // tiles) go first and the short ones fill the tail.
+  const int bh = blockIdx.x, qt = a.nt - 1 - static_cast<int>(blockIdx.y), b = bh / s.NH, h = bh % s.NH, kh = h / s.G;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, mi = lane >> 3;
   const T* qb = q + static_cast<size_t>(b) * s.T * s.qs + static_cast<size_t>(h) * s.HD;
   const T* kb = k + static_cast<size_t>(b) * s.T * s.ks + static_cast<size_t>(kh) * s.HD;
@@ -131,15 +144,24 @@ __global__ void __launch_bounds__(THREADS)
   const int row0 = qt * BM + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
 
   for (int kt = 0; kt <= qt; ++kt) {  // causal: key tiles up to the diagonal
-    const T* Ks = KV + (kt & 1) * 2 * TL::ELEMS;
+    const T* Ks = KV + (STAGES == 2 ? (kt & 1) : 0) * 2 * TL::ELEMS;
     const T* Vs = Ks + TL::ELEMS;
-    if (kt < qt) {  // prefetch the next tile into the other stage (last read two iterations ago)
-      T* nk = KV + ((kt + 1) & 1) * 2 * TL::ELEMS;
-      tile_load_async<T, HDP>(nk, kb, (kt + 1) * BN, s.T, s.ks, s.HD, a.vec);
-      tile_load_async<T, HDP>(nk + TL::ELEMS, vb, (kt + 1) * BN, s.T, s.ks, s.HD, a.vec);
-      cp_async_commit();
-      cp_async_wait<1>();  // this tile's group is complete, the prefetch may still fly
+    if constexpr (STAGES == 2) {
+      if (kt < qt) {  // prefetch the next tile into the other stage (last read two iterations ago)
+        T* nk = KV + ((kt + 1) & 1) * 2 * TL::ELEMS;
+        tile_load_async<T, HDP>(nk, kb, (kt + 1) * BN, s.T, s.ks, s.HD, a.vec);
+        tile_load_async<T, HDP>(nk + TL::ELEMS, vb, (kt + 1) * BN, s.T, s.ks, s.HD, a.vec);
+        cp_async_commit();
+        cp_async_wait<1>();  // this tile's group is complete, the prefetch may still fly
+      } else {
+        cp_async_wait<0>();
+      }
     } else {
+      if (kt > 0) {  // the one stage was released by the previous iteration's last barrier
+        tile_load_async<T, HDP>(KV, kb, kt * BN, s.T, s.ks, s.HD, a.vec);
+        tile_load_async<T, HDP>(KV + TL::ELEMS, vb, kt * BN, s.T, s.ks, s.HD, a.vec);
+        cp_async_commit();
+      }
       cp_async_wait<0>();
     }
     __syncthreads();  // every thread's part of this tile has landed
@@ -251,34 +273,31 @@ __global__ void __launch_bounds__(THREADS)
 }
 
 // ----------------------------------------------------------------------------
-// Backward. smem: Ks, Vs, then two stages of Qs, dOs [64][PITCH] of T (the next query tile's
-// loads in flight while the current one is computed); dSs [64 keys][DS_PITCH] of T; two stages
-// of Ls, Ds [64] fp32.
-// dq_part [S][B*NH][T][HD] fp32. G == 1: dk, dv written in T (strided); G > 1: dk_exp, dv_exp
-// [B*NH][T][HD] fp32 per query head.
-template <typename T, int HDP>
+// Backward, dK/dV. smem: Ks, Vs, then STAGES stages of Qs, dOs [64][PITCH] of T and of Ls, Ds
+// [64] fp32 (with two, the next query tile's loads are in flight while the current one is
+// computed). G == 1: dk, dv written in T (strided); G > 1: dk_exp, dv_exp [B*NH][T][HD] fp32
+// per query head.
+template <typename T, int HDP, int STAGES>
 __global__ void __launch_bounds__(THREADS)
-    attn_bwd_mma_kernel(float* __restrict__ dq_part, T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dk_exp,
-                        float* __restrict__ dv_exp, const T* __restrict__ dout, const float* __restrict__ lse,
-                        const float* __restrict__ Dvec, const T* __restrict__ q, const T* __restrict__ k,
-                        const T* __restrict__ v, Args a) {
+    attn_bwd_dkdv_kernel(T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dk_exp, float* __restrict__ dv_exp,
+                         const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ Dvec,
+                         const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, Args a) {
   using TL = Tiles<HDP>;
   constexpr int P = TL::PITCH, KC = TL::KC, DN = TL::DN;
   const AttnShape& s = a.s;
   DTK_EXTERN_SHARED(float, smem_raw);
   T* Ks = reinterpret_cast<T*>(smem_raw);
   T* Vs = Ks + TL::ELEMS;
-  T* QO = Vs + TL::ELEMS;  // stage i: Qs = QO + 2 i ELEMS, dOs = Qs + ELEMS
-  T* dSs = QO + 4 * TL::ELEMS;
-  float* LD = reinterpret_cast<float*>(dSs + BN * DS_PITCH);  // stage i: Ls = LD + 2 i BM, Ds = Ls + BM
-  const int bh = blockIdx.x, split = blockIdx.y, S = gridDim.y, b = bh / s.NH, h = bh % s.NH, kh = h / s.G;
+  T* QO = Vs + TL::ELEMS;                                             // stage i: Qs = QO + 2 i ELEMS, dOs = Qs + ELEMS
+  float* LD = reinterpret_cast<float*>(QO + 2 * STAGES * TL::ELEMS);  // stage i: Ls = LD + 2 i BM, Ds = Ls + BM
+  // Longest first: key tile 0 sees every query tile, and blocks start in index order.
+  const int bh = blockIdx.x, kt = blockIdx.y, b = bh / s.NH, h = bh % s.NH, kh = h / s.G;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, mi = lane >> 3;
   const size_t op = static_cast<size_t>(s.NH) * s.HD;
   const T* qb = q + static_cast<size_t>(b) * s.T * s.qs + static_cast<size_t>(h) * s.HD;
   const T* ob = dout + static_cast<size_t>(b) * s.T * op + static_cast<size_t>(h) * s.HD;
   const T* kb = k + static_cast<size_t>(b) * s.T * s.ks + static_cast<size_t>(kh) * s.HD;
   const T* vb = v + static_cast<size_t>(b) * s.T * s.ks + static_cast<size_t>(kh) * s.HD;
-  float* dqp = dq_part + (static_cast<size_t>(split) * s.B * s.NH + bh) * s.T * s.HD;
   const float sl2 = s.scale * LOG2E;
   // Issues query tile qt's loads into stage st: Q, dO by cp.async, lse (log2 units) and D directly.
   auto load_query_tile = [&](int qt, int st) {
@@ -293,168 +312,248 @@ __global__ void __launch_bounds__(THREADS)
     }
   };
 
-  for (int kt = split; kt < a.nt; kt += S) {
-    __syncthreads();  // the previous key tile is done with Ks, Vs and both query stages
-    tile_load_async<T, HDP>(Ks, kb, kt * BN, s.T, s.ks, s.HD, a.vec);
-    tile_load_async<T, HDP>(Vs, vb, kt * BN, s.T, s.ks, s.HD, a.vec);
-    load_query_tile(kt, 0);
-    cp_async_commit();
-    float dka[DN][4], dva[DN][4];
+  tile_load_async<T, HDP>(Ks, kb, kt * BN, s.T, s.ks, s.HD, a.vec);
+  tile_load_async<T, HDP>(Vs, vb, kt * BN, s.T, s.ks, s.HD, a.vec);
+  load_query_tile(kt, 0);
+  cp_async_commit();
+  float dka[DN][4], dva[DN][4];
 #pragma unroll
-    for (int dn = 0; dn < DN; ++dn)
+  for (int dn = 0; dn < DN; ++dn)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) dka[dn][i] = dva[dn][i] = 0.0f;
-    const int key0 = kt * BN + warp * 16 + g;  // this thread's keys: key0 and key0 + 8
+    for (int i = 0; i < 4; ++i) dka[dn][i] = dva[dn][i] = 0.0f;
+  const int key0 = kt * BN + warp * 16 + g;  // this thread's keys: key0 and key0 + 8
 
-    for (int qt = kt; qt < a.nt; ++qt) {  // causal: query tiles at or after the keys
-      const int stage = (qt - kt) & 1;
-      const T* Qs = QO + stage * 2 * TL::ELEMS;
-      const T* dOs = Qs + TL::ELEMS;
-      const float* Ls = LD + stage * 2 * BM;
-      const float* Ds = Ls + BM;
-      // The other stage was last read before the previous tile's second barrier.
-      if (qt + 1 < a.nt) {
+  for (int qt = kt; qt < a.nt; ++qt) {  // causal: query tiles at or after the keys
+    const int stage = STAGES == 2 ? (qt - kt) & 1 : 0;
+    const T* Qs = QO + stage * 2 * TL::ELEMS;
+    const T* dOs = Qs + TL::ELEMS;
+    const float* Ls = LD + stage * 2 * BM;
+    const float* Ds = Ls + BM;
+    if constexpr (STAGES == 2) {
+      if (qt + 1 < a.nt) {  // the other stage was released by the previous iteration's last barrier
         load_query_tile(qt + 1, stage ^ 1);
         cp_async_commit();
         cp_async_wait<1>();
       } else {
         cp_async_wait<0>();
       }
-      __syncthreads();  // this tile has landed, and the previous tile's dQ phase is done with dSs
+    } else {
+      if (qt > kt) {
+        load_query_tile(qt, 0);
+        cp_async_commit();
+      }
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // every thread's part of this tile has landed
 
-      // S^T = K_w Q^T and dP^T = V_w dO^T: 16 keys x 64 queries per warp.
-      float st[8][4], dpt[8][4];
+    // S^T = K_w Q^T and dP^T = V_w dO^T: 16 keys x 64 queries per warp.
+    float st[8][4], dpt[8][4];
 #pragma unroll
-      for (int nb = 0; nb < 8; ++nb)
+    for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) st[nb][i] = dpt[nb][i] = 0.0f;
+      for (int i = 0; i < 4; ++i) st[nb][i] = dpt[nb][i] = 0.0f;
 #pragma unroll
-      for (int kc = 0; kc < KC; ++kc) {
-        uint32_t kf[4], vf[4];
-        ldmatrix_x4(kf, Ks + (warp * 16 + (lane & 15)) * P + kc * 16 + (lane >> 4) * 8);
-        ldmatrix_x4(vf, Vs + (warp * 16 + (lane & 15)) * P + kc * 16 + (lane >> 4) * 8);
+    for (int kc = 0; kc < KC; ++kc) {
+      uint32_t kf[4], vf[4];
+      ldmatrix_x4(kf, Ks + (warp * 16 + (lane & 15)) * P + kc * 16 + (lane >> 4) * 8);
+      ldmatrix_x4(vf, Vs + (warp * 16 + (lane & 15)) * P + kc * 16 + (lane >> 4) * 8);
 #pragma unroll
-        for (int nb2 = 0; nb2 < 4; ++nb2) {
-          uint32_t qf4[4], of4[4];
-          const int off = ((nb2 * 2 + (mi >> 1)) * 8 + (lane & 7)) * P + kc * 16 + (mi & 1) * 8;
-          ldmatrix_x4(qf4, Qs + off);
-          ldmatrix_x4(of4, dOs + off);
-          mma_pair<T>(st[2 * nb2], st[2 * nb2 + 1], kf, qf4);
-          mma_pair<T>(dpt[2 * nb2], dpt[2 * nb2 + 1], vf, of4);
-        }
-      }
-      // P^T = exp(S^T * scale - lse) (0 where masked), dS^T = P^T (dP^T - D).
-#pragma unroll
-      for (int nb = 0; nb < 8; ++nb) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int key = key0 + (i >> 1) * 8, col = nb * 8 + 2 * tq + (i & 1), query = qt * BM + col;
-          const bool ok = query < s.T && attn_visible(key, query, s.W);
-          const float p = ok ? exp2f(st[nb][i] * sl2 - Ls[col]) : 0.0f;
-          st[nb][i] = p;
-          dpt[nb][i] = p * (dpt[nb][i] - Ds[col]);
-        }
-      }
-      // dV += P^T dO, dK += dS^T Q (k = the 64 queries in four 16-query chunks).
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        uint32_t pa[4], sa[4];
-        c_to_a<T>(pa, st, kk);
-        c_to_a<T>(sa, dpt, kk);
-#pragma unroll
-        for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
-          uint32_t of4[4], qf4[4];
-          const int off = (kk * 16 + (mi & 1) * 8 + (lane & 7)) * P + (dn2 * 2 + (mi >> 1)) * 8;
-          ldmatrix_x4_trans(of4, dOs + off);
-          ldmatrix_x4_trans(qf4, Qs + off);
-          mma_pair<T>(dva[2 * dn2], dva[2 * dn2 + 1], pa, of4);
-          mma_pair<T>(dka[2 * dn2], dka[2 * dn2 + 1], sa, qf4);
-        }
-      }
-      // dS^T to shared memory, [key][query], for the dQ product across warps.
-#pragma unroll
-      for (int nb = 0; nb < 8; ++nb) {
-        const int r = warp * 16 + g, c = nb * 8 + 2 * tq;
-        store_u32(dSs + r * DS_PITCH + c, pack2<T>(dpt[nb][0], dpt[nb][1]));
-        store_u32(dSs + (r + 8) * DS_PITCH + c, pack2<T>(dpt[nb][2], dpt[nb][3]));
-      }
-      __syncthreads();
-      // dQ (queries warp*16 ..) = dS K over the tile's 64 keys: A = dS from dSs^T, B = K.
-      float dqa[DN][4];
-#pragma unroll
-      for (int dn = 0; dn < DN; ++dn) dqa[dn][0] = dqa[dn][1] = dqa[dn][2] = dqa[dn][3] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        uint32_t af[4];
-        ldmatrix_x4_trans(af, dSs + (kk * 16 + (mi >> 1) * 8 + (lane & 7)) * DS_PITCH + warp * 16 + (mi & 1) * 8);
-#pragma unroll
-        for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
-          uint32_t kf4[4];
-          ldmatrix_x4_trans(kf4, Ks + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * P + (dn2 * 2 + (mi >> 1)) * 8);
-          mma_pair<T>(dqa[2 * dn2], dqa[2 * dn2 + 1], af, kf4);
-        }
-      }
-      // This split's partial: its first key tile stores, the later ones add.
-      const bool first = kt == split;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = qt * BM + warp * 16 + g + r * 8;
-        if (row >= s.T) continue;
-        float* dst = dqp + static_cast<size_t>(row) * s.HD;
-#pragma unroll
-        for (int dn = 0; dn < DN; ++dn) {
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const int d = dn * 8 + 2 * tq + j;
-            if (d >= s.HD) continue;
-            const float val = s.scale * dqa[dn][r * 2 + j];
-            dst[d] = first ? val : dst[d] + val;
-          }
-        }
+      for (int nb2 = 0; nb2 < 4; ++nb2) {
+        uint32_t qf4[4], of4[4];
+        const int off = ((nb2 * 2 + (mi >> 1)) * 8 + (lane & 7)) * P + kc * 16 + (mi & 1) * 8;
+        ldmatrix_x4(qf4, Qs + off);
+        ldmatrix_x4(of4, dOs + off);
+        mma_pair<T>(st[2 * nb2], st[2 * nb2 + 1], kf, qf4);
+        mma_pair<T>(dpt[2 * nb2], dpt[2 * nb2 + 1], vf, of4);
       }
     }
-    // dK (scaled) and dV of this key tile.
+    // P^T = exp(S^T * scale - lse) (0 where masked), dS^T = P^T (dP^T - D).
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int key = key0 + r * 8;
-      if (key >= s.T) continue;
+    for (int nb = 0; nb < 8; ++nb) {
 #pragma unroll
-      for (int dn = 0; dn < DN; ++dn) {
+      for (int i = 0; i < 4; ++i) {
+        const int key = key0 + (i >> 1) * 8, col = nb * 8 + 2 * tq + (i & 1), query = qt * BM + col;
+        const bool ok = query < s.T && attn_visible(key, query, s.W);
+        const float p = ok ? exp2f(st[nb][i] * sl2 - Ls[col]) : 0.0f;
+        st[nb][i] = p;
+        dpt[nb][i] = p * (dpt[nb][i] - Ds[col]);
+      }
+    }
+    // dV += P^T dO, dK += dS^T Q (k = the 64 queries in four 16-query chunks).
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int d = dn * 8 + 2 * tq + j;
-          if (d >= s.HD) continue;
-          const float gk = s.scale * dka[dn][r * 2 + j], gv = dva[dn][r * 2 + j];
-          if (s.G == 1) {
-            const size_t at = (static_cast<size_t>(b) * s.T + key) * s.ks + static_cast<size_t>(kh) * s.HD + d;
-            dk[at] = from_f32<T>(gk);
-            dv[at] = from_f32<T>(gv);
-          } else {
-            const size_t at = (static_cast<size_t>(bh) * s.T + key) * s.HD + d;
-            dk_exp[at] = gk;
-            dv_exp[at] = gv;
-          }
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t pa[4], sa[4];
+      c_to_a<T>(pa, st, kk);
+      c_to_a<T>(sa, dpt, kk);
+#pragma unroll
+      for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
+        uint32_t of4[4], qf4[4];
+        const int off = (kk * 16 + (mi & 1) * 8 + (lane & 7)) * P + (dn2 * 2 + (mi >> 1)) * 8;
+        ldmatrix_x4_trans(of4, dOs + off);
+        ldmatrix_x4_trans(qf4, Qs + off);
+        mma_pair<T>(dva[2 * dn2], dva[2 * dn2 + 1], pa, of4);
+        mma_pair<T>(dka[2 * dn2], dka[2 * dn2 + 1], sa, qf4);
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before it is refilled
+  }
+  // dK (scaled) and dV of this key tile.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key0 + r * 8;
+    if (key >= s.T) continue;
+#pragma unroll
+    for (int dn = 0; dn < DN; ++dn) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int d = dn * 8 + 2 * tq + j;
+        if (d >= s.HD) continue;
+        const float gk = s.scale * dka[dn][r * 2 + j], gv = dva[dn][r * 2 + j];
+        if (s.G == 1) {
+          const size_t at = (static_cast<size_t>(b) * s.T + key) * s.ks + static_cast<size_t>(kh) * s.HD + d;
+          dk[at] = from_f32<T>(gk);
+          dv[at] = from_f32<T>(gv);
+        } else {
+          const size_t at = (static_cast<size_t>(bh) * s.T + key) * s.HD + d;
+          dk_exp[at] = gk;
+          dv_exp[at] = gv;
         }
       }
     }
   }
 }
 
-// dq[b,t,h,:] = sum over the splits that reached t's query tile of dq_part, in split order.
-template <typename T>
-__global__ void attn_dq_reduce_kernel(T* __restrict__ dq, const float* __restrict__ dq_part, int S, AttnShape s) {
-  const size_t total = static_cast<size_t>(s.B) * s.T * s.NH * s.HD, per_split = total;
-  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
-    const int d = static_cast<int>(idx % s.HD);
-    const size_t r = idx / s.HD;  // (b * NH + h) * T + t: dq_part's order
-    const int t = static_cast<int>(r % s.T);
-    const size_t bh = r / s.T;
-    const int h = static_cast<int>(bh % s.NH), b = static_cast<int>(bh / s.NH);
-    const int last = min(t / BM, S - 1);
-    float acc = 0.0f;
-    for (int sp = 0; sp <= last; ++sp) acc += dq_part[sp * per_split + idx];
-    dq[(static_cast<size_t>(b) * s.T + t) * s.qs + static_cast<size_t>(h) * s.HD + d] = from_f32<T>(acc);
+// ----------------------------------------------------------------------------
+// Backward, dQ. smem: Qs, dOs, then STAGES stages of Ks, Vs [64][PITCH] of T. dq has q's
+// layout (stride s.qs).
+template <typename T, int HDP, int STAGES>
+__global__ void __launch_bounds__(THREADS)
+    attn_bwd_dq_kernel(T* __restrict__ dq, const T* __restrict__ dout, const float* __restrict__ lse,
+                       const float* __restrict__ Dvec, const T* __restrict__ q, const T* __restrict__ k,
+                       const T* __restrict__ v, Args a) {
+  using TL = Tiles<HDP>;
+  constexpr int P = TL::PITCH, KC = TL::KC, DN = TL::DN;
+  const AttnShape& s = a.s;
+  DTK_EXTERN_SHARED(float, smem_raw);
+  T* Qs = reinterpret_cast<T*>(smem_raw);
+  T* dOs = Qs + TL::ELEMS;
+  T* KV = dOs + TL::ELEMS;  // stage i: Ks = KV + 2 i ELEMS, Vs = Ks + ELEMS
+  // Longest first, as the forward.
+  const int bh = blockIdx.x, qt = a.nt - 1 - static_cast<int>(blockIdx.y), b = bh / s.NH, h = bh % s.NH, kh = h / s.G;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, mi = lane >> 3;
+  const size_t op = static_cast<size_t>(s.NH) * s.HD;
+  const T* qb = q + static_cast<size_t>(b) * s.T * s.qs + static_cast<size_t>(h) * s.HD;
+  const T* ob = dout + static_cast<size_t>(b) * s.T * op + static_cast<size_t>(h) * s.HD;
+  const T* kb = k + static_cast<size_t>(b) * s.T * s.ks + static_cast<size_t>(kh) * s.HD;
+  const T* vb = v + static_cast<size_t>(b) * s.T * s.ks + static_cast<size_t>(kh) * s.HD;
+  const float sl2 = s.scale * LOG2E;
+
+  tile_load_async<T, HDP>(Qs, qb, qt * BM, s.T, s.qs, s.HD, a.vec);
+  tile_load_async<T, HDP>(dOs, ob, qt * BM, s.T, op, s.HD, a.vec);
+  tile_load_async<T, HDP>(KV, kb, 0, s.T, s.ks, s.HD, a.vec);
+  tile_load_async<T, HDP>(KV + TL::ELEMS, vb, 0, s.T, s.ks, s.HD, a.vec);
+  cp_async_commit();
+  const int row0 = qt * BM + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
+  float lse2[2], dd[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + r * 8;
+    lse2[r] = row < s.T ? lse[static_cast<size_t>(bh) * s.T + row] * LOG2E : 0.0f;
+    dd[r] = row < s.T ? Dvec[static_cast<size_t>(bh) * s.T + row] : 0.0f;
+  }
+  float dqa[DN][4];
+#pragma unroll
+  for (int dn = 0; dn < DN; ++dn) dqa[dn][0] = dqa[dn][1] = dqa[dn][2] = dqa[dn][3] = 0.0f;
+
+  for (int kt = 0; kt <= qt; ++kt) {  // causal: key tiles up to the diagonal
+    const T* Ks = KV + (STAGES == 2 ? (kt & 1) : 0) * 2 * TL::ELEMS;
+    const T* Vs = Ks + TL::ELEMS;
+    if constexpr (STAGES == 2) {
+      if (kt < qt) {  // the other stage was released by the previous iteration's last barrier
+        T* nk = KV + ((kt + 1) & 1) * 2 * TL::ELEMS;
+        tile_load_async<T, HDP>(nk, kb, (kt + 1) * BN, s.T, s.ks, s.HD, a.vec);
+        tile_load_async<T, HDP>(nk + TL::ELEMS, vb, (kt + 1) * BN, s.T, s.ks, s.HD, a.vec);
+        cp_async_commit();
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+    } else {
+      if (kt > 0) {
+        tile_load_async<T, HDP>(KV, kb, kt * BN, s.T, s.ks, s.HD, a.vec);
+        tile_load_async<T, HDP>(KV + TL::ELEMS, vb, kt * BN, s.T, s.ks, s.HD, a.vec);
+        cp_async_commit();
+      }
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // every thread's part of this tile has landed
+
+    // S = Q_w K^T and dP = dO_w V^T: 16 queries x 64 keys per warp.
+    float sc[8][4], dp[8][4];
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sc[nb][i] = dp[nb][i] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc) {
+      uint32_t qf[4], of[4];
+      ldmatrix_x4(qf, Qs + (warp * 16 + (lane & 15)) * P + kc * 16 + (lane >> 4) * 8);
+      ldmatrix_x4(of, dOs + (warp * 16 + (lane & 15)) * P + kc * 16 + (lane >> 4) * 8);
+#pragma unroll
+      for (int nb2 = 0; nb2 < 4; ++nb2) {
+        uint32_t kf4[4], vf4[4];
+        const int off = ((nb2 * 2 + (mi >> 1)) * 8 + (lane & 7)) * P + kc * 16 + (mi & 1) * 8;
+        ldmatrix_x4(kf4, Ks + off);
+        ldmatrix_x4(vf4, Vs + off);
+        mma_pair<T>(sc[2 * nb2], sc[2 * nb2 + 1], qf, kf4);
+        mma_pair<T>(dp[2 * nb2], dp[2 * nb2 + 1], of, vf4);
+      }
+    }
+    // P = exp(S * scale - lse) (0 where masked), dS = P (dP - D), in dp.
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int key = kt * BN + nb * 8 + 2 * tq + (i & 1), row = row0 + (i >> 1) * 8;
+        const bool ok = row < s.T && attn_visible(key, row, s.W);
+        const float p = ok ? exp2f(sc[nb][i] * sl2 - lse2[i >> 1]) : 0.0f;
+        dp[nb][i] = p * (dp[nb][i] - dd[i >> 1]);
+      }
+    }
+    // dQ += dS K over the tile's 64 keys (four 16-key chunks; K through ldmatrix.trans).
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t da[4];
+      c_to_a<T>(da, dp, kk);
+#pragma unroll
+      for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
+        uint32_t kf4[4];
+        ldmatrix_x4_trans(kf4, Ks + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * P + (dn2 * 2 + (mi >> 1)) * 8);
+        mma_pair<T>(dqa[2 * dn2], dqa[2 * dn2 + 1], da, kf4);
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before it is refilled
+  }
+
+  // Stage this warp's 16 rows of scale * dQ in its own rows of Qs (only this warp read them),
+  // then store them 16 bytes at a time.
+  T* Os = Qs + warp * 16 * P;
+#pragma unroll
+  for (int dn = 0; dn < DN; ++dn) {
+    store_u32(Os + g * P + dn * 8 + 2 * tq, pack2<T>(s.scale * dqa[dn][0], s.scale * dqa[dn][1]));
+    store_u32(Os + (g + 8) * P + dn * 8 + 2 * tq, pack2<T>(s.scale * dqa[dn][2], s.scale * dqa[dn][3]));
+  }
+  __syncwarp();
+  constexpr int CH = HDP / 8;
+  for (int idx = lane; idx < 16 * CH; idx += 32) {
+    const int r = idx / CH, c = (idx - r * CH) * 8, t = qt * BM + warp * 16 + r;
+    if (t >= s.T) continue;
+    T* dst = dq + (static_cast<size_t>(b) * s.T + t) * s.qs + static_cast<size_t>(h) * s.HD + c;
+    if (a.vec && c + 8 <= s.HD) {
+      pack_store<T, 8>(dst, pack_load<T, 8>(Os + r * P + c));
+    } else {
+      for (int j = 0; j < 8 && c + j < s.HD; ++j) dst[j] = Os[r * P + c + j];
+    }
   }
 }
 
@@ -490,6 +589,53 @@ void smem_allow(Kernel kernel, size_t bytes) {
     DT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
+std::atomic<size_t> g_smem_cap{0};  // attention_smem_cap_for_testing
+
+// The current device's opt-in shared memory per block (cudaDeviceProp::sharedMemPerBlockOptin),
+// read once per device, under the test cap if one is set.
+size_t smem_optin() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<long long> cached[kMaxDevices] = {};
+  int dev = 0;
+  DT_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= kMaxDevices) dev = kMaxDevices - 1;
+  long long v = cached[dev].load(std::memory_order_relaxed);
+  if (v <= 0) {
+    cudaDeviceProp p{};
+    DT_CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+    v = static_cast<long long>(p.sharedMemPerBlockOptin);
+    cached[dev].store(v, std::memory_order_relaxed);
+  }
+  const size_t cap = g_smem_cap.load(std::memory_order_relaxed);
+  return cap > 0 && cap < static_cast<size_t>(v) ? cap : static_cast<size_t>(v);
+}
+
+// The smallest opt-in shared memory of the cards the kernels are built for (sm_86 / sm_89:
+// 99 KB, CUDA C++ Programming Guide, "Technical Specifications per Compute Capability"): a
+// kernel whose two-stage variant fits in it on every card gets no one-stage variant compiled.
+constexpr size_t kSmallestOptin = 99 * 1024;
+
+// Calls f(std::integral_constant<int, STAGES>{}): two stages where bytes(2) fits the device's
+// opt-in shared memory, else one where bytes(1) fits, else a DeviceError naming both.
+template <size_t BYTES2, size_t BYTES1, typename F>
+void with_stages(const char* what, int HD, F&& f) {
+  const size_t limit = smem_optin();
+  if (BYTES2 <= limit) {
+    f(std::integral_constant<int, 2>{});
+    return;
+  }
+  if constexpr (BYTES2 > kSmallestOptin) {
+    if (BYTES1 <= limit) {
+      f(std::integral_constant<int, 1>{});
+      return;
+    }
+  }
+  DTK_REQUIRE(false, DeviceError,
+              std::string(what) + " at head dim " + std::to_string(HD) + " needs " + std::to_string(BYTES1) +
+                  " bytes of shared memory per block even with one stage; this GPU allows " + std::to_string(limit) +
+                  " (use a head dim of at most 128 on this card, or train in fp32)");
+}
+
 // Calls f(std::integral_constant<int, HDP>) for the smallest padded head dimension >= HD.
 template <typename F>
 void with_hdp(int HD, F&& f) {
@@ -518,18 +664,23 @@ bool rows_aligned(const void* p, size_t stride_elems, int HD) {
   return aligned16(p) && HD % 8 == 0 && stride_elems % 8 == 0;
 }
 
+// Shared-memory bytes of each kernel, by element type, padded head dim and stages.
+template <typename Ty, int HDP>
+constexpr size_t fwd_bytes(int stages) {
+  return sizeof(Ty) * (1 + 2 * stages) * Tiles<HDP>::ELEMS;
+}
+template <typename Ty, int HDP>
+constexpr size_t dkdv_bytes(int stages) {
+  return sizeof(Ty) * (2 + 2 * stages) * Tiles<HDP>::ELEMS + sizeof(float) * 2 * stages * BM;
+}
+template <typename Ty, int HDP>
+constexpr size_t dq_bytes(int stages) {
+  return sizeof(Ty) * (2 + 2 * stages) * Tiles<HDP>::ELEMS;
+}
+
 }  // namespace
 
-int attention_backward_splits(int B, int T, int NH) {
-  // Enough blocks for two per SM on a 132-SM GPU, at most 4 partials (memory: 4 x dq in fp32)
-  // and never more than there are key tiles.
-  const int nt = (T + BN - 1) / BN;
-  const long long heads = static_cast<long long>(B) * NH;
-  int S = heads >= 264 ? 1 : static_cast<int>((264 + heads - 1) / heads);
-  if (S > 4) S = 4;
-  if (S > nt) S = nt;
-  return S < 1 ? 1 : S;
-}
+void attention_smem_cap_for_testing(size_t bytes) { g_smem_cap.store(bytes, std::memory_order_relaxed); }
 
 void attention_forward_mma(void* out, float* lse, const void* q, const void* k, const void* v, const AttnShape& s,
                            DType dtype, cudaStream_t stream) {
@@ -540,12 +691,16 @@ void attention_forward_mma(void* out, float* lse, const void* q, const void* k, 
     using Ty = typename decltype(tag)::type;
     with_hdp(s.HD, [&](auto hdp) {
       constexpr int HDP = decltype(hdp)::value;
-      const size_t bytes = sizeof(Ty) * 5 * Tiles<HDP>::ELEMS;
-      auto kernel = attn_fwd_mma_kernel<Ty, HDP>;
-      smem_allow(kernel, bytes);
-      DTK_LAUNCH(dim3(s.B * s.NH, a.nt), THREADS, bytes, stream, kernel)
-      (static_cast<Ty*>(out), lse, static_cast<const Ty*>(q), static_cast<const Ty*>(k), static_cast<const Ty*>(v), a);
-      DT_CUDA_LAUNCH_CHECK();
+      with_stages<fwd_bytes<Ty, HDP>(2), fwd_bytes<Ty, HDP>(1)>("the attention forward", s.HD, [&](auto stages) {
+        constexpr int STAGES = decltype(stages)::value;
+        const size_t bytes = fwd_bytes<Ty, HDP>(STAGES);
+        auto kernel = attn_fwd_mma_kernel<Ty, HDP, STAGES>;
+        smem_allow(kernel, bytes);
+        DTK_LAUNCH(dim3(s.B * s.NH, a.nt), THREADS, bytes, stream, kernel)
+        (static_cast<Ty*>(out), lse, static_cast<const Ty*>(q), static_cast<const Ty*>(k), static_cast<const Ty*>(v),
+         a);
+        DT_CUDA_LAUNCH_CHECK();
+      });
     });
   });
 }
@@ -555,10 +710,8 @@ void attention_backward_mma(void* dq, void* dk, void* dv, const void* dout, cons
                             cudaStream_t stream) {
   const Args a{s, (s.T + BM - 1) / BM,
                rows_aligned(q, s.qs, s.HD) && rows_aligned(k, s.ks, s.HD) && rows_aligned(v, s.ks, s.HD) &&
-                   rows_aligned(dout, static_cast<size_t>(s.NH) * s.HD, s.HD)};
-  const int S = attention_backward_splits(s.B, s.T, s.NH);
+                   rows_aligned(dout, static_cast<size_t>(s.NH) * s.HD, s.HD) && rows_aligned(dq, s.qs, s.HD)};
   const size_t per_head = static_cast<size_t>(s.B) * s.NH * s.T * s.HD;
-  Scratch part(sizeof(float) * per_head * S, stream);
   Scratch kv_exp(s.G > 1 ? sizeof(float) * per_head * 2 : 0, stream);
   float* dk_exp = s.G > 1 ? kv_exp.as<float>() : nullptr;
   float* dv_exp = s.G > 1 ? dk_exp + per_head : nullptr;
@@ -566,17 +719,28 @@ void attention_backward_mma(void* dq, void* dk, void* dv, const void* dout, cons
     using Ty = typename decltype(tag)::type;
     with_hdp(s.HD, [&](auto hdp) {
       constexpr int HDP = decltype(hdp)::value;
-      const size_t bytes = sizeof(Ty) * (6 * Tiles<HDP>::ELEMS + BN * DS_PITCH) + sizeof(float) * 4 * BM;
-      auto kernel = attn_bwd_mma_kernel<Ty, HDP>;
-      smem_allow(kernel, bytes);
-      DTK_LAUNCH(dim3(s.B * s.NH, S), THREADS, bytes, stream, kernel)
-      (part.as<float>(), static_cast<Ty*>(dk), static_cast<Ty*>(dv), dk_exp, dv_exp, static_cast<const Ty*>(dout), lse,
-       D, static_cast<const Ty*>(q), static_cast<const Ty*>(k), static_cast<const Ty*>(v), a);
-      DT_CUDA_LAUNCH_CHECK();
+      with_stages<dkdv_bytes<Ty, HDP>(2), dkdv_bytes<Ty, HDP>(1)>(
+          "the attention backward (dK, dV)", s.HD, [&](auto stages) {
+            constexpr int STAGES = decltype(stages)::value;
+            const size_t bytes = dkdv_bytes<Ty, HDP>(STAGES);
+            auto kernel_dkdv = attn_bwd_dkdv_kernel<Ty, HDP, STAGES>;
+            smem_allow(kernel_dkdv, bytes);
+            DTK_LAUNCH(dim3(s.B * s.NH, a.nt), THREADS, bytes, stream, kernel_dkdv)
+            (static_cast<Ty*>(dk), static_cast<Ty*>(dv), dk_exp, dv_exp, static_cast<const Ty*>(dout), lse, D,
+             static_cast<const Ty*>(q), static_cast<const Ty*>(k), static_cast<const Ty*>(v), a);
+            DT_CUDA_LAUNCH_CHECK();
+          });
+      with_stages<dq_bytes<Ty, HDP>(2), dq_bytes<Ty, HDP>(1)>("the attention backward (dQ)", s.HD, [&](auto stages) {
+        constexpr int STAGES = decltype(stages)::value;
+        const size_t bytes = dq_bytes<Ty, HDP>(STAGES);
+        auto kernel_dq = attn_bwd_dq_kernel<Ty, HDP, STAGES>;
+        smem_allow(kernel_dq, bytes);
+        DTK_LAUNCH(dim3(s.B * s.NH, a.nt), THREADS, bytes, stream, kernel_dq)
+        (static_cast<Ty*>(dq), static_cast<const Ty*>(dout), lse, D, static_cast<const Ty*>(q),
+         static_cast<const Ty*>(k), static_cast<const Ty*>(v), a);
+        DT_CUDA_LAUNCH_CHECK();
+      });
     });
-    DTK_LAUNCH(grid_for(per_head, 256), 256, 0, stream, attn_dq_reduce_kernel<Ty>)
-    (static_cast<Ty*>(dq), part.as<float>(), S, s);
-    DT_CUDA_LAUNCH_CHECK();
     if (s.G > 1) {
       const size_t kv_total = static_cast<size_t>(s.B) * s.NKV * s.T * s.HD;
       DTK_LAUNCH(grid_for(kv_total, 256), 256, 0, stream, attn_dkv_reduce_kernel<Ty>)

@@ -362,7 +362,7 @@ def build_torch_model(torch, case, seq_len):
             for b in self.blocks:
                 x = b(x)
             logits = self.lm_head(self.ln_f(x))
-            return F.cross_entropy(logits.float().view(-1, V), targets.view(-1), ignore_index=-100)
+            return F.cross_entropy(logits.float().reshape(-1, V), targets.reshape(-1), ignore_index=-100)
 
     model = Model()
     if case["lora_r"]:

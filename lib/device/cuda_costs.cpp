@@ -249,15 +249,14 @@ void PlanDevice::rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV
 
 // ----------------------------------------------------------------------------
 // Attention (kernels/attention.cu, attention_mma.cu). Bytes: q, k, v, out (dout, dq, dk, dv)
-// and the fp32 row statistics from HBM once; the K/V (Q/dO) tiles a block re-reads and the
-// backward's fp32 dQ partial of each split, read-modify-written per tile pair by its one
-// block (at most T x HD x 4 bytes per block), are taken to stay in L2.
+// and the fp32 row statistics from HBM once; the K/V (Q/dO) tiles a block re-reads are taken
+// to stay in L2.
 // fp32 on CUDA cores: per causal tile pair of 32 queries x 32 keys, forward 2 HD (scores) +
 // 2 HDP (P V) FLOPs per score, dq 4 HD + 2 HDP, dk/dv 4 HD + 4 HDP (HDP: HD padded to 32 x
 // DPL); launches `kernel`, `kq`, `kkv`. bf16/fp16 on tensor cores: 64 x 64 tile pairs with
-// HD padded to 32/64/128/256; forward 2 products (4 HDP FLOPs per score), backward
-// FlashAttention-2's 5 (10 HDP), launches `kernel`, then `attn_dq_reduce_kernel<Ty>` over the
-// splits' partials and, with grouped KV heads, `attn_dkv_reduce_kernel<Ty>`.
+// HD padded to 32/64/128/256; forward 2 products (4 HDP FLOPs per score); backward
+// `kernel_dkdv` (S^T, dP^T, dV, dK: 8 HDP) and `kernel_dq` (S, dP, dQ: 6 HDP), then, with
+// grouped KV heads, `attn_dkv_reduce_kernel<Ty>` over the fp32 per-query-head dK/dV.
 size_t PlanDevice::attention_saved_floats(int B, int T, int NH) const { return static_cast<size_t>(B) * NH * T; }
 
 namespace {
@@ -265,13 +264,6 @@ double mma_hdp(int HD) { return HD <= 32 ? 32 : HD <= 64 ? 64 : HD <= 128 ? 128 
 double mma_scores(int B, int T, int NH) {  // scores computed: causal 64 x 64 tile pairs
   const double nt = static_cast<double>(blocks_for(static_cast<size_t>(T), 64));
   return static_cast<double>(B) * NH * nt * (nt + 1) / 2 * 4096;
-}
-// kernels/attention_mma.cu: attention_backward_splits.
-int mma_splits(int B, int T, int NH) {
-  const int nt = static_cast<int>(blocks_for(static_cast<size_t>(T), 64));
-  const long long heads = static_cast<long long>(B) * NH;
-  int S = heads >= 264 ? 1 : static_cast<int>((264 + heads - 1) / heads);
-  return std::max(1, std::min({S, 4, nt}));
 }
 }  // namespace
 
@@ -299,13 +291,14 @@ void PlanDevice::attention_backward(void*, void*, void*, const void*, const void
   const double rows = static_cast<double>(B) * NH * T * 4;
   kernel(op, "attn_dvec_kernel<Ty>", PlanUnit::CUDA_CORE, 2.0 * B * T * NH * HD, 2 * q + rows);
   if (t != DType::F32) {
-    const int S = mma_splits(B, T, NH), G = NH / NKV;
-    const double part = static_cast<double>(B) * T * NH * HD * 4;  // one split's fp32 dq partial
-    const double kv_out = G > 1 ? 4 * part : 2 * kv;               // fp32 per query head, or dk, dv
-    kernel(op, "kernel", PlanUnit::TENSOR_ATTN_BWD, mma_scores(B, T, NH) * 10.0 * mma_hdp(HD),
-           2 * q + 2 * kv + 2 * rows + S * part + kv_out);
-    kernel(op, "attn_dq_reduce_kernel<Ty>", PlanUnit::CUDA_CORE, S * part / 4, S * part + q);
-    if (G > 1) kernel(op, "attn_dkv_reduce_kernel<Ty>", PlanUnit::CUDA_CORE, 4 * part / 4, 4 * part + 2 * kv);
+    const int G = NH / NKV;
+    const double exp = static_cast<double>(B) * T * NH * HD * 4;  // fp32 dK or dV per query head
+    const double kv_out = G > 1 ? 2 * exp : 2 * kv;
+    kernel(op, "kernel_dkdv", PlanUnit::TENSOR_ATTN_BWD, mma_scores(B, T, NH) * 8.0 * mma_hdp(HD),
+           2 * q + 2 * kv + 2 * rows + kv_out);
+    kernel(op, "kernel_dq", PlanUnit::TENSOR_ATTN_BWD, mma_scores(B, T, NH) * 6.0 * mma_hdp(HD),
+           3 * q + 2 * kv + 2 * rows);
+    if (G > 1) kernel(op, "attn_dkv_reduce_kernel<Ty>", PlanUnit::CUDA_CORE, 2 * exp / 4, 2 * exp + 2 * kv);
     return;
   }
   const double hdp = 32.0 * attn_dpl(HD), scores = static_cast<double>(B) * NH * attn_tile_pairs(T) * 1024;

@@ -5,8 +5,12 @@
 
 #include "core/error.h"
 #include "kernels/attention.cuh"
+#include "kernels/attention_internal.cuh"
 
 #include <doctest/doctest.h>
+
+#include <cstdio>
+#include <string>
 
 using namespace dtrain;
 using namespace dtrain::kernels::test;
@@ -41,4 +45,46 @@ TEST_CASE("attention: bad shapes are UsageErrors") {
   CHECK_THROWS_AS(kernels::attention_forward(buf.ptr(), lse.f32(), buf.ptr(), buf.ptr(), buf.ptr(), 1, 4, 2, 1, 16, 16,
                                              16, DType::BF16, nullptr),
                   UsageError);
+}
+
+TEST_CASE("attention: the one-stage variants an A100 or a 99 KB card picks match the reference") {
+  DTK_SKIP_WITHOUT_GPU();
+  // Caps at the opt-in shared memory of an A100 (163 KB) and of sm_86/sm_89 cards (99 KB), by
+  // the CUDA C++ Programming Guide's table: at head dim 256 the forward and the backward, and
+  // at 128 on the smaller card the backward, no longer fit two stages.
+  struct Run {
+    size_t cap;
+    DType t;
+    int HD;
+    double tol;
+  };
+  for (Run run :
+       {Run{166912, DType::BF16, 256, 1e-2}, Run{101376, DType::F16, 128, 2e-3}, Run{101376, DType::BF16, 72, 1e-2}}) {
+    kernels::detail::attention_smem_cap_for_testing(run.cap);
+    double e = 1e9;
+    try {
+      e = attention_check(run.t, 1, 130, 2, 1, run.HD, 900 + run.HD);
+    } catch (...) {
+      kernels::detail::attention_smem_cap_for_testing(0);
+      throw;
+    }
+    kernels::detail::attention_smem_cap_for_testing(0);
+    std::printf("attention T=130 HD=%d %-9s opt-in cap %zu B: max err %.3e\n", run.HD, dtype_name(run.t), run.cap, e);
+    INFO(dtype_name(run.t), " HD=", run.HD, " cap=", run.cap);
+    CHECK(e <= run.tol);
+  }
+  // A head dim of 256 does not fit a 99 KB card even with one stage: a DeviceError that says so.
+  kernels::detail::attention_smem_cap_for_testing(101376);
+  bool threw = false;
+  try {
+    attention_check(DType::BF16, 1, 70, 1, 1, 256, 77);
+  } catch (const DeviceError& e) {
+    threw = true;
+    CHECK(std::string(e.what()).find("this GPU allows 101376") != std::string::npos);
+  } catch (...) {
+    kernels::detail::attention_smem_cap_for_testing(0);
+    throw;
+  }
+  kernels::detail::attention_smem_cap_for_testing(0);
+  CHECK(threw);
 }
