@@ -26,11 +26,12 @@ struct PlanBudgetTable {
   /// cuBLASLt bf16/fp16 GEMMs: the best bf16 matmul rate measured on an H100 (~790 of 989).
   double gemm_eff = 0.80;
   /// Flash attention on tensor cores through mma.sync (kernels/attention_mma.cu), forward /
-  /// backward. FlashAttention-2, the same instruction class, peaks near a third of H100's dense
-  /// rate at head dim 128 and long sequences and sits lower at head dim 64 and 1-2k tokens; our
-  /// kernel is FA2's algorithm with simpler tiling, so a quarter / a fifth (~247 / ~198 TFLOP/s).
-  double attn_fwd_eff = 0.25;
-  double attn_bwd_eff = 0.20;
+  /// backward (the backward's plan FLOPs count its 7 tile products). Measured on an H200 (the
+  /// GPU check at e8d83a4, ncu over the timed step; same dense peak as the H100 SXM): forward
+  /// 0.17 (GPT-2 124M, T 1024, head dim 64) to 0.19 (Llama 1B, T 2048), backward 0.12 to 0.14.
+  /// FlashAttention-2 on the same instruction class reaches about a third at head dim 128.
+  double attn_fwd_eff = 0.18;
+  double attn_bwd_eff = 0.13;
   double cuda_core_eff = 1.0;    ///< fp32 CUDA-core arithmetic (cuBLASLt fp32 GEMMs too)
   double hbm_eff = 0.80;         ///< achievable share of HBM bandwidth
   double pcie_eff = 0.80;        ///< achievable share of the PCIe bandwidth
