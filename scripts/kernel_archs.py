@@ -23,6 +23,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 
 FATBIN_MAGIC = 0xBA55ED50
 KIND = {1: "ptx", 2: "elf"}
@@ -90,19 +91,23 @@ def fmt(entries):
     return " ".join(sorted(f"sm_{a}" if k == "elf" else f"compute_{a}" for k, a in entries)) or "(none)"
 
 
-def cuobjdump_listing(lib):
+def cuobjdump_listing(members):
+    """{member: {(kind, arch)}} from cuobjdump --list-elf / --list-ptx of each object; None without cuobjdump."""
     tool = shutil.which("cuobjdump") or (
         "/usr/local/cuda/bin/cuobjdump" if pathlib.Path("/usr/local/cuda/bin/cuobjdump").exists() else None)
     if not tool:
         return None
     found = {}
-    for kind in ("elf", "ptx"):
-        out = subprocess.run([tool, f"--list-{kind}", str(lib)], capture_output=True, text=True, check=True).stdout
-        # "member <obj>:ELF file    1: <name>.sm_90.cubin" / "PTX file    1: <name>.sm_90.ptx"
-        for line in out.splitlines():
-            m = re.search(r"member (\S+?):.*\.sm_(\d+)[a-z]?\.(cubin|ptx)", line)
-            if m:
-                found.setdefault(m.group(1), set()).add((kind, int(m.group(2))))
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, blob in members:
+            obj = pathlib.Path(tmp) / name
+            obj.write_bytes(blob)
+            got = found.setdefault(name, set())
+            for kind in ("elf", "ptx"):
+                out = subprocess.run([tool, f"--list-{kind}", str(obj)], capture_output=True, text=True).stdout
+                # "ELF file    1: <name>.sm_90.cubin", "PTX file    1: <name>.sm_90.ptx"
+                for m in re.finditer(r"\.sm_(\d+)[a-z]?\.(cubin|ptx)\b", out):
+                    got.add(("elf" if m.group(2) == "cubin" else "ptx", int(m.group(1))))
     return found
 
 
@@ -128,14 +133,15 @@ def main():
             miss, extra = want - got, got - want
             failures.append(f"{name}: missing {fmt(miss)}" + (f", not configured {fmt(extra)}" if extra else "")
                             if miss else f"{name}: not configured {fmt(extra)}")
-    dumped = cuobjdump_listing(lib)
+    dumped = cuobjdump_listing(members)
     if dumped is None:
         print("kernel_archs: no cuobjdump installed; the listing above is this script's own reading")
     else:
         for name, got in listing.items():
             if dumped.get(name, set()) != got:
                 failures.append(f"{name}: cuobjdump lists {fmt(dumped.get(name, set()))}, this script {fmt(got)}")
-        print("kernel_archs: cuobjdump --list-elf/--list-ptx agrees" if not failures else "")
+        if not any("cuobjdump lists" in f for f in failures):
+            print("kernel_archs: cuobjdump --list-elf/--list-ptx of each object agrees")
     for f in failures:
         print(f"FAIL {f}")
     return 1 if failures else 0
