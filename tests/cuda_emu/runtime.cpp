@@ -5,6 +5,7 @@
 // held back until something needs it (a host synchronisation, a query, an eager NCCL
 // collective) and then run in a seeded random order among what the rules allow, so a
 // missing synchronisation shows as a wrong result in a test instead of on a user's GPU.
+#include "device_profile.h"
 #include "engine.h"
 #include "memory_internal.h"
 #include "runtime_internal.h"
@@ -29,9 +30,9 @@ namespace cuda_emu {
 
 namespace rt {
 
-constexpr size_t TOTAL_MEM = 80ull << 30;  // an H100 SXM's 80 GB
-constexpr int SMEM_DEFAULT = 48 * 1024;
-constexpr int SMEM_OPTIN = 227 * 1024;
+// The card's limits (CUDA_EMU_DEVICE, device_profile.cpp); st() creates no device
+// without a valid profile, so these are read only where one exists.
+const DeviceProfile& prof() { return *device_profile(); }
 
 thread_local int t_device = 0;
 thread_local cudaError_t t_last = cudaSuccess;
@@ -68,6 +69,7 @@ State& st() {
   static State* s = [] {
     auto* n = new State();
     if (const char* c = std::getenv("CUDA_EMU_DEVICE_COUNT")) n->physical = std::max(0, std::atoi(c));
+    if (!device_profile()) n->physical = 0;
     n->visible = visible_parse(std::getenv("CUDA_VISIBLE_DEVICES"), n->physical);
     const char* sched = std::getenv("CUDA_EMU_SCHEDULE");
     n->fifo = sched && std::string(sched) == "fifo";
@@ -373,14 +375,15 @@ void launch_submit(const void* func, const LaunchSite& site, dim3 grid, dim3 blo
                   "stream captures");
   }
   Device& d = *g.devices[sp->device];
-  int limit = SMEM_DEFAULT;
+  int limit = static_cast<int>(prof().smem_per_block);
   if (auto it = d.smem_attr.find(func); it != d.smem_attr.end()) limit = std::max(limit, it->second);
   if (smem > static_cast<size_t>(limit)) {
     lock.unlock();
     std::snprintf(buf, sizeof buf,
                   "%zu bytes of dynamic shared memory exceed the %d allowed (48 KB unless "
-                  "cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize) raised it, at most 227 KB)",
-                  smem, limit);
+                  "cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize) raised it, at most %zu on "
+                  "the %s)",
+                  smem, limit, prof().smem_per_block_optin, prof().name);
     return reject(cudaErrorInvalidValue, buf);
   }
   lock.unlock();
@@ -553,32 +556,58 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
   if (!p) return fail(cudaErrorInvalidValue);
   if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
   std::memset(p, 0, sizeof *p);
-  std::snprintf(p->name, sizeof p->name, "cuda_emu CPU execution engine (H100 SXM limits), device %d", device);
-  p->totalGlobalMem = TOTAL_MEM;
-  p->sharedMemPerBlock = SMEM_DEFAULT;
-  p->sharedMemPerBlockOptin = SMEM_OPTIN;
-  p->sharedMemPerMultiprocessor = 228 * 1024;
-  p->regsPerBlock = 65536;
+  const DeviceProfile& c = prof();
+  std::snprintf(p->name, sizeof p->name, "%s (cuda_emu CPU execution engine), device %d", c.name, device);
+  p->totalGlobalMem = c.total_mem;
+  p->sharedMemPerBlock = c.smem_per_block;
+  p->sharedMemPerBlockOptin = c.smem_per_block_optin;
+  p->sharedMemPerMultiprocessor = c.smem_per_sm;
+  p->regsPerBlock = c.regs_per_block;
+  p->regsPerMultiprocessor = c.regs_per_sm;
   p->warpSize = 32;
-  p->maxThreadsPerBlock = 1024;
+  p->maxThreadsPerBlock = c.max_threads_per_block;
   p->maxThreadsDim[0] = 1024;
   p->maxThreadsDim[1] = 1024;
   p->maxThreadsDim[2] = 64;
   p->maxGridSize[0] = 2147483647;
   p->maxGridSize[1] = 65535;
   p->maxGridSize[2] = 65535;
-  p->major = 9;
-  p->minor = 0;
-  p->multiProcessorCount = 132;
-  p->maxThreadsPerMultiProcessor = 2048;
-  p->l2CacheSize = 50ull << 20;
-  p->memoryBusWidth = 5120;
-  p->clockRate = 1980000;
-  p->memoryClockRate = 2619000;
+  p->major = c.major;
+  p->minor = c.minor;
+  p->multiProcessorCount = c.sm_count;
+  p->maxThreadsPerMultiProcessor = c.max_threads_per_sm;
+  p->maxBlocksPerMultiProcessor = c.max_blocks_per_sm;
+  p->l2CacheSize = c.l2_bytes;
+  p->memoryBusWidth = c.memory_bus_width;
+  p->clockRate = c.clock_khz;
+  p->memoryClockRate = c.memory_clock_khz;
   p->pciBusID = 0x18 + device;
   p->totalConstMem = 65536;
   p->memPitch = 2147483647;
   p->textureAlignment = 512;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (!value) return fail(cudaErrorInvalidValue);
+  if (device_count() == 0) return fail(cudaErrorNoDevice);
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
+  const DeviceProfile& c = prof();
+  switch (attr) {
+    case cudaDevAttrMaxThreadsPerBlock: *value = c.max_threads_per_block; break;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *value = static_cast<int>(c.smem_per_block); break;
+    case cudaDevAttrMaxRegistersPerBlock: *value = c.regs_per_block; break;
+    case cudaDevAttrWarpSize: *value = 32; break;
+    case cudaDevAttrMultiProcessorCount: *value = c.sm_count; break;
+    case cudaDevAttrComputeCapabilityMajor: *value = c.major; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = c.minor; break;
+    case cudaDevAttrMaxThreadsPerMultiProcessor: *value = c.max_threads_per_sm; break;
+    case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *value = static_cast<int>(c.smem_per_sm); break;
+    case cudaDevAttrMaxRegistersPerMultiprocessor: *value = c.regs_per_sm; break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = static_cast<int>(c.smem_per_block_optin); break;
+    case cudaDevAttrMaxBlocksPerMultiprocessor: *value = c.max_blocks_per_sm; break;
+    default: return fail(cudaErrorInvalidValue);
+  }
   return cudaSuccess;
 }
 
@@ -608,8 +637,8 @@ cudaError_t cudaDeviceReset() {
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
   if (cudaError_t e = api_check(t_device)) return fail(e);
   if (!free_bytes || !total) return fail(cudaErrorInvalidValue);
-  *total = TOTAL_MEM;
-  *free_bytes = TOTAL_MEM - std::min(TOTAL_MEM, mem_used(t_device));
+  *total = prof().total_mem;
+  *free_bytes = *total - std::min(*total, mem_used(t_device));
   return cudaSuccess;
 }
 
@@ -624,7 +653,8 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
     std::lock_guard<std::mutex> lock(st().mu);
     if (cudaError_t e = capture_unsafe_check_locked()) return fail(e);
   }
-  if (size > TOTAL_MEM - std::min(TOTAL_MEM, mem_used(t_device))) return fail(cudaErrorMemoryAllocation);
+  const size_t total = prof().total_mem;
+  if (size > total - std::min(total, mem_used(t_device))) return fail(cudaErrorMemoryAllocation);
   *ptr = mem_alloc(size, t_device, false);
   return *ptr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
 }
@@ -920,7 +950,7 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
   if (cudaError_t e = api_check(t_device)) return fail(e);
   if (!func) return fail(cudaErrorInvalidDeviceFunction);
   if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
-    if (value < 0 || value > SMEM_OPTIN) return fail(cudaErrorInvalidValue);
+    if (value < 0 || static_cast<size_t>(value) > prof().smem_per_block_optin) return fail(cudaErrorInvalidValue);
     std::lock_guard<std::mutex> lock(st().mu);
     st().devices[t_device]->smem_attr[func] = value;
     return cudaSuccess;

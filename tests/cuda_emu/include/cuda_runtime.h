@@ -94,6 +94,22 @@ enum cudaFuncAttribute {
 
 // Attributes of a stream-ordered memory pool (driver_types.h values). The reuse flags
 // are ints; the rest uint64_t (the driver's cuuint64_t).
+// The runtime's values for the attributes the engine answers (cudaDeviceGetAttribute).
+enum cudaDeviceAttr {
+  cudaDevAttrMaxThreadsPerBlock = 1,
+  cudaDevAttrMaxSharedMemoryPerBlock = 8,
+  cudaDevAttrWarpSize = 10,
+  cudaDevAttrMaxRegistersPerBlock = 12,
+  cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrMaxThreadsPerMultiProcessor = 39,
+  cudaDevAttrComputeCapabilityMajor = 75,
+  cudaDevAttrComputeCapabilityMinor = 76,
+  cudaDevAttrMaxSharedMemoryPerMultiprocessor = 81,
+  cudaDevAttrMaxRegistersPerMultiprocessor = 82,
+  cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
+  cudaDevAttrMaxBlocksPerMultiprocessor = 106,
+};
+
 enum cudaMemPoolAttr {
   cudaMemPoolReuseFollowEventDependencies = 0x1,
   cudaMemPoolReuseAllowOpportunistic = 0x2,
@@ -127,14 +143,16 @@ inline float2 make_float2(float x, float y) { return float2{x, y}; }
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) { return uint4{x, y, z, w}; }
 
-// The fields dtrain reads; the engine reports an H100 SXM's limits.
+// The fields dtrain reads; the engine reports the limits of the card CUDA_EMU_DEVICE names
+// (a100, l40s, h100, h200, b200; default h100: tests/cuda_emu/device_profile.cpp).
 struct cudaDeviceProp {
   char name[256];
   size_t totalGlobalMem;
   size_t sharedMemPerBlock;       // 48 KB without opt-in
-  size_t sharedMemPerBlockOptin;  // 227 KB with cudaFuncAttributeMaxDynamicSharedMemorySize
+  size_t sharedMemPerBlockOptin;  // with cudaFuncAttributeMaxDynamicSharedMemorySize (H100: 227 KB)
   size_t sharedMemPerMultiprocessor;
   int regsPerBlock;
+  int regsPerMultiprocessor;
   int warpSize;
   int maxThreadsPerBlock;
   int maxThreadsDim[3];
@@ -143,6 +161,7 @@ struct cudaDeviceProp {
   int minor;
   int multiProcessorCount;
   int maxThreadsPerMultiProcessor;
+  int maxBlocksPerMultiProcessor;
   size_t l2CacheSize;
   int memoryBusWidth;
   int clockRate;
@@ -166,6 +185,7 @@ cudaError_t cudaGetDeviceCount(int* count);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
 cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaDeviceReset();
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total);

@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""Resource gate over the CUDA kernels, no GPU needed (ctest kernels_resources_test).
+
+Reads the ptxas report (-Xptxas -v) that scripts/nvcc_resource_log.sh keeps beside each
+kernels/*.cu object, prints one row per kernel and architecture (registers, stack, spill
+stores/loads, static shared memory) and fails, naming the kernel and architecture, when
+  - a kernel spills (spill stores or loads > 0) beyond its KNOWN_SPILLS entry (none for
+    a kernel not listed there),
+  - a kernel uses more registers per thread than its entry in REG_TARGETS,
+  - a kernel's static shared memory exceeds what every card accepts (48 KiB static per
+    block on every architecture; dynamic shared memory is checked at launch, by the
+    engine's device profiles and by the runtime),
+  - an architecture the tree was configured for (--archs) has no report.
+
+  kernel_resources.py --objects BUILD/kernels/CMakeFiles/dtrain_kernels.dir --archs "80;90"
+"""
+import argparse
+import pathlib
+import re
+import subprocess
+import sys
+
+# Registers per thread each kernel must stay within (first matching pattern wins, matched
+# against the demangled name). A target is the count above which the kernel loses the
+# blocks per SM it is designed for: 64 K registers per SM on every architecture built here
+# (CUDA C Programming Guide, "Technical Specifications per Compute Capability"), allocated
+# per thread in steps of 8, at most 255 per thread.
+#   - tensor-core attention (128 threads a block): forward at head dims 32 and 64 keeps 4
+#     blocks per SM (65536 / (4 * 128) = 128), at 128 keeps 3 (170 -> 168); backward at 32
+#     keeps 3 (168); backward at 64 and 128 and both at 256 sit at the 255 maximum (2 blocks)
+#     and there the spill gate below is the one that binds.
+#   - the scalar fp32 attention and the row kernels (norm, the column reductions): 128, at
+#     least 2 blocks of 256 threads per SM.
+#   - everything else: 64, the most a 1024-thread block can have at all (65536 / 1024;
+#     loss_mean_kernel launches 1024 threads, the grid-stride kernels up to 1024), and half
+#     occupancy for these memory-bound kernels.
+REG_TARGETS = [
+    (r"attn_fwd_mma_kernel<[^,<>]+, (32|64)\b", 128),
+    (r"attn_fwd_mma_kernel<[^,<>]+, 128\b", 168),
+    (r"attn_bwd_mma_kernel<[^,<>]+, 32\b", 168),
+    (r"attn_(fwd|bwd)_mma_kernel<", 255),
+    (r"attn_", 128),
+    (r"norm_|column_", 128),
+    (r"", 64),
+]
+
+# Spills known when this gate was written (issue 29), as a ratchet: each entry allows at
+# most the spill bytes measured then, on every architecture, so any new spill or a larger
+# one fails. Everything not listed must not spill at all: the hot kernels (the tensor-core
+# attention forward at head dims 32, 64 and 128 and backward at 32 and 64, norm,
+# cross-entropy, AdamW, the pointwise, cast, embedding, reduction and RoPE kernels). Delete an entry once
+# its kernel stops spilling; the report prints "STALE" for an entry that no longer needs it.
+#   (pattern, max spill store bytes, max spill load bytes, why)
+KNOWN_SPILLS = [
+    (r"attn_bwd_mma_kernel<[^,<>]+, 128\b", 24, 44,
+     "backward, head dim 128: at 255 registers, 24 bytes stored and 40-44 loaded (issue 29 item 2 reworks the tiles)"),
+    (r"attn_bwd_mma_kernel<[^,<>]+, 256\b", 3016, 4016,
+     "backward, head dim 256: dK, dV of 64 keys x 256 in registers do not fit (issue 29 item 2)"),
+    (r"attn_fwd_mma_kernel<[^,<>]+, 256\b", 8, 4,
+     "forward, head dim 256: the 16x256 fp32 output accumulator per warp (issue 29 item 2)"),
+    # The scalar fp32 attention (kernels/attention.cu; runs only for fp32 activations, a
+    # reference path, not the bf16/fp16 training path); DPL = head dim / 32.
+    (r"attn_dq_kernel<float, 4>", 20, 24, "scalar fp32 attention dQ, head dim 128"),
+    (r"attn_fwd_kernel<float, 2>", 4, 4, "scalar fp32 attention forward, head dim 64 (sm_90 only)"),
+]
+
+STATIC_SMEM_LIMIT = 48 * 1024  # bytes of static __shared__ per block, every architecture
+
+ENTRY = re.compile(r"ptxas info\s*: Compiling entry function '([^']+)' for '(sm_\d+[a-z]?)'")
+PROPS = re.compile(r"ptxas info\s*: Function properties for (\S+)")
+FRAME = re.compile(r"^\s*(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+USED = re.compile(r"ptxas info\s*: Used (\d+) registers")
+SMEM = re.compile(r"(\d+) bytes smem")
+
+
+def parse(path):
+    """[(mangled, arch, regs, stack, spill_st, spill_ld, smem)] from one ptxas report."""
+    rows = []
+    entry = arch = props_for = None
+    frame = (0, 0, 0)
+    for line in path.read_text().splitlines():
+        m = ENTRY.search(line)
+        if m:
+            entry, arch = m.group(1), m.group(2)
+            frame = (0, 0, 0)
+            continue
+        m = PROPS.search(line)
+        if m:
+            props_for = m.group(1)
+            continue
+        m = FRAME.search(line)
+        if m:
+            if props_for == entry:
+                frame = tuple(int(g) for g in m.groups())
+            continue
+        m = USED.search(line)
+        if m and entry:
+            s = SMEM.search(line)
+            rows.append((entry, arch, int(m.group(1)), *frame, int(s.group(1)) if s else 0))
+            entry = None
+    return rows
+
+
+def demangle(names):
+    out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True, check=True)
+    return dict(zip(names, out.stdout.splitlines()))
+
+
+def short(name):
+    """The demangled name without namespaces and parameter list, for the table."""
+    name = re.sub(r"^void ", "", name).replace("(anonymous namespace)::", "")
+    depth, cut = 0, len(name)
+    for i, c in enumerate(name):  # drop the trailing (parameters)
+        if c == "<":
+            depth += 1
+        elif c == ">":
+            depth -= 1
+        elif c == "(" and depth == 0:
+            cut = i
+            break
+    name = name[:cut]
+    name = re.sub(r"\b(dtrain::kernels::detail::|dtrain::kernels::)", "", name)
+    return name
+
+
+def first(table, name):
+    for pat, value in table:
+        if re.search(pat, name):
+            return value
+    return None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--objects", required=True, help="dtrain_kernels' object directory")
+    ap.add_argument("--archs", default="", help="CMAKE_CUDA_ARCHITECTURES the tree was configured with")
+    a = ap.parse_args()
+
+    objdir = pathlib.Path(a.objects)
+    objects = sorted(objdir.glob("*.cu.o"))
+    if not objects:
+        print(f"kernel_resources: no kernels/*.cu objects in {objdir}: build dtrain_kernels first", file=sys.stderr)
+        return 2
+    missing = [o.name for o in objects if not pathlib.Path(str(o) + ".ptxas").exists()]
+    if missing:
+        print(f"kernel_resources: no ptxas report beside {', '.join(missing)} in {objdir}: the objects predate "
+              "scripts/nvcc_resource_log.sh; rebuild dtrain_kernels (cmake --build BUILD --target dtrain_kernels)",
+              file=sys.stderr)
+        return 2
+
+    rows = []
+    for o in objects:
+        for r in parse(pathlib.Path(str(o) + ".ptxas")):
+            rows.append((o.name.removesuffix(".cu.o"), *r))
+    names = demangle(sorted({r[1] for r in rows}))
+
+    failures = []
+    used_known, spilling_known = set(), set()
+    wanted = set()
+    for arch in re.split(r"[;, ]+", a.archs.strip()):
+        m = re.match(r"(\d+)", arch)
+        if m and not arch.endswith("-virtual"):
+            wanted.add("sm_" + m.group(1))
+    seen_archs = {r[2] for r in rows}
+    for arch in sorted(wanted - seen_archs):
+        failures.append(f"no kernel compiled for {arch} (configured: {a.archs})")
+
+    print(f"{'file':<14} {'arch':<6} {'regs':>4} {'target':>6} {'stack':>5} {'spill st':>8} {'spill ld':>8} "
+          f"{'smem':>6}  kernel")
+    for file, mangled, arch, regs, stack, st, ld, smem in sorted(rows, key=lambda r: (r[0], short(names[r[1]]), r[2])):
+        full = names[mangled]
+        target = first(REG_TARGETS, full)
+        print(f"{file:<14} {arch:<6} {regs:>4} {target:>6} {stack:>5} {st:>8} {ld:>8} {smem:>6}  {short(full)}")
+        who = f"{short(full)} [{arch}, kernels/{file}.cu]"
+        known = next((k for k in KNOWN_SPILLS if re.search(k[0], full)), None)
+        if known:
+            used_known.add(known[0])
+            if st or ld:
+                spilling_known.add(known[0])
+        if (st or ld) and (known is None or st > known[1] or ld > known[2]):
+            allowed = f"; KNOWN_SPILLS allows {known[1]}/{known[2]}" if known else ""
+            failures.append(f"{who}: spills ({st} bytes spill stores, {ld} bytes spill loads{allowed})")
+        if regs > target:
+            failures.append(f"{who}: {regs} registers per thread, target {target} (REG_TARGETS in {__file__})")
+        if smem > STATIC_SMEM_LIMIT:
+            failures.append(f"{who}: {smem} bytes static shared memory, limit {STATIC_SMEM_LIMIT}")
+    print(f"kernel_resources: {len(rows)} kernel x architecture entries from {len(objects)} objects, "
+          f"architectures {' '.join(sorted(seen_archs))}")
+    for pat, st, ld, why in KNOWN_SPILLS:
+        if pat in used_known and pat not in spilling_known:
+            print(f"STALE KNOWN_SPILLS entry '{pat}': no longer spills on any architecture; delete it ({why})")
+        elif pat in spilling_known:
+            print(f"known spill (allowed up to {st}/{ld} bytes): {why}")
+    for f in failures:
+        print(f"FAIL {f}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
