@@ -9,6 +9,9 @@
 #include "kernels/attention.cuh"
 #include "ops/attention.h"
 
+#include <cstdio>
+#include <cstring>
+
 namespace dtrain::kernels::test {
 
 namespace {
@@ -123,8 +126,9 @@ std::vector<Case> cases_attention() {
           Shape{1, 130, 2, 1, 32, false, 40}, Shape{2, 70, 4, 2, 16, false, 17}, Shape{1, 45, 4, 2, 20, true, 2},
           Shape{1, 45, 4, 2, 16, false, 3}, Shape{1, 100, 2, 2, 72, false, 64}}) {
       char name[112];
-      std::snprintf(name, sizeof name, "attention fwd+bwd B=%d T=%d NH=%d NKV=%d HD=%d%s%s%d", s.B, s.T, s.NH, s.NKV,
-                    s.HD, s.fused ? " qkv" : "", s.W ? " window=" : "", s.W);
+      std::snprintf(name, sizeof name, "attention fwd+bwd B=%d T=%d NH=%d NKV=%d HD=%d%s", s.B, s.T, s.NH, s.NKV, s.HD,
+                    s.fused ? " qkv" : "");
+      if (s.W > 0) std::snprintf(name + std::strlen(name), sizeof name - std::strlen(name), " window=%d", s.W);
       c.push_back({name, t, [=] { return attention_check(t, s.B, s.T, s.NH, s.NKV, s.HD, seed, s.fused, s.W); },
                    tol_for(t, 1e-4)});
       ++seed;
