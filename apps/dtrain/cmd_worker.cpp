@@ -17,6 +17,7 @@
 #include "launch/membership.h"
 #include "launch/rank_context.h"
 #include "launch/rank_watch.h"
+#include "monitor/monitor.h"
 #include "train/trainer.h"
 #ifdef DTRAIN_HAVE_CUDA
 #include "kernels/device.cuh"
@@ -192,7 +193,21 @@ int train_rank(launch::RankContext& ctx, rendezvous::Heartbeat& hb, config::Trai
     last_step = -1;  // no more steps: later collectives (the final barriers) publish nothing
     hb.progress(launch::kRankStepsDone);
   };
+  // The resource monitor samples from a thread of its own until training returns.
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  monitor::MonitorOptions mo;
+  mo.interval_s = cfg.monitor.interval;
+  mo.run_dir = ctx.run_dir;
+  mo.origin = {.rank = ctx.rank, .local_rank = ctx.local_rank, .node = ctx.node_rank, .round = ctx.round, .host = host};
+  mo.limits.min_free_memory_bytes = static_cast<int64_t>(cfg.monitor.min_free_memory * 1024.0 * 1024.0 * 1024.0);
+  mo.limits.node_checks = ctx.local_rank == 0;  // one rank per node watches the node's memory
+  mo.gpu = device != nullptr;
+  mo.gpu_index = monitor::nvml_index_of(ctx.local_rank, std::getenv("CUDA_VISIBLE_DEVICES"));
+  mo.nvml_library = cfg.monitor.nvml_library;
+  auto resource_monitor = monitor::monitor_start(std::move(mo), cfg.monitor.enabled);
   train::train_run(cfg, env);
+  resource_monitor.reset();
   if (comm) comm->barrier();
   comm.reset();  // NCCL's communicator goes before the device it runs on
   return 0;
