@@ -18,6 +18,7 @@
 #include "launch/rank_context.h"
 #include "launch/rank_watch.h"
 #include "monitor/monitor.h"
+#include "tensorboard/event_writer.h"
 #include "train/trainer.h"
 #ifdef DTRAIN_HAVE_CUDA
 #include "kernels/device.cuh"
@@ -34,6 +35,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <thread>
@@ -205,6 +207,12 @@ int train_rank(launch::RankContext& ctx, rendezvous::Heartbeat& hb, config::Trai
   mo.gpu = device != nullptr;
   mo.gpu_index = monitor::nvml_index_of(ctx.local_rank, std::getenv("CUDA_VISIBLE_DEVICES"));
   mo.nvml_library = cfg.monitor.nvml_library;
+  // Each rank's scalars are a TensorBoard run of their own beside rank 0's training scalars.
+  if (cfg.tensorboard.enabled && !ctx.run_dir.empty())
+    mo.tensorboard_dir = (std::filesystem::path(tensorboard::log_dir(ctx.run_dir, cfg.tensorboard.output_path,
+                                                                     cfg.tensorboard.job_name)) /
+                          "resources" / fmt::format("rank{}", ctx.rank))
+                             .string();
   auto resource_monitor = monitor::monitor_start(std::move(mo), cfg.monitor.enabled);
   train::train_run(cfg, env);
   resource_monitor.reset();

@@ -30,6 +30,35 @@ int line_append(const std::string& path, const std::string& line) {
 
 }  // namespace
 
+std::vector<tensorboard::Scalar> sample_scalars(const ResourceSample& s) {
+  std::vector<tensorboard::Scalar> v;
+  auto put = [&](const char* tag, const auto& x, double scale) {
+    if (x) v.push_back({tag, static_cast<double>(*x) * scale});
+  };
+  const double g = 1.0 / (1024.0 * 1024.0 * 1024.0);
+  put("resource/cpu_pct", s.cpu_pct, 1);
+  put("resource/node_cpu_pct", s.node_cpu_pct, 1);
+  put("resource/rss_gib", s.rss_bytes, g);
+  put("resource/mem_available_gib", s.mem_available_bytes, g);
+  put("resource/disk_free_gib", s.disk_free_bytes, g);
+  if (!s.net.empty()) {
+    double rx = 0, tx = 0;
+    for (const NetRate& n : s.net)
+      if (n.iface != "lo") rx += n.rx_mbps, tx += n.tx_mbps;
+    v.push_back({"resource/net_rx_mbps", rx});
+    v.push_back({"resource/net_tx_mbps", tx});
+  }
+  if (s.gpu) {
+    put("gpu/util_pct", s.gpu->util_pct, 1);
+    put("gpu/mem_util_pct", s.gpu->mem_util_pct, 1);
+    put("gpu/mem_used_gib", s.gpu->mem_used, g);
+    put("gpu/temperature_c", s.gpu->temperature_c, 1);
+    put("gpu/power_w", s.gpu->power_w, 1);
+    put("gpu/sm_clock_mhz", s.gpu->sm_clock_mhz, 1);
+  }
+  return v;
+}
+
 Monitor::Monitor(MonitorOptions opts) : o_(std::move(opts)), host_(o_.proc_root, o_.run_dir) {
   thread_ = std::thread([this] { run(); });
 }
@@ -69,6 +98,22 @@ void Monitor::event_append(const Alert& a, int64_t time_ms) {
     line_append((std::filesystem::path(o_.run_dir) / "events.jsonl").string(), report::event_json(e).dump() + "\n");
 }
 
+void Monitor::tensorboard_write(const ResourceSample& s) {
+  if (o_.tensorboard_dir.empty() || tb_failed_) return;
+  const double wall = static_cast<double>(s.time_ms) / 1e3;
+  if (!tb_) {
+    try {
+      tb_ = std::make_unique<tensorboard::EventWriter>(o_.tensorboard_dir, wall, o_.origin.host);
+    } catch (const std::exception& e) {
+      // Said once; the metrics.jsonl records go on.
+      tb_failed_ = true;
+      log_warn("rank {}: resource monitor writes no TensorBoard scalars: {}", o_.origin.rank, e.what());
+      return;
+    }
+  }
+  tb_->scalars(s.time_ms, sample_scalars(s), wall);
+}
+
 nlohmann::json Monitor::sample_once() {
   std::lock_guard<std::mutex> one(sample_mu_);
   if (o_.gpu && !gpu_tried_) gpu_open();
@@ -92,6 +137,7 @@ nlohmann::json Monitor::sample_once() {
       write_warned_ = false;
     }
   }
+  tensorboard_write(s);
   for (const Alert& a : alerts_.update(s, o_.limits)) event_append(a, s.time_ms);
   std::lock_guard<std::mutex> lock(mu_);
   ++samples_;

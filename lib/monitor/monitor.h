@@ -8,6 +8,8 @@
 #include "monitor/nvml.h"
 #include "monitor/sample.h"
 
+#include "tensorboard/event_writer.h"
+
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -23,6 +25,9 @@ struct MonitorOptions {
   SampleOrigin origin;
   AlertLimits limits;
   std::string proc_root = "/proc";
+  /// TensorBoard: this rank's scalars go to an event file in this directory ("" = none;
+  /// with tensorboard.enabled: <log dir>/resources/rank<R>, a run of its own in TensorBoard).
+  std::string tensorboard_dir;
   /// Read a GPU: the rank runs on CUDA. NVML comes from nvml_api when set (tests), else
   /// from dlopen(nvml_library) ("" = the program itself).
   bool gpu = false;
@@ -52,11 +57,14 @@ class Monitor {
   void run();
   void gpu_open();
   void event_append(const Alert& a, int64_t time_ms);
+  void tensorboard_write(const ResourceSample& s);
 
   MonitorOptions o_;
   HostReader host_;
   AlertState alerts_;
   std::unique_ptr<Nvml> nvml_;
+  std::unique_ptr<tensorboard::EventWriter> tb_;
+  bool tb_failed_ = false;
   bool gpu_tried_ = false;
   bool write_warned_ = false;
   bool gpu_read_warned_ = false;
@@ -67,6 +75,14 @@ class Monitor {
   int64_t samples_ = 0;
   std::thread thread_;
 };
+
+/// The TensorBoard scalars of a sample: "resource/cpu_pct", "resource/node_cpu_pct",
+/// "resource/rss_gib", "resource/mem_available_gib", "resource/disk_free_gib",
+/// "resource/net_rx_mbps", "resource/net_tx_mbps", "gpu/util_pct", "gpu/mem_util_pct",
+/// "gpu/mem_used_gib", "gpu/temperature_c", "gpu/power_w", "gpu/sm_clock_mhz" (those the
+/// sample has). Their step is the sample's unix time in ms: unique and increasing across
+/// rounds, where a sample counter would start again at every restart.
+std::vector<tensorboard::Scalar> sample_scalars(const ResourceSample& s);
 
 /// The rank's monitor as the config asks (nullptr when monitor.enabled is false or there
 /// is no run directory to write to).

@@ -1,12 +1,17 @@
 // The resource monitor through the real binary: the tiny CPU job on two local ranks with
 // monitor.interval 0.2 s leaves resource records of both ranks in metrics.jsonl beside
-// the training records (whose readers see them unchanged), `dtrain status` shows the
-// node's latest samples, and monitor.enabled: false writes none.
+// the training records (whose readers see them unchanged), each rank's TensorBoard run
+// (RUN_DIR/tensorboard/resources/rank<R>, read back by the independent reader) holds the
+// same figures, `dtrain status` shows the node's latest samples, and monitor.enabled:
+// false writes none.
 #include "cli_harness.h"
 #include "run_readers.h"
 #include "tiny_job.h"
 
 #include "skip.h"
+#include "tensorboard/tfevents_reader.h"
+
+#include <cmath>
 
 #include <set>
 
@@ -48,7 +53,7 @@ TEST_CASE("monitor: a 2-rank tiny job's resource records in metrics.jsonl and dt
 
   const std::string config = tmp.path() + "/tiny.yaml";
   const std::string run_dir = tmp.path() + "/run";
-  std::ofstream(config) << job("monitor:\n  interval: 0.2\n");
+  std::ofstream(config) << job("monitor:\n  interval: 0.2\ntensorboard:\n  enabled: true\n");
   auto r =
       run({bin, "launch", "--config", config, "--nproc-per-node", "2", "--master-port", "0", "--output-dir", run_dir},
           slow, 120s);
@@ -75,6 +80,36 @@ TEST_CASE("monitor: a 2-rank tiny job's resource records in metrics.jsonl and dt
   const auto losses = metric_losses(run_dir);
   REQUIRE(losses.size() == 6);
   CHECK(losses.back().first == 6);
+
+  // TensorBoard: rank 0's training scalars still match metrics.jsonl; each rank's
+  // resource scalars are its records' figures, stepped by the record's time_ms.
+  {
+    const auto v = dtrain::test::tfevents_read(run_dir + "/tensorboard", run_dir + "/metrics.jsonl");
+    INFO("reader:\n" << v.output);
+    CHECK(v.code == 0);
+  }
+  for (int rank : {0, 1}) {
+    const auto v = dtrain::test::tfevents_read(run_dir + "/tensorboard/resources/rank" + std::to_string(rank));
+    INFO("reader:\n" << v.output);
+    REQUIRE(v.code == 0);
+    // Every record's figure is in the event file at the record's time (TensorBoard may
+    // hold more: a sample taken while rank 0 cut metrics.jsonl at the round's start).
+    std::map<int64_t, double> tb;
+    for (const auto& p : v.result["scalars"]["resource/rss_gib"]) tb[p[0].get<int64_t>()] = p[1].get<double>();
+    int matched = 0;
+    for (const auto& j : recs) {
+      if (j.at("rank") != rank) continue;
+      auto it = tb.find(j.at("time_ms").get<int64_t>());
+      REQUIRE(it != tb.end());
+      CHECK(it->second ==
+            doctest::Approx(j.at("rss_bytes").get<double>() / (1024.0 * 1024.0 * 1024.0)).epsilon(1e-6));  // float32
+      ++matched;
+    }
+    CHECK(matched >= 2);
+    CHECK(v.result["scalars"].contains("resource/node_cpu_pct"));
+    CHECK(v.result["scalars"].contains("resource/mem_available_gib"));
+    CHECK_FALSE(v.result["scalars"].contains("gpu/util_pct"));  // CPU ranks
+  }
 
   auto st = run({bin, "status", run_dir}, {}, 30s);
   INFO("status:\n" << st.out);
