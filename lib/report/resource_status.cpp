@@ -104,8 +104,9 @@ std::optional<ResourceAlertRecord> resource_alert_of(const json& e) {
 std::string resource_lines(const std::vector<NodeResources>& nodes, int64_t now_ms) {
   std::string out;
   for (const NodeResources& n : nodes) {
-    std::string line =
-        fmt::format("  node{} {} ({} ago):", n.node, n.host.empty() ? "?" : n.host, ago(now_ms, n.time_ms));
+    // "  host ..." rather than "  node...": the rows of the nodes section begin so.
+    std::string line = fmt::format("  host {} (node{}, sampled {} ago):", n.host.empty() ? "?" : n.host, n.node,
+                                   ago(now_ms, n.time_ms));
     std::string sep = " ";
     auto add = [&](const std::string& s) {
       line += sep + s;

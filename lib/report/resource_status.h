@@ -56,7 +56,7 @@ class ResourceCollector {
 /// A "resource_alert" event of events.jsonl; nullopt for any other record.
 std::optional<ResourceAlertRecord> resource_alert_of(const nlohmann::json& event);
 
-/// The status lines: "  node0 n1 (2.1 s ago): cpu 35 %, mem 12.3/31.2 GiB available, ..."
+/// The status lines: "  host n1 (node0, sampled 2.1 s ago): cpu 35 %, ..."
 /// and one indented line per rank ("    rank 0: cpu 98 %, rss 1.21 GiB, gpu0 97 % ...").
 std::string resource_lines(const std::vector<NodeResources>& nodes, int64_t now_ms);
 

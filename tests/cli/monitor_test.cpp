@@ -116,7 +116,8 @@ TEST_CASE("monitor: a 2-rank tiny job's resource records in metrics.jsonl and dt
   CHECK(st.rc == 0);
   CHECK(contains(st.out, "state      finished"));
   CHECK(contains(st.out, "resources  latest sample of every rank"));
-  CHECK(contains(st.out, "  node0 "));
+  CHECK(contains(st.out, "  host "));
+  CHECK(contains(st.out, " (node0, sampled "));
   CHECK(contains(st.out, "    rank 0: cpu "));
   CHECK(contains(st.out, "    rank 1: cpu "));
   CHECK(contains(st.out, " GiB available"));

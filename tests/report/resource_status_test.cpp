@@ -67,9 +67,9 @@ TEST_CASE("status: the latest resource sample per node and rank, and resource al
   const std::string text = status_format(st, 1700000114000);
   CAPTURE(text);
   CHECK(text.find("resources  latest sample of every rank") != std::string::npos);
-  CHECK(text.find("  node0 n0 (2.0 s ago): cpu 30 %, mem 9.0/32.0 GiB available") != std::string::npos);
+  CHECK(text.find("  host n0 (node0, sampled 2.0 s ago): cpu 30 %, mem 9.0/32.0 GiB available") != std::string::npos);
   CHECK(text.find("    rank 0: cpu 99 %, rss 2.00 GiB") != std::string::npos);
-  CHECK(text.find("  node1 n1 (2.5 s ago): cpu 75 %, net rx 2.00 tx 3.00 MB/s") != std::string::npos);
+  CHECK(text.find("  host n1 (node1, sampled 2.5 s ago): cpu 75 %, net rx 2.00 tx 3.00 MB/s") != std::string::npos);
   CHECK(text.find("alerts     1 resource alert(s)") != std::string::npos);
   CHECK(text.find("node1 n1 rank 2: low_memory: the node's available memory is 0.50 GiB") != std::string::npos);
 }
