@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 
 namespace dtrain::report {
@@ -146,6 +147,74 @@ std::string resource_lines(const std::vector<NodeResources>& nodes, int64_t now_
     }
   }
   return out;
+}
+
+std::string resource_compact_line(const NodeResources& n) {
+  std::string out = fmt::format("node{} {}:", n.node, n.host.empty() ? "?" : n.host);
+  std::string sep = " ";
+  auto add = [&](const std::string& part) {
+    out += sep + part;
+    sep = " | ";
+  };
+  if (n.node_cpu_pct) add(fmt::format("cpu {:.0f} %", *n.node_cpu_pct));
+  if (n.mem_available_bytes && n.mem_total_bytes)
+    add(fmt::format("mem {:.1f}/{:.1f} GiB available", gib(*n.mem_available_bytes), gib(*n.mem_total_bytes)));
+  if (n.net_rx_mbps && n.net_tx_mbps) add(fmt::format("net {:.2f}/{:.2f} MB/s in/out", *n.net_rx_mbps, *n.net_tx_mbps));
+  int64_t rss = 0;
+  bool have_rss = false;
+  std::optional<double> ulo, uhi, mlo, mhi, mtot;
+  auto widen = [](std::optional<double>& lo, std::optional<double>& hi, double v) {
+    lo = lo ? std::min(*lo, v) : v;
+    hi = hi ? std::max(*hi, v) : v;
+  };
+  for (const RankResources& r : n.ranks) {
+    if (r.rss_bytes) rss += *r.rss_bytes, have_rss = true;
+    if (r.gpu_util_pct) widen(ulo, uhi, *r.gpu_util_pct);
+    if (r.gpu_mem_used_bytes) widen(mlo, mhi, gib(*r.gpu_mem_used_bytes));
+    if (r.gpu_mem_total_bytes) mtot = gib(*r.gpu_mem_total_bytes);
+  }
+  if (have_rss) add(fmt::format("rss {:.2f} GiB", gib(rss)));
+  auto range = [](double lo, double hi, const char* f) {
+    return lo == hi ? fmt::format(fmt::runtime(f), lo)
+                    : fmt::format(fmt::runtime(f), lo) + "-" + fmt::format(fmt::runtime(f), hi);
+  };
+  std::string gpu;
+  if (ulo) gpu = "gpu " + range(*ulo, *uhi, "{:.0f}") + " %";
+  if (mlo)
+    gpu += (gpu.empty() ? "gpu mem " : ", mem ") + range(*mlo, *mhi, "{:.1f}") +
+           (mtot ? fmt::format("/{:.0f}", *mtot) : std::string()) + " GiB";
+  if (!gpu.empty()) add(gpu);
+  return out;
+}
+
+bool ResourceTail::poll(ResourceCollector& into) {
+  std::ifstream in(path_, std::ios::binary);
+  if (!in) return false;
+  in.seekg(0, std::ios::end);
+  const auto size = static_cast<uint64_t>(std::max<std::streamoff>(0, in.tellg()));
+  if (size < offset_) offset_ = 0;  // cut and rewritten (a round's start)
+  if (size == offset_) return false;
+  // At most 4 MiB per poll: a huge backlog is caught up over several polls.
+  const uint64_t want = std::min<uint64_t>(size - offset_, 4u << 20);
+  std::string buf(want, '\0');
+  in.seekg(static_cast<std::streamoff>(offset_));
+  in.read(buf.data(), static_cast<std::streamsize>(want));
+  buf.resize(static_cast<size_t>(in.gcount()));
+  const size_t end = buf.rfind('\n');
+  if (end == std::string::npos) return false;  // no complete line yet
+  offset_ += end + 1;
+  bool any = false;
+  size_t at = 0;
+  while (at <= end) {
+    const size_t nl = buf.find('\n', at);
+    const auto j = json::parse(std::string_view(buf).substr(at, nl - at), nullptr, false);
+    if (j.is_object() && j.value("kind", "") == "resource") {
+      into.add(j);
+      any = true;
+    }
+    at = nl + 1;
+  }
+  return any;
 }
 
 }  // namespace dtrain::report

@@ -60,4 +60,22 @@ std::optional<ResourceAlertRecord> resource_alert_of(const nlohmann::json& event
 /// and one indented line per rank ("    rank 0: cpu 98 %, rss 1.21 GiB, gpu0 97 % ...").
 std::string resource_lines(const std::vector<NodeResources>& nodes, int64_t now_ms);
 
+/// The live view's compact line for a node: "node0 n0: cpu 30 % | mem 9.0/32.0 GiB
+/// available | net 1.50/0.50 MB/s in/out | rss 2.10 GiB | gpu 95-97 %, mem 40.0-41.2/80 GiB"
+/// (ranges over the node's ranks; parts without figures left out).
+std::string resource_compact_line(const NodeResources& n);
+
+/// Reads the resource records appended to metrics.jsonl since the last call (complete
+/// lines only; a file that shrank, cut at a round's start, is read again from the start).
+class ResourceTail {
+ public:
+  explicit ResourceTail(std::string metrics_path) : path_(std::move(metrics_path)) {}
+  /// Feeds the new records to the collector; true when there was at least one.
+  bool poll(ResourceCollector& into);
+
+ private:
+  std::string path_;
+  uint64_t offset_ = 0;
+};
+
 }  // namespace dtrain::report

@@ -61,6 +61,8 @@ TEST_CASE("monitor: a 2-rank tiny job's resource records in metrics.jsonl and dt
   REQUIRE(!r.timed_out);
   REQUIRE(r.rc == 0);
 
+  // The live view: a compact line for the node (polled once a second at this interval).
+  CHECK(contains(r.out, "[resources] node0 "));
   const auto recs = resource_records(run_dir);
   std::set<int> ranks;
   int with_rates = 0;

@@ -109,3 +109,36 @@ TEST_CASE("plot: resource records beside the training records leave the chart's 
   CHECK(p.train[1].value == 2.5);
   CHECK(p.tokens.size() == 2);
 }
+
+TEST_CASE("live view: one compact line per node, from the records appended since the last poll") {
+  dtrain::test::TempDir d("resource-tail");
+  const auto met = d.path / "metrics.jsonl";
+  ResourceTail tail(met.string());
+  ResourceCollector c;
+  CHECK_FALSE(tail.poll(c));  // no file yet
+  append(met, R"({"step":1,"loss":3.0})");
+  append(met, R"({"kind":"resource","time_ms":10,"rank":0,"node":0,"host":"n0","node_cpu_pct":40,)"
+              R"("mem_available_bytes":2147483648,"mem_total_bytes":4294967296,"rss_bytes":1073741824,)"
+              R"("gpu_index":0,"gpu_util_pct":90,"gpu_mem_used_bytes":10737418240,"gpu_mem_total_bytes":85899345920})");
+  append(met, R"({"kind":"resource","time_ms":11,"rank":1,"node":0,"host":"n0","rss_bytes":1073741824,)"
+              R"("gpu_index":1,"gpu_util_pct":97,"gpu_mem_used_bytes":12884901888,"gpu_mem_total_bytes":85899345920})");
+  std::ofstream(met, std::ios::app) << R"({"kind":"resource","time_ms":12,"rank":2,"node":1)";  // being written
+  REQUIRE(tail.poll(c));
+  auto nodes = c.nodes();
+  REQUIRE(nodes.size() == 1);  // the torn record waits for its newline
+  CHECK(resource_compact_line(nodes[0]) ==
+        "node0 n0: cpu 40 % | mem 2.0/4.0 GiB available | rss 2.00 GiB | gpu 90-97 %, mem 10.0-12.0/80 GiB");
+  CHECK_FALSE(tail.poll(c));  // nothing new
+  std::ofstream(met, std::ios::app) << R"(,"host":"n1","node_cpu_pct":5,"net_rx_mbps":1,"net_tx_mbps":2})"
+                                    << "\n";
+  REQUIRE(tail.poll(c));
+  nodes = c.nodes();
+  REQUIRE(nodes.size() == 2);
+  CHECK(resource_compact_line(nodes[1]) == "node1 n1: cpu 5 % | net 1.00/2.00 MB/s in/out");
+  // Cut and rewritten shorter (a round's start): read again from the start.
+  std::ofstream(met, std::ios::trunc) << R"({"kind":"resource","time_ms":20,"rank":0,"node":0,"host":"n0","round":1})"
+                                      << "\n";
+  ResourceCollector fresh;
+  REQUIRE(tail.poll(fresh));
+  CHECK(fresh.nodes().size() == 1);
+}
