@@ -17,6 +17,8 @@
 #include "launch/membership.h"
 #include "launch/rank_context.h"
 #include "launch/rank_watch.h"
+#include "monitor/monitor.h"
+#include "tensorboard/event_writer.h"
 #include "train/trainer.h"
 #ifdef DTRAIN_HAVE_CUDA
 #include "kernels/device.cuh"
@@ -33,6 +35,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <thread>
@@ -192,7 +195,27 @@ int train_rank(launch::RankContext& ctx, rendezvous::Heartbeat& hb, config::Trai
     last_step = -1;  // no more steps: later collectives (the final barriers) publish nothing
     hb.progress(launch::kRankStepsDone);
   };
+  // The resource monitor samples from a thread of its own until training returns.
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  monitor::MonitorOptions mo;
+  mo.interval_s = cfg.monitor.interval;
+  mo.run_dir = ctx.run_dir;
+  mo.origin = {.rank = ctx.rank, .local_rank = ctx.local_rank, .node = ctx.node_rank, .round = ctx.round, .host = host};
+  mo.limits.min_free_memory_bytes = static_cast<int64_t>(cfg.monitor.min_free_memory * 1024.0 * 1024.0 * 1024.0);
+  mo.limits.node_checks = ctx.local_rank == 0;  // one rank per node watches the node's memory
+  mo.gpu = device != nullptr;
+  mo.gpu_index = monitor::nvml_index_of(ctx.local_rank, std::getenv("CUDA_VISIBLE_DEVICES"));
+  mo.nvml_library = cfg.monitor.nvml_library;
+  // Each rank's scalars are a TensorBoard run of their own beside rank 0's training scalars.
+  if (cfg.tensorboard.enabled && !ctx.run_dir.empty())
+    mo.tensorboard_dir = (std::filesystem::path(tensorboard::log_dir(ctx.run_dir, cfg.tensorboard.output_path,
+                                                                     cfg.tensorboard.job_name)) /
+                          "resources" / fmt::format("rank{}", ctx.rank))
+                             .string();
+  auto resource_monitor = monitor::monitor_start(std::move(mo), cfg.monitor.enabled);
   train::train_run(cfg, env);
+  resource_monitor.reset();
   if (comm) comm->barrier();
   comm.reset();  // NCCL's communicator goes before the device it runs on
   return 0;

@@ -414,6 +414,21 @@ const std::vector<KeySpec>& build_schema() {
       {.path = "doctor.timeout", .type = KeyType::FLOAT, .field = F(doctor.timeout),
        .help = "seconds every node gets to answer the checks (after its SSH connect)",
        .min = 1, .max = 3600},
+
+      // ---- monitor (dtrain): the resource sampler thread of every rank process
+      {.path = "monitor.enabled", .type = KeyType::BOOL, .field = F(monitor.enabled),
+       .help = "every rank samples its process and node (CPU, memory, network, free space of the run directory) and "
+               "its GPU (NVML) into metrics.jsonl records of \"kind\": \"resource\"; alerts go to events.jsonl"},
+      {.path = "monitor.interval", .type = KeyType::FLOAT, .field = F(monitor.interval),
+       .help = "seconds between two resource samples of a rank",
+       .min = 0.05, .max = 86400},
+      {.path = "monitor.min_free_memory", .type = KeyType::FLOAT, .field = F(monitor.min_free_memory),
+       .help = "GiB: a node whose available memory (MemAvailable) falls below this raises one resource_alert per "
+               "episode in events.jsonl; 0 = no such alert",
+       .min = 0},
+      {.path = "monitor.nvml_library", .type = KeyType::STRING, .field = F(monitor.nvml_library),
+       .help = "the NVML library the monitor dlopens for GPU figures (none found: the records have no GPU fields, "
+               "said once in the rank's log); \"\" = an NVML linked into the program (the CUDA execution engine's)"},
       // clang-format on
   };
   return keys;

@@ -197,6 +197,15 @@ struct DoctorConfig {
   bool operator==(const DoctorConfig&) const = default;
 };
 
+// The resource monitor of every rank process (lib/monitor).
+struct MonitorConfig {
+  bool enabled = true;
+  double interval = 10.0;        // seconds between samples
+  double min_free_memory = 1.0;  // GiB of node MemAvailable under which an alert is raised; 0 = off
+  std::string nvml_library = "libnvidia-ml.so.1";
+  bool operator==(const MonitorConfig&) const = default;
+};
+
 struct ClusterConfig {
   SshConfig ssh;
   RendezvousConfig rendezvous;
@@ -237,6 +246,7 @@ struct TrainConfig {
   TensorboardConfig tensorboard;  // DeepSpeed's tensorboard section
   ClusterConfig cluster;
   DoctorConfig doctor;
+  MonitorConfig monitor;
 
   std::string source;  // the file path, or the name given to config_load_string
 

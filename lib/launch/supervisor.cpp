@@ -20,6 +20,7 @@
 #include "rendezvous/store.h"
 #include "report/event.h"
 #include "report/status.h"
+#include "report/resource_status.h"
 #include "report/straggler.h"
 
 #include <nlohmann/json.hpp>
@@ -161,6 +162,14 @@ class OutputRouter {
   std::vector<report::Event> take_events() {
     std::lock_guard<std::mutex> lock(mu_);
     return std::exchange(events_, {});
+  }
+
+  // The live view's resource lines: one compact line per node from the ranks' monitors.
+  void resource_lines(const std::vector<std::string>& lines) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!echo_ || lines.empty()) return;
+    end_status_line();
+    for (const auto& l : lines) print(stdout, "", "[resources] " + l);
   }
 
   // Other output must start on a fresh line when a redrawn status line is open.
@@ -510,6 +519,13 @@ RoundResult run_round(Job& job, rendezvous::StoreServer& server, rendezvous::Sto
   obs.started = Clock::now();
   obs.nodes.resize(static_cast<size_t>(n));
   auto last_nodes_write = obs.started - 10s;
+  // The live view's resource lines: the records the ranks' monitors appended, at most
+  // once per monitor.interval (and per second).
+  report::ResourceTail resource_tail((fs::path(job.run_dir) / "metrics.jsonl").string());
+  report::ResourceCollector resources;
+  const auto resource_every = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(std::max(1.0, job.cfg.monitor.interval)));
+  auto last_resource_show = obs.started;
   std::vector<bool> done(n, false);
   RoundResult result;
   while (!fail) {
@@ -555,6 +571,14 @@ RoundResult run_round(Job& job, rendezvous::StoreServer& server, rendezvous::Sto
     for (auto& ev : out.take_events()) files.event(ev);
     if (rejoin && rejoin_logged.empty() && !(rejoin_logged = rejoin->asked()).empty())
       log_info("{} passed the probe again: the ranks stop at their next checkpoint and the job regrows", rejoin_logged);
+    if (job.cfg.monitor.enabled && obs.now - last_resource_show >= resource_every) {
+      last_resource_show = obs.now;
+      if (resource_tail.poll(resources)) {
+        std::vector<std::string> lines;
+        for (const auto& node : resources.nodes()) lines.push_back(report::resource_compact_line(node));
+        out.resource_lines(lines);
+      }
+    }
     if (obs.now - last_nodes_write > 1000ms) {
       // For `dtrain status`: each node's last heartbeat age, refreshed every second.
       last_nodes_write = obs.now;

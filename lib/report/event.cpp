@@ -16,6 +16,7 @@ const char* event_kind_name(EventKind k) {
     case EventKind::FAILURE: return "failure";
     case EventKind::RESIZE: return "resize";
     case EventKind::FINISHED: return "finished";
+    case EventKind::RESOURCE_ALERT: return "resource_alert";
   }
   return "?";
 }

@@ -19,11 +19,12 @@ enum class EventKind {
   STRAGGLER_RECOVERED,  ///< ...and no longer
   FAILURE,              ///< how a round failed (or was interrupted) and whether a retry follows
   RESIZE,               ///< a round stopped at a checkpoint to take a host back
-  FINISHED              ///< the job succeeded
+  FINISHED,             ///< the job succeeded
+  RESOURCE_ALERT        ///< a rank's resource monitor saw low node memory, a full or throttled GPU
 };
 
 /// "round_start", "round_not_started", "membership", "straggler", "straggler_recovered",
-/// "failure", "resize", "finished": the record's "event".
+/// "failure", "resize", "finished", "resource_alert": the record's "event".
 const char* event_kind_name(EventKind k);
 
 struct Event {

@@ -290,6 +290,11 @@ RunStatus status_read(const std::string& run_dir, const CheckpointProblem& check
     const int64_t t = get_or<int64_t>(e, "time_ms", 0);
     const int round = get_or<int>(e, "round", 0);
     if (ev.empty()) continue;
+    // A rank's resource alert says nothing of the job's state (the last event decides it).
+    if (auto a = resource_alert_of(e)) {
+      st.resource_alerts.push_back(std::move(*a));
+      continue;
+    }
     last_event = ev;
     st.last_event_ms = t;
     if (ev == "round_start" || ev == "round_not_started") round_started = ev == "round_start";
@@ -331,7 +336,9 @@ RunStatus status_read(const std::string& run_dir, const CheckpointProblem& check
   }
 
   std::vector<std::pair<std::vector<double>, std::vector<double>>> rank_times;  // compute, comm per record
+  ResourceCollector resources;
   for (const json& m : read_jsonl(dir / "metrics.jsonl")) {
+    resources.add(m);
     auto step = m.find("step");
     if (step == m.end() || !step->is_number()) continue;
     if (auto rc = m.find("rank_compute_ms"); rc != m.end() && rc->is_array()) {
@@ -351,6 +358,8 @@ RunStatus status_read(const std::string& run_dir, const CheckpointProblem& check
       st.last_eval_loss = m["eval_loss"].get<double>();
     }
   }
+
+  st.resources = resources.nodes();
 
   const fs::path latest = dir / "checkpoints" / "latest";
   if (std::ifstream in{latest}) {
@@ -563,6 +572,23 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
     for (const auto& x : st.stragglers)
       out += fmt::format("  rank {} on {}: compute {:.1f} ms/step, {:.1f}x the median {:.1f} ms ({} records)\n", x.rank,
                          x.host, x.compute_ms, x.ratio, x.median_ms, x.records);
+  }
+
+  if (!st.resources.empty()) {
+    row("resources", "latest sample of every rank, by node (metrics.jsonl, monitor.interval)");
+    out += resource_lines(st.resources, now_ms);
+  }
+  if (!st.resource_alerts.empty()) {
+    // The newest few: each is one episode's start, the log keeps them all.
+    constexpr size_t kShown = 5;
+    row("alerts", fmt::format("{} resource alert(s) in events.jsonl{}", st.resource_alerts.size(),
+                              st.resource_alerts.size() > kShown ? fmt::format(", the last {}", kShown) : ""));
+    for (size_t i = st.resource_alerts.size() > kShown ? st.resource_alerts.size() - kShown : 0;
+         i < st.resource_alerts.size(); ++i) {
+      const auto& a = st.resource_alerts[i];
+      out +=
+          fmt::format("  {} ago node{} {} rank {}: {}: {}\n", ago(a.time_ms), a.node, a.host, a.rank, a.alert, a.why);
+    }
   }
 
   if (st.have_nodes && !st.nodes.empty()) {

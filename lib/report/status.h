@@ -5,6 +5,8 @@
 
 #include "report/event.h"
 
+#include "report/resource_status.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -137,6 +139,9 @@ struct RunStatus {
   double straggler_factor = 0.0;  ///< the rule (nodes.json); 0 = unknown, no check
   int straggler_window = 0;
   std::vector<StragglerFlag> stragglers;
+  // the resource monitor: every node's latest samples (metrics.jsonl), its alerts (events.jsonl)
+  std::vector<NodeResources> resources;
+  std::vector<ResourceAlertRecord> resource_alerts;
 };
 
 /// Reads the run directory (a checkpoint counts once checkpoints/latest names a directory

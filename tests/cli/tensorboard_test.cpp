@@ -22,7 +22,9 @@ namespace {
 std::vector<fs::path> event_files(const fs::path& dir) {
   std::vector<fs::path> out;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) out.push_back(e.path());
+  // Files only: the ranks' resource monitors write theirs below, in resources/rank<R>/.
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_regular_file()) out.push_back(e.path());
   std::sort(out.begin(), out.end());
   return out;
 }

@@ -61,6 +61,12 @@ int device_current();               // cudaGetDevice of this host thread
 int device_count();                 // devices visible to this process
 int stream_device(cudaStream_t s);  // device of s (legacy/null stream: the current device); -1 if invalid
 bool stream_valid(cudaStream_t s);
+// Adds kernel time a device's executor spent (nvml.cpp: NVML's utilisation).
+void device_busy_add(int device, int64_t ns);
+// The machine's devices before CUDA_VISIBLE_DEVICES, and the CUDA index of physical
+// device p in this process (-1: not visible). NVML numbers the physical devices.
+int device_physical_count();
+int device_of_physical(int physical);
 
 // Enqueues fn on stream s after everything CUDA's ordering rules put before it; fn runs
 // on the device's executor thread. `eager`: the op (and all it depends on) runs as soon

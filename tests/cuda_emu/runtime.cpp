@@ -277,6 +277,13 @@ using namespace rt;
 // engine.h
 int device_current() { return t_device; }
 int device_count() { return static_cast<int>(st().devices.size()); }
+int device_physical_count() { return st().physical; }
+int device_of_physical(int physical) {
+  const auto& v = st().visible;
+  for (size_t i = 0; i < v.size(); ++i)
+    if (v[i] == physical) return static_cast<int>(i);
+  return -1;
+}
 
 int stream_device(cudaStream_t s) {
   std::lock_guard<std::mutex> lock(st().mu);
@@ -414,7 +421,10 @@ void launch_submit(const void* func, const LaunchSite& site, dim3 grid, dim3 blo
   if (!sp) return reject(cudaErrorInvalidResourceHandle, "invalid stream");
   auto run = [k = std::move(k)] {
     std::string detail;
+    const auto t0 = std::chrono::steady_clock::now();
     const cudaError_t e = kernel_run(k, &detail);  // restores any guard page it opened
+    device_busy_add(
+        k.device, std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
     if (e != cudaSuccess) {
       sticky_error_set(k.device, e, detail);
       return;

@@ -1,0 +1,173 @@
+// The sampler thread: sample, write, alert, wait; a condition variable ends the wait at
+// once when the monitor is stopped.
+#include "monitor/monitor.h"
+
+#include "core/append_record.h"
+#include "core/check.h"
+#include "core/log.h"
+#include "report/event.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+
+namespace dtrain::monitor {
+
+namespace {
+
+// One whole line appended to a file that others append to as well (rank 0's trainer,
+// the other ranks' monitors, the launcher): O_APPEND and one record per write.
+int line_append(const std::string& path, const std::string& line) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return errno;
+  const int err = append_record(fd, line);
+  ::close(fd);
+  return err;
+}
+
+}  // namespace
+
+std::vector<tensorboard::Scalar> sample_scalars(const ResourceSample& s) {
+  std::vector<tensorboard::Scalar> v;
+  auto put = [&](const char* tag, const auto& x, double scale) {
+    if (x) v.push_back({tag, static_cast<double>(*x) * scale});
+  };
+  const double g = 1.0 / (1024.0 * 1024.0 * 1024.0);
+  put("resource/cpu_pct", s.cpu_pct, 1);
+  put("resource/node_cpu_pct", s.node_cpu_pct, 1);
+  put("resource/rss_gib", s.rss_bytes, g);
+  put("resource/mem_available_gib", s.mem_available_bytes, g);
+  put("resource/disk_free_gib", s.disk_free_bytes, g);
+  if (!s.net.empty()) {
+    double rx = 0, tx = 0;
+    for (const NetRate& n : s.net)
+      if (n.iface != "lo") rx += n.rx_mbps, tx += n.tx_mbps;
+    v.push_back({"resource/net_rx_mbps", rx});
+    v.push_back({"resource/net_tx_mbps", tx});
+  }
+  if (s.gpu) {
+    put("gpu/util_pct", s.gpu->util_pct, 1);
+    put("gpu/mem_util_pct", s.gpu->mem_util_pct, 1);
+    put("gpu/mem_used_gib", s.gpu->mem_used, g);
+    put("gpu/temperature_c", s.gpu->temperature_c, 1);
+    put("gpu/power_w", s.gpu->power_w, 1);
+    put("gpu/sm_clock_mhz", s.gpu->sm_clock_mhz, 1);
+  }
+  return v;
+}
+
+Monitor::Monitor(MonitorOptions opts) : o_(std::move(opts)), host_(o_.proc_root, o_.run_dir) {
+  thread_ = std::thread([this] { run(); });
+}
+
+Monitor::~Monitor() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+int64_t Monitor::samples() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return samples_;
+}
+
+void Monitor::gpu_open() {
+  gpu_tried_ = true;
+  std::string why;
+  nvml_ = o_.nvml_api ? Nvml::from_api(*o_.nvml_api, &why) : Nvml::open(o_.nvml_library, &why);
+  // Said once: the records then simply have no GPU fields.
+  if (!nvml_) log_info("rank {}: resource monitor without GPU figures: {}", o_.origin.rank, why);
+}
+
+void Monitor::event_append(const Alert& a, int64_t time_ms) {
+  report::Event e{.kind = report::EventKind::RESOURCE_ALERT,
+                  .round = o_.origin.round,
+                  .time_ms = time_ms,
+                  .node = o_.origin.node,
+                  .host = o_.origin.host,
+                  .why = a.why,
+                  .detail = {{"alert", alert_kind_name(a.kind)}, {"rank", o_.origin.rank}}};
+  log_warn("rank {} on {}: {}", o_.origin.rank, o_.origin.host, a.why);
+  if (!o_.run_dir.empty())
+    line_append((std::filesystem::path(o_.run_dir) / "events.jsonl").string(), report::event_json(e).dump() + "\n");
+}
+
+void Monitor::tensorboard_write(const ResourceSample& s) {
+  if (o_.tensorboard_dir.empty() || tb_failed_) return;
+  const double wall = static_cast<double>(s.time_ms) / 1e3;
+  if (!tb_) {
+    try {
+      tb_ = std::make_unique<tensorboard::EventWriter>(o_.tensorboard_dir, wall, o_.origin.host);
+    } catch (const std::exception& e) {
+      // Said once; the metrics.jsonl records go on.
+      tb_failed_ = true;
+      log_warn("rank {}: resource monitor writes no TensorBoard scalars: {}", o_.origin.rank, e.what());
+      return;
+    }
+  }
+  tb_->scalars(s.time_ms, sample_scalars(s), wall);
+}
+
+nlohmann::json Monitor::sample_once() {
+  std::lock_guard<std::mutex> one(sample_mu_);
+  if (o_.gpu && !gpu_tried_) gpu_open();
+  ResourceSample s = host_.read();
+  if (nvml_) {
+    std::string why;
+    s.gpu = nvml_->read(o_.gpu_index, &why);
+    if (!s.gpu && !gpu_read_warned_) log_info("rank {}: resource monitor: {}", o_.origin.rank, why);
+    gpu_read_warned_ = !s.gpu;
+  }
+  nlohmann::json rec = sample_json(s, o_.origin);
+  if (!o_.run_dir.empty()) {
+    const std::string path = (std::filesystem::path(o_.run_dir) / "metrics.jsonl").string();
+    const int err = line_append(path, rec.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+    // A full disk loses samples, never the run: reported once.
+    if (err != 0 && !write_warned_) {
+      write_warned_ = true;
+      log_warn("rank {}: resource monitor cannot write {}: {}; samples are lost until it can", o_.origin.rank, path,
+               std::strerror(err));
+    } else if (err == 0) {
+      write_warned_ = false;
+    }
+  }
+  tensorboard_write(s);
+  for (const Alert& a : alerts_.update(s, o_.limits)) event_append(a, s.time_ms);
+  std::lock_guard<std::mutex> lock(mu_);
+  ++samples_;
+  return rec;
+}
+
+void Monitor::run() {
+  const auto period =
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(o_.interval_s));
+  auto next = std::chrono::steady_clock::now();
+  for (;;) {
+    // A thread must not let an exception escape (std::terminate): a failed sample is
+    // logged and the next one tried; the training goes on either way.
+    try {
+      sample_once();
+    } catch (const std::exception& e) {
+      log_warn("rank {}: resource monitor sample failed: {}", o_.origin.rank, e.what());
+    }
+    next += period;
+    std::unique_lock<std::mutex> lock(mu_);
+    if (cv_.wait_until(lock, next, [this] { return stop_; })) return;
+    // Behind by more than one period (a stopped process): skip the missed samples.
+    if (std::chrono::steady_clock::now() > next + period) next = std::chrono::steady_clock::now();
+  }
+}
+
+std::unique_ptr<Monitor> monitor_start(MonitorOptions opts, bool enabled) {
+  if (!enabled || opts.run_dir.empty()) return nullptr;
+  DT_ENFORCE(opts.interval_s > 0, ConfigError, "monitor.interval must be > 0 seconds, got {}", opts.interval_s);
+  return std::make_unique<Monitor>(std::move(opts));
+}
+
+}  // namespace dtrain::monitor

@@ -1,0 +1,220 @@
+// Resource records for `dtrain status`: newest per rank, grouped by node, formatted.
+#include "report/resource_status.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+
+namespace dtrain::report {
+
+namespace {
+
+using nlohmann::json;
+
+template <class T>
+std::optional<T> opt(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number()) return std::nullopt;
+  return it->get<T>();
+}
+
+double gib(int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0); }
+
+std::string ago(int64_t now_ms, int64_t t) {
+  const double s = std::max(0.0, static_cast<double>(now_ms - t) / 1000.0);
+  return s < 120 ? fmt::format("{:.1f} s", s) : fmt::format("{:.0f} min", s / 60);
+}
+
+}  // namespace
+
+void ResourceCollector::add(const json& r) {
+  if (!r.is_object()) return;
+  auto k = r.find("kind");
+  if (k == r.end() || !k->is_string() || k->get<std::string>() != "resource") return;
+  const auto rank = opt<int>(r, "rank");
+  const auto t = opt<int64_t>(r, "time_ms");
+  if (!rank || *rank < 0 || *rank > (1 << 20) || !t) return;
+  const int round = opt<int>(r, "round").value_or(0);
+  if (round < round_) return;
+  if (round > round_) {
+    latest_.clear();
+    round_ = round;
+  }
+  if (latest_.size() <= static_cast<size_t>(*rank)) latest_.resize(static_cast<size_t>(*rank) + 1);
+  json& slot = latest_[static_cast<size_t>(*rank)];
+  if (slot.is_null() || opt<int64_t>(slot, "time_ms").value_or(0) <= *t) slot = r;
+}
+
+std::vector<NodeResources> ResourceCollector::nodes() const {
+  std::map<int, NodeResources> by_node;
+  for (const json& r : latest_) {
+    if (r.is_null()) continue;
+    const int node = opt<int>(r, "node").value_or(0);
+    NodeResources& n = by_node[node];
+    n.node = node;
+    RankResources k;
+    k.rank = opt<int>(r, "rank").value_or(0);
+    k.time_ms = opt<int64_t>(r, "time_ms").value_or(0);
+    k.cpu_pct = opt<double>(r, "cpu_pct");
+    k.rss_bytes = opt<int64_t>(r, "rss_bytes");
+    k.gpu_index = opt<int>(r, "gpu_index");
+    k.gpu_util_pct = opt<double>(r, "gpu_util_pct");
+    k.gpu_temperature_c = opt<double>(r, "gpu_temperature_c");
+    k.gpu_power_w = opt<double>(r, "gpu_power_w");
+    k.gpu_mem_used_bytes = opt<int64_t>(r, "gpu_mem_used_bytes");
+    k.gpu_mem_total_bytes = opt<int64_t>(r, "gpu_mem_total_bytes");
+    k.gpu_sm_clock_mhz = opt<int64_t>(r, "gpu_sm_clock_mhz");
+    k.gpu_throttle_reasons = opt<uint64_t>(r, "gpu_throttle_reasons");
+    // The node's own figures from its newest sample.
+    if (k.time_ms >= n.time_ms) {
+      n.time_ms = k.time_ms;
+      if (auto h = r.find("host"); h != r.end() && h->is_string()) n.host = h->get<std::string>();
+      auto keep = [](auto& dst, auto v) {
+        if (v) dst = v;
+      };
+      keep(n.node_cpu_pct, opt<double>(r, "node_cpu_pct"));
+      keep(n.net_rx_mbps, opt<double>(r, "net_rx_mbps"));
+      keep(n.net_tx_mbps, opt<double>(r, "net_tx_mbps"));
+      keep(n.mem_available_bytes, opt<int64_t>(r, "mem_available_bytes"));
+      keep(n.mem_total_bytes, opt<int64_t>(r, "mem_total_bytes"));
+      keep(n.disk_free_bytes, opt<int64_t>(r, "disk_free_bytes"));
+    }
+    n.ranks.push_back(std::move(k));
+  }
+  std::vector<NodeResources> out;
+  for (auto& [_, n] : by_node) out.push_back(std::move(n));
+  return out;
+}
+
+std::optional<ResourceAlertRecord> resource_alert_of(const json& e) {
+  if (!e.is_object()) return std::nullopt;
+  auto ev = e.find("event");
+  if (ev == e.end() || !ev->is_string() || ev->get<std::string>() != "resource_alert") return std::nullopt;
+  ResourceAlertRecord a;
+  a.time_ms = opt<int64_t>(e, "time_ms").value_or(0);
+  a.node = opt<int>(e, "node").value_or(-1);
+  a.rank = opt<int>(e, "rank").value_or(-1);
+  if (auto h = e.find("host"); h != e.end() && h->is_string()) a.host = h->get<std::string>();
+  if (auto x = e.find("alert"); x != e.end() && x->is_string()) a.alert = x->get<std::string>();
+  if (auto x = e.find("why"); x != e.end() && x->is_string()) a.why = x->get<std::string>();
+  return a;
+}
+
+std::string resource_lines(const std::vector<NodeResources>& nodes, int64_t now_ms) {
+  std::string out;
+  for (const NodeResources& n : nodes) {
+    // "  host ..." rather than "  node...": the rows of the nodes section begin so.
+    std::string line = fmt::format("  host {} (node{}, sampled {} ago):", n.host.empty() ? "?" : n.host, n.node,
+                                   ago(now_ms, n.time_ms));
+    std::string sep = " ";
+    auto add = [&](const std::string& s) {
+      line += sep + s;
+      sep = ", ";
+    };
+    if (n.node_cpu_pct) add(fmt::format("cpu {:.0f} %", *n.node_cpu_pct));
+    if (n.mem_available_bytes && n.mem_total_bytes)
+      add(fmt::format("mem {:.1f}/{:.1f} GiB available", gib(*n.mem_available_bytes), gib(*n.mem_total_bytes)));
+    else if (n.mem_available_bytes) add(fmt::format("mem {:.1f} GiB available", gib(*n.mem_available_bytes)));
+    if (n.net_rx_mbps && n.net_tx_mbps)
+      add(fmt::format("net rx {:.2f} tx {:.2f} MB/s", *n.net_rx_mbps, *n.net_tx_mbps));
+    if (n.disk_free_bytes) add(fmt::format("run dir {:.1f} GiB free", gib(*n.disk_free_bytes)));
+    out += line + "\n";
+    for (const RankResources& k : n.ranks) {
+      std::string r = fmt::format("    rank {}:", k.rank);
+      std::string s2 = " ";
+      auto put = [&](const std::string& s) {
+        r += s2 + s;
+        s2 = ", ";
+      };
+      if (k.cpu_pct) put(fmt::format("cpu {:.0f} %", *k.cpu_pct));
+      if (k.rss_bytes) put(fmt::format("rss {:.2f} GiB", gib(*k.rss_bytes)));
+      if (k.gpu_index) {
+        std::string g = fmt::format("gpu{}", *k.gpu_index);
+        if (k.gpu_util_pct) g += fmt::format(" {:.0f} %", *k.gpu_util_pct);
+        if (k.gpu_mem_used_bytes && k.gpu_mem_total_bytes)
+          g += fmt::format(" mem {:.2f}/{:.1f} GiB", gib(*k.gpu_mem_used_bytes), gib(*k.gpu_mem_total_bytes));
+        if (k.gpu_temperature_c) g += fmt::format(" {:.0f} C", *k.gpu_temperature_c);
+        if (k.gpu_power_w) g += fmt::format(" {:.0f} W", *k.gpu_power_w);
+        if (k.gpu_sm_clock_mhz) g += fmt::format(" {} MHz", *k.gpu_sm_clock_mhz);
+        // Thermal or power reasons only: idle and application clocks are no slowdown.
+        if (k.gpu_throttle_reasons && (*k.gpu_throttle_reasons & 0xE4ull) != 0)
+          g += fmt::format(" throttled (0x{:x})", *k.gpu_throttle_reasons);
+        put(g);
+      }
+      out += r + "\n";
+    }
+  }
+  return out;
+}
+
+std::string resource_compact_line(const NodeResources& n) {
+  std::string out = fmt::format("node{} {}:", n.node, n.host.empty() ? "?" : n.host);
+  std::string sep = " ";
+  auto add = [&](const std::string& part) {
+    out += sep + part;
+    sep = " | ";
+  };
+  if (n.node_cpu_pct) add(fmt::format("cpu {:.0f} %", *n.node_cpu_pct));
+  if (n.mem_available_bytes && n.mem_total_bytes)
+    add(fmt::format("mem {:.1f}/{:.1f} GiB available", gib(*n.mem_available_bytes), gib(*n.mem_total_bytes)));
+  if (n.net_rx_mbps && n.net_tx_mbps) add(fmt::format("net {:.2f}/{:.2f} MB/s in/out", *n.net_rx_mbps, *n.net_tx_mbps));
+  int64_t rss = 0;
+  bool have_rss = false;
+  std::optional<double> ulo, uhi, mlo, mhi, mtot;
+  auto widen = [](std::optional<double>& lo, std::optional<double>& hi, double v) {
+    lo = lo ? std::min(*lo, v) : v;
+    hi = hi ? std::max(*hi, v) : v;
+  };
+  for (const RankResources& r : n.ranks) {
+    if (r.rss_bytes) rss += *r.rss_bytes, have_rss = true;
+    if (r.gpu_util_pct) widen(ulo, uhi, *r.gpu_util_pct);
+    if (r.gpu_mem_used_bytes) widen(mlo, mhi, gib(*r.gpu_mem_used_bytes));
+    if (r.gpu_mem_total_bytes) mtot = gib(*r.gpu_mem_total_bytes);
+  }
+  if (have_rss) add(fmt::format("rss {:.2f} GiB", gib(rss)));
+  auto range = [](double lo, double hi, const char* f) {
+    return lo == hi ? fmt::format(fmt::runtime(f), lo)
+                    : fmt::format(fmt::runtime(f), lo) + "-" + fmt::format(fmt::runtime(f), hi);
+  };
+  std::string gpu;
+  if (ulo) gpu = "gpu " + range(*ulo, *uhi, "{:.0f}") + " %";
+  if (mlo)
+    gpu += (gpu.empty() ? "gpu mem " : ", mem ") + range(*mlo, *mhi, "{:.1f}") +
+           (mtot ? fmt::format("/{:.0f}", *mtot) : std::string()) + " GiB";
+  if (!gpu.empty()) add(gpu);
+  return out;
+}
+
+bool ResourceTail::poll(ResourceCollector& into) {
+  std::ifstream in(path_, std::ios::binary);
+  if (!in) return false;
+  in.seekg(0, std::ios::end);
+  const auto size = static_cast<uint64_t>(std::max<std::streamoff>(0, in.tellg()));
+  if (size < offset_) offset_ = 0;  // cut and rewritten (a round's start)
+  if (size == offset_) return false;
+  // At most 4 MiB per poll: a huge backlog is caught up over several polls.
+  const uint64_t want = std::min<uint64_t>(size - offset_, 4u << 20);
+  std::string buf(want, '\0');
+  in.seekg(static_cast<std::streamoff>(offset_));
+  in.read(buf.data(), static_cast<std::streamsize>(want));
+  buf.resize(static_cast<size_t>(in.gcount()));
+  const size_t end = buf.rfind('\n');
+  if (end == std::string::npos) return false;  // no complete line yet
+  offset_ += end + 1;
+  bool any = false;
+  size_t at = 0;
+  while (at <= end) {
+    const size_t nl = buf.find('\n', at);
+    const auto j = json::parse(std::string_view(buf).substr(at, nl - at), nullptr, false);
+    if (j.is_object() && j.value("kind", "") == "resource") {
+      into.add(j);
+      any = true;
+    }
+    at = nl + 1;
+  }
+  return any;
+}
+
+}  // namespace dtrain::report

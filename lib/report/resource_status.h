@@ -1,0 +1,81 @@
+// The resource monitor's records as `dtrain status` shows them: the latest sample of
+// every rank from metrics.jsonl ({"kind": "resource"} records, lib/monitor), grouped by
+// node, and the resource alerts of events.jsonl.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dtrain::report {
+
+/// One rank's latest resource sample.
+struct RankResources {
+  int rank = 0;
+  int64_t time_ms = 0;
+  std::optional<double> cpu_pct;
+  std::optional<int64_t> rss_bytes;
+  std::optional<int> gpu_index;
+  std::optional<double> gpu_util_pct, gpu_temperature_c, gpu_power_w;
+  std::optional<int64_t> gpu_mem_used_bytes, gpu_mem_total_bytes, gpu_sm_clock_mhz;
+  std::optional<uint64_t> gpu_throttle_reasons;
+};
+
+/// A node's figures, from the newest sample of any of its ranks.
+struct NodeResources {
+  int node = 0;
+  std::string host;
+  int64_t time_ms = 0;
+  std::optional<double> node_cpu_pct, net_rx_mbps, net_tx_mbps;
+  std::optional<int64_t> mem_available_bytes, mem_total_bytes, disk_free_bytes;
+  std::vector<RankResources> ranks;  // by rank
+};
+
+struct ResourceAlertRecord {
+  int64_t time_ms = 0;
+  int node = -1, rank = -1;
+  std::string host, alert, why;
+};
+
+/// Collects the resource records of metrics.jsonl (others are passed over), the newest per
+/// rank; records of a round older than the newest one seen are dropped (a resized job's
+/// ranks that are gone). Nodes by number.
+class ResourceCollector {
+ public:
+  void add(const nlohmann::json& record);  // any metrics.jsonl record
+  std::vector<NodeResources> nodes() const;
+
+ private:
+  std::vector<nlohmann::json> latest_;  // per rank, newest record
+  int round_ = -1;
+};
+
+/// A "resource_alert" event of events.jsonl; nullopt for any other record.
+std::optional<ResourceAlertRecord> resource_alert_of(const nlohmann::json& event);
+
+/// The status lines: "  host n1 (node0, sampled 2.1 s ago): cpu 35 %, ..."
+/// and one indented line per rank ("    rank 0: cpu 98 %, rss 1.21 GiB, gpu0 97 % ...").
+std::string resource_lines(const std::vector<NodeResources>& nodes, int64_t now_ms);
+
+/// The live view's compact line for a node: "node0 n0: cpu 30 % | mem 9.0/32.0 GiB
+/// available | net 1.50/0.50 MB/s in/out | rss 2.10 GiB | gpu 95-97 %, mem 40.0-41.2/80 GiB"
+/// (ranges over the node's ranks; parts without figures left out).
+std::string resource_compact_line(const NodeResources& n);
+
+/// Reads the resource records appended to metrics.jsonl since the last call (complete
+/// lines only; a file that shrank, cut at a round's start, is read again from the start).
+class ResourceTail {
+ public:
+  explicit ResourceTail(std::string metrics_path) : path_(std::move(metrics_path)) {}
+  /// Feeds the new records to the collector; true when there was at least one.
+  bool poll(ResourceCollector& into);
+
+ private:
+  std::string path_;
+  uint64_t offset_ = 0;
+};
+
+}  // namespace dtrain::report

@@ -1,0 +1,231 @@
+// The sampler thread (start, records in metrics.jsonl, a stop that does not wait out the
+// interval), NVML through a function table and a library that is not there, and the
+// alerts' episodes (once when a condition begins, again only after it cleared).
+#include "monitor/alert.h"
+#include "monitor/monitor.h"
+#include "monitor/nvml.h"
+
+#include "temp_dir.h"
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+using namespace dtrain::monitor;
+using nlohmann::json;
+
+namespace {
+
+std::vector<json> jsonl(const std::filesystem::path& p) {
+  std::vector<json> out;
+  std::ifstream in(p);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) out.push_back(json::parse(line));
+  return out;
+}
+
+// A fake NVML whose figures the test sets: one GPU, index 0.
+struct FakeGpu {
+  static inline unsigned long long used = 0, total = 80ull << 30, throttle = 0;
+  static inline int inits = 0;
+};
+nvml_return_t fake_init() { return ++FakeGpu::inits, kNvmlSuccess; }
+nvml_return_t fake_shutdown() { return --FakeGpu::inits, kNvmlSuccess; }
+nvml_return_t fake_handle(unsigned int i, nvml_device_t* d) {
+  if (i != 0) return 2;
+  *d = reinterpret_cast<nvml_device_t>(1);
+  return kNvmlSuccess;
+}
+nvml_return_t fake_memory(nvml_device_t, NvmlMemory* m) {
+  *m = {FakeGpu::total, FakeGpu::total - FakeGpu::used, FakeGpu::used};
+  return kNvmlSuccess;
+}
+nvml_return_t fake_util(nvml_device_t, NvmlUtilization* u) {
+  *u = {87, 40};
+  return kNvmlSuccess;
+}
+nvml_return_t fake_temp(nvml_device_t, int, unsigned int*) { return kNvmlErrorNotSupported; }
+nvml_return_t fake_power(nvml_device_t, unsigned int* mw) { return *mw = 301500, kNvmlSuccess; }
+nvml_return_t fake_throttle(nvml_device_t, unsigned long long* r) { return *r = FakeGpu::throttle, kNvmlSuccess; }
+
+NvmlApi fake_api() {
+  NvmlApi a;
+  a.init = fake_init;
+  a.shutdown = fake_shutdown;
+  a.handle_by_index = fake_handle;
+  a.memory = fake_memory;
+  a.utilization = fake_util;
+  a.temperature = fake_temp;
+  a.power = fake_power;
+  a.throttle_reasons = fake_throttle;
+  return a;
+}
+
+template <class Pred>
+bool wait_for(Pred p) {
+  for (int i = 0; i < 400; ++i) {  // at most ~20 s
+    if (p()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return p();
+}
+
+}  // namespace
+
+TEST_CASE("monitor: the thread writes one resource record per sample and stops without waiting out the interval") {
+  dtrain::test::TempDir d("monitor-thread");
+  MonitorOptions o;
+  o.interval_s = 0.05;
+  o.run_dir = d.path.string();
+  o.origin = {.rank = 1, .local_rank = 1, .node = 0, .round = 0, .host = "h"};
+  {
+    Monitor m(o);
+    REQUIRE(wait_for([&] { return m.samples() >= 3; }));
+  }
+  const auto recs = jsonl(d.path / "metrics.jsonl");
+  REQUIRE(recs.size() >= 3);
+  for (const json& r : recs) {
+    CHECK(is_resource_record(r));
+    CHECK(r["rank"] == 1);
+    CHECK(r.contains("rss_bytes"));
+    CHECK(r.contains("mem_available_bytes"));
+    CHECK(r.contains("disk_free_bytes"));
+    CHECK_FALSE(r.contains("gpu_index"));  // no GPU asked for
+  }
+  CHECK(recs[1].contains("node_cpu_pct"));  // the second sample has rates
+
+  // An hour's interval: the destructor must end the wait at once (a hang here fails the
+  // test by its ctest timeout).
+  o.interval_s = 3600;
+  {
+    Monitor m(o);
+    REQUIRE(wait_for([&] { return m.samples() >= 1; }));
+  }
+  CHECK(jsonl(d.path / "metrics.jsonl").size() == recs.size() + 1);
+  CHECK_FALSE(monitor_start(o, false));  // monitor.enabled: false
+  o.run_dir.clear();
+  CHECK_FALSE(monitor_start(o, true));  // nowhere to write
+}
+
+TEST_CASE("monitor: GPU figures through an NVML function table; alerts once per episode into events.jsonl") {
+  dtrain::test::TempDir d("monitor-gpu");
+  const NvmlApi api = fake_api();
+  MonitorOptions o;
+  o.interval_s = 3600;  // samples are taken by the test
+  o.run_dir = d.path.string();
+  o.origin = {.rank = 0, .local_rank = 0, .node = 0, .round = 2, .host = "h"};
+  o.gpu = true;
+  o.nvml_api = &api;
+  FakeGpu::used = 10ull << 30;
+  FakeGpu::throttle = 0x1;  // idle: no slowdown
+  {
+    Monitor m(o);
+    REQUIRE(wait_for([&] { return m.samples() >= 1; }));
+    json r = m.sample_once();
+    CHECK(r["gpu_index"] == 0);
+    CHECK(r["gpu_util_pct"] == 87);
+    CHECK(r["gpu_mem_used_bytes"] == 10ll << 30);
+    CHECK(r["gpu_power_w"].get<double>() == doctest::Approx(301.5));
+    CHECK_FALSE(r.contains("gpu_temperature_c"));  // not supported: left out
+    CHECK_FALSE(std::filesystem::exists(d.path / "events.jsonl"));
+
+    FakeGpu::used = 79ull << 30;  // 98.75 %
+    FakeGpu::throttle = kThrottleHwThermal;
+    m.sample_once();
+    m.sample_once();  // the same episodes: no new alerts
+    FakeGpu::used = 10ull << 30;
+    FakeGpu::throttle = 0;
+    m.sample_once();  // both clear
+    FakeGpu::used = 78ull << 30;
+    m.sample_once();  // a new GPU memory episode
+  }
+  CHECK(FakeGpu::inits == 0);  // nvmlShutdown on stop
+  const auto ev = jsonl(d.path / "events.jsonl");
+  std::vector<std::string> kinds;
+  for (const json& e : ev) {
+    CHECK(e["event"] == "resource_alert");
+    CHECK(e["round"] == 2);
+    CHECK(e["rank"] == 0);
+    kinds.push_back(e["alert"]);
+  }
+  CHECK(kinds == std::vector<std::string>{"gpu_memory", "gpu_throttle", "gpu_memory"});
+  CHECK(ev[1]["why"].get<std::string>().find("hardware thermal slowdown") != std::string::npos);
+}
+
+TEST_CASE("monitor: node memory under monitor.min_free_memory raises low_memory once, from the node's checking rank") {
+  dtrain::test::TempDir d("monitor-mem");
+  MonitorOptions o;
+  o.interval_s = 3600;
+  o.run_dir = d.path.string();
+  o.limits.min_free_memory_bytes = int64_t{1} << 50;  // 1 PiB: no machine has that available
+  {
+    Monitor m(o);
+    REQUIRE(wait_for([&] { return m.samples() >= 1; }));
+    m.sample_once();
+  }
+  const auto ev = jsonl(d.path / "events.jsonl");
+  REQUIRE(ev.size() == 1);
+  CHECK(ev[0]["alert"] == "low_memory");
+  CHECK(ev[0]["why"].get<std::string>().find("monitor.min_free_memory") != std::string::npos);
+
+  // The node's other ranks do not repeat it.
+  dtrain::test::TempDir d2("monitor-mem2");
+  o.run_dir = d2.path.string();
+  o.limits.node_checks = false;
+  {
+    Monitor m(o);
+    REQUIRE(wait_for([&] { return m.samples() >= 1; }));
+  }
+  CHECK_FALSE(std::filesystem::exists(d2.path / "events.jsonl"));
+}
+
+TEST_CASE("monitor: no NVML library means no GPU fields, and the reason") {
+  std::string why;
+  CHECK_FALSE(Nvml::open("libdtrain-no-such-nvml.so.1", &why));
+  CHECK(why.find("libdtrain-no-such-nvml.so.1") != std::string::npos);
+  why.clear();
+  CHECK_FALSE(Nvml::open("", &why));  // this test program links no NVML
+  CHECK(why.find("no NVML") != std::string::npos);
+
+  dtrain::test::TempDir d("monitor-nonvml");
+  MonitorOptions o;
+  o.interval_s = 3600;
+  o.run_dir = d.path.string();
+  o.gpu = true;
+  o.nvml_library = "libdtrain-no-such-nvml.so.1";
+  {
+    Monitor m(o);
+    REQUIRE(wait_for([&] { return m.samples() >= 1; }));
+  }
+  const auto recs = jsonl(d.path / "metrics.jsonl");
+  REQUIRE(recs.size() == 1);
+  CHECK_FALSE(recs[0].contains("gpu_index"));
+  CHECK(recs[0].contains("rss_bytes"));
+}
+
+TEST_CASE("monitor: a rank's NVML index follows CUDA_VISIBLE_DEVICES") {
+  CHECK(nvml_index_of(1, nullptr) == 1);
+  CHECK(nvml_index_of(1, "") == 1);
+  CHECK(nvml_index_of(1, "4,6") == 6);
+  CHECK(nvml_index_of(0, "3") == 3);
+  CHECK(nvml_index_of(2, "3") == 2);                  // fewer entries: its own number
+  CHECK(nvml_index_of(1, "GPU-8a1c,GPU-77de") == 1);  // UUIDs: not mapped
+}
+
+TEST_CASE("alerts: a missing figure neither starts nor ends an episode") {
+  AlertState st;
+  AlertLimits lim;
+  lim.min_free_memory_bytes = 100;
+  ResourceSample low;
+  low.mem_available_bytes = 50;
+  CHECK(st.update(low, lim).size() == 1);
+  ResourceSample unknown;  // /proc/meminfo unreadable this time
+  CHECK(st.update(unknown, lim).empty());
+  CHECK(st.update(low, lim).empty());  // still the same episode
+  ResourceSample ok;
+  ok.mem_available_bytes = 500;
+  CHECK(st.update(ok, lim).empty());
+  CHECK(st.update(low, lim).size() == 1);
+}
