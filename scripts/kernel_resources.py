@@ -26,19 +26,24 @@ import sys
 # (CUDA C Programming Guide, "Technical Specifications per Compute Capability"), allocated
 # per thread in steps of 8, at most 255 per thread.
 #   - tensor-core attention (128 threads a block): forward at head dims 32 and 64 keeps 4
-#     blocks per SM (65536 / (4 * 128) = 128), at 128 keeps 3 (170 -> 168); backward at 32
-#     keeps 3 (168); backward at 64 and 128 and both at 256 sit at the 255 maximum (2 blocks)
-#     and there the spill gate below is the one that binds.
+#     blocks per SM (65536 / (4 * 128) = 128; sm_100/sm_120 take 142: 3); at 128 the two
+#     stages' 87 KB of shared memory allow 2 blocks, so registers up to 255 cost nothing
+#     (171 today). Backward: dK/dV at 32 and dQ at 32 and 64 keep 3 (168); dK/dV at 64 (166-181
+#     registers) and everything at 128 and 256 sit at 2 blocks, and there the spill gate below
+#     is the one that binds.
 #   - the scalar fp32 attention and the row kernels (norm, the column reductions): 128, at
 #     least 2 blocks of 256 threads per SM.
 #   - everything else: 64, the most a 1024-thread block can have at all (65536 / 1024;
 #     loss_mean_kernel launches 1024 threads, the grid-stride kernels up to 1024), and half
 #     occupancy for these memory-bound kernels.
 REG_TARGETS = [
+    # (pattern over "kernel @arch", target)
+    (r"attn_fwd_mma_kernel<[^,<>]+, (32|64)\b.* @sm_1[02]0", 144),
     (r"attn_fwd_mma_kernel<[^,<>]+, (32|64)\b", 128),
-    (r"attn_fwd_mma_kernel<[^,<>]+, 128\b", 168),
-    (r"attn_bwd_mma_kernel<[^,<>]+, 32\b", 168),
-    (r"attn_(fwd|bwd)_mma_kernel<", 255),
+    (r"attn_bwd_dkdv_kernel<[^,<>]+, 32\b", 168),
+    (r"attn_bwd_dq_kernel<[^,<>]+, (32|64)\b", 168),
+    (r"attn_(fwd_mma|bwd_dkdv|bwd_dq)_kernel<", 255),
+    (r"attn_\w+_kernel<float, 4>.* @sm_1[02]0", 144),
     (r"attn_", 128),
     (r"norm_|column_", 128),
     (r"", 64),
@@ -52,15 +57,17 @@ REG_TARGETS = [
 # its kernel stops spilling; the report prints "STALE" for an entry that no longer needs it.
 #   (pattern, max spill store bytes, max spill load bytes, why)
 KNOWN_SPILLS = [
-    (r"attn_bwd_mma_kernel<[^,<>]+, 128\b", 24, 44,
-     "backward, head dim 128: at 255 registers, 24 bytes stored and 40-44 loaded (issue 29 item 2 reworks the tiles)"),
-    (r"attn_bwd_mma_kernel<[^,<>]+, 256\b", 3016, 4016,
-     "backward, head dim 256: dK, dV of 64 keys x 256 in registers do not fit (issue 29 item 2)"),
-    (r"attn_fwd_mma_kernel<[^,<>]+, 256\b", 8, 4,
-     "forward, head dim 256: the 16x256 fp32 output accumulator per warp (issue 29 item 2)"),
+    (r"attn_bwd_dkdv_kernel<[^,<>]+, 128\b", 16, 32,
+     "dK/dV, head dim 128: dK, dV accumulators of 16 keys x 128 per warp at 255 registers"),
+    (r"attn_bwd_dkdv_kernel<[^,<>]+, 256\b", 1840, 2096,
+     "dK/dV, head dim 256: dK, dV of 16 keys x 256 per warp do not fit in registers (smaller tiles needed)"),
+    (r"attn_bwd_dq_kernel<[^,<>]+, 256\b", 108, 112, "dQ, head dim 256 (sm_100/sm_120 spill most)"),
+    (r"attn_fwd_mma_kernel<[^,<>]+, 256\b", 56, 52,
+     "forward, head dim 256: the 16x256 fp32 output accumulator per warp"),
     # The scalar fp32 attention (kernels/attention.cu; runs only for fp32 activations, a
     # reference path, not the bf16/fp16 training path); DPL = head dim / 32.
     (r"attn_dq_kernel<float, 4>", 20, 24, "scalar fp32 attention dQ, head dim 128"),
+    (r"attn_fwd_kernel<float, 4>", 48, 96, "scalar fp32 attention forward, head dim 128 (sm_100/sm_120 only)"),
     (r"attn_fwd_kernel<float, 2>", 4, 4, "scalar fp32 attention forward, head dim 64 (sm_90 only)"),
 ]
 
@@ -169,7 +176,7 @@ def main():
           f"{'smem':>6}  kernel")
     for file, mangled, arch, regs, stack, st, ld, smem in sorted(rows, key=lambda r: (r[0], short(names[r[1]]), r[2])):
         full = names[mangled]
-        target = first(REG_TARGETS, full)
+        target = first(REG_TARGETS, f"{full} @{arch}")
         print(f"{file:<14} {arch:<6} {regs:>4} {target:>6} {stack:>5} {st:>8} {ld:>8} {smem:>6}  {short(full)}")
         who = f"{short(full)} [{arch}, kernels/{file}.cu]"
         known = next((k for k in KNOWN_SPILLS if re.search(k[0], full)), None)
