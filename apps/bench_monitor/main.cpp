@@ -1,7 +1,7 @@
 // bench_monitor [SAMPLES] [NVML_LIBRARY]: the resource monitor's cost. Takes SAMPLES
 // (default 200) samples on the calling thread, as the sampler thread takes them (read
-// /proc, statvfs, NVML when it loads; append the record to a metrics.jsonl in a temporary
-// directory), and prints one JSON line: wall and CPU microseconds per sample (median,
+// /proc, statvfs, NVML when it loads; append the record to the rank's resources/rank0.jsonl
+// in a temporary directory), and prints one JSON line: wall and CPU microseconds per sample (median,
 // mean, max) and the share of one core that costs at monitor.interval's default 10 s.
 #include "monitor/monitor.h"
 

@@ -17,6 +17,7 @@
 #include "launch/membership.h"
 #include "launch/rank_context.h"
 #include "launch/rank_watch.h"
+#include "launch/run_dir.h"
 #include "monitor/monitor.h"
 #include "tensorboard/event_writer.h"
 #include "train/trainer.h"
@@ -201,6 +202,7 @@ int train_rank(launch::RankContext& ctx, rendezvous::Heartbeat& hb, config::Trai
   monitor::MonitorOptions mo;
   mo.interval_s = cfg.monitor.interval;
   mo.run_dir = ctx.run_dir;
+  mo.max_mode = launch::run_dir_mode_parse(cfg.training.run_dir_mode);
   mo.origin = {.rank = ctx.rank, .local_rank = ctx.local_rank, .node = ctx.node_rank, .round = ctx.round, .host = host};
   mo.limits.min_free_memory_bytes = static_cast<int64_t>(cfg.monitor.min_free_memory * 1024.0 * 1024.0 * 1024.0);
   mo.limits.node_checks = ctx.local_rank == 0;  // one rank per node watches the node's memory

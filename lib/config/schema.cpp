@@ -418,7 +418,8 @@ const std::vector<KeySpec>& build_schema() {
       // ---- monitor (dtrain): the resource sampler thread of every rank process
       {.path = "monitor.enabled", .type = KeyType::BOOL, .field = F(monitor.enabled),
        .help = "every rank samples its process and node (CPU, memory, network, free space of the run directory) and "
-               "its GPU (NVML) into metrics.jsonl records of \"kind\": \"resource\"; alerts go to events.jsonl"},
+               "its GPU (NVML) into records of \"kind\": \"resource\" in its own file RUN_DIR/resources/rank<R>.jsonl; "
+               "alerts go to events.jsonl"},
       {.path = "monitor.interval", .type = KeyType::FLOAT, .field = F(monitor.interval),
        .help = "seconds between two resource samples of a rank",
        .min = 0.05, .max = 86400},

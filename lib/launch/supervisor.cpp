@@ -501,6 +501,10 @@ RoundResult run_round(Job& job, rendezvous::StoreServer& server, rendezvous::Sto
   const std::string prefix = rendezvous::store_prefix(job.spec.job_id, round);
   const int n = static_cast<int>(job.plan.nodes.size());
 
+  // The live view's resource lines: the records the ranks' monitors append to their files
+  // from now on (before the agents start: what the files hold is earlier rounds'), at most
+  // once per monitor.interval (and per second).
+  report::ResourceTail resource_tail(job.run_dir);
   RoundAgents started_agents = round_start_agents(job, token, opts, out);
   auto& agents = started_agents.agents;
   std::optional<NodeFailure> fail = std::move(started_agents.failure);
@@ -519,9 +523,6 @@ RoundResult run_round(Job& job, rendezvous::StoreServer& server, rendezvous::Sto
   obs.started = Clock::now();
   obs.nodes.resize(static_cast<size_t>(n));
   auto last_nodes_write = obs.started - 10s;
-  // The live view's resource lines: the records the ranks' monitors appended, at most
-  // once per monitor.interval (and per second).
-  report::ResourceTail resource_tail((fs::path(job.run_dir) / "metrics.jsonl").string());
   report::ResourceCollector resources;
   const auto resource_every = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(std::max(1.0, job.cfg.monitor.interval)));

@@ -6,8 +6,10 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "report/event.h"
+#include "report/resource_status.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -18,8 +20,8 @@ namespace dtrain::monitor {
 
 namespace {
 
-// One whole line appended to a file that others append to as well (rank 0's trainer,
-// the other ranks' monitors, the launcher): O_APPEND and one record per write.
+// One whole line appended to events.jsonl, which the launcher (or dtrain run's rank 0)
+// and the other ranks' monitors append to as well: O_APPEND and one record per write.
 int line_append(const std::string& path, const std::string& line) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return errno;
@@ -70,6 +72,7 @@ Monitor::~Monitor() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (fd_ >= 0) ::close(fd_);
 }
 
 int64_t Monitor::samples() const {
@@ -114,6 +117,36 @@ void Monitor::tensorboard_write(const ResourceSample& s) {
   tb_->scalars(s.time_ms, sample_scalars(s), wall);
 }
 
+// The rank's file is its alone (no other process appends to it, so a shared filesystem
+// such as NFS cannot interleave another host's writes with it); a later round or
+// `dtrain resume` appends to it. resources/ and the file get the run directory's
+// permission bits within training.run_dir_mode (files without x), set explicitly as
+// checkpoint_save does: a rank on another host does not run under the launcher's umask.
+int Monitor::file_open() {
+  struct stat st {};
+  const mode_t mode = (::stat(o_.run_dir.c_str(), &st) == 0 ? st.st_mode & 0777 : 0700) & (o_.max_mode & 0777);
+  const std::string dir = (std::filesystem::path(o_.run_dir) / report::RESOURCE_DIR).string();
+  if (::mkdir(dir.c_str(), mode) == 0) ::chmod(dir.c_str(), mode);  // mkdir's mode passed the umask
+  else if (errno != EEXIST) return errno;
+  const std::string path = report::resource_file(o_.run_dir, o_.origin.rank);
+  int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, mode & 0666);
+  if (fd >= 0) {
+    ::fchmod(fd, mode & 0666);
+  } else if (errno == EEXIST) {
+    fd = ::open(path.c_str(), O_RDWR | O_APPEND | O_CLOEXEC);
+    if (fd < 0) return errno;
+    // A process killed in the middle of a write can leave a partial last line: the next
+    // record starts on a line of its own (readers pass over the torn one).
+    const off_t end = ::lseek(fd, 0, SEEK_END);
+    char last = '\n';
+    if (end > 0 && ::pread(fd, &last, 1, end - 1) == 1 && last != '\n') append_record(fd, "\n");
+  } else {
+    return errno;
+  }
+  fd_ = fd;
+  return 0;
+}
+
 nlohmann::json Monitor::sample_once() {
   std::lock_guard<std::mutex> one(sample_mu_);
   if (o_.gpu && !gpu_tried_) gpu_open();
@@ -126,8 +159,9 @@ nlohmann::json Monitor::sample_once() {
   }
   nlohmann::json rec = sample_json(s, o_.origin);
   if (!o_.run_dir.empty()) {
-    const std::string path = (std::filesystem::path(o_.run_dir) / "metrics.jsonl").string();
-    const int err = line_append(path, rec.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+    const std::string path = report::resource_file(o_.run_dir, o_.origin.rank);
+    int err = fd_ >= 0 ? 0 : file_open();
+    if (err == 0) err = append_record(fd_, rec.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
     // A full disk loses samples, never the run: reported once.
     if (err != 0 && !write_warned_) {
       write_warned_ = true;

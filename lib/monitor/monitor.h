@@ -1,7 +1,8 @@
 // The resource monitor of a rank process: a thread of its own that, every interval,
-// samples the host (and the rank's GPU through NVML), appends the sample to the run's
-// metrics.jsonl and any alert that begins to events.jsonl. It never runs on the
-// training step's thread; stopping it waits at most for the sample being taken.
+// samples the host (and the rank's GPU through NVML), appends the sample to the rank's
+// own file RUN_DIR/resources/rank<R>.jsonl and any alert that begins to events.jsonl. It
+// never runs on the training step's thread; stopping it waits at most for the sample
+// being taken.
 #pragma once
 
 #include "monitor/alert.h"
@@ -15,13 +16,17 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <sys/types.h>
 #include <thread>
 
 namespace dtrain::monitor {
 
 struct MonitorOptions {
   double interval_s = 10.0;  // monitor.interval
-  std::string run_dir;       // metrics.jsonl, events.jsonl; its filesystem's free space
+  std::string run_dir;       // resources/rank<R>.jsonl, events.jsonl; its filesystem's free space
+  /// training.run_dir_mode: resources/ and the rank's file get the run directory's bits
+  /// within this bound (files without x), as checkpoints do.
+  mode_t max_mode = 0700;
   SampleOrigin origin;
   AlertLimits limits;
   std::string proc_root = "/proc";
@@ -56,6 +61,7 @@ class Monitor {
  private:
   void run();
   void gpu_open();
+  int file_open();  // 0 or the errno
   void event_append(const Alert& a, int64_t time_ms);
   void tensorboard_write(const ResourceSample& s);
 
@@ -66,6 +72,7 @@ class Monitor {
   std::unique_ptr<tensorboard::EventWriter> tb_;
   bool tb_failed_ = false;
   bool gpu_tried_ = false;
+  int fd_ = -1;  // resources/rank<R>.jsonl, opened at the first sample
   bool write_warned_ = false;
   bool gpu_read_warned_ = false;
   std::mutex sample_mu_;  // one sample at a time (the thread, a benchmark's caller)

@@ -1,9 +1,12 @@
-// Resource records for `dtrain status`: newest per rank, grouped by node, formatted.
+// Resource records for `dtrain status` and the live view: the ranks' files read and
+// tailed, newest per rank, grouped by node, formatted.
 #include "report/resource_status.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 
@@ -29,6 +32,28 @@ std::string ago(int64_t now_ms, int64_t t) {
 
 }  // namespace
 
+std::string resource_file(const std::string& run_dir, int rank) {
+  return (std::filesystem::path(run_dir) / RESOURCE_DIR / fmt::format("rank{}.jsonl", rank)).string();
+}
+
+std::vector<std::string> resource_files(const std::string& run_dir) {
+  std::vector<std::pair<long, std::string>> found;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(std::filesystem::path(run_dir) / RESOURCE_DIR, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    // rank<digits>.jsonl only: anything else there is not the monitors'.
+    if (name.size() < 11 || name.rfind("rank", 0) != 0 || name.substr(name.size() - 6) != ".jsonl") continue;
+    const std::string digits = name.substr(4, name.size() - 10);
+    if (digits.empty() || digits.size() > 7 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    found.emplace_back(std::strtol(digits.c_str(), nullptr, 10), it->path().string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
+  return out;
+}
+
 void ResourceCollector::add(const json& r) {
   if (!r.is_object()) return;
   auto k = r.find("kind");
@@ -36,21 +61,22 @@ void ResourceCollector::add(const json& r) {
   const auto rank = opt<int>(r, "rank");
   const auto t = opt<int64_t>(r, "time_ms");
   if (!rank || *rank < 0 || *rank > (1 << 20) || !t) return;
-  const int round = opt<int>(r, "round").value_or(0);
-  if (round < round_) return;
-  if (round > round_) {
-    latest_.clear();
-    round_ = round;
-  }
   if (latest_.size() <= static_cast<size_t>(*rank)) latest_.resize(static_cast<size_t>(*rank) + 1);
-  json& slot = latest_[static_cast<size_t>(*rank)];
-  if (slot.is_null() || opt<int64_t>(slot, "time_ms").value_or(0) <= *t) slot = r;
+  latest_[static_cast<size_t>(*rank)] = r;
 }
 
 std::vector<NodeResources> ResourceCollector::nodes() const {
+  // The round of the newest record decides which ranks are current.
+  int64_t newest = -1;
+  int round = 0;
+  for (const json& r : latest_)
+    if (!r.is_null() && opt<int64_t>(r, "time_ms").value_or(0) > newest) {
+      newest = opt<int64_t>(r, "time_ms").value_or(0);
+      round = opt<int>(r, "round").value_or(0);
+    }
   std::map<int, NodeResources> by_node;
   for (const json& r : latest_) {
-    if (r.is_null()) continue;
+    if (r.is_null() || opt<int>(r, "round").value_or(0) != round) continue;
     const int node = opt<int>(r, "node").value_or(0);
     NodeResources& n = by_node[node];
     n.node = node;
@@ -187,32 +213,79 @@ std::string resource_compact_line(const NodeResources& n) {
   return out;
 }
 
-bool ResourceTail::poll(ResourceCollector& into) {
-  std::ifstream in(path_, std::ios::binary);
-  if (!in) return false;
-  in.seekg(0, std::ios::end);
-  const auto size = static_cast<uint64_t>(std::max<std::streamoff>(0, in.tellg()));
-  if (size < offset_) offset_ = 0;  // cut and rewritten (a round's start)
-  if (size == offset_) return false;
-  // At most 4 MiB per poll: a huge backlog is caught up over several polls.
-  const uint64_t want = std::min<uint64_t>(size - offset_, 4u << 20);
-  std::string buf(want, '\0');
-  in.seekg(static_cast<std::streamoff>(offset_));
-  in.read(buf.data(), static_cast<std::streamsize>(want));
-  buf.resize(static_cast<size_t>(in.gcount()));
-  const size_t end = buf.rfind('\n');
-  if (end == std::string::npos) return false;  // no complete line yet
-  offset_ += end + 1;
+namespace {
+
+// Feeds the complete lines of buf[0, end] that are resource records; true for any.
+bool lines_add(std::string_view buf, size_t end, ResourceCollector& into) {
   bool any = false;
-  size_t at = 0;
-  while (at <= end) {
+  for (size_t at = 0; at <= end;) {
     const size_t nl = buf.find('\n', at);
-    const auto j = json::parse(std::string_view(buf).substr(at, nl - at), nullptr, false);
+    if (nl == std::string_view::npos) break;
+    const auto j = json::parse(buf.substr(at, nl - at), nullptr, false);
     if (j.is_object() && j.value("kind", "") == "resource") {
       into.add(j);
       any = true;
     }
     at = nl + 1;
+  }
+  return any;
+}
+
+uint64_t file_size(const std::string& path) {
+  std::error_code ec;
+  const auto n = std::filesystem::file_size(path, ec);
+  return ec ? 0 : static_cast<uint64_t>(n);
+}
+
+}  // namespace
+
+std::vector<NodeResources> resource_read(const std::string& run_dir) {
+  // A rank's latest record is its file's last: only the end of each file is read (a long
+  // run's files hold a record every monitor.interval).
+  constexpr uint64_t kTail = 64u << 10;
+  ResourceCollector c;
+  for (const std::string& path : resource_files(run_dir)) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) continue;
+    const uint64_t size = file_size(path);
+    const uint64_t from = size > kTail ? size - kTail : 0;
+    std::string buf(size - from, '\0');
+    in.seekg(static_cast<std::streamoff>(from));
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    buf.resize(static_cast<size_t>(in.gcount()));
+    buf.push_back('\n');  // a last line without its newline is read too (and passed over when torn)
+    // Read from the middle of a line: that line is not whole.
+    const size_t begin = from == 0 ? 0 : buf.find('\n') + 1;
+    if (begin >= buf.size()) continue;  // one line longer than the tail: no whole record
+    lines_add(std::string_view(buf).substr(begin), buf.size() - 1 - begin, c);
+  }
+  return c.nodes();
+}
+
+ResourceTail::ResourceTail(std::string run_dir) : run_dir_(std::move(run_dir)) {
+  for (const std::string& path : resource_files(run_dir_)) offset_[path] = file_size(path);
+}
+
+bool ResourceTail::poll(ResourceCollector& into) {
+  bool any = false;
+  for (const std::string& path : resource_files(run_dir_)) {
+    uint64_t& offset = offset_[path];  // a new file: from its start
+    std::ifstream in(path, std::ios::binary);
+    if (!in) continue;
+    in.seekg(0, std::ios::end);
+    const auto size = static_cast<uint64_t>(std::max<std::streamoff>(0, in.tellg()));
+    if (size < offset) offset = 0;  // replaced by hand: read it again
+    if (size == offset) continue;
+    // At most 4 MiB per file and poll: a huge backlog is caught up over several polls.
+    const uint64_t want = std::min<uint64_t>(size - offset, 4u << 20);
+    std::string buf(want, '\0');
+    in.seekg(static_cast<std::streamoff>(offset));
+    in.read(buf.data(), static_cast<std::streamsize>(want));
+    buf.resize(static_cast<size_t>(in.gcount()));
+    const size_t end = buf.rfind('\n');
+    if (end == std::string::npos) continue;  // no complete line yet
+    offset += end + 1;
+    any = lines_add(buf, end, into) || any;
   }
   return any;
 }

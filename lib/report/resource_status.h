@@ -1,16 +1,27 @@
-// The resource monitor's records as `dtrain status` shows them: the latest sample of
-// every rank from metrics.jsonl ({"kind": "resource"} records, lib/monitor), grouped by
-// node, and the resource alerts of events.jsonl.
+// The resource monitor's records as `dtrain status` and the live view show them: the
+// latest sample of every rank from its own file RUN_DIR/resources/rank<R>.jsonl
+// ({"kind": "resource"} records, lib/monitor), grouped by node, and the resource alerts
+// of events.jsonl.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace dtrain::report {
+
+/// The run directory's folder of the monitors' files, one per rank.
+inline constexpr const char* RESOURCE_DIR = "resources";
+
+/// RUN_DIR/resources/rank<R>.jsonl: rank R's resource records, written by its monitor only.
+std::string resource_file(const std::string& run_dir, int rank);
+
+/// The rank<digits>.jsonl files of RUN_DIR/resources, by rank (none: empty).
+std::vector<std::string> resource_files(const std::string& run_dir);
 
 /// One rank's latest resource sample.
 struct RankResources {
@@ -40,18 +51,22 @@ struct ResourceAlertRecord {
   std::string host, alert, why;
 };
 
-/// Collects the resource records of metrics.jsonl (others are passed over), the newest per
-/// rank; records of a round older than the newest one seen are dropped (a resized job's
-/// ranks that are gone). Nodes by number.
+/// Collects resource records (others are passed over), each rank's in the order its file
+/// holds them: a rank's latest is the last one added. nodes() shows only the ranks whose
+/// latest record is of the round of the newest record of all (a resized job's ranks that
+/// are gone drop out; a `dtrain resume`, whose rounds count from 0 again, does not hide
+/// its ranks behind an earlier launch's higher round). Nodes by number.
 class ResourceCollector {
  public:
-  void add(const nlohmann::json& record);  // any metrics.jsonl record
+  void add(const nlohmann::json& record);
   std::vector<NodeResources> nodes() const;
 
  private:
-  std::vector<nlohmann::json> latest_;  // per rank, newest record
-  int round_ = -1;
+  std::vector<nlohmann::json> latest_;  // per rank, last record added
 };
+
+/// Every rank's records of RUN_DIR/resources (unreadable lines passed over).
+std::vector<NodeResources> resource_read(const std::string& run_dir);
 
 /// A "resource_alert" event of events.jsonl; nullopt for any other record.
 std::optional<ResourceAlertRecord> resource_alert_of(const nlohmann::json& event);
@@ -65,17 +80,18 @@ std::string resource_lines(const std::vector<NodeResources>& nodes, int64_t now_
 /// (ranges over the node's ranks; parts without figures left out).
 std::string resource_compact_line(const NodeResources& n);
 
-/// Reads the resource records appended to metrics.jsonl since the last call (complete
-/// lines only; a file that shrank, cut at a round's start, is read again from the start).
+/// Reads the records appended to the ranks' files of RUN_DIR/resources since the tail was
+/// made (complete lines only): what a file held then belongs to earlier rounds; a file
+/// that appears later is read from its start.
 class ResourceTail {
  public:
-  explicit ResourceTail(std::string metrics_path) : path_(std::move(metrics_path)) {}
+  explicit ResourceTail(std::string run_dir);
   /// Feeds the new records to the collector; true when there was at least one.
   bool poll(ResourceCollector& into);
 
  private:
-  std::string path_;
-  uint64_t offset_ = 0;
+  std::string run_dir_;
+  std::map<std::string, uint64_t> offset_;  // per file
 };
 
 }  // namespace dtrain::report

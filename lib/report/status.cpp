@@ -336,9 +336,7 @@ RunStatus status_read(const std::string& run_dir, const CheckpointProblem& check
   }
 
   std::vector<std::pair<std::vector<double>, std::vector<double>>> rank_times;  // compute, comm per record
-  ResourceCollector resources;
   for (const json& m : read_jsonl(dir / "metrics.jsonl")) {
-    resources.add(m);
     auto step = m.find("step");
     if (step == m.end() || !step->is_number()) continue;
     if (auto rc = m.find("rank_compute_ms"); rc != m.end() && rc->is_array()) {
@@ -359,7 +357,7 @@ RunStatus status_read(const std::string& run_dir, const CheckpointProblem& check
     }
   }
 
-  st.resources = resources.nodes();
+  st.resources = resource_read(dir.string());
 
   const fs::path latest = dir / "checkpoints" / "latest";
   if (std::ifstream in{latest}) {
@@ -575,7 +573,7 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
   }
 
   if (!st.resources.empty()) {
-    row("resources", "latest sample of every rank, by node (metrics.jsonl, monitor.interval)");
+    row("resources", "latest sample of every rank, by node (resources/rank<R>.jsonl, monitor.interval)");
     out += resource_lines(st.resources, now_ms);
   }
   if (!st.resource_alerts.empty()) {

@@ -55,10 +55,8 @@ void drop_partial_last_line(int fd, const std::string& path) {
 // ----------------------------------------------------------------------------
 MetricsWriter::MetricsWriter(const std::string& path, bool append, bool fsync_each)
     : path_(path), fsync_each_(fsync_each), report_("its metrics records") {
-  // Append mode reads the tail back (partial-line repair), hence O_RDWR. Always
-  // O_APPEND: the other ranks' resource monitors (lib/monitor) append their records to
-  // the same file, and a write at this descriptor's own offset would overwrite them.
-  const int mode = append ? (O_RDWR | O_APPEND) : (O_WRONLY | O_TRUNC | O_APPEND);
+  // Append mode reads the tail back (partial-line repair), hence O_RDWR.
+  const int mode = append ? (O_RDWR | O_APPEND) : (O_WRONLY | O_TRUNC);
   fd_ = ::open(path.c_str(), mode | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) throw_io("cannot open metrics file", path);
   if (append) {

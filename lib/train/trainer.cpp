@@ -284,11 +284,8 @@ void TrainLoop::metrics_open() {
   }
   if (lead_ && !env_.run_dir.empty()) {
     const std::string path = (fs::path(env_.run_dir) / "metrics.jsonl").string();
-    // A start from step 0 drops every training record of an earlier round (-1: any step)
-    // but keeps the resource monitors' records (no "step"): the ranks' monitors already
-    // append theirs, and a failed round's are what tells why it failed.
-    metrics_cut_after(path, res_.resumed_step >= 0 ? res_.resumed_step : -1);
-    metrics_ = std::make_unique<MetricsWriter>(path, true);
+    if (res_.resumed_step >= 0) metrics_cut_after(path, res_.resumed_step);
+    metrics_ = std::make_unique<MetricsWriter>(path, res_.resumed_step >= 0);
   }
   if (lead_ && !env_.run_dir.empty() && cfg_.tensorboard.enabled && start_step_ < total_steps_) {
     // Every round that trains opens a new event file beside the older ones. Its

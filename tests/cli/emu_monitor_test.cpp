@@ -4,6 +4,7 @@
 // allocated, the card model's total and SM clock), and `dtrain status` shows each rank's
 // GPU. Built only in the EMU tree.
 #include "cli_harness.h"
+#include "run_readers.h"
 #include "tiny_job.h"
 
 #include <nlohmann/json.hpp>
@@ -35,10 +36,8 @@ TEST_CASE("dtrain-emu: CUDA ranks' resource records carry the engine's NVML figu
   CHECK_FALSE(contains(r.out, "resource monitor without GPU figures"));
 
   std::set<int> ranks, gpus;
-  for (const auto& line : split_lines(read_text(run_dir + "/metrics.jsonl"))) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_object() || j.value("kind", "") != "resource") continue;
-    INFO(line);
+  for (const auto& j : resource_records(run_dir)) {
+    INFO(j.dump());
     const int rank = j.at("rank").get<int>();
     ranks.insert(rank);
     REQUIRE(j.contains("gpu_index"));
@@ -51,6 +50,7 @@ TEST_CASE("dtrain-emu: CUDA ranks' resource records carry the engine's NVML figu
     CHECK_FALSE(j.contains("gpu_temperature_c"));  // the engine has no thermal model
   }
   CHECK(ranks == std::set<int>{0, 1});
+  CHECK(metrics_resource_records(run_dir) == 0);
   CHECK(gpus == std::set<int>{0, 1});
 
   auto st = run({bin, "status", run_dir}, {}, 30s);

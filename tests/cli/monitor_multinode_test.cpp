@@ -1,9 +1,10 @@
 // The resource monitor on 2 nodes x 1 rank over sshd in network namespaces (skipped with
 // a message when not root, without sshd/ip, or without $DTRAIN_BIN): each rank's records
-// reach the run's metrics.jsonl with its node and host name, the interfaces are those of the
-// rank's own namespace, the job's traffic between the nodes shows in their network
+// reach its own file RUN_DIR/resources/rank<R>.jsonl (none the trainer's metrics.jsonl)
+// with its node and host name, the interfaces are those of the rank's own namespace, the job's traffic between the nodes shows in their network
 // rates, and `dtrain status` shows a row per node.
 #include "cli_harness.h"
+#include "run_readers.h"
 #include "tiny_job.h"
 #include "skip.h"
 
@@ -45,10 +46,8 @@ TEST_CASE("monitor: 2 nodes' resource records, their network traffic and dtrain 
   std::map<int, int> records;        // node -> records
   std::map<int, double> wire_bytes;  // node -> bytes in + out on its interfaces other than lo
   std::map<int, std::string> hosts;
-  for (const auto& line : split_lines(read_text(run_dir + "/metrics.jsonl"))) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_object() || j.value("kind", "") != "resource") continue;
-    INFO(line);
+  for (const auto& j : resource_records(run_dir)) {
+    INFO(j.dump());
     const int node = j.at("node").get<int>();
     CHECK(j.at("rank").get<int>() == node);  // one rank per node
     ++records[node];
@@ -58,6 +57,7 @@ TEST_CASE("monitor: 2 nodes' resource records, their network traffic and dtrain 
                           j.at("interval_s").get<double>();
   }
   REQUIRE(records.size() == 2);
+  CHECK(metrics_resource_records(run_dir) == 0);  // the trainer's file holds its records only
   CHECK(records[0] >= 2);
   CHECK(records[1] >= 2);
   CHECK(!hosts[0].empty());  // gethostname (the namespaces share one: node tells them apart)

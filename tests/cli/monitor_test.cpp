@@ -1,6 +1,8 @@
 // The resource monitor through the real binary: the tiny CPU job on two local ranks with
-// monitor.interval 0.2 s leaves resource records of both ranks in metrics.jsonl beside
-// the training records (whose readers see them unchanged), each rank's TensorBoard run
+// monitor.interval 0.2 s leaves resource records of each rank in its own file
+// resources/rank<R>.jsonl (private as the run directory), none in metrics.jsonl (the
+// trainer's alone: one record per step), a resumed run appends to the same files, each
+// rank's TensorBoard run
 // (RUN_DIR/tensorboard/resources/rank<R>, read back by the independent reader) holds the
 // same figures, `dtrain status` shows the node's latest samples, and monitor.enabled:
 // false writes none.
@@ -13,21 +15,13 @@
 
 #include <cmath>
 
+#include <map>
 #include <set>
 
 using namespace dtrain::cli_test;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::vector<nlohmann::json> resource_records(const std::string& run_dir) {
-  std::vector<nlohmann::json> out;
-  for (const auto& line : split_lines(read_text(run_dir + "/metrics.jsonl"))) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.value("kind", "") == "resource") out.push_back(j);
-  }
-  return out;
-}
 
 std::string job(const std::string& monitor) {
   // Paced (DTRAIN_TEST_SLOW_MS per step) so the job runs for a few samples.
@@ -41,7 +35,7 @@ std::string job(const std::string& monitor) {
 
 }  // namespace
 
-TEST_CASE("monitor: a 2-rank tiny job's resource records in metrics.jsonl and dtrain status") {
+TEST_CASE("monitor: a 2-rank tiny job's resource records in resources/rank<R>.jsonl and dtrain status") {
   const std::string bin = dtrain_bin();
   if (bin.empty()) {
     ::dtrain::test::skip_test("DTRAIN_BIN not set: skipping");
@@ -78,7 +72,12 @@ TEST_CASE("monitor: a 2-rank tiny job's resource records in metrics.jsonl and dt
   }
   CHECK(ranks == std::set<int>{0, 1});
   CHECK(with_rates >= 2);  // every rank's second sample on has its rates
-  // The training records read as before: one per step.
+  // Private as the run directory (training.run_dir_mode 0700 by default).
+  CHECK(mode_of(run_dir + "/resources") == 0700);
+  CHECK(mode_of(run_dir + "/resources/rank0.jsonl") == 0600);
+  CHECK(mode_of(run_dir + "/resources/rank1.jsonl") == 0600);
+  // metrics.jsonl is the trainer's alone: one record per step, none of the monitors'.
+  CHECK(metrics_resource_records(run_dir) == 0);
   const auto losses = metric_losses(run_dir);
   REQUIRE(losses.size() == 6);
   CHECK(losses.back().first == 6);
@@ -94,8 +93,7 @@ TEST_CASE("monitor: a 2-rank tiny job's resource records in metrics.jsonl and dt
     const auto v = dtrain::test::tfevents_read(run_dir + "/tensorboard/resources/rank" + std::to_string(rank));
     INFO("reader:\n" << v.output);
     REQUIRE(v.code == 0);
-    // Every record's figure is in the event file at the record's time (TensorBoard may
-    // hold more: a sample taken while rank 0 cut metrics.jsonl at the round's start).
+    // Every record's figure is in the event file at the record's time.
     std::map<int64_t, double> tb;
     for (const auto& p : v.result["scalars"]["resource/rss_gib"]) tb[p[0].get<int64_t>()] = p[1].get<double>();
     int matched = 0;
@@ -124,6 +122,26 @@ TEST_CASE("monitor: a 2-rank tiny job's resource records in metrics.jsonl and dt
   CHECK(contains(st.out, "    rank 1: cpu "));
   CHECK(contains(st.out, " GiB available"));
 
+  SUBCASE("dtrain resume appends to the ranks' files") {
+    // The saved config (monitor.interval 0.2) with two more steps: a new launch whose
+    // rounds count from 0 again.
+    auto r2 = run({bin, "resume", run_dir, "--set", "training.max_steps=8", "--master-port", "0"}, slow, 120s);
+    INFO("resume output:\n" << r2.out);
+    REQUIRE(r2.rc == 0);
+    // Each rank's file: the first run's records kept, in order, then the resumed run's.
+    std::map<int, std::vector<nlohmann::json>> before, after;
+    for (const auto& j : recs) before[j.at("rank").get<int>()].push_back(j);
+    for (const auto& j : resource_records(run_dir)) after[j.at("rank").get<int>()].push_back(j);
+    REQUIRE(after.size() == 2);
+    for (auto& [rank, b] : before) {
+      CAPTURE(rank);
+      auto& a = after[rank];
+      REQUIRE(a.size() > b.size());
+      CHECK(std::equal(b.begin(), b.end(), a.begin()));
+      CHECK(a.back().at("time_ms").get<int64_t>() > b.back().at("time_ms").get<int64_t>());
+    }
+    CHECK(metrics_resource_records(run_dir) == 0);
+  }
   SUBCASE("monitor.enabled: false writes no resource record") {
     const std::string off_dir = tmp.path() + "/off";
     std::ofstream(config) << job("monitor:\n  enabled: false\n  interval: 0.2\n");
@@ -133,6 +151,8 @@ TEST_CASE("monitor: a 2-rank tiny job's resource records in metrics.jsonl and dt
     INFO("launch output:\n" << r2.out);
     REQUIRE(r2.rc == 0);
     CHECK(resource_records(off_dir).empty());
+    CHECK_FALSE(fs::exists(off_dir + "/resources"));
+    CHECK(metrics_resource_records(off_dir) == 0);
     CHECK(metric_losses(off_dir).size() == 6);
   }
 }

@@ -71,7 +71,6 @@ TEST_CASE("a tiny run: plain progress, metrics, plot and status") {
   int steps = 0, evals = 0;
   while (std::getline(in, line)) {
     auto j = nlohmann::json::parse(line);
-    if (j.value("kind", "") == "resource") continue;  // the ranks' resource monitors (lib/monitor)
     if (j.contains("eval_loss")) {
       ++evals;
       CHECK(j.contains("eval_ppl"));

@@ -1,6 +1,7 @@
 // Readers of what a training run leaves in its directory, for the end-to-end tests:
 // the F32 tensors of a safetensors file, the largest relative difference of two such
-// files, and the (step, loss) records of metrics.jsonl.
+// files, the (step, loss) records of metrics.jsonl and the resource monitor's records of
+// resources/rank<R>.jsonl.
 #pragma once
 
 #include "cli_harness.h"
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <utility>
@@ -61,6 +63,38 @@ inline std::vector<std::pair<int64_t, double>> metric_losses(const std::string& 
     if (j.is_object() && j.contains("loss")) out.emplace_back(j.at("step").get<int64_t>(), j.at("loss").get<double>());
   }
   return out;
+}
+
+/// The resource records of RUN_DIR/resources/rank<R>.jsonl, file by file; each must be a
+/// whole record of the file's own rank (one writer per file: nothing torn, nothing foreign).
+inline std::vector<nlohmann::json> resource_records(const std::string& run_dir) {
+  std::vector<nlohmann::json> out;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(run_dir + "/resources", ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    INFO(it->path().string());
+    REQUIRE((name.rfind("rank", 0) == 0 && name.size() > 10 && name.substr(name.size() - 6) == ".jsonl"));
+    const int rank = std::stoi(name.substr(4, name.size() - 10));
+    for (const auto& line : split_lines(read_text(it->path().string()))) {
+      INFO(line);
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      REQUIRE(j.is_object());
+      CHECK(j.value("kind", "") == "resource");
+      CHECK(j.value("rank", -1) == rank);
+      out.push_back(j);
+    }
+  }
+  return out;
+}
+
+/// How many records of RUN_DIR/metrics.jsonl are resource records (the trainer's file: none).
+inline int metrics_resource_records(const std::string& run_dir) {
+  int n = 0;
+  for (const auto& line : split_lines(read_text(run_dir + "/metrics.jsonl"))) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("kind", "") == "resource") ++n;
+  }
+  return n;
 }
 
 }  // namespace dtrain::cli_test

@@ -1,5 +1,6 @@
-// The sampler thread (start, records in metrics.jsonl, a stop that does not wait out the
-// interval), NVML through a function table and a library that is not there, and the
+// The sampler thread (start, records in the rank's own resources/rank<R>.jsonl, which a
+// restart appends to, with the run directory's permission bits; a stop that does not
+// wait out the interval), NVML through a function table and a library that is not there, and the
 // alerts' episodes (once when a condition begins, again only after it cleared).
 #include "monitor/alert.h"
 #include "monitor/monitor.h"
@@ -8,6 +9,8 @@
 #include "temp_dir.h"
 
 #include <doctest/doctest.h>
+
+#include <sys/stat.h>
 
 #include <chrono>
 #include <fstream>
@@ -84,7 +87,8 @@ TEST_CASE("monitor: the thread writes one resource record per sample and stops w
     Monitor m(o);
     REQUIRE(wait_for([&] { return m.samples() >= 3; }));
   }
-  const auto recs = jsonl(d.path / "metrics.jsonl");
+  const auto file = d.path / "resources" / "rank1.jsonl";
+  const auto recs = jsonl(file);
   REQUIRE(recs.size() >= 3);
   for (const json& r : recs) {
     CHECK(is_resource_record(r));
@@ -103,8 +107,9 @@ TEST_CASE("monitor: the thread writes one resource record per sample and stops w
     Monitor m(o);
     REQUIRE(wait_for([&] { return m.samples() >= 1; }));
   }
-  CHECK(jsonl(d.path / "metrics.jsonl").size() == recs.size() + 1);
-  CHECK_FALSE(monitor_start(o, false));  // monitor.enabled: false
+  CHECK(jsonl(file).size() == recs.size() + 1);                    // a restart appends to the rank's file
+  CHECK_FALSE(std::filesystem::exists(d.path / "metrics.jsonl"));  // the trainer's alone
+  CHECK_FALSE(monitor_start(o, false));                            // monitor.enabled: false
   o.run_dir.clear();
   CHECK_FALSE(monitor_start(o, true));  // nowhere to write
 }
@@ -199,10 +204,73 @@ TEST_CASE("monitor: no NVML library means no GPU fields, and the reason") {
     Monitor m(o);
     REQUIRE(wait_for([&] { return m.samples() >= 1; }));
   }
-  const auto recs = jsonl(d.path / "metrics.jsonl");
+  const auto recs = jsonl(d.path / "resources" / "rank0.jsonl");
   REQUIRE(recs.size() == 1);
   CHECK_FALSE(recs[0].contains("gpu_index"));
   CHECK(recs[0].contains("rss_bytes"));
+}
+
+namespace {
+
+mode_t mode_of(const std::filesystem::path& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 ? st.st_mode & 07777 : 0;
+}
+
+}  // namespace
+
+TEST_CASE("monitor: resources/ and the rank's file get the run directory's bits within training.run_dir_mode") {
+  const mode_t old_umask = ::umask(0);  // a remote rank's umask is not the launcher's: the bits must not depend on it
+  dtrain::test::TempDir d("monitor-mode");
+  MonitorOptions o;
+  o.interval_s = 3600;
+  o.run_dir = d.path.string();
+  o.origin.rank = 3;
+  ::chmod(d.path.c_str(), 0750);
+  o.max_mode = 0750;
+  {
+    Monitor m(o);
+    REQUIRE(wait_for([&] { return m.samples() >= 1; }));
+  }
+  CHECK(mode_of(d.path / "resources") == 0750);
+  CHECK(mode_of(d.path / "resources" / "rank3.jsonl") == 0640);
+
+  // An adopted, looser directory (a shared 1777 one): bounded by run_dir_mode 0700.
+  dtrain::test::TempDir d2("monitor-mode2");
+  ::chmod(d2.path.c_str(), 01777);
+  o.run_dir = d2.path.string();
+  o.max_mode = 0700;
+  {
+    Monitor m(o);
+    REQUIRE(wait_for([&] { return m.samples() >= 1; }));
+  }
+  ::umask(old_umask);
+  CHECK(mode_of(d2.path / "resources") == 0700);
+  CHECK(mode_of(d2.path / "resources" / "rank3.jsonl") == 0600);
+}
+
+TEST_CASE("monitor: a torn last line left by a killed rank is not joined to the next record") {
+  dtrain::test::TempDir d("monitor-torn");
+  std::filesystem::create_directories(d.path / "resources");
+  const auto file = d.path / "resources" / "rank0.jsonl";
+  std::ofstream(file) << R"({"kind":"resource","time_ms":1,"rank":0})"
+                      << "\n"
+                      << R"({"kind":"resou)";
+  MonitorOptions o;
+  o.interval_s = 3600;
+  o.run_dir = d.path.string();
+  {
+    Monitor m(o);
+    REQUIRE(wait_for([&] { return m.samples() >= 1; }));
+  }
+  std::ifstream in(file);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  REQUIRE(lines.size() == 3);
+  CHECK(lines[1] == R"({"kind":"resou)");
+  const json last = json::parse(lines[2]);
+  CHECK(is_resource_record(last));
+  CHECK(last.contains("rss_bytes"));
 }
 
 TEST_CASE("monitor: a rank's NVML index follows CUDA_VISIBLE_DEVICES") {
