@@ -44,7 +44,6 @@ namespace {
 constexpr int BM = 64;  // queries per tile; equal to BN so the causal diagonal is one tile
 constexpr int BN = 64;  // keys per tile
 constexpr int THREADS = 128;
-constexpr int DS_PITCH = BN + 8;
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 

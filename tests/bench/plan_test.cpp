@@ -116,8 +116,10 @@ TEST_CASE("bench plan: the roofline of one entry, and --device cpu has no plan")
   pt = bench::plan_entry_time(e, t);
   CHECK(pt.compute == 0.0);
   CHECK(pt.total() == doctest::Approx(pt.memory + 2e-6));
-  e.unit = device::PlanUnit::TENSOR_ATTN_BWD;
-  CHECK(bench::plan_entry_time(e, t).compute == doctest::Approx(2e12 / (989e12 * 0.20)));
+  e.unit = device::PlanUnit::TENSOR_ATTN_BWD;  // its own cap, not the GEMMs' or the forward's
+  REQUIRE(t.attn_bwd_eff != t.gemm_eff);
+  REQUIRE(t.attn_bwd_eff != t.attn_fwd_eff);
+  CHECK(bench::plan_entry_time(e, t).compute == doctest::Approx(2e12 / (989e12 * t.attn_bwd_eff)));
 
   bench::BenchTrainOptions o = gpt2_124m();
   o.device = "cpu";
