@@ -104,6 +104,66 @@ __device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c)[8][4],
   a[3] = pack2<T>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
 }
 
+// Makes key tile kt (of 0..last) ready in shared memory: with two stages, its loads were
+// issued one iteration earlier and the next tile's are issued into the other stage (last
+// read two iterations ago, released by the caller's end-of-iteration barrier); with one,
+// tile kt > 0 is loaded into the single stage now. Returns the stage's K tile (V follows
+// it). The caller's barrier makes every thread's part visible.
+template <typename T, int HDP, int STAGES>
+__device__ __forceinline__ const T* kv_tile_ready(T* KV, const T* kb, const T* vb, int kt, int last, const AttnShape& s,
+                                                  bool vec) {
+  constexpr int E = Tiles<HDP>::ELEMS;
+  if constexpr (STAGES == 2) {
+    if (kt < last) {
+      T* nk = KV + ((kt + 1) & 1) * 2 * E;
+      tile_load_async<T, HDP>(nk, kb, (kt + 1) * BN, s.T, s.ks, s.HD, vec);
+      tile_load_async<T, HDP>(nk + E, vb, (kt + 1) * BN, s.T, s.ks, s.HD, vec);
+      cp_async_commit();
+      cp_async_wait<1>();  // this tile's group is complete, the prefetch may still fly
+    } else {
+      cp_async_wait<0>();
+    }
+    return KV + (kt & 1) * 2 * E;
+  } else {
+    if (kt > 0) {
+      tile_load_async<T, HDP>(KV, kb, kt * BN, s.T, s.ks, s.HD, vec);
+      tile_load_async<T, HDP>(KV + E, vb, kt * BN, s.T, s.ks, s.HD, vec);
+      cp_async_commit();
+    }
+    cp_async_wait<0>();
+    return KV;
+  }
+}
+
+// The backward's paired products over the head dimension: c1 = A1_w B1^T and c2 = A2_w B2^T,
+// 16 x 64 each, where A1_w, A2_w are this warp's 16 rows of two [64][PITCH] tiles and B1, B2
+// all 64 rows of two others (dK/dV: K, V against Q, dO; dQ: Q, dO against K, V).
+template <typename T, int HDP>
+__device__ __forceinline__ void paired_products(float (&c1)[8][4], float (&c2)[8][4], const T* A1, const T* A2,
+                                                const T* B1, const T* B2, int warp, int lane) {
+  constexpr int P = Tiles<HDP>::PITCH, KC = Tiles<HDP>::KC;
+  const int mi = lane >> 3;
+#pragma unroll
+  for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c1[nb][i] = c2[nb][i] = 0.0f;
+#pragma unroll
+  for (int kc = 0; kc < KC; ++kc) {
+    uint32_t a1[4], a2[4];
+    ldmatrix_x4(a1, A1 + (warp * 16 + (lane & 15)) * P + kc * 16 + (lane >> 4) * 8);
+    ldmatrix_x4(a2, A2 + (warp * 16 + (lane & 15)) * P + kc * 16 + (lane >> 4) * 8);
+#pragma unroll
+    for (int nb2 = 0; nb2 < 4; ++nb2) {
+      uint32_t b1[4], b2[4];
+      const int off = ((nb2 * 2 + (mi >> 1)) * 8 + (lane & 7)) * P + kc * 16 + (mi & 1) * 8;
+      ldmatrix_x4(b1, B1 + off);
+      ldmatrix_x4(b2, B2 + off);
+      mma_pair<T>(c1[2 * nb2], c1[2 * nb2 + 1], a1, b1);
+      mma_pair<T>(c2[2 * nb2], c2[2 * nb2 + 1], a2, b2);
+    }
+  }
+}
+
 // ----------------------------------------------------------------------------
 // Forward. smem: Qs, then STAGES stages of Ks, Vs [64][PITCH] of T: with two, the next key
 // tile's loads (cp.async) are in flight while the current one is computed.
@@ -143,26 +203,8 @@ __global__ void __launch_bounds__(THREADS)
   const int row0 = qt * BM + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
 
   for (int kt = 0; kt <= qt; ++kt) {  // causal: key tiles up to the diagonal
-    const T* Ks = KV + (STAGES == 2 ? (kt & 1) : 0) * 2 * TL::ELEMS;
+    const T* Ks = kv_tile_ready<T, HDP, STAGES>(KV, kb, vb, kt, qt, s, a.vec);
     const T* Vs = Ks + TL::ELEMS;
-    if constexpr (STAGES == 2) {
-      if (kt < qt) {  // prefetch the next tile into the other stage (last read two iterations ago)
-        T* nk = KV + ((kt + 1) & 1) * 2 * TL::ELEMS;
-        tile_load_async<T, HDP>(nk, kb, (kt + 1) * BN, s.T, s.ks, s.HD, a.vec);
-        tile_load_async<T, HDP>(nk + TL::ELEMS, vb, (kt + 1) * BN, s.T, s.ks, s.HD, a.vec);
-        cp_async_commit();
-        cp_async_wait<1>();  // this tile's group is complete, the prefetch may still fly
-      } else {
-        cp_async_wait<0>();
-      }
-    } else {
-      if (kt > 0) {  // the one stage was released by the previous iteration's last barrier
-        tile_load_async<T, HDP>(KV, kb, kt * BN, s.T, s.ks, s.HD, a.vec);
-        tile_load_async<T, HDP>(KV + TL::ELEMS, vb, kt * BN, s.T, s.ks, s.HD, a.vec);
-        cp_async_commit();
-      }
-      cp_async_wait<0>();
-    }
     __syncthreads();  // every thread's part of this tile has landed
     float sc[8][4];
 #pragma unroll
@@ -282,7 +324,7 @@ __global__ void __launch_bounds__(THREADS)
                          const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ Dvec,
                          const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, Args a) {
   using TL = Tiles<HDP>;
-  constexpr int P = TL::PITCH, KC = TL::KC, DN = TL::DN;
+  constexpr int P = TL::PITCH, DN = TL::DN;
   const AttnShape& s = a.s;
   DTK_EXTERN_SHARED(float, smem_raw);
   T* Ks = reinterpret_cast<T*>(smem_raw);
@@ -347,25 +389,7 @@ __global__ void __launch_bounds__(THREADS)
 
     // S^T = K_w Q^T and dP^T = V_w dO^T: 16 keys x 64 queries per warp.
     float st[8][4], dpt[8][4];
-#pragma unroll
-    for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) st[nb][i] = dpt[nb][i] = 0.0f;
-#pragma unroll
-    for (int kc = 0; kc < KC; ++kc) {
-      uint32_t kf[4], vf[4];
-      ldmatrix_x4(kf, Ks + (warp * 16 + (lane & 15)) * P + kc * 16 + (lane >> 4) * 8);
-      ldmatrix_x4(vf, Vs + (warp * 16 + (lane & 15)) * P + kc * 16 + (lane >> 4) * 8);
-#pragma unroll
-      for (int nb2 = 0; nb2 < 4; ++nb2) {
-        uint32_t qf4[4], of4[4];
-        const int off = ((nb2 * 2 + (mi >> 1)) * 8 + (lane & 7)) * P + kc * 16 + (mi & 1) * 8;
-        ldmatrix_x4(qf4, Qs + off);
-        ldmatrix_x4(of4, dOs + off);
-        mma_pair<T>(st[2 * nb2], st[2 * nb2 + 1], kf, qf4);
-        mma_pair<T>(dpt[2 * nb2], dpt[2 * nb2 + 1], vf, of4);
-      }
-    }
+    paired_products<T, HDP>(st, dpt, Ks, Vs, Qs, dOs, warp, lane);
     // P^T = exp(S^T * scale - lse) (0 where masked), dS^T = P^T (dP^T - D).
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb) {
@@ -431,7 +455,7 @@ __global__ void __launch_bounds__(THREADS)
                        const float* __restrict__ Dvec, const T* __restrict__ q, const T* __restrict__ k,
                        const T* __restrict__ v, Args a) {
   using TL = Tiles<HDP>;
-  constexpr int P = TL::PITCH, KC = TL::KC, DN = TL::DN;
+  constexpr int P = TL::PITCH, DN = TL::DN;
   const AttnShape& s = a.s;
   DTK_EXTERN_SHARED(float, smem_raw);
   T* Qs = reinterpret_cast<T*>(smem_raw);
@@ -465,49 +489,13 @@ __global__ void __launch_bounds__(THREADS)
   for (int dn = 0; dn < DN; ++dn) dqa[dn][0] = dqa[dn][1] = dqa[dn][2] = dqa[dn][3] = 0.0f;
 
   for (int kt = 0; kt <= qt; ++kt) {  // causal: key tiles up to the diagonal
-    const T* Ks = KV + (STAGES == 2 ? (kt & 1) : 0) * 2 * TL::ELEMS;
+    const T* Ks = kv_tile_ready<T, HDP, STAGES>(KV, kb, vb, kt, qt, s, a.vec);
     const T* Vs = Ks + TL::ELEMS;
-    if constexpr (STAGES == 2) {
-      if (kt < qt) {  // the other stage was released by the previous iteration's last barrier
-        T* nk = KV + ((kt + 1) & 1) * 2 * TL::ELEMS;
-        tile_load_async<T, HDP>(nk, kb, (kt + 1) * BN, s.T, s.ks, s.HD, a.vec);
-        tile_load_async<T, HDP>(nk + TL::ELEMS, vb, (kt + 1) * BN, s.T, s.ks, s.HD, a.vec);
-        cp_async_commit();
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-    } else {
-      if (kt > 0) {
-        tile_load_async<T, HDP>(KV, kb, kt * BN, s.T, s.ks, s.HD, a.vec);
-        tile_load_async<T, HDP>(KV + TL::ELEMS, vb, kt * BN, s.T, s.ks, s.HD, a.vec);
-        cp_async_commit();
-      }
-      cp_async_wait<0>();
-    }
     __syncthreads();  // every thread's part of this tile has landed
 
     // S = Q_w K^T and dP = dO_w V^T: 16 queries x 64 keys per warp.
     float sc[8][4], dp[8][4];
-#pragma unroll
-    for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) sc[nb][i] = dp[nb][i] = 0.0f;
-#pragma unroll
-    for (int kc = 0; kc < KC; ++kc) {
-      uint32_t qf[4], of[4];
-      ldmatrix_x4(qf, Qs + (warp * 16 + (lane & 15)) * P + kc * 16 + (lane >> 4) * 8);
-      ldmatrix_x4(of, dOs + (warp * 16 + (lane & 15)) * P + kc * 16 + (lane >> 4) * 8);
-#pragma unroll
-      for (int nb2 = 0; nb2 < 4; ++nb2) {
-        uint32_t kf4[4], vf4[4];
-        const int off = ((nb2 * 2 + (mi >> 1)) * 8 + (lane & 7)) * P + kc * 16 + (mi & 1) * 8;
-        ldmatrix_x4(kf4, Ks + off);
-        ldmatrix_x4(vf4, Vs + off);
-        mma_pair<T>(sc[2 * nb2], sc[2 * nb2 + 1], qf, kf4);
-        mma_pair<T>(dp[2 * nb2], dp[2 * nb2 + 1], of, vf4);
-      }
-    }
+    paired_products<T, HDP>(sc, dp, Qs, dOs, Ks, Vs, warp, lane);
     // P = exp(S * scale - lse) (0 where masked), dS = P (dP - D), in dp.
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb) {
