@@ -1,8 +1,9 @@
-// Run plot: read metrics and events, lay out two panels, draw grid, ticks, lines, eval
+// Run plot: read metrics, events and the monitor's samples, lay out two or three panels, draw grid, ticks, lines, eval
 // markers, restart / resize / resume markers and line-end labels into an indexed image,
 // write the PNG.
 #include "report/jsonl.h"
 #include "report/plot.h"
+#include "report/resource_status.h"
 #include "report/round_history.h"
 
 #include "core/check.h"
@@ -11,10 +12,13 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
+#include <tuple>
 
 namespace fs = std::filesystem;
 
@@ -110,6 +114,68 @@ void draw_axes(Image& img, const PlotPanel& p, const std::string& title, bool x_
   text_draw(img, p.x0, p.y0 - FONT_H * kScale - 6, title, ink, kScale);  // above the panel: no line hides it
 }
 
+// A training record's place in time: the step axis the resource samples are put on.
+struct TimedStep {
+  int64_t time_ms = 0, step = 0;
+  int segment = 0;
+};
+
+// The monitor's samples as the four percentage lines (PlotResources), one point per monitor
+// interval (the records' interval_s, 1 s without it), placed on the steps by `steps`.
+PlotResources resources_read(const fs::path& dir, std::vector<TimedStep> steps) {
+  PlotResources r;
+  if (steps.size() < 2) return r;
+  std::stable_sort(steps.begin(), steps.end(),
+                   [](const TimedStep& a, const TimedStep& b) { return a.time_ms < b.time_ms; });
+  struct Mean {
+    double sum = 0;
+    int n = 0;
+    void add(double v) { sum += v, ++n; }
+  };
+  std::map<int64_t, std::array<Mean, 4>> buckets;  // by time bucket: cpu, mem, gpu, gpu_mem
+  std::vector<json> records;
+  double interval_ms = 0;
+  for (const std::string& f : resource_files(dir.string()))
+    for (json& j : read_jsonl(f)) {
+      double v = 0;
+      if (!j.is_object() || !number(j, "time_ms", &v)) continue;
+      auto kind = j.find("kind");
+      if (kind == j.end() || !kind->is_string() || *kind != "resource") continue;
+      if (number(j, "interval_s", &v)) interval_ms = std::max(interval_ms, v * 1e3);
+      records.push_back(std::move(j));
+    }
+  const auto width = static_cast<int64_t>(std::max(1000.0, interval_ms));
+  for (const json& j : records) {
+    double t = 0, v = 0, total = 0;
+    number(j, "time_ms", &t);
+    std::array<Mean, 4>& b = buckets[static_cast<int64_t>(t) / width];
+    if (number(j, "node_cpu_pct", &v)) b[0].add(v);
+    if (number(j, "mem_available_bytes", &v) && number(j, "mem_total_bytes", &total) && total > 0)
+      b[1].add(100.0 * (1.0 - v / total));
+    if (number(j, "gpu_util_pct", &v)) b[2].add(v);
+    if (number(j, "gpu_mem_used_bytes", &v) && number(j, "gpu_mem_total_bytes", &total) && total > 0)
+      b[3].add(100.0 * v / total);
+  }
+  std::vector<PlotPoint>* lines[4] = {&r.cpu, &r.mem, &r.gpu, &r.gpu_mem};
+  for (const auto& [bucket, means] : buckets) {
+    const int64_t t = bucket * width + width / 2;
+    // The last training record at or before t and the one after it.
+    auto after =
+        std::upper_bound(steps.begin(), steps.end(), t, [](int64_t x, const TimedStep& s) { return x < s.time_ms; });
+    if (after == steps.begin() || after == steps.end()) continue;  // outside the logged steps
+    const TimedStep& a = *(after - 1);
+    const TimedStep& b = *after;
+    double step = static_cast<double>(a.step);
+    if (b.segment == a.segment && b.step > a.step && b.time_ms > a.time_ms)
+      step += static_cast<double>(b.step - a.step) * static_cast<double>(t - a.time_ms) /
+              static_cast<double>(b.time_ms - a.time_ms);
+    for (int i = 0; i < 4; ++i)
+      if (means[i].n > 0)
+        lines[i]->push_back({static_cast<int64_t>(std::llround(step)), means[i].sum / means[i].n, a.segment});
+  }
+  return r;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -175,6 +241,7 @@ PlotData plot_data_read(const std::string& run_dir) {
 
   int segment = 0;
   int64_t prev_step = INT64_MIN;
+  std::vector<TimedStep> timed_steps;
   size_t next_round = 0;
   bool timed = false;
   for (const json& m : read_jsonl(dir / "metrics.jsonl")) {
@@ -205,6 +272,7 @@ PlotData plot_data_read(const std::string& run_dir) {
         d.marks.push_back(*mark);
       }
       prev_step = step;
+      if (timed && number(m, "time_ms", &t)) timed_steps.push_back({static_cast<int64_t>(t), step, segment});
       d.train.push_back({step, v, segment});
       if (number(m, "tokens_per_s", &v)) d.tokens.push_back({step, v, segment});
     }
@@ -218,6 +286,7 @@ PlotData plot_data_read(const std::string& run_dir) {
     if (k.kind == PlotMarkKind::RESTART && k.number == 0) k.number = ++found + d.restarts;
   d.restarts += found;
   d.unplaced = std::max(0, static_cast<int>(later.size()) - (static_cast<int>(d.marks.size()) - found));
+  d.resources = resources_read(dir, std::move(timed_steps));
   return d;
 }
 
@@ -230,19 +299,24 @@ Image plot_render(const PlotData& data, const PlotOptions& opts, PlotLayout* lay
   img.color(PLOT_GRID);
 
   // Layout: title band, loss panel (60 %), tokens panel, x labels; room right for names.
+  // With resource samples: loss 45 %, tokens 25 %, resources 30 %.
   const int left = 110, right = opts.width - 140, top = 64, bottom = opts.height - 60, gap = 44;
-  const int split = top + (bottom - top - gap) * 6 / 10;
-  PlotPanel loss{left, top, right, split}, tok{left, split + gap, right, bottom};
+  const bool res = !data.resources.empty();
+  const int span = bottom - top - (res ? 2 : 1) * gap;
+  const int split = top + span * (res ? 45 : 60) / 100;
+  const int split2 = res ? split + gap + span * 25 / 100 : bottom;
+  PlotPanel loss{left, top, right, split}, tok{left, split + gap, right, split2}, rp{left, split2 + gap, right, bottom};
   int64_t smin = INT64_MAX, smax = INT64_MIN;
   for (const auto* v : {&data.train, &data.eval, &data.tokens})
     for (const auto& p : *v) smin = std::min(smin, p.step), smax = std::max(smax, p.step);
   if (smin > smax) smin = 0, smax = 1;
   if (smin == smax) --smin, ++smax;
-  loss.xmin = tok.xmin = static_cast<double>(smin);
-  loss.xmax = tok.xmax = static_cast<double>(smax);
+  loss.xmin = tok.xmin = rp.xmin = static_cast<double>(smin);
+  loss.xmax = tok.xmax = rp.xmax = static_cast<double>(smax);
   fit_range(data.train, data.eval, &loss.ymin, &loss.ymax);
   fit_range(data.tokens, {}, &tok.ymin, &tok.ymax);
-  if (layout) *layout = {loss, tok};
+  rp.ymin = 0, rp.ymax = 100;
+  if (layout) *layout = {loss, tok, rp, res};
 
   std::string title = "RUN " + data.title;
   auto count = [&](int n, const char* what) {
@@ -256,7 +330,8 @@ Image plot_render(const PlotData& data, const PlotOptions& opts, PlotLayout* lay
   text_draw(img, left, 10, title, ink, kScale);
 
   draw_axes(img, loss, "LOSS", false);
-  draw_axes(img, tok, "TOKENS/S", true);
+  draw_axes(img, tok, "TOKENS/S", !res);
+  if (res) draw_axes(img, rp, "RESOURCES %", true);
   const std::string xl = "STEP";
   text_draw(img, (left + right) / 2 - text_width(xl, kScale) / 2, bottom + 34, xl, ink, kScale);
 
@@ -273,9 +348,11 @@ Image plot_render(const PlotData& data, const PlotOptions& opts, PlotLayout* lay
       return y % 16 < 8 || (y % 16 >= 11 && y % 16 < 13);  // dash, dot
     };
     const int x = loss.px(static_cast<double>(mk.step));
-    for (const PlotPanel* p : {&loss, &tok})
+    for (const PlotPanel* p : {&loss, &tok, &rp}) {
+      if (p == &rp && !res) continue;
       for (int y = p->y0; y <= p->y1; ++y)
         if (ink_at(y)) img.set(x, y, c), img.set(x + 1, y, c);
+    }
     std::string label = fmt::format("{} {}", restart ? "RESTART" : resize ? "RESIZE" : "RESUME", mk.number);
     int lx = x + 6;
     if (lx + text_width(label, kScale) > loss.x1) lx = x - 6 - text_width(label, kScale);
@@ -285,6 +362,15 @@ Image plot_render(const PlotData& data, const PlotOptions& opts, PlotLayout* lay
   draw_series(img, loss, data.train, c_train, false);
   draw_series(img, loss, data.eval, c_eval, true);
   draw_series(img, tok, data.tokens, c_tok, false);
+  const PlotResources& rs = data.resources;
+  const uint8_t c_cpu = img.color(PLOT_CPU), c_mem = img.color(PLOT_MEM), c_gpu = img.color(PLOT_GPU),
+                c_gmem = img.color(PLOT_GPU_MEM);
+  if (res) {
+    draw_series(img, rp, rs.cpu, c_cpu, false);
+    draw_series(img, rp, rs.mem, c_mem, false);
+    draw_series(img, rp, rs.gpu, c_gpu, false);
+    draw_series(img, rp, rs.gpu_mem, c_gmem, false);
+  }
 
   // Names at the right end of each line; the eval name moves clear of the train name.
   auto end_label = [&](const PlotPanel& p, const std::vector<PlotPoint>& pts, const std::string& name, uint8_t c,
@@ -299,6 +385,14 @@ Image plot_render(const PlotData& data, const PlotOptions& opts, PlotLayout* lay
   const int ty = end_label(loss, data.train, "TRAIN", c_train, -1000);
   end_label(loss, data.eval, "EVAL", c_eval, ty);
   end_label(tok, data.tokens, "TOKENS/S", c_tok, -1000);
+  if (res) {
+    int y = -1000;
+    for (auto [pts, name, c] : {std::tuple{&rs.cpu, "CPU", c_cpu}, std::tuple{&rs.mem, "MEM", c_mem},
+                                std::tuple{&rs.gpu, "GPU", c_gpu}, std::tuple{&rs.gpu_mem, "GPU MEM", c_gmem}}) {
+      const int yy = end_label(rp, *pts, name, c, y);
+      if (yy != -1000) y = yy;
+    }
+  }
   return img;
 }
 

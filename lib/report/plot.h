@@ -31,6 +31,16 @@ struct PlotMark {
   int number = 0;  ///< the restart / resize / resume it is (1-based, as `dtrain status` counts)
 };
 
+/// The resource panel (the monitor's samples, RUN_DIR/resources/rank<R>.jsonl): percentages
+/// over the whole job, each the mean of the samples of one monitor interval: node CPU, host
+/// memory in use (1 - MemAvailable / MemTotal), GPU utilisation and GPU memory in use.
+/// Samples are placed on the step axis by the training records' time_ms (interpolated
+/// between two records, cut at a restart); samples outside the logged steps are left out.
+struct PlotResources {
+  std::vector<PlotPoint> cpu, mem, gpu, gpu_mem;
+  bool empty() const { return cpu.empty() && mem.empty() && gpu.empty() && gpu_mem.empty(); }
+};
+
 /// What a run's files say, ready to draw.
 struct PlotData {
   std::string title;                           ///< the run directory's name
@@ -41,9 +51,11 @@ struct PlotData {
   int restarts = 0, resizes = 0, resumes = 0;  ///< totals (events.jsonl, or restart marks found without it)
   int not_started = 0;                         ///< rounds that could not start (no node ran: nothing to mark)
   int unplaced = 0;                            ///< later rounds that started but no step could be tied to
+  PlotResources resources;                     ///< empty: no monitor samples (or no time_ms to place them)
 };
 
 /// Reads <run_dir>/metrics.jsonl (records with step + loss / eval_loss / tokens_per_s;
+/// the monitor's files under resources/ for PlotResources;
 /// malformed lines skipped) and <run_dir>/events.jsonl, whose rounds are classified by
 /// round_history (report/round_history.h). A round after the first is marked at the first
 /// metrics record whose "time_ms" is at or after its round_start event's time_ms when
@@ -66,13 +78,16 @@ struct PlotPanel {
 
 struct PlotLayout {
   PlotPanel loss, tokens;
+  PlotPanel resources;  ///< drawn only when the data has resource samples
+  bool has_resources = false;
 };
 
 /// The palette colours used (tests look for them). Markers also differ in dash pattern:
 /// a restart is dashed, a resize dotted, a resume dash-dotted.
 inline constexpr Rgb PLOT_TRAIN{31, 119, 180}, PLOT_EVAL{255, 127, 14}, PLOT_TOKENS{44, 160, 44},
     PLOT_RESTART{214, 39, 40}, PLOT_RESIZE{148, 103, 189}, PLOT_RESUME{140, 86, 75}, PLOT_GRID{225, 225, 225},
-    PLOT_INK{40, 40, 40}, PLOT_BACKGROUND{255, 255, 255};
+    PLOT_INK{40, 40, 40}, PLOT_BACKGROUND{255, 255, 255}, PLOT_CPU{23, 190, 207}, PLOT_MEM{127, 127, 127},
+    PLOT_GPU{227, 119, 194}, PLOT_GPU_MEM{188, 189, 34};
 
 /// Draws the chart. ConfigError for a size below 400x300 or above 16384.
 Image plot_render(const PlotData& data, const PlotOptions& opts, PlotLayout* layout = nullptr);

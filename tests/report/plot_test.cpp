@@ -310,3 +310,72 @@ TEST_CASE("plot: ticks and labels") {
   for (char c : std::string("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ .-+/:()%KME")) CHECK(font_has(c));
   CHECK(text_width("AB", 2) == 22);
 }
+
+TEST_CASE("plot: the monitor's samples make a resource panel on the step axis") {
+  TempDir d("res");
+  {
+    std::ofstream m(d.path / "metrics.jsonl");
+    for (int s = 1; s <= 50; ++s)  // one step every 100 ms from t = 10 s
+      m << nlohmann::json{{"step", s}, {"loss", loss_at(s)}, {"tokens_per_s", tps_at(s)}, {"time_ms", 9900 + 100 * s}}
+               .dump()
+        << "\n";
+  }
+  fs::create_directories(d.path / "resources");
+  for (int rank : {0, 1}) {
+    std::ofstream r(d.path / "resources" / ("rank" + std::to_string(rank) + ".jsonl"));
+    for (int64_t t = 10000; t <= 15000; t += 1000)
+      r << nlohmann::json{{"kind", "resource"},
+                          {"time_ms", t + rank * 10},
+                          {"rank", rank},
+                          {"node", rank},
+                          {"interval_s", 1.0},
+                          {"node_cpu_pct", rank == 0 ? 40.0 : 60.0},
+                          {"mem_available_bytes", 6},
+                          {"mem_total_bytes", 8},
+                          {"gpu_util_pct", 90.0},
+                          {"gpu_mem_used_bytes", 30},
+                          {"gpu_mem_total_bytes", 80}}
+               .dump()
+        << "\n";
+    r << R"({"kind":"resource","time_ms":20000,"node_cpu_pct":5})"
+      << "\n";  // after the last step: left out
+    r << R"({"step":3,"loss":1.0})"
+      << "\n";  // not a resource record
+  }
+  PlotData data = plot_data_read(d.path.string());
+  const PlotResources& rs = data.resources;
+  REQUIRE(rs.cpu.size() == 5);  // buckets 10..14 s; the 15 s bucket's centre is past step 50
+  CHECK(rs.mem.size() == 5);
+  CHECK(rs.gpu.size() == 5);
+  CHECK(rs.gpu_mem.size() == 5);
+  for (size_t i = 0; i < rs.cpu.size(); ++i) {
+    CAPTURE(i);
+    CHECK(rs.cpu[i].value == doctest::Approx(50.0));  // the two nodes' mean
+    CHECK(rs.mem[i].value == doctest::Approx(25.0));
+    CHECK(rs.gpu[i].value == doctest::Approx(90.0));
+    CHECK(rs.gpu_mem[i].value == doctest::Approx(37.5));
+    // the bucket's centre (10.5 s, 11.5 s, ...) between the steps logged around it
+    CHECK(rs.cpu[i].step == 6 + 10 * static_cast<int64_t>(i));
+  }
+
+  PlotLayout lay;
+  Image img = plot_render(data, PlotOptions{}, &lay);
+  REQUIRE(lay.has_resources);
+  CHECK(lay.resources.y0 > lay.tokens.y1);
+  const fs::path png_path = d.path / "plot.png";
+  Decoded dec = png_decode(png_file(img, png_path));
+  for (size_t i : {1, 3}) {
+    const int x = lay.resources.px(double(rs.cpu[i].step));
+    CHECK(near(dec, x, lay.resources.py(50.0), PLOT_CPU, 2));
+    CHECK(near(dec, x, lay.resources.py(25.0), PLOT_MEM, 2));
+    CHECK(near(dec, x, lay.resources.py(90.0), PLOT_GPU, 2));
+    CHECK(near(dec, x, lay.resources.py(37.5), PLOT_GPU_MEM, 2));
+  }
+
+  // Without samples there is no third panel.
+  fs::remove_all(d.path / "resources");
+  PlotData plain = plot_data_read(d.path.string());
+  CHECK(plain.resources.empty());
+  plot_render(plain, PlotOptions{}, &lay);
+  CHECK_FALSE(lay.has_resources);
+}
