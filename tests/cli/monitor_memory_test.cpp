@@ -136,11 +136,13 @@ TEST_CASE("monitor: a balloon process squeezes the node's memory: one low_memory
   REQUIRE(!tmp.path().empty());
   const std::string config = tmp.path() + "/tiny.yaml";
   const std::string run_dir = tmp.path() + "/run";
-  // Paced: 80 steps of at least 250 ms, about 20 s, long enough for the squeeze and a few
-  // samples after it.
+  // Paced: up to 400 steps of at least 250 ms (100 s): the job must outlast the wait for
+  // sampling and the balloon's squeeze even on a loaded machine (a CI run once took longer
+  // than 20 s for those, and the job had ended before the balloon held its memory). It is
+  // stopped once the alert is checked.
   std::ofstream(config) << tiny_job({.top = "train_micro_batch_size_per_gpu: 2\nsteps_per_print: 10\n",
                                      .n_layer = 1,
-                                     .max_steps = 80,
+                                     .max_steps = 400,
                                      .save_steps = 1000,
                                      .training_more = "  device: cpu\n",
                                      .rest = "fault_tolerance:\n  max_retries: 0\nmonitor:\n  interval: 0.2\n"
@@ -183,10 +185,13 @@ TEST_CASE("monitor: a balloon process squeezes the node's memory: one low_memory
   balloon.stop();
   REQUIRE(alerted);
 
+  // Stopped as a user would (Ctrl-C to the launcher): exit 130, interrupted.
+  REQUIRE(job.running());
+  ::kill(job.pid(), SIGINT);
   const auto rc = job.wait(120s);
   INFO("launch output:\n" << job.output());
   REQUIRE(rc.has_value());
-  CHECK(*rc == 0);
+  CHECK(*rc == 130);
 
   // One episode, one alert, from local rank 0 of node 0, naming the threshold.
   const auto alerts = low_memory_alerts(run_dir);

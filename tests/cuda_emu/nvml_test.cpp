@@ -13,6 +13,8 @@
 
 #include <doctest/doctest.h>
 
+#include <filesystem>
+
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -112,7 +114,9 @@ TEST_CASE("engine NVML: the monitor's records carry the GPU; an injected thermal
     ::unsetenv("DTRAIN_EMU_NVML_THROTTLE");
   }
   REQUIRE(cudaFree(p) == cudaSuccess);
-  const auto recs = jsonl(d.path / "metrics.jsonl");
+  // The rank's own file (lib/monitor: RUN_DIR/resources/rank<R>.jsonl), none in metrics.jsonl.
+  CHECK_FALSE(std::filesystem::exists(d.path / "metrics.jsonl"));
+  const auto recs = jsonl(d.path / "resources" / "rank0.jsonl");
   REQUIRE(recs.size() == 3);
   for (const auto& r : recs) {
     CHECK(r.at("gpu_index") == 0);
