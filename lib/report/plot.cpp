@@ -138,9 +138,7 @@ PlotResources resources_read(const fs::path& dir, std::vector<TimedStep> steps) 
   for (const std::string& f : resource_files(dir.string()))
     for (json& j : read_jsonl(f)) {
       double v = 0;
-      if (!j.is_object() || !number(j, "time_ms", &v)) continue;
-      auto kind = j.find("kind");
-      if (kind == j.end() || !kind->is_string() || *kind != "resource") continue;
+      if (!is_resource_record(j) || !number(j, "time_ms", &v)) continue;
       if (number(j, "interval_s", &v)) interval_ms = std::max(interval_ms, v * 1e3);
       records.push_back(std::move(j));
     }

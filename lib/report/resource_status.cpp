@@ -54,10 +54,14 @@ std::vector<std::string> resource_files(const std::string& run_dir) {
   return out;
 }
 
-void ResourceCollector::add(const json& r) {
-  if (!r.is_object()) return;
+bool is_resource_record(const json& r) {
+  if (!r.is_object()) return false;
   auto k = r.find("kind");
-  if (k == r.end() || !k->is_string() || k->get<std::string>() != "resource") return;
+  return k != r.end() && k->is_string() && k->get<std::string>() == "resource";
+}
+
+void ResourceCollector::add(const json& r) {
+  if (!is_resource_record(r)) return;
   const auto rank = opt<int>(r, "rank");
   const auto t = opt<int64_t>(r, "time_ms");
   if (!rank || *rank < 0 || *rank > (1 << 20) || !t) return;
@@ -222,7 +226,7 @@ bool lines_add(std::string_view buf, size_t end, ResourceCollector& into) {
     const size_t nl = buf.find('\n', at);
     if (nl == std::string_view::npos) break;
     const auto j = json::parse(buf.substr(at, nl - at), nullptr, false);
-    if (j.is_object() && j.value("kind", "") == "resource") {
+    if (is_resource_record(j)) {
       into.add(j);
       any = true;
     }

@@ -17,6 +17,9 @@ namespace dtrain::report {
 /// The run directory's folder of the monitors' files, one per rank.
 inline constexpr const char* RESOURCE_DIR = "resources";
 
+/// Whether a record is a monitor sample ({"kind": "resource"}).
+bool is_resource_record(const nlohmann::json& record);
+
 /// RUN_DIR/resources/rank<R>.jsonl: rank R's resource records, written by its monitor only.
 std::string resource_file(const std::string& run_dir, int rank);
 
