@@ -505,28 +505,37 @@ RunStatus status_read(const std::string& run_dir, const CheckpointProblem& check
   return st;
 }
 
-std::string status_format(const RunStatus& st, int64_t now_ms) {
+namespace {
+
+// The status report being written: rows of "key  value" and indented detail lines.
+struct StatusText {
+  const RunStatus& st;
+  int64_t now_ms;
   std::string out;
-  auto row = [&](const char* key, const std::string& value) { out += fmt::format("{:<11}{}\n", key, value); };
-  auto ago = [&](int64_t t) { return duration(static_cast<double>(now_ms - t) / 1000.0); };
 
-  row("run", st.job_id.empty() ? st.run_dir : fmt::format("{} (job {})", st.run_dir, st.job_id));
+  void row(const char* key, const std::string& value) { out += fmt::format("{:<11}{}\n", key, value); }
+  std::string ago(int64_t t) const { return duration(static_cast<double>(now_ms - t) / 1000.0); }
+};
 
+// `dtrain resume` only where there is a checkpoint to continue from: after a "no usable
+// checkpoint" failure (exit 7) it would fail the same way, and without any checkpoint
+// it starts again from step 0.
+std::string next_step(const RunStatus& st, int exit_code) {
+  if (exit_code == static_cast<int>(Exit::CHECKPOINT))
+    return fmt::format(
+        "no usable checkpoint under {}/checkpoints (the failure says why each one was refused): "
+        "set the damaged ones aside, or start a new run with dtrain launch --output-dir DIR",
+        st.run_dir);
+  if (st.checkpoint.empty())
+    return fmt::format("no usable checkpoint to continue from{}: dtrain resume {} would start again from step 0",
+                       st.checkpoint_note.empty() ? "" : " (" + st.checkpoint_note + ")", st.run_dir);
+  return fmt::format("continue with: dtrain resume {} (from {})", st.run_dir, st.checkpoint);
+}
+
+// The "state" row: the state, who runs it or how it ended, and what to do next.
+std::string state_text(const StatusText& t) {
+  const RunStatus& st = t.st;
   std::string state = run_state_name(st.state);
-  // `dtrain resume` only where there is a checkpoint to continue from: after a "no usable
-  // checkpoint" failure (exit 7) it would fail the same way, and without any checkpoint
-  // it starts again from step 0.
-  auto next_step = [&](int exit_code) -> std::string {
-    if (exit_code == static_cast<int>(Exit::CHECKPOINT))
-      return fmt::format(
-          "no usable checkpoint under {}/checkpoints (the failure says why each one was refused): "
-          "set the damaged ones aside, or start a new run with dtrain launch --output-dir DIR",
-          st.run_dir);
-    if (st.checkpoint.empty())
-      return fmt::format("no usable checkpoint to continue from{}: dtrain resume {} would start again from step 0",
-                         st.checkpoint_note.empty() ? "" : " (" + st.checkpoint_note + ")", st.run_dir);
-    return fmt::format("continue with: dtrain resume {} (from {})", st.run_dir, st.checkpoint);
-  };
   switch (st.state) {
     case RunState::RUNNING:
       if (!st.started_by.empty())
@@ -536,20 +545,20 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
         state += fmt::format(": launcher on {} (pid {}; liveness not checkable from this host)", st.launcher_host,
                              st.launcher_pid);
       else state += fmt::format(": launcher pid {} on {}", st.launcher_pid, st.launcher_host);
-      if (st.started_ms > 0) state += fmt::format(", started {} ago", ago(st.started_ms));
+      if (st.started_ms > 0) state += fmt::format(", started {} ago", t.ago(st.started_ms));
       if (st.last_event == "failure" && st.failures.back().retry) state += "; restarting after a failure";
       break;
-    case RunState::FINISHED: state += fmt::format(" {} ago", ago(st.last_event_ms)); break;
+    case RunState::FINISHED: state += fmt::format(" {} ago", t.ago(st.last_event_ms)); break;
     case RunState::FAILED:
     case RunState::INTERRUPTED:
       if (!st.started_by.empty())
         state += fmt::format(
             " {} ago (exit code {}); {} restarts the processes (or start them again): they "
             "resume from the latest complete checkpoint",
-            ago(st.last_event_ms), st.failures.back().exit_code, st.started_by);
+            t.ago(st.last_event_ms), st.failures.back().exit_code, st.started_by);
       else
-        state += fmt::format(" {} ago (exit code {}); {}", ago(st.last_event_ms), st.failures.back().exit_code,
-                             next_step(st.failures.back().exit_code));
+        state += fmt::format(" {} ago (exit code {}); {}", t.ago(st.last_event_ms), st.failures.back().exit_code,
+                             next_step(st, st.failures.back().exit_code));
       break;
     case RunState::LOST:
       if (!st.started_by.empty()) {
@@ -563,82 +572,92 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
       state += fmt::format(
           ": the launcher (pid {} on {}) is gone without a final event (killed, or it could not "
           "write events.jsonl: see its output); {}",
-          st.launcher_pid, st.launcher_host.empty() ? "?" : st.launcher_host, next_step(0));
+          st.launcher_pid, st.launcher_host.empty() ? "?" : st.launcher_host, next_step(st, 0));
       break;
     case RunState::NOT_STARTED: break;
   }
-  row("state", state);
+  return state;
+}
 
+// Progress, checkpoint, and the rounds: restarts, failures, resumes, resizes, membership.
+void history_rows(StatusText& t) {
+  const RunStatus& st = t.st;
+  std::string& out = t.out;
   if (st.last_step) {
     std::string p = fmt::format("step {}, loss {:.4f}", *st.last_step, st.last_loss);
     if (st.tokens_per_s > 0) p += fmt::format(", {} tokens/s", rate(st.tokens_per_s));
     if (st.last_eval_step) p += fmt::format("; eval_loss {:.4f} at step {}", st.last_eval_loss, *st.last_eval_step);
-    row("progress", p);
+    t.row("progress", p);
   } else {
-    row("progress", "no training step logged yet");
+    t.row("progress", "no training step logged yet");
   }
 
   if (!st.checkpoint.empty())
-    row("checkpoint", st.checkpoint_note.empty() ? st.checkpoint : st.checkpoint + " (" + st.checkpoint_note + ")");
-  else row("checkpoint", st.checkpoint_note.empty() ? "none" : "none (" + st.checkpoint_note + ")");
+    t.row("checkpoint", st.checkpoint_note.empty() ? st.checkpoint : st.checkpoint + " (" + st.checkpoint_note + ")");
+  else t.row("checkpoint", st.checkpoint_note.empty() ? "none" : "none (" + st.checkpoint_note + ")");
 
   std::string restarts = std::to_string(st.restarts);
   if (st.rounds_not_started > 0)
     restarts += fmt::format(" ({} round(s) could not start: no node ran)", st.rounds_not_started);
-  row("restarts", restarts);
+  t.row("restarts", restarts);
   for (const auto& f : st.failures) {
     std::string who = f.node ? fmt::format("node {}: ", *f.node) : "";
-    out +=
-        fmt::format("  round {} {} {} ago: {}{}{}\n", f.round, f.started ? "failed" : "could not start", ago(f.time_ms),
-                    who, f.why, f.exit_code != 0 ? fmt::format(" [exit code {}]", f.exit_code) : std::string());
+    out += fmt::format("  round {} {} {} ago: {}{}{}\n", f.round, f.started ? "failed" : "could not start",
+                       t.ago(f.time_ms), who, f.why,
+                       f.exit_code != 0 ? fmt::format(" [exit code {}]", f.exit_code) : std::string());
   }
-  if (st.resumes > 0) row("resumes", fmt::format("{} (later launches by dtrain resume)", st.resumes));
+  if (st.resumes > 0) t.row("resumes", fmt::format("{} (later launches by dtrain resume)", st.resumes));
 
   if (st.resizes > 0)
-    row("resizes", fmt::format("{} (rounds stopped at a checkpoint to take a host back)", st.resizes));
+    t.row("resizes", fmt::format("{} (rounds stopped at a checkpoint to take a host back)", st.resizes));
   if (!st.membership.empty()) {
-    row("membership", fmt::format("{} change(s) of the elastic job's nodes", st.membership.size()));
+    t.row("membership", fmt::format("{} change(s) of the elastic job's nodes", st.membership.size()));
     for (const auto& m : st.membership) {
       std::string hosts;
       for (const auto& h : m.hosts) hosts += (hosts.empty() ? "" : " ") + h;
       if (!m.problem.empty())
-        out += fmt::format("  round {} ({} ago): cannot run: {}\n", m.round, ago(m.time_ms), m.problem);
+        out += fmt::format("  round {} ({} ago): cannot run: {}\n", m.round, t.ago(m.time_ms), m.problem);
       else
-        out += fmt::format("  round {} ({} ago): {} node(s), {} rank(s): {}\n", m.round, ago(m.time_ms), m.hosts.size(),
-                           m.world_size, hosts);
+        out += fmt::format("  round {} ({} ago): {} node(s), {} rank(s): {}\n", m.round, t.ago(m.time_ms),
+                           m.hosts.size(), m.world_size, hosts);
       for (const auto& c : m.changes) out += fmt::format("    {}\n", c);
       if (!m.batch.empty()) out += fmt::format("    batch: {}\n", m.batch);
     }
   }
+}
 
+// The ranks and nodes now: stragglers, resources, resource alerts, node health.
+void health_rows(StatusText& t) {
+  const RunStatus& st = t.st;
+  std::string& out = t.out;
   if (!st.stragglers.empty()) {
-    row("stragglers", fmt::format("{} rank(s) slower than {:g}x the median for {}+ progress records in a row",
-                                  st.stragglers.size(), st.straggler_factor, st.straggler_window));
+    t.row("stragglers", fmt::format("{} rank(s) slower than {:g}x the median for {}+ progress records in a row",
+                                    st.stragglers.size(), st.straggler_factor, st.straggler_window));
     for (const auto& x : st.stragglers)
       out += fmt::format("  rank {} on {}: compute {:.1f} ms/step, {:.1f}x the median {:.1f} ms ({} records)\n", x.rank,
                          x.host, x.compute_ms, x.ratio, x.median_ms, x.records);
   }
 
   if (!st.resources.empty()) {
-    row("resources", "latest sample of every rank, by node (resources/rank<R>.jsonl, monitor.interval)");
-    out += resource_lines(st.resources, now_ms);
+    t.row("resources", "latest sample of every rank, by node (resources/rank<R>.jsonl, monitor.interval)");
+    out += resource_lines(st.resources, t.now_ms);
   }
   if (!st.resource_alerts.empty()) {
     // The newest few: each is one episode's start, the log keeps them all.
     constexpr size_t kShown = 5;
-    row("alerts", fmt::format("{} resource alert(s) in events.jsonl{}", st.resource_alerts.size(),
-                              st.resource_alerts.size() > kShown ? fmt::format(", the last {}", kShown) : ""));
+    t.row("alerts", fmt::format("{} resource alert(s) in events.jsonl{}", st.resource_alerts.size(),
+                                st.resource_alerts.size() > kShown ? fmt::format(", the last {}", kShown) : ""));
     for (size_t i = st.resource_alerts.size() > kShown ? st.resource_alerts.size() - kShown : 0;
          i < st.resource_alerts.size(); ++i) {
       const auto& a = st.resource_alerts[i];
       out +=
-          fmt::format("  {} ago node{} {} rank {}: {}: {}\n", ago(a.time_ms), a.node, a.host, a.rank, a.alert, a.why);
+          fmt::format("  {} ago node{} {} rank {}: {}: {}\n", t.ago(a.time_ms), a.node, a.host, a.rank, a.alert, a.why);
     }
   }
 
   if (st.have_nodes && !st.nodes.empty()) {
-    const double lag = static_cast<double>(now_ms - st.nodes_time_ms) / 1000.0;
-    row("nodes", fmt::format("round {}, as of {} ago", st.nodes_round, duration(lag)));
+    const double lag = static_cast<double>(t.now_ms - st.nodes_time_ms) / 1000.0;
+    t.row("nodes", fmt::format("round {}, as of {} ago", st.nodes_round, duration(lag)));
     for (const auto& n : st.nodes) {
       // Ended nodes (done / failed / stopped) are written without an age: nothing to say.
       const bool ended = n.state == "done" || n.state == "failed" || n.state == "stopped";
@@ -655,7 +674,17 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
       out += fmt::format("  node{} {}{} {}\n", n.node, n.host, n.state.empty() ? "" : " " + n.state, hb);
     }
   }
-  return out;
+}
+
+}  // namespace
+
+std::string status_format(const RunStatus& st, int64_t now_ms) {
+  StatusText t{st, now_ms, {}};
+  t.row("run", st.job_id.empty() ? st.run_dir : fmt::format("{} (job {})", st.run_dir, st.job_id));
+  t.row("state", state_text(t));
+  history_rows(t);
+  health_rows(t);
+  return t.out;
 }
 
 std::string status_report(const std::string& run_dir, const CheckpointProblem& checkpoint_problem) {
