@@ -160,25 +160,12 @@ TEST_CASE("item 11: an identity_file that is /dev/zero or a FIFO fails launch an
   const std::string bin = bin_or_skip("hardening tests");
   if (bin.empty()) return;
   TinyTmp t;
-  // TEST-NET-2: never contacted, the check comes first.
-  std::ofstream(t.path("hosts")) << "198.51.100.7 slots=1\n";
   const std::string fifo = t.fifo("key.fifo");
   for (const std::string& key : {std::string("/dev/zero"), fifo}) {
     for (const std::string& cmd : {std::string("launch"), std::string("doctor")}) {
       CAPTURE(key);
       CAPTURE(cmd);
-      std::vector<std::string> argv = {bin,
-                                       cmd,
-                                       "--hostfile",
-                                       t.path("hosts"),
-                                       "--output-dir",
-                                       t.run,
-                                       "--set",
-                                       "cluster.ssh.identity_file=" + key,
-                                       "--set",
-                                       "doctor.timeout=5"};
-      if (cmd == "launch") argv.insert(argv.end(), {"--config", t.config, "--master-port", "0"});
-      auto r = run(argv, {}, 60s);
+      auto r = run_unreachable(bin, t, cmd, "cluster.ssh.identity_file=" + key);
       expect_refused(r, {"cluster.ssh.identity_file: " + key + " is not a regular file"});
       MESSAGE(fmt::format("dtrain {} with cluster.ssh.identity_file={}: exit {} after {:.2f} s", cmd, key, r.rc,
                           r.seconds));
@@ -232,9 +219,8 @@ TEST_CASE("item 13: cluster.env.set is in no node command line; the ranks still 
   if (bin.empty()) return;
   TinyTmp t;
   const std::string secret = "s3cr3t-value-'quoted' $HOME";
-  std::ofstream(t.path("hosts")) << "198.51.100.7 slots=1\n";
-  auto d = run({bin, "launch", "--config", t.config, "--hostfile", t.path("hosts"), "--output-dir", t.run, "--dry-run",
-                "--set", "cluster.env.set.MY_SECRET=" + secret},
+  auto d = run({bin, "launch", "--config", t.config, "--hostfile", t.unreachable_hostfile(), "--output-dir", t.run,
+                "--dry-run", "--set", "cluster.env.set.MY_SECRET=" + secret},
                {}, 60s);
   INFO("dry run:\n" << d.out);
   REQUIRE(!d.timed_out);

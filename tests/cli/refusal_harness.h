@@ -36,6 +36,12 @@ struct TinyTmp {
   std::string run = dir.path() + "/run";
   explicit TinyTmp(int save_steps = 2) { std::ofstream(config) << tiny_cpu_job(save_steps); }
   std::string path(const std::string& name) const { return dir.path() + "/" + name; }
+  // A one-host hostfile naming 198.51.100.7 (TEST-NET-2: never contacted).
+  std::string unreachable_hostfile() const {
+    const std::string p = path("hosts");
+    std::ofstream(p) << "198.51.100.7 slots=1\n";
+    return p;
+  }
   // A FIFO in the directory that nothing writes to (a reader of it would block for ever).
   std::string fifo(const std::string& name) const {
     const std::string p = path(name);
@@ -43,6 +49,19 @@ struct TinyTmp {
     return p;
   }
 };
+
+// `dtrain launch` or `dtrain doctor` (cmd) of the tiny job on a one-host hostfile naming
+// 198.51.100.7 (TEST-NET-2: never contacted, so a check of the SSH settings must come
+// before any connection), with one more --set; bounded should the check not come first.
+inline RunResult run_unreachable(const std::string& bin, const TinyTmp& t, const std::string& cmd,
+                                 const std::string& set) {
+  std::vector<std::string> argv = {
+      bin,     cmd, "--hostfile", t.unreachable_hostfile(), "--output-dir", t.run,
+      "--set", set, "--set",      "doctor.timeout=5",       "--set",        "cluster.ssh.connect_timeout=5"};
+  if (cmd == "launch")
+    argv.insert(argv.end(), {"--config", t.config, "--master-port", "0", "--set", "fault_tolerance.max_retries=0"});
+  return run(argv, {}, 60s);
+}
 
 // Exit 2 at once with every needle in the output: never a crash, a hang or a started round.
 inline void expect_refused(const RunResult& r, const std::vector<std::string>& needles) {
