@@ -110,6 +110,13 @@ std::string config_help() {
     if (spec.env) out << "    env: " << spec.env << "\n";
     out << "    " << spec.help << "\n";
   }
+  out << "\nEnvironment knobs without a YAML key (read where they act; a config load refuses a bad value):\n";
+  for (const KeySpec& spec : schema_env_knobs()) {
+    out << spec.env << "\n";
+    out << "    type: " << key_type_name(spec) << "\n";
+    out << "    default: " << key_default_text(spec) << "\n";
+    out << "    " << spec.help << "\n";
+  }
   out << "\nDeepSpeed keys accepted but not acted on (one warning lists those present):\n";
   for (const std::string& k : schema_ignored_keys()) out << "    " << k << "\n";
   out << "\nA key within typo distance of a known key is an error naming that key; any other\n"

@@ -510,6 +510,22 @@ YAML::Node override_value(const KeySpec& spec, const std::string& text, const st
   }
 }
 
+// The knobs without a YAML key (schema_env_knobs) are checked as a key's env value would be
+// and not stored: the code that acts on each reads the variable itself, some of it before any
+// config exists, so a bad value is refused here, by whichever process loads a config first.
+void check_env_knobs() {
+  for (const KeySpec& spec : schema_env_knobs()) {
+    const char* v = std::getenv(spec.env);
+    if (!v || !*v) continue;
+    const std::string origin = fmt::format("env {}={}", spec.env, v);
+    const YAML::Node n = override_value(spec, v, origin);
+    if (n.IsNull()) continue;
+    const Converter c{spec, origin};
+    if (spec.type == KeyType::INT) c.integer(n);
+    else if (spec.type == KeyType::ENUM) c.string(n);
+  }
+}
+
 void apply_env(LoadState& st) {
   for (const KeySpec& spec : schema_keys()) {
     if (!spec.env) continue;
@@ -524,6 +540,7 @@ void apply_env(LoadState& st) {
     drop_exclusive(st, spec.path, Rank::ENV);
     st.settings[spec.path] = Setting{n, origin, Rank::ENV};
   }
+  check_env_knobs();
 }
 
 const KeySpec* map_key_for(std::string_view path, std::string* entry) {

@@ -435,6 +435,30 @@ const std::vector<KeySpec>& build_schema() {
   return keys;
 }
 
+const std::vector<KeySpec>& build_env_knobs() {
+  static const std::vector<KeySpec> knobs = {
+      // clang-format off
+      {.path = "DTRAIN_LOG_LEVEL", .type = KeyType::ENUM, .field = nullptr,
+       .help = "the least severe log line written to stderr (read when the process starts)",
+       .allowed = {"debug", "info", "warn", "error", "off"}, .env = "DTRAIN_LOG_LEVEL", .derived = "info"},
+      {.path = "DTRAIN_NUM_THREADS", .type = KeyType::INT, .field = nullptr,
+       .help = "threads of a CPU rank's op pool (its row loops and GEMMs)",
+       .min = 1, .max = 1024, .env = "DTRAIN_NUM_THREADS",
+       .derived = "$OMP_NUM_THREADS (the launcher sets it to the node's cores / its local ranks), else the "
+                  "hardware threads"},
+      {.path = "DTRAIN_POOL_SPIN_US", .type = KeyType::INT, .field = nullptr,
+       .help = "microseconds an idle pool thread polls before it sleeps; 0 = never (ranks sharing "
+               "oversubscribed cores)",
+       .min = 0, .max = 100000, .env = "DTRAIN_POOL_SPIN_US", .derived = "200"},
+      {.path = "DTRAIN_WORKER_PRINT_ENV", .type = KeyType::STRING, .field = nullptr,
+       .help = "NAME,NAME,...: every rank prints these variables and the torchrun contract (RANK, WORLD_SIZE, "
+               "...) as `env NAME=value` lines; 1 = the contract only",
+       .env = "DTRAIN_WORKER_PRINT_ENV", .derived = "unset: nothing printed"},
+      // clang-format on
+  };
+  return knobs;
+}
+
 // DeepSpeed keys that dtrain accepts and ignores (one warning lists those present).
 const std::vector<std::string> kIgnored = {"amp",
                                            "flops_profiler",
@@ -518,6 +542,8 @@ const std::vector<std::string> kIgnored = {"amp",
 
 // ---------------------------------------------------------------------------
 // Lookup
+
+const std::vector<KeySpec>& schema_env_knobs() { return build_env_knobs(); }
 
 const std::vector<KeySpec>& schema_keys() { return build_schema(); }
 

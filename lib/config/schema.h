@@ -48,6 +48,14 @@ IntRange key_int_range(const KeySpec& spec);
 
 // All keys, grouped so that each section's keys are contiguous (config_to_yaml relies on it).
 const std::vector<KeySpec>& schema_keys();
+
+// The environment knobs that have no YAML key: each is read where it acts, by code below
+// config in the layers or before any config exists (the log level when the process starts,
+// the CPU ops' pool when it is first used, a rank's env printout). They are declared here so
+// that --help-config lists them and every config load (launcher, worker, bench) refuses a bad
+// value naming the variable. A row's path and env are the variable's name; it has no field
+// (the value is checked, not stored) and its default is the `derived` text.
+const std::vector<KeySpec>& schema_env_knobs();
 const KeySpec* schema_find(std::string_view path);
 // True when path is a section (a proper prefix of some key path, e.g. "cluster.ssh").
 bool schema_is_section(std::string_view path);

@@ -84,15 +84,8 @@ void derive(TrainConfig& cfg, const Origins& o) {
 // ---------------------------------------------------------------------------
 // Checks between keys
 
-void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>& warnings) {
-  if (cfg.fp16.enabled && cfg.bf16.enabled)
-    DT_THROW(ConfigError, "{}: bf16.enabled: fp16.enabled (at {}) and bf16.enabled are both true; enable at most one",
-             o.at("bf16.enabled"), o.at("fp16.enabled"));
-  if (cfg.training.max_steps && cfg.training.epochs)
-    DT_THROW(ConfigError,
-             "{}: training.epochs: both training.max_steps (at {}) and training.epochs are given; keep one",
-             o.at("training.epochs"), o.at("training.max_steps"));
-
+// The model's shape and the sequence length.
+void validate_model(const TrainConfig& cfg, const Origins& o) {
   const ModelConfig& m = cfg.model;
   // A given data.seq_len below 2 fails its own range check; this is the derived one.
   if (cfg.data.seq_len && *cfg.data.seq_len < 2)
@@ -119,7 +112,9 @@ void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>
   if (cfg.data.seq_len && m.max_seq_len && *cfg.data.seq_len > *m.max_seq_len)
     DT_THROW(ConfigError, "{}: data.seq_len: {} is longer than model.max_seq_len = {} (at {})", o.at("data.seq_len"),
              *cfg.data.seq_len, *m.max_seq_len, o.at("model.max_seq_len"));
+}
 
+void warn_zero_switches(const TrainConfig& cfg, const Origins& o, std::vector<std::string>& warnings) {
   // ZeRO switches dtrain has one behaviour for: the DeepSpeed default is what it does.
   if (!cfg.zero.reduce_scatter)
     warnings.push_back(fmt::format(
@@ -131,8 +126,10 @@ void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>
         "{}: zero_optimization.contiguous_gradients: false is ignored: dtrain always packs gradients into contiguous "
         "reduce buckets as backward produces them, DeepSpeed's default",
         o.at("zero_optimization.contiguous_gradients")));
+}
 
-  // LoRA
+void validate_lora(const TrainConfig& cfg, const Origins& o, std::vector<std::string>& warnings) {
+  const ModelConfig& m = cfg.model;
   if (cfg.lora.r == 0 && o.given.count("lora.target_modules") && !cfg.lora.target_modules.empty())
     warnings.push_back(fmt::format("{}: lora.target_modules is given but lora.r is 0: LoRA is off (set lora.r > 0)",
                                    o.at("lora.target_modules")));
@@ -156,8 +153,10 @@ void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>
   if (cfg.lora.r > 0 && cfg.lora.target_modules.empty() && m.architecture)
     DT_THROW(ConfigError, "{}: lora.target_modules: empty list with lora.r = {}; name the projections to adapt",
              o.at("lora.target_modules"), cfg.lora.r);
+}
 
-  // Scheduler: parameters must belong to the type, as DeepSpeed's constructors require.
+// Scheduler: parameters must belong to the type, as DeepSpeed's constructors require.
+void validate_scheduler(const TrainConfig& cfg, const Origins& o, std::vector<std::string>& warnings) {
   const SchedulerConfig& s = cfg.scheduler;
   for (const std::string& path : o.given) {
     static const std::string kPrefix = "scheduler.params.";
@@ -184,7 +183,10 @@ void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>
         fmt::format("{}: scheduler.params.total_num_steps not given: the {} schedule ends at the "
                     "last step of training.epochs",
                     o.at("scheduler.type"), *s.type));
+}
 
+// Supervision, elastic bounds, and the names and addresses the job is built from.
+void validate_job(const TrainConfig& cfg, const Origins& o) {
   const FaultToleranceConfig& f = cfg.fault_tolerance;
   if (f.heartbeat_timeout <= f.heartbeat_interval)
     DT_THROW(ConfigError, "{}: fault_tolerance.heartbeat_timeout: {} s must be greater than heartbeat_interval = {} s",
@@ -213,6 +215,22 @@ void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>
   if (cfg.cluster.rendezvous.address.empty())
     DT_THROW(ConfigError, "{}: cluster.rendezvous.address: empty; give a host/IP or auto",
              o.at("cluster.rendezvous.address"));
+}
+
+void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>& warnings) {
+  if (cfg.fp16.enabled && cfg.bf16.enabled)
+    DT_THROW(ConfigError, "{}: bf16.enabled: fp16.enabled (at {}) and bf16.enabled are both true; enable at most one",
+             o.at("bf16.enabled"), o.at("fp16.enabled"));
+  if (cfg.training.max_steps && cfg.training.epochs)
+    DT_THROW(ConfigError,
+             "{}: training.epochs: both training.max_steps (at {}) and training.epochs are given; keep one",
+             o.at("training.epochs"), o.at("training.max_steps"));
+
+  validate_model(cfg, o);
+  warn_zero_switches(cfg, o, warnings);
+  validate_lora(cfg, o, warnings);
+  validate_scheduler(cfg, o, warnings);
+  validate_job(cfg, o);
 }
 
 }  // namespace

@@ -12,6 +12,9 @@ namespace dtrain {
 
 namespace {
 
+// Read when the process starts, before any config exists: an unknown value means info here,
+// and the first config load refuses it naming DTRAIN_LOG_LEVEL (config's schema_env_knobs
+// declares the knob; core cannot depend on config).
 LogLevel level_from_env() {
   const char* v = std::getenv("DTRAIN_LOG_LEVEL");
   if (!v) return LogLevel::INFO;

@@ -73,198 +73,212 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
     DT_THROW(ConfigError, "tokenizer file '{}' is not valid JSON (byte {}): {}; is it truncated?", path, e.byte,
              e.what());
   }
-  auto fail = [&](const std::string& what) { DT_THROW(ConfigError, "tokenizer file '{}': {}", path, what); };
-  if (!root.is_object()) fail("top level is not a JSON object");
-
+  if (!root.is_object()) DT_THROW(ConfigError, "tokenizer file '{}': {}", path, "top level is not a JSON object");
   try {
-    // ---- model
-    if (!root.contains("model") || !root["model"].is_object()) fail("missing \"model\" object");
-    const json& model = root["model"];
-    std::string type = model.value("type", std::string("BPE"));
-    if (type != "BPE") fail("unsupported model type '" + type + "': dtrain supports byte-level BPE tokenizers only");
-    if (!model.contains("vocab") || !model["vocab"].is_object()) fail("model.vocab is missing or not an object");
-    if (!model.contains("merges") || !model["merges"].is_array()) fail("model.merges is missing or not an array");
-    ignore_merges_ = model.value("ignore_merges", false);
-
-    // Ids index the id -> token table: each is checked against the vocabulary limit before
-    // that table is sized by the largest one.
-    auto check_id = [&](const json& idj, const std::string& what) {
-      if (!idj.is_number_integer()) fail(fmt::format("{} has id {}, not an integer", what, idj.dump()));
-      if (idj.is_number_unsigned() ? idj.get<uint64_t>() >= static_cast<uint64_t>(kMaxVocabSize)
-                                   : (idj.get<int64_t>() < 0 || idj.get<int64_t>() >= kMaxVocabSize))
-        fail(fmt::format("{} has id {}; token ids must be from 0 to {} (at most {} tokens, as model.vocab_size)", what,
-                         idj.dump(), kMaxVocabSize - 1, kMaxVocabSize));
-      return static_cast<int32_t>(idj.get<int64_t>());
-    };
-    int32_t max_id = -1;
-    for (const auto& [tok, idj] : model["vocab"].items()) {
-      int32_t id = check_id(idj, "model.vocab entry '" + tok + "'");
-      vocab_[tok] = id;
-      max_id = std::max(max_id, id);
-    }
-
-    // ---- added tokens
-    std::vector<Added> added;
-    if (root.contains("added_tokens") && !root["added_tokens"].is_null()) {
-      if (!root["added_tokens"].is_array()) fail("added_tokens is not an array");
-      for (const json& a : root["added_tokens"]) {
-        if (!a.is_object() || !a.contains("id") || !a.contains("content") || !a["id"].is_number_integer() ||
-            !a["content"].is_string())
-          fail("added_tokens entry " + a.dump().substr(0, 200) + " needs an integer \"id\" and a string \"content\"");
-        for (const char* flag : {"single_word", "lstrip", "rstrip", "normalized", "special"})
-          if (a.contains(flag) && !a[flag].is_boolean())
-            fail("added_tokens entry " + a.dump().substr(0, 200) + ": \"" + flag + "\" is not true/false");
-        // A missing "normalized" defaults as in tokenizers: special tokens are not normalized.
-        Added t{a["content"].get<std::string>(),
-                check_id(a["id"], "added_tokens entry '" + a["content"].get<std::string>().substr(0, 80) + "'"),
-                a.value("single_word", false),
-                a.value("lstrip", false),
-                a.value("rstrip", false),
-                a.value("normalized", !a.value("special", false))};
-        if (t.content.empty()) fail("added_tokens entry with id " + std::to_string(t.id) + " has empty content");
-        max_id = std::max(max_id, t.id);
-        added.push_back(std::move(t));
-      }
-    }
-    if (max_id < 0) fail("the vocabulary is empty");
-    id_to_token_.assign(static_cast<size_t>(max_id) + 1, std::string());
-    is_added_.assign(id_to_token_.size(), false);
-    for (const auto& [tok, id] : vocab_) id_to_token_[id] = tok;
-    for (const Added& a : added) {
-      id_to_token_[a.id] = a.content;
-      is_added_[a.id] = true;
-    }
-    added_ = std::move(added);
-
-    // The kind: a null (or absent) or Metaspace pre-tokenizer is SentencePiece-style.
-    const bool has_pre = root.contains("pre_tokenizer") && !root["pre_tokenizer"].is_null();
-    sentencepiece_ = !has_pre || (root["pre_tokenizer"].is_object() &&
-                                  root["pre_tokenizer"].value("type", std::string()) == "Metaspace");
-
-    if (!sentencepiece_) {
-      const json& p = root["pre_tokenizer"];
-      const std::string t = p.is_object() ? p.value("type", std::string("?")) : std::string("?");
-      if (t != "ByteLevel" && t != "Sequence")
-        fail("unsupported pre_tokenizer type '" + t +
-             "': dtrain supports ByteLevel, Split + ByteLevel as in Llama-3 (byte-level BPE), or Metaspace or "
-             "none (SentencePiece-style BPE)");
-    }
-
-    // ---- byte tokens and merges
-    for (int b = 0; b < 256 && !sentencepiece_; ++b) {
-      std::string s;
-      utf8_append(s, byte_to_unicode(static_cast<uint8_t>(b)));
-      auto it = vocab_.find(s);
-      if (it == vocab_.end())
-        fail(
-            fmt::format("model.vocab lacks the byte-level token for byte 0x{:02X} ('{}'): not a byte-level "
-                        "BPE vocabulary",
-                        b, s));
-      byte_ids_[b] = it->second;
-    }
-    const json& merges = model["merges"];
-    merges_.reserve(merges.size());
-    for (size_t r = 0; r < merges.size(); ++r) {
-      const json& m = merges[r];
-      std::string a, b;
-      if (m.is_string()) {
-        const std::string s = m.get<std::string>();
-        size_t sp = s.find(' ');
-        if (sp == std::string::npos || sp == 0 || sp + 1 >= s.size())
-          fail(fmt::format("model.merges[{}] = '{}' is not of the form \"left right\"", r, s));
-        a = s.substr(0, sp);
-        b = s.substr(sp + 1);
-      } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-        a = m[0].get<std::string>();
-        b = m[1].get<std::string>();
-      } else {
-        fail(fmt::format("model.merges[{}] = {} is neither \"left right\" nor [left, right]", r, m.dump()));
-      }
-      auto ia = vocab_.find(a), ib = vocab_.find(b), im = vocab_.find(a + b);
-      if (ia == vocab_.end() || ib == vocab_.end() || im == vocab_.end())
-        fail(fmt::format("model.merges[{}] = '{} {}' uses a token missing from model.vocab", r, a, b));
-      // A pair listed twice keeps its first (lowest) rank, as in Hugging Face.
-      merges_.emplace(pair_key(ia->second, ib->second), Merge{static_cast<int32_t>(r), im->second});
-    }
-
-    // ---- normalizer and pre-tokenizer
-    if (sentencepiece_) {
-      load_sentencepiece(root);
-    } else if (root.contains("normalizer") && !root["normalizer"].is_null()) {
-      std::string nt = root["normalizer"].value("type", std::string("?"));
-      if (nt == "NFC") log_debug("tokenizer '{}': NFC normalizer not applied (text assumed NFC)", path);
-      else
-        fail("unsupported normalizer '" + nt +
-             "' with a byte-level pre-tokenizer: dtrain supports byte-level "
-             "BPE without a normalizer");
-    }
-    const json& pre = sentencepiece_ ? json() : root["pre_tokenizer"];
-    std::string pt = pre.is_object() ? pre.value("type", std::string("?")) : std::string("?");
-    if (sentencepiece_) {
-      // configured by load_sentencepiece()
-    } else if (!pre.is_object()) {
-      fail("pre_tokenizer is not an object");
-    } else if (pt == "ByteLevel") {
-      add_prefix_space_ = pre.value("add_prefix_space", false);
-      pretokenizer_ = pre.value("use_regex", true) ? PretokenizerKind::GPT2 : PretokenizerKind::NONE;
-    } else if (pt == "Sequence" && pre.contains("pretokenizers") && pre["pretokenizers"].is_array()) {
-      const json& seq = pre["pretokenizers"];
-      bool ok = false;
-      if (seq.size() == 2 && seq[0].value("type", "") == "Split" && seq[1].value("type", "") == "ByteLevel") {
-        std::string regex;
-        if (seq[0].contains("pattern") && seq[0]["pattern"].is_object())
-          regex = seq[0]["pattern"].value("Regex", std::string());
-        bool isolated =
-            seq[0].value("behavior", std::string("Isolated")) == "Isolated" && !seq[0].value("invert", false);
-        bool byte_regex = seq[1].value("use_regex", true);
-        add_prefix_space_ = seq[1].value("add_prefix_space", false);
-        if (isolated && !byte_regex && regex == LLAMA3_REGEX) {
-          pretokenizer_ = PretokenizerKind::LLAMA3;
-          max_digits_ = 3;
-          ok = true;
-        } else if (isolated && !byte_regex && regex == QWEN2_REGEX) {
-          pretokenizer_ = PretokenizerKind::LLAMA3;
-          max_digits_ = 1;
-          ok = true;
-        } else if (isolated && !byte_regex && regex == GPT2_REGEX) {
-          pretokenizer_ = PretokenizerKind::GPT2;
-          ok = true;
-        }
-      }
-      if (!ok)
-        fail("unsupported pre_tokenizer Sequence " + pre.dump().substr(0, 300) +
-             ": dtrain supports ByteLevel (GPT-2) or Split(Llama-3/Qwen2 regex) + ByteLevel(use_regex=false)");
-    } else {
-      fail("unsupported pre_tokenizer type '" + pt +
-           "': dtrain supports ByteLevel, Split + ByteLevel as in Llama-3 (byte-level BPE), or Metaspace or "
-           "none (SentencePiece-style BPE)");
-    }
-
-    if (!sentencepiece_ && root.contains("decoder") && !root["decoder"].is_null() &&
-        (!root["decoder"].is_object() || root["decoder"].value("type", std::string("?")) != "ByteLevel"))
-      fail("unsupported decoder " + root["decoder"].dump().substr(0, 200) +
-           " with a byte-level pre-tokenizer: dtrain decodes byte-level BPE as the ByteLevel decoder does");
-
-    // ---- added-token matchers: normalized tokens are searched for in normalized text, so
-    // their patterns are their normalized content (the content itself for byte-level).
-    std::vector<AddedTokenSpec> raw, normalized;
-    for (const Added& a : added_) {
-      AddedTokenSpec spec{a.content, a.id, a.single_word, a.lstrip, a.rstrip};
-      if (a.normalized) {
-        spec.pattern = normalize(a.content);
-        normalized.push_back(std::move(spec));
-      } else {
-        raw.push_back(std::move(spec));
-      }
-    }
-    raw_added_ = AddedTokenMatcher(std::move(raw));
-    normalized_added_ = AddedTokenMatcher(std::move(normalized));
+    load_vocab(root);
+    load_merges(root["model"]);
+    if (sentencepiece_) load_sentencepiece(root);
+    else load_byte_level(root);
+    build_added_matchers();
   } catch (const json::exception& e) {
     DT_THROW(ConfigError, "tokenizer file '{}' has an unexpected structure: {}", path, e.what());
   }
+  load_special_ids();
+}
 
-  // ---- bos / eos / pad
-  std::filesystem::path cfg = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
+// The model's vocabulary and the added tokens (the id -> token table), and the kind: a
+// null (or absent) or Metaspace pre-tokenizer is SentencePiece-style.
+void BpeTokenizer::load_vocab(const json& root) {
+  auto fail = [&](const std::string& what) { DT_THROW(ConfigError, "tokenizer file '{}': {}", path_, what); };
+  if (!root.contains("model") || !root["model"].is_object()) fail("missing \"model\" object");
+  const json& model = root["model"];
+  std::string type = model.value("type", std::string("BPE"));
+  if (type != "BPE") fail("unsupported model type '" + type + "': dtrain supports byte-level BPE tokenizers only");
+  if (!model.contains("vocab") || !model["vocab"].is_object()) fail("model.vocab is missing or not an object");
+  if (!model.contains("merges") || !model["merges"].is_array()) fail("model.merges is missing or not an array");
+  ignore_merges_ = model.value("ignore_merges", false);
+
+  // Ids index the id -> token table: each is checked against the vocabulary limit before
+  // that table is sized by the largest one.
+  auto check_id = [&](const json& idj, const std::string& what) {
+    if (!idj.is_number_integer()) fail(fmt::format("{} has id {}, not an integer", what, idj.dump()));
+    if (idj.is_number_unsigned() ? idj.get<uint64_t>() >= static_cast<uint64_t>(kMaxVocabSize)
+                                 : (idj.get<int64_t>() < 0 || idj.get<int64_t>() >= kMaxVocabSize))
+      fail(fmt::format("{} has id {}; token ids must be from 0 to {} (at most {} tokens, as model.vocab_size)", what,
+                       idj.dump(), kMaxVocabSize - 1, kMaxVocabSize));
+    return static_cast<int32_t>(idj.get<int64_t>());
+  };
+  int32_t max_id = -1;
+  for (const auto& [tok, idj] : model["vocab"].items()) {
+    int32_t id = check_id(idj, "model.vocab entry '" + tok + "'");
+    vocab_[tok] = id;
+    max_id = std::max(max_id, id);
+  }
+
+  // ---- added tokens
+  std::vector<Added> added;
+  if (root.contains("added_tokens") && !root["added_tokens"].is_null()) {
+    if (!root["added_tokens"].is_array()) fail("added_tokens is not an array");
+    for (const json& a : root["added_tokens"]) {
+      if (!a.is_object() || !a.contains("id") || !a.contains("content") || !a["id"].is_number_integer() ||
+          !a["content"].is_string())
+        fail("added_tokens entry " + a.dump().substr(0, 200) + " needs an integer \"id\" and a string \"content\"");
+      for (const char* flag : {"single_word", "lstrip", "rstrip", "normalized", "special"})
+        if (a.contains(flag) && !a[flag].is_boolean())
+          fail("added_tokens entry " + a.dump().substr(0, 200) + ": \"" + flag + "\" is not true/false");
+      // A missing "normalized" defaults as in tokenizers: special tokens are not normalized.
+      Added t{a["content"].get<std::string>(),
+              check_id(a["id"], "added_tokens entry '" + a["content"].get<std::string>().substr(0, 80) + "'"),
+              a.value("single_word", false),
+              a.value("lstrip", false),
+              a.value("rstrip", false),
+              a.value("normalized", !a.value("special", false))};
+      if (t.content.empty()) fail("added_tokens entry with id " + std::to_string(t.id) + " has empty content");
+      max_id = std::max(max_id, t.id);
+      added.push_back(std::move(t));
+    }
+  }
+  if (max_id < 0) fail("the vocabulary is empty");
+  id_to_token_.assign(static_cast<size_t>(max_id) + 1, std::string());
+  is_added_.assign(id_to_token_.size(), false);
+  for (const auto& [tok, id] : vocab_) id_to_token_[id] = tok;
+  for (const Added& a : added) {
+    id_to_token_[a.id] = a.content;
+    is_added_[a.id] = true;
+  }
+  added_ = std::move(added);
+
+  // The kind: a null (or absent) or Metaspace pre-tokenizer is SentencePiece-style.
+  const bool has_pre = root.contains("pre_tokenizer") && !root["pre_tokenizer"].is_null();
+  sentencepiece_ = !has_pre || (root["pre_tokenizer"].is_object() &&
+                                root["pre_tokenizer"].value("type", std::string()) == "Metaspace");
+
+  if (!sentencepiece_) {
+    const json& p = root["pre_tokenizer"];
+    const std::string t = p.is_object() ? p.value("type", std::string("?")) : std::string("?");
+    if (t != "ByteLevel" && t != "Sequence")
+      fail("unsupported pre_tokenizer type '" + t +
+           "': dtrain supports ByteLevel, Split + ByteLevel as in Llama-3 (byte-level BPE), or Metaspace or "
+           "none (SentencePiece-style BPE)");
+  }
+}
+
+// The byte tokens of a byte-level vocabulary, and the merges.
+void BpeTokenizer::load_merges(const json& model) {
+  auto fail = [&](const std::string& what) { DT_THROW(ConfigError, "tokenizer file '{}': {}", path_, what); };
+  for (int b = 0; b < 256 && !sentencepiece_; ++b) {
+    std::string s;
+    utf8_append(s, byte_to_unicode(static_cast<uint8_t>(b)));
+    auto it = vocab_.find(s);
+    if (it == vocab_.end())
+      fail(
+          fmt::format("model.vocab lacks the byte-level token for byte 0x{:02X} ('{}'): not a byte-level "
+                      "BPE vocabulary",
+                      b, s));
+    byte_ids_[b] = it->second;
+  }
+  const json& merges = model["merges"];
+  merges_.reserve(merges.size());
+  for (size_t r = 0; r < merges.size(); ++r) {
+    const json& m = merges[r];
+    std::string a, b;
+    if (m.is_string()) {
+      const std::string s = m.get<std::string>();
+      size_t sp = s.find(' ');
+      if (sp == std::string::npos || sp == 0 || sp + 1 >= s.size())
+        fail(fmt::format("model.merges[{}] = '{}' is not of the form \"left right\"", r, s));
+      a = s.substr(0, sp);
+      b = s.substr(sp + 1);
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      a = m[0].get<std::string>();
+      b = m[1].get<std::string>();
+    } else {
+      fail(fmt::format("model.merges[{}] = {} is neither \"left right\" nor [left, right]", r, m.dump()));
+    }
+    auto ia = vocab_.find(a), ib = vocab_.find(b), im = vocab_.find(a + b);
+    if (ia == vocab_.end() || ib == vocab_.end() || im == vocab_.end())
+      fail(fmt::format("model.merges[{}] = '{} {}' uses a token missing from model.vocab", r, a, b));
+    // A pair listed twice keeps its first (lowest) rank, as in Hugging Face.
+    merges_.emplace(pair_key(ia->second, ib->second), Merge{static_cast<int32_t>(r), im->second});
+  }
+}
+
+// A byte-level tokenizer's normalizer (none, or NFC as given), pre-tokenizer and decoder.
+void BpeTokenizer::load_byte_level(const json& root) {
+  auto fail = [&](const std::string& what) { DT_THROW(ConfigError, "tokenizer file '{}': {}", path_, what); };
+  if (root.contains("normalizer") && !root["normalizer"].is_null()) {
+    std::string nt = root["normalizer"].value("type", std::string("?"));
+    if (nt == "NFC") log_debug("tokenizer '{}': NFC normalizer not applied (text assumed NFC)", path_);
+    else
+      fail("unsupported normalizer '" + nt +
+           "' with a byte-level pre-tokenizer: dtrain supports byte-level "
+           "BPE without a normalizer");
+  }
+  const json& pre = root["pre_tokenizer"];
+  std::string pt = pre.is_object() ? pre.value("type", std::string("?")) : std::string("?");
+  if (!pre.is_object()) {
+    fail("pre_tokenizer is not an object");
+  } else if (pt == "ByteLevel") {
+    add_prefix_space_ = pre.value("add_prefix_space", false);
+    pretokenizer_ = pre.value("use_regex", true) ? PretokenizerKind::GPT2 : PretokenizerKind::NONE;
+  } else if (pt == "Sequence" && pre.contains("pretokenizers") && pre["pretokenizers"].is_array()) {
+    const json& seq = pre["pretokenizers"];
+    bool ok = false;
+    if (seq.size() == 2 && seq[0].value("type", "") == "Split" && seq[1].value("type", "") == "ByteLevel") {
+      std::string regex;
+      if (seq[0].contains("pattern") && seq[0]["pattern"].is_object())
+        regex = seq[0]["pattern"].value("Regex", std::string());
+      bool isolated = seq[0].value("behavior", std::string("Isolated")) == "Isolated" && !seq[0].value("invert", false);
+      bool byte_regex = seq[1].value("use_regex", true);
+      add_prefix_space_ = seq[1].value("add_prefix_space", false);
+      if (isolated && !byte_regex && regex == LLAMA3_REGEX) {
+        pretokenizer_ = PretokenizerKind::LLAMA3;
+        max_digits_ = 3;
+        ok = true;
+      } else if (isolated && !byte_regex && regex == QWEN2_REGEX) {
+        pretokenizer_ = PretokenizerKind::LLAMA3;
+        max_digits_ = 1;
+        ok = true;
+      } else if (isolated && !byte_regex && regex == GPT2_REGEX) {
+        pretokenizer_ = PretokenizerKind::GPT2;
+        ok = true;
+      }
+    }
+    if (!ok)
+      fail("unsupported pre_tokenizer Sequence " + pre.dump().substr(0, 300) +
+           ": dtrain supports ByteLevel (GPT-2) or Split(Llama-3/Qwen2 regex) + ByteLevel(use_regex=false)");
+  } else {
+    fail("unsupported pre_tokenizer type '" + pt +
+         "': dtrain supports ByteLevel, Split + ByteLevel as in Llama-3 (byte-level BPE), or Metaspace or "
+         "none (SentencePiece-style BPE)");
+  }
+
+  if (root.contains("decoder") && !root["decoder"].is_null() &&
+      (!root["decoder"].is_object() || root["decoder"].value("type", std::string("?")) != "ByteLevel"))
+    fail("unsupported decoder " + root["decoder"].dump().substr(0, 200) +
+         " with a byte-level pre-tokenizer: dtrain decodes byte-level BPE as the ByteLevel decoder does");
+}
+
+// The added-token matchers: normalized tokens are searched for in normalized text, so
+// their patterns are their normalized content (the content itself for byte-level).
+void BpeTokenizer::build_added_matchers() {
+  std::vector<AddedTokenSpec> raw, normalized;
+  for (const Added& a : added_) {
+    AddedTokenSpec spec{a.content, a.id, a.single_word, a.lstrip, a.rstrip};
+    if (a.normalized) {
+      spec.pattern = normalize(a.content);
+      normalized.push_back(std::move(spec));
+    } else {
+      raw.push_back(std::move(spec));
+    }
+  }
+  raw_added_ = AddedTokenMatcher(std::move(raw));
+  normalized_added_ = AddedTokenMatcher(std::move(normalized));
+}
+
+// bos / eos / pad: tokenizer_config.json's, else the usual names.
+void BpeTokenizer::load_special_ids() {
+  std::filesystem::path cfg = std::filesystem::path(path_).parent_path() / "tokenizer_config.json";
   if (std::filesystem::exists(cfg)) {
     try {
       json c = json::parse(read_file(cfg.string()));

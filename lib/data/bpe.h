@@ -74,7 +74,13 @@ class BpeTokenizer final : public Tokenizer {
     Prepend prepend = Prepend::ALWAYS;  // METASPACE
   };
 
+  // The constructor's steps over tokenizer.json, in order.
+  void load_vocab(const nlohmann::json& root);
+  void load_merges(const nlohmann::json& model);
+  void load_byte_level(const nlohmann::json& root);
   void load_sentencepiece(const nlohmann::json& root);
+  void build_added_matchers();
+  void load_special_ids();
   // The normalizer (identity for byte-level).
   std::string normalize(std::string_view text) const;
   // Text between added tokens: normalized, normalized added tokens matched, the rest

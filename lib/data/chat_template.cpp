@@ -271,6 +271,179 @@ void check_alternating(const SftRecord& rec, const char* family) {
 
 std::string user_text(const SftMessage& m) { return m.input.empty() ? m.content : m.content + "\n\n" + m.input; }
 
+// The templates, each writing messages [0, end) into r; generation appends the template's
+// generation prompt.
+
+// Alpaca-style: the generation prompt ("### Response:\n") ends each user turn.
+void render_plain(Renderer& r, const std::vector<SftMessage>& msgs, size_t end, int32_t eos) {
+  bool after_answer = false;
+  for (size_t i = 0; i < end; ++i) {
+    const SftMessage& m = msgs[i];
+    if (after_answer) r.text("\n\n");
+    after_answer = false;
+    if (m.role == SftRole::SYSTEM) {
+      r.text(m.content);
+      r.text("\n\n");
+    } else if (m.role == SftRole::USER) {
+      r.text("### Instruction:\n");
+      r.text(m.content);
+      r.text("\n\n");
+      if (!m.input.empty()) {
+        r.text("### Input:\n");
+        r.text(m.input);
+        r.text("\n\n");
+      }
+      r.text("### Response:\n");
+    } else {
+      r.mask(true);
+      r.text(m.content);
+      r.id(eos);
+      r.mask(false);
+      after_answer = true;
+    }
+  }
+}
+
+// ChatML, Qwen (a default system message) and Qwen3 (reasoning in <think> blocks).
+void render_chatml(Renderer& r, const Tokenizer& tok, const SftTemplate& tmpl, const std::vector<SftMessage>& msgs,
+                   size_t end, bool generation, int32_t eos) {
+  const bool qwen3 = tmpl.kind == SftTemplate::QWEN3;
+  const int32_t im_end = tok.special_id("<|im_end|>");
+  if (tmpl.kind == SftTemplate::QWEN && !tmpl.default_system.empty() &&
+      (msgs.empty() || msgs[0].role != SftRole::SYSTEM)) {
+    r.special("<|im_start|>");
+    r.text("system\n");
+    r.text(tmpl.default_system);
+    r.special("<|im_end|>");
+    r.text("\n");
+  }
+  size_t last_user = 0;
+  for (size_t i = 0; i < end; ++i)
+    if (msgs[i].role == SftRole::USER) last_user = i;
+  for (size_t i = 0; i < end; ++i) {
+    const SftMessage& m = msgs[i];
+    r.special("<|im_start|>");
+    r.text(role_name(m.role));
+    r.text("\n");
+    if (m.role != SftRole::ASSISTANT) {
+      r.text(user_text(m));
+      r.special("<|im_end|>");
+      r.text("\n");
+      continue;
+    }
+    std::string_view content = m.content;
+    std::string_view reasoning;
+    if (qwen3) {
+      // Qwen3's template: reasoning in <think>..</think> is split off the content.
+      const size_t close = content.rfind("</think>");
+      if (close != std::string_view::npos) {
+        std::string_view before = content.substr(0, content.find("</think>"));
+        const size_t open = before.rfind("<think>");
+        if (open != std::string_view::npos) before = before.substr(open + 7);
+        reasoning = strip_chars(strip_chars(before, "\n", false, true), "\n", true, false);
+        content = strip_chars(content.substr(close + 8), "\n", true, false);
+      }
+    }
+    if (qwen3 && i > last_user && (i + 1 == end || !reasoning.empty())) {
+      // The answer to the last question: an empty think block is the prompt's (the
+      // generation prompt with thinking off writes it); reasoning is the model's.
+      r.mask(!reasoning.empty());
+      r.special("<think>");
+      r.text("\n");
+      r.text(strip_chars(reasoning, "\n", true, true));
+      r.text("\n");
+      r.special("</think>");
+      r.text("\n\n");
+      content = strip_chars(content, "\n", true, false);
+    }
+    r.mask(true);
+    r.text(content);
+    r.special("<|im_end|>");
+    // Without a <|im_end|> special token generation stops at eos: train on it too.
+    if (im_end < 0 && eos >= 0) r.id(eos);
+    r.mask(false);
+    r.text("\n");
+  }
+  if (generation) {
+    r.special("<|im_start|>");
+    r.text("assistant\n");
+    if (qwen3) {
+      r.special("<think>");
+      r.text("\n\n");
+      r.special("</think>");
+      r.text("\n\n");
+    }
+  }
+}
+
+void render_llama3(Renderer& r, const Tokenizer& tok, const std::vector<SftMessage>& msgs, size_t end,
+                   bool generation) {
+  r.id(tok.bos_id());
+  for (size_t i = 0; i < end; ++i) {
+    const SftMessage& m = msgs[i];
+    r.special("<|start_header_id|>");
+    r.text(role_name(m.role));
+    r.special("<|end_header_id|>");
+    r.text("\n\n");
+    const bool answer = m.role == SftRole::ASSISTANT;
+    r.mask(answer);
+    r.text(trim(answer ? m.content : user_text(m)));
+    r.special("<|eot_id|>");
+    r.mask(false);
+  }
+  if (generation) {
+    r.special("<|start_header_id|>");
+    r.text("assistant");
+    r.special("<|end_header_id|>");
+    r.text("\n\n");
+  }
+}
+
+// Llama-2 and Mistral [INST] turns: the prompt ends with "[/INST]", there is no generation
+// prompt.
+void render_inst(Renderer& r, const SftRecord& rec, const Tokenizer& tok, const SftTemplate& tmpl, size_t end,
+                 int32_t eos) {
+  const auto& msgs = rec.messages;
+  const bool llama2 = tmpl.kind == SftTemplate::LLAMA2;
+  check_alternating(rec, llama2 ? "llama2" : "mistral");
+  const bool has_system = !msgs.empty() && msgs[0].role == SftRole::SYSTEM;
+  size_t last_user = 0;
+  for (size_t i = 0; i < end; ++i)
+    if (msgs[i].role == SftRole::USER) last_user = i;
+  if (!llama2) r.id(tok.bos_id());
+  for (size_t i = has_system ? 1 : 0; i < end; ++i) {
+    const SftMessage& m = msgs[i];
+    if (m.role == SftRole::USER) {
+      if (llama2) {
+        std::string c = user_text(m);
+        if (has_system && i == 1) c = "<<SYS>>\n" + msgs[0].content + "\n<</SYS>>\n\n" + c;
+        r.id(tok.bos_id());
+        r.special("[INST]");
+        r.text(" ");
+        r.text(trim(c));
+        r.text(" ");
+        r.special("[/INST]");
+      } else {
+        r.special("[INST]");
+        r.text(" ");
+        if (has_system && i == last_user) {
+          r.text(msgs[0].content);
+          r.text("\n\n");
+        }
+        r.text(user_text(m));
+        r.special("[/INST]");
+      }
+      continue;
+    }
+    r.mask(true);
+    r.text(" ");
+    r.text(trim(m.content));
+    if (llama2) r.text(" ");
+    r.id(eos);
+    r.mask(false);
+  }
+}
+
 // Renders messages [0, end); generation appends the template's generation prompt.
 SftTokens render(const SftRecord& rec, const Tokenizer& tok, const SftTemplate& tmpl, bool add_bos, size_t end,
                  bool generation) {
@@ -284,176 +457,14 @@ SftTokens render(const SftRecord& rec, const Tokenizer& tok, const SftTemplate& 
     DT_ENFORCE(eos >= 0 && (!own_bos || tok.bos_id() >= 0), ConfigError,
                "the {} SFT template needs the tokenizer's {} token; tokenizer '{}' has none", kind_name(tmpl.kind),
                own_bos ? "bos and eos" : "eos", tok.name());
-
   switch (tmpl.kind) {
-    case SftTemplate::PLAIN: {
-      bool after_answer = false;
-      for (size_t i = 0; i < end; ++i) {
-        const SftMessage& m = msgs[i];
-        if (after_answer) r.text("\n\n");
-        after_answer = false;
-        if (m.role == SftRole::SYSTEM) {
-          r.text(m.content);
-          r.text("\n\n");
-        } else if (m.role == SftRole::USER) {
-          r.text("### Instruction:\n");
-          r.text(m.content);
-          r.text("\n\n");
-          if (!m.input.empty()) {
-            r.text("### Input:\n");
-            r.text(m.input);
-            r.text("\n\n");
-          }
-          r.text("### Response:\n");
-        } else {
-          r.mask(true);
-          r.text(m.content);
-          r.id(eos);
-          r.mask(false);
-          after_answer = true;
-        }
-      }
-      return r.take();  // the generation prompt ("### Response:\n") ends each user turn
-    }
-
+    case SftTemplate::PLAIN: render_plain(r, msgs, end, eos); break;
     case SftTemplate::CHATML:
     case SftTemplate::QWEN:
-    case SftTemplate::QWEN3: {
-      const bool qwen3 = tmpl.kind == SftTemplate::QWEN3;
-      const int32_t im_end = tok.special_id("<|im_end|>");
-      if (tmpl.kind == SftTemplate::QWEN && !tmpl.default_system.empty() &&
-          (msgs.empty() || msgs[0].role != SftRole::SYSTEM)) {
-        r.special("<|im_start|>");
-        r.text("system\n");
-        r.text(tmpl.default_system);
-        r.special("<|im_end|>");
-        r.text("\n");
-      }
-      size_t last_user = 0;
-      for (size_t i = 0; i < end; ++i)
-        if (msgs[i].role == SftRole::USER) last_user = i;
-      for (size_t i = 0; i < end; ++i) {
-        const SftMessage& m = msgs[i];
-        r.special("<|im_start|>");
-        r.text(role_name(m.role));
-        r.text("\n");
-        if (m.role != SftRole::ASSISTANT) {
-          r.text(user_text(m));
-          r.special("<|im_end|>");
-          r.text("\n");
-          continue;
-        }
-        std::string_view content = m.content;
-        std::string_view reasoning;
-        if (qwen3) {
-          // Qwen3's template: reasoning in <think>..</think> is split off the content.
-          const size_t close = content.rfind("</think>");
-          if (close != std::string_view::npos) {
-            std::string_view before = content.substr(0, content.find("</think>"));
-            const size_t open = before.rfind("<think>");
-            if (open != std::string_view::npos) before = before.substr(open + 7);
-            reasoning = strip_chars(strip_chars(before, "\n", false, true), "\n", true, false);
-            content = strip_chars(content.substr(close + 8), "\n", true, false);
-          }
-        }
-        if (qwen3 && i > last_user && (i + 1 == end || !reasoning.empty())) {
-          // The answer to the last question: an empty think block is the prompt's (the
-          // generation prompt with thinking off writes it); reasoning is the model's.
-          r.mask(!reasoning.empty());
-          r.special("<think>");
-          r.text("\n");
-          r.text(strip_chars(reasoning, "\n", true, true));
-          r.text("\n");
-          r.special("</think>");
-          r.text("\n\n");
-          content = strip_chars(content, "\n", true, false);
-        }
-        r.mask(true);
-        r.text(content);
-        r.special("<|im_end|>");
-        // Without a <|im_end|> special token generation stops at eos: train on it too.
-        if (im_end < 0 && eos >= 0) r.id(eos);
-        r.mask(false);
-        r.text("\n");
-      }
-      if (generation) {
-        r.special("<|im_start|>");
-        r.text("assistant\n");
-        if (qwen3) {
-          r.special("<think>");
-          r.text("\n\n");
-          r.special("</think>");
-          r.text("\n\n");
-        }
-      }
-      return r.take();
-    }
-
-    case SftTemplate::LLAMA3: {
-      r.id(tok.bos_id());
-      for (size_t i = 0; i < end; ++i) {
-        const SftMessage& m = msgs[i];
-        r.special("<|start_header_id|>");
-        r.text(role_name(m.role));
-        r.special("<|end_header_id|>");
-        r.text("\n\n");
-        const bool answer = m.role == SftRole::ASSISTANT;
-        r.mask(answer);
-        r.text(trim(answer ? m.content : user_text(m)));
-        r.special("<|eot_id|>");
-        r.mask(false);
-      }
-      if (generation) {
-        r.special("<|start_header_id|>");
-        r.text("assistant");
-        r.special("<|end_header_id|>");
-        r.text("\n\n");
-      }
-      return r.take();
-    }
-
+    case SftTemplate::QWEN3: render_chatml(r, tok, tmpl, msgs, end, generation, eos); break;
+    case SftTemplate::LLAMA3: render_llama3(r, tok, msgs, end, generation); break;
     case SftTemplate::LLAMA2:
-    case SftTemplate::MISTRAL: {
-      const bool llama2 = tmpl.kind == SftTemplate::LLAMA2;
-      check_alternating(rec, llama2 ? "llama2" : "mistral");
-      const bool has_system = !msgs.empty() && msgs[0].role == SftRole::SYSTEM;
-      size_t last_user = 0;
-      for (size_t i = 0; i < end; ++i)
-        if (msgs[i].role == SftRole::USER) last_user = i;
-      if (!llama2) r.id(tok.bos_id());
-      for (size_t i = has_system ? 1 : 0; i < end; ++i) {
-        const SftMessage& m = msgs[i];
-        if (m.role == SftRole::USER) {
-          if (llama2) {
-            std::string c = user_text(m);
-            if (has_system && i == 1) c = "<<SYS>>\n" + msgs[0].content + "\n<</SYS>>\n\n" + c;
-            r.id(tok.bos_id());
-            r.special("[INST]");
-            r.text(" ");
-            r.text(trim(c));
-            r.text(" ");
-            r.special("[/INST]");
-          } else {
-            r.special("[INST]");
-            r.text(" ");
-            if (has_system && i == last_user) {
-              r.text(msgs[0].content);
-              r.text("\n\n");
-            }
-            r.text(user_text(m));
-            r.special("[/INST]");
-          }
-          continue;
-        }
-        r.mask(true);
-        r.text(" ");
-        r.text(trim(m.content));
-        if (llama2) r.text(" ");
-        r.id(eos);
-        r.mask(false);
-      }
-      return r.take();  // the prompt ends with "[/INST]": there is no generation prompt
-    }
+    case SftTemplate::MISTRAL: render_inst(r, rec, tok, tmpl, end, eos); break;
   }
   return r.take();
 }

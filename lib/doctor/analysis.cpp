@@ -78,9 +78,10 @@ NetworkSummary network_summarize(const std::vector<LinkSample>& links, int nnode
   return s;
 }
 
-std::vector<Finding> analyze_nodes(const std::vector<NodeObservation>& nodes, const Expectations& ex) {
-  std::vector<Finding> out;
-  // The driver most GPU nodes run: a node with another one is worth a warning.
+namespace {
+
+// The driver most GPU nodes run: a node with another one is worth a warning.
+std::string common_driver_of(const std::vector<NodeObservation>& nodes) {
   std::map<std::string, int> drivers;
   for (const auto& n : nodes)
     if (n.facts && n.facts->gpus > 0) ++drivers[n.facts->driver];
@@ -88,7 +89,11 @@ std::vector<Finding> analyze_nodes(const std::vector<NodeObservation>& nodes, co
   int common_count = 0;
   for (const auto& [d, c] : drivers)
     if (c > common_count) common_driver = d, common_count = c;
+  return common_driver;
+}
 
+// Whether node n was reached and reported its facts; the findings that say so, or why not.
+bool reached(const NodeObservation& n, const Expectations& ex, std::vector<Finding>& out) {
   // The node's command starts with `cd <workdir>`: when that is what failed, the working
   // directory is the problem, not the host, SSH or the dtrain build.
   auto workdir_failed = [&](const std::string& error) {
@@ -99,132 +104,155 @@ std::vector<Finding> analyze_nodes(const std::vector<NodeObservation>& nodes, co
       "cluster.workdir {} must be a directory that exists on every node (the nodes cd to it; leave the key out to "
       "use the launcher's current directory)",
       ex.workdir);
-  for (const NodeObservation& n : nodes) {
-    if (!n.start_error.empty() && workdir_failed(n.start_error)) {
-      out.push_back(make(n, "workdir", Status::FAIL, n.start_error, workdir_advice));
-      continue;
-    }
-    if (!n.start_error.empty()) {
-      out.push_back(make(n, "ssh", Status::FAIL, n.start_error,
-                         "check that the host is up and reachable, and the cluster.ssh settings (user, port, "
-                         "identity_file, known_hosts, host_key_policy)"));
-      continue;
-    }
-    out.push_back(make(n, "ssh", Status::OK, "connected, command started"));
-    if (!n.facts && workdir_failed(n.end_error)) {
-      out.push_back(make(n, "workdir", Status::FAIL, n.end_error, workdir_advice));
-      continue;
-    }
-    if (!n.facts) {
-      out.push_back(make(n, "node", Status::FAIL, n.end_error.empty() ? "the node check reported nothing" : n.end_error,
-                         fmt::format("check that {} is this dtrain build on the node (cluster.dtrain_path) and that "
-                                     "it runs there: {} --version",
-                                     ex.dtrain_path, ex.dtrain_path)));
-      continue;
-    }
-    const NodeFacts& f = *n.facts;
+  if (!n.start_error.empty() && workdir_failed(n.start_error)) {
+    out.push_back(make(n, "workdir", Status::FAIL, n.start_error, workdir_advice));
+    return false;
+  }
+  if (!n.start_error.empty()) {
+    out.push_back(make(n, "ssh", Status::FAIL, n.start_error,
+                       "check that the host is up and reachable, and the cluster.ssh settings (user, port, "
+                       "identity_file, known_hosts, host_key_policy)"));
+    return false;
+  }
+  out.push_back(make(n, "ssh", Status::OK, "connected, command started"));
+  if (!n.facts && workdir_failed(n.end_error)) {
+    out.push_back(make(n, "workdir", Status::FAIL, n.end_error, workdir_advice));
+    return false;
+  }
+  if (!n.facts) {
+    out.push_back(make(n, "node", Status::FAIL, n.end_error.empty() ? "the node check reported nothing" : n.end_error,
+                       fmt::format("check that {} is this dtrain build on the node (cluster.dtrain_path) and that "
+                                   "it runs there: {} --version",
+                                   ex.dtrain_path, ex.dtrain_path)));
+    return false;
+  }
+  return true;
+}
 
-    if (f.build_id != ex.build_id || f.version != ex.version)
-      out.push_back(make(n, "build", Status::FAIL,
-                         fmt::format("dtrain {} build {} differs from the launcher's dtrain {} build {}", f.version,
-                                     short_id(f.build_id), ex.version, short_id(ex.build_id)),
-                         fmt::format("install the launcher's dtrain binary at {} on {} (or point cluster.dtrain_path "
-                                     "at the same build)",
-                                     ex.dtrain_path, n.host)));
+// The build, slots, driver and disk findings of a node that reported its facts.
+void host_findings(const NodeObservation& n, const Expectations& ex, const std::string& common_driver,
+                   std::vector<Finding>& out) {
+  const NodeFacts& f = *n.facts;
+  if (f.build_id != ex.build_id || f.version != ex.version)
+    out.push_back(make(n, "build", Status::FAIL,
+                       fmt::format("dtrain {} build {} differs from the launcher's dtrain {} build {}", f.version,
+                                   short_id(f.build_id), ex.version, short_id(ex.build_id)),
+                       fmt::format("install the launcher's dtrain binary at {} on {} (or point cluster.dtrain_path "
+                                   "at the same build)",
+                                   ex.dtrain_path, n.host)));
+  else out.push_back(make(n, "build", Status::OK, fmt::format("dtrain {} build {}", f.version, short_id(f.build_id))));
+
+  const bool want_gpu = ex.device == "cuda" || (ex.device == "auto" && f.gpus > 0);
+  if (want_gpu && f.gpus < n.slots)
+    out.push_back(
+        make(n, "slots", Status::FAIL,
+             fmt::format("the hostfile claims {} slot(s) but the node sees {} CUDA device(s)", n.slots, f.gpus),
+             "fix slots= for this host in the hostfile, or the node's CUDA_VISIBLE_DEVICES / driver"));
+  else if (want_gpu)
+    out.push_back(make(n, "slots", Status::OK, fmt::format("{} slot(s), {} CUDA device(s)", n.slots, f.gpus)));
+  else if (f.cpus < n.slots)
+    out.push_back(make(n, "slots", Status::WARN,
+                       fmt::format("{} CPU rank(s) on {} logical CPU(s): oversubscribed", n.slots, f.cpus),
+                       "fewer slots= for this host, unless oversubscription is intended"));
+  else out.push_back(make(n, "slots", Status::OK, fmt::format("{} CPU slot(s), {} logical CPU(s)", n.slots, f.cpus)));
+
+  if (f.gpus > 0) {
+    if (f.driver.empty())
+      out.push_back(make(n, "driver", Status::WARN, "CUDA devices visible but no NVIDIA driver version found",
+                         "check /proc/driver/nvidia/version on the node"));
+    else if (f.driver != common_driver)
+      out.push_back(make(n, "driver", Status::WARN,
+                         fmt::format("NVIDIA driver {} while most GPU nodes run {}", f.driver, common_driver),
+                         "install the same driver on every GPU node"));
+    else out.push_back(make(n, "driver", Status::OK, fmt::format("NVIDIA driver {}", f.driver)));
+  }
+
+  const double min_bytes = ex.min_free_gb * 1024.0 * 1024 * 1024;
+  if (f.free_bytes < 0)
+    out.push_back(make(n, "disk", Status::WARN, fmt::format("cannot tell the free space of {}", f.free_path),
+                       "check that the run directory's filesystem is mounted"));
+  else if (static_cast<double>(f.free_bytes) < min_bytes)
+    out.push_back(make(n, "disk", Status::FAIL,
+                       fmt::format("{} free on the filesystem of {}, below doctor.min_free_gb = {}", gib(f.free_bytes),
+                                   f.free_path, ex.min_free_gb),
+                       "free space there, or put training.output_dir on a larger shared filesystem"));
+  else out.push_back(make(n, "disk", Status::OK, fmt::format("{} free on {}", gib(f.free_bytes), f.free_path)));
+}
+
+// Whether node n shares the run directory with the launcher (or, when the launcher could
+// not write there, with most nodes): each side looks for the others' nonce files.
+void shared_dir_finding(const NodeObservation& n, const std::vector<NodeObservation>& nodes, const Expectations& ex,
+                        std::vector<Finding>& out) {
+  const NodeFacts& f = *n.facts;
+  const std::string name = node_nonce_name(n.node);
+  if (!f.write_error.empty()) {
+    out.push_back(make(n, "shared_dir", Status::FAIL, f.write_error,
+                       fmt::format("make {} exist and be writable by the SSH user on this node", ex.run_dir)));
+  } else if (n.seen) {
+    auto match = [&](const std::map<std::string, std::string>& seen, const std::string& who) {
+      auto it = seen.find(who);
+      auto want = ex.nonces.find(who);
+      return it != seen.end() && want != ex.nonces.end() && it->second == want->second;
+    };
+    int peers = 0, peers_seen = 0, peers_seeing = 0;
+    for (const NodeObservation& o : nodes) {
+      if (o.node == n.node || !o.seen || !o.facts || !o.facts->write_error.empty()) continue;
+      ++peers;
+      if (match(*n.seen, node_nonce_name(o.node))) ++peers_seen;
+      if (match(*o.seen, name)) ++peers_seeing;
+    }
+    const bool launcher_ok = ex.launcher_write_error.empty();
+    const bool sees_launcher = launcher_ok && match(*n.seen, "launcher");
+    const bool launcher_sees = launcher_ok && match(ex.launcher_seen, name);
+    const std::string peer_text =
+        fmt::format("sees {} of {} other node(s)' files, {} of them see its file", peers_seen, peers, peers_seeing);
+    // The launcher's view is the reference (it writes the run's config there and the
+    // ranks read it); only when it could not write, the majority of the nodes is.
+    const bool shared = launcher_ok ? (sees_launcher && launcher_sees) : (peers > 0 && 2 * peers_seen >= peers);
+    if (shared)
+      out.push_back(make(
+          n, "shared_dir", Status::OK,
+          fmt::format("{} is shared: {}{}", ex.run_dir, launcher_ok ? "sees the launcher's file, " : "", peer_text)));
     else
-      out.push_back(make(n, "build", Status::OK, fmt::format("dtrain {} build {}", f.version, short_id(f.build_id))));
-
-    const bool want_gpu = ex.device == "cuda" || (ex.device == "auto" && f.gpus > 0);
-    if (want_gpu && f.gpus < n.slots)
       out.push_back(
-          make(n, "slots", Status::FAIL,
-               fmt::format("the hostfile claims {} slot(s) but the node sees {} CUDA device(s)", n.slots, f.gpus),
-               "fix slots= for this host in the hostfile, or the node's CUDA_VISIBLE_DEVICES / driver"));
-    else if (want_gpu)
-      out.push_back(make(n, "slots", Status::OK, fmt::format("{} slot(s), {} CUDA device(s)", n.slots, f.gpus)));
-    else if (f.cpus < n.slots)
-      out.push_back(make(n, "slots", Status::WARN,
-                         fmt::format("{} CPU rank(s) on {} logical CPU(s): oversubscribed", n.slots, f.cpus),
-                         "fewer slots= for this host, unless oversubscription is intended"));
-    else out.push_back(make(n, "slots", Status::OK, fmt::format("{} CPU slot(s), {} logical CPU(s)", n.slots, f.cpus)));
+          make(n, "shared_dir", Status::FAIL,
+               fmt::format("the run directory {} on this node is not the one {} sees: {}{}", ex.run_dir,
+                           launcher_ok ? "the launcher" : "the other nodes",
+                           launcher_ok ? fmt::format("the launcher {} its file and it {} the launcher's; ",
+                                                     launcher_sees ? "reads" : "cannot read",
+                                                     sees_launcher ? "reads" : "cannot read")
+                                       : std::string(),
+                           peer_text),
+               fmt::format("mount the same shared filesystem at {} on every node and the launcher (the ranks read the "
+                           "run's config and checkpoints there, and a resume on another node set needs them), or set "
+                           "training.output_dir to a shared path",
+                           ex.run_dir)));
+  }
+}
 
-    if (f.gpus > 0) {
-      if (f.driver.empty())
-        out.push_back(make(n, "driver", Status::WARN, "CUDA devices visible but no NVIDIA driver version found",
-                           "check /proc/driver/nvidia/version on the node"));
-      else if (f.driver != common_driver)
-        out.push_back(make(n, "driver", Status::WARN,
-                           fmt::format("NVIDIA driver {} while most GPU nodes run {}", f.driver, common_driver),
-                           "install the same driver on every GPU node"));
-      else out.push_back(make(n, "driver", Status::OK, fmt::format("NVIDIA driver {}", f.driver)));
-    }
+void clock_finding(const NodeObservation& n, const Expectations& ex, std::vector<Finding>& out) {
+  if (n.clock_offset_s) {
+    const double off = *n.clock_offset_s, unc = n.clock_uncertainty_s.value_or(0);
+    const std::string text = fmt::format("{:+.3f} s from the launcher's clock (+-{:.3f} s)", off, unc);
+    if (std::fabs(off) - unc > ex.max_clock_skew)
+      out.push_back(make(n, "clock", Status::FAIL,
+                         text + fmt::format(", more than doctor.max_clock_skew = {} s", ex.max_clock_skew),
+                         "synchronise the node's clock (chrony or systemd-timesyncd against the cluster's NTP "
+                         "server): logs, events and timeouts compare times across nodes"));
+    else out.push_back(make(n, "clock", Status::OK, text));
+  }
+}
 
-    const double min_bytes = ex.min_free_gb * 1024.0 * 1024 * 1024;
-    if (f.free_bytes < 0)
-      out.push_back(make(n, "disk", Status::WARN, fmt::format("cannot tell the free space of {}", f.free_path),
-                         "check that the run directory's filesystem is mounted"));
-    else if (static_cast<double>(f.free_bytes) < min_bytes)
-      out.push_back(make(n, "disk", Status::FAIL,
-                         fmt::format("{} free on the filesystem of {}, below doctor.min_free_gb = {}",
-                                     gib(f.free_bytes), f.free_path, ex.min_free_gb),
-                         "free space there, or put training.output_dir on a larger shared filesystem"));
-    else out.push_back(make(n, "disk", Status::OK, fmt::format("{} free on {}", gib(f.free_bytes), f.free_path)));
+}  // namespace
 
-    const std::string name = node_nonce_name(n.node);
-    if (!f.write_error.empty()) {
-      out.push_back(make(n, "shared_dir", Status::FAIL, f.write_error,
-                         fmt::format("make {} exist and be writable by the SSH user on this node", ex.run_dir)));
-    } else if (n.seen) {
-      auto match = [&](const std::map<std::string, std::string>& seen, const std::string& who) {
-        auto it = seen.find(who);
-        auto want = ex.nonces.find(who);
-        return it != seen.end() && want != ex.nonces.end() && it->second == want->second;
-      };
-      int peers = 0, peers_seen = 0, peers_seeing = 0;
-      for (const NodeObservation& o : nodes) {
-        if (o.node == n.node || !o.seen || !o.facts || !o.facts->write_error.empty()) continue;
-        ++peers;
-        if (match(*n.seen, node_nonce_name(o.node))) ++peers_seen;
-        if (match(*o.seen, name)) ++peers_seeing;
-      }
-      const bool launcher_ok = ex.launcher_write_error.empty();
-      const bool sees_launcher = launcher_ok && match(*n.seen, "launcher");
-      const bool launcher_sees = launcher_ok && match(ex.launcher_seen, name);
-      const std::string peer_text =
-          fmt::format("sees {} of {} other node(s)' files, {} of them see its file", peers_seen, peers, peers_seeing);
-      // The launcher's view is the reference (it writes the run's config there and the
-      // ranks read it); only when it could not write, the majority of the nodes is.
-      const bool shared = launcher_ok ? (sees_launcher && launcher_sees) : (peers > 0 && 2 * peers_seen >= peers);
-      if (shared)
-        out.push_back(make(
-            n, "shared_dir", Status::OK,
-            fmt::format("{} is shared: {}{}", ex.run_dir, launcher_ok ? "sees the launcher's file, " : "", peer_text)));
-      else
-        out.push_back(make(
-            n, "shared_dir", Status::FAIL,
-            fmt::format("the run directory {} on this node is not the one {} sees: {}{}", ex.run_dir,
-                        launcher_ok ? "the launcher" : "the other nodes",
-                        launcher_ok ? fmt::format("the launcher {} its file and it {} the launcher's; ",
-                                                  launcher_sees ? "reads" : "cannot read",
-                                                  sees_launcher ? "reads" : "cannot read")
-                                    : std::string(),
-                        peer_text),
-            fmt::format("mount the same shared filesystem at {} on every node and the launcher (the ranks read the "
-                        "run's config and checkpoints there, and a resume on another node set needs them), or set "
-                        "training.output_dir to a shared path",
-                        ex.run_dir)));
-    }
-
-    if (n.clock_offset_s) {
-      const double off = *n.clock_offset_s, unc = n.clock_uncertainty_s.value_or(0);
-      const std::string text = fmt::format("{:+.3f} s from the launcher's clock (+-{:.3f} s)", off, unc);
-      if (std::fabs(off) - unc > ex.max_clock_skew)
-        out.push_back(make(n, "clock", Status::FAIL,
-                           text + fmt::format(", more than doctor.max_clock_skew = {} s", ex.max_clock_skew),
-                           "synchronise the node's clock (chrony or systemd-timesyncd against the cluster's NTP "
-                           "server): logs, events and timeouts compare times across nodes"));
-      else out.push_back(make(n, "clock", Status::OK, text));
-    }
+std::vector<Finding> analyze_nodes(const std::vector<NodeObservation>& nodes, const Expectations& ex) {
+  std::vector<Finding> out;
+  const std::string common_driver = common_driver_of(nodes);
+  for (const NodeObservation& n : nodes) {
+    if (!reached(n, ex, out)) continue;
+    host_findings(n, ex, common_driver, out);
+    shared_dir_finding(n, nodes, ex, out);
+    clock_finding(n, ex, out);
     if (!n.end_error.empty())
       out.push_back(make(n, "node", Status::FAIL, n.end_error, "see the node's message above; rerun dtrain doctor"));
   }

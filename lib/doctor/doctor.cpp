@@ -102,6 +102,220 @@ std::vector<int> Report::failed_nodes() const {
 
 namespace {
 
+// What every node's report is held against.
+Expectations expectations_for(const launch::Job& job, const DoctorOptions& opts) {
+  const auto& dc = job.cfg.doctor;
+  Expectations ex;
+  ex.version = version();
+  ex.build_id = opts.expected_build_id.empty() ? build_id() : opts.expected_build_id;
+  ex.device = job.cfg.training.device;
+  ex.run_dir = job.run_dir;
+  ex.dtrain_path = job.spec.dtrain_path;
+  ex.workdir = job.spec.workdir;
+  ex.min_free_gb = dc.min_free_gb;
+  ex.max_clock_skew = dc.max_clock_skew;
+  ex.slow_factor = dc.slow_factor;
+  return ex;
+}
+
+// One check in flight: node i of plans is node index which[i], its output parser state[i]
+// and its process procs[i] (null when it did not start); the network phase meets in a store
+// of its own (never the job's port).
+struct Probe {
+  std::vector<int> which;
+  int nnodes = 0;  // highest node index + 1
+  std::string session = random_hex(8);
+  std::string token;
+  std::unique_ptr<rendezvous::StoreServer> server;
+  std::unique_ptr<rendezvous::StoreClient> store;
+  std::vector<std::unique_ptr<NodeState>> state;
+  std::vector<std::unique_ptr<launch::Process>> procs;
+
+  size_t size() const { return which.size(); }
+};
+
+void index_nodes(const std::vector<launch::NodePlan>& plans, Probe& pr) {
+  for (const launch::NodePlan& p : plans) {
+    DT_ENFORCE(p.node_rank >= 0 && std::find(pr.which.begin(), pr.which.end(), p.node_rank) == pr.which.end(),
+               InternalError, "doctor: node index {} negative or given twice", p.node_rank);
+    pr.which.push_back(p.node_rank);
+    pr.nnodes = std::max(pr.nnodes, p.node_rank + 1);
+  }
+  for (size_t i = 0; i < pr.size(); ++i) pr.state.push_back(std::make_unique<NodeState>());
+  pr.procs.resize(pr.size());
+}
+
+void open_network_store(const launch::Job& job, Probe& pr) {
+  pr.token = rendezvous::token_generate();
+  const std::string listen = rendezvous::store_listen_address(job.plan.master_addr, !job.all_local);
+  pr.server = std::make_unique<rendezvous::StoreServer>(listen, 0, pr.token);
+  pr.store = std::make_unique<rendezvous::StoreClient>(listen, pr.server->port(), pr.token);
+}
+
+// The doctor-node command line for node k.
+launch::NodeCommand node_command(const launch::Job& job, const DoctorOptions& opts, const Probe& pr,
+                                 const Expectations& ex, int k) {
+  const auto& dc = job.cfg.doctor;
+  NodeProbeArgs a;
+  a.node = k;
+  a.run_dir = job.run_dir;
+  a.session = pr.session;
+  a.nonce = ex.nonces.at(node_nonce_name(k));
+  a.timeout = dc.timeout;
+  if (opts.network) {
+    a.network = true;
+    a.master_addr = job.plan.master_addr;
+    a.master_port = pr.server->port();
+    a.interface = job.cfg.cluster.network_interface;
+    a.link_seconds = dc.link_seconds;
+  }
+  launch::NodeCommand cmd;
+  cmd.argv = {job.spec.dtrain_path, "doctor-node"};
+  for (auto& w : node_probe_argv(a)) cmd.argv.push_back(w);
+  cmd.workdir = job.spec.workdir;
+  return cmd;
+}
+
+// Starts doctor-node on every node at once; a node that cannot be started gets its
+// start_error (start_refused when SSH refused it) and no process.
+void start_nodes(const launch::Job& job, const launch::NodeSpawner& spawner, const DoctorOptions& opts,
+                 const std::vector<launch::NodePlan>& plans, Probe& pr, Report& rep) {
+  rep.nodes.resize(pr.size());
+  std::vector<std::thread> starters;
+  for (size_t i = 0; i < pr.size(); ++i) {
+    const int k = pr.which[i];
+    rep.nodes[i].node = k;
+    rep.nodes[i].host = plans[i].host.destination();
+    rep.nodes[i].slots = static_cast<int>(plans[i].ranks.size());
+    starters.emplace_back([&, i, k] {
+      const launch::NodeCommand cmd = node_command(job, opts, pr, rep.expect, k);
+      NodeState* st = pr.state[i].get();
+      try {
+        pr.procs[i] = spawner(plans[i], cmd, opts.network ? pr.token + "\n" : std::string(),
+                              [st](launch::Stream s, std::string_view line) { st->line(s, line); });
+      } catch (const SshRefusedError& e) {
+        rep.nodes[i].start_error = e.what();
+        rep.nodes[i].start_refused = true;
+      } catch (const Error& e) {
+        rep.nodes[i].start_error = e.what();
+      }
+    });
+  }
+  for (auto& t : starters) t.join();
+}
+
+// Phase 1: every started node reports its facts (its nonce is then written), until the
+// deadline. Returns the nodes that did: the world of the network phase.
+nlohmann::json wait_for_facts(Probe& pr, Clock::time_point deadline) {
+  for (size_t i = 0; i < pr.size(); ++i) {
+    if (!pr.procs[i]) continue;
+    while (Clock::now() < deadline) {
+      {
+        std::unique_lock lock(pr.state[i]->mu);
+        if (pr.state[i]->facts || !pr.state[i]->error.empty()) break;
+      }
+      if (!pr.procs[i]->running()) break;
+      std::unique_lock lock(pr.state[i]->mu);
+      pr.state[i]->cv.wait_for(lock, 50ms);
+    }
+  }
+  nlohmann::json world = nlohmann::json::array();
+  for (size_t i = 0; i < pr.size(); ++i) {
+    std::lock_guard lock(pr.state[i]->mu);
+    if (pr.procs[i] && pr.state[i]->facts) world.push_back(pr.which[i]);
+  }
+  return world;
+}
+
+// What a finished (or stopped) node reported, into o; closed_ns is when its barrier closed.
+void observe_end(NodeObservation& o, NodeState& st, const std::optional<launch::ExitStatus>& status, int64_t closed_ns,
+                 bool network) {
+  std::lock_guard lock(st.mu);
+  if (st.facts) o.facts = facts_from_json(st.facts_json);
+  if (st.clock) {
+    const int64_t mid = closed_ns + (st.clock_arrival_ns - closed_ns) / 2;
+    o.clock_offset_s = seconds_between(mid, st.clock_ns);
+    o.clock_uncertainty_s = seconds_between(closed_ns, st.clock_arrival_ns) / 2;
+  }
+  if (st.shared && st.shared_json.contains("seen") && st.shared_json["seen"].is_object()) {
+    std::map<std::string, std::string> seen;
+    for (auto& [name, v] : st.shared_json["seen"].items())
+      if (v.is_string()) seen[name] = v.get<std::string>();
+    o.seen = seen;
+  }
+  if (st.net) {
+    if (st.net_json.contains("allreduce_ok")) o.allreduce_ok = st.net_json["allreduce_ok"].get<bool>();
+    o.net_error = st.net_json.value("error", std::string());
+  }
+  if (o.end_error.empty() && !st.error.empty()) o.end_error = st.error;
+  if (o.end_error.empty() && status && !status->success())
+    o.end_error =
+        fmt::format("dtrain doctor-node {}{}{}", status->describe(), st.tail().empty() ? "" : ": " + st.tail(),
+                    st.bad_line.empty() ? "" : " (stdout: " + st.bad_line + ")");
+  if (o.end_error.empty() && !st.facts)
+    o.end_error = fmt::format("dtrain doctor-node printed no report{}",
+                              st.bad_line.empty() ? "" : " (stdout: " + st.bad_line + ")");
+  if (network && o.facts && !st.net && o.net_error.empty() && o.end_error.empty())
+    o.net_error = "the node reported no network result";
+}
+
+// Phase 2: the barrier. Each node answers with its clock at once (NTP-style: the offset is
+// measured against the midpoint of close and answer), then runs the network phase among
+// `world_size` nodes and ends; a node still running at the deadline is stopped.
+void close_and_wait(const launch::Job& job, const DoctorOptions& opts, Probe& pr, size_t world_size,
+                    std::chrono::milliseconds timeout, Report& rep) {
+  const auto& dc = job.cfg.doctor;
+  std::vector<int64_t> closed_ns(pr.size(), 0);
+  for (size_t i = 0; i < pr.size(); ++i)
+    if (pr.procs[i]) {
+      closed_ns[i] = wall_ns();
+      pr.procs[i]->close_stdin();
+    }
+  const int pairs = static_cast<int>(world_size * (world_size - 1) / 2);
+  const auto net_budget = opts.network
+                              ? std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    std::chrono::duration<double>(pairs * 2 * (2 * dc.link_seconds + 1.0) + 5.0)) +
+                                    timeout
+                              : 0ms;
+  const auto end_deadline = Clock::now() + timeout + net_budget;
+  for (size_t i = 0; i < pr.size(); ++i) {
+    if (!pr.procs[i]) continue;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end_deadline - Clock::now());
+    auto status = pr.procs[i]->wait_for(std::max(left, 0ms));
+    NodeObservation& o = rep.nodes[i];
+    if (!status) {
+      pr.procs[i]->terminate(1000ms);
+      o.end_error = fmt::format("the node check did not finish within {:.0f} s",
+                                std::chrono::duration<double>(timeout + net_budget).count());
+    }
+    observe_end(o, *pr.state[i], status, closed_ns[i], opts.network);
+  }
+}
+
+// Links: each end reports the direction it sent.
+NetworkSummary gather_links(const Probe& pr, double slow_factor) {
+  std::vector<LinkSample> parts;
+  for (size_t i = 0; i < pr.size(); ++i) {
+    std::lock_guard lock(pr.state[i]->mu);
+    if (!pr.state[i]->net || !pr.state[i]->net_json.contains("links")) continue;
+    for (const auto& l : pr.state[i]->net_json["links"])
+      parts.push_back({l.value("a", 0), l.value("b", 0), l.value("ab", 0.0), l.value("ba", 0.0)});
+  }
+  return network_summarize(link_merge(parts), pr.nnodes, slow_factor);
+}
+
+// The findings from the observations, with the options' adjustments.
+void add_findings(Report& rep, const DoctorOptions& opts, double slow_factor) {
+  rep.findings = analyze_nodes(rep.nodes, rep.expect);
+  if (opts.clock_is_warning)
+    for (Finding& f : rep.findings)
+      if (f.check == "clock" && f.status == Status::FAIL) f.status = Status::WARN;
+  if (opts.network) {
+    auto more = analyze_network(rep.nodes, rep.net, slow_factor);
+    rep.findings.insert(rep.findings.end(), more.begin(), more.end());
+  }
+}
+
 // The checks over `plans` (each identified by its node_rank), with job's config,
 // run directory and dtrain path.
 Report run_checks(const launch::Job& job, const launch::NodeSpawner& spawner, const DoctorOptions& opts,
@@ -112,196 +326,35 @@ Report run_checks(const launch::Job& job, const launch::NodeSpawner& spawner, co
   Report rep;
   rep.run_dir = job.run_dir;
   rep.network = opts.network;
+  rep.expect = expectations_for(job, opts);
   Expectations& ex = rep.expect;
-  ex.version = version();
-  ex.build_id = opts.expected_build_id.empty() ? build_id() : opts.expected_build_id;
-  ex.device = job.cfg.training.device;
-  ex.run_dir = job.run_dir;
-  ex.dtrain_path = job.spec.dtrain_path;
-  ex.workdir = job.spec.workdir;
-  ex.min_free_gb = dc.min_free_gb;
-  ex.max_clock_skew = dc.max_clock_skew;
-  ex.slow_factor = dc.slow_factor;
-
-  std::vector<int> which;
-  int nnodes = 0;
-  for (const launch::NodePlan& p : plans) {
-    DT_ENFORCE(p.node_rank >= 0 && std::find(which.begin(), which.end(), p.node_rank) == which.end(), InternalError,
-               "doctor: node index {} negative or given twice", p.node_rank);
-    which.push_back(p.node_rank);
-    nnodes = std::max(nnodes, p.node_rank + 1);
-  }
-  const size_t n = which.size();
+  Probe pr;
+  index_nodes(plans, pr);
 
   // The launcher's nonce first: every node looks for it.
-  const std::string session = random_hex(8);
   std::error_code ec;
   const bool run_dir_existed = fs::exists(job.run_dir, ec);
   ex.nonces["launcher"] = random_hex(16);
-  for (int k : which) ex.nonces[node_nonce_name(k)] = random_hex(16);
-  ex.launcher_write_error = nonce_write(job.run_dir, session, "launcher", ex.nonces["launcher"]);
+  for (int k : pr.which) ex.nonces[node_nonce_name(k)] = random_hex(16);
+  ex.launcher_write_error = nonce_write(job.run_dir, pr.session, "launcher", ex.nonces["launcher"]);
 
-  // The network phase meets in a store of its own (never the job's port).
-  std::unique_ptr<rendezvous::StoreServer> server;
-  std::unique_ptr<rendezvous::StoreClient> store;
-  std::string token;
-  if (opts.network) {
-    token = rendezvous::token_generate();
-    const std::string listen = rendezvous::store_listen_address(job.plan.master_addr, !job.all_local);
-    server = std::make_unique<rendezvous::StoreServer>(listen, 0, token);
-    store = std::make_unique<rendezvous::StoreClient>(listen, server->port(), token);
-  }
-
-  std::vector<std::unique_ptr<NodeState>> state;
-  for (size_t i = 0; i < n; ++i) state.push_back(std::make_unique<NodeState>());
-  std::vector<std::unique_ptr<launch::Process>> procs(n);
-  rep.nodes.resize(n);
-  {
-    std::vector<std::thread> starters;
-    for (size_t i = 0; i < n; ++i) {
-      const int k = which[i];
-      const launch::NodePlan& node = plans[i];
-      rep.nodes[i].node = k;
-      rep.nodes[i].host = node.host.destination();
-      rep.nodes[i].slots = static_cast<int>(node.ranks.size());
-      starters.emplace_back([&, i, k] {
-        NodeProbeArgs a;
-        a.node = k;
-        a.run_dir = job.run_dir;
-        a.session = session;
-        a.nonce = ex.nonces[node_nonce_name(k)];
-        a.timeout = dc.timeout;
-        if (opts.network) {
-          a.network = true;
-          a.master_addr = job.plan.master_addr;
-          a.master_port = server->port();
-          a.interface = job.cfg.cluster.network_interface;
-          a.link_seconds = dc.link_seconds;
-        }
-        launch::NodeCommand cmd;
-        cmd.argv = {job.spec.dtrain_path, "doctor-node"};
-        for (auto& w : node_probe_argv(a)) cmd.argv.push_back(w);
-        cmd.workdir = job.spec.workdir;
-        NodeState* st = state[i].get();
-        try {
-          procs[i] = spawner(plans[i], cmd, opts.network ? token + "\n" : std::string(),
-                             [st](launch::Stream s, std::string_view line) { st->line(s, line); });
-        } catch (const SshRefusedError& e) {
-          rep.nodes[i].start_error = e.what();
-          rep.nodes[i].start_refused = true;
-        } catch (const Error& e) {
-          rep.nodes[i].start_error = e.what();
-        }
-      });
-    }
-    for (auto& t : starters) t.join();
-  }
-
-  // Phase 1: every started node reports its facts (its nonce is then written).
-  const auto facts_deadline = Clock::now() + timeout;
-  for (size_t i = 0; i < n; ++i) {
-    if (!procs[i]) continue;
-    while (Clock::now() < facts_deadline) {
-      {
-        std::unique_lock lock(state[i]->mu);
-        if (state[i]->facts || !state[i]->error.empty()) break;
-      }
-      if (!procs[i]->running()) break;
-      std::unique_lock lock(state[i]->mu);
-      state[i]->cv.wait_for(lock, 50ms);
-    }
-  }
-  nlohmann::json world = nlohmann::json::array();
-  for (size_t i = 0; i < n; ++i) {
-    std::lock_guard lock(state[i]->mu);
-    if (procs[i] && state[i]->facts) world.push_back(which[i]);
-  }
-  if (store) store->set(fmt::format("doctor/{}/world", session), world.dump());
-
-  // Phase 2: the barrier. Each node answers with its clock at once (NTP-style: the
-  // offset is measured against the midpoint of close and answer).
-  std::vector<int64_t> closed_ns(n, 0);
-  for (size_t i = 0; i < n; ++i)
-    if (procs[i]) {
-      closed_ns[i] = wall_ns();
-      procs[i]->close_stdin();
-    }
-  const int pairs = static_cast<int>(world.size() * (world.size() - 1) / 2);
-  const auto net_budget = opts.network
-                              ? std::chrono::duration_cast<std::chrono::milliseconds>(
-                                    std::chrono::duration<double>(pairs * 2 * (2 * dc.link_seconds + 1.0) + 5.0)) +
-                                    timeout
-                              : 0ms;
-  const auto end_deadline = Clock::now() + timeout + net_budget;
-  for (size_t i = 0; i < n; ++i) {
-    if (!procs[i]) continue;
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end_deadline - Clock::now());
-    auto status = procs[i]->wait_for(std::max(left, 0ms));
-    NodeObservation& o = rep.nodes[i];
-    NodeState& st = *state[i];
-    if (!status) {
-      procs[i]->terminate(1000ms);
-      o.end_error = fmt::format("the node check did not finish within {:.0f} s",
-                                std::chrono::duration<double>(timeout + net_budget).count());
-    }
-    std::lock_guard lock(st.mu);
-    if (st.facts) o.facts = facts_from_json(st.facts_json);
-    if (st.clock) {
-      const int64_t mid = closed_ns[i] + (st.clock_arrival_ns - closed_ns[i]) / 2;
-      o.clock_offset_s = seconds_between(mid, st.clock_ns);
-      o.clock_uncertainty_s = seconds_between(closed_ns[i], st.clock_arrival_ns) / 2;
-    }
-    if (st.shared && st.shared_json.contains("seen") && st.shared_json["seen"].is_object()) {
-      std::map<std::string, std::string> seen;
-      for (auto& [name, v] : st.shared_json["seen"].items())
-        if (v.is_string()) seen[name] = v.get<std::string>();
-      o.seen = seen;
-    }
-    if (st.net) {
-      if (st.net_json.contains("allreduce_ok")) o.allreduce_ok = st.net_json["allreduce_ok"].get<bool>();
-      o.net_error = st.net_json.value("error", std::string());
-    }
-    if (o.end_error.empty() && !st.error.empty()) o.end_error = st.error;
-    if (o.end_error.empty() && status && !status->success())
-      o.end_error =
-          fmt::format("dtrain doctor-node {}{}{}", status->describe(), st.tail().empty() ? "" : ": " + st.tail(),
-                      st.bad_line.empty() ? "" : " (stdout: " + st.bad_line + ")");
-    if (o.end_error.empty() && !st.facts)
-      o.end_error = fmt::format("dtrain doctor-node printed no report{}",
-                                st.bad_line.empty() ? "" : " (stdout: " + st.bad_line + ")");
-    if (opts.network && o.facts && !st.net && o.net_error.empty() && o.end_error.empty())
-      o.net_error = "the node reported no network result";
-  }
-
-  // Links: each end reports the direction it sent.
-  if (opts.network) {
-    std::vector<LinkSample> parts;
-    for (size_t i = 0; i < n; ++i) {
-      std::lock_guard lock(state[i]->mu);
-      if (!state[i]->net || !state[i]->net_json.contains("links")) continue;
-      for (const auto& l : state[i]->net_json["links"])
-        parts.push_back({l.value("a", 0), l.value("b", 0), l.value("ab", 0.0), l.value("ba", 0.0)});
-    }
-    rep.net = network_summarize(link_merge(parts), nnodes, dc.slow_factor);
-  }
+  if (opts.network) open_network_store(job, pr);
+  start_nodes(job, spawner, opts, plans, pr, rep);
+  const nlohmann::json world = wait_for_facts(pr, Clock::now() + timeout);
+  if (pr.store) pr.store->set(fmt::format("doctor/{}/world", pr.session), world.dump());
+  close_and_wait(job, opts, pr, world.size(), timeout, rep);
+  if (opts.network) rep.net = gather_links(pr, dc.slow_factor);
 
   // The session's files as the launcher sees them, read last: a node writes its nonce
   // before it reports its facts, and on a loaded machine a report may come after phase 1's
   // deadline (read there, such a node was blamed for a run directory it does share).
-  ex.launcher_seen = nonces_read(job.run_dir, session);
+  ex.launcher_seen = nonces_read(job.run_dir, pr.session);
   // Then they go, and an empty run directory the check created goes too.
-  fs::remove_all(session_dir(job.run_dir, session), ec);
+  fs::remove_all(session_dir(job.run_dir, pr.session), ec);
   fs::remove(fs::path(job.run_dir) / ".doctor", ec);  // only when empty
   if (!run_dir_existed) fs::remove(job.run_dir, ec);  // only when empty
 
-  rep.findings = analyze_nodes(rep.nodes, ex);
-  if (opts.clock_is_warning)
-    for (Finding& f : rep.findings)
-      if (f.check == "clock" && f.status == Status::FAIL) f.status = Status::WARN;
-  if (opts.network) {
-    auto more = analyze_network(rep.nodes, rep.net, dc.slow_factor);
-    rep.findings.insert(rep.findings.end(), more.begin(), more.end());
-  }
+  add_findings(rep, opts, dc.slow_factor);
   rep.seconds = std::chrono::duration<double>(Clock::now() - t_begin).count();
   return rep;
 }

@@ -233,64 +233,47 @@ std::string local_address_towards(const std::string& remote_host) {
   return out;
 }
 
-Job job_prepare(const JobRequest& req) {
-  Job job;
-  config::LoadedConfig loaded = config::config_load_or_default(req.config_path, req.sets);
-  job.cfg = std::move(loaded.cfg);
-  job.warnings = std::move(loaded.warnings);
-  config::TrainConfig& cfg = job.cfg;
-  if (!req.output_dir.empty()) cfg.training.output_dir = req.output_dir;
-  if (req.require_training) {
-    try {
-      config::config_check_job(cfg);
-    } catch (const ConfigError& e) {
-      if (!req.dry_run) throw;
-      job.incomplete = e.what();
-    }
-  }
+namespace {
 
-  // Hosts: the hostfile, or this machine with --nproc-per-node / its GPUs / 1 slot.
-  config::Hostfile hf;
+// The hosts: the hostfile, Slurm's nodes, or this machine with --nproc-per-node / its GPUs / 1 slot.
+config::Hostfile job_hostfile(const JobRequest& req) {
   if (req.hosts) {
     DT_ENFORCE(
         req.hostfile_path.empty(), UsageError,
         "--hostfile and --launcher slurm exclude each other: under Slurm the nodes come from SLURM_JOB_NODELIST");
-    hf = *req.hosts;
-  } else if (!req.hostfile_path.empty()) {
+    return *req.hosts;
+  }
+  if (!req.hostfile_path.empty()) {
     DT_ENFORCE(req.nproc_per_node < 0, UsageError,
                "--nproc-per-node applies only without --hostfile (the hostfile's slots=N says it per host)");
-    hf = config::hostfile_load(req.hostfile_path);
-  } else {
-    int slots = req.nproc_per_node > 0 ? req.nproc_per_node : std::max(1, visible_cuda_devices());
-    hf = config::hostfile_localhost(slots);
+    return config::hostfile_load(req.hostfile_path);
   }
-  job.hosts = config::hostfile_select(hf, req.selection);
-  // Slurm's node names are distinct nodes by its own definition (and srun, not the name,
-  // decides where an agent runs); a hostfile can name one machine twice.
-  if (!req.hosts) hosts_check_distinct(job.hosts);
-  for (const auto& h : job.hosts.hosts) job.all_local = job.all_local && host_is_local(h.host);
-  // libssh2 reads the identity file whole and blocking when the first node connects: a
-  // FIFO, /dev/zero or a huge file would hang there past every timeout (and SIGTERM), so
-  // it is refused here, before any connection, as any bad config value is. (A missing or
-  // unreadable file is left to the SSH session, which names the host it was for.)
+  int slots = req.nproc_per_node > 0 ? req.nproc_per_node : std::max(1, visible_cuda_devices());
+  return config::hostfile_localhost(slots);
+}
+
+// libssh2 reads the identity file whole and blocking when the first node connects: a
+// FIFO, /dev/zero or a huge file would hang there past every timeout (and SIGTERM), so
+// it is refused here, before any connection, as any bad config value is. (A missing or
+// unreadable file is left to the SSH session, which names the host it was for.) The
+// known_hosts file is read whole at every connection the same way (unless the host key
+// policy is off); one that does not exist yet is fine: accept-new creates it.
+void check_ssh_files(const config::TrainConfig& cfg) {
   struct stat id_st {};
   const char* home = std::getenv("HOME");
   const std::string id_file = path_expand_home(cfg.cluster.ssh.identity_file, home ? home : "");
-  if (!req.hosts && !job.all_local && !id_file.empty() && ::stat(id_file.c_str(), &id_st) == 0) {
-    const std::string& file = id_file;
-    const std::string problem = small_file_problem(file, kIdentityFileMaxBytes);
+  if (!id_file.empty() && ::stat(id_file.c_str(), &id_st) == 0) {
+    const std::string problem = small_file_problem(id_file, kIdentityFileMaxBytes);
     if (!problem.empty())
       DT_THROW(ConfigError, "{}: cluster.ssh.identity_file: {} {}; give the private key file SSH should use",
-               cfg.source, file, problem);
+               cfg.source, id_file, problem);
   }
-  // The known_hosts file is read whole at every connection the same way (unless the host
-  // key policy is off). One that does not exist yet is fine: accept-new creates it.
   const std::string kh_file = path_expand_home(
       cfg.cluster.ssh.known_hosts.empty() ? std::string("~/.ssh/known_hosts") : cfg.cluster.ssh.known_hosts,
       home ? home : "");
   struct stat kh_st {};
-  if (!req.hosts && !job.all_local && cfg.cluster.ssh.host_key_policy != "off" && !kh_file.empty() &&
-      ::stat(kh_file.c_str(), &kh_st) == 0 && !known_hosts_is_dev_null(kh_file)) {
+  if (cfg.cluster.ssh.host_key_policy != "off" && !kh_file.empty() && ::stat(kh_file.c_str(), &kh_st) == 0 &&
+      !known_hosts_is_dev_null(kh_file)) {
     const std::string problem = small_file_problem(kh_file, kKnownHostsMaxBytes);
     if (!problem.empty())
       DT_THROW(ConfigError,
@@ -298,16 +281,20 @@ Job job_prepare(const JobRequest& req) {
                "out for ~/.ssh/known_hosts)",
                cfg.source, kh_file, problem);
   }
+}
 
-  // The address ranks and agents dial: --master-addr, the config, or our address on the
-  // route to the first remote host.
+// The address ranks and agents dial: --master-addr, the config, or our address on the
+// route to the first remote host.
+std::string rendezvous_address(const JobRequest& req, const Job& job) {
+  const config::TrainConfig& cfg = job.cfg;
+  const char* what = req.master_addr.empty() ? "cluster.rendezvous.address" : "--master-addr";
   // An IPv6 literal may come in brackets ([::1]); it is dialled and exported bare.
   std::string addr = address_unbracket(!req.master_addr.empty() ? req.master_addr : cfg.cluster.rendezvous.address);
   if (addr.find_first_of("[]") != std::string::npos || (addr.find(':') != std::string::npos && !ipv6_literal(addr)))
     DT_THROW(ConfigError,
              "{} '{}' is not a host name or IP address (IPv6 as ::1 or [::1]); give the port with --master-port "
              "or cluster.rendezvous.port",
-             req.master_addr.empty() ? "cluster.rendezvous.address" : "--master-addr", addr);
+             what, addr);
   if ((addr.empty() || addr == "auto") && !cfg.cluster.network_interface.empty() && !job.all_local) {
     addr = interface_address(cfg.cluster.network_interface);
     DT_ENFORCE(!addr.empty(), ConfigError, "cluster.network_interface '{}' has no IP address on this machine",
@@ -335,8 +322,7 @@ Job job_prepare(const JobRequest& req) {
         "{} '{}' is a loopback address, but {} {} not this machine: {} agents will dial their own loopback and "
         "cannot reach this launcher's store; give this host's address on the nodes' network, or leave it unset "
         "(dtrain then uses its address on the route to the first remote host)",
-        req.master_addr.empty() ? "cluster.rendezvous.address" : "--master-addr", addr, list,
-        remote.size() == 1 ? "is" : "are", remote.size() == 1 ? "its" : "their");
+        what, addr, list, remote.size() == 1 ? "is" : "are", remote.size() == 1 ? "its" : "their");
   }
   // This process hosts the store on exactly that address: an IP literal of another machine
   // (a typo, the head node's address on a compute node) cannot be listened on, and would
@@ -347,7 +333,13 @@ Job job_prepare(const JobRequest& req) {
              "{} '{}' is not an address of this machine ({}), which hosts the job's rendezvous store there: give one "
              "of this machine's addresses on the nodes' network, or leave it unset (dtrain then uses its address "
              "on the route to the first remote host)",
-             req.master_addr.empty() ? "cluster.rendezvous.address" : "--master-addr", addr, host_name());
+             what, addr, host_name());
+  return addr;
+}
+
+// The placement of the first round, and the batch resolved for its world size.
+void plan_job(const JobRequest& req, Job& job, const std::string& addr) {
+  config::TrainConfig& cfg = job.cfg;
   int port = req.master_port >= 0 ? req.master_port : static_cast<int>(cfg.cluster.rendezvous.port);
   // Port 0 is bound at launch; plan with a placeholder that job_set_port replaces.
   // An elastic job plans its first round over the first elastic.max_nodes hosts (the
@@ -378,7 +370,11 @@ Job job_prepare(const JobRequest& req) {
         cfg, job.plan.world_size, config::config_host_memory_bytes(),
         fmt::format("this machine, where all {} rank(s) run, has {:.1f} GiB of memory", job.plan.world_size,
                     config::config_host_memory_bytes() / (1024.0 * 1024.0 * 1024.0)));
+}
 
+// The run directory (checked, not yet created) and what every round launches with.
+void fill_spec(const JobRequest& req, Job& job) {
+  const config::TrainConfig& cfg = job.cfg;
   job.run_dir = absolute_path(cfg.training.output_dir);
   const char* run_dir_what = req.output_dir.empty() ? "training.output_dir" : "--output-dir";
   run_dir_check_path(job.run_dir, run_dir_what);
@@ -400,31 +396,67 @@ Job job_prepare(const JobRequest& req) {
   spec.env_set["DTRAIN_HEARTBEAT_INTERVAL"] = fmt::format("{}", cfg.fault_tolerance.heartbeat_interval);
   if (!cfg.cluster.network_interface.empty())
     spec.env_set.emplace("DTRAIN_NETWORK_INTERFACE", cfg.cluster.network_interface);
-
   spec.device = cfg.training.device;
+}
+
+// A problem a training job would meet on this machine: the error `thrown`, or for a dry
+// run the reason it is incomplete.
+void local_problem(const JobRequest& req, Job& job, const std::string& thrown, const std::string& problem) {
+  if (!req.dry_run) DT_THROW(ConfigError, "{}", thrown);
+  if (job.incomplete.empty()) job.incomplete = problem;
+}
+
+// What the nodes on this machine would need: a local node's GPUs are known here, so a
+// config that asks for more than it has fails before anything starts (remote nodes'
+// agents check theirs before starting ranks); so do the input files.
+void check_local_nodes(const JobRequest& req, Job& job) {
+  if (!req.require_training || req.mode != "train") return;
+  const config::TrainConfig& cfg = job.cfg;
   bool any_local = false;
   for (const auto& h : job.hosts.hosts) any_local = any_local || host_is_local(h.host);
-  // A local node's GPUs are known here: a config that asks for more than it has fails
-  // before anything starts (remote nodes' agents check theirs before starting ranks).
-  if (req.require_training && req.mode == "train" && cfg.training.device == "cuda") {
+  if (cfg.training.device == "cuda") {
     for (const NodePlan& node : job.plan.nodes) {
       if (!host_is_local(node.host.host)) continue;
       std::vector<int> ids;
       for (const RankInfo& r : node.ranks) ids.push_back(r.device);
       NodeDeviceVerdict v = node_device_verdict("cuda", visible_cuda_devices(), ids, node.host.destination());
       if (v.problem.empty()) continue;
-      if (!req.dry_run) DT_THROW(ConfigError, "{}: {}", cfg.source, v.problem);
-      if (job.incomplete.empty()) job.incomplete = v.problem;
+      local_problem(req, job, fmt::format("{}: {}", cfg.source, v.problem), v.problem);
       break;
     }
   }
-  if (req.require_training && req.mode == "train" && any_local) {
-    std::string problem = input_files_problem(cfg, spec.workdir);
-    if (!problem.empty()) {
-      if (!req.dry_run) DT_THROW(ConfigError, "{}", problem);
-      if (job.incomplete.empty()) job.incomplete = problem;
+  if (any_local) {
+    std::string problem = input_files_problem(cfg, job.spec.workdir);
+    if (!problem.empty()) local_problem(req, job, problem, problem);
+  }
+}
+
+}  // namespace
+
+Job job_prepare(const JobRequest& req) {
+  Job job;
+  config::LoadedConfig loaded = config::config_load_or_default(req.config_path, req.sets);
+  job.cfg = std::move(loaded.cfg);
+  job.warnings = std::move(loaded.warnings);
+  config::TrainConfig& cfg = job.cfg;
+  if (!req.output_dir.empty()) cfg.training.output_dir = req.output_dir;
+  if (req.require_training) {
+    try {
+      config::config_check_job(cfg);
+    } catch (const ConfigError& e) {
+      if (!req.dry_run) throw;
+      job.incomplete = e.what();
     }
   }
+  job.hosts = config::hostfile_select(job_hostfile(req), req.selection);
+  // Slurm's node names are distinct nodes by its own definition (and srun, not the name,
+  // decides where an agent runs); a hostfile can name one machine twice.
+  if (!req.hosts) hosts_check_distinct(job.hosts);
+  for (const auto& h : job.hosts.hosts) job.all_local = job.all_local && host_is_local(h.host);
+  if (!req.hosts && !job.all_local) check_ssh_files(cfg);
+  plan_job(req, job, rendezvous_address(req, job));
+  fill_spec(req, job);
+  check_local_nodes(req, job);
   return job;
 }
 

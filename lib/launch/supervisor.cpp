@@ -720,17 +720,154 @@ report::Event failure_event(const Job& job, int round, const NodeFailure& f, boo
   return ev;
 }
 
+// The probe an elastic job (--nnodes MIN:MAX) re-plans its members with before every
+// round; none for a fixed job.
+std::unique_ptr<HostProbe> elastic_probe(const Job& job, const Membership& members, const SupervisorOptions& opts) {
+  if (!members.elastic()) return nullptr;
+  const auto& el = job.cfg.elastic;
+  std::unique_ptr<HostProbe> probe =
+      opts.probe_factory ? opts.probe_factory(job)
+                         : host_probe_version(job.cfg, job.spec.dtrain_path, seconds_ms(el.probe_timeout));
+  log_info(
+      "elastic: {} to {} node(s) of the {} host(s); a node is left out after failing the probe or {} round(s) "
+      "in a row, and rejoins at a checkpoint once it passes the probe again",
+      members.min_nodes(), members.max_nodes(), job.hosts.hosts.size(), el.max_node_failures);
+  return probe;
+}
+
+// Why round `round` cannot start (no members left, a failed preflight), or nothing; an
+// elastic job's plan is made over its members here.
+std::optional<NodeFailure> round_blocker(Job& job, Membership& members, HostProbe* probe, int round, int ref_world,
+                                         RunFiles& files, const SupervisorOptions& opts) {
+  std::string no_members;
+  const std::string base_config =
+      (fs::path(job.run_dir) / (job.run_dir_pending ? "config.pending.yaml" : "config.yaml")).string();
+  if (members.elastic() && !elastic_plan_round(job, members, *probe, round, ref_world, base_config, files, &no_members))
+    return NodeFailure{.kind = NodeFailure::Kind::NOT_STARTED,
+                       .why = no_members,
+                       .exit_code = static_cast<int>(Exit::LAUNCH)};
+  if (opts.preflight && !(members.elastic() && opts.probe_is_preflight)) {
+    // (An elastic job whose probe is the preflight ran it on every host just now in
+    // elastic_plan_round: the members passed it, the hosts that failed are left out.)
+    PreflightVerdict v = opts.preflight(job);
+    if (!v.why.empty())
+      return NodeFailure{.kind = NodeFailure::Kind::NOT_STARTED,
+                         .node = std::max(v.node, 0),
+                         .why = "preflight: " + v.why,
+                         .exit_code = static_cast<int>(Exit::LAUNCH),
+                         .permanent = v.permanent};
+  }
+  return std::nullopt;
+}
+
+// The job's store: listening only on the address the nodes are told to dial (loopback for
+// a local job), so it is not reachable from networks the job does not use.
+struct JobStore {
+  std::string token = rendezvous::token_generate();
+  rendezvous::StoreServer server;
+  rendezvous::StoreClient client;
+  JobStore(const std::string& listen_addr, int port)
+      : server(listen_addr, static_cast<uint16_t>(port), token), client(listen_addr, server.port(), token) {}
+};
+
+// Starts and runs one planned round, with its start event and the events its nodes sent;
+// a success is logged and recorded as the job's end.
+RoundResult run_recorded_round(Job& job, JobStore& js, const SupervisorOptions& opts, OutputRouter& out,
+                               RunFiles& files, HostProbe* probe, const Membership& members, int round) {
+  out.set_plan(job.plan, round);
+  log_info("round {}: starting {} rank(s) on {} node(s), rendezvous {}", round, job.plan.world_size,
+           job.plan.nodes.size(), host_port_text(job.plan.master_addr, job.plan.master_port));
+  files.event({.kind = report::EventKind::ROUND_START, .round = round, .world_size = job.plan.world_size});
+  auto t0 = Clock::now();
+  RoundResult r = run_round(job, js.server, js.client, js.token, opts, out, files, probe, members);
+  for (auto& ev : out.take_events()) files.event(ev);
+  if (r.end == RoundEnd::SUCCEEDED) {
+    log_info("job finished: all {} rank(s) succeeded in round {} ({:.1f} s)", job.plan.world_size, round,
+             std::chrono::duration<double>(Clock::now() - t0).count());
+    files.event({.kind = report::EventKind::FINISHED, .round = round});
+  }
+  return r;
+}
+
+void record_resize(const RoundResult& r, int round, Membership& members, RunFiles& files) {
+  members.round_healthy();
+  const std::string who = r.resized_for.empty() ? "a host left out" : r.resized_for;
+  log_info(
+      "round {} stopped after its checkpoint at step {}: {} passed the probe again, the next round takes "
+      "it back",
+      round, r.resized_at_step, who);
+  files.event({.kind = report::EventKind::RESIZE,
+               .round = round,
+               .why = fmt::format("{} passed the probe again", who),
+               .detail = {{"step", r.resized_at_step}}});
+}
+
+// Records a failed (or interrupted, or not started) round and decides what follows:
+// the job's exit code when it ends here, nothing when a restart follows.
+std::optional<int> end_after_failure(const Job& job, Membership& members, RunFiles& files, int round, RoundResult& r,
+                                     int failed_rounds) {
+  const auto& ft = job.cfg.fault_tolerance;
+  NodeFailure& f = *r.failure;
+  // A round that ran some steps before failing resets its nodes' failure streaks only
+  // by succeeding; the node blamed for this one counts one more.
+  if (members.elastic() && f.node && *f.node < static_cast<int>(members.members().size()))
+    members.round_failed(members.members()[static_cast<size_t>(*f.node)], f.why);
+  // A rank that stopped on a usage or config error fails the same way every round.
+  if (f.exit_code == static_cast<int>(Exit::USAGE)) f.permanent = true;
+  const bool interrupted = r.end == RoundEnd::INTERRUPTED;
+  const bool retry = !interrupted && !f.permanent && failed_rounds < ft.max_retries;
+  files.event(failure_event(job, round, f, retry));
+  if (interrupted) {
+    log_error("{}: every node stopped; continue with: dtrain resume {}", f.why, job.run_dir);
+    return finish(files, f.exit_code);
+  }
+  log_error("round {} failed: {}; {}", round, f.why,
+            f.kind == NodeFailure::Kind::NOT_STARTED ? "no node was started" : "every node stopped");
+  if (f.permanent) {
+    log_error(
+        "not restarting: retrying cannot fix this (a usage, config, host key or credential error): fix it, then dtrain resume");
+    return finish(files, f.exit_code);
+  }
+  if (failed_rounds >= ft.max_retries) {
+    log_error("giving up after {} restart(s) (fault_tolerance.max_retries = {})", failed_rounds, ft.max_retries);
+    return finish(files, f.exit_code);
+  }
+  return std::nullopt;
+}
+
+// The retry delay after failed round `round`: the job's exit code when an interrupt ends
+// it meanwhile, nothing when the next round may start.
+std::optional<int> wait_to_restart(const Job& job, const SupervisorOptions& opts, RunFiles& files, int round) {
+  auto until = Clock::now() + seconds_ms(job.cfg.fault_tolerance.retry_delay);
+  auto next_flush = Clock::now();
+  while (Clock::now() < until) {
+    if (opts.interrupted && *opts.interrupted) {
+      // Between rounds no node runs: nothing to stop, but the run's record says why it ended.
+      const std::string why = interrupt_why(*opts.interrupted);
+      files.event({.kind = report::EventKind::FAILURE,
+                   .round = round,
+                   .why = why + " while waiting to restart",
+                   .exit_code = static_cast<int>(Exit::INTERRUPTED),
+                   .interrupted = true});
+      log_error("{} while waiting to restart; continue with: dtrain resume {}", why, job.run_dir);
+      return finish(files, static_cast<int>(Exit::INTERRUPTED));
+    }
+    // Events that did not fit (a full disk) go in as soon as there is room again.
+    if (Clock::now() >= next_flush && files.events_pending() > 0) {
+      files.flush_events();
+      next_flush = Clock::now() + 500ms;
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 int supervise(Job& job, const SupervisorOptions& opts) {
   DT_ENFORCE(static_cast<bool>(opts.spawner), InternalError, "supervise needs a spawner");
-  const std::string token = rendezvous::token_generate();
-  // Listen only on the address the nodes are told to dial (loopback for a local job), so
-  // the store is not reachable from networks the job does not use.
-  const std::string listen_addr = rendezvous::store_listen_address(job.plan.master_addr, !job.all_local);
-  rendezvous::StoreServer server(listen_addr, static_cast<uint16_t>(job.plan.master_port), token);
-  job_set_port(job, server.port());
-  rendezvous::StoreClient store(listen_addr, server.port(), token);
+  JobStore js(rendezvous::store_listen_address(job.plan.master_addr, !job.all_local), job.plan.master_port);
+  job_set_port(job, js.server.port());
   RunFiles files(job.run_dir);
   const auto& ft = job.cfg.fault_tolerance;
   OutputRouter out(job.run_dir, files, opts.echo, opts.tee_all, ft.straggler_factor,
@@ -747,15 +884,7 @@ int supervise(Job& job, const SupervisorOptions& opts) {
   const auto& el = job.cfg.elastic;
   Membership members(job.hosts, static_cast<int>(el.min_nodes), static_cast<int>(el.max_nodes),
                      static_cast<int>(el.max_node_failures));
-  std::unique_ptr<HostProbe> probe;
-  if (members.elastic()) {
-    probe = opts.probe_factory ? opts.probe_factory(job)
-                               : host_probe_version(job.cfg, job.spec.dtrain_path, seconds_ms(el.probe_timeout));
-    log_info(
-        "elastic: {} to {} node(s) of the {} host(s); a node is left out after failing the probe or {} round(s) "
-        "in a row, and rejoins at a checkpoint once it passes the probe again",
-        members.min_nodes(), members.max_nodes(), job.hosts.hosts.size(), el.max_node_failures);
-  }
+  const std::unique_ptr<HostProbe> probe = elastic_probe(job, members, opts);
   const int ref_world = job.plan.world_size;
 
   int failed_rounds = 0;
@@ -765,107 +894,25 @@ int supervise(Job& job, const SupervisorOptions& opts) {
     // A failed round may have been one that was saving a checkpoint (run_job does this
     // before round 0, before it writes anything itself).
     if (round > 0) run_dir_remove_partial_checkpoints(job.run_dir);
-    std::optional<NodeFailure> not_started;
-    std::string no_members;
-    const std::string base_config =
-        (fs::path(job.run_dir) / (job.run_dir_pending ? "config.pending.yaml" : "config.yaml")).string();
-    if (members.elastic() &&
-        !elastic_plan_round(job, members, *probe, round, ref_world, base_config, files, &no_members)) {
-      not_started = NodeFailure{.kind = NodeFailure::Kind::NOT_STARTED,
-                                .why = no_members,
-                                .exit_code = static_cast<int>(Exit::LAUNCH)};
-    } else if (opts.preflight && !(members.elastic() && opts.probe_is_preflight)) {
-      // (An elastic job whose probe is the preflight ran it on every host just now in
-      // elastic_plan_round: the members passed it, the hosts that failed are left out.)
-      PreflightVerdict v = opts.preflight(job);
-      if (!v.why.empty())
-        not_started = NodeFailure{.kind = NodeFailure::Kind::NOT_STARTED,
-                                  .node = std::max(v.node, 0),
-                                  .why = "preflight: " + v.why,
-                                  .exit_code = static_cast<int>(Exit::LAUNCH),
-                                  .permanent = v.permanent};
-    }
+    const std::optional<NodeFailure> not_started =
+        round_blocker(job, members, probe.get(), round, ref_world, files, opts);
     RoundResult r{.end = RoundEnd::FAILED, .failure = not_started};
     if (not_started) {
       // Recorded as a round (it uses a retry like any failed round) that no node ran in,
       // so `dtrain status` and `dtrain plot` count the restart that follows it.
       files.event({.kind = report::EventKind::ROUND_NOT_STARTED, .round = round, .why = not_started->why});
     } else {
-      out.set_plan(job.plan, round);
-      log_info("round {}: starting {} rank(s) on {} node(s), rendezvous {}", round, job.plan.world_size,
-               job.plan.nodes.size(), host_port_text(job.plan.master_addr, job.plan.master_port));
-      files.event({.kind = report::EventKind::ROUND_START, .round = round, .world_size = job.plan.world_size});
-      auto t0 = Clock::now();
-      r = run_round(job, server, store, token, opts, out, files, probe.get(), members);
-      for (auto& ev : out.take_events()) files.event(ev);
-      if (r.end == RoundEnd::SUCCEEDED) {
-        log_info("job finished: all {} rank(s) succeeded in round {} ({:.1f} s)", job.plan.world_size, round,
-                 std::chrono::duration<double>(Clock::now() - t0).count());
-        files.event({.kind = report::EventKind::FINISHED, .round = round});
-        return finish(files, 0);
-      }
+      r = run_recorded_round(job, js, opts, out, files, probe.get(), members, round);
+      if (r.end == RoundEnd::SUCCEEDED) return finish(files, 0);
       if (r.end == RoundEnd::RESIZED) {
-        members.round_healthy();
-        const std::string who = r.resized_for.empty() ? "a host left out" : r.resized_for;
-        log_info(
-            "round {} stopped after its checkpoint at step {}: {} passed the probe again, the next round takes "
-            "it back",
-            round, r.resized_at_step, who);
-        files.event({.kind = report::EventKind::RESIZE,
-                     .round = round,
-                     .why = fmt::format("{} passed the probe again", who),
-                     .detail = {{"step", r.resized_at_step}}});
+        record_resize(r, round, members, files);
         continue;
       }
     }
-    NodeFailure& f = *r.failure;
-    // A round that ran some steps before failing resets its nodes' failure streaks only
-    // by succeeding; the node blamed for this one counts one more.
-    if (members.elastic() && f.node && *f.node < static_cast<int>(members.members().size()))
-      members.round_failed(members.members()[static_cast<size_t>(*f.node)], f.why);
-    // A rank that stopped on a usage or config error fails the same way every round.
-    if (f.exit_code == static_cast<int>(Exit::USAGE)) f.permanent = true;
-    const bool interrupted = r.end == RoundEnd::INTERRUPTED;
-    const bool retry = !interrupted && !f.permanent && failed_rounds < ft.max_retries;
-    files.event(failure_event(job, round, f, retry));
-    if (interrupted) {
-      log_error("{}: every node stopped; continue with: dtrain resume {}", f.why, job.run_dir);
-      return finish(files, f.exit_code);
-    }
-    log_error("round {} failed: {}; {}", round, f.why,
-              f.kind == NodeFailure::Kind::NOT_STARTED ? "no node was started" : "every node stopped");
-    if (f.permanent) {
-      log_error(
-          "not restarting: retrying cannot fix this (a usage, config, host key or credential error): fix it, then dtrain resume");
-      return finish(files, f.exit_code);
-    }
-    if (failed_rounds >= ft.max_retries) {
-      log_error("giving up after {} restart(s) (fault_tolerance.max_retries = {})", failed_rounds, ft.max_retries);
-      return finish(files, f.exit_code);
-    }
+    if (std::optional<int> code = end_after_failure(job, members, files, round, r, failed_rounds)) return *code;
     ++failed_rounds;
     log_info("restarting in {} s (restart {} of {})", ft.retry_delay, failed_rounds, ft.max_retries);
-    auto until = Clock::now() + seconds_ms(ft.retry_delay);
-    auto next_flush = Clock::now();
-    while (Clock::now() < until) {
-      if (opts.interrupted && *opts.interrupted) {
-        // Between rounds no node runs: nothing to stop, but the run's record says why it ended.
-        const std::string why = interrupt_why(*opts.interrupted);
-        files.event({.kind = report::EventKind::FAILURE,
-                     .round = round,
-                     .why = why + " while waiting to restart",
-                     .exit_code = static_cast<int>(Exit::INTERRUPTED),
-                     .interrupted = true});
-        log_error("{} while waiting to restart; continue with: dtrain resume {}", why, job.run_dir);
-        return finish(files, static_cast<int>(Exit::INTERRUPTED));
-      }
-      // Events that did not fit (a full disk) go in as soon as there is room again.
-      if (Clock::now() >= next_flush && files.events_pending() > 0) {
-        files.flush_events();
-        next_flush = Clock::now() + 500ms;
-      }
-      std::this_thread::sleep_for(50ms);
-    }
+    if (std::optional<int> code = wait_to_restart(job, opts, files, round)) return *code;
   }
 }
 

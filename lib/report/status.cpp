@@ -246,8 +246,9 @@ const char* run_state_name(RunState s) {
   return "?";
 }
 
-RunStatus status_read(const std::string& run_dir, const CheckpointProblem& checkpoint_problem) {
-  const fs::path dir(run_dir);
+namespace {
+
+void require_run_dir(const fs::path& dir, const std::string& run_dir) {
   std::error_code ec;
   DT_ENFORCE(fs::is_directory(dir, ec), IoError, "{} is not a run directory (no such directory)", run_dir);
   bool any_marker = false;
@@ -258,21 +259,55 @@ RunStatus status_read(const std::string& run_dir, const CheckpointProblem& check
              "metrics.jsonl, hostfile, nodes.json or checkpoints/ (what dtrain launch writes there); give the "
              "directory the job ran in (its --output-dir or training.output_dir)",
              run_dir);
-  RunStatus st;
-  st.run_dir = run_dir;
+}
 
-  if (auto l = read_json(dir / "launcher.json")) {
-    st.have_launcher = true;
-    st.launcher_pid = get_or<int>(*l, "pid", 0);
-    st.launcher_host = get_or<std::string>(*l, "host", "");
-    st.job_id = get_or<std::string>(*l, "job_id", "");
-    st.started_ms = get_or<int64_t>(*l, "started_ms", 0);
-    const int64_t pid_start = get_or<int64_t>(*l, "pid_start", -1);
-    st.launcher_remote = !st.launcher_host.empty() && st.launcher_host != this_host();
-    if (!st.launcher_remote) st.launcher_alive = owner_alive(st.launcher_pid, pid_start);
-  }
+void read_launcher(const fs::path& dir, RunStatus& st) {
+  auto l = read_json(dir / "launcher.json");
+  if (!l) return;
+  st.have_launcher = true;
+  st.launcher_pid = get_or<int>(*l, "pid", 0);
+  st.launcher_host = get_or<std::string>(*l, "host", "");
+  st.job_id = get_or<std::string>(*l, "job_id", "");
+  st.started_ms = get_or<int64_t>(*l, "started_ms", 0);
+  const int64_t pid_start = get_or<int64_t>(*l, "pid_start", -1);
+  st.launcher_remote = !st.launcher_host.empty() && st.launcher_host != this_host();
+  if (!st.launcher_remote) st.launcher_alive = owner_alive(st.launcher_pid, pid_start);
+}
 
-  std::string last_event;
+MembershipRecord membership_of(const json& e, int round, int64_t t) {
+  MembershipRecord m;
+  m.round = round;
+  m.time_ms = t;
+  if (e.contains("hosts") && e["hosts"].is_array())
+    for (const json& h : e["hosts"])
+      if (h.is_string()) m.hosts.push_back(h.get<std::string>());
+  m.world_size = get_or<int>(e, "world_size", 0);
+  if (e.contains("changes") && e["changes"].is_array())
+    for (const json& c : e["changes"])
+      if (c.is_object())
+        m.changes.push_back(fmt::format("{} {}: {}", get_or<std::string>(c, "change", "?"),
+                                        get_or<std::string>(c, "host", "?"), get_or<std::string>(c, "cause", "")));
+  m.batch = get_or<std::string>(e, "batch", "");
+  m.problem = get_or<std::string>(e, "problem", "");
+  return m;
+}
+
+RoundFailure failure_of(const json& e, int round, int64_t t, bool round_started) {
+  RoundFailure f;
+  f.round = round;
+  f.node = event_node(e);
+  f.interrupted = event_interrupted(e);
+  f.why = get_or<std::string>(e, "why", "");
+  f.exit_code = get_or<int>(e, "exit_code", 0);
+  f.time_ms = t;
+  f.started = round_started;
+  f.retry = get_or<bool>(e, "retry", false);
+  return f;
+}
+
+// events.jsonl: the rounds, membership changes, failures and resource alerts, and the last
+// event. Returns the pid start time of a `dtrain run` rank 0 that owns the record (-1: none).
+int64_t read_events(const fs::path& dir, RunStatus& st) {
   int64_t ext_pid_start = -1;
   // Every record of events.jsonl names its event: one that does not is damage, not a
   // record to skip (skipping them all would read as "not started").
@@ -295,7 +330,7 @@ RunStatus status_read(const std::string& run_dir, const CheckpointProblem& check
       st.resource_alerts.push_back(std::move(*a));
       continue;
     }
-    last_event = ev;
+    st.last_event = ev;
     st.last_event_ms = t;
     if (ev == "round_start" || ev == "round_not_started") round_started = ev == "round_start";
     if (ev == "round_start") {
@@ -306,36 +341,19 @@ RunStatus status_read(const std::string& run_dir, const CheckpointProblem& check
         ext_pid_start = get_or<int64_t>(e, "pid_start", -1);
       }
     } else if (ev == "membership") {
-      MembershipRecord m;
-      m.round = round;
-      m.time_ms = t;
-      if (e.contains("hosts") && e["hosts"].is_array())
-        for (const json& h : e["hosts"])
-          if (h.is_string()) m.hosts.push_back(h.get<std::string>());
-      m.world_size = get_or<int>(e, "world_size", 0);
-      if (e.contains("changes") && e["changes"].is_array())
-        for (const json& c : e["changes"])
-          if (c.is_object())
-            m.changes.push_back(fmt::format("{} {}: {}", get_or<std::string>(c, "change", "?"),
-                                            get_or<std::string>(c, "host", "?"), get_or<std::string>(c, "cause", "")));
-      m.batch = get_or<std::string>(e, "batch", "");
-      m.problem = get_or<std::string>(e, "problem", "");
-      st.membership.push_back(std::move(m));
+      st.membership.push_back(membership_of(e, round, t));
     } else if (ev == "failure") {
-      RoundFailure f;
-      f.round = round;
-      f.node = event_node(e);
-      f.interrupted = event_interrupted(e);
-      f.why = get_or<std::string>(e, "why", "");
-      f.exit_code = get_or<int>(e, "exit_code", 0);
-      f.time_ms = t;
-      f.started = round_started;
-      f.retry = get_or<bool>(e, "retry", false);
-      st.failures.push_back(std::move(f));
+      st.failures.push_back(failure_of(e, round, t, round_started));
     }
   }
+  return ext_pid_start;
+}
 
-  std::vector<std::pair<std::vector<double>, std::vector<double>>> rank_times;  // compute, comm per record
+using RecordTimes = std::vector<std::pair<std::vector<double>, std::vector<double>>>;  // compute, comm per record
+
+// metrics.jsonl: the last loss and eval loss; returns the per-rank times of each record.
+RecordTimes read_metrics(const fs::path& dir, RunStatus& st) {
+  RecordTimes rank_times;
   for (const json& m : read_jsonl(dir / "metrics.jsonl")) {
     auto step = m.find("step");
     if (step == m.end() || !step->is_number()) continue;
@@ -356,98 +374,109 @@ RunStatus status_read(const std::string& run_dir, const CheckpointProblem& check
       st.last_eval_loss = m["eval_loss"].get<double>();
     }
   }
+  return rank_times;
+}
 
-  st.resources = resource_read(dir.string());
+// The checkpoint checkpoints/latest names, or why it names none.
+void read_latest(const fs::path& dir, RunStatus& st) {
+  std::error_code ec;
+  std::ifstream in{dir / "checkpoints" / "latest"};
+  if (!in) return;
+  std::string name;
+  std::getline(in, name);
+  while (!name.empty() && (name.back() == '\r' || name.back() == ' ')) name.pop_back();
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
+    st.checkpoint_note = fmt::format("checkpoints/latest holds '{}', not a checkpoint name", name);
+  else if (!fs::is_directory(dir / "checkpoints" / name, ec))
+    st.checkpoint_note = fmt::format("checkpoints/latest names {}, but checkpoints/{} does not exist", name, name);
+  else if (!fs::exists(dir / "checkpoints" / name / "manifest.json", ec))
+    st.checkpoint_note = fmt::format("checkpoints/{} has no manifest.json (incomplete)", name);
+  else st.checkpoint = name;
+}
 
-  const fs::path latest = dir / "checkpoints" / "latest";
-  if (std::ifstream in{latest}) {
-    std::string name;
-    std::getline(in, name);
-    while (!name.empty() && (name.back() == '\r' || name.back() == ' ')) name.pop_back();
-    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
-      st.checkpoint_note = fmt::format("checkpoints/latest holds '{}', not a checkpoint name", name);
-    else if (!fs::is_directory(dir / "checkpoints" / name, ec))
-      st.checkpoint_note = fmt::format("checkpoints/latest names {}, but checkpoints/{} does not exist", name, name);
-    else if (!fs::exists(dir / "checkpoints" / name / "manifest.json", ec))
-      st.checkpoint_note = fmt::format("checkpoints/{} has no manifest.json (incomplete)", name);
-    else st.checkpoint = name;
+// What a resume would load: latest when it verifies, else the newest older checkpoint
+// that does (train/checkpoint.cpp's order); none when none does, saying why.
+void pick_resume_checkpoint(const fs::path& dir, RunStatus& st, const CheckpointProblem& checkpoint_problem) {
+  std::error_code ec;
+  if (!checkpoint_problem || !fs::is_directory(dir / "checkpoints", ec)) return;
+  std::vector<std::pair<long long, std::string>> older;
+  long long limit = -1;
+  if (!st.checkpoint.empty() && st.checkpoint.rfind("step", 0) == 0) limit = std::atoll(st.checkpoint.c_str() + 4);
+  for (const auto& e : fs::directory_iterator(dir / "checkpoints", ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.size() > 4 && n.rfind("step", 0) == 0 && n.find_first_not_of("0123456789", 4) == std::string::npos &&
+        e.is_directory(ec))
+      older.emplace_back(std::atoll(n.c_str() + 4), n);
   }
-  // What a resume would load: latest when it verifies, else the newest older checkpoint
-  // that does (train/checkpoint.cpp's order); none when none does, saying why.
-  if (checkpoint_problem && fs::is_directory(dir / "checkpoints", ec)) {
-    std::vector<std::pair<long long, std::string>> older;
-    long long limit = -1;
-    if (!st.checkpoint.empty() && st.checkpoint.rfind("step", 0) == 0) limit = std::atoll(st.checkpoint.c_str() + 4);
-    for (const auto& e : fs::directory_iterator(dir / "checkpoints", ec)) {
-      const std::string n = e.path().filename().string();
-      if (n.size() > 4 && n.rfind("step", 0) == 0 && n.find_first_not_of("0123456789", 4) == std::string::npos &&
-          e.is_directory(ec))
-        older.emplace_back(std::atoll(n.c_str() + 4), n);
+  std::sort(older.begin(), older.end(), std::greater<>());
+  std::vector<std::string> candidates;
+  if (!st.checkpoint.empty()) candidates.push_back(st.checkpoint);
+  for (const auto& [k, n] : older)
+    if (limit < 0 ? st.checkpoint.empty() : k < limit) candidates.push_back(n);
+  std::vector<std::string> refused;
+  std::string usable;
+  for (const auto& n : candidates) {
+    const std::string why = checkpoint_problem((dir / "checkpoints" / n).string());
+    if (why.empty()) {
+      usable = n;
+      break;
     }
-    std::sort(older.begin(), older.end(), std::greater<>());
-    std::vector<std::string> candidates;
-    if (!st.checkpoint.empty()) candidates.push_back(st.checkpoint);
-    for (const auto& [k, n] : older)
-      if (limit < 0 ? st.checkpoint.empty() : k < limit) candidates.push_back(n);
-    std::vector<std::string> refused;
-    std::string usable;
-    for (const auto& n : candidates) {
-      const std::string why = checkpoint_problem((dir / "checkpoints" / n).string());
-      if (why.empty()) {
-        usable = n;
-        break;
-      }
-      refused.push_back(why);
+    refused.push_back(why);
+  }
+  std::string reasons;
+  for (const auto& r : refused) reasons += (reasons.empty() ? "" : "; ") + r;
+  if (!refused.empty())
+    st.checkpoint_note =
+        usable.empty() ? fmt::format("none verifies: {}", reasons) : fmt::format("newer ones skipped: {}", reasons);
+  if (!candidates.empty()) st.checkpoint = usable;
+}
+
+void read_nodes(const fs::path& dir, RunStatus& st) {
+  auto n = read_json(dir / "nodes.json");
+  if (!n) return;
+  st.have_nodes = true;
+  st.nodes_time_ms = get_or<int64_t>(*n, "time_ms", 0);
+  st.nodes_round = get_or<int>(*n, "round", 0);
+  if (n->contains("nodes") && (*n)["nodes"].is_array())
+    for (const json& x : (*n)["nodes"]) {
+      if (!x.is_object()) continue;
+      NodeHealth h;
+      h.node = get_or<int>(x, "node", 0);
+      h.host = get_or<std::string>(x, "host", "");
+      h.heartbeat_age_s = get_or<double>(x, "heartbeat_age_s", -1.0);
+      h.state = get_or<std::string>(x, "state", "");
+      h.first_rank = get_or<int>(x, "first_rank", -1);
+      h.num_ranks = get_or<int>(x, "num_ranks", 0);
+      st.nodes.push_back(std::move(h));
     }
-    std::string reasons;
-    for (const auto& r : refused) reasons += (reasons.empty() ? "" : "; ") + r;
-    if (!refused.empty())
-      st.checkpoint_note =
-          usable.empty() ? fmt::format("none verifies: {}", reasons) : fmt::format("newer ones skipped: {}", reasons);
-    if (!candidates.empty()) st.checkpoint = usable;
-  }
+  st.straggler_factor = get_or<double>(*n, "straggler_factor", 0.0);
+  st.straggler_window = get_or<int>(*n, "straggler_window", 0);
+}
 
-  if (auto n = read_json(dir / "nodes.json")) {
-    st.have_nodes = true;
-    st.nodes_time_ms = get_or<int64_t>(*n, "time_ms", 0);
-    st.nodes_round = get_or<int>(*n, "round", 0);
-    if (n->contains("nodes") && (*n)["nodes"].is_array())
-      for (const json& x : (*n)["nodes"]) {
-        if (!x.is_object()) continue;
-        NodeHealth h;
-        h.node = get_or<int>(x, "node", 0);
-        h.host = get_or<std::string>(x, "host", "");
-        h.heartbeat_age_s = get_or<double>(x, "heartbeat_age_s", -1.0);
-        h.state = get_or<std::string>(x, "state", "");
-        h.first_rank = get_or<int>(x, "first_rank", -1);
-        h.num_ranks = get_or<int>(x, "num_ranks", 0);
-        st.nodes.push_back(std::move(h));
-      }
-    st.straggler_factor = get_or<double>(*n, "straggler_factor", 0.0);
-    st.straggler_window = get_or<int>(*n, "straggler_window", 0);
+// The launcher's straggler rule over the records (a record of another world size, a
+// later round's, starts it over); hosts from the latest round's placement.
+void flag_stragglers(RunStatus& st, const RecordTimes& rank_times) {
+  if (st.straggler_factor <= 1.0 || st.straggler_window <= 0 || rank_times.empty()) return;
+  StragglerDetector det(st.straggler_factor, st.straggler_window);
+  for (const auto& [compute, comm] : rank_times) det.add(compute, comm);
+  for (const Straggler& x : det.flagged()) {
+    StragglerFlag f{x.rank, "?", x.compute_ms, x.median_ms, x.ratio, x.records};
+    for (const NodeHealth& h : st.nodes)
+      if (h.first_rank >= 0 && x.rank >= h.first_rank && x.rank < h.first_rank + h.num_ranks) f.host = h.host;
+    st.stragglers.push_back(std::move(f));
   }
+}
 
-  // The launcher's straggler rule over the records (a record of another world size, a
-  // later round's, starts it over); hosts from the latest round's placement.
-  if (st.straggler_factor > 1.0 && st.straggler_window > 0 && !rank_times.empty()) {
-    StragglerDetector det(st.straggler_factor, st.straggler_window);
-    for (const auto& [compute, comm] : rank_times) det.add(compute, comm);
-    for (const Straggler& x : det.flagged()) {
-      StragglerFlag f{x.rank, "?", x.compute_ms, x.median_ms, x.ratio, x.records};
-      for (const NodeHealth& h : st.nodes)
-        if (h.first_rank >= 0 && x.rank >= h.first_rank && x.rank < h.first_rank + h.num_ranks) f.host = h.host;
-      st.stragglers.push_back(std::move(f));
-    }
-  }
-
+// The run's state from its launcher (or `dtrain run` rank 0) and its last event.
+void decide_state(RunStatus& st, int64_t ext_pid_start) {
   if (!st.started_by.empty()) {
     // Rank 0 of dtrain run is alive exactly while its round runs.
     st.launcher_remote = !st.launcher_host.empty() && st.launcher_host != this_host();
     st.launcher_alive = false;
-    if (last_event == "round_start" && !st.launcher_remote)
+    if (st.last_event == "round_start" && !st.launcher_remote)
       st.launcher_alive = owner_alive(st.launcher_pid, ext_pid_start);
   }
-  st.last_event = last_event;
+  const std::string& last_event = st.last_event;
   if (st.launcher_alive) st.state = RunState::RUNNING;
   else if (last_event == "finished") st.state = RunState::FINISHED;
   else if (last_event == "failure")
@@ -455,31 +484,58 @@ RunStatus status_read(const std::string& run_dir, const CheckpointProblem& check
   else if (last_event == "round_start" || last_event == "round_not_started")
     st.state = st.launcher_remote ? RunState::RUNNING : RunState::LOST;
   else st.state = RunState::NOT_STARTED;
+}
+
+}  // namespace
+
+RunStatus status_read(const std::string& run_dir, const CheckpointProblem& checkpoint_problem) {
+  const fs::path dir(run_dir);
+  require_run_dir(dir, run_dir);
+  RunStatus st;
+  st.run_dir = run_dir;
+  read_launcher(dir, st);
+  const int64_t ext_pid_start = read_events(dir, st);
+  const RecordTimes rank_times = read_metrics(dir, st);
+  st.resources = resource_read(dir.string());
+  read_latest(dir, st);
+  pick_resume_checkpoint(dir, st, checkpoint_problem);
+  read_nodes(dir, st);
+  flag_stragglers(st, rank_times);
+  decide_state(st, ext_pid_start);
   return st;
 }
 
-std::string status_format(const RunStatus& st, int64_t now_ms) {
+namespace {
+
+// The status report being written: rows of "key  value" and indented detail lines.
+struct StatusText {
+  const RunStatus& st;
+  int64_t now_ms;
   std::string out;
-  auto row = [&](const char* key, const std::string& value) { out += fmt::format("{:<11}{}\n", key, value); };
-  auto ago = [&](int64_t t) { return duration(static_cast<double>(now_ms - t) / 1000.0); };
 
-  row("run", st.job_id.empty() ? st.run_dir : fmt::format("{} (job {})", st.run_dir, st.job_id));
+  void row(const char* key, const std::string& value) { out += fmt::format("{:<11}{}\n", key, value); }
+  std::string ago(int64_t t) const { return duration(static_cast<double>(now_ms - t) / 1000.0); }
+};
 
+// `dtrain resume` only where there is a checkpoint to continue from: after a "no usable
+// checkpoint" failure (exit 7) it would fail the same way, and without any checkpoint
+// it starts again from step 0.
+std::string next_step(const RunStatus& st, int exit_code) {
+  if (exit_code == static_cast<int>(Exit::CHECKPOINT))
+    return fmt::format(
+        "no usable checkpoint under {}/checkpoints (the failure says why each one was refused): "
+        "set the damaged ones aside, or start a new run with dtrain launch --output-dir DIR",
+        st.run_dir);
+  if (st.checkpoint.empty())
+    return fmt::format("no usable checkpoint to continue from{}: dtrain resume {} would start again from step 0",
+                       st.checkpoint_note.empty() ? "" : " (" + st.checkpoint_note + ")", st.run_dir);
+  return fmt::format("continue with: dtrain resume {} (from {})", st.run_dir, st.checkpoint);
+}
+
+// The "state" row: the state, who runs it or how it ended, and what to do next.
+std::string state_text(const StatusText& t) {
+  const RunStatus& st = t.st;
   std::string state = run_state_name(st.state);
-  // `dtrain resume` only where there is a checkpoint to continue from: after a "no usable
-  // checkpoint" failure (exit 7) it would fail the same way, and without any checkpoint
-  // it starts again from step 0.
-  auto next_step = [&](int exit_code) -> std::string {
-    if (exit_code == static_cast<int>(Exit::CHECKPOINT))
-      return fmt::format(
-          "no usable checkpoint under {}/checkpoints (the failure says why each one was refused): "
-          "set the damaged ones aside, or start a new run with dtrain launch --output-dir DIR",
-          st.run_dir);
-    if (st.checkpoint.empty())
-      return fmt::format("no usable checkpoint to continue from{}: dtrain resume {} would start again from step 0",
-                         st.checkpoint_note.empty() ? "" : " (" + st.checkpoint_note + ")", st.run_dir);
-    return fmt::format("continue with: dtrain resume {} (from {})", st.run_dir, st.checkpoint);
-  };
   switch (st.state) {
     case RunState::RUNNING:
       if (!st.started_by.empty())
@@ -489,20 +545,20 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
         state += fmt::format(": launcher on {} (pid {}; liveness not checkable from this host)", st.launcher_host,
                              st.launcher_pid);
       else state += fmt::format(": launcher pid {} on {}", st.launcher_pid, st.launcher_host);
-      if (st.started_ms > 0) state += fmt::format(", started {} ago", ago(st.started_ms));
+      if (st.started_ms > 0) state += fmt::format(", started {} ago", t.ago(st.started_ms));
       if (st.last_event == "failure" && st.failures.back().retry) state += "; restarting after a failure";
       break;
-    case RunState::FINISHED: state += fmt::format(" {} ago", ago(st.last_event_ms)); break;
+    case RunState::FINISHED: state += fmt::format(" {} ago", t.ago(st.last_event_ms)); break;
     case RunState::FAILED:
     case RunState::INTERRUPTED:
       if (!st.started_by.empty())
         state += fmt::format(
             " {} ago (exit code {}); {} restarts the processes (or start them again): they "
             "resume from the latest complete checkpoint",
-            ago(st.last_event_ms), st.failures.back().exit_code, st.started_by);
+            t.ago(st.last_event_ms), st.failures.back().exit_code, st.started_by);
       else
-        state += fmt::format(" {} ago (exit code {}); {}", ago(st.last_event_ms), st.failures.back().exit_code,
-                             next_step(st.failures.back().exit_code));
+        state += fmt::format(" {} ago (exit code {}); {}", t.ago(st.last_event_ms), st.failures.back().exit_code,
+                             next_step(st, st.failures.back().exit_code));
       break;
     case RunState::LOST:
       if (!st.started_by.empty()) {
@@ -516,82 +572,92 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
       state += fmt::format(
           ": the launcher (pid {} on {}) is gone without a final event (killed, or it could not "
           "write events.jsonl: see its output); {}",
-          st.launcher_pid, st.launcher_host.empty() ? "?" : st.launcher_host, next_step(0));
+          st.launcher_pid, st.launcher_host.empty() ? "?" : st.launcher_host, next_step(st, 0));
       break;
     case RunState::NOT_STARTED: break;
   }
-  row("state", state);
+  return state;
+}
 
+// Progress, checkpoint, and the rounds: restarts, failures, resumes, resizes, membership.
+void history_rows(StatusText& t) {
+  const RunStatus& st = t.st;
+  std::string& out = t.out;
   if (st.last_step) {
     std::string p = fmt::format("step {}, loss {:.4f}", *st.last_step, st.last_loss);
     if (st.tokens_per_s > 0) p += fmt::format(", {} tokens/s", rate(st.tokens_per_s));
     if (st.last_eval_step) p += fmt::format("; eval_loss {:.4f} at step {}", st.last_eval_loss, *st.last_eval_step);
-    row("progress", p);
+    t.row("progress", p);
   } else {
-    row("progress", "no training step logged yet");
+    t.row("progress", "no training step logged yet");
   }
 
   if (!st.checkpoint.empty())
-    row("checkpoint", st.checkpoint_note.empty() ? st.checkpoint : st.checkpoint + " (" + st.checkpoint_note + ")");
-  else row("checkpoint", st.checkpoint_note.empty() ? "none" : "none (" + st.checkpoint_note + ")");
+    t.row("checkpoint", st.checkpoint_note.empty() ? st.checkpoint : st.checkpoint + " (" + st.checkpoint_note + ")");
+  else t.row("checkpoint", st.checkpoint_note.empty() ? "none" : "none (" + st.checkpoint_note + ")");
 
   std::string restarts = std::to_string(st.restarts);
   if (st.rounds_not_started > 0)
     restarts += fmt::format(" ({} round(s) could not start: no node ran)", st.rounds_not_started);
-  row("restarts", restarts);
+  t.row("restarts", restarts);
   for (const auto& f : st.failures) {
     std::string who = f.node ? fmt::format("node {}: ", *f.node) : "";
-    out +=
-        fmt::format("  round {} {} {} ago: {}{}{}\n", f.round, f.started ? "failed" : "could not start", ago(f.time_ms),
-                    who, f.why, f.exit_code != 0 ? fmt::format(" [exit code {}]", f.exit_code) : std::string());
+    out += fmt::format("  round {} {} {} ago: {}{}{}\n", f.round, f.started ? "failed" : "could not start",
+                       t.ago(f.time_ms), who, f.why,
+                       f.exit_code != 0 ? fmt::format(" [exit code {}]", f.exit_code) : std::string());
   }
-  if (st.resumes > 0) row("resumes", fmt::format("{} (later launches by dtrain resume)", st.resumes));
+  if (st.resumes > 0) t.row("resumes", fmt::format("{} (later launches by dtrain resume)", st.resumes));
 
   if (st.resizes > 0)
-    row("resizes", fmt::format("{} (rounds stopped at a checkpoint to take a host back)", st.resizes));
+    t.row("resizes", fmt::format("{} (rounds stopped at a checkpoint to take a host back)", st.resizes));
   if (!st.membership.empty()) {
-    row("membership", fmt::format("{} change(s) of the elastic job's nodes", st.membership.size()));
+    t.row("membership", fmt::format("{} change(s) of the elastic job's nodes", st.membership.size()));
     for (const auto& m : st.membership) {
       std::string hosts;
       for (const auto& h : m.hosts) hosts += (hosts.empty() ? "" : " ") + h;
       if (!m.problem.empty())
-        out += fmt::format("  round {} ({} ago): cannot run: {}\n", m.round, ago(m.time_ms), m.problem);
+        out += fmt::format("  round {} ({} ago): cannot run: {}\n", m.round, t.ago(m.time_ms), m.problem);
       else
-        out += fmt::format("  round {} ({} ago): {} node(s), {} rank(s): {}\n", m.round, ago(m.time_ms), m.hosts.size(),
-                           m.world_size, hosts);
+        out += fmt::format("  round {} ({} ago): {} node(s), {} rank(s): {}\n", m.round, t.ago(m.time_ms),
+                           m.hosts.size(), m.world_size, hosts);
       for (const auto& c : m.changes) out += fmt::format("    {}\n", c);
       if (!m.batch.empty()) out += fmt::format("    batch: {}\n", m.batch);
     }
   }
+}
 
+// The ranks and nodes now: stragglers, resources, resource alerts, node health.
+void health_rows(StatusText& t) {
+  const RunStatus& st = t.st;
+  std::string& out = t.out;
   if (!st.stragglers.empty()) {
-    row("stragglers", fmt::format("{} rank(s) slower than {:g}x the median for {}+ progress records in a row",
-                                  st.stragglers.size(), st.straggler_factor, st.straggler_window));
+    t.row("stragglers", fmt::format("{} rank(s) slower than {:g}x the median for {}+ progress records in a row",
+                                    st.stragglers.size(), st.straggler_factor, st.straggler_window));
     for (const auto& x : st.stragglers)
       out += fmt::format("  rank {} on {}: compute {:.1f} ms/step, {:.1f}x the median {:.1f} ms ({} records)\n", x.rank,
                          x.host, x.compute_ms, x.ratio, x.median_ms, x.records);
   }
 
   if (!st.resources.empty()) {
-    row("resources", "latest sample of every rank, by node (resources/rank<R>.jsonl, monitor.interval)");
-    out += resource_lines(st.resources, now_ms);
+    t.row("resources", "latest sample of every rank, by node (resources/rank<R>.jsonl, monitor.interval)");
+    out += resource_lines(st.resources, t.now_ms);
   }
   if (!st.resource_alerts.empty()) {
     // The newest few: each is one episode's start, the log keeps them all.
     constexpr size_t kShown = 5;
-    row("alerts", fmt::format("{} resource alert(s) in events.jsonl{}", st.resource_alerts.size(),
-                              st.resource_alerts.size() > kShown ? fmt::format(", the last {}", kShown) : ""));
+    t.row("alerts", fmt::format("{} resource alert(s) in events.jsonl{}", st.resource_alerts.size(),
+                                st.resource_alerts.size() > kShown ? fmt::format(", the last {}", kShown) : ""));
     for (size_t i = st.resource_alerts.size() > kShown ? st.resource_alerts.size() - kShown : 0;
          i < st.resource_alerts.size(); ++i) {
       const auto& a = st.resource_alerts[i];
       out +=
-          fmt::format("  {} ago node{} {} rank {}: {}: {}\n", ago(a.time_ms), a.node, a.host, a.rank, a.alert, a.why);
+          fmt::format("  {} ago node{} {} rank {}: {}: {}\n", t.ago(a.time_ms), a.node, a.host, a.rank, a.alert, a.why);
     }
   }
 
   if (st.have_nodes && !st.nodes.empty()) {
-    const double lag = static_cast<double>(now_ms - st.nodes_time_ms) / 1000.0;
-    row("nodes", fmt::format("round {}, as of {} ago", st.nodes_round, duration(lag)));
+    const double lag = static_cast<double>(t.now_ms - st.nodes_time_ms) / 1000.0;
+    t.row("nodes", fmt::format("round {}, as of {} ago", st.nodes_round, duration(lag)));
     for (const auto& n : st.nodes) {
       // Ended nodes (done / failed / stopped) are written without an age: nothing to say.
       const bool ended = n.state == "done" || n.state == "failed" || n.state == "stopped";
@@ -608,7 +674,17 @@ std::string status_format(const RunStatus& st, int64_t now_ms) {
       out += fmt::format("  node{} {}{} {}\n", n.node, n.host, n.state.empty() ? "" : " " + n.state, hb);
     }
   }
-  return out;
+}
+
+}  // namespace
+
+std::string status_format(const RunStatus& st, int64_t now_ms) {
+  StatusText t{st, now_ms, {}};
+  t.row("run", st.job_id.empty() ? st.run_dir : fmt::format("{} (job {})", st.run_dir, st.job_id));
+  t.row("state", state_text(t));
+  history_rows(t);
+  health_rows(t);
+  return t.out;
 }
 
 std::string status_report(const std::string& run_dir, const CheckpointProblem& checkpoint_problem) {

@@ -402,34 +402,29 @@ json layout_json(const std::vector<ZeroBufferView>& views) {
 }  // namespace
 
 // ----------------------------------------------------------------------------
-std::string checkpoint_save(const std::string& run_dir, const ZeroCheckpointView& view, const TrainState& state,
-                            const CheckpointSaveOptions& opts) {
-  comm::Communicator* comm = view.comm;
-  const int W = view.world, rank = view.rank;
-  const fs::path root = fs::path(run_dir) / "checkpoints";
-  const std::string name = "step" + std::to_string(state.step);
-  const fs::path tmp = root / ("tmp-" + name), final_dir = root / name;
-  const std::string latest_now = read_text((root / "latest").string());
-  // The same step is already the confirmed checkpoint (a save right after resuming),
-  // unless that checkpoint is damaged or was set aside: then it is written again. Every
-  // rank sees the same files, so every rank decides the same.
-  if (latest_now == name && checkpoint_check_sizes(final_dir).empty()) {
-    if (comm) comm->barrier();
-    return final_dir.string();
-  }
-  const mode_t mode = run_dir_mode(run_dir) & (opts.max_mode & 0777);
-  if (rank == 0) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    fs::remove_all(final_dir, ec);  // an unconfirmed earlier attempt at this step
-    fs::create_directories(tmp, ec);
-    DT_ENFORCE(!ec, IoError, "cannot create checkpoint directory {}: {}", tmp.string(), ec.message());
-    fs::permissions(root, static_cast<fs::perms>(mode), ec);
-    fs::permissions(tmp, static_cast<fs::perms>(mode), ec);
-  }
-  if (comm) comm->barrier();
+namespace {
 
-  // ---- this rank's shard: its partition slice of every buffer's master, m and v
+// Rank 0: a fresh tmp-step<k>/ (and no unconfirmed step<k>/ of an earlier attempt), with
+// the run directory's mode.
+void prepare_save_dir(const fs::path& root, const fs::path& tmp, const fs::path& final_dir, mode_t mode) {
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::remove_all(final_dir, ec);  // an unconfirmed earlier attempt at this step
+  fs::create_directories(tmp, ec);
+  DT_ENFORCE(!ec, IoError, "cannot create checkpoint directory {}: {}", tmp.string(), ec.message());
+  fs::permissions(root, static_cast<fs::perms>(mode), ec);
+  fs::permissions(tmp, static_cast<fs::perms>(mode), ec);
+}
+
+struct ShardWritten {
+  uint32_t crc;
+  uint64_t bytes;
+};
+
+// This rank's shard: its partition slice of every buffer's master, m and v, behind a JSON
+// header saying where each lies.
+ShardWritten write_shard(const fs::path& tmp, const ZeroCheckpointView& view, const TrainState& state, mode_t mode) {
+  const int W = view.world, rank = view.rank;
   const auto& views = view.buffers;
   json entries = json::array();
   std::vector<std::pair<const void*, size_t>> data;
@@ -464,46 +459,114 @@ std::string checkpoint_save(const std::string& run_dir, const ZeroCheckpointView
   parts.insert(parts.end(), data.begin(), data.end());
   const std::string shard_name = "rank" + std::to_string(rank) + ".bin";
   const uint32_t crc = file_write((tmp / shard_name).string(), parts, mode);
-  const uint64_t bytes = 16 + head_len + offset;
-  if (opts.fault_hook) opts.fault_hook("shard_written");
+  return {crc, 16 + head_len + offset};
+}
 
-  // ---- every rank confirms its shard (name, size, CRC) to rank 0
+// Every rank confirms its shard (size, CRC) to every other; returns the manifest's "files"
+// (on every rank; rank 0 writes it).
+json confirm_shards(comm::Communicator* comm, int W, const ShardWritten& mine_written) {
   std::vector<float> mine(6), all(static_cast<size_t>(W) * 6);
-  u32_to_f2(crc, mine.data());
-  u32_to_f2(static_cast<uint32_t>(bytes & 0xffffffffu), mine.data() + 2);
-  u32_to_f2(static_cast<uint32_t>(bytes >> 32), mine.data() + 4);
+  u32_to_f2(mine_written.crc, mine.data());
+  u32_to_f2(static_cast<uint32_t>(mine_written.bytes & 0xffffffffu), mine.data() + 2);
+  u32_to_f2(static_cast<uint32_t>(mine_written.bytes >> 32), mine.data() + 4);
   if (comm) comm->all_gather_host(mine.data(), all.data(), 6, DType::F32);
   else all = mine;
+  json files = json::array();
+  for (int r = 0; r < W; ++r) {
+    const float* f = all.data() + static_cast<size_t>(r) * 6;
+    const uint64_t sz = static_cast<uint64_t>(f2_to_u32(f + 2)) | (static_cast<uint64_t>(f2_to_u32(f + 4)) << 32);
+    files.push_back({{"name", "rank" + std::to_string(r) + ".bin"}, {"bytes", sz}, {"crc32c", f2_to_u32(f)}});
+  }
+  return files;
+}
 
-  if (rank == 0) {
-    json files = json::array();
-    for (int r = 0; r < W; ++r) {
-      const float* f = all.data() + static_cast<size_t>(r) * 6;
-      const uint64_t sz = static_cast<uint64_t>(f2_to_u32(f + 2)) | (static_cast<uint64_t>(f2_to_u32(f + 4)) << 32);
-      files.push_back({{"name", "rank" + std::to_string(r) + ".bin"}, {"bytes", sz}, {"crc32c", f2_to_u32(f)}});
+json manifest_json(const ZeroCheckpointView& view, const TrainState& state, const json& files) {
+  json scaler = nullptr;
+  if (state.has_scaler)
+    scaler = {{"scale", state.scaler.scale},
+              {"cur_iter", state.scaler.cur_iter},
+              {"last_overflow_iter", state.scaler.last_overflow_iter},
+              {"cur_hysteresis", state.scaler.cur_hysteresis}};
+  return json{{"format", FORMAT_VERSION},
+              {"step", state.step},
+              {"world_size", view.world},
+              {"zero_stage", view.stage},
+              {"compute_dtype", dtype_name(view.compute_dtype)},
+              {"master_dtype", "float32"},
+              {"optimizer_step", view.step_count},
+              {"scheduler_step", state.scheduler_step},
+              {"loss_scaler", scaler},
+              {"sampler", {{"epoch", state.sampler.epoch}, {"offset", state.sampler.offset}}},
+              {"forward_count", state.forward_count},
+              {"shard_layout", "buffer of n elements: rank r holds [r*ceil(n/W), min((r+1)*ceil(n/W), n))"},
+              {"buffers", layout_json(view.buffers)},
+              {"files", files},
+              {"config_yaml", config_without_cluster_env(state.config_yaml)}};
+}
+
+// Keep the newest keep_last checkpoints that verify (`name`, which every rank just
+// confirmed, always among them). A damaged one is set aside, not counted: keeping it in
+// place of a good older one would leave nothing to fall back to. Directories newer than
+// `step` were never confirmed; loading ignores them and a save at their step replaces
+// them, so they are left alone here.
+void prune_checkpoints(const fs::path& root, const std::string& name, int64_t step, int64_t keep_last) {
+  std::vector<std::pair<int64_t, fs::path>> steps;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string n = e.path().filename().string();
+    if (partial_name(n)) {  // an earlier save that did not complete
+      if (e.is_directory(ec)) fs::remove_all(e.path(), ec);
+      continue;
     }
-    json scaler = nullptr;
-    if (state.has_scaler)
-      scaler = {{"scale", state.scaler.scale},
-                {"cur_iter", state.scaler.cur_iter},
-                {"last_overflow_iter", state.scaler.last_overflow_iter},
-                {"cur_hysteresis", state.scaler.cur_hysteresis}};
-    json manifest{{"format", FORMAT_VERSION},
-                  {"step", state.step},
-                  {"world_size", W},
-                  {"zero_stage", view.stage},
-                  {"compute_dtype", dtype_name(view.compute_dtype)},
-                  {"master_dtype", "float32"},
-                  {"optimizer_step", view.step_count},
-                  {"scheduler_step", state.scheduler_step},
-                  {"loss_scaler", scaler},
-                  {"sampler", {{"epoch", state.sampler.epoch}, {"offset", state.sampler.offset}}},
-                  {"forward_count", state.forward_count},
-                  {"shard_layout", "buffer of n elements: rank r holds [r*ceil(n/W), min((r+1)*ceil(n/W), n))"},
-                  {"buffers", layout_json(view.buffers)},
-                  {"files", files},
-                  {"config_yaml", config_without_cluster_env(state.config_yaml)}};
-    const std::string text = manifest.dump(1);
+    const int64_t k = step_of(n);
+    if (k >= 0 && k <= step && e.is_directory()) steps.emplace_back(k, e.path());
+  }
+  std::sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  const size_t keep = static_cast<size_t>(std::max<int64_t>(1, keep_last));
+  size_t kept = 0;
+  for (const auto& [k, dir] : steps) {
+    if (dir.filename().string() == name) {
+      ++kept;
+      continue;
+    }
+    const std::string why = checkpoint_check_sizes(dir);
+    if (!why.empty()) {
+      const std::string to = checkpoint_set_aside(dir);
+      log_warn("checkpoint {} is damaged ({}); {}", dir.string(), why,
+               to.empty() ? "it could not be renamed and is left in place" : "set aside as " + to);
+      continue;
+    }
+    if (kept < keep) ++kept;
+    else fs::remove_all(dir, ec);
+  }
+}
+
+}  // namespace
+
+std::string checkpoint_save(const std::string& run_dir, const ZeroCheckpointView& view, const TrainState& state,
+                            const CheckpointSaveOptions& opts) {
+  comm::Communicator* comm = view.comm;
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  const std::string name = "step" + std::to_string(state.step);
+  const fs::path tmp = root / ("tmp-" + name), final_dir = root / name;
+  const std::string latest_now = read_text((root / "latest").string());
+  // The same step is already the confirmed checkpoint (a save right after resuming),
+  // unless that checkpoint is damaged or was set aside: then it is written again. Every
+  // rank sees the same files, so every rank decides the same.
+  if (latest_now == name && checkpoint_check_sizes(final_dir).empty()) {
+    if (comm) comm->barrier();
+    return final_dir.string();
+  }
+  const mode_t mode = run_dir_mode(run_dir) & (opts.max_mode & 0777);
+  if (view.rank == 0) prepare_save_dir(root, tmp, final_dir, mode);
+  if (comm) comm->barrier();
+
+  const ShardWritten shard = write_shard(tmp, view, state, mode);
+  if (opts.fault_hook) opts.fault_hook("shard_written");
+  const json files = confirm_shards(comm, view.world, shard);
+
+  if (view.rank == 0) {
+    const std::string text = manifest_json(view, state, files).dump(1);
     file_write((tmp / "manifest.json").string(), {{text.data(), text.size()}}, mode);
     fsync_path(tmp.string());
     rename_durable(tmp.string(), final_dir.string());
@@ -511,41 +574,7 @@ std::string checkpoint_save(const std::string& run_dir, const ZeroCheckpointView
     const std::string lt = (root / "latest.tmp").string();
     file_write(lt, {{name.data(), name.size()}}, mode);
     rename_durable(lt, (root / "latest").string());
-
-    // ---- prune: keep the newest keep_last checkpoints that verify (this one, which every
-    // rank just confirmed, always among them). A damaged one is set aside, not counted:
-    // keeping it in place of a good older one would leave nothing to fall back to.
-    // Directories newer than this step were never confirmed; loading ignores them and a
-    // save at their step replaces them, so they are left alone here.
-    std::vector<std::pair<int64_t, fs::path>> steps;
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(root, ec)) {
-      const std::string n = e.path().filename().string();
-      if (partial_name(n)) {  // an earlier save that did not complete
-        if (e.is_directory(ec)) fs::remove_all(e.path(), ec);
-        continue;
-      }
-      const int64_t k = step_of(n);
-      if (k >= 0 && k <= state.step && e.is_directory()) steps.emplace_back(k, e.path());
-    }
-    std::sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-    const size_t keep = static_cast<size_t>(std::max<int64_t>(1, opts.keep_last));
-    size_t kept = 0;
-    for (const auto& [k, dir] : steps) {
-      if (dir.filename().string() == name) {
-        ++kept;
-        continue;
-      }
-      const std::string why = checkpoint_check_sizes(dir);
-      if (!why.empty()) {
-        const std::string to = checkpoint_set_aside(dir);
-        log_warn("checkpoint {} is damaged ({}); {}", dir.string(), why,
-                 to.empty() ? "it could not be renamed and is left in place" : "set aside as " + to);
-        continue;
-      }
-      if (kept < keep) ++kept;
-      else fs::remove_all(dir, ec);
-    }
+    prune_checkpoints(root, name, state.step, opts.keep_last);
   }
   if (comm) comm->barrier();
   return final_dir.string();

@@ -4,6 +4,7 @@
 #include "bench/bench.h"
 #include "comm/gloo_comm.h"
 #include "core/error.h"
+#include "rank_threads.h"
 
 #include <doctest/doctest.h>
 #include <gloo/rendezvous/hash_store.h>
@@ -62,25 +63,13 @@ SweepResult sweep(int n, const BenchOptions& opts, bool corrupt = false) {
   auto store = std::make_shared<gloo::rendezvous::HashStore>();
   SweepResult res;
   res.rows.resize(n);
-  res.errors.resize(n);
   std::FILE* out = std::tmpfile();
   REQUIRE(out != nullptr);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        comm::GlooOptions go;
-        go.address = "127.0.0.1";
-        go.timeout = std::chrono::milliseconds(20000);
-        std::unique_ptr<Communicator> c = comm::comm_create_gloo(store, r, n, go);
-        if (corrupt) c = std::make_unique<CorruptingComm>(std::move(c));
-        res.rows[r] = bench_run(*c, opts, r == 0 ? out : nullptr);
-      } catch (const std::exception& e) {
-        res.errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  res.errors = test::run_threads(n, [&](int r) {
+    std::unique_ptr<Communicator> c = comm::comm_create_gloo(store, r, n, test::loopback_gloo());
+    if (corrupt) c = std::make_unique<CorruptingComm>(std::move(c));
+    res.rows[r] = bench_run(*c, opts, r == 0 ? out : nullptr);
+  });
   std::rewind(out);
   char buf[4096];
   size_t got;

@@ -5,7 +5,7 @@
 // mismatch not retried (15), DTRAIN_PREFLIGHT=0 and --help-config (16), and the messages
 // of item 21. The SSH halves of 13 and 15 are in hardening_b_ssh_test.cpp.
 #include "cli_harness.h"
-#include "skip.h"
+#include "refusal_harness.h"
 #include "tiny_job.h"
 
 #include <fmt/format.h>
@@ -17,34 +17,6 @@ using namespace dtrain::cli_test;
 namespace fs = std::filesystem;
 
 namespace {
-
-constexpr int kUsage = 2;  // main.cpp footer: 2 usage/config error
-
-std::string bin_or_skip() {
-  std::string b = dtrain_bin();
-  if (b.empty()) ::dtrain::test::skip_test("hardening tests skipped: $DTRAIN_BIN is not set or not executable");
-  return b;
-}
-
-// A temporary directory with the tiny CPU job's config in it.
-struct Tmp {
-  TempDir dir{"dtrain-hardb"};
-  std::string config = dir.path() + "/tiny.yaml";
-  std::string run = dir.path() + "/run";
-  explicit Tmp(int save_steps = 2) { std::ofstream(config) << tiny_cpu_job(save_steps); }
-  std::string path(const std::string& name) const { return dir.path() + "/" + name; }
-};
-
-// Exit 2 at once with every needle in the output: never a crash, a hang or a started round.
-void expect_refused(const RunResult& r, const std::vector<std::string>& needles) {
-  INFO("output:\n" << r.out);
-  REQUIRE(!r.timed_out);
-  CHECK(r.rc == kUsage);
-  for (const auto& n : needles) CHECK_MESSAGE(contains(r.out, n), "missing: " << n);
-  CHECK(!contains(r.out, "bad_alloc"));
-  CHECK(!contains(r.out, "internal error"));
-  CHECK(!contains(r.out, "round 0: starting"));
-}
 
 // `dtrain run` as torchrun would start a lone rank 0 on this host.
 RunResult run_external(const std::string& bin, const std::string& run_dir, std::vector<std::string> extra,
@@ -58,7 +30,7 @@ RunResult run_external(const std::string& bin, const std::string& run_dir, std::
 }
 
 // A finished tiny run with checkpoints step2 and step4 (manifest format as written).
-void train_tiny(const std::string& bin, const Tmp& t) {
+void train_tiny(const std::string& bin, const TinyTmp& t) {
   auto r = run({bin, "launch", "--config", t.config, "--output-dir", t.run, "--master-port", "0"}, {}, 120s);
   INFO(r.out);
   REQUIRE(!r.timed_out);
@@ -67,21 +39,15 @@ void train_tiny(const std::string& bin, const Tmp& t) {
   REQUIRE(fs::exists(t.run + "/checkpoints/step4/manifest.json"));
 }
 
-void edit_manifest(const std::string& path, const std::function<void(nlohmann::json&)>& change) {
-  nlohmann::json m = nlohmann::json::parse(read_text(path));
-  change(m);
-  std::ofstream(path, std::ios::trunc) << m.dump();
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------
 // Item 5
 
 TEST_CASE("item 5: a batch no rank can hold is refused at validation with the key and the numbers") {
-  const std::string bin = bin_or_skip();
+  const std::string bin = bin_or_skip("hardening tests");
   if (bin.empty()) return;
-  Tmp t;
+  TinyTmp t;
   auto dry = [&](std::vector<std::string> sets) {
     std::vector<std::string> argv = {bin, "launch", "--config", t.config, "--output-dir", t.run, "--dry-run"};
     for (auto& s : sets) argv.insert(argv.end(), {"--set", s});
@@ -124,9 +90,9 @@ TEST_CASE("item 5: a batch no rank can hold is refused at validation with the ke
 // Item 6
 
 TEST_CASE("item 6: a mistyped manifest field makes that checkpoint unusable; export and resume fall back") {
-  const std::string bin = bin_or_skip();
+  const std::string bin = bin_or_skip("hardening tests");
   if (bin.empty()) return;
-  Tmp t;
+  TinyTmp t;
   train_tiny(bin, t);
   const std::string man = t.run + "/checkpoints/step4/manifest.json";
   // export takes final/ when there is one: these cases are the run interrupted after its
@@ -170,11 +136,10 @@ TEST_CASE("item 6: a mistyped manifest field makes that checkpoint unusable; exp
 // Item 7
 
 TEST_CASE("item 7: a token_file that is a directory, /dev/zero or a FIFO is a config error at once") {
-  const std::string bin = bin_or_skip();
+  const std::string bin = bin_or_skip("hardening tests");
   if (bin.empty()) return;
-  Tmp t;
-  const std::string fifo = t.path("token.fifo");
-  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  TinyTmp t;
+  const std::string fifo = t.fifo("token.fifo");
   fs::create_directory(t.path("token.dir"));
   const std::vector<std::pair<std::string, std::string>> cases = {
       {t.path("token.dir"), "is a directory"},
@@ -192,29 +157,15 @@ TEST_CASE("item 7: a token_file that is a directory, /dev/zero or a FIFO is a co
 // Item 11
 
 TEST_CASE("item 11: an identity_file that is /dev/zero or a FIFO fails launch and doctor before any connection") {
-  const std::string bin = bin_or_skip();
+  const std::string bin = bin_or_skip("hardening tests");
   if (bin.empty()) return;
-  Tmp t;
-  // TEST-NET-2: never contacted, the check comes first.
-  std::ofstream(t.path("hosts")) << "198.51.100.7 slots=1\n";
-  const std::string fifo = t.path("key.fifo");
-  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  TinyTmp t;
+  const std::string fifo = t.fifo("key.fifo");
   for (const std::string& key : {std::string("/dev/zero"), fifo}) {
     for (const std::string& cmd : {std::string("launch"), std::string("doctor")}) {
       CAPTURE(key);
       CAPTURE(cmd);
-      std::vector<std::string> argv = {bin,
-                                       cmd,
-                                       "--hostfile",
-                                       t.path("hosts"),
-                                       "--output-dir",
-                                       t.run,
-                                       "--set",
-                                       "cluster.ssh.identity_file=" + key,
-                                       "--set",
-                                       "doctor.timeout=5"};
-      if (cmd == "launch") argv.insert(argv.end(), {"--config", t.config, "--master-port", "0"});
-      auto r = run(argv, {}, 60s);
+      auto r = run_unreachable(bin, t, cmd, "cluster.ssh.identity_file=" + key);
       expect_refused(r, {"cluster.ssh.identity_file: " + key + " is not a regular file"});
       MESSAGE(fmt::format("dtrain {} with cluster.ssh.identity_file={}: exit {} after {:.2f} s", cmd, key, r.rc,
                           r.seconds));
@@ -226,9 +177,9 @@ TEST_CASE("item 11: an identity_file that is /dev/zero or a FIFO fails launch an
 // Item 12
 
 TEST_CASE("item 12: a 200,000-host hostfile --dry-run ends promptly with a clear answer") {
-  const std::string bin = bin_or_skip();
+  const std::string bin = bin_or_skip("hardening tests");
   if (bin.empty()) return;
-  Tmp t;
+  TinyTmp t;
   {
     std::ofstream hf(t.path("hosts"));
     for (int i = 0; i < 200000; ++i) hf << fmt::format("10.{}.{}.{} slots=1\n", i >> 16, (i >> 8) & 255, i & 255);
@@ -264,13 +215,12 @@ TEST_CASE("item 12: a 200,000-host hostfile --dry-run ends promptly with a clear
 // Item 13 (this host; the SSH run is in hardening_b_ssh_test.cpp)
 
 TEST_CASE("item 13: cluster.env.set is in no node command line; the ranks still see it") {
-  const std::string bin = bin_or_skip();
+  const std::string bin = bin_or_skip("hardening tests");
   if (bin.empty()) return;
-  Tmp t;
+  TinyTmp t;
   const std::string secret = "s3cr3t-value-'quoted' $HOME";
-  std::ofstream(t.path("hosts")) << "198.51.100.7 slots=1\n";
-  auto d = run({bin, "launch", "--config", t.config, "--hostfile", t.path("hosts"), "--output-dir", t.run, "--dry-run",
-                "--set", "cluster.env.set.MY_SECRET=" + secret},
+  auto d = run({bin, "launch", "--config", t.config, "--hostfile", t.unreachable_hostfile(), "--output-dir", t.run,
+                "--dry-run", "--set", "cluster.env.set.MY_SECRET=" + secret},
                {}, 60s);
   INFO("dry run:\n" << d.out);
   REQUIRE(!d.timed_out);
@@ -312,9 +262,9 @@ TEST_CASE("item 13: cluster.env.set is in no node command line; the ranks still 
 // Item 15 (this host; the preflight's SSH errors are in hardening_b_ssh_test.cpp)
 
 TEST_CASE("item 15: a resume whose model does not match the checkpoint is a config error, not restarted") {
-  const std::string bin = bin_or_skip();
+  const std::string bin = bin_or_skip("hardening tests");
   if (bin.empty()) return;
-  Tmp t;
+  TinyTmp t;
   train_tiny(bin, t);
   auto r = run({bin, "resume", t.run, "--master-port", "0", "--set", "training.max_steps=6", "--set", "model.n_layer=2",
                 "--set", "fault_tolerance.max_retries=2", "--set", "fault_tolerance.retry_delay=1"},
@@ -331,9 +281,9 @@ TEST_CASE("item 15: a resume whose model does not match the checkpoint is a conf
 // Item 16
 
 TEST_CASE("item 16: DTRAIN_PREFLIGHT=0 works and --help-config exists where the unknown-key message points") {
-  const std::string bin = bin_or_skip();
+  const std::string bin = bin_or_skip("hardening tests");
   if (bin.empty()) return;
-  Tmp t;
+  TinyTmp t;
   for (const char* v : {"0", "1", "false"}) {
     CAPTURE(v);
     auto r =
@@ -360,9 +310,9 @@ TEST_CASE("item 16: DTRAIN_PREFLIGHT=0 works and --help-config exists where the 
 // Item 21
 
 TEST_CASE("item 21: no usable checkpoint says why on its failure line, and status does not offer resume") {
-  const std::string bin = bin_or_skip();
+  const std::string bin = bin_or_skip("hardening tests");
   if (bin.empty()) return;
-  Tmp t;
+  TinyTmp t;
   train_tiny(bin, t);
   for (const char* step : {"step2", "step4"})
     std::ofstream(t.run + "/checkpoints/" + step + "/rank0.bin", std::ios::trunc) << "x";
@@ -385,9 +335,9 @@ TEST_CASE("item 21: no usable checkpoint says why on its failure line, and statu
 }
 
 TEST_CASE("item 21: a YAML nesting bomb is 'nesting too deep' with the file and line") {
-  const std::string bin = bin_or_skip();
+  const std::string bin = bin_or_skip("hardening tests");
   if (bin.empty()) return;
-  Tmp t;
+  TinyTmp t;
   std::ofstream(t.path("bomb.yaml")) << "steps_per_print: 1\nbomb: " << std::string(100000, '[') << "\n";
   auto r = run({bin, "launch", "--config", t.path("bomb.yaml"), "--output-dir", t.run, "--dry-run"}, {}, 60s);
   expect_refused(r, {t.path("bomb.yaml") + ":2:", "nesting too deep"});
@@ -399,9 +349,9 @@ TEST_CASE("item 21: a YAML nesting bomb is 'nesting too deep' with the file and 
 }
 
 TEST_CASE("item 21: eval of a plain-text run names the format; a bad cluster.workdir is named as such") {
-  const std::string bin = bin_or_skip();
+  const std::string bin = bin_or_skip("hardening tests");
   if (bin.empty()) return;
-  Tmp t;
+  TinyTmp t;
   const std::string text_dir = fs::path(shipped_data_dir()).parent_path().string() + "/text";
   fs::create_directories(t.run);
   std::string cfg = read_text(fs::path(shipped_data_dir()).parent_path().parent_path().string() + "/tiny-cpu.yaml");

@@ -4,7 +4,7 @@
 // identity file did), and every field of a checkpoint manifest is typed, the tensors of
 // each buffer included, so a damaged one is skipped for the previous complete checkpoint.
 #include "cli_harness.h"
-#include "skip.h"
+#include "refusal_harness.h"
 #include "tiny_job.h"
 
 #include <nlohmann/json.hpp>
@@ -16,42 +16,14 @@
 using namespace dtrain::cli_test;
 namespace fs = std::filesystem;
 
-namespace {
-
-constexpr int kUsage = 2;  // main.cpp footer: 2 usage/config error
-
-std::string bin_or_skip() {
-  std::string b = dtrain_bin();
-  if (b.empty()) ::dtrain::test::skip_test("input file tests skipped: $DTRAIN_BIN is not set or not executable");
-  return b;
-}
-
-struct Tmp {
-  TempDir dir{"dtrain-inputs"};
-  std::string config = dir.path() + "/tiny.yaml";
-  Tmp() { std::ofstream(config) << tiny_cpu_job(2); }
-  std::string path(const std::string& name) const { return dir.path() + "/" + name; }
-};
-
-void edit_manifest(const std::string& path, const std::function<void(nlohmann::json&)>& change) {
-  nlohmann::json m = nlohmann::json::parse(read_text(path));
-  change(m);
-  std::ofstream(path, std::ios::trunc) << m.dump();
-}
-
-}  // namespace
-
 // ---------------------------------------------------------------------------
 // Item 11: the known_hosts file
 
 TEST_CASE("a known_hosts file that is /dev/zero, a FIFO or a directory fails launch and doctor before any connection") {
-  const std::string bin = bin_or_skip();
+  const std::string bin = bin_or_skip("input file tests");
   if (bin.empty()) return;
-  Tmp t;
-  // TEST-NET-2: the check comes before any connection to it.
-  std::ofstream(t.path("hosts")) << "198.51.100.7 slots=1\n";
-  const std::string fifo = t.path("known.fifo");
-  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  TinyTmp t;
+  const std::string fifo = t.fifo("known.fifo");
   fs::create_directory(t.path("known.dir"));
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"/dev/zero", "is not a regular file (a character device)"},
@@ -62,35 +34,17 @@ TEST_CASE("a known_hosts file that is /dev/zero, a FIFO or a directory fails lau
     for (const std::string cmd : {"launch", "doctor"}) {
       CAPTURE(file);
       CAPTURE(cmd);
-      std::vector<std::string> argv = {bin,
-                                       cmd,
-                                       "--hostfile",
-                                       t.path("hosts"),
-                                       "--output-dir",
-                                       t.path("run"),
-                                       "--set",
-                                       "cluster.ssh.known_hosts=" + file,
-                                       "--set",
-                                       "doctor.timeout=5",
-                                       "--set",
-                                       "cluster.ssh.connect_timeout=5"};
-      if (cmd == "launch")
-        argv.insert(argv.end(), {"--config", t.config, "--master-port", "0", "--set", "fault_tolerance.max_retries=0"});
-      auto r = run(argv, {}, 60s);
-      INFO("output:\n" << r.out);
-      REQUIRE(!r.timed_out);  // before: the session read /dev/zero until memory ran out, a FIFO forever
-      CHECK(r.rc == kUsage);
-      CHECK(contains(r.out, "cluster.ssh.known_hosts: " + file + " " + why));
-      CHECK(!contains(r.out, "bad_alloc"));
-      CHECK(!contains(r.out, "round 0: starting"));
+      // Before: the session read /dev/zero until memory ran out, a FIFO forever.
+      expect_refused(run_unreachable(bin, t, cmd, "cluster.ssh.known_hosts=" + file),
+                     {"cluster.ssh.known_hosts: " + file + " " + why});
     }
   }
   // A known_hosts that does not exist yet is still fine (accept-new creates it), and so is
   // /dev/null (ssh's UserKnownHostsFile=/dev/null: no keys): the job gets past validation.
   for (const std::string& file : {t.path("absent/known_hosts"), std::string("/dev/null")}) {
     CAPTURE(file);
-    auto r = run({bin, "launch", "--dry-run", "--hostfile", t.path("hosts"), "--config", t.config, "--output-dir",
-                  t.path("run"), "--set", "cluster.ssh.known_hosts=" + file},
+    auto r = run({bin, "launch", "--dry-run", "--hostfile", t.unreachable_hostfile(), "--config", t.config,
+                  "--output-dir", t.path("run"), "--set", "cluster.ssh.known_hosts=" + file},
                  {}, 60s);
     INFO("output:\n" << r.out);
     REQUIRE(!r.timed_out);
@@ -104,9 +58,9 @@ TEST_CASE("a known_hosts file that is /dev/zero, a FIFO or a directory fails lau
 
 TEST_CASE(
     "a manifest whose tensors or dtypes are mistyped is skipped; export and resume fall back and name the field") {
-  const std::string bin = bin_or_skip();
+  const std::string bin = bin_or_skip("input file tests");
   if (bin.empty()) return;
-  Tmp t;
+  TinyTmp t;
   const std::string trained = t.path("trained");
   {
     auto r = run({bin, "launch", "--config", t.config, "--output-dir", trained, "--master-port", "0"}, {}, 120s);
@@ -173,12 +127,8 @@ TEST_CASE(
         auto& shape = m["buffers"][0]["tensors"][0]["shape"];
         shape = {shape[1], shape[0]};
       });
-    auto r = run({bin, "export", run_dir, "-o", t.path("hf-transposed")}, {}, 60s);
-    INFO("output:\n" << r.out);
-    REQUIRE(!r.timed_out);
-    CHECK(r.rc == kUsage);
-    CHECK(contains(r.out, "tensor 0 is"));
-    CHECK(contains(r.out, "in the checkpoint but"));
+    expect_refused(run({bin, "export", run_dir, "-o", t.path("hf-transposed")}, {}, 60s),
+                   {"tensor 0 is", "in the checkpoint but"});
     CHECK(!fs::exists(t.path("hf-transposed") + "/model.safetensors"));
   }
 }
@@ -187,9 +137,9 @@ TEST_CASE(
 // Item 21: status offers a resume only from a checkpoint the load would take
 
 TEST_CASE("dtrain status names the checkpoint a resume would load, and offers none when no manifest verifies") {
-  const std::string bin = bin_or_skip();
+  const std::string bin = bin_or_skip("input file tests");
   if (bin.empty()) return;
-  Tmp t;
+  TinyTmp t;
   const std::string run_dir = t.path("run");
   {
     auto r = run({bin, "launch", "--config", t.config, "--output-dir", run_dir, "--master-port", "0"}, {}, 120s);
@@ -225,10 +175,10 @@ TEST_CASE("dtrain status names the checkpoint a resume would load, and offers no
 
 TEST_CASE(
     "dtrain status on events.jsonl records whose round, time_ms or exit_code is not an integer: exit 3, file:line") {
-  const std::string bin = bin_or_skip();
+  const std::string bin = bin_or_skip("input file tests");
   if (bin.empty()) return;
   constexpr int kIo = 3;  // main.cpp footer: 3 I/O error
-  Tmp t;
+  TinyTmp t;
   const std::string run_dir = t.path("run");
   fs::create_directories(run_dir);
   std::ofstream(run_dir + "/config.yaml") << tiny_cpu_job(2);
@@ -263,23 +213,20 @@ TEST_CASE(
 // Item 7's sibling: the hostfile
 
 TEST_CASE("--hostfile naming a FIFO nothing writes to or /dev/zero is exit 2 at once; a written pipe still works") {
-  const std::string bin = bin_or_skip();
+  const std::string bin = bin_or_skip("input file tests");
   if (bin.empty()) return;
-  Tmp t;
-  const std::string fifo = t.path("hosts.fifo");
-  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  TinyTmp t;
+  const std::string fifo = t.fifo("hosts.fifo");
   const std::vector<std::pair<std::string, std::string>> cases = {
       {fifo, "is a FIFO or pipe that gave no data"},  // before: blocked in open() for ever
       {"/dev/zero", "it is a device, not a file or a pipe"},
   };
   for (const auto& [file, why] : cases) {
     CAPTURE(file);
-    auto r = run({bin, "launch", "--dry-run", "--config", t.config, "--hostfile", file, "--output-dir", t.path("run")},
-                 {}, 60s);
-    INFO("output:\n" << r.out);
-    REQUIRE(!r.timed_out);
-    CHECK(r.rc == kUsage);
-    CHECK(contains(r.out, why));
+    expect_refused(
+        run({bin, "launch", "--dry-run", "--config", t.config, "--hostfile", file, "--output-dir", t.path("run")}, {},
+            60s),
+        {why});
   }
   // bash's process substitution hands over a pipe with its writer: read as before.
   if (::access("/bin/bash", X_OK) != 0) return;

@@ -7,6 +7,7 @@
 // remounted read-only first, so a binary that failed to refuse could not write into the
 // real / (and its /proc is the namespace's own). Skipped without root or unshare(1).
 #include "cli_harness.h"
+#include "rundir_harness.h"
 #include "skip.h"
 #include "tiny_job.h"
 
@@ -36,12 +37,6 @@ std::string dir_snapshot(const std::string& dir) {
   return out;
 }
 
-struct Scratch {
-  TempDir tmp{"dtrain-adopt"};
-  std::string config = tmp.path() + "/tiny.yaml";
-  Scratch() { std::ofstream(config) << tiny_cpu_job(2); }  // 4 steps, a checkpoint every 2
-};
-
 }  // namespace
 
 TEST_CASE("system paths are refused before anything is touched (inside a throwaway namespace with / read-only)") {
@@ -52,7 +47,7 @@ TEST_CASE("system paths are refused before anything is touched (inside a throwaw
   shell("unshare --mount --pid --fork --mount-proc true 2>/dev/null", &rc);
   if (rc != 0) return ::dtrain::test::skip_test("unshare --mount --pid --mount-proc is not permitted here: skipping");
 
-  Scratch s;
+  RunDirScratch s("dtrain-adopt");
   const std::string scratch = s.tmp.path() + "/scratch";  // a tmpfs inside the namespace
   fs::create_directories(scratch);
   // Each case: the mode and listing before and after, and the launch's exit code and output.
@@ -118,7 +113,7 @@ echo DONE
 TEST_CASE("a non-empty directory that is not a dtrain run is refused, its mode and contents unchanged") {
   const std::string bin = dtrain_bin();
   if (bin.empty()) return ::dtrain::test::skip_test("DTRAIN_BIN not set: skipping");
-  Scratch s;
+  RunDirScratch s("dtrain-adopt");
   const std::string u = s.tmp.path() + "/u";
   fs::create_directories(u + "/sub");
   std::ofstream(u + "/config.yaml") << "mine\n";
@@ -130,14 +125,8 @@ TEST_CASE("a non-empty directory that is not a dtrain run is refused, its mode a
     std::vector<std::string> argv{bin, cmd == "run" ? "run" : "launch", "--config", s.config, "--output-dir", u};
     if (cmd != "run") argv.insert(argv.end(), {"--master-port", "0"});
     if (cmd == "dry-run") argv.push_back("--dry-run");
-    const std::string token = s.tmp.path() + "/token";
-    std::ofstream(token) << "adopt-test-token-0123456789abcdef\n";
-    ::chmod(token.c_str(), 0600);
-    if (cmd == "run") argv.insert(argv.end(), {"--set", "cluster.rendezvous.token_file=" + token});
-    const int port = 41000 + static_cast<int>(::getpid() % 20000);
-    RunResult r = run(
-        argv, {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}},
-        60s);
+    if (cmd == "run") argv.insert(argv.end(), {"--set", "cluster.rendezvous.token_file=" + s.token});
+    RunResult r = run(argv, lone_rank_env(), 60s);
     INFO(r.out);
     REQUIRE(!r.timed_out);
     CHECK(r.rc == 2);
@@ -150,19 +139,11 @@ TEST_CASE("a non-empty directory that is not a dtrain run is refused, its mode a
 TEST_CASE("an empty directory dtrain did not create keeps its mode; a run of an older dtrain still resumes") {
   const std::string bin = dtrain_bin();
   if (bin.empty()) return ::dtrain::test::skip_test("DTRAIN_BIN not set: skipping");
-  Scratch s;
+  RunDirScratch s("dtrain-adopt");
   // Empty, 1777 (a shared scratch directory): adopted, its mode left as it is.
-  const std::string shared = s.tmp.path() + "/shared";
-  fs::create_directories(shared);
-  ::chmod(shared.c_str(), 01777);
+  const std::string shared = s.shared_1777();
   RunResult r = run({bin, "launch", "--config", s.config, "--output-dir", shared, "--master-port", "0"}, {}, 120s);
-  INFO(r.out);
-  REQUIRE(!r.timed_out);
-  CHECK(r.rc == 0);
-  CHECK(mode_of(shared) == 01777);
-  CHECK(contains(r.out, "dtrain did not create it, so it leaves its mode as it is"));
-  CHECK(contains(read_text(shared + "/.dtrain-run"), "\"created\":false"));
-  CHECK(mode_of(shared + "/config.yaml") == 0600);  // its files are still private
+  expect_adopted(r, shared);
 
   // Created by dtrain: its mode is dtrain's, and the marker says so.
   const std::string fresh = s.tmp.path() + "/fresh";
@@ -189,7 +170,7 @@ TEST_CASE("an empty directory dtrain did not create keeps its mode; a run of an 
 TEST_CASE("--output-dir '' is a usage error, not the config's output_dir") {
   const std::string bin = dtrain_bin();
   if (bin.empty()) return ::dtrain::test::skip_test("DTRAIN_BIN not set: skipping");
-  Scratch s;
+  RunDirScratch s("dtrain-adopt");
   const std::string cfg_dir = s.tmp.path() + "/from-config";
   for (const std::string cmd : {"launch", "run"}) {
     CAPTURE(cmd);
@@ -206,29 +187,17 @@ TEST_CASE("--output-dir '' is a usage error, not the config's output_dir") {
 TEST_CASE("dtrain run on the run directory of a live dtrain launch is refused; the launch's files are untouched") {
   const std::string bin = dtrain_bin();
   if (bin.empty()) return ::dtrain::test::skip_test("DTRAIN_BIN not set: skipping");
-  Scratch s;
-  const std::string run_dir = s.tmp.path() + "/run";
-  Child first({bin, "launch", "--config", s.config, "--output-dir", run_dir, "--master-port", "0", "--set",
-               "training.max_steps=100000", "--set", "training.save_steps=0"});
-  REQUIRE(first.started());
-  REQUIRE_MESSAGE(first.wait_output("round 0:", 60s), first.output());
+  RunDirScratch s("dtrain-adopt");
+  const std::string& run_dir = s.run_dir;
+  LiveLaunch first(bin, s.config, run_dir);
   const std::string config_before = read_text(run_dir + "/config.yaml");
   const std::string events_before = read_text(run_dir + "/events.jsonl");
   REQUIRE(!config_before.empty());
 
-  const std::string token = s.tmp.path() + "/token";
-  std::ofstream(token) << "adopt-test-token-0123456789abcdef\n";
-  ::chmod(token.c_str(), 0600);
-  const int port = 42000 + static_cast<int>(::getpid() % 20000);
-  RunResult r = run(
-      {bin, "run", "--config", s.config, "--output-dir", run_dir, "--set", "model.d_model=64", "--set",
-       "cluster.rendezvous.token_file=" + token},
-      {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}}, 60s);
-  INFO(r.out);
-  REQUIRE(!r.timed_out);
-  CHECK(r.rc == 2);
-  CHECK(contains(r.out, "is in use by another dtrain launcher"));
-  CHECK(contains(r.out, fmt::format("pid {} on host ", first.pid())));
+  expect_lock_refused(run({bin, "run", "--config", s.config, "--output-dir", run_dir, "--set", "model.d_model=64",
+                           "--set", "cluster.rendezvous.token_file=" + s.token},
+                          lone_rank_env(), 60s),
+                      first.pid());
   CHECK(read_text(run_dir + "/config.yaml") == config_before);
   CHECK(read_text(run_dir + "/events.jsonl").substr(0, events_before.size()) == events_before);
   CHECK(!contains(read_text(run_dir + "/events.jsonl"), "\"started_by\""));  // no round of dtrain run's

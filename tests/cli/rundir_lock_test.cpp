@@ -7,7 +7,7 @@
 // refused the same way; and `dtrain run`'s rank 0 removes the checkpoints/tmp-step<k>/ an
 // earlier set's interrupted save left (issue 33, item 23). Local CPU runs, no root needed.
 #include "cli_harness.h"
-#include "external_harness.h"
+#include "rundir_harness.h"
 #include "skip.h"
 #include "tiny_job.h"
 
@@ -18,46 +18,15 @@
 using namespace dtrain::cli_test;
 namespace fs = std::filesystem;
 
-namespace {
-
-struct Scratch {
-  TempDir tmp{"dtrain-rundir-lock"};
-  std::string config = tmp.path() + "/tiny.yaml";
-  std::string token = tmp.path() + "/token";
-  Scratch() {
-    std::ofstream(config) << tiny_cpu_job(2);  // 4 steps, a checkpoint every 2
-    std::ofstream(token) << "rundir-lock-test-token-0123456789abcdef\n";
-    ::chmod(token.c_str(), 0600);
-  }
-};
-
-// A lone `dtrain run` rank 0 (WORLD_SIZE 1) on a free loopback port (the kernel's pick).
-std::map<std::string, std::string> lone_rank_env() {
-  return {{"RANK", "0"},
-          {"WORLD_SIZE", "1"},
-          {"MASTER_ADDR", "127.0.0.1"},
-          {"MASTER_PORT", std::to_string(free_port())}};
-}
-
-}  // namespace
-
 TEST_CASE("dtrain run adopts an empty 1777 directory without changing its mode; its files are private") {
   const std::string bin = dtrain_bin();
   if (bin.empty()) return ::dtrain::test::skip_test("DTRAIN_BIN not set: skipping");
-  Scratch s;
-  const std::string shared = s.tmp.path() + "/shared";
-  fs::create_directories(shared);
-  REQUIRE(::chmod(shared.c_str(), 01777) == 0);
+  RunDirScratch s("dtrain-rundir-lock");
+  const std::string shared = s.shared_1777();
   RunResult r = run(
       {bin, "run", "--config", s.config, "--output-dir", shared, "--set", "cluster.rendezvous.token_file=" + s.token},
       lone_rank_env(), 120s);
-  INFO(r.out);
-  REQUIRE(!r.timed_out);
-  CHECK(r.rc == 0);
-  CHECK(mode_of(shared) == 01777);
-  CHECK(contains(r.out, "dtrain did not create it, so it leaves its mode as it is"));
-  CHECK(contains(read_text(shared + "/.dtrain-run"), "\"created\":false"));
-  CHECK(mode_of(shared + "/config.yaml") == 0600);
+  expect_adopted(r, shared);
   REQUIRE(fs::exists(shared + "/checkpoints/step4/manifest.json"));
   // The checkpoints follow training.run_dir_mode (0700), not the directory's 1777: no
   // other user may replace the weights the next resume loads.
@@ -81,10 +50,8 @@ TEST_CASE("dtrain run adopts an empty 1777 directory without changing its mode; 
 TEST_CASE("a launch into an adopted 1777 directory writes its checkpoints with training.run_dir_mode") {
   const std::string bin = dtrain_bin();
   if (bin.empty()) return ::dtrain::test::skip_test("DTRAIN_BIN not set: skipping");
-  Scratch s;
-  const std::string shared = s.tmp.path() + "/shared";
-  fs::create_directories(shared);
-  REQUIRE(::chmod(shared.c_str(), 01777) == 0);
+  RunDirScratch s("dtrain-rundir-lock");
+  const std::string shared = s.shared_1777();
   RunResult r = run({bin, "launch", "--config", s.config, "--output-dir", shared, "--master-port", "0", "--set",
                      "training.run_dir_mode=0750"},
                     {}, 120s);
@@ -107,12 +74,9 @@ TEST_CASE("a launch into an adopted 1777 directory writes its checkpoints with t
 TEST_CASE("a second launch, resume or dtrain run on a live launch's directory changes nothing, its mode included") {
   const std::string bin = dtrain_bin();
   if (bin.empty()) return ::dtrain::test::skip_test("DTRAIN_BIN not set: skipping");
-  Scratch s;
-  const std::string run_dir = s.tmp.path() + "/run";
-  Child first({bin, "launch", "--config", s.config, "--output-dir", run_dir, "--master-port", "0", "--set",
-               "training.max_steps=100000", "--set", "training.save_steps=0"});
-  REQUIRE(first.started());
-  REQUIRE_MESSAGE(first.wait_output("round 0:", 60s), first.output());
+  RunDirScratch s("dtrain-rundir-lock");
+  const std::string& run_dir = s.run_dir;
+  LiveLaunch first(bin, s.config, run_dir);
   REQUIRE(mode_of(run_dir) == 0700);
   const std::string marker = read_text(run_dir + "/.dtrain-run");
   const std::string config = read_text(run_dir + "/config.yaml");
@@ -131,12 +95,8 @@ TEST_CASE("a second launch, resume or dtrain run on a live launch's directory ch
   };
   for (const auto& [name, argv] : cases) {
     CAPTURE(name);
-    RunResult r = run(argv, name == "run" ? lone_rank_env() : std::map<std::string, std::string>{}, 60s);
-    INFO(r.out);
-    REQUIRE(!r.timed_out);
-    CHECK(r.rc == 2);
-    CHECK(contains(r.out, "is in use by another dtrain launcher"));
-    CHECK(contains(r.out, fmt::format("pid {} on host ", first.pid())));
+    expect_lock_refused(run(argv, name == "run" ? lone_rank_env() : std::map<std::string, std::string>{}, 60s),
+                        first.pid());
     CHECK(mode_of(run_dir) == 0700);
     CHECK(read_text(run_dir + "/.dtrain-run") == marker);
     CHECK(read_text(run_dir + "/config.yaml") == config);
@@ -148,8 +108,8 @@ TEST_CASE("a second launch, resume or dtrain run on a live launch's directory ch
 TEST_CASE("a launch on the directory of a live dtrain run is refused naming it") {
   const std::string bin = dtrain_bin();
   if (bin.empty()) return ::dtrain::test::skip_test("DTRAIN_BIN not set: skipping");
-  Scratch s;
-  const std::string run_dir = s.tmp.path() + "/run";
+  RunDirScratch s("dtrain-rundir-lock");
+  const std::string& run_dir = s.run_dir;
   Child first({bin, "run", "--config", s.config, "--output-dir", run_dir, "--set", "training.max_steps=100000", "--set",
                "training.save_steps=0", "--set", "cluster.rendezvous.token_file=" + s.token},
               lone_rank_env());
@@ -158,14 +118,10 @@ TEST_CASE("a launch on the directory of a live dtrain run is refused naming it")
   const std::string config = read_text(run_dir + "/config.yaml");
   REQUIRE(!config.empty());
 
-  RunResult r = run(
-      {bin, "launch", "--config", s.config, "--output-dir", run_dir, "--master-port", "0", "--set", "model.d_model=64"},
-      {}, 60s);
-  INFO(r.out);
-  REQUIRE(!r.timed_out);
-  CHECK(r.rc == 2);
-  CHECK(contains(r.out, "is in use by another dtrain launcher"));
-  CHECK(contains(r.out, fmt::format("pid {} on host ", first.pid())));
+  expect_lock_refused(run({bin, "launch", "--config", s.config, "--output-dir", run_dir, "--master-port", "0", "--set",
+                           "model.d_model=64"},
+                          {}, 60s),
+                      first.pid());
   CHECK(read_text(run_dir + "/config.yaml") == config);
   CHECK(mode_of(run_dir) == 0700);
   CHECK(first.running());
@@ -175,8 +131,8 @@ TEST_CASE("a launch on the directory of a live dtrain run is refused naming it")
 TEST_CASE("dtrain run removes the tmp-step<k>/ an interrupted save of an earlier set left") {
   const std::string bin = dtrain_bin();
   if (bin.empty()) return ::dtrain::test::skip_test("DTRAIN_BIN not set: skipping");
-  Scratch s;
-  const std::string run_dir = s.tmp.path() + "/run";
+  RunDirScratch s("dtrain-rundir-lock");
+  const std::string& run_dir = s.run_dir;
   const std::vector<std::string> argv{
       bin, "run", "--config", s.config, "--output-dir", run_dir, "--set", "cluster.rendezvous.token_file=" + s.token};
   RunResult r = run(argv, lone_rank_env(), 120s);

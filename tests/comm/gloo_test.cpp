@@ -4,6 +4,7 @@
 #include "comm/buffer.h"
 #include "comm/gloo_comm.h"
 #include "core/error.h"
+#include "rank_threads.h"
 
 #include <doctest/doctest.h>
 #include <gloo/rendezvous/hash_store.h>
@@ -20,38 +21,12 @@
 
 using namespace dtrain;
 using namespace dtrain::comm;
+using dtrain::test::loopback_gloo;
+using dtrain::test::run_gloo_ranks;
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-GlooOptions local_options(std::chrono::milliseconds timeout = std::chrono::milliseconds(20000)) {
-  GlooOptions o;
-  o.address = "127.0.0.1";
-  o.timeout = timeout;
-  return o;
-}
-
-// Runs body(comm) on n threads, one rank each, over a fresh in-memory store. Returns
-// each rank's first failure ("" when it passed); exceptions are failures too.
-std::vector<std::string> run_ranks(int n, const std::function<void(Communicator&)>& body,
-                                   GlooOptions opts = local_options()) {
-  auto store = std::make_shared<gloo::rendezvous::HashStore>();
-  std::vector<std::string> errors(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        auto comm = comm_create_gloo(store, r, n, opts);
-        body(*comm);
-      } catch (const std::exception& e) {
-        errors[r] = std::string("exception: ") + e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
-}
 
 void check_all_passed(const std::vector<std::string>& errors) {
   for (size_t r = 0; r < errors.size(); ++r) {
@@ -104,7 +79,7 @@ const ReduceOp kOps[] = {ReduceOp::SUM, ReduceOp::AVG, ReduceOp::MAX};
 TEST_CASE("gloo allreduce: sum/avg/max on fp32/bf16/fp16, in and out of place, 1-4 ranks") {
   for (int n = 1; n <= 4; ++n) {
     CAPTURE(n);
-    auto errors = run_ranks(n, [n](Communicator& c) {
+    auto errors = run_gloo_ranks(n, [n](Communicator& c) {
       CHECK(c.rank() >= 0);
       std::string err;
       for (size_t count : {size_t{1}, size_t{2}, size_t{37}, size_t{4099}}) {
@@ -134,7 +109,7 @@ TEST_CASE("gloo allreduce: sum/avg/max on fp32/bf16/fp16, in and out of place, 1
 TEST_CASE("gloo allreduce: ring-sized buffers, sum/avg/max on fp32/bf16/fp16, 2-3 ranks") {
   for (int n = 2; n <= 3; ++n) {
     CAPTURE(n);
-    auto errors = run_ranks(n, [n](Communicator& c) {
+    auto errors = run_gloo_ranks(n, [n](Communicator& c) {
       std::string err;
       for (DType t : kDtypes) {
         const size_t count = (size_t{300} << 10) / dtype_size(t) + 7;
@@ -157,7 +132,7 @@ TEST_CASE("gloo allreduce: ring-sized buffers, sum/avg/max on fp32/bf16/fp16, 2-
 
 TEST_CASE("gloo allreduce: a large fp32 buffer (several MiB) over 3 ranks") {
   const size_t count = (size_t{1} << 20) + 3;
-  auto errors = run_ranks(3, [&](Communicator& c) {
+  auto errors = run_gloo_ranks(3, [&](Communicator& c) {
     auto buf = make_input(DType::F32, c.rank(), count);
     c.allreduce(buf.data(), buf.data(), count, DType::F32, ReduceOp::SUM);
     auto err = compare("large allreduce", buf, DType::F32, count,
@@ -170,7 +145,7 @@ TEST_CASE("gloo allreduce: a large fp32 buffer (several MiB) over 3 ranks") {
 TEST_CASE("gloo reduce_scatter: counts not powers of two, in and out of place, 1-4 ranks") {
   for (int n = 1; n <= 4; ++n) {
     CAPTURE(n);
-    auto errors = run_ranks(n, [n](Communicator& c) {
+    auto errors = run_gloo_ranks(n, [n](Communicator& c) {
       std::string err;
       for (size_t rc : {size_t{1}, size_t{5}, size_t{7}, size_t{1001}}) {
         for (DType t : kDtypes) {
@@ -199,7 +174,7 @@ TEST_CASE("gloo reduce_scatter: counts not powers of two, in and out of place, 1
 TEST_CASE("gloo all_gather: every rank's contribution in rank order, in and out of place") {
   for (int n = 1; n <= 4; ++n) {
     CAPTURE(n);
-    auto errors = run_ranks(n, [n](Communicator& c) {
+    auto errors = run_gloo_ranks(n, [n](Communicator& c) {
       std::string err;
       for (size_t sc : {size_t{1}, size_t{5}, size_t{3001}}) {
         for (DType t : kDtypes) {
@@ -225,7 +200,7 @@ TEST_CASE("gloo all_gather: every rank's contribution in rank order, in and out 
 TEST_CASE("gloo broadcast: from every root, in and out of place, including multi-segment") {
   for (int n = 1; n <= 4; ++n) {
     CAPTURE(n);
-    auto errors = run_ranks(n, [n](Communicator& c) {
+    auto errors = run_gloo_ranks(n, [n](Communicator& c) {
       std::string err;
       for (size_t count : {size_t{3}, size_t{300000}}) {  // 300000 fp32 = 3 pipeline segments
         for (int root = 0; root < n; ++root) {
@@ -249,7 +224,7 @@ TEST_CASE("gloo broadcast: from every root, in and out of place, including multi
 TEST_CASE("gloo barrier: nobody leaves before everyone arrived") {
   const int n = 4, rounds = 5;
   std::atomic<int> arrived{0};
-  auto errors = run_ranks(n, [&](Communicator& c) {
+  auto errors = run_gloo_ranks(n, [&](Communicator& c) {
     for (int k = 0; k < rounds; ++k) {
       // The last rank is late every round: a barrier that does not wait lets the others
       // see fewer arrivals than n*(k+1).
@@ -264,7 +239,7 @@ TEST_CASE("gloo barrier: nobody leaves before everyone arrived") {
 }
 
 TEST_CASE("gloo Buffer is host memory and round-trips bytes") {
-  auto errors = run_ranks(1, [](Communicator& c) {
+  auto errors = run_gloo_ranks(1, [](Communicator& c) {
     CHECK_FALSE(c.on_device());
     CHECK(c.device() == -1);
     CHECK(c.backend() == Backend::GLOO);
@@ -292,7 +267,7 @@ TEST_CASE("gloo abort: a collective blocked on a rank that never joins throws Co
   std::atomic<int> done{0};
   std::vector<double> elapsed(n, 0);
   std::vector<std::string> outcome(n);
-  auto errors = run_ranks(
+  auto errors = run_gloo_ranks(
       n,
       [&](Communicator& c) {
         if (c.rank() == n - 1) {
@@ -325,7 +300,7 @@ TEST_CASE("gloo abort: a collective blocked on a rank that never joins throws Co
         c.abort();  // idempotent
         done.fetch_add(1);
       },
-      local_options(timeout));
+      loopback_gloo(timeout));
   check_all_passed(errors);
   for (int r = 0; r < n - 1; ++r) {
     CAPTURE(r);
@@ -339,7 +314,7 @@ TEST_CASE("gloo peer loss: a rank that destroys its communicator fails the other
   std::atomic<bool> gone{false};
   std::atomic<int> connected{0};
   std::string outcome;
-  auto errors = run_ranks(
+  auto errors = run_gloo_ranks(
       2,
       [&](Communicator& c) {
         // Rank 1 leaves only once rank 0 has its mesh too: leaving earlier fails rank 0's
@@ -360,7 +335,7 @@ TEST_CASE("gloo peer loss: a rank that destroys its communicator fails the other
           outcome = "CommError";
         }
       },
-      local_options(std::chrono::milliseconds(15000)));
+      loopback_gloo(std::chrono::milliseconds(15000)));
   check_all_passed(errors);
   CHECK(outcome == "CommError");
 }
@@ -368,7 +343,7 @@ TEST_CASE("gloo peer loss: a rank that destroys its communicator fails the other
 TEST_CASE("gloo timeout: a peer that stays connected but silent surfaces as CommError") {
   std::atomic<bool> finished{false};
   std::string outcome, message;
-  auto errors = run_ranks(
+  auto errors = run_gloo_ranks(
       2,
       [&](Communicator& c) {
         if (c.rank() == 1) {
@@ -386,7 +361,7 @@ TEST_CASE("gloo timeout: a peer that stays connected but silent surfaces as Comm
         }
         finished = true;
       },
-      local_options(std::chrono::milliseconds(500)));
+      loopback_gloo(std::chrono::milliseconds(500)));
   check_all_passed(errors);
   CHECK(outcome == "CommError");
   CHECK(message.find("allreduce") != std::string::npos);
@@ -394,16 +369,16 @@ TEST_CASE("gloo timeout: a peer that stays connected but silent surfaces as Comm
 
 TEST_CASE("gloo options: bad combinations and unknown interfaces are reported") {
   auto store = std::make_shared<gloo::rendezvous::HashStore>();
-  GlooOptions both = local_options();
+  GlooOptions both = loopback_gloo();
   both.interface = "lo";
   CHECK_THROWS_AS(comm_create_gloo(store, 0, 1, both), UsageError);
-  CHECK_THROWS_AS(comm_create_gloo(store, 2, 2, local_options()), UsageError);
-  CHECK_THROWS_AS(comm_create_gloo(nullptr, 0, 1, local_options()), UsageError);
+  CHECK_THROWS_AS(comm_create_gloo(store, 2, 2, loopback_gloo()), UsageError);
+  CHECK_THROWS_AS(comm_create_gloo(nullptr, 0, 1, loopback_gloo()), UsageError);
   GlooOptions bad_iface;
   bad_iface.interface = "dtrain-no-such-if0";
   CHECK_THROWS_AS(comm_create_gloo(store, 0, 1, bad_iface), CommError);
   // A world of 2 where the peer never shows up: bounded by the timeout.
-  CHECK_THROWS_AS(comm_create_gloo(store, 0, 2, local_options(std::chrono::milliseconds(300))), CommError);
+  CHECK_THROWS_AS(comm_create_gloo(store, 0, 2, loopback_gloo(std::chrono::milliseconds(300))), CommError);
 }
 
 TEST_CASE("reduce op and backend names parse back") {
@@ -426,7 +401,7 @@ TEST_CASE("gloo: creating a communicator ignores SIGPIPE so a dead peer is a Com
   struct sigaction saved {};
   REQUIRE(::sigaction(SIGPIPE, nullptr, &saved) == 0);
   ::signal(SIGPIPE, SIG_DFL);
-  auto errors = run_ranks(1, [](Communicator&) {});
+  auto errors = run_gloo_ranks(1, [](Communicator&) {});
   check_all_passed(errors);
   struct sigaction now {};
   REQUIRE(::sigaction(SIGPIPE, nullptr, &now) == 0);

@@ -4,6 +4,7 @@
 #include "comm/buffer.h"
 #include "comm/nccl_comm.h"
 #include "core/error.h"
+#include "rank_threads.h"
 
 #include <doctest/doctest.h>
 #include <gloo/rendezvous/hash_store.h>
@@ -39,22 +40,11 @@ std::vector<std::string> run_nccl(const std::function<void(Communicator&)>& body
   ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);
   const int n = visible_gpus() >= 2 ? 2 : 1;
   gloo::rendezvous::HashStore store;
-  std::vector<std::string> errors(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        NcclOptions o;
-        o.timeout = std::chrono::milliseconds(60000);
-        auto c = comm_create_nccl(store, r, n, r, o);
-        body(*c);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
+  return test::run_threads(n, [&](int r) {
+    NcclOptions o;
+    o.timeout = std::chrono::milliseconds(60000);
+    body(*comm_create_nccl(store, r, n, r, o));
+  });
 }
 
 float value(int rank, size_t i) { return static_cast<float>(static_cast<int>((i * 5 + rank * 3) % 9) - 4); }
