@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/version.h"
+#include "rank/external_run.h"
 
 #include <CLI/CLI.hpp>
 
@@ -239,7 +240,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   plot->footer("Example:\n  dtrain plot runs/tiny-sft -o loss.png");
 
-  dtrain::cli::ExternalOptions run_opts;
+  dtrain::rank::ExternalOptions run_opts;
   auto* run_cmd = app.add_subcommand(
       "run",
       "one process of a job started by torchrun, a Kubernetes operator, srun or mpirun (placement from "
@@ -318,7 +319,7 @@ int main(int argc, char** argv) {
   if (run_cmd->parsed())
     return run_guarded([&] {
       check_output_dir(run_cmd, run_opts.output_dir);
-      return dtrain::cli::run_external(run_opts);
+      return dtrain::rank::external_run(run_opts, dtrain::cli::exit_now);
     });
   if (bench_train->parsed())
     return run_guarded([&] {

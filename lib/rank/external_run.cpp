@@ -1,25 +1,27 @@
-// `dtrain run`: one process of a job that torchrun, a Kubernetes operator, srun or mpirun
-// started. Rank 0 hosts the rendezvous store at MASTER_ADDR:MASTER_PORT; every process
-// joins it (waiting for late pods), heartbeats, and trains as a launched rank does. A
-// failing rank reports why; rank 0 turns a failure or a silent rank into the stop key,
-// and every process exits non-zero on it (or on losing the store), so the platform's
-// restart policy starts a new set that resumes from the latest complete checkpoint.
-#include "commands.h"
+// `dtrain run` (external_run.h): one process of a job that torchrun, a Kubernetes
+// operator, srun or mpirun started. Rank 0 hosts the rendezvous store at
+// MASTER_ADDR:MASTER_PORT; every process joins it (waiting for late pods), heartbeats,
+// and trains as a launched rank does. A failing rank reports why; rank 0 turns a failure
+// or a silent rank into the stop key, and every process exits non-zero on it (or on
+// losing the store), so the platform's restart policy starts a new set that resumes from
+// the latest complete checkpoint.
+#include "rank/external_run.h"
 
 #include "config/train_config.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "core/net_address.h"
-#include "launch/external.h"
-#include "launch/external_join.h"
 #include "launch/job.h"
 #include "launch/local_rank_group.h"
 #include "launch/node_command.h"
-#include "launch/rank_context.h"
 #include "launch/run_dir.h"
 #include "launch/run_files.h"
 #include "launch/rank_device.h"
 #include "launch/rank_watch.h"
+#include "rank/external.h"
+#include "rank/external_join.h"
+#include "rank/rank_context.h"
+#include "rank/train_rank.h"
 #include "rendezvous/heartbeat.h"
 #include "rendezvous/store.h"
 #include "report/status.h"
@@ -37,24 +39,24 @@
 #include <optional>
 #include <thread>
 
-namespace dtrain::cli {
+namespace dtrain::rank {
 
 namespace {
 
 using namespace std::chrono_literals;
 
-[[noreturn]] void die(const std::string& why) {
+void die(const ProcessExit& exit_now, const std::string& why) {
   std::fprintf(stderr, "dtrain: error: %s\n", why.c_str());
   std::fflush(stderr);
   std::fflush(stdout);
-  std::_Exit(static_cast<int>(Exit::COMM));
+  exit_now(static_cast<int>(Exit::COMM));
 }
 
 std::string fail_key(int rank) { return fmt::format("fail/rank{}", rank); }
 // Every rank's verdict for training.device (its own GPU), agreed through the store.
 // `timeout` covers the ranks still joining (rank 0's watch stops the job, naming those
 // that never do, join_timeout after it started).
-std::string device_agree(launch::RankContext& ctx, const std::string& choice, const std::string& host,
+std::string device_agree(RankContext& ctx, const std::string& choice, const std::string& host,
                          std::chrono::milliseconds timeout) {
   launch::NodeDeviceVerdict mine =
       launch::node_device_verdict(choice, choice == "cpu" ? 0 : launch::visible_cuda_devices(), {ctx.local_rank}, host);
@@ -92,8 +94,7 @@ extern "C" void on_node_signal(int sig) { g_node_signal = sig; }
 // `dtrain run` under torchrun's variables; the first one to fail stops the others, and
 // SIGINT, SIGTERM or SIGHUP stops them all (exit 128 + the signal, as the default action
 // would report it).
-int run_node(const ExternalOptions& o, const launch::ExternalPlacement& node, const std::string& master_addr,
-             int master_port) {
+int run_node(const ExternalOptions& o, const ExternalPlacement& node, const std::string& master_addr, int master_port) {
   const std::map<std::string, std::string> base = launch::environ_map();
   std::vector<std::string> argv = {launch::self_exe_path(), "run"};
   if (!o.config.empty()) argv.insert(argv.end(), {"--config", o.config});
@@ -105,7 +106,7 @@ int run_node(const ExternalOptions& o, const launch::ExternalPlacement& node, co
   for (int i = 0; i < o.nproc_per_node; ++i) {
     launch::LocalRankSpec r;
     r.argv = argv;
-    r.env = launch::external_local_rank_env(base, node, o.nproc_per_node, i, master_addr, master_port);
+    r.env = external_local_rank_env(base, node, o.nproc_per_node, i, master_addr, master_port);
     r.prefix = fmt::format("[rank{}] ", r.env.at("RANK"));
     r.env_mode = launch::EnvMode::REPLACE;
     specs.push_back(std::move(r));
@@ -135,11 +136,11 @@ int run_node(const ExternalOptions& o, const launch::ExternalPlacement& node, co
 
 }  // namespace
 
-int run_external(const ExternalOptions& o) {
+int external_run(const ExternalOptions& o, const ProcessExit& exit_now) {
   ::signal(SIGPIPE, SIG_IGN);
   config::TrainConfig cfg = load_config(o);
   const std::map<std::string, std::string> env = launch::environ_map();
-  const launch::ExternalPlacement p = launch::external_placement(env);
+  const ExternalPlacement p = external_placement(env);
   std::string master_addr = p.master_addr;
   if (master_addr.empty() && cfg.cluster.rendezvous.address != "auto") master_addr = cfg.cluster.rendezvous.address;
   DT_ENFORCE(!master_addr.empty(), UsageError,
@@ -159,8 +160,8 @@ int run_external(const ExternalOptions& o) {
         "node is this machine; set MASTER_ADDR (or cluster.rendezvous.address) to rank 0's host",
         master_addr, p.launcher, p.nnodes);
   const std::string token =
-      launch::external_token(cfg.cluster.rendezvous.token_file, cfg.cluster.rendezvous.token_env, env, cfg.source);
-  if (o.nproc_per_node > 0) return run_node(o, launch::external_node(p, env), master_addr, master_port);
+      external_token(cfg.cluster.rendezvous.token_file, cfg.cluster.rendezvous.token_env, env, cfg.source);
+  if (o.nproc_per_node > 0) return run_node(o, external_node(p, env), master_addr, master_port);
 
   const std::string host = host_name();
   set_error_context(fmt::format("host={} rank={}", host, p.rank));
@@ -171,7 +172,7 @@ int run_external(const ExternalOptions& o) {
            p.world_size, p.local_rank, p.local_world_size, p.node_rank, p.launcher, p.evidence, master_addr,
            master_port);
 
-  launch::RankContext ctx;
+  RankContext ctx;
   ctx.rank = p.rank;
   ctx.world_size = p.world_size;
   ctx.local_rank = p.local_rank;
@@ -180,7 +181,7 @@ int run_external(const ExternalOptions& o) {
   ctx.nnodes = p.nnodes;
   ctx.master_addr = master_addr;
   ctx.master_port = master_port;
-  ctx.job_id = launch::external_job_id(p.run_id);
+  ctx.job_id = external_job_id(p.run_id);
   ctx.round = 0;
   ctx.run_dir = std::filesystem::absolute(cfg.training.output_dir).string();
   ctx.mode = "train";
@@ -210,31 +211,31 @@ int run_external(const ExternalOptions& o) {
   std::string cannot_host;  // rank 0: why it cannot host the store, when this job's store holds the port
   if (p.rank == 0) {
     try {
-      server = launch::external_store_host(master_addr, master_port, token);
+      server = external_store_host(master_addr, master_port, token);
     } catch (const CommError& e) {
       // The port may be held by this job's own store: a second rank 0 on this host. It
       // joins that store instead, where the claim below refuses it naming both processes
       // (and stops the set, as for a second rank 0 on another node). Anything else on the
       // port does not take this job's token: that error stands.
-      if (!launch::external_store_answers(master_addr, master_port, token)) throw;
+      if (!external_store_answers(master_addr, master_port, token)) throw;
       cannot_host = e.what();
     }
   }
   // Wait for rank 0's store (late pods, DNS not yet there), then connect as a rank does.
-  launch::external_store_wait(master_addr, master_port, token, join_timeout);
-  launch::rank_context_connect(ctx, 30s);
+  external_store_wait(master_addr, master_port, token, join_timeout);
+  rank_context_connect(ctx, 30s);
   // Claim this rank before touching the run directory: a second process with this rank
   // (a second rank 0 on another node reaches the first one's store) is refused here, and
   // records nothing in the first one's run.
   const std::string who = fmt::format("{} (pid {})", host, ::getpid());
-  launch::external_join_claim(*ctx.round_store, p.rank, who, launch::kExternalStopKey, join_timeout);
+  external_join_claim(*ctx.round_store, p.rank, who, kExternalStopKey, join_timeout);
   // Claimed first, yet the port is this job's store's: the other rank 0 is refused by its
   // own claim, and this one cannot host the store.
   if (p.rank == 0 && !server) DT_THROW(CommError, "{}", cannot_host);
   log_info("dtrain run: rank {} joined the job's store at {} as {}", p.rank, ctx.store->endpoint(), who);
-  const std::string config_text = launch::external_config_text(cfg);
+  const std::string config_text = external_config_text(cfg);
   if (p.rank == 0) {
-    launch::external_config_publish(*ctx.round_store, config_text);
+    external_config_publish(*ctx.round_store, config_text);
     // The run directory (shared by every process) records the config this set runs,
     // as under dtrain launch; the checkpoints carry their own copy.
     const mode_t mode = launch::run_dir_mode_parse(cfg.training.run_dir_mode);
@@ -261,19 +262,19 @@ int run_external(const ExternalOptions& o) {
   // Ranks split the node's cores, as under dtrain launch.
   for (const auto& [k, v] : launch::rank_thread_env(p.local_world_size)) ::setenv(k.c_str(), v.c_str(), 0);
 
-  auto hb = launch::rank_heartbeat_start(ctx, hb_interval);
-  std::unique_ptr<launch::ExternalRankZeroWatch> zero_watch;
+  auto hb = rank_heartbeat_start(ctx, hb_interval);
+  std::unique_ptr<ExternalRankZeroWatch> zero_watch;
   if (server)
-    zero_watch = std::make_unique<launch::ExternalRankZeroWatch>(*server, ctx, p.world_size, hb_timeout, join_timeout);
-  launch::ExternalStopWatch stop_watch(ctx, hb_timeout, server.get(), [&](const std::string& why) {
+    zero_watch = std::make_unique<ExternalRankZeroWatch>(*server, ctx, p.world_size, hb_timeout, join_timeout);
+  ExternalStopWatch stop_watch(ctx, hb_timeout, server.get(), [&](const std::string& why) {
     record_failure(why, static_cast<int>(Exit::COMM));
-    die(why);
+    die(exit_now, why);
   });
   int rc = 0;
   try {
     // Bounded by twice join_timeout: a rank may have started up to join_timeout before
     // rank 0, whose watch names the ranks that never join join_timeout after it started.
-    if (p.rank != 0) launch::external_config_check(*ctx.round_store, config_text, p.rank, 2 * join_timeout);
+    if (p.rank != 0) external_config_check(*ctx.round_store, config_text, p.rank, 2 * join_timeout);
     const std::string device = device_agree(ctx, cfg.training.device, host, 2 * join_timeout);
     if (p.rank == 0)
       log_info("dtrain run: {} rank(s) train on {}, collectives: {}", p.world_size, device,
@@ -289,7 +290,7 @@ int run_external(const ExternalOptions& o) {
       const std::string why = fmt::format("rank 0 on {} failed: {}", host, e.what());
       record_failure(why, static_cast<int>(e.exit_code()));
       try {
-        ctx.round_store->set(launch::kExternalStopKey, why);
+        ctx.round_store->set(kExternalStopKey, why);
       } catch (const Error&) {
       }
       for (int i = 0; i < 30 && server->connection_count() > 4; ++i) std::this_thread::sleep_for(100ms);
@@ -313,4 +314,4 @@ int run_external(const ExternalOptions& o) {
   return rc;
 }
 
-}  // namespace dtrain::cli
+}  // namespace dtrain::rank
