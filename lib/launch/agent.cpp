@@ -7,6 +7,7 @@
 #include "core/net_address.h"
 #include "launch/job.h"
 #include "launch/local_rank_group.h"
+#include "launch/local_spawner.h"
 #include "launch/rank_device.h"
 #include "rendezvous/heartbeat.h"
 #include "rendezvous/store.h"
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -302,6 +304,13 @@ int agent_run(const AgentArgs& args, int token_fd, const AgentTiming& timing) {
     }
     std::this_thread::sleep_for(20ms);
   }
+}
+
+int agent_main(const std::vector<std::string>& argv) {
+  ::signal(SIGPIPE, SIG_IGN);
+  spawner_become_subreaper();
+  AgentArgs args = agent_args_parse(argv);
+  return agent_run(args, 0, agent_timing_from_env());
 }
 
 }  // namespace dtrain::launch
