@@ -5,6 +5,7 @@
 #pragma once
 
 #include "core/dtype.h"
+#include "device/kind.h"
 #include "ops/optim.h"
 #include "ops/rope.h"
 
@@ -14,11 +15,6 @@
 #include <string>
 
 namespace dtrain::device {
-
-enum class Kind { CPU, CUDA };
-
-/// "cpu" / "cuda".
-const char* kind_name(Kind k);
 
 /// Every op runs in order on the device's one compute stream (on the CPU: now, on the
 /// calling thread). Activation arguments are `t` (CPU: F32 only, UsageError otherwise);

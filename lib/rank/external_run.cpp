@@ -11,6 +11,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "core/net_address.h"
+#include "device/kind.h"
 #include "launch/job.h"
 #include "launch/local_rank_group.h"
 #include "launch/node_command.h"
@@ -56,8 +57,8 @@ std::string fail_key(int rank) { return fmt::format("fail/rank{}", rank); }
 // Every rank's verdict for training.device (its own GPU), agreed through the store.
 // `timeout` covers the ranks still joining (rank 0's watch stops the job, naming those
 // that never do, join_timeout after it started).
-std::string device_agree(RankContext& ctx, const std::string& choice, const std::string& host,
-                         std::chrono::milliseconds timeout) {
+device::Kind device_agree(RankContext& ctx, const std::string& choice, const std::string& host,
+                          std::chrono::milliseconds timeout) {
   launch::NodeDeviceVerdict mine =
       launch::node_device_verdict(choice, choice == "cpu" ? 0 : launch::visible_cuda_devices(), {ctx.local_rank}, host);
   ctx.round_store->set(fmt::format("device/rank{}", ctx.rank), launch::device_verdict_value(mine, host));
@@ -67,7 +68,7 @@ std::string device_agree(RankContext& ctx, const std::string& choice, const std:
                                                fmt::format("rank {}", r)));
   launch::NodeDeviceVerdict job = launch::rank_device_agree(all);
   DT_ENFORCE(job.problem.empty(), ConfigError, "{}", job.problem);
-  return job.device;
+  return device::kind_parse(job.device, "the device the ranks agreed on");
 }
 
 config::TrainConfig load_config(const ExternalOptions& o) {
@@ -275,10 +276,10 @@ int external_run(const ExternalOptions& o, const ProcessExit& exit_now) {
     // Bounded by twice join_timeout: a rank may have started up to join_timeout before
     // rank 0, whose watch names the ranks that never join join_timeout after it started.
     if (p.rank != 0) external_config_check(*ctx.round_store, config_text, p.rank, 2 * join_timeout);
-    const std::string device = device_agree(ctx, cfg.training.device, host, 2 * join_timeout);
+    const device::Kind device = device_agree(ctx, cfg.training.device, host, 2 * join_timeout);
     if (p.rank == 0)
-      log_info("dtrain run: {} rank(s) train on {}, collectives: {}", p.world_size, device,
-               launch::rank_backend_name(device, p.world_size));
+      log_info("dtrain run: {} rank(s) train on {}, collectives: {}", p.world_size, device::kind_name(device),
+               launch::rank_backend_name(device::kind_name(device), p.world_size));
     rc = train_rank(ctx, *hb, cfg, device);
   } catch (const Error& e) {
     try {

@@ -56,12 +56,12 @@ void test_slow_if_asked(const RankContext& ctx) {
 
 }  // namespace
 
-int train_rank(RankContext& ctx, rendezvous::Heartbeat& hb, config::TrainConfig cfg, const std::string& device_name,
+int train_rank(RankContext& ctx, rendezvous::Heartbeat& hb, config::TrainConfig cfg, device::Kind kind,
                bool launcher_lines) {
   config::config_resolve_batch(cfg, ctx.world_size);
   // Before anything is allocated: this node's CPU ranks share its memory (a CUDA rank's
   // activations are on its GPU, which the launcher cannot see).
-  if (device_name == "cpu")
+  if (kind == device::Kind::CPU)
     config::config_check_batch_memory(
         cfg, ctx.local_world_size, config::config_host_memory_bytes(),
         fmt::format("this machine has {:.1f} GiB of memory for its {} rank(s)",
@@ -79,16 +79,14 @@ int train_rank(RankContext& ctx, rendezvous::Heartbeat& hb, config::TrainConfig 
   };
   // The backend follows the device. Local rank i opens device i of this node's
   // CUDA_VISIBLE_DEVICES.
-  DT_ENFORCE(device_name == "cpu" || device_name == "cuda", UsageError,
-             "the rank's device must be cpu or cuda, got \"{}\"", device_name);
   std::unique_ptr<device::Device> device;
-  if (device_name == "cuda") device = device::cuda_create(ctx.local_rank);
+  if (kind == device::Kind::CUDA) device = device::cuda_create(ctx.local_rank);
   if (ctx.world_size > 1)
     comm = std::make_unique<comm::ActivityCommunicator>(
         rank_comm_create(ctx, device ? comm::Backend::NCCL : comm::Backend::GLOO), publish);
   log_debug("rank {}: device {}, collectives {}", ctx.rank,
             device ? fmt::format("cuda:{}", ctx.local_rank) : std::string("cpu"),
-            launch::rank_backend_name(device_name, ctx.world_size));
+            launch::rank_backend_name(device::kind_name(kind), ctx.world_size));
   train::TrainerEnv env;
   env.device = device.get();
   env.rank = ctx.rank;

@@ -6,6 +6,7 @@
 #include "core/c_escape.h"
 #include "core/check.h"
 #include "core/log.h"
+#include "device/kind.h"
 #include "config/train_config.h"
 #include "launch/agent.h"
 #include "launch/job.h"
@@ -80,7 +81,8 @@ int worker_train(RankContext& ctx, rendezvous::Heartbeat& hb) {
   config::TrainConfig cfg = std::move(loaded.cfg);
   // The agent decided the device before starting us (DTRAIN_DEVICE: cpu or cuda).
   const char* dev_env = std::getenv("DTRAIN_DEVICE");
-  return train_rank(ctx, hb, std::move(cfg), dev_env && *dev_env ? dev_env : "cpu", true);
+  return train_rank(ctx, hb, std::move(cfg), device::kind_parse(dev_env && *dev_env ? dev_env : "cpu", "DTRAIN_DEVICE"),
+                    true);
 }
 
 // DTRAIN_WORKER_PRINT_ENV=NAME,NAME,...: print those variables (C-escaped) plus the
