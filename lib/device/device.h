@@ -218,7 +218,7 @@ Device& cpu();
 /// no device is visible or the index is out of range.
 std::unique_ptr<Device> cuda_create(int index);
 
-/// CUDA devices this process sees (0 in a CPU-only build or without a GPU).
+/// CUDA devices this process sees (0 in a CPU-only build or without a GPU): the one GPU count (discovery.cpp).
 int cuda_count();
 
 /// Throws DeviceError saying why CUDA device `index` cannot be used: a CPU-only build

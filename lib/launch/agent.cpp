@@ -5,6 +5,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "core/net_address.h"
+#include "device/device.h"
 #include "launch/job.h"
 #include "launch/local_rank_group.h"
 #include "launch/local_spawner.h"
@@ -39,7 +40,7 @@ using Clock = std::chrono::steady_clock;
 // nodes without a problem of their own then wait for the launcher's stop.
 std::string agent_decide_device(const AgentArgs& args, const std::string& host, rendezvous::PrefixStore& store,
                                 const std::function<bool()>& stop_asked) {
-  const int visible = args.device == "cpu" ? 0 : visible_cuda_devices();
+  const int visible = args.device == "cpu" ? 0 : device::cuda_count();
   NodeDeviceVerdict mine = node_device_verdict(args.device, visible, args.devices, host);
   std::vector<std::pair<std::string, NodeDeviceVerdict>> all;
   if (args.nnodes == 1 || args.device == "cpu") {

@@ -7,6 +7,7 @@
 #include "core/log.h"
 #include "core/net_address.h"
 #include "core/small_file.h"
+#include "device/device.h"
 #include "launch/local_spawner.h"
 #include "launch/rank_device.h"
 #include "launch/run_dir.h"
@@ -261,7 +262,7 @@ Job job_prepare(const JobRequest& req) {
                "--nproc-per-node applies only without --hostfile (the hostfile's slots=N says it per host)");
     hf = config::hostfile_load(req.hostfile_path);
   } else {
-    int slots = req.nproc_per_node > 0 ? req.nproc_per_node : std::max(1, visible_cuda_devices());
+    int slots = req.nproc_per_node > 0 ? req.nproc_per_node : std::max(1, device::cuda_count());
     hf = config::hostfile_localhost(slots);
   }
   job.hosts = config::hostfile_select(hf, req.selection);
@@ -411,7 +412,7 @@ Job job_prepare(const JobRequest& req) {
       if (!host_is_local(node.host.host)) continue;
       std::vector<int> ids;
       for (const RankInfo& r : node.ranks) ids.push_back(r.device);
-      NodeDeviceVerdict v = node_device_verdict("cuda", visible_cuda_devices(), ids, node.host.destination());
+      NodeDeviceVerdict v = node_device_verdict("cuda", device::cuda_count(), ids, node.host.destination());
       if (v.problem.empty()) continue;
       if (!req.dry_run) DT_THROW(ConfigError, "{}: {}", cfg.source, v.problem);
       if (job.incomplete.empty()) job.incomplete = v.problem;

@@ -11,7 +11,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "core/net_address.h"
-#include "device/kind.h"
+#include "device/device.h"
 #include "launch/job.h"
 #include "launch/local_rank_group.h"
 #include "launch/node_command.h"
@@ -60,7 +60,7 @@ std::string fail_key(int rank) { return fmt::format("fail/rank{}", rank); }
 device::Kind device_agree(RankContext& ctx, const std::string& choice, const std::string& host,
                           std::chrono::milliseconds timeout) {
   launch::NodeDeviceVerdict mine =
-      launch::node_device_verdict(choice, choice == "cpu" ? 0 : launch::visible_cuda_devices(), {ctx.local_rank}, host);
+      launch::node_device_verdict(choice, choice == "cpu" ? 0 : device::cuda_count(), {ctx.local_rank}, host);
   ctx.round_store->set(fmt::format("device/rank{}", ctx.rank), launch::device_verdict_value(mine, host));
   std::vector<std::pair<std::string, launch::NodeDeviceVerdict>> all;
   for (int r = 0; r < ctx.world_size; ++r)

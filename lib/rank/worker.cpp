@@ -6,16 +6,13 @@
 #include "core/c_escape.h"
 #include "core/check.h"
 #include "core/log.h"
-#include "device/kind.h"
+#include "device/device.h"
 #include "config/train_config.h"
 #include "launch/agent.h"
 #include "launch/job.h"
 #include "launch/rank_watch.h"
 #include "rank/rank_context.h"
 #include "rank/train_rank.h"
-#ifdef DTRAIN_HAVE_CUDA
-#include "kernels/device.cuh"
-#endif
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -60,9 +57,7 @@ int worker_bench(RankContext& ctx, const std::function<WorkerBench()>& parse) {
   if (!o.backend.empty()) {
     comm::backend_parse(o.backend, &backend);
   } else {
-#ifdef DTRAIN_HAVE_CUDA
-    if (kernels::device_count() > 0) backend = comm::Backend::NCCL;
-#endif
+    if (device::cuda_count() > 0) backend = comm::Backend::NCCL;
   }
   auto comm = rank_comm_create(ctx, backend);
   auto rows = bench::bench_run(*comm, opts, ctx.rank == 0 ? stdout : nullptr);
