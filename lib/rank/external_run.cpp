@@ -135,13 +135,14 @@ int run_node(const ExternalOptions& o, const ExternalPlacement& node, const std:
   }
 }
 
-}  // namespace
+// Where rank 0's store is: the platform's MASTER_ADDR / MASTER_PORT, else the config's
+// fixed cluster.rendezvous address and port.
+struct StoreTarget {
+  std::string addr;
+  int port = 0;
+};
 
-int external_run(const ExternalOptions& o, const ProcessExit& exit_now) {
-  ::signal(SIGPIPE, SIG_IGN);
-  config::TrainConfig cfg = load_config(o);
-  const std::map<std::string, std::string> env = launch::environ_map();
-  const ExternalPlacement p = external_placement(env);
+StoreTarget store_target(const config::TrainConfig& cfg, const ExternalPlacement& p) {
   std::string master_addr = p.master_addr;
   if (master_addr.empty() && cfg.cluster.rendezvous.address != "auto") master_addr = cfg.cluster.rendezvous.address;
   DT_ENFORCE(!master_addr.empty(), UsageError,
@@ -160,19 +161,11 @@ int external_run(const ExternalOptions& o, const ProcessExit& exit_now) {
         "processes on the other nodes dial their own loopback and cannot reach rank 0's store unless every "
         "node is this machine; set MASTER_ADDR (or cluster.rendezvous.address) to rank 0's host",
         master_addr, p.launcher, p.nnodes);
-  const std::string token =
-      external_token(cfg.cluster.rendezvous.token_file, cfg.cluster.rendezvous.token_env, env, cfg.source);
-  if (o.nproc_per_node > 0) return run_node(o, external_node(p, env), master_addr, master_port);
+  return {master_addr, master_port};
+}
 
-  const std::string host = host_name();
-  set_error_context(fmt::format("host={} rank={}", host, p.rank));
-  const auto hb_interval = launch::seconds_ms(cfg.fault_tolerance.heartbeat_interval);
-  const auto hb_timeout = launch::seconds_ms(cfg.fault_tolerance.heartbeat_timeout);
-  const auto join_timeout = launch::seconds_ms(cfg.cluster.rendezvous.join_timeout);
-  log_info("dtrain run: rank {} of {} (local rank {} of {}, node {}) placed by {} ({}); store {}:{}", p.rank,
-           p.world_size, p.local_rank, p.local_world_size, p.node_rank, p.launcher, p.evidence, master_addr,
-           master_port);
-
+RankContext external_context(const ExternalPlacement& p, const StoreTarget& store, const std::string& token,
+                             const config::TrainConfig& cfg) {
   RankContext ctx;
   ctx.rank = p.rank;
   ctx.world_size = p.world_size;
@@ -180,13 +173,113 @@ int external_run(const ExternalOptions& o, const ProcessExit& exit_now) {
   ctx.local_world_size = p.local_world_size;
   ctx.node_rank = std::min(p.node_rank, p.nnodes - 1);
   ctx.nnodes = p.nnodes;
-  ctx.master_addr = master_addr;
-  ctx.master_port = master_port;
+  ctx.master_addr = store.addr;
+  ctx.master_port = store.port;
   ctx.job_id = external_job_id(p.run_id);
   ctx.round = 0;
   ctx.run_dir = std::filesystem::absolute(cfg.training.output_dir).string();
   ctx.mode = "train";
   ctx.token = token;
+  return ctx;
+}
+
+// Rank 0 hosts the store; every process waits for it, connects and claims its rank.
+// Returns rank 0's server (null for the others).
+std::unique_ptr<rendezvous::StoreServer> store_join(RankContext& ctx, const std::string& host,
+                                                    std::chrono::milliseconds join_timeout) {
+  std::unique_ptr<rendezvous::StoreServer> server;
+  std::string cannot_host;  // rank 0: why it cannot host the store, when this job's store holds the port
+  if (ctx.rank == 0) {
+    try {
+      server = external_store_host(ctx.master_addr, ctx.master_port, ctx.token);
+    } catch (const CommError& e) {
+      // The port may be held by this job's own store: a second rank 0 on this host. It
+      // joins that store instead, where the claim below refuses it naming both processes
+      // (and stops the set, as for a second rank 0 on another node). Anything else on the
+      // port does not take this job's token: that error stands.
+      if (!external_store_answers(ctx.master_addr, ctx.master_port, ctx.token)) throw;
+      cannot_host = e.what();
+    }
+  }
+  // Wait for rank 0's store (late pods, DNS not yet there), then connect as a rank does.
+  external_store_wait(ctx.master_addr, ctx.master_port, ctx.token, join_timeout);
+  rank_context_connect(ctx, 30s);
+  // Claim this rank before touching the run directory: a second process with this rank
+  // (a second rank 0 on another node reaches the first one's store) is refused here, and
+  // records nothing in the first one's run.
+  const std::string who = fmt::format("{} (pid {})", host, ::getpid());
+  external_join_claim(*ctx.round_store, ctx.rank, who, kExternalStopKey, join_timeout);
+  // Claimed first, yet the port is this job's store's: the other rank 0 is refused by its
+  // own claim, and this one cannot host the store.
+  if (ctx.rank == 0 && !server) DT_THROW(CommError, "{}", cannot_host);
+  log_info("dtrain run: rank {} joined the job's store at {} as {}", ctx.rank, ctx.store->endpoint(), who);
+  return server;
+}
+
+// Rank 0's hold on the run directory for this process's life, and its record of the round.
+struct RunRecord {
+  std::optional<launch::RunDirLock> lock;
+  std::unique_ptr<launch::RunFiles> files;
+  int round = 0;
+};
+
+void rank_zero_run_dir(RunRecord& rec, const RankContext& ctx, const config::TrainConfig& cfg,
+                       const ExternalPlacement& p) {
+  // The run directory (shared by every process) records the config this set runs,
+  // as under dtrain launch; the checkpoints carry their own copy.
+  const mode_t mode = launch::run_dir_mode_parse(cfg.training.run_dir_mode);
+  // The launcher's lock, for this process's life: a `dtrain launch` or another set's
+  // rank 0 on the same directory is refused here, before anything is written into it
+  // (an existing directory is adopted, its mode or marker touched, only under the lock).
+  std::string stale;
+  rec.lock.emplace(launch::run_dir_create_locked(ctx.run_dir, mode, &stale));
+  if (!stale.empty()) log_warn("{}", stale);
+  // A save that a crash or a full disk interrupted in an earlier set left
+  // checkpoints/tmp-step<k>/ (no launcher removes it between sets, as between rounds):
+  // it goes before any rank trains, as it may hold the space the next save needs. No
+  // rank of this set saves before it joined rank 0's device agreement.
+  launch::run_dir_remove_partial_checkpoints(ctx.run_dir);
+  launch::run_dir_write_file((std::filesystem::path(ctx.run_dir) / "config.yaml").string(), config::config_to_yaml(cfg),
+                             mode);
+  // The run's record for `dtrain status`: this round, who started it, and how it ends.
+  rec.files = std::make_unique<launch::RunFiles>(ctx.run_dir);
+  for (const report::Event& ev : report::status_external_round_start(ctx.run_dir, p.world_size, p.launcher)) {
+    rec.files->event(ev);
+    rec.round = ev.round;
+  }
+}
+
+// Rank 0 keeps the store up until every rank has said it exited (bounded: 30 s).
+void rank_zero_wait_exits(const rendezvous::StoreServer& server, const RankContext& ctx, int world_size) {
+  for (int i = 0; i < 300; ++i) {
+    int exited = 0;
+    for (const auto& [k, v] : server.entries(ctx.round_store->prefix() + "hb/"))
+      if (k.rfind("rank", 0) == 0 && v.value == launch::kRankBeatExited) ++exited;
+    if (exited >= world_size) break;
+    std::this_thread::sleep_for(100ms);
+  }
+}
+
+}  // namespace
+
+int external_run(const ExternalOptions& o, const ProcessExit& exit_now) {
+  ::signal(SIGPIPE, SIG_IGN);
+  config::TrainConfig cfg = load_config(o);
+  const std::map<std::string, std::string> env = launch::environ_map();
+  const ExternalPlacement p = external_placement(env);
+  const StoreTarget store = store_target(cfg, p);
+  const std::string token =
+      external_token(cfg.cluster.rendezvous.token_file, cfg.cluster.rendezvous.token_env, env, cfg.source);
+  if (o.nproc_per_node > 0) return run_node(o, external_node(p, env), store.addr, store.port);
+
+  const std::string host = host_name();
+  set_error_context(fmt::format("host={} rank={}", host, p.rank));
+  const auto hb_interval = launch::seconds_ms(cfg.fault_tolerance.heartbeat_interval);
+  const auto hb_timeout = launch::seconds_ms(cfg.fault_tolerance.heartbeat_timeout);
+  const auto join_timeout = launch::seconds_ms(cfg.cluster.rendezvous.join_timeout);
+  log_info("dtrain run: rank {} of {} (local rank {} of {}, node {}) placed by {} ({}); store {}:{}", p.rank,
+           p.world_size, p.local_rank, p.local_world_size, p.node_rank, p.launcher, p.evidence, store.addr, store.port);
+  RankContext ctx = external_context(p, store, token, cfg);
 
   // What dtrain launch passes its ranks through the agent: the configured environment
   // (cluster.env.set, never over what the platform set) and the network interface.
@@ -200,65 +293,17 @@ int external_run(const ExternalOptions& o, const ProcessExit& exit_now) {
   // mode, so the files must not rely on it.
   ::umask(~launch::run_dir_mode_parse(cfg.training.run_dir_mode) & 0777);
 
-  std::optional<launch::RunDirLock> run_dir_lock;  // rank 0 only
-  std::unique_ptr<rendezvous::StoreServer> server;
-  std::unique_ptr<launch::RunFiles> files;  // rank 0 only
-  int record_round = 0;
+  RunRecord rec;                      // rank 0 only
   std::atomic<bool> recorded{false};  // one failure event per round, whoever sees it first
   auto record_failure = [&](const std::string& why, int code) {
-    if (files && !recorded.exchange(true))
-      files->event({.kind = report::EventKind::FAILURE, .round = record_round, .why = why, .exit_code = code});
+    if (rec.files && !recorded.exchange(true))
+      rec.files->event({.kind = report::EventKind::FAILURE, .round = rec.round, .why = why, .exit_code = code});
   };
-  std::string cannot_host;  // rank 0: why it cannot host the store, when this job's store holds the port
-  if (p.rank == 0) {
-    try {
-      server = external_store_host(master_addr, master_port, token);
-    } catch (const CommError& e) {
-      // The port may be held by this job's own store: a second rank 0 on this host. It
-      // joins that store instead, where the claim below refuses it naming both processes
-      // (and stops the set, as for a second rank 0 on another node). Anything else on the
-      // port does not take this job's token: that error stands.
-      if (!external_store_answers(master_addr, master_port, token)) throw;
-      cannot_host = e.what();
-    }
-  }
-  // Wait for rank 0's store (late pods, DNS not yet there), then connect as a rank does.
-  external_store_wait(master_addr, master_port, token, join_timeout);
-  rank_context_connect(ctx, 30s);
-  // Claim this rank before touching the run directory: a second process with this rank
-  // (a second rank 0 on another node reaches the first one's store) is refused here, and
-  // records nothing in the first one's run.
-  const std::string who = fmt::format("{} (pid {})", host, ::getpid());
-  external_join_claim(*ctx.round_store, p.rank, who, kExternalStopKey, join_timeout);
-  // Claimed first, yet the port is this job's store's: the other rank 0 is refused by its
-  // own claim, and this one cannot host the store.
-  if (p.rank == 0 && !server) DT_THROW(CommError, "{}", cannot_host);
-  log_info("dtrain run: rank {} joined the job's store at {} as {}", p.rank, ctx.store->endpoint(), who);
+  std::unique_ptr<rendezvous::StoreServer> server = store_join(ctx, host, join_timeout);
   const std::string config_text = external_config_text(cfg);
   if (p.rank == 0) {
     external_config_publish(*ctx.round_store, config_text);
-    // The run directory (shared by every process) records the config this set runs,
-    // as under dtrain launch; the checkpoints carry their own copy.
-    const mode_t mode = launch::run_dir_mode_parse(cfg.training.run_dir_mode);
-    // The launcher's lock, for this process's life: a `dtrain launch` or another set's
-    // rank 0 on the same directory is refused here, before anything is written into it
-    // (an existing directory is adopted, its mode or marker touched, only under the lock).
-    std::string stale;
-    run_dir_lock.emplace(launch::run_dir_create_locked(ctx.run_dir, mode, &stale));
-    if (!stale.empty()) log_warn("{}", stale);
-    // A save that a crash or a full disk interrupted in an earlier set left
-    // checkpoints/tmp-step<k>/ (no launcher removes it between sets, as between rounds):
-    // it goes before any rank trains, as it may hold the space the next save needs. No
-    // rank of this set saves before it joined rank 0's device agreement.
-    launch::run_dir_remove_partial_checkpoints(ctx.run_dir);
-    launch::run_dir_write_file((std::filesystem::path(ctx.run_dir) / "config.yaml").string(),
-                               config::config_to_yaml(cfg), mode);
-    // The run's record for `dtrain status`: this round, who started it, and how it ends.
-    files = std::make_unique<launch::RunFiles>(ctx.run_dir);
-    for (const report::Event& ev : report::status_external_round_start(ctx.run_dir, p.world_size, p.launcher)) {
-      files->event(ev);
-      record_round = ev.round;
-    }
+    rank_zero_run_dir(rec, ctx, cfg, p);
   }
   // Ranks split the node's cores, as under dtrain launch.
   for (const auto& [k, v] : launch::rank_thread_env(p.local_world_size)) ::setenv(k.c_str(), v.c_str(), 0);
@@ -300,17 +345,10 @@ int external_run(const ExternalOptions& o, const ProcessExit& exit_now) {
   }
   stop_watch.disarm();
   hb->finish(launch::kRankBeatExited);
-  if (files) files->event({.kind = report::EventKind::FINISHED, .round = record_round});
+  if (rec.files) rec.files->event({.kind = report::EventKind::FINISHED, .round = rec.round});
   if (server) {
-    // Keep the store up until every rank has said it exited (bounded).
     zero_watch.reset();
-    for (int i = 0; i < 300; ++i) {
-      int exited = 0;
-      for (const auto& [k, v] : server->entries(ctx.round_store->prefix() + "hb/"))
-        if (k.rfind("rank", 0) == 0 && v.value == launch::kRankBeatExited) ++exited;
-      if (exited >= p.world_size) break;
-      std::this_thread::sleep_for(100ms);
-    }
+    rank_zero_wait_exits(*server, ctx, p.world_size);
   }
   return rc;
 }
