@@ -4,6 +4,7 @@
 // the subcommand; DeviceError (exit code 8) for a timed GPU run without a CUDA build or a GPU.
 #include "bench/bench_plan.h"
 #include "bench/bench_train.h"
+#include "device/kind.h"
 
 #include <cstdio>
 #include <string>
@@ -18,7 +19,7 @@ int run_bench_train(const std::string& config_path, const std::vector<std::strin
   o.sets = sets;
   o.steps = steps;
   o.warmup = warmup;
-  o.device = device;
+  o.device = device::kind_parse(device, "--device");
   const std::string out = plan ? bench::bench_plan_format(bench::bench_plan_run(o), json)
                                : bench::bench_train_format(bench::bench_train_run(o), json);
   std::fputs(out.c_str(), stdout);

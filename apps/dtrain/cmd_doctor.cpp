@@ -8,9 +8,7 @@
 #include "doctor/doctor.h"
 #include "doctor/host_probe_doctor.h"
 #include "doctor/node_probe.h"
-#include "launch/job.h"
-#include "launch/local_spawner.h"
-#include "launch/supervisor.h"
+#include "launch/job_run.h"
 
 #include <csignal>
 #include <cstdio>
@@ -23,10 +21,10 @@ int run_doctor(const JobOptions& opts, bool json, bool network) {
   req.require_training = false;
   launch::Job job = launch::job_prepare(req);
   for (const auto& w : job.warnings) log_warn("{}", w);
-  launch::spawner_become_subreaper();
+  launch::NodeSpawner spawner = launch::job_node_spawner(job, opts.launcher);
   doctor::DoctorOptions o;
   o.network = network;
-  doctor::Report rep = doctor::doctor_run(job, launch::node_spawner_for(job.cfg, opts.launcher), o);
+  doctor::Report rep = doctor::doctor_run(job, spawner, o);
   const std::string text = json ? doctor::report_json(rep).dump(2) + "\n" : doctor::report_table(rep);
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fflush(stdout);

@@ -4,13 +4,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
-#include "launch/dry_run.h"
-#include "launch/rank_device.h"
-#include "launch/job.h"
-#include "launch/local_spawner.h"
-#include "launch/slurm.h"
-
-#include <unistd.h>
+#include "launch/job_run.h"
 
 #include <cstdio>
 #include <filesystem>
@@ -48,41 +42,15 @@ launch::JobRequest job_request(const JobOptions& o, const std::string& mode) {
   r.mode = mode;
   r.require_training = (mode == "train");
   r.dry_run = o.dry_run;
-  if (o.launcher == "slurm") r.hosts = launch::slurm_hostfile(launch::slurm_allocation_from_env(launch::environ_map()));
+  if (o.launcher == "slurm") launch::job_request_slurm_hosts(r);
   return r;
 }
 
 namespace {
 
 void print_dry_run(const launch::Job& job) {
-  const auto& c = job.cfg;
-  std::string model =
-      !c.model.architecture && c.model.init_from.empty() ? std::string("(no model section)")
-      : c.model.init_from.empty()
-          ? fmt::format("{} d_model={} n_layer={} n_head={}", c.model.architecture.value_or("?"),
-                        c.model.d_model.value_or(0), c.model.n_layer.value_or(0), c.model.n_head.value_or(0))
-          : fmt::format("from {}", c.model.init_from);
-  std::printf("config      %s\n", c.source.c_str());
-  std::printf("model       %s\n", model.c_str());
-  if (c.resolved_train_batch_size > 0)
-    std::printf("batch       train_batch_size=%lld = micro %lld x accumulation %lld x world %lld\n",
-                static_cast<long long>(c.resolved_train_batch_size),
-                static_cast<long long>(c.resolved_micro_batch_size),
-                static_cast<long long>(c.resolved_grad_accum_steps), static_cast<long long>(c.resolved_dp_world_size));
-  std::printf("precision   %s, ZeRO stage %lld\n",
-              c.bf16.enabled   ? "bf16"
-              : c.fp16.enabled ? "fp16"
-                               : "fp32",
-              static_cast<long long>(c.zero.stage));
-  if (job.spec.mode == "train")
-    for (const std::string& line : launch::rank_device_plan_lines(job.plan, c.training.device))
-      std::printf("device      %s\n", line.c_str());
-  std::printf("run dir     %s\n", job.run_dir.c_str());
-  if (!job.incomplete.empty())
-    std::printf("note        not a complete dtrain job, a real launch stops here: %s\n", job.incomplete.c_str());
-  std::printf("\n");
-  std::string report = launch::dry_run_report(job.plan, job.spec, launch::environ_map());
-  std::fwrite(report.data(), 1, report.size(), stdout);
+  const std::string text = launch::job_dry_run_text(job);
+  std::fwrite(text.data(), 1, text.size(), stdout);
   std::fflush(stdout);
 }
 
@@ -123,53 +91,12 @@ int run_resume(const std::string& run_dir, const JobOptions& opts) {
   return run_job(job, opts, true);
 }
 
-namespace {
-
-// What can be checked once before the ranks start, so that a permanent mistake exits 2 at
-// once instead of failing every rank of every retry round: --json must name a file whose
-// directory exists (checked where rank 0, which writes it, runs on this machine), and the
-// buffers of the ranks on this machine (two of -e bytes each) must fit in its memory when
-// they are host memory (gloo).
-void bench_check_job(const BenchCliOptions& bench, const dtrain::bench::BenchOptions& b, const launch::Job& job) {
-  namespace fs = std::filesystem;
-  if (!bench.json.empty() && !job.hosts.hosts.empty() && launch::host_is_local(job.hosts.hosts.front().host)) {
-    const fs::path p =
-        fs::path(bench.json).is_absolute() ? fs::path(bench.json) : fs::path(job.spec.workdir) / bench.json;
-    std::error_code ec;
-    DT_ENFORCE(!fs::is_directory(p, ec), UsageError,
-               "--json {}: is a directory; give a file name to write the results to, e.g. {}/bench.json", bench.json,
-               bench.json);
-    const fs::path parent = p.parent_path();
-    DT_ENFORCE(parent.empty() || fs::is_directory(parent, ec), UsageError,
-               "--json {}: the directory {} does not exist; create it or give another path", bench.json,
-               parent.string());
-  }
-  bool host_buffers = bench.backend == "gloo";
-#ifndef DTRAIN_HAVE_CUDA
-  host_buffers = true;  // gloo is the only backend
-#endif
-  if (!host_buffers) return;
-  int local_ranks = 0;
-  for (const auto& h : job.hosts.hosts)
-    if (launch::host_is_local(h.host)) local_ranks += h.slots;
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-  if (local_ranks == 0 || pages <= 0 || page <= 0) return;
-  const double memory = static_cast<double>(pages) * static_cast<double>(page);
-  const double need = 2.0 * static_cast<double>(b.max_bytes) * local_ranks;
-  DT_ENFORCE(need <= memory, UsageError,
-             "-e/--maxbytes {}: {} ranks on this machine would allocate 2 x {} bytes each ({:.1f} GiB), more than its "
-             "{:.1f} GiB of memory; give a smaller -e",
-             bench.max_bytes, local_ranks, b.max_bytes, need / (1u << 30), memory / (1u << 30));
-}
-
-}  // namespace
-
 int run_bench(const BenchCliOptions& bench, const JobOptions& opts) {
   const auto b = bench_options_resolve(bench);  // bad options fail here, before any node starts
   JobOptions o = opts;
   if (o.output_dir.empty()) o.output_dir = "runs/bench";
   launch::Job job = launch::job_prepare(job_request(o, "bench"));
-  bench_check_job(bench, b, job);
+  launch::job_check_bench(job, bench.json, bench.backend, bench.max_bytes, b.max_bytes);
   for (const auto& w : job.warnings) log_warn("{}", w);
   job.spec.rank_args = bench_options_argv(bench);
   if (opts.dry_run) {

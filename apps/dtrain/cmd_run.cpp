@@ -4,9 +4,6 @@
 
 #include "launch/agent.h"
 #include "launch/job_run.h"
-#include "launch/local_spawner.h"
-
-#include <csignal>
 
 namespace dtrain::cli {
 
@@ -19,11 +16,6 @@ int run_job(launch::Job& job, const JobOptions& cli, bool resume) {
   return launch::job_run(job, o);
 }
 
-int run_agent(const std::vector<std::string>& argv) {
-  ::signal(SIGPIPE, SIG_IGN);
-  launch::spawner_become_subreaper();
-  launch::AgentArgs args = launch::agent_args_parse(argv);
-  return launch::agent_run(args, 0, launch::agent_timing_from_env());
-}
+int run_agent(const std::vector<std::string>& argv) { return launch::agent_main(argv); }
 
 }  // namespace dtrain::cli

@@ -5,18 +5,11 @@
 #include <string>
 #include <vector>
 
-namespace dtrain::config {
-struct TrainConfig;
-}
 namespace dtrain::launch {
-struct RankContext;
 struct JobRequest;
 struct Job;
 struct SupervisorOptions;
 }  // namespace dtrain::launch
-namespace dtrain::rendezvous {
-class Heartbeat;
-}
 
 namespace dtrain::cli {
 
@@ -66,12 +59,9 @@ int run_bench(const BenchCliOptions& bench, const JobOptions& opts);
 int run_agent(const std::vector<std::string>& argv);
 int run_worker(const std::vector<std::string>& argv);
 
-// cmd_worker.cpp: one rank's training over its context (store, placement), on `device`
-// ("cpu" or "cuda"), with the collectives the device implies. The worker and dtrain run
-// both end here; launcher_lines (the worker): rank 0 also prints the per-rank times line
-// dtrain launch's straggler check reads.
-int train_rank(launch::RankContext& ctx, rendezvous::Heartbeat& hb, config::TrainConfig cfg, const std::string& device,
-               bool launcher_lines = false);
+// cmd_worker.cpp: ends the process at once (no destructors), for the rank process's
+// watch threads (lib/rank/process_exit.h).
+[[noreturn]] void exit_now(int exit_code);
 
 // cmd_doctor.cpp: `dtrain doctor` (exit 0 when every check passed, Exit::UNHEALTHY
 // otherwise), the hidden `dtrain doctor-node`, and the preflight run before each
@@ -82,14 +72,5 @@ int run_doctor_node(const std::vector<std::string>& argv);
 // job's host probe (opts.probe_factory) to the same checks, when
 // job.cfg.doctor.preflight is on (DTRAIN_PREFLIGHT=0 turns it off).
 void preflight_install(launch::SupervisorOptions& opts, const launch::Job& job);
-
-// cmd_external.cpp: `dtrain run`, one process of a job another launcher started.
-struct ExternalOptions {
-  std::string config;             // --config FILE ("" = embedded default)
-  std::vector<std::string> sets;  // --set key.path=value
-  std::string output_dir;         // --output-dir DIR
-  int nproc_per_node = 0;         // --nproc-per-node N: this process spawns N local ranks
-};
-int run_external(const ExternalOptions& opts);
 
 }  // namespace dtrain::cli

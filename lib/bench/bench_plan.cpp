@@ -63,10 +63,10 @@ PlanStep plan_step(const BenchSetup& s) {
 }
 
 BenchPlanResult bench_plan_run(const BenchTrainOptions& o) {
-  DT_ENFORCE(o.device == "cuda", UsageError,
+  DT_ENFORCE(o.device == device::Kind::CUDA, UsageError,
              "bench train --plan budgets a step on the CUDA device; --device {} has no plan (drop --device or use "
              "--device cuda)",
-             o.device);
+             device::kind_name(o.device));
   const BenchSetup s = bench_setup_from(o.config_path, o.sets, true);
   BenchPlanResult r;
   r.config = o.config_path;

@@ -85,7 +85,7 @@ struct BenchPlanResult {
   std::vector<std::string> notes;
 };
 
-/// The budget of the config's step (o.config_path, o.sets; o.device must be "cuda", the
+/// The budget of the config's step (o.config_path, o.sets; o.device must be CUDA, the
 /// device the plan describes; steps and warmup do not apply). UsageError for --device cpu.
 BenchPlanResult bench_plan_run(const BenchTrainOptions& o);
 

@@ -64,11 +64,9 @@ std::string model_flops_formula(int64_t params, int n_layer, int seq_len, int d_
 }
 
 BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
-  DT_ENFORCE(o.device == "cuda" || o.device == "cpu", UsageError, "bench train: --device must be cuda or cpu, got '{}'",
-             o.device);
   DT_ENFORCE_GT(o.steps, 0, UsageError, "bench train: --steps");
   DT_ENFORCE_GE(o.warmup, 0, UsageError, "bench train: --warmup");
-  const bool cuda = o.device == "cuda";
+  const bool cuda = o.device == device::Kind::CUDA;
   if (cuda) device::cuda_require(0);  // before building a possibly large host model
 
   const BenchSetup setup = bench_setup_from(o.config_path, o.sets, cuda);
@@ -154,10 +152,10 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
 }
 
 std::string bench_train_format(const BenchTrainResult& r, bool json) {
-  const bool gpu = r.device == "cuda";
+  const bool gpu = r.device == device::Kind::CUDA;
   if (json) {
     nlohmann::json j{{"config", r.config},
-                     {"device", r.device},
+                     {"device", device::kind_name(r.device)},
                      {"device_name", r.device_name},
                      {"arch", r.arch},
                      {"dtype", r.dtype},

@@ -4,6 +4,7 @@
 // figure needs a CUDA build and a device; --device cpu measures the CPU reference model.
 #pragma once
 
+#include "device/kind.h"
 #include "model/config.h"
 
 #include <cstddef>
@@ -15,14 +16,15 @@ namespace dtrain::bench {
 
 struct BenchTrainOptions {
   std::string config_path;
-  std::vector<std::string> sets;  ///< "key.path=value" overrides, as --set
-  int steps = 20;                 ///< timed optimizer steps
-  int warmup = 5;                 ///< untimed steps first (cuBLASLt plans, allocator)
-  std::string device = "cuda";    ///< "cuda" or "cpu" (the CPU model, always fp32)
+  std::vector<std::string> sets;             ///< "key.path=value" overrides, as --set
+  int steps = 20;                            ///< timed optimizer steps
+  int warmup = 5;                            ///< untimed steps first (cuBLASLt plans, allocator)
+  device::Kind device = device::Kind::CUDA;  ///< or CPU: the CPU model, always fp32
 };
 
 struct BenchTrainResult {
-  std::string config, device, device_name, arch, dtype;
+  std::string config, device_name, arch, dtype;
+  device::Kind device = device::Kind::CUDA;
   int64_t params = 0, trainable_params = 0;
   int lora_rank = 0;  ///< 0 = full fine-tune
   int n_layer = 0, d_model = 0, micro_batch = 0, seq_len = 0, grad_accum = 0, steps = 0, warmup = 0;

@@ -28,8 +28,6 @@
 
 namespace dtrain::device {
 
-const char* kind_name(Kind k) { return k == Kind::CPU ? "cpu" : "cuda"; }
-
 namespace {
 
 float* F(void* p) { return static_cast<float*>(p); }

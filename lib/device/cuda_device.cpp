@@ -32,8 +32,6 @@ namespace dtrain::device {
 
 #ifndef DTRAIN_HAVE_CUDA
 
-int cuda_count() { return 0; }
-
 size_t cuda_workspace_bytes() { return 0; }
 
 void cuda_require(int) {
@@ -48,8 +46,6 @@ std::unique_ptr<Device> cuda_create(int index) {
 }
 
 #else
-
-int cuda_count() { return kernels::device_count(); }
 
 size_t cuda_workspace_bytes() { return kernels::GEMM_WORKSPACE_BYTES; }
 
@@ -390,7 +386,7 @@ class CudaDevice final : public Device {
 }  // namespace
 
 void cuda_require(int index) {
-  const int n = kernels::device_count();
+  const int n = cuda_count();
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
   DT_ENFORCE(n > 0, DeviceError,
              "no CUDA device is visible here (CUDA_VISIBLE_DEVICES='{}'): run on a GPU node or use the CPU",

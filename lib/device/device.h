@@ -5,6 +5,7 @@
 #pragma once
 
 #include "core/dtype.h"
+#include "device/kind.h"
 #include "ops/optim.h"
 #include "ops/rope.h"
 
@@ -14,11 +15,6 @@
 #include <string>
 
 namespace dtrain::device {
-
-enum class Kind { CPU, CUDA };
-
-/// "cpu" / "cuda".
-const char* kind_name(Kind k);
 
 /// Every op runs in order on the device's one compute stream (on the CPU: now, on the
 /// calling thread). Activation arguments are `t` (CPU: F32 only, UsageError otherwise);
@@ -222,7 +218,7 @@ Device& cpu();
 /// no device is visible or the index is out of range.
 std::unique_ptr<Device> cuda_create(int index);
 
-/// CUDA devices this process sees (0 in a CPU-only build or without a GPU).
+/// CUDA devices this process sees (0 in a CPU-only build or without a GPU): the one GPU count (discovery.cpp).
 int cuda_count();
 
 /// Throws DeviceError saying why CUDA device `index` cannot be used: a CPU-only build

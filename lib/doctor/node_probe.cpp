@@ -5,7 +5,7 @@
 #include "core/version.h"
 #include "doctor/net_probe.h"
 #include "launch/job.h"
-#include "launch/rank_device.h"
+#include "device/device.h"
 #include "rendezvous/store.h"
 
 #include <fmt/format.h>
@@ -212,7 +212,7 @@ NodeFacts node_facts_gather(const std::string& run_dir, const std::string& sessi
   f.version = version();
   f.build_id = build_id();
   f.cpus = usable_cpus();
-  f.gpus = launch::visible_cuda_devices();
+  f.gpus = device::cuda_count();
   f.driver = nvidia_driver_version();
   f.write_error = nonce_write(run_dir, session, name, nonce);
   // Free space of the run directory's filesystem, or of its nearest existing parent.

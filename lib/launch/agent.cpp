@@ -5,8 +5,10 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "core/net_address.h"
+#include "device/device.h"
 #include "launch/job.h"
 #include "launch/local_rank_group.h"
+#include "launch/local_spawner.h"
 #include "launch/rank_device.h"
 #include "rendezvous/heartbeat.h"
 #include "rendezvous/store.h"
@@ -16,6 +18,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -37,7 +40,7 @@ using Clock = std::chrono::steady_clock;
 // nodes without a problem of their own then wait for the launcher's stop.
 std::string agent_decide_device(const AgentArgs& args, const std::string& host, rendezvous::PrefixStore& store,
                                 const std::function<bool()>& stop_asked) {
-  const int visible = args.device == "cpu" ? 0 : visible_cuda_devices();
+  const int visible = args.device == "cpu" ? 0 : device::cuda_count();
   NodeDeviceVerdict mine = node_device_verdict(args.device, visible, args.devices, host);
   std::vector<std::pair<std::string, NodeDeviceVerdict>> all;
   if (args.nnodes == 1 || args.device == "cpu") {
@@ -302,6 +305,13 @@ int agent_run(const AgentArgs& args, int token_fd, const AgentTiming& timing) {
     }
     std::this_thread::sleep_for(20ms);
   }
+}
+
+int agent_main(const std::vector<std::string>& argv) {
+  ::signal(SIGPIPE, SIG_IGN);
+  spawner_become_subreaper();
+  AgentArgs args = agent_args_parse(argv);
+  return agent_run(args, 0, agent_timing_from_env());
 }
 
 }  // namespace dtrain::launch

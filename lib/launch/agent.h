@@ -24,6 +24,11 @@ struct AgentTiming {
 /// for a signal N), Exit::STOPPED (143) when told to stop, Exit::COMM when the launcher vanished.
 int agent_run(const AgentArgs& args, int token_fd, const AgentTiming& timing);
 
+/// `dtrain agent ARGS...` (its one entry): ignores SIGPIPE, becomes the subreaper of its
+/// ranks, parses ARGS (agent_args_parse) and runs the agent with the token on stdin and
+/// the timing from the environment. Returns agent_run's exit code.
+int agent_main(const std::vector<std::string>& argv);
+
 /// AgentTiming from the environment the launcher sets (DTRAIN_HEARTBEAT_INTERVAL, seconds).
 AgentTiming agent_timing_from_env();
 

@@ -7,6 +7,7 @@
 #include "core/log.h"
 #include "core/net_address.h"
 #include "core/small_file.h"
+#include "device/device.h"
 #include "launch/local_spawner.h"
 #include "launch/rank_device.h"
 #include "launch/run_dir.h"
@@ -248,7 +249,7 @@ config::Hostfile job_hostfile(const JobRequest& req) {
                "--nproc-per-node applies only without --hostfile (the hostfile's slots=N says it per host)");
     return config::hostfile_load(req.hostfile_path);
   }
-  int slots = req.nproc_per_node > 0 ? req.nproc_per_node : std::max(1, visible_cuda_devices());
+  int slots = req.nproc_per_node > 0 ? req.nproc_per_node : std::max(1, device::cuda_count());
   return config::hostfile_localhost(slots);
 }
 
@@ -419,7 +420,7 @@ void check_local_nodes(const JobRequest& req, Job& job) {
       if (!host_is_local(node.host.host)) continue;
       std::vector<int> ids;
       for (const RankInfo& r : node.ranks) ids.push_back(r.device);
-      NodeDeviceVerdict v = node_device_verdict("cuda", visible_cuda_devices(), ids, node.host.destination());
+      NodeDeviceVerdict v = node_device_verdict("cuda", device::cuda_count(), ids, node.host.destination());
       if (v.problem.empty()) continue;
       local_problem(req, job, fmt::format("{}: {}", cfg.source, v.problem), v.problem);
       break;

@@ -3,10 +3,15 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "launch/dry_run.h"
 #include "launch/local_spawner.h"
+#include "launch/rank_device.h"
 #include "launch/run_dir.h"
+#include "launch/slurm.h"
 
+#include <fmt/format.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <csignal>
@@ -83,6 +88,77 @@ int job_run(Job& job, const JobRunOptions& o) {
     log_info("{}/config.yaml left unchanged: the job did not start with the new config", job.run_dir);
   }
   return rc;
+}
+
+// ---------------------------------------------------------------------------
+// What the CLI's job commands ask before (or instead of) the run
+
+void job_request_slurm_hosts(JobRequest& r) { r.hosts = slurm_hostfile(slurm_allocation_from_env(environ_map())); }
+
+std::string job_dry_run_text(const Job& job) {
+  const auto& c = job.cfg;
+  std::string model =
+      !c.model.architecture && c.model.init_from.empty() ? std::string("(no model section)")
+      : c.model.init_from.empty()
+          ? fmt::format("{} d_model={} n_layer={} n_head={}", c.model.architecture.value_or("?"),
+                        c.model.d_model.value_or(0), c.model.n_layer.value_or(0), c.model.n_head.value_or(0))
+          : fmt::format("from {}", c.model.init_from);
+  std::string out = fmt::format("config      {}\n", c.source);
+  out += fmt::format("model       {}\n", model);
+  if (c.resolved_train_batch_size > 0)
+    out += fmt::format(
+        "batch       train_batch_size={} = micro {} x accumulation {} x world {}\n",
+        static_cast<long long>(c.resolved_train_batch_size), static_cast<long long>(c.resolved_micro_batch_size),
+        static_cast<long long>(c.resolved_grad_accum_steps), static_cast<long long>(c.resolved_dp_world_size));
+  out += fmt::format("precision   {}, ZeRO stage {}\n",
+                     c.bf16.enabled   ? "bf16"
+                     : c.fp16.enabled ? "fp16"
+                                      : "fp32",
+                     static_cast<long long>(c.zero.stage));
+  if (job.spec.mode == "train")
+    for (const std::string& line : rank_device_plan_lines(job.plan, c.training.device))
+      out += fmt::format("device      {}\n", line);
+  out += fmt::format("run dir     {}\n", job.run_dir);
+  if (!job.incomplete.empty())
+    out += fmt::format("note        not a complete dtrain job, a real launch stops here: {}\n", job.incomplete);
+  out += "\n";
+  out += dry_run_report(job.plan, job.spec, environ_map());
+  return out;
+}
+
+void job_check_bench(const Job& job, const std::string& json, const std::string& backend,
+                     const std::string& max_bytes_arg, size_t max_bytes) {
+  namespace fs = std::filesystem;
+  if (!json.empty() && !job.hosts.hosts.empty() && host_is_local(job.hosts.hosts.front().host)) {
+    const fs::path p = fs::path(json).is_absolute() ? fs::path(json) : fs::path(job.spec.workdir) / json;
+    std::error_code ec;
+    DT_ENFORCE(!fs::is_directory(p, ec), UsageError,
+               "--json {}: is a directory; give a file name to write the results to, e.g. {}/bench.json", json, json);
+    const fs::path parent = p.parent_path();
+    DT_ENFORCE(parent.empty() || fs::is_directory(parent, ec), UsageError,
+               "--json {}: the directory {} does not exist; create it or give another path", json, parent.string());
+  }
+  bool host_buffers = backend == "gloo";
+#ifndef DTRAIN_HAVE_CUDA
+  host_buffers = true;  // gloo is the only backend
+#endif
+  if (!host_buffers) return;
+  int local_ranks = 0;
+  for (const auto& h : job.hosts.hosts)
+    if (host_is_local(h.host)) local_ranks += h.slots;
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (local_ranks == 0 || pages <= 0 || page <= 0) return;
+  const double memory = static_cast<double>(pages) * static_cast<double>(page);
+  const double need = 2.0 * static_cast<double>(max_bytes) * local_ranks;
+  DT_ENFORCE(need <= memory, UsageError,
+             "-e/--maxbytes {}: {} ranks on this machine would allocate 2 x {} bytes each ({:.1f} GiB), more than its "
+             "{:.1f} GiB of memory; give a smaller -e",
+             max_bytes_arg, local_ranks, max_bytes, need / (1u << 30), memory / (1u << 30));
+}
+
+NodeSpawner job_node_spawner(const Job& job, const std::string& launcher) {
+  spawner_become_subreaper();
+  return node_spawner_for(job.cfg, launcher);
 }
 
 }  // namespace dtrain::launch

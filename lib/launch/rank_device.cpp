@@ -1,22 +1,10 @@
 #include "launch/rank_device.h"
 
-#ifdef DTRAIN_HAVE_CUDA
-#include "kernels/device.cuh"
-#endif
-
 #include <fmt/format.h>
 
 #include <algorithm>
 
 namespace dtrain::launch {
-
-int visible_cuda_devices() {
-#ifdef DTRAIN_HAVE_CUDA
-  return kernels::device_count();
-#else
-  return 0;
-#endif
-}
 
 namespace {
 

@@ -27,10 +27,6 @@ struct NodeDeviceVerdict {
   std::string problem;
 };
 
-/// CUDA devices this process sees (CUDA_VISIBLE_DEVICES applied); 0 in a CPU-only build
-/// or without a driver.
-int visible_cuda_devices();
-
 /// choice: "cpu", "cuda" or "auto". visible: CUDA devices the agent sees on `host`.
 /// devices: the physical device ids (hostfile slots) of the node's ranks, local rank
 /// order. cuda needs every id < visible; auto picks cuda exactly when that holds.

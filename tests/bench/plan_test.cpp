@@ -122,6 +122,6 @@ TEST_CASE("bench plan: the roofline of one entry, and --device cpu has no plan")
   CHECK(bench::plan_entry_time(e, t).compute == doctest::Approx(2e12 / (989e12 * t.attn_bwd_eff)));
 
   bench::BenchTrainOptions o = gpt2_124m();
-  o.device = "cpu";
+  o.device = device::Kind::CPU;
   CHECK_THROWS_AS(bench::bench_plan_run(o), UsageError);
 }

@@ -2,9 +2,9 @@
 // overflow, point past the node count or disagree between two launchers; the canonical
 // config text and its difference; one claimant per rank; and rank 0's watch naming the
 // ranks that never joined while the rank's own client is held by a long request.
-#include "launch/external.h"
-#include "launch/external_join.h"
-#include "launch/rank_context.h"
+#include "rank/external.h"
+#include "rank/external_join.h"
+#include "rank/rank_context.h"
 
 #include "config/train_config.h"
 #include "core/error.h"
@@ -17,7 +17,7 @@
 #include <thread>
 
 using namespace dtrain;
-using namespace dtrain::launch;
+using namespace dtrain::rank;
 using namespace std::chrono_literals;
 
 namespace {

@@ -14,7 +14,7 @@
 #include <string>
 #include <thread>
 
-namespace dtrain::launch {
+namespace dtrain::rank {
 
 struct RankContext {
   int rank = 0, local_rank = 0, world_size = 1, local_world_size = 1, node_rank = 0, nnodes = 1, round = 0;
@@ -51,4 +51,4 @@ std::unique_ptr<comm::Communicator> rank_comm_create(RankContext& ctx, comm::Bac
 /// without stopping this rank. The returned thread is detached by the caller's choice.
 std::thread rank_watch_parent(int token_fd, std::function<void()> on_parent_gone);
 
-}  // namespace dtrain::launch
+}  // namespace dtrain::rank

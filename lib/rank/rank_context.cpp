@@ -1,5 +1,5 @@
 // Rank context: env contract, token, store and communicator creation.
-#include "launch/rank_context.h"
+#include "rank/rank_context.h"
 
 #include "comm/gloo_comm.h"
 #include "comm/nccl_comm.h"
@@ -13,7 +13,7 @@
 
 #include <cstdlib>
 
-namespace dtrain::launch {
+namespace dtrain::rank {
 
 namespace {
 
@@ -91,9 +91,9 @@ void rank_context_connect(RankContext& c, std::chrono::milliseconds connect_time
 std::unique_ptr<rendezvous::Heartbeat> rank_heartbeat_start(RankContext& ctx, std::chrono::milliseconds interval) {
   char host[256] = {0};
   ::gethostname(host, sizeof host - 1);
-  ctx.round_store->set(rank_info_key(ctx.rank), fmt::format("{} {}", ::getpid(), host));
+  ctx.round_store->set(launch::rank_info_key(ctx.rank), fmt::format("{} {}", ::getpid(), host));
   return std::make_unique<rendezvous::Heartbeat>(ctx.master_addr, static_cast<uint16_t>(ctx.master_port), ctx.token,
-                                                 rank_beat_name(ctx.rank), interval, ctx.round_store->prefix());
+                                                 launch::rank_beat_name(ctx.rank), interval, ctx.round_store->prefix());
 }
 
 std::unique_ptr<comm::Communicator> rank_comm_create(RankContext& ctx, comm::Backend backend) {
@@ -105,7 +105,7 @@ std::unique_ptr<comm::Communicator> rank_comm_create(RankContext& ctx, comm::Bac
   }
   comm::GlooOptions o;
   o.interface = env_str("DTRAIN_NETWORK_INTERFACE", false);
-  if (o.interface.empty()) o.address = local_address_towards(ctx.master_addr);
+  if (o.interface.empty()) o.address = launch::local_address_towards(ctx.master_addr);
   return comm::comm_create_gloo(ctx.gloo_store, ctx.rank, ctx.world_size, o);
 }
 
@@ -126,4 +126,4 @@ std::thread rank_watch_parent(int fd, std::function<void()> on_parent_gone) {
   });
 }
 
-}  // namespace dtrain::launch
+}  // namespace dtrain::rank

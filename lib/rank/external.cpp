@@ -1,6 +1,6 @@
 // `dtrain run`: placement from another launcher's environment, the token from the
 // platform, and rank 0's verdict over the heartbeats.
-#include "launch/external.h"
+#include "rank/external.h"
 
 #include "core/check.h"
 #include "core/small_file.h"
@@ -9,7 +9,7 @@
 #include "launch/culprit.h"
 #include "launch/hostlist.h"
 #include "launch/job.h"
-#include "launch/rank_context.h"
+#include "rank/rank_context.h"
 #include "launch/rank_watch.h"
 
 #include <fmt/format.h>
@@ -26,7 +26,7 @@
 #include <utility>
 #include <sys/stat.h>
 
-namespace dtrain::launch {
+namespace dtrain::rank {
 
 namespace {
 
@@ -189,7 +189,7 @@ ExternalPlacement external_placement(const Env& env) {
     std::string nodelist = get(env, "SLURM_STEP_NODELIST");
     if (nodelist.empty()) nodelist = get(env, "SLURM_JOB_NODELIST");
     if (!nodelist.empty()) {
-      std::vector<std::string> hosts = hostlist_expand(nodelist);
+      std::vector<std::string> hosts = launch::hostlist_expand(nodelist);
       if (!hosts.empty()) p.master_addr = hosts.front();
     }
     p.run_id = get(env, "SLURM_JOB_ID");
@@ -272,7 +272,7 @@ std::string external_token(const std::string& token_file, const std::string& tok
              "{}: set one of cluster.rendezvous.token_file and cluster.rendezvous.token_env, not both", source);
   std::string token;
   if (!token_file.empty()) {
-    const std::string path = path_expand_home(token_file, get(env, "HOME"));
+    const std::string path = launch::path_expand_home(token_file, get(env, "HOME"));
     // Type and size first: a directory, /dev/zero or a FIFO is a config error at once.
     std::string problem = small_file_problem(path, 4096);
     if (!problem.empty())
@@ -315,7 +315,7 @@ std::string external_watch_verdict(const std::map<int, std::pair<std::string, st
       continue;
     }
     const auto& [value, age] = it->second;
-    if (value == kRankBeatExited) continue;
+    if (value == launch::kRankBeatExited) continue;
     if (age > heartbeat_timeout)
       return fmt::format("rank {}{} missed heartbeats for {:.1f} s (fault_tolerance.heartbeat_timeout {:.0f} s)", r,
                          where(r), std::chrono::duration<double>(age).count(),
@@ -388,7 +388,7 @@ std::string external_failure_reason(const std::map<std::string, std::string>& re
                                     std::chrono::milliseconds since_first) {
   // Every report as seen when the first one was: the culprit rule (culprit.h) decides.
   const Clock::time_point now = Clock::now();
-  std::vector<FailureSeen> seen;
+  std::vector<launch::FailureSeen> seen;
   std::vector<std::string> whys;
   const std::string comm_prefix = fmt::format("{} ", comm_code);
   for (const auto& [k, v] : reports) {
@@ -398,7 +398,7 @@ std::string external_failure_reason(const std::map<std::string, std::string>& re
         {static_cast<int>(seen.size()), static_cast<int>(comm ? Exit::COMM : Exit::INTERNAL), now - since_first});
     whys.push_back(v);
   }
-  const std::optional<size_t> c = culprit_pick(seen, now, kCulpritWindow + 1ms);
+  const std::optional<size_t> c = launch::culprit_pick(seen, now, launch::kCulpritWindow + 1ms);
   if (!c) return "";
   const std::string& why = whys[*c];
   const size_t sp = why.find(' ');
@@ -500,4 +500,4 @@ void ExternalRankZeroWatch::run(const rendezvous::StoreServer& server, std::stri
   }
 }
 
-}  // namespace dtrain::launch
+}  // namespace dtrain::rank

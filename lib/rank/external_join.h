@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-namespace dtrain::launch {
+namespace dtrain::rank {
 
 /// The effective config as canonical "key=value" lines (config_key_values), less the keys
 /// that may differ between processes of one job: cluster.* (how this process reaches the
@@ -42,4 +42,4 @@ void external_config_publish(rendezvous::PrefixStore& store, const std::string& 
 void external_config_check(rendezvous::PrefixStore& store, const std::string& text, int rank,
                            std::chrono::milliseconds timeout);
 
-}  // namespace dtrain::launch
+}  // namespace dtrain::rank

@@ -1,5 +1,5 @@
 // `dtrain run`'s join: one claimant per rank, one config per set.
-#include "launch/external_join.h"
+#include "rank/external_join.h"
 
 #include "core/check.h"
 
@@ -8,7 +8,7 @@
 #include <map>
 #include <sstream>
 
-namespace dtrain::launch {
+namespace dtrain::rank {
 
 namespace {
 
@@ -96,4 +96,4 @@ void external_config_check(rendezvous::PrefixStore& store, const std::string& te
            diff.size(), list);
 }
 
-}  // namespace dtrain::launch
+}  // namespace dtrain::rank

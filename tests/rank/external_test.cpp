@@ -1,10 +1,10 @@
 // dtrain run: the placement read from each launcher's environment, the local ranks'
 // environment under --nproc-per-node, the token from the platform and rank 0's verdict
 // over the heartbeats.
-#include "launch/external.h"
+#include "rank/external.h"
 
 #include "core/error.h"
-#include "launch/rank_context.h"
+#include "rank/rank_context.h"
 #include "launch/rank_watch.h"
 #include "rendezvous/store.h"
 
@@ -22,6 +22,7 @@
 
 using namespace dtrain;
 using namespace dtrain::launch;
+using namespace dtrain::rank;
 using namespace std::chrono_literals;
 using Env = std::map<std::string, std::string>;
 

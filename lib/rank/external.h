@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-namespace dtrain::launch {
+namespace dtrain::rank {
 
 struct RankContext;
 
@@ -172,4 +172,4 @@ class ExternalRankZeroWatch {
 std::string external_failure_reason(const std::map<std::string, std::string>& reports, int comm_code,
                                     std::chrono::milliseconds since_first);
 
-}  // namespace dtrain::launch
+}  // namespace dtrain::rank

@@ -7,7 +7,7 @@
 // process is restarted.
 #include "config/train_config.h"
 #include "core/error.h"
-#include "launch/external.h"
+#include "rank/external.h"
 
 #include <doctest/doctest.h>
 #include <yaml-cpp/yaml.h>
@@ -180,7 +180,7 @@ TEST_CASE("scripts/k8s/pytorchjob.yaml: the operator's variables give every pod 
       env["MASTER_PORT"] = std::to_string(port);
       env["WORLD_SIZE"] = std::to_string(world);
       env["RANK"] = std::to_string(type == "Master" ? 0 : 1 + i);
-      const launch::ExternalPlacement p = launch::external_placement(env);
+      const rank::ExternalPlacement p = rank::external_placement(env);
       CHECK(p.launcher == "torchrun");
       CHECK(p.world_size == world);
       CHECK(p.master_addr == name + "-master-0");
@@ -230,7 +230,7 @@ TEST_CASE("scripts/k8s/indexed-job.yaml: the pod index is the rank, pod 0's DNS 
   for (int i = 0; i < completions; ++i) {
     Env env = j.env;
     env["JOB_COMPLETION_INDEX"] = std::to_string(i);  // set by the Job controller
-    const launch::ExternalPlacement p = launch::external_placement(env);
+    const rank::ExternalPlacement p = rank::external_placement(env);
     CHECK(p.launcher == "a Kubernetes Indexed Job");
     CHECK(p.rank == i);
     CHECK(p.world_size == completions);

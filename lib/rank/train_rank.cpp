@@ -1,0 +1,148 @@
+// One rank's training (train_rank.h): the device and its collectives, the heartbeat's
+// step progress, the resource monitor and the elastic stop request around train_run.
+#include "rank/train_rank.h"
+
+#include "comm/activity.h"
+#include "core/check.h"
+#include "core/log.h"
+#include "device/device.h"
+#include "launch/membership.h"
+#include "launch/rank_device.h"
+#include "launch/rank_watch.h"
+#include "launch/run_dir.h"
+#include "monitor/monitor.h"
+#include "tensorboard/event_writer.h"
+#include "train/trainer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+namespace dtrain::rank {
+
+namespace {
+
+// Test-only (tests/cli/hung_rank_test.cpp): DTRAIN_TEST_STALL_AT_STEP=N makes the rank
+// stop before training step N in round 0 (only rank DTRAIN_TEST_STALL_RANK when that is
+// set) while its heartbeat goes on, as a rank stuck in a step would; the launcher's
+// fault_tolerance.step_timeout must catch it. Sleeps at most 10 minutes.
+void test_stall_if_asked(const RankContext& ctx, int64_t done_step) {
+  const char* at = std::getenv("DTRAIN_TEST_STALL_AT_STEP");
+  if (!at || !*at || ctx.round != 0 || std::atoll(at) != done_step + 1) return;
+  const char* only = std::getenv("DTRAIN_TEST_STALL_RANK");
+  if (only && *only && std::atoi(only) != ctx.rank) return;
+  std::fprintf(stderr, "[dtrain] test: DTRAIN_TEST_STALL_AT_STEP: rank %d stalls before step %s\n", ctx.rank, at);
+  std::fflush(stderr);
+  for (int i = 0; i < 6000; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+}
+
+// Test-only: DTRAIN_TEST_SLOW_RANK=R with DTRAIN_TEST_SLOW_MS=M makes rank R sleep M ms
+// (at most 10 s) after every training step, a persistently slow rank for the straggler
+// check to flag (tests/cli/straggler_test.cpp); R = "all" slows every rank, a job paced
+// so a test can act between its checkpoints (tests/cli/elastic_test.cpp).
+void test_slow_if_asked(const RankContext& ctx) {
+  const char* r = std::getenv("DTRAIN_TEST_SLOW_RANK");
+  const char* ms = std::getenv("DTRAIN_TEST_SLOW_MS");
+  if (!r || !*r || !ms || !*ms || (std::string(r) != "all" && std::atoi(r) != ctx.rank)) return;
+  std::this_thread::sleep_for(std::chrono::milliseconds(std::clamp(std::atoi(ms), 0, 10000)));
+}
+
+}  // namespace
+
+int train_rank(RankContext& ctx, rendezvous::Heartbeat& hb, config::TrainConfig cfg, device::Kind kind,
+               bool launcher_lines) {
+  config::config_resolve_batch(cfg, ctx.world_size);
+  // Before anything is allocated: this node's CPU ranks share its memory (a CUDA rank's
+  // activations are on its GPU, which the launcher cannot see).
+  if (kind == device::Kind::CPU)
+    config::config_check_batch_memory(
+        cfg, ctx.local_world_size, config::config_host_memory_bytes(),
+        fmt::format("this machine has {:.1f} GiB of memory for its {} rank(s)",
+                    config::config_host_memory_bytes() / (1024.0 * 1024.0 * 1024.0), ctx.local_world_size));
+  // The launcher's step timeout watches the last completed step and whether this rank
+  // waits in a collective (so it can tell the rank that is stuck from the peers waiting
+  // for it); the heartbeat thread publishes both.
+  std::mutex progress_mu;
+  std::atomic<int64_t> last_step{-1};
+  std::unique_ptr<comm::ActivityCommunicator> comm;
+  auto publish = [&] {
+    std::lock_guard<std::mutex> lock(progress_mu);  // the last caller publishes the latest state
+    const int64_t step = last_step.load();
+    if (step >= 0) hb.progress(launch::rank_progress_value(step, comm && comm->in_collective()));
+  };
+  // The backend follows the device. Local rank i opens device i of this node's
+  // CUDA_VISIBLE_DEVICES.
+  std::unique_ptr<device::Device> device;
+  if (kind == device::Kind::CUDA) device = device::cuda_create(ctx.local_rank);
+  if (ctx.world_size > 1)
+    comm = std::make_unique<comm::ActivityCommunicator>(
+        rank_comm_create(ctx, device ? comm::Backend::NCCL : comm::Backend::GLOO), publish);
+  log_debug("rank {}: device {}, collectives {}", ctx.rank,
+            device ? fmt::format("cuda:{}", ctx.local_rank) : std::string("cpu"),
+            launch::rank_backend_name(device::kind_name(kind), ctx.world_size));
+  train::TrainerEnv env;
+  env.device = device.get();
+  env.rank = ctx.rank;
+  env.world_size = ctx.world_size;
+  env.run_dir = ctx.run_dir;
+  env.comm = comm.get();
+  env.print_rank_times = launcher_lines;
+  env.on_step = [&](int64_t step) {
+    last_step = step;
+    publish();
+    test_stall_if_asked(ctx, step);
+    if (step > 0) test_slow_if_asked(ctx);
+  };
+  // An elastic launcher that wants to regrow the job asks (store key) for a stop at the
+  // next checkpoint; rank 0 answers for all and records the step it stopped at.
+  env.stop_after_save = [&](int64_t step) {
+    if (ctx.rank != 0 || !ctx.round_store) return false;
+    try {
+      if (!ctx.round_store->check({launch::kElasticGrowKey})) return false;
+      ctx.round_store->set(launch::kElasticStoppedKey, std::to_string(step));
+      return true;
+    } catch (const Error& e) {
+      log_warn("rank 0 could not ask the store whether to stop for a membership change: {}", e.what());
+      return false;
+    }
+  };
+  env.on_steps_done = [&] {
+    std::lock_guard<std::mutex> lock(progress_mu);
+    last_step = -1;  // no more steps: later collectives (the final barriers) publish nothing
+    hb.progress(launch::kRankStepsDone);
+  };
+  // The resource monitor samples from a thread of its own until training returns.
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  monitor::MonitorOptions mo;
+  mo.interval_s = cfg.monitor.interval;
+  mo.run_dir = ctx.run_dir;
+  mo.max_mode = launch::run_dir_mode_parse(cfg.training.run_dir_mode);
+  mo.origin = {.rank = ctx.rank, .local_rank = ctx.local_rank, .node = ctx.node_rank, .round = ctx.round, .host = host};
+  mo.limits.min_free_memory_bytes = static_cast<int64_t>(cfg.monitor.min_free_memory * 1024.0 * 1024.0 * 1024.0);
+  mo.limits.node_checks = ctx.local_rank == 0;  // one rank per node watches the node's memory
+  mo.gpu = device != nullptr;
+  mo.gpu_index = monitor::nvml_index_of(ctx.local_rank, std::getenv("CUDA_VISIBLE_DEVICES"));
+  mo.nvml_library = cfg.monitor.nvml_library;
+  // Each rank's scalars are a TensorBoard run of their own beside rank 0's training scalars.
+  if (cfg.tensorboard.enabled && !ctx.run_dir.empty())
+    mo.tensorboard_dir = (std::filesystem::path(tensorboard::log_dir(ctx.run_dir, cfg.tensorboard.output_path,
+                                                                     cfg.tensorboard.job_name)) /
+                          "resources" / fmt::format("rank{}", ctx.rank))
+                             .string();
+  auto resource_monitor = monitor::monitor_start(std::move(mo), cfg.monitor.enabled);
+  train::train_run(cfg, env);
+  resource_monitor.reset();
+  if (comm) comm->barrier();
+  comm.reset();  // NCCL's communicator goes before the device it runs on
+  return 0;
+}
+
+}  // namespace dtrain::rank
