@@ -1,6 +1,6 @@
 // The one trainer on both devices: train_run with the model, its gradients and the ZeRO
 // engine's state on CUDA (NCCL between the ranks) against the same config on the CPU
-// (Gloo), ranks as threads. Tiny GPT-2 and Llama, ZeRO stages 0-3 at world sizes 1-3:
+// (Gloo), ranks as threads. Tiny GPT-2 and Llama, ZeRO stages 0-3 at world sizes 1-3 (GPT-2 1-2):
 // the per-step losses agree within 1e-4 relative in fp32 and within bf16 rounding in
 // bf16; LoRA, SFT masking and evaluation included; a run checkpointed on CUDA resumes on the CPU
 // (and back) at another world size and stage; the CUDA memory report equals the formula.
@@ -152,9 +152,14 @@ bool enough_gpus(int n) {
 TEST_CASE("fp32: ZeRO 0-3 at world sizes 1-3 on CUDA train like the CPU (Llama GQA and GPT-2)") {
   Setup s;
   for (const char* arch : {"llama", "gpt2"}) {
+    const bool gpt2 = std::string(arch) == "gpt2";
     const std::vector<std::string> base = {std::string("model.architecture=") + arch,
-                                           std::string("model.n_kv_head=") + (std::string(arch) == "gpt2" ? "2" : "1")};
+                                           std::string("model.n_kv_head=") + (gpt2 ? "2" : "1")};
     for (int world : {1, 2, 3}) {
+      // The uneven shards of 3 ranks are the engine's partitioning, the same for both
+      // architectures: Llama covers them, GPT-2 its own layers at 1 and 2 ranks (the
+      // 3-rank GPT-2 runs cost a fifth of this suite's time under the CPU engine).
+      if (gpt2 && world == 3) continue;
       if (!enough_gpus(world)) continue;
       for (int stage : {0, 1, 2, 3}) {
         if (world == 1 && stage != 0) continue;  // one rank: every stage is stage 0's arithmetic
