@@ -427,6 +427,12 @@ const std::vector<KeySpec>& build_schema() {
        .help = "GiB: a node whose available memory (MemAvailable) falls below this raises one resource_alert per "
                "episode in events.jsonl; 0 = no such alert",
        .min = 0},
+      {.path = "monitor.min_network", .type = KeyType::FLOAT, .field = F(monitor.min_network),
+       .help = "MB/s: a node whose network traffic (received + sent, loopback excluded) stays under this for two "
+               "samples in a row while every rank of the job is in a collective for at least half of its interval "
+               "raises one network_idle resource_alert per episode (decided by the launcher, jobs over several hosts "
+               "only); 0 = no such alert",
+       .min = 0},
       {.path = "monitor.nvml_library", .type = KeyType::STRING, .field = F(monitor.nvml_library),
        .help = "the NVML library the monitor dlopens for GPU figures (none found: the records have no GPU fields, "
                "said once in the rank's log); \"\" = an NVML linked into the program (the CUDA execution engine's)"},

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -151,6 +152,12 @@ nlohmann::json Monitor::sample_once() {
   std::lock_guard<std::mutex> one(sample_mu_);
   if (o_.gpu && !gpu_tried_) gpu_open();
   ResourceSample s = host_.read();
+  if (o_.collective_seconds) {
+    const double c = o_.collective_seconds();
+    if (prev_collective_s_ && s.interval_s > 0)
+      s.in_collective_frac = std::clamp((c - *prev_collective_s_) / s.interval_s, 0.0, 1.0);
+    prev_collective_s_ = c;
+  }
   if (nvml_) {
     std::string why;
     s.gpu = nvml_->read(o_.gpu_index, &why);

@@ -13,6 +13,8 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -39,6 +41,9 @@ struct MonitorOptions {
   unsigned int gpu_index = 0;
   std::string nvml_library = "libnvidia-ml.so.1";
   const NvmlApi* nvml_api = nullptr;
+  /// The rank's seconds inside collectives so far (comm::ActivityCommunicator::
+  /// collective_seconds); unset (a one-rank job): the samples have no in_collective_frac.
+  std::function<double()> collective_seconds;
 };
 
 class Monitor {
@@ -75,6 +80,7 @@ class Monitor {
   int fd_ = -1;  // resources/rank<R>.jsonl, opened at the first sample
   bool write_warned_ = false;
   bool gpu_read_warned_ = false;
+  std::optional<double> prev_collective_s_;
   std::mutex sample_mu_;  // one sample at a time (the thread, a benchmark's caller)
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -99,6 +99,7 @@ nlohmann::json sample_json(const ResourceSample& s, const SampleOrigin& o) {
     j["net_tx_mbps"] = tx;
     j["net"] = std::move(per);
   }
+  put("in_collective_frac", s.in_collective_frac);
   if (s.gpu) {
     const GpuReading& g = *s.gpu;
     j["gpu_index"] = g.index;

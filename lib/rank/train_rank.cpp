@@ -131,6 +131,7 @@ int train_rank(RankContext& ctx, rendezvous::Heartbeat& hb, config::TrainConfig 
   mo.gpu = device != nullptr;
   mo.gpu_index = monitor::nvml_index_of(ctx.local_rank, std::getenv("CUDA_VISIBLE_DEVICES"));
   mo.nvml_library = cfg.monitor.nvml_library;
+  if (comm) mo.collective_seconds = [c = comm.get()] { return c->collective_seconds(); };
   // Each rank's scalars are a TensorBoard run of their own beside rank 0's training scalars.
   if (cfg.tensorboard.enabled && !ctx.run_dir.empty())
     mo.tensorboard_dir = (std::filesystem::path(tensorboard::log_dir(ctx.run_dir, cfg.tensorboard.output_path,

@@ -97,6 +97,7 @@ std::vector<NodeResources> ResourceCollector::nodes() const {
     k.gpu_mem_total_bytes = opt<int64_t>(r, "gpu_mem_total_bytes");
     k.gpu_sm_clock_mhz = opt<int64_t>(r, "gpu_sm_clock_mhz");
     k.gpu_throttle_reasons = opt<uint64_t>(r, "gpu_throttle_reasons");
+    k.in_collective_frac = opt<double>(r, "in_collective_frac");
     // The node's own figures from its newest sample.
     if (k.time_ms >= n.time_ms) {
       n.time_ms = k.time_ms;

@@ -36,6 +36,7 @@ struct RankResources {
   std::optional<double> gpu_util_pct, gpu_temperature_c, gpu_power_w;
   std::optional<int64_t> gpu_mem_used_bytes, gpu_mem_total_bytes, gpu_sm_clock_mhz;
   std::optional<uint64_t> gpu_throttle_reasons;
+  std::optional<double> in_collective_frac;  // share of its last interval in collectives
 };
 
 /// A node's figures, from the newest sample of any of its ranks.

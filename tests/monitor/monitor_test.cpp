@@ -12,6 +12,7 @@
 
 #include <sys/stat.h>
 
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <thread>
@@ -296,4 +297,38 @@ TEST_CASE("alerts: a missing figure neither starts nor ends an episode") {
   ok.mem_available_bytes = 500;
   CHECK(st.update(ok, lim).empty());
   CHECK(st.update(low, lim).size() == 1);
+}
+
+TEST_CASE("monitor: in_collective_frac is the growth of the rank's collective seconds over the interval") {
+  dtrain::test::TempDir d("monitor-collective");
+  MonitorOptions o;
+  o.interval_s = 3600;  // the thread takes the first sample only; the test takes the others
+  o.run_dir = d.path.string();
+  o.origin = {.rank = 0, .local_rank = 0, .node = 0, .round = 0, .host = "h"};
+  std::atomic<double> in_collectives{5.0};
+  o.collective_seconds = [&] { return in_collectives.load(); };
+  Monitor m(o);
+  REQUIRE(wait_for([&] { return m.samples() >= 1; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const json none = m.sample_once();  // no time in collectives since the first sample
+  in_collectives = 5.0 + 1e6;         // more than the interval: all of it (clamped)
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const json all = m.sample_once();
+  const auto recs = jsonl(d.path / "resources" / "rank0.jsonl");
+  REQUIRE(recs.size() == 3);
+  CHECK_FALSE(recs[0].contains("in_collective_frac"));  // the first sample: no interval yet
+  REQUIRE(none.contains("in_collective_frac"));
+  CHECK(none["in_collective_frac"].get<double>() == 0.0);
+  REQUIRE(all.contains("in_collective_frac"));
+  CHECK(all["in_collective_frac"].get<double>() == 1.0);
+  CHECK(recs[2]["in_collective_frac"] == all["in_collective_frac"]);
+
+  // A one-rank job has no communicator: no field at all.
+  dtrain::test::TempDir d1("monitor-collective-1");
+  MonitorOptions o1 = o;
+  o1.run_dir = d1.path.string();
+  o1.collective_seconds = nullptr;
+  Monitor m1(o1);
+  REQUIRE(wait_for([&] { return m1.samples() >= 1; }));
+  CHECK_FALSE(m1.sample_once().contains("in_collective_frac"));
 }
