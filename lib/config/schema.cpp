@@ -419,7 +419,7 @@ const std::vector<KeySpec>& build_schema() {
       {.path = "monitor.enabled", .type = KeyType::BOOL, .field = F(monitor.enabled),
        .help = "every rank samples its process and node (CPU, memory, network, free space of the run directory) and "
                "its GPU (NVML) into records of \"kind\": \"resource\" in its own file RUN_DIR/resources/rank<R>.jsonl; "
-               "alerts go to events.jsonl"},
+               "alerts go to the same file and, copied by the launcher, to events.jsonl"},
       {.path = "monitor.interval", .type = KeyType::FLOAT, .field = F(monitor.interval),
        .help = "seconds between two resource samples of a rank",
        .min = 0.05, .max = 86400},

@@ -3,6 +3,8 @@
 
 #include "launch/local_spawner.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <set>
 
@@ -32,15 +34,23 @@ ResourceView::ResourceView(const std::string& run_dir, const config::MonitorConf
                                                 std::chrono::duration<double>(std::max(1.0, cfg.interval)))),
       last_(std::chrono::steady_clock::now()), tail_(run_dir), idle_(idle_limits(cfg, plan)) {}
 
+bool ResourceView::read(Update& u) {
+  std::vector<nlohmann::json> alerts;
+  if (!tail_.poll(collector_, &alerts)) return false;
+  for (const auto& a : alerts)
+    if (auto ev = report::resource_alert_event(a)) u.copied.push_back(std::move(*ev));
+  return true;
+}
+
 ResourceView::Update ResourceView::poll(std::chrono::steady_clock::time_point now) {
   Update u;
   if (!enabled_ || now - last_ < every_) return u;
   last_ = now;
-  if (!tail_.poll(collector_)) return u;
+  if (!read(u)) return u;
   const auto nodes = collector_.nodes();
   for (const auto& node : nodes) u.lines.push_back(report::resource_compact_line(node));
   for (const report::NetworkIdleAlert& a : idle_.update(nodes))
-    u.alerts.push_back({.kind = report::EventKind::RESOURCE_ALERT,
+    u.raised.push_back({.kind = report::EventKind::RESOURCE_ALERT,
                         .round = round_,
                         .time_ms = a.time_ms,
                         .node = a.node,
@@ -48,6 +58,14 @@ ResourceView::Update ResourceView::poll(std::chrono::steady_clock::time_point no
                         .why = a.why,
                         .detail = {{"alert", report::kNetworkIdleAlert}, {"rank", a.rank}}});
   return u;
+}
+
+std::vector<report::Event> ResourceView::drain() {
+  Update u;
+  // The tail reads at most 4 MiB per file and look: a bounded catch-up.
+  for (int i = 0; enabled_ && i < 16 && read(u); ++i) {
+  }
+  return std::move(u.copied);
 }
 
 }  // namespace dtrain::launch

@@ -1,6 +1,7 @@
 // The launcher's view of the ranks' resource monitors during a round: their files tailed
-// at most once per monitor.interval, one compact line per node for the live view, and
-// the alerts only the whole job's samples can show (network_idle) as events.
+// at most once per monitor.interval, one compact line per node for the live view, the
+// ranks' alert records to copy into events.jsonl (its one writer), and the alerts only
+// the whole job's samples can show (network_idle).
 #pragma once
 
 #include "config/train_config.h"
@@ -25,12 +26,15 @@ class ResourceView {
   ResourceView(const std::string& run_dir, const config::MonitorConfig& cfg, const Plan& plan, int round);
 
   struct Update {
-    std::vector<std::string> lines;     // the live view's, one per node ("" none new)
-    std::vector<report::Event> alerts;  // resource_alert events that begin now
+    std::vector<std::string> lines;     // the live view's, one per node (none: nothing new)
+    std::vector<report::Event> copied;  // the ranks' alerts (their logs said them already)
+    std::vector<report::Event> raised;  // network_idle episodes that begin now
   };
   /// Reads what the ranks appended since the last look, when monitor.interval (and a
   /// second) has passed since then; nothing otherwise.
   Update poll(std::chrono::steady_clock::time_point now);
+  /// At the round's end: the ranks' alert records not copied yet (read at once).
+  std::vector<report::Event> drain();
 
  private:
   bool enabled_;
@@ -40,6 +44,8 @@ class ResourceView {
   report::ResourceTail tail_;
   report::ResourceCollector collector_;
   report::NetworkIdleWatch idle_;
+
+  bool read(Update& u);
 };
 
 }  // namespace dtrain::launch

@@ -557,6 +557,7 @@ RoundResult run_round(Job& job, rendezvous::StoreServer& server, rendezvous::Sto
     if (v.kind == RoundVerdict::Kind::SUCCEEDED) {
       if (opts.on_started && out.take_started(true)) opts.on_started();
       for (auto& ev : out.take_events()) files.event(ev);
+      for (const auto& ev : resource_view.drain()) files.event(ev);
       std::vector<report::NodeHealth> health;
       for (int k = 0; k < n; ++k) health.push_back({k, job.plan.nodes[k].host.destination(), -1.0, "done"});
       write_nodes(job, files, round, health);
@@ -579,9 +580,10 @@ RoundResult run_round(Job& job, rendezvous::StoreServer& server, rendezvous::Sto
     for (auto& ev : out.take_events()) files.event(ev);
     if (rejoin && rejoin_logged.empty() && !(rejoin_logged = rejoin->asked()).empty())
       log_info("{} passed the probe again: the ranks stop at their next checkpoint and the job regrows", rejoin_logged);
-    if (auto seen = resource_view.poll(obs.now); !seen.lines.empty()) {
+    if (auto seen = resource_view.poll(obs.now); !seen.lines.empty() || !seen.copied.empty()) {
       out.resource_lines(seen.lines);
-      for (const auto& ev : seen.alerts) {
+      for (const auto& ev : seen.copied) files.event(ev);
+      for (const auto& ev : seen.raised) {
         out.resource_alert(ev);
         files.event(ev);
       }
@@ -603,6 +605,7 @@ RoundResult run_round(Job& job, rendezvous::StoreServer& server, rendezvous::Sto
     std::this_thread::sleep_for(50ms);
   }
   round_stop(job, agents, done, fail, store, prefix, files);
+  for (const auto& ev : resource_view.drain()) files.event(ev);  // before the failure record
   result.end = fail->kind == NodeFailure::Kind::INTERRUPT ? RoundEnd::INTERRUPTED : RoundEnd::FAILED;
   result.failure = std::move(fail);
   return result;

@@ -1,6 +1,7 @@
 // The resource monitor of a rank process: a thread of its own that, every interval,
-// samples the host (and the rank's GPU through NVML), appends the sample to the rank's
-// own file RUN_DIR/resources/rank<R>.jsonl and any alert that begins to events.jsonl. It
+// samples the host (and the rank's GPU through NVML), appends the sample and any alert
+// that begins to the rank's own file RUN_DIR/resources/rank<R>.jsonl (the launcher copies
+// the alerts into events.jsonl). It
 // never runs on the training step's thread; stopping it waits at most for the sample
 // being taken.
 #pragma once
@@ -25,7 +26,7 @@ namespace dtrain::monitor {
 
 struct MonitorOptions {
   double interval_s = 10.0;  // monitor.interval
-  std::string run_dir;       // resources/rank<R>.jsonl, events.jsonl; its filesystem's free space
+  std::string run_dir;       // resources/rank<R>.jsonl; its filesystem's free space
   /// training.run_dir_mode: resources/ and the rank's file get the run directory's bits
   /// within this bound (files without x), as checkpoints do.
   mode_t max_mode = 0700;

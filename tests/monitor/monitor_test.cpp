@@ -30,6 +30,14 @@ std::vector<json> jsonl(const std::filesystem::path& p) {
   return out;
 }
 
+// The alert records ({"kind": "resource_alert"}) of a rank's file.
+std::vector<json> alert_records(const std::filesystem::path& p) {
+  std::vector<json> out;
+  for (json& r : jsonl(p))
+    if (r.value("kind", "") == "resource_alert") out.push_back(std::move(r));
+  return out;
+}
+
 // A fake NVML whose figures the test sets: one GPU, index 0.
 struct FakeGpu {
   static inline unsigned long long used = 0, total = 80ull << 30, throttle = 0;
@@ -92,7 +100,7 @@ TEST_CASE("monitor: the thread writes one resource record per sample and stops w
   const auto recs = jsonl(file);
   REQUIRE(recs.size() >= 3);
   for (const json& r : recs) {
-    CHECK(is_resource_record(r));
+    CHECK(is_resource_record(r));  // no alerts here: samples only
     CHECK(r["rank"] == 1);
     CHECK(r.contains("rss_bytes"));
     CHECK(r.contains("mem_available_bytes"));
@@ -115,7 +123,7 @@ TEST_CASE("monitor: the thread writes one resource record per sample and stops w
   CHECK_FALSE(monitor_start(o, true));  // nowhere to write
 }
 
-TEST_CASE("monitor: GPU figures through an NVML function table; alerts once per episode into events.jsonl") {
+TEST_CASE("monitor: GPU figures through an NVML function table; alerts once per episode into the rank's file") {
   dtrain::test::TempDir d("monitor-gpu");
   const NvmlApi api = fake_api();
   MonitorOptions o;
@@ -148,10 +156,13 @@ TEST_CASE("monitor: GPU figures through an NVML function table; alerts once per 
     m.sample_once();  // a new GPU memory episode
   }
   CHECK(FakeGpu::inits == 0);  // nvmlShutdown on stop
-  const auto ev = jsonl(d.path / "events.jsonl");
+  // Into the rank's own file, between its samples; events.jsonl is the launcher's.
+  CHECK_FALSE(std::filesystem::exists(d.path / "events.jsonl"));
+  const auto ev = alert_records(d.path / "resources" / "rank0.jsonl");
   std::vector<std::string> kinds;
   for (const json& e : ev) {
     CHECK(e["event"] == "resource_alert");
+    CHECK(e["node"] == 0);
     CHECK(e["round"] == 2);
     CHECK(e["rank"] == 0);
     kinds.push_back(e["alert"]);
@@ -171,7 +182,8 @@ TEST_CASE("monitor: node memory under monitor.min_free_memory raises low_memory 
     REQUIRE(wait_for([&] { return m.samples() >= 1; }));
     m.sample_once();
   }
-  const auto ev = jsonl(d.path / "events.jsonl");
+  CHECK_FALSE(std::filesystem::exists(d.path / "events.jsonl"));
+  const auto ev = alert_records(d.path / "resources" / "rank0.jsonl");
   REQUIRE(ev.size() == 1);
   CHECK(ev[0]["alert"] == "low_memory");
   CHECK(ev[0]["why"].get<std::string>().find("monitor.min_free_memory") != std::string::npos);
@@ -184,6 +196,7 @@ TEST_CASE("monitor: node memory under monitor.min_free_memory raises low_memory 
     Monitor m(o);
     REQUIRE(wait_for([&] { return m.samples() >= 1; }));
   }
+  CHECK(alert_records(d2.path / "resources" / "rank0.jsonl").empty());
   CHECK_FALSE(std::filesystem::exists(d2.path / "events.jsonl"));
 }
 
