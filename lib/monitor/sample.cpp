@@ -76,6 +76,7 @@ nlohmann::json sample_json(const ResourceSample& s, const SampleOrigin& o) {
   nlohmann::json j = {
       {"kind", kResourceKind}, {"time_ms", s.time_ms}, {"rank", o.rank},   {"local_rank", o.local_rank},
       {"node", o.node},        {"host", o.host},       {"round", o.round}, {"interval_s", s.interval_s}};
+  if (!o.job_id.empty()) j["job_id"] = o.job_id;
   auto put = [&](const char* key, const auto& v) {
     if (v) j[key] = *v;
   };

@@ -23,6 +23,9 @@ inline constexpr const char* kResourceKind = "resource";
 struct SampleOrigin {
   int rank = 0, local_rank = 0, node = 0, round = 0;
   std::string host;
+  /// The launch (DTRAIN_JOB_ID: a new one for every `dtrain launch` and `dtrain resume`),
+  /// so that readers can tell an earlier launch's ranks from this one's of the same round.
+  std::string job_id{};
 };
 
 struct NetRate {
@@ -62,7 +65,7 @@ class HostReader {
 };
 
 /// The metrics.jsonl record: {"kind": "resource", "time_ms", "rank", "local_rank", "node",
-/// "host", "round", "interval_s", "cpu_pct", "node_cpu_pct", "rss_bytes",
+/// "host", "round", "job_id" (when known), "interval_s", "cpu_pct", "node_cpu_pct", "rss_bytes",
 /// "mem_available_bytes", "mem_total_bytes", "disk_free_bytes", "net_rx_mbps",
 /// "net_tx_mbps", "net": {iface: {"rx_mbps", "tx_mbps"}}, "in_collective_frac", "gpu_index", "gpu_util_pct",
 /// "gpu_mem_util_pct", "gpu_mem_used_bytes", "gpu_mem_total_bytes", "gpu_temperature_c",

@@ -70,17 +70,24 @@ void ResourceCollector::add(const json& r) {
 }
 
 std::vector<NodeResources> ResourceCollector::nodes() const {
-  // The round of the newest record decides which ranks are current.
+  // The launch and round of the newest record decide which ranks are current (records
+  // written before samples had a job_id count as a launch of their own, "").
+  auto job_of = [](const json& r) {
+    auto j = r.find("job_id");
+    return j != r.end() && j->is_string() ? j->get<std::string>() : std::string();
+  };
   int64_t newest = -1;
   int round = 0;
+  std::string job;
   for (const json& r : latest_)
     if (!r.is_null() && opt<int64_t>(r, "time_ms").value_or(0) > newest) {
       newest = opt<int64_t>(r, "time_ms").value_or(0);
       round = opt<int>(r, "round").value_or(0);
+      job = job_of(r);
     }
   std::map<int, NodeResources> by_node;
   for (const json& r : latest_) {
-    if (r.is_null() || opt<int>(r, "round").value_or(0) != round) continue;
+    if (r.is_null() || opt<int>(r, "round").value_or(0) != round || job_of(r) != job) continue;
     const int node = opt<int>(r, "node").value_or(0);
     NodeResources& n = by_node[node];
     n.node = node;

@@ -64,9 +64,10 @@ struct ResourceAlertRecord {
 
 /// Collects resource records (others are passed over), each rank's in the order its file
 /// holds them: a rank's latest is the last one added. nodes() shows only the ranks whose
-/// latest record is of the round of the newest record of all (a resized job's ranks that
-/// are gone drop out; a `dtrain resume`, whose rounds count from 0 again, does not hide
-/// its ranks behind an earlier launch's higher round). Nodes by number.
+/// latest record is of the launch ("job_id") and round of the newest record of all (a
+/// resized job's ranks that are gone drop out; a `dtrain resume`, whose rounds count from
+/// 0 again, neither hides its ranks behind an earlier launch's higher round nor shows an
+/// earlier launch's ranks of the same round number). Nodes by number.
 class ResourceCollector {
  public:
   void add(const nlohmann::json& record);

@@ -3,7 +3,8 @@
 // 1) is shaped to 8 kbit/s (1 kB/s), so the next gradient all-reduce (0.9 MB each way)
 // stalls with both ranks inside it. The launcher must raise network_idle for node 1 (in
 // a stalled two-node ring node 0 may be named too) in events.jsonl, its live view and
-// `dtrain status`, once per episode; with the shaping removed the job finishes. Skipped
+// `dtrain status`, once per episode; with the shaping removed the job finishes. Every
+// sample names the launch (job_id, launcher.json's). Skipped
 // with a message when not root, without sshd/ip/tc, or without $DTRAIN_BIN.
 #include "cli_harness.h"
 #include "run_readers.h"
@@ -106,8 +107,15 @@ TEST_CASE("monitor: a link shaped to near zero while the ranks all-reduce raises
   CHECK(contains(status.out, "network_idle"));
   CHECK(contains(status.out, "monitor.min_network"));
   // The samples say why: both ranks waited in the all-reduce while node 1 was shaped.
+  // Every sample names this launch (launcher.json's job id).
+  const auto launcher = nlohmann::json::parse(read_text(run_dir + "/launcher.json"), nullptr, false);
+  REQUIRE(launcher.is_object());
+  const std::string job_id = launcher.value("job_id", "");
+  CHECK(!job_id.empty());
   int waiting = 0;
-  for (const auto& j : resource_records(run_dir))
+  for (const auto& j : resource_records(run_dir)) {
+    CHECK(j.value("job_id", "") == job_id);
     if (j.value("in_collective_frac", 0.0) >= 0.5) ++waiting;
+  }
   CHECK(waiting >= 4);
 }
