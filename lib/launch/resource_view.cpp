@@ -32,7 +32,9 @@ report::NetworkIdleLimits idle_limits(const config::MonitorConfig& cfg, const Pl
 ResourceView::ResourceView(const std::string& run_dir, const config::MonitorConfig& cfg, const Plan& plan, int round)
     : enabled_(cfg.enabled), round_(round), every_(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                                 std::chrono::duration<double>(std::max(1.0, cfg.interval)))),
-      last_(std::chrono::steady_clock::now()), tail_(run_dir), idle_(idle_limits(cfg, plan)) {}
+      last_(std::chrono::steady_clock::now()), tail_(run_dir), idle_(idle_limits(cfg, plan)) {
+  for (const NodePlan& n : plan.nodes) hosts_.push_back(n.host.destination());
+}
 
 bool ResourceView::read(Update& u) {
   std::vector<nlohmann::json> alerts;
@@ -50,13 +52,16 @@ ResourceView::Update ResourceView::poll(std::chrono::steady_clock::time_point no
   const auto nodes = collector_.nodes();
   for (const auto& node : nodes) u.lines.push_back(report::resource_compact_line(node));
   for (const report::NetworkIdleAlert& a : idle_.update(nodes))
-    u.raised.push_back({.kind = report::EventKind::RESOURCE_ALERT,
-                        .round = round_,
-                        .time_ms = a.time_ms,
-                        .node = a.node,
-                        .host = a.host,
-                        .why = a.why,
-                        .detail = {{"alert", report::kNetworkIdleAlert}, {"rank", a.rank}}});
+    // The host as the hostfile names it (the samples' gethostname can be one name for
+    // several nodes: containers, network namespaces).
+    u.raised.push_back(
+        {.kind = report::EventKind::RESOURCE_ALERT,
+         .round = round_,
+         .time_ms = a.time_ms,
+         .node = a.node,
+         .host = a.node >= 0 && a.node < static_cast<int>(hosts_.size()) ? hosts_[static_cast<size_t>(a.node)] : a.host,
+         .why = a.why,
+         .detail = {{"alert", report::kNetworkIdleAlert}, {"rank", a.rank}}});
   return u;
 }
 

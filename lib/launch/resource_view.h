@@ -39,6 +39,7 @@ class ResourceView {
  private:
   bool enabled_;
   int round_;
+  std::vector<std::string> hosts_;  // the plan's, by node: what the hostfile calls them
   std::chrono::steady_clock::duration every_;
   std::chrono::steady_clock::time_point last_;
   report::ResourceTail tail_;

@@ -103,7 +103,17 @@ TEST_CASE("monitor: a link shaped to near zero while the ranks all-reduce raises
   REQUIRE(alerts.count(1) == 1);
   // One episode, one alert: not one per sample of the stall.
   CHECK(alerts.at(1) == 1);
-  CHECK(contains(job.output(), "[resources] alert network_idle on node1"));
+  // Named by the hostfile's name for node 1 (the namespaces share one gethostname).
+  std::vector<std::string> hostfile_hosts;
+  for (const auto& line : split_lines(read_text(cluster.dir() + "/hostfile")))
+    if (!line.empty() && line[0] != '#') hostfile_hosts.push_back(line.substr(0, line.find_first_of(" \t")));
+  REQUIRE(hostfile_hosts.size() == 2);
+  for (const auto& line : split_lines(read_text(run_dir + "/events.jsonl"))) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("alert", "") == "network_idle" && j.value("node", -1) == 1)
+      CHECK(j.value("host", "") == hostfile_hosts[1]);
+  }
+  CHECK(contains(job.output(), "[resources] alert network_idle on node1 " + hostfile_hosts[1] + ":"));
   CHECK(contains(status.out, "network_idle"));
   CHECK(contains(status.out, "monitor.min_network"));
   // The samples say why: both ranks waited in the all-reduce while node 1 was shaped.
