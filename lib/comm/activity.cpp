@@ -1,9 +1,19 @@
 // ActivityCommunicator: forwards every call, counting the threads inside collectives.
 #include "comm/activity.h"
 
+#include <chrono>
 #include <utility>
 
 namespace dtrain::comm {
+
+namespace {
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
 
 ActivityCommunicator::ActivityCommunicator(std::unique_ptr<Communicator> inner, Observer observer)
     : inner_(std::move(inner)), observer_(std::move(observer)) {}
@@ -14,13 +24,29 @@ void ActivityCommunicator::watched(F&& f) {
   struct Depth {
     ActivityCommunicator& c;
     explicit Depth(ActivityCommunicator& c_) : c(c_) {
-      if (c.depth_.fetch_add(1) == 0 && c.observer_) c.observer_();
+      bool first = false;
+      {
+        std::lock_guard<std::mutex> lock(c.time_mu_);
+        if ((first = c.depth_.fetch_add(1) == 0)) c.since_ns_ = steady_ns();
+      }
+      if (first && c.observer_) c.observer_();
     }
     ~Depth() {
-      if (c.depth_.fetch_sub(1) == 1 && c.observer_) c.observer_();
+      bool last = false;
+      {
+        std::lock_guard<std::mutex> lock(c.time_mu_);
+        if ((last = c.depth_.fetch_sub(1) == 1)) c.busy_ns_ += steady_ns() - c.since_ns_;
+      }
+      if (last && c.observer_) c.observer_();
     }
   } depth(*this);
   f();
+}
+
+double ActivityCommunicator::collective_seconds() const {
+  std::lock_guard<std::mutex> lock(time_mu_);
+  const int64_t ns = busy_ns_ + (depth_.load() > 0 ? steady_ns() - since_ns_ : 0);
+  return static_cast<double>(ns) / 1e9;
 }
 
 void ActivityCommunicator::allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {

@@ -6,8 +6,10 @@
 #include "comm/communicator.h"
 
 #include <atomic>
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 
 namespace dtrain::comm {
 
@@ -21,6 +23,11 @@ class ActivityCommunicator : public Communicator {
 
   /// True while any thread is inside a collective, barrier or synchronize of this rank.
   bool in_collective() const { return depth_.load() > 0; }
+
+  /// Seconds spent inside collectives so far (any thread; overlapping calls count once),
+  /// the current stretch included: the resource monitor's "in_collective_frac" is its
+  /// growth over a sample interval.
+  double collective_seconds() const;
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -47,6 +54,11 @@ class ActivityCommunicator : public Communicator {
   std::unique_ptr<Communicator> inner_;
   Observer observer_;
   std::atomic<int> depth_{0};
+  // The time accounting: taken only when the depth leaves or reaches 0 (once per
+  // collective, next to a network round trip) and by the monitor's reads.
+  mutable std::mutex time_mu_;
+  int64_t busy_ns_ = 0;   // closed stretches
+  int64_t since_ns_ = 0;  // start of the open stretch (depth_ > 0)
 };
 
 }  // namespace dtrain::comm

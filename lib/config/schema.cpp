@@ -419,13 +419,19 @@ const std::vector<KeySpec>& build_schema() {
       {.path = "monitor.enabled", .type = KeyType::BOOL, .field = F(monitor.enabled),
        .help = "every rank samples its process and node (CPU, memory, network, free space of the run directory) and "
                "its GPU (NVML) into records of \"kind\": \"resource\" in its own file RUN_DIR/resources/rank<R>.jsonl; "
-               "alerts go to events.jsonl"},
+               "alerts go to the same file and, copied by the launcher, to events.jsonl"},
       {.path = "monitor.interval", .type = KeyType::FLOAT, .field = F(monitor.interval),
        .help = "seconds between two resource samples of a rank",
        .min = 0.05, .max = 86400},
       {.path = "monitor.min_free_memory", .type = KeyType::FLOAT, .field = F(monitor.min_free_memory),
        .help = "GiB: a node whose available memory (MemAvailable) falls below this raises one resource_alert per "
                "episode in events.jsonl; 0 = no such alert",
+       .min = 0},
+      {.path = "monitor.min_network", .type = KeyType::FLOAT, .field = F(monitor.min_network),
+       .help = "MB/s: a node whose network traffic (received + sent, loopback excluded) stays under this for two "
+               "samples in a row while every rank of the job is in a collective for at least half of its interval "
+               "raises one network_idle resource_alert per episode (decided by the launcher, jobs over several hosts "
+               "only); 0 = no such alert",
        .min = 0},
       {.path = "monitor.nvml_library", .type = KeyType::STRING, .field = F(monitor.nvml_library),
        .help = "the NVML library the monitor dlopens for GPU figures (none found: the records have no GPU fields, "

@@ -16,6 +16,7 @@
 #include "launch/run_dir.h"
 #include "launch/run_files.h"
 #include "launch/rank_watch.h"
+#include "launch/resource_view.h"
 #include "launch/round.h"
 #include "rendezvous/store.h"
 #include "report/event.h"
@@ -170,6 +171,16 @@ class OutputRouter {
     if (!echo_ || lines.empty()) return;
     end_status_line();
     for (const auto& l : lines) print(stdout, "", "[resources] " + l);
+  }
+
+  // An alert the launcher raised from every rank's samples (network_idle).
+  void resource_alert(const report::Event& ev) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!echo_) return;
+    end_status_line();
+    print(stderr, "",
+          fmt::format("[resources] alert {} on node{} {}: {}", ev.detail.value("alert", ""), ev.node.value_or(-1),
+                      ev.host.value_or("?"), ev.why.value_or("")));
   }
 
   // Other output must start on a fresh line when a redrawn status line is open.
@@ -501,10 +512,10 @@ RoundResult run_round(Job& job, rendezvous::StoreServer& server, rendezvous::Sto
   const std::string prefix = rendezvous::store_prefix(job.spec.job_id, round);
   const int n = static_cast<int>(job.plan.nodes.size());
 
-  // The live view's resource lines: the records the ranks' monitors append to their files
-  // from now on (before the agents start: what the files hold is earlier rounds'), at most
-  // once per monitor.interval (and per second).
-  report::ResourceTail resource_tail(job.run_dir);
+  // The live view's resource lines and network_idle: the records the ranks' monitors
+  // append to their files from now on (before the agents start: what the files hold is
+  // earlier rounds'), at most once per monitor.interval (and per second).
+  ResourceView resource_view(job.run_dir, job.cfg.monitor, job.plan, round);
   RoundAgents started_agents = round_start_agents(job, token, opts, out);
   auto& agents = started_agents.agents;
   std::optional<NodeFailure> fail = std::move(started_agents.failure);
@@ -523,10 +534,6 @@ RoundResult run_round(Job& job, rendezvous::StoreServer& server, rendezvous::Sto
   obs.started = Clock::now();
   obs.nodes.resize(static_cast<size_t>(n));
   auto last_nodes_write = obs.started - 10s;
-  report::ResourceCollector resources;
-  const auto resource_every = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double>(std::max(1.0, job.cfg.monitor.interval)));
-  auto last_resource_show = obs.started;
   std::vector<bool> done(n, false);
   RoundResult result;
   while (!fail) {
@@ -550,6 +557,7 @@ RoundResult run_round(Job& job, rendezvous::StoreServer& server, rendezvous::Sto
     if (v.kind == RoundVerdict::Kind::SUCCEEDED) {
       if (opts.on_started && out.take_started(true)) opts.on_started();
       for (auto& ev : out.take_events()) files.event(ev);
+      for (const auto& ev : resource_view.drain()) files.event(ev);
       std::vector<report::NodeHealth> health;
       for (int k = 0; k < n; ++k) health.push_back({k, job.plan.nodes[k].host.destination(), -1.0, "done"});
       write_nodes(job, files, round, health);
@@ -572,12 +580,12 @@ RoundResult run_round(Job& job, rendezvous::StoreServer& server, rendezvous::Sto
     for (auto& ev : out.take_events()) files.event(ev);
     if (rejoin && rejoin_logged.empty() && !(rejoin_logged = rejoin->asked()).empty())
       log_info("{} passed the probe again: the ranks stop at their next checkpoint and the job regrows", rejoin_logged);
-    if (job.cfg.monitor.enabled && obs.now - last_resource_show >= resource_every) {
-      last_resource_show = obs.now;
-      if (resource_tail.poll(resources)) {
-        std::vector<std::string> lines;
-        for (const auto& node : resources.nodes()) lines.push_back(report::resource_compact_line(node));
-        out.resource_lines(lines);
+    if (auto seen = resource_view.poll(obs.now); !seen.lines.empty() || !seen.copied.empty()) {
+      out.resource_lines(seen.lines);
+      for (const auto& ev : seen.copied) files.event(ev);
+      for (const auto& ev : seen.raised) {
+        out.resource_alert(ev);
+        files.event(ev);
       }
     }
     if (obs.now - last_nodes_write > 1000ms) {
@@ -597,6 +605,7 @@ RoundResult run_round(Job& job, rendezvous::StoreServer& server, rendezvous::Sto
     std::this_thread::sleep_for(50ms);
   }
   round_stop(job, agents, done, fail, store, prefix, files);
+  for (const auto& ev : resource_view.drain()) files.event(ev);  // before the failure record
   result.end = fail->kind == NodeFailure::Kind::INTERRUPT ? RoundEnd::INTERRUPTED : RoundEnd::FAILED;
   result.failure = std::move(fail);
   return result;

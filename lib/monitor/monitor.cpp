@@ -12,25 +12,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 
 namespace dtrain::monitor {
-
-namespace {
-
-// One whole line appended to events.jsonl, which the launcher (or dtrain run's rank 0)
-// and the other ranks' monitors append to as well: O_APPEND and one record per write.
-int line_append(const std::string& path, const std::string& line) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return errno;
-  const int err = append_record(fd, line);
-  ::close(fd);
-  return err;
-}
-
-}  // namespace
 
 std::vector<tensorboard::Scalar> sample_scalars(const ResourceSample& s) {
   std::vector<tensorboard::Scalar> v;
@@ -88,6 +75,11 @@ void Monitor::gpu_open() {
   if (!nvml_) log_info("rank {}: resource monitor without GPU figures: {}", o_.origin.rank, why);
 }
 
+// The alert goes into the rank's own file, never into events.jsonl: that file is the
+// launcher's (it copies these records there, one writer on one host), and a rank on
+// another host appending to it over a shared filesystem could interleave with the
+// launcher's writes. Under `dtrain run` nobody copies them: `dtrain status` reads them
+// from the ranks' files.
 void Monitor::event_append(const Alert& a, int64_t time_ms) {
   report::Event e{.kind = report::EventKind::RESOURCE_ALERT,
                   .round = o_.origin.round,
@@ -97,8 +89,10 @@ void Monitor::event_append(const Alert& a, int64_t time_ms) {
                   .why = a.why,
                   .detail = {{"alert", alert_kind_name(a.kind)}, {"rank", o_.origin.rank}}};
   log_warn("rank {} on {}: {}", o_.origin.rank, o_.origin.host, a.why);
-  if (!o_.run_dir.empty())
-    line_append((std::filesystem::path(o_.run_dir) / "events.jsonl").string(), report::event_json(e).dump() + "\n");
+  if (fd_ < 0) return;  // the file could not be opened: said once by sample_once
+  nlohmann::json rec = report::event_json(e);
+  rec["kind"] = report::kResourceAlertKind;
+  append_record(fd_, rec.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 void Monitor::tensorboard_write(const ResourceSample& s) {
@@ -151,6 +145,12 @@ nlohmann::json Monitor::sample_once() {
   std::lock_guard<std::mutex> one(sample_mu_);
   if (o_.gpu && !gpu_tried_) gpu_open();
   ResourceSample s = host_.read();
+  if (o_.collective_seconds) {
+    const double c = o_.collective_seconds();
+    if (prev_collective_s_ && s.interval_s > 0)
+      s.in_collective_frac = std::clamp((c - *prev_collective_s_) / s.interval_s, 0.0, 1.0);
+    prev_collective_s_ = c;
+  }
   if (nvml_) {
     std::string why;
     s.gpu = nvml_->read(o_.gpu_index, &why);

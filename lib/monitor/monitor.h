@@ -1,6 +1,7 @@
 // The resource monitor of a rank process: a thread of its own that, every interval,
-// samples the host (and the rank's GPU through NVML), appends the sample to the rank's
-// own file RUN_DIR/resources/rank<R>.jsonl and any alert that begins to events.jsonl. It
+// samples the host (and the rank's GPU through NVML), appends the sample and any alert
+// that begins to the rank's own file RUN_DIR/resources/rank<R>.jsonl (the launcher copies
+// the alerts into events.jsonl). It
 // never runs on the training step's thread; stopping it waits at most for the sample
 // being taken.
 #pragma once
@@ -13,6 +14,8 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -23,7 +26,7 @@ namespace dtrain::monitor {
 
 struct MonitorOptions {
   double interval_s = 10.0;  // monitor.interval
-  std::string run_dir;       // resources/rank<R>.jsonl, events.jsonl; its filesystem's free space
+  std::string run_dir;       // resources/rank<R>.jsonl; its filesystem's free space
   /// training.run_dir_mode: resources/ and the rank's file get the run directory's bits
   /// within this bound (files without x), as checkpoints do.
   mode_t max_mode = 0700;
@@ -39,6 +42,9 @@ struct MonitorOptions {
   unsigned int gpu_index = 0;
   std::string nvml_library = "libnvidia-ml.so.1";
   const NvmlApi* nvml_api = nullptr;
+  /// The rank's seconds inside collectives so far (comm::ActivityCommunicator::
+  /// collective_seconds); unset (a one-rank job): the samples have no in_collective_frac.
+  std::function<double()> collective_seconds;
 };
 
 class Monitor {
@@ -75,6 +81,7 @@ class Monitor {
   int fd_ = -1;  // resources/rank<R>.jsonl, opened at the first sample
   bool write_warned_ = false;
   bool gpu_read_warned_ = false;
+  std::optional<double> prev_collective_s_;
   std::mutex sample_mu_;  // one sample at a time (the thread, a benchmark's caller)
   mutable std::mutex mu_;
   std::condition_variable cv_;

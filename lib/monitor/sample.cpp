@@ -76,6 +76,7 @@ nlohmann::json sample_json(const ResourceSample& s, const SampleOrigin& o) {
   nlohmann::json j = {
       {"kind", kResourceKind}, {"time_ms", s.time_ms}, {"rank", o.rank},   {"local_rank", o.local_rank},
       {"node", o.node},        {"host", o.host},       {"round", o.round}, {"interval_s", s.interval_s}};
+  if (!o.job_id.empty()) j["job_id"] = o.job_id;
   auto put = [&](const char* key, const auto& v) {
     if (v) j[key] = *v;
   };
@@ -99,6 +100,7 @@ nlohmann::json sample_json(const ResourceSample& s, const SampleOrigin& o) {
     j["net_tx_mbps"] = tx;
     j["net"] = std::move(per);
   }
+  put("in_collective_frac", s.in_collective_frac);
   if (s.gpu) {
     const GpuReading& g = *s.gpu;
     j["gpu_index"] = g.index;

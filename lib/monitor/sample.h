@@ -23,6 +23,9 @@ inline constexpr const char* kResourceKind = "resource";
 struct SampleOrigin {
   int rank = 0, local_rank = 0, node = 0, round = 0;
   std::string host;
+  /// The launch (DTRAIN_JOB_ID: a new one for every `dtrain launch` and `dtrain resume`),
+  /// so that readers can tell an earlier launch's ranks from this one's of the same round.
+  std::string job_id{};
 };
 
 struct NetRate {
@@ -37,6 +40,9 @@ struct ResourceSample {
   std::optional<double> node_cpu_pct;  // the node, % of all its cores
   std::optional<int64_t> rss_bytes, mem_available_bytes, mem_total_bytes, disk_free_bytes;
   std::vector<NetRate> net;  // interfaces of the process's network namespace
+  /// Share of the interval this rank spent inside collectives (0..1; from its
+  /// communicator's accounting; absent in a one-rank job and on the first sample).
+  std::optional<double> in_collective_frac;
   std::optional<GpuReading> gpu;
 };
 
@@ -59,9 +65,9 @@ class HostReader {
 };
 
 /// The metrics.jsonl record: {"kind": "resource", "time_ms", "rank", "local_rank", "node",
-/// "host", "round", "interval_s", "cpu_pct", "node_cpu_pct", "rss_bytes",
+/// "host", "round", "job_id" (when known), "interval_s", "cpu_pct", "node_cpu_pct", "rss_bytes",
 /// "mem_available_bytes", "mem_total_bytes", "disk_free_bytes", "net_rx_mbps",
-/// "net_tx_mbps", "net": {iface: {"rx_mbps", "tx_mbps"}}, "gpu_index", "gpu_util_pct",
+/// "net_tx_mbps", "net": {iface: {"rx_mbps", "tx_mbps"}}, "in_collective_frac", "gpu_index", "gpu_util_pct",
 /// "gpu_mem_util_pct", "gpu_mem_used_bytes", "gpu_mem_total_bytes", "gpu_temperature_c",
 /// "gpu_power_w", "gpu_sm_clock_mhz", "gpu_throttle_reasons"}; absent figures are left out.
 nlohmann::json sample_json(const ResourceSample& s, const SampleOrigin& o);

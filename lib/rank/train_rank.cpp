@@ -125,12 +125,18 @@ int train_rank(RankContext& ctx, rendezvous::Heartbeat& hb, config::TrainConfig 
   mo.interval_s = cfg.monitor.interval;
   mo.run_dir = ctx.run_dir;
   mo.max_mode = launch::run_dir_mode_parse(cfg.training.run_dir_mode);
-  mo.origin = {.rank = ctx.rank, .local_rank = ctx.local_rank, .node = ctx.node_rank, .round = ctx.round, .host = host};
+  mo.origin = {.rank = ctx.rank,
+               .local_rank = ctx.local_rank,
+               .node = ctx.node_rank,
+               .round = ctx.round,
+               .host = host,
+               .job_id = ctx.job_id};
   mo.limits.min_free_memory_bytes = static_cast<int64_t>(cfg.monitor.min_free_memory * 1024.0 * 1024.0 * 1024.0);
   mo.limits.node_checks = ctx.local_rank == 0;  // one rank per node watches the node's memory
   mo.gpu = device != nullptr;
   mo.gpu_index = monitor::nvml_index_of(ctx.local_rank, std::getenv("CUDA_VISIBLE_DEVICES"));
   mo.nvml_library = cfg.monitor.nvml_library;
+  if (comm) mo.collective_seconds = [c = comm.get()] { return c->collective_seconds(); };
   // Each rank's scalars are a TensorBoard run of their own beside rank 0's training scalars.
   if (cfg.tensorboard.enabled && !ctx.run_dir.empty())
     mo.tensorboard_dir = (std::filesystem::path(tensorboard::log_dir(ctx.run_dir, cfg.tensorboard.output_path,

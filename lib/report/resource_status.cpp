@@ -70,17 +70,24 @@ void ResourceCollector::add(const json& r) {
 }
 
 std::vector<NodeResources> ResourceCollector::nodes() const {
-  // The round of the newest record decides which ranks are current.
+  // The launch and round of the newest record decide which ranks are current (records
+  // written before samples had a job_id count as a launch of their own, "").
+  auto job_of = [](const json& r) {
+    auto j = r.find("job_id");
+    return j != r.end() && j->is_string() ? j->get<std::string>() : std::string();
+  };
   int64_t newest = -1;
   int round = 0;
+  std::string job;
   for (const json& r : latest_)
     if (!r.is_null() && opt<int64_t>(r, "time_ms").value_or(0) > newest) {
       newest = opt<int64_t>(r, "time_ms").value_or(0);
       round = opt<int>(r, "round").value_or(0);
+      job = job_of(r);
     }
   std::map<int, NodeResources> by_node;
   for (const json& r : latest_) {
-    if (r.is_null() || opt<int>(r, "round").value_or(0) != round) continue;
+    if (r.is_null() || opt<int>(r, "round").value_or(0) != round || job_of(r) != job) continue;
     const int node = opt<int>(r, "node").value_or(0);
     NodeResources& n = by_node[node];
     n.node = node;
@@ -97,6 +104,7 @@ std::vector<NodeResources> ResourceCollector::nodes() const {
     k.gpu_mem_total_bytes = opt<int64_t>(r, "gpu_mem_total_bytes");
     k.gpu_sm_clock_mhz = opt<int64_t>(r, "gpu_sm_clock_mhz");
     k.gpu_throttle_reasons = opt<uint64_t>(r, "gpu_throttle_reasons");
+    k.in_collective_frac = opt<double>(r, "in_collective_frac");
     // The node's own figures from its newest sample.
     if (k.time_ms >= n.time_ms) {
       n.time_ms = k.time_ms;
@@ -130,6 +138,20 @@ std::optional<ResourceAlertRecord> resource_alert_of(const json& e) {
   if (auto x = e.find("alert"); x != e.end() && x->is_string()) a.alert = x->get<std::string>();
   if (auto x = e.find("why"); x != e.end() && x->is_string()) a.why = x->get<std::string>();
   return a;
+}
+
+std::optional<Event> resource_alert_event(const json& r) {
+  if (!r.is_object() || r.value("kind", json()) != kResourceAlertKind) return std::nullopt;
+  const auto a = resource_alert_of(r);
+  if (!a) return std::nullopt;
+  Event e{.kind = EventKind::RESOURCE_ALERT,
+          .round = opt<int>(r, "round").value_or(0),
+          .time_ms = a->time_ms,
+          .host = a->host,
+          .why = a->why,
+          .detail = {{"alert", a->alert}, {"rank", a->rank}}};
+  if (a->node >= 0) e.node = a->node;
+  return e;
 }
 
 std::string resource_lines(const std::vector<NodeResources>& nodes, int64_t now_ms) {
@@ -219,15 +241,21 @@ std::string resource_compact_line(const NodeResources& n) {
 
 namespace {
 
-// Feeds the complete lines of buf[0, end] that are resource records; true for any.
-bool lines_add(std::string_view buf, size_t end, ResourceCollector& into) {
+bool is_alert_record(const json& r) { return r.is_object() && r.value("kind", json()) == kResourceAlertKind; }
+
+// Feeds the complete lines of buf[0, end] that are samples to `into` and those that are
+// alert records to *alerts (when given); true for any of either.
+bool lines_add(std::string_view buf, size_t end, ResourceCollector* into, std::vector<json>* alerts) {
   bool any = false;
   for (size_t at = 0; at <= end;) {
     const size_t nl = buf.find('\n', at);
     if (nl == std::string_view::npos) break;
-    const auto j = json::parse(buf.substr(at, nl - at), nullptr, false);
-    if (is_resource_record(j)) {
-      into.add(j);
+    auto j = json::parse(buf.substr(at, nl - at), nullptr, false);
+    if (into && is_resource_record(j)) {
+      into->add(j);
+      any = true;
+    } else if (alerts && is_alert_record(j)) {
+      alerts->push_back(std::move(j));
       any = true;
     }
     at = nl + 1;
@@ -241,18 +269,14 @@ uint64_t file_size(const std::string& path) {
   return ec ? 0 : static_cast<uint64_t>(n);
 }
 
-}  // namespace
-
-std::vector<NodeResources> resource_read(const std::string& run_dir) {
-  // A rank's latest record is its file's last: only the end of each file is read (a long
-  // run's files hold a record every monitor.interval).
-  constexpr uint64_t kTail = 64u << 10;
-  ResourceCollector c;
+// The last `tail_bytes` of every rank's file, whole lines only, to `into` / `alerts`.
+void files_tail_read(const std::string& run_dir, uint64_t tail_bytes, ResourceCollector* into,
+                     std::vector<json>* alerts) {
   for (const std::string& path : resource_files(run_dir)) {
     std::ifstream in(path, std::ios::binary);
     if (!in) continue;
     const uint64_t size = file_size(path);
-    const uint64_t from = size > kTail ? size - kTail : 0;
+    const uint64_t from = size > tail_bytes ? size - tail_bytes : 0;
     std::string buf(size - from, '\0');
     in.seekg(static_cast<std::streamoff>(from));
     in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
@@ -261,16 +285,35 @@ std::vector<NodeResources> resource_read(const std::string& run_dir) {
     // Read from the middle of a line: that line is not whole.
     const size_t begin = from == 0 ? 0 : buf.find('\n') + 1;
     if (begin >= buf.size()) continue;  // one line longer than the tail: no whole record
-    lines_add(std::string_view(buf).substr(begin), buf.size() - 1 - begin, c);
+    lines_add(std::string_view(buf).substr(begin), buf.size() - 1 - begin, into, alerts);
   }
+}
+
+}  // namespace
+
+std::vector<NodeResources> resource_read(const std::string& run_dir) {
+  // A rank's latest record is its file's last: only the end of each file is read (a long
+  // run's files hold a record every monitor.interval).
+  ResourceCollector c;
+  files_tail_read(run_dir, 64u << 10, &c, nullptr);
   return c.nodes();
+}
+
+std::vector<ResourceAlertRecord> resource_alerts_read(const std::string& run_dir, uint64_t tail_bytes) {
+  std::vector<json> records;
+  files_tail_read(run_dir, tail_bytes, nullptr, &records);
+  std::vector<ResourceAlertRecord> out;
+  for (const json& r : records)
+    if (auto a = resource_alert_of(r)) out.push_back(std::move(*a));
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.time_ms < b.time_ms; });
+  return out;
 }
 
 ResourceTail::ResourceTail(std::string run_dir) : run_dir_(std::move(run_dir)) {
   for (const std::string& path : resource_files(run_dir_)) offset_[path] = file_size(path);
 }
 
-bool ResourceTail::poll(ResourceCollector& into) {
+bool ResourceTail::poll(ResourceCollector& into, std::vector<json>* alerts) {
   bool any = false;
   for (const std::string& path : resource_files(run_dir_)) {
     uint64_t& offset = offset_[path];  // a new file: from its start
@@ -289,7 +332,7 @@ bool ResourceTail::poll(ResourceCollector& into) {
     const size_t end = buf.rfind('\n');
     if (end == std::string::npos) continue;  // no complete line yet
     offset += end + 1;
-    any = lines_add(buf, end, into) || any;
+    any = lines_add(buf, end, &into, alerts) || any;
   }
   return any;
 }

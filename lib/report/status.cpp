@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <set>
+#include <tuple>
 #include <cstdlib>
 #include <functional>
 #include <cerrno>
@@ -486,6 +488,19 @@ void decide_state(RunStatus& st, int64_t ext_pid_start) {
   else st.state = RunState::NOT_STARTED;
 }
 
+// A `dtrain run` job has no launcher to copy the ranks' alert records into events.jsonl:
+// they are read from the last MiB of each rank's file (thousands of samples; older ones
+// are not shown), beside any events.jsonl holds (a launcher's earlier rounds), once each.
+void external_alerts_add(const std::string& run_dir, RunStatus& st) {
+  auto key = [](const ResourceAlertRecord& a) { return std::make_tuple(a.time_ms, a.rank, a.node, a.alert); };
+  std::set<std::tuple<int64_t, int, int, std::string>> have;
+  for (const auto& a : st.resource_alerts) have.insert(key(a));
+  for (auto& a : resource_alerts_read(run_dir, 1u << 20))
+    if (have.insert(key(a)).second) st.resource_alerts.push_back(std::move(a));
+  std::stable_sort(st.resource_alerts.begin(), st.resource_alerts.end(),
+                   [](const auto& a, const auto& b) { return a.time_ms < b.time_ms; });
+}
+
 }  // namespace
 
 RunStatus status_read(const std::string& run_dir, const CheckpointProblem& checkpoint_problem) {
@@ -497,6 +512,7 @@ RunStatus status_read(const std::string& run_dir, const CheckpointProblem& check
   const int64_t ext_pid_start = read_events(dir, st);
   const RecordTimes rank_times = read_metrics(dir, st);
   st.resources = resource_read(dir.string());
+  if (!st.started_by.empty()) external_alerts_add(dir.string(), st);
   read_latest(dir, st);
   pick_resume_checkpoint(dir, st, checkpoint_problem);
   read_nodes(dir, st);
@@ -645,7 +661,8 @@ void health_rows(StatusText& t) {
   if (!st.resource_alerts.empty()) {
     // The newest few: each is one episode's start, the log keeps them all.
     constexpr size_t kShown = 5;
-    t.row("alerts", fmt::format("{} resource alert(s) in events.jsonl{}", st.resource_alerts.size(),
+    t.row("alerts", fmt::format("{} resource alert(s) in events.jsonl{}{}", st.resource_alerts.size(),
+                                st.started_by.empty() ? "" : " and the ranks' resources/rank<R>.jsonl",
                                 st.resource_alerts.size() > kShown ? fmt::format(", the last {}", kShown) : ""));
     for (size_t i = st.resource_alerts.size() > kShown ? st.resource_alerts.size() - kShown : 0;
          i < st.resource_alerts.size(); ++i) {

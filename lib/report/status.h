@@ -139,7 +139,8 @@ struct RunStatus {
   double straggler_factor = 0.0;  ///< the rule (nodes.json); 0 = unknown, no check
   int straggler_window = 0;
   std::vector<StragglerFlag> stragglers;
-  // the resource monitor: every node's latest samples (resources/rank<R>.jsonl), its alerts (events.jsonl)
+  // the resource monitor: every node's latest samples (resources/rank<R>.jsonl), its alerts
+  // (events.jsonl; under dtrain run also the ranks' files)
   std::vector<NodeResources> resources;
   std::vector<ResourceAlertRecord> resource_alerts;
 };

@@ -65,8 +65,9 @@ inline std::vector<std::pair<int64_t, double>> metric_losses(const std::string& 
   return out;
 }
 
-/// The resource records of RUN_DIR/resources/rank<R>.jsonl, file by file; each must be a
-/// whole record of the file's own rank (one writer per file: nothing torn, nothing foreign).
+/// The resource records of RUN_DIR/resources/rank<R>.jsonl, file by file; each line must be
+/// a whole record of the file's own rank (one writer per file: nothing torn, nothing
+/// foreign), a sample or an alert record ({"kind": "resource_alert"}, passed over here).
 inline std::vector<nlohmann::json> resource_records(const std::string& run_dir) {
   std::vector<nlohmann::json> out;
   std::error_code ec;
@@ -79,8 +80,9 @@ inline std::vector<nlohmann::json> resource_records(const std::string& run_dir) 
       INFO(line);
       const auto j = nlohmann::json::parse(line, nullptr, false);
       REQUIRE(j.is_object());
-      CHECK(j.value("kind", "") == "resource");
       CHECK(j.value("rank", -1) == rank);
+      if (j.value("kind", "") == "resource_alert") continue;
+      CHECK(j.value("kind", "") == "resource");
       out.push_back(j);
     }
   }

@@ -132,3 +132,28 @@ TEST_CASE("two threads in collectives: in_collective until the last one leaves, 
   CHECK(!c.in_collective());
   CHECK(observed == 2);  // 1 -> 0
 }
+
+TEST_CASE("collective_seconds counts the time inside collectives, the open stretch included, and nothing outside") {
+  auto fake = std::make_unique<FakeComm>();
+  FakeComm* f = fake.get();
+  ActivityCommunicator c(std::move(fake), nullptr);
+  CHECK(c.collective_seconds() == 0.0);
+  double during = -1;
+  f->inside = [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    during = c.collective_seconds();  // the open stretch: at least the sleep so far
+  };
+  float x = 0;
+  c.allreduce(&x, &x, 1, DType::F32, ReduceOp::SUM);
+  CHECK(during >= 0.03);
+  const double after = c.collective_seconds();
+  CHECK(after >= during);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK(c.collective_seconds() == after);  // outside: no growth
+  f->fail = true;
+  CHECK_THROWS_AS(c.barrier(), CommError);
+  CHECK(c.collective_seconds() >= after + 0.03);  // a call that throws is counted too
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const double end = c.collective_seconds();
+  CHECK(c.collective_seconds() == end);
+}

@@ -12,6 +12,7 @@
 
 #include <sys/stat.h>
 
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <thread>
@@ -26,6 +27,14 @@ std::vector<json> jsonl(const std::filesystem::path& p) {
   std::ifstream in(p);
   for (std::string line; std::getline(in, line);)
     if (!line.empty()) out.push_back(json::parse(line));
+  return out;
+}
+
+// The alert records ({"kind": "resource_alert"}) of a rank's file.
+std::vector<json> alert_records(const std::filesystem::path& p) {
+  std::vector<json> out;
+  for (json& r : jsonl(p))
+    if (r.value("kind", "") == "resource_alert") out.push_back(std::move(r));
   return out;
 }
 
@@ -91,7 +100,7 @@ TEST_CASE("monitor: the thread writes one resource record per sample and stops w
   const auto recs = jsonl(file);
   REQUIRE(recs.size() >= 3);
   for (const json& r : recs) {
-    CHECK(is_resource_record(r));
+    CHECK(is_resource_record(r));  // no alerts here: samples only
     CHECK(r["rank"] == 1);
     CHECK(r.contains("rss_bytes"));
     CHECK(r.contains("mem_available_bytes"));
@@ -114,7 +123,7 @@ TEST_CASE("monitor: the thread writes one resource record per sample and stops w
   CHECK_FALSE(monitor_start(o, true));  // nowhere to write
 }
 
-TEST_CASE("monitor: GPU figures through an NVML function table; alerts once per episode into events.jsonl") {
+TEST_CASE("monitor: GPU figures through an NVML function table; alerts once per episode into the rank's file") {
   dtrain::test::TempDir d("monitor-gpu");
   const NvmlApi api = fake_api();
   MonitorOptions o;
@@ -147,10 +156,13 @@ TEST_CASE("monitor: GPU figures through an NVML function table; alerts once per 
     m.sample_once();  // a new GPU memory episode
   }
   CHECK(FakeGpu::inits == 0);  // nvmlShutdown on stop
-  const auto ev = jsonl(d.path / "events.jsonl");
+  // Into the rank's own file, between its samples; events.jsonl is the launcher's.
+  CHECK_FALSE(std::filesystem::exists(d.path / "events.jsonl"));
+  const auto ev = alert_records(d.path / "resources" / "rank0.jsonl");
   std::vector<std::string> kinds;
   for (const json& e : ev) {
     CHECK(e["event"] == "resource_alert");
+    CHECK(e["node"] == 0);
     CHECK(e["round"] == 2);
     CHECK(e["rank"] == 0);
     kinds.push_back(e["alert"]);
@@ -170,7 +182,8 @@ TEST_CASE("monitor: node memory under monitor.min_free_memory raises low_memory 
     REQUIRE(wait_for([&] { return m.samples() >= 1; }));
     m.sample_once();
   }
-  const auto ev = jsonl(d.path / "events.jsonl");
+  CHECK_FALSE(std::filesystem::exists(d.path / "events.jsonl"));
+  const auto ev = alert_records(d.path / "resources" / "rank0.jsonl");
   REQUIRE(ev.size() == 1);
   CHECK(ev[0]["alert"] == "low_memory");
   CHECK(ev[0]["why"].get<std::string>().find("monitor.min_free_memory") != std::string::npos);
@@ -183,6 +196,7 @@ TEST_CASE("monitor: node memory under monitor.min_free_memory raises low_memory 
     Monitor m(o);
     REQUIRE(wait_for([&] { return m.samples() >= 1; }));
   }
+  CHECK(alert_records(d2.path / "resources" / "rank0.jsonl").empty());
   CHECK_FALSE(std::filesystem::exists(d2.path / "events.jsonl"));
 }
 
@@ -296,4 +310,38 @@ TEST_CASE("alerts: a missing figure neither starts nor ends an episode") {
   ok.mem_available_bytes = 500;
   CHECK(st.update(ok, lim).empty());
   CHECK(st.update(low, lim).size() == 1);
+}
+
+TEST_CASE("monitor: in_collective_frac is the growth of the rank's collective seconds over the interval") {
+  dtrain::test::TempDir d("monitor-collective");
+  MonitorOptions o;
+  o.interval_s = 3600;  // the thread takes the first sample only; the test takes the others
+  o.run_dir = d.path.string();
+  o.origin = {.rank = 0, .local_rank = 0, .node = 0, .round = 0, .host = "h"};
+  std::atomic<double> in_collectives{5.0};
+  o.collective_seconds = [&] { return in_collectives.load(); };
+  Monitor m(o);
+  REQUIRE(wait_for([&] { return m.samples() >= 1; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const json none = m.sample_once();  // no time in collectives since the first sample
+  in_collectives = 5.0 + 1e6;         // more than the interval: all of it (clamped)
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const json all = m.sample_once();
+  const auto recs = jsonl(d.path / "resources" / "rank0.jsonl");
+  REQUIRE(recs.size() == 3);
+  CHECK_FALSE(recs[0].contains("in_collective_frac"));  // the first sample: no interval yet
+  REQUIRE(none.contains("in_collective_frac"));
+  CHECK(none["in_collective_frac"].get<double>() == 0.0);
+  REQUIRE(all.contains("in_collective_frac"));
+  CHECK(all["in_collective_frac"].get<double>() == 1.0);
+  CHECK(recs[2]["in_collective_frac"] == all["in_collective_frac"]);
+
+  // A one-rank job has no communicator: no field at all.
+  dtrain::test::TempDir d1("monitor-collective-1");
+  MonitorOptions o1 = o;
+  o1.run_dir = d1.path.string();
+  o1.collective_seconds = nullptr;
+  Monitor m1(o1);
+  REQUIRE(wait_for([&] { return m1.samples() >= 1; }));
+  CHECK_FALSE(m1.sample_once().contains("in_collective_frac"));
 }
