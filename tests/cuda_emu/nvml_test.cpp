@@ -2,7 +2,7 @@
 // dlopen of the program itself (monitor.nvml_library: "") and dlsym of nvml.h's names.
 // Memory used follows cudaMalloc, utilisation follows the kernels the device ran, the
 // SM clock is the card model's; temperature and power are "not supported" and left out;
-// an injected thermal throttle reaches events.jsonl as one resource alert.
+// an injected thermal throttle is one resource alert in the rank's own file.
 #include <cuda_runtime.h>
 #include <nvml.h>
 
@@ -116,7 +116,11 @@ TEST_CASE("engine NVML: the monitor's records carry the GPU; an injected thermal
   REQUIRE(cudaFree(p) == cudaSuccess);
   // The rank's own file (lib/monitor: RUN_DIR/resources/rank<R>.jsonl), none in metrics.jsonl.
   CHECK_FALSE(std::filesystem::exists(d.path / "metrics.jsonl"));
-  const auto recs = jsonl(d.path / "resources" / "rank0.jsonl");
+  // Samples ("kind": "resource") and, since the ranks no longer write events.jsonl, the
+  // alert as a "resource_alert" record in the same file (the launcher copies it).
+  std::vector<nlohmann::json> recs, alerts;
+  for (auto& r : jsonl(d.path / "resources" / "rank0.jsonl"))
+    (r.value("kind", "") == "resource_alert" ? alerts : recs).push_back(r);
   REQUIRE(recs.size() == 3);
   for (const auto& r : recs) {
     CHECK(r.at("gpu_index") == 0);
@@ -125,7 +129,7 @@ TEST_CASE("engine NVML: the monitor's records carry the GPU; an injected thermal
     CHECK(r.at("gpu_sm_clock_mhz") == 1980);
     CHECK_FALSE(r.contains("gpu_temperature_c"));
   }
-  const auto ev = jsonl(d.path / "events.jsonl");
-  REQUIRE(ev.size() == 1);
-  CHECK(ev[0].at("alert") == "gpu_throttle");
+  CHECK_FALSE(std::filesystem::exists(d.path / "events.jsonl"));
+  REQUIRE(alerts.size() == 1);
+  CHECK(alerts[0].at("alert") == "gpu_throttle");
 }
