@@ -488,7 +488,11 @@ def stage_job(lay, rep, cap, out_dir):
     ref = {int(k): v for k, v in ref_doc["losses"].items()}
     ref_eval = {int(k): v for k, v in ref_doc.get("eval_losses", {}).items()}
     steps, sets = ref_doc["steps"], ref_doc["sets"]
-    variants = [("fp32", []), ("bf16", ["bf16.enabled=true"]), ("fp32, graphs off", ["training.cuda_graph=false"])]
+    # The fp32 run also samples its GPU through NVML every 0.5 s (the resource monitor): the
+    # driver's libnvidia-ml.so.1 on a GPU, the engine's NVML inside dtrain-emu when rehearsing.
+    monitor_sets = ["monitor.interval=0.5"] + (['monitor.nvml_library=""'] if lay.rehearse else [])
+    variants = [("fp32", monitor_sets), ("bf16", ["bf16.enabled=true"]),
+                ("fp32, graphs off", ["training.cuda_graph=false"])]
     rows, details, worst, keep = [], [], "PASS", None
     work = os.path.join(out_dir, "work")
     os.makedirs(work, exist_ok=True)
@@ -532,11 +536,53 @@ def stage_job(lay, rep, cap, out_dir):
         if status != "PASS":
             worst = "FAIL" if status == "FAIL" or worst == "FAIL" else "TIMEOUT"
             details.append(f"### {label} ({status})\n" + code(tail(out, 30)))
+        if label == "fp32" and rc is not None:
+            nvml_status, nvml_row = monitor_check(run_dir, lay.rehearse)
+            rows.append(nvml_row)
+            if nvml_status != "PASS":
+                worst = "FAIL"
     summary = ", ".join(f"{r[0]} {r[1]}" for r in rows) + f" ({steps} steps vs the CPU fp32 reference)"
     rep.add("job", worst, now() - t0, summary,
             md_table(["run", "result", "s", f"max rel. diff, steps <= {EARLY_STEPS}", "last loss (cuda / cpu)",
                       "eval_loss (cuda / cpu)", "note"], rows) + "\n".join(details), dict(rows=rows))
     return keep
+
+
+# The GPU fields NVML gives every supported card; a real driver also gives temperature and
+# power (the engine's NVML answers NOT_SUPPORTED there, as some boards do).
+NVML_FIELDS = ["gpu_util_pct", "gpu_mem_used_bytes", "gpu_mem_total_bytes", "gpu_sm_clock_mhz"]
+NVML_REAL_FIELDS = ["gpu_temperature_c", "gpu_power_w"]
+
+
+def monitor_check(run_dir, rehearse):
+    """(status, table row) for the resource monitor's NVML samples of rank 0."""
+    path = os.path.join(run_dir, "resources", "rank0.jsonl")
+    samples = []
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                if r.get("kind", "resource") == "resource":
+                    samples.append(r)
+    except OSError as e:
+        return "FAIL", ["monitor (NVML)", "FAIL", "-", "-", "-", "-", f"no samples: {e}"]
+    want = NVML_FIELDS + ([] if rehearse else NVML_REAL_FIELDS)
+    with_gpu = [r for r in samples if all(k in r for k in want)]
+    if not with_gpu:
+        seen = sorted({k for r in samples for k in r if k.startswith("gpu_")})
+        return "FAIL", ["monitor (NVML)", "FAIL", "-", "-", "-", "-",
+                        f"{len(samples)} samples, none with {', '.join(want)} (gpu fields seen: {seen or 'none'})"]
+    last = with_gpu[-1]
+    util = max(r["gpu_util_pct"] for r in with_gpu)
+    text = (f"{len(with_gpu)}/{len(samples)} samples with GPU fields; util max {util:.0f} %, memory "
+            f"{last['gpu_mem_used_bytes'] / 2**30:.2f}/{last['gpu_mem_total_bytes'] / 2**30:.1f} GiB, "
+            f"SM clock {last['gpu_sm_clock_mhz']} MHz")
+    if not rehearse:
+        text += f", {last['gpu_temperature_c']} C, {last['gpu_power_w']:.0f} W"
+    return "PASS", ["monitor (NVML)", "PASS", "-", "-", "-", "-", text]
 
 
 # ----------------------------------------------------------------------------

@@ -498,6 +498,8 @@ void drop_exclusive(LoadState& st, const std::string& path, Rank rank) {
 YAML::Node override_value(const KeySpec& spec, const std::string& text, const std::string& origin) {
   if (spec.type == KeyType::STRING || spec.type == KeyType::ENUM) {
     if (text.empty() || text == "null" || text == "~") return YAML::Node(YAML::NodeType::Null);
+    // YAML's empty string, as a file would write it (monitor.nvml_library: "" = this program).
+    if (text == "\"\"" || text == "''") return YAML::Node(std::string());
     return YAML::Node(text);
   }
   try {

@@ -102,6 +102,14 @@ TEST_CASE("--set: an empty value or null unsets (the default applies)") {
   CHECK(!c.train_micro_batch_size_per_gpu);
 }
 
+TEST_CASE("--set: \"\" or '' is the empty string, as in a YAML file") {
+  clear_env();
+  CHECK(load({}).monitor.nvml_library == "libnvidia-ml.so.1");
+  CHECK(load({"monitor.nvml_library=\"\""}).monitor.nvml_library.empty());
+  CHECK(load({"monitor.nvml_library=''"}).monitor.nvml_library.empty());
+  CHECK(load({"monitor.nvml_library="}).monitor.nvml_library == "libnvidia-ml.so.1");
+}
+
 TEST_CASE("--set: max_steps and epochs replace each other") {
   clear_env();
   TrainConfig c = load({"training.epochs=2"});
