@@ -66,10 +66,13 @@ TEST_CASE("gpu_check --rehearse: every stage reports; the engine's stages pass, 
     CHECK(st[s].at("status") == "SKIPPED");
     CHECK(contains(st[s].at("summary").get<std::string>(), "rehearsal"));  // says why
   }
-  // the job: three runs on the engine's CUDA device, each compared step by step
+  // the job: three runs on the engine's CUDA device, each compared step by step, and the
+  // fp32 run's resource monitor with GPU fields from the engine's NVML
   const auto& job = st["job"].at("data").at("rows");
-  REQUIRE(job.size() == 3);
+  REQUIRE(job.size() == 4);
   for (const auto& row : job) CHECK(row.at(1) == "PASS");
+  CHECK(job[1].at(0) == "monitor (NVML)");
+  CHECK(contains(job[1].at(6).get<std::string>(), "SM clock 1980 MHz"));
   // hf: dtrain's export on the CUDA device (fp32, bf16) and with a LoRA adapter that
   // moved the logits, against the CPU
   const auto& hf = st["hf"].at("data").at("cases");
