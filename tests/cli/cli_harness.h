@@ -333,6 +333,9 @@ class Cluster {
   int nodes() const { return n_; }
   std::string addr(int i) const { return env_.at("NODE_" + std::to_string(i) + "_ADDR"); }
   std::string ns(int i) const { return env_.at("NODE_" + std::to_string(i) + "_NS"); }
+  /// The bridge-side end of node i's veth: a `tc` qdisc on it shapes the traffic *to* node i
+  /// (it goes with the cluster at `test_cluster.sh down`, its qdisc with it).
+  std::string veth(int i) const { return env_.at("NODE_" + std::to_string(i) + "_VETH"); }
   std::string launcher_addr() const { return env_.at("CLUSTER_LAUNCHER_ADDR"); }
   std::string identity() const { return env_.at("CLUSTER_IDENTITY"); }
   std::string known_hosts() const { return env_.at("CLUSTER_KNOWN_HOSTS"); }

@@ -7,6 +7,7 @@
 // sample names the launch (job_id, launcher.json's). Skipped
 // with a message when not root, without sshd/ip/tc, or without $DTRAIN_BIN.
 #include "cli_harness.h"
+#include "shaped_link.h"
 #include "run_readers.h"
 #include "tiny_job.h"
 #include "skip.h"
@@ -29,23 +30,10 @@ std::map<int, int> idle_alerts(const std::string& run_dir) {
 }  // namespace
 
 TEST_CASE("monitor: a link shaped to near zero while the ranks all-reduce raises network_idle once") {
-  if (dtrain_bin().empty()) {
-    ::dtrain::test::skip_test("monitor network_idle test skipped: $DTRAIN_BIN is not set or not executable");
-    return;
-  }
-  if (shell("command -v tc").empty()) {
-    ::dtrain::test::skip_test("monitor network_idle test skipped: no 'tc' command (iproute2) to shape the link");
-    return;
-  }
+  if (!can_shape_links("monitor network_idle test")) return;
   Cluster cluster(2, 1);
-  if (!cluster.usable()) {
-    ::dtrain::test::skip_test("monitor network_idle test skipped: " + cluster.skip_reason());
-    if (cluster.failed()) FAIL("the test cluster could not be started: " << cluster.skip_reason());
-    return;
-  }
-  std::string veth;
-  for (const auto& line : split_lines(read_text(cluster.dir() + "/env")))
-    if (line.rfind("NODE_1_VETH=", 0) == 0) veth = line.substr(std::string("NODE_1_VETH=").size());
+  if (!cluster_ready(cluster, "monitor network_idle test")) return;
+  const std::string veth = cluster.veth(1);
   REQUIRE(!veth.empty());
 
   const std::string config = cluster.dir() + "/monitor.yaml";

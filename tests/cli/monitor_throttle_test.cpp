@@ -7,6 +7,7 @@
 // link, goes above it. Skipped with a message when not root, without sshd/ip/tc, or
 // without $DTRAIN_BIN.
 #include "cli_harness.h"
+#include "shaped_link.h"
 #include "tiny_job.h"
 #include "skip.h"
 
@@ -35,23 +36,10 @@ std::map<int, NetRates> status_net(const std::string& out) {
 }  // namespace
 
 TEST_CASE("monitor: a node's veth shaped to 8 Mbit/s bounds its network rate in dtrain status") {
-  if (dtrain_bin().empty()) {
-    ::dtrain::test::skip_test("monitor throttle test skipped: $DTRAIN_BIN is not set or not executable");
-    return;
-  }
-  if (shell("command -v tc").empty()) {
-    ::dtrain::test::skip_test("monitor throttle test skipped: no 'tc' command (iproute2) to shape the link");
-    return;
-  }
+  if (!can_shape_links("monitor throttle test")) return;
   Cluster cluster(2, 1);
-  if (!cluster.usable()) {
-    ::dtrain::test::skip_test("monitor throttle test skipped: " + cluster.skip_reason());
-    if (cluster.failed()) FAIL("the test cluster could not be started: " << cluster.skip_reason());
-    return;
-  }
-  std::string veth;
-  for (const auto& line : split_lines(read_text(cluster.dir() + "/env")))
-    if (line.rfind("NODE_1_VETH=", 0) == 0) veth = line.substr(std::string("NODE_1_VETH=").size());
+  if (!cluster_ready(cluster, "monitor throttle test")) return;
+  const std::string veth = cluster.veth(1);
   REQUIRE(!veth.empty());
   // The veth goes with the cluster (test_cluster.sh down), its qdisc with it.
   int rc = 0;

@@ -9,6 +9,7 @@
 #include "report/status.h"
 
 #include "core/unix_time.h"
+#include "resource_files.h"
 #include "temp_dir.h"
 
 #include <doctest/doctest.h>
@@ -20,14 +21,9 @@ using nlohmann::json;
 
 namespace {
 
-void append(const std::filesystem::path& p, const std::string& line) {
-  std::filesystem::create_directories(p.parent_path());
-  std::ofstream(p, std::ios::app) << line << "\n";
-}
+using dtrain::test::rank_file;
 
-std::filesystem::path rank_file(const dtrain::test::TempDir& d, int rank) {
-  return d.path / "resources" / ("rank" + std::to_string(rank) + ".jsonl");
-}
+void append(const std::filesystem::path& p, const std::string& line) { dtrain::test::append_line(p, line); }
 
 // A rank's alert record as lib/monitor writes it: the event with "kind" added.
 json alert_record(int rank, int node, int64_t t, const std::string& alert) {

@@ -7,6 +7,7 @@
 #include "report/plot.h"
 #include "report/status.h"
 
+#include "resource_files.h"
 #include "temp_dir.h"
 
 #include <doctest/doctest.h>
@@ -17,14 +18,9 @@ using namespace dtrain::report;
 
 namespace {
 
-void append(const std::filesystem::path& p, const std::string& line) {
-  std::filesystem::create_directories(p.parent_path());
-  std::ofstream(p, std::ios::app) << line << "\n";
-}
+using dtrain::test::rank_file;
 
-std::filesystem::path rank_file(const dtrain::test::TempDir& d, int rank) {
-  return d.path / "resources" / ("rank" + std::to_string(rank) + ".jsonl");
-}
+void append(const std::filesystem::path& p, const std::string& line) { dtrain::test::append_line(p, line); }
 
 }  // namespace
 
