@@ -12,13 +12,6 @@ namespace dtrain::config {
 
 namespace {
 
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out)
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  return out;
-}
-
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
@@ -70,7 +63,7 @@ std::vector<std::pair<size_t, SpecSlots>> filter_parse(const Hostfile& hf, std::
     // too when it is exactly a hostfile host).
     auto find_host = [&](std::string_view n) {
       return std::find_if(hf.hosts.begin(), hf.hosts.end(),
-                          [&](const HostEntry& h) { return lower(h.host) == lower(n); });
+                          [&](const HostEntry& h) { return host_key(h.host) == host_key(std::string(n)); });
     };
     size_t colon = spec.find(':');
     std::string_view name = trim(spec.substr(0, colon));

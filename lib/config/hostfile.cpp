@@ -81,18 +81,6 @@ std::string lower(std::string_view s) {
   return out;
 }
 
-// The name two host entries are compared by: case-folded, IPv6 literals in their one
-// canonical text (so ::1 and 0:0::1 are one host).
-std::string host_key(const std::string& host) {
-  if (!ipv6_literal(host)) return lower(host);
-  const size_t pct = host.find('%');
-  in6_addr a{};
-  char text[INET6_ADDRSTRLEN];
-  if (::inet_pton(AF_INET6, host.substr(0, pct).c_str(), &a) != 1 || !::inet_ntop(AF_INET6, &a, text, sizeof text))
-    return lower(host);
-  return pct == std::string::npos ? std::string(text) : std::string(text) + host.substr(pct);
-}
-
 // Decimal digits only (no sign, no spaces), value in [lo, hi]; false otherwise.
 bool parse_bounded(std::string_view s, long lo, long hi, int* out) {
   if (s.empty() || s.size() > 18) return false;
@@ -185,6 +173,16 @@ struct LineParser {
 };
 
 }  // namespace
+
+std::string host_key(const std::string& host) {
+  if (!ipv6_literal(host)) return lower(host);
+  const size_t pct = host.find('%');
+  in6_addr a{};
+  char text[INET6_ADDRSTRLEN];
+  if (::inet_pton(AF_INET6, host.substr(0, pct).c_str(), &a) != 1 || !::inet_ntop(AF_INET6, &a, text, sizeof text))
+    return lower(host);
+  return pct == std::string::npos ? std::string(text) : std::string(text) + lower(host.substr(pct));
+}
 
 // ----------------------------------------------------------------------------
 // Public API

@@ -15,6 +15,11 @@ inline constexpr int HOSTFILE_MAX_SLOTS = 1024;
 /// generated mistake, refused at once instead of planned (and printed) host by host.
 inline constexpr int HOSTFILE_MAX_HOSTS = 65536;
 
+/// The name two host entries are compared by: case-folded, IPv6 literals in their one
+/// canonical text (so ::1 and 0:0::1 are one host, and so are node1 and NODE1, and
+/// fe80::1%eth0 and fe80::1%ETH0).
+std::string host_key(const std::string& host);
+
 /// One host line. `host` never contains '@', and ':' only as an IPv6 literal (kept
 /// without brackets: "::1", "fe80::1%eth0"); `user` is empty unless the line was
 /// `user@host`. slot_ids are the device ids the job may use on this host, ascending:

@@ -433,8 +433,8 @@ struct Converter {
     if (!n.IsMap()) fail(n);
     std::map<std::string, std::string> out;
     for (auto it = n.begin(); it != n.end(); ++it) {
-      const YAML::Node& k = it->first;
-      const YAML::Node& v = it->second;
+      const YAML::Node k = it->first;  // a copy: operator-> returns a temporary proxy
+      const YAML::Node v = it->second;
       bool name_ok = k.IsScalar() && !k.Scalar().empty() && !std::isdigit(static_cast<unsigned char>(k.Scalar()[0]));
       if (name_ok)
         for (char c : k.Scalar()) name_ok = name_ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
