@@ -39,7 +39,7 @@ int run_eval(const std::string& run_dir_or_model_dir, const std::string& data_js
              const std::string& config_override_path, bool init_weights);
 int run_generate(const std::string& dir, const std::string& prompt, int max_new_tokens, bool raw, bool init_weights);
 int run_data_prepare(const std::string& input, const std::string& format, const std::string& tokenizer,
-                     const std::string& output);
+                     const std::string& output, unsigned threads, double chunk_mb);
 // cmd_export.cpp
 int run_export(const std::string& run_dir, const std::string& out_dir, bool init_weights);
 

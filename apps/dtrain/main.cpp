@@ -266,6 +266,8 @@ void add_generate(CLI::App& app, Commands& out) {
 void add_data(CLI::App& app, Commands& out) {
   struct Options {
     std::string input, format = "text", tokenizer = "byte", output;
+    unsigned threads = 0;
+    double chunk_mb = 1;
   };
   auto dp = std::make_shared<Options>();
   auto* data = app.add_subcommand("data", "dataset tools");
@@ -275,9 +277,18 @@ void add_data(CLI::App& app, Commands& out) {
   cmd->add_option("OUTPUT", dp->output, "token shard to write")->required();
   cmd->add_option("--format", dp->format, "text, alpaca, chat or sft (alpaca or chat per line)")->capture_default_str();
   cmd->add_option("--tokenizer", dp->tokenizer, "byte, or a Hugging Face tokenizer.json")->capture_default_str();
+  cmd->add_option("--threads", dp->threads,
+                  "tokenizing threads (0: one per core); the shard is the same for any number")
+      ->capture_default_str()
+      ->check(CLI::Range(0u, 256u));
+  cmd->add_option("--chunk-mb", dp->chunk_mb, "read the input in chunks of about this many MB (memory grows with it)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 1024.0));
   cmd->footer("Example:\n  dtrain data prepare configs/data/tasks/train.jsonl /tmp/tasks.bin --format alpaca");
-  out.push_back(
-      {cmd, [dp] { return dtrain::cli::run_data_prepare(dp->input, dp->format, dp->tokenizer, dp->output); }});
+  out.push_back({cmd, [dp] {
+                   return dtrain::cli::run_data_prepare(dp->input, dp->format, dp->tokenizer, dp->output, dp->threads,
+                                                        dp->chunk_mb);
+                 }});
 }
 
 void add_plot(CLI::App& app, Commands& out) {

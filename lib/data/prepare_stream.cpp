@@ -1,0 +1,318 @@
+// Chunked, threaded tokenizing (data/prepare_stream.h). The main thread reads and cuts
+// chunks and hands results on in order; workers parse and tokenize. Each chunk starts
+// at a record boundary, so tokenizing it alone gives what one pass over the file gives.
+#include "data/prepare_stream.h"
+
+#include "core/check.h"
+#include "data/input_file.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <string_view>
+#include <thread>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace dtrain::data {
+
+namespace {
+
+struct Chunk {
+  std::string bytes;
+  size_t first_line = 1;  // 1-based line number of bytes[0]
+  size_t input_end = 0;
+};
+
+bool blank(std::string_view line) { return line.find_first_not_of(" \t") == std::string_view::npos; }
+
+// Calls fn(line, line_no) for each line of `text` as std::getline splits it (no
+// trailing empty line after a final '\n'), with one trailing '\r' removed.
+template <class F>
+void for_each_line(std::string_view text, size_t first_line, F&& fn) {
+  size_t pos = 0, line_no = first_line;
+  while (pos < text.size()) {
+    size_t nl = text.find('\n', pos);
+    const size_t end = nl == std::string_view::npos ? text.size() : nl;
+    std::string_view line = text.substr(pos, end - pos);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    fn(line, line_no++);
+    pos = end + 1;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Reading: chunks of whole records
+
+class ChunkReader {
+ public:
+  ChunkReader(const std::string& path, const char* what, size_t chunk_bytes, bool paragraphs)
+      : path_(path), what_(what), chunk_bytes_(std::max<size_t>(chunk_bytes, 1)), paragraphs_(paragraphs) {
+    input_file_check(path, what);
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    DT_ENFORCE(fd_ >= 0, IoError, "cannot open {} '{}': check the path", what, path);
+    struct stat st {};
+    if (::fstat(fd_, &st) == 0) total_ = static_cast<size_t>(st.st_size);
+  }
+  ~ChunkReader() { ::close(fd_); }
+  ChunkReader(const ChunkReader&) = delete;
+  ChunkReader& operator=(const ChunkReader&) = delete;
+
+  size_t total_bytes() const { return total_; }
+
+  // The next chunk: at least chunk_bytes read (unless the file ends), cut after the last
+  // record boundary in it; false at the end of the file.
+  bool next(Chunk& out) {
+    for (;;) {
+      if (eof_ || pending_.size() >= chunk_bytes_) {
+        const size_t n = eof_ ? pending_.size() : cut_;
+        if (n > 0) {
+          out.bytes.assign(pending_, 0, n);
+          pending_.erase(0, n);
+          scan_ -= std::min(scan_, n);
+          cut_ = 0;
+          out.first_line = line_;
+          line_ += static_cast<size_t>(std::count(out.bytes.begin(), out.bytes.end(), '\n'));
+          consumed_ += n;
+          out.input_end = consumed_;
+          return true;
+        }
+        if (eof_) return false;
+      }
+      // One record longer than the chunk (or no boundary yet): read more.
+      const size_t old = pending_.size();
+      pending_.resize(old + chunk_bytes_);
+      ssize_t r;
+      do {
+        r = ::read(fd_, pending_.data() + old, chunk_bytes_);
+      } while (r < 0 && errno == EINTR);
+      if (r < 0) {
+        const int e = errno;
+        DT_THROW(IoError, "error reading {} '{}' after line {}: {}", what_, path_, line_, std::strerror(e));
+      }
+      pending_.resize(old + static_cast<size_t>(r));
+      if (r == 0) eof_ = true;
+      scan();
+    }
+  }
+
+ private:
+  // Moves cut_ past each newly complete line that ends a record.
+  void scan() {
+    for (;;) {
+      const size_t nl = pending_.find('\n', scan_);
+      if (nl == std::string::npos) return;
+      std::string_view line(pending_.data() + scan_, nl - scan_);
+      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+      if (!paragraphs_ || blank(line)) cut_ = nl + 1;
+      scan_ = nl + 1;
+    }
+  }
+
+  std::string path_;
+  const char* what_;
+  size_t chunk_bytes_;
+  bool paragraphs_;
+  int fd_ = -1;
+  size_t total_ = 0, consumed_ = 0;
+  std::string pending_;
+  size_t scan_ = 0, cut_ = 0, line_ = 1;
+  bool eof_ = false;
+};
+
+// ---------------------------------------------------------------------------
+// Tokenizing one chunk
+
+struct Context {
+  std::string input;
+  DataFormat format;
+  const Tokenizer* tokenizer;
+  const DataPrepareOptions* options;
+  SftTemplate tmpl;
+  SftFormat sft_format = SftFormat::AUTO;
+};
+
+void piece_add(TokenPiece& p, const std::vector<int32_t>& ids, const std::vector<uint8_t>* mask) {
+  if (ids.empty()) return;
+  p.tokens.insert(p.tokens.end(), ids.begin(), ids.end());
+  if (mask) p.mask.insert(p.mask.end(), mask->begin(), mask->end());
+  p.doc_tokens.push_back(ids.size());
+}
+
+void text_document(TokenPiece& p, std::string_view doc, const Context& c) {
+  const Tokenizer& tok = *c.tokenizer;
+  std::vector<int32_t> ids;
+  if (c.options->add_bos && tok.bos_id() >= 0) ids.push_back(tok.bos_id());
+  std::vector<int32_t> body = tok.encode_ordinary(doc);
+  ids.insert(ids.end(), body.begin(), body.end());
+  if (tok.eos_id() >= 0) ids.push_back(tok.eos_id());
+  piece_add(p, ids, nullptr);
+}
+
+TokenPiece chunk_tokenize(const Chunk& chunk, const Context& c) {
+  TokenPiece p;
+  p.input_end = chunk.input_end;
+  if (c.format == DataFormat::TEXT) {
+    // Documents: single non-blank lines, or runs of non-blank lines joined by '\n'.
+    std::string cur;
+    bool open = false;
+    for_each_line(chunk.bytes, chunk.first_line, [&](std::string_view line, size_t) {
+      const bool is_blank = blank(line);
+      if (c.options->text_line_per_doc) {
+        if (!is_blank) text_document(p, line, c);
+        return;
+      }
+      if (is_blank) {
+        if (open) text_document(p, cur, c);
+        cur.clear();
+        open = false;
+        return;
+      }
+      if (open) cur.push_back('\n');
+      cur.append(line);
+      open = true;
+    });
+    if (open) text_document(p, cur, c);
+    return p;
+  }
+  for_each_line(chunk.bytes, chunk.first_line, [&](std::string_view line, size_t line_no) {
+    if (blank(line)) return;
+    const SftRecord rec = sft_parse_line(line, c.sft_format, c.input, line_no);
+    const SftTokens t = sft_render(rec, *c.tokenizer, c.tmpl, c.options->add_bos, c.options->train_on_prompt);
+    piece_add(p, t.tokens, &t.mask);
+  });
+  return p;
+}
+
+// ---------------------------------------------------------------------------
+// Workers
+
+class Pool {
+ public:
+  Pool(unsigned threads, const Context& ctx) : ctx_(ctx) {
+    for (unsigned i = 0; i < threads; ++i) threads_.emplace_back([this] { work(); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> l(m_);
+      stop_ = true;
+      queue_.clear();
+    }
+    work_cv_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+
+  void submit(size_t seq, Chunk&& chunk) {
+    {
+      std::lock_guard<std::mutex> l(m_);
+      queue_.emplace_back(seq, std::move(chunk));
+    }
+    work_cv_.notify_one();
+  }
+
+  // The result of chunk `seq`, waiting for it; rethrows the chunk's error.
+  TokenPiece take(size_t seq) {
+    std::unique_lock<std::mutex> l(m_);
+    done_cv_.wait(l, [&] { return done_.count(seq) != 0; });
+    Result r = std::move(done_[seq]);
+    done_.erase(seq);
+    l.unlock();
+    if (r.error) std::rethrow_exception(r.error);
+    return std::move(r.piece);
+  }
+
+ private:
+  struct Result {
+    TokenPiece piece;
+    std::exception_ptr error;
+  };
+
+  void work() {
+    for (;;) {
+      std::pair<size_t, Chunk> job;
+      {
+        std::unique_lock<std::mutex> l(m_);
+        work_cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+        if (stop_) return;
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      Result r;
+      try {
+        r.piece = chunk_tokenize(job.second, ctx_);
+      } catch (...) {
+        r.error = std::current_exception();
+      }
+      job.second.bytes = std::string();  // the input's memory goes before the result waits
+      {
+        std::lock_guard<std::mutex> l(m_);
+        done_.emplace(job.first, std::move(r));
+      }
+      done_cv_.notify_all();
+    }
+  }
+
+  const Context& ctx_;
+  std::mutex m_;
+  std::condition_variable work_cv_, done_cv_;
+  std::deque<std::pair<size_t, Chunk>> queue_;
+  std::map<size_t, Result> done_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace
+
+unsigned data_prepare_threads(const DataPrepareOptions& options) {
+  if (options.threads > 0) return options.threads;
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+void data_tokenize_stream(const std::string& input, DataFormat format, const Tokenizer& tokenizer,
+                          const DataPrepareOptions& options, const std::function<void(const TokenPiece&)>& sink) {
+  Context ctx{input, format, &tokenizer, &options, SftTemplate{}};
+  const bool text = format == DataFormat::TEXT;
+  if (!text) {
+    ctx.tmpl = sft_template_parse(options.sft_template, &tokenizer);
+    ctx.sft_format = format == DataFormat::CHAT     ? SftFormat::CHAT
+                     : format == DataFormat::ALPACA ? SftFormat::ALPACA
+                                                    : SftFormat::AUTO;
+  }
+  ChunkReader reader(input, text ? "text data" : "SFT data", options.chunk_bytes, text && !options.text_line_per_doc);
+  const unsigned threads = data_prepare_threads(options);
+  Chunk chunk;
+  if (threads == 1) {
+    while (reader.next(chunk)) sink(chunk_tokenize(chunk, ctx));
+    return;
+  }
+  // Up to 2 chunks per worker in flight (queued, being tokenized, or waiting for their
+  // turn at the sink): enough to keep every worker busy while the main thread reads and
+  // writes, and the bound on memory.
+  const size_t max_in_flight = 2 * static_cast<size_t>(threads);
+  Pool pool(threads, ctx);
+  size_t submitted = 0, taken = 0;
+  bool more = true;
+  for (;;) {
+    while (more && submitted - taken < max_in_flight) {
+      if (!reader.next(chunk)) {
+        more = false;
+        break;
+      }
+      pool.submit(submitted++, std::move(chunk));
+      chunk = Chunk{};
+    }
+    if (taken == submitted) return;
+    sink(pool.take(taken++));
+  }
+}
+
+}  // namespace dtrain::data
