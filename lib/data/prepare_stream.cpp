@@ -148,16 +148,21 @@ void piece_add(TokenPiece& p, const std::vector<int32_t>& ids, const std::vector
 
 void text_document(TokenPiece& p, std::string_view doc, const Context& c) {
   const Tokenizer& tok = *c.tokenizer;
-  std::vector<int32_t> ids;
-  if (c.options->add_bos && tok.bos_id() >= 0) ids.push_back(tok.bos_id());
-  std::vector<int32_t> body = tok.encode_ordinary(doc);
-  ids.insert(ids.end(), body.begin(), body.end());
-  if (tok.eos_id() >= 0) ids.push_back(tok.eos_id());
-  piece_add(p, ids, nullptr);
+  const size_t start = p.tokens.size();
+  if (c.options->add_bos && tok.bos_id() >= 0) p.tokens.push_back(tok.bos_id());
+  const std::vector<int32_t> body = tok.encode_ordinary(doc);
+  p.tokens.insert(p.tokens.end(), body.begin(), body.end());
+  if (tok.eos_id() >= 0) p.tokens.push_back(tok.eos_id());
+  if (p.tokens.size() > start) p.doc_tokens.push_back(p.tokens.size() - start);
 }
 
-TokenPiece chunk_tokenize(const Chunk& chunk, const Context& c) {
-  TokenPiece p;
+// Tokenizes `chunk` into `p`, whose buffers (a recycled piece's) keep their capacity:
+// fresh multi-MB vectors per chunk would cost a page fault per 4 KB and the copies of
+// their growth.
+void chunk_tokenize(const Chunk& chunk, const Context& c, TokenPiece& p) {
+  p.tokens.clear();
+  p.mask.clear();
+  p.doc_tokens.clear();
   p.input_end = chunk.input_end;
   if (c.format == DataFormat::TEXT) {
     // Documents: single non-blank lines, or runs of non-blank lines joined by '\n'.
@@ -180,7 +185,7 @@ TokenPiece chunk_tokenize(const Chunk& chunk, const Context& c) {
       open = true;
     });
     if (open) text_document(p, cur, c);
-    return p;
+    return;
   }
   for_each_line(chunk.bytes, chunk.first_line, [&](std::string_view line, size_t line_no) {
     if (blank(line)) return;
@@ -188,7 +193,6 @@ TokenPiece chunk_tokenize(const Chunk& chunk, const Context& c) {
     const SftTokens t = sft_render(rec, *c.tokenizer, c.tmpl, c.options->add_bos, c.options->train_on_prompt);
     piece_add(p, t.tokens, &t.mask);
   });
-  return p;
 }
 
 // ---------------------------------------------------------------------------
@@ -230,6 +234,21 @@ class Pool {
     return std::move(r.piece);
   }
 
+  // Hands a piece the sink is done with back for a later chunk.
+  void recycle(TokenPiece&& piece) {
+    std::lock_guard<std::mutex> l(m_);
+    spare_.push_back(std::move(piece));
+  }
+
+  // An input buffer a worker is done with (empty, with its capacity), or a new one.
+  std::string spare_bytes() {
+    std::lock_guard<std::mutex> l(m_);
+    if (spare_bytes_.empty()) return {};
+    std::string b = std::move(spare_bytes_.back());
+    spare_bytes_.pop_back();
+    return b;
+  }
+
  private:
   struct Result {
     TokenPiece piece;
@@ -239,23 +258,28 @@ class Pool {
   void work() {
     for (;;) {
       std::pair<size_t, Chunk> job;
+      Result r;
       {
         std::unique_lock<std::mutex> l(m_);
         work_cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
         if (stop_) return;
         job = std::move(queue_.front());
         queue_.pop_front();
+        if (!spare_.empty()) {
+          r.piece = std::move(spare_.back());
+          spare_.pop_back();
+        }
       }
-      Result r;
       try {
-        r.piece = chunk_tokenize(job.second, ctx_);
+        chunk_tokenize(job.second, ctx_, r.piece);
       } catch (...) {
         r.error = std::current_exception();
       }
-      job.second.bytes = std::string();  // the input's memory goes before the result waits
+      job.second.bytes.clear();  // kept for a later chunk: see chunk_tokenize
       {
         std::lock_guard<std::mutex> l(m_);
         done_.emplace(job.first, std::move(r));
+        spare_bytes_.push_back(std::move(job.second.bytes));
       }
       done_cv_.notify_all();
     }
@@ -266,6 +290,8 @@ class Pool {
   std::condition_variable work_cv_, done_cv_;
   std::deque<std::pair<size_t, Chunk>> queue_;
   std::map<size_t, Result> done_;
+  std::vector<TokenPiece> spare_;
+  std::vector<std::string> spare_bytes_;
   bool stop_ = false;
   std::vector<std::thread> threads_;
 };
@@ -291,7 +317,11 @@ void data_tokenize_stream(const std::string& input, DataFormat format, const Tok
   const unsigned threads = data_prepare_threads(options);
   Chunk chunk;
   if (threads == 1) {
-    while (reader.next(chunk)) sink(chunk_tokenize(chunk, ctx));
+    TokenPiece piece;
+    while (reader.next(chunk)) {
+      chunk_tokenize(chunk, ctx, piece);
+      sink(piece);
+    }
     return;
   }
   // Up to 2 chunks per worker in flight (queued, being tokenized, or waiting for their
@@ -303,6 +333,7 @@ void data_tokenize_stream(const std::string& input, DataFormat format, const Tok
   bool more = true;
   for (;;) {
     while (more && submitted - taken < max_in_flight) {
+      chunk.bytes = pool.spare_bytes();
       if (!reader.next(chunk)) {
         more = false;
         break;
@@ -311,7 +342,9 @@ void data_tokenize_stream(const std::string& input, DataFormat format, const Tok
       chunk = Chunk{};
     }
     if (taken == submitted) return;
-    sink(pool.take(taken++));
+    TokenPiece piece = pool.take(taken++);
+    sink(piece);
+    pool.recycle(std::move(piece));
   }
 }
 
