@@ -3,6 +3,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "data/llamafactory.h"
 #include "data/prepare_stream.h"
 #include "data/shard_writer.h"
 
@@ -58,23 +59,24 @@ TokenData data_tokenize_records(const std::vector<SftRecord>& records, const std
   return data;
 }
 
-DataPrepareStats data_prepare(const std::string& input, DataFormat format, const std::string& tokenizer_spec,
-                              const std::string& output, const DataPrepareOptions& options) {
-  // The output replaces whatever file it names: never the input (the same path, or another
-  // name of the same file), never a directory, and never anything but a regular file (the
-  // rename would put a shard in place of a device node such as /dev/null, or a FIFO).
-  {
-    namespace fs = std::filesystem;
-    std::error_code ec;
-    DT_ENFORCE(!output.empty(), UsageError, "data prepare: OUTPUT is empty: give the token shard's file name");
-    DT_ENFORCE(!fs::is_directory(output, ec), UsageError,
-               "data prepare: OUTPUT '{}' is a directory: give the token shard's file name, e.g. {}/data.bin", output,
-               output);
-    const fs::file_status st = fs::status(output, ec);
-    DT_ENFORCE(!fs::exists(st) || fs::is_regular_file(st), UsageError,
-               "data prepare: OUTPUT '{}' exists and is not a regular file (a device, FIFO or socket): writing the "
-               "shard would replace it; give the token shard's file name, e.g. {}.bin",
-               output, input);
+namespace {
+
+// The output replaces whatever file it names: never an input (the same path, or another
+// name of the same file), never a directory, and never anything but a regular file (the
+// rename would put a shard in place of a device node such as /dev/null, or a FIFO).
+void output_check(const std::string& output, const std::vector<std::string>& inputs) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  DT_ENFORCE(!output.empty(), UsageError, "data prepare: OUTPUT is empty: give the token shard's file name");
+  DT_ENFORCE(!fs::is_directory(output, ec), UsageError,
+             "data prepare: OUTPUT '{}' is a directory: give the token shard's file name, e.g. {}/data.bin", output,
+             output);
+  const fs::file_status st = fs::status(output, ec);
+  DT_ENFORCE(!fs::exists(st) || fs::is_regular_file(st), UsageError,
+             "data prepare: OUTPUT '{}' exists and is not a regular file (a device, FIFO or socket): writing the "
+             "shard would replace it; give the token shard's file name, e.g. {}.bin",
+             output, inputs.front());
+  for (const std::string& input : inputs) {
     std::error_code eq_ec;
     const bool same = fs::equivalent(input, output, eq_ec) ||
                       (!fs::exists(output, ec) && fs::weakly_canonical(input, ec) == fs::weakly_canonical(output, ec));
@@ -83,18 +85,33 @@ DataPrepareStats data_prepare(const std::string& input, DataFormat format, const
                "another output name, e.g. {}.bin",
                output, input, input);
   }
+}
+
+}  // namespace
+
+DataPrepareStats data_prepare(const std::string& input, DataFormat format, const std::string& tokenizer_spec,
+                              const std::string& output, const DataPrepareOptions& options) {
+  // LLaMA-Factory: input is the dataset_dir; the datasets' files are the inputs to protect.
+  std::vector<LlamaFactoryEntry> entries;
+  std::vector<std::string> inputs{input};
+  if (!options.dataset.empty()) {
+    entries = llamafactory_entries(input, options.dataset);
+    for (const LlamaFactoryEntry& e : entries) inputs.push_back(e.file);
+  }
+  output_check(output, inputs);
   std::unique_ptr<Tokenizer> tok = tokenizer_load(tokenizer_spec);
   const auto t0 = std::chrono::steady_clock::now();
   auto last = t0;
   size_t total = 0;
-  {
+  for (size_t i = entries.empty() ? 0 : 1; i < inputs.size(); ++i) {
     struct stat st {};
-    if (::stat(input.c_str(), &st) == 0) total = static_cast<size_t>(st.st_size);
+    if (::stat(inputs[i].c_str(), &st) == 0) total += static_cast<size_t>(st.st_size);
   }
   // Removes output.tmp unless finish() completes, whichever step throws.
-  ShardWriter out(output, tok->vocab_size(), tok->eos_id(), tok->pad_id(), format != DataFormat::TEXT);
+  ShardWriter out(output, tok->vocab_size(), tok->eos_id(), tok->pad_id(),
+                  !entries.empty() || format != DataFormat::TEXT);
   size_t done = 0;
-  data_tokenize_stream(input, format, *tok, options, [&](const TokenPiece& p) {
+  auto sink = [&](const TokenPiece& p) {
     const int32_t* t = p.tokens.data();
     const uint8_t* m = p.mask.empty() ? nullptr : p.mask.data();
     for (size_t len : p.doc_tokens) {
@@ -111,7 +128,9 @@ DataPrepareStats data_prepare(const std::string& input, DataFormat format, const
                total / 1e6, total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0,
                out.documents(), out.tokens(), done / 1e6 / secs);
     }
-  });
+  };
+  if (entries.empty()) data_tokenize_stream(input, format, *tok, options, sink);
+  else data_tokenize_stream_llamafactory(entries, *tok, options, sink);
   DT_ENFORCE(out.tokens() > 0, ConfigError, "'{}' holds no documents: nothing to tokenize", input);
   out.finish();
   DataPrepareStats s;
@@ -121,10 +140,11 @@ DataPrepareStats data_prepare(const std::string& input, DataFormat format, const
   s.input_bytes = done;
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   s.threads = data_prepare_threads(options);
+  const std::string what = entries.empty() ? input : input + " [" + options.dataset + "]";
   log_info(
       "data prepare: {} -> {} ({} documents, {} tokens, {} trained, tokenizer {}; {:.1f} MB in {:.1f} s, {:.1f} MB/s, "
       "{:.0f} tokens/s, {} threads)",
-      input, output, s.documents, s.tokens, s.trained_tokens, tok->name(), s.input_bytes / 1e6, s.seconds,
+      what, output, s.documents, s.tokens, s.trained_tokens, tok->name(), s.input_bytes / 1e6, s.seconds,
       s.input_bytes / 1e6 / std::max(s.seconds, 1e-9), static_cast<double>(s.tokens) / std::max(s.seconds, 1e-9),
       s.threads);
   return s;

@@ -34,6 +34,10 @@ struct DataPrepareOptions {
   // The input is read in chunks of about this many bytes, cut after a whole record (a
   // line; TEXT paragraphs: a blank line); a record longer than this makes its chunk longer.
   size_t chunk_bytes = size_t{1} << 20;
+  // data_prepare: LLaMA-Factory datasets, comma-separated names of dataset_info.json
+  // entries (data/llamafactory.h); the input is then their dataset_dir (or its
+  // dataset_info.json) and the format is not used. Concatenated in order, streamed.
+  std::string dataset;
   // data_prepare: log a progress line (bytes read of the total, documents, tokens, MB/s)
   // at most once a second.
   bool progress = false;

@@ -5,8 +5,12 @@
 
 #include "core/check.h"
 #include "data/input_file.h"
+#include "data/llamafactory.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -23,15 +27,27 @@
 
 namespace dtrain::data {
 
+namespace fs = std::filesystem;
+
 namespace {
 
+// A span of whole records. Line-delimited input: bytes are whole lines, the first being
+// line first_line. A .json array dataset: `records` gives each element's place in bytes
+// and the line it starts on.
+struct Record {
+  size_t offset, length, line;
+};
 struct Chunk {
   std::string bytes;
-  size_t first_line = 1;  // 1-based line number of bytes[0]
+  size_t first_line = 1;    // 1-based line number of bytes[0]
+  size_t first_record = 0;  // LLaMA-Factory: the index of the chunk's first record in its dataset
+  std::vector<Record> records;
   size_t input_end = 0;
 };
 
 bool blank(std::string_view line) { return line.find_first_not_of(" \t") == std::string_view::npos; }
+// LLaMA-Factory's .jsonl reader skips lines of white space, '\r' included.
+bool blank_lf(std::string_view line) { return line.find_first_not_of(" \t\r") == std::string_view::npos; }
 
 // Calls fn(line, line_no) for each line of `text` as std::getline splits it (no
 // trailing empty line after a final '\n'), with one trailing '\r' removed.
@@ -53,8 +69,12 @@ void for_each_line(std::string_view text, size_t first_line, F&& fn) {
 
 class ChunkReader {
  public:
-  ChunkReader(const std::string& path, const char* what, size_t chunk_bytes, bool paragraphs)
-      : path_(path), what_(what), chunk_bytes_(std::max<size_t>(chunk_bytes, 1)), paragraphs_(paragraphs) {
+  // paragraphs: cut only after a blank line (TEXT documents span lines). count_records:
+  // set each chunk's first_record (LLaMA-Factory .jsonl, whose errors give the index).
+  ChunkReader(const std::string& path, const char* what, size_t chunk_bytes, bool paragraphs,
+              bool count_records = false)
+      : path_(path), what_(what), chunk_bytes_(std::max<size_t>(chunk_bytes, 1)), paragraphs_(paragraphs),
+        count_records_(count_records) {
     input_file_check(path, what);
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     DT_ENFORCE(fd_ >= 0, IoError, "cannot open {} '{}': check the path", what, path);
@@ -66,6 +86,7 @@ class ChunkReader {
   ChunkReader& operator=(const ChunkReader&) = delete;
 
   size_t total_bytes() const { return total_; }
+  size_t records() const { return records_; }  // with count_records: those in the chunks so far
 
   // The next chunk: at least chunk_bytes read (unless the file ends), cut after the last
   // record boundary in it; false at the end of the file.
@@ -80,6 +101,9 @@ class ChunkReader {
           cut_ = 0;
           out.first_line = line_;
           line_ += static_cast<size_t>(std::count(out.bytes.begin(), out.bytes.end(), '\n'));
+          out.first_record = records_;
+          if (count_records_)
+            for_each_line(out.bytes, 0, [&](std::string_view l, size_t) { records_ += blank_lf(l) ? 0 : 1; });
           consumed_ += n;
           out.input_end = consumed_;
           return true;
@@ -119,7 +143,8 @@ class ChunkReader {
   std::string path_;
   const char* what_;
   size_t chunk_bytes_;
-  bool paragraphs_;
+  bool paragraphs_, count_records_;
+  size_t records_ = 0;
   int fd_ = -1;
   size_t total_ = 0, consumed_ = 0;
   std::string pending_;
@@ -137,6 +162,7 @@ struct Context {
   const DataPrepareOptions* options;
   SftTemplate tmpl;
   SftFormat sft_format = SftFormat::AUTO;
+  const LlamaFactoryEntry* entry = nullptr;  // set: records are this LLaMA-Factory dataset's
 };
 
 void piece_add(TokenPiece& p, const std::vector<int32_t>& ids, const std::vector<uint8_t>* mask) {
@@ -187,11 +213,24 @@ void chunk_tokenize(const Chunk& chunk, const Context& c, TokenPiece& p) {
     if (open) text_document(p, cur, c);
     return;
   }
-  for_each_line(chunk.bytes, chunk.first_line, [&](std::string_view line, size_t line_no) {
-    if (blank(line)) return;
-    const SftRecord rec = sft_parse_line(line, c.sft_format, c.input, line_no);
+  auto render = [&](const SftRecord& rec) {
     const SftTokens t = sft_render(rec, *c.tokenizer, c.tmpl, c.options->add_bos, c.options->train_on_prompt);
     piece_add(p, t.tokens, &t.mask);
+  };
+  if (!c.entry) {
+    for_each_line(chunk.bytes, chunk.first_line, [&](std::string_view line, size_t line_no) {
+      if (!blank(line)) render(sft_parse_line(line, c.sft_format, c.input, line_no));
+    });
+    return;
+  }
+  size_t index = chunk.first_record;
+  if (!chunk.records.empty()) {
+    for (const Record& r : chunk.records)
+      render(llamafactory_record(*c.entry, std::string_view(chunk.bytes).substr(r.offset, r.length), r.line, index++));
+    return;
+  }
+  for_each_line(chunk.bytes, chunk.first_line, [&](std::string_view line, size_t line_no) {
+    if (!blank_lf(line)) render(llamafactory_record(*c.entry, line, line_no, index++));
   });
 }
 
@@ -303,22 +342,15 @@ unsigned data_prepare_threads(const DataPrepareOptions& options) {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-void data_tokenize_stream(const std::string& input, DataFormat format, const Tokenizer& tokenizer,
-                          const DataPrepareOptions& options, const std::function<void(const TokenPiece&)>& sink) {
-  Context ctx{input, format, &tokenizer, &options, SftTemplate{}};
-  const bool text = format == DataFormat::TEXT;
-  if (!text) {
-    ctx.tmpl = sft_template_parse(options.sft_template, &tokenizer);
-    ctx.sft_format = format == DataFormat::CHAT     ? SftFormat::CHAT
-                     : format == DataFormat::ALPACA ? SftFormat::ALPACA
-                                                    : SftFormat::AUTO;
-  }
-  ChunkReader reader(input, text ? "text data" : "SFT data", options.chunk_bytes, text && !options.text_line_per_doc);
-  const unsigned threads = data_prepare_threads(options);
+namespace {
+
+// Tokenizes the chunks next() gives on `threads` threads; sink gets them in order.
+void chunks_run(const Context& ctx, unsigned threads, const std::function<bool(Chunk&)>& next,
+                const std::function<void(const TokenPiece&)>& sink) {
   Chunk chunk;
   if (threads == 1) {
     TokenPiece piece;
-    while (reader.next(chunk)) {
+    while (next(chunk)) {
       chunk_tokenize(chunk, ctx, piece);
       sink(piece);
     }
@@ -334,7 +366,7 @@ void data_tokenize_stream(const std::string& input, DataFormat format, const Tok
   for (;;) {
     while (more && submitted - taken < max_in_flight) {
       chunk.bytes = pool.spare_bytes();
-      if (!reader.next(chunk)) {
+      if (!next(chunk)) {
         more = false;
         break;
       }
@@ -345,6 +377,87 @@ void data_tokenize_stream(const std::string& input, DataFormat format, const Tok
     TokenPiece piece = pool.take(taken++);
     sink(piece);
     pool.recycle(std::move(piece));
+  }
+}
+
+std::string file_text(const std::string& path, const char* what) {
+  input_file_check(path, what);
+  std::ifstream in(path, std::ios::binary);
+  DT_ENFORCE(in.good(), IoError, "cannot open {} '{}': check the path", what, path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  DT_ENFORCE(!in.bad(), IoError, "error reading {} '{}'", what, path);
+  return ss.str();
+}
+
+}  // namespace
+
+void data_tokenize_stream(const std::string& input, DataFormat format, const Tokenizer& tokenizer,
+                          const DataPrepareOptions& options, const std::function<void(const TokenPiece&)>& sink) {
+  Context ctx{input, format, &tokenizer, &options, SftTemplate{}};
+  const bool text = format == DataFormat::TEXT;
+  if (!text) {
+    ctx.tmpl = sft_template_parse(options.sft_template, &tokenizer);
+    ctx.sft_format = format == DataFormat::CHAT     ? SftFormat::CHAT
+                     : format == DataFormat::ALPACA ? SftFormat::ALPACA
+                                                    : SftFormat::AUTO;
+  }
+  ChunkReader reader(input, text ? "text data" : "SFT data", options.chunk_bytes, text && !options.text_line_per_doc);
+  chunks_run(
+      ctx, data_prepare_threads(options), [&](Chunk& c) { return reader.next(c); }, sink);
+}
+
+void data_tokenize_stream_llamafactory(const std::vector<LlamaFactoryEntry>& entries, const Tokenizer& tokenizer,
+                                       const DataPrepareOptions& options,
+                                       const std::function<void(const TokenPiece&)>& sink) {
+  const SftTemplate tmpl = sft_template_parse(options.sft_template, &tokenizer);
+  const unsigned threads = data_prepare_threads(options);
+  size_t base = 0;  // bytes of the datasets before this one
+  for (const LlamaFactoryEntry& e : entries) {
+    Context ctx{e.file, DataFormat::SFT, &tokenizer, &options, tmpl, SftFormat::AUTO, &e};
+    size_t records = 0, bytes = 0;
+    if (fs::path(e.file).extension() == ".jsonl") {
+      ChunkReader reader(e.file, "LLaMA-Factory dataset", options.chunk_bytes, false, true);
+      chunks_run(
+          ctx, threads,
+          [&](Chunk& c) {
+            if (!reader.next(c)) return false;
+            bytes = c.input_end;
+            c.input_end += base;
+            return true;
+          },
+          sink);
+      records = reader.records();
+    } else {
+      // A .json array is one JSON value: read whole (it is the datasets' own layout), its
+      // records handed on in chunks.
+      const std::string text = file_text(e.file, "LLaMA-Factory dataset");
+      std::vector<Record> all;
+      llamafactory_json_elements(text, e.file, [&](std::string_view rec, size_t line) {
+        all.push_back({static_cast<size_t>(rec.data() - text.data()), rec.size(), line});
+      });
+      records = all.size();
+      size_t at = 0;
+      chunks_run(
+          ctx, threads,
+          [&](Chunk& c) {
+            if (at == all.size()) return false;
+            c.bytes.clear();
+            c.records.clear();
+            c.first_record = at;
+            while (at < all.size() && (c.bytes.empty() || c.bytes.size() < options.chunk_bytes)) {
+              c.records.push_back({c.bytes.size(), all[at].length, all[at].line});
+              c.bytes.append(text, all[at].offset, all[at].length);
+              ++at;
+            }
+            bytes = at == all.size() ? text.size() : all[at].offset;
+            c.input_end = base + bytes;
+            return true;
+          },
+          sink);
+    }
+    DT_ENFORCE(records > 0, ConfigError, "{}: dataset '{}' holds no records", e.file, e.name);
+    base += bytes;
   }
 }
 

@@ -4,6 +4,7 @@
 // number of threads.
 #pragma once
 
+#include "data/llamafactory.h"
 #include "data/prepare.h"
 
 #include <cstdint>
@@ -27,6 +28,14 @@ struct TokenPiece {
 // pieces before it reached the sink.
 void data_tokenize_stream(const std::string& input, DataFormat format, const Tokenizer& tokenizer,
                           const DataPrepareOptions& options, const std::function<void(const TokenPiece&)>& sink);
+
+// The records of LLaMA-Factory datasets (data/llamafactory.h's entries), one dataset after
+// the other (as llamafactory_load without mix weights), rendered with options.sft_template.
+// .jsonl files stream as above; a .json array is read whole (one JSON value), its records
+// tokenized in chunks. TokenPiece::input_end counts the bytes of the datasets so far.
+void data_tokenize_stream_llamafactory(const std::vector<LlamaFactoryEntry>& entries, const Tokenizer& tokenizer,
+                                       const DataPrepareOptions& options,
+                                       const std::function<void(const TokenPiece&)>& sink);
 
 // options.threads, with 0 read as the machine's hardware concurrency (at least 1).
 unsigned data_prepare_threads(const DataPrepareOptions& options);
