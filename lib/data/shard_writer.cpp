@@ -68,7 +68,13 @@ ShardWriter::ShardWriter(std::string path, int32_t vocab_size, int32_t eos_id, i
     : path_(std::move(path)), tmp_(path_ + ".tmp"), vocab_size_(vocab_size), eos_id_(eos_id), pad_id_(pad_id),
       has_mask_(has_mask), width_(vocab_size <= 65536 ? 2 : 4) {
   DT_ENFORCE(vocab_size_ > 0, ConfigError, "shard '{}': vocab_size must be positive", path_);
-  main_.fd = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  // An unnamed file in OUT's directory (O_TMPFILE), named OUT.tmp only when complete: a
+  // prepare killed midway (Ctrl-C on a 10 GB input) then leaves no partial OUT.tmp, and the
+  // kernel frees its blocks. File systems without O_TMPFILE (NFS, Lustre) get OUT.tmp at once.
+  const std::string dir = std::filesystem::path(path_).parent_path().string();
+  main_.fd = ::open(dir.empty() ? "." : dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0666);
+  anonymous_ = main_.fd >= 0;
+  if (!anonymous_) main_.fd = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   DT_ENFORCE(main_.fd >= 0, IoError, "cannot create shard '{}': {}", tmp_, std::strerror(errno));
   try {
     if (has_mask_) mask_.fd = side_file(path_);
@@ -163,6 +169,13 @@ void ShardWriter::finish() {
   put_le<uint32_t>(h.data() + 52, static_cast<uint32_t>(crc32_z(0, h.data(), 52)));
   DT_ENFORCE(::pwrite(main_.fd, h.data(), h.size(), 0) == static_cast<ssize_t>(h.size()), IoError,
              "error writing shard '{}' header: {} (disk full?)", tmp_, std::strerror(errno));
+  if (anonymous_) {
+    ::unlink(tmp_.c_str());  // a stale OUT.tmp, e.g. of a run on a file system without O_TMPFILE
+    const std::string proc = "/proc/self/fd/" + std::to_string(main_.fd);
+    const bool linked = ::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, tmp_.c_str(), AT_SYMLINK_FOLLOW) == 0 ||
+                        ::linkat(main_.fd, "", AT_FDCWD, tmp_.c_str(), AT_EMPTY_PATH) == 0;
+    DT_ENFORCE(linked, IoError, "cannot name the finished shard '{}': {}", tmp_, std::strerror(errno));
+  }
   const int fd = main_.fd;
   main_.fd = -1;
   DT_ENFORCE(::close(fd) == 0, IoError, "error writing shard '{}': {} (disk full?)", tmp_, std::strerror(errno));

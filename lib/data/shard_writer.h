@@ -1,5 +1,5 @@
 // ShardWriter: writes a token shard (data/shard.h's layout) document by document, in
-// bounded memory, to PATH.tmp and renames it to PATH on finish(). The mask and document
+// bounded memory, to an unnamed file (or PATH.tmp) named PATH on finish(). The mask and document
 // offsets, which the layout puts after all tokens, wait in unlinked temporary files
 // beside PATH until finish() appends them; the header's counts and checksums are
 // written last, at offset 0.
@@ -14,7 +14,8 @@ namespace dtrain::data {
 
 class ShardWriter {
  public:
-  // Creates PATH.tmp (IoError when it cannot); has_mask: every document comes with a
+  // Creates the file (unnamed where the file system allows O_TMPFILE, else PATH.tmp;
+  // IoError when it cannot); has_mask: every document comes with a
   // mask (SFT), or none does (plain text).
   ShardWriter(std::string path, int32_t vocab_size, int32_t eos_id, int32_t pad_id, bool has_mask);
   // Removes PATH.tmp unless finish() succeeded: a failed or abandoned write leaves nothing.
@@ -52,6 +53,7 @@ class ShardWriter {
   uint32_t crc_ = 0;  // CRC-32 of the tokens written so far, then of the whole payload
   size_t num_tokens_ = 0, num_docs_ = 0, trained_ = 0;
   bool done_ = false;
+  bool anonymous_ = false;  // main_ is an O_TMPFILE file, named tmp_ by finish()
   std::vector<uint8_t> scratch_;
 };
 

@@ -1,9 +1,17 @@
 // `dtrain data prepare` through the real binary, streaming: a JSONL of many chunks
 // (--chunk-mb) on 1 and 2 threads gives the same shard; LLaMA-Factory datasets
 // (--dataset, --template) prepare into a shard with a mask; a malformed record deep in the
-// file is exit 2 naming the file and line, with no OUTPUT.tmp and an earlier OUTPUT kept.
+// file is exit 2 naming the file and line, with no OUTPUT.tmp and an earlier OUTPUT kept;
+// an output disk that fills up midway is an error saying so, with every block given back.
 #include "cli_harness.h"
 #include "skip.h"
+
+#include <cerrno>
+#include <cstring>
+
+#include <sys/mount.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 using namespace dtrain::cli_test;
 namespace fs = std::filesystem;
@@ -84,4 +92,36 @@ TEST_CASE("data prepare: a malformed record deep in a many-chunk JSONL is exit 2
   size_t files = 0;
   for (const auto& e : fs::directory_iterator(tmp.path())) files += e.is_regular_file() ? 1 : 0;
   CHECK(files == 2);  // bad.jsonl and out.bin: no temporary file left
+}
+
+TEST_CASE("data prepare onto a disk that fills up midway: an error saying so, no OUTPUT.tmp, the space given back") {
+  const std::string bin = dtrain_bin();
+  if (bin.empty()) return ::dtrain::test::skip_test("DTRAIN_BIN not set: skipping");
+  if (::geteuid() != 0) return ::dtrain::test::skip_test("not root (mounting a tmpfs needs it): skipping");
+  TempDir tmp{"dtrain-prepare-stream-full"};
+  const std::string in = tmp.path() + "/in.jsonl";
+  std::ofstream(in) << alpaca_lines(20000);  // ~1.3 MB: a shard of ~3 MB with the mask
+  const std::string disk = tmp.path() + "/disk";
+  fs::create_directories(disk);
+  if (::mount("tmpfs", disk.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "size=512k,mode=0755") != 0)
+    return ::dtrain::test::skip_test(std::string("cannot mount a tmpfs here: ") + std::strerror(errno));
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { ::umount2(dir.c_str(), MNT_DETACH); }
+  } unmount{disk};
+  auto free_bytes = [&] {
+    struct statvfs st {};
+    REQUIRE(::statvfs(disk.c_str(), &st) == 0);
+    return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+  };
+  const uint64_t before = free_bytes();
+  RunResult r =
+      run({bin, "data", "prepare", in, disk + "/out.bin", "--format", "alpaca", "--threads", "2", "--chunk-mb", "0.1"},
+          {}, 60s);
+  INFO(r.out);
+  REQUIRE(!r.timed_out);
+  CHECK(r.rc != 0);
+  CHECK(contains(r.out, "disk full"));
+  CHECK(fs::is_empty(disk));
+  CHECK(free_bytes() == before);
 }

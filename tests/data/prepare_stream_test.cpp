@@ -2,7 +2,8 @@
 // on 1 and on several threads give the same shard, byte for byte, as tokenizing the records
 // directly (sft_parse_line + sft_render or encode_ordinary, TokenData, shard_write); a
 // malformed record deep in a many-chunk file is the parser's error with its line and
-// leaves no OUT.tmp; and peak memory stays bounded on an input far larger than a chunk.
+// leaves no OUT.tmp; peak memory stays bounded on an input far larger than a chunk; and a
+// prepare killed midway leaves no OUT.tmp behind.
 #include "data/prepare.h"
 #include "data/shard.h"
 #include "data/unicode.h"
@@ -17,6 +18,8 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+
+#include <csignal>
 
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -275,22 +278,28 @@ double child_peak_rss_mb(F&& fn) {
 
 }  // namespace
 
+namespace {
+
+// `bytes` of text, one document per line, written in pieces (this process stays small:
+// a forked child starts with its pages).
+void write_big_text(const fs::path& path, size_t bytes) {
+  std::mt19937 rng(5);
+  std::ofstream f(path, std::ios::binary);
+  size_t written = 0;
+  while (written < bytes) {
+    const std::string line = random_words(rng, 1 + rng() % 60) + "\n";
+    f << line;
+    written += line.size();
+  }
+}
+
+}  // namespace
+
 TEST_CASE("data_prepare's memory stays bounded on an input 256 times its chunk size") {
   TempDir dir("prepare-stream-rss");
-  // 32 MB of text, one document per line, written in pieces (this process stays small:
-  // the child starts with its pages).
   const fs::path in = dir.path / "big.txt";
   constexpr size_t kInput = size_t{32} << 20;
-  {
-    std::mt19937 rng(5);
-    std::ofstream f(in, std::ios::binary);
-    size_t written = 0;
-    while (written < kInput) {
-      const std::string line = random_words(rng, 1 + rng() % 60) + "\n";
-      f << line;
-      written += line.size();
-    }
-  }
+  write_big_text(in, kInput);
   // The bound: 24 MB above this process's own peak. Streaming holds at most 2 chunks per
   // thread (2 threads x 2 x 128 KB of input, each becoming ~0.5 MB of int32 tokens) plus
   // 1 MB write buffers: a few MB. Holding the data needs 4 bytes a token for the ids
@@ -324,4 +333,37 @@ TEST_CASE("data_prepare's memory stays bounded on an input 256 times its chunk s
   MESSAGE("tokenizing into memory: " << memory_mb << " MB");
   REQUIRE(memory_mb > 0);
   CHECK(memory_mb > bound_mb);
+}
+
+TEST_CASE("a data_prepare killed midway leaves neither OUT nor OUT.tmp (an earlier OUT stays)") {
+  TempDir dir("prepare-stream-kill");
+  const fs::path in = dir.path / "big.txt";
+  write_big_text(in, size_t{48} << 20);
+  const fs::path out = dir.write("out.bin", "an earlier shard");
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    DataPrepareOptions o;
+    o.threads = 2;
+    o.text_line_per_doc = true;
+    try {
+      data_prepare(in.string(), DataFormat::TEXT, "byte", out.string(), o);
+    } catch (...) {
+      ::_exit(1);
+    }
+    ::_exit(0);
+  }
+  // Killed while the shard is being written (48 MB take seconds; the first chunks' tokens
+  // are on disk after a few ms).
+  ::usleep(300 * 1000);
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  if (!WIFSIGNALED(status)) {
+    MESSAGE("the prepare finished before it was killed: only its output is checked");
+    CHECK(ShardReader(out.string()).size() > 0);
+  } else {
+    CHECK(read_bytes(out) == "an earlier shard");
+  }
+  CHECK(dir_names(dir.path) == std::vector<std::string>{"big.txt", "out.bin"});
 }
