@@ -3,6 +3,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "data/input_file.h"
 #include "data/llamafactory.h"
 #include "data/prepare_stream.h"
 #include "data/shard_writer.h"
@@ -107,7 +108,9 @@ DataPrepareStats data_prepare(const std::string& input, DataFormat format, const
     struct stat st {};
     if (::stat(inputs[i].c_str(), &st) == 0) total += static_cast<size_t>(st.st_size);
   }
-  // Removes output.tmp unless finish() completes, whichever step throws.
+  // The input's own problems (missing, a directory) before the output is created.
+  if (entries.empty()) input_file_check(input, format == DataFormat::TEXT ? "text data" : "SFT data");
+  // Leaves no file behind unless finish() completes, whichever step throws.
   ShardWriter out(output, tok->vocab_size(), tok->eos_id(), tok->pad_id(),
                   !entries.empty() || format != DataFormat::TEXT);
   size_t done = 0;

@@ -37,11 +37,19 @@ void write_all(int fd, const uint8_t* p, size_t n, const std::string& what) {
   }
 }
 
-// An unlinked temporary file in PATH's directory (the same file system as the shard, which
+// The directory OUT is written in.
+std::string out_dir(const std::string& path) {
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  return dir.empty() ? "." : dir;
+}
+
+// An unnamed temporary file in PATH's directory (the same file system as the shard, which
 // may have more room than /tmp): nothing to clean up however the process ends.
 int side_file(const std::string& path) {
-  std::string name = path + ".tmp.XXXXXX";
-  const int fd = ::mkstemp(name.data());
+  int fd = ::open(out_dir(path).c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd >= 0) return fd;
+  std::string name = path + ".tmp.XXXXXX";  // no O_TMPFILE (NFS, Lustre): named for a moment
+  fd = ::mkstemp(name.data());
   DT_ENFORCE(fd >= 0, IoError, "cannot create a temporary file beside shard '{}': {}", path, std::strerror(errno));
   ::unlink(name.c_str());
   return fd;
@@ -71,8 +79,7 @@ ShardWriter::ShardWriter(std::string path, int32_t vocab_size, int32_t eos_id, i
   // An unnamed file in OUT's directory (O_TMPFILE), named OUT.tmp only when complete: a
   // prepare killed midway (Ctrl-C on a 10 GB input) then leaves no partial OUT.tmp, and the
   // kernel frees its blocks. File systems without O_TMPFILE (NFS, Lustre) get OUT.tmp at once.
-  const std::string dir = std::filesystem::path(path_).parent_path().string();
-  main_.fd = ::open(dir.empty() ? "." : dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0666);
+  main_.fd = ::open(out_dir(path_).c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0666);
   anonymous_ = main_.fd >= 0;
   if (!anonymous_) main_.fd = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   DT_ENFORCE(main_.fd >= 0, IoError, "cannot create shard '{}': {}", tmp_, std::strerror(errno));
