@@ -22,7 +22,6 @@
 #include <thread>
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 namespace dtrain::data {
@@ -78,14 +77,11 @@ class ChunkReader {
     input_file_check(path, what);
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     DT_ENFORCE(fd_ >= 0, IoError, "cannot open {} '{}': check the path", what, path);
-    struct stat st {};
-    if (::fstat(fd_, &st) == 0) total_ = static_cast<size_t>(st.st_size);
   }
   ~ChunkReader() { ::close(fd_); }
   ChunkReader(const ChunkReader&) = delete;
   ChunkReader& operator=(const ChunkReader&) = delete;
 
-  size_t total_bytes() const { return total_; }
   size_t records() const { return records_; }  // with count_records: those in the chunks so far
 
   // The next chunk: at least chunk_bytes read (unless the file ends), cut after the last
@@ -146,7 +142,7 @@ class ChunkReader {
   bool paragraphs_, count_records_;
   size_t records_ = 0;
   int fd_ = -1;
-  size_t total_ = 0, consumed_ = 0;
+  size_t consumed_ = 0;
   std::string pending_;
   size_t scan_ = 0, cut_ = 0, line_ = 1;
   bool eof_ = false;
