@@ -103,12 +103,20 @@ int run_generate(const std::string& dir, const std::string& prompt, int max_new_
   return 0;
 }
 
-// Tokenizes input (format text | alpaca | chat | sft) with tokenizer ("byte" or a
-// tokenizer.json path) into the token shard output.
-int run_data_prepare(const std::string& input, const std::string& format, const std::string& tokenizer,
-                     const std::string& output) {
-  const data::DataPrepareStats s = data::data_prepare(input, data::data_format_parse(format), tokenizer, output);
-  std::printf("wrote %s: %zu documents, %zu tokens, %zu trained\n", output.c_str(), s.documents, s.tokens,
+// Tokenizes the input (format text | alpaca | chat | sft, or LLaMA-Factory datasets) with
+// the tokenizer ("byte" or a tokenizer.json path) into the token shard, streaming on
+// `threads` threads (0: all cores) in chunks of chunk_mb MB, a progress line each second.
+int run_data_prepare(const DataPrepareArgs& a) {
+  data::DataPrepareOptions opts;
+  opts.threads = a.threads;
+  opts.chunk_bytes = static_cast<size_t>(a.chunk_mb * 1e6);
+  opts.dataset = a.dataset;
+  opts.sft_template = a.template_name;
+  opts.train_on_prompt = a.train_on_prompt;
+  opts.progress = true;
+  const data::DataPrepareStats s =
+      data::data_prepare(a.input, data::data_format_parse(a.format), a.tokenizer, a.output, opts);
+  std::printf("wrote %s: %zu documents, %zu tokens, %zu trained\n", a.output.c_str(), s.documents, s.tokens,
               s.trained_tokens);
   return 0;
 }

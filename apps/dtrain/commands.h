@@ -38,8 +38,14 @@ int run_resume(const std::string& run_dir, const JobOptions& opts);
 int run_eval(const std::string& run_dir_or_model_dir, const std::string& data_jsonl, int max_records,
              const std::string& config_override_path, bool init_weights);
 int run_generate(const std::string& dir, const std::string& prompt, int max_new_tokens, bool raw, bool init_weights);
-int run_data_prepare(const std::string& input, const std::string& format, const std::string& tokenizer,
-                     const std::string& output);
+// `dtrain data prepare`'s options (main.cpp's flags).
+struct DataPrepareArgs {
+  std::string input, output, format = "text", tokenizer = "byte", dataset, template_name = "plain";
+  bool train_on_prompt = false;
+  unsigned threads = 0;
+  double chunk_mb = 1;
+};
+int run_data_prepare(const DataPrepareArgs& a);
 // cmd_export.cpp
 int run_export(const std::string& run_dir, const std::string& out_dir, bool init_weights);
 

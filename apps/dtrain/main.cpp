@@ -264,20 +264,35 @@ void add_generate(CLI::App& app, Commands& out) {
 }
 
 void add_data(CLI::App& app, Commands& out) {
-  struct Options {
-    std::string input, format = "text", tokenizer = "byte", output;
-  };
-  auto dp = std::make_shared<Options>();
+  auto dp = std::make_shared<dtrain::cli::DataPrepareArgs>();
   auto* data = app.add_subcommand("data", "dataset tools");
   data->require_subcommand(1);
-  auto* cmd = data->add_subcommand("prepare", "tokenize plain text or SFT JSONL into a token shard");
-  cmd->add_option("INPUT", dp->input, "text file or JSONL")->required()->check(CLI::ExistingFile);
+  auto* cmd =
+      data->add_subcommand("prepare", "tokenize plain text, SFT JSONL or LLaMA-Factory datasets into a token shard");
+  cmd->add_option("INPUT", dp->input, "text file or JSONL; with --dataset, the dataset_dir holding dataset_info.json")
+      ->required()
+      ->check(CLI::ExistingPath);
   cmd->add_option("OUTPUT", dp->output, "token shard to write")->required();
   cmd->add_option("--format", dp->format, "text, alpaca, chat or sft (alpaca or chat per line)")->capture_default_str();
   cmd->add_option("--tokenizer", dp->tokenizer, "byte, or a Hugging Face tokenizer.json")->capture_default_str();
-  cmd->footer("Example:\n  dtrain data prepare configs/data/tasks/train.jsonl /tmp/tasks.bin --format alpaca");
-  out.push_back(
-      {cmd, [dp] { return dtrain::cli::run_data_prepare(dp->input, dp->format, dp->tokenizer, dp->output); }});
+  cmd->add_option("--dataset", dp->dataset,
+                  "LLaMA-Factory dataset names of INPUT/dataset_info.json, comma-separated (concatenated in order)");
+  cmd->add_option("--template", dp->template_name,
+                  "SFT chat template: plain alpaca chatml qwen qwen3 llama3 llama2 mistral, or auto (data.template)")
+      ->capture_default_str();
+  cmd->add_flag("--train-on-prompt", dp->train_on_prompt, "SFT: every token trains, not only the answers");
+  cmd->add_option("--threads", dp->threads,
+                  "tokenizing threads (0: one per core); the shard is the same for any number")
+      ->capture_default_str()
+      ->check(CLI::Range(0u, 256u));
+  cmd->add_option("--chunk-mb", dp->chunk_mb, "read the input in chunks of about this many MB (memory grows with it)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 1024.0));
+  cmd->footer(
+      "Examples:\n  dtrain data prepare configs/data/tasks/train.jsonl /tmp/tasks.bin --format alpaca\n"
+      "  dtrain data prepare data/ /tmp/sft.bin --dataset alpaca_en,glaive --template llama3 --tokenizer "
+      "models/llama3/tokenizer.json");
+  out.push_back({cmd, [dp] { return dtrain::cli::run_data_prepare(*dp); }});
 }
 
 void add_plot(CLI::App& app, Commands& out) {

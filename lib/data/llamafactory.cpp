@@ -101,17 +101,7 @@ void json_array_elements(const std::string& text, const std::string& file, F&& f
 // ---------------------------------------------------------------------------
 // One dataset_info.json entry
 
-struct Entry {
-  std::string name;
-  fs::path file;
-  bool sharegpt = false;
-  // columns
-  std::string prompt = "instruction", query = "input", response = "output", history, messages = "conversations", system,
-              tools;
-  // tags
-  std::string role = "from", content = "value", user = "human", assistant = "gpt", observation = "observation",
-              function = "function_call", system_tag = "system";
-};
+using Entry = LlamaFactoryEntry;
 
 Entry entry_parse(const json& info, const std::string& name, const fs::path& dir, const std::string& info_path) {
   if (!info.contains(name)) {
@@ -134,10 +124,10 @@ Entry entry_parse(const json& info, const std::string& name, const fs::path& dir
              "{}: \"file_name\" (a string, the dataset's file in the dataset_dir) is required", where);
   Entry out;
   out.name = name;
-  out.file = dir / e["file_name"].get<std::string>();
+  out.file = (dir / e["file_name"].get<std::string>()).string();
   DT_ENFORCE(!fs::is_directory(out.file), ConfigError,
              "{}: file_name '{}' is a folder; dtrain reads one .json or .jsonl file per dataset: name the file", where,
-             out.file.string());
+             out.file);
   const std::string formatting = e.contains("formatting") && e["formatting"].is_string()
                                      ? e["formatting"].get<std::string>()
                                      : std::string("alpaca");
@@ -283,23 +273,33 @@ SftRecord sharegpt_record(const json& j, const Entry& e, const std::string& wher
   return rec;
 }
 
+SftRecord record_parse(const Entry& e, std::string_view rec_text, size_t line, size_t index) {
+  const std::string where = fmt::format("{}:{}: record {} of dataset '{}'", e.file, line, index, e.name);
+  json j;
+  try {
+    j = json::parse(rec_text);
+  } catch (const json::parse_error& err) {
+    DT_THROW(ConfigError, "{}: invalid JSON: {}", where, err.what());
+  }
+  DT_ENFORCE(j.is_object(), ConfigError, "{}: a record must be a JSON object, got {}", where, j.type_name());
+  return e.sharegpt ? sharegpt_record(j, e, where) : alpaca_record(j, e, where);
+}
+
+bool is_jsonl(const Entry& e) {
+  const std::string ext = fs::path(e.file).extension().string();
+  if (ext == ".jsonl") return true;
+  DT_ENFORCE(ext == ".json", ConfigError,
+             "{}: dtrain reads LLaMA-Factory datasets from .json (an array of records) or .jsonl files, not '{}'",
+             e.file, ext);
+  return false;
+}
+
 void load_entry(const Entry& e, std::vector<SftRecord>& out) {
-  const std::string file = e.file.string();
+  const std::string& file = e.file;
   const std::string text = read_text(e.file, "LLaMA-Factory dataset");
   size_t index = 0;
-  auto one = [&](std::string_view rec_text, size_t line) {
-    const std::string where = fmt::format("{}:{}: record {} of dataset '{}'", file, line, index++, e.name);
-    json j;
-    try {
-      j = json::parse(rec_text);
-    } catch (const json::parse_error& err) {
-      DT_THROW(ConfigError, "{}: invalid JSON: {}", where, err.what());
-    }
-    DT_ENFORCE(j.is_object(), ConfigError, "{}: a record must be a JSON object, got {}", where, j.type_name());
-    out.push_back(e.sharegpt ? sharegpt_record(j, e, where) : alpaca_record(j, e, where));
-  };
-  const std::string ext = e.file.extension().string();
-  if (ext == ".jsonl") {
+  auto one = [&](std::string_view rec_text, size_t line) { out.push_back(record_parse(e, rec_text, line, index++)); };
+  if (is_jsonl(e)) {
     std::istringstream in(text);
     std::string line;
     size_t line_no = 0;
@@ -309,9 +309,6 @@ void load_entry(const Entry& e, std::vector<SftRecord>& out) {
       one(line, line_no);
     }
   } else {
-    DT_ENFORCE(ext == ".json", ConfigError,
-               "{}: dtrain reads LLaMA-Factory datasets from .json (an array of records) or .jsonl files, not '{}'",
-               file, ext);
     json_array_elements(text, file, one);
   }
   DT_ENFORCE(index > 0, ConfigError, "{}: dataset '{}' holds no records", file, e.name);
@@ -326,8 +323,7 @@ bool llamafactory_is_dataset_dir(const std::string& path) {
   return fs::is_directory(p, ec) && fs::exists(p / "dataset_info.json", ec);
 }
 
-std::vector<SftRecord> llamafactory_load(const std::string& dataset_dir, const std::string& names,
-                                         const std::vector<double>& mix) {
+std::vector<LlamaFactoryEntry> llamafactory_entries(const std::string& dataset_dir, const std::string& names) {
   const fs::path info_path = fs::path(dataset_dir).filename() == "dataset_info.json"
                                  ? fs::path(dataset_dir)
                                  : fs::path(dataset_dir) / "dataset_info.json";
@@ -345,14 +341,36 @@ std::vector<SftRecord> llamafactory_load(const std::string& dataset_dir, const s
     if (!trim_copy(n).empty()) list.push_back(trim_copy(n));
   DT_ENFORCE(!list.empty(), ConfigError, "data.dataset is empty: name the datasets of {} to train on (comma-separated)",
              info_path.string());
-  DT_ENFORCE(mix.empty() || mix.size() == list.size(), ConfigError,
+  std::vector<LlamaFactoryEntry> out;
+  for (const std::string& n : list) {
+    out.push_back(entry_parse(info, n, dir, info_path.string()));
+    // The file's checks before any data is read (and before a long tokenizing pass).
+    input_file_check(out.back().file, "LLaMA-Factory dataset");
+    is_jsonl(out.back());
+  }
+  return out;
+}
+
+SftRecord llamafactory_record(const LlamaFactoryEntry& entry, std::string_view text, size_t line, size_t index) {
+  return record_parse(entry, text, line, index);
+}
+
+void llamafactory_json_elements(const std::string& text, const std::string& file,
+                                const std::function<void(std::string_view, size_t)>& fn) {
+  json_array_elements(text, file, fn);
+}
+
+std::vector<SftRecord> llamafactory_load(const std::string& dataset_dir, const std::string& names,
+                                         const std::vector<double>& mix) {
+  const std::vector<LlamaFactoryEntry> entries = llamafactory_entries(dataset_dir, names);
+  DT_ENFORCE(mix.empty() || mix.size() == entries.size(), ConfigError,
              "data.mix has {} weights for {} datasets ({}): give one weight per dataset, or none to concatenate them",
-             mix.size(), list.size(), names);
+             mix.size(), entries.size(), names);
   std::vector<std::vector<SftRecord>> sets;
   size_t total = 0;
-  for (const std::string& n : list) {
+  for (const LlamaFactoryEntry& e : entries) {
     sets.emplace_back();
-    load_entry(entry_parse(info, n, dir, info_path.string()), sets.back());
+    load_entry(e, sets.back());
     total += sets.back().size();
   }
   std::vector<SftRecord> out;

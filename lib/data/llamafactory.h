@@ -6,7 +6,9 @@
 
 #include "data/sft_record.h"
 
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace dtrain::data {
@@ -35,5 +37,34 @@ bool llamafactory_is_dataset_dir(const std::string& path);
 // the record's index and the field.
 std::vector<SftRecord> llamafactory_load(const std::string& dataset_dir, const std::string& names,
                                          const std::vector<double>& mix = {});
+
+// ---------------------------------------------------------------------------
+// Record by record (`dtrain data prepare --dataset`, which streams the files).
+
+// One dataset_info.json entry, resolved: its file and its columns and tags.
+struct LlamaFactoryEntry {
+  std::string name;
+  std::string file;  // dataset_dir / file_name
+  bool sharegpt = false;
+  // columns
+  std::string prompt = "instruction", query = "input", response = "output", history, messages = "conversations", system,
+              tools;
+  // tags
+  std::string role = "from", content = "value", user = "human", assistant = "gpt", observation = "observation",
+              function = "function_call", system_tag = "system";
+};
+
+// The entries of `names` (as llamafactory_load), checked, in order; each file is .json or
+// .jsonl (ConfigError otherwise).
+std::vector<LlamaFactoryEntry> llamafactory_entries(const std::string& dataset_dir, const std::string& names);
+
+// Record `index` (0-based) of the entry, whose JSON text starts on line `line` of its file;
+// the ConfigErrors of llamafactory_load.
+SftRecord llamafactory_record(const LlamaFactoryEntry& entry, std::string_view text, size_t line, size_t index);
+
+// Calls fn(text, line) for each element of the JSON array `text` (a .json dataset's
+// contents), with the line it starts on.
+void llamafactory_json_elements(const std::string& text, const std::string& file,
+                                const std::function<void(std::string_view, size_t)>& fn);
 
 }  // namespace dtrain::data

@@ -1,13 +1,18 @@
-// Turning text files and SFT JSONL into token shards.
+// Turning text files and SFT JSONL into token shards, streamed (data/prepare_stream.h).
 #include "data/prepare.h"
 
 #include "core/check.h"
 #include "core/log.h"
 #include "data/input_file.h"
+#include "data/llamafactory.h"
+#include "data/prepare_stream.h"
+#include "data/shard_writer.h"
 
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 namespace dtrain::data {
 
@@ -19,39 +24,6 @@ DataFormat data_format_parse(std::string_view name) {
   DT_THROW(ConfigError, "unknown data format '{}' (use text, alpaca, chat or sft)", name);
 }
 
-namespace {
-
-std::vector<std::string> text_documents(const std::string& path, bool line_per_doc) {
-  input_file_check(path, "text data");
-  std::ifstream in(path, std::ios::binary);
-  DT_ENFORCE(in.good(), IoError, "cannot open text data '{}': check the path", path);
-  std::vector<std::string> docs;
-  std::string line, cur;
-  auto flush = [&] {
-    if (!cur.empty()) docs.push_back(std::move(cur));
-    cur.clear();
-  };
-  while (std::getline(in, line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    bool blank = line.find_first_not_of(" \t") == std::string::npos;
-    if (line_per_doc) {
-      if (!blank) docs.push_back(line);
-      continue;
-    }
-    if (blank) {
-      flush();
-      continue;
-    }
-    if (!cur.empty()) cur.push_back('\n');
-    cur += line;
-  }
-  DT_ENFORCE(!in.bad(), IoError, "error reading text data '{}'", path);
-  flush();
-  return docs;
-}
-
-}  // namespace
-
 TokenData data_tokenize(const std::string& input, DataFormat format, const Tokenizer& tokenizer,
                         const DataPrepareOptions& options) {
   TokenData data;
@@ -59,25 +31,15 @@ TokenData data_tokenize(const std::string& input, DataFormat format, const Token
   data.vocab_size = tokenizer.vocab_size();
   data.eos_id = tokenizer.eos_id();
   data.pad_id = tokenizer.pad_id();
-  if (format == DataFormat::TEXT) {
-    for (const std::string& doc : text_documents(input, options.text_line_per_doc)) {
-      std::vector<int32_t> ids;
-      if (options.add_bos && tokenizer.bos_id() >= 0) ids.push_back(tokenizer.bos_id());
-      std::vector<int32_t> body = tokenizer.encode_ordinary(doc);
-      ids.insert(ids.end(), body.begin(), body.end());
-      if (tokenizer.eos_id() >= 0) ids.push_back(tokenizer.eos_id());
-      data.append(ids);
+  data_tokenize_stream(input, format, tokenizer, options, [&](const TokenPiece& p) {
+    size_t at = data.tokens.size();
+    for (size_t len : p.doc_tokens) {
+      data.doc_starts.push_back(at);
+      at += len;
     }
-  } else {
-    const SftFormat f = format == DataFormat::CHAT     ? SftFormat::CHAT
-                        : format == DataFormat::ALPACA ? SftFormat::ALPACA
-                                                       : SftFormat::AUTO;
-    const SftTemplate tmpl = sft_template_parse(options.sft_template, &tokenizer);
-    for (const SftRecord& rec : sft_load_jsonl(input, f)) {
-      SftTokens t = sft_render(rec, tokenizer, tmpl, options.add_bos, options.train_on_prompt);
-      data.append(t.tokens, t.mask);
-    }
-  }
+    data.tokens.insert(data.tokens.end(), p.tokens.begin(), p.tokens.end());
+    data.mask.insert(data.mask.end(), p.mask.begin(), p.mask.end());
+  });
   DT_ENFORCE(!data.tokens.empty(), ConfigError, "'{}' holds no documents: nothing to tokenize", input);
   return data;
 }
@@ -98,23 +60,24 @@ TokenData data_tokenize_records(const std::vector<SftRecord>& records, const std
   return data;
 }
 
-DataPrepareStats data_prepare(const std::string& input, DataFormat format, const std::string& tokenizer_spec,
-                              const std::string& output, const DataPrepareOptions& options) {
-  // The output replaces whatever file it names: never the input (the same path, or another
-  // name of the same file), never a directory, and never anything but a regular file (the
-  // rename would put a shard in place of a device node such as /dev/null, or a FIFO).
-  {
-    namespace fs = std::filesystem;
-    std::error_code ec;
-    DT_ENFORCE(!output.empty(), UsageError, "data prepare: OUTPUT is empty: give the token shard's file name");
-    DT_ENFORCE(!fs::is_directory(output, ec), UsageError,
-               "data prepare: OUTPUT '{}' is a directory: give the token shard's file name, e.g. {}/data.bin", output,
-               output);
-    const fs::file_status st = fs::status(output, ec);
-    DT_ENFORCE(!fs::exists(st) || fs::is_regular_file(st), UsageError,
-               "data prepare: OUTPUT '{}' exists and is not a regular file (a device, FIFO or socket): writing the "
-               "shard would replace it; give the token shard's file name, e.g. {}.bin",
-               output, input);
+namespace {
+
+// The output replaces whatever file it names: never an input (the same path, or another
+// name of the same file), never a directory, and never anything but a regular file (the
+// rename would put a shard in place of a device node such as /dev/null, or a FIFO).
+void output_check(const std::string& output, const std::vector<std::string>& inputs) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  DT_ENFORCE(!output.empty(), UsageError, "data prepare: OUTPUT is empty: give the token shard's file name");
+  DT_ENFORCE(!fs::is_directory(output, ec), UsageError,
+             "data prepare: OUTPUT '{}' is a directory: give the token shard's file name, e.g. {}/data.bin", output,
+             output);
+  const fs::file_status st = fs::status(output, ec);
+  DT_ENFORCE(!fs::exists(st) || fs::is_regular_file(st), UsageError,
+             "data prepare: OUTPUT '{}' exists and is not a regular file (a device, FIFO or socket): writing the "
+             "shard would replace it; give the token shard's file name, e.g. {}.bin",
+             output, inputs.front());
+  for (const std::string& input : inputs) {
     std::error_code eq_ec;
     const bool same = fs::equivalent(input, output, eq_ec) ||
                       (!fs::exists(output, ec) && fs::weakly_canonical(input, ec) == fs::weakly_canonical(output, ec));
@@ -123,16 +86,70 @@ DataPrepareStats data_prepare(const std::string& input, DataFormat format, const
                "another output name, e.g. {}.bin",
                output, input, input);
   }
+}
+
+}  // namespace
+
+DataPrepareStats data_prepare(const std::string& input, DataFormat format, const std::string& tokenizer_spec,
+                              const std::string& output, const DataPrepareOptions& options) {
+  // LLaMA-Factory: input is the dataset_dir; the datasets' files are the inputs to protect.
+  std::vector<LlamaFactoryEntry> entries;
+  std::vector<std::string> inputs{input};
+  if (!options.dataset.empty()) {
+    entries = llamafactory_entries(input, options.dataset);
+    for (const LlamaFactoryEntry& e : entries) inputs.push_back(e.file);
+  }
+  output_check(output, inputs);
   std::unique_ptr<Tokenizer> tok = tokenizer_load(tokenizer_spec);
-  TokenData data = data_tokenize(input, format, *tok, options);
-  shard_write(output, data);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto last = t0;
+  size_t total = 0;
+  for (size_t i = entries.empty() ? 0 : 1; i < inputs.size(); ++i) {
+    struct stat st {};
+    if (::stat(inputs[i].c_str(), &st) == 0) total += static_cast<size_t>(st.st_size);
+  }
+  // The input's own problems (missing, a directory) before the output is created.
+  if (entries.empty()) input_file_check(input, format == DataFormat::TEXT ? "text data" : "SFT data");
+  // Leaves no file behind unless finish() completes, whichever step throws.
+  ShardWriter out(output, tok->vocab_size(), tok->eos_id(), tok->pad_id(),
+                  !entries.empty() || format != DataFormat::TEXT);
+  size_t done = 0;
+  auto sink = [&](const TokenPiece& p) {
+    const int32_t* t = p.tokens.data();
+    const uint8_t* m = p.mask.empty() ? nullptr : p.mask.data();
+    for (size_t len : p.doc_tokens) {
+      out.append(t, m, len);
+      t += len;
+      if (m) m += len;
+    }
+    done = p.input_end;
+    const auto now = std::chrono::steady_clock::now();
+    if (options.progress && now - last >= std::chrono::seconds(1)) {
+      last = now;
+      const double secs = std::chrono::duration<double>(now - t0).count();
+      log_info("data prepare: {:.1f} of {:.1f} MB read ({:.0f}%), {} documents, {} tokens, {:.1f} MB/s", done / 1e6,
+               total / 1e6, total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0,
+               out.documents(), out.tokens(), done / 1e6 / secs);
+    }
+  };
+  if (entries.empty()) data_tokenize_stream(input, format, *tok, options, sink);
+  else data_tokenize_stream_llamafactory(entries, *tok, options, sink);
+  DT_ENFORCE(out.tokens() > 0, ConfigError, "'{}' holds no documents: nothing to tokenize", input);
+  out.finish();
   DataPrepareStats s;
-  s.documents = data.doc_starts.size();
-  s.tokens = data.tokens.size();
-  s.trained_tokens = data.mask.empty() ? data.tokens.size() : 0;
-  for (uint8_t m : data.mask) s.trained_tokens += m;
-  log_info("data prepare: {} -> {} ({} documents, {} tokens, {} trained, tokenizer {})", input, output, s.documents,
-           s.tokens, s.trained_tokens, tok->name());
+  s.documents = out.documents();
+  s.tokens = out.tokens();
+  s.trained_tokens = out.trained_tokens();
+  s.input_bytes = done;
+  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  s.threads = data_prepare_threads(options);
+  const std::string what = entries.empty() ? input : input + " [" + options.dataset + "]";
+  log_info(
+      "data prepare: {} -> {} ({} documents, {} tokens, {} trained, tokenizer {}; {:.1f} MB in {:.1f} s, {:.1f} MB/s, "
+      "{:.0f} tokens/s, {} threads)",
+      what, output, s.documents, s.tokens, s.trained_tokens, tok->name(), s.input_bytes / 1e6, s.seconds,
+      s.input_bytes / 1e6 / std::max(s.seconds, 1e-9), static_cast<double>(s.tokens) / std::max(s.seconds, 1e-9),
+      s.threads);
   return s;
 }
 

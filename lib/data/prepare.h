@@ -28,12 +28,28 @@ struct DataPrepareOptions {
   bool train_on_prompt = false;        // SFT: every token trains, not only the assistant turns
   bool add_bos = false;                // prepend bos to every document
   bool text_line_per_doc = false;      // TEXT: one document per line
+  // Tokenizing threads (0: the machine's hardware concurrency). The result does not
+  // depend on it: documents keep their input order.
+  unsigned threads = 1;
+  // The input is read in chunks of about this many bytes, cut after a whole record (a
+  // line; TEXT paragraphs: a blank line); a record longer than this makes its chunk longer.
+  size_t chunk_bytes = size_t{1} << 20;
+  // data_prepare: LLaMA-Factory datasets, comma-separated names of dataset_info.json
+  // entries (data/llamafactory.h); the input is then their dataset_dir (or its
+  // dataset_info.json) and the format is not used. Concatenated in order, streamed.
+  std::string dataset;
+  // data_prepare: log a progress line (bytes read of the total, documents, tokens, MB/s)
+  // at most once a second.
+  bool progress = false;
 };
 
 struct DataPrepareStats {
   size_t documents = 0;
   size_t tokens = 0;
   size_t trained_tokens = 0;  // tokens whose mask is true
+  size_t input_bytes = 0;
+  double seconds = 0;  // wall time of tokenizing and writing
+  unsigned threads = 1;
 };
 
 // Tokenizes `input` into memory.
@@ -46,7 +62,10 @@ TokenData data_tokenize_records(const std::vector<SftRecord>& records, const std
                                 const Tokenizer& tokenizer, const DataPrepareOptions& options = {});
 
 // Tokenizes `input` with the tokenizer named by tokenizer_spec ("byte" or a
-// tokenizer.json path) and writes the shard `output`.
+// tokenizer.json path) and writes the shard `output` as it goes (data/shard_writer.h):
+// memory stays bounded by the chunks in flight, whatever the input's size. Refuses (UsageError)
+// an output that is the input, a directory or an existing non-regular file; any failure
+// leaves no `output`.tmp.
 DataPrepareStats data_prepare(const std::string& input, DataFormat format, const std::string& tokenizer_spec,
                               const std::string& output, const DataPrepareOptions& options = {});
 
