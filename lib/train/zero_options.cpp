@@ -5,6 +5,7 @@
 #include "train/loss_scaler.h"
 
 #include <algorithm>
+#include <string>
 
 namespace dtrain::train {
 
@@ -33,6 +34,10 @@ ZeroOptions zero_options_from(const config::TrainConfig& cfg) {
              cfg.source);
   o.compute_dtype = cfg.bf16.enabled ? DType::BF16 : cfg.fp16.enabled ? DType::F16 : DType::F32;
   o.gradient_clipping = static_cast<float>(cfg.gradient_clipping);
+  const std::string& c = cfg.communication.compression;
+  DT_ENFORCE(c == "none", ConfigError,
+             "{}: communication.compression: {} is not available in this build of dtrain (only none is)", cfg.source,
+             c);
   return o;
 }
 
