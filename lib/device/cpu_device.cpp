@@ -316,6 +316,10 @@ class CpuDevice final : public Device {
     ops::OpScope scope(ops::OpClass::OTHER);
     ops::add_inplace(dst, src, n);
   }
+  void scale(float* p, size_t n, float s) override {
+    ops::OpScope scope(ops::OpClass::OTHER);
+    ops::scale_inplace(p, n, s);
+  }
   void cast(void* dst, DType dt, const void* src, DType st, size_t n) override {
     ops::OpScope scope(ops::OpClass::OTHER);
     if (dt != st) {

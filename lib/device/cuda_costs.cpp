@@ -404,6 +404,10 @@ void PlanDevice::add(float*, const float*, size_t n) {
   if (n) kernel("add", "add_kernel", PlanUnit::CUDA_CORE, static_cast<double>(n), n * 12.0);
 }
 
+void PlanDevice::scale(float*, size_t n, float) {
+  if (n) kernel("scale", "scale_kernel", PlanUnit::CUDA_CORE, static_cast<double>(n), n * 8.0);
+}
+
 void PlanDevice::cast(void* dst, DType dt, const void* src, DType st, size_t n) {
   if (n == 0) return;
   if (dt == st) {

@@ -331,6 +331,10 @@ class CudaDevice final : public Device {
     cur();
     kernels::add_f32(dst, src, n, s_);
   }
+  void scale(float* p, size_t n, float s) override {
+    cur();
+    kernels::scale_f32(p, n, s, s_);
+  }
   void cast(void* dst, DType dt, const void* src, DType st, size_t n) override {
     cur();
     kernels::dtype_cast(dst, dt, src, st, n, s_);

@@ -182,6 +182,8 @@ class Device {
   virtual void loss_sum(double* sum, float* sum_f32, const float* means, const float* counts, int n) = 0;
   /// dst[i] += src[i].
   virtual void add(float* dst, const float* src, size_t n) = 0;
+  /// p[i] *= s (fp32; the 16-bit gradient wire's division by the world size).
+  virtual void scale(float* p, size_t n, float s) = 0;
   /// dst = src converted from st to dt (round to nearest even); in place only when the
   /// dtypes are equal.
   virtual void cast(void* dst, DType dt, const void* src, DType st, size_t n) = 0;

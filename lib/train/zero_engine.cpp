@@ -125,6 +125,14 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
   }
   stats_ = device::DeviceBuffer(*dev_, sizeof(StepStats));
   plan_buckets();
+  DT_ENFORCE(opts_.grad_wire == DType::F32 || opts_.grad_wire == DType::BF16 || opts_.grad_wire == DType::F16,
+             ConfigError, "communication.compression: unknown gradient wire dtype");
+  if (comm_ != nullptr && opts_.grad_wire != DType::F32) {
+    size_t most = 0;
+    for (const auto& b : buckets_) most = std::max(most, (opts_.stage == 0 ? 1 : static_cast<size_t>(world_)) * b.seg);
+    wire_ = device::DeviceBuffer(*dev_, most * dtype_size(opts_.grad_wire));
+    work_add(static_cast<ptrdiff_t>(wire_.bytes()));
+  }
   // Stream-ordered collectives overlap by themselves; a thread is for blocking ones.
   queue_ = std::make_unique<ZeroCommQueue>(opts_.overlap_comm && comm_ != nullptr && !stream_ordered_);
   hooks_install();
@@ -271,6 +279,28 @@ void ZeroEngine::coll_all_gather(void* buf, size_t shard, DType t) {
   comm_->all_gather(b + static_cast<size_t>(rank_) * shard * dtype_size(t), b, shard, t);
 }
 
+// The 16-bit wire divides by the world size before it rounds (PyTorch's fp16_compress_hook
+// divides too: an fp16 sum of W gradients can overflow where their mean does not), sums
+// in 16 bits (Gloo adds pairs in fp32 and rounds each partial sum; NCCL likewise) and
+// widens this rank's result back into the fp32 gradient.
+void ZeroEngine::grad_reduce(float* buf, size_t n, bool scatter) {
+  if (comm_ == nullptr || n == 0) return;
+  const size_t W = static_cast<size_t>(world_), seg = scatter ? n / W : n;
+  const DType w = opts_.grad_wire;
+  if (w == DType::F32) {
+    if (scatter) coll_reduce_scatter(buf, seg, DType::F32);
+    else coll_allreduce(buf, n, DType::F32, comm::ReduceOp::AVG);
+    return;
+  }
+  DT_CHECK(wire_.bytes() >= n * dtype_size(w));
+  dev_->scale(buf, n, 1.0f / static_cast<float>(world_));
+  dev_->cast(wire_.get(), w, buf, DType::F32, n);
+  const size_t mine = scatter ? static_cast<size_t>(rank_) * seg : 0;
+  if (scatter) comm_->reduce_scatter(wire_.get(), at(wire_.get(), mine, w), seg, w, comm::ReduceOp::SUM);
+  else comm_->allreduce(wire_.get(), wire_.get(), n, w, comm::ReduceOp::SUM);
+  dev_->cast(buf + mine, DType::F32, at(wire_.get(), mine, w), w, seg);
+}
+
 // ----------------------------------------------------------------------------
 void ZeroEngine::before_step() {
   queue_->wait_all();
@@ -316,19 +346,19 @@ void ZeroEngine::bucket_pack(const Bucket& b, float* buf) {
 // The compute side no longer writes these slots' gradients (the bucket is complete).
 void ZeroEngine::bucket_collective(const Bucket& b, float* buf) {
   if (bucket_inplace(b)) {
-    coll_allreduce(slots_[b.slots[0]].pb->grad, b.seg, DType::F32, comm::ReduceOp::AVG);
+    grad_reduce(slots_[b.slots[0]].pb->grad, b.seg, false);
     return;
   }
   bucket_pack(b, buf);
   if (opts_.stage == 0) {
-    coll_allreduce(buf, b.seg, DType::F32, comm::ReduceOp::AVG);
+    grad_reduce(buf, b.seg, false);
     for (size_t k = 0; k < b.slots.size(); ++k) {
       const Slot& s = slots_[b.slots[k]];
       dev_->copy_d2d(s.pb->grad, buf + b.offs[k], s.n * sizeof(float));
     }
     return;
   }
-  coll_reduce_scatter(buf, b.seg, DType::F32);
+  grad_reduce(buf, static_cast<size_t>(world_) * b.seg, true);
   const float* mine = buf + static_cast<size_t>(rank_) * b.seg;
   for (size_t k = 0; k < b.slots.size(); ++k) {
     const Slot& s = slots_[b.slots[k]];

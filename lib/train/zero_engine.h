@@ -41,6 +41,10 @@ struct ZeroOptions {
   /// parameter all-gathers travel in it.
   DType compute_dtype = DType::F32;
   float gradient_clipping = 0.0f;  ///< max global L2 norm, 0 = off
+  /// communication.compression's 16-bit wire: the dtype gradients are reduced in (F32 =
+  /// uncompressed; BF16 / F16: cast, summed, cast back; fp16 divided by the world size
+  /// first, as PyTorch's fp16_compress_hook, so the sum cannot overflow).
+  DType grad_wire = DType::F32;
 };
 
 /// The engine options a training config asks for: zero_optimization (stage, bucket
@@ -270,6 +274,10 @@ class ZeroEngine {
   void coll_allreduce(void* buf, size_t n, DType t, comm::ReduceOp op);
   void coll_reduce_scatter(void* buf, size_t shard, DType t);
   void coll_all_gather(void* buf, size_t shard, DType t);
+  // The gradient average of n fp32 values at buf: an allreduce, or (scatter) a
+  // reduce-scatter of W segments of n / W leaving this rank's segment reduced; on the
+  // 16-bit wire through wire_ (opts_.grad_wire).
+  void grad_reduce(float* buf, size_t n, bool scatter);
   // stage 0/1 step-time gradient reduction, stage 1/2 post-step gather
   void grads_reduce_step();
   bool bucket_inplace(const Bucket& b) const;
@@ -334,6 +342,9 @@ class ZeroEngine {
   std::vector<Bucket> buckets_;                     // gradient buckets in backward order
   std::vector<std::vector<size_t>> gather_groups_;  // post-step all-gather groups of resident slots
   std::unique_ptr<ZeroCommQueue> queue_;
+  // The 16-bit gradient wire's staging buffer (the largest bucket), used by one
+  // collective at a time: they run in order on the communication thread or stream.
+  device::DeviceBuffer wire_;
   int64_t step_count_ = 0;
   double last_norm_ = 0.0;
   bool materialized_ = false;

@@ -35,9 +35,10 @@ ZeroOptions zero_options_from(const config::TrainConfig& cfg) {
   o.compute_dtype = cfg.bf16.enabled ? DType::BF16 : cfg.fp16.enabled ? DType::F16 : DType::F32;
   o.gradient_clipping = static_cast<float>(cfg.gradient_clipping);
   const std::string& c = cfg.communication.compression;
-  DT_ENFORCE(c == "none", ConfigError,
-             "{}: communication.compression: {} is not available in this build of dtrain (only none is)", cfg.source,
-             c);
+  DT_ENFORCE(c != "powersgd" && c != "topk", ConfigError,
+             "{}: communication.compression: {} is not available in this build of dtrain (none, bf16 and fp16 are)",
+             cfg.source, c);
+  o.grad_wire = c == "bf16" ? DType::BF16 : c == "fp16" ? DType::F16 : DType::F32;
   return o;
 }
 
