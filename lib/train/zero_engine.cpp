@@ -127,6 +127,37 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
   plan_buckets();
   DT_ENFORCE(opts_.grad_wire == DType::F32 || opts_.grad_wire == DType::BF16 || opts_.grad_wire == DType::F16,
              ConfigError, "communication.compression: unknown gradient wire dtype");
+  if (opts_.topk_ratio != 0.0f) {
+    DT_ENFORCE(opts_.topk_ratio > 0.0f && opts_.topk_ratio <= 1.0f, ConfigError,
+               "communication.topk.ratio {} is not in (0, 1]", opts_.topk_ratio);
+    DT_ENFORCE(opts_.stage <= 1, ConfigError,
+               "communication.compression: topk needs zero_optimization.stage 0 or 1, but the stage is {}",
+               opts_.stage);
+    DT_ENFORCE(dev_->kind() == device::Kind::CPU, ConfigError,
+               "communication.compression: topk runs on the CPU device only in this build (its CUDA kernels are not "
+               "written yet); on {} use bf16 or fp16",
+               dev_->name());
+    DT_ENFORCE(opts_.grad_wire == DType::F32, ConfigError,
+               "communication.compression: topk and a 16-bit wire are exclusive");
+    if (comm_ != nullptr) {
+      size_t most = 0;
+      for (const auto& b : buckets_) {
+        const size_t n = bucket_full(b);
+        DT_ENFORCE(n < (size_t{1} << 31), ConfigError,
+                   "communication.compression topk: a gradient bucket of {} elements does not fit int32 indices; "
+                   "lower zero_optimization.reduce_bucket_size",
+                   n);
+        residual_.emplace_back(*dev_, n * sizeof(float));
+        dev_->zero(residual_.back().get(), n * sizeof(float));
+        most = std::max(most, n);
+      }
+      const size_t k = topk_k(most), W = static_cast<size_t>(world_);
+      topk_dense_ = device::DeviceBuffer(*dev_, most * sizeof(float));
+      topk_mine_ = device::DeviceBuffer(*dev_, 2 * k * sizeof(float));
+      topk_all_ = device::DeviceBuffer(*dev_, W * 2 * k * sizeof(float));
+      work_add(static_cast<ptrdiff_t>(topk_dense_.bytes() + topk_mine_.bytes() + topk_all_.bytes()));
+    }
+  }
   if (comm_ != nullptr && opts_.grad_wire != DType::F32) {
     size_t most = 0;
     for (const auto& b : buckets_) most = std::max(most, (opts_.stage == 0 ? 1 : static_cast<size_t>(world_)) * b.seg);
@@ -301,6 +332,47 @@ void ZeroEngine::grad_reduce(float* buf, size_t n, bool scatter) {
   dev_->cast(buf + mine, DType::F32, at(wire_.get(), mine, w), w, seg);
 }
 
+// Top-k with error feedback (Deep Gradient Compression, Lin et al. 2018): the bucket's
+// gradients are added to its residual, the k = ceil(ratio n) largest |residual| are sent
+// and zeroed there (the residual keeps the rest), and every rank sums all ranks' pairs
+// into a dense buffer in rank order, so all ranks hold the same average. Indices are
+// gathered, never summed. The pairs travel as fp32 words: an all-gather copies bits.
+size_t ZeroEngine::bucket_full(const Bucket& b) const {
+  size_t n = 0;
+  for (size_t i : b.slots) n += slots_[i].n;
+  return n;
+}
+
+size_t ZeroEngine::topk_k(size_t full) const {
+  const auto k = static_cast<size_t>(std::ceil(static_cast<double>(opts_.topk_ratio) * static_cast<double>(full)));
+  return std::min(full, std::max<size_t>(1, k));
+}
+
+void ZeroEngine::topk_reduce(size_t index) {
+  const Bucket& b = buckets_[index];
+  const size_t n = bucket_full(b), k = topk_k(n), W = static_cast<size_t>(world_);
+  float* res = residual_[index].as<float>();
+  size_t off = 0;
+  for (size_t i : b.slots) {
+    dev_->add(res + off, slots_[i].pb->grad, slots_[i].n);
+    off += slots_[i].n;
+  }
+  float* mine = topk_mine_.as<float>();
+  dev_->topk_select(res, n, k, mine, reinterpret_cast<int32_t*>(mine + k));
+  float* all = topk_all_.as<float>();
+  comm_->all_gather(mine, all, 2 * k, DType::F32);
+  float* dense = topk_dense_.as<float>();
+  dev_->zero(dense, n * sizeof(float));
+  for (size_t r = 0; r < W; ++r)
+    dev_->sparse_add(dense, all + r * 2 * k, reinterpret_cast<const int32_t*>(all + r * 2 * k + k), k);
+  dev_->scale(dense, n, 1.0f / static_cast<float>(world_));
+  off = 0;
+  for (size_t i : b.slots) {
+    dev_->copy_d2d(slots_[i].pb->grad, dense + off, slots_[i].n * sizeof(float));
+    off += slots_[i].n;
+  }
+}
+
 // ----------------------------------------------------------------------------
 void ZeroEngine::before_step() {
   queue_->wait_all();
@@ -321,6 +393,7 @@ void ZeroEngine::before_step() {
 bool ZeroEngine::bucket_inplace(const Bucket& b) const { return opts_.stage == 0 && b.slots.size() == 1; }
 
 size_t ZeroEngine::bucket_len(const Bucket& b) const {
+  if (!residual_.empty()) return 0;  // top-k works in its own buffers
   return bucket_inplace(b) ? 0 : (opts_.stage == 0 ? 1 : static_cast<size_t>(world_)) * b.seg;
 }
 
@@ -345,6 +418,10 @@ void ZeroEngine::bucket_pack(const Bucket& b, float* buf) {
 
 // The compute side no longer writes these slots' gradients (the bucket is complete).
 void ZeroEngine::bucket_collective(const Bucket& b, float* buf) {
+  if (!residual_.empty()) {
+    topk_reduce(static_cast<size_t>(&b - buckets_.data()));
+    return;
+  }
   if (bucket_inplace(b)) {
     grad_reduce(slots_[b.slots[0]].pb->grad, b.seg, false);
     return;
@@ -643,6 +720,9 @@ ZeroCheckpointView ZeroEngine::checkpoint_view() {
   v.stage = opts_.stage;
   v.compute_dtype = opts_.compute_dtype;
   v.step_count = step_count_;
+  // top-k runs on the CPU device only, so the residuals are host memory already.
+  for (size_t b = 0; b < residual_.size(); ++b)
+    v.rank_state.emplace_back(residual_[b].as<float>(), bucket_full(buckets_[b]));
   v.loaded = [this](int64_t step_count) {
     step_count_ = step_count;
     params_loaded();

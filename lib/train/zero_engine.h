@@ -45,6 +45,11 @@ struct ZeroOptions {
   /// uncompressed; BF16 / F16: cast, summed, cast back; fp16 divided by the world size
   /// first, as PyTorch's fp16_compress_hook, so the sum cannot overflow).
   DType grad_wire = DType::F32;
+  /// communication.compression topk (stages 0-1, several ranks, the CPU device): the
+  /// fraction of each gradient bucket's elements a rank sends, the largest in magnitude
+  /// of gradient + residual, all-gathered as (value, index) pairs and summed densely; the
+  /// residual keeps the rest for the next step (error feedback). 0 = off.
+  float topk_ratio = 0.0f;
 };
 
 /// The engine options a training config asks for: zero_optimization (stage, bucket
@@ -108,6 +113,11 @@ struct ZeroCheckpointView {
   int rank = 0, world = 1, stage = 0;
   DType compute_dtype = DType::F32;
   int64_t step_count = 0;  ///< applied updates (AdamW's bias-correction step)
+  /// This rank's error-feedback state (top-k: one residual per gradient bucket), fp32 in
+  /// host memory, each with its length: saved in the rank's own shard file and restored
+  /// into the same rank when the world size and the lengths match; otherwise (another
+  /// world size, compression turned on at resume) it starts at zero, with a warning.
+  std::vector<std::pair<float*, size_t>> rank_state;
   /// After a checkpoint wrote the masters (and resident full buffers): takes the loaded
   /// step count and refreshes the compute copies.
   std::function<void(int64_t step_count)> loaded;
@@ -278,6 +288,11 @@ class ZeroEngine {
   // reduce-scatter of W segments of n / W leaving this rank's segment reduced; on the
   // 16-bit wire through wire_ (opts_.grad_wire).
   void grad_reduce(float* buf, size_t n, bool scatter);
+  // top-k (opts_.topk_ratio): bucket `index`'s gradients through its residual, the
+  // all-gather of every rank's (value, index) pairs and their dense average.
+  void topk_reduce(size_t index);
+  size_t bucket_full(const Bucket& b) const;
+  size_t topk_k(size_t full) const;
   // stage 0/1 step-time gradient reduction, stage 1/2 post-step gather
   void grads_reduce_step();
   bool bucket_inplace(const Bucket& b) const;
@@ -345,6 +360,11 @@ class ZeroEngine {
   // The 16-bit gradient wire's staging buffer (the largest bucket), used by one
   // collective at a time: they run in order on the communication thread or stream.
   device::DeviceBuffer wire_;
+  // top-k: each bucket's residual (its full length: what was not sent yet), and scratch
+  // for the dense sum (the largest bucket), this rank's k values then k int32 indices,
+  // and every rank's.
+  std::vector<device::DeviceBuffer> residual_;
+  device::DeviceBuffer topk_dense_, topk_mine_, topk_all_;
   int64_t step_count_ = 0;
   double last_norm_ = 0.0;
   bool materialized_ = false;

@@ -5,6 +5,7 @@
 #include "config/train_config.h"
 #include "core/error.h"
 #include "temp_dir.h"
+#include "train/checkpoint.h"
 #include "train/trainer.h"
 #include "train/zero_harness.h"
 
@@ -193,6 +194,161 @@ TEST_CASE("communication.compression bf16 through the trainer: metrics.jsonl sho
   }
   CHECK_THROWS_WITH_AS(
       dtrain::train::zero_options_from(
-          dtrain::config::config_load_string(kJob, "job.yaml", {"communication.compression=topk"}).cfg),
-      doctest::Contains("communication.compression: topk is not available"), dtrain::ConfigError);
+          dtrain::config::config_load_string(kJob, "job.yaml", {"communication.compression=powersgd"}).cfg),
+      doctest::Contains("communication.compression: powersgd is not available"), dtrain::ConfigError);
+}
+
+// ----------------------------------------------------------------------------
+// Top-k with error feedback (stages 0-1, the CPU device).
+namespace {
+
+RunSpec topk_spec(int stage, float ratio) {
+  RunSpec spec;
+  spec.world = 2;
+  spec.opts.stage = stage;
+  spec.opts.reduce_bucket_size = 4000;
+  spec.opts.topk_ratio = ratio;
+  return spec;
+}
+
+// Every trainable buffer's gradient in bucket order (ZeroEngine::plan_buckets: layers
+// n_layer down to -1, the model's buffer order within a layer), the order of the
+// residuals' elements.
+std::vector<dtrain::model::ParamBuffer*> bucket_order(dtrain::model::Model& m) {
+  std::vector<dtrain::model::ParamBuffer*> out;
+  for (int l = m.config().n_layer; l >= -1; --l)
+    for (auto& pb : m.params())
+      if (pb.layout.layer == l) out.push_back(&pb);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("top-k at ratio 1.0 is the plain allreduce, bit for bit (2 ranks: one fp32 sum, one halving)") {
+  for (int stage : {0, 1}) {
+    CAPTURE(stage);
+    RunSpec plain = topk_spec(stage, 0.0f), topk = topk_spec(stage, 1.0f);
+    plain.steps = topk.steps = 5;
+    const RunResult a = train_run(plain), b = train_run(topk);
+    REQUIRE_MESSAGE(a.ok(), a.error_text());
+    REQUIRE_MESSAGE(b.ok(), b.error_text());
+    CHECK(b.losses == a.losses);
+    CHECK(b.weights == a.weights);
+  }
+}
+
+TEST_CASE("top-k trains, sends fewer bytes, and is refused where it cannot run") {
+  RunSpec spec = topk_spec(1, 0.05f);
+  spec.steps = 12;
+  const RunResult r = train_run(spec);
+  REQUIRE_MESSAGE(r.ok(), r.error_text());
+  CHECK(r.losses.back() < r.losses.front());
+  // Every rank holds the same weights: the dense sums agree.
+  CHECK(r.rank_weights[0] == r.rank_weights[1]);
+
+  std::vector<uint64_t> sent(2);
+  for (float ratio : {0.0f, 0.05f}) {
+    RunSpec s = topk_spec(0, ratio);
+    auto errors = run_ranks(2, [&](dtrain::comm::Communicator* comm, int rank) {
+      RankTrainer t(s, comm, rank);
+      const uint64_t before = comm->bytes_sent();
+      t.step(1);
+      if (rank == 0) sent[ratio == 0.0f ? 0 : 1] = comm->bytes_sent() - before;
+    });
+    for (const auto& e : errors) REQUIRE(e == "");
+  }
+  // 5% of the values plus as many indices, gathered once, against the full gradient
+  // reduced (sent twice over in a 2-rank ring): well under a fifth.
+  CHECK(sent[1] * 5 < sent[0]);
+
+  RunSpec stage2 = topk_spec(2, 0.1f);
+  auto m = model_build(stage2);
+  CHECK_THROWS_WITH_AS(dtrain::train::ZeroEngine(*m, nullptr, stage2.opts),
+                       doctest::Contains("topk needs zero_optimization.stage 0 or 1, but the stage is 2"),
+                       dtrain::ConfigError);
+}
+
+TEST_CASE("top-k error feedback conserves the gradient: W x the applied sum + the residuals == the raw sum") {
+  const RunSpec spec = topk_spec(0, 0.03f);
+  const int steps = 5;
+  // Per rank, in bucket order: the sum over the steps of its raw gradients, of the
+  // averaged gradients the engine applied, and its final residual.
+  std::vector<std::vector<double>> raw(2), applied(2), residual(2);
+  auto errors = run_ranks(2, [&](dtrain::comm::Communicator* comm, int rank) {
+    RankTrainer t(spec, comm, rank);
+    const auto order = bucket_order(*t.model);
+    size_t n = 0;
+    for (auto* pb : order) n += pb->size;
+    auto& mine_raw = raw[static_cast<size_t>(rank)];
+    auto& mine_app = applied[static_cast<size_t>(rank)];
+    mine_raw.assign(n, 0.0);
+    mine_app.assign(n, 0.0);
+    const int rows = spec.global_batch / spec.world;
+    for (int s = 1; s <= steps; ++s) {
+      batch_rows(s, rank * rows, rows, spec.T, t.model->config().vocab_size, t.tok, t.tgt);
+      t.engine->before_step();
+      t.model->forward(t.tok.data(), t.tgt.data(), rows, spec.T);
+      t.model->backward(1.0f);
+      size_t at = 0;
+      for (auto* pb : order)
+        for (size_t i = 0; i < pb->size; ++i) mine_raw[at++] += pb->grad[i];
+      REQUIRE(t.update(spec.lr));
+      at = 0;
+      for (auto* pb : order)
+        for (size_t i = 0; i < pb->size; ++i) mine_app[at++] += pb->grad[i];
+    }
+    const auto view = t.engine->checkpoint_view();
+    for (const auto& [p, cnt] : view.rank_state)
+      residual[static_cast<size_t>(rank)].insert(residual[static_cast<size_t>(rank)].end(), p, p + cnt);
+  });
+  for (const auto& e : errors) REQUIRE(e == "");
+  REQUIRE(residual[0].size() == raw[0].size());
+  double worst = 0.0, scale = 0.0, kept = 0.0;
+  for (size_t i = 0; i < raw[0].size(); ++i) {
+    CHECK(applied[0][i] == applied[1][i]);
+    const double lhs = 2.0 * applied[0][i] + residual[0][i] + residual[1][i];
+    const double rhs = raw[0][i] + raw[1][i];
+    worst = std::max(worst, std::fabs(lhs - rhs));
+    scale = std::max(scale, std::fabs(rhs));
+    kept += std::fabs(residual[0][i]) + std::fabs(residual[1][i]);
+  }
+  CHECK(kept > 0.0);             // 3% sent: most of the gradient waits in the residuals
+  CHECK(worst <= 1e-5 * scale);  // fp32 additions of a few steps' values
+}
+
+TEST_CASE("top-k resumes bit-exactly: the residuals travel in the sharded checkpoint") {
+  const RunSpec spec = topk_spec(1, 0.05f);
+  const int steps = 6, half = 3;
+  std::vector<std::vector<float>> whole(2), resumed(2), dropped(2);
+  auto errors = run_ranks(2, [&](dtrain::comm::Communicator* comm, int rank) {
+    RankTrainer t(spec, comm, rank);
+    for (int s = 1; s <= steps; ++s) whole[static_cast<size_t>(rank)].push_back(t.step(s));
+  });
+  for (const auto& e : errors) REQUIRE(e == "");
+  dtrain::test::TempDir tmp;
+  const std::string run = (tmp.path / "run").string();
+  errors = run_ranks(2, [&](dtrain::comm::Communicator* comm, int rank) {
+    {
+      RankTrainer t(spec, comm, rank);
+      for (int s = 1; s <= half; ++s) t.step(s);
+      dtrain::train::TrainState st;
+      st.step = half;
+      dtrain::train::checkpoint_save(run, t.engine->checkpoint_view(), st);
+    }
+    for (bool keep : {true, false}) {
+      RankTrainer t(spec, comm, rank);
+      const auto view = t.engine->checkpoint_view();
+      REQUIRE(dtrain::train::checkpoint_load(run, view).loaded);
+      if (!keep)  // what a checkpoint without the residuals would resume from
+        for (const auto& [p, cnt] : view.rank_state) std::fill(p, p + cnt, 0.0f);
+      auto& out = (keep ? resumed : dropped)[static_cast<size_t>(rank)];
+      for (int s = half + 1; s <= steps; ++s) out.push_back(t.step(s));
+    }
+  });
+  for (const auto& e : errors) REQUIRE(e == "");
+  for (size_t r = 0; r < 2; ++r) {
+    const std::vector<float> tail(whole[r].begin() + half, whole[r].end());
+    CHECK(resumed[r] == tail);
+    CHECK(dropped[r] != tail);
+  }
 }
