@@ -333,6 +333,11 @@ class CpuDevice final : public Device {
     forget(dense);
     ops::sparse_add(dense, values, indices, count);
   }
+  void orthogonalize(float* a, size_t rows, size_t cols) override {
+    ops::OpScope scope(ops::OpClass::OTHER);
+    forget(a);
+    ops::orthogonalize_columns(a, rows, cols);
+  }
   void cast(void* dst, DType dt, const void* src, DType st, size_t n) override {
     ops::OpScope scope(ops::OpClass::OTHER);
     if (dt != st) {

@@ -417,6 +417,10 @@ void PlanDevice::sparse_add(float*, const float*, const int32_t*, size_t) {
   DT_THROW(UsageError, "the plan has no cost for sparse_add: top-k compression has no CUDA kernel in this build");
 }
 
+void PlanDevice::orthogonalize(float*, size_t, size_t) {
+  DT_THROW(UsageError, "the plan has no cost for orthogonalize: PowerSGD has no CUDA kernel in this build");
+}
+
 void PlanDevice::cast(void* dst, DType dt, const void* src, DType st, size_t n) {
   if (n == 0) return;
   if (dt == st) {

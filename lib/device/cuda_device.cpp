@@ -342,6 +342,11 @@ class CudaDevice final : public Device {
              "topk_select has no CUDA kernel in this build (communication.compression topk runs on "
              "the CPU device only)");
   }
+  void orthogonalize(float*, size_t, size_t) override {
+    DT_THROW(DeviceError,
+             "orthogonalize has no CUDA kernel in this build (communication.compression powersgd runs "
+             "on the CPU device only)");
+  }
   void sparse_add(float*, const float*, const int32_t*, size_t) override {
     DT_THROW(DeviceError,
              "sparse_add has no CUDA kernel in this build (communication.compression topk runs on the "

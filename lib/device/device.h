@@ -190,6 +190,9 @@ class Device {
   virtual void topk_select(float* residual, size_t n, size_t k, float* values, int32_t* indices) = 0;
   /// dense[indices[i]] += values[i] in order, ops::sparse_add. CPU only, as topk_select.
   virtual void sparse_add(float* dense, const float* values, const int32_t* indices, size_t count) = 0;
+  /// PowerSGD's Gram-Schmidt on the columns of a (rows x cols fp32, row-major), in place,
+  /// ops::orthogonalize_columns. CPU only, as topk_select.
+  virtual void orthogonalize(float* a, size_t rows, size_t cols) = 0;
   /// dst = src converted from st to dt (round to nearest even); in place only when the
   /// dtypes are equal.
   virtual void cast(void* dst, DType dt, const void* src, DType st, size_t n) = 0;

@@ -156,6 +156,7 @@ class PlanDevice final : public Device {
   // Top-k has no CUDA kernel to cost: the plan refuses it (UsageError).
   void topk_select(float* residual, size_t n, size_t k, float* values, int32_t* indices) override;
   void sparse_add(float* dense, const float* values, const int32_t* indices, size_t count) override;
+  void orthogonalize(float* a, size_t rows, size_t cols) override;
   void cast(void* dst, DType dt, const void* src, DType st, size_t n) override;
   void round_to(float* p, size_t n, DType t) override;
 

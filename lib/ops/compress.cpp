@@ -41,4 +41,19 @@ void sparse_add(float* dense, const float* values, const int32_t* indices, size_
   for (size_t i = 0; i < count; ++i) dense[indices[i]] += values[i];
 }
 
+void orthogonalize_columns(float* a, size_t rows, size_t cols) {
+  for (size_t i = 0; i < cols; ++i) {
+    double sq = 0.0;
+    for (size_t r = 0; r < rows; ++r) sq += static_cast<double>(a[r * cols + i]) * a[r * cols + i];
+    const double norm = std::sqrt(sq);
+    if (norm > 0.0)
+      for (size_t r = 0; r < rows; ++r) a[r * cols + i] = static_cast<float>(a[r * cols + i] / norm);
+    for (size_t j = i + 1; j < cols; ++j) {
+      double dot = 0.0;
+      for (size_t r = 0; r < rows; ++r) dot += static_cast<double>(a[r * cols + i]) * a[r * cols + j];
+      for (size_t r = 0; r < rows; ++r) a[r * cols + j] -= static_cast<float>(dot * a[r * cols + i]);
+    }
+  }
+}
+
 }  // namespace dtrain::ops

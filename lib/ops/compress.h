@@ -17,4 +17,10 @@ void topk_select(float* residual, size_t n, size_t k, float* values, int32_t* in
 /// dense[indices[i]] += values[i] for i in [0, count), in that order (deterministic).
 void sparse_add(float* dense, const float* values, const int32_t* indices, size_t count);
 
+/// Gram-Schmidt on the columns of a (rows x cols, row-major), in place, as PyTorch's
+/// PowerSGD _orthogonalize_gram_schmidt: column i is divided by its norm, then its
+/// projection is taken out of every later column. Dot products and norms are summed in
+/// double; a zero column stays zero (PyTorch would divide by 0).
+void orthogonalize_columns(float* a, size_t rows, size_t cols);
+
 }  // namespace dtrain::ops

@@ -1,7 +1,8 @@
 // ZeroEngine: slots (one per model buffer, zero_slot.h) with their shard ranges, masters
 // and AdamW state; bucket plans; stream order and collectives; the step (reduce, norm,
 // AdamW, gather); materialized parameters, checkpoint views and memory accounting. The
-// per-layer stage-2/3 hooks are in zero_hooks.cpp.
+// per-layer stage-2/3 hooks are in zero_hooks.cpp, top-k and PowerSGD compression in
+// zero_topk.cpp and zero_powersgd.cpp.
 #include "train/zero_engine.h"
 
 #include "core/check.h"
@@ -157,6 +158,20 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
       topk_all_ = device::DeviceBuffer(*dev_, W * 2 * k * sizeof(float));
       work_add(static_cast<ptrdiff_t>(topk_dense_.bytes() + topk_mine_.bytes() + topk_all_.bytes()));
     }
+  }
+  if (opts_.powersgd_rank != 0) {
+    DT_ENFORCE(opts_.powersgd_rank > 0, ConfigError, "communication.powersgd.rank {} must be at least 1",
+               opts_.powersgd_rank);
+    DT_ENFORCE(opts_.stage <= 1, ConfigError,
+               "communication.compression: powersgd needs zero_optimization.stage 0 or 1, but the stage is {}",
+               opts_.stage);
+    DT_ENFORCE(dev_->kind() == device::Kind::CPU, ConfigError,
+               "communication.compression: powersgd runs on the CPU device only in this build (its CUDA kernels are "
+               "not written yet); on {} use bf16 or fp16",
+               dev_->name());
+    DT_ENFORCE(opts_.grad_wire == DType::F32 && opts_.topk_ratio == 0.0f, ConfigError,
+               "communication.compression: powersgd, topk and a 16-bit wire are exclusive");
+    if (comm_ != nullptr) powersgd_plan();
   }
   if (comm_ != nullptr && opts_.grad_wire != DType::F32) {
     size_t most = 0;
@@ -332,47 +347,6 @@ void ZeroEngine::grad_reduce(float* buf, size_t n, bool scatter) {
   dev_->cast(buf + mine, DType::F32, at(wire_.get(), mine, w), w, seg);
 }
 
-// Top-k with error feedback (Deep Gradient Compression, Lin et al. 2018): the bucket's
-// gradients are added to its residual, the k = ceil(ratio n) largest |residual| are sent
-// and zeroed there (the residual keeps the rest), and every rank sums all ranks' pairs
-// into a dense buffer in rank order, so all ranks hold the same average. Indices are
-// gathered, never summed. The pairs travel as fp32 words: an all-gather copies bits.
-size_t ZeroEngine::bucket_full(const Bucket& b) const {
-  size_t n = 0;
-  for (size_t i : b.slots) n += slots_[i].n;
-  return n;
-}
-
-size_t ZeroEngine::topk_k(size_t full) const {
-  const auto k = static_cast<size_t>(std::ceil(static_cast<double>(opts_.topk_ratio) * static_cast<double>(full)));
-  return std::min(full, std::max<size_t>(1, k));
-}
-
-void ZeroEngine::topk_reduce(size_t index) {
-  const Bucket& b = buckets_[index];
-  const size_t n = bucket_full(b), k = topk_k(n), W = static_cast<size_t>(world_);
-  float* res = residual_[index].as<float>();
-  size_t off = 0;
-  for (size_t i : b.slots) {
-    dev_->add(res + off, slots_[i].pb->grad, slots_[i].n);
-    off += slots_[i].n;
-  }
-  float* mine = topk_mine_.as<float>();
-  dev_->topk_select(res, n, k, mine, reinterpret_cast<int32_t*>(mine + k));
-  float* all = topk_all_.as<float>();
-  comm_->all_gather(mine, all, 2 * k, DType::F32);
-  float* dense = topk_dense_.as<float>();
-  dev_->zero(dense, n * sizeof(float));
-  for (size_t r = 0; r < W; ++r)
-    dev_->sparse_add(dense, all + r * 2 * k, reinterpret_cast<const int32_t*>(all + r * 2 * k + k), k);
-  dev_->scale(dense, n, 1.0f / static_cast<float>(world_));
-  off = 0;
-  for (size_t i : b.slots) {
-    dev_->copy_d2d(slots_[i].pb->grad, dense + off, slots_[i].n * sizeof(float));
-    off += slots_[i].n;
-  }
-}
-
 // ----------------------------------------------------------------------------
 void ZeroEngine::before_step() {
   queue_->wait_all();
@@ -420,6 +394,10 @@ void ZeroEngine::bucket_pack(const Bucket& b, float* buf) {
 void ZeroEngine::bucket_collective(const Bucket& b, float* buf) {
   if (!residual_.empty()) {
     topk_reduce(static_cast<size_t>(&b - buckets_.data()));
+    return;
+  }
+  if (powersgd_active()) {
+    powersgd_reduce(static_cast<size_t>(&b - buckets_.data()));
     return;
   }
   if (bucket_inplace(b)) {
@@ -720,9 +698,14 @@ ZeroCheckpointView ZeroEngine::checkpoint_view() {
   v.stage = opts_.stage;
   v.compute_dtype = opts_.compute_dtype;
   v.step_count = step_count_;
-  // top-k runs on the CPU device only, so the residuals are host memory already.
+  // top-k and PowerSGD run on the CPU device only, so their state is host memory already:
+  // the top-k residuals, or PowerSGD's Q factors then (error feedback) its errors.
   for (size_t b = 0; b < residual_.size(); ++b)
     v.rank_state.emplace_back(residual_[b].as<float>(), bucket_full(buckets_[b]));
+  if (!psgd_.empty()) {
+    v.rank_state.emplace_back(psgd_q_.as<float>(), psgd_q_.bytes() / sizeof(float));
+    if (psgd_err_.bytes()) v.rank_state.emplace_back(psgd_err_.as<float>(), psgd_err_.bytes() / sizeof(float));
+  }
   v.loaded = [this](int64_t step_count) {
     step_count_ = step_count;
     params_loaded();

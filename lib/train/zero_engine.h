@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <array>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -50,6 +51,12 @@ struct ZeroOptions {
   /// of gradient + residual, all-gathered as (value, index) pairs and summed densely; the
   /// residual keeps the rest for the next step (error feedback). 0 = off.
   float topk_ratio = 0.0f;
+  /// communication.compression powersgd (stages 0-1, several ranks, the CPU device):
+  /// the approximation rank (0 = off), the applied steps reduced uncompressed first, and
+  /// error feedback (PyTorch's powerSGD_hook, Vogels et al. 2019).
+  int powersgd_rank = 0;
+  int64_t powersgd_start_step = 0;
+  bool powersgd_error_feedback = true;
 };
 
 /// The engine options a training config asks for: zero_optimization (stage, bucket
@@ -293,6 +300,11 @@ class ZeroEngine {
   void topk_reduce(size_t index);
   size_t bucket_full(const Bucket& b) const;
   size_t topk_k(size_t full) const;
+  // PowerSGD (zero_powersgd.cpp): the per-bucket plan and state, whether this step
+  // compresses, and bucket `index`'s reduction.
+  void powersgd_plan();
+  bool powersgd_active() const;
+  void powersgd_reduce(size_t index);
   // stage 0/1 step-time gradient reduction, stage 1/2 post-step gather
   void grads_reduce_step();
   bool bucket_inplace(const Bucket& b) const;
@@ -365,6 +377,23 @@ class ZeroEngine {
   // and every rank's.
   std::vector<device::DeviceBuffer> residual_;
   device::DeviceBuffer topk_dense_, topk_mine_, topk_all_;
+  // PowerSGD: per bucket, its matrices (a 2-D view of a tensor, n x m, compressed at rank
+  // r) and its plain ranges (1-D tensors and matrices that compression would not shrink).
+  struct PsgdMatrix {
+    size_t slot = 0, off = 0;  // the tensor in its slot's buffer
+    size_t n = 0, m = 0, r = 0;
+    size_t p_off = 0, q_off = 0, err_off = 0;  // in the bucket's P scratch, psgd_q_, psgd_err_
+  };
+  struct PsgdBucket {
+    std::vector<PsgdMatrix> mats;
+    std::vector<std::array<size_t, 3>> plain;  // slot, offset, count
+    size_t p_len = 0, plain_len = 0;
+    size_t q_begin = 0, q_len = 0;  // its matrices' Q factors, contiguous in psgd_q_
+  };
+  std::vector<PsgdBucket> psgd_;
+  // Q (warm-started, kept between steps) and the error (per rank) of every matrix; scratch
+  // for a bucket's P factors and its plain values.
+  device::DeviceBuffer psgd_q_, psgd_err_, psgd_p_, psgd_plain_;
   int64_t step_count_ = 0;
   double last_norm_ = 0.0;
   bool materialized_ = false;

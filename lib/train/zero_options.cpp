@@ -35,10 +35,11 @@ ZeroOptions zero_options_from(const config::TrainConfig& cfg) {
   o.compute_dtype = cfg.bf16.enabled ? DType::BF16 : cfg.fp16.enabled ? DType::F16 : DType::F32;
   o.gradient_clipping = static_cast<float>(cfg.gradient_clipping);
   const std::string& c = cfg.communication.compression;
-  DT_ENFORCE(c != "powersgd", ConfigError,
-             "{}: communication.compression: {} is not available in this build of dtrain (none, bf16, fp16 and topk "
-             "are)",
-             cfg.source, c);
+  if (c == "powersgd") {
+    o.powersgd_rank = static_cast<int>(cfg.communication.powersgd_rank);
+    o.powersgd_start_step = cfg.communication.powersgd_start_step;
+    o.powersgd_error_feedback = cfg.communication.powersgd_error_feedback;
+  }
   if (c == "topk") o.topk_ratio = static_cast<float>(cfg.communication.topk_ratio);
   o.grad_wire = c == "bf16" ? DType::BF16 : c == "fp16" ? DType::F16 : DType::F32;
   return o;

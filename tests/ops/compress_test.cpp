@@ -75,3 +75,49 @@ TEST_CASE("sparse_add: gathered pairs summed into a dense buffer, repeated indic
   ops::sparse_add(dense.data(), vals.data(), idx.data(), vals.size());
   CHECK(dense == std::vector<float>{4.0f, 5.0f, 1.0f, 3.5f});
 }
+
+TEST_CASE("orthogonalize_columns: orthonormal columns; two power iterations reproduce a rank-2 matrix exactly") {
+  Rng rng(5);
+  const size_t n = 12, m = 9, r = 2;
+  // M = A B^T, rank 2.
+  std::vector<float> A(n * r), B(m * r), M(n * m, 0.0f);
+  for (auto& v : A) v = rng.normal();
+  for (auto& v : B) v = rng.normal();
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = 0; j < m; ++j)
+      for (size_t c = 0; c < r; ++c) M[i * m + j] += A[i * r + c] * B[j * r + c];
+  std::vector<float> Q(m * r), P(n * r);
+  for (auto& v : Q) v = rng.normal();
+  for (int it = 0; it < 2; ++it) {
+    ops::orthogonalize_columns(Q.data(), m, r);
+    std::fill(P.begin(), P.end(), 0.0f);
+    for (size_t i = 0; i < n; ++i)
+      for (size_t c = 0; c < r; ++c)
+        for (size_t j = 0; j < m; ++j) P[i * r + c] += M[i * m + j] * Q[j * r + c];
+    ops::orthogonalize_columns(P.data(), n, r);
+    for (size_t a = 0; a < r; ++a)
+      for (size_t b = 0; b < r; ++b) {
+        double dot = 0;
+        for (size_t i = 0; i < n; ++i) dot += static_cast<double>(P[i * r + a]) * P[i * r + b];
+        CHECK(dot == doctest::Approx(a == b ? 1.0 : 0.0).epsilon(1e-5).scale(1.0));
+      }
+    std::fill(Q.begin(), Q.end(), 0.0f);
+    for (size_t j = 0; j < m; ++j)
+      for (size_t c = 0; c < r; ++c)
+        for (size_t i = 0; i < n; ++i) Q[j * r + c] += M[i * m + j] * P[i * r + c];
+  }
+  double worst = 0, big = 0;
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = 0; j < m; ++j) {
+      double a = 0;
+      for (size_t c = 0; c < r; ++c) a += static_cast<double>(P[i * r + c]) * Q[j * r + c];
+      worst = std::max(worst, std::fabs(a - M[i * m + j]));
+      big = std::max(big, std::fabs(static_cast<double>(M[i * m + j])));
+    }
+  CHECK(worst < 1e-5 * big);
+  // A zero column stays zero instead of dividing by 0.
+  std::vector<float> z{0.0f, 1.0f, 0.0f, 1.0f};
+  ops::orthogonalize_columns(z.data(), 2, 2);
+  CHECK(z[0] == 0.0f);
+  CHECK(z[2] == 0.0f);
+}

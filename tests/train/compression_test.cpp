@@ -149,10 +149,11 @@ struct JobRun {
   std::vector<double> losses, bytes, seconds;
 };
 
-JobRun job_run(const std::string& compression) {
+JobRun job_run(const std::string& compression, std::vector<std::string> sets = {}) {
+  sets.push_back("communication.compression=" + compression);
   dtrain::test::TempDir tmp;
   const auto errors = dtrain::test::run_ranks(2, [&](dtrain::comm::Communicator* comm, int rank) {
-    auto cfg = dtrain::config::config_load_string(kJob, "job.yaml", {"communication.compression=" + compression}).cfg;
+    auto cfg = dtrain::config::config_load_string(kJob, "job.yaml", sets).cfg;
     dtrain::config::config_resolve_batch(cfg, 2);
     dtrain::train::TrainerEnv env;
     env.print = false;
@@ -192,10 +193,13 @@ TEST_CASE("communication.compression bf16 through the trainer: metrics.jsonl sho
     CHECK(bf16.bytes[i] < 0.52 * none.bytes[i]);
     CHECK(bf16.bytes[i] > 0.48 * none.bytes[i]);
   }
-  CHECK_THROWS_WITH_AS(
-      dtrain::train::zero_options_from(
-          dtrain::config::config_load_string(kJob, "job.yaml", {"communication.compression=powersgd"}).cfg),
-      doctest::Contains("communication.compression: powersgd is not available"), dtrain::ConfigError);
+  // PowerSGD (from the first step) and top-k through the config and the trainer.
+  const JobRun psgd = job_run("powersgd", {"communication.powersgd.rank=2", "communication.powersgd.start_step=0"});
+  const JobRun topk = job_run("topk", {"communication.topk.ratio=0.05"});
+  for (const JobRun* r : {&psgd, &topk}) {
+    CHECK(r->losses.back() < r->losses.front());
+    CHECK(r->bytes.back() < 0.5 * none.bytes.back());
+  }
 }
 
 // ----------------------------------------------------------------------------
@@ -341,6 +345,233 @@ TEST_CASE("top-k resumes bit-exactly: the residuals travel in the sharded checkp
       REQUIRE(dtrain::train::checkpoint_load(run, view).loaded);
       if (!keep)  // what a checkpoint without the residuals would resume from
         for (const auto& [p, cnt] : view.rank_state) std::fill(p, p + cnt, 0.0f);
+      auto& out = (keep ? resumed : dropped)[static_cast<size_t>(rank)];
+      for (int s = half + 1; s <= steps; ++s) out.push_back(t.step(s));
+    }
+  });
+  for (const auto& e : errors) REQUIRE(e == "");
+  for (size_t r = 0; r < 2; ++r) {
+    const std::vector<float> tail(whole[r].begin() + half, whole[r].end());
+    CHECK(resumed[r] == tail);
+    CHECK(dropped[r] != tail);
+  }
+}
+
+// ----------------------------------------------------------------------------
+// PowerSGD (stages 0-1, the CPU device).
+namespace {
+
+RunSpec psgd_spec(int stage, int rank, int64_t start, bool ef = true) {
+  RunSpec spec;
+  spec.world = 2;
+  spec.opts.stage = stage;
+  spec.opts.reduce_bucket_size = 4000;
+  spec.opts.powersgd_rank = rank;
+  spec.opts.powersgd_start_step = start;
+  spec.opts.powersgd_error_feedback = ef;
+  return spec;
+}
+
+// The matrices PowerSGD compresses, in the engine's order (buckets, then each buffer's
+// tensors): a tensor of 2+ dimensions, n = its first, m = the rest, r = min(n, m, rank),
+// when the factors are at most half of it (PyTorch's min_compression_rate 2).
+struct Mat {
+  float* grad;
+  size_t n, m, r;
+};
+std::vector<Mat> psgd_matrices(dtrain::model::Model& model, size_t rank) {
+  std::vector<Mat> out;
+  for (auto* pb : bucket_order(model))
+    for (const auto& t : pb->layout.tensors) {
+      if (t.shape.size() < 2) continue;
+      const auto n = static_cast<size_t>(t.shape[0]), m = t.numel() / n, r = std::min({n, m, rank});
+      if ((n + m) * r * 2 < n * m) out.push_back({pb->grad + t.offset, n, m, r});
+    }
+  return out;
+}
+
+// Gram-Schmidt on the columns of a (rows x cols) in double, the reference.
+void gram_schmidt(std::vector<double>& a, size_t rows, size_t cols) {
+  for (size_t i = 0; i < cols; ++i) {
+    double sq = 0;
+    for (size_t k = 0; k < rows; ++k) sq += a[k * cols + i] * a[k * cols + i];
+    const double nrm = std::sqrt(sq);
+    for (size_t k = 0; k < rows; ++k) a[k * cols + i] /= nrm;
+    for (size_t j = i + 1; j < cols; ++j) {
+      double dot = 0;
+      for (size_t k = 0; k < rows; ++k) dot += a[k * cols + i] * a[k * cols + j];
+      for (size_t k = 0; k < rows; ++k) a[k * cols + j] -= dot * a[k * cols + i];
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("PowerSGD: P, Q, the approximation and the error match a double-precision reference") {
+  // Both ranks train on the same rows: their gradients are equal, so the allreduced
+  // factors are one rank's (P summed then orthogonalised; Q summed then halved).
+  const RunSpec spec = psgd_spec(0, 2, 0);
+  const int rows = 6;
+  std::vector<std::string> fails(2);
+  auto errors = run_ranks(2, [&](dtrain::comm::Communicator* comm, int rank) {
+    RankTrainer t(spec, comm, rank);
+    const auto mats = psgd_matrices(*t.model, 2);
+    REQUIRE(!mats.empty());
+    auto view = t.engine->checkpoint_view();
+    REQUIRE(view.rank_state.size() == 2);  // Q, then the errors
+    const std::vector<float> q0(view.rank_state[0].first, view.rank_state[0].first + view.rank_state[0].second);
+    batch_rows(1, 0, rows, spec.T, t.model->config().vocab_size, t.tok, t.tgt);
+    t.engine->before_step();
+    t.model->forward(t.tok.data(), t.tgt.data(), rows, spec.T);
+    t.model->backward(1.0f);
+    std::vector<std::vector<float>> raw;
+    for (const auto& x : mats) raw.emplace_back(x.grad, x.grad + x.n * x.m);
+    REQUIRE(t.update(spec.lr));
+    view = t.engine->checkpoint_view();
+    const float* q1 = view.rank_state[0].first;
+    const float* err = view.rank_state[1].first;
+    size_t qo = 0, eo = 0;
+    double worst_m = 0, worst_q = 0, worst_e = 0;
+    for (size_t k = 0; k < mats.size(); ++k) {
+      const Mat& x = mats[k];
+      const auto& M = raw[k];
+      std::vector<double> Q(q0.begin() + static_cast<ptrdiff_t>(qo),
+                            q0.begin() + static_cast<ptrdiff_t>(qo + x.m * x.r));
+      gram_schmidt(Q, x.m, x.r);
+      std::vector<double> P(x.n * x.r, 0.0);
+      for (size_t i = 0; i < x.n; ++i)
+        for (size_t c = 0; c < x.r; ++c)
+          for (size_t j = 0; j < x.m; ++j) P[i * x.r + c] += M[i * x.m + j] * Q[j * x.r + c];
+      gram_schmidt(P, x.n, x.r);
+      std::fill(Q.begin(), Q.end(), 0.0);
+      for (size_t j = 0; j < x.m; ++j)
+        for (size_t c = 0; c < x.r; ++c)
+          for (size_t i = 0; i < x.n; ++i) Q[j * x.r + c] += M[i * x.m + j] * P[i * x.r + c];
+      double big = 0;
+      for (float v : M) big = std::max(big, std::fabs(static_cast<double>(v)));
+      for (size_t i = 0; i < x.m * x.r; ++i) worst_q = std::max(worst_q, std::fabs(q1[qo + i] - Q[i]) / big);
+      for (size_t i = 0; i < x.n; ++i)
+        for (size_t j = 0; j < x.m; ++j) {
+          double a = 0;
+          for (size_t c = 0; c < x.r; ++c) a += P[i * x.r + c] * Q[j * x.r + c];
+          worst_m = std::max(worst_m, std::fabs(x.grad[i * x.m + j] - a) / big);
+          worst_e = std::max(worst_e, std::fabs(err[eo + i * x.m + j] - (M[i * x.m + j] - a)) / big);
+        }
+      qo += x.m * x.r;
+      eo += x.n * x.m;
+    }
+    if (worst_m > 1e-4 || worst_q > 1e-4 || worst_e > 1e-4)
+      fails[static_cast<size_t>(rank)] = "approximation " + std::to_string(worst_m) + ", Q " + std::to_string(worst_q) +
+                                         ", error " + std::to_string(worst_e);
+  });
+  for (const auto& e : errors) REQUIRE(e == "");
+  CHECK(fails[0] == "");
+  CHECK(fails[1] == "");
+}
+
+TEST_CASE("PowerSGD: uncompressed until start_step, then trains with fewer bytes and the same weights everywhere") {
+  RunSpec plain = psgd_spec(1, 0, 0), late = psgd_spec(1, 2, 3);
+  plain.steps = late.steps = 10;
+  const RunResult a = train_run(plain), b = train_run(late);
+  REQUIRE_MESSAGE(a.ok(), a.error_text());
+  REQUIRE_MESSAGE(b.ok(), b.error_text());
+  // Steps 1-3 apply uncompressed updates: the losses of steps 1-4 are the plain run's.
+  for (int s = 0; s < 4; ++s) CHECK(b.losses[static_cast<size_t>(s)] == a.losses[static_cast<size_t>(s)]);
+  CHECK(b.losses[4] != a.losses[4]);
+  CHECK(b.losses.back() < b.losses.front());
+  CHECK(b.rank_weights[0] == b.rank_weights[1]);
+
+  std::vector<uint64_t> sent(2);
+  for (int r : {0, 1}) {
+    RunSpec s = psgd_spec(0, r == 0 ? 0 : 1, 0);
+    auto errors = run_ranks(2, [&](dtrain::comm::Communicator* comm, int rank) {
+      RankTrainer t(s, comm, rank);
+      const uint64_t before = comm->bytes_sent();
+      t.step(1);
+      if (rank == 0) sent[static_cast<size_t>(r)] = comm->bytes_sent() - before;
+    });
+    for (const auto& e : errors) REQUIRE(e == "");
+  }
+  CHECK(sent[1] < sent[0]);
+
+  RunSpec stage2 = psgd_spec(2, 2, 0);
+  auto m = model_build(stage2);
+  CHECK_THROWS_WITH_AS(dtrain::train::ZeroEngine(*m, nullptr, stage2.opts),
+                       doctest::Contains("powersgd needs zero_optimization.stage 0 or 1, but the stage is 2"),
+                       dtrain::ConfigError);
+}
+
+TEST_CASE("PowerSGD error feedback conserves the gradient: W x the applied sum + the errors == the raw sum") {
+  const RunSpec spec = psgd_spec(0, 1, 0);
+  const int steps = 4;
+  std::vector<std::vector<double>> raw(2), applied(2), error(2);
+  auto errors = run_ranks(2, [&](dtrain::comm::Communicator* comm, int rank) {
+    RankTrainer t(spec, comm, rank);
+    const auto mats = psgd_matrices(*t.model, 1);
+    size_t n = 0;
+    for (const auto& x : mats) n += x.n * x.m;
+    auto& mr = raw[static_cast<size_t>(rank)];
+    auto& ma = applied[static_cast<size_t>(rank)];
+    mr.assign(n, 0.0);
+    ma.assign(n, 0.0);
+    const int rows = spec.global_batch / spec.world;
+    for (int s = 1; s <= steps; ++s) {
+      batch_rows(s, rank * rows, rows, spec.T, t.model->config().vocab_size, t.tok, t.tgt);
+      t.engine->before_step();
+      t.model->forward(t.tok.data(), t.tgt.data(), rows, spec.T);
+      t.model->backward(1.0f);
+      size_t at = 0;
+      for (const auto& x : mats)
+        for (size_t i = 0; i < x.n * x.m; ++i) mr[at++] += x.grad[i];
+      REQUIRE(t.update(spec.lr));
+      at = 0;
+      for (const auto& x : mats)
+        for (size_t i = 0; i < x.n * x.m; ++i) ma[at++] += x.grad[i];
+    }
+    const auto view = t.engine->checkpoint_view();
+    REQUIRE(view.rank_state.size() == 2);
+    error[static_cast<size_t>(rank)].assign(view.rank_state[1].first,
+                                            view.rank_state[1].first + view.rank_state[1].second);
+  });
+  for (const auto& e : errors) REQUIRE(e == "");
+  REQUIRE(error[0].size() == raw[0].size());
+  double worst = 0, scale = 0, kept = 0;
+  for (size_t i = 0; i < raw[0].size(); ++i) {
+    CHECK(applied[0][i] == applied[1][i]);
+    const double rhs = raw[0][i] + raw[1][i];
+    worst = std::max(worst, std::fabs(2.0 * applied[0][i] + error[0][i] + error[1][i] - rhs));
+    scale = std::max(scale, std::fabs(rhs));
+    kept += std::fabs(error[0][i]) + std::fabs(error[1][i]);
+  }
+  CHECK(kept > 0.0);
+  CHECK(worst <= 1e-5 * scale);
+}
+
+TEST_CASE("PowerSGD resumes bit-exactly: Q and the errors travel in the sharded checkpoint") {
+  const RunSpec spec = psgd_spec(1, 2, 1);
+  const int steps = 6, half = 3;
+  std::vector<std::vector<float>> whole(2), resumed(2), dropped(2);
+  auto errors = run_ranks(2, [&](dtrain::comm::Communicator* comm, int rank) {
+    RankTrainer t(spec, comm, rank);
+    for (int s = 1; s <= steps; ++s) whole[static_cast<size_t>(rank)].push_back(t.step(s));
+  });
+  for (const auto& e : errors) REQUIRE(e == "");
+  dtrain::test::TempDir tmp;
+  const std::string run = (tmp.path / "run").string();
+  errors = run_ranks(2, [&](dtrain::comm::Communicator* comm, int rank) {
+    {
+      RankTrainer t(spec, comm, rank);
+      for (int s = 1; s <= half; ++s) t.step(s);
+      dtrain::train::TrainState st;
+      st.step = half;
+      dtrain::train::checkpoint_save(run, t.engine->checkpoint_view(), st);
+    }
+    for (bool keep : {true, false}) {
+      RankTrainer t(spec, comm, rank);
+      const auto view = t.engine->checkpoint_view();
+      REQUIRE(dtrain::train::checkpoint_load(run, view).loaded);
+      if (!keep)  // the errors lost (Q kept): what a checkpoint without them would resume from
+        std::fill(view.rank_state[1].first, view.rank_state[1].first + view.rank_state[1].second, 0.0f);
       auto& out = (keep ? resumed : dropped)[static_cast<size_t>(rank)];
       for (int s = half + 1; s <= steps; ++s) out.push_back(t.step(s));
     }
