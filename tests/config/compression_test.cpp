@@ -106,3 +106,13 @@ TEST_CASE("compression: PowerSGD and top-k need ZeRO stage 0 or 1; 16-bit works 
   CHECK(load("zero_optimization: {stage: 1}\ncommunication: {compression: topk}\n").communication.compression ==
         "topk");
 }
+
+TEST_CASE("compression: PowerSGD and top-k on training.device cuda are refused (no CUDA kernels in this build)") {
+  for (const char* c : {"powersgd", "topk"}) {
+    const std::string m = error_of(std::string("training: {device: cuda}\ncommunication: {compression: ") + c + "}\n");
+    CHECK(has(m, "communication.compression"));
+    CHECK(has(m, "training.device"));
+    CHECK(has(m, "CPU device only"));
+  }
+  CHECK(load("training: {device: cuda}\ncommunication: {compression: bf16}\n").communication.compression == "bf16");
+}
