@@ -539,7 +539,10 @@ bool ZeroEngine::step_finish(float loss_scale) {
   step_count_total_ = targets_set_ ? st.count : 0.0;
   targets_set_ = false;
   last_norm_ = std::sqrt(st.sq) / static_cast<double>(loss_scale);
-  if (!std::isfinite(st.sq)) return false;
+  if (!std::isfinite(st.sq)) {
+    compression_reset();
+    return false;
+  }
   ++step_count_;
   return true;
 }

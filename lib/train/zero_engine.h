@@ -305,6 +305,11 @@ class ZeroEngine {
   void powersgd_plan();
   bool powersgd_active() const;
   void powersgd_reduce(size_t index);
+  // After an overflow (a skipped step): the inf/NaN gradients went into the top-k
+  // residuals and PowerSGD's errors and Q, and would poison every later step; they start
+  // over (residuals and errors zero, Q from its seed), on every rank alike.
+  void compression_reset();
+  void powersgd_q_init();
   // stage 0/1 step-time gradient reduction, stage 1/2 post-step gather
   void grads_reduce_step();
   bool bucket_inplace(const Bucket& b) const;

@@ -56,11 +56,8 @@ void ZeroEngine::powersgd_plan() {
     p_most = std::max(p_most, pb.p_len);
     plain_most = std::max(plain_most, pb.plain_len);
   }
-  std::vector<float> q(q_len);
-  Rng rng(kQSeed);
-  for (auto& v : q) v = rng.normal();
   psgd_q_ = device::DeviceBuffer(*dev_, q_len * sizeof(float));
-  if (q_len) dev_->copy_h2d(psgd_q_.get(), q.data(), q_len * sizeof(float));
+  powersgd_q_init();
   if (opts_.powersgd_error_feedback) {
     psgd_err_ = device::DeviceBuffer(*dev_, err_len * sizeof(float));
     dev_->zero(psgd_err_.get(), err_len * sizeof(float));
@@ -68,6 +65,20 @@ void ZeroEngine::powersgd_plan() {
   psgd_p_ = device::DeviceBuffer(*dev_, p_most * sizeof(float));
   psgd_plain_ = device::DeviceBuffer(*dev_, plain_most * sizeof(float));
   work_add(static_cast<ptrdiff_t>(psgd_q_.bytes() + psgd_err_.bytes() + psgd_p_.bytes() + psgd_plain_.bytes()));
+}
+
+void ZeroEngine::powersgd_q_init() {
+  std::vector<float> q(psgd_q_.bytes() / sizeof(float));
+  Rng rng(kQSeed);
+  for (auto& v : q) v = rng.normal();
+  if (!q.empty()) dev_->copy_h2d(psgd_q_.get(), q.data(), q.size() * sizeof(float));
+}
+
+void ZeroEngine::compression_reset() {
+  for (auto& r : residual_) dev_->zero(r.get(), r.bytes());
+  if (psgd_.empty()) return;
+  if (psgd_err_.bytes()) dev_->zero(psgd_err_.get(), psgd_err_.bytes());
+  powersgd_q_init();
 }
 
 // Uncompressed until start_step updates were applied (PyTorch's start_powerSGD_iter).

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -581,5 +582,31 @@ TEST_CASE("PowerSGD resumes bit-exactly: Q and the errors travel in the sharded 
     const std::vector<float> tail(whole[r].begin() + half, whole[r].end());
     CHECK(resumed[r] == tail);
     CHECK(dropped[r] != tail);
+  }
+}
+
+TEST_CASE("top-k and PowerSGD recover from an overflowed step: its inf/NaN do not stay in their state") {
+  for (bool topk : {true, false}) {
+    CAPTURE(topk);
+    const RunSpec spec = topk ? topk_spec(0, 0.05f) : psgd_spec(0, 1, 0);
+    std::vector<int> applied(2, 0);
+    auto errors = run_ranks(2, [&](dtrain::comm::Communicator* comm, int rank) {
+      RankTrainer t(spec, comm, rank);
+      const int rows = spec.global_batch / spec.world;
+      // Step 1: gradients that overflow (inf), as fp16 dynamic scaling meets early on.
+      batch_rows(1, rank * rows, rows, spec.T, t.model->config().vocab_size, t.tok, t.tgt);
+      t.engine->before_step();
+      t.model->forward(t.tok.data(), t.tgt.data(), rows, spec.T);
+      t.model->backward(std::numeric_limits<float>::infinity());
+      CHECK_FALSE(t.update(spec.lr));
+      for (int s = 2; s <= 4; ++s) {
+        bool ok = false;
+        t.step(s, &ok);
+        applied[static_cast<size_t>(rank)] += ok ? 1 : 0;
+      }
+    });
+    for (const auto& e : errors) REQUIRE(e == "");
+    CHECK(applied[0] == 3);
+    CHECK(applied[1] == 3);
   }
 }
