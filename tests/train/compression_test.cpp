@@ -230,9 +230,13 @@ std::vector<dtrain::model::ParamBuffer*> bucket_order(dtrain::model::Model& m) {
 }  // namespace
 
 TEST_CASE("top-k at ratio 1.0 is the plain allreduce, bit for bit (2 ranks: one fp32 sum, one halving)") {
-  for (int stage : {0, 1}) {
-    CAPTURE(stage);
+  for (int variant = 0; variant < 3; ++variant) {
+    // Stage 0, stage 1, and stage 1 with overlap_comm (the buckets reduced on the
+    // communication thread during backward).
+    const int stage = variant == 0 ? 0 : 1;
+    CAPTURE(variant);
     RunSpec plain = topk_spec(stage, 0.0f), topk = topk_spec(stage, 1.0f);
+    plain.opts.overlap_comm = topk.opts.overlap_comm = variant == 2;
     plain.steps = topk.steps = 5;
     const RunResult a = train_run(plain), b = train_run(topk);
     REQUIRE_MESSAGE(a.ok(), a.error_text());
@@ -473,6 +477,7 @@ TEST_CASE("PowerSGD: P, Q, the approximation and the error match a double-precis
 TEST_CASE("PowerSGD: uncompressed until start_step, then trains with fewer bytes and the same weights everywhere") {
   RunSpec plain = psgd_spec(1, 0, 0), late = psgd_spec(1, 2, 3);
   plain.steps = late.steps = 10;
+  plain.opts.overlap_comm = late.opts.overlap_comm = true;  // reduced on the communication thread
   const RunResult a = train_run(plain), b = train_run(late);
   REQUIRE_MESSAGE(a.ok(), a.error_text());
   REQUIRE_MESSAGE(b.ok(), b.error_text());
