@@ -47,6 +47,10 @@ __global__ void add_kernel(float* __restrict__ dst, const float* __restrict__ sr
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) dst[i] += src[i];
 }
+__global__ void scale_kernel(float* __restrict__ p, size_t n, float s) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) p[i] *= s;
+}
 }  // namespace
 
 void dtype_round(float* p, size_t n, DType dtype, cudaStream_t stream) {
@@ -61,6 +65,12 @@ void dtype_round(float* p, size_t n, DType dtype, cudaStream_t stream) {
 void add_f32(float* dst, const float* src, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   DTK_LAUNCH(grid_for(n, 256), 256, 0, stream, add_kernel)(dst, src, n);
+  DT_CUDA_LAUNCH_CHECK();
+}
+
+void scale_f32(float* p, size_t n, float s, cudaStream_t stream) {
+  if (n == 0) return;
+  DTK_LAUNCH(grid_for(n, 256), 256, 0, stream, scale_kernel)(p, n, s);
   DT_CUDA_LAUNCH_CHECK();
 }
 

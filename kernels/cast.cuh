@@ -22,4 +22,7 @@ void dtype_round(float* p, size_t n, DType dtype, cudaStream_t stream);
 /// dst[i] += src[i] over n fp32 device values (dst and src must not partially overlap).
 void add_f32(float* dst, const float* src, size_t n, cudaStream_t stream);
 
+/// p[i] *= s over n fp32 device values.
+void scale_f32(float* p, size_t n, float s, cudaStream_t stream);
+
 }  // namespace dtrain::kernels

@@ -36,6 +36,7 @@ class ActivityCommunicator : public Communicator {
   int device() const override { return inner_->device(); }
   std::string device_name() const override { return inner_->device_name(); }
   void* collective_stream() const override { return inner_->collective_stream(); }
+  uint64_t bytes_sent() const override { return inner_->bytes_sent(); }
 
   void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override;
   void allreduce_host(void* data, size_t count, DType dtype, ReduceOp op) override;

@@ -6,6 +6,7 @@
 #include "core/dtype.h"
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -45,6 +46,12 @@ class Communicator {
   /// The cudaStream_t collectives are enqueued on (NCCL), so callers can order their own
   /// work against it with events; nullptr when collectives complete before returning (Gloo).
   virtual void* collective_stream() const { return nullptr; }
+
+  /// Bytes this rank has sent to its peers so far (all collectives; cumulative): Gloo
+  /// counts every send it posts; NCCL, whose transport is not observable, counts what its
+  /// ring algorithms send ((n-1)/n of the buffer per reduce-scatter or all-gather pass).
+  /// 0 from a communicator that does not count (test doubles).
+  virtual uint64_t bytes_sent() const { return 0; }
 
   /// Reduce `count` elements across ranks; every rank gets the result in recv.
   /// In-place when send == recv.

@@ -156,6 +156,7 @@ class GlooCommunicator final : public Communicator {
   bool on_device() const override { return false; }
   std::string device_name() const override { return cpu_model_; }
 
+  uint64_t bytes_sent() const override { return sent_.load(); }
   void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override;
   void reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op) override;
   void all_gather(const void* send, void* recv, size_t send_count, DType dtype) override;
@@ -174,6 +175,11 @@ class GlooCommunicator final : public Communicator {
     OpBuffer(const OpBuffer&) = delete;
     OpBuffer& operator=(const OpBuffer&) = delete;
     UnboundBuffer* operator->() { return buf_.get(); }
+    // Every send goes through here, so bytes_sent() counts what this rank put on the wire.
+    void send(int dst, uint64_t slot, size_t offset, size_t bytes) {
+      comm_.sent_ += bytes;
+      buf_->send(dst, slot, offset, bytes);
+    }
 
    private:
     GlooCommunicator& comm_;
@@ -212,6 +218,7 @@ class GlooCommunicator final : public Communicator {
   std::atomic<bool> aborted_{false};
   std::vector<UnboundBuffer*> active_;  // buffers of the running collective
   std::string broken_;                  // first failure; touched only by the collective thread
+  std::atomic<uint64_t> sent_{0};       // bytes_sent()
 };
 
 GlooCommunicator::OpBuffer::OpBuffer(GlooCommunicator& comm, void* ptr, size_t bytes)
@@ -335,7 +342,7 @@ void GlooCommunicator::ring_reduce_scatter(const void* src, void* dst, size_t co
     // The receive is posted first so the left neighbour's data never waits for it.
     OpBuffer& from = s == 0 ? raw : out;
     if (r_len > 0) in->recv(left, slot, 0, r_len * es);
-    if (s_len > 0) from->send(right, slot, bounds[sc] * es, s_len * es);
+    if (s_len > 0) from.send(right, slot, bounds[sc] * es, s_len * es);
     if (r_len > 0) {
       wait_recv(in);
       const size_t off = bounds[rc] * es;
@@ -355,7 +362,7 @@ void GlooCommunicator::ring_all_gather(void* data, size_t es, const std::vector<
     const int rc = ((rank_ - s - 1) % n + n) % n;
     const size_t s_len = bounds[sc + 1] - bounds[sc], r_len = bounds[rc + 1] - bounds[rc];
     if (r_len > 0) buf->recv(left, slot, bounds[rc] * es, r_len * es);
-    if (s_len > 0) buf->send(right, slot, bounds[sc] * es, s_len * es);
+    if (s_len > 0) buf.send(right, slot, bounds[sc] * es, s_len * es);
     if (r_len > 0) wait_recv(buf);
     if (s_len > 0) wait_send(buf);
   }
@@ -371,7 +378,7 @@ void GlooCommunicator::direct_allreduce(const void* src, void* data, size_t coun
   for (int p = 0; p < n; ++p)
     if (p != rank_) all->recv(p, slot, p * bytes, bytes);
   // Start with the next rank so that not every rank sends to rank 0 first.
-  for (int k = 1; k < n; ++k) all->send((rank_ + k) % n, slot, rank_ * bytes, bytes);
+  for (int k = 1; k < n; ++k) all.send((rank_ + k) % n, slot, rank_ * bytes, bytes);
   for (int k = 1; k < n; ++k) wait_recv(all);
   for (int k = 1; k < n; ++k) wait_send(all);
   const auto reduce = reduce_function(dtype, op);
@@ -457,7 +464,7 @@ void GlooCommunicator::broadcast(const void* send, void* recv, size_t count, DTy
         wait_recv(buf);
       }
       if (forwards) {
-        buf->send(right, slot, off, len);
+        buf.send(right, slot, off, len);
         ++sends;
       }
     }
@@ -474,10 +481,10 @@ void GlooCommunicator::barrier() {
     if (rank_ == 0) {
       for (int r = 1; r < size_; ++r) buf->recv(r, slot, r, 1);
       for (int r = 1; r < size_; ++r) wait_recv(buf);
-      for (int r = 1; r < size_; ++r) buf->send(r, slot, 0, 1);
+      for (int r = 1; r < size_; ++r) buf.send(r, slot, 0, 1);
       for (int r = 1; r < size_; ++r) wait_send(buf);
     } else {
-      buf->send(0, slot, rank_, 1);
+      buf.send(0, slot, rank_, 1);
       buf->recv(0, slot, 0, 1);
       wait_send(buf);
       wait_recv(buf);

@@ -81,6 +81,7 @@ class NcclComm final : public NcclCommunicator {
   cudaStream_t stream() const override { return stream_; }
   void set_stream(cudaStream_t stream) override { stream_ = stream != nullptr ? stream : own_stream_; }
 
+  uint64_t bytes_sent() const override { return sent_.load(); }
   void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override;
   void allreduce_host(void* data, size_t count, DType dtype, ReduceOp op) override;
   void all_gather_host(const void* send, void* recv, size_t send_count, DType dtype) override;
@@ -92,6 +93,11 @@ class NcclComm final : public NcclCommunicator {
   void abort() override;
 
  private:
+  // What a ring pass sends of `elems` elements: (n-1)/n of them (bytes_sent()).
+  void count_ring(size_t elems, DType t) {
+    sent_ += elems * dtype_size(t) * static_cast<uint64_t>(size_ - 1) / static_cast<uint64_t>(size_);
+  }
+  std::atomic<uint64_t> sent_{0};
   // Calls `call(comm)` under the lock (NCCL calls on a non-blocking communicator return
   // at once), then waits until NCCL has finished enqueuing (ncclInProgress).
   template <typename F>
@@ -327,6 +333,7 @@ void NcclComm::allreduce(const void* send, void* recv, size_t count, DType dtype
   cudaStream_t s = stream_;
   enqueue("allreduce",
           [&](ncclComm_t c) { return ncclAllReduce(send, recv, count, nccl_dtype(dtype), nccl_op(op), c, s); });
+  count_ring(2 * count, dtype);  // reduce-scatter + all-gather
 }
 
 // Host values go through stream-ordered device scratch on the communicator's stream and
@@ -373,17 +380,20 @@ void NcclComm::reduce_scatter(const void* send, void* recv, size_t recv_count, D
   enqueue("reduce_scatter", [&](ncclComm_t c) {
     return ncclReduceScatter(send, recv, recv_count, nccl_dtype(dtype), nccl_op(op), c, s);
   });
+  count_ring(recv_count * static_cast<size_t>(size_), dtype);
 }
 
 void NcclComm::all_gather(const void* send, void* recv, size_t send_count, DType dtype) {
   cudaStream_t s = stream_;
   enqueue("all_gather", [&](ncclComm_t c) { return ncclAllGather(send, recv, send_count, nccl_dtype(dtype), c, s); });
+  count_ring(send_count * static_cast<size_t>(size_), dtype);
 }
 
 void NcclComm::broadcast(const void* send, void* recv, size_t count, DType dtype, int root) {
   DT_ENFORCE(root >= 0 && root < size_, UsageError, "broadcast root {} out of range for world size {}", root, size_);
   cudaStream_t s = stream_;
   enqueue("broadcast", [&](ncclComm_t c) { return ncclBroadcast(send, recv, count, nccl_dtype(dtype), root, c, s); });
+  count_ring(count, dtype);  // a chain: every rank but the last forwards it, (n-1)/n of it per rank on average
 }
 
 // NCCL has no barrier: a one-element allreduce that every rank must join, then a wait

@@ -262,6 +262,32 @@ YAML::Node document_load(std::string_view text, const std::string& name) {
 // ---------------------------------------------------------------------------
 // Walking the document against the schema
 
+void walk(const YAML::Node& node, const std::string& section, LoadState& st);
+
+// communication.compression given as a mapping with one method and its parameters
+// ({powersgd: {rank: 4}}, {topk: {ratio: 0.01}}), PyTorch's hook-plus-state spelling: it is
+// compression: <method> plus the keys of the section communication.<method>.
+void compression_method_walk(const YAML::Node& key, const YAML::Node& value, LoadState& st) {
+  const std::string at = mark_text(st.source, value.Mark());
+  if (value.size() != 1)
+    DT_THROW(ConfigError,
+             "{}: communication.compression: a mapping names one method with its parameters ({{powersgd: {{rank: "
+             "4}}}} or {{topk: {{ratio: 0.01}}}}), got {} keys",
+             at, value.size());
+  const YAML::Node method = value.begin()->first;
+  const YAML::Node params = value.begin()->second;
+  const std::string name = method.IsScalar() ? method.Scalar() : std::string();
+  if (name != "powersgd" && name != "topk")
+    DT_THROW(ConfigError,
+             "{}: communication.compression: unknown method '{}' in the mapping; one of powersgd, topk takes "
+             "parameters (none, bf16 and fp16 are written as plain values)",
+             mark_text(st.source, method.Mark()), name);
+  st.settings["communication.compression"] = Setting{YAML::Node(name), value_origin(st.source, key, value), Rank::FILE};
+  const std::string section = "communication." + name;
+  st.origins.sections_seen.insert(section);
+  if (!params.IsNull()) walk(params, section, st);
+}
+
 void walk(const YAML::Node& node, const std::string& section, LoadState& st) {
   if (!node.IsMap()) {
     if (section.empty())
@@ -292,7 +318,9 @@ void walk(const YAML::Node& node, const std::string& section, LoadState& st) {
       DT_THROW(ConfigError, "{}: {}: duplicate key (first given at line {}); keep one of them",
                mark_text(st.source, key.Mark()), path, prev->second.line + 1);
 
-    if (schema_find(path)) {
+    if (path == "communication.compression" && value.IsMap()) {
+      compression_method_walk(key, value, st);
+    } else if (schema_find(path)) {
       st.settings[path] = Setting{value, value_origin(st.source, key, value), Rank::FILE};
     } else if (schema_is_section(path)) {
       st.origins.sections_seen.insert(path);

@@ -145,6 +145,29 @@ const std::vector<KeySpec>& build_schema() {
        .min = 1, .width = kSizeT},
 
       // ---- activation checkpointing
+      // ---- gradient compression (dtrain's; communication_data_type is DeepSpeed's 16-bit case)
+      {.path = "communication.compression", .type = KeyType::ENUM, .field = F(communication.compression),
+       .help = "gradients on the wire: none (fp32), bf16 / fp16 (16-bit, every ZeRO stage), powersgd or topk "
+               "(stages 0-1, the CPU device, with error feedback); the mapping {powersgd: {rank: 4}} is compression: powersgd "
+               "plus the communication.powersgd keys",
+       .allowed = {"none", "bf16", "fp16", "powersgd", "topk"}},
+      {.path = "communication.powersgd.rank", .type = KeyType::INT, .field = F(communication.powersgd_rank),
+       .help = "PowerSGD: rank of the low-rank approximation (P and Q columns)",
+       .min = 1},
+      {.path = "communication.powersgd.start_step", .type = KeyType::INT,
+       .field = F(communication.powersgd_start_step),
+       .help = "PowerSGD: optimizer steps reduced uncompressed before compression starts",
+       .min = 0},
+      {.path = "communication.powersgd.error_feedback", .type = KeyType::BOOL,
+       .field = F(communication.powersgd_error_feedback),
+       .help = "PowerSGD: add what the last approximation missed to the next gradient"},
+      {.path = "communication.topk.ratio", .type = KeyType::FLOAT, .field = F(communication.topk_ratio),
+       .help = "top-k: fraction of each bucket's elements sent (largest magnitudes), the rest kept as residual",
+       .min = 0, .max = 1, .min_exclusive = true},
+      {.path = "communication_data_type", .type = KeyType::ENUM, .field = F(communication_data_type),
+       .help = "DeepSpeed's gradient wire dtype: fp16 / bf16 = communication.compression fp16 / bf16, fp32 = none",
+       .allowed = {"fp16", "bf16", "fp32"}, .derived = "not given: communication.compression decides"},
+
       {.path = "activation_checkpointing.enabled", .type = KeyType::BOOL, .field = F(activation_checkpointing.enabled),
        .help = "recompute each transformer layer in backward instead of storing its activations; "
                "dtrain's key: when the activation_checkpointing section is present (e.g. DeepSpeed's "
@@ -480,7 +503,6 @@ const std::vector<std::string> kIgnored = {"amp",
                                            "sparse_gradients",
                                            "prescale_gradients",
                                            "gradient_predivide_factor",
-                                           "communication_data_type",
                                            "seq_parallel_communication_data_type",
                                            "data_types",
                                            "memory_breakdown",

@@ -108,6 +108,17 @@ struct ZeroConfig {
   bool operator==(const ZeroConfig&) const = default;
 };
 
+// Gradient compression on the wire (communication.compression): "none", "bf16", "fp16",
+// "powersgd" or "topk", with the two methods' parameters.
+struct CommunicationConfig {
+  std::string compression = "none";
+  int64_t powersgd_rank = 1;           // PyTorch's matrix_approximation_rank default
+  int64_t powersgd_start_step = 1000;  // PyTorch's start_powerSGD_iter default
+  bool powersgd_error_feedback = true;
+  double topk_ratio = 0.01;
+  bool operator==(const CommunicationConfig&) const = default;
+};
+
 struct ActivationCheckpointingConfig {
   // Recompute each transformer layer in backward. True when the activation_checkpointing
   // section is present and does not say enabled: false.
@@ -240,6 +251,10 @@ struct TrainConfig {
   Fp16Config fp16;
   Bf16Config bf16;
   ZeroConfig zero;  // YAML section zero_optimization
+  CommunicationConfig communication;
+  // DeepSpeed's communication_data_type ("fp16", "bf16", "fp32"): the 16-bit wire of
+  // communication.compression (fp32 = none); derive() folds it in.
+  std::optional<std::string> communication_data_type;
   ActivationCheckpointingConfig activation_checkpointing;
   TrainingConfig training;
   FaultToleranceConfig fault_tolerance;

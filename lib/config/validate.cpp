@@ -217,6 +217,39 @@ void validate_job(const TrainConfig& cfg, const Origins& o) {
              o.at("cluster.rendezvous.address"));
 }
 
+// DeepSpeed's communication_data_type is the 16-bit case of communication.compression:
+// one of them may be given, or both when they say the same.
+void derive_communication(TrainConfig& cfg, const Origins& o) {
+  if (!cfg.communication_data_type) return;
+  const std::string& dt = *cfg.communication_data_type;
+  const std::string method = dt == "fp32" ? "none" : dt;
+  if (o.given.count("communication.compression") && cfg.communication.compression != method)
+    DT_THROW(ConfigError,
+             "{}: communication_data_type: {} means communication.compression {}, but communication.compression "
+             "(at {}) is {}; give one of the two keys",
+             o.at("communication_data_type"), dt, method, o.at("communication.compression"),
+             cfg.communication.compression);
+  cfg.communication.compression = method;
+}
+
+// PowerSGD and top-k compress the full gradient that stages 0-1 allreduce; from stage 2 on
+// each rank reduce-scatters its gradient shards layer by layer, which leaves no full
+// matrix to factor and no bucket to select from.
+void validate_communication(const TrainConfig& cfg, const Origins& o) {
+  const std::string& c = cfg.communication.compression;
+  if ((c == "powersgd" || c == "topk") && cfg.zero.stage > 1)
+    DT_THROW(ConfigError,
+             "{}: communication.compression: {} needs zero_optimization.stage 0 or 1, but the stage is {} (at {}); "
+             "use bf16 or fp16 compression at stage {}, or stage 1",
+             o.at("communication.compression"), c, cfg.zero.stage, o.at("zero_optimization.stage"), cfg.zero.stage);
+  // The engine refuses them on a CUDA device too (training.device auto may pick one).
+  if ((c == "powersgd" || c == "topk") && cfg.training.device == "cuda")
+    DT_THROW(ConfigError,
+             "{}: communication.compression: {} runs on the CPU device only in this build (its CUDA kernels are not "
+             "written yet), but training.device is cuda (at {}); use bf16 or fp16 on CUDA",
+             o.at("communication.compression"), c, o.at("training.device"));
+}
+
 void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>& warnings) {
   if (cfg.fp16.enabled && cfg.bf16.enabled)
     DT_THROW(ConfigError, "{}: bf16.enabled: fp16.enabled (at {}) and bf16.enabled are both true; enable at most one",
@@ -231,6 +264,7 @@ void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>
   validate_lora(cfg, o, warnings);
   validate_scheduler(cfg, o, warnings);
   validate_job(cfg, o);
+  validate_communication(cfg, o);
 }
 
 }  // namespace
@@ -239,6 +273,7 @@ void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>
 
 void config_derive_validate(TrainConfig& cfg, const Origins& o, std::vector<std::string>& warnings) {
   derive(cfg, o);
+  derive_communication(cfg, o);
   validate(cfg, o, warnings);
   // A config that names any part of a job (model, data, steps) must name all of it; a pure
   // DeepSpeed config (e.g. an HF Trainer ds_config) is checked by config_check_job at launch.

@@ -10,6 +10,7 @@
 #include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/cast.h"
+#include "ops/compress.h"
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
 #include "ops/linear.h"
@@ -315,6 +316,27 @@ class CpuDevice final : public Device {
   void add(float* dst, const float* src, size_t n) override {
     ops::OpScope scope(ops::OpClass::OTHER);
     ops::add_inplace(dst, src, n);
+  }
+  void scale(float* p, size_t n, float s) override {
+    ops::OpScope scope(ops::OpClass::OTHER);
+    ops::scale_inplace(p, n, s);
+  }
+  void topk_select(float* residual, size_t n, size_t k, float* values, int32_t* indices) override {
+    ops::OpScope scope(ops::OpClass::OTHER);
+    forget(residual);
+    forget(values);
+    forget(indices);
+    ops::topk_select(residual, n, k, values, indices);
+  }
+  void sparse_add(float* dense, const float* values, const int32_t* indices, size_t count) override {
+    ops::OpScope scope(ops::OpClass::OTHER);
+    forget(dense);
+    ops::sparse_add(dense, values, indices, count);
+  }
+  void orthogonalize(float* a, size_t rows, size_t cols) override {
+    ops::OpScope scope(ops::OpClass::OTHER);
+    forget(a);
+    ops::orthogonalize_columns(a, rows, cols);
   }
   void cast(void* dst, DType dt, const void* src, DType st, size_t n) override {
     ops::OpScope scope(ops::OpClass::OTHER);

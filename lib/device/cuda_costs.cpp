@@ -10,6 +10,8 @@
 // as 4); those kernels are memory-bound by a wide margin, so only the order matters.
 #include "device/plan_device.h"
 
+#include "core/check.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -402,6 +404,21 @@ void PlanDevice::loss_sum(double*, float*, const float*, const float*, int n) {
 
 void PlanDevice::add(float*, const float*, size_t n) {
   if (n) kernel("add", "add_kernel", PlanUnit::CUDA_CORE, static_cast<double>(n), n * 12.0);
+}
+
+void PlanDevice::scale(float*, size_t n, float) {
+  if (n) kernel("scale", "scale_kernel", PlanUnit::CUDA_CORE, static_cast<double>(n), n * 8.0);
+}
+
+void PlanDevice::topk_select(float*, size_t, size_t, float*, int32_t*) {
+  DT_THROW(UsageError, "the plan has no cost for topk_select: top-k compression has no CUDA kernel in this build");
+}
+void PlanDevice::sparse_add(float*, const float*, const int32_t*, size_t) {
+  DT_THROW(UsageError, "the plan has no cost for sparse_add: top-k compression has no CUDA kernel in this build");
+}
+
+void PlanDevice::orthogonalize(float*, size_t, size_t) {
+  DT_THROW(UsageError, "the plan has no cost for orthogonalize: PowerSGD has no CUDA kernel in this build");
 }
 
 void PlanDevice::cast(void* dst, DType dt, const void* src, DType st, size_t n) {

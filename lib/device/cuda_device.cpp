@@ -331,6 +331,27 @@ class CudaDevice final : public Device {
     cur();
     kernels::add_f32(dst, src, n, s_);
   }
+  void scale(float* p, size_t n, float s) override {
+    cur();
+    kernels::scale_f32(p, n, s, s_);
+  }
+  // No CUDA kernels for top-k yet: ZeroEngine refuses communication.compression topk on
+  // this device with a ConfigError, so these are reached only by a caller that skipped it.
+  void topk_select(float*, size_t, size_t, float*, int32_t*) override {
+    DT_THROW(DeviceError,
+             "topk_select has no CUDA kernel in this build (communication.compression topk runs on "
+             "the CPU device only)");
+  }
+  void orthogonalize(float*, size_t, size_t) override {
+    DT_THROW(DeviceError,
+             "orthogonalize has no CUDA kernel in this build (communication.compression powersgd runs "
+             "on the CPU device only)");
+  }
+  void sparse_add(float*, const float*, const int32_t*, size_t) override {
+    DT_THROW(DeviceError,
+             "sparse_add has no CUDA kernel in this build (communication.compression topk runs on the "
+             "CPU device only)");
+  }
   void cast(void* dst, DType dt, const void* src, DType st, size_t n) override {
     cur();
     kernels::dtype_cast(dst, dt, src, st, n, s_);

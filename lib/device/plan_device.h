@@ -152,6 +152,11 @@ class PlanDevice final : public Device {
   void step_scale(float* scale, double* sq, const float* red, float loss_scale, float max_norm) override;
   void loss_sum(double* sum, float* sum_f32, const float* means, const float* counts, int n) override;
   void add(float* dst, const float* src, size_t n) override;
+  void scale(float* p, size_t n, float s) override;
+  // Top-k has no CUDA kernel to cost: the plan refuses it (UsageError).
+  void topk_select(float* residual, size_t n, size_t k, float* values, int32_t* indices) override;
+  void sparse_add(float* dense, const float* values, const int32_t* indices, size_t count) override;
+  void orthogonalize(float* a, size_t rows, size_t cols) override;
   void cast(void* dst, DType dt, const void* src, DType st, size_t n) override;
   void round_to(float* p, size_t n, DType t) override;
 

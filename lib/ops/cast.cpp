@@ -25,6 +25,9 @@ DT_OPS_SIMD void round_f16(float* __restrict p, size_t n) {
 DT_OPS_SIMD void add_range(float* __restrict d, const float* __restrict s, size_t n) {
   for (size_t i = 0; i < n; ++i) d[i] += s[i];
 }
+DT_OPS_SIMD void scale_range(float* __restrict p, size_t n, float s) {
+  for (size_t i = 0; i < n; ++i) p[i] *= s;
+}
 }  // namespace
 
 void cast(void* dst, DType dt, const void* src, DType st, size_t n) {
@@ -53,6 +56,10 @@ void round_to(float* p, size_t n, DType t) {
 
 void add_inplace(float* dst, const float* src, size_t n) {
   parallel_for(n, n, [&](size_t b, size_t e) { add_range(dst + b, src + b, e - b); });
+}
+
+void scale_inplace(float* p, size_t n, float s) {
+  parallel_for(n, n, [&](size_t b, size_t e) { scale_range(p + b, e - b, s); });
 }
 
 }  // namespace dtrain::ops

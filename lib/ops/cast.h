@@ -17,5 +17,7 @@ void cast(void* dst, DType dt, const void* src, DType st, size_t n);
 void round_to(float* p, size_t n, DType t);
 /// dst[i] += src[i]
 void add_inplace(float* dst, const float* src, size_t n);
+/// p[i] *= s
+void scale_inplace(float* p, size_t n, float s);
 
 }  // namespace dtrain::ops

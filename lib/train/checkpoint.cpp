@@ -445,6 +445,14 @@ ShardWritten write_shard(const fs::path& tmp, const ZeroCheckpointView& view, co
       offset += cnt * sizeof(float);
     }
   }
+  // The rank's own error-feedback state: not a partition of anything, so its entries are
+  // "rank_state" number i, whole.
+  for (size_t i = 0; i < view.rank_state.size(); ++i) {
+    const auto& [ptr, cnt] = view.rank_state[i];
+    entries.push_back({{"buffer", i}, {"kind", "rank_state"}, {"lo", 0}, {"count", cnt}, {"offset", offset}});
+    if (cnt) data.emplace_back(ptr, cnt * sizeof(float));
+    offset += cnt * sizeof(float);
+  }
   json head{{"format", FORMAT_VERSION},
             {"rank", rank},
             {"world_size", W},
@@ -675,6 +683,34 @@ void read_range(Opened& o, size_t buffer, const char* kind, size_t n, size_t a, 
   }
 }
 
+// The view's rank_state from this rank's own shard, when the checkpoint was saved at the
+// same world size with the same state lengths; zeros (and a warning) otherwise.
+void rank_state_read(Opened& o, const ZeroCheckpointView& view, const std::string& dir) {
+  if (view.rank_state.empty()) return;
+  std::vector<const json*> found(view.rank_state.size(), nullptr);
+  const bool same_world = o.world == view.world && view.rank < o.world;
+  if (same_world)
+    for (const auto& e : o.heads[static_cast<size_t>(view.rank)].at("entries"))
+      if (e.at("kind").get<std::string>() == "rank_state" && e.at("buffer").get<size_t>() < found.size())
+        found[e.at("buffer").get<size_t>()] = &e;
+  bool all = same_world;
+  for (size_t i = 0; i < found.size() && all; ++i)
+    all = found[i] != nullptr && found[i]->at("count").get<size_t>() == view.rank_state[i].second;
+  if (!all) {
+    log_warn("{}: no error-feedback state for rank {} at world size {} (saved at {}); it starts at zero", dir,
+             view.rank, view.world, o.world);
+    for (const auto& [ptr, cnt] : view.rank_state) std::fill(ptr, ptr + cnt, 0.0f);
+    return;
+  }
+  const auto q = static_cast<size_t>(view.rank);
+  for (size_t i = 0; i < found.size(); ++i) {
+    const size_t bytes = view.rank_state[i].second * sizeof(float);
+    const uint64_t off = o.data_start[q] + found[i]->at("offset").get<uint64_t>();
+    const ssize_t r = ::pread(o.fds[q].fd, view.rank_state[i].first, bytes, static_cast<off_t>(off));
+    DT_ENFORCE(r == static_cast<ssize_t>(bytes), CheckpointError, "{}/rank{}.bin: short read", dir, q);
+  }
+}
+
 // ConfigError when the saved buffers (typed by manifest_state_problem) are not the
 // model's: the config describes another model than the run trained, which every retry
 // would meet again, so it is a config error (exit 2, not restarted), not a damaged checkpoint.
@@ -794,6 +830,7 @@ CheckpointLoadResult checkpoint_load(const std::string& run_dir, const ZeroCheck
         read_range(o, b, "v", n, v.lo, v.hi, v.v, d);
       }
     }
+    rank_state_read(o, view, d);
     view.loaded(man.at("optimizer_step").get<int64_t>());
 
     TrainState& st = res.state;

@@ -168,6 +168,9 @@ class TrainLoop {
   Stopwatch run_clock_, interval_clock_;
   int64_t interval_steps_ = 0;
   ZeroEngine::CommTimes last_comm_times_;
+  // Bytes this rank sent (Communicator::bytes_sent) at the last print, and per step since.
+  uint64_t bytes_mark_ = 0;
+  double bytes_per_step_ = 0.0;
 };
 
 TrainLoop::TrainLoop(const config::TrainConfig& cfg, const TrainerEnv& env)
@@ -357,6 +360,10 @@ void TrainLoop::progress_log(int64_t step, const StepOutcome& out) {
                                        {"train/grad_norm", out.grad_norm},
                                        {"train/tokens_per_s", tps}};
     if (scaler_) v.push_back({"train/loss_scale", loss_scale});  // 1 throughout without fp16
+    if (W_ > 1) {
+      v.push_back({"train/comm_bytes_sent", bytes_per_step_});
+      v.push_back({"train/comm_seconds", last_comm_times_.busy_s / static_cast<double>(interval_steps_)});
+    }
     tb_->scalars(step, v, static_cast<double>(now_ms) / 1e3);
   }
   if (metrics_) {
@@ -380,6 +387,11 @@ void TrainLoop::progress_log(int64_t step, const StepOutcome& out) {
       // Per rank (index = rank): compute and wait in collectives, ms per step.
       r["rank_compute_ms"] = times.compute_ms;
       r["rank_comm_ms"] = times.comm_ms;
+      // What compression buys: bytes this rank sent per step (communication.compression
+      // shrinks the gradients' share) and the seconds per step the ZeRO engine's
+      // collectives took (overlapped with compute or not).
+      r["comm_bytes_sent"] = bytes_per_step_;
+      r["comm_seconds"] = last_comm_times_.busy_s / static_cast<double>(interval_steps_);
     }
     if (cfg_.wall_clock_breakdown) {
       const double n = static_cast<double>(interval_steps_);
@@ -463,6 +475,13 @@ bool TrainLoop::stop_requested(int64_t step) {
 RankTimes TrainLoop::rank_times_take(double interval_s, int64_t steps) {
   const ZeroEngine::CommTimes ct = step_->engine().comm_times_take();
   const double n = static_cast<double>(std::max<int64_t>(1, steps));
+  if (comm_) {
+    // Everything this rank sent since the last print (the gradients, the step's small
+    // agreements and the last print's gather), per step.
+    const uint64_t sent = comm_->bytes_sent();
+    bytes_per_step_ = static_cast<double>(sent - bytes_mark_) / n;
+    bytes_mark_ = sent;
+  }
   const double step_ms = 1e3 * interval_s / n;
   const double comm_ms = (timer_.elapsed_ms(Section::COMM) + 1e3 * ct.exposed_s) / n;
   const float mine[2] = {static_cast<float>(std::max(0.0, step_ms - comm_ms)), static_cast<float>(comm_ms)};

@@ -1,7 +1,8 @@
 // ZeroEngine: slots (one per model buffer, zero_slot.h) with their shard ranges, masters
 // and AdamW state; bucket plans; stream order and collectives; the step (reduce, norm,
 // AdamW, gather); materialized parameters, checkpoint views and memory accounting. The
-// per-layer stage-2/3 hooks are in zero_hooks.cpp.
+// per-layer stage-2/3 hooks are in zero_hooks.cpp, top-k and PowerSGD compression in
+// zero_topk.cpp and zero_powersgd.cpp.
 #include "train/zero_engine.h"
 
 #include "core/check.h"
@@ -125,6 +126,59 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
   }
   stats_ = device::DeviceBuffer(*dev_, sizeof(StepStats));
   plan_buckets();
+  DT_ENFORCE(opts_.grad_wire == DType::F32 || opts_.grad_wire == DType::BF16 || opts_.grad_wire == DType::F16,
+             ConfigError, "communication.compression: unknown gradient wire dtype");
+  if (opts_.topk_ratio != 0.0f) {
+    DT_ENFORCE(opts_.topk_ratio > 0.0f && opts_.topk_ratio <= 1.0f, ConfigError,
+               "communication.topk.ratio {} is not in (0, 1]", opts_.topk_ratio);
+    DT_ENFORCE(opts_.stage <= 1, ConfigError,
+               "communication.compression: topk needs zero_optimization.stage 0 or 1, but the stage is {}",
+               opts_.stage);
+    DT_ENFORCE(dev_->kind() == device::Kind::CPU, ConfigError,
+               "communication.compression: topk runs on the CPU device only in this build (its CUDA kernels are not "
+               "written yet); on {} use bf16 or fp16",
+               dev_->name());
+    DT_ENFORCE(opts_.grad_wire == DType::F32, ConfigError,
+               "communication.compression: topk and a 16-bit wire are exclusive");
+    if (comm_ != nullptr) {
+      size_t most = 0;
+      for (const auto& b : buckets_) {
+        const size_t n = bucket_full(b);
+        DT_ENFORCE(n < (size_t{1} << 31), ConfigError,
+                   "communication.compression topk: a gradient bucket of {} elements does not fit int32 indices; "
+                   "lower zero_optimization.reduce_bucket_size",
+                   n);
+        residual_.emplace_back(*dev_, n * sizeof(float));
+        dev_->zero(residual_.back().get(), n * sizeof(float));
+        most = std::max(most, n);
+      }
+      const size_t k = topk_k(most), W = static_cast<size_t>(world_);
+      topk_dense_ = device::DeviceBuffer(*dev_, most * sizeof(float));
+      topk_mine_ = device::DeviceBuffer(*dev_, 2 * k * sizeof(float));
+      topk_all_ = device::DeviceBuffer(*dev_, W * 2 * k * sizeof(float));
+      work_add(static_cast<ptrdiff_t>(topk_dense_.bytes() + topk_mine_.bytes() + topk_all_.bytes()));
+    }
+  }
+  if (opts_.powersgd_rank != 0) {
+    DT_ENFORCE(opts_.powersgd_rank > 0, ConfigError, "communication.powersgd.rank {} must be at least 1",
+               opts_.powersgd_rank);
+    DT_ENFORCE(opts_.stage <= 1, ConfigError,
+               "communication.compression: powersgd needs zero_optimization.stage 0 or 1, but the stage is {}",
+               opts_.stage);
+    DT_ENFORCE(dev_->kind() == device::Kind::CPU, ConfigError,
+               "communication.compression: powersgd runs on the CPU device only in this build (its CUDA kernels are "
+               "not written yet); on {} use bf16 or fp16",
+               dev_->name());
+    DT_ENFORCE(opts_.grad_wire == DType::F32 && opts_.topk_ratio == 0.0f, ConfigError,
+               "communication.compression: powersgd, topk and a 16-bit wire are exclusive");
+    if (comm_ != nullptr) powersgd_plan();
+  }
+  if (comm_ != nullptr && opts_.grad_wire != DType::F32) {
+    size_t most = 0;
+    for (const auto& b : buckets_) most = std::max(most, (opts_.stage == 0 ? 1 : static_cast<size_t>(world_)) * b.seg);
+    wire_ = device::DeviceBuffer(*dev_, most * dtype_size(opts_.grad_wire));
+    work_add(static_cast<ptrdiff_t>(wire_.bytes()));
+  }
   // Stream-ordered collectives overlap by themselves; a thread is for blocking ones.
   queue_ = std::make_unique<ZeroCommQueue>(opts_.overlap_comm && comm_ != nullptr && !stream_ordered_);
   hooks_install();
@@ -271,6 +325,28 @@ void ZeroEngine::coll_all_gather(void* buf, size_t shard, DType t) {
   comm_->all_gather(b + static_cast<size_t>(rank_) * shard * dtype_size(t), b, shard, t);
 }
 
+// The 16-bit wire divides by the world size before it rounds (PyTorch's fp16_compress_hook
+// divides too: an fp16 sum of W gradients can overflow where their mean does not), sums
+// in 16 bits (Gloo adds pairs in fp32 and rounds each partial sum; NCCL likewise) and
+// widens this rank's result back into the fp32 gradient.
+void ZeroEngine::grad_reduce(float* buf, size_t n, bool scatter) {
+  if (comm_ == nullptr || n == 0) return;
+  const size_t W = static_cast<size_t>(world_), seg = scatter ? n / W : n;
+  const DType w = opts_.grad_wire;
+  if (w == DType::F32) {
+    if (scatter) coll_reduce_scatter(buf, seg, DType::F32);
+    else coll_allreduce(buf, n, DType::F32, comm::ReduceOp::AVG);
+    return;
+  }
+  DT_CHECK(wire_.bytes() >= n * dtype_size(w));
+  dev_->scale(buf, n, 1.0f / static_cast<float>(world_));
+  dev_->cast(wire_.get(), w, buf, DType::F32, n);
+  const size_t mine = scatter ? static_cast<size_t>(rank_) * seg : 0;
+  if (scatter) comm_->reduce_scatter(wire_.get(), at(wire_.get(), mine, w), seg, w, comm::ReduceOp::SUM);
+  else comm_->allreduce(wire_.get(), wire_.get(), n, w, comm::ReduceOp::SUM);
+  dev_->cast(buf + mine, DType::F32, at(wire_.get(), mine, w), w, seg);
+}
+
 // ----------------------------------------------------------------------------
 void ZeroEngine::before_step() {
   queue_->wait_all();
@@ -291,6 +367,7 @@ void ZeroEngine::before_step() {
 bool ZeroEngine::bucket_inplace(const Bucket& b) const { return opts_.stage == 0 && b.slots.size() == 1; }
 
 size_t ZeroEngine::bucket_len(const Bucket& b) const {
+  if (!residual_.empty()) return 0;  // top-k works in its own buffers
   return bucket_inplace(b) ? 0 : (opts_.stage == 0 ? 1 : static_cast<size_t>(world_)) * b.seg;
 }
 
@@ -315,20 +392,28 @@ void ZeroEngine::bucket_pack(const Bucket& b, float* buf) {
 
 // The compute side no longer writes these slots' gradients (the bucket is complete).
 void ZeroEngine::bucket_collective(const Bucket& b, float* buf) {
+  if (!residual_.empty()) {
+    topk_reduce(static_cast<size_t>(&b - buckets_.data()));
+    return;
+  }
+  if (powersgd_active()) {
+    powersgd_reduce(static_cast<size_t>(&b - buckets_.data()));
+    return;
+  }
   if (bucket_inplace(b)) {
-    coll_allreduce(slots_[b.slots[0]].pb->grad, b.seg, DType::F32, comm::ReduceOp::AVG);
+    grad_reduce(slots_[b.slots[0]].pb->grad, b.seg, false);
     return;
   }
   bucket_pack(b, buf);
   if (opts_.stage == 0) {
-    coll_allreduce(buf, b.seg, DType::F32, comm::ReduceOp::AVG);
+    grad_reduce(buf, b.seg, false);
     for (size_t k = 0; k < b.slots.size(); ++k) {
       const Slot& s = slots_[b.slots[k]];
       dev_->copy_d2d(s.pb->grad, buf + b.offs[k], s.n * sizeof(float));
     }
     return;
   }
-  coll_reduce_scatter(buf, b.seg, DType::F32);
+  grad_reduce(buf, static_cast<size_t>(world_) * b.seg, true);
   const float* mine = buf + static_cast<size_t>(rank_) * b.seg;
   for (size_t k = 0; k < b.slots.size(); ++k) {
     const Slot& s = slots_[b.slots[k]];
@@ -454,7 +539,10 @@ bool ZeroEngine::step_finish(float loss_scale) {
   step_count_total_ = targets_set_ ? st.count : 0.0;
   targets_set_ = false;
   last_norm_ = std::sqrt(st.sq) / static_cast<double>(loss_scale);
-  if (!std::isfinite(st.sq)) return false;
+  if (!std::isfinite(st.sq)) {
+    compression_reset();
+    return false;
+  }
   ++step_count_;
   return true;
 }
@@ -613,6 +701,14 @@ ZeroCheckpointView ZeroEngine::checkpoint_view() {
   v.stage = opts_.stage;
   v.compute_dtype = opts_.compute_dtype;
   v.step_count = step_count_;
+  // top-k and PowerSGD run on the CPU device only, so their state is host memory already:
+  // the top-k residuals, or PowerSGD's Q factors then (error feedback) its errors.
+  for (size_t b = 0; b < residual_.size(); ++b)
+    v.rank_state.emplace_back(residual_[b].as<float>(), bucket_full(buckets_[b]));
+  if (!psgd_.empty()) {
+    v.rank_state.emplace_back(psgd_q_.as<float>(), psgd_q_.bytes() / sizeof(float));
+    if (psgd_err_.bytes()) v.rank_state.emplace_back(psgd_err_.as<float>(), psgd_err_.bytes() / sizeof(float));
+  }
   v.loaded = [this](int64_t step_count) {
     step_count_ = step_count;
     params_loaded();

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <array>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -41,6 +42,21 @@ struct ZeroOptions {
   /// parameter all-gathers travel in it.
   DType compute_dtype = DType::F32;
   float gradient_clipping = 0.0f;  ///< max global L2 norm, 0 = off
+  /// communication.compression's 16-bit wire: the dtype gradients are reduced in (F32 =
+  /// uncompressed; BF16 / F16: cast, summed, cast back; fp16 divided by the world size
+  /// first, as PyTorch's fp16_compress_hook, so the sum cannot overflow).
+  DType grad_wire = DType::F32;
+  /// communication.compression topk (stages 0-1, several ranks, the CPU device): the
+  /// fraction of each gradient bucket's elements a rank sends, the largest in magnitude
+  /// of gradient + residual, all-gathered as (value, index) pairs and summed densely; the
+  /// residual keeps the rest for the next step (error feedback). 0 = off.
+  float topk_ratio = 0.0f;
+  /// communication.compression powersgd (stages 0-1, several ranks, the CPU device):
+  /// the approximation rank (0 = off), the applied steps reduced uncompressed first, and
+  /// error feedback (PyTorch's powerSGD_hook, Vogels et al. 2019).
+  int powersgd_rank = 0;
+  int64_t powersgd_start_step = 0;
+  bool powersgd_error_feedback = true;
 };
 
 /// The engine options a training config asks for: zero_optimization (stage, bucket
@@ -104,6 +120,11 @@ struct ZeroCheckpointView {
   int rank = 0, world = 1, stage = 0;
   DType compute_dtype = DType::F32;
   int64_t step_count = 0;  ///< applied updates (AdamW's bias-correction step)
+  /// This rank's error-feedback state (top-k: one residual per gradient bucket), fp32 in
+  /// host memory, each with its length: saved in the rank's own shard file and restored
+  /// into the same rank when the world size and the lengths match; otherwise (another
+  /// world size, compression turned on at resume) it starts at zero, with a warning.
+  std::vector<std::pair<float*, size_t>> rank_state;
   /// After a checkpoint wrote the masters (and resident full buffers): takes the loaded
   /// step count and refreshes the compute copies.
   std::function<void(int64_t step_count)> loaded;
@@ -270,6 +291,25 @@ class ZeroEngine {
   void coll_allreduce(void* buf, size_t n, DType t, comm::ReduceOp op);
   void coll_reduce_scatter(void* buf, size_t shard, DType t);
   void coll_all_gather(void* buf, size_t shard, DType t);
+  // The gradient average of n fp32 values at buf: an allreduce, or (scatter) a
+  // reduce-scatter of W segments of n / W leaving this rank's segment reduced; on the
+  // 16-bit wire through wire_ (opts_.grad_wire).
+  void grad_reduce(float* buf, size_t n, bool scatter);
+  // top-k (opts_.topk_ratio): bucket `index`'s gradients through its residual, the
+  // all-gather of every rank's (value, index) pairs and their dense average.
+  void topk_reduce(size_t index);
+  size_t bucket_full(const Bucket& b) const;
+  size_t topk_k(size_t full) const;
+  // PowerSGD (zero_powersgd.cpp): the per-bucket plan and state, whether this step
+  // compresses, and bucket `index`'s reduction.
+  void powersgd_plan();
+  bool powersgd_active() const;
+  void powersgd_reduce(size_t index);
+  // After an overflow (a skipped step): the inf/NaN gradients went into the top-k
+  // residuals and PowerSGD's errors and Q, and would poison every later step; they start
+  // over (residuals and errors zero, Q from its seed), on every rank alike.
+  void compression_reset();
+  void powersgd_q_init();
   // stage 0/1 step-time gradient reduction, stage 1/2 post-step gather
   void grads_reduce_step();
   bool bucket_inplace(const Bucket& b) const;
@@ -334,6 +374,31 @@ class ZeroEngine {
   std::vector<Bucket> buckets_;                     // gradient buckets in backward order
   std::vector<std::vector<size_t>> gather_groups_;  // post-step all-gather groups of resident slots
   std::unique_ptr<ZeroCommQueue> queue_;
+  // The 16-bit gradient wire's staging buffer (the largest bucket), used by one
+  // collective at a time: they run in order on the communication thread or stream.
+  device::DeviceBuffer wire_;
+  // top-k: each bucket's residual (its full length: what was not sent yet), and scratch
+  // for the dense sum (the largest bucket), this rank's k values then k int32 indices,
+  // and every rank's.
+  std::vector<device::DeviceBuffer> residual_;
+  device::DeviceBuffer topk_dense_, topk_mine_, topk_all_;
+  // PowerSGD: per bucket, its matrices (a 2-D view of a tensor, n x m, compressed at rank
+  // r) and its plain ranges (1-D tensors and matrices that compression would not shrink).
+  struct PsgdMatrix {
+    size_t slot = 0, off = 0;  // the tensor in its slot's buffer
+    size_t n = 0, m = 0, r = 0;
+    size_t p_off = 0, q_off = 0, err_off = 0;  // in the bucket's P scratch, psgd_q_, psgd_err_
+  };
+  struct PsgdBucket {
+    std::vector<PsgdMatrix> mats;
+    std::vector<std::array<size_t, 3>> plain;  // slot, offset, count
+    size_t p_len = 0, plain_len = 0;
+    size_t q_begin = 0, q_len = 0;  // its matrices' Q factors, contiguous in psgd_q_
+  };
+  std::vector<PsgdBucket> psgd_;
+  // Q (warm-started, kept between steps) and the error (per rank) of every matrix; scratch
+  // for a bucket's P factors and its plain values.
+  device::DeviceBuffer psgd_q_, psgd_err_, psgd_p_, psgd_plain_;
   int64_t step_count_ = 0;
   double last_norm_ = 0.0;
   bool materialized_ = false;

@@ -106,7 +106,7 @@ void ZeroEngine::grad_bucket_flush(size_t index) {
   comm_submit([this, buf, index] {
     const Bucket& bk = buckets_[index];
     float* base = buf->as<float>();
-    coll_reduce_scatter(base, bk.seg, DType::F32);
+    grad_reduce(base, static_cast<size_t>(world_) * bk.seg, true);
     const float* mine = base + static_cast<size_t>(rank_) * bk.seg;
     for (size_t k = 0; k < bk.slots.size(); ++k) {
       Slot& s = slots_[bk.slots[k]];

@@ -5,6 +5,7 @@
 #include "train/loss_scaler.h"
 
 #include <algorithm>
+#include <string>
 
 namespace dtrain::train {
 
@@ -33,6 +34,14 @@ ZeroOptions zero_options_from(const config::TrainConfig& cfg) {
              cfg.source);
   o.compute_dtype = cfg.bf16.enabled ? DType::BF16 : cfg.fp16.enabled ? DType::F16 : DType::F32;
   o.gradient_clipping = static_cast<float>(cfg.gradient_clipping);
+  const std::string& c = cfg.communication.compression;
+  if (c == "powersgd") {
+    o.powersgd_rank = static_cast<int>(cfg.communication.powersgd_rank);
+    o.powersgd_start_step = cfg.communication.powersgd_start_step;
+    o.powersgd_error_feedback = cfg.communication.powersgd_error_feedback;
+  }
+  if (c == "topk") o.topk_ratio = static_cast<float>(cfg.communication.topk_ratio);
+  o.grad_wire = c == "bf16" ? DType::BF16 : c == "fp16" ? DType::F16 : DType::F32;
   return o;
 }
 

@@ -5,9 +5,11 @@
 #include "cases.h"
 
 #include "kernels/activation.cuh"
+#include "kernels/cast.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/rope.cuh"
 #include "ops/activation.h"
+#include "ops/cast.h"
 #include "ops/embedding.h"
 #include "ops/rope.h"
 
@@ -161,11 +163,25 @@ double embedding_dwte_case(DType t, int V, int distinct, int B, int T, int C, ui
   return e;
 }
 
+// The 16-bit gradient wire's division by the world size (fp32 only): the same product.
+double scale_case(size_t off, uint64_t seed) {
+  Rng r(seed);
+  const Floats x = rand_floats(r, N_PW, 3.0f);
+  Floats ref = x;
+  ops::scale_inplace(ref.data(), N_PW, 1.0f / 3.0f);
+  DevBuf d(x, DType::F32, off);
+  scale_f32(d.f32(), N_PW, 1.0f / 3.0f, nullptr);
+  return buf_err(d, ref);
+}
+
 }  // namespace
 
 std::vector<Case> cases_pointwise() {
   std::vector<Case> c;
   uint64_t seed = 200;
+  for (size_t off : {0, 1})
+    c.push_back({std::string("scale f32") + (off ? " (unaligned)" : ""), DType::F32,
+                 [=] { return scale_case(off, 190 + off); }, 0.0});
   for (DType t : ALL_DTYPES) {
     for (size_t off : {0, 1}) {
       const std::string u = off ? " (unaligned)" : "";

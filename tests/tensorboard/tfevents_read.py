@@ -11,8 +11,8 @@ TensorBoard does: files in name order, each starting with file_version "brain.Ev
 and a SessionLog START at step S dropping the points read before it whose step is >= S.
 
 With --metrics, every scalar must match the run's metrics.jsonl: the same steps per tag
-(train/loss, train/lr, train/grad_norm, train/tokens_per_s, and train/loss_scale where
-present, from the training records; eval/loss and eval/ppl from the eval records), each
+(train/loss, train/lr, train/grad_norm, train/tokens_per_s, and train/loss_scale,
+train/comm_bytes_sent and train/comm_seconds where present, from the training records; eval/loss and eval/ppl from the eval records), each
 value the record's value rounded to float32, each wall_time the record's time_ms / 1000.
 
 Prints one JSON object on stdout: {"ok": true, "files": [...], "records": N, "sessions":
@@ -252,7 +252,8 @@ def read_dir(logdir, allow_torn_tail):
 # Against metrics.jsonl.
 
 TRAIN_TAGS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm",
-              "tokens_per_s": "train/tokens_per_s", "loss_scale": "train/loss_scale"}
+              "tokens_per_s": "train/tokens_per_s", "loss_scale": "train/loss_scale",
+              "comm_bytes_sent": "train/comm_bytes_sent", "comm_seconds": "train/comm_seconds"}
 EVAL_TAGS = {"eval_loss": "eval/loss", "eval_ppl": "eval/ppl"}
 
 
@@ -273,6 +274,8 @@ def check_metrics(result, metrics_path):
         for key, tag in table.items():
             if key == "loss_scale" and tag not in result["scalars"]:
                 continue  # written with fp16 only
+            if key.startswith("comm_") and key not in r:
+                continue  # written with several ranks only
             want.setdefault(tag, []).append((r["step"], r[key], r["time_ms"]))
     got = result["scalars"]
     if sorted(want) != sorted(got):
