@@ -128,16 +128,21 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
   plan_buckets();
   DT_ENFORCE(opts_.grad_wire == DType::F32 || opts_.grad_wire == DType::BF16 || opts_.grad_wire == DType::F16,
              ConfigError, "communication.compression: unknown gradient wire dtype");
+  // PowerSGD and top-k keep per-rank state of the whole gradient (stages 0-1) and run on
+  // the CPU device's ops only.
+  auto sparse_method_check = [&](const char* method) {
+    DT_ENFORCE(opts_.stage <= 1, ConfigError,
+               "communication.compression: {} needs zero_optimization.stage 0 or 1, but the stage is {}", method,
+               opts_.stage);
+    DT_ENFORCE(dev_->kind() == device::Kind::CPU, ConfigError,
+               "communication.compression: {} runs on the CPU device only in this build (its CUDA kernels are not "
+               "written yet); on {} use bf16 or fp16",
+               method, dev_->name());
+  };
   if (opts_.topk_ratio != 0.0f) {
     DT_ENFORCE(opts_.topk_ratio > 0.0f && opts_.topk_ratio <= 1.0f, ConfigError,
                "communication.topk.ratio {} is not in (0, 1]", opts_.topk_ratio);
-    DT_ENFORCE(opts_.stage <= 1, ConfigError,
-               "communication.compression: topk needs zero_optimization.stage 0 or 1, but the stage is {}",
-               opts_.stage);
-    DT_ENFORCE(dev_->kind() == device::Kind::CPU, ConfigError,
-               "communication.compression: topk runs on the CPU device only in this build (its CUDA kernels are not "
-               "written yet); on {} use bf16 or fp16",
-               dev_->name());
+    sparse_method_check("topk");
     DT_ENFORCE(opts_.grad_wire == DType::F32, ConfigError,
                "communication.compression: topk and a 16-bit wire are exclusive");
     if (comm_ != nullptr) {
@@ -162,13 +167,7 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
   if (opts_.powersgd_rank != 0) {
     DT_ENFORCE(opts_.powersgd_rank > 0, ConfigError, "communication.powersgd.rank {} must be at least 1",
                opts_.powersgd_rank);
-    DT_ENFORCE(opts_.stage <= 1, ConfigError,
-               "communication.compression: powersgd needs zero_optimization.stage 0 or 1, but the stage is {}",
-               opts_.stage);
-    DT_ENFORCE(dev_->kind() == device::Kind::CPU, ConfigError,
-               "communication.compression: powersgd runs on the CPU device only in this build (its CUDA kernels are "
-               "not written yet); on {} use bf16 or fp16",
-               dev_->name());
+    sparse_method_check("powersgd");
     DT_ENFORCE(opts_.grad_wire == DType::F32 && opts_.topk_ratio == 0.0f, ConfigError,
                "communication.compression: powersgd, topk and a 16-bit wire are exclusive");
     if (comm_ != nullptr) powersgd_plan();

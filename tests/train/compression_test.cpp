@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -325,8 +326,13 @@ TEST_CASE("top-k error feedback conserves the gradient: W x the applied sum + th
   CHECK(worst <= 1e-5 * scale);  // fp32 additions of a few steps' values
 }
 
-TEST_CASE("top-k resumes bit-exactly: the residuals travel in the sharded checkpoint") {
-  const RunSpec spec = topk_spec(1, 0.05f);
+namespace {
+
+// 6 steps in one go against 3, a checkpoint, a fresh engine loading it and 3 more: the
+// losses after the resume are the uninterrupted run's, and differ once `drop` zeroes what
+// the checkpoint restored into the rank state (so the restore is what makes them equal).
+void check_resume_exact(const RunSpec& spec,
+                        const std::function<void(const dtrain::train::ZeroCheckpointView&)>& drop) {
   const int steps = 6, half = 3;
   std::vector<std::vector<float>> whole(2), resumed(2), dropped(2);
   auto errors = run_ranks(2, [&](dtrain::comm::Communicator* comm, int rank) {
@@ -348,8 +354,7 @@ TEST_CASE("top-k resumes bit-exactly: the residuals travel in the sharded checkp
       RankTrainer t(spec, comm, rank);
       const auto view = t.engine->checkpoint_view();
       REQUIRE(dtrain::train::checkpoint_load(run, view).loaded);
-      if (!keep)  // what a checkpoint without the residuals would resume from
-        for (const auto& [p, cnt] : view.rank_state) std::fill(p, p + cnt, 0.0f);
+      if (!keep) drop(view);
       auto& out = (keep ? resumed : dropped)[static_cast<size_t>(rank)];
       for (int s = half + 1; s <= steps; ++s) out.push_back(t.step(s));
     }
@@ -360,6 +365,15 @@ TEST_CASE("top-k resumes bit-exactly: the residuals travel in the sharded checkp
     CHECK(resumed[r] == tail);
     CHECK(dropped[r] != tail);
   }
+}
+
+}  // namespace
+
+TEST_CASE("top-k resumes bit-exactly: the residuals travel in the sharded checkpoint") {
+  // What a checkpoint without the residuals would resume from.
+  check_resume_exact(topk_spec(1, 0.05f), [](const dtrain::train::ZeroCheckpointView& view) {
+    for (const auto& [p, cnt] : view.rank_state) std::fill(p, p + cnt, 0.0f);
+  });
 }
 
 // ----------------------------------------------------------------------------
@@ -554,40 +568,10 @@ TEST_CASE("PowerSGD error feedback conserves the gradient: W x the applied sum +
 }
 
 TEST_CASE("PowerSGD resumes bit-exactly: Q and the errors travel in the sharded checkpoint") {
-  const RunSpec spec = psgd_spec(1, 2, 1);
-  const int steps = 6, half = 3;
-  std::vector<std::vector<float>> whole(2), resumed(2), dropped(2);
-  auto errors = run_ranks(2, [&](dtrain::comm::Communicator* comm, int rank) {
-    RankTrainer t(spec, comm, rank);
-    for (int s = 1; s <= steps; ++s) whole[static_cast<size_t>(rank)].push_back(t.step(s));
+  // The errors lost (Q kept): what a checkpoint without them would resume from.
+  check_resume_exact(psgd_spec(1, 2, 1), [](const dtrain::train::ZeroCheckpointView& view) {
+    std::fill(view.rank_state[1].first, view.rank_state[1].first + view.rank_state[1].second, 0.0f);
   });
-  for (const auto& e : errors) REQUIRE(e == "");
-  dtrain::test::TempDir tmp;
-  const std::string run = (tmp.path / "run").string();
-  errors = run_ranks(2, [&](dtrain::comm::Communicator* comm, int rank) {
-    {
-      RankTrainer t(spec, comm, rank);
-      for (int s = 1; s <= half; ++s) t.step(s);
-      dtrain::train::TrainState st;
-      st.step = half;
-      dtrain::train::checkpoint_save(run, t.engine->checkpoint_view(), st);
-    }
-    for (bool keep : {true, false}) {
-      RankTrainer t(spec, comm, rank);
-      const auto view = t.engine->checkpoint_view();
-      REQUIRE(dtrain::train::checkpoint_load(run, view).loaded);
-      if (!keep)  // the errors lost (Q kept): what a checkpoint without them would resume from
-        std::fill(view.rank_state[1].first, view.rank_state[1].first + view.rank_state[1].second, 0.0f);
-      auto& out = (keep ? resumed : dropped)[static_cast<size_t>(rank)];
-      for (int s = half + 1; s <= steps; ++s) out.push_back(t.step(s));
-    }
-  });
-  for (const auto& e : errors) REQUIRE(e == "");
-  for (size_t r = 0; r < 2; ++r) {
-    const std::vector<float> tail(whole[r].begin() + half, whole[r].end());
-    CHECK(resumed[r] == tail);
-    CHECK(dropped[r] != tail);
-  }
 }
 
 TEST_CASE("top-k and PowerSGD recover from an overflowed step: its inf/NaN do not stay in their state") {
