@@ -148,7 +148,7 @@ const std::vector<KeySpec>& build_schema() {
       // ---- gradient compression (dtrain's; communication_data_type is DeepSpeed's 16-bit case)
       {.path = "communication.compression", .type = KeyType::ENUM, .field = F(communication.compression),
        .help = "gradients on the wire: none (fp32), bf16 / fp16 (16-bit, every ZeRO stage), powersgd or topk "
-               "(stages 0-1, the CPU device, with error feedback); the mapping {powersgd: {rank: 4}} is compression: powersgd "
+               "(stages 0-1, with error feedback); the mapping {powersgd: {rank: 4}} is compression: powersgd "
                "plus the communication.powersgd keys",
        .allowed = {"none", "bf16", "fp16", "powersgd", "topk"}},
       {.path = "communication.powersgd.rank", .type = KeyType::INT, .field = F(communication.powersgd_rank),

@@ -242,12 +242,6 @@ void validate_communication(const TrainConfig& cfg, const Origins& o) {
              "{}: communication.compression: {} needs zero_optimization.stage 0 or 1, but the stage is {} (at {}); "
              "use bf16 or fp16 compression at stage {}, or stage 1",
              o.at("communication.compression"), c, cfg.zero.stage, o.at("zero_optimization.stage"), cfg.zero.stage);
-  // The engine refuses them on a CUDA device too (training.device auto may pick one).
-  if ((c == "powersgd" || c == "topk") && cfg.training.device == "cuda")
-    DT_THROW(ConfigError,
-             "{}: communication.compression: {} runs on the CPU device only in this build (its CUDA kernels are not "
-             "written yet), but training.device is cuda (at {}); use bf16 or fp16 on CUDA",
-             o.at("communication.compression"), c, o.at("training.device"));
 }
 
 void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>& warnings) {

@@ -410,15 +410,31 @@ void PlanDevice::scale(float*, size_t n, float) {
   if (n) kernel("scale", "scale_kernel", PlanUnit::CUDA_CORE, static_cast<double>(n), n * 8.0);
 }
 
-void PlanDevice::topk_select(float*, size_t, size_t, float*, int32_t*) {
-  DT_THROW(UsageError, "the plan has no cost for topk_select: top-k compression has no CUDA kernel in this build");
+// kernels/compress.cu: the init, four histogram passes (each with its one-thread pick), the
+// tile counts, the one-thread scan and the ordered write.
+void PlanDevice::topk_select(float*, size_t n, size_t k, float*, int32_t*) {
+  if (k == 0) return;
+  const double tiles = std::ceil(static_cast<double>(n) / 4096.0);
+  kernel("topk_select", "select_init_kernel", PlanUnit::CUDA_CORE, 0.0, 4.0 * 1024 + 12.0);
+  for (int pass = 0; pass < 4; ++pass) {
+    kernel("topk_select", "select_hist_kernel", PlanUnit::CUDA_CORE, 2.0 * n, 4.0 * n + 4.0 * 256);
+    kernel("topk_select", "select_pick_kernel", PlanUnit::CUDA_CORE, 256.0, 4.0 * 256 + 24.0);
+  }
+  kernel("topk_select", "select_count_kernel", PlanUnit::CUDA_CORE, 2.0 * n, 4.0 * n + 8.0 * tiles);
+  kernel("topk_select", "select_scan_kernel", PlanUnit::CUDA_CORE, 4.0 * tiles, 16.0 * tiles);
+  kernel("topk_select", "select_write_kernel", PlanUnit::CUDA_CORE, 2.0 * n, 4.0 * n + 12.0 * static_cast<double>(k));
 }
-void PlanDevice::sparse_add(float*, const float*, const int32_t*, size_t) {
-  DT_THROW(UsageError, "the plan has no cost for sparse_add: top-k compression has no CUDA kernel in this build");
+void PlanDevice::sparse_add(float*, const float*, const int32_t*, size_t count) {
+  if (count) kernel("sparse_add", "sparse_add_kernel", PlanUnit::CUDA_CORE, static_cast<double>(count), 16.0 * count);
 }
 
-void PlanDevice::orthogonalize(float*, size_t, size_t) {
-  DT_THROW(UsageError, "the plan has no cost for orthogonalize: PowerSGD has no CUDA kernel in this build");
+// One block (a PowerSGD factor is rank x dimension): charged at the device's rate, which
+// a single block does not reach; the factors are small beside the gradient.
+void PlanDevice::orthogonalize(float*, size_t rows, size_t cols) {
+  if (rows == 0 || cols == 0) return;
+  const double rc = static_cast<double>(rows) * static_cast<double>(cols);
+  kernel("orthogonalize", "orthogonalize_kernel", PlanUnit::CUDA_CORE, 2.0 * rc * static_cast<double>(cols),
+         4.0 * rc * static_cast<double>(cols + 2));
 }
 
 void PlanDevice::cast(void* dst, DType dt, const void* src, DType st, size_t n) {

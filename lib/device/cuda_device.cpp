@@ -15,6 +15,7 @@
 #include "kernels/adamw.cuh"
 #include "kernels/attention.cuh"
 #include "kernels/cast.cuh"
+#include "kernels/compress.cuh"
 #include "kernels/cross_entropy.cuh"
 #include "kernels/device.cuh"
 #include "kernels/dropout.cuh"
@@ -335,22 +336,17 @@ class CudaDevice final : public Device {
     cur();
     kernels::scale_f32(p, n, s, s_);
   }
-  // No CUDA kernels for top-k yet: ZeroEngine refuses communication.compression topk on
-  // this device with a ConfigError, so these are reached only by a caller that skipped it.
-  void topk_select(float*, size_t, size_t, float*, int32_t*) override {
-    DT_THROW(DeviceError,
-             "topk_select has no CUDA kernel in this build (communication.compression topk runs on "
-             "the CPU device only)");
+  void topk_select(float* residual, size_t n, size_t k, float* values, int32_t* indices) override {
+    cur();
+    kernels::topk_select(residual, n, k, values, indices, s_);
   }
-  void orthogonalize(float*, size_t, size_t) override {
-    DT_THROW(DeviceError,
-             "orthogonalize has no CUDA kernel in this build (communication.compression powersgd runs "
-             "on the CPU device only)");
+  void orthogonalize(float* a, size_t rows, size_t cols) override {
+    cur();
+    kernels::orthogonalize_columns(a, rows, cols, s_);
   }
-  void sparse_add(float*, const float*, const int32_t*, size_t) override {
-    DT_THROW(DeviceError,
-             "sparse_add has no CUDA kernel in this build (communication.compression topk runs on the "
-             "CPU device only)");
+  void sparse_add(float* dense, const float* values, const int32_t* indices, size_t count) override {
+    cur();
+    kernels::sparse_add(dense, values, indices, count, s_);
   }
   void cast(void* dst, DType dt, const void* src, DType st, size_t n) override {
     cur();

@@ -185,13 +185,12 @@ class Device {
   /// p[i] *= s (fp32; the 16-bit gradient wire's division by the world size).
   virtual void scale(float* p, size_t n, float s) = 0;
   /// Top-k with error feedback, ops::topk_select: the k largest |residual| (values and
-  /// ascending int32 indices) out, zeroed in residual. CPU only in this build: the CUDA
-  /// device throws DeviceError (the engine refuses top-k on CUDA before it gets here).
+  /// ascending int32 indices) out, zeroed in residual; the same set on every device.
   virtual void topk_select(float* residual, size_t n, size_t k, float* values, int32_t* indices) = 0;
-  /// dense[indices[i]] += values[i] in order, ops::sparse_add. CPU only, as topk_select.
+  /// dense[indices[i]] += values[i], ops::sparse_add (indices distinct, as one top-k's).
   virtual void sparse_add(float* dense, const float* values, const int32_t* indices, size_t count) = 0;
   /// PowerSGD's Gram-Schmidt on the columns of a (rows x cols fp32, row-major), in place,
-  /// ops::orthogonalize_columns. CPU only, as topk_select.
+  /// ops::orthogonalize_columns (sums in double; the CUDA order differs from the CPU's).
   virtual void orthogonalize(float* a, size_t rows, size_t cols) = 0;
   /// dst = src converted from st to dt (round to nearest even); in place only when the
   /// dtypes are equal.

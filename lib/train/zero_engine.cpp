@@ -128,16 +128,11 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
   plan_buckets();
   DT_ENFORCE(opts_.grad_wire == DType::F32 || opts_.grad_wire == DType::BF16 || opts_.grad_wire == DType::F16,
              ConfigError, "communication.compression: unknown gradient wire dtype");
-  // PowerSGD and top-k keep per-rank state of the whole gradient (stages 0-1) and run on
-  // the CPU device's ops only.
+  // PowerSGD and top-k keep per-rank state of the whole gradient: stages 0-1 only.
   auto sparse_method_check = [&](const char* method) {
     DT_ENFORCE(opts_.stage <= 1, ConfigError,
                "communication.compression: {} needs zero_optimization.stage 0 or 1, but the stage is {}", method,
                opts_.stage);
-    DT_ENFORCE(dev_->kind() == device::Kind::CPU, ConfigError,
-               "communication.compression: {} runs on the CPU device only in this build (its CUDA kernels are not "
-               "written yet); on {} use bf16 or fp16",
-               method, dev_->name());
   };
   if (opts_.topk_ratio != 0.0f) {
     DT_ENFORCE(opts_.topk_ratio > 0.0f && opts_.topk_ratio <= 1.0f, ConfigError,
@@ -700,13 +695,12 @@ ZeroCheckpointView ZeroEngine::checkpoint_view() {
   v.stage = opts_.stage;
   v.compute_dtype = opts_.compute_dtype;
   v.step_count = step_count_;
-  // top-k and PowerSGD run on the CPU device only, so their state is host memory already:
-  // the top-k residuals, or PowerSGD's Q factors then (error feedback) its errors.
-  for (size_t b = 0; b < residual_.size(); ++b)
-    v.rank_state.emplace_back(residual_[b].as<float>(), bucket_full(buckets_[b]));
-  if (!psgd_.empty()) {
-    v.rank_state.emplace_back(psgd_q_.as<float>(), psgd_q_.bytes() / sizeof(float));
-    if (psgd_err_.bytes()) v.rank_state.emplace_back(psgd_err_.as<float>(), psgd_err_.bytes() / sizeof(float));
+  // The top-k residuals, or PowerSGD's Q factors then (error feedback) its errors: the
+  // buffers themselves on the CPU device, their host copies on a device (stage_out).
+  const std::vector<device::DeviceBuffer*> state = rank_state_buffers();
+  for (size_t i = 0; i < state.size(); ++i) {
+    const size_t n = state[i]->bytes() / sizeof(float);
+    v.rank_state.emplace_back(model_.on_host() ? state[i]->as<float>() : staged_rank_[i].data(), n);
   }
   v.loaded = [this](int64_t step_count) {
     step_count_ = step_count;
@@ -717,8 +711,24 @@ ZeroCheckpointView ZeroEngine::checkpoint_view() {
 
 // On a device the view points at host copies (stage_out); a load writes them and
 // params_loaded takes them back (stage_in).
+std::vector<device::DeviceBuffer*> ZeroEngine::rank_state_buffers() {
+  std::vector<device::DeviceBuffer*> out;
+  for (auto& r : residual_) out.push_back(&r);
+  if (!psgd_.empty()) {
+    out.push_back(&psgd_q_);
+    if (psgd_err_.bytes()) out.push_back(&psgd_err_);
+  }
+  return out;
+}
+
 void ZeroEngine::stage_out() {
   staged_.assign(slots_.size(), Staged{});
+  const std::vector<device::DeviceBuffer*> state = rank_state_buffers();
+  staged_rank_.assign(state.size(), {});
+  for (size_t i = 0; i < state.size(); ++i) {
+    staged_rank_[i].resize(state[i]->bytes() / sizeof(float));
+    host_from_device(staged_rank_[i].data(), state[i]->get(), DType::F32, staged_rank_[i].size());
+  }
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     Staged& h = staged_[i];
@@ -751,7 +761,12 @@ void ZeroEngine::stage_in() {
       device_from_host(s.v.get(), DType::F32, h.v.data(), s.owned());
     }
   }
+  const std::vector<device::DeviceBuffer*> state = rank_state_buffers();
+  DT_CHECK(staged_rank_.size() == state.size());
+  for (size_t i = 0; i < state.size(); ++i)
+    device_from_host(state[i]->get(), DType::F32, staged_rank_[i].data(), staged_rank_[i].size());
   staged_.clear();
+  staged_rank_.clear();
 }
 
 std::vector<ZeroBufferView> ZeroEngine::buffer_views() {

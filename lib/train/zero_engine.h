@@ -283,6 +283,8 @@ class ZeroEngine {
   void comm_join();
   void stage_out();
   void stage_in();
+  // The compression state saved per rank (ZeroCheckpointView::rank_state), in its order.
+  std::vector<device::DeviceBuffer*> rank_state_buffers();
   float* master_f32(Slot& s);
   void host_from_device(float* dst, const void* src, DType t, size_t n);
   void device_from_host(void* dst, DType t, const float* src, size_t n);
@@ -365,7 +367,8 @@ class ZeroEngine {
   struct Staged {
     std::vector<float> master, m, v, full;
   };
-  std::vector<Staged> staged_;  // device models: the checkpoint view's host copy
+  std::vector<Staged> staged_;                   // device models: the checkpoint view's host copy
+  std::vector<std::vector<float>> staged_rank_;  // ... and of rank_state_buffers()
   int rank_ = 0, world_ = 1;
   bool tied_ = false;
   int n_layer_ = 0;

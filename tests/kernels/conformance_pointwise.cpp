@@ -6,12 +6,16 @@
 
 #include "kernels/activation.cuh"
 #include "kernels/cast.cuh"
+#include "kernels/compress.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/rope.cuh"
 #include "ops/activation.h"
 #include "ops/cast.h"
+#include "ops/compress.h"
 #include "ops/embedding.h"
 #include "ops/rope.h"
+
+#include <cstring>
 
 namespace dtrain::kernels::test {
 
@@ -174,6 +178,66 @@ double scale_case(size_t off, uint64_t seed) {
   return buf_err(d, ref);
 }
 
+// Top-k with error feedback: the same picks, in the same order, with the same residual
+// as ops::topk_select, bit for bit. Magnitudes drawn from 8 values (many ties, across
+// the 4096-element tiles), a NaN (counts as +inf) and an inf; 0 when identical, else inf.
+double topk_case(size_t n, size_t k, uint64_t seed) {
+  Rng r(seed);
+  Floats x(n);
+  for (auto& v : x)
+    v = static_cast<float>(static_cast<int>(r.uniform() * 8.0f)) * (r.uniform() < 0.5f ? -0.25f : 0.25f);
+  x[n / 3] = NAN;
+  x[n / 2] = -INFINITY;
+  Floats res_ref = x, val_ref(k);
+  std::vector<int32_t> idx_ref(k);
+  ops::topk_select(res_ref.data(), n, k, val_ref.data(), idx_ref.data());
+  DevBuf res(x, DType::F32), val(k, DType::F32);
+  val.poison();
+  int32_t* idx = nullptr;
+  DT_CUDA_CHECK(cudaMalloc(&idx, k * sizeof(int32_t)));
+  topk_select(res.f32(), n, k, val.f32(), idx, nullptr);
+  std::vector<int32_t> idx_got(k);
+  DT_CUDA_CHECK(cudaMemcpy(idx_got.data(), idx, k * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  DT_CUDA_CHECK(cudaFree(idx));
+  const Floats val_got = val.download(), res_got = res.download();
+  const bool same = idx_got == idx_ref && std::memcmp(val_got.data(), val_ref.data(), k * sizeof(float)) == 0 &&
+                    std::memcmp(res_got.data(), res_ref.data(), n * sizeof(float)) == 0;
+  return same && res.guard_intact() && val.guard_intact() ? 0.0 : INFINITY;
+}
+
+// dense[indices[i]] += values[i] over distinct indices: one fp32 add per element, exact.
+double sparse_add_case(uint64_t seed) {
+  Rng r(seed);
+  const Floats dense = rand_floats(r, N_PW, 2.0f);
+  std::vector<int32_t> idx;
+  for (int32_t i = 0; i < static_cast<int32_t>(N_PW); ++i)
+    if (r.uniform() < 0.3f) idx.push_back(i);
+  const Floats vals = rand_floats(r, idx.size(), 2.0f);
+  Floats ref = dense;
+  ops::sparse_add(ref.data(), vals.data(), idx.data(), idx.size());
+  DevBuf d(dense, DType::F32), v(vals, DType::F32);
+  int32_t* di = nullptr;
+  DT_CUDA_CHECK(cudaMalloc(&di, idx.size() * sizeof(int32_t)));
+  DT_CUDA_CHECK(cudaMemcpy(di, idx.data(), idx.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  sparse_add(d.f32(), v.f32(), di, idx.size(), nullptr);
+  const double e = buf_err(d, ref);
+  DT_CUDA_CHECK(cudaFree(di));
+  return e;
+}
+
+// PowerSGD's Gram-Schmidt: the columns against ops::orthogonalize_columns (both sum in
+// double, in different orders), a zero column included.
+double orthogonalize_case(size_t rows, size_t cols, uint64_t seed) {
+  Rng r(seed);
+  Floats a = rand_floats(r, rows * cols, 1.0f);
+  for (size_t i = 0; i < rows; ++i) a[i * cols + cols / 2] = 0.0f;
+  Floats ref = a;
+  ops::orthogonalize_columns(ref.data(), rows, cols);
+  DevBuf d(a, DType::F32);
+  orthogonalize_columns(d.f32(), rows, cols, nullptr);
+  return buf_err(d, ref);
+}
+
 }  // namespace
 
 std::vector<Case> cases_pointwise() {
@@ -182,6 +246,18 @@ std::vector<Case> cases_pointwise() {
   for (size_t off : {0, 1})
     c.push_back({std::string("scale f32") + (off ? " (unaligned)" : ""), DType::F32,
                  [=] { return scale_case(off, 190 + off); }, 0.0});
+  for (const auto& [n, k] : {std::pair<size_t, size_t>{4099 * 3, 1},
+                             {4099 * 3, 37},
+                             {4099 * 3, 4099},
+                             {4099 * 3, 4099 * 3},
+                             {100, 100},
+                             {5, 2}})
+    c.push_back({"topk select n=" + std::to_string(n) + " k=" + std::to_string(k), DType::F32,
+                 [n, k] { return topk_case(n, k, 300 + k); }, 0.0});
+  c.push_back({"sparse add", DType::F32, [] { return sparse_add_case(310); }, 0.0});
+  for (const auto& [rows, cols] : {std::pair<size_t, size_t>{300, 4}, {7, 3}, {1, 1}})
+    c.push_back({"orthogonalize " + std::to_string(rows) + "x" + std::to_string(cols), DType::F32,
+                 [rows, cols] { return orthogonalize_case(rows, cols, 320 + rows); }, 1e-5});
   for (DType t : ALL_DTYPES) {
     for (size_t off : {0, 1}) {
       const std::string u = off ? " (unaligned)" : "";

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <bit>
 #include <cstring>
 #include <type_traits>
 
@@ -162,6 +163,7 @@ inline float __uint_as_float(unsigned x) {
   std::memcpy(&f, &x, 4);
   return f;
 }
+inline int __popc(unsigned x) { return std::popcount(x); }
 inline unsigned __float_as_uint(float x) {
   unsigned u;
   std::memcpy(&u, &x, 4);
