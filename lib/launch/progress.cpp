@@ -40,6 +40,12 @@ bool field_value(std::string_view field, std::string_view key, std::string_view*
   return true;
 }
 
+// "<number><suffix>" -> number.
+bool parse_suffixed(std::string_view v, std::string_view suffix, double* out) {
+  if (v.size() <= suffix.size() || v.substr(v.size() - suffix.size()) != suffix) return false;
+  return parse_double(v.substr(0, v.size() - suffix.size()), out);
+}
+
 // Replaces every byte below 0x20 (tab: a space) and DEL so the text is safe for logs.
 std::string sanitize(std::string_view s) {
   std::string out(s);
@@ -89,6 +95,8 @@ std::optional<ProgressRecord> progress_parse(std::string_view line) {
     else if (field_value(f, "grad_norm", &v)) ok = parse_double(v, &r.grad_norm);
     else if (field_value(f, "loss_scale", &v)) ok = parse_double(v, &r.loss_scale);
     else if (field_value(f, "tokens/s", &v)) ok = parse_double(v, &r.tokens_per_s);
+    else if (field_value(f, "sent", &v)) ok = parse_suffixed(v, " MB/step", &r.sent_mb_per_step);
+    else if (field_value(f, "comm", &v)) ok = parse_suffixed(v, " ms/step", &r.comm_ms_per_step);
     else if (f.size() > 7 && f.substr(f.size() - 7) == " s/step")
       ok = parse_double(f.substr(0, f.size() - 7), &r.step_time_s);
     else if (f.rfind("skipped", 0) == 0) r.skipped = true;
@@ -121,6 +129,8 @@ std::string ProgressView::render_tty(const ProgressRecord& r) const {
       fmt::format("step {}/{} ({:.0f}%) | loss {:.4f} | lr {:.1e} | {} tok/s | ETA {} | scale {:g} | gnorm {:.3f}",
                   r.step, r.total_steps, pct, r.loss, r.lr, format_rate(r.tokens_per_s),
                   progress_format_duration(eta_seconds()), r.loss_scale, r.grad_norm);
+  if (r.sent_mb_per_step >= 0)
+    s += fmt::format(" | sent {:.2f} MB/step, comm {:.0f} ms", r.sent_mb_per_step, r.comm_ms_per_step);
   if (restarts_ > 0) s += fmt::format(" | restarts {}", restarts_);
   if (!flag_.empty()) s += " | " + flag_;
   if (r.skipped) s += " | skipped";

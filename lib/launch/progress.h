@@ -23,6 +23,10 @@ struct ProgressRecord {
   double tokens_per_s = 0.0;
   double step_time_s = 0.0;  ///< mean seconds per step over the last print interval
   bool skipped = false;      ///< the step was skipped (fp16 overflow)
+  /// Several ranks only (-1 otherwise): MB rank 0 sent per step and ms per step the
+  /// ZeRO engine's collectives ran, over the last print interval.
+  double sent_mb_per_step = -1.0;
+  double comm_ms_per_step = -1.0;
 };
 
 /// Parses a progress line; nullopt for any other line (including a malformed one, which

@@ -345,10 +345,16 @@ void TrainLoop::progress_log(int64_t step, const StepOutcome& out) {
   // Collective: every rank reaches this print step.
   const RankTimes times = rank_times_take(dt, interval_steps_);
   if (lead_ && env_.print) {
+    // With several ranks: what this rank sent per step and how long the engine's
+    // collectives ran (the launcher's live view shows both; compression changes them).
+    char comm_part[96] = "";
+    if (W_ > 1)
+      std::snprintf(comm_part, sizeof comm_part, " | sent %.3f MB/step | comm %.1f ms/step", bytes_per_step_ / 1e6,
+                    1e3 * last_comm_times_.busy_s / static_cast<double>(interval_steps_));
     std::printf(
-        "step %lld/%lld | loss %.4f | lr %.1e | grad_norm %.3f | loss_scale %.0f | tokens/s %.0f | %.2f s/step%s\n",
+        "step %lld/%lld | loss %.4f | lr %.1e | grad_norm %.3f | loss_scale %.0f | tokens/s %.0f | %.2f s/step%s%s\n",
         static_cast<long long>(step), static_cast<long long>(total_steps_), step_loss, lr, out.grad_norm,
-        static_cast<double>(loss_scale), tps, per_step, applied ? "" : " | skipped (fp16 overflow)");
+        static_cast<double>(loss_scale), tps, per_step, comm_part, applied ? "" : " | skipped (fp16 overflow)");
     // For the launcher's straggler check (it does not show this line on the terminal).
     if (W_ > 1 && env_.print_rank_times) std::printf("%s\n", report::rank_times_format(times).c_str());
   }

@@ -12,13 +12,17 @@ using namespace dtrain::launch;
 namespace {
 
 // The trainer's format string (lib/train/trainer.cpp), so a change there fails here.
+// comm_mb < 0: one rank (no "sent"/"comm" fields).
 std::string trainer_line(long long step, long long total, double loss, double lr, double gn, double scale, double tps,
-                         double per_step, bool applied) {
+                         double per_step, bool applied, double comm_mb = -1.0, double comm_ms = 0.0) {
+  char comm_part[96] = "";
+  if (comm_mb >= 0)
+    std::snprintf(comm_part, sizeof comm_part, " | sent %.3f MB/step | comm %.1f ms/step", comm_mb, comm_ms);
   char buf[512];
   std::snprintf(
       buf, sizeof buf,
-      "step %lld/%lld | loss %.4f | lr %.1e | grad_norm %.3f | loss_scale %.0f | tokens/s %.0f | %.2f s/step%s", step,
-      total, loss, lr, gn, scale, tps, per_step, applied ? "" : " | skipped (fp16 overflow)");
+      "step %lld/%lld | loss %.4f | lr %.1e | grad_norm %.3f | loss_scale %.0f | tokens/s %.0f | %.2f s/step%s%s", step,
+      total, loss, lr, gn, scale, tps, per_step, comm_part, applied ? "" : " | skipped (fp16 overflow)");
   return buf;
 }
 
@@ -46,6 +50,20 @@ TEST_CASE("progress: parse the trainer's line") {
   auto s = progress_parse(trainer_line(3, 10, 5.0, 1e-3, 0, 128, 10, 1.5, false));
   REQUIRE(s);
   CHECK(s->skipped);
+
+  CHECK(r->sent_mb_per_step == -1.0);  // one rank: no communication fields
+
+  // Several ranks: the bytes sent and the collectives' time, before a skip mark.
+  auto c = progress_parse(trainer_line(7, 10, 3.0, 1e-3, 0.5, 1, 100, 0.25, false, 18.187627, 812.4));
+  REQUIRE(c);
+  CHECK(c->sent_mb_per_step == doctest::Approx(18.188));
+  CHECK(c->comm_ms_per_step == doctest::Approx(812.4));
+  CHECK(c->step_time_s == doctest::Approx(0.25));
+  CHECK(c->skipped);
+  ProgressView view(true, 0);  // the TTY view renders them; the plain view passes the line through
+  std::string shown;
+  REQUIRE(view.consume(trainer_line(7, 10, 3.0, 1e-3, 0.5, 1, 100, 0.25, true, 0.242371, 41.0), &shown));
+  CHECK(shown.find("sent 0.24 MB/step, comm 41 ms") != std::string::npos);
 
   auto n = progress_parse(trainer_line(1, 2, NAN, 1e-3, INFINITY, 1, 1, 1, true));
   REQUIRE(n);
