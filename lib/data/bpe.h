@@ -26,14 +26,15 @@ namespace dtrain::data {
 // normalized=true in the normalized text; single_word, lstrip and rstrip honoured), and
 // either
 //  - byte-level: pre_tokenizer ByteLevel (GPT-2 regex, add_prefix_space honoured) or a
-//    Sequence of a Split with the Llama-3 / Qwen2 regex and ByteLevel, normalizer null,
-//    decoder null or ByteLevel;
+//    Sequence of a Split with the Llama-3 / Qwen2 regex and ByteLevel, normalizer null or
+//    NFC (Qwen2), decoder null or ByteLevel;
 //  - SentencePiece-style: pre_tokenizer null or Metaspace (replacement "\u2581",
 //    prepend_scheme always/first/never or the older add_prefix_space, split), normalizer
-//    null, Prepend("\u2581"), Replace(" " -> "\u2581") or a Sequence of those two,
+//    null, NFC, Prepend("\u2581"), Replace(" " -> "\u2581") or a Sequence of those (applied
+//    in the Sequence's order),
 //    model.byte_fallback, unk_token, fuse_unk, and a decoder made of Replace, ByteFallback,
 //    Fuse, Strip and Metaspace steps (alone or in a Sequence).
-// An NFC normalizer is accepted and not applied (the text is assumed to be NFC already). bos/eos/pad come from a
+// NFC is Unicode Normalization Form C (data/unicode_nfc.h). bos/eos/pad come from a
 // tokenizer_config.json next to the file when present, else from well-known names
 // (<|endoftext|>, <|begin_of_text|>, <|end_of_text|>, <s>, </s>, <pad>, ...).
 // Anything else is a ConfigError naming the file and the unsupported part.
@@ -81,8 +82,9 @@ class BpeTokenizer final : public Tokenizer {
   void load_sentencepiece(const nlohmann::json& root);
   void build_added_matchers();
   void load_special_ids();
-  // The normalizer (identity for byte-level).
-  std::string normalize(std::string_view text) const;
+  // The normalizer's steps in order (byte-level: NFC or nothing); `prepend` false leaves
+  // out a Prepend step (text continuing earlier text).
+  std::string normalize(std::string_view text, bool prepend = true) const;
   // Text between added tokens: normalized, normalized added tokens matched, the rest
   // pre-tokenized and merged. `at_start`: the text begins the input (Metaspace "first").
   void encode_text(std::string_view text, bool at_start, std::vector<int32_t>& out) const;
@@ -109,13 +111,16 @@ class BpeTokenizer final : public Tokenizer {
   int max_digits_ = 3;
   bool add_prefix_space_ = false;
   bool ignore_merges_ = false;
+  bool nfc_ = false;  // normalizer NFC (byte-level; SentencePiece-style: a step of norm_steps_)
   int32_t bos_id_ = -1, eos_id_ = -1, pad_id_ = -1;
 
   // SentencePiece-style
   bool sentencepiece_ = false;
-  bool norm_prepend_ = false;        // normalizer Prepend("\u2581")
-  bool norm_replace_space_ = false;  // normalizer Replace(" ", "\u2581")
-  bool metaspace_ = false;           // pre_tokenizer Metaspace
+  enum class NormStep { NFC, PREPEND, REPLACE_SPACE };
+  std::vector<NormStep> norm_steps_;  // the normalizer's steps, in order
+  bool norm_prepend_ = false;         // normalizer Prepend("\u2581")
+  bool norm_replace_space_ = false;   // normalizer Replace(" ", "\u2581")
+  bool metaspace_ = false;            // pre_tokenizer Metaspace
   Prepend metaspace_prepend_ = Prepend::ALWAYS;
   bool metaspace_split_ = true;
   bool byte_fallback_ = false;

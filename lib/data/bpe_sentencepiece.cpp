@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "data/unicode_nfc.h"
 
 #include <nlohmann/json.hpp>
 
@@ -86,7 +87,7 @@ void BpeTokenizer::load_sentencepiece(const json& root) {
     if (u.size() == 1 && u[0].cp != UTF8_INVALID) char_ids_[u[0].cp] = id;
   }
 
-  // ---- normalizer: Prepend("\u2581"), Replace(" " -> "\u2581"), or a Sequence of them.
+  // ---- normalizer: NFC, Prepend("\u2581"), Replace(" " -> "\u2581"), or a Sequence of them.
   if (root.contains("normalizer") && !root["normalizer"].is_null()) {
     const json& n = root["normalizer"];
     std::vector<json> steps;
@@ -97,14 +98,16 @@ void BpeTokenizer::load_sentencepiece(const json& root) {
       const std::string t = st.is_object() ? st.value("type", std::string("?")) : std::string("?");
       if (t == "Prepend" && st.value("prepend", std::string()) == kMeta && !norm_prepend_ && !norm_replace_space_) {
         norm_prepend_ = true;
+        norm_steps_.push_back(NormStep::PREPEND);
       } else if (t == "Replace" && string_pattern(st) == " " && st.value("content", std::string()) == kMeta &&
                  !norm_replace_space_) {
         norm_replace_space_ = true;
+        norm_steps_.push_back(NormStep::REPLACE_SPACE);
       } else if (t == "NFC") {
-        log_debug("tokenizer '{}': NFC normalizer not applied (text assumed NFC)", path_);
+        norm_steps_.push_back(NormStep::NFC);
       } else {
         fail("unsupported normalizer " + st.dump().substr(0, 200) +
-             ": dtrain's SentencePiece-style BPE supports Prepend(\"\\u2581\") then Replace(\" \", \"\\u2581\")");
+             ": dtrain's SentencePiece-style BPE supports NFC, Prepend(\"\\u2581\") and Replace(\" \", \"\\u2581\")");
       }
     }
   }
@@ -178,11 +181,15 @@ void BpeTokenizer::load_sentencepiece(const json& root) {
 // ---------------------------------------------------------------------------
 // Encoding
 
-std::string BpeTokenizer::normalize(std::string_view text) const {
+std::string BpeTokenizer::normalize(std::string_view text, bool prepend) const {
+  if (!sentencepiece_) return nfc_ ? nfc(text) : std::string(text);
   std::string s(text);
-  if (!sentencepiece_ || s.empty()) return s;
-  if (norm_replace_space_) replace_all(s, " ", kMeta);
-  if (norm_prepend_) s.insert(0, kMeta);
+  if (s.empty()) return s;  // tokenizers prepends nothing to empty text
+  for (NormStep st : norm_steps_) {
+    if (st == NormStep::NFC && !nfc_quick_check(s)) s = nfc(s);
+    else if (st == NormStep::REPLACE_SPACE) replace_all(s, " ", kMeta);
+    else if (st == NormStep::PREPEND && prepend) s.insert(0, kMeta);
+  }
   return s;
 }
 
@@ -193,9 +200,7 @@ std::vector<int32_t> BpeTokenizer::encode_ordinary_at(std::string_view text, Tex
     encode_sp(normalize(text), false, out);
     return out;
   }
-  std::string s(text);  // the normalizer without its Prepend
-  if (norm_replace_space_) replace_all(s, " ", kMeta);
-  encode_sp(s, false, out, true);
+  encode_sp(normalize(text, false), false, out, true);  // the normalizer without its Prepend
   return out;
 }
 

