@@ -26,6 +26,15 @@ using dtrain::DType;
 
 namespace {
 
+// One micro-batch through rank t: rows [first, first + rows) of step `step`'s batch,
+// the gradients zeroed first, the backward scaled by `scale`.
+void forward_backward(RankTrainer& t, const RunSpec& spec, int step, int first, int rows, float scale) {
+  batch_rows(step, first, rows, spec.T, t.model->config().vocab_size, t.tok, t.tgt);
+  t.engine->before_step();
+  t.model->forward(t.tok.data(), t.tgt.data(), rows, spec.T);
+  t.model->backward(scale);
+}
+
 struct WireRun {
   std::vector<double> losses;  // mean over the ranks, per step
   std::vector<uint64_t> sent;  // bytes each rank sent during the steps
@@ -118,10 +127,7 @@ TEST_CASE("fp16 wire: divided by the world size before the sum, so a sum past fp
   std::vector<double> norms(2, 0.0);
   auto errors = run_ranks(2, [&](dtrain::comm::Communicator* comm, int r) {
     RankTrainer t(spec, comm, r);
-    batch_rows(1, 0, rows, spec.T, t.model->config().vocab_size, t.tok, t.tgt);
-    t.engine->before_step();
-    t.model->forward(t.tok.data(), t.tgt.data(), rows, spec.T);
-    t.model->backward(scale);
+    forward_backward(t, spec, 1, 0, rows, scale);
     applied[static_cast<size_t>(r)] = t.update(spec.lr, scale) ? 1 : 0;
     norms[static_cast<size_t>(r)] = t.engine->last_grad_norm();
   });
@@ -295,10 +301,7 @@ TEST_CASE("top-k error feedback conserves the gradient: W x the applied sum + th
     mine_app.assign(n, 0.0);
     const int rows = spec.global_batch / spec.world;
     for (int s = 1; s <= steps; ++s) {
-      batch_rows(s, rank * rows, rows, spec.T, t.model->config().vocab_size, t.tok, t.tgt);
-      t.engine->before_step();
-      t.model->forward(t.tok.data(), t.tgt.data(), rows, spec.T);
-      t.model->backward(1.0f);
+      forward_backward(t, spec, s, rank * rows, rows, 1.0f);
       size_t at = 0;
       for (auto* pb : order)
         for (size_t i = 0; i < pb->size; ++i) mine_raw[at++] += pb->grad[i];
@@ -439,10 +442,7 @@ TEST_CASE("PowerSGD: P, Q, the approximation and the error match a double-precis
     auto view = t.engine->checkpoint_view();
     REQUIRE(view.rank_state.size() == 2);  // Q, then the errors
     const std::vector<float> q0(view.rank_state[0].first, view.rank_state[0].first + view.rank_state[0].second);
-    batch_rows(1, 0, rows, spec.T, t.model->config().vocab_size, t.tok, t.tgt);
-    t.engine->before_step();
-    t.model->forward(t.tok.data(), t.tgt.data(), rows, spec.T);
-    t.model->backward(1.0f);
+    forward_backward(t, spec, 1, 0, rows, 1.0f);
     std::vector<std::vector<float>> raw;
     for (const auto& x : mats) raw.emplace_back(x.grad, x.grad + x.n * x.m);
     REQUIRE(t.update(spec.lr));
@@ -536,10 +536,7 @@ TEST_CASE("PowerSGD error feedback conserves the gradient: W x the applied sum +
     ma.assign(n, 0.0);
     const int rows = spec.global_batch / spec.world;
     for (int s = 1; s <= steps; ++s) {
-      batch_rows(s, rank * rows, rows, spec.T, t.model->config().vocab_size, t.tok, t.tgt);
-      t.engine->before_step();
-      t.model->forward(t.tok.data(), t.tgt.data(), rows, spec.T);
-      t.model->backward(1.0f);
+      forward_backward(t, spec, s, rank * rows, rows, 1.0f);
       size_t at = 0;
       for (const auto& x : mats)
         for (size_t i = 0; i < x.n * x.m; ++i) mr[at++] += x.grad[i];
@@ -583,10 +580,7 @@ TEST_CASE("top-k and PowerSGD recover from an overflowed step: its inf/NaN do no
       RankTrainer t(spec, comm, rank);
       const int rows = spec.global_batch / spec.world;
       // Step 1: gradients that overflow (inf), as fp16 dynamic scaling meets early on.
-      batch_rows(1, rank * rows, rows, spec.T, t.model->config().vocab_size, t.tok, t.tgt);
-      t.engine->before_step();
-      t.model->forward(t.tok.data(), t.tgt.data(), rows, spec.T);
-      t.model->backward(std::numeric_limits<float>::infinity());
+      forward_backward(t, spec, 1, rank * rows, rows, std::numeric_limits<float>::infinity());
       CHECK_FALSE(t.update(spec.lr));
       for (int s = 2; s <= 4; ++s) {
         bool ok = false;
