@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 namespace dtrain::data {
 
@@ -37,6 +39,16 @@ void input_file_check(const std::string& path, const std::string& what) {
     if (!ec) where = fmt::format(" (relative to the working directory {})", cwd.string());
   }
   DT_THROW(ConfigError, "{} '{}'{} {}: check the path", what, path, where, problem);
+}
+
+std::string input_file_read(const std::string& path, const std::string& what) {
+  input_file_check(path, what);
+  std::ifstream in(path, std::ios::binary);
+  DT_ENFORCE(in.good(), IoError, "cannot open {} '{}': check the path", what, path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  DT_ENFORCE(!in.bad(), IoError, "error reading {} '{}'", what, path);
+  return ss.str();
 }
 
 }  // namespace dtrain::data

@@ -15,4 +15,8 @@ std::string input_file_problem(const std::string& path);
 /// a relative path is also given as resolved against the working directory.
 void input_file_check(const std::string& path, const std::string& what);
 
+/// The whole file after input_file_check(path, what); IoError naming it when it cannot be
+/// read. For inputs that are one value (a JSON array, dataset_info.json), not streams.
+std::string input_file_read(const std::string& path, const std::string& what);
+
 }  // namespace dtrain::data

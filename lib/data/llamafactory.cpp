@@ -19,16 +19,6 @@ using nlohmann::json;
 
 namespace {
 
-std::string read_text(const fs::path& p, const char* what) {
-  input_file_check(p.string(), what);
-  std::ifstream in(p, std::ios::binary);
-  DT_ENFORCE(in.good(), IoError, "cannot open {} '{}': check the path", what, p.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  DT_ENFORCE(!in.bad(), IoError, "error reading {} '{}'", what, p.string());
-  return ss.str();
-}
-
 std::string trim_copy(const std::string& s) {
   const size_t b = s.find_first_not_of(" \t\r\n");
   if (b == std::string::npos) return {};
@@ -296,7 +286,7 @@ bool is_jsonl(const Entry& e) {
 
 void load_entry(const Entry& e, std::vector<SftRecord>& out) {
   const std::string& file = e.file;
-  const std::string text = read_text(e.file, "LLaMA-Factory dataset");
+  const std::string text = input_file_read(e.file, "LLaMA-Factory dataset");
   size_t index = 0;
   auto one = [&](std::string_view rec_text, size_t line) { out.push_back(record_parse(e, rec_text, line, index++)); };
   if (is_jsonl(e)) {
@@ -330,7 +320,7 @@ std::vector<LlamaFactoryEntry> llamafactory_entries(const std::string& dataset_d
   const fs::path dir = info_path.parent_path();
   json info;
   try {
-    info = json::parse(read_text(info_path, "dataset_info.json"));
+    info = json::parse(input_file_read(info_path.string(), "dataset_info.json"));
   } catch (const json::parse_error& e) {
     DT_THROW(ConfigError, "{}: invalid JSON: {}", info_path.string(), e.what());
   }

@@ -9,8 +9,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -376,16 +374,6 @@ void chunks_run(const Context& ctx, unsigned threads, const std::function<bool(C
   }
 }
 
-std::string file_text(const std::string& path, const char* what) {
-  input_file_check(path, what);
-  std::ifstream in(path, std::ios::binary);
-  DT_ENFORCE(in.good(), IoError, "cannot open {} '{}': check the path", what, path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  DT_ENFORCE(!in.bad(), IoError, "error reading {} '{}'", what, path);
-  return ss.str();
-}
-
 }  // namespace
 
 void data_tokenize_stream(const std::string& input, DataFormat format, const Tokenizer& tokenizer,
@@ -427,7 +415,7 @@ void data_tokenize_stream_llamafactory(const std::vector<LlamaFactoryEntry>& ent
     } else {
       // A .json array is one JSON value: read whole (it is the datasets' own layout), its
       // records handed on in chunks.
-      const std::string text = file_text(e.file, "LLaMA-Factory dataset");
+      const std::string text = input_file_read(e.file, "LLaMA-Factory dataset");
       std::vector<Record> all;
       llamafactory_json_elements(text, e.file, [&](std::string_view rec, size_t line) {
         all.push_back({static_cast<size_t>(rec.data() - text.data()), rec.size(), line});

@@ -86,8 +86,10 @@ ShardWriter::ShardWriter(std::string path, int32_t vocab_size, int32_t eos_id, i
   try {
     if (has_mask_) mask_.fd = side_file(path_);
     docs_.fd = side_file(path_);
-    const std::array<uint8_t, SHARD_HEADER_BYTES> placeholder{};
-    main_.put(placeholder.data(), placeholder.size(), tmp_);
+    // The header's bytes are reserved now and written by finish() (pwrite at offset 0)
+    // once the counts and checksums are known; a file never finished is never named.
+    const std::array<uint8_t, SHARD_HEADER_BYTES> header_slot{};
+    main_.put(header_slot.data(), header_slot.size(), tmp_);
   } catch (...) {
     close_all();
     std::error_code ignored;
