@@ -79,43 +79,10 @@ void utf8_append(std::string& out, uint32_t cp) {
 std::vector<Utf8Unit> utf8_units(std::string_view text) {
   std::vector<Utf8Unit> units;
   units.reserve(text.size());
-  size_t i = 0;
-  const size_t n = text.size();
-  auto byte = [&](size_t k) { return static_cast<uint8_t>(text[k]); };
-  while (i < n) {
-    uint8_t b = byte(i);
-    uint32_t len = 0, cp = 0, min = 0;
-    if (b < 0x80) {
-      len = 1;
-      cp = b;
-    } else if ((b & 0xE0) == 0xC0) {
-      len = 2;
-      cp = b & 0x1F;
-      min = 0x80;
-    } else if ((b & 0xF0) == 0xE0) {
-      len = 3;
-      cp = b & 0x0F;
-      min = 0x800;
-    } else if ((b & 0xF8) == 0xF0) {
-      len = 4;
-      cp = b & 0x07;
-      min = 0x10000;
-    }
-    bool ok = len > 0 && i + len <= n;
-    for (uint32_t k = 1; ok && k < len; ++k) {
-      uint8_t c = byte(i + k);
-      if ((c & 0xC0) != 0x80) ok = false;
-      else cp = (cp << 6) | (c & 0x3F);
-    }
-    // Overlong forms, surrogates and values past U+10FFFF are invalid UTF-8.
-    if (ok && (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))) ok = false;
-    if (ok) {
-      units.push_back({cp, static_cast<uint32_t>(i), len});
-      i += len;
-    } else {
-      units.push_back({UTF8_INVALID, static_cast<uint32_t>(i), 1});
-      i += 1;
-    }
+  for (size_t i = 0; i < text.size();) {
+    const size_t at = i;
+    const uint32_t cp = utf8_next(text, i);
+    units.push_back({cp, static_cast<uint32_t>(at), static_cast<uint32_t>(i - at)});
   }
   return units;
 }

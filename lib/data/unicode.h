@@ -32,6 +32,35 @@ struct Utf8Unit {
 constexpr uint32_t UTF8_INVALID = 0xFFFFFFFFu;
 std::vector<Utf8Unit> utf8_units(std::string_view text);
 
+// Decodes the UTF-8 sequence at text[i] (i < text.size()) and moves i past it. An invalid
+// sequence (a bad lead or continuation byte, an overlong form, a surrogate, a value past
+// U+10FFFF, a sequence cut by the end) is its first byte alone: UTF8_INVALID, i + 1.
+// Inline: the pre-tokenizer and the NFC quick check call it per code point.
+inline uint32_t utf8_next(std::string_view text, size_t& i) {
+  const auto byte = [&](size_t k) { return static_cast<uint8_t>(text[k]); };
+  const uint8_t b = byte(i);
+  if (b < 0x80) {
+    ++i;
+    return b;
+  }
+  size_t len = 0;
+  uint32_t cp = 0, min = 0;
+  if ((b & 0xE0) == 0xC0) len = 2, cp = b & 0x1Fu, min = 0x80;
+  else if ((b & 0xF0) == 0xE0) len = 3, cp = b & 0x0Fu, min = 0x800;
+  else if ((b & 0xF8) == 0xF0) len = 4, cp = b & 0x07u, min = 0x10000;
+  bool ok = len > 0 && i + len <= text.size();
+  for (size_t k = 1; ok && k < len; ++k) {
+    ok = (byte(i + k) & 0xC0) == 0x80;
+    cp = (cp << 6) | (byte(i + k) & 0x3Fu);
+  }
+  if (!ok || cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+    ++i;
+    return UTF8_INVALID;
+  }
+  i += len;
+  return cp;
+}
+
 // ---------------------------------------------------------------------------
 // GPT-2's bytes_to_unicode(): printable bytes map to themselves, the rest to U+0100...
 // byte_to_unicode(b) is that code point; unicode_to_byte(cp) the inverse, -1 if none.

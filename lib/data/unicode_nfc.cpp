@@ -5,6 +5,8 @@
 // decomposed and recomposed.
 #include "data/unicode_nfc.h"
 
+#include "data/unicode.h"
+
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -66,33 +68,12 @@ uint32_t nfc_compose_pair(uint32_t a, uint32_t b) {
   return it != end && it->first == a && it->second == b ? it->composite : 0;
 }
 
-// Decodes one UTF-8 sequence at text[i] (as utf8_units does: an invalid byte is one unit).
+// One code point of text at i (data/unicode.h's decoder); an invalid byte b becomes
+// kInvalidBase + b, so it travels through the buffers and is written back as it was.
 uint32_t nfc_decode(std::string_view text, size_t& i) {
-  const auto b = [&](size_t k) { return static_cast<uint8_t>(text[k]); };
-  const uint8_t c = b(i);
-  size_t len = 0;
-  uint32_t cp = 0, min = 0;
-  if (c < 0x80) {
-    ++i;
-    return c;
-  } else if (c >= 0xC2 && c <= 0xDF) {
-    len = 2, cp = c & 0x1F, min = 0x80;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    len = 3, cp = c & 0x0F, min = 0x800;
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    len = 4, cp = c & 0x07, min = 0x10000;
-  }
-  bool ok = len != 0 && i + len <= text.size();
-  for (size_t k = 1; ok && k < len; ++k) {
-    ok = (b(i + k) & 0xC0) == 0x80;
-    cp = (cp << 6) | (b(i + k) & 0x3F);
-  }
-  if (!ok || cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
-    ++i;
-    return kInvalidBase + c;
-  }
-  i += len;
-  return cp;
+  const uint8_t first = static_cast<uint8_t>(text[i]);
+  const uint32_t cp = utf8_next(text, i);
+  return cp == UTF8_INVALID ? kInvalidBase + first : cp;
 }
 
 // NFC_MAYBE_RANGES as a bitmap over the Basic Multilingual Plane (8 KiB, built once): the
