@@ -179,6 +179,28 @@ TEST_CASE("nccl reduce_scatter, all_gather, broadcast and barrier") {
   }));
 }
 
+TEST_CASE("nccl bytes_sent counts what the ring algorithms send, per collective and dtype") {
+  if (skip_without_gpu()) return;
+  require_all_passed(run_nccl([](Communicator& c) {
+    const uint64_t n = static_cast<uint64_t>(c.size());
+    const size_t per = 1000;
+    Buffer buf(c, per * n * 4);
+    buf.fill_bytes(0);
+    // Each ring pass sends (n-1)/n of its elements; an allreduce is two passes.
+    const uint64_t before = c.bytes_sent();
+    c.allreduce(buf.data(), buf.data(), per, DType::F32, ReduceOp::SUM);
+    const uint64_t allreduce = c.bytes_sent() - before;
+    c.reduce_scatter(buf.data(), buf.at(c.rank() * per * 2), per, DType::BF16, ReduceOp::SUM);
+    const uint64_t scatter = c.bytes_sent() - before - allreduce;
+    c.synchronize();
+    std::string err;
+    if (allreduce != 2 * per * 4 * (n - 1) / n) err = "allreduce counted " + std::to_string(allreduce) + " bytes";
+    else if (scatter != per * n * 2 * (n - 1) / n)
+      err = "bf16 reduce_scatter counted " + std::to_string(scatter) + " bytes";
+    if (!err.empty()) throw std::runtime_error(err);
+  }));
+}
+
 TEST_CASE("nccl abort: later collectives throw CommError") {
   if (skip_without_gpu()) return;
   require_all_passed(run_nccl([](Communicator& c) {
