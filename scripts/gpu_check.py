@@ -15,6 +15,8 @@ rename), so a run cut off at any point still returns every stage that finished:
              against the CPU reference made where the bundle was built
   speed      dtrain bench train on GPT-2 124M and Llama 1B: tokens/s, MFU, peak memory,
              beside --plan's prediction, per kernel class where ncu can time the kernels
+  losses     Llama 1B's bench steps in bf16 against the same steps in fp32 (the fp32 attention
+             and GEMMs are other kernels), at the bench's lr and at a small one: per-step losses
   peers      the same two models in PyTorch on the same GPU (scripts/compare_pytorch.py)
   hf         transformers' tiny random models (and a peft adapter) against dtrain's import
              (scripts/gpu_hf_parity.py)
@@ -40,11 +42,11 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STAGES = ["env", "tests", "sanitizer", "job", "speed", "peers", "hf", "profile"]
+STAGES = ["env", "tests", "sanitizer", "job", "speed", "losses", "peers", "hf", "profile"]
 # Seconds each stage may take on a GPU (the whole check is meant to end within ~6 minutes
 # on an H100; a stage that runs over is cut and reported TIMEOUT).
-STAGE_CAP = {"env": 20, "tests": 150, "sanitizer": 150, "job": 60, "speed": 150, "peers": 110, "hf": 60,
-             "profile": 60}
+STAGE_CAP = {"env": 20, "tests": 150, "sanitizer": 150, "job": 60, "speed": 150, "losses": 100, "peers": 110,
+             "hf": 60, "profile": 60}
 # The GPU test binaries of the real build that run on a GPU (the engine-only suites, which
 # trace the device work, skip there and are left out). In a rehearsal the ones marked
 # True run whole; the others are listed (their own EMU ctest runs them).
@@ -743,6 +745,61 @@ def stage_speed(lay, rep, cap):
 
 
 # ----------------------------------------------------------------------------
+# losses: bf16 steps against fp32 steps of the same model and batches
+LOSS_CASES = {"gpu": ("llama-1b", "configs/llama-1b.yaml", ["train_micro_batch_size_per_gpu=4", "data.seq_len=2048"]),
+              "rehearse": ("tiny-sft", "configs/tiny-sft.yaml", TINY_SETS)}
+LOSS_STEPS = {"gpu": 8, "rehearse": 3}
+LOSS_LRS = ("4.0e-4", "1.0e-5")  # the config's lr, and one small enough that a step moves the loss little
+LOSS_TOL = 2e-2  # bf16 vs fp32, relative, per step, at the small lr
+
+
+def stage_losses(lay, rep, cap):
+    """The bench's synthetic batches trained in bf16 (tensor-core attention, bf16 GEMMs) and in
+    fp32 (the fp32 attention and GEMMs): the same model and data, so at a small lr the two loss
+    curves agree to bf16's rounding, and a kernel that is wrong in one precision only shows."""
+    t0 = now()
+    mode = "rehearse" if lay.rehearse else "gpu"
+    name, config, sets = LOSS_CASES[mode]
+    steps = LOSS_STEPS[mode]
+    curves, rows, details, worst = {}, [], [], "PASS"
+    for lr in LOSS_LRS:
+        for dt in ("bf16", "fp32"):
+            left = cap - (now() - t0)
+            if left < 10:
+                worst = "TIMEOUT"
+                details.append(f"lr {lr} {dt}: NOT RUN (stage time used up)")
+                continue
+            extra = sets + [f"optimizer.params.lr={lr}", f"bf16.enabled={'true' if dt == 'bf16' else 'false'}"]
+            rc, out, secs = run(bench_cmd(lay, config, extra, 0, steps), min(left, 60), env=lay.env)
+            b = last_json(out) if rc == 0 else None
+            if b is None or not b.get("losses"):
+                worst = "FAIL"
+                details.append(f"### lr {lr} {dt}: exit {rc}\n" + code(tail(out, 20)))
+                continue
+            curves[(lr, dt)] = b["losses"]
+    summary = []
+    for lr in LOSS_LRS:
+        a, f = curves.get((lr, "bf16")), curves.get((lr, "fp32"))
+        if not a or not f:
+            continue
+        rel = [abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, f)]
+        gated = lr == LOSS_LRS[-1]
+        bad = gated and max(rel) > LOSS_TOL
+        if bad:
+            worst = "FAIL"
+        for k, (x, y, r) in enumerate(zip(a, f, rel)):
+            rows.append([lr, str(k + 1), f"{x:.4f}", f"{y:.4f}", f"{r:.2e}",
+                         ("FAIL" if r > LOSS_TOL else "ok") if gated else "(not gated)"])
+        summary.append(f"lr {lr}: max rel {max(rel):.1e} over {len(rel)} steps, last {a[-1]:.4f} vs {f[-1]:.4f}")
+    text = f"{name}, bf16 vs fp32: " + ("; ".join(summary) if summary else "no pair ran")
+    rep.add("losses", worst, now() - t0, text,
+            md_table(["lr", "step", "bf16 loss", "fp32 loss", "relative", f"within {LOSS_TOL:g}"], rows) +
+            f"\nThe same {name} bench batches (random tokens) from the same initial weights; only the small lr's "
+            "curve is gated (at the config's lr, Adam's first steps amplify rounding).\n\n" + "\n".join(details),
+            dict(curves={f"{k[0]} {k[1]}": v for k, v in curves.items()}))
+
+
+# ----------------------------------------------------------------------------
 # peers: PyTorch on the same GPU
 def torch_probe(env):
     rc, out, _ = run([sys.executable, "-c", "import torch;print(torch.__version__, torch.cuda.is_available())"], 60,
@@ -962,6 +1019,8 @@ def main():
             stage_job(lay, rep, cap, out_dir)
         elif stage == "speed":
             speed = stage_speed(lay, rep, cap)
+        elif stage == "losses":
+            stage_losses(lay, rep, cap)
         elif stage == "peers":
             stage_peers(lay, rep, cap, speed, out_dir)
         elif stage == "hf":

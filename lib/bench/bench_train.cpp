@@ -123,6 +123,7 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
 #endif
     }
     r.final_loss = step.run(s + 1, setup.lr, batches[static_cast<size_t>(s) % batches.size()].view(), timer).loss;
+    r.losses.push_back(r.final_loss);
   }
   tm->device().synchronize();
 #ifdef DTRAIN_HAVE_CUDA
@@ -178,6 +179,7 @@ std::string bench_train_format(const BenchTrainResult& r, bool json) {
                      {"peak_tflops", num(r.peak_tflops)},
                      {"mfu", num(r.mfu)},
                      {"final_loss", num(r.final_loss)},
+                     {"losses", r.losses},
                      {"notes", r.notes}};
     if (gpu) {
       j["arena_bytes"] = r.arena_bytes;

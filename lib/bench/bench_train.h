@@ -36,6 +36,7 @@ struct BenchTrainResult {
   double mfu = 0;          ///< fraction; NaN when peak_tflops is unknown
   size_t arena_bytes = 0, workspace_bytes = 0, device_used_bytes = 0, device_total_bytes = 0;
   double final_loss = 0;
+  std::vector<double> losses;  ///< every step's loss, warm-up steps included
   std::vector<std::string> notes;  ///< settings the bench changed or ignored
 };
 

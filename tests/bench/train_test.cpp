@@ -50,6 +50,11 @@ TEST_CASE("bench train: CPU figure on the tiny config, labelled as CPU, table an
   CHECK(j["mfu"].is_null());
   CHECK(j["tokens_per_step"] == 2 * 32 * 2);
   CHECK(j["params"].get<int64_t>() == r.params);
+  // Every step's loss, the warm-up's first: the last is the final loss.
+  REQUIRE(r.losses.size() == 3);
+  CHECK(r.losses.back() == r.final_loss);
+  REQUIRE(j["losses"].size() == 3);
+  CHECK(j["losses"][2].get<double>() == r.final_loss);
 
   // The CPU figure is the trainer's own optimizer (the ZeRO engine at stage 0): it learns
   // the 4 synthetic batches it cycles through.
