@@ -45,7 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAGES = ["env", "tests", "sanitizer", "job", "speed", "losses", "peers", "hf", "profile"]
 # Seconds each stage may take on a GPU (the whole check is meant to end within ~6 minutes
 # on an H100; a stage that runs over is cut and reported TIMEOUT).
-STAGE_CAP = {"env": 20, "tests": 150, "sanitizer": 150, "job": 60, "speed": 150, "losses": 100, "peers": 110,
+STAGE_CAP = {"env": 20, "tests": 150, "sanitizer": 150, "job": 60, "speed": 150, "losses": 170, "peers": 110,
              "hf": 60, "profile": 60}
 # The GPU test binaries of the real build that run on a GPU (the engine-only suites, which
 # trace the device work, skip there and are left out). In a rehearsal the ones marked
@@ -770,7 +770,7 @@ def stage_losses(lay, rep, cap):
                 details.append(f"lr {lr} {dt}: NOT RUN (stage time used up)")
                 continue
             extra = sets + [f"optimizer.params.lr={lr}", f"bf16.enabled={'true' if dt == 'bf16' else 'false'}"]
-            rc, out, secs = run(bench_cmd(lay, config, extra, 0, steps), min(left, 60), env=lay.env)
+            rc, out, secs = run(bench_cmd(lay, config, extra, 0, steps), min(left, 90), env=lay.env)
             b = last_json(out) if rc == 0 else None
             if b is None or not b.get("losses"):
                 worst = "FAIL"
