@@ -96,7 +96,11 @@ struct Model::Scratch {
   void *dqpre = nullptr, *dkpre = nullptr;  // qk_norm: gradients of q, k before their norms
 };
 
-Model::Model(const ModelConfig& cfg, device::Device& dev, DType dtype)
+Model::Model(const ModelConfig& cfg, Deferred, device::Device& dev, DType dtype) : Model(cfg, dev, dtype, true) {}
+
+Model::Model(const ModelConfig& cfg, device::Device& dev, DType dtype) : Model(cfg, dev, dtype, false) {}
+
+Model::Model(const ModelConfig& cfg, device::Device& dev, DType dtype, bool deferred)
     : cfg_(cfg), dev_(&dev), dtype_(dtype), scratch_(std::make_unique<Scratch>()) {
   DT_ENFORCE(dtype == DType::F32 || dev.kind() == device::Kind::CUDA, UsageError,
              "a {} model on the {} device: the CPU computes in fp32 (bf16/fp16 there are fp32 values rounded by the "
@@ -134,16 +138,23 @@ Model::Model(const ModelConfig& cfg, device::Device& dev, DType dtype)
     }
   }
   for (auto& l : layouts) {
-    param_store_.emplace_back(*dev_, l.size * dtype_size(dtype_));
+    param_store_.emplace_back(*dev_, deferred ? 0 : l.size * dtype_size(dtype_));
     ParamBuffer pb;
     pb.size = l.size;
     pb.layout = std::move(l);
-    pb.data = param_store_.back().get();
+    pb.data = deferred ? nullptr : param_store_.back().get();
     pb.dtype = dtype_;
     pb.on_host = on_host();
     params_.push_back(std::move(pb));
   }
-  grads_allocate();
+  if (!deferred) {
+    grads_allocate();
+    return;
+  }
+  // Released from the start: what storage_release leaves, without ever allocating.
+  grad_store_.resize(params_.size());
+  grads_released_ = true;
+  param_released_.assign(params_.size(), 1);
 }
 
 Model::~Model() = default;
@@ -161,27 +172,35 @@ void Model::grads_allocate() {
 
 void Model::init_weights(uint64_t seed) {
   storage_enforce_whole("init_weights()");
-  const float std_resid = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg_.n_layer));
-  uint64_t index = 0;
   std::vector<float> host;
   for (size_t i = 0; i < params_.size(); ++i) {
-    const ParamBuffer& pb = params_[i];
-    host.assign(pb.size, 0.0f);
-    for (const auto& t : pb.layout.tensors) {
-      float* d = host.data() + t.offset;
-      const size_t n = t.numel();
-      Rng rng(splitmix64(seed ^ splitmix64(++index)));
-      if (t.decay) {
-        const bool resid = ends_with(t.name, "c_proj.weight") || ends_with(t.name, "o_proj.weight") ||
-                           ends_with(t.name, "down_proj.weight");
-        const float sd = resid ? std_resid : 0.02f;
-        for (size_t k = 0; k < n; ++k) d[k] = rng.normal(0.0f, sd);
-      } else {
-        const float v = ends_with(t.name, ".bias") ? 0.0f : 1.0f;
-        for (size_t k = 0; k < n; ++k) d[k] = v;
-      }
-    }
+    host.resize(params_[i].size);
+    init_buffer_values(i, seed, host.data());
     buffer_from_host(i, host.data());
+  }
+}
+
+void Model::init_buffer_values(size_t i, uint64_t seed, float* host) const {
+  DT_ENFORCE_LT(i, params_.size(), UsageError, "Model::init_buffer_values: base buffer index out of range");
+  const float std_resid = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg_.n_layer));
+  // Each tensor's stream is its index over the whole model (1-based), as before sharding.
+  uint64_t index = 0;
+  for (size_t k = 0; k < i; ++k) index += params_[k].layout.tensors.size();
+  const ParamBuffer& pb = params_[i];
+  std::fill(host, host + pb.size, 0.0f);
+  for (const auto& t : pb.layout.tensors) {
+    float* d = host + t.offset;
+    const size_t n = t.numel();
+    Rng rng(splitmix64(seed ^ splitmix64(++index)));
+    if (t.decay) {
+      const bool resid = ends_with(t.name, "c_proj.weight") || ends_with(t.name, "o_proj.weight") ||
+                         ends_with(t.name, "down_proj.weight");
+      const float sd = resid ? std_resid : 0.02f;
+      for (size_t k = 0; k < n; ++k) d[k] = rng.normal(0.0f, sd);
+    } else {
+      const float v = ends_with(t.name, ".bias") ? 0.0f : 1.0f;
+      for (size_t k = 0; k < n; ++k) d[k] = v;
+    }
   }
 }
 
@@ -847,7 +866,12 @@ void Model::backward(float grad_scale, const float* count) {
 
 void Model::lora_enable(const LoraConfig& lcfg) {
   DT_ENFORCE(!lora_on(), UsageError, "LoRA is already enabled on this model");
-  storage_enforce_whole("lora_enable()");
+  // A deferred model (every base buffer released, no gradient array) may get adapters: they
+  // touch no base storage. Any other partly released model may not.
+  const bool deferred = grads_released_ &&
+                        std::all_of(param_released_.begin(), param_released_.end(), [](char r) { return r != 0; }) &&
+                        param_released_.size() == params_.size();
+  if (!deferred) storage_enforce_whole("lora_enable()");
   lcfg.validate(cfg_);
   lora_cfg_ = lcfg;
   const int r = lcfg.rank;
@@ -899,6 +923,7 @@ void Model::lora_enable(const LoraConfig& lcfg) {
   for (auto& pb : params_) pb.grad = nullptr;
   B_ = T_ = 0;  // the adapters' activations join the arena on the next forward
   have_targets_ = false;
+  grads_released_ = false;  // the adapters' gradients, the only trainable ones, exist
 }
 
 void Model::lora_merge() {

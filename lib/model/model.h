@@ -27,6 +27,10 @@ namespace dtrain::model {
 /// tied embeddings the head also writes the embeddings' gradient (complete only after
 /// after_layer_backward(-1)) and reads the embeddings in forward and backward.
 /// Recomputation calls no forward hook: it runs after before_layer_backward(i).
+/// Writes the fp32 values of base parameter buffer i (layout order) into host[0 .. size):
+/// how a model built with deferred storage gets its weights, one buffer at a time.
+using BufferFill = std::function<void(size_t i, float* host)>;
+
 struct ModelHooks {
   std::function<void(int)> before_layer_forward;
   std::function<void(int)> before_layer_backward;
@@ -39,6 +43,12 @@ class Model {
   /// `dtype`: F32 on the CPU; F32, BF16 or F16 on CUDA (the compute copy; fp32 masters
   /// are the optimizer's). Gradients are fp32 on every device.
   explicit Model(const ModelConfig& cfg, device::Device& dev = device::cpu(), DType dtype = DType::F32);
+  /// Deferred storage (DeepSpeed's zero.Init): no base parameter or gradient array is
+  /// allocated; every base buffer starts released (storage_release), so a ZeRO engine
+  /// given a BufferFill builds its shards one buffer at a time and no full copy of the
+  /// model ever exists. LoRA adapters (lora_enable) are allocated as usual.
+  struct Deferred {};
+  Model(const ModelConfig& cfg, Deferred, device::Device& dev = device::cpu(), DType dtype = DType::F32);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -55,6 +65,9 @@ class Model {
   /// own stream (seed, tensor index), so the result does not depend on sharding
   /// (nor on the device: the values are drawn on the host and copied).
   void init_weights(uint64_t seed);
+  /// The values init_weights(seed) gives base buffer i, into host[0 .. params()[i].size).
+  /// Needs no storage (a deferred model's BufferFill for a fresh run).
+  void init_buffer_values(size_t i, uint64_t seed, float* host) const;
   /// Copies every parameter of src (same config; LoRA adapters too, enabling LoRA with
   /// src's config when src has it and this model has none) into this model, converting
   /// to its dtype (round to nearest even). Both models must be whole (no released storage).
@@ -179,6 +192,7 @@ class Model {
   void set_forward_count(uint64_t n) { forward_count_ = n; }
 
  private:
+  Model(const ModelConfig& cfg, device::Device& dev, DType dtype, bool deferred);
   struct Proj;
   struct LayerActs;
   struct Scratch;

@@ -364,6 +364,16 @@ void SafetensorsFile::read_f32(const std::string& name, float* out, size_t n) co
       }
       break;
   }
+  // The tensor is read once (into the caller's fp32 copy): its file pages leave this
+  // process's resident set, so loading a model larger than a rank's share never holds
+  // the whole file resident. The pages stay in the page cache; a later read maps them in
+  // again. Read-only private pages: dropping them loses nothing.
+  const long page = ::sysconf(_SC_PAGE_SIZE);
+  if (page > 0 && n > 0) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p), ps = static_cast<uintptr_t>(page);
+    const uintptr_t lo = a / ps * ps, hi = (a + n * dtype_size(dt) + ps - 1) / ps * ps;
+    ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+  }
 }
 
 }  // namespace dtrain::model

@@ -189,11 +189,13 @@ WeightSet weights_open_dir(const std::string& dir) {
   return weights_open(shards);
 }
 
-// Reads one tensor of the layout from the file that holds it, transposing Conv1D.
-void load_tensor(const WeightSet& w, const model::TensorSpec& t, float* dst, const model::ModelConfig& cfg) {
+// The file and name that hold one tensor of the layout (HF's "gpt2" checkpoints omit the
+// "transformer." prefix), its shape checked; IoError naming the file and tensor.
+std::pair<const model::SafetensorsFile*, std::string> weight_check(const WeightSet& w, const model::TensorSpec& t,
+                                                                   const model::ModelConfig& cfg) {
   std::vector<std::string> names{t.name};
   if (cfg.arch == model::ModelConfig::Arch::GPT2 && t.name.rfind("transformer.", 0) == 0)
-    names.push_back(t.name.substr(12));  // HF's "gpt2" checkpoints omit the prefix
+    names.push_back(t.name.substr(12));
   for (const auto& n : names) {
     auto it = w.file_of.find(n);
     if (it == w.file_of.end()) continue;
@@ -204,18 +206,23 @@ void load_tensor(const WeightSet& w, const model::TensorSpec& t, float* dst, con
     if (info.shape != want)
       DT_THROW(IoError, "{}: tensor {} has shape [{}], the model expects [{}]", f.path(), n,
                fmt::join(info.shape, ", "), fmt::join(want, ", "));
-    if (!t.hf_transposed) {
-      f.read_f32(n, dst, t.numel());
-    } else {
-      std::vector<float> tmp(t.numel());
-      f.read_f32(n, tmp.data(), tmp.size());
-      const int64_t rows = t.shape[0], cols = t.shape[1];  // ours [rows, cols] = HF [cols, rows]
-      for (int64_t i = 0; i < rows; ++i)
-        for (int64_t j = 0; j < cols; ++j) dst[i * cols + j] = tmp[static_cast<size_t>(j * rows + i)];
-    }
-    return;
+    return {&f, n};
   }
   DT_THROW(IoError, "{}: tensor {} is missing", w.files.front().path(), t.name);
+}
+
+// Reads one tensor of the layout from the file that holds it, transposing Conv1D.
+void load_tensor(const WeightSet& w, const model::TensorSpec& t, float* dst, const model::ModelConfig& cfg) {
+  const auto [f, n] = weight_check(w, t, cfg);
+  if (!t.hf_transposed) {
+    f->read_f32(n, dst, t.numel());
+    return;
+  }
+  std::vector<float> tmp(t.numel());
+  f->read_f32(n, tmp.data(), tmp.size());
+  const int64_t rows = t.shape[0], cols = t.shape[1];  // ours [rows, cols] = HF [cols, rows]
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) dst[i * cols + j] = tmp[static_cast<size_t>(j * rows + i)];
 }
 
 void load_all(model::Model& m, const WeightSet& w) {
@@ -312,6 +319,36 @@ std::unique_ptr<model::Model> model_create(const config::TrainConfig& cfg) {
   }
   m->set_recompute(cfg.activation_checkpointing.enabled);
   return m;
+}
+
+DeferredModel model_create_deferred(const config::TrainConfig& cfg) {
+  const model::ModelConfig mcfg = model_config_from(cfg);
+  DeferredModel d;
+  d.model = std::make_unique<model::Model>(mcfg, model::Model::Deferred{});
+  model::Model* m = d.model.get();
+  if (cfg.model.init_from.empty()) {
+    const auto seed = static_cast<uint64_t>(cfg.training.seed);
+    d.fill = [m, seed](size_t i, float* host) { m->init_buffer_values(i, seed, host); };
+  } else {
+    auto w = std::make_shared<WeightSet>(weights_open_dir(cfg.model.init_from));
+    // Every tensor is looked up now, so a checkpoint that lacks one fails before training.
+    for (const auto& pb : m->params())
+      for (const auto& t : pb.layout.tensors) weight_check(*w, t, mcfg);
+    d.fill = [m, w](size_t i, float* host) {
+      const model::ParamBuffer& pb = m->params()[i];
+      std::fill(host, host + pb.size, 0.0f);
+      for (const auto& t : pb.layout.tensors) load_tensor(*w, t, host + t.offset, m->config());
+    };
+    log_info("model: {} ({} parameters) loads buffer by buffer into this rank's ZeRO-3 shards", cfg.model.init_from,
+             m->num_params());
+  }
+  if (cfg.lora.enabled()) {
+    m->lora_enable(lora_config_from(cfg, mcfg));
+    const fs::path adapter = fs::path(cfg.model.init_from) / "adapter_model.safetensors";
+    if (!cfg.model.init_from.empty() && fs::exists(adapter)) model_load_adapter(*m, adapter.string());
+  }
+  m->set_recompute(cfg.activation_checkpointing.enabled);
+  return d;
 }
 
 std::unique_ptr<model::Model> model_load_hf_dir(const std::string& dir) {

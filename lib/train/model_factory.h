@@ -28,6 +28,17 @@ model::LoraConfig lora_config_from(const config::TrainConfig& cfg, const model::
 /// activation_checkpointing.enabled.
 std::unique_ptr<model::Model> model_create(const config::TrainConfig& cfg);
 
+/// A model built with deferred storage (model::Model::Deferred) and the fill that gives
+/// each base buffer its values: model_create's, one buffer at a time (the random init of
+/// training.seed, or model.init_from's tensors read from their mmapped files). For a
+/// ZeRO-3 engine, which keeps only this rank's shards: no rank holds the whole model.
+/// The fill keeps init_from's files open; drop it once the engine is built.
+struct DeferredModel {
+  std::unique_ptr<model::Model> model;
+  model::BufferFill fill;
+};
+DeferredModel model_create_deferred(const config::TrainConfig& cfg);
+
 /// Loads every base tensor of the model from one or more safetensors files (names as in
 /// the layout; GPT-2 files without the "transformer." prefix are accepted; Conv1D
 /// tensors are transposed; a tied lm_head.weight is ignored). IoError naming the file

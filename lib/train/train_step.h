@@ -28,6 +28,9 @@ struct TrainStepOptions {
   /// training.cuda_graph: record the step once and replay it, where a graph can replay it
   /// (a CUDA device, one micro-batch per step, stage <= 1, no LoRA dropout).
   bool cuda_graph = false;
+  /// A model built with deferred storage: each base buffer's fp32 values, for the ZeRO
+  /// engine to build its shards from one buffer at a time (ZeroEngine's `deferred`).
+  model::BufferFill deferred_weights;
 };
 
 /// One step's micro-batches: grad_accum token rows of micro_batch x seq_len each, their

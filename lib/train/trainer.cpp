@@ -140,6 +140,7 @@ class TrainLoop {
   bool stop_requested(int64_t step);
   RankTimes rank_times_take(double interval_s, int64_t steps);
   void export_final(bool trained);
+  void export_final_from_checkpoint(bool trained);
 
   const config::TrainConfig& cfg_;
   const TrainerEnv& env_;
@@ -148,6 +149,7 @@ class TrainLoop {
   comm::Communicator* comm_;
   std::unique_ptr<model::Model> host_model_;  // built on the host in fp32 (init, import, export)
   std::unique_ptr<model::Model> model_;       // the one that trains: host_model_ itself on the CPU
+  bool deferred_ = false;                     // ZeRO-3 on the CPU: built shard by shard, never whole
   TrainData data_;
   int micro_ = 0, accum_ = 0, T_ = 0;
   std::unique_ptr<BatchReader> reader_;
@@ -178,10 +180,22 @@ TrainLoop::TrainLoop(const config::TrainConfig& cfg, const TrainerEnv& env)
       comm_(env.comm != nullptr && env.comm->size() > 1 ? env.comm : nullptr) {
   env_check();
   // ---- model, data, optimizer
-  host_model_ = model_create(cfg);
   zopts_ = zero_options_from(cfg);
   device::Device* dev = env.device;
-  if (dev != nullptr && dev->kind() != device::Kind::CPU) {
+  const bool on_cpu = dev == nullptr || dev->kind() == device::Kind::CPU;
+  // ZeRO-3 on the CPU: the model is built with deferred storage and the engine takes each
+  // buffer's values one at a time, keeping only this rank's shards (zero.Init): no rank
+  // ever holds the whole model, loading or training.
+  model::BufferFill deferred;
+  if (zopts_.stage == 3 && on_cpu) {
+    DeferredModel d = model_create_deferred(cfg);
+    host_model_ = std::move(d.model);
+    deferred = std::move(d.fill);
+    deferred_ = true;
+  } else {
+    host_model_ = model_create(cfg);
+  }
+  if (!on_cpu) {
     // The compute copy on the device in the compute dtype; the engine's fp32 masters
     // start from the host model's exact weights.
     model_ = model_on_device(*host_model_, *dev, zopts_.compute_dtype);
@@ -202,8 +216,10 @@ TrainLoop::TrainLoop(const config::TrainConfig& cfg, const TrainerEnv& env)
   so.seq_len = T_;
   if (cfg.fp16.enabled) so.loss_scaler = loss_scaler_config_from(cfg.fp16);
   so.cuda_graph = cfg.training.cuda_graph;
+  so.deferred_weights = std::move(deferred);
   if (!model_) model_ = std::move(host_model_);
   step_ = std::make_unique<TrainStep>(*model_, host_model_.get(), comm_, zopts_, so);
+  so.deferred_weights = {};  // closes init_from's files: the engine holds the shards
   scaler_ = step_->scaler();
   tokens_per_step_ = static_cast<int64_t>(micro_) * accum_ * W_ * T_;
   res_.final_eval_loss = res_.final_eval_ppl = std::numeric_limits<double>::quiet_NaN();
@@ -504,6 +520,12 @@ RankTimes TrainLoop::rank_times_take(double interval_s, int64_t steps) {
 }
 
 void TrainLoop::export_final(bool trained) {
+  if (deferred_) {
+    // Never the whole model on every rank: the final checkpoint (saved just before) holds
+    // the masters, and rank 0 alone exports it.
+    export_final_from_checkpoint(trained);
+    return;
+  }
   // The fp32 masters: in the model's own buffers on the CPU, copied to the host model
   // from a device.
   if (host_model_) step_->engine().masters_to_host(*host_model_);
@@ -522,6 +544,23 @@ void TrainLoop::export_final(bool trained) {
     std::fflush(stdout);
   }
   if (comm_) comm_->barrier();  // no rank leaves before the export is complete
+}
+
+void TrainLoop::export_final_from_checkpoint(bool trained) {
+  if (lead_ && !env_.run_dir.empty()) {
+    const std::string dir = (fs::path(env_.run_dir) / "final").string();
+    checkpoint_export_hf(env_.run_dir, dir);
+    if (env_.print && trained)
+      std::printf("train: wrote %s (%lld steps, final loss %.4f, %.1f s)\n", dir.c_str(),
+                  static_cast<long long>(res_.steps), res_.final_loss, res_.elapsed_s);
+    else if (env_.print)
+      std::printf(
+          "train: nothing to train (the checkpoint is at step %lld, training.max_steps %lld); wrote %s "
+          "again\n",
+          static_cast<long long>(res_.steps), static_cast<long long>(total_steps_), dir.c_str());
+    std::fflush(stdout);
+  }
+  if (comm_) comm_->barrier();
 }
 
 TrainResult TrainLoop::run() {

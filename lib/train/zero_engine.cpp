@@ -29,8 +29,8 @@ float* fat(void* base, size_t elems) { return static_cast<float*>(base) + elems;
 
 // ----------------------------------------------------------------------------
 ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const ZeroOptions& opts,
-                       const model::Model* fp32_source)
-    : model_(model), dev_(&model.device()), comm_(comm), opts_(opts) {
+                       const model::Model* fp32_source, const model::BufferFill& deferred)
+    : model_(model), dev_(&model.device()), comm_(comm), opts_(opts), deferred_(static_cast<bool>(deferred)) {
   DT_ENFORCE(opts_.stage >= 0 && opts_.stage <= 3, ConfigError, "zero_optimization.stage {} is not 0, 1, 2 or 3",
              opts_.stage);
   DT_ENFORCE(opts_.reduce_bucket_size > 0 && opts_.allgather_bucket_size > 0, ConfigError,
@@ -63,16 +63,24 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
                    fp32_source->lora_params().size() == model_.lora_params().size(),
                UsageError, "ZeroEngine: the fp32 source has other buffers than the model (LoRA on one only?)");
   }
-  DT_ENFORCE(mdt_ == DType::F32 || fp32_source != nullptr, UsageError,
+  DT_ENFORCE(mdt_ == DType::F32 || fp32_source != nullptr || deferred_, UsageError,
              "ZeroEngine: a {} model needs the fp32 weights its masters start from (fp32_source)", dtype_name(mdt_));
   const auto& mc = model_.config();
   tied_ = mc.tie_embeddings;
   n_layer_ = mc.n_layer;
   layer_slots_.resize(static_cast<size_t>(n_layer_) + 2);
   const bool lora = model_.lora_on();
-  DT_ENFORCE(!model_.storage_released(), UsageError,
-             "ZeroEngine needs a model that owns all its storage; another engine released part of it (destroy that "
-             "engine first)");
+  if (deferred_) {
+    DT_ENFORCE(fp32_source == nullptr, UsageError, "ZeroEngine: a deferred model takes its values from the fill alone");
+    for (size_t i = 0; i < model_.params().size(); ++i)
+      DT_ENFORCE(model_.param_released(i), UsageError,
+                 "ZeroEngine: a deferred fill needs a model built with deferred storage (base buffer {} is allocated)",
+                 i);
+  } else {
+    DT_ENFORCE(!model_.storage_released(), UsageError,
+               "ZeroEngine needs a model that owns all its storage; another engine released part of it (destroy "
+               "that engine first)");
+  }
   std::vector<model::ParamBuffer*> all;
   for (auto& pb : model_.params()) all.push_back(&pb);
   for (auto& pb : model_.lora_params()) all.push_back(&pb);
@@ -82,8 +90,10 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
     for (const auto& pb : fp32_source->lora_params()) src.push_back(&pb);
   }
   slots_.resize(all.size());
+  std::vector<float> staged;  // a deferred base buffer's fp32 values: one buffer at a time
   for (size_t i = 0; i < all.size(); ++i) {
     Slot& s = slots_[i];
+    const bool fill = deferred_ && i < model_.params().size();
     s.pb = all[i];
     s.layer = s.pb->layout.layer;
     DT_CHECK(s.layer >= -1 && s.layer <= n_layer_);
@@ -101,13 +111,24 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
       s.hi = std::min(s.lo + s.s, s.n);
     }
     s.sharded = opts_.stage == 3 && s.n >= opts_.param_persistence_threshold;
+    const float* fp32 = !src.empty() ? src[i]->host_f32() : nullptr;
+    if (fill) {
+      staged.resize(s.n);
+      deferred(i, staged.data());
+      fp32 = staged.data();
+      // A resident buffer gets its storage (and values) back; a sharded one never has any.
+      if (!s.sharded) {
+        model_.storage_restore(false, {i});
+        model_.buffer_from_host(i, staged.data());
+      }
+    }
     // A frozen buffer of a 16-bit model keeps no fp32 master: its compute copy is its value.
     s.own_master = s.sharded || (mixed_ && (s.trainable || mdt_ == DType::F32));
     s.sdt = (!s.trainable && mdt_ != DType::F32) ? mdt_ : DType::F32;
     if (s.own_master) {
       s.master = device::DeviceBuffer(*dev_, s.owned() * dtype_size(s.sdt));
       if (s.owned()) {
-        if (!src.empty()) device_from_host(s.master.get(), s.sdt, src[i]->host_f32() + s.lo, s.owned());
+        if (fp32 != nullptr) device_from_host(s.master.get(), s.sdt, fp32 + s.lo, s.owned());
         else dev_->cast(s.master.get(), s.sdt, at(s.pb->data, s.lo, mdt_), mdt_, s.owned());
       }
     }
@@ -181,6 +202,9 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
   // 2-3) and master shards (stage 3) are the only copies: the model frees its full
   // arrays, and the hooks lend it working buffers while a layer runs.
   if (opts_.stage >= 2) model_.storage_release(true, sharded_);
+  // A deferred model has no gradient arrays; below stage 2 the engine uses the model's.
+  else if (deferred_) model_.storage_restore(true, {});
+  staged = {};
 }
 
 ZeroEngine::~ZeroEngine() {
@@ -194,6 +218,13 @@ ZeroEngine::~ZeroEngine() {
     // the slots). Materialized, it already holds the full weights; otherwise a
     // collective here could hang (other ranks may be unwinding), so a sharded buffer
     // keeps only this rank's shard of the masters, zeros elsewhere.
+    if (deferred_) {
+      // Never the full model: the sharded buffers are released (their pointers nulled,
+      // none left into the working buffers freed with the slots).
+      model_.storage_release(true, sharded_);
+      dev_->synchronize();
+      return;
+    }
     const bool partial = !materialized_;
     model_.storage_restore();
     if (partial)

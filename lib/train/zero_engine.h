@@ -170,8 +170,17 @@ class ZeroEngine {
   /// is 16-bit (on CUDA) must be given fp32_source, a host fp32 model with the same
   /// buffers holding the exact weights the fp32 masters start from. Throws ConfigError
   /// for a bad stage/dtype.
+  ///
+  /// deferred: for a model built with deferred storage (model::Model::Deferred: every base
+  /// buffer released, no gradient array), the fp32 values of each base buffer. The engine
+  /// takes one buffer at a time into a host staging copy, keeps this rank's shard of a
+  /// sharded buffer (stage 3) as its master and gives the model storage only for the
+  /// buffers it keeps resident, so no full copy of a sharded model exists on any rank;
+  /// the fp32 values also serve as fp32_source. A deferred engine leaves the sharded
+  /// buffers released when it is destroyed (the model is then only good for destruction
+  /// or a new deferred engine).
   ZeroEngine(model::Model& model, comm::Communicator* comm, const ZeroOptions& opts,
-             const model::Model* fp32_source = nullptr);
+             const model::Model* fp32_source = nullptr, const model::BufferFill& deferred = {});
   ~ZeroEngine();
   ZeroEngine(const ZeroEngine&) = delete;
   ZeroEngine& operator=(const ZeroEngine&) = delete;
@@ -405,6 +414,7 @@ class ZeroEngine {
   int64_t step_count_ = 0;
   double last_norm_ = 0.0;
   bool materialized_ = false;
+  bool deferred_ = false;       // built from a deferred model: never restore its full storage
   bool last_micro_ = true;      // set_last_micro_batch
   bool grads_reduced_ = false;  // stages 0/1: this step's reduction already ran in backward
   int backward_layer_ = 0;      // the layer whose after_layer_backward runs
