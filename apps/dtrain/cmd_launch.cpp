@@ -4,7 +4,9 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "config/train_config.h"
 #include "launch/job_run.h"
+#include "train/memory_plan.h"
 
 #include <cstdio>
 #include <filesystem>
@@ -48,10 +50,25 @@ launch::JobRequest job_request(const JobOptions& o, const std::string& mode) {
 
 namespace {
 
-void print_dry_run(const launch::Job& job) {
-  const std::string text = launch::job_dry_run_text(job);
+// Ranks on this machine (all of them when every host is this one; else unknown: remote
+// ranks check nothing here) and its memory.
+int ranks_here(const launch::Job& job) { return job.all_local ? job.plan.world_size : 0; }
+
+void print_dry_run(const launch::Job& job, bool training = false) {
+  std::string text = launch::job_dry_run_text(job);
+  // A config that cannot train yet (batch keys left to "auto") has no plan to print.
+  if (training && job.incomplete.empty())
+    text += "\n" + train::memory_plan_text(train::memory_plan(job.cfg, job.plan.world_size), ranks_here(job),
+                                           config::config_host_memory_bytes());
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fflush(stdout);
+}
+
+// A job whose ranks on this machine cannot hold their share is refused before any starts.
+void memory_check(const launch::Job& job) {
+  if (!job.incomplete.empty()) return;
+  train::memory_plan_check(train::memory_plan(job.cfg, job.plan.world_size), ranks_here(job),
+                           config::config_host_memory_bytes(), job.cfg.source);
 }
 
 }  // namespace
@@ -63,8 +80,9 @@ int run_job(launch::Job& job, const JobOptions& opts, bool resume);
 int run_launch(const JobOptions& opts) {
   launch::Job job = launch::job_prepare(job_request(opts, "train"));
   for (const auto& w : job.warnings) log_warn("{}", w);
+  memory_check(job);
   if (opts.dry_run) {
-    print_dry_run(job);
+    print_dry_run(job, true);
     return 0;
   }
   return run_job(job, opts, false);
@@ -84,8 +102,9 @@ int run_resume(const std::string& run_dir, const JobOptions& opts) {
   o.output_dir = run_dir;
   launch::Job job = launch::job_prepare(job_request(o, "train"));
   for (const auto& w : job.warnings) log_warn("{}", w);
+  memory_check(job);
   if (opts.dry_run) {
-    print_dry_run(job);
+    print_dry_run(job, true);
     return 0;
   }
   return run_job(job, opts, true);

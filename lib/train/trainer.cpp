@@ -22,6 +22,7 @@
 #include "train/zero_engine.h"
 #include "report/straggler.h"
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -30,9 +31,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
+#include <thread>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -44,6 +47,19 @@ using report::RankTimes;
 namespace fs = std::filesystem;
 
 namespace {
+
+// Peak resident set size of this process so far (VmHWM of /proc/self/status), 0 where
+// unavailable.
+size_t process_peak_rss_bytes() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  size_t kb = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "VmHWM: %zu kB", &kb) == 1) break;
+  std::fclose(f);
+  return kb * 1024;
+}
 
 // Resident set size of this process (from /proc/self/statm), 0 where unavailable.
 size_t process_rss_bytes() {
@@ -140,7 +156,7 @@ class TrainLoop {
   bool stop_requested(int64_t step);
   RankTimes rank_times_take(double interval_s, int64_t steps);
   void export_final(bool trained);
-  void export_final_from_checkpoint(bool trained);
+  void lead_work_wait(const std::function<void()>& work);
 
   const config::TrainConfig& cfg_;
   const TrainerEnv& env_;
@@ -520,19 +536,19 @@ RankTimes TrainLoop::rank_times_take(double interval_s, int64_t steps) {
 }
 
 void TrainLoop::export_final(bool trained) {
-  if (deferred_) {
-    // Never the whole model on every rank: the final checkpoint (saved just before) holds
-    // the masters, and rank 0 alone exports it.
-    export_final_from_checkpoint(trained);
-    return;
+  // The fp32 masters, gathered by every rank (collectives): in the model's own buffers on
+  // the CPU, copied to the host model from a device. A deferred (ZeRO-3 CPU) run never
+  // gathers the whole model: its final checkpoint, saved just before, holds the masters.
+  if (!deferred_) {
+    if (host_model_) step_->engine().masters_to_host(*host_model_);
+    else step_->engine().params_materialize();
   }
-  // The fp32 masters: in the model's own buffers on the CPU, copied to the host model
-  // from a device.
-  if (host_model_) step_->engine().masters_to_host(*host_model_);
-  else step_->engine().params_materialize();
-  if (lead_ && !env_.run_dir.empty()) {
+  lead_work_wait([&] {
+    if (env_.run_dir.empty()) return;
     const std::string dir = (fs::path(env_.run_dir) / "final").string();
-    model_export_hf(host_model_ ? *host_model_ : *model_, dir, data_.tokenizer->bos_id(), data_.tokenizer->eos_id());
+    if (deferred_) checkpoint_export_hf(env_.run_dir, dir);
+    else
+      model_export_hf(host_model_ ? *host_model_ : *model_, dir, data_.tokenizer->bos_id(), data_.tokenizer->eos_id());
     if (env_.print && trained)
       std::printf("train: wrote %s (%lld steps, final loss %.4f, %.1f s)\n", dir.c_str(),
                   static_cast<long long>(res_.steps), res_.final_loss, res_.elapsed_s);
@@ -542,25 +558,43 @@ void TrainLoop::export_final(bool trained) {
           "again\n",
           static_cast<long long>(res_.steps), static_cast<long long>(total_steps_), dir.c_str());
     std::fflush(stdout);
-  }
-  if (comm_) comm_->barrier();  // no rank leaves before the export is complete
+  });
 }
 
-void TrainLoop::export_final_from_checkpoint(bool trained) {
-  if (lead_ && !env_.run_dir.empty()) {
-    const std::string dir = (fs::path(env_.run_dir) / "final").string();
-    checkpoint_export_hf(env_.run_dir, dir);
-    if (env_.print && trained)
-      std::printf("train: wrote %s (%lld steps, final loss %.4f, %.1f s)\n", dir.c_str(),
-                  static_cast<long long>(res_.steps), res_.final_loss, res_.elapsed_s);
-    else if (env_.print)
-      std::printf(
-          "train: nothing to train (the checkpoint is at step %lld, training.max_steps %lld); wrote %s "
-          "again\n",
-          static_cast<long long>(res_.steps), static_cast<long long>(total_steps_), dir.c_str());
-    std::fflush(stdout);
+// Rank 0 runs `work` (no collectives in it) on a thread while every rank polls, once a
+// second, whether it is done: no rank leaves before it is, and no collective waits longer
+// than a poll however long the work takes (a multi-GB export outlasts Gloo's timeout).
+// The work's error is rank 0's; the others leave normally.
+void TrainLoop::lead_work_wait(const std::function<void()>& work) {
+  if (!comm_) {
+    if (lead_) work();
+    return;
   }
-  if (comm_) comm_->barrier();
+  std::atomic<bool> done{!lead_};
+  std::exception_ptr error;
+  std::thread worker;
+  if (lead_)
+    worker = std::thread([&] {
+      try {
+        work();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      done = true;
+    });
+  try {
+    for (;;) {
+      float busy = done ? 0.0f : 1.0f;
+      comm_->allreduce_host(&busy, 1, DType::F32, comm::ReduceOp::MAX);
+      if (busy == 0.0f) break;
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+  } catch (...) {
+    if (worker.joinable()) worker.join();
+    throw;
+  }
+  if (worker.joinable()) worker.join();
+  if (error) std::rethrow_exception(error);
 }
 
 TrainResult TrainLoop::run() {
@@ -611,6 +645,10 @@ TrainResult TrainLoop::run() {
   res_.elapsed_s = run_clock_.elapsed_s();
   res_.final_loss_scale = scaler_ ? scaler_->scale() : 1.0;
   if (trained && !env_.run_dir.empty()) save(total_steps_);
+  // Each rank's peak host memory of building, training and checkpointing (the export
+  // that follows is its own phase): the figure ZeRO's sharding is about.
+  log_info("memory: rank {} peak resident {:.2f} GiB before the final export", rank_,
+           static_cast<double>(process_peak_rss_bytes()) / (1024.0 * 1024.0 * 1024.0));
   export_final(trained);
   return res_;
 }

@@ -1,0 +1,124 @@
+// The per-rank memory plan (memory_plan.h): DeepSpeed's ZeRO formulas over the model's
+// own buffer layout, the same ones ZeroEngine::memory() reports as its theory.
+#include "train/memory_plan.h"
+
+#include "core/check.h"
+#include "model/layout.h"
+#include "model/model.h"
+#include "train/model_factory.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace dtrain::train {
+
+namespace {
+
+double gib(double b) { return b / (1024.0 * 1024.0 * 1024.0); }
+
+// Bytes as GiB, or MiB below one GiB.
+std::string bytes(double b) {
+  return b >= 1024.0 * 1024.0 * 1024.0 ? fmt::format("{:.2f} GiB", gib(b)) : fmt::format("{:.1f} MiB", b / 1048576.0);
+}
+
+// A parameter count as 1.54B or 0.14M.
+std::string count(double n) { return n >= 1e9 ? fmt::format("{:.2f}B", n / 1e9) : fmt::format("{:.2f}M", n / 1e6); }
+
+}  // namespace
+
+MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
+  MemoryPlan p;
+  p.world = std::max(1, world);
+  p.stage = cfg.zero.stage;
+  p.cuda = cfg.training.device == "cuda";
+  p.mixed = cfg.bf16.enabled || cfg.fp16.enabled;
+  p.lora = cfg.lora.enabled();
+  p.deferred = p.stage == 3 && !p.cuda;
+  const model::ModelConfig mc = model_config_from(cfg);
+  for (const auto& b : model::layout_build(mc)) {
+    p.params += static_cast<double>(b.size);
+    p.largest_buffer = std::max(p.largest_buffer, static_cast<double>(b.size));
+  }
+  p.trainable = p.params;
+  if (p.lora) {
+    // The adapters' size from the model itself: a deferred model allocates no base storage.
+    model::Model m(mc, model::Model::Deferred{});
+    m.lora_enable(lora_config_from(cfg, mc));
+    p.trainable = static_cast<double>(m.num_trainable_params());
+  }
+  // Under LoRA the base is frozen and the adapters are extra parameters; otherwise every
+  // parameter trains.
+  const double W = p.world, Phi = p.params, Psi = p.trainable, frozen = p.lora ? Phi : 0.0,
+               held = p.lora ? Phi + Psi : Phi;
+  const double c = p.cuda && p.mixed ? 2 : 4;  // bytes of the compute copy (the CPU computes in fp32)
+  const double K = p.mixed ? 12 : 8;           // fp32 master (mixed only) + AdamW m and v
+  const int st = p.stage;
+  if (st < 3) {
+    p.param_bytes = c * held;
+  } else {
+    // The frozen buffers' shards in the compute dtype, the trainable ones' fp32 master
+    // shard where it is the parameter (fp32), and the two layers gathered at a time (the
+    // one computing, the one prefetched).
+    p.param_bytes = c * frozen / W + (p.mixed ? 0 : 4 * Psi / W) + 2 * c * p.largest_buffer;
+  }
+  p.grad_bytes = 4 * (st >= 2 ? Psi / W : Psi);
+  p.optim_bytes = K * (st == 0 ? Psi : Psi / W);
+  // The CPU's bf16/fp16 keeps exact fp32 masters of the frozen buffers too.
+  if (p.mixed && !p.cuda && st < 3) p.optim_bytes += 4 * (st == 0 ? frozen : frozen / W);
+  const double T = cfg.data.seq_len ? static_cast<double>(*cfg.data.seq_len) : static_cast<double>(mc.max_seq_len);
+  const double N = static_cast<double>(std::max<int64_t>(1, cfg.resolved_micro_batch_size)) * T;
+  const double g = static_cast<double>(std::max<int64_t>(1, cfg.resolved_grad_accum_steps));
+  const double es = p.cuda && p.mixed ? 2 : 4, L = mc.n_layer, C = mc.d_model, F = mc.d_ff, V = mc.vocab_size;
+  // Per layer the residual, two norms, the attention output and the MLP's hidden values,
+  // then the logits; with recomputation only each layer's input plus one layer's worth.
+  const double layer = 4 * C + 2 * F;
+  p.activation_bytes = N * es * ((cfg.activation_checkpointing.enabled ? L * C + layer : L * layer) + V);
+  p.batch_bytes = g * N * 2 * sizeof(int32_t);
+  if (p.cuda) p.host_model_bytes = 4 * Phi;                   // the host fp32 model the masters start from
+  if (p.deferred) p.build_peak_bytes = 4 * p.largest_buffer;  // one buffer's fp32 values at a time
+  return p;
+}
+
+std::string memory_plan_text(const MemoryPlan& p, int ranks_here, double memory_bytes) {
+  std::string s =
+      fmt::format("memory per rank (ZeRO stage {}, {} rank(s), {} parameters, {} trainable{}, {} on the {}):\n",
+                  p.stage, p.world, count(p.params), count(p.trainable), p.lora ? " (LoRA)" : "",
+                  p.mixed ? "mixed precision" : "fp32", p.cuda ? "GPU" : "CPU");
+  const std::string state = fmt::format("params {}, grads {}, optimizer {}, activations {}", bytes(p.param_bytes),
+                                        bytes(p.grad_bytes), bytes(p.optim_bytes), bytes(p.activation_bytes));
+  if (p.cuda) {
+    s += fmt::format("  device {}: {}\n", bytes(p.device_bytes()), state);
+    s += fmt::format("  host   {}: the fp32 host model {}, token ids {}\n", bytes(p.host_bytes()),
+                     bytes(p.host_model_bytes), bytes(p.batch_bytes));
+  } else {
+    s += fmt::format("  host   {}: {}, token ids {}{}\n", bytes(p.host_bytes()), state, bytes(p.batch_bytes),
+                     p.deferred ? fmt::format(", building {} (one layer's fp32 values at a time: the model is never "
+                                              "whole on a rank)",
+                                              bytes(p.build_peak_bytes))
+                                : "");
+  }
+  if (ranks_here > 0 && memory_bytes > 0)
+    s += fmt::format("  this machine: {} rank(s) x {} = {} of host memory, of {}\n", ranks_here, bytes(p.host_bytes()),
+                     bytes(ranks_here * p.host_bytes()), bytes(memory_bytes));
+  s += "  (a plan from DeepSpeed's ZeRO formulas and the model's layout, not a measurement; allocator slack, "
+       "communication buffers and the CUDA context are not counted)\n";
+  return s;
+}
+
+void memory_plan_check(const MemoryPlan& p, int ranks_here, double memory_bytes, const std::string& source) {
+  if (ranks_here <= 0 || memory_bytes <= 0) return;
+  const double need = ranks_here * p.host_bytes();
+  if (need <= memory_bytes) return;
+  std::string hint;
+  if (p.stage < 3) hint = "raise zero_optimization.stage (3 shards the parameters too), ";
+  hint += "run fewer ranks per machine or on more machines, use LoRA, or choose a smaller model";
+  DT_THROW(ConfigError,
+           "{}: the job needs {} of host memory on this machine ({} rank(s) x {}: ZeRO stage {}, {} parameters, {} "
+           "trainable; see --dry-run) but it has {}: {}",
+           source, bytes(need), ranks_here, bytes(p.host_bytes()), p.stage, count(p.params), count(p.trainable),
+           bytes(memory_bytes), hint);
+}
+
+}  // namespace dtrain::train

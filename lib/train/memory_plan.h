@@ -1,0 +1,48 @@
+// What one rank of a training job will hold, host and device, before anything is
+// allocated: the parameter, gradient and optimizer bytes of its ZeRO stage (DeepSpeed's
+// formulas, as ZeroEngine's theory), one micro-batch's activations, the step's token ids,
+// and the transient peak of building the model. `dtrain launch --dry-run` prints it, and a
+// job whose ranks on this machine cannot fit in its memory is refused with the numbers.
+#pragma once
+
+#include "config/train_config.h"
+
+#include <cstdint>
+#include <string>
+
+namespace dtrain::train {
+
+struct MemoryPlan {
+  int world = 1, stage = 0;
+  bool cuda = false;   ///< training.device cuda: the weights train in device memory
+  bool mixed = false;  ///< bf16 / fp16
+  bool lora = false;
+  bool deferred = false;      ///< stage 3 on the CPU: the model is built shard by shard
+  double params = 0;          ///< all parameter elements (Phi)
+  double trainable = 0;       ///< elements the optimizer updates (Psi: the adapters under LoRA)
+  double largest_buffer = 0;  ///< elements of the largest per-layer buffer (embeddings, a layer, head)
+  // Per rank, bytes: the training state where it lives (the device on CUDA, else the host).
+  double param_bytes = 0, grad_bytes = 0, optim_bytes = 0, activation_bytes = 0;
+  double batch_bytes = 0;       ///< the step's token ids and targets (host)
+  double host_model_bytes = 0;  ///< CUDA: the host fp32 copy the masters start from (and the export)
+  double build_peak_bytes = 0;  ///< transient while the model is built (beyond the state above)
+  double state_bytes() const { return param_bytes + grad_bytes + optim_bytes + activation_bytes; }
+  /// Host bytes of one rank at its peak (building or training).
+  double host_bytes() const { return (cuda ? host_model_bytes : state_bytes()) + batch_bytes + build_peak_bytes; }
+  /// Device bytes of one rank (0 on the CPU).
+  double device_bytes() const { return cuda ? state_bytes() : 0.0; }
+};
+
+/// The plan for cfg (its batch resolved) on `world` ranks; the model's shape from the
+/// model section or model.init_from's config.json. ConfigError as model_config_from.
+MemoryPlan memory_plan(const config::TrainConfig& cfg, int world);
+
+/// The dry run's lines: per rank host and device bytes with their parts, then per node
+/// (`ranks_here` ranks on this machine, of `memory_bytes`; 0 = unknown) the total.
+std::string memory_plan_text(const MemoryPlan& p, int ranks_here, double memory_bytes);
+
+/// ConfigError with the numbers when `ranks_here` ranks of this plan need more host memory
+/// than memory_bytes (this machine's), saying which stage / world size would fit.
+void memory_plan_check(const MemoryPlan& p, int ranks_here, double memory_bytes, const std::string& source);
+
+}  // namespace dtrain::train

@@ -1,0 +1,104 @@
+// The per-rank memory plan (--dry-run) against the ZeRO engine's own accounting of the
+// same model on 2 ranks (its theory, which the engine tests check against what it
+// allocates), per stage, full and LoRA; the machine check refuses with the numbers.
+#include "zero_harness.h"
+#include "core/error.h"
+#include "train/memory_plan.h"
+#include "train/model_factory.h"
+#include "train/zero_engine.h"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+using namespace dtrain;
+
+namespace {
+
+config::TrainConfig job(int stage, bool lora) {
+  config::TrainConfig c;
+  c.source = "job.yaml";
+  c.model.architecture = "llama";
+  c.model.vocab_size = 64;
+  c.model.n_layer = 3;
+  c.model.n_head = 4;
+  c.model.n_kv_head = 2;
+  c.model.d_model = 32;
+  c.model.d_ff = 48;
+  c.model.max_seq_len = 16;
+  c.data.seq_len = 16;
+  c.resolved_micro_batch_size = 2;
+  c.resolved_grad_accum_steps = 1;
+  c.zero.stage = stage;
+  c.zero.stage3_param_persistence_threshold = 0;  // every buffer sharded at stage 3
+  if (lora) {
+    c.lora.r = 4;
+    c.lora.target_modules = {"q_proj", "v_proj", "down_proj"};
+  }
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("memory plan: the engine's own per-rank accounting, stages 0-3, full and LoRA") {
+  for (bool lora : {false, true})
+    for (int stage = 0; stage <= 3; ++stage) {
+      CAPTURE(lora);
+      CAPTURE(stage);
+      const config::TrainConfig cfg = job(stage, lora);
+      const train::MemoryPlan p = train::memory_plan(cfg, 2);
+      std::vector<train::ZeroMemory> mem(2);
+      size_t params = 0, trainable = 0, buffers = 0;
+      const auto errors = zero_test::run_ranks(2, [&](comm::Communicator* comm, int r) {
+        auto m = train::model_create(cfg);
+        if (r == 0) {
+          params = m->num_params();
+          trainable = m->num_trainable_params();
+          buffers = m->params().size() + m->lora_params().size();
+        }
+        train::ZeroEngine e(*m, comm, train::zero_options_from(cfg));
+        mem[static_cast<size_t>(r)] = e.memory();
+      });
+      for (const auto& err : errors) REQUIRE_MESSAGE(err.empty(), err);
+      CHECK(p.params == static_cast<double>(params));
+      CHECK(p.trainable == static_cast<double>(trainable));
+      CHECK(p.deferred == (stage == 3));
+      // The engine divides each buffer by the world size in whole elements: a few bytes
+      // per buffer apart at most.
+      const double slack = 4.0 * 12 * static_cast<double>(buffers);
+      const train::ZeroMemory& t = mem[0];
+      CHECK(std::fabs(p.grad_bytes - static_cast<double>(t.theory_grad)) <= slack);
+      CHECK(std::fabs(p.optim_bytes - static_cast<double>(t.theory_optim)) <= slack);
+      // Stage 3's plan adds the two layers gathered at a time to the shards.
+      const double gathered = stage == 3 ? 2 * 4 * p.largest_buffer : 0.0;
+      CHECK(std::fabs(p.param_bytes - gathered - static_cast<double>(t.theory_param)) <= slack);
+      CHECK(p.build_peak_bytes == (stage == 3 ? 4 * p.largest_buffer : 0.0));
+    }
+}
+
+TEST_CASE("memory plan: the stages shrink a rank's share; the machine check names the numbers") {
+  std::vector<double> host;
+  for (int stage = 0; stage <= 3; ++stage) {
+    config::TrainConfig cfg = job(stage, false);
+    cfg.model.d_model = 256;
+    cfg.model.d_ff = 768;
+    cfg.model.n_layer = 8;
+    host.push_back(train::memory_plan(cfg, 4).state_bytes() - train::memory_plan(cfg, 4).activation_bytes);
+  }
+  CHECK(host[1] < host[0]);
+  CHECK(host[2] < host[1]);
+  CHECK(host[3] < host[2]);
+
+  const train::MemoryPlan p = train::memory_plan(job(2, false), 2);
+  const std::string text = train::memory_plan_text(p, 2, 1e9);
+  CHECK(text.find("memory per rank (ZeRO stage 2, 2 rank(s)") != std::string::npos);
+  CHECK(text.find("this machine: 2 rank(s)") != std::string::npos);
+  CHECK_NOTHROW(train::memory_plan_check(p, 2, 2.0 * p.host_bytes() + 1, "job.yaml"));
+  CHECK_NOTHROW(train::memory_plan_check(p, 0, 1.0, "job.yaml"));  // ranks elsewhere: not this machine's
+  CHECK_THROWS_WITH_AS(train::memory_plan_check(p, 2, 2.0 * p.host_bytes() - 1, "job.yaml"),
+                       doctest::Contains("job.yaml: the job needs"), ConfigError);
+  CHECK_THROWS_WITH_AS(train::memory_plan_check(p, 2, 2.0 * p.host_bytes() - 1, "job.yaml"),
+                       doctest::Contains("raise zero_optimization.stage"), ConfigError);
+}
