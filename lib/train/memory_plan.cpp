@@ -35,7 +35,7 @@ MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
   p.cuda = cfg.training.device == "cuda";
   p.mixed = cfg.bf16.enabled || cfg.fp16.enabled;
   p.lora = cfg.lora.enabled();
-  p.deferred = p.stage == 3 && !p.cuda;
+  p.deferred = p.stage == 3 || p.cuda;
   const model::ModelConfig mc = model_config_from(cfg);
   for (const auto& b : model::layout_build(mc)) {
     p.params += static_cast<double>(b.size);
@@ -76,8 +76,8 @@ MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
   const double layer = 4 * C + 2 * F;
   p.activation_bytes = N * es * ((cfg.activation_checkpointing.enabled ? L * C + layer : L * layer) + V);
   p.batch_bytes = g * N * 2 * sizeof(int32_t);
-  if (p.cuda) p.host_model_bytes = 4 * Phi;                   // the host fp32 model the masters start from
-  if (p.deferred) p.build_peak_bytes = 4 * p.largest_buffer;  // one buffer's fp32 values at a time
+  // One buffer's fp32 values at a time (and on a GPU its compute-dtype staging copy too).
+  if (p.deferred) p.build_peak_bytes = (p.cuda ? 4 + c : 4) * p.largest_buffer;
   return p;
 }
 
@@ -90,8 +90,9 @@ std::string memory_plan_text(const MemoryPlan& p, int ranks_here, double memory_
                                         bytes(p.grad_bytes), bytes(p.optim_bytes), bytes(p.activation_bytes));
   if (p.cuda) {
     s += fmt::format("  device {}: {}\n", bytes(p.device_bytes()), state);
-    s += fmt::format("  host   {}: the fp32 host model {}, token ids {}\n", bytes(p.host_bytes()),
-                     bytes(p.host_model_bytes), bytes(p.batch_bytes));
+    s += fmt::format(
+        "  host   {}: building {} (one layer's values at a time: no host copy of the model), token ids {}\n",
+        bytes(p.host_bytes()), bytes(p.build_peak_bytes), bytes(p.batch_bytes));
   } else {
     s += fmt::format("  host   {}: {}, token ids {}{}\n", bytes(p.host_bytes()), state, bytes(p.batch_bytes),
                      p.deferred ? fmt::format(", building {} (one layer's fp32 values at a time: the model is never "

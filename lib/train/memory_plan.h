@@ -17,18 +17,17 @@ struct MemoryPlan {
   bool cuda = false;   ///< training.device cuda: the weights train in device memory
   bool mixed = false;  ///< bf16 / fp16
   bool lora = false;
-  bool deferred = false;      ///< stage 3 on the CPU: the model is built shard by shard
+  bool deferred = false;      ///< built buffer by buffer (stage 3 on the CPU, every stage on a GPU)
   double params = 0;          ///< all parameter elements (Phi)
   double trainable = 0;       ///< elements the optimizer updates (Psi: the adapters under LoRA)
   double largest_buffer = 0;  ///< elements of the largest per-layer buffer (embeddings, a layer, head)
   // Per rank, bytes: the training state where it lives (the device on CUDA, else the host).
   double param_bytes = 0, grad_bytes = 0, optim_bytes = 0, activation_bytes = 0;
   double batch_bytes = 0;       ///< the step's token ids and targets (host)
-  double host_model_bytes = 0;  ///< CUDA: the host fp32 copy the masters start from (and the export)
   double build_peak_bytes = 0;  ///< transient while the model is built (beyond the state above)
   double state_bytes() const { return param_bytes + grad_bytes + optim_bytes + activation_bytes; }
   /// Host bytes of one rank at its peak (building or training).
-  double host_bytes() const { return (cuda ? host_model_bytes : state_bytes()) + batch_bytes + build_peak_bytes; }
+  double host_bytes() const { return (cuda ? 0.0 : state_bytes()) + batch_bytes + build_peak_bytes; }
   /// Device bytes of one rank (0 on the CPU).
   double device_bytes() const { return cuda ? state_bytes() : 0.0; }
 };

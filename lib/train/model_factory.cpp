@@ -321,10 +321,10 @@ std::unique_ptr<model::Model> model_create(const config::TrainConfig& cfg) {
   return m;
 }
 
-DeferredModel model_create_deferred(const config::TrainConfig& cfg) {
+DeferredModel model_create_deferred(const config::TrainConfig& cfg, device::Device& dev, DType dtype) {
   const model::ModelConfig mcfg = model_config_from(cfg);
   DeferredModel d;
-  d.model = std::make_unique<model::Model>(mcfg, model::Model::Deferred{});
+  d.model = std::make_unique<model::Model>(mcfg, model::Model::Deferred{}, dev, dtype);
   model::Model* m = d.model.get();
   if (cfg.model.init_from.empty()) {
     const auto seed = static_cast<uint64_t>(cfg.training.seed);
@@ -339,13 +339,23 @@ DeferredModel model_create_deferred(const config::TrainConfig& cfg) {
       std::fill(host, host + pb.size, 0.0f);
       for (const auto& t : pb.layout.tensors) load_tensor(*w, t, host + t.offset, m->config());
     };
-    log_info("model: {} ({} parameters) loads buffer by buffer into this rank's ZeRO-3 shards", cfg.model.init_from,
+    log_info("model: {} ({} parameters) loads buffer by buffer, straight into the ZeRO engine", cfg.model.init_from,
              m->num_params());
   }
   if (cfg.lora.enabled()) {
     m->lora_enable(lora_config_from(cfg, mcfg));
     const fs::path adapter = fs::path(cfg.model.init_from) / "adapter_model.safetensors";
-    if (!cfg.model.init_from.empty() && fs::exists(adapter)) model_load_adapter(*m, adapter.string());
+    if (!cfg.model.init_from.empty() && fs::exists(adapter)) {
+      // Through a host copy of each adapter buffer: the model may live on a device.
+      const WeightSet w = weights_open({adapter.string()});
+      std::vector<float> host;
+      for (size_t k = 0; k < m->lora_params().size(); ++k) {
+        const model::ParamBuffer& pb = m->lora_params()[k];
+        host.assign(pb.size, 0.0f);
+        for (const auto& t : pb.layout.tensors) load_tensor(w, t, host.data() + t.offset, mcfg);
+        m->buffer_from_host(m->params().size() + k, host.data());
+      }
+    }
   }
   m->set_recompute(cfg.activation_checkpointing.enabled);
   return d;

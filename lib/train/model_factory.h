@@ -30,14 +30,18 @@ std::unique_ptr<model::Model> model_create(const config::TrainConfig& cfg);
 
 /// A model built with deferred storage (model::Model::Deferred) and the fill that gives
 /// each base buffer its values: model_create's, one buffer at a time (the random init of
-/// training.seed, or model.init_from's tensors read from their mmapped files). For a
-/// ZeRO-3 engine, which keeps only this rank's shards: no rank holds the whole model.
+/// training.seed, or model.init_from's tensors read from their mmapped files). For a ZeRO
+/// engine, which takes them buffer by buffer: at stage 3 it keeps only this rank's shards,
+/// so no rank holds the whole model; on a device no host copy of it is made.
 /// The fill keeps init_from's files open; drop it once the engine is built.
 struct DeferredModel {
   std::unique_ptr<model::Model> model;
   model::BufferFill fill;
 };
-DeferredModel model_create_deferred(const config::TrainConfig& cfg);
+/// On a device, the model computes in `dtype` there (its adapters start there too) and no
+/// host copy of the base weights is made.
+DeferredModel model_create_deferred(const config::TrainConfig& cfg, device::Device& dev = device::cpu(),
+                                    DType dtype = DType::F32);
 
 /// Loads every base tensor of the model from one or more safetensors files (names as in
 /// the layout; GPT-2 files without the "transformer." prefix are accepted; Conv1D

@@ -199,11 +199,18 @@ TrainLoop::TrainLoop(const config::TrainConfig& cfg, const TrainerEnv& env)
   zopts_ = zero_options_from(cfg);
   device::Device* dev = env.device;
   const bool on_cpu = dev == nullptr || dev->kind() == device::Kind::CPU;
-  // ZeRO-3 on the CPU: the model is built with deferred storage and the engine takes each
-  // buffer's values one at a time, keeping only this rank's shards (zero.Init): no rank
-  // ever holds the whole model, loading or training.
+  // Deferred storage (zero.Init): the engine takes each base buffer's values one at a time.
+  // At ZeRO-3 on the CPU it keeps only this rank's shards, so no rank ever holds the whole
+  // model, loading or training; on a GPU (every stage) the weights go straight to the
+  // device, with no host fp32 copy of the model. Stages 0-2 on the CPU hold the whole
+  // model anyway: built whole.
   model::BufferFill deferred;
-  if (zopts_.stage == 3 && on_cpu) {
+  if (!on_cpu) {
+    DeferredModel d = model_create_deferred(cfg, *dev, zopts_.compute_dtype);
+    model_ = std::move(d.model);
+    deferred = std::move(d.fill);
+    deferred_ = true;
+  } else if (zopts_.stage == 3) {
     DeferredModel d = model_create_deferred(cfg);
     host_model_ = std::move(d.model);
     deferred = std::move(d.fill);
@@ -211,12 +218,13 @@ TrainLoop::TrainLoop(const config::TrainConfig& cfg, const TrainerEnv& env)
   } else {
     host_model_ = model_create(cfg);
   }
-  if (!on_cpu) {
+  if (!on_cpu && !deferred_) {
     // The compute copy on the device in the compute dtype; the engine's fp32 masters
     // start from the host model's exact weights.
     model_ = model_on_device(*host_model_, *dev, zopts_.compute_dtype);
   }
-  data_ = data_load(cfg, host_model_->config().vocab_size, host_model_->config().max_seq_len);
+  const model::Model& built = host_model_ ? *host_model_ : *model_;
+  data_ = data_load(cfg, built.config().vocab_size, built.config().max_seq_len);
   micro_ = static_cast<int>(cfg.resolved_micro_batch_size);
   accum_ = static_cast<int>(cfg.resolved_grad_accum_steps);
   T_ = static_cast<int>(data_.train->seq_len());
