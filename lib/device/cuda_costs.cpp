@@ -365,6 +365,10 @@ void PlanDevice::cross_entropy_backward(void*, const void*, const int32_t*, int 
                                         DType t) {
   cross_entropy("cross_entropy_backward", false, false, true, N, V, t);
 }
+void PlanDevice::cross_entropy_forward_backward(float* losses, float* mean, void*, const void*, const int32_t*, int N,
+                                                int V, int, float, const float*, DType t) {
+  cross_entropy("cross_entropy_forward_backward", losses != nullptr, mean != nullptr, true, N, V, t);
+}
 
 // ----------------------------------------------------------------------------
 // Optimizer and buffer arithmetic (kernels/adamw.cu, reduce.cu, cast.cu).
@@ -379,6 +383,39 @@ void PlanDevice::adamw(float* param, const float* grad, float* m, float* v, size
   kernel(op, vec ? "adamw_kernel<C, V>" : "adamw_kernel<C, 1>", PlanUnit::CUDA_CORE, n * FLOPS_ADAMW, bytes);
   if (copy != nullptr && !copy16 && copy != param)
     memcpy_op(op, "cudaMemcpyAsync", PlanCopy::D2D, n * sizeof(float), 1);
+}
+
+// kernels::adamw_step_multi: the tensors without a compute copy, then those with one, in
+// tables of ADAMW_MULTI_MAX (kernels/adamw.cuh), one launch per table; an fp32 copy is a
+// device copy after the update, as adamw's.
+void PlanDevice::adamw_multi(const ops::AdamWTensor* tensors, size_t count, const ops::AdamWConfig&, float, int64_t,
+                             const float*, DType copy_t) {
+  const char* op = "adamw";
+  constexpr size_t MULTI_MAX = 36;  // kernels/adamw.cuh's ADAMW_MULTI_MAX
+  const bool copy16 = copy_t != DType::F32;
+  for (int with_copy = 0; with_copy < (copy16 ? 2 : 1); ++with_copy) {
+    size_t in_table = 0;
+    double elems = 0, bytes = 0;
+    auto flush = [&] {
+      if (in_table == 0) return;
+      kernel(op, "adamw_multi_kernel<C>", PlanUnit::CUDA_CORE, elems * FLOPS_ADAMW, bytes);
+      in_table = 0;
+      elems = bytes = 0;
+    };
+    for (size_t k = 0; k < count; ++k) {
+      const ops::AdamWTensor& x = tensors[k];
+      if (x.n == 0 || (copy16 && (x.copy != nullptr) != (with_copy == 1))) continue;
+      if (in_table == MULTI_MAX) flush();
+      ++in_table;
+      elems += static_cast<double>(x.n);
+      bytes += static_cast<double>(x.n) * (28.0 + (with_copy ? es(copy_t) : 0.0));  // p, g, m, v in; p, m, v out
+    }
+    flush();
+  }
+  if (!copy16)
+    for (size_t k = 0; k < count; ++k)
+      if (tensors[k].copy != nullptr && tensors[k].n && tensors[k].copy != tensors[k].param)
+        memcpy_op(op, "cudaMemcpyAsync", PlanCopy::D2D, tensors[k].n * sizeof(float), 1);
 }
 
 void PlanDevice::norm_sq_accumulate(double*, const float* g, size_t n) {

@@ -299,6 +299,13 @@ class CudaDevice final : public Device {
     cur();
     kernels::cross_entropy_backward(dlogits, logits, targets, N, V, ld, factor, IGNORE_INDEX, t, s_, count);
   }
+  void cross_entropy_forward_backward(float* losses, float* mean, void* dlogits, const void* logits,
+                                      const int32_t* targets, int N, int V, int ld, float factor, const float* count,
+                                      DType t) override {
+    cur();
+    kernels::cross_entropy_forward_backward(losses, mean, dlogits, logits, targets, N, V, ld, factor, IGNORE_INDEX, t,
+                                            s_, count);
+  }
 
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig& cfg, float lr,
              int64_t step, bool decay, const float* scale, void* copy, DType copy_t) override {
@@ -310,6 +317,21 @@ class CudaDevice final : public Device {
       return;
     }
     kernels::adamw_step_copy(param, grad, m, v, n, cfg, lr, step, decay, 1.0f, copy, copy_t, s_, scale);
+  }
+  void adamw_multi(const ops::AdamWTensor* tensors, size_t count, const ops::AdamWConfig& cfg, float lr, int64_t step,
+                   const float* scale, DType copy_t) override {
+    cur();
+    if (copy_t != DType::F32) {
+      kernels::adamw_step_multi(tensors, count, cfg, lr, step, 1.0f, copy_t, s_, scale);
+      return;
+    }
+    // An fp32 copy is the updated parameters themselves: copied after the update.
+    std::vector<ops::AdamWTensor> plain(tensors, tensors + count);
+    for (auto& x : plain) x.copy = nullptr;
+    kernels::adamw_step_multi(plain.data(), count, cfg, lr, step, 1.0f, copy_t, s_, scale);
+    for (size_t k = 0; k < count; ++k)
+      if (tensors[k].copy != nullptr && tensors[k].n)
+        copy_d2d(tensors[k].copy, tensors[k].param, tensors[k].n * sizeof(float));
   }
   void norm_sq_accumulate(double* acc, const float* g, size_t n) override {
     if (!n) return;
