@@ -226,12 +226,25 @@ void PlanDevice::dropout_backward(void*, const void*, size_t n, float, uint64_t,
 }
 
 // ----------------------------------------------------------------------------
-// RoPE (kernels/rope.cu): the cos/sin table, then q and k rotated in place.
-void PlanDevice::rope(const char* op, const void* q, const void* k, int B, int T, int NH, int NKV, int HD, DType t) {
+// RoPE (kernels/rope.cu): the cos/sin table, then q and k rotated in place. The CUDA
+// device builds the table once per (T, HD, frequencies) and keeps it (up to 32 of them;
+// this plan never captures a graph, which would build it per call): a step after the
+// warm-up has no table kernel.
+void PlanDevice::rope(const char* op, const void* q, const void* k, int B, int T, int NH, int NKV, int HD,
+                      const ops::RopeFreq& rope, DType t) {
   if (B <= 0 || T <= 0) return;
   const size_t half = static_cast<size_t>(HD) / 2;
   const double table = static_cast<double>(T) * half;
-  kernel(op, "rope_table_kernel", PlanUnit::CUDA_CORE, table * FLOPS_ROPE_TABLE, table * 8);
+  auto same = [&](const RopeKey& e) {
+    const ops::RopeFreq& a = e.rope;
+    return e.T == T && e.HD == HD && a.theta == rope.theta && a.type == rope.type && a.factor == rope.factor &&
+           a.low_freq_factor == rope.low_freq_factor && a.high_freq_factor == rope.high_freq_factor &&
+           a.original_max_position == rope.original_max_position;
+  };
+  if (std::none_of(rope_keys_.begin(), rope_keys_.end(), same)) {
+    if (rope_keys_.size() < 32) rope_keys_.push_back({T, HD, rope});
+    kernel(op, "rope_table_kernel", PlanUnit::CUDA_CORE, table * FLOPS_ROPE_TABLE, table * 8);
+  }
   auto apply = [&](const void* x, int H) {
     const double pairs = static_cast<double>(B) * T * H * half;
     const bool vec = half % vec16(t) == 0 && aligned16(x);
@@ -241,12 +254,13 @@ void PlanDevice::rope(const char* op, const void* q, const void* k, int B, int T
   apply(q, NH);
   if (k) apply(k, NKV);
 }
-void PlanDevice::rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq&, DType t) {
-  rope("rope_forward", q, k, B, T, NH, NKV, HD, t);
+void PlanDevice::rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& freq,
+                              DType t) {
+  rope("rope_forward", q, k, B, T, NH, NKV, HD, freq, t);
 }
-void PlanDevice::rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq&,
+void PlanDevice::rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& freq,
                                DType t) {
-  rope("rope_backward", dq, dk, B, T, NH, NKV, HD, t);
+  rope("rope_backward", dq, dk, B, T, NH, NKV, HD, freq, t);
 }
 
 // ----------------------------------------------------------------------------

@@ -78,6 +78,7 @@ class CudaDevice final : public Device {
   ~CudaDevice() override {
     (void)cudaSetDevice(index_);
     (void)cudaStreamSynchronize(own_);
+    for (const RopeTable& e : rope_tables_) (void)cudaFree(e.table);
     (void)cudaStreamDestroy(own_);
   }
 
@@ -258,12 +259,15 @@ class CudaDevice final : public Device {
   void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
                     DType t) override {
     cur();
-    kernels::rope_forward(q, k, B, T, NH, NKV, HD, rope, t, s_);
+    if (const void* table = rope_table(T, HD, rope)) kernels::rope_forward_table(q, k, B, T, NH, NKV, HD, table, t, s_);
+    else kernels::rope_forward(q, k, B, T, NH, NKV, HD, rope, t, s_);
   }
   void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
                      DType t) override {
     cur();
-    kernels::rope_backward(dq, dk, B, T, NH, NKV, HD, rope, t, s_);
+    if (const void* table = rope_table(T, HD, rope))
+      kernels::rope_backward_table(dq, dk, B, T, NH, NKV, HD, table, t, s_);
+    else kernels::rope_backward(dq, dk, B, T, NH, NKV, HD, rope, t, s_);
   }
   size_t attention_saved_floats(int B, int T, int NH) const override { return static_cast<size_t>(B) * NH * T; }
   void attention_forward(void* out, float* saved, const void* q, const void* k, const void* v, int B, int T, int NH,
@@ -416,10 +420,41 @@ class CudaDevice final : public Device {
  private:
   void cur() const { DT_CUDA_CHECK(cudaSetDevice(index_)); }
 
+  // RoPE's cos/sin tables, one per (T, head dim, frequencies) seen (fp32 whatever the
+  // activation dtype), built once instead of on every call. Kept until the device goes: a
+  // recorded graph may hold a table's address. Null (the op builds its own per call) while
+  // the stream is being captured, or past ROPE_TABLES_MAX keys, or for no work.
+  static constexpr size_t ROPE_TABLES_MAX = 32;
+  struct RopeTable {
+    int T, HD;
+    ops::RopeFreq rope;
+    void* table;
+  };
+  static bool rope_same(const ops::RopeFreq& a, const ops::RopeFreq& b) {
+    return a.theta == b.theta && a.type == b.type && a.factor == b.factor && a.low_freq_factor == b.low_freq_factor &&
+           a.high_freq_factor == b.high_freq_factor && a.original_max_position == b.original_max_position;
+  }
+  const void* rope_table(int T, int HD, const ops::RopeFreq& rope) {
+    if (T <= 0 || HD <= 0 || HD % 2 != 0) return nullptr;  // the per-call path refuses or skips
+    for (const RopeTable& e : rope_tables_)
+      if (e.T == T && e.HD == HD && rope_same(e.rope, rope)) return e.table;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    DT_CUDA_CHECK(cudaStreamIsCapturing(s_, &capture));
+    if (capture != cudaStreamCaptureStatusNone || rope_tables_.size() >= ROPE_TABLES_MAX) return nullptr;
+    void* table = nullptr;
+    DT_CUDA_CHECK(cudaMalloc(&table, kernels::rope_table_bytes(T, HD)));  // not stream-ordered: outlives them all
+    rope_tables_.push_back({T, HD, rope, table});
+    kernels::rope_table(table, T, HD, rope, s_);
+    // Later calls may run on another stream (use_stream): let the table be complete first.
+    DT_CUDA_CHECK(cudaStreamSynchronize(s_));
+    return table;
+  }
+
   int index_;
   std::string name_;
   cudaStream_t own_ = nullptr;  // the compute stream
   cudaStream_t s_ = nullptr;    // the current stream (use_stream)
+  std::vector<RopeTable> rope_tables_;
 };
 
 }  // namespace

@@ -184,11 +184,18 @@ class PlanDevice final : public Device {
   void norm_forward(const char* op, bool layer, bool fused, const void* bias, int N, int C, DType t);
   void norm_backward(const char* op, bool layer, const void* dinp, const void* dout, const void* inp, const void* w,
                      bool dw, bool db, int N, int C, DType t);
-  void rope(const char* op, const void* q, const void* k, int B, int T, int NH, int NKV, int HD, DType t);
+  void rope(const char* op, const void* q, const void* k, int B, int T, int NH, int NKV, int HD,
+            const ops::RopeFreq& rope, DType t);
   void cross_entropy(const char* op, bool losses, bool mean, bool dlogits, int N, int V, DType t);
 
   Kind kind_;
   bool recording_ = false;
+  // The RoPE tables the CUDA device would hold by now (recorded or not).
+  struct RopeKey {
+    int T, HD;
+    ops::RopeFreq rope;
+  };
+  std::vector<RopeKey> rope_keys_;
   uintptr_t next_ = 0;  // the next fake address
   std::vector<PlanEntry> entries_;
 };
