@@ -1,6 +1,7 @@
-// AdamW kernel: float4 loads of param/grad/m/v (scalar fallback when misaligned), the
+// AdamW kernels: float4 loads of param/grad/m/v (scalar fallback when misaligned), the
 // element update written exactly as train/adamw.cpp's update_one so results agree to
-// rounding (nvcc may contract a*b+c into FMA where the host does not).
+// rounding (nvcc may contract a*b+c into FMA where the host does not). One tensor per
+// launch, or many through a table of tensors (the same update_one, so the same bits).
 #include "kernels/adamw.cuh"
 
 #include "kernels/common.cuh"
@@ -238,10 +239,6 @@ void adamw_step_copy(float* param, const float* grad, float* m, float* v, size_t
     adamw_launch<fp16>(param, grad, m, v, static_cast<fp16*>(compute_copy), n, s, dev_scale, stream);
   }
 }
-
-}  // namespace dtrain::kernels
-
-namespace dtrain::kernels {
 
 void adamw_step_multi(const ops::AdamWTensor* tensors, size_t count, const ops::AdamWConfig& cfg, float lr,
                       int64_t step, float grad_scale, DType compute_dtype, cudaStream_t stream,
