@@ -1,6 +1,7 @@
-// AdamW kernel: float4 loads of param/grad/m/v (scalar fallback when misaligned), the
+// AdamW kernels: float4 loads of param/grad/m/v (scalar fallback when misaligned), the
 // element update written exactly as train/adamw.cpp's update_one so results agree to
-// rounding (nvcc may contract a*b+c into FMA where the host does not).
+// rounding (nvcc may contract a*b+c into FMA where the host does not). One tensor per
+// launch, or many through a table of tensors (the same update_one, so the same bits).
 #include "kernels/adamw.cuh"
 
 #include "kernels/common.cuh"
@@ -8,6 +9,7 @@
 
 #include <cmath>
 #include <type_traits>
+#include <vector>
 
 namespace dtrain::kernels {
 
@@ -104,6 +106,117 @@ void adamw_launch(float* param, const float* grad, float* m, float* v, C* copy, 
   }
   DT_CUDA_LAUNCH_CHECK();
 }
+// ----------------------------------------------------------------------------
+// Many tensors per launch: the table rides in the kernel's parameters (no upload, and a
+// recorded graph keeps it by value). Block b updates chunk b - first[t] of the tensor t
+// whose block range holds b.
+constexpr int MULTI_THREADS = 256;
+constexpr size_t MULTI_CHUNK = 4096;  // elements per block: 4 packs of 4 per thread
+
+struct AdamWTable {
+  float* param[ADAMW_MULTI_MAX];
+  const float* grad[ADAMW_MULTI_MAX];
+  float* m[ADAMW_MULTI_MAX];
+  float* v[ADAMW_MULTI_MAX];
+  void* copy[ADAMW_MULTI_MAX];
+  size_t n[ADAMW_MULTI_MAX];
+  unsigned first[ADAMW_MULTI_MAX + 1];  // first[count] = the grid's blocks
+  unsigned char decay[ADAMW_MULTI_MAX];
+  unsigned char vec[ADAMW_MULTI_MAX];  // every pointer 16-byte aligned (the copy: 4 elements)
+  int count;
+};
+static_assert(sizeof(AdamWTable) + sizeof(StepScalars) + sizeof(void*) <= 4000, "kernel parameters above 4 KB");
+
+// s.decay_factor holds the decaying tensors' factor; each tensor applies it or 1.
+template <typename C>
+__global__ void __launch_bounds__(MULTI_THREADS)
+    adamw_multi_kernel(const AdamWTable table, StepScalars s, const float* __restrict__ dev_scale) {
+  constexpr bool HAS_COPY = !std::is_same_v<C, float>;
+  constexpr int V = 4;
+  if (dev_scale != nullptr) {
+    if (dev_scale[1] != 0.0f) return;  // the step overflowed: skipped
+    s.grad_scale = dev_scale[0];
+    s.decay_factor = dev_scale[2];
+    s.step_size = dev_scale[3];
+    s.sqrt_bc2 = dev_scale[4];
+  }
+  const unsigned b = blockIdx.x;
+  int t = 0;
+  while (t + 1 < table.count && table.first[t + 1] <= b) ++t;
+  if (!table.decay[t]) s.decay_factor = 1.0f;
+  float* const param = table.param[t];
+  const float* const grad = table.grad[t];
+  float* const m = table.m[t];
+  float* const v = table.v[t];
+  C* const copy = static_cast<C*>(table.copy[t]);
+  const size_t lo = static_cast<size_t>(b - table.first[t]) * MULTI_CHUNK;
+  const size_t hi = lo + MULTI_CHUNK < table.n[t] ? lo + MULTI_CHUNK : table.n[t];
+  size_t tail = lo;
+  if (table.vec[t]) {
+    const size_t npack = (hi - lo) / V;
+    for (size_t q = threadIdx.x; q < npack; q += blockDim.x) {
+      const size_t i = lo + q * V;
+      Pack<float, V> p = pack_load<float, V>(param + i), g = pack_load<float, V>(grad + i);
+      Pack<float, V> mm = pack_load<float, V>(m + i), vv = pack_load<float, V>(v + i);
+      Pack<C, V> c;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float pj = update_one(p.v[j], g.v[j], mm.v[j], vv.v[j], s);
+        if constexpr (HAS_COPY) c.v[j] = from_f32<C>(pj);
+      }
+      pack_store<float, V>(param + i, p);
+      pack_store<float, V>(m + i, mm);
+      pack_store<float, V>(v + i, vv);
+      if constexpr (HAS_COPY) pack_store<C, V>(copy + i, c);
+    }
+    tail = lo + npack * V;
+  }
+  for (size_t i = tail + threadIdx.x; i < hi; i += blockDim.x) {
+    float p = param[i], mi = m[i], vi = v[i];
+    const float pj = update_one(p, grad[i], mi, vi, s);
+    param[i] = p;
+    m[i] = mi;
+    v[i] = vi;
+    if constexpr (HAS_COPY) copy[i] = from_f32<C>(pj);
+  }
+}
+
+// Launches the tensors (all with a copy of C, or all without: C = float) in tables of
+// ADAMW_MULTI_MAX.
+template <typename C>
+void adamw_multi_launch(const ops::AdamWTensor* const* list, size_t count, const StepScalars& s, const float* dev_scale,
+                        cudaStream_t stream) {
+  AdamWTable table{};
+  size_t blocks = 0;
+  auto flush = [&] {
+    if (table.count == 0) return;
+    table.first[table.count] = static_cast<unsigned>(blocks);
+    DTK_LAUNCH(static_cast<unsigned>(blocks), MULTI_THREADS, 0, stream, adamw_multi_kernel<C>)(table, s, dev_scale);
+    DT_CUDA_LAUNCH_CHECK();
+    table = AdamWTable{};
+    blocks = 0;
+  };
+  constexpr size_t MAX_BLOCKS = 0x7fffffffu;  // gridDim.x
+  for (size_t k = 0; k < count; ++k) {
+    const ops::AdamWTensor& x = *list[k];
+    const size_t nb = (x.n + MULTI_CHUNK - 1) / MULTI_CHUNK;
+    DTK_REQUIRE(nb <= MAX_BLOCKS, UsageError, "adamw_step_multi: a tensor above 2^31 chunks of 4096 elements");
+    if (table.count == ADAMW_MULTI_MAX || blocks + nb > MAX_BLOCKS) flush();
+    const int t = table.count++;
+    table.param[t] = x.param;
+    table.grad[t] = x.grad;
+    table.m[t] = x.m;
+    table.v[t] = x.v;
+    table.copy[t] = x.copy;
+    table.n[t] = x.n;
+    table.first[t] = static_cast<unsigned>(blocks);
+    table.decay[t] = x.decay ? 1 : 0;
+    table.vec[t] = aligned16(x.param) && aligned16(x.grad) && aligned16(x.m) && aligned16(x.v) &&
+                   (x.copy == nullptr || reinterpret_cast<uintptr_t>(x.copy) % (4 * sizeof(C)) == 0);
+    blocks += nb;
+  }
+  flush();
+}
 }  // namespace
 
 void adamw_step(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig& cfg, float lr,
@@ -125,6 +238,23 @@ void adamw_step_copy(float* param, const float* grad, float* m, float* v, size_t
   } else {
     adamw_launch<fp16>(param, grad, m, v, static_cast<fp16*>(compute_copy), n, s, dev_scale, stream);
   }
+}
+
+void adamw_step_multi(const ops::AdamWTensor* tensors, size_t count, const ops::AdamWConfig& cfg, float lr,
+                      int64_t step, float grad_scale, DType compute_dtype, cudaStream_t stream,
+                      const float* dev_scale) {
+  const StepScalars s = step_scalars(cfg, lr, step, true, grad_scale);  // decay per tensor in the kernel
+  std::vector<const ops::AdamWTensor*> plain, copied;
+  for (size_t k = 0; k < count; ++k) {
+    if (tensors[k].n == 0) continue;
+    (tensors[k].copy != nullptr ? copied : plain).push_back(&tensors[k]);
+  }
+  adamw_multi_launch<float>(plain.data(), plain.size(), s, dev_scale, stream);
+  if (copied.empty()) return;
+  DTK_REQUIRE(compute_dtype == DType::BF16 || compute_dtype == DType::F16, InternalError,
+              "adamw_step_multi: the compute copy must be bf16 or fp16");
+  if (compute_dtype == DType::BF16) adamw_multi_launch<bf16>(copied.data(), copied.size(), s, dev_scale, stream);
+  else adamw_multi_launch<fp16>(copied.data(), copied.size(), s, dev_scale, stream);
 }
 
 }  // namespace dtrain::kernels

@@ -29,4 +29,18 @@ void adamw_step_copy(float* param, const float* grad, float* m, float* v, size_t
                      float lr, int64_t step, bool decay, float grad_scale, void* compute_copy, DType compute_dtype,
                      cudaStream_t stream, const float* dev_scale = nullptr);
 
+/// adamw_step / adamw_step_copy over many tensors in few launches: the tensors go to the
+/// kernel as a table in its parameters (up to ADAMW_MULTI_MAX per launch, tensors with a
+/// compute copy and without in separate launches); each block updates one 4096-element
+/// chunk of one tensor. The same element math as the per-tensor kernel, so the results
+/// are bit for bit those of one adamw_step(_copy) per tensor. A tensor's copy (when not
+/// null) is of compute_dtype, which must then be BF16 or F16.
+void adamw_step_multi(const ops::AdamWTensor* tensors, size_t count, const ops::AdamWConfig& cfg, float lr,
+                      int64_t step, float grad_scale, DType compute_dtype, cudaStream_t stream,
+                      const float* dev_scale = nullptr);
+
+/// Tensors per adamw_step_multi launch (the table must fit the 4 KB of kernel parameters
+/// every architecture takes).
+constexpr int ADAMW_MULTI_MAX = 36;
+
 }  // namespace dtrain::kernels

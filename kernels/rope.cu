@@ -1,6 +1,7 @@
 // RoPE: a table kernel forms cos/sin of t * inv_freq in double and rounds once to fp32
 // (bit-compatible with the CPU reference's table), then the apply kernel rotates
-// packs of the first half against the matching packs of the second half.
+// packs of the first half against the matching packs of the second half. The table is
+// built per call, or once by the caller (rope_table) and passed to the *_table entries.
 #include "kernels/rope.cuh"
 
 #include "kernels/common.cuh"
@@ -60,22 +61,54 @@ void rope_apply(void* x, const float2* table, int rows, int T_, int H, int half,
   DT_CUDA_LAUNCH_CHECK();
 }
 
+void table_build(float2* table, int T, int HD, const ops::RopeFreq& rope, cudaStream_t stream) {
+  const int half = HD / 2;
+  DTK_LAUNCH(blocks_for(static_cast<size_t>(T) * half, 256), 256, 0, stream, rope_table_kernel)
+  (table, T, half, HD, rope);
+  DT_CUDA_LAUNCH_CHECK();
+}
+
+void rope_run(void* q, void* k, int B, int T, int NH, int NKV, int HD, const float2* table, DType dtype, float sign,
+              cudaStream_t stream) {
+  const int half = HD / 2;
+  dispatch(dtype, [&](auto tag) {
+    using Ty = typename decltype(tag)::type;
+    rope_apply<Ty>(q, table, B * T, T, NH, half, sign, stream);
+    if (k) rope_apply<Ty>(k, table, B * T, T, NKV, half, sign, stream);
+  });
+}
+
+// A table for this call only (rope_forward / rope_backward without one).
 void rope_run(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope, DType dtype,
               float sign, cudaStream_t stream) {
   DTK_REQUIRE(HD > 0 && HD % 2 == 0, UsageError, "rope needs an even head dimension");
   if (B <= 0 || T <= 0) return;
-  const int half = HD / 2;
-  Scratch table(static_cast<size_t>(T) * half * sizeof(float2), stream);
-  DTK_LAUNCH(blocks_for(static_cast<size_t>(T) * half, 256), 256, 0, stream, rope_table_kernel)
-  (table.as<float2>(), T, half, HD, rope);
-  DT_CUDA_LAUNCH_CHECK();
-  dispatch(dtype, [&](auto tag) {
-    using Ty = typename decltype(tag)::type;
-    rope_apply<Ty>(q, table.as<float2>(), B * T, T, NH, half, sign, stream);
-    if (k) rope_apply<Ty>(k, table.as<float2>(), B * T, T, NKV, half, sign, stream);
-  });
+  Scratch table(rope_table_bytes(T, HD), stream);
+  table_build(table.as<float2>(), T, HD, rope, stream);
+  rope_run(q, k, B, T, NH, NKV, HD, table.as<float2>(), dtype, sign, stream);
 }
 }  // namespace
+
+size_t rope_table_bytes(int T, int HD) { return static_cast<size_t>(T) * (HD / 2) * sizeof(float2); }
+
+void rope_table(void* table, int T, int HD, const ops::RopeFreq& rope, cudaStream_t stream) {
+  DTK_REQUIRE(HD > 0 && HD % 2 == 0, UsageError, "rope needs an even head dimension");
+  if (T <= 0) return;
+  table_build(static_cast<float2*>(table), T, HD, rope, stream);
+}
+
+void rope_forward_table(void* q, void* k, int B, int T, int NH, int NKV, int HD, const void* table, DType dtype,
+                        cudaStream_t stream) {
+  DTK_REQUIRE(HD > 0 && HD % 2 == 0, UsageError, "rope needs an even head dimension");
+  if (B <= 0 || T <= 0) return;
+  rope_run(q, k, B, T, NH, NKV, HD, static_cast<const float2*>(table), dtype, 1.0f, stream);
+}
+void rope_backward_table(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const void* table, DType dtype,
+                         cudaStream_t stream) {
+  DTK_REQUIRE(HD > 0 && HD % 2 == 0, UsageError, "rope needs an even head dimension");
+  if (B <= 0 || T <= 0) return;
+  rope_run(dq, dk, B, T, NH, NKV, HD, static_cast<const float2*>(table), dtype, -1.0f, stream);
+}
 
 void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope, DType dtype,
                   cudaStream_t stream) {

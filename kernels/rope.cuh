@@ -9,6 +9,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
+
 namespace dtrain::kernels {
 
 /// Rotates q and k (k may be null) in place. HD must be even (else UsageError).
@@ -17,5 +19,18 @@ void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const
 /// The inverse rotation applied to dq and dk in place (the backward of rope_forward).
 void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope, DType dtype,
                    cudaStream_t stream);
+
+/// Bytes of the cos/sin table for T positions and head dimension HD (fp32 pairs, T * HD/2
+/// of them, the same for every activation dtype).
+size_t rope_table_bytes(int T, int HD);
+/// Fills table (rope_table_bytes(T, HD) of device memory) with cos, sin of t * inv_freq[i]
+/// for `rope`, as rope_forward forms it per call; UsageError for an odd HD.
+void rope_table(void* table, int T, int HD, const ops::RopeFreq& rope, cudaStream_t stream);
+/// rope_forward / rope_backward with a table rope_table filled for this T and HD (the
+/// caller keeps it: a cached table saves its kernel on every call).
+void rope_forward_table(void* q, void* k, int B, int T, int NH, int NKV, int HD, const void* table, DType dtype,
+                        cudaStream_t stream);
+void rope_backward_table(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const void* table, DType dtype,
+                         cudaStream_t stream);
 
 }  // namespace dtrain::kernels

@@ -287,6 +287,13 @@ class CpuDevice final : public Device {
                                 cached ? t_ce_lse.data() : nullptr);
   }
 
+  void cross_entropy_forward_backward(float* losses, float* mean, void* dlogits, const void* logits,
+                                      const int32_t* targets, int N, int V, int ld, float factor, const float* count,
+                                      DType t) override {
+    cross_entropy_forward(losses, mean, logits, targets, N, V, ld, t);
+    cross_entropy_backward(dlogits, logits, targets, N, V, ld, factor, count, t);
+  }
+
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig& cfg, float lr,
              int64_t step, bool decay, const float* scale, void* copy, DType copy_t) override {
     ops::OpScope scope(ops::OpClass::OPTIMIZER);
@@ -298,6 +305,13 @@ class CpuDevice final : public Device {
       return;
     }
     ops::adamw_step_copy(param, grad, m, v, n, cfg, lr, step, decay, grad_scale, static_cast<uint16_t*>(copy), copy_t);
+  }
+  void adamw_multi(const ops::AdamWTensor* tensors, size_t count, const ops::AdamWConfig& cfg, float lr, int64_t step,
+                   const float* scale, DType copy_t) override {
+    for (size_t k = 0; k < count; ++k) {
+      const ops::AdamWTensor& x = tensors[k];
+      adamw(x.param, x.grad, x.m, x.v, x.n, cfg, lr, step, x.decay, scale, x.copy, copy_t);
+    }
   }
   void norm_sq_accumulate(double* acc, const float* g, size_t n) override {
     ops::OpScope scope(ops::OpClass::OPTIMIZER);

@@ -226,12 +226,25 @@ void PlanDevice::dropout_backward(void*, const void*, size_t n, float, uint64_t,
 }
 
 // ----------------------------------------------------------------------------
-// RoPE (kernels/rope.cu): the cos/sin table, then q and k rotated in place.
-void PlanDevice::rope(const char* op, const void* q, const void* k, int B, int T, int NH, int NKV, int HD, DType t) {
+// RoPE (kernels/rope.cu): the cos/sin table, then q and k rotated in place. The CUDA
+// device builds the table once per (T, HD, frequencies) and keeps it (up to 32 of them;
+// this plan never captures a graph, which would build it per call): a step after the
+// warm-up has no table kernel.
+void PlanDevice::rope(const char* op, const void* q, const void* k, int B, int T, int NH, int NKV, int HD,
+                      const ops::RopeFreq& rope, DType t) {
   if (B <= 0 || T <= 0) return;
   const size_t half = static_cast<size_t>(HD) / 2;
   const double table = static_cast<double>(T) * half;
-  kernel(op, "rope_table_kernel", PlanUnit::CUDA_CORE, table * FLOPS_ROPE_TABLE, table * 8);
+  auto same = [&](const RopeKey& e) {
+    const ops::RopeFreq& a = e.rope;
+    return e.T == T && e.HD == HD && a.theta == rope.theta && a.type == rope.type && a.factor == rope.factor &&
+           a.low_freq_factor == rope.low_freq_factor && a.high_freq_factor == rope.high_freq_factor &&
+           a.original_max_position == rope.original_max_position;
+  };
+  if (std::none_of(rope_keys_.begin(), rope_keys_.end(), same)) {
+    if (rope_keys_.size() < 32) rope_keys_.push_back({T, HD, rope});
+    kernel(op, "rope_table_kernel", PlanUnit::CUDA_CORE, table * FLOPS_ROPE_TABLE, table * 8);
+  }
   auto apply = [&](const void* x, int H) {
     const double pairs = static_cast<double>(B) * T * H * half;
     const bool vec = half % vec16(t) == 0 && aligned16(x);
@@ -241,12 +254,13 @@ void PlanDevice::rope(const char* op, const void* q, const void* k, int B, int T
   apply(q, NH);
   if (k) apply(k, NKV);
 }
-void PlanDevice::rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq&, DType t) {
-  rope("rope_forward", q, k, B, T, NH, NKV, HD, t);
+void PlanDevice::rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& freq,
+                              DType t) {
+  rope("rope_forward", q, k, B, T, NH, NKV, HD, freq, t);
 }
-void PlanDevice::rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq&,
+void PlanDevice::rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& freq,
                                DType t) {
-  rope("rope_backward", dq, dk, B, T, NH, NKV, HD, t);
+  rope("rope_backward", dq, dk, B, T, NH, NKV, HD, freq, t);
 }
 
 // ----------------------------------------------------------------------------
@@ -365,6 +379,10 @@ void PlanDevice::cross_entropy_backward(void*, const void*, const int32_t*, int 
                                         DType t) {
   cross_entropy("cross_entropy_backward", false, false, true, N, V, t);
 }
+void PlanDevice::cross_entropy_forward_backward(float* losses, float* mean, void*, const void*, const int32_t*, int N,
+                                                int V, int, float, const float*, DType t) {
+  cross_entropy("cross_entropy_forward_backward", losses != nullptr, mean != nullptr, true, N, V, t);
+}
 
 // ----------------------------------------------------------------------------
 // Optimizer and buffer arithmetic (kernels/adamw.cu, reduce.cu, cast.cu).
@@ -379,6 +397,39 @@ void PlanDevice::adamw(float* param, const float* grad, float* m, float* v, size
   kernel(op, vec ? "adamw_kernel<C, V>" : "adamw_kernel<C, 1>", PlanUnit::CUDA_CORE, n * FLOPS_ADAMW, bytes);
   if (copy != nullptr && !copy16 && copy != param)
     memcpy_op(op, "cudaMemcpyAsync", PlanCopy::D2D, n * sizeof(float), 1);
+}
+
+// kernels::adamw_step_multi: the tensors without a compute copy, then those with one, in
+// tables of ADAMW_MULTI_MAX (kernels/adamw.cuh), one launch per table; an fp32 copy is a
+// device copy after the update, as adamw's.
+void PlanDevice::adamw_multi(const ops::AdamWTensor* tensors, size_t count, const ops::AdamWConfig&, float, int64_t,
+                             const float*, DType copy_t) {
+  const char* op = "adamw";
+  constexpr size_t MULTI_MAX = 36;  // kernels/adamw.cuh's ADAMW_MULTI_MAX
+  const bool copy16 = copy_t != DType::F32;
+  for (int with_copy = 0; with_copy < (copy16 ? 2 : 1); ++with_copy) {
+    size_t in_table = 0;
+    double elems = 0, bytes = 0;
+    auto flush = [&] {
+      if (in_table == 0) return;
+      kernel(op, "adamw_multi_kernel<C>", PlanUnit::CUDA_CORE, elems * FLOPS_ADAMW, bytes);
+      in_table = 0;
+      elems = bytes = 0;
+    };
+    for (size_t k = 0; k < count; ++k) {
+      const ops::AdamWTensor& x = tensors[k];
+      if (x.n == 0 || (copy16 && (x.copy != nullptr) != (with_copy == 1))) continue;
+      if (in_table == MULTI_MAX) flush();
+      ++in_table;
+      elems += static_cast<double>(x.n);
+      bytes += static_cast<double>(x.n) * (28.0 + (with_copy ? es(copy_t) : 0.0));  // p, g, m, v in; p, m, v out
+    }
+    flush();
+  }
+  if (!copy16)
+    for (size_t k = 0; k < count; ++k)
+      if (tensors[k].copy != nullptr && tensors[k].n && tensors[k].copy != tensors[k].param)
+        memcpy_op(op, "cudaMemcpyAsync", PlanCopy::D2D, tensors[k].n * sizeof(float), 1);
 }
 
 void PlanDevice::norm_sq_accumulate(double*, const float* g, size_t n) {

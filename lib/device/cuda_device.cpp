@@ -78,6 +78,7 @@ class CudaDevice final : public Device {
   ~CudaDevice() override {
     (void)cudaSetDevice(index_);
     (void)cudaStreamSynchronize(own_);
+    for (const RopeTable& e : rope_tables_) (void)cudaFree(e.table);
     (void)cudaStreamDestroy(own_);
   }
 
@@ -258,12 +259,15 @@ class CudaDevice final : public Device {
   void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
                     DType t) override {
     cur();
-    kernels::rope_forward(q, k, B, T, NH, NKV, HD, rope, t, s_);
+    if (const void* table = rope_table(T, HD, rope)) kernels::rope_forward_table(q, k, B, T, NH, NKV, HD, table, t, s_);
+    else kernels::rope_forward(q, k, B, T, NH, NKV, HD, rope, t, s_);
   }
   void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
                      DType t) override {
     cur();
-    kernels::rope_backward(dq, dk, B, T, NH, NKV, HD, rope, t, s_);
+    if (const void* table = rope_table(T, HD, rope))
+      kernels::rope_backward_table(dq, dk, B, T, NH, NKV, HD, table, t, s_);
+    else kernels::rope_backward(dq, dk, B, T, NH, NKV, HD, rope, t, s_);
   }
   size_t attention_saved_floats(int B, int T, int NH) const override { return static_cast<size_t>(B) * NH * T; }
   void attention_forward(void* out, float* saved, const void* q, const void* k, const void* v, int B, int T, int NH,
@@ -299,6 +303,13 @@ class CudaDevice final : public Device {
     cur();
     kernels::cross_entropy_backward(dlogits, logits, targets, N, V, ld, factor, IGNORE_INDEX, t, s_, count);
   }
+  void cross_entropy_forward_backward(float* losses, float* mean, void* dlogits, const void* logits,
+                                      const int32_t* targets, int N, int V, int ld, float factor, const float* count,
+                                      DType t) override {
+    cur();
+    kernels::cross_entropy_forward_backward(losses, mean, dlogits, logits, targets, N, V, ld, factor, IGNORE_INDEX, t,
+                                            s_, count);
+  }
 
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig& cfg, float lr,
              int64_t step, bool decay, const float* scale, void* copy, DType copy_t) override {
@@ -310,6 +321,21 @@ class CudaDevice final : public Device {
       return;
     }
     kernels::adamw_step_copy(param, grad, m, v, n, cfg, lr, step, decay, 1.0f, copy, copy_t, s_, scale);
+  }
+  void adamw_multi(const ops::AdamWTensor* tensors, size_t count, const ops::AdamWConfig& cfg, float lr, int64_t step,
+                   const float* scale, DType copy_t) override {
+    cur();
+    if (copy_t != DType::F32) {
+      kernels::adamw_step_multi(tensors, count, cfg, lr, step, 1.0f, copy_t, s_, scale);
+      return;
+    }
+    // An fp32 copy is the updated parameters themselves: copied after the update.
+    std::vector<ops::AdamWTensor> plain(tensors, tensors + count);
+    for (auto& x : plain) x.copy = nullptr;
+    kernels::adamw_step_multi(plain.data(), count, cfg, lr, step, 1.0f, copy_t, s_, scale);
+    for (size_t k = 0; k < count; ++k)
+      if (tensors[k].copy != nullptr && tensors[k].n)
+        copy_d2d(tensors[k].copy, tensors[k].param, tensors[k].n * sizeof(float));
   }
   void norm_sq_accumulate(double* acc, const float* g, size_t n) override {
     if (!n) return;
@@ -394,10 +420,41 @@ class CudaDevice final : public Device {
  private:
   void cur() const { DT_CUDA_CHECK(cudaSetDevice(index_)); }
 
+  // RoPE's cos/sin tables, one per (T, head dim, frequencies) seen (fp32 whatever the
+  // activation dtype), built once instead of on every call. Kept until the device goes: a
+  // recorded graph may hold a table's address. Null (the op builds its own per call) while
+  // the stream is being captured, or past ROPE_TABLES_MAX keys, or for no work.
+  static constexpr size_t ROPE_TABLES_MAX = 32;
+  struct RopeTable {
+    int T, HD;
+    ops::RopeFreq rope;
+    void* table;
+  };
+  static bool rope_same(const ops::RopeFreq& a, const ops::RopeFreq& b) {
+    return a.theta == b.theta && a.type == b.type && a.factor == b.factor && a.low_freq_factor == b.low_freq_factor &&
+           a.high_freq_factor == b.high_freq_factor && a.original_max_position == b.original_max_position;
+  }
+  const void* rope_table(int T, int HD, const ops::RopeFreq& rope) {
+    if (T <= 0 || HD <= 0 || HD % 2 != 0) return nullptr;  // the per-call path refuses or skips
+    for (const RopeTable& e : rope_tables_)
+      if (e.T == T && e.HD == HD && rope_same(e.rope, rope)) return e.table;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    DT_CUDA_CHECK(cudaStreamIsCapturing(s_, &capture));
+    if (capture != cudaStreamCaptureStatusNone || rope_tables_.size() >= ROPE_TABLES_MAX) return nullptr;
+    void* table = nullptr;
+    DT_CUDA_CHECK(cudaMalloc(&table, kernels::rope_table_bytes(T, HD)));  // not stream-ordered: outlives them all
+    rope_tables_.push_back({T, HD, rope, table});
+    kernels::rope_table(table, T, HD, rope, s_);
+    // Later calls may run on another stream (use_stream): let the table be complete first.
+    DT_CUDA_CHECK(cudaStreamSynchronize(s_));
+    return table;
+  }
+
   int index_;
   std::string name_;
   cudaStream_t own_ = nullptr;  // the compute stream
   cudaStream_t s_ = nullptr;    // the current stream (use_stream)
+  std::vector<RopeTable> rope_tables_;
 };
 
 }  // namespace

@@ -157,6 +157,12 @@ class Device {
   /// a recorded step does not bake it in.
   virtual void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V, int ld,
                                       float factor, const float* count, DType t) = 0;
+  /// cross_entropy_forward then cross_entropy_backward with the same arguments, the
+  /// same results; CUDA does both in one kernel (the logits read twice instead of three
+  /// times). dlogits may alias logits.
+  virtual void cross_entropy_forward_backward(float* losses, float* mean, void* dlogits, const void* logits,
+                                              const int32_t* targets, int N, int V, int ld, float factor,
+                                              const float* count, DType t) = 0;
 
   // ---- Optimizer and buffer arithmetic (fp32 masters, gradients and moments)
   /// ops::adamw_step on n elements with the gradient scale scale[0], unless scale[1] != 0
@@ -168,6 +174,11 @@ class Device {
   /// copy_t (F32, BF16 or F16) into copy.
   virtual void adamw(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig& cfg,
                      float lr, int64_t step, bool decay, const float* scale, void* copy, DType copy_t) = 0;
+  /// adamw on each of count tensors (each with its own decay flag and copy, copies of
+  /// copy_t), results bit for bit those of one adamw per tensor; CUDA updates them in few
+  /// launches (kernels::adamw_step_multi) instead of one per tensor.
+  virtual void adamw_multi(const ops::AdamWTensor* tensors, size_t count, const ops::AdamWConfig& cfg, float lr,
+                           int64_t step, const float* scale, DType copy_t) = 0;
   /// *acc += sum of g[i]^2 in double (acc: one double in this device's memory); inf/NaN
   /// gradients make it inf/NaN. The partition is fixed by n, so the result is deterministic.
   virtual void norm_sq_accumulate(double* acc, const float* g, size_t n) = 0;

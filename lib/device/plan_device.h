@@ -144,9 +144,14 @@ class PlanDevice final : public Device {
                              int ld, DType t) override;
   void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V, int ld,
                               float factor, const float* count, DType t) override;
+  void cross_entropy_forward_backward(float* losses, float* mean, void* dlogits, const void* logits,
+                                      const int32_t* targets, int N, int V, int ld, float factor, const float* count,
+                                      DType t) override;
 
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig& cfg, float lr,
              int64_t step, bool decay, const float* scale, void* copy, DType copy_t) override;
+  void adamw_multi(const ops::AdamWTensor* tensors, size_t count, const ops::AdamWConfig& cfg, float lr, int64_t step,
+                   const float* scale, DType copy_t) override;
   void norm_sq_accumulate(double* acc, const float* g, size_t n) override;
   void norm_sq_pack(float* red, const double* sq) override;
   void step_scale(float* scale, double* sq, const float* red, float loss_scale, float max_norm) override;
@@ -179,11 +184,18 @@ class PlanDevice final : public Device {
   void norm_forward(const char* op, bool layer, bool fused, const void* bias, int N, int C, DType t);
   void norm_backward(const char* op, bool layer, const void* dinp, const void* dout, const void* inp, const void* w,
                      bool dw, bool db, int N, int C, DType t);
-  void rope(const char* op, const void* q, const void* k, int B, int T, int NH, int NKV, int HD, DType t);
+  void rope(const char* op, const void* q, const void* k, int B, int T, int NH, int NKV, int HD,
+            const ops::RopeFreq& rope, DType t);
   void cross_entropy(const char* op, bool losses, bool mean, bool dlogits, int N, int V, DType t);
 
   Kind kind_;
   bool recording_ = false;
+  // The RoPE tables the CUDA device would hold by now (recorded or not).
+  struct RopeKey {
+    int T, HD;
+    ops::RopeFreq rope;
+  };
+  std::vector<RopeKey> rope_keys_;
   uintptr_t next_ = 0;  // the next fake address
   std::vector<PlanEntry> entries_;
 };

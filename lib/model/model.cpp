@@ -781,6 +781,9 @@ float Model::forward_issue(float* loss_out) {
   acts_step_ = forward_count_++;
   acts_dropout_ = training_ && lora_on() ? lora_cfg_.dropout : 0.0f;
   have_targets_ = false;
+  const LossGrad fuse = fuse_next_;  // consumed by this forward, with targets or not
+  fuse_next_ = LossGrad{};
+  fused_ = LossGrad{};
 
   if (hooks_.before_layer_forward) hooks_.before_layer_forward(-1);
   const ParamBuffer& emb = params_.front();
@@ -805,7 +808,13 @@ float Model::forward_issue(float* loss_out) {
   dev_->linear_forward(s.logits, s.lnf, wlm, nullptr, N, C, V, logits_ld_, dtype_);
 
   if (!inputs_targets_) return std::numeric_limits<float>::quiet_NaN();
-  dev_->cross_entropy_forward(s.losses, s.loss_mean, s.logits, s.targets, N, V, logits_ld_, dtype_);
+  if (fuse.on) {  // the loss and, in the same pass, the logits' gradient
+    dev_->cross_entropy_forward_backward(s.losses, s.loss_mean, s.logits, s.logits, s.targets, N, V, logits_ld_,
+                                         fuse.grad_scale, fuse.count != nullptr ? fuse.count : s.num_targets, dtype_);
+    fused_ = fuse;
+  } else {
+    dev_->cross_entropy_forward(s.losses, s.loss_mean, s.logits, s.targets, N, V, logits_ld_, dtype_);
+  }
   have_targets_ = true;
   if (loss_out != nullptr) {
     dev_->copy_d2d(loss_out, s.loss_mean, sizeof(float));
@@ -814,6 +823,12 @@ float Model::forward_issue(float* loss_out) {
   float loss = 0.0f;
   dev_->copy_d2h(&loss, s.loss_mean, sizeof(float));
   return loss;
+}
+
+void Model::backward_fuse(float grad_scale, const float* count) {
+  fuse_next_.on = true;
+  fuse_next_.grad_scale = grad_scale;
+  fuse_next_.count = count;
 }
 
 void Model::backward(float grad_scale, const float* count) {
@@ -830,9 +845,17 @@ void Model::backward(float grad_scale, const float* count) {
   const bool base_grads = grads_released_ && !lora_on();  // hooks must supply the base gradients
   buffer_enforce_present(head, true, base_grads);
   if (cfg_.tie_embeddings) buffer_enforce_present(emb, true, base_grads);
-  // dlogits over the logits, scaled by grad_scale / count (read on the device)
-  dev_->cross_entropy_backward(s.logits, s.logits, s.targets, N, V, logits_ld_, grad_scale,
-                               count != nullptr ? count : s.num_targets, dtype_);
+  // dlogits over the logits, scaled by grad_scale / count (read on the device), unless
+  // the forward's loss pass wrote them already
+  if (fused_.on) {
+    DT_ENFORCE(fused_.grad_scale == grad_scale && fused_.count == count, UsageError,
+               "Model::backward({}) after a forward fused for backward({}), or with another count", grad_scale,
+               fused_.grad_scale);
+    fused_ = LossGrad{};
+  } else {
+    dev_->cross_entropy_backward(s.logits, s.logits, s.targets, N, V, logits_ld_, grad_scale,
+                                 count != nullptr ? count : s.num_targets, dtype_);
+  }
   const size_t lm = head.layout.tensors.size() - 1;
   const void* wlm = cfg_.tie_embeddings ? emb.data : param_at(head, lm);
   float* dwlm = cfg_.tie_embeddings ? emb.grad : grad_at(head, lm);

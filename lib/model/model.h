@@ -103,6 +103,12 @@ class Model {
   /// their mean: the trainer passes the step's target count summed over micro-batches and
   /// ranks, so a recorded step does not bake the per-step scale in.
   void backward(float grad_scale = 1.0f, const float* count = nullptr);
+  /// Makes the next forward (with targets) also write the logits' gradient that
+  /// backward(grad_scale, count) needs, in the loss's own pass over the logits (one read
+  /// fewer of [B*T, vocab]); that forward overwrites logits(), and the backward after it
+  /// must pass the same grad_scale and count (UsageError otherwise). The trainer's step
+  /// calls it before each forward; the next forward consumes it, with targets or not.
+  void backward_fuse(float grad_scale = 1.0f, const float* count = nullptr);
 
   /// Zeros every trainable gradient buffer.
   void zero_grad();
@@ -246,6 +252,14 @@ class Model {
   bool training_ = true;
   float acts_dropout_ = 0.0f;  // LoRA dropout the saved activations were made with
   bool have_targets_ = false;
+  // backward_fuse's request for the next forward, and whether the last forward's loss
+  // already wrote the logits' gradient (for this scale and count).
+  struct LossGrad {
+    bool on = false;
+    float grad_scale = 1.0f;
+    const float* count = nullptr;
+  };
+  LossGrad fuse_next_, fused_;
   int num_targets_ = 0;
   uint64_t forward_count_ = 0;
   bool inputs_targets_ = false;  // inputs_set had targets

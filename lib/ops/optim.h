@@ -37,6 +37,19 @@ void adamw_step(float* param, const float* grad, float* m, float* v, size_t n, c
 void adamw_step_copy(float* param, const float* grad, float* m, float* v, size_t n, const AdamWConfig& cfg, float lr,
                      int64_t step, bool decay, float grad_scale, uint16_t* compute_copy, DType compute_dtype);
 
+/// One tensor of a multi-tensor AdamW update (Device::adamw_multi, kernels::adamw_step_multi):
+/// n elements of param, grad, m and v, the compute copy (null: none) and whether its
+/// weights decay.
+struct AdamWTensor {
+  float* param = nullptr;
+  const float* grad = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  void* copy = nullptr;
+  size_t n = 0;
+  bool decay = false;
+};
+
 /// Sum of squares of n fp32 gradients, accumulated in double. +-inf or NaN inputs give
 /// inf/NaN, which the caller treats as an overflow.
 double grad_norm_sq(const float* g, size_t n);

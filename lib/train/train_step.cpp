@@ -75,6 +75,7 @@ void TrainStep::issue(float factor, float loss_scale, float lr, const StepBatch&
     if ((*b.counts)[i] == 0 && !lockstep_) continue;  // nothing to learn from: no forward, no gradient
     {
       auto s = timer.scope(Section::FORWARD);
+      m_.backward_fuse(factor, engine_.targets_count());  // the loss pass writes dlogits too
       m_.forward((*b.inputs)[i].data(), (*b.targets)[i].data(), opts_.micro_batch, opts_.seq_len, slots + a);
     }
     auto s = timer.scope(Section::BACKWARD);
@@ -104,6 +105,7 @@ void TrainStep::issue_graphed(float factor, float loss_scale, const StepBatch& b
     engine_.before_step();
     engine_.targets_reduce();
     if (key.run) {
+      m_.backward_fuse(factor, engine_.targets_count());
       m_.forward_issue(slot);
       engine_.set_last_micro_batch(true);
       m_.backward(factor, engine_.targets_count());

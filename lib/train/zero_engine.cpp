@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 #include <cstddef>
 #include <cstring>
 #include <limits>
@@ -526,6 +527,8 @@ void ZeroEngine::step_issue(float loss_scale) {
   dev_->step_scale(scale, sq, red, loss_scale, opts_.gradient_clipping);
 
   const int64_t step = step_count_ + 1;  // counted only if the update is applied
+  // Every owned tensor in one table: CUDA updates them in a few launches, not one each.
+  std::vector<ops::AdamWTensor> update;
   for (auto& s : slots_) {
     if (!s.trainable || !s.owned()) continue;
     float* p = master_f32(s);
@@ -536,12 +539,21 @@ void ZeroEngine::step_issue(float loss_scale) {
       const size_t a = std::max(t.offset, s.lo), e = std::min(t.offset + t.numel(), s.hi);
       if (a >= e) continue;
       const size_t o = a - s.lo;
-      void* cp = copy ? at(s.pb->data, a, mdt_) : nullptr;
-      dev_->adamw(p + o, g + o, s.m.as<float>() + o, s.v.as<float>() + o, e - a, opts_.adamw, lr_, step, t.decay, scale,
-                  cp, mdt_);
-      if (cp != nullptr && mdt_ == DType::F32) dev_->round_to(static_cast<float*>(cp), e - a, opts_.compute_dtype);
+      ops::AdamWTensor x;
+      x.param = p + o;
+      x.grad = g + o;
+      x.m = s.m.as<float>() + o;
+      x.v = s.v.as<float>() + o;
+      x.copy = copy ? at(s.pb->data, a, mdt_) : nullptr;
+      x.n = e - a;
+      x.decay = t.decay;
+      update.push_back(x);
     }
   }
+  dev_->adamw_multi(update.data(), update.size(), opts_.adamw, lr_, step, scale, mdt_);
+  if (mdt_ == DType::F32)
+    for (const auto& x : update)
+      if (x.copy != nullptr) dev_->round_to(static_cast<float*>(x.copy), x.n, opts_.compute_dtype);
   // A skipped step gathers the unchanged masters: the copies the model already holds.
   params_gather_resident();
   release_all_gathered();

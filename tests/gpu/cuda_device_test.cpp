@@ -1,9 +1,12 @@
 // The CUDA device beyond the model tests: its default memory pool keeps what it holds
 // across synchronisations (release threshold UINT64_MAX), so the memory a step frees is
 // reused by the next step instead of going back to the driver; and the logits head's ops
-// over rows padded past the vocabulary. Skips without a GPU.
+// over rows padded past the vocabulary; its cached RoPE tables. Skips without a GPU.
 #include "core/rng.h"
+#include "core/dtype.h"
 #include "device/device.h"
+#include "kernels/rope.cuh"
+#include "ops/rope.h"
 
 #include "gpu/gpu_skip.h"
 
@@ -126,4 +129,65 @@ TEST_CASE("the logits head over padded rows on CUDA equals the CPU's packed head
       for (int i = V; i < ld; ++i) written += !std::isnan(rows[static_cast<size_t>(n) * ld + i]);
     CHECK(written == 0);
   }
+}
+
+// RoPE's cos/sin table is built once per (T, head dim, frequencies) and kept: each call
+// must still rotate with its own key's table. Configurations that differ in one key field
+// each, interleaved and repeated, against the kernels' per-call-table path bit for bit.
+TEST_CASE("the CUDA device's cached RoPE tables: every key gets its own table") {
+  SKIP_WITHOUT_GPU();
+  auto dev = device::cuda_create(0);
+  const auto stream = static_cast<cudaStream_t>(dev->stream());
+  struct Config {
+    int T, HD;
+    ops::RopeFreq rope;
+  };
+  ops::RopeFreq base, theta, linear, llama3, llama3_low;
+  theta.theta = 500000.0f;
+  linear.type = ops::RopeFreq::LINEAR;
+  linear.factor = 4.0f;
+  llama3.type = ops::RopeFreq::LLAMA3;
+  llama3.factor = 8.0f;
+  llama3.original_max_position = 16;  // short enough for the scaled band to matter at T = 24
+  llama3_low = llama3;
+  llama3_low.low_freq_factor = 2.0f;
+  // The shorter T first: a table kept for it is too short for the longer one.
+  const std::vector<Config> configs = {{12, 16, base},   {24, 16, base},   {24, 16, theta},      {24, 32, base},
+                                       {24, 16, linear}, {24, 16, llama3}, {24, 16, llama3_low}, {24, 16, base},
+                                       {12, 16, base},   {24, 16, theta}};
+  const int B = 2, NH = 4, NKV = 2;
+  Rng r(17);
+  for (DType t : {DType::F32, DType::BF16})
+    for (size_t c = 0; c < configs.size(); ++c) {
+      const Config& k = configs[c];
+      INFO(dtype_name(t) << " config " << c << " T=" << k.T << " HD=" << k.HD << " theta=" << k.rope.theta);
+      const size_t nq = static_cast<size_t>(B) * k.T * NH * k.HD, nk = static_cast<size_t>(B) * k.T * NKV * k.HD;
+      std::vector<float> q(nq), kk(nk);
+      for (auto& x : q) x = r.normal(0.0f, 1.0f);
+      for (auto& x : kk) x = r.normal(0.0f, 1.0f);
+      const size_t es = dtype_size(t);
+      void* bufs[4];
+      for (int i = 0; i < 4; ++i) bufs[i] = dev->alloc((i % 2 ? nk : nq) * es);
+      std::vector<uint8_t> hq(nq * es), hk(nk * es);
+      for (size_t i = 0; i < nq; ++i) dtype_store(hq.data(), i, t, q[i]);
+      for (size_t i = 0; i < nk; ++i) dtype_store(hk.data(), i, t, kk[i]);
+      for (int i = 0; i < 4; ++i) dev->copy_h2d(bufs[i], i % 2 ? hk.data() : hq.data(), (i % 2 ? nk : nq) * es);
+      for (bool bwd : {false, true}) {
+        if (bwd) {
+          dev->rope_backward(bufs[0], bufs[1], B, k.T, NH, NKV, k.HD, k.rope, t);
+          kernels::rope_backward(bufs[2], bufs[3], B, k.T, NH, NKV, k.HD, k.rope, t, stream);
+        } else {
+          dev->rope_forward(bufs[0], bufs[1], B, k.T, NH, NKV, k.HD, k.rope, t);
+          kernels::rope_forward(bufs[2], bufs[3], B, k.T, NH, NKV, k.HD, k.rope, t, stream);
+        }
+        for (int i = 0; i < 2; ++i) {
+          const size_t bytes = (i ? nk : nq) * es;
+          std::vector<uint8_t> cached(bytes), fresh(bytes);
+          dev->copy_d2h(cached.data(), bufs[i], bytes);
+          dev->copy_d2h(fresh.data(), bufs[i + 2], bytes);
+          CHECK(cached == fresh);
+        }
+      }
+      for (void* p : bufs) dev->free(p);
+    }
 }

@@ -166,6 +166,46 @@ TEST_CASE("one model, two devices: recompute gives the gradients of keeping ever
   for (size_t i = 0; i < grads[0].size(); ++i) CHECK(max_err(grads[1][i], grads[0][i].data()) <= 1e-6);
 }
 
+TEST_CASE("backward_fuse: the loss pass's gradient gives the separate backward's loss and gradients bit for bit") {
+  SKIP_WITHOUT_GPU();
+  auto dev = device::cuda_create(0);
+  for (auto arch : {ModelConfig::Arch::GPT2, ModelConfig::Arch::LLAMA})
+    for (DType t : {DType::F32, DType::BF16})
+      for (bool on_cpu : {false, true}) {
+        if (on_cpu && t != DType::F32) continue;
+        INFO(model::arch_name(arch) << " " << dtype_name(t) << (on_cpu ? " cpu" : " cuda"));
+        const ModelConfig cfg = tiny(arch);
+        model::Model src(cfg);
+        src.init_weights(13);
+        device::Device& d = on_cpu ? device::cpu() : *dev;
+        std::vector<std::vector<float>> grads[2];
+        float losses[2][2] = {};
+        for (int fused = 0; fused < 2; ++fused) {
+          model::Model m(cfg, d, t);
+          m.weights_copy_from(src);
+          for (uint64_t seed : {21u, 22u}) {  // the second backward accumulates
+            const Batch b = make_batch(cfg.vocab_size, seed);
+            if (fused) m.backward_fuse(0.75f);
+            losses[fused][seed - 21] = m.forward(b.tokens.data(), b.targets.data(), B, T);
+            m.backward(0.75f);
+          }
+          for (auto& pb : m.trainable_params()) {
+            grads[fused].emplace_back(pb.size);
+            d.copy_d2h(grads[fused].back().data(), pb.grad, pb.size * sizeof(float));
+          }
+          // A backward with another scale than the fused forward's is refused.
+          const Batch b = make_batch(cfg.vocab_size, 23);
+          m.backward_fuse(0.75f);
+          m.forward(b.tokens.data(), b.targets.data(), B, T);
+          if (fused) CHECK_THROWS_AS(m.backward(0.5f), UsageError);
+        }
+        CHECK(losses[0][0] == losses[1][0]);
+        CHECK(losses[0][1] == losses[1][1]);
+        REQUIRE(grads[0].size() == grads[1].size());
+        for (size_t i = 0; i < grads[0].size(); ++i) CHECK(grads[1][i] == grads[0][i]);
+      }
+}
+
 TEST_CASE("one model, two devices: an all-masked batch has loss 0 and no gradient on CUDA") {
   SKIP_WITHOUT_GPU();
   const ModelConfig cfg = tiny(ModelConfig::Arch::GPT2);

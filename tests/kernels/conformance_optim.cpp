@@ -7,8 +7,11 @@
 #include "kernels/cast.cuh"
 #include "kernels/reduce.cuh"
 #include "ops/optim.h"
+#include "ops/step_scale.h"
 #include "train/grad_clip.h"
 #include "train/loss_scaler.h"
+
+#include <memory>
 
 namespace dtrain::kernels::test {
 
@@ -62,6 +65,87 @@ double adamw_case(DType copy, size_t offset, uint64_t seed) {
   e = std::max(e, buf_err(dp, p_ref));
   e = std::max(e, buf_err(dm, m_ref));
   e = std::max(e, buf_err(dv, v_ref));
+  return e;
+}
+
+// adamw_step_multi against one adamw_step / adamw_step_copy per tensor, bit for bit: more
+// tensors than two tables hold, sizes from 0 to past two 4096-element chunks, every third
+// tensor misaligned, decay on every other one, a compute copy on three in four (copy !=
+// F32). dev: the lr values and the gradient scale from device memory (skip = the
+// overflow flag set: nothing may change).
+double adamw_multi_case(DType copy, bool dev, bool skip, uint64_t seed) {
+  Rng r(seed);
+  const int K = 2 * ADAMW_MULTI_MAX + 5;
+  ops::AdamWConfig cfg;
+  cfg.weight_decay = 0.1f;
+  const float lr = 3e-3f, gscale = 0.5f;
+  const int64_t step = 7;
+  struct One {
+    Floats p, g, m, v;
+    std::unique_ptr<DevBuf> dp[2], dg, dm[2], dv[2], dc[2];
+    ops::AdamWTensor x;
+  };
+  std::vector<One> t(K);
+  for (int k = 0; k < K; ++k) {
+    One& o = t[static_cast<size_t>(k)];
+    const size_t n = k % 11 == 5 ? 9000 + k : (k * 131) % 700 + (k % 9 == 0 ? 0 : 1);
+    const size_t off = k % 3 == 1 ? 1 : 0;
+    o.p = rand_floats(r, n);
+    o.g = rand_floats(r, n, 0.1f);
+    o.m = rand_floats(r, n, 0.01f);
+    o.v.resize(n);
+    for (auto& x : o.v) x = r.uniform() * 1e-3f;
+    o.dg = std::make_unique<DevBuf>(o.g, DType::F32, off);
+    for (int side = 0; side < 2; ++side) {
+      o.dp[side] = std::make_unique<DevBuf>(o.p, DType::F32, off);
+      o.dm[side] = std::make_unique<DevBuf>(o.m, DType::F32, off);
+      o.dv[side] = std::make_unique<DevBuf>(o.v, DType::F32, off);
+      if (copy != DType::F32 && k % 4 != 3) {
+        o.dc[side] = std::make_unique<DevBuf>(n, copy, off);
+        o.dc[side]->poison();
+      }
+    }
+    o.x.param = o.dp[1]->f32();
+    o.x.grad = o.dg->f32();
+    o.x.m = o.dm[1]->f32();
+    o.x.v = o.dv[1]->f32();
+    o.x.copy = o.dc[1] ? o.dc[1]->ptr() : nullptr;
+    o.x.n = n;
+    o.x.decay = k % 2 == 0;
+  }
+  // [grad scale, skip, decay factor, step size, sqrt(bc2)] as step_scale and the engine
+  // leave them; the arguments then say otherwise, so reading them is what is tested.
+  float host_scale[5] = {gscale, skip ? 1.0f : 0.0f, 0, 0, 0};
+  ops::adamw_step_values(host_scale + 2, lr, cfg.weight_decay, cfg.beta1, cfg.beta2, step);
+  float* d_scale = nullptr;
+  if (dev) {
+    DT_CUDA_CHECK(cudaMalloc(&d_scale, sizeof host_scale));
+    DT_CUDA_CHECK(cudaMemcpy(d_scale, host_scale, sizeof host_scale, cudaMemcpyHostToDevice));
+  }
+  const float arg_lr = dev ? 1.0f : lr, arg_scale = dev ? 9.0f : gscale;
+  for (One& o : t) {
+    if (o.x.n == 0) continue;
+    if (o.dc[0])
+      adamw_step_copy(o.dp[0]->f32(), o.dg->f32(), o.dm[0]->f32(), o.dv[0]->f32(), o.x.n, cfg, arg_lr, step, o.x.decay,
+                      arg_scale, o.dc[0]->ptr(), copy, nullptr, d_scale);
+    else
+      adamw_step(o.dp[0]->f32(), o.dg->f32(), o.dm[0]->f32(), o.dv[0]->f32(), o.x.n, cfg, arg_lr, step, o.x.decay,
+                 arg_scale, nullptr, d_scale);
+  }
+  std::vector<ops::AdamWTensor> list;
+  for (const One& o : t) list.push_back(o.x);
+  adamw_step_multi(list.data(), list.size(), cfg, arg_lr, step, arg_scale, copy, nullptr, d_scale);
+  DT_CUDA_CHECK(cudaDeviceSynchronize());
+  if (d_scale) DT_CUDA_CHECK(cudaFree(d_scale));
+  double e = 0;
+  for (const One& o : t) {
+    // Bit for bit the per-tensor kernel's results; a skipped step leaves the inputs.
+    const Floats p = skip ? o.p : o.dp[0]->download(), m = skip ? o.m : o.dm[0]->download(),
+                 v = skip ? o.v : o.dv[0]->download();
+    if (!skip && o.x.n > 0 && p == o.p) e = INFINITY;  // the reference must have moved
+    e = std::max({e, buf_err(*o.dp[1], p), buf_err(*o.dm[1], m), buf_err(*o.dv[1], v)});
+    if (o.dc[1]) e = std::max(e, buf_err(*o.dc[1], o.dc[0]->download()));
+  }
   return e;
 }
 
@@ -124,6 +208,14 @@ std::vector<Case> cases_optim() {
       const std::string name =
           std::string(copy == DType::F32 ? "adamw_step" : "adamw_step_copy") + (off ? " (unaligned)" : "");
       c.push_back({name, copy, [=] { return adamw_case(copy, off, seed); }, 1e-5});
+      ++seed;
+    }
+  for (DType copy : ALL_DTYPES)
+    for (int mode = 0; mode < 3; ++mode) {
+      const std::string name =
+          std::string("adamw_step_multi") + (mode == 1 ? " (device lr)" : "") + (mode == 2 ? " (device skip)" : "");
+      // Exact: the same element math as adamw_step, per tensor.
+      c.push_back({name, copy, [=] { return adamw_multi_case(copy, mode > 0, mode == 2, seed); }, 0.0});
       ++seed;
     }
   for (DType t : ALL_DTYPES)
