@@ -414,3 +414,26 @@ TEST_CASE("dtrain export's checkpoint path streams the masters: the same files a
     }
   }
 }
+
+TEST_CASE("safetensors_write_stream writes the bytes safetensors_write writes") {
+  TempDir dir("stream");
+  std::vector<float> a(37), b(5);
+  std::vector<uint16_t> c(12);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = 0.25f * static_cast<float>(i) - 3.0f;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = -static_cast<float>(i);
+  for (size_t i = 0; i < c.size(); ++i) c[i] = f32_to_bf16(static_cast<float>(i) / 7.0f);
+  const std::vector<model::StTensorRef> refs{{"z.weight", DType::F32, {37}, a.data()},
+                                             {"a.bias", DType::F32, {5, 1}, b.data()},
+                                             {"m.half", DType::BF16, {3, 4}, c.data()}};
+  std::vector<model::StTensorSource> sources;
+  for (const auto& r : refs)
+    sources.push_back({r.name, r.dtype, r.shape, [r](void* dst) {
+                         size_t n = dtype_size(r.dtype);
+                         for (int64_t d : r.shape) n *= static_cast<size_t>(d);
+                         std::memcpy(dst, r.data, n);
+                       }});
+  model::safetensors_write((dir.path / "ref.safetensors").string(), refs, {{"format", "pt"}});
+  model::safetensors_write_stream((dir.path / "stream.safetensors").string(), sources, {{"format", "pt"}});
+  CHECK(bytes_of(dir.path / "stream.safetensors") == bytes_of(dir.path / "ref.safetensors"));
+  CHECK(bytes_of(dir.path / "ref.safetensors").size() > 200);
+}
