@@ -137,7 +137,7 @@ def lora_run(args, base_dir, work, device, model_sets=()):
     for s in list(model_sets) + LORA_SETS:
         cmd += ["--set", s]
     sh(cmd, 300)
-    sh([args.dtrain, "export", run_dir, "-o", exp], 120)
+    sh([args.dtrain, "export", run_dir, "-o", exp, "--dtype", "fp32"], 120)  # fp32: compared with fp32 references
     for f in ("adapter_config.json", "adapter_model.safetensors"):
         if not os.path.exists(os.path.join(exp, f)):
             raise RuntimeError(f"dtrain export wrote no {f} in {exp}")
@@ -157,7 +157,7 @@ def rehearse(args, work):
     for s in TINY_SETS + ["training.max_steps=2", "training.save_steps=2", "training.eval_steps=2"]:
         cmd += ["--set", s]
     sh(cmd, 300)
-    sh([args.dtrain, "export", base_run, "-o", base], 120)
+    sh([args.dtrain, "export", base_run, "-o", base, "--dtype", "fp32"], 120)
     tokens = os.path.join(work, "tokens.i32")
     t = TINY_T
     ids = write_tokens(tokens, 7, t)

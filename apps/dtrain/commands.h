@@ -2,6 +2,8 @@
 // fills these from the command line (CLI11); each run_* returns the exit code.
 #pragma once
 
+#include "train/hf_export.h"
+
 #include <string>
 #include <vector>
 
@@ -47,7 +49,8 @@ struct DataPrepareArgs {
 };
 int run_data_prepare(const DataPrepareArgs& a);
 // cmd_export.cpp
-int run_export(const std::string& run_dir, const std::string& out_dir, bool init_weights);
+int run_export(const std::string& run_dir, const std::string& out_dir, bool init_weights,
+               const train::HfExportFlags& flags);
 
 // cmd_plot.cpp, cmd_status.cpp
 int run_plot(const std::string& run_dir, const std::string& out_png, int width, int height);

@@ -227,6 +227,7 @@ void add_export(CLI::App& app, Commands& out) {
   struct Options {
     std::string dir, out;
     bool init = false;
+    dtrain::train::HfExportFlags flags;
   };
   auto o = std::make_shared<Options>();
   auto* cmd = app.add_subcommand(
@@ -236,8 +237,12 @@ void add_export(CLI::App& app, Commands& out) {
   cmd->add_option("RUN_DIR", o->dir, "the run directory")->required()->check(CLI::ExistingDirectory);
   cmd->add_option("-o,--output", o->out, "directory to write (default: RUN_DIR/export)");
   cmd->add_flag("--init", o->init, "export the config's freshly initialised model instead");
-  cmd->footer("Example:\n  dtrain export runs/tiny-sft -o tiny-sft-hf");
-  out.push_back({cmd, [o] { return dtrain::cli::run_export(o->dir, o->out, o->init); }});
+  cmd->add_option("--dtype", o->flags.dtype, "bf16 or fp32 (default: the config's export.dtype, bf16)");
+  cmd->add_option("--max-shard-size", o->flags.max_shard_size,
+                  "largest safetensors file, e.g. 5GB, 500MB, 2GiB or bytes (default: export.max_shard_size, 5GB)");
+  cmd->add_flag("--merge-lora", o->flags.merge_lora, "LoRA runs: also write the merged full model in DIR/merged");
+  cmd->footer("Example:\n  dtrain export runs/tiny-sft -o tiny-sft-hf --max-shard-size 2GB");
+  out.push_back({cmd, [o] { return dtrain::cli::run_export(o->dir, o->out, o->init, o->flags); }});
 }
 
 void add_generate(CLI::App& app, Commands& out) {

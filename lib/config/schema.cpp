@@ -370,6 +370,19 @@ const std::vector<KeySpec>& build_schema() {
       {.path = "tensorboard.job_name", .type = KeyType::STRING, .field = F(tensorboard.job_name),
        .help = "subdirectory of output_path for the event files (DeepSpeed writes output_path/job_name); \"\" = none"},
 
+      // ---- export (dtrain): the Hugging Face files of `dtrain export` and the trainer's final/
+      {.path = "export.dtype", .type = KeyType::ENUM, .field = F(hf_export.dtype),
+       .help = "dtype of the exported weights: bf16 (rounded to nearest even from the fp32 masters, as "
+               "save_pretrained of a bf16 model) or fp32 (the masters exactly); config.json's torch_dtype says which",
+       .allowed = {"bf16", "fp32"}},
+      {.path = "export.max_shard_size", .type = KeyType::STRING, .field = F(hf_export.max_shard_size),
+       .help = "largest safetensors file, as save_pretrained's max_shard_size: bytes, or a number with KB, MB, GB, TB "
+               "(powers of 1000) or KiB, MiB, GiB, TiB; a larger model is split into model-0000k-of-0000n.safetensors "
+               "+ model.safetensors.index.json, a tensor larger than it alone in its file"},
+      {.path = "export.merge_lora", .type = KeyType::BOOL, .field = F(hf_export.merge_lora),
+       .help = "LoRA runs: besides the base model and the PEFT adapter, write the adapters merged into the weights "
+               "(W + alpha/r * B A) as a full model in <export dir>/merged"},
+
       // ---- cluster (dtrain)
       {.path = "cluster.ssh.user", .type = KeyType::STRING, .field = F(cluster.ssh.user),
        .help = "SSH user; \"\" = the launcher's user"},

@@ -190,6 +190,20 @@ struct EnvConfig {
   bool operator==(const EnvConfig&) const = default;
 };
 
+// The Hugging Face files `dtrain export` and the trainer's final/ write (YAML section export).
+struct ExportConfig {
+  std::string dtype = "bf16";          // "bf16" | "fp32": the weights' dtype in the files
+  std::string max_shard_size = "5GB";  // bytes, or a number with KB/MB/GB/TB (10^3) or KiB/MiB/GiB/TiB
+  bool merge_lora = false;             // LoRA runs: also a merged full model in <dir>/merged
+  bool operator==(const ExportConfig&) const = default;
+};
+
+/// A byte count as Hugging Face's max_shard_size takes it: plain digits (bytes), or a
+/// number (decimals allowed) followed by B, KB, MB, GB, TB (powers of 1000, as HF) or
+/// KiB, MiB, GiB, TiB (powers of 1024), case-insensitive, spaces allowed before the unit.
+/// nullopt for anything else, for 0 and for a value beyond 2^63.
+std::optional<uint64_t> byte_size_parse(std::string_view text);
+
 struct TensorboardConfig {
   bool enabled = false;
   std::string output_path = "tensorboard";  // relative: against the run directory
@@ -260,6 +274,7 @@ struct TrainConfig {
   FaultToleranceConfig fault_tolerance;
   ElasticConfig elastic;
   TensorboardConfig tensorboard;  // DeepSpeed's tensorboard section
+  ExportConfig hf_export;         // YAML section export (a C++ keyword)
   ClusterConfig cluster;
   DoctorConfig doctor;
   MonitorConfig monitor;

@@ -9,7 +9,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
+#include <iterator>
 
 namespace dtrain::config {
 
@@ -35,6 +37,56 @@ const std::vector<std::string>& lora_modules_for(std::string_view architecture) 
   if (architecture == "llama") return kLlama;
   if (architecture == "gpt2") return kGpt2;
   return kNone;
+}
+
+std::optional<uint64_t> byte_size_parse(std::string_view text) {
+  size_t i = 0, n = text.size();
+  while (i < n && text[i] == ' ') ++i;
+  while (n > i && text[n - 1] == ' ') --n;
+  const std::string_view s = text.substr(i, n - i);
+  size_t num_end = 0;
+  bool dot = false, digit = false;
+  for (; num_end < s.size(); ++num_end) {
+    const char c = s[num_end];
+    if (c >= '0' && c <= '9') digit = true;
+    else if (c == '.' && !dot) dot = true;
+    else break;
+  }
+  if (!digit) return std::nullopt;
+  std::string unit(s.substr(num_end));
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  static const std::pair<const char*, uint64_t> kUnits[] = {{"", 1},
+                                                            {"b", 1},
+                                                            {"kb", 1000},
+                                                            {"mb", 1000000},
+                                                            {"gb", 1000000000},
+                                                            {"tb", 1000000000000},
+                                                            {"kib", 1ull << 10},
+                                                            {"mib", 1ull << 20},
+                                                            {"gib", 1ull << 30},
+                                                            {"tib", 1ull << 40}};
+  const auto u = std::find_if(std::begin(kUnits), std::end(kUnits), [&](const auto& e) { return unit == e.first; });
+  if (u == std::end(kUnits)) return std::nullopt;
+  const std::string num(s.substr(0, num_end));
+  constexpr uint64_t kMax = uint64_t{1} << 63;
+  uint64_t v = 0;
+  if (!dot) {
+    // Whole numbers exactly (a byte count beyond 2^53 would lose digits in a double).
+    for (char c : num) {
+      if (v > (kMax - static_cast<uint64_t>(c - '0')) / 10) return std::nullopt;
+      v = v * 10 + static_cast<uint64_t>(c - '0');
+    }
+    if (u->second != 0 && v > kMax / u->second) return std::nullopt;
+    v *= u->second;
+  } else {
+    if (unit.empty() || unit == "b") return std::nullopt;  // a byte count is a whole number
+    const double d = std::stod(num) * static_cast<double>(u->second);
+    if (!(d < 9.2e18)) return std::nullopt;
+    v = static_cast<uint64_t>(d);  // HF: int(value * multiplier)
+  }
+  if (v == 0) return std::nullopt;
+  return v;
 }
 
 namespace {
@@ -244,6 +296,14 @@ void validate_communication(const TrainConfig& cfg, const Origins& o) {
              o.at("communication.compression"), c, cfg.zero.stage, o.at("zero_optimization.stage"), cfg.zero.stage);
 }
 
+void validate_export(const TrainConfig& cfg, const Origins& o) {
+  if (!byte_size_parse(cfg.hf_export.max_shard_size))
+    DT_THROW(ConfigError,
+             "{}: export.max_shard_size: '{}' is not a size; give bytes (e.g. 2000000000) or a number with KB, MB, "
+             "GB, TB (powers of 1000, as Hugging Face) or KiB, MiB, GiB, TiB, e.g. 5GB or 500MB",
+             o.at("export.max_shard_size"), cfg.hf_export.max_shard_size);
+}
+
 void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>& warnings) {
   if (cfg.fp16.enabled && cfg.bf16.enabled)
     DT_THROW(ConfigError, "{}: bf16.enabled: fp16.enabled (at {}) and bf16.enabled are both true; enable at most one",
@@ -259,6 +319,7 @@ void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>
   validate_scheduler(cfg, o, warnings);
   validate_job(cfg, o);
   validate_communication(cfg, o);
+  validate_export(cfg, o);
 }
 
 }  // namespace

@@ -106,4 +106,17 @@ std::vector<BufferLayout> layout_build(const ModelConfig& cfg) {
   return out;
 }
 
+std::vector<LayerProjection> layer_projections(const ModelConfig& cfg) {
+  const int C = cfg.d_model, F = cfg.d_ff, QD = cfg.n_head * cfg.head_dim(), KD = cfg.n_kv_head * cfg.head_dim();
+  if (cfg.arch == ModelConfig::Arch::GPT2)
+    return {{"c_attn", "attn.c_attn", C, QD + 2 * KD, true},
+            {"c_proj", "attn.c_proj", QD, C, true},
+            {"c_fc", "mlp.c_fc", C, F, true},
+            {"c_proj", "mlp.c_proj", F, C, true}};
+  return {{"q_proj", "self_attn.q_proj", C, QD, cfg.qkv_bias}, {"k_proj", "self_attn.k_proj", C, KD, cfg.qkv_bias},
+          {"v_proj", "self_attn.v_proj", C, KD, cfg.qkv_bias}, {"o_proj", "self_attn.o_proj", QD, C, cfg.o_bias},
+          {"gate_proj", "mlp.gate_proj", C, F, cfg.mlp_bias},  {"up_proj", "mlp.up_proj", C, F, cfg.mlp_bias},
+          {"down_proj", "mlp.down_proj", F, C, cfg.mlp_bias}};
+}
+
 }  // namespace dtrain::model

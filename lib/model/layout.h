@@ -61,4 +61,14 @@ std::vector<BufferLayout> layout_build(const ModelConfig& cfg);
 /// Module path of layer i ("transformer.h.3" / "model.layers.3").
 std::string layer_prefix(const ModelConfig& cfg, int layer);
 
+/// A linear projection of a decoder layer, in the model's order: LoRA's target name, its
+/// module path inside the layer, its sizes and whether it has a bias.
+struct LayerProjection {
+  std::string short_name;  ///< "q_proj", "c_attn", "c_proj" (GPT-2 has two)
+  std::string module;      ///< "self_attn.q_proj", "mlp.c_proj"
+  int in = 0, out = 0;
+  bool bias = false;
+};
+std::vector<LayerProjection> layer_projections(const ModelConfig& cfg);
+
 }  // namespace dtrain::model

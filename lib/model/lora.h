@@ -5,11 +5,16 @@
 #pragma once
 
 #include "model/config.h"
+#include "model/layout.h"
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
+
+namespace dtrain::device {
+class Device;
+}
 
 namespace dtrain::model {
 
@@ -28,6 +33,16 @@ struct LoraConfig {
 
 /// The projection names an architecture offers to LoRA, in layer order.
 const std::vector<std::string>& lora_module_names(ModelConfig::Arch arch);
+
+/// The adapter buffers of cfg under lcfg (what Model::lora_enable allocates): one per
+/// layer, "lora.layers.<l>", holding for each projection a target names, in the layer's
+/// order, lora_A [r, in] then lora_B [out, r] (PEFT names).
+std::vector<BufferLayout> lora_layout_build(const ModelConfig& cfg, const LoraConfig& lcfg);
+
+/// Folds one adapter into its weight as PEFT's merge does: W[out, in] += scale * B[out, r]
+/// @ A[r, in], fp32 arrays on dev (Model::lora_merge and the merged Hugging Face export).
+void lora_merge_weight(device::Device& dev, void* w, const void* a, const void* b, int out, int in,
+                       const LoraConfig& cfg);
 
 /// PEFT tensor name: "base_model.model." + module path + ".lora_A.weight" / ".lora_B.weight".
 std::string lora_tensor_name(const std::string& module_path, bool is_b);

@@ -108,28 +108,15 @@ Model::Model(const ModelConfig& cfg, device::Device& dev, DType dtype, bool defe
              dtype_name(dtype), dev.name());
   auto layouts = layout_build(cfg_);  // validates
   DT_CHECK(cfg_.n_layer >= 1);
-  const int C = cfg_.d_model, F = cfg_.d_ff, QD = cfg_.n_head * cfg_.head_dim(), KD = cfg_.n_kv_head * cfg_.head_dim();
   const BufferLayout& l0 = layouts[1];
   const std::string p0 = layer_prefix(cfg_, 0) + ".";
-  auto proj = [&](std::string shrt, std::string module, int in, int out, bool bias) {
-    Proj p{std::move(shrt), std::move(module), in, out, -1, -1};
+  for (const LayerProjection& lp : layer_projections(cfg_)) {
+    Proj p{lp.short_name, lp.module, lp.in, lp.out, -1, -1};
     p.w = tensor_index(l0, p0 + p.module + ".weight");
-    if (bias) p.b = tensor_index(l0, p0 + p.module + ".bias");
+    if (lp.bias) p.b = tensor_index(l0, p0 + p.module + ".bias");
     projs_.push_back(std::move(p));
-  };
-  if (cfg_.arch == ModelConfig::Arch::GPT2) {
-    proj("c_attn", "attn.c_attn", C, QD + 2 * KD, true);
-    proj("c_proj", "attn.c_proj", QD, C, true);
-    proj("c_fc", "mlp.c_fc", C, F, true);
-    proj("c_proj", "mlp.c_proj", F, C, true);
-  } else {
-    proj("q_proj", "self_attn.q_proj", C, QD, cfg_.qkv_bias);
-    proj("k_proj", "self_attn.k_proj", C, KD, cfg_.qkv_bias);
-    proj("v_proj", "self_attn.v_proj", C, KD, cfg_.qkv_bias);
-    proj("o_proj", "self_attn.o_proj", QD, C, cfg_.o_bias);
-    proj("gate_proj", "mlp.gate_proj", C, F, cfg_.mlp_bias);
-    proj("up_proj", "mlp.up_proj", C, F, cfg_.mlp_bias);
-    proj("down_proj", "mlp.down_proj", F, C, cfg_.mlp_bias);
+  }
+  if (cfg_.arch != ModelConfig::Arch::GPT2) {
     ln1_ = tensor_index(l0, p0 + "input_layernorm.weight");
     ln2_ = tensor_index(l0, p0 + "post_attention_layernorm.weight");
     if (cfg_.qk_norm) {
@@ -897,26 +884,16 @@ void Model::lora_enable(const LoraConfig& lcfg) {
   if (!deferred) storage_enforce_whole("lora_enable()");
   lcfg.validate(cfg_);
   lora_cfg_ = lcfg;
-  const int r = lcfg.rank;
+  // lora_layout_build's order: per layer, lora_A then lora_B of each targeted projection.
   lora_slot_.assign(static_cast<size_t>(cfg_.n_layer), std::vector<int>(projs_.size(), -1));
-  std::vector<BufferLayout> layouts;
+  std::vector<BufferLayout> layouts = lora_layout_build(cfg_, lcfg);
   for (int l = 0; l < cfg_.n_layer; ++l) {
-    BufferLayout b{"lora.layers." + std::to_string(l), l, {}, 0};
-    for (size_t p = 0; p < projs_.size(); ++p) {
-      const Proj& pr = projs_[p];
-      bool on = false;
-      for (const auto& t : lcfg.targets) on = on || t == pr.short_name;
-      if (!on) continue;
-      lora_slot_[static_cast<size_t>(l)][p] = static_cast<int>(b.tensors.size());
-      const std::string path = layer_prefix(cfg_, l) + "." + pr.module;
-      for (bool is_b : {false, true}) {
-        TensorSpec t{lora_tensor_name(path, is_b), b.size,
-                     is_b ? std::vector<int64_t>{pr.out, r} : std::vector<int64_t>{r, pr.in}, true, false};
-        b.size += t.numel();
-        b.tensors.push_back(std::move(t));
+    int slot = 0;
+    for (size_t p = 0; p < projs_.size(); ++p)
+      if (std::find(lcfg.targets.begin(), lcfg.targets.end(), projs_[p].short_name) != lcfg.targets.end()) {
+        lora_slot_[static_cast<size_t>(l)][p] = slot;
+        slot += 2;
       }
-    }
-    layouts.push_back(std::move(b));
   }
   uint64_t index = 0;
   std::vector<float> host;
@@ -961,10 +938,8 @@ void Model::lora_merge() {
       const int slot = lora_slot_[static_cast<size_t>(l)][p];
       if (slot < 0) continue;
       const Proj& pr = projs_[p];
-      // W[out, in] += scale * B[out, r] @ A[r, in]
-      dev_->gemm(false, false, pr.out, pr.in, lora_cfg_.rank, lora_cfg_.scale(),
-                 param_at(lb, static_cast<size_t>(slot) + 1), param_at(lb, static_cast<size_t>(slot)), 1.0f,
-                 param_at(pb, static_cast<size_t>(pr.w)), DType::F32, DType::F32);
+      lora_merge_weight(*dev_, param_at(pb, static_cast<size_t>(pr.w)), param_at(lb, static_cast<size_t>(slot)),
+                        param_at(lb, static_cast<size_t>(slot) + 1), pr.out, pr.in, lora_cfg_);
     }
   }
   lora_params_.clear();

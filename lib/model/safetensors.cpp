@@ -138,10 +138,12 @@ std::string safetensors_header(const std::vector<StTensorRef>& tensors,
   return h;
 }
 
-void safetensors_write(const std::string& path, const std::vector<StTensorRef>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
-  const std::string header = safetensors_header(tensors, metadata);
-  const std::vector<const StTensorRef*> order = write_order(tensors);
+namespace {
+
+// Writes the 8-byte length and header, then `body` (the tensor bytes), to
+// "<path>.tmp.<pid>", fsyncs it and renames it over path: a reader never sees a partial file.
+void atomic_file_write(const std::string& path, const std::string& header,
+                       const std::function<void(int fd, const std::string& tmp)>& body) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   try {
     Fd f;
@@ -152,11 +154,7 @@ void safetensors_write(const std::string& path, const std::vector<StTensorRef>& 
     for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
     write_all(f.fd, len, 8, tmp);
     write_all(f.fd, header.data(), header.size(), tmp);
-    for (const StTensorRef* t : order) {
-      const uint64_t bytes = ref_bytes(*t);
-      DT_ENFORCE(bytes == 0 || t->data != nullptr, InternalError, "safetensors: tensor '{}' has no data", t->name);
-      write_all(f.fd, t->data, bytes, tmp);
-    }
+    body(f.fd, tmp);
     if (::fsync(f.fd) != 0) DT_THROW(IoError, "cannot fsync {}: {}", tmp, std::strerror(errno));
   } catch (...) {
     ::unlink(tmp.c_str());
@@ -173,6 +171,43 @@ void safetensors_write(const std::string& path, const std::vector<StTensorRef>& 
   Fd d;
   d.fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (d.fd >= 0) ::fsync(d.fd);
+}
+
+}  // namespace
+
+void safetensors_write(const std::string& path, const std::vector<StTensorRef>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  const std::string header = safetensors_header(tensors, metadata);
+  const std::vector<const StTensorRef*> order = write_order(tensors);
+  atomic_file_write(path, header, [&](int fd, const std::string& tmp) {
+    for (const StTensorRef* t : order) {
+      const uint64_t bytes = ref_bytes(*t);
+      DT_ENFORCE(bytes == 0 || t->data != nullptr, InternalError, "safetensors: tensor '{}' has no data", t->name);
+      write_all(fd, t->data, bytes, tmp);
+    }
+  });
+}
+
+void safetensors_write_stream(const std::string& path, const std::vector<StTensorSource>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
+  // The header and order from data-less refs; each ref's index is its source's.
+  std::vector<StTensorRef> refs;
+  refs.reserve(tensors.size());
+  for (const StTensorSource& t : tensors) refs.push_back({t.name, t.dtype, t.shape, nullptr});
+  const std::string header = safetensors_header(refs, metadata);
+  const std::vector<const StTensorRef*> order = write_order(refs);
+  atomic_file_write(path, header, [&](int fd, const std::string& tmp) {
+    std::vector<uint8_t> buf;
+    for (const StTensorRef* r : order) {
+      const StTensorSource& t = tensors[static_cast<size_t>(r - refs.data())];
+      const uint64_t bytes = ref_bytes(*r);
+      if (bytes == 0) continue;
+      DT_ENFORCE(static_cast<bool>(t.fill), InternalError, "safetensors: tensor '{}' has no data", t.name);
+      buf.resize(bytes);
+      t.fill(buf.data());
+      write_all(fd, buf.data(), bytes, tmp);
+    }
+  });
 }
 
 // ----------------------------------------------------------------------------

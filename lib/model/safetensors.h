@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <unordered_map>
@@ -30,6 +31,21 @@ struct StTensorRef {
 /// Throws InternalError for duplicate or empty names or negative dims, IoError on I/O errors.
 void safetensors_write(const std::string& path, const std::vector<StTensorRef>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+
+/// A tensor whose bytes are produced when the writer reaches it: fill writes
+/// numel(shape) * dtype_size(dtype) bytes to dst. Lets a file be written one tensor at a
+/// time (the Hugging Face export converts each tensor as it goes, never the whole model).
+struct StTensorSource {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::function<void(void* dst)> fill;
+};
+
+/// safetensors_write for tensors filled on demand: the same bytes, the same atomic
+/// write; one buffer of the largest tensor's bytes is held at a time.
+void safetensors_write_stream(const std::string& path, const std::vector<StTensorSource>& tensors,
+                              const std::map<std::string, std::string>& metadata = {});
 
 /// The header bytes (JSON plus padding, without the 8-byte length) safetensors_write
 /// would produce; exposed for tests and size estimates.

@@ -753,18 +753,10 @@ void layout_check(const json& saved, const std::vector<ZeroBufferView>& views, c
   }
 }
 
-}  // namespace
-
-std::string checkpoint_problem(const std::string& dir) { return checkpoint_check_sizes(fs::path(dir)); }
-
-CheckpointLoadResult checkpoint_load(const std::string& run_dir, const ZeroCheckpointView& view,
-                                     bool set_aside_damaged) {
-  comm::Communicator* comm = view.comm;
-  const fs::path root = fs::path(run_dir) / "checkpoints";
-  CheckpointLoadResult res;
-
-  // Candidates: the one latest names, then older complete ones, newest first. Newer
-  // directories than latest were never confirmed by every rank and are ignored.
+// The checkpoints to try, in order: the one `latest` names, then older complete ones,
+// newest first. Newer directories than latest were never confirmed by every rank and are
+// ignored. A `latest` that names no checkpoint is recorded in res.skipped.
+std::vector<fs::path> load_candidates(const fs::path& root, CheckpointLoadResult& res, std::string& latest) {
   std::vector<std::pair<int64_t, fs::path>> steps;
   std::error_code ec;
   if (fs::is_directory(root, ec))
@@ -773,7 +765,7 @@ CheckpointLoadResult checkpoint_load(const std::string& run_dir, const ZeroCheck
       if (k >= 0 && e.is_directory()) steps.emplace_back(k, e.path());
     }
   std::sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  std::string latest = read_text((root / "latest").string());
+  latest = read_text((root / "latest").string());
   while (!latest.empty() && std::isspace(static_cast<unsigned char>(latest.back()))) latest.pop_back();
   std::vector<fs::path> candidates;
   int64_t limit = INT64_MAX;
@@ -788,6 +780,40 @@ CheckpointLoadResult checkpoint_load(const std::string& run_dir, const ZeroCheck
   }
   for (const auto& [k, p] : steps)
     if (k < limit) candidates.push_back(p);
+  return candidates;
+}
+
+// The trainer state a verified manifest records (rng: rank's own shard header).
+void state_from_manifest(const json& man, TrainState& st) {
+  st.step = man.at("step").get<int64_t>();
+  st.scheduler_step = man.at("scheduler_step").get<int64_t>();
+  if (!man.at("loss_scaler").is_null()) {
+    const auto& s = man.at("loss_scaler");
+    st.has_scaler = true;
+    st.scaler.scale = s.at("scale").get<float>();
+    st.scaler.cur_iter = s.at("cur_iter").get<int64_t>();
+    st.scaler.last_overflow_iter = s.at("last_overflow_iter").get<int64_t>();
+    st.scaler.cur_hysteresis = s.at("cur_hysteresis").get<int>();
+  }
+  st.sampler.epoch = man.at("sampler").at("epoch").get<uint64_t>();
+  st.sampler.offset = man.at("sampler").at("offset").get<uint64_t>();
+  st.forward_count = man.at("forward_count").get<uint64_t>();
+  st.config_yaml = man.at("config_yaml").get<std::string>();
+}
+
+}  // namespace
+
+std::string checkpoint_problem(const std::string& dir) { return checkpoint_check_sizes(fs::path(dir)); }
+
+CheckpointLoadResult checkpoint_load(const std::string& run_dir, const ZeroCheckpointView& view,
+                                     bool set_aside_damaged) {
+  comm::Communicator* comm = view.comm;
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  CheckpointLoadResult res;
+  std::error_code ec;
+
+  std::string latest;
+  const std::vector<fs::path> candidates = load_candidates(root, res, latest);
   if (candidates.empty()) {
     DT_ENFORCE(res.skipped.empty(), CheckpointError, "no usable checkpoint under {}: {}", root.string(),
                res.skipped.front());
@@ -834,20 +860,7 @@ CheckpointLoadResult checkpoint_load(const std::string& run_dir, const ZeroCheck
     view.loaded(man.at("optimizer_step").get<int64_t>());
 
     TrainState& st = res.state;
-    st.step = man.at("step").get<int64_t>();
-    st.scheduler_step = man.at("scheduler_step").get<int64_t>();
-    if (!man.at("loss_scaler").is_null()) {
-      const auto& s = man.at("loss_scaler");
-      st.has_scaler = true;
-      st.scaler.scale = s.at("scale").get<float>();
-      st.scaler.cur_iter = s.at("cur_iter").get<int64_t>();
-      st.scaler.last_overflow_iter = s.at("last_overflow_iter").get<int64_t>();
-      st.scaler.cur_hysteresis = s.at("cur_hysteresis").get<int>();
-    }
-    st.sampler.epoch = man.at("sampler").at("epoch").get<uint64_t>();
-    st.sampler.offset = man.at("sampler").at("offset").get<uint64_t>();
-    st.forward_count = man.at("forward_count").get<uint64_t>();
-    st.config_yaml = man.at("config_yaml").get<std::string>();
+    state_from_manifest(man, st);
     if (view.rank < o.world) {
       const json& h = o.heads[static_cast<size_t>(view.rank)];
       st.has_rng = h.at("has_rng").get<bool>();
@@ -877,6 +890,68 @@ CheckpointLoadResult checkpoint_load(const std::string& run_dir, const ZeroCheck
   std::string tried;
   for (const auto& s : res.skipped) tried += (tried.empty() ? " " : "; ") + s;
   DT_THROW(CheckpointError, "no usable checkpoint under {}; tried:{}", root.string(), tried);
+}
+
+// ----------------------------------------------------------------------------
+struct CheckpointMasters::Impl {
+  Opened opened;
+  std::vector<model::ParamBuffer> buffers;  // layouts and sizes only: no storage
+  std::vector<size_t> sizes;
+  CheckpointLoadResult result;
+};
+
+CheckpointMasters::CheckpointMasters(const std::string& run_dir,
+                                     const std::vector<std::pair<model::BufferLayout, bool>>& buffers)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& im = *impl_;
+  for (const auto& [layout, trainable] : buffers) {
+    model::ParamBuffer pb;
+    pb.layout = layout;
+    pb.size = layout.size;
+    im.buffers.push_back(std::move(pb));
+    im.sizes.push_back(layout.size);
+  }
+  std::vector<ZeroBufferView> views;
+  for (size_t b = 0; b < buffers.size(); ++b) {
+    ZeroBufferView v;
+    v.buffer = &im.buffers[b];
+    v.trainable = buffers[b].second;
+    views.push_back(v);
+  }
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  std::string latest;
+  for (const auto& dir : load_candidates(root, im.result, latest)) {
+    Opened o;
+    const std::string why = checkpoint_open(dir, o);
+    if (!why.empty()) {
+      im.result.skipped.push_back(why);
+      continue;
+    }
+    layout_check(o.manifest.at("buffers"), views, dir.string());
+    state_from_manifest(o.manifest, im.result.state);
+    im.result.loaded = true;
+    im.result.dir = dir.string();
+    im.result.saved_world_size = o.world;
+    im.result.saved_stage = o.manifest.at("zero_stage").get<int>();
+    im.opened = std::move(o);
+    return;
+  }
+  std::string tried;
+  for (const auto& s : im.result.skipped) tried += "\n  " + s;
+  DT_THROW(CheckpointError,
+           "{}: no final/ model and no complete checkpoint under {}{}{}; pass --init to use the config's initial "
+           "weights instead",
+           run_dir, root.string(), tried.empty() ? "" : "; skipped:", tried);
+}
+
+CheckpointMasters::~CheckpointMasters() = default;
+
+const CheckpointLoadResult& CheckpointMasters::result() const { return impl_->result; }
+
+void CheckpointMasters::read(size_t buffer, size_t lo, size_t hi, float* dst) {
+  DT_ENFORCE(buffer < impl_->sizes.size() && lo <= hi && hi <= impl_->sizes[buffer], InternalError,
+             "CheckpointMasters::read: buffer {} [{}, {}) outside the layout", buffer, lo, hi);
+  read_range(impl_->opened, buffer, "master", impl_->sizes[buffer], lo, hi, dst, impl_->result.dir);
 }
 
 }  // namespace dtrain::train

@@ -13,7 +13,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <sys/types.h>
@@ -87,5 +89,28 @@ struct CheckpointLoadResult {
 /// stepK.corrupt-<UTC time> by rank 0 so that pruning neither counts nor keeps it.
 CheckpointLoadResult checkpoint_load(const std::string& run_dir, const ZeroCheckpointView& view,
                                      bool set_aside_damaged = true);
+
+/// The fp32 master weights of a run's checkpoint, read in element ranges without a model
+/// or an engine (what `dtrain export` streams, one tensor at a time). The checkpoint is
+/// chosen and verified as checkpoint_load chooses it (`latest`, else the newest older
+/// complete one; a damaged one is skipped and named in result().skipped, never set
+/// aside), in one process. CheckpointError when none is usable; ConfigError when its
+/// buffers are not `buffers` (the model's base layouts then its adapters', each with
+/// whether it trains), as in checkpoint_load.
+class CheckpointMasters {
+ public:
+  CheckpointMasters(const std::string& run_dir, const std::vector<std::pair<model::BufferLayout, bool>>& buffers);
+  ~CheckpointMasters();
+  CheckpointMasters(const CheckpointMasters&) = delete;
+  CheckpointMasters& operator=(const CheckpointMasters&) = delete;
+  /// Elements [lo, hi) of buffer b's master into dst, from whichever shards hold them.
+  void read(size_t buffer, size_t lo, size_t hi, float* dst);
+  /// The checkpoint (dir, state, saved world size and stage, skipped ones); loaded is true.
+  const CheckpointLoadResult& result() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace dtrain::train

@@ -1,11 +1,14 @@
-// checkpoint_export_hf: config of the checkpoint -> model -> single-rank stage-0 fp32
-// engine -> checkpoint_load (reshards from any saved partition) -> model_export_hf.
+// checkpoint_model_load: config of the checkpoint -> model -> single-rank stage-0 fp32
+// engine -> checkpoint_load (reshards from any saved partition). checkpoint_export_hf
+// needs no model: the layouts of the config and the checkpoint's masters read tensor by
+// tensor (CheckpointMasters) go straight into the Hugging Face files.
 #include "train/checkpoint_export.h"
 
 #include "config/train_config.h"
 #include "core/check.h"
 #include "data/tokenizer.h"
 #include "train/checkpoint.h"
+#include "train/hf_export.h"
 #include "train/model_factory.h"
 #include "train/zero_engine.h"
 
@@ -88,12 +91,37 @@ CheckpointModel checkpoint_model_load(const std::string& run_dir) {
   return cm;
 }
 
-CheckpointExportResult checkpoint_export_hf(const std::string& run_dir, const std::string& out_dir) {
-  CheckpointModel cm = checkpoint_model_load(run_dir);
-  const auto tokenizer = data::tokenizer_load(cm.cfg.data.tokenizer);
-  const std::string dir = out_dir.empty() ? (fs::path(run_dir) / "export").string() : out_dir;
-  model_export_hf(*cm.model, dir, tokenizer->bos_id(), tokenizer->eos_id());
-  return cm.info;
+CheckpointExportResult checkpoint_export_hf(const std::string& run_dir, const std::string& out_dir,
+                                            const HfExportFlags& flags) {
+  DT_ENFORCE(fs::is_directory(run_dir), IoError, "{}: not a directory (pass a dtrain run directory)", run_dir);
+  const config::TrainConfig cfg = export_config(run_dir);
+  HfExportOptions opts = hf_export_options(cfg, flags);
+  HfExportSource src;
+  src.config = model_config_from(cfg);
+  src.base = model::layout_build(src.config);
+  const bool lora = cfg.lora.enabled();
+  if (lora) {
+    src.lora_config = lora_config_from(cfg, src.config);
+    src.lora = model::lora_layout_build(src.config, src.lora_config);
+  }
+  std::vector<std::pair<model::BufferLayout, bool>> buffers;
+  for (const auto& b : src.base) buffers.emplace_back(b, !lora);
+  for (const auto& b : src.lora) buffers.emplace_back(b, true);
+  CheckpointMasters masters(run_dir, buffers);
+  src.read = [&masters](size_t b, size_t lo, size_t hi, float* dst) { masters.read(b, lo, hi, dst); };
+  const auto tokenizer = data::tokenizer_load(cfg.data.tokenizer);
+  opts.bos_id = tokenizer->bos_id();
+  opts.eos_id = tokenizer->eos_id();
+  hf_export_write(src, out_dir.empty() ? (fs::path(run_dir) / "export").string() : out_dir, opts);
+  const CheckpointLoadResult& ck = masters.result();
+  CheckpointExportResult info;
+  info.checkpoint_dir = ck.dir;
+  info.step = ck.state.step;
+  info.saved_world_size = ck.saved_world_size;
+  info.saved_stage = ck.saved_stage;
+  info.lora = lora;
+  info.skipped = ck.skipped;
+  return info;
 }
 
 }  // namespace dtrain::train

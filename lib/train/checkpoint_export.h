@@ -1,10 +1,12 @@
 // Offline export of a run's latest complete checkpoint to Hugging Face files in one
 // process: the sharded fp32 masters of any world size and ZeRO stage are resharded onto
-// a single rank and written as model.safetensors + config.json (and the PEFT adapter).
+// a single rank (checkpoint_model_load), or streamed tensor by tensor into Hugging Face
+// files (checkpoint_export_hf).
 #pragma once
 
 #include "config/train_config.h"
 #include "model/model.h"
+#include "train/hf_export.h"
 
 #include <cstdint>
 #include <memory>
@@ -39,12 +41,16 @@ struct CheckpointModel {
 CheckpointModel checkpoint_model_load(const std::string& run_dir);
 
 /// Exports the checkpoint <run_dir>/checkpoints/latest names (or, when it is damaged,
-/// the newest older complete one) to out_dir ("" = <run_dir>/export): full fp32 master
-/// weights as model.safetensors + config.json (HF names), and under LoRA the adapter as
-/// adapter_model.safetensors + adapter_config.json. The model is rebuilt from the
-/// config saved in the checkpoint's manifest (else <run_dir>/config.yaml).
-/// CheckpointError when the run dir has no (usable) checkpoint, ConfigError / IoError
-/// when the config, its tokenizer or the output cannot be read or written.
-CheckpointExportResult checkpoint_export_hf(const std::string& run_dir, const std::string& out_dir = "");
+/// the newest older complete one) to out_dir ("" = <run_dir>/export) with hf_export_write:
+/// the config's export section (flags override it) decides dtype, shards and the merged
+/// model; under LoRA the adapter as adapter_model.safetensors + adapter_config.json. No
+/// model is built: the layouts come from the config saved in the checkpoint's manifest
+/// (else <run_dir>/config.yaml) and each tensor is read from the checkpoint's shards as it
+/// is written, so the process holds one tensor (and its adapters), not the model.
+/// CheckpointError when the run dir has no (usable) checkpoint, ConfigError / UsageError
+/// for a bad export setting, IoError when the config, its tokenizer or the output cannot
+/// be read or written.
+CheckpointExportResult checkpoint_export_hf(const std::string& run_dir, const std::string& out_dir = "",
+                                            const HfExportFlags& flags = {});
 
 }  // namespace dtrain::train

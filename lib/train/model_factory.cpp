@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -186,6 +187,29 @@ WeightSet weights_open_dir(const std::string& dir) {
   std::sort(shards.begin(), shards.end());
   DT_ENFORCE(!shards.empty(), IoError,
              "{}: no model.safetensors, model.safetensors.index.json or model-*.safetensors shards found", dir);
+  // Shards named model-0000k-of-0000n without their index: only a complete set loads (an
+  // interrupted copy or export holds a part of the model, and its missing tensors could
+  // otherwise be taken from nowhere or from a stale file).
+  int of = -1;
+  std::set<int> have;
+  for (const auto& p : shards) {
+    int k = 0, n = 0;
+    char tail = 0;
+    const std::string name = fs::path(p).filename().string();
+    if (std::sscanf(name.c_str(), "model-%5d-of-%5d.safetensor%c", &k, &n, &tail) != 3 || tail != 's' ||
+        name.size() != std::string("model-00001-of-00001.safetensors").size())
+      continue;
+    DT_ENFORCE(of < 0 || of == n, IoError, "{}: shards of {} and of {} files side by side; keep one export", dir, of,
+               n);
+    of = n;
+    have.insert(k);
+  }
+  if (of > 0)
+    for (int k = 1; k <= of; ++k)
+      DT_ENFORCE(have.count(k) != 0, IoError,
+                 "{}: model-{:05d}-of-{:05d}.safetensors is missing and there is no model.safetensors.index.json: an "
+                 "incomplete (interrupted?) export; export again",
+                 dir, k, of);
   return weights_open(shards);
 }
 
@@ -381,61 +405,6 @@ std::unique_ptr<model::Model> model_load_hf_dir(const std::string& dir) {
   return m;
 }
 
-// ----------------------------------------------------------------------------
-namespace {
-
-// The fp32 tensors of some buffers, in HF layout (Conv1D transposed into `scratch`).
-std::vector<model::StTensorRef> export_refs(const std::vector<model::ParamBuffer>& bufs,
-                                            std::vector<std::vector<float>>& scratch) {
-  std::vector<model::StTensorRef> refs;
-  for (const auto& pb : bufs) {
-    for (const auto& t : pb.layout.tensors) {
-      const float* src = pb.host_f32() + t.offset;
-      std::vector<int64_t> shape = t.shape;
-      if (t.hf_transposed) {
-        const int64_t rows = t.shape[0], cols = t.shape[1];
-        std::vector<float> tr(t.numel());
-        for (int64_t i = 0; i < rows; ++i)
-          for (int64_t j = 0; j < cols; ++j) tr[static_cast<size_t>(j * rows + i)] = src[i * cols + j];
-        scratch.push_back(std::move(tr));
-        src = scratch.back().data();
-        std::reverse(shape.begin(), shape.end());
-      }
-      refs.push_back({t.name, DType::F32, shape, src});
-    }
-  }
-  return refs;
-}
-
-}  // namespace
-
-void model_export_hf(model::Model& m, const std::string& dir, int bos_id, int eos_id) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  DT_ENFORCE(!ec, IoError, "cannot create {}: {}", dir, ec.message());
-  std::vector<std::vector<float>> scratch;
-  {
-    auto refs = export_refs(m.params(), scratch);
-    model::safetensors_write((fs::path(dir) / "model.safetensors").string(), refs, {{"format", "pt"}});
-  }
-  model::HfModelConfig h = to_hf(m.config());
-  h.bos_token_id = bos_id;
-  h.eos_token_id = eos_id;
-  model::hf_config_write((fs::path(dir) / "config.json").string(), h);
-  if (m.lora_on()) {
-    scratch.clear();
-    auto refs = export_refs(m.lora_params(), scratch);
-    model::safetensors_write((fs::path(dir) / "adapter_model.safetensors").string(), refs, {{"format", "pt"}});
-    model::LoraAdapterConfig a;
-    const auto& l = m.lora_config();
-    a.r = l.rank;
-    a.lora_alpha = l.alpha;
-    a.lora_dropout = l.dropout;
-    a.target_modules = l.targets;
-    a.fan_in_fan_out = m.config().arch == model::ModelConfig::Arch::GPT2;
-    a.base_model_name_or_path = ".";
-    model::peft_config_write((fs::path(dir) / "adapter_config.json").string(), a);
-  }
-}
+model::HfModelConfig model_hf_config(const model::ModelConfig& m) { return to_hf(m); }
 
 }  // namespace dtrain::train

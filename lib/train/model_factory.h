@@ -5,6 +5,7 @@
 
 #include "config/train_config.h"
 #include "model/model.h"
+#include "model/peft.h"
 
 #include <memory>
 #include <string>
@@ -63,10 +64,15 @@ void model_load_adapter(model::Model& m, const std::string& path);
 /// when present (LoRA is enabled with the adapter's settings, not merged).
 std::unique_ptr<model::Model> model_load_hf_dir(const std::string& dir);
 
-/// Writes dir/model.safetensors + dir/config.json (fp32, HF names and shapes) and, when
-/// LoRA is on, dir/adapter_model.safetensors + dir/adapter_config.json (the base weights
-/// stay unmerged in model.safetensors). eos/bos ids go into config.json when >= 0.
-/// Creates dir. IoError on failure.
+/// config.json's fields for this architecture (model_type, sizes, biases, head_dim,
+/// rope_scaling, sliding_window; torch_dtype "float32").
+model::HfModelConfig model_hf_config(const model::ModelConfig& m);
+
+/// Writes dir/model.safetensors + dir/config.json (fp32, HF names and shapes, bit-exact)
+/// and, when LoRA is on, dir/adapter_model.safetensors + dir/adapter_config.json (the base
+/// weights stay unmerged in model.safetensors). eos/bos ids go into config.json when >= 0.
+/// Replaces dir (train/hf_export.h: model_export_hf with HfExportOptions for bf16, shards
+/// and a merged model). IoError on failure.
 void model_export_hf(model::Model& m, const std::string& dir, int bos_id = -1, int eos_id = -1);
 
 }  // namespace dtrain::train

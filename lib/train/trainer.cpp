@@ -14,6 +14,8 @@
 #include "train/data_loader.h"
 #include "train/evaluate.h"
 #include "train/grad_clip.h"
+#include "train/checkpoint_export.h"
+#include "train/hf_export.h"
 #include "train/loss_scaler.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
@@ -554,9 +556,16 @@ void TrainLoop::export_final(bool trained) {
   lead_work_wait([&] {
     if (env_.run_dir.empty()) return;
     const std::string dir = (fs::path(env_.run_dir) / "final").string();
-    if (deferred_) checkpoint_export_hf(env_.run_dir, dir);
-    else
-      model_export_hf(host_model_ ? *host_model_ : *model_, dir, data_.tokenizer->bos_id(), data_.tokenizer->eos_id());
+    // The config's export section decides dtype, shards and a merged model either way; a
+    // deferred run's export streams each tensor from the checkpoint's shards (no model).
+    if (deferred_) {
+      checkpoint_export_hf(env_.run_dir, dir);
+    } else {
+      HfExportOptions opts = hf_export_options(cfg_);
+      opts.bos_id = data_.tokenizer->bos_id();
+      opts.eos_id = data_.tokenizer->eos_id();
+      model_export_hf(host_model_ ? *host_model_ : *model_, dir, opts);
+    }
     if (env_.print && trained)
       std::printf("train: wrote %s (%lld steps, final loss %.4f, %.1f s)\n", dir.c_str(),
                   static_cast<long long>(res_.steps), res_.final_loss, res_.elapsed_s);

@@ -30,11 +30,19 @@ inline std::map<std::string, std::vector<float>> tensors_read(const std::string&
   const auto head = nlohmann::json::parse(bytes.substr(8, n));
   for (const auto& [name, t] : head.items()) {
     if (name == "__metadata__") continue;
-    REQUIRE_MESSAGE(t.at("dtype") == "F32", path << ": " << name << " is " << t.at("dtype"));
+    // F32, or BF16 (export.dtype's default) widened exactly.
+    const bool bf16 = t.at("dtype") == "BF16";
+    REQUIRE_MESSAGE((t.at("dtype") == "F32" || bf16), path << ": " << name << " is " << t.at("dtype"));
     const size_t a = t.at("data_offsets")[0].get<size_t>(), b = t.at("data_offsets")[1].get<size_t>();
     REQUIRE(8 + n + b <= bytes.size());
-    std::vector<float> v((b - a) / 4);
-    std::memcpy(v.data(), bytes.data() + 8 + n + a, b - a);
+    std::vector<float> v((b - a) / (bf16 ? 2 : 4));
+    if (!bf16) std::memcpy(v.data(), bytes.data() + 8 + n + a, b - a);
+    for (size_t i = 0; bf16 && i < v.size(); ++i) {
+      uint16_t h;
+      std::memcpy(&h, bytes.data() + 8 + n + a + 2 * i, 2);
+      const uint32_t w = static_cast<uint32_t>(h) << 16;
+      std::memcpy(&v[i], &w, 4);
+    }
     out[name] = std::move(v);
   }
   return out;

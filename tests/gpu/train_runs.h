@@ -130,7 +130,10 @@ struct TempDir {
 // weights; with graphs every step after the first two is a replay (one launch per step).
 void graph_vs_eager(int world, const std::vector<std::string>& extra, int steps = 6) {
   TempDir a("graph"), b("eager");
+  // fp32 exports: bit-identical masters, not only their bf16 rounding (export.dtype's default).
   std::vector<std::string> on = extra, off = extra;
+  on.push_back("export.dtype=fp32");
+  off.push_back("export.dtype=fp32");
   on.push_back("training.cuda_graph=true");
   off.push_back("training.cuda_graph=false");
   const Run g = train_ranks(world, steps, on, a.path.string());

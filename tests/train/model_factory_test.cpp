@@ -156,7 +156,8 @@ TEST_CASE("init_from: sizes in the config must agree; missing tensors are report
 
 TEST_CASE("a run's final/ loads back with the same held-out loss") {
   TempDir dir("final");
-  auto cfg = load("llama", {"data.valid=configs/data/tasks/valid.jsonl"});
+  // fp32: the bf16 default is the masters rounded, whose loss differs in the 4th digit.
+  auto cfg = load("llama", {"data.valid=configs/data/tasks/valid.jsonl", "export.dtype=fp32"});
   TrainerEnv env;
   env.run_dir = dir.path.string();
   env.print = false;
