@@ -1,7 +1,7 @@
 // AdamW kernels: float4 loads of param/grad/m/v (scalar fallback when misaligned), the
-// element update written exactly as train/adamw.cpp's update_one so results agree to
-// rounding (nvcc may contract a*b+c into FMA where the host does not). One tensor per
-// launch, or many through a table of tensors (the same update_one, so the same bits).
+// element update written as ops/optim.cpp's update_one, each operation rounded on its
+// own (no FMA contraction), so every kernel gives the same bits and the CPU's agree to its
+// own contraction. One tensor per launch, or many through a table of tensors.
 #include "kernels/adamw.cuh"
 
 #include "kernels/common.cuh"
@@ -41,14 +41,18 @@ StepScalars step_scalars(const ops::AdamWConfig& cfg, float lr, int64_t step, bo
   return s;
 }
 
+// Every operation rounded on its own (the _rn intrinsics are never fused into an FMA),
+// in ops/optim.cpp's order: the same bits as the CPU's update and in every kernel that
+// inlines it. Left to nvcc, the per-tensor and the table kernel contracted a*b+c
+// differently, and an H200 saw their results differ in the last bit.
 __device__ __forceinline__ float update_one(float& p, float g, float& m, float& v, const StepScalars& s) {
-  const float gi = g * s.grad_scale;
-  const float mi = s.b1 * m + s.one_minus_b1 * gi;
-  const float vi = s.b2 * v + s.one_minus_b2 * gi * gi;
+  const float gi = __fmul_rn(g, s.grad_scale);
+  const float mi = __fadd_rn(__fmul_rn(s.b1, m), __fmul_rn(s.one_minus_b1, gi));
+  const float vi = __fadd_rn(__fmul_rn(s.b2, v), __fmul_rn(__fmul_rn(s.one_minus_b2, gi), gi));
   m = mi;
   v = vi;
-  const float denom = sqrtf(vi) / s.sqrt_bc2 + s.eps;
-  p = p * s.decay_factor - s.step_size * mi / denom;
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), s.sqrt_bc2), s.eps);
+  p = __fsub_rn(__fmul_rn(p, s.decay_factor), __fdiv_rn(__fmul_rn(s.step_size, mi), denom));
   return p;
 }
 

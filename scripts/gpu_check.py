@@ -297,6 +297,19 @@ def doctest_counts(out):
     return tuple(int(x) for x in m.groups()) if m else None
 
 
+def failure_lines(out, most=80):
+    """The lines of a test's output that say what failed: rows ending in FAIL (the kernel
+    conformance table), doctest's ERROR lines with the values and context lines after them."""
+    lines = out.splitlines()
+    keep = []
+    for i, l in enumerate(lines):
+        if l.rstrip().endswith(" FAIL") or "ERROR:" in l or "FATAL" in l:
+            for j in range(max(0, i - 1), min(len(lines), i + 4) if "ERROR" in l or "FATAL" in l else i + 1):
+                if j not in keep:
+                    keep.append(j)
+    return [lines[j] for j in keep[:most]]
+
+
 def stage_tests(lay, rep, cap):
     t0 = now()
     rows, details, worst = [], [], "PASS"
@@ -341,8 +354,11 @@ def stage_tests(lay, rep, cap):
         rows.append([name, status, f"{secs:.1f}", note])
         if status in ("FAIL", "TIMEOUT"):
             worst = "FAIL"
-            # doctest prints each failed check's values (the error figures) before the summary
-            details.append(f"### {name} ({status})\n" + code(tail(out, 40)))
+            # What failed, wherever it is in the output (a table's FAIL rows, doctest's ERROR
+            # blocks with their values), then the tail: a long table can push the failing
+            # rows far above the last lines (the H200's first AdamW-table failure was lost so).
+            details.append(f"### {name} ({status})\n" + code("\n".join(failure_lines(out)) or "(no FAIL/ERROR line)") +
+                           "\nlast lines:\n" + code(tail(out, 15)))
     n_pass = sum(1 for r in rows if r[1] == "PASS")
     summary = f"{n_pass}/{len(rows)} binaries passed" + (
         "; " + ", ".join(f"{r[0]} {r[1]}" for r in rows if r[1] not in ("PASS", "LISTED")) if worst != "PASS" else "")

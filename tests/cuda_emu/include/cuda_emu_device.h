@@ -148,6 +148,13 @@ inline float __cosf(float x) { return std::cos(x); }
 inline float __powf(float x, float y) { return std::pow(x, y); }
 inline float __fdividef(float x, float y) { return x / y; }
 inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
+// IEEE round-to-nearest operations that a GPU never contracts into an FMA; g++ contracts
+// nothing here (-std=c++20, no -ffp-contract=fast), so plain operators are exact.
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsqrt_rn(float x) { return std::sqrt(x); }
 inline float __int_as_float(int x) {
   float f;
   std::memcpy(&f, &x, 4);
