@@ -9,7 +9,9 @@
 # Qwen2.5-1.5B's shape). The job: one step of micro-batch 1 x 64 tokens of the shipped
 # alpaca data (byte tokenizer), no evaluation; each rank logs "memory: rank R peak resident
 # X GiB before the final export" (building, training and the checkpoint), which this script
-# prints with the plan. The final export (rank 0 alone, from the checkpoint) is timed apart.
+# prints with the plan. The final export (rank 0 alone, streamed from the checkpoint) is
+# timed with the rest. Under LoRA the base is frozen, so final/ (bf16) must hold exactly the
+# checkpoint's bf16 bytes: the script compares every base tensor's bytes (the round trip).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 model=$(cd "$1" && pwd)
@@ -41,3 +43,38 @@ end=$(date +%s.%N)
 grep -h "memory: rank" "$work/launch.log" "$work"/run/logs/* 2>/dev/null | sed 's/^.*memory: /  /' | sort -u
 grep -h "wrote .*final" "$work/launch.log" | head -1 | sed 's/^/  /'
 echo "  wall $(echo "$end - $start" | bc) s (launch to exit, export included)"
+if [ "$mode" = lora ]; then
+  python3 - "$model" "$work/run/final" <<'PY'
+import json, os, struct, sys
+def tensors(d):
+    out = {}
+    for f in sorted(os.listdir(d)):
+        if not f.endswith(".safetensors") or f.startswith("adapter"):
+            continue
+        p = os.path.join(d, f)
+        with open(p, "rb") as fh:
+            n = struct.unpack("<Q", fh.read(8))[0]
+            h = json.loads(fh.read(n))
+        for k, v in h.items():
+            if k != "__metadata__":
+                out[k] = (p, 8 + n + v["data_offsets"][0], v["data_offsets"][1] - v["data_offsets"][0], v["dtype"])
+    return out
+src, dst = tensors(sys.argv[1]), tensors(sys.argv[2])
+same = diff = 0
+for k, (p, off, n, dt) in src.items():
+    q = dst.get(k)
+    if q is None or q[2] != n or q[3] != dt:
+        diff += 1
+        continue
+    with open(p, "rb") as a, open(q[0], "rb") as b:
+        a.seek(off); b.seek(q[1])
+        left, ok = n, True
+        while left and ok:
+            c = min(left, 1 << 24)
+            ok = a.read(c) == b.read(c)
+            left -= c
+    same += ok
+    diff += not ok
+print(f"  round trip: {same} of {len(src)} base tensors byte-identical in final/ ({diff} differ or missing)")
+PY
+fi
