@@ -36,8 +36,14 @@ double EvalLoss::mean() const {
 }
 double EvalLoss::ppl() const { return std::exp(mean()); }
 
+int eval_forwards(const data::TokenDataset& dataset, int batch_size, size_t max_samples, int world_size) {
+  const size_t n = max_samples > 0 ? std::min(max_samples, dataset.size()) : dataset.size();
+  const size_t W = static_cast<size_t>(std::max(1, world_size)), B = static_cast<size_t>(std::max(1, batch_size));
+  return static_cast<int>(((n + W - 1) / W + B - 1) / B);
+}
+
 EvalLoss eval_loss(model::Model& m, const data::TokenDataset& dataset, int batch_size, size_t max_samples, int rank,
-                   int world_size) {
+                   int world_size, int forwards) {
   DT_ENFORCE_GT(batch_size, 0, InternalError, "eval batch size");
   DT_ENFORCE(rank >= 0 && rank < world_size, InternalError, "eval rank {} of {}", rank, world_size);
   EvalMode mode(m);
@@ -47,6 +53,7 @@ EvalLoss eval_loss(model::Model& m, const data::TokenDataset& dataset, int batch
   const int T = static_cast<int>(dataset.seq_len());
   EvalLoss out;
   std::vector<int32_t> inputs, targets;
+  int made = 0;
   for (size_t b = 0; b < mine.size(); b += static_cast<size_t>(batch_size)) {
     const size_t e = std::min(mine.size(), b + static_cast<size_t>(batch_size));
     std::vector<size_t> idx(mine.begin() + static_cast<ptrdiff_t>(b), mine.begin() + static_cast<ptrdiff_t>(e));
@@ -56,6 +63,13 @@ EvalLoss eval_loss(model::Model& m, const data::TokenDataset& dataset, int batch
     const float loss = m.forward(inputs.data(), targets.data(), static_cast<int>(idx.size()), T);
     out.loss_sum += static_cast<double>(loss) * m.num_targets();
     out.tokens += m.num_targets();
+    ++made;
+  }
+  // Forwards that count nothing (token 0, every target masked), of the batch shape.
+  if (made < forwards) {
+    inputs.assign(static_cast<size_t>(batch_size) * static_cast<size_t>(T), 0);
+    targets.assign(inputs.size(), -100);
+    for (; made < forwards; ++made) m.forward(inputs.data(), targets.data(), batch_size, T);
   }
   return out;
 }

@@ -28,9 +28,16 @@ struct EvalLoss {
 /// Loss over the samples i of `dataset` with i % world_size == rank (all of them for the
 /// defaults), batch_size rows per forward, in eval mode (no LoRA dropout); max_samples > 0
 /// limits the samples considered (before splitting by rank). The caller adds the ranks'
-/// results. The model's training flag is restored.
+/// results. The model's training flag is restored. forwards > 0: after its own batches the
+/// rank runs forwards with every target masked (they add nothing) until it has made that
+/// many, so every rank makes the same number: a ZeRO-3 model gathers each layer with a
+/// collective in forward (eval_forwards gives the count every rank needs).
 EvalLoss eval_loss(model::Model& m, const data::TokenDataset& dataset, int batch_size, size_t max_samples = 0,
-                   int rank = 0, int world_size = 1);
+                   int rank = 0, int world_size = 1, int forwards = 0);
+
+/// The forwards of the rank with the most samples: ceil(ceil(n / world_size) / batch_size)
+/// for n samples (max_samples > 0 limits n, as in eval_loss).
+int eval_forwards(const data::TokenDataset& dataset, int batch_size, size_t max_samples, int world_size);
 
 /// Greedy continuation of each prompt: up to max_new_tokens ids each, stopping after a
 /// stop id (included in the result) or when the context reaches the model's

@@ -462,11 +462,11 @@ void TrainLoop::progress_log(int64_t step, const StepOutcome& out) {
 
 void TrainLoop::evaluate(int64_t step) {
   if (!data_.valid) return;
-  // Ranks may run different numbers of eval batches: at stage 3 the full weights are
-  // gathered once for the evaluation instead of layer by layer.
-  if (zopts_.stage == 3) step_->engine().params_materialize();
-  EvalLoss e = eval_loss(*model_, *data_.valid, micro_, 0, rank_, W_);
-  if (zopts_.stage == 3) step_->engine().params_restore();
+  // At stage 3 each forward gathers its layers with collectives: every rank makes the same
+  // number of forwards (the ones with fewer samples run masked ones), so the weights are
+  // gathered layer by layer as in training, never whole on a rank.
+  const int forwards = zopts_.stage == 3 && comm_ ? eval_forwards(*data_.valid, micro_, 0, W_) : 0;
+  EvalLoss e = eval_loss(*model_, *data_.valid, micro_, 0, rank_, W_, forwards);
   std::vector<double> v{e.loss_sum, static_cast<double>(e.tokens)};
   allreduce_sum(comm_, v);
   e.loss_sum = v[0];

@@ -72,6 +72,19 @@ TEST_CASE("eval_loss is the token-weighted mean and splits over ranks") {
   CHECK(r0.tokens + r1.tokens == all.tokens);
   CHECK(r0.loss_sum + r1.loss_sum == doctest::Approx(all.loss_sum).epsilon(1e-5));
   CHECK(m.training());  // restored
+
+  // ZeRO-3's equal forward counts: 23 samples over 3 ranks in batches of 5 are 2 forwards
+  // for the rank with 8 samples; the ranks with fewer pad with masked forwards that add
+  // nothing (the model counts each forward it runs).
+  CHECK(eval_forwards(ds, 5, 23, 3) == 2);
+  CHECK(eval_forwards(ds, 5, 23, 1) == 5);
+  CHECK(eval_forwards(ds, 4, 8, 2) == 1);
+  const uint64_t before = m.forward_count();
+  const EvalLoss padded = eval_loss(m, ds, 5, 23, 2, 3, 4);  // rank 2: samples 2, 5, ..., 20 (7): 2 real forwards
+  CHECK(m.forward_count() - before == 4);
+  const EvalLoss plain = eval_loss(m, ds, 5, 23, 2, 3);
+  CHECK(padded.tokens == plain.tokens);
+  CHECK(padded.loss_sum == plain.loss_sum);
 }
 
 TEST_CASE("greedy generation: batched equals one by one, deterministic, stops at stop ids") {
