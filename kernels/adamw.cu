@@ -56,12 +56,44 @@ __device__ __forceinline__ float update_one(float& p, float g, float& m, float& 
   return p;
 }
 
+// Elements [i, i + V) with vector loads and stores, and element i alone: the per-tensor
+// and the table kernel share these (C = float: no compute copy).
+template <typename C, int V>
+__device__ __forceinline__ void update_pack(float* __restrict__ param, const float* __restrict__ grad,
+                                            float* __restrict__ m, float* __restrict__ v, C* __restrict__ copy,
+                                            size_t i, const StepScalars& s) {
+  constexpr bool HAS_COPY = !std::is_same_v<C, float>;
+  Pack<float, V> p = pack_load<float, V>(param + i), g = pack_load<float, V>(grad + i);
+  Pack<float, V> mm = pack_load<float, V>(m + i), vv = pack_load<float, V>(v + i);
+  Pack<C, V> c;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const float pj = update_one(p.v[j], g.v[j], mm.v[j], vv.v[j], s);
+    if constexpr (HAS_COPY) c.v[j] = from_f32<C>(pj);
+  }
+  pack_store<float, V>(param + i, p);
+  pack_store<float, V>(m + i, mm);
+  pack_store<float, V>(v + i, vv);
+  if constexpr (HAS_COPY) pack_store<C, V>(copy + i, c);
+}
+
+template <typename C>
+__device__ __forceinline__ void update_scalar(float* __restrict__ param, const float* __restrict__ grad,
+                                              float* __restrict__ m, float* __restrict__ v, C* __restrict__ copy,
+                                              size_t i, const StepScalars& s) {
+  float p = param[i], mi = m[i], vi = v[i];
+  const float pj = update_one(p, grad[i], mi, vi, s);
+  param[i] = p;
+  m[i] = mi;
+  v[i] = vi;
+  if constexpr (!std::is_same_v<C, float>) copy[i] = from_f32<C>(pj);
+}
+
 // C = float means "no compute copy" (copy is null).
 template <typename C, int V>
 __global__ void adamw_kernel(float* __restrict__ param, const float* __restrict__ grad, float* __restrict__ m,
                              float* __restrict__ v, C* __restrict__ copy, size_t n, StepScalars s,
                              const float* __restrict__ dev_scale) {
-  constexpr bool HAS_COPY = !std::is_same_v<C, float>;
   if (dev_scale != nullptr) {
     if (dev_scale[1] != 0.0f) return;  // the step overflowed: skipped
     s.grad_scale = dev_scale[0];
@@ -72,29 +104,8 @@ __global__ void adamw_kernel(float* __restrict__ param, const float* __restrict_
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t npack = n / V;
-  for (size_t q = tid; q < npack; q += stride) {
-    const size_t i = q * V;
-    Pack<float, V> p = pack_load<float, V>(param + i), g = pack_load<float, V>(grad + i);
-    Pack<float, V> mm = pack_load<float, V>(m + i), vv = pack_load<float, V>(v + i);
-    Pack<C, V> c;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const float pj = update_one(p.v[j], g.v[j], mm.v[j], vv.v[j], s);
-      if constexpr (HAS_COPY) c.v[j] = from_f32<C>(pj);
-    }
-    pack_store<float, V>(param + i, p);
-    pack_store<float, V>(m + i, mm);
-    pack_store<float, V>(v + i, vv);
-    if constexpr (HAS_COPY) pack_store<C, V>(copy + i, c);
-  }
-  for (size_t i = npack * V + tid; i < n; i += stride) {
-    float p = param[i], mi = m[i], vi = v[i];
-    const float pj = update_one(p, grad[i], mi, vi, s);
-    param[i] = p;
-    m[i] = mi;
-    v[i] = vi;
-    if constexpr (HAS_COPY) copy[i] = from_f32<C>(pj);
-  }
+  for (size_t q = tid; q < npack; q += stride) update_pack<C, V>(param, grad, m, v, copy, q * V, s);
+  for (size_t i = npack * V + tid; i < n; i += stride) update_scalar<C>(param, grad, m, v, copy, i, s);
 }
 
 template <typename C>
@@ -135,7 +146,6 @@ static_assert(sizeof(AdamWTable) + sizeof(StepScalars) + sizeof(void*) <= 4000, 
 template <typename C>
 __global__ void __launch_bounds__(MULTI_THREADS)
     adamw_multi_kernel(const AdamWTable table, StepScalars s, const float* __restrict__ dev_scale) {
-  constexpr bool HAS_COPY = !std::is_same_v<C, float>;
   constexpr int V = 4;
   if (dev_scale != nullptr) {
     if (dev_scale[1] != 0.0f) return;  // the step overflowed: skipped
@@ -158,30 +168,11 @@ __global__ void __launch_bounds__(MULTI_THREADS)
   size_t tail = lo;
   if (table.vec[t]) {
     const size_t npack = (hi - lo) / V;
-    for (size_t q = threadIdx.x; q < npack; q += blockDim.x) {
-      const size_t i = lo + q * V;
-      Pack<float, V> p = pack_load<float, V>(param + i), g = pack_load<float, V>(grad + i);
-      Pack<float, V> mm = pack_load<float, V>(m + i), vv = pack_load<float, V>(v + i);
-      Pack<C, V> c;
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const float pj = update_one(p.v[j], g.v[j], mm.v[j], vv.v[j], s);
-        if constexpr (HAS_COPY) c.v[j] = from_f32<C>(pj);
-      }
-      pack_store<float, V>(param + i, p);
-      pack_store<float, V>(m + i, mm);
-      pack_store<float, V>(v + i, vv);
-      if constexpr (HAS_COPY) pack_store<C, V>(copy + i, c);
-    }
+    for (size_t q = threadIdx.x; q < npack; q += blockDim.x) update_pack<C, V>(param, grad, m, v, copy, lo + q * V, s);
     tail = lo + npack * V;
   }
   for (size_t i = tail + threadIdx.x; i < hi; i += blockDim.x) {
-    float p = param[i], mi = m[i], vi = v[i];
-    const float pj = update_one(p, grad[i], mi, vi, s);
-    param[i] = p;
-    m[i] = mi;
-    v[i] = vi;
-    if constexpr (HAS_COPY) copy[i] = from_f32<C>(pj);
+    update_scalar<C>(param, grad, m, v, copy, i, s);
   }
 }
 
