@@ -55,9 +55,10 @@ TEST_CASE("gpu_check --rehearse: every stage reports; the engine's stages pass, 
   const nlohmann::json j = report(tmp.path());
   std::vector<std::string> order;
   for (const auto& s : j.at("stages")) order.push_back(s.at("stage"));
-  CHECK(order == std::vector<std::string>{"env", "tests", "sanitizer", "job", "speed", "peers", "hf", "profile"});
+  CHECK(order ==
+        std::vector<std::string>{"env", "tests", "sanitizer", "job", "speed", "losses", "peers", "hf", "profile"});
   auto st = by_stage(j);
-  for (const char* s : {"env", "tests", "job", "speed", "hf"}) {
+  for (const char* s : {"env", "tests", "job", "speed", "losses", "hf"}) {
     INFO(s << ": " << st[s].dump());
     CHECK(st[s].at("status") == "PASS");
   }
@@ -82,6 +83,10 @@ TEST_CASE("gpu_check --rehearse: every stage reports; the engine's stages pass, 
   const auto& sp = st["speed"].at("data").at("results").at("tiny-sft");
   CHECK(sp.at("bench").at("tokens_per_s").get<double>() > 0);
   CHECK(sp.at("plan").at("launches").get<int>() > 0);
+  // the losses: bf16 and fp32 curves of the same steps, at both learning rates
+  const auto& curves = st["losses"].at("data").at("curves");
+  CHECK(curves.size() == 4);
+  for (const auto& [k, v] : curves.items()) CHECK(v.size() == 3);
   // the person-readable table has a row per stage
   const std::string md = read_text(tmp.path() + "/gpu_check.md");
   for (const std::string& s : order) CHECK(contains(md, "| " + s + " | "));
