@@ -3,6 +3,7 @@
 // loader, the merged LoRA model, export.* keys and flags refused by name, an interrupted
 // or partial export never taken for a complete one, and the checkpoint streamed tensor by
 // tensor giving the bytes the model path writes.
+#include "temp_dir.h"
 #include "config/train_config.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -27,7 +28,6 @@
 #include <random>
 #include <set>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 using namespace dtrain;
@@ -64,15 +64,7 @@ config::TrainConfig load(const std::string& arch, const std::vector<std::string>
   return c;
 }
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name)
-      : path(fs::temp_directory_path() / ("dtrain_es_test_" + std::to_string(getpid()) + "_" + name)) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using dtrain::test::TempDir;
 
 HfExportOptions opts(DType dt, uint64_t max_shard, bool merge = false) {
   HfExportOptions o;
