@@ -322,9 +322,30 @@ void model_load_hf_weights(model::Model& m, const std::string& dir) { load_all(m
 void model_load_adapter(model::Model& m, const std::string& path) {
   DT_ENFORCE(m.lora_on(), InternalError, "model_load_adapter: LoRA is not enabled");
   const WeightSet w = weights_open({path});
-  for (auto& pb : m.lora_params())
-    for (const auto& t : pb.layout.tensors) load_tensor(w, t, pb.host_f32() + t.offset, m.config());
+  // Through a host copy of each adapter buffer: the model may live on a device.
+  std::vector<float> host;
+  for (size_t k = 0; k < m.lora_params().size(); ++k) {
+    const model::ParamBuffer& pb = m.lora_params()[k];
+    host.assign(pb.size, 0.0f);
+    for (const auto& t : pb.layout.tensors) load_tensor(w, t, host.data() + t.offset, m.config());
+    m.buffer_from_host(m.params().size() + k, host.data());
+  }
 }
+
+namespace {
+
+// LoRA when the config asks for it, its adapters loaded from init_from's
+// adapter_model.safetensors when that file exists; recompute as configured.
+void lora_and_recompute(model::Model& m, const config::TrainConfig& cfg, const model::ModelConfig& mcfg) {
+  if (cfg.lora.enabled()) {
+    m.lora_enable(lora_config_from(cfg, mcfg));
+    const fs::path adapter = fs::path(cfg.model.init_from) / "adapter_model.safetensors";
+    if (!cfg.model.init_from.empty() && fs::exists(adapter)) model_load_adapter(m, adapter.string());
+  }
+  m.set_recompute(cfg.activation_checkpointing.enabled);
+}
+
+}  // namespace
 
 std::unique_ptr<model::Model> model_create(const config::TrainConfig& cfg) {
   const model::ModelConfig mcfg = model_config_from(cfg);
@@ -336,12 +357,7 @@ std::unique_ptr<model::Model> model_create(const config::TrainConfig& cfg) {
     model_load_hf_weights(*m, cfg.model.init_from);
     log_info("model: loaded {} ({} parameters)", cfg.model.init_from, m->num_params());
   }
-  if (cfg.lora.enabled()) {
-    m->lora_enable(lora_config_from(cfg, mcfg));
-    const fs::path adapter = fs::path(cfg.model.init_from) / "adapter_model.safetensors";
-    if (!cfg.model.init_from.empty() && fs::exists(adapter)) model_load_adapter(*m, adapter.string());
-  }
-  m->set_recompute(cfg.activation_checkpointing.enabled);
+  lora_and_recompute(*m, cfg, mcfg);
   return m;
 }
 
@@ -366,22 +382,7 @@ DeferredModel model_create_deferred(const config::TrainConfig& cfg, device::Devi
     log_info("model: {} ({} parameters) loads buffer by buffer, straight into the ZeRO engine", cfg.model.init_from,
              m->num_params());
   }
-  if (cfg.lora.enabled()) {
-    m->lora_enable(lora_config_from(cfg, mcfg));
-    const fs::path adapter = fs::path(cfg.model.init_from) / "adapter_model.safetensors";
-    if (!cfg.model.init_from.empty() && fs::exists(adapter)) {
-      // Through a host copy of each adapter buffer: the model may live on a device.
-      const WeightSet w = weights_open({adapter.string()});
-      std::vector<float> host;
-      for (size_t k = 0; k < m->lora_params().size(); ++k) {
-        const model::ParamBuffer& pb = m->lora_params()[k];
-        host.assign(pb.size, 0.0f);
-        for (const auto& t : pb.layout.tensors) load_tensor(w, t, host.data() + t.offset, mcfg);
-        m->buffer_from_host(m->params().size() + k, host.data());
-      }
-    }
-  }
-  m->set_recompute(cfg.activation_checkpointing.enabled);
+  lora_and_recompute(*m, cfg, mcfg);
   return d;
 }
 

@@ -56,7 +56,7 @@ void model_load_safetensors(model::Model& m, const std::vector<std::string>& pat
 /// model-*.safetensors (none in two). IoError naming the file and tensor otherwise.
 void model_load_hf_weights(model::Model& m, const std::string& dir);
 
-/// Loads PEFT adapter weights into a model whose LoRA is enabled.
+/// Loads PEFT adapter weights into a model whose LoRA is enabled (on any device).
 void model_load_adapter(model::Model& m, const std::string& path);
 
 /// Loads a Hugging Face model directory written by model_export_hf (or HF transformers /
