@@ -271,6 +271,8 @@ def stage_env(lay, rep, cap):
         if rc == 0 and out.strip():
             gpu = out.strip().splitlines()[0]
             data["nvidia_smi"] = gpu
+            # The --plan budget's GPU profile for the speed stage (H100 SXM unless an H200).
+            lay.plan_gpu = "h200" if "H200" in gpu else "h100"
     rc, out, _ = run([sys.executable, "-c",
                       "import torch;p=torch.cuda.get_device_properties(0);"
                       "print(p.name, p.multi_processor_count, p.total_memory, f'{p.major}.{p.minor}', torch.version.cuda)"],
@@ -691,7 +693,7 @@ def bench_cmd(lay, config, sets, warmup, steps, plan=False):
     for s in sets:
         cmd += ["--set", s]
     if plan:
-        cmd = [c for c in cmd if c not in ("--device", "cuda")] + ["--plan"]
+        cmd = [c for c in cmd if c not in ("--device", "cuda")] + ["--plan", "--gpu", getattr(lay, "plan_gpu", "h100")]
     return cmd
 
 
@@ -718,7 +720,8 @@ def stage_speed(lay, rep, cap):
             continue
         results[name] = dict(bench=b, plan=p)
         mfu = f"{100 * b['mfu']:.1f}%" if b.get("mfu") is not None else "N/A"
-        pm = f"{100 * p['mfu']:.1f}%" if p.get("mfu") is not None else "N/A"
+        pm = (f"{100 * p['mfu_low']:.1f}-{100 * p['mfu_high']:.1f}%" if p.get("mfu_low") is not None
+              else f"{100 * p['mfu']:.1f}%" if p.get("mfu") is not None else "N/A")
         peak = b.get("peak_memory_bytes")
         rows.append([name, "PASS", f"{b['tokens_per_s']:.0f}", f"{b['step_ms']:.2f}", mfu,
                      f"{peak / 2**30:.2f}" if peak else "-", f"{p['step_ms']:.2f}", pm])
@@ -754,7 +757,7 @@ def stage_speed(lay, rep, cap):
     if lay.rehearse:
         summary += " (engine: not a speed)"
     rep.add("speed", worst, now() - t0, summary,
-            md_table(["model", "result", "tokens/s", "step ms", "MFU", "peak GiB", "plan step ms", "plan MFU"], rows) +
+            md_table(["model", "result", "tokens/s", "step ms", "MFU", "peak GiB", "plan step ms (mid)", "plan MFU band"], rows) +
             "\nCUDA graphs: `bench train` times the bench's own eager step (it does not replay graphs yet); the job "
             "stage runs the trainer with graphs on and off.\n\n" + "\n".join(details), dict(results=results))
     return results

@@ -13,14 +13,14 @@
 namespace dtrain::cli {
 
 int run_bench_train(const std::string& config_path, const std::vector<std::string>& sets, int steps, int warmup,
-                    bool json, const std::string& device, bool plan) {
+                    bool json, const std::string& device, bool plan, const std::string& gpu) {
   bench::BenchTrainOptions o;
   o.config_path = config_path;
   o.sets = sets;
   o.steps = steps;
   o.warmup = warmup;
   o.device = device::kind_parse(device, "--device");
-  const std::string out = plan ? bench::bench_plan_format(bench::bench_plan_run(o), json)
+  const std::string out = plan ? bench::bench_plan_format(bench::bench_plan_run(o, gpu), json)
                                : bench::bench_train_format(bench::bench_train_run(o), json);
   std::fputs(out.c_str(), stdout);
   std::fflush(stdout);

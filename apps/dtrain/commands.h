@@ -59,7 +59,8 @@ int run_status(const std::string& run_dir);
 // cmd_bench_train.cpp
 // plan: the predicted budget of the step (lib/bench/bench_plan.h) instead of a timed run.
 int run_bench_train(const std::string& config_path, const std::vector<std::string>& sets, int steps, int warmup,
-                    bool json = false, const std::string& device = "cuda", bool plan = false);
+                    bool json = false, const std::string& device = "cuda", bool plan = false,
+                    const std::string& gpu = "h100");
 
 struct BenchCliOptions;
 int run_bench(const BenchCliOptions& bench, const JobOptions& opts);

@@ -1,5 +1,6 @@
 // dtrain command line: parses arguments (CLI11), dispatches to the cmd_* functions, and
 // maps typed exceptions to process exit codes. The only place that catches dtrain::Error.
+#include "bench/plan_occupancy.h"
 #include "bench_options.h"
 #include "commands.h"
 #include "config/hostfile.h"
@@ -166,7 +167,7 @@ CLI::App* add_bench(CLI::App& app, Commands& out) {
 
 void add_bench_train(CLI::App* bench, Commands& out) {
   struct Options {
-    std::string config, device = "cuda";
+    std::string config, device = "cuda", gpu = "h100";
     std::vector<std::string> sets;
     int steps = 20, warmup = 5;
     bool json = false, plan = false;
@@ -186,8 +187,11 @@ void add_bench_train(CLI::App* bench, Commands& out) {
       ->capture_default_str();
   cmd->add_flag("--json", bt->json, "print one JSON object");
   cmd->add_flag("--plan", bt->plan,
-                "predict the step on an H100 instead of timing it: every launch the CUDA code issues, with "
-                "its FLOPs, bytes and roofline time (needs no GPU)");
+                "predict the step on a GPU instead of timing it: every launch the CUDA code issues, with "
+                "its FLOPs, bytes and a low/high roofline time band, and the step's MFU band (needs no GPU)");
+  cmd->add_option("--gpu", bt->gpu, "with --plan: the GPU profile the step is priced on")
+      ->check(CLI::IsMember(dtrain::bench::plan_gpu_names()))
+      ->capture_default_str();
   cmd->add_option("--device", bt->device, "cuda, or cpu for the CPU reference model (fp32)")
       ->check(CLI::IsMember({"cuda", "cpu"}))
       ->capture_default_str();
@@ -196,7 +200,7 @@ void add_bench_train(CLI::App* bench, Commands& out) {
       "  dtrain bench train --config configs/gpt2-124m.yaml --set train_micro_batch_size_per_gpu=16 --plan");
   out.push_back({cmd, [bt] {
                    return dtrain::cli::run_bench_train(bt->config, bt->sets, bt->steps, bt->warmup, bt->json,
-                                                       bt->device, bt->plan);
+                                                       bt->device, bt->plan, bt->gpu);
                  }});
 }
 

@@ -265,8 +265,9 @@ void PlanDevice::rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV
 
 // ----------------------------------------------------------------------------
 // Attention (kernels/attention.cu, attention_mma.cu). Bytes: q, k, v, out (dout, dq, dk, dv)
-// and the fp32 row statistics from HBM once; the K/V (Q/dO) tiles a block re-reads are taken
-// to stay in L2.
+// and the fp32 row statistics from HBM once; on tensor cores the tiles the blocks load again
+// are counted apart (PlanLaunch::reread_bytes): the budget's fast end takes them from L2, its
+// slow end from HBM.
 // fp32 on CUDA cores: per causal tile pair of 32 queries x 32 keys, forward 2 HD (scores) +
 // 2 HDP (P V) FLOPs per score, dq 4 HD + 2 HDP, dk/dv 4 HD + 4 HDP (HDP: HD padded to 32 x
 // DPL); launches `kernel`, `kq`, `kkv`. bf16/fp16 on tensor cores: 64 x 64 tile pairs with
@@ -281,6 +282,30 @@ double mma_scores(int B, int T, int NH) {  // scores computed: causal 64 x 64 ti
   const double nt = static_cast<double>(blocks_for(static_cast<size_t>(T), 64));
   return static_cast<double>(B) * NH * nt * (nt + 1) / 2 * 4096;
 }
+
+// The launch geometry of kernels/attention_mma.cu: grid (B*NH, T/64), 128 threads, shared
+// memory from its fwd_bytes / dkdv_bytes / dq_bytes (rows of HDP + 8 elements; dK/dV also
+// stages the fp32 lse and D rows), a one-stage variant compiled where two stages exceed the
+// smallest card's 99 KB.
+enum class MmaKernel { FWD, DKDV, DQ };
+PlanLaunch mma_launch(MmaKernel k, int B, int T, int NH, int HD, DType t) {
+  static constexpr const char* NAMES[] = {"attn_fwd_mma_kernel", "attn_bwd_dkdv_kernel", "attn_bwd_dq_kernel"};
+  PlanLaunch l;
+  l.kernel = NAMES[static_cast<int>(k)];
+  l.hdp = static_cast<int>(mma_hdp(HD));
+  const int64_t nt = static_cast<int64_t>(blocks_for(static_cast<size_t>(T), 64));
+  l.blocks = static_cast<int64_t>(B) * NH * nt;
+  l.threads = 128;
+  const size_t elems = 64 * static_cast<size_t>(l.hdp + 8), e = dtype_size(t);
+  auto bytes = [&](size_t stages) {
+    if (k == MmaKernel::FWD) return e * (1 + 2 * stages) * elems;
+    return e * (2 + 2 * stages) * elems + (k == MmaKernel::DKDV ? sizeof(float) * 2 * stages * 64 : 0);
+  };
+  l.smem_two_stages = bytes(2);
+  l.smem_one_stage = bytes(1);
+  l.one_stage_built = l.smem_two_stages > 99 * 1024;
+  return l;
+}
 }  // namespace
 
 void PlanDevice::attention_forward(void*, float*, const void*, const void*, const void*, int B, int T, int NH, int NKV,
@@ -289,8 +314,12 @@ void PlanDevice::attention_forward(void*, float*, const void*, const void*, cons
   const double q = static_cast<double>(B) * T * NH * HD * es(t), kv = static_cast<double>(B) * T * NKV * HD * es(t);
   const double rows = static_cast<double>(B) * NH * T * 4;
   if (t != DType::F32) {
+    // Each block loads its Q tile once and the K, V tiles of every key tile up to its own.
+    PlanLaunch l = mma_launch(MmaKernel::FWD, B, T, NH, HD, t);
+    const double tile = 64.0 * HD * es(t), pairs = mma_scores(B, T, NH) / 4096;
+    l.reread_bytes = std::max(0.0, pairs * 2 * tile - 2 * kv);
     kernel("attention_forward", "kernel", PlanUnit::TENSOR_ATTN_FWD, mma_scores(B, T, NH) * 4.0 * mma_hdp(HD),
-           2 * q + 2 * kv + rows);
+           2 * q + 2 * kv + rows, &l);
     return;
   }
   const double hdp = 32.0 * attn_dpl(HD), scores = static_cast<double>(B) * NH * attn_tile_pairs(T) * 1024;
@@ -310,10 +339,20 @@ void PlanDevice::attention_backward(void*, void*, void*, const void*, const void
     const int G = NH / NKV;
     const double exp = static_cast<double>(B) * T * NH * HD * 4;  // fp32 dK or dV per query head
     const double kv_out = G > 1 ? 2 * exp : 2 * kv;
+    // Tile loads beyond each array once (no atomics, no fp32 dQ partials: every output has one
+    // writer). dK/dV: a block loads its K, V tile (per query head: G times per KV head) and the
+    // Q, dO tiles and lse, D rows of every query tile at or after it; dQ: its Q, dO tile and
+    // lse, D rows once and the K, V tiles of every key tile up to it.
+    const double tile = 64.0 * HD * es(t), pairs = mma_scores(B, T, NH) / 4096;
+    PlanLaunch dkdv = mma_launch(MmaKernel::DKDV, B, T, NH, HD, t);
+    dkdv.reread_bytes = std::max(0.0, pairs * (2 * tile + 2 * 64 * 4) - (2 * q + 2 * rows)) +
+                        std::max(0.0, static_cast<double>(dkdv.blocks) * 2 * tile - 2 * kv);
+    PlanLaunch dq = mma_launch(MmaKernel::DQ, B, T, NH, HD, t);
+    dq.reread_bytes = std::max(0.0, pairs * 2 * tile - 2 * kv);
     kernel(op, "kernel_dkdv", PlanUnit::TENSOR_ATTN_BWD, mma_scores(B, T, NH) * 8.0 * mma_hdp(HD),
-           2 * q + 2 * kv + 2 * rows + kv_out);
+           2 * q + 2 * kv + 2 * rows + kv_out, &dkdv);
     kernel(op, "kernel_dq", PlanUnit::TENSOR_ATTN_BWD, mma_scores(B, T, NH) * 6.0 * mma_hdp(HD),
-           3 * q + 2 * kv + 2 * rows);
+           3 * q + 2 * kv + 2 * rows, &dq);
     if (G > 1) kernel(op, "attn_dkv_reduce_kernel<Ty>", PlanUnit::CUDA_CORE, 2 * exp / 4, 2 * exp + 2 * kv);
     return;
   }

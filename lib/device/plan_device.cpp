@@ -62,9 +62,11 @@ void* PlanDevice::alloc(size_t bytes) {
 
 // ----------------------------------------------------------------------------
 // Entry builders.
-void PlanDevice::kernel(const char* op, const char* name, PlanUnit unit, double flops, double bytes) {
+void PlanDevice::kernel(const char* op, const char* name, PlanUnit unit, double flops, double bytes,
+                        const PlanLaunch* launch) {
   if (!recording_) return;
   PlanEntry e;
+  if (launch) e.launch = *launch;
   e.op = op;
   e.kernel = name;
   e.kind = PlanKind::KERNEL;

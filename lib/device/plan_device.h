@@ -46,6 +46,22 @@ struct PlanMatmul {
 
 enum class PlanCopy { H2D, D2H, D2D };
 
+/// The launch geometry of a kernel whose occupancy the budget models (the tensor-core
+/// attention's kernels, kernels/attention_mma.cu): its name in ptxas's report, the padded head
+/// dimension (a template argument), grid and block, the dynamic shared memory of its two-stage
+/// and one-stage variants (the launcher picks by the card's opt-in limit), and the bytes its
+/// blocks load more than once (K/V or Q/dO tiles re-read per tile pair), which hit L2 or HBM.
+struct PlanLaunch {
+  std::string kernel;  ///< "attn_fwd_mma_kernel", "attn_bwd_dkdv_kernel", "attn_bwd_dq_kernel"
+  int hdp = 0;
+  int64_t blocks = 0;
+  int threads = 0;
+  size_t smem_two_stages = 0, smem_one_stage = 0;
+  bool one_stage_built = false;  ///< a one-stage variant exists (two stages exceed 99 KB somewhere)
+  double reread_bytes = 0;
+  int registers = 0;  ///< per thread; 0: the budget takes ptxas's count from its table (set: what-if, tests)
+};
+
 /// One launch (kernel, matmul, memset or memcpy) of one op call.
 struct PlanEntry {
   std::string op;  ///< the Device op that issued it, e.g. "linear_backward"
@@ -62,6 +78,7 @@ struct PlanEntry {
   PlanMatmul matmul;              ///< MATMUL only
   PlanCopy copy = PlanCopy::D2D;  ///< MEMCPY only
   size_t width = 0, height = 0;   ///< MEMSET / MEMCPY: width x height bytes (1D: height 1)
+  PlanLaunch launch;              ///< KERNEL on TENSOR_ATTN_*: its geometry (empty kernel otherwise)
 };
 
 class PlanDevice final : public Device {
@@ -168,7 +185,8 @@ class PlanDevice final : public Device {
  private:
   // Entry builders (plan_device.cpp); `op` names the Device op. Each records only while
   // recording_.
-  void kernel(const char* op, const char* name, PlanUnit unit, double flops, double bytes);
+  void kernel(const char* op, const char* name, PlanUnit unit, double flops, double bytes,
+              const PlanLaunch* launch = nullptr);
   // The row-major C[M,N] = alpha op(A) op(B) + beta C of kernels/gemm.cu, with its epilogue.
   void matmul(const char* op, bool trans_a, bool trans_b, int M, int N, int K, float alpha, float beta, DType ab,
               DType c, PlanEpilogue epi);
