@@ -49,6 +49,15 @@ StepScalars step_scalars(const AdamWConfig& cfg, float lr, int64_t step, bool de
   return s;
 }
 
+// The element update rounds every operation on its own, as kernels/adamw.cu does with
+// __fmul_rn/__fadd_rn: g++ contracts a*b+c into an FMA in C++ by default wherever the
+// target has one (DT_OPS_SIMD's x86-64-v3 clone does), which made the host's AdamW (the
+// CPU device, ZeRO-Offload) differ from the GPU's in the last bit.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+
 // One element; returns the new parameter value.
 inline float update_one(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
                         size_t i, const StepScalars& s) {
@@ -77,6 +86,10 @@ DT_OPS_SIMD void update_range_f16(float* __restrict p, const float* __restrict g
                                   float* __restrict v, uint16_t* __restrict copy, size_t n, const StepScalars& s) {
   for (size_t i = 0; i < n; ++i) copy[i] = f32_to_f16(update_one(p, g, m, v, i, s));
 }
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
 
 // Four double accumulators break the add dependency chain so the loop runs near memory speed.
 DT_OPS_SIMD double norm_sq_range(const float* __restrict g, size_t n) {
