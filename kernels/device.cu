@@ -17,6 +17,15 @@ int device_count() {
   return n;
 }
 
+size_t device_memory_bytes(int device) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return prop.totalGlobalMem;
+}
+
 std::string device_describe(int device) {
   cudaDeviceProp prop{};
   DT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));

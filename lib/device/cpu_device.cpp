@@ -387,6 +387,20 @@ class CpuDevice final : public Device {
 
 }  // namespace
 
+// Pageable host memory, 64-byte aligned and zeroed (the CPU has nothing to pin for).
+void* Device::host_alloc(size_t bytes, bool /*pinned*/) {
+  if (!bytes) return nullptr;
+  void* p = ::operator new (bytes, std::align_val_t{64}, std::nothrow);
+  DT_ENFORCE(p != nullptr, DeviceError, "{}: cannot allocate {:.2f} GiB of host memory", name(),
+             static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
+  std::memset(p, 0, bytes);
+  return p;
+}
+
+void Device::host_free(void* p, bool /*pinned*/) {
+  if (p) ::operator delete (p, std::align_val_t{64}, std::nothrow);
+}
+
 Device& cpu() {
   static CpuDevice dev;
   return dev;

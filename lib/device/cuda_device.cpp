@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
 namespace dtrain::device {
 
@@ -140,6 +141,42 @@ class CudaDevice final : public Device {
     cur();
     DT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s_));
     DT_CUDA_CHECK(cudaStreamSynchronize(s_));
+  }
+  // Pinned memory comes from cudaMallocHost (so the DMA engine reads it without staging
+  // and copies from it are truly asynchronous); pageable from the base class.
+  void* host_alloc(size_t bytes, bool pinned) override {
+    if (!pinned || !bytes) return Device::host_alloc(bytes, pinned);
+    cur();
+    void* p = nullptr;
+    const cudaError_t e = cudaMallocHost(&p, bytes);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      DT_THROW(DeviceError,
+               "{}: cannot pin {:.2f} GiB of host memory (cudaMallocHost: {}); set "
+               "zero_optimization.offload_optimizer.pin_memory (and offload_param.pin_memory) to false, or free "
+               "host memory",
+               name(), static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0), cudaGetErrorString(e));
+    }
+    std::memset(p, 0, bytes);
+    return p;
+  }
+  void host_free(void* p, bool pinned) override {
+    if (!pinned) return Device::host_free(p, pinned);
+    if (p) (void)cudaFreeHost(p);
+  }
+  void copy_h2d_async(void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    cur();
+    DT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s_));
+  }
+  void copy_d2h_async(void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    cur();
+    DT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s_));
+  }
+  void event_synchronize(Event& e) override {
+    cur();
+    DT_CUDA_CHECK(cudaEventSynchronize(static_cast<CudaEvent&>(e).e));
   }
   void copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows) override {
     if (!rows || !width) return;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 namespace dtrain::device {
 
@@ -66,6 +67,24 @@ class Device {
   virtual void zero(void* p, size_t bytes) = 0;
   /// Waits for every op issued so far.
   virtual void synchronize() = 0;
+
+  // ---- Host memory the device copies to and from without staging (ZeRO-Offload).
+  /// `bytes` of zeroed host memory; pinned (page-locked: cudaMallocHost) where the device
+  /// has a DMA engine and `pinned`, pageable otherwise. DeviceError when it cannot be had.
+  virtual void* host_alloc(size_t bytes, bool pinned);
+  virtual void host_free(void* p, bool pinned);
+  /// Host -> device and device -> host copies ordered on the current stream, returning at
+  /// once: the host memory must stay untouched (h2d) or unread (d2h) until an event
+  /// recorded after the copy completes (event_synchronize). With host_alloc'd pinned
+  /// memory the copy overlaps with the host and with other streams' work. The CPU copies now.
+  virtual void copy_h2d_async(void* dst, const void* src, size_t bytes) { copy_h2d(dst, src, bytes); }
+  virtual void copy_d2h_async(void* dst, const void* src, size_t bytes) { copy_d2h(dst, src, bytes); }
+  /// The calling thread waits until the work marked by e has completed (any thread may
+  /// call it; the CPU has nothing to wait for).
+  virtual void event_synchronize(Event& e) {
+    (void)e;
+    synchronize();
+  }
 
   // ---- GEMM and linear layers (W stored [OC, IC] as torch.nn.Linear)
   /// Row-major C[M,N] = alpha op(A) op(B) + beta C; A, B of ab_t, C of c_t (= ab_t, or F32).
@@ -231,6 +250,46 @@ class Device {
   Device& operator=(const Device&) = delete;
 };
 
+/// Owns host memory from Device::host_alloc (pinned or pageable). Move-only.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(Device& dev, size_t bytes, bool pinned)
+      : dev_(&dev), bytes_(bytes), pinned_(pinned), ptr_(bytes ? dev.host_alloc(bytes, pinned) : nullptr) {}
+  HostBuffer(HostBuffer&& o) noexcept { *this = std::move(o); }
+  HostBuffer& operator=(HostBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      dev_ = o.dev_;
+      bytes_ = o.bytes_;
+      pinned_ = o.pinned_;
+      ptr_ = o.ptr_;
+      o.ptr_ = nullptr;
+      o.bytes_ = 0;
+    }
+    return *this;
+  }
+  ~HostBuffer() { reset(); }
+  void reset() {
+    if (ptr_) dev_->host_free(ptr_, pinned_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+  void* get() const { return ptr_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+  bool pinned() const { return pinned_; }
+
+ private:
+  Device* dev_ = nullptr;
+  size_t bytes_ = 0;
+  bool pinned_ = false;
+  void* ptr_ = nullptr;
+};
+
 /// The process's CPU device.
 Device& cpu();
 
@@ -241,6 +300,9 @@ std::unique_ptr<Device> cuda_create(int index);
 
 /// CUDA devices this process sees (0 in a CPU-only build or without a GPU): the one GPU count (discovery.cpp).
 int cuda_count();
+
+/// Global memory of the smallest CUDA device this process sees, in bytes (0 without one).
+size_t cuda_memory_bytes();
 
 /// Throws DeviceError saying why CUDA device `index` cannot be used: a CPU-only build
 /// ("built without CUDA"), no device visible ("no CUDA device"), or an index out of range.

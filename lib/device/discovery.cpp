@@ -17,4 +17,17 @@ int cuda_count() {
 #endif
 }
 
+size_t cuda_memory_bytes() {
+#ifdef DTRAIN_HAVE_CUDA
+  size_t least = 0;
+  for (int i = 0; i < kernels::device_count(); ++i) {
+    const size_t b = kernels::device_memory_bytes(i);
+    if (b && (!least || b < least)) least = b;
+  }
+  return least;
+#else
+  return 0;
+#endif
+}
+
 }  // namespace dtrain::device
