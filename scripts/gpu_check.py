@@ -42,10 +42,10 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STAGES = ["env", "tests", "sanitizer", "job", "speed", "losses", "peers", "hf", "profile"]
+STAGES = ["env", "tests", "sanitizer", "job", "speed", "losses", "offload", "peers", "hf", "profile"]
 # Seconds each stage may take on a GPU (the whole check is meant to end within ~6 minutes
 # on an H100; a stage that runs over is cut and reported TIMEOUT).
-STAGE_CAP = {"env": 20, "tests": 150, "sanitizer": 150, "job": 60, "speed": 150, "losses": 170, "peers": 110,
+STAGE_CAP = {"env": 20, "tests": 150, "sanitizer": 150, "job": 60, "speed": 150, "losses": 170, "offload": 150, "peers": 110,
              "hf": 60, "profile": 60}
 # The GPU test binaries of the real build that run on a GPU (the engine-only suites, which
 # trace the device work, skip there and are left out). In a rehearsal the ones marked
@@ -53,7 +53,7 @@ STAGE_CAP = {"env": 20, "tests": 150, "sanitizer": 150, "job": 60, "speed": 150,
 GPU_TESTS = [("gpu_cuda_device_test", True), ("kernels_gemm_test", True), ("bench_plan_test", True),
              ("kernels_conformance_test", False), ("kernels_attention_test", False),
              ("gpu_model_device_test", False), ("gpu_families_device_test", False), ("gpu_zero_device_test", False),
-             ("bench_train_test", False), ("comm_nccl_test", False)]
+             ("gpu_offload_device_test", False), ("bench_train_test", False), ("comm_nccl_test", False)]
 # The default job as the check runs it (and as gpu_bundle.sh makes its CPU reference).
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from gpu_hf_parity import TINY_SETS  # noqa: E402 - the rehearsal's model shape, shared with the hf stage
@@ -819,6 +819,66 @@ def stage_losses(lay, rep, cap):
 
 
 # ----------------------------------------------------------------------------
+# offload: the bench step with ZeRO-Offload (host AdamW) against the same step on the GPU
+OFFLOAD_CASE = {"gpu": ("llama-1b", "configs/llama-1b.yaml", ["train_micro_batch_size_per_gpu=4", "data.seq_len=2048"]),
+                "rehearse": ("tiny-sft", "configs/tiny-sft.yaml", TINY_SETS)}
+OFFLOAD_SETS = ["zero_optimization.offload_optimizer.device=cpu", "zero_optimization.offload_optimizer.pin_memory=true",
+                "zero_optimization.stage=2"]
+
+
+def stage_offload(lay, rep, cap):
+    """bench train of one model three ways, 1 warm-up + 3 timed steps each: on the GPU, and
+    with offload_optimizer with clipping off (each bucket's host AdamW during the backward)
+    and on (the host update after the backward); tokens/s of each, the host AdamW time and
+    how many buckets were updated before the last gradient landed (the step's trace)."""
+    t0 = now()
+    mode = "rehearse" if lay.rehearse else "gpu"
+    name, config, sets = OFFLOAD_CASE[mode]
+    runs = [("on the GPU", ["gradient_clipping=0"]), ("offload, clipping 0", OFFLOAD_SETS + ["gradient_clipping=0"]),
+            ("offload, clipping 1.0", OFFLOAD_SETS + ["gradient_clipping=1.0"])]
+    rows, details, worst, results = [], [], "PASS", {}
+    for label, extra in runs:
+        left = cap - (now() - t0)
+        if left < 10:
+            worst = "TIMEOUT"
+            rows.append([label, "NOT RUN"] + ["-"] * 5)
+            continue
+        rc, out, secs = run(bench_cmd(lay, config, sets + extra, 1, 3), min(left, 100), env=lay.env)
+        b = last_json(out) if rc == 0 else None
+        if b is None:
+            worst = "FAIL"
+            rows.append([label, "FAIL"] + ["-"] * 5)
+            details.append(f"### {label}: exit {rc}\n" + code(tail(out, 30)))
+            continue
+        tr = b.get("offload_trace") or []
+        landed = [e["t0"] for e in tr if e["what"] == "landed"]
+        adamw = [e for e in tr if e["what"] == "adamw"]
+        host_ms = 1e3 * sum(e["t1"] - e["t0"] for e in adamw)
+        early = sum(1 for e in adamw if e["index"] >= 0 and landed and e["t0"] < max(landed))
+        per_bucket = sum(1 for e in adamw if e["index"] >= 0)
+        sched = (f"{early} of {per_bucket} buckets before the last gradient landed" if per_bucket
+                 else ("after the backward" if adamw else "-"))
+        results[label] = dict(tokens_per_s=b["tokens_per_s"], step_ms=b["step_ms"], losses=b.get("losses"),
+                              host_adamw_ms=host_ms, trace=tr, host_bytes=b.get("offload_host_bytes"))
+        rows.append([label, "PASS", f"{b['tokens_per_s']:.0f}", f"{b['step_ms']:.1f}",
+                     f"{host_ms:.1f}" if adamw else "-", sched,
+                     f"{(b.get('offload_host_bytes') or 0) / 2**30:.2f}"])
+    base = results.get("on the GPU")
+    summary = "; ".join(f"{r[0]} {r[2]} tok/s" if r[1] == "PASS" else f"{r[0]} {r[1]}" for r in rows)
+    if base:
+        for label, r in results.items():
+            if label != "on the GPU":
+                summary += f"; {label} {r['tokens_per_s'] / base['tokens_per_s']:.2f}x"
+                # The same batches and weights: the first step's loss precedes any update.
+                if r["losses"] and base["losses"] and abs(r["losses"][0] - base["losses"][0]) > 1e-3 * abs(base["losses"][0]):
+                    worst = "FAIL"
+                    details.append(f"{label}: first-step loss {r['losses'][0]} vs {base['losses'][0]} on the GPU")
+    rep.add("offload", worst, now() - t0, f"{name}: " + summary,
+            md_table(["run", "result", "tokens/s", "step ms", "host AdamW ms", "host update", "host GiB"], rows) +
+            "\n" + "\n".join(details), dict(results=results))
+
+
+# ----------------------------------------------------------------------------
 # peers: PyTorch on the same GPU
 def torch_probe(env):
     rc, out, _ = run([sys.executable, "-c", "import torch;print(torch.__version__, torch.cuda.is_available())"], 60,
@@ -1040,6 +1100,8 @@ def main():
             speed = stage_speed(lay, rep, cap)
         elif stage == "losses":
             stage_losses(lay, rep, cap)
+        elif stage == "offload":
+            stage_offload(lay, rep, cap)
         elif stage == "peers":
             stage_peers(lay, rep, cap, speed, out_dir)
         elif stage == "hf":

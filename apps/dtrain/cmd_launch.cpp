@@ -6,6 +6,7 @@
 #include "core/log.h"
 #include "config/train_config.h"
 #include "launch/job_run.h"
+#include "device/device.h"
 #include "train/memory_plan.h"
 
 #include <cstdio>
@@ -54,12 +55,19 @@ namespace {
 // ranks check nothing here) and its memory.
 int ranks_here(const launch::Job& job) { return job.all_local ? job.plan.world_size : 0; }
 
+// Each GPU's memory where the ranks run here on GPUs this process sees (the smallest);
+// 0 = unknown (remote ranks, or no GPU here).
+double gpu_bytes(const launch::Job& job) {
+  if (!job.all_local || job.cfg.training.device != "cuda") return 0.0;
+  return static_cast<double>(device::cuda_memory_bytes());
+}
+
 void print_dry_run(const launch::Job& job, bool training = false) {
   std::string text = launch::job_dry_run_text(job);
   // A config that cannot train yet (batch keys left to "auto") has no plan to print.
   if (training && job.incomplete.empty())
     text += "\n" + train::memory_plan_text(train::memory_plan(job.cfg, job.plan.world_size), ranks_here(job),
-                                           config::config_host_memory_bytes());
+                                           config::config_host_memory_bytes(), gpu_bytes(job));
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fflush(stdout);
 }
@@ -68,7 +76,7 @@ void print_dry_run(const launch::Job& job, bool training = false) {
 void memory_check(const launch::Job& job) {
   if (!job.incomplete.empty()) return;
   train::memory_plan_check(train::memory_plan(job.cfg, job.plan.world_size), ranks_here(job),
-                           config::config_host_memory_bytes(), job.cfg.source);
+                           config::config_host_memory_bytes(), job.cfg.source, gpu_bytes(job));
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // train` times and `--plan` budgets.
 #include "bench/bench_step.h"
 
+#include <algorithm>
+
 #include "core/check.h"
 #include "core/rng.h"
 #include "train/model_factory.h"
@@ -36,7 +38,13 @@ BenchSetup bench_setup_from(const std::string& path, const std::vector<std::stri
   // The trainer's own optimizer settings (AdamW, clipping), as `dtrain launch` reads
   // them, on the engine at stage 0 on one rank in the bench's dtype.
   s.zero = train::zero_options_from(cfg);
-  s.zero.stage = 0;
+  // ZeRO-Offload keeps its stage (>= 1; on one rank every stage is stage 0's arithmetic)
+  // so that the bench times the offloaded update: host AdamW and the copies both ways.
+  s.zero.stage = s.zero.offload_optimizer && cuda ? std::max(1, s.zero.stage) : 0;
+  if (!cuda) s.zero.offload_optimizer = s.zero.offload_param = false;
+  if (s.zero.offload_optimizer)
+    s.notes.push_back(fmt::format("offload_optimizer{} at ZeRO stage {} on one rank",
+                                  s.zero.offload_param ? " + offload_param" : "", s.zero.stage));
   s.zero.overlap_comm = false;
   s.zero.compute_dtype = s.dtype;
   if (s.dtype == DType::F16) s.loss_scaler = train::loss_scaler_config_from(cfg.fp16);

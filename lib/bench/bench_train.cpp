@@ -129,8 +129,10 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
 #ifdef DTRAIN_HAVE_CUDA
   if (cuda) DT_CUDA_CHECK(cudaProfilerStop());
 #endif
+  r.offload_trace = step.engine().offload_trace();
   if (cuda) {
     const train::ZeroMemory zm = step.engine().memory();
+    r.offload_host_bytes = zm.host_bytes;
     r.arena_bytes = zm.total() + tm->activation_bytes();
     r.workspace_bytes = device::cuda_workspace_bytes();
 #ifdef DTRAIN_HAVE_CUDA
@@ -178,6 +180,7 @@ std::string bench_train_format(const BenchTrainResult& r, bool json) {
                      {"achieved_tflops", r.achieved_tflops},
                      {"peak_tflops", num(r.peak_tflops)},
                      {"mfu", num(r.mfu)},
+                     {"offload_host_bytes", r.offload_host_bytes},
                      {"final_loss", num(r.final_loss)},
                      {"losses", r.losses},
                      {"notes", r.notes}};
@@ -187,6 +190,12 @@ std::string bench_train_format(const BenchTrainResult& r, bool json) {
       j["peak_memory_bytes"] = r.arena_bytes + r.workspace_bytes;
       j["device_used_bytes"] = r.device_used_bytes;
       j["device_total_bytes"] = r.device_total_bytes;
+    }
+    if (!r.offload_trace.empty()) {
+      nlohmann::json t = nlohmann::json::array();
+      for (const auto& e : r.offload_trace)
+        t.push_back({{"what", e.what}, {"index", e.index}, {"t0", e.t0}, {"t1", e.t1}});
+      j["offload_trace"] = t;
     }
     return j.dump() + "\n";
   }
@@ -210,6 +219,26 @@ std::string bench_train_format(const BenchTrainResult& r, bool json) {
                      gib(r.arena_bytes + r.workspace_bytes), gib(r.arena_bytes), gib(r.workspace_bytes),
                      gib(r.device_used_bytes), gib(r.device_total_bytes));
   s += fmt::format("final loss   {:.4f}\n", r.final_loss);
+  if (!r.offload_trace.empty()) {
+    // The last step's schedule: how much of the host update ran during the backward.
+    double last_landed = 0, adamw_s = 0;
+    int buckets = 0, early = 0;
+    for (const auto& e : r.offload_trace)
+      if (e.what == "landed") last_landed = std::max(last_landed, e.t0);
+    for (const auto& e : r.offload_trace)
+      if (e.what == "adamw") {
+        adamw_s += e.t1 - e.t0;
+        if (e.index >= 0) {
+          ++buckets;
+          if (e.t0 < last_landed) ++early;
+        }
+      }
+    s += fmt::format(
+        "offload      host {} ({}); host AdamW {:.2f} ms per step{}\n", gib(r.offload_host_bytes),
+        "masters, moments, gradient shards", 1e3 * adamw_s,
+        buckets ? fmt::format(", {} of {} buckets updated before the last bucket's gradient landed", early, buckets)
+                : " after the backward (clipping or fp16: the update needs the whole gradient)");
+  }
   for (const auto& n : r.notes) s += "note         " + n + "\n";
   return s;
 }

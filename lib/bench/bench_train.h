@@ -6,6 +6,7 @@
 
 #include "device/kind.h"
 #include "model/config.h"
+#include "train/zero_engine.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -36,8 +37,13 @@ struct BenchTrainResult {
   double mfu = 0;          ///< fraction; NaN when peak_tflops is unknown
   size_t arena_bytes = 0, workspace_bytes = 0, device_used_bytes = 0, device_total_bytes = 0;
   double final_loss = 0;
-  std::vector<double> losses;  ///< every step's loss, warm-up steps included
+  std::vector<double> losses;      ///< every step's loss, warm-up steps included
   std::vector<std::string> notes;  ///< settings the bench changed or ignored
+  /// ZeRO-Offload (offload_optimizer): the last step's schedule (train::OffloadTraceEntry:
+  /// gradients landing on the host, the host AdamW per bucket or after the backward),
+  /// and the host memory the engine holds.
+  std::vector<train::OffloadTraceEntry> offload_trace;
+  size_t offload_host_bytes = 0;
 };
 
 /// The H100 SXM's dense bf16/fp16 tensor-core peak (TFLOPS, datasheet, no sparsity): the

@@ -105,6 +105,15 @@ struct ZeroConfig {
   int64_t stage3_prefetch_bucket_size = 50000000;
   int64_t stage3_param_persistence_threshold = 100000;
   int64_t stage3_max_live_parameters = 1000000000;
+  // ZeRO-Offload (DeepSpeed's offload_optimizer / offload_param sections; the legacy
+  // cpu_offload* booleans mean device cpu): "none", "cpu" or "nvme" (refused by name).
+  std::string offload_optimizer_device = "none";
+  bool offload_optimizer_pin_memory = false;
+  std::string offload_param_device = "none";
+  bool offload_param_pin_memory = false;
+  bool cpu_offload = false;
+  bool cpu_offload_params = false;
+  bool cpu_offload_use_pin_memory = false;
   bool operator==(const ZeroConfig&) const = default;
 };
 

@@ -12,6 +12,8 @@
 #include <cctype>
 #include <filesystem>
 #include <iterator>
+#include <string>
+#include <tuple>
 
 namespace dtrain::config {
 
@@ -131,6 +133,15 @@ void derive(TrainConfig& cfg, const Origins& o) {
         *m.architecture == "llama" ? std::vector<std::string>{"q_proj", "v_proj"} : std::vector<std::string>{"c_attn"};
   if (!o.given.count("activation_checkpointing.enabled") && o.sections_seen.count("activation_checkpointing"))
     cfg.activation_checkpointing.enabled = true;
+
+  // DeepSpeed's older booleans mean what the offload sections say.
+  ZeroConfig& z = cfg.zero;
+  if (z.cpu_offload && z.offload_optimizer_device == "none") z.offload_optimizer_device = "cpu";
+  if (z.cpu_offload_params && z.offload_param_device == "none") z.offload_param_device = "cpu";
+  if (z.cpu_offload_use_pin_memory) {
+    if (!o.given.count("zero_optimization.offload_optimizer.pin_memory")) z.offload_optimizer_pin_memory = true;
+    if (!o.given.count("zero_optimization.offload_param.pin_memory")) z.offload_param_pin_memory = true;
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -296,6 +307,43 @@ void validate_communication(const TrainConfig& cfg, const Origins& o) {
              o.at("communication.compression"), c, cfg.zero.stage, o.at("zero_optimization.stage"), cfg.zero.stage);
 }
 
+// ZeRO-Offload: the optimizer offload needs a sharded optimizer (stages 1-3), the parameter
+// offload sharded parameters (stage 3) and the optimizer offload too (DeepSpeed's rules);
+// NVMe (ZeRO-Infinity) is not built.
+void validate_offload(const TrainConfig& cfg, const Origins& o) {
+  const ZeroConfig& z = cfg.zero;
+  const std::string opt_at = o.given.count("zero_optimization.offload_optimizer.device")
+                                 ? o.at("zero_optimization.offload_optimizer.device")
+                                 : o.at("zero_optimization.cpu_offload");
+  const std::string par_at = o.given.count("zero_optimization.offload_param.device")
+                                 ? o.at("zero_optimization.offload_param.device")
+                                 : o.at("zero_optimization.cpu_offload_params");
+  for (const auto& [dev, where, key] : {std::tuple{z.offload_optimizer_device, opt_at, "offload_optimizer"},
+                                        std::tuple{z.offload_param_device, par_at, "offload_param"}})
+    if (dev == "nvme")
+      DT_THROW(ConfigError,
+               "{}: zero_optimization.{}.device: nvme (ZeRO-Infinity) is not built in dtrain; use device cpu "
+               "(host memory) or none",
+               where, key);
+  if (z.offload_optimizer_device == "cpu" && z.stage < 1)
+    DT_THROW(ConfigError,
+             "{}: zero_optimization.offload_optimizer.device: cpu needs a sharded optimizer, zero_optimization.stage "
+             "1, 2 or 3, but the stage is {} (at {})",
+             opt_at, z.stage, o.at("zero_optimization.stage"));
+  if (z.offload_param_device == "cpu") {
+    if (z.stage != 3)
+      DT_THROW(ConfigError,
+               "{}: zero_optimization.offload_param.device: cpu offloads the parameter shards of "
+               "zero_optimization.stage 3, but the stage is {} (at {}); use offload_optimizer at stages 1-2",
+               par_at, z.stage, o.at("zero_optimization.stage"));
+    if (z.offload_optimizer_device != "cpu")
+      DT_THROW(ConfigError,
+               "{}: zero_optimization.offload_param.device: cpu needs offload_optimizer.device cpu too (the fp32 "
+               "masters the parameters come from live beside the optimizer); add it",
+               par_at);
+  }
+}
+
 void validate_export(const TrainConfig& cfg, const Origins& o) {
   if (!byte_size_parse(cfg.hf_export.max_shard_size))
     DT_THROW(ConfigError,
@@ -319,6 +367,7 @@ void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>
   validate_scheduler(cfg, o, warnings);
   validate_job(cfg, o);
   validate_communication(cfg, o);
+  validate_offload(cfg, o);
   validate_export(cfg, o);
 }
 

@@ -65,6 +65,27 @@ MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
   }
   p.grad_bytes = 4 * (st >= 2 ? Psi / W : Psi);
   p.optim_bytes = K * (st == 0 ? Psi : Psi / W);
+  // ZeRO-Offload (GPU ranks; a CPU rank's state is in host memory already): the fp32
+  // master, m, v and gradient shard (16 Psi / W), their landing buffer at stages 2-3
+  // (4 Psi / W) and the 16-bit copy the update sends back (2 Psi / W) go to the host; the
+  // device keeps its compute copy (at stage 3 the shards, unless offload_param moves them
+  // too) and stage 1's full gradient.
+  if (p.cuda && cfg.zero.offload_optimizer_device == "cpu" && st >= 1) {
+    p.offload_optimizer = true;
+    p.offload_param = st == 3 && cfg.zero.offload_param_device == "cpu";
+    const double opt_host = (16 + (st >= 2 ? 4 : 0) + (p.mixed ? 2 : 0)) * Psi / W;
+    p.offload_bytes = opt_host;
+    if (cfg.zero.offload_optimizer_pin_memory) p.pinned_bytes += opt_host;
+    if (st == 3) {
+      p.param_bytes = (p.offload_param ? 0 : c * held / W) + 2 * c * p.largest_buffer;
+      if (p.offload_param) {
+        p.offload_bytes += c * frozen / W;
+        if (cfg.zero.offload_param_pin_memory) p.pinned_bytes += c * frozen / W;
+      }
+    }
+    p.grad_bytes = st == 1 ? 4 * Psi : 0;
+    p.optim_bytes = 0;
+  }
   // The CPU's bf16/fp16 keeps exact fp32 masters of the frozen buffers too.
   if (p.mixed && !p.cuda && st < 3) p.optim_bytes += 4 * (st == 0 ? frozen : frozen / W);
   const double T = cfg.data.seq_len ? static_cast<double>(*cfg.data.seq_len) : static_cast<double>(mc.max_seq_len);
@@ -81,7 +102,7 @@ MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
   return p;
 }
 
-std::string memory_plan_text(const MemoryPlan& p, int ranks_here, double memory_bytes) {
+std::string memory_plan_text(const MemoryPlan& p, int ranks_here, double memory_bytes, double gpu_bytes) {
   std::string s =
       fmt::format("memory per rank (ZeRO stage {}, {} rank(s), {} parameters, {} trainable{}, {} on the {}):\n",
                   p.stage, p.world, count(p.params), count(p.trainable), p.lora ? " (LoRA)" : "",
@@ -89,10 +110,19 @@ std::string memory_plan_text(const MemoryPlan& p, int ranks_here, double memory_
   const std::string state = fmt::format("params {}, grads {}, optimizer {}, activations {}", bytes(p.param_bytes),
                                         bytes(p.grad_bytes), bytes(p.optim_bytes), bytes(p.activation_bytes));
   if (p.cuda) {
-    s += fmt::format("  device {}: {}\n", bytes(p.device_bytes()), state);
-    s += fmt::format(
-        "  host   {}: building {} (one layer's values at a time: no host copy of the model), token ids {}\n",
-        bytes(p.host_bytes()), bytes(p.build_peak_bytes), bytes(p.batch_bytes));
+    s += fmt::format("  device {}: {}{}\n", bytes(p.device_bytes()), state,
+                     gpu_bytes > 0 ? fmt::format(" (of {} per GPU{})", bytes(gpu_bytes),
+                                                 p.device_bytes() > gpu_bytes ? ": does NOT fit" : "")
+                                   : "");
+    if (p.offload_optimizer)
+      s += fmt::format("  host   {}: offloaded {} ({}{}; {} pinned), building {}, token ids {}\n",
+                       bytes(p.host_bytes()), bytes(p.offload_bytes), "optimizer state and gradient shards",
+                       p.offload_param ? " + parameter shards" : "", bytes(p.pinned_bytes), bytes(p.build_peak_bytes),
+                       bytes(p.batch_bytes));
+    else
+      s += fmt::format(
+          "  host   {}: building {} (one layer's values at a time: no host copy of the model), token ids {}\n",
+          bytes(p.host_bytes()), bytes(p.build_peak_bytes), bytes(p.batch_bytes));
   } else {
     s += fmt::format("  host   {}: {}, token ids {}{}\n", bytes(p.host_bytes()), state, bytes(p.batch_bytes),
                      p.deferred ? fmt::format(", building {} (one layer's fp32 values at a time: the model is never "
@@ -108,12 +138,29 @@ std::string memory_plan_text(const MemoryPlan& p, int ranks_here, double memory_
   return s;
 }
 
-void memory_plan_check(const MemoryPlan& p, int ranks_here, double memory_bytes, const std::string& source) {
+void memory_plan_check(const MemoryPlan& p, int ranks_here, double memory_bytes, const std::string& source,
+                       double gpu_bytes) {
+  if (p.cuda && gpu_bytes > 0 && p.device_bytes() > gpu_bytes) {
+    std::string hint;
+    if (p.stage < 3) hint = "raise zero_optimization.stage (3 shards the parameters too), ";
+    if (!p.offload_optimizer) hint += "offload the optimizer (zero_optimization.offload_optimizer.device: cpu), ";
+    else if (p.stage == 3 && !p.offload_param) hint += "offload the parameters (offload_param.device: cpu), ";
+    hint += "run on more GPUs, use LoRA or activation checkpointing, or a smaller micro-batch";
+    DT_THROW(ConfigError,
+             "{}: a GPU rank needs {} of device memory (params {}, grads {}, optimizer {}, activations {}: ZeRO stage "
+             "{}{}, {} parameters, {} trainable; see --dry-run) but each GPU here has {}: {}",
+             source, bytes(p.device_bytes()), bytes(p.param_bytes), bytes(p.grad_bytes), bytes(p.optim_bytes),
+             bytes(p.activation_bytes), p.stage, p.offload_optimizer ? " with offload" : "", count(p.params),
+             count(p.trainable), bytes(gpu_bytes), hint);
+  }
   if (ranks_here <= 0 || memory_bytes <= 0) return;
   const double need = ranks_here * p.host_bytes();
   if (need <= memory_bytes) return;
   std::string hint;
-  if (p.stage < 3) hint = "raise zero_optimization.stage (3 shards the parameters too), ";
+  if (p.offload_optimizer)
+    hint = fmt::format("offloading puts {} per rank in host memory: turn offload off where the GPUs can hold it, ",
+                       bytes(p.offload_bytes));
+  if (p.stage < 3) hint += "raise zero_optimization.stage (3 shards the parameters too), ";
   hint += "run fewer ranks per machine or on more machines, use LoRA, or choose a smaller model";
   DT_THROW(ConfigError,
            "{}: the job needs {} of host memory on this machine ({} rank(s) x {}: ZeRO stage {}, {} parameters, {} "

@@ -17,7 +17,11 @@ struct MemoryPlan {
   bool cuda = false;   ///< training.device cuda: the weights train in device memory
   bool mixed = false;  ///< bf16 / fp16
   bool lora = false;
-  bool deferred = false;      ///< built buffer by buffer (stage 3 on the CPU, every stage on a GPU)
+  bool deferred = false;  ///< built buffer by buffer (stage 3 on the CPU, every stage on a GPU)
+  /// ZeRO-Offload on a GPU rank (offload_optimizer; offload_param at stage 3): the state
+  /// that moves to host memory is offload_bytes, of it pinned_bytes page-locked.
+  bool offload_optimizer = false, offload_param = false;
+  double offload_bytes = 0, pinned_bytes = 0;
   double params = 0;          ///< all parameter elements (Phi)
   double trainable = 0;       ///< elements the optimizer updates (Psi: the adapters under LoRA)
   double largest_buffer = 0;  ///< elements of the largest per-layer buffer (embeddings, a layer, head)
@@ -27,7 +31,7 @@ struct MemoryPlan {
   double build_peak_bytes = 0;  ///< transient while the model is built (beyond the state above)
   double state_bytes() const { return param_bytes + grad_bytes + optim_bytes + activation_bytes; }
   /// Host bytes of one rank at its peak (building or training).
-  double host_bytes() const { return (cuda ? 0.0 : state_bytes()) + batch_bytes + build_peak_bytes; }
+  double host_bytes() const { return (cuda ? offload_bytes : state_bytes()) + batch_bytes + build_peak_bytes; }
   /// Device bytes of one rank (0 on the CPU).
   double device_bytes() const { return cuda ? state_bytes() : 0.0; }
 };
@@ -37,11 +41,14 @@ struct MemoryPlan {
 MemoryPlan memory_plan(const config::TrainConfig& cfg, int world);
 
 /// The dry run's lines: per rank host and device bytes with their parts, then per node
-/// (`ranks_here` ranks on this machine, of `memory_bytes`; 0 = unknown) the total.
-std::string memory_plan_text(const MemoryPlan& p, int ranks_here, double memory_bytes);
+/// (`ranks_here` ranks on this machine, of `memory_bytes`; 0 = unknown) the total, and
+/// against `gpu_bytes` (each GPU's memory; 0 = unknown) whether a GPU rank fits.
+std::string memory_plan_text(const MemoryPlan& p, int ranks_here, double memory_bytes, double gpu_bytes = 0);
 
 /// ConfigError with the numbers when `ranks_here` ranks of this plan need more host memory
-/// than memory_bytes (this machine's), saying which stage / world size would fit.
-void memory_plan_check(const MemoryPlan& p, int ranks_here, double memory_bytes, const std::string& source);
+/// than memory_bytes (this machine's), or a GPU rank more than gpu_bytes (0 = unknown),
+/// saying which stage / offload / world size would fit.
+void memory_plan_check(const MemoryPlan& p, int ranks_here, double memory_bytes, const std::string& source,
+                       double gpu_bytes = 0);
 
 }  // namespace dtrain::train

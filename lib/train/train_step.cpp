@@ -21,7 +21,8 @@ TrainStep::TrainStep(model::Model& model, const model::Model* fp32_source, comm:
   // launch), no collective inside forward/backward hooks beyond stage 1's stream-ordered
   // buckets, no dropout (its masks are seeded per forward).
   graph_on_ = opts.cuda_graph && model.device().kind() == device::Kind::CUDA && opts.grad_accum == 1 &&
-              zero.stage <= 1 && !(model.lora_config().dropout > 0.0f);
+              zero.stage <= 1 && !(model.lora_config().dropout > 0.0f) &&
+              !(zero.offload_optimizer && !model.on_host());
 }
 
 StepOutcome TrainStep::run(int64_t step, float lr, const StepBatch& b, StepTimer& timer) {

@@ -66,6 +66,18 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
   }
   DT_ENFORCE(mdt_ == DType::F32 || fp32_source != nullptr || deferred_, UsageError,
              "ZeroEngine: a {} model needs the fp32 weights its masters start from (fp32_source)", dtype_name(mdt_));
+  DT_ENFORCE(!opts_.offload_optimizer || opts_.stage >= 1, ConfigError,
+             "zero_optimization.offload_optimizer needs stage 1, 2 or 3 (the stage is {})", opts_.stage);
+  DT_ENFORCE(!opts_.offload_param || (opts_.stage == 3 && opts_.offload_optimizer), ConfigError,
+             "zero_optimization.offload_param needs stage 3 and offload_optimizer (the stage is {})", opts_.stage);
+  // On a CPU model the state is in host memory already: offload changes nothing there.
+  off_ = opts_.offload_optimizer && !model_.on_host();
+  off_param_ = off_ && opts_.offload_param;
+  // The update can start bucket by bucket during the backward only when nothing about it
+  // waits for the whole gradient: no clipping (global norm) and no fp16 loss scaling (the
+  // overflow skip). Stage 1 reduces its gradients after the backward anyway.
+  eager_ = off_ && opts_.stage >= 2 && opts_.gradient_clipping == 0.0f && opts_.compute_dtype != DType::F16;
+  if (off_) host_q_ = std::make_unique<ZeroCommQueue>(true);
   const auto& mc = model_.config();
   tied_ = mc.tie_embeddings;
   n_layer_ = mc.n_layer;
@@ -126,14 +138,19 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
     // A frozen buffer of a 16-bit model keeps no fp32 master: its compute copy is its value.
     s.own_master = s.sharded || (mixed_ && (s.trainable || mdt_ == DType::F32));
     s.sdt = (!s.trainable && mdt_ != DType::F32) ? mdt_ : DType::F32;
-    if (s.own_master) {
+    s.off = off_ && s.trainable;
+    s.off_param = off_param_ && s.sharded;
+    if (s.off || s.off_param) {
+      s.own_master = true;  // on the host
+      offload_slot_init(s, fp32);
+    } else if (s.own_master) {
       s.master = device::DeviceBuffer(*dev_, s.owned() * dtype_size(s.sdt));
       if (s.owned()) {
         if (fp32 != nullptr) device_from_host(s.master.get(), s.sdt, fp32 + s.lo, s.owned());
         else dev_->cast(s.master.get(), s.sdt, at(s.pb->data, s.lo, mdt_), mdt_, s.owned());
       }
     }
-    if (s.trainable) {
+    if (s.trainable && !s.off) {
       s.m = device::DeviceBuffer(*dev_, s.owned() * sizeof(float));
       s.v = device::DeviceBuffer(*dev_, s.owned() * sizeof(float));
       if (opts_.stage >= 2) s.gshard = device::DeviceBuffer(*dev_, s.owned() * sizeof(float));
@@ -148,6 +165,8 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
   }
   stats_ = device::DeviceBuffer(*dev_, sizeof(StepStats));
   plan_buckets();
+  if (off_ && opts_.stage >= 2)
+    for (auto& b : buckets_) b.landed = dev_->event_create();
   DT_ENFORCE(opts_.grad_wire == DType::F32 || opts_.grad_wire == DType::BF16 || opts_.grad_wire == DType::F16,
              ConfigError, "communication.compression: unknown gradient wire dtype");
   // PowerSGD and top-k keep per-rank state of the whole gradient: stages 0-1 only.
@@ -210,7 +229,8 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
 
 ZeroEngine::~ZeroEngine() {
   model_.set_hooks({});
-  queue_.reset();  // joins the communication thread
+  queue_.reset();   // joins the communication thread
+  host_q_.reset();  // and the offload worker
   try {
     comm_join();
     for (auto& s : slots_)
@@ -231,7 +251,7 @@ ZeroEngine::~ZeroEngine() {
     if (partial)
       for (size_t i : sharded_) {
         Slot& s = slots_[i];
-        if (s.owned()) dev_->cast(at(s.pb->data, s.lo, mdt_), mdt_, s.master.get(), s.sdt, s.owned());
+        if (s.owned()) shard_to_device(at(s.pb->data, s.lo, mdt_), mdt_, s);
       }
     dev_->synchronize();
   } catch (const std::exception& e) {
@@ -378,10 +398,20 @@ void ZeroEngine::before_step() {
   queue_->wait_all();
   comm_join();
   grads_reduced_ = false;
+  if (off_) {
+    host_q_->wait_all();
+    eager_applied_ = false;
+    eager_poisoned_ = false;
+    step_t0_ = std::chrono::steady_clock::now();
+    std::lock_guard<std::mutex> lk(trace_mu_);
+    trace_.clear();
+  }
   for (auto& s : slots_) {
     if (!s.trainable) continue;
-    if (opts_.stage >= 2) dev_->zero(s.gshard.get(), s.gshard.bytes());
-    else if (s.pb->grad) dev_->zero(s.pb->grad, s.n * sizeof(float));
+    if (s.off) std::memset(s.hgrad.get(), 0, s.hgrad.bytes());
+    if (opts_.stage >= 2) {
+      if (!s.off) dev_->zero(s.gshard.get(), s.gshard.bytes());
+    } else if (s.pb->grad) dev_->zero(s.pb->grad, s.n * sizeof(float));
   }
 }
 
@@ -493,6 +523,16 @@ void ZeroEngine::step_issue(float loss_scale) {
   queue_->wait_all();
   if (opts_.stage <= 1 && !grads_reduced_) grads_reduce_step();
   comm_join();  // the reduced gradients are complete
+  if (off_) {
+    // Every gradient shard on the host: stage 1's from the model's reduced gradient,
+    // stages 2-3's landed bucket by bucket during the backward (the worker added them).
+    if (opts_.stage == 1) {
+      for (auto& s : slots_)
+        if (s.off && s.owned()) dev_->copy_d2h_async(s.hgrad.get(), s.pb->grad + s.lo, s.owned() * sizeof(float));
+      dev_->synchronize();
+    }
+    host_q_->wait_all();
+  }
 
   auto grad_of = [&](Slot& s) -> float* { return opts_.stage >= 2 ? s.gshard.as<float>() : s.pb->grad + s.lo; };
   // Everything is decided on the device and read back once, after the update is issued:
@@ -501,8 +541,14 @@ void ZeroEngine::step_issue(float loss_scale) {
   char* stats = stats_.as<char>();
   double* sq = reinterpret_cast<double*>(stats + offsetof(StepStats, sq));
   dev_->zero(sq, sizeof(double));
+  if (off_) {  // the host's gradient shards: their sum of squares goes up as the start
+    double h = 0.0;
+    for (auto& s : slots_)
+      if (s.off && s.owned()) device::cpu().norm_sq_accumulate(&h, s.hgrad.as<float>(), s.owned());
+    dev_->copy_h2d(sq, &h, sizeof h);
+  }
   for (auto& s : slots_)
-    if (s.trainable && s.owned()) dev_->norm_sq_accumulate(sq, grad_of(s), s.owned());
+    if (s.trainable && s.owned() && !s.off) dev_->norm_sq_accumulate(sq, grad_of(s), s.owned());
   // The step's loss sum (the loss slots' means times step_targets' counts) rides on the
   // norm's collective as red[3]: no host allreduce for the log.
   float* const red4 = reinterpret_cast<float*>(stats + offsetof(StepStats, red));
@@ -527,10 +573,11 @@ void ZeroEngine::step_issue(float loss_scale) {
   dev_->step_scale(scale, sq, red, loss_scale, opts_.gradient_clipping);
 
   const int64_t step = step_count_ + 1;  // counted only if the update is applied
+  if (off_) offload_step_issue(loss_scale);
   // Every owned tensor in one table: CUDA updates them in a few launches, not one each.
   std::vector<ops::AdamWTensor> update;
   for (auto& s : slots_) {
-    if (!s.trainable || !s.owned()) continue;
+    if (!s.trainable || !s.owned() || s.off) continue;
     float* p = master_f32(s);
     const float* g = grad_of(s);
     // Stage 0 under mixed precision: AdamW writes the compute copy in the same pass.
@@ -550,7 +597,7 @@ void ZeroEngine::step_issue(float loss_scale) {
       update.push_back(x);
     }
   }
-  dev_->adamw_multi(update.data(), update.size(), opts_.adamw, lr_, step, scale, mdt_);
+  if (!update.empty()) dev_->adamw_multi(update.data(), update.size(), opts_.adamw, lr_, step, scale, mdt_);
   if (mdt_ == DType::F32)
     for (const auto& x : update)
       if (x.copy != nullptr) dev_->round_to(static_cast<float*>(x.copy), x.n, opts_.compute_dtype);
@@ -651,10 +698,7 @@ void ZeroEngine::gather_into_model(const std::vector<size_t>& list, DType t) {
       for (size_t j = 0; j < group.size(); ++j) {
         Slot& s = slots_[group[j]];
         // The owned shard's values: the master, or the model's own range where it is the master.
-        if (s.owned()) {
-          if (s.own_master) dev_->cast(mine + offs[j] * es, t, s.master.get(), s.sdt, s.owned());
-          else dev_->cast(mine + offs[j] * es, t, at(s.pb->data, s.lo, mdt_), mdt_, s.owned());
-        }
+        shard_to_device(mine + offs[j] * es, t, s);
       }
       coll_all_gather(b, seg, t);
       for (size_t q = 0; q < W; ++q)
@@ -715,12 +759,11 @@ void ZeroEngine::masters_to_host(model::Model& host) {
     if (!s.own_master) {  // resident without a master: the compute copy is the value
       host_from_device(out, s.pb->data, mdt_, s.n);
     } else if (opts_.stage == 0 || comm_ == nullptr) {
-      host_from_device(out, s.master.get(), s.sdt, s.n);
+      shard_to_host(out, s);
     } else {
       device::DeviceBuffer full(*dev_, W * s.s * sizeof(float));
       queue_->wait(comm_submit([&] {
-        if (s.owned())
-          dev_->cast(full.as<float>() + static_cast<size_t>(rank_) * s.s, DType::F32, s.master.get(), s.sdt, s.owned());
+        shard_to_device(full.as<float>() + static_cast<size_t>(rank_) * s.s, DType::F32, s);
         coll_all_gather(full.get(), s.s, DType::F32);
       }));
       comm_join();
@@ -775,16 +818,16 @@ void ZeroEngine::stage_out() {
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     Staged& h = staged_[i];
+    if (!s.sharded) h.full.assign(s.n, 0.0f);
+    if (s.off) continue;  // the view points at the host master and moments themselves
     h.master.resize(s.owned());
-    if (s.own_master) host_from_device(h.master.data(), s.master.get(), s.sdt, s.owned());
-    else host_from_device(h.master.data(), at(s.pb->data, s.lo, mdt_), mdt_, s.owned());
+    shard_to_host(h.master.data(), s);
     if (s.trainable) {
       h.m.resize(s.owned());
       h.v.resize(s.owned());
       host_from_device(h.m.data(), s.m.get(), DType::F32, s.owned());
       host_from_device(h.v.data(), s.v.get(), DType::F32, s.owned());
     }
-    if (!s.sharded) h.full.assign(s.n, 0.0f);
   }
 }
 
@@ -793,6 +836,11 @@ void ZeroEngine::stage_in() {
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     Staged& h = staged_[i];
+    if (s.off || s.off_param) {  // host state: the load wrote the master (or the full values)
+      if (!s.sharded) device_from_host(s.pb->data, mdt_, h.full.data(), s.n);
+      shard_from_host(s, !s.sharded ? h.full.data() + s.lo : s.off ? s.hmaster.as<float>() : h.master.data());
+      continue;
+    }
     if (!s.sharded) {  // a resident buffer: its full values were read
       device_from_host(s.pb->data, mdt_, h.full.data(), s.n);
       if (s.own_master) device_from_host(s.master.get(), s.sdt, h.full.data() + s.lo, s.owned());
@@ -831,6 +879,11 @@ std::vector<ZeroBufferView> ZeroEngine::buffer_views() {
       v.m = s.trainable ? s.m.as<float>() : nullptr;
       v.v = s.trainable ? s.v.as<float>() : nullptr;
       v.full = v.resident ? s.pb->host_f32() : nullptr;
+    } else if (s.off) {
+      v.master = s.owned() ? s.hmaster.as<float>() : nullptr;
+      v.m = s.hm.as<float>();
+      v.v = s.hv.as<float>();
+      v.full = v.resident ? staged_[i].full.data() : nullptr;
     } else {
       Staged& h = staged_[i];
       v.master = s.owned() ? h.master.data() : nullptr;
@@ -888,6 +941,25 @@ ZeroMemory ZeroEngine::memory() const {
     }
     // Theory, per buffer (n / W for a shard).
     const size_t n = s.n, nw = n / W, n1 = st == 0 ? n : nw;
+    if (s.off || s.off_param) {
+      // Host: master, m, v and the gradient shard (+ its landing buffer at stages 2-3, +
+      // the 16-bit copy), or a frozen shard; device: the compute copy (resident, or the
+      // stage-3 shard unless offload_param) and stage 1's full gradient.
+      for (const device::HostBuffer* h : {&s.hmaster, &s.hm, &s.hv, &s.hgrad, &s.hland, &s.hcopy}) {
+        r.host_bytes += h->bytes();
+        if (h->pinned()) r.host_pinned_bytes += h->bytes();
+      }
+      r.param_bytes += s.dshard.bytes();
+      if (s.off) {
+        r.theory_host += (16 + (st >= 2 ? 4 : 0) + (mdt_ != DType::F32 ? 2 : 0)) * nw;
+        if (st < 2) r.theory_grad += 4 * n;
+      } else {
+        r.theory_host += dtype_size(s.sdt) * nw;
+      }
+      if (!s.sharded) r.theory_param += msz * n;
+      else if (!s.off_param) r.theory_param += msz * nw;
+      continue;
+    }
     if (!s.sharded) r.theory_param += msz * n;
     else r.theory_param += (s.trainable ? (mixed_ ? 0 : 4) : dtype_size(s.sdt)) * nw;
     if (s.trainable) {
@@ -935,6 +1007,12 @@ std::string ZeroEngine::memory_report() const {
           "resident (counted in params)\n",
           resident, slots_.size(), opts_.param_persistence_threshold);
   }
+  if (off_)
+    s += fmt::format(
+        "zero: offload_optimizer{}: host {:.2f} MiB (theory {:.2f}), {:.2f} MiB of it pinned; AdamW on the host {}\n",
+        off_param_ ? " + offload_param" : "", mib(m.host_bytes), mib(m.theory_host), mib(m.host_pinned_bytes),
+        eager_ ? "bucket by bucket during the backward"
+               : "after the backward (clipping or fp16 needs the whole gradient)");
   s += fmt::format("zero: transient peak {:.2f} MiB; model-owned storage left idle {:.2f} MiB\n",
                    mib(m.work_peak_bytes), mib(m.model_idle_bytes));
   return s;

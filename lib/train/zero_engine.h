@@ -17,6 +17,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -57,6 +59,29 @@ struct ZeroOptions {
   int powersgd_rank = 0;
   int64_t powersgd_start_step = 0;
   bool powersgd_error_feedback = true;
+  /// ZeRO-Offload (zero_optimization.offload_optimizer / offload_param, device cpu), for a
+  /// model on a GPU (a CPU model holds everything in host memory already: no-ops there).
+  /// offload_optimizer (stages 1-3): the fp32 masters, AdamW's moments and the reduced
+  /// gradient shard of every trainable buffer live in host memory (pinned with
+  /// offload_pin_memory), AdamW runs on the host (the CPU device's threads) and the
+  /// updated shard goes back in the compute dtype. offload_param (stage 3, with
+  /// offload_optimizer): the compute-dtype shards of the sharded buffers live in host
+  /// memory too and are copied in by each layer's gather.
+  bool offload_optimizer = false;
+  bool offload_param = false;
+  bool offload_pin_memory = false;
+  bool offload_param_pin_memory = false;
+};
+
+/// One entry of an offloaded step's schedule (ZeroEngine::offload_trace): seconds since
+/// the step's before_step(). "backward" = the compute thread finished issuing layer
+/// `index`'s backward; "landed" = bucket `index`'s reduced gradient shard reached host
+/// memory (the device had finished that bucket); "adamw" = the host update of bucket
+/// `index` ran from t0 to t1 ("adamw" with index -1: the whole update after the backward).
+struct OffloadTraceEntry {
+  std::string what;
+  int index = 0;
+  double t0 = 0, t1 = 0;
 };
 
 /// The engine options a training config asks for: zero_optimization (stage, bucket
@@ -85,6 +110,13 @@ ZeroOptions zero_options_from(const config::TrainConfig& cfg);
 struct ZeroMemory {
   size_t param_bytes = 0, grad_bytes = 0, optim_bytes = 0;
   size_t work_peak_bytes = 0;  ///< peak of the transient buffers
+  /// Host memory the engine holds for training (ZeRO-Offload: masters, moments, gradient
+  /// shards and their landing and compute-dtype copies), of it pinned, and its theory:
+  /// 16 Psi / W (+ 4 Psi / W landing at stages 2-3, + 2 Psi / W compute copy under mixed
+  /// precision) and, with offload_param, c Phi_f / W of frozen shards. The device parts
+  /// above then lose the optimizer state (K Psi / W), the gradient shard at stages 2-3
+  /// and, with offload_param, the sharded parameters.
+  size_t host_bytes = 0, host_pinned_bytes = 0, theory_host = 0;
   /// Storage the Model holds (Model::allocated_bytes) beyond what training uses at this
   /// stage: 0, since the engine makes the model release its full gradient arrays
   /// (stages 2-3) and sharded parameter arrays (stage 3); nonzero would be a leak.
@@ -281,6 +313,15 @@ class ZeroEngine {
   /// A few lines for the launcher: per-rank measured vs theoretical bytes.
   std::string memory_report() const;
 
+  /// ZeRO-Offload is active (offload_optimizer on a device model).
+  bool offloaded() const { return off_; }
+  /// The last offloaded step's schedule (empty without offload), cleared by before_step():
+  /// with offload at stages 2-3, gradient_clipping 0 and no fp16 loss scaling, each
+  /// bucket's host AdamW runs as soon as its gradient shard lands, while the device
+  /// computes the backward of the buckets after it; otherwise the update waits for the
+  /// whole gradient (clipping and the overflow skip need its global norm first).
+  std::vector<OffloadTraceEntry> offload_trace() const;
+
  private:
   struct Slot;
   struct Bucket;
@@ -344,6 +385,21 @@ class ZeroEngine {
   void stage3_visit(int layer, int dir);
   void release_all_gathered();
   void work_add(ptrdiff_t bytes);
+  // ZeRO-Offload (zero_offload.cpp)
+  void offload_slot_init(Slot& s, const float* fp32);
+  void offload_land(size_t bucket, const float* mine);
+  void offload_bucket_update(size_t bucket);
+  void offload_step_issue(float loss_scale);
+  std::vector<ops::AdamWTensor> offload_tensors(const std::vector<size_t>& slots);
+  void offload_copy_back(const std::vector<size_t>& slots);
+  // Puts the owned shard's values (master, host master or model range) as dtype t at dst
+  // (device memory), on the current stream.
+  void shard_to_device(void* dst, DType t, Slot& s);
+  // The owned shard's fp32 values into dst (host).
+  void shard_to_host(float* dst, Slot& s);
+  void shard_from_host(Slot& s, const float* src);
+  void offload_trace_add(const char* what, int index, double t0, double t1);
+  double offload_now() const;
   size_t shard_of(size_t n) const { return (n + static_cast<size_t>(world_) - 1) / static_cast<size_t>(world_); }
 
   model::Model& model_;
@@ -423,6 +479,16 @@ class ZeroEngine {
   size_t work_bytes_ = 0, work_peak_ = 0;
   size_t live_elems_ = 0;        // stage 3: gathered elements
   std::vector<size_t> sharded_;  // stage 3: slots (= model buffer indices) whose parameters are sharded
+  // ZeRO-Offload: active (offload_optimizer on a device model); each bucket's host
+  // AdamW runs during the backward (stages 2-3, no clipping, no fp16); the host worker
+  // that waits for landed gradients, accumulates them and (eager) updates; whether this
+  // step's update already ran there; the step's start and schedule.
+  bool off_ = false, off_param_ = false, eager_ = false;
+  std::unique_ptr<ZeroCommQueue> host_q_;
+  std::atomic<bool> eager_applied_{false}, eager_poisoned_{false};
+  std::chrono::steady_clock::time_point step_t0_{};
+  mutable std::mutex trace_mu_;
+  std::vector<OffloadTraceEntry> trace_;
 };
 
 }  // namespace dtrain::train

@@ -76,6 +76,12 @@ void ZeroEngine::on_after_backward(int layer) {
   if (layer == -1) {
     if (opts_.stage == 3) release_all_gathered();
     queue_->wait_all();  // nothing in flight on a thread once backward returns
+    // The offloaded update started during this backward: no further micro-batch.
+    if (eager_ && last_micro_) grads_reduced_ = true;
+  }
+  if (off_) {
+    const double t = offload_now();
+    offload_trace_add("backward", layer, t, t);
   }
 }
 
@@ -108,9 +114,13 @@ void ZeroEngine::grad_bucket_flush(size_t index) {
     float* base = buf->as<float>();
     grad_reduce(base, static_cast<size_t>(world_) * bk.seg, true);
     const float* mine = base + static_cast<size_t>(rank_) * bk.seg;
-    for (size_t k = 0; k < bk.slots.size(); ++k) {
-      Slot& s = slots_[bk.slots[k]];
-      if (s.owned()) dev_->add(s.gshard.as<float>(), mine + bk.offs[k], s.owned());
+    if (off_) {
+      offload_land(index, mine);  // to the host, where the gradient shards accumulate
+    } else {
+      for (size_t k = 0; k < bk.slots.size(); ++k) {
+        Slot& s = slots_[bk.slots[k]];
+        if (s.owned()) dev_->add(s.gshard.as<float>(), mine + bk.offs[k], s.owned());
+      }
     }
     const size_t bytes = buf->bytes();
     buf->reset();  // on the communication stream, after its last use
@@ -135,15 +145,18 @@ void ZeroEngine::gather_issue(Slot& s) {
     Slot& g = *sp;
     char* work = static_cast<char*>(g.work.get());
     if (t == mdt_) {  // on the wire in the model's dtype: straight into the working buffer
-      if (g.owned())
-        dev_->cast(work + static_cast<size_t>(rank_) * g.s * dtype_size(t), t, g.master.get(), g.sdt, g.owned());
+      char* mine = work + static_cast<size_t>(rank_) * g.s * dtype_size(t);
+      // offload_param: the shard comes from host memory, asynchronously (the host copy is
+      // rewritten only by the update, after the gathers of the step are done).
+      if (g.off_param && g.owned() && g.host_shard_dtype(mdt_) == t)
+        dev_->copy_h2d_async(mine, g.host_shard(), g.owned() * dtype_size(t));
+      else shard_to_device(mine, t, g);
       coll_all_gather(work, g.s, t);
     } else {  // fp32 model (CPU) under mixed precision: the wire is 16-bit
       device::DeviceBuffer wire(*dev_, W * g.s * dtype_size(t));
       work_add(static_cast<ptrdiff_t>(wire.bytes()));
       char* w = static_cast<char*>(wire.get());
-      if (g.owned())
-        dev_->cast(w + static_cast<size_t>(rank_) * g.s * dtype_size(t), t, g.master.get(), g.sdt, g.owned());
+      shard_to_device(w + static_cast<size_t>(rank_) * g.s * dtype_size(t), t, g);
       coll_all_gather(w, g.s, t);
       dev_->cast(work, mdt_, w, t, g.n);
       work_add(-static_cast<ptrdiff_t>(wire.bytes()));

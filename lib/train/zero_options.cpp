@@ -42,6 +42,10 @@ ZeroOptions zero_options_from(const config::TrainConfig& cfg) {
   }
   if (c == "topk") o.topk_ratio = static_cast<float>(cfg.communication.topk_ratio);
   o.grad_wire = c == "bf16" ? DType::BF16 : c == "fp16" ? DType::F16 : DType::F32;
+  o.offload_optimizer = z.offload_optimizer_device == "cpu";
+  o.offload_param = z.offload_param_device == "cpu";
+  o.offload_pin_memory = z.offload_optimizer_pin_memory;
+  o.offload_param_pin_memory = z.offload_param_pin_memory;
   return o;
 }
 

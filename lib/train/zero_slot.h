@@ -31,8 +31,19 @@ struct ZeroEngine::Slot {
   bool gathered = false;                         // issued, maybe in flight
   uint64_t gather_ticket = 0;
   size_t bucket = SIZE_MAX, bucket_off = 0;
+  // ZeRO-Offload. off: a trainable buffer whose master, moments and gradient shard live on
+  // the host (owned range); hland: where each micro-batch's reduced shard lands (stages
+  // 2-3); hcopy: the updated shard in the model's 16-bit dtype (the h2d source), or with
+  // off_param the frozen shard's value in `sdt`; dshard: the compute-dtype shard a stage-3
+  // gather reads when the parameters stay on the device (off, not off_param).
+  bool off = false, off_param = false;
+  device::HostBuffer hmaster, hm, hv, hgrad, hland, hcopy;
+  device::DeviceBuffer dshard;
 
   size_t owned() const { return hi - lo; }
+  // The host shard a gather or the h2d copy reads, and its dtype.
+  const void* host_shard() const { return hcopy.get() ? hcopy.get() : hmaster.get(); }
+  DType host_shard_dtype(DType model_dtype) const { return hcopy.get() ? (trainable ? model_dtype : sdt) : DType::F32; }
 };
 
 struct ZeroEngine::Bucket {
@@ -42,6 +53,8 @@ struct ZeroEngine::Bucket {
   std::shared_ptr<device::DeviceBuffer> buf;
   size_t packed = 0;
   int done_layer = 0;  // its gradients are complete after this layer's backward
+  std::unique_ptr<device::Device::Event> landed;  // offload: the d2h copy into the slots' hland
+  uint64_t host_ticket = 0;                       // offload: the host worker's task for the last landing
 };
 
 }  // namespace dtrain::train

@@ -55,10 +55,10 @@ TEST_CASE("gpu_check --rehearse: every stage reports; the engine's stages pass, 
   const nlohmann::json j = report(tmp.path());
   std::vector<std::string> order;
   for (const auto& s : j.at("stages")) order.push_back(s.at("stage"));
-  CHECK(order ==
-        std::vector<std::string>{"env", "tests", "sanitizer", "job", "speed", "losses", "peers", "hf", "profile"});
+  CHECK(order == std::vector<std::string>{"env", "tests", "sanitizer", "job", "speed", "losses", "offload", "peers",
+                                          "hf", "profile"});
   auto st = by_stage(j);
-  for (const char* s : {"env", "tests", "job", "speed", "losses", "hf"}) {
+  for (const char* s : {"env", "tests", "job", "speed", "losses", "offload", "hf"}) {
     INFO(s << ": " << st[s].dump());
     CHECK(st[s].at("status") == "PASS");
   }
@@ -87,6 +87,13 @@ TEST_CASE("gpu_check --rehearse: every stage reports; the engine's stages pass, 
   const auto& curves = st["losses"].at("data").at("curves");
   CHECK(curves.size() == 4);
   for (const auto& [k, v] : curves.items()) CHECK(v.size() == 3);
+  // offload: the bench on the device, and offloaded with each bucket's host AdamW during the
+  // backward (clipping 0) and after it (clipping 1.0)
+  const auto& off = st["offload"].at("data").at("results");
+  REQUIRE(off.size() == 3);
+  CHECK(off.at("on the GPU").at("trace").empty());
+  CHECK(off.at("offload, clipping 0").at("host_adamw_ms").get<double>() > 0);
+  CHECK(off.at("offload, clipping 1.0").at("host_bytes").get<double>() > 0);
   // the person-readable table has a row per stage
   const std::string md = read_text(tmp.path() + "/gpu_check.md");
   for (const std::string& s : order) CHECK(contains(md, "| " + s + " | "));

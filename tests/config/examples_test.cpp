@@ -141,7 +141,10 @@ TEST_CASE("example contents") {
   CHECK(!hf.cfg.train_batch_size);
   CHECK(!hf.cfg.fp16.enabled);
   CHECK(hf.cfg.zero.stage == 2);
-  CHECK(hf.warnings[0].find("zero_optimization.offload_optimizer") != std::string::npos);
+  // The stock offload section is acted on now (ZeRO-Offload), not warned about.
+  CHECK(hf.cfg.zero.offload_optimizer_device == "cpu");
+  CHECK(hf.cfg.zero.offload_optimizer_pin_memory);
+  for (const auto& w : hf.warnings) CHECK(w.find("offload") == std::string::npos);
   CHECK_THROWS_AS(config_resolve_batch(hf.cfg, 2), ConfigError);
   CHECK_THROWS_AS(config_check_job(hf.cfg), ConfigError);
   TrainConfig completed = config_load_file((source_dir() / "configs/hf_ds_config.json").string(),

@@ -139,7 +139,7 @@ TEST_CASE("key policy: DeepSpeed keys dtrain does not act on are listed in one w
   LoadedConfig l = config_load_string(kJob +
                                           "zero_optimization:\n"
                                           "  stage: 3\n"
-                                          "  offload_optimizer: {device: cpu, pin_memory: true}\n"
+                                          "  offload_optimizer: {device: cpu, pin_memory: true, buffer_count: 4}\n"
                                           "  stage3_gather_16bit_weights_on_model_save: true\n"
                                           "wandb: {enabled: true}\n"
                                           "fp16: {enabled: true, auto_cast: false}\n"
@@ -148,12 +148,16 @@ TEST_CASE("key policy: DeepSpeed keys dtrain does not act on are listed in one w
   REQUIRE(l.warnings.size() == 1);
   const std::string& w = l.warnings[0];
   for (const char* k :
-       {"zero_optimization.offload_optimizer", "zero_optimization.stage3_gather_16bit_weights_on_model_save", "wandb",
+       {"zero_optimization.offload_optimizer.buffer_count", "zero_optimization.stage3_gather_16bit_weights_on_model_save", "wandb",
         "fp16.auto_cast", "zero_allow_untested_optimizer"})
     CHECK_MESSAGE(has(w, k), k);
   CHECK(has(w, "not acted on"));
   CHECK(l.cfg.zero.stage == 3);
   CHECK(l.cfg.fp16.enabled);
+  // offload_optimizer's device and pin_memory are acted on (ZeRO-Offload), not listed.
+  CHECK(l.cfg.zero.offload_optimizer_device == "cpu");
+  CHECK(l.cfg.zero.offload_optimizer_pin_memory);
+  CHECK(!has(w, "offload_optimizer.device"));
 }
 
 // ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-// Test-only (EMU tree): train_run on the CPU execution engine's CUDA devices, traced, for
+// Test-only: train_run on the CPU execution engine's CUDA devices, traced, for
 // the trainer-step suites (train_step_test: device read-backs; step_graph_test: CUDA
 // graphs against eager steps).
 #pragma once
@@ -8,8 +8,10 @@
 #include "device/device.h"
 #include "train/trainer.h"
 
+#ifdef DTRAIN_CUDA_EMU
 #include <cuda_emu_trace.h>
 #include <cuda_runtime.h>
+#endif
 #include <gloo/rendezvous/hash_store.h>
 
 #include <filesystem>
@@ -58,18 +60,23 @@ namespace fs = std::filesystem;
 
 struct Run {
   std::vector<TrainResult> res;
-  cuda_emu::Trace trace;
+#ifdef DTRAIN_CUDA_EMU
+  cuda_emu::Trace trace;  // only the engine traces
+#endif
 };
 
 // train_run of `steps` steps on `world` ranks (threads, rank r on CUDA device r), traced.
-Run train_ranks(int world, int steps, const std::vector<std::string>& extra, const std::string& run_dir = "") {
+Run train_ranks(int world, int steps, const std::vector<std::string>& extra, const std::string& run_dir = "",
+                bool resume = false) {
   std::vector<std::string> sets = extra;
   sets.push_back("training.max_steps=" + std::to_string(steps));
   std::vector<std::string> errors(static_cast<size_t>(world));
   Run out;
   out.res.resize(static_cast<size_t>(world));
   gloo::rendezvous::HashStore store;
+#ifdef DTRAIN_CUDA_EMU
   cuda_emu::trace_begin();
+#endif
   auto body = [&](int r) {
     try {
       config::TrainConfig cfg = config::config_load_string(kTiny, "tiny.yaml", sets).cfg;
@@ -77,7 +84,7 @@ Run train_ranks(int world, int steps, const std::vector<std::string>& extra, con
       TrainerEnv env;
       env.print = false;
       env.run_dir = run_dir;
-      env.resume = false;
+      env.resume = resume;
       env.rank = r;
       env.world_size = world;
       auto dev = device::cuda_create(r);
@@ -97,11 +104,14 @@ Run train_ranks(int world, int steps, const std::vector<std::string>& extra, con
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) threads.emplace_back(body, r);
   for (auto& t : threads) t.join();
+#ifdef DTRAIN_CUDA_EMU
   out.trace = cuda_emu::trace_take();
+#endif
   for (const auto& e : errors) REQUIRE_MESSAGE(e == "", e);
   return out;
 }
 
+#ifdef DTRAIN_CUDA_EMU
 // Device-to-host copies per device over a whole train_run of `steps` steps.
 std::vector<size_t> d2h_per_device(int world, int steps, const std::vector<std::string>& extra) {
   const Run run = train_ranks(world, steps, extra);
@@ -110,6 +120,8 @@ std::vector<size_t> d2h_per_device(int world, int steps, const std::vector<std::
     if (m.kind == cudaMemcpyDeviceToHost && m.device < world) ++n[static_cast<size_t>(m.device)];
   return n;
 }
+
+#endif
 
 std::string file_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -126,6 +138,7 @@ struct TempDir {
   ~TempDir() { fs::remove_all(path); }
 };
 
+#ifdef DTRAIN_CUDA_EMU
 // The same run with and without CUDA graphs: bit-identical per-step results and exported
 // weights; with graphs every step after the first two is a replay (one launch per step).
 void graph_vs_eager(int world, const std::vector<std::string>& extra, int steps = 6) {
@@ -163,5 +176,7 @@ std::vector<size_t> per_step(int world, const std::vector<std::string>& extra) {
   }
   return out;
 }
+
+#endif
 
 }  // namespace train_runs

@@ -102,3 +102,56 @@ TEST_CASE("memory plan: the stages shrink a rank's share; the machine check name
   CHECK_THROWS_WITH_AS(train::memory_plan_check(p, 2, 2.0 * p.host_bytes() - 1, "job.yaml"),
                        doctest::Contains("raise zero_optimization.stage"), ConfigError);
 }
+
+TEST_CASE("memory plan with ZeRO-Offload: the optimizer state and gradient shards move to the host, by the formula") {
+  for (int stage : {1, 2, 3}) {
+    CAPTURE(stage);
+    config::TrainConfig cfg = job(stage, false);
+    cfg.training.device = "cuda";
+    cfg.bf16.enabled = true;
+    const train::MemoryPlan on_gpu = train::memory_plan(cfg, 2);
+    cfg.zero.offload_optimizer_device = "cpu";
+    cfg.zero.offload_optimizer_pin_memory = true;
+    const train::MemoryPlan off = train::memory_plan(cfg, 2);
+    CHECK(off.offload_optimizer);
+    const double psi = off.trainable, W = 2;
+    // Host: master, m, v, gradient (16 B), the landing buffer at stages 2-3 (4 B) and the
+    // bf16 copy back (2 B) per element of the shard; all pinned.
+    CHECK(off.offload_bytes == doctest::Approx((16 + (stage >= 2 ? 4 : 0) + 2) * psi / W));
+    CHECK(off.pinned_bytes == off.offload_bytes);
+    CHECK(off.optim_bytes == 0);
+    CHECK(off.grad_bytes == (stage == 1 ? 4 * psi : 0));
+    // The device gives up K Psi / W of optimizer state (and the gradient shard at 2-3).
+    CHECK(on_gpu.device_bytes() - off.device_bytes() ==
+          doctest::Approx(on_gpu.optim_bytes + (stage >= 2 ? on_gpu.grad_bytes : 0) + on_gpu.param_bytes -
+                          off.param_bytes));
+    CHECK(off.host_bytes() > on_gpu.host_bytes());
+    if (stage == 3) {
+      cfg.zero.offload_param_device = "cpu";
+      const train::MemoryPlan par = train::memory_plan(cfg, 2);
+      CHECK(par.offload_param);
+      CHECK(par.param_bytes < off.param_bytes);     // only the gathered layers stay
+      CHECK(par.pinned_bytes == off.pinned_bytes);  // offload_param.pin_memory is off
+    }
+    // On CPU ranks offload changes nothing.
+    cfg.training.device = "cpu";
+    CHECK(!train::memory_plan(cfg, 2).offload_optimizer);
+  }
+}
+
+TEST_CASE("memory plan: a GPU rank that does not fit its GPU is refused, naming offload as the way out") {
+  config::TrainConfig cfg = job(2, false);
+  cfg.training.device = "cuda";
+  const train::MemoryPlan p = train::memory_plan(cfg, 2);
+  try {
+    train::memory_plan_check(p, 2, 1e12, "job.yaml", p.device_bytes() * 0.9);
+    FAIL("a plan over the GPU's memory must be refused");
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    CHECK(m.find("job.yaml") != std::string::npos);
+    CHECK(m.find("device memory") != std::string::npos);
+    CHECK(m.find("offload_optimizer.device: cpu") != std::string::npos);
+  }
+  CHECK_NOTHROW(train::memory_plan_check(p, 2, 1e12, "job.yaml", p.device_bytes() * 1.1));
+  CHECK(train::memory_plan_text(p, 2, 1e12, p.device_bytes() * 0.9).find("does NOT fit") != std::string::npos);
+}
