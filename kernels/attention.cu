@@ -6,12 +6,18 @@
 // accumulation phase, where lane l owns dimensions l, l+32, ... Rows read by lane index
 // are padded by one float in shared memory (no bank conflicts). Template DPL = head
 // dimensions per lane (2, 4, 8: HD <= 64, 128, 256) keeps the accumulators in registers.
+// The backward at DPL 8 asks 131,584 B with 32-row tiles, over the 99 KB opt-in limit of
+// sm_86/sm_89 cards (L40S, A10, RTX 4090): there (picked at run time from the device's
+// opt-in size) its kernels take 16 rows on the warp side (queries in dQ, keys in dK/dV; the
+// lane side stays 32 wide), 98,816 B at most, as 8 warps of 2 rows (with 4 rows a warp, in 4
+// warps, ptxas caps sm_100/sm_120 at 96 registers and spills).
 #include "kernels/attention.cuh"
 
 #include "kernels/attention_internal.cuh"
 #include "kernels/common.cuh"
 
 #include <cmath>
+#include <string>
 #include <type_traits>
 
 namespace dtrain::kernels {
@@ -22,21 +28,22 @@ using namespace detail;
 constexpr unsigned FULL = 0xffffffffu;
 constexpr int TILE = 32;
 
-template <int DPL>
+template <int DPL, bool SMALL = false>
 struct Cfg {
-  static constexpr int HDP = DPL * 32;          // padded head dim
-  static constexpr int RPW = DPL == 8 ? 4 : 8;  // rows per warp (register budget)
-  static constexpr int NW = TILE / RPW;         // warps per block
+  static constexpr int HDP = DPL * 32;                              // padded head dim
+  static constexpr int RPW = (DPL == 8 ? 4 : 8) / (SMALL ? 2 : 1);  // rows per warp (register budget)
+  static constexpr int ROWS = SMALL ? 16 : TILE;                    // warp-side rows per block
+  static constexpr int NW = ROWS / RPW;                             // warps per block
   static constexpr int THREADS = NW * 32;
 };
 
 using Shape = AttnShape;
 
-// dst[r * stride + d] = src[(row0 + r) * pitch + d] for r < 32, d < HDP; zero past T or HD.
+// dst[r * stride + d] = src[(row0 + r) * pitch + d] for r < rows, d < HDP; zero past T or HD.
 template <typename T>
 __device__ __forceinline__ void tile_load(float* dst, int stride, const T* src, int row0, int T_, size_t pitch, int HD,
-                                          int HDP) {
-  for (int idx = threadIdx.x; idx < TILE * HDP; idx += blockDim.x) {
+                                          int HDP, int rows = TILE) {
+  for (int idx = threadIdx.x; idx < rows * HDP; idx += blockDim.x) {
     const int r = idx / HDP, d = idx - r * HDP, t = row0 + r;
     dst[r * stride + d] = (t < T_ && d < HD) ? to_f32(src[static_cast<size_t>(t) * pitch + d]) : 0.0f;
   }
@@ -150,17 +157,17 @@ __global__ void attn_dvec_kernel(float* __restrict__ D, const T* __restrict__ do
   if (lane == 0) D[(static_cast<size_t>(b) * s.NH + h) * s.T + t] = acc;
 }
 
-// dq += scale * sum_j ds_ij k_j. Grid (B*NH, T/32). smem: Qs, dOs [32][HDP]; Ks, Vs [32][HDP+1].
-template <typename T, int DPL>
-__global__ void __launch_bounds__(Cfg<DPL>::THREADS)
+// dq += scale * sum_j ds_ij k_j. Grid (B*NH, T/ROWS). smem: Qs, dOs [ROWS][HDP]; Ks, Vs [32][HDP+1].
+template <typename T, int DPL, bool SMALL>
+__global__ void __launch_bounds__(Cfg<DPL, SMALL>::THREADS)
     attn_dq_kernel(T* __restrict__ dq, const T* __restrict__ dout, const float* __restrict__ lse,
                    const float* __restrict__ D, const T* __restrict__ q, const T* __restrict__ k,
                    const T* __restrict__ v, Shape s) {
-  constexpr int HDP = Cfg<DPL>::HDP, RPW = Cfg<DPL>::RPW;
+  constexpr int HDP = Cfg<DPL, SMALL>::HDP, RPW = Cfg<DPL, SMALL>::RPW, ROWS = Cfg<DPL, SMALL>::ROWS;
   DTK_EXTERN_SHARED(float, smem);
   float* Qs = smem;
-  float* dOs = Qs + TILE * HDP;
-  float* Ks = dOs + TILE * HDP;
+  float* dOs = Qs + ROWS * HDP;
+  float* Ks = dOs + ROWS * HDP;
   float* Vs = Ks + TILE * (HDP + 1);
   const int bh = blockIdx.x, qt = blockIdx.y, b = bh / s.NH, h = bh % s.NH, kh = h / s.G;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -168,9 +175,9 @@ __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
   const size_t qoff = static_cast<size_t>(b) * s.T * qp + static_cast<size_t>(h) * s.HD;
   const size_t ooff = static_cast<size_t>(b) * s.T * op + static_cast<size_t>(h) * s.HD;
   const size_t koff = static_cast<size_t>(b) * s.T * kp + static_cast<size_t>(kh) * s.HD;
-  tile_load(Qs, HDP, q + qoff, qt * TILE, s.T, qp, s.HD, HDP);
-  tile_load(dOs, HDP, dout + ooff, qt * TILE, s.T, op, s.HD, HDP);
-  const int r0 = warp * RPW, row0 = qt * TILE + r0;
+  tile_load(Qs, HDP, q + qoff, qt * ROWS, s.T, qp, s.HD, HDP, ROWS);
+  tile_load(dOs, HDP, dout + ooff, qt * ROWS, s.T, op, s.HD, HDP, ROWS);
+  const int r0 = warp * RPW, row0 = qt * ROWS + r0;
   float lrow[RPW], drow[RPW], acc[RPW][DPL];
 #pragma unroll
   for (int i = 0; i < RPW; ++i) {
@@ -180,7 +187,8 @@ __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
 #pragma unroll
     for (int c = 0; c < DPL; ++c) acc[i][c] = 0.0f;
   }
-  for (int kt = 0; kt <= qt; ++kt) {
+  const int last_kt = (qt * ROWS + ROWS - 1) / TILE;  // causal: key tiles up to the block's last row
+  for (int kt = 0; kt <= last_kt; ++kt) {
     __syncthreads();
     tile_load(Ks, HDP + 1, k + koff, kt * TILE, s.T, kp, s.HD, HDP);
     tile_load(Vs, HDP + 1, v + koff, kt * TILE, s.T, kp, s.HD, HDP);
@@ -231,17 +239,17 @@ __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
 }
 
 // dk += scale * sum_i ds_ij q_i, dv += sum_i p_ij dout_i over every query head of the KV
-// head. Grid (B*NKV, T/32 key tiles). smem: Ks, Vs [32][HDP]; Qs, dOs [32][HDP+1]; lse, D [32].
-template <typename T, int DPL>
-__global__ void __launch_bounds__(Cfg<DPL>::THREADS)
+// head. Grid (B*NKV, T/ROWS key tiles). smem: Ks, Vs [ROWS][HDP]; Qs, dOs [32][HDP+1]; lse, D [32].
+template <typename T, int DPL, bool SMALL>
+__global__ void __launch_bounds__(Cfg<DPL, SMALL>::THREADS)
     attn_dkdv_kernel(T* __restrict__ dk, T* __restrict__ dv, const T* __restrict__ dout, const float* __restrict__ lse,
                      const float* __restrict__ D, const T* __restrict__ q, const T* __restrict__ k,
                      const T* __restrict__ v, Shape s) {
-  constexpr int HDP = Cfg<DPL>::HDP, RPW = Cfg<DPL>::RPW;
+  constexpr int HDP = Cfg<DPL, SMALL>::HDP, RPW = Cfg<DPL, SMALL>::RPW, ROWS = Cfg<DPL, SMALL>::ROWS;
   DTK_EXTERN_SHARED(float, smem);
   float* Ks = smem;
-  float* Vs = Ks + TILE * HDP;
-  float* Qs = Vs + TILE * HDP;
+  float* Vs = Ks + ROWS * HDP;
+  float* Qs = Vs + ROWS * HDP;
   float* dOs = Qs + TILE * (HDP + 1);
   float* Ls = dOs + TILE * (HDP + 1);
   float* Ds = Ls + TILE;
@@ -249,10 +257,10 @@ __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const size_t qp = s.qs, kp = s.ks, op = static_cast<size_t>(s.NH) * s.HD;
   const size_t koff = static_cast<size_t>(b) * s.T * kp + static_cast<size_t>(kh) * s.HD;
-  tile_load(Ks, HDP, k + koff, kt * TILE, s.T, kp, s.HD, HDP);
-  tile_load(Vs, HDP, v + koff, kt * TILE, s.T, kp, s.HD, HDP);
+  tile_load(Ks, HDP, k + koff, kt * ROWS, s.T, kp, s.HD, HDP, ROWS);
+  tile_load(Vs, HDP, v + koff, kt * ROWS, s.T, kp, s.HD, HDP, ROWS);
   const int j0 = warp * RPW;  // this warp's first key within the tile
-  const int key0 = kt * TILE + j0;
+  const int key0 = kt * ROWS + j0;
   float ak[RPW][DPL], av[RPW][DPL];
 #pragma unroll
   for (int jj = 0; jj < RPW; ++jj)
@@ -263,7 +271,7 @@ __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
     const size_t qoff = static_cast<size_t>(b) * s.T * qp + static_cast<size_t>(h) * s.HD;
     const size_t ooff = static_cast<size_t>(b) * s.T * op + static_cast<size_t>(h) * s.HD;
     const size_t bh = static_cast<size_t>(b) * s.NH + h;
-    for (int qt = kt; qt < ntiles; ++qt) {  // causal: queries at or after the keys
+    for (int qt = kt * ROWS / TILE; qt < ntiles; ++qt) {  // causal: query tiles from the first key's
       __syncthreads();
       tile_load(Qs, HDP + 1, q + qoff, qt * TILE, s.T, qp, s.HD, HDP);
       tile_load(dOs, HDP + 1, dout + ooff, qt * TILE, s.T, op, s.HD, HDP);
@@ -369,6 +377,64 @@ void with_dpl(int HD, F&& f) {
     f(std::integral_constant<int, 8>{});
   }
 }
+// Dynamic shared memory of the backward's kernels: dQ holds ROWS query rows and 32 key rows
+// of K and V; dK/dV holds ROWS key rows and 32 query rows of Q and dO, plus lse and D.
+template <int DPL, bool SMALL>
+constexpr size_t dq_bytes() {
+  constexpr size_t HDP = Cfg<DPL, SMALL>::HDP, ROWS = Cfg<DPL, SMALL>::ROWS;
+  return sizeof(float) * (2 * ROWS * HDP + 2 * TILE * (HDP + 1));
+}
+template <int DPL, bool SMALL>
+constexpr size_t dkdv_bytes() {
+  return dq_bytes<DPL, SMALL>() + sizeof(float) * 2 * TILE;
+}
+
+template <typename Ty, int DPL, bool SMALL>
+void backward_run(void* dq, void* dk, void* dv, const void* dout, const float* lse, const float* dvec, const void* q,
+                  const void* k, const void* v, const Shape& s, cudaStream_t stream) {
+  using C = Cfg<DPL, SMALL>;
+  constexpr size_t bytes = dq_bytes<DPL, SMALL>(), bytes_kv = dkdv_bytes<DPL, SMALL>();
+  const dim3 grid_q(s.B * s.NH, blocks_for(s.T, C::ROWS)), grid_kv(s.B * s.NKV, blocks_for(s.T, C::ROWS));
+  auto kq = attn_dq_kernel<Ty, DPL, SMALL>;
+  smem_allow(kq, bytes);
+  DTK_LAUNCH(grid_q, C::THREADS, bytes, stream, kq)
+  (static_cast<Ty*>(dq), static_cast<const Ty*>(dout), lse, dvec, static_cast<const Ty*>(q), static_cast<const Ty*>(k),
+   static_cast<const Ty*>(v), s);
+  DT_CUDA_LAUNCH_CHECK();
+  auto kkv = attn_dkdv_kernel<Ty, DPL, SMALL>;
+  smem_allow(kkv, bytes_kv);
+  DTK_LAUNCH(grid_kv, C::THREADS, bytes_kv, stream, kkv)
+  (static_cast<Ty*>(dk), static_cast<Ty*>(dv), static_cast<const Ty*>(dout), lse, dvec, static_cast<const Ty*>(q),
+   static_cast<const Ty*>(k), static_cast<const Ty*>(v), s);
+  DT_CUDA_LAUNCH_CHECK();
+}
+
+// The CUDA-core backward: 32-row tiles, or 16 on the warp side where those exceed the
+// device's opt-in shared memory (DPL 8 on sm_86/sm_89 cards). bf16/fp16 rows come here only
+// where the tensor-core backward does not fit (under its 135,680 B), where the 32-row tiles'
+// 131,584 B do not either: only the 16-row variant is compiled for them.
+template <typename Ty, int DPL>
+void backward_cc(void* dq, void* dk, void* dv, const void* dout, const float* lse, const float* dvec, const void* q,
+                 const void* k, const void* v, const Shape& s, cudaStream_t stream) {
+  constexpr size_t large = dkdv_bytes<DPL, false>();
+  constexpr bool only_small = !std::is_same_v<Ty, float>;
+  if constexpr (only_small || large > 99 * 1024) {  // over an sm_86/sm_89 card's opt-in size
+    constexpr size_t small = dkdv_bytes<DPL, true>();
+    const size_t limit = attention_smem_optin();
+    if (only_small || large > limit) {
+      DTK_REQUIRE(small <= limit, DeviceError,
+                  "the CUDA-core attention backward at head dim " + std::to_string(s.HD) + " needs " +
+                      std::to_string(small) + " bytes of shared memory per block; this GPU allows " +
+                      std::to_string(limit) + " (use a head dim of at most 128 on this card)");
+      constexpr int max_t = 65535 * Cfg<DPL, true>::ROWS;  // grid.y's limit with 16-row tiles
+      DTK_REQUIRE(s.T <= max_t, UsageError,
+                  "the attention backward at head dims 129-256 on this GPU supports T <= " + std::to_string(max_t));
+      backward_run<Ty, DPL, true>(dq, dk, dv, dout, lse, dvec, q, k, v, s, stream);
+      return;
+    }
+  }
+  if constexpr (!only_small) backward_run<Ty, DPL, false>(dq, dk, dv, dout, lse, dvec, q, k, v, s, stream);
+}
 }  // namespace
 
 void attention_forward(void* out, float* lse, const void* q, const void* k, const void* v, int B, int T, int NH,
@@ -406,28 +472,20 @@ void attention_backward(void* dq, void* dk, void* dv, const void* dout, const vo
     (dvec.as<float>(), static_cast<const Ty*>(dout), static_cast<const Ty*>(out), s);
     DT_CUDA_LAUNCH_CHECK();
   });
-  if (dtype != DType::F32) {
+  if (dtype != DType::F32 && (HD <= 128 || attention_backward_mma_fits(HD, dtype))) {
     attention_backward_mma(dq, dk, dv, dout, lse, dvec.as<float>(), q, k, v, s, dtype, stream);
     return;
   }
-  using Ty = float;
+  if (dtype != DType::F32) {  // head dims 129-256 where the tensor-core backward does not fit
+    dispatch(dtype, [&](auto tag) {
+      using Ty = typename decltype(tag)::type;
+      if constexpr (!std::is_same_v<Ty, float>)
+        backward_cc<Ty, 8>(dq, dk, dv, dout, lse, dvec.as<float>(), q, k, v, s, stream);
+    });
+    return;
+  }
   with_dpl(HD, [&](auto dpl) {
-    constexpr int DPL = decltype(dpl)::value;
-    constexpr int HDP = Cfg<DPL>::HDP;
-    const size_t bytes = sizeof(float) * TILE * (2 * HDP + 2 * (HDP + 1));
-    auto kq = attn_dq_kernel<Ty, DPL>;
-    smem_allow(kq, bytes);
-    DTK_LAUNCH(dim3(B * NH, blocks_for(T, TILE)), Cfg<DPL>::THREADS, bytes, stream, kq)
-    (static_cast<Ty*>(dq), static_cast<const Ty*>(dout), lse, dvec.as<float>(), static_cast<const Ty*>(q),
-     static_cast<const Ty*>(k), static_cast<const Ty*>(v), s);
-    DT_CUDA_LAUNCH_CHECK();
-    auto kkv = attn_dkdv_kernel<Ty, DPL>;
-    const size_t bytes_kv = bytes + sizeof(float) * 2 * TILE;
-    smem_allow(kkv, bytes_kv);
-    DTK_LAUNCH(dim3(B * NKV, blocks_for(T, TILE)), Cfg<DPL>::THREADS, bytes_kv, stream, kkv)
-    (static_cast<Ty*>(dk), static_cast<Ty*>(dv), static_cast<const Ty*>(dout), lse, dvec.as<float>(),
-     static_cast<const Ty*>(q), static_cast<const Ty*>(k), static_cast<const Ty*>(v), s);
-    DT_CUDA_LAUNCH_CHECK();
+    backward_cc<float, decltype(dpl)::value>(dq, dk, dv, dout, lse, dvec.as<float>(), q, k, v, s, stream);
   });
 }
 

@@ -38,4 +38,13 @@ void attention_backward_mma(void* dq, void* dk, void* dv, const void* dout, cons
 /// sm_86/sm_89 card (99 KB) picks. Process-wide; for tests.
 void attention_smem_cap_for_testing(size_t bytes);
 
+/// The current device's opt-in shared memory per block (cudaDeviceProp::sharedMemPerBlockOptin),
+/// under attention_smem_cap_for_testing's cap: what both attention paths pick tiles by.
+size_t attention_smem_optin();
+
+/// Whether the tensor-core backward fits this device at head dim HD (dtype BF16 or F16), with
+/// one stage at least. Where it does not (head dims 129-256 on 99 KB cards), attention.cu
+/// runs the CUDA-core backward on the bf16/fp16 rows instead.
+bool attention_backward_mma_fits(int HD, DType dtype);
+
 }  // namespace dtrain::kernels::detail

@@ -668,6 +668,20 @@ constexpr size_t dq_bytes(int stages) {
 }  // namespace
 
 void attention_smem_cap_for_testing(size_t bytes) { g_smem_cap.store(bytes, std::memory_order_relaxed); }
+size_t attention_smem_optin() { return smem_optin(); }
+
+bool attention_backward_mma_fits(int HD, DType dtype) {
+  bool fits = false;
+  with_type(dtype, [&](auto tag) {
+    using Ty = typename decltype(tag)::type;
+    with_hdp(HD, [&](auto hdp) {
+      constexpr int HDP = decltype(hdp)::value;
+      const size_t limit = smem_optin();
+      fits = dkdv_bytes<Ty, HDP>(1) <= limit && dq_bytes<Ty, HDP>(1) <= limit;
+    });
+  });
+  return fits;
+}
 
 void attention_forward_mma(void* out, float* lse, const void* q, const void* k, const void* v, const AttnShape& s,
                            DType dtype, cudaStream_t stream) {

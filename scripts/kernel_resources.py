@@ -48,7 +48,7 @@ REG_TARGETS = [
     (r"attn_bwd_dkdv_kernel<[^,<>]+, 32\b", 168),
     (r"attn_bwd_dq_kernel<[^,<>]+, (32|64)\b", 168),
     (r"attn_(fwd_mma|bwd_dkdv|bwd_dq)_kernel<", 255),
-    (r"attn_\w+_kernel<float, 4>.* @sm_1[02]0", 144),
+    (r"attn_\w+_kernel<float, 4\b.* @sm_1[02]0", 144),
     (r"attn_", 128),
     (r"norm_|column_", 128),
     (r"", 64),
@@ -71,9 +71,13 @@ KNOWN_SPILLS = [
      "forward, head dim 256: the 16x256 fp32 output accumulator per warp"),
     # The scalar fp32 attention (kernels/attention.cu; runs only for fp32 activations, a
     # reference path, not the bf16/fp16 training path); DPL = head dim / 32.
-    (r"attn_dq_kernel<float, 4>", 20, 24, "scalar fp32 attention dQ, head dim 128"),
+    (r"attn_dq_kernel<float, 4\b", 20, 24, "scalar fp32 attention dQ, head dim 128"),
     (r"attn_fwd_kernel<float, 4>", 48, 96, "scalar fp32 attention forward, head dim 128 (sm_100/sm_120 only)"),
     (r"attn_fwd_kernel<float, 2>", 4, 4, "scalar fp32 attention forward, head dim 64 (sm_90 only)"),
+    # Its 16-row backward on bf16/fp16 rows: runs only where the tensor-core backward does not
+    # fit (head dims 129-256 on 99 KB cards); ptxas stops at 64 registers on sm_120.
+    (r"attn_dq_kernel<(__half|__nv_bfloat16), 8, true>", 8, 8,
+     "scalar attention dQ on bf16/fp16 rows, head dim 256, 16-row tiles (sm_120 only)"),
 ]
 
 # The kernels whose occupancy the --plan budget models (bf16 instantiations; fp16's are the

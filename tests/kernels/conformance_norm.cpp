@@ -16,7 +16,10 @@ Floats input(Rng& r, size_t n, DType t, float scale = 1.0f, float mean = 0.0f) {
   return round_through(rand_floats(r, n, scale, mean), t);
 }
 
-double layernorm_case(DType t, int N, int C, bool fused, size_t off, uint64_t seed) {
+// parts: which backward outputs are asked for (DINP | DW | DB); the others are null.
+enum Parts { DINP = 1, DW = 2, DB = 4, ALL = 7 };
+
+double layernorm_case(DType t, int N, int C, bool fused, size_t off, uint64_t seed, int parts = ALL) {
   Rng r(seed);
   const size_t n = static_cast<size_t>(N) * C;
   const float eps = 1e-5f;
@@ -49,12 +52,15 @@ double layernorm_case(DType t, int N, int C, bool fused, size_t off, uint64_t se
   if (fused) e = std::max(e, buf_err(res, x));
   DevBuf dx(x, t, off), dd(dout, t, off), dinp(dinp0, t, off), dw(dw0, DType::F32), db(db0, DType::F32);
   DevBuf cmean(mean, DType::F32), crstd(rstd, DType::F32);
-  layernorm_backward(dinp.ptr(), dw.f32(), db.f32(), dd.ptr(), dx.ptr(), dW.ptr(), cmean.f32(), crstd.f32(), N, C, t,
+  layernorm_backward(parts & DINP ? dinp.ptr() : nullptr, parts & DW ? dw.f32() : nullptr,
+                     parts & DB ? db.f32() : nullptr, dd.ptr(), dx.ptr(), dW.ptr(), cmean.f32(), crstd.f32(), N, C, t,
                      nullptr);
-  return std::max({e, buf_err(dinp, dinp_ref), buf_err(dw, dw_ref), buf_err(db, db_ref)});
+  // An output not asked for must come back untouched.
+  return std::max({e, buf_err(dinp, parts & DINP ? dinp_ref : round_through(dinp0, t)),
+                   buf_err(dw, parts & DW ? dw_ref : dw0), buf_err(db, parts & DB ? db_ref : db0)});
 }
 
-double rmsnorm_case(DType t, int N, int C, bool fused, size_t off, uint64_t seed) {
+double rmsnorm_case(DType t, int N, int C, bool fused, size_t off, uint64_t seed, int parts = ALL) {
   Rng r(seed);
   const size_t n = static_cast<size_t>(N) * C;
   const float eps = 1e-6f;
@@ -80,8 +86,10 @@ double rmsnorm_case(DType t, int N, int C, bool fused, size_t off, uint64_t seed
   double e = std::max(buf_err(out, out_ref), buf_err(drstd, rstd));
   if (fused) e = std::max(e, buf_err(res, x));
   DevBuf dx(x, t, off), dd(dout, t, off), dinp(dinp0, t, off), dw(dw0, DType::F32), crstd(rstd, DType::F32);
-  rmsnorm_backward(dinp.ptr(), dw.f32(), dd.ptr(), dx.ptr(), dW.ptr(), crstd.f32(), N, C, t, nullptr);
-  return std::max({e, buf_err(dinp, dinp_ref), buf_err(dw, dw_ref)});
+  rmsnorm_backward(parts & DINP ? dinp.ptr() : nullptr, parts & DW ? dw.f32() : nullptr, dd.ptr(), dx.ptr(), dW.ptr(),
+                   crstd.f32(), N, C, t, nullptr);
+  return std::max(
+      {e, buf_err(dinp, parts & DINP ? dinp_ref : round_through(dinp0, t)), buf_err(dw, parts & DW ? dw_ref : dw0)});
 }
 
 }  // namespace
@@ -105,6 +113,30 @@ std::vector<Case> cases_norm() {
                      [=] { return rmsnorm_case(t, s.N, s.C, fused, s.off, seed + 1); }, tol_for(t, 1e-5)});
         seed += 2;
       }
+  // The one-kernel backward's shapes (kernels/norm.cu): 2100 rows = 263 groups of 8 on at
+  // most 256 blocks (blocks take two groups); 8000 channels: LayerNorm's partials need 64 KB
+  // of opt-in shared memory; 60000: the partials exceed every card's shared memory and
+  // live in global memory. Then one output at a time (the others null, left untouched).
+  for (DType t : ALL_DTYPES) {
+    for (Shape s : {Shape{2100, 40, 0}, Shape{5, 8000, 0}, Shape{3, 60000, 0}}) {
+      const std::string shape = " N=" + std::to_string(s.N) + " C=" + std::to_string(s.C);
+      c.push_back({"layernorm fwd+bwd" + shape, t, [=] { return layernorm_case(t, s.N, s.C, false, 0, seed); },
+                   tol_for(t, 1e-5)});
+      c.push_back({"rmsnorm fwd+bwd" + shape, t, [=] { return rmsnorm_case(t, s.N, s.C, false, 0, seed + 1); },
+                   tol_for(t, 1e-5)});
+      seed += 2;
+    }
+    for (int parts : {int{DINP}, int{DW}, int{DB}, DW | DB}) {
+      const std::string what = std::string(parts & DINP ? " dinp" : "") + (parts & DW ? " dweight" : "") +
+                               (parts & DB ? " dbias" : "") + " only N=300 C=200";
+      c.push_back({"layernorm fwd+bwd," + what, t, [=] { return layernorm_case(t, 300, 200, false, 0, seed, parts); },
+                   tol_for(t, 1e-5)});
+      if (!(parts & DB))
+        c.push_back({"rmsnorm fwd+bwd," + what, t, [=] { return rmsnorm_case(t, 300, 200, false, 0, seed + 1, parts); },
+                     tol_for(t, 1e-5)});
+      seed += 2;
+    }
+  }
   return c;
 }
 

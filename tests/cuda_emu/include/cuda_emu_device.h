@@ -241,3 +241,9 @@ inline unsigned long long atomicCAS(unsigned long long* p, unsigned long long co
 inline int atomicExch(int* p, int v) { return std::atomic_ref<int>(*p).exchange(v); }
 inline unsigned atomicExch(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).exchange(v); }
 inline float atomicExch(float* p, float v) { return std::atomic_ref<float>(*p).exchange(v); }
+// Global memory fence, for the last-block-finishes reductions (a block's writes, then an
+// atomicAdd on a counter that the last block reads). The atomics above are seq_cst RMWs, which
+// already order a block's earlier writes before the counter (release) and the last block's
+// later reads after it (acquire), so the fence only stops the compiler moving accesses across
+// it (a thread fence proper is not supported by -fsanitize=thread, which kernels/ builds with).
+inline void __threadfence() { std::atomic_signal_fence(std::memory_order_seq_cst); }
