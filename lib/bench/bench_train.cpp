@@ -68,6 +68,7 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
   DT_ENFORCE_GE(o.warmup, 0, UsageError, "bench train: --warmup");
   const bool cuda = o.device == device::Kind::CUDA;
   if (cuda) device::cuda_require(0);  // before building a possibly large host model
+  const auto setup_t0 = std::chrono::steady_clock::now();
 
   const BenchSetup setup = bench_setup_from(o.config_path, o.sets, cuda);
   BenchTrainResult r;
@@ -109,6 +110,7 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
     r.device_name = "CPU (reference model, fp32)";
   }
   train::TrainStep step(*tm, cuda ? host.get() : nullptr, nullptr, setup.zero, setup.step_options());
+  r.setup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_t0).count();
   train::StepTimer timer;  // the trainer's sections; the bench reads the wall clock
   using Clock = std::chrono::steady_clock;
   Clock::time_point t0;
@@ -181,6 +183,7 @@ std::string bench_train_format(const BenchTrainResult& r, bool json) {
                      {"peak_tflops", num(r.peak_tflops)},
                      {"mfu", num(r.mfu)},
                      {"offload_host_bytes", r.offload_host_bytes},
+                     {"setup_s", r.setup_s},
                      {"final_loss", num(r.final_loss)},
                      {"losses", r.losses},
                      {"notes", r.notes}};
@@ -207,6 +210,7 @@ std::string bench_train_format(const BenchTrainResult& r, bool json) {
   s += fmt::format("batch        micro {} x seq {} x accum {} = {} tokens/step; {} warm-up + {} timed steps\n",
                    r.micro_batch, r.seq_len, r.grad_accum,
                    static_cast<int64_t>(r.micro_batch) * r.seq_len * r.grad_accum, r.warmup, r.steps);
+  s += fmt::format("setup        {:.2f} s (model build, device copy, engine)\n", r.setup_s);
   s += fmt::format("step time    {:.2f} ms\n", r.step_ms);
   s += fmt::format("tokens/s     {:.0f}\n", r.tokens_per_s);
   s += fmt::format("model FLOPs  {:.3f} GFLOP/token ({})\n", r.flops_per_token / 1e9, r.flops_formula);

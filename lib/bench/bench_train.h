@@ -44,6 +44,7 @@ struct BenchTrainResult {
   /// and the host memory the engine holds.
   std::vector<train::OffloadTraceEntry> offload_trace;
   size_t offload_host_bytes = 0;
+  double setup_s = 0;  ///< model build, device copy and engine construction, before the first step
 };
 
 /// The H100 SXM's dense bf16/fp16 tensor-core peak (TFLOPS, datasheet, no sparsity): the

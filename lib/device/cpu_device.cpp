@@ -393,7 +393,7 @@ void* Device::host_alloc(size_t bytes, bool /*pinned*/) {
   void* p = ::operator new (bytes, std::align_val_t{64}, std::nothrow);
   DT_ENFORCE(p != nullptr, DeviceError, "{}: cannot allocate {:.2f} GiB of host memory", name(),
              static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
-  std::memset(p, 0, bytes);
+  cpu().zero(p, bytes);  // across the pool: offloaded state is many GiB
   return p;
 }
 

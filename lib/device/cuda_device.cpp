@@ -157,7 +157,7 @@ class CudaDevice final : public Device {
                "host memory",
                name(), static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0), cudaGetErrorString(e));
     }
-    std::memset(p, 0, bytes);
+    device::cpu().zero(p, bytes);  // across the CPU's pool
     return p;
   }
   void host_free(void* p, bool pinned) override {

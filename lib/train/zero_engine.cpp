@@ -408,7 +408,7 @@ void ZeroEngine::before_step() {
   }
   for (auto& s : slots_) {
     if (!s.trainable) continue;
-    if (s.off) std::memset(s.hgrad.get(), 0, s.hgrad.bytes());
+    if (s.off) device::cpu().zero(s.hgrad.get(), s.hgrad.bytes());
     if (opts_.stage >= 2) {
       if (!s.off) dev_->zero(s.gshard.get(), s.gshard.bytes());
     } else if (s.pb->grad) dev_->zero(s.pb->grad, s.n * sizeof(float));

@@ -13,6 +13,7 @@
 #include "core/check.h"
 #include "core/dtype.h"
 #include "ops/optim.h"
+#include "ops/parallel.h"
 #include "ops/step_scale.h"
 #include "train/zero_queue.h"
 #include "train/zero_slot.h"
@@ -27,13 +28,14 @@ namespace dtrain::train {
 namespace {
 char* off_at(void* base, size_t elems, DType t) { return static_cast<char*>(base) + elems * dtype_size(t); }
 
-// fp32 -> t (RNE for 16-bit, as the device's cast and AdamW's copy) into host memory.
+// fp32 -> t (RNE for 16-bit, as the device's cast and AdamW's copy) into host memory,
+// across the CPU's pool (a model's shard is up to billions of elements).
 void off_store(void* dst, DType t, const float* src, size_t n) {
-  if (t == DType::F32) {
-    std::memcpy(dst, src, n * sizeof(float));
-    return;
-  }
-  for (size_t i = 0; i < n; ++i) dtype_store(dst, i, t, src[i]);
+  ops::parallel_for(n, n, [&](size_t b, size_t e) {
+    if (t == DType::F32) std::memcpy(static_cast<float*>(dst) + b, src + b, (e - b) * sizeof(float));
+    else
+      for (size_t i = b; i < e; ++i) dtype_store(dst, i, t, src[i]);
+  });
 }
 void off_load(float* dst, const void* src, DType t, size_t n) {
   if (t == DType::F32) {
