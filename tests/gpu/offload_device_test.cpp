@@ -136,6 +136,7 @@ TEST_CASE("offload moves the optimizer state, the gradient shards and (offload_p
     bool off, param;
   };
   for (int stage : {1, 2, 3}) {
+    size_t on_device = 0;  // this stage's device bytes without offload
     for (const Case c : {Case{stage, false, false}, Case{stage, true, false}, Case{stage, true, stage == 3}}) {
       CAPTURE(c.stage);
       CAPTURE(c.off);
@@ -175,6 +176,7 @@ TEST_CASE("offload moves the optimizer state, the gradient shards and (offload_p
       // stage 1's full fp32 gradient; nothing of the optimizer, no gradient shard.
       if (!c.off) {
         CHECK(x.host_bytes == 0);
+        on_device = x.total();
         continue;
       }
       const size_t want_param = c.stage < 3 ? 2 * phi : (c.param ? 0 : 2 * phi / W);
@@ -188,8 +190,10 @@ TEST_CASE("offload moves the optimizer state, the gradient shards and (offload_p
       CHECK(x.host_bytes == want_host);
       CHECK(x.theory_host == want_host);
       CHECK(x.host_pinned_bytes == want_host);
-      MESSAGE("stage " << c.stage << std::string(c.param ? " + offload_param" : "") << ": device " << x.total()
-                       << " B, host " << x.host_bytes << " B for " << phi << " parameters on 2 ranks");
+      MESSAGE("stage " << c.stage << std::string(c.param ? " + offload_param" : "") << ": device " << on_device
+                       << " -> " << x.total() << " B (theory " << x.theory_total() << "), host " << x.host_bytes
+                       << " B (theory " << x.theory_host << ") for " << phi << " parameters on " << world
+                       << " rank(s)");
     }
   }
 }
