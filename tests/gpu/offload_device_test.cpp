@@ -113,6 +113,16 @@ TEST_CASE("offload in bf16 (stages 2-3, offload_param) and fp16 with loss scalin
     CHECK(off.res[0].skipped == dev.res[0].skipped);
     CHECK(off.res[0].loss_scales == dev.res[0].loss_scales);
   }
+  // LoRA at stage 3 with offload_param: the frozen base shards live on the host in bf16.
+  const std::vector<std::string> lora = {"bf16.enabled=true",
+                                         "zero_optimization.stage=3",
+                                         "lora.r=4",
+                                         "zero_optimization.stage3_param_persistence_threshold=0",
+                                         "zero_optimization.reduce_bucket_size=3000",
+                                         "gradient_clipping=1.0"};
+  const Run dev = train_ranks(world, 4, lora);
+  const Run off = train_ranks(world, 4, with(with(lora, kOffload), {"zero_optimization.offload_param.device=cpu"}));
+  check_close(off.res[0].losses, dev.res[0].losses, 1e-6);
 }
 
 TEST_CASE("offload moves the optimizer state, the gradient shards and (offload_param) the parameters to the host") {
