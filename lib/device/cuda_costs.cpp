@@ -68,7 +68,7 @@ void PlanDevice::zero(void*, size_t bytes) {
 // ----------------------------------------------------------------------------
 // GEMMs (kernels/gemm.cu). cuBLASLt's heuristic is assumed to offer the BGRADB epilogue,
 // as the CPU execution engine's does; without it linear_backward's dW would be a plain
-// GEMM plus the column-sum kernels of column_sums over dout.
+// GEMM plus the column-sum kernels of column_sums(mode 2) over dout.
 void PlanDevice::gemm(bool ta, bool tb, int M, int N, int K, float alpha, const void*, const void*, float beta, void*,
                       DType ab_t, DType c_t) {
   if (M == 0 || N == 0) return;
@@ -104,7 +104,7 @@ void PlanDevice::weight_grads(const char* op, bool dw, bool db, int N, int IC, i
     return;
   }
   if (dw) matmul(op, true, false, OC, IC, N, 1.0f, 1.0f, t, DType::F32, PlanEpilogue::DEFAULT);
-  if (db) column_sums(op, N, OC, t);
+  if (db) column_sums(op, 2, false, true, N, OC, t);
 }
 void PlanDevice::linear_backward(void* dinp, float* dweight, float* dbias, const void*, const void*, const void*, int N,
                                  int IC, int OC, int, bool accumulate_dinp, DType t) {
@@ -140,34 +140,31 @@ void PlanDevice::norm_forward(const char* op, bool layer, bool fused, const void
   kernel(op, "kernel", PlanUnit::CUDA_CORE, nc * ((layer ? 10.0 : 6.0) + (fused ? 1.0 : 0.0)), bytes);
 }
 
-// Plain column sums of kernels/norm.cu (into db): 128-row chunk partials, then one
-// finishing kernel.
-void PlanDevice::column_sums(const char* op, int N, int C, DType t) {
+// Column sums of kernels/norm.cu (mode 0 LayerNorm dw/db, 1 RMSNorm dw, 2 plain sum into
+// db): 128-row chunk partials, then one finishing kernel per output.
+void PlanDevice::column_sums(const char* op, int mode, bool dw, bool db, int N, int C, DType t) {
   const double nc = static_cast<double>(N) * C;
   const double part = static_cast<double>(blocks_for(static_cast<size_t>(N), 128)) * C;
-  kernel(op, "column_partial_kernel<T>", PlanUnit::CUDA_CORE, nc, nc * es(t) + part * 4);
-  kernel(op, "column_finish_kernel", PlanUnit::CUDA_CORE, part, part * 4 + static_cast<double>(C) * 8);
+  const int outs = (dw ? 1 : 0) + (db ? 1 : 0);
+  double bytes = nc * es(t) + part * 4 * outs;                                           // dout (or x) in, partials out
+  if (mode < 2) bytes += nc * es(t) + static_cast<double>(N) * 4 * (mode == 0 ? 2 : 1);  // inp, stats
+  kernel(op, "column_partial_kernel<T, MODE>", PlanUnit::CUDA_CORE, nc * (mode == 0 ? 5 : mode == 1 ? 3 : 1), bytes);
+  for (int i = 0; i < outs; ++i)
+    kernel(op, "column_finish_kernel", PlanUnit::CUDA_CORE, part, part * 4 + static_cast<double>(C) * 8);
 }
 
-// kernels/norm.cu's backward: one kernel (8-row groups, at most 256 blocks), after a 4-byte
-// memset of its finishing counter when it sums parameter gradients. Bytes: dout and inp once
-// (pass 2 re-reads hit L1/L2), dinp read and written, weight, stats, and the per-block
-// partials written and read back by the finishing block.
 void PlanDevice::norm_backward(const char* op, bool layer, const void* dinp, const void* dout, const void* inp,
                                const void* w, bool dw, bool db, int N, int C, DType t) {
-  if (N <= 0 || C <= 0 || (!dinp && !dw && !db)) return;
-  const bool grads = dw || db;
-  if (grads) memset_op(op, 4);
-  const bool vec =
-      static_cast<size_t>(C) % vec16(t) == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(w);
-  const double nc = static_cast<double>(N) * C;
-  const double blocks = static_cast<double>(std::min<size_t>(blocks_for(static_cast<size_t>(N), 8), 256));
-  const int na = layer ? 2 : 1;
-  double bytes = nc * es(t) * (dinp ? 4 : 2) + C * es(t) + static_cast<double>(N) * 4 * na;
-  if (grads) bytes += blocks * na * C * 4 * 2 + static_cast<double>(C) * 8 * ((dw ? 1 : 0) + (db ? 1 : 0));
-  const double flops = nc * ((dinp ? (layer ? 12.0 : 8.0) : 0.0) + (grads ? (layer ? 5.0 : 3.0) : 0.0));
-  kernel(op, vec ? "norm_backward_kernel<T, V, K>" : "norm_backward_kernel<T, 1, K>", PlanUnit::CUDA_CORE, flops,
-         bytes);
+  if (N <= 0 || C <= 0) return;
+  if (dinp) {
+    const bool vec =
+        static_cast<size_t>(C) % vec16(t) == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(w);
+    const double nc = static_cast<double>(N) * C;
+    const double bytes = nc * es(t) * 4 + C * es(t) + static_cast<double>(N) * 4 * (layer ? 2 : 1);
+    kernel(op, vec ? "norm_dinp_kernel<T, V, K>" : "norm_dinp_kernel<T, 1, K>", PlanUnit::CUDA_CORE,
+           nc * (layer ? 12.0 : 8.0), bytes);
+  }
+  if (dw || db) column_sums(op, layer ? 0 : 1, dw, layer && db, N, C, t);
 }
 
 void PlanDevice::layernorm_forward(void*, float*, float*, const void*, const void*, const void* bias, int N, int C,

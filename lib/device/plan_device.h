@@ -198,7 +198,7 @@ class PlanDevice final : public Device {
   void weight_grads(const char* op, bool dw, bool db, int N, int IC, int OC, DType t);
   void pointwise(const char* op, bool acc, const std::vector<const void*>& ptrs, int nin, int nout, size_t n, DType t,
                  double flops_per_element);
-  void column_sums(const char* op, int N, int C, DType t);
+  void column_sums(const char* op, int mode, bool dw, bool db, int N, int C, DType t);
   void norm_forward(const char* op, bool layer, bool fused, const void* bias, int N, int C, DType t);
   void norm_backward(const char* op, bool layer, const void* dinp, const void* dout, const void* inp, const void* w,
                      bool dw, bool db, int N, int C, DType t);
