@@ -6,6 +6,7 @@
 // its gradient landed, during the backward when nothing waits for the whole gradient);
 // a run checkpointed with offload resumes without it and back.
 #include "gpu/gpu_skip.h"
+#include "gpu/tiny_model.h"
 #include "gpu/train_runs.h"
 
 #include "comm/nccl_comm.h"
@@ -128,16 +129,7 @@ TEST_CASE("offload in bf16 (stages 2-3, offload_param) and fp16 with loss scalin
 TEST_CASE("offload moves the optimizer state, the gradient shards and (offload_param) the parameters to the host") {
   Setup s;
   const int world = device::cuda_count() >= 2 ? 2 : 1;  // one GPU: one rank
-  model::ModelConfig mc;
-  mc.arch = model::ModelConfig::Arch::LLAMA;
-  mc.vocab_size = 96;
-  mc.max_seq_len = 16;
-  mc.n_layer = 2;
-  mc.n_head = 2;
-  mc.n_kv_head = 1;
-  mc.d_model = 32;
-  mc.d_ff = 64;
-  mc.tie_embeddings = false;
+  const model::ModelConfig mc = test::tiny_model(model::ModelConfig::Arch::LLAMA, 16);
   model::Model host(mc);
   host.init_weights(3);
   const size_t phi = host.num_params(), W = static_cast<size_t>(world);
@@ -210,15 +202,8 @@ TEST_CASE("offload moves the optimizer state, the gradient shards and (offload_p
 
 TEST_CASE("an offloaded step's schedule: each bucket's host AdamW after its gradient landed") {
   Setup s;
-  model::ModelConfig mc;
-  mc.arch = model::ModelConfig::Arch::LLAMA;
-  mc.vocab_size = 96;
-  mc.max_seq_len = 16;
-  mc.n_layer = 4;
-  mc.n_head = 2;
-  mc.n_kv_head = 1;
-  mc.d_model = 32;
-  mc.d_ff = 64;
+  model::ModelConfig mc = test::tiny_model(model::ModelConfig::Arch::LLAMA, 16);
+  mc.n_layer = 4;  // several buckets
   model::Model host(mc);
   host.init_weights(5);
   const int B = 2, T = 16;
