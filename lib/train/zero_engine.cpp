@@ -166,7 +166,7 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
   stats_ = device::DeviceBuffer(*dev_, sizeof(StepStats));
   plan_buckets();
   if (off_ && opts_.stage >= 2)
-    for (auto& b : buckets_) b.landed = dev_->event_create();
+    for (auto& b : buckets_) b.landed_ev = dev_->event_create();
   DT_ENFORCE(opts_.grad_wire == DType::F32 || opts_.grad_wire == DType::BF16 || opts_.grad_wire == DType::F16,
              ConfigError, "communication.compression: unknown gradient wire dtype");
   // PowerSGD and top-k keep per-rank state of the whole gradient: stages 0-1 only.
@@ -403,12 +403,13 @@ void ZeroEngine::before_step() {
     eager_applied_ = false;
     eager_poisoned_ = false;
     step_t0_ = std::chrono::steady_clock::now();
+    // Each bucket's first landing (stages 2-3) or stage 1's copy overwrites the host gradient.
+    for (auto& b : buckets_) b.landed = false;
     std::lock_guard<std::mutex> lk(trace_mu_);
     trace_.clear();
   }
   for (auto& s : slots_) {
     if (!s.trainable) continue;
-    if (s.off) device::cpu().zero(s.hgrad.get(), s.hgrad.bytes());
     if (opts_.stage >= 2) {
       if (!s.off) dev_->zero(s.gshard.get(), s.gshard.bytes());
     } else if (s.pb->grad) dev_->zero(s.pb->grad, s.n * sizeof(float));
@@ -532,6 +533,11 @@ void ZeroEngine::step_issue(float loss_scale) {
       dev_->synchronize();
     }
     host_q_->wait_all();
+    // A bucket no backward reached this step has no gradient: zero, not the last step's.
+    if (opts_.stage >= 2)
+      for (auto& b : buckets_)
+        if (!b.landed)
+          for (size_t i : b.slots) device::cpu().zero(slots_[i].hgrad.get(), slots_[i].hgrad.bytes());
   }
 
   auto grad_of = [&](Slot& s) -> float* { return opts_.stage >= 2 ? s.gshard.as<float>() : s.pb->grad + s.lo; };

@@ -128,24 +128,30 @@ std::vector<OffloadTraceEntry> ZeroEngine::offload_trace() const {
 // Stages 2-3, in the bucket's communication task after its reduce-scatter: this rank's
 // reduced segment (device memory at `mine`) goes to the slots' landing buffers on the
 // current stream, and the host worker takes it from there once it has arrived.
+// The step's first micro-batch lands straight in the host gradient (no zeroing, no add: one
+// pass over host memory less per step); later ones land beside it and are added.
 void ZeroEngine::offload_land(size_t index, const float* mine) {
   Bucket& b = buckets_[index];
   if (b.host_ticket) host_q_->wait(b.host_ticket);  // the worker is done with the last landing
+  const bool add = b.landed;
+  b.landed = true;
   for (size_t k = 0; k < b.slots.size(); ++k) {
     Slot& s = slots_[b.slots[k]];
-    if (s.owned()) dev_->copy_d2h_async(s.hland.get(), mine + b.offs[k], s.owned() * sizeof(float));
+    void* dst = add ? s.hland.get() : s.hgrad.get();
+    if (s.owned()) dev_->copy_d2h_async(dst, mine + b.offs[k], s.owned() * sizeof(float));
   }
-  dev_->event_record(*b.landed, stream_ordered_ ? comm_stream_ : nullptr);
+  dev_->event_record(*b.landed_ev, stream_ordered_ ? comm_stream_ : nullptr);
   const bool update = eager_ && last_micro_;
-  b.host_ticket = host_q_->submit([this, index, update] {
+  b.host_ticket = host_q_->submit([this, index, update, add] {
     Bucket& bk = buckets_[index];
-    dev_->event_synchronize(*bk.landed);
+    dev_->event_synchronize(*bk.landed_ev);
     const double t = offload_now();
     offload_trace_add("landed", static_cast<int>(index), t, t);
-    for (size_t i : bk.slots) {
-      Slot& s = slots_[i];
-      if (s.owned()) device::cpu().add(s.hgrad.as<float>(), s.hland.as<float>(), s.owned());
-    }
+    if (add)
+      for (size_t i : bk.slots) {
+        Slot& s = slots_[i];
+        if (s.owned()) device::cpu().add(s.hgrad.as<float>(), s.hland.as<float>(), s.owned());
+      }
     if (update) offload_bucket_update(index);
   });
 }

@@ -52,9 +52,10 @@ struct ZeroEngine::Bucket {
   size_t seg = 0;            // per-rank segment (stage 0: the whole packed length)
   std::shared_ptr<device::DeviceBuffer> buf;
   size_t packed = 0;
-  int done_layer = 0;  // its gradients are complete after this layer's backward
-  std::unique_ptr<device::Device::Event> landed;  // offload: the d2h copy into the slots' hland
-  uint64_t host_ticket = 0;                       // offload: the host worker's task for the last landing
+  int done_layer = 0;                                // its gradients are complete after this layer's backward
+  std::unique_ptr<device::Device::Event> landed_ev;  // offload: the d2h copy into the slots' hgrad / hland
+  uint64_t host_ticket = 0;                          // offload: the host worker's task for the last landing
+  bool landed = false;  // offload: this step's first micro-batch landed (straight into the host gradient)
 };
 
 }  // namespace dtrain::train

@@ -88,6 +88,15 @@ TEST_CASE("offload_optimizer at stages 1-3 on 1 and 2 ranks trains as the run wi
       }
     }
   }
+  // Gradient accumulation: each step's first micro-batch lands in the host gradient, the
+  // second beside it and is added there (the device adds its shards in the same order).
+  for (int stage : {2, 3}) {
+    CAPTURE(stage);
+    const std::vector<std::string> base = {
+        "zero_optimization.stage=" + std::to_string(stage), "gradient_clipping=0", "gradient_accumulation_steps=2",
+        "zero_optimization.stage3_param_persistence_threshold=0", "zero_optimization.reduce_bucket_size=3000"};
+    CHECK(train_ranks(1, 3, with(base, kOffload)).res[0].losses == train_ranks(1, 3, base).res[0].losses);
+  }
 }
 
 TEST_CASE("offload in bf16 (stages 2-3, offload_param) and fp16 with loss scaling trains as without it") {
