@@ -23,11 +23,6 @@
 
 namespace dtrain::train {
 
-namespace {
-char* at(void* base, size_t elems, DType t) { return static_cast<char*>(base) + elems * dtype_size(t); }
-float* fat(void* base, size_t elems) { return static_cast<float*>(base) + elems; }
-}  // namespace
-
 // ----------------------------------------------------------------------------
 ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const ZeroOptions& opts,
                        const model::Model* fp32_source, const model::BufferFill& deferred)
@@ -147,7 +142,7 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
       s.master = device::DeviceBuffer(*dev_, s.owned() * dtype_size(s.sdt));
       if (s.owned()) {
         if (fp32 != nullptr) device_from_host(s.master.get(), s.sdt, fp32 + s.lo, s.owned());
-        else dev_->cast(s.master.get(), s.sdt, at(s.pb->data, s.lo, mdt_), mdt_, s.owned());
+        else dev_->cast(s.master.get(), s.sdt, zero_at(s.pb->data, s.lo, mdt_), mdt_, s.owned());
       }
     }
     if (s.trainable && !s.off) {
@@ -251,7 +246,7 @@ ZeroEngine::~ZeroEngine() {
     if (partial)
       for (size_t i : sharded_) {
         Slot& s = slots_[i];
-        if (s.owned()) shard_to_device(at(s.pb->data, s.lo, mdt_), mdt_, s);
+        if (s.owned()) shard_to_device(zero_at(s.pb->data, s.lo, mdt_), mdt_, s);
       }
     dev_->synchronize();
   } catch (const std::exception& e) {
@@ -292,7 +287,7 @@ float* ZeroEngine::master_f32(Slot& s) {
   DT_CHECK(s.sdt == DType::F32);
   if (s.own_master) return s.master.as<float>();
   DT_CHECK(mdt_ == DType::F32);
-  return fat(s.pb->data, s.lo);
+  return zero_fat(s.pb->data, s.lo);
 }
 
 void ZeroEngine::host_from_device(float* dst, const void* src, DType t, size_t n) {
@@ -388,9 +383,9 @@ void ZeroEngine::grad_reduce(float* buf, size_t n, bool scatter) {
   dev_->scale(buf, n, 1.0f / static_cast<float>(world_));
   dev_->cast(wire_.get(), w, buf, DType::F32, n);
   const size_t mine = scatter ? static_cast<size_t>(rank_) * seg : 0;
-  if (scatter) comm_->reduce_scatter(wire_.get(), at(wire_.get(), mine, w), seg, w, comm::ReduceOp::SUM);
+  if (scatter) comm_->reduce_scatter(wire_.get(), zero_at(wire_.get(), mine, w), seg, w, comm::ReduceOp::SUM);
   else comm_->allreduce(wire_.get(), wire_.get(), n, w, comm::ReduceOp::SUM);
-  dev_->cast(buf + mine, DType::F32, at(wire_.get(), mine, w), w, seg);
+  dev_->cast(buf + mine, DType::F32, zero_at(wire_.get(), mine, w), w, seg);
 }
 
 // ----------------------------------------------------------------------------
@@ -597,7 +592,7 @@ void ZeroEngine::step_issue(float loss_scale) {
       x.grad = g + o;
       x.m = s.m.as<float>() + o;
       x.v = s.v.as<float>() + o;
-      x.copy = copy ? at(s.pb->data, a, mdt_) : nullptr;
+      x.copy = copy ? zero_at(s.pb->data, a, mdt_) : nullptr;
       x.n = e - a;
       x.decay = t.decay;
       update.push_back(x);
@@ -711,7 +706,7 @@ void ZeroEngine::gather_into_model(const std::vector<size_t>& list, DType t) {
         for (size_t j = 0; j < group.size(); ++j) {
           Slot& s = slots_[group[j]];
           const size_t a = std::min(q * s.s, s.n), e = std::min(a + s.s, s.n);
-          if (e > a) dev_->cast(at(s.pb->data, a, mdt_), mdt_, b + (q * seg + offs[j]) * es, t, e - a);
+          if (e > a) dev_->cast(zero_at(s.pb->data, a, mdt_), mdt_, b + (q * seg + offs[j]) * es, t, e - a);
         }
       work_add(-static_cast<ptrdiff_t>(buf.bytes()));
       buf.reset();
@@ -775,145 +770,6 @@ void ZeroEngine::masters_to_host(model::Model& host) {
       comm_join();
       host_from_device(out, full.get(), DType::F32, s.n);
     }
-  }
-}
-
-ZeroCheckpointView ZeroEngine::checkpoint_view() {
-  ZeroCheckpointView v;
-  v.buffers = buffer_views();
-  v.comm = comm_;
-  v.rank = rank_;
-  v.world = world_;
-  v.stage = opts_.stage;
-  v.compute_dtype = opts_.compute_dtype;
-  v.step_count = step_count_;
-  // The top-k residuals, or PowerSGD's Q factors then (error feedback) its errors: the
-  // buffers themselves on the CPU device, their host copies on a device (stage_out).
-  const std::vector<device::DeviceBuffer*> state = rank_state_buffers();
-  for (size_t i = 0; i < state.size(); ++i) {
-    const size_t n = state[i]->bytes() / sizeof(float);
-    v.rank_state.emplace_back(model_.on_host() ? state[i]->as<float>() : staged_rank_[i].data(), n);
-  }
-  v.loaded = [this](int64_t step_count) {
-    step_count_ = step_count;
-    params_loaded();
-  };
-  return v;
-}
-
-// On a device the view points at host copies (stage_out); a load writes them and
-// params_loaded takes them back (stage_in).
-std::vector<device::DeviceBuffer*> ZeroEngine::rank_state_buffers() {
-  std::vector<device::DeviceBuffer*> out;
-  for (auto& r : residual_) out.push_back(&r);
-  if (!psgd_.empty()) {
-    out.push_back(&psgd_q_);
-    if (psgd_err_.bytes()) out.push_back(&psgd_err_);
-  }
-  return out;
-}
-
-void ZeroEngine::stage_out() {
-  staged_.assign(slots_.size(), Staged{});
-  const std::vector<device::DeviceBuffer*> state = rank_state_buffers();
-  staged_rank_.assign(state.size(), {});
-  for (size_t i = 0; i < state.size(); ++i) {
-    staged_rank_[i].resize(state[i]->bytes() / sizeof(float));
-    host_from_device(staged_rank_[i].data(), state[i]->get(), DType::F32, staged_rank_[i].size());
-  }
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    Slot& s = slots_[i];
-    Staged& h = staged_[i];
-    if (!s.sharded) h.full.assign(s.n, 0.0f);
-    if (s.off) continue;  // the view points at the host master and moments themselves
-    h.master.resize(s.owned());
-    shard_to_host(h.master.data(), s);
-    if (s.trainable) {
-      h.m.resize(s.owned());
-      h.v.resize(s.owned());
-      host_from_device(h.m.data(), s.m.get(), DType::F32, s.owned());
-      host_from_device(h.v.data(), s.v.get(), DType::F32, s.owned());
-    }
-  }
-}
-
-void ZeroEngine::stage_in() {
-  DT_CHECK(staged_.size() == slots_.size());
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    Slot& s = slots_[i];
-    Staged& h = staged_[i];
-    if (s.off || s.off_param) {  // host state: the load wrote the master (or the full values)
-      if (!s.sharded) device_from_host(s.pb->data, mdt_, h.full.data(), s.n);
-      shard_from_host(s, !s.sharded ? h.full.data() + s.lo : s.off ? s.hmaster.as<float>() : h.master.data());
-      continue;
-    }
-    if (!s.sharded) {  // a resident buffer: its full values were read
-      device_from_host(s.pb->data, mdt_, h.full.data(), s.n);
-      if (s.own_master) device_from_host(s.master.get(), s.sdt, h.full.data() + s.lo, s.owned());
-    } else {
-      device_from_host(s.master.get(), s.sdt, h.master.data(), s.owned());
-    }
-    if (s.trainable) {
-      device_from_host(s.m.get(), DType::F32, h.m.data(), s.owned());
-      device_from_host(s.v.get(), DType::F32, h.v.data(), s.owned());
-    }
-  }
-  const std::vector<device::DeviceBuffer*> state = rank_state_buffers();
-  DT_CHECK(staged_rank_.size() == state.size());
-  for (size_t i = 0; i < state.size(); ++i)
-    device_from_host(state[i]->get(), DType::F32, staged_rank_[i].data(), staged_rank_[i].size());
-  staged_.clear();
-  staged_rank_.clear();
-}
-
-std::vector<ZeroBufferView> ZeroEngine::buffer_views() {
-  queue_->wait_all();
-  comm_join();
-  const bool host = model_.on_host();
-  if (!host) stage_out();
-  std::vector<ZeroBufferView> out;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    Slot& s = slots_[i];
-    ZeroBufferView v;
-    v.buffer = s.pb;
-    v.trainable = s.trainable;
-    v.resident = !s.sharded;
-    v.lo = s.lo;
-    v.hi = s.hi;
-    if (host) {
-      v.master = s.owned() ? master_f32(s) : nullptr;
-      v.m = s.trainable ? s.m.as<float>() : nullptr;
-      v.v = s.trainable ? s.v.as<float>() : nullptr;
-      v.full = v.resident ? s.pb->host_f32() : nullptr;
-    } else if (s.off) {
-      v.master = s.owned() ? s.hmaster.as<float>() : nullptr;
-      v.m = s.hm.as<float>();
-      v.v = s.hv.as<float>();
-      v.full = v.resident ? staged_[i].full.data() : nullptr;
-    } else {
-      Staged& h = staged_[i];
-      v.master = s.owned() ? h.master.data() : nullptr;
-      v.m = s.trainable ? h.m.data() : nullptr;
-      v.v = s.trainable ? h.v.data() : nullptr;
-      v.full = v.resident ? h.full.data() : nullptr;
-    }
-    out.push_back(v);
-  }
-  return out;
-}
-
-void ZeroEngine::params_loaded() {
-  queue_->wait_all();
-  release_all_gathered();
-  comm_join();
-  if (!model_.on_host()) {
-    stage_in();
-    return;
-  }
-  for (auto& s : slots_) {
-    if (s.sharded) continue;
-    if (s.own_master && s.owned()) dev_->copy_d2d(s.master.get(), fat(s.pb->data, s.lo), s.owned() * sizeof(float));
-    if (mixed_) dev_->round_to(static_cast<float*>(s.pb->data), s.n, opts_.compute_dtype);
   }
 }
 

@@ -26,8 +26,6 @@
 namespace dtrain::train {
 
 namespace {
-char* off_at(void* base, size_t elems, DType t) { return static_cast<char*>(base) + elems * dtype_size(t); }
-
 // fp32 -> t (RNE for 16-bit, as the device's cast and AdamW's copy) into host memory,
 // across the CPU's pool (a model's shard is up to billions of elements).
 void off_store(void* dst, DType t, const float* src, size_t n) {
@@ -53,7 +51,7 @@ void ZeroEngine::offload_slot_init(Slot& s, const float* fp32) {
   const size_t k = s.owned();
   std::vector<float> start(k);
   if (fp32 != nullptr) std::copy(fp32 + s.lo, fp32 + s.hi, start.begin());
-  else if (k) host_from_device(start.data(), off_at(s.pb->data, s.lo, mdt_), mdt_, k);
+  else if (k) host_from_device(start.data(), zero_at(s.pb->data, s.lo, mdt_), mdt_, k);
   if (s.off) {
     const bool pin = opts_.offload_pin_memory;
     s.hmaster = device::HostBuffer(d, k * sizeof(float), pin);
@@ -78,12 +76,12 @@ void ZeroEngine::shard_to_device(void* dst, DType t, Slot& s) {
   if (!k) return;
   if (!s.off && !s.off_param) {
     if (s.own_master) dev_->cast(dst, t, s.master.get(), s.sdt, k);
-    else dev_->cast(dst, t, off_at(s.pb->data, s.lo, mdt_), mdt_, k);
+    else dev_->cast(dst, t, zero_at(s.pb->data, s.lo, mdt_), mdt_, k);
     return;
   }
   // The device's own compute copy where it has one, else the host's.
   if (t == mdt_ && s.dshard.get()) return dev_->copy_d2d(dst, s.dshard.get(), k * dtype_size(t));
-  if (t == mdt_ && !s.sharded) return dev_->copy_d2d(dst, off_at(s.pb->data, s.lo, mdt_), k * dtype_size(t));
+  if (t == mdt_ && !s.sharded) return dev_->copy_d2d(dst, zero_at(s.pb->data, s.lo, mdt_), k * dtype_size(t));
   const DType hd = s.host_shard_dtype(mdt_);
   if (t == hd) return dev_->copy_h2d(dst, s.host_shard(), k * dtype_size(t));
   if (t == DType::F32 && s.hmaster.get()) return dev_->copy_h2d(dst, s.hmaster.get(), k * sizeof(float));
@@ -98,7 +96,7 @@ void ZeroEngine::shard_to_host(float* dst, Slot& s) {
   if (s.off) std::memcpy(dst, s.hmaster.get(), k * sizeof(float));
   else if (s.off_param) off_load(dst, s.hcopy.get(), s.sdt, k);
   else if (s.own_master) host_from_device(dst, s.master.get(), s.sdt, k);
-  else host_from_device(dst, off_at(s.pb->data, s.lo, mdt_), mdt_, k);
+  else host_from_device(dst, zero_at(s.pb->data, s.lo, mdt_), mdt_, k);
 }
 
 // After a checkpoint load wrote the host master (or a resident buffer's full values): the
@@ -170,7 +168,7 @@ std::vector<ops::AdamWTensor> ZeroEngine::offload_tensors(const std::vector<size
       x.grad = s.hgrad.as<float>() + o;
       x.m = s.hm.as<float>() + o;
       x.v = s.hv.as<float>() + o;
-      x.copy = s.hcopy.get() ? off_at(s.hcopy.get(), o, mdt_) : nullptr;
+      x.copy = s.hcopy.get() ? zero_at(s.hcopy.get(), o, mdt_) : nullptr;
       x.n = e - a;
       x.decay = t.decay;
       out.push_back(x);
@@ -210,7 +208,7 @@ void ZeroEngine::offload_copy_back(const std::vector<size_t>& list) {
   for (size_t i : list) {
     Slot& s = slots_[i];
     if (!s.off || !s.owned() || s.off_param) continue;
-    void* dst = s.sharded ? s.dshard.get() : off_at(s.pb->data, s.lo, mdt_);
+    void* dst = s.sharded ? s.dshard.get() : zero_at(s.pb->data, s.lo, mdt_);
     dev_->copy_h2d_async(dst, s.host_shard(), s.owned() * dtype_size(mdt_));
   }
 }

@@ -4,6 +4,7 @@
 // Include only from lib/train/zero_*.cpp.
 #pragma once
 
+#include "core/dtype.h"
 #include "device/device.h"
 #include "train/zero_engine.h"
 
@@ -13,6 +14,10 @@
 #include <vector>
 
 namespace dtrain::train {
+
+// Element `elems` of a buffer of dtype t, and of an fp32 buffer.
+inline char* zero_at(void* base, size_t elems, DType t) { return static_cast<char*>(base) + elems * dtype_size(t); }
+inline float* zero_fat(void* base, size_t elems) { return static_cast<float*>(base) + elems; }
 
 // One model buffer. The master shard is fp32 (`sdt` F32) except for a frozen buffer of a
 // 16-bit device model, whose stage-3 shard stays in the compute dtype (it never changes).

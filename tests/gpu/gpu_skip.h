@@ -9,6 +9,8 @@
 
 #include <doctest/doctest.h>
 
+#include <cstdlib>
+
 #define SKIP_WITHOUT_GPU()                                                             \
   do {                                                                                 \
     if (::dtrain::device::cuda_count() == 0)                                           \
@@ -22,3 +24,23 @@
     ::dtrain::test::skip_binary(                                                                             \
         "this suite runs only in the EMU build (the CPU execution engine traces the device work): skipped"); \
   }
+
+namespace dtrain::test {
+
+// The multi-rank GPU suites' first line: NCCL between the ranks on loopback, and the skip
+// without a GPU.
+struct GpuSetup {
+  GpuSetup() {
+    ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+    SKIP_WITHOUT_GPU();
+  }
+};
+
+// Whether n CUDA devices are visible; says which cases it leaves out when not.
+inline bool enough_gpus(int n) {
+  if (::dtrain::device::cuda_count() >= n) return true;
+  MESSAGE("only " << ::dtrain::device::cuda_count() << " CUDA device(s): the " << n << "-rank cases need " << n);
+  return false;
+}
+
+}  // namespace dtrain::test

@@ -32,18 +32,8 @@ using train_runs::train_ranks;
 
 namespace {
 
-struct Setup {
-  Setup() {
-    ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);
-    SKIP_WITHOUT_GPU();
-  }
-};
-
-bool enough_gpus(int n) {
-  if (device::cuda_count() >= n) return true;
-  MESSAGE("only " << device::cuda_count() << " CUDA device(s): the " << n << "-rank cases need " << n);
-  return false;
-}
+using Setup = test::GpuSetup;
+using test::enough_gpus;
 
 std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());

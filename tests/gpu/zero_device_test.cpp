@@ -134,18 +134,8 @@ void check_close(const std::vector<double>& got, const std::vector<double>& want
   }
 }
 
-struct Setup {
-  Setup() {
-    ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);
-    SKIP_WITHOUT_GPU();
-  }
-};
-
-bool enough_gpus(int n) {
-  if (device::cuda_count() >= n) return true;
-  MESSAGE("only " << device::cuda_count() << " CUDA device(s): the " << n << "-rank cases need " << n);
-  return false;
-}
+using Setup = test::GpuSetup;
+using test::enough_gpus;
 
 }  // namespace
 
