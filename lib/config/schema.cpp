@@ -483,7 +483,8 @@ const std::vector<KeySpec>& build_schema() {
        .min = 0.05, .max = 86400},
       {.path = "monitor.min_free_memory", .type = KeyType::FLOAT, .field = F(monitor.min_free_memory),
        .help = "GiB: a node whose available memory (MemAvailable) falls below this raises one resource_alert per "
-               "episode in events.jsonl; 0 = no such alert",
+               "episode in events.jsonl (the episode ends once it has 5 % of this, at least 256 MiB, more again); "
+               "0 = no such alert",
        .min = 0},
       {.path = "monitor.min_network", .type = KeyType::FLOAT, .field = F(monitor.min_network),
        .help = "MB/s: a node whose network traffic (received + sent, loopback excluded) stays under this for two "

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace dtrain::monitor {
 
 const char* alert_kind_name(AlertKind k) {
@@ -41,11 +43,19 @@ std::vector<Alert> AlertState::update(const ResourceSample& s, const AlertLimits
     if (*on && !active) out.push_back({k, why()});
     active = *on;
   };
-  if (limits.node_checks && limits.min_free_memory_bytes > 0 && s.mem_available_bytes)
-    step(AlertKind::LOW_MEMORY, *s.mem_available_bytes < limits.min_free_memory_bytes, [&] {
+  if (limits.node_checks && limits.min_free_memory_bytes > 0 && s.mem_available_bytes) {
+    // An episode starts under the threshold and ends only once the node has 5 % of it (at
+    // least 256 MiB) more: a node hovering at the threshold, as compiles or page cache
+    // come and go, is one episode and one alert, not one per crossing.
+    const int64_t t = limits.min_free_memory_bytes;
+    const bool active = active_[static_cast<size_t>(AlertKind::LOW_MEMORY)];
+    const int64_t end_above = t + std::max<int64_t>(t / 20, int64_t{256} << 20);
+    const bool low = active ? *s.mem_available_bytes < end_above : *s.mem_available_bytes < t;
+    step(AlertKind::LOW_MEMORY, low, [&] {
       return fmt::format("the node's available memory is {:.2f} GiB, under monitor.min_free_memory = {:.2f} GiB",
                          gib(*s.mem_available_bytes), gib(limits.min_free_memory_bytes));
     });
+  }
   if (s.gpu && s.gpu->mem_used && s.gpu->mem_total && *s.gpu->mem_total > 0) {
     const double f = static_cast<double>(*s.gpu->mem_used) / static_cast<double>(*s.gpu->mem_total);
     step(AlertKind::GPU_MEMORY, f > limits.gpu_memory_fraction, [&] {

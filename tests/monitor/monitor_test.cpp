@@ -307,9 +307,35 @@ TEST_CASE("alerts: a missing figure neither starts nor ends an episode") {
   CHECK(st.update(unknown, lim).empty());
   CHECK(st.update(low, lim).empty());  // still the same episode
   ResourceSample ok;
-  ok.mem_available_bytes = 500;
+  ok.mem_available_bytes = 100 + (int64_t{256} << 20);  // the threshold plus the end margin
   CHECK(st.update(ok, lim).empty());
   CHECK(st.update(low, lim).size() == 1);
+}
+
+TEST_CASE("alerts: a low_memory episode ends only 5 % (at least 256 MiB) above the threshold") {
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  AlertState st;
+  AlertLimits lim;
+  lim.min_free_memory_bytes = 8192 * kMiB;  // 8 GiB: the end margin is 5 % = 409.6 MiB
+  auto at = [](int64_t b) {
+    ResourceSample s;
+    s.mem_available_bytes = b;
+    return s;
+  };
+  CHECK(st.update(at(8192 * kMiB), lim).empty());      // at the threshold: not under it
+  CHECK(st.update(at(8191 * kMiB), lim).size() == 1);  // under: the episode starts
+  CHECK(st.update(at(8500 * kMiB), lim).empty());      // above, within the margin: same episode
+  CHECK(st.update(at(8000 * kMiB), lim).empty());      // under again: no second alert
+  CHECK(st.update(at(8602 * kMiB), lim).empty());      // past 8192 + 409.6: the episode ends
+  CHECK(st.update(at(8100 * kMiB), lim).size() == 1);  // a new episode, a new alert
+
+  AlertState small;
+  lim.min_free_memory_bytes = 1024 * kMiB;  // 5 % is 51 MiB: the margin is 256 MiB
+  CHECK(small.update(at(1000 * kMiB), lim).size() == 1);
+  CHECK(small.update(at(1279 * kMiB), lim).empty());
+  CHECK(small.update(at(1000 * kMiB), lim).empty());
+  CHECK(small.update(at(1280 * kMiB), lim).empty());   // 1024 + 256: ended
+  CHECK(small.update(at(1000 * kMiB), lim).size() == 1);
 }
 
 TEST_CASE("monitor: in_collective_frac is the growth of the rank's collective seconds over the interval") {
