@@ -64,6 +64,17 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 
 // ---------------------------------------------------------------------------
 
+// The stream controls of an NCCL communicator (dynamic_cast from Communicator).
+class NcclCommunicator : public Communicator {
+ public:
+  // The stream collectives are enqueued on (the communicator's own non-blocking stream
+  // unless set_stream() chose another).
+  virtual cudaStream_t stream() const = 0;
+  // Enqueue later collectives on `stream` (not owned; must outlive its use here);
+  // nullptr restores the communicator's own stream.
+  virtual void set_stream(cudaStream_t stream) = 0;
+};
+
 class NcclComm final : public NcclCommunicator {
  public:
   NcclComm(gloo::rendezvous::Store& store, int rank, int size, int device, const NcclOptions& opts);

@@ -1,7 +1,8 @@
 // NCCL backend: collectives between CUDA device buffers, the fast GPU path. The
 // communicator is non-blocking so a watchdog can abort it: a lost peer, an NCCL error,
 // a timeout or abort() end in CommError instead of a hang. CPU-only builds keep the
-// factory, which then throws DeviceError.
+// factory, which then throws DeviceError. No CUDA header here: only nccl_comm.cpp (the
+// module's CUDA glue) sees the CUDA toolkit or the execution engine.
 #pragma once
 
 #include "comm/communicator.h"
@@ -10,10 +11,6 @@
 
 #include <chrono>
 #include <memory>
-
-#ifdef DTRAIN_HAVE_CUDA
-#include <cuda_runtime.h>
-#endif
 
 namespace dtrain::comm {
 
@@ -31,18 +28,5 @@ struct NcclOptions {
 /// the initialisation does not arrive in time, DeviceError without CUDA.
 std::unique_ptr<Communicator> comm_create_nccl(gloo::rendezvous::Store& store, int rank, int size, int device,
                                                const NcclOptions& opts);
-
-#ifdef DTRAIN_HAVE_CUDA
-/// The stream controls of an NCCL communicator (dynamic_cast from Communicator).
-class NcclCommunicator : public Communicator {
- public:
-  /// The stream collectives are enqueued on (the communicator's own non-blocking stream
-  /// unless set_stream() chose another).
-  virtual cudaStream_t stream() const = 0;
-  /// Enqueue later collectives on `stream` (not owned; must outlive its use here);
-  /// nullptr restores the communicator's own stream.
-  virtual void set_stream(cudaStream_t stream) = 0;
-};
-#endif
 
 }  // namespace dtrain::comm
