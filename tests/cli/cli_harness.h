@@ -6,9 +6,12 @@
 
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -271,6 +274,23 @@ inline RunResult run(const std::vector<std::string>& argv, const std::map<std::s
   }
   r.out = c.output();
   return r;
+}
+
+/// A loopback port nobody listens on now (the kernel's pick): for a store a test starts on
+/// this host; a fixed or pid-derived number can be taken by another test run beside it.
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = 0;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  if (fd >= 0) ::close(fd);
+  REQUIRE(port > 0);
+  return port;
 }
 
 // ---------------------------------------------------------------------------

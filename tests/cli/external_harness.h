@@ -29,22 +29,6 @@ inline std::string external_bin(const char* suite) {
   return dtrain_bin();
 }
 
-/// A loopback port nobody listens on now (the kernel's pick).
-inline int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = 0;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    port = ntohs(a.sin_port);
-  if (fd >= 0) ::close(fd);
-  REQUIRE(port > 0);
-  return port;
-}
-
 /// torchrun's variables for rank `rank` of `world` on loopback, the token in the environment.
 inline std::map<std::string, std::string> torchrun_env(int rank, int world, int port) {
   return {{"RANK", std::to_string(rank)},

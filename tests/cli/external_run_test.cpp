@@ -422,7 +422,7 @@ TEST_CASE("dtrain run --nproc-per-node 2 on this host (torchrun's node variables
   REQUIRE(!dir.path().empty());
   const std::string token = dir.path() + "/token";
   std::ofstream(token) << "local-test-token-0123456789abcdef\n";
-  const int port = 40000 + static_cast<int>(::getpid() % 20000);
+  const int port = free_port();
   auto r = run(
       {bin, "run", "--nproc-per-node", "2", "--output-dir", dir.path() + "/run", "--set", "training.max_steps=4",
        "--set", "training.save_steps=2", "--set", "steps_per_print=1", "--set",

@@ -23,7 +23,7 @@ RunResult run_external(const std::string& bin, const std::string& run_dir, std::
                        std::chrono::milliseconds timeout = 60s) {
   std::vector<std::string> argv = {bin, "run", "--output-dir", run_dir};
   argv.insert(argv.end(), extra.begin(), extra.end());
-  const int port = 41000 + static_cast<int>(::getpid() % 15000);
+  const int port = free_port();
   return run(argv,
              {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}},
              timeout);
