@@ -553,8 +553,11 @@ void TrainLoop::export_final(bool trained) {
     if (host_model_) step_->engine().masters_to_host(*host_model_);
     else step_->engine().params_materialize();
   }
+  // No run directory (the same on every rank): nothing to write, so no wait either. The
+  // wait's polls are collectives whose number depends on when rank 0's worker thread
+  // finishes, which a loaded machine changes.
+  if (env_.run_dir.empty()) return;
   lead_work_wait([&] {
-    if (env_.run_dir.empty()) return;
     const std::string dir = (fs::path(env_.run_dir) / "final").string();
     // The config's export section decides dtype, shards and a merged model either way; a
     // deferred run's export streams each tensor from the checkpoint's shards (no model).
