@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -152,7 +153,11 @@ class Child {
         int r = ::poll(&p, 1, 100);
         if (r <= 0) continue;
         ssize_t n = ::read(fd_, buf, sizeof buf);
-        if (n <= 0) break;
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+          eof_ = true;
+          break;
+        }
         std::lock_guard lock(mu_);
         out_.append(buf, static_cast<size_t>(n));
       }
@@ -183,8 +188,11 @@ class Child {
       if (Clock::now() > deadline) return std::nullopt;
       std::this_thread::sleep_for(20ms);
     }
-    // Let the reader drain what the process wrote before it exited.
-    for (int i = 0; i < 50; ++i) {
+    // Let the reader drain what the process wrote before it exited: until it reached the
+    // end (every writer gone) or nothing is pending (a grandchild holds the pipe open).
+    // A pipe whose writers are gone polls ready (POLLHUP) forever: without the reader's
+    // EOF this waited its whole bound, half a second, after every command.
+    for (int i = 0; i < 50 && !eof_; ++i) {
       pollfd p{fd_, POLLIN, 0};
       if (::poll(&p, 1, 0) <= 0) break;
       std::this_thread::sleep_for(10ms);
@@ -247,6 +255,7 @@ class Child {
   std::mutex mu_;
   std::string out_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> eof_{false};
   std::thread reader_;
   Clock::time_point start_;
 };
