@@ -70,7 +70,10 @@ void bench_add_options(CLI::App* app, BenchCliOptions& o) {
   app->add_option("-z,--blocking", o.blocking, "wait for each collective (1) or not (0)")
       ->check(int_in_range("-z/--blocking", 0, 1, "1 = wait, 0 = not"));
   app->add_option("--backend", o.backend, "gloo or nccl (default: nccl where GPUs are visible, else gloo)");
-  app->add_option("--json", o.json, "also write the results as JSON to FILE (by rank 0)");
+  app->add_option("--json", o.json,
+                  "also write the results as JSON to FILE (by rank 0; an existing file only if it is a dtrain bench "
+                  "report)");
+  app->add_flag("--force", o.json_force, "replace an existing --json FILE that is not a dtrain bench report");
 }
 
 bench::BenchOptions bench_options_resolve(const BenchCliOptions& o) {
@@ -134,6 +137,7 @@ std::vector<std::string> bench_options_argv(const BenchCliOptions& o) {
                                 "-z",           std::to_string(o.blocking)};
   if (!o.backend.empty()) a.insert(a.end(), {"--backend", o.backend});
   if (!o.json.empty()) a.insert(a.end(), {"--json", o.json});
+  if (o.json_force) a.push_back("--force");
   return a;
 }
 

@@ -18,6 +18,7 @@ struct BenchCliOptions {
   std::string op = "sum", dtype = "float";
   std::string backend;  // "" = nccl where GPUs are visible, else gloo
   std::string json;     // --json FILE (written by rank 0)
+  bool json_force = false;  // --force: replace an existing --json FILE that is not a dtrain bench report
 };
 
 // Checks for integer options that say the rule in words ("--num-nodes must be at least 1

@@ -6,6 +6,7 @@
 
 #include "config/train_config.h"
 #include "core/check.h"
+#include "core/output_path.h"
 #include "data/tokenizer.h"
 #include "train/checkpoint_export.h"
 #include "train/hf_export.h"
@@ -37,12 +38,51 @@ std::string written(const std::string& dir) {
   return out;
 }
 
+// The output rule (core/output_path.h) for the export's directory: never what the export
+// reads (the run directory, its final/ and checkpoints, the config's init_from, tokenizer
+// and data), never a non-empty directory without an export's marker (a base model, a
+// user's files). RUN_DIR/export, the default, is also taken when an older dtrain wrote it
+// (nothing but export files in it).
+std::string export_target(const std::string& run_dir, const std::string& out_dir) {
+  namespace fs = std::filesystem;
+  OutputDirRule rule;
+  rule.what = out_dir.empty() ? "export (RUN_DIR/export)" : "export -o";
+  rule.marker = train::kHfExportMarker;
+  rule.kind = train::kHfExportKind;
+  const fs::path run(run_dir);
+  rule.inputs = {run_dir, (run / "final").string(), (run / "checkpoints").string()};
+  std::error_code ec;
+  const fs::path cfg_path = run / "config.yaml";
+  if (fs::is_regular_file(cfg_path, ec)) {
+    try {
+      const config::TrainConfig cfg = config::config_load_file(cfg_path.string()).cfg;
+      for (const std::string& p : {cfg.model.init_from, cfg.data.tokenizer, cfg.data.train, cfg.data.valid})
+        if (!p.empty() && p != "byte") rule.inputs.push_back(p);
+    } catch (const std::exception&) {
+      // The export itself reports a config it cannot read; the rule still holds for the rest.
+    }
+  }
+  if (out_dir.empty())
+    rule.legacy_own = [](const std::string& d) {
+      std::error_code e;
+      bool any = false;
+      for (const auto& x : fs::directory_iterator(d, e)) {
+        if (!train::hf_export_owned_name(x.path().filename().string())) return false;
+        any = true;
+      }
+      return any && !e;
+    };
+  return output_dir_check(out_dir.empty() ? (run / "export").string() : out_dir, rule).target;
+}
+
 }  // namespace
 
 int run_export(const std::string& run_dir, const std::string& out_dir, bool init_weights,
-               const train::HfExportFlags& flags) {
+               const train::HfExportFlags& flags_in) {
   namespace fs = std::filesystem;
-  const std::string dir = out_dir.empty() ? (fs::path(run_dir) / "export").string() : out_dir;
+  const std::string dir = export_target(run_dir, out_dir);
+  train::HfExportFlags flags = flags_in;
+  flags.into_dir = true;
   const fs::path final_dir = fs::path(run_dir) / "final";
   std::error_code ec;
   bool use_final = fs::exists(final_dir / "config.json", ec);

@@ -114,6 +114,7 @@ int run_data_prepare(const DataPrepareArgs& a) {
   opts.sft_template = a.template_name;
   opts.train_on_prompt = a.train_on_prompt;
   opts.progress = true;
+  opts.force = a.force;
   const data::DataPrepareStats s =
       data::data_prepare(a.input, data::data_format_parse(a.format), a.tokenizer, a.output, opts);
   std::printf("wrote %s: %zu documents, %zu tokens, %zu trained\n", a.output.c_str(), s.documents, s.tokens,

@@ -24,7 +24,7 @@ rank::WorkerBench worker_bench_parse(const std::vector<std::string>& argv) {
   } catch (const CLI::ParseError& e) {
     DT_THROW(UsageError, "bad bench arguments from the launcher: {}", e.what());
   }
-  return {bench_options_resolve(o), o.backend, o.json};
+  return {bench_options_resolve(o), o.backend, o.json, o.json_force};
 }
 
 }  // namespace

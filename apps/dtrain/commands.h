@@ -43,7 +43,7 @@ int run_generate(const std::string& dir, const std::string& prompt, int max_new_
 // `dtrain data prepare`'s options (main.cpp's flags).
 struct DataPrepareArgs {
   std::string input, output, format = "text", tokenizer = "byte", dataset, template_name = "plain";
-  bool train_on_prompt = false;
+  bool train_on_prompt = false, force = false;
   unsigned threads = 0;
   double chunk_mb = 1;
 };
@@ -53,7 +53,7 @@ int run_export(const std::string& run_dir, const std::string& out_dir, bool init
                const train::HfExportFlags& flags);
 
 // cmd_plot.cpp, cmd_status.cpp
-int run_plot(const std::string& run_dir, const std::string& out_png, int width, int height);
+int run_plot(const std::string& run_dir, const std::string& out_png, int width, int height, bool force);
 int run_status(const std::string& run_dir);
 
 // cmd_bench_train.cpp

@@ -281,7 +281,9 @@ void add_data(CLI::App& app, Commands& out) {
   cmd->add_option("INPUT", dp->input, "text file or JSONL; with --dataset, the dataset_dir holding dataset_info.json")
       ->required()
       ->check(CLI::ExistingPath);
-  cmd->add_option("OUTPUT", dp->output, "token shard to write")->required();
+  cmd->add_option("OUTPUT", dp->output, "token shard to write (an existing file only if it is a token shard)")
+      ->required();
+  cmd->add_flag("--force", dp->force, "replace an existing OUTPUT that is not a token shard (never an input)");
   cmd->add_option("--format", dp->format, "text, alpaca, chat or sft (alpaca or chat per line)")->capture_default_str();
   cmd->add_option("--tokenizer", dp->tokenizer, "byte, or a Hugging Face tokenizer.json")->capture_default_str();
   cmd->add_option("--dataset", dp->dataset,
@@ -308,11 +310,15 @@ void add_plot(CLI::App& app, Commands& out) {
   struct Options {
     std::string dir, out;
     int width = 1200, height = 800;
+    bool force = false;
   };
   auto o = std::make_shared<Options>();
   auto* cmd = app.add_subcommand("plot", "draw a run's loss and tokens/s curves (restarts marked) into a PNG");
   cmd->add_option("RUN_DIR", o->dir, "the run directory")->required()->check(CLI::ExistingDirectory);
-  cmd->add_option("-o,--output", o->out, "PNG to write (default: RUN_DIR/plot.png)");
+  cmd->add_option("-o,--output", o->out,
+                  "PNG to write (default: RUN_DIR/plot.png); an existing file only if dtrain plotted it");
+  cmd->add_flag("--force", o->force,
+                "replace an existing file at -o that is not a dtrain plot (never the run's own files)");
   cmd->add_option("--width", o->width, "image width")
       ->check(int_in_range("--width", 400, 16384))
       ->capture_default_str();
@@ -320,7 +326,7 @@ void add_plot(CLI::App& app, Commands& out) {
       ->check(int_in_range("--height", 300, 16384))
       ->capture_default_str();
   cmd->footer("Example:\n  dtrain plot runs/tiny-sft -o loss.png");
-  out.push_back({cmd, [o] { return dtrain::cli::run_plot(o->dir, o->out, o->width, o->height); }});
+  out.push_back({cmd, [o] { return dtrain::cli::run_plot(o->dir, o->out, o->width, o->height, o->force); }});
 }
 
 void add_run(CLI::App& app, Commands& out) {

@@ -2,6 +2,7 @@
 #include "data/prepare.h"
 
 #include "core/check.h"
+#include "core/output_path.h"
 #include "core/log.h"
 #include "data/input_file.h"
 #include "data/llamafactory.h"
@@ -12,7 +13,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 
 namespace dtrain::data {
 
@@ -62,30 +65,39 @@ TokenData data_tokenize_records(const std::vector<SftRecord>& records, const std
 
 namespace {
 
-// The output replaces whatever file it names: never an input (the same path, or another
-// name of the same file), never a directory, and never anything but a regular file (the
-// rename would put a shard in place of a device node such as /dev/null, or a FIFO).
-void output_check(const std::string& output, const std::vector<std::string>& inputs) {
+// The files a prepare reads besides INPUT: a LLaMA-Factory dataset_info.json and the
+// tokenizer's files (the template `auto` reads tokenizer_config.json / chat_template.jinja
+// beside tokenizer.json).
+void reads_add(std::vector<std::string>& inputs, const std::string& input, const std::string& tokenizer_spec,
+               bool dataset) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  DT_ENFORCE(!output.empty(), UsageError, "data prepare: OUTPUT is empty: give the token shard's file name");
-  DT_ENFORCE(!fs::is_directory(output, ec), UsageError,
-             "data prepare: OUTPUT '{}' is a directory: give the token shard's file name, e.g. {}/data.bin", output,
-             output);
-  const fs::file_status st = fs::status(output, ec);
-  DT_ENFORCE(!fs::exists(st) || fs::is_regular_file(st), UsageError,
-             "data prepare: OUTPUT '{}' exists and is not a regular file (a device, FIFO or socket): writing the "
-             "shard would replace it; give the token shard's file name, e.g. {}.bin",
-             output, inputs.front());
-  for (const std::string& input : inputs) {
-    std::error_code eq_ec;
-    const bool same = fs::equivalent(input, output, eq_ec) ||
-                      (!fs::exists(output, ec) && fs::weakly_canonical(input, ec) == fs::weakly_canonical(output, ec));
-    DT_ENFORCE(!same, UsageError,
-               "data prepare: OUTPUT '{}' is the INPUT file '{}': writing the shard would replace your data; give "
-               "another output name, e.g. {}.bin",
-               output, input, input);
-  }
+  if (dataset) inputs.push_back(fs::is_directory(input, ec) ? (fs::path(input) / "dataset_info.json").string() : input);
+  if (tokenizer_spec.empty() || tokenizer_spec == "byte") return;
+  inputs.push_back(tokenizer_spec);
+  const fs::path dir =
+      fs::is_directory(tokenizer_spec, ec) ? fs::path(tokenizer_spec) : fs::path(tokenizer_spec).parent_path();
+  for (const char* n : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json",
+                        "special_tokens_map.json", "tokenizer.model", "generation_config.json"})
+    inputs.push_back((dir.empty() ? fs::path(n) : dir / n).string());
+}
+
+// The output rule (core/output_path.h): never an input (another name of it included), never
+// a directory, device or FIFO, and an existing file only when it is a token shard (an
+// earlier prepare's) or with --force. Returns the file to write (through a symlink).
+OutputFile output_check(const std::string& output, const std::vector<std::string>& inputs, bool force) {
+  OutputRule rule;
+  rule.what = "data prepare: OUTPUT";
+  rule.inputs = inputs;
+  rule.own = [](const std::string& target) {
+    char magic[8] = {};
+    std::ifstream in(target, std::ios::binary);
+    in.read(magic, sizeof magic);
+    return in.gcount() == 8 && std::memcmp(magic, "DTRAINTK", 8) == 0;
+  };
+  rule.own_kind = "a dtrain token shard";
+  rule.force = force;
+  return output_file_check(output, rule);
 }
 
 }  // namespace
@@ -99,7 +111,9 @@ DataPrepareStats data_prepare(const std::string& input, DataFormat format, const
     entries = llamafactory_entries(input, options.dataset);
     for (const LlamaFactoryEntry& e : entries) inputs.push_back(e.file);
   }
-  output_check(output, inputs);
+  std::vector<std::string> reads = inputs;
+  reads_add(reads, input, tokenizer_spec, !options.dataset.empty());
+  const OutputFile target = output_check(output, reads, options.force);
   std::unique_ptr<Tokenizer> tok = tokenizer_load(tokenizer_spec);
   const auto t0 = std::chrono::steady_clock::now();
   auto last = t0;
@@ -111,7 +125,7 @@ DataPrepareStats data_prepare(const std::string& input, DataFormat format, const
   // The input's own problems (missing, a directory) before the output is created.
   if (entries.empty()) input_file_check(input, format == DataFormat::TEXT ? "text data" : "SFT data");
   // Leaves no file behind unless finish() completes, whichever step throws.
-  ShardWriter out(output, tok->vocab_size(), tok->eos_id(), tok->pad_id(),
+  ShardWriter out(target.target, tok->vocab_size(), tok->eos_id(), tok->pad_id(),
                   !entries.empty() || format != DataFormat::TEXT);
   size_t done = 0;
   auto sink = [&](const TokenPiece& p) {
@@ -136,6 +150,7 @@ DataPrepareStats data_prepare(const std::string& input, DataFormat format, const
   else data_tokenize_stream_llamafactory(entries, *tok, options, sink);
   DT_ENFORCE(out.tokens() > 0, ConfigError, "'{}' holds no documents: nothing to tokenize", input);
   out.finish();
+  if (target.exists) ::chmod(target.target.c_str(), static_cast<mode_t>(target.mode));  // the replaced file's mode
   DataPrepareStats s;
   s.documents = out.documents();
   s.tokens = out.tokens();

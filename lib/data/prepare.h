@@ -41,6 +41,9 @@ struct DataPrepareOptions {
   // data_prepare: log a progress line (bytes read of the total, documents, tokens, MB/s)
   // at most once a second.
   bool progress = false;
+  // data_prepare: an existing OUTPUT that is not a token shard may be replaced (--force);
+  // never one of the files the prepare reads.
+  bool force = false;
 };
 
 struct DataPrepareStats {

@@ -6,6 +6,8 @@
 #include "core/c_escape.h"
 #include "core/check.h"
 #include "core/log.h"
+#include "core/output_path.h"
+#include "core/small_file.h"
 #include "device/device.h"
 #include "config/train_config.h"
 #include "launch/agent.h"
@@ -13,6 +15,8 @@
 #include "launch/rank_watch.h"
 #include "rank/rank_context.h"
 #include "rank/train_rank.h"
+
+#include <nlohmann/json.hpp>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -23,30 +27,48 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <vector>
 
 namespace dtrain::rank {
 
 namespace {
 
-// The --json results, every byte checked: a full disk (or /dev/full) is an error naming
-// the file and the reason, never an empty file and exit 0.
-void bench_json_write(const std::string& path, const std::string& text) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-  DT_ENFORCE(fd >= 0, IoError, "cannot write --json file {}: {}", path, std::strerror(errno));
-  int err = 0;
-  for (size_t off = 0; off < text.size() && err == 0;) {
-    const ssize_t w = ::write(fd, text.data() + off, text.size() - off);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) err = w < 0 ? errno : ENOSPC;  // 0: nothing more fits (errno not set)
-    else off += static_cast<size_t>(w);
+// The --json file under the output rule (core/output_path.h), checked before the bench
+// runs: never a directory, an existing file only when it is a bench report (or --force);
+// a device or FIFO (/dev/stdout) is written in place. Refusals are usage errors (exit 2),
+// so a job is not restarted over them.
+OutputFile bench_json_target(const WorkerBench& o) {
+  OutputRule rule;
+  rule.what = "bench --json";
+  rule.in_place = true;
+  rule.force = o.json_force;
+  rule.own = [](const std::string& target) {
+    if (!small_file_problem(target, 256u << 20).empty()) return false;
+    try {
+      const auto j = nlohmann::json::parse(small_file_read(target, 256u << 20, "bench report"));
+      return j.is_object() && j.contains("rows") && j.contains("backend") && j.contains("world_size");
+    } catch (const std::exception&) {
+      return false;
+    }
+  };
+  rule.own_kind = "a dtrain bench report";
+  OutputFile f = output_file_check(o.json, rule);
+  f.given = "--json file " + o.json;
+  return f;
+}
+
+// Every byte checked (a full disk or /dev/full is an error naming the file and the
+// reason); the file is renamed into place only when whole, so a failed write leaves the old
+// file or nothing. A usage error too: retrying the job would run the whole bench again
+// and fail the same way.
+void bench_json_write(const OutputFile& out, const std::string& text) {
+  try {
+    output_file_write(out, text);
+  } catch (const IoError& e) {
+    DT_THROW(UsageError, "{}; the results are only in the output above; give --json a file that can be written",
+             e.what());
   }
-  // Some file systems (NFS) report a full disk only when the data is flushed; a device
-  // or pipe cannot be synced (EINVAL / EROFS), which is no error of the write.
-  if (err == 0 && ::fsync(fd) != 0 && errno != EINVAL && errno != EROFS) err = errno;
-  if (::close(fd) != 0 && err == 0) err = errno;
-  DT_ENFORCE(err == 0, IoError, "cannot write --json file {}: {}; the results are only in the output above", path,
-             std::strerror(err));
 }
 
 int worker_bench(RankContext& ctx, const std::function<WorkerBench()>& parse) {
@@ -59,11 +81,12 @@ int worker_bench(RankContext& ctx, const std::function<WorkerBench()>& parse) {
   } else {
     if (device::cuda_count() > 0) backend = comm::Backend::NCCL;
   }
+  std::optional<OutputFile> json_out;
+  if (ctx.rank == 0 && !o.json.empty()) json_out = bench_json_target(o);
   auto comm = rank_comm_create(ctx, backend);
   auto rows = bench::bench_run(*comm, opts, ctx.rank == 0 ? stdout : nullptr);
   std::fflush(stdout);
-  if (ctx.rank == 0 && !o.json.empty())
-    bench_json_write(o.json, bench::bench_json(rows, ctx.world_size, backend, opts) + "\n");
+  if (json_out) bench_json_write(*json_out, bench::bench_json(rows, ctx.world_size, backend, opts) + "\n");
   comm->barrier();
   int64_t wrong = bench::bench_wrong_total(rows);
   DT_ENFORCE(wrong == 0, CommError, "{} wrong element(s) in the collective results", wrong);

@@ -74,6 +74,7 @@ std::string png_encode(const Image& img) {
   for (const Rgb& c : img.palette)
     plte += std::string{static_cast<char>(c[0]), static_cast<char>(c[1]), static_cast<char>(c[2])};
   chunk(out, "PLTE", plte);
+  chunk(out, "tEXt", std::string(kPngSoftware, sizeof kPngSoftware - 1));  // marks dtrain's own plots
   const size_t row = static_cast<size_t>(img.width) + 1;
   std::vector<uint8_t> raw(row * static_cast<size_t>(img.height));
   for (int y = 0; y < img.height; ++y) {
@@ -93,6 +94,16 @@ void png_write(const Image& img, const std::string& path) {
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   out.flush();
   DT_ENFORCE(out.good(), IoError, "cannot write {} (disk full?)", path);
+}
+
+bool png_is_dtrain_plot(const std::string& path, bool any_png) {
+  // The signature, IHDR (8 + 25 bytes), then PLTE of at most 256 colours and our tEXt.
+  std::ifstream in(path, std::ios::binary);
+  std::string head(8 + 25 + 12 + 3 * 256 + 12 + sizeof kPngSoftware, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(in.gcount()));
+  if (head.rfind(std::string("\x89PNG\r\n\x1a\n", 8), 0) != 0) return false;
+  return any_png || head.find("tEXt" + std::string(kPngSoftware, sizeof kPngSoftware - 1)) != std::string::npos;
 }
 
 }  // namespace dtrain::report

@@ -43,4 +43,10 @@ std::string png_encode(const Image& img);
 /// Writes png_encode(img) to `path`. IoError naming the path when it cannot.
 void png_write(const Image& img, const std::string& path);
 
+/// The tEXt chunk png_encode writes ("Software" keyword, NUL, value): marks dtrain's plots.
+inline constexpr char kPngSoftware[] = "Software\0dtrain plot";
+
+/// True when `path` is a PNG png_encode wrote (its tEXt chunk), or with any_png any PNG.
+bool png_is_dtrain_plot(const std::string& path, bool any_png = false);
+
 }  // namespace dtrain::report

@@ -4,6 +4,7 @@
 #include "train/hf_export.h"
 
 #include "core/check.h"
+#include "core/output_path.h"
 #include "device/device.h"
 #include "model/peft.h"
 #include "model/safetensors.h"
@@ -83,6 +84,7 @@ HfExportOptions hf_export_options(const config::TrainConfig& cfg, const HfExport
     o.max_shard_size = *size;
   }
   if (flags.merge_lora) o.merge_lora = true;
+  o.into_dir = flags.into_dir;
   return o;
 }
 
@@ -297,9 +299,9 @@ void adapter_write(const HfExportSource& src, const fs::path& dir) {
   model::peft_config_write((dir / "adapter_config.json").string(), a);
 }
 
-// Names an export writes or once wrote in its directory: replaced, never carried over
-// from an older export (a stale model.safetensors beside new shards would win the load).
-bool export_owned(const std::string& n) {
+}  // namespace
+
+bool hf_export_owned_name(const std::string& n) {
   static const std::set<std::string> kOwned = {"model.safetensors",
                                                "model.safetensors.index.json",
                                                "config.json",
@@ -310,9 +312,12 @@ bool export_owned(const std::string& n) {
                                                "tokenizer_config.json",
                                                "special_tokens_map.json",
                                                "generation_config.json",
-                                               "tokenizer.model"};
+                                               "tokenizer.model",
+                                               kHfExportMarker};
   return kOwned.count(n) != 0 || (n.starts_with("model-") && n.ends_with(".safetensors"));
 }
+
+namespace {
 
 // "<name>.partial-<pid>" of a process that is gone: an interrupted export's staging.
 bool stale_partial(const std::string& entry, const std::string& name) {
@@ -358,13 +363,84 @@ void dir_publish(const fs::path& staging, const fs::path& dir) {
   fsync_dir(dir.parent_path());
   for (const auto& e : fs::directory_iterator(old, ec)) {
     const std::string n = e.path().filename().string();
-    if (export_owned(n) || fs::exists(dir / n)) continue;
+    if (hf_export_owned_name(n) || fs::exists(dir / n)) continue;
     std::error_code mv;
     fs::rename(e.path(), dir / n, mv);
     DT_ENFORCE(!mv, IoError, "cannot move {} into the new export {}: {} (the old export's other files are in {})",
                e.path().string(), dir.string(), mv.message(), old.string());
   }
   fs::remove_all(old, ec);
+}
+
+// The export's entries in its staging directory, written there by stage().
+void stage(const HfExportSource& src, const fs::path& staging, const HfExportOptions& opts) {
+  std::error_code ec;
+  model_dir_write(src, staging, opts, false);
+  if (!src.lora.empty()) {
+    adapter_write(src, staging);
+    if (opts.merge_lora) {
+      fs::create_directories(staging / "merged", ec);
+      DT_ENFORCE(!ec, IoError, "cannot create {}: {}", (staging / "merged").string(), ec.message());
+      model_dir_write(src, staging / "merged", opts, true);
+      fsync_dir(staging / "merged");
+    }
+  }
+}
+
+std::vector<std::string> entries(const fs::path& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The export command's way into a user's directory (core/output_path.h): dir itself is
+// never renamed, re-created or chmodded. The export is staged in dir/.dtrain-export.json.partial-
+// <pid>; the marker, listing the old and the new entries, says "incomplete" while the staged
+// entries are renamed over their namesakes; the old export's entries the new one lacks
+// (shards of another plan) are removed; the marker then lists the new entries, complete.
+// An interrupted export leaves a directory the next export still recognises as its own.
+void export_into(const HfExportSource& src, const fs::path& dir, const HfExportOptions& opts) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) {
+    fs::create_directories(dir, ec);
+    DT_ENFORCE(!ec, IoError, "cannot create {}: {}", dir.string(), ec.message());
+  }
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (stale_partial(e.path().filename().string(), kHfExportMarker)) fs::remove_all(e.path(), ec);
+  const fs::path staging = dir / (std::string(kHfExportMarker) + ".partial-" + std::to_string(::getpid()));
+  fs::remove_all(staging, ec);
+  fs::create_directory(staging, ec);
+  DT_ENFORCE(!ec, IoError, "cannot create {}: {}", staging.string(), ec.message());
+  try {
+    stage(src, staging, opts);
+    fsync_dir(staging);
+    bool marked = false;
+    std::vector<std::string> old = output_dir_marker_files(dir.string(), kHfExportMarker, kHfExportKind, &marked);
+    if (!marked)  // an older dtrain's export (the default RUN_DIR/export) or an empty directory
+      for (const auto& n : entries(dir))
+        if (hf_export_owned_name(n)) old.push_back(n);
+    const std::vector<std::string> fresh = entries(staging);
+    std::vector<std::string> both = old;
+    for (const auto& n : fresh)
+      if (std::find(both.begin(), both.end(), n) == both.end()) both.push_back(n);
+    text_write(dir / kHfExportMarker, output_dir_marker_text(kHfExportKind, both, false));
+    for (const auto& n : fresh) {
+      // A directory entry (merged/) cannot be renamed over a non-empty one: the old goes first.
+      if (fs::is_directory(staging / n, ec) && fs::is_directory(dir / n, ec)) fs::remove_all(dir / n, ec);
+      fs::rename(staging / n, dir / n, ec);
+      DT_ENFORCE(!ec, IoError, "cannot move {} into {}: {}", (staging / n).string(), dir.string(), ec.message());
+    }
+    for (const auto& n : old)
+      if (std::find(fresh.begin(), fresh.end(), n) == fresh.end() && n != kHfExportMarker) fs::remove_all(dir / n, ec);
+    text_write(dir / kHfExportMarker, output_dir_marker_text(kHfExportKind, fresh, true));
+    fs::remove_all(staging, ec);
+    fsync_dir(dir);
+  } catch (...) {
+    fs::remove_all(staging, ec);
+    throw;
+  }
 }
 
 }  // namespace
@@ -376,6 +452,7 @@ void hf_export_write(const HfExportSource& src, const std::string& dir_in, const
   DT_ENFORCE(opts.max_shard_size > 0, UsageError, "export max_shard_size must be positive");
   fs::path dir = fs::absolute(fs::path(dir_in)).lexically_normal();
   if (dir.filename().empty()) dir = dir.parent_path();
+  if (opts.into_dir) return export_into(src, dir, opts);
   const fs::path parent = dir.parent_path();
   std::error_code ec;
   fs::create_directories(parent, ec);
@@ -388,16 +465,8 @@ void hf_export_write(const HfExportSource& src, const std::string& dir_in, const
   fs::create_directories(staging, ec);
   DT_ENFORCE(!ec, IoError, "cannot create {}: {}", staging.string(), ec.message());
   try {
-    model_dir_write(src, staging, opts, false);
-    if (!src.lora.empty()) {
-      adapter_write(src, staging);
-      if (opts.merge_lora) {
-        fs::create_directories(staging / "merged", ec);
-        DT_ENFORCE(!ec, IoError, "cannot create {}: {}", (staging / "merged").string(), ec.message());
-        model_dir_write(src, staging / "merged", opts, true);
-        fsync_dir(staging / "merged");
-      }
-    }
+    stage(src, staging, opts);
+    text_write(staging / kHfExportMarker, output_dir_marker_text(kHfExportKind, entries(staging), true));
     dir_publish(staging, dir);
   } catch (...) {
     fs::remove_all(staging, ec);

@@ -25,7 +25,20 @@ struct HfExportOptions {
   int bos_id = -1, eos_id = -1;             ///< into config.json when >= 0
   /// Files copied beside the weights (and into merged/): {source path, file name}.
   std::vector<std::pair<std::string, std::string>> extra_files;
+  /// `dtrain export`: write into dir (created when missing) instead of replacing it, as
+  /// the output rule asks of a user's directory (core/output_path.h: the caller checked
+  /// dir with output_dir_check). A run's own final/ is replaced whole (the default).
+  bool into_dir = false;
 };
+
+/// The file marking a directory an export wrote, and its kind (core/output_path.h): every
+/// export writes it, listing its entries; `dtrain export` writes only into a directory
+/// holding it, an empty one or a new one.
+inline constexpr const char* kHfExportMarker = ".dtrain-export.json";
+inline constexpr const char* kHfExportKind = "hf-export";
+/// The names an export writes (or once wrote) in its directory: replaced, never carried
+/// over from an older export (a stale model.safetensors beside new shards would win the load).
+bool hf_export_owned_name(const std::string& name);
 
 /// The config's export section (dtype, max_shard_size, merge_lora) and its tokenizer
 /// files (hf_tokenizer_files). ConfigError naming the key for a bad value.
@@ -36,6 +49,7 @@ struct HfExportFlags {
   std::string dtype;           ///< --dtype: "" or bf16 / fp32
   std::string max_shard_size;  ///< --max-shard-size: "" or a size (byte_size_parse)
   bool merge_lora = false;     ///< --merge-lora (true overrides export.merge_lora: false)
+  bool into_dir = false;       ///< HfExportOptions::into_dir (the export command's output rule)
 };
 
 /// hf_export_options with the flags applied; UsageError naming the flag and what it
@@ -82,10 +96,12 @@ HfExportSource hf_export_source(const model::Model& m);
 /// with {"metadata": {"total_size"}, "weight_map"} as transformers writes it, tensors in
 /// the model's state_dict order), config.json (with torch_dtype), the extra files; under
 /// LoRA adapter_model.safetensors (fp32, as before) + adapter_config.json, and with
-/// merge_lora the merged model as a full HF directory in dir/merged. Everything is written
-/// into <dir>.partial-<pid> first and then renamed to dir (an older dir is replaced; files
-/// in it that the export does not own are carried over), so an interrupted export leaves
-/// no directory a loader would take as complete. IoError on failure.
+/// merge_lora the merged model as a full HF directory in dir/merged, and the marker
+/// (kHfExportMarker). Everything is written into <dir>.partial-<pid> first and then renamed
+/// to dir (an older dir is replaced; files in it that the export does not own are carried
+/// over), so an interrupted export leaves no directory a loader would take as complete;
+/// with opts.into_dir, staged inside dir and moved into it entry by entry (dir itself
+/// untouched). IoError on failure.
 void hf_export_write(const HfExportSource& src, const std::string& dir, const HfExportOptions& opts);
 
 /// hf_export_write of a host fp32 model.

@@ -78,10 +78,11 @@ TEST_CASE("data prepare onto an existing FIFO or device node is refused; the nod
     CHECK(!fs::exists(path + ".tmp"));
   }
   CHECK(read_text(in.x) == in.before);
-  // A regular file is still replaced, as an output should be.
+  // A regular file that is not a shard is replaced only with --force (issue 43's output
+  // rule; tests/cli/outputs_test.cpp has the refusals).
   const std::string out = in.tmp.path() + "/x.bin";
   std::ofstream(out) << "old shard\n";
-  RunResult r = run({bin, "data", "prepare", in.x, out, "--format", "alpaca"}, {}, 60s);
+  RunResult r = run({bin, "data", "prepare", in.x, out, "--format", "alpaca", "--force"}, {}, 60s);
   INFO(r.out);
   CHECK(r.rc == 0);
   CHECK(read_text(out) != "old shard\n");

@@ -80,14 +80,14 @@ TEST_CASE("data prepare: a malformed record deep in a many-chunk JSONL is exit 2
   std::ofstream(in) << alpaca_lines(1999) << "{\"instruction\": \"no output\", \"outptu\": \"x\"}\n"
                     << alpaca_lines(500);
   const std::string out = tmp.path() + "/out.bin";
-  std::ofstream(out) << "earlier";
+  std::ofstream(out) << "DTRAINTK (an earlier shard)";  // its magic: a shard the prepare may replace
   RunResult r =
       run({bin, "data", "prepare", in, out, "--format", "alpaca", "--threads", "2", "--chunk-mb", "0.004"}, {}, 60s);
   INFO(r.out);
   REQUIRE(!r.timed_out);
   CHECK(r.rc == kUsage);
   CHECK(contains(r.out, in + ":2000: missing \"output\""));
-  CHECK(read_text(out) == "earlier");
+  CHECK(read_text(out) == "DTRAINTK (an earlier shard)");
   CHECK(!fs::exists(out + ".tmp"));
   size_t files = 0;
   for (const auto& e : fs::directory_iterator(tmp.path())) files += e.is_regular_file() ? 1 : 0;

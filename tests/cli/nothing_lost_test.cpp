@@ -215,7 +215,7 @@ TEST_CASE("data prepare never replaces its input, and leaves no stray .tmp") {
     RunResult r = run({bin, "data", "prepare", x, out, "--format", "alpaca"}, {}, 60s);
     INFO(r.out);
     CHECK(r.rc == kUsage);
-    CHECK(contains(r.out, "is the INPUT file"));
+    CHECK(contains(r.out, "one of this command's inputs"));
     CHECK(read_text(x) == before);
   }
   // An output that is a directory: refused, and nothing left beside it.

@@ -232,7 +232,7 @@ TEST_CASE("a malformed record in the middle of a many-chunk file: its line in th
   for (int n = 1; n < 2345; ++n) pos = text.find('\n', pos) + 1;
   text.replace(pos, text.find('\n', pos) - pos, R"({"instruction": "no answer here"})");
   const fs::path in = dir.write("bad.jsonl", text);
-  const fs::path out = dir.write("out.bin", "an earlier shard");
+  const fs::path out = dir.write("out.bin", "DTRAINTK (an earlier shard)");
   for (unsigned threads : {1u, 2u}) {
     CAPTURE(threads);
     DataPrepareOptions o;
@@ -247,7 +247,7 @@ TEST_CASE("a malformed record in the middle of a many-chunk file: its line in th
       CHECK(what.find(in.string() + ":2345: missing \"output\"") != std::string::npos);
     }
     CHECK(dir_names(dir.path) == std::vector<std::string>{"bad.jsonl", "out.bin"});
-    CHECK(read_bytes(out) == "an earlier shard");
+    CHECK(read_bytes(out) == "DTRAINTK (an earlier shard)");
   }
 }
 
@@ -339,7 +339,7 @@ TEST_CASE("a data_prepare killed midway leaves neither OUT nor OUT.tmp (an earli
   TempDir dir("prepare-stream-kill");
   const fs::path in = dir.path / "big.txt";
   write_big_text(in, size_t{48} << 20);
-  const fs::path out = dir.write("out.bin", "an earlier shard");
+  const fs::path out = dir.write("out.bin", "DTRAINTK (an earlier shard)");
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
@@ -363,7 +363,7 @@ TEST_CASE("a data_prepare killed midway leaves neither OUT nor OUT.tmp (an earli
     MESSAGE("the prepare finished before it was killed: only its output is checked");
     CHECK(ShardReader(out.string()).size() > 0);
   } else {
-    CHECK(read_bytes(out) == "an earlier shard");
+    CHECK(read_bytes(out) == "DTRAINTK (an earlier shard)");
   }
   CHECK(dir_names(dir.path) == std::vector<std::string>{"big.txt", "out.bin"});
 }
