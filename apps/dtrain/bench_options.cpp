@@ -5,6 +5,7 @@
 
 #include <charconv>
 #include <climits>
+#include <cmath>
 
 namespace dtrain::cli {
 
@@ -37,6 +38,21 @@ CLI::Validator int_check(const std::string& name, long long lo, long long hi, co
 CLI::Validator int_at_least(const std::string& name, int lo) { return int_check(name, lo, INT_MAX, ""); }
 CLI::Validator int_in_range(const std::string& name, int lo, int hi, const std::string& what) {
   return int_check(name, lo, hi, what);
+}
+
+CLI::Validator number_in_range(const std::string& name, double lo, double hi) {
+  return CLI::Validator(
+      [name, lo, hi](std::string& text) -> std::string {
+        double v = 0;
+        const char* b = text.data();
+        const char* e = b + text.size();
+        if (b != e && *b == '+') ++b;
+        auto [p, ec] = std::from_chars(b, e, v);
+        if (b == e || p != e || ec != std::errc() || !std::isfinite(v) || v < lo || v > hi)
+          return fmt::format("{} must be a number from {} to {} (got '{}')", name, lo, hi, text);
+        return "";
+      },
+      "", "NUMBER_RANGE");
 }
 
 std::string cli_failure_message(const CLI::App* app, const CLI::Error& e) {

@@ -28,6 +28,9 @@ struct BenchCliOptions {
 // are, without CLI11's "NAME: " prefix (cli_failure_message).
 CLI::Validator int_at_least(const std::string& name, int lo);
 CLI::Validator int_in_range(const std::string& name, int lo, int hi, const std::string& what = "");
+// The same for a real number: a finite value from lo to hi. nan, inf and text are refused
+// with the rule in words (CLI11's Range lets nan through: every comparison with it is false).
+CLI::Validator number_in_range(const std::string& name, double lo, double hi);
 std::string cli_failure_message(const CLI::App* app, const CLI::Error& e);
 
 // The largest -b/-e/-i bench_options_resolve accepts: 256G (2^38 bytes). Each rank holds a

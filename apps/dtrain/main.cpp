@@ -27,6 +27,7 @@ namespace {
 using dtrain::cli::int_at_least;
 using dtrain::cli::int_in_range;
 using dtrain::cli::JobOptions;
+using dtrain::cli::number_in_range;
 
 // The options every job-running subcommand shares.
 void add_job_options(CLI::App* cmd, JobOptions& o, bool config_required) {
@@ -298,7 +299,7 @@ void add_data(CLI::App& app, Commands& out) {
       ->check(CLI::Range(0u, 256u));
   cmd->add_option("--chunk-mb", dp->chunk_mb, "read the input in chunks of about this many MB (memory grows with it)")
       ->capture_default_str()
-      ->check(CLI::Range(0.001, 1024.0));
+      ->check(number_in_range("--chunk-mb", 0.001, 1024.0));
   cmd->footer(
       "Examples:\n  dtrain data prepare configs/data/tasks/train.jsonl /tmp/tasks.bin --format alpaca\n"
       "  dtrain data prepare data/ /tmp/sft.bin --dataset alpaca_en,glaive --template llama3 --tokenizer "
