@@ -57,7 +57,10 @@ data::TokenDataset dataset_load(const std::string& path, const config::DataConfi
                                                      path + " [" + dcfg.dataset + "]", tokenizer, popts);
     return data::TokenDataset(std::move(td), opts);
   }
-  DT_ENFORCE(dcfg.mix.empty(), ConfigError, "data.mix weights the datasets of data.dataset, which is not set");
+  // data.mix weighs data.dataset's datasets; data.valid beside them is a plain data file
+  // (data.format), which the mix does not apply to.
+  DT_ENFORCE(dcfg.mix.empty() || !dcfg.dataset.empty(), ConfigError,
+             "data.mix weights the datasets of data.dataset, which is not set: set data.dataset or remove data.mix");
   data::TokenData td = data::data_tokenize(path, data::data_format_parse(dcfg.format), tokenizer, popts);
   return data::TokenDataset(std::move(td), opts);
 }
