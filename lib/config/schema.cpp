@@ -184,7 +184,8 @@ const std::vector<KeySpec>& build_schema() {
        .field = F(communication.powersgd_error_feedback),
        .help = "PowerSGD: add what the last approximation missed to the next gradient"},
       {.path = "communication.topk.ratio", .type = KeyType::FLOAT, .field = F(communication.topk_ratio),
-       .help = "top-k: fraction of each bucket's elements sent (largest magnitudes), the rest kept as residual",
+       .help = "top-k: fraction of each bucket's elements sent (largest magnitudes; ceil(ratio n), at least one), "
+               "the rest kept as residual",
        .min = 0, .max = 1, .min_exclusive = true},
       {.path = "communication_data_type", .type = KeyType::ENUM, .field = F(communication_data_type),
        .help = "DeepSpeed's gradient wire dtype: fp16 / bf16 = communication.compression fp16 / bf16, fp32 = none",

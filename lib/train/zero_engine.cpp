@@ -170,8 +170,8 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
                "communication.compression: {} needs zero_optimization.stage 0 or 1, but the stage is {}", method,
                opts_.stage);
   };
-  if (opts_.topk_ratio != 0.0f) {
-    DT_ENFORCE(opts_.topk_ratio > 0.0f && opts_.topk_ratio <= 1.0f, ConfigError,
+  if (opts_.topk_ratio != 0.0) {
+    DT_ENFORCE(opts_.topk_ratio > 0.0 && opts_.topk_ratio <= 1.0, ConfigError,
                "communication.topk.ratio {} is not in (0, 1]", opts_.topk_ratio);
     sparse_method_check("topk");
     DT_ENFORCE(opts_.grad_wire == DType::F32, ConfigError,
@@ -199,7 +199,7 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
     DT_ENFORCE(opts_.powersgd_rank > 0, ConfigError, "communication.powersgd.rank {} must be at least 1",
                opts_.powersgd_rank);
     sparse_method_check("powersgd");
-    DT_ENFORCE(opts_.grad_wire == DType::F32 && opts_.topk_ratio == 0.0f, ConfigError,
+    DT_ENFORCE(opts_.grad_wire == DType::F32 && opts_.topk_ratio == 0.0, ConfigError,
                "communication.compression: powersgd, topk and a 16-bit wire are exclusive");
     if (comm_ != nullptr) powersgd_plan();
   }

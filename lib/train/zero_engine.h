@@ -51,8 +51,10 @@ struct ZeroOptions {
   /// communication.compression topk (stages 0-1, several ranks, the CPU device): the
   /// fraction of each gradient bucket's elements a rank sends, the largest in magnitude
   /// of gradient + residual, all-gathered as (value, index) pairs and summed densely; the
-  /// residual keeps the rest for the next step (error feedback). 0 = off.
-  float topk_ratio = 0.0f;
+  /// residual keeps the rest for the next step (error feedback). 0 = off. A double, as
+  /// the config's key: k = ceil(ratio n) is at least 1 for any positive ratio, where a
+  /// float would round a ratio under 1.4e-45 to 0, which is "off".
+  double topk_ratio = 0.0;
   /// communication.compression powersgd (stages 0-1, several ranks, the CPU device):
   /// the approximation rank (0 = off), the applied steps reduced uncompressed first, and
   /// error feedback (PyTorch's powerSGD_hook, Vogels et al. 2019).

@@ -40,7 +40,7 @@ ZeroOptions zero_options_from(const config::TrainConfig& cfg) {
     o.powersgd_start_step = cfg.communication.powersgd_start_step;
     o.powersgd_error_feedback = cfg.communication.powersgd_error_feedback;
   }
-  if (c == "topk") o.topk_ratio = static_cast<float>(cfg.communication.topk_ratio);
+  if (c == "topk") o.topk_ratio = cfg.communication.topk_ratio;
   o.grad_wire = c == "bf16" ? DType::BF16 : c == "fp16" ? DType::F16 : DType::F32;
   o.offload_optimizer = z.offload_optimizer_device == "cpu";
   o.offload_param = z.offload_param_device == "cpu";

@@ -21,7 +21,7 @@ size_t ZeroEngine::bucket_full(const Bucket& b) const {
 }
 
 size_t ZeroEngine::topk_k(size_t full) const {
-  const auto k = static_cast<size_t>(std::ceil(static_cast<double>(opts_.topk_ratio) * static_cast<double>(full)));
+  const auto k = static_cast<size_t>(std::ceil(opts_.topk_ratio * static_cast<double>(full)));
   return std::min(full, std::max<size_t>(1, k));
 }
 

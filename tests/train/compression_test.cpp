@@ -284,6 +284,34 @@ TEST_CASE("top-k trains, sends fewer bytes, and is refused where it cannot run")
                        dtrain::ConfigError);
 }
 
+TEST_CASE("top-k: any positive ratio sends at least one element per bucket, however small (issue 43, item 14)") {
+  // k = ceil(ratio n), at least 1: a ratio below float's range (1e-300) is not "off" (it
+  // was, rounded to a float's 0) but sends one value per bucket, as 1e-9 does.
+  auto ratio_of = [](const std::string& text) {
+    const auto cfg = dtrain::config::config_load_string(
+                         kJob, "job.yaml", {"communication.compression=topk", "communication.topk.ratio=" + text})
+                         .cfg;
+    return dtrain::train::zero_options_from(cfg).topk_ratio;
+  };
+  CHECK(ratio_of("1e-300") > 0.0);
+  std::vector<uint64_t> sent;
+  for (const double ratio : {0.0, ratio_of("1e-9"), ratio_of("1e-300")}) {
+    RunSpec s = topk_spec(0, 0.0f);
+    s.opts.topk_ratio = ratio;
+    uint64_t mine = 0;
+    auto errors = run_ranks(2, [&](dtrain::comm::Communicator* comm, int rank) {
+      RankTrainer t(s, comm, rank);
+      const uint64_t before = comm->bytes_sent();
+      t.step(1);
+      if (rank == 0) mine = comm->bytes_sent() - before;
+    });
+    for (const auto& e : errors) REQUIRE(e == "");
+    sent.push_back(mine);
+  }
+  CHECK(sent[2] == sent[1]);      // one (value, index) pair per bucket either way
+  CHECK(sent[2] * 20 < sent[0]);  // far from the uncompressed reduction
+}
+
 TEST_CASE("top-k error feedback conserves the gradient: W x the applied sum + the residuals == the raw sum") {
   const RunSpec spec = topk_spec(0, 0.03f);
   const int steps = 5;
