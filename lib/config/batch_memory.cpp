@@ -1,6 +1,7 @@
 // The widths and memory one rank's batch needs, checked when the batch is resolved and
 // before anything is allocated: a micro-batch of 2^31 sequences, or micro 65536 x
 // accumulation 65536, is a config error naming the key, not std::bad_alloc on a rank.
+// Also the monitor's memory threshold against the node's memory.
 #include "config/train_config.h"
 
 #include "core/check.h"
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 
 namespace dtrain::config {
@@ -74,6 +76,28 @@ void config_check_batch_memory(const TrainConfig& cfg, int ranks, double memory_
            gib(f.activation_bytes), cfg.resolved_micro_batch_size, cfg.data.seq_len.value_or(0), gib(f.weight_bytes),
            gib(f.batch_bytes), cfg.resolved_grad_accum_steps, memory_what, cfg.resolved_micro_batch_size,
            cfg.resolved_grad_accum_steps);
+}
+
+int64_t config_min_free_memory_bytes(const TrainConfig& cfg, double memory_bytes) {
+  const double gb = cfg.monitor.min_free_memory;
+  const double bytes = gb * 1024.0 * 1024.0 * 1024.0;
+  constexpr const char* kUnit = "monitor.min_free_memory is in GiB, not bytes";
+  if (memory_bytes > 0) {
+    const bool below = bytes < memory_bytes;
+    const char* how = bytes > memory_bytes ? "more than" : "all of";
+    DT_ENFORCE(below, ConfigError,
+               "{}: monitor.min_free_memory = {} GiB is {} this node's {:.1f} GiB of memory: the node's available "
+               "memory is always below it, so its low_memory alert would hold from the first sample on; {}: set it "
+               "below {:.1f}, or 0 for no such alert",
+               cfg.source, gb, how, gib(memory_bytes), kUnit, gib(memory_bytes));
+  }
+  // Unknown memory: still within what the alert's 64-bit byte count holds (1e10 GiB wraps).
+  const bool representable = std::isfinite(bytes) && bytes < 0x1p62;
+  DT_ENFORCE(representable, ConfigError,
+             "{}: monitor.min_free_memory = {} GiB is more memory than a node has; {}: set it below the node's "
+             "memory, or 0 for no such alert",
+             cfg.source, gb, kUnit);
+  return static_cast<int64_t>(bytes);
 }
 
 double config_host_memory_bytes() {

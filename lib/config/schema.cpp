@@ -485,7 +485,7 @@ const std::vector<KeySpec>& build_schema() {
       {.path = "monitor.min_free_memory", .type = KeyType::FLOAT, .field = F(monitor.min_free_memory),
        .help = "GiB: a node whose available memory (MemAvailable) falls below this raises one resource_alert per "
                "episode in events.jsonl (the episode ends once it has 5 % of this, at least 256 MiB, more again); "
-               "0 = no such alert",
+               "0 = no such alert; at or above the node's memory it is refused when the ranks start",
        .min = 0},
       {.path = "monitor.min_network", .type = KeyType::FLOAT, .field = F(monitor.min_network),
        .help = "MB/s: a node whose network traffic (received + sent, loopback excluded) stays under this for two "

@@ -353,6 +353,13 @@ void config_check_batch_memory(const TrainConfig& cfg, int ranks, double memory_
 // This machine's physical memory in bytes (0 when unknown).
 double config_host_memory_bytes();
 
+// monitor.min_free_memory (GiB) in bytes, for a node with memory_bytes of memory (0 =
+// unknown). The low_memory alert compares the node's available memory with it, which never
+// exceeds the node's memory: a threshold at or above that would alert from the first sample
+// and never end the episode (1e10, bytes where GiB are meant), so it is a ConfigError naming
+// the key and the node's memory.
+int64_t config_min_free_memory_bytes(const TrainConfig& cfg, double memory_bytes);
+
 // An elastic round's batch: cfg resolved at ref_world (the full membership) carried to
 // `world` ranks. The global batch stays when it divides exactly into micro-batches of the
 // same size (gradient accumulation changes); otherwise micro-batch and accumulation stay

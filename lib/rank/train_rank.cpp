@@ -66,6 +66,10 @@ int train_rank(RankContext& ctx, rendezvous::Heartbeat& hb, config::TrainConfig 
         cfg, ctx.local_world_size, config::config_host_memory_bytes(),
         fmt::format("this machine has {:.1f} GiB of memory for its {} rank(s)",
                     config::config_host_memory_bytes() / (1024.0 * 1024.0 * 1024.0), ctx.local_world_size));
+  // The monitor's memory threshold against this node's memory (the launcher's host may
+  // be another machine), before anything starts.
+  const int64_t min_free_memory_bytes =
+      cfg.monitor.enabled ? config::config_min_free_memory_bytes(cfg, config::config_host_memory_bytes()) : 0;
   // The launcher's step timeout watches the last completed step and whether this rank
   // waits in a collective (so it can tell the rank that is stuck from the peers waiting
   // for it); the heartbeat thread publishes both.
@@ -131,7 +135,7 @@ int train_rank(RankContext& ctx, rendezvous::Heartbeat& hb, config::TrainConfig 
                .round = ctx.round,
                .host = host,
                .job_id = ctx.job_id};
-  mo.limits.min_free_memory_bytes = static_cast<int64_t>(cfg.monitor.min_free_memory * 1024.0 * 1024.0 * 1024.0);
+  mo.limits.min_free_memory_bytes = min_free_memory_bytes;
   mo.limits.node_checks = ctx.local_rank == 0;  // one rank per node watches the node's memory
   mo.gpu = device != nullptr;
   mo.gpu_index = monitor::nvml_index_of(ctx.local_rank, std::getenv("CUDA_VISIBLE_DEVICES"));

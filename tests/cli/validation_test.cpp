@@ -1,5 +1,6 @@
 // Issue 43's crash and validation items through the real binary: `data prepare --chunk-mb
-// nan` is a usage error naming the flag (item 11).
+// nan` is a usage error naming the flag (item 11); monitor.min_free_memory above the node's
+// memory stops the job at once, naming the key and the memory (14).
 #include "refusal_harness.h"
 
 using namespace dtrain::cli_test;
@@ -25,4 +26,21 @@ TEST_CASE("data prepare: --chunk-mb nan, inf or text is a usage error naming the
   RunResult r = run60({bin, "data", "prepare", in, out, "--format", "alpaca", "--chunk-mb", "0.5"});
   INFO(r.out);
   CHECK(r.rc == 0);
+}
+
+TEST_CASE("monitor.min_free_memory above the node's memory stops the job at once, naming the key and the memory") {
+  const std::string bin = bin_or_skip("validation");
+  if (bin.empty()) return;
+  // 1e10: bytes where GiB are meant (tests/config/batch_test.cpp has the bounds).
+  TinyTmp t;
+  const RunResult r = run({bin, "launch", "--config", t.config, "--output-dir", t.run, "--master-port", "0", "--set",
+                           "monitor.min_free_memory=1e10"},
+                          {}, 60s);
+  INFO(r.out);
+  REQUIRE(!r.timed_out);
+  CHECK(r.rc == kUsage);
+  CHECK(contains(r.out, "monitor.min_free_memory = 10000000000 GiB is more than this node's "));
+  CHECK(contains(r.out, "monitor.min_free_memory is in GiB, not bytes"));
+  CHECK(contains(r.out, "not restarting"));
+  CHECK(!contains(r.out, "step 1/"));
 }

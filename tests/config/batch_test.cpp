@@ -167,3 +167,30 @@ TEST_CASE(
   CHECK(odd.cfg.resolved_grad_accum_steps == 2);
   CHECK(odd.note.find("train_batch_size 48 -> 40") != std::string::npos);
 }
+
+TEST_CASE("monitor.min_free_memory at or above the node's memory is refused, naming the key and the memory") {
+  // Issue 43, item 14: 1e10 and 1e30 (bytes where GiB are meant) were accepted and, past
+  // int64 once in bytes, never alerted.
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  TrainConfig c;
+  c.source = "job.yaml";
+  c.monitor.min_free_memory = 2;
+  CHECK(config_min_free_memory_bytes(c, 16 * kGiB) == int64_t{2} << 30);
+  c.monitor.min_free_memory = 0;
+  CHECK(config_min_free_memory_bytes(c, 16 * kGiB) == 0);
+  for (double v : {16.0, 17.0, 1e10, 1e30}) {
+    CAPTURE(v);
+    c.monitor.min_free_memory = v;
+    CHECK_THROWS_WITH_AS(config_min_free_memory_bytes(c, 16 * kGiB),
+                         doctest::Contains("job.yaml: monitor.min_free_memory = "), ConfigError);
+    CHECK_THROWS_WITH_AS(config_min_free_memory_bytes(c, 16 * kGiB),
+                         doctest::Contains("this node's 16.0 GiB of memory"), ConfigError);
+    CHECK_THROWS_WITH_AS(config_min_free_memory_bytes(c, 16 * kGiB), doctest::Contains("is in GiB, not bytes"),
+                         ConfigError);
+  }
+  // The node's memory unknown: still never a byte count that wraps.
+  c.monitor.min_free_memory = 1e30;
+  CHECK_THROWS_AS(config_min_free_memory_bytes(c, 0), ConfigError);
+  c.monitor.min_free_memory = 64;
+  CHECK(config_min_free_memory_bytes(c, 0) == int64_t{64} << 30);
+}
