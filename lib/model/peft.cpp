@@ -8,8 +8,10 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <unistd.h>
+#include <vector>
 
 namespace dtrain::model {
 
@@ -127,8 +129,6 @@ void rope_read(const json& j, const char* key, HfModelConfig& c, const std::stri
     DT_ENFORCE(rp.contains(f) && !rp.at(f).is_null(), ConfigError, "{}: {} rope_type '{}' needs '{}'", src, key, t, f);
     return positive_number(rp.at(f), where + f, src);
   };
-  if (rp.contains("rope_theta") && !j.contains("rope_theta"))
-    c.rope_theta = static_cast<float>(positive_number(rp.at("rope_theta"), where + "rope_theta", src));
   if (rp.contains("partial_rotary_factor"))
     DT_ENFORCE(rp.at("partial_rotary_factor").is_number() && rp.at("partial_rotary_factor").get<double>() == 1.0,
                ConfigError, "{}: {}partial_rotary_factor {} is not supported (dtrain rotates the whole head)", src,
@@ -171,6 +171,67 @@ void rope_read(const json& j, const char* key, HfModelConfig& c, const std::stri
   }
 }
 
+// The scaling fields that the type uses, equal.
+bool rope_same(const HfModelConfig& a, const HfModelConfig& b) {
+  using RS = ModelConfig::RopeScaling;
+  if (a.rope_scaling != b.rope_scaling) return false;
+  if (a.rope_scaling != RS::NONE && a.rope_factor != b.rope_factor) return false;
+  return a.rope_scaling != RS::LLAMA3 ||
+         (a.rope_low_freq_factor == b.rope_low_freq_factor && a.rope_high_freq_factor == b.rope_high_freq_factor &&
+          a.rope_original_max_pos == b.rope_original_max_pos);
+}
+
+// RoPE's base and scaling. transformers v5 writes both in rope_parameters, v4 the base
+// top-level and the scaling in rope_scaling; a config.json may carry both spellings.
+// Where they say different things, which one the model was trained with is unknown (and
+// transformers versions pick differently): a ConfigError naming both, never a silent pick.
+void rope_settings_read(const Reader& r, HfModelConfig& c) {
+  const json& j = r.j;
+  const std::string& src = r.src;
+  struct Theta {
+    std::string key;
+    float value;
+    std::string text;  // as the file writes it
+  };
+  std::vector<Theta> thetas;
+  if (r.has("rope_theta"))
+    thetas.push_back({"rope_theta", r.number("rope_theta", 10000.0f), j.at("rope_theta").dump()});
+  for (const char* key : {"rope_scaling", "rope_parameters"})
+    if (r.has(key) && j.at(key).is_object() && j.at(key).contains("rope_theta") &&
+        !j.at(key).at("rope_theta").is_null()) {
+      const std::string name = std::string(key) + ".rope_theta";
+      const json& v = j.at(key).at("rope_theta");
+      thetas.push_back({name, static_cast<float>(positive_number(v, name, src)), v.dump()});
+    }
+  for (size_t i = 1; i < thetas.size(); ++i)
+    DT_ENFORCE(thetas[i].value == thetas[0].value, ConfigError,
+               "{}: {} = {} and {} = {} disagree: the RoPE base must be given once (or the same in both); remove "
+               "the one the model was not trained with",
+               src, thetas[0].key, thetas[0].text, thetas[i].key, thetas[i].text);
+  c.rope_theta = thetas.empty() ? 10000.0f : thetas[0].value;
+  std::optional<HfModelConfig> first;
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    if (!r.has(key)) continue;
+    HfModelConfig k = c;
+    rope_read(j, key, k, src);
+    if (!first) {
+      first = k;
+      continue;
+    }
+    DT_ENFORCE(rope_same(*first, k), ConfigError,
+               "{}: rope_scaling {} and rope_parameters {} disagree: RoPE scaling must be given once (or the same in "
+               "both); remove the one the model was not trained with",
+               src, j.at("rope_scaling").dump(), j.at("rope_parameters").dump());
+  }
+  if (first) {
+    c.rope_scaling = first->rope_scaling;
+    c.rope_factor = first->rope_factor;
+    c.rope_low_freq_factor = first->rope_low_freq_factor;
+    c.rope_high_freq_factor = first->rope_high_freq_factor;
+    c.rope_original_max_pos = first->rope_original_max_pos;
+  }
+}
+
 void llama_family_read(const Reader& r, HfModelConfig& c) {
   const json& j = r.j;
   const std::string& src = r.src;
@@ -183,7 +244,6 @@ void llama_family_read(const Reader& r, HfModelConfig& c) {
   c.d_model = r.positive_int("hidden_size");
   c.d_ff = r.positive_int("intermediate_size");
   c.norm_eps = r.number("rms_norm_eps", 1e-6f);
-  c.rope_theta = r.number("rope_theta", 10000.0f);
   c.tie_embeddings = r.boolean("tie_word_embeddings", false);
   // head_dim: Qwen3Config's default is 128; the others derive it from the sizes.
   c.head_dim = r.has("head_dim") ? r.positive_int("head_dim") : c.arch == "qwen3" ? 128 : 0;
@@ -191,8 +251,7 @@ void llama_family_read(const Reader& r, HfModelConfig& c) {
   const std::string act = r.string("hidden_act", "silu");
   DT_ENFORCE(act == "silu", ConfigError, "{}: hidden_act '{}' is not supported; dtrain's {} uses SwiGLU (silu)", src,
              act, c.arch);
-  for (const char* key : {"rope_scaling", "rope_parameters"})
-    if (r.has(key)) rope_read(j, key, c, src);
+  rope_settings_read(r, c);
   if (r.has("partial_rotary_factor"))
     DT_ENFORCE(j.at("partial_rotary_factor").is_number() && j.at("partial_rotary_factor").get<double>() == 1.0,
                ConfigError, "{}: partial_rotary_factor {} is not supported (dtrain rotates the whole head)", src,

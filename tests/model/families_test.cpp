@@ -171,6 +171,35 @@ TEST_CASE("every config.json field that would change the math and is not compute
   CHECK(config_error(with(qwen3, "attention_bias", true)).empty());
 }
 
+TEST_CASE("RoPE given twice (rope_theta / rope_parameters / rope_scaling): refused by name unless they agree") {
+  // Issue 43, item 15: rope_parameters.rope_theta 500000 beside rope_theta 10000 used 10000,
+  // rope_parameters factor 2 beside rope_scaling factor 4 used 2, both silently.
+  const json mistral = json::parse(kMistral);  // rope_theta 10000, no scaling
+  json j = mistral;
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+  std::string e = config_error(j);
+  CHECK(e.find("cfg.json: rope_theta = 10000.0 and rope_parameters.rope_theta = 500000.0 disagree") !=
+        std::string::npos);
+  j["rope_parameters"]["rope_theta"] = 10000;  // the same base twice: fine
+  CHECK(config_error(j).empty());
+  j.erase("rope_theta");  // v5: the base only in rope_parameters
+  j["rope_parameters"]["rope_theta"] = 500000.0;
+  CHECK(hf_config_from_json(j, "cfg.json").rope_theta == 500000.0f);
+
+  json k = mistral;
+  k["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 4.0}};
+  k["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  e = config_error(k);
+  CHECK(e.find("cfg.json: rope_scaling {\"factor\":4.0,\"rope_type\":\"linear\"} and rope_parameters "
+               "{\"factor\":2.0,\"rope_type\":\"linear\"} disagree") != std::string::npos);
+  CHECK(e.find("remove the one the model was not trained with") != std::string::npos);
+  k["rope_parameters"] = {{"rope_type", "default"}};  // scaled in one, plain in the other
+  CHECK(!config_error(k).empty());
+  k["rope_parameters"] = {{"type", "linear"}, {"factor", 4}, {"rope_theta", 10000.0}};  // the same settings
+  CHECK(config_error(k).empty());
+  CHECK(hf_config_from_json(k, "cfg.json").rope_factor == 4.0f);
+}
+
 TEST_CASE("each family's config.json round trips through dtrain's writer") {
   const fs::path dir = fs::temp_directory_path() / ("dtrain_families_test_" + std::to_string(::getpid()));
   fs::create_directories(dir);
