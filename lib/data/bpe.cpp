@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <queue>
+#include <unordered_map>
 #include <sstream>
 
 namespace dtrain::data {
@@ -98,6 +99,12 @@ void BpeTokenizer::load_vocab(const json& root) {
   if (!model.contains("vocab") || !model["vocab"].is_object()) fail("model.vocab is missing or not an object");
   if (!model.contains("merges") || !model["merges"].is_array()) fail("model.merges is missing or not an array");
   ignore_merges_ = model.value("ignore_merges", false);
+  // BPE dropout merges at random while encoding: the same text would give other ids each
+  // time, in training and at inference alike. Either kind of BPE.
+  if (model.contains("dropout") && !model["dropout"].is_null() &&
+      !(model["dropout"].is_number() && model["dropout"].get<double>() == 0.0))
+    fail("model.dropout = " + model["dropout"].dump() +
+         " is not supported: BPE dropout randomizes encoding; set it to null (as the model was published)");
 
   // Ids index the id -> token table: each is checked against the vocabulary limit before
   // that table is sized by the largest one.
@@ -110,8 +117,15 @@ void BpeTokenizer::load_vocab(const json& root) {
     return static_cast<int32_t>(idj.get<int64_t>());
   };
   int32_t max_id = -1;
+  std::unordered_map<int32_t, std::string> token_of;  // each id names one token
   for (const auto& [tok, idj] : model["vocab"].items()) {
     int32_t id = check_id(idj, "model.vocab entry '" + tok + "'");
+    auto [at, fresh] = token_of.emplace(id, tok);
+    if (!fresh)
+      fail(
+          fmt::format("model.vocab gives id {} to both '{}' and '{}': each id must name one token (a damaged or "
+                      "hand-edited file?)",
+                      id, at->second, tok));
     vocab_[tok] = id;
     max_id = std::max(max_id, id);
   }
@@ -135,6 +149,10 @@ void BpeTokenizer::load_vocab(const json& root) {
               a.value("rstrip", false),
               a.value("normalized", !a.value("special", false))};
       if (t.content.empty()) fail("added_tokens entry with id " + std::to_string(t.id) + " has empty content");
+      for (const Added& o : added)
+        if (o.id == t.id && o.content != t.content)
+          fail(fmt::format("added_tokens entries '{}' and '{}' have the same id {}: each id must name one token",
+                           o.content, t.content, t.id));
       max_id = std::max(max_id, t.id);
       added.push_back(std::move(t));
     }
@@ -153,6 +171,18 @@ void BpeTokenizer::load_vocab(const json& root) {
   const bool has_pre = root.contains("pre_tokenizer") && !root["pre_tokenizer"].is_null();
   sentencepiece_ = !has_pre || (root["pre_tokenizer"].is_object() &&
                                 root["pre_tokenizer"].value("type", std::string()) == "Metaspace");
+
+  // An added token may repeat a vocabulary entry (GPT-2's <|endoftext|>, Llama 2's <s>),
+  // never take the id of another one: encoding would give that id for two different texts
+  // and decoding would give one of them.
+  for (const Added& a : added_) {
+    auto it = token_of.find(a.id);
+    if (it != token_of.end() && it->second != a.content && (sentencepiece_ || it->second != map_bytes(a.content)))
+      fail(
+          fmt::format("added_tokens entry '{}' has id {}, which model.vocab gives to '{}': give the added token an "
+                      "id of its own (or the same text as the vocabulary entry)",
+                      a.content, a.id, it->second));
+  }
 
   if (!sentencepiece_) {
     const json& p = root["pre_tokenizer"];
@@ -278,14 +308,29 @@ void BpeTokenizer::build_added_matchers() {
   normalized_added_ = AddedTokenMatcher(std::move(normalized));
 }
 
-// bos / eos / pad: tokenizer_config.json's, else the usual names.
+// bos / eos / pad: tokenizer_config.json's, else the usual names. A token that file names
+// must be one of the tokenizer's (an added token, else a vocabulary entry): an eos that is
+// not a token would leave every answer without its end (generation never stops on it).
 void BpeTokenizer::load_special_ids() {
   std::filesystem::path cfg = std::filesystem::path(path_).parent_path() / "tokenizer_config.json";
   if (std::filesystem::exists(cfg)) {
     try {
       json c = json::parse(read_file(cfg.string()));
-      auto pick = [&](const char* key) {
-        return c.is_object() && c.contains(key) ? special_id(token_text(c[key])) : -1;
+      auto pick = [&](const char* key) -> int32_t {
+        if (!c.is_object() || !c.contains(key) || c[key].is_null()) return -1;
+        const std::string text = token_text(c[key]);
+        DT_ENFORCE(!text.empty(), ConfigError,
+                   "'{}': {} is {}, neither a token (a string) nor {{\"content\": token}}: name one of the tokens "
+                   "of '{}', or null for none",
+                   cfg.string(), key, c[key].dump().substr(0, 200), path_);
+        int32_t id = special_id(text);
+        if (id < 0)
+          if (auto it = vocab_.find(text); it != vocab_.end()) id = it->second;
+        DT_ENFORCE(id >= 0, ConfigError,
+                   "'{}': {} '{}' is not a token of '{}' (neither an added token nor in model.vocab): name one of "
+                   "its tokens, or null for none",
+                   cfg.string(), key, text.substr(0, 200), path_);
+        return id;
       };
       bos_id_ = pick("bos_token");
       eos_id_ = pick("eos_token");

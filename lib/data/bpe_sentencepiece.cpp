@@ -62,9 +62,6 @@ void BpeTokenizer::load_sentencepiece(const json& root) {
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (model.contains(key) && !model[key].is_null() && model[key] != "")
       fail(fmt::format("model.{} = {} is not supported (dtrain's BPE has no subword affixes)", key, model[key].dump()));
-  if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].is_number() &&
-      model["dropout"].get<double>() != 0.0)
-    fail("model.dropout = " + model["dropout"].dump() + " is not supported: BPE dropout randomizes encoding");
   byte_fallback_ = model.value("byte_fallback", false);
   fuse_unk_ = model.value("fuse_unk", false);
   if (model.contains("unk_token") && !model["unk_token"].is_null()) {

@@ -399,6 +399,78 @@ TEST_CASE("malformed tokenizer files are clear errors naming the file") {
   CHECK_THROWS_AS(tokenizer_load(""), ConfigError);
 }
 
+TEST_CASE("tokens that contradict each other, a special token that is none, and BPE dropout are refused") {
+  // Issue 43, item 16: each of these loaded silently.
+  TempDir dir;
+  const fs::path p = dir.path / "tokenizer.json";
+  const fs::path cfg = dir.path / "tokenizer_config.json";
+  auto error_of = [&](const json& tokenizer) -> std::string {
+    write_file(p, tokenizer.dump());
+    try {
+      BpeTokenizer tok(p.string());
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  auto has = [](const std::string& what, const std::string& needle) {
+    CHECK_MESSAGE(what.find(needle) != std::string::npos, "'" << needle << "' not in '" << what << "'");
+  };
+  json j = small_tokenizer(false);
+  j["model"]["vocab"]["zz"] = 104;  // 'h' (byte 0x68) has id 104 already
+  std::string e = error_of(j);
+  has(e, p.string());
+  has(e, "model.vocab gives id 104 to both 'h' and 'zz'");
+
+  j = small_tokenizer(false);
+  j["added_tokens"][0]["id"] = 33;  // <|endoftext|> on the byte token '!'
+  e = error_of(j);
+  has(e, p.string());
+  has(e, "added_tokens entry '<|endoftext|>' has id 33, which model.vocab gives to '!'");
+
+  j = small_tokenizer(false);
+  j["added_tokens"].push_back(json{{"id", 262}, {"content", "<|im_end|>"}, {"special", true}});
+  has(error_of(j), "added_tokens entries '<|endoftext|>' and '<|im_end|>' have the same id 262");
+
+  // What real tokenizers do stays accepted: an added token repeating its vocabulary entry
+  // (GPT-2's <|endoftext|>, Llama 2's <s>).
+  j = small_tokenizer(false);
+  j["model"]["vocab"]["<|endoftext|>"] = 262;
+  CHECK(error_of(j).empty());
+
+  // BPE dropout, byte-level as SentencePiece-style: refused; 0 and null are no dropout.
+  j = small_tokenizer(false);
+  j["model"]["dropout"] = 0.5;
+  e = error_of(j);
+  has(e, p.string());
+  has(e, "model.dropout = 0.5 is not supported: BPE dropout randomizes encoding");
+  j["pre_tokenizer"] = nullptr;
+  has(error_of(j), "model.dropout = 0.5 is not supported");
+  for (const json& off : {json(nullptr), json(0.0)}) {
+    j = small_tokenizer(false);
+    j["model"]["dropout"] = off;
+    CHECK(error_of(j).empty());
+  }
+
+  // tokenizer_config.json's special tokens must be tokens of the tokenizer.
+  j = small_tokenizer(false);
+  write_file(cfg, R"({"eos_token": "</s>"})");
+  e = error_of(j);
+  has(e, cfg.string());
+  has(e, "eos_token '</s>' is not a token of '" + p.string() + "'");
+  write_file(cfg, R"({"bos_token": {"content": 5}})");
+  e = error_of(j);
+  has(e, cfg.string());
+  has(e, "bos_token is {\"content\":5}, neither a token (a string) nor {\"content\": token}");
+  write_file(cfg, R"({"pad_token": ["<pad>"]})");
+  has(error_of(j), "pad_token is [\"<pad>\"], neither a token");
+  // A vocabulary entry is a token too (HF's convert_tokens_to_ids reads both).
+  write_file(cfg, R"({"eos_token": "hell"})");
+  REQUIRE(error_of(j).empty());
+  CHECK(BpeTokenizer(p.string()).eos_id() == 258);
+  fs::remove(cfg);
+}
+
 // ---------------------------------------------------------------------------
 // GPT-2's real merges against the reference JS encoder
 
