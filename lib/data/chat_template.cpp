@@ -69,9 +69,42 @@ const std::vector<std::string>& sft_template_names() {
 // ---------------------------------------------------------------------------
 // Parsing and detection
 
+namespace {
+
+// The tokens a template writes as tokens of their own: a tokenizer without one would spell
+// it out as text (<|eot_id|> as 10 bytes), and the model would learn to write that text
+// where its family ends a turn with one token. [INST] and [/INST] are text in Llama 2's and
+// Mistral v0.1's vocabularies (tokens only from Mistral v0.3 on), so those two templates
+// need none.
+std::vector<std::string_view> template_tokens(SftTemplate::Kind k) {
+  switch (k) {
+    case SftTemplate::CHATML:
+    case SftTemplate::QWEN: return {"<|im_start|>", "<|im_end|>"};
+    case SftTemplate::QWEN3: return {"<|im_start|>", "<|im_end|>", "<think>", "</think>"};
+    case SftTemplate::LLAMA3: return {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
+    default: return {};
+  }
+}
+
+SftTemplate template_check(SftTemplate t, std::string_view name, const Tokenizer* tokenizer) {
+  if (tokenizer == nullptr) return t;
+  std::string missing;
+  for (std::string_view tok : template_tokens(t.kind))
+    if (tokenizer->special_id(tok) < 0) missing += std::string(missing.empty() ? "" : ", ") + std::string(tok);
+  const std::string as = name == "auto" ? fmt::format("auto (the {} template)", kind_name(t.kind)) : std::string(name);
+  DT_ENFORCE(missing.empty(), ConfigError,
+             "data.template {} writes {} as single tokens, but tokenizer '{}' has no {}: they would be spelled out "
+             "as text and trained on; use the model's own tokenizer.json (data.tokenizer), or a template the "
+             "tokenizer has the tokens of (plain works with any; chatml with the byte tokenizer)",
+             as, fmt::join(template_tokens(t.kind), ", "), tokenizer->name(), missing);
+  return t;
+}
+
+}  // namespace
+
 SftTemplate sft_template_parse(std::string_view name, const Tokenizer* tokenizer) {
   for (const NamedKind& n : kNames)
-    if (name == n.name) return SftTemplate(n.kind);
+    if (name == n.name) return template_check(SftTemplate(n.kind), name, tokenizer);
   if (name == "auto") {
     const std::string tname = tokenizer ? tokenizer->name() : std::string();
     DT_ENFORCE(tname.rfind("bpe:", 0) == 0, ConfigError,
@@ -81,7 +114,7 @@ SftTemplate sft_template_parse(std::string_view name, const Tokenizer* tokenizer
                tokenizer ? tname : std::string("none"), names_joined());
     fs::path p = tname.substr(4);
     if (!fs::is_directory(p)) p = p.parent_path();
-    return sft_template_detect(p.string());
+    return template_check(sft_template_detect(p.string()), name, tokenizer);
   }
   DT_THROW(ConfigError, "unknown SFT template '{}' (use {})", name, names_joined());
 }

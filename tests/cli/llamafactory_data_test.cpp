@@ -2,8 +2,9 @@
 // data/README.md (dataset_info.json naming an alpaca dataset with system and history
 // columns and a sharegpt dataset with from/value conversations), trains unchanged through
 // `dtrain launch` with data.train = the dataset_dir and data.dataset = the names,
-// concatenated and mixed by data.mix, with the qwen and llama3 templates on the byte
-// tokenizer; a record whose turns do not alternate stops the job with an error naming the
+// concatenated and mixed by data.mix, with the qwen and chatml templates on the byte
+// tokenizer (which has their <|im_start|> / <|im_end|>; llama3's tokens it lacks, and
+// that template is refused with it); a record whose turns do not alternate stops the job with an error naming the
 // file, the line, the record and the field.
 #include "run_binary.h"
 #include "skip.h"
@@ -107,7 +108,7 @@ TEST_CASE("a LLaMA-Factory dataset_dir (alpaca + sharegpt) trains through dtrain
   };
   const Case cases[] = {
       {"concatenated, qwen", "  dataset: tasks_alpaca,tasks_sharegpt\n  template: qwen\n"},
-      {"mixed 3:1, llama3", "  dataset: tasks_alpaca, tasks_sharegpt\n  mix: [3, 1]\n  template: llama3\n"},
+      {"mixed 3:1, chatml", "  dataset: tasks_alpaca, tasks_sharegpt\n  mix: [3, 1]\n  template: chatml\n"},
   };
   for (const Case& c : cases) {
     CAPTURE(c.name);

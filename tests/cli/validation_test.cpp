@@ -1,6 +1,7 @@
 // Issue 43's crash and validation items through the real binary: `data prepare --chunk-mb
-// nan` is a usage error naming the flag (item 11); monitor.min_free_memory above the node's
-// memory stops the job at once, naming the key and the memory (14).
+// nan` is a usage error naming the flag (item 11); a template whose turn tokens the
+// tokenizer lacks is refused (17); monitor.min_free_memory above the node's memory stops
+// the job at once, naming the key and the memory (14).
 #include "refusal_harness.h"
 
 using namespace dtrain::cli_test;
@@ -12,7 +13,7 @@ RunResult run60(const std::vector<std::string>& argv) { return run(argv, {}, 60s
 
 }  // namespace
 
-TEST_CASE("data prepare: --chunk-mb nan, inf or text is a usage error naming the flag") {
+TEST_CASE("data prepare: --chunk-mb nan, inf or text is a usage error naming the flag; llama3 needs its tokens") {
   const std::string bin = bin_or_skip("validation");
   if (bin.empty()) return;
   TempDir tmp("dtrain-val-prep");
@@ -26,6 +27,12 @@ TEST_CASE("data prepare: --chunk-mb nan, inf or text is a usage error naming the
   RunResult r = run60({bin, "data", "prepare", in, out, "--format", "alpaca", "--chunk-mb", "0.5"});
   INFO(r.out);
   CHECK(r.rc == 0);
+
+  // The byte tokenizer has no <|eot_id|>: llama3 would spell it out as 10 bytes and train on them.
+  expect_refused(
+      run60({bin, "data", "prepare", in, tmp.path() + "/l3.bin", "--format", "alpaca", "--template", "llama3"}),
+      {"data.template llama3 writes <|start_header_id|>, <|end_header_id|>, <|eot_id|> as single tokens, "
+       "but tokenizer 'byte' has no"});
 }
 
 TEST_CASE("monitor.min_free_memory above the node's memory stops the job at once, naming the key and the memory") {

@@ -10,6 +10,7 @@
 #include "temp_dir.h"
 #include "data/chat_template.h"
 #include "data/sft.h"
+#include "data/unicode.h"
 #include "data/unicode_nfc.h"
 
 #include "core/error.h"
@@ -628,4 +629,43 @@ TEST_CASE("auto: the family from tokenizer_config.json's chat_template, clear er
   CHECK_THROWS_WITH_AS(sft_template_parse("auto", &byte),
                        doctest::Contains("set data.tokenizer to the model directory"), ConfigError);
   CHECK_THROWS_WITH_AS(sft_template_parse("llama9"), doctest::Contains("use plain, alpaca, chatml, qwen"), ConfigError);
+}
+
+TEST_CASE("a template whose turn tokens the tokenizer lacks is refused, not spelled out as text") {
+  // Issue 43, item 17: llama3 on the byte tokenizer wrote <|eot_id|> and friends as bytes
+  // and trained on them; auto did the same for a tokenizer without them.
+  ByteTokenizer byte;
+  CHECK_THROWS_WITH_AS(sft_template_parse("llama3", &byte),
+                       doctest::Contains("data.template llama3 writes <|start_header_id|>, <|end_header_id|>, "
+                                         "<|eot_id|> as single tokens, but tokenizer 'byte' has no "
+                                         "<|start_header_id|>, <|end_header_id|>, <|eot_id|>"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(sft_template_parse("qwen3", &byte), doctest::Contains("has no <think>, </think>"), ConfigError);
+  // The byte tokenizer has ChatML's tokens; plain, llama2 and mistral write none of their own.
+  for (const char* name : {"plain", "alpaca", "chatml", "qwen", "llama2", "mistral"}) {
+    CAPTURE(name);
+    CHECK_NOTHROW(sft_template_parse(name, &byte));
+  }
+  // auto: a byte-level BPE without Llama 3's tokens beside a Llama 3 chat_template.
+  TempDir dir;
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) {
+    std::string c;
+    utf8_append(c, byte_to_unicode(static_cast<uint8_t>(b)));
+    vocab[c] = b;
+  }
+  const json tokenizer = {
+      {"added_tokens", json::array({json{{"id", 256}, {"content", "<|begin_of_text|>"}, {"special", true}},
+                                    json{{"id", 257}, {"content", "<|end_of_text|>"}, {"special", true}}})},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}};
+  write_file(dir.path / "tokenizer.json", tokenizer.dump());
+  write_file(dir.path / "tokenizer_config.json",
+             json{{"chat_template", "{{ '<|start_header_id|>' + role + '<|end_header_id|>' }}"}}.dump());
+  const auto bpe = tokenizer_load(dir.path.string());
+  CHECK_THROWS_WITH_AS(sft_template_parse("auto", bpe.get()),
+                       doctest::Contains("data.template auto (the llama3 template) writes <|start_header_id|>"),
+                       ConfigError);
+  const std::string path = (dir.path / "tokenizer.json").string();
+  CHECK_THROWS_WITH_AS(sft_template_parse("auto", bpe.get()), doctest::Contains(path.c_str()), ConfigError);
 }
