@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -235,15 +236,28 @@ std::pair<const model::SafetensorsFile*, std::string> weight_check(const WeightS
   DT_THROW(IoError, "{}: tensor {} is missing", w.files.front().path(), t.name);
 }
 
+// A NaN or infinity in a weight file would train to "loss is nan" at the first step, which
+// blames the learning rate: IoError naming the file, the tensor and the first bad element.
+void finite_check(const float* v, size_t n, const model::SafetensorsFile& f, const std::string& name) {
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(v[i]))
+      DT_THROW(IoError,
+               "{}: tensor {} holds {} at element {}: the weights are damaged (or were saved from a run that "
+               "diverged); use another checkpoint",
+               f.path(), name, v[i], i);
+}
+
 // Reads one tensor of the layout from the file that holds it, transposing Conv1D.
 void load_tensor(const WeightSet& w, const model::TensorSpec& t, float* dst, const model::ModelConfig& cfg) {
   const auto [f, n] = weight_check(w, t, cfg);
   if (!t.hf_transposed) {
     f->read_f32(n, dst, t.numel());
+    finite_check(dst, t.numel(), *f, n);
     return;
   }
   std::vector<float> tmp(t.numel());
   f->read_f32(n, tmp.data(), tmp.size());
+  finite_check(tmp.data(), tmp.size(), *f, n);
   const int64_t rows = t.shape[0], cols = t.shape[1];  // ours [rows, cols] = HF [cols, rows]
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < cols; ++j) dst[i * cols + j] = tmp[static_cast<size_t>(j * rows + i)];

@@ -14,7 +14,9 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <filesystem>
 #include <string>
 #include <unistd.h>
@@ -152,6 +154,33 @@ TEST_CASE("init_from: sizes in the config must agree; missing tensors are report
   CHECK_THROWS_AS(model_create(load("gpt2", {"model.init_from=" + dir.path.string()})), ConfigError);
   fs::remove(dir.path / "model.safetensors");
   CHECK_THROWS_AS(model_create(load("llama", {"model.init_from=" + dir.path.string()})), IoError);
+}
+
+TEST_CASE("init_from: a NaN or infinity in a weight is reported at load, naming the file and the tensor") {
+  // Issue 43, item 18: it trained into "loss is nan; lower optimizer.lr".
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    CAPTURE(bad);
+    TempDir dir("nan");
+    auto m = model_create(load("llama"));
+    model::ParamBuffer& pb = m->params()[1];
+    const model::TensorSpec& t = pb.layout.tensors.back();
+    pb.host_f32()[t.offset + 3] = bad;
+    model_export_hf(*m, dir.path.string());
+    const std::string file = (dir.path / "model.safetensors").string();
+    for (int via = 0; via < 2; ++via) {
+      CAPTURE(via);
+      try {
+        if (via == 0) model_create(load("llama", {"model.init_from=" + dir.path.string()}));
+        else model_load_hf_dir(dir.path.string());  // eval / generate of an exported model
+        FAIL("loaded a model holding " << bad);
+      } catch (const IoError& e) {
+        const std::string what = e.what();
+        INFO(what);
+        CHECK(what.find(file + ": tensor " + t.name + " holds " + (std::isnan(bad) ? "nan" : "inf")) !=
+              std::string::npos);
+      }
+    }
+  }
 }
 
 TEST_CASE("a run's final/ loads back with the same held-out loss") {
