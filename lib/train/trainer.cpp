@@ -321,9 +321,11 @@ void TrainLoop::metrics_open() {
     // final/ is the model of a run that finished: one that trains on (a resume with more
     // steps) drops the old one, so an interruption cannot leave eval, generate and export
     // (which prefer final/) on weights older than its latest checkpoint.
+    // The entry itself, never what a link names: a final -> final loop (which exists()
+    // cannot resolve) or a link to a directory elsewhere goes as a link.
     const fs::path final_dir = fs::path(env_.run_dir) / "final";
     std::error_code ec;
-    if (fs::exists(final_dir, ec) && fs::remove_all(final_dir, ec) > 0 && !ec)
+    if (fs::exists(fs::symlink_status(final_dir, ec)) && fs::remove_all(final_dir, ec) > 0 && !ec)
       log_info("removed {}: the run trains on from step {}, its final/ is written again at the end", final_dir.string(),
                start_step_);
   }
@@ -559,6 +561,15 @@ void TrainLoop::export_final(bool trained) {
   if (env_.run_dir.empty()) return;
   lead_work_wait([&] {
     const std::string dir = (fs::path(env_.run_dir) / "final").string();
+    // final/ is the run's own directory: a symbolic link there (a loop, or one to a model
+    // elsewhere) is replaced, never written through.
+    std::error_code ec;
+    if (fs::is_symlink(fs::symlink_status(dir, ec))) {
+      fs::remove(dir, ec);
+      DT_ENFORCE(!ec, IoError, "{} is a symbolic link and cannot be removed ({}): remove it, then resume", dir,
+                 ec.message());
+      log_info("removed {}: a symbolic link, where the run writes its final/ directory", dir);
+    }
     // The config's export section decides dtype, shards and a merged model either way; a
     // deferred run's export streams each tensor from the checkpoint's shards (no model).
     if (deferred_) {

@@ -261,6 +261,45 @@ TEST_CASE("a finished run: re-running trains nothing; a larger max_steps extends
   CHECK(train_records(dir.path) == train_records(long_dir.path));
 }
 
+TEST_CASE("final/ as a symbolic link (a loop, or to a directory elsewhere) is replaced, never followed") {
+  // Issue 43, item 19: final -> final survived the resume, and the final export failed
+  // "Not a directory" (retried, exit 3).
+  TempDir dir("final_link"), elsewhere("final_link_elsewhere");
+  const std::vector<std::string> base{"scheduler.type=WarmupLR", "training.save_steps=0"};
+  auto with = [&](const std::string& s) {
+    auto v = base;
+    v.push_back(s);
+    return v;
+  };
+  const fs::path final_dir = dir.path / "final";
+  auto is_real_final = [&] {
+    std::error_code ec;
+    return !fs::is_symlink(fs::symlink_status(final_dir, ec)) && fs::is_directory(final_dir, ec) &&
+           fs::exists(final_dir / "model.safetensors", ec);
+  };
+  run(with("training.max_steps=2"), 1, dir.path.string());
+  REQUIRE(is_real_final());
+
+  // A resume that trains on: final -> final is dropped, final/ written again.
+  fs::remove_all(final_dir);
+  fs::create_directory_symlink("final", final_dir);
+  const TrainResult more = run(with("training.max_steps=4"), 1, dir.path.string());
+  CHECK(more.resumed_step == 2);
+  CHECK(is_real_final());
+
+  // Nothing to train (final/ is written again): a link to a directory elsewhere is
+  // replaced by the run's own final/, and what it pointed to is left as it was.
+  fs::create_directories(elsewhere.path);
+  std::ofstream(elsewhere.path / "keep.txt") << "not the run's";
+  fs::remove_all(final_dir);
+  fs::create_directory_symlink(elsewhere.path, final_dir);
+  const TrainResult again = run(with("training.max_steps=4"), 1, dir.path.string());
+  CHECK(again.losses.empty());
+  CHECK(is_real_final());
+  CHECK(bytes_of(elsewhere.path / "keep.txt") == "not the run's");
+  CHECK(!fs::exists(elsewhere.path / "model.safetensors"));
+}
+
 TEST_CASE("export: a 3-rank stage-3 LoRA checkpoint gives the weights the live run exported") {
   TempDir dir("export");
   const TrainResult r =
