@@ -23,7 +23,10 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 namespace dtrain::train {
 
@@ -613,6 +616,48 @@ struct Opened {
   std::vector<uint64_t> data_start;
 };
 
+// The manifest's buffers against the shards' own entry tables (CRC-checked, where the
+// manifest has no checksum): each rank's shard must hold its partition of every buffer
+// (the master, and m and v of a trainable one) at the manifest's size, inside the file.
+// A size the shards do not hold is a damaged manifest, and the load falls back to an older
+// checkpoint, instead of comparing it with the model and blaming the config. "" or why.
+std::string shard_layout_problem(const Opened& o) {
+  const json& bufs = o.manifest.at("buffers");
+  const json& files = o.manifest.at("files");
+  for (int q = 0; q < o.world; ++q) {
+    std::map<std::pair<uint64_t, std::string>, const json*> entry;
+    for (const json& e : o.heads[static_cast<size_t>(q)].at("entries"))
+      entry[{e.at("buffer").get<uint64_t>(), e.at("kind").get<std::string>()}] = &e;
+    const uint64_t bytes = files.at(static_cast<size_t>(q)).at("bytes").get<uint64_t>();
+    const uint64_t start = o.data_start[static_cast<size_t>(q)];
+    if (start > bytes) return files.at(static_cast<size_t>(q)).at("name").get<std::string>() + ": header past its end";
+    const uint64_t data_bytes = bytes - start;
+    for (size_t b = 0; b < bufs.size(); ++b) {
+      const uint64_t n = bufs[b].at("size").get<uint64_t>();
+      const Part p = part_of(static_cast<size_t>(n), o.world, q);
+      std::vector<const char*> kinds{"master"};
+      if (bufs[b].at("trainable").get<bool>()) kinds.insert(kinds.end(), {"m", "v"});
+      for (const char* kind : kinds) {
+        auto it = entry.find({b, kind});
+        const std::string shard = files.at(static_cast<size_t>(q)).at("name").get<std::string>();
+        if (it == entry.end())
+          return fmt::format("\"buffers\"[{}] ({} elements): {} holds no {} slice of it", b, n, shard, kind);
+        const json& e = *it->second;
+        const uint64_t lo = e.at("lo").get<uint64_t>(), count = e.at("count").get<uint64_t>();
+        const uint64_t offset = e.at("offset").get<uint64_t>();
+        if (lo != p.lo || count != p.hi - p.lo)
+          return fmt::format(
+              "\"buffers\"[{}].size is {}, but {} holds elements [{}, {}) of it where that size puts [{}, {}) at "
+              "world size {}: the manifest and its shards disagree (a damaged manifest)",
+              b, n, shard, lo, lo + count, p.lo, p.hi, o.world);
+        if (count > data_bytes / sizeof(float) || offset > data_bytes - count * sizeof(float))
+          return fmt::format("{}: the {} slice of buffer {} ends past the file's data", shard, kind, b);
+      }
+    }
+  }
+  return "";
+}
+
 // Verifies dir (manifest present and parsable, every file present, of the recorded
 // size and CRC32C) and opens it. Returns "" or why it is unusable, naming the file.
 std::string checkpoint_open(const fs::path& dir, Opened& out) {
@@ -655,6 +700,7 @@ std::string checkpoint_open(const fs::path& dir, Opened& out) {
       out.data_start.push_back(16 + hl);
       out.fds.push_back(std::move(fd));
     }
+    if (std::string why = shard_layout_problem(out); !why.empty()) return mpath.string() + ": " + why;
   } catch (const json::exception& e) {
     return mpath.string() + ": malformed (" + e.what() + ")";
   }
@@ -815,8 +861,8 @@ CheckpointLoadResult checkpoint_load(const std::string& run_dir, const ZeroCheck
   std::string latest;
   const std::vector<fs::path> candidates = load_candidates(root, res, latest);
   if (candidates.empty()) {
-    DT_ENFORCE(res.skipped.empty(), CheckpointError, "no usable checkpoint under {}: {}", root.string(),
-               res.skipped.front());
+    DT_ENFORCE(res.skipped.empty() || !set_aside_damaged, CheckpointError, "no usable checkpoint under {}: {}",
+               root.string(), res.skipped.front());
     return res;
   }
 
@@ -886,6 +932,7 @@ CheckpointLoadResult checkpoint_load(const std::string& run_dir, const ZeroCheck
     }
     return res;
   }
+  if (!set_aside_damaged) return res;  // read-only: the caller names its way out (--init)
   // One line: the launcher reports a rank's first error line, which must carry the reasons.
   std::string tried;
   for (const auto& s : res.skipped) tried += (tried.empty() ? " " : "; ") + s;

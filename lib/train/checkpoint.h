@@ -84,9 +84,11 @@ struct CheckpointLoadResult {
 /// checkpoint. Returns loaded == false when run_dir has no checkpoint; throws
 /// CheckpointError naming every checkpoint tried and why when none is usable, or when
 /// the checkpoint's buffers do not match the model. A damaged checkpoint (bad manifest,
-/// a file name that is not a bare name in its directory, a missing, truncated or
-/// corrupt shard) is skipped and, with set_aside_damaged, renamed
-/// stepK.corrupt-<UTC time> by rank 0 so that pruning neither counts nor keeps it.
+/// buffer sizes the shards do not hold, a file name that is not a bare name in its
+/// directory, a missing, truncated or corrupt shard) is skipped and, with
+/// set_aside_damaged, renamed stepK.corrupt-<UTC time> by rank 0 so that pruning neither
+/// counts nor keeps it. Without set_aside_damaged (a read-only look: export, eval) none
+/// usable is loaded == false with `skipped` saying why, for the caller to say what to do.
 CheckpointLoadResult checkpoint_load(const std::string& run_dir, const ZeroCheckpointView& view,
                                      bool set_aside_damaged = true);
 
