@@ -5,7 +5,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
-#include "data/input_file.h"
+#include "core/input_file.h"
 #include "data/unicode_nfc.h"
 
 #include <nlohmann/json.hpp>
@@ -33,14 +33,8 @@ constexpr std::string_view QWEN2_REGEX =
 constexpr std::string_view GPT2_REGEX =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-std::string read_file(const std::string& path) {
-  input_file_check(path, "tokenizer file");
-  std::ifstream in(path, std::ios::binary);
-  DT_ENFORCE(in.good(), IoError, "cannot open tokenizer file '{}': check the path", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  DT_ENFORCE(!in.bad(), IoError, "error reading tokenizer file '{}'", path);
-  return ss.str();
+std::string read_file(const std::string& path, uint64_t max_bytes = kInputTokenizerMaxBytes) {
+  return input_file_read(path, "tokenizer file", max_bytes);
 }
 
 std::string map_bytes(std::string_view bytes) {
@@ -313,9 +307,9 @@ void BpeTokenizer::build_added_matchers() {
 // not a token would leave every answer without its end (generation never stops on it).
 void BpeTokenizer::load_special_ids() {
   std::filesystem::path cfg = std::filesystem::path(path_).parent_path() / "tokenizer_config.json";
-  if (std::filesystem::exists(cfg)) {
+  if (input_present(cfg.string(), "tokenizer file")) {
     try {
-      json c = json::parse(read_file(cfg.string()));
+      json c = json::parse(read_file(cfg.string(), kInputMetaMaxBytes));
       auto pick = [&](const char* key) -> int32_t {
         if (!c.is_object() || !c.contains(key) || c[key].is_null()) return -1;
         const std::string text = token_text(c[key]);

@@ -3,7 +3,7 @@
 #include "data/chat_template.h"
 
 #include "core/check.h"
-#include "data/input_file.h"
+#include "core/input_file.h"
 
 #include <nlohmann/json.hpp>
 
@@ -43,12 +43,8 @@ std::string names_joined() {
   return s + " or auto";
 }
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  DT_ENFORCE(in.good(), IoError, "cannot read '{}'", p.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+std::string read_text(const fs::path& p, const char* what) {
+  return input_file_read(p.string(), what, kInputMetaMaxBytes);
 }
 
 }  // namespace
@@ -113,7 +109,8 @@ SftTemplate sft_template_parse(std::string_view name, const Tokenizer* tokenizer
                "template ({})",
                tokenizer ? tname : std::string("none"), names_joined());
     fs::path p = tname.substr(4);
-    if (!fs::is_directory(p)) p = p.parent_path();
+    std::error_code ec;
+    if (!fs::is_directory(p, ec)) p = p.parent_path();
     return template_check(sft_template_detect(p.string()), name, tokenizer);
   }
   DT_THROW(ConfigError, "unknown SFT template '{}' (use {})", name, names_joined());
@@ -125,10 +122,11 @@ SftTemplate sft_template_detect(const std::string& model_dir) {
   const fs::path jinja = dir / "chat_template.jinja";
   std::string tmpl;
   std::string source;
-  if (fs::exists(config)) {
+  const bool has_config = input_present(config.string(), "tokenizer_config.json");
+  if (has_config) {
     json j;
     try {
-      j = json::parse(read_text(config));
+      j = json::parse(read_text(config, "tokenizer_config.json"));
     } catch (const json::parse_error& e) {
       DT_THROW(ConfigError, "{}: invalid JSON ({}); cannot read its chat_template for data.template auto",
                config.string(), e.what());
@@ -143,14 +141,14 @@ SftTemplate sft_template_detect(const std::string& model_dir) {
       source = config.string();
     }
   }
-  if (tmpl.empty() && fs::exists(jinja)) {
-    tmpl = read_text(jinja);
+  if (tmpl.empty() && input_present(jinja.string(), "chat template")) {
+    tmpl = read_text(jinja, "chat template");
     source = jinja.string();
   }
   DT_ENFORCE(!tmpl.empty(), ConfigError,
              "data.template auto: {} has no chat_template (and there is no {}): a base model has none; name the "
              "template the model was or will be used with in data.template ({})",
-             fs::exists(config) ? config.string() : config.string() + " does not exist, so it", jinja.string(),
+             has_config ? config.string() : config.string() + " does not exist, so it", jinja.string(),
              names_joined());
   auto has = [&](std::string_view s) { return tmpl.find(s) != std::string::npos; };
   if (has("<|start_header_id|>")) return SftTemplate::LLAMA3;

@@ -3,7 +3,7 @@
 #include "data/llamafactory.h"
 
 #include "core/check.h"
-#include "data/input_file.h"
+#include "core/input_file.h"
 
 #include <nlohmann/json.hpp>
 
@@ -115,7 +115,8 @@ Entry entry_parse(const json& info, const std::string& name, const fs::path& dir
   Entry out;
   out.name = name;
   out.file = (dir / e["file_name"].get<std::string>()).string();
-  DT_ENFORCE(!fs::is_directory(out.file), ConfigError,
+  std::error_code dir_ec;
+  DT_ENFORCE(!fs::is_directory(out.file, dir_ec), ConfigError,
              "{}: file_name '{}' is a folder; dtrain reads one .json or .jsonl file per dataset: name the file", where,
              out.file);
   const std::string formatting = e.contains("formatting") && e["formatting"].is_string()
@@ -286,7 +287,7 @@ bool is_jsonl(const Entry& e) {
 
 void load_entry(const Entry& e, std::vector<SftRecord>& out) {
   const std::string& file = e.file;
-  const std::string text = input_file_read(e.file, "LLaMA-Factory dataset");
+  const std::string text = input_file_read(e.file, "LLaMA-Factory dataset", kInputAnySize);
   size_t index = 0;
   auto one = [&](std::string_view rec_text, size_t line) { out.push_back(record_parse(e, rec_text, line, index++)); };
   if (is_jsonl(e)) {
@@ -320,7 +321,7 @@ std::vector<LlamaFactoryEntry> llamafactory_entries(const std::string& dataset_d
   const fs::path dir = info_path.parent_path();
   json info;
   try {
-    info = json::parse(input_file_read(info_path.string(), "dataset_info.json"));
+    info = json::parse(input_file_read(info_path.string(), "dataset_info.json", kInputMetaMaxBytes));
   } catch (const json::parse_error& e) {
     DT_THROW(ConfigError, "{}: invalid JSON: {}", info_path.string(), e.what());
   }

@@ -4,7 +4,7 @@
 #include "core/check.h"
 #include "core/output_path.h"
 #include "core/log.h"
-#include "data/input_file.h"
+#include "core/input_file.h"
 #include "data/llamafactory.h"
 #include "data/prepare_stream.h"
 #include "data/shard_writer.h"

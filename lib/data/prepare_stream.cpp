@@ -4,7 +4,7 @@
 #include "data/prepare_stream.h"
 
 #include "core/check.h"
-#include "data/input_file.h"
+#include "core/input_file.h"
 #include "data/llamafactory.h"
 
 #include <algorithm>
@@ -72,9 +72,7 @@ class ChunkReader {
               bool count_records = false)
       : path_(path), what_(what), chunk_bytes_(std::max<size_t>(chunk_bytes, 1)), paragraphs_(paragraphs),
         count_records_(count_records) {
-    input_file_check(path, what);
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    DT_ENFORCE(fd_ >= 0, IoError, "cannot open {} '{}': check the path", what, path);
+    fd_ = input_file_open(path, what).release();
   }
   ~ChunkReader() { ::close(fd_); }
   ChunkReader(const ChunkReader&) = delete;
@@ -415,7 +413,7 @@ void data_tokenize_stream_llamafactory(const std::vector<LlamaFactoryEntry>& ent
     } else {
       // A .json array is one JSON value: read whole (it is the datasets' own layout), its
       // records handed on in chunks.
-      const std::string text = input_file_read(e.file, "LLaMA-Factory dataset");
+      const std::string text = input_file_read(e.file, "LLaMA-Factory dataset", kInputAnySize);
       std::vector<Record> all;
       llamafactory_json_elements(text, e.file, [&](std::string_view rec, size_t line) {
         all.push_back({static_cast<size_t>(rec.data() - text.data()), rec.size(), line});

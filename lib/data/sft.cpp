@@ -2,7 +2,7 @@
 #include "data/sft.h"
 
 #include "core/check.h"
-#include "data/input_file.h"
+#include "core/input_file.h"
 
 #include <nlohmann/json.hpp>
 
@@ -71,19 +71,20 @@ SftRecord sft_parse_line(std::string_view line, SftFormat format, const std::str
 }
 
 std::vector<SftRecord> sft_load_jsonl(const std::string& path, SftFormat format) {
-  input_file_check(path, "SFT data");
-  std::ifstream in(path, std::ios::binary);
-  DT_ENFORCE(in.good(), IoError, "cannot open SFT data '{}': check the path", path);
+  // Read whole through the input rule (every record is held anyway), then split in lines.
+  const std::string text = input_file_read(path, "SFT data", kInputAnySize);
   std::vector<SftRecord> records;
-  std::string line;
   size_t line_no = 0;
-  while (std::getline(in, line)) {
+  for (size_t pos = 0; pos < text.size();) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string_view line(text.data() + pos, end - pos);
+    pos = end + 1;
     ++line_no;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     records.push_back(sft_parse_line(line, format, path, line_no));
   }
-  DT_ENFORCE(!in.bad(), IoError, "error reading SFT data '{}' after line {}", path, line_no);
   return records;
 }
 

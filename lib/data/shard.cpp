@@ -3,7 +3,7 @@
 #include "data/shard.h"
 
 #include "core/check.h"
-#include "data/input_file.h"
+#include "core/input_file.h"
 
 #include <array>
 #include <bit>
@@ -131,24 +131,13 @@ void shard_write(const std::string& path, const TokenData& data) {
 // Reader
 
 ShardReader::ShardReader(const std::string& path, bool verify) : path_(path) {
-  input_file_check(path, "token shard");
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  DT_ENFORCE(fd >= 0, IoError, "cannot open token shard '{}': {}", path, std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int e = errno;
-    ::close(fd);
-    DT_THROW(IoError, "cannot stat token shard '{}': {}", path, std::strerror(e));
-  }
-  bytes_ = static_cast<size_t>(st.st_size);
-  if (bytes_ < SHARD_HEADER_BYTES) {
-    ::close(fd);
+  InputFile f = input_file_open(path, "token shard");
+  bytes_ = static_cast<size_t>(f.size());
+  if (bytes_ < SHARD_HEADER_BYTES)
     DT_THROW(IoError, "token shard '{}' is truncated: {} bytes, smaller than the {}-byte header", path, bytes_,
              SHARD_HEADER_BYTES);
-  }
-  void* m = ::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
+  void* m = ::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, f.fd(), 0);
   int e = errno;
-  ::close(fd);
   DT_ENFORCE(m != MAP_FAILED, IoError, "cannot mmap token shard '{}': {}", path, std::strerror(e));
   base_ = static_cast<const uint8_t*>(m);
 

@@ -85,7 +85,8 @@ std::unique_ptr<Tokenizer> tokenizer_load(const std::string& spec) {
   DT_ENFORCE(!spec.empty(), ConfigError, "empty tokenizer spec: use \"byte\" or the path of a tokenizer.json");
   if (spec == "byte") return std::make_unique<ByteTokenizer>();
   std::string path = spec;
-  if (std::filesystem::is_directory(path)) path = (std::filesystem::path(path) / "tokenizer.json").string();
+  std::error_code ec;  // a loop or a missing path: the tokenizer file's open names it
+  if (std::filesystem::is_directory(path, ec)) path = (std::filesystem::path(path) / "tokenizer.json").string();
   return std::make_unique<BpeTokenizer>(path);
 }
 

@@ -6,7 +6,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "core/net_address.h"
-#include "core/small_file.h"
+#include "core/input_file.h"
 #include "device/device.h"
 #include "launch/local_spawner.h"
 #include "launch/rank_device.h"
@@ -51,11 +51,17 @@ std::string absolute_path(const std::string& p) {
   return ec ? p : abs.lexically_normal().string();
 }
 
+// A run directory file this launcher wrote (config.yaml, hostfile), "" when it cannot be
+// read: through the input rule, so a FIFO or a link put in its place is never waited on.
 std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  std::string why;
+  InputFile f = input_file_try_open(path.string(), config::kConfigMaxBytes, &why);
+  if (!why.empty()) return {};
+  try {
+    return f.read_all("run directory file", config::kConfigMaxBytes);
+  } catch (const Error&) {
+    return {};
+  }
 }
 
 // The config's keys and values, without comments (the "# from:" line names wherever it
@@ -137,19 +143,14 @@ std::string interface_address(const std::string& interface) {
 // holding tokenizer.json; model.init_from: always a directory).
 std::string input_path_problem(const std::string& path, const std::string& workdir, bool dir_ok, bool dir_only) {
   const fs::path p = fs::path(path).is_absolute() ? fs::path(path) : fs::path(workdir) / path;
-  struct stat st {};
-  if (::stat(p.c_str(), &st) != 0) {
-    const int e = errno;
-    return e == ENOENT || e == ENOTDIR ? std::string("does not exist")
-                                       : fmt::format("cannot be read: {}", std::strerror(e));
+  if (dir_ok || dir_only) {
+    const std::string dir_problem = input_dir_problem(p.string());
+    if (dir_problem.empty())
+      return ::access(p.c_str(), R_OK | X_OK) == 0 ? "" : fmt::format("is not readable: {}", std::strerror(errno));
+    if (dir_only) return dir_problem;
   }
-  if (S_ISDIR(st.st_mode)) {
-    if (!dir_ok && !dir_only) return "is a directory, not a file";
-    return ::access(p.c_str(), R_OK | X_OK) == 0 ? "" : fmt::format("is not readable: {}", std::strerror(errno));
-  }
-  if (dir_only) return "is not a directory";
-  if (!S_ISREG(st.st_mode)) return "is not a regular file";
-  return ::access(p.c_str(), R_OK) == 0 ? "" : fmt::format("is not readable: {}", std::strerror(errno));
+  // A file, by the input rule (the same check the ranks' open makes).
+  return input_file_problem(p.string());
 }
 
 // The config's data files for ranks on this machine: missing, a directory or unreadable
@@ -264,7 +265,7 @@ void check_ssh_files(const config::TrainConfig& cfg) {
   const char* home = std::getenv("HOME");
   const std::string id_file = path_expand_home(cfg.cluster.ssh.identity_file, home ? home : "");
   if (!id_file.empty() && ::stat(id_file.c_str(), &id_st) == 0) {
-    const std::string problem = small_file_problem(id_file, kIdentityFileMaxBytes);
+    const std::string problem = input_file_problem(id_file, kIdentityFileMaxBytes);
     if (!problem.empty())
       DT_THROW(ConfigError, "{}: cluster.ssh.identity_file: {} {}; give the private key file SSH should use",
                cfg.source, id_file, problem);
@@ -275,7 +276,7 @@ void check_ssh_files(const config::TrainConfig& cfg) {
   struct stat kh_st {};
   if (cfg.cluster.ssh.host_key_policy != "off" && !kh_file.empty() && ::stat(kh_file.c_str(), &kh_st) == 0 &&
       !known_hosts_is_dev_null(kh_file)) {
-    const std::string problem = small_file_problem(kh_file, kKnownHostsMaxBytes);
+    const std::string problem = input_file_problem(kh_file, kKnownHostsMaxBytes);
     if (!problem.empty())
       DT_THROW(ConfigError,
                "{}: cluster.ssh.known_hosts: {} {}; give an OpenSSH known_hosts file (or leave the key "

@@ -5,7 +5,7 @@
 #include "launch/ssh_session.h"
 
 #include "core/check.h"
-#include "core/small_file.h"
+#include "core/input_file.h"
 #include "core/log.h"
 
 #include <arpa/inet.h>
@@ -128,12 +128,12 @@ int known_hosts_load(LIBSSH2_KNOWNHOSTS* hosts, const std::string& path, const s
   std::error_code ec;
   if (!std::filesystem::exists(path, ec) && !std::filesystem::is_symlink(path, ec)) return 0;
   if (known_hosts_is_dev_null(path)) return 0;  // ssh's UserKnownHostsFile=/dev/null: no keys
-  if (const std::string problem = small_file_problem(path, kKnownHostsMaxBytes); !problem.empty())
+  if (const std::string problem = input_file_problem(path, kKnownHostsMaxBytes); !problem.empty())
     DT_THROW(SshRefusedError,
              "SSH to {}: known_hosts file {} {}: set cluster.ssh.known_hosts to an OpenSSH "
              "known_hosts file",
              host, path, problem);
-  std::istringstream in(small_file_read(path, kKnownHostsMaxBytes, "known_hosts file"));
+  std::istringstream in(input_file_read(path, "known_hosts file", kKnownHostsMaxBytes));
   std::string line;
   int skipped = 0, number = 0;
   while (std::getline(in, line)) {
@@ -480,7 +480,7 @@ void SshSession::authenticate() {
     const std::string& file = options_.identity_file;
     // libssh2 reads the whole file, blocking: a FIFO, /dev/zero or a huge file would hang
     // it beyond every timeout, so type and size are checked first (a key is a few KiB).
-    const std::string problem = small_file_problem(file, kIdentityFileMaxBytes);
+    const std::string problem = input_file_problem(file, kIdentityFileMaxBytes);
     if (!problem.empty())
       DT_THROW(SshRefusedError, "SSH to {}: identity file {} {}: set cluster.ssh.identity_file to a private key file",
                host_, file, problem);
@@ -525,7 +525,7 @@ void SshSession::authenticate() {
     std::string file = home_dir() + "/.ssh/" + name;
     if (::access(file.c_str(), R_OK) != 0) continue;
     // Checked like an identity file given by name: libssh2 would block reading a FIFO.
-    if (const std::string problem = small_file_problem(file, kIdentityFileMaxBytes); !problem.empty()) {
+    if (const std::string problem = input_file_problem(file, kIdentityFileMaxBytes); !problem.empty()) {
       tried.push_back(fmt::format("{} ({})", file, problem));
       continue;
     }

@@ -3,7 +3,7 @@
 #include "rank/external.h"
 
 #include "core/check.h"
-#include "core/small_file.h"
+#include "core/input_file.h"
 #include "core/log.h"
 #include "core/net_address.h"
 #include "launch/culprit.h"
@@ -274,14 +274,14 @@ std::string external_token(const std::string& token_file, const std::string& tok
   if (!token_file.empty()) {
     const std::string path = launch::path_expand_home(token_file, get(env, "HOME"));
     // Type and size first: a directory, /dev/zero or a FIFO is a config error at once.
-    std::string problem = small_file_problem(path, 4096);
+    std::string problem = input_file_problem(path, 4096);
     if (!problem.empty())
       DT_THROW(ConfigError,
                "{}: cluster.rendezvous.token_file {} {}: mount the job's token Secret there (a regular file of at "
                "most 4 KiB that every process of the job reads)",
                source, token_file, problem);
     external_token_mode_check(path, token_file);
-    std::string text = small_file_read(path, 4096, source + ": cluster.rendezvous.token_file");
+    std::string text = input_file_read(path, source + ": cluster.rendezvous.token_file", 4096);
     token = std::move(text);
   } else {
     token = get(env, token_env);
