@@ -5,6 +5,7 @@
 
 #include "core/c_escape.h"
 #include "core/check.h"
+#include "core/input_file.h"
 #include "core/net_address.h"
 
 #include <arpa/inet.h>
@@ -234,22 +235,14 @@ Hostfile hostfile_load(const std::string& path) {
   // Non-blocking: a FIFO nothing writes to reads as end of file at once instead of
   // blocking the open (and the read) forever; a pipe that is written (bash's
   // --hostfile <(...)) is read as it arrives, each wait bounded by HOSTFILE_PIPE_IDLE_MS.
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-  if (fd < 0)
-    DT_THROW(ConfigError, "cannot read hostfile {}: {}; pass an existing file to --hostfile", shown_path(path),
-             std::strerror(errno));
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode))
-    DT_THROW(ConfigError, "cannot read hostfile {}: it is a directory", shown_path(path));
-  if (::fstat(fd, &st) == 0 && (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) || S_ISSOCK(st.st_mode)))
-    DT_THROW(ConfigError,
-             "cannot read hostfile {}: it is a {}, not a file or a pipe; pass the hostfile's path to "
-             "--hostfile",
-             shown_path(path), S_ISSOCK(st.st_mode) ? "socket" : "device");
+  // The input rule, with pipes let through: a directory, a device, a socket or a symbolic
+  // link loop is refused before a byte is read.
+  std::string problem;
+  const InputFile file = input_file_try_open(path, MAX_FILE_BYTES, &problem, InputAccept::REGULAR_OR_FIFO);
+  if (!problem.empty())
+    DT_THROW(ConfigError, "hostfile {} {}: pass the hostfile's path (a regular file, or a pipe) to --hostfile",
+             shown_path(path), problem);
+  const int fd = file.fd();
 
   std::string text;
   char buf[65536];
@@ -274,7 +267,7 @@ Hostfile hostfile_load(const std::string& path) {
       DT_THROW(ConfigError, "hostfile {} is larger than {} bytes; is it the right file?", shown_path(path),
                MAX_FILE_BYTES);
   }
-  if (text.empty() && S_ISFIFO(st.st_mode))
+  if (text.empty() && file.is_fifo())
     DT_THROW(ConfigError,
              "hostfile {} is a FIFO or pipe that gave no data (nothing was writing to it); pass a "
              "regular file to --hostfile",

@@ -6,6 +6,7 @@
 #include "config/schema.h"
 
 #include "core/check.h"
+#include "core/input_file.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -742,31 +743,11 @@ LoadedConfig config_load_string(std::string_view text, const std::string& name, 
 }
 
 LoadedConfig config_load_file(const std::string& path, const std::vector<std::string>& sets) {
-  std::error_code ec;
-  std::filesystem::file_status st = std::filesystem::status(path, ec);
-  if (!std::filesystem::exists(st)) DT_THROW(IoError, "{}: config file does not exist (check the --config path)", path);
-  if (std::filesystem::is_directory(st)) DT_THROW(IoError, "{}: is a directory, not a config file", path);
   // A device or pipe (/dev/zero, /dev/stdin) has no end or no size: reading it whole would
-  // exhaust memory (std::bad_alloc) or hang, so only regular files are configs.
-  if (!std::filesystem::is_regular_file(st))
-    DT_THROW(ConfigError, "{}: not a regular file (a device, pipe or socket); give a YAML or JSON config file", path);
-  uintmax_t size = std::filesystem::file_size(path, ec);
-  if (!ec && size > kConfigMaxBytes)
-    DT_THROW(ConfigError, "{}: the config is {} bytes; a config may be at most {} bytes ({} MiB)", path, size,
-             kConfigMaxBytes, kConfigMaxBytes >> 20);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) DT_THROW(IoError, "{}: cannot read config file: {}", path, std::strerror(errno));
-  // Read at most one chunk past the cap, should the file have grown after the size check.
-  std::string text;
-  char chunk[65536];
-  while (in && text.size() <= kConfigMaxBytes) {
-    in.read(chunk, sizeof chunk);
-    text.append(chunk, static_cast<size_t>(in.gcount()));
-  }
-  if (in.bad()) DT_THROW(IoError, "{}: error while reading config file", path);
-  if (text.size() > kConfigMaxBytes)
-    DT_THROW(ConfigError, "{}: the config is larger than {} bytes ({} MiB), the most a config may be", path,
-             kConfigMaxBytes, kConfigMaxBytes >> 20);
+  // exhaust memory (std::bad_alloc) or hang, so only regular files of at most 16 MiB are
+  // configs (the input rule: checked on the descriptor, read with the bound).
+  const std::string text = input_file_read(path, "config file", kConfigMaxBytes);
+  std::error_code ec;
   const std::filesystem::path dir = std::filesystem::absolute(path, ec).parent_path();
   return load(text, path, sets, ec ? std::string() : dir.string());
 }

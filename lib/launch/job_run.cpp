@@ -32,7 +32,8 @@ int job_run(Job& job, const JobRunOptions& o) {
   // continue), so a new launch must not silently continue an old run. Checked before
   // touching the directory, and again under the lock (a run that ended a moment ago).
   auto refuse_checkpointed = [&] {
-    if (!o.resume && job.spec.mode == "train" && fs::exists(fs::path(job.run_dir) / "checkpoints" / "latest"))
+    std::error_code ec;  // the run directory's path was checked (a link loop is refused before)
+    if (!o.resume && job.spec.mode == "train" && fs::exists(fs::path(job.run_dir) / "checkpoints" / "latest", ec))
       DT_THROW(UsageError,
                "{} already holds a checkpointed run: continue it with 'dtrain resume {}', or start a new run with "
                "--output-dir DIR",

@@ -3,6 +3,7 @@
 #include "launch/run_dir.h"
 
 #include "core/check.h"
+#include "core/input_file.h"
 #include "core/log.h"
 #include "core/unix_time.h"
 
@@ -204,6 +205,11 @@ int marker_created(const fs::path& dir) {
 
 void run_dir_check_safe(const std::string& dir, const std::string& what) {
   DT_ENFORCE(!dir.empty(), ConfigError, "{} is empty: give the run directory's path", what);
+  // A link loop on the way (LOOP/sub) would otherwise surface as a filesystem_error from
+  // whichever call looks first.
+  if (const std::string problem = path_resolve_problem(dir); !problem.empty())
+    DT_THROW(ConfigError, "{} '{}' {}: fix the path or its links, or give another run directory path", what, dir,
+             problem);
   const fs::path p = normal_absolute(dir);
   std::string why = system_reason(p);
   if (why.empty()) {

@@ -37,7 +37,8 @@ inline constexpr const char* RUN_DIR_MARKER = ".dtrain-run";
 /// /opt /proc /root /run /sbin /snap /srv /sys /tmp /usr /var /var/tmp) and $HOME
 /// itself, anything below /proc /sys /dev /etc /usr /bin /sbin /boot /lib*, and any path
 /// on a kernel file system (proc, sysfs, devpts, cgroup, debugfs, ...). Checked on the
-/// path as given and with its symlinks resolved. ConfigError naming `what`.
+/// path as given and with its symlinks resolved; a path that runs into a symbolic link loop
+/// (LOOP/sub) is refused too. ConfigError naming `what`.
 void run_dir_check_safe(const std::string& dir, const std::string& what);
 
 /// Whether dtrain may write into dir, without changing anything: it does not exist yet,

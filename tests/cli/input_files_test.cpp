@@ -219,7 +219,7 @@ TEST_CASE("--hostfile naming a FIFO nothing writes to or /dev/zero is exit 2 at 
   const std::string fifo = t.fifo("hosts.fifo");
   const std::vector<std::pair<std::string, std::string>> cases = {
       {fifo, "is a FIFO or pipe that gave no data"},  // before: blocked in open() for ever
-      {"/dev/zero", "it is a device, not a file or a pipe"},
+      {"/dev/zero", "hostfile /dev/zero is not a regular file (a character device)"},
   };
   for (const auto& [file, why] : cases) {
     CAPTURE(file);

@@ -302,11 +302,11 @@ TEST_CASE("files: missing, directory, unreadable") {
   try {
     config_load_file("/nonexistent/dir/x.yaml");
     FAIL("no throw");
-  } catch (const IoError& e) {
+  } catch (const ConfigError& e) {  // the input rule: a wrong path is the user's to fix, not retried
     CHECK(has(e.what(), "/nonexistent/dir/x.yaml"));
     CHECK(has(e.what(), "does not exist"));
   }
-  CHECK_THROWS_AS(config_load_file("/tmp"), IoError);
+  CHECK_THROWS_AS(config_load_file("/tmp"), ConfigError);
   auto dir = std::filesystem::temp_directory_path() / ("dtrain_cfg_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   auto f = dir / "job.yaml";
@@ -321,7 +321,7 @@ TEST_CASE("files: missing, directory, unreadable") {
   CHECK(config_load_file(f.string()).cfg.training.name == "job");
   if (::geteuid() != 0) {  // root reads anything
     std::filesystem::permissions(f, std::filesystem::perms::none);
-    CHECK_THROWS_AS(config_load_file(f.string()), IoError);
+    CHECK_THROWS_AS(config_load_file(f.string()), ConfigError);
   }
   std::filesystem::remove_all(dir);
 }

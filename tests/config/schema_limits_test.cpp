@@ -207,7 +207,7 @@ TEST_CASE("config files: devices and files over the cap are ConfigErrors naming 
       config_load_file(dev);
       FAIL("no throw");
     } catch (const ConfigError& e) {
-      CHECK(has(e.what(), std::string(dev) + ": not a regular file"));
+      CHECK(has(e.what(), "config file '" + std::string(dev) + "' is not a regular file (a character device)"));
     }
   }
   auto dir = std::filesystem::temp_directory_path() / ("dtrain_cfg_cap_" + std::to_string(::getpid()));
@@ -222,7 +222,7 @@ TEST_CASE("config files: devices and files over the cap are ConfigErrors naming 
     config_load_file(big.string());
     FAIL("no throw");
   } catch (const ConfigError& e) {
-    CHECK(has(e.what(), big.string() + ": the config is " + std::to_string(kConfigMaxBytes + 1) + " bytes"));
+    CHECK(has(e.what(), "config file '" + big.string() + "' is " + std::to_string(kConfigMaxBytes + 1) + " bytes"));
     CHECK(has(e.what(), "16 MiB"));
   }
   // A file exactly at the cap is read and loads.
