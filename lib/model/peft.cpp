@@ -3,6 +3,7 @@
 #include "model/peft.h"
 
 #include "core/check.h"
+#include "core/input_file.h"
 
 #include <cerrno>
 #include <cmath>
@@ -69,12 +70,9 @@ struct Reader {
 };
 
 json parse_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) DT_THROW(IoError, "cannot open {}: {}", path, std::strerror(errno));
-  std::stringstream ss;
-  ss << in.rdbuf();
+  const std::string text = input_file_read(path, "model file", kInputMetaMaxBytes);
   try {
-    json j = json::parse(ss.str());
+    json j = json::parse(text);
     DT_ENFORCE(j.is_object(), ConfigError, "{}: expected a JSON object at the top level", path);
     return j;
   } catch (const json::parse_error& e) {

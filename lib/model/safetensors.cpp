@@ -3,6 +3,7 @@
 #include "model/safetensors.h"
 
 #include "core/check.h"
+#include "core/input_file.h"
 
 #include <nlohmann/json.hpp>
 
@@ -220,14 +221,12 @@ int64_t StTensorInfo::numel() const {
 bool StTensorInfo::dtype(DType* out) const { return dtype_parse(dtype_name, out); }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0) DT_THROW(IoError, "cannot open safetensors file {}: {}", path, std::strerror(errno));
-  struct stat st;
-  if (::fstat(f.fd, &st) != 0) DT_THROW(IoError, "cannot stat {}: {}", path, std::strerror(errno));
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  // The input rule: a FIFO (which would block the open), a device or a link loop is a
+  // ConfigError naming the file before anything is mapped.
+  const InputFile f = input_file_open(path, "safetensors file");
+  const uint64_t size = f.size();
   if (size < 8) bad_file(path, fmt::format("{} bytes is shorter than the 8-byte header length", size));
-  void* m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, f.fd, 0);
+  void* m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, f.fd(), 0);
   if (m == MAP_FAILED) DT_THROW(IoError, "cannot mmap {}: {}", path, std::strerror(errno));
   map_ = static_cast<const uint8_t*>(m);
   map_size_ = size;

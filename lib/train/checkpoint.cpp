@@ -5,6 +5,7 @@
 #include "train/checkpoint.h"
 
 #include "core/check.h"
+#include "core/input_file.h"
 #include "core/crc32c.h"
 #include "core/log.h"
 
@@ -125,12 +126,22 @@ void rename_durable(const std::string& from, const std::string& to) {
   fsync_path(fs::path(to).parent_path().string());
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return {};
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+// `latest` holds one checkpoint's name.
+constexpr uint64_t kLatestMaxBytes = 4096;
+
+// A small file of the checkpoints (a manifest, `latest`) through the input rule: "" when
+// it cannot be read, with *problem saying why unless it simply does not exist (a FIFO, a
+// device or a link loop in its place ends here, never blocking or filling memory).
+std::string read_text(const std::string& path, uint64_t max_bytes, std::string* problem = nullptr) {
+  std::string why;
+  InputFile f = input_file_try_open(path, max_bytes, &why);
+  try {
+    if (why.empty()) return f.read_all("checkpoint file", max_bytes);
+  } catch (const Error& e) {
+    why = e.what();
+  }
+  if (problem && why != "does not exist") *problem = why;
+  return {};
 }
 
 // ----------------------------------------------------------------------------
@@ -290,7 +301,9 @@ std::string manifest_state_problem(const fs::path& dir, const json& man) {
 // why the checkpoint is unusable; touches no file the manifest names.
 std::string manifest_read(const fs::path& dir, json& man, int& world) {
   const fs::path mpath = dir / "manifest.json";
-  const std::string text = read_text(mpath.string());
+  std::string unreadable;
+  const std::string text = read_text(mpath.string(), kInputMetaMaxBytes, &unreadable);
+  if (!unreadable.empty()) return mpath.string() + ": " + unreadable;
   if (text.empty()) return mpath.string() + ": missing or empty";
   try {
     man = json::parse(text);
@@ -333,9 +346,10 @@ std::string checkpoint_check_sizes(const fs::path& dir) {
   if (!why.empty()) return why;
   for (const auto& f : man.at("files")) {
     const fs::path p = dir / f.at("name").get<std::string>();
-    std::error_code ec;
-    const auto size = fs::file_size(p, ec);
-    if (ec) return p.string() + ": missing (" + ec.message() + ")";
+    std::string why;
+    const InputFile in = input_file_try_open(p.string(), kInputAnySize, &why);
+    if (!why.empty()) return p.string() + (why == "does not exist" ? ": missing" : ": " + why);
+    const uint64_t size = in.size();
     if (size != f.at("bytes").get<uint64_t>())
       return p.string() + ": truncated or extended (" + std::to_string(size) + " bytes, manifest says " +
              f.at("bytes").dump() + ")";
@@ -353,7 +367,8 @@ std::string checkpoint_set_aside(const fs::path& dir) {
   std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
   fs::path to = dir;
   to += std::string(".corrupt-") + stamp;
-  for (int i = 1; fs::exists(to); ++i) {
+  std::error_code ec;
+  for (int i = 1; fs::exists(to, ec); ++i) {
     to = dir;
     to += std::string(".corrupt-") + stamp + "-" + std::to_string(i);
   }
@@ -560,7 +575,7 @@ std::string checkpoint_save(const std::string& run_dir, const ZeroCheckpointView
   const fs::path root = fs::path(run_dir) / "checkpoints";
   const std::string name = "step" + std::to_string(state.step);
   const fs::path tmp = root / ("tmp-" + name), final_dir = root / name;
-  const std::string latest_now = read_text((root / "latest").string());
+  const std::string latest_now = read_text((root / "latest").string(), kLatestMaxBytes);
   // The same step is already the confirmed checkpoint (a save right after resuming),
   // unless that checkpoint is damaged or was set aside: then it is written again. Every
   // rank sees the same files, so every rank decides the same.
@@ -668,8 +683,10 @@ std::string checkpoint_open(const fs::path& dir, Opened& out) {
     for (int r = 0; r < out.world; ++r) {
       const auto& f = files.at(static_cast<size_t>(r));
       const fs::path p = dir / f.at("name").get<std::string>();
-      Fd fd(::open(p.string().c_str(), O_RDONLY | O_CLOEXEC));
-      if (fd.fd < 0) return p.string() + ": missing (" + std::strerror(errno) + ")";
+      std::string unusable;
+      InputFile in = input_file_try_open(p.string(), kInputAnySize, &unusable);
+      if (!unusable.empty()) return p.string() + (unusable == "does not exist" ? ": missing" : ": " + unusable);
+      Fd fd(in.release());
       struct stat st {};
       if (::fstat(fd.fd, &st) != 0) return p.string() + ": cannot stat";
       const uint64_t want = f.at("bytes").get<uint64_t>();
@@ -808,10 +825,15 @@ std::vector<fs::path> load_candidates(const fs::path& root, CheckpointLoadResult
   if (fs::is_directory(root, ec))
     for (const auto& e : fs::directory_iterator(root, ec)) {
       const int64_t k = step_of(e.path().filename().string());
-      if (k >= 0 && e.is_directory()) steps.emplace_back(k, e.path());
+      std::error_code entry_ec;  // a step<N> that is a link loop is no checkpoint, not a crash
+      if (k >= 0 && e.is_directory(entry_ec)) steps.emplace_back(k, e.path());
     }
   std::sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  latest = read_text((root / "latest").string());
+  std::string unreadable;
+  latest = read_text((root / "latest").string(), kLatestMaxBytes, &unreadable);
+  // A `latest` that cannot be read names no checkpoint: the complete ones are tried newest
+  // first, and the reason is kept.
+  if (!unreadable.empty()) res.skipped.push_back((root / "latest").string() + ": " + unreadable);
   while (!latest.empty() && std::isspace(static_cast<unsigned char>(latest.back()))) latest.pop_back();
   std::vector<fs::path> candidates;
   int64_t limit = INT64_MAX;

@@ -6,6 +6,7 @@
 
 #include "config/train_config.h"
 #include "core/check.h"
+#include "core/input_file.h"
 #include "data/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/hf_export.h"
@@ -25,12 +26,17 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// A checkpoint's small file (`latest`, a manifest) through the input rule, "" when it
+// cannot be read: checkpoint_load then names what is wrong with it and falls back.
 std::string text_read(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) return {};
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  std::string why;
+  InputFile f = input_file_try_open(p.string(), kInputMetaMaxBytes, &why);
+  if (!why.empty()) return {};
+  try {
+    return f.read_all("checkpoint file", kInputMetaMaxBytes);
+  } catch (const Error&) {
+    return {};
+  }
 }
 
 // The config to rebuild the model from: the one saved with the checkpoint `latest`
@@ -53,7 +59,7 @@ config::TrainConfig export_config(const fs::path& run_dir) {
           .cfg;
   }
   const fs::path cpath = run_dir / "config.yaml";
-  DT_ENFORCE(fs::exists(cpath), CheckpointError,
+  DT_ENFORCE(input_present(cpath.string(), "run directory file"), CheckpointError,
              "{}: no checkpoint manifest with a config and no config.yaml: is it a dtrain run directory?",
              run_dir.string());
   return config::config_load_file(cpath.string()).cfg;
@@ -62,7 +68,7 @@ config::TrainConfig export_config(const fs::path& run_dir) {
 }  // namespace
 
 CheckpointModel checkpoint_model_load(const std::string& run_dir) {
-  DT_ENFORCE(fs::is_directory(run_dir), IoError, "{}: not a directory (pass a dtrain run directory)", run_dir);
+  input_dir_check(run_dir, "run directory");
   CheckpointModel cm;
   cm.cfg = export_config(run_dir);
   cm.model = model_create(cm.cfg);
@@ -93,7 +99,7 @@ CheckpointModel checkpoint_model_load(const std::string& run_dir) {
 
 CheckpointExportResult checkpoint_export_hf(const std::string& run_dir, const std::string& out_dir,
                                             const HfExportFlags& flags) {
-  DT_ENFORCE(fs::is_directory(run_dir), IoError, "{}: not a directory (pass a dtrain run directory)", run_dir);
+  input_dir_check(run_dir, "run directory");
   const config::TrainConfig cfg = export_config(run_dir);
   HfExportOptions opts = hf_export_options(cfg, flags);
   HfExportSource src;

@@ -25,9 +25,12 @@ data::TokenDataset dataset_load(const std::string& path, const config::DataConfi
              "one of them");
   if (dcfg.format == "tokens") {
     std::vector<std::string> shards;
-    if (fs::is_directory(path)) {
-      for (const auto& e : fs::directory_iterator(path))
-        if (e.is_regular_file()) shards.push_back(e.path().string());
+    std::error_code ec;  // a link loop or a missing path: the shard's open names it
+    if (fs::is_directory(path, ec)) {
+      for (const auto& e : fs::directory_iterator(path, ec)) {
+        std::error_code entry_ec;
+        if (e.is_regular_file(entry_ec)) shards.push_back(e.path().string());
+      }
       std::sort(shards.begin(), shards.end());
       DT_ENFORCE(!shards.empty(), ConfigError, "data: directory {} holds no token shards", path);
     } else {

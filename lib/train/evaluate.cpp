@@ -2,6 +2,7 @@
 #include "train/evaluate.h"
 
 #include "core/check.h"
+#include "core/input_file.h"
 #include "core/log.h"
 #include "train/checkpoint_export.h"
 #include "train/model_factory.h"
@@ -183,13 +184,17 @@ TaskAccuracy eval_tasks(model::Model& m, const data::Tokenizer& tokenizer, const
 EvalTarget eval_target_load(const std::string& dir, const std::string& config_path, bool init_weights) {
   namespace fs = std::filesystem;
   EvalTarget t;
+  // A link loop or a FIFO given as the directory is named here, not met as a
+  // filesystem_error (or a blocked read) further on.
+  input_dir_check(dir, "model or run directory");
+  // Each name is looked for with lstat: a config.yaml or config.json that is a broken link
+  // or a loop is opened, and the input rule names what is wrong with it.
+  const auto present = [&](const fs::path& p) { return input_present(p.string(), "model or run directory file"); };
   std::string cfg_file = config_path;
-  if (cfg_file.empty() && fs::exists(fs::path(dir) / "config.yaml"))
-    cfg_file = (fs::path(dir) / "config.yaml").string();
+  if (cfg_file.empty() && present(fs::path(dir) / "config.yaml")) cfg_file = (fs::path(dir) / "config.yaml").string();
   if (!cfg_file.empty()) t.cfg = config::config_load_file(cfg_file).cfg;
 
   const fs::path final_dir = fs::path(dir) / "final";
-  std::error_code ec;
   if (init_weights) {
     DT_ENFORCE(t.cfg.has_value(), UsageError,
                "{}: --init needs the config of the model to initialise: {} has no config.yaml; pass --config", dir,
@@ -197,13 +202,13 @@ EvalTarget eval_target_load(const std::string& dir, const std::string& config_pa
     t.model = model_create(*t.cfg);
     t.weights = t.cfg->model.init_from.empty() ? fmt::format("initial weights (seed {})", t.cfg->training.seed)
                                                : "initial weights (" + t.cfg->model.init_from + ")";
-  } else if (fs::exists(final_dir / "config.json", ec)) {
+  } else if (present(final_dir / "config.json")) {
     t.model = model_load_hf_dir(final_dir.string());
     t.weights = final_dir.string();
-  } else if (fs::exists(fs::path(dir) / "config.json", ec)) {
+  } else if (present(fs::path(dir) / "config.json")) {
     t.model = model_load_hf_dir(dir);
     t.weights = dir;
-  } else if (fs::is_directory(fs::path(dir) / "checkpoints", ec)) {
+  } else if (present(fs::path(dir) / "checkpoints")) {
     // A run that stopped before writing final/ (interrupted, failed, still running):
     // its latest complete checkpoint, said on stderr, never the initial weights.
     CheckpointModel cm = checkpoint_model_load(dir);

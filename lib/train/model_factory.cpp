@@ -3,6 +3,7 @@
 #include "train/model_factory.h"
 
 #include "core/check.h"
+#include "core/input_file.h"
 #include "core/log.h"
 #include "model/peft.h"
 #include "model/safetensors.h"
@@ -130,56 +131,55 @@ WeightSet weights_open(const std::vector<std::string>& paths) {
   return w;
 }
 
-// model.safetensors; else the shards model.safetensors.index.json names (HF's sharded
-// layout, validated against the index); else every model-*.safetensors.
-WeightSet weights_open_dir(const std::string& dir) {
+// The weight files of an HF directory: model.safetensors; else the shards
+// model.safetensors.index.json names (with its weight_map, to validate them against);
+// else every model-*.safetensors (a complete set). The names are looked for with lstat
+// (input_present): a model.safetensors that is a broken link or a link loop is that file,
+// named when it is opened, not a reason to look for shards instead. Opens no weight file.
+struct WeightFiles {
+  std::vector<std::string> paths;
+  std::string index;                       // "" without one
+  std::map<std::string, std::string> map;  // the index's tensor -> shard file name
+};
+
+WeightFiles weight_files_find(const std::string& dir) {
+  input_dir_check(dir, "model directory");
+  WeightFiles out;
   const fs::path single = fs::path(dir) / "model.safetensors";
-  if (fs::exists(single)) return weights_open({single.string()});
+  if (input_present(single.string(), "safetensors file")) {
+    out.paths.push_back(single.string());
+    return out;
+  }
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
-  if (fs::exists(index)) {
+  if (input_present(index.string(), "safetensors index")) {
     const std::string ip = index.string();
+    out.index = ip;
     nlohmann::json j;
-    {
-      std::ifstream in(ip);
-      DT_ENFORCE(in.good(), IoError, "cannot open {}", ip);
-      try {
-        j = nlohmann::json::parse(in);
-      } catch (const nlohmann::json::parse_error& e) {
-        DT_THROW(IoError, "{}: invalid JSON: {}", ip, e.what());
-      }
+    try {
+      j = nlohmann::json::parse(input_file_read(ip, "safetensors index", kInputMetaMaxBytes));
+    } catch (const nlohmann::json::parse_error& e) {
+      DT_THROW(IoError, "{}: invalid JSON: {}", ip, e.what());
     }
     DT_ENFORCE(
         j.is_object() && j.contains("weight_map") && j.at("weight_map").is_object() && !j.at("weight_map").empty(),
         IoError, "{}: no \"weight_map\" object naming each tensor's shard", ip);
-    std::map<std::string, std::string> map;
     std::set<std::string> shards;
     for (const auto& [name, file] : j.at("weight_map").items()) {
       DT_ENFORCE(file.is_string() && !file.get<std::string>().empty() &&
                      file.get<std::string>().find('/') == std::string::npos,
                  IoError, "{}: weight_map[\"{}\"] must be a file name in {}, got {}", ip, name, dir, file.dump());
-      map[name] = file.get<std::string>();
+      out.map[name] = file.get<std::string>();
       shards.insert(file.get<std::string>());
     }
-    std::vector<std::string> paths;
     for (const auto& f : shards) {
       const fs::path p = fs::path(dir) / f;
-      DT_ENFORCE(fs::exists(p), IoError, "{} names shard {}, which is not in {}", ip, f, dir);
-      paths.push_back(p.string());
+      DT_ENFORCE(input_present(p.string(), "safetensors shard"), IoError, "{} names shard {}, which is not in {}", ip,
+                 f, dir);
+      out.paths.push_back(p.string());
     }
-    WeightSet w = weights_open(paths);
-    for (const auto& [name, file] : map) {
-      auto it = w.file_of.find(name);
-      DT_ENFORCE(it != w.file_of.end(), IoError, "{}: tensor {} is mapped to {}, which does not hold it", ip, name,
-                 file);
-      DT_ENFORCE(fs::path(w.files[it->second].path()).filename() == file, IoError,
-                 "{}: tensor {} is mapped to {} but is in {}", ip, name, file, w.files[it->second].path());
-    }
-    for (const auto& [name, i] : w.file_of)
-      DT_ENFORCE(map.count(name) != 0, IoError, "{} holds tensor {}, which {} does not list", w.files[i].path(), name,
-                 ip);
-    return w;
+    return out;
   }
-  std::vector<std::string> shards;
+  std::vector<std::string>& shards = out.paths;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
@@ -211,7 +211,25 @@ WeightSet weights_open_dir(const std::string& dir) {
                  "{}: model-{:05d}-of-{:05d}.safetensors is missing and there is no model.safetensors.index.json: an "
                  "incomplete (interrupted?) export; export again",
                  dir, k, of);
-  return weights_open(shards);
+  return out;
+}
+
+// The weight files of an HF directory, opened; with an index, validated against it.
+WeightSet weights_open_dir(const std::string& dir) {
+  const WeightFiles found = weight_files_find(dir);
+  WeightSet w = weights_open(found.paths);
+  if (found.index.empty()) return w;
+  const std::string& ip = found.index;
+  for (const auto& [name, file] : found.map) {
+    auto it = w.file_of.find(name);
+    DT_ENFORCE(it != w.file_of.end(), IoError, "{}: tensor {} is mapped to {}, which does not hold it", ip, name, file);
+    DT_ENFORCE(fs::path(w.files[it->second].path()).filename() == file, IoError,
+               "{}: tensor {} is mapped to {} but is in {}", ip, name, file, w.files[it->second].path());
+  }
+  for (const auto& [name, i] : w.file_of)
+    DT_ENFORCE(found.map.count(name) != 0, IoError, "{} holds tensor {}, which {} does not list", w.files[i].path(),
+               name, ip);
+  return w;
 }
 
 // The file and name that hold one tensor of the layout (HF's "gpt2" checkpoints omit the
@@ -333,6 +351,14 @@ void model_load_safetensors(model::Model& m, const std::vector<std::string>& pat
 
 void model_load_hf_weights(model::Model& m, const std::string& dir) { load_all(m, weights_open_dir(dir)); }
 
+void model_files_check(const std::string& dir) {
+  for (const std::string& p : weight_files_find(dir).paths) input_file_check(p, "safetensors file");
+  for (const char* name : {"adapter_config.json", "adapter_model.safetensors"}) {
+    const std::string p = (fs::path(dir) / name).string();
+    if (input_present(p, "LoRA adapter file")) input_file_check(p, "LoRA adapter file");
+  }
+}
+
 void model_load_adapter(model::Model& m, const std::string& path) {
   DT_ENFORCE(m.lora_on(), InternalError, "model_load_adapter: LoRA is not enabled");
   const WeightSet w = weights_open({path});
@@ -354,7 +380,8 @@ void lora_and_recompute(model::Model& m, const config::TrainConfig& cfg, const m
   if (cfg.lora.enabled()) {
     m.lora_enable(lora_config_from(cfg, mcfg));
     const fs::path adapter = fs::path(cfg.model.init_from) / "adapter_model.safetensors";
-    if (!cfg.model.init_from.empty() && fs::exists(adapter)) model_load_adapter(m, adapter.string());
+    if (!cfg.model.init_from.empty() && input_present(adapter.string(), "LoRA adapter"))
+      model_load_adapter(m, adapter.string());
   }
   m.set_recompute(cfg.activation_checkpointing.enabled);
 }
@@ -406,7 +433,7 @@ std::unique_ptr<model::Model> model_load_hf_dir(const std::string& dir) {
   auto m = std::make_unique<model::Model>(mcfg);
   model_load_hf_weights(*m, dir);
   const fs::path acfg = fs::path(dir) / "adapter_config.json";
-  if (fs::exists(acfg)) {
+  if (input_present(acfg.string(), "LoRA adapter config")) {
     const model::LoraAdapterConfig a = model::peft_config_read(acfg.string());
     model::LoraConfig l;
     l.rank = a.r;

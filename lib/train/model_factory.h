@@ -56,6 +56,13 @@ void model_load_safetensors(model::Model& m, const std::vector<std::string>& pat
 /// model-*.safetensors (none in two). IoError naming the file and tensor otherwise.
 void model_load_hf_weights(model::Model& m, const std::string& dir);
 
+/// Checks, without reading them, that the weight files model_load_hf_weights would open in
+/// dir (and a LoRA adapter's files there) are readable regular files (core/input_file.h):
+/// the launcher's check before any rank starts, so a FIFO or a link loop among them is one
+/// ConfigError naming it, not a rank blocked in open(). IoError as model_load_hf_weights
+/// when no weight file is found.
+void model_files_check(const std::string& dir);
+
 /// Loads PEFT adapter weights into a model whose LoRA is enabled (on any device).
 void model_load_adapter(model::Model& m, const std::string& path);
 

@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "core/input_file.h"
 #include "core/log.h"
 #include "core/unix_time.h"
 #include "ops/optim.h"
@@ -37,6 +38,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include <fcntl.h>
@@ -95,8 +97,16 @@ nlohmann::json num(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlo
 // steps it ran after that checkpoint (they are about to be run again) and a partial
 // last line; records without a step are kept. Replaced atomically.
 void metrics_cut_after(const std::string& path, int64_t last_step) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return;
+  // Through the input rule: a FIFO or a link loop in its place is left as it is (said),
+  // never waited on.
+  std::string why;
+  InputFile f = input_file_try_open(path, kInputAnySize, &why);
+  if (!why.empty()) {
+    if (why != "does not exist") log_warn("{}: {}; its records after step {} are not cut", path, why, last_step);
+    return;
+  }
+  std::istringstream in(f.read_all("metrics file", kInputAnySize));
+  f = InputFile();
   std::string kept, line;
   while (std::getline(in, line)) {
     if (line.empty()) continue;
@@ -106,7 +116,6 @@ void metrics_cut_after(const std::string& path, int64_t last_step) {
     kept += line;
     kept += '\n';
   }
-  in.close();
   const std::string tmp = path + ".tmp";
   // POSIX writes, for the reason when one fails (a full disk); no tmp file stays behind.
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);

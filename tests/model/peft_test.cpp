@@ -156,7 +156,7 @@ TEST_CASE("malformed or unsupported config.json is rejected clearly") {
   }
   spit(p, "[1]");
   CHECK_THROWS_AS(hf_config_read(p.string()), ConfigError);
-  CHECK_THROWS_AS(hf_config_read((dir.path / "missing.json").string()), IoError);
+  CHECK_THROWS_AS(hf_config_read((dir.path / "missing.json").string()), ConfigError);  // the input rule
 
   const json gpt2 = json::parse(kGpt2), llama = json::parse(kLlama);
   auto with = [](json j, const char* key, json v) {

@@ -243,7 +243,7 @@ TEST_CASE("each kind of damage is a clean IoError naming the file and tensor") {
   CHECK(error_of(p).find("100 MB") != std::string::npos);
   spit(p, {1, 2, 3});
   CHECK(error_of(p).find("shorter") != std::string::npos);
-  CHECK_THROWS_AS(SafetensorsFile((dir.path / "missing.safetensors").string()), IoError);
+  CHECK_THROWS_AS(SafetensorsFile((dir.path / "missing.safetensors").string()), ConfigError);  // the input rule
 }
 
 TEST_CASE("truncation at every 37th byte and random corruption never crash") {
