@@ -3,11 +3,13 @@
 #include "commands.h"
 
 #include "core/check.h"
+#include "core/input_file.h"
 #include "core/log.h"
 #include "config/train_config.h"
 #include "launch/job_run.h"
 #include "device/device.h"
 #include "train/memory_plan.h"
+#include "train/model_factory.h"
 
 #include <cstdio>
 #include <filesystem>
@@ -72,11 +74,15 @@ void print_dry_run(const launch::Job& job, bool training = false) {
   std::fflush(stdout);
 }
 
-// A job whose ranks on this machine cannot hold their share is refused before any starts.
+// A job whose ranks on this machine cannot hold their share, or whose model.init_from
+// holds a weight file no rank could read (a FIFO would block each rank's open for ever
+// while its heartbeat kept it "alive"), is refused before any starts. The plan reads
+// init_from's config.json here already, so its weight files are looked at here too.
 void memory_check(const launch::Job& job) {
   if (!job.incomplete.empty()) return;
   train::memory_plan_check(train::memory_plan(job.cfg, job.plan.world_size), ranks_here(job),
                            config::config_host_memory_bytes(), job.cfg.source, gpu_bytes(job));
+  if (!job.cfg.model.init_from.empty()) train::model_files_check(job.cfg.model.init_from);
 }
 
 }  // namespace
@@ -101,12 +107,13 @@ int run_resume(const std::string& run_dir, const JobOptions& opts) {
   JobOptions o = opts;
   fs::path dir(run_dir);
   if (o.config.empty()) {
-    DT_ENFORCE(fs::exists(dir / "config.yaml"), UsageError,
+    DT_ENFORCE(input_present((dir / "config.yaml").string(), "run directory file"), UsageError,
                "{} has no config.yaml: is it a dtrain run directory? (pass --config to resume with another config)",
                run_dir);
     o.config = (dir / "config.yaml").string();
   }
-  if (o.hostfile.empty() && fs::exists(dir / "hostfile")) o.hostfile = (dir / "hostfile").string();
+  if (o.hostfile.empty() && input_present((dir / "hostfile").string(), "run directory file"))
+    o.hostfile = (dir / "hostfile").string();
   o.output_dir = run_dir;
   launch::Job job = launch::job_prepare(job_request(o, "train"));
   for (const auto& w : job.warnings) log_warn("{}", w);

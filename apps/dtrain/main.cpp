@@ -8,15 +8,20 @@
 #include "config/train_config.h"
 #include "core/check.h"
 #include "core/error.h"
+#include "core/input_file.h"
 #include "core/log.h"
 #include "core/version.h"
 #include "rank/external_run.h"
 
 #include <CLI/CLI.hpp>
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -29,13 +34,37 @@ using dtrain::cli::int_in_range;
 using dtrain::cli::JobOptions;
 using dtrain::cli::number_in_range;
 
+// CLI11's ExistingFile / ExistingDirectory / ExistingPath, with their messages, except that
+// a path running into a symbolic link loop is said to (CLI11 calls it missing).
+enum class PathKind { FILE, DIR, ANY };
+CLI::Validator existing(PathKind kind) {
+  const char* desc = kind == PathKind::FILE ? "FILE" : kind == PathKind::DIR ? "DIR" : "PATH(existing)";
+  return CLI::Validator(
+      [kind](std::string& path) -> std::string {
+        struct stat st {};
+        if (::stat(path.c_str(), &st) != 0) {
+          if (errno == ELOOP)
+            return path + " is, or passes through, a symbolic link loop (too many levels of symbolic links): fix or "
+                          "remove the link";
+          return std::string(kind == PathKind::FILE  ? "File does not exist: "
+                             : kind == PathKind::DIR ? "Directory does not exist: "
+                                                     : "Path does not exist: ") +
+                 path;
+        }
+        if (kind == PathKind::FILE && S_ISDIR(st.st_mode)) return "File is actually a directory: " + path;
+        if (kind == PathKind::DIR && !S_ISDIR(st.st_mode)) return "Directory is actually a file: " + path;
+        return "";
+      },
+      desc);
+}
+
 // The options every job-running subcommand shares.
 void add_job_options(CLI::App* cmd, JobOptions& o, bool config_required) {
   auto* c = cmd->add_option("--config", o.config, "training config (YAML, or DeepSpeed JSON)");
   if (config_required) c->required();
-  c->check(CLI::ExistingFile);
+  c->check(existing(PathKind::FILE));
   cmd->add_option("--hostfile", o.hostfile, "DeepSpeed-style hostfile (\"host slots=N\" per line); default: localhost")
-      ->check(CLI::ExistingFile);
+      ->check(existing(PathKind::FILE));
   cmd->add_option("--output-dir", o.output_dir, "the run directory (overrides training.output_dir)");
   cmd->add_option("--set", o.sets,
                   "override a config key, typed like its YAML value (repeatable): --set zero_optimization.stage=2")
@@ -103,6 +132,15 @@ int run_guarded(const std::function<int()>& body) {
   } catch (const dtrain::Error& e) {
     std::fprintf(stderr, "dtrain: error: %s\n", e.what());
     return e.exit_code();
+  } catch (const std::filesystem::filesystem_error& fe) {
+    // A path a library call looked at without the input rule: a link loop or a permission on
+    // the way is the user's to fix (exit 2), anything else an I/O error (exit 3), each named.
+    try {
+      dtrain::input_fs_error(fe, "path");
+    } catch (const dtrain::Error& e) {
+      std::fprintf(stderr, "dtrain: error: %s\n", e.what());
+      return e.exit_code();
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dtrain: internal error: %s\n", e.what());
     return static_cast<int>(dtrain::Exit::INTERNAL);
@@ -137,7 +175,7 @@ void add_resume(CLI::App& app, Commands& out) {
   auto o = std::make_shared<JobOptions>();
   auto dir = std::make_shared<std::string>();
   auto* cmd = app.add_subcommand("resume", "continue a stopped or failed job from its run directory");
-  cmd->add_option("RUN_DIR", *dir, "the job's run directory")->required()->check(CLI::ExistingDirectory);
+  cmd->add_option("RUN_DIR", *dir, "the job's run directory")->required()->check(existing(PathKind::DIR));
   add_job_options(cmd, *o, false);
   cmd->footer("Example:\n  dtrain resume runs/tiny-sft --hostfile hostfiles/hetero --set training.max_steps=600");
   out.push_back({cmd, [cmd, o, dir] {
@@ -178,7 +216,7 @@ void add_bench_train(CLI::App* bench, Commands& out) {
       "train", "one-device training throughput on synthetic tokens: tokens/s, step time, MFU, peak memory");
   cmd->add_option("--config", bt->config, "training config (model, micro-batch, seq_len, precision, LoRA)")
       ->required()
-      ->check(CLI::ExistingFile);
+      ->check(existing(PathKind::FILE));
   cmd->add_option("--set", bt->sets, "override a config key (repeatable)")
       ->type_name("KEY=VALUE")
       ->allow_extra_args(false);
@@ -239,7 +277,7 @@ void add_export(CLI::App& app, Commands& out) {
       "export",
       "write a run's final/ model, else its latest complete checkpoint (any world size / ZeRO stage), as "
       "Hugging Face files");
-  cmd->add_option("RUN_DIR", o->dir, "the run directory")->required()->check(CLI::ExistingDirectory);
+  cmd->add_option("RUN_DIR", o->dir, "the run directory")->required()->check(existing(PathKind::DIR));
   cmd->add_option("-o,--output", o->out, "directory to write (default: RUN_DIR/export)");
   cmd->add_flag("--init", o->init, "export the config's freshly initialised model instead");
   cmd->add_option("--dtype", o->flags.dtype, "bf16 or fp32 (default: the config's export.dtype, bf16)");
@@ -281,7 +319,7 @@ void add_data(CLI::App& app, Commands& out) {
       data->add_subcommand("prepare", "tokenize plain text, SFT JSONL or LLaMA-Factory datasets into a token shard");
   cmd->add_option("INPUT", dp->input, "text file or JSONL; with --dataset, the dataset_dir holding dataset_info.json")
       ->required()
-      ->check(CLI::ExistingPath);
+      ->check(existing(PathKind::ANY));
   cmd->add_option("OUTPUT", dp->output, "token shard to write (an existing file only if it is a token shard)")
       ->required();
   cmd->add_flag("--force", dp->force, "replace an existing OUTPUT that is not a token shard (never an input)");
@@ -315,7 +353,7 @@ void add_plot(CLI::App& app, Commands& out) {
   };
   auto o = std::make_shared<Options>();
   auto* cmd = app.add_subcommand("plot", "draw a run's loss and tokens/s curves (restarts marked) into a PNG");
-  cmd->add_option("RUN_DIR", o->dir, "the run directory")->required()->check(CLI::ExistingDirectory);
+  cmd->add_option("RUN_DIR", o->dir, "the run directory")->required()->check(existing(PathKind::DIR));
   cmd->add_option("-o,--output", o->out,
                   "PNG to write (default: RUN_DIR/plot.png); an existing file only if dtrain plotted it");
   cmd->add_flag("--force", o->force,
@@ -337,7 +375,7 @@ void add_run(CLI::App& app, Commands& out) {
       "one process of a job started by torchrun, a Kubernetes operator, srun or mpirun (placement from "
       "their environment)");
   cmd->add_option("--config", o->config, "training config (YAML or DeepSpeed JSON); default: the embedded job")
-      ->check(CLI::ExistingFile);
+      ->check(existing(PathKind::FILE));
   cmd->add_option("--set", o->sets, "override a config key (repeatable)")
       ->type_name("KEY=VALUE")
       ->allow_extra_args(false);
@@ -361,7 +399,7 @@ void add_status(CLI::App& app, Commands& out) {
   auto dir = std::make_shared<std::string>();
   auto* cmd = app.add_subcommand(
       "status", "is a run running, failed or finished: progress, checkpoint, restarts, node heartbeats");
-  cmd->add_option("RUN_DIR", *dir, "the run directory")->required()->check(CLI::ExistingDirectory);
+  cmd->add_option("RUN_DIR", *dir, "the run directory")->required()->check(existing(PathKind::DIR));
   cmd->footer("Example:\n  dtrain status runs/tiny-sft");
   out.push_back({cmd, [dir] { return dtrain::cli::run_status(*dir); }});
 }
