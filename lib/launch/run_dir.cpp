@@ -195,9 +195,11 @@ int marker_created(const fs::path& dir) {
   const fs::path m = dir / RUN_DIR_MARKER;
   std::error_code ec;
   if (!fs::is_regular_file(fs::symlink_status(m, ec))) return -1;
-  std::ifstream in(m);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const auto j = nlohmann::json::parse(text.substr(0, 4096), nullptr, false);
+  // The input rule, bounded: a marker is one short record (a longer one is not dtrain's).
+  std::string why;
+  InputFile f = input_file_try_open(m.string(), 4096, &why);
+  if (!why.empty()) return 0;
+  const auto j = nlohmann::json::parse(f.read_all("run directory marker", 4096), nullptr, false);
   return j.is_object() && j.contains("created") && j.at("created").is_boolean() && j.at("created").get<bool>() ? 1 : 0;
 }
 

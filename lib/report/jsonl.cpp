@@ -2,6 +2,7 @@
 #include "report/jsonl.h"
 
 #include "core/check.h"
+#include "core/input_file.h"
 
 #include <algorithm>
 #include <fstream>
@@ -12,7 +13,12 @@ namespace dtrain::report {
 
 std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path) {
   std::vector<nlohmann::json> out;
-  std::ifstream in(path);
+  // The input rule: a FIFO, a device or a link loop in its place reads as no records,
+  // never blocking (the strict reader below names it).
+  std::string why;
+  InputFile f = input_file_try_open(path.string(), kInputAnySize, &why);
+  if (!why.empty()) return out;
+  std::istringstream in(f.read_all("run directory file", kInputAnySize));
   std::string line;
   while (std::getline(in, line)) {
     nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
@@ -37,11 +43,13 @@ std::vector<nlohmann::json> read_jsonl_strict(const std::filesystem::path& path,
                                               const std::vector<std::string>& string_keys,
                                               const std::vector<std::string>& integer_keys) {
   std::vector<nlohmann::json> out;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return out;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  std::string why;
+  InputFile f = input_file_try_open(path.string(), kInputAnySize, &why);
+  if (why == "does not exist") return out;
+  DT_ENFORCE(why.empty(), IoError,
+             "{} {}: the run directory was changed by something else (dtrain writes a regular file there)",
+             path.string(), why);
+  const std::string text = f.read_all("run directory file", kInputAnySize);
   size_t pos = 0;
   for (int line_no = 1; pos < text.size(); ++line_no) {
     const size_t end = text.find('\n', pos);

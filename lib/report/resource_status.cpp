@@ -2,9 +2,14 @@
 // tailed, newest per rank, grouped by node, formatted.
 #include "report/resource_status.h"
 
+#include "core/input_file.h"
+
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -269,18 +274,36 @@ uint64_t file_size(const std::string& path) {
   return ec ? 0 : static_cast<uint64_t>(n);
 }
 
+// Up to `want` bytes of f from `offset` (fewer at its end or on a read error).
+std::string bytes_at(const InputFile& f, uint64_t offset, uint64_t want) {
+  std::string buf(want, '\0');
+  size_t got = 0;
+  while (got < want) {
+    const ssize_t n = ::pread(f.fd(), buf.data() + got, want - got, static_cast<off_t>(offset + got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  buf.resize(got);
+  return buf;
+}
+
+// A rank's file through the input rule: one that is not a regular file (a FIFO would block
+// status and the launcher's poll) is passed over like a missing one.
+InputFile resource_file_open(const std::string& path) {
+  std::string why;
+  return input_file_try_open(path, kInputAnySize, &why);
+}
+
 // The last `tail_bytes` of every rank's file, whole lines only, to `into` / `alerts`.
 void files_tail_read(const std::string& run_dir, uint64_t tail_bytes, ResourceCollector* into,
                      std::vector<json>* alerts) {
   for (const std::string& path : resource_files(run_dir)) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) continue;
-    const uint64_t size = file_size(path);
+    const InputFile f = resource_file_open(path);
+    if (!f.is_open()) continue;
+    const uint64_t size = f.size();
     const uint64_t from = size > tail_bytes ? size - tail_bytes : 0;
-    std::string buf(size - from, '\0');
-    in.seekg(static_cast<std::streamoff>(from));
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    buf.resize(static_cast<size_t>(in.gcount()));
+    std::string buf = bytes_at(f, from, size - from);
     buf.push_back('\n');  // a last line without its newline is read too (and passed over when torn)
     // Read from the middle of a line: that line is not whole.
     const size_t begin = from == 0 ? 0 : buf.find('\n') + 1;
@@ -317,18 +340,14 @@ bool ResourceTail::poll(ResourceCollector& into, std::vector<json>* alerts) {
   bool any = false;
   for (const std::string& path : resource_files(run_dir_)) {
     uint64_t& offset = offset_[path];  // a new file: from its start
-    std::ifstream in(path, std::ios::binary);
-    if (!in) continue;
-    in.seekg(0, std::ios::end);
-    const auto size = static_cast<uint64_t>(std::max<std::streamoff>(0, in.tellg()));
+    const InputFile f = resource_file_open(path);
+    if (!f.is_open()) continue;
+    const uint64_t size = f.size();
     if (size < offset) offset = 0;  // replaced by hand: read it again
     if (size == offset) continue;
     // At most 4 MiB per file and poll: a huge backlog is caught up over several polls.
     const uint64_t want = std::min<uint64_t>(size - offset, 4u << 20);
-    std::string buf(want, '\0');
-    in.seekg(static_cast<std::streamoff>(offset));
-    in.read(buf.data(), static_cast<std::streamsize>(want));
-    buf.resize(static_cast<size_t>(in.gcount()));
+    std::string buf = bytes_at(f, offset, want);
     const size_t end = buf.rfind('\n');
     if (end == std::string::npos) continue;  // no complete line yet
     offset += end + 1;

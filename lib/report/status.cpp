@@ -6,6 +6,7 @@
 #include "report/straggler.h"
 
 #include "core/check.h"
+#include "core/input_file.h"
 #include "core/unix_time.h"
 
 #include <nlohmann/json.hpp>
@@ -115,12 +116,15 @@ void write_atomic(const fs::path& path, const std::string& text) {
 // A file the launcher writes atomically (launcher.json, nodes.json): missing is nullopt,
 // anything but one JSON object is corruption (IoError naming the file).
 std::optional<json> read_json(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  std::stringstream ss;
-  ss << in.rdbuf();
+  std::string why;
+  InputFile f = input_file_try_open(path.string(), kInputMetaMaxBytes, &why);
+  if (why == "does not exist") return std::nullopt;
+  DT_ENFORCE(why.empty(), IoError,
+             "{} {}: the run directory was changed by something else (the launcher writes a regular file there)",
+             path.string(), why);
+  const std::string text = f.read_all("run directory file", kInputMetaMaxBytes);
   try {
-    json j = json::parse(ss.str());
+    json j = json::parse(text);
     if (j.is_object()) return j;
     DT_THROW(IoError,
              "{} is corrupt: it holds a JSON {}, not the object the launcher writes there; the file was "
@@ -128,7 +132,6 @@ std::optional<json> read_json(const fs::path& path) {
              path.string(), j.type_name());
   } catch (const json::parse_error& e) {
     // e.byte is 1-based; the line is what a reader looks for.
-    const std::string text = ss.str();
     const size_t at = std::min<size_t>(e.byte == 0 ? 0 : e.byte - 1, text.size());
     const long line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n');
     DT_THROW(IoError,
@@ -382,8 +385,14 @@ RecordTimes read_metrics(const fs::path& dir, RunStatus& st) {
 // The checkpoint checkpoints/latest names, or why it names none.
 void read_latest(const fs::path& dir, RunStatus& st) {
   std::error_code ec;
-  std::ifstream in{dir / "checkpoints" / "latest"};
-  if (!in) return;
+  std::string why;
+  InputFile f = input_file_try_open((dir / "checkpoints" / "latest").string(), 4096, &why);
+  if (why == "does not exist") return;
+  if (!why.empty()) {
+    st.checkpoint_note = fmt::format("checkpoints/latest {}", why);
+    return;
+  }
+  std::istringstream in(f.read_all("checkpoints/latest", 4096));
   std::string name;
   std::getline(in, name);
   while (!name.empty() && (name.back() == '\r' || name.back() == ' ')) name.pop_back();
