@@ -294,9 +294,10 @@ TEST_CASE("a checkpoint manifest, shard or latest in each shape is named and ski
 
 // ---------------------------------------------------------------------------
 // Run directories (item 12): eval/generate/export/status/resume on a link loop or on a run
-// whose config.yaml has a shape; launch --output-dir through a loop
+// whose config.yaml (or, for status, events.jsonl or launcher.json) has a shape; launch
+// --output-dir through a loop
 
-TEST_CASE("a run directory that is a link loop, or whose config.yaml has a shape, is exit 2 naming it") {
+TEST_CASE("a run directory that is a link loop, or whose config.yaml or status files have a shape, is named") {
   const std::string bin = bin_or_skip("input shape tests");
   if (bin.empty()) return;
   const TinyTmp& t = trained();
@@ -325,5 +326,12 @@ TEST_CASE("a run directory that is a link loop, or whose config.yaml has a shape
     expect_named(run({bin, "generate", run_dir, "add 1 and 2"}, {}, kHang), "generate: the run's config.yaml", s, cfg);
     expect_named(run({bin, "resume", run_dir, "--master-port", "0"}, {}, kHang), "resume: the run's config.yaml", s,
                  cfg);
+    // What `dtrain status` reads: damage, exit 3 naming the file (before: a FIFO blocked it).
+    for (const char* name : {"events.jsonl", "launcher.json"}) {
+      const std::string status_dir = copy_of(t.path("trained"), w.path("run"));
+      shape_at(status_dir + "/" + name, s);
+      expect_named(run({bin, "status", status_dir}, {}, kHang), std::string("status: ") + name, s,
+                   status_dir + "/" + name);
+    }
   }
 }
