@@ -44,8 +44,9 @@ CLI::Validator existing(PathKind kind) {
         struct stat st {};
         if (::stat(path.c_str(), &st) != 0) {
           if (errno == ELOOP)
-            return path + " is, or passes through, a symbolic link loop (too many levels of symbolic links): fix or "
-                          "remove the link";
+            return path +
+                   " is, or passes through, a symbolic link loop (too many levels of symbolic links): fix or "
+                   "remove the link";
           return std::string(kind == PathKind::FILE  ? "File does not exist: "
                              : kind == PathKind::DIR ? "Directory does not exist: "
                                                      : "Path does not exist: ") +

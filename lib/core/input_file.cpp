@@ -109,8 +109,9 @@ std::string InputFile::read_all(const std::string& what, uint64_t max_bytes) {
     out.append(buf, static_cast<size_t>(n));
     if (out.size() > max_bytes)
       DT_THROW(ConfigError, "{}",
-               input_file_message(path_, what,
-                                  fmt::format("grew past the {} bytes allowed for it while being read", bound_text(max_bytes))));
+               input_file_message(
+                   path_, what,
+                   fmt::format("grew past the {} bytes allowed for it while being read", bound_text(max_bytes))));
   }
   return out;
 }

@@ -29,8 +29,8 @@ inline constexpr uint64_t kInputAnySize = UINT64_MAX;
 
 /// What an input may be besides a regular file.
 enum class InputAccept {
-  REGULAR,       ///< a regular file only
-  REGULAR_OR_FIFO ///< also a FIFO or pipe (bash's `--hostfile <(...)`), which the caller reads with a bound
+  REGULAR,         ///< a regular file only
+  REGULAR_OR_FIFO  ///< also a FIFO or pipe (bash's `--hostfile <(...)`), which the caller reads with a bound
 };
 
 // ----------------------------------------------------------------------------

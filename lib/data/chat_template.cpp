@@ -148,8 +148,7 @@ SftTemplate sft_template_detect(const std::string& model_dir) {
   DT_ENFORCE(!tmpl.empty(), ConfigError,
              "data.template auto: {} has no chat_template (and there is no {}): a base model has none; name the "
              "template the model was or will be used with in data.template ({})",
-             has_config ? config.string() : config.string() + " does not exist, so it", jinja.string(),
-             names_joined());
+             has_config ? config.string() : config.string() + " does not exist, so it", jinja.string(), names_joined());
   auto has = [&](std::string_view s) { return tmpl.find(s) != std::string::npos; };
   if (has("<|start_header_id|>")) return SftTemplate::LLAMA3;
   if (has("<|im_start|>")) {

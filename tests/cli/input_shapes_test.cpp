@@ -95,9 +95,9 @@ std::string byte_tokenizer_json() {
 const TinyTmp& trained() {
   static TinyTmp t;
   static const bool ok = [] {
-    auto r = run({dtrain_bin(), "launch", "--config", t.config, "--output-dir", t.path("trained"), "--master-port",
-                  "0"},
-                 {}, 120s);
+    auto r =
+        run({dtrain_bin(), "launch", "--config", t.config, "--output-dir", t.path("trained"), "--master-port", "0"}, {},
+            120s);
     INFO(r.out);
     return !r.timed_out && r.rc == 0 && fs::exists(t.path("trained/final/model.safetensors")) &&
            fs::exists(t.path("trained/checkpoints/step2/manifest.json"));
@@ -129,10 +129,10 @@ TEST_CASE("config YAML and hostfile: a FIFO, /dev/zero or a link loop is exit 2 
                  "launch --config", s, cfg);
     const std::string hosts = t.path("hosts.shaped");
     shape_at(hosts, s);
-    expect_named(run({bin, "launch", "--dry-run", "--config", t.config, "--hostfile", hosts, "--output-dir",
-                      t.path("run")},
-                     {}, kHang),
-                 "launch --hostfile", s, hosts);
+    expect_named(
+        run({bin, "launch", "--dry-run", "--config", t.config, "--hostfile", hosts, "--output-dir", t.path("run")}, {},
+            kHang),
+        "launch --hostfile", s, hosts);
   }
 }
 
@@ -182,10 +182,9 @@ TEST_CASE("model dir: config.json, model.safetensors, its index and an indexed s
           << R"({"metadata": {}, "weight_map": {"lm_head.weight": "model-00001-of-00001.safetensors"}})";
       const std::string shard = hf + "/model-00001-of-00001.safetensors";
       shape_at(shard, s);
-      expect_named(run({bin, "generate", hf, "add 1 and 2"}, {}, kHang), "generate: a shard the index names", s,
-                   shard);
-      expect_named(run({bin, "launch", "--config", t.config, "--output-dir", w.path("run-shard"), "--master-port",
-                        "0", "--set", "model.init_from=" + hf},
+      expect_named(run({bin, "generate", hf, "add 1 and 2"}, {}, kHang), "generate: a shard the index names", s, shard);
+      expect_named(run({bin, "launch", "--config", t.config, "--output-dir", w.path("run-shard"), "--master-port", "0",
+                        "--set", "model.init_from=" + hf},
                        {}, kHang),
                    "launch, a shard init_from's index names", s, shard);
     }
@@ -205,18 +204,18 @@ TEST_CASE("tokenizer.json, tokenizer_config.json and chat_template.jinja in each
   for (Shape s : kShapes) {
     fs::remove_all(tok_dir);
     shape_at(tok, s);
-    expect_named(run({bin, "data", "prepare", tasks, t.path("out.bin"), "--format", "alpaca", "--tokenizer", tok}, {},
-                     kHang),
-                 "data prepare --tokenizer", s, tok);
+    expect_named(
+        run({bin, "data", "prepare", tasks, t.path("out.bin"), "--format", "alpaca", "--tokenizer", tok}, {}, kHang),
+        "data prepare --tokenizer", s, tok);
 
     fs::remove_all(tok_dir);
     fs::create_directories(tok_dir);
     std::ofstream(tok) << byte_tokenizer_json();
     const std::string tcfg = tok_dir + "/tokenizer_config.json";
     shape_at(tcfg, s);
-    expect_named(run({bin, "data", "prepare", tasks, t.path("out.bin"), "--format", "alpaca", "--tokenizer", tok}, {},
-                     kHang),
-                 "data prepare: tokenizer_config.json", s, tcfg);
+    expect_named(
+        run({bin, "data", "prepare", tasks, t.path("out.bin"), "--format", "alpaca", "--tokenizer", tok}, {}, kHang),
+        "data prepare: tokenizer_config.json", s, tcfg);
 
     // chat_template.jinja, read for --template auto when tokenizer_config.json has none
     // (before: a FIFO blocked, /dev/zero grew past 538 MB in 4 s).
@@ -244,8 +243,8 @@ TEST_CASE("a data file in each shape is exit 2 naming it, in data prepare, launc
     shape_at(data, s);
     expect_named(run({bin, "data", "prepare", data, w.path("out.bin"), "--format", "alpaca"}, {}, kHang),
                  "data prepare INPUT", s, data);
-    expect_named(run({bin, "launch", "--config", w.config, "--output-dir", w.path("run"), "--master-port", "0",
-                      "--set", "data.train=" + data},
+    expect_named(run({bin, "launch", "--config", w.config, "--output-dir", w.path("run"), "--master-port", "0", "--set",
+                      "data.train=" + data},
                      {}, kHang),
                  "launch, data.train", s, data);
     expect_named(run({bin, "eval", t.path("trained"), "--data", data}, {}, kHang), "eval --data", s, data);
@@ -262,8 +261,8 @@ TEST_CASE("a checkpoint manifest, shard or latest in each shape is named and ski
   const TinyTmp& t = trained();
   TinyTmp w;
   struct File {
-    std::string rel;      // below the run directory
-    std::string loaded;   // the checkpoint that loads instead
+    std::string rel;     // below the run directory
+    std::string loaded;  // the checkpoint that loads instead
   };
   const File files[] = {{"checkpoints/step4/manifest.json", "checkpoints/step2"},
                         {"checkpoints/step4/rank0.bin", "checkpoints/step2"},
@@ -279,8 +278,7 @@ TEST_CASE("a checkpoint manifest, shard or latest in each shape is named and ski
         if (cmd == "export") argv.insert(argv.end(), {"-o", w.path("hf")});
         else argv.push_back("add 1 and 2");
         RunResult r = run(argv, {}, kHang);
-        std::printf("  %-46s %-10s exit %d in %.3f s\n", (cmd + ": " + f.rel).c_str(), shape_name(s), r.rc,
-                    r.seconds);
+        std::printf("  %-46s %-10s exit %d in %.3f s\n", (cmd + ": " + f.rel).c_str(), shape_name(s), r.rc, r.seconds);
         INFO(cmd << " with " << f.rel << " as " << shape_name(s) << "; output:\n" << r.out);
         REQUIRE(!r.timed_out);
         CHECK(r.rc == 0);
@@ -314,9 +312,9 @@ TEST_CASE("a run directory that is a link loop, or whose config.yaml or status f
     expect_named(run({bin, "export", dir}, {}, kHang), "export on a loop", Shape::LOOP, dir);
     expect_named(run({bin, "status", dir}, {}, kHang), "status on a loop", Shape::LOOP, dir);
     expect_named(run({bin, "resume", dir}, {}, kHang), "resume on a loop", Shape::LOOP, dir);
-    expect_named(run({bin, "launch", "--config", w.config, "--output-dir", dir + "/sub", "--master-port", "0"}, {},
-                     kHang),
-                 "launch --output-dir LOOP/sub", Shape::LOOP, dir + "/sub");
+    expect_named(
+        run({bin, "launch", "--config", w.config, "--output-dir", dir + "/sub", "--master-port", "0"}, {}, kHang),
+        "launch --output-dir LOOP/sub", Shape::LOOP, dir + "/sub");
   }
   for (Shape s : kShapes) {
     const std::string run_dir = copy_of(t.path("trained"), w.path("run"));

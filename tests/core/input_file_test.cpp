@@ -122,9 +122,10 @@ TEST_CASE("symbolic link loops, of one link or two, and broken links are named a
   CHECK(input_present((dir.path / "broken").string(), "test input"));
   CHECK(!input_present((dir.path / "missing.json").string(), "test input"));
   CHECK(!input_present((dir.path / "missing" / "x.json").string(), "test input"));
-  CHECK_THROWS_WITH_AS(input_present((self / "config.json").string(), "model file"),
-                       doctest::Contains(("model file '" + (self / "config.json").string() + "' is, or passes through").c_str()),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(
+      input_present((self / "config.json").string(), "model file"),
+      doctest::Contains(("model file '" + (self / "config.json").string() + "' is, or passes through").c_str()),
+      ConfigError);
 
   // Directories and paths to be created.
   CHECK(input_dir_problem(dir.path.string()) == "");
