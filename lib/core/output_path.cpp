@@ -4,7 +4,7 @@
 #include "core/output_path.h"
 
 #include "core/check.h"
-#include "core/small_file.h"
+#include "core/input_file.h"
 
 #include <nlohmann/json.hpp>
 
@@ -172,9 +172,9 @@ std::vector<std::string> output_dir_marker_files(const std::string& dir, const s
                                                  const std::string& kind, bool* found) {
   if (found) *found = false;
   const std::string path = (fs::path(dir) / marker).string();
-  if (!small_file_problem(path, 1 << 20).empty()) return {};
+  if (!input_file_problem(path, 1 << 20).empty()) return {};
   try {
-    const nlohmann::json j = nlohmann::json::parse(small_file_read(path, 1 << 20, "marker"));
+    const nlohmann::json j = nlohmann::json::parse(input_file_read(path, "marker", 1 << 20));
     if (!j.is_object() || j.value("written_by", "") != "dtrain" || j.value("kind", "") != kind) return {};
     std::vector<std::string> files;
     if (j.contains("files") && j["files"].is_array())

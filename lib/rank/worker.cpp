@@ -7,7 +7,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "core/output_path.h"
-#include "core/small_file.h"
+#include "core/input_file.h"
 #include "device/device.h"
 #include "config/train_config.h"
 #include "launch/agent.h"
@@ -44,9 +44,9 @@ OutputFile bench_json_target(const WorkerBench& o) {
   rule.in_place = true;
   rule.force = o.json_force;
   rule.own = [](const std::string& target) {
-    if (!small_file_problem(target, 256u << 20).empty()) return false;
+    if (!input_file_problem(target, 256u << 20).empty()) return false;
     try {
-      const auto j = nlohmann::json::parse(small_file_read(target, 256u << 20, "bench report"));
+      const auto j = nlohmann::json::parse(input_file_read(target, "bench report", 256u << 20));
       return j.is_object() && j.contains("rows") && j.contains("backend") && j.contains("world_size");
     } catch (const std::exception&) {
       return false;
