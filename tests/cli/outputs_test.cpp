@@ -1,10 +1,12 @@
 // Nothing lost, round three (issue 43, items 1-7 and 20's --json file): the one rule for
 // outputs (core/output_path.h) through the real binary. Every writing command (export,
 // plot, data prepare, bench --json, launch) is pointed at its own input, the run's
-// init_from, a user's non-empty directory, a symlink to one and a user's file: each is
-// refused (exit 2, naming the path) with every byte, mode and inode there unchanged. An
-// empty 0700 or 1777 directory and a symlink to an empty directory are written into, the
-// directory keeping its inode and mode and the link staying a link; an export directory
+// init_from, a user's non-empty directory, a symlink to one and a user's file (the commands
+// that write a file also at empty 0700 and 1777 directories and a file of the init_from):
+// each is refused (exit 2, naming the path) with every byte, mode and inode there
+// unchanged. Export and launch write into an empty 0700 or 1777 directory or through a
+// symlink to an empty directory, the directory keeping its inode and mode and the link
+// staying a link; an export directory
 // is its own kind (marker) and is re-exported in place; --force replaces a user's file,
 // never an input.
 #include "cli_harness.h"
@@ -128,6 +130,20 @@ std::map<std::string, std::string> user_targets(const std::string& dir) {
           {"a regular file", dir + "/notes.txt"}};
 }
 
+// user_targets plus, for the commands that write a file: empty 0700 and 1777 directories
+// (a directory is never replaced by a file) and a file of the run's init_from.
+std::map<std::string, std::string> file_targets(const Runs& R, const std::string& dir) {
+  auto t = user_targets(dir);
+  for (unsigned mode : {0700u, 01777u}) {
+    const std::string d = dir + fmt::format("/empty{:o}", mode);
+    fs::create_directories(d);
+    ::chmod(d.c_str(), mode);
+    t[fmt::format("an empty {:o} directory", mode)] = d;
+  }
+  t["a file of the run's init_from"] = R.hfbase + "/config.json";
+  return t;
+}
+
 // Runs the command with `target` as its output and checks it is refused naming the
 // target, with nothing under `watch` changed.
 void refused(const Runs& R, const std::vector<std::string>& args, const std::string& target,
@@ -222,13 +238,13 @@ TEST_CASE("an export directory is re-exported in place: its stale shards go, a u
 TEST_CASE("plot never replaces the run's files or a user's file without --force (item 7)") {
   REQUIRE_RUNS(R);
   TempDir t("dtrain-outputs-plot");
-  auto targets = user_targets(t.path());
+  auto targets = file_targets(R, t.path());
   targets["the run's metrics"] = R.run1 + "/metrics.jsonl";
   targets["the run's config"] = R.run1 + "/config.yaml";
   targets["the run directory"] = R.run1;
   for (const auto& [what, target] : targets) {
     CAPTURE(what);
-    refused(R, {"plot", R.run1, "-o", target}, target, {t.path(), R.run1});
+    refused(R, {"plot", R.run1, "-o", target}, target, {t.path(), R.run1, R.hfbase});
   }
   // --force: a user's file is replaced, the run's own files never are.
   refused(R, {"plot", R.run1, "-o", R.run1 + "/metrics.jsonl", "--force"}, R.run1 + "/metrics.jsonl", {R.run1});
@@ -273,9 +289,9 @@ TEST_CASE("data prepare never replaces dataset_info.json, the tokenizer's files 
              "--template", "auto", "--force"},
             tok + "/" + f, {tok, ds});
   }
-  for (const auto& [what, target] : user_targets(t.path() + "/user")) {
+  for (const auto& [what, target] : file_targets(R, t.path() + "/user")) {
     CAPTURE(what);
-    refused(R, {"data", "prepare", input, target, "--format", "alpaca"}, target, {t.path() + "/user", ds});
+    refused(R, {"data", "prepare", input, target, "--format", "alpaca"}, target, {t.path() + "/user", ds, R.hfbase});
   }
   // A shard replaces an earlier shard; --force a user's file; a symlink is written through.
   const std::string shard = t.path() + "/a.bin", link = t.path() + "/a-link.bin";
@@ -319,10 +335,10 @@ TEST_CASE("bench --json: a user's file or a directory refused before the bench r
   REQUIRE_RUNS(R);
   TempDir t("dtrain-outputs-bench");
   int k = 0;
-  for (const auto& [what, target] : user_targets(t.path() + "/user")) {
+  for (const auto& [what, target] : file_targets(R, t.path() + "/user")) {
     CAPTURE(what);
     auto args = bench_args(t.path() + fmt::format("/run{}", k++), target);
-    refused(R, args, target, {t.path() + "/user"});
+    refused(R, args, target, {t.path() + "/user", R.hfbase});
   }
   // The default max_retries (3): a --json file that cannot take the results ends the job
   // after its one round, exit 2, the results printed above.
