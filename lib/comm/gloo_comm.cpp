@@ -279,6 +279,14 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<gloo::rendezvous::Store> stor
              "every rank started and that the hosts reach each other over TCP",
              rank, size, opts.timeout.count(), where, e.what());
   }
+  // No rank returns before every rank has connected: connectFullMesh can return on one
+  // rank while a peer is still reading that rank's side of their handshake, and a rank
+  // that then closed its communicator (a job or test with nothing to exchange) failed the
+  // peer with "Connection closed by peer" (seen on a loaded 2-core machine in
+  // train_memory_plan_test). torch.distributed's init_process_group ends with a barrier
+  // for the same reason. Its byte is not the caller's traffic (bytes_sent starts at 0).
+  barrier();
+  sent_.store(0);
   log_debug("gloo: rank {} of {} connected on {}", rank, size, device_->str());
 }
 
