@@ -1,5 +1,6 @@
 // Progress view: parse trainer progress lines, render one in-place status line on a TTY
-// or plain control-character-free lines elsewhere, with an ETA from smoothed step times.
+// or plain control-character-free lines elsewhere (each with its percentage and ETA), with
+// an ETA from smoothed step times.
 #include "launch/progress.h"
 
 #include <fmt/format.h>
@@ -162,7 +163,11 @@ bool ProgressView::consume(std::string_view rank0_line, std::string* out) {
       line_open_ = false;
     }
   } else {
-    *out = sanitize(rank0_line);
+    // Logs without a terminal (an sbatch log, a pipe) get the share done and the ETA on
+    // every progress line, as the TTY's status line shows them.
+    const double pct =
+        rec->total_steps > 0 ? 100.0 * static_cast<double>(rec->step) / static_cast<double>(rec->total_steps) : 0.0;
+    *out = sanitize(rank0_line) + fmt::format(" | {:.0f}% | ETA {}", pct, progress_format_duration(eta_seconds()));
     if (restarts_ > 0) *out += fmt::format(" | restarts {}", restarts_);
     if (!flag_.empty()) *out += " | " + sanitize(flag_);
     out->push_back('\n');

@@ -128,15 +128,15 @@ TEST_CASE("progress: TTY view redraws one line in place") {
   CHECK(v.interrupt() == "");
 }
 
-TEST_CASE("progress: plain view passes lines through without control characters") {
+TEST_CASE("progress: plain view passes lines through without control characters, with percentage and ETA") {
   ProgressView v(false, 0);
   std::string out;
   const std::string line = trainer_line(5, 50, 3.25, 1e-4, 1.25, 1, 512, 0.25, true);
   CHECK(v.consume(line, &out));
-  CHECK(out == line + "\n");
+  CHECK(out == line + " | 10% | ETA 11s\n");  // 45 steps left at 0.25 s/step (issue 44: sbatch logs had neither)
   v.set_restarts(1);
   CHECK(v.consume(line, &out));
-  CHECK(out == line + " | restarts 1\n");
+  CHECK(out == line + " | 10% | ETA 11s | restarts 1\n");
   CHECK(v.interrupt() == "");
   CHECK_FALSE(v.consume("colour \x1b[31mred\x1b[0m\ttab\r", &out));
   CHECK_FALSE(has_control(out));
