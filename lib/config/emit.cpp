@@ -119,8 +119,9 @@ std::string config_help() {
   }
   out << "\nDeepSpeed keys accepted but not acted on (one warning lists those present):\n";
   for (const std::string& k : schema_ignored_keys()) out << "    " << k << "\n";
-  out << "\nA key within typo distance of a known key is an error naming that key; any other\n"
-         "unknown key is a warning.\n";
+  out << "\nAny other key is an error naming the key to write instead: the dtrain spelling of a\n"
+         "LLaMA-Factory / HF Trainer name (learning_rate is optimizer.params.lr), a key within typo\n"
+         "distance, a key of another section, or else the keys of its section.\n";
   return out.str();
 }
 

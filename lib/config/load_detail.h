@@ -30,7 +30,9 @@ struct Origins {
 
 // Fills derived values (n_kv_head, d_ff, output_dir, ...) and checks relations between keys;
 // appends warnings. Throws ConfigError naming the key and its origin.
-void config_derive_validate(TrainConfig& cfg, const Origins& origins, std::vector<std::string>& warnings);
+// Notes (a default taken from model.init_from) go to *notes when given.
+void config_derive_validate(TrainConfig& cfg, const Origins& origins, std::vector<std::string>& warnings,
+                            std::vector<std::string>* notes = nullptr);
 
 // Converts text as --set or an env override would (YAML for typed keys) and stores it in
 // spec's field of cfg: the single conversion every value of every source goes through.

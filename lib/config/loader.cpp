@@ -265,6 +265,39 @@ YAML::Node document_load(std::string_view text, const std::string& name) {
 
 void walk(const YAML::Node& node, const std::string& section, LoadState& st);
 
+// Why `name` under `section` is no key, and what to write instead: another tool's spelling
+// (LLaMA-Factory, HF Trainer), a typo of a key of the section, a key of another section
+// (top-level max_steps), or else the section's own keys. A key dtrain would not read must
+// not train silently with the default (a LoRA rank that leaves the model fully tuned).
+std::string unknown_key_text(const std::string& section, const std::string& name) {
+  const std::string path = join_path(section, name);
+  if (const char* ours = schema_foreign_spelling(path)) {
+    if (ours[0] == '-') return fmt::format("{}: not a dtrain key; {}", path, ours + 1);
+    return fmt::format("{}: unknown key; dtrain spells this {}", path, ours);
+  }
+  if (std::string hint = key_suggest(name, schema_children(section)); !hint.empty())
+    return fmt::format("{}: unknown key; did you mean {}?", path, join_path(section, hint));
+  // The same name (or a typo of it) as a key of another section.
+  std::string elsewhere;
+  size_t best = SIZE_MAX;
+  for (const KeySpec& k : schema_keys()) {
+    const std::string_view full(k.path);
+    const size_t dot = full.rfind('.');
+    const std::string_view leaf = dot == std::string_view::npos ? full : full.substr(dot + 1);
+    // Short names only as they are (x is no typo of lora.r).
+    if (name.size() < 5 ? name != leaf : key_suggest(name, {std::string(leaf)}).empty()) continue;
+    const size_t d = key_distance(name, leaf);
+    if (d < best) {
+      best = d;
+      elsewhere = std::string(full);
+    }
+  }
+  if (!elsewhere.empty())
+    return fmt::format("{}: unknown key; did you mean {}? (a key of another section)", path, elsewhere);
+  return fmt::format("{}: unknown key; {} has {} (dtrain launch --help-config lists every key)", path,
+                     section.empty() ? "the top level" : section, fmt::join(schema_children(section), ", "));
+}
+
 // communication.compression given as a mapping with one method and its parameters
 // ({powersgd: {rank: 4}}, {topk: {ratio: 0.01}}), PyTorch's hook-plus-state spelling: it is
 // compression: <method> plus the keys of the section communication.<method>.
@@ -306,7 +339,8 @@ void walk(const YAML::Node& node, const std::string& section, LoadState& st) {
       DT_THROW(ConfigError, "{}: {}: keys must be plain names, got {}", mark_text(st.source, key.Mark()),
                section.empty() ? "(top level)" : section, node_kind(key));
     const std::string& name = key.Scalar();
-    const std::string path = join_path(section, name);
+    // DeepSpeed reads "bfloat16" as its older name of the bf16 section.
+    const std::string path = section.empty() && name == "bfloat16" ? std::string("bf16") : join_path(section, name);
     // yaml-cpp reads YAML 1.1's merge key as a plain key named "<<": its keys would be
     // silently lost, so it is refused rather than half-supported.
     if (name == "<<" && !is_quoted(key))
@@ -314,7 +348,7 @@ void walk(const YAML::Node& node, const std::string& section, LoadState& st) {
                "{}: {}: YAML merge keys ('<<: *anchor') are not supported; write the merged keys out "
                "in this mapping",
                mark_text(st.source, key.Mark()), section.empty() ? "(top level)" : section);
-    auto [prev, fresh] = seen.emplace(name, key.Mark());
+    auto [prev, fresh] = seen.emplace(path, key.Mark());
     if (!fresh)
       DT_THROW(ConfigError, "{}: {}: duplicate key (first given at line {}); keep one of them",
                mark_text(st.source, key.Mark()), path, prev->second.line + 1);
@@ -329,12 +363,7 @@ void walk(const YAML::Node& node, const std::string& section, LoadState& st) {
     } else if (schema_is_ignored(path)) {
       st.ignored.push_back(path);
     } else {
-      std::string hint = key_suggest(name, schema_children(section));
-      if (!hint.empty())
-        DT_THROW(ConfigError, "{}: {}: unknown key; did you mean {}?", mark_text(st.source, key.Mark()), path,
-                 join_path(section, hint));
-      st.warnings.push_back(fmt::format("{}: {}: unknown key, ignored (see dtrain launch --help-config)",
-                                        mark_text(st.source, key.Mark()), path));
+      DT_THROW(ConfigError, "{}: {}", mark_text(st.source, key.Mark()), unknown_key_text(section, name));
     }
   }
 }
@@ -628,6 +657,10 @@ void apply_set(LoadState& st, const std::string& arg) {
     st.ignored.push_back(path);
     return;
   }
+  if (const char* ours = schema_foreign_spelling(path)) {
+    if (ours[0] == '-') DT_THROW(ConfigError, "{}: {}: not a dtrain key; {}", origin, path, ours + 1);
+    DT_THROW(ConfigError, "{}: {}: unknown key; dtrain spells this {}", origin, path, ours);
+  }
   std::vector<std::string> all;
   for (const KeySpec& k : schema_keys()) all.emplace_back(k.path);
   std::string hint = key_suggest(path, all);
@@ -726,7 +759,7 @@ LoadedConfig load(std::string_view text, const std::string& name, const std::vec
     st.warnings.push_back(
         fmt::format("{}: accepted but not acted on by dtrain (DeepSpeed features it does not have): {}", name,
                     fmt::join(st.ignored, ", ")));
-  config_derive_validate(out.cfg, st.origins, st.warnings);
+  config_derive_validate(out.cfg, st.origins, st.warnings, &out.notes);
   out.warnings = std::move(st.warnings);
   return out;
 }

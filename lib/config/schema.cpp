@@ -243,10 +243,13 @@ const std::vector<KeySpec>& build_schema() {
        .help = "validation data path; \"\" = none"},
       {.path = "data.format", .type = KeyType::ENUM, .field = F(data.format),
        .help = "text (plain text), alpaca (JSONL instruction/input/output), chat (JSONL messages), "
-               "tokens (pre-tokenized shards)",
-       .allowed = {"text", "alpaca", "chat", "tokens"}},
+               "tokens (pre-tokenized shards); auto = told from the file's first records (a token shard or a "
+               "directory: tokens; JSON records: alpaca or chat by their keys, an error when they are neither; "
+               "else text), and the dry run says which",
+       .allowed = {"auto", "text", "alpaca", "chat", "tokens"}},
       {.path = "data.tokenizer", .type = KeyType::STRING, .field = F(data.tokenizer),
-       .help = "path to a HF tokenizer.json, or \"byte\" (256 byte tokens + specials)"},
+       .help = "path to a HF tokenizer.json, or \"byte\" (256 byte tokens + specials); not given with "
+               "model.init_from: that directory's tokenizer.json when it has one"},
       {.path = "data.seq_len", .type = KeyType::INT, .field = F(data.seq_len),
        .help = "tokens per training sequence (<= model.max_seq_len); at least 2: a token and the next one it predicts",
        .min = 2, .derived = "model.max_seq_len"},
@@ -254,7 +257,7 @@ const std::vector<KeySpec>& build_schema() {
        .help = "SFT prompt/chat template, as the model family's own chat_template renders it: plain (alpaca is "
                "another name for it), chatml, qwen (ChatML with Qwen2.5's default system message), qwen3 (thinking "
                "off), llama3, llama2, mistral; auto reads it from the chat_template in tokenizer_config.json beside "
-               "data.tokenizer",
+               "data.tokenizer (the default with model.init_from when that file has a chat_template)",
        .allowed = {"plain", "alpaca", "chatml", "qwen", "qwen3", "llama3", "llama2", "mistral", "auto"}},
       {.path = "data.dataset", .type = KeyType::STRING, .field = F(data.dataset),
        .help = "LLaMA-Factory dataset names (comma-separated) from the dataset_info.json of the directory "
@@ -605,7 +608,66 @@ const std::vector<std::string> kIgnored = {"amp",
                                            "activation_checkpointing.contiguous_memory_optimization",
                                            "activation_checkpointing.number_checkpoints",
                                            "activation_checkpointing.synchronize_checkpoint_boundary",
-                                           "activation_checkpointing.profile"};
+                                           "activation_checkpointing.profile",
+                                           "timers",
+                                           "compile",
+                                           "eigenvalue",
+                                           "progressive_layer_drop",
+                                           "quantize_training",
+                                           "tensor_parallel",
+                                           "zero_optimization.stage3_model_persistence_threshold",
+                                           "zero_optimization.stage3_use_all_reduce_for_fetch_params",
+                                           "zero_optimization.zero_quantized_nontrainable_weights",
+                                           "zero_optimization.zeropp_loco_param",
+                                           "zero_optimization.log_trace_cache_warnings"};
+
+// LLaMA-Factory / HF TrainingArguments / PEFT names and where dtrain keeps them. Full paths
+// first (a name inside the section dtrain uses), then bare names anywhere in the document.
+const std::pair<const char*, const char*> kForeign[] = {
+    {"lora.rank", "lora.r"},
+    {"lora.lora_rank", "lora.r"},
+    {"lora.lora_alpha", "lora.alpha"},
+    {"lora.lora_dropout", "lora.dropout"},
+    {"lora.target", "lora.target_modules"},
+    {"lora.lora_target", "lora.target_modules"},
+    {"learning_rate", "optimizer.params.lr"},
+    {"lr", "optimizer.params.lr"},
+    {"weight_decay", "optimizer.params.weight_decay"},
+    {"adam_epsilon", "optimizer.params.eps"},
+    {"adam_beta1", "optimizer.params.betas (as [beta1, beta2])"},
+    {"adam_beta2", "optimizer.params.betas (as [beta1, beta2])"},
+    {"optim", "optimizer.type"},
+    {"max_grad_norm", "gradient_clipping"},
+    {"per_device_train_batch_size", "train_micro_batch_size_per_gpu"},
+    {"lr_scheduler_type", "scheduler.type (WarmupLR, WarmupDecayLR, WarmupCosineLR)"},
+    {"warmup_steps", "scheduler.params.warmup_num_steps"},
+    {"warmup_ratio", "scheduler.params.warmup_num_steps (a step count, not a ratio)"},
+    {"num_train_epochs", "training.epochs"},
+    {"max_steps", "training.max_steps"},
+    {"save_steps", "training.save_steps"},
+    {"eval_steps", "training.eval_steps"},
+    {"save_total_limit", "training.keep_last"},
+    {"output_dir", "training.output_dir"},
+    {"seed", "training.seed"},
+    {"logging_steps", "steps_per_print"},
+    {"run_name", "training.name"},
+    {"model_name_or_path", "model.init_from (a local Hugging Face model directory)"},
+    {"lora_rank", "lora.r"},
+    {"lora_alpha", "lora.alpha"},
+    {"lora_dropout", "lora.dropout"},
+    {"lora_target", "lora.target_modules"},
+    {"finetuning_type", "lora.r (lora.r > 0 is LoRA, 0 is full fine-tuning)"},
+    {"cutoff_len", "data.seq_len"},
+    {"max_seq_length", "data.seq_len"},
+    {"template", "data.template"},
+    {"dataset", "data.dataset (with data.train naming the dataset_dir)"},
+    {"dataset_dir", "data.train (with data.dataset naming the datasets)"},
+    {"train_on_prompt", "data.train_on_prompt"},
+    {"packing", "data.pack"},
+    {"tokenizer", "data.tokenizer"},
+    {"tokenizer_name_or_path", "data.tokenizer"},
+    {"deepspeed", "-the DeepSpeed keys go in this file itself (or pass the ds_config as --config)"},
+};
 
 }  // namespace
 
@@ -652,6 +714,17 @@ const std::vector<std::string>& schema_ignored_keys() { return kIgnored; }
 
 bool schema_is_ignored(std::string_view path) {
   return std::find(kIgnored.begin(), kIgnored.end(), path) != kIgnored.end();
+}
+
+const char* schema_foreign_spelling(std::string_view path) {
+  for (const auto& [name, ours] : kForeign)
+    if (path == name) return ours;
+  const size_t dot = path.rfind('.');
+  if (dot == std::string_view::npos) return nullptr;
+  const std::string_view leaf = path.substr(dot + 1);
+  for (const auto& [name, ours] : kForeign)
+    if (std::string_view(name).find('.') == std::string_view::npos && leaf == name) return ours;
+  return nullptr;
 }
 
 // ---------------------------------------------------------------------------

@@ -66,6 +66,12 @@ std::vector<std::string> schema_children(std::string_view section);
 const std::vector<std::string>& schema_ignored_keys();
 bool schema_is_ignored(std::string_view path);
 
+// The dtrain key for a name LLaMA-Factory, the HF Trainer or PEFT spell differently
+// (learning_rate, lora_rank, per_device_train_batch_size, lora.rank), looked up by the
+// full path and then by the last name; nullptr when the name is none of theirs. A text
+// starting with '-' is advice for a name dtrain has no key for.
+const char* schema_foreign_spelling(std::string_view path);
+
 // Optimal-string-alignment Damerau-Levenshtein distance.
 size_t key_distance(std::string_view a, std::string_view b);
 // The closest candidate within typo distance of key (<= 2, <= 1 when either is shorter

@@ -37,7 +37,7 @@ struct ModelConfig {
 struct DataConfig {
   std::string train;                    // path ("" only in a pure DeepSpeed config)
   std::string valid;                    // path or "" (no validation)
-  std::string format = "text";          // "text" | "alpaca" | "chat" | "tokens"
+  std::string format = "auto";          // "text" | "alpaca" | "chat" | "tokens" | "auto" (from the records)
   std::string tokenizer = "byte";       // path to tokenizer.json, or "byte"
   std::optional<int64_t> seq_len;       // derived: model.max_seq_len
   std::string template_name = "plain";  // YAML key data.template
@@ -296,6 +296,7 @@ struct TrainConfig {
 struct LoadedConfig {
   TrainConfig cfg;
   std::vector<std::string> warnings;  // for the caller to print (the library prints nothing)
+  std::vector<std::string> notes;     // choices made for keys not given, for the dry run to say
 };
 
 // The largest config file config_load_file reads; a larger one (or a device such as

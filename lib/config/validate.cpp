@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
+#include <fstream>
 #include <iterator>
 #include <string>
 #include <tuple>
@@ -375,7 +376,41 @@ void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>
 
 // ---------------------------------------------------------------------------
 
-void config_derive_validate(TrainConfig& cfg, const Origins& o, std::vector<std::string>& warnings) {
+// With model.init_from, the model's own tokenizer (its tokenizer.json) and chat template
+// (the family's, from tokenizer_config.json's chat_template) unless the config names them:
+// the byte tokenizer would spell the chat special tokens out as plain text.
+namespace {
+void derive_from_model(TrainConfig& cfg, const Origins& o, std::vector<std::string>* notes) {
+  if (cfg.model.init_from.empty()) return;
+  namespace fs = std::filesystem;
+  const fs::path dir(cfg.model.init_from);
+  std::error_code ec;
+  const bool tokenizer_given = o.given.count("data.tokenizer") > 0;
+  if (!tokenizer_given && fs::is_regular_file(dir / "tokenizer.json", ec)) {
+    cfg.data.tokenizer = (dir / "tokenizer.json").string();
+    if (notes)
+      notes->push_back(fmt::format("data.tokenizer {} (model.init_from's; data.tokenizer not given)",
+                                   cfg.data.tokenizer));
+  }
+  if (o.given.count("data.template") > 0 || (tokenizer_given && cfg.data.tokenizer == "byte")) return;
+  const fs::path tokenizer_dir = cfg.data.tokenizer == "byte" ? fs::path()
+                                 : fs::is_directory(cfg.data.tokenizer, ec)
+                                     ? fs::path(cfg.data.tokenizer)
+                                     : fs::path(cfg.data.tokenizer).parent_path();
+  if (tokenizer_dir.empty() || !fs::is_regular_file(tokenizer_dir / "tokenizer_config.json", ec)) return;
+  std::ifstream in(tokenizer_dir / "tokenizer_config.json");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (text.find("\"chat_template\"") == std::string::npos) return;
+  cfg.data.template_name = "auto";
+  if (notes)
+    notes->push_back(fmt::format("data.template auto: the chat_template of {} (data.template not given)",
+                                 (tokenizer_dir / "tokenizer_config.json").string()));
+}
+}  // namespace
+
+void config_derive_validate(TrainConfig& cfg, const Origins& o, std::vector<std::string>& warnings,
+                            std::vector<std::string>* notes) {
+  derive_from_model(cfg, o, notes);
   derive(cfg, o);
   derive_communication(cfg, o);
   validate(cfg, o, warnings);

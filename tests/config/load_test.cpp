@@ -1,6 +1,6 @@
 // Loading: every config error names file:line:column, the key path and what is expected;
-// the key policy (accepted DeepSpeed keys in one warning, typos are errors with a
-// suggestion, other unknown keys are warnings); derived values.
+// the key policy (accepted DeepSpeed keys in one warning, every other unknown key an error
+// naming what to write instead); derived values.
 #include "config/train_config.h"
 #include "core/error.h"
 
@@ -125,14 +125,20 @@ TEST_CASE("key policy: a typo is an error naming the known key") {
   expect_error(kJob + "optimizer: {params: {l: 0.1}}\n", {"optimizer.params.l", "did you mean optimizer.params.lr?"});
 }
 
-TEST_CASE("key policy: other unknown keys are warnings with their location") {
-  LoadedConfig l = config_load_string(kJob + "my_custom_thing: 3\ncluster: {ssh: {favourite_color: red}}\n", "t.yaml");
-  REQUIRE(l.warnings.size() == 2);
-  CHECK(has(l.warnings[0], "t.yaml:5:1: my_custom_thing: unknown key"));
-  CHECK(has(l.warnings[1], "cluster.ssh.favourite_color: unknown key"));
-  // a short unknown key two edits away from a short known key is not a typo
-  LoadedConfig s = config_load_string(kJob + "optimizer: {params: {xyz: 1}}\n", "t.yaml");
-  CHECK(s.warnings.size() == 1);
+TEST_CASE("key policy: every other unknown key is an error naming what to write instead") {
+  // another section's key, or the section's own keys when nothing is near
+  expect_error(kJob + "my_custom_thing: 3\n", {"t.yaml:5:1:", "my_custom_thing: unknown key", "the top level has"});
+  expect_error(kJob + "cluster: {ssh: {favourite_color: red}}\n",
+               {"cluster.ssh.favourite_color: unknown key", "cluster.ssh has user, port"});
+  expect_error(kJob + "optimizer: {params: {xyz: 1}}\n", {"optimizer.params.xyz: unknown key", "lr, betas"});
+  expect_error(kJob + "seq_len: 64\n", {"t.yaml:5:1:", "did you mean data.seq_len? (a key of another section)"});
+  // LLaMA-Factory / HF Trainer / PEFT spellings
+  expect_error(kJob + "learning_rate: 1.0e-4\n", {"t.yaml:5:1:", "learning_rate: unknown key; dtrain spells this optimizer.params.lr"});
+  expect_error(kJob + "lora: {rank: 16}\n", {"t.yaml:5:8:", "lora.rank: unknown key; dtrain spells this lora.r"});
+  expect_error(kJob + "per_device_train_batch_size: 4\n", {"dtrain spells this train_micro_batch_size_per_gpu"});
+  // DeepSpeed's older name of the bf16 section
+  LoadedConfig b = config_load_string(kJob + "bfloat16: {enabled: true}\n", "t.yaml");
+  CHECK(b.cfg.bf16.enabled);
 }
 
 TEST_CASE("key policy: DeepSpeed keys dtrain does not act on are listed in one warning") {
@@ -369,11 +375,10 @@ TEST_CASE("one YAML document per config; merge keys are refused") {
   expect_error("# c\n---\n" + kJob + "---\n", {"t.yaml:7:", "second YAML document"});
   CHECK(config_load_string("%YAML 1.2\n---\n" + kJob, "t").cfg.model.n_layer == 2);
   CHECK(config_load_string("---\n" + kJob + "...\n", "t").cfg.model.n_layer == 2);
-  expect_error(kJob + "x: &z {stage: 2}\nzero_optimization:\n  <<: *z\n",
-               {"t.yaml:7:3:", "zero_optimization", "merge keys"});
+  expect_error(kJob + "zero_optimization: &z {stage: 2}\nfp16:\n  <<: *z\n", {"t.yaml:7:3:", "fp16", "merge keys"});
   expect_error("<<: {steps_per_print: 5}\n", {"t.yaml:1:1:", "(top level)", "merge keys"});
   // Quoted, "<<" is an ordinary (unknown) key name.
-  CHECK(config_load_string(kJob + "\"<<\": 1\n", "t").warnings.size() == 1);
+  expect_error(kJob + "\"<<\": 1\n", {"t.yaml:5:1:", "<<: unknown key"});
 }
 
 TEST_CASE("data.seq_len must leave a token to predict") {
@@ -447,4 +452,28 @@ TEST_CASE("training.seed takes 64-bit values (it seeds uint64 generators)") {
   LoadedConfig l = config_load_string(kJob, "s.yaml", {"training.seed=4294967296"});
   CHECK(l.cfg.training.seed == 4294967296LL);
   CHECK(error_of(kJob, {"training.seed=-1"}).find("training.seed") != std::string::npos);
+}
+
+// ---------------------------------------------------------------------------
+TEST_CASE("model.init_from: tokenizer and template default to the model's own, and the notes say so") {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("dtrain-load-init-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokenizer.json") << "{}\n";
+  std::ofstream(dir / "tokenizer_config.json") << "{\"chat_template\": \"{% for m in messages %}<|im_start|>{% endfor %}\"}\n";
+  const std::string head = "model: {init_from: " + dir.string() + "}\ntraining: {max_steps: 2}\n";
+  const std::string train = "train: /nonexistent/train.jsonl";
+  LoadedConfig l = config_load_string(head + "data: {" + train + "}\n", "t.yaml");
+  CHECK(l.cfg.data.tokenizer == (dir / "tokenizer.json").string());
+  CHECK(l.cfg.data.template_name == "auto");
+  REQUIRE(l.notes.size() == 2);
+  CHECK(has(l.notes[0], "model.init_from's; data.tokenizer not given"));
+  CHECK(has(l.notes[1], "data.template auto: the chat_template of"));
+  // Given ones stay; the byte tokenizer keeps the plain template.
+  LoadedConfig b = config_load_string(head + "data: {" + train + ", tokenizer: byte}\n", "t.yaml");
+  CHECK(b.cfg.data.tokenizer == "byte");
+  CHECK(b.cfg.data.template_name == "plain");
+  LoadedConfig t = config_load_string(head + "data: {" + train + ", template: chatml}\n", "t.yaml");
+  CHECK(t.cfg.data.template_name == "chatml");
+  std::filesystem::remove_all(dir);
 }
