@@ -9,13 +9,17 @@
 #include "data/prepare_stream.h"
 #include "data/shard_writer.h"
 
+#include <nlohmann/json.hpp>
+
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 namespace dtrain::data {
 
@@ -25,6 +29,94 @@ DataFormat data_format_parse(std::string_view name) {
   if (name == "chat") return DataFormat::CHAT;
   if (name == "sft") return DataFormat::SFT;
   DT_THROW(ConfigError, "unknown data format '{}' (use text, alpaca, chat or sft)", name);
+}
+
+// ----------------------------------------------------------------------------
+// data.format not given: the records say
+
+namespace {
+
+// The SFT kind of one JSON object ("alpaca", "chat"), or "" when it is neither.
+std::string record_kind(const nlohmann::json& j) {
+  if (!j.is_object()) return "";
+  if (j.contains("messages") || j.contains("conversations")) return "chat";
+  if (j.contains("instruction") || (j.contains("output") && j.contains("input"))) return "alpaca";
+  return "";
+}
+
+std::string keys_of(const nlohmann::json& j) {
+  std::string out;
+  if (!j.is_object()) return "not an object";
+  for (auto it = j.begin(); it != j.end(); ++it) out += (out.empty() ? "" : ", ") + it.key();
+  return out.empty() ? "no keys" : "keys " + out;
+}
+
+}  // namespace
+
+DataFormatGuess data_format_detect(const std::string& path) {
+  const std::string set_it = "set data.format (text, alpaca, chat or tokens)";
+  if (input_dir_problem(path).empty()) return {"tokens", "a directory (of token shards)"};
+  InputFile f = input_file_open(path, "data file");
+  std::string head(64 * 1024, '\0');
+  ssize_t got = 0;
+  while (got < static_cast<ssize_t>(head.size())) {
+    const ssize_t n = ::pread(f.fd(), head.data() + got, head.size() - static_cast<size_t>(got), got);
+    if (n <= 0) break;
+    got += n;
+  }
+  head.resize(static_cast<size_t>(std::max<ssize_t>(got, 0)));
+  if (head.size() >= 8 && std::memcmp(head.data(), SHARD_MAGIC, 8) == 0) return {"tokens", "a dtrain token shard"};
+  if (head.find('\0') != std::string::npos)
+    DT_THROW(ConfigError, "data file '{}': binary data, neither a token shard nor text, so its format cannot be told: {}",
+             path, set_it);
+  const size_t first = head.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos || (head[first] != '{' && head[first] != '['))
+    return {"text", "its first line is not a JSON record"};
+  // JSON: the first complete lines are records (JSONL); a .json array is judged by the keys
+  // its first records' text names.
+  std::set<std::string> kinds;
+  std::string unknown;
+  if (head[first] == '{') {
+    const bool whole = head.size() == f.size();
+    size_t at = first, records = 0;
+    while (records < 16 && at < head.size()) {
+      size_t end = head.find('\n', at);
+      if (end == std::string::npos) {
+        if (!whole) break;  // a record cut by the 64 KiB read
+        end = head.size();
+      }
+      const std::string line = head.substr(at, end - at);
+      at = end + 1;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded()) {
+        unknown = "a line that is not one JSON record";
+        break;
+      }
+      const std::string k = record_kind(j);
+      if (k.empty()) {
+        unknown = "a record with " + keys_of(j);
+        break;
+      }
+      kinds.insert(k);
+      ++records;
+    }
+  } else {
+    const bool chat = head.find("\"messages\"") != std::string::npos || head.find("\"conversations\"") != std::string::npos;
+    const bool alpaca = head.find("\"instruction\"") != std::string::npos;
+    if (chat) kinds.insert("chat");
+    if (alpaca) kinds.insert("alpaca");
+    if (kinds.empty()) unknown = "a JSON array whose records name neither instruction nor messages";
+  }
+  if (!unknown.empty() || kinds.empty())
+    DT_THROW(ConfigError,
+             "data file '{}' holds JSON, but not records dtrain can tell the format of ({}): alpaca records have "
+             "instruction/input/output, chat records messages; {} (data.format text would train the JSON "
+             "itself as plain text)",
+             path, unknown.empty() ? "no complete record in its first 64 KiB" : unknown, set_it);
+  if (kinds.size() == 2) return {"sft", "its records are alpaca (instruction/output) and chat (messages)"};
+  if (*kinds.begin() == "chat") return {"chat", "its records have messages"};
+  return {"alpaca", "its records have instruction/input/output"};
 }
 
 TokenData data_tokenize(const std::string& input, DataFormat format, const Tokenizer& tokenizer,

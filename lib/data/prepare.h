@@ -23,6 +23,18 @@ enum class DataFormat { TEXT, ALPACA, CHAT, SFT };
 // "text" | "alpaca" | "chat" | "sft"; ConfigError otherwise.
 DataFormat data_format_parse(std::string_view name);
 
+// What data.format a file holds when the config does not say, from its first bytes and
+// records: "tokens" (a token shard, or a directory of them), "alpaca" (JSON records with
+// instruction/output), "chat" (JSON records with messages or conversations), "sft" (both
+// kinds) or "text" (anything else that is UTF-8 text). `evidence` says why, for the dry
+// run and the ranks' log. ConfigError naming the file when it cannot tell (JSON records
+// of neither kind, binary data) and saying to set data.format.
+struct DataFormatGuess {
+  std::string name;
+  std::string evidence;
+};
+DataFormatGuess data_format_detect(const std::string& path);
+
 struct DataPrepareOptions {
   std::string sft_template = "plain";  // a data/chat_template.h name, or auto (from the tokenizer's directory)
   bool train_on_prompt = false;        // SFT: every token trains, not only the assistant turns

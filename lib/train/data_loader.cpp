@@ -23,7 +23,14 @@ data::TokenDataset dataset_load(const std::string& path, const config::DataConfi
   DT_ENFORCE(dcfg.dataset.empty() || dcfg.format != "tokens", ConfigError,
              "data.dataset names LLaMA-Factory SFT datasets, but data.format is tokens (pre-tokenized shards): drop "
              "one of them");
-  if (dcfg.format == "tokens") {
+  // data.format not given: the file's records say (LLaMA-Factory datasets carry their own).
+  std::string format = dcfg.format;
+  if (format == "auto" && (dcfg.dataset.empty() || path != dcfg.train)) {
+    const data::DataFormatGuess guess = data::data_format_detect(path);
+    log_info("data: {} read as data.format {} ({}; data.format not given)", path, guess.name, guess.evidence);
+    format = guess.name;
+  }
+  if (format == "tokens") {
     std::vector<std::string> shards;
     std::error_code ec;  // a link loop or a missing path: the shard's open names it
     if (fs::is_directory(path, ec)) {
@@ -64,7 +71,7 @@ data::TokenDataset dataset_load(const std::string& path, const config::DataConfi
   // (data.format), which the mix does not apply to.
   DT_ENFORCE(dcfg.mix.empty() || !dcfg.dataset.empty(), ConfigError,
              "data.mix weights the datasets of data.dataset, which is not set: set data.dataset or remove data.mix");
-  data::TokenData td = data::data_tokenize(path, data::data_format_parse(dcfg.format), tokenizer, popts);
+  data::TokenData td = data::data_tokenize(path, data::data_format_parse(format), tokenizer, popts);
   return data::TokenDataset(std::move(td), opts);
 }
 
