@@ -7,6 +7,7 @@
 #include "core/log.h"
 #include "core/net_address.h"
 #include "core/input_file.h"
+#include "data/prepare.h"
 #include "device/device.h"
 #include "launch/local_spawner.h"
 #include "launch/rank_device.h"
@@ -156,9 +157,10 @@ std::string input_path_problem(const std::string& path, const std::string& workd
 // The config's data files for ranks on this machine: missing, a directory or unreadable
 // input is a permanent error, so it fails here (ConfigError, exit 2) and not in every rank
 // of every retry round. Remote hosts' files are the ranks' own to check (also exit 2).
-// "" when every input is usable, else the message.
-std::string input_files_problem(const config::TrainConfig& cfg, const std::string& workdir) {
-  const bool tokens = cfg.data.format == "tokens";
+// One message per unusable input (none when every input is usable).
+std::vector<std::string> input_files_problems(const config::TrainConfig& cfg, const std::string& workdir) {
+  std::vector<std::string> out;
+  const bool tokens = cfg.data.format == "tokens" || cfg.data.format == "auto";
   struct Input {
     const char* key;
     std::string path;
@@ -189,9 +191,9 @@ std::string input_files_problem(const config::TrainConfig& cfg, const std::strin
                                 "was built from ({}); give --config with your own data",
                                 config::kDefaultConfigDir)
                           : "fix the path";
-    return fmt::format("{}: {} '{}'{} {}: {}", cfg.source, in.key, in.path, where, problem, fix);
+    out.push_back(fmt::format("{}: {} '{}'{} {}: {}", cfg.source, in.key, in.path, where, problem, fix));
   }
-  return "";
+  return out;
 }
 
 }  // namespace
@@ -403,9 +405,28 @@ void fill_spec(const JobRequest& req, Job& job) {
 
 // A problem a training job would meet on this machine: the error `thrown`, or for a dry
 // run the reason it is incomplete.
-void local_problem(const JobRequest& req, Job& job, const std::string& thrown, const std::string& problem) {
+void local_problem(const JobRequest& req, Job& job, const std::string& thrown) {
   if (!req.dry_run) DT_THROW(ConfigError, "{}", thrown);
-  if (job.incomplete.empty()) job.incomplete = problem;
+  job.blockers.push_back(thrown);
+}
+
+// data.format not given: what the data files on this machine hold, told here so the dry
+// run says it and a file of no format dtrain can tell fails before any rank starts (the
+// ranks tell it again from their own copy).
+void detect_data_format(const JobRequest& req, Job& job) {
+  const config::TrainConfig& cfg = job.cfg;
+  if (cfg.data.format != "auto") return;
+  for (const auto& [key, path] : {std::pair{"data.train", cfg.data.train}, std::pair{"data.valid", cfg.data.valid}}) {
+    if (path.empty() || (std::string_view(key) == "data.train" && !cfg.data.dataset.empty())) continue;
+    const fs::path p = fs::path(path).is_absolute() ? fs::path(path) : fs::path(job.spec.workdir) / path;
+    try {
+      const data::DataFormatGuess g = data::data_format_detect(p.string());
+      job.data_lines.push_back(
+          fmt::format("{} read as data.format {} ({}; data.format not given)", key, g.name, g.evidence));
+    } catch (const ConfigError& e) {
+      local_problem(req, job, fmt::format("{}: {}: {}", cfg.source, key, e.what()));
+    }
+  }
 }
 
 // What the nodes on this machine would need: a local node's GPUs are known here, so a
@@ -423,13 +444,14 @@ void check_local_nodes(const JobRequest& req, Job& job) {
       for (const RankInfo& r : node.ranks) ids.push_back(r.device);
       NodeDeviceVerdict v = node_device_verdict("cuda", device::cuda_count(), ids, node.host.destination());
       if (v.problem.empty()) continue;
-      local_problem(req, job, fmt::format("{}: {}", cfg.source, v.problem), v.problem);
+      local_problem(req, job, fmt::format("{}: {}", cfg.source, v.problem));
       break;
     }
   }
   if (any_local) {
-    std::string problem = input_files_problem(cfg, job.spec.workdir);
-    if (!problem.empty()) local_problem(req, job, problem, problem);
+    const std::vector<std::string> problems = input_files_problems(cfg, job.spec.workdir);
+    for (const std::string& problem : problems) local_problem(req, job, problem);
+    if (problems.empty()) detect_data_format(req, job);
   }
 }
 
@@ -440,6 +462,7 @@ Job job_prepare(const JobRequest& req) {
   config::LoadedConfig loaded = config::config_load_or_default(req.config_path, req.sets);
   job.cfg = std::move(loaded.cfg);
   job.warnings = std::move(loaded.warnings);
+  job.data_lines = std::move(loaded.notes);
   config::TrainConfig& cfg = job.cfg;
   if (!req.output_dir.empty()) cfg.training.output_dir = req.output_dir;
   if (req.require_training) {

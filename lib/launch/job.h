@@ -39,6 +39,10 @@ struct Job {
   std::string run_dir;           // absolute
   bool all_local = true;         // every host is this machine
   std::string incomplete;        // dry run: why this config could not train ("" = it can)
+  // Dry run: each reason a launch of this complete job would fail on this machine (a
+  // missing input, no GPU here); the dry run prints them and exits 2.
+  std::vector<std::string> blockers;
+  std::vector<std::string> data_lines;  // how data.format was told when not given
   bool run_dir_pending = false;  // config.pending.yaml awaits job_commit_run_dir
 };
 

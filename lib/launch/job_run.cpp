@@ -120,8 +120,10 @@ std::string job_dry_run_text(const Job& job) {
     for (const std::string& line : rank_device_plan_lines(job.plan, c.training.device))
       out += fmt::format("device      {}\n", line);
   out += fmt::format("run dir     {}\n", job.run_dir);
+  for (const std::string& line : job.data_lines) out += fmt::format("data        {}\n", line);
   if (!job.incomplete.empty())
     out += fmt::format("note        not a complete dtrain job, a real launch stops here: {}\n", job.incomplete);
+  for (const std::string& b : job.blockers) out += fmt::format("would fail  {}\n", b);
   out += "\n";
   out += dry_run_report(job.plan, job.spec, environ_map());
   return out;

@@ -833,8 +833,13 @@ std::optional<int> end_after_failure(const Job& job, Membership& members, RunFil
   log_error("round {} failed: {}; {}", round, f.why,
             f.kind == NodeFailure::Kind::NOT_STARTED ? "no node was started" : "every node stopped");
   if (f.permanent) {
+    // The run's saved config.yaml is what resume reads: a config setting is fixed by
+    // resume's --set (or --config), never by editing the file the job was launched with.
     log_error(
-        "not restarting: retrying cannot fix this (a usage, config, host key or credential error): fix it, then dtrain resume");
+        "not restarting: retrying cannot fix this (a usage, config, host key or credential error): fix it, then "
+        "dtrain resume {}; a config setting is corrected there with --set KEY=VALUE (resume reads the run's "
+        "config.yaml, not the file the job was launched with)",
+        job.run_dir);
     return finish(files, f.exit_code);
   }
   if (failed_rounds >= ft.max_retries) {
