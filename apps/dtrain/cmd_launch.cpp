@@ -13,6 +13,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
 
 namespace dtrain::cli {
 
@@ -22,8 +23,18 @@ launch::JobRequest job_request(const JobOptions& o, const std::string& mode) {
   r.hostfile_path = o.hostfile;
   r.output_dir = o.output_dir;
   r.sets = o.sets;
-  if (!o.nnodes.empty()) {
-    // "MIN:MAX" or "N": torchrun's grammar, as two config keys (after the --set ones, so
+  r.selection.num_nodes = o.num_nodes;
+  if (!o.nnodes.empty() && o.nnodes.find(':') == std::string::npos) {
+    // "N": torchrun's fixed node count, without elastic membership: the first N hosts.
+    if (o.nnodes.size() > 5 || o.nnodes.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoi(o.nnodes) < 1)
+      DT_THROW(UsageError, "--nnodes '{}': give MIN:MAX (e.g. 2:4) or N, with 1 <= MIN <= MAX", o.nnodes);
+    const int n = std::stoi(o.nnodes);
+    if (o.num_nodes != -1 && o.num_nodes != n)
+      DT_THROW(UsageError, "--nnodes {} and --num-nodes {} disagree: give one of them", n, o.num_nodes);
+    r.selection.num_nodes = n;
+  } else if (!o.nnodes.empty()) {
+    // "MIN:MAX": torchrun's elastic grammar, as two config keys (after the --set ones, so
     // the flag wins, and recorded in the run's config.yaml for resume).
     const size_t colon = o.nnodes.find(':');
     const std::string lo = o.nnodes.substr(0, colon), hi = colon == std::string::npos ? lo : o.nnodes.substr(colon + 1);
@@ -39,7 +50,6 @@ launch::JobRequest job_request(const JobOptions& o, const std::string& mode) {
   }
   r.selection.include = o.include;
   r.selection.exclude = o.exclude;
-  r.selection.num_nodes = o.num_nodes;
   r.selection.num_gpus = o.num_gpus;
   r.nproc_per_node = o.nproc_per_node;
   r.master_addr = o.master_addr;
@@ -78,11 +88,59 @@ void print_dry_run(const launch::Job& job, bool training = false) {
 // holds a weight file no rank could read (a FIFO would block each rank's open for ever
 // while its heartbeat kept it "alive"), is refused before any starts. The plan reads
 // init_from's config.json here already, so its weight files are looked at here too.
+// A dry run of a job that would fail on this machine (an input missing, no GPU here) says
+// so in its exit code, naming each reason, after the report.
+void dry_run_verdict(const launch::Job& job) {
+  if (job.blockers.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < job.blockers.size(); ++i) list += fmt::format("\n  {}. {}", i + 1, job.blockers[i]);
+  DT_THROW(ConfigError, "--dry-run: a launch of this job would fail on this machine ({} reason{}):{}",
+           job.blockers.size(), job.blockers.size() == 1 ? "" : "s", list);
+}
+
 void memory_check(const launch::Job& job) {
   if (!job.incomplete.empty()) return;
   train::memory_plan_check(train::memory_plan(job.cfg, job.plan.world_size), ranks_here(job),
                            config::config_host_memory_bytes(), job.cfg.source, gpu_bytes(job));
   if (!job.cfg.model.init_from.empty()) train::model_files_check(job.cfg.model.init_from);
+}
+
+// `dtrain resume RUN --set k=v` changes the saved config: each key that changes is said,
+// old and new value. The saved config holds the schedule's end explicitly (derived from
+// max_steps when the job was launched), so a new training.max_steps moves the end with it
+// when the end was max_steps, and is said when the config gave the end its own value.
+void resume_sets(JobOptions& o) {
+  const config::TrainConfig before = config::config_load_file(o.config, {}).cfg;
+  config::LoadedConfig after = config::config_load_file(o.config, o.sets);
+  auto set_given = [&](std::string_view key) {
+    for (const std::string& s : o.sets)
+      if (s.rfind(std::string(key) + "=", 0) == 0) return true;
+    return false;
+  };
+  const auto& sb = before.scheduler;
+  const auto steps_before = before.training.max_steps, steps_after = after.cfg.training.max_steps;
+  if (steps_after && steps_before != steps_after && sb.total_num_steps && !set_given("scheduler.params.total_num_steps") &&
+      sb.type && *sb.type != "WarmupLR") {
+    if (steps_before && *sb.total_num_steps == *steps_before) {
+      o.sets.push_back(fmt::format("scheduler.params.total_num_steps={}", *steps_after));
+      after = config::config_load_file(o.config, o.sets);
+    } else {
+      log_warn("resume: training.max_steps is now {}, but the schedule still ends at step {} "
+               "(scheduler.params.total_num_steps in {}); add --set scheduler.params.total_num_steps={} to end it "
+               "with the run",
+               *steps_after, *sb.total_num_steps, o.config, *steps_after);
+    }
+  }
+  const auto old_values = config::config_key_values(before);
+  const std::map<std::string, std::string> old_map(old_values.begin(), old_values.end());
+  std::vector<std::string> changed;
+  for (const auto& [key, value] : config::config_key_values(after.cfg)) {
+    auto it = old_map.find(key);
+    const std::string was = it == old_map.end() ? "(not set)" : it->second;
+    if (was != value) changed.push_back(fmt::format("{}: {} -> {}", key, was, value));
+  }
+  if (changed.empty()) log_info("resume: --set changes nothing in {}", o.config);
+  for (const std::string& c : changed) log_info("resume: {}", c);
 }
 
 }  // namespace
@@ -97,6 +155,7 @@ int run_launch(const JobOptions& opts) {
   memory_check(job);
   if (opts.dry_run) {
     print_dry_run(job, true);
+    dry_run_verdict(job);
     return 0;
   }
   return run_job(job, opts, false);
@@ -115,11 +174,13 @@ int run_resume(const std::string& run_dir, const JobOptions& opts) {
   if (o.hostfile.empty() && input_present((dir / "hostfile").string(), "run directory file"))
     o.hostfile = (dir / "hostfile").string();
   o.output_dir = run_dir;
+  if (!o.sets.empty()) resume_sets(o);
   launch::Job job = launch::job_prepare(job_request(o, "train"));
   for (const auto& w : job.warnings) log_warn("{}", w);
   memory_check(job);
   if (opts.dry_run) {
     print_dry_run(job, true);
+    dry_run_verdict(job);
     return 0;
   }
   return run_job(job, opts, true);

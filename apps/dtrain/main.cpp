@@ -14,9 +14,12 @@
 #include "rank/external_run.h"
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -74,19 +77,20 @@ void add_job_options(CLI::App* cmd, JobOptions& o, bool config_required) {
   auto* inc = cmd->add_option("--include", o.include, "use only these hosts/slots: host[:slot,slot][@host...]");
   auto* exc = cmd->add_option("--exclude", o.exclude, "leave out these hosts/slots: host[:slot,slot][@host...]");
   inc->excludes(exc);
-  cmd->add_option("--num-nodes", o.num_nodes, "use the first N hosts of the hostfile")
+  // torchrun's and DeepSpeed's underscore spellings are the same options.
+  cmd->add_option("--num-nodes,--num_nodes", o.num_nodes, "use the first N hosts of the hostfile")
       ->check(int_at_least("--num-nodes", 1));
   cmd->add_option("--nnodes", o.nnodes,
-                  "elastic membership as torchrun's: MIN:MAX nodes (N = N:N); a node that fails the probe or "
-                  "elastic.max_node_failures rounds in a row is left out while MIN remain, and rejoins at a "
-                  "checkpoint (sets elastic.min_nodes and elastic.max_nodes)")
+                  "as torchrun's: N = the first N hosts (as --num-nodes); MIN:MAX = elastic membership, a node that "
+                  "fails the probe or elastic.max_node_failures rounds in a row is left out while MIN remain, and "
+                  "rejoins at a checkpoint (sets elastic.min_nodes and elastic.max_nodes)")
       ->type_name("MIN:MAX");
-  cmd->add_option("--num-gpus", o.num_gpus, "use the first N slots of each host")->check(int_at_least("--num-gpus", 1));
-  cmd->add_option("--nproc-per-node", o.nproc_per_node,
+  cmd->add_option("--num-gpus,--num_gpus", o.num_gpus, "use the first N slots of each host")->check(int_at_least("--num-gpus", 1));
+  cmd->add_option("--nproc-per-node,--nproc_per_node", o.nproc_per_node,
                   "ranks on localhost when no hostfile is given (default: visible GPUs, else 1)")
       ->check(int_at_least("--nproc-per-node", 1));
-  cmd->add_option("--master-addr", o.master_addr, "address the nodes use to reach this launcher's rendezvous");
-  cmd->add_option("--master-port", o.master_port, "rendezvous port (0 = pick a free one)")
+  cmd->add_option("--master-addr,--master_addr", o.master_addr, "address the nodes use to reach this launcher's rendezvous");
+  cmd->add_option("--master-port,--master_port", o.master_port, "rendezvous port (0 = pick a free one)")
       ->check(int_in_range("--master-port", 0, 65535, "0 = pick a free port"));
   cmd->add_option("--launcher", o.launcher,
                   "ssh: hosts from --hostfile (local ones without SSH); slurm: inside sbatch/salloc, nodes from "
@@ -127,11 +131,45 @@ void check_job_options(const CLI::App* cmd, const JobOptions& o) {
   check_output_dir(cmd, o.output_dir);
 }
 
+// --verbose: errors keep the source location the check macros append ("[lib/x.cpp:71]").
+bool g_verbose = false;
+
+// An error as the user reads it: without the " [lib/model/peft.cpp:71]" source locations
+// (kept with --verbose, and in the ranks' logs), keeping a host/rank context they carry.
+std::string error_text(const std::string& what) {
+  if (g_verbose) return what;
+  std::string out;
+  size_t at = 0;
+  while (at < what.size()) {
+    const size_t open = what.find(" [", at);
+    if (open == std::string::npos) break;
+    out.append(what, at, open - at);
+    const size_t close = what.find(']', open);
+    const std::string_view inner =
+        close == std::string::npos ? std::string_view() : std::string_view(what).substr(open + 2, close - open - 2);
+    bool source = false;
+    for (std::string_view root : {"lib/", "apps/", "kernels/", "tests/"}) source = source || inner.rfind(root, 0) == 0;
+    const size_t colon = inner.find(':');
+    source = source && colon != std::string_view::npos && colon + 1 < inner.size() &&
+             std::isdigit(static_cast<unsigned char>(inner[colon + 1]));
+    if (!source) {
+      out += " [";
+      at = open + 2;
+      continue;
+    }
+    const size_t space = inner.find(' ');
+    if (space != std::string_view::npos) out += fmt::format(" [{}]", inner.substr(space + 1));
+    at = close + 1;
+  }
+  out.append(what, std::min(at, what.size()), std::string::npos);
+  return out;
+}
+
 int run_guarded(const std::function<int()>& body) {
   try {
     return body();
   } catch (const dtrain::Error& e) {
-    std::fprintf(stderr, "dtrain: error: %s\n", e.what());
+    std::fprintf(stderr, "dtrain: error: %s\n", error_text(e.what()).c_str());
     return e.exit_code();
   } catch (const std::filesystem::filesystem_error& fe) {
     // A path a library call looked at without the input rule: a link loop or a permission on
@@ -139,7 +177,7 @@ int run_guarded(const std::function<int()>& body) {
     try {
       dtrain::input_fs_error(fe, "path");
     } catch (const dtrain::Error& e) {
-      std::fprintf(stderr, "dtrain: error: %s\n", e.what());
+      std::fprintf(stderr, "dtrain: error: %s\n", error_text(e.what()).c_str());
       return e.exit_code();
     }
   } catch (const std::exception& e) {
@@ -383,7 +421,7 @@ void add_run(CLI::App& app, Commands& out) {
   cmd->add_option("--output-dir", o->output_dir,
                   "run directory (overrides training.output_dir); shared by "
                   "every process");
-  cmd->add_option("--nproc-per-node", o->nproc_per_node,
+  cmd->add_option("--nproc-per-node,--nproc_per_node", o->nproc_per_node,
                   "this process stands for its node and starts N local ranks (the launcher's rank = node index)")
       ->check(int_in_range("--nproc-per-node", 1, dtrain::config::HOSTFILE_MAX_SLOTS,
                            "ranks on one node, as dtrain launch's slots per host"));
@@ -447,6 +485,8 @@ int main(int argc, char** argv) {
   CLI::App app{"dtrain: launch and run distributed transformer training (DeepSpeed-style configs and hostfiles)"};
   app.set_version_flag("--version", std::string("dtrain ") + dtrain::version());
   app.require_subcommand(1);
+  app.add_flag("--verbose", g_verbose,
+               "errors name the source location that raised them ([lib/x.cpp:71]); also after the command");
   app.failure_message(dtrain::cli::cli_failure_message);
   app.footer(
       "Exit codes: 0 success, 2 usage/config error, 3 I/O, 4 launch/SSH, 5 communication, "
@@ -468,13 +508,31 @@ int main(int argc, char** argv) {
   add_doctor(app, commands);
   add_internal(app, commands);
 
+  // --verbose anywhere on a user's command line (dtrain launch --verbose ...); the internal
+  // commands' arguments pass through untouched.
+  std::vector<std::string> args(argv + 1, argv + argc);
+  const bool internal = !args.empty() && (args[0] == "agent" || args[0] == "worker" || args[0] == "doctor-node");
+  if (!internal) {
+    const auto end = std::find(args.begin(), args.end(), "--");
+    if (std::find(args.begin(), end, "--verbose") != end) {
+      g_verbose = true;
+      args.erase(std::remove(args.begin(), end, "--verbose"), end);
+    }
+  }
+  std::reverse(args.begin(), args.end());  // CLI11's vector form takes them last-first
+  app.name(argv[0]);                       // as parse(argc, argv) names it
   try {
-    app.parse(argc, argv);
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : static_cast<int>(dtrain::Exit::USAGE);
   }
-  for (auto it = commands.rbegin(); it != commands.rend(); ++it)
-    if (it->cmd->parsed()) return run_guarded(it->run);
+  for (auto it = commands.rbegin(); it != commands.rend(); ++it) {
+    if (!it->cmd->parsed()) continue;
+    // The processes dtrain starts itself write logs: their errors keep their locations.
+    const std::string name = it->cmd->get_name();
+    if (name == "agent" || name == "worker" || name == "doctor-node") g_verbose = true;
+    return run_guarded(it->run);
+  }
   return static_cast<int>(dtrain::Exit::USAGE);
 }
