@@ -197,11 +197,13 @@ TEST_CASE("training.device: --dry-run says where every rank trains; cuda without
 #ifdef DTRAIN_HAVE_CUDA
   if (dtrain::kernels::device_count() > 0) return;
 #endif
+  // The dry run prints its report and exits 2 naming the reason (issue 44: it used to exit 0).
   auto c = run_dtrain("launch --dry-run --set training.device=cuda");
   INFO(c.out);
-  CHECK(c.code == 0);
-  CHECK(has(c.out, "a real launch stops here"));
+  CHECK(c.code == 2);
+  CHECK(has(c.out, "a launch of this job would fail on this machine (1 reason)"));
   CHECK(has(c.out, "training.device = cuda, but localhost sees no CUDA device"));
+  CHECK(has(c.out, "world size 1"));
   const std::string dir = "/tmp/dtrain-cli-device-" + std::to_string(::getpid());
   auto r = run_dtrain("launch --set training.device=cuda --master-port 0 --output-dir " + dir, 60);
   INFO(r.out);
