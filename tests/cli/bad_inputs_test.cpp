@@ -186,9 +186,10 @@ TEST_CASE("a second YAML document and merge keys are config errors with file and
   CHECK(contains(r.out, "ZeRO stage 1"));
 
   const std::string merge = t.dir + "/merge.yaml";
-  write(merge, "base: &base\n  stage: 2\nzero_optimization:\n  <<: *base\n  overlap_comm: true\n");
+  // The anchor sits on a key dtrain has: an unknown top-level key is an error of its own (issue 44).
+  write(merge, "fp16: &base\n  enabled: false\nbf16:\n  <<: *base\n");
   r = run_in("", {bin, "launch", "--dry-run", "--config", merge});
-  expect_usage(r, {merge + ":4:3", "zero_optimization", "merge keys"});
+  expect_usage(r, {merge + ":4:3", "bf16", "merge keys"});
 }
 
 // ---------------------------------------------------------------------------
