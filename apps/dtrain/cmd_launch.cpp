@@ -77,7 +77,7 @@ double gpu_bytes(const launch::Job& job) {
 void print_dry_run(const launch::Job& job, bool training = false) {
   std::string text = launch::job_dry_run_text(job);
   // A config that cannot train yet (batch keys left to "auto") has no plan to print.
-  if (training && job.incomplete.empty())
+  if (training && job.incomplete.empty() && job.blockers.empty())
     text += "\n" + train::memory_plan_text(train::memory_plan(job.cfg, job.plan.world_size), ranks_here(job),
                                            config::config_host_memory_bytes(), gpu_bytes(job));
   std::fwrite(text.data(), 1, text.size(), stdout);
@@ -99,7 +99,8 @@ void dry_run_verdict(const launch::Job& job) {
 }
 
 void memory_check(const launch::Job& job) {
-  if (!job.incomplete.empty()) return;
+  // A dry run that already found why the launch would fail (init_from missing) reports that.
+  if (!job.incomplete.empty() || !job.blockers.empty()) return;
   train::memory_plan_check(train::memory_plan(job.cfg, job.plan.world_size), ranks_here(job),
                            config::config_host_memory_bytes(), job.cfg.source, gpu_bytes(job));
   if (!job.cfg.model.init_from.empty()) train::model_files_check(job.cfg.model.init_from);
