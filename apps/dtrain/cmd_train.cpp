@@ -42,11 +42,14 @@ int run_eval(const std::string& run_dir_or_model_dir, const std::string& data_js
              "{}: no evaluation data: pass --data FILE.jsonl (the config has no data.valid)", run_dir_or_model_dir);
   // The tasks are instruction/response records; a plain-text or token-shard run's
   // data.valid is not one (its JSON parser would only say "invalid JSON").
-  if (data_jsonl.empty() && t.cfg && (t.cfg->data.format == "text" || t.cfg->data.format == "tokens"))
+  // A run whose config left data.format to detection (auto) holds what the file holds.
+  std::string format = data_jsonl.empty() && t.cfg ? t.cfg->data.format : "";
+  if (format == "auto") format = data::data_format_detect(jsonl).name;
+  if (format == "text" || format == "tokens")
     DT_THROW(UsageError,
              "{}: the run trained on data.format {} ({}), but dtrain eval measures task accuracy on SFT records "
              "(alpaca or chat JSONL): pass --data FILE.jsonl with such records",
-             run_dir_or_model_dir, t.cfg->data.format, jsonl);
+             run_dir_or_model_dir, format, jsonl);
   std::printf("eval: %s on %s\n", t.weights.c_str(), jsonl.c_str());
   train::TaskAccuracy acc = train::eval_tasks(*t.model, *t.tokenizer, jsonl, t.template_name, max_records);
   for (const auto& e : acc.examples)

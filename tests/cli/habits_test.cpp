@@ -99,16 +99,16 @@ TEST_CASE("torchrun and DeepSpeed flag spellings are dtrain's options; --nnodes 
   const std::string bin = bin_or_skip("habits");
   if (bin.empty()) return;
   TinyTmp t;
-  RunResult r = run60({bin, "launch", "--dry-run", "--config", t.config, "--output-dir", t.run, "--nproc_per_node",
-                       "2", "--master_addr", "127.0.0.1", "--master_port", "29571"});
+  RunResult r = run60({bin, "launch", "--dry-run", "--config", t.config, "--output-dir", t.run, "--nproc_per_node", "2",
+                       "--master_addr", "127.0.0.1", "--master_port", "29571"});
   INFO(r.out);
   CHECK(r.rc == 0);
   CHECK(contains(r.out, "world size 2"));
   CHECK(contains(r.out, "MASTER_PORT=29571"));
   const std::string hosts = t.path("hosts");
   write(hosts, "localhost slots=2\n");
-  r = run60({bin, "launch", "--dry-run", "--config", t.config, "--output-dir", t.run, "--hostfile", hosts,
-             "--num_gpus", "1", "--num_nodes", "1"});
+  r = run60({bin, "launch", "--dry-run", "--config", t.config, "--output-dir", t.run, "--hostfile", hosts, "--num_gpus",
+             "1", "--num_nodes", "1"});
   INFO(r.out);
   CHECK(r.rc == 0);
   CHECK(contains(r.out, "world size 1"));
@@ -117,8 +117,8 @@ TEST_CASE("torchrun and DeepSpeed flag spellings are dtrain's options; --nnodes 
   INFO(r.out);
   CHECK(r.rc == 0);
   CHECK(contains(r.out, "world size 1"));
-  r = run60({bin, "launch", "--dry-run", "--config", t.config, "--output-dir", t.run, "--hostfile", hosts,
-             "--nnodes", "2"});
+  r = run60(
+      {bin, "launch", "--dry-run", "--config", t.config, "--output-dir", t.run, "--hostfile", hosts, "--nnodes", "2"});
   expect_refused(r, {"--num-nodes 2 asks for more nodes than"});  // was: elastic.min_nodes (--nnodes MIN) is 2
 }
 
@@ -128,8 +128,9 @@ TEST_CASE("resume --set training.max_steps says what changed and moves the sched
   const std::string bin = bin_or_skip("habits");
   if (bin.empty()) return;
   TinyTmp t;
-  write(t.config, job_with("    lr: 3.0e-3\n", "    lr: 3.0e-3\nscheduler:\n  type: WarmupDecayLR\n  params:\n"
-                                             "    warmup_num_steps: 1\n"));
+  write(t.config, job_with("    lr: 3.0e-3\n",
+                           "    lr: 3.0e-3\nscheduler:\n  type: WarmupDecayLR\n  params:\n"
+                           "    warmup_num_steps: 1\n"));
   RunResult r = run({bin, "launch", "--config", t.config, "--output-dir", t.run, "--master-port", "0"}, {}, 120s);
   INFO(r.out);
   REQUIRE(!r.timed_out);
@@ -149,4 +150,21 @@ TEST_CASE("resume --set training.max_steps says what changed and moves the sched
   // Without a terminal (this pipe, an sbatch log) each progress line has its share and ETA.
   CHECK(contains(line, "| 83% | ETA "));
   CHECK(contains(r.out, "| 100% | ETA 0s"));
+}
+
+TEST_CASE("a run that left data.format to detection: eval tells a text run from an SFT one") {
+  const std::string bin = bin_or_skip("habits");
+  if (bin.empty()) return;
+  TinyTmp t;
+  const std::string text = fs::path(shipped_data_dir()).parent_path().string() + "/text";
+  std::string y = job_with("  format: alpaca\n", "");
+  const size_t at = y.find("  train: ");
+  y.replace(at, y.find('\n', at) - at, "  train: " + text + "/train.txt\n  valid: " + text + "/valid.txt");
+  write(t.config, y);
+  RunResult r = run60({bin, "launch", "--config", t.config, "--output-dir", t.run, "--master-port", "0"});
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  // It saved format auto; eval measures SFT records, which a text file is not.
+  r = run60({bin, "eval", t.run});
+  expect_refused(r, {"the run trained on data.format text", "pass --data FILE.jsonl"});
 }
