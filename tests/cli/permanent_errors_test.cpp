@@ -95,15 +95,16 @@ TEST_CASE("a missing or unusable data file fails before any rank starts, naming 
     auto r = run_in(t.dir, launch_argv(bin, t.dir + "/run", {"data.train=no-such-train.jsonl"}));
     expect_refused(r, {"data.train", t.dir + "/no-such-train.jsonl", "does not exist"});
   }
-  SUBCASE("a dry run reports it without failing") {
+  SUBCASE("a dry run reports it and exits 2 (issue 44: it names what would fail here)") {
     const std::string missing = t.dir + "/no-such-train.jsonl";
     auto argv = launch_argv(bin, t.dir + "/run", {"data.train=" + missing});
     argv.push_back("--dry-run");
     auto r = run_in("", argv);
     INFO("output:\n" << r.out);
     REQUIRE(!r.timed_out);
-    CHECK(r.rc == 0);
+    CHECK(r.rc == 2);
     CHECK(contains(r.out, missing));
+    CHECK(contains(r.out, "a launch of this job would fail on this machine"));
   }
 }
 
