@@ -118,7 +118,7 @@ TEST_CASE("data prepare onto a disk that fills up midway: an error saying so, no
   RunResult r =
       run({bin, "data", "prepare", in, disk + "/out.bin", "--format", "alpaca", "--threads", "2", "--chunk-mb", "0.1"},
           {}, 60s);
-  INFO(r.out);
+  INFO("exit code " << r.rc << " after " << r.seconds << " s; output:\n" << r.out);
   REQUIRE(!r.timed_out);
   CHECK(r.rc != 0);
   CHECK(contains(r.out, "disk full"));
