@@ -1,4 +1,4 @@
-// Validation loss, batched greedy generation and SFT task accuracy on the CPU model.
+// Validation loss, batched greedy or sampled generation and SFT task accuracy on the CPU model.
 #include "train/evaluate.h"
 
 #include "core/check.h"
@@ -80,6 +80,12 @@ std::vector<std::vector<int32_t>> generate_greedy_batch(model::Model& m,
                                                         const std::vector<std::vector<int32_t>>& prompts,
                                                         int max_new_tokens, const std::vector<int32_t>& stop_ids,
                                                         int batch_size, int vocab_limit) {
+  return generate_batch(m, prompts, max_new_tokens, stop_ids, SamplingOptions{}, batch_size, vocab_limit);
+}
+
+std::vector<std::vector<int32_t>> generate_batch(model::Model& m, const std::vector<std::vector<int32_t>>& prompts,
+                                                 int max_new_tokens, const std::vector<int32_t>& stop_ids,
+                                                 const SamplingOptions& sampling, int batch_size, int vocab_limit) {
   DT_ENFORCE_GT(batch_size, 0, InternalError, "generation batch size");
   EvalMode mode(m);
   const int max_T = m.config().max_seq_len;
@@ -101,6 +107,12 @@ std::vector<std::vector<int32_t>> generate_greedy_batch(model::Model& m,
         std::min<size_t>(static_cast<size_t>(max_T), longest + static_cast<size_t>(std::max(0, max_new_tokens))));
     std::vector<int32_t> tokens(B * static_cast<size_t>(T), 0);
     std::vector<char> done(B, 0);
+    std::vector<TokenSampler> samplers;
+    for (size_t r = 0; r < B; ++r) {
+      SamplingOptions o = sampling;
+      o.seed = sampling.seed + b0 + r;
+      samplers.emplace_back(o);
+    }
     for (int step = 0; step < max_new_tokens; ++step) {
       bool any = false;
       for (size_t r = 0; r < B; ++r) {
@@ -114,7 +126,7 @@ std::vector<std::vector<int32_t>> generate_greedy_batch(model::Model& m,
       for (size_t r = 0; r < B; ++r) {
         if (done[r]) continue;
         const float* row = logits + (r * static_cast<size_t>(T) + ctx[r].size() - 1) * static_cast<size_t>(V);
-        const int32_t next = static_cast<int32_t>(std::max_element(row, row + Vs) - row);
+        const int32_t next = samplers[r].next(row, Vs);
         ctx[r].push_back(next);
         out[b0 + r].push_back(next);
         if (std::find(stop_ids.begin(), stop_ids.end(), next) != stop_ids.end()) done[r] = 1;

@@ -1,5 +1,5 @@
-// Evaluation of a model: validation loss / perplexity over a TokenDataset, greedy
-// generation (batched, fixed-width windows so activations are allocated once), and
+// Evaluation of a model: validation loss / perplexity over a TokenDataset, greedy or
+// sampled generation (batched, fixed-width windows so activations are allocated once), and
 // held-out SFT task accuracy (prompt -> greedy answer -> data::sft_answer_matches).
 #pragma once
 
@@ -8,6 +8,7 @@
 #include "data/sft.h"
 #include "data/tokenizer.h"
 #include "model/model.h"
+#include "train/sampling.h"
 
 #include <cstdint>
 #include <memory>
@@ -49,6 +50,14 @@ std::vector<std::vector<int32_t>> generate_greedy_batch(model::Model& m,
                                                         const std::vector<std::vector<int32_t>>& prompts,
                                                         int max_new_tokens, const std::vector<int32_t>& stop_ids,
                                                         int batch_size = 16, int vocab_limit = 0);
+
+/// generate_greedy_batch choosing each next token with a TokenSampler (greedy when
+/// sampling.temperature is 0, then the same ids): prompt i's sampler is seeded with
+/// sampling.seed + i, so its tokens do not depend on batch_size or the other prompts.
+std::vector<std::vector<int32_t>> generate_batch(model::Model& m, const std::vector<std::vector<int32_t>>& prompts,
+                                                 int max_new_tokens, const std::vector<int32_t>& stop_ids,
+                                                 const SamplingOptions& sampling, int batch_size = 16,
+                                                 int vocab_limit = 0);
 
 /// generate_greedy_batch for one prompt, decoded (stop tokens decode as their text).
 std::string generate_greedy(model::Model& m, const data::Tokenizer& tokenizer, const std::vector<int32_t>& prompt,
