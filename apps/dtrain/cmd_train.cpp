@@ -68,9 +68,11 @@ int run_eval(const std::string& run_dir_or_model_dir, const std::string& data_js
   return 0;
 }
 
-// Greedy generation from dir's model. The prompt is an instruction rendered with the
+// Generation from dir's model, greedy or sampled (sampling; stops at the template's end of
+// turn / eos). The prompt is an instruction rendered with the
 // model's SFT template unless raw, in which case it is tokenized as it is.
-int run_generate(const std::string& dir, const std::string& prompt, int max_new_tokens, bool raw, bool init_weights) {
+int run_generate(const std::string& dir, const std::string& prompt, int max_new_tokens, bool raw, bool init_weights,
+                 const train::SamplingOptions& sampling) {
   train::EvalTarget t = train::eval_target_load(dir, "", init_weights);
   std::vector<int32_t> ids;
   if (raw) {
@@ -98,7 +100,7 @@ int run_generate(const std::string& dir, const std::string& prompt, int max_new_
                  static_cast<long long>(n), static_cast<long long>(max_len), static_cast<long long>(max_len - n));
   const std::vector<int32_t> stops = data::sft_stop_ids(*t.tokenizer);
   std::vector<int32_t> gen =
-      train::generate_greedy_batch(*t.model, {ids}, max_new_tokens, stops, 1, t.tokenizer->vocab_size())[0];
+      train::generate_batch(*t.model, {ids}, max_new_tokens, stops, sampling, 1, t.tokenizer->vocab_size())[0];
   if (!gen.empty() && std::find(stops.begin(), stops.end(), gen.back()) != stops.end()) gen.pop_back();
   const std::string out = t.tokenizer->decode(gen);
   std::printf("%s\n", raw ? (prompt + out).c_str() : out.c_str());

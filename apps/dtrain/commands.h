@@ -3,6 +3,7 @@
 #pragma once
 
 #include "train/hf_export.h"
+#include "train/sampling.h"
 
 #include <string>
 #include <vector>
@@ -39,7 +40,16 @@ int run_resume(const std::string& run_dir, const JobOptions& opts);
 // cmd_train.cpp
 int run_eval(const std::string& run_dir_or_model_dir, const std::string& data_jsonl, int max_records,
              const std::string& config_override_path, bool init_weights);
-int run_generate(const std::string& dir, const std::string& prompt, int max_new_tokens, bool raw, bool init_weights);
+int run_generate(const std::string& dir, const std::string& prompt, int max_new_tokens, bool raw, bool init_weights,
+                 const train::SamplingOptions& sampling);
+// cmd_chat.cpp: `dtrain chat`'s options.
+struct ChatArgs {
+  std::string dir, system;
+  int max_new_tokens = 64;
+  bool init = false;
+  train::SamplingOptions sampling;
+};
+int run_chat(const ChatArgs& a);
 // `dtrain data prepare`'s options (main.cpp's flags).
 struct DataPrepareArgs {
   std::string input, output, format = "text", tokenizer = "byte", dataset, template_name = "plain";

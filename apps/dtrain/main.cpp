@@ -327,14 +327,32 @@ void add_export(CLI::App& app, Commands& out) {
   out.push_back({cmd, [o] { return dtrain::cli::run_export(o->dir, o->out, o->init, o->flags); }});
 }
 
+// --temperature, --top-k, --top-p, --seed (generate and chat).
+void add_sampling_options(CLI::App* cmd, dtrain::train::SamplingOptions& s) {
+  cmd->add_option("--temperature", s.temperature,
+                  "0 = greedy (the most likely token each step); above 0, sample from softmax(logits / T)")
+      ->check(number_in_range("--temperature", 0, 1000))
+      ->capture_default_str();
+  cmd->add_option("--top-k", s.top_k, "sample among the K most likely tokens only (0 = all)")
+      ->check(int_at_least("--top-k", 0))
+      ->capture_default_str();
+  cmd->add_option("--top-p", s.top_p,
+                  "sample among the smallest set of most likely tokens whose probability reaches P (1 = all), "
+                  "after --top-k, as transformers does")
+      ->check(number_in_range("--top-p", 0, 1))
+      ->capture_default_str();
+  cmd->add_option("--seed", s.seed, "the sampler's seed: the same seed gives the same text")->capture_default_str();
+}
+
 void add_generate(CLI::App& app, Commands& out) {
   struct Options {
     std::string dir, prompt;
     int max_new = 64;
     bool raw = false, init = false;
+    dtrain::train::SamplingOptions sampling;
   };
   auto gen = std::make_shared<Options>();
-  auto* cmd = app.add_subcommand("generate", "greedy generation from a trained model");
+  auto* cmd = app.add_subcommand("generate", "generation from a trained model (greedy, or sampled with --temperature)");
   cmd->add_option("DIR", gen->dir,
                   "run directory (its final/, else its latest complete checkpoint), its final/ "
                   "or a Hugging Face model directory")
@@ -345,9 +363,40 @@ void add_generate(CLI::App& app, Commands& out) {
       ->capture_default_str();
   cmd->add_flag("--raw", gen->raw, "use PROMPT as is, without the SFT template");
   cmd->add_flag("--init", gen->init, "generate with the config's freshly initialised model");
-  cmd->footer("Example:\n  dtrain generate runs/tiny-sft \"add 12 and 30\"");
-  out.push_back(
-      {cmd, [gen] { return dtrain::cli::run_generate(gen->dir, gen->prompt, gen->max_new, gen->raw, gen->init); }});
+  add_sampling_options(cmd, gen->sampling);
+  cmd->footer(
+      "Examples:\n  dtrain generate runs/tiny-sft \"Add 12 and 30.\"\n"
+      "  dtrain generate runs/tiny-sft \"Add 12 and 30.\" --temperature 0.8 --top-p 0.9 --seed 7");
+  out.push_back({cmd, [gen] {
+                   return dtrain::cli::run_generate(gen->dir, gen->prompt, gen->max_new, gen->raw, gen->init,
+                                                    gen->sampling);
+                 }});
+}
+
+void add_chat(CLI::App& app, Commands& out) {
+  auto o = std::make_shared<dtrain::cli::ChatArgs>();
+  auto* cmd = app.add_subcommand(
+      "chat",
+      "talk to a trained model: one message per line, rendered with the conversation so far through the run's "
+      "chat template; on a pipe, one answer line per message line");
+  cmd->add_option("DIR", o->dir,
+                  "run directory (its final/, else its latest complete checkpoint), its final/ "
+                  "or a Hugging Face model directory")
+      ->required();
+  cmd->add_option("--system", o->system, "a system message before the conversation");
+  cmd->add_option("--max-new-tokens", o->max_new_tokens, "tokens per answer at most (it also ends at end of turn)")
+      ->check(int_at_least("--max-new-tokens", 1))
+      ->capture_default_str();
+  cmd->add_flag("--init", o->init, "talk to the config's freshly initialised model");
+  add_sampling_options(cmd, o->sampling);
+  cmd->footer(
+      "On a terminal: a '> ' prompt, Ctrl-D ends, /reset forgets the conversation. From a pipe: each non-blank "
+      "line is a message and gets one line of answer, its newlines written as \\n and backslashes as \\\\. "
+      "Earlier exchanges that no longer fit the model's max_seq_len with room for --max-new-tokens are dropped, "
+      "oldest first (said on stderr).\nExamples:\n  dtrain chat runs/tiny-sft\n"
+      "  printf 'Add 12 and 30.\\nReverse the word tiger.\\n' | dtrain chat runs/tiny-sft --temperature 0.7 "
+      "--seed 1");
+  out.push_back({cmd, [o] { return dtrain::cli::run_chat(*o); }});
 }
 
 void add_data(CLI::App& app, Commands& out) {
@@ -501,6 +550,7 @@ int main(int argc, char** argv) {
   add_eval(app, commands);
   add_export(app, commands);
   add_generate(app, commands);
+  add_chat(app, commands);
   add_data(app, commands);
   add_plot(app, commands);
   add_run(app, commands);
