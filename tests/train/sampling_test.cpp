@@ -139,7 +139,9 @@ TEST_CASE("ChatSession: the history goes through the template and its oldest exc
   m.init_weights(7);
   auto tok = data::tokenizer_load("byte");
   const data::SftTemplate tmpl = data::SftTemplate::PLAIN;
-  ChatSession chat(m, *tok, tmpl, {.max_new_tokens = 8});
+  ChatOptions eight;
+  eight.max_new_tokens = 8;
+  ChatSession chat(m, *tok, tmpl, eight);
   // The first answer is greedy generation of the one-turn prompt, as `dtrain generate` renders it.
   data::SftRecord one;
   one.messages = {{data::SftRole::USER, "hi", ""}, {data::SftRole::ASSISTANT, "", ""}};
@@ -169,5 +171,7 @@ TEST_CASE("ChatSession: the history goes through the template and its oldest exc
   CHECK(r4.new_tokens == 1);
   chat.reset();
   CHECK(chat.exchanges() == 0);
-  CHECK_THROWS_AS(ChatSession(m, *tok, tmpl, {.max_new_tokens = 0}), UsageError);
+  ChatOptions none;
+  none.max_new_tokens = 0;
+  CHECK_THROWS_AS(ChatSession(m, *tok, tmpl, none), UsageError);
 }
