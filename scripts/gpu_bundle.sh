@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the GPU check's bundle here, with this machine's nvcc, for a GPU machine that has
-# CUDA 13 but none of dtrain's Debian libraries (README "Checking on a real GPU"):
+# CUDA 13 but none of dtrain's Debian libraries (docs/gpu.md "Checking on a real GPU"):
 #
 #   scripts/gpu_bundle.sh [--archs "80;90"|"90"] [--out DIR]      (default: "80;90", ./gpu-bundle)
 #

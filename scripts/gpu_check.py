@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The GPU check's stages (scripts/gpu_check.sh is the entry point; see README "Checking
+"""The GPU check's stages (scripts/gpu_check.sh is the entry point; see docs/gpu.md "Checking
 on a real GPU"). Standard library only: it runs on the GPU machine's python3 and here.
 
 Stages, in order, each bounded in time; after each one $OUT/gpu_check.md (a table a person
@@ -479,7 +479,7 @@ def make_reference(dtrain, ref_dir, mode, env, timeout):
 # Tolerances: the first steps follow the CPU closely (the same data, init and schedule;
 # only the order of float operations differs); later steps drift apart as training does
 # between any two implementations, so from step 50 only the evaluation loss is compared,
-# against the spread of the default job over seeds (README: eval_loss 1.76-1.89).
+# against the spread of the default job over seeds (docs/commands.md: eval_loss 1.76-1.89).
 EARLY_STEPS = 50
 TOL = {"fp32": 2e-3, "bf16": 3e-2}
 EVAL_TOL = 0.15

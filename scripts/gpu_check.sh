@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (README "Checking on a real GPU"): on a GPU machine, from the repository root
+# The GPU check (docs/gpu.md "Checking on a real GPU"): on a GPU machine, from the repository root
 # with the bundle of scripts/gpu_bundle.sh carried as ./gpu-bundle, runs env, tests,
 # sanitizer, job, speed, peers, hf and profile, each bounded in time, and writes
 # $OUT/gpu_check.md and $OUT/gpu_check.json after each stage (a cut-off run keeps what

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's ZeRO-Offload planning table: `dtrain launch --dry-run` for full fine-tuning
+# docs/gpu.md's ZeRO-Offload planning table: `dtrain launch --dry-run` for full fine-tuning
 # of Llama-3-8B and Qwen2.5-7B shapes (model sections; Qwen2.5's q/k/v biases left out)
 # on 8 GPUs of one node and on 1 GPU, at ZeRO stages 2-3 with and without offload; prints
 # each rank's planned GPU and host GiB. Usage: scripts/plan_offload.sh [path/to/dtrain]

@@ -233,7 +233,7 @@ BenchPlanResult bench_plan_run(const BenchTrainOptions& o, const std::string& gp
   r.mfu_high = fast_s > 0 ? step_flops / (fast_s * peak) : 0.0;
   r.anchors.push_back(llmc_gpt2_124m(r.table));
   r.notes.push_back(
-      "predicted, not measured: a model (see the README); each launch takes max(FLOPs / (peak x cap), bytes / "
+      "predicted, not measured: a model (see docs/gpu.md); each launch takes max(FLOPs / (peak x cap), bytes / "
       "(bandwidth x cap)) + the launch floor at both ends of each cap's band");
   return r;
 }

@@ -5,7 +5,7 @@
 // GPU profile (H100 SXM or H200 SXM): a slow end and a fast end from the budget table's
 // bands, shape-dependent GEMM efficiency (plan_gemm.h), the attention kernels' blocks per SM
 // and wave quantisation (plan_occupancy.h). Their sums bound the predicted step time and give
-// a low/high MFU band. It is a model: see the README for what it ignores. Needs no GPU and
+// a low/high MFU band. It is a model: see docs/gpu.md for what it ignores. Needs no GPU and
 // works in a CPU-only build.
 #pragma once
 

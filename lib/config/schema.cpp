@@ -319,7 +319,7 @@ const std::vector<KeySpec>& build_schema() {
       {.path = "training.cuda_graph", .type = KeyType::BOOL, .field = F(training.cuda_graph),
        .help =
            "on CUDA, capture the steady-state step (forward, backward, reduction, optimizer) once as a CUDA graph and "
-           "replay it; steps that cannot be captured run eagerly (README: CUDA graphs)",
+           "replay it; steps that cannot be captured run eagerly (docs/gpu.md: CUDA graphs)",
        .env = "DTRAIN_CUDA_GRAPH"},
       {.path = "training.name", .type = KeyType::STRING, .field = F(training.name),
        .help = "job name",

@@ -9,7 +9,7 @@
 
 namespace dtrain {
 
-// Process exit codes (documented in README.md). A launcher whose rank failed exits
+// Process exit codes (documented in docs/commands.md). A launcher whose rank failed exits
 // with that rank's code instead.
 enum class Exit : int {
   OK = 0,
