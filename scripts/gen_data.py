@@ -11,6 +11,13 @@ configs/data/tasks/{train,valid}.jsonl
     uppercase, count letters, count one letter, sort letters). About half the records
     put the operand in "input", the rest have an empty input. 4000 train / 200 valid;
     no valid (instruction, input) pair occurs in train.
+configs/data/basics/{train,valid}.jsonl
+    The default job's data (configs/tiny-sft.yaml): tasks a tiny model learns within a
+    minute of CPU training, from fixed places in the prompt (BASICS_TASKS below, e.g. is
+    a number even or odd, which of two digits is larger, the sum of two digits). The
+    answers are a few facts in several phrasings, so training records repeat; no valid
+    (instruction, input) pair occurs in train. 4000 train / about 200 valid, generated
+    from their own seed (BASICS_SEED) after the files above, which stay as they were.
 configs/data/text/{train,valid}.txt
     A plain-text pre-training corpus: paragraphs (documents separated by one blank
     line, the default of `dtrain data prepare --format text`) of templated sentences
@@ -119,6 +126,40 @@ def task_sort(rng, use_input):
 TASKS = [task_add, task_sub, task_mul, task_reverse, task_upper, task_count, task_count_letter, task_sort]
 
 
+# The default job's tasks: each answer depends on one or two fixed places of the prompt.
+def task_parity(rng, use_input):
+    a = rng.randint(0, 999)
+    answer = "even" if a % 2 == 0 else "odd"
+    if use_input:
+        return "Is the number even or odd?", str(a), answer
+    return rng.choice([f"Is {a} even or odd?", f"Is the number {a} odd or even?"]), "", answer
+
+
+def task_add_digits(rng, use_input):
+    a, b = rng.randint(0, 9), rng.randint(0, 9)
+    if use_input:
+        return rng.choice(["Add the two numbers.", "What is the sum of these numbers?"]), f"{a} {b}", str(a + b)
+    return rng.choice([f"What is {a} + {b}?", f"Add {a} and {b}."]), "", str(a + b)
+
+
+def task_larger_digit(rng, use_input):
+    a, b = rng.sample(range(10), 2)
+    if use_input:
+        return "Which of the two numbers is larger?", f"{a} {b}", str(max(a, b))
+    return rng.choice([f"Which is larger, {a} or {b}?", f"What is the larger of {a} and {b}?"]), "", str(max(a, b))
+
+
+def task_last_letter(rng, use_input):
+    w = make_word(rng)
+    if use_input:
+        return "What is the last letter of the word?", w, w[-1]
+    return rng.choice([f"What is the last letter of '{w}'?", f"Give the last letter of '{w}'."]), "", w[-1]
+
+
+BASICS_SEED = 7
+BASICS_TASKS = [task_parity, task_add_digits, task_larger_digit, task_last_letter]
+
+
 def make_records(rng, n):
     seen, records = set(), []
     while len(records) < n:
@@ -130,6 +171,30 @@ def make_records(rng, n):
         records.append({"instruction": instruction, "input": inp, "output": out})
     rng.shuffle(records)
     return records
+
+
+def make_basics(rng, n_train, n_valid, tasks):
+    # valid first: distinct (instruction, input) pairs, an equal share per task; then train,
+    # which may repeat a pair (the tasks have few) but never holds a valid one.
+    per = n_valid // len(tasks)
+    valid, keys = [], set()
+    for task in tasks:
+        k = 0
+        while k < per:
+            instruction, inp, out = task(rng, rng.random() < 0.5)
+            if (instruction, inp) in keys:
+                continue
+            keys.add((instruction, inp))
+            valid.append({"instruction": instruction, "input": inp, "output": out})
+            k += 1
+    train = []
+    while len(train) < n_train:
+        instruction, inp, out = tasks[len(train) % len(tasks)](rng, rng.random() < 0.5)
+        if (instruction, inp) not in keys:
+            train.append({"instruction": instruction, "input": inp, "output": out})
+    rng.shuffle(valid)
+    rng.shuffle(train)
+    return train, valid
 
 
 # ---------------------------------------------------------------------------
@@ -190,6 +255,9 @@ def main():
     write(os.path.join(root, "tasks", "valid.jsonl"), dump(valid))
     write(os.path.join(root, "text", "train.txt"), make_text(rng, TEXT_TRAIN_BYTES))
     write(os.path.join(root, "text", "valid.txt"), make_text(rng, TEXT_VALID_BYTES))
+    basics_train, basics_valid = make_basics(random.Random(BASICS_SEED), N_TRAIN, N_VALID, BASICS_TASKS)
+    write(os.path.join(root, "basics", "train.jsonl"), dump(basics_train))
+    write(os.path.join(root, "basics", "valid.jsonl"), dump(basics_valid))
 
 
 if __name__ == "__main__":

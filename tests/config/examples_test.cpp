@@ -87,13 +87,13 @@ TEST_CASE("the embedded default job is configs/tiny-sft.yaml") {
   CHECK(c.data.format == "alpaca");
   CHECK(c.data.tokenizer == "byte");
   // Its data paths are relative to configs/, so the default job runs from any directory.
-  CHECK(c.data.train == (fs::path(kDefaultConfigDir) / "data/tasks/train.jsonl").string());
+  CHECK(c.data.train == (fs::path(kDefaultConfigDir) / "data/basics/train.jsonl").string());
   CHECK(fs::is_regular_file(c.data.train));
   CHECK(fs::is_regular_file(c.data.valid));
   CHECK(!c.bf16.enabled);
   CHECK(!c.fp16.enabled);
   CHECK(c.zero.stage == 0);
-  CHECK(*c.training.max_steps == 600);
+  CHECK(*c.training.max_steps == 1200);
   CHECK(c.training.device == "cpu");
   CHECK(c.training.output_dir == "runs/tiny-sft");
   CHECK(*c.scheduler.type == "WarmupDecayLR");
