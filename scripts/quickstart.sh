@@ -27,6 +27,16 @@ cd "$root"
 # (continue one with: build/dtrain resume runs/quickstart-...).
 run_dir="runs/quickstart-$(date +%Y%m%d-%H%M%S)"
 "$root/build/dtrain" launch --output-dir "$run_dir" "$@"
+# The same held-out records answered by the initial weights (the job's seed) and by the
+# trained model, each figure beside the other.
 echo
-echo "held-out accuracy of the trained model (dtrain eval $run_dir):"
-exec "$root/build/dtrain" eval "$run_dir" --max-records 200
+echo "held-out accuracy before training (dtrain eval $run_dir --init: the initial weights):"
+before=$("$root/build/dtrain" eval "$run_dir" --init --max-records 200)
+echo "$before"
+echo
+echo "after training (dtrain eval $run_dir):"
+after=$("$root/build/dtrain" eval "$run_dir" --max-records 200)
+echo "$after"
+echo
+echo "held-out $(grep '^accuracy' <<<"$before" | sed 's/^accuracy //') before training -> $(grep '^accuracy' <<<"$after" | sed 's/^accuracy //') after"
+echo "try the model: build/dtrain chat $run_dir   (one instruction per line, Ctrl-D ends)"
