@@ -479,7 +479,10 @@ def make_reference(dtrain, ref_dir, mode, env, timeout):
 # Tolerances: the first steps follow the CPU closely (the same data, init and schedule;
 # only the order of float operations differs); later steps drift apart as training does
 # between any two implementations, so from step 50 only the evaluation loss is compared,
-# against the spread of the default job over seeds (docs/commands.md: eval_loss 1.76-1.89).
+# within EVAL_TOL: the spread of the earlier default job (configs/data/tasks) over seeds,
+# eval_loss 1.76-1.89 at 600 steps. The default job now trains on configs/data/basics, whose
+# eval_loss is far lower (0.35 at 1200 steps); the 0.15 bound has not been re-derived for it
+# on a GPU (no GPU was lent when it changed, issue 44).
 EARLY_STEPS = 50
 TOL = {"fp32": 2e-3, "bf16": 3e-2}
 EVAL_TOL = 0.15
