@@ -242,4 +242,6 @@ void input_fs_error(const std::filesystem::filesystem_error& e, const std::strin
   DT_THROW(IoError, "{} '{}': {}: check the path and the file system", what, path, e.code().message());
 }
 
+std::string file_type_problem(unsigned mode) { return kind_problem(static_cast<mode_t>(mode)); }
+
 }  // namespace dtrain

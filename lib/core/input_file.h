@@ -120,4 +120,8 @@ std::string path_resolve_problem(const std::string& path);
 /// permission on the way): names the path it was about and what to do.
 [[noreturn]] void input_fs_error(const std::filesystem::filesystem_error& e, const std::string& what);
 
+/// What a file of type `mode` (st_mode) is when a regular file was wanted: "is a directory,
+/// not a file", "is not a regular file (a FIFO)", ...; "is not a regular file" for others.
+std::string file_type_problem(unsigned mode);
+
 }  // namespace dtrain

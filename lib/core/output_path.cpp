@@ -38,14 +38,6 @@ std::string output_resolve(const std::string& path, std::string* problem) {
   return s;
 }
 
-std::string output_kind_of(mode_t m) {
-  if (S_ISFIFO(m)) return "a FIFO";
-  if (S_ISCHR(m)) return "a character device";
-  if (S_ISBLK(m)) return "a block device";
-  if (S_ISSOCK(m)) return "a socket";
-  return "not a regular file";
-}
-
 // The directory's entries (at most `limit` named), for messages.
 std::string output_listing(const std::string& dir, size_t limit) {
   std::error_code ec;
@@ -120,8 +112,8 @@ OutputFile output_file_check(const std::string& path, const OutputRule& rule) {
     DT_THROW(UsageError, "{} '{}' is a directory: give a file name, e.g. {}/{}", rule.what, path, path, "out");
   if (!S_ISREG(st.st_mode)) {
     if (!(rule.in_place && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))))
-      DT_THROW(UsageError, "{} '{}' exists and is not a regular file ({}): writing would replace it; give a file name", rule.what, path,
-               output_kind_of(st.st_mode));
+      DT_THROW(UsageError, "{} '{}' exists and {}: writing would replace it; give a file name", rule.what, path,
+               file_type_problem(st.st_mode));
     o.in_place = true;
     return o;
   }
