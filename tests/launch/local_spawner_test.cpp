@@ -187,6 +187,7 @@ TEST_CASE("terminate ends a stopped (SIGSTOP) group with SIGTERM, not by waiting
   // SIGSTOP is sent again every second until it shows.
   bool stopped = false;
   int sent = 0;
+  std::string last_stat;  // for the failure message: what the kernel showed last
   const auto t0 = std::chrono::steady_clock::now();
   auto next_send = t0;
   while (!stopped && std::chrono::steady_clock::now() < t0 + 60s) {
@@ -199,9 +200,11 @@ TEST_CASE("terminate ends a stopped (SIGSTOP) group with SIGTERM, not by waiting
     std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     const size_t close = stat.rfind(") ");
     stopped = close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'T';
+    last_stat = stat.substr(0, 120);
     if (!stopped) std::this_thread::sleep_for(10ms);
   }
-  INFO("SIGSTOP sent " << sent << " time(s)");
+  INFO("SIGSTOP sent " << sent << " time(s); leader pid " << p->pid() << ", group " << p->pgid()
+                       << "; its /proc stat last: " << last_stat);
   REQUIRE(stopped);
   p->terminate(20s);  // without SIGCONT the stopped shell would sit out all 20 s, then SIGKILL
   auto s = p->wait_for(0ms);
