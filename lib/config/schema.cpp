@@ -330,6 +330,34 @@ const std::vector<KeySpec>& build_schema() {
                "0750 / 0770 = your group may read / also write, 0755 = everyone may read",
        .allowed = {"0700", "0750", "0770", "0755"}},
 
+      {.path = "training.stage", .type = KeyType::ENUM, .field = F(training.stage),
+       .help = "what is trained: sft = supervised fine-tuning (text, alpaca, chat data); dpo = preference "
+               "optimisation on pairwise data (chosen/rejected), with the objective training.pref_loss "
+               "(LLaMA-Factory's stage; ppo, kto and rm are not built)",
+       .allowed = {"sft", "dpo"}},
+      {.path = "training.pref_loss", .type = KeyType::ENUM, .field = F(training.pref_loss),
+       .help = "stage dpo's objective: sigmoid = DPO (a reference model), orpo = odds-ratio preference "
+               "optimisation, simpo = length-normalised margin objective (both reference-free)",
+       .allowed = {"sigmoid", "orpo", "simpo"}},
+      {.path = "training.pref_beta", .type = KeyType::FLOAT, .field = F(training.pref_beta),
+       .help = "DPO/SimPO beta (reward scale); ORPO: the weight of the odds-ratio term",
+       .min = 0, .min_exclusive = true},
+      {.path = "training.pref_ftx", .type = KeyType::FLOAT, .field = F(training.pref_ftx),
+       .help = "weight of an SFT term (the chosen answer's mean token log-probability) added to the preference loss",
+       .min = 0},
+      {.path = "training.dpo_label_smoothing", .type = KeyType::FLOAT, .field = F(training.dpo_label_smoothing),
+       .help = "DPO (pref_loss sigmoid): the assumed probability that a pair's labels are flipped",
+       .min = 0, .max = 0.5},
+      {.path = "training.simpo_gamma", .type = KeyType::FLOAT, .field = F(training.simpo_gamma),
+       .help = "SimPO's target reward margin",
+       .min = 0},
+      {.path = "training.pref_reference", .type = KeyType::ENUM, .field = F(training.pref_reference),
+       .help = "DPO's reference log-probabilities: adapters_off = the base model with the LoRA adapters switched "
+               "off, computed in each step (LoRA only, no second copy); precomputed = computed once before "
+               "training with the starting weights and kept in the run directory; auto = adapters_off under "
+               "LoRA, else precomputed",
+       .allowed = {"auto", "adapters_off", "precomputed"}},
+
       // ---- fault tolerance (dtrain)
       {.path = "fault_tolerance.max_retries", .type = KeyType::INT, .field = F(fault_tolerance.max_retries),
        .help = "restarts of the whole job after a rank/node failure (from the last complete checkpoint)",
@@ -666,6 +694,12 @@ const std::pair<const char*, const char*> kForeign[] = {
     {"packing", "data.pack"},
     {"tokenizer", "data.tokenizer"},
     {"tokenizer_name_or_path", "data.tokenizer"},
+    {"stage", "training.stage"},
+    {"pref_loss", "training.pref_loss"},
+    {"pref_beta", "training.pref_beta"},
+    {"pref_ftx", "training.pref_ftx"},
+    {"dpo_label_smoothing", "training.dpo_label_smoothing"},
+    {"simpo_gamma", "training.simpo_gamma"},
     {"deepspeed", "-the DeepSpeed keys go in this file itself (or pass the ds_config as --config)"},
 };
 

@@ -147,6 +147,15 @@ struct TrainingConfig {
   bool cuda_graph = true;             // replay the steady-state step as a CUDA graph (CUDA only)
   std::string name;                   // derived: the config file's stem
   std::string run_dir_mode = "0700";  // run directory permissions; files get them without x
+  // Preference training (LLaMA-Factory's key names): stage "sft" or "dpo"; with dpo,
+  // pref_loss picks the objective (sigmoid = DPO, orpo, simpo).
+  std::string stage = "sft";
+  std::string pref_loss = "sigmoid";
+  double pref_beta = 0.1;
+  double pref_ftx = 0.0;
+  double dpo_label_smoothing = 0.0;
+  double simpo_gamma = 0.5;
+  std::string pref_reference = "auto";  // "auto" | "adapters_off" | "precomputed"
   bool operator==(const TrainingConfig&) const = default;
 };
 
