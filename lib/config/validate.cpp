@@ -362,6 +362,10 @@ void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>
              "{}: training.epochs: both training.max_steps (at {}) and training.epochs are given; keep one",
              o.at("training.epochs"), o.at("training.max_steps"));
 
+  // Until the preference trainer lands (issue 47) a dpo stage is refused, never trained as SFT.
+  if (cfg.training.stage == "dpo")
+    DT_THROW(ConfigError, "{}: training.stage: dpo is not trained by this build yet; use stage sft",
+             o.at("training.stage"));
   validate_model(cfg, o);
   warn_zero_switches(cfg, o, warnings);
   validate_lora(cfg, o, warnings);
