@@ -12,6 +12,13 @@
 //
 // FILE holds B rows of T + 1 int32 token ids: inputs are each row's first T, targets the
 // next T (the last position of a row predicts its T+1-th token).
+//
+// With --pref sigmoid|orpo|simpo the B rows are B/2 pairs (chosen rows, then rejected) and
+// the loss is that preference objective (train/preference.h, the trainer's own code) over
+// the rows' log-probability sums, with --prompt-len K masking the targets inside each row's
+// first K tokens, --beta, --ftx, --label-smoothing, --gamma as training.pref_*, and DPO's
+// reference sums from --ref: adapters_off (the base model under the adapters) or a file of
+// B float64 values. The gradients are those of the mean pair loss.
 #include "core/check.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -19,6 +26,7 @@
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "train/model_factory.h"
+#include "train/preference.h"
 
 #include <nlohmann/json.hpp>
 
@@ -85,8 +93,9 @@ void grads_write(const model::Model& m, const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_dir, tokens_path, out_path, grads_path, device = "cpu", dtype_s = "f32";
-  int B = 0, T = 0;
+  std::string model_dir, tokens_path, out_path, grads_path, device = "cpu", dtype_s = "f32", pref, ref;
+  int B = 0, T = 0, prompt_len = 0;
+  train::PrefOptions po;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 >= argc) return usage(argv[0], "option " + a + " needs a value");
@@ -99,6 +108,13 @@ int main(int argc, char** argv) {
     else if (a == "--dtype") dtype_s = v;
     else if (a == "--batch") B = std::atoi(v.c_str());
     else if (a == "--seq") T = std::atoi(v.c_str());
+    else if (a == "--pref") pref = v;
+    else if (a == "--ref") ref = v;
+    else if (a == "--prompt-len") prompt_len = std::atoi(v.c_str());
+    else if (a == "--beta") po.beta = std::atof(v.c_str());
+    else if (a == "--ftx") po.ftx = std::atof(v.c_str());
+    else if (a == "--label-smoothing") po.label_smoothing = std::atof(v.c_str());
+    else if (a == "--gamma") po.simpo_gamma = std::atof(v.c_str());
     else return usage(argv[0], "unknown option " + a);
   }
   if (model_dir.empty() || tokens_path.empty() || out_path.empty() || B <= 0 || T <= 0)
@@ -107,6 +123,12 @@ int main(int argc, char** argv) {
   DType dt{};
   if (!dtype_parse(dtype_s, &dt)) return usage(argv[0], "--dtype is f32, bf16 or f16");
   if (device == "cpu" && dt != DType::F32) return usage(argv[0], "the CPU device computes in f32 only");
+  if (!pref.empty()) {
+    if (pref != "sigmoid" && pref != "orpo" && pref != "simpo") return usage(argv[0], "--pref is sigmoid, orpo or simpo");
+    if (B % 2 != 0) return usage(argv[0], "--pref needs an even --batch (pairs)");
+    po.loss = pref == "orpo" ? train::PrefLoss::ORPO : pref == "simpo" ? train::PrefLoss::SIMPO : train::PrefLoss::SIGMOID;
+    if ((po.loss == train::PrefLoss::SIGMOID) != !ref.empty()) return usage(argv[0], "--ref is for --pref sigmoid (and needed)");
+  }
   try {
     std::unique_ptr<model::Model> host = train::model_load_hf_dir(model_dir);
     const model::ModelConfig& cfg = host->config();
@@ -116,7 +138,7 @@ int main(int argc, char** argv) {
     for (int b = 0; b < B; ++b)
       for (int t = 0; t < T; ++t) {
         tokens.push_back(rows[static_cast<size_t>(b) * (T + 1) + t]);
-        targets.push_back(rows[static_cast<size_t>(b) * (T + 1) + t + 1]);
+        targets.push_back(t + 1 < prompt_len ? -100 : rows[static_cast<size_t>(b) * (T + 1) + t + 1]);
       }
     std::unique_ptr<device::Device> dev;
     std::unique_ptr<model::Model> dm;
@@ -129,6 +151,38 @@ int main(int argc, char** argv) {
       m = dm.get();
     }
     m->set_training(false);
+    if (!pref.empty()) {
+      std::vector<double> ref_sums;
+      if (ref == "adapters_off") {
+        DT_ENFORCE(m->lora_on(), UsageError, "--ref adapters_off needs a model with a LoRA adapter");
+        m->set_adapters_enabled(false);
+        m->forward(tokens.data(), targets.data(), B, T);
+        m->set_adapters_enabled(true);
+        for (const auto& r : train::row_logps(m->token_losses_to_host().data(), targets.data(), B, T))
+          ref_sums.push_back(r.sum);
+      } else if (!ref.empty()) {
+        std::ifstream f(ref, std::ios::binary);
+        ref_sums.resize(static_cast<size_t>(B));
+        f.read(reinterpret_cast<char*>(ref_sums.data()), static_cast<std::streamsize>(B * sizeof(double)));
+        DT_ENFORCE(f.gcount() == static_cast<std::streamsize>(B * sizeof(double)), IoError,
+                   "{}: holds fewer than {} float64 reference sums", ref, B);
+      }
+      m->forward(tokens.data(), targets.data(), B, T);
+      const train::PrefResult r =
+          train::pref_evaluate(po, train::row_logps(m->token_losses_to_host().data(), targets.data(), B, T), ref_sums);
+      const double P = B / 2.0;
+      nlohmann::json j{{"model", model_dir}, {"device", device}, {"pref", pref}, {"loss", r.loss_sum / P}};
+      for (const auto& [k, v] : r.stats.means()) j[k] = v;
+      if (!grads_path.empty()) {
+        std::vector<float> scales(static_cast<size_t>(B));
+        for (int b = 0; b < B; ++b) scales[static_cast<size_t>(b)] = static_cast<float>(-r.dsum[static_cast<size_t>(b)] / P);
+        m->zero_grad();
+        m->backward_rows(scales.data());
+        grads_write(*m, grads_path);
+      }
+      std::printf("%s\n", j.dump().c_str());
+      return 0;
+    }
     const float loss = m->forward(tokens.data(), targets.data(), B, T);
     const std::vector<float> logits = m->logits_to_host();
     std::ofstream o(out_path, std::ios::binary | std::ios::trunc);

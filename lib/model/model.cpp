@@ -534,7 +534,7 @@ Model::LayerActs& Model::acts_for(int l) { return *acts_[recompute_ ? 0 : static
 // Projections (base linear + optional LoRA adapter)
 
 bool Model::proj_adapted(int l, int p) const {
-  return lora_on() && lora_slot_[static_cast<size_t>(l)][static_cast<size_t>(p)] >= 0;
+  return lora_on() && acts_adapted_ && lora_slot_[static_cast<size_t>(l)][static_cast<size_t>(p)] >= 0;
 }
 
 // Dropout masks are a function of (seed, forward count, layer, projection): recompute
@@ -766,7 +766,8 @@ float Model::forward_issue(float* loss_out) {
   const bool gpt2 = cfg_.arch == ModelConfig::Arch::GPT2;
   Scratch& s = *scratch_;
   acts_step_ = forward_count_++;
-  acts_dropout_ = training_ && lora_on() ? lora_cfg_.dropout : 0.0f;
+  acts_adapted_ = adapters_enabled_;
+  acts_dropout_ = training_ && lora_on() && acts_adapted_ ? lora_cfg_.dropout : 0.0f;
   have_targets_ = false;
   const LossGrad fuse = fuse_next_;  // consumed by this forward, with targets or not
   fuse_next_ = LossGrad{};
@@ -818,8 +819,24 @@ void Model::backward_fuse(float grad_scale, const float* count) {
   fuse_next_.count = count;
 }
 
-void Model::backward(float grad_scale, const float* count) {
+std::vector<float> Model::token_losses_to_host() const {
+  DT_ENFORCE(have_targets_, UsageError, "Model::token_losses_to_host() needs a forward() with targets");
+  std::vector<float> out(static_cast<size_t>(B_) * static_cast<size_t>(T_));
+  dev_->copy_d2h(out.data(), scratch_->losses, out.size() * sizeof(float));
+  return out;
+}
+
+void Model::backward_rows(const float* row_scales, float grad_scale) {
+  DT_ENFORCE(row_scales != nullptr, UsageError, "Model::backward_rows needs one scale per row");
+  backward_impl(grad_scale, nullptr, row_scales);
+}
+
+void Model::backward(float grad_scale, const float* count) { backward_impl(grad_scale, count, nullptr); }
+
+void Model::backward_impl(float grad_scale, const float* count, const float* row_scales) {
   DT_ENFORCE(have_targets_, UsageError, "Model::backward() needs a forward() with targets since the last backward()");
+  DT_ENFORCE(acts_adapted_ || !lora_on(), UsageError,
+             "Model::backward() after a forward with the adapters disabled (a reference pass has no gradient)");
   have_targets_ = false;
   const bool gpt2 = cfg_.arch == ModelConfig::Arch::GPT2;
   const int B = B_, T = T_, N = B * T, C = cfg_.d_model, V = cfg_.vocab_size, L = cfg_.n_layer;
@@ -834,7 +851,20 @@ void Model::backward(float grad_scale, const float* count) {
   if (cfg_.tie_embeddings) buffer_enforce_present(emb, true, base_grads);
   // dlogits over the logits, scaled by grad_scale / count (read on the device), unless
   // the forward's loss pass wrote them already
-  if (fused_.on) {
+  if (row_scales != nullptr) {
+    DT_ENFORCE(!fused_.on, UsageError, "Model::backward_rows after a forward fused for backward()");
+    if (row_one_.get() == nullptr) {
+      row_one_ = device::DeviceBuffer(*dev_, sizeof(float));
+      const float one = 1.0f;
+      dev_->copy_h2d(row_one_.as<float>(), &one, sizeof one);
+    }
+    const size_t row = static_cast<size_t>(T) * static_cast<size_t>(logits_ld_) * dtype_size(dtype_);
+    for (int b = 0; b < B; ++b) {
+      void* lg = static_cast<char*>(s.logits) + static_cast<size_t>(b) * row;
+      dev_->cross_entropy_backward(lg, lg, s.targets + static_cast<size_t>(b) * T, T, V, logits_ld_,
+                                   grad_scale * row_scales[b], row_one_.as<float>(), dtype_);
+    }
+  } else if (fused_.on) {
     DT_ENFORCE(fused_.grad_scale == grad_scale && fused_.count == count, UsageError,
                "Model::backward({}) after a forward fused for backward({}), or with another count", grad_scale,
                fused_.grad_scale);

@@ -103,6 +103,15 @@ class Model {
   /// their mean: the trainer passes the step's target count summed over micro-batches and
   /// ranks, so a recorded step does not bake the per-step scale in.
   void backward(float grad_scale = 1.0f, const float* count = nullptr);
+  /// backward() for an objective over whole sequences (DPO, ORPO, SimPO): row b's
+  /// targets take the gradient of grad_scale * row_scales[b] * (the sum of their losses),
+  /// row_scales[0..B) in host memory. A sequence objective f(S_0, .., S_B-1) of the rows'
+  /// target log-probability sums S_b passes row_scales[b] = -df/dS_b.
+  void backward_rows(const float* row_scales, float grad_scale = 1.0f);
+  /// The last forward's per-position losses [B, T] (-log p(target), 0 where masked) copied
+  /// to host fp32 on any device (waits for the device): the targets' log-probabilities,
+  /// negated, for an objective computed on the host.
+  std::vector<float> token_losses_to_host() const;
   /// Makes the next forward (with targets) also write the logits' gradient that
   /// backward(grad_scale, count) needs, in the loss's own pass over the logits (one read
   /// fewer of [B*T, vocab]); that forward overwrites logits(), and the backward after it
@@ -178,6 +187,11 @@ class Model {
   size_t activation_bytes() const { return arena_.bytes(); }
   size_t grad_allocated_bytes() const;
 
+  /// With adapters disabled, forward() runs the base model alone (the LoRA adapters are
+  /// skipped, bit for bit the base model's output): DPO's reference model without a second
+  /// copy. backward() refuses while they are disabled.
+  void set_adapters_enabled(bool on) { adapters_enabled_ = on; }
+  bool adapters_enabled() const { return adapters_enabled_; }
   /// Training mode (default) applies LoRA dropout; eval mode (false) turns it off.
   void set_training(bool on) { training_ = on; }
   bool training() const { return training_; }
@@ -204,6 +218,7 @@ class Model {
   struct Scratch;
 
   void allocate(int B, int T);
+  void backward_impl(float grad_scale, const float* count, const float* row_scales);
   void layer_forward(int l, LayerActs& a, bool fused_input);
   void layer_backward(int l, LayerActs& a);
   void proj_forward(int l, int p, const void* x, void* y, LayerActs& a);
@@ -250,6 +265,9 @@ class Model {
   int logits_ld_ = 0;  // row pitch of the logits (elements): the vocabulary, padded on a device
   bool recompute_ = false;
   bool training_ = true;
+  bool adapters_enabled_ = true;
+  bool acts_adapted_ = true;  // adapters_enabled_ when the saved activations were made
+  device::DeviceBuffer row_one_;  // 1.0f in device memory: backward_rows' per-row count
   float acts_dropout_ = 0.0f;  // LoRA dropout the saved activations were made with
   bool have_targets_ = false;
   // backward_fuse's request for the next forward, and whether the last forward's loss

@@ -11,16 +11,18 @@ namespace dtrain::train {
 
 TrainStep::TrainStep(model::Model& model, const model::Model* fp32_source, comm::Communicator* comm,
                      const ZeroOptions& zero, const TrainStepOptions& opts)
-    : m_(model), opts_(opts), engine_(model, comm, zero, fp32_source, opts.deferred_weights),
+    : m_(model), comm_(comm), opts_(opts), engine_(model, comm, zero, fp32_source, opts.deferred_weights),
       lockstep_(zero.stage >= 2 || zero.overlap_comm) {
   DT_ENFORCE(opts.micro_batch > 0 && opts.grad_accum > 0 && opts.seq_len > 0, UsageError,
              "TrainStep: micro-batch {}, accumulation {} and sequence length {} must be positive", opts.micro_batch,
              opts.grad_accum, opts.seq_len);
   if (opts.loss_scaler) scaler_ = std::make_unique<LossScaler>(*opts.loss_scaler);
+  DT_ENFORCE(!opts.preference || opts.micro_batch % 2 == 0, UsageError,
+             "TrainStep: a preference micro-batch holds pairs: {} rows is odd", opts.micro_batch);
   // What a graph can replay: one micro-batch per step (its inputs uploaded before the
   // launch), no collective inside forward/backward hooks beyond stage 1's stream-ordered
   // buckets, no dropout (its masks are seeded per forward).
-  graph_on_ = opts.cuda_graph && model.device().kind() == device::Kind::CUDA && opts.grad_accum == 1 &&
+  graph_on_ = opts.cuda_graph && !opts.preference && model.device().kind() == device::Kind::CUDA && opts.grad_accum == 1 &&
               zero.stage <= 1 && !(model.lora_config().dropout > 0.0f) &&
               !(zero.offload_optimizer && !model.on_host());
 }
@@ -35,7 +37,9 @@ StepOutcome TrainStep::run(int64_t step, float lr, const StepBatch& b, StepTimer
   // Each micro-batch's backward: loss_scale * W * (its loss sum) / (the step's target
   // count over every rank, read on the device); W undoes the ranks' gradient average.
   const float factor = static_cast<float>(engine_.world_size()) * out.loss_scale;
-  issue(factor, out.loss_scale, lr, b, timer);
+  PrefStats pref;
+  if (opts_.preference) pref = issue_preference(factor, out.loss_scale, lr, b, timer);
+  else issue(factor, out.loss_scale, lr, b, timer);
   {
     // The update is issued; the step's one read-back: gradient norm, overflow, the loss
     // sum and the target count over every rank. Collectives and the update interleave
@@ -54,7 +58,82 @@ StepOutcome TrainStep::run(int64_t step, float lr, const StepBatch& b, StepTimer
                "gradients became inf/NaN (global norm {}); lower optimizer.lr or enable gradient_clipping",
                out.grad_norm);
   out.applied = scaler_ ? scaler_->update(out.overflow) : true;
+  if (opts_.preference) {
+    // The rewards of every rank's pairs: one small host reduction per step.
+    std::vector<float> v{static_cast<float>(pref.chosen_reward), static_cast<float>(pref.rejected_reward),
+                         static_cast<float>(pref.accuracy),      static_cast<float>(pref.margin),
+                         static_cast<float>(pref.chosen_logp),   static_cast<float>(pref.rejected_logp),
+                         static_cast<float>(pref.pairs)};
+    if (comm_ != nullptr && comm_->size() > 1) comm_->allreduce_host(v.data(), v.size(), DType::F32, comm::ReduceOp::SUM);
+    PrefStats all;
+    all.chosen_reward = v[0];
+    all.rejected_reward = v[1];
+    all.accuracy = v[2];
+    all.margin = v[3];
+    all.chosen_logp = v[4];
+    all.rejected_logp = v[5];
+    all.pairs = v[6];
+    out.metrics = all.means();
+  }
   return out;
+}
+
+// A preference step: per micro-batch, the reference sums (a forward of the base model with
+// the adapters off, or the precomputed ones), the policy's forward, the objective on the
+// host from the rows' log-probability sums, and a backward weighted per row. Each
+// micro-batch's mean pair loss goes to its loss slot with its pair count, so the step's
+// loss is the mean pair loss over every rank like the SFT step's mean token loss.
+PrefStats TrainStep::issue_preference(float factor, float loss_scale, float lr, const StepBatch& b,
+                                      StepTimer& timer) {
+  const PrefOptions& po = *opts_.preference;
+  const int accum = opts_.grad_accum, rows = opts_.micro_batch, T = opts_.seq_len, P = rows / 2;
+  DT_ENFORCE(po.reference != PrefReference::PRECOMPUTED ||
+                 (b.ref_logps != nullptr && b.ref_logps->size() == static_cast<size_t>(accum)),
+             UsageError, "TrainStep: a precomputed reference needs the reference sums of each micro-batch");
+  float* slots = engine_.loss_slots(static_cast<size_t>(accum));
+  engine_.step_prepare(lr);
+  const std::vector<int64_t> pairs(static_cast<size_t>(accum), P);
+  engine_.step_targets(pairs.data(), pairs.size());
+  engine_.before_step();
+  engine_.targets_reduce();
+  const double total_pairs = static_cast<double>(P) * accum * engine_.world_size();
+  PrefStats stats;
+  std::vector<float> scales(static_cast<size_t>(rows));
+  for (int a = 0; a < accum; ++a) {
+    const auto i = static_cast<size_t>(a);
+    const int32_t* in = (*b.inputs)[i].data();
+    const int32_t* tg = (*b.targets)[i].data();
+    std::vector<double> ref;
+    PrefResult r;
+    {
+      auto s = timer.scope(Section::FORWARD);
+      if (po.reference == PrefReference::ADAPTERS_OFF) {
+        m_.set_adapters_enabled(false);
+        try {
+          m_.forward(in, tg, rows, T);
+        } catch (...) {
+          m_.set_adapters_enabled(true);
+          throw;
+        }
+        m_.set_adapters_enabled(true);
+        for (const RowLogp& x : row_logps(m_.token_losses_to_host().data(), tg, rows, T)) ref.push_back(x.sum);
+      } else if (po.reference == PrefReference::PRECOMPUTED) {
+        ref = (*b.ref_logps)[i];
+      }
+      m_.forward(in, tg, rows, T);
+      r = pref_evaluate(po, row_logps(m_.token_losses_to_host().data(), tg, rows, T), ref);
+    }
+    const float mean = static_cast<float>(r.loss_sum / P);
+    m_.device().copy_h2d(slots + a, &mean, sizeof mean);
+    for (size_t k = 0; k < scales.size(); ++k) scales[k] = static_cast<float>(factor * -r.dsum[k] / total_pairs);
+    stats.add(r.stats);
+    auto s = timer.scope(Section::BACKWARD);
+    engine_.set_last_micro_batch(a == accum - 1);
+    m_.backward_rows(scales.data());
+  }
+  auto s = timer.scope(Section::OPTIMIZER);
+  engine_.step_issue(loss_scale);
+  return stats;
 }
 
 // Issues the step's forward and backward passes and the update; nothing is read back

@@ -11,11 +11,14 @@
 #include "model/model.h"
 #include "train/loss_scaler.h"
 #include "train/metrics.h"
+#include "train/preference.h"
 #include "train/zero_engine.h"
 
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace dtrain::train {
@@ -31,6 +34,10 @@ struct TrainStepOptions {
   /// A model built with deferred storage: each base buffer's fp32 values, for the ZeRO
   /// engine to build its shards from one buffer at a time (ZeroEngine's `deferred`).
   model::BufferFill deferred_weights;
+  /// training.stage dpo: each micro-batch's rows are micro_batch / 2 pairs (the chosen
+  /// rows, then the rejected ones) and the step minimises this objective instead of the
+  /// cross-entropy (no CUDA graph: the objective is evaluated on the host).
+  std::optional<PrefOptions> preference;
 };
 
 /// One step's micro-batches: grad_accum token rows of micro_batch x seq_len each, their
@@ -39,6 +46,9 @@ struct StepBatch {
   const std::vector<std::vector<int32_t>>* inputs = nullptr;
   const std::vector<std::vector<int32_t>>* targets = nullptr;
   const std::vector<int64_t>* counts = nullptr;
+  /// Preference steps with a precomputed reference: per micro-batch, the reference
+  /// log-probability sums of its rows (in row order).
+  const std::vector<std::vector<double>>* ref_logps = nullptr;
 };
 
 /// What the step did.
@@ -49,7 +59,10 @@ struct StepOutcome {
   bool applied = true;        ///< the weights were updated
   double grad_norm = 0.0;     ///< global, unscaled, before clipping
   double loss = 0.0;          ///< mean cross-entropy over the step's unmasked targets on every rank (0: none)
-  double target_count = 0.0;  ///< the step's unmasked targets over every rank
+  double target_count = 0.0;  // the step's unmasked targets over every rank
+  /// Named extra metrics of the step, in order (preference steps: TRL's rewards/* and
+  /// logps/*, means over every rank's pairs); empty for SFT.
+  std::vector<std::pair<std::string, double>> metrics;
 };
 
 /// Steps `model` (on its device; a 16-bit CUDA model with fp32_source, the host fp32
@@ -76,8 +89,10 @@ class TrainStep {
  private:
   void issue(float factor, float loss_scale, float lr, const StepBatch& b, StepTimer& timer);
   void issue_graphed(float factor, float loss_scale, const StepBatch& b, float* slot, StepTimer& timer);
+  PrefStats issue_preference(float factor, float loss_scale, float lr, const StepBatch& b, StepTimer& timer);
 
   model::Model& m_;
+  comm::Communicator* comm_;
   const TrainStepOptions opts_;
   ZeroEngine engine_;
   std::unique_ptr<LossScaler> scaler_;
