@@ -20,6 +20,7 @@
 #include "launch/round.h"
 #include "rendezvous/store.h"
 #include "report/event.h"
+#include "report/progress_record.h"
 #include "report/status.h"
 #include "report/resource_status.h"
 #include "report/straggler.h"
@@ -81,6 +82,7 @@ class OutputRouter {
     stragglers_ = report::StragglerDetector(stragglers_.factor(), stragglers_.window());
     flagged_.clear();
     progress_.set_flag("");
+    record_warned_ = false;
     round_ = round;
   }
 
@@ -95,8 +97,13 @@ class OutputRouter {
         body = text.substr(close + 2);
       }
     }
+    // Rank 0's progress records (report/progress_record.h): the live view, the straggler
+    // check and the human line in its log; never shown as they are.
+    std::optional<report::ProgressRecord> rec;
+    std::string record_error;
+    if (rank == 0 && s == Stream::STDOUT) rec = report::progress_record_parse(body, &record_error);
     if (rank == 0 && s == Stream::STDOUT && !started_ &&
-        (body.rfind("train: ", 0) == 0 || body.rfind("resumed from step ", 0) == 0 || progress_parse(body)))
+        (body.rfind("train: ", 0) == 0 || body.rfind("resumed from step ", 0) == 0 || rec))
       started_ = true;
     std::lock_guard<std::mutex> lock(mu_);
     // An agent's own warning or error (e.g. why it cannot reach the store) explains a
@@ -104,26 +111,34 @@ class OutputRouter {
     if (rank < 0 && s == Stream::STDERR &&
         (text.find("error: ") != std::string_view::npos || text.find("warning: ") != std::string_view::npos))
       agent_said_[node] = std::string(text);
-    // Rank 0's per-rank times: the straggler check, not terminal output (kept in its log).
-    if (rank == 0 && s == Stream::STDOUT)
-      if (auto times = report::rank_times_parse(body)) {
-        straggler_check(*times);
-        std::string record(body);
-        record.push_back('\n');
-        files_.append((dir_ / "rank0.log").string(), record);
-        return;
+    if (rec) {
+      if (!rec->times.compute_ms.empty()) straggler_check(rec->times);
+      files_.append((dir_ / "rank0.log").string(), report::progress_line(*rec) + "\n");
+      if (echo_) {
+        // One redrawn status line on a TTY, plain lines otherwise.
+        std::string shown;
+        progress_.show(*rec, &shown);
+        std::fwrite(shown.data(), 1, shown.size(), stdout);
+        std::fflush(stdout);
       }
+      return;
+    }
+    // A record this launcher cannot read (another dtrain build on the node, damage): said
+    // once a round; the line itself goes on as any other line.
+    if (!record_error.empty() && !record_warned_) {
+      record_warned_ = true;
+      if (echo_) {
+        end_status_line();
+        print(stderr, "",
+              fmt::format("[dtrain] warning: rank 0 sent a progress record this launcher cannot read: {}; the live "
+                          "view and the straggler check skip such records (the line is kept in logs/rank0.log)",
+                          record_error));
+      }
+    }
     if (echo_) {
       if (rank == 0 && s == Stream::STDOUT) {
-        // Progress lines become one redrawn status line on a TTY, plain lines otherwise.
-        std::string shown;
-        if (progress_.consume(body, &shown)) {
-          std::fwrite(shown.data(), 1, shown.size(), stdout);
-          std::fflush(stdout);
-        } else {
-          end_status_line();
-          print(stdout, "", body);
-        }
+        end_status_line();
+        print(stdout, "", body);
       } else if (rank < 0) {
         end_status_line();
         print(stderr, fmt::format("[node{}] ", node), text);
@@ -253,6 +268,7 @@ class OutputRouter {
   report::StragglerDetector stragglers_;
   std::vector<std::pair<int, std::string>> rank_where_;  // by global rank: node, host
   std::map<int, report::Straggler> flagged_;
+  bool record_warned_ = false;  // this round's unreadable progress record was reported
   std::vector<report::Event> events_;
   int round_ = 0;
   std::mutex mu_;

@@ -97,7 +97,7 @@ int train_rank(RankContext& ctx, rendezvous::Heartbeat& hb, config::TrainConfig 
   env.world_size = ctx.world_size;
   env.run_dir = ctx.run_dir;
   env.comm = comm.get();
-  env.print_rank_times = launcher_lines;
+  env.progress_records = launcher_lines;
   env.on_step = [&](int64_t step) {
     last_step = step;
     publish();

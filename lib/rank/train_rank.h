@@ -11,8 +11,8 @@
 namespace dtrain::rank {
 
 /// Trains on `device` (on CUDA, local rank i opens CUDA device i) with NCCL on
-/// CUDA and Gloo on the CPU when world_size > 1. launcher_lines (the worker): rank 0 also
-/// prints the per-rank times line dtrain launch's straggler check reads. Returns 0.
+/// CUDA and Gloo on the CPU when world_size > 1. launcher_lines (the worker): rank 0 prints
+/// its progress as the record lines dtrain launch reads (report/progress_record.h). Returns 0.
 int train_rank(RankContext& ctx, rendezvous::Heartbeat& hb, config::TrainConfig cfg, device::Kind device,
                bool launcher_lines = false);
 

@@ -373,6 +373,7 @@ RecordTimes read_metrics(const fs::path& dir, RunStatus& st) {
       st.last_step = step->get<int64_t>();
       st.last_loss = m["loss"].get<double>();
       st.tokens_per_s = get_or<double>(m, "tokens_per_s", 0.0);
+      st.last_metrics = metrics_record_get(m);  // none in records before named metrics
     }
     if (m.contains("eval_loss") && m["eval_loss"].is_number()) {
       st.last_eval_step = step->get<int64_t>();
@@ -613,6 +614,11 @@ void history_rows(StatusText& t) {
     if (st.tokens_per_s > 0) p += fmt::format(", {} tokens/s", rate(st.tokens_per_s));
     if (st.last_eval_step) p += fmt::format("; eval_loss {:.4f} at step {}", st.last_eval_loss, *st.last_eval_step);
     t.row("progress", p);
+    if (!st.last_metrics.empty()) {
+      std::string m;
+      for (const auto& [name, value] : st.last_metrics) m += fmt::format("{}{} {:.4f}", m.empty() ? "" : ", ", name, value);
+      t.row("metrics", fmt::format("{} (step {})", m, *st.last_step));
+    }
   } else {
     t.row("progress", "no training step logged yet");
   }

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "report/event.h"
-
+#include "report/progress_record.h"
 #include "report/resource_status.h"
 
 #include <nlohmann/json.hpp>
@@ -123,6 +123,7 @@ struct RunStatus {
   std::optional<int64_t> last_step;
   double last_loss = 0.0;
   double tokens_per_s = 0.0;
+  NamedMetrics last_metrics;  ///< the last training record's named extra metrics (DPO's rewards/...)
   std::optional<int64_t> last_eval_step;
   double last_eval_loss = 0.0;
   // checkpoints
@@ -162,6 +163,7 @@ RunStatus status_read(const std::string& run_dir, const CheckpointProblem& check
 ///     run        runs/tiny (job 20261122-001500-3fa9)
 ///     state      running: launcher pid 4242 on login1, started 12m04s ago
 ///     progress   step 140, loss 2.3141, 18.2k tokens/s; eval_loss 2.2010 at step 100
+///     metrics    rewards/accuracies 0.9333, rewards/margins 1.2041 (step 140; only with named metrics)
 ///     checkpoint step120
 ///     restarts   1
 ///       round 0 failed 9m12s ago: node 1: rank 3 exited with code 137 [exit code 137]

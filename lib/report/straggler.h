@@ -1,12 +1,10 @@
 // Straggler detection: a rank whose compute time per step (its step time minus its wait
 // in collectives) stays above `factor` times the median rank's for `window` consecutive
-// progress records. Fed by the launcher's live view (rank 0's "rank_times" lines) and by
-// `dtrain status` (metrics.jsonl's rank_compute_ms arrays); the same rule for both.
+// progress records. Fed by the launcher's live view (rank 0's progress records,
+// report/progress_record.h) and by `dtrain status` (metrics.jsonl's rank_compute_ms
+// arrays); the same rule for both.
 #pragma once
 
-#include <optional>
-#include <string>
-#include <string_view>
 #include <vector>
 
 namespace dtrain::report {
@@ -55,11 +53,5 @@ class StragglerDetector {
   std::vector<int> streak_;
   std::vector<Straggler> flagged_;
 };
-
-/// The line rank 0 prints after each progress line when world_size > 1:
-///     rank_times compute_ms 12.1,13.0,40.2 comm_ms 30.1,29.8,1.2
-std::string rank_times_format(const RankTimes& t);
-/// nullopt for any other line, or a malformed one (counts differ, a non-number).
-std::optional<RankTimes> rank_times_parse(std::string_view line);
 
 }  // namespace dtrain::report

@@ -21,6 +21,7 @@
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/model_factory.h"
+#include "train/progress_publish.h"
 #include "train/train_step.h"
 #include "train/zero_engine.h"
 #include "report/straggler.h"
@@ -190,6 +191,7 @@ class TrainLoop {
   TrainResult res_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::unique_ptr<tensorboard::EventWriter> tb_;  // tensorboard.enabled: the same records as scalars
+  MetricMeans metric_means_;                      // the print interval's named metrics (StepOutcome::metrics)
   std::string config_yaml_;
   std::vector<std::vector<int32_t>> inputs_, targets_;
   std::vector<int64_t> counts_;
@@ -387,9 +389,7 @@ void TrainLoop::record(int64_t step, const StepOutcome& out) {
 }
 
 void TrainLoop::progress_log(int64_t step, const StepOutcome& out) {
-  const double step_loss = out.loss;
-  const float lr = out.lr, loss_scale = out.loss_scale;
-  const bool applied = out.applied;
+  metric_means_.add(out.metrics);
   const int64_t print_every = std::max<int64_t>(1, cfg_.steps_per_print);
   if (step % print_every != 0 && step != total_steps_) return;
   const double dt = interval_clock_.elapsed_s();
@@ -397,75 +397,46 @@ void TrainLoop::progress_log(int64_t step, const StepOutcome& out) {
   const double tps = static_cast<double>(tokens_per_step_ * interval_steps_) / std::max(dt, 1e-9);
   // Collective: every rank reaches this print step.
   const RankTimes times = rank_times_take(dt, interval_steps_);
-  if (lead_ && env_.print) {
+  // The loss, lr and grad norm are the interval's last step's; the named metrics its means.
+  report::ProgressRecord rec;
+  rec.step = step;
+  rec.total_steps = total_steps_;
+  rec.tokens_per_s = tps;
+  rec.step_time_s = per_step;
+  progress_record_outcome(rec, out);
+  rec.metrics = metric_means_.take();
+  if (W_ > 1) {
     // With several ranks: what this rank sent per step and how long the engine's
-    // collectives ran (the launcher's live view shows both; compression changes them).
-    char comm_part[96] = "";
-    if (W_ > 1)
-      std::snprintf(comm_part, sizeof comm_part, " | sent %.3f MB/step | comm %.1f ms/step", bytes_per_step_ / 1e6,
-                    1e3 * last_comm_times_.busy_s / static_cast<double>(interval_steps_));
-    std::printf(
-        "step %lld/%lld | loss %.4f | lr %.1e | grad_norm %.3f | loss_scale %.0f | tokens/s %.0f | %.2f s/step%s%s\n",
-        static_cast<long long>(step), static_cast<long long>(total_steps_), step_loss, lr, out.grad_norm,
-        static_cast<double>(loss_scale), tps, per_step, comm_part, applied ? "" : " | skipped (fp16 overflow)");
-    // For the launcher's straggler check (it does not show this line on the terminal).
-    if (W_ > 1 && env_.print_rank_times) std::printf("%s\n", report::rank_times_format(times).c_str());
+    // collectives ran (the launcher's live view shows both; compression changes them),
+    // and every rank's times for the launcher's straggler check.
+    rec.comm_bytes_per_step = bytes_per_step_;
+    rec.comm_s_per_step = last_comm_times_.busy_s / static_cast<double>(interval_steps_);
+    rec.times = times;
   }
-  // One clock reading for both logs: an event's wall_time is the record's time_ms / 1000.
-  const int64_t now_ms = unix_ms();
-  if (tb_) {
-    std::vector<tensorboard::Scalar> v{{"train/loss", step_loss},
-                                       {"train/lr", lr},
-                                       {"train/grad_norm", out.grad_norm},
-                                       {"train/tokens_per_s", tps}};
-    if (scaler_) v.push_back({"train/loss_scale", loss_scale});  // 1 throughout without fp16
-    if (W_ > 1) {
-      v.push_back({"train/comm_bytes_sent", bytes_per_step_});
-      v.push_back({"train/comm_seconds", last_comm_times_.busy_s / static_cast<double>(interval_steps_)});
-    }
-    tb_->scalars(step, v, static_cast<double>(now_ms) / 1e3);
-  }
+  nlohmann::json fields;
   if (metrics_) {
-    nlohmann::json r{{"step", step},
-                     {"loss", num(step_loss)},
-                     {"lr", lr},
-                     {"grad_norm", num(out.grad_norm)},
-                     {"loss_scale", loss_scale},
-                     {"tokens", res_.tokens},
-                     {"tokens_per_s", tps},
-                     {"step_time", per_step},
-                     {"skipped_steps", res_.skipped_steps},
-                     {"time_ms", now_ms}};
-    {
-      // Memory: this rank's ZeRO state (params + grads + optimizer) and the process RSS.
-      const ZeroMemory mem = step_->engine().memory();
-      r["memory_state_bytes"] = mem.total();
-      r["memory_rss_bytes"] = process_rss_bytes();
-    }
-    if (W_ > 1) {
-      // Per rank (index = rank): compute and wait in collectives, ms per step.
-      r["rank_compute_ms"] = times.compute_ms;
-      r["rank_comm_ms"] = times.comm_ms;
-      // What compression buys: bytes this rank sent per step (communication.compression
-      // shrinks the gradients' share) and the seconds per step the ZeRO engine's
-      // collectives took (overlapped with compute or not).
-      r["comm_bytes_sent"] = bytes_per_step_;
-      r["comm_seconds"] = last_comm_times_.busy_s / static_cast<double>(interval_steps_);
-    }
+    fields = {{"tokens", res_.tokens}, {"skipped_steps", res_.skipped_steps}};
+    // Memory: this rank's ZeRO state (params + grads + optimizer) and the process RSS.
+    fields["memory_state_bytes"] = step_->engine().memory().total();
+    fields["memory_rss_bytes"] = process_rss_bytes();
     if (cfg_.wall_clock_breakdown) {
       const double n = static_cast<double>(interval_steps_);
       for (Section sec :
            {Section::FORWARD, Section::BACKWARD, Section::COMM, Section::OPTIMIZER, Section::DATA, Section::CHECKPOINT})
-        r[std::string(section_name(sec)) + "_ms"] = timer_.elapsed_ms(sec) / n;
+        fields[std::string(section_name(sec)) + "_ms"] = timer_.elapsed_ms(sec) / n;
       // The ZeRO engine's collectives: exposed = the compute thread waited for them;
       // overlapped = they ran on the communication thread while compute went on.
       const ZeroEngine::CommTimes& ct = last_comm_times_;
-      r["comm_exposed_ms"] = 1e3 * ct.exposed_s / n;
-      r["comm_overlapped_ms"] = 1e3 * std::max(0.0, ct.busy_s - ct.exposed_s) / n;
+      fields["comm_exposed_ms"] = 1e3 * ct.exposed_s / n;
+      fields["comm_overlapped_ms"] = 1e3 * std::max(0.0, ct.busy_s - ct.exposed_s) / n;
     }
-    metrics_->write(r);
   }
-  if (lead_ && env_.print) std::fflush(stdout);
+  progress_publish(rec, std::move(fields), unix_ms(),
+                   {.out = lead_ && env_.print ? stdout : nullptr,
+                    .records = env_.progress_records,
+                    .metrics = metrics_.get(),
+                    .tb = tb_.get(),
+                    .loss_scaling = scaler_ != nullptr});
   timer_.reset();
   interval_clock_.restart();
   interval_steps_ = 0;

@@ -28,9 +28,10 @@ struct TrainerEnv {
   device::Device* device = nullptr;
   /// false: rank 0 prints no progress lines (tests).
   bool print = true;
-  /// Rank 0 also prints a "rank_times ..." line (report/straggler.h) after each progress
-  /// line for the launcher's straggler check (dtrain launch's workers; not `dtrain run`).
-  bool print_rank_times = false;
+  /// Rank 0 prints its progress as record lines (report/progress_record.h) for the
+  /// launcher, which reads them and writes the human line into the rank's log, instead of
+  /// the human progress line (dtrain launch's workers; not `dtrain run`).
+  bool progress_records = false;
   /// false: start from scratch even when run_dir holds a checkpoint (it is then
   /// overwritten by this run's checkpoints).
   bool resume = true;

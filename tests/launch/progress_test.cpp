@@ -1,29 +1,46 @@
-// Progress view: parsing the trainer's exact progress line, TTY rendering (in place,
-// ETA, restarts) and plain rendering without control characters.
+// Progress view over rank 0's progress records (read with the one record parser, as the
+// supervisor reads them): TTY rendering (in place, ETA, restarts, the named metrics in
+// short), plain rendering (the human line with share and ETA, no control characters),
+// the straggler flag.
 #include "launch/progress.h"
+
+#include "report/progress_record.h"
 
 #include <doctest/doctest.h>
 
 #include <cmath>
-#include <cstdio>
+#include <string>
 
 using namespace dtrain::launch;
+using dtrain::report::ProgressRecord;
 
 namespace {
 
-// The trainer's format string (lib/train/trainer.cpp), so a change there fails here.
-// comm_mb < 0: one rank (no "sent"/"comm" fields).
-std::string trainer_line(long long step, long long total, double loss, double lr, double gn, double scale, double tps,
-                         double per_step, bool applied, double comm_mb = -1.0, double comm_ms = 0.0) {
-  char comm_part[96] = "";
-  if (comm_mb >= 0)
-    std::snprintf(comm_part, sizeof comm_part, " | sent %.3f MB/step | comm %.1f ms/step", comm_mb, comm_ms);
-  char buf[512];
-  std::snprintf(
-      buf, sizeof buf,
-      "step %lld/%lld | loss %.4f | lr %.1e | grad_norm %.3f | loss_scale %.0f | tokens/s %.0f | %.2f s/step%s%s", step,
-      total, loss, lr, gn, scale, tps, per_step, comm_part, applied ? "" : " | skipped (fp16 overflow)");
-  return buf;
+ProgressRecord rec(long long step, long long total, double loss, double lr, double gn, double scale, double tps,
+                   double per_step, bool applied, double sent_bytes = -1.0, double comm_s = -1.0) {
+  ProgressRecord r;
+  r.step = step;
+  r.total_steps = total;
+  r.loss = loss;
+  r.lr = lr;
+  r.grad_norm = gn;
+  r.loss_scale = scale;
+  r.tokens_per_s = tps;
+  r.step_time_s = per_step;
+  r.skipped = !applied;
+  r.comm_bytes_per_step = sent_bytes;
+  r.comm_s_per_step = comm_s;
+  return r;
+}
+
+// What the supervisor does with rank 0's line: the record parser, then the view.
+std::string shown(ProgressView& v, const ProgressRecord& r) {
+  std::string error;
+  auto back = dtrain::report::progress_record_parse(dtrain::report::progress_record_line(r), &error);
+  REQUIRE_MESSAGE(back.has_value(), error);
+  std::string out;
+  v.show(*back, &out);
+  return out;
 }
 
 bool has_control(const std::string& s) {
@@ -32,56 +49,9 @@ bool has_control(const std::string& s) {
   return false;
 }
 
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
 }  // namespace
-
-TEST_CASE("progress: parse the trainer's line") {
-  auto r = progress_parse(trainer_line(40, 200, 2.31415, 3e-4, 0.8123, 65536, 18234, 0.45, true));
-  REQUIRE(r);
-  CHECK(r->step == 40);
-  CHECK(r->total_steps == 200);
-  CHECK(r->loss == doctest::Approx(2.3142));
-  CHECK(r->lr == doctest::Approx(3e-4));
-  CHECK(r->grad_norm == doctest::Approx(0.812));
-  CHECK(r->loss_scale == 65536);
-  CHECK(r->tokens_per_s == 18234);
-  CHECK(r->step_time_s == doctest::Approx(0.45));
-  CHECK_FALSE(r->skipped);
-
-  auto s = progress_parse(trainer_line(3, 10, 5.0, 1e-3, 0, 128, 10, 1.5, false));
-  REQUIRE(s);
-  CHECK(s->skipped);
-
-  CHECK(r->sent_mb_per_step == -1.0);  // one rank: no communication fields
-
-  // Several ranks: the bytes sent and the collectives' time, before a skip mark.
-  auto c = progress_parse(trainer_line(7, 10, 3.0, 1e-3, 0.5, 1, 100, 0.25, false, 18.187627, 812.4));
-  REQUIRE(c);
-  CHECK(c->sent_mb_per_step == doctest::Approx(18.188));
-  CHECK(c->comm_ms_per_step == doctest::Approx(812.4));
-  CHECK(c->step_time_s == doctest::Approx(0.25));
-  CHECK(c->skipped);
-  ProgressView view(true, 0);  // the TTY view renders them; the plain view passes the line through
-  std::string shown;
-  REQUIRE(view.consume(trainer_line(7, 10, 3.0, 1e-3, 0.5, 1, 100, 0.25, true, 0.242371, 41.0), &shown));
-  CHECK(shown.find("sent 0.24 MB/step, comm 41 ms") != std::string::npos);
-
-  auto n = progress_parse(trainer_line(1, 2, NAN, 1e-3, INFINITY, 1, 1, 1, true));
-  REQUIRE(n);
-  CHECK(std::isnan(n->loss));
-  CHECK(std::isinf(n->grad_norm));
-}
-
-TEST_CASE("progress: other lines are not progress lines") {
-  CHECK_FALSE(progress_parse(""));
-  CHECK_FALSE(progress_parse("train: gpt2 124M params"));
-  CHECK_FALSE(progress_parse("eval step 40 | eval_loss 2.1 | eval_ppl 8.1"));
-  CHECK_FALSE(progress_parse("step 4 | loss 2.0"));                // no total
-  CHECK_FALSE(progress_parse("step 4/x | loss 2.0"));              // bad total
-  CHECK_FALSE(progress_parse("step 4/10 | lr 1e-3"));              // no loss
-  CHECK_FALSE(progress_parse("step 4/10 | loss two"));             // bad number
-  CHECK_FALSE(progress_parse("step -4/10 | loss 2"));              // negative step
-  CHECK(progress_parse("step 4/10 | loss 2.0 | future_field 7"));  // unknown fields tolerated
-}
 
 TEST_CASE("progress: durations") {
   CHECK(progress_format_duration(42.2) == "42s");
@@ -94,69 +64,85 @@ TEST_CASE("progress: durations") {
 
 TEST_CASE("progress: TTY view redraws one line in place") {
   ProgressView v(true, 2);
-  std::string out;
   CHECK(std::isnan(v.eta_seconds()));
-  CHECK(v.consume(trainer_line(10, 110, 2.5, 3e-4, 0.5, 1024, 20000, 2.0, true), &out));
+  std::string out = shown(v, rec(10, 110, 2.5, 3e-4, 0.5, 1024, 20000, 2.0, true));
   CHECK(out.rfind("\r\x1b[2K", 0) == 0);
   CHECK(out.find('\n') == std::string::npos);
-  CHECK(out.find("step 10/110") != std::string::npos);
-  CHECK(out.find("loss 2.5000") != std::string::npos);
-  CHECK(out.find("20.0k tok/s") != std::string::npos);
-  CHECK(out.find("ETA 3m20s") != std::string::npos);  // 100 steps x 2.0 s
-  CHECK(out.find("restarts 2") != std::string::npos);
-  CHECK(out.find("scale 1024") != std::string::npos);
+  CHECK(has(out, "step 10/110 (9%)"));
+  CHECK(has(out, "loss 2.5000"));
+  CHECK(has(out, "20.0k tok/s"));
+  CHECK(has(out, "ETA 3m20s"));  // 100 steps x 2.0 s
+  CHECK(has(out, "restarts 2"));
+  CHECK(has(out, "scale 1024"));
   CHECK(v.eta_seconds() == doctest::Approx(200.0));
 
   // The ETA follows a smoothed step time: 0.7 * 2.0 + 0.3 * 1.0 = 1.7 s over 90 steps.
-  CHECK(v.consume(trainer_line(20, 110, 2.4, 3e-4, 0.5, 1024, 20000, 1.0, true), &out));
+  shown(v, rec(20, 110, 2.4, 3e-4, 0.5, 1024, 20000, 1.0, true));
   CHECK(v.eta_seconds() == doctest::Approx(90 * 1.7));
 
-  // Another line first ends the status line, so it is not overwritten.
-  CHECK_FALSE(v.consume("eval step 20 | eval_loss 2.2 | eval_ppl 9.0", &out));
-  CHECK(out == "\neval step 20 | eval_loss 2.2 | eval_ppl 9.0\n");
-  CHECK_FALSE(v.consume("train: next", &out));
-  CHECK(out == "train: next\n");
-  CHECK(v.interrupt() == "");
-  CHECK(v.consume(trainer_line(30, 110, 2.3, 3e-4, 0.5, 1024, 20000, 1.0, true), &out));
+  // Other output first ends the status line, so it is not overwritten.
   CHECK(v.interrupt() == "\n");
   CHECK(v.interrupt() == "");
 
+  // Several ranks: the bytes sent and the collectives' time; a skipped step is marked.
+  out = shown(v, rec(30, 110, 2.3, 3e-4, 0.5, 1024, 20000, 1.0, false, 242371, 0.041));
+  CHECK(has(out, "sent 0.24 MB/step, comm 41 ms"));
+  CHECK(has(out, "| skipped"));
+
   // The last step stays on screen.
-  CHECK(v.consume(trainer_line(110, 110, 2.0, 3e-4, 0.5, 1024, 20000, 1.0, true), &out));
+  out = shown(v, rec(110, 110, 2.0, 3e-4, 0.5, 1024, 20000, 1.0, true));
   CHECK(out.back() == '\n');
-  CHECK(out.find("ETA 0s") != std::string::npos);
+  CHECK(has(out, "ETA 0s"));
   CHECK(v.interrupt() == "");
 }
 
-TEST_CASE("progress: plain view passes lines through without control characters, with percentage and ETA") {
+TEST_CASE("progress: plain view writes the human line with percentage and ETA, without control characters") {
   ProgressView v(false, 0);
-  std::string out;
-  const std::string line = trainer_line(5, 50, 3.25, 1e-4, 1.25, 1, 512, 0.25, true);
-  CHECK(v.consume(line, &out));
-  CHECK(out == line + " | 10% | ETA 11s\n");  // 45 steps left at 0.25 s/step (issue 44: sbatch logs had neither)
+  const ProgressRecord r = rec(5, 50, 3.25, 1e-4, 1.25, 1, 512, 0.25, true);
+  const std::string line = dtrain::report::progress_line(r);
+  CHECK(line == "step 5/50 | loss 3.2500 | lr 1.0e-04 | grad_norm 1.250 | loss_scale 1 | tokens/s 512 | 0.25 s/step");
+  CHECK(shown(v, r) == line + " | 10% | ETA 11s\n");  // 45 steps left at 0.25 s/step (issue 44: sbatch logs had neither)
   v.set_restarts(1);
-  CHECK(v.consume(line, &out));
-  CHECK(out == line + " | 10% | ETA 11s | restarts 1\n");
+  CHECK(shown(v, r) == line + " | 10% | ETA 11s | restarts 1\n");
   CHECK(v.interrupt() == "");
-  CHECK_FALSE(v.consume("colour \x1b[31mred\x1b[0m\ttab\r", &out));
-  CHECK_FALSE(has_control(out));
-  CHECK(out == "colour ?[31mred?[0m tab?\n");
   for (int i = 1; i <= 50; ++i) {
-    CHECK(v.consume(trainer_line(i, 50, 3.0, 1e-4, 1, 1, 512, 0.25, i % 7 != 0), &out));
+    const std::string out = shown(v, rec(i, 50, 3.0, 1e-4, 1, 1, 512, 0.25, i % 7 != 0, i % 2 ? 1e6 : -1, 0.01));
     CHECK_FALSE(has_control(out));
+    CHECK(out.back() == '\n');
   }
+}
+
+TEST_CASE("progress: a record's named metrics show on the live line, in short on a TTY and in full in plain view") {
+  ProgressRecord r = rec(20, 100, 0.4512, 5e-6, 3.5, 1, 900, 0.5, true);
+  r.metrics = {{"rewards/chosen", 0.5123},    {"rewards/rejected", -0.6812}, {"rewards/accuracies", 14.0 / 15.0},
+               {"rewards/margins", 1.1935},   {"logps/chosen", -123.456},   {"logps/rejected", -150.25}};
+  ProgressView tty(true, 0);
+  const std::string t = shown(tty, r);
+  CAPTURE(t);
+  CHECK(has(t, "| gnorm 3.500 | chosen 0.512 rejected -0.681 acc 0.933 margin 1.19 logp_chosen -123 "
+               "logp_rejected -150"));
+  CHECK_FALSE(has_control(t.substr(5)));  // after the redraw prefix
+
+  ProgressView plain(false, 0);
+  const std::string p = shown(plain, r);
+  CAPTURE(p);
+  CHECK(has(p, "| 0.50 s/step | rewards/chosen 0.5123 | rewards/rejected -0.6812 | rewards/accuracies 0.9333 | "
+               "rewards/margins 1.1935 | logps/chosen -123.4560 | logps/rejected -150.2500 | 20% | ETA 40s\n"));
+  CHECK_FALSE(has_control(p));
+
+  // SFT: no metrics, nothing more on the line.
+  ProgressView plain2(false, 0);
+  r.metrics.clear();
+  CHECK(shown(plain2, r) == dtrain::report::progress_line(r) + " | 20% | ETA 40s\n");
 }
 
 TEST_CASE("progress: a straggler flag shows on every progress line until cleared, on a TTY and in plain view") {
   for (bool tty : {true, false}) {
     CAPTURE(tty);
     ProgressView v(tty, 0);
-    std::string out;
     v.set_flag("straggler rank 2 (node3) 3.1x");
-    CHECK(v.consume(trainer_line(5, 50, 3.25, 1e-4, 1.25, 1, 512, 0.25, true), &out));
-    CHECK(out.find("| straggler rank 2 (node3) 3.1x") != std::string::npos);
+    CHECK(has(shown(v, rec(5, 50, 3.25, 1e-4, 1.25, 1, 512, 0.25, true)), "| straggler rank 2 (node3) 3.1x"));
     v.set_flag("");
-    CHECK(v.consume(trainer_line(6, 50, 3.25, 1e-4, 1.25, 1, 512, 0.25, true), &out));
-    CHECK(out.find("straggler") == std::string::npos);
+    CHECK_FALSE(has(shown(v, rec(6, 50, 3.25, 1e-4, 1.25, 1, 512, 0.25, true)), "straggler"));
   }
 }

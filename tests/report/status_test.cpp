@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -411,4 +412,35 @@ TEST_CASE("status: an elastic job's membership history, its resize, and a stragg
   append(d2.path / "metrics.jsonl", R"({"step":2,"loss":2.0,"rank_compute_ms":[10,11,40],"rank_comm_ms":[30,29,1]})");
   status_write_nodes(d2.str(), 0, {a, b, c}, 1.5, 3);
   CHECK(status_read(d2.str()).stragglers.empty());
+}
+
+TEST_CASE("status: the last training record's named metrics (a preference run's), none for records without them") {
+  TempDir d("named-metrics");
+  write_events_and_metrics(d.path);  // records as runs before named metrics wrote them
+  std::string text = status_format(status_read(d.str()), T0);
+  CAPTURE(text);
+  CHECK(text.find("progress   step 20, loss 2.7500") != std::string::npos);
+  CHECK(text.find("\nmetrics    ") == std::string::npos);
+
+  // As the trainer writes them (report::metrics_record_put): the last training record's, in order.
+  for (int step : {30, 40}) {
+    nlohmann::json r{{"step", step}, {"loss", 0.5}, {"tokens_per_s", 100.0}};
+    metrics_record_put(r, {{"rewards/accuracies", step / 40.0},
+                           {"rewards/margins", 1.25},
+                           {"logps/chosen", std::numeric_limits<double>::quiet_NaN()}});
+    append(d.path / "metrics.jsonl", r.dump());
+  }
+  append(d.path / "metrics.jsonl", R"({"step":40,"eval_loss":2.5,"eval_ppl":12.2})");
+  const RunStatus st = status_read(d.str());
+  REQUIRE(st.last_metrics.size() == 3);
+  CHECK(st.last_metrics[0].first == "rewards/accuracies");
+  CHECK(st.last_metrics[0].second == 1.0);
+  text = status_format(st, T0);
+  CHECK(text.find("progress   step 40, loss 0.5000") != std::string::npos);
+  CHECK(text.find("metrics    rewards/accuracies 1.0000, rewards/margins 1.2500, logps/chosen nan (step 40)\n") !=
+        std::string::npos);
+
+  // A later record without them (another stage's run in the same directory): none shown.
+  append(d.path / "metrics.jsonl", R"({"step":50,"loss":2.0})");
+  CHECK(status_format(status_read(d.str()), T0).find("\nmetrics    ") == std::string::npos);
 }

@@ -1,6 +1,6 @@
 // The straggler rule: a rank above factor x the median (lower median for even counts)
 // in `window` consecutive records is flagged; one fast record resets it; a new world size
-// starts over; the rank_times line round-trips and malformed lines are refused.
+// starts over. (The per-rank times travel in the progress record: progress_record_test.)
 #include "report/straggler.h"
 
 #include <doctest/doctest.h>
@@ -50,21 +50,6 @@ TEST_CASE("straggler: a record of another world size starts the count over") {
   d.add({10, 10, 30});
   CHECK(d.add({10, 30}).empty());  // 2 ranks now: the 3-rank streak does not carry over
   CHECK(d.add({10, 30}).size() == 1);
-}
-
-TEST_CASE("straggler: rank_times line round-trips; malformed lines are not records") {
-  RankTimes t{{12.5, 13, 40.25}, {30, 29.75, 1}};
-  const std::string line = rank_times_format(t);
-  CHECK(line == "rank_times compute_ms 12.50,13.00,40.25 comm_ms 30.00,29.75,1.00");
-  auto back = rank_times_parse(line);
-  REQUIRE(back.has_value());
-  CHECK(back->compute_ms == t.compute_ms);
-  CHECK(back->comm_ms == t.comm_ms);
-  CHECK_FALSE(rank_times_parse("step 3/4 | loss 2.0").has_value());
-  CHECK_FALSE(rank_times_parse("rank_times compute_ms 1,2 comm_ms 1").has_value());    // counts differ
-  CHECK_FALSE(rank_times_parse("rank_times compute_ms 1,x comm_ms 1,2").has_value());  // not a number
-  CHECK_FALSE(rank_times_parse("rank_times compute_ms 1, comm_ms 1,2").has_value());   // empty item
-  CHECK_FALSE(rank_times_parse("rank_times compute_ms 1,2").has_value());              // no comm_ms
 }
 
 TEST_CASE("straggler: a rank slower at a negligible share of the step is not flagged") {

@@ -12,7 +12,8 @@ and a SessionLog START at step S dropping the points read before it whose step i
 
 With --metrics, every scalar must match the run's metrics.jsonl: the same steps per tag
 (train/loss, train/lr, train/grad_norm, train/tokens_per_s, and train/loss_scale,
-train/comm_bytes_sent and train/comm_seconds where present, from the training records; eval/loss and eval/ppl from the eval records), each
+train/comm_bytes_sent and train/comm_seconds where present, and train/<name> for each name a
+training record lists in "extra_metrics"; eval/loss and eval/ppl from the eval records), each
 value the record's value rounded to float32, each wall_time the record's time_ms / 1000.
 
 Prints one JSON object on stdout: {"ok": true, "files": [...], "records": N, "sessions":
@@ -277,6 +278,10 @@ def check_metrics(result, metrics_path):
             if key.startswith("comm_") and key not in r:
                 continue  # written with several ranks only
             want.setdefault(tag, []).append((r["step"], r[key], r["time_ms"]))
+        if "loss" in r:
+            # The step's named metrics: top-level keys listed in "extra_metrics", as train/<name>.
+            for name in r.get("extra_metrics", []):
+                want.setdefault("train/" + name, []).append((r["step"], r[name], r["time_ms"]))
     got = result["scalars"]
     if sorted(want) != sorted(got):
         raise FormatError("tags differ: event files %s, metrics.jsonl %s" % (sorted(got), sorted(want)))
