@@ -48,7 +48,7 @@ struct SupervisorOptions {
   bool tee_all = false;  // also every rank's stdout, not only rank 0's
   /// Called once per job, on the supervising thread, as soon as rank 0 reports that
   /// training started (its "resumed from step" / "train:" line, printed once every rank
-  /// loaded the config and the checkpoint, or a progress line), or when a round succeeds.
+  /// loaded the config and the checkpoint, or a progress record), or when a round succeeds.
   std::function<void()> on_started;
   /// Elastic jobs (elastic.min_nodes > 0): the probe a host must pass to run in a round
   /// and to rejoin. Empty = host_probe_version (SSH reachable, same dtrain version); the
