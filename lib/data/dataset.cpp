@@ -1,11 +1,12 @@
-// TokenDataset: the sample index (windows or documents) over shards or in-memory
-// token data, and the copy of one sample into inputs / targets.
+// TokenDataset: the sample index (windows, documents or pairs of documents) over shards
+// or in-memory token data, and the copy of one sample into inputs / targets.
 #include "data/dataset.h"
 
 #include "core/check.h"
 #include "core/log.h"
 
 #include <algorithm>
+#include <optional>
 
 namespace dtrain::data {
 
@@ -24,6 +25,7 @@ struct TokenDataset::Source {
   virtual int32_t vocab_size() const = 0;
   virtual int32_t eos_id() const = 0;
   virtual int32_t pad_id() const = 0;
+  virtual bool pairwise() const = 0;
 };
 
 namespace {
@@ -40,6 +42,7 @@ struct ShardSource final : TokenDataset::Source {
   int32_t vocab_size() const override { return r.vocab_size(); }
   int32_t eos_id() const override { return r.eos_id(); }
   int32_t pad_id() const override { return r.pad_id(); }
+  bool pairwise() const override { return r.pairwise(); }
   ShardReader r;
 };
 
@@ -48,6 +51,8 @@ struct MemorySource final : TokenDataset::Source {
     DT_ENFORCE(d.mask.empty() || d.mask.size() == d.tokens.size(), ConfigError,
                "token data: mask has {} entries for {} tokens", d.mask.size(), d.tokens.size());
     if (d.doc_starts.empty() && !d.tokens.empty()) d.doc_starts.push_back(0);
+    DT_ENFORCE(!d.pairwise || d.doc_starts.size() % 2 == 0, InternalError,
+               "{}: pairwise token data has {} documents, not (chosen, rejected) pairs", name(), d.doc_starts.size());
     if (d.vocab_size <= 0)
       d.vocab_size = d.tokens.empty() ? 1 : *std::max_element(d.tokens.begin(), d.tokens.end()) + 1;
   }
@@ -63,6 +68,7 @@ struct MemorySource final : TokenDataset::Source {
   int32_t vocab_size() const override { return d.vocab_size; }
   int32_t eos_id() const override { return d.eos_id; }
   int32_t pad_id() const override { return d.pad_id; }
+  bool pairwise() const override { return d.pairwise; }
   TokenData d;
 };
 
@@ -91,9 +97,21 @@ void TokenDataset::build() {
   const int64_t L = options_.seq_len;
   DT_ENFORCE(L >= 1, ConfigError, "seq_len must be at least 1, got {}", L);
   vocab_size_ = sources_[0]->vocab_size();
-  for (const auto& s : sources_)
+  pairwise_ = sources_[0]->pairwise();
+  for (const auto& s : sources_) {
     DT_ENFORCE_EQ(s->vocab_size(), vocab_size_, ConfigError, "shard '{}' was made with another tokenizer than '{}'",
                   s->name(), sources_[0]->name());
+    DT_ENFORCE(s->pairwise() == pairwise_, ConfigError,
+               "'{}' holds {} data but '{}' holds {}: one dataset is all preference pairs or none", s->name(),
+               s->pairwise() ? "pairwise (preference)" : "SFT/text", sources_[0]->name(),
+               pairwise_ ? "pairwise (preference)" : "SFT/text");
+  }
+  std::string name;
+  for (const auto& s : sources_) name += (name.empty() ? "" : ", ") + s->name();
+  DT_ENFORCE(!pairwise_ || options_.mode == SampleMode::PAD, ConfigError,
+             "{}: pairwise (preference) data is one (chosen, rejected) pair per sample and never packed: set "
+             "data.pack: false (or leave it out)",
+             name);
   pad_id_ = options_.pad_id;
   if (pad_id_ < 0) pad_id_ = sources_[0]->pad_id();
   if (pad_id_ < 0) pad_id_ = sources_[0]->eos_id();
@@ -101,6 +119,15 @@ void TokenDataset::build() {
   DT_ENFORCE(pad_id_ < vocab_size_, ConfigError, "pad id {} is outside the vocabulary [0, {})", pad_id_, vocab_size_);
 
   const uint64_t window = static_cast<uint64_t>(L) + 1;
+  // A document truncated to the window, or nullopt when no target of it is trained.
+  auto document = [&](uint32_t si, size_t d) -> std::optional<Entry> {
+    const Source& s = *sources_[si];
+    const uint64_t b = s.doc_start(d);
+    const uint64_t len = std::min<uint64_t>(s.doc_end(d) - b, window);
+    for (uint64_t j = 1; j < len; ++j)
+      if (s.mask(b + j)) return Entry{si, b, len};
+    return std::nullopt;
+  };
   for (uint32_t si = 0; si < sources_.size(); ++si) {
     const Source& s = *sources_[si];
     if (options_.mode == SampleMode::PACK) {
@@ -109,24 +136,32 @@ void TokenDataset::build() {
       for (uint64_t i = 0; i < count; ++i) index_.push_back({si, i * static_cast<uint64_t>(L), window});
       continue;
     }
-    for (size_t d = 0; d < s.num_docs(); ++d) {
-      const uint64_t b = s.doc_start(d);
-      const uint64_t len = std::min<uint64_t>(s.doc_end(d) - b, window);
-      bool trained = false;
-      for (uint64_t j = 1; j < len && !trained; ++j) trained = s.mask(b + j);
-      if (!trained) {
-        ++skipped_;
-        continue;
+    if (pairwise_) {
+      for (size_t d = 0; d + 1 < s.num_docs(); d += 2) {
+        const std::optional<Entry> chosen = document(si, d), rejected = document(si, d + 1);
+        if (!chosen || !rejected) {
+          ++skipped_;
+          continue;
+        }
+        index_.push_back(*chosen);
+        index_.push_back(*rejected);
       }
-      index_.push_back({si, b, len});
+      continue;
+    }
+    for (size_t d = 0; d < s.num_docs(); ++d) {
+      const std::optional<Entry> e = document(si, d);
+      if (e) index_.push_back(*e);
+      else ++skipped_;
     }
   }
-  if (skipped_ > 0)
+  if (skipped_ > 0 && pairwise_)
+    log_warn(
+        "dataset: skipped {} pairs whose chosen or rejected side has no trained token within seq_len + 1 = {} tokens",
+        skipped_, window);
+  else if (skipped_ > 0)
     log_warn("dataset: skipped {} documents with no trained token within seq_len + 1 = {} tokens", skipped_, window);
   size_t total = 0;
   for (const auto& s : sources_) total += s->size();
-  std::string name;
-  for (const auto& s : sources_) name += (name.empty() ? "" : ", ") + s->name();
   DT_ENFORCE(
       !index_.empty(), ConfigError,
       "{}: the dataset yields no samples of seq_len {} ({} tokens in {} shard(s)); use a smaller seq_len or more "
@@ -151,15 +186,19 @@ void TokenDataset::build() {
 // ---------------------------------------------------------------------------
 // Samples
 
-void TokenDataset::sample(size_t index, int32_t* inputs, int32_t* targets) const {
-  DT_ENFORCE_LT(index, index_.size(), InternalError, "sample index out of range");
-  const Entry& e = index_[index];
+void TokenDataset::row(const Entry& e, int32_t* inputs, int32_t* targets) const {
   const Source& s = *sources_[e.source];
   const size_t L = static_cast<size_t>(options_.seq_len);
   for (size_t j = 0; j < L; ++j) {
     inputs[j] = j < e.length ? s.token(e.begin + j) : pad_id_;
     targets[j] = (j + 1 < e.length && s.mask(e.begin + j + 1)) ? s.token(e.begin + j + 1) : IGNORE_INDEX;
   }
+}
+
+void TokenDataset::sample(size_t index, int32_t* inputs, int32_t* targets) const {
+  DT_ENFORCE(!pairwise_, InternalError, "sample() on a pairwise dataset: a sample is a pair, read it with pair()");
+  DT_ENFORCE_LT(index, index_.size(), InternalError, "sample index out of range");
+  row(index_[index], inputs, targets);
 }
 
 Sample TokenDataset::sample(size_t index) const {
@@ -170,9 +209,32 @@ Sample TokenDataset::sample(size_t index) const {
   return out;
 }
 
+Pair TokenDataset::pair(size_t index) const {
+  DT_ENFORCE(pairwise_, InternalError, "pair() on a dataset that is not pairwise");
+  DT_ENFORCE_LT(index, size(), InternalError, "pair index out of range");
+  const size_t L = static_cast<size_t>(options_.seq_len);
+  Pair out;
+  for (Sample* s : {&out.chosen, &out.rejected}) {
+    s->inputs.resize(L);
+    s->targets.resize(L);
+  }
+  row(index_[2 * index], out.chosen.inputs.data(), out.chosen.targets.data());
+  row(index_[2 * index + 1], out.rejected.inputs.data(), out.rejected.targets.data());
+  return out;
+}
+
 void TokenDataset::batch(const std::vector<size_t>& indices, int32_t* inputs, int32_t* targets) const {
   const size_t L = static_cast<size_t>(options_.seq_len);
-  for (size_t r = 0; r < indices.size(); ++r) sample(indices[r], inputs + r * L, targets + r * L);
+  if (!pairwise_) {
+    for (size_t r = 0; r < indices.size(); ++r) sample(indices[r], inputs + r * L, targets + r * L);
+    return;
+  }
+  const size_t n = indices.size();
+  for (size_t r = 0; r < n; ++r) {
+    DT_ENFORCE_LT(indices[r], size(), InternalError, "pair index out of range");
+    row(index_[2 * indices[r]], inputs + r * L, targets + r * L);
+    row(index_[2 * indices[r] + 1], inputs + (n + r) * L, targets + (n + r) * L);
+  }
 }
 
 }  // namespace dtrain::data

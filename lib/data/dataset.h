@@ -1,6 +1,7 @@
 // TokenDataset: fixed-length training samples (seq_len inputs + seq_len shifted
 // targets, -100 where no loss is taken) cut from token shards or in-memory TokenData,
-// by packing the token stream into windows or by padding one document per sample.
+// by packing the token stream into windows or by padding one document per sample; and
+// its pairwise form (preference data), whose samples are (chosen, rejected) pairs.
 #pragma once
 
 #include "data/shard.h"
@@ -24,6 +25,9 @@ constexpr int32_t IGNORE_INDEX = -100;  // target value that takes no loss
 //   (inputs = pad id, targets = -100). Documents left with no trained target token
 //   (length 1, or the response cut off by truncation) are skipped, with a warning.
 // In both modes target j is token j+1 of the window, or -100 when its mask is false.
+// Pairwise data (TokenData::pairwise, a shard's pairwise flag) is PAD only: each sample
+// is a pair of documents (chosen, rejected), each truncated and padded as above, and a
+// pair where EITHER side is left with no trained target is skipped whole.
 enum class SampleMode { PACK, PAD };
 
 struct DatasetOptions {
@@ -37,25 +41,43 @@ struct Sample {
   std::vector<int32_t> targets;  // seq_len; IGNORE_INDEX where no loss
 };
 
+// One sample of a pairwise dataset.
+struct Pair {
+  Sample chosen, rejected;
+};
+
 class TokenDataset {
  public:
   // Opens (and verifies) every shard. ConfigError when the options are invalid, the
-  // shards disagree on vocab_size, or no sample can be made.
+  // shards disagree on vocab_size or on being pairwise, pairwise data is asked to PACK,
+  // or no sample can be made.
   TokenDataset(const std::vector<std::string>& shard_paths, const DatasetOptions& options);
   TokenDataset(TokenData data, const DatasetOptions& options);
   ~TokenDataset();
   TokenDataset(TokenDataset&&) noexcept;
   TokenDataset& operator=(TokenDataset&&) noexcept;
 
-  size_t size() const { return index_.size(); }
+  // Samples: windows or documents, or for a pairwise dataset pairs.
+  size_t size() const { return pairwise_ ? index_.size() / 2 : index_.size(); }
   int64_t seq_len() const { return options_.seq_len; }
   int32_t vocab_size() const { return vocab_size_; }
+  // Documents (pairs, for a pairwise dataset) skipped for having no trained target.
   size_t skipped_documents() const { return skipped_; }
+  // Preference data: every sample is a (chosen, rejected) pair of rows.
+  bool pairwise() const { return pairwise_; }
+  // Rows one sample fills in a batch: 2 for a pairwise dataset, else 1.
+  int rows_per_sample() const { return pairwise_ ? 2 : 1; }
 
   // Fills inputs[0..seq_len) and targets[0..seq_len); index < size() (else InternalError).
+  // A pairwise dataset has no single-row samples: InternalError (use pair()).
   void sample(size_t index, int32_t* inputs, int32_t* targets) const;
   Sample sample(size_t index) const;
-  // Fills row r of two [indices.size(), seq_len] row-major arrays with sample indices[r].
+  // Both rows of pair `index` of a pairwise dataset (InternalError on another dataset).
+  Pair pair(size_t index) const;
+  // Fills the rows of row-major [rows_per_sample() * indices.size(), seq_len] arrays:
+  // row r with sample indices[r]; for a pairwise dataset (n = indices.size()) rows 0..n-1
+  // with the chosen sequences of indices[0..n) and rows n..2n-1 with their rejected ones,
+  // in the same order (LLaMA-Factory's PairwiseDataCollator's order).
   void batch(const std::vector<size_t>& indices, int32_t* inputs, int32_t* targets) const;
 
   struct Source;  // a shard or in-memory TokenData (dataset.cpp)
@@ -67,10 +89,12 @@ class TokenDataset {
     uint64_t length;  // tokens available (<= seq_len + 1)
   };
   void build();
+  void row(const Entry& e, int32_t* inputs, int32_t* targets) const;
 
   DatasetOptions options_;
   std::vector<std::unique_ptr<Source>> sources_;
-  std::vector<Entry> index_;
+  std::vector<Entry> index_;  // pairwise: entries 2k and 2k+1 are pair k's chosen and rejected
+  bool pairwise_ = false;
   int32_t vocab_size_ = 0;
   int32_t pad_id_ = 0;
   size_t skipped_ = 0;

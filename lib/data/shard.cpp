@@ -72,6 +72,8 @@ void shard_write(const std::string& path, const TokenData& data) {
         data.doc_starts[d]);
   }
   DT_ENFORCE(n == 0 || !data.doc_starts.empty(), ConfigError, "shard '{}': tokens without document starts", path);
+  DT_ENFORCE(!data.pairwise || data.doc_starts.size() % 2 == 0, ConfigError,
+             "shard '{}': pairwise data has {} documents, not (chosen, rejected) pairs", path, data.doc_starts.size());
   const uint32_t width = data.vocab_size <= 65536 ? 2 : 4;
 
   std::vector<uint8_t> payload(n * width + data.mask.size() + data.doc_starts.size() * 8);
@@ -94,7 +96,7 @@ void shard_write(const std::string& path, const TokenData& data) {
   put<uint32_t>(h.data() + 12, width);
   put<uint64_t>(h.data() + 16, n);
   put<uint64_t>(h.data() + 24, data.doc_starts.size());
-  put<uint32_t>(h.data() + 32, data.mask.empty() ? 0u : 1u);
+  put<uint32_t>(h.data() + 32, (data.mask.empty() ? 0u : SHARD_FLAG_MASK) | (data.pairwise ? SHARD_FLAG_PAIRWISE : 0u));
   put<int32_t>(h.data() + 36, data.vocab_size);
   put<int32_t>(h.data() + 40, data.eos_id);
   put<int32_t>(h.data() + 44, data.pad_id);
@@ -154,7 +156,12 @@ ShardReader::ShardReader(const std::string& path, bool verify) : path_(path) {
     DT_ENFORCE(width_ == 2 || width_ == 4, IoError, "token shard '{}': token width {} is not 2 or 4", path, width_);
     num_tokens_ = get<uint64_t>(h + 16);
     num_docs_ = get<uint64_t>(h + 24);
-    has_mask_ = (get<uint32_t>(h + 32) & 1u) != 0;
+    const uint32_t flags = get<uint32_t>(h + 32);
+    DT_ENFORCE((flags & ~(SHARD_FLAG_MASK | SHARD_FLAG_PAIRWISE)) == 0, IoError,
+               "token shard '{}' has header flags {:#x} this dtrain does not know (a newer dtrain wrote it?)", path,
+               flags);
+    has_mask_ = (flags & SHARD_FLAG_MASK) != 0;
+    pairwise_ = (flags & SHARD_FLAG_PAIRWISE) != 0;
     vocab_size_ = get<int32_t>(h + 36);
     eos_id_ = get<int32_t>(h + 40);
     pad_id_ = get<int32_t>(h + 44);
@@ -179,6 +186,8 @@ ShardReader::ShardReader(const std::string& path, bool verify) : path_(path) {
     for (size_t d = 1; d < num_docs_; ++d)
       DT_ENFORCE(doc_start(d) > doc_start(d - 1) && doc_start(d) < num_tokens_, IoError,
                  "token shard '{}': document {} starts at {}, out of order", path, d, doc_start(d));
+    DT_ENFORCE(!pairwise_ || num_docs_ % 2 == 0, IoError,
+               "token shard '{}' is pairwise but holds {} documents, not (chosen, rejected) pairs", path, num_docs_);
   } catch (...) {
     release();
     throw;
@@ -199,6 +208,7 @@ ShardReader& ShardReader::operator=(ShardReader&& o) noexcept {
     num_docs_ = o.num_docs_;
     width_ = o.width_;
     has_mask_ = o.has_mask_;
+    pairwise_ = o.pairwise_;
     vocab_size_ = o.vocab_size_;
     eos_id_ = o.eos_id_;
     pad_id_ = o.pad_id_;
@@ -240,6 +250,7 @@ TokenData ShardReader::to_data() const {
   d.vocab_size = vocab_size_;
   d.eos_id = eos_id_;
   d.pad_id = pad_id_;
+  d.pairwise = pairwise_;
   return d;
 }
 

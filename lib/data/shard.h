@@ -18,7 +18,9 @@ namespace dtrain::data {
 //    12  u32      token width in bytes: 2 (uint16, vocab_size <= 65536) or 4 (uint32)
 //    16  u64      number of tokens N
 //    24  u64      number of documents D
-//    32  u32      flags: bit 0 = a mask array is present
+//    32  u32      flags: bit 0 = a mask array is present; bit 1 = pairwise (preference
+//                 data): documents come in pairs, 2k the chosen and 2k+1 the rejected
+//                 sequence of pair k (D is even); other bits must be 0
 //    36  i32      vocab_size
 //    40  i32      eos id (-1 none)
 //    44  i32      pad id (-1 none)
@@ -32,6 +34,8 @@ namespace dtrain::data {
 constexpr char SHARD_MAGIC[8] = {'D', 'T', 'R', 'A', 'I', 'N', 'T', 'K'};
 constexpr uint32_t SHARD_VERSION = 1;
 constexpr size_t SHARD_HEADER_BYTES = 64;
+constexpr uint32_t SHARD_FLAG_MASK = 1u;
+constexpr uint32_t SHARD_FLAG_PAIRWISE = 2u;
 
 // Tokens of many documents laid end to end.
 struct TokenData {
@@ -41,6 +45,7 @@ struct TokenData {
   int32_t vocab_size = 0;
   int32_t eos_id = -1;
   int32_t pad_id = -1;
+  bool pairwise = false;  // documents are (chosen, rejected) pairs, as flag bit 1
   std::string name;  // where it came from (the tokenized file), for messages; not stored in shards
 
   // Appends one document; mask may be empty only while this data has no mask.
@@ -68,6 +73,7 @@ class ShardReader {
   size_t size() const { return num_tokens_; }
   size_t num_docs() const { return num_docs_; }
   bool has_mask() const { return has_mask_; }
+  bool pairwise() const { return pairwise_; }
   int32_t vocab_size() const { return vocab_size_; }
   int32_t eos_id() const { return eos_id_; }
   int32_t pad_id() const { return pad_id_; }
@@ -90,6 +96,7 @@ class ShardReader {
   size_t num_tokens_ = 0, num_docs_ = 0;
   uint32_t width_ = 4;
   bool has_mask_ = false;
+  bool pairwise_ = false;
   int32_t vocab_size_ = 0, eos_id_ = -1, pad_id_ = -1;
   const uint8_t* tokens_ = nullptr;
   const uint8_t* mask_ = nullptr;

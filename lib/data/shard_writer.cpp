@@ -72,9 +72,10 @@ void ShardWriter::Out::flush(const std::string& what) {
   buf.clear();
 }
 
-ShardWriter::ShardWriter(std::string path, int32_t vocab_size, int32_t eos_id, int32_t pad_id, bool has_mask)
+ShardWriter::ShardWriter(std::string path, int32_t vocab_size, int32_t eos_id, int32_t pad_id, bool has_mask,
+                         bool pairwise)
     : path_(std::move(path)), tmp_(path_ + ".tmp"), vocab_size_(vocab_size), eos_id_(eos_id), pad_id_(pad_id),
-      has_mask_(has_mask), width_(vocab_size <= 65536 ? 2 : 4) {
+      has_mask_(has_mask), pairwise_(pairwise), width_(vocab_size <= 65536 ? 2 : 4) {
   DT_ENFORCE(vocab_size_ > 0, ConfigError, "shard '{}': vocab_size must be positive", path_);
   // An unnamed file in OUT's directory (O_TMPFILE), named OUT.tmp only when complete: a
   // prepare killed midway (Ctrl-C on a 10 GB input) then leaves no partial OUT.tmp, and the
@@ -146,6 +147,8 @@ void ShardWriter::append(const int32_t* tokens, const uint8_t* mask, size_t n) {
 
 void ShardWriter::finish() {
   DT_ENFORCE(!done_, InternalError, "shard '{}' is already finished", path_);
+  DT_ENFORCE(!pairwise_ || num_docs_ % 2 == 0, InternalError,
+             "pairwise shard '{}' has {} documents, not (chosen, rejected) pairs", path_, num_docs_);
   main_.flush(tmp_);
   // The mask, then the document offsets, copied after the tokens; the payload checksum
   // continues over them in file order.
@@ -170,7 +173,7 @@ void ShardWriter::finish() {
   put_le<uint32_t>(h.data() + 12, width_);
   put_le<uint64_t>(h.data() + 16, num_tokens_);
   put_le<uint64_t>(h.data() + 24, num_docs_);
-  put_le<uint32_t>(h.data() + 32, has_mask_ ? 1u : 0u);
+  put_le<uint32_t>(h.data() + 32, (has_mask_ ? SHARD_FLAG_MASK : 0u) | (pairwise_ ? SHARD_FLAG_PAIRWISE : 0u));
   put_le<int32_t>(h.data() + 36, vocab_size_);
   put_le<int32_t>(h.data() + 40, eos_id_);
   put_le<int32_t>(h.data() + 44, pad_id_);

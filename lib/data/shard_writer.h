@@ -16,8 +16,10 @@ class ShardWriter {
  public:
   // Creates the file (unnamed where the file system allows O_TMPFILE, else PATH.tmp;
   // IoError when it cannot); has_mask: every document comes with a
-  // mask (SFT), or none does (plain text).
-  ShardWriter(std::string path, int32_t vocab_size, int32_t eos_id, int32_t pad_id, bool has_mask);
+  // mask (SFT), or none does (plain text); pairwise: the documents are (chosen, rejected)
+  // pairs (data/shard.h's flag bit 1), so finish() refuses an odd count.
+  ShardWriter(std::string path, int32_t vocab_size, int32_t eos_id, int32_t pad_id, bool has_mask,
+              bool pairwise = false);
   // Removes PATH.tmp unless finish() succeeded: a failed or abandoned write leaves nothing.
   ~ShardWriter();
   ShardWriter(const ShardWriter&) = delete;
@@ -47,7 +49,7 @@ class ShardWriter {
 
   std::string path_, tmp_;
   int32_t vocab_size_, eos_id_, pad_id_;
-  bool has_mask_;
+  bool has_mask_, pairwise_;
   uint32_t width_;
   Out main_, mask_, docs_;
   uint32_t crc_ = 0;  // CRC-32 of the tokens written so far, then of the whole payload

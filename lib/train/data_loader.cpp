@@ -112,7 +112,7 @@ BatchReader::BatchReader(const data::TokenDataset& dataset, int micro_batch, int
 
 int64_t BatchReader::next(std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
   const size_t T = static_cast<size_t>(ds_.seq_len());
-  inputs.resize(static_cast<size_t>(micro_) * T);
+  inputs.resize(static_cast<size_t>(ds_.rows_per_sample()) * static_cast<size_t>(micro_) * T);
   targets.resize(inputs.size());
   idx_.resize(static_cast<size_t>(micro_));
   for (auto& i : idx_) i = sampler_.next();

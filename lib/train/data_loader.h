@@ -34,14 +34,21 @@ struct TrainData {
 TrainData data_load(const config::TrainConfig& cfg, int model_vocab_size, int64_t model_max_seq_len);
 
 /// One rank's micro-batches: rows of [micro_batch, seq_len] inputs and targets drawn
-/// from the DistributedSampler (rank r reads global order entries r, r+W, ...).
+/// from the DistributedSampler (rank r reads global order entries r, r+W, ...). On a
+/// pairwise dataset micro_batch counts PAIRS and a micro-batch is 2 * micro_batch rows:
+/// the chosen sequences, then the rejected ones in the same order (TokenDataset::batch),
+/// so both sides of a pair are always in the same micro-batch.
 class BatchReader {
  public:
   BatchReader(const data::TokenDataset& dataset, int micro_batch, int rank, int world_size, uint64_t seed,
               bool shuffle);
-  /// Fills inputs/targets ([micro_batch * seq_len] each); returns the unmasked target count.
+  /// Fills inputs/targets ([rows_per_sample() * micro_batch * seq_len] each); returns the
+  /// unmasked target count of all rows.
   int64_t next(std::vector<int32_t>& inputs, std::vector<int32_t>& targets);
-  /// Optimizer steps in one epoch for `accum` micro-batches per step (at least 1).
+  /// Rows per sample: 2 on a pairwise dataset (chosen and rejected), else 1.
+  int rows_per_sample() const { return ds_.rows_per_sample(); }
+  /// Optimizer steps in one epoch for `accum` micro-batches per step (at least 1); on a
+  /// pairwise dataset the epoch is its pairs.
   int64_t steps_per_epoch(int64_t accum) const;
   /// The sampler's GLOBAL position (samples consumed by all ranks in its epoch): saved
   /// in checkpoints, valid at any world size.
@@ -50,7 +57,7 @@ class BatchReader {
   void set_position(data::SamplerPosition p) { sampler_.set_position(p); }
   const data::DistributedSampler& sampler() const { return sampler_; }
   data::DistributedSampler& sampler() { return sampler_; }
-  int micro_batch() const { return micro_; }
+  int micro_batch() const { return micro_; }  ///< samples (pairs, when pairwise) per micro-batch
 
  private:
   const data::TokenDataset& ds_;

@@ -52,25 +52,27 @@ EvalLoss eval_loss(model::Model& m, const data::TokenDataset& dataset, int batch
   std::vector<size_t> mine;
   for (size_t i = static_cast<size_t>(rank); i < n; i += static_cast<size_t>(world_size)) mine.push_back(i);
   const int T = static_cast<int>(dataset.seq_len());
+  // A pairwise dataset's sample is two rows (chosen, rejected): both are scored.
+  const int rows = dataset.rows_per_sample();
   EvalLoss out;
   std::vector<int32_t> inputs, targets;
   int made = 0;
   for (size_t b = 0; b < mine.size(); b += static_cast<size_t>(batch_size)) {
     const size_t e = std::min(mine.size(), b + static_cast<size_t>(batch_size));
     std::vector<size_t> idx(mine.begin() + static_cast<ptrdiff_t>(b), mine.begin() + static_cast<ptrdiff_t>(e));
-    inputs.resize(idx.size() * static_cast<size_t>(T));
+    inputs.resize(static_cast<size_t>(rows) * idx.size() * static_cast<size_t>(T));
     targets.resize(inputs.size());
     dataset.batch(idx, inputs.data(), targets.data());
-    const float loss = m.forward(inputs.data(), targets.data(), static_cast<int>(idx.size()), T);
+    const float loss = m.forward(inputs.data(), targets.data(), rows * static_cast<int>(idx.size()), T);
     out.loss_sum += static_cast<double>(loss) * m.num_targets();
     out.tokens += m.num_targets();
     ++made;
   }
   // Forwards that count nothing (token 0, every target masked), of the batch shape.
   if (made < forwards) {
-    inputs.assign(static_cast<size_t>(batch_size) * static_cast<size_t>(T), 0);
+    inputs.assign(static_cast<size_t>(rows * batch_size) * static_cast<size_t>(T), 0);
     targets.assign(inputs.size(), -100);
-    for (; made < forwards; ++made) m.forward(inputs.data(), targets.data(), batch_size, T);
+    for (; made < forwards; ++made) m.forward(inputs.data(), targets.data(), rows * batch_size, T);
   }
   return out;
 }

@@ -32,7 +32,9 @@ struct EvalLoss {
 /// results. The model's training flag is restored. forwards > 0: after its own batches the
 /// rank runs forwards with every target masked (they add nothing) until it has made that
 /// many, so every rank makes the same number: a ZeRO-3 model gathers each layer with a
-/// collective in forward (eval_forwards gives the count every rank needs).
+/// collective in forward (eval_forwards gives the count every rank needs). On a pairwise
+/// dataset a sample is its two rows (chosen and rejected, TokenDataset::batch), both scored:
+/// 2 * batch_size rows per forward.
 EvalLoss eval_loss(model::Model& m, const data::TokenDataset& dataset, int batch_size, size_t max_samples = 0,
                    int rank = 0, int world_size = 1, int forwards = 0);
 
