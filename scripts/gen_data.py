@@ -18,6 +18,16 @@ configs/data/basics/{train,valid}.jsonl
     answers are a few facts in several phrasings, so training records repeat; no valid
     (instruction, input) pair occurs in train. 4000 train / about 200 valid, generated
     from their own seed (BASICS_SEED) after the files above, which stay as they were.
+configs/data/preference/ (dataset_info.json, train_alpaca.json, train_sharegpt.json, valid.jsonl)
+    The preference version of the basics: LLaMA-Factory ranking datasets whose chosen
+    answer is the right one and rejected a wrong one (the other parity, a number off by
+    1-3, another letter). The first PREF_TRAIN basics train records become pairs, half
+    alpaca-shaped (instruction/input/chosen/rejected, every fifth with a system prompt)
+    in train_alpaca.json, half sharegpt-shaped (conversations ending with the question,
+    chosen/rejected gpt messages, every fifth after an earlier answered question) in
+    train_sharegpt.json; the basics valid records become valid.jsonl (alpaca-shaped, no
+    system or history), held out as they are. Wrong answers from their own seed
+    (PREF_SEED); the files above stay as they were.
 configs/data/text/{train,valid}.txt
     A plain-text pre-training corpus: paragraphs (documents separated by one blank
     line, the default of `dtrain data prepare --format text`) of templated sentences
@@ -245,6 +255,59 @@ def write(path, text):
         f.write(text)
 
 
+# ---------------------------------------------------------------------------
+# Preference pairs: the basics with a wrong answer to reject.
+
+PREF_SEED = 11
+PREF_TRAIN = 2000
+PREF_SYSTEM = "Answer with one word or number."
+
+
+def wrong_answer(rng, answer):
+    if answer in ("even", "odd"):
+        return "odd" if answer == "even" else "even"
+    if answer.isdigit():
+        v = int(answer)
+        w = v + rng.choice([-3, -2, -1, 1, 2, 3])
+        return str(w if w >= 0 else v + rng.randint(1, 3))
+    return rng.choice([c for c in "abcdefghijklmnopqrstuvwxyz" if c != answer])
+
+
+def make_preference(rng, train, valid):
+    records = train[:PREF_TRAIN]
+    half = len(records) // 2
+    alpaca, sharegpt = [], []
+    for i, r in enumerate(records[:half]):
+        p = {"instruction": r["instruction"], "input": r["input"], "chosen": r["output"],
+             "rejected": wrong_answer(rng, r["output"])}
+        if i % 5 == 4:
+            p["system"] = PREF_SYSTEM
+        alpaca.append(p)
+    question = lambda r: r["instruction"] + ("\n" + r["input"] if r["input"] else "")
+    for i, r in enumerate(records[half:]):
+        turns = []
+        if i % 5 == 4:
+            earlier = records[half + i - 1]
+            turns += [{"from": "human", "value": question(earlier)}, {"from": "gpt", "value": earlier["output"]}]
+        turns.append({"from": "human", "value": question(r)})
+        sharegpt.append({"conversations": turns, "chosen": {"from": "gpt", "value": r["output"]},
+                         "rejected": {"from": "gpt", "value": wrong_answer(rng, r["output"])}})
+    held_out = [{"instruction": r["instruction"], "input": r["input"], "chosen": r["output"],
+                 "rejected": wrong_answer(rng, r["output"])} for r in valid]
+    info = {
+        "basics_pref_alpaca": {"file_name": "train_alpaca.json", "ranking": True,
+                               "columns": {"prompt": "instruction", "query": "input", "chosen": "chosen",
+                                           "rejected": "rejected", "system": "system"}},
+        "basics_pref_sharegpt": {"file_name": "train_sharegpt.json", "formatting": "sharegpt", "ranking": True,
+                                 "columns": {"messages": "conversations", "chosen": "chosen",
+                                             "rejected": "rejected"}},
+        "basics_pref_valid": {"file_name": "valid.jsonl", "ranking": True,
+                              "columns": {"prompt": "instruction", "query": "input", "chosen": "chosen",
+                                          "rejected": "rejected"}},
+    }
+    return info, alpaca, sharegpt, held_out
+
+
 def main():
     root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "data")
     rng = random.Random(SEED)
@@ -258,6 +321,12 @@ def main():
     basics_train, basics_valid = make_basics(random.Random(BASICS_SEED), N_TRAIN, N_VALID, BASICS_TASKS)
     write(os.path.join(root, "basics", "train.jsonl"), dump(basics_train))
     write(os.path.join(root, "basics", "valid.jsonl"), dump(basics_valid))
+    info, alpaca, sharegpt, held_out = make_preference(random.Random(PREF_SEED), basics_train, basics_valid)
+    pretty = lambda v: json.dumps(v, ensure_ascii=False, indent=2) + "\n"
+    write(os.path.join(root, "preference", "dataset_info.json"), pretty(info))
+    write(os.path.join(root, "preference", "train_alpaca.json"), pretty(alpaca))
+    write(os.path.join(root, "preference", "train_sharegpt.json"), pretty(sharegpt))
+    write(os.path.join(root, "preference", "valid.jsonl"), dump(held_out))
 
 
 if __name__ == "__main__":

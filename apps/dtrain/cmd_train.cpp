@@ -122,8 +122,9 @@ int run_data_prepare(const DataPrepareArgs& a) {
   opts.force = a.force;
   const data::DataPrepareStats s =
       data::data_prepare(a.input, data::data_format_parse(a.format), a.tokenizer, a.output, opts);
-  std::printf("wrote %s: %zu documents, %zu tokens, %zu trained\n", a.output.c_str(), s.documents, s.tokens,
-              s.trained_tokens);
+  const std::string pairs = s.pairwise ? " (" + std::to_string(s.documents / 2) + " chosen/rejected pairs)" : "";
+  std::printf("wrote %s: %zu documents%s, %zu tokens, %zu trained\n", a.output.c_str(), s.documents, pairs.c_str(),
+              s.tokens, s.trained_tokens);
   return 0;
 }
 

@@ -85,11 +85,13 @@ void add_job_options(CLI::App* cmd, JobOptions& o, bool config_required) {
                   "fails the probe or elastic.max_node_failures rounds in a row is left out while MIN remain, and "
                   "rejoins at a checkpoint (sets elastic.min_nodes and elastic.max_nodes)")
       ->type_name("MIN:MAX");
-  cmd->add_option("--num-gpus,--num_gpus", o.num_gpus, "use the first N slots of each host")->check(int_at_least("--num-gpus", 1));
+  cmd->add_option("--num-gpus,--num_gpus", o.num_gpus, "use the first N slots of each host")
+      ->check(int_at_least("--num-gpus", 1));
   cmd->add_option("--nproc-per-node,--nproc_per_node", o.nproc_per_node,
                   "ranks on localhost when no hostfile is given (default: visible GPUs, else 1)")
       ->check(int_at_least("--nproc-per-node", 1));
-  cmd->add_option("--master-addr,--master_addr", o.master_addr, "address the nodes use to reach this launcher's rendezvous");
+  cmd->add_option("--master-addr,--master_addr", o.master_addr,
+                  "address the nodes use to reach this launcher's rendezvous");
   cmd->add_option("--master-port,--master_port", o.master_port, "rendezvous port (0 = pick a free one)")
       ->check(int_in_range("--master-port", 0, 65535, "0 = pick a free port"));
   cmd->add_option("--launcher", o.launcher,
@@ -403,22 +405,26 @@ void add_data(CLI::App& app, Commands& out) {
   auto dp = std::make_shared<dtrain::cli::DataPrepareArgs>();
   auto* data = app.add_subcommand("data", "dataset tools");
   data->require_subcommand(1);
-  auto* cmd =
-      data->add_subcommand("prepare", "tokenize plain text, SFT JSONL or LLaMA-Factory datasets into a token shard");
+  auto* cmd = data->add_subcommand(
+      "prepare", "tokenize plain text, SFT or preference JSONL, or LLaMA-Factory datasets into a token shard");
   cmd->add_option("INPUT", dp->input, "text file or JSONL; with --dataset, the dataset_dir holding dataset_info.json")
       ->required()
       ->check(existing(PathKind::ANY));
   cmd->add_option("OUTPUT", dp->output, "token shard to write (an existing file only if it is a token shard)")
       ->required();
   cmd->add_flag("--force", dp->force, "replace an existing OUTPUT that is not a token shard (never an input)");
-  cmd->add_option("--format", dp->format, "text, alpaca, chat or sft (alpaca or chat per line)")->capture_default_str();
+  cmd->add_option("--format", dp->format,
+                  "text, alpaca, chat, sft (alpaca or chat per line) or pairwise (preference records with chosen and "
+                  "rejected: a shard of (chosen, rejected) pairs)")
+      ->capture_default_str();
   cmd->add_option("--tokenizer", dp->tokenizer, "byte, or a Hugging Face tokenizer.json")->capture_default_str();
   cmd->add_option("--dataset", dp->dataset,
-                  "LLaMA-Factory dataset names of INPUT/dataset_info.json, comma-separated (concatenated in order)");
+                  "LLaMA-Factory dataset names of INPUT/dataset_info.json, comma-separated (concatenated in order; "
+                  "\"ranking\": true ones make a pairwise shard)");
   cmd->add_option("--template", dp->template_name,
                   "SFT chat template: plain alpaca chatml qwen qwen3 llama3 llama2 mistral, or auto (data.template)")
       ->capture_default_str();
-  cmd->add_flag("--train-on-prompt", dp->train_on_prompt, "SFT: every token trains, not only the answers");
+  cmd->add_flag("--train-on-prompt", dp->train_on_prompt, "SFT and pairs: every token trains, not only the answers");
   cmd->add_option("--threads", dp->threads,
                   "tokenizing threads (0: one per core); the shard is the same for any number")
       ->capture_default_str()
@@ -429,7 +435,9 @@ void add_data(CLI::App& app, Commands& out) {
   cmd->footer(
       "Examples:\n  dtrain data prepare configs/data/tasks/train.jsonl /tmp/tasks.bin --format alpaca\n"
       "  dtrain data prepare data/ /tmp/sft.bin --dataset alpaca_en,glaive --template llama3 --tokenizer "
-      "models/llama3/tokenizer.json");
+      "models/llama3/tokenizer.json\n"
+      "  dtrain data prepare configs/data/preference /tmp/pref.bin --dataset basics_pref_alpaca,basics_pref_sharegpt "
+      "--template chatml");
   out.push_back({cmd, [dp] { return dtrain::cli::run_data_prepare(*dp); }});
 }
 

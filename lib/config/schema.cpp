@@ -243,10 +243,12 @@ const std::vector<KeySpec>& build_schema() {
        .help = "validation data path; \"\" = none"},
       {.path = "data.format", .type = KeyType::ENUM, .field = F(data.format),
        .help = "text (plain text), alpaca (JSONL instruction/input/output), chat (JSONL messages), "
-               "tokens (pre-tokenized shards); auto = told from the file's first records (a token shard or a "
-               "directory: tokens; JSON records: alpaca or chat by their keys, an error when they are neither; "
-               "else text), and the dry run says which",
-       .allowed = {"auto", "text", "alpaca", "chat", "tokens"}},
+               "pairwise (JSONL preference records: a prompt with chosen and rejected answers, alpaca- or "
+               "sharegpt-shaped), tokens (pre-tokenized shards); auto = told from the file's first records (a token "
+               "shard or a directory: tokens; JSON records: pairwise when they have chosen and rejected, else "
+               "alpaca or chat by their keys, an error when they are none of these; else text), and the dry run "
+               "says which",
+       .allowed = {"auto", "text", "alpaca", "chat", "pairwise", "tokens"}},
       {.path = "data.tokenizer", .type = KeyType::STRING, .field = F(data.tokenizer),
        .help = "path to a HF tokenizer.json, or \"byte\" (256 byte tokens + specials); not given with "
                "model.init_from: that directory's tokenizer.json when it has one"},
@@ -269,7 +271,9 @@ const std::vector<KeySpec>& build_schema() {
        .help = "SFT: train on the prompt tokens too (LLaMA-Factory's train_on_prompt); false = only the assistant "
                "turns"},
       {.path = "data.pack", .type = KeyType::BOOL, .field = F(data.pack),
-       .help = "pack several examples into one sequence"},
+       .help = "pack several examples into one sequence; false = one example per sequence, padded. Pairwise "
+               "(preference) data is never packed: true with it is an error",
+       .derived = "true, except for pairwise data (false)"},
       {.path = "data.shuffle", .type = KeyType::BOOL, .field = F(data.shuffle),
        .help = "shuffle examples each epoch (seeded)"},
 

@@ -1,5 +1,5 @@
-// LLaMA-Factory's dataset_info.json, alpaca and sharegpt records read into SFT records
-// (data/llamafactory.h), with the line each record starts on for errors.
+// LLaMA-Factory's dataset_info.json, alpaca and sharegpt records read into SFT records or
+// preference pairs (data/llamafactory.h), with the line each record starts on for errors.
 #include "data/llamafactory.h"
 
 #include "core/check.h"
@@ -107,9 +107,8 @@ Entry entry_parse(const json& info, const std::string& name, const fs::path& dir
                "{}: \"{}\": dtrain reads local files only (it downloads nothing); download the data and give "
                "\"file_name\"",
                where, remote);
-  DT_ENFORCE(!e.value("ranking", false), ConfigError,
-             "{}: \"ranking\": true is a preference dataset (DPO/RM), which dtrain does not train; use an SFT dataset",
-             where);
+  DT_ENFORCE(!e.contains("ranking") || e["ranking"].is_boolean(), ConfigError,
+             "{}: \"ranking\" must be true (a preference dataset) or false", where);
   DT_ENFORCE(e.contains("file_name") && e["file_name"].is_string(), ConfigError,
              "{}: \"file_name\" (a string, the dataset's file in the dataset_dir) is required", where);
   Entry out;
@@ -125,6 +124,7 @@ Entry entry_parse(const json& info, const std::string& name, const fs::path& dir
   DT_ENFORCE(formatting == "alpaca" || formatting == "sharegpt", ConfigError,
              "{}: \"formatting\" '{}' is not alpaca or sharegpt", where, formatting);
   out.sharegpt = formatting == "sharegpt";
+  out.ranking = e.value("ranking", false);
   auto mapping = [&](const char* section, std::initializer_list<std::pair<const char*, std::string*>> keys,
                      std::initializer_list<const char*> refused) {
     if (!e.contains(section)) return;
@@ -132,8 +132,7 @@ Entry entry_parse(const json& info, const std::string& name, const fs::path& dir
     DT_ENFORCE(m.is_object(), ConfigError, "{}: \"{}\" must be an object of names", where, section);
     for (const auto& [k, v] : m.items()) {
       for (const char* r : refused)
-        DT_ENFORCE(k != r, ConfigError, "{}: \"{}\".\"{}\": {} data is not supported by dtrain's SFT", where, section,
-                   k, k);
+        DT_ENFORCE(k != r, ConfigError, "{}: \"{}\".\"{}\": {} data is not supported by dtrain", where, section, k, k);
       DT_ENFORCE(v.is_string(), ConfigError, "{}: \"{}\".\"{}\" must be a string", where, section, k);
       bool known = false;
       for (const auto& [name2, field] : keys)
@@ -151,8 +150,10 @@ Entry entry_parse(const json& info, const std::string& name, const fs::path& dir
            {"history", &out.history},
            {"messages", &out.messages},
            {"system", &out.system},
-           {"tools", &out.tools}},
-          {"images", "videos", "audios", "chosen", "rejected", "kto_tag"});
+           {"tools", &out.tools},
+           {"chosen", &out.chosen},
+           {"rejected", &out.rejected}},
+          {"images", "videos", "audios", "kto_tag"});
   mapping("tags",
           {{"role_tag", &out.role},
            {"content_tag", &out.content},
@@ -188,12 +189,11 @@ void check_tools(const json& j, const Entry& e, const std::string& where) {
              where, e.tools);
 }
 
-SftRecord alpaca_record(const json& j, const Entry& e, const std::string& where) {
-  SftRecord rec;
-  rec.source = where;
+// The alpaca prompt: system, history turns, then prompt + "\n" + query as the user turn.
+void alpaca_prompt(const json& j, const Entry& e, const std::string& where, std::vector<SftMessage>& out) {
   check_tools(j, e, where);
   const std::string system = e.system.empty() ? std::string() : column(j, e.system, false, where, "system");
-  if (!system.empty()) rec.messages.push_back({SftRole::SYSTEM, system, ""});
+  if (!system.empty()) out.push_back({SftRole::SYSTEM, system, ""});
   if (!e.history.empty() && j.contains(e.history) && !j[e.history].is_null()) {
     const json& h = j[e.history];
     DT_ENFORCE(h.is_array(), ConfigError, "{}: \"{}\" (the history column) must be a list of [prompt, response] pairs",
@@ -202,21 +202,29 @@ SftRecord alpaca_record(const json& j, const Entry& e, const std::string& where)
       const json& pair = h[k];
       DT_ENFORCE(pair.is_array() && pair.size() == 2 && pair[0].is_string() && pair[1].is_string(), ConfigError,
                  "{}: \"{}\"[{}] must be a [prompt, response] pair of strings", where, e.history, k);
-      rec.messages.push_back({SftRole::USER, pair[0].get<std::string>(), ""});
-      rec.messages.push_back({SftRole::ASSISTANT, pair[1].get<std::string>(), ""});
+      out.push_back({SftRole::USER, pair[0].get<std::string>(), ""});
+      out.push_back({SftRole::ASSISTANT, pair[1].get<std::string>(), ""});
     }
   }
   std::string prompt = column(j, e.prompt, true, where, "prompt");
   const std::string query = column(j, e.query, false, where, "query");
   if (!query.empty()) prompt += "\n" + query;  // LLaMA-Factory's "instruction\ninput"
-  rec.messages.push_back({SftRole::USER, prompt, ""});
+  out.push_back({SftRole::USER, prompt, ""});
+}
+
+SftRecord alpaca_record(const json& j, const Entry& e, const std::string& where) {
+  SftRecord rec;
+  rec.source = where;
+  alpaca_prompt(j, e, where, rec.messages);
   rec.messages.push_back({SftRole::ASSISTANT, column(j, e.response, true, where, "response"), ""});
   return rec;
 }
 
-SftRecord sharegpt_record(const json& j, const Entry& e, const std::string& where) {
-  SftRecord rec;
-  rec.source = where;
+// The sharegpt turns of the messages column (a first system message becomes the system
+// turn); they alternate user/observation and assistant/function and end with an answer,
+// or for a preference record (ranking) with a user turn.
+void sharegpt_turns(const json& j, const Entry& e, const std::string& where, bool ranking,
+                    std::vector<SftMessage>& out) {
   check_tools(j, e, where);
   DT_ENFORCE(j.contains(e.messages) && j[e.messages].is_array() && !j[e.messages].empty(), ConfigError,
              "{}: \"{}\" (the messages column) must be a non-empty list of {{\"{}\", \"{}\"}} objects", where,
@@ -235,7 +243,7 @@ SftRecord sharegpt_record(const json& j, const Entry& e, const std::string& wher
     system = field(0, e.content);  // overrides the system column, as LLaMA-Factory does
     first = 1;
   }
-  if (!system.empty()) rec.messages.push_back({SftRole::SYSTEM, system, ""});
+  if (!system.empty()) out.push_back({SftRole::SYSTEM, system, ""});
   for (size_t k = first; k < msgs.size(); ++k) {
     const std::string role = field(k, e.role);
     const std::string content = field(k, e.content);
@@ -255,17 +263,82 @@ SftRecord sharegpt_record(const json& j, const Entry& e, const std::string& wher
                where, e.messages, k, e.role, role,
                user_turn ? e.user + "/" + e.observation : e.assistant + "/" + e.function, e.user, e.observation,
                e.assistant, e.function, e.system_tag);
-    rec.messages.push_back({is_user ? SftRole::USER : SftRole::ASSISTANT, content, ""});
+    out.push_back({is_user ? SftRole::USER : SftRole::ASSISTANT, content, ""});
+  }
+  if (ranking) {
+    DT_ENFORCE(msgs.size() > first && (msgs.size() - first) % 2 == 1, ConfigError,
+               "{}: \"{}\" ends with a {} turn (or holds only the system message): a preference record's turns end "
+               "with the question ({}/{}), answered by its \"{}\" and \"{}\" messages",
+               where, e.messages, e.assistant, e.user, e.observation, e.chosen, e.rejected);
+    return;
   }
   DT_ENFORCE(msgs.size() > first && (msgs.size() - first) % 2 == 0, ConfigError,
              "{}: \"{}\" ends with a {} turn (or holds only the system message): it must end with an answer ({}/{}) "
              "to train on",
              where, e.messages, e.user, e.assistant, e.function);
+}
+
+SftRecord sharegpt_record(const json& j, const Entry& e, const std::string& where) {
+  SftRecord rec;
+  rec.source = where;
+  sharegpt_turns(j, e, where, false, rec.messages);
   return rec;
 }
 
-SftRecord record_parse(const Entry& e, std::string_view rec_text, size_t line, size_t index) {
-  const std::string where = fmt::format("{}:{}: record {} of dataset '{}'", e.file, line, index, e.name);
+// A sharegpt preference answer: a message object whose role is an answer's.
+std::string sharegpt_answer(const json& j, const Entry& e, const std::string& key, const char* which,
+                            const std::string& where) {
+  DT_ENFORCE(j.contains(key) && j[key].is_object(), ConfigError,
+             "{}: \"{}\" (the {} column) must be a message object {{\"{}\": \"{}\", \"{}\": ...}}, got {}", where, key,
+             which, e.role, e.assistant, e.content, j.contains(key) ? j[key].type_name() : "nothing");
+  const json& m = j[key];
+  DT_ENFORCE(m.contains(e.role) && m[e.role].is_string() && m.contains(e.content) && m[e.content].is_string(),
+             ConfigError, "{}: \"{}\": needs \"{}\" and \"{}\" strings", where, key, e.role, e.content);
+  const std::string role = m[e.role].get<std::string>();
+  DT_ENFORCE(role == e.assistant || role == e.function, ConfigError,
+             "{}: \"{}\".\"{}\" is '{}': the {} answer must be a {}/{} message", where, key, e.role, role, which,
+             e.assistant, e.function);
+  return m[e.content].get<std::string>();
+}
+
+// A plain pairwise file's record picks its shape by its keys (LlamaFactoryEntry::plain).
+Entry plain_shape(const json& j, const Entry& plain) {
+  Entry e;
+  e.file = plain.file;
+  e.plain = true;
+  e.ranking = true;
+  if (j.contains("conversations")) {
+    e.sharegpt = true;
+  } else if (j.contains("messages")) {
+    e.sharegpt = true;
+    e.messages = "messages";
+    e.role = "role";
+    e.content = "content";
+    e.user = "user";
+    e.assistant = "assistant";
+    e.system_tag = "system";
+  }
+  e.system = "system";
+  if (!e.sharegpt) e.history = "history";
+  return e;
+}
+
+PairRecord pair_record(const json& j, const Entry& e, const std::string& where) {
+  PairRecord rec;
+  rec.source = where;
+  if (e.sharegpt) {
+    sharegpt_turns(j, e, where, true, rec.prompt);
+    rec.chosen = sharegpt_answer(j, e, e.chosen, "chosen", where);
+    rec.rejected = sharegpt_answer(j, e, e.rejected, "rejected", where);
+    return rec;
+  }
+  alpaca_prompt(j, e, where, rec.prompt);
+  rec.chosen = column(j, e.chosen, true, where, "chosen");
+  rec.rejected = column(j, e.rejected, true, where, "rejected");
+  return rec;
+}
+
+json record_json(std::string_view rec_text, const std::string& where) {
   json j;
   try {
     j = json::parse(rec_text);
@@ -273,7 +346,26 @@ SftRecord record_parse(const Entry& e, std::string_view rec_text, size_t line, s
     DT_THROW(ConfigError, "{}: invalid JSON: {}", where, err.what());
   }
   DT_ENFORCE(j.is_object(), ConfigError, "{}: a record must be a JSON object, got {}", where, j.type_name());
+  return j;
+}
+
+std::string record_where(const Entry& e, size_t line, size_t index) {
+  if (e.plain) return fmt::format("{}:{}", e.file, line);
+  return fmt::format("{}:{}: record {} of dataset '{}'", e.file, line, index, e.name);
+}
+
+SftRecord record_parse(const Entry& e, std::string_view rec_text, size_t line, size_t index) {
+  const std::string where = record_where(e, line, index);
+  DT_ENFORCE(!e.ranking, InternalError, "{}: a preference dataset's record read as SFT", where);
+  const json j = record_json(rec_text, where);
   return e.sharegpt ? sharegpt_record(j, e, where) : alpaca_record(j, e, where);
+}
+
+PairRecord pair_parse(const Entry& e, std::string_view rec_text, size_t line, size_t index) {
+  const std::string where = record_where(e, line, index);
+  DT_ENFORCE(e.ranking, InternalError, "{}: an SFT dataset's record read as a preference pair", where);
+  const json j = record_json(rec_text, where);
+  return pair_record(j, e.plain ? plain_shape(j, e) : e, where);
 }
 
 bool is_jsonl(const Entry& e) {
@@ -285,11 +377,12 @@ bool is_jsonl(const Entry& e) {
   return false;
 }
 
-void load_entry(const Entry& e, std::vector<SftRecord>& out) {
+template <class Rec, class Parse>
+void load_entry(const Entry& e, std::vector<Rec>& out, Parse parse) {
   const std::string& file = e.file;
   const std::string text = input_file_read(e.file, "LLaMA-Factory dataset", kInputAnySize);
   size_t index = 0;
-  auto one = [&](std::string_view rec_text, size_t line) { out.push_back(record_parse(e, rec_text, line, index++)); };
+  auto one = [&](std::string_view rec_text, size_t line) { out.push_back(parse(e, rec_text, line, index++)); };
   if (is_jsonl(e)) {
     std::istringstream in(text);
     std::string line;
@@ -303,6 +396,39 @@ void load_entry(const Entry& e, std::vector<SftRecord>& out) {
     json_array_elements(text, file, one);
   }
   DT_ENFORCE(index > 0, ConfigError, "{}: dataset '{}' holds no records", file, e.name);
+}
+
+// The datasets' records, concatenated or mixed by weight (llamafactory_load).
+template <class Rec, class Parse>
+std::vector<Rec> load_mixed(const std::vector<LlamaFactoryEntry>& entries, const std::string& names,
+                            const std::vector<double>& mix, Parse parse) {
+  DT_ENFORCE(mix.empty() || mix.size() == entries.size(), ConfigError,
+             "data.mix has {} weights for {} datasets ({}): give one weight per dataset, or none to concatenate them",
+             mix.size(), entries.size(), names);
+  std::vector<std::vector<Rec>> sets;
+  size_t total = 0;
+  for (const LlamaFactoryEntry& e : entries) {
+    sets.emplace_back();
+    load_entry(e, sets.back(), parse);
+    total += sets.back().size();
+  }
+  std::vector<Rec> out;
+  if (mix.empty()) {
+    for (auto& s : sets) std::move(s.begin(), s.end(), std::back_inserter(out));
+    return out;
+  }
+  double sum = 0;
+  for (double w : mix) {
+    DT_ENFORCE(std::isfinite(w) && w >= 0, ConfigError, "data.mix: weight {} is not a number >= 0", w);
+    sum += w;
+  }
+  DT_ENFORCE(sum > 0, ConfigError, "data.mix: the weights add up to 0; give at least one positive weight");
+  for (size_t i = 0; i < sets.size(); ++i) {
+    const auto n = static_cast<size_t>(std::llround(static_cast<double>(total) * mix[i] / sum));
+    for (size_t k = 0; k < n; ++k) out.push_back(sets[i][k % sets[i].size()]);
+  }
+  DT_ENFORCE(!out.empty(), ConfigError, "data.mix leaves no records to train on");
+  return out;
 }
 
 }  // namespace
@@ -339,11 +465,24 @@ std::vector<LlamaFactoryEntry> llamafactory_entries(const std::string& dataset_d
     input_file_check(out.back().file, "LLaMA-Factory dataset");
     is_jsonl(out.back());
   }
+  std::string pairs, sft;
+  for (const LlamaFactoryEntry& e : out) {
+    std::string& kind = e.ranking ? pairs : sft;
+    kind += (kind.empty() ? "" : ", ") + e.name;
+  }
+  DT_ENFORCE(pairs.empty() || sft.empty(), ConfigError,
+             "{}: data.dataset mixes preference datasets (\"ranking\": true: {}) with SFT datasets ({}); one run "
+             "trains one kind: name only one kind",
+             info_path.string(), pairs, sft);
   return out;
 }
 
 SftRecord llamafactory_record(const LlamaFactoryEntry& entry, std::string_view text, size_t line, size_t index) {
   return record_parse(entry, text, line, index);
+}
+
+PairRecord llamafactory_pair_record(const LlamaFactoryEntry& entry, std::string_view text, size_t line, size_t index) {
+  return pair_parse(entry, text, line, index);
 }
 
 void llamafactory_json_elements(const std::string& text, const std::string& file,
@@ -354,33 +493,25 @@ void llamafactory_json_elements(const std::string& text, const std::string& file
 std::vector<SftRecord> llamafactory_load(const std::string& dataset_dir, const std::string& names,
                                          const std::vector<double>& mix) {
   const std::vector<LlamaFactoryEntry> entries = llamafactory_entries(dataset_dir, names);
-  DT_ENFORCE(mix.empty() || mix.size() == entries.size(), ConfigError,
-             "data.mix has {} weights for {} datasets ({}): give one weight per dataset, or none to concatenate them",
-             mix.size(), entries.size(), names);
-  std::vector<std::vector<SftRecord>> sets;
-  size_t total = 0;
-  for (const LlamaFactoryEntry& e : entries) {
-    sets.emplace_back();
-    load_entry(e, sets.back());
-    total += sets.back().size();
-  }
-  std::vector<SftRecord> out;
-  if (mix.empty()) {
-    for (auto& s : sets) std::move(s.begin(), s.end(), std::back_inserter(out));
-    return out;
-  }
-  double sum = 0;
-  for (double w : mix) {
-    DT_ENFORCE(std::isfinite(w) && w >= 0, ConfigError, "data.mix: weight {} is not a number >= 0", w);
-    sum += w;
-  }
-  DT_ENFORCE(sum > 0, ConfigError, "data.mix: the weights add up to 0; give at least one positive weight");
-  for (size_t i = 0; i < sets.size(); ++i) {
-    const auto n = static_cast<size_t>(std::llround(static_cast<double>(total) * mix[i] / sum));
-    for (size_t k = 0; k < n; ++k) out.push_back(sets[i][k % sets[i].size()]);
-  }
-  DT_ENFORCE(!out.empty(), ConfigError, "data.mix leaves no records to train on");
-  return out;
+  DT_ENFORCE(!entries[0].ranking, ConfigError,
+             "data.dataset {}: \"ranking\": true datasets hold preference pairs (chosen/rejected), which an SFT run "
+             "does not train: set training.stage: dpo, or name SFT datasets",
+             names);
+  return load_mixed<SftRecord>(entries, names, mix, record_parse);
+}
+
+std::vector<PairRecord> llamafactory_load_pairs(const std::string& dataset_dir, const std::string& names,
+                                                const std::vector<double>& mix) {
+  const std::vector<LlamaFactoryEntry> entries = llamafactory_entries(dataset_dir, names);
+  DT_ENFORCE(entries[0].ranking, ConfigError,
+             "data.dataset {}: these are SFT datasets; preference training needs datasets with \"ranking\": true "
+             "(chosen/rejected columns) in dataset_info.json",
+             names);
+  return load_mixed<PairRecord>(entries, names, mix, pair_parse);
+}
+
+bool llamafactory_ranking(const std::string& dataset_dir, const std::string& names) {
+  return llamafactory_entries(dataset_dir, names)[0].ranking;
 }
 
 }  // namespace dtrain::data

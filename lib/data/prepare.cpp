@@ -6,6 +6,7 @@
 #include "core/log.h"
 #include "core/input_file.h"
 #include "data/llamafactory.h"
+#include "data/pairwise.h"
 #include "data/prepare_stream.h"
 #include "data/shard_writer.h"
 
@@ -28,7 +29,8 @@ DataFormat data_format_parse(std::string_view name) {
   if (name == "alpaca") return DataFormat::ALPACA;
   if (name == "chat") return DataFormat::CHAT;
   if (name == "sft") return DataFormat::SFT;
-  DT_THROW(ConfigError, "unknown data format '{}' (use text, alpaca, chat or sft)", name);
+  if (name == "pairwise") return DataFormat::PAIRWISE;
+  DT_THROW(ConfigError, "unknown data format '{}' (use text, alpaca, chat, sft or pairwise)", name);
 }
 
 // ----------------------------------------------------------------------------
@@ -36,9 +38,10 @@ DataFormat data_format_parse(std::string_view name) {
 
 namespace {
 
-// The SFT kind of one JSON object ("alpaca", "chat"), or "" when it is neither.
+// The kind of one JSON object ("pairwise", "alpaca", "chat"), or "" when it is none.
 std::string record_kind(const nlohmann::json& j) {
   if (!j.is_object()) return "";
+  if (j.contains("chosen") && j.contains("rejected")) return "pairwise";
   if (j.contains("messages") || j.contains("conversations")) return "chat";
   if (j.contains("instruction") || (j.contains("output") && j.contains("input"))) return "alpaca";
   return "";
@@ -54,7 +57,7 @@ std::string keys_of(const nlohmann::json& j) {
 }  // namespace
 
 DataFormatGuess data_format_detect(const std::string& path) {
-  const std::string set_it = "set data.format (text, alpaca, chat or tokens)";
+  const std::string set_it = "set data.format (text, alpaca, chat, pairwise or tokens)";
   if (input_dir_problem(path).empty()) return {"tokens", "a directory (of token shards)"};
   InputFile f = input_file_open(path, "data file");
   std::string head(64 * 1024, '\0');
@@ -67,8 +70,9 @@ DataFormatGuess data_format_detect(const std::string& path) {
   head.resize(static_cast<size_t>(std::max<ssize_t>(got, 0)));
   if (head.size() >= 8 && std::memcmp(head.data(), SHARD_MAGIC, 8) == 0) return {"tokens", "a dtrain token shard"};
   if (head.find('\0') != std::string::npos)
-    DT_THROW(ConfigError, "data file '{}': binary data, neither a token shard nor text, so its format cannot be told: {}",
-             path, set_it);
+    DT_THROW(ConfigError,
+             "data file '{}': binary data, neither a token shard nor text, so its format cannot be told: {}", path,
+             set_it);
   const size_t first = head.find_first_not_of(" \t\r\n");
   if (first == std::string::npos || (head[first] != '{' && head[first] != '['))
     return {"text", "its first line is not a JSON record"};
@@ -102,10 +106,14 @@ DataFormatGuess data_format_detect(const std::string& path) {
       ++records;
     }
   } else {
-    const bool chat = head.find("\"messages\"") != std::string::npos || head.find("\"conversations\"") != std::string::npos;
+    const bool chat =
+        head.find("\"messages\"") != std::string::npos || head.find("\"conversations\"") != std::string::npos;
     const bool alpaca = head.find("\"instruction\"") != std::string::npos;
-    if (chat) kinds.insert("chat");
-    if (alpaca) kinds.insert("alpaca");
+    const bool pairwise =
+        head.find("\"chosen\"") != std::string::npos && head.find("\"rejected\"") != std::string::npos;
+    if (pairwise) kinds.insert("pairwise");
+    else if (chat) kinds.insert("chat");
+    if (!pairwise && alpaca) kinds.insert("alpaca");
     if (kinds.empty()) unknown = "a JSON array whose records name neither instruction nor messages";
   }
   if (!unknown.empty() || kinds.empty())
@@ -114,6 +122,12 @@ DataFormatGuess data_format_detect(const std::string& path) {
              "instruction/input/output, chat records messages; {} (data.format text would train the JSON "
              "itself as plain text)",
              path, unknown.empty() ? "no complete record in its first 64 KiB" : unknown, set_it);
+  if (kinds.count("pairwise") && kinds.size() > 1)
+    DT_THROW(ConfigError,
+             "data file '{}' mixes preference records (chosen/rejected) with SFT records ({}); one file holds one "
+             "kind: split it",
+             path, *kinds.begin() == "pairwise" ? *kinds.rbegin() : *kinds.begin());
+  if (kinds.count("pairwise")) return {"pairwise", "its records have chosen/rejected"};
   if (kinds.size() == 2) return {"sft", "its records are alpaca (instruction/output) and chat (messages)"};
   if (*kinds.begin() == "chat") return {"chat", "its records have messages"};
   return {"alpaca", "its records have instruction/input/output"};
@@ -126,6 +140,7 @@ TokenData data_tokenize(const std::string& input, DataFormat format, const Token
   data.vocab_size = tokenizer.vocab_size();
   data.eos_id = tokenizer.eos_id();
   data.pad_id = tokenizer.pad_id();
+  data.pairwise = format == DataFormat::PAIRWISE;
   data_tokenize_stream(input, format, tokenizer, options, [&](const TokenPiece& p) {
     size_t at = data.tokens.size();
     for (size_t len : p.doc_tokens) {
@@ -150,6 +165,24 @@ TokenData data_tokenize_records(const std::vector<SftRecord>& records, const std
   for (const SftRecord& rec : records) {
     SftTokens t = sft_render(rec, tokenizer, tmpl, options.add_bos, options.train_on_prompt);
     data.append(t.tokens, t.mask);
+  }
+  DT_ENFORCE(!data.tokens.empty(), ConfigError, "'{}' holds no records: nothing to tokenize", name);
+  return data;
+}
+
+TokenData data_tokenize_pairs(const std::vector<PairRecord>& records, const std::string& name,
+                              const Tokenizer& tokenizer, const DataPrepareOptions& options) {
+  TokenData data;
+  data.name = name;
+  data.vocab_size = tokenizer.vocab_size();
+  data.eos_id = tokenizer.eos_id();
+  data.pad_id = tokenizer.pad_id();
+  data.pairwise = true;
+  const SftTemplate tmpl = sft_template_parse(options.sft_template, &tokenizer);
+  for (const PairRecord& rec : records) {
+    const PairTokens t = pair_render(rec, tokenizer, tmpl, options.add_bos, options.train_on_prompt);
+    data.append(t.chosen.tokens, t.chosen.mask);
+    data.append(t.rejected.tokens, t.rejected.mask);
   }
   DT_ENFORCE(!data.tokens.empty(), ConfigError, "'{}' holds no records: nothing to tokenize", name);
   return data;
@@ -215,10 +248,14 @@ DataPrepareStats data_prepare(const std::string& input, DataFormat format, const
     if (::stat(inputs[i].c_str(), &st) == 0) total += static_cast<size_t>(st.st_size);
   }
   // The input's own problems (missing, a directory) before the output is created.
-  if (entries.empty()) input_file_check(input, format == DataFormat::TEXT ? "text data" : "SFT data");
+  if (entries.empty())
+    input_file_check(input, format == DataFormat::TEXT       ? "text data"
+                            : format == DataFormat::PAIRWISE ? "pairwise data"
+                                                             : "SFT data");
+  const bool pairwise = entries.empty() ? format == DataFormat::PAIRWISE : entries[0].ranking;
   // Leaves no file behind unless finish() completes, whichever step throws.
   ShardWriter out(target.target, tok->vocab_size(), tok->eos_id(), tok->pad_id(),
-                  !entries.empty() || format != DataFormat::TEXT);
+                  !entries.empty() || format != DataFormat::TEXT, pairwise);
   size_t done = 0;
   auto sink = [&](const TokenPiece& p) {
     const int32_t* t = p.tokens.data();
@@ -245,6 +282,7 @@ DataPrepareStats data_prepare(const std::string& input, DataFormat format, const
   if (target.exists) ::chmod(target.target.c_str(), static_cast<mode_t>(target.mode));  // the replaced file's mode
   DataPrepareStats s;
   s.documents = out.documents();
+  s.pairwise = pairwise;
   s.tokens = out.tokens();
   s.trained_tokens = out.trained_tokens();
   s.input_bytes = done;
@@ -252,11 +290,11 @@ DataPrepareStats data_prepare(const std::string& input, DataFormat format, const
   s.threads = data_prepare_threads(options);
   const std::string what = entries.empty() ? input : input + " [" + options.dataset + "]";
   log_info(
-      "data prepare: {} -> {} ({} documents, {} tokens, {} trained, tokenizer {}; {:.1f} MB in {:.1f} s, {:.1f} MB/s, "
+      "data prepare: {} -> {} ({} documents{}, {} tokens, {} trained, tokenizer {}; {:.1f} MB in {:.1f} s, {:.1f} MB/s, "
       "{:.0f} tokens/s, {} threads)",
-      what, output, s.documents, s.tokens, s.trained_tokens, tok->name(), s.input_bytes / 1e6, s.seconds,
-      s.input_bytes / 1e6 / std::max(s.seconds, 1e-9), static_cast<double>(s.tokens) / std::max(s.seconds, 1e-9),
-      s.threads);
+      what, output, s.documents, pairwise ? fmt::format(" = {} pairs", s.documents / 2) : std::string(), s.tokens,
+      s.trained_tokens, tok->name(), s.input_bytes / 1e6, s.seconds, s.input_bytes / 1e6 / std::max(s.seconds, 1e-9),
+      static_cast<double>(s.tokens) / std::max(s.seconds, 1e-9), s.threads);
   return s;
 }
 

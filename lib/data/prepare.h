@@ -18,15 +18,19 @@ namespace dtrain::data {
 // ALPACA / CHAT / SFT: SFT JSONL (data/sft.h), rendered with the template; the shard holds
 // the response mask and one document per record.
 // SFT: either SFT form, decided per line (a line with "messages" is chat).
-enum class DataFormat { TEXT, ALPACA, CHAT, SFT };
+// PAIRWISE: preference JSONL (data/pairwise.h), alpaca- or sharegpt-shaped per line; each
+// record becomes two documents, chosen then rejected, and the data is pairwise
+// (TokenData::pairwise, the shard's pairwise flag).
+enum class DataFormat { TEXT, ALPACA, CHAT, SFT, PAIRWISE };
 
-// "text" | "alpaca" | "chat" | "sft"; ConfigError otherwise.
+// "text" | "alpaca" | "chat" | "sft" | "pairwise"; ConfigError otherwise.
 DataFormat data_format_parse(std::string_view name);
 
 // What data.format a file holds when the config does not say, from its first bytes and
-// records: "tokens" (a token shard, or a directory of them), "alpaca" (JSON records with
-// instruction/output), "chat" (JSON records with messages or conversations), "sft" (both
-// kinds) or "text" (anything else that is UTF-8 text). `evidence` says why, for the dry
+// records: "tokens" (a token shard, or a directory of them), "pairwise" (JSON records with
+// chosen and rejected), "alpaca" (JSON records with instruction/output), "chat" (JSON
+// records with messages or conversations), "sft" (both kinds) or "text" (anything else
+// that is UTF-8 text). Preference records mixed with SFT ones are a ConfigError. `evidence` says why, for the dry
 // run and the ranks' log. ConfigError naming the file when it cannot tell (JSON records
 // of neither kind, binary data) and saying to set data.format.
 struct DataFormatGuess {
@@ -60,6 +64,7 @@ struct DataPrepareOptions {
 
 struct DataPrepareStats {
   size_t documents = 0;
+  bool pairwise = false;  // documents are (chosen, rejected) pairs: documents / 2 of them
   size_t tokens = 0;
   size_t trained_tokens = 0;  // tokens whose mask is true
   size_t input_bytes = 0;
@@ -75,6 +80,10 @@ TokenData data_tokenize(const std::string& input, DataFormat format, const Token
 // labels the data in shard metadata and errors.
 TokenData data_tokenize_records(const std::vector<SftRecord>& records, const std::string& name,
                                 const Tokenizer& tokenizer, const DataPrepareOptions& options = {});
+// The same for preference pairs (data/pairwise.h's pair_render): pairwise data, each pair
+// two documents (chosen, rejected).
+TokenData data_tokenize_pairs(const std::vector<PairRecord>& records, const std::string& name,
+                              const Tokenizer& tokenizer, const DataPrepareOptions& options = {});
 
 // Tokenizes `input` with the tokenizer named by tokenizer_spec ("byte" or a
 // tokenizer.json path) and writes the shard `output` as it goes (data/shard_writer.h):

@@ -6,6 +6,7 @@
 #include "core/check.h"
 #include "core/input_file.h"
 #include "data/llamafactory.h"
+#include "data/pairwise.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -209,20 +210,35 @@ void chunk_tokenize(const Chunk& chunk, const Context& c, TokenPiece& p) {
     const SftTokens t = sft_render(rec, *c.tokenizer, c.tmpl, c.options->add_bos, c.options->train_on_prompt);
     piece_add(p, t.tokens, &t.mask);
   };
+  // A pair is two documents, chosen then rejected; neither is ever empty (each side ends
+  // with its answer's end of turn), so the pairing holds.
+  auto render_pair = [&](const PairRecord& rec) {
+    const PairTokens t = pair_render(rec, *c.tokenizer, c.tmpl, c.options->add_bos, c.options->train_on_prompt);
+    DT_ENFORCE(!t.chosen.tokens.empty() && !t.rejected.tokens.empty(), InternalError, "{}: an empty side of a pair",
+               rec.source);
+    piece_add(p, t.chosen.tokens, &t.chosen.mask);
+    piece_add(p, t.rejected.tokens, &t.rejected.mask);
+  };
   if (!c.entry) {
     for_each_line(chunk.bytes, chunk.first_line, [&](std::string_view line, size_t line_no) {
-      if (!blank(line)) render(sft_parse_line(line, c.sft_format, c.input, line_no));
+      if (blank(line)) return;
+      if (c.format == DataFormat::PAIRWISE) render_pair(pair_parse_line(line, c.input, line_no));
+      else render(sft_parse_line(line, c.sft_format, c.input, line_no));
     });
     return;
   }
+  auto one = [&](std::string_view text, size_t line, size_t index) {
+    if (c.entry->ranking) render_pair(llamafactory_pair_record(*c.entry, text, line, index));
+    else render(llamafactory_record(*c.entry, text, line, index));
+  };
   size_t index = chunk.first_record;
   if (!chunk.records.empty()) {
     for (const Record& r : chunk.records)
-      render(llamafactory_record(*c.entry, std::string_view(chunk.bytes).substr(r.offset, r.length), r.line, index++));
+      one(std::string_view(chunk.bytes).substr(r.offset, r.length), r.line, index++);
     return;
   }
   for_each_line(chunk.bytes, chunk.first_line, [&](std::string_view line, size_t line_no) {
-    if (!blank_lf(line)) render(llamafactory_record(*c.entry, line, line_no, index++));
+    if (!blank_lf(line)) one(line, line_no, index++);
   });
 }
 
@@ -384,7 +400,8 @@ void data_tokenize_stream(const std::string& input, DataFormat format, const Tok
                      : format == DataFormat::ALPACA ? SftFormat::ALPACA
                                                     : SftFormat::AUTO;
   }
-  ChunkReader reader(input, text ? "text data" : "SFT data", options.chunk_bytes, text && !options.text_line_per_doc);
+  const char* what = text ? "text data" : format == DataFormat::PAIRWISE ? "pairwise data" : "SFT data";
+  ChunkReader reader(input, what, options.chunk_bytes, text && !options.text_line_per_doc);
   chunks_run(
       ctx, data_prepare_threads(options), [&](Chunk& c) { return reader.next(c); }, sink);
 }

@@ -30,7 +30,8 @@ void data_tokenize_stream(const std::string& input, DataFormat format, const Tok
                           const DataPrepareOptions& options, const std::function<void(const TokenPiece&)>& sink);
 
 // The records of LLaMA-Factory datasets (data/llamafactory.h's entries), one dataset after
-// the other (as llamafactory_load without mix weights), rendered with options.sft_template.
+// the other (as llamafactory_load without mix weights), rendered with options.sft_template;
+// a "ranking": true entry's records as pairs (two documents each, data/pairwise.h).
 // .jsonl files stream as above; a .json array is read whole (one JSON value), its records
 // tokenized in chunks. TokenPiece::input_end counts the bytes of the datasets so far.
 void data_tokenize_stream_llamafactory(const std::vector<LlamaFactoryEntry>& entries, const Tokenizer& tokenizer,

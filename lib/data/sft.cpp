@@ -44,6 +44,10 @@ SftRecord sft_parse_line(std::string_view line, SftFormat format, const std::str
     DT_THROW(ConfigError, "{}: invalid JSON at column {}: {}", where, e.byte, e.what());
   }
   if (!j.is_object()) DT_THROW(ConfigError, "{}: each line must be a JSON object, got {}", where, j.type_name());
+  DT_ENFORCE(!(j.contains("chosen") && j.contains("rejected")), ConfigError,
+             "{}: a preference record (chosen/rejected), not an SFT one: it is read as data.format pairwise (`dtrain "
+             "data prepare --format pairwise`), which training.stage dpo trains",
+             where);
   bool chat = format == SftFormat::CHAT || (format == SftFormat::AUTO && j.contains("messages"));
   SftRecord rec;
   rec.source = where;

@@ -1,5 +1,6 @@
 // SFT records: Alpaca ({instruction, input, output}) and chat ({messages: [{role,
-// content}]}) JSONL lines parsed into a list of messages (data/chat_template.h renders them).
+// content}]}) JSONL lines parsed into a list of messages (data/chat_template.h renders them);
+// and preference records, one prompt with a chosen and a rejected answer (data/pairwise.h).
 #pragma once
 
 #include <cstddef>
@@ -24,6 +25,23 @@ struct SftMessage {
 struct SftRecord {
   std::vector<SftMessage> messages;
   std::string source;  // "file:line" for errors; "" when not from a file
+};
+
+// A preference pair: the conversation up to the answer (ending with a user turn) and two
+// answers to it, the better (chosen) and the worse (rejected).
+struct PairRecord {
+  std::vector<SftMessage> prompt;
+  std::string chosen, rejected;
+  std::string source;  // "file:line" for errors
+
+  // The prompt followed by the chosen (or rejected) answer as an assistant turn.
+  SftRecord side(bool chosen_side) const {
+    SftRecord r;
+    r.messages = prompt;
+    r.messages.push_back({SftRole::ASSISTANT, chosen_side ? chosen : rejected, {}});
+    r.source = source;
+    return r;
+  }
 };
 
 // AUTO takes each line as chat when it has "messages", else as Alpaca.

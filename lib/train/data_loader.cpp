@@ -1,55 +1,97 @@
-// Tokenizes the configured data in memory (or opens token shards) and hands each rank
-// its micro-batches in sampler order.
+// Tokenizes the configured data in memory (or opens token shards), SFT/text or
+// preference pairs, and hands each rank its micro-batches in sampler order.
 #include "train/data_loader.h"
 
 #include "core/check.h"
 #include "core/log.h"
 #include "data/llamafactory.h"
 #include "data/prepare.h"
+#include "data/shard.h"
 
 #include <algorithm>
 #include <filesystem>
+#include <utility>
 
 namespace dtrain::train {
 
 namespace fs = std::filesystem;
 
 // ----------------------------------------------------------------------------
-data::TokenDataset dataset_load(const std::string& path, const config::DataConfig& dcfg,
-                                const data::Tokenizer& tokenizer, int64_t seq_len) {
-  data::DatasetOptions opts;
-  opts.seq_len = seq_len;
-  opts.mode = dcfg.pack ? data::SampleMode::PACK : data::SampleMode::PAD;
+namespace {
+
+// What a data path holds, before anything is tokenized.
+struct DataKind {
+  std::string format;    // data.format, told from the file when "auto"; "" for LLaMA-Factory datasets
+  std::string evidence;  // why, when told from the file
+  bool llamafactory = false;
+  bool pairwise = false;
+  std::vector<std::string> shards;  // format "tokens"
+};
+
+DataKind data_kind(const std::string& path, const config::DataConfig& dcfg) {
   DT_ENFORCE(dcfg.dataset.empty() || dcfg.format != "tokens", ConfigError,
-             "data.dataset names LLaMA-Factory SFT datasets, but data.format is tokens (pre-tokenized shards): drop "
-             "one of them");
-  // data.format not given: the file's records say (LLaMA-Factory datasets carry their own).
-  std::string format = dcfg.format;
-  if (format == "auto" && (dcfg.dataset.empty() || path != dcfg.train)) {
-    const data::DataFormatGuess guess = data::data_format_detect(path);
-    log_info("data: {} read as data.format {} ({}; data.format not given)", path, guess.name, guess.evidence);
-    format = guess.name;
+             "data.dataset names LLaMA-Factory datasets, but data.format is tokens (pre-tokenized shards): drop one "
+             "of them");
+  DataKind k;
+  k.llamafactory = !dcfg.dataset.empty() && path == dcfg.train;
+  if (k.llamafactory) {
+    // LLaMA-Factory: data.train is the dataset_dir, data.dataset its dataset names; the
+    // entries say whether they are preference ("ranking": true) datasets.
+    k.pairwise = data::llamafactory_ranking(path, dcfg.dataset);
+    return k;
   }
-  if (format == "tokens") {
-    std::vector<std::string> shards;
+  k.format = dcfg.format;
+  if (k.format == "auto") {
+    // data.format not given: the file's records say.
+    const data::DataFormatGuess guess = data::data_format_detect(path);
+    k.format = guess.name;
+    k.evidence = guess.evidence;
+  }
+  if (k.format == "tokens") {
     std::error_code ec;  // a link loop or a missing path: the shard's open names it
     if (fs::is_directory(path, ec)) {
       for (const auto& e : fs::directory_iterator(path, ec)) {
         std::error_code entry_ec;
-        if (e.is_regular_file(entry_ec)) shards.push_back(e.path().string());
+        if (e.is_regular_file(entry_ec)) k.shards.push_back(e.path().string());
       }
-      std::sort(shards.begin(), shards.end());
-      DT_ENFORCE(!shards.empty(), ConfigError, "data: directory {} holds no token shards", path);
+      std::sort(k.shards.begin(), k.shards.end());
+      DT_ENFORCE(!k.shards.empty(), ConfigError, "data: directory {} holds no token shards", path);
     } else {
-      shards.push_back(path);
+      k.shards.push_back(path);
     }
-    return data::TokenDataset(shards, opts);
+    // The header says (TokenDataset checks that every shard agrees).
+    k.pairwise = data::ShardReader(k.shards[0], false).pairwise();
+    return k;
   }
+  k.pairwise = k.format == "pairwise";
+  return k;
+}
+
+// data.pack: packed unless it says not to; pairwise data is never packed.
+data::SampleMode sample_mode(const std::string& path, const config::DataConfig& dcfg, bool pairwise) {
+  if (!pairwise) return dcfg.pack.value_or(true) ? data::SampleMode::PACK : data::SampleMode::PAD;
+  DT_ENFORCE(!dcfg.pack.value_or(false), ConfigError,
+             "data.pack: true, but {} holds pairwise (preference) data, which is one (chosen, rejected) pair per "
+             "sample and never packed: set data.pack: false or leave it out",
+             path);
+  return data::SampleMode::PAD;
+}
+
+}  // namespace
+
+data::TokenDataset dataset_load(const std::string& path, const config::DataConfig& dcfg,
+                                const data::Tokenizer& tokenizer, int64_t seq_len) {
+  const DataKind kind = data_kind(path, dcfg);
+  if (!kind.evidence.empty())
+    log_info("data: {} read as data.format {} ({}; data.format not given)", path, kind.format, kind.evidence);
+  data::DatasetOptions opts;
+  opts.seq_len = seq_len;
+  opts.mode = sample_mode(path, dcfg, kind.pairwise);
+  if (kind.format == "tokens") return data::TokenDataset(kind.shards, opts);
   data::DataPrepareOptions popts;
   popts.sft_template = dcfg.template_name;
   popts.train_on_prompt = dcfg.train_on_prompt;
-  if (!dcfg.dataset.empty() && path == dcfg.train) {
-    // LLaMA-Factory: data.train is the dataset_dir, data.dataset its dataset names.
+  if (kind.llamafactory) {
     std::vector<double> mix;
     for (const std::string& w : dcfg.mix) {
       size_t used = 0;
@@ -63,15 +105,18 @@ data::TokenDataset dataset_load(const std::string& path, const config::DataConfi
                  w);
       mix.push_back(v);
     }
-    data::TokenData td = data::data_tokenize_records(data::llamafactory_load(path, dcfg.dataset, mix),
-                                                     path + " [" + dcfg.dataset + "]", tokenizer, popts);
+    const std::string name = path + " [" + dcfg.dataset + "]";
+    data::TokenData td =
+        kind.pairwise
+            ? data::data_tokenize_pairs(data::llamafactory_load_pairs(path, dcfg.dataset, mix), name, tokenizer, popts)
+            : data::data_tokenize_records(data::llamafactory_load(path, dcfg.dataset, mix), name, tokenizer, popts);
     return data::TokenDataset(std::move(td), opts);
   }
   // data.mix weighs data.dataset's datasets; data.valid beside them is a plain data file
   // (data.format), which the mix does not apply to.
   DT_ENFORCE(dcfg.mix.empty() || !dcfg.dataset.empty(), ConfigError,
              "data.mix weights the datasets of data.dataset, which is not set: set data.dataset or remove data.mix");
-  data::TokenData td = data::data_tokenize(path, data::data_format_parse(format), tokenizer, popts);
+  data::TokenData td = data::data_tokenize(path, data::data_format_parse(kind.format), tokenizer, popts);
   return data::TokenDataset(std::move(td), opts);
 }
 
@@ -90,6 +135,24 @@ TrainData data_load(const config::TrainConfig& cfg, int model_vocab_size, int64_
              cfg.source, seq_len);
   DT_ENFORCE(seq_len <= model_max_seq_len, ConfigError, "{}: data.seq_len {} exceeds the model's max_seq_len {}",
              cfg.source, seq_len, model_max_seq_len);
+  // The objective and the data must agree, told before anything is tokenized: training.stage
+  // sft trains SFT or text data, dpo preference pairs.
+  const bool dpo = cfg.training.stage == "dpo";
+  for (const auto& [key, path] : {std::pair{"data.train", d.train}, std::pair{"data.valid", d.valid}}) {
+    if (path.empty()) continue;
+    const bool pairwise = data_kind(path, d).pairwise;
+    DT_ENFORCE(!pairwise || dpo, ConfigError,
+               "{}: {} {} holds pairwise (preference) data, chosen/rejected pairs, which training.stage {} does not "
+               "train: set training.stage: dpo, or give SFT data",
+               cfg.source, key,
+               path + (key == std::string("data.train") && !d.dataset.empty() ? " [" + d.dataset + "]" : ""),
+               cfg.training.stage);
+    DT_ENFORCE(pairwise || !dpo || key != std::string("data.train"), ConfigError,
+               "{}: training.stage dpo trains on pairwise (preference) data, but data.train {} holds SFT or text data: "
+               "give LLaMA-Factory datasets with \"ranking\": true, JSONL records with chosen and rejected "
+               "(data.format pairwise), or shards `dtrain data prepare` made of them",
+               cfg.source, path + (d.dataset.empty() ? "" : " [" + d.dataset + "]"));
+  }
   out.train = std::make_unique<data::TokenDataset>(dataset_load(d.train, d, *out.tokenizer, seq_len));
   DT_ENFORCE(out.train->vocab_size() <= model_vocab_size, ConfigError,
              "{}: data {} uses vocab_size {} but model.vocab_size is {}", cfg.source, d.train, out.train->vocab_size(),

@@ -1,6 +1,6 @@
-// The training data of a config: the tokenizer, the train/valid TokenDatasets (SFT or
-// text tokenized in memory at start, or token shards when data.format is "tokens") and
-// the per-rank micro-batch reader over a DistributedSampler.
+// The training data of a config: the tokenizer, the train/valid TokenDatasets (SFT, text
+// or preference pairs tokenized in memory at start, or token shards when data.format is
+// "tokens") and the per-rank micro-batch reader over a DistributedSampler.
 #pragma once
 
 #include "config/train_config.h"
@@ -15,10 +15,13 @@
 
 namespace dtrain::train {
 
-/// Reads one dataset path the way data.format says: "text" / "alpaca" / "chat" are
-/// tokenized in memory with `tokenizer` (SFT through data.template); "tokens" reads a
-/// token shard, or every regular file of a directory (sorted by name) as shards.
-/// Samples are seq_len long, packed (data.pack) or one record per sample.
+/// Reads one dataset path the way data.format says: "text" / "alpaca" / "chat" /
+/// "pairwise" are tokenized in memory with `tokenizer` (SFT and pairs through
+/// data.template); "tokens" reads a token shard, or every regular file of a directory
+/// (sorted by name) as shards; with data.dataset, data.train is LLaMA-Factory's
+/// dataset_dir ("ranking": true datasets are pairwise). Samples are seq_len long, packed
+/// (data.pack) or one record per sample; pairwise data is one pair per sample, never
+/// packed (data.pack: true with it is a ConfigError).
 data::TokenDataset dataset_load(const std::string& path, const config::DataConfig& dcfg,
                                 const data::Tokenizer& tokenizer, int64_t seq_len);
 
@@ -30,7 +33,8 @@ struct TrainData {
 
 /// Loads the tokenizer and both datasets of cfg.data. seq_len = data.seq_len (else the
 /// model's max_seq_len passed in). ConfigError when the tokenizer or the data use ids
-/// outside [0, model_vocab_size).
+/// outside [0, model_vocab_size), when training.stage sft is given pairwise (preference)
+/// data (data.train or data.valid), or training.stage dpo a data.train that is not pairwise.
 TrainData data_load(const config::TrainConfig& cfg, int model_vocab_size, int64_t model_max_seq_len);
 
 /// One rank's micro-batches: rows of [micro_batch, seq_len] inputs and targets drawn

@@ -187,7 +187,9 @@ TEST_CASE("dataset_info.json entries dtrain cannot read are refused by name") {
   };
   expect(kInfo, "nope", "no dataset named 'nope' (data.dataset); it has: alpaca_renamed, alpaca_sys, oai, sg");
   expect({{"x", {{"hf_hub_url", "a/b"}}}}, "x", "\"hf_hub_url\": dtrain reads local files only");
-  expect({{"x", {{"file_name", "alpaca.json"}, {"ranking", true}}}}, "x", "preference dataset");
+  // A preference dataset is read as pairs (data/pairwise.h), not as SFT records.
+  expect({{"x", {{"file_name", "alpaca.json"}, {"ranking", true}}}}, "x",
+         "\"ranking\": true datasets hold preference pairs (chosen/rejected), which an SFT run does not train");
   expect({{"x", {{"file_name", "alpaca.json"}, {"formatting", "openai"}}}}, "x", "\"formatting\" 'openai'");
   expect({{"x", {{"file_name", "alpaca.json"}, {"columns", {{"images", "images"}}}}}}, "x",
          "\"columns\".\"images\": images data is not supported");

@@ -1,9 +1,14 @@
 // data_load: the datasets of a config. data.mix weighs the LLaMA-Factory datasets of
 // data.dataset and only those: a data.valid file beside them loads as a plain data file
 // (issue 43, item 13), while data.mix without data.dataset stays an error naming both keys.
-// BatchReader over preference pairs: both sides of a pair in one micro-batch, ranks disjoint.
+// Preference pairs: LLaMA-Factory ranking datasets, pairwise files and shards load for
+// training.stage dpo (never packed), while sft on pairs and dpo on SFT data are refused by
+// name; BatchReader over pairs keeps both sides of a pair in one micro-batch, ranks disjoint.
 #include "config/train_config.h"
 #include "data/dataset.h"
+#include "data/llamafactory.h"
+#include "data/prepare.h"
+#include "data/shard.h"
 #include "core/error.h"
 #include "train/data_loader.h"
 
@@ -136,4 +141,90 @@ TEST_CASE("BatchReader on pairs: micro_batch counts pairs, 2x rows, both sides t
   std::vector<int> both;
   std::set_intersection(seen[0].begin(), seen[0].end(), seen[1].begin(), seen[1].end(), std::back_inserter(both));
   CHECK(both.empty());
+}
+
+// ----------------------------------------------------------------------------
+// data_load on preference data: the stage and the data must agree
+
+namespace {
+
+// A LLaMA-Factory dataset_dir with a ranking dataset and an SFT one, and a plain pairwise
+// JSONL file for data.valid.
+void write_pref_dir(const TempDir& d) {
+  d.write("dataset_info.json", R"({"p": {"file_name": "p.json", "ranking": true}, "a": {"file_name": "a.jsonl"}})");
+  d.write("p.json", R"([{"instruction": "Add 1 and 2.", "input": "", "chosen": "3", "rejected": "4"},
+                        {"instruction": "Add 2 and 2.", "input": "", "chosen": "4", "rejected": "5"},
+                        {"instruction": "Say hi.", "input": "", "chosen": "hi", "rejected": "bye"}])");
+  d.write("a.jsonl", "{\"instruction\": \"Say hi.\", \"input\": \"\", \"output\": \"hi\"}\n");
+  d.write("valid.jsonl",
+          "{\"instruction\": \"Add 3 and 3.\", \"input\": \"\", \"chosen\": \"6\", \"rejected\": \"7\"}\n");
+}
+
+// A config whose data.format is left to detection; stage set after loading (the config's
+// validation is another module's).
+config::TrainConfig load_auto(const std::vector<std::string>& sets, const std::string& stage) {
+  std::vector<std::string> all = {"data.format=auto"};
+  all.insert(all.end(), sets.begin(), sets.end());
+  config::TrainConfig cfg = load(all);
+  cfg.training.stage = stage;
+  return cfg;
+}
+
+}  // namespace
+
+TEST_CASE("data_load: preference pairs for training.stage dpo, never packed; the stage and the data must agree") {
+  TempDir dir("data-loader-pref");
+  write_pref_dir(dir);
+  const std::string train = dir.path.string(), valid = (dir.path / "valid.jsonl").string();
+
+  const TrainData d =
+      data_load(load_auto({"data.train=" + train, "data.dataset=p", "data.valid=" + valid}, "dpo"), 264, 64);
+  REQUIRE(d.train != nullptr);
+  CHECK(d.train->pairwise());
+  CHECK(d.train->size() == 3);
+  REQUIRE(d.valid != nullptr);
+  CHECK(d.valid->pairwise());
+  CHECK(d.valid->size() == 1);
+
+  // data.pack: true with pairs names the key; false is what pairs are anyway.
+  CHECK_THROWS_WITH_AS(
+      data_load(load_auto({"data.train=" + train, "data.dataset=p", "data.pack=true"}, "dpo"), 264, 64),
+      doctest::Contains(("data.pack: true, but " + train + " holds pairwise (preference) data").c_str()), ConfigError);
+  CHECK(data_load(load_auto({"data.train=" + train, "data.dataset=p", "data.pack=false"}, "dpo"), 264, 64)
+            .train->pairwise());
+
+  // sft on pairs (data.train or data.valid), dpo on SFT data: refused, naming the key and the stage.
+  CHECK_THROWS_WITH_AS(data_load(load_auto({"data.train=" + train, "data.dataset=p"}, "sft"), 264, 64),
+                       doctest::Contains(("data.train " + train +
+                                          " [p] holds pairwise (preference) data, chosen/rejected "
+                                          "pairs, which training.stage sft does not train")
+                                             .c_str()),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(
+      data_load(load_auto({"data.train=" + train, "data.dataset=a", "data.valid=" + valid}, "sft"), 264, 64),
+      doctest::Contains(("data.valid " + valid + " holds pairwise (preference) data").c_str()), ConfigError);
+  CHECK_THROWS_WITH_AS(data_load(load_auto({"data.train=" + train, "data.dataset=a"}, "dpo"), 264, 64),
+                       doctest::Contains(("training.stage dpo trains on pairwise (preference) data, but data.train " +
+                                          train + " [a] holds SFT or text data")
+                                             .c_str()),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(data_load(load_auto({"data.train=configs/data/tasks/valid.jsonl"}, "dpo"), 264, 64),
+                       doctest::Contains("configs/data/tasks/valid.jsonl holds SFT or text data"), ConfigError);
+  // A plain pairwise file as data.train, told by its records.
+  const TrainData f = data_load(load_auto({"data.train=" + valid}, "dpo"), 264, 64);
+  CHECK(f.train->pairwise());
+
+  // Pairwise shards: data.format tokens gives the same pairs, and the same refusals.
+  data::TokenData td = data::data_tokenize_pairs(data::llamafactory_load_pairs(train, "p"), "p", data::ByteTokenizer());
+  const std::string shard = (dir.path / "p.bin").string();
+  data::shard_write(shard, td);
+  const TrainData s = data_load(load_auto({"data.train=" + shard, "data.format=tokens"}, "dpo"), 264, 64);
+  REQUIRE(s.train->size() == d.train->size());
+  for (size_t k = 0; k < s.train->size(); ++k) {
+    CHECK(s.train->pair(k).chosen.inputs == d.train->pair(k).chosen.inputs);
+    CHECK(s.train->pair(k).rejected.targets == d.train->pair(k).rejected.targets);
+  }
+  CHECK_THROWS_WITH_AS(data_load(load_auto({"data.train=" + shard}, "sft"), 264, 64),
+                       doctest::Contains(("data.train " + shard + " holds pairwise (preference) data").c_str()),
+                       ConfigError);
 }
