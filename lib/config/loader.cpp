@@ -416,6 +416,25 @@ IntText parse_int(std::string_view s) {
   return {IntText::OK, static_cast<int64_t>(*d)};
 }
 
+// Values of another trainer (LLaMA-Factory) that dtrain knows and does not build: refused
+// by name rather than answered with the nearest spelling (ppo is not a typo of dpo).
+const char* enum_not_built(std::string_view path, std::string_view value) {
+  static const struct {
+    const char *path, *value, *what;
+  } kNotBuilt[] = {
+      {"training.stage", "pt", "LLaMA-Factory's pre-training stage (dtrain pre-trains with stage sft on text data)"},
+      {"training.stage", "rm", "LLaMA-Factory's reward-model stage"},
+      {"training.stage", "ppo", "LLaMA-Factory's PPO stage (RLHF against a reward model)"},
+      {"training.stage", "kto", "LLaMA-Factory's KTO stage"},
+      {"training.pref_loss", "hinge", "the hinge preference loss"},
+      {"training.pref_loss", "ipo", "the IPO preference loss"},
+      {"training.pref_loss", "kto_pair", "the paired KTO loss"},
+  };
+  for (const auto& e : kNotBuilt)
+    if (path == e.path && value == e.value) return e.what;
+  return nullptr;
+}
+
 struct Converter {
   const KeySpec& spec;
   const std::string& origin;
@@ -426,6 +445,9 @@ struct Converter {
       got = fmt::format("the quoted string \"{}\" (write it without quotes)", n.Scalar().substr(0, 80));
     std::string hint;
     if (spec.type == KeyType::ENUM && n.IsScalar()) {
+      if (const char* why = enum_not_built(spec.path, n.Scalar()))
+        DT_THROW(ConfigError, "{}: {}: '{}' is {}, which dtrain does not train; it trains {}", origin, spec.path,
+                 n.Scalar(), why, fmt::join(spec.allowed, ", "));
       std::string s = key_suggest(n.Scalar(), spec.allowed);
       if (!s.empty()) hint = fmt::format("; did you mean {}?", s);
     }

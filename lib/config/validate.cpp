@@ -362,10 +362,12 @@ void validate(const TrainConfig& cfg, const Origins& o, std::vector<std::string>
              "{}: training.epochs: both training.max_steps (at {}) and training.epochs are given; keep one",
              o.at("training.epochs"), o.at("training.max_steps"));
 
-  // Until the preference trainer lands (issue 47) a dpo stage is refused, never trained as SFT.
-  if (cfg.training.stage == "dpo")
-    DT_THROW(ConfigError, "{}: training.stage: dpo is not trained by this build yet; use stage sft",
-             o.at("training.stage"));
+  if (cfg.training.pref_reference == "adapters_off" && cfg.lora.r == 0 && cfg.training.stage == "dpo" &&
+      cfg.training.pref_loss == "sigmoid")
+    DT_THROW(ConfigError,
+             "{}: training.pref_reference: adapters_off needs LoRA (lora.r > 0): without adapters there is no base "
+             "model to switch back to; use precomputed (or auto)",
+             o.at("training.pref_reference"));
   validate_model(cfg, o);
   warn_zero_switches(cfg, o, warnings);
   validate_lora(cfg, o, warnings);

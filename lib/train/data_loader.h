@@ -62,6 +62,9 @@ class BatchReader {
   const data::DistributedSampler& sampler() const { return sampler_; }
   data::DistributedSampler& sampler() { return sampler_; }
   int micro_batch() const { return micro_; }  ///< samples (pairs, when pairwise) per micro-batch
+  /// The dataset indices (samples, or pairs) of the last micro-batch next() filled, in row
+  /// order: a preference step looks its precomputed reference sums up by them.
+  const std::vector<size_t>& last_indices() const { return idx_; }
 
  private:
   const data::TokenDataset& ds_;

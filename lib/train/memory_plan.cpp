@@ -89,7 +89,9 @@ MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
   // The CPU's bf16/fp16 keeps exact fp32 masters of the frozen buffers too.
   if (p.mixed && !p.cuda && st < 3) p.optim_bytes += 4 * (st == 0 ? frozen : frozen / W);
   const double T = cfg.data.seq_len ? static_cast<double>(*cfg.data.seq_len) : static_cast<double>(mc.max_seq_len);
-  const double N = static_cast<double>(std::max<int64_t>(1, cfg.resolved_micro_batch_size)) * T;
+  // A preference micro-batch of n pairs runs 2n rows (chosen and rejected).
+  const double rows = cfg.training.stage == "dpo" ? 2.0 : 1.0;
+  const double N = rows * static_cast<double>(std::max<int64_t>(1, cfg.resolved_micro_batch_size)) * T;
   const double g = static_cast<double>(std::max<int64_t>(1, cfg.resolved_grad_accum_steps));
   const double es = p.cuda && p.mixed ? 2 : 4, L = mc.n_layer, C = mc.d_model, F = mc.d_ff, V = mc.vocab_size;
   // Per layer the residual, two norms, the attention output and the MLP's hidden values,

@@ -21,6 +21,7 @@
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/model_factory.h"
+#include "train/preference_pass.h"
 #include "train/progress_publish.h"
 #include "train/train_step.h"
 #include "train/zero_engine.h"
@@ -164,6 +165,8 @@ class TrainLoop {
   void record(int64_t step, const StepOutcome& out);
   void progress_log(int64_t step, const StepOutcome& out);
   void evaluate(int64_t step);
+  void pref_evaluate_valid(int64_t step);
+  void reference_prepare();
   void save(int64_t step);
   bool stop_requested(int64_t step);
   RankTimes rank_times_take(double interval_s, int64_t steps);
@@ -195,6 +198,11 @@ class TrainLoop {
   std::string config_yaml_;
   std::vector<std::vector<int32_t>> inputs_, targets_;
   std::vector<int64_t> counts_;
+  // training.stage dpo: the objective, and with a precomputed reference its table (pair i's
+  // chosen at 2i, rejected at 2i + 1) and each micro-batch's share of it.
+  std::optional<PrefOptions> pref_;
+  std::vector<float> ref_table_;
+  std::vector<std::vector<double>> ref_batch_;
   StepTimer timer_;
   Stopwatch run_clock_, interval_clock_;
   int64_t interval_steps_ = 0;
@@ -248,7 +256,11 @@ TrainLoop::TrainLoop(const config::TrainConfig& cfg, const TrainerEnv& env)
   DT_ENFORCE_GT(total_steps_, 0, ConfigError, "{}: training.max_steps", cfg.source);
   sched_ = lr_schedule_create(schedule_config(cfg, total_steps_), static_cast<float>(cfg.optimizer.lr));
   TrainStepOptions so;
-  so.micro_batch = micro_;
+  so.micro_batch = micro_ * data_.train->rows_per_sample();
+  if (cfg.training.stage == "dpo") {
+    pref_ = pref_options_from(cfg, built.lora_on());
+    so.preference = pref_;
+  }
   so.grad_accum = accum_;
   so.seq_len = T_;
   if (cfg.fp16.enabled) so.loss_scaler = loss_scaler_config_from(cfg.fp16);
@@ -258,12 +270,13 @@ TrainLoop::TrainLoop(const config::TrainConfig& cfg, const TrainerEnv& env)
   step_ = std::make_unique<TrainStep>(*model_, host_model_.get(), comm_, zopts_, so);
   so.deferred_weights = {};  // closes init_from's files: the engine holds the shards
   scaler_ = step_->scaler();
-  tokens_per_step_ = static_cast<int64_t>(micro_) * accum_ * W_ * T_;
+  tokens_per_step_ = static_cast<int64_t>(micro_) * data_.train->rows_per_sample() * accum_ * W_ * T_;
   res_.final_eval_loss = res_.final_eval_ppl = std::numeric_limits<double>::quiet_NaN();
   config_yaml_ = config::config_to_yaml(cfg);
   inputs_.resize(static_cast<size_t>(accum_));
   targets_.resize(static_cast<size_t>(accum_));
   counts_.resize(static_cast<size_t>(accum_));
+  ref_batch_.resize(static_cast<size_t>(accum_));
 }
 
 void TrainLoop::env_check() const {
@@ -370,8 +383,19 @@ void TrainLoop::metrics_open() {
 // taken on the device (ZeroEngine::targets_reduce), not here.
 void TrainLoop::batch_load() {
   auto s = timer_.scope(Section::DATA);
-  for (int a = 0; a < accum_; ++a)
-    counts_[static_cast<size_t>(a)] = reader_->next(inputs_[static_cast<size_t>(a)], targets_[static_cast<size_t>(a)]);
+  for (int a = 0; a < accum_; ++a) {
+    const auto i = static_cast<size_t>(a);
+    counts_[i] = reader_->next(inputs_[i], targets_[i]);
+    if (ref_table_.empty()) continue;
+    // The precomputed reference sums of the micro-batch's rows: its pairs' chosen, then
+    // their rejected, as the rows are laid out.
+    const std::vector<size_t>& idx = reader_->last_indices();
+    ref_batch_[i].resize(2 * idx.size());
+    for (size_t k = 0; k < idx.size(); ++k) {
+      ref_batch_[i][k] = ref_table_[2 * idx[k]];
+      ref_batch_[i][idx.size() + k] = ref_table_[2 * idx[k] + 1];
+    }
+  }
 }
 
 void TrainLoop::record(int64_t step, const StepOutcome& out) {
@@ -444,6 +468,10 @@ void TrainLoop::progress_log(int64_t step, const StepOutcome& out) {
 
 void TrainLoop::evaluate(int64_t step) {
   if (!data_.valid) return;
+  if (pref_) {
+    pref_evaluate_valid(step);
+    return;
+  }
   // At stage 3 each forward gathers its layers with collectives: every rank makes the same
   // number of forwards (the ones with fewer samples run masked ones), so the weights are
   // gathered layer by layer as in training, never whole on a rank.
@@ -462,6 +490,71 @@ void TrainLoop::evaluate(int64_t step) {
   if (tb_) tb_->scalars(step, {{"eval/loss", e.mean()}, {"eval/ppl", e.ppl()}}, static_cast<double>(now_ms) / 1e3);
   if (metrics_)
     metrics_->write({{"step", step}, {"eval_loss", num(e.mean())}, {"eval_ppl", num(e.ppl())}, {"time_ms", now_ms}});
+}
+
+// A preference run's held-out pairs: the share whose chosen answer the model ranks above
+// the rejected one, and the chosen answers' loss (as eval_loss, so plots keep one curve).
+void TrainLoop::pref_evaluate_valid(int64_t step) {
+  PrefEval e = pref_eval(*model_, *data_.valid, micro_, rank_, W_, zopts_.stage == 3 && comm_ != nullptr);
+  std::vector<double> v{e.pairs, e.preferred, e.chosen_loss_sum, e.chosen_targets};
+  allreduce_sum(comm_, v);
+  e.pairs = v[0];
+  e.preferred = v[1];
+  e.chosen_loss_sum = v[2];
+  e.chosen_targets = v[3];
+  res_.final_eval_loss = e.chosen_loss();
+  res_.final_eval_ppl = std::exp(e.chosen_loss());
+  res_.final_pref_accuracy = e.accuracy();
+  if (!lead_) return;
+  if (env_.print)
+    std::printf("eval step %lld | eval_loss %.4f | eval_pref_accuracy %.4f (%lld pairs)\n",
+                static_cast<long long>(step), e.chosen_loss(), e.accuracy(), static_cast<long long>(e.pairs));
+  const int64_t now_ms = unix_ms();
+  if (tb_)
+    tb_->scalars(step, {{"eval/loss", e.chosen_loss()}, {"eval/pref_accuracy", e.accuracy()}},
+                 static_cast<double>(now_ms) / 1e3);
+  if (metrics_)
+    metrics_->write({{"step", step},
+                     {"eval_loss", num(e.chosen_loss())},
+                     {"eval_pref_accuracy", num(e.accuracy())},
+                     {"time_ms", now_ms}});
+}
+
+// DPO with a precomputed reference: the starting model's sums of every training pair,
+// computed before the first step and kept in the run directory; a resumed run reads them
+// back (rank 0 reads, every rank receives), since its weights are no longer the start.
+void TrainLoop::reference_prepare() {
+  if (!pref_ || pref_->reference != PrefReference::PRECOMPUTED) return;
+  const data::TokenDataset& pairs = *data_.train;
+  const uint64_t fp = pairs_fingerprint(pairs);
+  if (res_.resumed_step >= 0 && !env_.run_dir.empty()) {
+    ref_table_.assign(2 * pairs.size(), 0.0f);
+    std::string error;
+    if (lead_) {
+      try {
+        ref_table_ = reference_logps_load(env_.run_dir, pairs.size(), fp);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    // Every rank learns whether rank 0 could read it, then receives the table.
+    float bad = error.empty() ? 0.0f : 1.0f;
+    if (comm_) comm_->allreduce_host(&bad, 1, DType::F32, comm::ReduceOp::MAX);
+    if (lead_) DT_ENFORCE(error.empty(), ConfigError, "{}", error);
+    DT_ENFORCE(bad == 0.0f, ConfigError, "rank 0 could not read the run's reference log-probabilities (its log says why)");
+    if (comm_ && !ref_table_.empty())
+      comm_->broadcast(ref_table_.data(), ref_table_.data(), ref_table_.size(), DType::F32, 0);
+    return;
+  }
+  Stopwatch clock;
+  ref_table_ = reference_logps_compute(*model_, pairs, micro_, rank_, W_, comm_, zopts_.stage == 3 && comm_ != nullptr,
+                                       false);
+  if (lead_ && !env_.run_dir.empty()) reference_logps_save(env_.run_dir, ref_table_, fp);
+  if (lead_ && env_.print) {
+    std::printf("train: reference log-probabilities of %zu pairs computed (%.1f s)%s\n", pairs.size(),
+                clock.elapsed_s(), env_.run_dir.empty() ? "" : ", saved as reference_logps.bin");
+    std::fflush(stdout);
+  }
 }
 
 // Collective (every rank writes its shard). Runs after the step's evaluation, so the
@@ -610,16 +703,21 @@ void TrainLoop::lead_work_wait(const std::function<void()>& work) {
 
 TrainResult TrainLoop::run() {
   resume();
+  reference_prepare();
   metrics_open();
   // The loop's wall time excludes the model build, resume and the export.
   run_clock_.restart();
   interval_clock_.restart();
   timer_.reset();
   if (env_.on_step) env_.on_step(start_step_);
+  // A preference run evaluates the starting model too: its held-out accuracy is the
+  // figure the trained one is measured against.
+  if (pref_ && start_step_ == 0 && start_step_ < total_steps_) evaluate(0);
   for (int64_t step = start_step_ + 1; step <= total_steps_; ++step) {
     batch_load();
-    const StepOutcome out =
-        step_->run(step, sched_->lr(res_.applied_steps), StepBatch{&inputs_, &targets_, &counts_}, timer_);
+    const StepOutcome out = step_->run(step, sched_->lr(res_.applied_steps),
+                                       StepBatch{&inputs_, &targets_, &counts_, ref_table_.empty() ? nullptr : &ref_batch_},
+                                       timer_);
     res_.graph_steps = step_->graph_steps();
     if (out.target_count == 0 && lead_) log_warn("step {}: every target of the batch is masked (loss 0)", step);
     record(step, out);

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,9 @@ struct TrainResult {
   double final_loss = 0.0;       ///< loss of the last step
   double final_eval_loss = 0.0;  ///< NaN when there is no validation set
   double final_eval_ppl = 0.0;
+  /// training.stage dpo with data.valid: the held-out pairs whose chosen answer the final
+  /// model ranks above the rejected one (NaN otherwise).
+  double final_pref_accuracy = std::numeric_limits<double>::quiet_NaN();
   double final_loss_scale = 1.0;
   int64_t tokens = 0;               ///< input tokens of steps 1..steps over all ranks (this run's batch)
   double elapsed_s = 0.0;           ///< wall time of the loop (model build and export excluded)

@@ -477,3 +477,20 @@ TEST_CASE("model.init_from: tokenizer and template default to the model's own, a
   CHECK(t.cfg.data.template_name == "chatml");
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("preference keys: LLaMA-Factory's stages and losses dtrain does not train are refused by name") {
+  // ppo is one edit from dpo: the refusal names what it is instead of suggesting dpo.
+  std::string m = error_of(kJob, {"training.stage=ppo"});
+  CHECK(has(m, "training.stage: 'ppo' is LLaMA-Factory's PPO stage"));
+  CHECK(!has(m, "did you mean"));
+  for (const char* s : {"kto", "rm", "pt"}) CHECK(has(error_of(kJob, {std::string("training.stage=") + s}), "does not train"));
+  CHECK(has(error_of(kJob, {"training.stage=dpo", "training.pref_loss=ipo"}), "'ipo' is the IPO preference loss"));
+  CHECK(has(error_of(kJob, {"training.stage=dpo", "training.pref_reference=adapters_off"}),
+            "adapters_off needs LoRA"));
+  // The bare LLaMA-Factory spellings point to dtrain's keys.
+  CHECK(has(error_of(kJob + "pref_beta: 0.2\n"), "training.pref_beta"));
+  const TrainConfig c = config_load_string(kJob, "t.yaml", {"training.stage=dpo", "training.pref_loss=simpo"}).cfg;
+  CHECK(c.training.stage == "dpo");
+  CHECK(c.training.pref_loss == "simpo");
+  CHECK(c.training.simpo_gamma == 0.5);
+}
