@@ -475,6 +475,13 @@ TEST_CASE("model.init_from: tokenizer and template default to the model's own, a
   CHECK(b.cfg.data.template_name == "plain");
   LoadedConfig t = config_load_string(head + "data: {" + train + ", template: chatml}\n", "t.yaml");
   CHECK(t.cfg.data.template_name == "chatml");
+  // No tokenizer.json there: the byte tokenizer, said (the launcher refuses a template that
+  // needs the model's special tokens).
+  std::filesystem::remove(dir / "tokenizer.json");
+  LoadedConfig n = config_load_string(head + "data: {" + train + ", template: chatml}\n", "t.yaml");
+  CHECK(n.cfg.data.tokenizer == "byte");
+  REQUIRE(n.notes.size() == 1);
+  CHECK(has(n.notes[0], "data.tokenizer byte: model.init_from " + dir.string() + " holds no tokenizer.json"));
   std::filesystem::remove_all(dir);
 }
 
