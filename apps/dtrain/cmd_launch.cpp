@@ -11,6 +11,7 @@
 #include "train/memory_plan.h"
 #include "train/model_factory.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -57,6 +58,10 @@ launch::JobRequest job_request(const JobOptions& o, const std::string& mode) {
   r.mode = mode;
   r.require_training = (mode == "train");
   r.dry_run = o.dry_run;
+  if (!o.plan_for.empty()) {
+    r.plan_for = launch::plan_target_parse(o.plan_for);
+    r.dry_run = true;
+  }
   if (o.launcher == "slurm") launch::job_request_slurm_hosts(r);
   return r;
 }
@@ -64,22 +69,39 @@ launch::JobRequest job_request(const JobOptions& o, const std::string& mode) {
 namespace {
 
 // Ranks on this machine (all of them when every host is this one; else unknown: remote
-// ranks check nothing here) and its memory.
-int ranks_here(const launch::Job& job) { return job.all_local ? job.plan.world_size : 0; }
+// ranks check nothing here; none for a plan for another cluster) and its memory.
+int ranks_here(const launch::Job& job) { return job.all_local && !job.plan_for ? job.plan.world_size : 0; }
 
-// Each GPU's memory where the ranks run here on GPUs this process sees (the smallest);
-// 0 = unknown (remote ranks, or no GPU here).
+// Each GPU's memory: the planned one (--plan-for), else where the ranks run here on GPUs
+// this process sees (the smallest); 0 = unknown (remote ranks, or no GPU here).
 double gpu_bytes(const launch::Job& job) {
+  if (job.plan_for) return job.plan_for->gpu_bytes;
   if (!job.all_local || job.cfg.training.device != "cuda") return 0.0;
   return static_cast<double>(device::cuda_memory_bytes());
 }
 
+// Ranks per node of a plan for another cluster (the most any node has), for its per-node
+// host total; 0 otherwise.
+int ranks_per_node(const launch::Job& job) {
+  if (!job.plan_for) return 0;
+  size_t most = 0;
+  for (const auto& n : job.plan.nodes) most = std::max(most, n.ranks.size());
+  return static_cast<int>(most);
+}
+
 void print_dry_run(const launch::Job& job, bool training = false) {
   std::string text = launch::job_dry_run_text(job);
-  // A config that cannot train yet (batch keys left to "auto") has no plan to print.
-  if (training && job.incomplete.empty() && job.blockers.empty())
-    text += "\n" + train::memory_plan_text(train::memory_plan(job.cfg, job.plan.world_size), ranks_here(job),
-                                           config::config_host_memory_bytes(), gpu_bytes(job));
+  // A config that cannot train yet (batch keys left to "auto") has no plan to print. One
+  // with reasons to fail is printed when the plan can be made (the model's config.json is
+  // here) and left out when not: the reasons say why.
+  if (training && job.incomplete.empty()) {
+    try {
+      text += "\n" + train::memory_plan_text(train::memory_plan(job.cfg, job.plan.world_size), ranks_here(job),
+                                             config::config_host_memory_bytes(), gpu_bytes(job), ranks_per_node(job));
+    } catch (const Error&) {
+      if (job.blockers.empty()) throw;
+    }
+  }
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fflush(stdout);
 }
@@ -89,21 +111,65 @@ void print_dry_run(const launch::Job& job, bool training = false) {
 // while its heartbeat kept it "alive"), is refused before any starts. The plan reads
 // init_from's config.json here already, so its weight files are looked at here too.
 // A dry run of a job that would fail on this machine (an input missing, no GPU here) says
-// so in its exit code, naming each reason, after the report.
+// so in its exit code, naming each reason, after the report; one planned for another
+// cluster (--plan-for) names what would fail there.
 void dry_run_verdict(const launch::Job& job) {
   if (job.blockers.empty()) return;
   std::string list;
   for (size_t i = 0; i < job.blockers.size(); ++i) list += fmt::format("\n  {}. {}", i + 1, job.blockers[i]);
+  if (job.plan_for)
+    DT_THROW(ConfigError, "--plan-for {}: a launch of this job on {} would fail ({} reason{}):{}", job.plan_for->spec,
+             job.plan_for->describe(), job.blockers.size(), job.blockers.size() == 1 ? "" : "s", list);
   DT_THROW(ConfigError, "--dry-run: a launch of this job would fail on this machine ({} reason{}):{}",
            job.blockers.size(), job.blockers.size() == 1 ? "" : "s", list);
 }
 
-void memory_check(const launch::Job& job) {
+// --plan-for: the model's shape comes from init_from's config.json, which must be here; its
+// weights need not be (a note: the cluster's copy must hold them), but weights that are
+// here are checked as for a launch. A GPU rank that does not fit the planned GPU is a
+// blocker, named after the report (exit 2), as is a weight file here no rank could read.
+void plan_for_check(launch::Job& job) {
+  if (!job.incomplete.empty()) return;
+  const std::string& dir = job.cfg.model.init_from;
+  if (!dir.empty()) {
+    if (!input_present((std::filesystem::path(dir) / "config.json").string(), "model config"))
+      DT_THROW(ConfigError,
+               "{}: --plan-for {} reads the model's shape from model.init_from's config.json, but '{}' holds none "
+               "here: put the model's config.json (no weights needed) in a directory and give it as "
+               "model.init_from (--set model.init_from=DIR)",
+               job.cfg.source, job.plan_for->spec, dir);
+    if (!train::model_weights_present(dir))
+      job.elsewhere.push_back(fmt::format("{}: model.init_from '{}' holds no weights here (the plan reads its "
+                                          "config.json): the nodes' copy must hold them",
+                                          job.cfg.source, dir));
+    else
+      try {
+        train::model_files_check(dir);
+      } catch (const Error& e) {
+        job.blockers.push_back(e.what());
+      }
+  }
+  try {
+    train::memory_plan_check(train::memory_plan(job.cfg, job.plan.world_size), 0, 0, job.cfg.source, gpu_bytes(job));
+  } catch (const ConfigError& e) {
+    job.blockers.push_back(e.what());
+  }
+}
+
+void memory_check(launch::Job& job, bool dry_run) {
+  if (job.plan_for) return plan_for_check(job);
   // A dry run that already found why the launch would fail (init_from missing) reports that.
   if (!job.incomplete.empty() || !job.blockers.empty()) return;
   train::memory_plan_check(train::memory_plan(job.cfg, job.plan.world_size), ranks_here(job),
                            config::config_host_memory_bytes(), job.cfg.source, gpu_bytes(job));
-  if (!job.cfg.model.init_from.empty()) train::model_files_check(job.cfg.model.init_from);
+  if (job.cfg.model.init_from.empty()) return;
+  if (!dry_run) return train::model_files_check(job.cfg.model.init_from);
+  // A dry run names missing or unreadable weights after its report, as its other reasons.
+  try {
+    train::model_files_check(job.cfg.model.init_from);
+  } catch (const Error& e) {
+    job.blockers.push_back(fmt::format("{}: model.init_from: {}", job.cfg.source, e.what()));
+  }
 }
 
 // `dtrain resume RUN --set k=v` changes the saved config: each key that changes is said,
@@ -153,8 +219,8 @@ int run_job(launch::Job& job, const JobOptions& opts, bool resume);
 int run_launch(const JobOptions& opts) {
   launch::Job job = launch::job_prepare(job_request(opts, "train"));
   for (const auto& w : job.warnings) log_warn("{}", w);
-  memory_check(job);
-  if (opts.dry_run) {
+  memory_check(job, opts.dry_run);
+  if (opts.dry_run || job.plan_for) {
     print_dry_run(job, true);
     dry_run_verdict(job);
     return 0;
@@ -178,8 +244,8 @@ int run_resume(const std::string& run_dir, const JobOptions& opts) {
   if (!o.sets.empty()) resume_sets(o);
   launch::Job job = launch::job_prepare(job_request(o, "train"));
   for (const auto& w : job.warnings) log_warn("{}", w);
-  memory_check(job);
-  if (opts.dry_run) {
+  memory_check(job, opts.dry_run);
+  if (opts.dry_run || job.plan_for) {
     print_dry_run(job, true);
     dry_run_verdict(job);
     return 0;

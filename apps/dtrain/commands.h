@@ -31,6 +31,7 @@ struct JobOptions {
   bool tee_all = false;               // --tee-all
   std::string launcher = "ssh";       // --launcher ssh|slurm
   std::string nnodes;                 // --nnodes MIN:MAX (elastic.min_nodes / max_nodes)
+  std::string plan_for;               // --plan-for [NODESx]GPUSxSIZE | SIZE (a dry run for that cluster)
 };
 
 int run_launch(const JobOptions& opts);

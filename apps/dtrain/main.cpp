@@ -112,6 +112,18 @@ void add_job_options(CLI::App* cmd, JobOptions& o, bool config_required) {
       "print every config key with its type, default, bounds and environment override, then exit");
 }
 
+// --plan-for (launch and resume): a dry run planned for a cluster this machine is not part of.
+void add_plan_for(CLI::App* cmd, JobOptions& o) {
+  cmd->add_option("--plan-for", o.plan_for,
+                  "a dry run (implies --dry-run) planned for a cluster that is not this machine: [NODESx]GPUSxSIZE "
+                  "(8x80GB = one node of 8 GPUs of 80 GB, 2x8x80GB, 1x24GB; GB = 10^9 bytes, or GiB) places the "
+                  "ranks on placeholder hosts; SIZE alone (80GB) plans on the --hostfile's hosts. The memory plan "
+                  "is held against that GPU size (exit 2 when a rank does not fit); model weights, tokenizer.json "
+                  "and data this machine does not hold are notes, not reasons to fail (a model directory holding "
+                  "only config.json plans)")
+      ->type_name("[NODESx]GPUSxSIZE");
+}
+
 // An empty --output-dir would read as "not given" and write into the config's
 // training.output_dir: refuse it.
 void check_output_dir(const CLI::App* cmd, const std::string& output_dir) {
@@ -202,9 +214,11 @@ void add_launch(CLI::App& app, Commands& out) {
   auto o = std::make_shared<JobOptions>();
   auto* cmd = app.add_subcommand("launch", "run a training job on the hosts of a hostfile");
   add_job_options(cmd, *o, false);
+  add_plan_for(cmd, *o);
   cmd->footer(
       "Example:\n  dtrain launch --hostfile hostfiles/two-nodes-8 --config configs/gpt2-124m.yaml "
-      "--set training.max_steps=100\nWithout --config the embedded default job runs "
+      "--set training.max_steps=100\n  dtrain launch --config examples/qwen3-8b/lora_sft_zero3.yaml --plan-for "
+      "8x80GB\nWithout --config the embedded default job runs "
       "(configs/tiny-sft.yaml: a tiny model on the shipped data, one CPU rank).");
   out.push_back({cmd, [cmd, o] {
                    check_job_options(cmd, *o);
@@ -218,6 +232,7 @@ void add_resume(CLI::App& app, Commands& out) {
   auto* cmd = app.add_subcommand("resume", "continue a stopped or failed job from its run directory");
   cmd->add_option("RUN_DIR", *dir, "the job's run directory")->required()->check(existing(PathKind::DIR));
   add_job_options(cmd, *o, false);
+  add_plan_for(cmd, *o);
   cmd->footer("Example:\n  dtrain resume runs/tiny-sft --hostfile hostfiles/hetero --set training.max_steps=600");
   out.push_back({cmd, [cmd, o, dir] {
                    check_job_options(cmd, *o);

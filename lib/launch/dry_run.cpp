@@ -10,10 +10,11 @@
 namespace dtrain::launch {
 
 std::string dry_run_report(const Plan& plan, const LaunchSpec& spec,
-                           const std::map<std::string, std::string>& launcher_env) {
+                           const std::map<std::string, std::string>& launcher_env, bool commands) {
   std::string out = fmt::format("dry run: job {} round {} mode {} ({} ranks on {} node{})\n", spec.job_id, spec.round,
                                 spec.mode, plan.world_size, plan.nodes.size(), plan.nodes.size() == 1 ? "" : "s");
   out += plan_format_table(plan);
+  if (!commands) return out;
   for (const NodePlan& node : plan.nodes) {
     NodeCommand cmd = node_command_build(plan, node.node_rank, spec, launcher_env);
     std::string where = node.host.destination();

@@ -17,8 +17,9 @@ namespace dtrain::launch {
 ///       env:
 ///         K=V            (one per line; \n \t \r \\ and \xHH escapes in V)
 /// `user@` and `:port` appear only when the hostfile gives them. The rendezvous token
-/// is not part of the command or env and so is never shown.
+/// is not part of the command or env and so is never shown. Without `commands`, the
+/// first line and the table only (hosts that stand for others have no command).
 std::string dry_run_report(const Plan& plan, const LaunchSpec& spec,
-                           const std::map<std::string, std::string>& launcher_env);
+                           const std::map<std::string, std::string>& launcher_env, bool commands = true);
 
 }  // namespace dtrain::launch

@@ -7,7 +7,10 @@
 #include "core/log.h"
 #include "core/net_address.h"
 #include "core/input_file.h"
+#include "data/chat_template.h"
+#include "data/llamafactory.h"
 #include "data/prepare.h"
+#include "data/tokenizer.h"
 #include "device/device.h"
 #include "launch/local_spawner.h"
 #include "launch/rank_device.h"
@@ -154,12 +157,19 @@ std::string input_path_problem(const std::string& path, const std::string& workd
   return input_file_problem(p.string());
 }
 
+// One unusable input of the config: the key, the message, and whether the path is missing
+// (as opposed to present but unusable: a FIFO, a directory for a file, unreadable).
+struct InputProblem {
+  std::string key, text;
+  bool missing = false;
+};
+
 // The config's data files for ranks on this machine: missing, a directory or unreadable
 // input is a permanent error, so it fails here (ConfigError, exit 2) and not in every rank
 // of every retry round. Remote hosts' files are the ranks' own to check (also exit 2).
-// One message per unusable input (none when every input is usable).
-std::vector<std::string> input_files_problems(const config::TrainConfig& cfg, const std::string& workdir) {
-  std::vector<std::string> out;
+// One entry per unusable input (none when every input is usable).
+std::vector<InputProblem> input_files_problems(const config::TrainConfig& cfg, const std::string& workdir) {
+  std::vector<InputProblem> out;
   const bool tokens = cfg.data.format == "tokens" || cfg.data.format == "auto";
   struct Input {
     const char* key;
@@ -176,6 +186,9 @@ std::vector<std::string> input_files_problems(const config::TrainConfig& cfg, co
     if (in.path.empty()) continue;
     std::string problem = input_path_problem(in.path, workdir, in.dir_ok, in.dir_only);
     if (problem.empty()) continue;
+    const fs::path p = fs::path(in.path).is_absolute() ? fs::path(in.path) : fs::path(workdir) / in.path;
+    std::error_code ec;
+    const bool missing = fs::symlink_status(p, ec).type() == fs::file_type::not_found;
     std::string where = fs::path(in.path).is_relative()
                             ? fmt::format(
                                   " (relative paths are resolved against the working directory {}, where the "
@@ -191,7 +204,8 @@ std::vector<std::string> input_files_problems(const config::TrainConfig& cfg, co
                                 "was built from ({}); give --config with your own data",
                                 config::kDefaultConfigDir)
                           : "fix the path";
-    out.push_back(fmt::format("{}: {} '{}'{} {}: {}", cfg.source, in.key, in.path, where, problem, fix));
+    out.push_back({in.key, fmt::format("{}: {} '{}'{} {}: {}", cfg.source, in.key, in.path, where, problem, fix),
+                   missing});
   }
   return out;
 }
@@ -341,6 +355,35 @@ std::string rendezvous_address(const JobRequest& req, const Job& job) {
   return addr;
 }
 
+// --plan-for with counts places the ranks on placeholder hosts: the host selection flags
+// and a hostfile belong to a real cluster's hosts, not to these.
+void plan_target_check_request(const JobRequest& req) {
+  const config::HostSelection& s = req.selection;
+  const char* clash = !req.hostfile_path.empty()           ? "--hostfile"
+                      : req.hosts                          ? "--launcher slurm"
+                      : !s.include.empty()                 ? "--include"
+                      : !s.exclude.empty()                 ? "--exclude"
+                      : s.num_nodes != -1                  ? "--num-nodes"
+                      : s.num_gpus != -1                   ? "--num-gpus"
+                      : req.nproc_per_node > 0             ? "--nproc-per-node"
+                                                           : nullptr;
+  if (clash)
+    DT_THROW(UsageError,
+             "--plan-for {} places the job on {} itself, so {} has nothing to select: give the GPU size alone "
+             "(--plan-for {}) to plan on the hostfile's hosts, or leave {} out",
+             req.plan_for->spec, req.plan_for->describe(), clash,
+             req.plan_for->spec.substr(req.plan_for->spec.find_last_of("xX") + 1), clash);
+}
+
+// The rendezvous address of a plan on placeholder hosts: the one given (--master-addr, a
+// configured cluster.rendezvous.address), else a placeholder (this launcher's address on
+// the cluster's network is not known here).
+std::string placeholder_address(const JobRequest& req, const Job& job) {
+  if (!req.master_addr.empty()) return address_unbracket(req.master_addr);
+  const std::string& a = job.cfg.cluster.rendezvous.address;
+  return a.empty() || a == "auto" ? std::string("<launcher>") : a;
+}
+
 // The placement of the first round, and the batch resolved for its world size.
 void plan_job(const JobRequest& req, Job& job, const std::string& addr) {
   config::TrainConfig& cfg = job.cfg;
@@ -410,11 +453,42 @@ void local_problem(const JobRequest& req, Job& job, const std::string& thrown) {
   job.blockers.push_back(thrown);
 }
 
+// data.dataset: its names looked up in data.train's dataset_info.json here, so that a name
+// it does not have (or a hub entry) fails before any rank starts, and the dry run says which
+// file each is read from. An entry's file this machine lacks is a blocker, or under
+// --plan-for a note; one it holds but no rank could read is a blocker.
+void check_datasets(const JobRequest& req, Job& job) {
+  const config::TrainConfig& cfg = job.cfg;
+  const fs::path dir =
+      fs::path(cfg.data.train).is_absolute() ? fs::path(cfg.data.train) : fs::path(job.spec.workdir) / cfg.data.train;
+  std::vector<data::LlamaFactoryEntry> entries;
+  try {
+    entries = data::llamafactory_entries(dir.string(), cfg.data.dataset);
+  } catch (const Error& e) {
+    local_problem(req, job, fmt::format("{}: data.dataset {}: {}", cfg.source, cfg.data.dataset, e.what()));
+    return;
+  }
+  for (const data::LlamaFactoryEntry& e : entries) {
+    const std::string problem = input_path_problem(e.file, job.spec.workdir, false, false);
+    std::error_code ec;
+    if (problem.empty())
+      job.data_lines.push_back(
+          fmt::format("data.dataset {}: {} ({})", e.name, fs::path(e.file).lexically_normal().string(),
+                      e.sharegpt ? "sharegpt" : "alpaca"));
+    else if (req.plan_for && fs::symlink_status(e.file, ec).type() == fs::file_type::not_found)
+      job.elsewhere.push_back(fmt::format("{}: data.dataset {}: '{}' is not on this machine; the nodes need it there",
+                                          cfg.source, e.name, e.file));
+    else
+      local_problem(req, job, fmt::format("{}: data.dataset {}: '{}' {}", cfg.source, e.name, e.file, problem));
+  }
+}
+
 // data.format not given: what the data files on this machine hold, told here so the dry
 // run says it and a file of no format dtrain can tell fails before any rank starts (the
-// ranks tell it again from their own copy).
+// ranks tell it again from their own copy). LLaMA-Factory datasets are looked up.
 void detect_data_format(const JobRequest& req, Job& job) {
   const config::TrainConfig& cfg = job.cfg;
+  if (!cfg.data.dataset.empty() && !cfg.data.train.empty()) check_datasets(req, job);
   if (cfg.data.format != "auto") return;
   for (const auto& [key, path] : {std::pair{"data.train", cfg.data.train}, std::pair{"data.valid", cfg.data.valid}}) {
     if (path.empty() || (std::string_view(key) == "data.train" && !cfg.data.dataset.empty())) continue;
@@ -449,9 +523,61 @@ void check_local_nodes(const JobRequest& req, Job& job) {
     }
   }
   if (any_local) {
-    const std::vector<std::string> problems = input_files_problems(cfg, job.spec.workdir);
-    for (const std::string& problem : problems) local_problem(req, job, problem);
+    const std::vector<InputProblem> problems = input_files_problems(cfg, job.spec.workdir);
+    for (const InputProblem& p : problems) local_problem(req, job, p.text);
     if (problems.empty()) detect_data_format(req, job);
+  }
+}
+
+// --plan-for: the job is planned for a cluster this machine is not part of, so its GPUs are
+// not looked for here. An input this machine does not hold (a model directory holding only
+// config.json, data that lives on the cluster) is a note: the cluster must hold it at that
+// path. One it holds but could not be read (a FIFO, a directory for a file, no permission)
+// is a blocker, as in any dry run; data that is here is told its format as usual.
+void check_inputs_elsewhere(const JobRequest& req, Job& job) {
+  if (!req.require_training || req.mode != "train") return;
+  bool data_usable = true;
+  for (const InputProblem& p : input_files_problems(job.cfg, job.spec.workdir)) {
+    if (p.missing)
+      job.elsewhere.push_back(p.text.substr(0, p.text.rfind(": ")) + ": not on this machine; the nodes need it there");
+    else
+      local_problem(req, job, p.text);
+    if (p.key == "data.train" || p.key == "data.valid") data_usable = false;
+  }
+  if (data_usable) detect_data_format(req, job);
+}
+
+// SFT data rendered with a template whose turn markers are single special tokens needs the
+// model's tokenizer: the byte tokenizer has only chatml's. With model.init_from and no
+// data.tokenizer, the tokenizer is that directory's tokenizer.json, or the byte tokenizer
+// when the directory holds none; every rank would then refuse the template (the launcher's
+// resolved config is theirs), so the launch is refused here first. Under --plan-for a model
+// directory without tokenizer.json here is a note (the cluster's copy must hold it).
+void check_template_tokenizer(const JobRequest& req, Job& job) {
+  const config::TrainConfig& cfg = job.cfg;
+  if (!req.require_training || req.mode != "train" || cfg.data.tokenizer != "byte") return;
+  std::error_code ec;
+  const bool init_lacks = !cfg.model.init_from.empty() &&
+                          !fs::is_regular_file(fs::path(cfg.model.init_from) / "tokenizer.json", ec);
+  if (init_lacks && req.plan_for) {
+    job.elsewhere.push_back(fmt::format(
+        "{}: model.init_from '{}' holds no tokenizer.json here (data.tokenizer, not given, defaults to it): the "
+        "nodes' copy must hold it, or the byte tokenizer is used",
+        cfg.source, cfg.model.init_from));
+    return;
+  }
+  const bool templated = !cfg.data.dataset.empty() || cfg.data.format == "alpaca" || cfg.data.format == "chat";
+  if (!templated) return;
+  const data::ByteTokenizer byte;
+  try {
+    data::sft_template_parse(cfg.data.template_name, &byte);
+    return;
+  } catch (const ConfigError& e) {
+    local_problem(req, job,
+                  init_lacks ? fmt::format("{}: model.init_from '{}' holds no tokenizer.json and data.tokenizer is "
+                                           "not given, so the byte tokenizer would be used: {}",
+                                           cfg.source, cfg.model.init_from, e.what())
+                             : fmt::format("{}: {}", cfg.source, e.what()));
   }
 }
 
@@ -465,6 +591,11 @@ Job job_prepare(const JobRequest& req) {
   job.data_lines = std::move(loaded.notes);
   config::TrainConfig& cfg = job.cfg;
   if (!req.output_dir.empty()) cfg.training.output_dir = req.output_dir;
+  if (req.plan_for && req.require_training && cfg.training.device != "cuda")
+    DT_THROW(UsageError,
+             "--plan-for {} plans GPU ranks, but {} trains on the {} (training.device): set training.device: cuda "
+             "(or --set training.device=cuda)",
+             req.plan_for->spec, cfg.source, cfg.training.device);
   if (req.require_training) {
     try {
       config::config_check_job(cfg);
@@ -473,15 +604,34 @@ Job job_prepare(const JobRequest& req) {
       job.incomplete = e.what();
     }
   }
-  job.hosts = config::hostfile_select(job_hostfile(req), req.selection);
-  // Slurm's node names are distinct nodes by its own definition (and srun, not the name,
-  // decides where an agent runs); a hostfile can name one machine twice.
-  if (!req.hosts) hosts_check_distinct(job.hosts);
-  for (const auto& h : job.hosts.hosts) job.all_local = job.all_local && host_is_local(h.host);
-  if (!req.hosts && !job.all_local) check_ssh_files(cfg);
-  plan_job(req, job, rendezvous_address(req, job));
+  job.plan_for = req.plan_for;
+  const bool placeholder_hosts = req.plan_for && req.plan_for->nodes > 0;
+  if (placeholder_hosts) {
+    plan_target_check_request(req);
+    // node1..nodeN stand for the cluster's hosts: never resolved, never this machine.
+    job.hosts = plan_target_hosts(*req.plan_for);
+    job.all_local = false;
+  } else {
+    if (req.plan_for && req.hostfile_path.empty() && !req.hosts)
+      DT_THROW(UsageError,
+               "--plan-for {} gives no GPU count: give GPUSxSIZE (8x80GB) or NODESxGPUSxSIZE (2x8x80GB), or "
+               "--hostfile with the cluster's hosts",
+               req.plan_for->spec);
+    job.hosts = config::hostfile_select(job_hostfile(req), req.selection);
+    // Slurm's node names are distinct nodes by its own definition (and srun, not the name,
+    // decides where an agent runs); a hostfile can name one machine twice.
+    if (!req.hosts) hosts_check_distinct(job.hosts);
+    for (const auto& h : job.hosts.hosts) job.all_local = job.all_local && host_is_local(h.host);
+  }
+  // The SSH files are this launcher's; a plan for another cluster is launched from there.
+  if (!req.hosts && !job.all_local && !req.plan_for) check_ssh_files(cfg);
+  plan_job(req, job, placeholder_hosts ? placeholder_address(req, job) : rendezvous_address(req, job));
   fill_spec(req, job);
-  check_local_nodes(req, job);
+  if (req.plan_for)
+    check_inputs_elsewhere(req, job);
+  else
+    check_local_nodes(req, job);
+  check_template_tokenizer(req, job);
   return job;
 }
 

@@ -8,6 +8,7 @@
 #include "config/train_config.h"
 #include "launch/node_command.h"
 #include "launch/placement.h"
+#include "launch/plan_target.h"
 
 #include <optional>
 #include <string>
@@ -28,6 +29,9 @@ struct JobRequest {
   std::string mode = "train";             // "train" | "bench"
   bool require_training = true;           // check the config describes a runnable job
   bool dry_run = false;                   // plan only: an incomplete job is reported, not refused
+  // --plan-for (a dry run): the job is planned for that cluster, not this machine's; what
+  // this machine lacks (the model's weights, tokenizer, data) is a note, not a blocker.
+  std::optional<PlanTarget> plan_for;
 };
 
 struct Job {
@@ -43,6 +47,10 @@ struct Job {
   // missing input, no GPU here); the dry run prints them and exits 2.
   std::vector<std::string> blockers;
   std::vector<std::string> data_lines;  // how data.format was told when not given
+  // --plan-for: each input this machine does not hold, which the planned cluster must (the
+  // dry run prints them as notes; they change nothing in its exit code).
+  std::vector<std::string> elsewhere;
+  std::optional<PlanTarget> plan_for;
   bool run_dir_pending = false;  // config.pending.yaml awaits job_commit_run_dir
 };
 

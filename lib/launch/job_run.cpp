@@ -123,9 +123,20 @@ std::string job_dry_run_text(const Job& job) {
   for (const std::string& line : job.data_lines) out += fmt::format("data        {}\n", line);
   if (!job.incomplete.empty())
     out += fmt::format("note        not a complete dtrain job, a real launch stops here: {}\n", job.incomplete);
+  if (job.plan_for)
+    out += fmt::format("plan for    {} (--plan-for {}), not this machine\n", job.plan_for->describe(),
+                       job.plan_for->spec);
+  for (const std::string& e : job.elsewhere) out += fmt::format("not here    {}\n", e);
   for (const std::string& b : job.blockers) out += fmt::format("would fail  {}\n", b);
   out += "\n";
-  out += dry_run_report(job.plan, job.spec, environ_map());
+  // Placeholder hosts (--plan-for NxGxSIZE) have no command to show: the real hosts do.
+  const bool placeholders = job.plan_for && job.plan_for->nodes > 0;
+  out += dry_run_report(job.plan, job.spec, environ_map(), !placeholders);
+  if (placeholders)
+    out += fmt::format("({} for the cluster's hosts; --hostfile HOSTS --plan-for {} prints each node's command)\n",
+                       job.plan.nodes.size() == 1 ? std::string("node1 stands")
+                                                  : fmt::format("node1..node{} stand", job.plan.nodes.size()),
+                       job.plan_for->spec.substr(job.plan_for->spec.find_last_of("xX") + 1));
   return out;
 }
 

@@ -104,7 +104,8 @@ MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
   return p;
 }
 
-std::string memory_plan_text(const MemoryPlan& p, int ranks_here, double memory_bytes, double gpu_bytes) {
+std::string memory_plan_text(const MemoryPlan& p, int ranks_here, double memory_bytes, double gpu_bytes,
+                             int ranks_per_node) {
   std::string s =
       fmt::format("memory per rank (ZeRO stage {}, {} rank(s), {} parameters, {} trainable{}, {} on the {}):\n",
                   p.stage, p.world, count(p.params), count(p.trainable), p.lora ? " (LoRA)" : "",
@@ -113,8 +114,8 @@ std::string memory_plan_text(const MemoryPlan& p, int ranks_here, double memory_
                                         bytes(p.grad_bytes), bytes(p.optim_bytes), bytes(p.activation_bytes));
   if (p.cuda) {
     s += fmt::format("  device {}: {}{}\n", bytes(p.device_bytes()), state,
-                     gpu_bytes > 0 ? fmt::format(" (of {} per GPU{})", bytes(gpu_bytes),
-                                                 p.device_bytes() > gpu_bytes ? ": does NOT fit" : "")
+                     gpu_bytes > 0 ? fmt::format(" (of {} per GPU: {})", bytes(gpu_bytes),
+                                                 p.device_bytes() > gpu_bytes ? "does NOT fit" : "fits")
                                    : "");
     if (p.offload_optimizer)
       s += fmt::format("  host   {}: offloaded {} ({}{}; {} pinned), building {}, token ids {}\n",
@@ -135,6 +136,9 @@ std::string memory_plan_text(const MemoryPlan& p, int ranks_here, double memory_
   if (ranks_here > 0 && memory_bytes > 0)
     s += fmt::format("  this machine: {} rank(s) x {} = {} of host memory, of {}\n", ranks_here, bytes(p.host_bytes()),
                      bytes(ranks_here * p.host_bytes()), bytes(memory_bytes));
+  if (ranks_per_node > 0)
+    s += fmt::format("  per node: {} rank(s) x {} = {} of host memory (the planned nodes' own is not known here)\n",
+                     ranks_per_node, bytes(p.host_bytes()), bytes(ranks_per_node * p.host_bytes()));
   s += "  (a plan from DeepSpeed's ZeRO formulas and the model's layout, not a measurement; allocator slack, "
        "communication buffers and the CUDA context are not counted)\n";
   return s;

@@ -42,8 +42,10 @@ MemoryPlan memory_plan(const config::TrainConfig& cfg, int world);
 
 /// The dry run's lines: per rank host and device bytes with their parts, then per node
 /// (`ranks_here` ranks on this machine, of `memory_bytes`; 0 = unknown) the total, and
-/// against `gpu_bytes` (each GPU's memory; 0 = unknown) whether a GPU rank fits.
-std::string memory_plan_text(const MemoryPlan& p, int ranks_here, double memory_bytes, double gpu_bytes = 0);
+/// against `gpu_bytes` (each GPU's memory; 0 = unknown) whether a GPU rank fits. A plan
+/// for another cluster (--plan-for) gives `ranks_per_node`: the host total of such a node.
+std::string memory_plan_text(const MemoryPlan& p, int ranks_here, double memory_bytes, double gpu_bytes = 0,
+                             int ranks_per_node = 0);
 
 /// ConfigError with the numbers when `ranks_here` ranks of this plan need more host memory
 /// than memory_bytes (this machine's), or a GPU rank more than gpu_bytes (0 = unknown),

@@ -359,6 +359,17 @@ void model_files_check(const std::string& dir) {
   }
 }
 
+bool model_weights_present(const std::string& dir) {
+  for (const char* name : {"model.safetensors", "model.safetensors.index.json"})
+    if (input_present((fs::path(dir) / name).string(), "safetensors file")) return true;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("model-", 0) == 0 && e.path().extension() == ".safetensors") return true;
+  }
+  return false;
+}
+
 void model_load_adapter(model::Model& m, const std::string& path) {
   DT_ENFORCE(m.lora_on(), InternalError, "model_load_adapter: LoRA is not enabled");
   const WeightSet w = weights_open({path});

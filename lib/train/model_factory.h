@@ -63,6 +63,11 @@ void model_load_hf_weights(model::Model& m, const std::string& dir);
 /// when no weight file is found.
 void model_files_check(const std::string& dir);
 
+/// Whether dir holds any weight file model_files_check would look at (model.safetensors,
+/// its index, or a model-*.safetensors shard): false for a directory holding only
+/// config.json, which a plan for another cluster (--plan-for) reads its shape from.
+bool model_weights_present(const std::string& dir);
+
 /// Loads PEFT adapter weights into a model whose LoRA is enabled (on any device).
 void model_load_adapter(model::Model& m, const std::string& path);
 
