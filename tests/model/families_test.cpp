@@ -130,6 +130,42 @@ TEST_CASE("the public checkpoints' config.json files parse as their family") {
   CHECK(hf_config_from_json(q3d, "cfg.json").head_dim == 128);
 }
 
+// The 7-8B config.json files examples/ plans with (tests/data/hf_configs; their parameter
+// counts are train_memory_plan_test's): each parses as its family with the features that
+// family's checkpoint has.
+TEST_CASE("the examples' Llama-3.1-8B, Qwen2.5-7B, Qwen3-8B and Mistral-7B-v0.3 config.json parse as their family") {
+  const char* src = std::getenv("DTRAIN_SOURCE_DIR");
+  const fs::path dir = fs::path(src && *src ? src : ".") / "tests" / "data" / "hf_configs";
+  auto read = [&](const char* model) {
+    const std::string path = (dir / model / "config.json").string();
+    return hf_config_read(path);
+  };
+  const HfModelConfig l = read("llama3.1-8b");
+  CHECK(l.arch == "llama");
+  CHECK(l.rope_scaling == ModelConfig::RopeScaling::LLAMA3);
+  CHECK(l.rope_factor == 8.0f);
+  CHECK(l.rope_original_max_pos == 8192);
+  CHECK(l.rope_theta == 500000.0f);
+  CHECK(!l.tie_embeddings);
+  CHECK(l.n_kv_head == 8);
+  const HfModelConfig q2 = read("qwen2.5-7b");
+  CHECK(q2.arch == "qwen2");
+  CHECK(q2.qkv_bias);
+  CHECK(!q2.tie_embeddings);  // tied only on the small Qwen2.5 models
+  CHECK(q2.sliding_window == 0);
+  CHECK(q2.n_kv_head == 4);
+  const HfModelConfig q3 = read("qwen3-8b");
+  CHECK(q3.arch == "qwen3");
+  CHECK(q3.qk_norm);
+  CHECK((q3.head_dim ? q3.head_dim : q3.d_model / q3.n_head) == 128);  // 0: derived, 4096 / 32
+  CHECK(!q3.tie_embeddings);
+  const HfModelConfig m = read("mistral-7b");
+  CHECK(m.arch == "mistral");
+  CHECK(m.sliding_window == 0);  // v0.3: null
+  CHECK(m.vocab_size == 32768);  // v0.3's extended vocabulary
+  CHECK(m.rope_theta == 1000000.0f);
+}
+
 TEST_CASE("every config.json field that would change the math and is not computed is refused by name") {
   const json llama = json::parse(kLlama32), qwen2 = json::parse(kQwen25), qwen3 = json::parse(kQwen3),
              mistral = json::parse(kMistral);

@@ -154,4 +154,40 @@ TEST_CASE("memory plan: a GPU rank that does not fit its GPU is refused, naming 
   }
   CHECK_NOTHROW(train::memory_plan_check(p, 2, 1e12, "job.yaml", p.device_bytes() * 1.1));
   CHECK(train::memory_plan_text(p, 2, 1e12, p.device_bytes() * 0.9).find("does NOT fit") != std::string::npos);
+  CHECK(train::memory_plan_text(p, 2, 1e12, p.device_bytes() * 1.1).find("per GPU: fits)") != std::string::npos);
+  // A plan for another cluster's nodes (--plan-for): their host total, nothing of this machine.
+  const std::string other = train::memory_plan_text(p, 0, 1e12, p.device_bytes() * 1.1, 8);
+  CHECK(other.find("per node: 8 rank(s)") != std::string::npos);
+  CHECK(other.find("this machine") == std::string::npos);
+}
+
+// The config.json files examples/ plans with (tests/data/hf_configs, written from the
+// published checkpoints): the plan's parameter count from each is the checkpoint's own,
+// its model.safetensors.index.json total_size over 2 bytes (bf16), so a wrong width, layer
+// count, vocabulary, bias or tie in those files fails here.
+TEST_CASE("memory plan: the published 7-8B config.json files give their checkpoints' parameter counts") {
+  const char* src = std::getenv("DTRAIN_SOURCE_DIR");
+  const std::string root = src && *src ? src : ".";
+  const struct {
+    const char* dir;
+    double params;
+  } models[] = {{"llama3.1-8b", 8030261248.0},  // Llama-3.1-8B-Instruct: total_size 16060522496
+                {"qwen2.5-7b", 7615616512.0},   // Qwen2.5-7B-Instruct: 15231233024
+                {"qwen3-8b", 8190735360.0},     // Qwen3-8B: 16381470720
+                {"mistral-7b", 7248023552.0}};  // Mistral-7B-Instruct-v0.3: 14496047104
+  for (const auto& m : models) {
+    CAPTURE(m.dir);
+    config::TrainConfig c;
+    c.source = "job.yaml";
+    c.model.init_from = root + "/tests/data/hf_configs/" + m.dir;
+    c.data.seq_len = 2048;
+    c.resolved_micro_batch_size = 1;
+    c.resolved_grad_accum_steps = 1;
+    c.training.device = "cuda";
+    c.bf16.enabled = true;
+    c.zero.stage = 3;
+    const train::MemoryPlan p = train::memory_plan(c, 8);
+    CHECK(p.params == m.params);
+    CHECK(p.trainable == m.params);
+  }
 }
