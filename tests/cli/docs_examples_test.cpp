@@ -1,7 +1,8 @@
 // The documentation's examples still parse (issue 44): every `dtrain ...` line of a code
-// block in README.md and docs/*.md names a command the binary has, and every --flag it
-// shows is one that command's --help lists; README's worked-example job loads as a config
-// and says what the prose says it does (LoRA r 16 on a LLaMA-Factory dataset at ZeRO-2).
+// block in README.md, examples/README.md and docs/*.md names a command the binary has, and
+// every --flag it shows is one that command's --help lists; README's worked-example job
+// loads as a config and says what the prose says it does (LoRA r 16 on a LLaMA-Factory
+// dataset at ZeRO-2).
 // docs/config-reference.md is generated (config_reference_doc_test).
 #include "cli_harness.h"
 #include "skip.h"
@@ -23,7 +24,7 @@ fs::path source_root() {
 }
 
 std::vector<fs::path> doc_files() {
-  std::vector<fs::path> out = {source_root() / "README.md"};
+  std::vector<fs::path> out = {source_root() / "README.md", source_root() / "examples" / "README.md"};
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(source_root() / "docs", ec))
     if (e.path().extension() == ".md" && e.path().filename() != "config-reference.md") out.push_back(e.path());
@@ -75,7 +76,7 @@ std::vector<Example> examples() {
 
 }  // namespace
 
-TEST_CASE("every dtrain command line in README.md and docs/ names a command and flags the binary has") {
+TEST_CASE("every dtrain command line in README.md, examples/ and docs/ names a command and flags the binary has") {
   const std::string bin = dtrain_bin();
   if (bin.empty()) return ::dtrain::test::skip_test("DTRAIN_BIN not set: skipping");
   const std::set<std::string> commands = {"launch", "resume", "bench", "eval",   "export", "generate",
