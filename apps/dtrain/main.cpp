@@ -217,8 +217,8 @@ void add_launch(CLI::App& app, Commands& out) {
   add_plan_for(cmd, *o);
   cmd->footer(
       "Example:\n  dtrain launch --hostfile hostfiles/two-nodes-8 --config configs/gpt2-124m.yaml "
-      "--set training.max_steps=100\n  dtrain launch --config examples/qwen3-8b/lora_sft_zero3.yaml --plan-for "
-      "8x80GB\nWithout --config the embedded default job runs "
+      "--set training.max_steps=100\n  dtrain launch --config examples/qwen3-8b/lora_sft_zero3.yaml --set "
+      "model.init_from=tests/data/hf_configs/qwen3-8b --plan-for 8x80GB   # from the source tree\nWithout --config the embedded default job runs "
       "(configs/tiny-sft.yaml: a tiny model on the shipped data, one CPU rank).");
   out.push_back({cmd, [cmd, o] {
                    check_job_options(cmd, *o);
