@@ -138,16 +138,18 @@ void plan_for_check(launch::Job& job) {
                "here: put the model's config.json (no weights needed) in a directory and give it as "
                "model.init_from (--set model.init_from=DIR)",
                job.cfg.source, job.plan_for->spec, dir);
-    if (!train::model_weights_present(dir))
-      job.elsewhere.push_back(fmt::format("{}: model.init_from '{}' holds no weights here (the plan reads its "
-                                          "config.json): the nodes' copy must hold them",
-                                          job.cfg.source, dir));
-    else
+    if (!train::model_weights_present(dir)) {
+      job.elsewhere.push_back(
+          fmt::format("{}: model.init_from '{}' holds no weights here (the plan reads its "
+                      "config.json): the nodes' copy must hold them",
+                      job.cfg.source, dir));
+    } else {
       try {
         train::model_files_check(dir);
       } catch (const Error& e) {
         job.blockers.push_back(e.what());
       }
+    }
   }
   try {
     train::memory_plan_check(train::memory_plan(job.cfg, job.plan.world_size), 0, 0, job.cfg.source, gpu_bytes(job));

@@ -400,9 +400,10 @@ void derive_from_model(TrainConfig& cfg, const Origins& o, std::vector<std::stri
   } else if (!tokenizer_given && notes) {
     // Said, not refused: a model of one's own may train on bytes (a template that needs the
     // model's special tokens is refused by the launcher).
-    notes->push_back(fmt::format("data.tokenizer byte: model.init_from {} holds no tokenizer.json (data.tokenizer "
-                                 "not given; give it, or put the model's tokenizer.json there)",
-                                 cfg.model.init_from));
+    notes->push_back(
+        fmt::format("data.tokenizer byte: model.init_from {} holds no tokenizer.json (data.tokenizer "
+                    "not given; give it, or put the model's tokenizer.json there)",
+                    cfg.model.init_from));
   }
   if (o.given.count("data.template") > 0 || (tokenizer_given && cfg.data.tokenizer == "byte")) return;
   const fs::path tokenizer_dir = cfg.data.tokenizer == "byte" ? fs::path()

@@ -204,8 +204,8 @@ std::vector<InputProblem> input_files_problems(const config::TrainConfig& cfg, c
                                 "was built from ({}); give --config with your own data",
                                 config::kDefaultConfigDir)
                           : "fix the path";
-    out.push_back({in.key, fmt::format("{}: {} '{}'{} {}: {}", cfg.source, in.key, in.path, where, problem, fix),
-                   missing});
+    out.push_back(
+        {in.key, fmt::format("{}: {} '{}'{} {}: {}", cfg.source, in.key, in.path, where, problem, fix), missing});
   }
   return out;
 }
@@ -359,14 +359,14 @@ std::string rendezvous_address(const JobRequest& req, const Job& job) {
 // and a hostfile belong to a real cluster's hosts, not to these.
 void plan_target_check_request(const JobRequest& req) {
   const config::HostSelection& s = req.selection;
-  const char* clash = !req.hostfile_path.empty()           ? "--hostfile"
-                      : req.hosts                          ? "--launcher slurm"
-                      : !s.include.empty()                 ? "--include"
-                      : !s.exclude.empty()                 ? "--exclude"
-                      : s.num_nodes != -1                  ? "--num-nodes"
-                      : s.num_gpus != -1                   ? "--num-gpus"
-                      : req.nproc_per_node > 0             ? "--nproc-per-node"
-                                                           : nullptr;
+  const char* clash = !req.hostfile_path.empty() ? "--hostfile"
+                      : req.hosts                ? "--launcher slurm"
+                      : !s.include.empty()       ? "--include"
+                      : !s.exclude.empty()       ? "--exclude"
+                      : s.num_nodes != -1        ? "--num-nodes"
+                      : s.num_gpus != -1         ? "--num-gpus"
+                      : req.nproc_per_node > 0   ? "--nproc-per-node"
+                                                 : nullptr;
   if (clash)
     DT_THROW(UsageError,
              "--plan-for {} places the job on {} itself, so {} has nothing to select: give the GPU size alone "
@@ -471,15 +471,16 @@ void check_datasets(const JobRequest& req, Job& job) {
   for (const data::LlamaFactoryEntry& e : entries) {
     const std::string problem = input_path_problem(e.file, job.spec.workdir, false, false);
     std::error_code ec;
-    if (problem.empty())
-      job.data_lines.push_back(
-          fmt::format("data.dataset {}: {} ({})", e.name, fs::path(e.file).lexically_normal().string(),
-                      e.sharegpt ? "sharegpt" : "alpaca"));
-    else if (req.plan_for && fs::symlink_status(e.file, ec).type() == fs::file_type::not_found)
+    if (problem.empty()) {
+      job.data_lines.push_back(fmt::format("data.dataset {}: {} ({})", e.name,
+                                           fs::path(e.file).lexically_normal().string(),
+                                           e.sharegpt ? "sharegpt" : "alpaca"));
+    } else if (req.plan_for && fs::symlink_status(e.file, ec).type() == fs::file_type::not_found) {
       job.elsewhere.push_back(fmt::format("{}: data.dataset {}: '{}' is not on this machine; the nodes need it there",
                                           cfg.source, e.name, e.file));
-    else
+    } else {
       local_problem(req, job, fmt::format("{}: data.dataset {}: '{}' {}", cfg.source, e.name, e.file, problem));
+    }
   }
 }
 
@@ -538,10 +539,11 @@ void check_inputs_elsewhere(const JobRequest& req, Job& job) {
   if (!req.require_training || req.mode != "train") return;
   bool data_usable = true;
   for (const InputProblem& p : input_files_problems(job.cfg, job.spec.workdir)) {
-    if (p.missing)
+    if (p.missing) {
       job.elsewhere.push_back(p.text.substr(0, p.text.rfind(": ")) + ": not on this machine; the nodes need it there");
-    else
+    } else {
       local_problem(req, job, p.text);
+    }
     if (p.key == "data.train" || p.key == "data.valid") data_usable = false;
   }
   if (data_usable) detect_data_format(req, job);
@@ -557,8 +559,8 @@ void check_template_tokenizer(const JobRequest& req, Job& job) {
   const config::TrainConfig& cfg = job.cfg;
   if (!req.require_training || req.mode != "train" || cfg.data.tokenizer != "byte") return;
   std::error_code ec;
-  const bool init_lacks = !cfg.model.init_from.empty() &&
-                          !fs::is_regular_file(fs::path(cfg.model.init_from) / "tokenizer.json", ec);
+  const bool init_lacks =
+      !cfg.model.init_from.empty() && !fs::is_regular_file(fs::path(cfg.model.init_from) / "tokenizer.json", ec);
   if (init_lacks && req.plan_for) {
     job.elsewhere.push_back(fmt::format(
         "{}: model.init_from '{}' holds no tokenizer.json here (data.tokenizer, not given, defaults to it): the "
@@ -627,10 +629,11 @@ Job job_prepare(const JobRequest& req) {
   if (!req.hosts && !job.all_local && !req.plan_for) check_ssh_files(cfg);
   plan_job(req, job, placeholder_hosts ? placeholder_address(req, job) : rendezvous_address(req, job));
   fill_spec(req, job);
-  if (req.plan_for)
+  if (req.plan_for) {
     check_inputs_elsewhere(req, job);
-  else
+  } else {
     check_local_nodes(req, job);
+  }
   check_template_tokenizer(req, job);
   return job;
 }

@@ -124,8 +124,8 @@ std::string job_dry_run_text(const Job& job) {
   if (!job.incomplete.empty())
     out += fmt::format("note        not a complete dtrain job, a real launch stops here: {}\n", job.incomplete);
   if (job.plan_for)
-    out += fmt::format("plan for    {} (--plan-for {}), not this machine\n", job.plan_for->describe(),
-                       job.plan_for->spec);
+    out +=
+        fmt::format("plan for    {} (--plan-for {}), not this machine\n", job.plan_for->describe(), job.plan_for->spec);
   for (const std::string& e : job.elsewhere) out += fmt::format("not here    {}\n", e);
   for (const std::string& b : job.blockers) out += fmt::format("would fail  {}\n", b);
   out += "\n";

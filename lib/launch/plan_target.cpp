@@ -27,7 +27,8 @@ int count_parse(const std::string& text, int max, const std::string& spec, const
   if (text.empty() || text.size() > 7 || text.find_first_not_of("0123456789") != std::string::npos)
     DT_THROW(UsageError, "--plan-for '{}': '{}' is not a number of {}; {}", spec, text, what, kGrammar);
   const int n = std::atoi(text.c_str());
-  if (n < 1 || n > max) DT_THROW(UsageError, "--plan-for '{}': {} {} is outside 1..{}; {}", spec, n, what, max, kGrammar);
+  if (n < 1 || n > max)
+    DT_THROW(UsageError, "--plan-for '{}': {} {} is outside 1..{}; {}", spec, n, what, max, kGrammar);
   return n;
 }
 
@@ -62,8 +63,8 @@ std::string PlanTarget::describe() const {
                                ? gib_text(gpu_bytes)
                                : fmt::format("{:g} GB ({})", gpu_bytes / 1e9, gib_text(gpu_bytes));
   if (nodes == 0) return fmt::format("GPUs of {} each, on the hostfile's hosts", size);
-  return fmt::format("{} GPU{} of {} on {} node{}", nodes * gpus_per_node, nodes * gpus_per_node == 1 ? "" : "s",
-                     size, nodes, nodes == 1 ? "" : "s");
+  return fmt::format("{} GPU{} of {} on {} node{}", nodes * gpus_per_node, nodes * gpus_per_node == 1 ? "" : "s", size,
+                     nodes, nodes == 1 ? "" : "s");
 }
 
 PlanTarget plan_target_parse(const std::string& spec) {

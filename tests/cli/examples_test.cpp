@@ -72,8 +72,8 @@ TEST_CASE("every recipe in examples/ plans for 8 x 80 GB against a directory hol
   for (const std::string& recipe : list) {
     CAPTURE(recipe);
     const std::string model_dir = config_only_dir(tmp, model_of(recipe));
-    const RunResult r = run_dtrain({"launch", "--config", recipe, "--set", "model.init_from=" + model_dir, "--output-dir",
-                                tmp.path() + "/run", "--plan-for", "8x80GB"});
+    const RunResult r = run_dtrain({"launch", "--config", recipe, "--set", "model.init_from=" + model_dir,
+                                    "--output-dir", tmp.path() + "/run", "--plan-for", "8x80GB"});
     INFO(r.out);
     CHECK(r.rc == 0);
     CHECK(!contains(r.out, "warning"));
@@ -131,14 +131,17 @@ TEST_CASE("without --plan-for a recipe's dry run against config.json alone still
   // One remote node (TEST-NET-2, never contacted): nothing is asked of this machine's GPUs.
   const std::string hosts = tmp.path() + "/hosts";
   std::ofstream(hosts) << "198.51.100.7 slots=8\n";
-  const std::vector<std::string> base = {"launch",       "--dry-run", "--config",   recipe,
-                                         "--hostfile",   hosts,       "--set",      "model.init_from=" + model_dir,
+  const std::vector<std::string> base = {"launch",       "--dry-run",
+                                         "--config",     recipe,
+                                         "--hostfile",   hosts,
+                                         "--set",        "model.init_from=" + model_dir,
                                          "--output-dir", tmp.path() + "/run"};
   RunResult r = run_dtrain(base);
   INFO(r.out);
   CHECK(r.rc == 2);
   CHECK(contains(r.out, "--dry-run: a launch of this job would fail on this machine (1 reason)"));
-  CHECK(contains(r.out, "holds no tokenizer.json and data.tokenizer is not given, so the byte tokenizer would be used"));
+  CHECK(
+      contains(r.out, "holds no tokenizer.json and data.tokenizer is not given, so the byte tokenizer would be used"));
   CHECK(contains(r.out, "data        data.tokenizer byte: model.init_from " + model_dir + " holds no tokenizer.json"));
   CHECK(contains(r.out, "tokenizer 'byte' has no <think>"));
   // A template the byte tokenizer can write: the missing weights are then the reason.
@@ -152,7 +155,7 @@ TEST_CASE("without --plan-for a recipe's dry run against config.json alone still
   // With weights that are here, --plan-for checks them as a launch would: a FIFO is refused.
   REQUIRE(::mkfifo((model_dir + "/model.safetensors").c_str(), 0600) == 0);
   r = run_dtrain({"launch", "--config", recipe, "--set", "model.init_from=" + model_dir, "--output-dir",
-              tmp.path() + "/run", "--plan-for", "8x80GB"});
+                  tmp.path() + "/run", "--plan-for", "8x80GB"});
   INFO(r.out);
   CHECK(r.rc == 2);
   CHECK(contains(r.out, "--plan-for 8x80GB: a launch of this job on 8 GPUs of 80 GB (74.51 GiB) on 1 node would fail"));
@@ -165,8 +168,8 @@ TEST_CASE("--plan-for: a rank that does not fit is exit 2 after the plan; the ho
   TempDir tmp("dtrain-examples");
   const std::string recipe = "examples/mistral-7b/full_sft_zero2.yaml";
   const std::string model_dir = config_only_dir(tmp, "mistral-7b");
-  const std::vector<std::string> base = {"launch", "--config", recipe, "--set", "model.init_from=" + model_dir,
-                                         "--output-dir", tmp.path() + "/run"};
+  const std::vector<std::string> base = {
+      "launch", "--config", recipe, "--set", "model.init_from=" + model_dir, "--output-dir", tmp.path() + "/run"};
   auto with = [&](std::vector<std::string> more) {
     std::vector<std::string> a = base;
     a.insert(a.end(), more.begin(), more.end());
@@ -210,7 +213,7 @@ TEST_CASE("--plan-for: a rank that does not fit is exit 2 after the plan; the ho
   }
   // The model's shape must be here: a directory without config.json says how to give one.
   r = run_dtrain({"launch", "--config", recipe, "--set", "model.init_from=" + tmp.path(), "--output-dir",
-              tmp.path() + "/run", "--plan-for", "8x80GB"});
+                  tmp.path() + "/run", "--plan-for", "8x80GB"});
   INFO(r.out);
   CHECK(r.rc == 2);
   CHECK(contains(r.out, "reads the model's shape from model.init_from's config.json"));
@@ -229,7 +232,7 @@ TEST_CASE("the shipped LLaMA-Factory datasets load: every record of both, render
   CHECK(records >= 48);  // a few dozen each
   const RunResult r =
       run_dtrain({"data", "prepare", (source_root() / "examples/data").string(), tmp.path() + "/out.bin", "--dataset",
-              "example_alpaca,example_sharegpt", "--template", "chatml", "--tokenizer", "byte"});
+                  "example_alpaca,example_sharegpt", "--template", "chatml", "--tokenizer", "byte"});
   INFO(r.out);
   CHECK(r.rc == 0);
   CHECK(contains(r.out, fmt::format("wrote {}/out.bin: {} documents", tmp.path(), records)));
