@@ -472,9 +472,9 @@ void check_datasets(const JobRequest& req, Job& job) {
     const std::string problem = input_path_problem(e.file, job.spec.workdir, false, false);
     std::error_code ec;
     if (problem.empty()) {
-      job.data_lines.push_back(fmt::format("data.dataset {}: {} ({})", e.name,
+      job.data_lines.push_back(fmt::format("data.dataset {}: {} ({}{})", e.name,
                                            fs::path(e.file).lexically_normal().string(),
-                                           e.sharegpt ? "sharegpt" : "alpaca"));
+                                           e.sharegpt ? "sharegpt" : "alpaca", e.ranking ? ", preference pairs" : ""));
     } else if (req.plan_for && fs::symlink_status(e.file, ec).type() == fs::file_type::not_found) {
       job.elsewhere.push_back(fmt::format("{}: data.dataset {}: '{}' is not on this machine; the nodes need it there",
                                           cfg.source, e.name, e.file));
@@ -568,7 +568,8 @@ void check_template_tokenizer(const JobRequest& req, Job& job) {
         cfg.source, cfg.model.init_from));
     return;
   }
-  const bool templated = !cfg.data.dataset.empty() || cfg.data.format == "alpaca" || cfg.data.format == "chat";
+  const bool templated = !cfg.data.dataset.empty() || cfg.data.format == "alpaca" || cfg.data.format == "chat" ||
+                         cfg.data.format == "pairwise";
   if (!templated) return;
   const data::ByteTokenizer byte;
   try {
