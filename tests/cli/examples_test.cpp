@@ -90,27 +90,36 @@ TEST_CASE("every recipe in examples/ plans for 8 x 80 GB against a directory hol
   }
 }
 
-TEST_CASE("the recipes cover each model with LoRA and full SFT, ZeRO-2 and 3, offload or not, alpaca and sharegpt") {
+TEST_CASE("the recipes cover each model with LoRA and full SFT, ZeRO-2 and 3, offload or not, alpaca and sharegpt, and each preference objective") {
   std::map<std::string, std::set<bool>> lora_by_model;
   std::set<int64_t> stages;
   std::set<bool> offload;
-  std::set<std::string> datasets;
+  std::set<std::string> datasets, methods;
   for (const std::string& recipe : recipes()) {
     CAPTURE(recipe);
     std::vector<std::string> warnings;
     const auto cfg = load(recipe, &warnings);
     for (const auto& w : warnings) MESSAGE(w);
     CHECK(warnings.empty());
-    lora_by_model[model_of(recipe)].insert(cfg.lora.enabled());
+    if (cfg.training.stage == "sft") lora_by_model[model_of(recipe)].insert(cfg.lora.enabled());
     stages.insert(cfg.zero.stage);
     offload.insert(cfg.zero.offload_optimizer_device == "cpu");
     datasets.insert(cfg.data.dataset);
     CHECK(cfg.training.device == "cuda");
     CHECK(cfg.bf16.enabled);
     CHECK(cfg.data.tokenizer == "byte");  // not given: init_from's tokenizer.json where the job runs
-    // The file name says the method, stage and offload.
+    // The file name says the method, stage and offload: {lora,full}_sft_..., or for
+    // preference training {dpo,orpo,simpo}_{lora,full}_... (dpo: pref_loss sigmoid).
     const std::string name = fs::path(recipe).stem().string();
-    CHECK(name.rfind(cfg.lora.enabled() ? "lora_sft_" : "full_sft_", 0) == 0);
+    const std::string kind = cfg.lora.enabled() ? "lora" : "full";
+    if (cfg.training.stage == "dpo") {
+      const std::string method = cfg.training.pref_loss == "sigmoid" ? "dpo" : cfg.training.pref_loss;
+      CHECK(name.rfind(method + "_" + kind + "_", 0) == 0);
+      CHECK(cfg.data.dataset == "example_preference");
+      methods.insert(method);
+    } else {
+      CHECK(name.rfind(kind + "_sft_", 0) == 0);
+    }
     CHECK(contains(name, fmt::format("zero{}", cfg.zero.stage)));
     CHECK(contains(name, "offload") == (cfg.zero.offload_optimizer_device == "cpu"));
   }
@@ -120,7 +129,8 @@ TEST_CASE("the recipes cover each model with LoRA and full SFT, ZeRO-2 and 3, of
   }
   CHECK(stages == std::set<int64_t>{2, 3});
   CHECK(offload == std::set<bool>{false, true});
-  CHECK(datasets == std::set<std::string>{"example_alpaca", "example_sharegpt"});
+  CHECK(datasets == std::set<std::string>{"example_alpaca", "example_sharegpt", "example_preference"});
+  CHECK(methods == std::set<std::string>{"dpo", "orpo", "simpo"});  // a recipe for each objective
 }
 
 TEST_CASE("without --plan-for a recipe's dry run against config.json alone still exits 2 naming what is missing") {
@@ -236,6 +246,17 @@ TEST_CASE("the shipped LLaMA-Factory datasets load: every record of both, render
   INFO(r.out);
   CHECK(r.rc == 0);
   CHECK(contains(r.out, fmt::format("wrote {}/out.bin: {} documents", tmp.path(), records)));
+  // The preference entry: a ranking dataset, prepared into pairs (two documents each).
+  REQUIRE(info.contains("example_preference"));
+  CHECK(info["example_preference"].value("ranking", false));
+  const size_t pairs =
+      nlohmann::json::parse(read_text((source_root() / "examples/data/example_preference.json").string())).size();
+  const RunResult p =
+      run_dtrain({"data", "prepare", (source_root() / "examples/data").string(), tmp.path() + "/pairs.bin", "--dataset",
+                  "example_preference", "--template", "chatml", "--tokenizer", "byte"});
+  INFO(p.out);
+  CHECK(p.rc == 0);
+  CHECK(contains(p.out, fmt::format("{} chosen/rejected pairs", pairs)));
 }
 
 TEST_CASE("examples/README.md's commands and memory plans are what scripts/examples_plans.sh prints") {
