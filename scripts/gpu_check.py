@@ -973,6 +973,19 @@ def stage_hf(lay, rep, cap, out_dir):
              f"{c['loss_dtrain']:.5f} / {c['loss_ref']:.5f}", c.get("note", "")] for c in doc["cases"]]
     status = "PASS" if rc == 0 and all(c["ok"] for c in doc["cases"]) else ("TIMEOUT" if rc is None else "FAIL")
     summary = f"{sum(1 for c in doc['cases'] if c['ok'])}/{len(doc['cases'])} cases match ({doc.get('reference')})"
+    # The preference objectives (DPO, ORPO, SimPO) on the CUDA device against PyTorch's
+    # formulas (scripts/pref_parity.py: loss and every gradient, relative 1e-5).
+    prc, pout, _ = run([sys.executable, os.path.join(ROOT, "scripts", "pref_parity.py"), "--hf-logits", lay.hf_logits,
+                        "--devices", "cuda"], cap, env=lay.env)
+    last = (pout or "").strip().splitlines()[-1:] or [""]
+    if prc == 77:
+        summary += "; preference parity SKIPPED (no PyTorch)"
+    elif prc == 0:
+        summary += "; preference objectives match (" + last[0][:160] + ")"
+    else:
+        status = "TIMEOUT" if prc is None else "FAIL"
+        summary += f"; preference parity exit {prc}"
+        out = (out or "") + "\n" + (pout or "")
     rep.add("hf", status, now() - t0, summary,
             md_table(["case", "reference", "dtype", "result", "max abs logit diff / max abs logit", "loss dtrain / ref",
                       "note"], rows) + ("" if status == "PASS" else code(tail(out, 30))), doc)

@@ -79,6 +79,9 @@ TEST_CASE("gpu_check --rehearse: every stage reports; the engine's stages pass, 
   const auto& hf = st["hf"].at("data").at("cases");
   REQUIRE(hf.size() == 3);
   for (const auto& c : hf) CHECK(c.at("ok") == true);
+  // ... and the preference objectives on the CUDA device against PyTorch (or skipped, said so)
+  const std::string hf_summary = st["hf"].at("summary").get<std::string>();
+  CHECK((contains(hf_summary, "preference objectives match") || contains(hf_summary, "preference parity SKIPPED")));
   // the bench beside its plan
   const auto& sp = st["speed"].at("data").at("results").at("tiny-sft");
   CHECK(sp.at("bench").at("tokens_per_s").get<double>() > 0);
