@@ -4,6 +4,7 @@
 
 #include "core/check.h"
 #include "model/layout.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "train/model_factory.h"
 
@@ -43,10 +44,12 @@ MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
   }
   p.trainable = p.params;
   if (p.lora) {
-    // The adapters' size from the model itself: a deferred model allocates no base storage.
-    model::Model m(mc, model::Model::Deferred{});
-    m.lora_enable(lora_config_from(cfg, mc));
-    p.trainable = static_cast<double>(m.num_trainable_params());
+    // The adapters' size from the layouts lora_enable builds (no adapter is allocated or
+    // initialised: an 8B model's are 40M values).
+    const model::LoraConfig lc = lora_config_from(cfg, mc);
+    lc.validate(mc);
+    p.trainable = 0;
+    for (const auto& b : model::lora_layout_build(mc, lc)) p.trainable += static_cast<double>(b.size);
   }
   // Under LoRA the base is frozen and the adapters are extra parameters; otherwise every
   // parameter trains.
