@@ -156,6 +156,24 @@ def parity_adapter(torch, cfg, acfg, gen):
     return A
 
 
+def parity_model_dir(torch, d, cfg, acfg, gen):
+    """A Hugging Face model directory at d (config.json, model.safetensors, and with acfg a PEFT
+    adapter beside them) of parity_weights / parity_adapter's random tensors: (W, A or None)."""
+    from hf_reference import safetensors_write
+    W = parity_weights(torch, cfg, gen)
+    os.makedirs(d)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    safetensors_write(os.path.join(d, "model.safetensors"), W)
+    A = None
+    if acfg:
+        A = parity_adapter(torch, cfg, acfg, gen)
+        with open(os.path.join(d, "adapter_config.json"), "w") as f:
+            json.dump(acfg, f, indent=2)
+        safetensors_write(os.path.join(d, "adapter_model.safetensors"), A)
+    return W, A
+
+
 def torch_zeros_like(t):
     import torch
     return torch.zeros_like(t, dtype=torch.float64)
@@ -176,7 +194,7 @@ def parity(args):
         return 77
     import tempfile
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from hf_reference import forward, safetensors_read, safetensors_write
+    from hf_reference import forward, safetensors_read
 
     if not os.access(args.hf_logits, os.X_OK):
         print(f"compare_pytorch.py: no hf_logits binary at {args.hf_logits} (build the hf_logits target)",
@@ -191,18 +209,8 @@ def parity(args):
         for ci, name in enumerate(names):
             cfg, acfg = cases[name]
             gen = torch.Generator().manual_seed(1000 + ci)
-            W = parity_weights(torch, cfg, gen)
             d = os.path.join(tmp, name)
-            os.makedirs(d)
-            with open(os.path.join(d, "config.json"), "w") as f:
-                json.dump(cfg, f, indent=2)
-            safetensors_write(os.path.join(d, "model.safetensors"), W)
-            A = None
-            if acfg:
-                A = parity_adapter(torch, cfg, acfg, gen)
-                with open(os.path.join(d, "adapter_config.json"), "w") as f:
-                    json.dump(acfg, f, indent=2)
-                safetensors_write(os.path.join(d, "adapter_model.safetensors"), A)
+            W, A = parity_model_dir(torch, d, cfg, acfg, gen)
             rows = torch.randint(0, cfg["vocab_size"], (B, T + 1), generator=gen, dtype=torch.int32)
             tok_path = os.path.join(d, "tokens.i32")
             with open(tok_path, "wb") as f:

@@ -39,8 +39,8 @@ def main():
         print("pref_parity.py needs PyTorch (Debian: apt-get install python3-torch); skipped", file=sys.stderr)
         return 77
     sys.path.insert(0, HERE)
-    from compare_pytorch import parity_adapter, parity_cases, parity_weights, rel_diff
-    from hf_reference import forward, safetensors_read, safetensors_write
+    from compare_pytorch import parity_cases, parity_model_dir, rel_diff
+    from hf_reference import forward, safetensors_read
     F = torch.nn.functional
 
     if not os.access(args.hf_logits, os.X_OK):
@@ -62,18 +62,8 @@ def main():
         for ci, (name, fname, loss_type, o, ref_kind) in enumerate(cases):
             cfg, acfg = fam[fname]
             gen = torch.Generator().manual_seed(2000 + ci)
-            W = parity_weights(torch, cfg, gen)
             d = os.path.join(tmp, name)
-            os.makedirs(d)
-            with open(os.path.join(d, "config.json"), "w") as f:
-                json.dump(cfg, f, indent=2)
-            safetensors_write(os.path.join(d, "model.safetensors"), W)
-            A = None
-            if acfg:
-                A = parity_adapter(torch, cfg, acfg, gen)
-                with open(os.path.join(d, "adapter_config.json"), "w") as f:
-                    json.dump(acfg, f, indent=2)
-                safetensors_write(os.path.join(d, "adapter_model.safetensors"), A)
+            W, A = parity_model_dir(torch, d, cfg, acfg, gen)
             # P pairs: chosen rows then rejected rows, each pair sharing its K prompt tokens
             V = cfg["vocab_size"]
             prompt = torch.randint(0, V, (P, K), generator=gen)

@@ -4,6 +4,7 @@
 
 #include "core/check.h"
 #include "core/input_file.h"
+#include "data/jsonl_lines.h"
 #include "data/llamafactory.h"
 
 #include <algorithm>
@@ -21,17 +22,7 @@ PairRecord pair_parse_line(std::string_view line, const std::string& file, size_
 std::vector<PairRecord> pair_load_jsonl(const std::string& path) {
   const std::string text = input_file_read(path, "pairwise data", kInputAnySize);
   std::vector<PairRecord> records;
-  size_t line_no = 0;
-  for (size_t pos = 0; pos < text.size();) {
-    size_t end = text.find('\n', pos);
-    if (end == std::string::npos) end = text.size();
-    std::string_view line(text.data() + pos, end - pos);
-    pos = end + 1;
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    records.push_back(pair_parse_line(line, path, line_no));
-  }
+  jsonl_lines(text, [&](std::string_view line, size_t line_no) { records.push_back(pair_parse_line(line, path, line_no)); });
   return records;
 }
 

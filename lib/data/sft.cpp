@@ -3,6 +3,7 @@
 
 #include "core/check.h"
 #include "core/input_file.h"
+#include "data/jsonl_lines.h"
 
 #include <nlohmann/json.hpp>
 
@@ -78,17 +79,7 @@ std::vector<SftRecord> sft_load_jsonl(const std::string& path, SftFormat format)
   // Read whole through the input rule (every record is held anyway), then split in lines.
   const std::string text = input_file_read(path, "SFT data", kInputAnySize);
   std::vector<SftRecord> records;
-  size_t line_no = 0;
-  for (size_t pos = 0; pos < text.size();) {
-    size_t end = text.find('\n', pos);
-    if (end == std::string::npos) end = text.size();
-    std::string_view line(text.data() + pos, end - pos);
-    pos = end + 1;
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    records.push_back(sft_parse_line(line, format, path, line_no));
-  }
+  jsonl_lines(text, [&](std::string_view line, size_t line_no) { records.push_back(sft_parse_line(line, format, path, line_no)); });
   return records;
 }
 

@@ -82,6 +82,13 @@ inline std::string shell(const std::string& command, int* rc = nullptr) {
   return out;
 }
 
+/// The source tree ($DTRAIN_SOURCE_DIR, which ctest sets; else the working directory):
+/// where the tests find configs/, examples/, docs/ and scripts/.
+inline std::filesystem::path source_root() {
+  const char* src = std::getenv("DTRAIN_SOURCE_DIR");
+  return src && *src ? std::filesystem::path(src) : std::filesystem::current_path();
+}
+
 /// The dtrain binary under test ($DTRAIN_BIN), or "" when unset or not executable.
 inline std::string dtrain_bin() {
   const char* b = std::getenv("DTRAIN_BIN");

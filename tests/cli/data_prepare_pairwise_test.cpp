@@ -20,9 +20,7 @@ namespace {
 constexpr int kUsage = 2;
 
 fs::path preference_dir() {
-  const char* src = std::getenv("DTRAIN_SOURCE_DIR");
-  const fs::path root = src && *src ? fs::absolute(src) : fs::current_path();
-  return root / "configs" / "data" / "preference";
+  return fs::absolute(source_root()) / "configs" / "data" / "preference";
 }
 
 data::DatasetOptions pad(int64_t seq_len) {

@@ -18,11 +18,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path source_root() {
-  const char* src = std::getenv("DTRAIN_SOURCE_DIR");
-  return src && *src ? fs::path(src) : fs::current_path();
-}
-
 std::vector<fs::path> doc_files() {
   std::vector<fs::path> out = {source_root() / "README.md", source_root() / "examples" / "README.md"};
   std::error_code ec;

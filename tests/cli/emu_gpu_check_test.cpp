@@ -17,14 +17,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string source_dir() {
-  const char* s = std::getenv("DTRAIN_SOURCE_DIR");
-  return s && *s ? s : fs::current_path().string();
-}
-
 RunResult gpu_check(const std::vector<std::string>& args, int timeout_s) {
   const std::string bin = dtrain_bin();
-  std::vector<std::string> argv{"/bin/bash", source_dir() + "/scripts/gpu_check.sh", "--rehearse", "--build",
+  std::vector<std::string> argv{"/bin/bash", source_root().string() + "/scripts/gpu_check.sh", "--rehearse", "--build",
                                 fs::path(bin).parent_path().string()};
   argv.insert(argv.end(), args.begin(), args.end());
   return run(argv, {}, std::chrono::seconds(timeout_s));

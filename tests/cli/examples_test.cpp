@@ -19,11 +19,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path source_root() {
-  const char* src = std::getenv("DTRAIN_SOURCE_DIR");
-  return src && *src ? fs::path(src) : fs::current_path();
-}
-
 // examples/MODEL/RECIPE.yaml, relative to the source root, sorted.
 std::vector<std::string> recipes() {
   std::vector<std::string> out;

@@ -16,11 +16,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path source_root() {
-  const char* src = std::getenv("DTRAIN_SOURCE_DIR");
-  return src && *src ? fs::path(src) : fs::current_path();
-}
-
 RunResult run_dtrain(const std::vector<std::string>& args, int seconds = 240) {
   std::vector<std::string> argv = {dtrain_bin()};
   argv.insert(argv.end(), args.begin(), args.end());
