@@ -24,7 +24,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <iterator>
+#include <mutex>
 #include <new>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace dtrain::device {
@@ -65,14 +70,21 @@ class CpuDevice final : public Device {
 
   void* alloc(size_t bytes) override {
     const size_t rounded = (bytes + 63) / 64 * 64;
+    if (void* p = cache_take(rounded)) {
+      forget(p);
+      zero(p, rounded);
+      return p;
+    }
     void* p = std::aligned_alloc(64, rounded ? rounded : 64);
     if (!p) throw std::bad_alloc();
     std::memset(p, 0, rounded);
+    sizes_lock_and_put(p, rounded);
     return p;
   }
   void free(void* p) override {
+    if (!p) return;
     forget(p);
-    std::free(p);
+    if (!cache_put(p)) std::free(p);
   }
   void copy_h2d(void* dst, const void* src, size_t bytes) override {
     ops::OpScope scope(ops::OpClass::OTHER);
@@ -370,6 +382,67 @@ class CpuDevice final : public Device {
     forget(dst);
     if (bytes && dst != src) std::memmove(dst, src, bytes);
   }
+  // ---- Freed blocks kept for reuse. A ZeRO-3 step gathers each layer into a new buffer and
+  // frees it after the layer, stages 2-3 give each layer's gradient a working buffer, and
+  // the buckets come and go: the same few large sizes every layer and step. From malloc
+  // each is a fresh mmap whose pages the kernel faults in and zeroes again, so a step spent
+  // more system than user time. Blocks of kCacheMin bytes and more are kept (at most
+  // kCachePerSize of a size, kCacheBytes in all, the oldest dropped first) and handed out
+  // again, zeroed, for the same size.
+  static constexpr size_t kCacheMin = size_t{1} << 20;
+  static constexpr size_t kCachePerSize = 1;
+  static constexpr size_t kCacheBytes = size_t{4} << 30;
+  std::mutex cache_mu_;
+  std::unordered_map<void*, size_t> sizes_;          // live and cached blocks of kCacheMin and more
+  std::deque<std::pair<void*, size_t>> cached_;      // freed blocks, oldest first
+  size_t cached_bytes_ = 0;
+
+  void sizes_lock_and_put(void* p, size_t bytes) {
+    if (bytes < kCacheMin) return;
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    sizes_[p] = bytes;
+  }
+  void* cache_take(size_t bytes) {
+    if (bytes < kCacheMin) return nullptr;
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    for (auto it = cached_.rbegin(); it != cached_.rend(); ++it)
+      if (it->second == bytes) {
+        void* p = it->first;
+        cached_.erase(std::next(it).base());
+        cached_bytes_ -= bytes;
+        return p;
+      }
+    return nullptr;
+  }
+  // True when p is kept (the caller must not free it).
+  bool cache_put(void* p) {
+    std::vector<void*> drop;
+    {
+      std::lock_guard<std::mutex> lock(cache_mu_);
+      auto it = sizes_.find(p);
+      if (it == sizes_.end()) return false;
+      const size_t bytes = it->second;
+      size_t same = 0;
+      for (const auto& c : cached_) same += c.second == bytes;
+      if (same >= kCachePerSize || bytes > kCacheBytes) {
+        sizes_.erase(it);
+        return false;
+      }
+      cached_.emplace_back(p, bytes);
+      cached_bytes_ += bytes;
+      while (cached_bytes_ > kCacheBytes) {
+        drop.push_back(cached_.front().first);
+        cached_bytes_ -= cached_.front().second;
+        sizes_.erase(cached_.front().first);
+        cached_.pop_front();
+      }
+    }
+    for (void* q : drop) std::free(q);
+    return true;
+  }
+  // (The device lives as long as the process; the blocks still cached at exit stay
+  // reachable from it and go with the process.)
+
   static void forget(const void* p) {
     CeKey& ce = t_ce;
     if (!ce.logits || !p) return;
@@ -402,8 +475,10 @@ void Device::host_free(void* p, bool /*pinned*/) {
 }
 
 Device& cpu() {
-  static CpuDevice dev;
-  return dev;
+  // Never destroyed: a DeviceBuffer in another static object may be freed after this one's
+  // destructor would have run, and its free takes the block cache's lock.
+  static CpuDevice* dev = new CpuDevice;
+  return *dev;
 }
 
 }  // namespace dtrain::device
