@@ -16,8 +16,8 @@ struct BenchCliOptions {
   double step_factor = 2;
   int iters = 20, warmup = 5, check = 1, root = 0, agg = 1, blocking = 0;
   std::string op = "sum", dtype = "float";
-  std::string backend;  // "" = nccl where GPUs are visible, else gloo
-  std::string json;     // --json FILE (written by rank 0)
+  std::string backend;      // "" = nccl where GPUs are visible, else gloo
+  std::string json;         // --json FILE (written by rank 0)
   bool json_force = false;  // --force: replace an existing --json FILE that is not a dtrain bench report
 };
 

@@ -27,8 +27,7 @@ launch::JobRequest job_request(const JobOptions& o, const std::string& mode) {
   r.selection.num_nodes = o.num_nodes;
   if (!o.nnodes.empty() && o.nnodes.find(':') == std::string::npos) {
     // "N": torchrun's fixed node count, without elastic membership: the first N hosts.
-    if (o.nnodes.size() > 5 || o.nnodes.find_first_not_of("0123456789") != std::string::npos ||
-        std::stoi(o.nnodes) < 1)
+    if (o.nnodes.size() > 5 || o.nnodes.find_first_not_of("0123456789") != std::string::npos || std::stoi(o.nnodes) < 1)
       DT_THROW(UsageError, "--nnodes '{}': give MIN:MAX (e.g. 2:4) or N, with 1 <= MIN <= MAX", o.nnodes);
     const int n = std::stoi(o.nnodes);
     if (o.num_nodes != -1 && o.num_nodes != n)
@@ -188,16 +187,17 @@ void resume_sets(JobOptions& o) {
   };
   const auto& sb = before.scheduler;
   const auto steps_before = before.training.max_steps, steps_after = after.cfg.training.max_steps;
-  if (steps_after && steps_before != steps_after && sb.total_num_steps && !set_given("scheduler.params.total_num_steps") &&
-      sb.type && *sb.type != "WarmupLR") {
+  if (steps_after && steps_before != steps_after && sb.total_num_steps &&
+      !set_given("scheduler.params.total_num_steps") && sb.type && *sb.type != "WarmupLR") {
     if (steps_before && *sb.total_num_steps == *steps_before) {
       o.sets.push_back(fmt::format("scheduler.params.total_num_steps={}", *steps_after));
       after = config::config_load_file(o.config, o.sets);
     } else {
-      log_warn("resume: training.max_steps is now {}, but the schedule still ends at step {} "
-               "(scheduler.params.total_num_steps in {}); add --set scheduler.params.total_num_steps={} to end it "
-               "with the run",
-               *steps_after, *sb.total_num_steps, o.config, *steps_after);
+      log_warn(
+          "resume: training.max_steps is now {}, but the schedule still ends at step {} "
+          "(scheduler.params.total_num_steps in {}); add --set scheduler.params.total_num_steps={} to end it "
+          "with the run",
+          *steps_after, *sb.total_num_steps, o.config, *steps_after);
     }
   }
   const auto old_values = config::config_key_values(before);

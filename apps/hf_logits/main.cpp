@@ -124,10 +124,14 @@ int main(int argc, char** argv) {
   if (!dtype_parse(dtype_s, &dt)) return usage(argv[0], "--dtype is f32, bf16 or f16");
   if (device == "cpu" && dt != DType::F32) return usage(argv[0], "the CPU device computes in f32 only");
   if (!pref.empty()) {
-    if (pref != "sigmoid" && pref != "orpo" && pref != "simpo") return usage(argv[0], "--pref is sigmoid, orpo or simpo");
+    if (pref != "sigmoid" && pref != "orpo" && pref != "simpo")
+      return usage(argv[0], "--pref is sigmoid, orpo or simpo");
     if (B % 2 != 0) return usage(argv[0], "--pref needs an even --batch (pairs)");
-    po.loss = pref == "orpo" ? train::PrefLoss::ORPO : pref == "simpo" ? train::PrefLoss::SIMPO : train::PrefLoss::SIGMOID;
-    if ((po.loss == train::PrefLoss::SIGMOID) != !ref.empty()) return usage(argv[0], "--ref is for --pref sigmoid (and needed)");
+    po.loss = pref == "orpo"    ? train::PrefLoss::ORPO
+              : pref == "simpo" ? train::PrefLoss::SIMPO
+                                : train::PrefLoss::SIGMOID;
+    if ((po.loss == train::PrefLoss::SIGMOID) != !ref.empty())
+      return usage(argv[0], "--ref is for --pref sigmoid (and needed)");
   }
   try {
     std::unique_ptr<model::Model> host = train::model_load_hf_dir(model_dir);
@@ -175,7 +179,8 @@ int main(int argc, char** argv) {
       for (const auto& [k, v] : r.stats.means()) j[k] = v;
       if (!grads_path.empty()) {
         std::vector<float> scales(static_cast<size_t>(B));
-        for (int b = 0; b < B; ++b) scales[static_cast<size_t>(b)] = static_cast<float>(-r.dsum[static_cast<size_t>(b)] / P);
+        for (int b = 0; b < B; ++b)
+          scales[static_cast<size_t>(b)] = static_cast<float>(-r.dsum[static_cast<size_t>(b)] / P);
         m->zero_grad();
         m->backward_rows(scales.data());
         grads_write(*m, grads_path);

@@ -35,16 +35,16 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string train;                    // path ("" only in a pure DeepSpeed config)
-  std::string valid;                    // path or "" (no validation)
-  std::string format = "auto";          // "text" | "alpaca" | "chat" | "pairwise" | "tokens" | "auto" (from the records)
-  std::string tokenizer = "byte";       // path to tokenizer.json, or "byte"
-  std::optional<int64_t> seq_len;       // derived: model.max_seq_len
+  std::string train;               // path ("" only in a pure DeepSpeed config)
+  std::string valid;               // path or "" (no validation)
+  std::string format = "auto";     // "text" | "alpaca" | "chat" | "pairwise" | "tokens" | "auto" (from the records)
+  std::string tokenizer = "byte";  // path to tokenizer.json, or "byte"
+  std::optional<int64_t> seq_len;  // derived: model.max_seq_len
   std::string template_name = "plain";  // YAML key data.template
   bool train_on_prompt = false;
   std::string dataset;           // LLaMA-Factory dataset names (data.train is their dataset_dir)
   std::vector<std::string> mix;  // one weight per data.dataset name; empty = concatenated
-  std::optional<bool> pack;  // derived: true, except for pairwise (preference) data, which is never packed
+  std::optional<bool> pack;      // derived: true, except for pairwise (preference) data, which is never packed
   bool shuffle = true;
   bool operator==(const DataConfig&) const = default;
 };

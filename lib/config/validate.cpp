@@ -395,8 +395,8 @@ void derive_from_model(TrainConfig& cfg, const Origins& o, std::vector<std::stri
   if (!tokenizer_given && fs::is_regular_file(dir / "tokenizer.json", ec)) {
     cfg.data.tokenizer = (dir / "tokenizer.json").string();
     if (notes)
-      notes->push_back(fmt::format("data.tokenizer {} (model.init_from's; data.tokenizer not given)",
-                                   cfg.data.tokenizer));
+      notes->push_back(
+          fmt::format("data.tokenizer {} (model.init_from's; data.tokenizer not given)", cfg.data.tokenizer));
   } else if (!tokenizer_given && notes) {
     // Said, not refused: a model of one's own may train on bytes (a template that needs the
     // model's special tokens is refused by the launcher).

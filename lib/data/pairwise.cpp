@@ -22,7 +22,8 @@ PairRecord pair_parse_line(std::string_view line, const std::string& file, size_
 std::vector<PairRecord> pair_load_jsonl(const std::string& path) {
   const std::string text = input_file_read(path, "pairwise data", kInputAnySize);
   std::vector<PairRecord> records;
-  jsonl_lines(text, [&](std::string_view line, size_t line_no) { records.push_back(pair_parse_line(line, path, line_no)); });
+  jsonl_lines(text,
+              [&](std::string_view line, size_t line_no) { records.push_back(pair_parse_line(line, path, line_no)); });
   return records;
 }
 

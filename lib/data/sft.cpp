@@ -79,7 +79,9 @@ std::vector<SftRecord> sft_load_jsonl(const std::string& path, SftFormat format)
   // Read whole through the input rule (every record is held anyway), then split in lines.
   const std::string text = input_file_read(path, "SFT data", kInputAnySize);
   std::vector<SftRecord> records;
-  jsonl_lines(text, [&](std::string_view line, size_t line_no) { records.push_back(sft_parse_line(line, format, path, line_no)); });
+  jsonl_lines(text, [&](std::string_view line, size_t line_no) {
+    records.push_back(sft_parse_line(line, format, path, line_no));
+  });
   return records;
 }
 

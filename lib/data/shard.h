@@ -46,7 +46,7 @@ struct TokenData {
   int32_t eos_id = -1;
   int32_t pad_id = -1;
   bool pairwise = false;  // documents are (chosen, rejected) pairs, as flag bit 1
-  std::string name;  // where it came from (the tokenized file), for messages; not stored in shards
+  std::string name;       // where it came from (the tokenized file), for messages; not stored in shards
 
   // Appends one document; mask may be empty only while this data has no mask.
   void append(const std::vector<int32_t>& doc, const std::vector<uint8_t>& doc_mask = {});

@@ -393,8 +393,8 @@ class CpuDevice final : public Device {
   static constexpr size_t kCachePerSize = 1;
   static constexpr size_t kCacheBytes = size_t{4} << 30;
   std::mutex cache_mu_;
-  std::unordered_map<void*, size_t> sizes_;          // live and cached blocks of kCacheMin and more
-  std::deque<std::pair<void*, size_t>> cached_;      // freed blocks, oldest first
+  std::unordered_map<void*, size_t> sizes_;      // live and cached blocks of kCacheMin and more
+  std::deque<std::pair<void*, size_t>> cached_;  // freed blocks, oldest first
   size_t cached_bytes_ = 0;
 
   void sizes_lock_and_put(void* p, size_t bytes) {

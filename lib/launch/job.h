@@ -40,9 +40,9 @@ struct Job {
   config::Hostfile hosts;             // after selection
   Plan plan;
   LaunchSpec spec;
-  std::string run_dir;           // absolute
-  bool all_local = true;         // every host is this machine
-  std::string incomplete;        // dry run: why this config could not train ("" = it can)
+  std::string run_dir;     // absolute
+  bool all_local = true;   // every host is this machine
+  std::string incomplete;  // dry run: why this config could not train ("" = it can)
   // Dry run: each reason a launch of this complete job would fail on this machine (a
   // missing input, no GPU here); the dry run prints them and exits 2.
   std::vector<std::string> blockers;

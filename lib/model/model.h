@@ -266,9 +266,9 @@ class Model {
   bool recompute_ = false;
   bool training_ = true;
   bool adapters_enabled_ = true;
-  bool acts_adapted_ = true;  // adapters_enabled_ when the saved activations were made
+  bool acts_adapted_ = true;      // adapters_enabled_ when the saved activations were made
   device::DeviceBuffer row_one_;  // 1.0f in device memory: backward_rows' per-row count
-  float acts_dropout_ = 0.0f;  // LoRA dropout the saved activations were made with
+  float acts_dropout_ = 0.0f;     // LoRA dropout the saved activations were made with
   bool have_targets_ = false;
   // backward_fuse's request for the next forward, and whether the last forward's loss
   // already wrote the logits' gradient (for this scale and count).

@@ -14,8 +14,8 @@ namespace dtrain::rank {
 /// The bench mode's options as the launcher forwarded them (parsed by apps/).
 struct WorkerBench {
   bench::BenchOptions opts;
-  std::string backend;  // "" = nccl where GPUs are visible, else gloo
-  std::string json;     // --json FILE (written by rank 0)
+  std::string backend;      // "" = nccl where GPUs are visible, else gloo
+  std::string json;         // --json FILE (written by rank 0)
   bool json_force = false;  // --force: an existing --json FILE that is not a bench report may be replaced
 };
 

@@ -107,10 +107,9 @@ class Fields {
 // Short names for the live view: TRL's and LLaMA-Factory's preference metrics.
 std::string_view compact_name(std::string_view name) {
   static constexpr std::pair<std::string_view, std::string_view> kShort[] = {
-      {"rewards/accuracies", "acc"},          {"rewards/margins", "margin"},
-      {"rewards/chosen", "chosen"},           {"rewards/rejected", "rejected"},
-      {"logps/chosen", "logp_chosen"},        {"logps/rejected", "logp_rejected"},
-      {"logits/chosen", "logit_chosen"},      {"logits/rejected", "logit_rejected"}};
+      {"rewards/accuracies", "acc"},     {"rewards/margins", "margin"},        {"rewards/chosen", "chosen"},
+      {"rewards/rejected", "rejected"},  {"logps/chosen", "logp_chosen"},      {"logps/rejected", "logp_rejected"},
+      {"logits/chosen", "logit_chosen"}, {"logits/rejected", "logit_rejected"}};
   for (const auto& [full, shorter] : kShort)
     if (name == full) return shorter;
   return name;
@@ -262,8 +261,8 @@ NamedMetrics metrics_record_get(const nlohmann::json& record) {
     if (!n.is_string()) return {};
     const std::string& name = n.get_ref<const std::string&>();
     auto v = record.find(name);
-    out.emplace_back(name, v != record.end() && v->is_number() ? v->get<double>()
-                                                               : std::numeric_limits<double>::quiet_NaN());
+    out.emplace_back(name,
+                     v != record.end() && v->is_number() ? v->get<double>() : std::numeric_limits<double>::quiet_NaN());
   }
   return out;
 }

@@ -616,7 +616,8 @@ void history_rows(StatusText& t) {
     t.row("progress", p);
     if (!st.last_metrics.empty()) {
       std::string m;
-      for (const auto& [name, value] : st.last_metrics) m += fmt::format("{}{} {:.4f}", m.empty() ? "" : ", ", name, value);
+      for (const auto& [name, value] : st.last_metrics)
+        m += fmt::format("{}{} {:.4f}", m.empty() ? "" : ", ", name, value);
       t.row("metrics", fmt::format("{} (step {})", m, *st.last_step));
     }
   } else {

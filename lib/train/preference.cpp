@@ -78,8 +78,8 @@ PrefResult pref_evaluate(const PrefOptions& o, const std::vector<RowLogp>& polic
              "a pairwise batch has an even number of rows, not {}", policy.size());
   const size_t P = policy.size() / 2;
   const bool dpo = o.loss == PrefLoss::SIGMOID;
-  DT_ENFORCE(!dpo || ref.size() == policy.size(), InternalError, "DPO needs {} reference sums, got {}",
-             policy.size(), ref.size());
+  DT_ENFORCE(!dpo || ref.size() == policy.size(), InternalError, "DPO needs {} reference sums, got {}", policy.size(),
+             ref.size());
   PrefResult r;
   r.dsum.assign(policy.size(), 0.0);
   for (size_t p = 0; p < P; ++p) {

@@ -51,8 +51,8 @@ struct PrefStats {
 };
 
 struct PrefResult {
-  double loss_sum = 0.0;      ///< the sum of the pairs' losses
-  std::vector<double> dsum;   ///< d loss_sum / d (row b's log-probability sum), per row
+  double loss_sum = 0.0;     ///< the sum of the pairs' losses
+  std::vector<double> dsum;  ///< d loss_sum / d (row b's log-probability sum), per row
   PrefStats stats;
 };
 

@@ -25,8 +25,7 @@ constexpr const char* kFile = "reference_logps.bin";
 // Eval mode (and the adapters as asked) for a scope.
 class PassMode {
  public:
-  PassMode(model::Model& m, bool adapters_off)
-      : m_(m), training_(m.training()), adapters_(m.adapters_enabled()) {
+  PassMode(model::Model& m, bool adapters_off) : m_(m), training_(m.training()), adapters_(m.adapters_enabled()) {
     m_.set_training(false);
     if (adapters_off) m_.set_adapters_enabled(false);
   }

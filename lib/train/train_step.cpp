@@ -22,8 +22,8 @@ TrainStep::TrainStep(model::Model& model, const model::Model* fp32_source, comm:
   // What a graph can replay: one micro-batch per step (its inputs uploaded before the
   // launch), no collective inside forward/backward hooks beyond stage 1's stream-ordered
   // buckets, no dropout (its masks are seeded per forward).
-  graph_on_ = opts.cuda_graph && !opts.preference && model.device().kind() == device::Kind::CUDA && opts.grad_accum == 1 &&
-              zero.stage <= 1 && !(model.lora_config().dropout > 0.0f) &&
+  graph_on_ = opts.cuda_graph && !opts.preference && model.device().kind() == device::Kind::CUDA &&
+              opts.grad_accum == 1 && zero.stage <= 1 && !(model.lora_config().dropout > 0.0f) &&
               !(zero.offload_optimizer && !model.on_host());
 }
 
@@ -64,7 +64,8 @@ StepOutcome TrainStep::run(int64_t step, float lr, const StepBatch& b, StepTimer
                          static_cast<float>(pref.accuracy),      static_cast<float>(pref.margin),
                          static_cast<float>(pref.chosen_logp),   static_cast<float>(pref.rejected_logp),
                          static_cast<float>(pref.pairs)};
-    if (comm_ != nullptr && comm_->size() > 1) comm_->allreduce_host(v.data(), v.size(), DType::F32, comm::ReduceOp::SUM);
+    if (comm_ != nullptr && comm_->size() > 1)
+      comm_->allreduce_host(v.data(), v.size(), DType::F32, comm::ReduceOp::SUM);
     PrefStats all;
     all.chosen_reward = v[0];
     all.rejected_reward = v[1];
@@ -83,8 +84,7 @@ StepOutcome TrainStep::run(int64_t step, float lr, const StepBatch& b, StepTimer
 // host from the rows' log-probability sums, and a backward weighted per row. Each
 // micro-batch's mean pair loss goes to its loss slot with its pair count, so the step's
 // loss is the mean pair loss over every rank like the SFT step's mean token loss.
-PrefStats TrainStep::issue_preference(float factor, float loss_scale, float lr, const StepBatch& b,
-                                      StepTimer& timer) {
+PrefStats TrainStep::issue_preference(float factor, float loss_scale, float lr, const StepBatch& b, StepTimer& timer) {
   const PrefOptions& po = *opts_.preference;
   const int accum = opts_.grad_accum, rows = opts_.micro_batch, T = opts_.seq_len, P = rows / 2;
   DT_ENFORCE(po.reference != PrefReference::PRECOMPUTED ||

@@ -541,14 +541,15 @@ void TrainLoop::reference_prepare() {
     float bad = error.empty() ? 0.0f : 1.0f;
     if (comm_) comm_->allreduce_host(&bad, 1, DType::F32, comm::ReduceOp::MAX);
     if (lead_) DT_ENFORCE(error.empty(), ConfigError, "{}", error);
-    DT_ENFORCE(bad == 0.0f, ConfigError, "rank 0 could not read the run's reference log-probabilities (its log says why)");
+    DT_ENFORCE(bad == 0.0f, ConfigError,
+               "rank 0 could not read the run's reference log-probabilities (its log says why)");
     if (comm_ && !ref_table_.empty())
       comm_->broadcast(ref_table_.data(), ref_table_.data(), ref_table_.size(), DType::F32, 0);
     return;
   }
   Stopwatch clock;
-  ref_table_ = reference_logps_compute(*model_, pairs, micro_, rank_, W_, comm_, zopts_.stage == 3 && comm_ != nullptr,
-                                       false);
+  ref_table_ =
+      reference_logps_compute(*model_, pairs, micro_, rank_, W_, comm_, zopts_.stage == 3 && comm_ != nullptr, false);
   if (lead_ && !env_.run_dir.empty()) reference_logps_save(env_.run_dir, ref_table_, fp);
   if (lead_ && env_.print) {
     std::printf("train: reference log-probabilities of %zu pairs computed (%.1f s)%s\n", pairs.size(),
@@ -715,9 +716,9 @@ TrainResult TrainLoop::run() {
   if (pref_ && start_step_ == 0 && start_step_ < total_steps_) evaluate(0);
   for (int64_t step = start_step_ + 1; step <= total_steps_; ++step) {
     batch_load();
-    const StepOutcome out = step_->run(step, sched_->lr(res_.applied_steps),
-                                       StepBatch{&inputs_, &targets_, &counts_, ref_table_.empty() ? nullptr : &ref_batch_},
-                                       timer_);
+    const StepOutcome out =
+        step_->run(step, sched_->lr(res_.applied_steps),
+                   StepBatch{&inputs_, &targets_, &counts_, ref_table_.empty() ? nullptr : &ref_batch_}, timer_);
     res_.graph_steps = step_->graph_steps();
     if (out.target_count == 0 && lead_) log_warn("step {}: every target of the batch is masked (loss 0)", step);
     record(step, out);

@@ -19,9 +19,7 @@ namespace {
 
 constexpr int kUsage = 2;
 
-fs::path preference_dir() {
-  return fs::absolute(source_root()) / "configs" / "data" / "preference";
-}
+fs::path preference_dir() { return fs::absolute(source_root()) / "configs" / "data" / "preference"; }
 
 data::DatasetOptions pad(int64_t seq_len) {
   data::DatasetOptions o;

@@ -85,7 +85,8 @@ TEST_CASE("every recipe in examples/ plans for 8 x 80 GB against a directory hol
   }
 }
 
-TEST_CASE("the recipes cover each model with LoRA and full SFT, ZeRO-2 and 3, offload or not, alpaca and sharegpt, and each preference objective") {
+TEST_CASE(
+    "the recipes cover each model with LoRA and full SFT, ZeRO-2 and 3, offload or not, alpaca and sharegpt, and each preference objective") {
   std::map<std::string, std::set<bool>> lora_by_model;
   std::set<int64_t> stages;
   std::set<bool> offload;

@@ -83,7 +83,7 @@ lora:
   r: 4
   alpha: 8
   target_modules: [q_proj, v_proj])",
-                                                       tmp.path()));
+                                                      tmp.path()));
   r = run_dtrain({"launch", "--config", cfg, "--nproc-per-node", "2", "--master-port", "0", "--output-dir", run_dir});
   INFO(r.out);
   REQUIRE(r.rc == 0);
@@ -93,8 +93,8 @@ lora:
   for (const auto& j : recs) {
     if (!j.contains("loss")) continue;
     ++train_records;
-    for (const char* k : {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
-                          "logps/chosen", "logps/rejected"})
+    for (const char* k : {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+                          "logps/rejected"})
       CHECK_MESSAGE(j.contains(k), k << " missing in " << j.dump());
     CHECK(std::isfinite(j.at("loss").get<double>()));
   }
@@ -138,7 +138,7 @@ TEST_CASE("full-fine-tuning DPO on the fly from a dataset_info.json: the referen
   tokenizer: byte
   template: chatml
   seq_len: 96)",
-                                                       data_dir, data_dir));
+                                                      data_dir, data_dir));
   RunResult r = run_dtrain({"launch", "--config", cfg, "--master-port", "0", "--output-dir", run_dir});
   INFO(r.out);
   REQUIRE(r.rc == 0);

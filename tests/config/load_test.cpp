@@ -133,7 +133,8 @@ TEST_CASE("key policy: every other unknown key is an error naming what to write 
   expect_error(kJob + "optimizer: {params: {xyz: 1}}\n", {"optimizer.params.xyz: unknown key", "lr, betas"});
   expect_error(kJob + "seq_len: 64\n", {"t.yaml:5:1:", "did you mean data.seq_len? (a key of another section)"});
   // LLaMA-Factory / HF Trainer / PEFT spellings
-  expect_error(kJob + "learning_rate: 1.0e-4\n", {"t.yaml:5:1:", "learning_rate: unknown key; dtrain spells this optimizer.params.lr"});
+  expect_error(kJob + "learning_rate: 1.0e-4\n",
+               {"t.yaml:5:1:", "learning_rate: unknown key; dtrain spells this optimizer.params.lr"});
   expect_error(kJob + "lora: {rank: 16}\n", {"t.yaml:5:8:", "lora.rank: unknown key; dtrain spells this lora.r"});
   expect_error(kJob + "per_device_train_batch_size: 4\n", {"dtrain spells this train_micro_batch_size_per_gpu"});
   // DeepSpeed's older name of the bf16 section
@@ -153,9 +154,9 @@ TEST_CASE("key policy: DeepSpeed keys dtrain does not act on are listed in one w
                                       "t.yaml");
   REQUIRE(l.warnings.size() == 1);
   const std::string& w = l.warnings[0];
-  for (const char* k :
-       {"zero_optimization.offload_optimizer.buffer_count", "zero_optimization.stage3_gather_16bit_weights_on_model_save", "wandb",
-        "fp16.auto_cast", "zero_allow_untested_optimizer"})
+  for (const char* k : {"zero_optimization.offload_optimizer.buffer_count",
+                        "zero_optimization.stage3_gather_16bit_weights_on_model_save", "wandb", "fp16.auto_cast",
+                        "zero_allow_untested_optimizer"})
     CHECK_MESSAGE(has(w, k), k);
   CHECK(has(w, "not acted on"));
   CHECK(l.cfg.zero.stage == 3);
@@ -460,7 +461,8 @@ TEST_CASE("model.init_from: tokenizer and template default to the model's own, a
       std::filesystem::temp_directory_path() / ("dtrain-load-init-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "tokenizer.json") << "{}\n";
-  std::ofstream(dir / "tokenizer_config.json") << "{\"chat_template\": \"{% for m in messages %}<|im_start|>{% endfor %}\"}\n";
+  std::ofstream(dir / "tokenizer_config.json")
+      << "{\"chat_template\": \"{% for m in messages %}<|im_start|>{% endfor %}\"}\n";
   const std::string head = "model: {init_from: " + dir.string() + "}\ntraining: {max_steps: 2}\n";
   const std::string train = "train: /nonexistent/train.jsonl";
   LoadedConfig l = config_load_string(head + "data: {" + train + "}\n", "t.yaml");
@@ -490,10 +492,10 @@ TEST_CASE("preference keys: LLaMA-Factory's stages and losses dtrain does not tr
   std::string m = error_of(kJob, {"training.stage=ppo"});
   CHECK(has(m, "training.stage: 'ppo' is LLaMA-Factory's PPO stage"));
   CHECK(!has(m, "did you mean"));
-  for (const char* s : {"kto", "rm", "pt"}) CHECK(has(error_of(kJob, {std::string("training.stage=") + s}), "does not train"));
+  for (const char* s : {"kto", "rm", "pt"})
+    CHECK(has(error_of(kJob, {std::string("training.stage=") + s}), "does not train"));
   CHECK(has(error_of(kJob, {"training.stage=dpo", "training.pref_loss=ipo"}), "'ipo' is the IPO preference loss"));
-  CHECK(has(error_of(kJob, {"training.stage=dpo", "training.pref_reference=adapters_off"}),
-            "adapters_off needs LoRA"));
+  CHECK(has(error_of(kJob, {"training.stage=dpo", "training.pref_reference=adapters_off"}), "adapters_off needs LoRA"));
   // The bare LLaMA-Factory spellings point to dtrain's keys.
   CHECK(has(error_of(kJob + "pref_beta: 0.2\n"), "training.pref_beta"));
   const TrainConfig c = config_load_string(kJob, "t.yaml", {"training.stage=dpo", "training.pref_loss=simpo"}).cfg;

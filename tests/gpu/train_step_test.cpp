@@ -55,7 +55,8 @@ namespace {
 // precomputed reference's pass over every pair stays short on the engine.
 std::string pairs_file() {
   static const std::string path = [] {
-    const std::string out = (fs::temp_directory_path() / ("dtrain_gpu_pairs_" + std::to_string(getpid()) + ".jsonl")).string();
+    const std::string out =
+        (fs::temp_directory_path() / ("dtrain_gpu_pairs_" + std::to_string(getpid()) + ".jsonl")).string();
     std::ifstream in("configs/data/preference/valid.jsonl");
     std::ofstream o(out);
     std::string line;
@@ -74,8 +75,8 @@ std::string pairs_file() {
 
 // A stage-dpo job on those pairs.
 std::vector<std::string> dpo(std::vector<std::string> extra) {
-  std::vector<std::string> s{"data.train=" + pairs_file(), "data.format=pairwise", "data.pack=false",
-                             "data.seq_len=128", "model.max_seq_len=128", "training.stage=dpo",
+  std::vector<std::string> s{"data.train=" + pairs_file(), "data.format=pairwise",  "data.pack=false",
+                             "data.seq_len=128",           "model.max_seq_len=128", "training.stage=dpo",
                              "training.pref_beta=0.5"};
   s.insert(s.end(), extra.begin(), extra.end());
   return s;
@@ -94,8 +95,9 @@ std::vector<double> cpu_losses(int steps, const std::vector<std::string>& extra)
 
 }  // namespace
 
-TEST_CASE("preference steps on the CUDA device: DPO (LoRA, adapters-off reference; full, precomputed), ORPO, "
-          "SimPO equal the CPU's losses; two ranks at ZeRO-3 over NCCL equal one") {
+TEST_CASE(
+    "preference steps on the CUDA device: DPO (LoRA, adapters-off reference; full, precomputed), ORPO, "
+    "SimPO equal the CPU's losses; two ranks at ZeRO-3 over NCCL equal one") {
   ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);
   struct Case {
     std::vector<std::string> sets;

@@ -101,7 +101,8 @@ TEST_CASE("progress: plain view writes the human line with percentage and ETA, w
   const ProgressRecord r = rec(5, 50, 3.25, 1e-4, 1.25, 1, 512, 0.25, true);
   const std::string line = dtrain::report::progress_line(r);
   CHECK(line == "step 5/50 | loss 3.2500 | lr 1.0e-04 | grad_norm 1.250 | loss_scale 1 | tokens/s 512 | 0.25 s/step");
-  CHECK(shown(v, r) == line + " | 10% | ETA 11s\n");  // 45 steps left at 0.25 s/step (issue 44: sbatch logs had neither)
+  CHECK(shown(v, r) ==
+        line + " | 10% | ETA 11s\n");  // 45 steps left at 0.25 s/step (issue 44: sbatch logs had neither)
   v.set_restarts(1);
   CHECK(shown(v, r) == line + " | 10% | ETA 11s | restarts 1\n");
   CHECK(v.interrupt() == "");
@@ -114,20 +115,22 @@ TEST_CASE("progress: plain view writes the human line with percentage and ETA, w
 
 TEST_CASE("progress: a record's named metrics show on the live line, in short on a TTY and in full in plain view") {
   ProgressRecord r = rec(20, 100, 0.4512, 5e-6, 3.5, 1, 900, 0.5, true);
-  r.metrics = {{"rewards/chosen", 0.5123},    {"rewards/rejected", -0.6812}, {"rewards/accuracies", 14.0 / 15.0},
-               {"rewards/margins", 1.1935},   {"logps/chosen", -123.456},   {"logps/rejected", -150.25}};
+  r.metrics = {{"rewards/chosen", 0.5123},  {"rewards/rejected", -0.6812}, {"rewards/accuracies", 14.0 / 15.0},
+               {"rewards/margins", 1.1935}, {"logps/chosen", -123.456},    {"logps/rejected", -150.25}};
   ProgressView tty(true, 0);
   const std::string t = shown(tty, r);
   CAPTURE(t);
-  CHECK(has(t, "| gnorm 3.500 | chosen 0.512 rejected -0.681 acc 0.933 margin 1.19 logp_chosen -123 "
-               "logp_rejected -150"));
+  CHECK(has(t,
+            "| gnorm 3.500 | chosen 0.512 rejected -0.681 acc 0.933 margin 1.19 logp_chosen -123 "
+            "logp_rejected -150"));
   CHECK_FALSE(has_control(t.substr(5)));  // after the redraw prefix
 
   ProgressView plain(false, 0);
   const std::string p = shown(plain, r);
   CAPTURE(p);
-  CHECK(has(p, "| 0.50 s/step | rewards/chosen 0.5123 | rewards/rejected -0.6812 | rewards/accuracies 0.9333 | "
-               "rewards/margins 1.1935 | logps/chosen -123.4560 | logps/rejected -150.2500 | 20% | ETA 40s\n"));
+  CHECK(has(p,
+            "| 0.50 s/step | rewards/chosen 0.5123 | rewards/rejected -0.6812 | rewards/accuracies 0.9333 | "
+            "rewards/margins 1.1935 | logps/chosen -123.4560 | logps/rejected -150.2500 | 20% | ETA 40s\n"));
   CHECK_FALSE(has_control(p));
 
   // SFT: no metrics, nothing more on the line.

@@ -334,7 +334,7 @@ TEST_CASE("alerts: a low_memory episode ends only 5 % (at least 256 MiB) above t
   CHECK(small.update(at(1000 * kMiB), lim).size() == 1);
   CHECK(small.update(at(1279 * kMiB), lim).empty());
   CHECK(small.update(at(1000 * kMiB), lim).empty());
-  CHECK(small.update(at(1280 * kMiB), lim).empty());   // 1024 + 256: ended
+  CHECK(small.update(at(1280 * kMiB), lim).empty());  // 1024 + 256: ended
   CHECK(small.update(at(1000 * kMiB), lim).size() == 1);
 }
 

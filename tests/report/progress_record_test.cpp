@@ -26,11 +26,12 @@ std::string line_before_records(const ProgressRecord& r) {
     std::snprintf(comm_part, sizeof comm_part, " | sent %.3f MB/step | comm %.1f ms/step", r.comm_bytes_per_step / 1e6,
                   1e3 * r.comm_s_per_step);
   char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "step %lld/%lld | loss %.4f | lr %.1e | grad_norm %.3f | loss_scale %.0f | tokens/s %.0f | %.2f s/step%s%s",
-                static_cast<long long>(r.step), static_cast<long long>(r.total_steps), r.loss,
-                static_cast<double>(static_cast<float>(r.lr)), r.grad_norm, r.loss_scale, r.tokens_per_s, r.step_time_s,
-                comm_part, r.skipped ? " | skipped (fp16 overflow)" : "");
+  std::snprintf(
+      buf, sizeof buf,
+      "step %lld/%lld | loss %.4f | lr %.1e | grad_norm %.3f | loss_scale %.0f | tokens/s %.0f | %.2f s/step%s%s",
+      static_cast<long long>(r.step), static_cast<long long>(r.total_steps), r.loss,
+      static_cast<double>(static_cast<float>(r.lr)), r.grad_norm, r.loss_scale, r.tokens_per_s, r.step_time_s,
+      comm_part, r.skipped ? " | skipped (fp16 overflow)" : "");
   return buf;
 }
 
@@ -69,8 +70,11 @@ TEST_CASE("progress record: the line round-trips exactly, named metrics in their
   r.comm_s_per_step = 0.8124;
   r.times = {{12.5, 13.0 / 3.0, 40.25}, {30.0, 29.75, 1.0 / 7.0}};
   // Not in name order: the order is the step's.
-  r.metrics = {{"rewards/chosen", 0.1 + 0.2}, {"rewards/rejected", -0.5}, {"rewards/accuracies", 2.0 / 3.0},
-               {"logps/chosen", -kInf},     {"nll_loss", kNan}};
+  r.metrics = {{"rewards/chosen", 0.1 + 0.2},
+               {"rewards/rejected", -0.5},
+               {"rewards/accuracies", 2.0 / 3.0},
+               {"logps/chosen", -kInf},
+               {"nll_loss", kNan}};
   const std::string line = progress_record_line(r);
   CHECK(line.rfind(kProgressRecordPrefix, 0) == 0);
   CHECK(line.find('\n') == std::string::npos);
@@ -132,14 +136,16 @@ TEST_CASE("progress record: other lines are not records; a damaged record says w
         "\"skipped\" is not true or false");
   CHECK(parse_error(p + R"({"v":1,"step":4,"total_steps":10,"loss":2,"rank_compute_ms":[1,2],"rank_comm_ms":[1]})") ==
         "\"rank_compute_ms\" has 2 ranks, \"rank_comm_ms\" 1");
-  CHECK(parse_error(p + R"({"v":1,"step":4,"total_steps":10,"loss":2,"rank_compute_ms":[1,"x"],"rank_comm_ms":[1,2]})") ==
-        "\"rank_compute_ms\" is not a list of numbers");
+  CHECK(
+      parse_error(p + R"({"v":1,"step":4,"total_steps":10,"loss":2,"rank_compute_ms":[1,"x"],"rank_comm_ms":[1,2]})") ==
+      "\"rank_compute_ms\" is not a list of numbers");
   CHECK(parse_error(p + R"({"v":1,"step":4,"total_steps":10,"loss":2,"metrics":[1]})") ==
         "\"metrics\" is not an object of named numbers");
   CHECK(parse_error(p + R"({"v":1,"step":4,"total_steps":10,"loss":2,"metrics":{"acc":"high"}})") ==
         "\"metrics.acc\" is not a number");
-  CHECK(parse_error(p + R"({"v":1,"step":4,"total_steps":10,"loss":2,"metrics":{"a b":1}})").find("metric 'a b' holds") ==
-        0);
+  CHECK(
+      parse_error(p + R"({"v":1,"step":4,"total_steps":10,"loss":2,"metrics":{"a b":1}})").find("metric 'a b' holds") ==
+      0);
 
   // Fields it does not know (a newer trainer's) are passed over; the optional ones may be absent.
   auto r = progress_record_parse(p + R"({"v":1,"step":4,"total_steps":10,"loss":2.5,"future":[1]})", &error);
@@ -171,8 +177,8 @@ TEST_CASE("progress record: the human line is the trainer's line of before, then
   const std::string with = progress_line(r);
   const std::string base = line_before_records(r);
   const std::string skip = " | skipped (fp16 overflow)";
-  CHECK(with == base.substr(0, base.size() - skip.size()) + " | rewards/accuracies 0.9333 | rewards/margins 1.2000" +
-                    skip);
+  CHECK(with ==
+        base.substr(0, base.size() - skip.size()) + " | rewards/accuracies 0.9333 | rewards/margins 1.2000" + skip);
 }
 
 TEST_CASE("progress record: the live view's short names") {

@@ -178,7 +178,6 @@ training: {max_steps: 1, seed: 5}
   CHECK(bare.tokenizer->name() == "byte");
   CHECK(bare.seq_len == 32);
   // The input rule names a directory that is not there (a ConfigError: exit 2, as before).
-  CHECK_THROWS_WITH_AS(eval_target_load((dir / "nothing").string()), doctest::Contains("does not exist"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(eval_target_load((dir / "nothing").string()), doctest::Contains("does not exist"), ConfigError);
   fs::remove_all(dir);
 }

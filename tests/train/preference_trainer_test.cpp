@@ -155,8 +155,8 @@ std::vector<double> metric(const fs::path& run_dir, const std::string& key) {
 
 TEST_CASE("DPO, ORPO and SimPO on 2 ranks at ZeRO-0 and ZeRO-3 give the single-rank losses") {
   const std::vector<std::vector<std::string>> objectives{
-      kLora,                                                       // DPO, reference = base with adapters off
-      {"training.pref_reference=precomputed"},                     // DPO, full, precomputed reference
+      kLora,                                    // DPO, reference = base with adapters off
+      {"training.pref_reference=precomputed"},  // DPO, full, precomputed reference
       with(kLora, {"training.pref_loss=orpo", "training.pref_ftx=0.2"}),
       {"training.pref_loss=simpo", "training.pref_beta=2.0", "training.simpo_gamma=0.4"},
   };

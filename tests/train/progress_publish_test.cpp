@@ -246,8 +246,8 @@ TEST_CASE("an SFT step's empty list: the line, metrics.jsonl and TensorBoard hol
     REQUIRE(rows.size() == 2);
     std::set<std::string> keys;
     for (const auto& [k, v] : rows[0].items()) keys.insert(k);
-    std::set<std::string> want{"step", "loss", "lr", "grad_norm", "loss_scale", "tokens_per_s", "step_time", "time_ms",
-                               "tokens"};
+    std::set<std::string> want{"step",         "loss",      "lr",      "grad_norm", "loss_scale",
+                               "tokens_per_s", "step_time", "time_ms", "tokens"};
     if (several) want.insert({"rank_compute_ms", "rank_comm_ms", "comm_bytes_sent", "comm_seconds"});
     CHECK(keys == want);
     const auto v = dtrain::test::tfevents_read((tmp.path / "tb").string(), (tmp.path / "metrics.jsonl").string());
