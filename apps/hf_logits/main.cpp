@@ -156,35 +156,26 @@ int main(int argc, char** argv) {
     }
     m->set_training(false);
     if (!pref.empty()) {
+      // The trainer's own micro-batch (train/preference.h), with the mean pair loss's scale.
       std::vector<double> ref_sums;
       if (ref == "adapters_off") {
         DT_ENFORCE(m->lora_on(), UsageError, "--ref adapters_off needs a model with a LoRA adapter");
-        m->set_adapters_enabled(false);
-        m->forward(tokens.data(), targets.data(), B, T);
-        m->set_adapters_enabled(true);
-        for (const auto& r : train::row_logps(m->token_losses_to_host().data(), targets.data(), B, T))
-          ref_sums.push_back(r.sum);
+        po.reference = train::PrefReference::ADAPTERS_OFF;
       } else if (!ref.empty()) {
         std::ifstream f(ref, std::ios::binary);
         ref_sums.resize(static_cast<size_t>(B));
         f.read(reinterpret_cast<char*>(ref_sums.data()), static_cast<std::streamsize>(B * sizeof(double)));
         DT_ENFORCE(f.gcount() == static_cast<std::streamsize>(B * sizeof(double)), IoError,
                    "{}: holds fewer than {} float64 reference sums", ref, B);
+        po.reference = train::PrefReference::PRECOMPUTED;
       }
-      m->forward(tokens.data(), targets.data(), B, T);
-      const train::PrefResult r =
-          train::pref_evaluate(po, train::row_logps(m->token_losses_to_host().data(), targets.data(), B, T), ref_sums);
       const double P = B / 2.0;
+      m->zero_grad();
+      const train::PrefResult r =
+          train::pref_micro_batch(*m, tokens.data(), targets.data(), B, T, po, ref_sums, 1.0 / P);
       nlohmann::json j{{"model", model_dir}, {"device", device}, {"pref", pref}, {"loss", r.loss_sum / P}};
       for (const auto& [k, v] : r.stats.means()) j[k] = v;
-      if (!grads_path.empty()) {
-        std::vector<float> scales(static_cast<size_t>(B));
-        for (int b = 0; b < B; ++b)
-          scales[static_cast<size_t>(b)] = static_cast<float>(-r.dsum[static_cast<size_t>(b)] / P);
-        m->zero_grad();
-        m->backward_rows(scales.data());
-        grads_write(*m, grads_path);
-      }
+      if (!grads_path.empty()) grads_write(*m, grads_path);
       std::printf("%s\n", j.dump().c_str());
       return 0;
     }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace dtrain::comm {
 
@@ -88,5 +89,14 @@ class Communicator {
   /// collective fail fast with CommError instead of hanging. Idempotent.
   virtual void abort() = 0;
 };
+
+/// Sums a few host doubles over the ranks in place (fp32 on the wire: counts stay exact
+/// below 2^24). Nothing to do without a communicator or with one rank.
+inline void allreduce_sum_host(Communicator* comm, std::vector<double>& v) {
+  if (comm == nullptr || comm->size() <= 1 || v.empty()) return;
+  std::vector<float> f(v.begin(), v.end());
+  comm->allreduce_host(f.data(), f.size(), DType::F32, ReduceOp::SUM);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = f[i];
+}
 
 }  // namespace dtrain::comm

@@ -292,4 +292,32 @@ class Model {
   std::unique_ptr<Scratch> scratch_;
 };
 
+/// Runs a scope in eval mode (set_training(false): no LoRA dropout) and restores the
+/// previous mode on leaving it.
+class EvalScope {
+ public:
+  explicit EvalScope(Model& m) : m_(m), was_(m.training()) { m_.set_training(false); }
+  ~EvalScope() { m_.set_training(was_); }
+  EvalScope(const EvalScope&) = delete;
+  EvalScope& operator=(const EvalScope&) = delete;
+
+ private:
+  Model& m_;
+  bool was_;
+};
+
+/// Runs a scope with m's adapters switched off (set_adapters_enabled(false)), as the
+/// reference model of DPO, and restores what they were on leaving it, by exception too.
+class AdaptersOffScope {
+ public:
+  explicit AdaptersOffScope(Model& m) : m_(m), was_(m.adapters_enabled()) { m_.set_adapters_enabled(false); }
+  ~AdaptersOffScope() { m_.set_adapters_enabled(was_); }
+  AdaptersOffScope(const AdaptersOffScope&) = delete;
+  AdaptersOffScope& operator=(const AdaptersOffScope&) = delete;
+
+ private:
+  Model& m_;
+  bool was_;
+};
+
 }  // namespace dtrain::model

@@ -14,24 +14,6 @@
 
 namespace dtrain::train {
 
-// ----------------------------------------------------------------------------
-namespace {
-
-// Sets eval mode for a scope and restores the previous flag.
-class EvalMode {
- public:
-  explicit EvalMode(model::Model& m) : m_(m), was_(m.training()) { m_.set_training(false); }
-  ~EvalMode() { m_.set_training(was_); }
-  EvalMode(const EvalMode&) = delete;
-  EvalMode& operator=(const EvalMode&) = delete;
-
- private:
-  model::Model& m_;
-  bool was_;
-};
-
-}  // namespace
-
 double EvalLoss::mean() const {
   return tokens > 0 ? loss_sum / static_cast<double>(tokens) : std::numeric_limits<double>::quiet_NaN();
 }
@@ -47,7 +29,7 @@ EvalLoss eval_loss(model::Model& m, const data::TokenDataset& dataset, int batch
                    int world_size, int forwards) {
   DT_ENFORCE_GT(batch_size, 0, InternalError, "eval batch size");
   DT_ENFORCE(rank >= 0 && rank < world_size, InternalError, "eval rank {} of {}", rank, world_size);
-  EvalMode mode(m);
+  model::EvalScope mode(m);
   const size_t n = max_samples > 0 ? std::min(max_samples, dataset.size()) : dataset.size();
   std::vector<size_t> mine;
   for (size_t i = static_cast<size_t>(rank); i < n; i += static_cast<size_t>(world_size)) mine.push_back(i);
@@ -89,7 +71,7 @@ std::vector<std::vector<int32_t>> generate_batch(model::Model& m, const std::vec
                                                  int max_new_tokens, const std::vector<int32_t>& stop_ids,
                                                  const SamplingOptions& sampling, int batch_size, int vocab_limit) {
   DT_ENFORCE_GT(batch_size, 0, InternalError, "generation batch size");
-  EvalMode mode(m);
+  model::EvalScope mode(m);
   const int max_T = m.config().max_seq_len;
   const int V = m.config().vocab_size;
   const int Vs = vocab_limit > 0 ? std::min(vocab_limit, V) : V;

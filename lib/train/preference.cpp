@@ -6,6 +6,7 @@
 #include "core/check.h"
 
 #include <cmath>
+#include <optional>
 
 namespace dtrain::train {
 
@@ -142,6 +143,30 @@ PrefResult pref_evaluate(const PrefOptions& o, const std::vector<RowLogp>& polic
     r.stats.rejected_logp += lj;
     r.stats.pairs += 1.0;
   }
+  return r;
+}
+
+PrefResult pref_micro_batch(model::Model& m, const int32_t* inputs, const int32_t* targets, int rows, int T,
+                            const PrefOptions& o, const std::vector<double>& ref, double grad_scale, StepTimer* timer) {
+  DT_ENFORCE(o.reference != PrefReference::PRECOMPUTED || ref.size() == static_cast<size_t>(rows), UsageError,
+             "a precomputed reference needs {} sums, got {}", rows, ref.size());
+  std::optional<StepTimer::Scope> fwd;
+  if (timer) fwd.emplace(*timer, Section::FORWARD);
+  std::vector<double> ref_sums;
+  if (o.reference == PrefReference::ADAPTERS_OFF) {
+    model::AdaptersOffScope off(m);
+    m.forward(inputs, targets, rows, T);
+    for (const RowLogp& x : row_logps(m.token_losses_to_host().data(), targets, rows, T)) ref_sums.push_back(x.sum);
+  }
+  m.forward(inputs, targets, rows, T);
+  PrefResult r = pref_evaluate(o, row_logps(m.token_losses_to_host().data(), targets, rows, T),
+                               o.reference == PrefReference::PRECOMPUTED ? ref : ref_sums);
+  fwd.reset();
+  std::vector<float> scales(r.dsum.size());
+  for (size_t k = 0; k < scales.size(); ++k) scales[k] = static_cast<float>(grad_scale * -r.dsum[k]);
+  std::optional<StepTimer::Scope> bwd;
+  if (timer) bwd.emplace(*timer, Section::BACKWARD);
+  m.backward_rows(scales.data());
   return r;
 }
 

@@ -5,6 +5,8 @@
 #pragma once
 
 #include "config/train_config.h"
+#include "model/model.h"
+#include "train/metrics.h"
 
 #include <cstdint>
 #include <string>
@@ -60,5 +62,15 @@ struct PrefResult {
 /// batch order of lib/data's pairwise datasets); ref the reference sums in the same order
 /// (DPO), empty otherwise. ORPO and SimPO use each row's mean log-probability per target.
 PrefResult pref_evaluate(const PrefOptions& o, const std::vector<RowLogp>& policy, const std::vector<double>& ref);
+
+/// One preference micro-batch on m, the trainer's step and parity tools alike: `rows`
+/// sequences (rows / 2 pairs, the chosen then the rejected, targets < 0 masked) of T tokens;
+/// the reference sums (under ADAPTERS_OFF a forward of the base alone, under PRECOMPUTED
+/// `ref` as given); the policy's forward; the objective; and the backward of
+/// grad_scale * loss_sum (row b weighted by grad_scale * -dsum[b]), accumulating into m's
+/// gradient buffers. With a timer, the passes are timed as FORWARD and BACKWARD.
+PrefResult pref_micro_batch(model::Model& m, const int32_t* inputs, const int32_t* targets, int rows, int T,
+                            const PrefOptions& o, const std::vector<double>& ref, double grad_scale,
+                            StepTimer* timer = nullptr);
 
 }  // namespace dtrain::train

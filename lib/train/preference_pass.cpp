@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 
 #include <unistd.h>
 
@@ -21,25 +22,6 @@ namespace {
 
 constexpr char kMagic[8] = {'D', 'T', 'R', 'E', 'F', 'L', 'P', '1'};
 constexpr const char* kFile = "reference_logps.bin";
-
-// Eval mode (and the adapters as asked) for a scope.
-class PassMode {
- public:
-  PassMode(model::Model& m, bool adapters_off) : m_(m), training_(m.training()), adapters_(m.adapters_enabled()) {
-    m_.set_training(false);
-    if (adapters_off) m_.set_adapters_enabled(false);
-  }
-  ~PassMode() {
-    m_.set_training(training_);
-    m_.set_adapters_enabled(adapters_);
-  }
-  PassMode(const PassMode&) = delete;
-  PassMode& operator=(const PassMode&) = delete;
-
- private:
-  model::Model& m_;
-  bool training_, adapters_;
-};
 
 // Runs this rank's pairs (i = rank mod world) through the model in batches; `each` gets the
 // batch's pair indices and its rows' sums (chosen rows, then rejected). With lockstep the
@@ -78,7 +60,9 @@ void pairs_forward(model::Model& m, const data::TokenDataset& pairs, int per_bat
 std::vector<float> reference_logps_compute(model::Model& m, const data::TokenDataset& pairs, int pairs_per_batch,
                                            int rank, int world, comm::Communicator* comm, bool lockstep,
                                            bool adapters_off) {
-  PassMode mode(m, adapters_off);
+  model::EvalScope mode(m);
+  std::optional<model::AdaptersOffScope> off;
+  if (adapters_off) off.emplace(m);
   std::vector<float> table(2 * pairs.size(), 0.0f);
   pairs_forward(m, pairs, pairs_per_batch, rank, world, lockstep,
                 [&](const std::vector<size_t>& idx, const std::vector<RowLogp>& rows) {
@@ -157,7 +141,7 @@ std::vector<float> reference_logps_load(const std::string& run_dir, size_t pairs
 
 PrefEval pref_eval(model::Model& m, const data::TokenDataset& pairs, int pairs_per_batch, int rank, int world,
                    bool lockstep) {
-  PassMode mode(m, false);
+  model::EvalScope mode(m);
   PrefEval e;
   pairs_forward(m, pairs, pairs_per_batch, rank, world, lockstep,
                 [&](const std::vector<size_t>& idx, const std::vector<RowLogp>& rows) {

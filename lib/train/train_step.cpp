@@ -60,12 +60,9 @@ StepOutcome TrainStep::run(int64_t step, float lr, const StepBatch& b, StepTimer
   out.applied = scaler_ ? scaler_->update(out.overflow) : true;
   if (opts_.preference) {
     // The rewards of every rank's pairs: one small host reduction per step.
-    std::vector<float> v{static_cast<float>(pref.chosen_reward), static_cast<float>(pref.rejected_reward),
-                         static_cast<float>(pref.accuracy),      static_cast<float>(pref.margin),
-                         static_cast<float>(pref.chosen_logp),   static_cast<float>(pref.rejected_logp),
-                         static_cast<float>(pref.pairs)};
-    if (comm_ != nullptr && comm_->size() > 1)
-      comm_->allreduce_host(v.data(), v.size(), DType::F32, comm::ReduceOp::SUM);
+    std::vector<double> v{pref.chosen_reward, pref.rejected_reward, pref.accuracy, pref.margin,
+                          pref.chosen_logp,   pref.rejected_logp,   pref.pairs};
+    comm::allreduce_sum_host(comm_, v);
     PrefStats all;
     all.chosen_reward = v[0];
     all.rejected_reward = v[1];
@@ -98,38 +95,17 @@ PrefStats TrainStep::issue_preference(float factor, float loss_scale, float lr, 
   engine_.targets_reduce();
   const double total_pairs = static_cast<double>(P) * accum * engine_.world_size();
   PrefStats stats;
-  std::vector<float> scales(static_cast<size_t>(rows));
+  static const std::vector<double> kNone;
   for (int a = 0; a < accum; ++a) {
     const auto i = static_cast<size_t>(a);
-    const int32_t* in = (*b.inputs)[i].data();
-    const int32_t* tg = (*b.targets)[i].data();
-    std::vector<double> ref;
-    PrefResult r;
-    {
-      auto s = timer.scope(Section::FORWARD);
-      if (po.reference == PrefReference::ADAPTERS_OFF) {
-        m_.set_adapters_enabled(false);
-        try {
-          m_.forward(in, tg, rows, T);
-        } catch (...) {
-          m_.set_adapters_enabled(true);
-          throw;
-        }
-        m_.set_adapters_enabled(true);
-        for (const RowLogp& x : row_logps(m_.token_losses_to_host().data(), tg, rows, T)) ref.push_back(x.sum);
-      } else if (po.reference == PrefReference::PRECOMPUTED) {
-        ref = (*b.ref_logps)[i];
-      }
-      m_.forward(in, tg, rows, T);
-      r = pref_evaluate(po, row_logps(m_.token_losses_to_host().data(), tg, rows, T), ref);
-    }
+    engine_.set_last_micro_batch(a == accum - 1);
+    // Each pair's gradient weighs 1 / (the step's pairs over every rank); factor undoes the
+    // ranks' average and carries the loss scale.
+    const PrefResult r = pref_micro_batch(m_, (*b.inputs)[i].data(), (*b.targets)[i].data(), rows, T, po,
+                                          b.ref_logps ? (*b.ref_logps)[i] : kNone, factor / total_pairs, &timer);
     const float mean = static_cast<float>(r.loss_sum / P);
     m_.device().copy_h2d(slots + a, &mean, sizeof mean);
-    for (size_t k = 0; k < scales.size(); ++k) scales[k] = static_cast<float>(factor * -r.dsum[k] / total_pairs);
     stats.add(r.stats);
-    auto s = timer.scope(Section::BACKWARD);
-    engine_.set_last_micro_batch(a == accum - 1);
-    m_.backward_rows(scales.data());
   }
   auto s = timer.scope(Section::OPTIMIZER);
   engine_.step_issue(loss_scale);

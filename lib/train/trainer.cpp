@@ -140,14 +140,6 @@ void metrics_cut_after(const std::string& path, int64_t last_step) {
   DT_ENFORCE(!ec, IoError, "cannot replace {}: {}", path, ec.message());
 }
 
-// Sums a few doubles over the ranks (fp32 on the wire: counts stay exact below 2^24).
-void allreduce_sum(comm::Communicator* comm, std::vector<double>& v) {
-  if (comm == nullptr || comm->size() == 1) return;
-  std::vector<float> f(v.begin(), v.end());
-  comm->allreduce_host(f.data(), f.size(), DType::F32, comm::ReduceOp::SUM);
-  for (size_t i = 0; i < v.size(); ++i) v[i] = f[i];
-}
-
 // ----------------------------------------------------------------------------
 // One run of the loop: its state, and each step of the loop as a named function, so
 // run() reads as llm.c's main loop: load the batch, forward and backward, step the
@@ -478,7 +470,7 @@ void TrainLoop::evaluate(int64_t step) {
   const int forwards = zopts_.stage == 3 && comm_ ? eval_forwards(*data_.valid, micro_, 0, W_) : 0;
   EvalLoss e = eval_loss(*model_, *data_.valid, micro_, 0, rank_, W_, forwards);
   std::vector<double> v{e.loss_sum, static_cast<double>(e.tokens)};
-  allreduce_sum(comm_, v);
+  comm::allreduce_sum_host(comm_, v);
   e.loss_sum = v[0];
   e.tokens = static_cast<int64_t>(v[1]);
   res_.final_eval_loss = e.mean();
@@ -497,7 +489,7 @@ void TrainLoop::evaluate(int64_t step) {
 void TrainLoop::pref_evaluate_valid(int64_t step) {
   PrefEval e = pref_eval(*model_, *data_.valid, micro_, rank_, W_, zopts_.stage == 3 && comm_ != nullptr);
   std::vector<double> v{e.pairs, e.preferred, e.chosen_loss_sum, e.chosen_targets};
-  allreduce_sum(comm_, v);
+  comm::allreduce_sum_host(comm_, v);
   e.pairs = v[0];
   e.preferred = v[1];
   e.chosen_loss_sum = v[2];
