@@ -132,6 +132,7 @@ std::string cpu_model_name() {
 
 constexpr uint64_t kSlotPrefix = uint64_t{0xd7} << 56;  // apart from gloo's own prefixes
 constexpr size_t kBroadcastSegment = 512 * 1024;        // pipeline step of the broadcast ring
+constexpr size_t kRingPiece = 8 * 1024 * 1024;          // bytes of a chunk the reduce-scatter ring moves at a time
 // Allreduces whose (n-1) x bytes stay under this go direct: every rank sends its whole
 // buffer to every other rank and reduces the n contributions itself. That is one
 // network step instead of the ring's 2(n-1) dependent ones, and each of those costs a
@@ -192,11 +193,12 @@ class GlooCommunicator final : public Communicator {
   // Wait for one send/recv on b; a false return from gloo means abort() woke us.
   void wait_send(OpBuffer& b);
   void wait_recv(OpBuffer& b);
-  // Ring reduce-scatter of src (count elements split by `bounds`) into dst, which may be
-  // src: on return chunk rank_ of dst holds the reduction over all ranks (no AVG
-  // division); dst's other chunks hold partial sums. src is only read.
-  void ring_reduce_scatter(const void* src, void* dst, size_t count, const std::vector<size_t>& bounds, DType dtype,
-                           ReduceOp op, uint64_t slot);
+  // Ring reduce-scatter of src (bounds[n] elements split by `bounds`): on return `mine`
+  // (chunk rank_'s length; it may be that chunk of src) holds chunk rank_ reduced over all
+  // ranks (no AVG division). src is only read; the partial sums in transit use
+  // 2 x kRingPiece bytes of scratch.
+  void ring_reduce_scatter(const void* src, void* mine, const std::vector<size_t>& bounds, DType dtype, ReduceOp op,
+                           uint64_t slot);
   // In-place ring all-gather: chunk r of data (split by bounds) is rank r's on entry.
   void ring_all_gather(void* data, size_t bytes_per_elem, const std::vector<size_t>& bounds, uint64_t slot);
   // Allreduce for small buffers: all-to-all exchange, then every rank reduces the
@@ -210,8 +212,7 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   uint32_t next_tag_ = 0;
-  std::vector<char> scratch_;   // reduce_scatter's working copy
-  std::vector<char> incoming_;  // a received chunk before it is reduced
+  std::vector<char> scratch_;   // ring_reduce_scatter's two pieces in transit
   std::vector<char> gathered_;  // direct_allreduce: every rank's contribution, rank order
 
   std::mutex abort_mutex_;  // guards aborted_ transitions and active_
@@ -325,38 +326,60 @@ void GlooCommunicator::wait_recv(OpBuffer& b) {
 }
 
 // Step s sends chunk (r-s-1) to the right neighbour and receives chunk (r-s-2) from the
-// left one, reducing it with our own contribution into dst; the chunk received last
-// (s = n-2) is chunk r. Step 0 sends our raw chunk from src and every later step the
-// chunk reduced one step before, so dst needs no copy of src first (out of place, that
-// copy was a tenth of a large allreduce).
-void GlooCommunicator::ring_reduce_scatter(const void* src, void* dst, size_t count, const std::vector<size_t>& bounds,
+// left one, reducing it with our own contribution; the chunk received last (s = n-2) is
+// chunk r, whose reduction goes to mine. Step 0 sends our raw chunk from src and every
+// later step the chunk reduced one step before. The partial sums in transit live in two
+// scratch pieces (received into one and reduced in place while the other is sent), not
+// in a buffer the size of src: the ring runs over the chunks kRingPiece bytes at a time,
+// each piece a ring of its own over the same elements of every chunk, so a 1.5 GiB
+// gradient bucket costs 2 x 8 MiB of scratch instead of its own size again (issue 50: the
+// whole bucket's working copy and a chunk-sized receive buffer stayed resident, 1.1 GiB
+// of a 2-rank ZeRO-3 job's 4.1 GiB peak). The sums are the same operations in the same
+// order as a ring over whole chunks.
+void GlooCommunicator::ring_reduce_scatter(const void* src, void* mine, const std::vector<size_t>& bounds,
                                            DType dtype, ReduceOp op, uint64_t slot) {
   const int n = size_;
   const size_t es = dtype_size(dtype);
   size_t max_chunk = 0;
   for (int c = 0; c < n; ++c) max_chunk = std::max(max_chunk, bounds[c + 1] - bounds[c]);
-  incoming_.resize(std::max<size_t>(max_chunk * es, 1));
+  if (max_chunk == 0) return;
+  const size_t piece = std::min(max_chunk, std::max<size_t>(1, kRingPiece / es));
+  scratch_.resize(2 * piece * es);
   // gloo wants a non-const pointer; the src buffer is only ever sent from.
-  OpBuffer raw(*this, const_cast<void*>(src), count * es);
-  OpBuffer out(*this, dst, count * es);
-  OpBuffer in(*this, incoming_.data(), incoming_.size());
+  OpBuffer raw(*this, const_cast<void*>(src), bounds[n] * es);
+  OpBuffer pp(*this, scratch_.data(), scratch_.size());
   const auto reduce = reduce_function(dtype, op);
   const int right = (rank_ + 1) % n, left = (rank_ + n - 1) % n;
-  for (int s = 0; s < n - 1; ++s) {
-    const int sc = ((rank_ - s - 1) % n + n) % n;
-    const int rc = ((rank_ - s - 2) % n + n) % n;
-    const size_t s_len = bounds[sc + 1] - bounds[sc], r_len = bounds[rc + 1] - bounds[rc];
-    // Empty chunks (count < n) are skipped on both sides, which agree on the bounds.
-    // The receive is posted first so the left neighbour's data never waits for it.
-    OpBuffer& from = s == 0 ? raw : out;
-    if (r_len > 0) in->recv(left, slot, 0, r_len * es);
-    if (s_len > 0) from.send(right, slot, bounds[sc] * es, s_len * es);
-    if (r_len > 0) {
-      wait_recv(in);
-      const size_t off = bounds[rc] * es;
-      reduce(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, incoming_.data(), r_len);
+  // Chunk c's elements [lo, hi) of the piece starting `at` elements into every chunk.
+  auto part = [&](int c, size_t at) {
+    const size_t len = bounds[c + 1] - bounds[c];
+    return std::pair<size_t, size_t>{bounds[c] + std::min(at, len), bounds[c] + std::min(at + piece, len)};
+  };
+  for (size_t at = 0; at < max_chunk; at += piece) {
+    for (int s = 0; s < n - 1; ++s) {
+      const int sc = ((rank_ - s - 1) % n + n) % n;
+      const int rc = ((rank_ - s - 2) % n + n) % n;
+      const auto [s_lo, s_hi] = part(sc, at);
+      const auto [r_lo, r_hi] = part(rc, at);
+      const size_t s_len = s_hi - s_lo, r_len = r_hi - r_lo;
+      // Received into scratch half s % 2; step s-1's reduction (half (s-1) % 2) is sent.
+      const size_t in_off = static_cast<size_t>(s % 2) * piece * es, out_off = piece * es - in_off;
+      // Empty parts (short chunks, count < n) are skipped on both sides, which agree on
+      // the bounds. The receive is posted first so the left neighbour never waits for it.
+      if (r_len > 0) pp->recv(left, slot, in_off, r_len * es);
+      if (s_len > 0) {
+        if (s == 0) raw.send(right, slot, s_lo * es, s_len * es);
+        else pp.send(right, slot, out_off, s_len * es);
+      }
+      if (r_len > 0) {
+        wait_recv(pp);
+        char* in = scratch_.data() + in_off;
+        // The last step's chunk is this rank's: its reduction goes straight to mine.
+        char* dst = s == n - 2 ? static_cast<char*>(mine) + (r_lo - bounds[rank_]) * es : in;
+        reduce(dst, static_cast<const char*>(src) + r_lo * es, in, r_len);
+      }
+      if (s_len > 0) wait_send(s == 0 ? raw : pp);
     }
-    if (s_len > 0) wait_send(from);
   }
 }
 
@@ -408,11 +431,9 @@ void GlooCommunicator::allreduce(const void* send, void* recv, size_t count, DTy
     }
     std::vector<size_t> bounds(size_ + 1);
     for (int c = 0; c <= size_; ++c) bounds[c] = chunk_bound(count, size_, c);
-    ring_reduce_scatter(send, recv, count, bounds, dtype, op, slot);
-    if (op == ReduceOp::AVG) {
-      char* mine = static_cast<char*>(recv) + bounds[rank_] * dtype_size(dtype);
-      divide_in_place(mine, bounds[rank_ + 1] - bounds[rank_], dtype, size_);
-    }
+    char* mine = static_cast<char*>(recv) + bounds[rank_] * dtype_size(dtype);
+    ring_reduce_scatter(send, mine, bounds, dtype, op, slot);
+    if (op == ReduceOp::AVG) divide_in_place(mine, bounds[rank_ + 1] - bounds[rank_], dtype, size_);
     ring_all_gather(recv, dtype_size(dtype), bounds, slot);
   });
 }
@@ -427,13 +448,11 @@ void GlooCommunicator::reduce_scatter(const void* send, void* recv, size_t recv_
       if (mine != recv) std::memmove(recv, mine, slice);
       return;
     }
-    // Partial sums go to a working buffer: send is const, and in place only this rank's
-    // slice may change.
-    scratch_.resize(slice * size_);
+    // Only this rank's slice is written (recv may be that slice of send: each element
+    // is read before it is written, by the last step of the ring).
     std::vector<size_t> bounds(size_ + 1);
     for (int c = 0; c <= size_; ++c) bounds[c] = recv_count * c;
-    ring_reduce_scatter(send, scratch_.data(), recv_count * size_, bounds, dtype, op, slot);
-    std::memcpy(recv, scratch_.data() + rank_ * slice, slice);
+    ring_reduce_scatter(send, recv, bounds, dtype, op, slot);
     if (op == ReduceOp::AVG) divide_in_place(recv, recv_count, dtype, size_);
   });
 }

@@ -531,6 +531,11 @@ const std::vector<KeySpec>& build_schema() {
       {.path = "monitor.nvml_library", .type = KeyType::STRING, .field = F(monitor.nvml_library),
        .help = "the NVML library the monitor dlopens for GPU figures (none found: the records have no GPU fields, "
                "said once in the rank's log); \"\" = an NVML linked into the program (the CUDA execution engine's)"},
+      {.path = "monitor.memory_trace", .type = KeyType::BOOL, .field = F(monitor.memory_trace),
+       .help = "each rank logs the peak resident memory of every phase (build, data, forward, backward, optimizer, "
+               "evaluation, checkpoint, export; per step at steps_per_print, and in sum before the export) beside "
+               "the memory plan of --dry-run, from the kernel's high-water mark reset at each phase boundary",
+       .env = "DTRAIN_MEMORY_TRACE"},
       // clang-format on
   };
   return keys;

@@ -247,6 +247,7 @@ struct MonitorConfig {
   double min_free_memory = 1.0;  // GiB of node MemAvailable under which an alert is raised; 0 = off
   double min_network = 0.05;     // MB/s under which a node whose job waits in a collective is idle; 0 = off
   std::string nvml_library = "libnvidia-ml.so.1";
+  bool memory_trace = false;  // per-phase peak resident memory in each rank's log
   bool operator==(const MonitorConfig&) const = default;
 };
 

@@ -130,6 +130,23 @@ class CudaDevice final : public Device {
     cur();
     (void)cudaFreeAsync(p, s_);
   }
+  MemoryStats memory_stats() override {
+    cur();
+    cudaMemPool_t pool = nullptr;
+    DT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, index_));
+    uint64_t used = 0, peak = 0, reserved = 0;
+    DT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+    DT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &peak));
+    DT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
+    return {static_cast<size_t>(used), static_cast<size_t>(peak), static_cast<size_t>(reserved)};
+  }
+  void memory_peak_reset() override {
+    cur();
+    cudaMemPool_t pool = nullptr;
+    DT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, index_));
+    uint64_t zero = 0;  // the high-water mark starts again from the bytes in use now
+    DT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+  }
   // The source may be pageable: wait until the stream has consumed it.
   void copy_h2d(void* dst, const void* src, size_t bytes) override {
     if (!bytes) return;

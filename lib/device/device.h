@@ -67,6 +67,16 @@ class Device {
   virtual void zero(void* p, size_t bytes) = 0;
   /// Waits for every op issued so far.
   virtual void synchronize() = 0;
+  /// What alloc has handed out: `used` bytes held by live allocations now, `used_peak`
+  /// their most since the last memory_peak_reset (or the device's start), `reserved`
+  /// what the allocator holds (used + freed blocks it keeps for reuse). The CPU counts its
+  /// own blocks; CUDA reads its default memory pool (cudaMemPoolAttr*). The memory trace
+  /// and the GPU check hold these against the plan.
+  struct MemoryStats {
+    size_t used = 0, used_peak = 0, reserved = 0;
+  };
+  virtual MemoryStats memory_stats() = 0;
+  virtual void memory_peak_reset() = 0;
 
   // ---- Host memory the device copies to and from without staging (ZeRO-Offload).
   /// `bytes` of zeroed host memory; pinned (page-locked: cudaMallocHost) where the device

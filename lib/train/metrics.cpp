@@ -115,6 +115,7 @@ StepTimer::StepTimer(Clock clock) : clock_(clock ? std::move(clock) : Clock(mono
 void StepTimer::start(Section s) {
   const size_t i = static_cast<size_t>(s);
   DT_ENFORCE(!running_[i], InternalError, "timer section '{}' started twice", section_name(s));
+  if (observer_) observer_(s, true);
   running_[i] = true;
   started_at_[i] = clock_();
 }
@@ -126,6 +127,7 @@ void StepTimer::stop(Section s) {
   running_[i] = false;
   total_s_[i] += now - started_at_[i];
   ++count_[i];
+  if (observer_) observer_(s, false);
 }
 
 double StepTimer::elapsed_ms(Section s) const { return total_s_[static_cast<size_t>(s)] * 1e3; }

@@ -83,6 +83,10 @@ class StepTimer {
   void reset();
   /// {"forward_ms": x, "backward_ms": ..., ...}: every section, ms as double.
   nlohmann::json to_json() const;
+  /// Called as each section starts (started = true) and after it stops (the memory
+  /// trace's phase boundaries); none by default.
+  using Observer = std::function<void(Section, bool started)>;
+  void set_observer(Observer o) { observer_ = std::move(o); }
 
   /// RAII start/stop.
   class Scope {
@@ -102,6 +106,7 @@ class StepTimer {
 
  private:
   Clock clock_;
+  Observer observer_;
   std::array<double, kSectionCount> total_s_{};
   std::array<double, kSectionCount> started_at_{};
   std::array<bool, kSectionCount> running_{};

@@ -19,6 +19,8 @@
 #include "train/hf_export.h"
 #include "train/loss_scaler.h"
 #include "train/lr_schedule.h"
+#include "train/memory_plan.h"
+#include "train/memory_trace.h"
 #include "train/metrics.h"
 #include "train/model_factory.h"
 #include "train/preference_pass.h"
@@ -53,29 +55,6 @@ using report::RankTimes;
 namespace fs = std::filesystem;
 
 namespace {
-
-// Peak resident set size of this process so far (VmHWM of /proc/self/status), 0 where
-// unavailable.
-size_t process_peak_rss_bytes() {
-  std::FILE* f = std::fopen("/proc/self/status", "r");
-  if (!f) return 0;
-  char line[256];
-  size_t kb = 0;
-  while (std::fgets(line, sizeof line, f))
-    if (std::sscanf(line, "VmHWM: %zu kB", &kb) == 1) break;
-  std::fclose(f);
-  return kb * 1024;
-}
-
-// Resident set size of this process (from /proc/self/statm), 0 where unavailable.
-size_t process_rss_bytes() {
-  std::FILE* f = std::fopen("/proc/self/statm", "r");
-  if (!f) return 0;
-  unsigned long pages_total = 0, pages_rss = 0;
-  int got = std::fscanf(f, "%lu %lu", &pages_total, &pages_rss);
-  std::fclose(f);
-  return got == 2 ? static_cast<size_t>(pages_rss) * static_cast<size_t>(::sysconf(_SC_PAGESIZE)) : 0;
-}
 
 // ----------------------------------------------------------------------------
 LrScheduleConfig schedule_config(const config::TrainConfig& cfg, int64_t total_steps) {
@@ -157,6 +136,7 @@ class TrainLoop {
   void record(int64_t step, const StepOutcome& out);
   void progress_log(int64_t step, const StepOutcome& out);
   void evaluate(int64_t step);
+  void evaluate_run(int64_t step);
   void pref_evaluate_valid(int64_t step);
   void reference_prepare();
   void save(int64_t step);
@@ -196,6 +176,8 @@ class TrainLoop {
   std::vector<float> ref_table_;
   std::vector<std::vector<double>> ref_batch_;
   StepTimer timer_;
+  // monitor.memory_trace: each phase's peak resident bytes (the timer's sections mark it).
+  MemoryTrace trace_;
   Stopwatch run_clock_, interval_clock_;
   int64_t interval_steps_ = 0;
   ZeroEngine::CommTimes last_comm_times_;
@@ -206,8 +188,12 @@ class TrainLoop {
 
 TrainLoop::TrainLoop(const config::TrainConfig& cfg, const TrainerEnv& env)
     : cfg_(cfg), env_(env), W_(env.world_size), rank_(env.rank), lead_(env.rank == 0),
-      comm_(env.comm != nullptr && env.comm->size() > 1 ? env.comm : nullptr) {
+      comm_(env.comm != nullptr && env.comm->size() > 1 ? env.comm : nullptr), trace_(cfg.monitor.memory_trace) {
   env_check();
+  if (trace_.enabled()) {
+    trace_.set_device(env.device != nullptr ? env.device : &device::cpu());
+    timer_.set_observer([this](Section s, bool started) { trace_.mark(started ? "between" : section_name(s)); });
+  }
   // ---- model, data, optimizer
   zopts_ = zero_options_from(cfg);
   device::Device* dev = env.device;
@@ -459,6 +445,12 @@ void TrainLoop::progress_log(int64_t step, const StepOutcome& out) {
 }
 
 void TrainLoop::evaluate(int64_t step) {
+  trace_.mark("between");
+  evaluate_run(step);
+  trace_.mark("eval");
+}
+
+void TrainLoop::evaluate_run(int64_t step) {
   if (!data_.valid) return;
   if (pref_) {
     pref_evaluate_valid(step);
@@ -698,6 +690,7 @@ TrainResult TrainLoop::run() {
   resume();
   reference_prepare();
   metrics_open();
+  trace_.mark("build");  // the model, the engine's state, the data, a resumed checkpoint
   // The loop's wall time excludes the model build, resume and the export.
   run_clock_.restart();
   interval_clock_.restart();
@@ -750,8 +743,14 @@ TrainResult TrainLoop::run() {
   // Each rank's peak host memory of building, training and checkpointing (the export
   // that follows is its own phase): the figure ZeRO's sharding is about.
   log_info("memory: rank {} peak resident {:.2f} GiB before the final export", rank_,
-           static_cast<double>(process_peak_rss_bytes()) / (1024.0 * 1024.0 * 1024.0));
+           static_cast<double>(trace_.peak()) / (1024.0 * 1024.0 * 1024.0));
+  trace_.mark("between");
   export_final(trained);
+  if (trace_.enabled()) {
+    trace_.mark("export");
+    log_info("memory trace: rank {} peak resident by phase: {} (the plan, --dry-run: {:.2f} GiB)", rank_,
+             trace_.summary(), memory_plan(cfg_, W_).host_bytes() / (1024.0 * 1024.0 * 1024.0));
+  }
   return res_;
 }
 

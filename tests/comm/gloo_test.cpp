@@ -171,6 +171,36 @@ TEST_CASE("gloo reduce_scatter: counts not powers of two, in and out of place, 1
   }
 }
 
+// The reduce-scatter ring moves each chunk 8 MiB at a time (two pieces of scratch, not a
+// copy of the buffer): chunks of one piece and a bit, uneven ones, 16-bit ones.
+TEST_CASE("gloo reduce_scatter and allreduce: chunks longer than the ring's 8 MiB piece, 3 ranks") {
+  const size_t piece_f32 = size_t{2} << 20;  // 8 MiB of fp32
+  auto errors = run_gloo_ranks(3, [&](Communicator& c) {
+    std::string err;
+    for (DType t : {DType::F32, DType::BF16}) {
+      const size_t es = dtype_size(t), rc = piece_f32 * 4 / es + 7;
+      for (ReduceOp op : {ReduceOp::SUM, ReduceOp::AVG}) {
+        auto want = [&](size_t i) { return expected_reduce(3, c.rank() * rc + i, op, t); };
+        auto send = make_input(t, c.rank(), rc * 3);
+        char* slice = send.data() + c.rank() * rc * es;
+        c.reduce_scatter(send.data(), slice, rc, t, op);
+        std::vector<char> got(slice, slice + rc * es);
+        if (err.empty()) err = compare("in-place reduce_scatter", got, t, rc, want);
+      }
+    }
+    // Three uneven chunks of about 1.3 pieces each, out of place.
+    const size_t count = 3 * (piece_f32 + piece_f32 / 3) + 2;
+    auto send = make_input(DType::F32, c.rank(), count);
+    std::vector<char> recv(count * 4, 0x7f);
+    c.allreduce(send.data(), recv.data(), count, DType::F32, ReduceOp::SUM);
+    if (err.empty())
+      err = compare("allreduce", recv, DType::F32, count,
+                    [](size_t i) { return expected_reduce(3, i, ReduceOp::SUM, DType::F32); });
+    if (!err.empty()) throw std::runtime_error(err);
+  });
+  check_all_passed(errors);
+}
+
 TEST_CASE("gloo all_gather: every rank's contribution in rank order, in and out of place") {
   for (int n = 1; n <= 4; ++n) {
     CAPTURE(n);
