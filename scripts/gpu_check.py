@@ -700,6 +700,18 @@ def bench_cmd(lay, config, sets, warmup, steps, plan=False):
     return cmd
 
 
+def memory_line(name, b):
+    """The run's planned device bytes (the memory plan of --dry-run on one GPU) beside what the
+    device allocator's pool peaked at and holds, and cudaMemGetInfo's used bytes (issue 50)."""
+    g = lambda k: (b.get(k) or 0) / 2**30
+    plan = g("planned_device_bytes")
+    ratio = f" ({100 * g('pool_peak_bytes') / plan:.0f} % of the plan)" if plan else ""
+    return (f"### {name}: memory\n\nplanned {plan:.2f} GiB; the allocator's peak in use {g('pool_peak_bytes'):.2f} GiB"
+            f"{ratio}, held {g('pool_reserved_bytes'):.2f} GiB; cudaMemGetInfo used {g('device_used_bytes'):.2f} GiB "
+            f"of {g('device_total_bytes'):.2f} (the CUDA context, cuBLASLt's workspace and what other processes hold "
+            f"included)\n")
+
+
 def stage_speed(lay, rep, cap):
     t0 = now()
     mode = "rehearse" if lay.rehearse else "gpu"
@@ -722,6 +734,7 @@ def stage_speed(lay, rep, cap):
             details.append(f"### {name}\n" + code(tail(out if b is None else outp, 30)))
             continue
         results[name] = dict(bench=b, plan=p)
+        details.append(memory_line(name, b))
         mfu = f"{100 * b['mfu']:.1f}%" if b.get("mfu") is not None else "N/A"
         pm = (f"{100 * p['mfu_low']:.1f}-{100 * p['mfu_high']:.1f}%" if p.get("mfu_low") is not None
               else f"{100 * p['mfu']:.1f}%" if p.get("mfu") is not None else "N/A")
@@ -869,6 +882,7 @@ def stage_offload(lay, rep, cap):
                  else ("after the backward" if adamw else "-"))
         results[label] = dict(tokens_per_s=b["tokens_per_s"], step_ms=b["step_ms"], losses=b.get("losses"),
                               host_adamw_ms=host_ms, trace=tr, host_bytes=b.get("offload_host_bytes"))
+        details.append(memory_line(label, b))
         rows.append([label, "PASS", f"{b['tokens_per_s']:.0f}", f"{b['step_ms']:.1f}",
                      f"{host_ms:.1f}" if adamw else "-", sched,
                      f"{(b.get('offload_host_bytes') or 0) / 2**30:.2f}", f"{b.get('setup_s', 0):.1f}", f"{secs:.0f}"])

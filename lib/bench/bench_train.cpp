@@ -5,6 +5,8 @@
 // derives tokens/s, MFU and memory.
 #include "bench/bench_train.h"
 
+#include "train/memory_plan.h"
+
 #include "bench/bench_step.h"
 #include "core/check.h"
 #include "device/cuda_workspace.h"
@@ -137,6 +139,14 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
     r.offload_host_bytes = zm.host_bytes;
     r.arena_bytes = zm.total() + tm->activation_bytes();
     r.workspace_bytes = device::cuda_workspace_bytes();
+    const device::Device::MemoryStats ms = tm->device().memory_stats();
+    r.pool_peak_bytes = ms.used_peak;
+    r.pool_reserved_bytes = ms.reserved;
+    config::TrainConfig pc = setup.cfg;
+    pc.training.device = "cuda";
+    pc.resolved_micro_batch_size = setup.micro_batch;
+    pc.resolved_grad_accum_steps = setup.grad_accum;
+    r.planned_device_bytes = train::memory_plan(pc, 1).device_bytes();
 #ifdef DTRAIN_HAVE_CUDA
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
@@ -193,6 +203,9 @@ std::string bench_train_format(const BenchTrainResult& r, bool json) {
       j["peak_memory_bytes"] = r.arena_bytes + r.workspace_bytes;
       j["device_used_bytes"] = r.device_used_bytes;
       j["device_total_bytes"] = r.device_total_bytes;
+      j["planned_device_bytes"] = r.planned_device_bytes;
+      j["pool_peak_bytes"] = r.pool_peak_bytes;
+      j["pool_reserved_bytes"] = r.pool_reserved_bytes;
     }
     if (!r.offload_trace.empty()) {
       nlohmann::json t = nlohmann::json::array();
@@ -222,6 +235,10 @@ std::string bench_train_format(const BenchTrainResult& r, bool json) {
     s += fmt::format("peak memory  {} (arena {} + cuBLASLt workspace {}); device in use {} of {}\n",
                      gib(r.arena_bytes + r.workspace_bytes), gib(r.arena_bytes), gib(r.workspace_bytes),
                      gib(r.device_used_bytes), gib(r.device_total_bytes));
+  if (gpu)
+    s += fmt::format("memory plan  {} planned (--dry-run, one GPU); the allocator's peak in use {}, held {}\n",
+                     gib(static_cast<size_t>(r.planned_device_bytes)), gib(r.pool_peak_bytes),
+                     gib(r.pool_reserved_bytes));
   s += fmt::format("final loss   {:.4f}\n", r.final_loss);
   if (!r.offload_trace.empty()) {
     // The last step's schedule: how much of the host update ran during the backward.

@@ -36,6 +36,12 @@ struct BenchTrainResult {
   double peak_tflops = 0;  ///< NaN: unknown device (MFU not available)
   double mfu = 0;          ///< fraction; NaN when peak_tflops is unknown
   size_t arena_bytes = 0, workspace_bytes = 0, device_used_bytes = 0, device_total_bytes = 0;
+  /// The memory plan's device bytes for this job on one GPU (train::memory_plan, as the
+  /// dry run prints it), and the device allocator's peak in use and bytes held after the
+  /// timed steps (Device::memory_stats: the default pool's cudaMemPoolAttrUsedMemHigh and
+  /// ReservedMemCurrent), which the GPU check holds against it.
+  double planned_device_bytes = 0;
+  size_t pool_peak_bytes = 0, pool_reserved_bytes = 0;
   double final_loss = 0;
   std::vector<double> losses;      ///< every step's loss, warm-up steps included
   std::vector<std::string> notes;  ///< settings the bench changed or ignored

@@ -532,9 +532,10 @@ const std::vector<KeySpec>& build_schema() {
        .help = "the NVML library the monitor dlopens for GPU figures (none found: the records have no GPU fields, "
                "said once in the rank's log); \"\" = an NVML linked into the program (the CUDA execution engine's)"},
       {.path = "monitor.memory_trace", .type = KeyType::BOOL, .field = F(monitor.memory_trace),
-       .help = "each rank logs the peak resident memory of every phase (build, data, forward, backward, optimizer, "
-               "evaluation, checkpoint, export; per step at steps_per_print, and in sum before the export) beside "
-               "the memory plan of --dry-run, from the kernel's high-water mark reset at each phase boundary",
+       .help = "each rank logs, after its final export, the peak resident memory of every phase (build, data, "
+               "forward, backward, optimizer, evaluation, checkpoint, export; the largest over the steps) beside the "
+               "memory plan of --dry-run, from the kernel's high-water mark reset at each phase boundary, with the "
+               "device allocator's bytes in use and held",
        .env = "DTRAIN_MEMORY_TRACE"},
       // clang-format on
   };

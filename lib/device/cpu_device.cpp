@@ -100,6 +100,19 @@ class CpuDevice final : public Device {
     std::lock_guard<std::mutex> lock(cache_mu_);
     used_peak_ = used_;
   }
+  void memory_trim() override {
+    std::vector<void*> drop;
+    {
+      std::lock_guard<std::mutex> lock(cache_mu_);
+      for (const auto& c : cached_) {
+        drop.push_back(c.first);
+        sizes_.erase(c.first);
+      }
+      cached_.clear();
+      cached_bytes_ = 0;
+    }
+    for (void* q : drop) std::free(q);
+  }
   void copy_h2d(void* dst, const void* src, size_t bytes) override {
     ops::OpScope scope(ops::OpClass::OTHER);
     copy(dst, src, bytes);

@@ -77,6 +77,10 @@ class Device {
   };
   virtual MemoryStats memory_stats() = 0;
   virtual void memory_peak_reset() = 0;
+  /// Frees the blocks the allocator keeps for reuse (the CPU device's block cache), once a
+  /// phase's working buffers will not come back (before the final export). CUDA's pool
+  /// keeps its memory for the next job step; nothing to do there.
+  virtual void memory_trim() {}
 
   // ---- Host memory the device copies to and from without staging (ZeRO-Offload).
   /// `bytes` of zeroed host memory; pinned (page-locked: cudaMallocHost) where the device

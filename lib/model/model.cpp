@@ -100,7 +100,10 @@ Model::Model(const ModelConfig& cfg, Deferred, device::Device& dev, DType dtype)
 
 Model::Model(const ModelConfig& cfg, device::Device& dev, DType dtype) : Model(cfg, dev, dtype, false) {}
 
-Model::Model(const ModelConfig& cfg, device::Device& dev, DType dtype, bool deferred)
+Model::Model(const ModelConfig& cfg, FrozenBase, device::Device& dev, DType dtype)
+    : Model(cfg, dev, dtype, false, false) {}
+
+Model::Model(const ModelConfig& cfg, device::Device& dev, DType dtype, bool deferred, bool grads)
     : cfg_(cfg), dev_(&dev), dtype_(dtype), scratch_(std::make_unique<Scratch>()) {
   DT_ENFORCE(dtype == DType::F32 || dev.kind() == device::Kind::CUDA, UsageError,
              "a {} model on the {} device: the CPU computes in fp32 (bf16/fp16 there are fp32 values rounded by the "
@@ -134,8 +137,14 @@ Model::Model(const ModelConfig& cfg, device::Device& dev, DType dtype, bool defe
     pb.on_host = on_host();
     params_.push_back(std::move(pb));
   }
-  if (!deferred) {
+  if (!deferred && grads) {
     grads_allocate();
+    return;
+  }
+  if (!deferred) {  // FrozenBase: no gradient array, until lora_enable adds the adapters'
+    grad_store_.resize(params_.size());
+    grads_released_ = true;
+    param_released_.assign(params_.size(), 0);
     return;
   }
   // Released from the start: what storage_release leaves, without ever allocating.
@@ -158,7 +167,9 @@ void Model::grads_allocate() {
 // Parameters
 
 void Model::init_weights(uint64_t seed) {
-  storage_enforce_whole("init_weights()");
+  // Parameters only: a FrozenBase model has no gradient arrays and needs none here.
+  DT_ENFORCE(std::none_of(param_released_.begin(), param_released_.end(), [](char r) { return r != 0; }), UsageError,
+             "Model::init_weights() needs every parameter array, but part of them is released to the ZeRO engine");
   std::vector<float> host;
   for (size_t i = 0; i < params_.size(); ++i) {
     host.resize(params_[i].size);
@@ -911,7 +922,10 @@ void Model::lora_enable(const LoraConfig& lcfg) {
   const bool deferred = grads_released_ &&
                         std::all_of(param_released_.begin(), param_released_.end(), [](char r) { return r != 0; }) &&
                         param_released_.size() == params_.size();
-  if (!deferred) storage_enforce_whole("lora_enable()");
+  // Built FrozenBase: every parameter present, no gradient array (none is wanted).
+  const bool frozen_base = grads_released_ && param_released_.size() == params_.size() &&
+                           std::none_of(param_released_.begin(), param_released_.end(), [](char r) { return r != 0; });
+  if (!deferred && !frozen_base) storage_enforce_whole("lora_enable()");
   lcfg.validate(cfg_);
   lora_cfg_ = lcfg;
   // lora_layout_build's order: per layer, lora_A then lora_B of each targeted projection.

@@ -49,6 +49,11 @@ class Model {
   /// model ever exists. LoRA adapters (lora_enable) are allocated as usual.
   struct Deferred {};
   Model(const ModelConfig& cfg, Deferred, device::Device& dev = device::cpu(), DType dtype = DType::F32);
+  /// A base that will be frozen (LoRA is enabled next): its parameters are allocated, its
+  /// gradient arrays are not (lora_enable would free them again; a LoRA job's build held
+  /// both at once, twice its training memory for a 34M model).
+  struct FrozenBase {};
+  Model(const ModelConfig& cfg, FrozenBase, device::Device& dev = device::cpu(), DType dtype = DType::F32);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -212,7 +217,7 @@ class Model {
   void set_forward_count(uint64_t n) { forward_count_ = n; }
 
  private:
-  Model(const ModelConfig& cfg, device::Device& dev, DType dtype, bool deferred);
+  Model(const ModelConfig& cfg, device::Device& dev, DType dtype, bool deferred, bool grads = true);
   struct Proj;
   struct LayerActs;
   struct Scratch;

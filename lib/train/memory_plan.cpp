@@ -12,6 +12,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <vector>
 
 namespace dtrain::train {
 
@@ -27,6 +29,233 @@ std::string bytes(double b) {
 // A parameter count as 1.54B or 0.14M.
 std::string count(double n) { return n >= 1e9 ? fmt::format("{:.2f}B", n / 1e9) : fmt::format("{:.2f}M", n / 1e6); }
 
+// A CPU rank's resident bytes beyond its buffers: the program and its libraries, the
+// OpenBLAS and ops threads' buffers, the data and tokenizer (measured with
+// monitor.memory_trace: 20-30 MiB resident beside the allocator's bytes after the build
+// of the default job on a 2-core Debian 12 machine), and an allowance of kSlack of the
+// buffers for glibc's own arenas and fragmentation around them (measured 0.5-1.5 %: the
+// 34M-parameter jobs of cli_memory_plan_rss_test and issue 50's 201M job).
+constexpr double kRuntimeBytes = 48.0 * 1024 * 1024;
+constexpr double kSlack = 0.02;
+// Gloo's reduce-scatter ring: two pieces of kRingPiece (lib/comm/gloo_comm.cpp).
+constexpr double kGlooScratchBytes = 2 * 8.0 * 1024 * 1024;
+// The CPU device keeps freed blocks of 1 MiB and more for reuse (cpu_device.cpp).
+constexpr double kCacheMin = 1024.0 * 1024;
+
+// One parameter buffer as the engine's slot sees it.
+struct PlanBuf {
+  int layer = 0;
+  double n = 0;
+  bool trainable = true;
+};
+
+// The step's working buffers, replayed from the engine's schedule (zero_hooks.cpp,
+// zero_engine.cpp) without allocating anything: stage 3 gathers each sharded layer before
+// it runs and keeps a prefetch window ahead (prefetch_bucket_size elements, the current
+// layers within max_live_parameters), stages 2-3 give each layer's trainable gradient a
+// working buffer from its backward until it is packed into its bucket, the bucket lives
+// until its last buffer is packed (and, with overlap_comm, until the next one exists),
+// stages 0-1 reduce with one scratch of the largest bucket. Each allocation is counted by
+// its size as the CPU device's block cache keeps it: the cache holds at most the most
+// blocks of each size in use at once (plus the live small ones).
+struct WorkPlan {
+  double gather = 0, layer_grad = 0, bucket = 0, held = 0, live = 0;
+};
+
+WorkPlan work_plan(const std::vector<PlanBuf>& bufs, const config::TrainConfig& cfg, int n_layer, bool tied, double W,
+                   double c, double wire) {
+  WorkPlan r;
+  const int st = cfg.zero.stage;
+  const double R = static_cast<double>(cfg.zero.reduce_bucket_size);
+  auto shard = [&](double n) { return st == 0 ? n : std::ceil(n / W); };
+  auto round64 = [](double b) { return std::ceil(b / 64) * 64; };
+  std::map<double, int> live, most;  // blocks in use and the most at once, by size
+  double live_bytes = 0;
+  auto take = [&](double bytes) {
+    if (bytes <= 0) return;
+    bytes = round64(bytes);
+    live_bytes += bytes;
+    r.live = std::max(r.live, live_bytes);
+    int& k = live[bytes];
+    ++k;
+    most[bytes] = std::max(most[bytes], k);
+  };
+  auto give = [&](double bytes) {
+    if (bytes <= 0) return;
+    bytes = round64(bytes);
+    live_bytes -= bytes;
+    --live[bytes];
+  };
+  // Buckets in backward order (ZeroEngine::plan_buckets): consecutive trainable buffers
+  // while their full sizes stay within reduce_bucket_size.
+  const size_t NB = bufs.size();
+  std::vector<int> bucket_of(NB, -1);
+  std::vector<double> seg, full;
+  std::vector<int> slots_in;
+  for (int l = n_layer; l >= -1; --l)
+    for (size_t i = 0; i < NB; ++i) {
+      if (bufs[i].layer != l || !bufs[i].trainable) continue;
+      if (seg.empty() || full.back() + bufs[i].n > R) {
+        seg.push_back(0);
+        full.push_back(0);
+        slots_in.push_back(0);
+      }
+      bucket_of[i] = static_cast<int>(seg.size()) - 1;
+      seg.back() += shard(bufs[i].n);
+      full.back() += bufs[i].n;
+      ++slots_in.back();
+    }
+  auto bucket_bytes = [&](size_t b) { return 4 * (st == 0 ? seg[b] : W * seg[b]); };
+  // Stages 1-2 after the update: the trainable shards all-gathered back into the model,
+  // consecutive buffers while their full sizes stay within allgather_bucket_size, each
+  // group through a buffer of its own in the compute dtype (ZeroEngine::gather_into_model).
+  const double A = static_cast<double>(cfg.zero.allgather_bucket_size);
+  auto post_step_gather = [&] {
+    double group = 0, group_full = 0;
+    bool any = false;
+    for (const PlanBuf& b : bufs) {
+      if (!b.trainable) continue;
+      if (any && group_full + b.n > A) {
+        take(W * group * c);
+        give(W * group * c);
+        r.gather = std::max(r.gather, round64(W * group * c));
+        group = group_full = 0;
+      }
+      any = true;
+      group += shard(b.n);
+      group_full += b.n;
+    }
+    if (any) {
+      take(W * group * c);
+      give(W * group * c);
+      r.gather = std::max(r.gather, round64(W * group * c));
+    }
+  };
+  auto held_of = [&] {
+    double held = 0;
+    for (const auto& [bytes, k] : most) held += bytes >= kCacheMin ? bytes * k : 0;
+    return std::max(held, r.live);  // small blocks are not kept: they count while in use
+  };
+  if (st <= 1) {
+    if (W <= 1) return r;  // one rank: no collective, no scratch
+    double most_len = 0;
+    for (size_t b = 0; b < seg.size(); ++b)
+      if (!(st == 0 && slots_in[b] == 1)) most_len = std::max(most_len, bucket_bytes(b));
+    r.bucket = most_len;
+    take(most_len);
+    give(most_len);
+    if (st == 1) post_step_gather();
+    r.held = held_of();
+    return r;
+  }
+  // Stage 3: per layer (-1 embeddings .. n_layer head) its sharded elements.
+  const auto L = static_cast<size_t>(n_layer) + 2;
+  std::vector<double> layer_sharded(L, 0);
+  auto sharded = [&](const PlanBuf& b) {
+    return st == 3 && b.n >= static_cast<double>(cfg.zero.stage3_param_persistence_threshold);
+  };
+  for (const PlanBuf& b : bufs)
+    if (sharded(b)) layer_sharded[static_cast<size_t>(b.layer + 1)] += b.n;
+  std::vector<char> gathered(L, 0);
+  auto gather_bytes = [&](size_t li) {
+    double bytes = 0;
+    for (const PlanBuf& b : bufs)
+      if (static_cast<size_t>(b.layer + 1) == li && sharded(b)) bytes += round64(W * shard(b.n) * c);
+    return bytes;
+  };
+  auto gather = [&](size_t li, bool on) {
+    if (gathered[li] == on) return;
+    gathered[li] = on;
+    for (const PlanBuf& b : bufs)
+      if (static_cast<size_t>(b.layer + 1) == li && sharded(b)) {
+        if (!on) {
+          give(W * shard(b.n) * c);
+          continue;
+        }
+        take(W * shard(b.n) * c);
+        take(W * shard(b.n) * wire);  // the 16-bit wire of an fp32 model (freed after the cast)
+        give(W * shard(b.n) * wire);
+      }
+  };
+  const double P = static_cast<double>(cfg.zero.stage3_prefetch_bucket_size),
+               M = static_cast<double>(cfg.zero.stage3_max_live_parameters);
+  double gather_peak = 0;
+  auto visit = [&](int layer, int dir) {
+    std::vector<char> keep(L, 0);
+    keep[static_cast<size_t>(layer + 1)] = 1;
+    if (tied && ((dir > 0 && layer == n_layer) || dir < 0)) keep[0] = 1;
+    double held = 0, window = 0;
+    for (size_t li = 0; li < L; ++li)
+      if (keep[li]) held += layer_sharded[li];
+    for (int l = layer + dir; l >= -1 && l <= n_layer; l += dir) {
+      const double need = layer_sharded[static_cast<size_t>(l + 1)];
+      if (window + need > P || held + window + need > M) break;
+      window += need;
+      keep[static_cast<size_t>(l + 1)] = 1;
+    }
+    for (size_t li = 0; li < L; ++li)
+      if (gathered[li] && !keep[li]) gather(li, false);
+    for (size_t li = 0; li < L; ++li)
+      if (keep[li]) gather(li, true);
+    double g = 0;
+    for (size_t li = 0; li < L; ++li)
+      if (gathered[li]) g += gather_bytes(li);
+    gather_peak = std::max(gather_peak, g);
+  };
+  std::vector<char> wgrad(NB, 0);
+  std::vector<int> packed(seg.size(), 0);
+  std::vector<char> bucket_live(seg.size(), 0);
+  int pending = -1;  // overlap_comm: the bucket still reducing while the next one fills
+  double layer_grad_peak = 0, wg = 0;
+  auto attach = [&](int l) {
+    for (size_t i = 0; i < NB; ++i)
+      if (bufs[i].layer == l && bufs[i].trainable && !wgrad[i]) {
+        wgrad[i] = 1;
+        take(4 * bufs[i].n);
+        wg += round64(4 * bufs[i].n);
+      }
+    layer_grad_peak = std::max(layer_grad_peak, wg);
+  };
+  {
+    if (st == 3)
+      for (int l = -1; l <= n_layer; ++l) visit(l, +1);
+    for (int l = n_layer; l >= -1; --l) {
+      if (st == 3) visit(l, -1);
+      attach(l);
+      if (l == n_layer && tied) attach(-1);
+      for (size_t i = 0; i < NB; ++i) {
+        if (bufs[i].layer != l || !bufs[i].trainable) continue;
+        const auto b = static_cast<size_t>(bucket_of[i]);
+        if (!bucket_live[b]) {
+          bucket_live[b] = 1;
+          take(bucket_bytes(b));
+        }
+        wgrad[i] = 0;
+        give(4 * bufs[i].n);
+        wg -= round64(4 * bufs[i].n);
+        if (++packed[b] == slots_in[b]) {
+          if (pending >= 0) give(bucket_bytes(static_cast<size_t>(pending)));
+          pending = -1;
+          if (cfg.zero.overlap_comm) pending = static_cast<int>(b);
+          else give(bucket_bytes(b));
+        }
+      }
+      if (st == 3)
+        for (size_t li = 0; li < L; ++li)
+          if (static_cast<int>(li) - 1 == l) gather(li, false);
+    }
+  }
+  if (pending >= 0) give(bucket_bytes(static_cast<size_t>(pending)));
+  if (st == 2 && W > 1) post_step_gather();
+  double most_bucket = 0;
+  for (size_t b = 0; b < seg.size(); ++b) most_bucket = std::max(most_bucket, bucket_bytes(b));
+  r.gather = std::max(r.gather, gather_peak);
+  r.layer_grad = layer_grad_peak;
+  r.bucket = most_bucket * (cfg.zero.overlap_comm ? 2 : 1);
+  r.held = held_of();
+  return r;
+}
+
 }  // namespace
 
 MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
@@ -38,9 +267,11 @@ MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
   p.lora = cfg.lora.enabled();
   p.deferred = p.stage == 3 || p.cuda;
   const model::ModelConfig mc = model_config_from(cfg);
+  std::vector<PlanBuf> bufs;
   for (const auto& b : model::layout_build(mc)) {
     p.params += static_cast<double>(b.size);
     p.largest_buffer = std::max(p.largest_buffer, static_cast<double>(b.size));
+    bufs.push_back({b.layer, static_cast<double>(b.size), !p.lora});
   }
   p.trainable = p.params;
   if (p.lora) {
@@ -49,7 +280,10 @@ MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
     const model::LoraConfig lc = lora_config_from(cfg, mc);
     lc.validate(mc);
     p.trainable = 0;
-    for (const auto& b : model::lora_layout_build(mc, lc)) p.trainable += static_cast<double>(b.size);
+    for (const auto& b : model::lora_layout_build(mc, lc)) {
+      p.trainable += static_cast<double>(b.size);
+      bufs.push_back({b.layer, static_cast<double>(b.size), true});
+    }
   }
   // Under LoRA the base is frozen and the adapters are extra parameters; otherwise every
   // parameter trains.
@@ -61,10 +295,9 @@ MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
   if (st < 3) {
     p.param_bytes = c * held;
   } else {
-    // The frozen buffers' shards in the compute dtype, the trainable ones' fp32 master
-    // shard where it is the parameter (fp32), and the two layers gathered at a time (the
-    // one computing, the one prefetched).
-    p.param_bytes = c * frozen / W + (p.mixed ? 0 : 4 * Psi / W) + 2 * c * p.largest_buffer;
+    // The frozen buffers' shards in the compute dtype and the trainable ones' fp32 master
+    // shard where it is the parameter (fp32); the gathered layers are working buffers.
+    p.param_bytes = c * frozen / W + (p.mixed ? 0 : 4 * Psi / W);
   }
   p.grad_bytes = 4 * (st >= 2 ? Psi / W : Psi);
   p.optim_bytes = K * (st == 0 ? Psi : Psi / W);
@@ -80,7 +313,7 @@ MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
     p.offload_bytes = opt_host;
     if (cfg.zero.offload_optimizer_pin_memory) p.pinned_bytes += opt_host;
     if (st == 3) {
-      p.param_bytes = (p.offload_param ? 0 : c * held / W) + 2 * c * p.largest_buffer;
+      p.param_bytes = p.offload_param ? 0 : c * held / W;
       if (p.offload_param) {
         p.offload_bytes += c * frozen / W;
         if (cfg.zero.offload_param_pin_memory) p.pinned_bytes += c * frozen / W;
@@ -104,6 +337,20 @@ MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
   p.batch_bytes = g * N * 2 * sizeof(int32_t);
   // One buffer's fp32 values at a time (and on a GPU its compute-dtype staging copy too).
   if (p.deferred) p.build_peak_bytes = (p.cuda ? 4 + c : 4) * p.largest_buffer;
+
+  // The step's working buffers; an fp32 model under bf16/fp16 (the CPU) gathers over a
+  // 16-bit wire.
+  const WorkPlan wp = work_plan(bufs, cfg, mc.n_layer, mc.tie_embeddings, W, c, !p.cuda && p.mixed ? 2 : 0);
+  p.gather_bytes = wp.gather;
+  p.layer_grad_bytes = wp.layer_grad;
+  p.bucket_bytes = wp.bucket;
+  p.work_bytes = wp.held;
+  p.work_live_bytes = wp.live;
+  if (!p.cuda) {
+    p.comm_bytes = W > 1 ? kGlooScratchBytes : 0;
+    p.runtime_bytes =
+        kRuntimeBytes + kSlack * (p.state_bytes() + std::max(p.work_bytes, p.build_peak_bytes) + p.comm_bytes);
+  }
   return p;
 }
 
@@ -113,8 +360,20 @@ std::string memory_plan_text(const MemoryPlan& p, int ranks_here, double memory_
       fmt::format("memory per rank (ZeRO stage {}, {} rank(s), {} parameters, {} trainable{}, {} on the {}):\n",
                   p.stage, p.world, count(p.params), count(p.trainable), p.lora ? " (LoRA)" : "",
                   p.mixed ? "mixed precision" : "fp32", p.cuda ? "GPU" : "CPU");
-  const std::string state = fmt::format("params {}, grads {}, optimizer {}, activations {}", bytes(p.param_bytes),
-                                        bytes(p.grad_bytes), bytes(p.optim_bytes), bytes(p.activation_bytes));
+  std::string state = fmt::format("params {}, grads {}, optimizer {}, activations {}", bytes(p.param_bytes),
+                                  bytes(p.grad_bytes), bytes(p.optim_bytes), bytes(p.activation_bytes));
+  if (p.work_bytes > 0) {
+    std::string parts;
+    auto part = [&](double b, const char* what) {
+      if (b <= 0) return;
+      parts += fmt::format("{}{} {}", parts.empty() ? "" : ", ", what, bytes(b));
+    };
+    part(p.gather_bytes, "gathered layers");
+    part(p.layer_grad_bytes, "layer gradient");
+    part(p.bucket_bytes, p.stage >= 2 ? "gradient bucket" : "bucket scratch");
+    state += fmt::format(", working buffers {} ({}; at most {} in use at once)", bytes(p.work_bytes), parts,
+                         bytes(p.work_live_bytes));
+  }
   if (p.cuda) {
     s += fmt::format("  device {}: {}{}\n", bytes(p.device_bytes()), state,
                      gpu_bytes > 0 ? fmt::format(" (of {} per GPU: {})", bytes(gpu_bytes),
@@ -130,11 +389,15 @@ std::string memory_plan_text(const MemoryPlan& p, int ranks_here, double memory_
           "  host   {}: building {} (one layer's values at a time: no host copy of the model), token ids {}\n",
           bytes(p.host_bytes()), bytes(p.build_peak_bytes), bytes(p.batch_bytes));
   } else {
-    s += fmt::format("  host   {}: {}, token ids {}{}\n", bytes(p.host_bytes()), state, bytes(p.batch_bytes),
-                     p.deferred ? fmt::format(", building {} (one layer's fp32 values at a time: the model is never "
-                                              "whole on a rank)",
-                                              bytes(p.build_peak_bytes))
-                                : "");
+    s += fmt::format(
+        "  host   {}: {}, token ids {}{}, collectives {}, runtime {} (the program, its libraries and 2 % for the "
+        "allocator's slack)\n",
+        bytes(p.host_bytes()), state, bytes(p.batch_bytes),
+        p.deferred ? fmt::format(", building {} (one layer's fp32 values at a time: the model is never "
+                                 "whole on a rank; before the working buffers exist)",
+                                 bytes(p.build_peak_bytes))
+                   : "",
+        bytes(p.comm_bytes), bytes(p.runtime_bytes));
   }
   if (ranks_here > 0 && memory_bytes > 0)
     s += fmt::format("  this machine: {} rank(s) x {} = {} of host memory, of {}\n", ranks_here, bytes(p.host_bytes()),
@@ -142,8 +405,10 @@ std::string memory_plan_text(const MemoryPlan& p, int ranks_here, double memory_
   if (ranks_per_node > 0)
     s += fmt::format("  per node: {} rank(s) x {} = {} of host memory (the planned nodes' own is not known here)\n",
                      ranks_per_node, bytes(p.host_bytes()), bytes(ranks_per_node * p.host_bytes()));
-  s += "  (a plan from DeepSpeed's ZeRO formulas and the model's layout, not a measurement; allocator slack, "
-       "communication buffers and the CUDA context are not counted)\n";
+  s += fmt::format(
+      "  (an upper bound from DeepSpeed's ZeRO formulas, the model's layout and the step's schedule, not a "
+      "measurement{}; monitor.memory_trace logs each rank's measured peak per phase)\n",
+      p.cuda ? "; not counted on the GPU: the CUDA context, cuBLASLt's workspace and NCCL's buffers" : "");
   return s;
 }
 

@@ -7,6 +7,7 @@
 
 #include "config/train_config.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -29,11 +30,27 @@ struct MemoryPlan {
   double param_bytes = 0, grad_bytes = 0, optim_bytes = 0, activation_bytes = 0;
   double batch_bytes = 0;       ///< the step's token ids and targets (host)
   double build_peak_bytes = 0;  ///< transient while the model is built (beyond the state above)
+  /// The step's working buffers, as the engine allocates them and the device allocator
+  /// keeps them for reuse (train/memory_plan.cpp simulates the step's schedule): stage 3's
+  /// gathered layers (the one computing and the prefetch window), stages 2-3's gradient of
+  /// the layer in backward and the gradient bucket being filled, stages 0-1's bucket
+  /// scratch. `work_bytes` is what the allocator holds at most (each size's most blocks in
+  /// use at once), `work_live_bytes` the most in use at one moment.
+  double gather_bytes = 0, layer_grad_bytes = 0, bucket_bytes = 0;
+  double work_bytes = 0, work_live_bytes = 0;
+  double comm_bytes = 0;     ///< the collectives' own buffers (Gloo's reduce-scatter pieces)
+  double runtime_bytes = 0;  ///< a CPU rank's program, libraries, thread buffers and allocator slack (memory_plan.cpp)
   double state_bytes() const { return param_bytes + grad_bytes + optim_bytes + activation_bytes; }
-  /// Host bytes of one rank at its peak (building or training).
-  double host_bytes() const { return (cuda ? offload_bytes : state_bytes()) + batch_bytes + build_peak_bytes; }
+  /// Host bytes of one rank at its peak (building or training): an upper bound.
+  double host_bytes() const {
+    return (cuda ? offload_bytes
+                 : state_bytes() + std::max(work_bytes, build_peak_bytes) + comm_bytes + runtime_bytes) +
+           batch_bytes + (cuda ? build_peak_bytes : 0.0);
+  }
   /// Device bytes of one rank (0 on the CPU).
-  double device_bytes() const { return cuda ? state_bytes() : 0.0; }
+  /// (CUDA's stream-ordered pool hands a freed block out again for any size that fits, so
+  /// the working buffers count at their most in use at once there.)
+  double device_bytes() const { return cuda ? state_bytes() + work_live_bytes : 0.0; }
 };
 
 /// The plan for cfg (its batch resolved) on `world` ranks; the model's shape from the

@@ -402,7 +402,9 @@ void lora_and_recompute(model::Model& m, const config::TrainConfig& cfg, const m
 std::unique_ptr<model::Model> model_create(const config::TrainConfig& cfg) {
   const model::ModelConfig mcfg = model_config_from(cfg);
   model_memory_check(mcfg, cfg.source);
-  auto m = std::make_unique<model::Model>(mcfg);
+  // Under LoRA the base is frozen: no gradient array is allocated for it.
+  auto m = cfg.lora.enabled() ? std::make_unique<model::Model>(mcfg, model::Model::FrozenBase{})
+                              : std::make_unique<model::Model>(mcfg);
   if (cfg.model.init_from.empty()) {
     m->init_weights(static_cast<uint64_t>(cfg.training.seed));
   } else {

@@ -690,6 +690,10 @@ TrainResult TrainLoop::run() {
   resume();
   reference_prepare();
   metrics_open();
+  // What the build freed (a deferred build's staging, the full gradient arrays stages 2-3
+  // release to the engine's shards) is not the step's working set: the allocator's cache
+  // gives it back rather than keep it beside the step's buffers.
+  (env_.device != nullptr ? *env_.device : device::cpu()).memory_trim();
   trace_.mark("build");  // the model, the engine's state, the data, a resumed checkpoint
   // The loop's wall time excludes the model build, resume and the export.
   run_clock_.restart();
@@ -742,9 +746,13 @@ TrainResult TrainLoop::run() {
   if (trained && !env_.run_dir.empty()) save(total_steps_);
   // Each rank's peak host memory of building, training and checkpointing (the export
   // that follows is its own phase): the figure ZeRO's sharding is about.
-  log_info("memory: rank {} peak resident {:.2f} GiB before the final export", rank_,
-           static_cast<double>(trace_.peak()) / (1024.0 * 1024.0 * 1024.0));
+  const size_t peak = trace_.peak();
+  log_info("memory: rank {} peak resident {:.2f} GiB ({} MiB) before the final export", rank_,
+           static_cast<double>(peak) / (1024.0 * 1024.0 * 1024.0), peak >> 20);
   trace_.mark("between");
+  // The step's working buffers (gathers, layer gradients, buckets) do not come back: the
+  // export's own buffers take their place rather than adding to them.
+  (env_.device != nullptr ? *env_.device : device::cpu()).memory_trim();
   export_final(trained);
   if (trace_.enabled()) {
     trace_.mark("export");

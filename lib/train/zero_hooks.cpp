@@ -196,14 +196,23 @@ void ZeroEngine::stage3_visit(int layer, int dir) {
   keep[idx(layer)] = 1;
   // The tied head reads the embeddings in forward and backward.
   if (tied_ && ((dir > 0 && layer == L) || dir < 0)) keep[idx(-1)] = 1;
+  // The layers ahead held gathered: as many as fit in prefetch_bucket_size elements in
+  // all (gathered already or not: DeepSpeed's fixed prefetch bucket), and with the current
+  // layer within max_live_parameters. Counting only the layers still to gather let the
+  // window grow by a bucket at every layer (most of a 201M model gathered at once).
+  size_t held = 0;
+  for (int l = -1; l <= L; ++l)
+    if (keep[idx(l)])
+      for (size_t i : layer_slots_[idx(l)])
+        if (slots_[i].sharded) held += slots_[i].n;
   std::vector<int> ahead;
-  size_t budget = 0;
+  size_t window = 0;
   for (int l = layer + dir; l >= -1 && l <= L; l += dir) {
     size_t need = 0;
     for (size_t i : layer_slots_[idx(l)])
-      if (slots_[i].sharded && !slots_[i].gathered) need += slots_[i].n;
-    if (budget + need > opts_.prefetch_bucket_size || live_elems_ + budget + need > opts_.max_live_parameters) break;
-    budget += need;
+      if (slots_[i].sharded) need += slots_[i].n;
+    if (window + need > opts_.prefetch_bucket_size || held + window + need > opts_.max_live_parameters) break;
+    window += need;
     keep[idx(l)] = 1;
     ahead.push_back(l);
   }

@@ -69,11 +69,11 @@ TEST_CASE("memory_stats: bytes in use, their peak since a reset, and what the ca
   dev.free(a);
   const device::Device::MemoryStats one = dev.memory_stats();
   CHECK(one.used == before.used + big);
-  CHECK(one.used_peak == two.used);                // the peak stays until a reset
-  CHECK(one.reserved >= one.used + big);           // the freed block is kept, so held
+  CHECK(one.used_peak == two.used);       // the peak stays until a reset
+  CHECK(one.reserved >= one.used + big);  // the freed block is kept, so held
   dev.memory_peak_reset();
   CHECK(dev.memory_stats().used_peak == one.used);  // a reset starts from the bytes in use
-  void* c = dev.alloc(big);                          // the kept block again: nothing new held
+  void* c = dev.alloc(big);                         // the kept block again: nothing new held
   CHECK(c == a);
   CHECK(dev.memory_stats().reserved == one.reserved);
   void* small = dev.alloc(1000);  // below the cache's floor: counted while live
@@ -82,6 +82,13 @@ TEST_CASE("memory_stats: bytes in use, their peak since a reset, and what the ca
   dev.free(b);
   dev.free(c);
   CHECK(dev.memory_stats().used == before.used);
+  // memory_trim gives the kept blocks back: nothing held beyond what is in use.
+  CHECK(dev.memory_stats().reserved > dev.memory_stats().used);
+  dev.memory_trim();
+  CHECK(dev.memory_stats().reserved == dev.memory_stats().used);
+  void* again = dev.alloc(big);
+  CHECK(all_zero(again, big));
+  dev.free(again);
 }
 
 TEST_CASE("small blocks are zeroed and the cache is safe across threads") {

@@ -42,6 +42,35 @@ TEST_CASE("the CUDA device keeps its default pool's memory across synchronisatio
   CHECK(reserved >= used0 + bytes);
 }
 
+// memory_stats reads the pool the device allocates from: what is in use, its peak since a
+// reset, and what the pool holds (the GPU check and the memory trace hold these against
+// the plan).
+TEST_CASE("the CUDA device's memory_stats: bytes in use, their peak since a reset, what the pool holds") {
+  SKIP_WITHOUT_GPU();
+  auto dev = device::cuda_create(0);
+  const size_t bytes = size_t{6} << 20;
+  dev->synchronize();
+  dev->memory_peak_reset();
+  const device::Device::MemoryStats s0 = dev->memory_stats();
+  CHECK(s0.used_peak == s0.used);
+  void* a = dev->alloc(bytes);
+  void* b = dev->alloc(bytes);
+  const device::Device::MemoryStats s2 = dev->memory_stats();
+  CHECK(s2.used >= s0.used + 2 * bytes);
+  CHECK(s2.used_peak >= s2.used);
+  CHECK(s2.reserved >= s2.used);
+  dev->free(a);
+  dev->synchronize();
+  const device::Device::MemoryStats s1 = dev->memory_stats();
+  CHECK(s1.used < s2.used);
+  CHECK(s1.used_peak == s2.used_peak);  // until a reset
+  CHECK(s1.reserved >= s2.used);        // the pool keeps what was freed (release threshold)
+  dev->memory_peak_reset();
+  CHECK(dev->memory_stats().used_peak == s1.used);
+  dev->free(b);
+  dev->synchronize();
+}
+
 // The model's head on a padded vocabulary: logits rows ld apart on CUDA (the padding
 // filled with NaN first), packed on the CPU. Same loss and gradients; the padding is
 // neither read (it would turn them NaN) nor written.

@@ -9,6 +9,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -71,10 +72,19 @@ TEST_CASE("memory plan: the engine's own per-rank accounting, stages 0-3, full a
       const train::ZeroMemory& t = mem[0];
       CHECK(std::fabs(p.grad_bytes - static_cast<double>(t.theory_grad)) <= slack);
       CHECK(std::fabs(p.optim_bytes - static_cast<double>(t.theory_optim)) <= slack);
-      // Stage 3's plan adds the two layers gathered at a time to the shards.
-      const double gathered = stage == 3 ? 2 * 4 * p.largest_buffer : 0.0;
-      CHECK(std::fabs(p.param_bytes - gathered - static_cast<double>(t.theory_param)) <= slack);
+      CHECK(std::fabs(p.param_bytes - static_cast<double>(t.theory_param)) <= slack);
       CHECK(p.build_peak_bytes == (stage == 3 ? 4 * p.largest_buffer : 0.0));
+      // The step's working buffers (memory_plan.cpp's replay of the engine's schedule):
+      // stage 3 gathers at least the largest layer, stages 1-2 all-gather the updated
+      // shards, stages 2-3 hold a layer's gradient and a bucket, stages 0-1 a bucket
+      // scratch; what the allocator holds is at least what is in use at once.
+      // cli_memory_plan_rss_test holds them against real jobs.
+      CHECK((p.gather_bytes > 0) == (stage >= 1));
+      if (stage == 3) CHECK(p.gather_bytes >= 4 * p.largest_buffer);
+      CHECK((p.layer_grad_bytes > 0) == (stage >= 2));
+      CHECK(p.bucket_bytes > 0);
+      CHECK(p.work_bytes >= p.work_live_bytes);
+      CHECK(p.work_live_bytes >= std::max({p.gather_bytes, p.layer_grad_bytes, p.bucket_bytes}));
     }
 }
 
