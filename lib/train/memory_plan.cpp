@@ -31,14 +31,15 @@ std::string count(double n) { return n >= 1e9 ? fmt::format("{:.2f}B", n / 1e9) 
 
 // A CPU rank's resident bytes beyond its buffers: the program and its libraries, the
 // OpenBLAS and ops threads' buffers, the data and tokenizer (measured with
-// monitor.memory_trace: 20-30 MiB resident beside the allocator's bytes after the build
-// of the default job on a 2-core Debian 12 machine), and an allowance of kSlack of the
+// monitor.memory_trace: 18-30 MiB resident beside the allocator's bytes and the build's
+// staging on a 2-core Debian 12 machine), and an allowance of kSlack of the
 // buffers for glibc's own arenas and fragmentation around them (measured 0.5-1.5 %: the
 // 34M-parameter jobs of cli_memory_plan_rss_test and issue 50's 201M job).
-constexpr double kRuntimeBytes = 48.0 * 1024 * 1024;
+constexpr double kRuntimeBytes = 32.0 * 1024 * 1024;
 constexpr double kSlack = 0.02;
-// Gloo's reduce-scatter ring: two pieces of kRingPiece (lib/comm/gloo_comm.cpp).
-constexpr double kGlooScratchBytes = 2 * 8.0 * 1024 * 1024;
+// Gloo's reduce-scatter ring: two pieces of at most kRingPiece (lib/comm/gloo_comm.cpp),
+// each no longer than a chunk (a bucket's share of one rank).
+constexpr double kGlooPieceBytes = 8.0 * 1024 * 1024;
 // The CPU device keeps freed blocks of 1 MiB and more for reuse (cpu_device.cpp).
 constexpr double kCacheMin = 1024.0 * 1024;
 
@@ -60,6 +61,7 @@ struct PlanBuf {
 // blocks of each size in use at once (plus the live small ones).
 struct WorkPlan {
   double gather = 0, layer_grad = 0, bucket = 0, held = 0, live = 0;
+  double most_bucket = 0;  // bytes of the largest gradient bucket (its collective's buffer)
 };
 
 WorkPlan work_plan(const std::vector<PlanBuf>& bufs, const config::TrainConfig& cfg, int n_layer, bool tied, double W,
@@ -106,6 +108,7 @@ WorkPlan work_plan(const std::vector<PlanBuf>& bufs, const config::TrainConfig& 
       ++slots_in.back();
     }
   auto bucket_bytes = [&](size_t b) { return 4 * (st == 0 ? seg[b] : W * seg[b]); };
+  for (size_t b = 0; b < seg.size(); ++b) r.most_bucket = std::max(r.most_bucket, bucket_bytes(b));
   // Stages 1-2 after the update: the trainable shards all-gathered back into the model,
   // consecutive buffers while their full sizes stay within allgather_bucket_size, each
   // group through a buffer of its own in the compute dtype (ZeroEngine::gather_into_model).
@@ -336,7 +339,9 @@ MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
   p.activation_bytes = N * es * ((cfg.activation_checkpointing.enabled ? L * C + layer : L * layer) + V);
   p.batch_bytes = g * N * 2 * sizeof(int32_t);
   // One buffer's fp32 values at a time (and on a GPU its compute-dtype staging copy too).
-  if (p.deferred) p.build_peak_bytes = (p.cuda ? 4 + c : 4) * p.largest_buffer;
+  // A model built whole stages each buffer's fp32 values on the host too (init_weights,
+  // the checkpoint's tensors) before they reach its storage.
+  p.build_peak_bytes = (p.cuda ? 4 + c : 4) * p.largest_buffer;
 
   // The step's working buffers; an fp32 model under bf16/fp16 (the CPU) gathers over a
   // 16-bit wire.
@@ -347,7 +352,7 @@ MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
   p.work_bytes = wp.held;
   p.work_live_bytes = wp.live;
   if (!p.cuda) {
-    p.comm_bytes = W > 1 ? kGlooScratchBytes : 0;
+    p.comm_bytes = W > 1 ? 2 * std::min(kGlooPieceBytes, std::ceil(wp.most_bucket / W)) : 0;
     p.runtime_bytes =
         kRuntimeBytes + kSlack * (p.state_bytes() + std::max(p.work_bytes, p.build_peak_bytes) + p.comm_bytes);
   }
@@ -396,7 +401,9 @@ std::string memory_plan_text(const MemoryPlan& p, int ranks_here, double memory_
         p.deferred ? fmt::format(", building {} (one layer's fp32 values at a time: the model is never "
                                  "whole on a rank; before the working buffers exist)",
                                  bytes(p.build_peak_bytes))
-                   : "",
+                   : fmt::format(", building {} (one buffer's fp32 values staged at a time, before the working "
+                                 "buffers exist)",
+                                 bytes(p.build_peak_bytes)),
         bytes(p.comm_bytes), bytes(p.runtime_bytes));
   }
   if (ranks_here > 0 && memory_bytes > 0)

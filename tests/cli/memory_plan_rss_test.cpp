@@ -1,5 +1,5 @@
 // The memory plan against what the ranks hold (issue 50): real `dtrain launch` jobs of a
-// 34M-parameter Llama on 2 and 4 CPU ranks, ZeRO stages 0-3, full fine-tuning and LoRA,
+// 16M-parameter Llama on 2 and 4 CPU ranks, ZeRO stages 0-3, full fine-tuning and LoRA,
 // from random weights and from a model the first job exported (model.init_from). Each
 // rank's peak resident memory of building, training and checkpointing (its own log line,
 // the kernel's VmHWM) must lie within [80 %, 100 %] of what `--dry-run` planned for it:
@@ -33,7 +33,8 @@ struct Job {
 };
 
 // The model: big enough that the ZeRO state and the step's working buffers, not the
-// program itself, make up most of a rank's memory (34M parameters, 134 MB in fp32).
+// program itself, make up most of a rank's memory (15.7M parameters, 63 MB in fp32); no
+// evaluation (the final one would be a forward like the step's).
 std::vector<std::string> job_args(const Job& j, const std::string& dir, const std::string& init) {
   std::vector<std::string> a = {"launch",
                                 "--config",
@@ -49,14 +50,16 @@ std::vector<std::string> job_args(const Job& j, const std::string& dir, const st
                                 "--set",
                                 "training.eval_steps=0",
                                 "--set",
+                                "data.valid=",
+                                "--set",
                                 "data.seq_len=64",
                                 "--set",
                                 "train_micro_batch_size_per_gpu=1",
                                 "--set",
                                 "monitor.interval=1"};
   // With init_from the shape comes from its config.json; the same values given here agree.
-  for (const char* kv : {"model.vocab_size=16384", "model.d_model=512", "model.n_layer=4", "model.d_ff=2048",
-                         "model.n_head=8", "model.n_kv_head=8", "model.max_seq_len=64"}) {
+  for (const char* kv : {"model.vocab_size=8192", "model.d_model=384", "model.n_layer=4", "model.d_ff=1536",
+                         "model.n_head=6", "model.n_kv_head=6", "model.max_seq_len=64"}) {
     a.push_back("--set");
     a.push_back(kv);
   }
