@@ -259,6 +259,11 @@ WorkPlan work_plan(const std::vector<PlanBuf>& bufs, const config::TrainConfig& 
   return r;
 }
 
+// The LoRA rank the config asks for (its dh scratch is N x r).
+double lc_rank_of(const config::TrainConfig& cfg, const model::ModelConfig& mc) {
+  return static_cast<double>(lora_config_from(cfg, mc).rank);
+}
+
 }  // namespace
 
 MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
@@ -333,10 +338,29 @@ MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
   const double N = rows * static_cast<double>(std::max<int64_t>(1, cfg.resolved_micro_batch_size)) * T;
   const double g = static_cast<double>(std::max<int64_t>(1, cfg.resolved_grad_accum_steps));
   const double es = p.cuda && p.mixed ? 2 : 4, L = mc.n_layer, C = mc.d_model, F = mc.d_ff, V = mc.vocab_size;
-  // Per layer the residual, two norms, the attention output and the MLP's hidden values,
-  // then the logits; with recomputation only each layer's input plus one layer's worth.
-  const double layer = 4 * C + 2 * F;
-  p.activation_bytes = N * es * ((cfg.activation_checkpointing.enabled ? L * C + layer : L * layer) + V);
+  // The model's activation arena (Model::allocate), per token: each layer's saved values
+  // (its input norm, q, k, v, the attention output and what the device's attention keeps,
+  // the second residual and norm, the MLP's hidden values, the adapters' products), every
+  // layer's residual, and one set of scratch for the backward and the logits. With
+  // recomputation one layer's set serves all layers.
+  const double H = mc.n_head, hd = mc.head_dim(), QD = H * hd, KD = mc.n_kv_head * hd;
+  const bool gpt2 = mc.is_gpt2();
+  double lora_r = 0, lora_in = 0;  // per layer: the adapters' N x r products and dropout inputs
+  if (p.lora) {
+    const model::LoraConfig lc = lora_config_from(cfg, mc);
+    const double n_targets = static_cast<double>(lc.targets.size()) * (gpt2 ? 2 : 1);  // GPT-2's c_proj is two
+    lora_r = n_targets * lc.rank;
+    if (lc.dropout > 0) lora_in = n_targets * std::max(C, F);
+  }
+  const double qk = mc.qk_norm ? QD + KD : 0;
+  const double per_layer = 3 * C + 2 * QD + 2 * KD + (gpt2 ? 2 : 3) * F + qk + lora_r + lora_in;
+  const double per_layer_f32 = 4 + (p.cuda ? H : H * T) + (mc.qk_norm ? H + mc.n_kv_head : 0);
+  const double ld = p.cuda ? std::ceil(V / 128) * 128 : V;  // the logits' rows (padded on a device)
+  const double scratch = 5 * C + ld + 2 * QD + 2 * KD + qk + 3 * F + (lora_r > 0 ? lc_rank_of(cfg, mc) : 0) +
+                         (lora_in > 0 ? std::max(C, F) : 0);
+  const double sets = cfg.activation_checkpointing.enabled ? 1 : L;
+  p.activation_bytes =
+      N * (es * (sets * per_layer + (L + 1) * C + scratch) + 4 * (sets * per_layer_f32 + 3) + 2 * sizeof(int32_t));
   p.batch_bytes = g * N * 2 * sizeof(int32_t);
   // One buffer's fp32 values at a time (and on a GPU its compute-dtype staging copy too).
   // A model built whole stages each buffer's fp32 values on the host too (init_weights,
