@@ -72,24 +72,24 @@ class CpuDevice final : public Device {
 
   void* alloc(size_t bytes) override {
     const size_t rounded = (bytes + 63) / 64 * 64;
-    if (void* p = cache_take(rounded)) {
-      used_add(static_cast<ptrdiff_t>(rounded));
-      forget(p);
-      zero(p, rounded);
-      return p;
+    if (rounded >= kCacheMin) {
+      if (void* p = cache_take(rounded)) {
+        forget(p);
+        zero(p, rounded);
+        return p;
+      }
     }
     void* p = std::aligned_alloc(64, rounded ? rounded : 64);
     if (!p) throw std::bad_alloc();
     std::memset(p, 0, rounded);
-    sizes_lock_and_put(p, rounded);
-    used_add(static_cast<ptrdiff_t>(rounded >= kCacheMin ? rounded : ::malloc_usable_size(p)));
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    if (rounded >= kCacheMin) sizes_[p] = rounded;
+    used_add_locked(static_cast<ptrdiff_t>(rounded >= kCacheMin ? rounded : ::malloc_usable_size(p)));
     return p;
   }
   void free(void* p) override {
     if (!p) return;
     forget(p);
-    const size_t bytes = block_bytes(p);
-    used_add(-static_cast<ptrdiff_t>(bytes ? bytes : ::malloc_usable_size(p)));
     if (!cache_put(p)) std::free(p);
   }
   MemoryStats memory_stats() override {
@@ -430,43 +430,36 @@ class CpuDevice final : public Device {
   size_t cached_bytes_ = 0;
   size_t used_ = 0, used_peak_ = 0;  // bytes of live allocations (memory_stats)
 
-  void used_add(ptrdiff_t bytes) {
-    std::lock_guard<std::mutex> lock(cache_mu_);
+  // Under cache_mu_.
+  void used_add_locked(ptrdiff_t bytes) {
     used_ = static_cast<size_t>(static_cast<ptrdiff_t>(used_) + bytes);
     used_peak_ = std::max(used_peak_, used_);
   }
-  // The size of a block of kCacheMin bytes or more (0 for a smaller one).
-  size_t block_bytes(void* p) {
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    auto it = sizes_.find(p);
-    return it == sizes_.end() ? 0 : it->second;
-  }
-
-  void sizes_lock_and_put(void* p, size_t bytes) {
-    if (bytes < kCacheMin) return;
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    sizes_[p] = bytes;
-  }
+  // A kept block of exactly `bytes` (counted in use again), or nullptr.
   void* cache_take(size_t bytes) {
-    if (bytes < kCacheMin) return nullptr;
     std::lock_guard<std::mutex> lock(cache_mu_);
     for (auto it = cached_.rbegin(); it != cached_.rend(); ++it)
       if (it->second == bytes) {
         void* p = it->first;
         cached_.erase(std::next(it).base());
         cached_bytes_ -= bytes;
+        used_add_locked(static_cast<ptrdiff_t>(bytes));
         return p;
       }
     return nullptr;
   }
-  // True when p is kept (the caller must not free it).
+  // Counts p out of use; true when it is kept (the caller must not free it).
   bool cache_put(void* p) {
     std::vector<void*> drop;
     {
       std::lock_guard<std::mutex> lock(cache_mu_);
       auto it = sizes_.find(p);
-      if (it == sizes_.end()) return false;
+      if (it == sizes_.end()) {
+        used_add_locked(-static_cast<ptrdiff_t>(::malloc_usable_size(p)));
+        return false;
+      }
       const size_t bytes = it->second;
+      used_add_locked(-static_cast<ptrdiff_t>(bytes));
       size_t same = 0;
       for (const auto& c : cached_) same += c.second == bytes;
       if (same >= kCachePerSize || bytes > kCacheBytes) {

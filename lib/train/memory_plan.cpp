@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <vector>
 
 namespace dtrain::train {
@@ -219,49 +220,38 @@ WorkPlan work_plan(const std::vector<PlanBuf>& bufs, const config::TrainConfig& 
       }
     layer_grad_peak = std::max(layer_grad_peak, wg);
   };
-  {
-    if (st == 3)
-      for (int l = -1; l <= n_layer; ++l) visit(l, +1);
-    for (int l = n_layer; l >= -1; --l) {
-      if (st == 3) visit(l, -1);
-      attach(l);
-      if (l == n_layer && tied) attach(-1);
-      for (size_t i = 0; i < NB; ++i) {
-        if (bufs[i].layer != l || !bufs[i].trainable) continue;
-        const auto b = static_cast<size_t>(bucket_of[i]);
-        if (!bucket_live[b]) {
-          bucket_live[b] = 1;
-          take(bucket_bytes(b));
-        }
-        wgrad[i] = 0;
-        give(4 * bufs[i].n);
-        wg -= round64(4 * bufs[i].n);
-        if (++packed[b] == slots_in[b]) {
-          if (pending >= 0) give(bucket_bytes(static_cast<size_t>(pending)));
-          pending = -1;
-          if (cfg.zero.overlap_comm) pending = static_cast<int>(b);
-          else give(bucket_bytes(b));
-        }
+  if (st == 3)
+    for (int l = -1; l <= n_layer; ++l) visit(l, +1);
+  for (int l = n_layer; l >= -1; --l) {
+    if (st == 3) visit(l, -1);
+    attach(l);
+    if (l == n_layer && tied) attach(-1);
+    for (size_t i = 0; i < NB; ++i) {
+      if (bufs[i].layer != l || !bufs[i].trainable) continue;
+      const auto b = static_cast<size_t>(bucket_of[i]);
+      if (!bucket_live[b]) {
+        bucket_live[b] = 1;
+        take(bucket_bytes(b));
       }
-      if (st == 3)
-        for (size_t li = 0; li < L; ++li)
-          if (static_cast<int>(li) - 1 == l) gather(li, false);
+      wgrad[i] = 0;
+      give(4 * bufs[i].n);
+      wg -= round64(4 * bufs[i].n);
+      if (++packed[b] == slots_in[b]) {
+        if (pending >= 0) give(bucket_bytes(static_cast<size_t>(pending)));
+        pending = -1;
+        if (cfg.zero.overlap_comm) pending = static_cast<int>(b);
+        else give(bucket_bytes(b));
+      }
     }
+    if (st == 3) gather(static_cast<size_t>(l + 1), false);
   }
   if (pending >= 0) give(bucket_bytes(static_cast<size_t>(pending)));
   if (st == 2 && W > 1) post_step_gather();
-  double most_bucket = 0;
-  for (size_t b = 0; b < seg.size(); ++b) most_bucket = std::max(most_bucket, bucket_bytes(b));
   r.gather = std::max(r.gather, gather_peak);
   r.layer_grad = layer_grad_peak;
-  r.bucket = most_bucket * (cfg.zero.overlap_comm ? 2 : 1);
+  r.bucket = r.most_bucket * (cfg.zero.overlap_comm ? 2 : 1);
   r.held = held_of();
   return r;
-}
-
-// The LoRA rank the config asks for (its dh scratch is N x r).
-double lc_rank_of(const config::TrainConfig& cfg, const model::ModelConfig& mc) {
-  return static_cast<double>(lora_config_from(cfg, mc).rank);
 }
 
 }  // namespace
@@ -282,13 +272,14 @@ MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
     bufs.push_back({b.layer, static_cast<double>(b.size), !p.lora});
   }
   p.trainable = p.params;
+  std::optional<model::LoraConfig> lc;
   if (p.lora) {
     // The adapters' size from the layouts lora_enable builds (no adapter is allocated or
     // initialised: an 8B model's are 40M values).
-    const model::LoraConfig lc = lora_config_from(cfg, mc);
-    lc.validate(mc);
+    lc = lora_config_from(cfg, mc);
+    lc->validate(mc);
     p.trainable = 0;
-    for (const auto& b : model::lora_layout_build(mc, lc)) {
+    for (const auto& b : model::lora_layout_build(mc, *lc)) {
       p.trainable += static_cast<double>(b.size);
       bufs.push_back({b.layer, static_cast<double>(b.size), true});
     }
@@ -346,18 +337,17 @@ MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
   const double H = mc.n_head, hd = mc.head_dim(), QD = H * hd, KD = mc.n_kv_head * hd;
   const bool gpt2 = mc.is_gpt2();
   double lora_r = 0, lora_in = 0;  // per layer: the adapters' N x r products and dropout inputs
-  if (p.lora) {
-    const model::LoraConfig lc = lora_config_from(cfg, mc);
-    const double n_targets = static_cast<double>(lc.targets.size()) * (gpt2 ? 2 : 1);  // GPT-2's c_proj is two
-    lora_r = n_targets * lc.rank;
-    if (lc.dropout > 0) lora_in = n_targets * std::max(C, F);
+  const double rank = lc ? lc->rank : 0;
+  if (lc) {
+    const double n_targets = static_cast<double>(lc->targets.size()) * (gpt2 ? 2 : 1);  // GPT-2's c_proj is two
+    lora_r = n_targets * rank;
+    if (lc->dropout > 0) lora_in = n_targets * std::max(C, F);
   }
   const double qk = mc.qk_norm ? QD + KD : 0;
   const double per_layer = 3 * C + 2 * QD + 2 * KD + (gpt2 ? 2 : 3) * F + qk + lora_r + lora_in;
   const double per_layer_f32 = 4 + (p.cuda ? H : H * T) + (mc.qk_norm ? H + mc.n_kv_head : 0);
   const double ld = p.cuda ? std::ceil(V / 128) * 128 : V;  // the logits' rows (padded on a device)
-  const double scratch = 5 * C + ld + 2 * QD + 2 * KD + qk + 3 * F + (lora_r > 0 ? lc_rank_of(cfg, mc) : 0) +
-                         (lora_in > 0 ? std::max(C, F) : 0);
+  const double scratch = 5 * C + ld + 2 * QD + 2 * KD + qk + 3 * F + rank + (lora_in > 0 ? std::max(C, F) : 0);
   const double sets = cfg.activation_checkpointing.enabled ? 1 : L;
   p.activation_bytes =
       N * (es * (sets * per_layer + (L + 1) * C + scratch) + 4 * (sets * per_layer_f32 + 3) + 2 * sizeof(int32_t));

@@ -137,6 +137,8 @@ class TrainLoop {
   void progress_log(int64_t step, const StepOutcome& out);
   void evaluate(int64_t step);
   void evaluate_run(int64_t step);
+  // The device the job's buffers live on (a CPU rank's: the CPU device).
+  device::Device& train_device() const { return env_.device != nullptr ? *env_.device : device::cpu(); }
   void pref_evaluate_valid(int64_t step);
   void reference_prepare();
   void save(int64_t step);
@@ -191,7 +193,7 @@ TrainLoop::TrainLoop(const config::TrainConfig& cfg, const TrainerEnv& env)
       comm_(env.comm != nullptr && env.comm->size() > 1 ? env.comm : nullptr), trace_(cfg.monitor.memory_trace) {
   env_check();
   if (trace_.enabled()) {
-    trace_.set_device(env.device != nullptr ? env.device : &device::cpu());
+    trace_.set_device(&train_device());
     timer_.set_observer([this](Section s, bool started) { trace_.mark(started ? "between" : section_name(s)); });
   }
   // ---- model, data, optimizer
@@ -693,7 +695,7 @@ TrainResult TrainLoop::run() {
   // What the build freed (a deferred build's staging, the full gradient arrays stages 2-3
   // release to the engine's shards) is not the step's working set: the allocator's cache
   // gives it back rather than keep it beside the step's buffers.
-  (env_.device != nullptr ? *env_.device : device::cpu()).memory_trim();
+  train_device().memory_trim();
   trace_.mark("build");  // the model, the engine's state, the data, a resumed checkpoint
   // The loop's wall time excludes the model build, resume and the export.
   run_clock_.restart();
@@ -752,7 +754,7 @@ TrainResult TrainLoop::run() {
   trace_.mark("between");
   // The step's working buffers (gathers, layer gradients, buckets) do not come back: the
   // export's own buffers take their place rather than adding to them.
-  (env_.device != nullptr ? *env_.device : device::cpu()).memory_trim();
+  train_device().memory_trim();
   export_final(trained);
   if (trace_.enabled()) {
     trace_.mark("export");

@@ -292,6 +292,13 @@ inline RunResult run(const std::vector<std::string>& argv, const std::map<std::s
   return r;
 }
 
+/// `dtrain ARGS...` (the binary under test) to its end within `seconds`.
+inline RunResult run_dtrain(const std::vector<std::string>& args, int seconds = 240) {
+  std::vector<std::string> argv = {dtrain_bin()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run(argv, {}, std::chrono::seconds(seconds));
+}
+
 /// A loopback port nobody listens on now (the kernel's pick): for a store a test starts on
 /// this host; a fixed or pid-derived number can be taken by another test run beside it.
 inline int free_port() {

@@ -45,12 +45,6 @@ std::string config_only_dir(const TempDir& tmp, const std::string& model) {
   return dir.string();
 }
 
-RunResult run_dtrain(const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {dtrain_bin()};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return run(argv, {}, std::chrono::seconds(120));
-}
-
 dtrain::config::TrainConfig load(const std::string& recipe, std::vector<std::string>* warnings = nullptr) {
   auto loaded = dtrain::config::config_load_file((source_root() / recipe).string(), {});
   if (warnings) *warnings = loaded.warnings;

@@ -15,12 +15,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-RunResult run_dtrain(const std::vector<std::string>& args, int seconds = 300) {
-  std::vector<std::string> argv = {dtrain_bin()};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return run(argv, {}, std::chrono::seconds(seconds));
-}
-
 // Bytes from "3.20 GiB" / "830.5 MiB".
 double parse_bytes(const std::string& num, const std::string& unit) {
   return std::stod(num) * (unit == "GiB" ? 1024.0 * 1024 * 1024 : 1024.0 * 1024);

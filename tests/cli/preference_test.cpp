@@ -16,12 +16,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-RunResult run_dtrain(const std::vector<std::string>& args, int seconds = 240) {
-  std::vector<std::string> argv = {dtrain_bin()};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return run(argv, {}, std::chrono::seconds(seconds));
-}
-
 // A tiny model learning from scratch: only the plumbing is under test here (the objectives
 // are checked against PyTorch by pref_parity_test, learning by train_preference_trainer_test).
 std::string job(const std::string& dir, const std::string& data_lines) {
