@@ -1,9 +1,13 @@
 // The one doctest main shared by every test binary. A case that called
 // dtrain::test::skip_test() (tests/skip.h) turns a passing run into exit code 77, which
-// ctest reports as SKIPPED; failures keep doctest's non-zero code. DTRAIN_TEST_SHARD=K/N
-// (set by ctest for a suite split into N entries, CMakeLists.txt) runs the K-th of N
-// contiguous slices of the suite's cases in file order: together the N slices run every
-// case exactly once, and a slice with no case is an error, never a pass.
+// ctest reports as SKIPPED; failures keep doctest's non-zero code.
+//
+// DTRAIN_TEST_FILE=tests/<module>/<name>_test.cpp (set by ctest for each test file of a
+// unity batch binary, CMakeLists.txt's dtrain_add_test_batch) runs only that file's cases;
+// a file with no case in this binary is an error, never a pass. DTRAIN_TEST_SHARD=K/N
+// (set by ctest for a suite split into N entries) runs the K-th of N contiguous slices of
+// the suite's (or that file's) cases in file order: together the N slices run every case
+// exactly once, and a slice with no case is an error, never a pass.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -11,6 +15,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 namespace {
@@ -28,10 +33,36 @@ bool shard_parse(const char* s, int* k, int* n) {
   return true;
 }
 
+bool ends_with(const char* s, const std::string& suffix) {
+  const size_t n = std::strlen(s);
+  return n >= suffix.size() && std::memcmp(s + n - suffix.size(), suffix.data(), suffix.size()) == 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   doctest::Context context(argc, argv);
+  // The cases this run may select from: the whole binary, or one test file's.
+  std::string file_suffix;
+  if (const char* env = std::getenv("DTRAIN_TEST_FILE"); env != nullptr && *env != '\0') {
+    const std::string file = env;
+    ::unsetenv("DTRAIN_TEST_FILE");
+    file_suffix = "/" + file;
+    int cases = 0;
+    for (const auto& tc : doctest::detail::getRegisteredTests())
+      if (ends_with(tc.m_file.c_str(), file_suffix)) ++cases;
+    if (cases == 0) {
+      std::fprintf(stderr, "DTRAIN_TEST_FILE=%s: no test case of this binary is in that file\n", file.c_str());
+      return 2;
+    }
+    context.setOption("source-file", ("*" + file_suffix).c_str());
+    // doctest counts the other files' cases as "skipped" in its summary.
+    std::printf(
+        "DTRAIN_TEST_FILE=%s: the %d test case(s) of that file (doctest's \"skipped\" below counts the "
+        "other files' cases of this batch binary)\n",
+        file.c_str(), cases);
+    std::fflush(stdout);
+  }
   if (const char* env = std::getenv("DTRAIN_TEST_SHARD"); env != nullptr && *env != '\0') {
     // Not passed on: a suite that runs test binaries itself (the GPU check's rehearsal)
     // must run them whole.
@@ -46,7 +77,7 @@ int main(int argc, char** argv) {
     // ctest) in the run order, by file and line.
     int cases = 0;
     for (const auto& tc : doctest::detail::getRegisteredTests())
-      if (!tc.m_skip) ++cases;
+      if (!tc.m_skip && (file_suffix.empty() || ends_with(tc.m_file.c_str(), file_suffix))) ++cases;
     const int first = (k - 1) * cases / n + 1, last = k * cases / n;
     if (first > last) {
       std::fprintf(stderr, "DTRAIN_TEST_SHARD=%s: slice %d of %d of %d test case(s) is empty; use fewer slices\n",

@@ -15,12 +15,10 @@
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <unistd.h>
+#include <unistd.h>  // environ (GNU)
 
 #include <cstdlib>
 #include <string>
-
-extern char** environ;
 
 using namespace dtrain;
 using namespace dtrain::config;
