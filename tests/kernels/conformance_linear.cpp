@@ -14,8 +14,6 @@ namespace dtrain::kernels::test {
 
 namespace {
 
-Floats input(Rng& r, size_t n, DType t, float scale = 1.0f) { return round_through(rand_floats(r, n, scale), t); }
-
 enum class Fwd { PLAIN, BIAS, GELU, GELU_BIAS };
 
 double linear_case(DType t, int N, int IC, int OC, Fwd fwd, uint64_t seed) {

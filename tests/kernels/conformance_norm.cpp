@@ -12,10 +12,6 @@ namespace dtrain::kernels::test {
 
 namespace {
 
-Floats input(Rng& r, size_t n, DType t, float scale = 1.0f, float mean = 0.0f) {
-  return round_through(rand_floats(r, n, scale, mean), t);
-}
-
 // parts: which backward outputs are asked for (DINP | DW | DB); the others are null.
 enum Parts { DINP = 1, DW = 2, DB = 4, ALL = 7 };
 

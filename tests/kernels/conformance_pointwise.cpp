@@ -23,9 +23,6 @@ namespace {
 
 constexpr size_t N_PW = 4099;
 
-// Random input of n elements, already rounded through t (what both sides see).
-Floats input(Rng& r, size_t n, DType t, float scale = 1.0f) { return round_through(rand_floats(r, n, scale), t); }
-
 double gelu_case(DType t, size_t off, uint64_t seed) {
   Rng r(seed);
   const Floats x = input(r, N_PW, t, 2.0f), dout = input(r, N_PW, t);

@@ -51,6 +51,11 @@ inline Floats round_through(const Floats& v, DType t) {
   return o;
 }
 
+// Random input of n elements, already rounded through t (what both sides see).
+inline Floats input(Rng& r, size_t n, DType t, float scale = 1.0f, float mean = 0.0f) {
+  return round_through(rand_floats(r, n, scale, mean), t);
+}
+
 // max|got - ref| / max(max|ref|, 1e-30); any NaN/inf mismatch (a poisoned element that
 // was never written) gives +inf.
 inline double max_err(const Floats& got, const Floats& ref) {
