@@ -61,7 +61,7 @@ using cuda_emu::Alloc;
 
 // ----------------------------------------------------------------------------
 // Live objects: a destroyed or made-up handle is reported instead of dereferenced.
-std::mutex g_mu;
+std::mutex g_live_mu;
 std::unordered_set<const void*>& live() {
   static auto* s = new std::unordered_set<const void*>();
   return *s;
@@ -69,18 +69,18 @@ std::unordered_set<const void*>& live() {
 template <typename T>
 T* object_new() {
   T* p = new T();
-  std::lock_guard<std::mutex> lock(g_mu);
+  std::lock_guard<std::mutex> lock(g_live_mu);
   live().insert(p);
   return p;
 }
 bool object_live(const void* p) {
-  std::lock_guard<std::mutex> lock(g_mu);
+  std::lock_guard<std::mutex> lock(g_live_mu);
   return p && live().count(p);
 }
 template <typename T>
 cublasStatus_t object_delete(T* p, cublasStatus_t if_unknown) {
   {
-    std::lock_guard<std::mutex> lock(g_mu);
+    std::lock_guard<std::mutex> lock(g_live_mu);
     if (!live().erase(p)) return if_unknown;
   }
   delete p;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstddef>
@@ -12,6 +13,12 @@
 #include <string>
 
 namespace cuda_emu {
+
+// The host's page size (guard pages, stacks, the registry's rounding).
+inline size_t page_size() {
+  static const size_t ps = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return ps;
+}
 
 // ----------------------------------------------------------------------------
 // Memory registry (memory.cpp).

@@ -48,11 +48,6 @@ enum Op : int {
 };
 inline bool aligned_op(int op) { return op >= OP_MMA_BF16; }
 
-inline size_t page_size() {
-  static const size_t ps = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  return ps;
-}
-
 // ----------------------------------------------------------------------------
 // Launch: what every block of one kernel_run shares.
 struct FaultRecord {  // POD: written by the signal handler

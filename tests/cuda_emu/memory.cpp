@@ -25,10 +25,6 @@ constexpr size_t QUARANTINE_BYTES = 256ull << 20;  // freed memory kept inaccess
 constexpr unsigned char POISON = 0xff;
 constexpr unsigned char CANARY = 0xa5;  // slack between the end and the guard
 
-size_t page_size() {
-  static const size_t p = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  return p;
-}
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 struct Entry {

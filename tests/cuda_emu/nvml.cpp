@@ -23,7 +23,7 @@ std::array<std::atomic<int64_t>, kMaxDevices> g_busy_ns{};
 struct UtilWindow {
   int64_t wall_ns = 0, busy_ns = 0;  // at the previous query (or nvmlInit)
 };
-std::mutex g_mu;
+std::mutex g_nvml_mu;
 int g_init = 0;  // nvmlInit_v2 count minus nvmlShutdown count
 std::array<UtilWindow, kMaxDevices> g_window{};
 std::array<unsigned int, kMaxDevices> g_last_util{};
@@ -59,14 +59,14 @@ using namespace cuda_emu;
 extern "C" {
 
 nvmlReturn_t nvmlInit_v2(void) {
-  std::lock_guard<std::mutex> lock(g_mu);
+  std::lock_guard<std::mutex> lock(g_nvml_mu);
   if (g_init++ == 0)
     for (int i = 0; i < kMaxDevices; ++i) g_window[static_cast<size_t>(i)] = {wall_ns(), busy_of(i)};
   return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlShutdown(void) {
-  std::lock_guard<std::mutex> lock(g_mu);
+  std::lock_guard<std::mutex> lock(g_nvml_mu);
   if (g_init == 0) return NVML_ERROR_UNINITIALIZED;
   --g_init;
   return NVML_SUCCESS;
@@ -85,7 +85,7 @@ const char* nvmlErrorString(nvmlReturn_t r) {
 
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t* device) {
   {
-    std::lock_guard<std::mutex> lock(g_mu);
+    std::lock_guard<std::mutex> lock(g_nvml_mu);
     if (g_init == 0) return NVML_ERROR_UNINITIALIZED;
   }
   if (!device) return NVML_ERROR_INVALID_ARGUMENT;
@@ -98,7 +98,7 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t* dev
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t* u) {
   const int d = device_of(device);
   if (d < 0 || !u) return NVML_ERROR_INVALID_ARGUMENT;
-  std::lock_guard<std::mutex> lock(g_mu);
+  std::lock_guard<std::mutex> lock(g_nvml_mu);
   if (g_init == 0) return NVML_ERROR_UNINITIALIZED;
   // The share of wall time since the previous query that kernels ran (summed over the
   // executors, so capped at 100); a query right after another repeats the last figure.
@@ -154,7 +154,7 @@ nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsi
   if (d < 0 || !reasons) return NVML_ERROR_INVALID_ARGUMENT;
   unsigned long long r = 0;
   {
-    std::lock_guard<std::mutex> lock(g_mu);
+    std::lock_guard<std::mutex> lock(g_nvml_mu);
     if (g_last_util[static_cast<size_t>(d)] == 0) r |= nvmlClocksThrottleReasonGpuIdle;
   }
   if (const char* inject = std::getenv("DTRAIN_EMU_NVML_THROTTLE"); inject && *inject)
