@@ -482,14 +482,20 @@ def make_reference(dtrain, ref_dir, mode, env, timeout):
 # within EVAL_TOL: the spread of the earlier default job (configs/data/tasks) over seeds,
 # eval_loss 1.76-1.89 at 600 steps. The default job now trains on configs/data/basics, whose
 # eval_loss is far lower (0.35 at 1200 steps); the 0.15 bound has not been re-derived for it
-# on a GPU (no GPU was lent when it changed, issue 44).
-EARLY_STEPS = 50
+# on a GPU (no GPU was lent when it changed, issue 44); on an H200 (session 18) the GPU's
+# eval_loss was within 0.053 (fp32) and 0.037 (bf16) of the CPU's.
+# bf16 is compared over the default job's warm-up only (configs/tiny-sft.yaml: 30 steps to
+# lr 3e-3): past it the rounding is amplified fast. The CPU's own bf16 run of this job
+# differs from its fp32 run by at most 3.0e-3 relative through step 30, then 1.4e-2 by
+# step 35, 8.5e-2 by step 45 and 3.2e-1 by step 60 (measured here, session 18); the H200's
+# bf16 run differed by 1.06e-1 over 50 steps, as the CPU's does.
+EARLY_STEPS = {"fp32": 50, "bf16": 30}
 TOL = {"fp32": 2e-3, "bf16": 3e-2}
 EVAL_TOL = 0.15
 
 
 def compare_losses(got, ref, dtype):
-    early = [s for s in sorted(ref) if s <= EARLY_STEPS and s in got]
+    early = [s for s in sorted(ref) if s <= EARLY_STEPS[dtype] and s in got]
     worst = 0.0
     for s in early:
         worst = max(worst, abs(got[s] - ref[s]) / max(abs(ref[s]), 1e-6))
@@ -545,7 +551,7 @@ def stage_job(lay, rep, cap, out_dir):
         else:
             if err > TOL[dtype]:
                 status = "FAIL"
-                why.append(f"steps <= {EARLY_STEPS}: relative loss difference {err:.2e} > {TOL[dtype]:.0e}")
+                why.append(f"steps <= {EARLY_STEPS[dtype]}: relative loss difference {err:.2e} > {TOL[dtype]:.0e}")
             if eval_diff is not None and eval_diff > EVAL_TOL:
                 status = "FAIL"
                 why.append(f"eval_loss differs by {eval_diff:.3f} > {EVAL_TOL}")
@@ -566,7 +572,7 @@ def stage_job(lay, rep, cap, out_dir):
                 worst = "FAIL"
     summary = ", ".join(f"{r[0]} {r[1]}" for r in rows) + f" ({steps} steps vs the CPU fp32 reference)"
     rep.add("job", worst, now() - t0, summary,
-            md_table(["run", "result", "s", f"max rel. diff, steps <= {EARLY_STEPS}", "last loss (cuda / cpu)",
+            md_table(["run", "result", "s", "max rel. diff, steps <= 50 (fp32) / 30 (bf16)", "last loss (cuda / cpu)",
                       "eval_loss (cuda / cpu)", "note"], rows) + "\n".join(details), dict(rows=rows))
     return keep
 
@@ -953,14 +959,19 @@ def stage_peers(lay, rep, cap, speed, out_dir):
             docs[label] = json.load(f)
         for c in docs[label]["cases"]:
             key = "gpt2-124m" if c["case"] == "gpt2" else "llama-1b"
-            d = speed[key]["bench"] if have_dtrain else c["dtrain"]
-            t = c["torch"]
-            ratio = d["tokens_per_s"] / t["tokens_per_s"] if d else None
-            rows.append([label, key, f"{d['tokens_per_s']:.0f}" if d else "-", f"{t['tokens_per_s']:.0f}",
-                         f"{ratio:.2f}x" if ratio else "-",
-                         f"torch peak {t['peak_memory_bytes'] / 2**30:.2f} GiB"])
+            # The PyTorch peer recomputes nothing: dtrain's Llama run without recompute is
+            # the like-for-like row, the recompute one is shown beside it.
+            keys = [key] + (["llama-1b, no recompute"] if key == "llama-1b" and "llama-1b, no recompute" in speed
+                            else [])
+            for k in keys:
+                d = speed[k]["bench"] if have_dtrain else c["dtrain"]
+                t = c["torch"]
+                ratio = d["tokens_per_s"] / t["tokens_per_s"] if d else None
+                rows.append([label, k, f"{d['tokens_per_s']:.0f}" if d else "-", f"{t['tokens_per_s']:.0f}",
+                             f"{ratio:.2f}x" if ratio else "-",
+                             f"torch peak {t['peak_memory_bytes'] / 2**30:.2f} GiB"])
     summary = "; ".join(f"{r[1]} {r[0]}: dtrain/PyTorch {r[4]}" for r in rows if len(r) == 6 and r[1] in
-                        ("gpt2-124m", "llama-1b")) or "no figures"
+                        ("gpt2-124m", "llama-1b", "llama-1b, no recompute")) or "no figures"
     rep.add("peers", worst, now() - t0, summary,
             md_table(["torch", "model", "dtrain tokens/s", "PyTorch tokens/s", "dtrain / PyTorch", "note"], rows) +
             "\n".join(details), dict(docs=docs))
@@ -1002,7 +1013,12 @@ def stage_hf(lay, rep, cap, out_dir):
     if prc == 77:
         summary += "; preference parity SKIPPED (no PyTorch)"
     elif prc == 0:
-        summary += "; preference objectives match (" + last[0][:160] + ")"
+        try:
+            pdoc = json.loads(last[0])
+            summary += (f"; preference objectives match ({len(pdoc['cases'])} cases on {', '.join(pdoc['devices'])}: "
+                        f"loss and gradients within {pdoc['max_rel_diff']:.1e} relative, tolerance {pdoc['tol']:.0e})")
+        except (ValueError, KeyError, TypeError):
+            summary += "; preference objectives match (" + last[0][:160] + ")"
     else:
         status = "TIMEOUT" if prc is None else "FAIL"
         summary += f"; preference parity exit {prc}"
