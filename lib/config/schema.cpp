@@ -378,6 +378,12 @@ const std::vector<KeySpec>& build_schema() {
        .help = "seconds without a heartbeat before a node is declared dead, or a rank hung (> "
                "heartbeat_interval)",
        .min = 0, .min_exclusive = true},
+      {.path = "fault_tolerance.store_connect_timeout", .type = KeyType::FLOAT,
+       .field = F(fault_tolerance.store_connect_timeout),
+       .help = "seconds each node's agent keeps trying to reach the launcher's rendezvous store before it gives "
+               "up and says why (the launcher starts the store before any agent, so only an unreachable address, "
+               "a firewall or a slow network makes it wait)",
+       .min = 0, .min_exclusive = true},
       {.path = "fault_tolerance.step_timeout", .type = KeyType::FLOAT, .field = F(fault_tolerance.step_timeout),
        .help = "seconds a training rank may go without completing a step (its evaluation and checkpoint "
                "included) before it is declared hung; 0 = off (> heartbeat_interval when on)",

@@ -176,11 +176,17 @@ std::string agent_failure_key(int node_rank) { return fmt::format("fail/node{}",
 
 AgentTiming agent_timing_from_env() {
   AgentTiming t;
-  if (const char* v = std::getenv("DTRAIN_HEARTBEAT_INTERVAL")) {
+  // Seconds from the launcher (fault_tolerance.heartbeat_interval, .store_connect_timeout);
+  // a value out of range leaves the default.
+  auto seconds = [](const char* name, double most, std::chrono::milliseconds& out) {
+    const char* v = std::getenv(name);
+    if (!v) return;
     char* end = nullptr;
-    double s = std::strtod(v, &end);
-    if (end != v && s > 0 && s < 3600) t.heartbeat_interval = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
-  }
+    const double s = std::strtod(v, &end);
+    if (end != v && s > 0 && s < most) out = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+  };
+  seconds("DTRAIN_HEARTBEAT_INTERVAL", 3600, t.heartbeat_interval);
+  seconds("DTRAIN_STORE_CONNECT_TIMEOUT", 86400, t.store_connect_timeout);
   return t;
 }
 

@@ -441,6 +441,7 @@ void fill_spec(const JobRequest& req, Job& job) {
   spec.mode = req.mode;
   // Supervision timing travels with the agent's environment.
   spec.env_set["DTRAIN_HEARTBEAT_INTERVAL"] = fmt::format("{}", cfg.fault_tolerance.heartbeat_interval);
+  spec.env_set["DTRAIN_STORE_CONNECT_TIMEOUT"] = fmt::format("{}", cfg.fault_tolerance.store_connect_timeout);
   if (!cfg.cluster.network_interface.empty())
     spec.env_set.emplace("DTRAIN_NETWORK_INTERFACE", cfg.cluster.network_interface);
   spec.device = cfg.training.device;

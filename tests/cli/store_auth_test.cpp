@@ -192,7 +192,8 @@ TEST_CASE("agents that cannot reach the store say why, and the launcher shows it
   auto r = run(bench_argv(*e, e->cluster.dir() + "/run-unreachable",
                           {"-b", "1K", "-e", "1K", "-n", "1", "--master-addr", "127.0.0.1", "--set",
                            "fault_tolerance.max_retries=0", "--set", "fault_tolerance.heartbeat_timeout=3", "--set",
-                           "fault_tolerance.heartbeat_interval=1"}),
+                           "fault_tolerance.heartbeat_interval=1", "--set",
+                           "fault_tolerance.store_connect_timeout=4"}),
                {}, 180s);
   INFO("output:\n" << r.out);
   REQUIRE(!r.timed_out);
@@ -204,6 +205,10 @@ TEST_CASE("agents that cannot reach the store say why, and the launcher shows it
   CHECK(contains(fail_line, "its agent said"));
   CHECK(contains(fail_line, "127.0.0.1:"));
   CHECK(contains(fail_line, "connection refused"));
+  // The agent gave up within fault_tolerance.store_connect_timeout (4 s), not its 30 s default.
+  const auto at = fail_line.find("retried for ");
+  REQUIRE(at != std::string::npos);
+  CHECK(std::stol(fail_line.substr(at + 12)) <= 4000);
   MESSAGE(fmt::format("unreachable store reported in {:.1f} s: {}", r.seconds, fail_line));
 }
 
