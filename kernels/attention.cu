@@ -437,6 +437,15 @@ void backward_cc(void* dq, void* dk, void* dv, const void* dout, const float* ls
 }
 }  // namespace
 
+namespace detail {
+bool attention_largest_tiles(int HD, DType dtype) {
+  if (dtype != DType::F32) return attention_mma_two_stages(HD, dtype);
+  bool large = false;
+  with_dpl(HD, [&](auto dpl) { large = dkdv_bytes<decltype(dpl)::value, false>() <= attention_smem_optin(); });
+  return large;
+}
+}  // namespace detail
+
 void attention_forward(void* out, float* lse, const void* q, const void* k, const void* v, int B, int T, int NH,
                        int NKV, int HD, int q_stride, int kv_stride, DType dtype, cudaStream_t stream, int window) {
   const Shape s = shape_check(B, T, NH, NKV, HD, q_stride, kv_stride, window);

@@ -47,4 +47,14 @@ size_t attention_smem_optin();
 /// runs the CUDA-core backward on the bf16/fp16 rows instead.
 bool attention_backward_mma_fits(int HD, DType dtype);
 
+/// Whether every tensor-core attention kernel (forward, dK/dV, dQ) takes its two-stage tiles
+/// on this device at head dim HD (dtype BF16 or F16), as on the largest cards.
+bool attention_mma_two_stages(int HD, DType dtype);
+
+/// Whether this device (under attention_smem_cap_for_testing's cap) runs the attention at
+/// head dim HD and dtype with the same kernels as a card of the most shared memory: the
+/// tensor-core kernels' two-stage tiles (bf16/fp16), the CUDA-core backward's 32-row tiles
+/// (fp32). Lets a test skip what another card's run already covered.
+bool attention_largest_tiles(int HD, DType dtype);
+
 }  // namespace dtrain::kernels::detail

@@ -683,6 +683,19 @@ bool attention_backward_mma_fits(int HD, DType dtype) {
   return fits;
 }
 
+bool attention_mma_two_stages(int HD, DType dtype) {
+  bool two = false;
+  with_type(dtype, [&](auto tag) {
+    using Ty = typename decltype(tag)::type;
+    with_hdp(HD, [&](auto hdp) {
+      constexpr int HDP = decltype(hdp)::value;
+      const size_t limit = smem_optin();
+      two = fwd_bytes<Ty, HDP>(2) <= limit && dkdv_bytes<Ty, HDP>(2) <= limit && dq_bytes<Ty, HDP>(2) <= limit;
+    });
+  });
+  return two;
+}
+
 void attention_forward_mma(void* out, float* lse, const void* q, const void* k, const void* v, const AttnShape& s,
                            DType dtype, cudaStream_t stream) {
   const Args a{

@@ -161,13 +161,13 @@ struct TrainingConfig {
 
 struct FaultToleranceConfig {
   int64_t max_retries = 3;
-  double retry_delay = 5.0;         // seconds
-  double heartbeat_interval = 2.0;  // seconds
-  double heartbeat_timeout = 15.0;  // seconds
+  double retry_delay = 5.0;             // seconds
+  double heartbeat_interval = 2.0;      // seconds
+  double heartbeat_timeout = 15.0;      // seconds
   double store_connect_timeout = 30.0;  // seconds an agent tries to reach the launcher's store
-  double step_timeout = 0.0;        // seconds without a training step before a rank is hung; 0 = off
-  double straggler_factor = 1.5;    // a rank whose compute time exceeds factor x the median ...
-  int64_t straggler_window = 5;     // ... in this many consecutive progress records is a straggler
+  double step_timeout = 0.0;            // seconds without a training step before a rank is hung; 0 = off
+  double straggler_factor = 1.5;        // a rank whose compute time exceeds factor x the median ...
+  int64_t straggler_window = 5;         // ... in this many consecutive progress records is a straggler
   bool operator==(const FaultToleranceConfig&) const = default;
 };
 

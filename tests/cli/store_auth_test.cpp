@@ -192,8 +192,7 @@ TEST_CASE("agents that cannot reach the store say why, and the launcher shows it
   auto r = run(bench_argv(*e, e->cluster.dir() + "/run-unreachable",
                           {"-b", "1K", "-e", "1K", "-n", "1", "--master-addr", "127.0.0.1", "--set",
                            "fault_tolerance.max_retries=0", "--set", "fault_tolerance.heartbeat_timeout=3", "--set",
-                           "fault_tolerance.heartbeat_interval=1", "--set",
-                           "fault_tolerance.store_connect_timeout=4"}),
+                           "fault_tolerance.heartbeat_interval=1", "--set", "fault_tolerance.store_connect_timeout=4"}),
                {}, 180s);
   INFO("output:\n" << r.out);
   REQUIRE(!r.timed_out);
