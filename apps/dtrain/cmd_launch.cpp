@@ -88,6 +88,16 @@ int ranks_per_node(const launch::Job& job) {
   return static_cast<int>(most);
 }
 
+// The config the ranks here will train: activation_checkpointing left to the plan resolved
+// as they will resolve it (against their GPU, or their share of this machine's memory); for
+// ranks elsewhere the capacity is unknown here and each decides on its own node.
+config::TrainConfig planned_config(const launch::Job& job, train::RecomputeChoice* choice = nullptr) {
+  double capacity = 0;
+  if (job.cfg.training.device == "cuda") capacity = gpu_bytes(job);
+  else if (ranks_here(job) > 0) capacity = config::config_host_memory_bytes() / ranks_here(job);
+  return train::recompute_resolve(job.cfg, job.plan.world_size, capacity, choice);
+}
+
 void print_dry_run(const launch::Job& job, bool training = false) {
   std::string text = launch::job_dry_run_text(job);
   // A config that cannot train yet (batch keys left to "auto") has no plan to print. One
@@ -95,8 +105,11 @@ void print_dry_run(const launch::Job& job, bool training = false) {
   // here) and left out when not: the reasons say why.
   if (training && job.incomplete.empty()) {
     try {
-      text += "\n" + train::memory_plan_text(train::memory_plan(job.cfg, job.plan.world_size), ranks_here(job),
-                                             config::config_host_memory_bytes(), gpu_bytes(job), ranks_per_node(job));
+      train::RecomputeChoice choice;
+      const config::TrainConfig cfg = planned_config(job, &choice);
+      text += fmt::format("\nactivation checkpointing: {}{}\n", choice.why, choice.planned ? " (the memory plan)" : "");
+      text += train::memory_plan_text(train::memory_plan(cfg, job.plan.world_size), ranks_here(job),
+                                      config::config_host_memory_bytes(), gpu_bytes(job), ranks_per_node(job));
     } catch (const Error&) {
       if (job.blockers.empty()) throw;
     }
@@ -151,7 +164,8 @@ void plan_for_check(launch::Job& job) {
     }
   }
   try {
-    train::memory_plan_check(train::memory_plan(job.cfg, job.plan.world_size), 0, 0, job.cfg.source, gpu_bytes(job));
+    train::memory_plan_check(train::memory_plan(planned_config(job), job.plan.world_size), 0, 0, job.cfg.source,
+                             gpu_bytes(job));
   } catch (const ConfigError& e) {
     job.blockers.push_back(e.what());
   }
@@ -161,7 +175,7 @@ void memory_check(launch::Job& job, bool dry_run) {
   if (job.plan_for) return plan_for_check(job);
   // A dry run that already found why the launch would fail (init_from missing) reports that.
   if (!job.incomplete.empty() || !job.blockers.empty()) return;
-  train::memory_plan_check(train::memory_plan(job.cfg, job.plan.world_size), ranks_here(job),
+  train::memory_plan_check(train::memory_plan(planned_config(job), job.plan.world_size), ranks_here(job),
                            config::config_host_memory_bytes(), job.cfg.source, gpu_bytes(job));
   if (job.cfg.model.init_from.empty()) return;
   if (!dry_run) return train::model_files_check(job.cfg.model.init_from);

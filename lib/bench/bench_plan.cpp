@@ -104,7 +104,7 @@ PlanStep plan_step(const BenchSetup& s) {
     src.lora_enable(*s.lora);
     m.lora_enable(*s.lora);
   }
-  m.set_recompute(s.recompute);
+  m.set_recompute_layers(s.recompute_layers);
   train::TrainStep step(m, &src, nullptr, s.zero, s.step_options());
   train::StepTimer timer;
   const BenchBatch batch = bench_batch(s, 0);
@@ -155,7 +155,7 @@ BenchPlanResult bench_plan_run(const BenchTrainOptions& o, const std::string& gp
   r.micro_batch = s.micro_batch;
   r.seq_len = s.seq_len;
   r.grad_accum = s.grad_accum;
-  r.recompute = s.recompute;
+  r.recompute_layers = s.recompute_layers;
   r.notes = s.notes;
   const PlanStep step = plan_step(s);
   r.params = step.params;
@@ -276,7 +276,8 @@ std::string bench_plan_format(const BenchPlanResult& r, bool json) {
         {"micro_batch", r.micro_batch},
         {"seq_len", r.seq_len},
         {"grad_accum", r.grad_accum},
-        {"recompute", r.recompute},
+        {"recompute", r.recompute_layers > 0},
+        {"recompute_layers", r.recompute_layers},
         {"tokens_per_step", static_cast<int64_t>(r.micro_batch) * r.seq_len * r.grad_accum},
         {"budget",
          {{"tensor_tflops", g.tensor_tflops},
@@ -320,7 +321,10 @@ std::string bench_plan_format(const BenchPlanResult& r, bool json) {
   s += fmt::format("bench train --plan: {} on {} (predicted: nothing executes)\n", r.config, g.label);
   s += fmt::format("model        {} {:.2f}M params ({:.2f}M trainable{}), L={} d_model={}, {}{}\n", r.arch,
                    r.params / 1e6, r.trainable_params / 1e6, r.lora_rank ? fmt::format(", LoRA r={}", r.lora_rank) : "",
-                   r.n_layer, r.d_model, r.dtype, r.recompute ? ", recompute" : "");
+                   r.n_layer, r.d_model, r.dtype,
+                   r.recompute_layers == r.n_layer ? std::string(", recompute")
+                   : r.recompute_layers > 0 ? fmt::format(", recompute {} of {} layers", r.recompute_layers, r.n_layer)
+                                            : std::string());
   s += fmt::format("batch        micro {} x seq {} x accum {} = {} tokens/step\n", r.micro_batch, r.seq_len,
                    r.grad_accum, static_cast<int64_t>(r.micro_batch) * r.seq_len * r.grad_accum);
   s += fmt::format("step         {}\n", r.driver);

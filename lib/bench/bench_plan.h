@@ -104,7 +104,7 @@ struct BenchPlanResult {
   std::string driver;  ///< what ran on the plan device
   int64_t params = 0, trainable_params = 0;
   int lora_rank = 0, n_layer = 0, d_model = 0, micro_batch = 0, seq_len = 0, grad_accum = 0;
-  bool recompute = false;
+  int recompute_layers = 0;
   PlanBudgetTable table;
   std::vector<PlanRow> rows;
   int64_t launches = 0;

@@ -18,7 +18,9 @@ BenchSetup bench_setup_from(const std::string& path, const std::vector<std::stri
   config::TrainConfig& cfg = s.cfg;
   s.model = train::model_config_from(cfg);
   if (cfg.lora.enabled()) s.lora = train::lora_config_from(cfg, s.model);
-  s.recompute = cfg.activation_checkpointing.enabled;
+  s.recompute_layers = train::recompute_layers_of(cfg, s.model.n_layer);
+  if (!cfg.activation_checkpointing.enabled && !cfg.activation_checkpointing.layers)
+    s.notes.push_back("activation_checkpointing not given: no layer recomputes (a launch lets the memory plan decide)");
   // One device: the micro-batch of the config, and accumulation only when
   // gradient_accumulation_steps is given (train_batch_size is a multi-rank figure).
   if (cfg.train_micro_batch_size_per_gpu) {

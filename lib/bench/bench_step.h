@@ -23,7 +23,7 @@ struct BenchSetup {
   config::TrainConfig cfg;  ///< the config read (the trainer's model_create builds its model)
   model::ModelConfig model;
   std::optional<model::LoraConfig> lora;  ///< LoRA fine-tune when set
-  bool recompute = false;                 ///< activation_checkpointing.enabled
+  int recompute_layers = 0;               ///< train::recompute_layers_of
   DType dtype = DType::F32;               ///< compute copy and activations
   int micro_batch = 1, seq_len = 1, grad_accum = 1;
   train::ZeroOptions zero;  ///< the config's optimizer settings at stage 0, one rank, no overlap

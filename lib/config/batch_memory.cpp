@@ -38,8 +38,13 @@ BatchFootprint config_batch_footprint(const TrainConfig& cfg) {
                V = static_cast<double>(*mc.vocab_size), F = static_cast<double>(mc.d_ff.value_or(*mc.d_model));
   // 2 bytes an element with fp16/bf16 compute, else 4; the arena holds per layer at least the
   // residual, two norms, the attention output and the MLP's hidden activations, and the logits.
+  // Recomputed layers share one layer's set; left to the memory plan (activation_checkpointing
+  // not given), the fewest sets it can choose (every layer recomputed): a lower bound.
+  const ActivationCheckpointingConfig& ac = cfg.activation_checkpointing;
+  const double k = ac.layers ? std::min(L, static_cast<double>(*ac.layers)) : ac.enabled.value_or(true) ? L : 0;
+  const double sets = L - k + (k > 0 ? 1 : 0);
   const double es = cfg.fp16.enabled || cfg.bf16.enabled ? 2 : 4;
-  f.activation_bytes = N * (L * (4 * C + 2 * F) + V) * es;
+  f.activation_bytes = N * (L * C + sets * (3 * C + 2 * F) + V) * es;
   const double params = V * C + L * (2 * C * C + 2 * C * F);
   const double shards = cfg.zero.stage == 3 ? static_cast<double>(std::max<int64_t>(1, cfg.resolved_dp_world_size)) : 1;
   f.weight_bytes = params * es / shards;

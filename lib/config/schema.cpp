@@ -192,9 +192,15 @@ const std::vector<KeySpec>& build_schema() {
        .allowed = {"fp16", "bf16", "fp32"}, .derived = "not given: communication.compression decides"},
 
       {.path = "activation_checkpointing.enabled", .type = KeyType::BOOL, .field = F(activation_checkpointing.enabled),
-       .help = "recompute each transformer layer in backward instead of storing its activations; "
-               "dtrain's key: when the activation_checkpointing section is present (e.g. DeepSpeed's "
-               "partition_activations) and this is not given, it is true"},
+       .help = "recompute every transformer layer in backward instead of storing its activations (true), or none "
+               "(false); dtrain's key: when the activation_checkpointing section is present (e.g. DeepSpeed's "
+               "partition_activations) and neither this nor layers is given, it is true",
+       .derived = "not given: the memory plan recomputes the fewest layers that fit each rank's GPU (or its share "
+                  "of the node's memory on the CPU), none when everything fits; --dry-run says which and why"},
+      {.path = "activation_checkpointing.layers", .type = KeyType::INT, .field = F(activation_checkpointing.layers),
+       .help = "how many of the model's layers recompute in backward, spread evenly over the depth (2 of 4: the "
+               "2nd and 4th); the recomputed layers share one layer's activations, so 1 saves nothing",
+       .min = 0, .derived = "not given: all when enabled, none when enabled is false, else the memory plan's choice"},
 
       // ---- model (dtrain)
       {.path = "model.architecture", .type = KeyType::ENUM, .field = F(model.architecture),

@@ -129,9 +129,14 @@ struct CommunicationConfig {
 };
 
 struct ActivationCheckpointingConfig {
-  // Recompute each transformer layer in backward. True when the activation_checkpointing
-  // section is present and does not say enabled: false.
-  bool enabled = false;
+  // Recompute transformer layers in backward: true = every layer, false = none, not given =
+  // the memory plan decides (train/memory_plan.h recompute_choice: none when everything
+  // fits, else the fewest layers that do). True when the activation_checkpointing section is
+  // present and says neither enabled nor layers.
+  std::optional<bool> enabled;
+  // How many layers recompute, spread evenly over the depth (Megatron's
+  // --recompute-num-layers); not given: all when enabled, none when not, else the plan's.
+  std::optional<int64_t> layers;
   bool operator==(const ActivationCheckpointingConfig&) const = default;
 };
 

@@ -132,8 +132,11 @@ void derive(TrainConfig& cfg, const Origins& o) {
   if (cfg.lora.r > 0 && cfg.lora.target_modules.empty() && m.architecture)
     cfg.lora.target_modules =
         *m.architecture == "llama" ? std::vector<std::string>{"q_proj", "v_proj"} : std::vector<std::string>{"c_attn"};
-  if (!o.given.count("activation_checkpointing.enabled") && o.sections_seen.count("activation_checkpointing"))
-    cfg.activation_checkpointing.enabled = true;
+  ActivationCheckpointingConfig& ac = cfg.activation_checkpointing;
+  if (!ac.enabled && !ac.layers && o.sections_seen.count("activation_checkpointing")) ac.enabled = true;
+  if (ac.enabled && !*ac.enabled && ac.layers && *ac.layers > 0)
+    DT_THROW(ConfigError, "{}: activation_checkpointing.layers: {} layers recompute, but enabled is false: give one",
+             o.at("activation_checkpointing.layers"), *ac.layers);
 
   // DeepSpeed's older booleans mean what the offload sections say.
   ZeroConfig& z = cfg.zero;

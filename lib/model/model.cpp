@@ -423,9 +423,11 @@ void Model::buffer_enforce_present(const ParamBuffer& pb, bool need_data, bool n
              pb.layout.name);
 }
 
-void Model::set_recompute(bool on) {
-  if (on != recompute_) {
-    recompute_ = on;
+void Model::set_recompute_layers(int layers) {
+  DT_ENFORCE(layers >= 0 && layers <= cfg_.n_layer, UsageError, "recompute {} layers of a {}-layer model", layers,
+             cfg_.n_layer);
+  if (layers != recompute_layers_) {
+    recompute_layers_ = layers;
     B_ = T_ = 0;  // re-allocate the activation sets on the next forward
     have_targets_ = false;
   }
@@ -441,7 +443,16 @@ void Model::allocate(int B, int T) {
                KD = static_cast<size_t>(cfg_.n_kv_head) * cfg_.head_dim();
   const size_t es = dtype_size(dtype_);
   const bool gpt2 = cfg_.arch == ModelConfig::Arch::GPT2;
-  const int sets = recompute_ ? 1 : cfg_.n_layer;
+  // One set per kept layer, and one the recomputed layers share.
+  act_set_.assign(static_cast<size_t>(cfg_.n_layer), 0);
+  int sets = 0;
+  for (int l = 0; l < cfg_.n_layer; ++l)
+    if (!recompute_layer_at(l, recompute_layers_, cfg_.n_layer)) act_set_[static_cast<size_t>(l)] = sets++;
+  if (recompute_layers_ > 0) {
+    for (int l = 0; l < cfg_.n_layer; ++l)
+      if (recompute_layer_at(l, recompute_layers_, cfg_.n_layer)) act_set_[static_cast<size_t>(l)] = sets;
+    ++sets;
+  }
   const size_t r = lora_on() ? static_cast<size_t>(lora_cfg_.rank) : 0;
   const bool xd = lora_on() && lora_cfg_.dropout > 0.0f;
   size_t max_in = 0;
@@ -539,7 +550,7 @@ void Model::allocate(int B, int T) {
   T_ = T;
 }
 
-Model::LayerActs& Model::acts_for(int l) { return *acts_[recompute_ ? 0 : static_cast<size_t>(l)]; }
+Model::LayerActs& Model::acts_for(int l) { return *acts_[static_cast<size_t>(act_set_[static_cast<size_t>(l)])]; }
 
 // ---------------------------------------------------------------------------
 // Projections (base linear + optional LoRA adapter)
@@ -900,7 +911,7 @@ void Model::backward_impl(float grad_scale, const float* count, const float* row
     if (hooks_.before_layer_backward) hooks_.before_layer_backward(l);
     layer_buffers_enforce(l, grads_released_);
     LayerActs& a = acts_for(l);
-    if (recompute_) layer_forward(l, a, false);
+    if (recompute_layer_at(l, recompute_layers_, L)) layer_forward(l, a, false);
     layer_backward(l, a);
     if (hooks_.after_layer_backward) hooks_.after_layer_backward(l);
   }

@@ -31,6 +31,12 @@ namespace dtrain::model {
 /// how a model built with deferred storage gets its weights, one buffer at a time.
 using BufferFill = std::function<void(size_t i, float* host)>;
 
+/// Whether layer l of n_layer is one of `layers` recomputed in backward: spread evenly over
+/// the depth (2 of 4: layers 1 and 3; all when layers == n_layer, none when 0).
+inline bool recompute_layer_at(int l, int layers, int n_layer) {
+  return layers > 0 && (static_cast<int64_t>(l + 1) * layers) / n_layer != (static_cast<int64_t>(l) * layers) / n_layer;
+}
+
 struct ModelHooks {
   std::function<void(int)> before_layer_forward;
   std::function<void(int)> before_layer_backward;
@@ -160,8 +166,14 @@ class Model {
 
   /// Keep only each layer's input in forward and recompute the layer before its backward.
   /// Gradients are bit-identical to the non-recompute path.
-  void set_recompute(bool on);
-  bool recompute() const { return recompute_; }
+  void set_recompute(bool on) { set_recompute_layers(on ? cfg_.n_layer : 0); }
+  /// Recompute `layers` of the model's layers (0..n_layer), spread evenly over the depth
+  /// (recompute_layer_at); the others keep their activations from the forward. The
+  /// recomputed layers share one set of activations, so recomputing one layer saves
+  /// nothing, each further one a layer's set.
+  void set_recompute_layers(int layers);
+  int recompute_layers() const { return recompute_layers_; }
+  bool recompute() const { return recompute_layers_ > 0; }
 
   void set_hooks(ModelHooks hooks) { hooks_ = std::move(hooks); }
 
@@ -268,7 +280,8 @@ class Model {
 
   int B_ = 0, T_ = 0;
   int logits_ld_ = 0;  // row pitch of the logits (elements): the vocabulary, padded on a device
-  bool recompute_ = false;
+  int recompute_layers_ = 0;
+  std::vector<int> act_set_;  // [layer] -> its set in acts_ (the recomputed layers share the last)
   bool training_ = true;
   bool adapters_enabled_ = true;
   bool acts_adapted_ = true;      // adapters_enabled_ when the saved activations were made

@@ -12,6 +12,7 @@
 #include "launch/run_dir.h"
 #include "monitor/monitor.h"
 #include "tensorboard/event_writer.h"
+#include "train/memory_plan.h"
 #include "train/trainer.h"
 
 #include <unistd.h>
@@ -59,6 +60,17 @@ void test_slow_if_asked(const RankContext& ctx) {
 int train_rank(RankContext& ctx, rendezvous::Heartbeat& hb, config::TrainConfig cfg, device::Kind kind,
                bool launcher_lines) {
   config::config_resolve_batch(cfg, ctx.world_size);
+  // activation_checkpointing left to the plan: the fewest layers recompute that let this
+  // rank fit its GPU, or its share of this node's memory (the gradients are the same either
+  // way, so ranks on other machines may choose otherwise).
+  {
+    const double capacity = kind == device::Kind::CUDA ? static_cast<double>(device::cuda_memory_bytes())
+                                                       : static_cast<double>(config::config_host_memory_bytes()) /
+                                                             std::max(1, ctx.local_world_size);
+    train::RecomputeChoice choice;
+    cfg = train::recompute_resolve(std::move(cfg), ctx.world_size, capacity, &choice);
+    if (choice.planned && ctx.rank == 0) log_info("activation checkpointing (the memory plan): {}", choice.why);
+  }
   // Before anything is allocated: this node's CPU ranks share its memory (a CUDA rank's
   // activations are on its GPU, which the launcher cannot see).
   if (kind == device::Kind::CPU)

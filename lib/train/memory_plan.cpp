@@ -348,7 +348,10 @@ MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
   const double per_layer_f32 = 4 + (p.cuda ? H : H * T) + (mc.qk_norm ? H + mc.n_kv_head : 0);
   const double ld = p.cuda ? std::ceil(V / 128) * 128 : V;  // the logits' rows (padded on a device)
   const double scratch = 5 * C + ld + 2 * QD + 2 * KD + qk + 3 * F + rank + (lora_in > 0 ? std::max(C, F) : 0);
-  const double sets = cfg.activation_checkpointing.enabled ? 1 : L;
+  // Each kept layer's set, and one the recomputed layers share.
+  p.n_layer = mc.n_layer;
+  p.recompute_layers = recompute_layers_of(cfg, mc.n_layer);
+  const double sets = L - p.recompute_layers + (p.recompute_layers > 0 ? 1 : 0);
   p.activation_bytes =
       N * (es * (sets * per_layer + (L + 1) * C + scratch) + 4 * (sets * per_layer_f32 + 3) + 2 * sizeof(int32_t));
   p.batch_bytes = g * N * 2 * sizeof(int32_t);
@@ -373,14 +376,67 @@ MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
   return p;
 }
 
+config::TrainConfig recompute_resolve(config::TrainConfig cfg, int world, double capacity_bytes,
+                                      RecomputeChoice* choice) {
+  RecomputeChoice c;
+  const MemoryPlan none = memory_plan(cfg, world);
+  c.n_layer = none.n_layer;
+  const auto& ac = cfg.activation_checkpointing;
+  if (ac.layers || ac.enabled) {
+    c.layers = none.recompute_layers;
+    c.why = ac.layers  ? fmt::format("activation_checkpointing.layers: {} of {} layers", c.layers, c.n_layer)
+            : c.layers ? fmt::format("activation_checkpointing.enabled: all {} layers", c.n_layer)
+                       : std::string("activation_checkpointing.enabled is false: none");
+  } else {
+    c.planned = true;
+    auto need = [&](int k) {
+      config::TrainConfig t = cfg;
+      t.activation_checkpointing.layers = k;
+      const MemoryPlan p = memory_plan(t, world);
+      return p.cuda ? p.device_bytes() : p.host_bytes();
+    };
+    const double room = capacity_bytes * 0.95 - (none.cuda ? 1024.0 * 1024 * 1024 : 0.0);
+    const char* of = none.cuda ? "its GPU" : "its share of the node's memory";
+    const double all = need(0);
+    if (capacity_bytes <= 0) {
+      c.why = fmt::format("none: left to the plan, but {} is not known here (each rank decides on its own node)", of);
+    } else if (all <= room) {
+      c.why = fmt::format("none: a rank needs {} of the {} {} leaves after its reserve", bytes(all), bytes(room), of);
+    } else {
+      // need(k) does not grow with k: the fewest that fit, by bisection (1 saves nothing).
+      int lo = 2, hi = c.n_layer;
+      if (need(hi) > room) {
+        lo = hi;
+      } else {
+        while (lo < hi) {
+          const int mid = (lo + hi) / 2;
+          if (need(mid) <= room) hi = mid;
+          else lo = mid + 1;
+        }
+      }
+      c.layers = lo;
+      c.why = fmt::format(
+          "{} of {} layers: without recompute a rank needs {}, with {} {}, of the {} {} leaves after its "
+          "reserve{}",
+          c.layers, c.n_layer, bytes(all), c.layers, bytes(need(c.layers)), bytes(room), of,
+          need(c.layers) > room ? " (does not fit even so)" : "");
+    }
+  }
+  cfg.activation_checkpointing.layers = c.layers;
+  if (choice) *choice = c;
+  return cfg;
+}
+
 std::string memory_plan_text(const MemoryPlan& p, int ranks_here, double memory_bytes, double gpu_bytes,
                              int ranks_per_node) {
   std::string s =
       fmt::format("memory per rank (ZeRO stage {}, {} rank(s), {} parameters, {} trainable{}, {} on the {}):\n",
                   p.stage, p.world, count(p.params), count(p.trainable), p.lora ? " (LoRA)" : "",
                   p.mixed ? "mixed precision" : "fp32", p.cuda ? "GPU" : "CPU");
-  std::string state = fmt::format("params {}, grads {}, optimizer {}, activations {}", bytes(p.param_bytes),
-                                  bytes(p.grad_bytes), bytes(p.optim_bytes), bytes(p.activation_bytes));
+  std::string state = fmt::format(
+      "params {}, grads {}, optimizer {}, activations {}{}", bytes(p.param_bytes), bytes(p.grad_bytes),
+      bytes(p.optim_bytes), bytes(p.activation_bytes),
+      p.recompute_layers > 0 ? fmt::format(" ({} of {} layers recomputed)", p.recompute_layers, p.n_layer) : "");
   if (p.work_bytes > 0) {
     std::string parts;
     auto part = [&](double b, const char* what) {

@@ -38,6 +38,8 @@ struct MemoryPlan {
   /// use at once), `work_live_bytes` the most in use at one moment.
   double gather_bytes = 0, layer_grad_bytes = 0, bucket_bytes = 0;
   double work_bytes = 0, work_live_bytes = 0;
+  int n_layer = 0;
+  int recompute_layers = 0;  ///< layers recomputed in backward (recompute_layers_of)
   double comm_bytes = 0;     ///< the collectives' own buffers (Gloo's reduce-scatter pieces)
   double runtime_bytes = 0;  ///< a CPU rank's program, libraries, thread buffers and allocator slack (memory_plan.cpp)
   double state_bytes() const { return param_bytes + grad_bytes + optim_bytes + activation_bytes; }
@@ -56,6 +58,24 @@ struct MemoryPlan {
 /// The plan for cfg (its batch resolved) on `world` ranks; the model's shape from the
 /// model section or model.init_from's config.json. ConfigError as model_config_from.
 MemoryPlan memory_plan(const config::TrainConfig& cfg, int world);
+
+/// How many layers recompute, and why (for --dry-run and rank 0's log).
+struct RecomputeChoice {
+  int layers = 0, n_layer = 0;
+  bool planned = false;  ///< chosen by the plan (activation_checkpointing left to it)
+  std::string why;
+};
+
+/// cfg (its batch resolved) with activation_checkpointing.layers set. When the config
+/// leaves recompute to the plan, the fewest layers whose plan fits `capacity_bytes` per rank
+/// (a GPU rank's device bytes against its GPU, a CPU rank's host bytes against its share of
+/// the node's memory) after a reserve (5 %, and 1 GiB on a GPU for the CUDA context,
+/// cuBLASLt's workspace and NCCL): none when everything fits or the capacity is unknown (0),
+/// every layer when even that does not fit (the memory check then refuses the job). Given
+/// keys are kept. Recompute changes no result (the gradients are bit-identical), so ranks
+/// may choose differently.
+config::TrainConfig recompute_resolve(config::TrainConfig cfg, int world, double capacity_bytes,
+                                      RecomputeChoice* choice = nullptr);
 
 /// The dry run's lines: per rank host and device bytes with their parts, then per node
 /// (`ranks_here` ranks on this machine, of `memory_bytes`; 0 = unknown) the total, and

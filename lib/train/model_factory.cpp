@@ -383,6 +383,17 @@ void model_load_adapter(model::Model& m, const std::string& path) {
   }
 }
 
+int recompute_layers_of(const config::TrainConfig& cfg, int n_layer) {
+  const auto& ac = cfg.activation_checkpointing;
+  if (ac.layers) {
+    DT_ENFORCE(*ac.layers <= n_layer, ConfigError,
+               "{}: activation_checkpointing.layers: {} is more than the model's {} layers (model.n_layer)", cfg.source,
+               *ac.layers, n_layer);
+    return static_cast<int>(*ac.layers);
+  }
+  return ac.enabled.value_or(false) ? n_layer : 0;
+}
+
 namespace {
 
 // LoRA when the config asks for it, its adapters loaded from init_from's
@@ -394,7 +405,7 @@ void lora_and_recompute(model::Model& m, const config::TrainConfig& cfg, const m
     if (!cfg.model.init_from.empty() && input_present(adapter.string(), "LoRA adapter"))
       model_load_adapter(m, adapter.string());
   }
-  m.set_recompute(cfg.activation_checkpointing.enabled);
+  m.set_recompute_layers(recompute_layers_of(cfg, mcfg.n_layer));
 }
 
 }  // namespace

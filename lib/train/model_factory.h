@@ -25,9 +25,15 @@ model::LoraConfig lora_config_from(const config::TrainConfig& cfg, const model::
 /// Builds the model for cfg: random init from training.seed, or the weights of
 /// model.init_from (model_load_hf_weights: model.safetensors, or the shards of
 /// model.safetensors.index.json); then LoRA when lora.r > 0 (adapters loaded from init_from's
-/// adapter_model.safetensors when that file exists there), and recompute when
-/// activation_checkpointing.enabled.
+/// adapter_model.safetensors when that file exists there), and the layers
+/// recompute_layers_of says recompute.
 std::unique_ptr<model::Model> model_create(const config::TrainConfig& cfg);
+
+/// Layers cfg recomputes in backward, of the model's n_layer: activation_checkpointing.layers
+/// when given, all when enabled is true, none when it is false or neither is given (left to
+/// the memory plan: train/memory_plan.h recompute_resolve sets layers). ConfigError when
+/// layers exceeds n_layer.
+int recompute_layers_of(const config::TrainConfig& cfg, int n_layer);
 
 /// A model built with deferred storage (model::Model::Deferred) and the fill that gives
 /// each base buffer its values: model_create's, one buffer at a time (the random init of

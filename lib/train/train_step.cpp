@@ -211,7 +211,7 @@ void TrainStep::issue_graphed(float factor, float loss_scale, const StepBatch& b
 std::unique_ptr<model::Model> model_on_device(const model::Model& host, device::Device& dev, DType dtype) {
   auto m = std::make_unique<model::Model>(host.config(), dev, dtype);
   m->weights_copy_from(host);
-  m->set_recompute(host.recompute());
+  m->set_recompute_layers(host.recompute_layers());
   return m;
 }
 

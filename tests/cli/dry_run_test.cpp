@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -146,6 +147,8 @@ TEST_CASE("the embedded default job plans on one local rank") {
   CHECK(r.code == 0);
   CHECK(has(r.out, "embedded default"));
   CHECK(has(r.out, "world size 1"));
+  // No activation_checkpointing in it: the plan decides, and this tiny model fits.
+  CHECK(has(r.out, "activation checkpointing: none: a rank needs"));
 }
 
 TEST_CASE("a rank's config error is reported once and not restarted") {
@@ -212,4 +215,50 @@ TEST_CASE("training.device: --dry-run says where every rank trains; cuda without
   CHECK(!has(r.out, "round 0: starting"));
   CHECK(!std::filesystem::exists(dir + "/checkpoints"));
   std::filesystem::remove_all(dir);
+}
+
+// activation_checkpointing left out: the memory plan recomputes the fewest layers that let a
+// rank fit its GPU (here the planned one, --plan-for), none when everything fits, and says so.
+TEST_CASE("--dry-run: the memory plan chooses how many layers recompute and says why") {
+  if (!have_bin()) return;
+  const std::string cfg = temp_file("recompute.yaml",
+                                    "train_micro_batch_size_per_gpu: 8\n"
+                                    "bf16: {enabled: true}\n"
+                                    "model: {architecture: llama, vocab_size: 32000, n_layer: 8, n_head: 16, "
+                                    "n_kv_head: 4, d_model: 1024, d_ff: 4096, max_seq_len: 2048}\n"
+                                    "data: {train: x.jsonl, tokenizer: byte, seq_len: 2048}\n"
+                                    "training: {device: cuda, max_steps: 10}\n");
+  auto plan = [&](const std::string& extra) {
+    auto r = run_dtrain("launch --dry-run --config " + cfg + " " + extra);
+    INFO(r.out);
+    CHECK(r.out.find("activation checkpointing: ") != std::string::npos);
+    return r;
+  };
+  // A large GPU: nothing recomputes.
+  auto big = plan("--plan-for 1x80GB");
+  CHECK(big.code == 0);
+  CHECK(has(big.out, "activation checkpointing: none: a rank needs"));
+  CHECK(has(big.out, "(the memory plan)"));
+  CHECK(!has(big.out, "layers recomputed)"));
+  // A small one: some layers, the fewest that fit, and the plan's line says how many.
+  auto small = plan("--plan-for 1x10GB");
+  INFO(small.out);
+  CHECK(small.code == 0);
+  const auto at = small.out.find("activation checkpointing: ");
+  REQUIRE(at != std::string::npos);
+  const int k = std::atoi(small.out.c_str() + at + 26);
+  CHECK(k >= 2);
+  CHECK(k < 8);
+  CHECK(has(small.out, std::to_string(k) + " of 8 layers: without recompute a rank needs"));
+  CHECK(has(small.out, "(" + std::to_string(k) + " of 8 layers recomputed)"));
+  CHECK(has(small.out, "per GPU: fits)"));
+  // The same GPU with recompute forced off does not fit; the count given as the key is kept.
+  auto off = plan("--plan-for 1x10GB --set activation_checkpointing.enabled=false");
+  CHECK(off.code == 2);
+  CHECK(has(off.out, "activation checkpointing: activation_checkpointing.enabled is false: none"));
+  CHECK(has(off.out, "does NOT fit"));
+  auto given = plan("--plan-for 1x80GB --set activation_checkpointing.layers=3");
+  CHECK(given.code == 0);
+  CHECK(has(given.out, "activation checkpointing: activation_checkpointing.layers: 3 of 8 layers"));
+  CHECK(has(given.out, "(3 of 8 layers recomputed)"));
 }

@@ -115,7 +115,7 @@ TEST_CASE("example contents") {
   TrainConfig llama = load("llama-1b.yaml");
   CHECK(*llama.model.d_ff == 5632);
   CHECK(*llama.model.n_kv_head == 8);
-  CHECK(llama.activation_checkpointing.enabled);
+  CHECK(llama.activation_checkpointing.enabled == std::optional<bool>(true));
 
   TrainConfig lora = load("lora-sft.yaml");
   CHECK(lora.lora.r == 16);

@@ -86,7 +86,8 @@ TEST_CASE("a small job loads with derived values filled") {
   CHECK(c.zero.stage == 0);
   CHECK(c.zero.reduce_bucket_size == 500000000);
   CHECK(c.cluster.env.forward_prefixes == std::vector<std::string>{"NCCL_", "CUDA_", "DTRAIN_", "OMP_", "OPENBLAS_"});
-  CHECK(!c.activation_checkpointing.enabled);
+  CHECK(!c.activation_checkpointing.enabled);  // not given: the memory plan decides
+  CHECK(!c.activation_checkpointing.layers);
   CHECK(!c.lora.enabled());
 }
 
@@ -236,12 +237,20 @@ TEST_CASE("scheduler parameters") {
   expect_error(kJob + "scheduler: {type: OneCycle}\n", {"scheduler.type", "WarmupLR, WarmupDecayLR, WarmupCosineLR"});
 }
 
-TEST_CASE("activation checkpointing: the section turns it on unless enabled: false") {
-  CHECK(config_load_string(kJob + "activation_checkpointing: {partition_activations: false}\n", "t")
-            .cfg.activation_checkpointing.enabled);
-  CHECK(config_load_string(kJob + "activation_checkpointing:\n", "t").cfg.activation_checkpointing.enabled);
-  CHECK(!config_load_string(kJob + "activation_checkpointing: {enabled: false}\n", "t")
-             .cfg.activation_checkpointing.enabled);
+TEST_CASE("activation checkpointing: the section turns it on unless enabled: false or layers says how many") {
+  auto ac = [](const std::string& yaml) { return config_load_string(kJob + yaml, "t").cfg.activation_checkpointing; };
+  const std::optional<bool> on(true), off(false);
+  CHECK(ac("activation_checkpointing: {partition_activations: false}\n").enabled == on);
+  CHECK(ac("activation_checkpointing:\n").enabled == on);
+  CHECK(ac("activation_checkpointing: {enabled: false}\n").enabled == off);
+  CHECK(!ac("").enabled);  // not given: the memory plan decides
+  const auto some = ac("activation_checkpointing: {layers: 3}\n");
+  CHECK(!some.enabled);
+  CHECK(some.layers == std::optional<int64_t>(3));
+  CHECK(ac("activation_checkpointing: {enabled: true, layers: 2}\n").layers == std::optional<int64_t>(2));
+  expect_error(kJob + "activation_checkpointing: {enabled: false, layers: 2}\n",
+               {"activation_checkpointing.layers", "enabled is false"});
+  expect_error(kJob + "activation_checkpointing: {layers: -1}\n", {"activation_checkpointing.layers"});
 }
 
 TEST_CASE("tensorboard: DeepSpeed's section; output_path stays relative (to the run directory)") {

@@ -143,17 +143,18 @@ TEST_CASE("one model, two devices: LoRA with dropout draws the same masks; recom
   }
 }
 
-TEST_CASE("one model, two devices: recompute gives the gradients of keeping every activation") {
+TEST_CASE("one model, two devices: recompute of some or all layers gives the gradients of keeping every activation") {
   SKIP_WITHOUT_GPU();
   const ModelConfig cfg = tiny(ModelConfig::Arch::LLAMA);
+  REQUIRE(cfg.n_layer == 2);  // 0, 1 (the second layer recomputed, the first kept) and 2 layers
   model::Model cpu(cfg);
   cpu.init_weights(7);
   auto dev = device::cuda_create(0);
-  std::vector<std::vector<float>> grads[2];
-  for (int rc = 0; rc < 2; ++rc) {
+  std::vector<std::vector<float>> grads[3];
+  for (int rc = 0; rc < 3; ++rc) {
     model::Model m(cfg, *dev, DType::BF16);
     m.weights_copy_from(cpu);
-    m.set_recompute(rc == 1);
+    m.set_recompute_layers(rc);
     const Batch b = make_batch(cfg.vocab_size, 8);
     m.forward(b.tokens.data(), b.targets.data(), B, T);
     m.backward(1.0f);
@@ -162,8 +163,11 @@ TEST_CASE("one model, two devices: recompute gives the gradients of keeping ever
       dev->copy_d2h(grads[rc].back().data(), pb.grad, pb.size * sizeof(float));
     }
   }
-  REQUIRE(grads[0].size() == grads[1].size());
-  for (size_t i = 0; i < grads[0].size(); ++i) CHECK(max_err(grads[1][i], grads[0][i].data()) <= 1e-6);
+  for (int rc = 1; rc < 3; ++rc) {
+    CAPTURE(rc);
+    REQUIRE(grads[0].size() == grads[rc].size());
+    for (size_t i = 0; i < grads[0].size(); ++i) CHECK(max_err(grads[rc][i], grads[0][i].data()) <= 1e-6);
+  }
 }
 
 TEST_CASE("backward_fuse: the loss pass's gradient gives the separate backward's loss and gradients bit for bit") {

@@ -149,7 +149,7 @@ cuda_emu::Trace traced_step(const bench::BenchSetup& s) {
   model::Model host(s.model);
   host.init_weights(s.seed);
   if (s.lora) host.lora_enable(*s.lora);
-  host.set_recompute(s.recompute);
+  host.set_recompute_layers(s.recompute_layers);
   const std::unique_ptr<model::Model> m = train::model_on_device(host, *dev, s.dtype);
   train::TrainStep step(*m, &host, nullptr, s.zero, s.step_options());
   train::StepTimer timer;
@@ -169,8 +169,9 @@ void check_plan_matches(const bench::BenchSetup& s) {
   REQUIRE(total(traced.kernels) > 0);
   REQUIRE(total(traced.matmuls) > 0);
   REQUIRE(total(traced.memops) > 0);
-  INFO(fmt::format("{} {} B={} T={} accum={} recompute={} lora={}", model::arch_name(s.model.arch), dtype_name(s.dtype),
-                   s.micro_batch, s.seq_len, s.grad_accum, s.recompute, s.lora.has_value()));
+  INFO(fmt::format("{} {} B={} T={} accum={} recompute={} of {} lora={}", model::arch_name(s.model.arch),
+                   dtype_name(s.dtype), s.micro_batch, s.seq_len, s.grad_accum, s.recompute_layers, s.model.n_layer,
+                   s.lora.has_value()));
   const std::string dk = diff(traced.kernels, planned.kernels);
   const std::string dm = diff(traced.matmuls, planned.matmuls);
   const std::string dmem = diff(traced.memops, planned.memops);
@@ -186,11 +187,14 @@ TEST_CASE("plan vs trace: GPT-2, bf16 and fp32") {
   for (DType dt : {DType::BF16, DType::F32}) check_plan_matches(setup(ModelConfig::Arch::GPT2, dt));
 }
 
-TEST_CASE("plan vs trace: Llama with GQA, bf16 and fp32; recompute with accumulation") {
+TEST_CASE("plan vs trace: Llama with GQA, bf16 and fp32; recompute (every layer, then some) with accumulation") {
   for (DType dt : {DType::BF16, DType::F32}) check_plan_matches(setup(ModelConfig::Arch::LLAMA, dt));
   bench::BenchSetup s = setup(ModelConfig::Arch::LLAMA, DType::BF16);
-  s.recompute = true;
+  s.recompute_layers = s.model.n_layer;
   s.grad_accum = 2;
+  check_plan_matches(s);
+  REQUIRE(s.model.n_layer >= 2);
+  s.recompute_layers = s.model.n_layer / 2;
   check_plan_matches(s);
 }
 

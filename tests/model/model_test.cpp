@@ -1,6 +1,6 @@
 // Model (GPT-2 and Llama/GQA, tiny configs): forward vs a double-precision reference
 // model, backward vs central finite differences of that reference on sampled parameters
-// of every tensor, loss at init ~ ln(vocab), recompute on/off bit-identical gradients,
+// of every tensor, loss at init ~ ln(vocab), recompute of none, some or all layers bit-identical,
 // gradient accumulation, hook order, overfitting one batch with plain SGD, bad input.
 #include "model/model.h"
 
@@ -9,6 +9,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -125,25 +126,35 @@ void check_gradients(const ModelConfig& cfg, uint64_t seed) {
   CHECK(bad == 0);
 }
 
+// Every count of recomputed layers (0 .. n_layer: none, some spread over the depth, all)
+// gives the losses and gradients of none, bit for bit.
 void check_recompute_identical(const ModelConfig& cfg, int B = 3, int T = 8) {
   Batch b1 = make_batch(B, T, cfg.vocab_size, 5), b2 = make_batch(B, T, cfg.vocab_size, 6);
-  std::vector<float> g[2];
-  float loss[2][2];
-  for (int rc = 0; rc < 2; ++rc) {
+  std::vector<float> g0;
+  float loss0[2] = {0, 0};
+  for (int k = 0; k <= cfg.n_layer; ++k) {
+    CAPTURE(k);
     Model m(cfg);
     m.init_weights(9);
-    m.set_recompute(rc == 1);
+    m.set_recompute_layers(k);
+    CHECK(m.recompute_layers() == k);
     m.zero_grad();
-    loss[rc][0] = m.forward(b1.tok.data(), b1.tgt.data(), B, T);
+    const float l1 = m.forward(b1.tok.data(), b1.tgt.data(), B, T);
     m.backward(0.5f);
-    loss[rc][1] = m.forward(b2.tok.data(), b2.tgt.data(), B, T);  // gradient accumulation
+    const float l2 = m.forward(b2.tok.data(), b2.tgt.data(), B, T);  // gradient accumulation
     m.backward(0.5f);
-    g[rc] = grads_copy(m);
+    const std::vector<float> g = grads_copy(m);
+    if (k == 0) {
+      g0 = g;
+      loss0[0] = l1;
+      loss0[1] = l2;
+      continue;
+    }
+    CHECK(l1 == loss0[0]);
+    CHECK(l2 == loss0[1]);
+    REQUIRE(g.size() == g0.size());
+    CHECK(std::memcmp(g.data(), g0.data(), g.size() * sizeof(float)) == 0);
   }
-  CHECK(loss[0][0] == loss[1][0]);
-  CHECK(loss[0][1] == loss[1][1]);
-  REQUIRE(g[0].size() == g[1].size());
-  CHECK(std::memcmp(g[0].data(), g[1].data(), g[0].size() * sizeof(float)) == 0);
 }
 
 }  // namespace
@@ -273,9 +284,14 @@ TEST_CASE("init_weights: GPT-2 statistics, deterministic per seed") {
   CHECK(std::memcmp(a.params()[1].data, c.params()[1].data, a.params()[1].size * 4) != 0);
 }
 
-TEST_CASE("recompute on/off gives bit-identical losses and gradients (GPT-2, Llama)") {
+TEST_CASE("recompute of none, some or all layers gives bit-identical losses and gradients (GPT-2, Llama)") {
   check_recompute_identical(tiny_gpt2());
   check_recompute_identical(tiny_llama(2));
+  // Four layers: recomputed and kept layers side by side in every pattern the counts give.
+  ModelConfig g4 = tiny_gpt2(), l4 = tiny_llama(2);
+  g4.n_layer = l4.n_layer = 4;
+  check_recompute_identical(g4);
+  check_recompute_identical(l4);
   // sizes where the ops and GEMMs run on the thread pool
   ModelConfig g = tiny_gpt2(), l = tiny_llama(2);
   for (ModelConfig* c : {&g, &l}) {
@@ -286,6 +302,30 @@ TEST_CASE("recompute on/off gives bit-identical losses and gradients (GPT-2, Lla
   }
   check_recompute_identical(g, 4, 32);
   check_recompute_identical(l, 4, 32);
+}
+
+TEST_CASE("recomputed layers spread evenly over the depth; counts out of range are refused") {
+  auto at = [](int layers, int n) {
+    std::string s;
+    for (int l = 0; l < n; ++l) s += recompute_layer_at(l, layers, n) ? 'r' : '.';
+    return s;
+  };
+  CHECK(at(0, 4) == "....");
+  CHECK(at(1, 4) == "...r");
+  CHECK(at(2, 4) == ".r.r");
+  CHECK(at(3, 4) == ".rrr");
+  CHECK(at(4, 4) == "rrrr");
+  CHECK(at(3, 8) == "..r..r.r");
+  for (int n = 1; n <= 40; ++n)
+    for (int k = 0; k <= n; ++k) {
+      const std::string s = at(k, n);
+      CHECK(std::count(s.begin(), s.end(), 'r') == k);
+    }
+  Model m(tiny_llama());
+  CHECK_THROWS_AS(m.set_recompute_layers(-1), UsageError);
+  CHECK_THROWS_AS(m.set_recompute_layers(m.config().n_layer + 1), UsageError);
+  m.set_recompute(true);
+  CHECK(m.recompute_layers() == m.config().n_layer);
 }
 
 TEST_CASE("backward accumulates: two identical micro-batches give twice the gradient") {

@@ -171,6 +171,69 @@ TEST_CASE("memory plan: a GPU rank that does not fit its GPU is refused, naming 
   CHECK(other.find("this machine") == std::string::npos);
 }
 
+TEST_CASE("activation checkpointing left to the plan: none when it fits, else the fewest layers that do") {
+  for (const char* device : {"cuda", "cpu"}) {
+    CAPTURE(device);
+    config::TrainConfig cfg = job(2, false);
+    cfg.training.device = device;
+    cfg.model.n_layer = 8;
+    cfg.resolved_micro_batch_size = 64;  // activations a large share of a rank's bytes
+    const bool cuda = std::string(device) == "cuda";
+    auto need = [&](int k) {
+      config::TrainConfig t = cfg;
+      t.activation_checkpointing.layers = k;
+      const train::MemoryPlan p = train::memory_plan(t, 2);
+      CHECK(p.recompute_layers == k);
+      return cuda ? p.device_bytes() : p.host_bytes();
+    };
+    // Each recomputed layer beyond the first saves one layer's activations.
+    CHECK(need(1) == need(0));
+    for (int k = 2; k <= 8; ++k) CHECK(need(k) < need(k - 1));
+    // The capacity whose room (95 %, less 1 GiB on a GPU) holds exactly need(k).
+    auto capacity = [&](double bytes) { return (bytes + (cuda ? 1024.0 * 1024 * 1024 : 0.0)) / 0.95 * 1.000001; };
+    train::RecomputeChoice c;
+    train::recompute_resolve(cfg, 2, capacity(need(0)), &c);
+    CHECK(c.planned);
+    CHECK(c.layers == 0);
+    CHECK(c.why.find("none: a rank needs") != std::string::npos);
+    for (int k : {2, 5, 8}) {
+      CAPTURE(k);
+      const config::TrainConfig r = train::recompute_resolve(cfg, 2, capacity(need(k)), &c);
+      CHECK(c.layers == k);
+      CHECK(r.activation_checkpointing.layers == std::optional<int64_t>(k));
+      CHECK(c.why.find(std::to_string(k) + " of 8 layers") != std::string::npos);
+      CHECK(train::memory_plan(r, 2).recompute_layers == k);
+    }
+    // Nothing fits: every layer, said so (the memory check then refuses the job).
+    train::recompute_resolve(cfg, 2, capacity(need(8)) * 0.5, &c);
+    CHECK(c.layers == 8);
+    CHECK(c.why.find("does not fit even so") != std::string::npos);
+    // Unknown capacity (ranks on other machines): none here, each rank decides.
+    train::recompute_resolve(cfg, 2, 0, &c);
+    CHECK(c.layers == 0);
+    CHECK(c.why.find("not known here") != std::string::npos);
+    // Given keys are kept whatever the capacity.
+    config::TrainConfig on = cfg;
+    on.activation_checkpointing.enabled = true;
+    train::recompute_resolve(on, 2, 1e15, &c);
+    CHECK(!c.planned);
+    CHECK(c.layers == 8);
+    config::TrainConfig off = cfg;
+    off.activation_checkpointing.enabled = false;
+    train::recompute_resolve(off, 2, 1.0, &c);
+    CHECK(c.layers == 0);
+    config::TrainConfig some = cfg;
+    some.activation_checkpointing.layers = 3;
+    train::recompute_resolve(some, 2, 1.0, &c);
+    CHECK(c.layers == 3);
+    CHECK(train::memory_plan_text(train::memory_plan(train::recompute_resolve(some, 2, 1.0), 2), 2, 1e12)
+              .find("(3 of 8 layers recomputed)") != std::string::npos);
+    some.activation_checkpointing.layers = 9;
+    CHECK_THROWS_WITH_AS(train::memory_plan(some, 2), doctest::Contains("activation_checkpointing.layers: 9"),
+                         ConfigError);
+  }
+}
+
 // The config.json files examples/ plans with (tests/data/hf_configs, written from the
 // published checkpoints): the plan's parameter count from each is the checkpoint's own,
 // its model.safetensors.index.json total_size over 2 bytes (bf16), so a wrong width, layer
