@@ -38,6 +38,15 @@ bool ends_with(const char* s, const std::string& suffix) {
   return n >= suffix.size() && std::memcmp(s + n - suffix.size(), suffix.data(), suffix.size()) == 0;
 }
 
+// The registered cases of the files ending in `suffix` (every file when empty); with
+// `runnable`, only those not marked doctest::skip (what --first/--last count).
+int count_cases(const std::string& suffix, bool runnable) {
+  int n = 0;
+  for (const auto& tc : doctest::detail::getRegisteredTests())
+    if ((!runnable || !tc.m_skip) && (suffix.empty() || ends_with(tc.m_file.c_str(), suffix))) ++n;
+  return n;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -48,9 +57,7 @@ int main(int argc, char** argv) {
     const std::string file = env;
     ::unsetenv("DTRAIN_TEST_FILE");
     file_suffix = "/" + file;
-    int cases = 0;
-    for (const auto& tc : doctest::detail::getRegisteredTests())
-      if (ends_with(tc.m_file.c_str(), file_suffix)) ++cases;
+    const int cases = count_cases(file_suffix, false);
     if (cases == 0) {
       std::fprintf(stderr, "DTRAIN_TEST_FILE=%s: no test case of this binary is in that file\n", file.c_str());
       return 2;
@@ -75,9 +82,7 @@ int main(int argc, char** argv) {
     }
     // doctest's --first/--last count the cases that pass the filters (none are set by
     // ctest) in the run order, by file and line.
-    int cases = 0;
-    for (const auto& tc : doctest::detail::getRegisteredTests())
-      if (!tc.m_skip && (file_suffix.empty() || ends_with(tc.m_file.c_str(), file_suffix))) ++cases;
+    const int cases = count_cases(file_suffix, true);
     const int first = (k - 1) * cases / n + 1, last = k * cases / n;
     if (first > last) {
       std::fprintf(stderr, "DTRAIN_TEST_SHARD=%s: slice %d of %d of %d test case(s) is empty; use fewer slices\n",

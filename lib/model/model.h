@@ -12,6 +12,7 @@
 #include "model/layout.h"
 #include "model/lora.h"
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -30,6 +31,9 @@ namespace dtrain::model {
 /// Writes the fp32 values of base parameter buffer i (layout order) into host[0 .. size):
 /// how a model built with deferred storage gets its weights, one buffer at a time.
 using BufferFill = std::function<void(size_t i, float* host)>;
+
+/// Values per random stream in Model::init_weights (a tensor's first chunk is its own stream).
+inline constexpr size_t kInitChunk = size_t{1} << 20;
 
 /// Whether layer l of n_layer is one of `layers` recomputed in backward: spread evenly over
 /// the depth (2 of 4: layers 1 and 3; all when layers == n_layer, none when 0).
@@ -74,7 +78,9 @@ class Model {
   /// residual output projections (attn c_proj / o_proj, mlp c_proj / down_proj) ~
   /// N(0, 0.02 / sqrt(2 n_layer)), norm weights 1, biases 0. Each tensor draws from its
   /// own stream (seed, tensor index), so the result does not depend on sharding
-  /// (nor on the device: the values are drawn on the host and copied).
+  /// (nor on the device: the values are drawn on the host and copied); beyond its first
+  /// kInitChunk values each further chunk from a stream derived from it and the chunk's
+  /// index, so the chunks fill in parallel (the same values for any thread count).
   void init_weights(uint64_t seed);
   /// The values init_weights(seed) gives base buffer i, into host[0 .. params()[i].size).
   /// Needs no storage (a deferred model's BufferFill for a fresh run).

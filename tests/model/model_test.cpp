@@ -5,7 +5,9 @@
 #include "model/model.h"
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "model/reference_model.h"
+#include "ops/parallel.h"
 
 #include <doctest/doctest.h>
 
@@ -282,6 +284,36 @@ TEST_CASE("init_weights: GPT-2 statistics, deterministic per seed") {
   Model c(tiny_gpt2());
   c.init_weights(8);
   CHECK(std::memcmp(a.params()[1].data, c.params()[1].data, a.params()[1].size * 4) != 0);
+}
+
+TEST_CASE("init_weights: tensors over one chunk draw each chunk from its own stream, the same for any thread count") {
+  // A Llama whose embedding (vocab x d_model) spans 2.5 chunks; its layers' tensors fit in one.
+  ModelConfig c = tiny_llama(2);
+  c.vocab_size = 40960;
+  c.d_model = 64;
+  c.n_head = 4;
+  c.d_ff = 128;
+  REQUIRE(static_cast<size_t>(c.vocab_size) * c.d_model > 2 * kInitChunk);
+  const int threads = ops::num_threads();
+  std::vector<float> v[2];
+  for (int run = 0; run < 2; ++run) {
+    ops::set_num_threads(run == 0 ? 1 : 4);
+    Model m(c);
+    m.init_weights(11);
+    const TensorView e = m.tensor("model.embed_tokens.weight");
+    REQUIRE(e.data != nullptr);
+    v[run].assign(e.f32(), e.f32() + e.numel());
+  }
+  ops::set_num_threads(threads);
+  CHECK(v[0] == v[1]);
+  // The first chunk is the tensor's own stream (its index 1 in the model), as one stream per
+  // tensor gives; the second another stream: no chunk repeats the first's values.
+  Rng first(splitmix64(11 ^ splitmix64(1)));
+  bool same = true;
+  for (size_t k = 0; k < kInitChunk && same; ++k) same = v[0][k] == first.normal(0.0f, 0.02f);
+  CHECK(same);
+  CHECK(std::memcmp(v[0].data(), v[0].data() + kInitChunk, 1024 * sizeof(float)) != 0);
+  CHECK(v[0][kInitChunk] == Rng(splitmix64(splitmix64(11 ^ splitmix64(1)) + 1)).normal(0.0f, 0.02f));
 }
 
 TEST_CASE("recompute of none, some or all layers gives bit-identical losses and gradients (GPT-2, Llama)") {
