@@ -670,30 +670,34 @@ constexpr size_t dq_bytes(int stages) {
 void attention_smem_cap_for_testing(size_t bytes) { g_smem_cap.store(bytes, std::memory_order_relaxed); }
 size_t attention_smem_optin() { return smem_optin(); }
 
-bool attention_backward_mma_fits(int HD, DType dtype) {
-  bool fits = false;
+namespace {
+struct KernelBytes {
+  size_t fwd = 0, dkdv = 0, dq = 0;
+};
+// Each tensor-core kernel's shared memory at head dim HD, dtype and `stages`.
+KernelBytes kernel_bytes(int HD, DType dtype, int stages) {
+  KernelBytes b;
   with_type(dtype, [&](auto tag) {
     using Ty = typename decltype(tag)::type;
     with_hdp(HD, [&](auto hdp) {
       constexpr int HDP = decltype(hdp)::value;
-      const size_t limit = smem_optin();
-      fits = dkdv_bytes<Ty, HDP>(1) <= limit && dq_bytes<Ty, HDP>(1) <= limit;
+      b = {fwd_bytes<Ty, HDP>(stages), dkdv_bytes<Ty, HDP>(stages), dq_bytes<Ty, HDP>(stages)};
     });
   });
-  return fits;
+  return b;
+}
+}  // namespace
+
+bool attention_backward_mma_fits(int HD, DType dtype) {
+  const KernelBytes b = kernel_bytes(HD, dtype, 1);
+  const size_t limit = smem_optin();
+  return b.dkdv <= limit && b.dq <= limit;
 }
 
 bool attention_mma_two_stages(int HD, DType dtype) {
-  bool two = false;
-  with_type(dtype, [&](auto tag) {
-    using Ty = typename decltype(tag)::type;
-    with_hdp(HD, [&](auto hdp) {
-      constexpr int HDP = decltype(hdp)::value;
-      const size_t limit = smem_optin();
-      two = fwd_bytes<Ty, HDP>(2) <= limit && dkdv_bytes<Ty, HDP>(2) <= limit && dq_bytes<Ty, HDP>(2) <= limit;
-    });
-  });
-  return two;
+  const KernelBytes b = kernel_bytes(HD, dtype, 2);
+  const size_t limit = smem_optin();
+  return b.fwd <= limit && b.dkdv <= limit && b.dq <= limit;
 }
 
 void attention_forward_mma(void* out, float* lse, const void* q, const void* k, const void* v, const AttnShape& s,
