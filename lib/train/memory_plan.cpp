@@ -397,7 +397,7 @@ config::TrainConfig recompute_resolve(config::TrainConfig cfg, int world, double
     };
     const double room = capacity_bytes * 0.95 - (none.cuda ? 1024.0 * 1024 * 1024 : 0.0);
     const char* of = none.cuda ? "its GPU" : "its share of the node's memory";
-    const double all = need(0);
+    const double all = none.cuda ? none.device_bytes() : none.host_bytes();  // left to the plan: none recomputed
     if (capacity_bytes <= 0) {
       c.why = fmt::format("none: left to the plan, but {} is not known here (each rank decides on its own node)", of);
     } else if (all <= room) {
@@ -415,11 +415,12 @@ config::TrainConfig recompute_resolve(config::TrainConfig cfg, int world, double
         }
       }
       c.layers = lo;
+      const double with = need(c.layers);
       c.why = fmt::format(
           "{} of {} layers: without recompute a rank needs {}, with {} {}, of the {} {} leaves after its "
           "reserve{}",
-          c.layers, c.n_layer, bytes(all), c.layers, bytes(need(c.layers)), bytes(room), of,
-          need(c.layers) > room ? " (does not fit even so)" : "");
+          c.layers, c.n_layer, bytes(all), c.layers, bytes(with), bytes(room), of,
+          with > room ? " (does not fit even so)" : "");
     }
   }
   cfg.activation_checkpointing.layers = c.layers;
