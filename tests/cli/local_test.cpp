@@ -15,9 +15,9 @@ TEST_CASE("local launch: dtrain bench allreduce --nproc-per-node 3 -b 1K -e 64K"
   TempDir tmp("dtrain-cli-local");
   const std::string& dir = tmp.path();
   REQUIRE(!dir.empty());
-  auto r =
-      run({bin, "bench", "allreduce", "--nproc-per-node", "3", "-b", "1K", "-e", "64K", "--output-dir", dir + "/run"},
-          {}, 60s);
+  auto r = run({bin, "bench", "allreduce", "--nproc-per-node", "3", "-b", "1K", "-e", "64K", "--master-port", "0",
+                "--output-dir", dir + "/run"},
+               {}, 60s);
   INFO("output:\n" << r.out);
   REQUIRE(!r.timed_out);
   CHECK(r.rc == 0);

@@ -35,6 +35,8 @@ std::vector<std::string> job_args(const Job& j, const std::string& dir, const st
                                 (source_root() / "configs/tiny-sft.yaml").string(),
                                 "--nproc-per-node",
                                 std::to_string(j.world),
+                                "--master-port",
+                                "0",  // the kernel's choice: tests run side by side
                                 "--output-dir",
                                 dir,
                                 "--set",
