@@ -6,6 +6,9 @@
 // accumulation phase, where lane l owns dimensions l, l+32, ... Rows read by lane index
 // are padded by one float in shared memory (no bank conflicts). Template DPL = head
 // dimensions per lane (2, 4, 8: HD <= 64, 128, 256) keeps the accumulators in registers.
+// Only tile pairs some row sees are walked: forward and dQ start at the key tile of their
+// first row's first visible key (attn_lo: sliding window, packed documents), dK/dV stop at
+// the query tile of the last query that sees their last key (attn_hi).
 // The backward at DPL 8 asks 131,584 B with 32-row tiles, over the 99 KB opt-in limit of
 // sm_86/sm_89 cards (L40S, A10, RTX 4090): there (picked at run time from the device's
 // opt-in size) its kernels take 16 rows on the warp side (queries in dQ, keys in dK/dV; the
@@ -35,6 +38,15 @@ struct Cfg {
   static constexpr int ROWS = SMALL ? 16 : TILE;                    // warp-side rows per block
   static constexpr int NW = ROWS / RPW;                             // warps per block
   static constexpr int THREADS = NW * 32;
+  // Blocks per SM the register budget is designed for: 128 registers a thread (REG_TARGETS in
+  // scripts/kernel_resources.py), the dQ kernel's minimum for ptxas, which without it spills
+  // on sm_80/sm_90 to fit more blocks than that. Not on sm_100/sm_120, where it fits without
+  // spilling and the minimum would make it spill.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+  static constexpr int MIN_BLOCKS = 0;  // no minimum
+#else
+  static constexpr int MIN_BLOCKS = 65536 / 128 / THREADS;
+#endif
 };
 
 using Shape = AttnShape;
@@ -77,9 +89,14 @@ __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
 #pragma unroll
     for (int c = 0; c < DPL; ++c) o[i][c] = 0.0f;
   }
-  const int r0 = warp * RPW;          // first row of this warp within the tile
-  const int row0 = qt * TILE + r0;    // its sequence position
-  for (int kt = 0; kt <= qt; ++kt) {  // causal: key tiles up to the diagonal
+  const int r0 = warp * RPW;        // first row of this warp within the tile
+  const int row0 = qt * TILE + r0;  // its sequence position
+  // Lane i < RPW holds row row0 + i's first visible key (attn_lo), shuffled to the warp per
+  // row (one register, not RPW).
+  const int lo_lane = lane < RPW && row0 + lane < s.T ? attn_lo(s, b, row0 + lane) : 0;
+  // Key tiles from the one holding the tile's first row's lo (the tile's smallest: no row sees
+  // an earlier one) up to the diagonal (causal).
+  for (int kt = attn_lo(s, b, qt * TILE) / TILE; kt <= qt; ++kt) {
     __syncthreads();
     tile_load(Ks, HDP + 1, kb, kt * TILE, s.T, kp, s.HD, HDP);
     tile_load(Vs, HDP, vb, kt * TILE, s.T, kp, s.HD, HDP);
@@ -97,7 +114,7 @@ __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
 #pragma unroll
     for (int i = 0; i < RPW; ++i) {
       const int row = row0 + i;
-      const bool ok = row < s.T && attn_visible(key, row, s.W);
+      const bool ok = row < s.T && attn_visible(key, row, __shfl_sync(FULL, lo_lane, i));
       const float sv = ok ? sc[i] * s.scale : -INFINITY;
       const float mn = fmaxf(m[i], warp_max(sv));
       if (mn == -INFINITY) {  // warp-uniform: nothing visible to this row yet
@@ -159,7 +176,7 @@ __global__ void attn_dvec_kernel(float* __restrict__ D, const T* __restrict__ do
 
 // dq += scale * sum_j ds_ij k_j. Grid (B*NH, T/ROWS). smem: Qs, dOs [ROWS][HDP]; Ks, Vs [32][HDP+1].
 template <typename T, int DPL, bool SMALL>
-__global__ void __launch_bounds__(Cfg<DPL, SMALL>::THREADS)
+__global__ void __launch_bounds__(Cfg<DPL, SMALL>::THREADS, Cfg<DPL, SMALL>::MIN_BLOCKS)
     attn_dq_kernel(T* __restrict__ dq, const T* __restrict__ dout, const float* __restrict__ lse,
                    const float* __restrict__ D, const T* __restrict__ q, const T* __restrict__ k,
                    const T* __restrict__ v, Shape s) {
@@ -178,17 +195,26 @@ __global__ void __launch_bounds__(Cfg<DPL, SMALL>::THREADS)
   tile_load(Qs, HDP, q + qoff, qt * ROWS, s.T, qp, s.HD, HDP, ROWS);
   tile_load(dOs, HDP, dout + ooff, qt * ROWS, s.T, op, s.HD, HDP, ROWS);
   const int r0 = warp * RPW, row0 = qt * ROWS + r0;
-  float lrow[RPW], drow[RPW], acc[RPW][DPL];
+  float acc[RPW][DPL];
 #pragma unroll
   for (int i = 0; i < RPW; ++i) {
-    const int row = row0 + i;
-    lrow[i] = row < s.T ? lse[static_cast<size_t>(bh) * s.T + row] : 0.0f;
-    drow[i] = row < s.T ? D[static_cast<size_t>(bh) * s.T + row] : 0.0f;
 #pragma unroll
     for (int c = 0; c < DPL; ++c) acc[i][c] = 0.0f;
   }
-  const int last_kt = (qt * ROWS + ROWS - 1) / TILE;  // causal: key tiles up to the block's last row
-  for (int kt = 0; kt <= last_kt; ++kt) {
+  // Lane i < RPW holds row row0 + i's lse, D and first visible key (attn_lo), shuffled to the
+  // warp per row: three registers across the key loop, not 3 * RPW.
+  float lse_lane = 0.0f, d_lane = 0.0f;
+  int lo_lane = 0;
+  if (lane < RPW && row0 + lane < s.T) {
+    const int row = row0 + lane;
+    lse_lane = lse[static_cast<size_t>(bh) * s.T + row];
+    d_lane = D[static_cast<size_t>(bh) * s.T + row];
+    lo_lane = attn_lo(s, b, row);
+  }
+  // Key tiles from the one holding the block's first row's lo (its smallest) up to the one
+  // holding its last row (causal).
+  const int last_kt = (qt * ROWS + ROWS - 1) / TILE;
+  for (int kt = attn_lo(s, b, qt * ROWS) / TILE; kt <= last_kt; ++kt) {
     __syncthreads();
     tile_load(Ks, HDP + 1, k + koff, kt * TILE, s.T, kp, s.HD, HDP);
     tile_load(Vs, HDP + 1, v + koff, kt * TILE, s.T, kp, s.HD, HDP);
@@ -208,10 +234,11 @@ __global__ void __launch_bounds__(Cfg<DPL, SMALL>::THREADS)
     float ds[RPW];
 #pragma unroll
     for (int i = 0; i < RPW; ++i) {
-      const int row = row0 + i;
-      const bool ok = row < s.T && attn_visible(key, row, s.W);
-      const float p = ok ? expf(sc[i] * s.scale - lrow[i]) : 0.0f;
-      ds[i] = p * (dp[i] - drow[i]);
+      const int row = row0 + i, lo = __shfl_sync(FULL, lo_lane, i);
+      const float lrow = __shfl_sync(FULL, lse_lane, i), drow = __shfl_sync(FULL, d_lane, i);
+      const bool ok = row < s.T && attn_visible(key, row, lo);
+      const float p = ok ? expf(sc[i] * s.scale - lrow) : 0.0f;
+      ds[i] = p * (dp[i] - drow);
     }
     for (int j = 0; j < TILE; ++j) {
       float kk[DPL];
@@ -262,16 +289,23 @@ __global__ void __launch_bounds__(Cfg<DPL, SMALL>::THREADS)
   const int j0 = warp * RPW;  // this warp's first key within the tile
   const int key0 = kt * ROWS + j0;
   float ak[RPW][DPL], av[RPW][DPL];
+  int hi[RPW];  // the last query that sees each key (attn_hi; -1 past T: none)
 #pragma unroll
-  for (int jj = 0; jj < RPW; ++jj)
+  for (int jj = 0; jj < RPW; ++jj) {
+    hi[jj] = key0 + jj < s.T ? attn_hi(s, b, key0 + jj) : -1;
 #pragma unroll
     for (int c = 0; c < DPL; ++c) ak[jj][c] = av[jj][c] = 0.0f;
-  const int ntiles = (s.T + TILE - 1) / TILE;
+  }
+  // Query tiles from the one holding the block's first key (causal) up to the one holding the
+  // last query that sees its last key: a later tile's first row, the tile's smallest lo, is
+  // past every key of the block.
+  const int first_qt = kt * ROWS / TILE;
+  const int last_qt = attn_hi(s, b, kt * ROWS + ROWS - 1 < s.T ? kt * ROWS + ROWS - 1 : s.T - 1) / TILE;
   for (int h = kh * s.G; h < (kh + 1) * s.G; ++h) {
     const size_t qoff = static_cast<size_t>(b) * s.T * qp + static_cast<size_t>(h) * s.HD;
     const size_t ooff = static_cast<size_t>(b) * s.T * op + static_cast<size_t>(h) * s.HD;
     const size_t bh = static_cast<size_t>(b) * s.NH + h;
-    for (int qt = kt * ROWS / TILE; qt < ntiles; ++qt) {  // causal: query tiles from the first key's
+    for (int qt = first_qt; qt <= last_qt; ++qt) {
       __syncthreads();
       tile_load(Qs, HDP + 1, q + qoff, qt * TILE, s.T, qp, s.HD, HDP);
       tile_load(dOs, HDP + 1, dout + ooff, qt * TILE, s.T, op, s.HD, HDP);
@@ -296,7 +330,8 @@ __global__ void __launch_bounds__(Cfg<DPL, SMALL>::THREADS)
       float p[RPW], ds[RPW];
 #pragma unroll
       for (int jj = 0; jj < RPW; ++jj) {
-        const bool ok = query < s.T && attn_visible(key0 + jj, query, s.W);
+        // attn_visible(key, query, attn_lo(query)), which is key <= query <= attn_hi(key)
+        const bool ok = key0 + jj <= query && query <= hi[jj];
         p[jj] = ok ? expf(sc[jj] * s.scale - Ls[lane]) : 0.0f;
         ds[jj] = p[jj] * (dp[jj] - Ds[lane]);
       }
@@ -337,7 +372,8 @@ __global__ void __launch_bounds__(Cfg<DPL, SMALL>::THREADS)
 }
 
 // ----------------------------------------------------------------------------
-Shape shape_check(int B, int T, int NH, int NKV, int HD, int q_stride, int kv_stride, int window) {
+Shape shape_check(int B, int T, int NH, int NKV, int HD, int q_stride, int kv_stride, int window,
+                  const int32_t* doc_start) {
   DTK_REQUIRE(window >= 0, UsageError, "attention's sliding window must be >= 0 (0: none)");
   DTK_REQUIRE(NKV > 0 && NH > 0 && NH % NKV == 0, UsageError, "attention needs n_head to be a multiple of n_kv_head");
   DTK_REQUIRE(HD > 0 && HD <= 256, UsageError, "attention supports head dimensions 1..256");
@@ -357,7 +393,8 @@ Shape shape_check(int B, int T, int NH, int NKV, int HD, int q_stride, int kv_st
                1.0f / std::sqrt(static_cast<float>(HD)),
                static_cast<size_t>(q_stride),
                static_cast<size_t>(kv_stride),
-               window};
+               window,
+               doc_start};
 }
 
 template <typename Kernel>
@@ -447,8 +484,9 @@ bool attention_largest_tiles(int HD, DType dtype) {
 }  // namespace detail
 
 void attention_forward(void* out, float* lse, const void* q, const void* k, const void* v, int B, int T, int NH,
-                       int NKV, int HD, int q_stride, int kv_stride, DType dtype, cudaStream_t stream, int window) {
-  const Shape s = shape_check(B, T, NH, NKV, HD, q_stride, kv_stride, window);
+                       int NKV, int HD, int q_stride, int kv_stride, DType dtype, cudaStream_t stream, int window,
+                       const int32_t* doc_start) {
+  const Shape s = shape_check(B, T, NH, NKV, HD, q_stride, kv_stride, window, doc_start);
   if (B == 0 || T == 0) return;
   if (dtype != DType::F32) {
     attention_forward_mma(out, lse, q, k, v, s, dtype, stream);
@@ -470,8 +508,9 @@ void attention_forward(void* out, float* lse, const void* q, const void* k, cons
 
 void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out, const float* lse,
                         const void* q, const void* k, const void* v, int B, int T, int NH, int NKV, int HD,
-                        int q_stride, int kv_stride, DType dtype, cudaStream_t stream, int window) {
-  const Shape s = shape_check(B, T, NH, NKV, HD, q_stride, kv_stride, window);
+                        int q_stride, int kv_stride, DType dtype, cudaStream_t stream, int window,
+                        const int32_t* doc_start) {
+  const Shape s = shape_check(B, T, NH, NKV, HD, q_stride, kv_stride, window, doc_start);
   if (B == 0 || T == 0) return;
   const size_t rows = static_cast<size_t>(B) * T * NH;
   Scratch dvec(rows * sizeof(float), stream);

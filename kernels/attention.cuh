@@ -14,14 +14,20 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 namespace dtrain::kernels {
 
 /// out [B,T,NH,HD] (dtype) = softmax(q k^T / sqrt(HD) + causal mask) v; lse [B,NH,T] fp32 =
 /// log-sum-exp of each row of scaled scores (what backward needs, instead of the CPU's
 /// att [B,NH,T,T]). HD <= 256 and NH % NKV == 0, else UsageError. window > 0 is a sliding
 /// window (Mistral): query i sees keys i - window < j <= i only; 0 is plain causal.
+/// doc_start (device, int32 [B*T], or nullptr): packed documents without cross-talk, query t
+/// of row b sees keys j >= doc_start[b*T + t] only (the layout ops::attention_doc_starts_check
+/// states; the kernels trust it). Key tiles no row of a query tile sees are skipped.
 void attention_forward(void* out, float* lse, const void* q, const void* k, const void* v, int B, int T, int NH,
-                       int NKV, int HD, int q_stride, int kv_stride, DType dtype, cudaStream_t stream, int window = 0);
+                       int NKV, int HD, int q_stride, int kv_stride, DType dtype, cudaStream_t stream, int window = 0,
+                       const int32_t* doc_start = nullptr);
 
 /// WRITES dq, dk, dv (strided as q, k, v) = the gradients of attention_forward given dout
 /// and the forward's out and lse. Deterministic, no float atomics: fp32 dq per query tile
@@ -30,6 +36,7 @@ void attention_forward(void* out, float* lse, const void* q, const void* k, cons
 /// fixed order (attention_mma.cu).
 void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out, const float* lse,
                         const void* q, const void* k, const void* v, int B, int T, int NH, int NKV, int HD,
-                        int q_stride, int kv_stride, DType dtype, cudaStream_t stream, int window = 0);
+                        int q_stride, int kv_stride, DType dtype, cudaStream_t stream, int window = 0,
+                        const int32_t* doc_start = nullptr);
 
 }  // namespace dtrain::kernels

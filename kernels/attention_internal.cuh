@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 namespace dtrain::kernels::detail {
 
@@ -16,12 +17,43 @@ struct AttnShape {
   float scale;               // 1 / sqrt(HD)
   size_t qs, ks;             // elements between consecutive tokens of q/dq and of k, v, dk, dv
   int W;                     // sliding window (0: none): query i sees keys i - W < j <= i
+  const int32_t* ds;         // [B*T] first position of each query's document in its row, or nullptr
 };
 
-/// Whether query `row` sees key `key`: causal, and within the sliding window when W > 0
-/// (Mistral's mask, HF's `kv_idx > q_idx - sliding_window`).
-__host__ __device__ inline bool attn_visible(int key, int row, int W) {
-  return key <= row && (W <= 0 || key > row - W);
+/// The first key query `row` (< T) of batch row b sees: its document's start (s.ds, the
+/// packed documents' mask) and, when W > 0, row - W + 1 (Mistral's sliding window, HF's
+/// `kv_idx > q_idx - sliding_window`). Never above row, and non-decreasing in row (the
+/// doc_start layout ops::attention_doc_starts_check states), so a tile's first row has the
+/// tile's smallest.
+__device__ __forceinline__ int attn_lo(const AttnShape& s, int b, int row) {
+  const int w = s.W > 0 ? row - s.W + 1 : 0;
+  const int d = s.ds != nullptr ? s.ds[static_cast<size_t>(b) * s.T + row] : 0;
+  return w > d ? w : d;
+}
+
+/// Whether query `row` sees key `key`, given lo = attn_lo(row): the one mask rule of every
+/// attention kernel (causal, and nothing before lo).
+__host__ __device__ __forceinline__ bool attn_visible(int key, int row, int lo) { return lo <= key && key <= row; }
+
+/// The last query that sees key `key` (< T) of batch row b: the largest row in [key, T) with
+/// attn_lo(row) <= key (lo is non-decreasing), so attn_visible(key, row, attn_lo(s, b, row))
+/// holds exactly for key <= row <= attn_hi(s, b, key). What the dK/dV kernels mask by (their
+/// keys are fixed per thread, their queries are not) and stop at. A binary search over
+/// s.ds when set; closed form otherwise.
+__device__ __forceinline__ int attn_hi(const AttnShape& s, int b, int key) {
+  int hi = s.T - 1;
+  if (s.W > 0 && s.W - 1 < hi - key) hi = key + s.W - 1;  // the window's last row
+  if (s.ds == nullptr) return hi;
+  int lo = key;  // attn_lo(key) <= key: key sees itself
+  while (lo < hi) {
+    const int mid = lo + (hi - lo + 1) / 2;
+    if (attn_lo(s, b, mid) <= key) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
 }
 
 /// out, lse as kernels::attention_forward; dtype BF16 or F16.

@@ -8,21 +8,23 @@
 // at run time from cudaDeviceProp::sharedMemPerBlockOptin.
 //
 // Forward: block = (batch*head, query tile), the longest rows (last query tiles) first. Q's
-// fragments stay in registers; per key tile S = Q K^T (K through ldmatrix), online softmax in
-// the log2 domain on the accumulator fragments, and the probabilities are reused in registers
-// as the A operand of O += P V (V through ldmatrix.trans): the C layout of two adjacent 8-key
-// blocks is exactly the A layout of one 16-key chunk. O is staged through shared memory for
-// 16-byte stores.
+// fragments stay in registers (at head dim 256, where O's accumulator takes 128, they are
+// reloaded from shared memory per key tile); per key tile S = Q K^T (K through ldmatrix),
+// online softmax in the log2 domain on the accumulator fragments, and the probabilities are
+// reused in registers as the A operand of O += P V (V through ldmatrix.trans): the C layout of
+// two adjacent 8-key blocks is exactly the A layout of one 16-key chunk. O is staged through
+// shared memory for 16-byte stores.
 //
 // Backward, two kernels, each block one 64-row tile, longest first (the H200 measured the
 // earlier one-kernel design, one block per head walking every key tile with an fp32 dQ partial
 // read-modify-written per tile pair, at 39 TFLOP/s: 384 blocks of 4 warps, 10 GB of partial
 // traffic per GPT-2 step):
-// - dK/dV: block = (batch*head, key tile); for the query tiles at or after it, S^T = K Q^T and
+// - dK/dV: block = (batch*head, key tile); for the query tiles from it to the last one that
+//   sees it (a sliding window or packed documents end that early), S^T = K Q^T and
 //   dP^T = V dO^T (warp = 16 keys), P^T = exp(S^T - lse), dS^T = P^T (dP^T - D), dV += P^T dO
 //   and dK += dS^T Q with P^T / dS^T reused in registers.
-// - dQ: block = (batch*head, query tile); for the key tiles up to it, S = Q K^T and
-//   dP = dO V^T (warp = 16 queries), P and dS as above, dQ += dS K.
+// - dQ: block = (batch*head, query tile); for the key tiles from the first its rows see up to
+//   it, S = Q K^T and dP = dO V^T (warp = 16 queries), P and dS as above, dQ += dS K.
 // S and dP are computed twice (7 tile products instead of FlashAttention-2's 5), which buys
 // what FlashAttention-2's dQ atomics would cost: every output has one writer, so the result is
 // deterministic, and no fp32 dQ buffer. With grouped KV heads each query head's dK/dV go to an
@@ -53,6 +55,15 @@ struct Tiles {
   static constexpr int ELEMS = BM * PITCH;
   static constexpr int KC = HDP / 16;  // 16-wide k chunks of the head dimension
   static constexpr int DN = HDP / 8;   // 8-wide n blocks of the head dimension
+};
+
+// Two and four ints read from shared memory in one load (the row bounds the kernels keep in
+// their tiles' padding); CUDA's int2/int4, which the CPU execution engine does not declare.
+struct alignas(8) Int2 {
+  int x, y;
+};
+struct alignas(16) Int4 {
+  int x, y, z, w;
 };
 
 struct Args {
@@ -104,18 +115,26 @@ __device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c)[8][4],
   a[3] = pack2<T>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
 }
 
-// Makes key tile kt (of 0..last) ready in shared memory: with two stages, its loads were
-// issued one iteration earlier and the next tile's are issued into the other stage (last
-// read two iterations ago, released by the caller's end-of-iteration barrier); with one,
-// tile kt > 0 is loaded into the single stage now. Returns the stage's K tile (V follows
-// it). The caller's barrier makes every thread's part visible.
+// The stage key tile kt goes to (kv_tile_ready).
+template <int STAGES>
+__device__ __forceinline__ int kv_stage(int kt) {
+  return STAGES == 2 ? kt & 1 : 0;
+}
+
+// Makes key tile kt (of first..last) ready in shared memory, tile `first` having been
+// issued into stage kv_stage<STAGES>(first) before the loop: with two stages, tile kt's loads
+// were issued one iteration earlier into stage kt & 1 and the next tile's are issued into the
+// other stage (last read two iterations ago, released by the caller's end-of-iteration
+// barrier); with one, tile kt > first is loaded into the single stage now. Returns the stage's
+// K tile (V follows it). The caller's barrier makes every thread's part visible.
 template <typename T, int HDP, int STAGES>
-__device__ __forceinline__ const T* kv_tile_ready(T* KV, const T* kb, const T* vb, int kt, int last, const AttnShape& s,
-                                                  bool vec) {
+__device__ __forceinline__ const T* kv_tile_ready(T* KV, const T* kb, const T* vb, int kt, int first, int last,
+                                                  const AttnShape& s, bool vec) {
   constexpr int E = Tiles<HDP>::ELEMS;
   if constexpr (STAGES == 2) {
+    const int stage = kt & 1;  // not relative to first: nothing but kt stays live in the loop
     if (kt < last) {
-      T* nk = KV + ((kt + 1) & 1) * 2 * E;
+      T* nk = KV + (stage ^ 1) * 2 * E;
       tile_load_async<T, HDP>(nk, kb, (kt + 1) * BN, s.T, s.ks, s.HD, vec);
       tile_load_async<T, HDP>(nk + E, vb, (kt + 1) * BN, s.T, s.ks, s.HD, vec);
       cp_async_commit();
@@ -123,9 +142,9 @@ __device__ __forceinline__ const T* kv_tile_ready(T* KV, const T* kb, const T* v
     } else {
       cp_async_wait<0>();
     }
-    return KV + (kt & 1) * 2 * E;
+    return KV + stage * 2 * E;
   } else {
-    if (kt > 0) {
+    if (kt > first) {
       tile_load_async<T, HDP>(KV, kb, kt * BN, s.T, s.ks, s.HD, vec);
       tile_load_async<T, HDP>(KV + E, vb, kt * BN, s.T, s.ks, s.HD, vec);
       cp_async_commit();
@@ -167,8 +186,17 @@ __device__ __forceinline__ void paired_products(float (&c1)[8][4], float (&c2)[8
 // ----------------------------------------------------------------------------
 // Forward. smem: Qs, then STAGES stages of Ks, Vs [64][PITCH] of T: with two, the next key
 // tile's loads (cp.async) are in flight while the current one is computed.
+// At head dims 32 and 64 it is designed for 4 blocks per SM (scripts/kernel_resources.py's
+// REG_TARGETS: 128 registers), which ptxas is held to: left alone it lands either side of 128
+// as the loop's code changes. Not on sm_100/sm_120, which take 3 (REG_TARGETS: 144), where
+// holding it to 128 spills.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+constexpr int FWD_SMALL_BLOCKS = 0;  // no minimum
+#else
+constexpr int FWD_SMALL_BLOCKS = 4;
+#endif
 template <typename T, int HDP, int STAGES>
-__global__ void __launch_bounds__(THREADS)
+__global__ void __launch_bounds__(THREADS, HDP <= 64 ? FWD_SMALL_BLOCKS : 0)
     attn_fwd_mma_kernel(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ q, const T* __restrict__ k,
                         const T* __restrict__ v, Args a) {
   using TL = Tiles<HDP>;
@@ -185,15 +213,25 @@ __global__ void __launch_bounds__(THREADS)
   const T* kb = k + static_cast<size_t>(b) * s.T * s.ks + static_cast<size_t>(kh) * s.HD;
   const T* vb = v + static_cast<size_t>(b) * s.T * s.ks + static_cast<size_t>(kh) * s.HD;
 
+  // Key tiles from the one holding the tile's first row's lo (the tile's smallest: no row sees
+  // an earlier one) up to the diagonal (causal).
+  const int kt0 = attn_lo(s, b, qt * BM) / BN;
   tile_load_async<T, HDP>(Qs, qb, qt * BM, s.T, s.qs, s.HD, a.vec);
-  tile_load_async<T, HDP>(KV, kb, 0, s.T, s.ks, s.HD, a.vec);
-  tile_load_async<T, HDP>(KV + TL::ELEMS, vb, 0, s.T, s.ks, s.HD, a.vec);
+  T* KV0 = KV + kv_stage<STAGES>(kt0) * 2 * TL::ELEMS;
+  tile_load_async<T, HDP>(KV0, kb, kt0 * BN, s.T, s.ks, s.HD, a.vec);
+  tile_load_async<T, HDP>(KV0 + TL::ELEMS, vb, kt0 * BN, s.T, s.ks, s.HD, a.vec);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
-  uint32_t qf[KC][4];
+  // Q's fragments stay in registers, except at head dim 256, where they (64 registers) and O's
+  // accumulator (128) leave too few for the rest: there each tile reloads them from Qs.
+  constexpr bool QREG = HDP < 256;
+  const T* qrow = Qs + (warp * 16 + (lane & 15)) * P + (lane >> 4) * 8;
+  uint32_t qf[QREG ? KC : 1][4];
+  if constexpr (QREG) {
 #pragma unroll
-  for (int kc = 0; kc < KC; ++kc) ldmatrix_x4(qf[kc], Qs + (warp * 16 + (lane & 15)) * P + kc * 16 + (lane >> 4) * 8);
+    for (int kc = 0; kc < KC; ++kc) ldmatrix_x4(qf[kc], qrow + kc * 16);
+  }
 
   float o[DN][4];
 #pragma unroll
@@ -201,9 +239,18 @@ __global__ void __launch_bounds__(THREADS)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // per row g and g + 8; m in log2 units
   const float sl2 = s.scale * LOG2E;
   const int row0 = qt * BM + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
+  // Their visible keys, lo..last: lo = attn_lo (0 past T), last = min(row, T - 1) (causal, and
+  // no key past T). Kept in shared memory, not in four registers live across the loop: in the
+  // 16 bytes of padding that end Qs's row warp * 16 + g (nothing reads a row's padding). Lane tq
+  // of the quad writes entry tq: lo of rows row0, row0 + 8, then their last.
+  int* bounds = reinterpret_cast<int*>(Qs + (warp * 16 + g) * P + HDP);
+  {
+    const int row = row0 + (tq & 1) * 8;
+    bounds[tq] = tq < 2 ? (row < s.T ? attn_lo(s, b, row) : 0) : (row < s.T ? row : s.T - 1);
+  }
 
-  for (int kt = 0; kt <= qt; ++kt) {  // causal: key tiles up to the diagonal
-    const T* Ks = kv_tile_ready<T, HDP, STAGES>(KV, kb, vb, kt, qt, s, a.vec);
+  for (int kt = kt0; kt <= qt; ++kt) {
+    const T* Ks = kv_tile_ready<T, HDP, STAGES>(KV, kb, vb, kt, kt0, qt, s, a.vec);
     const T* Vs = Ks + TL::ELEMS;
     __syncthreads();  // every thread's part of this tile has landed
     float sc[8][4];
@@ -211,22 +258,26 @@ __global__ void __launch_bounds__(THREADS)
     for (int nb = 0; nb < 8; ++nb) sc[nb][0] = sc[nb][1] = sc[nb][2] = sc[nb][3] = 0.0f;
 #pragma unroll
     for (int kc = 0; kc < KC; ++kc) {
+      if constexpr (!QREG) ldmatrix_x4(qf[0], qrow + kc * 16);
+      const uint32_t(&qa)[4] = qf[QREG ? kc : 0];
 #pragma unroll
       for (int nb2 = 0; nb2 < 4; ++nb2) {
         uint32_t kf[4];
         ldmatrix_x4(kf, Ks + ((nb2 * 2 + (mi >> 1)) * 8 + (lane & 7)) * P + kc * 16 + (mi & 1) * 8);
-        mma_pair<T>(sc[2 * nb2], sc[2 * nb2 + 1], qf[kc], kf);
+        mma_pair<T>(sc[2 * nb2], sc[2 * nb2 + 1], qa, kf);
       }
     }
     // Scale into the log2 domain, mask, and the online softmax of rows row0 (i < 2), row0 + 8.
-    const bool diag = kt == qt;
+    const Int4 bd = *reinterpret_cast<const Int4*>(bounds);  // written before the barrier above
+    const int lo[2] = {bd.x, bd.y}, last[2] = {bd.z, bd.w};
     float mx[2] = {m[0], m[1]};
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int key = kt * BN + nb * 8 + 2 * tq + (i & 1), row = row0 + (i >> 1) * 8;
-        const bool masked = key >= s.T || (diag && key > row) || (s.W > 0 && key <= row - s.W);
+        const int key = kt * BN + nb * 8 + 2 * tq + (i & 1);
+        // attn_visible(key, row, attn_lo(row)), and no key past T
+        const bool masked = key < lo[i >> 1] || key > last[i >> 1];
         const float x = masked ? -INFINITY : sc[nb][i] * sl2;
         sc[nb][i] = x;
         mx[i >> 1] = fmaxf(mx[i >> 1], x);
@@ -237,9 +288,9 @@ __global__ void __launch_bounds__(THREADS)
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      // Without a window tile 0 holds key 0, visible to every row, so mx is finite; a sliding
-      // window can hide a whole tile from a row, which then has seen nothing yet (mx = -inf):
-      // its reference max is 0, so alpha and every p are exp2(-inf) = 0, not NaN.
+      // The first tile holds the tile's first row's lo, but a sliding window or a later row's
+      // document start can hide a whole tile from a row, which then has seen nothing yet
+      // (mx = -inf): its reference max is 0, so alpha and every p are exp2(-inf) = 0, not NaN.
       mref[r] = mx[r] == -INFINITY ? 0.0f : mx[r];
       alpha[r] = exp2f(m[r] - mref[r]);
       m[r] = mx[r];
@@ -318,8 +369,11 @@ __global__ void __launch_bounds__(THREADS)
 // [64] fp32 (with two, the next query tile's loads are in flight while the current one is
 // computed). G == 1: dk, dv written in T (strided); G > 1: dk_exp, dv_exp [B*NH][T][HD] fp32
 // per query head.
+// At head dim 256 it holds one block per SM (shared memory) and spills whatever it does (dK, dV
+// of 16 keys x 256 per warp); the minimum of 1 keeps ptxas from spilling more to fit blocks that
+// cannot come (sm_80: 168 registers and 3.2 KB of spill loads without it).
 template <typename T, int HDP, int STAGES>
-__global__ void __launch_bounds__(THREADS)
+__global__ void __launch_bounds__(THREADS, HDP >= 256 ? 1 : 0)
     attn_bwd_dkdv_kernel(T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dk_exp, float* __restrict__ dv_exp,
                          const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ Dvec,
                          const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, Args a) {
@@ -363,15 +417,23 @@ __global__ void __launch_bounds__(THREADS)
 #pragma unroll
     for (int i = 0; i < 4; ++i) dka[dn][i] = dva[dn][i] = 0.0f;
   const int key0 = kt * BN + warp * 16 + g;  // this thread's keys: key0 and key0 + 8
+  // The last queries that see them (attn_hi; -1 past T), kept in shared memory, not in two
+  // registers live across the loop: in the 16 bytes of padding that end Ks's row warp * 16 + g
+  // (nothing reads a row's padding). Lanes tq = 0, 1 of the quad write entries 0, 1.
+  int* his = reinterpret_cast<int*>(Ks + (warp * 16 + g) * P + HDP);
+  if (tq < 2) his[tq] = key0 + tq * 8 < s.T ? attn_hi(s, b, key0 + tq * 8) : -1;
+  // Query tiles from the keys' own (causal) up to the one holding the last query that sees the
+  // tile's last key: a later tile's first row, the tile's smallest lo, is past every key here.
+  const int last_qt = attn_hi(s, b, kt * BN + BN - 1 < s.T ? kt * BN + BN - 1 : s.T - 1) / BM;
 
-  for (int qt = kt; qt < a.nt; ++qt) {  // causal: query tiles at or after the keys
+  for (int qt = kt; qt <= last_qt; ++qt) {
     const int stage = STAGES == 2 ? (qt - kt) & 1 : 0;
     const T* Qs = QO + stage * 2 * TL::ELEMS;
     const T* dOs = Qs + TL::ELEMS;
     const float* Ls = LD + stage * 2 * BM;
     const float* Ds = Ls + BM;
     if constexpr (STAGES == 2) {
-      if (qt + 1 < a.nt) {  // the other stage was released by the previous iteration's last barrier
+      if (qt < last_qt) {  // the other stage was released by the previous iteration's last barrier
         load_query_tile(qt + 1, stage ^ 1);
         cp_async_commit();
         cp_async_wait<1>();
@@ -391,12 +453,15 @@ __global__ void __launch_bounds__(THREADS)
     float st[8][4], dpt[8][4];
     paired_products<T, HDP>(st, dpt, Ks, Vs, Qs, dOs, warp, lane);
     // P^T = exp(S^T * scale - lse) (0 where masked), dS^T = P^T (dP^T - D).
+    const Int2 hi2 = *reinterpret_cast<const Int2*>(his);  // written before the barrier above
+    const int hi[2] = {hi2.x, hi2.y};
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int key = key0 + (i >> 1) * 8, col = nb * 8 + 2 * tq + (i & 1), query = qt * BM + col;
-        const bool ok = query < s.T && attn_visible(key, query, s.W);
+        // attn_visible(key, query, attn_lo(query)), which is key <= query <= attn_hi(key)
+        const bool ok = key <= query && query <= hi[i >> 1];
         const float p = ok ? exp2f(st[nb][i] * sl2 - Ls[col]) : 0.0f;
         st[nb][i] = p;
         dpt[nb][i] = p * (dpt[nb][i] - Ds[col]);
@@ -471,10 +536,13 @@ __global__ void __launch_bounds__(THREADS)
   const T* vb = v + static_cast<size_t>(b) * s.T * s.ks + static_cast<size_t>(kh) * s.HD;
   const float sl2 = s.scale * LOG2E;
 
+  // Key tiles from the one holding the tile's first row's lo (its smallest) up to the diagonal.
+  const int kt0 = attn_lo(s, b, qt * BM) / BN;
   tile_load_async<T, HDP>(Qs, qb, qt * BM, s.T, s.qs, s.HD, a.vec);
   tile_load_async<T, HDP>(dOs, ob, qt * BM, s.T, op, s.HD, a.vec);
-  tile_load_async<T, HDP>(KV, kb, 0, s.T, s.ks, s.HD, a.vec);
-  tile_load_async<T, HDP>(KV + TL::ELEMS, vb, 0, s.T, s.ks, s.HD, a.vec);
+  T* KV0 = KV + kv_stage<STAGES>(kt0) * 2 * TL::ELEMS;
+  tile_load_async<T, HDP>(KV0, kb, kt0 * BN, s.T, s.ks, s.HD, a.vec);
+  tile_load_async<T, HDP>(KV0 + TL::ELEMS, vb, kt0 * BN, s.T, s.ks, s.HD, a.vec);
   cp_async_commit();
   const int row0 = qt * BM + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
   float lse2[2], dd[2];
@@ -484,12 +552,21 @@ __global__ void __launch_bounds__(THREADS)
     lse2[r] = row < s.T ? lse[static_cast<size_t>(bh) * s.T + row] * LOG2E : 0.0f;
     dd[r] = row < s.T ? Dvec[static_cast<size_t>(bh) * s.T + row] : 0.0f;
   }
+  // Their visible keys, lo..last: lo = attn_lo, last = row (none past T: lo = 0, last = -1), in
+  // the 16 bytes of padding that end Qs's row warp * 16 + g (nothing reads a row's padding), not
+  // in registers live across the loop. Lane tq of the quad writes entry tq: row row0's lo and
+  // last, then row0 + 8's.
+  int* bounds = reinterpret_cast<int*>(Qs + (warp * 16 + g) * P + HDP);
+  {
+    const int row = row0 + (tq >> 1) * 8;
+    bounds[tq] = row < s.T ? (tq & 1 ? row : attn_lo(s, b, row)) : (tq & 1 ? -1 : 0);
+  }
   float dqa[DN][4];
 #pragma unroll
   for (int dn = 0; dn < DN; ++dn) dqa[dn][0] = dqa[dn][1] = dqa[dn][2] = dqa[dn][3] = 0.0f;
 
-  for (int kt = 0; kt <= qt; ++kt) {  // causal: key tiles up to the diagonal
-    const T* Ks = kv_tile_ready<T, HDP, STAGES>(KV, kb, vb, kt, qt, s, a.vec);
+  for (int kt = kt0; kt <= qt; ++kt) {
+    const T* Ks = kv_tile_ready<T, HDP, STAGES>(KV, kb, vb, kt, kt0, qt, s, a.vec);
     const T* Vs = Ks + TL::ELEMS;
     __syncthreads();  // every thread's part of this tile has landed
 
@@ -498,13 +575,18 @@ __global__ void __launch_bounds__(THREADS)
     paired_products<T, HDP>(sc, dp, Qs, dOs, Ks, Vs, warp, lane);
     // P = exp(S * scale - lse) (0 where masked), dS = P (dP - D), in dp.
 #pragma unroll
-    for (int nb = 0; nb < 8; ++nb) {
+    for (int r = 0; r < 2; ++r) {  // row row0 + 8 r: elements i = 2 r, 2 r + 1 of each block
+      const Int2 bd = reinterpret_cast<const Int2*>(bounds)[r];  // written before the barrier above
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int key = kt * BN + nb * 8 + 2 * tq + (i & 1), row = row0 + (i >> 1) * 8;
-        const bool ok = row < s.T && attn_visible(key, row, s.W);
-        const float p = ok ? exp2f(sc[nb][i] * sl2 - lse2[i >> 1]) : 0.0f;
-        dp[nb][i] = p * (dp[nb][i] - dd[i >> 1]);
+      for (int nb = 0; nb < 8; ++nb) {
+#pragma unroll
+        for (int i = 2 * r; i < 2 * r + 2; ++i) {
+          const int key = kt * BN + nb * 8 + 2 * tq + (i & 1);
+          // row < T && attn_visible(key, row, attn_lo(row))
+          const bool ok = bd.x <= key && key <= bd.y;
+          const float p = ok ? exp2f(sc[nb][i] * sl2 - lse2[r]) : 0.0f;
+          dp[nb][i] = p * (dp[nb][i] - dd[r]);
+        }
       }
     }
     // dQ += dS K over the tile's 64 keys (four 16-key chunks; K through ldmatrix.trans).

@@ -19,8 +19,8 @@ constexpr int DWTE_THREADS = 128;
 
 template <typename T, int V>
 __global__ void embedding_forward_kernel(T* __restrict__ out, const int32_t* __restrict__ tokens,
-                                         const T* __restrict__ wte, const T* __restrict__ wpe, int N, int T_, int C,
-                                         int Vocab) {
+                                         const T* __restrict__ wte, const T* __restrict__ wpe,
+                                         const int32_t* __restrict__ ds, int N, int T_, int C, int Vocab) {
   const int packs = C / V;
   const size_t total = static_cast<size_t>(N) * packs;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
@@ -35,7 +35,8 @@ __global__ void embedding_forward_kernel(T* __restrict__ out, const int32_t* __r
     } else {
       o = pack_load<T, V>(wte + static_cast<size_t>(tok) * C + c);
       if (wpe) {
-        const Pack<T, V> p = pack_load<T, V>(wpe + static_cast<size_t>(n % T_) * C + c);
+        const int t = n % T_ - (ds != nullptr ? ds[n] : 0);
+        const Pack<T, V> p = pack_load<T, V>(wpe + static_cast<size_t>(t) * C + c);
 #pragma unroll
         for (int j = 0; j < V; ++j) o.v[j] = from_f32<T>(to_f32(o.v[j]) + to_f32(p.v[j]));
       }
@@ -127,20 +128,46 @@ __global__ void embedding_dwte_kernel(float* __restrict__ dwte, const T* __restr
   *w = acc;
 }
 
+// One thread per (position p, channel): the rows at position p, in row order. Without
+// documents that is row t = p of every sequence. With them (ds), each document of a row
+// holds position p at most once, at its start + p. The walk keeps t at or before the
+// next uncounted document's position p: if the document holding t starts at t - p, t is
+// it (add; the next document starts after t, so its position p is after t + p); if it
+// starts later, its position p is ds[t] + p; if earlier, it was counted, and again the
+// next one starts after t. Each step moves t by p + 1 at least or lands on a new
+// document: O(T / (p + 1) + documents) per row.
 template <typename T>
-__global__ void embedding_dwpe_kernel(float* __restrict__ dwpe, const T* __restrict__ dout, int B, int T_, int C) {
+__global__ void embedding_dwpe_kernel(float* __restrict__ dwpe, const T* __restrict__ dout,
+                                      const int32_t* __restrict__ ds, int B, int T_, int C) {
   const size_t total = static_cast<size_t>(T_) * C;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
     float s = 0.0f;
-    for (int b = 0; b < B; ++b) s += to_f32(dout[static_cast<size_t>(b) * total + idx]);
+    if (ds == nullptr) {
+      for (int b = 0; b < B; ++b) s += to_f32(dout[static_cast<size_t>(b) * total + idx]);
+    } else {
+      const int p = static_cast<int>(idx / C);
+      const size_t c = idx % C;
+      for (int b = 0; b < B; ++b) {
+        const int32_t* row = ds + static_cast<size_t>(b) * T_;
+        for (int t = p; t < T_;) {
+          const int start = row[t];
+          if (start > t - p) {
+            t = start + p;
+            continue;
+          }
+          if (start == t - p) s += to_f32(dout[(static_cast<size_t>(b) * T_ + t) * C + c]);
+          t += p + 1;
+        }
+      }
+    }
     dwpe[idx] += s;
   }
 }
 }  // namespace
 
 void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T, int C, int V,
-                       DType dtype, cudaStream_t stream) {
+                       DType dtype, cudaStream_t stream, const int32_t* doc_start) {
   const int N = B * T;
   if (N <= 0 || C <= 0) return;
   dispatch(dtype, [&](auto tag) {
@@ -149,17 +176,17 @@ void embedding_forward(void* out, const int32_t* tokens, const void* wte, const 
     const bool vec = C % VEC == 0 && aligned16(out) && aligned16(wte) && (wpe == nullptr || aligned16(wpe));
     if (vec) {
       DTK_LAUNCH(grid_for(static_cast<size_t>(N) * C / VEC, 256), 256, 0, stream, embedding_forward_kernel<Ty, VEC>)
-      (static_cast<Ty*>(out), tokens, static_cast<const Ty*>(wte), static_cast<const Ty*>(wpe), N, T, C, V);
+      (static_cast<Ty*>(out), tokens, static_cast<const Ty*>(wte), static_cast<const Ty*>(wpe), doc_start, N, T, C, V);
     } else {
       DTK_LAUNCH(grid_for(static_cast<size_t>(N) * C, 256), 256, 0, stream, embedding_forward_kernel<Ty, 1>)
-      (static_cast<Ty*>(out), tokens, static_cast<const Ty*>(wte), static_cast<const Ty*>(wpe), N, T, C, V);
+      (static_cast<Ty*>(out), tokens, static_cast<const Ty*>(wte), static_cast<const Ty*>(wpe), doc_start, N, T, C, V);
     }
     DT_CUDA_LAUNCH_CHECK();
   });
 }
 
 void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T, int C, int V,
-                        DType dtype, cudaStream_t stream) {
+                        DType dtype, cudaStream_t stream, const int32_t* doc_start) {
   const int N = B * T;
   if (N <= 0 || C <= 0) return;
   DTK_REQUIRE(V > 0, UsageError, "embedding backward needs a non-empty vocabulary");
@@ -195,7 +222,7 @@ void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_
     DT_CUDA_LAUNCH_CHECK();
     if (dwpe) {
       DTK_LAUNCH(grid_for(static_cast<size_t>(T) * C, 256), 256, 0, stream, embedding_dwpe_kernel<Ty>)
-      (dwpe, static_cast<const Ty*>(dout), B, T, C);
+      (dwpe, static_cast<const Ty*>(dout), doc_start, B, T, C);
       DT_CUDA_LAUNCH_CHECK();
     }
   });

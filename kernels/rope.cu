@@ -21,17 +21,19 @@ __global__ void rope_table_kernel(float2* __restrict__ table, int T, int half, i
   table[idx] = make_float2(static_cast<float>(c), static_cast<float>(s));
 }
 
-// One thread per (row, head, pack of V pair indices).
+// One thread per (row, head, pack of V pair indices); row n's position is n % T_, less its
+// document's start with packed documents (ds).
 template <typename T, int V>
-__global__ void rope_apply_kernel(T* __restrict__ x, const float2* __restrict__ table, int rows, int T_, int H,
-                                  int half, float sign) {
+__global__ void rope_apply_kernel(T* __restrict__ x, const float2* __restrict__ table, const int32_t* __restrict__ ds,
+                                  int rows, int T_, int H, int half, float sign) {
   const int packs = half / V;
   const size_t total = static_cast<size_t>(rows) * H * packs;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
     const int p = static_cast<int>(idx % packs);
     const size_t rh = idx / packs;  // row * H + head
-    const int t = static_cast<int>((rh / H) % T_);
+    const size_t n = rh / H;
+    const int t = static_cast<int>(n % T_) - (ds != nullptr ? ds[n] : 0);
     T* v = x + rh * (2 * half) + static_cast<size_t>(p) * V;
     Pack<T, V> a = pack_load<T, V>(v), b = pack_load<T, V>(v + half);
     const float2* cs = table + static_cast<size_t>(t) * half + static_cast<size_t>(p) * V;
@@ -48,15 +50,16 @@ __global__ void rope_apply_kernel(T* __restrict__ x, const float2* __restrict__ 
 }
 
 template <typename T>
-void rope_apply(void* x, const float2* table, int rows, int T_, int H, int half, float sign, cudaStream_t stream) {
+void rope_apply(void* x, const float2* table, const int32_t* ds, int rows, int T_, int H, int half, float sign,
+                cudaStream_t stream) {
   constexpr int V = VEC16<T>;
   const size_t pairs = static_cast<size_t>(rows) * H * half;
   if (half % V == 0 && aligned16(x)) {
     DTK_LAUNCH(grid_for(pairs / V, 256), 256, 0, stream, rope_apply_kernel<T, V>)
-    (static_cast<T*>(x), table, rows, T_, H, half, sign);
+    (static_cast<T*>(x), table, ds, rows, T_, H, half, sign);
   } else {
     DTK_LAUNCH(grid_for(pairs, 256), 256, 0, stream, rope_apply_kernel<T, 1>)
-    (static_cast<T*>(x), table, rows, T_, H, half, sign);
+    (static_cast<T*>(x), table, ds, rows, T_, H, half, sign);
   }
   DT_CUDA_LAUNCH_CHECK();
 }
@@ -69,23 +72,23 @@ void table_build(float2* table, int T, int HD, const ops::RopeFreq& rope, cudaSt
 }
 
 void rope_run(void* q, void* k, int B, int T, int NH, int NKV, int HD, const float2* table, DType dtype, float sign,
-              cudaStream_t stream) {
+              cudaStream_t stream, const int32_t* ds) {
   const int half = HD / 2;
   dispatch(dtype, [&](auto tag) {
     using Ty = typename decltype(tag)::type;
-    rope_apply<Ty>(q, table, B * T, T, NH, half, sign, stream);
-    if (k) rope_apply<Ty>(k, table, B * T, T, NKV, half, sign, stream);
+    rope_apply<Ty>(q, table, ds, B * T, T, NH, half, sign, stream);
+    if (k) rope_apply<Ty>(k, table, ds, B * T, T, NKV, half, sign, stream);
   });
 }
 
 // A table for this call only (rope_forward / rope_backward without one).
 void rope_run(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope, DType dtype,
-              float sign, cudaStream_t stream) {
+              float sign, cudaStream_t stream, const int32_t* ds) {
   DTK_REQUIRE(HD > 0 && HD % 2 == 0, UsageError, "rope needs an even head dimension");
   if (B <= 0 || T <= 0) return;
   Scratch table(rope_table_bytes(T, HD), stream);
   table_build(table.as<float2>(), T, HD, rope, stream);
-  rope_run(q, k, B, T, NH, NKV, HD, table.as<float2>(), dtype, sign, stream);
+  rope_run(q, k, B, T, NH, NKV, HD, table.as<float2>(), dtype, sign, stream, ds);
 }
 }  // namespace
 
@@ -98,25 +101,25 @@ void rope_table(void* table, int T, int HD, const ops::RopeFreq& rope, cudaStrea
 }
 
 void rope_forward_table(void* q, void* k, int B, int T, int NH, int NKV, int HD, const void* table, DType dtype,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, const int32_t* doc_start) {
   DTK_REQUIRE(HD > 0 && HD % 2 == 0, UsageError, "rope needs an even head dimension");
   if (B <= 0 || T <= 0) return;
-  rope_run(q, k, B, T, NH, NKV, HD, static_cast<const float2*>(table), dtype, 1.0f, stream);
+  rope_run(q, k, B, T, NH, NKV, HD, static_cast<const float2*>(table), dtype, 1.0f, stream, doc_start);
 }
 void rope_backward_table(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const void* table, DType dtype,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, const int32_t* doc_start) {
   DTK_REQUIRE(HD > 0 && HD % 2 == 0, UsageError, "rope needs an even head dimension");
   if (B <= 0 || T <= 0) return;
-  rope_run(dq, dk, B, T, NH, NKV, HD, static_cast<const float2*>(table), dtype, -1.0f, stream);
+  rope_run(dq, dk, B, T, NH, NKV, HD, static_cast<const float2*>(table), dtype, -1.0f, stream, doc_start);
 }
 
 void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope, DType dtype,
-                  cudaStream_t stream) {
-  rope_run(q, k, B, T, NH, NKV, HD, rope, dtype, 1.0f, stream);
+                  cudaStream_t stream, const int32_t* doc_start) {
+  rope_run(q, k, B, T, NH, NKV, HD, rope, dtype, 1.0f, stream, doc_start);
 }
 void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope, DType dtype,
-                   cudaStream_t stream) {
-  rope_run(dq, dk, B, T, NH, NKV, HD, rope, dtype, -1.0f, stream);
+                   cudaStream_t stream, const int32_t* doc_start) {
+  rope_run(dq, dk, B, T, NH, NKV, HD, rope, dtype, -1.0f, stream, doc_start);
 }
 
 }  // namespace dtrain::kernels

@@ -257,6 +257,17 @@ int run_resume(const std::string& run_dir, const JobOptions& opts) {
   if (o.hostfile.empty() && input_present((dir / "hostfile").string(), "run directory file"))
     o.hostfile = (dir / "hostfile").string();
   o.output_dir = run_dir;
+  // A run launched before data.neat_packing existed packed the token stream into windows;
+  // its config.yaml does not say so (launches since write the resolved value), and its
+  // checkpoints' data position counts those windows: it keeps them.
+  if (o.config == (dir / "config.yaml").string() &&
+      !config::config_load_file(o.config, {}).cfg.data.neat_packing.has_value()) {
+    log_info(
+        "{}: the run was launched before data.neat_packing existed: it keeps packing its data as then "
+        "(data.neat_packing: false)",
+        o.config);
+    o.sets.insert(o.sets.begin(), "data.neat_packing=false");
+  }
   if (!o.sets.empty()) resume_sets(o);
   launch::Job job = launch::job_prepare(job_request(o, "train"));
   for (const auto& w : job.warnings) log_warn("{}", w);

@@ -280,6 +280,13 @@ const std::vector<KeySpec>& build_schema() {
        .help = "pack several examples into one sequence; false = one example per sequence, padded. Pairwise "
                "(preference) data is never packed: true with it is an error",
        .derived = "true, except for pairwise data (false)"},
+      {.path = "data.neat_packing", .type = KeyType::BOOL, .field = F(data.neat_packing),
+       .help = "with data.pack: whole examples packed into each sequence (never cut; the rest padded), each "
+               "attending only to itself with positions from its own start, as if alone in its sequence "
+               "(LLaMA-Factory's neat_packing); false = plain packing, the examples' token stream cut into "
+               "sequences with attention across examples (the usual pre-training stream). No effect without packing",
+       .derived = "true for SFT records and token shards with a prompt mask; false for text and unmasked token "
+                  "shards (pre-training streams)"},
       {.path = "data.shuffle", .type = KeyType::BOOL, .field = F(data.shuffle),
        .help = "shuffle examples each epoch (seeded)"},
 
@@ -714,6 +721,7 @@ const std::pair<const char*, const char*> kForeign[] = {
     {"dataset_dir", "data.train (with data.dataset naming the datasets)"},
     {"train_on_prompt", "data.train_on_prompt"},
     {"packing", "data.pack"},
+    {"neat_packing", "data.neat_packing"},
     {"tokenizer", "data.tokenizer"},
     {"tokenizer_name_or_path", "data.tokenizer"},
     {"stage", "training.stage"},

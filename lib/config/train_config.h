@@ -42,9 +42,10 @@ struct DataConfig {
   std::optional<int64_t> seq_len;  // derived: model.max_seq_len
   std::string template_name = "plain";  // YAML key data.template
   bool train_on_prompt = false;
-  std::string dataset;           // LLaMA-Factory dataset names (data.train is their dataset_dir)
-  std::vector<std::string> mix;  // one weight per data.dataset name; empty = concatenated
-  std::optional<bool> pack;      // derived: true, except for pairwise (preference) data, which is never packed
+  std::string dataset;               // LLaMA-Factory dataset names (data.train is their dataset_dir)
+  std::vector<std::string> mix;      // one weight per data.dataset name; empty = concatenated
+  std::optional<bool> pack;          // derived: true, except for pairwise (preference) data, which is never packed
+  std::optional<bool> neat_packing;  // derived: true, except for data.format text (attention across documents)
   bool shuffle = true;
   bool operator==(const DataConfig&) const = default;
 };

@@ -6,6 +6,8 @@
 #include "core/log.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <map>
 #include <optional>
 
 namespace dtrain::data {
@@ -130,6 +132,19 @@ void TokenDataset::build() {
   };
   for (uint32_t si = 0; si < sources_.size(); ++si) {
     const Source& s = *sources_[si];
+    if (doc_starts()) {  // whole documents, packed into samples
+      std::vector<Entry> docs;
+      for (size_t d = 0; d < s.num_docs(); ++d) {
+        const std::optional<Entry> e = document(si, d);
+        if (e) docs.push_back(*e);
+        else ++skipped_;
+        if (docs.size() == kPackRun || (d + 1 == s.num_docs() && !docs.empty())) {
+          pack_documents(si, docs);
+          docs.clear();
+        }
+      }
+      continue;
+    }
     if (options_.mode == SampleMode::PACK) {
       if (s.size() < window) continue;
       const uint64_t count = (s.size() - 1) / static_cast<uint64_t>(L);
@@ -162,6 +177,14 @@ void TokenDataset::build() {
     log_warn("dataset: skipped {} documents with no trained token within seq_len + 1 = {} tokens", skipped_, window);
   size_t total = 0;
   for (const auto& s : sources_) total += s->size();
+  // Whole documents (padded or packed) that all lost their trained tokens to truncation:
+  // the sequences are too short for these records.
+  DT_ENFORCE(!index_.empty() || skipped_ == 0 || pairwise_, ConfigError,
+             "{}: none of its {} documents has a trained token within seq_len + 1 = {} tokens (each is kept whole "
+             "or truncated to that, and here the answers start later): raise data.seq_len, or {}",
+             name, skipped_, window,
+             options_.mode == SampleMode::PAD ? "set data.pack: true to cut the token stream into windows"
+                                              : "set data.neat_packing: false to cut the token stream into windows");
   DT_ENFORCE(
       !index_.empty(), ConfigError,
       "{}: the dataset yields no samples of seq_len {} ({} tokens in {} shard(s)); use a smaller seq_len or more "
@@ -170,7 +193,7 @@ void TokenDataset::build() {
   // Padded samples were kept only with a trained target; packed windows need the same
   // check over the whole data, or training runs its steps on nothing and "succeeds".
   // It stops at the first trained target, so it costs a scan only when it fails.
-  if (options_.mode == SampleMode::PACK) {
+  if (options_.mode == SampleMode::PACK && !doc_starts()) {
     bool trained = false;
     for (const Entry& e : index_) {
       for (uint64_t j = 1; j < e.length && !trained; ++j) trained = sources_[e.source]->mask(e.begin + j);
@@ -183,29 +206,105 @@ void TokenDataset::build() {
   }
 }
 
+// Best fit, longest first: each document (longest first; equal lengths in data order) goes
+// to the open sample with the least room that holds it, else opens one. Samples come out in
+// the order they were opened, each with its documents in the order they were placed.
+void TokenDataset::pack_documents(uint32_t source, const std::vector<Entry>& docs) {
+  const uint64_t cap = static_cast<uint64_t>(options_.seq_len) + 1;
+  std::vector<size_t> order(docs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return docs[a].length > docs[b].length; });
+  std::vector<std::vector<size_t>> bins;
+  std::vector<uint64_t> used;
+  std::multimap<uint64_t, size_t> room;  // room left -> bin
+  for (size_t i : order) {
+    const uint64_t len = docs[i].length;
+    auto it = room.lower_bound(len);
+    size_t bin;
+    if (it == room.end()) {
+      bin = bins.size();
+      bins.emplace_back();
+      used.push_back(0);
+    } else {
+      bin = it->second;
+      room.erase(it);
+    }
+    bins[bin].push_back(i);
+    used[bin] += len;
+    if (used[bin] < cap) room.emplace(cap - used[bin], bin);
+  }
+  for (const std::vector<size_t>& bin : bins) {
+    Entry e = docs[bin[0]];
+    e.source = source;
+    e.more = static_cast<uint32_t>(bin.size() - 1);
+    e.more_at = static_cast<uint32_t>(more_.size());
+    DT_ENFORCE(more_.size() + bin.size() < UINT32_MAX, ConfigError, "dataset: over 2^32 packed documents");
+    for (size_t k = 1; k < bin.size(); ++k) more_.push_back({docs[bin[k]].begin, docs[bin[k]].length});
+    index_.push_back(e);
+  }
+}
+
+bool neat_packing_default(const std::string& format, const std::string& path) {
+  if (format == "text") return false;
+  if (format != "tokens") return true;
+  std::string shard = path;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    shard.clear();
+    for (const auto& e : std::filesystem::directory_iterator(path, ec)) {
+      std::error_code entry_ec;
+      if (e.is_regular_file(entry_ec) && (shard.empty() || e.path().string() < shard)) shard = e.path().string();
+    }
+    DT_ENFORCE(!shard.empty(), ConfigError, "data: directory {} holds no token shards", path);
+  }
+  return ShardReader(shard, false).has_mask();
+}
+
 // ---------------------------------------------------------------------------
 // Samples
 
-void TokenDataset::row(const Entry& e, int32_t* inputs, int32_t* targets) const {
+void TokenDataset::row(const Entry& e, int32_t* inputs, int32_t* targets, int32_t* doc_start) const {
   const Source& s = *sources_[e.source];
   const size_t L = static_cast<size_t>(options_.seq_len);
+  if (doc_starts()) {  // whole documents end to end, then padding as one more document
+    size_t j = 0;
+    auto put = [&](uint64_t b, uint64_t len) {
+      const auto start = static_cast<int32_t>(j);
+      for (uint64_t k = 0; k < len && j < L; ++k, ++j) {
+        inputs[j] = s.token(b + k);
+        targets[j] = (k + 1 < len && s.mask(b + k + 1)) ? s.token(b + k + 1) : IGNORE_INDEX;
+        if (doc_start != nullptr) doc_start[j] = start;
+      }
+    };
+    put(e.begin, e.length);
+    for (uint32_t k = 0; k < e.more; ++k) put(more_[e.more_at + k].begin, more_[e.more_at + k].length);
+    const auto pad_start = static_cast<int32_t>(j);
+    for (; j < L; ++j) {
+      inputs[j] = pad_id_;
+      targets[j] = IGNORE_INDEX;
+      if (doc_start != nullptr) doc_start[j] = pad_start;
+    }
+    return;
+  }
   for (size_t j = 0; j < L; ++j) {
     inputs[j] = j < e.length ? s.token(e.begin + j) : pad_id_;
     targets[j] = (j + 1 < e.length && s.mask(e.begin + j + 1)) ? s.token(e.begin + j + 1) : IGNORE_INDEX;
   }
+  if (doc_start != nullptr) std::fill_n(doc_start, L, 0);
 }
 
-void TokenDataset::sample(size_t index, int32_t* inputs, int32_t* targets) const {
+void TokenDataset::sample(size_t index, int32_t* inputs, int32_t* targets, int32_t* doc_start) const {
   DT_ENFORCE(!pairwise_, InternalError, "sample() on a pairwise dataset: a sample is a pair, read it with pair()");
   DT_ENFORCE_LT(index, index_.size(), InternalError, "sample index out of range");
-  row(index_[index], inputs, targets);
+  row(index_[index], inputs, targets, doc_start);
 }
 
 Sample TokenDataset::sample(size_t index) const {
   Sample out;
   out.inputs.resize(static_cast<size_t>(options_.seq_len));
   out.targets.resize(static_cast<size_t>(options_.seq_len));
-  sample(index, out.inputs.data(), out.targets.data());
+  if (doc_starts()) out.doc_start.resize(static_cast<size_t>(options_.seq_len));
+  sample(index, out.inputs.data(), out.targets.data(), doc_starts() ? out.doc_start.data() : nullptr);
   return out;
 }
 
@@ -218,22 +317,24 @@ Pair TokenDataset::pair(size_t index) const {
     s->inputs.resize(L);
     s->targets.resize(L);
   }
-  row(index_[2 * index], out.chosen.inputs.data(), out.chosen.targets.data());
-  row(index_[2 * index + 1], out.rejected.inputs.data(), out.rejected.targets.data());
+  row(index_[2 * index], out.chosen.inputs.data(), out.chosen.targets.data(), nullptr);
+  row(index_[2 * index + 1], out.rejected.inputs.data(), out.rejected.targets.data(), nullptr);
   return out;
 }
 
-void TokenDataset::batch(const std::vector<size_t>& indices, int32_t* inputs, int32_t* targets) const {
+void TokenDataset::batch(const std::vector<size_t>& indices, int32_t* inputs, int32_t* targets,
+                         int32_t* doc_start) const {
   const size_t L = static_cast<size_t>(options_.seq_len);
+  auto ds = [&](size_t r) { return doc_start != nullptr ? doc_start + r * L : nullptr; };
   if (!pairwise_) {
-    for (size_t r = 0; r < indices.size(); ++r) sample(indices[r], inputs + r * L, targets + r * L);
+    for (size_t r = 0; r < indices.size(); ++r) sample(indices[r], inputs + r * L, targets + r * L, ds(r));
     return;
   }
   const size_t n = indices.size();
   for (size_t r = 0; r < n; ++r) {
     DT_ENFORCE_LT(indices[r], size(), InternalError, "pair index out of range");
-    row(index_[2 * indices[r]], inputs + r * L, targets + r * L);
-    row(index_[2 * indices[r] + 1], inputs + (n + r) * L, targets + (n + r) * L);
+    row(index_[2 * indices[r]], inputs + r * L, targets + r * L, ds(r));
+    row(index_[2 * indices[r] + 1], inputs + (n + r) * L, targets + (n + r) * L, ds(n + r));
   }
 }
 

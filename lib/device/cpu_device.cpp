@@ -259,28 +259,29 @@ class CpuDevice final : public Device {
   }
 
   void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
-                    DType t) override {
+                    const int32_t* doc_start, DType t) override {
     ops::OpScope scope(ops::OpClass::ROPE);
     f32(t);
-    ops::rope_forward(F(q), F(k), B, T, NH, NKV, HD, rope);
+    ops::rope_forward(F(q), F(k), B, T, NH, NKV, HD, rope, doc_start);
   }
   void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
-                     DType t) override {
+                     const int32_t* doc_start, DType t) override {
     ops::OpScope scope(ops::OpClass::ROPE);
     f32(t);
-    ops::rope_backward(F(dq), F(dk), B, T, NH, NKV, HD, rope);
+    ops::rope_backward(F(dq), F(dk), B, T, NH, NKV, HD, rope, doc_start);
   }
   size_t attention_saved_floats(int B, int T, int NH) const override { return static_cast<size_t>(B) * NH * T * T; }
   void attention_forward(void* out, float* saved, const void* q, const void* k, const void* v, int B, int T, int NH,
-                         int NKV, int HD, int q_stride, int kv_stride, int window, DType t) override {
+                         int NKV, int HD, int q_stride, int kv_stride, int window, const int32_t* doc_start,
+                         DType t) override {
     ops::OpScope scope(ops::OpClass::ATTENTION);
     f32(t);
     // q, k and v are read in place (strided column slices of a fused qkv): no copies.
-    ops::attention_forward(F(out), saved, F(q), F(k), F(v), B, T, NH, NKV, HD, q_stride, kv_stride, window);
+    ops::attention_forward(F(out), saved, F(q), F(k), F(v), B, T, NH, NKV, HD, q_stride, kv_stride, window, doc_start);
   }
   void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* /*out*/, const float* saved,
                           const void* q, const void* k, const void* v, int B, int T, int NH, int NKV, int HD,
-                          int q_stride, int kv_stride, int window, DType t) override {
+                          int q_stride, int kv_stride, int window, const int32_t* doc_start, DType t) override {
     ops::OpScope scope(ops::OpClass::ATTENTION);
     f32(t);
     // The device writes dq/dk/dv; ops::attention_backward accumulates, so zero them first.
@@ -289,20 +290,20 @@ class CpuDevice final : public Device {
     zero_rows(F(dk), N, NKV * HD, kv_stride);
     zero_rows(F(dv), N, NKV * HD, kv_stride);
     ops::attention_backward(F(dq), F(dk), F(dv), F(dout), saved, F(q), F(k), F(v), B, T, NH, NKV, HD, q_stride,
-                            kv_stride, window);
+                            kv_stride, window, doc_start);
   }
 
   void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T, int C, int V,
-                         DType t) override {
+                         const int32_t* doc_start, DType t) override {
     ops::OpScope scope(ops::OpClass::EMBEDDING);
     f32(t);
-    ops::embedding_forward(F(out), tokens, F(wte), F(wpe), B, T, C, V);
+    ops::embedding_forward(F(out), tokens, F(wte), F(wpe), B, T, C, V, doc_start);
   }
   void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T, int C,
-                          int /*V*/, DType t) override {
+                          int /*V*/, const int32_t* doc_start, DType t) override {
     ops::OpScope scope(ops::OpClass::EMBEDDING);
     f32(t);
-    ops::embedding_backward(dwte, dwpe, F(dout), tokens, B, T, C);
+    ops::embedding_backward(dwte, dwpe, F(dout), tokens, B, T, C, doc_start);
   }
   void cross_entropy_forward(float* losses, float* mean, const void* logits, const int32_t* targets, int N, int V,
                              int ld, DType t) override {

@@ -255,11 +255,11 @@ void PlanDevice::rope(const char* op, const void* q, const void* k, int B, int T
   if (k) apply(k, NKV);
 }
 void PlanDevice::rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& freq,
-                              DType t) {
+                              const int32_t*, DType t) {
   rope("rope_forward", q, k, B, T, NH, NKV, HD, freq, t);
 }
 void PlanDevice::rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& freq,
-                               DType t) {
+                               const int32_t*, DType t) {
   rope("rope_backward", dq, dk, B, T, NH, NKV, HD, freq, t);
 }
 
@@ -309,7 +309,9 @@ PlanLaunch mma_launch(MmaKernel k, int B, int T, int NH, int HD, DType t) {
 }  // namespace
 
 void PlanDevice::attention_forward(void*, float*, const void*, const void*, const void*, int B, int T, int NH, int NKV,
-                                   int HD, int, int, int /*window: costed as causal*/, DType t) {
+                                   int HD, int, int, int /*window*/, const int32_t* /*doc_start*/, DType t) {
+  // A window or packed documents skip key tiles; the plan costs the full causal triangle
+  // (an upper bound: the batch's documents are not known when it is planned).
   if (B == 0 || T == 0) return;
   const double q = static_cast<double>(B) * T * NH * HD * es(t), kv = static_cast<double>(B) * T * NKV * HD * es(t);
   const double rows = static_cast<double>(B) * NH * T * 4;
@@ -329,7 +331,7 @@ void PlanDevice::attention_forward(void*, float*, const void*, const void*, cons
 
 void PlanDevice::attention_backward(void*, void*, void*, const void*, const void*, const float*, const void*,
                                     const void*, const void*, int B, int T, int NH, int NKV, int HD, int, int,
-                                    int /*window: costed as causal*/, DType t) {
+                                    int /*window*/, const int32_t* /*doc_start: as the forward*/, DType t) {
   const char* op = "attention_backward";
   if (B == 0 || T == 0) return;
   const double q = static_cast<double>(B) * T * NH * HD * es(t), kv = static_cast<double>(B) * T * NKV * HD * es(t);
@@ -364,7 +366,7 @@ void PlanDevice::attention_backward(void*, void*, void*, const void*, const void
 // ----------------------------------------------------------------------------
 // Embedding and loss (kernels/embedding.cu, cross_entropy.cu).
 void PlanDevice::embedding_forward(void* out, const int32_t*, const void* wte, const void* wpe, int B, int T, int C,
-                                   int, DType t) {
+                                   int, const int32_t*, DType t) {
   const int N = B * T;
   if (N <= 0 || C <= 0) return;
   const bool vec =
@@ -379,7 +381,7 @@ void PlanDevice::embedding_forward(void* out, const int32_t*, const void* wte, c
 // block per sorted index, the run starts summing; rows of dwte are read and written once
 // per distinct token, taken as once per position (tokens rarely repeat at this level).
 void PlanDevice::embedding_backward(float*, float* dwpe, const void*, const int32_t*, int B, int T, int C, int V,
-                                    DType t) {
+                                    const int32_t*, DType t) {
   const char* op = "embedding_backward";
   const int N = B * T;
   if (N <= 0 || C <= 0) return;

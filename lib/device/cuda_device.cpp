@@ -312,41 +312,43 @@ class CudaDevice final : public Device {
   }
 
   void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
-                    DType t) override {
-    cur();
-    if (const void* table = rope_table(T, HD, rope)) kernels::rope_forward_table(q, k, B, T, NH, NKV, HD, table, t, s_);
-    else kernels::rope_forward(q, k, B, T, NH, NKV, HD, rope, t, s_);
-  }
-  void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
-                     DType t) override {
+                    const int32_t* doc_start, DType t) override {
     cur();
     if (const void* table = rope_table(T, HD, rope))
-      kernels::rope_backward_table(dq, dk, B, T, NH, NKV, HD, table, t, s_);
-    else kernels::rope_backward(dq, dk, B, T, NH, NKV, HD, rope, t, s_);
+      kernels::rope_forward_table(q, k, B, T, NH, NKV, HD, table, t, s_, doc_start);
+    else kernels::rope_forward(q, k, B, T, NH, NKV, HD, rope, t, s_, doc_start);
+  }
+  void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
+                     const int32_t* doc_start, DType t) override {
+    cur();
+    if (const void* table = rope_table(T, HD, rope))
+      kernels::rope_backward_table(dq, dk, B, T, NH, NKV, HD, table, t, s_, doc_start);
+    else kernels::rope_backward(dq, dk, B, T, NH, NKV, HD, rope, t, s_, doc_start);
   }
   size_t attention_saved_floats(int B, int T, int NH) const override { return static_cast<size_t>(B) * NH * T; }
   void attention_forward(void* out, float* saved, const void* q, const void* k, const void* v, int B, int T, int NH,
-                         int NKV, int HD, int q_stride, int kv_stride, int window, DType t) override {
+                         int NKV, int HD, int q_stride, int kv_stride, int window, const int32_t* doc_start,
+                         DType t) override {
     cur();
-    kernels::attention_forward(out, saved, q, k, v, B, T, NH, NKV, HD, q_stride, kv_stride, t, s_, window);
+    kernels::attention_forward(out, saved, q, k, v, B, T, NH, NKV, HD, q_stride, kv_stride, t, s_, window, doc_start);
   }
   void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out, const float* saved,
                           const void* q, const void* k, const void* v, int B, int T, int NH, int NKV, int HD,
-                          int q_stride, int kv_stride, int window, DType t) override {
+                          int q_stride, int kv_stride, int window, const int32_t* doc_start, DType t) override {
     cur();
     kernels::attention_backward(dq, dk, dv, dout, out, saved, q, k, v, B, T, NH, NKV, HD, q_stride, kv_stride, t, s_,
-                                window);
+                                window, doc_start);
   }
 
   void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T, int C, int V,
-                         DType t) override {
+                         const int32_t* doc_start, DType t) override {
     cur();
-    kernels::embedding_forward(out, tokens, wte, wpe, B, T, C, V, t, s_);
+    kernels::embedding_forward(out, tokens, wte, wpe, B, T, C, V, t, s_, doc_start);
   }
   void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T, int C, int V,
-                          DType t) override {
+                          const int32_t* doc_start, DType t) override {
     cur();
-    kernels::embedding_backward(dwte, dwpe, dout, tokens, B, T, C, V, t, s_);
+    kernels::embedding_backward(dwte, dwpe, dout, tokens, B, T, C, V, t, s_, doc_start);
   }
   void cross_entropy_forward(float* losses, float* mean, const void* logits, const int32_t* targets, int N, int V,
                              int ld, DType t) override {

@@ -153,12 +153,15 @@ class Device {
   virtual void dropout_backward(void* dinp, const void* dout, size_t n, float p, uint64_t seed, DType t) = 0;
 
   // ---- Position and attention
+  // doc_start (int32 device array [B*T], or nullptr): packed documents without cross-talk
+  // (ops/attention.h's layout): positions restart at each document (RoPE, learned
+  // positions) and a query sees only keys of its own document.
   /// Rotates q and k in place with the frequencies of `rope` (ops::rope_inv_freq).
   virtual void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
-                            DType t) = 0;
+                            const int32_t* doc_start, DType t) = 0;
   /// The inverse rotation, in place.
   virtual void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
-                             DType t) = 0;
+                             const int32_t* doc_start, DType t) = 0;
   /// fp32 elements attention_forward saves for backward: the CPU's probabilities
   /// [B,NH,T,T], CUDA's log-sum-exp [B,NH,T].
   virtual size_t attention_saved_floats(int B, int T, int NH) const = 0;
@@ -167,18 +170,19 @@ class Device {
   /// fused [N, (NH+2NKV) HD] qkv rows, both strides (NH+2NKV) HD). window > 0 is a sliding
   /// window (Mistral): query i sees keys i - window < j <= i only; 0 is plain causal.
   virtual void attention_forward(void* out, float* saved, const void* q, const void* k, const void* v, int B, int T,
-                                 int NH, int NKV, int HD, int q_stride, int kv_stride, int window, DType t) = 0;
+                                 int NH, int NKV, int HD, int q_stride, int kv_stride, int window,
+                                 const int32_t* doc_start, DType t) = 0;
   /// WRITES dq (q_stride apart), dk, dv (kv_stride apart); dout dense like out.
   virtual void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out, const float* saved,
                                   const void* q, const void* k, const void* v, int B, int T, int NH, int NKV, int HD,
-                                  int q_stride, int kv_stride, int window, DType t) = 0;
+                                  int q_stride, int kv_stride, int window, const int32_t* doc_start, DType t) = 0;
 
   // ---- Embedding and loss (tokens, targets: int32 device arrays)
-  /// out = wte[tokens] (+ wpe[t]). Tokens are validated by the caller.
+  /// out = wte[tokens] (+ wpe[position], doc_start as above). Tokens are validated by the caller.
   virtual void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T,
-                                 int C, int V, DType t) = 0;
+                                 int C, int V, const int32_t* doc_start, DType t) = 0;
   virtual void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T,
-                                  int C, int V, DType t) = 0;
+                                  int C, int V, const int32_t* doc_start, DType t) = 0;
   /// losses fp32 [N] (0 where masked); *mean (one fp32 device value) = their mean over
   /// the unmasked rows (0 when all are masked). logits' rows are ld >= V apart; the
   /// columns past V are never read.

@@ -146,20 +146,21 @@ class PlanDevice final : public Device {
   void dropout_backward(void* dinp, const void* dout, size_t n, float p, uint64_t seed, DType t) override;
 
   void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
-                    DType t) override;
+                    const int32_t* doc_start, DType t) override;
   void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
-                     DType t) override;
+                     const int32_t* doc_start, DType t) override;
   size_t attention_saved_floats(int B, int T, int NH) const override;
   void attention_forward(void* out, float* saved, const void* q, const void* k, const void* v, int B, int T, int NH,
-                         int NKV, int HD, int q_stride, int kv_stride, int window, DType t) override;
+                         int NKV, int HD, int q_stride, int kv_stride, int window, const int32_t* doc_start,
+                         DType t) override;
   void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out, const float* saved,
                           const void* q, const void* k, const void* v, int B, int T, int NH, int NKV, int HD,
-                          int q_stride, int kv_stride, int window, DType t) override;
+                          int q_stride, int kv_stride, int window, const int32_t* doc_start, DType t) override;
 
   void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T, int C, int V,
-                         DType t) override;
+                         const int32_t* doc_start, DType t) override;
   void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T, int C, int V,
-                          DType t) override;
+                          const int32_t* doc_start, DType t) override;
   void cross_entropy_forward(float* losses, float* mean, const void* logits, const int32_t* targets, int N, int V,
                              int ld, DType t) override;
   void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V, int ld,

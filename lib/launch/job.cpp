@@ -8,6 +8,7 @@
 #include "core/net_address.h"
 #include "core/input_file.h"
 #include "data/chat_template.h"
+#include "data/dataset.h"
 #include "data/llamafactory.h"
 #include "data/prepare.h"
 #include "data/tokenizer.h"
@@ -491,18 +492,43 @@ void check_datasets(const JobRequest& req, Job& job) {
 void detect_data_format(const JobRequest& req, Job& job) {
   const config::TrainConfig& cfg = job.cfg;
   if (!cfg.data.dataset.empty() && !cfg.data.train.empty()) check_datasets(req, job);
-  if (cfg.data.format != "auto") return;
-  for (const auto& [key, path] : {std::pair{"data.train", cfg.data.train}, std::pair{"data.valid", cfg.data.valid}}) {
-    if (path.empty() || (std::string_view(key) == "data.train" && !cfg.data.dataset.empty())) continue;
-    const fs::path p = fs::path(path).is_absolute() ? fs::path(path) : fs::path(job.spec.workdir) / path;
-    try {
-      const data::DataFormatGuess g = data::data_format_detect(p.string());
-      job.data_lines.push_back(
-          fmt::format("{} read as data.format {} ({}; data.format not given)", key, g.name, g.evidence));
-    } catch (const ConfigError& e) {
-      local_problem(req, job, fmt::format("{}: {}: {}", cfg.source, key, e.what()));
+  std::string train_format = cfg.data.dataset.empty() ? cfg.data.format : "alpaca";  // records, for the packing line
+  if (cfg.data.format == "auto")
+    for (const auto& [key, path] : {std::pair{"data.train", cfg.data.train}, std::pair{"data.valid", cfg.data.valid}}) {
+      if (path.empty() || (std::string_view(key) == "data.train" && !cfg.data.dataset.empty())) continue;
+      const fs::path p = fs::path(path).is_absolute() ? fs::path(path) : fs::path(job.spec.workdir) / path;
+      try {
+        const data::DataFormatGuess g = data::data_format_detect(p.string());
+        job.data_lines.push_back(
+            fmt::format("{} read as data.format {} ({}; data.format not given)", key, g.name, g.evidence));
+        if (std::string_view(key) == "data.train") train_format = g.name;
+      } catch (const ConfigError& e) {
+        local_problem(req, job, fmt::format("{}: {}: {}", cfg.source, key, e.what()));
+      }
     }
+  // How examples fill the sequences, as the ranks will decide it (pairwise data is never
+  // packed; the ranks refuse data.pack: true for it).
+  if (cfg.data.train.empty() || train_format == "pairwise" || train_format == "auto" || cfg.training.stage == "dpo")
+    return;
+  if (!cfg.data.pack.value_or(true)) {
+    job.data_lines.push_back("one example per sequence, padded (data.pack: false)");
+    return;
   }
+  bool neat = false;
+  try {
+    const fs::path p =
+        fs::path(cfg.data.train).is_absolute() ? fs::path(cfg.data.train) : fs::path(job.spec.workdir) / cfg.data.train;
+    neat = cfg.data.neat_packing.value_or(data::neat_packing_default(train_format, p.string()));
+  } catch (const Error&) {
+    return;  // shards not on this machine (or unreadable: the ranks say so)
+  }
+  // The run directory's config.yaml records the resolved value: a resume packs as this run
+  // did, whatever a later dtrain's default.
+  if (!cfg.data.neat_packing) job.cfg.data.neat_packing = neat;
+  job.data_lines.push_back(neat ? "whole examples packed into sequences, each attending only within itself "
+                                  "(data.neat_packing)"
+                                : "the examples' token stream cut into sequences, attention across examples "
+                                  "(data.neat_packing: false)");
 }
 
 // What the nodes on this machine would need: a local node's GPUs are known here, so a

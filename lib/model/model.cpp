@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "core/rng.h"
+#include "ops/attention.h"
 #include "ops/parallel.h"
 
 #include <algorithm>
@@ -93,6 +94,7 @@ struct Model::Scratch {
   float *lnf_mean = nullptr, *lnf_rstd = nullptr, *losses = nullptr, *loss_mean = nullptr;
   float* num_targets = nullptr;  // the last inputs' unmasked-target count (backward's default)
   int32_t *tokens = nullptr, *targets = nullptr;
+  int32_t* doc_start = nullptr;  // the inputs' document starts (packed documents), when given
   void *dres = nullptr, *dln = nullptr, *dqkv = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
   void *datty = nullptr, *dfc = nullptr, *dup = nullptr, *dact = nullptr, *dh = nullptr, *dxd = nullptr;
   void *dqpre = nullptr, *dkpre = nullptr;  // qk_norm: gradients of q, k before their norms
@@ -437,6 +439,7 @@ void Model::allocate(int B, int T) {
     s.num_targets = c.of<float>(1);
     s.tokens = c.of<int32_t>(N);
     s.targets = c.of<int32_t>(N);
+    s.doc_start = c.of<int32_t>(N);
     s.dres = act(N * C);
     s.dln = act(N * C);
     qkv(s.dq, s.dk, s.dv);  // GPT-2: attention's backward writes into c_attn's gradient rows
@@ -570,10 +573,10 @@ void Model::layer_forward(int l, LayerActs& a, bool fused_input) {
       proj_forward(l, LL_K, a.ln1, a.k, a);
     }
     proj_forward(l, LL_V, a.ln1, a.v, a);
-    dev_->rope_forward(a.q, a.k, B, T, NH, NKV, HD, cfg_.rope_freq(), dtype_);
+    dev_->rope_forward(a.q, a.k, B, T, NH, NKV, HD, cfg_.rope_freq(), doc_starts(), dtype_);
   }
   dev_->attention_forward(a.atty, a.att, a.q, a.k, a.v, B, T, NH, NKV, HD, q_stride(), kv_stride(), cfg_.sliding_window,
-                          dtype_);
+                          doc_starts(), dtype_);
   proj_forward(l, gpt2 ? GPT2_ATTN_PROJ : LL_O, a.atty, s.attproj, a);
   if (gpt2) {
     dev_->residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, s.attproj, P(6), P(7), N, C, eps,
@@ -637,12 +640,12 @@ void Model::layer_backward(int l, LayerActs& a) {
   // Attention branch: d(attproj) = dres (now d(res2)), which also flows to x.
   proj_backward(l, gpt2 ? GPT2_ATTN_PROJ : LL_O, dres, a.atty, s.datty, WRITE, a);
   dev_->attention_backward(s.dq, s.dk, s.dv, s.datty, a.atty, a.att, a.q, a.k, a.v, B, T, NH, NKV, HD, q_stride(),
-                           kv_stride(), cfg_.sliding_window, dtype_);
+                           kv_stride(), cfg_.sliding_window, doc_starts(), dtype_);
   if (gpt2) {
     proj_backward(l, GPT2_C_ATTN, s.dqkv, a.ln1, s.dln, WRITE, a);
     dev_->layernorm_backward(dres, G(0), G(1), s.dln, x, P(0), a.ln1_mean, a.ln1_rstd, N, C, dtype_);
   } else {
-    dev_->rope_backward(s.dq, s.dk, B, T, NH, NKV, HD, cfg_.rope_freq(), dtype_);
+    dev_->rope_backward(s.dq, s.dk, B, T, NH, NKV, HD, cfg_.rope_freq(), doc_starts(), dtype_);
     void* dq = s.dq;
     void* dk = s.dk;
     if (cfg_.qk_norm) {  // through the per-head norms (their backward accumulates: zero first)
@@ -666,12 +669,15 @@ void Model::layer_backward(int l, LayerActs& a) {
 // ---------------------------------------------------------------------------
 // Whole model
 
-float Model::forward(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss_out) {
-  inputs_set(tokens, targets, B, T);
+const int32_t* Model::doc_starts() const { return docs_ ? scratch_->doc_start : nullptr; }
+
+float Model::forward(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss_out,
+                     const int32_t* doc_start) {
+  inputs_set(tokens, targets, B, T, doc_start);
   return forward_issue(loss_out);
 }
 
-void Model::inputs_set(const int32_t* tokens, const int32_t* targets, int B, int T) {
+void Model::inputs_set(const int32_t* tokens, const int32_t* targets, int B, int T, const int32_t* doc_start) {
   DT_ENFORCE_GT(B, 0, UsageError, "model forward batch size");
   DT_ENFORCE_GT(T, 0, UsageError, "model forward sequence length");
   DT_ENFORCE_LE(T, cfg_.max_seq_len, UsageError, "sequence length exceeds the model's max_seq_len");
@@ -684,9 +690,12 @@ void Model::inputs_set(const int32_t* tokens, const int32_t* targets, int B, int
       DT_ENFORCE(targets[i] == IGNORE_INDEX || (targets[i] >= 0 && targets[i] < V), UsageError,
                  "target {} at row {} is outside the vocabulary [0, {}) and not the ignore index {}", targets[i], i, V,
                  IGNORE_INDEX);
+  if (doc_start) ops::attention_doc_starts_check(doc_start, B, T);
   if (B != B_ || T != T_) allocate(B, T);
   Scratch& s = *scratch_;
   dev_->copy_h2d(s.tokens, tokens, static_cast<size_t>(N) * sizeof(int32_t));
+  docs_ = doc_start != nullptr;
+  if (docs_) dev_->copy_h2d(s.doc_start, doc_start, static_cast<size_t>(N) * sizeof(int32_t));
   inputs_targets_ = targets != nullptr;
   if (!targets) return;
   dev_->copy_h2d(s.targets, targets, static_cast<size_t>(N) * sizeof(int32_t));
@@ -712,7 +721,8 @@ float Model::forward_issue(float* loss_out) {
   if (hooks_.before_layer_forward) hooks_.before_layer_forward(-1);
   const ParamBuffer& emb = params_.front();
   buffer_enforce_present(emb, true, false);
-  dev_->embedding_forward(residuals_[0], s.tokens, emb.data, gpt2 ? param_at(emb, 1) : nullptr, B, T, C, V, dtype_);
+  dev_->embedding_forward(residuals_[0], s.tokens, emb.data, gpt2 ? param_at(emb, 1) : nullptr, B, T, C, V,
+                          doc_starts(), dtype_);
   for (int l = 0; l < L; ++l) {
     if (hooks_.before_layer_forward) hooks_.before_layer_forward(l);
     layer_buffers_enforce(l, false);
@@ -833,7 +843,8 @@ void Model::backward_impl(float grad_scale, const float* count, const float* row
   if (hooks_.before_layer_backward) hooks_.before_layer_backward(-1);
   buffer_enforce_present(emb, false, base_grads);
   if (emb.grad)
-    dev_->embedding_backward(emb.grad, gpt2 ? grad_at(emb, 1) : nullptr, s.dres, s.tokens, B, T, C, V, dtype_);
+    dev_->embedding_backward(emb.grad, gpt2 ? grad_at(emb, 1) : nullptr, s.dres, s.tokens, B, T, C, V, doc_starts(),
+                             dtype_);
   if (hooks_.after_layer_backward) hooks_.after_layer_backward(-1);
 }
 

@@ -103,13 +103,19 @@ class Model {
   /// while (B, T) stays the same. On CUDA the loss read-back waits for the device; with
   /// loss_out (one float of the model's device memory) the mean loss is written there
   /// instead, nothing is read back and forward returns NaN (the trainer reads every
-  /// micro-batch's loss in its step's one read-back).
-  float forward(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss_out = nullptr);
+  /// micro-batch's loss in its step's one read-back). doc_start [B, T] (host, or nullptr):
+  /// the rows hold packed documents that must not see each other (ops/attention.h's
+  /// layout, checked: UsageError): a position attends only within its document and its
+  /// position (RoPE, GPT-2's learned positions) counts from the document's start.
+  float forward(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss_out = nullptr,
+                const int32_t* doc_start = nullptr);
   /// forward() in two calls, for a caller that records the step in a CUDA graph:
   /// inputs_set validates and uploads tokens and targets to the model's fixed device
   /// buffers (waits for the device on CUDA); forward_issue runs the model on them, waiting
   /// for nothing when loss_out is given.
-  void inputs_set(const int32_t* tokens, const int32_t* targets, int B, int T);
+  void inputs_set(const int32_t* tokens, const int32_t* targets, int B, int T, const int32_t* doc_start = nullptr);
+  /// Whether the last inputs came with document starts.
+  bool inputs_documents() const { return docs_; }
   float forward_issue(float* loss_out = nullptr);
 
   /// Accumulates (+=) d(grad_scale * mean loss)/d(params) into the gradient buffers (the
@@ -239,6 +245,8 @@ class Model {
   struct Proj;
   struct LayerActs;
   struct Scratch;
+  // The device copy of the last inputs' document starts, or nullptr without them.
+  const int32_t* doc_starts() const;
 
   void allocate(int B, int T);
   void backward_impl(float grad_scale, const float* count, const float* row_scales);
@@ -303,6 +311,7 @@ class Model {
   };
   LossGrad fuse_next_, fused_;
   int num_targets_ = 0;
+  bool docs_ = false;  // the last inputs came with document starts (scratch_->doc_start)
   uint64_t forward_count_ = 0;
   bool inputs_targets_ = false;  // inputs_set had targets
   uint64_t buffers_version_ = 0;

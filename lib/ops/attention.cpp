@@ -71,8 +71,12 @@ DT_OPS_SIMD void softmax_bwd_row(float* __restrict dr, const float* __restrict p
   for (int j = len; j < T; ++j) dr[j] = 0.0f;
 }
 
-// First key query t sees: 0, or t - window + 1 under a sliding window.
-int window_lo(int t, int window) { return window > 0 ? std::max(0, t - window + 1) : 0; }
+// First key query t of a row sees: 0, t - window + 1 under a sliding window, and no key
+// before its document's start (ds: the row's doc_start entries, or nullptr).
+int key_lo(int t, int window, const int32_t* ds) {
+  const int lo = window > 0 ? std::max(0, t - window + 1) : 0;
+  return ds != nullptr ? std::max(lo, static_cast<int>(ds[t])) : lo;
+}
 
 void attention_check(int NH, int NKV, int HD, int window) {
   DT_ENFORCE(window >= 0, UsageError, "attention sliding window {} must be >= 0 (0: none)", window);
@@ -82,14 +86,26 @@ void attention_check(int NH, int NKV, int HD, int window) {
 }
 }  // namespace
 
+void attention_doc_starts_check(const int32_t* doc_start, int B, int T) {
+  for (int b = 0; b < B; ++b) {
+    const int32_t* ds = doc_start + static_cast<size_t>(b) * T;
+    for (int t = 0; t < T; ++t)
+      DT_ENFORCE(ds[t] == (t == 0 ? 0 : ds[t - 1]) || ds[t] == t, UsageError,
+                 "document start {} at row {} position {} is neither the previous position's start ({}) nor {} (a "
+                 "new document)",
+                 ds[t], b, t, t == 0 ? 0 : ds[t - 1], t);
+  }
+}
+
 // Per (batch, head): S = scale * Q K^T and O = P V as BLAS GEMMs over strided head
 // views (lda = the row strides), with the causal softmax between them. Query rows go in
-// blocks of ATT_QB: block [q0, q1) attends to keys [0, q1) only, so the GEMMs skip most
-// of the masked upper triangle (at T = 128 they do 3/4 of the square's work, at 1024
-// under 9/16) while each stays a BLAS call; the never-computed scores are zero in att,
-// as the softmax leaves them.
+// blocks of ATT_QB: block [q0, q1) attends to keys [lo(q0), q1) only (lo: key_lo, the
+// block's smallest), so the GEMMs skip most of the masked upper triangle (at T = 128 they
+// do 3/4 of the square's work, at 1024 under 9/16) and, with a window or packed
+// documents, the keys left of it, while each stays a BLAS call; the never-computed scores
+// are zero in att, as the softmax leaves them.
 void attention_forward(float* out, float* att, const float* q, const float* k, const float* v, int B, int T, int NH,
-                       int NKV, int HD, int q_stride, int kv_stride, int window) {
+                       int NKV, int HD, int q_stride, int kv_stride, int window, const int32_t* doc_start) {
   attention_check(NH, NKV, HD, window);
   const int G = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
@@ -104,14 +120,17 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
       const float* qh = q + static_cast<size_t>(b) * T * qs + static_cast<size_t>(h) * HD;
       const float* kk = k + static_cast<size_t>(b) * T * ks + static_cast<size_t>(kh) * HD;
       const float* vv = v + static_cast<size_t>(b) * T * ks + static_cast<size_t>(kh) * HD;
+      const int32_t* ds = doc_start != nullptr ? doc_start + static_cast<size_t>(b) * T : nullptr;
       float* a = att + p * T * T;
       float* oh = out + static_cast<size_t>(b) * T * os + static_cast<size_t>(h) * HD;
       for (int q0 = 0; q0 < T; q0 += ATT_QB) {
-        const int q1 = std::min(T, q0 + ATT_QB), m = q1 - q0;
+        const int q1 = std::min(T, q0 + ATT_QB), m = q1 - q0, k0 = key_lo(q0, window, ds);
         float* ab = a + static_cast<size_t>(q0) * T;
-        gemm_ld(false, true, m, q1, HD, scale, qh + static_cast<size_t>(q0) * qs, qs, kk, ks, 0.0f, ab, T);
-        for (int t = q0; t < q1; ++t) softmax_row(a + static_cast<size_t>(t) * T, window_lo(t, window), t + 1, T);
-        gemm_ld(false, false, m, HD, q1, 1.0f, ab, T, vv, ks, 0.0f, oh + static_cast<size_t>(q0) * os, os);
+        gemm_ld(false, true, m, q1 - k0, HD, scale, qh + static_cast<size_t>(q0) * qs, qs,
+                kk + static_cast<size_t>(k0) * ks, ks, 0.0f, ab + k0, T);
+        for (int t = q0; t < q1; ++t) softmax_row(a + static_cast<size_t>(t) * T, key_lo(t, window, ds), t + 1, T);
+        gemm_ld(false, false, m, HD, q1 - k0, 1.0f, ab + k0, T, vv + static_cast<size_t>(k0) * ks, ks, 0.0f,
+                oh + static_cast<size_t>(q0) * os, os);
       }
     }
   });
@@ -119,13 +138,13 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
 
 // Per (batch, head): dP = dO V^T, dS = P * (dP - rowsum(P * dP)) * scale, then
 // dQ += dS K, dK += dS^T Q, dV += P^T dO, all as BLAS GEMMs over the forward's causal
-// query blocks (dS and P are zero past the diagonal, so no block reads past q1). With
+// query blocks and key ranges (dS and P are zero outside them). With
 // G > 1 query heads share a KV head, so each head writes its dK/dV into its own slice of
 // a [B, T, NH, HD] scratch, reduced over the group afterwards in head order (race-free,
 // deterministic).
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* att, const float* q,
                         const float* k, const float* v, int B, int T, int NH, int NKV, int HD, int q_stride,
-                        int kv_stride, int window) {
+                        int kv_stride, int window, const int32_t* doc_start) {
   attention_check(NH, NKV, HD, window);
   const int G = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
@@ -140,31 +159,34 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   }
   const size_t pairs = static_cast<size_t>(B) * NH;
   parallel_for(pairs, pairs * T * T * HD * 2, [&](size_t begin, size_t end) {
-    std::vector<float> ds(static_cast<size_t>(T) * T);
+    std::vector<float> dsm(static_cast<size_t>(T) * T);
     for (size_t p = begin; p < end; ++p) {
       const int b = static_cast<int>(p / NH), h = static_cast<int>(p % NH), kh = h / G;
       const size_t row0 = static_cast<size_t>(b) * T;
       const size_t ooff = row0 * os + static_cast<size_t>(h) * HD;   // dout, scratch
       const size_t qoff = row0 * qs + static_cast<size_t>(h) * HD;   // q, dq
       const size_t koff = row0 * ks + static_cast<size_t>(kh) * HD;  // k, v, dk, dv
+      const int32_t* ds = doc_start != nullptr ? doc_start + static_cast<size_t>(b) * T : nullptr;
       const float* a = att + p * T * T;
       float* dkh = G > 1 ? pk.data() + ooff : dk + koff;
       float* dvh = G > 1 ? pv.data() + ooff : dv + koff;
       const int ld = G > 1 ? os : ks;
-      // Query block [q0, q1) against keys [0, q1), as in the forward.
+      // Query block [q0, q1) against keys [k0, q1), as in the forward.
       for (int q0 = 0; q0 < T; q0 += ATT_QB) {
-        const int q1 = std::min(T, q0 + ATT_QB), m = q1 - q0;
-        float* dsb = ds.data() + static_cast<size_t>(q0) * T;
+        const int q1 = std::min(T, q0 + ATT_QB), m = q1 - q0, k0 = key_lo(q0, window, ds), n = q1 - k0;
+        float* dsb = dsm.data() + static_cast<size_t>(q0) * T;
         const float* ab = a + static_cast<size_t>(q0) * T;
         const float* dob = dout + ooff + static_cast<size_t>(q0) * os;
-        const size_t qb = qoff + static_cast<size_t>(q0) * qs;
-        gemm_ld(false, true, m, q1, HD, 1.0f, dob, os, v + koff, ks, 0.0f, dsb, T);
+        const size_t qb = qoff + static_cast<size_t>(q0) * qs, kb = koff + static_cast<size_t>(k0) * ks;
+        gemm_ld(false, true, m, n, HD, 1.0f, dob, os, v + kb, ks, 0.0f, dsb + k0, T);
         for (int t = q0; t < q1; ++t)
-          softmax_bwd_row(ds.data() + static_cast<size_t>(t) * T, a + static_cast<size_t>(t) * T, window_lo(t, window),
-                          t + 1, T, scale);
-        gemm_ld(false, false, m, HD, q1, 1.0f, dsb, T, k + koff, ks, 1.0f, dq + qb, qs);
-        gemm_ld(true, false, q1, HD, m, 1.0f, dsb, T, q + qb, qs, 1.0f, dkh, ld);
-        gemm_ld(true, false, q1, HD, m, 1.0f, ab, T, dob, os, 1.0f, dvh, ld);
+          softmax_bwd_row(dsm.data() + static_cast<size_t>(t) * T, a + static_cast<size_t>(t) * T,
+                          key_lo(t, window, ds), t + 1, T, scale);
+        gemm_ld(false, false, m, HD, n, 1.0f, dsb + k0, T, k + kb, ks, 1.0f, dq + qb, qs);
+        float* dkb = dkh + static_cast<size_t>(k0) * ld;
+        float* dvb = dvh + static_cast<size_t>(k0) * ld;
+        gemm_ld(true, false, n, HD, m, 1.0f, dsb + k0, T, q + qb, qs, 1.0f, dkb, ld);
+        gemm_ld(true, false, n, HD, m, 1.0f, ab + k0, T, dob, os, 1.0f, dvb, ld);
       }
     }
   });

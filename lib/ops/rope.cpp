@@ -27,12 +27,12 @@ DT_OPS_SIMD void rotate(float* __restrict v, const float* __restrict c, const fl
 }
 
 void rope_apply(float* x, int B, int T, int H, int HD, const std::vector<float>& cs, const std::vector<float>& sn,
-                float sign) {
+                float sign, const int32_t* doc_start) {
   const int half = HD / 2;
   const size_t rows = static_cast<size_t>(B) * T;
   parallel_for(rows, rows * H * HD, [&](size_t begin, size_t end) {
     for (size_t r = begin; r < end; ++r) {
-      const int t = static_cast<int>(r % static_cast<size_t>(T));
+      const int t = static_cast<int>(r % static_cast<size_t>(T)) - (doc_start != nullptr ? doc_start[r] : 0);
       const float* c = cs.data() + static_cast<size_t>(t) * half;
       const float* s = sn.data() + static_cast<size_t>(t) * half;
       for (int h = 0; h < H; ++h) rotate(x + (r * H + h) * HD, c, s, half, sign);
@@ -40,7 +40,8 @@ void rope_apply(float* x, int B, int T, int H, int HD, const std::vector<float>&
   });
 }
 
-void rope_run(float* q, float* k, int B, int T, int NH, int NKV, int HD, const RopeFreq& rope, float sign) {
+void rope_run(float* q, float* k, int B, int T, int NH, int NKV, int HD, const RopeFreq& rope, float sign,
+              const int32_t* doc_start) {
   DT_ENFORCE(HD % 2 == 0, UsageError, "rope needs an even head dimension, got {}", HD);
   const int half = HD / 2;
   std::vector<float> cs(static_cast<size_t>(T) * half), sn(cs.size());
@@ -52,18 +53,20 @@ void rope_run(float* q, float* k, int B, int T, int NH, int NKV, int HD, const R
       sn[static_cast<size_t>(t) * half + i] = static_cast<float>(std::sin(a));
     }
   }
-  rope_apply(q, B, T, NH, HD, cs, sn, sign);
-  if (k) rope_apply(k, B, T, NKV, HD, cs, sn, sign);
+  rope_apply(q, B, T, NH, HD, cs, sn, sign, doc_start);
+  if (k) rope_apply(k, B, T, NKV, HD, cs, sn, sign, doc_start);
 }
 
 }  // namespace
 
-void rope_forward(float* q, float* k, int B, int T, int NH, int NKV, int HD, const RopeFreq& rope) {
-  rope_run(q, k, B, T, NH, NKV, HD, rope, 1.0f);
+void rope_forward(float* q, float* k, int B, int T, int NH, int NKV, int HD, const RopeFreq& rope,
+                  const int32_t* doc_start) {
+  rope_run(q, k, B, T, NH, NKV, HD, rope, 1.0f, doc_start);
 }
 
-void rope_backward(float* dq, float* dk, int B, int T, int NH, int NKV, int HD, const RopeFreq& rope) {
-  rope_run(dq, dk, B, T, NH, NKV, HD, rope, -1.0f);
+void rope_backward(float* dq, float* dk, int B, int T, int NH, int NKV, int HD, const RopeFreq& rope,
+                   const int32_t* doc_start) {
+  rope_run(dq, dk, B, T, NH, NKV, HD, rope, -1.0f, doc_start);
 }
 
 }  // namespace dtrain::ops

@@ -6,6 +6,8 @@
 // gradient, nothing to accumulate into).
 #pragma once
 
+#include <cstdint>
+
 #include <cmath>
 
 // rope_inv_freq runs on the host (lib/ops, the table of kernels/rope.cu under the EMU
@@ -49,9 +51,13 @@ DT_ROPE_HD inline double rope_inv_freq(const RopeFreq& r, int i, int HD) {
 }
 
 /// x[i] <- x[i] cos - x[i+HD/2] sin;  x[i+HD/2] <- x[i+HD/2] cos + x[i] sin. HD must be even.
-/// k may be null (then NKV is ignored).
-void rope_forward(float* q, float* k, int B, int T, int NH, int NKV, int HD, const RopeFreq& rope);
+/// k may be null (then NKV is ignored). Row t of a sequence rotates by position t, or by
+/// t - doc_start[b*T + t] with packed documents (doc_start [B*T], ops/attention.h's layout):
+/// positions restart at each document.
+void rope_forward(float* q, float* k, int B, int T, int NH, int NKV, int HD, const RopeFreq& rope,
+                  const int32_t* doc_start = nullptr);
 /// The transpose (inverse) rotation applied to dq, dk in place.
-void rope_backward(float* dq, float* dk, int B, int T, int NH, int NKV, int HD, const RopeFreq& rope);
+void rope_backward(float* dq, float* dk, int B, int T, int NH, int NKV, int HD, const RopeFreq& rope,
+                   const int32_t* doc_start = nullptr);
 
 }  // namespace dtrain::ops

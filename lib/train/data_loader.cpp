@@ -87,6 +87,14 @@ data::TokenDataset dataset_load(const std::string& path, const config::DataConfi
   data::DatasetOptions opts;
   opts.seq_len = seq_len;
   opts.mode = sample_mode(path, dcfg, kind.pairwise);
+  // data.neat_packing: packed examples apart, except in a plain-text stream.
+  opts.isolate = opts.mode == data::SampleMode::PACK && dcfg.neat_packing.value_or(data::neat_packing_default(
+                                                            kind.llamafactory ? "alpaca" : kind.format, path));
+  if (opts.mode == data::SampleMode::PACK)
+    log_info("data: {} packed, {}", path,
+             opts.isolate
+                 ? "whole examples, each attending only within itself (data.neat_packing)"
+                 : "the token stream cut into sequences, attention across examples (data.neat_packing: false)");
   if (kind.format == "tokens") return data::TokenDataset(kind.shards, opts);
   data::DataPrepareOptions popts;
   popts.sft_template = dcfg.template_name;
@@ -173,13 +181,15 @@ BatchReader::BatchReader(const data::TokenDataset& dataset, int micro_batch, int
   DT_ENFORCE_GT(micro_batch, 0, ConfigError, "micro batch size");
 }
 
-int64_t BatchReader::next(std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
+int64_t BatchReader::next(std::vector<int32_t>& inputs, std::vector<int32_t>& targets,
+                          std::vector<int32_t>& doc_start) {
   const size_t T = static_cast<size_t>(ds_.seq_len());
   inputs.resize(static_cast<size_t>(ds_.rows_per_sample()) * static_cast<size_t>(micro_) * T);
   targets.resize(inputs.size());
+  doc_start.resize(ds_.doc_starts() ? inputs.size() : 0);
   idx_.resize(static_cast<size_t>(micro_));
   for (auto& i : idx_) i = sampler_.next();
-  ds_.batch(idx_, inputs.data(), targets.data());
+  ds_.batch(idx_, inputs.data(), targets.data(), doc_start.empty() ? nullptr : doc_start.data());
   return std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t != data::IGNORE_INDEX; });
 }
 

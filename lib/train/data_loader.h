@@ -46,9 +46,10 @@ class BatchReader {
  public:
   BatchReader(const data::TokenDataset& dataset, int micro_batch, int rank, int world_size, uint64_t seed,
               bool shuffle);
-  /// Fills inputs/targets ([rows_per_sample() * micro_batch * seq_len] each); returns the
-  /// unmasked target count of all rows.
-  int64_t next(std::vector<int32_t>& inputs, std::vector<int32_t>& targets);
+  /// Fills inputs/targets ([rows_per_sample() * micro_batch * seq_len] each), and doc_start
+  /// likewise when the dataset's samples have document starts (else clears it); returns
+  /// the unmasked target count of all rows.
+  int64_t next(std::vector<int32_t>& inputs, std::vector<int32_t>& targets, std::vector<int32_t>& doc_start);
   /// Rows per sample: 2 on a pairwise dataset (chosen and rejected), else 1.
   int rows_per_sample() const { return ds_.rows_per_sample(); }
   /// Optimizer steps in one epoch for `accum` micro-batches per step (at least 1); on a

@@ -37,15 +37,17 @@ EvalLoss eval_loss(model::Model& m, const data::TokenDataset& dataset, int batch
   // A pairwise dataset's sample is two rows (chosen, rejected): both are scored.
   const int rows = dataset.rows_per_sample();
   EvalLoss out;
-  std::vector<int32_t> inputs, targets;
+  std::vector<int32_t> inputs, targets, doc_start;
   int made = 0;
   for (size_t b = 0; b < mine.size(); b += static_cast<size_t>(batch_size)) {
     const size_t e = std::min(mine.size(), b + static_cast<size_t>(batch_size));
     std::vector<size_t> idx(mine.begin() + static_cast<ptrdiff_t>(b), mine.begin() + static_cast<ptrdiff_t>(e));
     inputs.resize(static_cast<size_t>(rows) * idx.size() * static_cast<size_t>(T));
     targets.resize(inputs.size());
-    dataset.batch(idx, inputs.data(), targets.data());
-    const float loss = m.forward(inputs.data(), targets.data(), rows * static_cast<int>(idx.size()), T);
+    doc_start.resize(dataset.doc_starts() ? inputs.size() : 0);
+    int32_t* ds = doc_start.empty() ? nullptr : doc_start.data();
+    dataset.batch(idx, inputs.data(), targets.data(), ds);
+    const float loss = m.forward(inputs.data(), targets.data(), rows * static_cast<int>(idx.size()), T, nullptr, ds);
     out.loss_sum += static_cast<double>(loss) * m.num_targets();
     out.tokens += m.num_targets();
     ++made;

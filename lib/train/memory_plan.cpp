@@ -353,7 +353,7 @@ MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
   p.recompute_layers = recompute_layers_of(cfg, mc.n_layer);
   const double sets = L - p.recompute_layers + (p.recompute_layers > 0 ? 1 : 0);
   p.activation_bytes =
-      N * (es * (sets * per_layer + (L + 1) * C + scratch) + 4 * (sets * per_layer_f32 + 3) + 2 * sizeof(int32_t));
+      N * (es * (sets * per_layer + (L + 1) * C + scratch) + 4 * (sets * per_layer_f32 + 3) + 3 * sizeof(int32_t));
   p.batch_bytes = g * N * 2 * sizeof(int32_t);
   // One buffer's fp32 values at a time (and on a GPU its compute-dtype staging copy too).
   // A model built whole stages each buffer's fp32 values on the host too (init_weights,

@@ -132,7 +132,8 @@ void TrainStep::issue(float factor, float loss_scale, float lr, const StepBatch&
     {
       auto s = timer.scope(Section::FORWARD);
       m_.backward_fuse(factor, engine_.targets_count());  // the loss pass writes dlogits too
-      m_.forward((*b.inputs)[i].data(), (*b.targets)[i].data(), opts_.micro_batch, opts_.seq_len, slots + a);
+      m_.forward((*b.inputs)[i].data(), (*b.targets)[i].data(), opts_.micro_batch, opts_.seq_len, slots + a,
+                 b.doc_start(i));
     }
     auto s = timer.scope(Section::BACKWARD);
     engine_.set_last_micro_batch(a == accum - 1);
@@ -151,12 +152,14 @@ void TrainStep::issue_graphed(float factor, float loss_scale, const StepBatch& b
   key.run = (*b.counts)[0] > 0 || lockstep_;
   {
     auto s = timer.scope(Section::FORWARD);
-    if (key.run) m_.inputs_set((*b.inputs)[0].data(), (*b.targets)[0].data(), opts_.micro_batch, opts_.seq_len);
+    if (key.run)
+      m_.inputs_set((*b.inputs)[0].data(), (*b.targets)[0].data(), opts_.micro_batch, opts_.seq_len, b.doc_start(0));
   }
   // The target counts are in device memory (step_targets): the recording does not
   // bake the step's backward scale in.
   key.loss_scale = loss_scale;
   key.buffers = m_.buffers_version();
+  key.documents = b.doc_start(0) != nullptr;
   auto body = [&] {
     engine_.before_step();
     engine_.targets_reduce();

@@ -49,6 +49,13 @@ struct StepBatch {
   /// Preference steps with a precomputed reference: per micro-batch, the reference
   /// log-probability sums of its rows (in row order).
   const std::vector<std::vector<double>>* ref_logps = nullptr;
+  /// Packed documents kept apart: per micro-batch, its rows' document starts (the model's
+  /// doc_start), or an empty vector (or nullptr for all) without them.
+  const std::vector<std::vector<int32_t>>* doc_starts = nullptr;
+  /// Micro-batch i's document starts, or nullptr.
+  const int32_t* doc_start(size_t i) const {
+    return doc_starts != nullptr && !(*doc_starts)[i].empty() ? (*doc_starts)[i].data() : nullptr;
+  }
 };
 
 /// What the step did.
@@ -105,7 +112,8 @@ class TrainStep {
   struct GraphKey {
     bool run = false;  // the micro-batch runs forward/backward
     float loss_scale = 1;
-    uint64_t buffers = 0;  // Model::buffers_version
+    uint64_t buffers = 0;    // Model::buffers_version
+    bool documents = false;  // the micro-batch came with document starts (the kernels' arguments differ)
     bool operator==(const GraphKey&) const = default;
   };
   bool graph_on_ = false;

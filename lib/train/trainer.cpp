@@ -170,7 +170,7 @@ class TrainLoop {
   std::unique_ptr<tensorboard::EventWriter> tb_;  // tensorboard.enabled: the same records as scalars
   MetricMeans metric_means_;                      // the print interval's named metrics (StepOutcome::metrics)
   std::string config_yaml_;
-  std::vector<std::vector<int32_t>> inputs_, targets_;
+  std::vector<std::vector<int32_t>> inputs_, targets_, doc_starts_;
   std::vector<int64_t> counts_;
   // training.stage dpo: the objective, and with a precomputed reference its table (pair i's
   // chosen at 2i, rejected at 2i + 1) and each micro-batch's share of it.
@@ -255,6 +255,7 @@ TrainLoop::TrainLoop(const config::TrainConfig& cfg, const TrainerEnv& env)
   config_yaml_ = config::config_to_yaml(cfg);
   inputs_.resize(static_cast<size_t>(accum_));
   targets_.resize(static_cast<size_t>(accum_));
+  doc_starts_.resize(static_cast<size_t>(accum_));
   counts_.resize(static_cast<size_t>(accum_));
   ref_batch_.resize(static_cast<size_t>(accum_));
 }
@@ -365,7 +366,7 @@ void TrainLoop::batch_load() {
   auto s = timer_.scope(Section::DATA);
   for (int a = 0; a < accum_; ++a) {
     const auto i = static_cast<size_t>(a);
-    counts_[i] = reader_->next(inputs_[i], targets_[i]);
+    counts_[i] = reader_->next(inputs_[i], targets_[i], doc_starts_[i]);
     if (ref_table_.empty()) continue;
     // The precomputed reference sums of the micro-batch's rows: its pairs' chosen, then
     // their rejected, as the rows are laid out.
@@ -707,9 +708,9 @@ TrainResult TrainLoop::run() {
   if (pref_ && start_step_ == 0 && start_step_ < total_steps_) evaluate(0);
   for (int64_t step = start_step_ + 1; step <= total_steps_; ++step) {
     batch_load();
-    const StepOutcome out =
-        step_->run(step, sched_->lr(res_.applied_steps),
-                   StepBatch{&inputs_, &targets_, &counts_, ref_table_.empty() ? nullptr : &ref_batch_}, timer_);
+    const StepOutcome out = step_->run(
+        step, sched_->lr(res_.applied_steps),
+        StepBatch{&inputs_, &targets_, &counts_, ref_table_.empty() ? nullptr : &ref_batch_, &doc_starts_}, timer_);
     res_.graph_steps = step_->graph_steps();
     if (out.target_count == 0 && lead_) log_warn("step {}: every target of the batch is masked (loss 0)", step);
     record(step, out);

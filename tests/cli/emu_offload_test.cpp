@@ -76,6 +76,7 @@ std::vector<std::string> job_sets(const std::string& run_dir, int max_steps) {
           "--set",        "data.format=alpaca",
           "--set",        "data.tokenizer=byte",
           "--set",        "data.seq_len=32",
+          "--set",        "data.neat_packing=false",  // the task records outrun 32 tokens
           "--set",        "train_micro_batch_size_per_gpu=2",
           "--set",        "bf16.enabled=true",
           "--set",        "training.device=cuda",

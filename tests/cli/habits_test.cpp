@@ -62,6 +62,19 @@ TEST_CASE("data.format not given: told from the records, said by the dry run; JS
   INFO(r.out);
   CHECK(r.rc == 0);
   CHECK(contains(r.out, "data.train read as data.format alpaca (its records have instruction/input/output"));
+  // Packed SFT records are kept whole and apart by default, and the dry run says so (the tiny
+  // job turns it off: its records outrun its sequences); --set turns it off again.
+  std::string neat = job_with("  format: alpaca\n", "");
+  neat.erase(neat.find("  neat_packing: false\n"), std::string("  neat_packing: false\n").size());
+  write(t.config, neat);
+  r = run60({bin, "launch", "--dry-run", "--config", t.config, "--output-dir", t.run});
+  CHECK(contains(r.out, "whole examples packed into sequences, each attending only within itself (data.neat_packing)"));
+  r = run60(
+      {bin, "launch", "--dry-run", "--config", t.config, "--output-dir", t.run, "--set", "data.neat_packing=false"});
+  CHECK(contains(
+      r.out, "the examples' token stream cut into sequences, attention across examples (data.neat_packing: false)"));
+  r = run60({bin, "launch", "--dry-run", "--config", t.config, "--output-dir", t.run, "--set", "data.pack=false"});
+  CHECK(contains(r.out, "one example per sequence, padded (data.pack: false)"));
 
   // Records with neither instruction/output nor messages: it cannot tell, and says so.
   const std::string odd = t.path("odd.jsonl");
@@ -150,6 +163,39 @@ TEST_CASE("resume --set training.max_steps says what changed and moves the sched
   // Without a terminal (this pipe, an sbatch log) each progress line has its share and ETA.
   CHECK(contains(line, "| 83% | ETA "));
   CHECK(contains(r.out, "| 100% | ETA 0s"));
+}
+
+TEST_CASE("data.neat_packing: a launch records the resolved value; a run from before the key keeps the stream") {
+  const std::string bin = bin_or_skip("habits");
+  if (bin.empty()) return;
+  TinyTmp t;
+  // Text data, the key left out: resolved to false (a pre-training stream) and written down.
+  const std::string text = fs::path(shipped_data_dir()).parent_path().string() + "/text";
+  std::string y = job_with("  neat_packing: false\n", "");
+  const size_t at = y.find("  train: ");
+  y.replace(at, y.find('\n', at) - at, "  train: " + text + "/train.txt");
+  y.replace(y.find("  format: alpaca\n"), std::string("  format: alpaca\n").size(), "  format: text\n");
+  write(t.config, y);
+  RunResult r = run60({bin, "launch", "--config", t.config, "--output-dir", t.run, "--master-port", "0"});
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  const std::string saved = read_text(t.run + "/config.yaml");
+  CHECK(contains(saved, "neat_packing: false"));
+  // A run directory from before the key (its config.yaml without it) resumes packing the
+  // stream as it did, and says so: the tiny SFT job's records outrun its sequences, so
+  // today's default for them (whole records) would find no trained token at all.
+  TinyTmp u;
+  r = run60({bin, "launch", "--config", u.config, "--output-dir", u.run, "--master-port", "0"});
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  std::string old = read_text(u.run + "/config.yaml");
+  old.erase(old.find("  neat_packing: false\n"), std::string("  neat_packing: false\n").size());
+  write(u.run + "/config.yaml", old);
+  r = run60({bin, "resume", u.run, "--master-port", "0", "--set", "training.max_steps=6"});
+  INFO(r.out);
+  CHECK(r.rc == 0);
+  CHECK(contains(r.out, "the run was launched before data.neat_packing existed: it keeps packing its data as then"));
+  CHECK(contains(read_text(u.run + "/config.yaml"), "neat_packing: false"));
 }
 
 TEST_CASE("a run that left data.format to detection: eval tells a text run from an SFT one") {

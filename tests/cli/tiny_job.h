@@ -45,7 +45,9 @@ inline std::string tiny_job(const TinyJob& j) {
        "\n  n_head: 2\n  n_kv_head: 1\n  d_model: 32\n  d_ff: 64\n  max_seq_len: " + seq + "\n";
   y += "data:\n  train: " + j.data_dir + "/train.jsonl\n";
   if (j.valid) y += "  valid: " + j.data_dir + "/valid.jsonl\n";
-  y += "  format: alpaca\n  tokenizer: byte\n  seq_len: " + seq + "\n";
+  // The stream cut into windows (data.neat_packing: false): these tasks' records are longer
+  // than the tiny sequences, whole records would all be truncated before their answers.
+  y += "  format: alpaca\n  tokenizer: byte\n  seq_len: " + seq + "\n  neat_packing: false\n";
   y += "training:\n  max_steps: " + std::to_string(j.max_steps) + "\n";
   if (j.eval_steps > 0) y += "  eval_steps: " + std::to_string(j.eval_steps) + "\n";
   y += "  save_steps: " + std::to_string(j.save_steps) + "\n" + j.training_more;

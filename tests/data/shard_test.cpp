@@ -281,3 +281,60 @@ TEST_CASE("TokenDataset rejects shards of different tokenizers") {
   CHECK_THROWS_AS(TokenDataset({dir.file("a.bin"), dir.file("b.bin")}, {4, SampleMode::PACK, -1}), ConfigError);
   CHECK_THROWS_AS(TokenDataset(std::vector<std::string>{}, {4, SampleMode::PACK, -1}), ConfigError);
 }
+
+TEST_CASE("TokenDataset PACK with isolate: whole documents packed best-fit, their starts, padding, no cut") {
+  // Documents of 4, 3, 6 and 5 tokens (tokens = 10 * document + position), all trained:
+  // 10 11 12 13 | 20 21 22 | 30 31 32 33 34 35 | 40 41 42 43 44
+  TokenData d;
+  d.vocab_size = 100;
+  const std::vector<int> lens = {4, 3, 6, 5};
+  for (size_t k = 0; k < lens.size(); ++k) {
+    std::vector<int32_t> doc;
+    for (int j = 0; j < lens[k]; ++j) doc.push_back(static_cast<int32_t>(10 * (k + 1) + j));
+    d.append(doc);
+  }
+  // seq_len 8: samples of 9 tokens. Longest first: 6 opens a sample (room 3), 5 another
+  // (room 4), 4 fills the second, 3 the first.
+  TokenDataset across(d, {8, SampleMode::PACK, -1, false}), apart(d, {8, SampleMode::PACK, -1, true});
+  CHECK_FALSE(across.doc_starts());
+  CHECK(apart.doc_starts());
+  CHECK(across.size() == 2);  // windows of the stream: (18 - 1) / 8
+  REQUIRE(apart.size() == 2);
+  const Sample a = apart.sample(0), b = apart.sample(1);
+  CHECK(a.inputs == std::vector<int32_t>{30, 31, 32, 33, 34, 35, 20, 21});
+  CHECK(a.targets == std::vector<int32_t>{31, 32, 33, 34, 35, IGNORE_INDEX, 21, 22});  // 22: the 9th token
+  CHECK(a.doc_start == std::vector<int32_t>{0, 0, 0, 0, 0, 0, 6, 6});
+  CHECK(b.inputs == std::vector<int32_t>{40, 41, 42, 43, 44, 10, 11, 12});
+  CHECK(b.targets == std::vector<int32_t>{41, 42, 43, 44, IGNORE_INDEX, 11, 12, 13});
+  CHECK(b.doc_start == std::vector<int32_t>{0, 0, 0, 0, 0, 5, 5, 5});
+  // Plain packing cuts the stream and trains across documents (13 -> 20).
+  const Sample w = across.sample(0);
+  CHECK(w.inputs == std::vector<int32_t>{10, 11, 12, 13, 20, 21, 22, 30});
+  CHECK(w.targets == std::vector<int32_t>{11, 12, 13, 20, 21, 22, 30, 31});
+  CHECK(w.doc_start.empty());
+  // batch() fills the starts of every row, in row order.
+  std::vector<int32_t> in(16), tg(16), ds(16, -1);
+  apart.batch({1, 0}, in.data(), tg.data(), ds.data());
+  CHECK(std::vector<int32_t>(ds.begin(), ds.begin() + 8) == b.doc_start);
+  CHECK(std::vector<int32_t>(ds.begin() + 8, ds.end()) == a.doc_start);
+  // Room left over is padding, a document of its own that trains nothing; a document
+  // longer than a sample is truncated to it (as PAD does), never cut into two samples.
+  TokenData e;
+  e.vocab_size = 100;
+  e.append({1, 2, 3, 4});
+  e.append({5, 6, 7});
+  e.append({50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61});
+  TokenDataset p(e, {8, SampleMode::PACK, -1, true});
+  REQUIRE(p.size() == 2);
+  const Sample longest = p.sample(0), two = p.sample(1);
+  CHECK(longest.inputs == std::vector<int32_t>{50, 51, 52, 53, 54, 55, 56, 57});
+  CHECK(longest.targets == std::vector<int32_t>{51, 52, 53, 54, 55, 56, 57, 58});
+  CHECK(longest.doc_start == std::vector<int32_t>(8, 0));
+  CHECK(two.inputs == std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 0});
+  CHECK(two.targets == std::vector<int32_t>{2, 3, 4, IGNORE_INDEX, 6, 7, IGNORE_INDEX, IGNORE_INDEX});
+  CHECK(two.doc_start == std::vector<int32_t>{0, 0, 0, 0, 4, 4, 4, 7});
+  // Every start is the previous position's or the position itself (the model's layout).
+  for (const Sample* s : {&a, &b, &longest, &two})
+    for (size_t j = 0; j < s->doc_start.size(); ++j)
+      CHECK((s->doc_start[j] == (j == 0 ? 0 : s->doc_start[j - 1]) || s->doc_start[j] == static_cast<int32_t>(j)));
+}

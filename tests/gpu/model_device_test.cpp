@@ -85,7 +85,21 @@ struct Case {
   DType dtype;
   float lora_dropout;  // < 0: no LoRA
   bool recompute;
+  bool packed = false;  // rows of packed documents kept apart (doc_start)
 };
+
+// Document starts of rows of T = 16: documents of 5, 1 and 10 tokens, then 7 and 9.
+std::vector<int32_t> packed_starts() {
+  std::vector<int32_t> ds;
+  for (const auto& lens : {std::vector<int>{5, 1, 10}, std::vector<int>{7, 9}}) {
+    int start = 0;
+    for (int len : lens) {
+      ds.insert(ds.end(), static_cast<size_t>(len), start);
+      start += len;
+    }
+  }
+  return ds;
+}
 
 // Two forward/backward passes (the second accumulates): loss and gradients vs the CPU.
 void check_case(const Case& c) {
@@ -100,11 +114,13 @@ void check_case(const Case& c) {
   gpu.set_recompute(c.recompute);
   CHECK(gpu.lora_on() == cpu.lora_on());
   const double tol = c.dtype == DType::F32 ? 1e-4 : 3e-2;
+  const std::vector<int32_t> starts = packed_starts();
+  const int32_t* ds = c.packed ? starts.data() : nullptr;
   for (uint64_t seed : {5u, 6u}) {
     const Batch b = make_batch(cfg.vocab_size, seed);
-    const float lc = cpu.forward(b.tokens.data(), b.targets.data(), B, T);
+    const float lc = cpu.forward(b.tokens.data(), b.targets.data(), B, T, nullptr, ds);
     cpu.backward(0.5f);
-    const float lg = gpu.forward(b.tokens.data(), b.targets.data(), B, T);
+    const float lg = gpu.forward(b.tokens.data(), b.targets.data(), B, T, nullptr, ds);
     gpu.backward(0.5f);
     INFO("loss cpu " << lc << " cuda " << lg);
     CHECK(std::abs(lg - lc) <= tol * std::abs(lc));
@@ -131,6 +147,19 @@ TEST_CASE("one model, two devices: GPT-2 and Llama loss and gradients match (fp3
       INFO(model::arch_name(arch) << " " << dtype_name(t));
       check_case({arch, t, -1.0f, false});
     }
+}
+
+TEST_CASE("one model, two devices: packed documents kept apart (attention, RoPE, learned positions) match") {
+  SKIP_WITHOUT_GPU();
+  // GPT-2's learned positions and Llama's RoPE restart per document; the attention kernels
+  // (CUDA-core fp32, tensor-core bf16) skip and mask other documents' keys. The CPU side
+  // is itself checked against each document run alone (model_test).
+  for (auto arch : {ModelConfig::Arch::GPT2, ModelConfig::Arch::LLAMA})
+    for (DType t : {DType::F32, DType::BF16}) {
+      INFO(model::arch_name(arch) << " " << dtype_name(t));
+      check_case({arch, t, -1.0f, false, true});
+    }
+  check_case({ModelConfig::Arch::LLAMA, DType::BF16, -1.0f, true, true});  // recomputed layers see the starts too
 }
 
 TEST_CASE("one model, two devices: LoRA with dropout draws the same masks; recompute on CUDA") {

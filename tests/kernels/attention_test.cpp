@@ -1,6 +1,7 @@
 // Flash attention at a long sequence (T = 1024, many key tiles, the online softmax's
-// rescaling exercised) against the CPU reference on small heads, GQA and MQA, and the
-// launchers' argument checks.
+// rescaling exercised) against the CPU reference on small heads, GQA and MQA, that the
+// packed-documents check catches a kernel ignoring doc_start, and the launchers' argument
+// checks.
 #include "cases.h"
 
 #include "core/error.h"
@@ -42,6 +43,22 @@ TEST_CASE("attention: T=1024 matches the CPU reference (GQA, MQA; fp32 and bf16)
                 e);
     INFO(dtype_name(run.t), " NH=", run.NH, " NKV=", run.NKV, " HD=", run.HD);
     CHECK(e <= run.tol);
+  }
+}
+
+TEST_CASE("attention: a kernel ignoring doc_start fails the packed-documents check") {
+  DTK_SKIP_WITHOUT_GPU();
+  // The conformance table's packed-document rows hand doc_start to the reference and the
+  // kernels; withheld from the kernels only (what a kernel ignoring it computes: attention
+  // across the documents), the same check must fail by far on both paths, and pass with it.
+  for (DType t : {DType::F32, DType::BF16}) {
+    const double tol = t == DType::F32 ? 1e-4 : 1e-2;
+    const double good = attention_check(t, 2, 70, 2, 1, 16, 800, false, 0, {20, 45, 1}, true);
+    const double bad = attention_check(t, 2, 70, 2, 1, 16, 800, false, 0, {20, 45, 1}, false);
+    std::printf("attention docs %-9s: max err %.3e with doc_start, %.3e without\n", dtype_name(t), good, bad);
+    INFO(dtype_name(t));
+    CHECK(good <= tol);
+    CHECK(bad > 10 * tol);
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include "harness.h"
 
+#include <cstdint>
 #include <vector>
 
 namespace dtrain::kernels::test {
@@ -16,7 +17,15 @@ std::vector<Case> cases_linear();     // cuBLASLt linear layers
 std::vector<Case> cases_attention();  // flash attention
 
 // One attention forward+backward check (worst error over out, lse, dq, dk, dv); also
-// used by attention_test at long sequence lengths.
-double attention_check(DType t, int B, int T, int NH, int NKV, int HD, uint64_t seed, bool fused = false, int W = 0);
+// used by attention_test at long sequence lengths. docs non-empty: packed documents, row b
+// holding documents of lengths docs[b], docs[b + 1], ... (cyclically; the last one cut at T),
+// passed as doc_start to the reference and (unless kernel_docs is false: a kernel ignoring
+// doc_start, which must fail the check) the kernels.
+double attention_check(DType t, int B, int T, int NH, int NKV, int HD, uint64_t seed, bool fused = false, int W = 0,
+                       const std::vector<int>& docs = {}, bool kernel_docs = true);
+
+// The doc_start array [B*T] of rows of T packed with documents of lengths docs[b], docs[b + 1],
+// ... (cyclically) in row b, the last one cut at T.
+std::vector<int32_t> attention_doc_starts(int B, int T, const std::vector<int>& docs);
 
 }  // namespace dtrain::kernels::test

@@ -12,6 +12,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <tuple>
 
 using namespace dtrain;
 using namespace dtrain::ops;
@@ -105,6 +106,72 @@ TEST_CASE("attention reads q, k, v in place from a fused qkv and writes strided 
       REQUIRE(std::equal(&dk[n * kw], &dk[n * kw] + kw, &dqkv[n * W + qw]));
       REQUIRE(std::equal(&dv[n * kw], &dv[n * kw] + kw, &dqkv[n * W + qw + kw]));
     }
+  }
+}
+
+TEST_CASE("attention with packed documents (doc_start): each document as if alone, past query blocks, with GQA") {
+  // Two rows of 200 with documents crossing the 64-row query blocks (the skipped key ranges
+  // start mid-block), a 1-token document, and a document longer than a block.
+  const std::vector<std::vector<int>> docs = {{70, 1, 60, 69}, {3, 130, 67}};
+  const int B = 2, T = 200, NH = 4, NKV = 2, HD = 8, QW = NH * HD, KW = NKV * HD;
+  for (int window : {0, 50}) {
+    CAPTURE(window);
+    std::vector<int32_t> ds;
+    for (const auto& lens : docs) {
+      int start = 0;
+      for (int len : lens) {
+        ds.insert(ds.end(), static_cast<size_t>(len), start);
+        start += len;
+      }
+    }
+    REQUIRE(ds.size() == static_cast<size_t>(B) * T);
+    attention_doc_starts_check(ds.data(), B, T);
+    const size_t N = size_t(B) * T;
+    Rng r(50 + window);
+    auto q = ref::rand_floats(r, N * QW), k = ref::rand_floats(r, N * KW), v = ref::rand_floats(r, N * KW);
+    auto dout = ref::rand_floats(r, N * QW);
+    std::vector<float> out(N * QW), att(size_t(B) * NH * T * T), dq(N * QW, 0.0f), dk(N * KW, 0.0f), dv(N * KW, 0.0f);
+    attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD, 0, 0, window, ds.data());
+    attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH,
+                       NKV, HD, 0, 0, window, ds.data());
+    double worst = 0;
+    for (int b = 0; b < B; ++b) {
+      int start = 0;
+      for (int len : docs[size_t(b)]) {
+        const size_t o = size_t(b) * T + size_t(start), n = size_t(len);
+        auto rows = [&](const std::vector<float>& x, int w) {
+          return std::vector<float>(x.begin() + ptrdiff_t(o * w), x.begin() + ptrdiff_t((o + n) * w));
+        };
+        const auto q1 = rows(q, QW), k1 = rows(k, KW), v1 = rows(v, KW), d1 = rows(dout, QW);
+        std::vector<float> o1(n * QW), a1(NH * n * n), gq(n * QW, 0.0f), gk(n * KW, 0.0f), gv(n * KW, 0.0f);
+        attention_forward(o1.data(), a1.data(), q1.data(), k1.data(), v1.data(), 1, len, NH, NKV, HD, 0, 0, window);
+        attention_backward(gq.data(), gk.data(), gv.data(), d1.data(), a1.data(), q1.data(), k1.data(), v1.data(), 1,
+                           len, NH, NKV, HD, 0, 0, window);
+        for (auto [got, want, w] : {std::tuple{&out, &o1, QW}, std::tuple{&dq, &gq, QW}, std::tuple{&dk, &gk, KW},
+                                    std::tuple{&dv, &gv, KW}}) {
+          const auto part = rows(*got, w);
+          for (size_t i = 0; i < part.size(); ++i)
+            worst = std::max(worst, double(std::abs(part[i] - (*want)[i])) / (1.0 + std::abs((*want)[i])));
+        }
+        start += len;
+      }
+    }
+    CHECK(worst <= 1e-5);
+    // Every probability outside a query's document (and window) is 0: no cross-talk.
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t)
+        for (int j = 0; j < ds[size_t(b) * T + size_t(t)]; ++j)
+          REQUIRE(att[((size_t(b) * NH) * T + size_t(t)) * T + size_t(j)] == 0.0f);
+  }
+}
+
+TEST_CASE("attention_doc_starts_check refuses starts that are not packed documents") {
+  std::vector<int32_t> ok = {0, 0, 2, 2, 2, 0, 1, 1, 1, 4};
+  attention_doc_starts_check(ok.data(), 2, 5);
+  for (std::vector<int32_t> bad :
+       {std::vector<int32_t>{1, 1, 1, 1, 1}, {0, 0, 1, 1, 1}, {0, 0, 2, 1, 1}, {0, 0, 5, 5, 5}}) {
+    CAPTURE(bad[2]);
+    CHECK_THROWS_AS(attention_doc_starts_check(bad.data(), 1, 5), UsageError);
   }
 }
 

@@ -40,6 +40,27 @@ TEST_CASE("embedding forward/backward with and without positions (B=2, T=7, C=12
   }
 }
 
+TEST_CASE("embedding with packed documents: learned positions count from each document's start") {
+  const int B = 2, T = 6, C = 3, V = 4;
+  const std::vector<int32_t> ds = {0, 0, 2, 2, 2, 5, 0, 1, 1, 3, 3, 3};
+  std::vector<int32_t> tok = {1, 2, 3, 0, 1, 2, 3, 3, 0, 1, 2, 0};
+  Rng r(12);
+  auto wte = ref::rand_floats(r, V * C), wpe = ref::rand_floats(r, T * C), w = ref::rand_floats(r, B * T * C);
+  std::vector<float> out(B * T * C);
+  embedding_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C, V, ds.data());
+  std::vector<float> dwte(V * C, 0.0f), dwpe(T * C, 0.0f), want(T * C, 0.0f);
+  embedding_backward(dwte.data(), dwpe.data(), w.data(), tok.data(), B, T, C, ds.data());
+  for (int n = 0; n < B * T; ++n) {
+    const int p = n % T - ds[size_t(n)];
+    for (int c = 0; c < C; ++c) {
+      CHECK(out[size_t(n) * C + size_t(c)] ==
+            wte[size_t(tok[size_t(n)]) * C + size_t(c)] + wpe[size_t(p) * C + size_t(c)]);
+      want[size_t(p) * C + size_t(c)] += w[size_t(n) * C + size_t(c)];
+    }
+  }
+  CHECK(dwpe == want);  // row order, as the sum above
+}
+
 TEST_CASE("embedding rejects token ids outside the vocabulary") {
   std::vector<float> wte(4 * 2), out(2 * 2);
   std::vector<int32_t> tok = {1, 4};

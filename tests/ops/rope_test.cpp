@@ -55,3 +55,26 @@ TEST_CASE("rope rejects an odd head dimension") {
   std::vector<float> q(3);
   CHECK_THROWS_AS(rope_forward(q.data(), nullptr, 1, 1, 1, 0, 3, RopeFreq{10000.0f}), UsageError);
 }
+
+TEST_CASE("rope with packed documents: positions restart at each document's start, forward and backward") {
+  const int B = 2, T = 9, NH = 2, NKV = 1, HD = 4;
+  const std::vector<int32_t> ds = {0, 0, 0, 3, 3, 5, 5, 5, 5, 0, 1, 1, 1, 1, 1, 1, 1, 1};
+  Rng r(23);
+  auto q = ref::rand_floats(r, B * T * NH * HD), k = ref::rand_floats(r, B * T * NKV * HD);
+  for (bool bwd : {false, true}) {
+    auto qp = q, kp = k;
+    (bwd ? rope_backward : rope_forward)(qp.data(), kp.data(), B, T, NH, NKV, HD, RopeFreq{10000.0f}, ds.data());
+    // Each position alone, as position t - start of a sequence: the same rotation.
+    for (int n = 0; n < B * T; ++n) {
+      const int p = n % T - ds[size_t(n)];
+      std::vector<float> q1(size_t(p + 1) * NH * HD, 0.0f), k1(size_t(p + 1) * NKV * HD, 0.0f);
+      std::copy_n(&q[size_t(n) * NH * HD], NH * HD, &q1[size_t(p) * NH * HD]);
+      std::copy_n(&k[size_t(n) * NKV * HD], NKV * HD, &k1[size_t(p) * NKV * HD]);
+      (bwd ? rope_backward : rope_forward)(q1.data(), k1.data(), 1, p + 1, NH, NKV, HD, RopeFreq{10000.0f}, nullptr);
+      for (int i = 0; i < NH * HD; ++i)
+        REQUIRE(qp[size_t(n) * NH * HD + size_t(i)] == q1[size_t(p) * NH * HD + size_t(i)]);
+      for (int i = 0; i < NKV * HD; ++i)
+        REQUIRE(kp[size_t(n) * NKV * HD + size_t(i)] == k1[size_t(p) * NKV * HD + size_t(i)]);
+    }
+  }
+}

@@ -149,7 +149,7 @@ steps_per_print: 1
 optimizer: {type: AdamW, params: {lr: 3.0e-3}}
 model: {architecture: llama, vocab_size: 264, n_layer: 1, n_head: 2, n_kv_head: 1, d_model: 32, d_ff: 64,
         max_seq_len: 32}
-data: {train: configs/data/tasks/train.jsonl, format: alpaca, tokenizer: byte, seq_len: 32}
+data: {train: configs/data/tasks/train.jsonl, format: alpaca, tokenizer: byte, seq_len: 32, neat_packing: false}
 training: {max_steps: 4, seed: 5}
 )";
 

@@ -115,8 +115,9 @@ TEST_CASE("BatchReader on pairs: micro_batch counts pairs, 2x rows, both sides t
     // 21 pairs over 2 ranks (drop_last: 10 each) in micro-batches of 3 pairs.
     CHECK(reader.steps_per_epoch(1) == 3);
     for (int64_t step = 0; step < reader.steps_per_epoch(1); ++step) {
-      std::vector<int32_t> in, tg;
-      const int64_t count = reader.next(in, tg);
+      std::vector<int32_t> in, tg, ds{7};
+      const int64_t count = reader.next(in, tg, ds);
+      CHECK(ds.empty());  // pairs are padded: no document starts
       REQUIRE(in.size() == static_cast<size_t>(2 * kMicro * 6));
       REQUIRE(tg.size() == in.size());
       int64_t unmasked = 0;

@@ -62,6 +62,7 @@ data:
   tokenizer: byte
   seq_len: 32
   pack: true
+  neat_packing: false  # the stream in windows: the task records outrun these sequences
 training:
   max_steps: 8
   save_steps: 3

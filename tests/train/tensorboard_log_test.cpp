@@ -56,6 +56,7 @@ data:
   format: alpaca
   tokenizer: byte
   seq_len: 32
+  neat_packing: false  # the stream in windows: the task records outrun these sequences
 training:
   max_steps: 6
   save_steps: 2

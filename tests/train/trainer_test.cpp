@@ -56,6 +56,7 @@ data:
   tokenizer: byte
   seq_len: 48
   pack: true
+  neat_packing: false  # the stream in windows: the task records outrun these sequences
 training:
   max_steps: 40
   seed: 7
