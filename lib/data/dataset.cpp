@@ -127,7 +127,10 @@ void TokenDataset::build() {
     const uint64_t b = s.doc_start(d);
     const uint64_t len = std::min<uint64_t>(s.doc_end(d) - b, window);
     for (uint64_t j = 1; j < len; ++j)
-      if (s.mask(b + j)) return Entry{si, b, len};
+      if (s.mask(b + j)) {
+        if (s.doc_end(d) - b > window) ++truncated_;
+        return Entry{si, b, len};
+      }
     return std::nullopt;
   };
   for (uint32_t si = 0; si < sources_.size(); ++si) {
@@ -175,6 +178,11 @@ void TokenDataset::build() {
         skipped_, window);
   else if (skipped_ > 0)
     log_warn("dataset: skipped {} documents with no trained token within seq_len + 1 = {} tokens", skipped_, window);
+  if (truncated_ > 0)
+    log_warn(
+        "dataset: {} of the {} documents kept are longer than seq_len + 1 = {} tokens and truncated to it: "
+        "their ends (answers included) are not trained; raise data.seq_len to keep them whole",
+        truncated_, index_.size() + more_.size(), window);
   size_t total = 0;
   for (const auto& s : sources_) total += s->size();
   // Whole documents (padded or packed) that all lost their trained tokens to truncation:

@@ -84,6 +84,9 @@ class TokenDataset {
   int32_t vocab_size() const { return vocab_size_; }
   // Documents (pairs, for a pairwise dataset) skipped for having no trained target.
   size_t skipped_documents() const { return skipped_; }
+  // Documents kept but truncated to seq_len + 1 tokens (padded or whole-packed samples):
+  // their tails, answers included, are not trained.
+  size_t truncated_documents() const { return truncated_; }
   // Preference data: every sample is a (chosen, rejected) pair of rows.
   bool pairwise() const { return pairwise_; }
   // Rows one sample fills in a batch: 2 for a pairwise dataset, else 1.
@@ -131,6 +134,7 @@ class TokenDataset {
   int32_t vocab_size_ = 0;
   int32_t pad_id_ = 0;
   size_t skipped_ = 0;
+  size_t truncated_ = 0;
 };
 
 }  // namespace dtrain::data

@@ -326,6 +326,9 @@ TEST_CASE("TokenDataset PACK with isolate: whole documents packed best-fit, thei
   e.append({50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61});
   TokenDataset p(e, {8, SampleMode::PACK, -1, true});
   REQUIRE(p.size() == 2);
+  CHECK(p.truncated_documents() == 1);  // the 12-token one, told in a warning
+  CHECK(apart.truncated_documents() == 0);
+  CHECK(across.truncated_documents() == 0);  // windows cut the stream: nothing is truncated
   const Sample longest = p.sample(0), two = p.sample(1);
   CHECK(longest.inputs == std::vector<int32_t>{50, 51, 52, 53, 54, 55, 56, 57});
   CHECK(longest.targets == std::vector<int32_t>{51, 52, 53, 54, 55, 56, 57, 58});
