@@ -1,8 +1,10 @@
 // bench_cpu_step: tokens/s of a CPU training step (forward, backward, AdamW) for a
 // config, on synthetic tokens, the share of the step spent inside GEMM (BLAS), a
-// per-op-class breakdown and the peak RSS. Prints figures; asserts nothing.
+// per-op-class breakdown and the peak RSS. Prints figures; asserts nothing. --doc-len N
+// packs each row with documents of N tokens kept apart (the model's doc_start, as
+// data.neat_packing gives), so the attention skips the key ranges between them.
 //
-//   build/bench_cpu_step configs/tiny-sft.yaml [--steps N] [--warmup N] [--set k=v ...]
+//   build/bench_cpu_step configs/tiny-sft.yaml [--steps N] [--warmup N] [--doc-len N] [--set k=v ...]
 #include "config/train_config.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -36,15 +38,16 @@ double process_cpu_seconds() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s CONFIG [--steps N] [--warmup N] [--set key=value ...]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s CONFIG [--steps N] [--warmup N] [--doc-len N] [--set key=value ...]\n", argv[0]);
     return 2;
   }
   std::string path = argv[1];
-  int steps = 10, warmup = 2;
+  int steps = 10, warmup = 2, doc_len = 0;
   std::vector<std::string> sets;
   for (int i = 2; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--warmup")) warmup = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--doc-len")) doc_len = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--set")) sets.push_back(argv[i + 1]);
   }
   try {
@@ -60,6 +63,10 @@ int main(int argc, char** argv) {
     std::vector<int32_t> tokens(static_cast<size_t>(B) * T), targets(tokens.size());
     for (auto& t : tokens) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(mc.vocab_size)));
     for (size_t i = 0; i < tokens.size(); ++i) targets[i] = tokens[(i + 1) % tokens.size()];
+    std::vector<int32_t> doc_start;  // documents of doc_len tokens (the last one of a row shorter)
+    if (doc_len > 0)
+      for (int b = 0; b < B; ++b)
+        for (int t = 0; t < T; ++t) doc_start.push_back(t / doc_len * doc_len);
     std::vector<std::vector<float>> m, v;
     for (auto& pb : model->trainable_params()) {
       m.emplace_back(pb.size, 0.0f);
@@ -78,7 +85,7 @@ int main(int argc, char** argv) {
       }
       auto a = std::chrono::steady_clock::now();
       model->zero_grad();
-      model->forward(tokens.data(), targets.data(), B, T);
+      model->forward(tokens.data(), targets.data(), B, T, nullptr, doc_start.empty() ? nullptr : doc_start.data());
       auto b = std::chrono::steady_clock::now();
       model->backward();
       auto c = std::chrono::steady_clock::now();
@@ -104,6 +111,7 @@ int main(int argc, char** argv) {
                 model::arch_name(mc.arch), model->num_params(), mc.d_model, mc.n_layer, mc.vocab_size);
     std::printf("batch           %d x %d tokens, %d timed steps after %d warm-up, %d threads\n", B, T, steps, warmup,
                 threads);
+    if (doc_len > 0) std::printf("documents       packed, %d tokens each, kept apart (doc_start)\n", doc_len);
     std::printf("BLAS            %s (OPENBLAS_CORETYPE=%s)\n", openblas_get_corename(),
                 std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "unset: detected");
     std::printf("step time       %.1f ms (forward %.1f, backward %.1f, AdamW %.1f)\n", 1e3 * t_step / steps,
