@@ -57,15 +57,6 @@ struct Tiles {
   static constexpr int DN = HDP / 8;   // 8-wide n blocks of the head dimension
 };
 
-// Two and four ints read from shared memory in one load (the row bounds the kernels keep in
-// their tiles' padding); CUDA's int2/int4, which the CPU execution engine does not declare.
-struct alignas(8) Int2 {
-  int x, y;
-};
-struct alignas(16) Int4 {
-  int x, y, z, w;
-};
-
 struct Args {
   AttnShape s;
   int nt;    // tiles along T
@@ -268,7 +259,7 @@ __global__ void __launch_bounds__(THREADS, HDP <= 64 ? FWD_SMALL_BLOCKS : 0)
       }
     }
     // Scale into the log2 domain, mask, and the online softmax of rows row0 (i < 2), row0 + 8.
-    const Int4 bd = *reinterpret_cast<const Int4*>(bounds);  // written before the barrier above
+    const int4 bd = *reinterpret_cast<const int4*>(bounds);  // written before the barrier above
     const int lo[2] = {bd.x, bd.y}, last[2] = {bd.z, bd.w};
     float mx[2] = {m[0], m[1]};
 #pragma unroll
@@ -453,7 +444,7 @@ __global__ void __launch_bounds__(THREADS, HDP >= 256 ? 1 : 0)
     float st[8][4], dpt[8][4];
     paired_products<T, HDP>(st, dpt, Ks, Vs, Qs, dOs, warp, lane);
     // P^T = exp(S^T * scale - lse) (0 where masked), dS^T = P^T (dP^T - D).
-    const Int2 hi2 = *reinterpret_cast<const Int2*>(his);  // written before the barrier above
+    const int2 hi2 = *reinterpret_cast<const int2*>(his);  // written before the barrier above
     const int hi[2] = {hi2.x, hi2.y};
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb) {
@@ -576,7 +567,7 @@ __global__ void __launch_bounds__(THREADS)
     // P = exp(S * scale - lse) (0 where masked), dS = P (dP - D), in dp.
 #pragma unroll
     for (int r = 0; r < 2; ++r) {  // row row0 + 8 r: elements i = 2 r, 2 r + 1 of each block
-      const Int2 bd = reinterpret_cast<const Int2*>(bounds)[r];  // written before the barrier above
+      const int2 bd = reinterpret_cast<const int2*>(bounds)[r];  // written before the barrier above
 #pragma unroll
       for (int nb = 0; nb < 8; ++nb) {
 #pragma unroll

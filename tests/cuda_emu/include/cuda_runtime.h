@@ -139,6 +139,12 @@ struct alignas(16) float4 {
 struct alignas(16) uint4 {
   unsigned int x, y, z, w;
 };
+struct alignas(8) int2 {  // CUDA's vector_types.h alignments: 8 and 16 bytes
+  int x, y;
+};
+struct alignas(16) int4 {
+  int x, y, z, w;
+};
 inline float2 make_float2(float x, float y) { return float2{x, y}; }
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) { return uint4{x, y, z, w}; }
