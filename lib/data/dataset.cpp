@@ -127,11 +127,13 @@ void TokenDataset::build() {
     const uint64_t b = s.doc_start(d);
     const uint64_t len = std::min<uint64_t>(s.doc_end(d) - b, window);
     for (uint64_t j = 1; j < len; ++j)
-      if (s.mask(b + j)) {
-        if (s.doc_end(d) - b > window) ++truncated_;
-        return Entry{si, b, len};
-      }
+      if (s.mask(b + j)) return Entry{si, b, len};
     return std::nullopt;
+  };
+  // Counts a kept document that document() truncated.
+  auto kept = [&](uint32_t si, size_t d) {
+    const Source& s = *sources_[si];
+    truncated_ += s.doc_end(d) - s.doc_start(d) > window;
   };
   for (uint32_t si = 0; si < sources_.size(); ++si) {
     const Source& s = *sources_[si];
@@ -139,8 +141,12 @@ void TokenDataset::build() {
       std::vector<Entry> docs;
       for (size_t d = 0; d < s.num_docs(); ++d) {
         const std::optional<Entry> e = document(si, d);
-        if (e) docs.push_back(*e);
-        else ++skipped_;
+        if (e) {
+          docs.push_back(*e);
+          kept(si, d);
+        } else {
+          ++skipped_;
+        }
         if (docs.size() == kPackRun || (d + 1 == s.num_docs() && !docs.empty())) {
           pack_documents(si, docs);
           docs.clear();
@@ -163,13 +169,19 @@ void TokenDataset::build() {
         }
         index_.push_back(*chosen);
         index_.push_back(*rejected);
+        kept(si, d);
+        kept(si, d + 1);
       }
       continue;
     }
     for (size_t d = 0; d < s.num_docs(); ++d) {
       const std::optional<Entry> e = document(si, d);
-      if (e) index_.push_back(*e);
-      else ++skipped_;
+      if (e) {
+        index_.push_back(*e);
+        kept(si, d);
+      } else {
+        ++skipped_;
+      }
     }
   }
   if (skipped_ > 0 && pairwise_)
