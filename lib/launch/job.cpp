@@ -142,12 +142,17 @@ std::string interface_address(const std::string& interface) {
 // ---------------------------------------------------------------------------
 // Input files, checked once before any rank starts
 
+// `path` as the ranks open it: relative paths are resolved against `workdir`, where they start.
+fs::path at_workdir(const std::string& path, const std::string& workdir) {
+  return fs::path(path).is_absolute() ? fs::path(path) : fs::path(workdir) / path;
+}
+
 // Why `path` (resolved against `workdir`, where the ranks start) cannot be the input named
 // by `key`, or "" when it can. A directory is accepted where the key allows one
 // (data.* with format tokens: a directory of shards; data.tokenizer: a model directory
 // holding tokenizer.json; model.init_from: always a directory).
 std::string input_path_problem(const std::string& path, const std::string& workdir, bool dir_ok, bool dir_only) {
-  const fs::path p = fs::path(path).is_absolute() ? fs::path(path) : fs::path(workdir) / path;
+  const fs::path p = at_workdir(path, workdir);
   if (dir_ok || dir_only) {
     const std::string dir_problem = input_dir_problem(p.string());
     if (dir_problem.empty())
@@ -187,7 +192,7 @@ std::vector<InputProblem> input_files_problems(const config::TrainConfig& cfg, c
     if (in.path.empty()) continue;
     std::string problem = input_path_problem(in.path, workdir, in.dir_ok, in.dir_only);
     if (problem.empty()) continue;
-    const fs::path p = fs::path(in.path).is_absolute() ? fs::path(in.path) : fs::path(workdir) / in.path;
+    const fs::path p = at_workdir(in.path, workdir);
     std::error_code ec;
     const bool missing = fs::symlink_status(p, ec).type() == fs::file_type::not_found;
     std::string where = fs::path(in.path).is_relative()
@@ -461,8 +466,7 @@ void local_problem(const JobRequest& req, Job& job, const std::string& thrown) {
 // --plan-for a note; one it holds but no rank could read is a blocker.
 void check_datasets(const JobRequest& req, Job& job) {
   const config::TrainConfig& cfg = job.cfg;
-  const fs::path dir =
-      fs::path(cfg.data.train).is_absolute() ? fs::path(cfg.data.train) : fs::path(job.spec.workdir) / cfg.data.train;
+  const fs::path dir = at_workdir(cfg.data.train, job.spec.workdir);
   std::vector<data::LlamaFactoryEntry> entries;
   try {
     entries = data::llamafactory_entries(dir.string(), cfg.data.dataset);
@@ -496,7 +500,7 @@ void detect_data_format(const JobRequest& req, Job& job) {
   if (cfg.data.format == "auto")
     for (const auto& [key, path] : {std::pair{"data.train", cfg.data.train}, std::pair{"data.valid", cfg.data.valid}}) {
       if (path.empty() || (std::string_view(key) == "data.train" && !cfg.data.dataset.empty())) continue;
-      const fs::path p = fs::path(path).is_absolute() ? fs::path(path) : fs::path(job.spec.workdir) / path;
+      const fs::path p = at_workdir(path, job.spec.workdir);
       try {
         const data::DataFormatGuess g = data::data_format_detect(p.string());
         job.data_lines.push_back(
@@ -516,8 +520,7 @@ void detect_data_format(const JobRequest& req, Job& job) {
   }
   bool neat = false;
   try {
-    const fs::path p =
-        fs::path(cfg.data.train).is_absolute() ? fs::path(cfg.data.train) : fs::path(job.spec.workdir) / cfg.data.train;
+    const fs::path p = at_workdir(cfg.data.train, job.spec.workdir);
     neat = cfg.data.neat_packing.value_or(data::neat_packing_default(train_format, p.string()));
   } catch (const Error&) {
     return;  // shards not on this machine (or unreadable: the ranks say so)
