@@ -230,6 +230,17 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const vo
                stream);
 }
 
+void gemm_ld(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda, const void* B,
+             int ldb, float beta, void* C, int ldc, DType ab_dtype, DType c_dtype, cudaStream_t stream) {
+  dtypes_check(ab_dtype, c_dtype);
+  DTK_REQUIRE(M >= 0 && N >= 0 && K > 0, UsageError, "gemm: sizes must be positive");
+  const Pitch min = packed(trans_a, trans_b, M, N, K);
+  DTK_REQUIRE(lda >= min.a && ldb >= min.b && ldc >= min.c, UsageError,
+              "gemm_ld: a row pitch is below its matrix's row width");
+  if (M == 0 || N == 0) return;
+  gemm_pitched(trans_a, trans_b, M, N, K, alpha, A, B, beta, C, Pitch{lda, ldb, ldc}, ab_dtype, c_dtype, stream);
+}
+
 void linear_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC, int OC, int ld_out,
                     DType dtype, cudaStream_t stream) {
   DTK_REQUIRE(N >= 0 && IC > 0 && OC > 0, UsageError, "linear: sizes must be positive");

@@ -26,6 +26,11 @@ inline constexpr size_t GEMM_WORKSPACE_BYTES = 32u << 20;
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, const void* B, float beta,
           void* C, DType ab_dtype, DType c_dtype, cudaStream_t stream);
 
+/// gemm() with row pitches (elements): A's rows lda apart, B's ldb, C's ldc, each at least
+/// its row width (a column block of a wider array: a fused projection's output).
+void gemm_ld(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda, const void* B,
+             int ldb, float beta, void* C, int ldc, DType ab_dtype, DType c_dtype, cudaStream_t stream);
+
 /// out[N,OC] = inp[N,IC] @ weight^T + bias (bias may be null); all of `dtype`. Overwrites
 /// out's N x OC elements, rows ld_out >= OC apart (a padded vocabulary: the logits GEMM's
 /// leading dimension a multiple of 128 keeps every row 16-byte aligned); the columns past

@@ -22,10 +22,10 @@ __global__ void rope_table_kernel(float2* __restrict__ table, int T, int half, i
 }
 
 // One thread per (row, head, pack of V pair indices); row n's position is n % T_, less its
-// document's start with packed documents (ds).
+// document's start with packed documents (ds). Row n starts at x + n * pitch.
 template <typename T, int V>
 __global__ void rope_apply_kernel(T* __restrict__ x, const float2* __restrict__ table, const int32_t* __restrict__ ds,
-                                  int rows, int T_, int H, int half, float sign) {
+                                  int rows, int T_, int H, int half, size_t pitch, float sign) {
   const int packs = half / V;
   const size_t total = static_cast<size_t>(rows) * H * packs;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
@@ -34,7 +34,7 @@ __global__ void rope_apply_kernel(T* __restrict__ x, const float2* __restrict__ 
     const size_t rh = idx / packs;  // row * H + head
     const size_t n = rh / H;
     const int t = static_cast<int>(n % T_) - (ds != nullptr ? ds[n] : 0);
-    T* v = x + rh * (2 * half) + static_cast<size_t>(p) * V;
+    T* v = x + n * pitch + (rh - n * H) * (2 * half) + static_cast<size_t>(p) * V;
     Pack<T, V> a = pack_load<T, V>(v), b = pack_load<T, V>(v + half);
     const float2* cs = table + static_cast<size_t>(t) * half + static_cast<size_t>(p) * V;
 #pragma unroll
@@ -50,16 +50,16 @@ __global__ void rope_apply_kernel(T* __restrict__ x, const float2* __restrict__ 
 }
 
 template <typename T>
-void rope_apply(void* x, const float2* table, const int32_t* ds, int rows, int T_, int H, int half, float sign,
-                cudaStream_t stream) {
+void rope_apply(void* x, const float2* table, const int32_t* ds, int rows, int T_, int H, int half, size_t pitch,
+                float sign, cudaStream_t stream) {
   constexpr int V = VEC16<T>;
   const size_t pairs = static_cast<size_t>(rows) * H * half;
-  if (half % V == 0 && aligned16(x)) {
+  if (half % V == 0 && pitch % V == 0 && aligned16(x)) {
     DTK_LAUNCH(grid_for(pairs / V, 256), 256, 0, stream, rope_apply_kernel<T, V>)
-    (static_cast<T*>(x), table, ds, rows, T_, H, half, sign);
+    (static_cast<T*>(x), table, ds, rows, T_, H, half, pitch, sign);
   } else {
     DTK_LAUNCH(grid_for(pairs, 256), 256, 0, stream, rope_apply_kernel<T, 1>)
-    (static_cast<T*>(x), table, ds, rows, T_, H, half, sign);
+    (static_cast<T*>(x), table, ds, rows, T_, H, half, pitch, sign);
   }
   DT_CUDA_LAUNCH_CHECK();
 }
@@ -71,24 +71,33 @@ void table_build(float2* table, int T, int HD, const ops::RopeFreq& rope, cudaSt
   DT_CUDA_LAUNCH_CHECK();
 }
 
+// Row pitches of q and k (0: dense).
+struct Strides {
+  int q = 0, kv = 0;
+};
+
 void rope_run(void* q, void* k, int B, int T, int NH, int NKV, int HD, const float2* table, DType dtype, float sign,
-              cudaStream_t stream, const int32_t* ds) {
+              cudaStream_t stream, const int32_t* ds, Strides st) {
   const int half = HD / 2;
+  const size_t qs = st.q > 0 ? static_cast<size_t>(st.q) : static_cast<size_t>(NH) * HD;
+  const size_t ks = st.kv > 0 ? static_cast<size_t>(st.kv) : static_cast<size_t>(NKV) * HD;
+  DTK_REQUIRE(qs >= static_cast<size_t>(NH) * HD && (k == nullptr || ks >= static_cast<size_t>(NKV) * HD), UsageError,
+              "rope: a row stride is below the row's heads");
   dispatch(dtype, [&](auto tag) {
     using Ty = typename decltype(tag)::type;
-    rope_apply<Ty>(q, table, ds, B * T, T, NH, half, sign, stream);
-    if (k) rope_apply<Ty>(k, table, ds, B * T, T, NKV, half, sign, stream);
+    rope_apply<Ty>(q, table, ds, B * T, T, NH, half, qs, sign, stream);
+    if (k) rope_apply<Ty>(k, table, ds, B * T, T, NKV, half, ks, sign, stream);
   });
 }
 
 // A table for this call only (rope_forward / rope_backward without one).
 void rope_run(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope, DType dtype,
-              float sign, cudaStream_t stream, const int32_t* ds) {
+              float sign, cudaStream_t stream, const int32_t* ds, Strides st) {
   DTK_REQUIRE(HD > 0 && HD % 2 == 0, UsageError, "rope needs an even head dimension");
   if (B <= 0 || T <= 0) return;
   Scratch table(rope_table_bytes(T, HD), stream);
   table_build(table.as<float2>(), T, HD, rope, stream);
-  rope_run(q, k, B, T, NH, NKV, HD, table.as<float2>(), dtype, sign, stream, ds);
+  rope_run(q, k, B, T, NH, NKV, HD, table.as<float2>(), dtype, sign, stream, ds, st);
 }
 }  // namespace
 
@@ -101,25 +110,27 @@ void rope_table(void* table, int T, int HD, const ops::RopeFreq& rope, cudaStrea
 }
 
 void rope_forward_table(void* q, void* k, int B, int T, int NH, int NKV, int HD, const void* table, DType dtype,
-                        cudaStream_t stream, const int32_t* doc_start) {
+                        cudaStream_t stream, const int32_t* doc_start, int q_stride, int kv_stride) {
   DTK_REQUIRE(HD > 0 && HD % 2 == 0, UsageError, "rope needs an even head dimension");
   if (B <= 0 || T <= 0) return;
-  rope_run(q, k, B, T, NH, NKV, HD, static_cast<const float2*>(table), dtype, 1.0f, stream, doc_start);
+  rope_run(q, k, B, T, NH, NKV, HD, static_cast<const float2*>(table), dtype, 1.0f, stream, doc_start,
+           {q_stride, kv_stride});
 }
 void rope_backward_table(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const void* table, DType dtype,
-                         cudaStream_t stream, const int32_t* doc_start) {
+                         cudaStream_t stream, const int32_t* doc_start, int q_stride, int kv_stride) {
   DTK_REQUIRE(HD > 0 && HD % 2 == 0, UsageError, "rope needs an even head dimension");
   if (B <= 0 || T <= 0) return;
-  rope_run(dq, dk, B, T, NH, NKV, HD, static_cast<const float2*>(table), dtype, -1.0f, stream, doc_start);
+  rope_run(dq, dk, B, T, NH, NKV, HD, static_cast<const float2*>(table), dtype, -1.0f, stream, doc_start,
+           {q_stride, kv_stride});
 }
 
 void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope, DType dtype,
-                  cudaStream_t stream, const int32_t* doc_start) {
-  rope_run(q, k, B, T, NH, NKV, HD, rope, dtype, 1.0f, stream, doc_start);
+                  cudaStream_t stream, const int32_t* doc_start, int q_stride, int kv_stride) {
+  rope_run(q, k, B, T, NH, NKV, HD, rope, dtype, 1.0f, stream, doc_start, {q_stride, kv_stride});
 }
 void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope, DType dtype,
-                   cudaStream_t stream, const int32_t* doc_start) {
-  rope_run(dq, dk, B, T, NH, NKV, HD, rope, dtype, -1.0f, stream, doc_start);
+                   cudaStream_t stream, const int32_t* doc_start, int q_stride, int kv_stride) {
+  rope_run(dq, dk, B, T, NH, NKV, HD, rope, dtype, -1.0f, stream, doc_start, {q_stride, kv_stride});
 }
 
 }  // namespace dtrain::kernels

@@ -17,11 +17,13 @@ namespace dtrain::kernels {
 
 /// Rotates q and k (k may be null) in place. HD must be even (else UsageError). doc_start:
 /// device int32 [B*T] or nullptr (ops/attention.h's layout; positions restart per document).
+/// q's token rows are q_stride elements apart, k's kv_stride (0: dense NH*HD, NKV*HD; the
+/// fused q/k/v projection's column blocks pass its row width).
 void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope, DType dtype,
-                  cudaStream_t stream, const int32_t* doc_start = nullptr);
+                  cudaStream_t stream, const int32_t* doc_start = nullptr, int q_stride = 0, int kv_stride = 0);
 /// The inverse rotation applied to dq and dk in place (the backward of rope_forward).
 void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope, DType dtype,
-                   cudaStream_t stream, const int32_t* doc_start = nullptr);
+                   cudaStream_t stream, const int32_t* doc_start = nullptr, int q_stride = 0, int kv_stride = 0);
 
 /// Bytes of the cos/sin table for T positions and head dimension HD (fp32 pairs, T * HD/2
 /// of them, the same for every activation dtype).
@@ -32,8 +34,8 @@ void rope_table(void* table, int T, int HD, const ops::RopeFreq& rope, cudaStrea
 /// rope_forward / rope_backward with a table rope_table filled for this T and HD (the
 /// caller keeps it: a cached table saves its kernel on every call).
 void rope_forward_table(void* q, void* k, int B, int T, int NH, int NKV, int HD, const void* table, DType dtype,
-                        cudaStream_t stream, const int32_t* doc_start = nullptr);
+                        cudaStream_t stream, const int32_t* doc_start = nullptr, int q_stride = 0, int kv_stride = 0);
 void rope_backward_table(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const void* table, DType dtype,
-                         cudaStream_t stream, const int32_t* doc_start = nullptr);
+                         cudaStream_t stream, const int32_t* doc_start = nullptr, int q_stride = 0, int kv_stride = 0);
 
 }  // namespace dtrain::kernels

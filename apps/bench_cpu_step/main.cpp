@@ -2,9 +2,10 @@
 // config, on synthetic tokens, the share of the step spent inside GEMM (BLAS), a
 // per-op-class breakdown and the peak RSS. Prints figures; asserts nothing. --doc-len N
 // packs each row with documents of N tokens kept apart (the model's doc_start, as
-// data.neat_packing gives), so the attention skips the key ranges between them.
+// data.neat_packing gives), so the attention skips the key ranges between them. --unfused
+// runs one GEMM per projection instead of the fused q/k/v and gate/up GEMMs.
 //
-//   build/bench_cpu_step configs/tiny-sft.yaml [--steps N] [--warmup N] [--doc-len N] [--set k=v ...]
+//   build/bench_cpu_step configs/tiny-sft.yaml [--steps N] [--warmup N] [--doc-len N] [--unfused] [--set k=v ...]
 #include "config/train_config.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -38,22 +39,31 @@ double process_cpu_seconds() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s CONFIG [--steps N] [--warmup N] [--doc-len N] [--set key=value ...]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s CONFIG [--steps N] [--warmup N] [--doc-len N] [--unfused] [--set key=value ...]\n",
+                 argv[0]);
     return 2;
   }
   std::string path = argv[1];
   int steps = 10, warmup = 2, doc_len = 0;
+  bool unfused = false;
   std::vector<std::string> sets;
-  for (int i = 2; i + 1 < argc; i += 2) {
+  for (int i = 2; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--unfused")) {
+      unfused = true;
+      continue;
+    }
+    if (i + 1 >= argc) break;
     if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--warmup")) warmup = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--doc-len")) doc_len = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--set")) sets.push_back(argv[i + 1]);
+    ++i;
   }
   try {
     config::TrainConfig cfg = config::config_load_file(path, sets).cfg;
     config::config_resolve_batch(cfg, 1);
     auto model = train::model_create(cfg);
+    model->set_fused_projections(!unfused);
     const auto& mc = model->config();
     const int B = static_cast<int>(cfg.resolved_micro_batch_size);
     // The sequence length every other command trains at: data.seq_len (the config loader
@@ -112,6 +122,11 @@ int main(int argc, char** argv) {
     std::printf("batch           %d x %d tokens, %d timed steps after %d warm-up, %d threads\n", B, T, steps, warmup,
                 threads);
     if (doc_len > 0) std::printf("documents       packed, %d tokens each, kept apart (doc_start)\n", doc_len);
+    std::printf("projections     %s\n",
+                model->fused_qkv() || model->fused_gate_up()
+                    ? (model->fused_qkv() ? (model->fused_gate_up() ? "fused q/k/v and gate/up" : "fused q/k/v")
+                                          : "fused gate/up")
+                    : "one GEMM each");
     std::printf("BLAS            %s (OPENBLAS_CORETYPE=%s)\n", openblas_get_corename(),
                 std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "unset: detected");
     std::printf("step time       %.1f ms (forward %.1f, backward %.1f, AdamW %.1f)\n", 1e3 * t_step / steps,

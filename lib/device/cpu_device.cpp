@@ -151,6 +151,14 @@ class CpuDevice final : public Device {
     forget(C);
     ops::gemm(ta, tb, M, N, K, alpha, F(A), F(B), beta, F(C));
   }
+  void gemm_ld(bool ta, bool tb, int M, int N, int K, float alpha, const void* A, int lda, const void* B, int ldb,
+               float beta, void* C, int ldc, DType ab_t, DType c_t) override {
+    ops::OpScope scope(ops::OpClass::LINEAR);
+    f32(ab_t);
+    f32(c_t);
+    forget(C);
+    ops::gemm_strided(ta, tb, M, N, K, alpha, F(A), lda, F(B), ldb, beta, F(C), ldc);
+  }
   void linear_forward(void* out, const void* inp, const void* w, const void* bias, int N, int IC, int OC, int ld_out,
                       DType t) override {
     ops::OpScope scope(ops::OpClass::LINEAR);
@@ -224,16 +232,17 @@ class CpuDevice final : public Device {
     f32(t);
     ops::gelu_backward(F(dinp), F(inp), F(dout), n);
   }
-  void swiglu_forward(void* out, const void* gate, const void* up, size_t n, DType t) override {
+  void swiglu_forward(void* out, const void* gate, const void* up, size_t rows, size_t cols, size_t ld,
+                      DType t) override {
     ops::OpScope scope(ops::OpClass::ACTIVATION);
     f32(t);
-    ops::swiglu_forward(F(out), F(gate), F(up), n);
+    ops::swiglu_forward(F(out), F(gate), F(up), rows, cols, ld);
   }
-  void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, size_t n,
-                       DType t) override {
+  void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, size_t rows,
+                       size_t cols, size_t ld, DType t) override {
     ops::OpScope scope(ops::OpClass::ACTIVATION);
     f32(t);
-    ops::swiglu_backward(F(dgate), F(dup), F(dout), F(gate), F(up), n);
+    ops::swiglu_backward(F(dgate), F(dup), F(dout), F(gate), F(up), rows, cols, ld);
   }
   void dropout_forward(void* out, const void* inp, size_t n, float p, uint64_t seed, DType t) override {
     ops::OpScope scope(ops::OpClass::ACTIVATION);
@@ -258,17 +267,17 @@ class CpuDevice final : public Device {
     });
   }
 
-  void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
-                    const int32_t* doc_start, DType t) override {
+  void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, int q_stride, int kv_stride,
+                    const ops::RopeFreq& rope, const int32_t* doc_start, DType t) override {
     ops::OpScope scope(ops::OpClass::ROPE);
     f32(t);
-    ops::rope_forward(F(q), F(k), B, T, NH, NKV, HD, rope, doc_start);
+    ops::rope_forward(F(q), F(k), B, T, NH, NKV, HD, rope, doc_start, q_stride, kv_stride);
   }
-  void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
-                     const int32_t* doc_start, DType t) override {
+  void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, int q_stride, int kv_stride,
+                     const ops::RopeFreq& rope, const int32_t* doc_start, DType t) override {
     ops::OpScope scope(ops::OpClass::ROPE);
     f32(t);
-    ops::rope_backward(F(dq), F(dk), B, T, NH, NKV, HD, rope, doc_start);
+    ops::rope_backward(F(dq), F(dk), B, T, NH, NKV, HD, rope, doc_start, q_stride, kv_stride);
   }
   size_t attention_saved_floats(int B, int T, int NH) const override { return static_cast<size_t>(B) * NH * T * T; }
   void attention_forward(void* out, float* saved, const void* q, const void* k, const void* v, int B, int T, int NH,

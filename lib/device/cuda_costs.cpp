@@ -74,6 +74,12 @@ void PlanDevice::gemm(bool ta, bool tb, int M, int N, int K, float alpha, const 
   if (M == 0 || N == 0) return;
   matmul("gemm", ta, tb, M, N, K, alpha, beta, ab_t, c_t, PlanEpilogue::DEFAULT);
 }
+// Row pitches change where the operands lie, not what cuBLASLt reads or computes.
+void PlanDevice::gemm_ld(bool ta, bool tb, int M, int N, int K, float alpha, const void*, int, const void*, int,
+                         float beta, void*, int, DType ab_t, DType c_t) {
+  if (M == 0 || N == 0) return;
+  matmul("gemm", ta, tb, M, N, K, alpha, beta, ab_t, c_t, PlanEpilogue::DEFAULT);
+}
 
 void PlanDevice::linear(const char* op, const void* bias, int N, int IC, int OC, DType t) {
   if (N == 0) return;
@@ -195,12 +201,13 @@ void PlanDevice::rmsnorm_backward(void* dinp, float* dw, const void* dout, const
 // Pointwise (kernels/activation.cu, dropout.cu). ptrs: the NIN inputs, then the NOUT
 // outputs (read too when accumulating).
 void PlanDevice::pointwise(const char* op, bool acc, const std::vector<const void*>& ptrs, int nin, int nout, size_t n,
-                           DType t, double flops_per_element) {
+                           DType t, double flops_per_element, bool packs_fit) {
   if (n == 0) return;
-  bool vec = true;
+  bool vec = packs_fit;
   for (const void* p : ptrs) vec = vec && aligned16(p);
   const double bytes = static_cast<double>(n) * es(t) * (nin + nout * (acc ? 2 : 1));
-  kernel(op, vec ? "pointwise_kernel<T, V, ACC, NIN, NOUT, Op>" : "pointwise_kernel<T, 1, ACC, NIN, NOUT, Op>",
+  kernel(op,
+         vec ? "pointwise_kernel<T, V, ACC, ROWS, NIN, NOUT, Op>" : "pointwise_kernel<T, 1, ACC, ROWS, NIN, NOUT, Op>",
          PlanUnit::CUDA_CORE, static_cast<double>(n) * flops_per_element, bytes);
 }
 void PlanDevice::gelu_forward(void* out, const void* inp, size_t n, DType t) {
@@ -209,12 +216,16 @@ void PlanDevice::gelu_forward(void* out, const void* inp, size_t n, DType t) {
 void PlanDevice::gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DType t) {
   pointwise("gelu_backward", false, {inp, dout, dinp}, 2, 1, n, t, FLOPS_GELU_BWD);
 }
-void PlanDevice::swiglu_forward(void* out, const void* gate, const void* up, size_t n, DType t) {
-  pointwise("swiglu_forward", false, {gate, up, out}, 2, 1, n, t, FLOPS_SWIGLU_FWD);
+// Over the column blocks of a fused array (ld > cols) the packs must also fit every row.
+void PlanDevice::swiglu_forward(void* out, const void* gate, const void* up, size_t rows, size_t cols, size_t ld,
+                                DType t) {
+  const bool fit = ld == cols || (cols % vec16(t) == 0 && ld % vec16(t) == 0);
+  pointwise("swiglu_forward", false, {gate, up, out}, 2, 1, rows * cols, t, FLOPS_SWIGLU_FWD, fit);
 }
-void PlanDevice::swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, size_t n,
-                                 DType t) {
-  pointwise("swiglu_backward", false, {dout, gate, up, dgate, dup}, 3, 2, n, t, FLOPS_SWIGLU_BWD);
+void PlanDevice::swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
+                                 size_t rows, size_t cols, size_t ld, DType t) {
+  const bool fit = ld == cols || (cols % vec16(t) == 0 && ld % vec16(t) == 0);
+  pointwise("swiglu_backward", false, {dout, gate, up, dgate, dup}, 3, 2, rows * cols, t, FLOPS_SWIGLU_BWD, fit);
 }
 void PlanDevice::dropout_forward(void*, const void*, size_t n, float, uint64_t, DType t) {
   if (n == 0) return;
@@ -230,8 +241,8 @@ void PlanDevice::dropout_backward(void*, const void*, size_t n, float, uint64_t,
 // device builds the table once per (T, HD, frequencies) and keeps it (up to 32 of them;
 // this plan never captures a graph, which would build it per call): a step after the
 // warm-up has no table kernel.
-void PlanDevice::rope(const char* op, const void* q, const void* k, int B, int T, int NH, int NKV, int HD,
-                      const ops::RopeFreq& rope, DType t) {
+void PlanDevice::rope(const char* op, const void* q, const void* k, int B, int T, int NH, int NKV, int HD, int q_stride,
+                      int kv_stride, const ops::RopeFreq& rope, DType t) {
   if (B <= 0 || T <= 0) return;
   const size_t half = static_cast<size_t>(HD) / 2;
   const double table = static_cast<double>(T) * half;
@@ -245,22 +256,23 @@ void PlanDevice::rope(const char* op, const void* q, const void* k, int B, int T
     if (rope_keys_.size() < 32) rope_keys_.push_back({T, HD, rope});
     kernel(op, "rope_table_kernel", PlanUnit::CUDA_CORE, table * FLOPS_ROPE_TABLE, table * 8);
   }
-  auto apply = [&](const void* x, int H) {
+  auto apply = [&](const void* x, int H, int stride) {
     const double pairs = static_cast<double>(B) * T * H * half;
-    const bool vec = half % vec16(t) == 0 && aligned16(x);
+    const size_t row = stride > 0 ? static_cast<size_t>(stride) : static_cast<size_t>(H) * HD;
+    const bool vec = half % vec16(t) == 0 && row % vec16(t) == 0 && aligned16(x);
     kernel(op, vec ? "rope_apply_kernel<T, V>" : "rope_apply_kernel<T, 1>", PlanUnit::CUDA_CORE,
            pairs * FLOPS_ROPE_PAIR, pairs * 4 * es(t) + table * 8);
   };
-  apply(q, NH);
-  if (k) apply(k, NKV);
+  apply(q, NH, q_stride);
+  if (k) apply(k, NKV, kv_stride);
 }
-void PlanDevice::rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& freq,
-                              const int32_t*, DType t) {
-  rope("rope_forward", q, k, B, T, NH, NKV, HD, freq, t);
+void PlanDevice::rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, int q_stride, int kv_stride,
+                              const ops::RopeFreq& freq, const int32_t*, DType t) {
+  rope("rope_forward", q, k, B, T, NH, NKV, HD, q_stride, kv_stride, freq, t);
 }
-void PlanDevice::rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& freq,
-                               const int32_t*, DType t) {
-  rope("rope_backward", dq, dk, B, T, NH, NKV, HD, freq, t);
+void PlanDevice::rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, int q_stride, int kv_stride,
+                               const ops::RopeFreq& freq, const int32_t*, DType t) {
+  rope("rope_backward", dq, dk, B, T, NH, NKV, HD, q_stride, kv_stride, freq, t);
 }
 
 // ----------------------------------------------------------------------------

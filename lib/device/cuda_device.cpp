@@ -221,6 +221,11 @@ class CudaDevice final : public Device {
     cur();
     kernels::gemm(ta, tb, M, N, K, alpha, A, B, beta, C, ab_t, c_t, s_);
   }
+  void gemm_ld(bool ta, bool tb, int M, int N, int K, float alpha, const void* A, int lda, const void* B, int ldb,
+               float beta, void* C, int ldc, DType ab_t, DType c_t) override {
+    cur();
+    kernels::gemm_ld(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab_t, c_t, s_);
+  }
   void linear_forward(void* out, const void* inp, const void* w, const void* bias, int N, int IC, int OC, int ld_out,
                       DType t) override {
     cur();
@@ -293,14 +298,15 @@ class CudaDevice final : public Device {
     cur();
     kernels::gelu_backward(dinp, inp, dout, n, t, s_);
   }
-  void swiglu_forward(void* out, const void* gate, const void* up, size_t n, DType t) override {
+  void swiglu_forward(void* out, const void* gate, const void* up, size_t rows, size_t cols, size_t ld,
+                      DType t) override {
     cur();
-    kernels::swiglu_forward(out, gate, up, n, t, s_);
+    kernels::swiglu_forward(out, gate, up, rows, cols, ld, t, s_);
   }
-  void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, size_t n,
-                       DType t) override {
+  void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, size_t rows,
+                       size_t cols, size_t ld, DType t) override {
     cur();
-    kernels::swiglu_backward(dgate, dup, dout, gate, up, n, t, s_);
+    kernels::swiglu_backward(dgate, dup, dout, gate, up, rows, cols, ld, t, s_);
   }
   void dropout_forward(void* out, const void* inp, size_t n, float p, uint64_t seed, DType t) override {
     cur();
@@ -311,19 +317,19 @@ class CudaDevice final : public Device {
     kernels::dropout_backward(dinp, dout, n, p, seed, t, s_);
   }
 
-  void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
-                    const int32_t* doc_start, DType t) override {
+  void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, int q_stride, int kv_stride,
+                    const ops::RopeFreq& rope, const int32_t* doc_start, DType t) override {
     cur();
     if (const void* table = rope_table(T, HD, rope))
-      kernels::rope_forward_table(q, k, B, T, NH, NKV, HD, table, t, s_, doc_start);
-    else kernels::rope_forward(q, k, B, T, NH, NKV, HD, rope, t, s_, doc_start);
+      kernels::rope_forward_table(q, k, B, T, NH, NKV, HD, table, t, s_, doc_start, q_stride, kv_stride);
+    else kernels::rope_forward(q, k, B, T, NH, NKV, HD, rope, t, s_, doc_start, q_stride, kv_stride);
   }
-  void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
-                     const int32_t* doc_start, DType t) override {
+  void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, int q_stride, int kv_stride,
+                     const ops::RopeFreq& rope, const int32_t* doc_start, DType t) override {
     cur();
     if (const void* table = rope_table(T, HD, rope))
-      kernels::rope_backward_table(dq, dk, B, T, NH, NKV, HD, table, t, s_, doc_start);
-    else kernels::rope_backward(dq, dk, B, T, NH, NKV, HD, rope, t, s_, doc_start);
+      kernels::rope_backward_table(dq, dk, B, T, NH, NKV, HD, table, t, s_, doc_start, q_stride, kv_stride);
+    else kernels::rope_backward(dq, dk, B, T, NH, NKV, HD, rope, t, s_, doc_start, q_stride, kv_stride);
   }
   size_t attention_saved_floats(int B, int T, int NH) const override { return static_cast<size_t>(B) * NH * T; }
   void attention_forward(void* out, float* saved, const void* q, const void* k, const void* v, int B, int T, int NH,

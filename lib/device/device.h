@@ -104,6 +104,10 @@ class Device {
   /// Row-major C[M,N] = alpha op(A) op(B) + beta C; A, B of ab_t, C of c_t (= ab_t, or F32).
   virtual void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, const void* B,
                     float beta, void* C, DType ab_t, DType c_t) = 0;
+  /// gemm() with row pitches: A's rows lda elements apart, B's ldb, C's ldc (each at least
+  /// its row width; a fused projection's column block passes the fused row width).
+  virtual void gemm_ld(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda,
+                       const void* B, int ldb, float beta, void* C, int ldc, DType ab_t, DType c_t) = 0;
   /// out = inp W^T + bias (bias may be null); out's rows are ld_out >= OC apart (the
   /// model's logits rows are padded, see Model), the columns past OC untouched.
   virtual void linear_forward(void* out, const void* inp, const void* w, const void* bias, int N, int IC, int OC,
@@ -142,10 +146,13 @@ class Device {
   virtual void gelu_forward(void* out, const void* inp, size_t n, DType t) = 0;
   /// WRITES dinp = gelu'(inp) * dout (dinp may alias dout).
   virtual void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DType t) = 0;
-  virtual void swiglu_forward(void* out, const void* gate, const void* up, size_t n, DType t) = 0;
-  /// WRITES dgate and dup (ops::swiglu_backward).
-  virtual void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, size_t n,
-                               DType t) = 0;
+  /// out [rows, cols] dense = silu(gate) * up; gate's and up's rows are ld >= cols elements
+  /// apart (the fused gate/up projection's [rows, 2 cols] output: ld = 2 cols).
+  virtual void swiglu_forward(void* out, const void* gate, const void* up, size_t rows, size_t cols, size_t ld,
+                              DType t) = 0;
+  /// WRITES dgate and dup (ops::swiglu_backward), rows ld apart like gate and up; dout dense.
+  virtual void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, size_t rows,
+                               size_t cols, size_t ld, DType t) = 0;
   /// Inverted dropout: out = keep ? inp / (1 - p) : 0 with keep[i] = dropout_keep(seed, i, p)
   /// (core/rng.h: the same mask on every device).
   virtual void dropout_forward(void* out, const void* inp, size_t n, float p, uint64_t seed, DType t) = 0;
@@ -156,12 +163,13 @@ class Device {
   // doc_start (int32 device array [B*T], or nullptr): packed documents without cross-talk
   // (ops/attention.h's layout): positions restart at each document (RoPE, learned
   // positions) and a query sees only keys of its own document.
-  /// Rotates q and k in place with the frequencies of `rope` (ops::rope_inv_freq).
-  virtual void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
-                            const int32_t* doc_start, DType t) = 0;
+  /// Rotates q and k in place with the frequencies of `rope` (ops::rope_inv_freq). q's token
+  /// rows are q_stride elements apart, k's kv_stride (as attention_forward's).
+  virtual void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, int q_stride, int kv_stride,
+                            const ops::RopeFreq& rope, const int32_t* doc_start, DType t) = 0;
   /// The inverse rotation, in place.
-  virtual void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
-                             const int32_t* doc_start, DType t) = 0;
+  virtual void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, int q_stride, int kv_stride,
+                             const ops::RopeFreq& rope, const int32_t* doc_start, DType t) = 0;
   /// fp32 elements attention_forward saves for backward: the CPU's probabilities
   /// [B,NH,T,T], CUDA's log-sum-exp [B,NH,T].
   virtual size_t attention_saved_floats(int B, int T, int NH) const = 0;

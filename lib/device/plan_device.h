@@ -115,6 +115,8 @@ class PlanDevice final : public Device {
 
   void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, const void* B, float beta,
             void* C, DType ab_t, DType c_t) override;
+  void gemm_ld(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda, const void* B,
+               int ldb, float beta, void* C, int ldc, DType ab_t, DType c_t) override;
   void linear_forward(void* out, const void* inp, const void* w, const void* bias, int N, int IC, int OC, int ld_out,
                       DType t) override;
   void linear_gelu_forward(void* out, void* pre, const void* inp, const void* w, const void* bias, int N, int IC,
@@ -139,16 +141,17 @@ class PlanDevice final : public Device {
 
   void gelu_forward(void* out, const void* inp, size_t n, DType t) override;
   void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DType t) override;
-  void swiglu_forward(void* out, const void* gate, const void* up, size_t n, DType t) override;
-  void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, size_t n,
-                       DType t) override;
+  void swiglu_forward(void* out, const void* gate, const void* up, size_t rows, size_t cols, size_t ld,
+                      DType t) override;
+  void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, size_t rows,
+                       size_t cols, size_t ld, DType t) override;
   void dropout_forward(void* out, const void* inp, size_t n, float p, uint64_t seed, DType t) override;
   void dropout_backward(void* dinp, const void* dout, size_t n, float p, uint64_t seed, DType t) override;
 
-  void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
-                    const int32_t* doc_start, DType t) override;
-  void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, const ops::RopeFreq& rope,
-                     const int32_t* doc_start, DType t) override;
+  void rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, int q_stride, int kv_stride,
+                    const ops::RopeFreq& rope, const int32_t* doc_start, DType t) override;
+  void rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, int q_stride, int kv_stride,
+                     const ops::RopeFreq& rope, const int32_t* doc_start, DType t) override;
   size_t attention_saved_floats(int B, int T, int NH) const override;
   void attention_forward(void* out, float* saved, const void* q, const void* k, const void* v, int B, int T, int NH,
                          int NKV, int HD, int q_stride, int kv_stride, int window, const int32_t* doc_start,
@@ -201,13 +204,13 @@ class PlanDevice final : public Device {
   void linear(const char* op, const void* bias, int N, int IC, int OC, DType t);
   void weight_grads(const char* op, bool dw, bool db, int N, int IC, int OC, DType t);
   void pointwise(const char* op, bool acc, const std::vector<const void*>& ptrs, int nin, int nout, size_t n, DType t,
-                 double flops_per_element);
+                 double flops_per_element, bool packs_fit = true);
   void column_sums(const char* op, int mode, bool dw, bool db, int N, int C, DType t);
   void norm_forward(const char* op, bool layer, bool fused, const void* bias, int N, int C, DType t);
   void norm_backward(const char* op, bool layer, const void* dinp, const void* dout, const void* inp, const void* w,
                      bool dw, bool db, int N, int C, DType t);
-  void rope(const char* op, const void* q, const void* k, int B, int T, int NH, int NKV, int HD,
-            const ops::RopeFreq& rope, DType t);
+  void rope(const char* op, const void* q, const void* k, int B, int T, int NH, int NKV, int HD, int q_stride,
+            int kv_stride, const ops::RopeFreq& rope, DType t);
   void cross_entropy(const char* op, bool losses, bool mean, bool dlogits, int N, int V, DType t);
 
   Kind kind_;

@@ -124,6 +124,9 @@ Model::Model(const ModelConfig& cfg, device::Device& dev, DType dtype, bool defe
     projs_.push_back(std::move(p));
   }
   if (cfg_.arch != ModelConfig::Arch::GPT2) {
+    // qwen3's per-head q/k norms read q and k dense: its q/k/v stay three GEMMs.
+    qkv_fusable_ = !cfg_.qk_norm && proj_group_fusable(l0, LL_Q, 3);
+    gate_up_fusable_ = proj_group_fusable(l0, LL_GATE, 2);
     ln1_ = tensor_index(l0, p0 + "input_layernorm.weight");
     ln2_ = tensor_index(l0, p0 + "post_attention_layernorm.weight");
     if (cfg_.qk_norm) {
@@ -384,10 +387,10 @@ void Model::allocate(int B, int T) {
   for (int s = 0; s < sets; ++s) acts_.push_back(std::make_unique<LayerActs>());
   auto plan = [&](Carver& c) {
     auto act = [&](size_t n) { return c.bytes(n * es); };
-    // q, k, v (or their gradients): GPT-2's are the column blocks of one [N, QD + 2 KD] array
-    // (c_attn's rows), Llama's three dense arrays.
+    // q, k, v (or their gradients): GPT-2's (and fused Llama's) are the column blocks of one
+    // [N, QD + 2 KD] array (the projection's rows), unfused Llama's three dense arrays.
     auto qkv = [&](void*& q, void*& k, void*& v) {
-      if (gpt2) {
+      if (qkv_one_array()) {
         q = act(N * (QD + 2 * KD));
         k = static_cast<char*>(q) + QD * es;
         v = static_cast<char*>(k) + KD * es;
@@ -395,6 +398,17 @@ void Model::allocate(int B, int T) {
         q = act(N * QD);
         k = act(N * KD);
         v = act(N * KD);
+      }
+    };
+    // gate and up (or their gradients): the column blocks of one [N, 2F] array when fused;
+    // GPT-2's c_fc output alone.
+    auto gate_up = [&](void*& g, void*& u) {
+      if (fused_gate_up()) {
+        g = act(N * 2 * F);
+        u = static_cast<char*>(g) + F * es;
+      } else {
+        g = act(N * F);
+        u = gpt2 ? nullptr : act(N * F);
       }
     };
     for (auto& res : residuals_) res = act(N * C);
@@ -416,8 +430,7 @@ void Model::allocate(int B, int T) {
       a.ln2 = act(N * C);
       a.ln2_mean = c.of<float>(N);
       a.ln2_rstd = c.of<float>(N);
-      a.fc = act(N * F);
-      a.up = gpt2 ? nullptr : act(N * F);
+      gate_up(a.fc, a.up);
       a.act = act(N * F);
       a.lora_h.assign(projs_.size(), nullptr);
       a.lora_xd.assign(projs_.size(), nullptr);
@@ -442,15 +455,14 @@ void Model::allocate(int B, int T) {
     s.doc_start = c.of<int32_t>(N);
     s.dres = act(N * C);
     s.dln = act(N * C);
-    qkv(s.dq, s.dk, s.dv);  // GPT-2: attention's backward writes into c_attn's gradient rows
-    if (gpt2) s.dqkv = s.dq;
+    qkv(s.dq, s.dk, s.dv);  // GPT-2, fused: attention's backward writes into the projection's gradient rows
+    if (qkv_one_array()) s.dqkv = s.dq;
     s.datty = act(N * QD);
     if (cfg_.qk_norm) {
       s.dqpre = act(N * QD);
       s.dkpre = act(N * KD);
     }
-    s.dfc = act(N * F);
-    s.dup = gpt2 ? nullptr : act(N * F);
+    gate_up(s.dfc, s.dup);
     // d(act) is stored only where an adapter on the down projection adds to it, or
     // SwiGLU needs it; GPT-2's plain projection goes straight to d(fc).
     s.dact = gpt2 && !adapted[GPT2_MLP_PROJ] ? nullptr : act(N * F);
@@ -482,15 +494,46 @@ uint64_t Model::lora_mask_seed(int l, int p) const {
   return splitmix64(lora_cfg_.seed ^ splitmix64(acts_step_ * 4096 + static_cast<uint64_t>(l) * 16 + p + 1));
 }
 
-void Model::proj_forward(int l, int p, const void* x, void* y, LayerActs& a) {
+bool Model::proj_group_fusable(const BufferLayout& layer, int p, int n) const {
+  for (int m = 0; m < n; ++m) {
+    const Proj& pr = projs_[static_cast<size_t>(p + m)];
+    if (pr.b >= 0 || pr.in != projs_[static_cast<size_t>(p)].in) return false;
+    if (m == 0) continue;
+    const Proj& prev = projs_[static_cast<size_t>(p + m - 1)];
+    const TensorSpec& w = layer.tensors[static_cast<size_t>(pr.w)];
+    const TensorSpec& pw = layer.tensors[static_cast<size_t>(prev.w)];
+    if (w.offset != pw.offset + static_cast<size_t>(prev.out) * prev.in) return false;
+  }
+  return true;
+}
+
+void Model::set_fused_projections(bool on) {
+  if (on == fuse_on_) return;
+  fuse_on_ = on;
+  B_ = T_ = 0;  // the activation layout changes: re-allocate on the next forward
+  have_targets_ = false;
+}
+
+void Model::proj_group_forward(int l, int p, int n, const void* x, void* y, LayerActs& a) {
   const Proj& pr = projs_[static_cast<size_t>(p)];
   const ParamBuffer& pb = params_[static_cast<size_t>(l) + 1];
-  const int N = B_ * T_;
+  int out = 0;
+  for (int m = 0; m < n; ++m) out += projs_[static_cast<size_t>(p + m)].out;
+  DT_CHECK(n == 1 || pr.b < 0);
   const void* W = param_at(pb, static_cast<size_t>(pr.w));
   const void* b = pr.b >= 0 ? param_at(pb, static_cast<size_t>(pr.b)) : nullptr;
-  dev_->linear_forward(y, x, W, b, N, pr.in, pr.out, pr.out, dtype_);
-  if (!proj_adapted(l, p)) return;
-  // y += scale * dropout(x) A^T B^T
+  dev_->linear_forward(y, x, W, b, B_ * T_, pr.in, out, out, dtype_);
+  int col = 0;
+  for (int m = 0; m < n; ++m) {
+    if (proj_adapted(l, p + m)) lora_forward(l, p + m, x, at(y, static_cast<size_t>(col)), out, a);
+    col += projs_[static_cast<size_t>(p + m)].out;
+  }
+}
+
+// y (rows ld_y apart) += scale * dropout(x) A^T B^T
+void Model::lora_forward(int l, int p, const void* x, void* y, int ld_y, LayerActs& a) {
+  const Proj& pr = projs_[static_cast<size_t>(p)];
+  const int N = B_ * T_;
   const size_t slot = static_cast<size_t>(lora_slot_[static_cast<size_t>(l)][static_cast<size_t>(p)]);
   const ParamBuffer& lb = lora_params_[static_cast<size_t>(l)];
   const int r = lora_cfg_.rank;
@@ -502,19 +545,34 @@ void Model::proj_forward(int l, int p, const void* x, void* y, LayerActs& a) {
   }
   void* h = a.lora_h[static_cast<size_t>(p)];
   dev_->gemm(false, true, N, r, pr.in, 1.0f, xd, param_at(lb, slot), 0.0f, h, dtype_, dtype_);
-  dev_->gemm(false, true, N, pr.out, r, lora_cfg_.scale(), h, param_at(lb, slot + 1), 1.0f, y, dtype_, dtype_);
+  dev_->gemm_ld(false, true, N, pr.out, r, lora_cfg_.scale(), h, r, param_at(lb, slot + 1), r, 1.0f, y, ld_y, dtype_,
+                dtype_);
 }
 
-// dx = dy W (accumulate_dx: dx += dy W); dW, db += (when trainable); under LoRA
-// dB += scale dy^T h, dA += (scale dy B)^T dropout(x), dx += dropout'((scale dy B) A).
-void Model::proj_backward(int l, int p, const void* dy, const void* x, void* dx, bool accumulate_dx, LayerActs& a) {
+// dx = dy W (accumulate_dx: dx += dy W) over the group's joint weight; dW, db += (when
+// trainable); then each adapted member's part (lora_backward).
+void Model::proj_group_backward(int l, int p, int n, const void* dy, const void* x, void* dx, bool accumulate_dx,
+                                LayerActs& a) {
   const Proj& pr = projs_[static_cast<size_t>(p)];
   const ParamBuffer& pb = params_[static_cast<size_t>(l) + 1];
-  const int N = B_ * T_;
+  int out = 0;
+  for (int m = 0; m < n; ++m) out += projs_[static_cast<size_t>(p + m)].out;
+  DT_CHECK(n == 1 || pr.b < 0);
   dev_->linear_backward(dx, grad_at(pb, static_cast<size_t>(pr.w)),
                         pr.b >= 0 ? grad_at(pb, static_cast<size_t>(pr.b)) : nullptr, dy, x,
-                        param_at(pb, static_cast<size_t>(pr.w)), N, pr.in, pr.out, pr.out, accumulate_dx, dtype_);
-  if (!proj_adapted(l, p)) return;
+                        param_at(pb, static_cast<size_t>(pr.w)), B_ * T_, pr.in, out, out, accumulate_dx, dtype_);
+  int col = 0;
+  for (int m = 0; m < n; ++m) {
+    if (proj_adapted(l, p + m)) lora_backward(l, p + m, at(dy, static_cast<size_t>(col)), out, x, dx, a);
+    col += projs_[static_cast<size_t>(p + m)].out;
+  }
+}
+
+// dy's rows ld_dy apart: dB += scale dy^T h, dA += (scale dy B)^T dropout(x), dx +=
+// dropout'((scale dy B) A).
+void Model::lora_backward(int l, int p, const void* dy, int ld_dy, const void* x, void* dx, LayerActs& a) {
+  const Proj& pr = projs_[static_cast<size_t>(p)];
+  const int N = B_ * T_;
   const size_t slot = static_cast<size_t>(lora_slot_[static_cast<size_t>(l)][static_cast<size_t>(p)]);
   const ParamBuffer& lb = lora_params_[static_cast<size_t>(l)];
   const int r = lora_cfg_.rank;
@@ -523,8 +581,8 @@ void Model::proj_backward(int l, int p, const void* dy, const void* x, void* dx,
   const void* xd = dropout ? a.lora_xd[static_cast<size_t>(p)] : x;
   const void* h = a.lora_h[static_cast<size_t>(p)];
   void* dh = scratch_->dh;
-  dev_->gemm(true, false, pr.out, r, N, scale, dy, h, 1.0f, grad_at(lb, slot + 1), dtype_, DType::F32);
-  dev_->gemm(false, false, N, r, pr.out, scale, dy, param_at(lb, slot + 1), 0.0f, dh, dtype_, dtype_);
+  dev_->gemm_ld(true, false, pr.out, r, N, scale, dy, ld_dy, h, r, 1.0f, grad_at(lb, slot + 1), r, dtype_, DType::F32);
+  dev_->gemm_ld(false, false, N, r, pr.out, scale, dy, ld_dy, param_at(lb, slot + 1), r, 0.0f, dh, r, dtype_, dtype_);
   dev_->gemm(true, false, r, pr.in, N, 1.0f, dh, xd, 1.0f, grad_at(lb, slot), dtype_, DType::F32);
   if (!dx) return;
   if (!dropout) {
@@ -568,12 +626,15 @@ void Model::layer_forward(int l, LayerActs& a, bool fused_input) {
       proj_forward(l, LL_K, a.ln1, a.kpre, a);
       dev_->rmsnorm_forward(a.q, a.qn_rstd, a.qpre, P(static_cast<size_t>(qnorm_)), N * NH, HD, eps, dtype_);
       dev_->rmsnorm_forward(a.k, a.kn_rstd, a.kpre, P(static_cast<size_t>(knorm_)), N * NKV, HD, eps, dtype_);
+      proj_forward(l, LL_V, a.ln1, a.v, a);
+    } else if (fused_qkv()) {
+      proj_group_forward(l, LL_Q, 3, a.ln1, a.q, a);  // a.q, a.k, a.v are column blocks of its rows
     } else {
       proj_forward(l, LL_Q, a.ln1, a.q, a);
       proj_forward(l, LL_K, a.ln1, a.k, a);
+      proj_forward(l, LL_V, a.ln1, a.v, a);
     }
-    proj_forward(l, LL_V, a.ln1, a.v, a);
-    dev_->rope_forward(a.q, a.k, B, T, NH, NKV, HD, cfg_.rope_freq(), doc_starts(), dtype_);
+    dev_->rope_forward(a.q, a.k, B, T, NH, NKV, HD, q_stride(), kv_stride(), cfg_.rope_freq(), doc_starts(), dtype_);
   }
   dev_->attention_forward(a.atty, a.att, a.q, a.k, a.v, B, T, NH, NKV, HD, q_stride(), kv_stride(), cfg_.sliding_window,
                           doc_starts(), dtype_);
@@ -593,9 +654,14 @@ void Model::layer_forward(int l, LayerActs& a, bool fused_input) {
   } else {
     dev_->residual_rmsnorm_forward(a.res2, a.ln2, a.ln2_rstd, x, s.attproj, P(static_cast<size_t>(ln2_)), N, C, eps,
                                    dtype_);
-    proj_forward(l, LL_GATE, a.ln2, a.fc, a);
-    proj_forward(l, LL_UP, a.ln2, a.up, a);
-    dev_->swiglu_forward(a.act, a.fc, a.up, F, dtype_);
+    if (fused_gate_up()) {
+      proj_group_forward(l, LL_GATE, 2, a.ln2, a.fc, a);  // a.fc (gate), a.up: column blocks of its rows
+    } else {
+      proj_forward(l, LL_GATE, a.ln2, a.fc, a);
+      proj_forward(l, LL_UP, a.ln2, a.up, a);
+    }
+    dev_->swiglu_forward(a.act, a.fc, a.up, static_cast<size_t>(N), static_cast<size_t>(cfg_.d_ff),
+                         static_cast<size_t>(gate_up_ld()), dtype_);
     proj_forward(l, LL_DOWN, a.act, s.mlp, a);
   }
 }
@@ -630,9 +696,14 @@ void Model::layer_backward(int l, LayerActs& a) {
     proj_backward(l, GPT2_FC, s.dfc, a.ln2, s.dln, WRITE, a);
     dev_->layernorm_backward(dres, G(6), G(7), s.dln, a.res2, P(6), a.ln2_mean, a.ln2_rstd, N, C, dtype_);
   } else {
-    dev_->swiglu_backward(s.dfc, s.dup, s.dact, a.fc, a.up, F, dtype_);
-    proj_backward(l, LL_GATE, s.dfc, a.ln2, s.dln, WRITE, a);
-    proj_backward(l, LL_UP, s.dup, a.ln2, s.dln, ACCUMULATE, a);
+    dev_->swiglu_backward(s.dfc, s.dup, s.dact, a.fc, a.up, static_cast<size_t>(N), static_cast<size_t>(cfg_.d_ff),
+                          static_cast<size_t>(gate_up_ld()), dtype_);
+    if (fused_gate_up()) {
+      proj_group_backward(l, LL_GATE, 2, s.dfc, a.ln2, s.dln, WRITE, a);
+    } else {
+      proj_backward(l, LL_GATE, s.dfc, a.ln2, s.dln, WRITE, a);
+      proj_backward(l, LL_UP, s.dup, a.ln2, s.dln, ACCUMULATE, a);
+    }
     const size_t ln2 = static_cast<size_t>(ln2_);
     dev_->rmsnorm_backward(dres, G(ln2), s.dln, a.res2, P(ln2), a.ln2_rstd, N, C, dtype_);
   }
@@ -645,7 +716,7 @@ void Model::layer_backward(int l, LayerActs& a) {
     proj_backward(l, GPT2_C_ATTN, s.dqkv, a.ln1, s.dln, WRITE, a);
     dev_->layernorm_backward(dres, G(0), G(1), s.dln, x, P(0), a.ln1_mean, a.ln1_rstd, N, C, dtype_);
   } else {
-    dev_->rope_backward(s.dq, s.dk, B, T, NH, NKV, HD, cfg_.rope_freq(), doc_starts(), dtype_);
+    dev_->rope_backward(s.dq, s.dk, B, T, NH, NKV, HD, q_stride(), kv_stride(), cfg_.rope_freq(), doc_starts(), dtype_);
     void* dq = s.dq;
     void* dk = s.dk;
     if (cfg_.qk_norm) {  // through the per-head norms (their backward accumulates: zero first)
@@ -658,9 +729,13 @@ void Model::layer_backward(int l, LayerActs& a) {
       dq = s.dqpre;
       dk = s.dkpre;
     }
-    proj_backward(l, LL_Q, dq, a.ln1, s.dln, WRITE, a);
-    proj_backward(l, LL_K, dk, a.ln1, s.dln, ACCUMULATE, a);
-    proj_backward(l, LL_V, s.dv, a.ln1, s.dln, ACCUMULATE, a);
+    if (fused_qkv()) {
+      proj_group_backward(l, LL_Q, 3, s.dqkv, a.ln1, s.dln, WRITE, a);
+    } else {
+      proj_backward(l, LL_Q, dq, a.ln1, s.dln, WRITE, a);
+      proj_backward(l, LL_K, dk, a.ln1, s.dln, ACCUMULATE, a);
+      proj_backward(l, LL_V, s.dv, a.ln1, s.dln, ACCUMULATE, a);
+    }
     const size_t ln1 = static_cast<size_t>(ln1_);
     dev_->rmsnorm_backward(dres, G(ln1), s.dln, x, P(ln1), a.ln1_rstd, N, C, dtype_);
   }

@@ -187,6 +187,15 @@ class Model {
   int recompute_layers() const { return recompute_layers_; }
   bool recompute() const { return recompute_layers_ > 0; }
 
+  /// Fused projections (on by default): where a layer's q/k/v weights (and gate/up) lie back
+  /// to back in its buffer, as HF's module order puts them without biases, one GEMM computes
+  /// them together and q, k, v (gate, up) are column blocks of its output; LoRA adapters
+  /// stay per projection. Off: one GEMM per projection (the same values within rounding;
+  /// for tests and comparisons). The weight layout is the same either way.
+  void set_fused_projections(bool on);
+  bool fused_qkv() const { return fuse_on_ && qkv_fusable_; }
+  bool fused_gate_up() const { return fuse_on_ && gate_up_fusable_; }
+
   void set_hooks(ModelHooks hooks) { hooks_ = std::move(hooks); }
 
   // ---- Storage (for the ZeRO engine)
@@ -252,16 +261,29 @@ class Model {
   void backward_impl(float grad_scale, const float* count, const float* row_scales);
   void layer_forward(int l, LayerActs& a, bool fused_input);
   void layer_backward(int l, LayerActs& a);
-  void proj_forward(int l, int p, const void* x, void* y, LayerActs& a);
-  void proj_backward(int l, int p, const void* dy, const void* x, void* dx, bool accumulate_dx, LayerActs& a);
-  bool proj_adapted(int l, int p) const;
-  // Elements between consecutive tokens of q (and dq) and of k, v (and dk, dv): GPT-2 reads
-  // them in place from c_attn's [N, (NH + 2 NKV) HD] output, Llama's are dense.
-  int q_stride() const {
-    return cfg_.arch == ModelConfig::Arch::GPT2 ? (cfg_.n_head + 2 * cfg_.n_kv_head) * cfg_.head_dim()
-                                                : cfg_.n_head * cfg_.head_dim();
+  void proj_forward(int l, int p, const void* x, void* y, LayerActs& a) { proj_group_forward(l, p, 1, x, y, a); }
+  void proj_backward(int l, int p, const void* dy, const void* x, void* dx, bool accumulate_dx, LayerActs& a) {
+    proj_group_backward(l, p, 1, dy, x, dx, accumulate_dx, a);
   }
-  int kv_stride() const { return cfg_.arch == ModelConfig::Arch::GPT2 ? q_stride() : cfg_.n_kv_head * cfg_.head_dim(); }
+  // Projections p .. p + n - 1 with their weights back to back (n > 1 without biases): one
+  // GEMM, y's rows hold their outputs side by side; each member's adapter on its block.
+  void proj_group_forward(int l, int p, int n, const void* x, void* y, LayerActs& a);
+  void proj_group_backward(int l, int p, int n, const void* dy, const void* x, void* dx, bool accumulate_dx,
+                           LayerActs& a);
+  void lora_forward(int l, int p, const void* x, void* y, int ld_y, LayerActs& a);
+  void lora_backward(int l, int p, const void* dy, int ld_dy, const void* x, void* dx, LayerActs& a);
+  bool proj_group_fusable(const BufferLayout& layer, int p, int n) const;
+  bool proj_adapted(int l, int p) const;
+  // Elements between consecutive tokens of q (and dq) and of k, v (and dk, dv): GPT-2 (and a
+  // fused Llama q/k/v) reads them in place from the [N, (NH + 2 NKV) HD] projection output,
+  // unfused Llama's are dense.
+  bool qkv_one_array() const { return cfg_.arch == ModelConfig::Arch::GPT2 || fused_qkv(); }
+  int q_stride() const {
+    return qkv_one_array() ? (cfg_.n_head + 2 * cfg_.n_kv_head) * cfg_.head_dim() : cfg_.n_head * cfg_.head_dim();
+  }
+  int kv_stride() const { return qkv_one_array() ? q_stride() : cfg_.n_kv_head * cfg_.head_dim(); }
+  // Row pitch of gate and up (and their gradients): 2 d_ff when fused, else d_ff.
+  int gate_up_ld() const { return fused_gate_up() ? 2 * cfg_.d_ff : cfg_.d_ff; }
   uint64_t lora_mask_seed(int l, int p) const;
   LayerActs& acts_for(int l);
   void* at(const void* base, size_t elems) const {
@@ -295,6 +317,7 @@ class Model {
   int B_ = 0, T_ = 0;
   int logits_ld_ = 0;  // row pitch of the logits (elements): the vocabulary, padded on a device
   int recompute_layers_ = 0;
+  bool fuse_on_ = true, qkv_fusable_ = false, gate_up_fusable_ = false;
   std::vector<int> act_set_;  // [layer] -> its set in acts_ (the recomputed layers share the last)
   bool training_ = true;
   bool adapters_enabled_ = true;

@@ -3,6 +3,7 @@
 // independent, so any thread count gives the same bits.
 #include "ops/activation.h"
 
+#include "core/check.h"
 #include "ops/parallel.h"
 #include "ops/simd.h"
 
@@ -68,6 +69,24 @@ void swiglu_forward(float* out, const float* gate, const float* up, size_t n) {
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, size_t n) {
   parallel_for(n, n * 8,
                [&](size_t b, size_t e) { swiglu_bwd_range(dgate + b, dup + b, dout + b, gate + b, up + b, e - b); });
+}
+
+void swiglu_forward(float* out, const float* gate, const float* up, size_t rows, size_t cols, size_t ld) {
+  DT_ENFORCE(ld >= cols, UsageError, "swiglu: the input row pitch {} is below the row width {}", ld, cols);
+  if (ld == cols) return swiglu_forward(out, gate, up, rows * cols);
+  parallel_for(rows, rows * cols * 8, [&](size_t b, size_t e) {
+    for (size_t r = b; r < e; ++r) swiglu_fwd_range(out + r * cols, gate + r * ld, up + r * ld, cols);
+  });
+}
+
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, size_t rows,
+                     size_t cols, size_t ld) {
+  DT_ENFORCE(ld >= cols, UsageError, "swiglu: the input row pitch {} is below the row width {}", ld, cols);
+  if (ld == cols) return swiglu_backward(dgate, dup, dout, gate, up, rows * cols);
+  parallel_for(rows, rows * cols * 8, [&](size_t b, size_t e) {
+    for (size_t r = b; r < e; ++r)
+      swiglu_bwd_range(dgate + r * ld, dup + r * ld, dout + r * cols, gate + r * ld, up + r * ld, cols);
+  });
 }
 
 void residual_forward(float* out, const float* a, const float* b, size_t n) {

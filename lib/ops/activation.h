@@ -1,6 +1,7 @@
 // Pointwise ops: GELU (GPT-2's tanh approximation), SwiGLU (out = silu(gate) * up with
 // gate and up in SEPARATE arrays, matching HF Llama's separate gate_proj / up_proj) and
-// the residual add. GELU and SwiGLU backward WRITE their gradients (each is the only
+// the residual add. SwiGLU also reads (and writes) its gate and up as the column blocks of
+// one fused array. GELU and SwiGLU backward WRITE their gradients (each is the only
 // producer of its input's gradient); the residual backward ACCUMULATES (+=).
 #pragma once
 
@@ -17,6 +18,12 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
 void swiglu_forward(float* out, const float* gate, const float* up, size_t n);
 /// dgate = dout * up * silu'(gate); dup = dout * silu(gate).
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, size_t n);
+/// The same over rows: out [rows, cols] dense; gate and up (dgate and dup) have their rows ld
+/// >= cols elements apart (the fused gate/up projection's [rows, 2 cols] output passes its
+/// two column blocks with ld = 2 cols); dout dense like out.
+void swiglu_forward(float* out, const float* gate, const float* up, size_t rows, size_t cols, size_t ld);
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, size_t rows,
+                     size_t cols, size_t ld);
 
 /// out = a + b (out may alias a or b).
 void residual_forward(float* out, const float* a, const float* b, size_t n);

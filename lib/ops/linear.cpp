@@ -167,6 +167,13 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
   gemm_rows(trans_a, trans_b, M, N, K, alpha, A, trans_a ? M : K, B, trans_b ? K : N, beta, C, N);
 }
 
+void gemm_strided(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+                  int ldb, float beta, float* C, int ldc) {
+  DT_ENFORCE(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N) && ldc >= N, UsageError,
+             "gemm_strided: a row pitch (lda {}, ldb {}, ldc {}) is below its matrix's row width", lda, ldb, ldc);
+  gemm_rows(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int IC, int OC,
                     int ld_out) {
   DT_ENFORCE_GE(ld_out, OC, UsageError, "linear_forward: the output's row pitch is below its width");

@@ -33,6 +33,9 @@ void gemm_ld(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const
 
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, const float* B, float beta,
           float* C);
+/// gemm() with row pitches (each at least its matrix's row width), threaded like gemm().
+void gemm_strided(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+                  int ldb, float beta, float* C, int ldc);
 
 /// out = inp @ weight^T + bias (bias may be null). Overwrites out's N x OC elements, rows
 /// ld_out >= OC apart (the columns past OC are left as they are).

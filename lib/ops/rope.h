@@ -53,11 +53,13 @@ DT_ROPE_HD inline double rope_inv_freq(const RopeFreq& r, int i, int HD) {
 /// x[i] <- x[i] cos - x[i+HD/2] sin;  x[i+HD/2] <- x[i+HD/2] cos + x[i] sin. HD must be even.
 /// k may be null (then NKV is ignored). Row t of a sequence rotates by position t, or by
 /// t - doc_start[b*T + t] with packed documents (doc_start [B*T], ops/attention.h's layout):
-/// positions restart at each document.
+/// positions restart at each document. q's token rows are q_stride elements apart, k's
+/// kv_stride (0: dense, NH*HD and NKV*HD; the fused q/k/v projection's column blocks pass
+/// its row width).
 void rope_forward(float* q, float* k, int B, int T, int NH, int NKV, int HD, const RopeFreq& rope,
-                  const int32_t* doc_start = nullptr);
+                  const int32_t* doc_start = nullptr, int q_stride = 0, int kv_stride = 0);
 /// The transpose (inverse) rotation applied to dq, dk in place.
 void rope_backward(float* dq, float* dk, int B, int T, int NH, int NKV, int HD, const RopeFreq& rope,
-                   const int32_t* doc_start = nullptr);
+                   const int32_t* doc_start = nullptr, int q_stride = 0, int kv_stride = 0);
 
 }  // namespace dtrain::ops

@@ -203,10 +203,10 @@ TEST_CASE("the CUDA device's cached RoPE tables: every key gets its own table") 
       for (int i = 0; i < 4; ++i) dev->copy_h2d(bufs[i], i % 2 ? hk.data() : hq.data(), (i % 2 ? nk : nq) * es);
       for (bool bwd : {false, true}) {
         if (bwd) {
-          dev->rope_backward(bufs[0], bufs[1], B, k.T, NH, NKV, k.HD, k.rope, nullptr, t);
+          dev->rope_backward(bufs[0], bufs[1], B, k.T, NH, NKV, k.HD, 0, 0, k.rope, nullptr, t);
           kernels::rope_backward(bufs[2], bufs[3], B, k.T, NH, NKV, k.HD, k.rope, t, stream);
         } else {
-          dev->rope_forward(bufs[0], bufs[1], B, k.T, NH, NKV, k.HD, k.rope, nullptr, t);
+          dev->rope_forward(bufs[0], bufs[1], B, k.T, NH, NKV, k.HD, 0, 0, k.rope, nullptr, t);
           kernels::rope_forward(bufs[2], bufs[3], B, k.T, NH, NKV, k.HD, k.rope, t, stream);
         }
         for (int i = 0; i < 2; ++i) {

@@ -49,9 +49,32 @@ double swiglu_case(DType t, size_t off, uint64_t seed) {
   out.poison();
   dg.poison();
   du.poison();
-  swiglu_forward(out.ptr(), dgate.ptr(), dup_in.ptr(), N_PW, t, nullptr);
-  swiglu_backward(dg.ptr(), du.ptr(), dd.ptr(), dgate.ptr(), dup_in.ptr(), N_PW, t, nullptr);
+  swiglu_forward(out.ptr(), dgate.ptr(), dup_in.ptr(), 1, N_PW, N_PW, t, nullptr);
+  swiglu_backward(dg.ptr(), du.ptr(), dd.ptr(), dgate.ptr(), dup_in.ptr(), 1, N_PW, N_PW, t, nullptr);
   return std::max({buf_err(out, out_ref), buf_err(dg, dg_ref), buf_err(du, du_ref)});
+}
+
+// SwiGLU over the column blocks of one fused [rows, ld] gate/up array (gate at column 0, up
+// at column cols, `pad` columns after them): the outputs against the dense reference row
+// by row, and the pad columns of the gradient array left as they were.
+double swiglu_rows_case(DType t, size_t cols, size_t pad, uint64_t seed) {
+  Rng r(seed);
+  const size_t rows = 37, ld = 2 * cols + pad;
+  const Floats gu = input(r, rows * ld, t, 2.0f), dout = input(r, rows * cols, t), d0 = input(r, rows * ld, t);
+  Floats out_ref(rows * cols), dgu_ref = d0;
+  for (size_t i = 0; i < rows; ++i) {
+    const float* g = gu.data() + i * ld;
+    ops::swiglu_forward(out_ref.data() + i * cols, g, g + cols, cols);
+    ops::swiglu_backward(dgu_ref.data() + i * ld, dgu_ref.data() + i * ld + cols, dout.data() + i * cols, g, g + cols,
+                         cols);
+  }
+  const size_t es = dtype_size(t);
+  DevBuf dgu_in(gu, t), dd(dout, t), out(rows * cols, t), dgu(d0, t);
+  out.poison();
+  auto col = [&](const DevBuf& b, size_t c) { return static_cast<char*>(b.ptr()) + c * es; };
+  swiglu_forward(out.ptr(), dgu_in.ptr(), col(dgu_in, cols), rows, cols, ld, t, nullptr);
+  swiglu_backward(dgu.ptr(), col(dgu, cols), dd.ptr(), dgu_in.ptr(), col(dgu_in, cols), rows, cols, ld, t, nullptr);
+  return std::max(buf_err(out, out_ref), buf_err(dgu, dgu_ref));
 }
 
 double residual_case(DType t, size_t off, uint64_t seed) {
@@ -84,6 +107,27 @@ double rope_case(DType t, int HD, bool backward, uint64_t seed, const ops::RopeF
     rope_forward(dq.ptr(), dk.ptr(), B, T, NH, NKV, HD, rope, t, nullptr);
   }
   return std::max(buf_err(dq, q), buf_err(dk, k));
+}
+
+// q and k as the column blocks of one fused [B*T, (NH + 2 NKV) HD + pad] q/k/v array (row
+// pitch passed as both strides): the whole array against the reference, so v's columns
+// and the pad stay as they were.
+double rope_strided_case(DType t, int HD, int pad, bool backward, uint64_t seed) {
+  Rng r(seed);
+  const int B = 2, T = 37, NH = 4, NKV = 2, ld = (NH + 2 * NKV) * HD + pad;
+  const ops::RopeFreq rope{10000.0f};
+  Floats x = input(r, static_cast<size_t>(B) * T * ld, t);
+  DevBuf dx(x, t);
+  float* k = x.data() + static_cast<size_t>(NH) * HD;
+  void* dk = static_cast<char*>(dx.ptr()) + static_cast<size_t>(NH) * HD * dtype_size(t);
+  if (backward) {
+    ops::rope_backward(x.data(), k, B, T, NH, NKV, HD, rope, nullptr, ld, ld);
+    rope_backward(dx.ptr(), dk, B, T, NH, NKV, HD, rope, t, nullptr, nullptr, ld, ld);
+  } else {
+    ops::rope_forward(x.data(), k, B, T, NH, NKV, HD, rope, nullptr, ld, ld);
+    rope_forward(dx.ptr(), dk, B, T, NH, NKV, HD, rope, t, nullptr, nullptr, ld, ld);
+  }
+  return buf_err(dx, x);
 }
 
 double embedding_case(DType t, int C, bool with_wpe, uint64_t seed) {
@@ -260,6 +304,10 @@ std::vector<Case> cases_pointwise() {
       const std::string u = off ? " (unaligned)" : "";
       c.push_back({"gelu fwd+bwd" + u, t, [=] { return gelu_case(t, off, seed + 1); }, tol_for(t, 1e-5)});
       c.push_back({"swiglu fwd+bwd" + u, t, [=] { return swiglu_case(t, off, seed + 2); }, tol_for(t, 1e-5)});
+      // Fused gate/up rows: 72 columns take the 16-byte packs, 70 (+ 3 pad) the scalar path.
+      const size_t cols = off ? 70 : 72, pad = off ? 3 : 0;
+      c.push_back({"swiglu fwd+bwd fused rows cols=" + std::to_string(cols) + " pad=" + std::to_string(pad), t,
+                   [=] { return swiglu_rows_case(t, cols, pad, seed + 2); }, tol_for(t, 1e-5)});
       c.push_back({"residual fwd+bwd" + u, t, [=] { return residual_case(t, off, seed + 3); }, tol_for(t, 1e-6)});
       seed += 4;
     }
@@ -274,6 +322,14 @@ std::vector<Case> cases_pointwise() {
           const ops::RopeFreq rope = named.second;
           c.push_back({std::string("rope ") + (bwd ? "bwd" : "fwd") + " HD=" + std::to_string(hd) + named.first, t,
                        [=] { return rope_case(t, hd, bwd, seed, rope); }, tol_for(t, 1e-5)});
+          ++seed;
+        }
+    for (int hd : {16, 12})
+      for (int pad : {0, 3})
+        for (bool bwd : {false, true}) {
+          c.push_back({std::string("rope ") + (bwd ? "bwd" : "fwd") + " HD=" + std::to_string(hd) +
+                           " strided (fused q/k/v rows, pad " + std::to_string(pad) + ")",
+                       t, [=] { return rope_strided_case(t, hd, pad, bwd, seed); }, tol_for(t, 1e-5)});
           ++seed;
         }
     for (int C : {72, 70})

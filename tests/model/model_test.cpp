@@ -235,6 +235,54 @@ void check_recompute_identical(const ModelConfig& cfg, int B = 3, int T = 8) {
   }
 }
 
+// One projection GEMM per group (q/k/v, gate/up) against one per projection: two
+// micro-batches with packed documents, under LoRA (dropout on) when `lora`, and the
+// losses and trainable gradients compared. The fused GEMMs sum the input gradient over
+// the group in one pass, so the bits may differ: within 1e-5 of the largest value.
+void check_fused_equals_unfused(const ModelConfig& cfg, bool lora, bool expect_qkv, bool expect_gate_up) {
+  const int B = 2, T = 8;
+  const std::vector<int32_t> ds = doc_starts_of({{3, 5}, {8}});
+  Batch b1 = make_batch(B, T, cfg.vocab_size, 17), b2 = make_batch(B, T, cfg.vocab_size, 18);
+  float loss[2][2] = {};
+  std::vector<float> g[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    CAPTURE(fused);
+    Model m(cfg);
+    randomize(m, 41);
+    if (lora) {
+      LoraConfig l;
+      l.rank = 4;
+      l.alpha = 8.0f;
+      l.dropout = 0.1f;
+      l.seed = 3;
+      l.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+      m.lora_enable(l);
+      Rng r(43);  // B = 0 would hide the adapters' share of every gradient
+      for (auto& pb : m.lora_params())
+        for (size_t i = 0; i < pb.size; ++i) pb.host_f32()[i] = r.normal(0.0f, 0.3f);
+    }
+    m.set_fused_projections(fused == 1);
+    CHECK(m.fused_qkv() == (fused == 1 && expect_qkv));
+    CHECK(m.fused_gate_up() == (fused == 1 && expect_gate_up));
+    m.zero_grad();
+    loss[fused][0] = m.forward(b1.tok.data(), b1.tgt.data(), B, T, nullptr, ds.data());
+    m.backward(0.5f);
+    loss[fused][1] = m.forward(b2.tok.data(), b2.tgt.data(), B, T, nullptr, ds.data());
+    m.backward(0.5f);
+    g[fused] = grads_copy(m);
+  }
+  CHECK(loss[1][0] == doctest::Approx(loss[0][0]).epsilon(1e-6));
+  CHECK(loss[1][1] == doctest::Approx(loss[0][1]).epsilon(1e-6));
+  REQUIRE(g[0].size() == g[1].size());
+  double scale = 0, err = 0;
+  for (size_t i = 0; i < g[0].size(); ++i) {
+    scale = std::max(scale, std::fabs(double(g[0][i])));
+    err = std::max(err, std::fabs(double(g[1][i]) - g[0][i]));
+  }
+  CHECK(scale > 0);
+  CHECK(err <= 1e-5 * scale);
+}
+
 }  // namespace
 
 TEST_CASE("layout: HF names, contiguous offsets, decay and transpose flags") {
@@ -675,4 +723,24 @@ TEST_CASE("storage release under LoRA frees the adapters' gradients; adapters in
   m.storage_restore();
   CHECK(m.allocated_bytes() == 4 * (base + 2 * ad));
   for (auto& pb : m.lora_params()) CHECK(pb.grad != nullptr);
+}
+
+TEST_CASE("fused q/k/v and gate/up GEMMs give the losses and gradients of one GEMM per projection") {
+  check_fused_equals_unfused(tiny_llama(2), false, true, true);       // GQA
+  check_fused_equals_unfused(tiny_llama(1, true), true, true, true);  // MQA, tied, LoRA on all seven
+  check_fused_equals_unfused(tiny_llama(4), true, true, true);
+  ModelConfig q2 = tiny_llama(2);  // qwen2: q/k/v biases lie between the weights, gate/up fuse
+  q2.arch = ModelConfig::Arch::QWEN2;
+  q2.qkv_bias = true;
+  check_fused_equals_unfused(q2, true, false, true);
+  ModelConfig q3 = tiny_llama(2);  // qwen3: the per-head q/k norms read q and k dense
+  q3.arch = ModelConfig::Arch::QWEN3;
+  q3.qk_norm = true;
+  check_fused_equals_unfused(q3, false, false, true);
+  ModelConfig lb = tiny_llama(2);  // llama mlp_bias: gate/up biases lie between the weights
+  lb.mlp_bias = true;
+  check_fused_equals_unfused(lb, false, true, false);
+  Model g(tiny_gpt2());  // GPT-2's c_attn is one weight already; there is no gate
+  CHECK_FALSE(g.fused_qkv());
+  CHECK_FALSE(g.fused_gate_up());
 }

@@ -4,6 +4,8 @@
 // accumulating, and the threaded path.
 #include "ops/activation.h"
 
+#include "core/error.h"
+
 #include "reference.h"
 
 #include <doctest/doctest.h>
@@ -75,4 +77,26 @@ TEST_CASE("residual forward (in place) and backward accumulate") {
     REQUIRE(da[i] == 1.0f + d[i]);
     REQUIRE(db[i] == d[i]);
   }
+}
+
+TEST_CASE("swiglu over the column blocks of a fused gate/up array equals the dense op row by row") {
+  const size_t rows = 6, cols = 11, ld = 2 * cols + 3;  // gate | up | 3 pad columns
+  Rng r(43);
+  auto gu = ref::rand_floats(r, rows * ld, 2.0f), dout = ref::rand_floats(r, rows * cols);
+  std::vector<float> out(rows * cols), dgu(rows * ld, 7.0f);
+  swiglu_forward(out.data(), gu.data(), gu.data() + cols, rows, cols, ld);
+  swiglu_backward(dgu.data(), dgu.data() + cols, dout.data(), gu.data(), gu.data() + cols, rows, cols, ld);
+  for (size_t i = 0; i < rows; ++i) {
+    std::vector<float> o(cols), dg(cols), du(cols);
+    const float* g = &gu[i * ld];
+    swiglu_forward(o.data(), g, g + cols, cols);
+    swiglu_backward(dg.data(), du.data(), &dout[i * cols], g, g + cols, cols);
+    for (size_t c = 0; c < cols; ++c) {
+      REQUIRE(out[i * cols + c] == o[c]);
+      REQUIRE(dgu[i * ld + c] == dg[c]);
+      REQUIRE(dgu[i * ld + cols + c] == du[c]);
+    }
+    for (size_t c = 2 * cols; c < ld; ++c) REQUIRE(dgu[i * ld + c] == 7.0f);  // the pad is never written
+  }
+  CHECK_THROWS_AS(swiglu_forward(out.data(), gu.data(), gu.data() + cols, rows, cols, cols - 1), UsageError);
 }

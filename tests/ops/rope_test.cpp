@@ -63,18 +63,46 @@ TEST_CASE("rope with packed documents: positions restart at each document's star
   auto q = ref::rand_floats(r, B * T * NH * HD), k = ref::rand_floats(r, B * T * NKV * HD);
   for (bool bwd : {false, true}) {
     auto qp = q, kp = k;
-    (bwd ? rope_backward : rope_forward)(qp.data(), kp.data(), B, T, NH, NKV, HD, RopeFreq{10000.0f}, ds.data());
+    (bwd ? rope_backward : rope_forward)(qp.data(), kp.data(), B, T, NH, NKV, HD, RopeFreq{10000.0f}, ds.data(), 0, 0);
     // Each position alone, as position t - start of a sequence: the same rotation.
     for (int n = 0; n < B * T; ++n) {
       const int p = n % T - ds[size_t(n)];
       std::vector<float> q1(size_t(p + 1) * NH * HD, 0.0f), k1(size_t(p + 1) * NKV * HD, 0.0f);
       std::copy_n(&q[size_t(n) * NH * HD], NH * HD, &q1[size_t(p) * NH * HD]);
       std::copy_n(&k[size_t(n) * NKV * HD], NKV * HD, &k1[size_t(p) * NKV * HD]);
-      (bwd ? rope_backward : rope_forward)(q1.data(), k1.data(), 1, p + 1, NH, NKV, HD, RopeFreq{10000.0f}, nullptr);
+      (bwd ? rope_backward : rope_forward)(q1.data(), k1.data(), 1, p + 1, NH, NKV, HD, RopeFreq{10000.0f}, nullptr, 0,
+                                           0);
       for (int i = 0; i < NH * HD; ++i)
         REQUIRE(qp[size_t(n) * NH * HD + size_t(i)] == q1[size_t(p) * NH * HD + size_t(i)]);
       for (int i = 0; i < NKV * HD; ++i)
         REQUIRE(kp[size_t(n) * NKV * HD + size_t(i)] == k1[size_t(p) * NKV * HD + size_t(i)]);
     }
   }
+}
+
+TEST_CASE("rope over the column blocks of a fused q/k/v array: row strides give the dense result, v untouched") {
+  const int B = 2, T = 5, NH = 4, NKV = 2, HD = 6, ld = (NH + 2 * NKV) * HD + 2;  // + 2 pad columns
+  Rng r(24);
+  auto x = ref::rand_floats(r, size_t(B) * T * ld);
+  for (bool bwd : {false, true}) {
+    auto fused = x;
+    (bwd ? rope_backward : rope_forward)(fused.data(), fused.data() + NH * HD, B, T, NH, NKV, HD, RopeFreq{10000.0f},
+                                         nullptr, ld, ld);
+    // The same rows copied out dense, rotated, and compared bit for bit.
+    std::vector<float> q(size_t(B) * T * NH * HD), k(size_t(B) * T * NKV * HD);
+    for (int n = 0; n < B * T; ++n) {
+      std::copy_n(&x[size_t(n) * ld], NH * HD, &q[size_t(n) * NH * HD]);
+      std::copy_n(&x[size_t(n) * ld + NH * HD], NKV * HD, &k[size_t(n) * NKV * HD]);
+    }
+    (bwd ? rope_backward : rope_forward)(q.data(), k.data(), B, T, NH, NKV, HD, RopeFreq{10000.0f}, nullptr, 0, 0);
+    for (int n = 0; n < B * T; ++n) {
+      const float* row = &fused[size_t(n) * ld];
+      for (int i = 0; i < NH * HD; ++i) REQUIRE(row[i] == q[size_t(n) * NH * HD + size_t(i)]);
+      for (int i = 0; i < NKV * HD; ++i) REQUIRE(row[NH * HD + i] == k[size_t(n) * NKV * HD + size_t(i)]);
+      for (int i = (NH + NKV) * HD; i < ld; ++i) REQUIRE(row[i] == x[size_t(n) * ld + size_t(i)]);  // v, pad
+    }
+  }
+  std::vector<float> small(static_cast<size_t>(ld), 0.0f);
+  CHECK_THROWS_AS(rope_forward(small.data(), nullptr, 1, 1, NH, 0, HD, RopeFreq{10000.0f}, nullptr, NH * HD - 1),
+                  UsageError);
 }
