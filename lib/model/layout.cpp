@@ -4,6 +4,9 @@
 #include "core/check.h"
 #include "core/tensor.h"
 
+#include <initializer_list>
+#include <utility>
+
 namespace dtrain::model {
 
 size_t TensorSpec::numel() const { return static_cast<size_t>(shape_numel(shape)); }
@@ -72,24 +75,25 @@ std::vector<BufferLayout> layout_build(const ModelConfig& cfg) {
       add(b, p + "mlp.c_proj.weight", {C, F}, true, true);
       add(b, p + "mlp.c_proj.bias", {C}, false);
     } else {
-      // HF's module order; biases and q/k norms only where the family has them.
-      auto linear = [&](const std::string& m, int64_t out, int64_t in, bool bias) {
-        add(b, p + m + ".weight", {out, in}, true);
-        if (bias) add(b, p + m + ".bias", {out}, false);
+      // HF's module order, except that the weights of q/k/v and of gate/up lie back to back
+      // with their biases after them: each group is then one [sum of outputs, C] matrix (and
+      // one bias vector) that a fused projection reads in one GEMM. Biases and q/k norms only
+      // where the family has them.
+      auto group = [&](std::initializer_list<std::pair<const char*, int64_t>> ms, int64_t in, bool bias) {
+        for (const auto& [m, out] : ms) add(b, p + m + ".weight", {out, in}, true);
+        if (bias)
+          for (const auto& [m, out] : ms) add(b, p + m + ".bias", {out}, false);
       };
       add(b, p + "input_layernorm.weight", {C}, false);
-      linear("self_attn.q_proj", QD, C, cfg.qkv_bias);
-      linear("self_attn.k_proj", KD, C, cfg.qkv_bias);
-      linear("self_attn.v_proj", KD, C, cfg.qkv_bias);
-      linear("self_attn.o_proj", C, QD, cfg.o_bias);
+      group({{"self_attn.q_proj", QD}, {"self_attn.k_proj", KD}, {"self_attn.v_proj", KD}}, C, cfg.qkv_bias);
+      group({{"self_attn.o_proj", C}}, QD, cfg.o_bias);
       if (cfg.qk_norm) {
         add(b, p + "self_attn.q_norm.weight", {HD}, false);
         add(b, p + "self_attn.k_norm.weight", {HD}, false);
       }
       add(b, p + "post_attention_layernorm.weight", {C}, false);
-      linear("mlp.gate_proj", F, C, cfg.mlp_bias);
-      linear("mlp.up_proj", F, C, cfg.mlp_bias);
-      linear("mlp.down_proj", C, F, cfg.mlp_bias);
+      group({{"mlp.gate_proj", F}, {"mlp.up_proj", F}}, C, cfg.mlp_bias);
+      group({{"mlp.down_proj", C}}, F, cfg.mlp_bias);
     }
     out.push_back(std::move(b));
   }

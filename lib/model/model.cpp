@@ -124,7 +124,8 @@ Model::Model(const ModelConfig& cfg, device::Device& dev, DType dtype, bool defe
     projs_.push_back(std::move(p));
   }
   if (cfg_.arch != ModelConfig::Arch::GPT2) {
-    // qwen3's per-head q/k norms read q and k dense: its q/k/v stay three GEMMs.
+    // The layout puts each group's weights (and biases) back to back (layout_build); qwen3's
+    // per-head q/k norms read q and k dense, so its q/k/v stay three GEMMs.
     qkv_fusable_ = !cfg_.qk_norm && proj_group_fusable(l0, LL_Q, 3);
     gate_up_fusable_ = proj_group_fusable(l0, LL_GATE, 2);
     ln1_ = tensor_index(l0, p0 + "input_layernorm.weight");
@@ -495,14 +496,14 @@ uint64_t Model::lora_mask_seed(int l, int p) const {
 }
 
 bool Model::proj_group_fusable(const BufferLayout& layer, int p, int n) const {
-  for (int m = 0; m < n; ++m) {
+  auto offset = [&](int t) { return layer.tensors[static_cast<size_t>(t)].offset; };
+  const Proj& first = projs_[static_cast<size_t>(p)];
+  for (int m = 1; m < n; ++m) {
     const Proj& pr = projs_[static_cast<size_t>(p + m)];
-    if (pr.b >= 0 || pr.in != projs_[static_cast<size_t>(p)].in) return false;
-    if (m == 0) continue;
     const Proj& prev = projs_[static_cast<size_t>(p + m - 1)];
-    const TensorSpec& w = layer.tensors[static_cast<size_t>(pr.w)];
-    const TensorSpec& pw = layer.tensors[static_cast<size_t>(prev.w)];
-    if (w.offset != pw.offset + static_cast<size_t>(prev.out) * prev.in) return false;
+    if (pr.in != first.in || (pr.b >= 0) != (first.b >= 0)) return false;
+    if (offset(pr.w) != offset(prev.w) + static_cast<size_t>(prev.out) * prev.in) return false;
+    if (pr.b >= 0 && offset(pr.b) != offset(prev.b) + static_cast<size_t>(prev.out)) return false;
   }
   return true;
 }
@@ -519,7 +520,6 @@ void Model::proj_group_forward(int l, int p, int n, const void* x, void* y, Laye
   const ParamBuffer& pb = params_[static_cast<size_t>(l) + 1];
   int out = 0;
   for (int m = 0; m < n; ++m) out += projs_[static_cast<size_t>(p + m)].out;
-  DT_CHECK(n == 1 || pr.b < 0);
   const void* W = param_at(pb, static_cast<size_t>(pr.w));
   const void* b = pr.b >= 0 ? param_at(pb, static_cast<size_t>(pr.b)) : nullptr;
   dev_->linear_forward(y, x, W, b, B_ * T_, pr.in, out, out, dtype_);
@@ -557,7 +557,6 @@ void Model::proj_group_backward(int l, int p, int n, const void* dy, const void*
   const ParamBuffer& pb = params_[static_cast<size_t>(l) + 1];
   int out = 0;
   for (int m = 0; m < n; ++m) out += projs_[static_cast<size_t>(p + m)].out;
-  DT_CHECK(n == 1 || pr.b < 0);
   dev_->linear_backward(dx, grad_at(pb, static_cast<size_t>(pr.w)),
                         pr.b >= 0 ? grad_at(pb, static_cast<size_t>(pr.b)) : nullptr, dy, x,
                         param_at(pb, static_cast<size_t>(pr.w)), B_ * T_, pr.in, out, out, accumulate_dx, dtype_);

@@ -187,11 +187,12 @@ class Model {
   int recompute_layers() const { return recompute_layers_; }
   bool recompute() const { return recompute_layers_ > 0; }
 
-  /// Fused projections (on by default): where a layer's q/k/v weights (and gate/up) lie back
-  /// to back in its buffer, as HF's module order puts them without biases, one GEMM computes
-  /// them together and q, k, v (gate, up) are column blocks of its output; LoRA adapters
-  /// stay per projection. Off: one GEMM per projection (the same values within rounding;
-  /// for tests and comparisons). The weight layout is the same either way.
+  /// Fused projections (on by default): a layer's q/k/v weights (and gate/up's) lie back to
+  /// back in its buffer, biases after them (layout_build), so one GEMM computes them together
+  /// and q, k, v (gate, up) are column blocks of its output; LoRA adapters stay per
+  /// projection. Not for qwen3's q/k/v (its per-head norms read q and k dense). Off: one GEMM
+  /// per projection (the same values within rounding; for tests and comparisons). The
+  /// weight layout is the same either way.
   void set_fused_projections(bool on);
   bool fused_qkv() const { return fuse_on_ && qkv_fusable_; }
   bool fused_gate_up() const { return fuse_on_ && gate_up_fusable_; }
@@ -265,8 +266,8 @@ class Model {
   void proj_backward(int l, int p, const void* dy, const void* x, void* dx, bool accumulate_dx, LayerActs& a) {
     proj_group_backward(l, p, 1, dy, x, dx, accumulate_dx, a);
   }
-  // Projections p .. p + n - 1 with their weights back to back (n > 1 without biases): one
-  // GEMM, y's rows hold their outputs side by side; each member's adapter on its block.
+  // Projections p .. p + n - 1 with their weights (and biases) back to back: one GEMM, y's
+  // rows hold their outputs side by side; each member's adapter on its block.
   void proj_group_forward(int l, int p, int n, const void* x, void* y, LayerActs& a);
   void proj_group_backward(int l, int p, int n, const void* dy, const void* x, void* dx, bool accumulate_dx,
                            LayerActs& a);

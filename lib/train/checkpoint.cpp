@@ -774,10 +774,39 @@ void rank_state_read(Opened& o, const ZeroCheckpointView& view, const std::strin
   }
 }
 
+// Where the elements of one buffer lie in a checkpoint: empty when it lays the buffer out as
+// the model does, else one piece per tensor of the model (its offset, the saved tensor's
+// offset, its elements), covering the buffer.
+struct Piece {
+  size_t at = 0, saved = 0, n = 0;
+};
+using BufferMap = std::vector<Piece>;
+
+// The pieces of buffer b when the checkpoint holds the model's tensors (the same names and
+// shapes, each once) in another order: a build before the fused projections kept qwen2's
+// and attention_bias / mlp_bias models' biases after their own weights. Empty when not.
+BufferMap map_by_name(const json& st, const std::vector<model::TensorSpec>& tensors, size_t size) {
+  std::map<std::string, const json*> saved;
+  for (const auto& e : st)
+    if (!saved.emplace(e.at("name").get<std::string>(), &e).second) return {};
+  BufferMap map;
+  size_t covered = 0;
+  for (const auto& t : tensors) {
+    auto it = saved.find(t.name);
+    if (it == saved.end() || it->second->at("shape") != json(t.shape)) return {};
+    map.push_back({t.offset, it->second->at("offset").get<size_t>(), t.numel()});
+    covered += t.numel();
+  }
+  if (covered != size) return {};
+  return map;
+}
+
 // ConfigError when the saved buffers (typed by manifest_state_problem) are not the
 // model's: the config describes another model than the run trained, which every retry
 // would meet again, so it is a config error (exit 2, not restarted), not a damaged checkpoint.
-void layout_check(const json& saved, const std::vector<ZeroBufferView>& views, const std::string& dir) {
+// Returns each buffer's map (BufferMap: empty where the layouts agree).
+std::vector<BufferMap> layout_check(const json& saved, const std::vector<ZeroBufferView>& views,
+                                    const std::string& dir) {
   const char* fix =
       "the config describes another model than the one this run trained (model sizes, LoRA or "
       "tie_embeddings changed?): resume with the config the run was trained with, or start a new run "
@@ -786,6 +815,8 @@ void layout_check(const json& saved, const std::vector<ZeroBufferView>& views, c
                 "{}: the checkpoint has another number of parameter buffers "
                 "than the model; {}",
                 dir, fix);
+  std::vector<BufferMap> maps(views.size());
+  size_t remapped = 0;
   for (size_t b = 0; b < views.size(); ++b) {
     const auto& s = saved[b];
     if (s.at("name").get<std::string>() != views[b].buffer->layout.name ||
@@ -795,9 +826,10 @@ void layout_check(const json& saved, const std::vector<ZeroBufferView>& views, c
                s.at("name").dump(), s.at("size").dump(), s.at("trainable").get<bool>() ? "" : ", frozen",
                views[b].buffer->layout.name, views[b].buffer->size, views[b].trainable ? "" : ", frozen", fix);
     // Equal sizes can still hold other tensors (d_model and d_ff swapped, another head
-    // split of the same projection): the values would load into the wrong places. Names
-    // are shown, not compared: where each value lies is what the load depends on, and a
-    // checkpoint of a build that named a tensor otherwise still loads.
+    // split of the same projection): the values would load into the wrong places. Where
+    // each value lies is what the load depends on, so offsets and shapes are compared, and
+    // a checkpoint of a build that named a tensor otherwise still loads. Only where they
+    // differ are names read: the same tensors in another order load by name.
     const auto& tensors = views[b].buffer->layout.tensors;
     const json& st = s.at("tensors");
     DT_ENFORCE_EQ(st.size(), tensors.size(), ConfigError,
@@ -806,13 +838,34 @@ void layout_check(const json& saved, const std::vector<ZeroBufferView>& views, c
                   dir, b, views[b].buffer->layout.name, fix);
     for (size_t t = 0; t < tensors.size(); ++t) {
       const json shape = tensors[t].shape;
-      if (st[t].at("offset").get<uint64_t>() != tensors[t].offset || st[t].at("shape") != shape)
-        DT_THROW(ConfigError,
-                 "{}: buffer {} ({}) tensor {} is {} (offset {}, shape {}) in the checkpoint but {} "
-                 "(offset {}, shape {}) in the model; {}",
-                 dir, b, views[b].buffer->layout.name, t, st[t].at("name").dump(), st[t].at("offset").dump(),
-                 st[t].at("shape").dump(), tensors[t].name, tensors[t].offset, shape.dump(), fix);
+      if (st[t].at("offset").get<uint64_t>() == tensors[t].offset && st[t].at("shape") == shape) continue;
+      maps[b] = map_by_name(st, tensors, views[b].buffer->size);
+      if (!maps[b].empty()) {
+        ++remapped;
+        break;
+      }
+      DT_THROW(ConfigError,
+               "{}: buffer {} ({}) tensor {} is {} (offset {}, shape {}) in the checkpoint but {} "
+               "(offset {}, shape {}) in the model; {}",
+               dir, b, views[b].buffer->layout.name, t, st[t].at("name").dump(), st[t].at("offset").dump(),
+               st[t].at("shape").dump(), tensors[t].name, tensors[t].offset, shape.dump(), fix);
     }
+  }
+  if (remapped > 0)
+    log_info(
+        "{}: {} buffer(s) hold their tensors in another order than this build lays them out (a checkpoint of "
+        "an earlier dtrain); they are read by tensor name",
+        dir, remapped);
+  return maps;
+}
+
+// read_range through a buffer's map: elements [a, b) of the model's layout.
+void read_mapped(Opened& o, const BufferMap& map, size_t buffer, const char* kind, size_t n, size_t a, size_t b,
+                 float* dst, const std::string& dir) {
+  if (map.empty()) return read_range(o, buffer, kind, n, a, b, dst, dir);
+  for (const Piece& p : map) {
+    const size_t x = std::max(a, p.at), y = std::min(b, p.at + p.n);
+    if (x < y) read_range(o, buffer, kind, n, p.saved + (x - p.at), p.saved + (y - p.at), dst + (x - a), dir);
   }
 }
 
@@ -911,17 +964,17 @@ CheckpointLoadResult checkpoint_load(const std::string& run_dir, const ZeroCheck
     }
     const std::string d = dir.string();
     const json& man = o.manifest;
-    layout_check(man.at("buffers"), view.buffers, d);
+    const std::vector<BufferMap> maps = layout_check(man.at("buffers"), view.buffers, d);
 
     const auto& views = view.buffers;
     for (size_t b = 0; b < views.size(); ++b) {
       const auto& v = views[b];
       const size_t n = v.buffer->size;
-      if (v.resident) read_range(o, b, "master", n, 0, n, v.full, d);
-      else if (v.hi > v.lo) read_range(o, b, "master", n, v.lo, v.hi, v.master, d);
+      if (v.resident) read_mapped(o, maps[b], b, "master", n, 0, n, v.full, d);
+      else if (v.hi > v.lo) read_mapped(o, maps[b], b, "master", n, v.lo, v.hi, v.master, d);
       if (v.trainable && v.hi > v.lo) {
-        read_range(o, b, "m", n, v.lo, v.hi, v.m, d);
-        read_range(o, b, "v", n, v.lo, v.hi, v.v, d);
+        read_mapped(o, maps[b], b, "m", n, v.lo, v.hi, v.m, d);
+        read_mapped(o, maps[b], b, "v", n, v.lo, v.hi, v.v, d);
       }
     }
     rank_state_read(o, view, d);
@@ -964,6 +1017,7 @@ CheckpointLoadResult checkpoint_load(const std::string& run_dir, const ZeroCheck
 // ----------------------------------------------------------------------------
 struct CheckpointMasters::Impl {
   Opened opened;
+  std::vector<BufferMap> maps;
   std::vector<model::ParamBuffer> buffers;  // layouts and sizes only: no storage
   std::vector<size_t> sizes;
   CheckpointLoadResult result;
@@ -996,7 +1050,7 @@ CheckpointMasters::CheckpointMasters(const std::string& run_dir,
       im.result.skipped.push_back(why);
       continue;
     }
-    layout_check(o.manifest.at("buffers"), views, dir.string());
+    im.maps = layout_check(o.manifest.at("buffers"), views, dir.string());
     state_from_manifest(o.manifest, im.result.state);
     im.result.loaded = true;
     im.result.dir = dir.string();
@@ -1020,7 +1074,8 @@ const CheckpointLoadResult& CheckpointMasters::result() const { return impl_->re
 void CheckpointMasters::read(size_t buffer, size_t lo, size_t hi, float* dst) {
   DT_ENFORCE(buffer < impl_->sizes.size() && lo <= hi && hi <= impl_->sizes[buffer], InternalError,
              "CheckpointMasters::read: buffer {} [{}, {}) outside the layout", buffer, lo, hi);
-  read_range(impl_->opened, buffer, "master", impl_->sizes[buffer], lo, hi, dst, impl_->result.dir);
+  read_mapped(impl_->opened, impl_->maps[buffer], buffer, "master", impl_->sizes[buffer], lo, hi, dst,
+              impl_->result.dir);
 }
 
 }  // namespace dtrain::train

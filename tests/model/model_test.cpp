@@ -729,17 +729,17 @@ TEST_CASE("fused q/k/v and gate/up GEMMs give the losses and gradients of one GE
   check_fused_equals_unfused(tiny_llama(2), false, true, true);       // GQA
   check_fused_equals_unfused(tiny_llama(1, true), true, true, true);  // MQA, tied, LoRA on all seven
   check_fused_equals_unfused(tiny_llama(4), true, true, true);
-  ModelConfig q2 = tiny_llama(2);  // qwen2: q/k/v biases lie between the weights, gate/up fuse
+  ModelConfig q2 = tiny_llama(2);  // qwen2: the q/k/v biases (one vector after the weights) join the GEMM
   q2.arch = ModelConfig::Arch::QWEN2;
   q2.qkv_bias = true;
-  check_fused_equals_unfused(q2, true, false, true);
+  check_fused_equals_unfused(q2, true, true, true);
   ModelConfig q3 = tiny_llama(2);  // qwen3: the per-head q/k norms read q and k dense
   q3.arch = ModelConfig::Arch::QWEN3;
   q3.qk_norm = true;
   check_fused_equals_unfused(q3, false, false, true);
-  ModelConfig lb = tiny_llama(2);  // llama mlp_bias: gate/up biases lie between the weights
-  lb.mlp_bias = true;
-  check_fused_equals_unfused(lb, false, true, false);
+  ModelConfig lb = tiny_llama(2);  // llama attention_bias and mlp_bias: every group with its biases
+  lb.qkv_bias = lb.o_bias = lb.mlp_bias = true;
+  check_fused_equals_unfused(lb, true, true, true);
   Model g(tiny_gpt2());  // GPT-2's c_attn is one weight already; there is no gate
   CHECK_FALSE(g.fused_qkv());
   CHECK_FALSE(g.fused_gate_up());

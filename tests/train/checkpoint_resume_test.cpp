@@ -10,11 +10,13 @@
 #include "zero_harness.h"
 
 #include "core/error.h"
+#include "model/layout.h"
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -439,4 +441,110 @@ TEST_CASE("checkpoint files are as private as the run directory; manifests carry
   const std::string yaml = nlohmann::json::parse(text).at("config_yaml").get<std::string>();
   CHECK(yaml.find("workdir: \"/w\"") != std::string::npos);  // the rest of the config is kept
   CHECK(yaml.find("d_model: 32") != std::string::npos);
+}
+
+namespace {
+// qwen2's layer buffer as builds before the fused projections laid it out: HF's module
+// order, each bias right after its own weight (the current layout puts the q/k/v biases
+// after the three weights).
+dtrain::model::BufferLayout hf_order(const dtrain::model::BufferLayout& cur) {
+  std::vector<dtrain::model::TensorSpec> ts = cur.tensors;
+  auto rank = [](const std::string& n) {
+    for (const char* m : {"q_proj", "k_proj", "v_proj"})
+      if (n.find(m) != std::string::npos) return 1;
+    return 0;
+  };
+  // q.w q.b k.w k.b v.w v.b: a stable order by (module index, weight before bias).
+  std::vector<dtrain::model::TensorSpec> out;
+  for (const auto& t : ts) {
+    if (rank(t.name) && t.name.ends_with(".bias")) continue;
+    out.push_back(t);
+    if (rank(t.name)) {
+      const std::string bias = t.name.substr(0, t.name.size() - std::string("weight").size()) + "bias";
+      for (const auto& b : ts)
+        if (b.name == bias) out.push_back(b);
+    }
+  }
+  dtrain::model::BufferLayout l = cur;
+  l.tensors = out;
+  size_t off = 0;
+  for (auto& t : l.tensors) {
+    t.offset = off;
+    off += t.numel();
+  }
+  return l;
+}
+}  // namespace
+
+TEST_CASE("a checkpoint with the tensors in an earlier build's order loads by tensor name") {
+  dtrain::model::ModelConfig cfg;
+  cfg.arch = dtrain::model::ModelConfig::Arch::QWEN2;
+  cfg.qkv_bias = true;
+  cfg.vocab_size = 16;
+  cfg.max_seq_len = 8;
+  cfg.n_layer = 1;
+  cfg.n_head = 4;
+  cfg.n_kv_head = 2;
+  cfg.d_model = 8;
+  cfg.d_ff = 12;
+  const auto cur = dtrain::model::layout_build(cfg);
+  const dtrain::model::BufferLayout& layer = cur[1];
+  const dtrain::model::BufferLayout old = hf_order(layer);
+  REQUIRE(old.tensors[2].name != layer.tensors[2].name);  // the orders differ (q.b against k.w)
+  const size_t n = layer.size;
+  REQUIRE(old.size == n);
+
+  // Save the old layout's buffer (values = 1000 * tensor index + element, m and v offset).
+  TempDir tmp;
+  dtrain::model::ParamBuffer saved_pb;
+  saved_pb.layout = old;
+  saved_pb.size = n;
+  std::vector<float> master(n), m(n), v(n);
+  for (size_t t = 0; t < old.tensors.size(); ++t)
+    for (size_t i = 0; i < old.tensors[t].numel(); ++i) {
+      const size_t at = old.tensors[t].offset + i;
+      master[at] = static_cast<float>(1000 * t + i);
+      m[at] = master[at] + 0.25f;
+      v[at] = master[at] + 0.5f;
+    }
+  ZeroCheckpointView sv;
+  sv.buffers.push_back({&saved_pb, true, false, 0, n, master.data(), m.data(), v.data(), nullptr});
+  checkpoint_save(tmp.path.string(), sv, state_at(3, 0));
+
+  // Load into the current layout: each tensor's values under its name.
+  dtrain::model::ParamBuffer pb;
+  pb.layout = layer;
+  pb.size = n;
+  std::vector<float> lm(n, -1.0f), lmm(n, -1.0f), lv(n, -1.0f);
+  ZeroCheckpointView lvw;
+  lvw.buffers.push_back({&pb, true, false, 0, n, lm.data(), lmm.data(), lv.data(), nullptr});
+  lvw.loaded = [](int64_t) {};
+  const CheckpointLoadResult res = checkpoint_load(tmp.path.string(), lvw);
+  REQUIRE(res.loaded);
+  bool same = true;
+  for (const auto& t : layer.tensors) {
+    const dtrain::model::TensorSpec* o = old.find(t.name);
+    REQUIRE(o != nullptr);
+    for (size_t i = 0; i < t.numel(); ++i) {
+      same = same && lm[t.offset + i] == master[o->offset + i] && lmm[t.offset + i] == m[o->offset + i] &&
+             lv[t.offset + i] == v[o->offset + i];
+    }
+  }
+  CHECK(same);
+  // A range across tensor boundaries, as dtrain export streams it.
+  CheckpointMasters cm(tmp.path.string(), {{layer, true}});
+  std::vector<float> part(n - 9);
+  cm.read(0, 5, n - 4, part.data());
+  CHECK(std::equal(part.begin(), part.end(), lm.begin() + 5));
+
+  // Another shape under a name, or a name the checkpoint lacks, is another model: refused
+  // as before, naming the tensor.
+  for (int k = 0; k < 2; ++k) {
+    dtrain::model::ParamBuffer bad = pb;
+    if (k == 0) bad.layout.tensors[0].shape = {99};
+    else bad.layout.tensors[4].name += ".renamed";  // a bias, where the orders differ
+    ZeroCheckpointView bv = lvw;
+    bv.buffers[0].buffer = &bad;
+    CHECK_THROWS_AS(checkpoint_load(tmp.path.string(), bv), dtrain::ConfigError);
+  }
 }
