@@ -1,11 +1,13 @@
 // cuBLASLt plumbing: a row-major GEMM is the column-major GEMM C^T = op(B)^T op(A)^T,
 // so A and B swap places and M and N swap roles. Per device: a handle, a workspace and
-// a plan cache (matmul descriptor + layouts + heuristic algorithm); the cache mutex also
-// guards the per-call pointer attributes set on a cached descriptor.
+// a plan cache (matmul descriptor + layouts + the algorithm gemm_algo.cu chose on the
+// problem's first call); the cache mutex also guards the per-call pointer attributes set
+// on a cached descriptor.
 #include "kernels/gemm.cuh"
 
 #include "kernels/cast.cuh"
 #include "kernels/common.cuh"
+#include "kernels/gemm_algo.cuh"
 
 #include <map>
 #include <memory>
@@ -53,6 +55,9 @@ struct Problem {
                            static_cast<int>(c), static_cast<int>(epi), align_a, align_b, align_c, align_bias,
                            align_aux);
   }
+  // The same fields as the cache file names them (NVIDIA's epilogue values, dtype names):
+  // "NT:m,n,k:lda,ldb,ldc:bfloat16>float32:e512:a256,256,16,256,0".
+  std::string key_text() const;
 };
 using Key = decltype(std::declval<Problem>().key());
 
@@ -61,6 +66,7 @@ struct Plan {
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   cublasLtMatmulAlgo_t algo{};
   bool found = false;
+  bool from_file = false;  // algo came from the cache file (refused at the call: chosen again)
   Plan() = default;
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
@@ -91,15 +97,31 @@ struct DeviceState {
   }
 };
 
+struct DeviceStates {
+  std::mutex mu;
+  std::map<int, std::unique_ptr<DeviceState>> by_device;
+};
+DeviceStates& device_states() {
+  static DeviceStates states;
+  return states;
+}
+
 DeviceState& device_state() {
-  static std::mutex mu;
-  static std::map<int, std::unique_ptr<DeviceState>> states;
+  DeviceStates& all = device_states();
   int dev = 0;
   DT_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  auto& s = states[dev];
+  std::lock_guard<std::mutex> lock(all.mu);
+  auto& s = all.by_device[dev];
   if (!s) s = std::make_unique<DeviceState>();
   return *s;
+}
+
+std::string Problem::key_text() const {
+  auto num = [](auto v) { return std::to_string(v); };
+  return std::string(ta == CUBLAS_OP_N ? "N" : "T") + (tb == CUBLAS_OP_N ? "N" : "T") + ":" + num(m) + "," + num(n) +
+         "," + num(k) + ":" + num(lda) + "," + num(ldb) + "," + num(ldc) + ":" + dtype_name(ab) + ">" + dtype_name(c) +
+         ":e" + num(static_cast<int>(epi_lt(epi))) + ":a" + num(align_a) + "," + num(align_b) + "," + num(align_c) +
+         "," + num(align_bias) + "," + num(align_aux);
 }
 
 template <typename V>
@@ -107,8 +129,8 @@ void desc_set(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const
   DT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof v));
 }
 
-// Builds the plan for p; found = false when the heuristic offers no algorithm.
-std::unique_ptr<Plan> plan_create(DeviceState& st, const Problem& p, const void* bias, const void* aux) {
+// The plan's descriptors for p (its algorithm comes from plan_choose).
+std::unique_ptr<Plan> plan_create(const Problem& p, const void* bias, const void* aux) {
   auto plan = std::make_unique<Plan>();
   DT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   desc_set(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, p.ta);
@@ -124,30 +146,41 @@ std::unique_ptr<Plan> plan_create(DeviceState& st, const Problem& p, const void*
   DT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->la, tab, na ? p.m : p.k, na ? p.k : p.m, p.lda));
   DT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->lb, tab, nb ? p.k : p.n, nb ? p.n : p.k, p.ldb));
   DT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->lc, tc, p.m, p.n, p.ldc));
-
-  cublasLtMatmulPreference_t pref = nullptr;
-  DT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const uint64_t ws = GEMM_WORKSPACE_BYTES;
-  auto pref_set = [&](cublasLtMatmulPreferenceAttributes_t a, const auto& v) {
-    DT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, a, &v, sizeof v));
-  };
-  pref_set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws);
-  pref_set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, p.align_a);
-  pref_set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, p.align_b);
-  pref_set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, p.align_c);
-  pref_set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, p.align_c);
-  cublasLtMatmulHeuristicResult_t result{};
-  int count = 0;
-  const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(st.handle, plan->desc, plan->la, plan->lb, plan->lc, plan->lc,
-                                                          pref, 1, &result, &count);
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (s == CUBLAS_STATUS_SUCCESS && count > 0) {
-    plan->algo = result.algo;
-    plan->found = true;
-  } else if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED) {
-    DT_CUBLAS_CHECK(s);
-  }
   return plan;
+}
+
+// Chooses plan's algorithm on this call (gemm_algo.cuh); false when cuBLASLt has none.
+bool plan_choose(DeviceState& st, Plan& plan, const Problem& p, bool use_file, float alpha, const void* A,
+                 const void* B, float beta, const void* C, const void* bias, const void* aux, cudaStream_t stream) {
+  AlgoCall call;
+  call.handle = st.handle;
+  call.desc = plan.desc;
+  call.la = plan.la;
+  call.lb = plan.lb;
+  call.lc = plan.lc;
+  call.align_a = p.align_a;
+  call.align_b = p.align_b;
+  call.align_c = p.align_c;
+  call.a = B;
+  call.b = A;
+  call.c = C;
+  call.alpha = alpha;
+  call.beta = beta;
+  call.bias = bias;
+  call.aux = aux;
+  call.d_bytes =
+      (static_cast<size_t>(p.n - 1) * static_cast<size_t>(p.ldc) + static_cast<size_t>(p.m)) * dtype_size(p.c);
+  if (p.epi == Epi::GELU_AUX || p.epi == Epi::GELU_AUX_BIAS) call.aux_out_bytes = call.d_bytes;
+  if (p.epi == Epi::BGRADB) call.bias_out_bytes = static_cast<size_t>(p.n) * dtype_size(p.c);
+  call.flops = 2.0 * p.m * p.n * p.k;
+  call.key = p.key_text();
+  call.workspace = st.workspace;
+  call.workspace_bytes = GEMM_WORKSPACE_BYTES;
+  call.stream = stream;
+  const AlgoSource src = gemm_algo_choose(call, use_file, &plan.algo);
+  plan.found = src != AlgoSource::NONE;
+  plan.from_file = src == AlgoSource::FILE;
+  return plan.found;
 }
 
 // Runs p; returns false (nothing enqueued) when cuBLASLt has no algorithm for it. A and B
@@ -158,12 +191,27 @@ bool matmul_try(const Problem& p, float alpha, const void* A, const void* B, flo
   DeviceState& st = device_state();
   std::lock_guard<std::mutex> lock(st.mu);
   auto& plan = st.plans[p.key()];
-  if (!plan) plan = plan_create(st, p, bias, aux);
+  if (!plan) {
+    auto fresh = plan_create(p, bias, aux);
+    plan_choose(st, *fresh, p, true, alpha, A, B, beta, C, bias, aux, stream);
+    plan = std::move(fresh);
+  }
   if (!plan->found) return false;
-  if (bias) desc_set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-  if (aux) desc_set(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
-  DT_CUBLAS_CHECK(cublasLtMatmul(st.handle, plan->desc, &alpha, B, plan->la, A, plan->lb, &beta, C, plan->lc, C,
-                                 plan->lc, &plan->algo, st.workspace, GEMM_WORKSPACE_BYTES, stream));
+  auto run = [&] {
+    if (bias) desc_set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+    if (aux) desc_set(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
+    return cublasLtMatmul(st.handle, plan->desc, &alpha, B, plan->la, A, plan->lb, &beta, C, plan->lc, C, plan->lc,
+                          &plan->algo, st.workspace, GEMM_WORKSPACE_BYTES, stream);
+  };
+  cublasStatus_t s = run();
+  // An algorithm from the cache file that passed cublasLtMatmulAlgoCheck but that the call
+  // refuses (nothing was enqueued): the file is never a correctness dependency, so the
+  // problem is chosen again without it.
+  if (s != CUBLAS_STATUS_SUCCESS && plan->from_file) {
+    if (!plan_choose(st, *plan, p, false, alpha, A, B, beta, C, bias, aux, stream)) return false;
+    s = run();
+  }
+  DT_CUBLAS_CHECK(s);
   return true;
 }
 
@@ -220,6 +268,16 @@ void gemm_pitched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, 
   matmul_run(p, alpha, A, B, beta, C, nullptr, nullptr, stream);
 }
 }  // namespace
+
+void gemm_plans_reset() {
+  DeviceStates& all = device_states();
+  std::lock_guard<std::mutex> lock(all.mu);
+  for (auto& entry : all.by_device) {
+    std::lock_guard<std::mutex> plans_lock(entry.second->mu);
+    entry.second->plans.clear();
+  }
+  detail::gemm_algo_forget();
+}
 
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, const void* B, float beta,
           void* C, DType ab_dtype, DType c_dtype, cudaStream_t stream) {

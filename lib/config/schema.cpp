@@ -564,6 +564,11 @@ const std::vector<KeySpec>& build_schema() {
 const std::vector<KeySpec>& build_env_knobs() {
   static const std::vector<KeySpec> knobs = {
       // clang-format off
+      {.path = "DTRAIN_GEMM_ALGO_CACHE", .type = KeyType::STRING, .field = nullptr,
+       .help = "file remembering the cuBLASLt GEMM algorithms a CUDA rank timed, per card and GEMM shape (e.g. "
+               "<run dir>/gemm_algos.txt); each entry is checked before use, a bad one is timed again",
+       .env = "DTRAIN_GEMM_ALGO_CACHE",
+       .derived = "unset: a training rank's <run dir>/gemm_algos.txt; other commands keep them in memory only"},
       {.path = "DTRAIN_LOG_LEVEL", .type = KeyType::ENUM, .field = nullptr,
        .help = "the least severe log line written to stderr (read when the process starts)",
        .allowed = {"debug", "info", "warn", "error", "off"}, .env = "DTRAIN_LOG_LEVEL", .derived = "info"},

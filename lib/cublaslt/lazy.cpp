@@ -133,6 +133,11 @@ DT_FORWARD(cublasStatus_t, cublasLtMatmulAlgoGetHeuristic,
             cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc, cublasLtMatmulPreference_t pref, int requested,
             cublasLtMatmulHeuristicResult_t results[], int* returned),
            (h, desc, Adesc, Bdesc, Cdesc, Ddesc, pref, requested, results, returned))
+DT_FORWARD(cublasStatus_t, cublasLtMatmulAlgoCheck,
+           (cublasLtHandle_t h, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t Adesc, cublasLtMatrixLayout_t Bdesc,
+            cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo,
+            cublasLtMatmulHeuristicResult_t* result),
+           (h, desc, Adesc, Bdesc, Cdesc, Ddesc, algo, result))
 
 // The status names answer without the library too: an error message must not need it.
 // Where it failed to load, the status string is why.

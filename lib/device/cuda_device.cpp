@@ -48,6 +48,8 @@ std::unique_ptr<Device> cuda_create(int index) {
   return nullptr;  // not reached
 }
 
+void cuda_gemm_algo_cache_default(const std::string&) {}
+
 #else
 
 size_t cuda_workspace_bytes() { return kernels::GEMM_WORKSPACE_BYTES; }
@@ -538,6 +540,8 @@ std::unique_ptr<Device> cuda_create(int index) {
   cuda_require(index);
   return std::make_unique<CudaDevice>(index);
 }
+
+void cuda_gemm_algo_cache_default(const std::string& path) { kernels::gemm_algo_cache_default(path); }
 
 #endif  // DTRAIN_HAVE_CUDA
 

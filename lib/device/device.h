@@ -324,6 +324,11 @@ Device& cpu();
 /// no device is visible or the index is out of range.
 std::unique_ptr<Device> cuda_create(int index);
 
+/// Where CUDA devices remember the GEMM algorithms they timed (kernels/gemm.cuh) when
+/// $DTRAIN_GEMM_ALGO_CACHE does not say: a training rank passes <run dir>/gemm_algos.txt.
+/// Call before the first GEMM; nothing in a CPU-only build.
+void cuda_gemm_algo_cache_default(const std::string& path);
+
 /// CUDA devices this process sees (0 in a CPU-only build or without a GPU): the one GPU count (discovery.cpp).
 int cuda_count();
 

@@ -96,7 +96,13 @@ int train_rank(RankContext& ctx, rendezvous::Heartbeat& hb, config::TrainConfig 
   // The backend follows the device. Local rank i opens device i of this node's
   // CUDA_VISIBLE_DEVICES.
   std::unique_ptr<device::Device> device;
-  if (kind == device::Kind::CUDA) device = device::cuda_create(ctx.local_rank);
+  if (kind == device::Kind::CUDA) {
+    device = device::cuda_create(ctx.local_rank);
+    // The GEMM algorithms timed on the first step are remembered next to the run: a
+    // resumed or restarted round finds them chosen ($DTRAIN_GEMM_ALGO_CACHE overrides).
+    if (!ctx.run_dir.empty())
+      device::cuda_gemm_algo_cache_default((std::filesystem::path(ctx.run_dir) / "gemm_algos.txt").string());
+  }
   if (ctx.world_size > 1)
     comm = std::make_unique<comm::ActivityCommunicator>(
         rank_comm_create(ctx, device ? comm::Backend::NCCL : comm::Backend::GLOO), publish);

@@ -1,6 +1,8 @@
 // CUDA execution engine: the cuBLASLt subset (include/cublasLt.h). Descriptors are plain
-// host structs; cublasLtMatmul validates everything a GPU run depends on, then enqueues
-// a CPU GEMM (fp32 accumulation, k ascending per element, deterministic) on the stream.
+// host structs; the heuristic offers several algorithms per problem, each bound to it
+// (cublasLtMatmulAlgoCheck); cublasLtMatmul validates everything a GPU run depends on, then
+// enqueues a CPU GEMM (fp32 accumulation, k ascending per element, deterministic, the same
+// for every algorithm) on the stream.
 // Restrictions NVIDIA documents are quoted where they are enforced.
 #include <algorithm>
 #include <cmath>
@@ -402,7 +404,16 @@ Verdict problem_check(const cublasLtMatmulDescOpaque_t& dd, const cublasLtMatrix
 
 // ----------------------------------------------------------------------------
 // Algorithms: what the heuristic promised, so cublasLtMatmul can hold the caller to it.
+// The heuristic offers ALGO_CANDIDATES distinct algorithms per problem (each its own id
+// and tile configuration; all compute the same result, bit for bit). Stricter than a GPU,
+// where an algo may serve other shapes too: each algo is bound to the problem it was
+// returned for (shape, transposes, types, epilogue), and a checksum over its bytes makes
+// a damaged or hand-made one INVALID_VALUE (cublasLtMatmulAlgoCheck says the same).
 constexpr uint64_t ALGO_MAGIC = 0x4f474c41554d45ull;  // "EMUALGO"
+constexpr int ALGO_CANDIDATES = 4;
+// Tile rows << 16 | tile columns of each candidate: a label the algo carries, as a GPU
+// algo's CUBLASLT_ALGO_CONFIG_TILE_ID does; the engine runs one kernel for all of them.
+constexpr uint64_t ALGO_TILES[ALGO_CANDIDATES] = {64u << 16 | 4u, 32u << 16 | 8u, 128u << 16 | 2u, 16u << 16 | 16u};
 
 uint32_t align_of(const void* p) {  // largest power of two dividing p, at most 256
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
@@ -416,21 +427,61 @@ uint64_t algo_fingerprint(const Problem& p) {
          static_cast<uint64_t>(p.d.type) << 40;
 }
 
-// data[1]: promised alignments of A, B, C, D (16 bits each); data[2]: of bias and aux,
-// which NVIDIA's heuristic reads from the descriptor ("Routines that don't dereference
-// this pointer, like cublasLtMatmulAlgoGetHeuristic() depend on its value to determine
-// expected pointer alignment").
-cublasLtMatmulAlgo_t algo_make(const Problem& p, const uint32_t align[4], const cublasLtMatmulDescOpaque_t& dd) {
+uint64_t fnv1a(const uint64_t* words, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; ++i)
+    for (int b = 0; b < 8; ++b) h = (h ^ ((words[i] >> (8 * b)) & 0xff)) * 0x100000001b3ull;
+  return h;
+}
+
+// The problem an algo was returned for: sizes, transposes, the four types, the epilogue.
+uint64_t algo_signature(const Problem& p) {
+  const uint64_t w[] = {static_cast<uint64_t>(p.m),
+                        static_cast<uint64_t>(p.n),
+                        static_cast<uint64_t>(p.k),
+                        static_cast<uint64_t>(p.ta) | static_cast<uint64_t>(p.tb) << 1,
+                        static_cast<uint64_t>(p.a.type) | static_cast<uint64_t>(p.b.type) << 16 |
+                            static_cast<uint64_t>(p.c.type) << 32 | static_cast<uint64_t>(p.d.type) << 48,
+                        p.epilogue};
+  return fnv1a(w, sizeof w / sizeof w[0]);
+}
+
+// data[0] magic; data[1] promised alignments of A, B, C, D (16 bits each); data[2] of bias
+// and aux, which NVIDIA's heuristic reads from the descriptor ("Routines that don't
+// dereference this pointer, like cublasLtMatmulAlgoGetHeuristic() depend on its value to
+// determine expected pointer alignment"); data[3] epilogue and types; data[4] the
+// candidate (algo id); data[5] its tile; data[6] the problem's signature; data[7] checksum.
+cublasLtMatmulAlgo_t algo_make(const Problem& p, const uint32_t align[4], const cublasLtMatmulDescOpaque_t& dd,
+                               int candidate = 0) {
   cublasLtMatmulAlgo_t algo{};
   algo.data[0] = ALGO_MAGIC;
   for (int i = 0; i < 4; ++i) algo.data[1] |= static_cast<uint64_t>(std::min<uint32_t>(align[i], 0xffff)) << (16 * i);
   algo.data[2] = align_of(dd.bias) | static_cast<uint64_t>(align_of(dd.aux)) << 16;
   algo.data[3] = algo_fingerprint(p);
+  algo.data[4] = static_cast<uint64_t>(candidate);
+  algo.data[5] = ALGO_TILES[candidate];
+  algo.data[6] = algo_signature(p);
+  algo.data[7] = fnv1a(algo.data, 7);
   return algo;
 }
 uint32_t algo_align(const cublasLtMatmulAlgo_t& algo, int slot) {  // 0..3 A..D, 4 bias, 5 aux
   const uint64_t w = slot < 4 ? algo.data[1] >> (16 * slot) : algo.data[2] >> (16 * (slot - 4));
   return static_cast<uint32_t>(w & 0xffff);
+}
+
+// NVIDIA (cublasLtMatmulAlgoCheck): INVALID_VALUE "if matrix layout descriptors or the
+// operation descriptor do not match the algo descriptor"; cublasLtMatmul answers the same.
+Verdict algo_check(const Problem& p, const cublasLtMatmulAlgo_t& algo) {
+  const cublasStatus_t invalid = CUBLAS_STATUS_INVALID_VALUE;
+  if (algo.data[0] != ALGO_MAGIC || algo.data[7] != fnv1a(algo.data, 7))
+    return refuse(invalid, "algo is not one cublasLtMatmulAlgoGetHeuristic returned (damaged or made up)");
+  if (algo.data[4] >= ALGO_CANDIDATES || algo.data[5] != ALGO_TILES[algo.data[4]])
+    return refuse(invalid, "algo id " + std::to_string(algo.data[4]) + " is not an algorithm of this library");
+  if (algo.data[3] != algo_fingerprint(p))
+    return refuse(invalid, "algo was not returned by the heuristic for this epilogue and these types");
+  if (algo.data[6] != algo_signature(p))
+    return refuse(invalid, "algo was returned for another problem (shape, transposes, types or epilogue)");
+  return Verdict{};
 }
 
 // ----------------------------------------------------------------------------
@@ -619,8 +670,7 @@ Verdict call_check(const Problem& p, const cublasLtMatmulDescOpaque_t& dd, const
                    const void* alpha, const void* beta, const void* A, const void* B, const void* C, void* D,
                    void* workspace, size_t workspace_bytes, int device, Job* job) {
   const cublasStatus_t invalid = CUBLAS_STATUS_INVALID_VALUE;
-  if (algo.data[0] != ALGO_MAGIC || algo.data[3] != algo_fingerprint(p))
-    return refuse(invalid, "algo was not returned by the heuristic for this epilogue and these types");
+  if (Verdict v = algo_check(p, algo); v.status) return v;
   if (!alpha || !beta) return refuse(invalid, "alpha or beta is null");
   Job j;
   j.p = p;
@@ -838,12 +888,42 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
   Problem p;
   if (Verdict v = problem_check(*desc, lay, false, &p); v.status)
     return fail(v.status, "heuristic: no algorithm: " + v.why);
-  results[0] = cublasLtMatmulHeuristicResult_t{};
-  results[0].algo = algo_make(p, pref->align, *desc);
-  results[0].workspaceSize = 0;
-  results[0].state = CUBLAS_STATUS_SUCCESS;
-  results[0].wavesCount = 1.0f;
-  *returned_count = 1;
+  // "heuristicResultsArray: Array containing the algorithm heuristics and associated
+  // runtime characteristics, returned by this function, in the order of increasing
+  // estimated compute time"; "returnAlgoCount: The number of heuristicResultsArray
+  // elements written".
+  const int count = std::min(requested_count, ALGO_CANDIDATES);
+  for (int i = 0; i < count; ++i) {
+    results[i] = cublasLtMatmulHeuristicResult_t{};
+    results[i].algo = algo_make(p, pref->align, *desc, i);
+    results[i].workspaceSize = 0;
+    results[i].state = CUBLAS_STATUS_SUCCESS;
+    results[i].wavesCount = 1.0f;
+  }
+  *returned_count = count;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulAlgoCheck(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+                                       cublasLtMatrixLayout_t a_desc, cublasLtMatrixLayout_t b_desc,
+                                       cublasLtMatrixLayout_t c_desc, cublasLtMatrixLayout_t d_desc,
+                                       const cublasLtMatmulAlgo_t* algo, cublasLtMatmulHeuristicResult_t* result) {
+  if (!object_live(handle)) return fail(CUBLAS_STATUS_NOT_INITIALIZED, "algo check: handle not initialized");
+  if (!algo || !result) return fail(CUBLAS_STATUS_INVALID_VALUE, "algo check: algo or result is null");
+  const cublasLtMatrixLayoutOpaque_t* lay[4] = {a_desc, b_desc, c_desc, d_desc};
+  if (!object_live(desc) || !object_live(a_desc) || !object_live(b_desc) || !object_live(c_desc) ||
+      !object_live(d_desc))
+    return fail(CUBLAS_STATUS_INVALID_VALUE, "algo check: unknown descriptor or layout");
+  // NOT_SUPPORTED "if the algo configuration or data type combination is not currently
+  // supported on the given device": what the heuristic says for the descriptors.
+  Problem p;
+  if (Verdict v = problem_check(*desc, lay, false, &p); v.status) return fail(v.status, "algo check: " + v.why);
+  if (Verdict v = algo_check(p, *algo); v.status) return fail(v.status, "algo check: " + v.why);
+  *result = cublasLtMatmulHeuristicResult_t{};
+  result->algo = *algo;
+  result->workspaceSize = 0;
+  result->state = CUBLAS_STATUS_SUCCESS;
+  result->wavesCount = 1.0f;
   return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -80,7 +80,9 @@ using cublasLtMatmulDesc_t = cublasLtMatmulDescOpaque_t*;
 using cublasLtMatrixLayout_t = cublasLtMatrixLayoutOpaque_t*;
 using cublasLtMatmulPreference_t = cublasLtMatmulPreferenceOpaque_t*;
 
-/// An algorithm chosen by cublasLtMatmulAlgoGetHeuristic; trivially copyable.
+/// An algorithm chosen by cublasLtMatmulAlgoGetHeuristic; trivially copyable (NVIDIA: it
+/// "can be trivially serialized and later restored for use with the same version of
+/// cuBLAS library").
 struct cublasLtMatmulAlgo_t {
   uint64_t data[8];
 };
@@ -194,13 +196,25 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
                                                     cublasLtMatmulPreferenceAttributes_t attr, const void* buf,
                                                     size_t size);
 
-/// Returns NOT_SUPPORTED with *returned_count = 0 when no algorithm implements the
-/// descriptors (dtype combination, epilogue restriction, ...).
+/// Up to requested_count distinct algorithms for the descriptors (the engine has four per
+/// problem, each bound to the problem's shape, transposes, types and epilogue; all compute
+/// the same result), *returned_count of them written. Returns NOT_SUPPORTED with
+/// *returned_count = 0 when no algorithm implements the descriptors (dtype combination,
+/// epilogue restriction, ...).
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
                                               cublasLtMatrixLayout_t a_desc, cublasLtMatrixLayout_t b_desc,
                                               cublasLtMatrixLayout_t c_desc, cublasLtMatrixLayout_t d_desc,
                                               cublasLtMatmulPreference_t pref, int requested_count,
                                               cublasLtMatmulHeuristicResult_t results[], int* returned_count);
+
+/// Whether algo can run the problem the descriptors describe: INVALID_VALUE when it was
+/// not made for them (another shape, types or epilogue; damaged bytes), NOT_SUPPORTED when
+/// no algorithm implements the descriptors; on success *result holds the algo and its
+/// workspace size.
+cublasStatus_t cublasLtMatmulAlgoCheck(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+                                       cublasLtMatrixLayout_t a_desc, cublasLtMatrixLayout_t b_desc,
+                                       cublasLtMatrixLayout_t c_desc, cublasLtMatrixLayout_t d_desc,
+                                       const cublasLtMatmulAlgo_t* algo, cublasLtMatmulHeuristicResult_t* result);
 
 /// D = epilogue(alpha * op(A) op(B) + beta * C), enqueued on `stream`. Argument errors
 /// are returned here (nothing is enqueued); algo may be null (implicit heuristic query).
