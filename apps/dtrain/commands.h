@@ -68,10 +68,11 @@ int run_plot(const std::string& run_dir, const std::string& out_png, int width, 
 int run_status(const std::string& run_dir);
 
 // cmd_bench_train.cpp
-// plan: the predicted budget of the step (lib/bench/bench_plan.h) instead of a timed run.
+// plan: the predicted budget of the step (lib/bench/bench_plan.h) instead of a timed run;
+// cluster (with plan): "NxW,..." adds the step's cluster plan there (lib/bench/plan_cluster.h).
 int run_bench_train(const std::string& config_path, const std::vector<std::string>& sets, int steps, int warmup,
                     bool json = false, const std::string& device = "cuda", bool plan = false,
-                    const std::string& gpu = "h100");
+                    const std::string& gpu = "h100", const std::string& cluster = "");
 
 struct BenchCliOptions;
 int run_bench(const BenchCliOptions& bench, const JobOptions& opts);

@@ -262,7 +262,7 @@ CLI::App* add_bench(CLI::App& app, Commands& out) {
 
 void add_bench_train(CLI::App* bench, Commands& out) {
   struct Options {
-    std::string config, device = "cuda", gpu = "h100";
+    std::string config, device = "cuda", gpu = "h100", cluster;
     std::vector<std::string> sets;
     int steps = 20, warmup = 5;
     bool json = false, plan = false;
@@ -287,15 +287,21 @@ void add_bench_train(CLI::App* bench, Commands& out) {
   cmd->add_option("--gpu", bt->gpu, "with --plan: the GPU profile the step is priced on")
       ->check(CLI::IsMember(dtrain::bench::plan_gpu_names()))
       ->capture_default_str();
+  cmd->add_option("--cluster", bt->cluster,
+                  "with --plan: also the step on these clusters (NODESxGPUS, comma-separated: 1x8,2x8,16x8): "
+                  "compute from the plan, each ZeRO collective by NCCL's ring model over cluster.link, the "
+                  "exposed communication, tokens/s and scaling (docs/cluster.md)")
+      ->type_name("NxW[,NxW...]");
   cmd->add_option("--device", bt->device, "cuda, or cpu for the CPU reference model (fp32)")
       ->check(CLI::IsMember({"cuda", "cpu"}))
       ->capture_default_str();
   cmd->footer(
       "Examples:\n  dtrain bench train --config configs/gpt2-124m.yaml --set train_micro_batch_size_per_gpu=16\n"
-      "  dtrain bench train --config configs/gpt2-124m.yaml --set train_micro_batch_size_per_gpu=16 --plan");
+      "  dtrain bench train --config configs/gpt2-124m.yaml --set train_micro_batch_size_per_gpu=16 --plan\n"
+      "  dtrain bench train --config configs/llama-1b.yaml --plan --cluster 1x8,2x8,4x8");
   out.push_back({cmd, [bt] {
                    return dtrain::cli::run_bench_train(bt->config, bt->sets, bt->steps, bt->warmup, bt->json,
-                                                       bt->device, bt->plan, bt->gpu);
+                                                       bt->device, bt->plan, bt->gpu, bt->cluster);
                  }});
 }
 

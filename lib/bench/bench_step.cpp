@@ -3,6 +3,7 @@
 #include "bench/bench_step.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/check.h"
 #include "core/rng.h"
@@ -13,8 +14,12 @@
 namespace dtrain::bench {
 
 BenchSetup bench_setup_from(const std::string& path, const std::vector<std::string>& sets, bool cuda) {
+  return bench_setup_of(config::config_load_file(path, sets).cfg, cuda);
+}
+
+BenchSetup bench_setup_of(config::TrainConfig config, bool cuda) {
   BenchSetup s;
-  s.cfg = config::config_load_file(path, sets).cfg;
+  s.cfg = std::move(config);
   config::TrainConfig& cfg = s.cfg;
   s.model = train::model_config_from(cfg);
   if (cfg.lora.enabled()) s.lora = train::lora_config_from(cfg, s.model);

@@ -43,6 +43,8 @@ struct BenchSetup {
 /// the optimizer, and the dtype: bf16/fp16 from the config on CUDA, fp32 on the CPU.
 /// ConfigError / IoError for the config.
 BenchSetup bench_setup_from(const std::string& path, const std::vector<std::string>& sets, bool cuda);
+/// The same from a config already read (the dry run's, its batch resolved or not).
+BenchSetup bench_setup_of(config::TrainConfig cfg, bool cuda);
 
 /// grad_accum micro-batches of micro_batch x seq_len random tokens and their next-token
 /// targets (nothing masked), from the setup's seed and `index` (different batches per

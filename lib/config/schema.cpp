@@ -506,6 +506,15 @@ const std::vector<KeySpec>& build_schema() {
        .help = "working directory on the nodes; \"\" = the launcher's working directory"},
       {.path = "cluster.dtrain_path", .type = KeyType::STRING, .field = F(cluster.dtrain_path),
        .help = "dtrain binary on the nodes; \"\" = the launcher's own path"},
+      {.path = "cluster.link.intra_node_gbytes", .type = KeyType::FLOAT, .field = F(cluster.link.intra_node_gbytes),
+       .help = "the cluster plan (--dry-run): NCCL bus bandwidth between the GPUs of a node (NVLink/NVSwitch), GB/s; "
+               "the default is an H100 SXM node's ring all-reduce busbw (nccl-tests); give your all_reduce_perf figure",
+       .min = 0, .min_exclusive = true},
+      {.path = "cluster.link.inter_node_gbits", .type = KeyType::FLOAT, .field = F(cluster.link.inter_node_gbits),
+       .help = "the cluster plan (--dry-run): network bandwidth between nodes per GPU (InfiniBand/RoCE, one NIC per "
+               "GPU), Gb/s: the line rate (400 = NDR), or a measured figure: `dtrain doctor`'s bandwidth table between two "
+               "nodes (GB/s x 8) or ib_write_bw's, divided by the GPUs that share that NIC",
+       .min = 0, .min_exclusive = true},
 
       // ---- doctor (dtrain): `dtrain doctor` and the preflight before each launch round
       {.path = "doctor.preflight", .type = KeyType::BOOL, .field = F(doctor.preflight),

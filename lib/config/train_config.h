@@ -258,6 +258,14 @@ struct MonitorConfig {
   bool operator==(const MonitorConfig&) const = default;
 };
 
+// The links the cluster plan (`dtrain launch --dry-run`, lib/bench/plan_cluster.h) prices
+// the collectives on, per GPU.
+struct LinkConfig {
+  double intra_node_gbytes = 360.0;  // NCCL bus bandwidth inside a node (NVLink/NVSwitch), GB/s
+  double inter_node_gbits = 400.0;   // network per GPU (InfiniBand/RoCE), Gb/s
+  bool operator==(const LinkConfig&) const = default;
+};
+
 struct ClusterConfig {
   SshConfig ssh;
   RendezvousConfig rendezvous;
@@ -265,6 +273,7 @@ struct ClusterConfig {
   EnvConfig env;
   std::string workdir;      // "" = the launcher's working directory
   std::string dtrain_path;  // "" = the launcher's own binary path
+  LinkConfig link;
   bool operator==(const ClusterConfig&) const = default;
 };
 

@@ -63,6 +63,13 @@ TEST_CASE("dry run of a GPU config on the 2-node example prints the placement an
   CHECK(has(r.out, "'agent'"));
   CHECK(has(r.out, "'--first-rank' '8'"));
   CHECK(has(r.out, "NODE_RANK=1"));
+  // Beside the memory plan, the step's prediction on these 2 nodes x 8 GPUs.
+  CHECK(has(r.out, "step plan (predicted):"));
+  CHECK(has(r.out, "2 nodes x 8 GPUs = 16 ranks, ZeRO stage 1"));
+  CHECK(has(r.out, "gradients"));
+  CHECK(has(r.out, "reduce-scatter"));
+  CHECK(has(r.out, "tokens/s"));
+  CHECK(has(r.out, "scaling"));
 }
 
 TEST_CASE("a real DeepSpeed JSON config on 4 nodes x 8 slots plans 32 ranks") {
@@ -261,4 +268,34 @@ TEST_CASE("--dry-run: the memory plan chooses how many layers recompute and says
   CHECK(given.code == 0);
   CHECK(has(given.out, "activation checkpointing: activation_checkpointing.layers: 3 of 8 layers"));
   CHECK(has(given.out, "(3 of 8 layers recomputed)"));
+}
+
+// --plan-for NODESxGPUSxSIZE: the step plan for that cluster, over the config's links (here a
+// 100 Gb/s network: across nodes the network, not NVLink, bounds the ring); a CPU job has none.
+TEST_CASE("--dry-run / --plan-for: the cluster's step plan with each collective, over cluster.link") {
+  if (!have_bin()) return;
+  const std::string cfg = temp_file("cluster-plan.yaml",
+                                    "train_micro_batch_size_per_gpu: 2\n"
+                                    "gradient_accumulation_steps: 2\n"
+                                    "bf16: {enabled: true}\n"
+                                    "zero_optimization: {stage: 3, stage3_prefetch_bucket_size: 20000000}\n"
+                                    "model: {architecture: llama, vocab_size: 32000, n_layer: 4, n_head: 16, "
+                                    "n_kv_head: 4, d_model: 1024, d_ff: 4096, max_seq_len: 1024}\n"
+                                    "data: {train: x.jsonl, tokenizer: byte, seq_len: 1024}\n"
+                                    "training: {device: cuda, max_steps: 10}\n");
+  auto r = run_dtrain("launch --dry-run --config " + cfg +
+                      " --plan-for 4x8x80GB --set cluster.link.inter_node_gbits=100");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(has(r.out, "step plan (predicted):"));
+  CHECK(has(r.out, "4 nodes x 8 GPUs = 32 ranks, ZeRO stage 3"));
+  CHECK(has(r.out, "network 100 Gb/s per GPU (cluster.link)"));
+  CHECK(has(r.out, "100 GB/s bus bandwidth (network-bound)"));
+  CHECK(has(r.out, "parameters, forward (prefetched)"));
+  CHECK(has(r.out, "all-gather"));
+  CHECK(has(r.out, "micro-batch 2 x seq 1024 x accumulation 2"));
+  CHECK(has(r.out, "on one H100 SXM"));
+  auto cpu = run_dtrain("launch --dry-run --config " + cfg + " --set training.device=cpu");
+  INFO(cpu.out);
+  CHECK(!has(cpu.out, "step plan (predicted):"));
 }
