@@ -27,8 +27,9 @@
 //   it, S = Q K^T and dP = dO V^T (warp = 16 queries), P and dS as above, dQ += dS K.
 // S and dP are computed twice (7 tile products instead of FlashAttention-2's 5), which buys
 // what FlashAttention-2's dQ atomics would cost: every output has one writer, so the result is
-// deterministic, and no fp32 dQ buffer. With grouped KV heads each query head's dK/dV go to an
-// fp32 buffer summed over the group by a third kernel, in head order.
+// deterministic, and no fp32 dQ buffer. With grouped KV heads a dK/dV block is one KV head's key
+// tile and walks the query tiles of each of its G query heads in head order, summing into the
+// same registers: no fp32 per-query-head buffers, no reduction kernel.
 #include "kernels/attention_internal.cuh"
 
 #include "kernels/common.cuh"
@@ -358,16 +359,20 @@ __global__ void __launch_bounds__(THREADS, HDP <= 64 ? FWD_SMALL_BLOCKS : 0)
 // ----------------------------------------------------------------------------
 // Backward, dK/dV. smem: Ks, Vs, then STAGES stages of Qs, dOs [64][PITCH] of T and of Ls, Ds
 // [64] fp32 (with two, the next query tile's loads are in flight while the current one is
-// computed). G == 1: dk, dv written in T (strided); G > 1: dk_exp, dv_exp [B*NH][T][HD] fp32
-// per query head.
+// computed). Block = (batch * KV head, key tile); the G query heads of the KV head follow each
+// other through the same pipeline (head-major over the query tiles), so dK and dV of the G heads
+// sum in registers, in head order, and are written once (strided, in T).
 // At head dim 256 it holds one block per SM (shared memory) and spills whatever it does (dK, dV
 // of 16 keys x 256 per warp); the minimum of 1 keeps ptxas from spilling more to fit blocks that
-// cannot come (sm_80: 168 registers and 3.2 KB of spill loads without it).
+// cannot come (sm_80: 168 registers and 3.2 KB of spill loads without it). At head dim 64 the
+// minimum of 3 holds it to 168 registers, 3 blocks per SM (65536 / (3 x 128), in steps of 8), at
+// 32 the minimum of 4 to 128 (4 blocks; shared memory allows both), which every architecture
+// reaches without spilling.
 template <typename T, int HDP, int STAGES>
-__global__ void __launch_bounds__(THREADS, HDP >= 256 ? 1 : 0)
-    attn_bwd_dkdv_kernel(T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dk_exp, float* __restrict__ dv_exp,
-                         const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ Dvec,
-                         const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, Args a) {
+__global__ void __launch_bounds__(THREADS, HDP >= 256 ? 1 : HDP <= 32 ? 4 : HDP <= 64 ? 3 : 0)
+    attn_bwd_dkdv_kernel(T* __restrict__ dk, T* __restrict__ dv, const T* __restrict__ dout,
+                         const float* __restrict__ lse, const float* __restrict__ Dvec, const T* __restrict__ q,
+                         const T* __restrict__ k, const T* __restrict__ v, Args a) {
   using TL = Tiles<HDP>;
   constexpr int P = TL::PITCH, DN = TL::DN;
   const AttnShape& s = a.s;
@@ -377,30 +382,38 @@ __global__ void __launch_bounds__(THREADS, HDP >= 256 ? 1 : 0)
   T* QO = Vs + TL::ELEMS;                                             // stage i: Qs = QO + 2 i ELEMS, dOs = Qs + ELEMS
   float* LD = reinterpret_cast<float*>(QO + 2 * STAGES * TL::ELEMS);  // stage i: Ls = LD + 2 i BM, Ds = Ls + BM
   // Longest first: key tile 0 sees every query tile, and blocks start in index order.
-  const int bh = blockIdx.x, kt = blockIdx.y, b = bh / s.NH, h = bh % s.NH, kh = h / s.G;
+  const int bk = blockIdx.x, kt = blockIdx.y, b = bk / s.NKV, kh = bk % s.NKV;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, mi = lane >> 3;
   const size_t op = static_cast<size_t>(s.NH) * s.HD;
-  const T* qb = q + static_cast<size_t>(b) * s.T * s.qs + static_cast<size_t>(h) * s.HD;
-  const T* ob = dout + static_cast<size_t>(b) * s.T * op + static_cast<size_t>(h) * s.HD;
   const T* kb = k + static_cast<size_t>(b) * s.T * s.ks + static_cast<size_t>(kh) * s.HD;
   const T* vb = v + static_cast<size_t>(b) * s.T * s.ks + static_cast<size_t>(kh) * s.HD;
   const float sl2 = s.scale * LOG2E;
-  // Issues query tile qt's loads into stage st: Q, dO by cp.async, lse (log2 units) and D directly.
-  auto load_query_tile = [&](int qt, int st) {
+  // Query tiles from the keys' own (causal) up to the one holding the last query that sees the
+  // tile's last key: a later tile's first row, the tile's smallest lo, is past every key here.
+  // The same for every query head of the group, walked head by head: heads h0 .. h_last.
+  const int last_qt = attn_hi(s, b, kt * BN + BN - 1 < s.T ? kt * BN + BN - 1 : s.T - 1) / BM;
+  const int h0 = kh * s.G, h_last = h0 + s.G - 1;
+  // Issues the loads of query head h's tile qt into stage st: Q, dO by cp.async, lse (log2
+  // units) and D directly.
+  const T* qb = q + static_cast<size_t>(b) * s.T * s.qs;
+  const T* ob = dout + static_cast<size_t>(b) * s.T * op;
+  const float* lb = lse + static_cast<size_t>(b) * s.NH * s.T;
+  const float* db = Dvec + static_cast<size_t>(b) * s.NH * s.T;
+  auto load_step = [&](int h, int qt, int st) {
     T* qs = QO + st * 2 * TL::ELEMS;
-    tile_load_async<T, HDP>(qs, qb, qt * BM, s.T, s.qs, s.HD, a.vec);
-    tile_load_async<T, HDP>(qs + TL::ELEMS, ob, qt * BM, s.T, op, s.HD, a.vec);
+    tile_load_async<T, HDP>(qs, qb + h * s.HD, qt * BM, s.T, s.qs, s.HD, a.vec);
+    tile_load_async<T, HDP>(qs + TL::ELEMS, ob + h * s.HD, qt * BM, s.T, op, s.HD, a.vec);
     if (threadIdx.x < BM) {
       const int row = qt * BM + threadIdx.x;
       float* ls = LD + st * 2 * BM;
-      ls[threadIdx.x] = row < s.T ? lse[static_cast<size_t>(bh) * s.T + row] * LOG2E : 0.0f;
-      ls[BM + threadIdx.x] = row < s.T ? Dvec[static_cast<size_t>(bh) * s.T + row] : 0.0f;
+      ls[threadIdx.x] = row < s.T ? lb[h * s.T + row] * LOG2E : 0.0f;
+      ls[BM + threadIdx.x] = row < s.T ? db[h * s.T + row] : 0.0f;
     }
   };
 
   tile_load_async<T, HDP>(Ks, kb, kt * BN, s.T, s.ks, s.HD, a.vec);
   tile_load_async<T, HDP>(Vs, vb, kt * BN, s.T, s.ks, s.HD, a.vec);
-  load_query_tile(kt, 0);
+  load_step(h0, kt, 0);
   cp_async_commit();
   float dka[DN][4], dva[DN][4];
 #pragma unroll
@@ -413,27 +426,27 @@ __global__ void __launch_bounds__(THREADS, HDP >= 256 ? 1 : 0)
   // (nothing reads a row's padding). Lanes tq = 0, 1 of the quad write entries 0, 1.
   int* his = reinterpret_cast<int*>(Ks + (warp * 16 + g) * P + HDP);
   if (tq < 2) his[tq] = key0 + tq * 8 < s.T ? attn_hi(s, b, key0 + tq * 8) : -1;
-  // Query tiles from the keys' own (causal) up to the one holding the last query that sees the
-  // tile's last key: a later tile's first row, the tile's smallest lo, is past every key here.
-  const int last_qt = attn_hi(s, b, kt * BN + BN - 1 < s.T ? kt * BN + BN - 1 : s.T - 1) / BM;
 
-  for (int qt = kt; qt <= last_qt; ++qt) {
-    const int stage = STAGES == 2 ? (qt - kt) & 1 : 0;
+  // Step by step: (h, qt) from (h0, kt), the tiles of one head before the next head's; stage
+  // alternates with each step.
+  int stage = 0;
+  for (int h = h0, qt = kt; h <= h_last; stage ^= STAGES - 1) {
     const T* Qs = QO + stage * 2 * TL::ELEMS;
     const T* dOs = Qs + TL::ELEMS;
     const float* Ls = LD + stage * 2 * BM;
     const float* Ds = Ls + BM;
+    const bool head_end = qt == last_qt;
     if constexpr (STAGES == 2) {
-      if (qt < last_qt) {  // the other stage was released by the previous iteration's last barrier
-        load_query_tile(qt + 1, stage ^ 1);
+      if (!head_end || h < h_last) {  // the other stage was released by the previous step's last barrier
+        load_step(head_end ? h + 1 : h, head_end ? kt : qt + 1, stage ^ 1);
         cp_async_commit();
         cp_async_wait<1>();
       } else {
         cp_async_wait<0>();
       }
     } else {
-      if (qt > kt) {
-        load_query_tile(qt, 0);
+      if (h != h0 || qt != kt) {
+        load_step(h, qt, 0);
         cp_async_commit();
       }
       cp_async_wait<0>();
@@ -475,8 +488,14 @@ __global__ void __launch_bounds__(THREADS, HDP >= 256 ? 1 : 0)
       }
     }
     __syncthreads();  // every warp is done with this stage before it is refilled
+    if (head_end) {
+      qt = kt;
+      ++h;
+    } else {
+      ++qt;
+    }
   }
-  // dK (scaled) and dV of this key tile.
+  // dK (scaled) and dV of this key tile, summed over the group's query heads.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key0 + r * 8;
@@ -487,16 +506,9 @@ __global__ void __launch_bounds__(THREADS, HDP >= 256 ? 1 : 0)
       for (int j = 0; j < 2; ++j) {
         const int d = dn * 8 + 2 * tq + j;
         if (d >= s.HD) continue;
-        const float gk = s.scale * dka[dn][r * 2 + j], gv = dva[dn][r * 2 + j];
-        if (s.G == 1) {
-          const size_t at = (static_cast<size_t>(b) * s.T + key) * s.ks + static_cast<size_t>(kh) * s.HD + d;
-          dk[at] = from_f32<T>(gk);
-          dv[at] = from_f32<T>(gv);
-        } else {
-          const size_t at = (static_cast<size_t>(bh) * s.T + key) * s.HD + d;
-          dk_exp[at] = gk;
-          dv_exp[at] = gv;
-        }
+        const size_t at = (static_cast<size_t>(b) * s.T + key) * s.ks + static_cast<size_t>(kh) * s.HD + d;
+        dk[at] = from_f32<T>(s.scale * dka[dn][r * 2 + j]);
+        dv[at] = from_f32<T>(dva[dn][r * 2 + j]);
       }
     }
   }
@@ -614,32 +626,6 @@ __global__ void __launch_bounds__(THREADS)
     } else {
       for (int j = 0; j < 8 && c + j < s.HD; ++j) dst[j] = Os[r * P + c + j];
     }
-  }
-}
-
-// dk/dv[b,t,kh,:] = sum over the G query heads of kh of dk_exp/dv_exp, in head order.
-template <typename T>
-__global__ void attn_dkv_reduce_kernel(T* __restrict__ dk, T* __restrict__ dv, const float* __restrict__ dk_exp,
-                                       const float* __restrict__ dv_exp, AttnShape s) {
-  const size_t total = static_cast<size_t>(s.B) * s.NKV * s.T * s.HD;
-  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  const size_t head = static_cast<size_t>(s.T) * s.HD;
-  for (size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
-    const int d = static_cast<int>(idx % s.HD);
-    const size_t r = idx / s.HD;  // (b * NKV + kh) * T + t
-    const int t = static_cast<int>(r % s.T);
-    const size_t bk = r / s.T;
-    const int kh = static_cast<int>(bk % s.NKV), b = static_cast<int>(bk / s.NKV);
-    const size_t src =
-        (static_cast<size_t>(b) * s.NH + static_cast<size_t>(kh) * s.G) * head + static_cast<size_t>(t) * s.HD + d;
-    float gk = 0.0f, gv = 0.0f;
-    for (int j = 0; j < s.G; ++j) {
-      gk += dk_exp[src + j * head];
-      gv += dv_exp[src + j * head];
-    }
-    const size_t at = (static_cast<size_t>(b) * s.T + t) * s.ks + static_cast<size_t>(kh) * s.HD + d;
-    dk[at] = from_f32<T>(gk);
-    dv[at] = from_f32<T>(gv);
   }
 }
 
@@ -802,10 +788,6 @@ void attention_backward_mma(void* dq, void* dk, void* dv, const void* dout, cons
   const Args a{s, (s.T + BM - 1) / BM,
                rows_aligned(q, s.qs, s.HD) && rows_aligned(k, s.ks, s.HD) && rows_aligned(v, s.ks, s.HD) &&
                    rows_aligned(dout, static_cast<size_t>(s.NH) * s.HD, s.HD) && rows_aligned(dq, s.qs, s.HD)};
-  const size_t per_head = static_cast<size_t>(s.B) * s.NH * s.T * s.HD;
-  Scratch kv_exp(s.G > 1 ? sizeof(float) * per_head * 2 : 0, stream);
-  float* dk_exp = s.G > 1 ? kv_exp.as<float>() : nullptr;
-  float* dv_exp = s.G > 1 ? dk_exp + per_head : nullptr;
   with_type(dtype, [&](auto tag) {
     using Ty = typename decltype(tag)::type;
     with_hdp(s.HD, [&](auto hdp) {
@@ -816,8 +798,8 @@ void attention_backward_mma(void* dq, void* dk, void* dv, const void* dout, cons
             const size_t bytes = dkdv_bytes<Ty, HDP>(STAGES);
             auto kernel_dkdv = attn_bwd_dkdv_kernel<Ty, HDP, STAGES>;
             smem_allow(kernel_dkdv, bytes);
-            DTK_LAUNCH(dim3(s.B * s.NH, a.nt), THREADS, bytes, stream, kernel_dkdv)
-            (static_cast<Ty*>(dk), static_cast<Ty*>(dv), dk_exp, dv_exp, static_cast<const Ty*>(dout), lse, D,
+            DTK_LAUNCH(dim3(s.B * s.NKV, a.nt), THREADS, bytes, stream, kernel_dkdv)
+            (static_cast<Ty*>(dk), static_cast<Ty*>(dv), static_cast<const Ty*>(dout), lse, D,
              static_cast<const Ty*>(q), static_cast<const Ty*>(k), static_cast<const Ty*>(v), a);
             DT_CUDA_LAUNCH_CHECK();
           });
@@ -832,12 +814,6 @@ void attention_backward_mma(void* dq, void* dk, void* dv, const void* dout, cons
         DT_CUDA_LAUNCH_CHECK();
       });
     });
-    if (s.G > 1) {
-      const size_t kv_total = static_cast<size_t>(s.B) * s.NKV * s.T * s.HD;
-      DTK_LAUNCH(grid_for(kv_total, 256), 256, 0, stream, attn_dkv_reduce_kernel<Ty>)
-      (static_cast<Ty*>(dk), static_cast<Ty*>(dv), dk_exp, dv_exp, s);
-      DT_CUDA_LAUNCH_CHECK();
-    }
   });
 }
 

@@ -284,8 +284,8 @@ void PlanDevice::rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV
 // 2 HDP (P V) FLOPs per score, dq 4 HD + 2 HDP, dk/dv 4 HD + 4 HDP (HDP: HD padded to 32 x
 // DPL); launches `kernel`, `kq`, `kkv`. bf16/fp16 on tensor cores: 64 x 64 tile pairs with
 // HD padded to 32/64/128/256; forward 2 products (4 HDP FLOPs per score); backward
-// `kernel_dkdv` (S^T, dP^T, dV, dK: 8 HDP) and `kernel_dq` (S, dP, dQ: 6 HDP), then, with
-// grouped KV heads, `attn_dkv_reduce_kernel<Ty>` over the fp32 per-query-head dK/dV.
+// `kernel_dkdv` (S^T, dP^T, dV, dK: 8 HDP; one block per KV head and key tile, walking its G
+// query heads) and `kernel_dq` (S, dP, dQ: 6 HDP).
 size_t PlanDevice::attention_saved_floats(int B, int T, int NH) const { return static_cast<size_t>(B) * NH * T; }
 
 namespace {
@@ -295,10 +295,10 @@ double mma_scores(int B, int T, int NH) {  // scores computed: causal 64 x 64 ti
   return static_cast<double>(B) * NH * nt * (nt + 1) / 2 * 4096;
 }
 
-// The launch geometry of kernels/attention_mma.cu: grid (B*NH, T/64), 128 threads, shared
-// memory from its fwd_bytes / dkdv_bytes / dq_bytes (rows of HDP + 8 elements; dK/dV also
-// stages the fp32 lse and D rows), a one-stage variant compiled where two stages exceed the
-// smallest card's 99 KB.
+// The launch geometry of kernels/attention_mma.cu: grid (B*NH, T/64) (dK/dV: B*NKV), 128
+// threads, shared memory from its fwd_bytes / dkdv_bytes / dq_bytes (rows of HDP + 8 elements;
+// dK/dV also stages the fp32 lse and D rows), a one-stage variant compiled where two stages
+// exceed the smallest card's 99 KB. NH: the heads of the grid.
 enum class MmaKernel { FWD, DKDV, DQ };
 PlanLaunch mma_launch(MmaKernel k, int B, int T, int NH, int HD, DType t) {
   static constexpr const char* NAMES[] = {"attn_fwd_mma_kernel", "attn_bwd_dkdv_kernel", "attn_bwd_dq_kernel"};
@@ -350,15 +350,13 @@ void PlanDevice::attention_backward(void*, void*, void*, const void*, const void
   const double rows = static_cast<double>(B) * NH * T * 4;
   kernel(op, "attn_dvec_kernel<Ty>", PlanUnit::CUDA_CORE, 2.0 * B * T * NH * HD, 2 * q + rows);
   if (t != DType::F32) {
-    const int G = NH / NKV;
-    const double exp = static_cast<double>(B) * T * NH * HD * 4;  // fp32 dK or dV per query head
-    const double kv_out = G > 1 ? 2 * exp : 2 * kv;
-    // Tile loads beyond each array once (no atomics, no fp32 dQ partials: every output has one
-    // writer). dK/dV: a block loads its K, V tile (per query head: G times per KV head) and the
-    // Q, dO tiles and lse, D rows of every query tile at or after it; dQ: its Q, dO tile and
-    // lse, D rows once and the K, V tiles of every key tile up to it.
+    const double kv_out = 2 * kv;
+    // Tile loads beyond each array once (no atomics, no fp32 dQ or per-head dK/dV partials:
+    // every output has one writer). dK/dV: a block loads its K, V tile once and, for each query
+    // head of its group, the Q, dO tiles and lse, D rows of every query tile at or after it;
+    // dQ: its Q, dO tile and lse, D rows once and the K, V tiles of every key tile up to it.
     const double tile = 64.0 * HD * es(t), pairs = mma_scores(B, T, NH) / 4096;
-    PlanLaunch dkdv = mma_launch(MmaKernel::DKDV, B, T, NH, HD, t);
+    PlanLaunch dkdv = mma_launch(MmaKernel::DKDV, B, T, NKV, HD, t);
     dkdv.reread_bytes = std::max(0.0, pairs * (2 * tile + 2 * 64 * 4) - (2 * q + 2 * rows)) +
                         std::max(0.0, static_cast<double>(dkdv.blocks) * 2 * tile - 2 * kv);
     PlanLaunch dq = mma_launch(MmaKernel::DQ, B, T, NH, HD, t);
@@ -367,7 +365,6 @@ void PlanDevice::attention_backward(void*, void*, void*, const void*, const void
            2 * q + 2 * kv + 2 * rows + kv_out, &dkdv);
     kernel(op, "kernel_dq", PlanUnit::TENSOR_ATTN_BWD, mma_scores(B, T, NH) * 6.0 * mma_hdp(HD),
            3 * q + 2 * kv + 2 * rows, &dq);
-    if (G > 1) kernel(op, "attn_dkv_reduce_kernel<Ty>", PlanUnit::CUDA_CORE, 2 * exp / 4, 2 * exp + 2 * kv);
     return;
   }
   const double hdp = 32.0 * attn_dpl(HD), scores = static_cast<double>(B) * NH * attn_tile_pairs(T) * 1024;
