@@ -75,6 +75,7 @@ PlanTime plan_entry_time(const device::PlanEntry& e, const PlanBudgetTable& t, P
 struct PlanStep {
   std::vector<device::PlanEntry> entries;
   int64_t params = 0, trainable_params = 0;
+  std::vector<std::string> notes;  ///< what the planned step left out (ZeRO-Offload's host update)
 };
 PlanStep plan_step(const BenchSetup& s);
 

@@ -47,6 +47,7 @@ ClusterCompute cluster_compute_plan(const BenchSetup& s, const std::string& gpu)
     to.fast += plan_entry_time(e, t, PlanEnd::FAST).total();
   }
   c.source = fmt::format("the --plan budget of the trainer's step on one {} ({} launches)", t.gpu.label, launches);
+  for (const std::string& n : step.notes) c.source += "; " + n;
   return c;
 }
 

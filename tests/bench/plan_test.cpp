@@ -142,3 +142,18 @@ TEST_CASE("bench plan: the roofline of one entry at both ends of the band, and -
   o.device = device::Kind::CPU;
   CHECK_THROWS_AS(bench::bench_plan_run(o), UsageError);
 }
+
+TEST_CASE("bench plan: ZeRO-Offload is planned with the update on the GPU and said so, without model-sized memory") {
+  // The offloaded update's host buffers would be real memory (and its fake-storage source
+  // crashed the plan before): the plan leaves ZeRO-Offload out and notes it.
+  const long rss0 = max_rss_kib();
+  const bench::BenchPlanResult r =
+      bench::bench_plan_run(gpt2_124m({"zero_optimization.offload_optimizer.device=cpu", "zero_optimization.stage=2",
+                                       "data.seq_len=128", "train_micro_batch_size_per_gpu=2"}));
+  bool noted = false;
+  for (const auto& n : r.notes) noted = noted || n.find("ZeRO-Offload not planned") != std::string::npos;
+  CHECK(noted);
+  CHECK(r.launches > 0);
+  for (const auto& w : r.rows) CHECK(w.op.find("offload") == std::string::npos);
+  CHECK(max_rss_kib() - rss0 < 200 * 1024);  // 124M parameters' host state would be ~2.7 GB
+}
