@@ -8,7 +8,13 @@ random tokens, and prints tokens/s, step time and peak memory side by side:
 
   gpt2       GPT-2 124M (configs/gpt2-124m.yaml), T=1024, micro-batch --gpt2-micro-batch
   llama      Llama-style ~1B (configs/llama-1b.yaml), full fine-tune
+  llama-recompute  the same, every block recomputed in the backward (torch.utils.checkpoint,
+             non-reentrant), as dtrain's activation_checkpointing: the like-for-like peer of
+             configs/llama-1b.yaml, which recomputes; gpt2 and llama recompute nothing, on both sides
   llama-lora the same with LoRA r=16 on q,k,v,o,gate,up,down (base frozen)
+
+Each case also records which SDPA kernel torch ran (flash, efficient, cudnn or math: the
+profiler's view of one untimed step, scripts/race8b.py sdpa_backend).
 
 Needs a CUDA GPU and PyTorch >= 2.1; without PyTorch it prints a message and exits 2.
 Python 3 standard library + torch only.
@@ -40,10 +46,13 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 # the script reads no YAML, standard library only).
 CASES = {
     "gpt2": dict(config="configs/gpt2-124m.yaml", arch="gpt2", vocab=50304, n_layer=12, n_head=12, n_kv_head=12,
-                 d_model=768, d_ff=3072, seq_len=1024, tied=True, lora_r=0, lr=6e-4, betas=(0.9, 0.95), wd=0.1),
+                 d_model=768, d_ff=3072, seq_len=1024, tied=True, lora_r=0, lr=6e-4, betas=(0.9, 0.95), wd=0.1,
+                 recompute=False),
     "llama": dict(config="configs/llama-1b.yaml", arch="llama", vocab=32000, n_layer=16, n_head=32, n_kv_head=8,
-                  d_model=2048, d_ff=5632, seq_len=2048, tied=False, lora_r=0, lr=4e-4, betas=(0.9, 0.95), wd=0.1),
+                  d_model=2048, d_ff=5632, seq_len=2048, tied=False, lora_r=0, lr=4e-4, betas=(0.9, 0.95), wd=0.1,
+                  recompute=False),
 }
+CASES["llama-recompute"] = dict(CASES["llama"], recompute=True)
 CASES["llama-lora"] = dict(CASES["llama"], lora_r=16, lora_alpha=32.0)
 
 
@@ -260,7 +269,8 @@ def parity(args):
 def run_dtrain(args, name, case, micro, seq_len):
     cmd = [args.dtrain, "bench", "train", "--config", os.path.join(ROOT, case["config"]),
            "--set", f"train_micro_batch_size_per_gpu={micro}", "--set", f"data.seq_len={seq_len}",
-           "--steps", str(args.steps), "--warmup", str(args.warmup), "--json"]
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--json",
+           "--set", f"activation_checkpointing.enabled={'true' if case['recompute'] else 'false'}"]
     if case["lora_r"]:
         cmd += ["--set", f"lora.r={case['lora_r']}", "--set", f"lora.alpha={case['lora_alpha']}",
                 "--set", "lora.target_modules=[" + ",".join(LORA_TARGETS) + "]"]
@@ -276,6 +286,7 @@ def run_dtrain(args, name, case, micro, seq_len):
 # ----------------------------------------------------------------------------
 # PyTorch side (imported lazily so the script can explain a missing torch)
 def build_torch_model(torch, case, seq_len):
+    from torch.utils.checkpoint import checkpoint
     nn, F = torch.nn, torch.nn.functional
     C, L, NH, NKV, V, FF = case["d_model"], case["n_layer"], case["n_head"], case["n_kv_head"], case["vocab"], case["d_ff"]
     HD, gpt2 = C // NH, case["arch"] == "gpt2"
@@ -368,7 +379,8 @@ def build_torch_model(torch, case, seq_len):
             if self.wpe is not None:
                 x = x + self.wpe(torch.arange(idx.shape[1], device=idx.device))
             for b in self.blocks:
-                x = b(x)
+                # dtrain's recompute: each block's activations rebuilt in its backward
+                x = checkpoint(b, x, use_reentrant=False) if case["recompute"] else b(x)
             logits = self.lm_head(self.ln_f(x))
             return F.cross_entropy(logits.float().reshape(-1, V), targets.reshape(-1), ignore_index=-100)
 
@@ -421,7 +433,13 @@ def run_torch(torch, args, name, case, micro, seq_len):
     dt = time.perf_counter() - t0
     res = dict(step_ms=1e3 * dt / args.steps, tokens_per_s=micro * seq_len * args.steps / dt,
                peak_memory_bytes=torch.cuda.max_memory_allocated(), reserved_bytes=torch.cuda.max_memory_reserved(),
-               final_loss=float(loss), params=n_params)
+               final_loss=float(loss), params=n_params, recompute=case["recompute"],
+               compile=not args.no_compile)
+    # Which SDPA kernel ran: one more step, untimed, under the profiler.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from race8b import sdpa_backend
+    res["sdpa"] = sdpa_backend(torch, lambda: step(args.warmup + args.steps))
+    print(f"[{name}] torch: SDPA backend {res['sdpa']['backend']}", flush=True)
     del model, step_model, opt, batches, params, decay, no_decay
     torch.cuda.empty_cache()
     return res

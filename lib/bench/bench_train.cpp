@@ -115,7 +115,7 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
   r.setup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_t0).count();
   train::StepTimer timer;  // the trainer's sections; the bench reads the wall clock
   using Clock = std::chrono::steady_clock;
-  Clock::time_point t0;
+  Clock::time_point t0, ts = Clock::now();
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     if (s == o.warmup) {
       tm->device().synchronize();
@@ -128,6 +128,10 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
     }
     r.final_loss = step.run(s + 1, setup.lr, batches[static_cast<size_t>(s) % batches.size()].view(), timer).loss;
     r.losses.push_back(r.final_loss);
+    // The step's loss is read back above, so the host clock has seen the step's work.
+    const Clock::time_point te = Clock::now();
+    r.step_ms_each.push_back(1e3 * std::chrono::duration<double>(te - ts).count());
+    ts = te;
   }
   tm->device().synchronize();
 #ifdef DTRAIN_HAVE_CUDA
@@ -196,6 +200,7 @@ std::string bench_train_format(const BenchTrainResult& r, bool json) {
                      {"setup_s", r.setup_s},
                      {"final_loss", num(r.final_loss)},
                      {"losses", r.losses},
+                     {"step_ms_each", r.step_ms_each},
                      {"notes", r.notes}};
     if (gpu) {
       j["arena_bytes"] = r.arena_bytes;

@@ -44,6 +44,9 @@ struct BenchTrainResult {
   size_t pool_peak_bytes = 0, pool_reserved_bytes = 0;
   double final_loss = 0;
   std::vector<double> losses;      ///< every step's loss, warm-up steps included
+  /// Every step's wall time (ms), warm-up steps included: the first step's cost (cuBLASLt
+  /// plans, allocator growth) beside the timed steps' mean, step_ms.
+  std::vector<double> step_ms_each;
   std::vector<std::string> notes;  ///< settings the bench changed or ignored
   /// ZeRO-Offload (offload_optimizer): the last step's schedule (train::OffloadTraceEntry:
   /// gradients landing on the host, the host AdamW per bucket or after the backward),

@@ -2,7 +2,8 @@
 // stage reports in gpu_check.json and gpu_check.md, the stages the CPU execution engine can
 // run pass (env, tests, the default job against its CPU reference, the bench beside its
 // plan, dtrain's HF export read back by apps/hf_logits on both devices), the stages that
-// need a real GPU's tools say SKIPPED with the reason; --only, a used-up budget and a bad
+// need a real GPU's tools say SKIPPED with the reason (race8b after running dtrain's side of
+// the race at a tiny shape); --only, a used-up budget and a bad
 // stage name behave as the script says. So the script that meets a borrowed GPU is proven
 // in every CI run. Built only in the EMU tree.
 #include "cli_harness.h"
@@ -51,13 +52,13 @@ TEST_CASE("gpu_check --rehearse: every stage reports; the engine's stages pass, 
   std::vector<std::string> order;
   for (const auto& s : j.at("stages")) order.push_back(s.at("stage"));
   CHECK(order == std::vector<std::string>{"env", "tests", "sanitizer", "job", "speed", "losses", "offload", "peers",
-                                          "hf", "profile"});
+                                          "hf", "profile", "race8b"});
   auto st = by_stage(j);
   for (const char* s : {"env", "tests", "job", "speed", "losses", "offload", "hf"}) {
     INFO(s << ": " << st[s].dump());
     CHECK(st[s].at("status") == "PASS");
   }
-  for (const char* s : {"sanitizer", "peers", "profile"}) {
+  for (const char* s : {"sanitizer", "peers", "profile", "race8b"}) {
     INFO(s << ": " << st[s].dump());
     CHECK(st[s].at("status") == "SKIPPED");
     CHECK(contains(st[s].at("summary").get<std::string>(), "rehearsal"));  // says why
@@ -92,6 +93,19 @@ TEST_CASE("gpu_check --rehearse: every stage reports; the engine's stages pass, 
   CHECK(off.at("on the GPU").at("trace").empty());
   CHECK(off.at("offload, clipping 0").at("host_adamw_ms").get<double>() > 0);
   CHECK(off.at("offload, clipping 1.0").at("host_bytes").get<double>() > 0);
+  // race8b: dtrain's side of the race (LoRA, then full SFT with the optimizer offloaded) runs
+  // at the tiny shape on the engine; the peer (transformers + PEFT) is skipped, saying why
+  const auto& race = st["race8b"].at("data").at("rows");
+  int dtrain_runs = 0, peer_skipped = 0;
+  for (const auto& row : race) {
+    if (row.at(1) == "dtrain" && row.at(3) == "PASS") ++dtrain_runs;
+    if (row.at(1) == "transformers+peft" && row.at(3) == "SKIPPED") ++peer_skipped;
+  }
+  CHECK(dtrain_runs == 2);
+  CHECK(peer_skipped == 1);
+  const auto& race_dtrain = st["race8b"].at("data").at("cases").at("tiny-llama").at("dtrain");
+  CHECK(race_dtrain.at("tokens_per_s").get<double>() > 0);
+  CHECK(race_dtrain.at("step_ms_each").size() == 3);  // every step's time, the warm-up's first
   // the person-readable table has a row per stage
   const std::string md = read_text(tmp.path() + "/gpu_check.md");
   for (const std::string& s : order) CHECK(contains(md, "| " + s + " | "));
