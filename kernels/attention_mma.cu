@@ -60,8 +60,9 @@ struct Tiles {
 
 struct Args {
   AttnShape s;
-  int nt;    // tiles along T
-  bool vec;  // q/k/v/dout rows 16-byte aligned: tiles load 8 elements at a time
+  int nt;                 // tiles along T
+  bool vec;               // q/k/v/dout rows 16-byte aligned: tiles load 8 elements at a time
+  bool rows_vec = false;  // backward: every lse and D row 16-byte aligned (T % 4 == 0, aligned bases)
 };
 
 // dst[r][0, HDP) = src row (row0 + r) for r < 64, zero past T and HD: in-range 16-byte chunks
@@ -369,7 +370,10 @@ __global__ void __launch_bounds__(THREADS, HDP <= 64 ? FWD_SMALL_BLOCKS : 0)
 // 32 the minimum of 4 to 128 (4 blocks; shared memory allows both), which every architecture
 // reaches without spilling.
 template <typename T, int HDP, int STAGES>
-__global__ void __launch_bounds__(THREADS, HDP >= 256 ? 1 : HDP <= 32 ? 4 : HDP <= 64 ? 3 : 0)
+__global__ void __launch_bounds__(THREADS, HDP >= 256  ? 1
+                                           : HDP <= 32 ? 4
+                                           : HDP <= 64 ? 3
+                                                       : 0)
     attn_bwd_dkdv_kernel(T* __restrict__ dk, T* __restrict__ dv, const T* __restrict__ dout,
                          const float* __restrict__ lse, const float* __restrict__ Dvec, const T* __restrict__ q,
                          const T* __restrict__ k, const T* __restrict__ v, Args a) {
@@ -379,8 +383,9 @@ __global__ void __launch_bounds__(THREADS, HDP >= 256 ? 1 : HDP <= 32 ? 4 : HDP 
   DTK_EXTERN_SHARED(float, smem_raw);
   T* Ks = reinterpret_cast<T*>(smem_raw);
   T* Vs = Ks + TL::ELEMS;
-  T* QO = Vs + TL::ELEMS;                                             // stage i: Qs = QO + 2 i ELEMS, dOs = Qs + ELEMS
-  float* LD = reinterpret_cast<float*>(QO + 2 * STAGES * TL::ELEMS);  // stage i: Ls = LD + 2 i BM, Ds = Ls + BM
+  T* QO = Vs + TL::ELEMS;  // stage i: Qs = QO + 2 i ELEMS, dOs = Qs + ELEMS
+  float* LD =
+      reinterpret_cast<float*>(QO + 2 * STAGES * TL::ELEMS);  // stage i: Ls = LD + 2 i BM, Ds = Ls + BM (lse, D)
   // Longest first: key tile 0 sees every query tile, and blocks start in index order.
   const int bk = blockIdx.x, kt = blockIdx.y, b = bk / s.NKV, kh = bk % s.NKV;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, mi = lane >> 3;
@@ -393,8 +398,9 @@ __global__ void __launch_bounds__(THREADS, HDP >= 256 ? 1 : HDP <= 32 ? 4 : HDP 
   // The same for every query head of the group, walked head by head: heads h0 .. h_last.
   const int last_qt = attn_hi(s, b, kt * BN + BN - 1 < s.T ? kt * BN + BN - 1 : s.T - 1) / BM;
   const int h0 = kh * s.G, h_last = h0 + s.G - 1;
-  // Issues the loads of query head h's tile qt into stage st: Q, dO by cp.async, lse (log2
-  // units) and D directly.
+  // Issues the loads of query head h's tile qt into stage st: Q, dO, lse and D by cp.async
+  // (lse and D for a whole tile of 16-byte aligned rows; else stored directly), all in the
+  // step's group: no thread waits on a global load before the current tile's work.
   const T* qb = q + static_cast<size_t>(b) * s.T * s.qs;
   const T* ob = dout + static_cast<size_t>(b) * s.T * op;
   const float* lb = lse + static_cast<size_t>(b) * s.NH * s.T;
@@ -403,10 +409,17 @@ __global__ void __launch_bounds__(THREADS, HDP >= 256 ? 1 : HDP <= 32 ? 4 : HDP 
     T* qs = QO + st * 2 * TL::ELEMS;
     tile_load_async<T, HDP>(qs, qb + h * s.HD, qt * BM, s.T, s.qs, s.HD, a.vec);
     tile_load_async<T, HDP>(qs + TL::ELEMS, ob + h * s.HD, qt * BM, s.T, op, s.HD, a.vec);
-    if (threadIdx.x < BM) {
-      const int row = qt * BM + threadIdx.x;
-      float* ls = LD + st * 2 * BM;
-      ls[threadIdx.x] = row < s.T ? lb[h * s.T + row] * LOG2E : 0.0f;
+    float* ls = LD + st * 2 * BM;
+    const int row0 = qt * BM;
+    if (a.rows_vec && row0 + BM <= s.T) {
+      if (threadIdx.x < BM / 2) {  // 16 chunks of 4 floats of lse, then 16 of D
+        const int c = (threadIdx.x & (BM / 4 - 1)) * 4;
+        const bool d = threadIdx.x >= BM / 4;
+        cp_async_16(ls + (d ? BM : 0) + c, (d ? db : lb) + h * s.T + row0 + c);
+      }
+    } else if (threadIdx.x < BM) {
+      const int row = row0 + threadIdx.x;
+      ls[threadIdx.x] = row < s.T ? lb[h * s.T + row] : 0.0f;
       ls[BM + threadIdx.x] = row < s.T ? db[h * s.T + row] : 0.0f;
     }
   };
@@ -466,7 +479,7 @@ __global__ void __launch_bounds__(THREADS, HDP >= 256 ? 1 : HDP <= 32 ? 4 : HDP 
         const int key = key0 + (i >> 1) * 8, col = nb * 8 + 2 * tq + (i & 1), query = qt * BM + col;
         // attn_visible(key, query, attn_lo(query)), which is key <= query <= attn_hi(key)
         const bool ok = key <= query && query <= hi[i >> 1];
-        const float p = ok ? exp2f(st[nb][i] * sl2 - Ls[col]) : 0.0f;
+        const float p = ok ? exp2f(st[nb][i] * sl2 - Ls[col] * LOG2E) : 0.0f;
         st[nb][i] = p;
         dpt[nb][i] = p * (dpt[nb][i] - Ds[col]);
       }
@@ -787,7 +800,8 @@ void attention_backward_mma(void* dq, void* dk, void* dv, const void* dout, cons
                             cudaStream_t stream) {
   const Args a{s, (s.T + BM - 1) / BM,
                rows_aligned(q, s.qs, s.HD) && rows_aligned(k, s.ks, s.HD) && rows_aligned(v, s.ks, s.HD) &&
-                   rows_aligned(dout, static_cast<size_t>(s.NH) * s.HD, s.HD) && rows_aligned(dq, s.qs, s.HD)};
+                   rows_aligned(dout, static_cast<size_t>(s.NH) * s.HD, s.HD) && rows_aligned(dq, s.qs, s.HD),
+               aligned16(lse) && aligned16(D) && s.T % 4 == 0};
   with_type(dtype, [&](auto tag) {
     using Ty = typename decltype(tag)::type;
     with_hdp(s.HD, [&](auto hdp) {
