@@ -1174,9 +1174,9 @@ RACE_STEPS = {"gpu": (2, 5), "rehearse": (1, 2)}  # (warm-up, timed) per side
 # memory at most the peer's.
 RACE_TARGETS = {"eager": 1.3, "compile": 1.0}
 # The full-SFT offload run's host memory, bytes per parameter: ZeRO-Offload's state on one
-# rank at stage 2 (docs/gpu.md: 16 master/m/v/gradient + 4 landing + 2 copy back) plus the
-# bench's host model (model_create: fp32 weights and gradients, 8).
-OFFLOAD_HOST_BYTES_PER_PARAM = 30
+# rank at stage 2 (docs/gpu.md: 16 master/m/v/gradient + 4 landing + 2 copy back). The bench
+# builds its GPU model with deferred storage, as the trainer does: no host copy of the model.
+OFFLOAD_HOST_BYTES_PER_PARAM = 22
 OFFLOAD_HOST_SHARE = 0.6  # of MemTotal a reduced-depth run may plan for (pinned memory, page cache)
 
 

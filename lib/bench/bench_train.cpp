@@ -69,7 +69,7 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
   DT_ENFORCE_GT(o.steps, 0, UsageError, "bench train: --steps");
   DT_ENFORCE_GE(o.warmup, 0, UsageError, "bench train: --warmup");
   const bool cuda = o.device == device::Kind::CUDA;
-  if (cuda) device::cuda_require(0);  // before building a possibly large host model
+  if (cuda) device::cuda_require(0);  // before building a possibly large model
   const auto setup_t0 = std::chrono::steady_clock::now();
 
   const BenchSetup setup = bench_setup_from(o.config_path, o.sets, cuda);
@@ -89,29 +89,36 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
   r.n_layer = mcfg.n_layer;
   r.d_model = mcfg.d_model;
 
-  // The trainer's model: its host model and (CUDA) the device copy that trains.
-  const std::unique_ptr<model::Model> host = train::model_create(setup.cfg);
+  // The trainer's model, built as the trainer builds it: on the CPU whole; on a GPU with
+  // deferred storage, each base buffer's values (the random init or model.init_from's
+  // tensors) made on the host one buffer at a time and taken by the engine, so no host fp32
+  // copy of the model exists (an 8B model's would be 32 GB, built on one thread's worth of
+  // memory bandwidth).
+  std::unique_ptr<device::Device> dev;
+  std::unique_ptr<model::Model> model;
+  train::TrainStepOptions so = setup.step_options();
+  if (cuda) {
+    dev = device::cuda_create(0);
+    train::DeferredModel d = train::model_create_deferred(setup.cfg, *dev, dt);
+    model = std::move(d.model);
+    so.deferred_weights = std::move(d.fill);
+    r.device_name = dev->name();
+  } else {
+    model = train::model_create(setup.cfg);
+    r.device_name = "CPU (reference model, fp32)";
+  }
+  model::Model* tm = model.get();
   if (setup.lora) r.lora_rank = setup.lora->rank;
-  r.params = static_cast<int64_t>(host->num_params());
-  r.trainable_params = static_cast<int64_t>(host->num_trainable_params());
+  r.params = static_cast<int64_t>(tm->num_params());
+  r.trainable_params = static_cast<int64_t>(tm->num_trainable_params());
 
   // Synthetic data: a few different random batches, cycled.
   std::vector<BenchBatch> batches;
   for (uint64_t k = 0; k < 4; ++k) batches.push_back(bench_batch(setup, k));
   const size_t per_step = static_cast<size_t>(setup.grad_accum) * setup.micro_batch * setup.seq_len;
 
-  std::unique_ptr<device::Device> dev;
-  std::unique_ptr<model::Model> dm;  // the model on the device
-  model::Model* tm = host.get();
-  if (cuda) {
-    dev = device::cuda_create(0);
-    dm = train::model_on_device(*host, *dev, dt);
-    tm = dm.get();
-    r.device_name = dev->name();
-  } else {
-    r.device_name = "CPU (reference model, fp32)";
-  }
-  train::TrainStep step(*tm, cuda ? host.get() : nullptr, nullptr, setup.zero, setup.step_options());
+  train::TrainStep step(*tm, nullptr, nullptr, setup.zero, so);
+  so.deferred_weights = {};  // closes init_from's files: the engine holds the weights
   r.setup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_t0).count();
   train::StepTimer timer;  // the trainer's sections; the bench reads the wall clock
   using Clock = std::chrono::steady_clock;
