@@ -3,6 +3,7 @@
 // the step's predicted GPU budget (lib/bench/bench_plan: no GPU needed), and with --cluster
 // the step's cluster plan on those clusters (lib/bench/plan_cluster). main.cpp registers the
 // subcommand; DeviceError (exit code 8) for a timed GPU run without a CUDA build or a GPU.
+#include "bench/bench_attention.h"
 #include "bench/bench_plan.h"
 #include "bench/bench_train.h"
 #include "bench/plan_cluster.h"
@@ -51,6 +52,20 @@ int run_bench_train(const std::string& config_path, const std::vector<std::strin
   const std::string out = !cluster.empty() ? plan_with_clusters(o, gpu, cluster)
                           : plan           ? bench::bench_plan_format(bench::bench_plan_run(o, gpu), json)
                                            : bench::bench_train_format(bench::bench_train_run(o), json);
+  std::fputs(out.c_str(), stdout);
+  std::fflush(stdout);
+  return 0;
+}
+
+int run_bench_attention(const std::string& shape, const std::string& dtype, const std::string& device, int iters,
+                        int warmup, bool json) {
+  bench::BenchAttnOptions o;
+  o.shape = bench::bench_attn_shape_parse(shape);
+  DT_ENFORCE(dtype_parse(dtype, &o.dtype), UsageError, "--dtype {}: bf16, fp16 or fp32", dtype);
+  o.device = device::kind_parse(device, "--device");
+  o.iters = iters;
+  o.warmup = warmup;
+  const std::string out = bench::bench_attention_format(bench::bench_attention_run(o), json);
   std::fputs(out.c_str(), stdout);
   std::fflush(stdout);
   return 0;

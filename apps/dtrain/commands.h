@@ -70,6 +70,10 @@ int run_status(const std::string& run_dir);
 // cmd_bench_train.cpp
 // plan: the predicted budget of the step (lib/bench/bench_plan.h) instead of a timed run;
 // cluster (with plan): "NxW,..." adds the step's cluster plan there (lib/bench/plan_cluster.h).
+// `dtrain bench attention`: shape "B,T,NH,NKV,HD", dtype bf16/fp16/fp32, device cuda/cpu.
+int run_bench_attention(const std::string& shape, const std::string& dtype, const std::string& device, int iters,
+                        int warmup, bool json);
+
 int run_bench_train(const std::string& config_path, const std::vector<std::string>& sets, int steps, int warmup,
                     bool json = false, const std::string& device = "cuda", bool plan = false,
                     const std::string& gpu = "h100", const std::string& cluster = "");

@@ -305,6 +305,39 @@ void add_bench_train(CLI::App* bench, Commands& out) {
                  }});
 }
 
+// `dtrain bench attention`: one shape's causal attention, forward and backward, timed.
+void add_bench_attention(CLI::App* bench, Commands& out) {
+  struct Options {
+    std::string shape, dtype = "bf16", device = "cuda";
+    int iters = 10, warmup = 3;
+    bool json = false;
+  };
+  auto o = std::make_shared<Options>();
+  auto* cmd = bench->add_subcommand(
+      "attention", "causal attention of one shape: forward and backward times and TFLOP/s (FlashAttention's count)");
+  cmd->add_option("--shape", o->shape, "B,T,NH,NKV,HD: batch, sequence, query heads, KV heads, head dim")
+      ->required()
+      ->type_name("B,T,NH,NKV,HD");
+  cmd->add_option("--dtype", o->dtype, "bf16, fp16 or fp32 (the CPU runs fp32)")
+      ->check(CLI::IsMember({"bf16", "fp16", "fp32"}))
+      ->capture_default_str();
+  cmd->add_option("--iters", o->iters, "timed calls of each")->check(int_at_least("--iters", 1))->capture_default_str();
+  cmd->add_option("--warmup", o->warmup, "untimed calls first")
+      ->check(int_at_least("--warmup", 0))
+      ->capture_default_str();
+  cmd->add_option("--device", o->device, "cuda, or cpu (fp32, small shapes)")
+      ->check(CLI::IsMember({"cuda", "cpu"}))
+      ->capture_default_str();
+  cmd->add_flag("--json", o->json, "print one JSON object");
+  cmd->footer(
+      "Examples (torch's SDPA at the same shapes: scripts/attention_peer.py):\n"
+      "  dtrain bench attention --shape 16,1024,12,12,64          # GPT-2 124M's\n"
+      "  dtrain bench attention --shape 4,2048,32,8,128           # Llama 3 8B's, GQA 4:1");
+  out.push_back({cmd, [o] {
+                   return dtrain::cli::run_bench_attention(o->shape, o->dtype, o->device, o->iters, o->warmup, o->json);
+                 }});
+}
+
 void add_eval(CLI::App& app, Commands& out) {
   struct Options {
     std::string dir, data, config;
@@ -575,7 +608,9 @@ int main(int argc, char** argv) {
   Commands commands;
   add_launch(app, commands);
   add_resume(app, commands);
-  add_bench_train(add_bench(app, commands), commands);
+  CLI::App* bench = add_bench(app, commands);
+  add_bench_train(bench, commands);
+  add_bench_attention(bench, commands);
   add_eval(app, commands);
   add_export(app, commands);
   add_generate(app, commands);
