@@ -70,6 +70,11 @@ void attention_backward_mma(void* dq, void* dk, void* dv, const void* dout, cons
 /// sm_86/sm_89 card (99 KB) picks. Process-wide; for tests.
 void attention_smem_cap_for_testing(size_t bytes);
 
+/// Forces the tensor-core dK/dV kernel's split of each KV head's query heads (0: automatic,
+/// ops::attention_dkdv_split; else the largest divisor of G not above it). Lets a test run
+/// every split, whatever its shapes' grid would pick. Process-wide; for tests.
+void attention_dkdv_split_for_testing(int split);
+
 /// The current device's opt-in shared memory per block (cudaDeviceProp::sharedMemPerBlockOptin),
 /// under attention_smem_cap_for_testing's cap: what both attention paths pick tiles by.
 size_t attention_smem_optin();

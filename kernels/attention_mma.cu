@@ -28,13 +28,18 @@
 // S and dP are computed twice (7 tile products instead of FlashAttention-2's 5), which buys
 // what FlashAttention-2's dQ atomics would cost: every output has one writer, so the result is
 // deterministic, and no fp32 dQ buffer. With grouped KV heads a dK/dV block is one KV head's key
-// tile and walks the query tiles of each of its G query heads in head order, summing into the
-// same registers: no fp32 per-query-head buffers, no reduction kernel.
+// tile and walks the query tiles of its query heads in head order, summing into the same
+// registers: with split = 1 all G of them (no fp32 buffers, no reduction kernel); where that
+// would leave the grid's tail to a few long blocks (small batch, short T: see
+// ops::attention_dkdv_split) G / split of them, each block writing fp32 partials that a third
+// kernel sums in split order.
 #include "kernels/attention_internal.cuh"
 
 #include "kernels/common.cuh"
 #include "kernels/mma.cuh"
+#include "ops/attention.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <string>
@@ -47,6 +52,7 @@ namespace {
 constexpr int BM = 64;  // queries per tile; equal to BN so the causal diagonal is one tile
 constexpr int BN = 64;  // keys per tile
 constexpr int THREADS = 128;
+constexpr int dkdv_blocks_per_sm(int hdp) { return ops::attention_dkdv_blocks_per_sm(hdp); }
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 
@@ -63,6 +69,7 @@ struct Args {
   int nt;                 // tiles along T
   bool vec;               // q/k/v/dout rows 16-byte aligned: tiles load 8 elements at a time
   bool rows_vec = false;  // backward: every lse and D row 16-byte aligned (T % 4 == 0, aligned bases)
+  int split = 1;          // dK/dV: blocks sharing one KV head's query heads (ops::attention_dkdv_split)
 };
 
 // dst[r][0, HDP) = src row (row0 + r) for r < 64, zero past T and HD: in-range 16-byte chunks
@@ -360,9 +367,11 @@ __global__ void __launch_bounds__(THREADS, HDP <= 64 ? FWD_SMALL_BLOCKS : 0)
 // ----------------------------------------------------------------------------
 // Backward, dK/dV. smem: Ks, Vs, then STAGES stages of Qs, dOs [64][PITCH] of T and of Ls, Ds
 // [64] fp32 (with two, the next query tile's loads are in flight while the current one is
-// computed). Block = (batch * KV head, key tile); the G query heads of the KV head follow each
-// other through the same pipeline (head-major over the query tiles), so dK and dV of the G heads
-// sum in registers, in head order, and are written once (strided, in T).
+// computed). Block = ((batch * KV head) * split + part, key tile); the part's G / split query
+// heads of the KV head follow each other through the same pipeline (head-major over the query
+// tiles), so their dK and dV sum in registers, in head order, and are written once: strided in
+// T (split 1), or as fp32 partials dk_part, dv_part [B * NKV * split][T][HD] for
+// attn_dkv_reduce_kernel.
 // At head dim 256 it holds one block per SM (shared memory) and spills whatever it does (dK, dV
 // of 16 keys x 256 per warp); the minimum of 1 keeps ptxas from spilling more to fit blocks that
 // cannot come (sm_80: 168 registers and 3.2 KB of spill loads without it). At head dim 64 the
@@ -370,13 +379,11 @@ __global__ void __launch_bounds__(THREADS, HDP <= 64 ? FWD_SMALL_BLOCKS : 0)
 // 32 the minimum of 4 to 128 (4 blocks; shared memory allows both), which every architecture
 // reaches without spilling.
 template <typename T, int HDP, int STAGES>
-__global__ void __launch_bounds__(THREADS, HDP >= 256  ? 1
-                                           : HDP <= 32 ? 4
-                                           : HDP <= 64 ? 3
-                                                       : 0)
-    attn_bwd_dkdv_kernel(T* __restrict__ dk, T* __restrict__ dv, const T* __restrict__ dout,
-                         const float* __restrict__ lse, const float* __restrict__ Dvec, const T* __restrict__ q,
-                         const T* __restrict__ k, const T* __restrict__ v, Args a) {
+__global__ void __launch_bounds__(THREADS, HDP == 128 ? 0 : dkdv_blocks_per_sm(HDP))
+    attn_bwd_dkdv_kernel(T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dk_part,
+                         float* __restrict__ dv_part, const T* __restrict__ dout, const float* __restrict__ lse,
+                         const float* __restrict__ Dvec, const T* __restrict__ q, const T* __restrict__ k,
+                         const T* __restrict__ v, Args a) {
   using TL = Tiles<HDP>;
   constexpr int P = TL::PITCH, DN = TL::DN;
   const AttnShape& s = a.s;
@@ -387,7 +394,7 @@ __global__ void __launch_bounds__(THREADS, HDP >= 256  ? 1
   float* LD =
       reinterpret_cast<float*>(QO + 2 * STAGES * TL::ELEMS);  // stage i: Ls = LD + 2 i BM, Ds = Ls + BM (lse, D)
   // Longest first: key tile 0 sees every query tile, and blocks start in index order.
-  const int bk = blockIdx.x, kt = blockIdx.y, b = bk / s.NKV, kh = bk % s.NKV;
+  const int bk = blockIdx.x / a.split, kt = blockIdx.y, b = bk / s.NKV, kh = bk % s.NKV;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, mi = lane >> 3;
   const size_t op = static_cast<size_t>(s.NH) * s.HD;
   const T* kb = k + static_cast<size_t>(b) * s.T * s.ks + static_cast<size_t>(kh) * s.HD;
@@ -397,7 +404,7 @@ __global__ void __launch_bounds__(THREADS, HDP >= 256  ? 1
   // tile's last key: a later tile's first row, the tile's smallest lo, is past every key here.
   // The same for every query head of the group, walked head by head: heads h0 .. h_last.
   const int last_qt = attn_hi(s, b, kt * BN + BN - 1 < s.T ? kt * BN + BN - 1 : s.T - 1) / BM;
-  const int h0 = kh * s.G, h_last = h0 + s.G - 1;
+  const int gs = s.G / a.split, h0 = kh * s.G + static_cast<int>(blockIdx.x % a.split) * gs, h_last = h0 + gs - 1;
   // Issues the loads of query head h's tile qt into stage st: Q, dO, lse and D by cp.async
   // (lse and D for a whole tile of 16-byte aligned rows; else stored directly), all in the
   // step's group: no thread waits on a global load before the current tile's work.
@@ -519,9 +526,16 @@ __global__ void __launch_bounds__(THREADS, HDP >= 256  ? 1
       for (int j = 0; j < 2; ++j) {
         const int d = dn * 8 + 2 * tq + j;
         if (d >= s.HD) continue;
-        const size_t at = (static_cast<size_t>(b) * s.T + key) * s.ks + static_cast<size_t>(kh) * s.HD + d;
-        dk[at] = from_f32<T>(s.scale * dka[dn][r * 2 + j]);
-        dv[at] = from_f32<T>(dva[dn][r * 2 + j]);
+        const float gk = s.scale * dka[dn][r * 2 + j], gv = dva[dn][r * 2 + j];
+        if (a.split == 1) {
+          const size_t at = (static_cast<size_t>(b) * s.T + key) * s.ks + static_cast<size_t>(kh) * s.HD + d;
+          dk[at] = from_f32<T>(gk);
+          dv[at] = from_f32<T>(gv);
+        } else {
+          const size_t at = (static_cast<size_t>(blockIdx.x) * s.T + key) * s.HD + d;
+          dk_part[at] = gk;
+          dv_part[at] = gv;
+        }
       }
     }
   }
@@ -642,6 +656,29 @@ __global__ void __launch_bounds__(THREADS)
   }
 }
 
+// dk/dv[b,t,kh,:] = the sum over the split parts of dk_part/dv_part, in part order.
+template <typename T>
+__global__ void attn_dkv_reduce_kernel(T* __restrict__ dk, T* __restrict__ dv, const float* __restrict__ dk_part,
+                                       const float* __restrict__ dv_part, AttnShape s, int split) {
+  const size_t total = static_cast<size_t>(s.B) * s.NKV * s.T * s.HD;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  const size_t part = static_cast<size_t>(s.T) * s.HD;
+  for (size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+    const size_t bk = idx / part, rest = idx - bk * part;  // (b * NKV + kh), t * HD + d
+    const int t = static_cast<int>(rest / s.HD), d = static_cast<int>(rest % s.HD);
+    const size_t src = bk * split * part + rest;
+    float gk = 0.0f, gv = 0.0f;
+    for (int j = 0; j < split; ++j) {
+      gk += dk_part[src + j * part];
+      gv += dv_part[src + j * part];
+    }
+    const int b = static_cast<int>(bk / s.NKV), kh = static_cast<int>(bk % s.NKV);
+    const size_t at = (static_cast<size_t>(b) * s.T + t) * s.ks + static_cast<size_t>(kh) * s.HD + d;
+    dk[at] = from_f32<T>(gk);
+    dv[at] = from_f32<T>(gv);
+  }
+}
+
 template <typename Kernel>
 void smem_allow(Kernel kernel, size_t bytes) {
   if (bytes > 48 * 1024)
@@ -649,6 +686,33 @@ void smem_allow(Kernel kernel, size_t bytes) {
 }
 
 std::atomic<size_t> g_smem_cap{0};  // attention_smem_cap_for_testing
+std::atomic<int> g_split_force{0};  // attention_dkdv_split_for_testing
+
+// The current device's multiprocessors, read once per device.
+int sm_count() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices] = {};
+  int dev = 0;
+  DT_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= kMaxDevices) dev = kMaxDevices - 1;
+  int v = cached[dev].load(std::memory_order_relaxed);
+  if (v <= 0) {
+    DT_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    cached[dev].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+// The split of each KV head's G query heads over dK/dV blocks (ops::attention_dkdv_split).
+int dkdv_split(const AttnShape& s, int hdp) {
+  const int forced = g_split_force.load(std::memory_order_relaxed);
+  if (forced > 0) {
+    for (int d = std::min(forced, s.G); d > 1; --d)
+      if (s.G % d == 0) return d;
+    return 1;
+  }
+  return ops::attention_dkdv_split(s.B, s.NKV, s.G, s.T, sm_count(), dkdv_blocks_per_sm(hdp));
+}
 
 // The current device's opt-in shared memory per block (cudaDeviceProp::sharedMemPerBlockOptin),
 // read once per device, under the test cap if one is set.
@@ -740,6 +804,7 @@ constexpr size_t dq_bytes(int stages) {
 }  // namespace
 
 void attention_smem_cap_for_testing(size_t bytes) { g_smem_cap.store(bytes, std::memory_order_relaxed); }
+void attention_dkdv_split_for_testing(int split) { g_split_force.store(split, std::memory_order_relaxed); }
 size_t attention_smem_optin() { return smem_optin(); }
 
 namespace {
@@ -798,25 +863,36 @@ void attention_forward_mma(void* out, float* lse, const void* q, const void* k, 
 void attention_backward_mma(void* dq, void* dk, void* dv, const void* dout, const float* lse, const float* D,
                             const void* q, const void* k, const void* v, const AttnShape& s, DType dtype,
                             cudaStream_t stream) {
-  const Args a{s, (s.T + BM - 1) / BM,
-               rows_aligned(q, s.qs, s.HD) && rows_aligned(k, s.ks, s.HD) && rows_aligned(v, s.ks, s.HD) &&
-                   rows_aligned(dout, static_cast<size_t>(s.NH) * s.HD, s.HD) && rows_aligned(dq, s.qs, s.HD),
-               aligned16(lse) && aligned16(D) && s.T % 4 == 0};
+  Args a{s, (s.T + BM - 1) / BM,
+         rows_aligned(q, s.qs, s.HD) && rows_aligned(k, s.ks, s.HD) && rows_aligned(v, s.ks, s.HD) &&
+             rows_aligned(dout, static_cast<size_t>(s.NH) * s.HD, s.HD) && rows_aligned(dq, s.qs, s.HD),
+         aligned16(lse) && aligned16(D) && s.T % 4 == 0};
   with_type(dtype, [&](auto tag) {
     using Ty = typename decltype(tag)::type;
     with_hdp(s.HD, [&](auto hdp) {
       constexpr int HDP = decltype(hdp)::value;
+      a.split = dkdv_split(s, HDP);
+      const size_t part = a.split > 1 ? static_cast<size_t>(s.B) * s.NKV * a.split * s.T * s.HD : 0;
+      Scratch parts(sizeof(float) * part * 2, stream);
+      float* dk_part = part ? parts.as<float>() : nullptr;
+      float* dv_part = part ? dk_part + part : nullptr;
       with_stages<dkdv_bytes<Ty, HDP>(2), dkdv_bytes<Ty, HDP>(1)>(
           "the attention backward (dK, dV)", s.HD, [&](auto stages) {
             constexpr int STAGES = decltype(stages)::value;
             const size_t bytes = dkdv_bytes<Ty, HDP>(STAGES);
             auto kernel_dkdv = attn_bwd_dkdv_kernel<Ty, HDP, STAGES>;
             smem_allow(kernel_dkdv, bytes);
-            DTK_LAUNCH(dim3(s.B * s.NKV, a.nt), THREADS, bytes, stream, kernel_dkdv)
-            (static_cast<Ty*>(dk), static_cast<Ty*>(dv), static_cast<const Ty*>(dout), lse, D,
+            DTK_LAUNCH(dim3(s.B * s.NKV * a.split, a.nt), THREADS, bytes, stream, kernel_dkdv)
+            (static_cast<Ty*>(dk), static_cast<Ty*>(dv), dk_part, dv_part, static_cast<const Ty*>(dout), lse, D,
              static_cast<const Ty*>(q), static_cast<const Ty*>(k), static_cast<const Ty*>(v), a);
             DT_CUDA_LAUNCH_CHECK();
           });
+      if (a.split > 1) {
+        const size_t kv_total = static_cast<size_t>(s.B) * s.NKV * s.T * s.HD;
+        DTK_LAUNCH(grid_for(kv_total, 256), 256, 0, stream, attn_dkv_reduce_kernel<Ty>)
+        (static_cast<Ty*>(dk), static_cast<Ty*>(dv), dk_part, dv_part, s, a.split);
+        DT_CUDA_LAUNCH_CHECK();
+      }
       with_stages<dq_bytes<Ty, HDP>(2), dq_bytes<Ty, HDP>(1)>("the attention backward (dQ)", s.HD, [&](auto stages) {
         constexpr int STAGES = decltype(stages)::value;
         const size_t bytes = dq_bytes<Ty, HDP>(STAGES);

@@ -9,6 +9,7 @@
 // the elementwise and reduction kernels are rough per-element counts (a transcendental
 // as 4); those kernels are memory-bound by a wide margin, so only the order matters.
 #include "device/plan_device.h"
+#include "ops/attention.h"
 
 #include "core/check.h"
 
@@ -350,13 +351,19 @@ void PlanDevice::attention_backward(void*, void*, void*, const void*, const void
   const double rows = static_cast<double>(B) * NH * T * 4;
   kernel(op, "attn_dvec_kernel<Ty>", PlanUnit::CUDA_CORE, 2.0 * B * T * NH * HD, 2 * q + rows);
   if (t != DType::F32) {
-    const double kv_out = 2 * kv;
-    // Tile loads beyond each array once (no atomics, no fp32 dQ or per-head dK/dV partials:
-    // every output has one writer). dK/dV: a block loads its K, V tile once and, for each query
-    // head of its group, the Q, dO tiles and lse, D rows of every query tile at or after it;
-    // dQ: its Q, dO tile and lse, D rows once and the K, V tiles of every key tile up to it.
+    // dK/dV's split of each KV head's query heads, as the kernel picks it on an H100 / H200
+    // (132 SMs, the plan's profiles): 1 = the whole group in one block, else fp32 partials.
+    const int G = NH / NKV;
+    const int split =
+        ops::attention_dkdv_split(B, NKV, G, T, 132, ops::attention_dkdv_blocks_per_sm(static_cast<int>(mma_hdp(HD))));
+    const double part = split > 1 ? static_cast<double>(B) * NKV * split * T * HD * 4 : 0;  // fp32 dK or dV
+    const double kv_out = split > 1 ? 2 * part : 2 * kv;
+    // Tile loads beyond each array once (no atomics, no fp32 dQ partials: every output has one
+    // writer). dK/dV: a block loads its K, V tile once and, for each query head of its part of
+    // the group, the Q, dO tiles and lse, D rows of every query tile at or after it; dQ: its Q,
+    // dO tile and lse, D rows once and the K, V tiles of every key tile up to it.
     const double tile = 64.0 * HD * es(t), pairs = mma_scores(B, T, NH) / 4096;
-    PlanLaunch dkdv = mma_launch(MmaKernel::DKDV, B, T, NKV, HD, t);
+    PlanLaunch dkdv = mma_launch(MmaKernel::DKDV, B, T, NKV * split, HD, t);
     dkdv.reread_bytes = std::max(0.0, pairs * (2 * tile + 2 * 64 * 4) - (2 * q + 2 * rows)) +
                         std::max(0.0, static_cast<double>(dkdv.blocks) * 2 * tile - 2 * kv);
     PlanLaunch dq = mma_launch(MmaKernel::DQ, B, T, NH, HD, t);
@@ -365,6 +372,7 @@ void PlanDevice::attention_backward(void*, void*, void*, const void*, const void
            2 * q + 2 * kv + 2 * rows + kv_out, &dkdv);
     kernel(op, "kernel_dq", PlanUnit::TENSOR_ATTN_BWD, mma_scores(B, T, NH) * 6.0 * mma_hdp(HD),
            3 * q + 2 * kv + 2 * rows, &dq);
+    if (split > 1) kernel(op, "attn_dkv_reduce_kernel<Ty>", PlanUnit::CUDA_CORE, 2 * part / 4, 2 * part + 2 * kv);
     return;
   }
   const double hdp = 32.0 * attn_dpl(HD), scores = static_cast<double>(B) * NH * attn_tile_pairs(T) * 1024;

@@ -34,4 +34,29 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
 /// model checks a batch's starts once, on the host, before they reach a device.
 void attention_doc_starts_check(const int32_t* doc_start, int B, int T);
 
+/// dK/dV blocks per SM the tensor-core kernel is built for at a padded head dim (32, 64,
+/// 128, 256): its __launch_bounds__ hold 128 and 168 registers at 32 and 64, 255 registers
+/// give 2 at 128, shared memory 1 at 256.
+constexpr int attention_dkdv_blocks_per_sm(int hdp) { return hdp <= 32 ? 4 : hdp <= 64 ? 3 : hdp <= 128 ? 2 : 1; }
+
+/// How many blocks share the G query heads of one KV head in the tensor-core dK/dV kernel
+/// (kernels/attention_mma.cu): a divisor of G, 1 = each block walks the whole group and no
+/// partial sums exist. Its blocks run G / split heads' query tiles each, the longest (key
+/// tile 0) G / split x nt tiles; the smallest split for which that longest block is at most
+/// the mean work per resident block slot twice over (2 x slots / (B x NKV x (nt + 1)),
+/// slots = sms x blocks_per_sm, nt = the 64-row tiles along T), so the tail of the grid is
+/// not one group's walk. Above 1 the blocks write fp32 partials that one kernel sums in
+/// split order (deterministic). The CUDA kernels and the --plan budget both use it (inline:
+/// the kernels library does not link the CPU ops). Sizes below 1 count as 1.
+inline int attention_dkdv_split(int B, int NKV, int G, int T, int sms, int blocks_per_sm) {
+  auto at_least_1 = [](int v) { return v > 0 ? v : 1; };
+  G = at_least_1(G);
+  const double nt = static_cast<double>((at_least_1(T) + 63) / 64);
+  const double need = 2.0 * at_least_1(sms) * at_least_1(blocks_per_sm) /
+                      (static_cast<double>(at_least_1(B)) * at_least_1(NKV) * (nt + 1));
+  for (int s = 1; s < G; ++s)
+    if (G % s == 0 && s >= need) return s;
+  return G;
+}
+
 }  // namespace dtrain::ops

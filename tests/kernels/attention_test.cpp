@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "kernels/attention.cuh"
 #include "kernels/attention_internal.cuh"
+#include "ops/attention.h"
 
 #include <doctest/doctest.h>
 
@@ -144,4 +145,51 @@ TEST_CASE("attention: the variants an A100 or a 99 KB card picks match the refer
   }
   kernels::detail::attention_smem_cap_for_testing(0);
   CHECK(threw);
+}
+
+TEST_CASE("attention: every split of a KV head's query heads over dK/dV blocks matches the reference") {
+  DTK_SKIP_WITHOUT_GPU();
+  // The split the kernels pick follows the grid (ops::attention_dkdv_split): small test shapes
+  // take G, large ones 1. Forced here: 1 (each block walks the whole group, no partials), a
+  // proper divisor, and G (fp32 partials per head), on GQA rows with a window and packed
+  // documents crossing the 64-row tiles, where a head walk that ended or started a tile off
+  // would show.
+#ifdef DTRAIN_CUDA_EMU
+  // The split is the same on every card; the default profile's run covers it.
+  if (const char* card = std::getenv("CUDA_EMU_DEVICE"); card && *card) return;
+#endif
+  struct Run {
+    int B, T, NH, NKV, HD, W;
+    std::vector<int> docs;
+  };
+  for (const Run& run :
+       {Run{2, 130, 4, 1, 64, 0, {}}, Run{1, 200, 8, 2, 32, 40, {}}, Run{2, 150, 6, 1, 128, 0, {70, 9, 46, 25}}})
+    for (int split : {1, 2, 3, 4, 6}) {
+      if ((run.NH / run.NKV) % split != 0) continue;
+      kernels::detail::attention_dkdv_split_for_testing(split);
+      double e = 1e9;
+      try {
+        e = attention_check(DType::BF16, run.B, run.T, run.NH, run.NKV, run.HD, 950 + split, false, run.W, run.docs);
+      } catch (...) {
+        kernels::detail::attention_dkdv_split_for_testing(0);
+        throw;
+      }
+      kernels::detail::attention_dkdv_split_for_testing(0);
+      std::printf("attention dK/dV split %d of G=%d (B %d T %d HD %d W %d%s): max err %.3e\n", split, run.NH / run.NKV,
+                  run.B, run.T, run.HD, run.W, run.docs.empty() ? "" : ", packed", e);
+      INFO("split ", split, " G ", run.NH / run.NKV, " HD ", run.HD);
+      CHECK(e <= 1e-2);
+    }
+}
+
+TEST_CASE("attention: the dK/dV split follows the grid (small grids share a group among blocks)") {
+  // H100/H200: 132 SMs; head dim 128: 2 blocks per SM.
+  const int bps = ops::attention_dkdv_blocks_per_sm(128);
+  CHECK(bps == 2);
+  CHECK(ops::attention_dkdv_split(2, 8, 4, 2048, 132, bps) == 1);  // Llama-3-8B, B 2: 528 rows of tiles, enough
+  CHECK(ops::attention_dkdv_split(1, 8, 4, 2048, 132, bps) == 2);  // B 1: half the group per block
+  CHECK(ops::attention_dkdv_split(1, 4, 7, 2048, 132, bps) == 7);  // Qwen2.5-7B, B 1: G 7 has no middle divisor
+  CHECK(ops::attention_dkdv_split(8, 8, 4, 8192, 132, bps) == 1);
+  CHECK(ops::attention_dkdv_split(1, 1, 1, 64, 132, bps) == 1);  // no group to split
+  CHECK(ops::attention_dkdv_split(1, 2, 4, 128, 132, 3) == 4);   // a tiny grid: one head per block
 }
