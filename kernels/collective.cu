@@ -1,6 +1,7 @@
 // rank_reduce: one grid-stride pass; each thread loads its element from every input in
 // rank order and accumulates in fp32 (fp32 inputs: in fp32 as well), so no element's
-// result depends on the launch shape or on the order blocks run in.
+// result depends on the launch shape or on the order blocks run in. stream_delay: one
+// thread's bounded spin on the nanosecond timer.
 #include "kernels/collective.cuh"
 
 #include "kernels/common.cuh"
@@ -39,7 +40,31 @@ void rank_reduce_launch(void* out, const RankInputs& in, int n, size_t count, cu
   DT_CUDA_LAUNCH_CHECK();
 }
 
+// At most ns + 1024 timer reads: each read takes at least a cycle, so the loop ends by
+// the count if the timer ever stalls, and by the time otherwise.
+__global__ void stream_delay_kernel(unsigned long long ns) {
+#ifdef DTRAIN_CUDA_EMU
+  volatile unsigned sink = 0;
+  for (unsigned i = 0; i < 64; ++i) sink = sink + i;
+  (void)ns;
+#else
+  unsigned long long t0 = 0, t = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  for (unsigned long long i = 0; i < ns + 1024; ++i) {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (t - t0 >= ns) break;
+  }
+#endif
+}
+
 }  // namespace
+
+void stream_delay(long long ns, cudaStream_t stream) {
+  DTK_REQUIRE(ns >= 0 && ns <= STREAM_DELAY_MAX_NS, UsageError, "stream_delay: delay out of range");
+  if (ns == 0) return;
+  DTK_LAUNCH(1, 1, 0, stream, stream_delay_kernel)(static_cast<unsigned long long>(ns));
+  DT_CUDA_LAUNCH_CHECK();
+}
 
 void rank_reduce(void* out, const void* const* inputs, int n, size_t count, DType dtype, RankReduceOp op,
                  cudaStream_t stream) {

@@ -23,6 +23,9 @@ rename), so a run cut off at any point still returns every stage that finished:
   hf         transformers' tiny random models (and a peft adapter) against dtrain's import
              (scripts/gpu_hf_parity.py)
   profile    ncu on the attention forward / backward and the largest GEMM
+  ranks      2 and 4 thread-ranks on the one card (the device-local communicator) at ZeRO 1-3
+             with overlap_comm, with offload, a bf16 wire and PowerSGD, half of them with the
+             communication delay on, against 1 rank; then racecheck and synccheck on 2 ranks
   race8b     LoRA SFT of Llama-3-8B's and Qwen2.5-7B's shapes (random weights) against
              transformers + PEFT (SDPA, fused AdamW; eager and torch.compile) on dtrain's own
              bench batches, and Llama-3-8B full SFT with the optimizer offloaded; PASS/FAIL
@@ -49,11 +52,12 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # race8b is last: the longest stage (about 5 minutes), meant as a call of its own
-# (--only env,race8b); last, it takes only what the budget leaves the others.
-STAGES = ["env", "tests", "sanitizer", "job", "speed", "losses", "offload", "peers", "hf", "profile", "race8b"]
+# (--only env,race8b); last, it takes only what the budget leaves the others. ranks (up to
+# 3 minutes, --only env,ranks) comes before it for the same reason.
+STAGES = ["env", "tests", "sanitizer", "job", "speed", "losses", "offload", "peers", "hf", "profile", "ranks", "race8b"]
 # Seconds each stage may take on a GPU (the whole check is meant to end within ~6 minutes
 # on an H100; a stage that runs over is cut and reported TIMEOUT).
-STAGE_CAP = {"env": 20, "tests": 150, "sanitizer": 150, "job": 60, "speed": 180, "losses": 170, "offload": 240, "peers": 180,
+STAGE_CAP = {"env": 20, "tests": 150, "sanitizer": 150, "ranks": 180, "job": 60, "speed": 180, "losses": 170, "offload": 240, "peers": 180,
              "race8b": 300, "hf": 60, "profile": 60}
 # The GPU test binaries of the real build that run on a GPU (the engine-only suites, which
 # trace the device work, skip there and are left out). In a rehearsal the ones marked
@@ -63,7 +67,9 @@ GPU_TESTS = [("gpu_cuda_device_test", True), ("kernels_gemm_test", True), ("benc
              ("gpu_model_device_test", False), ("gpu_families_device_test", False), ("gpu_zero_device_test", False),
              ("gpu_offload_device_test", False), ("bench_train_test", False), ("comm_nccl_test", False),
              # issue 49: thread-ranks on the one card over the device-local communicator
-             ("gpu_local_comm_test", False), ("gpu_zero_local_test", False)]
+             ("gpu_local_comm_test", False), ("gpu_zero_local_test", False),
+             # issue 49 item 3: NCCL of one rank on the one card, overlap_comm, ZeRO 1-3
+             ("gpu_nccl_single_test", False)]
 # The default job as the check runs it (and as gpu_bundle.sh makes its CPU reference).
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from gpu_hf_parity import TINY_SETS  # noqa: E402 - the rehearsal's model shape, shared with the hf stage
@@ -393,10 +399,32 @@ SANITIZER_RUNS = [
 ]
 
 
+def sanitizer_path():
+    return shutil.which("compute-sanitizer") or (
+        "/usr/local/cuda/bin/compute-sanitizer" if os.access("/usr/local/cuda/bin/compute-sanitizer", os.X_OK) else None)
+
+
+def sanitize(cs, tool, path, filt, timeout, env):
+    """One compute-sanitizer run: (status, errors or None, seconds, output)."""
+    extra = ["--racecheck-report", "all"] if tool == "racecheck" else []
+    cmd = [cs, "--tool", tool, "--error-exitcode", "99", "--print-limit", "20"] + extra + [path] + filt
+    rc, out, secs = run(cmd, timeout, env=env)
+    # memcheck/synccheck/initcheck end with "ERROR SUMMARY: N errors", racecheck with
+    # "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)" (seen on an H200).
+    m = re.search(r"ERROR SUMMARY:\s*(\d+) error", out) or re.search(r"RACECHECK SUMMARY:[^(\n]*\((\d+) errors?", out)
+    errors = int(m.group(1)) if m else None
+    if rc is None:
+        status = "TIMEOUT"
+    elif errors == 0 and rc == 0:
+        status = "PASS"
+    else:
+        status = "FAIL"
+    return status, errors, secs, out
+
+
 def stage_sanitizer(lay, rep, cap):
     t0 = now()
-    cs = shutil.which("compute-sanitizer") or (
-        "/usr/local/cuda/bin/compute-sanitizer" if os.access("/usr/local/cuda/bin/compute-sanitizer", os.X_OK) else None)
+    cs = sanitizer_path()
     if lay.rehearse or not cs:
         why = ("rehearsal: compute-sanitizer checks a real GPU; the engine's own checks run in every EMU test"
                if lay.rehearse else "compute-sanitizer not found")
@@ -411,20 +439,7 @@ def stage_sanitizer(lay, rep, cap):
                 rows.append([tool, name, "NOT RUN", "-", "stage time used up"])
                 worst = "TIMEOUT" if worst == "PASS" else worst
                 continue
-            extra = ["--racecheck-report", "all"] if tool == "racecheck" else []
-            cmd = [cs, "--tool", tool, "--error-exitcode", "99", "--print-limit", "20"] + extra + [lay.test(name)] + filt
-            rc, out, secs = run(cmd, min(left, 45), env=lay.env)
-            # memcheck/synccheck/initcheck end with "ERROR SUMMARY: N errors", racecheck with
-            # "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)" (seen on an H200).
-            m = re.search(r"ERROR SUMMARY:\s*(\d+) error", out) or re.search(
-                r"RACECHECK SUMMARY:[^(\n]*\((\d+) errors?", out)
-            errors = int(m.group(1)) if m else None
-            if rc is None:
-                status = "TIMEOUT"
-            elif errors == 0 and rc == 0:
-                status = "PASS"
-            else:
-                status = "FAIL"
+            status, errors, secs, out = sanitize(cs, tool, lay.test(name), filt, min(left, 45), lay.env)
             rows.append([tool, name, status, f"{secs:.1f}", f"{errors} errors" if errors is not None else "no summary"])
             if status != "PASS":
                 worst = "FAIL" if status == "FAIL" or worst == "FAIL" else "TIMEOUT"
@@ -432,6 +447,96 @@ def stage_sanitizer(lay, rep, cap):
     total = sum(int(r[4].split()[0]) for r in rows if r[4].endswith("errors"))
     rep.add("sanitizer", worst, now() - t0, f"{total} errors over {len(rows)} runs",
             md_table(["tool", "binary", "result", "s", "errors"], rows) + "\n".join(details), dict(rows=rows))
+
+
+# ----------------------------------------------------------------------------
+# ranks: many thread-ranks on the one card (issue 49 item 2)
+RANKS_TEST = "gpu_ranks_local_test"
+# tests/gpu/ranks_local_test.cpp's table: each (world, config) prints one RANKS line; the
+# engine runs only its first case (2 ranks, ZeRO 2, the delay on).
+RANKS_WORLDS = (2, 4)
+RANKS_CONFIGS = ["zero1", "zero2", "zero3", "zero2-offload", "zero2-bf16wire", "zero1-powersgd"]
+RANKS_SANITIZE_FILTER = ["-tc=ranks: 2 device-local ranks*"]  # the 2-rank ZeRO-2 case, delay on
+RANKS_TOOLS = ["racecheck", "synccheck"]
+RANKS_TABLE_SHARE = 0.5  # of the stage's cap for the table; the sanitizer runs share the rest
+
+
+def ranks_lines(out, prefix):
+    """The key=value fields of each `PREFIX k=v ...` line of the test's output."""
+    rows = []
+    for line in out.splitlines():
+        parts = line.strip().split()
+        if parts and parts[0] == prefix:
+            rows.append(dict(p.split("=", 1) for p in parts[1:] if "=" in p))
+    return rows
+
+
+def stage_ranks(lay, rep, cap):
+    t0 = now()
+    path = lay.test(RANKS_TEST)
+    if not os.access(path, os.X_OK):
+        rep.add("ranks", "FAIL", now() - t0, f"{RANKS_TEST} is not in the " + ("EMU tree" if lay.rehearse else "bundle"))
+        return
+    details, worst = [], "PASS"
+    # 1. the table (the engine: its one configuration)
+    rc, out, secs = run([path], cap * RANKS_TABLE_SHARE if not lay.rehearse else cap, env=lay.env)
+    got = ranks_lines(out, "RANKS")
+    refs = ranks_lines(out, "RANKS_REF")
+    want = [(2, "zero2")] if lay.rehearse else [(w, c) for w in RANKS_WORLDS for c in RANKS_CONFIGS]
+    rows = []
+    for w, c in want:
+        mine = [r for r in got if r.get("world") == str(w) and r.get("config") == c]
+        if not mine:
+            rows.append([str(w), c, "-", "-", "-", "-", "-", "NOT RUN" if rc is None else "MISSING"])
+            continue
+        for r in mine:
+            rows.append([str(w), c, r.get("delay_us", "-"), f"{r.get('max_rel_diff', '-')} (tol {r.get('tol', '-')}, "
+                         f"steps 1-{r.get('gated_steps', '-')})", r.get("all_steps_rel_diff", "-"),
+                         r.get("step_ms", "-"), r.get("steps", "-"), r.get("result", "FAIL")])
+    bad = [r for r in rows if r[7] != "PASS"]
+    counts = doctest_counts(out)
+    if rc is None:
+        worst = "TIMEOUT"
+    elif rc != 0 or bad or not rows:
+        worst = "FAIL"
+    if worst != "PASS":
+        details.append(f"### {RANKS_TEST} (exit {rc}, {secs:.0f} s)\n" +
+                       code("\n".join(failure_lines(out)) or "(no FAIL/ERROR line)") + "\nlast lines:\n" +
+                       code(tail(out, 15)))
+    ref_text = ", ".join(f"{r.get('global_batch_of', '?')} ranks' batch {r.get('step_ms', '-')} ms/step" for r in refs)
+    table = (md_table(["world", "config", "delay us", "max rel. loss diff vs 1 rank (gated steps)",
+                       "all steps", "step ms", "steps", "result"], rows) +
+             (f"\n1 rank (the reference): {ref_text}\n" if refs else "") +
+             f"\n{RANKS_TEST}: exit {rc}, {secs:.0f} s" +
+             (f", {counts[1]} passed, {counts[2]} failed test case(s)" if counts else "") + "\n")
+    # 2. racecheck and synccheck once on the 2-rank ZeRO-2 case (the delay on)
+    san = []
+    cs = None if lay.rehearse else sanitizer_path()
+    if cs is None:
+        why = ("rehearsal: compute-sanitizer checks a real GPU; the engine's own racecheck and stream-ordering "
+               "checks ran in the case itself" if lay.rehearse else "compute-sanitizer not found")
+        san_text = f"racecheck, synccheck SKIPPED ({why})"
+    else:
+        for k, tool in enumerate(RANKS_TOOLS):
+            left = cap - (now() - t0)
+            if left < 10:
+                san.append([tool, "NOT RUN", "-", "stage time used up"])
+                worst = "TIMEOUT" if worst == "PASS" else worst
+                continue
+            status, errors, ssecs, sout = sanitize(cs, tool, path, RANKS_SANITIZE_FILTER,
+                                                   (left - 2) / (len(RANKS_TOOLS) - k), lay.env)
+            san.append([tool, status, f"{ssecs:.1f}", f"{errors} errors" if errors is not None else "no summary"])
+            if status != "PASS":
+                worst = "FAIL" if status == "FAIL" or worst == "FAIL" else "TIMEOUT"
+                details.append(f"### {tool} on {RANKS_TEST} ({status})\n" + code(tail(sout, 40)))
+        total = sum(int(r[3].split()[0]) for r in san if r[3].endswith("errors"))
+        san_text = f"racecheck + synccheck on 2 ranks: {total} errors ({', '.join(f'{r[0]} {r[1]}' for r in san)})"
+        table += "\n" + md_table(["tool (" + " ".join(RANKS_SANITIZE_FILTER) + ")", "result", "s", "errors"], san)
+    n_pass = sum(1 for r in rows if r[7] == "PASS")
+    summary = f"{n_pass}/{len(rows)} runs within tolerance of 1 rank" + (" (engine: one configuration)" if lay.rehearse
+                                                                          else "") + "; " + san_text
+    rep.add("ranks", worst, now() - t0, summary, table + "\n".join(details),
+            dict(rows=rows, refs=refs, sanitizer=san))
 
 
 # ----------------------------------------------------------------------------
@@ -1588,6 +1693,8 @@ def main():
             stage_tests(lay, rep, cap)
         elif stage == "sanitizer":
             stage_sanitizer(lay, rep, cap)
+        elif stage == "ranks":
+            stage_ranks(lay, rep, cap)
         elif stage == "job":
             stage_job(lay, rep, cap, out_dir)
         elif stage == "speed":

@@ -28,6 +28,8 @@ std::unique_ptr<Communicator> comm_create_local(std::shared_ptr<LocalGroup>, int
 
 void local_group_inject(LocalGroup&, LocalFault) {}
 
+void local_group_delay(LocalGroup&, int) {}
+
 }  // namespace dtrain::comm
 
 #else  // DTRAIN_HAVE_CUDA
@@ -151,6 +153,7 @@ class LocalGroup {
   const int size, device;
   const std::chrono::milliseconds timeout;
   std::atomic<LocalFault> fault{LocalFault::NONE};
+  std::atomic<int> delay_us{0};  // local_group_delay
   std::vector<Slot> slots;
 
   // Registers rank's events (created on its thread); a rank joins once.
@@ -357,6 +360,7 @@ void LocalComm::run(const Call& c) {
   const int W = g_->size, next = (rank_ + 1) % W;
   const LocalFault fault = g_->fault.load();
   try {
+    if (const int us = g_->delay_us.load(); us > 0) kernels::stream_delay(1000LL * us * (rank_ + 1) / W, stream_);
     mine.call = c;
     DT_CUDA_CHECK(cudaEventRecord(mine.entry, stream_));
     g_->meet(rank_, seq_, what);
@@ -517,6 +521,12 @@ std::unique_ptr<Communicator> comm_create_local(std::shared_ptr<LocalGroup> grou
 }
 
 void local_group_inject(LocalGroup& group, LocalFault fault) { group.fault.store(fault); }
+
+void local_group_delay(LocalGroup& group, int microseconds) {
+  DT_ENFORCE(microseconds >= 0 && microseconds <= kernels::STREAM_DELAY_MAX_NS / 1000, UsageError,
+             "device-local delay {} us out of range [0, {}]", microseconds, kernels::STREAM_DELAY_MAX_NS / 1000);
+  group.delay_us.store(microseconds);
+}
 
 }  // namespace dtrain::comm
 

@@ -39,4 +39,12 @@ std::unique_ptr<Communicator> comm_create_local(std::shared_ptr<LocalGroup> grou
 enum class LocalFault { NONE, SKIP_ENTRY_WAIT };
 void local_group_inject(LocalGroup& group, LocalFault fault);
 
+/// Test-only (the GPU check's ranks stage): before each later collective, rank r's stream first
+/// runs a one-thread spin kernel of (r + 1) * microseconds / size, so the collective's reads
+/// and writes start late against the work of the ranks' other streams (and the ranks reach it
+/// at staggered times): an ordering the caller forgot (a wait on the communicator's stream
+/// before reading or reusing a buffer) shows as wrong results. 0 (the default) turns it
+/// off; at most 10000. Under the CPU execution engine the kernel is a fixed short loop.
+void local_group_delay(LocalGroup& group, int microseconds);
+
 }  // namespace dtrain::comm

@@ -1,9 +1,10 @@
 // The GPU check's rehearsal (scripts/gpu_check.sh --rehearse) against this EMU tree: every
 // stage reports in gpu_check.json and gpu_check.md, the stages the CPU execution engine can
 // run pass (env, tests, the default job against its CPU reference, the bench beside its
-// plan, dtrain's HF export read back by apps/hf_logits on both devices), the stages that
-// need a real GPU's tools say SKIPPED with the reason (race8b after running dtrain's side of
-// the race at a tiny shape); --only, a used-up budget and a bad
+// plan, dtrain's HF export read back by apps/hf_logits on both devices, ranks' one
+// configuration), the stages that need a real GPU's tools say SKIPPED with the reason
+// (race8b after running dtrain's side of the race at a tiny shape; ranks' racecheck and
+// synccheck); --only, a used-up budget and a bad
 // stage name behave as the script says. So the script that meets a borrowed GPU is proven
 // in every CI run. Built only in the EMU tree.
 #include "cli_harness.h"
@@ -52,9 +53,9 @@ TEST_CASE("gpu_check --rehearse: every stage reports; the engine's stages pass, 
   std::vector<std::string> order;
   for (const auto& s : j.at("stages")) order.push_back(s.at("stage"));
   CHECK(order == std::vector<std::string>{"env", "tests", "sanitizer", "job", "speed", "losses", "offload", "peers",
-                                          "hf", "profile", "race8b"});
+                                          "hf", "profile", "ranks", "race8b"});
   auto st = by_stage(j);
-  for (const char* s : {"env", "tests", "job", "speed", "losses", "offload", "hf"}) {
+  for (const char* s : {"env", "tests", "ranks", "job", "speed", "losses", "offload", "hf"}) {
     INFO(s << ": " << st[s].dump());
     CHECK(st[s].at("status") == "PASS");
   }
@@ -63,6 +64,16 @@ TEST_CASE("gpu_check --rehearse: every stage reports; the engine's stages pass, 
     CHECK(st[s].at("status") == "SKIPPED");
     CHECK(contains(st[s].at("summary").get<std::string>(), "rehearsal"));  // says why
   }
+  // ranks: the engine's one configuration (2 device-local ranks, ZeRO 2, the delay on)
+  // against 1 rank; racecheck and synccheck need a GPU and say so
+  const auto& ranks = st["ranks"].at("data").at("rows");
+  REQUIRE(ranks.size() == 1);
+  CHECK(ranks[0].at(0) == "2");
+  CHECK(ranks[0].at(1) == "zero2");
+  CHECK(ranks[0].at(2) == "200");
+  CHECK(ranks[0].at(7) == "PASS");
+  CHECK(st["ranks"].at("data").at("refs").size() == 1);
+  CHECK(contains(st["ranks"].at("summary").get<std::string>(), "racecheck, synccheck SKIPPED (rehearsal"));
   // the job: three runs on the engine's CUDA device, each compared step by step, and the
   // fp32 run's resource monitor with GPU fields from the engine's NVML
   const auto& job = st["job"].at("data").at("rows");
