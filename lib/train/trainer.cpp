@@ -190,7 +190,8 @@ class TrainLoop {
 
 TrainLoop::TrainLoop(const config::TrainConfig& cfg, const TrainerEnv& env)
     : cfg_(cfg), env_(env), W_(env.world_size), rank_(env.rank), lead_(env.rank == 0),
-      comm_(env.comm != nullptr && env.comm->size() > 1 ? env.comm : nullptr), trace_(cfg.monitor.memory_trace) {
+      comm_(env.comm != nullptr && (env.comm->size() > 1 || env.single_rank_comm) ? env.comm : nullptr),
+      trace_(cfg.monitor.memory_trace) {
   env_check();
   if (trace_.enabled()) {
     trace_.set_device(&train_device());
@@ -198,6 +199,7 @@ TrainLoop::TrainLoop(const config::TrainConfig& cfg, const TrainerEnv& env)
   }
   // ---- model, data, optimizer
   zopts_ = zero_options_from(cfg);
+  zopts_.single_rank_comm = env.single_rank_comm;
   device::Device* dev = env.device;
   const bool on_cpu = dev == nullptr || dev->kind() == device::Kind::CPU;
   // Deferred storage (zero.Init): the engine takes each base buffer's values one at a time.

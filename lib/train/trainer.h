@@ -24,6 +24,9 @@ struct TrainerEnv {
   std::string run_dir;
   /// nullptr or size 1 = single rank; otherwise rank()/size() must match rank/world_size.
   comm::Communicator* comm = nullptr;
+  /// Train over `comm` even at size 1 (its buckets, streams and events: the GPU check runs
+  /// NCCL's path on one card this way); false drops a size-1 communicator.
+  bool single_rank_comm = false;
   /// Where the model, its gradients and the ZeRO engine's state live: nullptr = the CPU.
   /// A CUDA device needs a communicator whose buffers live on it (NCCL) when world_size > 1.
   device::Device* device = nullptr;

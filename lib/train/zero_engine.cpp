@@ -36,7 +36,7 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
   DT_ENFORCE(mdt_ == DType::F32 || mdt_ == opts_.compute_dtype, ConfigError,
              "the model computes in {} but the engine's compute dtype is {}; build the model in the compute dtype",
              dtype_name(mdt_), dtype_name(opts_.compute_dtype));
-  if (comm_ != nullptr && comm_->size() > 1) {
+  if (comm_ != nullptr && (comm_->size() > 1 || opts_.single_rank_comm)) {
     rank_ = comm_->rank();
     world_ = comm_->size();
     DT_ENFORCE(comm_->on_device() == !model_.on_host(), UsageError,

@@ -31,10 +31,13 @@ class ZeroCommQueue;
 
 /// The engine's knobs (zero_optimization keys; sizes in elements, as DeepSpeed's).
 struct ZeroOptions {
-  int stage = 0;                                ///< 0, 1, 2 or 3
-  size_t reduce_bucket_size = 500000000;        ///< elements per gradient collective
-  size_t allgather_bucket_size = 500000000;     ///< elements per post-step parameter all-gather
-  bool overlap_comm = false;                    ///< run collectives on a communication thread
+  int stage = 0;                             ///< 0, 1, 2 or 3
+  size_t reduce_bucket_size = 500000000;     ///< elements per gradient collective
+  size_t allgather_bucket_size = 500000000;  ///< elements per post-step parameter all-gather
+  bool overlap_comm = false;                 ///< run collectives on a communication thread
+  /// Keep a communicator of size 1 (its buckets, streams and events) instead of running as
+  /// a lone rank without one: the GPU check's NCCL path on one card (TrainerEnv).
+  bool single_rank_comm = false;
   size_t prefetch_bucket_size = 50000000;       ///< stage 3: elements gathered ahead of use
   size_t param_persistence_threshold = 100000;  ///< stage 3: buffers below it stay resident
   size_t max_live_parameters = 1000000000;      ///< stage 3: cap on gathered elements (prefetch stops)
