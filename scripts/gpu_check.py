@@ -54,11 +54,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # race8b is last: the longest stage (about 5 minutes), meant as a call of its own
 # (--only env,race8b); last, it takes only what the budget leaves the others. ranks (up to
 # 3 minutes, --only env,ranks) comes before it for the same reason.
-STAGES = ["env", "tests", "sanitizer", "job", "speed", "losses", "offload", "peers", "hf", "profile", "ranks", "race8b"]
+STAGES = ["env", "tests", "sanitizer", "job", "speed", "losses", "offload", "peers", "hf", "profile", "attention",
+          "ranks", "race8b"]
 # Seconds each stage may take on a GPU (the whole check is meant to end within ~6 minutes
 # on an H100; a stage that runs over is cut and reported TIMEOUT).
 STAGE_CAP = {"env": 20, "tests": 150, "sanitizer": 150, "ranks": 180, "job": 60, "speed": 180, "losses": 170, "offload": 240, "peers": 180,
-             "race8b": 300, "hf": 60, "profile": 60}
+             "race8b": 300, "hf": 60, "profile": 60, "attention": 90}
 # The GPU test binaries of the real build that run on a GPU (the engine-only suites, which
 # trace the device work, skip there and are left out). In a rehearsal the ones marked
 # True run whole; the others are listed (their own EMU ctest runs them).
@@ -1649,6 +1650,77 @@ def stage_race8b(lay, rep, cap, out_dir):
 
 
 # ----------------------------------------------------------------------------
+# ----------------------------------------------------------------------------
+# attention: dtrain's attention alone against torch's SDPA at the same shapes (issue 45)
+# GPT-2 124M's layer, and Llama's head dim 128 with GQA 4:1 at T 2048 and 8192.
+ATTN_SHAPES = {"gpu": ["16,1024,12,12,64", "4,2048,32,8,128", "1,8192,32,8,128"], "rehearse": ["1,130,4,2,32"]}
+
+
+def stage_attention(lay, rep, cap, out_dir):
+    """`dtrain bench attention` per shape (bf16, causal), then scripts/attention_peer.py
+    (torch's SDPA per backend) at the same shapes; issue 45's target: dtrain's forward +
+    backward at most the fastest SDPA backend's, a FAIL line where it is not."""
+    t0 = now()
+    mode = "rehearse" if lay.rehearse else "gpu"
+    iters = ["--iters", "2", "--warmup", "1"] if lay.rehearse else ["--iters", "20", "--warmup", "5"]
+    ours, rows, worst, details = {}, [], "PASS", []
+    for shape in ATTN_SHAPES[mode]:
+        left = cap - (now() - t0)
+        if left < 10:
+            rows.append([shape, "-", "-", "-", "-", "-", "NOT RUN", "stage time used up"])
+            worst = "TIMEOUT" if worst == "PASS" else worst
+            continue
+        rc, out, secs = run([lay.dtrain, "bench", "attention", "--shape", shape, "--json"] + iters, min(left, 60),
+                            env=lay.env)
+        r = last_json(out) if rc == 0 else None
+        if r is None or not r.get("finite"):
+            worst = "FAIL" if rc is not None else "TIMEOUT"
+            rows.append([shape, "-", "-", "-", "-", "-", "FAIL" if rc is not None else "TIMEOUT",
+                         "no figures" if r is None else "outputs not finite"])
+            details.append(f"### dtrain bench attention --shape {shape}\n" + code(tail(out, 20)))
+            continue
+        ours[shape] = r
+    ver, cuda = torch_probe(lay.env)
+    peer = {}
+    if ver is not None and cuda and not lay.rehearse and ours:
+        left = cap - (now() - t0)
+        js = os.path.join(out_dir, "attention-peer.json")
+        cmd = [sys.executable, os.path.join(ROOT, "scripts", "attention_peer.py"), "--json", js] + \
+            [a for s in ours for a in ("--shape", s)]
+        rc, out, secs = run(cmd, max(5, left - 2), env=lay.env)
+        if os.path.exists(js):
+            with open(js) as f:
+                peer = {",".join(str(row["shape"][k]) for k in ("B", "T", "NH", "NKV", "HD")): row
+                        for row in json.load(f).get("shapes", [])}
+        if rc != 0:
+            details.append("### attention_peer.py\n" + code(tail(out, 20)))
+    why_no_peer = ("rehearsal: " if lay.rehearse else "") + (
+        cuda if ver is None else ("no CUDA device for torch" if not cuda else "no dtrain figures to race"))
+    for shape, r in ours.items():
+        p = peer.get(shape, {})
+        fast = p.get("fastest")
+        default = (p.get("backends") or {}).get("default", {})
+        total = r["fwd_ms"] + r["bwd_ms"]
+        if fast:
+            ratio = fast["total_ms"] / total
+            status = "PASS" if total <= fast["total_ms"] else "FAIL"
+            if status == "FAIL":
+                worst = "FAIL"
+            torch_cell = (f"{fast['backend']}: {fast['fwd_ms']:.3f} + {fast['bwd_ms']:.3f} ms"
+                          + (f" (torch's choice: {default.get('op') or '-'})" if default else ""))
+            note = f"target: dtrain fwd+bwd <= fastest SDPA; {ratio:.2f}x"
+        else:
+            status, torch_cell, note = "PASS", "-", "peer SKIPPED: " + (why_no_peer if not peer else "no backend ran")
+        rows.append([shape, f"{r['fwd_ms']:.3f} ({r['fwd_tflops']:.0f} TF/s)", f"{r['bwd_ms']:.3f} ({r['bwd_tflops']:.0f} TF/s)",
+                     f"{total:.3f}", torch_cell, r["device"], status, note])
+    summary = "; ".join(f"{r[0]}: {r[3]} ms" for r in rows if r[3] != "-") or "no figures"
+    rep.add("attention", worst, now() - t0, summary,
+            md_table(["B,T,NH,NKV,HD", "dtrain fwd ms", "dtrain bwd ms", "dtrain total ms", "torch SDPA fastest",
+                      "device", "result", "note"], rows) +
+            "\nbf16, causal; TFLOP/s as FlashAttention counts them (forward 4 B NH T^2 HD / 2, backward 2.5x).\n\n"
+            + "\n".join(details), dict(dtrain=ours, peer=peer))
+
+
 def main():
     ap = argparse.ArgumentParser(description="dtrain's GPU check (see scripts/gpu_check.sh)")
     ap.add_argument("--rehearse", action="store_true", help="run against the EMU tree here, tiny shapes")
@@ -1709,6 +1781,8 @@ def main():
             stage_hf(lay, rep, cap, out_dir)
         elif stage == "profile":
             stage_profile(lay, rep, cap, speed)
+        elif stage == "attention":
+            stage_attention(lay, rep, cap, out_dir)
         elif stage == "race8b":
             stage_race8b(lay, rep, cap, out_dir)
         r = rep.rows[-1]

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check (docs/gpu.md "Checking on a real GPU"): on a GPU machine, from the repository root
 # with the bundle of scripts/gpu_bundle.sh carried as ./gpu-bundle, runs env, tests,
-# sanitizer, job, speed, losses, offload, peers, hf, profile, ranks and race8b, each bounded in
-# time, and writes $OUT/gpu_check.md and $OUT/gpu_check.json after each stage (a cut-off run keeps what
+# sanitizer, job, speed, losses, offload, peers, hf, profile, attention, ranks and race8b, each
+# bounded in time, and writes $OUT/gpu_check.md and $OUT/gpu_check.json after each stage (a cut-off run keeps what
 # finished). Exit 0 when no stage failed.
 #
 #   scripts/gpu_check.sh [--only STAGE,...] [--bundle DIR] [--out DIR] [--budget SECONDS]

@@ -53,9 +53,9 @@ TEST_CASE("gpu_check --rehearse: every stage reports; the engine's stages pass, 
   std::vector<std::string> order;
   for (const auto& s : j.at("stages")) order.push_back(s.at("stage"));
   CHECK(order == std::vector<std::string>{"env", "tests", "sanitizer", "job", "speed", "losses", "offload", "peers",
-                                          "hf", "profile", "ranks", "race8b"});
+                                          "hf", "profile", "attention", "ranks", "race8b"});
   auto st = by_stage(j);
-  for (const char* s : {"env", "tests", "ranks", "job", "speed", "losses", "offload", "hf"}) {
+  for (const char* s : {"env", "tests", "ranks", "job", "speed", "losses", "offload", "hf", "attention"}) {
     INFO(s << ": " << st[s].dump());
     CHECK(st[s].at("status") == "PASS");
   }
@@ -64,6 +64,12 @@ TEST_CASE("gpu_check --rehearse: every stage reports; the engine's stages pass, 
     CHECK(st[s].at("status") == "SKIPPED");
     CHECK(contains(st[s].at("summary").get<std::string>(), "rehearsal"));  // says why
   }
+  // attention: dtrain bench attention on the engine at a tiny GQA shape (finite outputs); the
+  // SDPA peer needs PyTorch on a GPU and its row says why it did not run
+  const auto& attn = st["attention"].at("data").at("dtrain");
+  REQUIRE(attn.contains("1,130,4,2,32"));
+  CHECK(attn.at("1,130,4,2,32").at("finite") == true);
+  CHECK(contains(st["attention"].dump(), "peer SKIPPED"));
   // ranks: the engine's one configuration (2 device-local ranks, ZeRO 2, the delay on)
   // against 1 rank; racecheck and synccheck need a GPU and say so
   const auto& ranks = st["ranks"].at("data").at("rows");
