@@ -133,7 +133,9 @@ const std::vector<KeySpec>& build_schema() {
        .help = "gradients are packed into contiguous reduce buckets; false is warned about and ignored"},
       {.path = "zero_optimization.stage3_prefetch_bucket_size", .type = KeyType::INT,
        .field = F(zero.stage3_prefetch_bucket_size),
-       .help = "stage 3: elements of parameters gathered ahead",
+       .help = "stage 3: elements of parameters gathered ahead, whole layers at a time: a layer larger than this "
+               "is not prefetched and its gather waits (a 7-8B model's layer holds about 2.2e8 elements: 3e8 "
+               "prefetches one; the dry run's cluster plan says when none fits)",
        .min = 0, .width = kSizeT},
       {.path = "zero_optimization.stage3_param_persistence_threshold", .type = KeyType::INT,
        .field = F(zero.stage3_param_persistence_threshold),
