@@ -1,6 +1,6 @@
-// `dtrain eval`, `dtrain generate`, `dtrain data prepare` and the single-process
-// `run_train_local`: thin printing wrappers over lib/train (evaluate, trainer) and
-// lib/data (prepare). main.cpp registers them; each returns the exit code.
+// `dtrain eval`, `dtrain generate` and `dtrain data prepare`: thin printing wrappers over
+// lib/train (evaluate) and lib/data (prepare). main.cpp registers them; each returns the
+// exit code.
 #include "commands.h"
 #include "config/train_config.h"
 #include "core/check.h"
@@ -8,17 +8,12 @@
 #include "data/sft.h"
 #include "train/data_loader.h"
 #include "train/evaluate.h"
-#include "train/trainer.h"
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <string>
 
 namespace dtrain::cli {
-
-namespace fs = std::filesystem;
 
 namespace {
 // A generated answer as the checker sees it: up to the first special token / newline.
@@ -125,27 +120,6 @@ int run_data_prepare(const DataPrepareArgs& a) {
   const std::string pairs = s.pairwise ? " (" + std::to_string(s.documents / 2) + " chosen/rejected pairs)" : "";
   std::printf("wrote %s: %zu documents%s, %zu tokens, %zu trained\n", a.output.c_str(), s.documents, pairs.c_str(),
               s.tokens, s.trained_tokens);
-  return 0;
-}
-
-// Trains cfg in this process as a single rank (no launcher, no rendezvous): writes
-// run_dir/config.yaml (so `dtrain eval run_dir` finds the settings), metrics.jsonl and
-// final/. Resolves the batch sizes for one rank when the caller has not.
-int run_train_local(const config::TrainConfig& cfg_in, const std::string& run_dir) {
-  config::TrainConfig cfg = cfg_in;
-  if (cfg.resolved_micro_batch_size == 0 || cfg.resolved_dp_world_size != 1) config::config_resolve_batch(cfg, 1);
-  fs::create_directories(run_dir);
-  {
-    std::ofstream f(fs::path(run_dir) / "config.yaml");
-    f << config::config_to_yaml(cfg);
-    DT_ENFORCE(f.good(), IoError, "cannot write {}/config.yaml", run_dir);
-  }
-  train::TrainerEnv env;
-  env.run_dir = run_dir;
-  const train::TrainResult r = train::train_run(cfg, env);
-  std::printf("done: %lld steps in %.1f s, loss %.4f -> %.4f, %.0f tokens/s\n", static_cast<long long>(r.steps),
-              r.elapsed_s, r.losses.empty() ? 0.0 : r.losses.front(), r.final_loss,
-              static_cast<double>(r.tokens) / std::max(r.elapsed_s, 1e-9));
   return 0;
 }
 
