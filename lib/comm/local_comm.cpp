@@ -34,6 +34,8 @@ void local_group_delay(LocalGroup&, int) {}
 
 #else  // DTRAIN_HAVE_CUDA
 
+#include "comm/device_staging.h"
+
 #include "core/cuda_check.h"
 #include "core/log.h"
 #include "kernels/collective.cuh"
@@ -448,40 +450,11 @@ void* LocalComm::issue(const Call& c, size_t* out_bytes) {
 // Host values go through stream-ordered device scratch on the rank's stream and come back
 // once the stream has finished (bounded like synchronize()), as on NCCL.
 void LocalComm::allreduce_host(void* data, size_t count, DType dtype, ReduceOp op) {
-  if (count == 0) return;
-  const size_t bytes = count * dtype_size(dtype);
-  DT_CUDA_CHECK(cudaSetDevice(g_->device));
-  void* d = nullptr;
-  DT_CUDA_CHECK(cudaMallocAsync(&d, bytes, stream_));
-  try {
-    DT_CUDA_CHECK(cudaMemcpyAsync(d, data, bytes, cudaMemcpyHostToDevice, stream_));
-    allreduce(d, d, count, dtype, op);
-    DT_CUDA_CHECK(cudaMemcpyAsync(data, d, bytes, cudaMemcpyDeviceToHost, stream_));
-    synchronize();
-  } catch (...) {
-    (void)cudaFreeAsync(d, stream_);
-    throw;
-  }
-  DT_CUDA_CHECK(cudaFreeAsync(d, stream_));
+  staged_allreduce_host(*this, g_->device, stream_, data, count, dtype, op);
 }
 
 void LocalComm::all_gather_host(const void* send, void* recv, size_t send_count, DType dtype) {
-  if (send_count == 0) return;
-  const size_t bytes = send_count * dtype_size(dtype), W = static_cast<size_t>(g_->size);
-  DT_CUDA_CHECK(cudaSetDevice(g_->device));
-  char* d = nullptr;
-  DT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&d), bytes * W, stream_));
-  char* mine = d + static_cast<size_t>(rank_) * bytes;
-  try {
-    DT_CUDA_CHECK(cudaMemcpyAsync(mine, send, bytes, cudaMemcpyHostToDevice, stream_));
-    all_gather(mine, d, send_count, dtype);
-    DT_CUDA_CHECK(cudaMemcpyAsync(recv, d, bytes * W, cudaMemcpyDeviceToHost, stream_));
-    synchronize();
-  } catch (...) {
-    (void)cudaFreeAsync(d, stream_);
-    throw;
-  }
-  DT_CUDA_CHECK(cudaFreeAsync(d, stream_));
+  staged_all_gather_host(*this, g_->device, stream_, send, recv, send_count, dtype);
 }
 
 void LocalComm::synchronize() {

@@ -20,6 +20,8 @@ std::unique_ptr<Communicator> comm_create_nccl(gloo::rendezvous::Store&, int, in
 
 #else  // DTRAIN_HAVE_CUDA
 
+#include "comm/device_staging.h"
+
 #include "core/cuda_check.h"
 #include "core/log.h"
 #include "kernels/device.cuh"
@@ -350,40 +352,11 @@ void NcclComm::allreduce(const void* send, void* recv, size_t count, DType dtype
 // Host values go through stream-ordered device scratch on the communicator's stream and
 // come back once the stream has finished (bounded like synchronize()).
 void NcclComm::allreduce_host(void* data, size_t count, DType dtype, ReduceOp op) {
-  if (count == 0) return;
-  const size_t bytes = count * dtype_size(dtype);
-  DT_CUDA_CHECK(cudaSetDevice(device_));
-  void* d = nullptr;
-  DT_CUDA_CHECK(cudaMallocAsync(&d, bytes, stream_));
-  DT_CUDA_CHECK(cudaMemcpyAsync(d, data, bytes, cudaMemcpyHostToDevice, stream_));
-  try {
-    allreduce(d, d, count, dtype, op);
-    DT_CUDA_CHECK(cudaMemcpyAsync(data, d, bytes, cudaMemcpyDeviceToHost, stream_));
-    synchronize();
-  } catch (...) {
-    (void)cudaFreeAsync(d, stream_);
-    throw;
-  }
-  DT_CUDA_CHECK(cudaFreeAsync(d, stream_));
+  staged_allreduce_host(*this, device_, stream_, data, count, dtype, op);
 }
 
 void NcclComm::all_gather_host(const void* send, void* recv, size_t send_count, DType dtype) {
-  if (send_count == 0) return;
-  const size_t bytes = send_count * dtype_size(dtype);
-  DT_CUDA_CHECK(cudaSetDevice(device_));
-  char* d = nullptr;
-  DT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&d), bytes * static_cast<size_t>(size_), stream_));
-  char* mine = d + static_cast<size_t>(rank_) * bytes;
-  DT_CUDA_CHECK(cudaMemcpyAsync(mine, send, bytes, cudaMemcpyHostToDevice, stream_));
-  try {
-    all_gather(mine, d, send_count, dtype);
-    DT_CUDA_CHECK(cudaMemcpyAsync(recv, d, bytes * static_cast<size_t>(size_), cudaMemcpyDeviceToHost, stream_));
-    synchronize();
-  } catch (...) {
-    (void)cudaFreeAsync(d, stream_);
-    throw;
-  }
-  DT_CUDA_CHECK(cudaFreeAsync(d, stream_));
+  staged_all_gather_host(*this, device_, stream_, send, recv, send_count, dtype);
 }
 
 void NcclComm::reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op) {
