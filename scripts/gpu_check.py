@@ -148,6 +148,15 @@ def md_table(head, rows):
     return "\n".join(out) + "\n"
 
 
+def json_or_none(path):
+    """The JSON document at path, or None when it is missing or does not parse (a script cut off)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
 def last_json(text):
     for line in reversed(text.splitlines()):
         line = line.strip()
@@ -1127,12 +1136,7 @@ def stage_hf(lay, rep, cap, out_dir):
     if lay.rehearse:
         cmd.append("--rehearse")
     rc, out, secs = run(cmd, cap, env=lay.env)
-    doc = None
-    try:
-        with open(js) as f:
-            doc = json.load(f)
-    except (OSError, ValueError):
-        pass
+    doc = json_or_none(js)
     if rc == 3 and doc and doc.get("skipped"):
         rep.add("hf", "SKIPPED", now() - t0, doc["skipped"])
         return
@@ -1400,12 +1404,7 @@ def race_peer(lay, case, work, cfg_dir, timeout, warmup, steps, save_to=None, in
     if RACE_RECOMPUTE:
         cmd.append("--recompute")
     rc, out, secs = run(cmd, timeout, env=lay.env)
-    doc = None
-    try:
-        with open(js) as f:
-            doc = json.load(f)
-    except (OSError, ValueError):
-        pass
+    doc = json_or_none(js)
     return rc, out, secs, doc
 
 
