@@ -6,8 +6,8 @@
 #include "core/version.h"
 #include "launch/local_spawner.h"
 #include "launch/node_command.h"
+#include "launch/node_spawner.h"
 #include "launch/ssh_spawner.h"
-#include "launch/supervisor.h"
 
 #include <fmt/format.h>
 

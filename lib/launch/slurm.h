@@ -5,7 +5,7 @@
 #pragma once
 
 #include "config/hostfile.h"
-#include "launch/supervisor.h"
+#include "launch/node_spawner.h"
 
 #include <map>
 #include <string>

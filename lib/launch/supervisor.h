@@ -7,29 +7,13 @@
 
 #include "launch/host_probe.h"
 #include "launch/job.h"
-#include "launch/spawner.h"
-#include "launch/ssh_session.h"
+#include "launch/node_spawner.h"
 
 #include <atomic>
 #include <functional>
 #include <memory>
 
 namespace dtrain::launch {
-
-/// Starts node `node`'s agent command; stdin_data carries the token. The default
-/// (node_spawner_default) spawns local hosts directly and remote ones over SSH.
-using NodeSpawner = std::function<std::unique_ptr<Process>(const NodePlan& node, const NodeCommand& cmd,
-                                                           const std::string& stdin_data, LineCallback cb)>;
-
-NodeSpawner node_spawner_default(const config::TrainConfig& cfg);
-
-/// The spawner `--launcher` names: "slurm" starts the agents with srun inside this
-/// Slurm allocation (read from the environment), anything else is node_spawner_default.
-NodeSpawner node_spawner_for(const config::TrainConfig& cfg, const std::string& launcher);
-
-/// cluster.ssh as libssh2 options ("~/" expanded). The hostfile's user@ and port=
-/// override user and port per host.
-SshOptions ssh_options_from_config(const config::SshConfig& ssh);
 
 /// What a preflight found: why (host and check named) the round must not start, and the
 /// first node concerned; why "" = every node is fit.
