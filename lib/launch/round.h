@@ -5,6 +5,7 @@
 // The supervisor (supervisor.cpp) starts the agents, observes, asks round_watch, stops.
 #pragma once
 
+#include "launch/culprit.h"
 #include "launch/rank_watch.h"
 #include "launch/spawner.h"
 
@@ -71,7 +72,7 @@ struct RoundObservation {
 struct RoundWatchLimits {
   std::chrono::milliseconds first_beat_grace{25000};  // from the round's start to an agent's first beat
   std::chrono::milliseconds heartbeat_timeout{15000};
-  std::chrono::milliseconds culprit_window = std::chrono::milliseconds(1000);  // culprit.h
+  std::chrono::milliseconds culprit_window = kCulpritWindow;
 };
 
 /// What the round's watch concludes.
