@@ -28,6 +28,35 @@ int64_t step_of(const std::string& v) {
   return std::strtoll(v.c_str(), nullptr, 10);
 }
 
+// The rank to blame among those over the step timeout (`stalled`, not empty), the ranks
+// still within it (`watched`) that are part of the same stall named with it.
+RankHang stalled_blame(std::vector<RankHang> stalled, const std::vector<RankHang>& watched) {
+  // The rank the others wait for: at the step they are stuck on or before it, outside any
+  // collective. Its own last report may be younger than the timeout (a loaded host
+  // delivers reports late), but it is what the waiting ranks wait for, so it is named too.
+  // A rank waiting in a collective is named as waiting however young its report: the
+  // collective cannot return while a peer is stuck outside it (its report can trail the
+  // stuck rank's by more than one poll when rank 0 also logs and gathers the step's times).
+  int64_t stuck_step = 0;
+  for (const RankHang& h : stalled) stuck_step = std::max(stuck_step, h.last_step);
+  for (const RankHang& h : watched)
+    if (h.waiting || h.last_step <= stuck_step) stalled.push_back(h);
+  std::sort(stalled.begin(), stalled.end(), [](const RankHang& a, const RankHang& b) {
+    if (a.waiting != b.waiting) return !a.waiting;
+    if (a.last_step != b.last_step) return a.last_step < b.last_step;
+    if (a.silent_s != b.silent_s) return a.silent_s > b.silent_s;
+    return a.rank < b.rank;
+  });
+  RankHang h = stalled.front();
+  for (size_t i = 1; i < stalled.size(); ++i) {
+    h.others.push_back(stalled[i].rank);
+    if (stalled[i].waiting) h.others_waiting.push_back(stalled[i].rank);
+  }
+  std::sort(h.others.begin(), h.others.end());
+  std::sort(h.others_waiting.begin(), h.others_waiting.end());
+  return h;
+}
+
 }  // namespace
 
 constexpr const char* kWaiting = " waiting";
@@ -116,8 +145,8 @@ void RankWatch::fill_identity(const RankWatchSnapshot& s, RankHang& h) const {
   if (sp != std::string::npos) h.hostname = v.substr(sp + 1);
 }
 
-std::optional<RankHang> RankWatch::check(const RankWatchSnapshot& s, Clock::time_point now,
-                                         const std::vector<bool>& node_done) {
+std::vector<char> RankWatch::judged_nodes(const RankWatchSnapshot& s, Clock::time_point now,
+                                          const std::vector<bool>& node_done) {
   const auto agent_fresh = 2 * limits_.heartbeat_interval + std::chrono::milliseconds(500);
   std::vector<char> judged(plan_.nodes.size(), 0);  // the node's agent beats: its ranks can be judged
   for (size_t k = 0; k < plan_.nodes.size(); ++k) {
@@ -127,7 +156,11 @@ std::optional<RankHang> RankWatch::check(const RankWatchSnapshot& s, Clock::time
     if (!agent_seen_[k]) agent_seen_[k] = it->second.set_at;
     judged[k] = now - it->second.set_at <= agent_fresh;
   }
+  return judged;
+}
 
+std::optional<RankHang> RankWatch::beat_hang(const RankWatchSnapshot& s, Clock::time_point now,
+                                             const std::vector<char>& judged) const {
   // Heartbeats: the longest silence past the limit.
   std::optional<RankHang> worst;
   for (size_t k = 0; k < plan_.nodes.size(); ++k) {
@@ -149,11 +182,11 @@ std::optional<RankHang> RankWatch::check(const RankWatchSnapshot& s, Clock::time
       if (!worst || h.silent_s > worst->silent_s) worst = h;
     }
   }
-  if (worst) {
-    fill_identity(s, *worst);
-    return worst;
-  }
+  return worst;
+}
 
+std::optional<RankHang> RankWatch::step_hang(const RankWatchSnapshot& s, Clock::time_point now,
+                                             const std::vector<bool>& node_done, const std::vector<char>& judged) {
   // Steps: a rank is watched from its first progress value until it says "done".
   std::vector<RankHang> stalled, watched;  // over the step timeout / within it
   for (size_t k = 0; k < plan_.nodes.size(); ++k) {
@@ -181,30 +214,15 @@ std::optional<RankHang> RankWatch::check(const RankWatchSnapshot& s, Clock::time
     }
   }
   if (stalled.empty()) return std::nullopt;
-  // The rank the others wait for: at the step they are stuck on or before it, outside any
-  // collective. Its own last report may be younger than the timeout (a loaded host
-  // delivers reports late), but it is what the waiting ranks wait for, so it is named too.
-  // A rank waiting in a collective is named as waiting however young its report: the
-  // collective cannot return while a peer is stuck outside it (its report can trail the
-  // stuck rank's by more than one poll when rank 0 also logs and gathers the step's times).
-  int64_t stuck_step = 0;
-  for (const RankHang& h : stalled) stuck_step = std::max(stuck_step, h.last_step);
-  for (const RankHang& h : watched)
-    if (h.waiting || h.last_step <= stuck_step) stalled.push_back(h);
-  std::sort(stalled.begin(), stalled.end(), [](const RankHang& a, const RankHang& b) {
-    if (a.waiting != b.waiting) return !a.waiting;
-    if (a.last_step != b.last_step) return a.last_step < b.last_step;
-    if (a.silent_s != b.silent_s) return a.silent_s > b.silent_s;
-    return a.rank < b.rank;
-  });
-  RankHang h = stalled.front();
-  for (size_t i = 1; i < stalled.size(); ++i) {
-    h.others.push_back(stalled[i].rank);
-    if (stalled[i].waiting) h.others_waiting.push_back(stalled[i].rank);
-  }
-  std::sort(h.others.begin(), h.others.end());
-  std::sort(h.others_waiting.begin(), h.others_waiting.end());
-  fill_identity(s, h);
+  return stalled_blame(std::move(stalled), watched);
+}
+
+std::optional<RankHang> RankWatch::check(const RankWatchSnapshot& s, Clock::time_point now,
+                                         const std::vector<bool>& node_done) {
+  const std::vector<char> judged = judged_nodes(s, now, node_done);
+  std::optional<RankHang> h = beat_hang(s, now, judged);
+  if (!h) h = step_hang(s, now, node_done, judged);
+  if (h) fill_identity(s, *h);
   return h;
 }
 

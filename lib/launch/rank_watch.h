@@ -95,6 +95,15 @@ class RankWatch {
     std::chrono::steady_clock::time_point since;
   };
   void fill_identity(const RankWatchSnapshot& s, RankHang& h) const;
+  // The nodes whose agent beats recently: only their ranks can be judged.
+  std::vector<char> judged_nodes(const RankWatchSnapshot& s, std::chrono::steady_clock::time_point now,
+                                 const std::vector<bool>& node_done);
+  // The longest heartbeat silence past its limit among the judged nodes' ranks.
+  std::optional<RankHang> beat_hang(const RankWatchSnapshot& s, std::chrono::steady_clock::time_point now,
+                                    const std::vector<char>& judged) const;
+  // Tracks every rank's progress value; the rank to blame for steps past step_timeout.
+  std::optional<RankHang> step_hang(const RankWatchSnapshot& s, std::chrono::steady_clock::time_point now,
+                                    const std::vector<bool>& node_done, const std::vector<char>& judged);
 
   const Plan& plan_;
   RankWatchLimits limits_;
