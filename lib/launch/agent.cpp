@@ -168,6 +168,87 @@ std::unique_ptr<rendezvous::StoreClient> store_connect(const AgentArgs& args, co
   return std::make_unique<rendezvous::StoreClient>(args.master_addr, port, token, timeout - first);
 }
 
+// agent_decide_device, and the decision logged: the ranks' device and collectives.
+std::string agent_rank_device(const AgentArgs& args, const std::string& host, rendezvous::PrefixStore& store,
+                              const std::function<bool()>& stop_asked) {
+  const std::string device = agent_decide_device(args, host, store, stop_asked);
+  if (device.empty()) return device;
+  std::string ids;
+  for (size_t i = 0; i < args.devices.size(); ++i) ids += (i ? "," : "") + std::to_string(args.devices[i]);
+  log_info("{} rank(s) on {}{}, collectives: {}", args.local_world_size, device,
+           device == "cuda" ? " devices " + ids : "", rank_backend_name(device, args.world_size));
+  return device;
+}
+
+// The node's ranks: `dtrain worker [rank args]`, token on stdin.
+std::vector<LocalRankSpec> agent_rank_specs(const AgentArgs& args, const AgentArgs& resolved,
+                                            const std::map<std::string, std::string>& secret_env,
+                                            const std::string& token) {
+  const std::string exe = self_exe_path();
+  std::vector<LocalRankSpec> specs;
+  for (int lr = 0; lr < args.local_world_size; ++lr) {
+    LocalRankSpec r;
+    r.argv = {exe, "worker"};
+    r.argv.insert(r.argv.end(), args.rank_args.begin(), args.rank_args.end());
+    // The rank contract (RANK, ...) wins over cluster.env.set, as over anything forwarded.
+    r.env = agent_rank_env(resolved, lr);
+    r.env.insert(secret_env.begin(), secret_env.end());
+    r.stdin_data = token + "\n";
+    r.prefix = fmt::format("[node{} rank{}] ", args.node_rank, args.first_rank + lr);
+    specs.push_back(std::move(r));
+  }
+  return specs;
+}
+
+// Watches the ranks until they end, one fails, the launcher says stop or goes away
+// (launcher_gone: why, "" while it is there); the agent's exit code.
+int agent_watch_ranks(const AgentArgs& args, const std::string& host, LocalRankGroup& ranks,
+                      rendezvous::PrefixStore& round_store, const std::function<const char*()>& launcher_gone) {
+  auto last_stop_check = Clock::now();
+  while (true) {
+    const LocalRankGroupStatus g = ranks.poll();
+    if (g.state == LocalRankGroupStatus::State::SUCCEEDED) return 0;
+    if (g.state == LocalRankGroupStatus::State::FAILED) {
+      std::string why = fmt::format("rank {} (local rank {}) on {} {}", args.first_rank + g.local_rank, g.local_rank,
+                                    host, g.exit.describe());
+      if (!g.said.empty()) why += ": " + g.said;
+      log_error("{}", why);
+      try {
+        round_store.set(agent_failure_key(args.node_rank), why);
+      } catch (const Error&) {
+        // The launcher is gone too; stopping the ranks is all that is left to do.
+      }
+      ranks.stop();
+      return g.exit_code;
+    }
+    if (g.state == LocalRankGroupStatus::State::FAILING) {  // its cause is looked for a little longer
+      std::this_thread::sleep_for(20ms);
+      continue;
+    }
+    if (const std::string gone = launcher_gone(); !gone.empty()) {
+      log_error("the launcher went away ({}): stopping {} local rank(s)", gone, ranks.size());
+      ranks.stop();
+      return static_cast<int>(Exit::COMM);
+    }
+    if (Clock::now() - last_stop_check > 300ms) {
+      last_stop_check = Clock::now();
+      bool stop = false;
+      try {
+        stop = round_store.check({kStopKey});
+      } catch (const Error& e) {
+        log_error("lost the rendezvous store: {}", e.what());
+        ranks.stop();
+        return static_cast<int>(Exit::COMM);
+      }
+      if (stop) {
+        ranks.stop();
+        return static_cast<int>(Exit::STOPPED);
+      }
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -239,78 +320,19 @@ int agent_run(const AgentArgs& args, int token_fd, const AgentTiming& timing) {
   // The ranks' device, before any of them starts.
   AgentArgs resolved = args;
   if (args.mode == "train") {
-    resolved.device = agent_decide_device(args, host, round_store,
-                                          [&] { return link.gone() || store_lost() || round_store.check({kStopKey}); });
+    resolved.device = agent_rank_device(args, host, round_store,
+                                        [&] { return link.gone() || store_lost() || round_store.check({kStopKey}); });
     if (resolved.device.empty()) {
       const bool own = round_store.check({agent_failure_key(args.node_rank)});
       return own ? static_cast<int>(Exit::USAGE) : static_cast<int>(Exit::STOPPED);
     }
-    std::string ids;
-    for (size_t i = 0; i < args.devices.size(); ++i) ids += (i ? "," : "") + std::to_string(args.devices[i]);
-    log_info("{} rank(s) on {}{}, collectives: {}", args.local_world_size, resolved.device,
-             resolved.device == "cuda" ? " devices " + ids : "", rank_backend_name(resolved.device, args.world_size));
   }
 
-  // Spawn the ranks: `dtrain worker [rank args]`, token on stdin.
-  const std::string exe = self_exe_path();
-  std::vector<LocalRankSpec> specs;
-  for (int lr = 0; lr < args.local_world_size; ++lr) {
-    LocalRankSpec r;
-    r.argv = {exe, "worker"};
-    r.argv.insert(r.argv.end(), args.rank_args.begin(), args.rank_args.end());
-    // The rank contract (RANK, ...) wins over cluster.env.set, as over anything forwarded.
-    r.env = agent_rank_env(resolved, lr);
-    r.env.insert(secret_env.begin(), secret_env.end());
-    r.stdin_data = token + "\n";
-    r.prefix = fmt::format("[node{} rank{}] ", args.node_rank, args.first_rank + lr);
-    specs.push_back(std::move(r));
-  }
-  LocalRankGroup ranks(std::move(specs), timing.stop_grace);
-
-  auto last_stop_check = Clock::now();
-  while (true) {
-    const LocalRankGroupStatus g = ranks.poll();
-    if (g.state == LocalRankGroupStatus::State::SUCCEEDED) return 0;
-    if (g.state == LocalRankGroupStatus::State::FAILED) {
-      std::string why = fmt::format("rank {} (local rank {}) on {} {}", args.first_rank + g.local_rank, g.local_rank,
-                                    host, g.exit.describe());
-      if (!g.said.empty()) why += ": " + g.said;
-      log_error("{}", why);
-      try {
-        round_store.set(agent_failure_key(args.node_rank), why);
-      } catch (const Error&) {
-        // The launcher is gone too; stopping the ranks is all that is left to do.
-      }
-      ranks.stop();
-      return g.exit_code;
-    }
-    if (g.state == LocalRankGroupStatus::State::FAILING) {  // its cause is looked for a little longer
-      std::this_thread::sleep_for(20ms);
-      continue;
-    }
-    if (link.gone() || store_lost()) {
-      log_error("the launcher went away ({}): stopping {} local rank(s)",
-                link.gone() ? "its connection closed" : "the rendezvous store is unreachable", ranks.size());
-      ranks.stop();
-      return static_cast<int>(Exit::COMM);
-    }
-    if (Clock::now() - last_stop_check > 300ms) {
-      last_stop_check = Clock::now();
-      bool stop = false;
-      try {
-        stop = round_store.check({kStopKey});
-      } catch (const Error& e) {
-        log_error("lost the rendezvous store: {}", e.what());
-        ranks.stop();
-        return static_cast<int>(Exit::COMM);
-      }
-      if (stop) {
-        ranks.stop();
-        return static_cast<int>(Exit::STOPPED);
-      }
-    }
-    std::this_thread::sleep_for(20ms);
-  }
+  LocalRankGroup ranks(agent_rank_specs(args, resolved, secret_env, token), timing.stop_grace);
+  return agent_watch_ranks(args, host, ranks, round_store, [&] {
+    if (link.gone()) return "its connection closed";
+    return store_lost() ? "the rendezvous store is unreachable" : "";
+  });
 }
 
 int agent_main(const std::vector<std::string>& argv) {
