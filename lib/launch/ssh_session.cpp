@@ -167,6 +167,17 @@ std::string kinds_text(const std::vector<const KeyKind*>& kinds) {
   return text;
 }
 
+// Like OpenSSH: ask first for the key types known_hosts already holds for this host, so
+// a server with several host keys is checked against the one we know.
+std::string host_key_prefs(const std::vector<const KeyKind*>& known_kinds) {
+  std::string prefs;
+  for (const auto* kind : known_kinds) prefs += (prefs.empty() ? "" : ",") + std::string(kind->methods);
+  for (const auto& kind : kKeyKinds)
+    if (std::find(known_kinds.begin(), known_kinds.end(), &kind) == known_kinds.end())
+      prefs += (prefs.empty() ? "" : ",") + std::string(kind.methods);
+  return prefs;
+}
+
 std::string known_hosts_name(const std::string& host, int port) {
   if (port == 22) return host;
   return fmt::format("[{}]:{}", host, port);
@@ -370,13 +381,7 @@ void SshSession::handshake_and_verify() {
     known_hosts_load(known.hosts, path, host_);
     known_kinds = known_key_kinds(known.hosts, host_, options_.port);
   }
-  // Like OpenSSH: ask first for the key types known_hosts already holds for this host, so
-  // a server with several host keys is checked against the one we know.
-  std::string prefs;
-  for (const auto* kind : known_kinds) prefs += (prefs.empty() ? "" : ",") + std::string(kind->methods);
-  for (const auto& kind : kKeyKinds)
-    if (std::find(known_kinds.begin(), known_kinds.end(), &kind) == known_kinds.end())
-      prefs += (prefs.empty() ? "" : ",") + std::string(kind.methods);
+  const std::string prefs = host_key_prefs(known_kinds);
   if (libssh2_session_method_pref(session_, LIBSSH2_METHOD_HOSTKEY, prefs.c_str()) != 0)
     log_debug("SSH to {}: host key preference '{}' not accepted: {}", host_, prefs, last_error());
 
@@ -389,7 +394,11 @@ void SshSession::handshake_and_verify() {
   if (rc != 0)
     DT_THROW(LaunchError, "SSH to {} port {}: the SSH handshake failed: {} (is it an SSH server?)", host_,
              options_.port, last_error());
+  verify_host_key(known.hosts, path, kinds_text(known_kinds));
+}
 
+void SshSession::verify_host_key(LIBSSH2_KNOWNHOSTS* known, const std::string& path, const std::string& known_kinds) {
+  using Policy = SshOptions::HostKeyPolicy;
   size_t key_length = 0;
   int key_type = 0;
   const char* key = libssh2_session_hostkey(session_, &key_length, &key_type);
@@ -418,7 +427,7 @@ void SshSession::handshake_and_verify() {
   std::lock_guard lock(known_hosts_mutex());
   libssh2_knownhost* found = nullptr;
   int check = libssh2_knownhost_checkp(
-      known.hosts, host_.c_str(), options_.port, key, key_length,
+      known, host_.c_str(), options_.port, key, key_length,
       LIBSSH2_KNOWNHOST_TYPE_PLAIN | LIBSSH2_KNOWNHOST_KEYENC_RAW | kind->knownhost_bit, &found);
   switch (check) {
     case LIBSSH2_KNOWNHOST_CHECK_MATCH: return;
@@ -434,9 +443,8 @@ void SshSession::handshake_and_verify() {
                last_error());
   }
   if (options_.policy == Policy::STRICT) {
-    std::string others = known_kinds.empty()
-                             ? std::string()
-                             : fmt::format(" (it holds only {} key(s) for this host)", kinds_text(known_kinds));
+    std::string others =
+        known_kinds.empty() ? std::string() : fmt::format(" (it holds only {} key(s) for this host)", known_kinds);
     DT_THROW(SshRefusedError,
              "SSH to {}: unknown host key: the server offers {} key {}, which is not in known_hosts file {}{}. "
              "Verify the fingerprint, then add it (ssh-keyscan -p {} -t {} {} >> {}) or use the accept-new host "
@@ -446,12 +454,61 @@ void SshSession::handshake_and_verify() {
   // ACCEPT_NEW: trust on first use, recorded like OpenSSH's StrictHostKeyChecking=accept-new.
   libssh2_knownhost* entry = nullptr;
   int added =
-      libssh2_knownhost_addc(known.hosts, entry_name.c_str(), nullptr, key, key_length, nullptr, 0,
+      libssh2_knownhost_addc(known, entry_name.c_str(), nullptr, key, key_length, nullptr, 0,
                              LIBSSH2_KNOWNHOST_TYPE_PLAIN | LIBSSH2_KNOWNHOST_KEYENC_RAW | kind->knownhost_bit, &entry);
   DT_ENFORCE(added == 0 && entry != nullptr, LaunchError, "SSH to {}: cannot record the new host key: {}", host_,
              last_error());
-  known_hosts_append(known.hosts, entry, path);
+  known_hosts_append(known, entry, path);
   log_info("SSH: added {} host key {} of {} to {}", type_name, fingerprint, entry_name, path);
+}
+
+// One private key file (with its .pub beside it when readable); false and *error when
+// the server refused it.
+bool SshSession::auth_key_file(const std::string& file, std::string* error) {
+  std::string pub = file + ".pub";
+  bool have_pub = ::access(pub.c_str(), R_OK) == 0;
+  int rc = libssh2_userauth_publickey_fromfile_ex(session_, user_.c_str(), static_cast<unsigned>(user_.size()),
+                                                  have_pub ? pub.c_str() : nullptr, file.c_str(), nullptr);
+  if (rc == 0) return true;
+  if (rc == LIBSSH2_ERROR_TIMEOUT)
+    DT_THROW(LaunchError, "SSH to {}: authentication timed out after {} ms", host_, options_.connect_timeout.count());
+  *error = last_error();
+  return false;
+}
+
+// cluster.ssh.identity_file, the only key tried when set: returns authenticated or throws.
+void SshSession::auth_identity_file() {
+  const std::string& file = options_.identity_file;
+  // libssh2 reads the whole file, blocking: a FIFO, /dev/zero or a huge file would hang
+  // it beyond every timeout, so type and size are checked first (a key is a few KiB).
+  const std::string problem = input_file_problem(file, kIdentityFileMaxBytes);
+  if (!problem.empty())
+    DT_THROW(SshRefusedError, "SSH to {}: identity file {} {}: set cluster.ssh.identity_file to a private key file",
+             host_, file, problem);
+  std::string error;
+  if (auth_key_file(file, &error)) return;
+  DT_THROW(SshRefusedError,
+           "SSH to {}: public-key authentication as {} with identity file {} failed: {}. Check that the file is "
+           "an unencrypted private key (load encrypted keys into ssh-agent instead) and that its public key is in "
+           "~{}/.ssh/authorized_keys on {}",
+           host_, user_, file, error, user_, host_);
+}
+
+// ~/.ssh/id_ed25519, id_ecdsa, id_rsa as ssh tries them; each one tried is added to `tried`.
+bool SshSession::auth_default_keys(std::vector<std::string>& tried) {
+  for (const char* name : {"id_ed25519", "id_ecdsa", "id_rsa"}) {
+    std::string file = home_dir() + "/.ssh/" + name;
+    if (::access(file.c_str(), R_OK) != 0) continue;
+    // Checked like an identity file given by name: libssh2 would block reading a FIFO.
+    if (const std::string problem = input_file_problem(file, kIdentityFileMaxBytes); !problem.empty()) {
+      tried.push_back(fmt::format("{} ({})", file, problem));
+      continue;
+    }
+    std::string error;
+    if (auth_key_file(file, &error)) return true;
+    tried.push_back(fmt::format("{} ({})", file, error));
+  }
+  return false;
 }
 
 void SshSession::authenticate() {
@@ -464,33 +521,9 @@ void SshSession::authenticate() {
              "SSH to {}: the server offers only '{}' for user {}; dtrain needs public-key authentication", host_,
              methods, user_);
 
-  auto try_file = [&](const std::string& file, std::string* error) {
-    std::string pub = file + ".pub";
-    bool have_pub = ::access(pub.c_str(), R_OK) == 0;
-    int rc = libssh2_userauth_publickey_fromfile_ex(session_, user_.c_str(), static_cast<unsigned>(user_.size()),
-                                                    have_pub ? pub.c_str() : nullptr, file.c_str(), nullptr);
-    if (rc == 0) return true;
-    if (rc == LIBSSH2_ERROR_TIMEOUT)
-      DT_THROW(LaunchError, "SSH to {}: authentication timed out after {} ms", host_, options_.connect_timeout.count());
-    *error = last_error();
-    return false;
-  };
-
   if (!options_.identity_file.empty()) {
-    const std::string& file = options_.identity_file;
-    // libssh2 reads the whole file, blocking: a FIFO, /dev/zero or a huge file would hang
-    // it beyond every timeout, so type and size are checked first (a key is a few KiB).
-    const std::string problem = input_file_problem(file, kIdentityFileMaxBytes);
-    if (!problem.empty())
-      DT_THROW(SshRefusedError, "SSH to {}: identity file {} {}: set cluster.ssh.identity_file to a private key file",
-               host_, file, problem);
-    std::string error;
-    if (try_file(file, &error)) return;
-    DT_THROW(SshRefusedError,
-             "SSH to {}: public-key authentication as {} with identity file {} failed: {}. Check that the file is "
-             "an unencrypted private key (load encrypted keys into ssh-agent instead) and that its public key is in "
-             "~{}/.ssh/authorized_keys on {}",
-             host_, user_, file, error, user_, host_);
+    auth_identity_file();
+    return;
   }
 
   std::vector<std::string> tried;
@@ -521,18 +554,7 @@ void SshSession::authenticate() {
   } else {
     tried.push_back("ssh-agent (SSH_AUTH_SOCK is not set)");
   }
-  for (const char* name : {"id_ed25519", "id_ecdsa", "id_rsa"}) {
-    std::string file = home_dir() + "/.ssh/" + name;
-    if (::access(file.c_str(), R_OK) != 0) continue;
-    // Checked like an identity file given by name: libssh2 would block reading a FIFO.
-    if (const std::string problem = input_file_problem(file, kIdentityFileMaxBytes); !problem.empty()) {
-      tried.push_back(fmt::format("{} ({})", file, problem));
-      continue;
-    }
-    std::string error;
-    if (try_file(file, &error)) return;
-    tried.push_back(fmt::format("{} ({})", file, error));
-  }
+  if (auth_default_keys(tried)) return;
   std::string list;
   for (const auto& t : tried) list += (list.empty() ? "" : "; ") + t;
   DT_THROW(SshRefusedError,

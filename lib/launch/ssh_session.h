@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace dtrain {
 /// A launch error that retrying cannot fix: the host key does not match or is unknown
@@ -89,7 +90,15 @@ class SshSession {
  private:
   void connect_tcp();
   void handshake_and_verify();
+  // The server's host key against known_hosts under options_.policy; known_kinds: the
+  // key types known_hosts holds for this host ("" = none), for the error message.
+  void verify_host_key(LIBSSH2_KNOWNHOSTS* known, const std::string& path, const std::string& known_kinds);
+  // Public-key authentication: the identity file when set, else ssh-agent, then the
+  // default key files.
   void authenticate();
+  bool auth_key_file(const std::string& file, std::string* error);
+  void auth_identity_file();
+  bool auth_default_keys(std::vector<std::string>& tried);
   static ssize_t recv_hook(libssh2_socket_t socket, void* buffer, size_t length, int flags, void** abstract);
 
   std::string host_;
