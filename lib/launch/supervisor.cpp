@@ -7,12 +7,12 @@
 #include "launch/agent.h"
 #include "launch/host_probe.h"
 #include "launch/membership.h"
+#include "launch/output_router.h"
 #include "config/train_config.h"
 #include "launch/local_spawner.h"
 #include "launch/rank_device.h"
 #include "launch/slurm.h"
 #include "launch/ssh_spawner.h"
-#include "launch/progress.h"
 #include "launch/run_dir.h"
 #include "launch/run_files.h"
 #include "launch/rank_watch.h"
@@ -20,10 +20,8 @@
 #include "launch/round.h"
 #include "rendezvous/store.h"
 #include "report/event.h"
-#include "report/progress_record.h"
 #include "report/status.h"
 #include "report/resource_status.h"
-#include "report/straggler.h"
 
 #include <nlohmann/json.hpp>
 
@@ -58,224 +56,6 @@ std::string expand_home(const std::string& p) {
   const char* home = std::getenv("HOME");
   return path_expand_home(p, home ? home : "");
 }
-
-// Output of all nodes. Terminal: rank 0's stdout as is (the job's own output), every
-// rank's stderr and the agents' own lines with their "[nodeK rankR]" prefix, other
-// ranks' stdout only with tee_all. Files: every line of rank R in logs/rankR.log, the
-// agent's own lines in logs/nodeK.log.
-class OutputRouter {
- public:
-  OutputRouter(const std::string& run_dir, RunFiles& files, bool echo, bool tee_all, double straggler_factor,
-               int straggler_window)
-      : dir_(fs::path(run_dir) / "logs"), files_(files), echo_(echo), tee_all_(tee_all),
-        progress_(::isatty(STDOUT_FILENO) != 0, 0), stragglers_(straggler_factor, straggler_window) {
-    std::error_code ec;
-    fs::create_directories(dir_, ec);
-  }
-
-  // The round's placement, for naming a straggler's host; a new round counts afresh.
-  void set_plan(const Plan& plan, int round) {
-    std::lock_guard<std::mutex> lock(mu_);
-    rank_where_.clear();
-    for (const NodePlan& n : plan.nodes)
-      for (size_t i = 0; i < n.ranks.size(); ++i) rank_where_.emplace_back(n.node_rank, n.host.destination());
-    stragglers_ = report::StragglerDetector(stragglers_.factor(), stragglers_.window());
-    flagged_.clear();
-    progress_.set_flag("");
-    record_warned_ = false;
-    round_ = round;
-  }
-
-  void line(int node, Stream s, std::string_view text) {
-    int rank = -1;
-    std::string_view body = text;
-    if (text.rfind("[node", 0) == 0) {
-      auto r = text.find(" rank");
-      auto close = text.find("] ");
-      if (r != std::string_view::npos && close != std::string_view::npos && r < close) {
-        rank = std::atoi(std::string(text.substr(r + 5, close - r - 5)).c_str());
-        body = text.substr(close + 2);
-      }
-    }
-    // Rank 0's progress records (report/progress_record.h): the live view, the straggler
-    // check and the human line in its log; never shown as they are.
-    std::optional<report::ProgressRecord> rec;
-    std::string record_error;
-    if (rank == 0 && s == Stream::STDOUT) rec = report::progress_record_parse(body, &record_error);
-    if (rank == 0 && s == Stream::STDOUT && !started_ &&
-        (body.rfind("train: ", 0) == 0 || body.rfind("resumed from step ", 0) == 0 || rec))
-      started_ = true;
-    std::lock_guard<std::mutex> lock(mu_);
-    // An agent's own warning or error (e.g. why it cannot reach the store) explains a
-    // node that fails or never heartbeats: kept for the failure message.
-    if (rank < 0 && s == Stream::STDERR &&
-        (text.find("error: ") != std::string_view::npos || text.find("warning: ") != std::string_view::npos))
-      agent_said_[node] = std::string(text);
-    if (rec) {
-      if (!rec->times.compute_ms.empty()) straggler_check(rec->times);
-      files_.append((dir_ / "rank0.log").string(), report::progress_line(*rec) + "\n");
-      if (echo_) {
-        // One redrawn status line on a TTY, plain lines otherwise.
-        std::string shown;
-        progress_.show(*rec, &shown);
-        std::fwrite(shown.data(), 1, shown.size(), stdout);
-        std::fflush(stdout);
-      }
-      return;
-    }
-    // A record this launcher cannot read (another dtrain build on the node, damage): said
-    // once a round; the line itself goes on as any other line.
-    if (!record_error.empty() && !record_warned_) {
-      record_warned_ = true;
-      if (echo_) {
-        end_status_line();
-        print(stderr, "",
-              fmt::format("[dtrain] warning: rank 0 sent a progress record this launcher cannot read: {}; the live "
-                          "view and the straggler check skip such records (the line is kept in logs/rank0.log)",
-                          record_error));
-      }
-    }
-    if (echo_) {
-      if (rank == 0 && s == Stream::STDOUT) {
-        end_status_line();
-        print(stdout, "", body);
-      } else if (rank < 0) {
-        end_status_line();
-        print(stderr, fmt::format("[node{}] ", node), text);
-      } else if (s == Stream::STDERR || tee_all_) {
-        end_status_line();
-        print(s == Stream::STDOUT ? stdout : stderr, "", text);
-      }
-    }
-    std::string file = rank >= 0 ? fmt::format("rank{}.log", rank) : fmt::format("node{}.log", node);
-    std::string record(body);
-    record.push_back('\n');
-    files_.append((dir_ / file).string(), record);
-  }
-
-  // True once, the first time it is asked after rank 0 reported that training started
-  // (or always_now: the round succeeded). Supervising thread only.
-  bool take_started(bool always_now = false) {
-    if (started_taken_ || !(always_now || started_)) return false;
-    started_taken_ = true;
-    return true;
-  }
-
-  // The last warning/error line node k's agent printed ("" when none).
-  std::string agent_said(int node) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = agent_said_.find(node);
-    return it == agent_said_.end() ? "" : it->second;
-  }
-
-  void set_restarts(int restarts) {
-    std::lock_guard<std::mutex> lock(mu_);
-    agent_said_.clear();  // a new round: the previous agents' words no longer apply
-    progress_.set_restarts(restarts);
-  }
-
-  // Events (stragglers flagged or recovered) for the supervising thread to record.
-  std::vector<report::Event> take_events() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return std::exchange(events_, {});
-  }
-
-  // The live view's resource lines: one compact line per node from the ranks' monitors.
-  void resource_lines(const std::vector<std::string>& lines) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!echo_ || lines.empty()) return;
-    end_status_line();
-    for (const auto& l : lines) print(stdout, "", "[resources] " + l);
-  }
-
-  // An alert the launcher raised from every rank's samples (network_idle).
-  void resource_alert(const report::Event& ev) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!echo_) return;
-    end_status_line();
-    print(stderr, "",
-          fmt::format("[resources] alert {} on node{} {}: {}", ev.detail.value("alert", ""), ev.node.value_or(-1),
-                      ev.host.value_or("?"), ev.why.value_or("")));
-  }
-
-  // Other output must start on a fresh line when a redrawn status line is open.
-  void end_status_line() {
-    std::string nl = progress_.interrupt();
-    if (!nl.empty()) {
-      std::fwrite(nl.data(), 1, nl.size(), stdout);
-      std::fflush(stdout);
-    }
-  }
-
- private:
-  static void print(std::FILE* f, const std::string& prefix, std::string_view text) {
-    std::fwrite(prefix.data(), 1, prefix.size(), f);
-    std::fwrite(text.data(), 1, text.size(), f);
-    std::fputc('\n', f);
-    std::fflush(f);
-  }
-
-  // Under mu_. A rank flagged (or no longer flagged) by the straggler rule: one line on
-  // the terminal naming its host, a mark on the live progress line, an event.
-  void straggler_check(const report::RankTimes& t) {
-    const auto& now = stragglers_.add(t.compute_ms, t.comm_ms);
-    std::map<int, report::Straggler> cur;
-    for (const auto& x : now) cur[x.rank] = x;
-    std::string flag;
-    for (const auto& [r, x] : cur) {
-      const auto [node, host] = r < static_cast<int>(rank_where_.size()) ? rank_where_[static_cast<size_t>(r)]
-                                                                         : std::pair<int, std::string>{-1, "?"};
-      if (!flag.empty()) flag += ", ";
-      flag += fmt::format("rank {} ({}) {:.1f}x", r, host, x.ratio);
-      if (flagged_.count(r)) continue;
-      const std::string msg = fmt::format(
-          "straggler: rank {} on {} (node {}) computes {:.1f} ms per step, {:.1f}x the median rank's {:.1f} ms, for {} "
-          "progress records in a row (fault_tolerance.straggler_factor {:g}, straggler_window {}); its peers wait for "
-          "it in every collective",
-          r, host, node, x.compute_ms, x.ratio, x.median_ms, x.records, stragglers_.factor(), stragglers_.window());
-      if (echo_) {
-        end_status_line();
-        print(stderr, "", "[dtrain] warning: " + msg);
-      }
-      events_.push_back(
-          {.kind = report::EventKind::STRAGGLER,
-           .round = round_,
-           .node = node >= 0 ? std::optional<int>(node) : std::nullopt,
-           .host = host,
-           .detail = {{"rank", r}, {"compute_ms", x.compute_ms}, {"median_ms", x.median_ms}, {"ratio", x.ratio}}});
-    }
-    for (const auto& [r, x] : flagged_)
-      if (!cur.count(r)) {
-        const std::string host =
-            r < static_cast<int>(rank_where_.size()) ? rank_where_[static_cast<size_t>(r)].second : "?";
-        if (echo_) {
-          end_status_line();
-          print(stderr, "",
-                fmt::format("[dtrain] straggler: rank {} on {} is no longer slower than {:g}x the median", r, host,
-                            stragglers_.factor()));
-        }
-        events_.push_back(
-            {.kind = report::EventKind::STRAGGLER_RECOVERED, .round = round_, .host = host, .detail = {{"rank", r}}});
-      }
-    flagged_ = std::move(cur);
-    progress_.set_flag(flag.empty() ? "" : "straggler " + flag);
-  }
-
-  fs::path dir_;
-  RunFiles& files_;
-  bool echo_, tee_all_;
-  ProgressView progress_;
-  report::StragglerDetector stragglers_;
-  std::vector<std::pair<int, std::string>> rank_where_;  // by global rank: node, host
-  std::map<int, report::Straggler> flagged_;
-  bool record_warned_ = false;  // this round's unreadable progress record was reported
-  std::vector<report::Event> events_;
-  int round_ = 0;
-  std::mutex mu_;
-  std::map<int, std::string> agent_said_;
-  std::atomic<bool> started_{false};
-  bool started_taken_ = false;
-};
 
 // " (its agent said: ...)" when the agent printed a warning or error, else "".
 std::string agent_said_suffix(const std::string& said) {
@@ -511,12 +291,10 @@ void round_stop(const Job& job, std::vector<std::unique_ptr<Process>>& agents, c
   write_nodes(job, files, job.spec.round, health);
 }
 
-RoundResult run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreClient& store,
-                      const std::string& token, const SupervisorOptions& opts, OutputRouter& out, RunFiles& files,
-                      HostProbe* probe, const Membership& members) {
-  const auto& ft = job.cfg.fault_tolerance;
+// The watch's limits from fault_tolerance and the SSH connect timeout.
+RoundWatchLimits round_watch_limits(const Job& job) {
   RoundWatchLimits watch_limits;
-  watch_limits.heartbeat_timeout = seconds_ms(ft.heartbeat_timeout);
+  watch_limits.heartbeat_timeout = seconds_ms(job.cfg.fault_tolerance.heartbeat_timeout);
   // Grace before the first heartbeat: SSH connect plus agent start.
   // Grace before the first heartbeat: SSH connect plus process start, which is not a
   // heartbeat interval: a binary and its libraries loaded from a cold shared filesystem,
@@ -524,6 +302,91 @@ RoundResult run_round(Job& job, rendezvous::StoreServer& server, rendezvous::Sto
   // A short heartbeat_timeout is for noticing a running node that went silent.
   watch_limits.first_beat_grace = seconds_ms(job.cfg.cluster.ssh.connect_timeout) +
                                   std::max<std::chrono::milliseconds>(watch_limits.heartbeat_timeout, kFirstBeatFloor);
+  return watch_limits;
+}
+
+RankWatchLimits rank_watch_limits(const Job& job, const RoundWatchLimits& watch_limits) {
+  const auto& ft = job.cfg.fault_tolerance;
+  RankWatchLimits limits;
+  limits.heartbeat_interval = seconds_ms(ft.heartbeat_interval);
+  limits.heartbeat_timeout = watch_limits.heartbeat_timeout;
+  limits.step_timeout = seconds_ms(ft.step_timeout);
+  limits.first_beat_grace = watch_limits.first_beat_grace;
+  return limits;
+}
+
+// Observe: a signal, the agents' exits, heartbeats (server clock), the ranks.
+void round_observe(RoundObservation& obs, std::vector<bool>& done, const std::vector<std::unique_ptr<Process>>& agents,
+                   const rendezvous::StoreServer& server, const std::string& prefix, RankWatch& rank_watch,
+                   const SupervisorOptions& opts) {
+  const int n = static_cast<int>(agents.size());
+  obs.now = Clock::now();
+  obs.interrupted = opts.interrupted ? opts.interrupted->load() : 0;
+  for (int k = 0; k < n; ++k) {
+    NodeObservation& o = obs.nodes[static_cast<size_t>(k)];
+    if (!o.exit && (o.exit = agents[k]->wait_for(0ms))) o.exit_seen_at = obs.now;
+    done[k] = o.exit && o.exit->success();
+  }
+  const auto beats = server.heartbeats(prefix + "hb/");
+  for (int k = 0; k < n; ++k) {
+    auto it = beats.find(fmt::format("node{}", k));
+    obs.nodes[static_cast<size_t>(k)].last_beat =
+        it == beats.end() ? std::nullopt : std::optional<Clock::time_point>(it->second);
+  }
+  obs.rank_hang = rank_watch.check(rank_watch_snapshot(server, prefix), obs.now, done);
+}
+
+// Every agent succeeded: the round's last events, nodes.json, and whether the ranks
+// stopped at a checkpoint because a host passed the probe again (RESIZED).
+RoundResult round_succeeded(const Job& job, rendezvous::StoreClient& store, const std::string& prefix,
+                            const SupervisorOptions& opts, OutputRouter& out, RunFiles& files,
+                            ResourceView& resource_view, RejoinProber* rejoin) {
+  const int n = static_cast<int>(job.plan.nodes.size());
+  RoundResult result;
+  if (opts.on_started && out.take_started(true)) opts.on_started();
+  for (auto& ev : out.take_events()) files.event(ev);
+  for (const auto& ev : resource_view.drain()) files.event(ev);
+  std::vector<report::NodeHealth> health;
+  for (int k = 0; k < n; ++k) health.push_back({k, job.plan.nodes[k].host.destination(), -1.0, "done"});
+  write_nodes(job, files, job.spec.round, health);
+  // Ranks that stopped at a checkpoint because a host passed the probe again.
+  try {
+    if (store.check({prefix + kElasticStoppedKey})) {
+      result.end = RoundEnd::RESIZED;
+      result.resized_at_step = std::atoll(store.get(prefix + kElasticStoppedKey, 1000ms).c_str());
+      result.resized_for = rejoin ? rejoin->asked() : "";
+    }
+  } catch (const Error&) {
+  }
+  return result;
+}
+
+// The live view's resource lines and the alerts raised from them, with their events.
+void round_show_resources(const ResourceView::Update& seen, OutputRouter& out, RunFiles& files) {
+  if (seen.lines.empty() && seen.copied.empty()) return;
+  out.resource_lines(seen.lines);
+  for (const auto& ev : seen.copied) files.event(ev);
+  for (const auto& ev : seen.raised) {
+    out.resource_alert(ev);
+    files.event(ev);
+  }
+}
+
+// For `dtrain status`: each node's last heartbeat age and state.
+void write_nodes_running(const Job& job, RunFiles& files, const RoundObservation& obs, const std::vector<bool>& done) {
+  std::vector<report::NodeHealth> health;
+  for (int k = 0; k < static_cast<int>(obs.nodes.size()); ++k) {
+    const auto& beat = obs.nodes[static_cast<size_t>(k)].last_beat;
+    const double age = beat ? std::chrono::duration<double>(obs.now - *beat).count() : -1.0;
+    health.push_back({k, job.plan.nodes[k].host.destination(), age, done[k] ? "done" : beat ? "running" : "starting"});
+  }
+  write_nodes(job, files, job.spec.round, health);
+}
+
+RoundResult run_round(Job& job, rendezvous::StoreServer& server, rendezvous::StoreClient& store,
+                      const std::string& token, const SupervisorOptions& opts, OutputRouter& out, RunFiles& files,
+                      HostProbe* probe, const Membership& members) {
+  const RoundWatchLimits watch_limits = round_watch_limits(job);
   const int round = job.spec.round;
   const std::string prefix = rendezvous::store_prefix(job.spec.job_id, round);
   const int n = static_cast<int>(job.plan.nodes.size());
@@ -536,11 +399,7 @@ RoundResult run_round(Job& job, rendezvous::StoreServer& server, rendezvous::Sto
   auto& agents = started_agents.agents;
   std::optional<NodeFailure> fail = std::move(started_agents.failure);
 
-  RankWatchLimits limits;
-  limits.heartbeat_interval = seconds_ms(ft.heartbeat_interval);
-  limits.heartbeat_timeout = watch_limits.heartbeat_timeout;
-  limits.step_timeout = seconds_ms(ft.step_timeout);
-  limits.first_beat_grace = watch_limits.first_beat_grace;
+  const RankWatchLimits limits = rank_watch_limits(job, watch_limits);
   RankWatch rank_watch(job.plan, limits);
   std::optional<RejoinProber> rejoin;
   if (!fail) rejoin.emplace(probe, members, job.cfg.elastic.probe_interval, store, prefix + kElasticGrowKey);
@@ -551,43 +410,11 @@ RoundResult run_round(Job& job, rendezvous::StoreServer& server, rendezvous::Sto
   obs.nodes.resize(static_cast<size_t>(n));
   auto last_nodes_write = obs.started - 10s;
   std::vector<bool> done(n, false);
-  RoundResult result;
   while (!fail) {
-    // Observe: a signal, the agents' exits, heartbeats (server clock), the ranks.
-    obs.now = Clock::now();
-    obs.interrupted = opts.interrupted ? opts.interrupted->load() : 0;
-    for (int k = 0; k < n; ++k) {
-      NodeObservation& o = obs.nodes[static_cast<size_t>(k)];
-      if (!o.exit && (o.exit = agents[k]->wait_for(0ms))) o.exit_seen_at = obs.now;
-      done[k] = o.exit && o.exit->success();
-    }
-    const auto beats = server.heartbeats(prefix + "hb/");
-    for (int k = 0; k < n; ++k) {
-      auto it = beats.find(fmt::format("node{}", k));
-      obs.nodes[static_cast<size_t>(k)].last_beat =
-          it == beats.end() ? std::nullopt : std::optional<Clock::time_point>(it->second);
-    }
-    obs.rank_hang = rank_watch.check(rank_watch_snapshot(server, prefix), obs.now, done);
-
+    round_observe(obs, done, agents, server, prefix, rank_watch, opts);
     const RoundVerdict v = round_watch(obs, watch_limits);
-    if (v.kind == RoundVerdict::Kind::SUCCEEDED) {
-      if (opts.on_started && out.take_started(true)) opts.on_started();
-      for (auto& ev : out.take_events()) files.event(ev);
-      for (const auto& ev : resource_view.drain()) files.event(ev);
-      std::vector<report::NodeHealth> health;
-      for (int k = 0; k < n; ++k) health.push_back({k, job.plan.nodes[k].host.destination(), -1.0, "done"});
-      write_nodes(job, files, round, health);
-      // Ranks that stopped at a checkpoint because a host passed the probe again.
-      try {
-        if (store.check({prefix + kElasticStoppedKey})) {
-          result.end = RoundEnd::RESIZED;
-          result.resized_at_step = std::atoll(store.get(prefix + kElasticStoppedKey, 1000ms).c_str());
-          result.resized_for = rejoin ? rejoin->asked() : "";
-        }
-      } catch (const Error&) {
-      }
-      return result;
-    }
+    if (v.kind == RoundVerdict::Kind::SUCCEEDED)
+      return round_succeeded(job, store, prefix, opts, out, files, resource_view, rejoin ? &*rejoin : nullptr);
     if (v.kind != RoundVerdict::Kind::WATCH) {
       fail = round_failure(job, v, store, prefix, out, limits, watch_limits.first_beat_grace);
       break;
@@ -596,32 +423,17 @@ RoundResult run_round(Job& job, rendezvous::StoreServer& server, rendezvous::Sto
     for (auto& ev : out.take_events()) files.event(ev);
     if (rejoin && rejoin_logged.empty() && !(rejoin_logged = rejoin->asked()).empty())
       log_info("{} passed the probe again: the ranks stop at their next checkpoint and the job regrows", rejoin_logged);
-    if (auto seen = resource_view.poll(obs.now); !seen.lines.empty() || !seen.copied.empty()) {
-      out.resource_lines(seen.lines);
-      for (const auto& ev : seen.copied) files.event(ev);
-      for (const auto& ev : seen.raised) {
-        out.resource_alert(ev);
-        files.event(ev);
-      }
-    }
+    round_show_resources(resource_view.poll(obs.now), out, files);
     if (obs.now - last_nodes_write > 1000ms) {
-      // For `dtrain status`: each node's last heartbeat age, refreshed every second.
+      // Refreshed every second.
       last_nodes_write = obs.now;
-      std::vector<report::NodeHealth> health;
-      for (int k = 0; k < n; ++k) {
-        const auto& beat = obs.nodes[static_cast<size_t>(k)].last_beat;
-        const double age = beat ? std::chrono::duration<double>(obs.now - *beat).count() : -1.0;
-        health.push_back({k, job.plan.nodes[k].host.destination(), age,
-                          done[k] ? "done"
-                          : beat  ? "running"
-                                  : "starting"});
-      }
-      write_nodes(job, files, round, health);
+      write_nodes_running(job, files, obs, done);
     }
     std::this_thread::sleep_for(50ms);
   }
   round_stop(job, agents, done, fail, store, prefix, files);
   for (const auto& ev : resource_view.drain()) files.event(ev);  // before the failure record
+  RoundResult result;
   result.end = fail->kind == NodeFailure::Kind::INTERRUPT ? RoundEnd::INTERRUPTED : RoundEnd::FAILED;
   result.failure = std::move(fail);
   return result;
@@ -630,6 +442,7 @@ RoundResult run_round(Job& job, rendezvous::StoreServer& server, rendezvous::Sto
 }  // namespace
 
 // ---------------------------------------------------------------------------
+// The node spawners (node_spawner.h)
 
 SshOptions ssh_options_from_config(const config::SshConfig& c) {
   SshOptions o;
