@@ -23,10 +23,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
 #include <fstream>
-#include <mutex>
 #include <thread>
 
 extern char** environ;
@@ -154,271 +152,308 @@ bool group_has_live_members(pid_t pgid) {
 }
 
 // ---------------------------------------------------------------------------
+// ChildPipes
+
+// The child's three pipes, on the reader thread: stdin fed from a buffer (closed once
+// written when asked), stdout and stderr read into lines until EOF.
+class ChildPipes {
+ public:
+  ChildPipes(UniqueFd in, UniqueFd out, UniqueFd err, std::string stdin_data, LineCallback callback)
+      : in_(std::move(in)), out_(std::move(out)), err_(std::move(err)), stdin_buf_(std::move(stdin_data)),
+        callback_(std::move(callback)), out_lines_(Stream::STDOUT, callback_), err_lines_(Stream::STDERR, callback_) {}
+
+  bool stdin_open() const { return in_.valid(); }
+  bool output_open() const { return out_.valid() || err_.valid(); }
+  void close_stdin_when_written() {
+    if (stdin_buf_.empty()) in_.reset();
+  }
+  // Appends the poll() entries of the pipes that can move now to fds[n...]; the new n.
+  int poll_fds(pollfd* fds, int n);
+  // Reads and writes what poll() found ready in the entries poll_fds added.
+  void on_ready(const pollfd* fds);
+  void write_stdin();
+  // Whatever the child wrote before it ended. A bounded drain: a grandchild may keep writing.
+  void drain();
+  // The end of both streams: partial last lines are delivered.
+  void finish() {
+    out_lines_.finish();
+    err_lines_.finish();
+  }
+
+ private:
+  // One read; false at EOF (fd closed, partial line delivered) or when nothing is ready.
+  bool read_some(UniqueFd& fd, LineSplitter& lines);
+
+  UniqueFd in_, out_, err_;
+  std::string stdin_buf_;
+  LineCallback callback_;
+  LineSplitter out_lines_, err_lines_;
+  int out_idx_ = -1, err_idx_ = -1, in_idx_ = -1;  // in the last poll_fds
+};
+
+int ChildPipes::poll_fds(pollfd* fds, int n) {
+  out_idx_ = err_idx_ = in_idx_ = -1;
+  if (out_.valid()) out_idx_ = n, fds[n++] = {out_.get(), POLLIN, 0};
+  if (err_.valid()) err_idx_ = n, fds[n++] = {err_.get(), POLLIN, 0};
+  if (in_.valid() && !stdin_buf_.empty()) in_idx_ = n, fds[n++] = {in_.get(), POLLOUT, 0};
+  return n;
+}
+
+void ChildPipes::on_ready(const pollfd* fds) {
+  if (out_idx_ >= 0 && fds[out_idx_].revents) read_some(out_, out_lines_);
+  if (err_idx_ >= 0 && fds[err_idx_].revents) read_some(err_, err_lines_);
+  if (in_idx_ >= 0 && fds[in_idx_].revents) write_stdin();
+}
+
+void ChildPipes::drain() {
+  for (int i = 0; i < 64 && out_.valid() && read_some(out_, out_lines_); ++i) {
+  }
+  for (int i = 0; i < 64 && err_.valid() && read_some(err_, err_lines_); ++i) {
+  }
+}
+
+bool ChildPipes::read_some(UniqueFd& fd, LineSplitter& lines) {
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n > 0) {
+      lines.feed(std::string_view(buf, static_cast<std::size_t>(n)));
+      return true;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
+    lines.finish();  // EOF, or an error that ends the stream the same way
+    fd.reset();
+    return false;
+  }
+}
+
+void ChildPipes::write_stdin() {
+  while (!stdin_buf_.empty()) {
+    ssize_t n = ::write(in_.get(), stdin_buf_.data(), stdin_buf_.size());
+    if (n > 0) {
+      stdin_buf_.erase(0, static_cast<std::size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    // EPIPE: the child closed its stdin; what it did not read is dropped.
+    detail::discard_pending_sigpipe();
+    stdin_buf_.clear();
+    in_.reset();
+    return;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// ChildGroup
+
+// The child and, when it leads its own process group, the group's members: signals,
+// reaping and the terminate sequence. The leader is reaped under the state's mutex and
+// signalled under it, so a signal never reaches a reused pid.
+class ChildGroup {
+ public:
+  ChildGroup(pid_t pid, bool own_group, detail::ProcessState& state)
+      : pid_(pid), own_group_(own_group), state_(state) {}
+
+  pid_t pid() const { return pid_; }
+  bool own_group() const { return own_group_; }
+  bool has_live_members() const { return own_group_ && group_has_live_members(pid_); }
+
+  // SIGTERM (and SIGCONT), SIGKILL after `grace`; returns once the group is gone (or
+  // after warning that a member outlived SIGKILL by 10 s).
+  void terminate(std::chrono::milliseconds grace, const std::string& where);
+  // The leader's status once it is reaped (then it is the caller's to publish).
+  std::optional<ExitStatus> reap_leader();
+  // Reaps group members re-parented to this process (see spawner_become_subreaper).
+  // Only after the leader is reaped, so its status is never taken here.
+  void reap_orphans();
+
+ private:
+  // The child has been reaped and, with its own group, no member of the group runs.
+  bool finished();
+  bool wait_finished(Clock::time_point deadline);
+  void send_signal(int sig);
+  // Members that died a moment ago may still be zombies on their way to this process
+  // (re-parenting after their parent's exit is not instant): reap them for a bounded
+  // while, so the group is gone when terminate() returns, not merely dead.
+  void reap_tail();
+
+  const pid_t pid_;
+  const bool own_group_;
+  detail::ProcessState& state_;
+};
+
+void ChildGroup::terminate(std::chrono::milliseconds grace, const std::string& where) {
+  if (finished()) return;
+  send_signal(SIGTERM);
+  // A stopped process (SIGSTOP, a debugger, a hung-rank test) acts on SIGTERM only once
+  // continued, as systemd does it; otherwise it would sit out the grace and need SIGKILL.
+  send_signal(SIGCONT);
+  if (!wait_finished(Clock::now() + grace)) {
+    send_signal(SIGKILL);
+    // SIGKILL cannot be caught; only a process stuck in the kernel (D state) outlives it.
+    if (!wait_finished(Clock::now() + std::chrono::seconds(10)))
+      log_warn("{} still has live processes 10 s after SIGKILL", where);
+  }
+  reap_tail();
+}
+
+std::optional<ExitStatus> ChildGroup::reap_leader() {
+  int ws = 0;
+  pid_t r = 0;
+  const bool reaped = state_.with_status([&](const std::optional<ExitStatus>&) {
+    do r = ::waitpid(pid_, &ws, WNOHANG);
+    while (r < 0 && errno == EINTR);
+    return r != 0;
+  });
+  if (!reaped) return std::nullopt;
+  if (r == pid_) return status_from_wait(ws);
+  ExitStatus status;
+  status.exited = true;
+  status.code = 255;
+  status.detail = "exit status unavailable: the child was reaped elsewhere (is SIGCHLD ignored?)";
+  return status;
+}
+
+void ChildGroup::reap_orphans() {
+  if (!own_group_ || state_.running()) return;
+  int ws;
+  while (::waitpid(-pid_, &ws, WNOHANG) > 0) {
+  }
+}
+
+bool ChildGroup::finished() {
+  if (state_.running()) return false;
+  if (!own_group_) return true;
+  reap_orphans();
+  return !group_has_live_members(pid_);
+}
+
+bool ChildGroup::wait_finished(Clock::time_point deadline) {
+  while (!finished()) {
+    if (Clock::now() >= deadline) return false;
+    state_.wait_notified(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+void ChildGroup::send_signal(int sig) {
+  state_.with_status([&](const std::optional<ExitStatus>& status) {
+    if (own_group_) {
+      // The group id stays reserved while any member exists, so this reaches only it.
+      ::kill(-pid_, sig);
+    } else if (!status) {
+      ::kill(pid_, sig);
+    }
+  });
+}
+
+void ChildGroup::reap_tail() {
+  if (!own_group_) return;
+  for (int i = 0; i < 200 && ::kill(-pid_, 0) == 0; ++i) {
+    reap_orphans();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+// ---------------------------------------------------------------------------
 // LocalProcessImpl
 
 class LocalProcessImpl final : public LocalProcess {
  public:
   LocalProcessImpl(pid_t pid, bool own_group, UniqueFd in, UniqueFd out, UniqueFd err, std::string stdin_data,
                    LineCallback callback)
-      : pid_(pid), own_group_(own_group), in_(std::move(in)), out_(std::move(out)), err_(std::move(err)),
-        stdin_buf_(std::move(stdin_data)), callback_(std::move(callback)) {
-    int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
+      : group_(pid, own_group, state_),
+        pipes_(std::move(in), std::move(out), std::move(err), std::move(stdin_data), std::move(callback)) {
+    int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
     if (pidfd >= 0) pidfd_.reset(pidfd);  // else: kernels < 5.3, the thread polls waitpid
     thread_ = std::thread([this] { run(); });
   }
 
   ~LocalProcessImpl() override {
-    if (running() || (own_group_ && group_has_live_members(pid_))) terminate(default_grace);
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
-    }
-    wake_.notify();
+    if (running() || group_.has_live_members()) terminate(default_grace);
+    state_.request_stop();
     thread_.join();
-    reap_group_orphans();
-    std::lock_guard lock(mu_);
-    if (!status_) log_warn("{} did not end after SIGKILL; leaving it behind", where());
+    group_.reap_orphans();
+    if (state_.running()) log_warn("{} did not end after SIGKILL; leaving it behind", where());
   }
 
-  int pid() const override { return pid_; }
-  int pgid() const override { return own_group_ ? pid_ : -1; }
-
-  bool running() override {
-    std::lock_guard lock(mu_);
-    return !status_;
-  }
-
-  std::optional<ExitStatus> wait_for(std::chrono::milliseconds timeout) override {
-    std::unique_lock lock(mu_);
-    cv_.wait_for(lock, timeout, [&] { return status_.has_value(); });
-    return status_;
-  }
-
-  void terminate(std::chrono::milliseconds grace) override {
-    if (finished()) return;
-    send_signal(SIGTERM);
-    // A stopped process (SIGSTOP, a debugger, a hung-rank test) acts on SIGTERM only once
-    // continued, as systemd does it; otherwise it would sit out the grace and need SIGKILL.
-    send_signal(SIGCONT);
-    if (!wait_finished(Clock::now() + grace)) {
-      send_signal(SIGKILL);
-      // SIGKILL cannot be caught; only a process stuck in the kernel (D state) outlives it.
-      if (!wait_finished(Clock::now() + std::chrono::seconds(10)))
-        log_warn("{} still has live processes 10 s after SIGKILL", where());
-    }
-    reap_group_tail();
-  }
-
-  void close_stdin() override {
-    {
-      std::lock_guard lock(mu_);
-      close_stdin_requested_ = true;
-    }
-    wake_.notify();
-  }
-
-  std::string where() const override { return fmt::format("localhost pid {}", pid_); }
+  int pid() const override { return group_.pid(); }
+  int pgid() const override { return group_.own_group() ? group_.pid() : -1; }
+  bool running() override { return state_.running(); }
+  std::optional<ExitStatus> wait_for(std::chrono::milliseconds timeout) override { return state_.wait_for(timeout); }
+  void terminate(std::chrono::milliseconds grace) override { group_.terminate(grace, where()); }
+  void close_stdin() override { state_.request_close_stdin(); }
+  std::string where() const override { return fmt::format("localhost pid {}", group_.pid()); }
 
  private:
-  // The child has been reaped and, with its own group, no member of the group runs.
-  bool finished() {
-    {
-      std::lock_guard lock(mu_);
-      if (!status_) return false;
-    }
-    if (!own_group_) return true;
-    reap_group_orphans();
-    return !group_has_live_members(pid_);
-  }
-
-  bool wait_finished(Clock::time_point deadline) {
-    while (!finished()) {
-      if (Clock::now() >= deadline) return false;
-      std::unique_lock lock(mu_);
-      cv_.wait_for(lock, std::chrono::milliseconds(10));
-    }
-    return true;
-  }
-
-  void send_signal(int sig) {
-    std::lock_guard lock(mu_);  // reaping happens under mu_, so pid_ cannot be reused here
-    if (own_group_) {
-      // The group id stays reserved while any member exists, so this reaches only it.
-      ::kill(-pid_, sig);
-    } else if (!status_) {
-      ::kill(pid_, sig);
-    }
-  }
-
-  // Members that died a moment ago may still be zombies on their way to this process
-  // (re-parenting after their parent's exit is not instant): reap them for a bounded
-  // while, so the group is gone when terminate() returns, not merely dead.
-  void reap_group_tail() {
-    if (!own_group_) return;
-    for (int i = 0; i < 200 && ::kill(-pid_, 0) == 0; ++i) {
-      reap_group_orphans();
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-  }
-
-  // Reaps group members re-parented to this process (see spawner_become_subreaper).
-  // Only after the leader is reaped, so its status is never taken here.
-  void reap_group_orphans() {
-    if (!own_group_) return;
-    {
-      std::lock_guard lock(mu_);
-      if (!status_) return;
-    }
-    int ws;
-    while (::waitpid(-pid_, &ws, WNOHANG) > 0) {
-    }
-  }
-
   // Tries to reap the leader; true once it is reaped (status published).
-  bool try_reap(LineSplitter& out_lines, LineSplitter& err_lines) {
-    int ws = 0;
-    pid_t r;
-    {
-      std::lock_guard lock(mu_);
-      do r = ::waitpid(pid_, &ws, WNOHANG);
-      while (r < 0 && errno == EINTR);
-      if (r == 0) return false;
-    }
-    ExitStatus status;
-    if (r == pid_) {
-      status = status_from_wait(ws);
-    } else {
-      status.exited = true;
-      status.code = 255;
-      status.detail = "exit status unavailable: the child was reaped elsewhere (is SIGCHLD ignored?)";
-    }
+  bool try_reap() {
+    std::optional<ExitStatus> status = group_.reap_leader();
+    if (!status) return false;
     // Whatever the child wrote is in the pipes now; deliver it before the status so
-    // wait_for() callers have every line. A bounded drain: a grandchild may keep writing.
-    for (int i = 0; i < 64 && out_.valid() && read_some(out_, out_lines); ++i) {
-    }
-    for (int i = 0; i < 64 && err_.valid() && read_some(err_, err_lines); ++i) {
-    }
-    {
-      std::lock_guard lock(mu_);
-      status_ = status;
-    }
-    cv_.notify_all();
-    reap_group_orphans();
+    // wait_for() callers have every line.
+    pipes_.drain();
+    state_.finish(*status);
+    group_.reap_orphans();
     return true;
   }
 
-  // One read; false at EOF (fd closed, partial line delivered) or when nothing is ready.
-  bool read_some(UniqueFd& fd, LineSplitter& lines) {
-    char buf[65536];
-    for (;;) {
-      ssize_t n = ::read(fd.get(), buf, sizeof buf);
-      if (n > 0) {
-        lines.feed(std::string_view(buf, static_cast<std::size_t>(n)));
-        return true;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
-      lines.finish();  // EOF, or an error that ends the stream the same way
-      fd.reset();
-      return false;
-    }
-  }
+  void run();
 
-  void write_stdin() {
-    while (!stdin_buf_.empty()) {
-      ssize_t n = ::write(in_.get(), stdin_buf_.data(), stdin_buf_.size());
-      if (n > 0) {
-        stdin_buf_.erase(0, static_cast<std::size_t>(n));
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-      // EPIPE: the child closed its stdin; what it did not read is dropped.
-      detail::discard_pending_sigpipe();
-      stdin_buf_.clear();
-      in_.reset();
-      return;
-    }
-  }
-
-  void run() {
-    detail::block_sigpipe_in_this_thread();
-    LineSplitter out_lines(Stream::STDOUT, callback_);
-    LineSplitter err_lines(Stream::STDERR, callback_);
-    bool reaped = false;
-    if (in_.valid()) write_stdin();
-    for (;;) {
-      bool close_requested;
-      {
-        std::lock_guard lock(mu_);
-        if (stop_) break;
-        close_requested = close_stdin_requested_;
-      }
-      if (close_requested && stdin_buf_.empty()) in_.reset();
-      if (reaped && !out_.valid() && !err_.valid()) break;
-
-      pollfd fds[5];
-      int n = 0;
-      fds[n++] = {wake_.fd(), POLLIN, 0};
-      int pid_idx = -1, out_idx = -1, err_idx = -1, in_idx = -1;
-      if (!reaped && pidfd_.valid()) pid_idx = n, fds[n++] = {pidfd_.get(), POLLIN, 0};
-      if (out_.valid()) out_idx = n, fds[n++] = {out_.get(), POLLIN, 0};
-      if (err_.valid()) err_idx = n, fds[n++] = {err_.get(), POLLIN, 0};
-      if (in_.valid() && !stdin_buf_.empty()) in_idx = n, fds[n++] = {in_.get(), POLLOUT, 0};
-      // Without a pidfd the child is polled; after the leader is gone, group orphans
-      // (whose exit no fd reports) are reaped now and then while the pipes stay open.
-      int timeout = -1;
-      if (!reaped && !pidfd_.valid()) timeout = 50;
-      if (reaped && own_group_) timeout = 200;
-      int r = ::poll(fds, static_cast<nfds_t>(n), timeout);
-      if (r < 0 && errno != EINTR) {
-        log_error("{}: poll failed: {}", where(), std::strerror(errno));
-        break;
-      }
-      if (r > 0 && (fds[0].revents & POLLIN)) wake_.drain();
-      if (out_idx >= 0 && fds[out_idx].revents) read_some(out_, out_lines);
-      if (err_idx >= 0 && fds[err_idx].revents) read_some(err_, err_lines);
-      if (in_idx >= 0 && fds[in_idx].revents) write_stdin();
-      if (!reaped && (pid_idx < 0 || fds[pid_idx].revents)) reaped = try_reap(out_lines, err_lines);
-      if (reaped && r == 0) reap_group_orphans();
-    }
-    out_lines.finish();
-    err_lines.finish();
-    if (!reaped) try_reap(out_lines, err_lines);
-  }
-
-  const pid_t pid_;
-  const bool own_group_;
+  detail::ProcessState state_;
+  ChildGroup group_;
   UniqueFd pidfd_;
-  UniqueFd in_, out_, err_;  // owned by the reader thread once it runs
-  std::string stdin_buf_;    // reader thread only
-  LineCallback callback_;
-  detail::Wakeup wake_;
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::optional<ExitStatus> status_;
-  bool close_stdin_requested_ = false;
-  bool stop_ = false;
-
+  ChildPipes pipes_;    // owned by the reader thread once it runs
   std::thread thread_;  // last: starts after every member above is constructed
 };
+
+void LocalProcessImpl::run() {
+  detail::block_sigpipe_in_this_thread();
+  bool reaped = false;
+  if (pipes_.stdin_open()) pipes_.write_stdin();
+  for (;;) {
+    const detail::ProcessState::Requests req = state_.requests();
+    if (req.stop) break;
+    if (req.close_stdin) pipes_.close_stdin_when_written();
+    if (reaped && !pipes_.output_open()) break;
+
+    pollfd fds[5];
+    int n = 0;
+    fds[n++] = {state_.wake_fd(), POLLIN, 0};
+    int pid_idx = -1;
+    if (!reaped && pidfd_.valid()) pid_idx = n, fds[n++] = {pidfd_.get(), POLLIN, 0};
+    n = pipes_.poll_fds(fds, n);
+    // Without a pidfd the child is polled; after the leader is gone, group orphans
+    // (whose exit no fd reports) are reaped now and then while the pipes stay open.
+    int timeout = -1;
+    if (!reaped && !pidfd_.valid()) timeout = 50;
+    if (reaped && group_.own_group()) timeout = 200;
+    int r = ::poll(fds, static_cast<nfds_t>(n), timeout);
+    if (r < 0 && errno != EINTR) {
+      log_error("{}: poll failed: {}", where(), std::strerror(errno));
+      break;
+    }
+    if (r > 0 && (fds[0].revents & POLLIN)) state_.drain_wake();
+    pipes_.on_ready(fds);
+    if (!reaped && (pid_idx < 0 || fds[pid_idx].revents)) reaped = try_reap();
+    if (reaped && r == 0) group_.reap_orphans();
+  }
+  pipes_.finish();
+  if (!reaped) try_reap();
+}
 
 }  // namespace
 
 // ---------------------------------------------------------------------------
 // spawn_local
 
-std::unique_ptr<LocalProcess> spawn_local(const std::vector<std::string>& argv,
-                                          const std::map<std::string, std::string>& env, const std::string& workdir,
-                                          const std::string& stdin_data, LineCallback callback, bool own_process_group,
-                                          EnvMode env_mode) {
-  DT_ENFORCE(!argv.empty() && !argv[0].empty(), LaunchError, "cannot spawn an empty command line");
-  for (const auto& arg : argv)
-    DT_ENFORCE(arg.find('\0') == std::string::npos, LaunchError, "cannot spawn '{}': an argument contains a NUL byte",
-               argv[0]);
+namespace {
 
-  // The child's environment: inherited first (first occurrence wins, like getenv), then env.
+// The child's environment: inherited first (first occurrence wins, like getenv), then env.
+std::map<std::string, std::string> child_environment(const std::string& argv0,
+                                                     const std::map<std::string, std::string>& env, EnvMode env_mode) {
   std::map<std::string, std::string> merged;
   if (env_mode == EnvMode::INHERIT) {
     for (char** e = environ; e && *e; ++e) {
@@ -430,19 +465,39 @@ std::unique_ptr<LocalProcess> spawn_local(const std::vector<std::string>& argv,
   }
   for (const auto& [key, value] : env) {
     DT_ENFORCE(!key.empty() && key.find('=') == std::string::npos && key.find('\0') == std::string::npos, LaunchError,
-               "cannot spawn '{}': environment variable name '{}' is empty or holds '=' or NUL", argv[0], key);
+               "cannot spawn '{}': environment variable name '{}' is empty or holds '=' or NUL", argv0, key);
     DT_ENFORCE(value.find('\0') == std::string::npos, LaunchError,
-               "cannot spawn '{}': the value of environment variable {} contains a NUL byte", argv[0], key);
+               "cannot spawn '{}': the value of environment variable {} contains a NUL byte", argv0, key);
     merged[key] = value;
   }
+  return merged;
+}
 
-  std::string exe = argv[0];
+// argv0 when it names a path, else the first match in the PATH of the child's environment.
+std::string child_executable(const std::string& argv0, const std::map<std::string, std::string>& merged) {
+  std::string exe = argv0;
   if (exe.find('/') == std::string::npos) {
     auto it = merged.find("PATH");
     std::string path = it != merged.end() ? it->second : "/usr/local/bin:/usr/bin:/bin";
-    exe = find_in_path(argv[0], path);
-    DT_ENFORCE(!exe.empty(), LaunchError, "cannot spawn '{}': no executable of that name in PATH={}", argv[0], path);
+    exe = find_in_path(argv0, path);
+    DT_ENFORCE(!exe.empty(), LaunchError, "cannot spawn '{}': no executable of that name in PATH={}", argv0, path);
   }
+  return exe;
+}
+
+}  // namespace
+
+std::unique_ptr<LocalProcess> spawn_local(const std::vector<std::string>& argv,
+                                          const std::map<std::string, std::string>& env, const std::string& workdir,
+                                          const std::string& stdin_data, LineCallback callback, bool own_process_group,
+                                          EnvMode env_mode) {
+  DT_ENFORCE(!argv.empty() && !argv[0].empty(), LaunchError, "cannot spawn an empty command line");
+  for (const auto& arg : argv)
+    DT_ENFORCE(arg.find('\0') == std::string::npos, LaunchError, "cannot spawn '{}': an argument contains a NUL byte",
+               argv[0]);
+
+  const std::map<std::string, std::string> merged = child_environment(argv[0], env, env_mode);
+  const std::string exe = child_executable(argv[0], merged);
 
   // Everything the child needs is built before fork: after it only syscalls are safe.
   std::vector<std::string> env_strings;

@@ -1,4 +1,5 @@
-// UniqueFd, Wakeup and the SIGPIPE helpers used by the spawners' reader threads.
+// UniqueFd, Wakeup, the SIGPIPE helpers and ProcessState used by the spawners' reader
+// threads.
 #include "launch/spawner_io.h"
 
 #include "core/check.h"
@@ -60,6 +61,74 @@ int poll_timeout_ms(std::chrono::steady_clock::time_point deadline, int cap_ms) 
   if (left < 0) return 0;
   // Round up so a poll never returns just before the deadline and spins.
   return static_cast<int>(std::min<long long>(left + 1, cap_ms));
+}
+
+// ---------------------------------------------------------------------------
+// ProcessState
+
+bool ProcessState::running() {
+  std::lock_guard lock(mu_);
+  return !status_;
+}
+
+std::optional<ExitStatus> ProcessState::wait_for(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return status_.has_value(); });
+  return status_;
+}
+
+std::optional<ExitStatus> ProcessState::wait_until(Clock::time_point deadline) {
+  std::unique_lock lock(mu_);
+  cv_.wait_until(lock, deadline, [&] { return status_.has_value(); });
+  return status_;
+}
+
+void ProcessState::wait_notified(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  cv_.wait_for(lock, timeout);
+}
+
+void ProcessState::finish(ExitStatus status) {
+  {
+    std::lock_guard lock(mu_);
+    status_ = std::move(status);
+  }
+  cv_.notify_all();
+}
+
+ProcessState::Requests ProcessState::requests() {
+  std::lock_guard lock(mu_);
+  return requests_;
+}
+
+void ProcessState::request_stop() {
+  {
+    std::lock_guard lock(mu_);
+    requests_.stop = true;
+  }
+  wake_.notify();
+}
+
+void ProcessState::request_close_stdin() {
+  {
+    std::lock_guard lock(mu_);
+    requests_.close_stdin = true;
+  }
+  wake_.notify();
+}
+
+std::optional<ProcessState::Clock::time_point> ProcessState::request_terminate(Clock::time_point deadline) {
+  {
+    std::lock_guard lock(mu_);
+    if (status_) return std::nullopt;
+    if (!requests_.terminate) {
+      requests_.terminate = true;
+      requests_.terminate_deadline = deadline;
+    }
+    deadline = requests_.terminate_deadline;
+  }
+  wake_.notify();
+  return deadline;
 }
 
 }  // namespace dtrain::launch::detail

@@ -1,9 +1,15 @@
-// Small POSIX pieces the local and SSH spawners share (internal to lib/launch): an
-// owning fd, an eventfd to wake a reader thread's poll(), and SIGPIPE handling for
-// threads that write to pipes or sockets that may be closed under them.
+// Small pieces the local and SSH spawners share (internal to lib/launch): an owning fd,
+// an eventfd to wake a reader thread's poll(), SIGPIPE handling for threads that write to
+// pipes or sockets that may be closed under them, and the state a process's callers
+// share with its I/O thread.
 #pragma once
 
+#include "launch/spawner.h"
+
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
 #include <utility>
 
 namespace dtrain::launch::detail {
@@ -50,5 +56,52 @@ void discard_pending_sigpipe();
 
 /// Milliseconds from now until `deadline` for poll(), clamped to [0, cap_ms].
 int poll_timeout_ms(std::chrono::steady_clock::time_point deadline, int cap_ms);
+
+/// What a spawned process's callers share with its I/O thread, under one mutex: the
+/// exit status once the thread publishes it, and the callers' requests, each of which
+/// wakes the thread's poll() (wake_fd).
+class ProcessState {
+ public:
+  using Clock = std::chrono::steady_clock;
+  struct Requests {
+    bool stop = false;         // the destructor: the I/O thread ends
+    bool close_stdin = false;  // close_stdin(): EOF once the stdin data is written
+    bool terminate = false;    // SSH terminate(): stdin EOF, the channel given up at the deadline
+    Clock::time_point terminate_deadline{};
+  };
+
+  /// True until the status is published.
+  bool running();
+  /// Waits up to `timeout` (or until `deadline`) for the status; it once published.
+  std::optional<ExitStatus> wait_for(std::chrono::milliseconds timeout);
+  std::optional<ExitStatus> wait_until(Clock::time_point deadline);
+  /// Waits up to `timeout` for a status to be published, without looking at it.
+  void wait_notified(std::chrono::milliseconds timeout);
+  /// Runs f(status) under the mutex, so no status is published meanwhile.
+  template <class F>
+  decltype(auto) with_status(F&& f) {
+    std::lock_guard lock(mu_);
+    return f(std::as_const(status_));
+  }
+  /// Publishes the status and wakes every waiter (I/O thread).
+  void finish(ExitStatus status);
+
+  Requests requests();
+  void request_stop();
+  void request_close_stdin();
+  /// Asks for termination by `deadline` (a second request keeps the first deadline): the
+  /// deadline in effect, nullopt when the status is already known.
+  std::optional<Clock::time_point> request_terminate(Clock::time_point deadline);
+
+  int wake_fd() const { return wake_.fd(); }
+  void drain_wake() { wake_.drain(); }
+
+ private:
+  Wakeup wake_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<ExitStatus> status_;
+  Requests requests_;
+};
 
 }  // namespace dtrain::launch::detail
