@@ -1,6 +1,7 @@
 // The environment table and its reader. A row per variable: config's schema names the KEY
 // and KNOB rows (tests/config/env_table_test.cpp holds the two to each other), the rest are
-// read where they act, through env_get.
+// read where they act, through env_get (the process's environment) or env_get_in (a snapshot
+// of it: dtrain run's placement, the Slurm allocation).
 #include "core/env.h"
 
 #include "core/check.h"
@@ -14,6 +15,12 @@ namespace dtrain {
 namespace {
 
 constexpr const char* kRankContract = "rank: rank_context_from_env (the worker's env printout shows it)";
+// The torchrun variables dtrain's agent sets for its ranks, which `dtrain run` also takes
+// from torchrun or a Kubernetes PyTorchJob.
+constexpr const char* kTorchrunContract =
+    "rank: rank_context_from_env (the worker's env printout shows it); dtrain run's placement (external_placement)";
+constexpr const char* kPlacement = "rank: dtrain run's placement (external_placement)";
+constexpr const char* kAllocation = "launch: the Slurm allocation (slurm_allocation_from_env)";
 
 using K = EnvKind;
 
@@ -49,14 +56,14 @@ constexpr EnvVar kTable[] = {
      "NAME,NAME,...: every rank prints these variables and the torchrun contract (RANK, WORLD_SIZE, "
      "...) as `env NAME=value` lines; 1 = the contract only"},
     // dtrain's own: the agent sets these for each rank (torchrun's names where torchrun has one).
-    {"WORLD_SIZE", K::CONTRACT, kRankContract, "the number of ranks"},
-    {"RANK", K::CONTRACT, kRankContract, "this rank"},
-    {"LOCAL_WORLD_SIZE", K::CONTRACT, kRankContract, "the number of ranks on this node"},
-    {"LOCAL_RANK", K::CONTRACT, kRankContract, "this rank on its node (its CUDA device index)"},
+    {"WORLD_SIZE", K::CONTRACT, kTorchrunContract, "the number of ranks"},
+    {"RANK", K::CONTRACT, kTorchrunContract, "this rank"},
+    {"LOCAL_WORLD_SIZE", K::CONTRACT, kTorchrunContract, "the number of ranks on this node"},
+    {"LOCAL_RANK", K::CONTRACT, kTorchrunContract, "this rank on its node (its CUDA device index)"},
     {"NNODES", K::CONTRACT, kRankContract, "the number of nodes"},
     {"NODE_RANK", K::CONTRACT, kRankContract, "this node"},
-    {"MASTER_ADDR", K::CONTRACT, kRankContract, "the rendezvous store's address"},
-    {"MASTER_PORT", K::CONTRACT, kRankContract, "the rendezvous store's port"},
+    {"MASTER_ADDR", K::CONTRACT, kTorchrunContract, "the rendezvous store's address"},
+    {"MASTER_PORT", K::CONTRACT, kTorchrunContract, "the rendezvous store's port"},
     {"DTRAIN_ROUND", K::CONTRACT, kRankContract, "the launcher's round (0, then one more per restart)"},
     {"DTRAIN_JOB_ID", K::CONTRACT, kRankContract, "the job's id (its store keys' prefix)"},
     {"DTRAIN_RUN_DIR", K::CONTRACT, kRankContract, "the run directory"},
@@ -69,6 +76,42 @@ constexpr EnvVar kTable[] = {
      "seconds between an agent's heartbeats (fault_tolerance.heartbeat_interval)"},
     {"DTRAIN_STORE_CONNECT_TIMEOUT", K::CONTRACT, "launch: agent_timing_from_env",
      "seconds an agent retries connecting to the store (fault_tolerance.store_connect_timeout)"},
+    // Set by the platform that started `dtrain run`'s processes (read from a snapshot of the
+    // environment, env_get_in), and by a Slurm allocation `dtrain launch --launcher slurm` runs in.
+    {"JOB_COMPLETION_INDEX", K::PLATFORM, kPlacement, "a Kubernetes Indexed Job's pod index (the rank, without RANK)"},
+    {"GROUP_RANK", K::PLATFORM, kPlacement, "torchrun: this node"},
+    {"GROUP_WORLD_SIZE", K::PLATFORM, kPlacement, "torchrun: the number of nodes"},
+    {"TORCHELASTIC_RUN_ID", K::PLATFORM, kPlacement, "torchrun: the run's id (the job id)"},
+    {"PET_NNODES", K::PLATFORM, kPlacement, "a PyTorchJob's node count (dtrain run --nproc-per-node)"},
+    {"PET_NODE_RANK", K::PLATFORM, kPlacement, "a PyTorchJob's node index (dtrain run --nproc-per-node)"},
+    {"OMPI_COMM_WORLD_RANK", K::PLATFORM, kPlacement, "Open MPI: the rank"},
+    {"OMPI_COMM_WORLD_SIZE", K::PLATFORM, kPlacement, "Open MPI: the number of ranks"},
+    {"OMPI_COMM_WORLD_LOCAL_RANK", K::PLATFORM, kPlacement, "Open MPI: the rank on its node"},
+    {"OMPI_COMM_WORLD_LOCAL_SIZE", K::PLATFORM, kPlacement, "Open MPI: the ranks on its node"},
+    {"OMPI_MCA_ess_base_jobid", K::PLATFORM, kPlacement, "Open MPI: the job's id"},
+    {"PMI_RANK", K::PLATFORM, kPlacement, "PMI (MPICH, Intel MPI): the rank"},
+    {"PMI_SIZE", K::PLATFORM, kPlacement, "PMI: the number of ranks"},
+    {"MPI_LOCALRANKID", K::PLATFORM, kPlacement, "PMI: the rank on its node"},
+    {"MPI_LOCALNRANKS", K::PLATFORM, kPlacement, "PMI: the ranks on its node"},
+    {"SLURM_PROCID", K::PLATFORM, kPlacement, "srun: the task's rank"},
+    {"SLURM_NTASKS", K::PLATFORM, kPlacement, "srun: the number of tasks"},
+    {"SLURM_NNODES", K::PLATFORM, kPlacement, "srun: the number of nodes"},
+    {"SLURM_NODEID", K::PLATFORM, kPlacement, "srun: this node"},
+    {"SLURM_LOCALID", K::PLATFORM, kPlacement, "srun: the task on its node"},
+    {"SLURM_STEP_TASKS_PER_NODE", K::PLATFORM, kPlacement, "srun: the step's tasks per node (\"2(x3),1\")"},
+    {"SLURM_STEP_NODELIST", K::PLATFORM, kPlacement, "srun: the step's nodes"},
+    {"SLURM_STEP_ID", K::PLATFORM, kPlacement, "srun: the step's id"},
+    {"SLURM_TASKS_PER_NODE", K::PLATFORM, "rank: dtrain run's placement; launch: the Slurm allocation",
+     "the allocation's tasks per node (\"2(x3),1\")"},
+    {"SLURM_JOB_NODELIST", K::PLATFORM, "rank: dtrain run's placement; launch: the Slurm allocation",
+     "the allocation's nodes"},
+    {"SLURM_JOB_ID", K::PLATFORM, "rank: dtrain run's placement; launch: the Slurm allocation", "the job's id"},
+    {"SLURM_NODELIST", K::PLATFORM, kAllocation, "the allocation's nodes (older Slurm)"},
+    {"SLURM_NTASKS_PER_NODE", K::PLATFORM, kAllocation, "the tasks per node asked for"},
+    {"SLURM_JOB_CPUS_PER_NODE", K::PLATFORM, kAllocation, "the allocation's CPUs per node"},
+    {"SLURM_GPUS_ON_NODE", K::PLATFORM, kAllocation, "the allocation's GPUs on this node"},
+    {"SLURM_GPUS_PER_NODE", K::PLATFORM, kAllocation, "the GPUs per node asked for"},
+    {"SLURM_JOB_GPUS", K::PLATFORM, kAllocation, "the allocation's GPU ids on this node"},
     // Test-only faults: a multi-process test sets them on the launcher, which forwards DTRAIN_
     // variables to its ranks; only the worker's test seam (rank/train_rank_hooks.cpp) reads them.
     {"DTRAIN_TEST_STALL_AT_STEP", K::TEST_HOOK, "rank: train_rank_hooks_from_env (the worker)",
@@ -80,7 +123,9 @@ constexpr EnvVar kTable[] = {
     {"DTRAIN_TEST_SLOW_MS", K::TEST_HOOK, "rank: train_rank_hooks_from_env (the worker)",
      "milliseconds of DTRAIN_TEST_SLOW_RANK's sleep (at most 10000)"},
     // Other programs' variables.
-    {"HOME", K::EXTERNAL, "launch: the SSH session, ~ in config paths, the run directory's system-path check",
+    {"HOME", K::EXTERNAL,
+     "launch: the SSH session, ~ in config paths, the run directory's system-path check; rank: dtrain run's "
+     "token_file",
      "the user's home directory"},
     {"USER", K::EXTERNAL, "launch: the SSH session",
      "the SSH login name when neither cluster.ssh.user nor the host's user@ gives one"},
@@ -116,6 +161,7 @@ const char* env_kind_name(EnvKind kind) {
     case EnvKind::KEY: return "overrides a config key";
     case EnvKind::KNOB: return "a knob without a YAML key";
     case EnvKind::CONTRACT: return "set by dtrain for the processes it starts";
+    case EnvKind::PLATFORM: return "set by the platform that started the processes";
     case EnvKind::TEST_HOOK: return "test hook (test-only fault injection)";
     case EnvKind::EXTERNAL: return "another program's";
   }
@@ -126,6 +172,13 @@ const char* env_get(std::string_view name) {
   const EnvVar* v = env_find(name);
   if (!v) DT_THROW(InternalError, "environment variable {} is read but not in the env table (core/env.cpp)", name);
   return std::getenv(v->name);
+}
+
+std::string env_get_in(const std::map<std::string, std::string>& env, std::string_view name) {
+  if (!env_find(name))
+    DT_THROW(InternalError, "environment variable {} is read but not in the env table (core/env.cpp)", name);
+  auto it = env.find(std::string(name));
+  return it == env.end() ? "" : it->second;
 }
 
 const char* env_get_user_named(std::string_view name) { return std::getenv(std::string(name).c_str()); }

@@ -1,11 +1,12 @@
-// The env table: one row per variable, each name once, and env_get refusing a name the
-// table does not list (a read without a row is a bug, not a silent nullptr).
+// The env table: one row per variable, each name once, and env_get / env_get_in refusing a
+// name the table does not list (a read without a row is a bug, not a silent nullptr).
 #include "core/env.h"
 #include "core/error.h"
 
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <map>
 #include <set>
 #include <string>
 
@@ -54,4 +55,11 @@ TEST_CASE("the test hooks and other programs' variables are marked as such") {
     REQUIRE(env_find(n) != nullptr);
     CHECK(env_find(n)->kind == EnvKind::EXTERNAL);
   }
+}
+
+TEST_CASE("env_get_in reads a listed variable from an environment snapshot and refuses an unlisted one") {
+  const std::map<std::string, std::string> env = {{"SLURM_PROCID", "3"}, {"DTRAIN_NOT_IN_TABLE", "1"}};
+  CHECK(env_get_in(env, "SLURM_PROCID") == "3");
+  CHECK(env_get_in(env, "PMI_RANK") == "");
+  CHECK_THROWS_AS(env_get_in(env, "DTRAIN_NOT_IN_TABLE"), InternalError);
 }
