@@ -8,6 +8,7 @@
 
 #include "core/crc32c.h"
 #include "core/cuda_check.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/input_file.h"
 #include "core/log.h"
@@ -56,10 +57,10 @@ State& state() {
 void warn(const std::string& what) { log_write(LogLevel::WARN, "GEMM algorithm cache: " + what); }
 
 // DTRAIN_GEMM_ALGO_CACHE is declared in config's schema_env_knobs; this layer sits below
-// config, so it reads the variable itself.
+// config, so it reads the variable itself (through core's env table).
 const std::string& cache_path(State& s) {
   if (!s.path_set) {
-    const char* v = std::getenv("DTRAIN_GEMM_ALGO_CACHE");
+    const char* v = env_get("DTRAIN_GEMM_ALGO_CACHE");
     s.path = v ? v : s.default_path;
     s.path_set = true;
   }

@@ -7,6 +7,7 @@
 //
 //   build/bench_cpu_step configs/tiny-sft.yaml [--steps N] [--warmup N] [--doc-len N] [--unfused] [--set k=v ...]
 #include "config/train_config.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/model.h"
@@ -128,7 +129,7 @@ int main(int argc, char** argv) {
                                           : "fused gate/up")
                     : "one GEMM each");
     std::printf("BLAS            %s (OPENBLAS_CORETYPE=%s)\n", openblas_get_corename(),
-                std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "unset: detected");
+                dtrain::env_get("OPENBLAS_CORETYPE") ? dtrain::env_get("OPENBLAS_CORETYPE") : "unset: detected");
     std::printf("step time       %.1f ms (forward %.1f, backward %.1f, AdamW %.1f)\n", 1e3 * t_step / steps,
                 1e3 * t_fwd / steps, 1e3 * t_bwd / steps, 1e3 * t_opt / steps);
     std::printf("tokens/s        %.0f\n", tok / t_step);

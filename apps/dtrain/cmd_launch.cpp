@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "config/train_config.h"
 #include "launch/job_run.h"
+#include "launch/run_dir_resume.h"
 #include "device/device.h"
 #include "train/memory_plan.h"
 #include "train/model_factory.h"
@@ -199,52 +200,16 @@ void memory_check(launch::Job& job, bool dry_run) {
   }
 }
 
-// `dtrain resume RUN --set k=v` changes the saved config: each key that changes is said,
-// old and new value. The saved config holds the schedule's end explicitly (derived from
-// max_steps when the job was launched), so a new training.max_steps moves the end with it
-// when the end was max_steps, and is said when the config gave the end its own value.
-void resume_sets(JobOptions& o) {
-  const config::TrainConfig before = config::config_load_file(o.config, {}).cfg;
-  config::LoadedConfig after = config::config_load_file(o.config, o.sets);
-  auto set_given = [&](std::string_view key) {
-    for (const std::string& s : o.sets)
-      if (s.rfind(std::string(key) + "=", 0) == 0) return true;
-    return false;
-  };
-  const auto& sb = before.scheduler;
-  const auto steps_before = before.training.max_steps, steps_after = after.cfg.training.max_steps;
-  if (steps_after && steps_before != steps_after && sb.total_num_steps &&
-      !set_given("scheduler.params.total_num_steps") && sb.type && *sb.type != "WarmupLR") {
-    if (steps_before && *sb.total_num_steps == *steps_before) {
-      o.sets.push_back(fmt::format("scheduler.params.total_num_steps={}", *steps_after));
-      after = config::config_load_file(o.config, o.sets);
-    } else {
-      log_warn(
-          "resume: training.max_steps is now {}, but the schedule still ends at step {} "
-          "(scheduler.params.total_num_steps in {}); add --set scheduler.params.total_num_steps={} to end it "
-          "with the run",
-          *steps_after, *sb.total_num_steps, o.config, *steps_after);
-    }
-  }
-  const auto old_values = config::config_key_values(before);
-  const std::map<std::string, std::string> old_map(old_values.begin(), old_values.end());
-  std::vector<std::string> changed;
-  for (const auto& [key, value] : config::config_key_values(after.cfg)) {
-    auto it = old_map.find(key);
-    const std::string was = it == old_map.end() ? "(not set)" : it->second;
-    if (was != value) changed.push_back(fmt::format("{}: {} -> {}", key, was, value));
-  }
-  if (changed.empty()) log_info("resume: --set changes nothing in {}", o.config);
-  for (const std::string& c : changed) log_info("resume: {}", c);
-}
-
 }  // namespace
 
 // cmd_run.cpp. Locks the run directory; a launch (resume = false) refuses one that holds
 // a checkpointed run, a resume defers rewriting its config until the ranks started.
 int run_job(launch::Job& job, const JobOptions& opts, bool resume);
 
-int run_launch(const JobOptions& opts) {
+namespace {
+
+// A training job, launched or resumed: its dry-run report, or the job run.
+int run_train_job(const JobOptions& opts, bool resume) {
   launch::Job job = launch::job_prepare(job_request(opts, "train"));
   for (const auto& w : job.warnings) log_warn("{}", w);
   memory_check(job, opts.dry_run);
@@ -253,43 +218,24 @@ int run_launch(const JobOptions& opts) {
     dry_run_verdict(job);
     return 0;
   }
-  return run_job(job, opts, false);
+  return run_job(job, opts, resume);
 }
 
+}  // namespace
+
+int run_launch(const JobOptions& opts) { return run_train_job(opts, false); }
+
+// The run directory's conventions (its config.yaml, hostfile and the sets its saved
+// config needs) are launch::run_dir_resume_inputs'.
 int run_resume(const std::string& run_dir, const JobOptions& opts) {
-  namespace fs = std::filesystem;
+  const launch::ResumeInputs in = launch::run_dir_resume_inputs(
+      {.run_dir = run_dir, .config = opts.config, .hostfile = opts.hostfile, .sets = opts.sets});
   JobOptions o = opts;
-  fs::path dir(run_dir);
-  if (o.config.empty()) {
-    DT_ENFORCE(input_present((dir / "config.yaml").string(), "run directory file"), UsageError,
-               "{} has no config.yaml: is it a dtrain run directory? (pass --config to resume with another config)",
-               run_dir);
-    o.config = (dir / "config.yaml").string();
-  }
-  if (o.hostfile.empty() && input_present((dir / "hostfile").string(), "run directory file"))
-    o.hostfile = (dir / "hostfile").string();
+  o.config = in.config;
+  o.hostfile = in.hostfile;
   o.output_dir = run_dir;
-  // A run launched before data.neat_packing existed packed the token stream into windows;
-  // its config.yaml does not say so (launches since write the resolved value), and its
-  // checkpoints' data position counts those windows: it keeps them.
-  if (o.config == (dir / "config.yaml").string() &&
-      !config::config_load_file(o.config, {}).cfg.data.neat_packing.has_value()) {
-    log_info(
-        "{}: the run was launched before data.neat_packing existed: it keeps packing its data as then "
-        "(data.neat_packing: false)",
-        o.config);
-    o.sets.insert(o.sets.begin(), "data.neat_packing=false");
-  }
-  if (!o.sets.empty()) resume_sets(o);
-  launch::Job job = launch::job_prepare(job_request(o, "train"));
-  for (const auto& w : job.warnings) log_warn("{}", w);
-  memory_check(job, opts.dry_run);
-  if (opts.dry_run || job.plan_for) {
-    print_dry_run(job, true);
-    dry_run_verdict(job);
-    return 0;
-  }
-  return run_job(job, opts, true);
+  o.sets = in.sets;
+  return run_train_job(o, true);
 }
 
 int run_bench(const BenchCliOptions& bench, const JobOptions& opts) {

@@ -83,6 +83,14 @@ void config_check_batch_memory(const TrainConfig& cfg, int ranks, double memory_
            cfg.resolved_grad_accum_steps);
 }
 
+void config_check_host_batch_memory(const TrainConfig& cfg, int ranks, bool whole_job) {
+  const double bytes = config_host_memory_bytes();
+  config_check_batch_memory(
+      cfg, ranks, bytes,
+      whole_job ? fmt::format("this machine, where all {} rank(s) run, has {:.1f} GiB of memory", ranks, gib(bytes))
+                : fmt::format("this machine has {:.1f} GiB of memory for its {} rank(s)", gib(bytes), ranks));
+}
+
 int64_t config_min_free_memory_bytes(const TrainConfig& cfg, double memory_bytes) {
   const double gb = cfg.monitor.min_free_memory;
   const double bytes = gb * 1024.0 * 1024.0 * 1024.0;

@@ -1,8 +1,10 @@
 // Writing a config back out: config_to_yaml (every key, derived values explicit, loadable
-// again to an equal config) and config_help (the schema as text for --help-config).
+// again to an equal config) and config_help (the schema and the env table as text for
+// --help-config).
 #include "config/load_detail.h"
 #include "config/schema.h"
 #include "core/c_escape.h"
+#include "core/env.h"
 
 #include <fmt/format.h>
 
@@ -116,6 +118,15 @@ std::string config_help() {
     out << "    type: " << key_type_name(spec) << "\n";
     out << "    default: " << key_default_text(spec) << "\n";
     out << "    " << spec.help << "\n";
+  }
+  out << "\nEvery environment variable dtrain reads (the env table, lib/core/env.cpp):\n";
+  for (const EnvVar& v : env_table()) {
+    out << v.name << "\n";
+    out << "    kind: " << env_kind_name(v.kind);
+    if (v.kind == EnvKind::KEY) out << " (" << v.meaning << ")";
+    out << "\n    read by: " << v.reader << "\n";
+    // A key's and a knob's meaning is their entry above.
+    if (v.kind != EnvKind::KEY && v.kind != EnvKind::KNOB) out << "    " << v.meaning << "\n";
   }
   out << "\nDeepSpeed keys accepted but not acted on (one warning lists those present):\n";
   for (const std::string& k : schema_ignored_keys()) out << "    " << k << "\n";

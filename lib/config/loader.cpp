@@ -6,6 +6,7 @@
 #include "config/schema.h"
 
 #include "core/check.h"
+#include "core/env.h"
 #include "core/input_file.h"
 
 #include <fmt/format.h>
@@ -597,7 +598,7 @@ YAML::Node override_value(const KeySpec& spec, const std::string& text, const st
 // config exists, so a bad value is refused here, by whichever process loads a config first.
 void check_env_knobs() {
   for (const KeySpec& spec : schema_env_knobs()) {
-    const char* v = std::getenv(spec.env);
+    const char* v = env_get(spec.env);
     if (!v || !*v) continue;
     const std::string origin = fmt::format("env {}={}", spec.env, v);
     const YAML::Node n = override_value(spec, v, origin);
@@ -611,7 +612,7 @@ void check_env_knobs() {
 void apply_env(LoadState& st) {
   for (const KeySpec& spec : schema_keys()) {
     if (!spec.env) continue;
-    const char* v = std::getenv(spec.env);
+    const char* v = env_get(spec.env);
     if (!v || !*v) continue;
     std::string origin = fmt::format("env {}={}", spec.env, v);
     // Environment switches are commonly 0/1 (DTRAIN_PREFLIGHT=0, as NCCL's knobs); in

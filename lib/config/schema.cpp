@@ -4,6 +4,7 @@
 #include "config/schema.h"
 
 #include "core/check.h"
+#include "core/env.h"
 
 #include <fmt/format.h>
 
@@ -572,30 +573,31 @@ const std::vector<KeySpec>& build_schema() {
   return keys;
 }
 
+// A knob's help is its row's meaning in the env table (core/env.cpp), which lists every
+// variable dtrain reads; a knob without a row is a bug.
+const char* knob_help(const char* name) {
+  const EnvVar* v = env_find(name);
+  DT_ENFORCE(v && v->kind == EnvKind::KNOB, InternalError, "env knob {} has no KNOB row in the env table", name);
+  return v->meaning;
+}
+
 const std::vector<KeySpec>& build_env_knobs() {
   static const std::vector<KeySpec> knobs = {
       // clang-format off
       {.path = "DTRAIN_GEMM_ALGO_CACHE", .type = KeyType::STRING, .field = nullptr,
-       .help = "file remembering the cuBLASLt GEMM algorithms a CUDA rank timed, per card and GEMM shape (e.g. "
-               "<run dir>/gemm_algos.txt); each entry is checked before use, a bad one is timed again",
-       .env = "DTRAIN_GEMM_ALGO_CACHE",
+       .help = knob_help("DTRAIN_GEMM_ALGO_CACHE"), .env = "DTRAIN_GEMM_ALGO_CACHE",
        .derived = "unset: a training rank's <run dir>/gemm_algos.txt; other commands keep them in memory only"},
-      {.path = "DTRAIN_LOG_LEVEL", .type = KeyType::ENUM, .field = nullptr,
-       .help = "the least severe log line written to stderr (read when the process starts)",
+      {.path = "DTRAIN_LOG_LEVEL", .type = KeyType::ENUM, .field = nullptr, .help = knob_help("DTRAIN_LOG_LEVEL"),
        .allowed = {"debug", "info", "warn", "error", "off"}, .env = "DTRAIN_LOG_LEVEL", .derived = "info"},
-      {.path = "DTRAIN_NUM_THREADS", .type = KeyType::INT, .field = nullptr,
-       .help = "threads of a CPU rank's op pool (its row loops and GEMMs)",
+      {.path = "DTRAIN_NUM_THREADS", .type = KeyType::INT, .field = nullptr, .help = knob_help("DTRAIN_NUM_THREADS"),
        .min = 1, .max = 1024, .env = "DTRAIN_NUM_THREADS",
        .derived = "$OMP_NUM_THREADS (the launcher sets it to the node's cores / its local ranks), else the "
                   "hardware threads"},
-      {.path = "DTRAIN_POOL_SPIN_US", .type = KeyType::INT, .field = nullptr,
-       .help = "microseconds an idle pool thread polls before it sleeps; 0 = never (ranks sharing "
-               "oversubscribed cores)",
+      {.path = "DTRAIN_POOL_SPIN_US", .type = KeyType::INT, .field = nullptr, .help = knob_help("DTRAIN_POOL_SPIN_US"),
        .min = 0, .max = 100000, .env = "DTRAIN_POOL_SPIN_US", .derived = "200"},
       {.path = "DTRAIN_WORKER_PRINT_ENV", .type = KeyType::STRING, .field = nullptr,
-       .help = "NAME,NAME,...: every rank prints these variables and the torchrun contract (RANK, WORLD_SIZE, "
-               "...) as `env NAME=value` lines; 1 = the contract only",
-       .env = "DTRAIN_WORKER_PRINT_ENV", .derived = "unset: nothing printed"},
+       .help = knob_help("DTRAIN_WORKER_PRINT_ENV"), .env = "DTRAIN_WORKER_PRINT_ENV",
+       .derived = "unset: nothing printed"},
       // clang-format on
   };
   return knobs;

@@ -377,6 +377,11 @@ void config_check_batch_widths(const TrainConfig& cfg);
 // (`memory_what` says whose memory: "this machine's 23.4 GiB of memory").
 void config_check_batch_memory(const TrainConfig& cfg, int ranks, double memory_bytes, const std::string& memory_what);
 
+// config_check_batch_memory against this machine's memory (config_host_memory_bytes), which
+// `ranks` CPU ranks share: whole_job = the launcher's check (all the job's ranks run here),
+// else a rank's (its node's ranks; the launcher may be on another machine).
+void config_check_host_batch_memory(const TrainConfig& cfg, int ranks, bool whole_job);
+
 // This machine's physical memory in bytes (0 when unknown).
 double config_host_memory_bytes();
 
@@ -407,8 +412,9 @@ std::string config_to_yaml(const TrainConfig& cfg);
 // canonical form two processes compare to tell whether they run the same config.
 std::vector<std::pair<std::string, std::string>> config_key_values(const TrainConfig& cfg);
 
-// Every key: path, type, default, env override and help; then the accepted DeepSpeed keys
-// dtrain does not act on. For `dtrain launch --help-config`.
+// Every key: path, type, default, env override and help; the env knobs; every environment
+// variable dtrain reads (core's env table); then the accepted DeepSpeed keys dtrain does not
+// act on. For `dtrain launch --help-config`.
 std::string config_help();
 
 // The embedded default job: the contents of configs/tiny-sft.yaml at build time, and the

@@ -1,6 +1,7 @@
 // Logging implementation: one fwrite per line under a mutex.
 #include "core/log.h"
 
+#include "core/env.h"
 #include "core/error.h"
 
 #include <atomic>
@@ -16,7 +17,7 @@ namespace {
 // and the first config load refuses it naming DTRAIN_LOG_LEVEL (config's schema_env_knobs
 // declares the knob; core cannot depend on config).
 LogLevel level_from_env() {
-  const char* v = std::getenv("DTRAIN_LOG_LEVEL");
+  const char* v = env_get("DTRAIN_LOG_LEVEL");
   if (!v) return LogLevel::INFO;
   std::string_view s(v);
   if (s == "debug") return LogLevel::DEBUG;

@@ -8,6 +8,7 @@
 
 #ifdef DTRAIN_HAVE_CUDA
 #include "core/cuda_check.h"
+#include "core/env.h"
 #ifndef DTRAIN_CUDA_EMU
 #include "cublaslt/lazy.h"
 #endif
@@ -526,7 +527,7 @@ class CudaDevice final : public Device {
 
 void cuda_require(int index) {
   const int n = cuda_count();
-  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  const char* visible = env_get("CUDA_VISIBLE_DEVICES");
   DT_ENFORCE(n > 0, DeviceError,
              "no CUDA device is visible here (CUDA_VISIBLE_DEVICES='{}'): run on a GPU node or use the CPU",
              visible ? visible : "");

@@ -3,6 +3,7 @@
 #include "launch/agent.h"
 
 #include "core/check.h"
+#include "core/env.h"
 #include "core/log.h"
 #include "core/net_address.h"
 #include "device/device.h"
@@ -260,7 +261,7 @@ AgentTiming agent_timing_from_env() {
   // Seconds from the launcher (fault_tolerance.heartbeat_interval, .store_connect_timeout);
   // a value out of range leaves the default.
   auto seconds = [](const char* name, double most, std::chrono::milliseconds& out) {
-    const char* v = std::getenv(name);
+    const char* v = env_get(name);
     if (!v) return;
     char* end = nullptr;
     const double s = std::strtod(v, &end);

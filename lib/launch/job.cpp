@@ -4,6 +4,7 @@
 #include "launch/job.h"
 
 #include "core/check.h"
+#include "core/env.h"
 #include "core/log.h"
 #include "core/net_address.h"
 #include "core/input_file.h"
@@ -284,7 +285,7 @@ config::Hostfile job_hostfile(const JobRequest& req) {
 // policy is off); one that does not exist yet is fine: accept-new creates it.
 void check_ssh_files(const config::TrainConfig& cfg) {
   struct stat id_st {};
-  const char* home = std::getenv("HOME");
+  const char* home = env_get("HOME");
   const std::string id_file = path_expand_home(cfg.cluster.ssh.identity_file, home ? home : "");
   if (!id_file.empty() && ::stat(id_file.c_str(), &id_st) == 0) {
     const std::string problem = input_file_problem(id_file, kIdentityFileMaxBytes);
@@ -419,10 +420,7 @@ void plan_job(const JobRequest& req, Job& job, const std::string& addr) {
   // ranks check their own memory before allocating.
   if (req.require_training && req.mode == "train" && cfg.training.device == "cpu" && job.all_local &&
       cfg.resolved_micro_batch_size > 0)
-    config::config_check_batch_memory(
-        cfg, job.plan.world_size, config::config_host_memory_bytes(),
-        fmt::format("this machine, where all {} rank(s) run, has {:.1f} GiB of memory", job.plan.world_size,
-                    config::config_host_memory_bytes() / (1024.0 * 1024.0 * 1024.0)));
+    config::config_check_host_batch_memory(cfg, job.plan.world_size, true);
 }
 
 // The run directory (checked, not yet created) and what every round launches with.

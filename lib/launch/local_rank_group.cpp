@@ -1,6 +1,7 @@
 // Local rank group: spawn, forward, watch with the culprit rule, stop together.
 #include "launch/local_rank_group.h"
 
+#include "core/env.h"
 #include "launch/culprit.h"
 
 #include <unistd.h>
@@ -87,7 +88,7 @@ std::map<std::string, std::string> rank_thread_env(int local_ranks) {
   const std::string per_rank = std::to_string(std::max(1L, cores / std::max(1, local_ranks)));
   std::map<std::string, std::string> env;
   for (const char* k : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
-    if (!std::getenv(k)) env[k] = per_rank;
+    if (!env_get(k)) env[k] = per_rank;
   return env;
 }
 

@@ -3,6 +3,7 @@
 #include "launch/run_dir.h"
 
 #include "core/check.h"
+#include "core/env.h"
 #include "core/input_file.h"
 #include "core/log.h"
 #include "core/unix_time.h"
@@ -157,7 +158,7 @@ std::string system_reason(const fs::path& p) {
     if (s == d) return fmt::format("{} is a system directory", s);
   for (const char* t : kSystemTrees)
     if (path_within(p, t)) return fmt::format("{} is inside the system directory {}", s, t);
-  if (const char* home = std::getenv("HOME"); home && *home) {
+  if (const char* home = env_get("HOME"); home && *home) {
     std::error_code ec;
     fs::path h = fs::weakly_canonical(fs::path(home), ec);
     if (ec) h = fs::path(home).lexically_normal();

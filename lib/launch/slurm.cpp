@@ -2,6 +2,7 @@
 #include "launch/slurm.h"
 
 #include "core/check.h"
+#include "core/env.h"
 #include "launch/hostlist.h"
 #include "launch/local_spawner.h"
 
@@ -17,10 +18,7 @@ bool parse_positive(std::string_view s, int* v) {
   return ec == std::errc() && p == s.data() + s.size() && *v > 0;
 }
 
-std::string get(const std::map<std::string, std::string>& env, const char* key) {
-  auto it = env.find(key);
-  return it == env.end() ? "" : it->second;
-}
+std::string get(const std::map<std::string, std::string>& env, const char* key) { return env_get_in(env, key); }
 
 }  // namespace
 

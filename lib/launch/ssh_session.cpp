@@ -5,6 +5,7 @@
 #include "launch/ssh_session.h"
 
 #include "core/check.h"
+#include "core/env.h"
 #include "core/input_file.h"
 #include "core/log.h"
 
@@ -40,13 +41,13 @@ std::int64_t now_ns() {
 }
 
 std::string home_dir() {
-  if (const char* home = std::getenv("HOME"); home && *home) return home;
+  if (const char* home = env_get("HOME"); home && *home) return home;
   if (passwd* pw = ::getpwuid(::getuid())) return pw->pw_dir;
   return "/";
 }
 
 std::string login_name() {
-  if (const char* user = std::getenv("USER"); user && *user) return user;
+  if (const char* user = env_get("USER"); user && *user) return user;
   if (passwd* pw = ::getpwuid(::getuid())) return pw->pw_name;
   return "root";
 }
@@ -527,7 +528,7 @@ void SshSession::authenticate() {
   }
 
   std::vector<std::string> tried;
-  if (const char* sock = std::getenv("SSH_AUTH_SOCK"); sock && *sock) {
+  if (const char* sock = env_get("SSH_AUTH_SOCK"); sock && *sock) {
     LIBSSH2_AGENT* agent = libssh2_agent_init(session_);
     if (!agent) {
       tried.push_back("ssh-agent: cannot initialize");

@@ -2,6 +2,7 @@
 #include "launch/supervisor.h"
 
 #include "core/check.h"
+#include "core/env.h"
 #include "core/log.h"
 #include "core/net_address.h"
 #include "launch/agent.h"
@@ -53,7 +54,7 @@ using Clock = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds kFirstBeatFloor = 30s;
 
 std::string expand_home(const std::string& p) {
-  const char* home = std::getenv("HOME");
+  const char* home = env_get("HOME");
   return path_expand_home(p, home ? home : "");
 }
 

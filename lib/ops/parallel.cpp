@@ -3,6 +3,7 @@
 #include "ops/parallel.h"
 
 #include "core/check.h"
+#include "core/env.h"
 
 #include <algorithm>
 #include <atomic>
@@ -25,7 +26,7 @@ namespace {
 // back here.
 int threads_from_env() {
   for (const char* name : {"DTRAIN_NUM_THREADS", "OMP_NUM_THREADS"}) {
-    if (const char* v = std::getenv(name)) {
+    if (const char* v = env_get(name)) {
       char* end = nullptr;
       long n = std::strtol(v, &end, 10);
       if (end != v && n >= 1) return static_cast<int>(std::min(n, 1024L));
@@ -141,7 +142,7 @@ class Pool {
   template <class Pred>
   static void spin_until(Pred&& ready) {
     static const int64_t spin_ns = [] {
-      const char* v = std::getenv("DTRAIN_POOL_SPIN_US");
+      const char* v = env_get("DTRAIN_POOL_SPIN_US");
       char* end = nullptr;
       const long long us = v ? std::strtoll(v, &end, 10) : 200;
       return (v && (end == v || us < 0)) ? int64_t{200000} : static_cast<int64_t>(std::min(us, 100000LL)) * 1000;

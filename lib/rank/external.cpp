@@ -3,6 +3,7 @@
 #include "rank/external.h"
 
 #include "core/check.h"
+#include "core/env.h"
 #include "core/input_file.h"
 #include "core/log.h"
 #include "core/net_address.h"
@@ -32,10 +33,7 @@ namespace {
 
 using Env = std::map<std::string, std::string>;
 
-std::string get(const Env& env, const std::string& k) {
-  auto it = env.find(k);
-  return it == env.end() ? "" : it->second;
-}
+std::string get(const Env& env, const std::string& k) { return env_get_in(env, k); }
 
 bool has(const Env& env, const std::string& k) { return !get(env, k).empty(); }
 
@@ -284,7 +282,8 @@ std::string external_token(const std::string& token_file, const std::string& tok
     std::string text = input_file_read(path, source + ": cluster.rendezvous.token_file", 4096);
     token = std::move(text);
   } else {
-    token = get(env, token_env);
+    auto it = env.find(token_env);  // a name the config chose: no table lists it
+    token = it == env.end() ? "" : it->second;
     DT_ENFORCE(!token.empty(), ConfigError,
                "{}: cluster.rendezvous.token_env names {}, which is not set in this process's environment: set it "
                "from the job's Secret",

@@ -4,6 +4,7 @@
 #include "comm/gloo_comm.h"
 #include "comm/nccl_comm.h"
 #include "core/check.h"
+#include "core/env.h"
 #include "core/log.h"
 #include "launch/job.h"
 #include "launch/rank_watch.h"
@@ -18,7 +19,7 @@ namespace dtrain::rank {
 namespace {
 
 std::string env_str(const char* name, bool required = true) {
-  const char* v = std::getenv(name);
+  const char* v = env_get(name);
   if (!v || !*v) {
     DT_ENFORCE(!required, UsageError,
                "environment variable {} is not set: dtrain worker runs under dtrain agent, which sets it", name);

@@ -4,6 +4,7 @@
 
 #include "comm/activity.h"
 #include "core/check.h"
+#include "core/env.h"
 #include "core/log.h"
 #include "device/device.h"
 #include "launch/membership.h"
@@ -30,54 +31,62 @@ namespace dtrain::rank {
 
 namespace {
 
-// Test-only (tests/cli/hung_rank_test.cpp): DTRAIN_TEST_STALL_AT_STEP=N makes the rank
-// stop before training step N in round 0 (only rank DTRAIN_TEST_STALL_RANK when that is
-// set) while its heartbeat goes on, as a rank stuck in a step would; the launcher's
-// fault_tolerance.step_timeout must catch it. Sleeps at most 10 minutes.
-void test_stall_if_asked(const RankContext& ctx, int64_t done_step) {
-  const char* at = std::getenv("DTRAIN_TEST_STALL_AT_STEP");
-  if (!at || !*at || ctx.round != 0 || std::atoll(at) != done_step + 1) return;
-  const char* only = std::getenv("DTRAIN_TEST_STALL_RANK");
-  if (only && *only && std::atoi(only) != ctx.rank) return;
-  std::fprintf(stderr, "[dtrain] test: DTRAIN_TEST_STALL_AT_STEP: rank %d stalls before step %s\n", ctx.rank, at);
-  std::fflush(stderr);
-  for (int i = 0; i < 6000; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-}
-
-// Test-only: DTRAIN_TEST_SLOW_RANK=R with DTRAIN_TEST_SLOW_MS=M makes rank R sleep M ms
-// (at most 10 s) after every training step, a persistently slow rank for the straggler
-// check to flag (tests/cli/straggler_test.cpp); R = "all" slows every rank, a job paced
-// so a test can act between its checkpoints (tests/cli/elastic_test.cpp).
-void test_slow_if_asked(const RankContext& ctx) {
-  const char* r = std::getenv("DTRAIN_TEST_SLOW_RANK");
-  const char* ms = std::getenv("DTRAIN_TEST_SLOW_MS");
-  if (!r || !*r || !ms || !*ms || (std::string(r) != "all" && std::atoi(r) != ctx.rank)) return;
-  std::this_thread::sleep_for(std::chrono::milliseconds(std::clamp(std::atoi(ms), 0, 10000)));
-}
-
-}  // namespace
-
-int train_rank(RankContext& ctx, rendezvous::Heartbeat& hb, config::TrainConfig cfg, device::Kind kind,
-               bool launcher_lines) {
+// The config as this rank trains it: the batch resolved for the world, activation
+// checkpointing left to the plan chosen, and (CPU) the batch checked against this node's memory.
+config::TrainConfig rank_config_resolve(config::TrainConfig cfg, const RankContext& ctx, device::Kind kind) {
   config::config_resolve_batch(cfg, ctx.world_size);
   // activation_checkpointing left to the plan: the fewest layers recompute that let this
   // rank fit its GPU, or its share of this node's memory (the gradients are the same either
   // way, so ranks on other machines may choose otherwise).
-  {
-    const double capacity = kind == device::Kind::CUDA ? static_cast<double>(device::cuda_memory_bytes())
-                                                       : static_cast<double>(config::config_host_memory_bytes()) /
-                                                             std::max(1, ctx.local_world_size);
-    train::RecomputeChoice choice;
-    cfg = train::recompute_resolve(std::move(cfg), ctx.world_size, capacity, &choice);
-    if (choice.planned && ctx.rank == 0) log_info("activation checkpointing (the memory plan): {}", choice.why);
-  }
+  const double capacity = kind == device::Kind::CUDA ? static_cast<double>(device::cuda_memory_bytes())
+                                                     : static_cast<double>(config::config_host_memory_bytes()) /
+                                                           std::max(1, ctx.local_world_size);
+  train::RecomputeChoice choice;
+  cfg = train::recompute_resolve(std::move(cfg), ctx.world_size, capacity, &choice);
+  if (choice.planned && ctx.rank == 0) log_info("activation checkpointing (the memory plan): {}", choice.why);
   // Before anything is allocated: this node's CPU ranks share its memory (a CUDA rank's
   // activations are on its GPU, which the launcher cannot see).
-  if (kind == device::Kind::CPU)
-    config::config_check_batch_memory(
-        cfg, ctx.local_world_size, config::config_host_memory_bytes(),
-        fmt::format("this machine has {:.1f} GiB of memory for its {} rank(s)",
-                    config::config_host_memory_bytes() / (1024.0 * 1024.0 * 1024.0), ctx.local_world_size));
+  if (kind == device::Kind::CPU) config::config_check_host_batch_memory(cfg, ctx.local_world_size, false);
+  return cfg;
+}
+
+// The resource monitor's options for this rank (min_free_memory_bytes: checked against
+// this node's memory before anything started).
+monitor::MonitorOptions rank_monitor_options(const RankContext& ctx, const config::TrainConfig& cfg,
+                                             int64_t min_free_memory_bytes, bool gpu,
+                                             comm::ActivityCommunicator* comm) {
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  monitor::MonitorOptions mo;
+  mo.interval_s = cfg.monitor.interval;
+  mo.run_dir = ctx.run_dir;
+  mo.max_mode = launch::run_dir_mode_parse(cfg.training.run_dir_mode);
+  mo.origin = {.rank = ctx.rank,
+               .local_rank = ctx.local_rank,
+               .node = ctx.node_rank,
+               .round = ctx.round,
+               .host = host,
+               .job_id = ctx.job_id};
+  mo.limits.min_free_memory_bytes = min_free_memory_bytes;
+  mo.limits.node_checks = ctx.local_rank == 0;  // one rank per node watches the node's memory
+  mo.gpu = gpu;
+  mo.gpu_index = monitor::nvml_index_of(ctx.local_rank, env_get("CUDA_VISIBLE_DEVICES"));
+  mo.nvml_library = cfg.monitor.nvml_library;
+  if (comm) mo.collective_seconds = [comm] { return comm->collective_seconds(); };
+  // Each rank's scalars are a TensorBoard run of their own beside rank 0's training scalars.
+  if (cfg.tensorboard.enabled && !ctx.run_dir.empty())
+    mo.tensorboard_dir = (std::filesystem::path(tensorboard::log_dir(ctx.run_dir, cfg.tensorboard.output_path,
+                                                                     cfg.tensorboard.job_name)) /
+                          "resources" / fmt::format("rank{}", ctx.rank))
+                             .string();
+  return mo;
+}
+
+}  // namespace
+
+int train_rank(RankContext& ctx, rendezvous::Heartbeat& hb, config::TrainConfig cfg_in, device::Kind kind,
+               bool launcher_lines, const TrainRankHooks& hooks) {
+  const config::TrainConfig cfg = rank_config_resolve(std::move(cfg_in), ctx, kind);
   // The monitor's memory threshold against this node's memory (the launcher's host may
   // be another machine), before anything starts.
   const int64_t min_free_memory_bytes =
@@ -119,8 +128,7 @@ int train_rank(RankContext& ctx, rendezvous::Heartbeat& hb, config::TrainConfig 
   env.on_step = [&](int64_t step) {
     last_step = step;
     publish();
-    test_stall_if_asked(ctx, step);
-    if (step > 0) test_slow_if_asked(ctx);
+    train_rank_hooks_after_step(hooks, ctx, step);
   };
   // An elastic launcher that wants to regrow the job asks (store key) for a stop at the
   // next checkpoint; rank 0 answers for all and records the step it stopped at.
@@ -141,31 +149,8 @@ int train_rank(RankContext& ctx, rendezvous::Heartbeat& hb, config::TrainConfig 
     hb.progress(launch::kRankStepsDone);
   };
   // The resource monitor samples from a thread of its own until training returns.
-  char host[256] = {0};
-  ::gethostname(host, sizeof host - 1);
-  monitor::MonitorOptions mo;
-  mo.interval_s = cfg.monitor.interval;
-  mo.run_dir = ctx.run_dir;
-  mo.max_mode = launch::run_dir_mode_parse(cfg.training.run_dir_mode);
-  mo.origin = {.rank = ctx.rank,
-               .local_rank = ctx.local_rank,
-               .node = ctx.node_rank,
-               .round = ctx.round,
-               .host = host,
-               .job_id = ctx.job_id};
-  mo.limits.min_free_memory_bytes = min_free_memory_bytes;
-  mo.limits.node_checks = ctx.local_rank == 0;  // one rank per node watches the node's memory
-  mo.gpu = device != nullptr;
-  mo.gpu_index = monitor::nvml_index_of(ctx.local_rank, std::getenv("CUDA_VISIBLE_DEVICES"));
-  mo.nvml_library = cfg.monitor.nvml_library;
-  if (comm) mo.collective_seconds = [c = comm.get()] { return c->collective_seconds(); };
-  // Each rank's scalars are a TensorBoard run of their own beside rank 0's training scalars.
-  if (cfg.tensorboard.enabled && !ctx.run_dir.empty())
-    mo.tensorboard_dir = (std::filesystem::path(tensorboard::log_dir(ctx.run_dir, cfg.tensorboard.output_path,
-                                                                     cfg.tensorboard.job_name)) /
-                          "resources" / fmt::format("rank{}", ctx.rank))
-                             .string();
-  auto resource_monitor = monitor::monitor_start(std::move(mo), cfg.monitor.enabled);
+  auto resource_monitor = monitor::monitor_start(
+      rank_monitor_options(ctx, cfg, min_free_memory_bytes, device != nullptr, comm.get()), cfg.monitor.enabled);
   train::train_run(cfg, env);
   resource_monitor.reset();
   if (comm) comm->barrier();

@@ -5,6 +5,7 @@
 #include "comm/communicator.h"
 #include "core/c_escape.h"
 #include "core/check.h"
+#include "core/env.h"
 #include "core/log.h"
 #include "core/output_path.h"
 #include "core/input_file.h"
@@ -98,16 +99,17 @@ int worker_train(RankContext& ctx, rendezvous::Heartbeat& hb) {
   config::LoadedConfig loaded = config::config_load_file(ctx.config_path);
   config::TrainConfig cfg = std::move(loaded.cfg);
   // The agent decided the device before starting us (DTRAIN_DEVICE: cpu or cuda).
-  const char* dev_env = std::getenv("DTRAIN_DEVICE");
+  const char* dev_env = env_get("DTRAIN_DEVICE");
+  // The test seam: DTRAIN_TEST_* faults, set by the multi-process tests (none in production).
   return train_rank(ctx, hb, std::move(cfg), device::kind_parse(dev_env && *dev_env ? dev_env : "cpu", "DTRAIN_DEVICE"),
-                    true);
+                    true, train_rank_hooks_from_env());
 }
 
 // DTRAIN_WORKER_PRINT_ENV=NAME,NAME,...: print those variables (C-escaped) plus the
 // torchrun contract, one "env NAME=value" line each, so operators (and the multi-node
 // tests) can see exactly what a rank received.
 void print_env_if_asked() {
-  const char* list = std::getenv("DTRAIN_WORKER_PRINT_ENV");
+  const char* list = env_get("DTRAIN_WORKER_PRINT_ENV");
   if (!list || !*list) return;
   std::vector<std::string> names = {"RANK",      "LOCAL_RANK",  "WORLD_SIZE",  "LOCAL_WORLD_SIZE",
                                     "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"};
@@ -122,7 +124,7 @@ void print_env_if_asked() {
     }
   }
   for (const auto& n : names) {
-    const char* v = std::getenv(n.c_str());
+    const char* v = env_get_user_named(n);  // names the user chose: no table lists them
     std::printf("env %s=%s\n", n.c_str(), v ? c_escape(v).c_str() : "<unset>");
   }
   std::fflush(stdout);
