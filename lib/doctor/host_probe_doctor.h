@@ -6,7 +6,7 @@
 
 #include "launch/host_probe.h"
 #include "launch/job.h"
-#include "launch/supervisor.h"
+#include "launch/node_spawner.h"
 
 #include <memory>
 #include <string>

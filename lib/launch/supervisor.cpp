@@ -2,7 +2,6 @@
 #include "launch/supervisor.h"
 
 #include "core/check.h"
-#include "core/env.h"
 #include "core/log.h"
 #include "core/net_address.h"
 #include "launch/agent.h"
@@ -52,11 +51,6 @@ using Clock = std::chrono::steady_clock;
 
 // The least time a node's agent gets, beyond the SSH connect, to send its first heartbeat.
 constexpr std::chrono::milliseconds kFirstBeatFloor = 30s;
-
-std::string expand_home(const std::string& p) {
-  const char* home = env_get("HOME");
-  return path_expand_home(p, home ? home : "");
-}
 
 // " (its agent said: ...)" when the agent printed a warning or error, else "".
 std::string agent_said_suffix(const std::string& said) {
@@ -441,41 +435,6 @@ RoundResult run_round(Job& job, rendezvous::StoreServer& server, rendezvous::Sto
 }
 
 }  // namespace
-
-// ---------------------------------------------------------------------------
-// The node spawners (node_spawner.h)
-
-SshOptions ssh_options_from_config(const config::SshConfig& c) {
-  SshOptions o;
-  o.user = c.user;
-  o.port = static_cast<int>(c.port);
-  o.identity_file = expand_home(c.identity_file);
-  o.known_hosts = expand_home(c.known_hosts);
-  o.policy = c.host_key_policy == "off"          ? SshOptions::HostKeyPolicy::OFF
-             : c.host_key_policy == "accept-new" ? SshOptions::HostKeyPolicy::ACCEPT_NEW
-                                                 : SshOptions::HostKeyPolicy::STRICT;
-  o.connect_timeout = seconds_ms(c.connect_timeout);
-  if (c.keepalive_interval > 0) o.keepalive_interval_s = std::max(1, static_cast<int>(c.keepalive_interval));
-  return o;
-}
-
-NodeSpawner node_spawner_default(const config::TrainConfig& cfg) {
-  SshOptions base = ssh_options_from_config(cfg.cluster.ssh);
-  return [base](const NodePlan& node, const NodeCommand& cmd, const std::string& stdin_data,
-                LineCallback cb) -> std::unique_ptr<Process> {
-    // This machine: no SSH, the agent is our child in its own process group.
-    if (host_is_local(node.host.host))
-      return spawn_local(cmd.argv, cmd.env, cmd.workdir, stdin_data, std::move(cb), true);
-    SshOptions o = base;
-    if (!node.host.user.empty()) o.user = node.host.user;
-    if (node.host.port > 0) o.port = node.host.port;
-    return spawn_ssh(node.host.host, o, cmd.shell_line(), stdin_data, std::move(cb));
-  };
-}
-
-NodeSpawner node_spawner_for(const config::TrainConfig& cfg, const std::string& launcher) {
-  return launcher == "slurm" ? node_spawner_slurm(slurm_allocation_from_env(environ_map())) : node_spawner_default(cfg);
-}
 
 namespace {
 
