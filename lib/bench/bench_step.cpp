@@ -54,8 +54,10 @@ BenchSetup bench_setup_of(config::TrainConfig config, bool cuda) {
                                   s.zero.offload_param ? " + offload_param" : "", s.zero.stage));
   s.zero.overlap_comm = false;
   s.zero.compute_dtype = s.dtype;
-  if (s.dtype == DType::F16) s.loss_scaler = train::loss_scaler_config_from(cfg.fp16);
-  s.cuda_graph = cfg.training.cuda_graph;
+  const train::TrainStepOptions so =
+      train::step_options_from(cfg, s.micro_batch, s.grad_accum, s.seq_len, s.dtype == DType::F16);
+  s.loss_scaler = so.loss_scaler;
+  s.cuda_graph = so.cuda_graph;
   s.lr = static_cast<float>(cfg.optimizer.lr);
   s.seed = static_cast<uint64_t>(cfg.training.seed);
   return s;
