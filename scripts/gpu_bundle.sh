@@ -30,7 +30,7 @@ nvcc=/usr/local/cuda/bin/nvcc
 [ -x "$nvcc" ] || { echo "gpu_bundle.sh: no CUDA toolkit at /usr/local/cuda: the bundle needs nvcc" >&2; exit 2; }
 build=${DTRAIN_GPU_BUILD_DIR:-$root/build-gpu}
 tests=(kernels_conformance_test kernels_gemm_test kernels_attention_test gpu_cuda_device_test gpu_model_device_test
-       gpu_families_device_test gpu_zero_device_test gpu_offload_device_test bench_train_test bench_plan_test
+       gpu_families_device_test gpu_zero_device_test gpu_offload_device_test bench_train_test plan_budget_test
        comm_nccl_test gpu_local_comm_test gpu_ranks_local_test gpu_nccl_single_test)
 launcher=()
 if command -v ccache >/dev/null 2>&1; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi

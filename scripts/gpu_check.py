@@ -63,7 +63,7 @@ STAGE_CAP = {"env": 20, "tests": 150, "sanitizer": 150, "ranks": 180, "job": 60,
 # The GPU test binaries of the real build that run on a GPU (the engine-only suites, which
 # trace the device work, skip there and are left out). In a rehearsal the ones marked
 # True run whole; the others are listed (their own EMU ctest runs them).
-GPU_TESTS = [("gpu_cuda_device_test", True), ("kernels_gemm_test", True), ("bench_plan_test", True),
+GPU_TESTS = [("gpu_cuda_device_test", True), ("kernels_gemm_test", True), ("plan_budget_test", True),
              ("kernels_conformance_test", False), ("kernels_attention_test", False),
              ("gpu_model_device_test", False), ("gpu_families_device_test", False), ("gpu_zero_device_test", False),
              ("gpu_offload_device_test", False), ("bench_train_test", False), ("comm_nccl_test", False),

@@ -15,7 +15,7 @@ stores/loads, static shared memory) and fails, naming the kernel and architectur
   kernel_resources.py --objects BUILD/kernels/CMakeFiles/dtrain_kernels.dir --archs "80;90"
 
 The registers of the tensor-core attention kernels also feed the `--plan` budget's blocks per
-SM (lib/bench/plan_occupancy.cpp): --plan-table FILE writes them as lib/bench/
+SM (lib/plan/plan_occupancy.cpp): --plan-table FILE writes them as lib/plan/
 plan_kernel_resources.inc, and --check-plan-table FILE fails when the committed table no
 longer matches this build's reports (for the architectures the build has).
 """

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Writes lib/bench/plan_gemm_table.inc: the shape-dependent cuBLAS bf16 GEMM efficiency that
-`dtrain bench train --plan` charges each cuBLASLt matmul (lib/bench/plan_gemm.cpp).
+"""Writes lib/plan/plan_gemm_table.inc: the shape-dependent cuBLAS bf16 GEMM efficiency that
+`dtrain bench train --plan` charges each cuBLASLt matmul (lib/plan/plan_gemm.cpp).
 
 Source (published measurements, not ours): OpenXLA's default matmul performance table for
 sm_90 (an H100), third_party/xla/xla/service/gpu/model/matmul_interpolator_data.h in
@@ -17,7 +17,7 @@ and in outputs (a running maximum over the smaller cells): the published points 
 per cent of noise (the one 2^26 entry at K 4096 is below its 2^25 neighbours), and a lookup
 that got slower for a larger problem would make the band jump between shapes.
 
-  scripts/plan_gemm_table.py > lib/bench/plan_gemm_table.inc
+  scripts/plan_gemm_table.py > lib/plan/plan_gemm_table.inc
 """
 import collections
 import math

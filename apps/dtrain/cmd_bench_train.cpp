@@ -1,12 +1,12 @@
 // `dtrain bench train --config FILE`: prints the one-device training throughput that
 // lib/bench/bench_train measures (a table, or one JSON object with --json), or with --plan
-// the step's predicted GPU budget (lib/bench/bench_plan: no GPU needed), and with --cluster
-// the step's cluster plan on those clusters (lib/bench/plan_cluster). main.cpp registers the
+// the step's predicted GPU budget (lib/plan/bench_plan: no GPU needed), and with --cluster
+// the step's cluster plan on those clusters (lib/plan/plan_cluster). main.cpp registers the
 // subcommand; DeviceError (exit code 8) for a timed GPU run without a CUDA build or a GPU.
 #include "bench/bench_attention.h"
-#include "bench/bench_plan.h"
+#include "plan/bench_plan.h"
 #include "bench/bench_train.h"
-#include "bench/plan_cluster.h"
+#include "plan/plan_cluster.h"
 #include "core/check.h"
 #include "device/kind.h"
 
@@ -22,18 +22,18 @@ namespace {
 
 // The --plan report, then each cluster's plan of the same step and their summary.
 std::string plan_with_clusters(const bench::BenchTrainOptions& o, const std::string& gpu, const std::string& cluster) {
-  const auto specs = bench::cluster_specs_parse(cluster);
-  const bench::BenchPlanResult r = bench::bench_plan_run(o, gpu);
+  const auto specs = plan::cluster_specs_parse(cluster);
+  const plan::BenchPlanResult r = plan::bench_plan_run(o, gpu);
   const bench::BenchSetup s = bench::bench_setup_from(o.config_path, o.sets, true);
-  const bench::ClusterCompute compute = bench::cluster_compute_of(r);
-  std::string out = bench::bench_plan_format(r, false);
-  std::vector<bench::ClusterPlan> plans;
+  const plan::ClusterCompute compute = plan::cluster_compute_of(r);
+  std::string out = plan::bench_plan_format(r, false);
+  std::vector<plan::ClusterPlan> plans;
   for (const auto& [nodes, gpus] : specs) {
-    plans.push_back(bench::cluster_plan_of(s, compute, nodes, gpus));
-    out += fmt::format("\nstep plan on {} x {} (predicted):\n", nodes, gpus) +
-           bench::plan_cluster_text(plans.back(), "  ");
+    plans.push_back(plan::cluster_plan_of(s, compute, nodes, gpus));
+    out +=
+        fmt::format("\nstep plan on {} x {} (predicted):\n", nodes, gpus) + plan::plan_cluster_text(plans.back(), "  ");
   }
-  return out + "\n" + bench::plan_cluster_summary(plans);
+  return out + "\n" + plan::plan_cluster_summary(plans);
 }
 
 }  // namespace
@@ -50,7 +50,7 @@ int run_bench_train(const std::string& config_path, const std::vector<std::strin
   DT_ENFORCE(cluster.empty() || plan, UsageError, "--cluster {} plans a step: give it with --plan", cluster);
   DT_ENFORCE(cluster.empty() || !json, UsageError, "--cluster prints tables: drop --json (or --cluster)");
   const std::string out = !cluster.empty() ? plan_with_clusters(o, gpu, cluster)
-                          : plan           ? bench::bench_plan_format(bench::bench_plan_run(o, gpu), json)
+                          : plan           ? plan::bench_plan_format(plan::bench_plan_run(o, gpu), json)
                                            : bench::bench_train_format(bench::bench_train_run(o), json);
   std::fputs(out.c_str(), stdout);
   std::fflush(stdout);

@@ -2,7 +2,7 @@
 #include "bench_options.h"
 #include "commands.h"
 
-#include "bench/plan_cluster.h"
+#include "plan/plan_cluster.h"
 #include "core/check.h"
 #include "core/input_file.h"
 #include "core/log.h"
@@ -100,14 +100,14 @@ config::TrainConfig planned_config(const launch::Job& job, train::RecomputeChoic
   return train::recompute_resolve(job.cfg, job.plan.world_size, capacity, choice);
 }
 
-// The step-time prediction beside the memory plan (bench/plan_cluster.h): the job's nodes and
+// The step-time prediction beside the memory plan (plan/plan_cluster.h): the job's nodes and
 // GPUs per node (the most any node has), priced on an H100 SXM, or an H200 for a --plan-for
 // GPU of 120 GB or more.
 std::string cluster_plan(const launch::Job& job, const config::TrainConfig& cfg) {
   size_t most = 0;
   for (const auto& n : job.plan.nodes) most = std::max(most, n.ranks.size());
   const std::string gpu = job.plan_for && job.plan_for->gpu_bytes >= 120e9 ? "h200" : "h100";
-  return bench::cluster_plan_report(cfg, static_cast<int>(job.plan.nodes.size()), static_cast<int>(most), gpu);
+  return plan::cluster_plan_report(cfg, static_cast<int>(job.plan.nodes.size()), static_cast<int>(most), gpu);
 }
 
 void print_dry_run(const launch::Job& job, bool training = false) {

@@ -68,8 +68,8 @@ int run_plot(const std::string& run_dir, const std::string& out_png, int width, 
 int run_status(const std::string& run_dir);
 
 // cmd_bench_train.cpp
-// plan: the predicted budget of the step (lib/bench/bench_plan.h) instead of a timed run;
-// cluster (with plan): "NxW,..." adds the step's cluster plan there (lib/bench/plan_cluster.h).
+// plan: the predicted budget of the step (lib/plan/bench_plan.h) instead of a timed run;
+// cluster (with plan): "NxW,..." adds the step's cluster plan there (lib/plan/plan_cluster.h).
 // `dtrain bench attention`: shape "B,T,NH,NKV,HD", dtype bf16/fp16/fp32, device cuda/cpu.
 int run_bench_attention(const std::string& shape, const std::string& dtype, const std::string& device, int iters,
                         int warmup, bool json);

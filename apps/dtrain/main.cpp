@@ -1,6 +1,6 @@
 // dtrain command line: parses arguments (CLI11), dispatches to the cmd_* functions, and
 // maps typed exceptions to process exit codes. The only place that catches dtrain::Error.
-#include "bench/plan_occupancy.h"
+#include "plan/plan_occupancy.h"
 #include "bench_options.h"
 #include "commands.h"
 #include "config/hostfile.h"
@@ -285,7 +285,7 @@ void add_bench_train(CLI::App* bench, Commands& out) {
                 "predict the step on a GPU instead of timing it: every launch the CUDA code issues, with "
                 "its FLOPs, bytes and a low/high roofline time band, and the step's MFU band (needs no GPU)");
   cmd->add_option("--gpu", bt->gpu, "with --plan: the GPU profile the step is priced on")
-      ->check(CLI::IsMember(dtrain::bench::plan_gpu_names()))
+      ->check(CLI::IsMember(dtrain::plan::plan_gpu_names()))
       ->capture_default_str();
   cmd->add_option("--cluster", bt->cluster,
                   "with --plan: also the step on these clusters (NODESxGPUS, comma-separated: 1x8,2x8,16x8): "

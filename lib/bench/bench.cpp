@@ -201,6 +201,40 @@ Shape shape_for(Collective c, size_t bytes, DType t, int n) {
   }
 }
 
+// The output elements of one collective on rank r (got, as the device left them) that
+// differ from what the pattern's inputs give.
+int64_t count_wrong(const Shape& s, const Pattern& p, int n, int r, const BenchOptions& opts,
+                    const std::vector<char>& got) {
+  const DType t = opts.dtype;
+  const ReduceOp op = opts.op;
+  int64_t wrong = 0;
+  for (size_t i = 0; i < s.out_elems; ++i) {
+    const float g = dtype_load(got.data(), i, t);
+    float want = 0;
+    bool ok = false;
+    switch (s.coll) {
+      case Collective::ALLREDUCE:
+        want = expected_reduce(p, n, i, op);
+        ok = matches(g, want, op, t);
+        break;
+      case Collective::REDUCE_SCATTER:
+        want = expected_reduce(p, n, r * s.count + i, op);
+        ok = matches(g, want, op, t);
+        break;
+      case Collective::ALL_GATHER:
+        want = p.value(static_cast<int>(i / s.count), i);
+        ok = g == want;
+        break;
+      case Collective::BROADCAST:
+        want = p.value(opts.root, i);
+        ok = g == want;
+        break;
+    }
+    if (!ok) ++wrong;
+  }
+  return wrong;
+}
+
 class Runner {
  public:
   Runner(Communicator& comm, const BenchOptions& opts, size_t max_bytes)
@@ -257,19 +291,18 @@ class Runner {
   int64_t check(const Shape& s, bool in_place) {
     const DType t = opts_.dtype;
     const size_t es = dtype_size(t);
-    const Pattern p = pattern_;
     const int r = rank_;
     std::vector<char> host;
     // Inputs: for all_gather rank r contributes value(r, r*count + i) so that every
     // output position is distinct; otherwise value(r, i) over the input.
     switch (s.coll) {
       case Collective::ALL_GATHER:
-        fill(host, t, s.in_elems, [&](size_t i) { return p.value(r, r * s.count + i); });
+        fill(host, t, s.in_elems, [&](size_t i) { return pattern_.value(r, r * s.count + i); });
         if (in_place) recv_.copy_from_host(host.data(), host.size(), r * s.count * es);
         else send_.copy_from_host(host.data(), host.size());
         break;
       default:
-        fill(host, t, s.in_elems, [&](size_t i) { return p.value(r, i); });
+        fill(host, t, s.in_elems, [&](size_t i) { return pattern_.value(r, i); });
         if (in_place && s.coll != Collective::REDUCE_SCATTER) recv_.copy_from_host(host.data(), host.size());
         else send_.copy_from_host(host.data(), host.size());
         break;
@@ -280,34 +313,7 @@ class Runner {
     std::vector<char> got(s.out_elems * es);
     if (s.coll == Collective::REDUCE_SCATTER && in_place) send_.copy_to_host(got.data(), got.size(), r * s.count * es);
     else recv_.copy_to_host(got.data(), got.size());
-
-    const ReduceOp op = opts_.op;
-    int64_t wrong = 0;
-    for (size_t i = 0; i < s.out_elems; ++i) {
-      const float g = dtype_load(got.data(), i, t);
-      float want = 0;
-      bool ok = false;
-      switch (s.coll) {
-        case Collective::ALLREDUCE:
-          want = expected_reduce(p, n_, i, op);
-          ok = matches(g, want, op, t);
-          break;
-        case Collective::REDUCE_SCATTER:
-          want = expected_reduce(p, n_, r * s.count + i, op);
-          ok = matches(g, want, op, t);
-          break;
-        case Collective::ALL_GATHER:
-          want = p.value(static_cast<int>(i / s.count), i);
-          ok = g == want;
-          break;
-        case Collective::BROADCAST:
-          want = p.value(opts_.root, i);
-          ok = g == want;
-          break;
-      }
-      if (!ok) ++wrong;
-    }
-    return wrong;
+    return count_wrong(s, pattern_, n_, r, opts_, got);
   }
 
   // Element-wise MAX (times) or SUM (#wrong) of a few doubles across ranks, through the

@@ -1,5 +1,5 @@
-// BenchSetup from a training config and the synthetic batches of the step `dtrain bench
-// train` times and `--plan` budgets.
+// BenchSetup from a training config, the synthetic batches of the step `dtrain bench
+// train` times and `--plan` budgets, and the shape both reports give of it.
 #include "bench/bench_step.h"
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 #include "train/model_factory.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 namespace dtrain::bench {
 
@@ -54,8 +55,10 @@ BenchSetup bench_setup_of(config::TrainConfig config, bool cuda) {
                                   s.zero.offload_param ? " + offload_param" : "", s.zero.stage));
   s.zero.overlap_comm = false;
   s.zero.compute_dtype = s.dtype;
-  if (s.dtype == DType::F16) s.loss_scaler = train::loss_scaler_config_from(cfg.fp16);
-  s.cuda_graph = cfg.training.cuda_graph;
+  const train::TrainStepOptions so =
+      train::step_options_from(cfg, s.micro_batch, s.grad_accum, s.seq_len, s.dtype == DType::F16);
+  s.loss_scaler = so.loss_scaler;
+  s.cuda_graph = so.cuda_graph;
   s.lr = static_cast<float>(cfg.optimizer.lr);
   s.seed = static_cast<uint64_t>(cfg.training.seed);
   return s;
@@ -84,6 +87,33 @@ BenchBatch bench_batch(const BenchSetup& s, uint64_t index) {
     b.counts.push_back(static_cast<int64_t>(n));
   }
   return b;
+}
+
+void step_shape_set(StepShape& into, const std::string& config, const BenchSetup& s) {
+  into.config = config;
+  into.arch = model::arch_name(s.model.arch);
+  into.dtype = dtype_name(s.dtype);
+  into.lora_rank = s.lora ? s.lora->rank : 0;
+  into.n_layer = s.model.n_layer;
+  into.d_model = s.model.d_model;
+  into.micro_batch = s.micro_batch;
+  into.seq_len = s.seq_len;
+  into.grad_accum = s.grad_accum;
+}
+
+nlohmann::json step_shape_json(const StepShape& r) {
+  return {{"config", r.config},
+          {"arch", r.arch},
+          {"dtype", r.dtype},
+          {"params", r.params},
+          {"trainable_params", r.trainable_params},
+          {"lora_rank", r.lora_rank},
+          {"n_layer", r.n_layer},
+          {"d_model", r.d_model},
+          {"micro_batch", r.micro_batch},
+          {"seq_len", r.seq_len},
+          {"grad_accum", r.grad_accum},
+          {"tokens_per_step", static_cast<int64_t>(r.micro_batch) * r.seq_len * r.grad_accum}};
 }
 
 }  // namespace dtrain::bench

@@ -12,6 +12,8 @@
 #include "train/train_step.h"
 #include "train/zero_engine.h"
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -55,5 +57,18 @@ struct BenchBatch {
   train::StepBatch view() const { return {&inputs, &targets, &counts}; }
 };
 BenchBatch bench_batch(const BenchSetup& s, uint64_t index);
+
+/// What a report says of the step it timed (bench_train_format) or planned (`--plan`): the
+/// config, the model and the batch.
+struct StepShape {
+  std::string config, arch, dtype;
+  int64_t params = 0, trainable_params = 0;  ///< of the model built (the caller's)
+  int lora_rank = 0;                         ///< 0 = full fine-tune
+  int n_layer = 0, d_model = 0, micro_batch = 0, seq_len = 0, grad_accum = 0;
+};
+/// The shape of the setup s read from `config` (the parameter counts left to the caller).
+void step_shape_set(StepShape& into, const std::string& config, const BenchSetup& s);
+/// Its fields in both reports' JSON, with tokens_per_step.
+nlohmann::json step_shape_json(const StepShape& r);
 
 }  // namespace dtrain::bench

@@ -4,6 +4,7 @@
 // figure needs a CUDA build and a device; --device cpu measures the CPU reference model.
 #pragma once
 
+#include "bench/bench_step.h"
 #include "device/kind.h"
 #include "model/config.h"
 #include "train/zero_engine.h"
@@ -23,12 +24,10 @@ struct BenchTrainOptions {
   device::Kind device = device::Kind::CUDA;  ///< or CPU: the CPU model, always fp32
 };
 
-struct BenchTrainResult {
-  std::string config, device_name, arch, dtype;
+struct BenchTrainResult : StepShape {
+  std::string device_name;
   device::Kind device = device::Kind::CUDA;
-  int64_t params = 0, trainable_params = 0;
-  int lora_rank = 0;  ///< 0 = full fine-tune
-  int n_layer = 0, d_model = 0, micro_batch = 0, seq_len = 0, grad_accum = 0, steps = 0, warmup = 0;
+  int steps = 0, warmup = 0;
   double step_ms = 0, tokens_per_s = 0;
   double flops_per_token = 0;  ///< see flops_formula
   std::string flops_formula;
@@ -43,7 +42,7 @@ struct BenchTrainResult {
   double planned_device_bytes = 0;
   size_t pool_peak_bytes = 0, pool_reserved_bytes = 0;
   double final_loss = 0;
-  std::vector<double> losses;      ///< every step's loss, warm-up steps included
+  std::vector<double> losses;  ///< every step's loss, warm-up steps included
   /// Every step's wall time (ms), warm-up steps included: the first step's cost (cuBLASLt
   /// plans, allocator growth) beside the timed steps' mean, step_ms.
   std::vector<double> step_ms_each;

@@ -1,7 +1,8 @@
 // The widths and memory one rank's batch needs, checked when the batch is resolved and
 // before anything is allocated: a micro-batch of 2^31 sequences, or micro 65536 x
 // accumulation 65536, is a config error naming the key, not std::bad_alloc on a rank.
-// Also the monitor's memory threshold against the node's memory.
+// Also the monitor's memory threshold against the node's memory, and the two rules the
+// trainer's memory plan counts with too (a step's token ids, the recompute's activation sets).
 #include "config/train_config.h"
 
 #include "core/check.h"
@@ -22,16 +23,24 @@ double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
 
 }  // namespace
 
+double config_batch_token_bytes(const TrainConfig& cfg, double tokens_per_micro) {
+  const double g = static_cast<double>(std::max<int64_t>(1, cfg.resolved_grad_accum_steps));
+  return g * tokens_per_micro * 2 * sizeof(int32_t);
+}
+
+double config_activation_sets(double n_layer, double recomputed) {
+  return n_layer - recomputed + (recomputed > 0 ? 1 : 0);
+}
+
 BatchFootprint config_batch_footprint(const TrainConfig& cfg) {
   BatchFootprint f;
   if (!cfg.data.seq_len || cfg.resolved_micro_batch_size <= 0) return f;
   // Products in double: the point is to refuse the ones that overflow.
-  const double T = static_cast<double>(*cfg.data.seq_len), m = static_cast<double>(cfg.resolved_micro_batch_size),
-               g = static_cast<double>(std::max<int64_t>(1, cfg.resolved_grad_accum_steps));
+  const double T = static_cast<double>(*cfg.data.seq_len), m = static_cast<double>(cfg.resolved_micro_batch_size);
   const double N = m * T;
   f.tokens_per_micro = N > static_cast<double>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(N);
   // The trainer keeps every micro-batch of the step on the host: int32 ids and targets.
-  f.batch_bytes = g * N * 2 * sizeof(int32_t);
+  f.batch_bytes = config_batch_token_bytes(cfg, N);
   const ModelConfig& mc = cfg.model;
   if (!mc.n_layer || !mc.d_model || !mc.vocab_size) return f;
   const double L = static_cast<double>(*mc.n_layer), C = static_cast<double>(*mc.d_model),
@@ -42,7 +51,7 @@ BatchFootprint config_batch_footprint(const TrainConfig& cfg) {
   // not given), the fewest sets it can choose (every layer recomputed): a lower bound.
   const ActivationCheckpointingConfig& ac = cfg.activation_checkpointing;
   const double k = ac.layers ? std::min(L, static_cast<double>(*ac.layers)) : ac.enabled.value_or(true) ? L : 0;
-  const double sets = L - k + (k > 0 ? 1 : 0);
+  const double sets = config_activation_sets(L, k);
   const double es = cfg.fp16.enabled || cfg.bf16.enabled ? 2 : 4;
   f.activation_bytes = N * (L * C + sets * (3 * C + 2 * F) + V) * es;
   const double params = V * C + L * (2 * C * C + 2 * C * F);

@@ -258,7 +258,7 @@ struct MonitorConfig {
   bool operator==(const MonitorConfig&) const = default;
 };
 
-// The links the cluster plan (`dtrain launch --dry-run`, lib/bench/plan_cluster.h) prices
+// The links the cluster plan (`dtrain launch --dry-run`, lib/plan/plan_cluster.h) prices
 // the collectives on, per GPU.
 struct LinkConfig {
   double intra_node_gbytes = 360.0;  // NCCL bus bandwidth inside a node (NVLink/NVSwitch), GB/s
@@ -367,6 +367,14 @@ struct BatchFootprint {
   double total() const { return batch_bytes + activation_bytes + weight_bytes; }
 };
 BatchFootprint config_batch_footprint(const TrainConfig& cfg);
+
+// The rules the footprint above shares with the trainer's memory plan (train/memory_plan.h),
+// written once here. The host bytes of a step's token ids and targets (int32 each): the
+// step's micro-batches (resolved_grad_accum_steps, at least 1) of `tokens_per_micro` tokens.
+double config_batch_token_bytes(const TrainConfig& cfg, double tokens_per_micro);
+// The activation sets an arena of n_layer layers keeps with `recomputed` of them recomputed
+// in backward: one per kept layer, and one the recomputed layers share.
+double config_activation_sets(double n_layer, double recomputed);
 
 // ConfigError naming train_micro_batch_size_per_gpu (and gradient_accumulation_steps) when
 // the widths the trainer uses cannot hold the batch: micro x seq_len tokens above INT32_MAX.

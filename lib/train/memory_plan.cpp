@@ -65,206 +65,276 @@ struct WorkPlan {
   double most_bucket = 0;  // bytes of the largest gradient bucket (its collective's buffer)
 };
 
-WorkPlan work_plan(const std::vector<PlanBuf>& bufs, const config::TrainConfig& cfg, int n_layer, bool tied, double W,
-                   double c, double wire) {
-  WorkPlan r;
-  const int st = cfg.zero.stage;
-  const double R = static_cast<double>(cfg.zero.reduce_bucket_size);
-  auto shard = [&](double n) { return st == 0 ? n : std::ceil(n / W); };
-  auto round64 = [](double b) { return std::ceil(b / 64) * 64; };
-  std::map<double, int> live, most;  // blocks in use and the most at once, by size
-  double live_bytes = 0;
-  auto take = [&](double bytes) {
+double round64(double b) { return std::ceil(b / 64) * 64; }
+
+// The block cache's count: blocks in use and the most at once, by (64-byte rounded) size.
+class BlockCount {
+ public:
+  void take(double bytes) {
     if (bytes <= 0) return;
     bytes = round64(bytes);
-    live_bytes += bytes;
-    r.live = std::max(r.live, live_bytes);
-    int& k = live[bytes];
+    live_bytes_ += bytes;
+    peak_ = std::max(peak_, live_bytes_);
+    int& k = live_[bytes];
     ++k;
-    most[bytes] = std::max(most[bytes], k);
-  };
-  auto give = [&](double bytes) {
+    most_[bytes] = std::max(most_[bytes], k);
+  }
+  void give(double bytes) {
     if (bytes <= 0) return;
     bytes = round64(bytes);
-    live_bytes -= bytes;
-    --live[bytes];
-  };
-  // Buckets in backward order (ZeroEngine::plan_buckets): consecutive trainable buffers
-  // while their full sizes stay within reduce_bucket_size.
-  const size_t NB = bufs.size();
-  std::vector<int> bucket_of(NB, -1);
-  std::vector<double> seg, full;
-  std::vector<int> slots_in;
-  for (int l = n_layer; l >= -1; --l)
-    for (size_t i = 0; i < NB; ++i) {
-      if (bufs[i].layer != l || !bufs[i].trainable) continue;
-      if (seg.empty() || full.back() + bufs[i].n > R) {
-        seg.push_back(0);
-        full.push_back(0);
-        slots_in.push_back(0);
-      }
-      bucket_of[i] = static_cast<int>(seg.size()) - 1;
-      seg.back() += shard(bufs[i].n);
-      full.back() += bufs[i].n;
-      ++slots_in.back();
-    }
-  auto bucket_bytes = [&](size_t b) { return 4 * (st == 0 ? seg[b] : W * seg[b]); };
-  for (size_t b = 0; b < seg.size(); ++b) r.most_bucket = std::max(r.most_bucket, bucket_bytes(b));
-  // Stages 1-2 after the update: the trainable shards all-gathered back into the model,
-  // consecutive buffers while their full sizes stay within allgather_bucket_size, each
-  // group through a buffer of its own in the compute dtype (ZeroEngine::gather_into_model).
-  const double A = static_cast<double>(cfg.zero.allgather_bucket_size);
-  auto post_step_gather = [&] {
-    double group = 0, group_full = 0;
-    bool any = false;
-    for (const PlanBuf& b : bufs) {
-      if (!b.trainable) continue;
-      if (any && group_full + b.n > A) {
-        take(W * group * c);
-        give(W * group * c);
-        r.gather = std::max(r.gather, round64(W * group * c));
-        group = group_full = 0;
-      }
-      any = true;
-      group += shard(b.n);
-      group_full += b.n;
-    }
-    if (any) {
-      take(W * group * c);
-      give(W * group * c);
-      r.gather = std::max(r.gather, round64(W * group * c));
-    }
-  };
-  auto held_of = [&] {
+    live_bytes_ -= bytes;
+    --live_[bytes];
+  }
+  double peak() const { return peak_; }
+  // What the cache holds at most: small blocks are not kept, they count while in use.
+  double held() const {
     double held = 0;
-    for (const auto& [bytes, k] : most) held += bytes >= kCacheMin ? bytes * k : 0;
-    return std::max(held, r.live);  // small blocks are not kept: they count while in use
-  };
-  if (st <= 1) {
-    if (W <= 1) return r;  // one rank: no collective, no scratch
-    double most_len = 0;
-    for (size_t b = 0; b < seg.size(); ++b)
-      if (!(st == 0 && slots_in[b] == 1)) most_len = std::max(most_len, bucket_bytes(b));
-    r.bucket = most_len;
-    take(most_len);
-    give(most_len);
-    if (st == 1) post_step_gather();
-    r.held = held_of();
-    return r;
+    for (const auto& [bytes, k] : most_) held += bytes >= kCacheMin ? bytes * k : 0;
+    return std::max(held, peak_);
   }
-  // Stage 3: per layer (-1 embeddings .. n_layer head) its sharded elements.
-  const auto L = static_cast<size_t>(n_layer) + 2;
-  std::vector<double> layer_sharded(L, 0);
-  auto sharded = [&](const PlanBuf& b) {
-    return st == 3 && b.n >= static_cast<double>(cfg.zero.stage3_param_persistence_threshold);
-  };
-  for (const PlanBuf& b : bufs)
-    if (sharded(b)) layer_sharded[static_cast<size_t>(b.layer + 1)] += b.n;
-  std::vector<char> gathered(L, 0);
-  auto gather_bytes = [&](size_t li) {
-    double bytes = 0;
-    for (const PlanBuf& b : bufs)
-      if (static_cast<size_t>(b.layer + 1) == li && sharded(b)) bytes += round64(W * shard(b.n) * c);
-    return bytes;
-  };
-  auto gather = [&](size_t li, bool on) {
-    if (gathered[li] == on) return;
-    gathered[li] = on;
-    for (const PlanBuf& b : bufs)
-      if (static_cast<size_t>(b.layer + 1) == li && sharded(b)) {
-        if (!on) {
-          give(W * shard(b.n) * c);
-          continue;
-        }
-        take(W * shard(b.n) * c);
-        take(W * shard(b.n) * wire);  // the 16-bit wire of an fp32 model (freed after the cast)
-        give(W * shard(b.n) * wire);
-      }
-  };
-  const double P = static_cast<double>(cfg.zero.stage3_prefetch_bucket_size),
-               M = static_cast<double>(cfg.zero.stage3_max_live_parameters);
-  double gather_peak = 0;
-  auto visit = [&](int layer, int dir) {
-    std::vector<char> keep(L, 0);
-    keep[static_cast<size_t>(layer + 1)] = 1;
-    if (tied && ((dir > 0 && layer == n_layer) || dir < 0)) keep[0] = 1;
-    double held = 0, window = 0;
-    for (size_t li = 0; li < L; ++li)
-      if (keep[li]) held += layer_sharded[li];
-    for (int l = layer + dir; l >= -1 && l <= n_layer; l += dir) {
-      const double need = layer_sharded[static_cast<size_t>(l + 1)];
-      if (window + need > P || held + window + need > M) break;
-      window += need;
-      keep[static_cast<size_t>(l + 1)] = 1;
-    }
-    for (size_t li = 0; li < L; ++li)
-      if (gathered[li] && !keep[li]) gather(li, false);
-    for (size_t li = 0; li < L; ++li)
-      if (keep[li]) gather(li, true);
-    double g = 0;
-    for (size_t li = 0; li < L; ++li)
-      if (gathered[li]) g += gather_bytes(li);
-    gather_peak = std::max(gather_peak, g);
-  };
-  std::vector<char> wgrad(NB, 0);
-  std::vector<int> packed(seg.size(), 0);
-  std::vector<char> bucket_live(seg.size(), 0);
-  int pending = -1;  // overlap_comm: the bucket still reducing while the next one fills
-  double layer_grad_peak = 0, wg = 0;
-  auto attach = [&](int l) {
-    for (size_t i = 0; i < NB; ++i)
-      if (bufs[i].layer == l && bufs[i].trainable && !wgrad[i]) {
-        wgrad[i] = 1;
-        take(4 * bufs[i].n);
-        wg += round64(4 * bufs[i].n);
-      }
-    layer_grad_peak = std::max(layer_grad_peak, wg);
-  };
-  if (st == 3)
-    for (int l = -1; l <= n_layer; ++l) visit(l, +1);
-  for (int l = n_layer; l >= -1; --l) {
-    if (st == 3) visit(l, -1);
-    attach(l);
-    if (l == n_layer && tied) attach(-1);
-    for (size_t i = 0; i < NB; ++i) {
-      if (bufs[i].layer != l || !bufs[i].trainable) continue;
-      const auto b = static_cast<size_t>(bucket_of[i]);
-      if (!bucket_live[b]) {
-        bucket_live[b] = 1;
-        take(bucket_bytes(b));
-      }
-      wgrad[i] = 0;
-      give(4 * bufs[i].n);
-      wg -= round64(4 * bufs[i].n);
-      if (++packed[b] == slots_in[b]) {
-        if (pending >= 0) give(bucket_bytes(static_cast<size_t>(pending)));
-        pending = -1;
-        if (cfg.zero.overlap_comm) pending = static_cast<int>(b);
-        else give(bucket_bytes(b));
-      }
-    }
-    if (st == 3) gather(static_cast<size_t>(l + 1), false);
+
+ private:
+  std::map<double, int> live_, most_;
+  double live_bytes_ = 0, peak_ = 0;
+};
+
+// Gradient buckets in backward order (ZeroEngine::plan_buckets): consecutive trainable
+// buffers while their full sizes stay within reduce_bucket_size.
+struct Buckets {
+  std::vector<int> of;       // each buffer's bucket (-1: frozen)
+  std::vector<double> seg;   // a rank's elements of each bucket
+  std::vector<double> full;  // each bucket's full elements
+  std::vector<int> slots;    // buffers in each bucket
+};
+
+// The replay itself (work_plan): its state is the cache count, the buckets and, at stage 3,
+// which layers are gathered.
+class WorkReplay {
+ public:
+  WorkReplay(const std::vector<PlanBuf>& bufs, const config::TrainConfig& cfg, int n_layer, bool tied, double W,
+             double c, double wire)
+      : bufs_(bufs), cfg_(cfg), n_layer_(n_layer), tied_(tied), W_(W), c_(c), wire_(wire), st_(cfg.zero.stage) {}
+
+  WorkPlan run();
+
+ private:
+  double shard(double n) const { return st_ == 0 ? n : std::ceil(n / W_); }
+  void plan_buckets();
+  double bucket_bytes(size_t b) const { return 4 * (st_ == 0 ? buckets_.seg[b] : W_ * buckets_.seg[b]); }
+  void post_step_gather();
+  void gather_group(double group);
+  WorkPlan scratch_only();
+  // Stage 3's gathered layers (index layer + 1: -1 embeddings .. n_layer head).
+  bool sharded(const PlanBuf& b) const {
+    return st_ == 3 && b.n >= static_cast<double>(cfg_.zero.stage3_param_persistence_threshold);
   }
-  if (pending >= 0) give(bucket_bytes(static_cast<size_t>(pending)));
-  if (st == 2 && W > 1) post_step_gather();
-  r.gather = std::max(r.gather, gather_peak);
-  r.layer_grad = layer_grad_peak;
-  r.bucket = r.most_bucket * (cfg.zero.overlap_comm ? 2 : 1);
-  r.held = held_of();
-  return r;
+  double gather_bytes(size_t li) const;
+  void gather(size_t li, bool on);
+  void visit(int layer, int dir);
+  void attach(int l);
+  void backward();
+
+  const std::vector<PlanBuf>& bufs_;
+  const config::TrainConfig& cfg_;
+  const int n_layer_;
+  const bool tied_;
+  const double W_, c_, wire_;
+  const int st_;
+  WorkPlan r_;
+  BlockCount blocks_;
+  Buckets buckets_;
+  std::vector<double> layer_sharded_;
+  std::vector<char> gathered_, wgrad_;
+  double gather_peak_ = 0, layer_grad_peak_ = 0, wg_ = 0;
+};
+
+void WorkReplay::plan_buckets() {
+  const double R = static_cast<double>(cfg_.zero.reduce_bucket_size);
+  Buckets& k = buckets_;
+  k.of.assign(bufs_.size(), -1);
+  for (int l = n_layer_; l >= -1; --l)
+    for (size_t i = 0; i < bufs_.size(); ++i) {
+      if (bufs_[i].layer != l || !bufs_[i].trainable) continue;
+      if (k.seg.empty() || k.full.back() + bufs_[i].n > R) {
+        k.seg.push_back(0);
+        k.full.push_back(0);
+        k.slots.push_back(0);
+      }
+      k.of[i] = static_cast<int>(k.seg.size()) - 1;
+      k.seg.back() += shard(bufs_[i].n);
+      k.full.back() += bufs_[i].n;
+      ++k.slots.back();
+    }
+  for (size_t b = 0; b < k.seg.size(); ++b) r_.most_bucket = std::max(r_.most_bucket, bucket_bytes(b));
 }
 
-}  // namespace
+// Stages 1-2 after the update: the trainable shards all-gathered back into the model,
+// consecutive buffers while their full sizes stay within allgather_bucket_size, each
+// group through a buffer of its own in the compute dtype (ZeroEngine::gather_into_model).
+void WorkReplay::post_step_gather() {
+  const double A = static_cast<double>(cfg_.zero.allgather_bucket_size);
+  double group = 0, group_full = 0;
+  bool any = false;
+  for (const PlanBuf& b : bufs_) {
+    if (!b.trainable) continue;
+    if (any && group_full + b.n > A) {
+      gather_group(group);
+      group = group_full = 0;
+    }
+    any = true;
+    group += shard(b.n);
+    group_full += b.n;
+  }
+  if (any) gather_group(group);
+}
 
-MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
-  MemoryPlan p;
-  p.world = std::max(1, world);
-  p.stage = cfg.zero.stage;
-  p.cuda = cfg.training.device == "cuda";
-  p.mixed = cfg.bf16.enabled || cfg.fp16.enabled;
-  p.lora = cfg.lora.enabled();
-  p.deferred = p.stage == 3 || p.cuda;
-  const model::ModelConfig mc = model_config_from(cfg);
+void WorkReplay::gather_group(double group) {
+  blocks_.take(W_ * group * c_);
+  blocks_.give(W_ * group * c_);
+  r_.gather = std::max(r_.gather, round64(W_ * group * c_));
+}
+
+// Stages 0-1: one scratch of the largest bucket reduced (none on one rank: no collective).
+WorkPlan WorkReplay::scratch_only() {
+  if (W_ <= 1) return r_;
+  double most_len = 0;
+  for (size_t b = 0; b < buckets_.seg.size(); ++b)
+    if (!(st_ == 0 && buckets_.slots[b] == 1)) most_len = std::max(most_len, bucket_bytes(b));
+  r_.bucket = most_len;
+  blocks_.take(most_len);
+  blocks_.give(most_len);
+  if (st_ == 1) post_step_gather();
+  r_.live = blocks_.peak();
+  r_.held = blocks_.held();
+  return r_;
+}
+
+double WorkReplay::gather_bytes(size_t li) const {
+  double bytes = 0;
+  for (const PlanBuf& b : bufs_)
+    if (static_cast<size_t>(b.layer + 1) == li && sharded(b)) bytes += round64(W_ * shard(b.n) * c_);
+  return bytes;
+}
+
+void WorkReplay::gather(size_t li, bool on) {
+  if (gathered_[li] == on) return;
+  gathered_[li] = on;
+  for (const PlanBuf& b : bufs_)
+    if (static_cast<size_t>(b.layer + 1) == li && sharded(b)) {
+      if (!on) {
+        blocks_.give(W_ * shard(b.n) * c_);
+        continue;
+      }
+      blocks_.take(W_ * shard(b.n) * c_);
+      blocks_.take(W_ * shard(b.n) * wire_);  // the 16-bit wire of an fp32 model (freed after the cast)
+      blocks_.give(W_ * shard(b.n) * wire_);
+    }
+}
+
+// Stage 3 at `layer` going in `dir`: the layer (and the tied embeddings where the head
+// reads them) and the prefetch window ahead gathered, every other layer released.
+void WorkReplay::visit(int layer, int dir) {
+  const double P = static_cast<double>(cfg_.zero.stage3_prefetch_bucket_size),
+               M = static_cast<double>(cfg_.zero.stage3_max_live_parameters);
+  const size_t L = layer_sharded_.size();
+  std::vector<char> keep(L, 0);
+  keep[static_cast<size_t>(layer + 1)] = 1;
+  if (tied_ && ((dir > 0 && layer == n_layer_) || dir < 0)) keep[0] = 1;
+  double held = 0, window = 0;
+  for (size_t li = 0; li < L; ++li)
+    if (keep[li]) held += layer_sharded_[li];
+  for (int l = layer + dir; l >= -1 && l <= n_layer_; l += dir) {
+    const double need = layer_sharded_[static_cast<size_t>(l + 1)];
+    if (window + need > P || held + window + need > M) break;
+    window += need;
+    keep[static_cast<size_t>(l + 1)] = 1;
+  }
+  for (size_t li = 0; li < L; ++li)
+    if (gathered_[li] && !keep[li]) gather(li, false);
+  for (size_t li = 0; li < L; ++li)
+    if (keep[li]) gather(li, true);
+  double g = 0;
+  for (size_t li = 0; li < L; ++li)
+    if (gathered_[li]) g += gather_bytes(li);
+  gather_peak_ = std::max(gather_peak_, g);
+}
+
+// Layer l's trainable gradients get their working buffers as its backward runs.
+void WorkReplay::attach(int l) {
+  for (size_t i = 0; i < bufs_.size(); ++i)
+    if (bufs_[i].layer == l && bufs_[i].trainable && !wgrad_[i]) {
+      wgrad_[i] = 1;
+      blocks_.take(4 * bufs_[i].n);
+      wg_ += round64(4 * bufs_[i].n);
+    }
+  layer_grad_peak_ = std::max(layer_grad_peak_, wg_);
+}
+
+// Stages 2-3's backward: each layer's gradients packed into their buckets, a bucket alive
+// until its last buffer is packed (with overlap_comm, until the next one is done too).
+void WorkReplay::backward() {
+  const Buckets& k = buckets_;
+  std::vector<int> packed(k.seg.size(), 0);
+  std::vector<char> bucket_live(k.seg.size(), 0);
+  int pending = -1;  // overlap_comm: the bucket still reducing while the next one fills
+  for (int l = n_layer_; l >= -1; --l) {
+    if (st_ == 3) visit(l, -1);
+    attach(l);
+    if (l == n_layer_ && tied_) attach(-1);
+    for (size_t i = 0; i < bufs_.size(); ++i) {
+      if (bufs_[i].layer != l || !bufs_[i].trainable) continue;
+      const auto b = static_cast<size_t>(k.of[i]);
+      if (!bucket_live[b]) {
+        bucket_live[b] = 1;
+        blocks_.take(bucket_bytes(b));
+      }
+      wgrad_[i] = 0;
+      blocks_.give(4 * bufs_[i].n);
+      wg_ -= round64(4 * bufs_[i].n);
+      if (++packed[b] == k.slots[b]) {
+        if (pending >= 0) blocks_.give(bucket_bytes(static_cast<size_t>(pending)));
+        pending = -1;
+        if (cfg_.zero.overlap_comm) pending = static_cast<int>(b);
+        else blocks_.give(bucket_bytes(b));
+      }
+    }
+    if (st_ == 3) gather(static_cast<size_t>(l + 1), false);
+  }
+  if (pending >= 0) blocks_.give(bucket_bytes(static_cast<size_t>(pending)));
+}
+
+WorkPlan WorkReplay::run() {
+  plan_buckets();
+  if (st_ <= 1) return scratch_only();
+  const auto L = static_cast<size_t>(n_layer_) + 2;
+  layer_sharded_.assign(L, 0);
+  for (const PlanBuf& b : bufs_)
+    if (sharded(b)) layer_sharded_[static_cast<size_t>(b.layer + 1)] += b.n;
+  gathered_.assign(L, 0);
+  wgrad_.assign(bufs_.size(), 0);
+  if (st_ == 3)
+    for (int l = -1; l <= n_layer_; ++l) visit(l, +1);
+  backward();
+  if (st_ == 2 && W_ > 1) post_step_gather();
+  r_.gather = std::max(r_.gather, gather_peak_);
+  r_.layer_grad = layer_grad_peak_;
+  r_.bucket = r_.most_bucket * (cfg_.zero.overlap_comm ? 2 : 1);
+  r_.live = blocks_.peak();
+  r_.held = blocks_.held();
+  return r_;
+}
+
+WorkPlan work_plan(const std::vector<PlanBuf>& bufs, const config::TrainConfig& cfg, int n_layer, bool tied, double W,
+                   double c, double wire) {
+  return WorkReplay(bufs, cfg, n_layer, tied, W, c, wire).run();
+}
+
+// The model's parameter buffers as the engine's slots see them, base then adapters, with
+// the counts they give p (params, largest buffer, trainable). The adapters' sizes come from
+// the layouts lora_enable builds (no adapter is allocated or initialised: an 8B model's
+// are 40M values); lc receives the LoRA settings.
+std::vector<PlanBuf> plan_buffers(MemoryPlan& p, const config::TrainConfig& cfg, const model::ModelConfig& mc,
+                                  std::optional<model::LoraConfig>& lc) {
   std::vector<PlanBuf> bufs;
   for (const auto& b : model::layout_build(mc)) {
     p.params += static_cast<double>(b.size);
@@ -272,10 +342,7 @@ MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
     bufs.push_back({b.layer, static_cast<double>(b.size), !p.lora});
   }
   p.trainable = p.params;
-  std::optional<model::LoraConfig> lc;
   if (p.lora) {
-    // The adapters' size from the layouts lora_enable builds (no adapter is allocated or
-    // initialised: an 8B model's are 40M values).
     lc = lora_config_from(cfg, mc);
     lc->validate(mc);
     p.trainable = 0;
@@ -284,12 +351,21 @@ MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
       bufs.push_back({b.layer, static_cast<double>(b.size), true});
     }
   }
+  return bufs;
+}
+
+// Bytes of the compute copy's elements (the CPU computes in fp32).
+double compute_bytes(const MemoryPlan& p) { return p.cuda && p.mixed ? 2 : 4; }
+
+// The training state's bytes where it lives: parameters, gradients and optimizer by ZeRO
+// stage, and what ZeRO-Offload moves to the host.
+void plan_state(MemoryPlan& p, const config::TrainConfig& cfg) {
   // Under LoRA the base is frozen and the adapters are extra parameters; otherwise every
   // parameter trains.
   const double W = p.world, Phi = p.params, Psi = p.trainable, frozen = p.lora ? Phi : 0.0,
                held = p.lora ? Phi + Psi : Phi;
-  const double c = p.cuda && p.mixed ? 2 : 4;  // bytes of the compute copy (the CPU computes in fp32)
-  const double K = p.mixed ? 12 : 8;           // fp32 master (mixed only) + AdamW m and v
+  const double c = compute_bytes(p);
+  const double K = p.mixed ? 12 : 8;  // fp32 master (mixed only) + AdamW m and v
   const int st = p.stage;
   if (st < 3) {
     p.param_bytes = c * held;
@@ -323,17 +399,16 @@ MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
   }
   // The CPU's bf16/fp16 keeps exact fp32 masters of the frozen buffers too.
   if (p.mixed && !p.cuda && st < 3) p.optim_bytes += 4 * (st == 0 ? frozen : frozen / W);
-  const double T = cfg.data.seq_len ? static_cast<double>(*cfg.data.seq_len) : static_cast<double>(mc.max_seq_len);
-  // A preference micro-batch of n pairs runs 2n rows (chosen and rejected).
-  const double rows = cfg.training.stage == "dpo" ? 2.0 : 1.0;
-  const double N = rows * static_cast<double>(std::max<int64_t>(1, cfg.resolved_micro_batch_size)) * T;
-  const double g = static_cast<double>(std::max<int64_t>(1, cfg.resolved_grad_accum_steps));
+}
+
+// The model's activation arena (Model::allocate) for N tokens of T per row, per token: each
+// layer's saved values (its input norm, q, k, v, the attention output and what the device's
+// attention keeps, the second residual and norm, the MLP's hidden values, the adapters'
+// products), every layer's residual, and one set of scratch for the backward and the
+// logits. With recomputation one layer's set serves all layers.
+double plan_activations(const MemoryPlan& p, const model::ModelConfig& mc, const std::optional<model::LoraConfig>& lc,
+                        double N, double T) {
   const double es = p.cuda && p.mixed ? 2 : 4, L = mc.n_layer, C = mc.d_model, F = mc.d_ff, V = mc.vocab_size;
-  // The model's activation arena (Model::allocate), per token: each layer's saved values
-  // (its input norm, q, k, v, the attention output and what the device's attention keeps,
-  // the second residual and norm, the MLP's hidden values, the adapters' products), every
-  // layer's residual, and one set of scratch for the backward and the logits. With
-  // recomputation one layer's set serves all layers.
   const double H = mc.n_head, hd = mc.head_dim(), QD = H * hd, KD = mc.n_kv_head * hd;
   const bool gpt2 = mc.is_gpt2();
   double lora_r = 0, lora_in = 0;  // per layer: the adapters' N x r products and dropout inputs
@@ -349,19 +424,41 @@ MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
   const double ld = p.cuda ? std::ceil(V / 128) * 128 : V;  // the logits' rows (padded on a device)
   const double scratch = 5 * C + ld + 2 * QD + 2 * KD + qk + 3 * F + rank + (lora_in > 0 ? std::max(C, F) : 0);
   // Each kept layer's set, and one the recomputed layers share.
+  const double sets = config::config_activation_sets(L, p.recompute_layers);
+  return N * (es * (sets * per_layer + (L + 1) * C + scratch) + 4 * (sets * per_layer_f32 + 3) + 3 * sizeof(int32_t));
+}
+
+}  // namespace
+
+MemoryPlan memory_plan(const config::TrainConfig& cfg, int world) {
+  MemoryPlan p;
+  p.world = std::max(1, world);
+  p.stage = cfg.zero.stage;
+  p.cuda = cfg.training.device == "cuda";
+  p.mixed = cfg.bf16.enabled || cfg.fp16.enabled;
+  p.lora = cfg.lora.enabled();
+  p.deferred = p.stage == 3 || p.cuda;
+  const model::ModelConfig mc = model_config_from(cfg);
+  std::optional<model::LoraConfig> lc;
+  const std::vector<PlanBuf> bufs = plan_buffers(p, cfg, mc, lc);
+  plan_state(p, cfg);
+  const double T = cfg.data.seq_len ? static_cast<double>(*cfg.data.seq_len) : static_cast<double>(mc.max_seq_len);
+  // A preference micro-batch of n pairs runs 2n rows (chosen and rejected).
+  const double rows = cfg.training.stage == "dpo" ? 2.0 : 1.0;
+  const double N = rows * static_cast<double>(std::max<int64_t>(1, cfg.resolved_micro_batch_size)) * T;
   p.n_layer = mc.n_layer;
   p.recompute_layers = recompute_layers_of(cfg, mc.n_layer);
-  const double sets = L - p.recompute_layers + (p.recompute_layers > 0 ? 1 : 0);
-  p.activation_bytes =
-      N * (es * (sets * per_layer + (L + 1) * C + scratch) + 4 * (sets * per_layer_f32 + 3) + 3 * sizeof(int32_t));
-  p.batch_bytes = g * N * 2 * sizeof(int32_t);
+  p.activation_bytes = plan_activations(p, mc, lc, N, T);
+  p.batch_bytes = config::config_batch_token_bytes(cfg, N);
   // One buffer's fp32 values at a time (and on a GPU its compute-dtype staging copy too).
   // A model built whole stages each buffer's fp32 values on the host too (init_weights,
   // the checkpoint's tensors) before they reach its storage.
+  const double c = compute_bytes(p);
   p.build_peak_bytes = (p.cuda ? 4 + c : 4) * p.largest_buffer;
 
   // The step's working buffers; an fp32 model under bf16/fp16 (the CPU) gathers over a
   // 16-bit wire.
+  const double W = p.world;
   const WorkPlan wp = work_plan(bufs, cfg, mc.n_layer, mc.tie_embeddings, W, c, !p.cuda && p.mixed ? 2 : 0);
   p.gather_bytes = wp.gather;
   p.layer_grad_bytes = wp.layer_grad;

@@ -40,6 +40,14 @@ struct TrainStepOptions {
   std::optional<PrefOptions> preference;
 };
 
+/// The step options a config asks for, derived here once for the trainer and `dtrain bench
+/// train`: micro-batches of micro_batch rows x seq_len tokens, grad_accum of them per step,
+/// the config's fp16 loss scaler when `fp16_scaled` (the caller knows its compute dtype) and
+/// training.cuda_graph. The caller adds what only it has (deferred weights, a preference
+/// objective).
+TrainStepOptions step_options_from(const config::TrainConfig& cfg, int micro_batch, int grad_accum, int seq_len,
+                                   bool fp16_scaled);
+
 /// One step's micro-batches: grad_accum token rows of micro_batch x seq_len each, their
 /// next-token targets (masked ones < 0) and each one's unmasked-target count.
 struct StepBatch {

@@ -237,16 +237,11 @@ TrainLoop::TrainLoop(const config::TrainConfig& cfg, const TrainerEnv& env)
       cfg.training.max_steps ? *cfg.training.max_steps : *cfg.training.epochs * reader_->steps_per_epoch(accum_);
   DT_ENFORCE_GT(total_steps_, 0, ConfigError, "{}: training.max_steps", cfg.source);
   sched_ = lr_schedule_create(schedule_config(cfg, total_steps_), static_cast<float>(cfg.optimizer.lr));
-  TrainStepOptions so;
-  so.micro_batch = micro_ * data_.train->rows_per_sample();
+  TrainStepOptions so = step_options_from(cfg, micro_ * data_.train->rows_per_sample(), accum_, T_, cfg.fp16.enabled);
   if (cfg.training.stage == "dpo") {
     pref_ = pref_options_from(cfg, built.lora_on());
     so.preference = pref_;
   }
-  so.grad_accum = accum_;
-  so.seq_len = T_;
-  if (cfg.fp16.enabled) so.loss_scaler = loss_scaler_config_from(cfg.fp16);
-  so.cuda_graph = cfg.training.cuda_graph;
   so.deferred_weights = std::move(deferred);
   if (!model_) model_ = std::move(host_model_);
   step_ = std::make_unique<TrainStep>(*model_, host_model_.get(), comm_, zopts_, so);

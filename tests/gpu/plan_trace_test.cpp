@@ -1,11 +1,11 @@
 // The plan is the code: one real training step (the trainer's train::TrainStep: forward,
 // backward, the ZeRO engine's stage-0 update) on the CPU execution engine's CUDA device, traced, against
-// PlanDevice's list for the same step (bench::plan_step). Tiny GPT-2 and Llama (GQA,
+// PlanDevice's list for the same step (plan::plan_step). Tiny GPT-2 and Llama (GQA,
 // recompute, accumulation, LoRA with dropout), bf16 and fp32: the kernel launches (by
 // launch text), the cuBLASLt matmuls (shape, transposes, types, epilogue, alpha, beta)
 // and the memsets / memcpys (kind, width, height) must be the same multisets. Only the
 // engine can trace, so any other build reports SKIPPED.
-#include "bench/bench_plan.h"
+#include "plan/bench_plan.h"
 #include "bench/bench_step.h"
 #include "gpu/gpu_skip.h"
 
@@ -164,7 +164,7 @@ cuda_emu::Trace traced_step(const bench::BenchSetup& s) {
 
 void check_plan_matches(const bench::BenchSetup& s) {
   const Issued traced = from_trace(traced_step(s));
-  const Issued planned = from_plan(bench::plan_step(s).entries);
+  const Issued planned = from_plan(plan::plan_step(s).entries);
   // A step issues all three kinds: an empty side would make the comparison vacuous.
   REQUIRE(total(traced.kernels) > 0);
   REQUIRE(total(traced.matmuls) > 0);

@@ -2,7 +2,7 @@
 // them (the model built on a PlanDevice: nothing allocated), one GPU's compute for the step
 // from the --plan budget of its PlanDevice trace (or from its FLOPs when the plan refuses the
 // shape), the config's ZeRO settings and links, and the dry run's section.
-#include "bench/plan_cluster.h"
+#include "plan/plan_cluster.h"
 
 #include "core/check.h"
 #include "core/dtype.h"
@@ -13,7 +13,11 @@
 
 #include <algorithm>
 
-namespace dtrain::bench {
+namespace dtrain::plan {
+
+using bench::bench_setup_of;
+using bench::BenchSetup;
+using bench::model_flops_per_token;
 
 namespace {
 
@@ -144,4 +148,4 @@ std::string cluster_plan_report(const config::TrainConfig& cfg, int nodes, int g
   return "step plan (predicted):\n" + plan_cluster_text(cluster_plan_of(s, compute, nodes, gpus_per_node), "  ");
 }
 
-}  // namespace dtrain::bench
+}  // namespace dtrain::plan

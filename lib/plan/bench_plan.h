@@ -12,13 +12,13 @@
 #include "device/plan_device.h"
 #include "bench/bench_step.h"
 #include "bench/bench_train.h"
-#include "bench/plan_occupancy.h"
+#include "plan/plan_occupancy.h"
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-namespace dtrain::bench {
+namespace dtrain::plan {
 
 /// A cap given as a band: the slow end (the band's low MFU) and the fast end.
 struct PlanBand {
@@ -77,7 +77,7 @@ struct PlanStep {
   int64_t params = 0, trainable_params = 0;
   std::vector<std::string> notes;  ///< what the planned step left out (ZeRO-Offload's host update)
 };
-PlanStep plan_step(const BenchSetup& s);
+PlanStep plan_step(const bench::BenchSetup& s);
 
 /// Entries grouped by (op, kernel, unit), longest first (by the mid-band time).
 struct PlanRow {
@@ -100,11 +100,8 @@ struct PlanAnchor {
   std::string source;
 };
 
-struct BenchPlanResult {
-  std::string config, arch, dtype;
+struct BenchPlanResult : bench::StepShape {
   std::string driver;  ///< what ran on the plan device
-  int64_t params = 0, trainable_params = 0;
-  int lora_rank = 0, n_layer = 0, d_model = 0, micro_batch = 0, seq_len = 0, grad_accum = 0;
   int recompute_layers = 0;
   PlanBudgetTable table;
   std::vector<PlanRow> rows;
@@ -125,10 +122,10 @@ struct BenchPlanResult {
 /// The budget of the config's step (o.config_path, o.sets; o.device must be CUDA, the
 /// device the plan describes; steps and warmup do not apply) on the GPU profile `gpu`
 /// (plan_gpu_names()). UsageError for --device cpu or an unknown profile.
-BenchPlanResult bench_plan_run(const BenchTrainOptions& o, const std::string& gpu = "h100");
+BenchPlanResult bench_plan_run(const bench::BenchTrainOptions& o, const std::string& gpu = "h100");
 
 /// The table (kernel rows, GEMM vs non-GEMM totals, step time and MFU bands, the anchors), or
 /// one JSON object with the same figures (json = true).
 std::string bench_plan_format(const BenchPlanResult& r, bool json);
 
-}  // namespace dtrain::bench
+}  // namespace dtrain::plan

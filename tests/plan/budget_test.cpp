@@ -4,8 +4,8 @@
 // figure, LoRA drops the frozen weights' gradient GEMMs, and the roofline of one entry is the
 // table's at both ends. Runs in every build (nothing executes).
 #include "core/error.h"
-#include "bench/bench_plan.h"
-#include "bench/plan_gemm.h"
+#include "plan/bench_plan.h"
+#include "plan/plan_gemm.h"
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -37,7 +37,7 @@ bench::BenchTrainOptions gpt2_124m(std::vector<std::string> sets = {}) {
 
 TEST_CASE("bench plan: GPT-2 124M at B=16 T=1024, exact GEMM FLOPs, consistent totals, no model-sized memory") {
   const long rss0 = max_rss_kib();
-  const bench::BenchPlanResult r = bench::bench_plan_run(gpt2_124m());
+  const plan::BenchPlanResult r = plan::bench_plan_run(gpt2_124m());
   // Real memory for this step would be gigabytes (2.2 GB of weights, gradients and AdamW
   // state alone); the plan device hands out fake addresses.
   CHECK(max_rss_kib() - rss0 < 256 * 1024);
@@ -75,16 +75,16 @@ TEST_CASE("bench plan: GPT-2 124M at B=16 T=1024, exact GEMM FLOPs, consistent t
   CHECK(r.top_other_share > 0);
   // The budget is the sum of rooflines, so even its fast end cannot beat the GEMMs at the best
   // efficiency of the published table.
-  const double best = bench::gemm_efficiency(1 << 14, 1 << 14, 1 << 14).high;
+  const double best = plan::gemm_efficiency(1 << 14, 1 << 14, 1 << 14).high;
   CHECK(r.step_ms_fast > r.gemm_gflop * 1e9 / (989e12 * best) * 1e3);
   CHECK(r.mfu_low <= r.mfu);
   CHECK(r.mfu <= r.mfu_high);
 
-  const std::string table = bench::bench_plan_format(r, false);
+  const std::string table = plan::bench_plan_format(r, false);
   CHECK(table.find("cublasLtMatmul BGRADB bf16->f32") != std::string::npos);
   CHECK(table.find("MFU") != std::string::npos);
   CHECK(table.find("predicted") != std::string::npos);
-  const auto j = nlohmann::json::parse(bench::bench_plan_format(r, true));
+  const auto j = nlohmann::json::parse(plan::bench_plan_format(r, true));
   CHECK(j["plan"] == true);
   CHECK(j["kernels"].size() == r.rows.size());
   CHECK(j["step_ms"].get<double>() == doctest::Approx(r.step_ms));
@@ -95,8 +95,8 @@ TEST_CASE("bench plan: GPT-2 124M at B=16 T=1024, exact GEMM FLOPs, consistent t
 }
 
 TEST_CASE("bench plan: LoRA plans no gradient GEMM for the frozen weights") {
-  const bench::BenchPlanResult r =
-      bench::bench_plan_run(gpt2_124m({"lora.r=8", "data.seq_len=128", "train_micro_batch_size_per_gpu=2"}));
+  const plan::BenchPlanResult r =
+      plan::bench_plan_run(gpt2_124m({"lora.r=8", "data.seq_len=128", "train_micro_batch_size_per_gpu=2"}));
   CHECK(r.lora_rank == 8);
   CHECK(r.trainable_params < r.params / 100);
   for (const auto& w : r.rows) CHECK(w.kernel.find("BGRADB") == std::string::npos);
@@ -109,7 +109,7 @@ TEST_CASE("bench plan: LoRA plans no gradient GEMM for the frozen weights") {
 }
 
 TEST_CASE("bench plan: the roofline of one entry at both ends of the band, and --device cpu has no plan") {
-  bench::PlanBudgetTable t;
+  plan::PlanBudgetTable t;
   device::PlanEntry e;
   e.unit = device::PlanUnit::TENSOR_GEMM;
   e.kind = device::PlanKind::MATMUL;
@@ -119,37 +119,37 @@ TEST_CASE("bench plan: the roofline of one entry at both ends of the band, and -
   e.flops = 2e12;
   e.bytes = 1e9;
   e.launches = 1;
-  const bench::GemmEfficiency ge = bench::gemm_efficiency(2304, 16384, 768);
-  bench::PlanTime pt = bench::plan_entry_time(e, t, bench::PlanEnd::SLOW);
+  const plan::GemmEfficiency ge = plan::gemm_efficiency(2304, 16384, 768);
+  plan::PlanTime pt = plan::plan_entry_time(e, t, plan::PlanEnd::SLOW);
   CHECK(pt.compute == doctest::Approx(2e12 / (989e12 * ge.low)));
   CHECK(pt.memory == doctest::Approx(1e9 / (3.35e12 * t.hbm_eff.slow)));
   CHECK(pt.total() == doctest::Approx(pt.compute + 2e-6));
-  pt = bench::plan_entry_time(e, t, bench::PlanEnd::FAST);
+  pt = plan::plan_entry_time(e, t, plan::PlanEnd::FAST);
   CHECK(pt.compute == doctest::Approx(2e12 / (989e12 * ge.high)));
   CHECK(pt.memory == doctest::Approx(1e9 / (3.35e12 * t.hbm_eff.fast)));
   e.unit = device::PlanUnit::MEMORY;  // bytes only: the FLOPs do not count
-  pt = bench::plan_entry_time(e, t, bench::PlanEnd::SLOW);
+  pt = plan::plan_entry_time(e, t, plan::PlanEnd::SLOW);
   CHECK(pt.compute == 0.0);
   CHECK(pt.total() == doctest::Approx(pt.memory + 2e-6));
   e.unit = device::PlanUnit::TENSOR_ATTN_BWD;  // its own cap, not the forward's (no launch geometry: no occupancy)
   REQUIRE(t.attn_bwd_eff.slow != t.attn_fwd_eff.slow);
-  CHECK(bench::plan_entry_time(e, t, bench::PlanEnd::SLOW).compute ==
+  CHECK(plan::plan_entry_time(e, t, plan::PlanEnd::SLOW).compute ==
         doctest::Approx(2e12 / (989e12 * t.attn_bwd_eff.slow)));
-  CHECK(bench::plan_entry_time(e, t, bench::PlanEnd::FAST).compute ==
+  CHECK(plan::plan_entry_time(e, t, plan::PlanEnd::FAST).compute ==
         doctest::Approx(2e12 / (989e12 * t.attn_bwd_eff.fast)));
 
   bench::BenchTrainOptions o = gpt2_124m();
   o.device = device::Kind::CPU;
-  CHECK_THROWS_AS(bench::bench_plan_run(o), UsageError);
+  CHECK_THROWS_AS(plan::bench_plan_run(o), UsageError);
 }
 
 TEST_CASE("bench plan: ZeRO-Offload is planned with the update on the GPU and said so, without model-sized memory") {
   // The offloaded update's host buffers would be real memory (and its fake-storage source
   // crashed the plan before): the plan leaves ZeRO-Offload out and notes it.
   const long rss0 = max_rss_kib();
-  const bench::BenchPlanResult r =
-      bench::bench_plan_run(gpt2_124m({"zero_optimization.offload_optimizer.device=cpu", "zero_optimization.stage=2",
-                                       "data.seq_len=128", "train_micro_batch_size_per_gpu=2"}));
+  const plan::BenchPlanResult r =
+      plan::bench_plan_run(gpt2_124m({"zero_optimization.offload_optimizer.device=cpu", "zero_optimization.stage=2",
+                                      "data.seq_len=128", "train_micro_batch_size_per_gpu=2"}));
   bool noted = false;
   for (const auto& n : r.notes) noted = noted || n.find("ZeRO-Offload not planned") != std::string::npos;
   CHECK(noted);

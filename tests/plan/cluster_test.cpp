@@ -3,7 +3,7 @@
 // stage 3's gathers with and without prefetch, the post-step gathers, the overlap rule, the
 // sharded update and the scaling efficiency; one GPU has no collectives; bad input is refused
 // naming the field. Nothing executes; no timing of the test itself is asserted.
-#include "bench/plan_cluster.h"
+#include "plan/plan_cluster.h"
 #include "core/error.h"
 
 #include <doctest/doctest.h>
@@ -12,9 +12,9 @@
 #include <vector>
 
 using namespace dtrain;
-using bench::ClusterJob;
-using bench::ClusterLink;
-using bench::CollKind;
+using plan::ClusterJob;
+using plan::ClusterLink;
+using plan::CollKind;
 
 namespace {
 
@@ -40,7 +40,7 @@ ClusterJob one_buffer_job(int nodes, int gpus, int64_t n) {
   return j;
 }
 
-const bench::ClusterCollective* row(const bench::ClusterPlan& p, const std::string& what) {
+const plan::ClusterCollective* row(const plan::ClusterPlan& p, const std::string& what) {
   for (const auto& r : p.collectives)
     if (r.what == what) return &r;
   return nullptr;
@@ -48,8 +48,8 @@ const bench::ClusterCollective* row(const bench::ClusterPlan& p, const std::stri
 
 // The step's two scalar all-reduces (4 and 16 bytes): latency plus their few bytes.
 double scalars_s(int nodes, int gpus, const ClusterLink& k) {
-  return bench::collective_seconds(CollKind::ALL_REDUCE, 4, nodes, gpus, k) +
-         bench::collective_seconds(CollKind::ALL_REDUCE, 16, nodes, gpus, k);
+  return plan::collective_seconds(CollKind::ALL_REDUCE, 4, nodes, gpus, k) +
+         plan::collective_seconds(CollKind::ALL_REDUCE, 16, nodes, gpus, k);
 }
 
 }  // namespace
@@ -62,16 +62,16 @@ TEST_CASE("2 nodes x 8 GPUs: the all-reduce of 8e9 bf16 gradients by hand, 400 a
   // Latency (NCCL ring, Simple): 8.4 + (2(P-1) - 2(N-1)) x 3.4 + 2(N-1) x 14 = 8.4 + 28 x 3.4 + 2 x 14
   //   = 131.6 us.
   const double lat = 131.6e-6;
-  CHECK(bench::collective_seconds(CollKind::ALL_REDUCE, 16e9, 2, 8, link_of(360, 400)) ==
+  CHECK(plan::collective_seconds(CollKind::ALL_REDUCE, 16e9, 2, 8, link_of(360, 400)) ==
         doctest::Approx(16e9 * 1.875 / 360e9 + lat).epsilon(1e-9));
-  CHECK(bench::collective_seconds(CollKind::ALL_REDUCE, 16e9, 2, 8, link_of(360, 100)) ==
+  CHECK(plan::collective_seconds(CollKind::ALL_REDUCE, 16e9, 2, 8, link_of(360, 100)) ==
         doctest::Approx(0.3 + lat).epsilon(1e-9));
 
   // The same through the plan: ZeRO 0, a 16-bit wire, one bucket, no overlap_comm: exposed.
   ClusterJob j = one_buffer_job(2, 8, 8000000000);
   j.wire_bytes = 2;
   const ClusterLink k = link_of(360, 400);
-  const bench::ClusterPlan p = bench::plan_cluster(j, k);
+  const plan::ClusterPlan p = plan::plan_cluster(j, k);
   CHECK(p.world == 16);
   CHECK(p.bound == "NVLink");
   CHECK(p.bus_gbytes == doctest::Approx(360));
@@ -92,9 +92,9 @@ TEST_CASE("2 nodes x 8 GPUs: the all-reduce of 8e9 bf16 gradients by hand, 400 a
   CHECK(p.slow.efficiency == doctest::Approx(1.08 / (1.08 + exposed)));
   // fp32 on the wire (the default) doubles the bytes.
   j.wire_bytes = 4;
-  CHECK(row(bench::plan_cluster(j, k), "gradients")->bytes == doctest::Approx(32e9));
+  CHECK(row(plan::plan_cluster(j, k), "gradients")->bytes == doctest::Approx(32e9));
 
-  const bench::ClusterPlan slow_net = bench::plan_cluster(one_buffer_job(2, 8, 8000000000), link_of(360, 100));
+  const plan::ClusterPlan slow_net = plan::plan_cluster(one_buffer_job(2, 8, 8000000000), link_of(360, 100));
   CHECK(slow_net.bound == "network");
   CHECK(slow_net.bus_gbytes == doctest::Approx(100));
 }
@@ -103,15 +103,15 @@ TEST_CASE("one node uses NVLink only; one GPU per node only the network; one GPU
   // 1 x 8, reduce-scatter of 1e9 bytes: (P-1)/P = 7/8 at 360 GB/s whatever the network;
   // latency 8.4 + 7 x 3.4 = 32.2 us.
   for (double net : {1.0, 400.0})
-    CHECK(bench::collective_seconds(CollKind::REDUCE_SCATTER, 1e9, 1, 8, link_of(360, net)) ==
+    CHECK(plan::collective_seconds(CollKind::REDUCE_SCATTER, 1e9, 1, 8, link_of(360, net)) ==
           doctest::Approx(0.875 * 1e9 / 360e9 + 32.2e-6).epsilon(1e-9));
   // 4 x 1, all-reduce of 1e9 bytes at 100 Gb/s = 12.5 GB/s: 2 x 3/4 x 1e9 / 12.5e9 = 0.12 s;
   // every one of the 6 ring steps crosses the network: 8.4 + 6 x 14 = 92.4 us.
-  CHECK(bench::collective_seconds(CollKind::ALL_REDUCE, 1e9, 4, 1, link_of(360, 100)) ==
+  CHECK(plan::collective_seconds(CollKind::ALL_REDUCE, 1e9, 4, 1, link_of(360, 100)) ==
         doctest::Approx(0.12 + 92.4e-6).epsilon(1e-9));
-  CHECK(bench::collective_seconds(CollKind::ALL_GATHER, 1e9, 1, 1, link_of(360, 100)) == 0.0);
+  CHECK(plan::collective_seconds(CollKind::ALL_GATHER, 1e9, 1, 1, link_of(360, 100)) == 0.0);
 
-  const bench::ClusterPlan one = bench::plan_cluster(one_buffer_job(1, 1, 1000000), link_of(360, 400));
+  const plan::ClusterPlan one = plan::plan_cluster(one_buffer_job(1, 1, 1000000), link_of(360, 400));
   CHECK(one.world == 1);
   CHECK(one.collectives.empty());
   CHECK(one.comm_s == 0.0);
@@ -135,8 +135,8 @@ TEST_CASE("stage 2: buckets in backward order, reduce-scattered every micro-batc
   j.optimizer_s = {0.04, 0.04};
   j.tokens_per_gpu = 8192;
   const ClusterLink k = link_of(360, 400);
-  auto rs = [&](double elems) { return bench::collective_seconds(CollKind::REDUCE_SCATTER, elems * 4, 1, 4, k); };
-  bench::ClusterPlan p = bench::plan_cluster(j, k);
+  auto rs = [&](double elems) { return plan::collective_seconds(CollKind::REDUCE_SCATTER, elems * 4, 1, 4, k); };
+  plan::ClusterPlan p = plan::plan_cluster(j, k);
   const auto* g = row(p, "gradients");
   REQUIRE(g != nullptr);
   CHECK(g->kind == CollKind::REDUCE_SCATTER);
@@ -150,7 +150,7 @@ TEST_CASE("stage 2: buckets in backward order, reduce-scattered every micro-batc
   const auto* a = row(p, "parameters, after the update");
   REQUIRE(a != nullptr);
   CHECK(a->count == 3);
-  auto ag = [&](double elems) { return bench::collective_seconds(CollKind::ALL_GATHER, elems * 2, 1, 4, k); };
+  auto ag = [&](double elems) { return plan::collective_seconds(CollKind::ALL_GATHER, elems * 2, 1, 4, k); };
   CHECK(a->seconds == doctest::Approx(ag(4e8) + ag(3e8) + ag(3e8)));
   // The backward (2/3 of 3 s) hides everything but the embeddings' last bucket.
   const double fixed = a->seconds + scalars_s(1, 4, k);
@@ -159,7 +159,7 @@ TEST_CASE("stage 2: buckets in backward order, reduce-scattered every micro-batc
   CHECK(p.slow.efficiency == doctest::Approx(3.04 / (3.0 + 0.01 + tail + fixed)));
   // A backward too short to hide them: what does not fit is exposed.
   j.compute_s = {0.003, 0.003};
-  p = bench::plan_cluster(j, k);
+  p = plan::plan_cluster(j, k);
   CHECK(p.slow.exposed_s == doctest::Approx(tail + fixed + (all - tail - 0.002)));
 }
 
@@ -170,8 +170,8 @@ TEST_CASE("stages 0-1 reduce once per step: after the backward, or during the la
   j.stage = 1;
   j.grad_accum = 4;
   const ClusterLink k = link_of(360, 400);
-  const double rs = bench::collective_seconds(CollKind::REDUCE_SCATTER, 4e8, 1, 8, k);
-  bench::ClusterPlan p = bench::plan_cluster(j, k);
+  const double rs = plan::collective_seconds(CollKind::REDUCE_SCATTER, 4e8, 1, 8, k);
+  plan::ClusterPlan p = plan::plan_cluster(j, k);
   const auto* g = row(p, "gradients");
   REQUIRE(g != nullptr);
   CHECK(g->count == 3);  // once per step, not per micro-batch
@@ -179,12 +179,12 @@ TEST_CASE("stages 0-1 reduce once per step: after the backward, or during the la
   const double after = row(p, "parameters, after the update")->seconds + scalars_s(1, 8, k);
   CHECK(p.slow.exposed_s == doctest::Approx(3 * rs + after));
   j.overlap_comm = true;
-  p = bench::plan_cluster(j, k);
+  p = plan::plan_cluster(j, k);
   CHECK(row(p, "gradients")->hides == "backward, but the last bucket");
   CHECK(p.slow.exposed_s == doctest::Approx(rs + after));  // the last bucket only
   // The window is the last micro-batch's backward: 1 s x 2/3 / 4 accumulation steps.
   j.compute_s = {0.0012, 0.0012};
-  p = bench::plan_cluster(j, k);
+  p = plan::plan_cluster(j, k);
   CHECK(p.slow.exposed_s == doctest::Approx(rs + after + (2 * rs - 0.0012 * 2.0 / 3.0 / 4.0)));
 }
 
@@ -202,8 +202,8 @@ TEST_CASE("stage 3 gathers each layer forward and backward; prefetched when the 
   j.tokens_per_gpu = 1000;
   j.prefetch_bucket_size = 50000000;  // below every layer: nothing ahead
   const ClusterLink k = link_of(360, 100);
-  auto ag = [&](double elems) { return bench::collective_seconds(CollKind::ALL_GATHER, elems * 2, 2, 4, k); };
-  bench::ClusterPlan p = bench::plan_cluster(j, k);
+  auto ag = [&](double elems) { return plan::collective_seconds(CollKind::ALL_GATHER, elems * 2, 2, 4, k); };
+  plan::ClusterPlan p = plan::plan_cluster(j, k);
   const auto* f = row(p, "parameters, forward");
   const auto* b = row(p, "parameters, backward");
   REQUIRE(f != nullptr);
@@ -217,13 +217,13 @@ TEST_CASE("stage 3 gathers each layer forward and backward; prefetched when the 
   REQUIRE(!p.notes.empty());
   CHECK(p.notes.front().find("a layer of 200000000 sharded elements is larger than "
                              "zero_optimization.stage3_prefetch_bucket_size 50000000") != std::string::npos);
-  const double tail = bench::collective_seconds(CollKind::REDUCE_SCATTER, 1e8 * 4, 2, 4, k);
+  const double tail = plan::collective_seconds(CollKind::REDUCE_SCATTER, 1e8 * 4, 2, 4, k);
   CHECK(p.slow.exposed_s == doctest::Approx(f->seconds + b->seconds + tail + scalars_s(2, 4, k)));
   // A window of one layer: the forward gathers the embeddings and waits, then each next layer
   // ahead; the backward gathers layers 1 and 0 ahead, and the embeddings ahead of layer 0, which
   // the engine then waits for at once (stage3_visit counts a kept embeddings layer as current).
   j.prefetch_bucket_size = 200000000;
-  p = bench::plan_cluster(j, k);
+  p = plan::plan_cluster(j, k);
   CHECK(p.notes.empty());
   const auto* fe = row(p, "parameters, forward");
   const auto* fp = row(p, "parameters, forward (prefetched)");
@@ -249,7 +249,7 @@ TEST_CASE("bad input is refused naming the field") {
   const ClusterLink k = link_of(360, 400);
   auto refused = [&](ClusterJob j, const char* says) {
     try {
-      bench::plan_cluster(j, k);
+      plan::plan_cluster(j, k);
       FAIL("accepted");
     } catch (const UsageError& e) {
       INFO(e.what());
@@ -271,26 +271,26 @@ TEST_CASE("bad input is refused naming the field") {
   j = one_buffer_job(2, 8, 1000);
   j.buffers = {{5, 1000, true}};
   refused(j, "at layer 5");
-  CHECK_THROWS_AS(bench::plan_cluster(one_buffer_job(2, 8, 1000), link_of(0, 400)), UsageError);
+  CHECK_THROWS_AS(plan::plan_cluster(one_buffer_job(2, 8, 1000), link_of(0, 400)), UsageError);
 
-  const auto specs = bench::cluster_specs_parse("1x8,2X8,16x8");
+  const auto specs = plan::cluster_specs_parse("1x8,2X8,16x8");
   REQUIRE(specs.size() == 3);
   CHECK(specs[1] == std::pair<int, int>{2, 8});
   CHECK(specs[2] == std::pair<int, int>{16, 8});
   for (const char* bad : {"", "2x", "x8", "2x8,", "0x8", "2y8"}) {
     INFO(bad);
-    CHECK_THROWS_AS(bench::cluster_specs_parse(bad), UsageError);
+    CHECK_THROWS_AS(plan::cluster_specs_parse(bad), UsageError);
   }
 }
 
 TEST_CASE("a config's job: the model's buffers, its ZeRO settings and the plan's compute") {
   const bench::BenchSetup s = bench::bench_setup_from(
       "configs/llama-1b.yaml", {"zero_optimization.stage=3", "gradient_accumulation_steps=2"}, true);
-  const bench::ClusterCompute c = bench::cluster_compute_plan(s);
+  const plan::ClusterCompute c = plan::cluster_compute_plan(s);
   CHECK(c.step_s.fast > 0);
   CHECK(c.step_s.fast <= c.step_s.slow);
   CHECK(c.optimizer_s.fast > 0);
-  const bench::ClusterJob j = bench::cluster_job_from(s, train::zero_options_from(s.cfg), c, 2, 8);
+  const plan::ClusterJob j = plan::cluster_job_from(s, train::zero_options_from(s.cfg), c, 2, 8);
   CHECK(j.stage == 3);
   CHECK(j.grad_accum == 2);
   CHECK(j.compute_bytes == 2);
@@ -301,10 +301,10 @@ TEST_CASE("a config's job: the model's buffers, its ZeRO settings and the plan's
   for (const auto& b : j.buffers) n += b.n;
   CHECK(n > 500000000);
   CHECK(j.backward_share == doctest::Approx(0.75));  // every layer recomputes
-  const bench::ClusterPlan p = bench::plan_cluster(j, bench::cluster_link_from(s.cfg));
+  const plan::ClusterPlan p = plan::plan_cluster(j, plan::cluster_link_from(s.cfg));
   CHECK(p.world == 16);
   CHECK(p.fast.step_s <= p.slow.step_s);
-  const std::string text = bench::plan_cluster_text(p);
+  const std::string text = plan::plan_cluster_text(p);
   CHECK(text.find("2 nodes x 8 GPUs = 16 ranks, ZeRO stage 3") != std::string::npos);
   CHECK(text.find("gradients") != std::string::npos);
   CHECK(text.find("tokens/s") != std::string::npos);

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-namespace dtrain::bench {
+namespace dtrain::plan {
 
 struct GemmEfficiency {
   double low = 0, high = 0;  ///< fractions of the tensor peak; low <= high
@@ -18,4 +18,4 @@ struct GemmEfficiency {
 /// the grid the nearest edge holds (larger problems are understated, smaller ones overstated).
 GemmEfficiency gemm_efficiency(int64_t m, int64_t n, int64_t k, int64_t batch = 1);
 
-}  // namespace dtrain::bench
+}  // namespace dtrain::plan

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace dtrain::bench {
+namespace dtrain::plan {
 
 /// One card: datasheet peaks and the per-SM limits of its compute capability (CUDA C++
 /// Programming Guide, "Technical Specifications per Compute Capability").
@@ -49,8 +49,8 @@ Occupancy blocks_per_sm(const PlanGpu& g, int regs_per_thread, int threads, size
 double wave_efficiency(int64_t blocks, int64_t slots);
 
 /// Registers per thread ptxas gave the kernel (bf16 instantiation) for padded head dim `hdp`,
-/// `stages` and architecture `sm` (lib/bench/plan_kernel_resources.inc); 0 when the table has
+/// `stages` and architecture `sm` (lib/plan/plan_kernel_resources.inc); 0 when the table has
 /// no such row.
 int plan_kernel_registers(const std::string& kernel, int hdp, int stages, int sm);
 
-}  // namespace dtrain::bench
+}  // namespace dtrain::plan

@@ -2,14 +2,14 @@
 // the --plan budget. The registers come from ptxas -v over kernels/attention_mma.cu
 // (plan_kernel_resources.inc, written by scripts/kernel_resources.py --plan-table and held to
 // the build by kernels_plan_resources_test).
-#include "bench/plan_occupancy.h"
+#include "plan/plan_occupancy.h"
 
 #include "core/check.h"
 
 #include <algorithm>
 #include <cmath>
 
-namespace dtrain::bench {
+namespace dtrain::plan {
 
 namespace {
 
@@ -36,7 +36,7 @@ struct KernelRegs {
   int hdp, stages, sm, regs;
 };
 constexpr KernelRegs kRegs[] = {
-#include "bench/plan_kernel_resources.inc"
+#include "plan/plan_kernel_resources.inc"
 };
 
 }  // namespace
@@ -87,4 +87,4 @@ int plan_kernel_registers(const std::string& kernel, int hdp, int stages, int sm
   return 0;
 }
 
-}  // namespace dtrain::bench
+}  // namespace dtrain::plan

@@ -4,9 +4,9 @@
 // SM) is slower at both ends; a wave tail and the re-read tiles cost only the slow end; the
 // whole GPT-2 and Llama budgets give low <= mid <= high on both GPU profiles, with the
 // attention kernels' registers taken from the ptxas table. Nothing executes.
-#include "bench/bench_plan.h"
-#include "bench/plan_gemm.h"
-#include "bench/plan_occupancy.h"
+#include "plan/bench_plan.h"
+#include "plan/plan_gemm.h"
+#include "plan/plan_occupancy.h"
 #include "core/error.h"
 
 #include <doctest/doctest.h>
@@ -15,7 +15,7 @@
 #include <vector>
 
 using namespace dtrain;
-using bench::PlanEnd;
+using plan::PlanEnd;
 
 namespace {
 
@@ -48,42 +48,42 @@ bench::BenchTrainOptions plan_options(const std::string& path, std::vector<std::
 }  // namespace
 
 TEST_CASE("plan band: blocks per SM from registers, shared memory and threads") {
-  const bench::PlanGpu& g = bench::plan_gpu("h100");
+  const plan::PlanGpu& g = plan::plan_gpu("h100");
   // The tensor-core attention at head dim 64 on sm_90: 127 registers (forward), 164 (dQ), 181
   // (dK/dV), 128 threads: per warp 4096, 5376, 5888 registers of the SM's 65536.
-  bench::Occupancy o = bench::blocks_per_sm(g, 127, 128, 46080);
+  plan::Occupancy o = plan::blocks_per_sm(g, 127, 128, 46080);
   CHECK(o.blocks_per_sm == 4);
   CHECK(std::string(o.limit) == "registers");  // 4 x 16384 registers; shared memory allows 4 too (4 x 47104)
-  CHECK(std::string(bench::blocks_per_sm(g, 64, 128, 100000).limit) == "shared memory");
-  CHECK(bench::blocks_per_sm(g, 164, 128, 55296).blocks_per_sm == 3);
-  o = bench::blocks_per_sm(g, 181, 128, 56320);
+  CHECK(std::string(plan::blocks_per_sm(g, 64, 128, 100000).limit) == "shared memory");
+  CHECK(plan::blocks_per_sm(g, 164, 128, 55296).blocks_per_sm == 3);
+  o = plan::blocks_per_sm(g, 181, 128, 56320);
   CHECK(o.blocks_per_sm == 2);
   CHECK(std::string(o.limit) == "registers");
-  o = bench::blocks_per_sm(g, 32, 1024, 0);
+  o = plan::blocks_per_sm(g, 32, 1024, 0);
   CHECK(o.blocks_per_sm == 2);
   CHECK(std::string(o.limit) == "threads");
-  o = bench::blocks_per_sm(g, 32, 32, 0);
+  o = plan::blocks_per_sm(g, 32, 32, 0);
   CHECK(o.blocks_per_sm == 32);
   CHECK(std::string(o.limit) == "blocks");
-  CHECK(bench::blocks_per_sm(g, 64, 128, g.smem_optin + 1).blocks_per_sm == 0);
+  CHECK(plan::blocks_per_sm(g, 64, 128, g.smem_optin + 1).blocks_per_sm == 0);
   // More registers never give more blocks.
   int last = 1 << 30;
   for (int regs = 16; regs <= 255; ++regs) {
-    const int b = bench::blocks_per_sm(g, regs, 128, 0).blocks_per_sm;
+    const int b = plan::blocks_per_sm(g, regs, 128, 0).blocks_per_sm;
     CHECK(b <= last);
     last = b;
   }
   CHECK(last == 2);  // 255 registers: 8192 per warp, 4 warps a block
-  CHECK_THROWS_AS(bench::plan_gpu("a100"), UsageError);
+  CHECK_THROWS_AS(plan::plan_gpu("a100"), UsageError);
 }
 
 TEST_CASE("plan band: wave quantisation") {
-  CHECK(bench::wave_efficiency(264, 264) == doctest::Approx(1.0));
-  CHECK(bench::wave_efficiency(265, 264) == doctest::Approx(265.0 / 528));
+  CHECK(plan::wave_efficiency(264, 264) == doctest::Approx(1.0));
+  CHECK(plan::wave_efficiency(265, 264) == doctest::Approx(265.0 / 528));
   // The issue's example: 384 blocks on 264 resident places, 1.45 waves run as 2.
-  CHECK(bench::wave_efficiency(384, 264) == doctest::Approx(384.0 / 528));
-  CHECK(bench::wave_efficiency(100, 264) == doctest::Approx(100.0 / 264));
-  CHECK(bench::wave_efficiency(3072, 264) == doctest::Approx(3072.0 / (12 * 264)));
+  CHECK(plan::wave_efficiency(384, 264) == doctest::Approx(384.0 / 528));
+  CHECK(plan::wave_efficiency(100, 264) == doctest::Approx(100.0 / 264));
+  CHECK(plan::wave_efficiency(3072, 264) == doctest::Approx(3072.0 / (12 * 264)));
 }
 
 TEST_CASE("plan band: GEMM efficiency is monotone in K and in outputs, low <= high, clamped outside the grid") {
@@ -92,7 +92,7 @@ TEST_CASE("plan band: GEMM efficiency is monotone in K and in outputs, low <= hi
   for (int64_t n : ns) {
     double prev_low = 0, prev_high = 0;
     for (int64_t k : ks) {
-      const bench::GemmEfficiency e = bench::gemm_efficiency(4096, n, k);
+      const plan::GemmEfficiency e = plan::gemm_efficiency(4096, n, k);
       CHECK(e.low <= e.high);
       CHECK(e.low > 0);
       CHECK(e.high < 1);
@@ -105,7 +105,7 @@ TEST_CASE("plan band: GEMM efficiency is monotone in K and in outputs, low <= hi
   for (int64_t k : ks) {
     double prev_low = 0, prev_high = 0;
     for (int64_t n : ns) {
-      const bench::GemmEfficiency e = bench::gemm_efficiency(4096, n, k);
+      const plan::GemmEfficiency e = plan::gemm_efficiency(4096, n, k);
       CHECK(e.low >= prev_low);
       CHECK(e.high >= prev_high);
       prev_low = e.low;
@@ -114,62 +114,60 @@ TEST_CASE("plan band: GEMM efficiency is monotone in K and in outputs, low <= hi
   }
   // The published 4096^3 bf16 rate (783.3 TFLOP/s of 989) lies in its grid point's band (the
   // table keeps three decimals), and a batch counts as outputs.
-  const bench::GemmEfficiency sq = bench::gemm_efficiency(4096, 4096, 4096);
+  const plan::GemmEfficiency sq = plan::gemm_efficiency(4096, 4096, 4096);
   CHECK(sq.low <= 783.3 / 989 + 5e-4);
   CHECK(sq.high >= 783.3 / 989 - 5e-4);
-  CHECK(bench::gemm_efficiency(1024, 4096, 4096, 4).low ==
-        doctest::Approx(bench::gemm_efficiency(4096, 4096, 4096).low));
+  CHECK(plan::gemm_efficiency(1024, 4096, 4096, 4).low == doctest::Approx(plan::gemm_efficiency(4096, 4096, 4096).low));
   // Beyond the grid the edge holds: K 4096 and 2^26 outputs.
-  CHECK(bench::gemm_efficiency(1 << 14, 1 << 14, 1 << 14).high ==
-        doctest::Approx(bench::gemm_efficiency(8192, 8192, 4096).high));
+  CHECK(plan::gemm_efficiency(1 << 14, 1 << 14, 1 << 14).high ==
+        doctest::Approx(plan::gemm_efficiency(8192, 8192, 4096).high));
   // GPT-2's K = 768 GEMMs sit below Llama 1B's K = 2048 ones at the same outputs.
-  CHECK(bench::gemm_efficiency(2304, 16384, 768).high < bench::gemm_efficiency(2304, 16384, 2048).low);
+  CHECK(plan::gemm_efficiency(2304, 16384, 768).high < plan::gemm_efficiency(2304, 16384, 2048).low);
 }
 
 TEST_CASE("plan band: more registers, fewer blocks per SM, a slower attention kernel at both ends") {
-  bench::PlanBudgetTable t;  // H100
+  plan::PlanBudgetTable t;  // H100
   const int64_t slots3 = 132 * 3;
-  bench::PlanKernelFit fit;
+  plan::PlanKernelFit fit;
   const device::PlanEntry at_ref = dq_entry(8 * slots3, 164);
-  const bench::PlanTime ref_slow = bench::plan_entry_time(at_ref, t, PlanEnd::SLOW, &fit);
+  const plan::PlanTime ref_slow = plan::plan_entry_time(at_ref, t, PlanEnd::SLOW, &fit);
   CHECK(fit.occupancy.blocks_per_sm == 3);
   CHECK(fit.stages == 2);
   CHECK(fit.waves == doctest::Approx(8.0));
-  const bench::PlanTime ref_fast = bench::plan_entry_time(at_ref, t, PlanEnd::FAST);
+  const plan::PlanTime ref_fast = plan::plan_entry_time(at_ref, t, PlanEnd::FAST);
   CHECK(ref_slow.compute == doctest::Approx(1e12 / (989e12 * t.attn_bwd_eff.slow)));  // whole waves: no tail
   CHECK(ref_fast.compute == doctest::Approx(1e12 / (989e12 * t.attn_bwd_eff.fast)));
   CHECK(ref_slow.total() >= ref_fast.total());
 
   // 200 registers: 6400 per warp, 2 blocks per SM instead of the reference 3.
   const device::PlanEntry heavy = dq_entry(8 * slots3, 200);
-  const bench::PlanTime heavy_fast = bench::plan_entry_time(heavy, t, PlanEnd::FAST, &fit);
+  const plan::PlanTime heavy_fast = plan::plan_entry_time(heavy, t, PlanEnd::FAST, &fit);
   CHECK(fit.occupancy.blocks_per_sm == 2);
   CHECK(std::string(fit.occupancy.limit) == "registers");
   CHECK(heavy_fast.compute == doctest::Approx(ref_fast.compute * 1.5));
-  CHECK(bench::plan_entry_time(heavy, t, PlanEnd::SLOW).compute > ref_slow.compute * 1.5 - 1e-12);
+  CHECK(plan::plan_entry_time(heavy, t, PlanEnd::SLOW).compute > ref_slow.compute * 1.5 - 1e-12);
   // Fewer registers than when the cap was measured: no gain is assumed.
-  CHECK(bench::plan_entry_time(dq_entry(8 * slots3, 96), t, PlanEnd::FAST).compute ==
-        doctest::Approx(ref_fast.compute));
+  CHECK(plan::plan_entry_time(dq_entry(8 * slots3, 96), t, PlanEnd::FAST).compute == doctest::Approx(ref_fast.compute));
   // Registers from the ptxas table when the launch does not name them.
-  const int table_regs = bench::plan_kernel_registers("attn_bwd_dq_kernel", 64, 2, 90);
+  const int table_regs = plan::plan_kernel_registers("attn_bwd_dq_kernel", 64, 2, 90);
   REQUIRE(table_regs > 0);
-  bench::plan_entry_time(dq_entry(100, 0), t, PlanEnd::FAST, &fit);
+  plan::plan_entry_time(dq_entry(100, 0), t, PlanEnd::FAST, &fit);
   CHECK(fit.registers == table_regs);
 }
 
 TEST_CASE("plan band: a wave tail and the re-read tiles cost only the slow end") {
-  bench::PlanBudgetTable t;
+  plan::PlanBudgetTable t;
   const int64_t slots = 132 * 3;
   device::PlanEntry full = dq_entry(2 * slots, 164), tail = dq_entry(2 * slots + 1, 164);
-  CHECK(bench::plan_entry_time(tail, t, PlanEnd::FAST).compute ==
-        doctest::Approx(bench::plan_entry_time(full, t, PlanEnd::FAST).compute));
+  CHECK(plan::plan_entry_time(tail, t, PlanEnd::FAST).compute ==
+        doctest::Approx(plan::plan_entry_time(full, t, PlanEnd::FAST).compute));
   // One block past two full waves: three waves for 2.0025 waves of work.
-  CHECK(bench::plan_entry_time(tail, t, PlanEnd::SLOW).compute ==
-        doctest::Approx(bench::plan_entry_time(full, t, PlanEnd::SLOW).compute * 3.0 / (2.0 + 1.0 / slots)));
+  CHECK(plan::plan_entry_time(tail, t, PlanEnd::SLOW).compute ==
+        doctest::Approx(plan::plan_entry_time(full, t, PlanEnd::SLOW).compute * 3.0 / (2.0 + 1.0 / slots)));
   full.launch.reread_bytes = 5e9;
   const double bw_slow = 3.35e12 * t.hbm_eff.slow, bw_fast = 3.35e12 * t.hbm_eff.fast;
-  CHECK(bench::plan_entry_time(full, t, PlanEnd::SLOW).memory == doctest::Approx((1e8 + 5e9) / bw_slow));
-  CHECK(bench::plan_entry_time(full, t, PlanEnd::FAST).memory == doctest::Approx(1e8 / bw_fast));
+  CHECK(plan::plan_entry_time(full, t, PlanEnd::SLOW).memory == doctest::Approx((1e8 + 5e9) / bw_slow));
+  CHECK(plan::plan_entry_time(full, t, PlanEnd::FAST).memory == doctest::Approx(1e8 / bw_fast));
 }
 
 TEST_CASE("plan band: GPT-2 124M and Llama 1B, low <= mid <= high, H200 faster than H100") {
@@ -182,8 +180,8 @@ TEST_CASE("plan band: GPT-2 124M and Llama 1B, low <= mid <= high, H200 faster t
       {"configs/llama-1b.yaml", {"train_micro_batch_size_per_gpu=4", "data.seq_len=2048"}}};
   for (const Case& c : cases) {
     CAPTURE(c.path);
-    const bench::BenchPlanResult h100 = bench::bench_plan_run(plan_options(c.path, c.sets), "h100");
-    const bench::BenchPlanResult h200 = bench::bench_plan_run(plan_options(c.path, c.sets), "h200");
+    const plan::BenchPlanResult h100 = plan::bench_plan_run(plan_options(c.path, c.sets), "h100");
+    const plan::BenchPlanResult h200 = plan::bench_plan_run(plan_options(c.path, c.sets), "h200");
     for (const auto* r : {&h100, &h200}) {
       CHECK(r->mfu_low > 0);
       CHECK(r->mfu_low <= r->mfu);
@@ -208,7 +206,7 @@ TEST_CASE("plan band: GPT-2 124M and Llama 1B, low <= mid <= high, H200 faster t
     CHECK(h200.step_ms_fast < h100.step_ms_fast);
     CHECK(h200.table.gpu.label == "H200 SXM");
     // The dK/dV kernel (head dim 64 in both models) runs at the ptxas table's registers.
-    const int regs = bench::plan_kernel_registers("attn_bwd_dkdv_kernel", 64, 2, 90);
+    const int regs = plan::plan_kernel_registers("attn_bwd_dkdv_kernel", 64, 2, 90);
     REQUIRE(regs > 0);
     bool seen = false;
     for (const auto& w : h100.rows)
@@ -218,5 +216,5 @@ TEST_CASE("plan band: GPT-2 124M and Llama 1B, low <= mid <= high, H200 faster t
       }
     CHECK(seen);
   }
-  CHECK_THROWS_AS(bench::bench_plan_run(plan_options("configs/gpt2-124m.yaml", {}), "a100"), UsageError);
+  CHECK_THROWS_AS(plan::bench_plan_run(plan_options("configs/gpt2-124m.yaml", {}), "a100"), UsageError);
 }

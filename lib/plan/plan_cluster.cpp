@@ -4,7 +4,7 @@
 // model, and the step they give with one GPU's compute: what hides behind compute and what
 // does not, tokens/s and scaling efficiency. Arithmetic only: plan_cluster_job.cpp builds
 // the job from a config.
-#include "bench/plan_cluster.h"
+#include "plan/plan_cluster.h"
 
 #include "core/check.h"
 
@@ -13,7 +13,7 @@
 #include <algorithm>
 #include <map>
 
-namespace dtrain::bench {
+namespace dtrain::plan {
 
 const char* coll_kind_name(CollKind k) {
   switch (k) {
@@ -397,4 +397,4 @@ std::vector<std::pair<int, int>> cluster_specs_parse(const std::string& text) {
   return out;
 }
 
-}  // namespace dtrain::bench
+}  // namespace dtrain::plan
