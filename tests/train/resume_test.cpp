@@ -11,7 +11,7 @@
 #include "train/metrics.h"
 #include "train/trainer.h"
 
-#include "rank_threads.h"
+#include "tiny_job.h"
 
 #include <doctest/doctest.h>
 #include <gloo/rendezvous/hash_store.h>
@@ -33,36 +33,13 @@ namespace {
 
 // train_batch_size 24 with micro 2: accumulation 12 / 6 / 4 / 3 at 1 / 2 / 3 / 4 ranks,
 // so every world size trains on the same global batches.
-const char* kTiny = R"(
-train_batch_size: 24
+const std::string kTiny = dtrain::test::tiny_job_yaml({32, true, R"(train_batch_size: 24
 train_micro_batch_size_per_gpu: 2
 steps_per_print: 1
-optimizer:
-  type: AdamW
-  params:
-    lr: 3.0e-3
-    betas: [0.9, 0.95]
-    weight_decay: 0.01
 scheduler:
   type: WarmupDecayLR
   params:
     warmup_num_steps: 3
-model:
-  architecture: llama
-  vocab_size: 264
-  n_layer: 2
-  n_head: 2
-  n_kv_head: 1
-  d_model: 32
-  d_ff: 64
-  max_seq_len: 32
-data:
-  train: configs/data/tasks/train.jsonl
-  format: alpaca
-  tokenizer: byte
-  seq_len: 32
-  pack: true
-  neat_packing: false  # the stream in windows: the task records outrun these sequences
 training:
   max_steps: 8
   save_steps: 3
@@ -72,7 +49,7 @@ zero_optimization:
   stage3_param_persistence_threshold: 0
   reduce_bucket_size: 5000
   allgather_bucket_size: 5000
-)";
+)"});
 
 struct TempDir {
   fs::path path;
@@ -87,22 +64,8 @@ struct TempDir {
 };
 
 // Runs the config on `world` ranks (threads over Gloo); returns rank 0's result.
-TrainResult run(std::vector<std::string> sets, int world, const std::string& run_dir) {
-  std::vector<TrainResult> res(static_cast<size_t>(world));
-  const auto errors = dtrain::test::run_ranks(world, [&](comm::Communicator* comm, int r) {
-    TrainerEnv env;
-    env.print = false;
-    env.run_dir = run_dir;
-    env.rank = r;
-    env.world_size = world;
-    env.comm = comm;
-    config::TrainConfig c = config::config_load_string(kTiny, "tiny.yaml", sets).cfg;
-    config::config_resolve_batch(c, world);
-    res[static_cast<size_t>(r)] = train_run(c, env);
-  });
-  for (const auto& e : errors) REQUIRE_MESSAGE(e == "", e);
-  for (int r = 1; r < world; ++r) CHECK(res[static_cast<size_t>(r)].losses == res[0].losses);
-  return res[0];
+TrainResult run(const std::vector<std::string>& sets, int world, const std::string& run_dir) {
+  return dtrain::test::tiny_job_run(kTiny, sets, world, run_dir);
 }
 
 std::string bytes_of(const fs::path& p) {

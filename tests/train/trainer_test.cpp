@@ -12,6 +12,7 @@
 #include "train/trainer.h"
 
 #include "rank_threads.h"
+#include "tiny_job.h"
 
 #include <doctest/doctest.h>
 #include <gloo/rendezvous/hash_store.h>
@@ -31,41 +32,16 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const char* kTiny = R"(
-train_micro_batch_size_per_gpu: 4
+const std::string kTiny = dtrain::test::tiny_job_yaml({48, true, R"(train_micro_batch_size_per_gpu: 4
 gradient_accumulation_steps: 1
 steps_per_print: 10
-optimizer:
-  type: AdamW
-  params:
-    lr: 3.0e-3
-    betas: [0.9, 0.95]
-    weight_decay: 0.01
-model:
-  architecture: llama
-  vocab_size: 264
-  n_layer: 2
-  n_head: 2
-  n_kv_head: 1
-  d_model: 32
-  d_ff: 64
-  max_seq_len: 48
-data:
-  train: configs/data/tasks/train.jsonl
-  format: alpaca
-  tokenizer: byte
-  seq_len: 48
-  pack: true
-  neat_packing: false  # the stream in windows: the task records outrun these sequences
 training:
   max_steps: 40
   seed: 7
-)";
+)"});
 
 config::TrainConfig tiny(const std::vector<std::string>& sets = {}, int world = 1) {
-  config::TrainConfig c = config::config_load_string(kTiny, "tiny.yaml", sets).cfg;
-  config::config_resolve_batch(c, world);
-  return c;
+  return dtrain::test::tiny_job_config(kTiny, sets, world);
 }
 
 TrainerEnv quiet_env(const std::string& run_dir = "") {
