@@ -34,14 +34,10 @@ using Ids = std::vector<int32_t>;
 
 namespace {
 
-using dtrain::test::TempDir;
 using dtrain::test::file_bytes;
 using dtrain::test::file_put;
-
-fs::path source_dir() {
-  const char* d = std::getenv("DTRAIN_SOURCE_DIR");
-  return d ? fs::path(d) : fs::current_path();
-}
+using dtrain::test::source_dir;
+using dtrain::test::TempDir;
 
 // The masked tokens as runs of consecutive masked tokens, each decoded.
 std::vector<std::string> masked_runs(const SftTokens& t, const Tokenizer& tok) {
@@ -418,7 +414,8 @@ void compare_inst(const Reference& ref, const std::string& label, const std::str
 // template in the model's GGUF, which the conversion copies from tokenizer_config.json) for
 // the Ollama library model `model`.
 std::string ollama_gguf_template(const Reference& ref, const std::string& model) {
-  const std::string src = file_bytes(ref.modules / "@huggingface" / "ollama-utils" / "src" / "chat-template-automap.ts");
+  const std::string src =
+      file_bytes(ref.modules / "@huggingface" / "ollama-utils" / "src" / "chat-template-automap.ts");
   const size_t at = src.find("model: \"" + model + "\"");
   REQUIRE(at != std::string::npos);
   const size_t g = src.find("gguf: \"", at);
@@ -654,7 +651,7 @@ TEST_CASE("a template whose turn tokens the tokenizer lacks is refused, not spel
       {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}};
   file_put(dir.path / "tokenizer.json", tokenizer.dump());
   file_put(dir.path / "tokenizer_config.json",
-             json{{"chat_template", "{{ '<|start_header_id|>' + role + '<|end_header_id|>' }}"}}.dump());
+           json{{"chat_template", "{{ '<|start_header_id|>' + role + '<|end_header_id|>' }}"}}.dump());
   const auto bpe = tokenizer_load(dir.path.string());
   CHECK_THROWS_WITH_AS(sft_template_parse("auto", bpe.get()),
                        doctest::Contains("data.template auto (the llama3 template) writes <|start_header_id|>"),

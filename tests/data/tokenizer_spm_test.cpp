@@ -33,9 +33,10 @@ using Ids = std::vector<int32_t>;
 
 namespace {
 
-using dtrain::test::TempDir;
 using dtrain::test::file_bytes;
 using dtrain::test::file_put;
+using dtrain::test::source_dir;
+using dtrain::test::TempDir;
 
 const std::string M = "\xE2\x96\x81";  // U+2581
 
@@ -117,11 +118,6 @@ json added(int id, const std::string& s, bool lstrip, bool rstrip, bool single_w
               {"rstrip", rstrip},
               {"normalized", normalized},
               {"special", !normalized}};
-}
-
-fs::path source_dir() {
-  const char* d = std::getenv("DTRAIN_SOURCE_DIR");
-  return d ? fs::path(d) : fs::current_path();
 }
 
 }  // namespace

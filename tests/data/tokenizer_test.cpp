@@ -26,9 +26,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using dtrain::test::TempDir;
 using dtrain::test::file_bytes;
 using dtrain::test::file_put;
+using dtrain::test::source_dir;
+using dtrain::test::TempDir;
 
 std::string byte_char(int b) {
   std::string s;
@@ -84,11 +85,6 @@ std::string random_utf8(std::mt19937& rng, size_t n) {
     utf8_append(s, cp);
   }
   return s;
-}
-
-fs::path source_dir() {
-  const char* d = std::getenv("DTRAIN_SOURCE_DIR");
-  return d ? fs::path(d) : fs::current_path();
 }
 
 }  // namespace
@@ -291,7 +287,7 @@ TEST_CASE("tokenizer_config.json names bos/eos/pad; add_prefix_space is honoured
     CHECK(tok.pad_id() == 264);
   }
   file_put(dir.path / "tokenizer_config.json",
-             R"({"bos_token": {"content": "<|endoftext|>"}, "eos_token": "<s>", "pad_token": null})");
+           R"({"bos_token": {"content": "<|endoftext|>"}, "eos_token": "<s>", "pad_token": null})");
   {
     BpeTokenizer tok((dir.path / "tokenizer.json").string());
     CHECK(tok.bos_id() == 262);

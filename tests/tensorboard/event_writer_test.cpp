@@ -29,8 +29,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using dtrain::test::TempDir;
 using dtrain::test::file_bytes;
+using dtrain::test::TempDir;
 
 void spit(const fs::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary) << bytes; }
 

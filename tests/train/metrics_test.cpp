@@ -20,8 +20,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using dtrain::test::TempDir;
 using dtrain::test::file_bytes;
+using dtrain::test::TempDir;
 
 }  // namespace
 
