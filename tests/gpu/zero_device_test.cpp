@@ -13,6 +13,7 @@
 #include "train/zero_engine.h"
 
 #include "gpu/gpu_skip.h"
+#include "temp_dir.h"
 #include "tiny_job.h"
 
 #include <doctest/doctest.h>
@@ -34,7 +35,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kTiny = dtrain::test::tiny_job_yaml({64, false, R"(train_micro_batch_size_per_gpu: 2
+using dtrain::test::TempDir;
+
+const std::string kTiny = dtrain::test::tiny_train_yaml({64, false, R"(train_micro_batch_size_per_gpu: 2
 gradient_accumulation_steps: 1
 training:
   max_steps: 6
@@ -46,17 +49,8 @@ zero_optimization:
 )"});
 
 config::TrainConfig tiny(const std::vector<std::string>& sets, int world) {
-  return dtrain::test::tiny_job_config(kTiny, sets, world);
+  return dtrain::test::tiny_train_config(kTiny, sets, world);
 }
-
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name)
-      : path(fs::temp_directory_path() / ("dtrain_zero_device_" + std::to_string(getpid()) + "_" + name)) {
-    fs::remove_all(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 // train_run on `world` ranks (threads): on the CPU over Gloo, or rank r on CUDA device r
 // over NCCL. Returns rank 0's result; every rank's losses must agree.

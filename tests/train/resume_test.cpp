@@ -11,6 +11,7 @@
 #include "train/metrics.h"
 #include "train/trainer.h"
 
+#include "temp_dir.h"
 #include "tiny_job.h"
 
 #include <doctest/doctest.h>
@@ -31,9 +32,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using dtrain::test::TempDir;
+
 // train_batch_size 24 with micro 2: accumulation 12 / 6 / 4 / 3 at 1 / 2 / 3 / 4 ranks,
 // so every world size trains on the same global batches.
-const std::string kTiny = dtrain::test::tiny_job_yaml({32, true, R"(train_batch_size: 24
+const std::string kTiny = dtrain::test::tiny_train_yaml({32, true, R"(train_batch_size: 24
 train_micro_batch_size_per_gpu: 2
 steps_per_print: 1
 scheduler:
@@ -51,21 +54,9 @@ zero_optimization:
   allgather_bucket_size: 5000
 )"});
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name)
-      : path(fs::temp_directory_path() / ("dtrain_resume_" + std::to_string(getpid()) + "_" + name)) {
-    fs::remove_all(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
 // Runs the config on `world` ranks (threads over Gloo); returns rank 0's result.
 TrainResult run(const std::vector<std::string>& sets, int world, const std::string& run_dir) {
-  return dtrain::test::tiny_job_run(kTiny, sets, world, run_dir);
+  return dtrain::test::tiny_train_run(kTiny, sets, world, run_dir);
 }
 
 std::string bytes_of(const fs::path& p) {

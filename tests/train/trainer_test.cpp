@@ -12,6 +12,7 @@
 #include "train/trainer.h"
 
 #include "rank_threads.h"
+#include "temp_dir.h"
 #include "tiny_job.h"
 
 #include <doctest/doctest.h>
@@ -32,7 +33,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kTiny = dtrain::test::tiny_job_yaml({48, true, R"(train_micro_batch_size_per_gpu: 4
+using dtrain::test::TempDir;
+
+const std::string kTiny = dtrain::test::tiny_train_yaml({48, true, R"(train_micro_batch_size_per_gpu: 4
 gradient_accumulation_steps: 1
 steps_per_print: 10
 training:
@@ -41,7 +44,7 @@ training:
 )"});
 
 config::TrainConfig tiny(const std::vector<std::string>& sets = {}, int world = 1) {
-  return dtrain::test::tiny_job_config(kTiny, sets, world);
+  return dtrain::test::tiny_train_config(kTiny, sets, world);
 }
 
 TrainerEnv quiet_env(const std::string& run_dir = "") {
@@ -50,15 +53,6 @@ TrainerEnv quiet_env(const std::string& run_dir = "") {
   e.print = false;
   return e;
 }
-
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name)
-      : path(fs::temp_directory_path() / ("dtrain_trainer_test_" + std::to_string(getpid()) + "_" + name)) {
-    fs::remove_all(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 double mean(const std::vector<double>& v, size_t b, size_t e) {
   return std::accumulate(v.begin() + static_cast<ptrdiff_t>(b), v.begin() + static_cast<ptrdiff_t>(e), 0.0) /

@@ -7,6 +7,7 @@
 #include "model/safetensors.h"
 #include "train/trainer.h"
 
+#include "temp_dir.h"
 #include "tiny_job.h"
 
 #include <doctest/doctest.h>
@@ -25,7 +26,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kTiny = dtrain::test::tiny_job_yaml({48, false, R"(train_micro_batch_size_per_gpu: 4
+using dtrain::test::TempDir;
+
+const std::string kTiny = dtrain::test::tiny_train_yaml({48, false, R"(train_micro_batch_size_per_gpu: 4
 gradient_accumulation_steps: 1
 training:
   max_steps: 10
@@ -35,18 +38,9 @@ zero_optimization:
   reduce_bucket_size: 5000
 )"});
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name)
-      : path(fs::temp_directory_path() / ("dtrain_zero_trainer_" + std::to_string(getpid()) + "_" + name)) {
-    fs::remove_all(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
-
 // Runs the config on `world` ranks (threads over Gloo); returns rank 0's result.
 TrainResult run(const std::vector<std::string>& sets, int world, const std::string& run_dir = "") {
-  return dtrain::test::tiny_job_run(kTiny, sets, world, run_dir);
+  return dtrain::test::tiny_train_run(kTiny, sets, world, run_dir);
 }
 
 void check_close(const std::vector<double>& a, const std::vector<double>& b, double rel) {
