@@ -13,6 +13,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -154,6 +155,15 @@ inline train::TrainResult tiny_train_run(const std::string& yaml, const std::vec
   for (const auto& e : errors) REQUIRE_MESSAGE(e == "", e);
   for (int r = 1; r < world; ++r) CHECK(res[static_cast<size_t>(r)].losses == res[0].losses);
   return res[0];
+}
+
+// Every step's value of a within rel (relative) of b's.
+inline void losses_check_close(const std::vector<double>& a, const std::vector<double>& b, double rel) {
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO("step " << i + 1 << ": " << a[i] << " vs " << b[i]);
+    CHECK(std::fabs(a[i] - b[i]) <= rel * std::fabs(b[i]));
+  }
 }
 
 }  // namespace dtrain::test

@@ -32,6 +32,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using dtrain::test::losses_check_close;
 using dtrain::test::TempDir;
 
 // train_batch_size 24 with micro 2: accumulation 12 / 6 / 4 / 3 at 1 / 2 / 3 / 4 ranks,
@@ -81,14 +82,6 @@ void stage_run_dir(const fs::path& from, const fs::path& to, const std::vector<i
 
 std::vector<double> tail(const std::vector<double>& v, size_t from) {
   return std::vector<double>(v.begin() + static_cast<std::ptrdiff_t>(from), v.end());
-}
-
-void check_close(const std::vector<double>& a, const std::vector<double>& b, double rel) {
-  REQUIRE(a.size() == b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    INFO("step " << i << ": " << a[i] << " vs " << b[i]);
-    CHECK(std::fabs(a[i] - b[i]) <= rel * std::fabs(b[i]));
-  }
 }
 
 // Training records of metrics.jsonl: (step, loss) in file order.
@@ -159,7 +152,7 @@ TEST_CASE("resharding: 4 -> 2 ranks, 2 -> 3 ranks and stage 1 -> 3 continue the 
     CHECK(resumed.resumed_step == 3);
     CHECK(resumed.resumed_world_size == c.from_world);
     CHECK(resumed.resumed_stage == std::stoi(c.from_stage));
-    check_close(resumed.losses, tail(full.losses, 3), 1e-5);
+    losses_check_close(resumed.losses, tail(full.losses, 3), 1e-5);
   }
 }
 

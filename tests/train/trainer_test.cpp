@@ -33,6 +33,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using dtrain::test::losses_check_close;
 using dtrain::test::TempDir;
 
 const std::string kTiny = dtrain::test::tiny_train_yaml({48, true, R"(train_micro_batch_size_per_gpu: 4
@@ -57,14 +58,6 @@ TrainerEnv quiet_env(const std::string& run_dir = "") {
 double mean(const std::vector<double>& v, size_t b, size_t e) {
   return std::accumulate(v.begin() + static_cast<ptrdiff_t>(b), v.begin() + static_cast<ptrdiff_t>(e), 0.0) /
          static_cast<double>(e - b);
-}
-
-void check_close(const std::vector<double>& a, const std::vector<double>& b, double rel) {
-  REQUIRE(a.size() == b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    INFO("step " << i + 1 << ": " << a[i] << " vs " << b[i]);
-    CHECK(std::fabs(a[i] - b[i]) <= rel * std::fabs(b[i]));
-  }
 }
 
 }  // namespace
@@ -97,9 +90,9 @@ TEST_CASE("gradient accumulation: micro 4 x accum 1 == micro 2 x accum 2 == micr
     return train_run(tiny(s), quiet_env());
   };
   TrainResult a = with(4, 1), b = with(2, 2), c = with(1, 4);
-  check_close(b.losses, a.losses, 1e-5);
-  check_close(c.losses, a.losses, 1e-5);
-  check_close(b.grad_norms, a.grad_norms, 1e-4);
+  losses_check_close(b.losses, a.losses, 1e-5);
+  losses_check_close(c.losses, a.losses, 1e-5);
+  losses_check_close(b.grad_norms, a.grad_norms, 1e-4);
 }
 
 TEST_CASE("data parallel: 2 ranks x micro 2 give the losses of 1 rank x micro 4") {
@@ -119,7 +112,7 @@ TEST_CASE("data parallel: 2 ranks x micro 2 give the losses of 1 rank x micro 4"
   });
   CHECK(errors[0] == "");
   CHECK(errors[1] == "");
-  check_close(res[0].losses, single.losses, 1e-5);
+  losses_check_close(res[0].losses, single.losses, 1e-5);
   CHECK(res[0].losses == res[1].losses);  // every rank reports the allreduced loss
   CHECK(res[0].tokens == single.tokens);
   CHECK(fs::exists(dir.path / "final" / "model.safetensors"));  // rank 0 exported

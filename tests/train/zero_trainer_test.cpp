@@ -26,6 +26,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using dtrain::test::losses_check_close;
 using dtrain::test::TempDir;
 
 const std::string kTiny = dtrain::test::tiny_train_yaml({48, false, R"(train_micro_batch_size_per_gpu: 4
@@ -43,14 +44,6 @@ TrainResult run(const std::vector<std::string>& sets, int world, const std::stri
   return dtrain::test::tiny_train_run(kTiny, sets, world, run_dir);
 }
 
-void check_close(const std::vector<double>& a, const std::vector<double>& b, double rel) {
-  REQUIRE(a.size() == b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    INFO("step " << i + 1 << ": " << a[i] << " vs " << b[i]);
-    CHECK(std::fabs(a[i] - b[i]) <= rel * std::fabs(b[i]));
-  }
-}
-
 }  // namespace
 
 TEST_CASE("stages 1-3 on 2 ranks train like stage 0 on one, export included") {
@@ -65,7 +58,7 @@ TEST_CASE("stages 1-3 on 2 ranks train like stage 0 on one, export included") {
     const TrainResult got = run(
         {"zero_optimization.stage=" + std::to_string(stage), "train_micro_batch_size_per_gpu=2", "export.dtype=fp32"},
         2, d.path.string());
-    check_close(got.losses, single.losses, 1e-5);
+    losses_check_close(got.losses, single.losses, 1e-5);
     // The exported fp32 weights match the single-rank export.
     model::SafetensorsFile a((d0.path / "final" / "model.safetensors").string());
     model::SafetensorsFile b((d.path / "final" / "model.safetensors").string());
@@ -93,7 +86,7 @@ TEST_CASE("stage 2/3 with gradient accumulation and a validation set") {
     sets.push_back("gradient_accumulation_steps=2");
     sets.push_back("zero_optimization.overlap_comm=true");
     const TrainResult got = run(sets, 2);
-    check_close(got.losses, single.losses, 1e-5);
+    losses_check_close(got.losses, single.losses, 1e-5);
     CHECK(got.final_eval_loss == doctest::Approx(single.final_eval_loss).epsilon(1e-4));
   }
 }
