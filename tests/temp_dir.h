@@ -1,5 +1,6 @@
 // One temporary directory per test object, removed with everything in it when the object
-// goes: the one copy of the helper the test files used to define each for itself.
+// goes: the one copy of the helper the test files used to define each for itself; and
+// the whole-file read and write and the source-tree lookup they each defined beside it.
 // mkdtemp gives a fresh, private name (no pid or random-number collisions between test
 // binaries that ctest runs side by side).
 #pragma once
@@ -7,12 +8,31 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <system_error>
 #include <vector>
 
 namespace dtrain::test {
+
+/// A whole file's bytes ("" when it cannot be read).
+inline std::string file_bytes(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+/// The source tree the test reads its assets from: $DTRAIN_SOURCE_DIR, else the working
+/// directory (ctest runs the tests from the source root).
+inline std::filesystem::path source_dir() {
+  const char* d = std::getenv("DTRAIN_SOURCE_DIR");
+  return d ? std::filesystem::path(d) : std::filesystem::current_path();
+}
+
+/// Writes `text` to p (binary, replacing the file).
+inline void file_put(const std::filesystem::path& p, const std::string& text) {
+  std::ofstream(p, std::ios::binary) << text;
+}
 
 struct TempDir {
   std::filesystem::path path;
@@ -34,7 +54,7 @@ struct TempDir {
   /// Writes `text` to `name` below the directory (binary, replacing it); its path.
   std::filesystem::path write(const std::string& name, const std::string& text) const {
     const auto p = path / name;
-    std::ofstream(p, std::ios::binary) << text;
+    file_put(p, text);
     return p;
   }
 };

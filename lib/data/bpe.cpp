@@ -60,6 +60,10 @@ std::string token_text(const json& j) {
 // ---------------------------------------------------------------------------
 // Loading
 
+void BpeTokenizer::load_fail(const std::string& what) const {
+  DT_THROW(ConfigError, "tokenizer file '{}': {}", path_, what);
+}
+
 BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
   const std::string text = read_file(path);
   json root;
@@ -82,76 +86,88 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : path_(path) {
   load_special_ids();
 }
 
-// The model's vocabulary and the added tokens (the id -> token table), and the kind: a
-// null (or absent) or Metaspace pre-tokenizer is SentencePiece-style.
-void BpeTokenizer::load_vocab(const json& root) {
-  auto fail = [&](const std::string& what) { DT_THROW(ConfigError, "tokenizer file '{}': {}", path_, what); };
-  if (!root.contains("model") || !root["model"].is_object()) fail("missing \"model\" object");
-  const json& model = root["model"];
-  std::string type = model.value("type", std::string("BPE"));
-  if (type != "BPE") fail("unsupported model type '" + type + "': dtrain supports byte-level BPE tokenizers only");
-  if (!model.contains("vocab") || !model["vocab"].is_object()) fail("model.vocab is missing or not an object");
-  if (!model.contains("merges") || !model["merges"].is_array()) fail("model.merges is missing or not an array");
-  ignore_merges_ = model.value("ignore_merges", false);
-  // BPE dropout merges at random while encoding: the same text would give other ids each
-  // time, in training and at inference alike. Either kind of BPE.
-  if (model.contains("dropout") && !model["dropout"].is_null() &&
-      !(model["dropout"].is_number() && model["dropout"].get<double>() == 0.0))
-    fail("model.dropout = " + model["dropout"].dump() +
-         " is not supported: BPE dropout randomizes encoding; set it to null (as the model was published)");
+// Ids index the id -> token table: each is checked against the vocabulary limit before
+// that table is sized by the largest one.
+int32_t BpeTokenizer::load_id(const json& idj, const std::string& what) const {
+  if (!idj.is_number_integer()) load_fail(fmt::format("{} has id {}, not an integer", what, idj.dump()));
+  if (idj.is_number_unsigned() ? idj.get<uint64_t>() >= static_cast<uint64_t>(kMaxVocabSize)
+                               : (idj.get<int64_t>() < 0 || idj.get<int64_t>() >= kMaxVocabSize))
+    load_fail(fmt::format("{} has id {}; token ids must be from 0 to {} (at most {} tokens, as model.vocab_size)", what,
+                          idj.dump(), kMaxVocabSize - 1, kMaxVocabSize));
+  return static_cast<int32_t>(idj.get<int64_t>());
+}
 
-  // Ids index the id -> token table: each is checked against the vocabulary limit before
-  // that table is sized by the largest one.
-  auto check_id = [&](const json& idj, const std::string& what) {
-    if (!idj.is_number_integer()) fail(fmt::format("{} has id {}, not an integer", what, idj.dump()));
-    if (idj.is_number_unsigned() ? idj.get<uint64_t>() >= static_cast<uint64_t>(kMaxVocabSize)
-                                 : (idj.get<int64_t>() < 0 || idj.get<int64_t>() >= kMaxVocabSize))
-      fail(fmt::format("{} has id {}; token ids must be from 0 to {} (at most {} tokens, as model.vocab_size)", what,
-                       idj.dump(), kMaxVocabSize - 1, kMaxVocabSize));
-    return static_cast<int32_t>(idj.get<int64_t>());
-  };
-  int32_t max_id = -1;
-  std::unordered_map<int32_t, std::string> token_of;  // each id names one token
+// model.vocab into vocab_; returns the id -> token map (each id names one token) and
+// raises max_id to the largest id.
+std::unordered_map<int32_t, std::string> BpeTokenizer::load_model_vocab(const json& model, int32_t& max_id) {
+  std::unordered_map<int32_t, std::string> token_of;
   for (const auto& [tok, idj] : model["vocab"].items()) {
-    int32_t id = check_id(idj, "model.vocab entry '" + tok + "'");
+    int32_t id = load_id(idj, "model.vocab entry '" + tok + "'");
     auto [at, fresh] = token_of.emplace(id, tok);
     if (!fresh)
-      fail(
+      load_fail(
           fmt::format("model.vocab gives id {} to both '{}' and '{}': each id must name one token (a damaged or "
                       "hand-edited file?)",
                       id, at->second, tok));
     vocab_[tok] = id;
     max_id = std::max(max_id, id);
   }
+  return token_of;
+}
 
-  // ---- added tokens
+// The added_tokens entries, checked; raises max_id to the largest id.
+std::vector<BpeTokenizer::Added> BpeTokenizer::load_added_tokens(const json& root, int32_t& max_id) const {
   std::vector<Added> added;
   if (root.contains("added_tokens") && !root["added_tokens"].is_null()) {
-    if (!root["added_tokens"].is_array()) fail("added_tokens is not an array");
+    if (!root["added_tokens"].is_array()) load_fail("added_tokens is not an array");
     for (const json& a : root["added_tokens"]) {
       if (!a.is_object() || !a.contains("id") || !a.contains("content") || !a["id"].is_number_integer() ||
           !a["content"].is_string())
-        fail("added_tokens entry " + a.dump().substr(0, 200) + " needs an integer \"id\" and a string \"content\"");
+        load_fail("added_tokens entry " + a.dump().substr(0, 200) +
+                  " needs an integer \"id\" and a string \"content\"");
       for (const char* flag : {"single_word", "lstrip", "rstrip", "normalized", "special"})
         if (a.contains(flag) && !a[flag].is_boolean())
-          fail("added_tokens entry " + a.dump().substr(0, 200) + ": \"" + flag + "\" is not true/false");
+          load_fail("added_tokens entry " + a.dump().substr(0, 200) + ": \"" + flag + "\" is not true/false");
       // A missing "normalized" defaults as in tokenizers: special tokens are not normalized.
       Added t{a["content"].get<std::string>(),
-              check_id(a["id"], "added_tokens entry '" + a["content"].get<std::string>().substr(0, 80) + "'"),
+              load_id(a["id"], "added_tokens entry '" + a["content"].get<std::string>().substr(0, 80) + "'"),
               a.value("single_word", false),
               a.value("lstrip", false),
               a.value("rstrip", false),
               a.value("normalized", !a.value("special", false))};
-      if (t.content.empty()) fail("added_tokens entry with id " + std::to_string(t.id) + " has empty content");
+      if (t.content.empty()) load_fail("added_tokens entry with id " + std::to_string(t.id) + " has empty content");
       for (const Added& o : added)
         if (o.id == t.id && o.content != t.content)
-          fail(fmt::format("added_tokens entries '{}' and '{}' have the same id {}: each id must name one token",
-                           o.content, t.content, t.id));
+          load_fail(fmt::format("added_tokens entries '{}' and '{}' have the same id {}: each id must name one token",
+                                o.content, t.content, t.id));
       max_id = std::max(max_id, t.id);
       added.push_back(std::move(t));
     }
   }
-  if (max_id < 0) fail("the vocabulary is empty");
+  return added;
+}
+
+// The model's vocabulary and the added tokens (the id -> token table), and the kind: a
+// null (or absent) or Metaspace pre-tokenizer is SentencePiece-style.
+void BpeTokenizer::load_vocab(const json& root) {
+  if (!root.contains("model") || !root["model"].is_object()) load_fail("missing \"model\" object");
+  const json& model = root["model"];
+  std::string type = model.value("type", std::string("BPE"));
+  if (type != "BPE") load_fail("unsupported model type '" + type + "': dtrain supports byte-level BPE tokenizers only");
+  if (!model.contains("vocab") || !model["vocab"].is_object()) load_fail("model.vocab is missing or not an object");
+  if (!model.contains("merges") || !model["merges"].is_array()) load_fail("model.merges is missing or not an array");
+  ignore_merges_ = model.value("ignore_merges", false);
+  // BPE dropout merges at random while encoding: the same text would give other ids each
+  // time, in training and at inference alike. Either kind of BPE.
+  if (model.contains("dropout") && !model["dropout"].is_null() &&
+      !(model["dropout"].is_number() && model["dropout"].get<double>() == 0.0))
+    load_fail("model.dropout = " + model["dropout"].dump() +
+              " is not supported: BPE dropout randomizes encoding; set it to null (as the model was published)");
+
+  int32_t max_id = -1;
+  const std::unordered_map<int32_t, std::string> token_of = load_model_vocab(model, max_id);
+  std::vector<Added> added = load_added_tokens(root, max_id);
+  if (max_id < 0) load_fail("the vocabulary is empty");
   id_to_token_.assign(static_cast<size_t>(max_id) + 1, std::string());
   is_added_.assign(id_to_token_.size(), false);
   for (const auto& [tok, id] : vocab_) id_to_token_[id] = tok;
@@ -172,7 +188,7 @@ void BpeTokenizer::load_vocab(const json& root) {
   for (const Added& a : added_) {
     auto it = token_of.find(a.id);
     if (it != token_of.end() && it->second != a.content && (sentencepiece_ || it->second != map_bytes(a.content)))
-      fail(
+      load_fail(
           fmt::format("added_tokens entry '{}' has id {}, which model.vocab gives to '{}': give the added token an "
                       "id of its own (or the same text as the vocabulary entry)",
                       a.content, a.id, it->second));
@@ -182,21 +198,20 @@ void BpeTokenizer::load_vocab(const json& root) {
     const json& p = root["pre_tokenizer"];
     const std::string t = p.is_object() ? p.value("type", std::string("?")) : std::string("?");
     if (t != "ByteLevel" && t != "Sequence")
-      fail("unsupported pre_tokenizer type '" + t +
-           "': dtrain supports ByteLevel, Split + ByteLevel as in Llama-3 (byte-level BPE), or Metaspace or "
-           "none (SentencePiece-style BPE)");
+      load_fail("unsupported pre_tokenizer type '" + t +
+                "': dtrain supports ByteLevel, Split + ByteLevel as in Llama-3 (byte-level BPE), or Metaspace or "
+                "none (SentencePiece-style BPE)");
   }
 }
 
 // The byte tokens of a byte-level vocabulary, and the merges.
 void BpeTokenizer::load_merges(const json& model) {
-  auto fail = [&](const std::string& what) { DT_THROW(ConfigError, "tokenizer file '{}': {}", path_, what); };
   for (int b = 0; b < 256 && !sentencepiece_; ++b) {
     std::string s;
     utf8_append(s, byte_to_unicode(static_cast<uint8_t>(b)));
     auto it = vocab_.find(s);
     if (it == vocab_.end())
-      fail(
+      load_fail(
           fmt::format("model.vocab lacks the byte-level token for byte 0x{:02X} ('{}'): not a byte-level "
                       "BPE vocabulary",
                       b, s));
@@ -211,18 +226,18 @@ void BpeTokenizer::load_merges(const json& model) {
       const std::string s = m.get<std::string>();
       size_t sp = s.find(' ');
       if (sp == std::string::npos || sp == 0 || sp + 1 >= s.size())
-        fail(fmt::format("model.merges[{}] = '{}' is not of the form \"left right\"", r, s));
+        load_fail(fmt::format("model.merges[{}] = '{}' is not of the form \"left right\"", r, s));
       a = s.substr(0, sp);
       b = s.substr(sp + 1);
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
       a = m[0].get<std::string>();
       b = m[1].get<std::string>();
     } else {
-      fail(fmt::format("model.merges[{}] = {} is neither \"left right\" nor [left, right]", r, m.dump()));
+      load_fail(fmt::format("model.merges[{}] = {} is neither \"left right\" nor [left, right]", r, m.dump()));
     }
     auto ia = vocab_.find(a), ib = vocab_.find(b), im = vocab_.find(a + b);
     if (ia == vocab_.end() || ib == vocab_.end() || im == vocab_.end())
-      fail(fmt::format("model.merges[{}] = '{} {}' uses a token missing from model.vocab", r, a, b));
+      load_fail(fmt::format("model.merges[{}] = '{} {}' uses a token missing from model.vocab", r, a, b));
     // A pair listed twice keeps its first (lowest) rank, as in Hugging Face.
     merges_.emplace(pair_key(ia->second, ib->second), Merge{static_cast<int32_t>(r), im->second});
   }
@@ -230,19 +245,18 @@ void BpeTokenizer::load_merges(const json& model) {
 
 // A byte-level tokenizer's normalizer (none, or NFC as given), pre-tokenizer and decoder.
 void BpeTokenizer::load_byte_level(const json& root) {
-  auto fail = [&](const std::string& what) { DT_THROW(ConfigError, "tokenizer file '{}': {}", path_, what); };
   if (root.contains("normalizer") && !root["normalizer"].is_null()) {
     std::string nt = root["normalizer"].value("type", std::string("?"));
     if (nt == "NFC") nfc_ = true;
     else
-      fail("unsupported normalizer '" + nt +
-           "' with a byte-level pre-tokenizer: dtrain supports byte-level "
-           "BPE without a normalizer or with NFC");
+      load_fail("unsupported normalizer '" + nt +
+                "' with a byte-level pre-tokenizer: dtrain supports byte-level "
+                "BPE without a normalizer or with NFC");
   }
   const json& pre = root["pre_tokenizer"];
   std::string pt = pre.is_object() ? pre.value("type", std::string("?")) : std::string("?");
   if (!pre.is_object()) {
-    fail("pre_tokenizer is not an object");
+    load_fail("pre_tokenizer is not an object");
   } else if (pt == "ByteLevel") {
     add_prefix_space_ = pre.value("add_prefix_space", false);
     pretokenizer_ = pre.value("use_regex", true) ? PretokenizerKind::GPT2 : PretokenizerKind::NONE;
@@ -270,18 +284,18 @@ void BpeTokenizer::load_byte_level(const json& root) {
       }
     }
     if (!ok)
-      fail("unsupported pre_tokenizer Sequence " + pre.dump().substr(0, 300) +
-           ": dtrain supports ByteLevel (GPT-2) or Split(Llama-3/Qwen2 regex) + ByteLevel(use_regex=false)");
+      load_fail("unsupported pre_tokenizer Sequence " + pre.dump().substr(0, 300) +
+                ": dtrain supports ByteLevel (GPT-2) or Split(Llama-3/Qwen2 regex) + ByteLevel(use_regex=false)");
   } else {
-    fail("unsupported pre_tokenizer type '" + pt +
-         "': dtrain supports ByteLevel, Split + ByteLevel as in Llama-3 (byte-level BPE), or Metaspace or "
-         "none (SentencePiece-style BPE)");
+    load_fail("unsupported pre_tokenizer type '" + pt +
+              "': dtrain supports ByteLevel, Split + ByteLevel as in Llama-3 (byte-level BPE), or Metaspace or "
+              "none (SentencePiece-style BPE)");
   }
 
   if (root.contains("decoder") && !root["decoder"].is_null() &&
       (!root["decoder"].is_object() || root["decoder"].value("type", std::string("?")) != "ByteLevel"))
-    fail("unsupported decoder " + root["decoder"].dump().substr(0, 200) +
-         " with a byte-level pre-tokenizer: dtrain decodes byte-level BPE as the ByteLevel decoder does");
+    load_fail("unsupported decoder " + root["decoder"].dump().substr(0, 200) +
+              " with a byte-level pre-tokenizer: dtrain decodes byte-level BPE as the ByteLevel decoder does");
 }
 
 // The added-token matchers: normalized tokens are searched for in normalized text, so

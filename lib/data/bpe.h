@@ -77,9 +77,18 @@ class BpeTokenizer final : public Tokenizer {
 
   // The constructor's steps over tokenizer.json, in order.
   void load_vocab(const nlohmann::json& root);
+  int32_t load_id(const nlohmann::json& idj, const std::string& what) const;
+  std::unordered_map<int32_t, std::string> load_model_vocab(const nlohmann::json& model, int32_t& max_id);
+  std::vector<Added> load_added_tokens(const nlohmann::json& root, int32_t& max_id) const;
   void load_merges(const nlohmann::json& model);
   void load_byte_level(const nlohmann::json& root);
   void load_sentencepiece(const nlohmann::json& root);
+  void load_sp_model(const nlohmann::json& model);
+  void load_sp_normalizer(const nlohmann::json& root);
+  void load_sp_pre_tokenizer(const nlohmann::json& root);
+  void load_sp_decoder(const nlohmann::json& root);
+  // ConfigError "tokenizer file '<path>': what".
+  [[noreturn]] void load_fail(const std::string& what) const;
   void build_added_matchers();
   void load_special_ids();
   // The normalizer's steps in order (byte-level: NFC or nothing); `prepend` false leaves

@@ -57,18 +57,25 @@ bool valid_utf8(std::string_view s) {
 // Loading
 
 void BpeTokenizer::load_sentencepiece(const json& root) {
-  auto fail = [&](const std::string& what) { DT_THROW(ConfigError, "tokenizer file '{}': {}", path_, what); };
-  const json& model = root["model"];
+  load_sp_model(root["model"]);
+  load_sp_normalizer(root);
+  load_sp_pre_tokenizer(root);
+  load_sp_decoder(root);
+}
+
+// The model's unk token, byte fallback and single-character lookups.
+void BpeTokenizer::load_sp_model(const json& model) {
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (model.contains(key) && !model[key].is_null() && model[key] != "")
-      fail(fmt::format("model.{} = {} is not supported (dtrain's BPE has no subword affixes)", key, model[key].dump()));
+      load_fail(
+          fmt::format("model.{} = {} is not supported (dtrain's BPE has no subword affixes)", key, model[key].dump()));
   byte_fallback_ = model.value("byte_fallback", false);
   fuse_unk_ = model.value("fuse_unk", false);
   if (model.contains("unk_token") && !model["unk_token"].is_null()) {
-    if (!model["unk_token"].is_string()) fail("model.unk_token is not a string");
+    if (!model["unk_token"].is_string()) load_fail("model.unk_token is not a string");
     const std::string unk = model["unk_token"].get<std::string>();
     auto it = vocab_.find(unk);
-    if (it == vocab_.end()) fail("model.unk_token '" + unk + "' is not in model.vocab");
+    if (it == vocab_.end()) load_fail("model.unk_token '" + unk + "' is not in model.vocab");
     unk_id_ = it->second;
   }
   fallback_ids_.fill(-1);
@@ -78,13 +85,16 @@ void BpeTokenizer::load_sentencepiece(const json& root) {
     if (it != vocab_.end()) fallback_ids_[b] = it->second;
     else ++missing;
   }
-  if (byte_fallback_ && missing == 256) fail("model.byte_fallback is true but model.vocab has no <0xNN> byte tokens");
+  if (byte_fallback_ && missing == 256)
+    load_fail("model.byte_fallback is true but model.vocab has no <0xNN> byte tokens");
   for (const auto& [tok, id] : vocab_) {
     std::vector<Utf8Unit> u = utf8_units(tok);
     if (u.size() == 1 && u[0].cp != UTF8_INVALID) char_ids_[u[0].cp] = id;
   }
+}
 
-  // ---- normalizer: NFC, Prepend("\u2581"), Replace(" " -> "\u2581"), or a Sequence of them.
+// The normalizer: NFC, Prepend("\u2581"), Replace(" " -> "\u2581"), or a Sequence of them.
+void BpeTokenizer::load_sp_normalizer(const json& root) {
   if (root.contains("normalizer") && !root["normalizer"].is_null()) {
     const json& n = root["normalizer"];
     std::vector<json> steps;
@@ -103,19 +113,22 @@ void BpeTokenizer::load_sentencepiece(const json& root) {
       } else if (t == "NFC") {
         norm_steps_.push_back(NormStep::NFC);
       } else {
-        fail("unsupported normalizer " + st.dump().substr(0, 200) +
-             ": dtrain's SentencePiece-style BPE supports NFC, Prepend(\"\\u2581\") and Replace(\" \", \"\\u2581\")");
+        load_fail(
+            "unsupported normalizer " + st.dump().substr(0, 200) +
+            ": dtrain's SentencePiece-style BPE supports NFC, Prepend(\"\\u2581\") and Replace(\" \", \"\\u2581\")");
       }
     }
   }
+}
 
-  // ---- pre-tokenizer: none, or Metaspace.
+// The pre-tokenizer: none, or Metaspace.
+void BpeTokenizer::load_sp_pre_tokenizer(const json& root) {
   if (root.contains("pre_tokenizer") && !root["pre_tokenizer"].is_null()) {
     const json& p = root["pre_tokenizer"];
     metaspace_ = true;
     if (p.value("replacement", std::string(kMeta)) != kMeta)
-      fail("Metaspace pre_tokenizer with replacement " + p["replacement"].dump() +
-           ": dtrain supports only \"\\u2581\"");
+      load_fail("Metaspace pre_tokenizer with replacement " + p["replacement"].dump() +
+                ": dtrain supports only \"\\u2581\"");
     // As tokenizers reads it: add_prefix_space false means never; a prepend_scheme wins
     // otherwise; neither means always.
     std::string scheme = p.contains("prepend_scheme") && p["prepend_scheme"].is_string()
@@ -125,15 +138,17 @@ void BpeTokenizer::load_sentencepiece(const json& root) {
     if (scheme == "always") metaspace_prepend_ = Prepend::ALWAYS;
     else if (scheme == "first") metaspace_prepend_ = Prepend::FIRST;
     else if (scheme == "never") metaspace_prepend_ = Prepend::NEVER;
-    else fail("Metaspace prepend_scheme '" + scheme + "' is not one of always, first, never");
+    else load_fail("Metaspace prepend_scheme '" + scheme + "' is not one of always, first, never");
     metaspace_split_ = p.value("split", true);
   }
   if (norm_replace_space_ && metaspace_)
     log_debug("tokenizer '{}': both the normalizer and Metaspace replace spaces", path_);
+}
 
-  // ---- decoder
+// The decoder: a Sequence of Replace, ByteFallback, Fuse, Strip and Metaspace steps.
+void BpeTokenizer::load_sp_decoder(const json& root) {
   if (!root.contains("decoder") || root["decoder"].is_null())
-    fail(
+    load_fail(
         "missing decoder: a SentencePiece-style tokenizer.json needs one (Replace/ByteFallback/Fuse/Strip or "
         "Metaspace)");
   const json& d = root["decoder"];
@@ -167,9 +182,9 @@ void BpeTokenizer::load_sentencepiece(const json& root) {
       if (st.contains("add_prefix_space") && st["add_prefix_space"] == false) scheme = "never";
       step.prepend = scheme == "never" ? Prepend::NEVER : scheme == "first" ? Prepend::FIRST : Prepend::ALWAYS;
     } else {
-      fail("unsupported decoder " + st.dump().substr(0, 200) +
-           ": dtrain's SentencePiece-style BPE supports Replace (string pattern), ByteFallback, Fuse, "
-           "Strip and Metaspace");
+      load_fail("unsupported decoder " + st.dump().substr(0, 200) +
+                ": dtrain's SentencePiece-style BPE supports Replace (string pattern), ByteFallback, Fuse, "
+                "Strip and Metaspace");
     }
     decoder_.push_back(std::move(step));
   }

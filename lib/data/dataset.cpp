@@ -96,6 +96,14 @@ TokenDataset::TokenDataset(TokenDataset&&) noexcept = default;
 TokenDataset& TokenDataset::operator=(TokenDataset&&) noexcept = default;
 
 void TokenDataset::build() {
+  const std::string name = build_check_sources();
+  for (uint32_t si = 0; si < sources_.size(); ++si) build_index(si);
+  build_report(name);
+}
+
+// Checks that the sources agree (tokenizer, SFT or pairs) and resolves the pad id; returns
+// the dataset's name (its sources' names) for the messages.
+std::string TokenDataset::build_check_sources() {
   const int64_t L = options_.seq_len;
   DT_ENFORCE(L >= 1, ConfigError, "seq_len must be at least 1, got {}", L);
   vocab_size_ = sources_[0]->vocab_size();
@@ -119,71 +127,80 @@ void TokenDataset::build() {
   if (pad_id_ < 0) pad_id_ = sources_[0]->eos_id();
   if (pad_id_ < 0) pad_id_ = 0;
   DT_ENFORCE(pad_id_ < vocab_size_, ConfigError, "pad id {} is outside the vocabulary [0, {})", pad_id_, vocab_size_);
+  return name;
+}
 
-  const uint64_t window = static_cast<uint64_t>(L) + 1;
-  // A document truncated to the window, or nullopt when no target of it is trained.
-  auto document = [&](uint32_t si, size_t d) -> std::optional<Entry> {
-    const Source& s = *sources_[si];
-    const uint64_t b = s.doc_start(d);
-    const uint64_t len = std::min<uint64_t>(s.doc_end(d) - b, window);
-    for (uint64_t j = 1; j < len; ++j)
-      if (s.mask(b + j)) return Entry{si, b, len};
-    return std::nullopt;
-  };
-  // Counts a kept document that document() truncated.
-  auto kept = [&](uint32_t si, size_t d) {
-    const Source& s = *sources_[si];
-    truncated_ += s.doc_end(d) - s.doc_start(d) > window;
-  };
-  for (uint32_t si = 0; si < sources_.size(); ++si) {
-    const Source& s = *sources_[si];
-    if (doc_starts()) {  // whole documents, packed into samples
-      std::vector<Entry> docs;
-      for (size_t d = 0; d < s.num_docs(); ++d) {
-        const std::optional<Entry> e = document(si, d);
-        if (e) {
-          docs.push_back(*e);
-          kept(si, d);
-        } else {
-          ++skipped_;
-        }
-        if (docs.size() == kPackRun || (d + 1 == s.num_docs() && !docs.empty())) {
-          pack_documents(si, docs);
-          docs.clear();
-        }
-      }
-      continue;
-    }
-    if (options_.mode == SampleMode::PACK) {
-      if (s.size() < window) continue;
-      const uint64_t count = (s.size() - 1) / static_cast<uint64_t>(L);
-      for (uint64_t i = 0; i < count; ++i) index_.push_back({si, i * static_cast<uint64_t>(L), window});
-      continue;
-    }
-    if (pairwise_) {
-      for (size_t d = 0; d + 1 < s.num_docs(); d += 2) {
-        const std::optional<Entry> chosen = document(si, d), rejected = document(si, d + 1);
-        if (!chosen || !rejected) {
-          ++skipped_;
-          continue;
-        }
-        index_.push_back(*chosen);
-        index_.push_back(*rejected);
-        kept(si, d);
-        kept(si, d + 1);
-      }
-      continue;
-    }
-    for (size_t d = 0; d < s.num_docs(); ++d) {
-      const std::optional<Entry> e = document(si, d);
-      if (e) {
-        index_.push_back(*e);
-        kept(si, d);
-      } else {
-        ++skipped_;
-      }
-    }
+// ---------------------------------------------------------------------------
+// The sample index of one source
+
+std::optional<TokenDataset::Entry> TokenDataset::document_entry(uint32_t si, size_t d) const {
+  const Source& s = *sources_[si];
+  const uint64_t window = static_cast<uint64_t>(options_.seq_len) + 1;
+  const uint64_t b = s.doc_start(d);
+  const uint64_t len = std::min<uint64_t>(s.doc_end(d) - b, window);
+  for (uint64_t j = 1; j < len; ++j)
+    if (s.mask(b + j)) return Entry{si, b, len};
+  return std::nullopt;
+}
+
+void TokenDataset::document_kept(uint32_t si, size_t d) {
+  const Source& s = *sources_[si];
+  truncated_ += s.doc_end(d) - s.doc_start(d) > static_cast<uint64_t>(options_.seq_len) + 1;
+}
+
+void TokenDataset::document_take(uint32_t si, size_t d, std::vector<Entry>& into) {
+  const std::optional<Entry> e = document_entry(si, d);
+  if (!e) {
+    ++skipped_;
+    return;
   }
+  into.push_back(*e);
+  document_kept(si, d);
+}
+
+void TokenDataset::build_index(uint32_t si) {
+  const Source& s = *sources_[si];
+  const uint64_t L = static_cast<uint64_t>(options_.seq_len), window = L + 1;
+  if (doc_starts()) {  // whole documents, packed into samples
+    std::vector<Entry> docs;
+    for (size_t d = 0; d < s.num_docs(); ++d) {
+      document_take(si, d, docs);
+      if (docs.size() == kPackRun || (d + 1 == s.num_docs() && !docs.empty())) {
+        pack_documents(si, docs);
+        docs.clear();
+      }
+    }
+    return;
+  }
+  if (options_.mode == SampleMode::PACK) {
+    if (s.size() < window) return;
+    const uint64_t count = (s.size() - 1) / L;
+    for (uint64_t i = 0; i < count; ++i) index_.push_back({si, i * L, window});
+    return;
+  }
+  if (pairwise_) {
+    for (size_t d = 0; d + 1 < s.num_docs(); d += 2) {
+      const std::optional<Entry> chosen = document_entry(si, d), rejected = document_entry(si, d + 1);
+      if (!chosen || !rejected) {
+        ++skipped_;
+        continue;
+      }
+      index_.push_back(*chosen);
+      index_.push_back(*rejected);
+      document_kept(si, d);
+      document_kept(si, d + 1);
+    }
+    return;
+  }
+  for (size_t d = 0; d < s.num_docs(); ++d) document_take(si, d, index_);
+}
+
+// ---------------------------------------------------------------------------
+// What the index kept and skipped
+
+void TokenDataset::build_report(const std::string& name) const {
+  const int64_t L = options_.seq_len;
+  const uint64_t window = static_cast<uint64_t>(L) + 1;
   if (skipped_ > 0 && pairwise_)
     log_warn(
         "dataset: skipped {} pairs whose chosen or rejected side has no trained token within seq_len + 1 = {} tokens",

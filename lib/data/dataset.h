@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -123,6 +124,16 @@ class TokenDataset {
     uint64_t begin, length;
   };
   void build();
+  std::string build_check_sources();
+  // A document truncated to seq_len + 1 tokens, or nullopt when no target of it is trained.
+  std::optional<Entry> document_entry(uint32_t source, size_t d) const;
+  // Counts a kept document that document_entry() truncated.
+  void document_kept(uint32_t source, size_t d);
+  // Appends document d to `into` when a target of it is trained (counted kept), else
+  // counts it skipped.
+  void document_take(uint32_t source, size_t d, std::vector<Entry>& into);
+  void build_index(uint32_t source);
+  void build_report(const std::string& name) const;
   void pack_documents(uint32_t source, const std::vector<Entry>& docs);
   void row(const Entry& e, int32_t* inputs, int32_t* targets, int32_t* doc_start) const;
 

@@ -1,14 +1,15 @@
 // Model: GPT-2 / Llama-family forward and backward written once over the device layer (llm.c
 // structure: layer inputs kept per layer boundary, each formed by the next norm's fused
 // residual add; per-layer saved activations; one set of backward scratch arrays; all of
-// them carved from one arena), plus recomputation and LoRA adapters; the storage the ZeRO
-// engine releases and restores is in model_storage.cpp.
+// them carved from one arena, model_activations.cpp), plus recomputation and LoRA
+// adapters; the parameters and their storage are in model_params.cpp and model_storage.cpp.
 #include "model/model.h"
+
+#include "model/model_arena.h"
 
 #include "core/check.h"
 #include "core/rng.h"
 #include "ops/attention.h"
-#include "ops/parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -21,14 +22,6 @@ namespace {
 constexpr int32_t IGNORE_INDEX = -100;
 constexpr int GPT2_C_ATTN = 0, GPT2_ATTN_PROJ = 1, GPT2_FC = 2, GPT2_MLP_PROJ = 3;
 constexpr int LL_Q = 0, LL_K = 1, LL_V = 2, LL_O = 3, LL_GATE = 4, LL_UP = 5, LL_DOWN = 6;
-// On a device the logits rows are padded to a multiple of this many elements (GPT-2's
-// 50257 -> 50304): every row starts 16-byte aligned, so the cross-entropy kernel reads
-// whole 16-byte packs from each row's first element, and the logits GEMMs' leading
-// dimension is a multiple of 128, which cuBLASLt's tensor-core tiles prefer. Only the
-// first V columns are ever written or read: the padding never reaches the loss, a
-// gradient or a parameter (the head keeps V rows). On the CPU the rows stay packed:
-// logits() hands them out as [B, T, V], and BLAS packs its panels whatever the pitch.
-constexpr size_t LOGITS_ROW_ALIGN = 128;
 // How a backward op treats its input-gradient output: the first producer of a gradient
 // array writes it (a GEMM with beta = 0, no zeroing pass), later ones add to it.
 constexpr bool WRITE = false, ACCUMULATE = true;
@@ -39,32 +32,6 @@ int tensor_index(const BufferLayout& b, const std::string& name) {
   DT_THROW(InternalError, "layout {} has no tensor {}", b.name, name);
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// Bump allocator over one base address. The plan runs twice: from address 0 to measure
-// the arena, then over the real allocation. Regions are 256-byte aligned (the best
-// alignment for every kernel and cuBLASLt).
-class Carver {
- public:
-  explicit Carver(void* base) : base_(reinterpret_cast<uintptr_t>(base)) {}
-  void* bytes(size_t n) {
-    off_ = (off_ + 255) & ~size_t{255};
-    void* p = reinterpret_cast<void*>(base_ + off_);
-    off_ += n;
-    return p;
-  }
-  template <typename T>
-  T* of(size_t n) {
-    return static_cast<T*>(bytes(n * sizeof(T)));
-  }
-  size_t size() const { return off_; }
-
- private:
-  uintptr_t base_;
-  size_t off_ = 0;
-};
 }  // namespace
 
 // One projection of a layer: y = x W^T (+ b), optionally with a LoRA adapter.
@@ -75,31 +42,6 @@ struct Model::Proj {
   int w = -1, b = -1;  // tensor indices in the layer buffer (b = -1: no bias)
 };
 
-// What one layer's backward needs (one set per layer, or one shared set under recompute).
-struct Model::LayerActs {
-  void *ln1 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *atty = nullptr, *res2 = nullptr;
-  void *ln2 = nullptr, *fc = nullptr, *up = nullptr, *act = nullptr;
-  float *ln1_mean = nullptr, *ln1_rstd = nullptr, *ln2_mean = nullptr, *ln2_rstd = nullptr;
-  float* att = nullptr;                          // what the device's attention saves (Device::attention_saved_floats)
-  void *qpre = nullptr, *kpre = nullptr;         // qk_norm: q, k before their per-head norms
-  float *qn_rstd = nullptr, *kn_rstd = nullptr;  // qk_norm: per (token, head) statistics
-  std::vector<void*> lora_h;                     // per projection: dropout(x) A^T [N, r] (null when not adapted)
-  std::vector<void*> lora_xd;                    // per projection: dropout(x) [N, in] (null without dropout)
-};
-
-// Arrays no backward reads from an earlier layer: forward temporaries, the head's
-// activations and the backward gradients of the layer at hand.
-struct Model::Scratch {
-  void *qkv = nullptr, *attproj = nullptr, *mlp = nullptr, *lnf = nullptr, *logits = nullptr;
-  float *lnf_mean = nullptr, *lnf_rstd = nullptr, *losses = nullptr, *loss_mean = nullptr;
-  float* num_targets = nullptr;  // the last inputs' unmasked-target count (backward's default)
-  int32_t *tokens = nullptr, *targets = nullptr;
-  int32_t* doc_start = nullptr;  // the inputs' document starts (packed documents), when given
-  void *dres = nullptr, *dln = nullptr, *dqkv = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
-  void *datty = nullptr, *dfc = nullptr, *dup = nullptr, *dact = nullptr, *dh = nullptr, *dxd = nullptr;
-  void *dqpre = nullptr, *dkpre = nullptr;  // qk_norm: gradients of q, k before their norms
-};
-
 Model::Model(const ModelConfig& cfg, Deferred, device::Device& dev, DType dtype) : Model(cfg, dev, dtype, true) {}
 
 Model::Model(const ModelConfig& cfg, device::Device& dev, DType dtype) : Model(cfg, dev, dtype, false) {}
@@ -108,14 +50,8 @@ Model::Model(const ModelConfig& cfg, FrozenBase, device::Device& dev, DType dtyp
     : Model(cfg, dev, dtype, false, false) {}
 
 Model::Model(const ModelConfig& cfg, device::Device& dev, DType dtype, bool deferred, bool grads)
-    : cfg_(cfg), dev_(&dev), dtype_(dtype), scratch_(std::make_unique<Scratch>()) {
-  DT_ENFORCE(dtype == DType::F32 || dev.kind() == device::Kind::CUDA, UsageError,
-             "a {} model on the {} device: the CPU computes in fp32 (bf16/fp16 there are fp32 values rounded by the "
-             "optimizer)",
-             dtype_name(dtype), dev.name());
-  auto layouts = layout_build(cfg_);  // validates
-  DT_CHECK(cfg_.n_layer >= 1);
-  const BufferLayout& l0 = layouts[1];
+    : ModelActivations(cfg, dev, dtype, deferred, grads) {
+  const BufferLayout& l0 = params_[1].layout;
   const std::string p0 = layer_prefix(cfg_, 0) + ".";
   for (const LayerProjection& lp : layer_projections(cfg_)) {
     Proj p{lp.short_name, lp.module, lp.in, lp.out, -1, -1};
@@ -135,132 +71,9 @@ Model::Model(const ModelConfig& cfg, device::Device& dev, DType dtype, bool defe
       knorm_ = tensor_index(l0, p0 + "self_attn.k_norm.weight");
     }
   }
-  for (auto& l : layouts) {
-    param_store_.emplace_back(*dev_, deferred ? 0 : l.size * dtype_size(dtype_));
-    ParamBuffer pb;
-    pb.size = l.size;
-    pb.layout = std::move(l);
-    pb.data = deferred ? nullptr : param_store_.back().get();
-    pb.dtype = dtype_;
-    pb.on_host = on_host();
-    params_.push_back(std::move(pb));
-  }
-  if (!deferred && grads) {
-    grads_allocate();
-    return;
-  }
-  if (!deferred) {  // FrozenBase: no gradient array, until lora_enable adds the adapters'
-    grad_store_.resize(params_.size());
-    grads_released_ = true;
-    param_released_.assign(params_.size(), 0);
-    return;
-  }
-  // Released from the start: what storage_release leaves, without ever allocating.
-  grad_store_.resize(params_.size());
-  grads_released_ = true;
-  param_released_.assign(params_.size(), 1);
 }
 
 Model::~Model() = default;
-
-void Model::grads_allocate() {
-  grad_store_.clear();
-  for (auto& pb : params_) {
-    grad_store_.emplace_back(*dev_, pb.size * sizeof(float));
-    pb.grad = grad_store_.back().as<float>();
-  }
-}
-
-// ---------------------------------------------------------------------------
-// Parameters
-
-void Model::init_weights(uint64_t seed) {
-  // Parameters only: a FrozenBase model has no gradient arrays and needs none here.
-  DT_ENFORCE(std::none_of(param_released_.begin(), param_released_.end(), [](char r) { return r != 0; }), UsageError,
-             "Model::init_weights() needs every parameter array, but part of them is released to the ZeRO engine");
-  std::vector<float> host;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    host.resize(params_[i].size);
-    init_buffer_values(i, seed, host.data());
-    buffer_from_host(i, host.data());
-  }
-}
-
-void Model::init_buffer_values(size_t i, uint64_t seed, float* host) const {
-  DT_ENFORCE_LT(i, params_.size(), UsageError, "Model::init_buffer_values: base buffer index out of range");
-  const float std_resid = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg_.n_layer));
-  // Each tensor's stream is its index over the whole model (1-based), as before sharding.
-  uint64_t index = 0;
-  for (size_t k = 0; k < i; ++k) index += params_[k].layout.tensors.size();
-  const ParamBuffer& pb = params_[i];
-  std::fill(host, host + pb.size, 0.0f);
-  // The normal draws come in chunks of kInitChunk values, each from its own stream: the
-  // tensor's stream for its first chunk (so a tensor of at most kInitChunk values is what
-  // one stream per tensor gives), then streams derived from it and the chunk's index. The
-  // chunks of every tensor of the buffer fill in parallel (an 8B model's ~8e9 draws took
-  // minutes on one thread), with the same values for any thread count.
-  struct Chunk {
-    float* d;
-    size_t n;
-    uint64_t stream;
-    float sd;
-  };
-  std::vector<Chunk> chunks;
-  for (const auto& t : pb.layout.tensors) {
-    float* d = host + t.offset;
-    const size_t n = t.numel();
-    const uint64_t stream = splitmix64(seed ^ splitmix64(++index));
-    if (t.decay) {
-      const bool resid = ends_with(t.name, "c_proj.weight") || ends_with(t.name, "o_proj.weight") ||
-                         ends_with(t.name, "down_proj.weight");
-      const float sd = resid ? std_resid : 0.02f;
-      for (size_t at = 0, c = 0; at < n; at += kInitChunk, ++c)
-        chunks.push_back({d + at, std::min(kInitChunk, n - at), c == 0 ? stream : splitmix64(stream + c), sd});
-    } else {
-      const float v = ends_with(t.name, ".bias") ? 0.0f : 1.0f;
-      for (size_t k = 0; k < n; ++k) d[k] = v;
-    }
-  }
-  ops::parallel_for(
-      chunks.size(), pb.size,
-      [&](size_t begin, size_t end) {
-        for (size_t c = begin; c < end; ++c) {
-          Rng rng(chunks[c].stream);
-          for (size_t k = 0; k < chunks[c].n; ++k) chunks[c].d[k] = rng.normal(0.0f, chunks[c].sd);
-        }
-      },
-      64);
-}
-
-// Host fp32 <-> the model's dtype through a host staging copy (core's tensor_copy, round
-// to nearest even); fp32 goes straight to and from the device.
-void Model::buffer_from_host(size_t i, const float* values) {
-  ParamBuffer& pb = buffer_at(i);
-  buffer_enforce_present(pb, true, false);
-  if (dtype_ == DType::F32) {
-    dev_->copy_h2d(pb.data, values, pb.size * sizeof(float));
-    return;
-  }
-  const std::vector<int64_t> shape{static_cast<int64_t>(pb.size)};
-  std::vector<uint16_t> staged(pb.size);
-  tensor_copy(TensorView{staged.data(), dtype_, shape}, TensorView{const_cast<float*>(values), DType::F32, shape});
-  dev_->copy_h2d(pb.data, staged.data(), staged.size() * sizeof(uint16_t));
-}
-
-std::vector<float> Model::buffer_to_host(size_t i) const {
-  const ParamBuffer& pb = buffer_at(i);
-  buffer_enforce_present(pb, true, false);
-  std::vector<float> out(pb.size);
-  if (dtype_ == DType::F32) {
-    dev_->copy_d2h(out.data(), pb.data, pb.size * sizeof(float));
-    return out;
-  }
-  const std::vector<int64_t> shape{static_cast<int64_t>(pb.size)};
-  std::vector<uint16_t> staged(pb.size);
-  dev_->copy_d2h(staged.data(), pb.data, staged.size() * sizeof(uint16_t));
-  tensor_copy(TensorView{out.data(), DType::F32, shape}, TensorView{staged.data(), dtype_, shape});
-  return out;
-}
 
 void Model::weights_copy_from(const Model& src) {
   storage_enforce_whole("weights_copy_from()");
@@ -280,207 +93,25 @@ void Model::weights_copy_from(const Model& src) {
   }
 }
 
-void Model::zero_grad() {
-  for (auto& pb : trainable_params())
-    if (pb.grad) dev_->zero(pb.grad, pb.size * sizeof(float));
-}
-
-size_t Model::num_params() const {
-  size_t n = 0;
-  for (const auto& pb : params_) n += pb.size;
-  return n;
-}
-
-size_t Model::num_trainable_params() const {
-  if (lora_params_.empty()) return num_params();
-  size_t n = 0;
-  for (const auto& pb : lora_params_) n += pb.size;
-  return n;
-}
-
-TensorView Model::tensor(const std::string& name) {
-  host_enforce("tensor()");
-  for (auto* list : {&params_, &lora_params_})
-    for (auto& pb : *list)
-      if (const TensorSpec* t = pb.layout.find(name)) {
-        DT_ENFORCE(pb.data != nullptr || pb.size == 0, UsageError,
-                   "tensor {} is in buffer {}, whose storage is released (ZeRO stage 3 shards it): materialize "
-                   "the parameters (ZeroEngine::params_materialize) before reading them",
-                   name, pb.layout.name);
-        return TensorView{static_cast<float*>(pb.data) + t->offset, DType::F32, t->shape};
-      }
-  return TensorView{};
-}
-
-std::vector<float> Model::logits_to_host() const {
-  DT_ENFORCE(scratch_ && B_ > 0, UsageError, "logits_to_host(): no forward has run");
-  const size_t N = static_cast<size_t>(B_) * T_, V = cfg_.vocab_size, ld = logits_ld_;
-  std::vector<float> out(N * V);
-  const size_t esz = dtype_size(dtype_);
-  std::vector<char> staged(N * ld * esz);
-  dev_->copy_d2h(staged.data(), scratch_->logits, staged.size());
-  const std::vector<int64_t> shape{static_cast<int64_t>(V)};
-  for (size_t n = 0; n < N; ++n)
-    tensor_copy(TensorView{out.data() + n * V, DType::F32, shape},
-                TensorView{staged.data() + n * ld * esz, dtype_, shape});
-  return out;
-}
-
-const float* Model::logits() const {
-  host_enforce("logits()");
-  return static_cast<const float*>(scratch_->logits);
-}
-
-const float* Model::losses() const {
-  host_enforce("losses()");
-  return scratch_->losses;
-}
-
-void Model::host_enforce(const char* what) const {
-  DT_ENFORCE(on_host(), UsageError,
-             "Model::{} returns host fp32 memory, but this model lives on {}: copy it to a CPU model "
-             "(Model::weights_copy_from) first",
-             what, dev_->name());
-}
-
 // ---------------------------------------------------------------------------
-// Activations: one arena for (B, T)
-
-void Model::set_recompute_layers(int layers) {
-  DT_ENFORCE(layers >= 0 && layers <= cfg_.n_layer, UsageError, "recompute {} layers of a {}-layer model", layers,
-             cfg_.n_layer);
-  if (layers != recompute_layers_) {
-    recompute_layers_ = layers;
-    B_ = T_ = 0;  // re-allocate the activation sets on the next forward
-    have_targets_ = false;
-  }
-}
+// Activations: one arena for (B, T) (laid out in model_activations.cpp)
 
 void Model::allocate(int B, int T) {
-  ++buffers_version_;
-  const size_t N = static_cast<size_t>(B) * T, C = cfg_.d_model, F = cfg_.d_ff, V = cfg_.vocab_size;
-  const size_t QD = static_cast<size_t>(cfg_.n_head) * cfg_.head_dim(),
-               KD = static_cast<size_t>(cfg_.n_kv_head) * cfg_.head_dim();
-  const size_t es = dtype_size(dtype_);
-  const bool gpt2 = cfg_.arch == ModelConfig::Arch::GPT2;
-  // One set per kept layer, and one the recomputed layers share.
-  act_set_.assign(static_cast<size_t>(cfg_.n_layer), 0);
-  int sets = 0;
-  for (int l = 0; l < cfg_.n_layer; ++l)
-    if (!recompute_layer_at(l, recompute_layers_, cfg_.n_layer)) act_set_[static_cast<size_t>(l)] = sets++;
-  if (recompute_layers_ > 0) {
-    for (int l = 0; l < cfg_.n_layer; ++l)
-      if (recompute_layer_at(l, recompute_layers_, cfg_.n_layer)) act_set_[static_cast<size_t>(l)] = sets;
-    ++sets;
+  ArenaShape sh;
+  sh.B = B;
+  sh.T = T;
+  sh.r = lora_on() ? static_cast<size_t>(lora_cfg_.rank) : 0;
+  sh.xd = lora_on() && lora_cfg_.dropout > 0.0f;
+  sh.adapted.assign(projs_.size(), 0);
+  for (size_t p = 0; p < projs_.size(); ++p) {
+    sh.proj_in.push_back(projs_[p].in);
+    for (int l = 0; l < cfg_.n_layer; ++l) sh.adapted[p] = sh.adapted[p] || proj_adapted(l, static_cast<int>(p));
   }
-  const size_t r = lora_on() ? static_cast<size_t>(lora_cfg_.rank) : 0;
-  const bool xd = lora_on() && lora_cfg_.dropout > 0.0f;
-  size_t max_in = 0;
-  for (const auto& p : projs_) max_in = std::max(max_in, static_cast<size_t>(p.in));
-  std::vector<char> adapted(projs_.size(), 0);
-  for (size_t p = 0; p < projs_.size(); ++p)
-    for (int l = 0; l < cfg_.n_layer; ++l) adapted[p] = adapted[p] || proj_adapted(l, static_cast<int>(p));
-
-  arena_.reset();
-  logits_ld_ = static_cast<int>(on_host() ? V : (V + LOGITS_ROW_ALIGN - 1) / LOGITS_ROW_ALIGN * LOGITS_ROW_ALIGN);
-  residuals_.assign(static_cast<size_t>(cfg_.n_layer) + 1, nullptr);
-  acts_.clear();
-  for (int s = 0; s < sets; ++s) acts_.push_back(std::make_unique<LayerActs>());
-  auto plan = [&](Carver& c) {
-    auto act = [&](size_t n) { return c.bytes(n * es); };
-    // q, k, v (or their gradients): GPT-2's (and fused Llama's) are the column blocks of one
-    // [N, QD + 2 KD] array (the projection's rows), unfused Llama's three dense arrays.
-    auto qkv = [&](void*& q, void*& k, void*& v) {
-      if (qkv_one_array()) {
-        q = act(N * (QD + 2 * KD));
-        k = static_cast<char*>(q) + QD * es;
-        v = static_cast<char*>(k) + KD * es;
-      } else {
-        q = act(N * QD);
-        k = act(N * KD);
-        v = act(N * KD);
-      }
-    };
-    // gate and up (or their gradients): the column blocks of one [N, 2F] array when fused;
-    // GPT-2's c_fc output alone.
-    auto gate_up = [&](void*& g, void*& u) {
-      if (fused_gate_up()) {
-        g = act(N * 2 * F);
-        u = static_cast<char*>(g) + F * es;
-      } else {
-        g = act(N * F);
-        u = gpt2 ? nullptr : act(N * F);
-      }
-    };
-    for (auto& res : residuals_) res = act(N * C);
-    for (auto& ap : acts_) {
-      LayerActs& a = *ap;
-      a.ln1 = act(N * C);
-      a.ln1_mean = c.of<float>(N);
-      a.ln1_rstd = c.of<float>(N);
-      qkv(a.q, a.k, a.v);  // GPT-2: c_attn's output rows, read in place by attention (strided q, k, v)
-      a.att = c.of<float>(dev_->attention_saved_floats(B, T, cfg_.n_head));
-      if (cfg_.qk_norm) {
-        a.qpre = act(N * QD);
-        a.kpre = act(N * KD);
-        a.qn_rstd = c.of<float>(N * static_cast<size_t>(cfg_.n_head));
-        a.kn_rstd = c.of<float>(N * static_cast<size_t>(cfg_.n_kv_head));
-      }
-      a.atty = act(N * QD);
-      a.res2 = act(N * C);
-      a.ln2 = act(N * C);
-      a.ln2_mean = c.of<float>(N);
-      a.ln2_rstd = c.of<float>(N);
-      gate_up(a.fc, a.up);
-      a.act = act(N * F);
-      a.lora_h.assign(projs_.size(), nullptr);
-      a.lora_xd.assign(projs_.size(), nullptr);
-      for (size_t p = 0; p < projs_.size(); ++p) {
-        if (!adapted[p]) continue;
-        a.lora_h[p] = act(N * r);
-        if (xd) a.lora_xd[p] = act(N * static_cast<size_t>(projs_[p].in));
-      }
-    }
-    Scratch& s = *scratch_;
-    s.attproj = act(N * C);
-    s.mlp = act(N * C);
-    s.lnf = act(N * C);
-    s.lnf_mean = c.of<float>(N);
-    s.lnf_rstd = c.of<float>(N);
-    s.logits = act(N * static_cast<size_t>(logits_ld_));
-    s.losses = c.of<float>(N);
-    s.loss_mean = c.of<float>(1);
-    s.num_targets = c.of<float>(1);
-    s.tokens = c.of<int32_t>(N);
-    s.targets = c.of<int32_t>(N);
-    s.doc_start = c.of<int32_t>(N);
-    s.dres = act(N * C);
-    s.dln = act(N * C);
-    qkv(s.dq, s.dk, s.dv);  // GPT-2, fused: attention's backward writes into the projection's gradient rows
-    if (qkv_one_array()) s.dqkv = s.dq;
-    s.datty = act(N * QD);
-    if (cfg_.qk_norm) {
-      s.dqpre = act(N * QD);
-      s.dkpre = act(N * KD);
-    }
-    gate_up(s.dfc, s.dup);
-    // d(act) is stored only where an adapter on the down projection adds to it, or
-    // SwiGLU needs it; GPT-2's plain projection goes straight to d(fc).
-    s.dact = gpt2 && !adapted[GPT2_MLP_PROJ] ? nullptr : act(N * F);
-    s.dh = r ? act(N * r) : nullptr;
-    s.dxd = xd ? act(N * max_in) : nullptr;
-  };
-  Carver measure(nullptr);
-  plan(measure);
-  arena_ = device::DeviceBuffer(*dev_, measure.size());
-  Carver real(arena_.get());
-  plan(real);
-  DT_CHECK(real.size() == measure.size());
-  B_ = B;
-  T_ = T;
+  // d(act) is stored only where an adapter on the down projection adds to it, or
+  // SwiGLU needs it; GPT-2's plain projection goes straight to d(fc).
+  sh.dact = !(cfg_.arch == ModelConfig::Arch::GPT2 && !sh.adapted[GPT2_MLP_PROJ]);
+  arena_allocate(sh);
 }
-
-Model::LayerActs& Model::acts_for(int l) { return *acts_[static_cast<size_t>(act_set_[static_cast<size_t>(l)])]; }
 
 // ---------------------------------------------------------------------------
 // Projections (base linear + optional LoRA adapter)
@@ -508,11 +139,10 @@ bool Model::proj_group_fusable(const BufferLayout& layer, int p, int n) const {
   return true;
 }
 
-void Model::set_fused_projections(bool on) {
-  if (on == fuse_on_) return;
-  fuse_on_ = on;
-  B_ = T_ = 0;  // the activation layout changes: re-allocate on the next forward
-  have_targets_ = false;
+void Model::proj_forward(int l, int p, const void* x, void* y, LayerActs& a) { proj_group_forward(l, p, 1, x, y, a); }
+
+void Model::proj_backward(int l, int p, const void* dy, const void* x, void* dx, bool accumulate_dx, LayerActs& a) {
+  proj_group_backward(l, p, 1, dy, x, dx, accumulate_dx, a);
 }
 
 void Model::proj_group_forward(int l, int p, int n, const void* x, void* y, LayerActs& a) {
@@ -743,8 +373,6 @@ void Model::layer_backward(int l, LayerActs& a) {
 // ---------------------------------------------------------------------------
 // Whole model
 
-const int32_t* Model::doc_starts() const { return docs_ ? scratch_->doc_start : nullptr; }
-
 float Model::forward(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss_out,
                      const int32_t* doc_start) {
   inputs_set(tokens, targets, B, T, doc_start);
@@ -839,13 +467,6 @@ void Model::backward_fuse(float grad_scale, const float* count) {
   fuse_next_.count = count;
 }
 
-std::vector<float> Model::token_losses_to_host() const {
-  DT_ENFORCE(have_targets_, UsageError, "Model::token_losses_to_host() needs a forward() with targets");
-  std::vector<float> out(static_cast<size_t>(B_) * static_cast<size_t>(T_));
-  dev_->copy_d2h(out.data(), scratch_->losses, out.size() * sizeof(float));
-  return out;
-}
-
 void Model::backward_rows(const float* row_scales, float grad_scale) {
   DT_ENFORCE(row_scales != nullptr, UsageError, "Model::backward_rows needs one scale per row");
   backward_impl(grad_scale, nullptr, row_scales);
@@ -853,24 +474,11 @@ void Model::backward_rows(const float* row_scales, float grad_scale) {
 
 void Model::backward(float grad_scale, const float* count) { backward_impl(grad_scale, count, nullptr); }
 
-void Model::backward_impl(float grad_scale, const float* count, const float* row_scales) {
-  DT_ENFORCE(have_targets_, UsageError, "Model::backward() needs a forward() with targets since the last backward()");
-  DT_ENFORCE(acts_adapted_ || !lora_on(), UsageError,
-             "Model::backward() after a forward with the adapters disabled (a reference pass has no gradient)");
-  have_targets_ = false;
-  const bool gpt2 = cfg_.arch == ModelConfig::Arch::GPT2;
-  const int B = B_, T = T_, N = B * T, C = cfg_.d_model, V = cfg_.vocab_size, L = cfg_.n_layer;
-  const size_t NC = static_cast<size_t>(N) * C * dtype_size(dtype_);
-  ParamBuffer& emb = params_.front();
-  ParamBuffer& head = params_.back();
+// dlogits over the logits, scaled by grad_scale / count (read on the device), unless
+// the forward's loss pass wrote them already; backward_rows': each row by its own scale.
+void Model::logits_backward(float grad_scale, const float* count, const float* row_scales) {
+  const int B = B_, T = T_, N = B * T, V = cfg_.vocab_size;
   Scratch& s = *scratch_;
-
-  if (hooks_.before_layer_backward) hooks_.before_layer_backward(L);
-  const bool base_grads = grads_released_ && !lora_on();  // hooks must supply the base gradients
-  buffer_enforce_present(head, true, base_grads);
-  if (cfg_.tie_embeddings) buffer_enforce_present(emb, true, base_grads);
-  // dlogits over the logits, scaled by grad_scale / count (read on the device), unless
-  // the forward's loss pass wrote them already
   if (row_scales != nullptr) {
     DT_ENFORCE(!fused_.on, UsageError, "Model::backward_rows after a forward fused for backward()");
     if (row_one_.get() == nullptr) {
@@ -893,6 +501,25 @@ void Model::backward_impl(float grad_scale, const float* count, const float* row
     dev_->cross_entropy_backward(s.logits, s.logits, s.targets, N, V, logits_ld_, grad_scale,
                                  count != nullptr ? count : s.num_targets, dtype_);
   }
+}
+
+void Model::backward_impl(float grad_scale, const float* count, const float* row_scales) {
+  DT_ENFORCE(have_targets_, UsageError, "Model::backward() needs a forward() with targets since the last backward()");
+  DT_ENFORCE(acts_adapted_ || !lora_on(), UsageError,
+             "Model::backward() after a forward with the adapters disabled (a reference pass has no gradient)");
+  have_targets_ = false;
+  const bool gpt2 = cfg_.arch == ModelConfig::Arch::GPT2;
+  const int B = B_, T = T_, N = B * T, C = cfg_.d_model, V = cfg_.vocab_size, L = cfg_.n_layer;
+  const size_t NC = static_cast<size_t>(N) * C * dtype_size(dtype_);
+  ParamBuffer& emb = params_.front();
+  ParamBuffer& head = params_.back();
+  Scratch& s = *scratch_;
+
+  if (hooks_.before_layer_backward) hooks_.before_layer_backward(L);
+  const bool base_grads = grads_released_ && !lora_on();  // hooks must supply the base gradients
+  buffer_enforce_present(head, true, base_grads);
+  if (cfg_.tie_embeddings) buffer_enforce_present(emb, true, base_grads);
+  logits_backward(grad_scale, count, row_scales);
   const size_t lm = head.layout.tensors.size() - 1;
   const void* wlm = cfg_.tie_embeddings ? emb.data : param_at(head, lm);
   float* dwlm = cfg_.tie_embeddings ? emb.grad : grad_at(head, lm);
@@ -964,7 +591,7 @@ void Model::lora_enable(const LoraConfig& lcfg) {
     host.assign(l.size, 0.0f);
     for (const auto& t : l.tensors) {
       ++index;
-      if (ends_with(t.name, "lora_B.weight")) continue;
+      if (t.name.ends_with("lora_B.weight")) continue;
       Rng rng(splitmix64(lcfg.seed ^ splitmix64(index)));
       const float bound = 1.0f / std::sqrt(static_cast<float>(t.shape[1]));
       for (size_t i = 0; i < t.numel(); ++i) host[t.offset + i] = rng.uniform(-bound, bound);
@@ -975,9 +602,8 @@ void Model::lora_enable(const LoraConfig& lcfg) {
   }
   grad_store_.clear();
   for (auto& pb : params_) pb.grad = nullptr;
-  B_ = T_ = 0;  // the adapters' activations join the arena on the next forward
-  have_targets_ = false;
-  grads_released_ = false;  // the adapters' gradients, the only trainable ones, exist
+  activations_invalidate();  // the adapters' activations join the arena on the next forward
+  grads_released_ = false;   // the adapters' gradients, the only trainable ones, exist
 }
 
 void Model::lora_merge() {
@@ -1000,8 +626,7 @@ void Model::lora_merge() {
   lora_store_.clear();
   lora_grad_store_.clear();
   lora_slot_.clear();
-  have_targets_ = false;
-  B_ = T_ = 0;
+  activations_invalidate();
   grads_allocate();
 }
 

@@ -1,6 +1,6 @@
-// Model: the storage the ZeRO engine releases and restores (stages 2-3 replace the model's
-// parameter and gradient arrays with shards and working buffers; model.cpp has the rest).
-#include "model/model.h"
+// ModelParams: the storage the ZeRO engine releases and restores (stages 2-3 replace the model's
+// parameter and gradient arrays with shards and working buffers; model_params.cpp has the rest).
+#include "model/model_params.h"
 
 #include "core/check.h"
 
@@ -8,17 +8,19 @@
 
 namespace dtrain::model {
 
-ParamBuffer& Model::buffer_at(size_t i) { return i < params_.size() ? params_[i] : lora_params_[i - params_.size()]; }
-
-const ParamBuffer& Model::buffer_at(size_t i) const {
+ParamBuffer& ModelParams::buffer_at(size_t i) {
   return i < params_.size() ? params_[i] : lora_params_[i - params_.size()];
 }
 
-device::DeviceBuffer& Model::param_store_at(size_t i) {
+const ParamBuffer& ModelParams::buffer_at(size_t i) const {
+  return i < params_.size() ? params_[i] : lora_params_[i - params_.size()];
+}
+
+device::DeviceBuffer& ModelParams::param_store_at(size_t i) {
   return i < params_.size() ? param_store_[i] : lora_store_[i - params_.size()];
 }
 
-void Model::storage_release(bool grads, const std::vector<size_t>& param_buffers) {
+void ModelParams::storage_release(bool grads, const std::vector<size_t>& param_buffers) {
   const size_t n = params_.size() + lora_params_.size();
   for (size_t i : param_buffers)
     DT_ENFORCE_LT(i, n, UsageError, "Model::storage_release: parameter buffer index out of range");
@@ -35,7 +37,7 @@ void Model::storage_release(bool grads, const std::vector<size_t>& param_buffers
   }
 }
 
-void Model::storage_restore(bool grads, const std::vector<size_t>& param_buffers) {
+void ModelParams::storage_restore(bool grads, const std::vector<size_t>& param_buffers) {
   const size_t n = params_.size() + lora_params_.size();
   for (size_t i : param_buffers)
     DT_ENFORCE_LT(i, n, UsageError, "Model::storage_restore: parameter buffer index out of range");
@@ -59,36 +61,36 @@ void Model::storage_restore(bool grads, const std::vector<size_t>& param_buffers
   }
 }
 
-void Model::storage_restore() {
+void ModelParams::storage_restore() {
   std::vector<size_t> all(param_released_.size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;
   storage_restore(true, all);
 }
 
-bool Model::storage_released() const {
+bool ModelParams::storage_released() const {
   if (grads_released_) return true;
   for (char r : param_released_)
     if (r) return true;
   return false;
 }
 
-bool Model::param_released(size_t i) const { return i < param_released_.size() && param_released_[i]; }
+bool ModelParams::param_released(size_t i) const { return i < param_released_.size() && param_released_[i]; }
 
-size_t Model::param_allocated_bytes() const {
+size_t ModelParams::param_allocated_bytes() const {
   size_t n = 0;
   for (const auto* list : {&param_store_, &lora_store_})
     for (const auto& b : *list) n += b.bytes();
   return n;
 }
 
-size_t Model::grad_allocated_bytes() const {
+size_t ModelParams::grad_allocated_bytes() const {
   size_t n = 0;
   for (const auto* list : {&grad_store_, &lora_grad_store_})
     for (const auto& b : *list) n += b.bytes();
   return n;
 }
 
-void Model::storage_enforce_whole(const char* what) const {
+void ModelParams::storage_enforce_whole(const char* what) const {
   DT_ENFORCE(!storage_released(), UsageError,
              "Model::{} needs the model's own parameter and gradient storage, but part of it is released to the ZeRO "
              "engine (stages 2-3); call it before creating the engine or after it is destroyed",
@@ -97,13 +99,13 @@ void Model::storage_enforce_whole(const char* what) const {
 
 // Layer l's base buffer and adapter, after its hook ran (grads: released gradients
 // must have been supplied for the trainable one).
-void Model::layer_buffers_enforce(int l, bool grads) const {
+void ModelParams::layer_buffers_enforce(int l, bool grads) const {
   buffer_enforce_present(params_[static_cast<size_t>(l) + 1], true, grads && !lora_on());
   if (lora_on()) buffer_enforce_present(lora_params_[static_cast<size_t>(l)], true, grads);
 }
 
 // A buffer about to be used must have storage: the model's own or a hook's working copy.
-void Model::buffer_enforce_present(const ParamBuffer& pb, bool need_data, bool need_grad) const {
+void ModelParams::buffer_enforce_present(const ParamBuffer& pb, bool need_data, bool need_grad) const {
   if (pb.size == 0) return;
   DT_ENFORCE(!need_data || pb.data != nullptr, UsageError,
              "parameter buffer {} has no storage when the model needs it: it is released (ZeRO stage 3) and no hook "

@@ -220,6 +220,101 @@ int64_t StTensorInfo::numel() const {
 
 bool StTensorInfo::dtype(DType* out) const { return dtype_parse(dtype_name, out); }
 
+// ----------------------------------------------------------------------------
+// Reading: the header's parts
+
+namespace {
+
+// The header JSON of file `path` (hb[0 .. n)), refusing a key given twice in one object.
+nlohmann::json header_parse(const std::string& path, const char* hb, uint64_t n) {
+  // A JSON parser keeps the last of two equal keys; the file would then hold a tensor (or a
+  // dtype, a shape) that no reader agrees on. Keys are recorded per open object as the
+  // parser meets them, and the first repeat is named.
+  struct Open {
+    std::set<std::string> keys;
+    std::string last;
+  };
+  std::vector<Open> open;
+  std::string duplicate;
+  const auto track = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    if (ev == E::object_start) {
+      open.emplace_back();
+    } else if (ev == E::object_end && !open.empty()) {
+      open.pop_back();
+    } else if (ev == E::key && !open.empty()) {
+      std::string k = parsed.get<std::string>();
+      if (duplicate.empty() && !open.back().keys.insert(k).second)
+        duplicate = open.size() == 1 ? fmt::format("'{}'", k)
+                                     : fmt::format("'{}' (in the entry of '{}')", k, open[open.size() - 2].last);
+      open.back().last = std::move(k);
+    }
+    return true;
+  };
+  nlohmann::json h = nlohmann::json::parse(hb, hb + n, track, false);
+  if (h.is_discarded() || !h.is_object()) bad_file(path, "the header is not a valid UTF-8 JSON object");
+  if (!duplicate.empty())
+    bad_file(path, fmt::format("the header has the key {} twice (a damaged or forged file)", duplicate));
+  return h;
+}
+
+// One tensor's header entry, checked: a known dtype, a shape whose bytes do not overflow,
+// data_offsets that hold exactly those bytes.
+StTensorInfo tensor_entry_parse(const std::string& path, const std::string& key, const nlohmann::json& val) {
+  const auto bad_tensor = [&](const std::string& why) { bad_file(path, fmt::format("tensor '{}': {}", key, why)); };
+  if (!val.is_object()) bad_tensor("header entry is not an object");
+  StTensorInfo t;
+  t.name = key;
+  const auto dt = val.find("dtype");
+  if (dt == val.end() || !dt->is_string()) bad_tensor("missing string 'dtype'");
+  t.dtype_name = dt->get<std::string>();
+  const StDtype* d = st_dtype_find(t.dtype_name);
+  if (!d) bad_tensor(fmt::format("unknown dtype '{}'", t.dtype_name));
+  t.elem_size = d->size;
+  const auto sh = val.find("shape");
+  if (sh == val.end() || !sh->is_array()) bad_tensor("missing array 'shape'");
+  uint64_t bytes = t.elem_size;
+  for (const auto& dim : *sh) {
+    if (!dim.is_number_unsigned()) bad_tensor("shape entries must be non-negative integers");
+    const uint64_t v = dim.get<uint64_t>();
+    if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+        (v != 0 && bytes > std::numeric_limits<uint64_t>::max() / v))
+      bad_tensor("shape overflows");
+    bytes *= v;
+    t.shape.push_back(static_cast<int64_t>(v));
+  }
+  const auto off = val.find("data_offsets");
+  if (off == val.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
+      !(*off)[1].is_number_unsigned())
+    bad_tensor("data_offsets must be [begin, end] non-negative integers");
+  t.begin = (*off)[0].get<uint64_t>();
+  t.end = (*off)[1].get<uint64_t>();
+  if (t.end < t.begin) bad_tensor(fmt::format("data_offsets [{}, {}] end before begin", t.begin, t.end));
+  if (t.end - t.begin != bytes)
+    bad_tensor(fmt::format("data_offsets [{}, {}] hold {} bytes but shape x {} needs {}", t.begin, t.end,
+                           t.end - t.begin, t.dtype_name, bytes));
+  return t;
+}
+
+// Sorts the tensors into offset order and checks they tile the data exactly.
+void tensors_check_cover(const std::string& path, std::vector<StTensorInfo>& tensors, uint64_t data_size) {
+  std::sort(tensors.begin(), tensors.end(), [](const StTensorInfo& a, const StTensorInfo& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t expect = 0;
+  for (const StTensorInfo& t : tensors) {
+    if (t.begin != expect)
+      bad_file(path, fmt::format("tensor '{}': data_offsets [{}, {}] {} (expected begin {})", t.name, t.begin, t.end,
+                                 t.begin < expect ? "overlap the previous tensor" : "leave a gap", expect));
+    expect = t.end;
+  }
+  if (expect != data_size)
+    bad_file(path, fmt::format("tensors cover {} data bytes but the file holds {} after the header{}", expect,
+                               data_size, expect > data_size ? " (truncated file)" : ""));
+}
+
+}  // namespace
+
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   // The input rule: a FIFO (which would block the open), a device or a link loop is a
   // ConfigError naming the file before anything is mapped.
@@ -240,35 +335,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     data_start_ = 8 + n;
     const char* hb = reinterpret_cast<const char*>(map_ + 8);
     if (n == 0 || hb[0] != '{') bad_file(path, "the header does not start with '{'");
-    // A JSON parser keeps the last of two equal keys; the file would then hold a tensor (or a
-    // dtype, a shape) that no reader agrees on. Keys are recorded per open object as the
-    // parser meets them, and the first repeat is named.
-    struct Open {
-      std::set<std::string> keys;
-      std::string last;
-    };
-    std::vector<Open> open;
-    std::string duplicate;
-    const auto track = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
-      using E = nlohmann::json::parse_event_t;
-      if (ev == E::object_start) {
-        open.emplace_back();
-      } else if (ev == E::object_end && !open.empty()) {
-        open.pop_back();
-      } else if (ev == E::key && !open.empty()) {
-        std::string k = parsed.get<std::string>();
-        if (duplicate.empty() && !open.back().keys.insert(k).second)
-          duplicate = open.size() == 1 ? fmt::format("'{}'", k)
-                                       : fmt::format("'{}' (in the entry of '{}')", k, open[open.size() - 2].last);
-        open.back().last = std::move(k);
-      }
-      return true;
-    };
-    const nlohmann::json h = nlohmann::json::parse(hb, hb + n, track, false);
-    if (h.is_discarded() || !h.is_object()) bad_file(path, "the header is not a valid UTF-8 JSON object");
-    if (!duplicate.empty())
-      bad_file(path, fmt::format("the header has the key {} twice (a damaged or forged file)", duplicate));
-
+    const nlohmann::json h = header_parse(path, hb, n);
     for (const auto& [key, val] : h.items()) {
       if (key == "__metadata__") {
         if (!val.is_object()) bad_file(path, "__metadata__ is not an object");
@@ -278,54 +345,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
         }
         continue;
       }
-      const auto bad_tensor = [&](const std::string& why) { bad_file(path, fmt::format("tensor '{}': {}", key, why)); };
-      if (!val.is_object()) bad_tensor("header entry is not an object");
-      StTensorInfo t;
-      t.name = key;
-      const auto dt = val.find("dtype");
-      if (dt == val.end() || !dt->is_string()) bad_tensor("missing string 'dtype'");
-      t.dtype_name = dt->get<std::string>();
-      const StDtype* d = st_dtype_find(t.dtype_name);
-      if (!d) bad_tensor(fmt::format("unknown dtype '{}'", t.dtype_name));
-      t.elem_size = d->size;
-      const auto sh = val.find("shape");
-      if (sh == val.end() || !sh->is_array()) bad_tensor("missing array 'shape'");
-      uint64_t bytes = t.elem_size;
-      for (const auto& dim : *sh) {
-        if (!dim.is_number_unsigned()) bad_tensor("shape entries must be non-negative integers");
-        const uint64_t v = dim.get<uint64_t>();
-        if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
-            (v != 0 && bytes > std::numeric_limits<uint64_t>::max() / v))
-          bad_tensor("shape overflows");
-        bytes *= v;
-        t.shape.push_back(static_cast<int64_t>(v));
-      }
-      const auto off = val.find("data_offsets");
-      if (off == val.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
-          !(*off)[1].is_number_unsigned())
-        bad_tensor("data_offsets must be [begin, end] non-negative integers");
-      t.begin = (*off)[0].get<uint64_t>();
-      t.end = (*off)[1].get<uint64_t>();
-      if (t.end < t.begin) bad_tensor(fmt::format("data_offsets [{}, {}] end before begin", t.begin, t.end));
-      if (t.end - t.begin != bytes)
-        bad_tensor(fmt::format("data_offsets [{}, {}] hold {} bytes but shape x {} needs {}", t.begin, t.end,
-                               t.end - t.begin, t.dtype_name, bytes));
-      tensors_.push_back(std::move(t));
+      tensors_.push_back(tensor_entry_parse(path, key, val));
     }
-    std::sort(tensors_.begin(), tensors_.end(), [](const StTensorInfo& a, const StTensorInfo& b) {
-      return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-    });
-    const uint64_t data_size = size - data_start_;
-    uint64_t expect = 0;
-    for (const StTensorInfo& t : tensors_) {
-      if (t.begin != expect)
-        bad_file(path, fmt::format("tensor '{}': data_offsets [{}, {}] {} (expected begin {})", t.name, t.begin, t.end,
-                                   t.begin < expect ? "overlap the previous tensor" : "leave a gap", expect));
-      expect = t.end;
-    }
-    if (expect != data_size)
-      bad_file(path, fmt::format("tensors cover {} data bytes but the file holds {} after the header{}", expect,
-                                 data_size, expect > data_size ? " (truncated file)" : ""));
+    tensors_check_cover(path, tensors_, size - data_start_);
     for (size_t i = 0; i < tensors_.size(); ++i) index_[tensors_[i].name] = i;
   } catch (...) {
     close();

@@ -221,6 +221,12 @@ struct RunRecord {
   std::optional<launch::RunDirLock> lock;
   std::unique_ptr<launch::RunFiles> files;
   int round = 0;
+  std::atomic<bool> recorded{false};  // one failure event per round, whoever sees it first
+
+  void failure(const std::string& why, int code) {
+    if (files && !recorded.exchange(true))
+      files->event({.kind = report::EventKind::FAILURE, .round = round, .why = why, .exit_code = code});
+  }
 };
 
 void rank_zero_run_dir(RunRecord& rec, const RankContext& ctx, const config::TrainConfig& cfg,
@@ -260,6 +266,41 @@ void rank_zero_wait_exits(const rendezvous::StoreServer& server, const RankConte
   }
 }
 
+// What dtrain launch passes its ranks through the agent: the configured environment
+// (cluster.env.set, never over what the platform set) and the network interface; and the
+// launcher's umask.
+void process_env_prepare(const config::TrainConfig& cfg) {
+  for (const auto& [k, v] : cfg.cluster.env.set) ::setenv(k.c_str(), v.c_str(), 0);
+  if (!cfg.cluster.network_interface.empty())
+    ::setenv("DTRAIN_NETWORK_INTERFACE", cfg.cluster.network_interface.c_str(), 0);
+
+  // Everything this process creates in the run directory (events, metrics, TensorBoard,
+  // final/) is as private as training.run_dir_mode, as under dtrain launch, whose ranks
+  // inherit the launcher's umask: an adopted directory (a shared 1777 one) keeps its own
+  // mode, so the files must not rely on it.
+  ::umask(~launch::run_dir_mode_parse(cfg.training.run_dir_mode) & 0777);
+}
+
+// A rank's failure, told before it propagates: its fail key; rank 0, whose store goes
+// with it, records it and sets the stop key, then gives the others a moment to read it.
+void rank_failure_announce(const RankContext& ctx, const ExternalPlacement& p, const std::string& host, const Error& e,
+                           rendezvous::StoreServer* server, RunRecord& rec) {
+  try {
+    ctx.round_store->set(fail_key(p.rank), fmt::format("{} rank {} on {} failed: {}", static_cast<int>(e.exit_code()),
+                                                       p.rank, host, e.what()));
+  } catch (const Error&) {
+  }
+  if (server) {  // rank 0's store goes with it: tell the others first
+    const std::string why = fmt::format("rank 0 on {} failed: {}", host, e.what());
+    rec.failure(why, static_cast<int>(e.exit_code()));
+    try {
+      ctx.round_store->set(kExternalStopKey, why);
+    } catch (const Error&) {
+    }
+    for (int i = 0; i < 30 && server->connection_count() > 4; ++i) std::this_thread::sleep_for(100ms);
+  }
+}
+
 }  // namespace
 
 int external_run(const ExternalOptions& o, const ProcessExit& exit_now) {
@@ -281,24 +322,9 @@ int external_run(const ExternalOptions& o, const ProcessExit& exit_now) {
            p.world_size, p.local_rank, p.local_world_size, p.node_rank, p.launcher, p.evidence, store.addr, store.port);
   RankContext ctx = external_context(p, store, token, cfg);
 
-  // What dtrain launch passes its ranks through the agent: the configured environment
-  // (cluster.env.set, never over what the platform set) and the network interface.
-  for (const auto& [k, v] : cfg.cluster.env.set) ::setenv(k.c_str(), v.c_str(), 0);
-  if (!cfg.cluster.network_interface.empty())
-    ::setenv("DTRAIN_NETWORK_INTERFACE", cfg.cluster.network_interface.c_str(), 0);
+  process_env_prepare(cfg);
 
-  // Everything this process creates in the run directory (events, metrics, TensorBoard,
-  // final/) is as private as training.run_dir_mode, as under dtrain launch, whose ranks
-  // inherit the launcher's umask: an adopted directory (a shared 1777 one) keeps its own
-  // mode, so the files must not rely on it.
-  ::umask(~launch::run_dir_mode_parse(cfg.training.run_dir_mode) & 0777);
-
-  RunRecord rec;                      // rank 0 only
-  std::atomic<bool> recorded{false};  // one failure event per round, whoever sees it first
-  auto record_failure = [&](const std::string& why, int code) {
-    if (rec.files && !recorded.exchange(true))
-      rec.files->event({.kind = report::EventKind::FAILURE, .round = rec.round, .why = why, .exit_code = code});
-  };
+  RunRecord rec;  // rank 0 only
   std::unique_ptr<rendezvous::StoreServer> server = store_join(ctx, host, join_timeout);
   const std::string config_text = external_config_text(cfg);
   if (p.rank == 0) {
@@ -313,7 +339,7 @@ int external_run(const ExternalOptions& o, const ProcessExit& exit_now) {
   if (server)
     zero_watch = std::make_unique<ExternalRankZeroWatch>(*server, ctx, p.world_size, hb_timeout, join_timeout);
   ExternalStopWatch stop_watch(ctx, hb_timeout, server.get(), [&](const std::string& why) {
-    record_failure(why, static_cast<int>(Exit::COMM));
+    rec.failure(why, static_cast<int>(Exit::COMM));
     die(exit_now, why);
   });
   int rc = 0;
@@ -327,20 +353,7 @@ int external_run(const ExternalOptions& o, const ProcessExit& exit_now) {
                launch::rank_backend_name(device::kind_name(device), p.world_size));
     rc = train_rank(ctx, *hb, cfg, device);
   } catch (const Error& e) {
-    try {
-      ctx.round_store->set(fail_key(p.rank), fmt::format("{} rank {} on {} failed: {}", static_cast<int>(e.exit_code()),
-                                                         p.rank, host, e.what()));
-    } catch (const Error&) {
-    }
-    if (server) {  // rank 0's store goes with it: tell the others first
-      const std::string why = fmt::format("rank 0 on {} failed: {}", host, e.what());
-      record_failure(why, static_cast<int>(e.exit_code()));
-      try {
-        ctx.round_store->set(kExternalStopKey, why);
-      } catch (const Error&) {
-      }
-      for (int i = 0; i < 30 && server->connection_count() > 4; ++i) std::this_thread::sleep_for(100ms);
-    }
+    rank_failure_announce(ctx, p, host, e, server.get(), rec);
     throw;
   }
   stop_watch.disarm();

@@ -129,6 +129,13 @@ struct StoreServer::Impl {
   Reply handle_hello(Conn& c, proto::Reader& rd);
   Reply handle_auth(Conn& c, proto::Reader& rd);
   Reply handle_add(const std::string& key, int64_t delta);
+  Reply handle_set(Conn& c, proto::Reader& rd);
+  asio::awaitable<Reply> handle_get(Conn& c, proto::Reader& rd);
+  asio::awaitable<Reply> handle_wait(Conn& c, proto::Reader& rd);
+  Reply handle_check(Conn& c, proto::Reader& rd);
+  Reply handle_delete(Conn& c, proto::Reader& rd);
+  // Warns about the peer and answers with an error that closes the connection.
+  Reply malformed(Conn& c, const char* what);
   bool keys_present(const std::vector<std::string>& keys) const;
   void wake(const std::string& key);
   void close_all();
@@ -419,6 +426,82 @@ Reply StoreServer::Impl::handle_add(const std::string& key, int64_t delta) {
   return {proto::Writer().u8(uint8_t(Status::OK)).i64(next).finish()};
 }
 
+Reply StoreServer::Impl::malformed(Conn& c, const char* what) {
+  peer_warn("malformed frame", fmt::format("rendezvous: closing connection from {}: malformed {} frame", c.peer, what));
+  return reply_error(Status::ERROR, fmt::format("malformed {} frame", what), true);
+}
+
+namespace {
+void read_keys(proto::Reader& rd, std::vector<std::string>& keys) {
+  const uint32_t n = rd.u32();
+  if (n > rd.remaining() / 4) {  // each key takes at least its 4-byte length
+    rd.fail();
+    return;
+  }
+  keys.reserve(n);
+  for (uint32_t i = 0; i < n && rd.ok(); ++i) keys.push_back(rd.str());
+}
+}  // namespace
+
+Reply StoreServer::Impl::handle_set(Conn& c, proto::Reader& rd) {
+  std::string key = rd.str();
+  std::string value = rd.str();
+  if (!rd.ok() || !rd.at_end()) return malformed(c, "SET");
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    data[key] = Entry{std::move(value), Clock::now()};
+  }
+  wake(key);
+  return reply_ok();
+}
+
+asio::awaitable<Reply> StoreServer::Impl::handle_get(Conn& c, proto::Reader& rd) {
+  std::string key = rd.str();
+  const uint64_t timeout_ms = rd.u64();
+  if (!rd.ok() || !rd.at_end()) co_return malformed(c, "GET");
+  std::vector<std::string> keys{key};
+  const WaitResult w = co_await await_keys(c, std::move(keys), deadline_after(timeout_ms));
+  if (w == WaitResult::PEER_GONE) co_return Reply{};
+  if (w == WaitResult::TIMEOUT) co_return reply_status(Status::NOT_FOUND);
+  std::string frame;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = data.find(key);
+    if (it != data.end()) frame = proto::Writer().u8(uint8_t(Status::OK)).str(it->second.value).finish();
+  }
+  if (frame.empty()) co_return reply_status(Status::NOT_FOUND);
+  co_return Reply{std::move(frame)};
+}
+
+asio::awaitable<Reply> StoreServer::Impl::handle_wait(Conn& c, proto::Reader& rd) {
+  std::vector<std::string> keys;
+  read_keys(rd, keys);
+  const uint64_t timeout_ms = rd.u64();
+  if (!rd.ok() || !rd.at_end()) co_return malformed(c, "WAIT");
+  const WaitResult w = co_await await_keys(c, std::move(keys), deadline_after(timeout_ms));
+  if (w == WaitResult::PEER_GONE) co_return Reply{};
+  co_return reply_status(w == WaitResult::READY ? Status::OK : Status::TIMEOUT);
+}
+
+Reply StoreServer::Impl::handle_check(Conn& c, proto::Reader& rd) {
+  std::vector<std::string> keys;
+  read_keys(rd, keys);
+  if (!rd.ok() || !rd.at_end()) return malformed(c, "CHECK");
+  const bool present = keys_present(keys);
+  return Reply{proto::Writer().u8(uint8_t(Status::OK)).u8(present ? 1 : 0).finish()};
+}
+
+Reply StoreServer::Impl::handle_delete(Conn& c, proto::Reader& rd) {
+  std::string key = rd.str();
+  if (!rd.ok() || !rd.at_end()) return malformed(c, "DELETE");
+  bool existed;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    existed = data.erase(key) > 0;
+  }
+  return Reply{proto::Writer().u8(uint8_t(Status::OK)).u8(existed ? 1 : 0).finish()};
+}
+
 asio::awaitable<Reply> StoreServer::Impl::handle(Conn& c, const std::string& body) {
   proto::Reader rd(body);
   const uint8_t code = rd.u8();
@@ -434,86 +517,23 @@ asio::awaitable<Reply> StoreServer::Impl::handle(Conn& c, const std::string& bod
               fmt::format("rendezvous: refused connection from {}: second frame is not AUTH", c.peer));
     co_return reply_error(Status::ERROR, "second frame must be AUTH (authenticate first)", true);
   }
-  auto malformed = [&](const char* what) {
-    peer_warn("malformed frame",
-              fmt::format("rendezvous: closing connection from {}: malformed {} frame", c.peer, what));
-    return reply_error(Status::ERROR, fmt::format("malformed {} frame", what), true);
-  };
-  auto read_keys = [&](std::vector<std::string>& keys) {
-    const uint32_t n = rd.u32();
-    if (n > rd.remaining() / 4) {  // each key takes at least its 4-byte length
-      rd.fail();
-      return;
-    }
-    keys.reserve(n);
-    for (uint32_t i = 0; i < n && rd.ok(); ++i) keys.push_back(rd.str());
-  };
   switch (static_cast<Op>(code)) {
-    case Op::SET: {
-      std::string key = rd.str();
-      std::string value = rd.str();
-      if (!rd.ok() || !rd.at_end()) co_return malformed("SET");
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        data[key] = Entry{std::move(value), Clock::now()};
-      }
-      wake(key);
-      co_return reply_ok();
-    }
-    case Op::GET: {
-      std::string key = rd.str();
-      const uint64_t timeout_ms = rd.u64();
-      if (!rd.ok() || !rd.at_end()) co_return malformed("GET");
-      std::vector<std::string> keys{key};
-      const WaitResult w = co_await await_keys(c, std::move(keys), deadline_after(timeout_ms));
-      if (w == WaitResult::PEER_GONE) co_return Reply{};
-      if (w == WaitResult::TIMEOUT) co_return reply_status(Status::NOT_FOUND);
-      std::string frame;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        auto it = data.find(key);
-        if (it != data.end()) frame = proto::Writer().u8(uint8_t(Status::OK)).str(it->second.value).finish();
-      }
-      if (frame.empty()) co_return reply_status(Status::NOT_FOUND);
-      co_return Reply{std::move(frame)};
-    }
+    case Op::SET: co_return handle_set(c, rd);
+    case Op::GET: co_return co_await handle_get(c, rd);
     case Op::ADD: {
       std::string key = rd.str();
       const int64_t delta = rd.i64();
-      if (!rd.ok() || !rd.at_end()) co_return malformed("ADD");
+      if (!rd.ok() || !rd.at_end()) co_return malformed(c, "ADD");
       co_return handle_add(key, delta);
     }
-    case Op::WAIT: {
-      std::vector<std::string> keys;
-      read_keys(keys);
-      const uint64_t timeout_ms = rd.u64();
-      if (!rd.ok() || !rd.at_end()) co_return malformed("WAIT");
-      const WaitResult w = co_await await_keys(c, std::move(keys), deadline_after(timeout_ms));
-      if (w == WaitResult::PEER_GONE) co_return Reply{};
-      co_return reply_status(w == WaitResult::READY ? Status::OK : Status::TIMEOUT);
-    }
-    case Op::CHECK: {
-      std::vector<std::string> keys;
-      read_keys(keys);
-      if (!rd.ok() || !rd.at_end()) co_return malformed("CHECK");
-      const bool present = keys_present(keys);
-      co_return Reply{proto::Writer().u8(uint8_t(Status::OK)).u8(present ? 1 : 0).finish()};
-    }
-    case Op::DELETE: {
-      std::string key = rd.str();
-      if (!rd.ok() || !rd.at_end()) co_return malformed("DELETE");
-      bool existed;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        existed = data.erase(key) > 0;
-      }
-      co_return Reply{proto::Writer().u8(uint8_t(Status::OK)).u8(existed ? 1 : 0).finish()};
-    }
+    case Op::WAIT: co_return co_await handle_wait(c, rd);
+    case Op::CHECK: co_return handle_check(c, rd);
+    case Op::DELETE: co_return handle_delete(c, rd);
     case Op::PING:
-      if (!rd.at_end()) co_return malformed("PING");
+      if (!rd.at_end()) co_return malformed(c, "PING");
       co_return reply_ok();
-    case Op::HELLO: co_return malformed("repeated HELLO");
-    case Op::AUTH: co_return malformed("repeated AUTH");
+    case Op::HELLO: co_return malformed(c, "repeated HELLO");
+    case Op::AUTH: co_return malformed(c, "repeated AUTH");
   }
   peer_warn("unknown opcode", fmt::format("rendezvous: closing connection from {}: unknown opcode {}", c.peer, code));
   co_return reply_error(Status::ERROR, fmt::format("unknown opcode {}", code), true);

@@ -288,17 +288,20 @@ PlotData plot_data_read(const std::string& run_dir) {
   return d;
 }
 
-Image plot_render(const PlotData& data, const PlotOptions& opts, PlotLayout* layout) {
-  DT_ENFORCE(opts.width >= 400 && opts.height >= 300, ConfigError, "plot size {}x{} is too small; use at least 400x300",
-             opts.width, opts.height);
-  Image img(opts.width, opts.height, PLOT_BACKGROUND);
-  const uint8_t ink = img.color(PLOT_INK), c_train = img.color(PLOT_TRAIN), c_eval = img.color(PLOT_EVAL),
-                c_tok = img.color(PLOT_TOKENS);
-  img.color(PLOT_GRID);
+// ---------------------------------------------------------------------------
+// Rendering
 
-  // Layout: title band, loss panel (60 %), tokens panel, x labels; room right for names.
-  // With resource samples: loss 45 %, tokens 25 %, resources 30 %.
-  const int left = 110, right = opts.width - 140, top = 64, bottom = opts.height - 60, gap = 44;
+namespace {
+
+// Margins: the title band above, x labels below, y labels left, line names right.
+constexpr int kLeft = 110, kRightPad = 140, kTop = 64, kBottomPad = 60, kPanelGap = 44;
+
+// Title band, loss panel (60 %), tokens panel, x labels; room right for names. With
+// resource samples: loss 45 %, tokens 25 %, resources 30 %. Every panel spans the steps
+// of every series.
+PlotLayout plot_layout(const PlotData& data, const PlotOptions& opts) {
+  const int left = kLeft, right = opts.width - kRightPad, top = kTop, bottom = opts.height - kBottomPad,
+            gap = kPanelGap;
   const bool res = !data.resources.empty();
   const int span = bottom - top - (res ? 2 : 1) * gap;
   const int split = top + span * (res ? 45 : 60) / 100;
@@ -314,8 +317,11 @@ Image plot_render(const PlotData& data, const PlotOptions& opts, PlotLayout* lay
   fit_range(data.train, data.eval, &loss.ymin, &loss.ymax);
   fit_range(data.tokens, {}, &tok.ymin, &tok.ymax);
   rp.ymin = 0, rp.ymax = 100;
-  if (layout) *layout = {loss, tok, rp, res};
+  return {loss, tok, rp, res};
+}
 
+// "RUN <title>" with the counts of restarts, resizes and resumes.
+void title_draw(Image& img, const PlotData& data, uint8_t ink) {
   std::string title = "RUN " + data.title;
   auto count = [&](int n, const char* what) {
     if (n > 0) title += fmt::format("  -  {} {}{}", n, what, n > 1 ? "S" : "");
@@ -325,19 +331,15 @@ Image plot_render(const PlotData& data, const PlotOptions& opts, PlotLayout* lay
   count(data.resizes, "RESIZE");
   count(data.resumes, "RESUME");
   if (data.unplaced > 0) title += fmt::format("  -  {} AT UNKNOWN STEPS", data.unplaced);
-  text_draw(img, left, 10, title, ink, kScale);
+  text_draw(img, kLeft, 10, title, ink, kScale);
+}
 
-  draw_axes(img, loss, "LOSS", false);
-  draw_axes(img, tok, "TOKENS/S", !res);
-  if (res) draw_axes(img, rp, "RESOURCES %", true);
-  const std::string xl = "STEP";
-  text_draw(img, (left + right) / 2 - text_width(xl, kScale) / 2, bottom + 34, xl, ink, kScale);
-
-  // Later rounds: verticals through both panels in the kind's colour and dash pattern
-  // (restart dashed, resize dotted, resume dash-dotted), labels staggered so close ones
-  // stay legible.
-  for (size_t i = 0; i < data.marks.size(); ++i) {
-    const PlotMark& mk = data.marks[i];
+// Later rounds: verticals through both panels in the kind's colour and dash pattern
+// (restart dashed, resize dotted, resume dash-dotted), labels staggered so close ones
+// stay legible.
+void marks_draw(Image& img, const std::vector<PlotMark>& marks, const PlotLayout& l) {
+  for (size_t i = 0; i < marks.size(); ++i) {
+    const PlotMark& mk = marks[i];
     const bool restart = mk.kind == PlotMarkKind::RESTART, resize = mk.kind == PlotMarkKind::RESIZE;
     const uint8_t c = img.color(restart ? PLOT_RESTART : resize ? PLOT_RESIZE : PLOT_RESUME);
     auto ink_at = [&](int y) {
@@ -345,17 +347,53 @@ Image plot_render(const PlotData& data, const PlotOptions& opts, PlotLayout* lay
       if (resize) return y % 6 < 2;                        // 2 on, 4 off
       return y % 16 < 8 || (y % 16 >= 11 && y % 16 < 13);  // dash, dot
     };
-    const int x = loss.px(static_cast<double>(mk.step));
-    for (const PlotPanel* p : {&loss, &tok, &rp}) {
-      if (p == &rp && !res) continue;
+    const int x = l.loss.px(static_cast<double>(mk.step));
+    for (const PlotPanel* p : {&l.loss, &l.tokens, &l.resources}) {
+      if (p == &l.resources && !l.has_resources) continue;
       for (int y = p->y0; y <= p->y1; ++y)
         if (ink_at(y)) img.set(x, y, c), img.set(x + 1, y, c);
     }
     std::string label = fmt::format("{} {}", restart ? "RESTART" : resize ? "RESIZE" : "RESUME", mk.number);
     int lx = x + 6;
-    if (lx + text_width(label, kScale) > loss.x1) lx = x - 6 - text_width(label, kScale);
-    text_draw(img, lx, loss.y0 + 8 + static_cast<int>(i % 4) * 18, label, c, kScale);
+    if (lx + text_width(label, kScale) > l.loss.x1) lx = x - 6 - text_width(label, kScale);
+    text_draw(img, lx, l.loss.y0 + 8 + static_cast<int>(i % 4) * 18, label, c, kScale);
   }
+}
+
+// A line's name at its right end, moved clear of avoid_y (another name's row); returns
+// the row used, or -1000 for an empty line.
+int end_label_draw(Image& img, const PlotPanel& p, const std::vector<PlotPoint>& pts, const std::string& name,
+                   uint8_t c, int avoid_y) {
+  if (pts.empty()) return -1000;
+  int y = p.py(pts.back().value) - FONT_H * kScale / 2;
+  if (std::abs(y - avoid_y) < FONT_H * kScale + 4) y = avoid_y + (y >= avoid_y ? 1 : -1) * (FONT_H * kScale + 4);
+  y = std::clamp(y, p.y0, p.y1 - FONT_H * kScale);
+  text_draw(img, std::max(p.px(static_cast<double>(pts.back().step)), p.x1) + 8, y, name, c, kScale);
+  return y;
+}
+
+}  // namespace
+
+Image plot_render(const PlotData& data, const PlotOptions& opts, PlotLayout* layout) {
+  DT_ENFORCE(opts.width >= 400 && opts.height >= 300, ConfigError, "plot size {}x{} is too small; use at least 400x300",
+             opts.width, opts.height);
+  Image img(opts.width, opts.height, PLOT_BACKGROUND);
+  const uint8_t ink = img.color(PLOT_INK), c_train = img.color(PLOT_TRAIN), c_eval = img.color(PLOT_EVAL),
+                c_tok = img.color(PLOT_TOKENS);
+  img.color(PLOT_GRID);
+
+  const PlotLayout l = plot_layout(data, opts);
+  const PlotPanel &loss = l.loss, &tok = l.tokens, &rp = l.resources;
+  const bool res = l.has_resources;
+  if (layout) *layout = l;
+
+  title_draw(img, data, ink);
+  draw_axes(img, loss, "LOSS", false);
+  draw_axes(img, tok, "TOKENS/S", !res);
+  if (res) draw_axes(img, rp, "RESOURCES %", true);
+  const std::string xl = "STEP";
+  text_draw(img, (loss.x0 + loss.x1) / 2 - text_width(xl, kScale) / 2, opts.height - kBottomPad + 34, xl, ink, kScale);
+  marks_draw(img, data.marks, l);
 
   draw_series(img, loss, data.train, c_train, false);
   draw_series(img, loss, data.eval, c_eval, true);
@@ -371,23 +409,14 @@ Image plot_render(const PlotData& data, const PlotOptions& opts, PlotLayout* lay
   }
 
   // Names at the right end of each line; the eval name moves clear of the train name.
-  auto end_label = [&](const PlotPanel& p, const std::vector<PlotPoint>& pts, const std::string& name, uint8_t c,
-                       int avoid_y) {
-    if (pts.empty()) return -1000;
-    int y = p.py(pts.back().value) - FONT_H * kScale / 2;
-    if (std::abs(y - avoid_y) < FONT_H * kScale + 4) y = avoid_y + (y >= avoid_y ? 1 : -1) * (FONT_H * kScale + 4);
-    y = std::clamp(y, p.y0, p.y1 - FONT_H * kScale);
-    text_draw(img, std::max(p.px(static_cast<double>(pts.back().step)), p.x1) + 8, y, name, c, kScale);
-    return y;
-  };
-  const int ty = end_label(loss, data.train, "TRAIN", c_train, -1000);
-  end_label(loss, data.eval, "EVAL", c_eval, ty);
-  end_label(tok, data.tokens, "TOKENS/S", c_tok, -1000);
+  const int ty = end_label_draw(img, loss, data.train, "TRAIN", c_train, -1000);
+  end_label_draw(img, loss, data.eval, "EVAL", c_eval, ty);
+  end_label_draw(img, tok, data.tokens, "TOKENS/S", c_tok, -1000);
   if (res) {
     int y = -1000;
     for (auto [pts, name, c] : {std::tuple{&rs.cpu, "CPU", c_cpu}, std::tuple{&rs.mem, "MEM", c_mem},
                                 std::tuple{&rs.gpu, "GPU", c_gpu}, std::tuple{&rs.gpu_mem, "GPU MEM", c_gmem}}) {
-      const int yy = end_label(rp, *pts, name, c, y);
+      const int yy = end_label_draw(img, rp, *pts, name, c, y);
       if (yy != -1000) y = yy;
     }
   }

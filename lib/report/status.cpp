@@ -407,7 +407,7 @@ void read_latest(const fs::path& dir, RunStatus& st) {
 }
 
 // What a resume would load: latest when it verifies, else the newest older checkpoint
-// that does (train/checkpoint.cpp's order); none when none does, saying why.
+// that does (train/checkpoint_load.cpp's order); none when none does, saying why.
 void pick_resume_checkpoint(const fs::path& dir, RunStatus& st, const CheckpointProblem& checkpoint_problem) {
   std::error_code ec;
   if (!checkpoint_problem || !fs::is_directory(dir / "checkpoints", ec)) return;

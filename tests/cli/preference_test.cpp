@@ -5,6 +5,7 @@
 // resume that has nothing left to train; and a full-fine-tuning DPO job read on the fly.
 #include "cli_harness.h"
 #include "skip.h"
+#include "tiny_job.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -26,16 +27,8 @@ optimizer:
   type: AdamW
   params:
     lr: 1.0e-3
-model:
-  architecture: llama
-  vocab_size: 264
-  n_layer: 2
-  n_head: 2
-  n_kv_head: 1
-  d_model: 32
-  d_ff: 64
-  max_seq_len: 96
-)" << data_lines << R"(
+)" << dtrain::test::tiny_llama_yaml(96)
+                      << data_lines << R"(
 training:
   stage: dpo
   max_steps: 6

@@ -34,21 +34,10 @@ using Ids = std::vector<int32_t>;
 
 namespace {
 
+using dtrain::test::file_bytes;
+using dtrain::test::file_put;
+using dtrain::test::source_dir;
 using dtrain::test::TempDir;
-
-void write_file(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
-
-std::string read_all(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-fs::path source_dir() {
-  const char* d = std::getenv("DTRAIN_SOURCE_DIR");
-  return d ? fs::path(d) : fs::current_path();
-}
 
 // The masked tokens as runs of consecutive masked tokens, each decoded.
 std::vector<std::string> masked_runs(const SftTokens& t, const Tokenizer& tok) {
@@ -130,7 +119,7 @@ std::unique_ptr<Reference> reference(const TempDir& dir, const std::vector<std::
   const std::string gen = "python3 '" + (source_dir() / "scripts" / "gen_tokenizer_text.py").string() + "' 2000 '" +
                           texts.string() + "' 11";
   REQUIRE(std::system(gen.c_str()) == 0);
-  r->texts = json::parse(read_all(texts)).get<std::vector<std::string>>();
+  r->texts = json::parse(file_bytes(texts)).get<std::vector<std::string>>();
   return r;
 }
 
@@ -142,12 +131,12 @@ struct RefOut {
 // Renders each case with the package's own chat_template (scripts/hf_chat_template_ref.js).
 RefOut render_reference(const Reference& ref, const fs::path& model_dir, const json& cases, const fs::path& work) {
   const fs::path in = work / "cases.json", out = work / "rendered.json";
-  write_file(in, cases.dump());
+  file_put(in, cases.dump());
   const std::string cmd = "timeout 300 node '" + (source_dir() / "scripts" / "hf_chat_template_ref.js").string() +
                           "' '" + ref.modules.string() + "' '" + model_dir.string() + "' '" + in.string() + "' '" +
                           out.string() + "'";
   REQUIRE(std::system(cmd.c_str()) == 0);
-  const json j = json::parse(read_all(out));
+  const json j = json::parse(file_bytes(out));
   RefOut r;
   r.texts = j["texts"].get<std::vector<std::string>>();
   r.ids = j["ids"].get<std::vector<Ids>>();
@@ -211,7 +200,7 @@ std::vector<SftRecord> compare_family(const Reference& ref, const Family& f,
   const SftTemplate tmpl = sft_template_parse("auto", tok.get());
   CHECK(tmpl.kind == f.kind);
   // Qwen's normalizer is NFC: its ids decode to the NFC of the text (as Hugging Face's do).
-  const json normalizer = json::parse(read_all(model_dir / "tokenizer.json"))["normalizer"];
+  const json normalizer = json::parse(file_bytes(model_dir / "tokenizer.json"))["normalizer"];
   const bool nfc_normalizer = normalizer.is_object() && normalizer.value("type", "") == "NFC";
   auto as_decoded = [&](const std::string& s) { return nfc_normalizer ? nfc(s) : s; };
 
@@ -354,12 +343,12 @@ void compare_inst(const Reference& ref, const std::string& label, const std::str
                   bool system_as_prompt, const TempDir& dir) {
   CAPTURE(label);
   const fs::path pkg = ref.modules / "@lenml" / "tokenizer-llama2" / "models";
-  json config = json::parse(read_all(pkg / "tokenizer_config.json"));
+  json config = json::parse(file_bytes(pkg / "tokenizer_config.json"));
   config["chat_template"] = chat_template;
   const fs::path model_dir = dir.path / "inst";
   fs::create_directories(model_dir);
   fs::copy_file(pkg / "tokenizer.json", model_dir / "tokenizer.json", fs::copy_options::overwrite_existing);
-  write_file(model_dir / "tokenizer_config.json", config.dump());
+  file_put(model_dir / "tokenizer_config.json", config.dump());
 
   auto tok = tokenizer_load(model_dir.string());
   const SftTemplate tmpl = sft_template_parse("auto", tok.get());
@@ -425,7 +414,8 @@ void compare_inst(const Reference& ref, const std::string& label, const std::str
 // template in the model's GGUF, which the conversion copies from tokenizer_config.json) for
 // the Ollama library model `model`.
 std::string ollama_gguf_template(const Reference& ref, const std::string& model) {
-  const std::string src = read_all(ref.modules / "@huggingface" / "ollama-utils" / "src" / "chat-template-automap.ts");
+  const std::string src =
+      file_bytes(ref.modules / "@huggingface" / "ollama-utils" / "src" / "chat-template-automap.ts");
   const size_t at = src.find("model: \"" + model + "\"");
   REQUIRE(at != std::string::npos);
   const size_t g = src.find("gguf: \"", at);
@@ -468,7 +458,7 @@ TEST_CASE("llama2 and mistral render as the models' chat templates do; masks cov
   compare_inst(*ref, "Mixtral-8x22B-Instruct (ollama-utils library/mixtral:8x22b)", mixtral, SftTemplate::MISTRAL,
                contents, true, true, dir);
 
-  const std::string src = read_all(js);
+  const std::string src = file_bytes(js);
   const size_t cls = src.find("class LlamaTokenizer extends");
   REQUIRE(cls != std::string::npos);
   const std::string key = "_default_chat_template = `";
@@ -478,7 +468,7 @@ TEST_CASE("llama2 and mistral render as the models' chat templates do; masks cov
   REQUIRE(e != std::string::npos);
   std::string xenova = src.substr(b + key.size(), e - b - key.size());
   const json config =
-      json::parse(read_all(ref->modules / "@lenml" / "tokenizer-llama2" / "models" / "tokenizer_config.json"));
+      json::parse(file_bytes(ref->modules / "@lenml" / "tokenizer-llama2" / "models" / "tokenizer_config.json"));
   REQUIRE(config.contains("use_default_system_prompt"));
   for (size_t at; (at = xenova.find("USE_DEFAULT_PROMPT")) != std::string::npos;)
     xenova.replace(at, 18, config["use_default_system_prompt"].get<bool>() ? "true" : "false");
@@ -517,12 +507,12 @@ TEST_CASE("llama2 template: SentencePiece ids of the rendered string match @lenm
       texts.push_back(rendered.back().text);
     }
   }
-  write_file(dir.path / "texts.json", json(texts).dump());
+  file_put(dir.path / "texts.json", json(texts).dump());
   const std::string cmd = "timeout 300 node '" + (source_dir() / "scripts" / "hf_tokenizer_ref.js").string() + "' '" +
                           modules.string() + "' '" + model_dir.string() + "' '" + (dir.path / "texts.json").string() +
                           "' '" + (dir.path / "ids.json").string() + "'";
   REQUIRE(std::system(cmd.c_str()) == 0);
-  const json ref = json::parse(read_all(dir.path / "ids.json"));
+  const json ref = json::parse(file_bytes(dir.path / "ids.json"));
   size_t bad = 0;
   for (size_t i = 0; i < texts.size(); ++i)
     if (rendered[i].tokens != ref["ids"][i].get<Ids>() && ++bad <= 3)
@@ -602,7 +592,7 @@ TEST_CASE("llama2 and mistral refuse roles that do not alternate, naming the rec
 TEST_CASE("auto: the family from tokenizer_config.json's chat_template, clear errors otherwise") {
   TempDir dir;
   auto detect = [&](const json& config) {
-    write_file(dir.path / "tokenizer_config.json", config.dump());
+    file_put(dir.path / "tokenizer_config.json", config.dump());
     return sft_template_detect(dir.path.string());
   };
   CHECK(detect({{"chat_template", "{{ '<|start_header_id|>' + m }}"}}).kind == SftTemplate::LLAMA3);
@@ -623,7 +613,7 @@ TEST_CASE("auto: the family from tokenizer_config.json's chat_template, clear er
                        ConfigError);
   CHECK_THROWS_WITH_AS(detect({{"bos_token", "<s>"}}), doctest::Contains("has no chat_template"), ConfigError);
   fs::remove(dir.path / "tokenizer_config.json");
-  write_file(dir.path / "chat_template.jinja", "{{ '<|start_header_id|>' }}");
+  file_put(dir.path / "chat_template.jinja", "{{ '<|start_header_id|>' }}");
   CHECK(sft_template_detect(dir.path.string()).kind == SftTemplate::LLAMA3);
   ByteTokenizer byte;
   CHECK_THROWS_WITH_AS(sft_template_parse("auto", &byte),
@@ -659,9 +649,9 @@ TEST_CASE("a template whose turn tokens the tokenizer lacks is refused, not spel
                                     json{{"id", 257}, {"content", "<|end_of_text|>"}, {"special", true}}})},
       {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
       {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}};
-  write_file(dir.path / "tokenizer.json", tokenizer.dump());
-  write_file(dir.path / "tokenizer_config.json",
-             json{{"chat_template", "{{ '<|start_header_id|>' + role + '<|end_header_id|>' }}"}}.dump());
+  file_put(dir.path / "tokenizer.json", tokenizer.dump());
+  file_put(dir.path / "tokenizer_config.json",
+           json{{"chat_template", "{{ '<|start_header_id|>' + role + '<|end_header_id|>' }}"}}.dump());
   const auto bpe = tokenizer_load(dir.path.string());
   CHECK_THROWS_WITH_AS(sft_template_parse("auto", bpe.get()),
                        doctest::Contains("data.template auto (the llama3 template) writes <|start_header_id|>"),

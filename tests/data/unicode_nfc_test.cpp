@@ -21,10 +21,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path source_dir() {
-  const char* d = std::getenv("DTRAIN_SOURCE_DIR");
-  return d ? fs::path(d) : fs::current_path();
-}
+using dtrain::test::source_dir;
 
 // The [input, NFC] pairs Python computes, or none (the case marked SKIPPED) without python3.
 std::vector<std::pair<std::string, std::string>> python_cases(const dtrain::test::TempDir& dir, int seed) {

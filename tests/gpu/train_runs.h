@@ -8,6 +8,8 @@
 #include "device/device.h"
 #include "train/trainer.h"
 
+#include "tiny_job.h"
+
 #ifdef DTRAIN_CUDA_EMU
 #include <cuda_emu_trace.h>
 #include <cuda_runtime.h>
@@ -29,23 +31,15 @@ namespace train_runs {
 using namespace dtrain;
 using namespace dtrain::train;
 
-const char* kTiny = R"(
+inline const std::string kTiny = R"(
 train_micro_batch_size_per_gpu: 2
 gradient_accumulation_steps: 1
 optimizer:
   type: AdamW
   params:
     lr: 3.0e-3
-model:
-  architecture: llama
-  vocab_size: 264
-  n_layer: 2
-  n_head: 2
-  n_kv_head: 1
-  d_model: 32
-  d_ff: 64
-  max_seq_len: 64
-data:
+)" + dtrain::test::tiny_llama_yaml(64) +
+                                 R"(data:
   train: configs/data/tasks/train.jsonl
   format: alpaca
   tokenizer: byte

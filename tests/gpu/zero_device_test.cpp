@@ -13,6 +13,8 @@
 #include "train/zero_engine.h"
 
 #include "gpu/gpu_skip.h"
+#include "temp_dir.h"
+#include "tiny_job.h"
 
 #include <doctest/doctest.h>
 #include <gloo/rendezvous/hash_store.h>
@@ -33,30 +35,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const char* kTiny = R"(
-train_micro_batch_size_per_gpu: 2
+using dtrain::test::TempDir;
+
+const std::string kTiny = dtrain::test::tiny_train_yaml({64, false, R"(train_micro_batch_size_per_gpu: 2
 gradient_accumulation_steps: 1
-optimizer:
-  type: AdamW
-  params:
-    lr: 3.0e-3
-    betas: [0.9, 0.95]
-    weight_decay: 0.01
-model:
-  architecture: llama
-  vocab_size: 264
-  n_layer: 2
-  n_head: 2
-  n_kv_head: 1
-  d_model: 32
-  d_ff: 64
-  max_seq_len: 64
-data:
-  train: configs/data/tasks/train.jsonl
-  format: alpaca
-  tokenizer: byte
-  seq_len: 64
-  pack: true
 training:
   max_steps: 6
   seed: 11
@@ -64,22 +46,11 @@ gradient_clipping: 1.0
 zero_optimization:
   stage3_param_persistence_threshold: 0
   reduce_bucket_size: 3000
-)";
+)"});
 
 config::TrainConfig tiny(const std::vector<std::string>& sets, int world) {
-  config::TrainConfig c = config::config_load_string(kTiny, "tiny.yaml", sets).cfg;
-  config::config_resolve_batch(c, world);
-  return c;
+  return dtrain::test::tiny_train_config(kTiny, sets, world);
 }
-
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name)
-      : path(fs::temp_directory_path() / ("dtrain_zero_device_" + std::to_string(getpid()) + "_" + name)) {
-    fs::remove_all(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 // train_run on `world` ranks (threads): on the CPU over Gloo, or rank r on CUDA device r
 // over NCCL. Returns rank 0's result; every rank's losses must agree.

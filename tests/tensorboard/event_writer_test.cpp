@@ -29,14 +29,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using dtrain::test::file_bytes;
 using dtrain::test::TempDir;
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 void spit(const fs::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary) << bytes; }
 
@@ -97,7 +91,7 @@ TEST_CASE("the records' exact bytes") {
   const std::string scalar = "\x09" + f64(2.0) + "\x10\x03" + "\x2a" + bytes({19}) + summary;
   // Event{wall_time = 2, step = 5, session_log(7) = SessionLog{status(1) = START (1)}}
   const std::string start = "\x09" + f64(2.0) + "\x10\x05" + "\x3a\x02\x08\x01";
-  CHECK(slurp(path) == record_frame(first) + record_frame(scalar) + record_frame(start));
+  CHECK(file_bytes(path) == record_frame(first) + record_frame(scalar) + record_frame(start));
 }
 
 TEST_CASE("file names never reuse an existing file and sort after every file already there") {
@@ -117,7 +111,7 @@ TEST_CASE("file names never reuse an existing file and sort after every file alr
   CHECK(a == "events.out.tfevents.0000000301.h");
   CHECK(b == "events.out.tfevents.0000000302.h");
   CHECK(c == "events.out.tfevents.0000001000.h");
-  CHECK(slurp(dir / "events.out.tfevents.0000000300.other") == "foreign bytes");
+  CHECK(file_bytes(dir / "events.out.tfevents.0000000300.other") == "foreign bytes");
   CHECK(names_in(dir) == std::vector<std::string>{"events.out.tfevents.0000000300.other", a, b, c});
 }
 
@@ -175,7 +169,7 @@ TEST_CASE("the independent reader: scalars, restarts, and damaged files") {
   }
 
   SUBCASE("a flipped data byte is a data checksum error naming the file") {
-    std::string b = slurp(second);
+    std::string b = file_bytes(second);
     b[b.size() - 10] ^= 0x01;  // inside the last record's Event
     spit(second, b);
     const auto v = tfevents_read(dir.string());
@@ -187,7 +181,7 @@ TEST_CASE("the independent reader: scalars, restarts, and damaged files") {
   }
 
   SUBCASE("a flipped length byte is a length checksum error") {
-    std::string b = slurp(first);
+    std::string b = file_bytes(first);
     b[0] ^= 0x40;
     spit(first, b);
     const auto v = tfevents_read(dir.string());
@@ -197,7 +191,7 @@ TEST_CASE("the independent reader: scalars, restarts, and damaged files") {
   }
 
   SUBCASE("a torn last record: an error, or with --allow-torn-tail every complete record") {
-    std::string b = slurp(second);
+    std::string b = file_bytes(second);
     b.resize(b.size() - 3);  // a killed writer: the last record (step 5) cut short
     spit(second, b);
     const auto strict = tfevents_read(dir.string());

@@ -20,12 +20,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using dtrain::test::file_bytes;
 using dtrain::test::TempDir;
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 }  // namespace
 
@@ -42,7 +38,7 @@ TEST_CASE("records are one JSON object per line and parse back") {
     CHECK(recs[0]["step"] == 1);
     CHECK(recs[1]["note"] == "line\nbreak \"quoted\"");
   }
-  const std::string text = slurp(path);
+  const std::string text = file_bytes(path);
   CHECK(std::count(text.begin(), text.end(), '\n') == 2);
   CHECK(text.back() == '\n');
   CHECK_THROWS_AS(MetricsWriter(path, false).write(nlohmann::json::array({1, 2})), InternalError);

@@ -9,6 +9,7 @@
 #include "train/trainer.h"
 
 #include "rank_threads.h"
+#include "tiny_job.h"
 
 #include <doctest/doctest.h>
 
@@ -49,7 +50,7 @@ void write_pairs(const fs::path& path, int first, int count) {
   }
 }
 
-const char* kTiny = R"(
+const std::string kTiny = R"(
 train_micro_batch_size_per_gpu: 4
 gradient_accumulation_steps: 1
 optimizer:
@@ -58,16 +59,8 @@ optimizer:
     lr: 5.0e-3
     betas: [0.9, 0.95]
     weight_decay: 0.0
-model:
-  architecture: llama
-  vocab_size: 264
-  n_layer: 2
-  n_head: 2
-  n_kv_head: 1
-  d_model: 32
-  d_ff: 64
-  max_seq_len: 48
-data:
+)" + dtrain::test::tiny_llama_yaml(48) +
+                          R"(data:
   format: pairwise
   tokenizer: byte
   seq_len: 48

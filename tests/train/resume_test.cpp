@@ -11,7 +11,8 @@
 #include "train/metrics.h"
 #include "train/trainer.h"
 
-#include "rank_threads.h"
+#include "temp_dir.h"
+#include "tiny_job.h"
 
 #include <doctest/doctest.h>
 #include <gloo/rendezvous/hash_store.h>
@@ -31,38 +32,18 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using dtrain::test::losses_check_close;
+using dtrain::test::TempDir;
+
 // train_batch_size 24 with micro 2: accumulation 12 / 6 / 4 / 3 at 1 / 2 / 3 / 4 ranks,
 // so every world size trains on the same global batches.
-const char* kTiny = R"(
-train_batch_size: 24
+const std::string kTiny = dtrain::test::tiny_train_yaml({32, true, R"(train_batch_size: 24
 train_micro_batch_size_per_gpu: 2
 steps_per_print: 1
-optimizer:
-  type: AdamW
-  params:
-    lr: 3.0e-3
-    betas: [0.9, 0.95]
-    weight_decay: 0.01
 scheduler:
   type: WarmupDecayLR
   params:
     warmup_num_steps: 3
-model:
-  architecture: llama
-  vocab_size: 264
-  n_layer: 2
-  n_head: 2
-  n_kv_head: 1
-  d_model: 32
-  d_ff: 64
-  max_seq_len: 32
-data:
-  train: configs/data/tasks/train.jsonl
-  format: alpaca
-  tokenizer: byte
-  seq_len: 32
-  pack: true
-  neat_packing: false  # the stream in windows: the task records outrun these sequences
 training:
   max_steps: 8
   save_steps: 3
@@ -72,37 +53,11 @@ zero_optimization:
   stage3_param_persistence_threshold: 0
   reduce_bucket_size: 5000
   allgather_bucket_size: 5000
-)";
-
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name)
-      : path(fs::temp_directory_path() / ("dtrain_resume_" + std::to_string(getpid()) + "_" + name)) {
-    fs::remove_all(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+)"});
 
 // Runs the config on `world` ranks (threads over Gloo); returns rank 0's result.
-TrainResult run(std::vector<std::string> sets, int world, const std::string& run_dir) {
-  std::vector<TrainResult> res(static_cast<size_t>(world));
-  const auto errors = dtrain::test::run_ranks(world, [&](comm::Communicator* comm, int r) {
-    TrainerEnv env;
-    env.print = false;
-    env.run_dir = run_dir;
-    env.rank = r;
-    env.world_size = world;
-    env.comm = comm;
-    config::TrainConfig c = config::config_load_string(kTiny, "tiny.yaml", sets).cfg;
-    config::config_resolve_batch(c, world);
-    res[static_cast<size_t>(r)] = train_run(c, env);
-  });
-  for (const auto& e : errors) REQUIRE_MESSAGE(e == "", e);
-  for (int r = 1; r < world; ++r) CHECK(res[static_cast<size_t>(r)].losses == res[0].losses);
-  return res[0];
+TrainResult run(const std::vector<std::string>& sets, int world, const std::string& run_dir) {
+  return dtrain::test::tiny_train_run(kTiny, sets, world, run_dir);
 }
 
 std::string bytes_of(const fs::path& p) {
@@ -127,14 +82,6 @@ void stage_run_dir(const fs::path& from, const fs::path& to, const std::vector<i
 
 std::vector<double> tail(const std::vector<double>& v, size_t from) {
   return std::vector<double>(v.begin() + static_cast<std::ptrdiff_t>(from), v.end());
-}
-
-void check_close(const std::vector<double>& a, const std::vector<double>& b, double rel) {
-  REQUIRE(a.size() == b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    INFO("step " << i << ": " << a[i] << " vs " << b[i]);
-    CHECK(std::fabs(a[i] - b[i]) <= rel * std::fabs(b[i]));
-  }
 }
 
 // Training records of metrics.jsonl: (step, loss) in file order.
@@ -205,7 +152,7 @@ TEST_CASE("resharding: 4 -> 2 ranks, 2 -> 3 ranks and stage 1 -> 3 continue the 
     CHECK(resumed.resumed_step == 3);
     CHECK(resumed.resumed_world_size == c.from_world);
     CHECK(resumed.resumed_stage == std::stoi(c.from_stage));
-    check_close(resumed.losses, tail(full.losses, 3), 1e-5);
+    losses_check_close(resumed.losses, tail(full.losses, 3), 1e-5);
   }
 }
 

@@ -12,6 +12,8 @@
 #include "train/trainer.h"
 
 #include "rank_threads.h"
+#include "temp_dir.h"
+#include "tiny_job.h"
 
 #include <doctest/doctest.h>
 #include <gloo/rendezvous/hash_store.h>
@@ -31,41 +33,19 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const char* kTiny = R"(
-train_micro_batch_size_per_gpu: 4
+using dtrain::test::losses_check_close;
+using dtrain::test::TempDir;
+
+const std::string kTiny = dtrain::test::tiny_train_yaml({48, true, R"(train_micro_batch_size_per_gpu: 4
 gradient_accumulation_steps: 1
 steps_per_print: 10
-optimizer:
-  type: AdamW
-  params:
-    lr: 3.0e-3
-    betas: [0.9, 0.95]
-    weight_decay: 0.01
-model:
-  architecture: llama
-  vocab_size: 264
-  n_layer: 2
-  n_head: 2
-  n_kv_head: 1
-  d_model: 32
-  d_ff: 64
-  max_seq_len: 48
-data:
-  train: configs/data/tasks/train.jsonl
-  format: alpaca
-  tokenizer: byte
-  seq_len: 48
-  pack: true
-  neat_packing: false  # the stream in windows: the task records outrun these sequences
 training:
   max_steps: 40
   seed: 7
-)";
+)"});
 
 config::TrainConfig tiny(const std::vector<std::string>& sets = {}, int world = 1) {
-  config::TrainConfig c = config::config_load_string(kTiny, "tiny.yaml", sets).cfg;
-  config::config_resolve_batch(c, world);
-  return c;
+  return dtrain::test::tiny_train_config(kTiny, sets, world);
 }
 
 TrainerEnv quiet_env(const std::string& run_dir = "") {
@@ -75,26 +55,9 @@ TrainerEnv quiet_env(const std::string& run_dir = "") {
   return e;
 }
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name)
-      : path(fs::temp_directory_path() / ("dtrain_trainer_test_" + std::to_string(getpid()) + "_" + name)) {
-    fs::remove_all(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
-
 double mean(const std::vector<double>& v, size_t b, size_t e) {
   return std::accumulate(v.begin() + static_cast<ptrdiff_t>(b), v.begin() + static_cast<ptrdiff_t>(e), 0.0) /
          static_cast<double>(e - b);
-}
-
-void check_close(const std::vector<double>& a, const std::vector<double>& b, double rel) {
-  REQUIRE(a.size() == b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    INFO("step " << i + 1 << ": " << a[i] << " vs " << b[i]);
-    CHECK(std::fabs(a[i] - b[i]) <= rel * std::fabs(b[i]));
-  }
 }
 
 }  // namespace
@@ -127,9 +90,9 @@ TEST_CASE("gradient accumulation: micro 4 x accum 1 == micro 2 x accum 2 == micr
     return train_run(tiny(s), quiet_env());
   };
   TrainResult a = with(4, 1), b = with(2, 2), c = with(1, 4);
-  check_close(b.losses, a.losses, 1e-5);
-  check_close(c.losses, a.losses, 1e-5);
-  check_close(b.grad_norms, a.grad_norms, 1e-4);
+  losses_check_close(b.losses, a.losses, 1e-5);
+  losses_check_close(c.losses, a.losses, 1e-5);
+  losses_check_close(b.grad_norms, a.grad_norms, 1e-4);
 }
 
 TEST_CASE("data parallel: 2 ranks x micro 2 give the losses of 1 rank x micro 4") {
@@ -149,7 +112,7 @@ TEST_CASE("data parallel: 2 ranks x micro 2 give the losses of 1 rank x micro 4"
   });
   CHECK(errors[0] == "");
   CHECK(errors[1] == "");
-  check_close(res[0].losses, single.losses, 1e-5);
+  losses_check_close(res[0].losses, single.losses, 1e-5);
   CHECK(res[0].losses == res[1].losses);  // every rank reports the allreduced loss
   CHECK(res[0].tokens == single.tokens);
   CHECK(fs::exists(dir.path / "final" / "model.safetensors"));  // rank 0 exported

@@ -7,7 +7,8 @@
 #include "model/safetensors.h"
 #include "train/trainer.h"
 
-#include "rank_threads.h"
+#include "temp_dir.h"
+#include "tiny_job.h"
 
 #include <doctest/doctest.h>
 #include <gloo/rendezvous/hash_store.h>
@@ -25,76 +26,22 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const char* kTiny = R"(
-train_micro_batch_size_per_gpu: 4
+using dtrain::test::losses_check_close;
+using dtrain::test::TempDir;
+
+const std::string kTiny = dtrain::test::tiny_train_yaml({48, false, R"(train_micro_batch_size_per_gpu: 4
 gradient_accumulation_steps: 1
-optimizer:
-  type: AdamW
-  params:
-    lr: 3.0e-3
-    betas: [0.9, 0.95]
-    weight_decay: 0.01
-model:
-  architecture: llama
-  vocab_size: 264
-  n_layer: 2
-  n_head: 2
-  n_kv_head: 1
-  d_model: 32
-  d_ff: 64
-  max_seq_len: 48
-data:
-  train: configs/data/tasks/train.jsonl
-  format: alpaca
-  tokenizer: byte
-  seq_len: 48
-  pack: true
 training:
   max_steps: 10
   seed: 7
 zero_optimization:
   stage3_param_persistence_threshold: 0
   reduce_bucket_size: 5000
-)";
-
-config::TrainConfig tiny(std::vector<std::string> sets, int world) {
-  config::TrainConfig c = config::config_load_string(kTiny, "tiny.yaml", sets).cfg;
-  config::config_resolve_batch(c, world);
-  return c;
-}
-
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name)
-      : path(fs::temp_directory_path() / ("dtrain_zero_trainer_" + std::to_string(getpid()) + "_" + name)) {
-    fs::remove_all(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+)"});
 
 // Runs the config on `world` ranks (threads over Gloo); returns rank 0's result.
 TrainResult run(const std::vector<std::string>& sets, int world, const std::string& run_dir = "") {
-  std::vector<TrainResult> res(static_cast<size_t>(world));
-  const auto errors = dtrain::test::run_ranks(world, [&](comm::Communicator* comm, int r) {
-    TrainerEnv env;
-    env.print = false;
-    env.run_dir = run_dir;
-    env.rank = r;
-    env.world_size = world;
-    env.comm = comm;
-    res[static_cast<size_t>(r)] = train_run(tiny(sets, world), env);
-  });
-  for (const auto& e : errors) REQUIRE_MESSAGE(e == "", e);
-  for (int r = 1; r < world; ++r) CHECK(res[static_cast<size_t>(r)].losses == res[0].losses);
-  return res[0];
-}
-
-void check_close(const std::vector<double>& a, const std::vector<double>& b, double rel) {
-  REQUIRE(a.size() == b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    INFO("step " << i + 1 << ": " << a[i] << " vs " << b[i]);
-    CHECK(std::fabs(a[i] - b[i]) <= rel * std::fabs(b[i]));
-  }
+  return dtrain::test::tiny_train_run(kTiny, sets, world, run_dir);
 }
 
 }  // namespace
@@ -111,7 +58,7 @@ TEST_CASE("stages 1-3 on 2 ranks train like stage 0 on one, export included") {
     const TrainResult got = run(
         {"zero_optimization.stage=" + std::to_string(stage), "train_micro_batch_size_per_gpu=2", "export.dtype=fp32"},
         2, d.path.string());
-    check_close(got.losses, single.losses, 1e-5);
+    losses_check_close(got.losses, single.losses, 1e-5);
     // The exported fp32 weights match the single-rank export.
     model::SafetensorsFile a((d0.path / "final" / "model.safetensors").string());
     model::SafetensorsFile b((d.path / "final" / "model.safetensors").string());
@@ -139,7 +86,7 @@ TEST_CASE("stage 2/3 with gradient accumulation and a validation set") {
     sets.push_back("gradient_accumulation_steps=2");
     sets.push_back("zero_optimization.overlap_comm=true");
     const TrainResult got = run(sets, 2);
-    check_close(got.losses, single.losses, 1e-5);
+    losses_check_close(got.losses, single.losses, 1e-5);
     CHECK(got.final_eval_loss == doctest::Approx(single.final_eval_loss).epsilon(1e-4));
   }
 }
