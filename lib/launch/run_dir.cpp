@@ -374,7 +374,7 @@ void run_dir_write_file(const std::string& path, const std::string& text, mode_t
 }
 
 bool run_dir_partial_checkpoint_name(const std::string& name) {
-  // The rule of train/checkpoint.cpp (tmp-step<k>, k the step number).
+  // The rule of train/checkpoint_files.cpp (tmp-step<k>, k the step number).
   if (name.size() <= 8 || name.rfind("tmp-step", 0) != 0) return false;
   return std::all_of(name.begin() + 8, name.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
