@@ -2,7 +2,8 @@
 // ops included (residual + norm and linear + GELU are single lib/ops passes). The
 // cross-entropy forward keeps each row's logsumexp for the backward of the same logits
 // (llm.c's fused classifier, split at the API). Each op is timed into its class for
-// bench_cpu_step's breakdown when ops::op_stats is on.
+// bench_cpu_step's breakdown when ops::op_stats is on. The memory, copies and the rest of
+// the runtime are CpuRuntime's (cpu_runtime.h), which this class derives from.
 #include "device/cpu_runtime.h"
 
 #include "core/check.h"
