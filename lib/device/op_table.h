@@ -132,11 +132,6 @@ class LayerOps {
   virtual void cross_entropy_forward_backward(float* losses, float* mean, void* dlogits, const void* logits,
                                               const int32_t* targets, int N, int V, int ld, float factor,
                                               const float* count, DType t) = 0;
-
- protected:
-  LayerOps() = default;
-  LayerOps(const LayerOps&) = delete;
-  LayerOps& operator=(const LayerOps&) = delete;
 };
 
 /// The optimizer step's arithmetic and the gradient buffers' (fp32 whatever the
@@ -190,17 +185,9 @@ class StepOps {
   /// p[i] = p[i] rounded to t's precision (BF16 or F16, nearest even; F16 overflows to
   /// inf as fp16 storage would), kept as fp32. F32: nothing.
   virtual void round_to(float* p, size_t n, DType t) = 0;
-
- protected:
-  StepOps() = default;
-  StepOps(const StepOps&) = delete;
-  StepOps& operator=(const StepOps&) = delete;
 };
 
-/// Every op a device has.
-class OpTable : public LayerOps, public StepOps {
- protected:
-  OpTable() = default;
-};
+/// Every op a device has (Device copies neither half: its Runtime is not copyable).
+class OpTable : public LayerOps, public StepOps {};
 
 }  // namespace dtrain::device
