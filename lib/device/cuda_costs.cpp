@@ -1,4 +1,5 @@
-// The cost of every Device op on CUDA, as PlanDevice's ops: for the arguments given, the
+// The cost of every Device op on CUDA, as PlanDevice's ops (the copies' and memsets' are
+// PlanRuntime's, plan_runtime.cpp): for the arguments given, the
 // launches cuda_device.cpp and the kernels/ launchers issue (same early returns, same
 // vector-or-scalar choice from the pointers' alignment, same launch text), each with its
 // FLOPs, bytes and unit. When a kernel or a launcher changes, its function here is the
@@ -44,27 +45,6 @@ double attn_tile_pairs(int T) {
 }
 
 }  // namespace
-
-// ----------------------------------------------------------------------------
-// Memory (CudaDevice: cudaMemcpyAsync / cudaMemcpy2DAsync / cudaMemsetAsync, no-ops
-// skipped).
-void PlanDevice::copy_h2d(void*, const void*, size_t bytes) {
-  if (bytes) memcpy_op("copy_h2d", "cudaMemcpyAsync", PlanCopy::H2D, bytes, 1);
-}
-void PlanDevice::copy_d2h(void* dst, const void*, size_t bytes) {
-  if (!bytes) return;
-  std::fill_n(static_cast<char*>(dst), bytes, char{0});
-  memcpy_op("copy_d2h", "cudaMemcpyAsync", PlanCopy::D2H, bytes, 1);
-}
-void PlanDevice::copy_2d(void*, size_t, const void*, size_t, size_t width, size_t rows) {
-  if (rows && width) memcpy_op("copy_2d", "cudaMemcpy2DAsync", PlanCopy::D2D, width, rows);
-}
-void PlanDevice::copy_d2d(void* dst, const void* src, size_t bytes) {
-  if (bytes && dst != src) memcpy_op("copy_d2d", "cudaMemcpyAsync", PlanCopy::D2D, bytes, 1);
-}
-void PlanDevice::zero(void*, size_t bytes) {
-  if (bytes) memset_op("zero", bytes);
-}
 
 // ----------------------------------------------------------------------------
 // GEMMs (kernels/gemm.cu). cuBLASLt's heuristic is assumed to offer the BGRADB epilogue,
@@ -243,12 +223,12 @@ void PlanDevice::dropout_backward(void*, const void*, size_t n, float, uint64_t,
 // this plan never captures a graph, which would build it per call): a step after the
 // warm-up has no table kernel.
 void PlanDevice::rope(const char* op, const void* q, const void* k, int B, int T, int NH, int NKV, int HD, int q_stride,
-                      int kv_stride, const ops::RopeFreq& rope, DType t) {
+                      int kv_stride, const RopeFreq& rope, DType t) {
   if (B <= 0 || T <= 0) return;
   const size_t half = static_cast<size_t>(HD) / 2;
   const double table = static_cast<double>(T) * half;
   auto same = [&](const RopeKey& e) {
-    const ops::RopeFreq& a = e.rope;
+    const RopeFreq& a = e.rope;
     return e.T == T && e.HD == HD && a.theta == rope.theta && a.type == rope.type && a.factor == rope.factor &&
            a.low_freq_factor == rope.low_freq_factor && a.high_freq_factor == rope.high_freq_factor &&
            a.original_max_position == rope.original_max_position;
@@ -268,11 +248,11 @@ void PlanDevice::rope(const char* op, const void* q, const void* k, int B, int T
   if (k) apply(k, NKV, kv_stride);
 }
 void PlanDevice::rope_forward(void* q, void* k, int B, int T, int NH, int NKV, int HD, int q_stride, int kv_stride,
-                              const ops::RopeFreq& freq, const int32_t*, DType t) {
+                              const RopeFreq& freq, const int32_t*, DType t) {
   rope("rope_forward", q, k, B, T, NH, NKV, HD, q_stride, kv_stride, freq, t);
 }
 void PlanDevice::rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV, int HD, int q_stride, int kv_stride,
-                               const ops::RopeFreq& freq, const int32_t*, DType t) {
+                               const RopeFreq& freq, const int32_t*, DType t) {
   rope("rope_backward", dq, dk, B, T, NH, NKV, HD, q_stride, kv_stride, freq, t);
 }
 
@@ -444,7 +424,7 @@ void PlanDevice::cross_entropy_forward_backward(float* losses, float* mean, void
 
 // ----------------------------------------------------------------------------
 // Optimizer and buffer arithmetic (kernels/adamw.cu, reduce.cu, cast.cu).
-void PlanDevice::adamw(float* param, const float* grad, float* m, float* v, size_t n, const ops::AdamWConfig&, float,
+void PlanDevice::adamw(float* param, const float* grad, float* m, float* v, size_t n, const AdamWConfig&, float,
                        int64_t, bool, const float*, void* copy, DType copy_t) {
   const char* op = "adamw";
   if (!n) return;
@@ -460,8 +440,8 @@ void PlanDevice::adamw(float* param, const float* grad, float* m, float* v, size
 // kernels::adamw_step_multi: the tensors without a compute copy, then those with one, in
 // tables of ADAMW_MULTI_MAX (kernels/adamw.cuh), one launch per table; an fp32 copy is a
 // device copy after the update, as adamw's.
-void PlanDevice::adamw_multi(const ops::AdamWTensor* tensors, size_t count, const ops::AdamWConfig&, float, int64_t,
-                             const float*, DType copy_t) {
+void PlanDevice::adamw_multi(const AdamWTensor* tensors, size_t count, const AdamWConfig&, float, int64_t, const float*,
+                             DType copy_t) {
   const char* op = "adamw";
   constexpr size_t MULTI_MAX = 36;  // kernels/adamw.cuh's ADAMW_MULTI_MAX
   const bool copy16 = copy_t != DType::F32;
@@ -475,7 +455,7 @@ void PlanDevice::adamw_multi(const ops::AdamWTensor* tensors, size_t count, cons
       elems = bytes = 0;
     };
     for (size_t k = 0; k < count; ++k) {
-      const ops::AdamWTensor& x = tensors[k];
+      const AdamWTensor& x = tensors[k];
       if (x.n == 0 || (copy16 && (x.copy != nullptr) != (with_copy == 1))) continue;
       if (in_table == MULTI_MAX) flush();
       ++in_table;

@@ -5,21 +5,12 @@
 #pragma once
 
 #include "core/dtype.h"
+#include "ops/op_params.h"
 
 #include <cstddef>
 #include <cstdint>
 
 namespace dtrain::ops {
-
-/// Hyper-parameters with torch.optim.AdamW's defaults except weight_decay (DeepSpeed's
-/// AdamW default 0.01). `lr` is the base lr; the per-step lr is passed to adamw_step.
-struct AdamWConfig {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.01f;
-};
 
 /// One AdamW update of n elements, in place on param, m (exp_avg) and v (exp_avg_sq):
 ///   g  = grad * grad_scale
@@ -36,19 +27,6 @@ void adamw_step(float* param, const float* grad, float* m, float* v, size_t n, c
 /// compute_copy (n elements of compute_dtype, which must be BF16 or F16) in the same pass.
 void adamw_step_copy(float* param, const float* grad, float* m, float* v, size_t n, const AdamWConfig& cfg, float lr,
                      int64_t step, bool decay, float grad_scale, uint16_t* compute_copy, DType compute_dtype);
-
-/// One tensor of a multi-tensor AdamW update (Device::adamw_multi, kernels::adamw_step_multi):
-/// n elements of param, grad, m and v, the compute copy (null: none) and whether its
-/// weights decay.
-struct AdamWTensor {
-  float* param = nullptr;
-  const float* grad = nullptr;
-  float* m = nullptr;
-  float* v = nullptr;
-  void* copy = nullptr;
-  size_t n = 0;
-  bool decay = false;
-};
 
 /// Sum of squares of n fp32 gradients, accumulated in double. +-inf or NaN inputs give
 /// inf/NaN, which the caller treats as an overflow.

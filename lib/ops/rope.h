@@ -6,6 +6,8 @@
 // gradient, nothing to accumulate into).
 #pragma once
 
+#include "ops/op_params.h"
+
 #include <cstdint>
 
 #include <cmath>
@@ -19,20 +21,6 @@
 #endif
 
 namespace dtrain::ops {
-
-/// The RoPE frequencies (HF's rope_parameters): inv_freq[i] = theta^(-2i/HD), then
-/// LINEAR divides them by factor (positions / factor) and LLAMA3 applies
-/// _compute_llama3_parameters (low frequencies / factor, high ones kept, a smooth blend
-/// between, by wavelength against original_max_position_embeddings).
-struct RopeFreq {
-  enum Type { DEFAULT = 0, LINEAR = 1, LLAMA3 = 2 };
-  float theta = 10000.0f;
-  Type type = DEFAULT;
-  float factor = 1.0f;
-  float low_freq_factor = 1.0f;      ///< llama3
-  float high_freq_factor = 4.0f;     ///< llama3
-  int original_max_position = 8192;  ///< llama3: original_max_position_embeddings
-};
 
 /// inv_freq of pair index i (0 <= i < HD/2), in double (HF forms it in fp32; the
 /// difference is within fp32 rounding of the angle).

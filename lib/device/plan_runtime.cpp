@@ -1,10 +1,11 @@
-// PlanDevice plumbing: fake memory, the entry builders the per-op costs use (a cuBLASLt
-// matmul's bytes and unit, memsets, memcpys) and the names of units and epilogues. The
-// ops themselves, one per Device op, are in cuda_costs.cpp.
-#include "device/plan_device.h"
+// PlanRuntime: fake memory, the copies' and memsets' costs, the entry builders the per-op
+// costs use (a cuBLASLt matmul's bytes and unit, memsets, memcpys) and the names of units
+// and epilogues. The ops themselves, one per Device op, are PlanDevice's in cuda_costs.cpp.
+#include "device/plan_runtime.h"
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <utility>
 
 namespace dtrain::device {
@@ -44,16 +45,16 @@ const char* plan_epilogue_name(PlanEpilogue e) {
   return "?";
 }
 
-PlanDevice::PlanDevice(Kind kind) : kind_(kind), next_(FAKE_BASE) {}
+PlanRuntime::PlanRuntime(Kind kind) : kind_(kind), next_(FAKE_BASE) {}
 
-std::string PlanDevice::name() const {
+std::string PlanRuntime::name() const {
   return kind_ == Kind::CUDA ? "plan of a CUDA device (nothing executes)" : "plan host stand-in (nothing executes)";
 }
 
-std::vector<PlanEntry> PlanDevice::take() { return std::exchange(entries_, {}); }
+std::vector<PlanEntry> PlanRuntime::take() { return std::exchange(entries_, {}); }
 
 // CudaDevice::alloc: cudaMallocAsync, then a cudaMemsetAsync zeroing the bytes.
-void* PlanDevice::alloc(size_t bytes) {
+void* PlanRuntime::alloc(size_t bytes) {
   void* p = reinterpret_cast<void*>(next_);
   next_ += (bytes + FAKE_ALIGN - 1) / FAKE_ALIGN * FAKE_ALIGN + FAKE_ALIGN;  // distinct even for 0 bytes
   if (bytes) memset_op("alloc", bytes);
@@ -61,9 +62,30 @@ void* PlanDevice::alloc(size_t bytes) {
 }
 
 // ----------------------------------------------------------------------------
+// Memory (CudaDevice: cudaMemcpyAsync / cudaMemcpy2DAsync / cudaMemsetAsync, no-ops
+// skipped).
+void PlanRuntime::copy_h2d(void*, const void*, size_t bytes) {
+  if (bytes) memcpy_op("copy_h2d", "cudaMemcpyAsync", PlanCopy::H2D, bytes, 1);
+}
+void PlanRuntime::copy_d2h(void* dst, const void*, size_t bytes) {
+  if (!bytes) return;
+  std::fill_n(static_cast<char*>(dst), bytes, char{0});
+  memcpy_op("copy_d2h", "cudaMemcpyAsync", PlanCopy::D2H, bytes, 1);
+}
+void PlanRuntime::copy_2d(void*, size_t, const void*, size_t, size_t width, size_t rows) {
+  if (rows && width) memcpy_op("copy_2d", "cudaMemcpy2DAsync", PlanCopy::D2D, width, rows);
+}
+void PlanRuntime::copy_d2d(void* dst, const void* src, size_t bytes) {
+  if (bytes && dst != src) memcpy_op("copy_d2d", "cudaMemcpyAsync", PlanCopy::D2D, bytes, 1);
+}
+void PlanRuntime::zero(void*, size_t bytes) {
+  if (bytes) memset_op("zero", bytes);
+}
+
+// ----------------------------------------------------------------------------
 // Entry builders.
-void PlanDevice::kernel(const char* op, const char* name, PlanUnit unit, double flops, double bytes,
-                        const PlanLaunch* launch) {
+void PlanRuntime::kernel(const char* op, const char* name, PlanUnit unit, double flops, double bytes,
+                         const PlanLaunch* launch) {
   if (!recording_) return;
   PlanEntry e;
   if (launch) e.launch = *launch;
@@ -80,8 +102,8 @@ void PlanDevice::kernel(const char* op, const char* name, PlanUnit unit, double 
 // written, C read when beta != 0, plus the epilogue's vectors and matrices: the bias
 // read (BIAS), the pre-activation written (GELU_AUX) or read (DGELU), the bias gradient
 // written (BGRADB).
-void PlanDevice::matmul(const char* op, bool trans_a, bool trans_b, int M, int N, int K, float alpha, float beta,
-                        DType ab, DType c, PlanEpilogue epi) {
+void PlanRuntime::matmul(const char* op, bool trans_a, bool trans_b, int M, int N, int K, float alpha, float beta,
+                         DType ab, DType c, PlanEpilogue epi) {
   if (!recording_) return;
   const double m = M, n = N, k = K, es_ab = static_cast<double>(dtype_size(ab)),
                es_c = static_cast<double>(dtype_size(c));
@@ -110,7 +132,7 @@ void PlanDevice::matmul(const char* op, bool trans_a, bool trans_b, int M, int N
   entries_.push_back(std::move(e));
 }
 
-void PlanDevice::memset_op(const char* op, size_t bytes) {
+void PlanRuntime::memset_op(const char* op, size_t bytes) {
   if (!recording_) return;
   PlanEntry e;
   e.op = op;
@@ -124,7 +146,7 @@ void PlanDevice::memset_op(const char* op, size_t bytes) {
 }
 
 // Device copies read and write every byte; host copies move each byte over the bus once.
-void PlanDevice::memcpy_op(const char* op, const char* api, PlanCopy kind, size_t width, size_t height) {
+void PlanRuntime::memcpy_op(const char* op, const char* api, PlanCopy kind, size_t width, size_t height) {
   if (!recording_) return;
   PlanEntry e;
   e.op = op;
