@@ -3,7 +3,7 @@
 // arguments: each kernel launch, cuBLASLt matmul, memset and memcpy, with the FLOPs it
 // performs, the bytes it moves and the unit it runs on (cuda_costs.cpp, one function per
 // op). Memory is fake addresses, never dereferenced, so a model of any size fits;
-// copy_d2h returns zeros. lib/bench turns a training step's list into a time budget.
+// copy_d2h returns zeros. lib/plan turns a training step's list into a time budget.
 // PlanRuntime (plan_runtime.h) is the runtime half with the entries; this class adds the ops.
 #pragma once
 
