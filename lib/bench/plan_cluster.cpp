@@ -6,6 +6,7 @@
 // the job from a config.
 #include "bench/plan_cluster.h"
 
+#include "config/train_config.h"
 #include "core/check.h"
 
 #include <fmt/format.h>
@@ -241,7 +242,7 @@ void update_rows(Schedule& s, const Ctx& c) {
 void job_check(const ClusterJob& j, const ClusterLink& link) {
   DT_ENFORCE(j.nodes >= 1 && j.gpus_per_node >= 1, UsageError, "plan_cluster: {} nodes x {} GPUs: both must be >= 1",
              j.nodes, j.gpus_per_node);
-  DT_ENFORCE(j.stage >= 0 && j.stage <= 3, UsageError, "plan_cluster: ZeRO stage {} is not 0, 1, 2 or 3", j.stage);
+  DT_ENFORCE(config::zero_stage_valid(j.stage), UsageError, "plan_cluster: ZeRO stage {} is not 0, 1, 2 or 3", j.stage);
   DT_ENFORCE(j.grad_accum >= 1, UsageError, "plan_cluster: gradient accumulation {} must be >= 1", j.grad_accum);
   DT_ENFORCE(j.compute_s.slow > 0 && j.compute_s.fast > 0, UsageError,
              "plan_cluster: the compute time per step ({} - {} s) must be positive", j.compute_s.fast,

@@ -27,7 +27,7 @@ namespace dtrain::train {
 ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const ZeroOptions& opts,
                        const model::Model* fp32_source, const model::BufferFill& deferred)
     : model_(model), dev_(&model.device()), comm_(comm), opts_(opts), deferred_(static_cast<bool>(deferred)) {
-  DT_ENFORCE(opts_.stage >= 0 && opts_.stage <= 3, ConfigError, "zero_optimization.stage {} is not 0, 1, 2 or 3",
+  DT_ENFORCE(config::zero_stage_valid(opts_.stage), ConfigError, "zero_optimization.stage {} is not 0, 1, 2 or 3",
              opts_.stage);
   DT_ENFORCE(opts_.reduce_bucket_size > 0 && opts_.allgather_bucket_size > 0, ConfigError,
              "zero_optimization.reduce_bucket_size and allgather_bucket_size must be > 0");
