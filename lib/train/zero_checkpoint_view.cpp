@@ -6,7 +6,6 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
-#include "train/zero_queue.h"
 #include "train/zero_slot.h"
 
 #include <vector>
@@ -16,15 +15,15 @@ namespace dtrain::train {
 ZeroCheckpointView ZeroEngine::checkpoint_view() {
   ZeroCheckpointView v;
   v.buffers = buffer_views();
-  v.comm = comm_;
-  v.rank = rank_;
-  v.world = world_;
+  v.comm = coll_.comm();
+  v.rank = place_.rank;
+  v.world = place_.world;
   v.stage = opts_.stage;
   v.compute_dtype = opts_.compute_dtype;
   v.step_count = step_count_;
   // The top-k residuals, or PowerSGD's Q factors then (error feedback) its errors: the
   // buffers themselves on the CPU device, their host copies on a device (stage_out).
-  const std::vector<device::DeviceBuffer*> state = rank_state_buffers();
+  const std::vector<device::DeviceBuffer*> state = compress_.rank_state();
   for (size_t i = 0; i < state.size(); ++i) {
     const size_t n = state[i]->bytes() / sizeof(float);
     v.rank_state.emplace_back(model_.on_host() ? state[i]->as<float>() : staged_rank_[i].data(), n);
@@ -38,19 +37,9 @@ ZeroCheckpointView ZeroEngine::checkpoint_view() {
 
 // On a device the view points at host copies (stage_out); a load writes them and
 // params_loaded takes them back (stage_in).
-std::vector<device::DeviceBuffer*> ZeroEngine::rank_state_buffers() {
-  std::vector<device::DeviceBuffer*> out;
-  for (auto& r : residual_) out.push_back(&r);
-  if (!psgd_.empty()) {
-    out.push_back(&psgd_q_);
-    if (psgd_err_.bytes()) out.push_back(&psgd_err_);
-  }
-  return out;
-}
-
 void ZeroEngine::stage_out() {
   staged_.assign(slots_.size(), Staged{});
-  const std::vector<device::DeviceBuffer*> state = rank_state_buffers();
+  const std::vector<device::DeviceBuffer*> state = compress_.rank_state();
   staged_rank_.assign(state.size(), {});
   for (size_t i = 0; i < state.size(); ++i) {
     staged_rank_[i].resize(state[i]->bytes() / sizeof(float));
@@ -93,7 +82,7 @@ void ZeroEngine::stage_in() {
       device_from_host(s.v.get(), DType::F32, h.v.data(), s.owned());
     }
   }
-  const std::vector<device::DeviceBuffer*> state = rank_state_buffers();
+  const std::vector<device::DeviceBuffer*> state = compress_.rank_state();
   DT_CHECK(staged_rank_.size() == state.size());
   for (size_t i = 0; i < state.size(); ++i)
     device_from_host(state[i]->get(), DType::F32, staged_rank_[i].data(), staged_rank_[i].size());
@@ -102,8 +91,8 @@ void ZeroEngine::stage_in() {
 }
 
 std::vector<ZeroBufferView> ZeroEngine::buffer_views() {
-  queue_->wait_all();
-  comm_join();
+  coll_.wait_all();
+  coll_.join();
   const bool host = model_.on_host();
   if (!host) stage_out();
   std::vector<ZeroBufferView> out;
@@ -138,9 +127,9 @@ std::vector<ZeroBufferView> ZeroEngine::buffer_views() {
 }
 
 void ZeroEngine::params_loaded() {
-  queue_->wait_all();
+  coll_.wait_all();
   release_all_gathered();
-  comm_join();
+  coll_.join();
   if (!model_.on_host()) {
     stage_in();
     return;

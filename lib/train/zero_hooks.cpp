@@ -6,7 +6,6 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
-#include "train/zero_queue.h"
 #include "train/zero_slot.h"
 
 #include <algorithm>
@@ -40,7 +39,7 @@ void ZeroEngine::on_before_backward(int layer) {
   auto attach = [&](Slot& s) {
     if (!s.trainable || s.wgrad.get() != nullptr) return;
     s.wgrad = device::DeviceBuffer(*dev_, s.n * sizeof(float));
-    work_add(static_cast<ptrdiff_t>(s.n * sizeof(float)));
+    work_.add(static_cast<ptrdiff_t>(s.n * sizeof(float)));
     s.pb->grad = s.wgrad.as<float>();
   };
   for (size_t i : layer_slots_[static_cast<size_t>(layer + 1)]) attach(slots_[i]);
@@ -60,8 +59,8 @@ void ZeroEngine::on_after_backward(int layer) {
   // Stages 0/1 reduce once per step: with a communication thread or stream, during the
   // last micro-batch's backward, each bucket as soon as its gradients are complete (the
   // same buckets in the same order as the step-time path, so the results are identical).
-  const bool overlapped = queue_->threaded() || (stream_ordered_ && opts_.overlap_comm);
-  if (opts_.stage <= 1 && overlapped && last_micro_ && comm_ != nullptr) {
+  const bool overlapped = coll_.threaded() || (coll_.stream_ordered() && opts_.overlap_comm);
+  if (opts_.stage <= 1 && overlapped && last_micro_ && coll_.comm() != nullptr) {
     for (size_t bi = 0; bi < buckets_.size(); ++bi)
       if (buckets_[bi].done_layer == layer) {
         bucket_reduce_async(bi);
@@ -75,7 +74,7 @@ void ZeroEngine::on_after_backward(int layer) {
   }
   if (layer == -1) {
     if (opts_.stage == 3) release_all_gathered();
-    queue_->wait_all();  // nothing in flight on a thread once backward returns
+    coll_.wait_all();  // nothing in flight on a thread once backward returns
     // The offloaded update started during this backward: no further micro-batch.
     if (eager_ && last_micro_) grads_reduced_ = true;
   }
@@ -87,10 +86,10 @@ void ZeroEngine::on_after_backward(int layer) {
 
 void ZeroEngine::grad_bucket_pack(Slot& s) {
   Bucket& b = buckets_[s.bucket];
-  const size_t W = static_cast<size_t>(world_);
+  const size_t W = static_cast<size_t>(place_.world);
   if (!b.buf) {
     b.buf = std::make_shared<device::DeviceBuffer>(*dev_, W * b.seg * sizeof(float));
-    work_add(static_cast<ptrdiff_t>(W * b.seg * sizeof(float)));
+    work_.add(static_cast<ptrdiff_t>(W * b.seg * sizeof(float)));
   }
   float* dst = b.buf->as<float>();
   for (size_t q = 0; q < W; ++q) {
@@ -99,7 +98,7 @@ void ZeroEngine::grad_bucket_pack(Slot& s) {
   }
   s.pb->grad = nullptr;
   s.wgrad.reset();
-  work_add(-static_cast<ptrdiff_t>(s.n * sizeof(float)));
+  work_.add(-static_cast<ptrdiff_t>(s.n * sizeof(float)));
   if (++b.packed == b.slots.size()) grad_bucket_flush(s.bucket);
 }
 
@@ -108,12 +107,12 @@ void ZeroEngine::grad_bucket_flush(size_t index) {
   std::shared_ptr<device::DeviceBuffer> buf = std::move(b.buf);
   b.buf.reset();
   b.packed = 0;
-  if ((queue_->threaded() || stream_ordered_) && backward_layer_ > -1) ++issued_in_backward_;
-  comm_submit([this, buf, index] {
+  if ((coll_.threaded() || coll_.stream_ordered()) && backward_layer_ > -1) ++issued_in_backward_;
+  coll_.submit([this, buf, index] {
     const Bucket& bk = buckets_[index];
     float* base = buf->as<float>();
-    grad_reduce(base, static_cast<size_t>(world_) * bk.seg, true);
-    const float* mine = base + static_cast<size_t>(rank_) * bk.seg;
+    coll_.grad_reduce(base, static_cast<size_t>(place_.world) * bk.seg, true);
+    const float* mine = base + static_cast<size_t>(place_.rank) * bk.seg;
     if (off_) {
       offload_land(index, mine);  // to the host, where the gradient shards accumulate
     } else {
@@ -124,7 +123,7 @@ void ZeroEngine::grad_bucket_flush(size_t index) {
     }
     const size_t bytes = buf->bytes();
     buf->reset();  // on the communication stream, after its last use
-    work_add(-static_cast<ptrdiff_t>(bytes));
+    work_.add(-static_cast<ptrdiff_t>(bytes));
   });
 }
 
@@ -135,50 +134,50 @@ void ZeroEngine::grad_bucket_flush(size_t index) {
 void ZeroEngine::gather_issue(Slot& s) {
   if (s.gathered) return;
   s.gathered = true;
-  const size_t W = static_cast<size_t>(world_);
+  const size_t W = static_cast<size_t>(place_.world);
   s.work = device::DeviceBuffer(*dev_, W * s.s * dtype_size(mdt_));
-  work_add(static_cast<ptrdiff_t>(s.work.bytes()));
+  work_.add(static_cast<ptrdiff_t>(s.work.bytes()));
   live_elems_ += s.n;
   const DType t = opts_.compute_dtype;
   Slot* sp = &s;
-  s.gather_ticket = comm_submit([this, sp, t, W] {
+  s.gather_ticket = coll_.submit([this, sp, t, W] {
     Slot& g = *sp;
     char* work = static_cast<char*>(g.work.get());
     if (t == mdt_) {  // on the wire in the model's dtype: straight into the working buffer
-      char* mine = work + static_cast<size_t>(rank_) * g.s * dtype_size(t);
+      char* mine = work + static_cast<size_t>(place_.rank) * g.s * dtype_size(t);
       // offload_param: the shard comes from host memory, asynchronously (the host copy is
       // rewritten only by the update, after the gathers of the step are done).
       if (g.off_param && g.owned() && g.host_shard_dtype(mdt_) == t)
         dev_->copy_h2d_async(mine, g.host_shard(), g.owned() * dtype_size(t));
       else shard_to_device(mine, t, g);
-      coll_all_gather(work, g.s, t);
+      coll_.all_gather(work, g.s, t);
     } else {  // fp32 model (CPU) under mixed precision: the wire is 16-bit
       device::DeviceBuffer wire(*dev_, W * g.s * dtype_size(t));
-      work_add(static_cast<ptrdiff_t>(wire.bytes()));
+      work_.add(static_cast<ptrdiff_t>(wire.bytes()));
       char* w = static_cast<char*>(wire.get());
-      shard_to_device(w + static_cast<size_t>(rank_) * g.s * dtype_size(t), t, g);
-      coll_all_gather(w, g.s, t);
+      shard_to_device(w + static_cast<size_t>(place_.rank) * g.s * dtype_size(t), t, g);
+      coll_.all_gather(w, g.s, t);
       dev_->cast(work, mdt_, w, t, g.n);
-      work_add(-static_cast<ptrdiff_t>(wire.bytes()));
+      work_.add(-static_cast<ptrdiff_t>(wire.bytes()));
       wire.reset();
     }
-    if (g.ready) dev_->event_record(*g.ready, comm_stream_);
+    if (g.ready) dev_->event_record(*g.ready, coll_.stream());
   });
 }
 
 void ZeroEngine::gather_wait(Slot& s) {
-  queue_->wait(s.gather_ticket);
+  coll_.wait(s.gather_ticket);
   if (s.ready) dev_->stream_wait(nullptr, *s.ready);
   s.pb->data = s.work.get();
 }
 
 void ZeroEngine::gather_release(Slot& s) {
   if (!s.gathered) return;
-  queue_->wait(s.gather_ticket);
+  coll_.wait(s.gather_ticket);
   if (s.ready) dev_->stream_wait(nullptr, *s.ready);  // freed on the compute stream after the gather
   s.gathered = false;
   s.pb->data = nullptr;
-  work_add(-static_cast<ptrdiff_t>(s.work.bytes()));
+  work_.add(-static_cast<ptrdiff_t>(s.work.bytes()));
   s.work.reset();
   live_elems_ -= s.n;
 }
@@ -188,39 +187,23 @@ void ZeroEngine::release_all_gathered() {
     if (s.sharded && s.gathered) gather_release(s);
 }
 
-// The hook body for layer `layer` in direction dir (+1 forward, -1 backward).
+// The hook body for layer `layer` in direction dir (+1 forward, -1 backward): the window
+// of layers to hold (zero_prefetch_window), what falls out of it released, the current
+// layer's gathers waited for and the layers ahead issued.
 void ZeroEngine::stage3_visit(int layer, int dir) {
   const int L = n_layer_;
-  std::vector<char> keep(static_cast<size_t>(L) + 2, 0);
   auto idx = [](int l) { return static_cast<size_t>(l + 1); };
-  keep[idx(layer)] = 1;
-  // The tied head reads the embeddings in forward and backward.
-  if (tied_ && ((dir > 0 && layer == L) || dir < 0)) keep[idx(-1)] = 1;
-  // The layers ahead held gathered: as many as fit in prefetch_bucket_size elements in
-  // all (gathered already or not: DeepSpeed's fixed prefetch bucket), and with the current
-  // layer within max_live_parameters. Counting only the layers still to gather let the
-  // window grow by a bucket at every layer (most of a 201M model gathered at once).
-  size_t held = 0;
+  std::vector<size_t> sharded_elems(static_cast<size_t>(L) + 2, 0);
   for (int l = -1; l <= L; ++l)
-    if (keep[idx(l)])
-      for (size_t i : layer_slots_[idx(l)])
-        if (slots_[i].sharded) held += slots_[i].n;
-  std::vector<int> ahead;
-  size_t window = 0;
-  for (int l = layer + dir; l >= -1 && l <= L; l += dir) {
-    size_t need = 0;
     for (size_t i : layer_slots_[idx(l)])
-      if (slots_[i].sharded) need += slots_[i].n;
-    if (window + need > opts_.prefetch_bucket_size || held + window + need > opts_.max_live_parameters) break;
-    window += need;
-    keep[idx(l)] = 1;
-    ahead.push_back(l);
-  }
+      if (slots_[i].sharded) sharded_elems[idx(l)] += slots_[i].n;
+  const ZeroWindow w =
+      zero_prefetch_window(sharded_elems, layer, dir, tied_, opts_.prefetch_bucket_size, opts_.max_live_parameters);
   for (auto& s : slots_)
-    if (s.sharded && s.gathered && !keep[idx(s.layer)]) gather_release(s);
+    if (s.sharded && s.gathered && !w.keep[idx(s.layer)]) gather_release(s);
   std::vector<Slot*> now;
   std::vector<int> current{layer};
-  if (layer != -1 && keep[idx(-1)]) current.push_back(-1);
+  if (layer != -1 && w.keep[idx(-1)]) current.push_back(-1);
   for (int l : current) {
     for (size_t i : layer_slots_[idx(l)])
       if (slots_[i].sharded) {
@@ -228,11 +211,11 @@ void ZeroEngine::stage3_visit(int layer, int dir) {
         now.push_back(&slots_[i]);
       }
   }
-  for (int l : ahead)
+  for (int l : w.ahead)
     for (size_t i : layer_slots_[idx(l)])
       if (slots_[i].sharded) gather_issue(slots_[i]);
   for (Slot* s : now) gather_wait(*s);
-  if (dir > 0 && layer == L) queue_->wait_all();  // nothing in flight on a thread once forward returns
+  if (dir > 0 && layer == L) coll_.wait_all();  // nothing in flight on a thread once forward returns
 }
 
 // While materialized every buffer is resident: forward (evaluation) needs no gathering.

@@ -138,7 +138,7 @@ void ZeroEngine::offload_land(size_t index, const float* mine) {
     void* dst = add ? s.hland.get() : s.hgrad.get();
     if (s.owned()) dev_->copy_d2h_async(dst, mine + b.offs[k], s.owned() * sizeof(float));
   }
-  dev_->event_record(*b.landed_ev, stream_ordered_ ? comm_stream_ : nullptr);
+  dev_->event_record(*b.landed_ev, coll_.stream_ordered() ? coll_.stream() : nullptr);
   const bool update = eager_ && last_micro_;
   b.host_ticket = host_q_->submit([this, index, update, add] {
     Bucket& bk = buckets_[index];
@@ -213,11 +213,28 @@ void ZeroEngine::offload_copy_back(const std::vector<size_t>& list) {
   }
 }
 
+// step_issue's start, once the gradients are reduced.
+void ZeroEngine::offload_grads_collect() {
+  // Every gradient shard on the host: stage 1's from the model's reduced gradient,
+  // stages 2-3's landed bucket by bucket during the backward (the worker added them).
+  if (opts_.stage == 1) {
+    for (auto& s : slots_)
+      if (s.off && s.owned()) dev_->copy_d2h_async(s.hgrad.get(), s.pb->grad + s.lo, s.owned() * sizeof(float));
+    dev_->synchronize();
+  }
+  host_q_->wait_all();
+  // A bucket no backward reached this step has no gradient: zero, not the last step's.
+  if (opts_.stage >= 2)
+    for (auto& b : buckets_)
+      if (!b.landed)
+        for (size_t i : b.slots) device::cpu().zero(slots_[i].hgrad.get(), slots_[i].hgrad.bytes());
+}
+
 // step_issue's offloaded part, after the gradients are reduced and the device holds the
 // agreed clip scale and skip flag in `scale` (device memory): the host update (or, when
 // the worker already applied it bucket by bucket, its check) and the copies back.
 void ZeroEngine::offload_step_issue(float loss_scale) {
-  float* scale_dev = reinterpret_cast<float*>(stats_.as<char>() + offsetof(StepStats, scale));
+  float* scale_dev = reinterpret_cast<float*>(stats_.as<char>() + offsetof(ZeroStepStats, scale));
   float hs[5] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
   dev_->copy_d2h(hs, scale_dev, 2 * sizeof(float));  // waits for the device: the decision
   if (eager_) {

@@ -1,0 +1,338 @@
+// ZeroEngine's step: gradients zeroed, the stage 0/1 bucket reduction (at step time, or
+// overlapped in the last micro-batch's backward through zero_hooks.cpp), the norm, clip
+// and overflow decision agreed on the device, AdamW over every owned tensor, the
+// post-step all-gathers, and the one read-back.
+#include "train/zero_engine.h"
+
+#include "core/check.h"
+#include "core/dtype.h"
+#include "ops/step_scale.h"
+#include "train/zero_slot.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
+namespace dtrain::train {
+
+// ----------------------------------------------------------------------------
+void ZeroEngine::before_step() {
+  coll_.wait_all();
+  coll_.join();
+  grads_reduced_ = false;
+  if (off_) {
+    host_q_->wait_all();
+    eager_applied_ = false;
+    eager_poisoned_ = false;
+    step_t0_ = std::chrono::steady_clock::now();
+    // Each bucket's first landing (stages 2-3) or stage 1's copy overwrites the host gradient.
+    for (auto& b : buckets_) b.landed = false;
+    std::lock_guard<std::mutex> lk(trace_mu_);
+    trace_.clear();
+  }
+  for (auto& s : slots_) {
+    if (!s.trainable) continue;
+    if (opts_.stage >= 2) {
+      if (!s.off) dev_->zero(s.gshard.get(), s.gshard.bytes());
+    } else if (s.pb->grad) dev_->zero(s.pb->grad, s.n * sizeof(float));
+  }
+}
+
+// Stage 0: allreduce (AVG) per bucket; stage 1: reduce-scatter (AVG) per bucket into
+// the owned range of the model's full gradient buffer. A single-slot stage-0 bucket is
+// reduced in place; otherwise the bucket is packed into `buf` (stage 0: the slots one
+// after the other; stage 1: rank-major, W segments) and unpacked after the collective.
+// Packing, collective and unpacking run together on the communication side.
+bool ZeroEngine::bucket_inplace(const Bucket& b) const { return opts_.stage == 0 && b.slots.size() == 1; }
+
+size_t ZeroEngine::bucket_len(const Bucket& b) const {
+  if (compress_.topk()) return 0;  // top-k works in its own buffers
+  return bucket_inplace(b) ? 0 : (opts_.stage == 0 ? 1 : static_cast<size_t>(place_.world)) * b.seg;
+}
+
+void ZeroEngine::bucket_pack(const Bucket& b, float* buf) {
+  const size_t W = static_cast<size_t>(place_.world);
+  if (opts_.stage == 0) {
+    for (size_t k = 0; k < b.slots.size(); ++k) {
+      const Slot& s = slots_[b.slots[k]];
+      dev_->copy_d2d(buf + b.offs[k], s.pb->grad, s.n * sizeof(float));
+    }
+    return;
+  }
+  dev_->zero(buf, W * b.seg * sizeof(float));
+  for (size_t k = 0; k < b.slots.size(); ++k) {
+    const Slot& s = slots_[b.slots[k]];
+    for (size_t q = 0; q < W; ++q) {
+      const size_t a = std::min(q * s.s, s.n), e = std::min(a + s.s, s.n);
+      if (e > a) dev_->copy_d2d(buf + q * b.seg + b.offs[k], s.pb->grad + a, (e - a) * sizeof(float));
+    }
+  }
+}
+
+// The compute side no longer writes these slots' gradients (the bucket is complete).
+void ZeroEngine::bucket_collective(const Bucket& b, float* buf) {
+  if (compress_.topk()) {
+    compress_.topk_reduce(static_cast<size_t>(&b - buckets_.data()));
+    return;
+  }
+  if (compress_.powersgd_active(step_count_)) {
+    compress_.powersgd_reduce(static_cast<size_t>(&b - buckets_.data()));
+    return;
+  }
+  if (bucket_inplace(b)) {
+    coll_.grad_reduce(slots_[b.slots[0]].pb->grad, b.seg, false);
+    return;
+  }
+  bucket_pack(b, buf);
+  if (opts_.stage == 0) {
+    coll_.grad_reduce(buf, b.seg, false);
+    for (size_t k = 0; k < b.slots.size(); ++k) {
+      const Slot& s = slots_[b.slots[k]];
+      dev_->copy_d2d(s.pb->grad, buf + b.offs[k], s.n * sizeof(float));
+    }
+    return;
+  }
+  coll_.grad_reduce(buf, static_cast<size_t>(place_.world) * b.seg, true);
+  const float* mine = buf + static_cast<size_t>(place_.rank) * b.seg;
+  for (size_t k = 0; k < b.slots.size(); ++k) {
+    const Slot& s = slots_[b.slots[k]];
+    if (s.owned()) dev_->copy_d2d(s.pb->grad + s.lo, mine + b.offs[k], s.owned() * sizeof(float));
+  }
+}
+
+void ZeroEngine::bucket_reduce(const Bucket& b, float* scratch) {
+  coll_.wait(coll_.submit([this, &b, scratch] { bucket_collective(b, scratch); }));
+}
+
+// overlap_comm, stages 0/1, last micro-batch: bucket `index` is complete, so its
+// collective is issued now (communication thread or stream) with a bucket buffer of its
+// own that the task frees; after_layer_backward(-1) waits for all of them.
+void ZeroEngine::bucket_reduce_async(size_t index) {
+  const Bucket& b = buckets_[index];
+  const size_t len = bucket_len(b);
+  auto buf = std::make_shared<device::DeviceBuffer>(*dev_, len * sizeof(float));
+  if (len) work_.add(static_cast<ptrdiff_t>(len * sizeof(float)));
+  coll_.submit([this, buf, index] {
+    bucket_collective(buckets_[index], buf->as<float>());
+    const size_t bytes = buf->bytes();
+    buf->reset();  // on the communication stream, after the collective
+    if (bytes) work_.add(-static_cast<ptrdiff_t>(bytes));
+  });
+}
+
+void ZeroEngine::grads_reduce_step() {
+  if (coll_.comm() == nullptr) return;
+  size_t most = 0;
+  for (const auto& b : buckets_) most = std::max(most, bucket_len(b));
+  device::DeviceBuffer scratch(*dev_, most * sizeof(float));
+  work_.add(static_cast<ptrdiff_t>(most * sizeof(float)));
+  for (const auto& b : buckets_) bucket_reduce(b, scratch.as<float>());
+  coll_.join();  // before the scratch is freed on the compute stream
+  scratch.reset();
+  work_.add(-static_cast<ptrdiff_t>(most * sizeof(float)));
+}
+
+void ZeroEngine::step_prepare(float lr) {
+  lr_ = lr;
+  float v[3];
+  ops::adamw_step_values(v, lr, opts_.adamw.weight_decay, opts_.adamw.beta1, opts_.adamw.beta2, step_count_ + 1);
+  dev_->copy_h2d(stats_.as<char>() + offsetof(ZeroStepStats, scale) + 2 * sizeof(float), v, sizeof v);
+}
+
+void ZeroEngine::step_issue(float loss_scale) {
+  DT_ENFORCE(!materialized_, UsageError,
+             "ZeroEngine::step_issue() after params_materialize(); call params_restore() first");
+  DT_ENFORCE_GT(loss_scale, 0.0f, UsageError, "ZeroEngine::step_issue loss_scale");
+  coll_.wait_all();
+  if (opts_.stage <= 1 && !grads_reduced_) grads_reduce_step();
+  coll_.join();  // the reduced gradients are complete
+  if (off_) offload_grads_collect();
+  step_decide(loss_scale);
+  if (off_) offload_step_issue(loss_scale);
+  adamw_issue();
+  // A skipped step gathers the unchanged masters: the copies the model already holds.
+  params_gather_resident();
+  release_all_gathered();
+  coll_.join();  // the next forward reads the gathered copies
+}
+
+float* ZeroEngine::grad_shard(Slot& s) { return opts_.stage >= 2 ? s.gshard.as<float>() : s.pb->grad + s.lo; }
+
+void ZeroEngine::step_decide(float loss_scale) {
+  // Everything is decided on the device and read back once, after the update is issued:
+  // the local sum of squares, its sum over the ranks (on the device communicator), the
+  // clip scale and the overflow skip that AdamW reads from device memory.
+  char* stats = stats_.as<char>();
+  double* sq = reinterpret_cast<double*>(stats + offsetof(ZeroStepStats, sq));
+  dev_->zero(sq, sizeof(double));
+  if (off_) {  // the host's gradient shards: their sum of squares goes up as the start
+    double h = 0.0;
+    for (auto& s : slots_)
+      if (s.off && s.owned()) device::cpu().norm_sq_accumulate(&h, s.hgrad.as<float>(), s.owned());
+    dev_->copy_h2d(sq, &h, sizeof h);
+  }
+  for (auto& s : slots_)
+    if (s.trainable && s.owned() && !s.off) dev_->norm_sq_accumulate(sq, grad_shard(s), s.owned());
+  // The step's loss sum (the loss slots' means times step_targets' counts) rides on the
+  // norm's collective as red[3]: no host allreduce for the log.
+  float* const red4 = reinterpret_cast<float*>(stats + offsetof(ZeroStepStats, red));
+  const bool loss = targets_set_ && losses_n_ > 0;
+  if (loss)
+    dev_->loss_sum(reinterpret_cast<double*>(stats + offsetof(ZeroStepStats, loss)), red4 + 3,
+                   counts_dev() + losses_cap_, counts_dev(), static_cast<int>(losses_n_));
+  float* red = nullptr;
+  if (opts_.stage >= 1 && coll_.comm() != nullptr) {
+    // Each rank holds a shard: sum the (hi, lo, overflow) triples so every rank takes the
+    // same decision.
+    red = red4;
+    dev_->norm_sq_pack(red, sq);
+    const size_t n = loss ? 4 : 3;
+    coll_.wait(coll_.submit([this, red, n] { coll_.allreduce(red, n, DType::F32, comm::ReduceOp::SUM); }));
+    coll_.join();  // the scale below reads the sum
+  } else if (loss && coll_.comm() != nullptr) {
+    coll_.wait(coll_.submit([this, red4] { coll_.allreduce(red4 + 3, 1, DType::F32, comm::ReduceOp::SUM); }));
+    coll_.join();
+  }
+  float* scale = reinterpret_cast<float*>(stats + offsetof(ZeroStepStats, scale));
+  dev_->step_scale(scale, sq, red, loss_scale, opts_.gradient_clipping);
+}
+
+void ZeroEngine::adamw_issue() {
+  const int64_t step = step_count_ + 1;  // counted only if the update is applied
+  const float* scale = stats_at(offsetof(ZeroStepStats, scale));
+  // Every owned tensor in one table: CUDA updates them in a few launches, not one each.
+  std::vector<ops::AdamWTensor> update;
+  for (auto& s : slots_) {
+    if (!s.trainable || !s.owned() || s.off) continue;
+    float* p = master_f32(s);
+    const float* g = grad_shard(s);
+    // Stage 0 under mixed precision: AdamW writes the compute copy in the same pass.
+    const bool copy = opts_.stage == 0 && mixed_ && !s.sharded;
+    for (const auto& t : s.pb->layout.tensors) {
+      const size_t a = std::max(t.offset, s.lo), e = std::min(t.offset + t.numel(), s.hi);
+      if (a >= e) continue;
+      const size_t o = a - s.lo;
+      ops::AdamWTensor x;
+      x.param = p + o;
+      x.grad = g + o;
+      x.m = s.m.as<float>() + o;
+      x.v = s.v.as<float>() + o;
+      x.copy = copy ? zero_at(s.pb->data, a, mdt_) : nullptr;
+      x.n = e - a;
+      x.decay = t.decay;
+      update.push_back(x);
+    }
+  }
+  if (!update.empty()) dev_->adamw_multi(update.data(), update.size(), opts_.adamw, lr_, step, scale, mdt_);
+  if (mdt_ == DType::F32)
+    for (const auto& x : update)
+      if (x.copy != nullptr) dev_->round_to(static_cast<float*>(x.copy), x.n, opts_.compute_dtype);
+}
+
+bool ZeroEngine::step_finish(float loss_scale) {
+  // The step's one read-back (the agreed sum of squares and the losses the model left in
+  // the loss slots).
+  const char* stats = stats_.as<char>();
+  const size_t at_losses = sizeof(ZeroStepStats) + losses_cap_ * sizeof(float);
+  std::vector<char> host(at_losses + losses_n_ * sizeof(float));
+  dev_->copy_d2h(host.data(), stats, host.size());
+  ZeroStepStats st;
+  std::memcpy(&st, host.data(), sizeof st);
+  losses_.resize(losses_n_);
+  if (losses_n_) std::memcpy(losses_.data(), host.data() + at_losses, losses_n_ * sizeof(float));
+  // One rank: the double sum as the host summed it; several: the fp32 sum over the ranks.
+  step_loss_ =
+      !targets_set_ || losses_n_ == 0 ? 0.0 : (coll_.comm() != nullptr && place_.world > 1 ? st.red[3] : st.loss);
+  step_count_total_ = targets_set_ ? st.count : 0.0;
+  targets_set_ = false;
+  last_norm_ = std::sqrt(st.sq) / static_cast<double>(loss_scale);
+  if (!std::isfinite(st.sq)) {
+    compress_.reset();
+    return false;
+  }
+  ++step_count_;
+  return true;
+}
+
+float* ZeroEngine::counts_dev() { return stats_at(sizeof(ZeroStepStats)); }
+
+const float* ZeroEngine::targets_count() const {
+  return reinterpret_cast<const float*>(stats_.as<char>() + offsetof(ZeroStepStats, count));
+}
+
+float* ZeroEngine::loss_slots(size_t n) {
+  if (n > losses_cap_) {
+    stats_ = device::DeviceBuffer(*dev_, sizeof(ZeroStepStats) + 2 * n * sizeof(float));
+    losses_cap_ = n;
+  }
+  losses_n_ = n;
+  return counts_dev() + losses_cap_;
+}
+
+void ZeroEngine::step_targets(const int64_t* counts, size_t n) {
+  DT_ENFORCE_EQ(n, losses_n_, UsageError, "ZeroEngine::step_targets needs one count per loss slot (loss_slots first)");
+  static_assert(offsetof(ZeroStepStats, count) + sizeof(float) == sizeof(ZeroStepStats), "count precedes the counts");
+  // One upload: the total, then each slot's count (exact in fp32 below 2^24).
+  std::vector<float> v(n + 1);
+  double total = 0.0;
+  for (size_t a = 0; a < n; ++a) {
+    v[a + 1] = static_cast<float>(counts[a]);
+    total += static_cast<double>(counts[a]);
+  }
+  v[0] = static_cast<float>(total);
+  dev_->copy_h2d(stats_.as<char>() + offsetof(ZeroStepStats, count), v.data(), v.size() * sizeof(float));
+  targets_set_ = true;
+}
+
+// Every rank, each step, before the backward that reads targets_count(): the sum over the
+// ranks on the device communicator, ordered like the norm's reduction.
+void ZeroEngine::targets_reduce() {
+  if (coll_.comm() == nullptr || place_.world <= 1) return;
+  float* c = stats_.as<float>() + offsetof(ZeroStepStats, count) / sizeof(float);
+  coll_.wait(coll_.submit([this, c] { coll_.allreduce(c, 1, DType::F32, comm::ReduceOp::SUM); }));
+  coll_.join();  // the backward reads the sum
+}
+
+// The model's resident copies of the trainable buffers after an update at stages 1-3:
+// the owned shards all-gathered in the compute dtype (stage 0's AdamW wrote them).
+void ZeroEngine::params_gather_resident() {
+  if (opts_.stage == 0) return;
+  std::vector<size_t> list;
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i].trainable && !slots_[i].sharded) list.push_back(i);
+  gather_into_model(list, opts_.compute_dtype);
+}
+
+// Bucketed all-gather of the masters of `list` (slots with a master, stages >= 1) into
+// the model's full buffers, on the wire as `t`.
+void ZeroEngine::gather_into_model(const std::vector<size_t>& list, DType t) {
+  const size_t W = static_cast<size_t>(place_.world), es = dtype_size(t);
+  std::vector<const ZeroShard*> shards;
+  for (const auto& s : slots_) shards.push_back(&s);
+  for (const ZeroGatherGroup& g : zero_gather_groups(shards, list, opts_.allgather_bucket_size)) {
+    coll_.wait(coll_.submit([&] {
+      device::DeviceBuffer buf(*dev_, W * g.seg * es);
+      work_.add(static_cast<ptrdiff_t>(buf.bytes()));
+      char* b = static_cast<char*>(buf.get());
+      char* mine = b + static_cast<size_t>(place_.rank) * g.seg * es;
+      for (size_t j = 0; j < g.slots.size(); ++j) {
+        Slot& s = slots_[g.slots[j]];
+        // The owned shard's values: the master, or the model's own range where it is the master.
+        shard_to_device(mine + g.offs[j] * es, t, s);
+      }
+      coll_.all_gather(b, g.seg, t);
+      for (size_t q = 0; q < W; ++q)
+        for (size_t j = 0; j < g.slots.size(); ++j) {
+          Slot& s = slots_[g.slots[j]];
+          const size_t a = std::min(q * s.s, s.n), e = std::min(a + s.s, s.n);
+          if (e > a) dev_->cast(zero_at(s.pb->data, a, mdt_), mdt_, b + (q * g.seg + g.offs[j]) * es, t, e - a);
+        }
+      work_.add(-static_cast<ptrdiff_t>(buf.bytes()));
+      buf.reset();
+    }));
+  }
+}
+
+}  // namespace dtrain::train
