@@ -43,7 +43,7 @@ void ZeroEngine::stage_out() {
   staged_rank_.assign(state.size(), {});
   for (size_t i = 0; i < state.size(); ++i) {
     staged_rank_[i].resize(state[i]->bytes() / sizeof(float));
-    host_from_device(staged_rank_[i].data(), state[i]->get(), DType::F32, staged_rank_[i].size());
+    offload_.host_from_device(staged_rank_[i].data(), state[i]->get(), DType::F32, staged_rank_[i].size());
   }
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
@@ -51,12 +51,12 @@ void ZeroEngine::stage_out() {
     if (!s.sharded) h.full.assign(s.n, 0.0f);
     if (s.off) continue;  // the view points at the host master and moments themselves
     h.master.resize(s.owned());
-    shard_to_host(h.master.data(), s);
+    offload_.shard_to_host(h.master.data(), s);
     if (s.trainable) {
       h.m.resize(s.owned());
       h.v.resize(s.owned());
-      host_from_device(h.m.data(), s.m.get(), DType::F32, s.owned());
-      host_from_device(h.v.data(), s.v.get(), DType::F32, s.owned());
+      offload_.host_from_device(h.m.data(), s.m.get(), DType::F32, s.owned());
+      offload_.host_from_device(h.v.data(), s.v.get(), DType::F32, s.owned());
     }
   }
 }
@@ -67,25 +67,25 @@ void ZeroEngine::stage_in() {
     Slot& s = slots_[i];
     Staged& h = staged_[i];
     if (s.off || s.off_param) {  // host state: the load wrote the master (or the full values)
-      if (!s.sharded) device_from_host(s.pb->data, mdt_, h.full.data(), s.n);
-      shard_from_host(s, !s.sharded ? h.full.data() + s.lo : s.off ? s.hmaster.as<float>() : h.master.data());
+      if (!s.sharded) offload_.device_from_host(s.pb->data, mdt_, h.full.data(), s.n);
+      offload_.shard_from_host(s, !s.sharded ? h.full.data() + s.lo : s.off ? s.hmaster.as<float>() : h.master.data());
       continue;
     }
     if (!s.sharded) {  // a resident buffer: its full values were read
-      device_from_host(s.pb->data, mdt_, h.full.data(), s.n);
-      if (s.own_master) device_from_host(s.master.get(), s.sdt, h.full.data() + s.lo, s.owned());
+      offload_.device_from_host(s.pb->data, mdt_, h.full.data(), s.n);
+      if (s.own_master) offload_.device_from_host(s.master.get(), s.sdt, h.full.data() + s.lo, s.owned());
     } else {
-      device_from_host(s.master.get(), s.sdt, h.master.data(), s.owned());
+      offload_.device_from_host(s.master.get(), s.sdt, h.master.data(), s.owned());
     }
     if (s.trainable) {
-      device_from_host(s.m.get(), DType::F32, h.m.data(), s.owned());
-      device_from_host(s.v.get(), DType::F32, h.v.data(), s.owned());
+      offload_.device_from_host(s.m.get(), DType::F32, h.m.data(), s.owned());
+      offload_.device_from_host(s.v.get(), DType::F32, h.v.data(), s.owned());
     }
   }
   const std::vector<device::DeviceBuffer*> state = compress_.rank_state();
   DT_CHECK(staged_rank_.size() == state.size());
   for (size_t i = 0; i < state.size(); ++i)
-    device_from_host(state[i]->get(), DType::F32, staged_rank_[i].data(), staged_rank_[i].size());
+    offload_.device_from_host(state[i]->get(), DType::F32, staged_rank_[i].data(), staged_rank_[i].size());
   staged_.clear();
   staged_rank_.clear();
 }
@@ -105,7 +105,7 @@ std::vector<ZeroBufferView> ZeroEngine::buffer_views() {
     v.lo = s.lo;
     v.hi = s.hi;
     if (host) {
-      v.master = s.owned() ? master_f32(s) : nullptr;
+      v.master = s.owned() ? offload_.master_f32(s) : nullptr;
       v.m = s.trainable ? s.m.as<float>() : nullptr;
       v.v = s.trainable ? s.v.as<float>() : nullptr;
       v.full = v.resident ? s.pb->host_f32() : nullptr;

@@ -32,7 +32,8 @@ ZeroEngine::ZeroEngine(model::Model& model, comm::Communicator* comm, const Zero
 ZeroEngine::ZeroEngine(model::Model& model, const comm::ProcessGroups& groups, const ZeroOptions& opts,
                        const model::Model* fp32_source, const model::BufferFill& deferred)
     : model_(model), dev_(&model.device()), opts_(opts), coll_(model.device()),
-      compress_(model.device(), opts_, coll_, slots_, buckets_), deferred_(static_cast<bool>(deferred)) {
+      compress_(model.device(), opts_, coll_, slots_, buckets_),
+      offload_(model.device(), opts_, coll_, slots_, buckets_), deferred_(static_cast<bool>(deferred)) {
   options_check();
   coll_.attach(groups, model_.on_host(), opts_.single_rank_comm, opts_.overlap_comm);
   place_ = ZeroPlacement{opts_.stage, coll_.rank(), coll_.world(), opts_.param_persistence_threshold};
@@ -77,14 +78,7 @@ void ZeroEngine::sources_check(const model::Model* fp32_source) {
              "zero_optimization.offload_optimizer needs stage 1, 2 or 3 (the stage is {})", opts_.stage);
   DT_ENFORCE(!opts_.offload_param || (opts_.stage == 3 && opts_.offload_optimizer), ConfigError,
              "zero_optimization.offload_param needs stage 3 and offload_optimizer (the stage is {})", opts_.stage);
-  // On a CPU model the state is in host memory already: offload changes nothing there.
-  off_ = opts_.offload_optimizer && !model_.on_host();
-  off_param_ = off_ && opts_.offload_param;
-  // The update can start bucket by bucket during the backward only when nothing about it
-  // waits for the whole gradient: no clipping (global norm) and no fp16 loss scaling (the
-  // overflow skip). Stage 1 reduces its gradients after the backward anyway.
-  eager_ = off_ && opts_.stage >= 2 && opts_.gradient_clipping == 0.0f && opts_.compute_dtype != DType::F16;
-  if (off_) host_q_ = std::make_unique<ZeroCommQueue>(true);
+  offload_.configure(model_.on_host(), mdt_);
   if (deferred_) {
     DT_ENFORCE(fp32_source == nullptr, UsageError, "ZeroEngine: a deferred model takes its values from the fill alone");
     for (size_t i = 0; i < model_.params().size(); ++i)
@@ -146,15 +140,15 @@ void ZeroEngine::slot_state_init(Slot& s, size_t index, const float* fp32) {
   // A frozen buffer of a 16-bit model keeps no fp32 master: its compute copy is its value.
   s.own_master = s.sharded || (mixed_ && (s.trainable || mdt_ == DType::F32));
   s.sdt = (!s.trainable && mdt_ != DType::F32) ? mdt_ : DType::F32;
-  s.off = off_ && s.trainable;
-  s.off_param = off_param_ && s.sharded;
+  s.off = offload_.on() && s.trainable;
+  s.off_param = offload_.on_param() && s.sharded;
   if (s.off || s.off_param) {
     s.own_master = true;  // on the host
-    offload_slot_init(s, fp32);
+    offload_.slot_init(s, fp32);
   } else if (s.own_master) {
     s.master = device::DeviceBuffer(*dev_, s.owned() * dtype_size(s.sdt));
     if (s.owned()) {
-      if (fp32 != nullptr) device_from_host(s.master.get(), s.sdt, fp32 + s.lo, s.owned());
+      if (fp32 != nullptr) offload_.device_from_host(s.master.get(), s.sdt, fp32 + s.lo, s.owned());
       else dev_->cast(s.master.get(), s.sdt, zero_at(s.pb->data, s.lo, mdt_), mdt_, s.owned());
     }
   }
@@ -179,7 +173,7 @@ void ZeroEngine::buckets_plan() {
   buckets_.clear();
   buckets_.resize(plan.size());
   for (size_t i = 0; i < plan.size(); ++i) static_cast<ZeroBucketPlan&>(buckets_[i]) = std::move(plan[i]);
-  if (off_ && opts_.stage >= 2)
+  if (offload_.on() && opts_.stage >= 2)
     for (auto& b : buckets_) b.landed_ev = dev_->event_create();
 }
 
@@ -196,7 +190,7 @@ void ZeroEngine::storage_hand_over() {
 ZeroEngine::~ZeroEngine() {
   model_.set_hooks({});
   coll_.stop();     // joins the communication thread
-  host_q_.reset();  // and the offload worker
+  offload_.stop();  // and the offload worker
   try {
     coll_.join();
     for (auto& s : slots_)
@@ -217,41 +211,12 @@ ZeroEngine::~ZeroEngine() {
     if (partial)
       for (size_t i : sharded_) {
         Slot& s = slots_[i];
-        if (s.owned()) shard_to_device(zero_at(s.pb->data, s.lo, mdt_), mdt_, s);
+        if (s.owned()) offload_.shard_to_device(zero_at(s.pb->data, s.lo, mdt_), mdt_, s);
       }
     dev_->synchronize();
   } catch (const std::exception& e) {
     log_warn("zero engine teardown: {}", e.what());
   }
-}
-
-float* ZeroEngine::master_f32(Slot& s) {
-  DT_CHECK(s.sdt == DType::F32);
-  if (s.own_master) return s.master.as<float>();
-  DT_CHECK(mdt_ == DType::F32);
-  return zero_fat(s.pb->data, s.lo);
-}
-
-void ZeroEngine::host_from_device(float* dst, const void* src, DType t, size_t n) {
-  if (!n) return;
-  if (t == DType::F32) {
-    dev_->copy_d2h(dst, src, n * sizeof(float));
-    return;
-  }
-  std::vector<uint16_t> raw(n);
-  dev_->copy_d2h(raw.data(), src, n * sizeof(uint16_t));
-  for (size_t i = 0; i < n; ++i) dst[i] = dtype_load(raw.data(), i, t);
-}
-
-void ZeroEngine::device_from_host(void* dst, DType t, const float* src, size_t n) {
-  if (!n) return;
-  if (t == DType::F32) {
-    dev_->copy_h2d(dst, src, n * sizeof(float));
-    return;
-  }
-  std::vector<uint16_t> raw(n);
-  for (size_t i = 0; i < n; ++i) dtype_store(raw.data(), i, t, src[i]);
-  dev_->copy_h2d(dst, raw.data(), n * sizeof(uint16_t));
 }
 
 // ----------------------------------------------------------------------------
@@ -298,17 +263,17 @@ void ZeroEngine::masters_to_host(model::Model& host) {
     DT_ENFORCE_EQ(dst[i]->size, s.n, UsageError, "masters_to_host: size of buffer {}", s.pb->layout.name);
     float* out = dst[i]->host_f32();
     if (!s.own_master) {  // resident without a master: the compute copy is the value
-      host_from_device(out, s.pb->data, mdt_, s.n);
+      offload_.host_from_device(out, s.pb->data, mdt_, s.n);
     } else if (opts_.stage == 0 || coll_.comm() == nullptr) {
-      shard_to_host(out, s);
+      offload_.shard_to_host(out, s);
     } else {
       device::DeviceBuffer full(*dev_, W * s.s * sizeof(float));
       coll_.wait(coll_.submit([&] {
-        shard_to_device(full.as<float>() + static_cast<size_t>(place_.rank) * s.s, DType::F32, s);
+        offload_.shard_to_device(full.as<float>() + static_cast<size_t>(place_.rank) * s.s, DType::F32, s);
         coll_.all_gather(full.get(), s.s, DType::F32);
       }));
       coll_.join();
-      host_from_device(out, full.get(), DType::F32, s.n);
+      offload_.host_from_device(out, full.get(), DType::F32, s.n);
     }
   }
 }
@@ -405,12 +370,12 @@ std::string ZeroEngine::memory_report() const {
           "resident (counted in params)\n",
           resident, slots_.size(), opts_.param_persistence_threshold);
   }
-  if (off_)
+  if (offload_.on())
     s += fmt::format(
         "zero: offload_optimizer{}: host {:.2f} MiB (theory {:.2f}), {:.2f} MiB of it pinned; AdamW on the host {}\n",
-        off_param_ ? " + offload_param" : "", mib(m.host_bytes), mib(m.theory_host), mib(m.host_pinned_bytes),
-        eager_ ? "bucket by bucket during the backward"
-               : "after the backward (clipping or fp16 needs the whole gradient)");
+        offload_.on_param() ? " + offload_param" : "", mib(m.host_bytes), mib(m.theory_host), mib(m.host_pinned_bytes),
+        offload_.eager() ? "bucket by bucket during the backward"
+                         : "after the backward (clipping or fp16 needs the whole gradient)");
   s += fmt::format("zero: transient peak {:.2f} MiB; model-owned storage left idle {:.2f} MiB\n",
                    mib(m.work_peak_bytes), mib(m.model_idle_bytes));
   return s;

@@ -16,6 +16,7 @@
 #include "train/zero_comm.h"
 #include "train/zero_compression.h"
 #include "train/zero_layout.h"
+#include "train/zero_offload.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -82,17 +83,6 @@ struct ZeroOptions {
   bool offload_param = false;
   bool offload_pin_memory = false;
   bool offload_param_pin_memory = false;
-};
-
-/// One entry of an offloaded step's schedule (ZeroEngine::offload_trace): seconds since
-/// the step's before_step(). "backward" = the compute thread finished issuing layer
-/// `index`'s backward; "landed" = bucket `index`'s reduced gradient shard reached host
-/// memory (the device had finished that bucket); "adamw" = the host update of bucket
-/// `index` ran from t0 to t1 ("adamw" with index -1: the whole update after the backward).
-struct OffloadTraceEntry {
-  std::string what;
-  int index = 0;
-  double t0 = 0, t1 = 0;
 };
 
 /// The engine options a training config asks for: zero_optimization (stage, bucket
@@ -327,13 +317,13 @@ class ZeroEngine {
   std::string memory_report() const;
 
   /// ZeRO-Offload is active (offload_optimizer on a device model).
-  bool offloaded() const { return off_; }
+  bool offloaded() const { return offload_.on(); }
   /// The last offloaded step's schedule (empty without offload), cleared by before_step():
   /// with offload at stages 2-3, gradient_clipping 0 and no fp16 loss scaling, each
   /// bucket's host AdamW runs as soon as its gradient shard lands, while the device
   /// computes the backward of the buckets after it; otherwise the update waits for the
   /// whole gradient (clipping and the overflow skip need its global norm first).
-  std::vector<OffloadTraceEntry> offload_trace() const;
+  std::vector<OffloadTraceEntry> offload_trace() const { return offload_.trace(); }
 
  private:
   using Slot = ZeroSlot;
@@ -374,23 +364,6 @@ class ZeroEngine {
   void gather_release(Slot& s);
   void stage3_visit(int layer, int dir);
   void release_all_gathered();
-  // Shard values between host, device and the offloaded host state (zero_offload.cpp).
-  float* master_f32(Slot& s);
-  void host_from_device(float* dst, const void* src, DType t, size_t n);
-  void device_from_host(void* dst, DType t, const float* src, size_t n);
-  void shard_to_device(void* dst, DType t, Slot& s);  // as dtype t at dst, on the current stream
-  void shard_to_host(float* dst, Slot& s);
-  void shard_from_host(Slot& s, const float* src);
-  // ZeRO-Offload (zero_offload.cpp).
-  void offload_slot_init(Slot& s, const float* fp32);
-  void offload_land(size_t bucket, const float* mine);
-  void offload_bucket_update(size_t bucket);
-  void offload_grads_collect();
-  void offload_step_issue(float loss_scale);
-  std::vector<ops::AdamWTensor> offload_tensors(const std::vector<size_t>& slots);
-  void offload_copy_back(const std::vector<size_t>& slots);
-  void offload_trace_add(const char* what, int index, double t0, double t1);
-  double offload_now() const;
   // Checkpoint staging on a device (zero_checkpoint_view.cpp).
   void stage_out();
   void stage_in();
@@ -409,6 +382,7 @@ class ZeroEngine {
   std::vector<std::vector<size_t>> layer_slots_;  // [layer + 1] -> slot indices
   std::vector<Bucket> buckets_;                   // gradient buckets in backward order
   ZeroCompression compress_;
+  ZeroOffload offload_;          // where the optimizer state lives; ZeRO-Offload
   std::vector<size_t> sharded_;  // stage 3: slots (= model buffer indices) whose parameters are sharded
   // The step's agreement values in device memory (ZeroStepStats), losses_cap_ fp32
   // micro-batch target counts (step_targets), then the loss slots: read back as one.
@@ -432,16 +406,6 @@ class ZeroEngine {
   };
   std::vector<Staged> staged_;                   // device models: the checkpoint view's host copy
   std::vector<std::vector<float>> staged_rank_;  // ... and of the compression state
-  // ZeRO-Offload: active (offload_optimizer on a device model); each bucket's host
-  // AdamW runs during the backward (stages 2-3, no clipping, no fp16); the host worker
-  // that waits for landed gradients, accumulates them and (eager) updates; whether this
-  // step's update already ran there; the step's start and schedule.
-  bool off_ = false, off_param_ = false, eager_ = false;
-  std::unique_ptr<ZeroCommQueue> host_q_;
-  std::atomic<bool> eager_applied_{false}, eager_poisoned_{false};
-  std::chrono::steady_clock::time_point step_t0_{};
-  mutable std::mutex trace_mu_;
-  std::vector<OffloadTraceEntry> trace_;
 };
 
 }  // namespace dtrain::train

@@ -76,11 +76,11 @@ void ZeroEngine::on_after_backward(int layer) {
     if (opts_.stage == 3) release_all_gathered();
     coll_.wait_all();  // nothing in flight on a thread once backward returns
     // The offloaded update started during this backward: no further micro-batch.
-    if (eager_ && last_micro_) grads_reduced_ = true;
+    if (offload_.eager() && last_micro_) grads_reduced_ = true;
   }
-  if (off_) {
-    const double t = offload_now();
-    offload_trace_add("backward", layer, t, t);
+  if (offload_.on()) {
+    const double t = offload_.now();
+    offload_.trace_add("backward", layer, t, t);
   }
 }
 
@@ -113,8 +113,9 @@ void ZeroEngine::grad_bucket_flush(size_t index) {
     float* base = buf->as<float>();
     coll_.grad_reduce(base, static_cast<size_t>(place_.world) * bk.seg, true);
     const float* mine = base + static_cast<size_t>(place_.rank) * bk.seg;
-    if (off_) {
-      offload_land(index, mine);  // to the host, where the gradient shards accumulate
+    if (offload_.on()) {
+      offload_.land(index, mine, offload_.eager() && last_micro_, lr_,
+                    step_count_ + 1);  // to the host, where the gradient shards accumulate
     } else {
       for (size_t k = 0; k < bk.slots.size(); ++k) {
         Slot& s = slots_[bk.slots[k]];
@@ -149,13 +150,13 @@ void ZeroEngine::gather_issue(Slot& s) {
       // rewritten only by the update, after the gathers of the step are done).
       if (g.off_param && g.owned() && g.host_shard_dtype(mdt_) == t)
         dev_->copy_h2d_async(mine, g.host_shard(), g.owned() * dtype_size(t));
-      else shard_to_device(mine, t, g);
+      else offload_.shard_to_device(mine, t, g);
       coll_.all_gather(work, g.s, t);
     } else {  // fp32 model (CPU) under mixed precision: the wire is 16-bit
       device::DeviceBuffer wire(*dev_, W * g.s * dtype_size(t));
       work_.add(static_cast<ptrdiff_t>(wire.bytes()));
       char* w = static_cast<char*>(wire.get());
-      shard_to_device(w + static_cast<size_t>(place_.rank) * g.s * dtype_size(t), t, g);
+      offload_.shard_to_device(w + static_cast<size_t>(place_.rank) * g.s * dtype_size(t), t, g);
       coll_.all_gather(w, g.s, t);
       dev_->cast(work, mdt_, w, t, g.n);
       work_.add(-static_cast<ptrdiff_t>(wire.bytes()));

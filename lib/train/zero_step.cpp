@@ -22,16 +22,7 @@ void ZeroEngine::before_step() {
   coll_.wait_all();
   coll_.join();
   grads_reduced_ = false;
-  if (off_) {
-    host_q_->wait_all();
-    eager_applied_ = false;
-    eager_poisoned_ = false;
-    step_t0_ = std::chrono::steady_clock::now();
-    // Each bucket's first landing (stages 2-3) or stage 1's copy overwrites the host gradient.
-    for (auto& b : buckets_) b.landed = false;
-    std::lock_guard<std::mutex> lk(trace_mu_);
-    trace_.clear();
-  }
+  offload_.step_begin();
   for (auto& s : slots_) {
     if (!s.trainable) continue;
     if (opts_.stage >= 2) {
@@ -148,9 +139,9 @@ void ZeroEngine::step_issue(float loss_scale) {
   coll_.wait_all();
   if (opts_.stage <= 1 && !grads_reduced_) grads_reduce_step();
   coll_.join();  // the reduced gradients are complete
-  if (off_) offload_grads_collect();
+  if (offload_.on()) offload_.grads_collect();
   step_decide(loss_scale);
-  if (off_) offload_step_issue(loss_scale);
+  if (offload_.on()) offload_.step_issue(loss_scale, stats_at(offsetof(ZeroStepStats, scale)), lr_, step_count_ + 1);
   adamw_issue();
   // A skipped step gathers the unchanged masters: the copies the model already holds.
   params_gather_resident();
@@ -167,7 +158,7 @@ void ZeroEngine::step_decide(float loss_scale) {
   char* stats = stats_.as<char>();
   double* sq = reinterpret_cast<double*>(stats + offsetof(ZeroStepStats, sq));
   dev_->zero(sq, sizeof(double));
-  if (off_) {  // the host's gradient shards: their sum of squares goes up as the start
+  if (offload_.on()) {  // the host's gradient shards: their sum of squares goes up as the start
     double h = 0.0;
     for (auto& s : slots_)
       if (s.off && s.owned()) device::cpu().norm_sq_accumulate(&h, s.hgrad.as<float>(), s.owned());
@@ -206,7 +197,7 @@ void ZeroEngine::adamw_issue() {
   std::vector<ops::AdamWTensor> update;
   for (auto& s : slots_) {
     if (!s.trainable || !s.owned() || s.off) continue;
-    float* p = master_f32(s);
+    float* p = offload_.master_f32(s);
     const float* g = grad_shard(s);
     // Stage 0 under mixed precision: AdamW writes the compute copy in the same pass.
     const bool copy = opts_.stage == 0 && mixed_ && !s.sharded;
@@ -320,7 +311,7 @@ void ZeroEngine::gather_into_model(const std::vector<size_t>& list, DType t) {
       for (size_t j = 0; j < g.slots.size(); ++j) {
         Slot& s = slots_[g.slots[j]];
         // The owned shard's values: the master, or the model's own range where it is the master.
-        shard_to_device(mine + g.offs[j] * es, t, s);
+        offload_.shard_to_device(mine + g.offs[j] * es, t, s);
       }
       coll_.all_gather(b, g.seg, t);
       for (size_t q = 0; q < W; ++q)
