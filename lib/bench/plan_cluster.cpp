@@ -1,6 +1,6 @@
 // plan_cluster: the collectives of one step as dtrain's ZeRO engine issues them (the
-// buckets of ZeroEngine::plan_buckets, stage 3's per-layer gathers with the prefetch rule
-// of stage3_visit, the post-step gathers of gather_into_model), each timed by NCCL's ring
+// buckets of zero_buckets_plan, stage 3's per-layer gathers with the prefetch rule
+// of zero_prefetch_window, the post-step gathers of ZeroGather::into_model), each timed by NCCL's ring
 // model, and the step they give with one GPU's compute: what hides behind compute and what
 // does not, tokens/s and scaling efficiency. Arithmetic only: plan_cluster_job.cpp builds
 // the job from a config.

@@ -51,8 +51,8 @@ struct PlanBuf {
   bool trainable = true;
 };
 
-// The step's working buffers, replayed from the engine's schedule (zero_hooks.cpp,
-// zero_engine.cpp) without allocating anything: stage 3 gathers each sharded layer before
+// The step's working buffers, replayed from the engine's schedule (zero_grads.cpp,
+// zero_gather.cpp) without allocating anything: stage 3 gathers each sharded layer before
 // it runs and keeps a prefetch window ahead (prefetch_bucket_size elements, the current
 // layers within max_live_parameters), stages 2-3 give each layer's trainable gradient a
 // working buffer from its backward until it is packed into its bucket, the bucket lives
@@ -89,7 +89,7 @@ WorkPlan work_plan(const std::vector<PlanBuf>& bufs, const config::TrainConfig& 
     live_bytes -= bytes;
     --live[bytes];
   };
-  // Buckets in backward order (ZeroEngine::plan_buckets): consecutive trainable buffers
+  // Buckets in backward order (zero_buckets_plan): consecutive trainable buffers
   // while their full sizes stay within reduce_bucket_size.
   const size_t NB = bufs.size();
   std::vector<int> bucket_of(NB, -1);
@@ -112,7 +112,7 @@ WorkPlan work_plan(const std::vector<PlanBuf>& bufs, const config::TrainConfig& 
   for (size_t b = 0; b < seg.size(); ++b) r.most_bucket = std::max(r.most_bucket, bucket_bytes(b));
   // Stages 1-2 after the update: the trainable shards all-gathered back into the model,
   // consecutive buffers while their full sizes stay within allgather_bucket_size, each
-  // group through a buffer of its own in the compute dtype (ZeroEngine::gather_into_model).
+  // group through a buffer of its own in the compute dtype (ZeroGather::into_model).
   const double A = static_cast<double>(cfg.zero.allgather_bucket_size);
   auto post_step_gather = [&] {
     double group = 0, group_full = 0;

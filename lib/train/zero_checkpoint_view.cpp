@@ -128,7 +128,7 @@ std::vector<ZeroBufferView> ZeroEngine::buffer_views() {
 
 void ZeroEngine::params_loaded() {
   coll_.wait_all();
-  release_all_gathered();
+  gather_.release_all();
   coll_.join();
   if (!model_.on_host()) {
     stage_in();

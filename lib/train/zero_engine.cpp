@@ -33,7 +33,10 @@ ZeroEngine::ZeroEngine(model::Model& model, const comm::ProcessGroups& groups, c
                        const model::Model* fp32_source, const model::BufferFill& deferred)
     : model_(model), dev_(&model.device()), opts_(opts), coll_(model.device()),
       compress_(model.device(), opts_, coll_, slots_, buckets_),
-      offload_(model.device(), opts_, coll_, slots_, buckets_), deferred_(static_cast<bool>(deferred)) {
+      offload_(model.device(), opts_, coll_, slots_, buckets_),
+      gather_(model.device(), opts_, place_, coll_, work_, offload_, slots_, layer_slots_),
+      grads_(model.device(), opts_, place_, coll_, work_, compress_, offload_, slots_, buckets_),
+      deferred_(static_cast<bool>(deferred)) {
   options_check();
   coll_.attach(groups, model_.on_host(), opts_.single_rank_comm, opts_.overlap_comm);
   place_ = ZeroPlacement{opts_.stage, coll_.rank(), coll_.world(), opts_.param_persistence_threshold};
@@ -99,6 +102,7 @@ void ZeroEngine::slots_build(const model::Model* fp32_source, const model::Buffe
   tied_ = mc.tie_embeddings;
   n_layer_ = mc.n_layer;
   layer_slots_.resize(static_cast<size_t>(n_layer_) + 2);
+  gather_.configure(mdt_, tied_);
   const bool lora = model_.lora_on();
   std::vector<model::ParamBuffer*> all;
   for (auto& pb : model_.params()) all.push_back(&pb);
@@ -223,7 +227,7 @@ ZeroEngine::~ZeroEngine() {
 void ZeroEngine::params_materialize() {
   if (materialized_) return;
   coll_.wait_all();
-  release_all_gathered();
+  gather_.release_all();
   coll_.join();
   if (opts_.stage == 0) {
     for (auto& s : slots_)
@@ -234,7 +238,7 @@ void ZeroEngine::params_materialize() {
     // The same list on every rank (a rank may own nothing of a small buffer).
     for (size_t i = 0; i < slots_.size(); ++i)
       if (slots_[i].own_master) list.push_back(i);
-    gather_into_model(list, DType::F32);
+    gather_.into_model(list, DType::F32);
     coll_.join();
   }
   materialized_ = true;

@@ -15,6 +15,8 @@
 #include "ops/optim.h"
 #include "train/zero_comm.h"
 #include "train/zero_compression.h"
+#include "train/zero_gather.h"
+#include "train/zero_grads.h"
 #include "train/zero_layout.h"
 #include "train/zero_offload.h"
 
@@ -342,28 +344,12 @@ class ZeroEngine {
   float* grad_shard(Slot& s);  // the reduced gradient of the owned range
   float* stats_at(size_t offset) { return reinterpret_cast<float*>(stats_.as<char>() + offset); }
   float* counts_dev();
-  void grads_reduce_step();
-  bool bucket_inplace(const Bucket& b) const;
-  size_t bucket_len(const Bucket& b) const;
-  void bucket_pack(const Bucket& b, float* buf);
-  void bucket_collective(const Bucket& b, float* buf);
-  void bucket_reduce(const Bucket& b, float* scratch);
-  void bucket_reduce_async(size_t index);
-  void params_gather_resident();
-  void gather_into_model(const std::vector<size_t>& list, DType wire);
   // Per-layer hooks (zero_hooks.cpp): stage 0/1 overlapped buckets, stage 2/3 gradient
-  // buckets, stage 3 gathers.
+  // buckets, stage 3 gathers (gather_).
   void hooks_install();
   void on_before_backward(int layer);
   void on_after_backward(int layer);
   void on_before_forward(int layer);
-  void grad_bucket_pack(Slot& s);
-  void grad_bucket_flush(size_t bucket);
-  void gather_issue(Slot& s);
-  void gather_wait(Slot& s);
-  void gather_release(Slot& s);
-  void stage3_visit(int layer, int dir);
-  void release_all_gathered();
   // Checkpoint staging on a device (zero_checkpoint_view.cpp).
   void stage_out();
   void stage_in();
@@ -383,6 +369,8 @@ class ZeroEngine {
   std::vector<Bucket> buckets_;                   // gradient buckets in backward order
   ZeroCompression compress_;
   ZeroOffload offload_;          // where the optimizer state lives; ZeRO-Offload
+  ZeroGather gather_;            // stage 3's gathers, the post-step all-gathers
+  ZeroGradBuckets grads_;        // the gradient buckets' reductions
   std::vector<size_t> sharded_;  // stage 3: slots (= model buffer indices) whose parameters are sharded
   // The step's agreement values in device memory (ZeroStepStats), losses_cap_ fp32
   // micro-batch target counts (step_targets), then the loss slots: read back as one.
@@ -398,9 +386,7 @@ class ZeroEngine {
   bool deferred_ = false;       // built from a deferred model: never restore its full storage
   bool last_micro_ = true;      // set_last_micro_batch
   bool grads_reduced_ = false;  // stages 0/1: this step's reduction already ran in backward
-  int backward_layer_ = 0;      // the layer whose after_layer_backward runs
   uint64_t issued_in_backward_ = 0;
-  size_t live_elems_ = 0;  // stage 3: gathered elements
   struct Staged {
     std::vector<float> master, m, v, full;
   };

@@ -31,100 +31,6 @@ void ZeroEngine::before_step() {
   }
 }
 
-// Stage 0: allreduce (AVG) per bucket; stage 1: reduce-scatter (AVG) per bucket into
-// the owned range of the model's full gradient buffer. A single-slot stage-0 bucket is
-// reduced in place; otherwise the bucket is packed into `buf` (stage 0: the slots one
-// after the other; stage 1: rank-major, W segments) and unpacked after the collective.
-// Packing, collective and unpacking run together on the communication side.
-bool ZeroEngine::bucket_inplace(const Bucket& b) const { return opts_.stage == 0 && b.slots.size() == 1; }
-
-size_t ZeroEngine::bucket_len(const Bucket& b) const {
-  if (compress_.topk()) return 0;  // top-k works in its own buffers
-  return bucket_inplace(b) ? 0 : (opts_.stage == 0 ? 1 : static_cast<size_t>(place_.world)) * b.seg;
-}
-
-void ZeroEngine::bucket_pack(const Bucket& b, float* buf) {
-  const size_t W = static_cast<size_t>(place_.world);
-  if (opts_.stage == 0) {
-    for (size_t k = 0; k < b.slots.size(); ++k) {
-      const Slot& s = slots_[b.slots[k]];
-      dev_->copy_d2d(buf + b.offs[k], s.pb->grad, s.n * sizeof(float));
-    }
-    return;
-  }
-  dev_->zero(buf, W * b.seg * sizeof(float));
-  for (size_t k = 0; k < b.slots.size(); ++k) {
-    const Slot& s = slots_[b.slots[k]];
-    for (size_t q = 0; q < W; ++q) {
-      const size_t a = std::min(q * s.s, s.n), e = std::min(a + s.s, s.n);
-      if (e > a) dev_->copy_d2d(buf + q * b.seg + b.offs[k], s.pb->grad + a, (e - a) * sizeof(float));
-    }
-  }
-}
-
-// The compute side no longer writes these slots' gradients (the bucket is complete).
-void ZeroEngine::bucket_collective(const Bucket& b, float* buf) {
-  if (compress_.topk()) {
-    compress_.topk_reduce(static_cast<size_t>(&b - buckets_.data()));
-    return;
-  }
-  if (compress_.powersgd_active(step_count_)) {
-    compress_.powersgd_reduce(static_cast<size_t>(&b - buckets_.data()));
-    return;
-  }
-  if (bucket_inplace(b)) {
-    coll_.grad_reduce(slots_[b.slots[0]].pb->grad, b.seg, false);
-    return;
-  }
-  bucket_pack(b, buf);
-  if (opts_.stage == 0) {
-    coll_.grad_reduce(buf, b.seg, false);
-    for (size_t k = 0; k < b.slots.size(); ++k) {
-      const Slot& s = slots_[b.slots[k]];
-      dev_->copy_d2d(s.pb->grad, buf + b.offs[k], s.n * sizeof(float));
-    }
-    return;
-  }
-  coll_.grad_reduce(buf, static_cast<size_t>(place_.world) * b.seg, true);
-  const float* mine = buf + static_cast<size_t>(place_.rank) * b.seg;
-  for (size_t k = 0; k < b.slots.size(); ++k) {
-    const Slot& s = slots_[b.slots[k]];
-    if (s.owned()) dev_->copy_d2d(s.pb->grad + s.lo, mine + b.offs[k], s.owned() * sizeof(float));
-  }
-}
-
-void ZeroEngine::bucket_reduce(const Bucket& b, float* scratch) {
-  coll_.wait(coll_.submit([this, &b, scratch] { bucket_collective(b, scratch); }));
-}
-
-// overlap_comm, stages 0/1, last micro-batch: bucket `index` is complete, so its
-// collective is issued now (communication thread or stream) with a bucket buffer of its
-// own that the task frees; after_layer_backward(-1) waits for all of them.
-void ZeroEngine::bucket_reduce_async(size_t index) {
-  const Bucket& b = buckets_[index];
-  const size_t len = bucket_len(b);
-  auto buf = std::make_shared<device::DeviceBuffer>(*dev_, len * sizeof(float));
-  if (len) work_.add(static_cast<ptrdiff_t>(len * sizeof(float)));
-  coll_.submit([this, buf, index] {
-    bucket_collective(buckets_[index], buf->as<float>());
-    const size_t bytes = buf->bytes();
-    buf->reset();  // on the communication stream, after the collective
-    if (bytes) work_.add(-static_cast<ptrdiff_t>(bytes));
-  });
-}
-
-void ZeroEngine::grads_reduce_step() {
-  if (coll_.comm() == nullptr) return;
-  size_t most = 0;
-  for (const auto& b : buckets_) most = std::max(most, bucket_len(b));
-  device::DeviceBuffer scratch(*dev_, most * sizeof(float));
-  work_.add(static_cast<ptrdiff_t>(most * sizeof(float)));
-  for (const auto& b : buckets_) bucket_reduce(b, scratch.as<float>());
-  coll_.join();  // before the scratch is freed on the compute stream
-  scratch.reset();
-  work_.add(-static_cast<ptrdiff_t>(most * sizeof(float)));
-}
-
 void ZeroEngine::step_prepare(float lr) {
   lr_ = lr;
   float v[3];
@@ -137,15 +43,15 @@ void ZeroEngine::step_issue(float loss_scale) {
              "ZeroEngine::step_issue() after params_materialize(); call params_restore() first");
   DT_ENFORCE_GT(loss_scale, 0.0f, UsageError, "ZeroEngine::step_issue loss_scale");
   coll_.wait_all();
-  if (opts_.stage <= 1 && !grads_reduced_) grads_reduce_step();
+  if (opts_.stage <= 1 && !grads_reduced_) grads_.reduce_step(step_count_);
   coll_.join();  // the reduced gradients are complete
   if (offload_.on()) offload_.grads_collect();
   step_decide(loss_scale);
   if (offload_.on()) offload_.step_issue(loss_scale, stats_at(offsetof(ZeroStepStats, scale)), lr_, step_count_ + 1);
   adamw_issue();
   // A skipped step gathers the unchanged masters: the copies the model already holds.
-  params_gather_resident();
-  release_all_gathered();
+  gather_.resident_refresh();
+  gather_.release_all();
   coll_.join();  // the next forward reads the gathered copies
 }
 
@@ -284,46 +190,6 @@ void ZeroEngine::targets_reduce() {
   float* c = stats_.as<float>() + offsetof(ZeroStepStats, count) / sizeof(float);
   coll_.wait(coll_.submit([this, c] { coll_.allreduce(c, 1, DType::F32, comm::ReduceOp::SUM); }));
   coll_.join();  // the backward reads the sum
-}
-
-// The model's resident copies of the trainable buffers after an update at stages 1-3:
-// the owned shards all-gathered in the compute dtype (stage 0's AdamW wrote them).
-void ZeroEngine::params_gather_resident() {
-  if (opts_.stage == 0) return;
-  std::vector<size_t> list;
-  for (size_t i = 0; i < slots_.size(); ++i)
-    if (slots_[i].trainable && !slots_[i].sharded) list.push_back(i);
-  gather_into_model(list, opts_.compute_dtype);
-}
-
-// Bucketed all-gather of the masters of `list` (slots with a master, stages >= 1) into
-// the model's full buffers, on the wire as `t`.
-void ZeroEngine::gather_into_model(const std::vector<size_t>& list, DType t) {
-  const size_t W = static_cast<size_t>(place_.world), es = dtype_size(t);
-  std::vector<const ZeroShard*> shards;
-  for (const auto& s : slots_) shards.push_back(&s);
-  for (const ZeroGatherGroup& g : zero_gather_groups(shards, list, opts_.allgather_bucket_size)) {
-    coll_.wait(coll_.submit([&] {
-      device::DeviceBuffer buf(*dev_, W * g.seg * es);
-      work_.add(static_cast<ptrdiff_t>(buf.bytes()));
-      char* b = static_cast<char*>(buf.get());
-      char* mine = b + static_cast<size_t>(place_.rank) * g.seg * es;
-      for (size_t j = 0; j < g.slots.size(); ++j) {
-        Slot& s = slots_[g.slots[j]];
-        // The owned shard's values: the master, or the model's own range where it is the master.
-        offload_.shard_to_device(mine + g.offs[j] * es, t, s);
-      }
-      coll_.all_gather(b, g.seg, t);
-      for (size_t q = 0; q < W; ++q)
-        for (size_t j = 0; j < g.slots.size(); ++j) {
-          Slot& s = slots_[g.slots[j]];
-          const size_t a = std::min(q * s.s, s.n), e = std::min(a + s.s, s.n);
-          if (e > a) dev_->cast(zero_at(s.pb->data, a, mdt_), mdt_, b + (q * g.seg + g.offs[j]) * es, t, e - a);
-        }
-      work_.add(-static_cast<ptrdiff_t>(buf.bytes()));
-      buf.reset();
-    }));
-  }
 }
 
 }  // namespace dtrain::train
