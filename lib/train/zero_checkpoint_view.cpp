@@ -1,8 +1,11 @@
-// ZeroEngine's checkpoint side (train/checkpoint.h reads and writes through it): the
-// per-buffer views of masters, moments and resident full values (host memory: on a GPU
-// staged through host copies, offloaded state pointed at directly), the rank's
-// compression state, and taking a loaded checkpoint back into the engine.
+// ZeroEngine's checkpoint side (train/checkpoint.h reads and writes through it):
+// ZeroCheckpointStage's views and staging, and the engine's checkpoint view and taking a
+// loaded checkpoint back.
+#include "train/zero_checkpoint_view.h"
+
+#include "train/zero_compression.h"
 #include "train/zero_engine.h"
+#include "train/zero_offload.h"
 
 #include "core/check.h"
 #include "core/dtype.h"
@@ -12,32 +15,26 @@
 
 namespace dtrain::train {
 
-ZeroCheckpointView ZeroEngine::checkpoint_view() {
-  ZeroCheckpointView v;
-  v.buffers = buffer_views();
-  v.comm = coll_.comm();
-  v.rank = place_.rank;
-  v.world = place_.world;
-  v.stage = opts_.stage;
-  v.compute_dtype = opts_.compute_dtype;
-  v.step_count = step_count_;
-  // The top-k residuals, or PowerSGD's Q factors then (error feedback) its errors: the
-  // buffers themselves on the CPU device, their host copies on a device (stage_out).
+void ZeroCheckpointStage::configure(bool model_on_host, DType model_dtype) {
+  host_ = model_on_host;
+  mdt_ = model_dtype;
+}
+
+// The top-k residuals, or PowerSGD's Q factors then (error feedback) its errors: the
+// buffers themselves on the CPU device, their host copies on a device (stage_out).
+std::vector<std::pair<float*, size_t>> ZeroCheckpointStage::rank_state() {
+  std::vector<std::pair<float*, size_t>> out;
   const std::vector<device::DeviceBuffer*> state = compress_.rank_state();
   for (size_t i = 0; i < state.size(); ++i) {
     const size_t n = state[i]->bytes() / sizeof(float);
-    v.rank_state.emplace_back(model_.on_host() ? state[i]->as<float>() : staged_rank_[i].data(), n);
+    out.emplace_back(host_ ? state[i]->as<float>() : staged_rank_[i].data(), n);
   }
-  v.loaded = [this](int64_t step_count) {
-    step_count_ = step_count;
-    params_loaded();
-  };
-  return v;
+  return out;
 }
 
 // On a device the view points at host copies (stage_out); a load writes them and
-// params_loaded takes them back (stage_in).
-void ZeroEngine::stage_out() {
+// params_loaded takes them back (take_back).
+void ZeroCheckpointStage::stage_out() {
   staged_.assign(slots_.size(), Staged{});
   const std::vector<device::DeviceBuffer*> state = compress_.rank_state();
   staged_rank_.assign(state.size(), {});
@@ -46,7 +43,7 @@ void ZeroEngine::stage_out() {
     offload_.host_from_device(staged_rank_[i].data(), state[i]->get(), DType::F32, staged_rank_[i].size());
   }
   for (size_t i = 0; i < slots_.size(); ++i) {
-    Slot& s = slots_[i];
+    ZeroSlot& s = slots_[i];
     Staged& h = staged_[i];
     if (!s.sharded) h.full.assign(s.n, 0.0f);
     if (s.off) continue;  // the view points at the host master and moments themselves
@@ -61,10 +58,10 @@ void ZeroEngine::stage_out() {
   }
 }
 
-void ZeroEngine::stage_in() {
+void ZeroCheckpointStage::take_back() {
   DT_CHECK(staged_.size() == slots_.size());
   for (size_t i = 0; i < slots_.size(); ++i) {
-    Slot& s = slots_[i];
+    ZeroSlot& s = slots_[i];
     Staged& h = staged_[i];
     if (s.off || s.off_param) {  // host state: the load wrote the master (or the full values)
       if (!s.sharded) offload_.device_from_host(s.pb->data, mdt_, h.full.data(), s.n);
@@ -90,14 +87,12 @@ void ZeroEngine::stage_in() {
   staged_rank_.clear();
 }
 
-std::vector<ZeroBufferView> ZeroEngine::buffer_views() {
-  coll_.wait_all();
-  coll_.join();
-  const bool host = model_.on_host();
+std::vector<ZeroBufferView> ZeroCheckpointStage::views() {
+  const bool host = host_;
   if (!host) stage_out();
   std::vector<ZeroBufferView> out;
   for (size_t i = 0; i < slots_.size(); ++i) {
-    Slot& s = slots_[i];
+    ZeroSlot& s = slots_[i];
     ZeroBufferView v;
     v.buffer = s.pb;
     v.trainable = s.trainable;
@@ -126,12 +121,36 @@ std::vector<ZeroBufferView> ZeroEngine::buffer_views() {
   return out;
 }
 
+// ----------------------------------------------------------------------------
+ZeroCheckpointView ZeroEngine::checkpoint_view() {
+  ZeroCheckpointView v;
+  v.buffers = buffer_views();
+  v.comm = coll_.comm();
+  v.rank = place_.rank;
+  v.world = place_.world;
+  v.stage = opts_.stage;
+  v.compute_dtype = opts_.compute_dtype;
+  v.step_count = step_count_;
+  v.rank_state = views_.rank_state();
+  v.loaded = [this](int64_t step_count) {
+    step_count_ = step_count;
+    params_loaded();
+  };
+  return v;
+}
+
+std::vector<ZeroBufferView> ZeroEngine::buffer_views() {
+  coll_.wait_all();
+  coll_.join();
+  return views_.views();
+}
+
 void ZeroEngine::params_loaded() {
   coll_.wait_all();
   gather_.release_all();
   coll_.join();
   if (!model_.on_host()) {
-    stage_in();
+    views_.take_back();
     return;
   }
   for (auto& s : slots_) {

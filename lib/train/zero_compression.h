@@ -4,6 +4,7 @@
 #pragma once
 
 #include "device/device.h"
+#include "train/zero_fwd.h"
 
 #include <array>
 #include <cstddef>
@@ -11,12 +12,6 @@
 #include <vector>
 
 namespace dtrain::train {
-
-struct ZeroOptions;
-struct ZeroSlot;
-struct ZeroBucket;
-class ZeroCollectives;
-class ZeroWorkMeter;
 
 class ZeroCompression {
  public:

@@ -36,7 +36,7 @@ ZeroEngine::ZeroEngine(model::Model& model, const comm::ProcessGroups& groups, c
       offload_(model.device(), opts_, coll_, slots_, buckets_),
       gather_(model.device(), opts_, place_, coll_, work_, offload_, slots_, layer_slots_),
       grads_(model.device(), opts_, place_, coll_, work_, compress_, offload_, slots_, buckets_),
-      deferred_(static_cast<bool>(deferred)) {
+      views_(offload_, compress_, slots_), deferred_(static_cast<bool>(deferred)) {
   options_check();
   coll_.attach(groups, model_.on_host(), opts_.single_rank_comm, opts_.overlap_comm);
   place_ = ZeroPlacement{opts_.stage, coll_.rank(), coll_.world(), opts_.param_persistence_threshold};
@@ -103,6 +103,7 @@ void ZeroEngine::slots_build(const model::Model* fp32_source, const model::Buffe
   n_layer_ = mc.n_layer;
   layer_slots_.resize(static_cast<size_t>(n_layer_) + 2);
   gather_.configure(mdt_, tied_);
+  views_.configure(model_.on_host(), mdt_);
   const bool lora = model_.lora_on();
   std::vector<model::ParamBuffer*> all;
   for (auto& pb : model_.params()) all.push_back(&pb);

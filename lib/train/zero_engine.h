@@ -13,6 +13,7 @@
 #include "core/tensor.h"
 #include "model/model.h"
 #include "ops/optim.h"
+#include "train/zero_checkpoint_view.h"
 #include "train/zero_comm.h"
 #include "train/zero_compression.h"
 #include "train/zero_gather.h"
@@ -350,9 +351,6 @@ class ZeroEngine {
   void on_before_backward(int layer);
   void on_after_backward(int layer);
   void on_before_forward(int layer);
-  // Checkpoint staging on a device (zero_checkpoint_view.cpp).
-  void stage_out();
-  void stage_in();
 
   model::Model& model_;
   device::Device* dev_;
@@ -371,6 +369,7 @@ class ZeroEngine {
   ZeroOffload offload_;          // where the optimizer state lives; ZeRO-Offload
   ZeroGather gather_;            // stage 3's gathers, the post-step all-gathers
   ZeroGradBuckets grads_;        // the gradient buckets' reductions
+  ZeroCheckpointStage views_;    // the checkpoint views
   std::vector<size_t> sharded_;  // stage 3: slots (= model buffer indices) whose parameters are sharded
   // The step's agreement values in device memory (ZeroStepStats), losses_cap_ fp32
   // micro-batch target counts (step_targets), then the loss slots: read back as one.
@@ -387,11 +386,6 @@ class ZeroEngine {
   bool last_micro_ = true;      // set_last_micro_batch
   bool grads_reduced_ = false;  // stages 0/1: this step's reduction already ran in backward
   uint64_t issued_in_backward_ = 0;
-  struct Staged {
-    std::vector<float> master, m, v, full;
-  };
-  std::vector<Staged> staged_;                   // device models: the checkpoint view's host copy
-  std::vector<std::vector<float>> staged_rank_;  // ... and of the compression state
 };
 
 }  // namespace dtrain::train

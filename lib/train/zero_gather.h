@@ -7,18 +7,12 @@
 
 #include "core/dtype.h"
 #include "device/device.h"
+#include "train/zero_fwd.h"
 
 #include <cstddef>
 #include <vector>
 
 namespace dtrain::train {
-
-struct ZeroOptions;
-struct ZeroSlot;
-struct ZeroPlacement;
-class ZeroCollectives;
-class ZeroWorkMeter;
-class ZeroOffload;
 
 class ZeroGather {
  public:

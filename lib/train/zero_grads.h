@@ -7,21 +7,13 @@
 #pragma once
 
 #include "device/device.h"
+#include "train/zero_fwd.h"
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
 namespace dtrain::train {
-
-struct ZeroOptions;
-struct ZeroPlacement;
-struct ZeroSlot;
-struct ZeroBucket;
-class ZeroCollectives;
-class ZeroWorkMeter;
-class ZeroCompression;
-class ZeroOffload;
 
 class ZeroGradBuckets {
  public:

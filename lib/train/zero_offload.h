@@ -7,6 +7,7 @@
 #include "core/dtype.h"
 #include "device/device.h"
 #include "ops/optim.h"
+#include "train/zero_fwd.h"
 
 #include <atomic>
 #include <chrono>
@@ -18,12 +19,6 @@
 #include <vector>
 
 namespace dtrain::train {
-
-struct ZeroOptions;
-struct ZeroSlot;
-struct ZeroBucket;
-class ZeroCollectives;
-class ZeroCommQueue;
 
 /// One entry of an offloaded step's schedule (ZeroEngine::offload_trace): seconds since
 /// the step's before_step(). "backward" = the compute thread finished issuing layer
