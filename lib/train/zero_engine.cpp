@@ -36,13 +36,13 @@ ZeroEngine::ZeroEngine(model::Model& model, const comm::ProcessGroups& groups, c
       offload_(model.device(), opts_, coll_, slots_, buckets_),
       gather_(model.device(), opts_, place_, coll_, work_, offload_, slots_, layer_slots_),
       grads_(model.device(), opts_, place_, coll_, work_, compress_, offload_, slots_, buckets_),
-      views_(offload_, compress_, slots_), deferred_(static_cast<bool>(deferred)) {
+      views_(offload_, compress_, slots_), steps_(model.device()), deferred_(static_cast<bool>(deferred)) {
   options_check();
   coll_.attach(groups, model_.on_host(), opts_.single_rank_comm, opts_.overlap_comm);
   place_ = ZeroPlacement{opts_.stage, coll_.rank(), coll_.world(), opts_.param_persistence_threshold};
   sources_check(fp32_source);
   slots_build(fp32_source, deferred);
-  stats_ = device::DeviceBuffer(*dev_, sizeof(ZeroStepStats));
+  steps_.allocate();
   buckets_plan();
   compress_.plan(work_);
   size_t most = 0;  // the 16-bit wire's largest collective

@@ -19,6 +19,7 @@
 #include "train/zero_gather.h"
 #include "train/zero_grads.h"
 #include "train/zero_layout.h"
+#include "train/zero_step_buffer.h"
 #include "train/zero_offload.h"
 
 #include <cstddef>
@@ -37,7 +38,6 @@ namespace dtrain::train {
 class ZeroCommQueue;
 struct ZeroSlot;
 struct ZeroBucket;
-struct ZeroStepStats;
 
 /// The engine's knobs (zero_optimization keys; sizes in elements, as DeepSpeed's).
 struct ZeroOptions {
@@ -263,7 +263,7 @@ class ZeroEngine {
   /// does not grow (a growing n reallocates the step buffer: call before step_prepare).
   float* loss_slots(size_t n);
   /// The losses the last step_finish() read back from the loss slots.
-  const std::vector<float>& step_losses() const { return losses_; }
+  const std::vector<float>& step_losses() const;
   /// overlap_comm at stages 0/1: the gradients are reduced once per step, during the
   /// backward of the micro-batch marked last (each bucket as soon as it is complete), so
   /// with gradient accumulation mark the earlier micro-batches with false before their
@@ -343,8 +343,6 @@ class ZeroEngine {
   void step_decide(float loss_scale);
   void adamw_issue();
   float* grad_shard(Slot& s);  // the reduced gradient of the owned range
-  float* stats_at(size_t offset) { return reinterpret_cast<float*>(stats_.as<char>() + offset); }
-  float* counts_dev();
   // Per-layer hooks (zero_hooks.cpp): stage 0/1 overlapped buckets, stage 2/3 gradient
   // buckets, stage 3 gathers (gather_).
   void hooks_install();
@@ -371,12 +369,7 @@ class ZeroEngine {
   ZeroGradBuckets grads_;        // the gradient buckets' reductions
   ZeroCheckpointStage views_;    // the checkpoint views
   std::vector<size_t> sharded_;  // stage 3: slots (= model buffer indices) whose parameters are sharded
-  // The step's agreement values in device memory (ZeroStepStats), losses_cap_ fp32
-  // micro-batch target counts (step_targets), then the loss slots: read back as one.
-  device::DeviceBuffer stats_;
-  size_t losses_n_ = 0, losses_cap_ = 0;
-  std::vector<float> losses_;
-  bool targets_set_ = false;  // step_targets ran for the step in flight
+  ZeroStepBuffer steps_;         // the step's values in device memory, read back once
   double step_loss_ = 0.0, step_count_total_ = 0.0;
   float lr_ = 0.0f;  // step_prepare's
   int64_t step_count_ = 0;

@@ -55,13 +55,4 @@ struct ZeroBucket : ZeroBucketPlan {
   bool landed = false;  // offload: this step's first micro-batch landed (straight into the host gradient)
 };
 
-// The step's agreement values in device memory, read back with the loss slots as one.
-struct ZeroStepStats {
-  double sq;       // the (agreed) gradient sum of squares
-  double loss;     // this rank's loss sum (ops::step_loss_sum of the loss slots)
-  float red[4];    // the (hi, lo, overflow) triple and the fp32 loss sum, summed over the ranks
-  float scale[5];  // AdamW's gradient scale, skip flag, then adamw_step_values (step_prepare)
-  float count;     // the step's target count: this rank's (step_targets), then all ranks' (targets_reduce)
-};
-
 }  // namespace dtrain::train

@@ -35,7 +35,7 @@ void ZeroEngine::step_prepare(float lr) {
   lr_ = lr;
   float v[3];
   ops::adamw_step_values(v, lr, opts_.adamw.weight_decay, opts_.adamw.beta1, opts_.adamw.beta2, step_count_ + 1);
-  dev_->copy_h2d(stats_.as<char>() + offsetof(ZeroStepStats, scale) + 2 * sizeof(float), v, sizeof v);
+  dev_->copy_h2d(steps_.at(offsetof(ZeroStepStats, scale)) + 2, v, sizeof v);
 }
 
 void ZeroEngine::step_issue(float loss_scale) {
@@ -47,7 +47,7 @@ void ZeroEngine::step_issue(float loss_scale) {
   coll_.join();  // the reduced gradients are complete
   if (offload_.on()) offload_.grads_collect();
   step_decide(loss_scale);
-  if (offload_.on()) offload_.step_issue(loss_scale, stats_at(offsetof(ZeroStepStats, scale)), lr_, step_count_ + 1);
+  if (offload_.on()) offload_.step_issue(loss_scale, steps_.at(offsetof(ZeroStepStats, scale)), lr_, step_count_ + 1);
   adamw_issue();
   // A skipped step gathers the unchanged masters: the copies the model already holds.
   gather_.resident_refresh();
@@ -61,8 +61,7 @@ void ZeroEngine::step_decide(float loss_scale) {
   // Everything is decided on the device and read back once, after the update is issued:
   // the local sum of squares, its sum over the ranks (on the device communicator), the
   // clip scale and the overflow skip that AdamW reads from device memory.
-  char* stats = stats_.as<char>();
-  double* sq = reinterpret_cast<double*>(stats + offsetof(ZeroStepStats, sq));
+  double* sq = reinterpret_cast<double*>(steps_.at(offsetof(ZeroStepStats, sq)));
   dev_->zero(sq, sizeof(double));
   if (offload_.on()) {  // the host's gradient shards: their sum of squares goes up as the start
     double h = 0.0;
@@ -74,11 +73,11 @@ void ZeroEngine::step_decide(float loss_scale) {
     if (s.trainable && s.owned() && !s.off) dev_->norm_sq_accumulate(sq, grad_shard(s), s.owned());
   // The step's loss sum (the loss slots' means times step_targets' counts) rides on the
   // norm's collective as red[3]: no host allreduce for the log.
-  float* const red4 = reinterpret_cast<float*>(stats + offsetof(ZeroStepStats, red));
-  const bool loss = targets_set_ && losses_n_ > 0;
+  float* const red4 = steps_.at(offsetof(ZeroStepStats, red));
+  const bool loss = steps_.targets_set() && steps_.losses_n() > 0;
   if (loss)
-    dev_->loss_sum(reinterpret_cast<double*>(stats + offsetof(ZeroStepStats, loss)), red4 + 3,
-                   counts_dev() + losses_cap_, counts_dev(), static_cast<int>(losses_n_));
+    dev_->loss_sum(reinterpret_cast<double*>(steps_.at(offsetof(ZeroStepStats, loss))), red4 + 3, steps_.losses(),
+                   steps_.counts(), static_cast<int>(steps_.losses_n()));
   float* red = nullptr;
   if (opts_.stage >= 1 && coll_.comm() != nullptr) {
     // Each rank holds a shard: sum the (hi, lo, overflow) triples so every rank takes the
@@ -92,13 +91,13 @@ void ZeroEngine::step_decide(float loss_scale) {
     coll_.wait(coll_.submit([this, red4] { coll_.allreduce(red4 + 3, 1, DType::F32, comm::ReduceOp::SUM); }));
     coll_.join();
   }
-  float* scale = reinterpret_cast<float*>(stats + offsetof(ZeroStepStats, scale));
+  float* scale = steps_.at(offsetof(ZeroStepStats, scale));
   dev_->step_scale(scale, sq, red, loss_scale, opts_.gradient_clipping);
 }
 
 void ZeroEngine::adamw_issue() {
   const int64_t step = step_count_ + 1;  // counted only if the update is applied
-  const float* scale = stats_at(offsetof(ZeroStepStats, scale));
+  const float* scale = steps_.at(offsetof(ZeroStepStats, scale));
   // Every owned tensor in one table: CUDA updates them in a few launches, not one each.
   std::vector<ops::AdamWTensor> update;
   for (auto& s : slots_) {
@@ -129,21 +128,12 @@ void ZeroEngine::adamw_issue() {
 }
 
 bool ZeroEngine::step_finish(float loss_scale) {
-  // The step's one read-back (the agreed sum of squares and the losses the model left in
-  // the loss slots).
-  const char* stats = stats_.as<char>();
-  const size_t at_losses = sizeof(ZeroStepStats) + losses_cap_ * sizeof(float);
-  std::vector<char> host(at_losses + losses_n_ * sizeof(float));
-  dev_->copy_d2h(host.data(), stats, host.size());
-  ZeroStepStats st;
-  std::memcpy(&st, host.data(), sizeof st);
-  losses_.resize(losses_n_);
-  if (losses_n_) std::memcpy(losses_.data(), host.data() + at_losses, losses_n_ * sizeof(float));
+  const bool targets = steps_.targets_set();
+  const ZeroStepStats st = steps_.read_back();
   // One rank: the double sum as the host summed it; several: the fp32 sum over the ranks.
   step_loss_ =
-      !targets_set_ || losses_n_ == 0 ? 0.0 : (coll_.comm() != nullptr && place_.world > 1 ? st.red[3] : st.loss);
-  step_count_total_ = targets_set_ ? st.count : 0.0;
-  targets_set_ = false;
+      !targets || steps_.losses_n() == 0 ? 0.0 : (coll_.comm() != nullptr && place_.world > 1 ? st.red[3] : st.loss);
+  step_count_total_ = targets ? st.count : 0.0;
   last_norm_ = std::sqrt(st.sq) / static_cast<double>(loss_scale);
   if (!std::isfinite(st.sq)) {
     compress_.reset();
@@ -153,23 +143,38 @@ bool ZeroEngine::step_finish(float loss_scale) {
   return true;
 }
 
-float* ZeroEngine::counts_dev() { return stats_at(sizeof(ZeroStepStats)); }
+const float* ZeroEngine::targets_count() const { return steps_.at(offsetof(ZeroStepStats, count)); }
 
-const float* ZeroEngine::targets_count() const {
-  return reinterpret_cast<const float*>(stats_.as<char>() + offsetof(ZeroStepStats, count));
-}
+float* ZeroEngine::loss_slots(size_t n) { return steps_.loss_slots(n); }
 
-float* ZeroEngine::loss_slots(size_t n) {
-  if (n > losses_cap_) {
-    stats_ = device::DeviceBuffer(*dev_, sizeof(ZeroStepStats) + 2 * n * sizeof(float));
-    losses_cap_ = n;
-  }
-  losses_n_ = n;
-  return counts_dev() + losses_cap_;
-}
+const std::vector<float>& ZeroEngine::step_losses() const { return steps_.host_losses(); }
 
 void ZeroEngine::step_targets(const int64_t* counts, size_t n) {
-  DT_ENFORCE_EQ(n, losses_n_, UsageError, "ZeroEngine::step_targets needs one count per loss slot (loss_slots first)");
+  DT_ENFORCE_EQ(n, steps_.losses_n(), UsageError,
+                "ZeroEngine::step_targets needs one count per loss slot (loss_slots first)");
+  steps_.targets_upload(counts, n);
+}
+
+// Every rank, each step, before the backward that reads targets_count(): the sum over the
+// ranks on the device communicator, ordered like the norm's reduction.
+void ZeroEngine::targets_reduce() {
+  if (coll_.comm() == nullptr || place_.world <= 1) return;
+  float* c = steps_.at(offsetof(ZeroStepStats, count));
+  coll_.wait(coll_.submit([this, c] { coll_.allreduce(c, 1, DType::F32, comm::ReduceOp::SUM); }));
+  coll_.join();  // the backward reads the sum
+}
+
+// ----------------------------------------------------------------------------
+float* ZeroStepBuffer::loss_slots(size_t n) {
+  if (n > cap_) {
+    buf_ = device::DeviceBuffer(dev_, sizeof(ZeroStepStats) + 2 * n * sizeof(float));
+    cap_ = n;
+  }
+  n_ = n;
+  return losses();
+}
+
+void ZeroStepBuffer::targets_upload(const int64_t* counts, size_t n) {
   static_assert(offsetof(ZeroStepStats, count) + sizeof(float) == sizeof(ZeroStepStats), "count precedes the counts");
   // One upload: the total, then each slot's count (exact in fp32 below 2^24).
   std::vector<float> v(n + 1);
@@ -179,17 +184,21 @@ void ZeroEngine::step_targets(const int64_t* counts, size_t n) {
     total += static_cast<double>(counts[a]);
   }
   v[0] = static_cast<float>(total);
-  dev_->copy_h2d(stats_.as<char>() + offsetof(ZeroStepStats, count), v.data(), v.size() * sizeof(float));
+  dev_.copy_h2d(at(offsetof(ZeroStepStats, count)), v.data(), v.size() * sizeof(float));
   targets_set_ = true;
 }
 
-// Every rank, each step, before the backward that reads targets_count(): the sum over the
-// ranks on the device communicator, ordered like the norm's reduction.
-void ZeroEngine::targets_reduce() {
-  if (coll_.comm() == nullptr || place_.world <= 1) return;
-  float* c = stats_.as<float>() + offsetof(ZeroStepStats, count) / sizeof(float);
-  coll_.wait(coll_.submit([this, c] { coll_.allreduce(c, 1, DType::F32, comm::ReduceOp::SUM); }));
-  coll_.join();  // the backward reads the sum
+// The agreed sum of squares and the losses the model left in the loss slots.
+ZeroStepStats ZeroStepBuffer::read_back() {
+  const size_t at_losses = sizeof(ZeroStepStats) + cap_ * sizeof(float);
+  std::vector<char> host(at_losses + n_ * sizeof(float));
+  dev_.copy_d2h(host.data(), buf_.get(), host.size());
+  ZeroStepStats st;
+  std::memcpy(&st, host.data(), sizeof st);
+  losses_.resize(n_);
+  if (n_) std::memcpy(losses_.data(), host.data() + at_losses, n_ * sizeof(float));
+  targets_set_ = false;
+  return st;
 }
 
 }  // namespace dtrain::train
