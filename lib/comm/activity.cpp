@@ -81,4 +81,10 @@ void ActivityCommunicator::synchronize() {
   watched([&] { inner_->synchronize(); });
 }
 
+std::unique_ptr<Communicator> ActivityCommunicator::split(int color, int key) {
+  std::unique_ptr<Communicator> group;
+  watched([&] { group = inner_->split(color, key); });
+  return group;
+}
+
 }  // namespace dtrain::comm

@@ -47,6 +47,10 @@ class ActivityCommunicator : public Communicator {
   void barrier() override;
   void synchronize() override;
   void abort() override { inner_->abort(); }
+  /// The split's own exchange is watched; the group it returns is the inner backend's,
+  /// unwatched (nothing splits the watched world yet: a group to watch would need its
+  /// time added to this one's).
+  std::unique_ptr<Communicator> split(int color, int key) override;
 
  private:
   template <typename F>

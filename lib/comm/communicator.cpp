@@ -1,6 +1,10 @@
-// Names and parsers for the communicator enums (reduce ops, backends).
+// Names and parsers for the communicator enums (reduce ops, backends), and the rank
+// arithmetic of a split.
 #include "comm/communicator.h"
 
+#include "core/check.h"
+
+#include <algorithm>
 #include <cctype>
 #include <string>
 
@@ -53,6 +57,28 @@ bool backend_parse(std::string_view s, Backend* out) {
     return true;
   }
   return false;
+}
+
+// ----------------------------------------------------------------------------
+std::unique_ptr<Communicator> Communicator::split(int, int) {
+  DT_THROW(CommError, "the {} communicator cannot split its ranks into groups (split is implemented for gloo)",
+           backend_name(backend()));
+}
+
+SplitPlace split_place(const std::vector<std::pair<int, int>>& color_key, int rank) {
+  DT_CHECK(rank >= 0 && static_cast<size_t>(rank) < color_key.size());
+  const int color = color_key[static_cast<size_t>(rank)].first;
+  if (color < 0) return {};
+  // (key, rank) of every member: sorted, a member's place is its new rank.
+  std::vector<std::pair<int, int>> members;
+  for (size_t r = 0; r < color_key.size(); ++r)
+    if (color_key[r].first == color) members.emplace_back(color_key[r].second, static_cast<int>(r));
+  std::sort(members.begin(), members.end());
+  SplitPlace p;
+  p.size = static_cast<int>(members.size());
+  for (size_t i = 0; i < members.size(); ++i)
+    if (members[i].second == rank) p.rank = static_cast<int>(i);
+  return p;
 }
 
 }  // namespace dtrain::comm

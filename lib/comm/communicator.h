@@ -7,8 +7,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace dtrain::comm {
@@ -88,7 +90,22 @@ class Communicator {
   /// Called from another thread during teardown: makes any in-flight and every future
   /// collective fail fast with CommError instead of hanging. Idempotent.
   virtual void abort() = 0;
+
+  /// Splits the ranks into groups (MPI_Comm_split, ncclCommSplit): every rank calls it
+  /// at the same point with its color and key; the ranks of one color form a new
+  /// communicator, ranked by key (ties by their rank here). A negative color joins no
+  /// group and gets nullptr. The group's collectives run among its members only, apart
+  /// from this communicator's (which stays usable). Gloo implements it; elsewhere
+  /// CommError naming the backend.
+  virtual std::unique_ptr<Communicator> split(int color, int key);
 };
+
+/// Where a rank lands in a split: its rank and the group's size (-1 and 0 for a negative
+/// color). color_key holds every rank's (color, key), in rank order.
+struct SplitPlace {
+  int rank = -1, size = 0;
+};
+SplitPlace split_place(const std::vector<std::pair<int, int>>& color_key, int rank);
 
 /// Sums a few host doubles over the ranks in place (fp32 on the wire: counts stay exact
 /// below 2^24). Nothing to do without a communicator or with one rank.

@@ -10,6 +10,7 @@
 #include <gloo/common/error.h>
 #include <gloo/common/logging.h>
 #include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/attr.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
@@ -146,9 +147,22 @@ inline size_t chunk_bound(size_t count, int n, int c) {
   return static_cast<size_t>((static_cast<unsigned __int128>(count) * c) / n);
 }
 
+// A prefix store that keeps its inner store alive (gloo's PrefixStore holds a reference):
+// a split group's keys live under their own prefix in the store the world met through.
+class OwningPrefixStore final : public gloo::rendezvous::PrefixStore {
+ public:
+  OwningPrefixStore(const std::string& prefix, std::shared_ptr<gloo::rendezvous::Store> inner)
+      : PrefixStore(prefix, *inner), inner_(std::move(inner)) {}
+
+ private:
+  std::shared_ptr<gloo::rendezvous::Store> inner_;
+};
+
 class GlooCommunicator final : public Communicator {
  public:
-  GlooCommunicator(std::shared_ptr<gloo::rendezvous::Store> store, int rank, int size, const GlooOptions& opts);
+  /// device == nullptr: bind a TCP device from opts (a split group shares its parent's).
+  GlooCommunicator(std::shared_ptr<gloo::rendezvous::Store> store, int rank, int size, const GlooOptions& opts,
+                   std::shared_ptr<gloo::transport::Device> device = nullptr);
   ~GlooCommunicator() override;
 
   int rank() const override { return rank_; }
@@ -164,6 +178,7 @@ class GlooCommunicator final : public Communicator {
   void broadcast(const void* send, void* recv, size_t count, DType dtype, int root) override;
   void barrier() override;
   void abort() override;
+  std::unique_ptr<Communicator> split(int color, int key) override;
 
  private:
   using UnboundBuffer = gloo::transport::UnboundBuffer;
@@ -208,6 +223,9 @@ class GlooCommunicator final : public Communicator {
   const int rank_;
   const int size_;
   const std::chrono::milliseconds timeout_;
+  const std::shared_ptr<gloo::rendezvous::Store> store_;  // for the groups split from this one
+  const GlooOptions opts_;
+  int splits_ = 0;  // split() calls so far: each group's prefix in the store
   std::string cpu_model_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
@@ -240,8 +258,9 @@ GlooCommunicator::OpBuffer::~OpBuffer() {
 }
 
 GlooCommunicator::GlooCommunicator(std::shared_ptr<gloo::rendezvous::Store> store, int rank, int size,
-                                   const GlooOptions& opts)
-    : rank_(rank), size_(size), timeout_(opts.timeout), cpu_model_(cpu_model_name()) {
+                                   const GlooOptions& opts, std::shared_ptr<gloo::transport::Device> device)
+    : rank_(rank), size_(size), timeout_(opts.timeout), store_(store), opts_(opts), cpu_model_(cpu_model_name()),
+      device_(std::move(device)) {
   DT_ENFORCE(store != nullptr, UsageError, "comm_create_gloo needs a rendezvous store");
   DT_ENFORCE_GT(size, 0, UsageError, "world size must be positive");
   DT_ENFORCE(rank >= 0 && rank < size, UsageError, "rank {} out of range for world size {}", rank, size);
@@ -263,7 +282,7 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<gloo::rendezvous::Store> stor
                             : !opts.address.empty() ? "address '" + opts.address + "'"
                                                     : std::string("this host's name");
   try {
-    device_ = gloo::transport::tcp::CreateDevice(attr);
+    if (device_ == nullptr) device_ = gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {
     DT_THROW(CommError,
              "Gloo cannot bind a TCP device on {}: {}; check the interface name (ip -br addr) or "
@@ -336,8 +355,8 @@ void GlooCommunicator::wait_recv(OpBuffer& b) {
 // whole bucket's working copy and a chunk-sized receive buffer stayed resident, 1.1 GiB
 // of a 2-rank ZeRO-3 job's 4.1 GiB peak). The sums are the same operations in the same
 // order as a ring over whole chunks.
-void GlooCommunicator::ring_reduce_scatter(const void* src, void* mine, const std::vector<size_t>& bounds,
-                                           DType dtype, ReduceOp op, uint64_t slot) {
+void GlooCommunicator::ring_reduce_scatter(const void* src, void* mine, const std::vector<size_t>& bounds, DType dtype,
+                                           ReduceOp op, uint64_t slot) {
   const int n = size_;
   const size_t es = dtype_size(dtype);
   size_t max_chunk = 0;
@@ -536,6 +555,23 @@ void GlooCommunicator::abort() {
     log_warn("gloo: rank {} abort could not close every connection: {}", rank_, e.what());
   }
   log_debug("gloo: rank {} aborted", rank_);
+}
+
+// Every rank's (color, key) over this communicator, then a new Gloo context for this
+// rank's group: the same TCP device, its own mesh met under a prefix of the store that
+// names this split and the color, so groups never read each other's keys.
+std::unique_ptr<Communicator> GlooCommunicator::split(int color, int key) {
+  const int32_t mine[2] = {color, key};
+  std::vector<int32_t> all(2 * static_cast<size_t>(size_));
+  all_gather(mine, all.data(), 2, DType::F32);  // an all-gather copies the bits
+  std::vector<std::pair<int, int>> color_key;
+  for (int r = 0; r < size_; ++r)
+    color_key.emplace_back(all[2 * static_cast<size_t>(r)], all[2 * static_cast<size_t>(r) + 1]);
+  const int n = splits_++;
+  const SplitPlace place = split_place(color_key, rank_);
+  if (place.size == 0) return nullptr;
+  auto store = std::make_shared<OwningPrefixStore>(fmt::format("split{}/color{}", n, color), store_);
+  return std::make_unique<GlooCommunicator>(std::move(store), place.rank, place.size, opts_, device_);
 }
 }  // namespace
 

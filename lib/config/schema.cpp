@@ -119,7 +119,7 @@ const std::vector<KeySpec>& build_schema() {
       // ---- ZeRO
       {.path = "zero_optimization.stage", .type = KeyType::INT, .field = F(zero.stage),
        .help = "0 = plain data parallel, 1 = shard optimizer state, 2 = + gradients, 3 = + parameters",
-       .min = 0, .max = 3},
+       .min = kZeroStageMin, .max = kZeroStageMax},
       {.path = "zero_optimization.reduce_bucket_size", .type = KeyType::INT, .field = F(zero.reduce_bucket_size),
        .help = "elements per gradient reduce bucket",
        .min = 1, .width = kSizeT},

@@ -96,6 +96,11 @@ struct Bf16Config {
   bool operator==(const Bf16Config&) const = default;
 };
 
+/// The ZeRO stages (zero_optimization.stage), written once: the schema's bounds and the
+/// engine's check read them.
+inline constexpr int kZeroStageMin = 0, kZeroStageMax = 3;
+inline constexpr bool zero_stage_valid(int64_t stage) { return stage >= kZeroStageMin && stage <= kZeroStageMax; }
+
 struct ZeroConfig {
   int64_t stage = 0;
   int64_t reduce_bucket_size = 500000000;

@@ -1,11 +1,12 @@
 // plan_cluster: the collectives of one step as dtrain's ZeRO engine issues them (the
-// buckets of ZeroEngine::plan_buckets, stage 3's per-layer gathers with the prefetch rule
-// of stage3_visit, the post-step gathers of gather_into_model), each timed by NCCL's ring
+// buckets of zero_buckets_plan, stage 3's per-layer gathers with the prefetch rule
+// of zero_prefetch_window, the post-step gathers of ZeroGather::into_model), each timed by NCCL's ring
 // model, and the step they give with one GPU's compute: what hides behind compute and what
 // does not, tokens/s and scaling efficiency. Arithmetic only: plan_cluster_job.cpp builds
 // the job from a config.
 #include "plan/plan_cluster.h"
 
+#include "config/train_config.h"
 #include "core/check.h"
 
 #include <fmt/format.h>
@@ -101,7 +102,7 @@ ClusterCollective& row_add(Schedule& s, const Ctx& c, const std::string& what, C
   return s.list.back();
 }
 
-// Gradient buckets in backward order (ZeroEngine::plan_buckets): trainable buffers of layers
+// Gradient buckets in backward order (zero_buckets_plan): trainable buffers of layers
 // n_layer .. -1, grouped while their full sizes stay within reduce_bucket_size; stage 0
 // all-reduces each bucket (its elements), stages 1-3 reduce-scatter W x the shards' sum.
 // Stages 2-3 reduce in every micro-batch's backward as the bucket fills (on NCCL's stream:
@@ -211,7 +212,7 @@ void gather_rows(Schedule& s, const Ctx& c) {
     }
 }
 
-// After the update (stages 1-3, ZeroEngine::gather_into_model): the trainable buffers the model
+// After the update (stages 1-3, ZeroGather::into_model): the trainable buffers the model
 // holds whole get their new values, all-gathered in the compute dtype in groups of at most
 // allgather_bucket_size elements; the next forward reads them (exposed). Then the step's two
 // scalar all-reduces (the unmasked-target count before the backward, the gradient norm with the
@@ -241,7 +242,7 @@ void update_rows(Schedule& s, const Ctx& c) {
 void job_check(const ClusterJob& j, const ClusterLink& link) {
   DT_ENFORCE(j.nodes >= 1 && j.gpus_per_node >= 1, UsageError, "plan_cluster: {} nodes x {} GPUs: both must be >= 1",
              j.nodes, j.gpus_per_node);
-  DT_ENFORCE(j.stage >= 0 && j.stage <= 3, UsageError, "plan_cluster: ZeRO stage {} is not 0, 1, 2 or 3", j.stage);
+  DT_ENFORCE(config::zero_stage_valid(j.stage), UsageError, "plan_cluster: ZeRO stage {} is not 0, 1, 2 or 3", j.stage);
   DT_ENFORCE(j.grad_accum >= 1, UsageError, "plan_cluster: gradient accumulation {} must be >= 1", j.grad_accum);
   DT_ENFORCE(j.compute_s.slow > 0 && j.compute_s.fast > 0, UsageError,
              "plan_cluster: the compute time per step ({} - {} s) must be positive", j.compute_s.fast,

@@ -51,8 +51,8 @@ struct PlanBuf {
   bool trainable = true;
 };
 
-// The step's working buffers, replayed from the engine's schedule (zero_hooks.cpp,
-// zero_engine.cpp) without allocating anything: stage 3 gathers each sharded layer before
+// The step's working buffers, replayed from the engine's schedule (zero_grads.cpp,
+// zero_gather.cpp) without allocating anything: stage 3 gathers each sharded layer before
 // it runs and keeps a prefetch window ahead (prefetch_bucket_size elements, the current
 // layers within max_live_parameters), stages 2-3 give each layer's trainable gradient a
 // working buffer from its backward until it is packed into its bucket, the bucket lives
@@ -98,7 +98,7 @@ class BlockCount {
   double live_bytes_ = 0, peak_ = 0;
 };
 
-// Gradient buckets in backward order (ZeroEngine::plan_buckets): consecutive trainable
+// Gradient buckets in backward order (zero_buckets_plan): consecutive trainable
 // buffers while their full sizes stay within reduce_bucket_size.
 struct Buckets {
   std::vector<int> of;       // each buffer's bucket (-1: frozen)
@@ -170,7 +170,7 @@ void WorkReplay::plan_buckets() {
 
 // Stages 1-2 after the update: the trainable shards all-gathered back into the model,
 // consecutive buffers while their full sizes stay within allgather_bucket_size, each
-// group through a buffer of its own in the compute dtype (ZeroEngine::gather_into_model).
+// group through a buffer of its own in the compute dtype (ZeroGather::into_model).
 void WorkReplay::post_step_gather() {
   const double A = static_cast<double>(cfg_.zero.allgather_bucket_size);
   double group = 0, group_full = 0;

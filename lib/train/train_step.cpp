@@ -11,7 +11,8 @@ namespace dtrain::train {
 
 TrainStep::TrainStep(model::Model& model, const model::Model* fp32_source, comm::Communicator* comm,
                      const ZeroOptions& zero, const TrainStepOptions& opts)
-    : m_(model), comm_(comm), opts_(opts), engine_(model, comm, zero, fp32_source, opts.deferred_weights),
+    : m_(model), comm_(comm), opts_(opts),
+      engine_(model, comm::ProcessGroups::world_only(comm), zero, fp32_source, opts.deferred_weights),
       lockstep_(zero.stage >= 2 || zero.overlap_comm) {
   DT_ENFORCE(opts.micro_batch > 0 && opts.grad_accum > 0 && opts.seq_len > 0, UsageError,
              "TrainStep: micro-batch {}, accumulation {} and sequence length {} must be positive", opts.micro_batch,

@@ -1,114 +1,98 @@
-// ZeroEngine's checkpoint side (train/checkpoint.h reads and writes through it): the
-// per-buffer views of masters, moments and resident full values (host memory: on a GPU
-// staged through host copies, offloaded state pointed at directly), the rank's
-// compression state, and taking a loaded checkpoint back into the engine.
+// ZeroEngine's checkpoint side (train/checkpoint.h reads and writes through it):
+// ZeroCheckpointStage's views and staging, and the engine's checkpoint view and taking a
+// loaded checkpoint back.
+#include "train/zero_checkpoint_view.h"
+
+#include "train/zero_compression.h"
 #include "train/zero_engine.h"
+#include "train/zero_offload.h"
 
 #include "core/check.h"
 #include "core/dtype.h"
-#include "train/zero_queue.h"
 #include "train/zero_slot.h"
 
 #include <vector>
 
 namespace dtrain::train {
 
-ZeroCheckpointView ZeroEngine::checkpoint_view() {
-  ZeroCheckpointView v;
-  v.buffers = buffer_views();
-  v.comm = comm_;
-  v.rank = rank_;
-  v.world = world_;
-  v.stage = opts_.stage;
-  v.compute_dtype = opts_.compute_dtype;
-  v.step_count = step_count_;
-  // The top-k residuals, or PowerSGD's Q factors then (error feedback) its errors: the
-  // buffers themselves on the CPU device, their host copies on a device (stage_out).
-  const std::vector<device::DeviceBuffer*> state = rank_state_buffers();
-  for (size_t i = 0; i < state.size(); ++i) {
-    const size_t n = state[i]->bytes() / sizeof(float);
-    v.rank_state.emplace_back(model_.on_host() ? state[i]->as<float>() : staged_rank_[i].data(), n);
-  }
-  v.loaded = [this](int64_t step_count) {
-    step_count_ = step_count;
-    params_loaded();
-  };
-  return v;
+void ZeroCheckpointStage::configure(bool model_on_host, DType model_dtype) {
+  host_ = model_on_host;
+  mdt_ = model_dtype;
 }
 
-// On a device the view points at host copies (stage_out); a load writes them and
-// params_loaded takes them back (stage_in).
-std::vector<device::DeviceBuffer*> ZeroEngine::rank_state_buffers() {
-  std::vector<device::DeviceBuffer*> out;
-  for (auto& r : residual_) out.push_back(&r);
-  if (!psgd_.empty()) {
-    out.push_back(&psgd_q_);
-    if (psgd_err_.bytes()) out.push_back(&psgd_err_);
+// The top-k residuals, or PowerSGD's Q factors then (error feedback) its errors: the
+// buffers themselves on the CPU device, their host copies on a device (stage_out).
+std::vector<std::pair<float*, size_t>> ZeroCheckpointStage::rank_state() {
+  std::vector<std::pair<float*, size_t>> out;
+  const std::vector<device::DeviceBuffer*> state = compress_.rank_state();
+  for (size_t i = 0; i < state.size(); ++i) {
+    const size_t n = state[i]->bytes() / sizeof(float);
+    out.emplace_back(host_ ? state[i]->as<float>() : staged_rank_[i].data(), n);
   }
   return out;
 }
 
-void ZeroEngine::stage_out() {
+// On a device the view points at host copies (stage_out); a load writes them and
+// params_loaded takes them back (take_back).
+void ZeroCheckpointStage::stage_out() {
   staged_.assign(slots_.size(), Staged{});
-  const std::vector<device::DeviceBuffer*> state = rank_state_buffers();
+  const std::vector<device::DeviceBuffer*> state = compress_.rank_state();
   staged_rank_.assign(state.size(), {});
   for (size_t i = 0; i < state.size(); ++i) {
     staged_rank_[i].resize(state[i]->bytes() / sizeof(float));
-    host_from_device(staged_rank_[i].data(), state[i]->get(), DType::F32, staged_rank_[i].size());
+    offload_.host_from_device(staged_rank_[i].data(), state[i]->get(), DType::F32, staged_rank_[i].size());
   }
   for (size_t i = 0; i < slots_.size(); ++i) {
-    Slot& s = slots_[i];
+    ZeroSlot& s = slots_[i];
     Staged& h = staged_[i];
     if (!s.sharded) h.full.assign(s.n, 0.0f);
     if (s.off) continue;  // the view points at the host master and moments themselves
     h.master.resize(s.owned());
-    shard_to_host(h.master.data(), s);
+    offload_.shard_to_host(h.master.data(), s);
     if (s.trainable) {
       h.m.resize(s.owned());
       h.v.resize(s.owned());
-      host_from_device(h.m.data(), s.m.get(), DType::F32, s.owned());
-      host_from_device(h.v.data(), s.v.get(), DType::F32, s.owned());
+      offload_.host_from_device(h.m.data(), s.m.get(), DType::F32, s.owned());
+      offload_.host_from_device(h.v.data(), s.v.get(), DType::F32, s.owned());
     }
   }
 }
 
-void ZeroEngine::stage_in() {
+void ZeroCheckpointStage::take_back() {
   DT_CHECK(staged_.size() == slots_.size());
   for (size_t i = 0; i < slots_.size(); ++i) {
-    Slot& s = slots_[i];
+    ZeroSlot& s = slots_[i];
     Staged& h = staged_[i];
     if (s.off || s.off_param) {  // host state: the load wrote the master (or the full values)
-      if (!s.sharded) device_from_host(s.pb->data, mdt_, h.full.data(), s.n);
-      shard_from_host(s, !s.sharded ? h.full.data() + s.lo : s.off ? s.hmaster.as<float>() : h.master.data());
+      if (!s.sharded) offload_.device_from_host(s.pb->data, mdt_, h.full.data(), s.n);
+      offload_.shard_from_host(s, !s.sharded ? h.full.data() + s.lo : s.off ? s.hmaster.as<float>() : h.master.data());
       continue;
     }
     if (!s.sharded) {  // a resident buffer: its full values were read
-      device_from_host(s.pb->data, mdt_, h.full.data(), s.n);
-      if (s.own_master) device_from_host(s.master.get(), s.sdt, h.full.data() + s.lo, s.owned());
+      offload_.device_from_host(s.pb->data, mdt_, h.full.data(), s.n);
+      if (s.own_master) offload_.device_from_host(s.master.get(), s.sdt, h.full.data() + s.lo, s.owned());
     } else {
-      device_from_host(s.master.get(), s.sdt, h.master.data(), s.owned());
+      offload_.device_from_host(s.master.get(), s.sdt, h.master.data(), s.owned());
     }
     if (s.trainable) {
-      device_from_host(s.m.get(), DType::F32, h.m.data(), s.owned());
-      device_from_host(s.v.get(), DType::F32, h.v.data(), s.owned());
+      offload_.device_from_host(s.m.get(), DType::F32, h.m.data(), s.owned());
+      offload_.device_from_host(s.v.get(), DType::F32, h.v.data(), s.owned());
     }
   }
-  const std::vector<device::DeviceBuffer*> state = rank_state_buffers();
+  const std::vector<device::DeviceBuffer*> state = compress_.rank_state();
   DT_CHECK(staged_rank_.size() == state.size());
   for (size_t i = 0; i < state.size(); ++i)
-    device_from_host(state[i]->get(), DType::F32, staged_rank_[i].data(), staged_rank_[i].size());
+    offload_.device_from_host(state[i]->get(), DType::F32, staged_rank_[i].data(), staged_rank_[i].size());
   staged_.clear();
   staged_rank_.clear();
 }
 
-std::vector<ZeroBufferView> ZeroEngine::buffer_views() {
-  queue_->wait_all();
-  comm_join();
-  const bool host = model_.on_host();
+std::vector<ZeroBufferView> ZeroCheckpointStage::views() {
+  const bool host = host_;
   if (!host) stage_out();
   std::vector<ZeroBufferView> out;
   for (size_t i = 0; i < slots_.size(); ++i) {
-    Slot& s = slots_[i];
+    ZeroSlot& s = slots_[i];
     ZeroBufferView v;
     v.buffer = s.pb;
     v.trainable = s.trainable;
@@ -116,7 +100,7 @@ std::vector<ZeroBufferView> ZeroEngine::buffer_views() {
     v.lo = s.lo;
     v.hi = s.hi;
     if (host) {
-      v.master = s.owned() ? master_f32(s) : nullptr;
+      v.master = s.owned() ? offload_.master_f32(s) : nullptr;
       v.m = s.trainable ? s.m.as<float>() : nullptr;
       v.v = s.trainable ? s.v.as<float>() : nullptr;
       v.full = v.resident ? s.pb->host_f32() : nullptr;
@@ -137,12 +121,36 @@ std::vector<ZeroBufferView> ZeroEngine::buffer_views() {
   return out;
 }
 
+// ----------------------------------------------------------------------------
+ZeroCheckpointView ZeroEngine::checkpoint_view() {
+  ZeroCheckpointView v;
+  v.buffers = buffer_views();
+  v.comm = coll_.comm();
+  v.rank = place_.rank;
+  v.world = place_.world;
+  v.stage = opts_.stage;
+  v.compute_dtype = opts_.compute_dtype;
+  v.step_count = step_count_;
+  v.rank_state = views_.rank_state();
+  v.loaded = [this](int64_t step_count) {
+    step_count_ = step_count;
+    params_loaded();
+  };
+  return v;
+}
+
+std::vector<ZeroBufferView> ZeroEngine::buffer_views() {
+  coll_.wait_all();
+  coll_.join();
+  return views_.views();
+}
+
 void ZeroEngine::params_loaded() {
-  queue_->wait_all();
-  release_all_gathered();
-  comm_join();
+  coll_.wait_all();
+  gather_.release_all();
+  coll_.join();
   if (!model_.on_host()) {
-    stage_in();
+    views_.take_back();
     return;
   }
   for (auto& s : slots_) {

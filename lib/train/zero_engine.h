@@ -7,12 +7,20 @@
 // against the compute stream with events.
 #pragma once
 
-#include "comm/communicator.h"
+#include "comm/groups.h"
 #include "config/train_config.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "model/model.h"
 #include "ops/optim.h"
+#include "train/zero_checkpoint_view.h"
+#include "train/zero_comm.h"
+#include "train/zero_compression.h"
+#include "train/zero_gather.h"
+#include "train/zero_grads.h"
+#include "train/zero_layout.h"
+#include "train/zero_step_buffer.h"
+#include "train/zero_offload.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -28,6 +36,8 @@
 namespace dtrain::train {
 
 class ZeroCommQueue;
+struct ZeroSlot;
+struct ZeroBucket;
 
 /// The engine's knobs (zero_optimization keys; sizes in elements, as DeepSpeed's).
 struct ZeroOptions {
@@ -76,17 +86,6 @@ struct ZeroOptions {
   bool offload_param = false;
   bool offload_pin_memory = false;
   bool offload_param_pin_memory = false;
-};
-
-/// One entry of an offloaded step's schedule (ZeroEngine::offload_trace): seconds since
-/// the step's before_step(). "backward" = the compute thread finished issuing layer
-/// `index`'s backward; "landed" = bucket `index`'s reduced gradient shard reached host
-/// memory (the device had finished that bucket); "adamw" = the host update of bucket
-/// `index` ran from t0 to t1 ("adamw" with index -1: the whole update after the backward).
-struct OffloadTraceEntry {
-  std::string what;
-  int index = 0;
-  double t0 = 0, t1 = 0;
 };
 
 /// The engine options a training config asks for: zero_optimization (stage, bucket
@@ -218,6 +217,10 @@ class ZeroEngine {
   /// or a new deferred engine).
   ZeroEngine(model::Model& model, comm::Communicator* comm, const ZeroOptions& opts,
              const model::Model* fp32_source = nullptr, const model::BufferFill& deferred = {});
+  /// The same over groups.data_parallel, the ranks that shard this model and average its
+  /// gradients (the constructor above: the world is that group).
+  ZeroEngine(model::Model& model, const comm::ProcessGroups& groups, const ZeroOptions& opts,
+             const model::Model* fp32_source = nullptr, const model::BufferFill& deferred = {});
   ~ZeroEngine();
   ZeroEngine(const ZeroEngine&) = delete;
   ZeroEngine& operator=(const ZeroEngine&) = delete;
@@ -247,9 +250,7 @@ class ZeroEngine {
   /// targets_count() for Model::backward (issue targets_reduce first, every rank).
   void step_targets(const int64_t* counts, size_t n);
   void targets_reduce();
-  const float* targets_count() const {
-    return reinterpret_cast<const float*>(stats_.as<char>() + offsetof(StepStats, count));
-  }
+  const float* targets_count() const;
   /// The last step's loss sum over its unmasked targets and their count, both over every
   /// rank (0 when step_targets was not called for it).
   double step_loss_sum() const { return step_loss_; }
@@ -262,7 +263,7 @@ class ZeroEngine {
   /// does not grow (a growing n reallocates the step buffer: call before step_prepare).
   float* loss_slots(size_t n);
   /// The losses the last step_finish() read back from the loss slots.
-  const std::vector<float>& step_losses() const { return losses_; }
+  const std::vector<float>& step_losses() const;
   /// overlap_comm at stages 0/1: the gradients are reduced once per step, during the
   /// backward of the micro-batch marked last (each bucket as soon as it is complete), so
   /// with gradient accumulation mark the earlier micro-batches with false before their
@@ -290,11 +291,11 @@ class ZeroEngine {
   void params_restore();
 
   int stage() const { return opts_.stage; }
-  int rank() const { return rank_; }
-  int world_size() const { return world_; }
+  int rank() const { return place_.rank; }
+  int world_size() const { return place_.world; }
   /// The communicator (nullptr for a single rank). Free for the caller's own
   /// collectives between forward()/backward() calls (see the call order above).
-  comm::Communicator* communicator() const { return comm_; }
+  comm::Communicator* communicator() const { return coll_.comm(); }
   const ZeroOptions& options() const { return opts_; }
   model::Model& model() { return model_; }
 
@@ -319,181 +320,65 @@ class ZeroEngine {
   std::string memory_report() const;
 
   /// ZeRO-Offload is active (offload_optimizer on a device model).
-  bool offloaded() const { return off_; }
+  bool offloaded() const { return offload_.on(); }
   /// The last offloaded step's schedule (empty without offload), cleared by before_step():
   /// with offload at stages 2-3, gradient_clipping 0 and no fp16 loss scaling, each
   /// bucket's host AdamW runs as soon as its gradient shard lands, while the device
   /// computes the backward of the buckets after it; otherwise the update waits for the
   /// whole gradient (clipping and the overflow skip need its global norm first).
-  std::vector<OffloadTraceEntry> offload_trace() const;
+  std::vector<OffloadTraceEntry> offload_trace() const { return offload_.trace(); }
 
  private:
-  struct Slot;
-  struct Bucket;
+  using Slot = ZeroSlot;
+  using Bucket = ZeroBucket;
 
-  void plan_buckets();
-  // ordering against the communicator's stream (no-ops unless collectives are stream-ordered)
-  void on_comm(const std::function<void()>& f);
-  uint64_t comm_submit(std::function<void()> f);
-  void comm_join();
-  void stage_out();
-  void stage_in();
-  // The compression state saved per rank (ZeroCheckpointView::rank_state), in its order.
-  std::vector<device::DeviceBuffer*> rank_state_buffers();
-  float* master_f32(Slot& s);
-  void host_from_device(float* dst, const void* src, DType t, size_t n);
-  void device_from_host(void* dst, DType t, const float* src, size_t n);
+  // Construction, in this order (zero_engine.cpp).
+  void options_check();
+  void sources_check(const model::Model* fp32_source);
+  void slots_build(const model::Model* fp32_source, const model::BufferFill& deferred);
+  void slot_state_init(Slot& s, size_t index, const float* fp32);
+  void buckets_plan();
+  void storage_hand_over();
+  // The step (zero_step.cpp).
+  void step_decide(float loss_scale);
+  void adamw_issue();
+  float* grad_shard(Slot& s);  // the reduced gradient of the owned range
+  // Per-layer hooks (zero_hooks.cpp): stage 0/1 overlapped buckets, stage 2/3 gradient
+  // buckets, stage 3 gathers (gather_).
   void hooks_install();
-  // collectives (run inline or on the communication thread)
-  void coll_allreduce(void* buf, size_t n, DType t, comm::ReduceOp op);
-  void coll_reduce_scatter(void* buf, size_t shard, DType t);
-  void coll_all_gather(void* buf, size_t shard, DType t);
-  // The gradient average of n fp32 values at buf: an allreduce, or (scatter) a
-  // reduce-scatter of W segments of n / W leaving this rank's segment reduced; on the
-  // 16-bit wire through wire_ (opts_.grad_wire).
-  void grad_reduce(float* buf, size_t n, bool scatter);
-  // top-k (opts_.topk_ratio): bucket `index`'s gradients through its residual, the
-  // all-gather of every rank's (value, index) pairs and their dense average.
-  void topk_reduce(size_t index);
-  size_t bucket_full(const Bucket& b) const;
-  size_t topk_k(size_t full) const;
-  // PowerSGD (zero_powersgd.cpp): the per-bucket plan and state, whether this step
-  // compresses, and bucket `index`'s reduction.
-  void powersgd_plan();
-  bool powersgd_active() const;
-  void powersgd_reduce(size_t index);
-  // After an overflow (a skipped step): the inf/NaN gradients went into the top-k
-  // residuals and PowerSGD's errors and Q, and would poison every later step; they start
-  // over (residuals and errors zero, Q from its seed), on every rank alike.
-  void compression_reset();
-  void powersgd_q_init();
-  // stage 0/1 step-time gradient reduction, stage 1/2 post-step gather
-  void grads_reduce_step();
-  bool bucket_inplace(const Bucket& b) const;
-  size_t bucket_len(const Bucket& b) const;
-  void bucket_pack(const Bucket& b, float* buf);
-  void bucket_collective(const Bucket& b, float* buf);
-  void bucket_reduce(const Bucket& b, float* scratch);
-  void bucket_reduce_async(size_t index);
-  void params_gather_resident();
-  void gather_into_model(const std::vector<size_t>& list, DType wire);
-  // stage 2/3 hooks
   void on_before_backward(int layer);
   void on_after_backward(int layer);
   void on_before_forward(int layer);
-  void grad_bucket_pack(Slot& s);
-  void grad_bucket_flush(size_t bucket);
-  // stage 3 gathering
-  void gather_issue(Slot& s);
-  void gather_wait(Slot& s);
-  void gather_release(Slot& s);
-  void stage3_visit(int layer, int dir);
-  void release_all_gathered();
-  void work_add(ptrdiff_t bytes);
-  // ZeRO-Offload (zero_offload.cpp)
-  void offload_slot_init(Slot& s, const float* fp32);
-  void offload_land(size_t bucket, const float* mine);
-  void offload_bucket_update(size_t bucket);
-  void offload_step_issue(float loss_scale);
-  std::vector<ops::AdamWTensor> offload_tensors(const std::vector<size_t>& slots);
-  void offload_copy_back(const std::vector<size_t>& slots);
-  // Puts the owned shard's values (master, host master or model range) as dtype t at dst
-  // (device memory), on the current stream.
-  void shard_to_device(void* dst, DType t, Slot& s);
-  // The owned shard's fp32 values into dst (host).
-  void shard_to_host(float* dst, Slot& s);
-  void shard_from_host(Slot& s, const float* src);
-  void offload_trace_add(const char* what, int index, double t0, double t1);
-  double offload_now() const;
-  size_t shard_of(size_t n) const { return (n + static_cast<size_t>(world_) - 1) / static_cast<size_t>(world_); }
 
   model::Model& model_;
   device::Device* dev_;
-  comm::Communicator* comm_;
   ZeroOptions opts_;
-  DType mdt_ = DType::F32;       // the model's storage dtype (16-bit only on CUDA)
-  bool mixed_ = false;           // compute dtype != F32
-  bool stream_ordered_ = false;  // collectives run on comm_'s CUDA stream
-  void* comm_stream_ = nullptr;
-  bool comm_unjoined_ = false;  // work issued on comm_stream_ since the last comm_join
-  std::unique_ptr<device::Device::Event> ev_compute_, ev_comm_;
-  // The step's agreement values in device memory, then the loss slots: read back as one.
-  // Device memory: StepStats, then losses_cap_ fp32 micro-batch target counts
-  // (step_targets), then the loss slots.
-  struct StepStats {
-    double sq;       // the (agreed) gradient sum of squares
-    double loss;     // this rank's loss sum (ops::step_loss_sum of the loss slots)
-    float red[4];    // the (hi, lo, overflow) triple and the fp32 loss sum, summed over the ranks
-    float scale[5];  // AdamW's gradient scale, skip flag, then adamw_step_values (step_prepare)
-    float count;     // the step's target count: this rank's (step_targets), then all ranks' (targets_reduce)
-  };
-  float* counts_dev() { return reinterpret_cast<float*>(stats_.as<char>() + sizeof(StepStats)); }
-  bool targets_set_ = false;  // step_targets ran for the step in flight
-  double step_loss_ = 0.0, step_count_total_ = 0.0;
-  float lr_ = 0.0f;  // step_prepare's
-  device::DeviceBuffer stats_;
-  size_t losses_n_ = 0, losses_cap_ = 0;
-  std::vector<float> losses_;
-  struct Staged {
-    std::vector<float> master, m, v, full;
-  };
-  std::vector<Staged> staged_;                   // device models: the checkpoint view's host copy
-  std::vector<std::vector<float>> staged_rank_;  // ... and of rank_state_buffers()
-  int rank_ = 0, world_ = 1;
+  DType mdt_ = DType::F32;  // the model's storage dtype (16-bit only on CUDA)
+  bool mixed_ = false;      // compute dtype != F32
+  ZeroPlacement place_;     // stage, this rank and the data-parallel group's size
+  ZeroCollectives coll_;
+  ZeroWorkMeter work_;
   bool tied_ = false;
   int n_layer_ = 0;
-  std::vector<Slot> slots_;
-  std::vector<std::vector<size_t>> layer_slots_;    // [layer + 1] -> slot indices
-  std::vector<Bucket> buckets_;                     // gradient buckets in backward order
-  std::vector<std::vector<size_t>> gather_groups_;  // post-step all-gather groups of resident slots
-  std::unique_ptr<ZeroCommQueue> queue_;
-  // The 16-bit gradient wire's staging buffer (the largest bucket), used by one
-  // collective at a time: they run in order on the communication thread or stream.
-  device::DeviceBuffer wire_;
-  // top-k: each bucket's residual (its full length: what was not sent yet), and scratch
-  // for the dense sum (the largest bucket), this rank's k values then k int32 indices,
-  // and every rank's.
-  std::vector<device::DeviceBuffer> residual_;
-  device::DeviceBuffer topk_dense_, topk_mine_, topk_all_;
-  // PowerSGD: per bucket, its matrices (a 2-D view of a tensor, n x m, compressed at rank
-  // r) and its plain ranges (1-D tensors and matrices that compression would not shrink).
-  struct PsgdMatrix {
-    size_t slot = 0, off = 0;  // the tensor in its slot's buffer
-    size_t n = 0, m = 0, r = 0;
-    size_t p_off = 0, q_off = 0, err_off = 0;  // in the bucket's P scratch, psgd_q_, psgd_err_
-  };
-  struct PsgdBucket {
-    std::vector<PsgdMatrix> mats;
-    std::vector<std::array<size_t, 3>> plain;  // slot, offset, count
-    size_t p_len = 0, plain_len = 0;
-    size_t q_begin = 0, q_len = 0;  // its matrices' Q factors, contiguous in psgd_q_
-  };
-  std::vector<PsgdBucket> psgd_;
-  // Q (warm-started, kept between steps) and the error (per rank) of every matrix; scratch
-  // for a bucket's P factors and its plain values.
-  device::DeviceBuffer psgd_q_, psgd_err_, psgd_p_, psgd_plain_;
+  std::vector<Slot> slots_;                       // one per model buffer: base buffers, then adapters
+  std::vector<std::vector<size_t>> layer_slots_;  // [layer + 1] -> slot indices
+  std::vector<Bucket> buckets_;                   // gradient buckets in backward order
+  ZeroCompression compress_;
+  ZeroOffload offload_;          // where the optimizer state lives; ZeRO-Offload
+  ZeroGather gather_;            // stage 3's gathers, the post-step all-gathers
+  ZeroGradBuckets grads_;        // the gradient buckets' reductions
+  ZeroCheckpointStage views_;    // the checkpoint views
+  std::vector<size_t> sharded_;  // stage 3: slots (= model buffer indices) whose parameters are sharded
+  ZeroStepBuffer steps_;         // the step's values in device memory, read back once
+  double step_loss_ = 0.0, step_count_total_ = 0.0;
+  float lr_ = 0.0f;  // step_prepare's
   int64_t step_count_ = 0;
   double last_norm_ = 0.0;
   bool materialized_ = false;
   bool deferred_ = false;       // built from a deferred model: never restore its full storage
   bool last_micro_ = true;      // set_last_micro_batch
   bool grads_reduced_ = false;  // stages 0/1: this step's reduction already ran in backward
-  int backward_layer_ = 0;      // the layer whose after_layer_backward runs
   uint64_t issued_in_backward_ = 0;
-  mutable std::mutex work_mu_;  // work accounting is also touched by the communication thread
-  size_t work_bytes_ = 0, work_peak_ = 0;
-  size_t live_elems_ = 0;        // stage 3: gathered elements
-  std::vector<size_t> sharded_;  // stage 3: slots (= model buffer indices) whose parameters are sharded
-  // ZeRO-Offload: active (offload_optimizer on a device model); each bucket's host
-  // AdamW runs during the backward (stages 2-3, no clipping, no fp16); the host worker
-  // that waits for landed gradients, accumulates them and (eager) updates; whether this
-  // step's update already ran there; the step's start and schedule.
-  bool off_ = false, off_param_ = false, eager_ = false;
-  std::unique_ptr<ZeroCommQueue> host_q_;
-  std::atomic<bool> eager_applied_{false}, eager_poisoned_{false};
-  std::chrono::steady_clock::time_point step_t0_{};
-  mutable std::mutex trace_mu_;
-  std::vector<OffloadTraceEntry> trace_;
 };
 
 }  // namespace dtrain::train

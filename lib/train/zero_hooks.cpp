@@ -6,7 +6,6 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
-#include "train/zero_queue.h"
 #include "train/zero_slot.h"
 
 #include <algorithm>
@@ -35,209 +34,55 @@ void ZeroEngine::on_before_backward(int layer) {
   DT_ENFORCE(!grads_reduced_, UsageError,
              "backward() after the step's last micro-batch already reduced the gradients (overlap_comm); call "
              "ZeroEngine::before_step() first, or set_last_micro_batch(false) for the earlier micro-batches");
-  if (opts_.stage == 3) stage3_visit(layer, -1);
+  if (opts_.stage == 3) gather_.visit(layer, -1);
   if (opts_.stage < 2) return;
-  auto attach = [&](Slot& s) {
-    if (!s.trainable || s.wgrad.get() != nullptr) return;
-    s.wgrad = device::DeviceBuffer(*dev_, s.n * sizeof(float));
-    work_add(static_cast<ptrdiff_t>(s.n * sizeof(float)));
-    s.pb->grad = s.wgrad.as<float>();
-  };
-  for (size_t i : layer_slots_[static_cast<size_t>(layer + 1)]) attach(slots_[i]);
+  for (size_t i : layer_slots_[static_cast<size_t>(layer + 1)]) grads_.attach(slots_[i]);
   // The tied head writes the embeddings' gradient too.
   if (layer == n_layer_ && tied_)
-    for (size_t i : layer_slots_[0]) attach(slots_[i]);
+    for (size_t i : layer_slots_[0]) grads_.attach(slots_[i]);
 }
 
 void ZeroEngine::on_after_backward(int layer) {
-  backward_layer_ = layer;
   for (size_t i : layer_slots_[static_cast<size_t>(layer + 1)]) {
     Slot& s = slots_[i];
     if (!s.trainable) continue;
     if (opts_.compute_dtype == DType::F16) dev_->round_to(s.pb->grad, s.n, DType::F16);
-    if (opts_.stage >= 2) grad_bucket_pack(s);
+    // Counted when issued before the last layer: it overlaps with the rest of the backward.
+    const ZeroGradBuckets::Landing landing{offload_.eager() && last_micro_, lr_, step_count_ + 1};
+    if (opts_.stage >= 2 && grads_.pack(s, landing) && (coll_.threaded() || coll_.stream_ordered()) && layer > -1)
+      ++issued_in_backward_;
   }
   // Stages 0/1 reduce once per step: with a communication thread or stream, during the
   // last micro-batch's backward, each bucket as soon as its gradients are complete (the
   // same buckets in the same order as the step-time path, so the results are identical).
-  const bool overlapped = queue_->threaded() || (stream_ordered_ && opts_.overlap_comm);
-  if (opts_.stage <= 1 && overlapped && last_micro_ && comm_ != nullptr) {
+  const bool overlapped = coll_.threaded() || (coll_.stream_ordered() && opts_.overlap_comm);
+  if (opts_.stage <= 1 && overlapped && last_micro_ && coll_.comm() != nullptr) {
     for (size_t bi = 0; bi < buckets_.size(); ++bi)
       if (buckets_[bi].done_layer == layer) {
-        bucket_reduce_async(bi);
+        grads_.reduce_async(bi, step_count_);
         if (layer > -1) ++issued_in_backward_;
       }
     if (layer == -1) grads_reduced_ = true;
   }
   if (opts_.stage == 3) {
     for (size_t i : layer_slots_[static_cast<size_t>(layer + 1)])
-      if (slots_[i].sharded) gather_release(slots_[i]);
+      if (slots_[i].sharded) gather_.release(slots_[i]);
   }
   if (layer == -1) {
-    if (opts_.stage == 3) release_all_gathered();
-    queue_->wait_all();  // nothing in flight on a thread once backward returns
+    if (opts_.stage == 3) gather_.release_all();
+    coll_.wait_all();  // nothing in flight on a thread once backward returns
     // The offloaded update started during this backward: no further micro-batch.
-    if (eager_ && last_micro_) grads_reduced_ = true;
+    if (offload_.eager() && last_micro_) grads_reduced_ = true;
   }
-  if (off_) {
-    const double t = offload_now();
-    offload_trace_add("backward", layer, t, t);
+  if (offload_.on()) {
+    const double t = offload_.now();
+    offload_.trace_add("backward", layer, t, t);
   }
-}
-
-void ZeroEngine::grad_bucket_pack(Slot& s) {
-  Bucket& b = buckets_[s.bucket];
-  const size_t W = static_cast<size_t>(world_);
-  if (!b.buf) {
-    b.buf = std::make_shared<device::DeviceBuffer>(*dev_, W * b.seg * sizeof(float));
-    work_add(static_cast<ptrdiff_t>(W * b.seg * sizeof(float)));
-  }
-  float* dst = b.buf->as<float>();
-  for (size_t q = 0; q < W; ++q) {
-    const size_t a = std::min(q * s.s, s.n), e = std::min(a + s.s, s.n);
-    if (e > a) dev_->copy_d2d(dst + q * b.seg + s.bucket_off, s.wgrad.as<float>() + a, (e - a) * sizeof(float));
-  }
-  s.pb->grad = nullptr;
-  s.wgrad.reset();
-  work_add(-static_cast<ptrdiff_t>(s.n * sizeof(float)));
-  if (++b.packed == b.slots.size()) grad_bucket_flush(s.bucket);
-}
-
-void ZeroEngine::grad_bucket_flush(size_t index) {
-  Bucket& b = buckets_[index];
-  std::shared_ptr<device::DeviceBuffer> buf = std::move(b.buf);
-  b.buf.reset();
-  b.packed = 0;
-  if ((queue_->threaded() || stream_ordered_) && backward_layer_ > -1) ++issued_in_backward_;
-  comm_submit([this, buf, index] {
-    const Bucket& bk = buckets_[index];
-    float* base = buf->as<float>();
-    grad_reduce(base, static_cast<size_t>(world_) * bk.seg, true);
-    const float* mine = base + static_cast<size_t>(rank_) * bk.seg;
-    if (off_) {
-      offload_land(index, mine);  // to the host, where the gradient shards accumulate
-    } else {
-      for (size_t k = 0; k < bk.slots.size(); ++k) {
-        Slot& s = slots_[bk.slots[k]];
-        if (s.owned()) dev_->add(s.gshard.as<float>(), mine + bk.offs[k], s.owned());
-      }
-    }
-    const size_t bytes = buf->bytes();
-    buf->reset();  // on the communication stream, after its last use
-    work_add(-static_cast<ptrdiff_t>(bytes));
-  });
-}
-
-// ----------------------------------------------------------------------------
-// Stage 3 parameters: a sharded buffer is gathered (in the compute dtype) into a
-// working buffer just before its layer runs and released after; the next layers'
-// gathers are issued ahead within prefetch_bucket_size / max_live_parameters.
-void ZeroEngine::gather_issue(Slot& s) {
-  if (s.gathered) return;
-  s.gathered = true;
-  const size_t W = static_cast<size_t>(world_);
-  s.work = device::DeviceBuffer(*dev_, W * s.s * dtype_size(mdt_));
-  work_add(static_cast<ptrdiff_t>(s.work.bytes()));
-  live_elems_ += s.n;
-  const DType t = opts_.compute_dtype;
-  Slot* sp = &s;
-  s.gather_ticket = comm_submit([this, sp, t, W] {
-    Slot& g = *sp;
-    char* work = static_cast<char*>(g.work.get());
-    if (t == mdt_) {  // on the wire in the model's dtype: straight into the working buffer
-      char* mine = work + static_cast<size_t>(rank_) * g.s * dtype_size(t);
-      // offload_param: the shard comes from host memory, asynchronously (the host copy is
-      // rewritten only by the update, after the gathers of the step are done).
-      if (g.off_param && g.owned() && g.host_shard_dtype(mdt_) == t)
-        dev_->copy_h2d_async(mine, g.host_shard(), g.owned() * dtype_size(t));
-      else shard_to_device(mine, t, g);
-      coll_all_gather(work, g.s, t);
-    } else {  // fp32 model (CPU) under mixed precision: the wire is 16-bit
-      device::DeviceBuffer wire(*dev_, W * g.s * dtype_size(t));
-      work_add(static_cast<ptrdiff_t>(wire.bytes()));
-      char* w = static_cast<char*>(wire.get());
-      shard_to_device(w + static_cast<size_t>(rank_) * g.s * dtype_size(t), t, g);
-      coll_all_gather(w, g.s, t);
-      dev_->cast(work, mdt_, w, t, g.n);
-      work_add(-static_cast<ptrdiff_t>(wire.bytes()));
-      wire.reset();
-    }
-    if (g.ready) dev_->event_record(*g.ready, comm_stream_);
-  });
-}
-
-void ZeroEngine::gather_wait(Slot& s) {
-  queue_->wait(s.gather_ticket);
-  if (s.ready) dev_->stream_wait(nullptr, *s.ready);
-  s.pb->data = s.work.get();
-}
-
-void ZeroEngine::gather_release(Slot& s) {
-  if (!s.gathered) return;
-  queue_->wait(s.gather_ticket);
-  if (s.ready) dev_->stream_wait(nullptr, *s.ready);  // freed on the compute stream after the gather
-  s.gathered = false;
-  s.pb->data = nullptr;
-  work_add(-static_cast<ptrdiff_t>(s.work.bytes()));
-  s.work.reset();
-  live_elems_ -= s.n;
-}
-
-void ZeroEngine::release_all_gathered() {
-  for (auto& s : slots_)
-    if (s.sharded && s.gathered) gather_release(s);
-}
-
-// The hook body for layer `layer` in direction dir (+1 forward, -1 backward).
-void ZeroEngine::stage3_visit(int layer, int dir) {
-  const int L = n_layer_;
-  std::vector<char> keep(static_cast<size_t>(L) + 2, 0);
-  auto idx = [](int l) { return static_cast<size_t>(l + 1); };
-  keep[idx(layer)] = 1;
-  // The tied head reads the embeddings in forward and backward.
-  if (tied_ && ((dir > 0 && layer == L) || dir < 0)) keep[idx(-1)] = 1;
-  // The layers ahead held gathered: as many as fit in prefetch_bucket_size elements in
-  // all (gathered already or not: DeepSpeed's fixed prefetch bucket), and with the current
-  // layer within max_live_parameters. Counting only the layers still to gather let the
-  // window grow by a bucket at every layer (most of a 201M model gathered at once).
-  size_t held = 0;
-  for (int l = -1; l <= L; ++l)
-    if (keep[idx(l)])
-      for (size_t i : layer_slots_[idx(l)])
-        if (slots_[i].sharded) held += slots_[i].n;
-  std::vector<int> ahead;
-  size_t window = 0;
-  for (int l = layer + dir; l >= -1 && l <= L; l += dir) {
-    size_t need = 0;
-    for (size_t i : layer_slots_[idx(l)])
-      if (slots_[i].sharded) need += slots_[i].n;
-    if (window + need > opts_.prefetch_bucket_size || held + window + need > opts_.max_live_parameters) break;
-    window += need;
-    keep[idx(l)] = 1;
-    ahead.push_back(l);
-  }
-  for (auto& s : slots_)
-    if (s.sharded && s.gathered && !keep[idx(s.layer)]) gather_release(s);
-  std::vector<Slot*> now;
-  std::vector<int> current{layer};
-  if (layer != -1 && keep[idx(-1)]) current.push_back(-1);
-  for (int l : current) {
-    for (size_t i : layer_slots_[idx(l)])
-      if (slots_[i].sharded) {
-        gather_issue(slots_[i]);
-        now.push_back(&slots_[i]);
-      }
-  }
-  for (int l : ahead)
-    for (size_t i : layer_slots_[idx(l)])
-      if (slots_[i].sharded) gather_issue(slots_[i]);
-  for (Slot* s : now) gather_wait(*s);
-  if (dir > 0 && layer == L) queue_->wait_all();  // nothing in flight on a thread once forward returns
 }
 
 // While materialized every buffer is resident: forward (evaluation) needs no gathering.
 void ZeroEngine::on_before_forward(int layer) {
-  if (!materialized_) stage3_visit(layer, +1);
+  if (!materialized_) gather_.visit(layer, +1);
 }
 
 }  // namespace dtrain::train

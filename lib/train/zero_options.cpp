@@ -11,7 +11,7 @@ namespace dtrain::train {
 
 ZeroOptions zero_options_from(const config::TrainConfig& cfg) {
   const auto& z = cfg.zero;
-  DT_ENFORCE(z.stage >= 0 && z.stage <= 3, ConfigError, "{}: zero_optimization.stage {} is not 0, 1, 2 or 3",
+  DT_ENFORCE(config::zero_stage_valid(z.stage), ConfigError, "{}: zero_optimization.stage {} is not 0, 1, 2 or 3",
              cfg.source, z.stage);
   auto size = [&](int64_t v, const char* key) {
     DT_ENFORCE_GT(v, 0, ConfigError, "{}: zero_optimization.{} must be positive", cfg.source, key);

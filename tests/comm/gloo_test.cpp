@@ -14,9 +14,12 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 using namespace dtrain;
@@ -437,4 +440,53 @@ TEST_CASE("gloo: creating a communicator ignores SIGPIPE so a dead peer is a Com
   REQUIRE(::sigaction(SIGPIPE, nullptr, &now) == 0);
   CHECK((now.sa_handler == SIG_IGN));
   ::sigaction(SIGPIPE, &saved, nullptr);
+}
+
+// ---------------------------------------------------------------------------
+
+TEST_CASE("split_place: ranks by key within a color, ties by rank, a negative color in no group") {
+  const std::vector<std::pair<int, int>> ck = {{0, 5}, {1, 0}, {0, 1}, {1, 0}, {-1, 0}};
+  CHECK(split_place(ck, 0).rank == 1);
+  CHECK(split_place(ck, 0).size == 2);
+  CHECK(split_place(ck, 2).rank == 0);
+  CHECK(split_place(ck, 1).rank == 0);  // equal keys: the lower rank first
+  CHECK(split_place(ck, 3).rank == 1);
+  CHECK(split_place(ck, 4).size == 0);
+  CHECK(split_place(ck, 4).rank == -1);
+}
+
+TEST_CASE("gloo split: each group's collectives run among its members only, the world stays usable") {
+  auto errors = run_gloo_ranks(4, [](Communicator& world) {
+    const int r = world.rank();
+    // Two groups, the even and the odd ranks, each ranked in reverse (key -rank); both
+    // run their collectives at once.
+    std::unique_ptr<Communicator> g = world.split(r % 2, -r);
+    if (g == nullptr) throw std::runtime_error("no group");
+    if (g->size() != 2 || g->rank() != (r < 2 ? 1 : 0))
+      throw std::runtime_error("rank " + std::to_string(g->rank()) + " of " + std::to_string(g->size()));
+    float v = static_cast<float>(r + 1);
+    g->allreduce(&v, &v, 1, DType::F32, ReduceOp::SUM);
+    const float want = r % 2 == 0 ? 1.0f + 3.0f : 2.0f + 4.0f;
+    if (v != want) throw std::runtime_error("group sum " + std::to_string(v));
+    const float mine = static_cast<float>(r);
+    float all[2] = {-1, -1};
+    g->all_gather(&mine, all, 1, DType::F32);
+    const int hi = r % 2 == 0 ? 2 : 3;  // the group's rank 0 (the larger world rank)
+    if (all[0] != static_cast<float>(hi) || all[1] != static_cast<float>(hi - 2))
+      throw std::runtime_error("group gather " + std::to_string(all[0]) + " " + std::to_string(all[1]));
+    float w = 1.0f;
+    world.allreduce(&w, &w, 1, DType::F32, ReduceOp::SUM);
+    if (w != 4.0f) throw std::runtime_error("world sum " + std::to_string(w));
+    // A second split: rank 3 stays out, the others form one group of 3.
+    std::unique_ptr<Communicator> h = world.split(r == 3 ? -1 : 7, 0);
+    if (r == 3) {
+      if (h != nullptr) throw std::runtime_error("rank 3 got a group");
+      return;
+    }
+    if (h == nullptr || h->size() != 3 || h->rank() != r) throw std::runtime_error("second split");
+    float x = static_cast<float>(r + 1);
+    h->allreduce(&x, &x, 1, DType::F32, ReduceOp::SUM);
+    if (x != 6.0f) throw std::runtime_error("second group sum " + std::to_string(x));
+  });
+  check_all_passed(errors);
 }

@@ -221,7 +221,7 @@ TEST_CASE("stage 3 gathers each layer forward and backward; prefetched when the 
   CHECK(p.slow.exposed_s == doctest::Approx(f->seconds + b->seconds + tail + scalars_s(2, 4, k)));
   // A window of one layer: the forward gathers the embeddings and waits, then each next layer
   // ahead; the backward gathers layers 1 and 0 ahead, and the embeddings ahead of layer 0, which
-  // the engine then waits for at once (stage3_visit counts a kept embeddings layer as current).
+  // the engine then waits for at once (ZeroGather::visit counts a kept embeddings layer as current).
   j.prefetch_bucket_size = 200000000;
   p = plan::plan_cluster(j, k);
   CHECK(p.notes.empty());

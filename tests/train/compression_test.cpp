@@ -223,7 +223,7 @@ RunSpec topk_spec(int stage, float ratio) {
   return spec;
 }
 
-// Every trainable buffer's gradient in bucket order (ZeroEngine::plan_buckets: layers
+// Every trainable buffer's gradient in bucket order (zero_buckets_plan: layers
 // n_layer down to -1, the model's buffer order within a layer), the order of the
 // residuals' elements.
 std::vector<dtrain::model::ParamBuffer*> bucket_order(dtrain::model::Model& m) {

@@ -59,3 +59,24 @@ TEST_CASE("fp32 Llama (GQA, untied): stages 1 and 3 at world sizes 2 and 3") {
       check_same(ref, train_run(spec_for(true, stage, world)), 2e-5, 5e-5);
     }
 }
+
+TEST_CASE("data-parallel groups split from a world of 4: each group of 2 trains as a world of 2, bit for bit") {
+  for (int stage : {1, 3}) {
+    CAPTURE(stage);
+    RunSpec spec = spec_for(false, stage, 2);
+    spec.steps = 4;
+    const RunResult ref = train_run(spec);
+    REQUIRE_MESSAGE(ref.ok(), ref.error_text());
+    std::vector<std::vector<float>> weights(4);
+    // Both groups run their collectives at the same time, over the same store.
+    const auto errors = dtrain::test::run_gloo_ranks(4, [&](dtrain::comm::Communicator& world) {
+      const int r = world.rank();
+      std::unique_ptr<dtrain::comm::Communicator> dp = world.split(r / 2, r);
+      RankTrainer t(spec, dtrain::comm::ProcessGroups{&world, dp.get()}, dp->rank());
+      for (int s = 1; s <= spec.steps; ++s) t.step(s);
+      weights[static_cast<size_t>(r)] = t.weights();
+    });
+    for (size_t r = 0; r < errors.size(); ++r) CHECK_MESSAGE(errors[r].empty(), "rank " << r << ": " << errors[r]);
+    for (size_t r = 0; r < weights.size(); ++r) CHECK(weights[r] == ref.rank_weights[r % 2]);
+  }
+}

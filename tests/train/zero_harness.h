@@ -100,9 +100,12 @@ struct RankTrainer {
   std::unique_ptr<dtrain::train::ZeroEngine> engine;
   std::vector<int32_t> tok, tgt;
 
-  RankTrainer(const RunSpec& s, dtrain::comm::Communicator* comm, int r) : spec(s), rank(r) {
+  RankTrainer(const RunSpec& s, dtrain::comm::Communicator* comm, int r)
+      : RankTrainer(s, dtrain::comm::ProcessGroups::world_only(comm), r) {}
+  // Over the data-parallel group of `groups` (r: the rank in it).
+  RankTrainer(const RunSpec& s, const dtrain::comm::ProcessGroups& groups, int r) : spec(s), rank(r) {
     model = model_build(s);
-    engine = std::make_unique<dtrain::train::ZeroEngine>(*model, comm, s.opts);
+    engine = std::make_unique<dtrain::train::ZeroEngine>(*model, groups, s.opts);
   }
   // One optimizer step (1-based global step index); returns this rank's local loss.
   float step(int step_index, bool* applied = nullptr) {

@@ -1,0 +1,97 @@
+// ZeRO layout arithmetic: shard ranges, gradient buckets, all-gather groups, prefetch window.
+#include "train/zero_layout.h"
+
+#include <algorithm>
+
+namespace dtrain::train {
+
+ZeroShard ZeroPlacement::place(size_t n, int layer, bool trainable) const {
+  ZeroShard s;
+  s.layer = layer;
+  s.trainable = trainable;
+  s.n = n;
+  if (stage == 0) {
+    s.s = n;
+    s.lo = 0;
+    s.hi = n;
+  } else {
+    s.s = shard_len(n);
+    s.lo = std::min(static_cast<size_t>(rank) * s.s, n);
+    s.hi = std::min(s.lo + s.s, n);
+  }
+  s.sharded = stage == 3 && n >= persistence_threshold;
+  return s;
+}
+
+std::vector<ZeroBucketPlan> zero_buckets_plan(const std::vector<ZeroShard*>& shards,
+                                              const std::vector<std::vector<size_t>>& layer_slots, int stage,
+                                              size_t reduce_bucket_size) {
+  std::vector<ZeroBucketPlan> buckets;
+  const int n_layer = static_cast<int>(layer_slots.size()) - 2;
+  for (int l = n_layer; l >= -1; --l) {
+    for (size_t i : layer_slots[static_cast<size_t>(l + 1)]) {
+      ZeroShard& s = *shards[i];
+      if (!s.trainable) continue;
+      size_t full = 0;
+      if (!buckets.empty())
+        for (size_t j : buckets.back().slots) full += shards[j]->n;
+      if (buckets.empty() || full + s.n > reduce_bucket_size) buckets.emplace_back();
+      ZeroBucketPlan& b = buckets.back();
+      s.bucket = buckets.size() - 1;
+      s.bucket_off = b.seg;
+      b.slots.push_back(i);
+      b.offs.push_back(b.seg);
+      b.seg += stage == 0 ? s.n : s.s;
+      b.done_layer = l;
+    }
+  }
+  return buckets;
+}
+
+std::vector<ZeroGatherGroup> zero_gather_groups(const std::vector<const ZeroShard*>& shards,
+                                                const std::vector<size_t>& list, size_t cap) {
+  std::vector<ZeroGatherGroup> groups;
+  size_t k = 0;
+  while (k < list.size()) {
+    ZeroGatherGroup g;
+    size_t full = 0;
+    while (k < list.size() && (g.slots.empty() || full + shards[list[k]]->n <= cap)) {
+      g.slots.push_back(list[k]);
+      g.offs.push_back(g.seg);
+      g.seg += shards[list[k]]->s;
+      full += shards[list[k]]->n;
+      ++k;
+    }
+    groups.push_back(std::move(g));
+  }
+  return groups;
+}
+
+ZeroWindow zero_prefetch_window(const std::vector<size_t>& sharded_elems, int layer, int dir, bool tied,
+                                size_t prefetch_bucket_size, size_t max_live_parameters) {
+  const int L = static_cast<int>(sharded_elems.size()) - 2;
+  auto idx = [](int l) { return static_cast<size_t>(l + 1); };
+  ZeroWindow w;
+  w.keep.assign(static_cast<size_t>(L) + 2, 0);
+  w.keep[idx(layer)] = 1;
+  // The tied head reads the embeddings in forward and backward.
+  if (tied && ((dir > 0 && layer == L) || dir < 0)) w.keep[idx(-1)] = 1;
+  // The layers ahead held gathered: as many as fit in prefetch_bucket_size elements in
+  // all (gathered already or not: DeepSpeed's fixed prefetch bucket), and with the current
+  // layer within max_live_parameters. Counting only the layers still to gather let the
+  // window grow by a bucket at every layer (most of a 201M model gathered at once).
+  size_t held = 0;
+  for (int l = -1; l <= L; ++l)
+    if (w.keep[idx(l)]) held += sharded_elems[idx(l)];
+  size_t window = 0;
+  for (int l = layer + dir; l >= -1 && l <= L; l += dir) {
+    const size_t need = sharded_elems[idx(l)];
+    if (window + need > prefetch_bucket_size || held + window + need > max_live_parameters) break;
+    window += need;
+    w.keep[idx(l)] = 1;
+    w.ahead.push_back(l);
+  }
+  return w;
+}
+
+}  // namespace dtrain::train
