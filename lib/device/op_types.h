@@ -1,16 +1,16 @@
 // The parameter types of the device op table (op_table.h) beyond pointers, sizes and
-// dtypes. They are the ops' own plain structs (ops/op_params.h: data only, no CPU code),
-// named here in the device layer: lib/ops sits below the device and computes with them,
-// kernels/ takes them as they are, so one definition serves the CPU op, the CUDA kernel
-// and the table, with no conversion on either side.
+// dtypes. They are core's plain structs (core/op_params.h: data only), named here in the
+// device layer: lib/ops (below the device) computes with them and kernels/ takes them as
+// they are, so one definition serves the CPU op, the CUDA kernel and the table, with no
+// conversion on either side and no ops header under the device interface.
 #pragma once
 
-#include "ops/op_params.h"
+#include "core/op_params.h"
 
 namespace dtrain::device {
 
-using ops::AdamWConfig;
-using ops::AdamWTensor;
-using ops::RopeFreq;
+using dtrain::AdamWConfig;
+using dtrain::AdamWTensor;
+using dtrain::RopeFreq;
 
 }  // namespace dtrain::device

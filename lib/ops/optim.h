@@ -5,12 +5,15 @@
 #pragma once
 
 #include "core/dtype.h"
-#include "ops/op_params.h"
+#include "core/op_params.h"
 
 #include <cstddef>
 #include <cstdint>
 
 namespace dtrain::ops {
+
+using dtrain::AdamWConfig;
+using dtrain::AdamWTensor;
 
 /// One AdamW update of n elements, in place on param, m (exp_avg) and v (exp_avg_sq):
 ///   g  = grad * grad_scale

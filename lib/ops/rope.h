@@ -6,7 +6,7 @@
 // gradient, nothing to accumulate into).
 #pragma once
 
-#include "ops/op_params.h"
+#include "core/op_params.h"
 
 #include <cstdint>
 
@@ -21,6 +21,8 @@
 #endif
 
 namespace dtrain::ops {
+
+using dtrain::RopeFreq;
 
 /// inv_freq of pair index i (0 <= i < HD/2), in double (HF forms it in fp32; the
 /// difference is within fp32 rounding of the angle).

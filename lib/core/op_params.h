@@ -1,13 +1,13 @@
-// The plain parameter types of the ops that also cross the device layer's op table
-// (device/op_types.h re-exports them): AdamW's hyper-parameters and multi-tensor entry,
-// the RoPE frequencies. Data only, no CPU code: lib/ops, kernels/ and the device
-// interface share one definition, and the device headers need no ops implementation
-// header.
+// The plain parameter types that cross the device layer's op table: AdamW's
+// hyper-parameters and multi-tensor entry, the RoPE frequencies. Data only, in core (the
+// module both wings stand on): lib/ops (the CPU implementation) and kernels/ compute with
+// them, the device interface names them (device/op_types.h), one definition for all and
+// no ops header under the device interface. lib/ops names them ops::AdamWConfig etc.
 #pragma once
 
 #include <cstddef>
 
-namespace dtrain::ops {
+namespace dtrain {
 
 /// Hyper-parameters with torch.optim.AdamW's defaults except weight_decay (DeepSpeed's
 /// AdamW default 0.01). `lr` is the base lr; the per-step lr is passed to adamw_step.
@@ -47,4 +47,4 @@ struct RopeFreq {
   int original_max_position = 8192;  ///< llama3: original_max_position_embeddings
 };
 
-}  // namespace dtrain::ops
+}  // namespace dtrain
