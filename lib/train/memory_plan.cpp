@@ -7,6 +7,7 @@
 #include "model/lora.h"
 #include "model/model.h"
 #include "train/model_factory.h"
+#include "train/zero_layout.h"
 
 #include <fmt/format.h>
 
@@ -101,10 +102,9 @@ class BlockCount {
 // Gradient buckets in backward order (zero_buckets_plan): consecutive trainable
 // buffers while their full sizes stay within reduce_bucket_size.
 struct Buckets {
-  std::vector<int> of;       // each buffer's bucket (-1: frozen)
-  std::vector<double> seg;   // a rank's elements of each bucket
-  std::vector<double> full;  // each bucket's full elements
-  std::vector<int> slots;    // buffers in each bucket
+  std::vector<int> of;      // each buffer's bucket (-1: frozen)
+  std::vector<double> seg;  // a rank's elements of each bucket
+  std::vector<int> slots;   // buffers in each bucket
 };
 
 // The replay itself (work_plan): its state is the cache count, the buckets and, at stage 3,
@@ -119,6 +119,13 @@ class WorkReplay {
 
  private:
   double shard(double n) const { return st_ == 0 ? n : std::ceil(n / W_); }
+  // Each buffer placed as the engine places it (rank 0's shard; the plan needs lengths only).
+  std::vector<ZeroShard> shards_of() const {
+    const ZeroPlacement place{st_, 0, static_cast<int>(W_), 0};
+    std::vector<ZeroShard> shards;
+    for (const PlanBuf& b : bufs_) shards.push_back(place.place(static_cast<size_t>(b.n), b.layer, b.trainable));
+    return shards;
+  }
   void plan_buckets();
   double bucket_bytes(size_t b) const { return 4 * (st_ == 0 ? buckets_.seg[b] : W_ * buckets_.seg[b]); }
   void post_step_gather();
@@ -149,22 +156,20 @@ class WorkReplay {
 };
 
 void WorkReplay::plan_buckets() {
-  const double R = static_cast<double>(cfg_.zero.reduce_bucket_size);
+  // The engine's own rule (zero_layout), over this plan's buffers.
+  std::vector<ZeroShard> shards = shards_of();
+  std::vector<std::vector<size_t>> layer_slots(static_cast<size_t>(n_layer_) + 2);
+  for (size_t i = 0; i < bufs_.size(); ++i) layer_slots[static_cast<size_t>(bufs_[i].layer + 1)].push_back(i);
+  std::vector<ZeroShard*> ptrs;
+  for (ZeroShard& z : shards) ptrs.push_back(&z);
   Buckets& k = buckets_;
   k.of.assign(bufs_.size(), -1);
-  for (int l = n_layer_; l >= -1; --l)
-    for (size_t i = 0; i < bufs_.size(); ++i) {
-      if (bufs_[i].layer != l || !bufs_[i].trainable) continue;
-      if (k.seg.empty() || k.full.back() + bufs_[i].n > R) {
-        k.seg.push_back(0);
-        k.full.push_back(0);
-        k.slots.push_back(0);
-      }
-      k.of[i] = static_cast<int>(k.seg.size()) - 1;
-      k.seg.back() += shard(bufs_[i].n);
-      k.full.back() += bufs_[i].n;
-      ++k.slots.back();
-    }
+  for (const ZeroBucketPlan& plan :
+       zero_buckets_plan(ptrs, layer_slots, st_, static_cast<size_t>(cfg_.zero.reduce_bucket_size))) {
+    for (size_t i : plan.slots) k.of[i] = static_cast<int>(k.seg.size());
+    k.seg.push_back(static_cast<double>(plan.seg));
+    k.slots.push_back(static_cast<int>(plan.slots.size()));
+  }
   for (size_t b = 0; b < k.seg.size(); ++b) r_.most_bucket = std::max(r_.most_bucket, bucket_bytes(b));
 }
 
@@ -172,20 +177,14 @@ void WorkReplay::plan_buckets() {
 // consecutive buffers while their full sizes stay within allgather_bucket_size, each
 // group through a buffer of its own in the compute dtype (ZeroGather::into_model).
 void WorkReplay::post_step_gather() {
-  const double A = static_cast<double>(cfg_.zero.allgather_bucket_size);
-  double group = 0, group_full = 0;
-  bool any = false;
-  for (const PlanBuf& b : bufs_) {
-    if (!b.trainable) continue;
-    if (any && group_full + b.n > A) {
-      gather_group(group);
-      group = group_full = 0;
-    }
-    any = true;
-    group += shard(b.n);
-    group_full += b.n;
-  }
-  if (any) gather_group(group);
+  const std::vector<ZeroShard> shards = shards_of();
+  std::vector<size_t> list;
+  for (size_t i = 0; i < bufs_.size(); ++i)
+    if (bufs_[i].trainable) list.push_back(i);
+  std::vector<const ZeroShard*> ptrs;
+  for (const ZeroShard& z : shards) ptrs.push_back(&z);
+  for (const ZeroGatherGroup& g : zero_gather_groups(ptrs, list, static_cast<size_t>(cfg_.zero.allgather_bucket_size)))
+    gather_group(static_cast<double>(g.seg));
 }
 
 void WorkReplay::gather_group(double group) {
