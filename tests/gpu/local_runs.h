@@ -11,6 +11,7 @@
 #include "train/trainer.h"
 
 #include "gpu/train_runs.h"
+#include "rank_threads.h"
 
 #include <doctest/doctest.h>
 #include <gloo/rendezvous/hash_store.h>
@@ -18,7 +19,6 @@
 #include <chrono>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace local_runs {
@@ -32,7 +32,6 @@ enum class Link { NONE, LOCAL, NCCL };
 // switch (LOCAL only).
 std::vector<TrainResult> train_over(Link link, int world, const std::vector<std::string>& sets, int delay_us = 0) {
   std::vector<TrainResult> res(static_cast<size_t>(world));
-  std::vector<std::string> errors(static_cast<size_t>(world));
   std::shared_ptr<comm::LocalGroup> group;
   if (link == Link::LOCAL) {
     comm::LocalOptions o;
@@ -41,33 +40,26 @@ std::vector<TrainResult> train_over(Link link, int world, const std::vector<std:
     comm::local_group_delay(*group, delay_us);
   }
   gloo::rendezvous::HashStore store;
-  auto body = [&](int r) {
-    try {
-      config::TrainConfig cfg = config::config_load_string(train_runs::kTiny, "tiny.yaml", sets).cfg;
-      config::config_resolve_batch(cfg, world);
-      TrainerEnv env;
-      env.print = false;
-      env.rank = r;
-      env.world_size = world;
-      auto dev = device::cuda_create(link == Link::NCCL ? r : 0);
-      env.device = dev.get();
-      std::unique_ptr<comm::Communicator> comm;
-      if (link == Link::LOCAL) {
-        comm = comm::comm_create_local(group, r);
-      } else if (link == Link::NCCL) {
-        comm::NcclOptions o;
-        o.timeout = std::chrono::milliseconds(120000);
-        comm = comm::comm_create_nccl(store, r, world, r, o);
-      }
-      env.comm = comm.get();
-      res[static_cast<size_t>(r)] = train_run(cfg, env);
-    } catch (const std::exception& e) {
-      errors[static_cast<size_t>(r)] = e.what();
+  const std::vector<std::string> errors = dtrain::test::run_threads(world, [&](int r) {
+    config::TrainConfig cfg = config::config_load_string(train_runs::kTiny, "tiny.yaml", sets).cfg;
+    config::config_resolve_batch(cfg, world);
+    TrainerEnv env;
+    env.print = false;
+    env.rank = r;
+    env.world_size = world;
+    auto dev = device::cuda_create(link == Link::NCCL ? r : 0);
+    env.device = dev.get();
+    std::unique_ptr<comm::Communicator> comm;
+    if (link == Link::LOCAL) {
+      comm = comm::comm_create_local(group, r);
+    } else if (link == Link::NCCL) {
+      comm::NcclOptions o;
+      o.timeout = std::chrono::milliseconds(120000);
+      comm = comm::comm_create_nccl(store, r, world, r, o);
     }
-  };
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) threads.emplace_back(body, r);
-  for (auto& t : threads) t.join();
+    env.comm = comm.get();
+    res[static_cast<size_t>(r)] = train_run(cfg, env);
+  });
   for (const auto& e : errors) REQUIRE_MESSAGE(e == "", e);
   for (int r = 1; r < world; ++r) CHECK(res[static_cast<size_t>(r)].losses == res[0].losses);
   return res;

@@ -8,6 +8,7 @@
 #include "device/device.h"
 #include "train/trainer.h"
 
+#include "rank_threads.h"
 #include "tiny_job.h"
 
 #ifdef DTRAIN_CUDA_EMU
@@ -21,7 +22,6 @@
 #include <iterator>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <unistd.h>
@@ -64,40 +64,32 @@ Run train_ranks(int world, int steps, const std::vector<std::string>& extra, con
                 bool resume = false) {
   std::vector<std::string> sets = extra;
   sets.push_back("training.max_steps=" + std::to_string(steps));
-  std::vector<std::string> errors(static_cast<size_t>(world));
   Run out;
   out.res.resize(static_cast<size_t>(world));
   gloo::rendezvous::HashStore store;
 #ifdef DTRAIN_CUDA_EMU
   cuda_emu::trace_begin();
 #endif
-  auto body = [&](int r) {
-    try {
-      config::TrainConfig cfg = config::config_load_string(kTiny, "tiny.yaml", sets).cfg;
-      config::config_resolve_batch(cfg, world);
-      TrainerEnv env;
-      env.print = false;
-      env.run_dir = run_dir;
-      env.resume = resume;
-      env.rank = r;
-      env.world_size = world;
-      auto dev = device::cuda_create(r);
-      env.device = dev.get();
-      std::unique_ptr<comm::Communicator> comm;
-      if (world > 1) {
-        comm::NcclOptions o;
-        o.timeout = std::chrono::milliseconds(120000);
-        comm = comm::comm_create_nccl(store, r, world, r, o);
-      }
-      env.comm = comm.get();
-      out.res[static_cast<size_t>(r)] = train_run(cfg, env);
-    } catch (const std::exception& e) {
-      errors[static_cast<size_t>(r)] = e.what();
+  const std::vector<std::string> errors = dtrain::test::run_threads(world, [&](int r) {
+    config::TrainConfig cfg = config::config_load_string(kTiny, "tiny.yaml", sets).cfg;
+    config::config_resolve_batch(cfg, world);
+    TrainerEnv env;
+    env.print = false;
+    env.run_dir = run_dir;
+    env.resume = resume;
+    env.rank = r;
+    env.world_size = world;
+    auto dev = device::cuda_create(r);
+    env.device = dev.get();
+    std::unique_ptr<comm::Communicator> comm;
+    if (world > 1) {
+      comm::NcclOptions o;
+      o.timeout = std::chrono::milliseconds(120000);
+      comm = comm::comm_create_nccl(store, r, world, r, o);
     }
-  };
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) threads.emplace_back(body, r);
-  for (auto& t : threads) t.join();
+    env.comm = comm.get();
+    out.res[static_cast<size_t>(r)] = train_run(cfg, env);
+  });
 #ifdef DTRAIN_CUDA_EMU
   out.trace = cuda_emu::trace_take();
 #endif

@@ -14,6 +14,7 @@
 
 #include "gpu/gpu_skip.h"
 #include "temp_dir.h"
+#include "rank_threads.h"
 #include "tiny_job.h"
 
 #include <doctest/doctest.h>
@@ -56,41 +57,33 @@ config::TrainConfig tiny(const std::vector<std::string>& sets, int world) {
 // over NCCL. Returns rank 0's result; every rank's losses must agree.
 TrainResult run(bool cuda, const std::vector<std::string>& sets, int world, const std::string& run_dir = "") {
   std::vector<TrainResult> res(static_cast<size_t>(world));
-  std::vector<std::string> errors(static_cast<size_t>(world));
   auto gloo_store = std::make_shared<gloo::rendezvous::HashStore>();
   gloo::rendezvous::HashStore nccl_store;
-  auto body = [&](int r) {
-    try {
-      TrainerEnv env;
-      env.print = false;
-      env.run_dir = run_dir;
-      env.rank = r;
-      env.world_size = world;
-      std::unique_ptr<comm::Communicator> comm;
-      std::unique_ptr<device::Device> dev;
-      if (cuda) {
-        dev = device::cuda_create(r);
-        env.device = dev.get();
-        if (world > 1) {
-          comm::NcclOptions o;
-          o.timeout = std::chrono::milliseconds(120000);
-          comm = comm::comm_create_nccl(nccl_store, r, world, r, o);
-        }
-      } else if (world > 1) {
-        comm::GlooOptions o;
-        o.address = "127.0.0.1";
+  const std::vector<std::string> errors = dtrain::test::run_threads(world, [&](int r) {
+    TrainerEnv env;
+    env.print = false;
+    env.run_dir = run_dir;
+    env.rank = r;
+    env.world_size = world;
+    std::unique_ptr<comm::Communicator> comm;
+    std::unique_ptr<device::Device> dev;
+    if (cuda) {
+      dev = device::cuda_create(r);
+      env.device = dev.get();
+      if (world > 1) {
+        comm::NcclOptions o;
         o.timeout = std::chrono::milliseconds(120000);
-        comm = comm::comm_create_gloo(gloo_store, r, world, o);
+        comm = comm::comm_create_nccl(nccl_store, r, world, r, o);
       }
-      env.comm = comm.get();
-      res[static_cast<size_t>(r)] = train_run(tiny(sets, world), env);
-    } catch (const std::exception& e) {
-      errors[static_cast<size_t>(r)] = e.what();
+    } else if (world > 1) {
+      comm::GlooOptions o;
+      o.address = "127.0.0.1";
+      o.timeout = std::chrono::milliseconds(120000);
+      comm = comm::comm_create_gloo(gloo_store, r, world, o);
     }
-  };
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) threads.emplace_back(body, r);
-  for (auto& t : threads) t.join();
+    env.comm = comm.get();
+    res[static_cast<size_t>(r)] = train_run(tiny(sets, world), env);
+  });
   for (const auto& e : errors) REQUIRE_MESSAGE(e == "", e);
   for (int r = 1; r < world; ++r) CHECK(res[static_cast<size_t>(r)].losses == res[0].losses);
   return res[0];
