@@ -1,6 +1,8 @@
 // Softmax cross-entropy on the device, as lib/ops/cross_entropy.h, with the forward and
-// the backward fused into one kernel: one block per row reads the logits once for the
-// max/log-sum-exp and once more to write dlogits = (softmax - onehot) * scale. dlogits
+// the backward fused: one block per row finds the max/log-sum-exp and writes dlogits =
+// (softmax - onehot) * scale. With dlogits the row is read from memory once where it fits
+// on chip (registers, then shared memory: bf16/fp16 rows up to about 180 K elements on an
+// H100/H200, fp32 up to half that; cross_entropy_onepass_max_vocab), twice beyond. dlogits
 // may be the logits buffer itself (in place: the usual case, saves [N, V] of memory) or
 // a separate one. Masked rows (target == ignore_index) get loss 0 and zero gradients.
 // Rows are ld >= V elements apart (a padded vocabulary, e.g. 50257 -> 50304, so every row
@@ -26,6 +28,10 @@ namespace dtrain::kernels {
 void cross_entropy_forward_backward(float* losses, float* mean, void* dlogits, const void* logits,
                                     const int32_t* targets, int N, int V, int ld, float scale, int32_t ignore_index,
                                     DType dtype, cudaStream_t stream, const float* count = nullptr);
+
+/// The largest vocabulary whose rows of `dtype` the backward reads from memory once on the
+/// current device (the rest of a row's registers' share in its opt-in shared memory).
+int cross_entropy_onepass_max_vocab(DType dtype);
 
 /// The forward alone (cross_entropy_forward_backward with dlogits = null).
 void cross_entropy_forward(float* losses, float* mean, const void* logits, const int32_t* targets, int N, int V, int ld,

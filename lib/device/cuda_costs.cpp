@@ -397,16 +397,34 @@ void PlanDevice::embedding_backward(float*, float* dwpe, const void*, const int3
     kernel(op, "embedding_dwpe_kernel<Ty>", PlanUnit::CUDA_CORE, nc, nc * es(t) + static_cast<double>(T) * C * 8);
 }
 
-// One block per row; the backward pass reads a row twice (statistics, then gradient),
-// the second time from L2.
+// kernels/cross_entropy.cu's onepass_shape: with dlogits, the one-pass kernel wherever the
+// row's 16-byte packs (V / elements per pack) fit 8 per thread of 1024 in registers plus
+// whole 1024-pack slots of the opt-in shared memory (1 KB left to the kernel's static
+// shared memory). It reads each row once and writes it once.
+namespace {
+bool ce_onepass(int V, DType t, size_t smem_optin) {
+  const size_t npk = static_cast<size_t>(V) / vec16(t), in_regs = 8 * 1024;
+  if (npk <= in_regs) return true;
+  const size_t extra = (npk - in_regs + 1023) / 1024;
+  return extra * 1024 * 16 + 1024 <= smem_optin;
+}
+}  // namespace
+
+// One block per row. The forward alone reads each row once; the two-pass kernel's backward
+// reads it twice (statistics, then gradient) and writes it.
 void PlanDevice::cross_entropy(const char* op, bool losses, bool mean, bool dlogits, int N, int V, DType t) {
   if (N <= 0) {
     if (mean) memset_op(op, sizeof(float));
     return;
   }
   const double nv = static_cast<double>(N) * V;
-  kernel(op, "cross_entropy_kernel<T>", PlanUnit::CUDA_CORE, nv * FLOPS_CE * (dlogits ? 2 : 1),
-         nv * es(t) * (dlogits ? 2 : 1) + N * 4.0 * ((losses || mean) ? 2 : 1));
+  const double rows = N * 4.0 * ((losses || mean) ? 2 : 1);  // targets, and the losses written
+  if (dlogits && ce_onepass(V, t, smem_optin_)) {
+    kernel(op, "cross_entropy_onepass_kernel<T>", PlanUnit::CUDA_CORE, nv * FLOPS_CE * 2, nv * es(t) * 2 + rows);
+  } else {
+    kernel(op, "cross_entropy_kernel<T>", PlanUnit::CUDA_CORE, nv * FLOPS_CE * (dlogits ? 2 : 1),
+           nv * es(t) * (dlogits ? 3 : 1) + rows);
+  }
   if (mean) kernel(op, "loss_mean_kernel", PlanUnit::CUDA_CORE, 2.0 * N, N * 8.0);
 }
 void PlanDevice::cross_entropy_forward(float* losses, float* mean, const void*, const int32_t*, int N, int V, int,

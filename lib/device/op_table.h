@@ -127,8 +127,8 @@ class LayerOps {
   virtual void cross_entropy_backward(void* dlogits, const void* logits, const int32_t* targets, int N, int V, int ld,
                                       float factor, const float* count, DType t) = 0;
   /// cross_entropy_forward then cross_entropy_backward with the same arguments, the
-  /// same results; CUDA does both in one kernel (the logits read twice instead of three
-  /// times). dlogits may alias logits.
+  /// same results; CUDA does both in one kernel (the logits read once where a row fits on
+  /// chip, else twice, instead of three times). dlogits may alias logits.
   virtual void cross_entropy_forward_backward(float* losses, float* mean, void* dlogits, const void* logits,
                                               const int32_t* targets, int N, int V, int ld, float factor,
                                               const float* count, DType t) = 0;

@@ -22,6 +22,11 @@ class PlanDevice final : public PlanRuntime {
   /// fp32 source, whose weights only travel through copy_h2d).
   explicit PlanDevice(Kind kind = Kind::CUDA) : PlanRuntime(kind) {}
 
+  /// The card's opt-in shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin),
+  /// which decides whether a cross-entropy row fits its one-pass kernel; the H100's 227 KB
+  /// unless set.
+  void set_smem_optin(size_t bytes) { smem_optin_ = bytes; }
+
   void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, const void* B, float beta,
             void* C, DType ab_t, DType c_t) override;
   void gemm_ld(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda, const void* B,
@@ -118,6 +123,7 @@ class PlanDevice final : public PlanRuntime {
     RopeFreq rope;
   };
   std::vector<RopeKey> rope_keys_;
+  size_t smem_optin_ = 227 * 1024;
 };
 
 }  // namespace dtrain::device

@@ -99,7 +99,7 @@ PlanTime plan_entry_time(const PlanEntry& e, const PlanBudgetTable& t, PlanEnd e
   return r;
 }
 
-PlanStep plan_step(const BenchSetup& s) {
+PlanStep plan_step(const BenchSetup& s, size_t smem_optin) {
   PlanStep r;
   // ZeRO-Offload's update runs on the host: AdamW over host buffers the size of the model and
   // the copies both ways. A PlanDevice has fake memory and no cost model for host work, so the
@@ -114,6 +114,7 @@ PlanStep plan_step(const BenchSetup& s) {
         "measures them on a GPU)");
   }
   device::PlanDevice dev(device::Kind::CUDA);
+  dev.set_smem_optin(smem_optin);
   // The engine's fp32 source (a host model under mixed precision) only ever goes through
   // copy_h2d into the masters: a model on a host stand-in, whose storage is fake too.
   device::PlanDevice host(device::Kind::CPU);
@@ -265,7 +266,7 @@ BenchPlanResult bench_plan_run(const bench::BenchTrainOptions& o, const std::str
   const BenchSetup s = bench_setup_from(o.config_path, o.sets, true);
   BenchPlanResult r = plan_result_of(o, s);
   r.table.gpu = g;
-  const PlanStep step = plan_step(s);
+  const PlanStep step = plan_step(s, g.smem_optin);
   r.notes.insert(r.notes.end(), step.notes.begin(), step.notes.end());
   r.params = step.params;
   r.trainable_params = step.trainable_params;

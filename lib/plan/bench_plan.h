@@ -71,13 +71,15 @@ PlanTime plan_entry_time(const device::PlanEntry& e, const PlanBudgetTable& t, P
 
 /// One steady-state step of s on a PlanDevice: the model (LoRA and recompute as set) and
 /// the trainer's step (train::TrainStep) run one unrecorded warm-up step (the activation arena is allocated on the
-/// first forward), then the recorded step. Allocates no model-sized memory.
+/// first forward), then the recorded step, on a card with `smem_optin` bytes of opt-in shared
+/// memory per block (PlanGpu::smem_optin; it picks the cross-entropy kernel). Allocates no
+/// model-sized memory.
 struct PlanStep {
   std::vector<device::PlanEntry> entries;
   int64_t params = 0, trainable_params = 0;
   std::vector<std::string> notes;  ///< what the planned step left out (ZeRO-Offload's host update)
 };
-PlanStep plan_step(const bench::BenchSetup& s);
+PlanStep plan_step(const bench::BenchSetup& s, size_t smem_optin);
 
 /// Entries grouped by (op, kernel, unit), longest first (by the mid-band time).
 struct PlanRow {

@@ -23,6 +23,7 @@ EMU_ONLY_SUITE("plan vs trace")
 #include "train/train_step.h"
 
 #include "gpu/tiny_model.h"
+#include "kernels/cross_entropy.cuh"
 
 #include <cublasLt.h>
 #include <cuda_emu_trace.h>
@@ -162,9 +163,16 @@ cuda_emu::Trace traced_step(const bench::BenchSetup& s) {
   return cuda_emu::trace_take();
 }
 
+// The engine's card's opt-in shared memory per block, as the plan's card would give it.
+size_t smem_optin() {
+  int v = 0;
+  REQUIRE(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0) == cudaSuccess);
+  return static_cast<size_t>(v);
+}
+
 void check_plan_matches(const bench::BenchSetup& s) {
   const Issued traced = from_trace(traced_step(s));
-  const Issued planned = from_plan(plan::plan_step(s).entries);
+  const Issued planned = from_plan(plan::plan_step(s, smem_optin()).entries);
   // A step issues all three kinds: an empty side would make the comparison vacuous.
   REQUIRE(total(traced.kernels) > 0);
   REQUIRE(total(traced.matmuls) > 0);
@@ -210,6 +218,51 @@ TEST_CASE("plan vs trace: LoRA with dropout (GPT-2 bf16, Llama fp32)") {
     lc.seed = 3;
     s.lora = lc;
     check_plan_matches(s);
+  }
+}
+
+// The cross-entropy's kernels at every row length the launcher tells apart (one pass from
+// registers, one pass with shared memory, two passes; kernels/cross_entropy.cu), as the
+// step at real vocabularies would issue them: the plan's copy of the choice
+// (cuda_costs.cpp) against the launches, for the fused, forward-only and backward-only ops.
+TEST_CASE("plan vs trace: cross-entropy at every row length, fp32/bf16/fp16") {
+  auto dev = device::cuda_create(0);
+  device::PlanDevice plan(device::Kind::CUDA);
+  plan.set_smem_optin(smem_optin());
+  const int N = 2;
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    const int vec = 16 / static_cast<int>(dtype_size(dt)), top = kernels::cross_entropy_onepass_max_vocab(dt);
+    for (int V : {5, 50257, 8 * 1024 * vec + vec, 128256, top, top + 1}) {
+      INFO(dtype_name(dt), " V=", V);
+      device::DeviceBuffer logits(*dev, static_cast<size_t>(N) * V * dtype_size(dt)), targets(*dev, N * 4),
+          losses(*dev, N * 4), mean(*dev, 4), count(*dev, 4);
+      dev->zero(logits.get(), logits.bytes());
+      dev->zero(targets.get(), targets.bytes());
+      const float one = 1.0f;
+      dev->copy_h2d(count.get(), &one, sizeof one);
+      auto* l = losses.as<float>();
+      auto* m = mean.as<float>();
+      auto* t = targets.as<int32_t>();
+      for (int op = 0; op < 3; ++op) {
+        auto issue = [&](device::Device& d) {
+          if (op == 0)
+            d.cross_entropy_forward_backward(l, m, logits.get(), logits.get(), t, N, V, V, 1.0f, count.as<float>(), dt);
+          if (op == 1) d.cross_entropy_forward(l, m, logits.get(), t, N, V, V, dt);
+          if (op == 2) d.cross_entropy_backward(logits.get(), logits.get(), t, N, V, V, 1.0f, count.as<float>(), dt);
+        };
+        cuda_emu::trace_begin();
+        issue(*dev);
+        dev->synchronize();
+        const Issued traced = from_trace(cuda_emu::trace_take());
+        plan.record(true);
+        issue(plan);
+        plan.record(false);
+        const Issued planned = from_plan(plan.take());
+        REQUIRE(total(traced.kernels) > 0);
+        const std::string dk = diff(traced.kernels, planned.kernels);
+        CHECK_MESSAGE(dk.empty(), "op " << op << ": kernel launches differ:" << dk);
+      }
+    }
   }
 }
 
