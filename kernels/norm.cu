@@ -1,7 +1,8 @@
 // Norm kernels. Forward and the dinp part of backward: one warp per row (8 rows per
 // block), three passes over the row (stats, then apply) that hit L1/L2 after the first.
 // Parameter gradients: a column kernel sums fixed 128-row chunks into fp32 partials,
-// then one thread per column adds the chunks in order into dweight / dbias.
+// then one thread per column adds the chunks in order into dweight / dbias (one launch for
+// both).
 #include "kernels/norm.cuh"
 
 #include "kernels/common.cuh"
@@ -168,9 +169,15 @@ __global__ void column_partial_kernel(float* __restrict__ pw, float* __restrict_
   }
 }
 
-__global__ void column_finish_kernel(float* __restrict__ out, const float* __restrict__ partial, int chunks, int C) {
+// out[c] += the chunks' partials of column c, in chunk order. blockIdx.y picks the output:
+// out0 from partial, out1 (dbias beside dweight: one launch for both) from the next
+// chunks x C partials.
+__global__ void column_finish_kernel(float* __restrict__ out0, float* __restrict__ out1,
+                                     const float* __restrict__ partial, int chunks, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
+  float* out = blockIdx.y == 0 ? out0 : out1;
+  partial += static_cast<size_t>(blockIdx.y) * chunks * C;
   float s = 0.0f;
   for (int k = 0; k < chunks; ++k) s += partial[static_cast<size_t>(k) * C + c];
   out[c] += s;
@@ -187,14 +194,10 @@ void column_sums(float* dw, float* db, const T* dout, const T* inp, const float*
   DTK_LAUNCH(dim3(chunks, blocks_for(C, 32)), dim3(32, 8), 0, stream, column_partial_kernel<T, MODE>)
   (pw, pb, dout, inp, mean, rstd, N, C, ld);
   DT_CUDA_LAUNCH_CHECK();
-  if (dw) {
-    DTK_LAUNCH(blocks_for(C, 256), 256, 0, stream, column_finish_kernel)(dw, pw, chunks, C);
-    DT_CUDA_LAUNCH_CHECK();
-  }
-  if (db) {
-    DTK_LAUNCH(blocks_for(C, 256), 256, 0, stream, column_finish_kernel)(db, pb, chunks, C);
-    DT_CUDA_LAUNCH_CHECK();
-  }
+  // pb follows pw in the scratch: both outputs in one launch.
+  DTK_LAUNCH(dim3(blocks_for(C, 256), dw && db ? 2 : 1), 256, 0, stream, column_finish_kernel)
+  (dw ? dw : db, db, dw ? pw : pb, chunks, C);
+  DT_CUDA_LAUNCH_CHECK();
 }
 
 template <Norm K, bool FUSED>

@@ -128,7 +128,7 @@ void PlanDevice::norm_forward(const char* op, bool layer, bool fused, const void
 }
 
 // Column sums of kernels/norm.cu (mode 0 LayerNorm dw/db, 1 RMSNorm dw, 2 plain sum into
-// db): 128-row chunk partials, then one finishing kernel per output.
+// db): 128-row chunk partials, then one finishing launch for every output.
 void PlanDevice::column_sums(const char* op, int mode, bool dw, bool db, int N, int C, DType t) {
   const double nc = static_cast<double>(N) * C;
   const double part = static_cast<double>(blocks_for(static_cast<size_t>(N), 128)) * C;
@@ -136,8 +136,7 @@ void PlanDevice::column_sums(const char* op, int mode, bool dw, bool db, int N, 
   double bytes = nc * es(t) + part * 4 * outs;                                           // dout (or x) in, partials out
   if (mode < 2) bytes += nc * es(t) + static_cast<double>(N) * 4 * (mode == 0 ? 2 : 1);  // inp, stats
   kernel(op, "column_partial_kernel<T, MODE>", PlanUnit::CUDA_CORE, nc * (mode == 0 ? 5 : mode == 1 ? 3 : 1), bytes);
-  for (int i = 0; i < outs; ++i)
-    kernel(op, "column_finish_kernel", PlanUnit::CUDA_CORE, part, part * 4 + static_cast<double>(C) * 8);
+  kernel(op, "column_finish_kernel", PlanUnit::CUDA_CORE, part * outs, (part * 4 + static_cast<double>(C) * 8) * outs);
 }
 
 void PlanDevice::norm_backward(const char* op, bool layer, const void* dinp, const void* dout, const void* inp,
