@@ -444,18 +444,17 @@ float Model::forward_issue(float* loss_out) {
   dev_->linear_forward(s.logits, s.lnf, wlm, nullptr, N, C, V, logits_ld_, dtype_);
 
   if (!inputs_targets_) return std::numeric_limits<float>::quiet_NaN();
+  // The mean goes straight to loss_out where the caller gives one (no device copy after).
+  float* mean = loss_out != nullptr ? loss_out : s.loss_mean;
   if (fuse.on) {  // the loss and, in the same pass, the logits' gradient
-    dev_->cross_entropy_forward_backward(s.losses, s.loss_mean, s.logits, s.logits, s.targets, N, V, logits_ld_,
+    dev_->cross_entropy_forward_backward(s.losses, mean, s.logits, s.logits, s.targets, N, V, logits_ld_,
                                          fuse.grad_scale, fuse.count != nullptr ? fuse.count : s.num_targets, dtype_);
     fused_ = fuse;
   } else {
-    dev_->cross_entropy_forward(s.losses, s.loss_mean, s.logits, s.targets, N, V, logits_ld_, dtype_);
+    dev_->cross_entropy_forward(s.losses, mean, s.logits, s.targets, N, V, logits_ld_, dtype_);
   }
   have_targets_ = true;
-  if (loss_out != nullptr) {
-    dev_->copy_d2d(loss_out, s.loss_mean, sizeof(float));
-    return std::numeric_limits<float>::quiet_NaN();
-  }
+  if (loss_out != nullptr) return std::numeric_limits<float>::quiet_NaN();
   float loss = 0.0f;
   dev_->copy_d2h(&loss, s.loss_mean, sizeof(float));
   return loss;
