@@ -7,6 +7,10 @@
 
 #include "kernels/common.cuh"
 
+#include "core/env.h"
+
+#include <cstring>
+
 namespace dtrain::kernels {
 
 namespace {
@@ -200,6 +204,171 @@ void column_sums(float* dw, float* db, const T* dout, const T* inp, const float*
   DT_CUDA_LAUNCH_CHECK();
 }
 
+// ----------------------------------------------------------------------------
+// The fused backward (DTRAIN_NORM_BACKWARD=fused, an alternative to the three kernels above
+// until a GPU measures both): one block per FUSED_ROWS-row chunk. The warps find each row's
+// two means (as norm_dinp_kernel's first pass); then the threads walk the chunk by columns,
+// re-reading dout and inp from L1/L2, adding to dinp and summing the chunk's dweight (and
+// dbias) column partials in registers. Where a row has fewer packs than the block has
+// threads, G groups of threads take every G-th row of the same columns and add their sums in
+// group order through shared memory. dout and inp come from DRAM once instead of twice; the
+// partials (one row per chunk) are summed by column_finish_wide_kernel.
+constexpr int FUSED_ROWS = 32;
+constexpr int FUSED_THREADS = 256;
+
+template <typename T, int V, Norm K>
+__global__ void __launch_bounds__(FUSED_THREADS)
+    norm_backward_fused_kernel(T* __restrict__ dinp, float* __restrict__ pw, float* __restrict__ pb,
+                               const T* __restrict__ dout, const T* __restrict__ inp, const T* __restrict__ w,
+                               const float* __restrict__ mean, const float* __restrict__ rstd, int N, int C) {
+  constexpr int NA = K == Norm::LAYER ? 2 : 1;  // partial arrays: dweight (and dbias)
+  __shared__ float stats[FUSED_ROWS][4];        // mean(w d), mean(w d xhat) (RMS: w d x), mean, rstd
+  __shared__ float red[NA][FUSED_THREADS * V];  // the groups' column sums
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int r0 = blockIdx.x * FUSED_ROWS, rows = min(FUSED_ROWS, N - r0);
+  for (int i = warp; i < rows; i += FUSED_THREADS / 32) {
+    const int row = r0 + i;
+    const size_t off = static_cast<size_t>(row) * C;
+    const float m = K == Norm::LAYER ? mean[row] : 0.0f, r = rstd[row];
+    float s1 = 0.0f, s2 = 0.0f;
+    for (int c = lane * V; c < C; c += 32 * V) {
+      const Pack<T, V> dv = pack_load<T, V>(dout + off + c), xv = pack_load<T, V>(inp + off + c),
+                       wv = pack_load<T, V>(w + c);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float dn = to_f32(wv.v[j]) * to_f32(dv.v[j]);
+        if constexpr (K == Norm::LAYER) {
+          s1 += dn;
+          s2 += dn * ((to_f32(xv.v[j]) - m) * r);
+        } else {
+          s2 += dn * to_f32(xv.v[j]);
+        }
+      }
+    }
+    s1 = warp_sum(s1);
+    s2 = warp_sum(s2);
+    if (lane == 0) {
+      stats[i][0] = s1 / C;
+      stats[i][1] = s2 / C;
+      stats[i][2] = m;
+      stats[i][3] = r;
+    }
+  }
+  __syncthreads();
+  // Columns: P packs a row; G groups of P threads when P < the block (else one group that
+  // loops over the packs).
+  const int P = C / V, G = P >= FUSED_THREADS ? 1 : FUSED_THREADS / P;
+  const int g = G > 1 ? static_cast<int>(threadIdx.x) / P : 0;
+  const int c0 = G > 1 ? static_cast<int>(threadIdx.x) % P : static_cast<int>(threadIdx.x);
+  const int cstep = G > 1 ? P : FUSED_THREADS;
+  float* part_w = pw ? pw + static_cast<size_t>(blockIdx.x) * C : nullptr;
+  float* part_b = pb ? pb + static_cast<size_t>(blockIdx.x) * C : nullptr;
+  for (int cp = c0; cp < P && g < G; cp += cstep) {
+    const int c = cp * V;
+    const Pack<T, V> wv = pack_load<T, V>(w + c);
+    float aw[V], ab[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) aw[j] = ab[j] = 0.0f;
+    for (int i = g; i < rows; i += G) {
+      const size_t off = static_cast<size_t>(r0 + i) * C + c;
+      const float md = stats[i][0], mdx = stats[i][1], m = stats[i][2], r = stats[i][3];
+      const float k3 = mdx * r * r * r;
+      const Pack<T, V> dv = pack_load<T, V>(dout + off), xv = pack_load<T, V>(inp + off);
+      Pack<T, V> di = pack_load<T, V>(dinp + off);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float x = to_f32(xv.v[j]), d = to_f32(dv.v[j]), dn = to_f32(wv.v[j]) * d;
+        float gr;
+        if constexpr (K == Norm::LAYER) {
+          gr = r * (dn - md - (x - m) * r * mdx);
+          aw[j] += d * ((x - m) * r);
+          ab[j] += d;
+        } else {
+          gr = r * dn - x * k3;
+          aw[j] += d * (x * r);
+        }
+        di.v[j] = from_f32<T>(to_f32(di.v[j]) + gr);
+      }
+      pack_store<T, V>(dinp + off, di);
+    }
+    if (G == 1) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        if (part_w) part_w[c + j] = aw[j];
+        if constexpr (NA == 2)
+          if (part_b) part_b[c + j] = ab[j];
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        red[0][threadIdx.x * V + j] = aw[j];
+        if constexpr (NA == 2) red[NA - 1][threadIdx.x * V + j] = ab[j];
+      }
+    }
+  }
+  if (G == 1) return;
+  __syncthreads();
+  if (g != 0) return;
+  for (int cp = c0; cp < P; cp += cstep) {  // one pack: the group-0 thread of these columns
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      float sw = 0.0f, sb = 0.0f;
+      for (int k = 0; k < G; ++k) {
+        sw += red[0][(k * P + cp) * V + j];
+        if constexpr (NA == 2) sb += red[NA - 1][(k * P + cp) * V + j];
+      }
+      if (part_w) part_w[cp * V + j] = sw;
+      if constexpr (NA == 2)
+        if (part_b) part_b[cp * V + j] = sb;
+    }
+  }
+}
+
+// out[c] += the chunks' partials of column c (blockIdx.y picks the output, as
+// column_finish_kernel): 32 columns a block, 32 threads a column each add every 32nd chunk,
+// then one thread adds their 32 sums in order.
+__global__ void column_finish_wide_kernel(float* __restrict__ out0, float* __restrict__ out1,
+                                          const float* __restrict__ partial, int chunks, int C) {
+  __shared__ float s[32][33];
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  partial += static_cast<size_t>(blockIdx.y) * chunks * C;
+  float a = 0.0f;
+  if (c < C)
+    for (int k = threadIdx.y; k < chunks; k += 32) a += partial[static_cast<size_t>(k) * C + c];
+  s[threadIdx.y][threadIdx.x] = a;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= C) return;
+  float t = 0.0f;
+#pragma unroll
+  for (int y = 0; y < 32; ++y) t += s[y][threadIdx.x];
+  (blockIdx.y == 0 ? out0 : out1)[c] += t;
+}
+
+// DTRAIN_NORM_BACKWARD (core/env.cpp's table; a config load refuses a value other than split
+// or fused): the fused backward above instead of the dinp + column-sum kernels. Read at every
+// call (a host getenv beside a launch), so one process can run both.
+bool norm_backward_fused() {
+  const char* v = env_get("DTRAIN_NORM_BACKWARD");
+  return v != nullptr && std::strcmp(v, "fused") == 0;
+}
+
+template <typename T, int V, Norm K>
+void norm_backward_fused_launch(T* dinp, float* dw, float* db, const T* dout, const T* inp, const T* w,
+                                const float* mean, const float* rstd, int N, int C, cudaStream_t stream) {
+  const int chunks = static_cast<int>(blocks_for(N, FUSED_ROWS));
+  const size_t part = static_cast<size_t>(chunks) * C;
+  Scratch scratch(part * sizeof(float) * ((dw ? 1 : 0) + (db ? 1 : 0)), stream);
+  float* pw = dw ? scratch.as<float>() : nullptr;
+  float* pb = db ? scratch.as<float>() + (dw ? part : 0) : nullptr;
+  DTK_LAUNCH(chunks, FUSED_THREADS, 0, stream, norm_backward_fused_kernel<T, V, K>)
+  (dinp, pw, pb, dout, inp, w, mean, rstd, N, C);
+  DT_CUDA_LAUNCH_CHECK();
+  // pb follows pw in the scratch: both outputs in one launch.
+  DTK_LAUNCH(dim3(blocks_for(C, 32), dw && db ? 2 : 1), dim3(32, 32), 0, stream, column_finish_wide_kernel)
+  (dw ? dw : db, db, dw ? pw : pb, chunks, C);
+  DT_CUDA_LAUNCH_CHECK();
+}
+
 template <Norm K, bool FUSED>
 void norm_forward(void* residual, void* out, float* mean, float* rstd, const void* a, const void* b, const void* w,
                   const void* bias, int N, int C, float eps, DType dtype, cudaStream_t stream) {
@@ -232,8 +401,21 @@ void norm_backward(void* dinp, float* dw, float* db, const void* dout, const voi
   dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int V = VEC16<T>;
+    const bool vec = C % V == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(w);
+    if (dinp && (dw || db) && norm_backward_fused()) {
+      auto* db_ = K == Norm::LAYER ? db : nullptr;
+      if (vec) {
+        norm_backward_fused_launch<T, V, K>(static_cast<T*>(dinp), dw, db_, static_cast<const T*>(dout),
+                                            static_cast<const T*>(inp), static_cast<const T*>(w), mean, rstd, N, C,
+                                            stream);
+      } else {
+        norm_backward_fused_launch<T, 1, K>(static_cast<T*>(dinp), dw, db_, static_cast<const T*>(dout),
+                                            static_cast<const T*>(inp), static_cast<const T*>(w), mean, rstd, N, C,
+                                            stream);
+      }
+      return;
+    }
     if (dinp) {
-      const bool vec = C % V == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(w);
       const unsigned grid = blocks_for(N, ROWS_PER_BLOCK);
       if (vec) {
         DTK_LAUNCH(grid, 32 * ROWS_PER_BLOCK, 0, stream, norm_dinp_kernel<T, V, K>)

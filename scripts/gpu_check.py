@@ -22,7 +22,9 @@ rename), so a run cut off at any point still returns every stage that finished:
              dtrain / PyTorch ratio under its floor (PEER_FLOORS) fails
   hf         transformers' tiny random models (and a peft adapter) against dtrain's import
              (scripts/gpu_hf_parity.py)
-  profile    ncu on the attention forward / backward and the largest GEMM
+  profile    ncu on the attention forward / backward and the largest GEMM; the speed stage's
+             steps again with DTRAIN_NORM_BACKWARD=fused (the norm backward's alternative
+             against the default kernels, kernels/norm.cu)
   ranks      2 and 4 thread-ranks on the one card (the device-local communicator) at ZeRO 1-3
              with overlap_comm, with offload, a bf16 wire and PowerSGD, half of them with the
              communication delay on, against 1 rank; then racecheck and synccheck on 2 ranks
@@ -59,7 +61,7 @@ STAGES = ["env", "tests", "sanitizer", "job", "speed", "losses", "offload", "pee
 # Seconds each stage may take on a GPU (the whole check is meant to end within ~6 minutes
 # on an H100; a stage that runs over is cut and reported TIMEOUT).
 STAGE_CAP = {"env": 20, "tests": 150, "sanitizer": 150, "ranks": 180, "job": 60, "speed": 180, "losses": 170, "offload": 240, "peers": 180,
-             "race8b": 300, "hf": 60, "profile": 60, "attention": 90}
+             "race8b": 300, "hf": 60, "profile": 150, "attention": 90}
 # The GPU test binaries of the real build that run on a GPU (the engine-only suites, which
 # trace the device work, skip there and are left out). In a rehearsal the ones marked
 # True run whole; the others are listed (their own EMU ctest runs them).
@@ -1173,7 +1175,8 @@ def stage_hf(lay, rep, cap, out_dir):
 
 
 # ----------------------------------------------------------------------------
-# profile: ncu on the attention kernels and the largest GEMM of one GPT-2 step
+# profile: ncu on the attention kernels and the largest GEMM of one GPT-2 step, and the norm
+# backward's two variants
 PROFILE_METRICS = ["gpu__time_duration.sum", "dram__bytes.sum", "sm__throughput.avg.pct_of_peak_sustained_elapsed",
                    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
                    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
@@ -1228,8 +1231,14 @@ def stage_profile(lay, rep, cap, speed):
             key = base if base in PROFILE_PLAN_KERNEL else "longest GEMM launch"
             if key not in best or t > best[key][0]:
                 best[key] = (t, r, col)
+    norm_rows, norm_md = profile_norm_backward(lay, cap - (now() - t0), speed, ncu, notes), ""
+    if norm_rows:
+        norm_md = ("\nnorm backward, default (split) against DTRAIN_NORM_BACKWARD=fused, ncu over the same step "
+                   "(split: the speed stage's run):\n\n" +
+                   md_table(["model", "split ms", "fused ms", "fused / split", "step kernels ms split",
+                             "step kernels ms fused"], norm_rows))
     if not best:
-        rep.add("profile", "FAIL", now() - t0, "ncu timed no kernel", code("\n".join(notes)))
+        rep.add("profile", "FAIL", now() - t0, "ncu timed no kernel", norm_md + code("\n".join(notes)))
         return
     # FLOPs per launch from the plan's row of the same kernel (one launch per layer); a GEMM
     # launch's shape is not in ncu's row, so its rate is not computed.
@@ -1247,10 +1256,46 @@ def stage_profile(lay, rep, cap, speed):
                          f"{dram / (t * 1e-9) / 1e12:.2f}" if dram else "-",
                          g("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"),
                          g("sm__warps_active.avg.pct_of_peak_sustained_active"), g("launch__registers_per_thread")])
-    rep.add("profile", "PASS", now() - t0, "; ".join(f"{r[0]} {r[2]} us, {r[3]} TFLOP/s, {r[4]} TB/s" for r in out_rows),
+    rep.add("profile", "PASS", now() - t0,
+            "; ".join([f"{r[0]} {r[2]} us, {r[3]} TFLOP/s, {r[4]} TB/s" for r in out_rows] +
+                      [f"norm backward {r[0]}: split {r[1]} ms, fused {r[2]} ms" for r in norm_rows]),
             md_table(["kernel", "name", "us", "TFLOP/s (plan FLOPs)", "DRAM TB/s", "tensor pipe %",
-                      "warps active %", "regs"], out_rows) + ("\n" + code("\n".join(notes)) if notes else ""),
-            dict(rows=out_rows))
+                      "warps active %", "regs"], out_rows) + norm_md + ("\n" + code("\n".join(notes)) if notes else ""),
+            dict(rows=out_rows, norm_backward=norm_rows))
+
+
+# The norm backward's kernel classes under each DTRAIN_NORM_BACKWARD value (kernels/norm.cu);
+# a linear layer's bias gradient uses the column-sum kernels too only where cuBLASLt offers
+# no BGRADB epilogue, so both sets are summed in both runs.
+NORM_BACKWARD_CLASSES = ("norm_dinp_kernel", "column_partial_kernel", "column_finish_kernel",
+                         "norm_backward_fused_kernel", "column_finish_wide_kernel")
+
+
+def profile_norm_backward(lay, left, speed, ncu, notes):
+    """The speed stage's profiled cases again under ncu with DTRAIN_NORM_BACKWARD=fused: one row
+    per case, the norm backward's milliseconds in the default run (the speed stage's) and in
+    the fused one, so one GPU run decides between the two (issue 46 item 3)."""
+    t0, rows = now(), []
+    for case in SPEED_CASES["gpu"]:
+        name, config, sets = case[0], case[1], case[2]
+        if len(case) > 3 and not case[3]:
+            continue
+        split = speed.get(name, {}).get("classes", {}).get("measured")
+        remaining = left - (now() - t0)
+        if split is None or remaining < 20:
+            notes.append(f"norm backward {name}: not timed (" +
+                         ("the speed stage timed no classes" if split is None else "stage time used up") + ")")
+            continue
+        fused, note = ncu_class_times(ncu, bench_cmd(lay, config, sets, 2, 1),
+                                      dict(lay.env, DTRAIN_NORM_BACKWARD="fused"), min(90, remaining - 5))
+        if fused is None:
+            notes.append(f"norm backward {name}: {note}")
+            continue
+        s = sum(split.get(k, 0.0) for k in NORM_BACKWARD_CLASSES)
+        f = sum(fused.get(k, 0.0) for k in NORM_BACKWARD_CLASSES)
+        rows.append([name, f"{s:.3f}", f"{f:.3f}", f"{f / s:.2f}" if s else "-", f"{sum(split.values()):.2f}",
+                     f"{sum(fused.values()):.2f}"])
+    return rows
 
 
 # ----------------------------------------------------------------------------

@@ -589,6 +589,9 @@ const std::vector<KeySpec>& build_env_knobs() {
        .derived = "unset: a training rank's <run dir>/gemm_algos.txt; other commands keep them in memory only"},
       {.path = "DTRAIN_LOG_LEVEL", .type = KeyType::ENUM, .field = nullptr, .help = knob_help("DTRAIN_LOG_LEVEL"),
        .allowed = {"debug", "info", "warn", "error", "off"}, .env = "DTRAIN_LOG_LEVEL", .derived = "info"},
+      {.path = "DTRAIN_NORM_BACKWARD", .type = KeyType::ENUM, .field = nullptr,
+       .help = knob_help("DTRAIN_NORM_BACKWARD"), .allowed = {"split", "fused"}, .env = "DTRAIN_NORM_BACKWARD",
+       .derived = "split"},
       {.path = "DTRAIN_NUM_THREADS", .type = KeyType::INT, .field = nullptr, .help = knob_help("DTRAIN_NUM_THREADS"),
        .min = 1, .max = 1024, .env = "DTRAIN_NUM_THREADS",
        .derived = "$OMP_NUM_THREADS (the launcher sets it to the node's cores / its local ranks), else the "

@@ -47,6 +47,10 @@ constexpr EnvVar kTable[] = {
      "<run dir>/gemm_algos.txt); each entry is checked before use, a bad one is timed again"},
     {"DTRAIN_LOG_LEVEL", K::KNOB, "core: the log, when the process starts",
      "the least severe log line written to stderr (read when the process starts)"},
+    {"DTRAIN_NORM_BACKWARD", K::KNOB, "kernels: every LayerNorm/RMSNorm backward on a CUDA device",
+     "split: the dinp kernel plus the column-sum kernels for the weight (and bias) gradients; fused: one kernel "
+     "for dinp and 32-row column partials, then one finishing kernel (an alternative the GPU check times beside "
+     "the default)"},
     {"DTRAIN_NUM_THREADS", K::KNOB, "ops: the CPU op pool, when first used",
      "threads of a CPU rank's op pool (its row loops and GEMMs)"},
     {"DTRAIN_POOL_SPIN_US", K::KNOB, "ops: the CPU op pool, when first used",

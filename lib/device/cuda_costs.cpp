@@ -13,9 +13,11 @@
 #include "ops/attention.h"
 
 #include "core/check.h"
+#include "core/env.h"
 
 #include <algorithm>
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 namespace dtrain::device {
@@ -142,15 +144,30 @@ void PlanDevice::column_sums(const char* op, int mode, bool dw, bool db, int N, 
 void PlanDevice::norm_backward(const char* op, bool layer, const void* dinp, const void* dout, const void* inp,
                                const void* w, bool dw, bool db, int N, int C, DType t) {
   if (N <= 0 || C <= 0) return;
+  const bool vec =
+      static_cast<size_t>(C) % vec16(t) == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(w);
+  db = layer && db;
+  // DTRAIN_NORM_BACKWARD=fused (kernels/norm.cu's norm_backward_fused): one kernel reads dout,
+  // inp and dinp once, writes dinp and 32-row chunk partials; the wide finish sums them.
+  const char* knob = env_get("DTRAIN_NORM_BACKWARD");
+  if (dinp && (dw || db) && knob != nullptr && std::string_view(knob) == "fused") {
+    const double nc = static_cast<double>(N) * C;
+    const double part = static_cast<double>(blocks_for(static_cast<size_t>(N), 32)) * C;
+    const int outs = (dw ? 1 : 0) + (db ? 1 : 0);
+    const double bytes = nc * es(t) * 4 + C * es(t) + static_cast<double>(N) * 4 * (layer ? 2 : 1) + part * 4 * outs;
+    kernel(op, vec ? "norm_backward_fused_kernel<T, V, K>" : "norm_backward_fused_kernel<T, 1, K>", PlanUnit::CUDA_CORE,
+           nc * (layer ? 17.0 : 11.0), bytes);
+    kernel(op, "column_finish_wide_kernel", PlanUnit::CUDA_CORE, part * outs,
+           (part * 4 + static_cast<double>(C) * 8) * outs);
+    return;
+  }
   if (dinp) {
-    const bool vec =
-        static_cast<size_t>(C) % vec16(t) == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(w);
     const double nc = static_cast<double>(N) * C;
     const double bytes = nc * es(t) * 4 + C * es(t) + static_cast<double>(N) * 4 * (layer ? 2 : 1);
     kernel(op, vec ? "norm_dinp_kernel<T, V, K>" : "norm_dinp_kernel<T, 1, K>", PlanUnit::CUDA_CORE,
            nc * (layer ? 12.0 : 8.0), bytes);
   }
-  if (dw || db) column_sums(op, layer ? 0 : 1, dw, layer && db, N, C, t);
+  if (dw || db) column_sums(op, layer ? 0 : 1, dw, db, N, C, t);
 }
 
 void PlanDevice::layernorm_forward(void*, float*, float*, const void*, const void*, const void* bias, int N, int C,

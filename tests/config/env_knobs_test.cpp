@@ -1,5 +1,5 @@
 // The environment knobs without a YAML key (DTRAIN_GEMM_ALGO_CACHE, DTRAIN_LOG_LEVEL,
-// DTRAIN_NUM_THREADS, DTRAIN_POOL_SPIN_US, DTRAIN_WORKER_PRINT_ENV): declared in the schema, listed by
+// DTRAIN_NORM_BACKWARD, DTRAIN_NUM_THREADS, DTRAIN_POOL_SPIN_US, DTRAIN_WORKER_PRINT_ENV): declared in the schema, listed by
 // --help-config, and a bad value refused by every config load with an error naming the
 // variable, the value and what is accepted; good and unset values load as before.
 #include "config/schema.h"
@@ -69,8 +69,8 @@ TEST_CASE("each env knob is declared once in the schema, beside no YAML key of t
     CHECK(schema_find(k.env) == nullptr);
     names.push_back(k.env);
   }
-  CHECK(names == std::vector<std::string>{"DTRAIN_GEMM_ALGO_CACHE", "DTRAIN_LOG_LEVEL", "DTRAIN_NUM_THREADS",
-                                          "DTRAIN_POOL_SPIN_US", "DTRAIN_WORKER_PRINT_ENV"});
+  CHECK(names == std::vector<std::string>{"DTRAIN_GEMM_ALGO_CACHE", "DTRAIN_LOG_LEVEL", "DTRAIN_NORM_BACKWARD",
+                                          "DTRAIN_NUM_THREADS", "DTRAIN_POOL_SPIN_US", "DTRAIN_WORKER_PRINT_ENV"});
   // No YAML key claims one of these variables too.
   for (const KeySpec& k : schema_keys())
     if (k.env)
@@ -80,6 +80,7 @@ TEST_CASE("each env knob is declared once in the schema, beside no YAML key of t
 TEST_CASE("--help-config lists the env knobs with their type and default") {
   const std::string help = config_help();
   for (const char* want : {"DTRAIN_LOG_LEVEL\n    type: one of: debug, info, warn, error, off\n    default: info",
+                           "DTRAIN_NORM_BACKWARD\n    type: one of: split, fused\n    default: split",
                            "DTRAIN_NUM_THREADS\n    type: an integer in [1, 1024]",
                            "DTRAIN_POOL_SPIN_US\n    type: an integer in [0, 100000]\n    default: 200",
                            "DTRAIN_WORKER_PRINT_ENV\n    type: a string"}) {
@@ -94,6 +95,7 @@ TEST_CASE("a bad env knob value is a config error naming the variable, the value
   };
   for (const Case& c : {Case{"DTRAIN_LOG_LEVEL", "verbose", "one of: debug, info, warn, error, off"},
                         Case{"DTRAIN_LOG_LEVEL", "debg", "did you mean debug?"},
+                        Case{"DTRAIN_NORM_BACKWARD", "one", "one of: split, fused"},
                         Case{"DTRAIN_NUM_THREADS", "four", "valid range: 1 to 1024"},
                         Case{"DTRAIN_NUM_THREADS", "0", "valid range: 1 to 1024"},
                         Case{"DTRAIN_NUM_THREADS", "4x", "valid range: 1 to 1024"},
@@ -112,6 +114,8 @@ TEST_CASE("good and empty env knob values load") {
   for (auto [name, value] : std::vector<std::pair<const char*, const char*>>{{"DTRAIN_LOG_LEVEL", "debug"},
                                                                              {"DTRAIN_LOG_LEVEL", "off"},
                                                                              {"DTRAIN_LOG_LEVEL", ""},
+                                                                             {"DTRAIN_NORM_BACKWARD", "split"},
+                                                                             {"DTRAIN_NORM_BACKWARD", "fused"},
                                                                              {"DTRAIN_NUM_THREADS", "1"},
                                                                              {"DTRAIN_NUM_THREADS", "1024"},
                                                                              {"DTRAIN_POOL_SPIN_US", "0"},
