@@ -17,6 +17,11 @@ namespace dtrain::kernels {
 /// +-inf or NaN inputs give inf/NaN, as train::grad_norm_sq.
 void grad_norm_sq(double* accum, const void* x, size_t n, DType dtype, cudaStream_t stream);
 
+/// grad_norm_sq over count fp32 buffers (x[k], n[k] elements; empty ones skipped) in that
+/// order: the same double, bit for bit, as one grad_norm_sq per buffer, in two launches
+/// instead of two per buffer (two more per 96 buffers).
+void grad_norm_sq_multi(double* accum, const float* const* x, const size_t* n, size_t count, cudaStream_t stream);
+
 /// Sets *flag = 1 (one device int) when any of the n values is +-inf or NaN; never clears
 /// it (zero it once per step). The device form of train::has_inf_or_nan.
 void has_inf_or_nan(int* flag, const void* x, size_t n, DType dtype, cudaStream_t stream);

@@ -119,6 +119,7 @@ class CpuDevice final : public CpuRuntime {
   void adamw_multi(const AdamWTensor* tensors, size_t count, const AdamWConfig& cfg, float lr, int64_t step,
                    const float* scale, DType copy_t) override;
   void norm_sq_accumulate(double* acc, const float* g, size_t n) override;
+  void norm_sq_accumulate_multi(double* acc, const float* const* g, const size_t* n, size_t count) override;
   void norm_sq_pack(float* red, const double* sq) override;
   void loss_sum(double* sum, float* sum_f32, const float* means, const float* counts, int n) override;
   void step_scale(float* scale, double* sq, const float* red, float loss_scale, float max_norm) override;
@@ -396,6 +397,10 @@ void CpuDevice::adamw_multi(const AdamWTensor* tensors, size_t count, const Adam
 void CpuDevice::norm_sq_accumulate(double* acc, const float* g, size_t n) {
   ops::OpScope scope(ops::OpClass::OPTIMIZER);
   *acc += ops::grad_norm_sq(g, n);
+}
+
+void CpuDevice::norm_sq_accumulate_multi(double* acc, const float* const* g, const size_t* n, size_t count) {
+  for (size_t k = 0; k < count; ++k) norm_sq_accumulate(acc, g[k], n[k]);
 }
 
 void CpuDevice::norm_sq_pack(float* red, const double* sq) { ops::norm_sq_pack(red, *sq); }

@@ -514,6 +514,31 @@ void PlanDevice::norm_sq_accumulate(double*, const float* g, size_t n) {
   kernel(op, "sumsq_final_kernel", PlanUnit::CUDA_CORE, static_cast<double>(blocks), blocks * 8.0 + 16);
 }
 
+// kernels::grad_norm_sq_multi: the non-empty buffers in tables of 96 (kernels/reduce.cu's
+// SUMSQ_MULTI_MAX), each buffer with grad_norm_sq's blocks; a partial and a final launch per
+// table.
+void PlanDevice::norm_sq_accumulate_multi(double*, const float* const* g, const size_t* n, size_t count) {
+  const char* op = "norm_sq_accumulate";
+  constexpr size_t MULTI_MAX = 96;
+  size_t in_table = 0;
+  double elems = 0, blocks = 0;
+  auto flush = [&] {
+    if (in_table == 0) return;
+    kernel(op, "sumsq_multi_partial_kernel", PlanUnit::CUDA_CORE, 2.0 * elems, elems * 4.0 + blocks * 8.0);
+    kernel(op, "sumsq_multi_final_kernel", PlanUnit::CUDA_CORE, blocks, blocks * 8.0 + 16);
+    in_table = 0;
+    elems = blocks = 0;
+  };
+  for (size_t k = 0; k < count; ++k) {
+    if (n[k] == 0) continue;
+    if (in_table == MULTI_MAX) flush();
+    ++in_table;
+    elems += static_cast<double>(n[k]);
+    blocks += static_cast<double>(grid_for(aligned16(g[k]) ? n[k] / 4 + 1 : n[k], 256 * 4, 1024));
+  }
+  flush();
+}
+
 // One thread each: the step's agreement values (ops/step_scale.h).
 void PlanDevice::norm_sq_pack(float*, const double*) {
   kernel("norm_sq_pack", "norm_sq_pack_kernel", PlanUnit::CUDA_CORE, 4.0, 8.0 + 12.0);

@@ -158,6 +158,10 @@ class StepOps {
   /// *acc += sum of g[i]^2 in double (acc: one double in this device's memory); inf/NaN
   /// gradients make it inf/NaN. The partition is fixed by n, so the result is deterministic.
   virtual void norm_sq_accumulate(double* acc, const float* g, size_t n) = 0;
+  /// norm_sq_accumulate of count buffers (g[k], n[k] elements) in that order, the same
+  /// double bit for bit; CUDA sums them in two launches (kernels::grad_norm_sq_multi)
+  /// instead of two per buffer.
+  virtual void norm_sq_accumulate_multi(double* acc, const float* const* g, const size_t* n, size_t count) = 0;
   /// red[0..2] = ops::norm_sq_pack(*sq): the sum of squares as an fp32 pair plus an
   /// overflow flag, for an fp32 SUM across ranks (all in this device's memory).
   virtual void norm_sq_pack(float* red, const double* sq) = 0;

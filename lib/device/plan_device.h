@@ -91,6 +91,7 @@ class PlanDevice final : public PlanRuntime {
   void adamw_multi(const AdamWTensor* tensors, size_t count, const AdamWConfig& cfg, float lr, int64_t step,
                    const float* scale, DType copy_t) override;
   void norm_sq_accumulate(double* acc, const float* g, size_t n) override;
+  void norm_sq_accumulate_multi(double* acc, const float* const* g, const size_t* n, size_t count) override;
   void norm_sq_pack(float* red, const double* sq) override;
   void step_scale(float* scale, double* sq, const float* red, float loss_scale, float max_norm) override;
   void loss_sum(double* sum, float* sum_f32, const float* means, const float* counts, int n) override;

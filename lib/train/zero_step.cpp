@@ -69,8 +69,15 @@ void ZeroEngine::step_decide(float loss_scale) {
       if (s.off && s.owned()) device::cpu().norm_sq_accumulate(&h, s.hgrad.as<float>(), s.owned());
     dev_->copy_h2d(sq, &h, sizeof h);
   }
+  // Every device shard in one call (CUDA: two launches for all of them, not two each).
+  std::vector<const float*> g;
+  std::vector<size_t> n;
   for (auto& s : slots_)
-    if (s.trainable && s.owned() && !s.off) dev_->norm_sq_accumulate(sq, grad_shard(s), s.owned());
+    if (s.trainable && s.owned() && !s.off) {
+      g.push_back(grad_shard(s));
+      n.push_back(s.owned());
+    }
+  dev_->norm_sq_accumulate_multi(sq, g.data(), n.data(), g.size());
   // The step's loss sum (the loss slots' means times step_targets' counts) rides on the
   // norm's collective as red[3]: no host allreduce for the log.
   float* const red4 = steps_.at(offsetof(ZeroStepStats, red));

@@ -11,6 +11,7 @@
 #include "train/grad_clip.h"
 #include "train/loss_scaler.h"
 
+#include <cstring>
 #include <memory>
 
 namespace dtrain::kernels::test {
@@ -167,6 +168,40 @@ double norm_case(DType t, size_t offset, uint64_t seed) {
   return std::isfinite(got) ? std::abs(got - want) / want : INFINITY;
 }
 
+// grad_norm_sq_multi over `count` fp32 buffers of mixed lengths (some empty, some one
+// element past a 16-byte boundary, some large enough for many blocks): the result must be
+// the bits of one grad_norm_sq per buffer on the device, and match the CPU's sum; the
+// error against the CPU, or inf when the bits differ. Past 96 buffers the launcher splits
+// the table.
+double norm_multi_case(size_t count, uint64_t seed) {
+  Rng r(seed);
+  std::vector<Floats> xs(count);
+  std::vector<std::unique_ptr<DevBuf>> bufs;
+  std::vector<const float*> ptrs;
+  std::vector<size_t> ns;
+  double ref = 2.5;
+  for (size_t k = 0; k < count; ++k) {
+    const size_t n = k % 7 == 3 ? 0 : k % 5 == 1 ? N_ODD * 30 : 1 + r.below(3000);
+    xs[k] = rand_floats(r, n);
+    bufs.push_back(std::make_unique<DevBuf>(xs[k], DType::F32, k % 3 == 2 ? 1 : 0));
+    ptrs.push_back(bufs.back()->f32());
+    ns.push_back(n);
+    ref += ops::grad_norm_sq(xs[k].data(), n);
+  }
+  double* d_acc = nullptr;
+  DT_CUDA_CHECK(cudaMalloc(&d_acc, 2 * sizeof(double)));
+  const double start[2] = {2.5, 2.5};
+  DT_CUDA_CHECK(cudaMemcpy(d_acc, start, sizeof start, cudaMemcpyHostToDevice));
+  grad_norm_sq_multi(d_acc, ptrs.data(), ns.data(), count, nullptr);
+  for (size_t k = 0; k < count; ++k)
+    if (ns[k]) grad_norm_sq(d_acc + 1, ptrs[k], ns[k], DType::F32, nullptr);
+  double got[2] = {0, 0};
+  DT_CUDA_CHECK(cudaMemcpy(got, d_acc, sizeof got, cudaMemcpyDeviceToHost));
+  DT_CUDA_CHECK(cudaFree(d_acc));
+  if (std::memcmp(&got[0], &got[1], sizeof(double)) != 0) return INFINITY;
+  return std::isfinite(got[0]) ? std::abs(got[0] - ref) / ref : INFINITY;
+}
+
 // 0 when the device flag matches train::has_inf_or_nan for clean, inf and NaN inputs.
 double nonfinite_case(DType t, size_t offset, uint64_t seed) {
   Rng r(seed);
@@ -226,6 +261,11 @@ std::vector<Case> cases_optim() {
                    [=] { return nonfinite_case(t, off, seed); }, 0.0});
       ++seed;
     }
+  for (size_t count : {size_t{1}, size_t{14}, size_t{200}}) {
+    c.push_back({"grad_norm_sq_multi " + std::to_string(count) + " buffers", DType::F32,
+                 [=] { return norm_multi_case(count, seed); }, 1e-6});
+    ++seed;
+  }
   return c;
 }
 
