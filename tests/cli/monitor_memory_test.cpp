@@ -117,7 +117,7 @@ std::vector<nlohmann::json> low_memory_alerts(const std::string& run_dir) {
 
 }  // namespace
 
-TEST_CASE("monitor: a balloon process squeezes the node's memory: one low_memory alert naming the threshold") {
+TEST_CASE("monitor: a balloon process squeezes the node's memory: a low_memory alert naming the threshold") {
   const std::string bin = dtrain_bin();
   if (bin.empty()) {
     ::dtrain::test::skip_test("monitor memory test skipped: $DTRAIN_BIN is not set or not executable");
@@ -200,9 +200,13 @@ TEST_CASE("monitor: a balloon process squeezes the node's memory: one low_memory
   REQUIRE(rc.has_value());
   CHECK(*rc == 130);
 
-  // One episode, one alert, from local rank 0 of node 0, naming the threshold.
+  // An alert from local rank 0 of node 0, naming the threshold. One episode is one alert
+  // (tests/monitor/monitor_test.cpp checks the episodes over given samples); here the
+  // other processes of a busy machine move MemAvailable too, and when they free more
+  // than the episode's 5 % margin while the balloon holds, a second episode and alert are
+  // right, so the count is not asserted.
   const auto alerts = low_memory_alerts(run_dir);
-  REQUIRE(alerts.size() == 1);
+  REQUIRE(!alerts.empty());
   const std::string why = alerts[0].value("why", "");
   INFO("alert: " << alerts[0].dump());
   CHECK(alerts[0].value("node", -1) == 0);
@@ -212,6 +216,6 @@ TEST_CASE("monitor: a balloon process squeezes the node's memory: one low_memory
   auto st = run({bin, "status", run_dir}, {}, 20s);
   INFO("status:\n" << st.out);
   CHECK(st.rc == 0);
-  CHECK(contains(st.out, "1 resource alert(s) in events.jsonl"));
+  CHECK(contains(st.out, std::to_string(alerts.size()) + " resource alert(s) in events.jsonl"));
   CHECK(contains(st.out, " rank 0: low_memory: " + why));
 }
