@@ -126,6 +126,7 @@ ZeroCheckpointView ZeroEngine::checkpoint_view() {
   ZeroCheckpointView v;
   v.buffers = buffer_views();
   v.comm = coll_.comm();
+  v.world_comm = job_comm_;
   v.rank = place_.rank;
   v.world = place_.world;
   v.stage = opts_.stage;

@@ -39,6 +39,7 @@ ZeroEngine::ZeroEngine(model::Model& model, const comm::ProcessGroups& groups, c
       views_(offload_, compress_, slots_), steps_(model.device()), deferred_(static_cast<bool>(deferred)) {
   options_check();
   coll_.attach(groups, model_.on_host(), opts_.single_rank_comm, opts_.overlap_comm);
+  job_comm_ = groups.world;
   place_ = ZeroPlacement{opts_.stage, coll_.rank(), coll_.world(), opts_.param_persistence_threshold};
   sources_check(fp32_source);
   slots_build(fp32_source, deferred);

@@ -152,8 +152,12 @@ struct ZeroBufferView {
 /// and where it runs. Checkpoints take this, not the engine (train/checkpoint.h).
 struct ZeroCheckpointView {
   std::vector<ZeroBufferView> buffers;  ///< base buffers first, then adapters
-  comm::Communicator* comm = nullptr;   ///< nullptr for a single rank
-  int rank = 0, world = 1, stage = 0;
+  comm::Communicator* comm = nullptr;   ///< the data-parallel group; nullptr for a single rank
+  /// Every rank of the job (comm::ProcessGroups::world), when it may hold more ranks than
+  /// comm: then several data-parallel groups write one checkpoint, each its own shards.
+  /// nullptr (or comm itself): the data-parallel group is the job.
+  comm::Communicator* world_comm = nullptr;
+  int rank = 0, world = 1, stage = 0;  ///< rank and world: in the data-parallel group
   DType compute_dtype = DType::F32;
   int64_t step_count = 0;  ///< applied updates (AdamW's bias-correction step)
   /// This rank's error-feedback state (top-k: one residual per gradient bucket), fp32 in
@@ -356,6 +360,8 @@ class ZeroEngine {
   DType mdt_ = DType::F32;  // the model's storage dtype (16-bit only on CUDA)
   bool mixed_ = false;      // compute dtype != F32
   ZeroPlacement place_;     // stage, this rank and the data-parallel group's size
+  // groups.world: every rank of the job, over which a checkpoint of several groups agrees
+  comm::Communicator* job_comm_ = nullptr;
   ZeroCollectives coll_;
   ZeroWorkMeter work_;
   bool tied_ = false;
