@@ -128,8 +128,8 @@ class NcclComm final : public NcclCommunicator {
   [[noreturn]] void throw_failed(const char* what);
   void watchdog_loop();
   // The stream and the barrier scratch, the watchdog, then a bounded wait for comm_ to be
-  // ready (`what`); on failure aborts comm_, releases everything and rethrows.
-  void start(const char* what);
+  // ready (`what`); on failure aborts comm_ (`failure`), releases everything and rethrows.
+  void start(const char* what, const char* failure);
   void release_cuda() noexcept;  // the stream and scratch this object allocated
 
   int rank_, size_;  // set once: by the constructor, or (split) once the communicator is ready
@@ -195,7 +195,7 @@ NcclComm::NcclComm(gloo::rendezvous::Store& store, int rank, int size, int devic
                ncclGetErrorString(r));
     }
   }
-  start("init");
+  start("init", "initialisation failed");
   log_debug("nccl: rank {} of {} ready on device {}", rank, size, device);
 }
 
@@ -205,15 +205,17 @@ NcclComm::NcclComm(ncclComm_t comm, int device, std::chrono::milliseconds timeou
     ncclCommAbort(comm_);
     DT_CUDA_CHECK(e);
   }
-  start("split");
-  std::lock_guard<std::mutex> lock(mu_);
-  ncclResult_t r = ncclCommUserRank(comm_, &rank_);
-  if (r == ncclSuccess) r = ncclCommCount(comm_, &size_);
+  start("split", "the split group did not become ready");
+  ncclResult_t r = ncclSuccess;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    r = ncclCommUserRank(comm_, &rank_);
+    if (r == ncclSuccess) r = ncclCommCount(comm_, &size_);
+  }
   // Not expected of a ready communicator; the destructor (not run when a constructor
-  // throws) would otherwise own these.
+  // throws) would otherwise release these.
   if (r != ncclSuccess) {
-    ncclCommAbort(comm_);
-    comm_ = nullptr;
+    abort_with(std::string("its rank and size are unreadable: ") + ncclGetErrorString(r));
     {
       std::lock_guard<std::mutex> wd(wd_mu_);
       wd_stop_ = true;
@@ -227,7 +229,7 @@ NcclComm::NcclComm(ncclComm_t comm, int device, std::chrono::milliseconds timeou
   log_debug("nccl: split group rank {} of {} ready on device {}", rank_, size_, device);
 }
 
-void NcclComm::start(const char* what) {
+void NcclComm::start(const char* what, const char* failure) {
   cudaError_t e = cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking);
   if (e == cudaSuccess) e = cudaMalloc(&barrier_buf_, sizeof(float));
   if (e != cudaSuccess) {
@@ -244,7 +246,7 @@ void NcclComm::start(const char* what) {
   try {
     wait_ready(what);
   } catch (...) {
-    abort_with(std::string(what) + " failed");
+    abort_with(failure);
     {
       std::lock_guard<std::mutex> lock(wd_mu_);
       wd_stop_ = true;

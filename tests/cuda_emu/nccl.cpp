@@ -874,7 +874,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
     return fail(ncclInvalidArgument,
                 where + ": color " + std::to_string(color) + " is neither non-negative nor NCCL_SPLIT_NOCOLOR");
-  bool blocking = p->blocking;  // no config: the parent's
+  bool blocking = p->blocking;  // the new communicator's; no config: the parent's
   if (config) {
     if (config->magic != CONFIG_MAGIC || config->size < offsetof(ncclConfig_t, netName))
       return fail(ncclInvalidArgument, where + ": config not set up with NCCL_CONFIG_INITIALIZER");
@@ -925,7 +925,9 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
     p->split_child = j.child ? j.child->c : nullptr;
     j.seq = p->next_seq++;
   }
-  if (blocking) return split_run(j);
+  // The call itself blocks as the parent does (NCCL launches the split as a job of the
+  // parent's), whatever config says of the new communicator.
+  if (p->blocking) return split_run(j);
   comm->split_thread = std::thread([j] { split_run(j); });
   return ncclInProgress;
 }

@@ -830,6 +830,36 @@ TEST_CASE(
       /*blocking=*/false));
 }
 
+TEST_CASE("nccl_emu: ncclCommSplit blocks as its parent does; config sets the new communicator's mode") {
+  for (bool parent_blocking : {true, false}) {
+    CAPTURE(parent_blocking);
+    require_passed(run_ranks(
+        2,
+        [&](Rank& k) {
+          ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+          cfg.blocking = parent_blocking ? 0 : 1;  // the other mode for the new communicator
+          ncclComm_t g = nullptr;
+          const ncclResult_t r = ncclCommSplit(k.comm, 0, k.rank, &g, &cfg);
+          if (parent_blocking) {
+            need(r == ncclSuccess && g != nullptr, "a blocking parent's split returned " + std::to_string(r));
+          } else {
+            need(r == ncclInProgress, "a non-blocking parent's split returned " + std::to_string(r));
+            need_nccl(wait_async(k.comm), "the split");
+            need(g != nullptr, "no communicator after the split");
+          }
+          split_group_check(g, k.stream, k.rank, {0, 1});
+          // A non-blocking communicator's finalize is in progress until polled; a blocking
+          // one's is done on return.
+          const ncclResult_t f = ncclCommFinalize(g);
+          need(f == (parent_blocking ? ncclInProgress : ncclSuccess), "finalize returned " + std::to_string(f));
+          need_nccl(wait_async(g), "finalize");
+          need_nccl(ncclCommDestroy(g), "destroy the group");
+          if (!parent_blocking) need_nccl(ncclCommDestroy(std::exchange(k.comm, nullptr)), "destroy");
+        },
+        parent_blocking));
+  }
+}
+
 TEST_CASE("nccl_emu: ncclCommSplit misuse is refused at call time and consumes nothing") {
   std::atomic<bool> refused{false};
   require_passed(run_ranks(2, [&](Rank& k) {

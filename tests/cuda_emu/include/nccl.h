@@ -105,11 +105,12 @@ ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist);
 // Collective over every rank of comm (each must call it, at the same point of comm's
 // sequence of operations, with none of comm's collectives still outstanding): the ranks of
 // one color form a new communicator on comm's device, ranked by key (ties by comm rank);
-// NCCL_SPLIT_NOCOLOR gives NULL. config NULL inherits comm's blocking mode. Non-blocking:
-// returns ncclInProgress with *newcomm NULL; ncclCommGetAsyncError(comm) reports
-// ncclInProgress until the split is complete (every member of the new communicator
-// connected), and only then is *newcomm written (keep it alive until then). A failed split
-// fails comm. Not inside ncclGroupStart/End here.
+// NCCL_SPLIT_NOCOLOR gives NULL. config NULL: the new communicator inherits comm's blocking
+// mode. The call blocks as comm does; on a non-blocking comm it returns ncclInProgress with
+// *newcomm NULL, ncclCommGetAsyncError(comm) reports ncclInProgress until the split is
+// complete (every member of the new communicator connected), and only then is *newcomm
+// written (keep it alive until then). A failed split fails comm. Not inside
+// ncclGroupStart/End here.
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config);
 ncclResult_t ncclCommFinalize(ncclComm_t comm);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
