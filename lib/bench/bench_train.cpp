@@ -141,7 +141,7 @@ Clock::time_point run_steps(train::TrainStep& step, model::Model& tm, const std:
 // plan's figure for this job on one GPU, and the device's own count.
 void read_gpu_memory(BenchTrainResult& r, const train::TrainStep& step, const model::Model& tm,
                      const BenchSetup& setup) {
-  const train::ZeroMemory zm = step.engine().memory();
+  const train::ZeroMemory zm = step.engine().report().memory();
   r.offload_host_bytes = zm.host_bytes;
   r.arena_bytes = zm.total() + tm.activation_bytes();
   r.workspace_bytes = device::cuda_workspace_bytes();
@@ -189,7 +189,7 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
   // The clock stops when the timed steps have finished (run_steps synchronizes): reading
   // the offload trace and the memory figures, and pricing the memory plan, are not steps.
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  r.offload_trace = step.engine().offload_trace();
+  r.offload_trace = step.engine().report().offload_trace();
   if (cuda) read_gpu_memory(r, step, tm, setup);
   r.step_ms = 1e3 * secs / o.steps;
   r.tokens_per_s = static_cast<double>(per_step) * o.steps / secs;

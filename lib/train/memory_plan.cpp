@@ -1,5 +1,5 @@
 // The per-rank memory plan (memory_plan.h): DeepSpeed's ZeRO formulas over the model's
-// own buffer layout, the same ones ZeroEngine::memory() reports as its theory.
+// own buffer layout, the same ones ZeroEngine::report().memory() reports as its theory.
 #include "train/memory_plan.h"
 
 #include "core/check.h"

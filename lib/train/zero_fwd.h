@@ -15,5 +15,7 @@ class ZeroCommQueue;
 class ZeroWorkMeter;
 class ZeroCompression;
 class ZeroOffload;
+class ZeroGather;
+class ZeroWeights;
 
 }  // namespace dtrain::train

@@ -320,7 +320,7 @@ TEST_CASE("memory report on CUDA: DeepSpeed's 2 Phi + 4 Psi + 12 Psi at every st
           zo.compute_dtype = DType::BF16;
           zo.param_persistence_threshold = 0;
           ZeroEngine e(m, comm.get(), zo, &host);
-          mem[static_cast<size_t>(r)] = e.memory();
+          mem[static_cast<size_t>(r)] = e.report().memory();
         } catch (const std::exception& ex) {
           errors[static_cast<size_t>(r)] = ex.what();
         }
