@@ -271,6 +271,12 @@ TEST_CASE("bad input is refused naming the field") {
   j = one_buffer_job(2, 8, 1000);
   j.buffers = {{5, 1000, true}};
   refused(j, "at layer 5");
+  j = one_buffer_job(2, 8, 1000);
+  j.prefetch_bucket_size = -1;
+  refused(j, "prefetch bucket (-1)");
+  j = one_buffer_job(2, 8, 1000);
+  j.max_live_parameters = 0;
+  refused(j, "max live parameters (0)");
   CHECK_THROWS_AS(plan::plan_cluster(one_buffer_job(2, 8, 1000), link_of(0, 400)), UsageError);
 
   const auto specs = plan::cluster_specs_parse("1x8,2X8,16x8");
