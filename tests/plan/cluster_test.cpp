@@ -290,7 +290,7 @@ TEST_CASE("bad input is refused naming the field") {
 }
 
 TEST_CASE("a config's job: the model's buffers, its ZeRO settings and the plan's compute") {
-  const bench::BenchSetup s = bench::bench_setup_from(
+  const train::StepSetup s = train::step_setup_from(
       "configs/llama-1b.yaml", {"zero_optimization.stage=3", "gradient_accumulation_steps=2"}, true);
   const plan::ClusterCompute c = plan::cluster_compute_plan(s);
   CHECK(c.step_s.fast > 0);
