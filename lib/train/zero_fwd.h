@@ -7,6 +7,7 @@ namespace dtrain::train {
 
 struct ZeroOptions;
 struct ZeroPlacement;
+struct ZeroShard;
 struct ZeroSlot;
 struct ZeroBucket;
 struct ZeroBufferView;

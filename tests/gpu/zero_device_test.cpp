@@ -134,7 +134,7 @@ struct DeviceRank {
   }
   // Every parameter's fp32 master, through the host copy of the model (collective).
   std::vector<float> weights() {
-    engine->masters_to_host(*host);
+    engine->weights().to_host(*host);
     std::vector<float> w;
     for (auto& pb : host->params()) w.insert(w.end(), pb.host_f32(), pb.host_f32() + pb.size);
     return w;
