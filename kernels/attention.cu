@@ -476,7 +476,7 @@ void backward_cc(void* dq, void* dk, void* dv, const void* dout, const float* ls
 
 namespace detail {
 bool attention_largest_tiles(int HD, DType dtype) {
-  if (dtype != DType::F32) return attention_mma_two_stages(HD, dtype);
+  if (dtype != DType::F32) return attention_mma_largest_tiles(HD, dtype);
   bool large = false;
   with_dpl(HD, [&](auto dpl) { large = dkdv_bytes<decltype(dpl)::value, false>() <= attention_smem_optin(); });
   return large;

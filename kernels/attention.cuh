@@ -1,9 +1,9 @@
 // Causal multi-head attention with grouped KV heads on the device, flash-attention style:
 // the T x T score matrix never exists in memory. bf16 and fp16 run on tensor cores
-// (attention_mma.cu: FlashAttention-2 on mma.sync, 64 x 64 tiles, fp32 accumulation); fp32
-// on CUDA cores (attention.cu, 32 x 32 tiles). Forward walks key tiles with an online
-// softmax and saves the per-row log-sum-exp; backward recomputes the probabilities per tile
-// from it. Layouts: q [B,T,NH,HD] and k/v [B,T,NKV,HD] whose token rows may be further apart
+// (attention_mma*.cu: FlashAttention-2 on mma.sync, 64 x 64 tiles, or 128-row query tiles
+// under DTRAIN_ATTN_VARIANT=fa2; fp32 accumulation); fp32 on CUDA cores (attention.cu,
+// 32 x 32 tiles). Forward walks key tiles with an online softmax and saves the per-row
+// log-sum-exp; backward recomputes the probabilities per tile from it. Layouts: q [B,T,NH,HD] and k/v [B,T,NKV,HD] whose token rows may be further apart
 // than one row (q_stride, kv_stride elements: the fused qkv buffer of a GPT-2 block is read
 // in place, q at offset 0, k at NH*HD, v at (NH+NKV)*HD, both strides (NH+2*NKV)*HD); out
 // and dout are dense [B,T,NH,HD]. Query head h reads KV head h / (NH/NKV). q and k are used

@@ -75,6 +75,31 @@ void attention_smem_cap_for_testing(size_t bytes);
 /// every split, whatever its shapes' grid would pick. Process-wide; for tests.
 void attention_dkdv_split_for_testing(int split);
 
+/// Which tensor-core kernels run (DTRAIN_ATTN_VARIANT, core/env.cpp's table): LEGACY, the
+/// 64-row forward and dQ tiles (16 rows a warp) and a dK/dV mask on every tile; FA2,
+/// FlashAttention-2's shape, 128-row forward and dQ tiles (32 rows a warp) at head dims 33-128
+/// where their two stages fit the card (else the 64-row ones) and the dK/dV mask only on the
+/// tiles it cuts. Both give the same results (the same products per row in the same order);
+/// both are kept until a GPU run picks one by speed (scripts/gpu_check.py's attention stage).
+enum class AttnVariant { LEGACY = 1, FA2 = 2 };
+
+/// The variant the kernels run now: the test hook's, else $DTRAIN_ATTN_VARIANT (read once;
+/// unset or empty: LEGACY; another value: UsageError).
+AttnVariant attention_variant();
+
+/// Forces the variant (0: $DTRAIN_ATTN_VARIANT's; else an AttnVariant's value). Process-wide;
+/// for tests.
+void attention_variant_for_testing(int variant);
+
+/// Whether every tensor-core kernel takes here the tiles it takes on a card of the most shared
+/// memory under the current variant: attention_mma_two_stages, and under fa2 the 128-row tiles
+/// wherever they are compiled (not head dim 128's forward on a 99 KB card).
+bool attention_mma_largest_tiles(int HD, DType dtype);
+
+/// Whether the forward (dq = false) or dQ (dq = true) kernel takes the 128-row tiles on this
+/// device at head dim HD and dtype (BF16 or F16) under the current variant.
+bool attention_mma_wide_tiles(int HD, DType dtype, bool dq);
+
 /// The current device's opt-in shared memory per block (cudaDeviceProp::sharedMemPerBlockOptin),
 /// under attention_smem_cap_for_testing's cap: what both attention paths pick tiles by.
 size_t attention_smem_optin();

@@ -1,19 +1,16 @@
 // Flash attention on tensor cores (bf16 / fp16 in, fp32 accumulate), FlashAttention-2's
 // algorithm on mma.sync m16n8k16 with ldmatrix (kernels/mma.cuh). Tiles are 64 queries x 64
-// keys, 4 warps per block, each warp owning 16 rows; shared-memory rows are padded by 8
-// elements (16 bytes) so the 8 row addresses of an ldmatrix fall in different bank groups.
+// keys, 4 warps per block, each warp owning 16 rows (the fa2 variant's forward and dQ: 128
+// queries, 32 rows a warp, where they fit); shared-memory rows are padded by 8 elements (16
+// bytes) so the 8 row addresses of an ldmatrix fall in different bank groups.
 // Every kernel has a two-stage variant (the next tile's cp.async loads in flight while the
 // current one is computed) and, for the head dims where two stages exceed a card's opt-in
 // shared memory (A100 163 KB, sm_86/sm_89 99 KB), a one-stage variant: the variant is picked
 // at run time from cudaDeviceProp::sharedMemPerBlockOptin.
 //
-// Forward: block = (batch*head, query tile), the longest rows (last query tiles) first. Q's
-// fragments stay in registers (at head dim 256, where O's accumulator takes 128, they are
-// reloaded from shared memory per key tile); per key tile S = Q K^T (K through ldmatrix),
-// online softmax in the log2 domain on the accumulator fragments, and the probabilities are
-// reused in registers as the A operand of O += P V (V through ldmatrix.trans): the C layout of
-// two adjacent 8-key blocks is exactly the A layout of one 16-key chunk. O is staged through
-// shared memory for 16-byte stores.
+// The forward is kernels/attention_mma_fwd.cu; the tile machinery both use, kernels/
+// attention_mma_tiles.cuh. This file: the backward, the variant and shared-memory choices
+// (tests' hooks included).
 //
 // Backward, two kernels, each block one 64-row tile, longest first (the H200 measured the
 // earlier one-kernel design, one block per head walking every key tile with an fp32 dQ partial
@@ -24,7 +21,9 @@
 //   dP^T = V dO^T (warp = 16 keys), P^T = exp(S^T - lse), dS^T = P^T (dP^T - D), dV += P^T dO
 //   and dK += dS^T Q with P^T / dS^T reused in registers.
 // - dQ: block = (batch*head, query tile); for the key tiles from the first its rows see up to
-//   it, S = Q K^T and dP = dO V^T (warp = 16 queries), P and dS as above, dQ += dS K.
+//   it, S = Q K^T and dP = dO V^T (warp = 16 queries), P and dS as above, dQ += dS K. Under the
+//   fa2 variant at head dim 64 the tile is 128 queries, each warp's two 16-row slices sharing
+//   the K fragments of dQ += dS K.
 // S and dP are computed twice (7 tile products instead of FlashAttention-2's 5), which buys
 // what FlashAttention-2's dQ atomics would cost: every output has one writer, so the result is
 // deterministic, and no fp32 dQ buffer. With grouped KV heads a dK/dV block is one KV head's key
@@ -33,11 +32,9 @@
 // would leave the grid's tail to a few long blocks (small batch, short T: see
 // ops::attention_dkdv_split) G / split of them, each block writing fp32 partials that a third
 // kernel sums in split order.
-#include "kernels/attention_internal.cuh"
+#include "kernels/attention_mma_tiles.cuh"
 
-#include "kernels/common.cuh"
-#include "kernels/mma.cuh"
-#include "ops/attention.h"
+#include "core/env.h"
 
 #include <algorithm>
 #include <atomic>
@@ -49,320 +46,7 @@ namespace dtrain::kernels::detail {
 
 namespace {
 
-constexpr int BM = 64;  // queries per tile; equal to BN so the causal diagonal is one tile
-constexpr int BN = 64;  // keys per tile
-constexpr int THREADS = 128;
-constexpr int dkdv_blocks_per_sm(int hdp) { return ops::attention_dkdv_blocks_per_sm(hdp); }
-constexpr float LOG2E = 1.4426950408889634f;
-constexpr float LN2 = 0.6931471805599453f;
-
-template <int HDP>
-struct Tiles {
-  static constexpr int PITCH = HDP + 8;  // elements per shared-memory row
-  static constexpr int ELEMS = BM * PITCH;
-  static constexpr int KC = HDP / 16;  // 16-wide k chunks of the head dimension
-  static constexpr int DN = HDP / 8;   // 8-wide n blocks of the head dimension
-};
-
-struct Args {
-  AttnShape s;
-  int nt;                 // tiles along T
-  bool vec;               // q/k/v/dout rows 16-byte aligned: tiles load 8 elements at a time
-  bool rows_vec = false;  // backward: every lse and D row 16-byte aligned (T % 4 == 0, aligned bases)
-  int split = 1;          // dK/dV: blocks sharing one KV head's query heads (ops::attention_dkdv_split)
-};
-
-// dst[r][0, HDP) = src row (row0 + r) for r < 64, zero past T and HD: in-range 16-byte chunks
-// are issued as cp.async (visible after this thread's cp_async_wait and a barrier), the rest
-// is stored directly.
-template <typename T, int HDP>
-__device__ __forceinline__ void tile_load_async(T* dst, const T* src, int row0, int T_, size_t stride, int HD,
-                                                bool vec) {
-  constexpr int CH = HDP / 8, PITCH = Tiles<HDP>::PITCH;
-  for (int idx = threadIdx.x; idx < BM * CH; idx += THREADS) {
-    const int r = idx / CH, c = (idx - r * CH) * 8, t = row0 + r;
-    T* d = dst + r * PITCH + c;
-    const T* g = src + static_cast<size_t>(t) * stride + c;
-    if (t < T_ && vec && c + 8 <= HD) {
-      cp_async_16(d, g);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) d[j] = (t < T_ && c + j < HD) ? g[j] : from_f32<T>(0.0f);
-    }
-  }
-}
-
-__device__ __forceinline__ void store_u32(void* p, uint32_t v) { *static_cast<uint32_t*>(p) = v; }
-
-// Two 16x8 products sharing A: d0 += a b[0..1], d1 += a b[2..3] (the B fragments of two
-// adjacent 8-wide n blocks, as one ldmatrix_x4 loads them).
-template <typename T>
-__device__ __forceinline__ void mma_pair(float (&d0)[4], float (&d1)[4], const uint32_t (&a)[4],
-                                         const uint32_t (&b)[4]) {
-  const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-  mma_m16n8k16<T>(d0, a, b0);
-  mma_m16n8k16<T>(d1, a, b1);
-}
-
-// The A fragment of the 16-wide k chunk kk of a 16 x 64 accumulator tile c (eight 8-wide C
-// fragments): the C layout of blocks 2kk and 2kk+1 is exactly A's (FlashAttention-2's
-// register reuse), rounded to T.
-template <typename T>
-__device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c)[8][4], int kk) {
-  a[0] = pack2<T>(c[2 * kk][0], c[2 * kk][1]);
-  a[1] = pack2<T>(c[2 * kk][2], c[2 * kk][3]);
-  a[2] = pack2<T>(c[2 * kk + 1][0], c[2 * kk + 1][1]);
-  a[3] = pack2<T>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
-}
-
-// The stage key tile kt goes to (kv_tile_ready).
-template <int STAGES>
-__device__ __forceinline__ int kv_stage(int kt) {
-  return STAGES == 2 ? kt & 1 : 0;
-}
-
-// Makes key tile kt (of first..last) ready in shared memory, tile `first` having been
-// issued into stage kv_stage<STAGES>(first) before the loop: with two stages, tile kt's loads
-// were issued one iteration earlier into stage kt & 1 and the next tile's are issued into the
-// other stage (last read two iterations ago, released by the caller's end-of-iteration
-// barrier); with one, tile kt > first is loaded into the single stage now. Returns the stage's
-// K tile (V follows it). The caller's barrier makes every thread's part visible.
-template <typename T, int HDP, int STAGES>
-__device__ __forceinline__ const T* kv_tile_ready(T* KV, const T* kb, const T* vb, int kt, int first, int last,
-                                                  const AttnShape& s, bool vec) {
-  constexpr int E = Tiles<HDP>::ELEMS;
-  if constexpr (STAGES == 2) {
-    const int stage = kt & 1;  // not relative to first: nothing but kt stays live in the loop
-    if (kt < last) {
-      T* nk = KV + (stage ^ 1) * 2 * E;
-      tile_load_async<T, HDP>(nk, kb, (kt + 1) * BN, s.T, s.ks, s.HD, vec);
-      tile_load_async<T, HDP>(nk + E, vb, (kt + 1) * BN, s.T, s.ks, s.HD, vec);
-      cp_async_commit();
-      cp_async_wait<1>();  // this tile's group is complete, the prefetch may still fly
-    } else {
-      cp_async_wait<0>();
-    }
-    return KV + stage * 2 * E;
-  } else {
-    if (kt > first) {
-      tile_load_async<T, HDP>(KV, kb, kt * BN, s.T, s.ks, s.HD, vec);
-      tile_load_async<T, HDP>(KV + E, vb, kt * BN, s.T, s.ks, s.HD, vec);
-      cp_async_commit();
-    }
-    cp_async_wait<0>();
-    return KV;
-  }
-}
-
-// The backward's paired products over the head dimension: c1 = A1_w B1^T and c2 = A2_w B2^T,
-// 16 x 64 each, where A1_w, A2_w are this warp's 16 rows of two [64][PITCH] tiles and B1, B2
-// all 64 rows of two others (dK/dV: K, V against Q, dO; dQ: Q, dO against K, V).
-template <typename T, int HDP>
-__device__ __forceinline__ void paired_products(float (&c1)[8][4], float (&c2)[8][4], const T* A1, const T* A2,
-                                                const T* B1, const T* B2, int warp, int lane) {
-  constexpr int P = Tiles<HDP>::PITCH, KC = Tiles<HDP>::KC;
-  const int mi = lane >> 3;
-#pragma unroll
-  for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) c1[nb][i] = c2[nb][i] = 0.0f;
-#pragma unroll
-  for (int kc = 0; kc < KC; ++kc) {
-    uint32_t a1[4], a2[4];
-    ldmatrix_x4(a1, A1 + (warp * 16 + (lane & 15)) * P + kc * 16 + (lane >> 4) * 8);
-    ldmatrix_x4(a2, A2 + (warp * 16 + (lane & 15)) * P + kc * 16 + (lane >> 4) * 8);
-#pragma unroll
-    for (int nb2 = 0; nb2 < 4; ++nb2) {
-      uint32_t b1[4], b2[4];
-      const int off = ((nb2 * 2 + (mi >> 1)) * 8 + (lane & 7)) * P + kc * 16 + (mi & 1) * 8;
-      ldmatrix_x4(b1, B1 + off);
-      ldmatrix_x4(b2, B2 + off);
-      mma_pair<T>(c1[2 * nb2], c1[2 * nb2 + 1], a1, b1);
-      mma_pair<T>(c2[2 * nb2], c2[2 * nb2 + 1], a2, b2);
-    }
-  }
-}
-
-// ----------------------------------------------------------------------------
-// Forward. smem: Qs, then STAGES stages of Ks, Vs [64][PITCH] of T: with two, the next key
-// tile's loads (cp.async) are in flight while the current one is computed.
-// At head dims 32 and 64 it is designed for 4 blocks per SM (scripts/kernel_resources.py's
-// REG_TARGETS: 128 registers), which ptxas is held to: left alone it lands either side of 128
-// as the loop's code changes. Not on sm_100/sm_120, which take 3 (REG_TARGETS: 144), where
-// holding it to 128 spills.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
-constexpr int FWD_SMALL_BLOCKS = 0;  // no minimum
-#else
-constexpr int FWD_SMALL_BLOCKS = 4;
-#endif
-template <typename T, int HDP, int STAGES>
-__global__ void __launch_bounds__(THREADS, HDP <= 64 ? FWD_SMALL_BLOCKS : 0)
-    attn_fwd_mma_kernel(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ q, const T* __restrict__ k,
-                        const T* __restrict__ v, Args a) {
-  using TL = Tiles<HDP>;
-  constexpr int P = TL::PITCH, KC = TL::KC, DN = TL::DN;
-  const AttnShape& s = a.s;
-  DTK_EXTERN_SHARED(float, smem_raw);
-  T* Qs = reinterpret_cast<T*>(smem_raw);
-  T* KV = Qs + TL::ELEMS;  // stage i: Ks = KV + 2 i ELEMS, Vs = Ks + ELEMS
-  // Longest rows first: blocks start in index order, so the last query tiles (the most key
-  // tiles) go first and the short ones fill the tail.
-  const int bh = blockIdx.x, qt = a.nt - 1 - static_cast<int>(blockIdx.y), b = bh / s.NH, h = bh % s.NH, kh = h / s.G;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, mi = lane >> 3;
-  const T* qb = q + static_cast<size_t>(b) * s.T * s.qs + static_cast<size_t>(h) * s.HD;
-  const T* kb = k + static_cast<size_t>(b) * s.T * s.ks + static_cast<size_t>(kh) * s.HD;
-  const T* vb = v + static_cast<size_t>(b) * s.T * s.ks + static_cast<size_t>(kh) * s.HD;
-
-  // Key tiles from the one holding the tile's first row's lo (the tile's smallest: no row sees
-  // an earlier one) up to the diagonal (causal).
-  const int kt0 = attn_lo(s, b, qt * BM) / BN;
-  tile_load_async<T, HDP>(Qs, qb, qt * BM, s.T, s.qs, s.HD, a.vec);
-  T* KV0 = KV + kv_stage<STAGES>(kt0) * 2 * TL::ELEMS;
-  tile_load_async<T, HDP>(KV0, kb, kt0 * BN, s.T, s.ks, s.HD, a.vec);
-  tile_load_async<T, HDP>(KV0 + TL::ELEMS, vb, kt0 * BN, s.T, s.ks, s.HD, a.vec);
-  cp_async_commit();
-  cp_async_wait<0>();
-  __syncthreads();
-  // Q's fragments stay in registers, except at head dim 256, where they (64 registers) and O's
-  // accumulator (128) leave too few for the rest: there each tile reloads them from Qs.
-  constexpr bool QREG = HDP < 256;
-  const T* qrow = Qs + (warp * 16 + (lane & 15)) * P + (lane >> 4) * 8;
-  uint32_t qf[QREG ? KC : 1][4];
-  if constexpr (QREG) {
-#pragma unroll
-    for (int kc = 0; kc < KC; ++kc) ldmatrix_x4(qf[kc], qrow + kc * 16);
-  }
-
-  float o[DN][4];
-#pragma unroll
-  for (int dn = 0; dn < DN; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // per row g and g + 8; m in log2 units
-  const float sl2 = s.scale * LOG2E;
-  const int row0 = qt * BM + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
-  // Their visible keys, lo..last: lo = attn_lo (0 past T), last = min(row, T - 1) (causal, and
-  // no key past T). Kept in shared memory, not in four registers live across the loop: in the
-  // 16 bytes of padding that end Qs's row warp * 16 + g (nothing reads a row's padding). Lane tq
-  // of the quad writes entry tq: lo of rows row0, row0 + 8, then their last.
-  int* bounds = reinterpret_cast<int*>(Qs + (warp * 16 + g) * P + HDP);
-  {
-    const int row = row0 + (tq & 1) * 8;
-    bounds[tq] = tq < 2 ? (row < s.T ? attn_lo(s, b, row) : 0) : (row < s.T ? row : s.T - 1);
-  }
-
-  for (int kt = kt0; kt <= qt; ++kt) {
-    const T* Ks = kv_tile_ready<T, HDP, STAGES>(KV, kb, vb, kt, kt0, qt, s, a.vec);
-    const T* Vs = Ks + TL::ELEMS;
-    __syncthreads();  // every thread's part of this tile has landed
-    float sc[8][4];
-#pragma unroll
-    for (int nb = 0; nb < 8; ++nb) sc[nb][0] = sc[nb][1] = sc[nb][2] = sc[nb][3] = 0.0f;
-#pragma unroll
-    for (int kc = 0; kc < KC; ++kc) {
-      if constexpr (!QREG) ldmatrix_x4(qf[0], qrow + kc * 16);
-      const uint32_t(&qa)[4] = qf[QREG ? kc : 0];
-#pragma unroll
-      for (int nb2 = 0; nb2 < 4; ++nb2) {
-        uint32_t kf[4];
-        ldmatrix_x4(kf, Ks + ((nb2 * 2 + (mi >> 1)) * 8 + (lane & 7)) * P + kc * 16 + (mi & 1) * 8);
-        mma_pair<T>(sc[2 * nb2], sc[2 * nb2 + 1], qa, kf);
-      }
-    }
-    // Scale into the log2 domain, mask, and the online softmax of rows row0 (i < 2), row0 + 8.
-    const int4 bd = *reinterpret_cast<const int4*>(bounds);  // written before the barrier above
-    const int lo[2] = {bd.x, bd.y}, last[2] = {bd.z, bd.w};
-    float mx[2] = {m[0], m[1]};
-#pragma unroll
-    for (int nb = 0; nb < 8; ++nb) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int key = kt * BN + nb * 8 + 2 * tq + (i & 1);
-        // attn_visible(key, row, attn_lo(row)), and no key past T
-        const bool masked = key < lo[i >> 1] || key > last[i >> 1];
-        const float x = masked ? -INFINITY : sc[nb][i] * sl2;
-        sc[nb][i] = x;
-        mx[i >> 1] = fmaxf(mx[i >> 1], x);
-      }
-    }
-    float alpha[2], mref[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      // The first tile holds the tile's first row's lo, but a sliding window or a later row's
-      // document start can hide a whole tile from a row, which then has seen nothing yet
-      // (mx = -inf): its reference max is 0, so alpha and every p are exp2(-inf) = 0, not NaN.
-      mref[r] = mx[r] == -INFINITY ? 0.0f : mx[r];
-      alpha[r] = exp2f(m[r] - mref[r]);
-      m[r] = mx[r];
-      l[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int dn = 0; dn < DN; ++dn) {
-      o[dn][0] *= alpha[0];
-      o[dn][1] *= alpha[0];
-      o[dn][2] *= alpha[1];
-      o[dn][3] *= alpha[1];
-    }
-#pragma unroll
-    for (int nb = 0; nb < 8; ++nb) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float p = exp2f(sc[nb][i] - mref[i >> 1]);
-        sc[nb][i] = p;
-        l[i >> 1] += p;  // this thread's part of the row sum; the quad adds up at the end
-      }
-    }
-    // O += P V over four 16-key chunks.
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      uint32_t pa[4];
-      c_to_a<T>(pa, sc, kk);
-#pragma unroll
-      for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
-        uint32_t vf[4];
-        ldmatrix_x4_trans(vf, Vs + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * P + (dn2 * 2 + (mi >> 1)) * 8);
-        mma_pair<T>(o[2 * dn2], o[2 * dn2 + 1], pa, vf);
-      }
-    }
-    __syncthreads();  // every warp is done with this stage before it is refilled
-  }
-
-  float inv[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    inv[r] = 1.0f / l[r];
-  }
-  // Stage this warp's 16 rows in its own rows of Qs (read only before the loop), then store
-  // them 16 bytes at a time.
-  T* Os = Qs + warp * 16 * P;
-#pragma unroll
-  for (int dn = 0; dn < DN; ++dn) {
-    store_u32(Os + g * P + dn * 8 + 2 * tq, pack2<T>(o[dn][0] * inv[0], o[dn][1] * inv[0]));
-    store_u32(Os + (g + 8) * P + dn * 8 + 2 * tq, pack2<T>(o[dn][2] * inv[1], o[dn][3] * inv[1]));
-  }
-  __syncwarp();
-  const size_t op = static_cast<size_t>(s.NH) * s.HD;
-  constexpr int CH = HDP / 8;
-  for (int idx = lane; idx < 16 * CH; idx += 32) {
-    const int r = idx / CH, c = (idx - r * CH) * 8, t = qt * BM + warp * 16 + r;
-    if (t >= s.T) continue;
-    T* dst = out + (static_cast<size_t>(b) * s.T + t) * op + static_cast<size_t>(h) * s.HD + c;
-    if (a.vec && c + 8 <= s.HD) {
-      pack_store<T, 8>(dst, pack_load<T, 8>(Os + r * P + c));
-    } else {
-      for (int j = 0; j < 8 && c + j < s.HD; ++j) dst[j] = Os[r * P + c + j];
-    }
-  }
-  if (tq == 0) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = row0 + r * 8;
-      if (row < s.T) lse[static_cast<size_t>(bh) * s.T + row] = (m[r] + log2f(l[r])) * LN2;
-    }
-  }
-}
+using namespace mma;
 
 // ----------------------------------------------------------------------------
 // Backward, dK/dV. smem: Ks, Vs, then STAGES stages of Qs, dOs [64][PITCH] of T and of Ls, Ds
@@ -378,6 +62,16 @@ __global__ void __launch_bounds__(THREADS, HDP <= 64 ? FWD_SMALL_BLOCKS : 0)
 // minimum of 3 holds it to 168 registers, 3 blocks per SM (65536 / (3 x 128), in steps of 8), at
 // 32 the minimum of 4 to 128 (4 blocks; shared memory allows both), which every architecture
 // reaches without spilling.
+// Which head dims skip the mask on the tiles it does not cut: the branch costs registers, and
+// ptxas spills with it at head dims 32 (116 bytes at 128 registers), 256 (about 800 bytes
+// more) and 64 on sm_80 (12 bytes at 168), none at 64 on sm_90 nor at 128.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+template <int HDP>
+constexpr bool kDkdvMaskCutOnly = HDP == 128;
+#else
+template <int HDP>
+constexpr bool kDkdvMaskCutOnly = HDP == 64 || HDP == 128;
+#endif
 template <typename T, int HDP, int STAGES>
 __global__ void __launch_bounds__(THREADS, HDP == 128 ? 0 : dkdv_blocks_per_sm(HDP))
     attn_bwd_dkdv_kernel(T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dk_part,
@@ -408,26 +102,35 @@ __global__ void __launch_bounds__(THREADS, HDP == 128 ? 0 : dkdv_blocks_per_sm(H
   // Issues the loads of query head h's tile qt into stage st: Q, dO, lse and D by cp.async
   // (lse and D for a whole tile of 16-byte aligned rows; else stored directly), all in the
   // step's group: no thread waits on a global load before the current tile's work.
-  const T* qb = q + static_cast<size_t>(b) * s.T * s.qs;
-  const T* ob = dout + static_cast<size_t>(b) * s.T * op;
-  const float* lb = lse + static_cast<size_t>(b) * s.NH * s.T;
-  const float* db = Dvec + static_cast<size_t>(b) * s.NH * s.T;
+  // The batch row's bases of q, dout, lse and D: held across the loop at head dim 32, computed
+  // per step above it, which leaves the accumulators eight registers more (ptxas spills at head
+  // dims 64 and 128 on sm_90 with them held, and at 32 on sm_90 without).
+  struct Bases {
+    const T *q, *o;
+    const float *l, *d;
+  };
+  auto row_bases = [&] {
+    return Bases{q + static_cast<size_t>(b) * s.T * s.qs, dout + static_cast<size_t>(b) * s.T * op,
+                 lse + static_cast<size_t>(b) * s.NH * s.T, Dvec + static_cast<size_t>(b) * s.NH * s.T};
+  };
+  const Bases held = row_bases();  // unused (and dropped) above head dim 32
   auto load_step = [&](int h, int qt, int st) {
+    const Bases bs = HDP <= 32 ? held : row_bases();
     T* qs = QO + st * 2 * TL::ELEMS;
-    tile_load_async<T, HDP>(qs, qb + h * s.HD, qt * BM, s.T, s.qs, s.HD, a.vec);
-    tile_load_async<T, HDP>(qs + TL::ELEMS, ob + h * s.HD, qt * BM, s.T, op, s.HD, a.vec);
+    tile_load_async<T, HDP>(qs, bs.q + h * s.HD, qt * BM, s.T, s.qs, s.HD, a.vec);
+    tile_load_async<T, HDP>(qs + TL::ELEMS, bs.o + h * s.HD, qt * BM, s.T, op, s.HD, a.vec);
     float* ls = LD + st * 2 * BM;
     const int row0 = qt * BM;
     if (a.rows_vec && row0 + BM <= s.T) {
       if (threadIdx.x < BM / 2) {  // 16 chunks of 4 floats of lse, then 16 of D
         const int c = (threadIdx.x & (BM / 4 - 1)) * 4;
         const bool d = threadIdx.x >= BM / 4;
-        cp_async_16(ls + (d ? BM : 0) + c, (d ? db : lb) + h * s.T + row0 + c);
+        cp_async_16(ls + (d ? BM : 0) + c, (d ? bs.d : bs.l) + h * s.T + row0 + c);
       }
     } else if (threadIdx.x < BM) {
       const int row = row0 + threadIdx.x;
-      ls[threadIdx.x] = row < s.T ? lb[h * s.T + row] : 0.0f;
-      ls[BM + threadIdx.x] = row < s.T ? db[h * s.T + row] : 0.0f;
+      ls[threadIdx.x] = row < s.T ? bs.l[h * s.T + row] : 0.0f;
+      ls[BM + threadIdx.x] = row < s.T ? bs.d[h * s.T + row] : 0.0f;
     }
   };
 
@@ -445,7 +148,9 @@ __global__ void __launch_bounds__(THREADS, HDP == 128 ? 0 : dkdv_blocks_per_sm(H
   // registers live across the loop: in the 16 bytes of padding that end Ks's row warp * 16 + g
   // (nothing reads a row's padding). Lanes tq = 0, 1 of the quad write entries 0, 1.
   int* his = reinterpret_cast<int*>(Ks + (warp * 16 + g) * P + HDP);
+  // Entry 2 (lane tq = 2): the tile's least attn_hi, its first key's (< T), the mask test's.
   if (tq < 2) his[tq] = key0 + tq * 8 < s.T ? attn_hi(s, b, key0 + tq * 8) : -1;
+  if (kDkdvMaskCutOnly<HDP> && tq == 2) his[2] = attn_hi(s, b, kt * BN);
 
   // Step by step: (h, qt) from (h0, kt), the tiles of one head before the next head's; stage
   // alternates with each step.
@@ -475,20 +180,37 @@ __global__ void __launch_bounds__(THREADS, HDP == 128 ? 0 : dkdv_blocks_per_sm(H
 
     // S^T = K_w Q^T and dP^T = V_w dO^T: 16 keys x 64 queries per warp.
     float st[8][4], dpt[8][4];
-    paired_products<T, HDP>(st, dpt, Ks, Vs, Qs, dOs, warp, lane);
-    // P^T = exp(S^T * scale - lse) (0 where masked), dS^T = P^T (dP^T - D).
-    const int2 hi2 = *reinterpret_cast<const int2*>(his);  // written before the barrier above
-    const int hi[2] = {hi2.x, hi2.y};
+    paired_products<T, HDP>(st, dpt, Ks, Vs, Qs, dOs, warp * 16, lane);
+    // P^T = exp(S^T * scale - lse) (0 where masked), dS^T = P^T (dP^T - D). Only a tile the
+    // mask cuts computes it (uniform over the block): the diagonal tile (queries before keys) and
+    // one with queries past the first key's attn_hi (the least: attn_hi is non-decreasing in the
+    // key), which covers a window, packed documents, queries past T and keys past T (hi -1,
+    // only in the last key tile, whose walk is its diagonal tile alone).
+    if (!kDkdvMaskCutOnly<HDP> || a.mask_every_tile || qt == kt || qt * BM + BM - 1 > his[2]) {
+      const int2 hi2 = *reinterpret_cast<const int2*>(his);  // written before the barrier above
+      const int hi[2] = {hi2.x, hi2.y};
 #pragma unroll
-    for (int nb = 0; nb < 8; ++nb) {
+      for (int nb = 0; nb < 8; ++nb) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int key = key0 + (i >> 1) * 8, col = nb * 8 + 2 * tq + (i & 1), query = qt * BM + col;
-        // attn_visible(key, query, attn_lo(query)), which is key <= query <= attn_hi(key)
-        const bool ok = key <= query && query <= hi[i >> 1];
-        const float p = ok ? exp2f(st[nb][i] * sl2 - Ls[col] * LOG2E) : 0.0f;
-        st[nb][i] = p;
-        dpt[nb][i] = p * (dpt[nb][i] - Ds[col]);
+        for (int i = 0; i < 4; ++i) {
+          const int key = key0 + (i >> 1) * 8, col = nb * 8 + 2 * tq + (i & 1), query = qt * BM + col;
+          // attn_visible(key, query, attn_lo(query)), which is key <= query <= attn_hi(key)
+          const bool ok = key <= query && query <= hi[i >> 1];
+          const float p = ok ? exp2f(st[nb][i] * sl2 - Ls[col] * LOG2E) : 0.0f;
+          st[nb][i] = p;
+          dpt[nb][i] = p * (dpt[nb][i] - Ds[col]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int nb = 0; nb < 8; ++nb) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int col = nb * 8 + 2 * tq + (i & 1);
+          const float p = exp2f(st[nb][i] * sl2 - Ls[col] * LOG2E);
+          st[nb][i] = p;
+          dpt[nb][i] = p * (dpt[nb][i] - Ds[col]);
+        }
       }
     }
     // dV += P^T dO, dK += dS^T Q (k = the 64 queries in four 16-query chunks).
@@ -515,47 +237,73 @@ __global__ void __launch_bounds__(THREADS, HDP == 128 ? 0 : dkdv_blocks_per_sm(H
       ++qt;
     }
   }
-  // dK (scaled) and dV of this key tile, summed over the group's query heads.
+  // dK (scaled) and dV of this key tile, summed over the group's query heads. With split 1,
+  // staged as T in this warp's own rows of Ks and Vs (every warp passed the loop's last barrier,
+  // so no warp reads them any more; their padding, his, is not written) and stored 16 bytes at a
+  // time, as the forward's output: no per-element address arithmetic beside 128 accumulators.
+  if (a.split == 1) {
+    T* Ko = Ks + warp * 16 * P;
+    T* Vo = Vs + warp * 16 * P;
+#pragma unroll
+    for (int dn = 0; dn < DN; ++dn) {
+      store_u32(Ko + g * P + dn * 8 + 2 * tq, pack2<T>(s.scale * dka[dn][0], s.scale * dka[dn][1]));
+      store_u32(Ko + (g + 8) * P + dn * 8 + 2 * tq, pack2<T>(s.scale * dka[dn][2], s.scale * dka[dn][3]));
+      store_u32(Vo + g * P + dn * 8 + 2 * tq, pack2<T>(dva[dn][0], dva[dn][1]));
+      store_u32(Vo + (g + 8) * P + dn * 8 + 2 * tq, pack2<T>(dva[dn][2], dva[dn][3]));
+    }
+    __syncwarp();
+    constexpr int CH = HDP / 8;
+    for (int idx = lane; idx < 16 * CH; idx += 32) {
+      const int r = idx / CH, c = (idx - r * CH) * 8, key = kt * BN + warp * 16 + r;
+      if (key >= s.T) continue;
+      const size_t at = (static_cast<size_t>(b) * s.T + key) * s.ks + static_cast<size_t>(kh) * s.HD + c;
+      if (a.out_vec && c + 8 <= s.HD) {
+        pack_store<T, 8>(dk + at, pack_load<T, 8>(Ko + r * P + c));
+        pack_store<T, 8>(dv + at, pack_load<T, 8>(Vo + r * P + c));
+      } else {
+        for (int j = 0; j < 8 && c + j < s.HD; ++j) {
+          dk[at + j] = Ko[r * P + c + j];
+          dv[at + j] = Vo[r * P + c + j];
+        }
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key0 + r * 8;
     if (key >= s.T) continue;
 #pragma unroll
     for (int dn = 0; dn < DN; ++dn) {
+      const int d = dn * 8 + 2 * tq;
+      const size_t at = (static_cast<size_t>(blockIdx.x) * s.T + key) * s.HD + d;
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const int d = dn * 8 + 2 * tq + j;
-        if (d >= s.HD) continue;
-        const float gk = s.scale * dka[dn][r * 2 + j], gv = dva[dn][r * 2 + j];
-        if (a.split == 1) {
-          const size_t at = (static_cast<size_t>(b) * s.T + key) * s.ks + static_cast<size_t>(kh) * s.HD + d;
-          dk[at] = from_f32<T>(gk);
-          dv[at] = from_f32<T>(gv);
-        } else {
-          const size_t at = (static_cast<size_t>(blockIdx.x) * s.T + key) * s.HD + d;
-          dk_part[at] = gk;
-          dv_part[at] = gv;
-        }
+        if (d + j >= s.HD) continue;
+        dk_part[at + j] = s.scale * dka[dn][r * 2 + j];
+        dv_part[at + j] = dva[dn][r * 2 + j];
       }
     }
   }
 }
 
 // ----------------------------------------------------------------------------
-// Backward, dQ. smem: Qs, dOs, then STAGES stages of Ks, Vs [64][PITCH] of T. dq has q's
-// layout (stride s.qs).
-template <typename T, int HDP, int STAGES>
+// Backward, dQ. smem: Qs, dOs [64 WM][PITCH], then STAGES stages of Ks, Vs [64][PITCH] of T. dq
+// has q's layout (stride s.qs). WM as the forward's: with two slices a warp computes S and dP
+// slice by slice (one slice's 64 accumulators at a time), keeps the first slice's dS packed as A
+// fragments, and shares each K fragment of dQ += dS K between the slices.
+template <typename T, int HDP, int STAGES, int WM>
 __global__ void __launch_bounds__(THREADS)
     attn_bwd_dq_kernel(T* __restrict__ dq, const T* __restrict__ dout, const float* __restrict__ lse,
                        const float* __restrict__ Dvec, const T* __restrict__ q, const T* __restrict__ k,
                        const T* __restrict__ v, Args a) {
   using TL = Tiles<HDP>;
-  constexpr int P = TL::PITCH, DN = TL::DN;
+  constexpr int P = TL::PITCH, DN = TL::DN, BMQ = BM * WM, WR = 16 * WM;
   const AttnShape& s = a.s;
   DTK_EXTERN_SHARED(float, smem_raw);
   T* Qs = reinterpret_cast<T*>(smem_raw);
-  T* dOs = Qs + TL::ELEMS;
-  T* KV = dOs + TL::ELEMS;  // stage i: Ks = KV + 2 i ELEMS, Vs = Ks + ELEMS
+  T* dOs = Qs + WM * TL::ELEMS;
+  T* KV = dOs + WM * TL::ELEMS;  // stage i: Ks = KV + 2 i ELEMS, Vs = Ks + ELEMS
   // Longest first, as the forward.
   const int bh = blockIdx.x, qt = a.nt - 1 - static_cast<int>(blockIdx.y), b = bh / s.NH, h = bh % s.NH, kh = h / s.G;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, mi = lane >> 3;
@@ -566,86 +314,131 @@ __global__ void __launch_bounds__(THREADS)
   const T* vb = v + static_cast<size_t>(b) * s.T * s.ks + static_cast<size_t>(kh) * s.HD;
   const float sl2 = s.scale * LOG2E;
 
-  // Key tiles from the one holding the tile's first row's lo (its smallest) up to the diagonal.
-  const int kt0 = attn_lo(s, b, qt * BM) / BN;
-  tile_load_async<T, HDP>(Qs, qb, qt * BM, s.T, s.qs, s.HD, a.vec);
-  tile_load_async<T, HDP>(dOs, ob, qt * BM, s.T, op, s.HD, a.vec);
+  // Key tiles from the one holding the tile's first row's lo (its smallest) up to the one
+  // holding its last row below T.
+  const int kt0 = attn_lo(s, b, qt * BMQ) / BN;
+  const int kt_last = (qt * BMQ + BMQ - 1 < s.T ? qt * BMQ + BMQ - 1 : s.T - 1) / BN;
+  tile_load_async<T, HDP, BMQ>(Qs, qb, qt * BMQ, s.T, s.qs, s.HD, a.vec);
+  tile_load_async<T, HDP, BMQ>(dOs, ob, qt * BMQ, s.T, op, s.HD, a.vec);
   T* KV0 = KV + kv_stage<STAGES>(kt0) * 2 * TL::ELEMS;
   tile_load_async<T, HDP>(KV0, kb, kt0 * BN, s.T, s.ks, s.HD, a.vec);
   tile_load_async<T, HDP>(KV0 + TL::ELEMS, vb, kt0 * BN, s.T, s.ks, s.HD, a.vec);
   cp_async_commit();
-  const int row0 = qt * BM + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
-  float lse2[2], dd[2];
+  const int wrow0 = qt * BMQ + warp * WR;  // this warp's first row; slice j's thread rows: + 16 j + g (+ 8)
+  // The rows' lse (log2 units) and D: in registers with one slice; with two, in the 16 bytes of
+  // padding that end Qs's row warp * WR + 16 j + g + 8 (lane tq of the quad writes entry tq:
+  // lse of rows r0, r0 + 8, then their D), read per tile instead of 8 registers held.
+  constexpr bool ROWS_REG = WM == 1;
+  float lse2[ROWS_REG ? WM : 1][2], dd[ROWS_REG ? WM : 1][2];
+  if constexpr (ROWS_REG) {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row0 + r * 8;
-    lse2[r] = row < s.T ? lse[static_cast<size_t>(bh) * s.T + row] * LOG2E : 0.0f;
-    dd[r] = row < s.T ? Dvec[static_cast<size_t>(bh) * s.T + row] : 0.0f;
+    for (int j = 0; j < WM; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = wrow0 + 16 * j + g + r * 8;
+        lse2[j][r] = row < s.T ? lse[static_cast<size_t>(bh) * s.T + row] * LOG2E : 0.0f;
+        dd[j][r] = row < s.T ? Dvec[static_cast<size_t>(bh) * s.T + row] : 0.0f;
+      }
+  } else {
+#pragma unroll
+    for (int j = 0; j < WM; ++j) {
+      const int row = wrow0 + 16 * j + g + (tq & 1) * 8;
+      float* rows = reinterpret_cast<float*>(Qs + (warp * WR + 16 * j + g + 8) * P + HDP);
+      rows[tq] = row >= s.T ? 0.0f
+                 : tq < 2   ? lse[static_cast<size_t>(bh) * s.T + row] * LOG2E
+                            : Dvec[static_cast<size_t>(bh) * s.T + row];
+    }
   }
   // Their visible keys, lo..last: lo = attn_lo, last = row (none past T: lo = 0, last = -1), in
-  // the 16 bytes of padding that end Qs's row warp * 16 + g (nothing reads a row's padding), not
-  // in registers live across the loop. Lane tq of the quad writes entry tq: row row0's lo and
-  // last, then row0 + 8's.
-  int* bounds = reinterpret_cast<int*>(Qs + (warp * 16 + g) * P + HDP);
-  {
-    const int row = row0 + (tq >> 1) * 8;
+  // the 16 bytes of padding that end Qs's row warp * WR + 16 j + g (nothing reads a row's
+  // padding), not in registers live across the loop. Lane tq of the quad writes entry tq: row
+  // r0's lo and last, then r0 + 8's.
+  const T* brow = Qs + (warp * WR + g) * P + HDP;  // slice j's bounds: + 16 j P
+#pragma unroll
+  for (int j = 0; j < WM; ++j) {
+    const int row = wrow0 + 16 * j + g + (tq >> 1) * 8;
+    int* bounds = reinterpret_cast<int*>(const_cast<T*>(brow + 16 * j * P));
     bounds[tq] = row < s.T ? (tq & 1 ? row : attn_lo(s, b, row)) : (tq & 1 ? -1 : 0);
   }
-  float dqa[DN][4];
+  float dqa[WM][DN][4];
 #pragma unroll
-  for (int dn = 0; dn < DN; ++dn) dqa[dn][0] = dqa[dn][1] = dqa[dn][2] = dqa[dn][3] = 0.0f;
+  for (int j = 0; j < WM; ++j)
+#pragma unroll
+    for (int dn = 0; dn < DN; ++dn) dqa[j][dn][0] = dqa[j][dn][1] = dqa[j][dn][2] = dqa[j][dn][3] = 0.0f;
 
-  for (int kt = kt0; kt <= qt; ++kt) {
-    const T* Ks = kv_tile_ready<T, HDP, STAGES>(KV, kb, vb, kt, kt0, qt, s, a.vec);
+  for (int kt = kt0; kt <= kt_last; ++kt) {
+    const T* Ks = kv_tile_ready<T, HDP, STAGES>(KV, kb, vb, kt, kt0, kt_last, s, a.vec);
     const T* Vs = Ks + TL::ELEMS;
     __syncthreads();  // every thread's part of this tile has landed
-
-    // S = Q_w K^T and dP = dO_w V^T: 16 queries x 64 keys per warp.
-    float sc[8][4], dp[8][4];
-    paired_products<T, HDP>(sc, dp, Qs, dOs, Ks, Vs, warp, lane);
-    // P = exp(S * scale - lse) (0 where masked), dS = P (dP - D), in dp.
+    // A warp whose rows all precede the tile's keys sees none of them: dS = 0, skipped.
+    if (WM == 1 || wrow0 + WR - 1 >= kt * BN) {
+      // Slices before the last: dS packed as the A fragments of dQ += dS K (16 registers).
+      uint32_t dsa[WM > 1 ? WM - 1 : 1][4][4];
+      float dp[8][4];  // the last slice's dS, packed at use
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {  // row row0 + 8 r: elements i = 2 r, 2 r + 1 of each block
-      const int2 bd = reinterpret_cast<const int2*>(bounds)[r];  // written before the barrier above
+      for (int j = 0; j < WM; ++j) {
+        // S = Q_w K^T and dP = dO_w V^T: 16 queries x 64 keys.
+        float sc[8][4];
+        paired_products<T, HDP>(sc, dp, Qs, dOs, Ks, Vs, warp * WR + 16 * j, lane);
+        // P = exp(S * scale - lse) (0 where masked), dS = P (dP - D), in dp.
+        float4 ld = {0.0f, 0.0f, 0.0f, 0.0f};  // with two slices: lse of rows r0, r0 + 8, then D
+        if constexpr (!ROWS_REG) ld = *reinterpret_cast<const float4*>(Qs + (warp * WR + 16 * j + g + 8) * P + HDP);
 #pragma unroll
-      for (int nb = 0; nb < 8; ++nb) {
+        for (int r = 0; r < 2; ++r) {  // row r0 + 8 r: elements i = 2 r, 2 r + 1 of each block
+          const int2 bd = reinterpret_cast<const int2*>(brow + 16 * j * P)[r];  // written before the barrier above
+          const float l2 = ROWS_REG ? lse2[ROWS_REG ? j : 0][r] : r == 0 ? ld.x : ld.y;
+          const float d = ROWS_REG ? dd[ROWS_REG ? j : 0][r] : r == 0 ? ld.z : ld.w;
 #pragma unroll
-        for (int i = 2 * r; i < 2 * r + 2; ++i) {
-          const int key = kt * BN + nb * 8 + 2 * tq + (i & 1);
-          // row < T && attn_visible(key, row, attn_lo(row))
-          const bool ok = bd.x <= key && key <= bd.y;
-          const float p = ok ? exp2f(sc[nb][i] * sl2 - lse2[r]) : 0.0f;
-          dp[nb][i] = p * (dp[nb][i] - dd[r]);
+          for (int nb = 0; nb < 8; ++nb) {
+#pragma unroll
+            for (int i = 2 * r; i < 2 * r + 2; ++i) {
+              const int key = kt * BN + nb * 8 + 2 * tq + (i & 1);
+              // row < T && attn_visible(key, row, attn_lo(row))
+              const bool ok = bd.x <= key && key <= bd.y;
+              const float p = ok ? exp2f(sc[nb][i] * sl2 - l2) : 0.0f;
+              dp[nb][i] = p * (dp[nb][i] - d);
+            }
+          }
+        }
+        if (j < WM - 1) {
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk) c_to_a<T>(dsa[j < WM - 1 ? j : 0][kk], dp, kk);
         }
       }
-    }
-    // dQ += dS K over the tile's 64 keys (four 16-key chunks; K through ldmatrix.trans).
+      // dQ += dS K over the tile's 64 keys (four 16-key chunks; K through ldmatrix.trans, each
+      // fragment feeding every slice).
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      uint32_t da[4];
-      c_to_a<T>(da, dp, kk);
+      for (int kk = 0; kk < 4; ++kk) {
+        uint32_t da[4];
+        c_to_a<T>(da, dp, kk);
 #pragma unroll
-      for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
-        uint32_t kf4[4];
-        ldmatrix_x4_trans(kf4, Ks + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * P + (dn2 * 2 + (mi >> 1)) * 8);
-        mma_pair<T>(dqa[2 * dn2], dqa[2 * dn2 + 1], da, kf4);
+        for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
+          uint32_t kf4[4];
+          ldmatrix_x4_trans(kf4, Ks + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * P + (dn2 * 2 + (mi >> 1)) * 8);
+#pragma unroll
+          for (int j = 0; j < WM - 1; ++j) mma_pair<T>(dqa[j][2 * dn2], dqa[j][2 * dn2 + 1], dsa[j][kk], kf4);
+          mma_pair<T>(dqa[WM - 1][2 * dn2], dqa[WM - 1][2 * dn2 + 1], da, kf4);
+        }
       }
     }
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
 
-  // Stage this warp's 16 rows of scale * dQ in its own rows of Qs (only this warp read them),
+  // Stage this warp's rows of scale * dQ in its own rows of Qs (only this warp read them),
   // then store them 16 bytes at a time.
-  T* Os = Qs + warp * 16 * P;
+  T* Os = Qs + warp * WR * P;
 #pragma unroll
-  for (int dn = 0; dn < DN; ++dn) {
-    store_u32(Os + g * P + dn * 8 + 2 * tq, pack2<T>(s.scale * dqa[dn][0], s.scale * dqa[dn][1]));
-    store_u32(Os + (g + 8) * P + dn * 8 + 2 * tq, pack2<T>(s.scale * dqa[dn][2], s.scale * dqa[dn][3]));
-  }
+  for (int j = 0; j < WM; ++j)
+#pragma unroll
+    for (int dn = 0; dn < DN; ++dn) {
+      store_u32(Os + (16 * j + g) * P + dn * 8 + 2 * tq, pack2<T>(s.scale * dqa[j][dn][0], s.scale * dqa[j][dn][1]));
+      store_u32(Os + (16 * j + g + 8) * P + dn * 8 + 2 * tq,
+                pack2<T>(s.scale * dqa[j][dn][2], s.scale * dqa[j][dn][3]));
+    }
   __syncwarp();
   constexpr int CH = HDP / 8;
-  for (int idx = lane; idx < 16 * CH; idx += 32) {
-    const int r = idx / CH, c = (idx - r * CH) * 8, t = qt * BM + warp * 16 + r;
+  for (int idx = lane; idx < WR * CH; idx += 32) {
+    const int r = idx / CH, c = (idx - r * CH) * 8, t = wrow0 + r;
     if (t >= s.T) continue;
     T* dst = dq + (static_cast<size_t>(b) * s.T + t) * s.qs + static_cast<size_t>(h) * s.HD + c;
     if (a.vec && c + 8 <= s.HD) {
@@ -677,12 +470,6 @@ __global__ void attn_dkv_reduce_kernel(T* __restrict__ dk, T* __restrict__ dv, c
     dk[at] = from_f32<T>(gk);
     dv[at] = from_f32<T>(gv);
   }
-}
-
-template <typename Kernel>
-void smem_allow(Kernel kernel, size_t bytes) {
-  if (bytes > 48 * 1024)
-    DT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
 std::atomic<size_t> g_smem_cap{0};  // attention_smem_cap_for_testing
@@ -733,92 +520,47 @@ size_t smem_optin() {
   return cap > 0 && cap < static_cast<size_t>(v) ? cap : static_cast<size_t>(v);
 }
 
-// The smallest opt-in shared memory of the cards the kernels are built for (sm_86 / sm_89:
-// 99 KB, CUDA C++ Programming Guide, "Technical Specifications per Compute Capability"): a
-// kernel whose two-stage variant fits in it on every card gets no one-stage variant compiled.
-constexpr size_t kSmallestOptin = 99 * 1024;
+std::atomic<int> g_variant_force{0};  // attention_variant_for_testing
 
-// Calls f(std::integral_constant<int, STAGES>{}): two stages where bytes(2) fits the device's
-// opt-in shared memory, else one where bytes(1) fits, else a DeviceError naming both.
-template <size_t BYTES2, size_t BYTES1, typename F>
-void with_stages(const char* what, int HD, F&& f) {
-  const size_t limit = smem_optin();
-  if (BYTES2 <= limit) {
-    f(std::integral_constant<int, 2>{});
-    return;
-  }
-  if constexpr (BYTES2 > kSmallestOptin) {
-    if (BYTES1 <= limit) {
-      f(std::integral_constant<int, 1>{});
-      return;
-    }
-  }
-  DTK_REQUIRE(false, DeviceError,
-              std::string(what) + " at head dim " + std::to_string(HD) + " needs " + std::to_string(BYTES1) +
-                  " bytes of shared memory per block even with one stage; this GPU allows " + std::to_string(limit) +
-                  " (use a head dim of at most 128 on this card, or train in fp32)");
-}
-
-// Calls f(std::integral_constant<int, HDP>) for the smallest padded head dimension >= HD.
-template <typename F>
-void with_hdp(int HD, F&& f) {
-  if (HD <= 32) {
-    f(std::integral_constant<int, 32>{});
-  } else if (HD <= 64) {
-    f(std::integral_constant<int, 64>{});
-  } else if (HD <= 128) {
-    f(std::integral_constant<int, 128>{});
-  } else {
-    f(std::integral_constant<int, 256>{});
-  }
-}
-
-template <typename F>
-void with_type(DType dtype, F&& f) {
-  if (dtype == DType::BF16) {
-    f(Tag<bf16>{});
-  } else {
-    DTK_REQUIRE(dtype == DType::F16, InternalError, "tensor-core attention runs bf16 or fp16");
-    f(Tag<fp16>{});
-  }
-}
-
-bool rows_aligned(const void* p, size_t stride_elems, int HD) {
-  return aligned16(p) && HD % 8 == 0 && stride_elems % 8 == 0;
-}
-
-// Shared-memory bytes of each kernel, by element type, padded head dim and stages.
-template <typename Ty, int HDP>
-constexpr size_t fwd_bytes(int stages) {
-  return sizeof(Ty) * (1 + 2 * stages) * Tiles<HDP>::ELEMS;
-}
-template <typename Ty, int HDP>
-constexpr size_t dkdv_bytes(int stages) {
-  return sizeof(Ty) * (2 + 2 * stages) * Tiles<HDP>::ELEMS + sizeof(float) * 2 * stages * BM;
-}
-template <typename Ty, int HDP>
-constexpr size_t dq_bytes(int stages) {
-  return sizeof(Ty) * (2 + 2 * stages) * Tiles<HDP>::ELEMS;
+// DTRAIN_ATTN_VARIANT (core/env.cpp's table), read once; the test hook's choice first.
+AttnVariant variant() {
+  const int forced = g_variant_force.load(std::memory_order_relaxed);
+  if (forced != 0) return static_cast<AttnVariant>(forced);
+  static const AttnVariant from_env = [] {
+    const char* v = env_get("DTRAIN_ATTN_VARIANT");
+    const std::string text = v ? v : "";
+    DTK_REQUIRE(text.empty() || text == "legacy" || text == "fa2", UsageError,
+                "env DTRAIN_ATTN_VARIANT=" + text + ": give legacy or fa2 (or leave it unset: legacy)");
+    return text == "fa2" ? AttnVariant::FA2 : AttnVariant::LEGACY;
+  }();
+  return from_env;
 }
 
 }  // namespace
 
 void attention_smem_cap_for_testing(size_t bytes) { g_smem_cap.store(bytes, std::memory_order_relaxed); }
 void attention_dkdv_split_for_testing(int split) { g_split_force.store(split, std::memory_order_relaxed); }
+void attention_variant_for_testing(int v) { g_variant_force.store(v, std::memory_order_relaxed); }
+AttnVariant attention_variant() { return variant(); }
 size_t attention_smem_optin() { return smem_optin(); }
 
 namespace {
 struct KernelBytes {
   size_t fwd = 0, dkdv = 0, dq = 0;
+  bool wide_fwd = false, wide_dq = false;          // the 128-row tiles run (the fa2 variant, compiled, fitting)
+  bool wide_fwd_any = false, wide_dq_any = false;  // they would on a card of the most shared memory
 };
-// Each tensor-core kernel's shared memory at head dim HD, dtype and `stages`.
+// Each tensor-core kernel's shared memory at head dim HD, dtype and `stages` (64-row tiles).
 KernelBytes kernel_bytes(int HD, DType dtype, int stages) {
   KernelBytes b;
   with_type(dtype, [&](auto tag) {
     using Ty = typename decltype(tag)::type;
     with_hdp(HD, [&](auto hdp) {
       constexpr int HDP = decltype(hdp)::value;
-      b = {fwd_bytes<Ty, HDP>(stages), dkdv_bytes<Ty, HDP>(stages), dq_bytes<Ty, HDP>(stages)};
+      const bool fa2 = variant() == AttnVariant::FA2;
+      b = {fwd_bytes<Ty, HDP>(stages), dkdv_bytes<Ty, HDP>(stages), dq_bytes<Ty, HDP>(stages),
+           wide_tiles<Ty, HDP>(false), wide_tiles<Ty, HDP>(true),   fa2 && kWideFwd<HDP>,
+           fa2 && kWideDq<HDP>};
     });
   });
   return b;
@@ -837,27 +579,14 @@ bool attention_mma_two_stages(int HD, DType dtype) {
   return b.fwd <= limit && b.dkdv <= limit && b.dq <= limit;
 }
 
-void attention_forward_mma(void* out, float* lse, const void* q, const void* k, const void* v, const AttnShape& s,
-                           DType dtype, cudaStream_t stream) {
-  const Args a{
-      s, (s.T + BM - 1) / BM,
-      rows_aligned(q, s.qs, s.HD) && rows_aligned(k, s.ks, s.HD) && rows_aligned(v, s.ks, s.HD) && aligned16(out)};
-  with_type(dtype, [&](auto tag) {
-    using Ty = typename decltype(tag)::type;
-    with_hdp(s.HD, [&](auto hdp) {
-      constexpr int HDP = decltype(hdp)::value;
-      with_stages<fwd_bytes<Ty, HDP>(2), fwd_bytes<Ty, HDP>(1)>("the attention forward", s.HD, [&](auto stages) {
-        constexpr int STAGES = decltype(stages)::value;
-        const size_t bytes = fwd_bytes<Ty, HDP>(STAGES);
-        auto kernel = attn_fwd_mma_kernel<Ty, HDP, STAGES>;
-        smem_allow(kernel, bytes);
-        DTK_LAUNCH(dim3(s.B * s.NH, a.nt), THREADS, bytes, stream, kernel)
-        (static_cast<Ty*>(out), lse, static_cast<const Ty*>(q), static_cast<const Ty*>(k), static_cast<const Ty*>(v),
-         a);
-        DT_CUDA_LAUNCH_CHECK();
-      });
-    });
-  });
+bool attention_mma_largest_tiles(int HD, DType dtype) {
+  const KernelBytes b = kernel_bytes(HD, dtype, 2);
+  return attention_mma_two_stages(HD, dtype) && b.wide_fwd == b.wide_fwd_any && b.wide_dq == b.wide_dq_any;
+}
+
+bool attention_mma_wide_tiles(int HD, DType dtype, bool dq) {
+  const KernelBytes b = kernel_bytes(HD, dtype, 2);
+  return dq ? b.wide_dq : b.wide_fwd;
 }
 
 void attention_backward_mma(void* dq, void* dk, void* dv, const void* dout, const float* lse, const float* D,
@@ -866,7 +595,8 @@ void attention_backward_mma(void* dq, void* dk, void* dv, const void* dout, cons
   Args a{s, (s.T + BM - 1) / BM,
          rows_aligned(q, s.qs, s.HD) && rows_aligned(k, s.ks, s.HD) && rows_aligned(v, s.ks, s.HD) &&
              rows_aligned(dout, static_cast<size_t>(s.NH) * s.HD, s.HD) && rows_aligned(dq, s.qs, s.HD),
-         aligned16(lse) && aligned16(D) && s.T % 4 == 0};
+         aligned16(lse) && aligned16(D) && s.T % 4 == 0, rows_aligned(dk, s.ks, s.HD) && rows_aligned(dv, s.ks, s.HD)};
+  a.mask_every_tile = variant() == AttnVariant::LEGACY;
   with_type(dtype, [&](auto tag) {
     using Ty = typename decltype(tag)::type;
     with_hdp(s.HD, [&](auto hdp) {
@@ -893,15 +623,26 @@ void attention_backward_mma(void* dq, void* dk, void* dv, const void* dout, cons
         (static_cast<Ty*>(dk), static_cast<Ty*>(dv), dk_part, dv_part, s, a.split);
         DT_CUDA_LAUNCH_CHECK();
       }
-      with_stages<dq_bytes<Ty, HDP>(2), dq_bytes<Ty, HDP>(1)>("the attention backward (dQ)", s.HD, [&](auto stages) {
-        constexpr int STAGES = decltype(stages)::value;
-        const size_t bytes = dq_bytes<Ty, HDP>(STAGES);
-        auto kernel_dq = attn_bwd_dq_kernel<Ty, HDP, STAGES>;
+      auto launch_dq = [&](auto stages, auto wm) {
+        constexpr int STAGES = decltype(stages)::value, WM = decltype(wm)::value;
+        const size_t bytes = dq_bytes<Ty, HDP>(STAGES, WM);
+        Args aq = a;
+        aq.nt = (s.T + BM * WM - 1) / (BM * WM);
+        auto kernel_dq = attn_bwd_dq_kernel<Ty, HDP, STAGES, WM>;
         smem_allow(kernel_dq, bytes);
-        DTK_LAUNCH(dim3(s.B * s.NH, a.nt), THREADS, bytes, stream, kernel_dq)
+        DTK_LAUNCH(dim3(s.B * s.NH, aq.nt), THREADS, bytes, stream, kernel_dq)
         (static_cast<Ty*>(dq), static_cast<const Ty*>(dout), lse, D, static_cast<const Ty*>(q),
-         static_cast<const Ty*>(k), static_cast<const Ty*>(v), a);
+         static_cast<const Ty*>(k), static_cast<const Ty*>(v), aq);
         DT_CUDA_LAUNCH_CHECK();
+      };
+      if constexpr (kWideDq<HDP>) {
+        if (wide_tiles<Ty, HDP>(true)) {
+          launch_dq(std::integral_constant<int, 2>{}, std::integral_constant<int, 2>{});
+          return;
+        }
+      }
+      with_stages<dq_bytes<Ty, HDP>(2), dq_bytes<Ty, HDP>(1)>("the attention backward (dQ)", s.HD, [&](auto stages) {
+        launch_dq(stages, std::integral_constant<int, 1>{});
       });
     });
   });

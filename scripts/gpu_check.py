@@ -1198,12 +1198,14 @@ def stage_profile(lay, rep, cap, speed):
         return
     name, config, sets = SPEED_CASES["gpu"][0]
     plan = speed.get(name, {}).get("plan")
-    # Two runs over the timed step: the attention kernels (forward and backward of every
-    # layer), then the first GEMMs; one run over both would spend its launch count on the
-    # forward's GEMMs and never reach the backward.
+    # Runs over the timed step: the attention kernels (forward and backward of every layer)
+    # under each variant (DTRAIN_ATTN_VARIANT: the same kernel names, other template arguments;
+    # fa2's rows are keyed "<kernel> [fa2]"), then the first GEMMs; one run over both would
+    # spend its launch count on the forward's GEMMs and never reach the backward.
     best, notes = {}, []
-    for label, regex, count in (("attention", r"regex:attn_fwd_mma|attn_bwd_", 48),
-                                ("gemm", r"regex:gemm|xmma|nvjet|cutlass", 24)):
+    for label, regex, count, variant in [("attention " + v, r"regex:attn_fwd_mma|attn_bwd_", 48, v)
+                                         for v in ATTN_VARIANTS] + [("gemm", r"regex:gemm|xmma|nvjet|cutlass", 24,
+                                                                     None)]:
         left = cap - (now() - t0)
         if left < 10:
             notes.append(f"{label}: not run, stage time used up")
@@ -1212,7 +1214,7 @@ def stage_profile(lay, rep, cap, speed):
                "--print-kernel-base", "function", "--clock-control", "none", "--kernel-name", regex,
                "--launch-count", str(count), "--metrics", ",".join(PROFILE_METRICS)] + bench_cmd(lay, config, sets,
                                                                                                   2, 1)
-        rc, out, secs = run(cmd, left - 2, env=lay.env)
+        rc, out, secs = run(cmd, left - 2, env=dict(lay.env, DTRAIN_ATTN_VARIANT=variant) if variant else lay.env)
         start = out.find('"ID"')
         if rc != 0 or start < 0:
             notes.append(f"{label}: ncu exit {rc}\n" + tail(out, 20))
@@ -1229,6 +1231,8 @@ def stage_profile(lay, rep, cap, speed):
                 continue
             base = r[col["Kernel Name"]].split("<")[0].split("(")[0].strip()
             key = base if base in PROFILE_PLAN_KERNEL else "longest GEMM launch"
+            if base in PROFILE_PLAN_KERNEL and variant and variant != ATTN_VARIANTS[0]:
+                key = f"{base} [{variant}]"
             if key not in best or t > best[key][0]:
                 best[key] = (t, r, col)
     norm_rows, norm_md = profile_norm_backward(lay, cap - (now() - t0), speed, ncu, notes), ""
@@ -1250,7 +1254,8 @@ def stage_profile(lay, rep, cap, speed):
     out_rows = []
     for key, (t, r, col) in sorted(best.items()):
         g = lambda m: r[col[m]] if m in col else "-"
-        tflops = flops.get(key, 0) / (t * 1e-9) / 1e3 if flops.get(key) else None
+        fl = flops.get(key.split(" [")[0])  # the plan's FLOPs, the same useful work under either variant
+        tflops = fl / (t * 1e-9) / 1e3 if fl else None
         dram = float(g("dram__bytes.sum").replace(",", "") or 0) if g("dram__bytes.sum") != "-" else None
         out_rows.append([key, r[col["Kernel Name"]][:60], f"{t / 1e3:.1f}", f"{tflops:.0f}" if tflops else "-",
                          f"{dram / (t * 1e-9) / 1e12:.2f}" if dram else "-",
@@ -1696,40 +1701,48 @@ def stage_race8b(lay, rep, cap, out_dir):
 # ----------------------------------------------------------------------------
 # attention: dtrain's attention alone against torch's SDPA at the same shapes (issue 45)
 # GPT-2 124M's layer, and Llama's head dim 128 with GQA 4:1 at T 2048 and 8192.
-ATTN_SHAPES = {"gpu": ["16,1024,12,12,64", "4,2048,32,8,128", "1,8192,32,8,128"], "rehearse": ["1,130,4,2,32"]}
+ATTN_SHAPES = {"gpu": ["16,1024,12,12,64", "4,2048,32,8,128", "1,8192,32,8,128"], "rehearse": ["1,130,4,2,64"]}
+# The tensor-core kernels' variants (DTRAIN_ATTN_VARIANT, kernels/attention_internal.cuh), each
+# timed at every shape in the same run: legacy (64-row tiles) and fa2 (FlashAttention-2's
+# 128-row forward and dQ tiles, the dK/dV mask on cut tiles only). The same results; the
+# faster one becomes the default.
+ATTN_VARIANTS = ["legacy", "fa2"]
 
 
 def stage_attention(lay, rep, cap, out_dir):
-    """`dtrain bench attention` per shape (bf16, causal), then scripts/attention_peer.py
+    """`dtrain bench attention` per shape and variant (bf16, causal), then scripts/attention_peer.py
     (torch's SDPA per backend) at the same shapes; issue 45's target: dtrain's forward +
-    backward at most the fastest SDPA backend's, a FAIL line where it is not."""
+    backward (its faster variant) at most the fastest SDPA backend's, a FAIL line where it is not."""
     t0 = now()
     mode = "rehearse" if lay.rehearse else "gpu"
     iters = ["--iters", "2", "--warmup", "1"] if lay.rehearse else ["--iters", "20", "--warmup", "5"]
-    ours, rows, worst, details = {}, [], "PASS", []
+    ours, rows, worst, details = {v: {} for v in ATTN_VARIANTS}, [], "PASS", []
     for shape in ATTN_SHAPES[mode]:
-        left = cap - (now() - t0)
-        if left < 10:
-            rows.append([shape, "-", "-", "-", "-", "-", "NOT RUN", "stage time used up"])
-            worst = "TIMEOUT" if worst == "PASS" else worst
-            continue
-        rc, out, secs = run([lay.dtrain, "bench", "attention", "--shape", shape, "--json"] + iters, min(left, 60),
-                            env=lay.env)
-        r = last_json(out) if rc == 0 else None
-        if r is None or not r.get("finite"):
-            worst = "FAIL" if rc is not None else "TIMEOUT"
-            rows.append([shape, "-", "-", "-", "-", "-", "FAIL" if rc is not None else "TIMEOUT",
-                         "no figures" if r is None else "outputs not finite"])
-            details.append(f"### dtrain bench attention --shape {shape}\n" + code(tail(out, 20)))
-            continue
-        ours[shape] = r
+        for variant in ATTN_VARIANTS:
+            left = cap - (now() - t0)
+            if left < 10:
+                rows.append([shape, variant, "-", "-", "-", "-", "-", "NOT RUN", "stage time used up"])
+                worst = "TIMEOUT" if worst == "PASS" else worst
+                continue
+            rc, out, secs = run([lay.dtrain, "bench", "attention", "--shape", shape, "--json"] + iters, min(left, 60),
+                                env=dict(lay.env, DTRAIN_ATTN_VARIANT=variant))
+            r = last_json(out) if rc == 0 else None
+            if r is None or not r.get("finite"):
+                worst = "FAIL" if rc is not None else "TIMEOUT"
+                rows.append([shape, variant, "-", "-", "-", "-", "-", "FAIL" if rc is not None else "TIMEOUT",
+                             "no figures" if r is None else "outputs not finite"])
+                details.append(f"### DTRAIN_ATTN_VARIANT={variant} dtrain bench attention --shape {shape}\n" +
+                               code(tail(out, 20)))
+                continue
+            ours[variant][shape] = r
+    shapes = [sh for sh in ATTN_SHAPES[mode] if any(sh in ours[v] for v in ATTN_VARIANTS)]
     ver, cuda = torch_probe(lay.env)
     peer = {}
-    if ver is not None and cuda and not lay.rehearse and ours:
+    if ver is not None and cuda and not lay.rehearse and shapes:
         left = cap - (now() - t0)
         js = os.path.join(out_dir, "attention-peer.json")
         cmd = [sys.executable, os.path.join(ROOT, "scripts", "attention_peer.py"), "--json", js] + \
-            [a for s in ours for a in ("--shape", s)]
+            [a for sh in shapes for a in ("--shape", sh)]
         rc, out, secs = run(cmd, max(5, left - 2), env=lay.env)
         if os.path.exists(js):
             with open(js) as f:
@@ -1739,29 +1752,47 @@ def stage_attention(lay, rep, cap, out_dir):
             details.append("### attention_peer.py\n" + code(tail(out, 20)))
     why_no_peer = ("rehearsal: " if lay.rehearse else "") + (
         cuda if ver is None else ("no CUDA device for torch" if not cuda else "no dtrain figures to race"))
-    for shape, r in ours.items():
+    faster = {}
+    for shape in shapes:
         p = peer.get(shape, {})
         fast = p.get("fastest")
         default = (p.get("backends") or {}).get("default", {})
-        total = r["fwd_ms"] + r["bwd_ms"]
-        if fast:
-            ratio = fast["total_ms"] / total
-            status = "PASS" if total <= fast["total_ms"] else "FAIL"
-            if status == "FAIL":
-                worst = "FAIL"
-            torch_cell = (f"{fast['backend']}: {fast['fwd_ms']:.3f} + {fast['bwd_ms']:.3f} ms"
-                          + (f" (torch's choice: {default.get('op') or '-'})" if default else ""))
-            note = f"target: dtrain fwd+bwd <= fastest SDPA; {ratio:.2f}x"
-        else:
-            status, torch_cell, note = "PASS", "-", "peer SKIPPED: " + (why_no_peer if not peer else "no backend ran")
-        rows.append([shape, f"{r['fwd_ms']:.3f} ({r['fwd_tflops']:.0f} TF/s)", f"{r['bwd_ms']:.3f} ({r['bwd_tflops']:.0f} TF/s)",
-                     f"{total:.3f}", torch_cell, r["device"], status, note])
-    summary = "; ".join(f"{r[0]}: {r[3]} ms" for r in rows if r[3] != "-") or "no figures"
+        timed = {v: ours[v][shape] for v in ATTN_VARIANTS if shape in ours[v]}
+        best = min(timed, key=lambda v: timed[v]["fwd_ms"] + timed[v]["bwd_ms"])
+        faster[shape] = best
+        for variant, r in timed.items():
+            total = r["fwd_ms"] + r["bwd_ms"]
+            note = "faster variant" if variant == best and len(timed) > 1 else ""
+            if fast:
+                ratio = fast["total_ms"] / total
+                status = "PASS" if total <= fast["total_ms"] else "FAIL"
+                if status == "FAIL" and variant == best:
+                    worst = "FAIL"
+                torch_cell = (f"{fast['backend']}: {fast['fwd_ms']:.3f} + {fast['bwd_ms']:.3f} ms"
+                              + (f" (torch's choice: {default.get('op') or '-'})" if default else ""))
+                note = "; ".join(x for x in (note, f"target: dtrain fwd+bwd <= fastest SDPA; {ratio:.2f}x") if x)
+            else:
+                status, torch_cell = "PASS", "-"
+                note = "; ".join(x for x in (note, "peer SKIPPED: " + (why_no_peer if not peer else "no backend ran"))
+                                 if x)
+            rows.append([shape, variant, f"{r['fwd_ms']:.3f} ({r['fwd_tflops']:.0f} TF/s)",
+                         f"{r['bwd_ms']:.3f} ({r['bwd_tflops']:.0f} TF/s)", f"{total:.3f}", torch_cell, r["device"],
+                         status, note])
+    # fa2 against legacy per shape: time ratios below 1 favour fa2.
+    ratios = []
+    for shape in shapes:
+        if all(shape in ours[v] for v in ATTN_VARIANTS):
+            lg, fa = ours["legacy"][shape], ours["fa2"][shape]
+            ratios.append(f"{shape}: fa2/legacy fwd {fa['fwd_ms'] / lg['fwd_ms']:.2f}, bwd "
+                          f"{fa['bwd_ms'] / lg['bwd_ms']:.2f}, faster {faster[shape]}")
+    summary = "; ".join(f"{r[0]} {r[1]}: {r[4]} ms" for r in rows if r[4] != "-") or "no figures"
     rep.add("attention", worst, now() - t0, summary,
-            md_table(["B,T,NH,NKV,HD", "dtrain fwd ms", "dtrain bwd ms", "dtrain total ms", "torch SDPA fastest",
-                      "device", "result", "note"], rows) +
-            "\nbf16, causal; TFLOP/s as FlashAttention counts them (forward 4 B NH T^2 HD / 2, backward 2.5x).\n\n"
-            + "\n".join(details), dict(dtrain=ours, peer=peer))
+            md_table(["B,T,NH,NKV,HD", "variant", "dtrain fwd ms", "dtrain bwd ms", "dtrain total ms",
+                      "torch SDPA fastest", "device", "result", "note"], rows) +
+            "\nbf16, causal; TFLOP/s as FlashAttention counts them (forward 4 B NH T^2 HD / 2, backward 2.5x); "
+            "variant = DTRAIN_ATTN_VARIANT (legacy: 64-row tiles; fa2: 128-row forward and dQ tiles, dK/dV mask on "
+            "cut tiles only).\n\n" + "".join(f"- {x}\n" for x in ratios) + "\n" + "\n".join(details),
+            dict(dtrain=ours, peer=peer, faster=faster))
 
 
 def main():

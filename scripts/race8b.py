@@ -12,7 +12,7 @@ train` times its step.
   - the step: bf16 autocast forward, cross-entropy over every target in fp32, backward,
     clip_grad_norm_(1.0), torch.optim.AdamW(fused=True); the loss read back every step (so the
     host clock sees each step, as dtrain's bench reads its loss back);
-  - the batches: dtrain's bench batches (lib/bench/bench_step.cpp bench_batch: xoshiro256**
+  - the batches: dtrain's bench batches (lib/train/step_setup.cpp synthetic_batch: xoshiro256**
     seeded through splitmix64 from training.seed and the batch index, 4 batches cycled),
     regenerated here bit for bit, so the two sides train on the same tokens;
   - modes: eager, then compile (each decoder layer compiled: torch.compile's regional
@@ -38,7 +38,7 @@ M64 = (1 << 64) - 1
 
 
 # ----------------------------------------------------------------------------
-# dtrain's bench batches (lib/core/rng.cpp, lib/bench/bench_step.cpp), standard library only
+# dtrain's bench batches (lib/core/rng.cpp, lib/train/step_setup.cpp), standard library only
 def splitmix64(x):
     x = (x + 0x9E3779B97F4A7C15) & M64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M64
@@ -72,7 +72,7 @@ class Xoshiro:
 
 
 def bench_tokens(seed, index, vocab, micro, seq_len):
-    """bench_batch(setup, index) with accumulation 1: (inputs, targets), each micro rows of seq_len."""
+    """synthetic_batch(setup, index) with accumulation 1: (inputs, targets), each micro rows of seq_len."""
     n = micro * seq_len
     rng = Xoshiro(splitmix64(seed ^ splitmix64(index + 1)))
     stream = [rng.next_u64() % vocab for _ in range(n + 1)]

@@ -9,6 +9,7 @@
 #include "plan/plan_cluster.h"
 #include "core/check.h"
 #include "device/kind.h"
+#include "train/step_setup.h"
 
 #include <fmt/format.h>
 
@@ -21,10 +22,10 @@ namespace dtrain::cli {
 namespace {
 
 // The --plan report, then each cluster's plan of the same step and their summary.
-std::string plan_with_clusters(const bench::BenchTrainOptions& o, const std::string& gpu, const std::string& cluster) {
+std::string plan_with_clusters(const plan::BenchPlanOptions& o, const std::string& gpu, const std::string& cluster) {
   const auto specs = plan::cluster_specs_parse(cluster);
   const plan::BenchPlanResult r = plan::bench_plan_run(o, gpu);
-  const bench::BenchSetup s = bench::bench_setup_from(o.config_path, o.sets, true);
+  const train::StepSetup s = train::step_setup_from(o.config_path, o.sets, true);
   const plan::ClusterCompute compute = plan::cluster_compute_of(r);
   std::string out = plan::bench_plan_format(r, false);
   std::vector<plan::ClusterPlan> plans;
@@ -49,8 +50,9 @@ int run_bench_train(const std::string& config_path, const std::vector<std::strin
   o.device = device::kind_parse(device, "--device");
   DT_ENFORCE(cluster.empty() || plan, UsageError, "--cluster {} plans a step: give it with --plan", cluster);
   DT_ENFORCE(cluster.empty() || !json, UsageError, "--cluster prints tables: drop --json (or --cluster)");
-  const std::string out = !cluster.empty() ? plan_with_clusters(o, gpu, cluster)
-                          : plan           ? plan::bench_plan_format(plan::bench_plan_run(o, gpu), json)
+  const plan::BenchPlanOptions po{o.config_path, o.sets, o.device};
+  const std::string out = !cluster.empty() ? plan_with_clusters(po, gpu, cluster)
+                          : plan           ? plan::bench_plan_format(plan::bench_plan_run(po, gpu), json)
                                            : bench::bench_train_format(bench::bench_train_run(o), json);
   std::fputs(out.c_str(), stdout);
   std::fflush(stdout);

@@ -4,6 +4,7 @@
 #include "bench/bench_attention.h"
 
 #include "core/check.h"
+#include "core/env.h"
 #include "core/rng.h"
 #include "device/device.h"
 
@@ -125,6 +126,10 @@ BenchAttnResult bench_attention_run(const BenchAttnOptions& o) {
   BenchAttnResult r;
   r.opts = o;
   r.device_name = dev->name();
+  // The tensor-core kernels' variant (kernels/attention_internal.cuh reads the same variable
+  // and refuses any other value at the first launch).
+  const char* variant = env_get("DTRAIN_ATTN_VARIANT");
+  r.variant = cuda && o.dtype != DType::F32 ? (variant && *variant ? variant : "legacy") : "-";
   r.fwd_ms = mean_ms(*dev, o.warmup, o.iters, [&] {
     dev->attention_forward(out.get(), sv, q.get(), k.get(), v.get(), s.B, s.T, s.NH, s.NKV, s.HD, qs, ks, 0, nullptr,
                            dt);
@@ -148,6 +153,7 @@ std::string bench_attention_format(const BenchAttnResult& r, bool json) {
                         {"dtype", dtype_name(r.opts.dtype)},
                         {"shape", {{"B", s.B}, {"T", s.T}, {"NH", s.NH}, {"NKV", s.NKV}, {"HD", s.HD}}},
                         {"causal", true},
+                        {"variant", r.variant},
                         {"warmup", r.opts.warmup},
                         {"iters", r.opts.iters},
                         {"fwd_ms", r.fwd_ms},
@@ -162,6 +168,7 @@ std::string bench_attention_format(const BenchAttnResult& r, bool json) {
   std::string out = fmt::format("bench attention: {} on {}\n", dtype_name(r.opts.dtype), r.device_name);
   out += fmt::format("shape        B {} T {} NH {} NKV {} HD {} (GQA {}:1), causal\n", s.B, s.T, s.NH, s.NKV, s.HD,
                      s.NH / s.NKV);
+  if (r.variant != "-") out += fmt::format("kernels      {} (DTRAIN_ATTN_VARIANT)\n", r.variant);
   out += fmt::format("forward      {:.3f} ms  {:.1f} TFLOP/s\n", r.fwd_ms, r.fwd_tflops);
   out += fmt::format("backward     {:.3f} ms  {:.1f} TFLOP/s\n", r.bwd_ms, r.bwd_tflops);
   out += fmt::format("fwd + bwd    {:.3f} ms  {:.1f} TFLOP/s\n", r.fwd_ms + r.bwd_ms, r.total_tflops);

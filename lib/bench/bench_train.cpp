@@ -7,12 +7,13 @@
 
 #include "train/memory_plan.h"
 
-#include "bench/bench_step.h"
 #include "core/check.h"
 #include "device/cuda_workspace.h"
 #include "device/device.h"
 #include "train/metrics.h"
 #include "train/model_factory.h"
+#include "train/step_setup.h"
+#include "train/step_shape.h"
 #include "train/train_step.h"
 
 #include <fmt/format.h>
@@ -55,24 +56,14 @@ double gpu_peak_bf16_tflops(const std::string& name) {
   return NaN;
 }
 
-double model_flops_per_token(const model::ModelConfig& cfg, int64_t params, int seq_len, bool lora) {
-  const double attn = 12.0 * cfg.n_layer * static_cast<double>(seq_len) * cfg.d_model;
-  return (lora ? 4.0 : 6.0) * static_cast<double>(params) + attn;
-}
-
-std::string model_flops_formula(int64_t params, int n_layer, int seq_len, int d_model, bool lora) {
-  return fmt::format("{} + 12*L*T*d_model = {}*{} + 12*{}*{}*{}", lora ? "4N" : "6N", lora ? 4 : 6, params, n_layer,
-                     seq_len, d_model);
-}
-
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
 // What the setup says of the run: its config, device, shape and dtype.
-BenchTrainResult train_result_of(const BenchTrainOptions& o, const BenchSetup& setup) {
+BenchTrainResult train_result_of(const BenchTrainOptions& o, const train::StepSetup& setup) {
   BenchTrainResult r;
-  step_shape_set(r, o.config_path, setup);
+  train::step_shape_set(r, o.config_path, setup);
   r.device = o.device;
   r.steps = o.steps;
   r.warmup = o.warmup;
@@ -89,7 +80,7 @@ struct BenchModel {
   std::unique_ptr<device::Device> dev;
   std::unique_ptr<model::Model> model;
 };
-BenchModel bench_model(const BenchSetup& setup, bool cuda, train::TrainStepOptions& so, BenchTrainResult& r) {
+BenchModel bench_model(const train::StepSetup& setup, bool cuda, train::TrainStepOptions& so, BenchTrainResult& r) {
   BenchModel b;
   if (cuda) {
     b.dev = device::cuda_create(0);
@@ -108,8 +99,8 @@ BenchModel bench_model(const BenchSetup& setup, bool cuda, train::TrainStepOptio
 
 // The warm-up and timed steps over the batches, cycled: each step's loss and wall time into
 // r. Returns when the timed steps started.
-Clock::time_point run_steps(train::TrainStep& step, model::Model& tm, const std::vector<BenchBatch>& batches,
-                            const BenchSetup& setup, const BenchTrainOptions& o, BenchTrainResult& r) {
+Clock::time_point run_steps(train::TrainStep& step, model::Model& tm, const std::vector<train::SyntheticBatch>& batches,
+                            const train::StepSetup& setup, const BenchTrainOptions& o, BenchTrainResult& r) {
   [[maybe_unused]] const bool cuda = o.device == device::Kind::CUDA;
   train::StepTimer timer;  // the trainer's sections; the bench reads the wall clock
   Clock::time_point t0, ts = Clock::now();
@@ -140,8 +131,8 @@ Clock::time_point run_steps(train::TrainStep& step, model::Model& tm, const std:
 // A GPU run's memory: the engine's and the arena's bytes, the allocator's pool, the memory
 // plan's figure for this job on one GPU, and the device's own count.
 void read_gpu_memory(BenchTrainResult& r, const train::TrainStep& step, const model::Model& tm,
-                     const BenchSetup& setup) {
-  const train::ZeroMemory zm = step.engine().memory();
+                     const train::StepSetup& setup) {
+  const train::ZeroMemory zm = step.engine().report().memory();
   r.offload_host_bytes = zm.host_bytes;
   r.arena_bytes = zm.total() + tm.activation_bytes();
   r.workspace_bytes = device::cuda_workspace_bytes();
@@ -171,15 +162,15 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
   if (cuda) device::cuda_require(0);  // before building a possibly large model
   const auto setup_t0 = Clock::now();
 
-  const BenchSetup setup = bench_setup_from(o.config_path, o.sets, cuda);
+  const train::StepSetup setup = train::step_setup_from(o.config_path, o.sets, cuda);
   BenchTrainResult r = train_result_of(o, setup);
   train::TrainStepOptions so = setup.step_options();
   const BenchModel built = bench_model(setup, cuda, so, r);
   model::Model& tm = *built.model;
 
   // Synthetic data: a few different random batches, cycled.
-  std::vector<BenchBatch> batches;
-  for (uint64_t k = 0; k < 4; ++k) batches.push_back(bench_batch(setup, k));
+  std::vector<train::SyntheticBatch> batches;
+  for (uint64_t k = 0; k < 4; ++k) batches.push_back(train::synthetic_batch(setup, k));
   const size_t per_step = static_cast<size_t>(setup.grad_accum) * setup.micro_batch * setup.seq_len;
 
   train::TrainStep step(tm, nullptr, nullptr, setup.zero, so);
@@ -189,12 +180,12 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
   // The clock stops when the timed steps have finished (run_steps synchronizes): reading
   // the offload trace and the memory figures, and pricing the memory plan, are not steps.
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  r.offload_trace = step.engine().offload_trace();
+  r.offload_trace = step.engine().report().offload_trace();
   if (cuda) read_gpu_memory(r, step, tm, setup);
   r.step_ms = 1e3 * secs / o.steps;
   r.tokens_per_s = static_cast<double>(per_step) * o.steps / secs;
-  r.flops_per_token = model_flops_per_token(setup.model, r.params, r.seq_len, setup.lora.has_value());
-  r.flops_formula = model_flops_formula(r.params, r.n_layer, r.seq_len, r.d_model, setup.lora.has_value());
+  r.flops_per_token = train::model_flops_per_token(setup.model, r.params, r.seq_len, setup.lora.has_value());
+  r.flops_formula = train::model_flops_formula(r.params, r.n_layer, r.seq_len, r.d_model, setup.lora.has_value());
   r.achieved_tflops = r.flops_per_token * r.tokens_per_s / 1e12;
   r.peak_tflops = cuda ? gpu_peak_bf16_tflops(r.device_name) : NaN;
   r.mfu = r.achieved_tflops / r.peak_tflops;  // NaN when the peak is unknown
@@ -204,7 +195,7 @@ BenchTrainResult bench_train_run(const BenchTrainOptions& o) {
 namespace {
 
 nlohmann::json train_json(const BenchTrainResult& r) {
-  nlohmann::json j = step_shape_json(r);
+  nlohmann::json j = train::step_shape_json(r);
   j.update(nlohmann::json{{"device", device::kind_name(r.device)},
                           {"device_name", r.device_name},
                           {"warmup", r.warmup},

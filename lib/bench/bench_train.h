@@ -4,9 +4,9 @@
 // figure needs a CUDA build and a device; --device cpu measures the CPU reference model.
 #pragma once
 
-#include "bench/bench_step.h"
 #include "device/kind.h"
 #include "model/config.h"
+#include "train/step_shape.h"
 #include "train/zero_engine.h"
 
 #include <cstddef>
@@ -24,7 +24,7 @@ struct BenchTrainOptions {
   device::Kind device = device::Kind::CUDA;  ///< or CPU: the CPU model, always fp32
 };
 
-struct BenchTrainResult : StepShape {
+struct BenchTrainResult : train::StepShape {
   std::string device_name;
   device::Kind device = device::Kind::CUDA;
   int steps = 0, warmup = 0;
@@ -62,12 +62,6 @@ inline constexpr double H100_SXM_BF16_TFLOPS = 989.0;
 /// Dense bf16 tensor-core peak (TFLOPS, no sparsity) for a cudaDeviceProp name: H100 SXM
 /// 989, H100 PCIe 756, H200 989, A100 312; NaN for any other device.
 double gpu_peak_bf16_tflops(const std::string& device_name);
-
-/// Model FLOPs per trained token: 6 N + 12 L T d_model for full training (N = base
-/// parameters); under LoRA 4 N + 12 L T d_model (no base weight gradients).
-double model_flops_per_token(const model::ModelConfig& cfg, int64_t params, int seq_len, bool lora);
-/// That formula with its figures, as the reports print it: "6N + 12*L*T*d_model = 6*N + 12*L*T*d".
-std::string model_flops_formula(int64_t params, int n_layer, int seq_len, int d_model, bool lora);
 
 /// Runs the benchmark. device "cuda" throws DeviceError (exit code 8) in a CPU-only build
 /// or without a visible GPU; ConfigError / IoError for the config.

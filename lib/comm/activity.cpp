@@ -1,4 +1,5 @@
-// ActivityCommunicator: forwards every call, counting the threads inside collectives.
+// ActivityCommunicator: forwards every call, counting the threads inside collectives (of
+// this communicator and of the groups split from it, in one count).
 #include "comm/activity.h"
 
 #include <chrono>
@@ -16,36 +17,41 @@ int64_t steady_ns() {
 }  // namespace
 
 ActivityCommunicator::ActivityCommunicator(std::unique_ptr<Communicator> inner, Observer observer)
-    : inner_(std::move(inner)), observer_(std::move(observer)) {}
+    : ActivityCommunicator(std::make_shared<Watch>(), std::move(inner)) {
+  w_->observer = std::move(observer);
+}
+
+ActivityCommunicator::ActivityCommunicator(std::shared_ptr<Watch> watch, std::unique_ptr<Communicator> inner)
+    : inner_(std::move(inner)), w_(std::move(watch)) {}
 
 template <typename F>
 void ActivityCommunicator::watched(F&& f) {
   // Leaves the count right when the collective throws (a lost peer, abort).
   struct Depth {
-    ActivityCommunicator& c;
-    explicit Depth(ActivityCommunicator& c_) : c(c_) {
+    Watch& w;
+    explicit Depth(Watch& w_) : w(w_) {
       bool first = false;
       {
-        std::lock_guard<std::mutex> lock(c.time_mu_);
-        if ((first = c.depth_.fetch_add(1) == 0)) c.since_ns_ = steady_ns();
+        std::lock_guard<std::mutex> lock(w.time_mu);
+        if ((first = w.depth.fetch_add(1) == 0)) w.since_ns = steady_ns();
       }
-      if (first && c.observer_) c.observer_();
+      if (first && w.observer) w.observer();
     }
     ~Depth() {
       bool last = false;
       {
-        std::lock_guard<std::mutex> lock(c.time_mu_);
-        if ((last = c.depth_.fetch_sub(1) == 1)) c.busy_ns_ += steady_ns() - c.since_ns_;
+        std::lock_guard<std::mutex> lock(w.time_mu);
+        if ((last = w.depth.fetch_sub(1) == 1)) w.busy_ns += steady_ns() - w.since_ns;
       }
-      if (last && c.observer_) c.observer_();
+      if (last && w.observer) w.observer();
     }
-  } depth(*this);
+  } depth(*w_);
   f();
 }
 
 double ActivityCommunicator::collective_seconds() const {
-  std::lock_guard<std::mutex> lock(time_mu_);
-  const int64_t ns = busy_ns_ + (depth_.load() > 0 ? steady_ns() - since_ns_ : 0);
+  std::lock_guard<std::mutex> lock(w_->time_mu);
+  const int64_t ns = w_->busy_ns + (w_->depth.load() > 0 ? steady_ns() - w_->since_ns : 0);
   return static_cast<double>(ns) / 1e9;
 }
 
@@ -84,7 +90,8 @@ void ActivityCommunicator::synchronize() {
 std::unique_ptr<Communicator> ActivityCommunicator::split(int color, int key) {
   std::unique_ptr<Communicator> group;
   watched([&] { group = inner_->split(color, key); });
-  return group;
+  if (group == nullptr) return nullptr;
+  return std::unique_ptr<Communicator>(new ActivityCommunicator(w_, std::move(group)));
 }
 
 }  // namespace dtrain::comm

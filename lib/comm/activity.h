@@ -1,6 +1,7 @@
 // A Communicator decorator that knows whether this rank is waiting in a collective (on
-// any thread) and tells an observer when that changes, so a step watchdog can tell a rank
-// stuck in its own work from the peers that wait for it.
+// any thread, on this communicator or a group split from it) and tells an observer when
+// that changes, so a step watchdog can tell a rank stuck in its own work from the peers
+// that wait for it.
 #pragma once
 
 #include "comm/communicator.h"
@@ -21,8 +22,9 @@ class ActivityCommunicator : public Communicator {
 
   ActivityCommunicator(std::unique_ptr<Communicator> inner, Observer observer);
 
-  /// True while any thread is inside a collective, barrier or synchronize of this rank.
-  bool in_collective() const { return depth_.load() > 0; }
+  /// True while any thread is inside a collective, barrier or synchronize of this rank
+  /// (here, in a group split from here, or in the communicator this one was split from).
+  bool in_collective() const { return w_->depth.load() > 0; }
 
   /// Seconds spent inside collectives so far (any thread; overlapping calls count once),
   /// the current stretch included: the resource monitor's "in_collective_frac" is its
@@ -47,23 +49,31 @@ class ActivityCommunicator : public Communicator {
   void barrier() override;
   void synchronize() override;
   void abort() override { inner_->abort(); }
-  /// The split's own exchange is watched; the group it returns is the inner backend's,
-  /// unwatched (nothing splits the watched world yet: a group to watch would need its
-  /// time added to this one's).
+  /// The split's own exchange is watched, and so is the group it returns: with this
+  /// communicator's count, clock and observer, so a rank waiting in a group's collective is
+  /// in_collective() and a stretch inside two groups at once counts once.
   std::unique_ptr<Communicator> split(int color, int key) override;
 
  private:
+  // What a communicator and the groups split from it share.
+  struct Watch {
+    Observer observer;
+    std::atomic<int> depth{0};
+    // The time accounting: taken only when the depth leaves or reaches 0 (once per
+    // collective, next to a network round trip) and by the monitor's reads.
+    std::mutex time_mu;
+    int64_t busy_ns = 0;   // closed stretches
+    int64_t since_ns = 0;  // start of the open stretch (depth > 0)
+  };
+  // A group's: watched with `watch` (the arguments in this order keep a nullptr observer
+  // unambiguous).
+  ActivityCommunicator(std::shared_ptr<Watch> watch, std::unique_ptr<Communicator> inner);
+
   template <typename F>
   void watched(F&& f);
 
   std::unique_ptr<Communicator> inner_;
-  Observer observer_;
-  std::atomic<int> depth_{0};
-  // The time accounting: taken only when the depth leaves or reaches 0 (once per
-  // collective, next to a network round trip) and by the monitor's reads.
-  mutable std::mutex time_mu_;
-  int64_t busy_ns_ = 0;   // closed stretches
-  int64_t since_ns_ = 0;  // start of the open stretch (depth_ > 0)
+  std::shared_ptr<Watch> w_;
 };
 
 }  // namespace dtrain::comm

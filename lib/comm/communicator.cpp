@@ -61,8 +61,10 @@ bool backend_parse(std::string_view s, Backend* out) {
 
 // ----------------------------------------------------------------------------
 std::unique_ptr<Communicator> Communicator::split(int, int) {
-  DT_THROW(CommError, "the {} communicator cannot split its ranks into groups (split is implemented for gloo)",
-           backend_name(backend()));
+  DT_THROW(CommError,
+           "this {} communicator ({}) cannot split its ranks into groups (split is implemented by the gloo, nccl "
+           "and device-local communicators)",
+           backend_name(backend()), device_name());
 }
 
 SplitPlace split_place(const std::vector<std::pair<int, int>>& color_key, int rank) {

@@ -1,6 +1,6 @@
 // The one collective-communication interface every rank uses (trainer, ZeRO engine,
-// bench): allreduce, reduce_scatter, all_gather, broadcast, barrier and abort over
-// fp32/bf16/fp16 buffers. Backends: Gloo (host memory, TCP) and NCCL (CUDA memory).
+// bench): allreduce, reduce_scatter, all_gather, broadcast, barrier, abort and split into
+// groups over fp32/bf16/fp16 buffers. Backends: Gloo (host memory, TCP) and NCCL (CUDA memory).
 #pragma once
 
 #include "core/dtype.h"
@@ -92,11 +92,15 @@ class Communicator {
   virtual void abort() = 0;
 
   /// Splits the ranks into groups (MPI_Comm_split, ncclCommSplit): every rank calls it
-  /// at the same point with its color and key; the ranks of one color form a new
-  /// communicator, ranked by key (ties by their rank here). A negative color joins no
-  /// group and gets nullptr. The group's collectives run among its members only, apart
-  /// from this communicator's (which stays usable). Gloo implements it; elsewhere
-  /// CommError naming the backend.
+  /// at the same point of this communicator's sequence of collectives with its color and
+  /// key; the ranks of one color form a new communicator, ranked by key (ties by their rank
+  /// here). A negative color joins no group and gets nullptr. The group's collectives run
+  /// among its members only, apart from this communicator's (which stays usable), and may
+  /// run at the same time as the other groups'. The group lives on the same device; the
+  /// caller destroys it before this communicator. Device backends first wait for the
+  /// collectives issued here (none may be in flight during a split) and give the group a
+  /// stream of its own. Gloo, NCCL (2.18 or newer) and the device-local communicator
+  /// implement it; the default throws CommError naming the backend.
   virtual std::unique_ptr<Communicator> split(int color, int key);
 };
 

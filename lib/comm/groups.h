@@ -2,6 +2,8 @@
 // data-parallel group the ZeRO engine shards and reduces over. Today the world is the only
 // group built (the data-parallel group is the world); another parallelism (tensor,
 // pipeline) would split its groups from the world (Communicator::split) and name them here.
+// A checkpoint of several data-parallel groups holds each group's own shards
+// (train/checkpoint.h).
 #pragma once
 
 #include "comm/communicator.h"

@@ -10,6 +10,9 @@
 // collective); the exit waits keep r from writing, after the collective, a buffer a peer
 // still reads (NCCL's kernel ends when its buffers are no longer needed). The host meets
 // twice because a stream can wait only on an event record that exists already.
+//
+// A split meets twice on the host as well: the ranks post their (color, key), each new
+// group's rank 0 makes the group, and its members take it from there.
 #include "comm/local_comm.h"
 
 #include "core/check.h"
@@ -64,7 +67,7 @@ constexpr auto kPollPause = std::chrono::microseconds(50);
 // The group (a named class of the header) holds a Call per rank: named, not anonymous.
 namespace local_detail {
 
-enum class Kind { ALLREDUCE, REDUCE_SCATTER, ALL_GATHER, BROADCAST, BARRIER };
+enum class Kind { ALLREDUCE, REDUCE_SCATTER, ALL_GATHER, BROADCAST, BARRIER, SPLIT };
 
 inline const char* kind_name(Kind k) {
   switch (k) {
@@ -73,6 +76,7 @@ inline const char* kind_name(Kind k) {
     case Kind::ALL_GATHER: return "all_gather";
     case Kind::BROADCAST: return "broadcast";
     case Kind::BARRIER: return "barrier";
+    case Kind::SPLIT: return "split";
   }
   return "?";
 }
@@ -87,16 +91,17 @@ struct Call {
   DType dtype = DType::F32;
   ReduceOp op = ReduceOp::SUM;
   int root = 0;
+  int color = 0, key = 0;  // SPLIT
 
   bool reduces() const { return kind == Kind::ALLREDUCE || kind == Kind::REDUCE_SCATTER; }
   bool matches(const Call& o) const {
     if (kind != o.kind) return false;
-    if (kind == Kind::BARRIER) return true;
+    if (kind == Kind::BARRIER || kind == Kind::SPLIT) return true;
     return count == o.count && dtype == o.dtype && (!reduces() || op == o.op) &&
            (kind != Kind::BROADCAST || root == o.root);
   }
   std::string describe() const {
-    if (kind == Kind::BARRIER) return "barrier";
+    if (kind == Kind::BARRIER || kind == Kind::SPLIT) return kind_name(kind);
     std::string s = fmt::format("{} of {} {}", kind_name(kind), count, dtype_name(dtype));
     if (reduces()) s += fmt::format(" ({})", reduce_op_name(op));
     if (kind == Kind::BROADCAST) s += fmt::format(" (root {})", root);
@@ -136,6 +141,7 @@ class LocalGroup {
     cudaEvent_t done = nullptr;   // ... once its reads of the peers' buffers are issued
     Call call;                    // written by its rank before a meeting, read by all after it
     bool joined = false, left = false;
+    std::shared_ptr<LocalGroup> made;  // split: the group this rank made as its rank 0
   };
 
   LocalGroup(int size, int device, const LocalOptions& opts)
@@ -291,6 +297,7 @@ class LocalComm final : public Communicator {
   }
   void synchronize() override;
   void abort() override { g_->fail(fmt::format("rank {} called abort()", rank_)); }
+  std::unique_ptr<Communicator> split(int color, int key) override;
 
  private:
   // The same figures as NCCL's ring (NcclComm), so the bench reads alike.
@@ -414,7 +421,8 @@ void* LocalComm::issue(const Call& c, size_t* out_bytes) {
       write_bytes = c.count * es;
       in_place = c.send == c.recv;
       break;
-    case Kind::BARRIER: return nullptr;
+    case Kind::BARRIER:
+    case Kind::SPLIT: return nullptr;
   }
   *out_bytes = write_bytes;
   if (write_bytes == 0) return nullptr;
@@ -442,9 +450,59 @@ void* LocalComm::issue(const Call& c, size_t* out_bytes) {
       if (out != send_of(c.root))
         DT_CUDA_CHECK(cudaMemcpyAsync(out, send_of(c.root), write_bytes, cudaMemcpyDeviceToDevice, stream_));
       break;
-    case Kind::BARRIER: break;
+    case Kind::BARRIER:
+    case Kind::SPLIT: break;
   }
   return scratch;
+}
+
+// Every rank's earlier work on its stream first completes (as NCCL asks of a split), so the
+// group's collectives, on new streams, cannot overtake it. Then three meetings: the ranks'
+// (color, key) (and a check that every rank splits), each group's rank 0 makes the group
+// (same device, timeout and test switches as this one), its members take it. Each member
+// then makes its communicator, a stream and events of its own, on its own thread.
+std::unique_ptr<Communicator> LocalComm::split(int color, int key) {
+  const char* what = kind_name(Kind::SPLIT);
+  synchronize();
+  ++seq_;
+  auto& slots = g_->slots;
+  LocalGroup::Slot& mine = slots[static_cast<size_t>(rank_)];
+  const int W = g_->size;
+  try {
+    Call c;
+    c.kind = Kind::SPLIT;
+    c.color = color < 0 ? -1 : color;
+    c.key = key;
+    mine.call = c;
+    g_->meet(rank_, seq_, what);
+    std::vector<std::pair<int, int> > color_key;
+    for (int q = 0; q < W; ++q) {
+      const Call& o = slots[static_cast<size_t>(q)].call;
+      if (!o.matches(c))
+        DT_THROW(CommError, "device-local collective #{}: rank {} called {} but rank {} called {}", seq_, rank_,
+                 c.describe(), q, o.describe());
+      color_key.emplace_back(o.color, o.key);
+    }
+    const SplitPlace place = split_place(color_key, rank_);
+    if (place.rank == 0) {
+      auto made = std::make_shared<LocalGroup>(place.size, g_->device, LocalOptions{g_->timeout});
+      made->fault.store(g_->fault.load());
+      made->delay_us.store(g_->delay_us.load());
+      mine.made = std::move(made);
+    }
+    g_->meet(rank_, seq_, what);
+    std::shared_ptr<LocalGroup> group;
+    for (int q = 0; q < W && place.size > 0; ++q)
+      if (color_key[static_cast<size_t>(q)].first == c.color && split_place(color_key, q).rank == 0)
+        group = slots[static_cast<size_t>(q)].made;
+    g_->meet(rank_, seq_, what);  // every member holds its group: the makers let go
+    mine.made.reset();
+    if (group == nullptr) return nullptr;
+    return std::make_unique<LocalComm>(std::move(group), place.rank);
+  } catch (const std::exception& e) {
+    g_->fail(fmt::format("rank {} failed in {} #{}: {}", rank_, what, seq_, e.what()));
+    throw;
+  }
 }
 
 // Host values go through stream-ordered device scratch on the rank's stream and come back

@@ -31,6 +31,9 @@ std::shared_ptr<LocalGroup> local_group_create(int size, int device, const Local
 /// asynchronous on that stream, as NCCL's: call synchronize() before reading results on
 /// the host. The buffers of different ranks must not overlap. backend() reports NCCL (the
 /// device backend, for every caller that asks). Not capturable into a CUDA graph.
+/// split() waits for the rank's stream, then gives each color a group of its own on the
+/// same device (its own streams and events, the same ordering rules, timeout and test
+/// switches), created on the calling rank's thread.
 std::unique_ptr<Communicator> comm_create_local(std::shared_ptr<LocalGroup> group, int rank);
 
 /// Test-only (the mutation test): SKIP_ENTRY_WAIT leaves one event wait out of every later

@@ -1,7 +1,7 @@
 // NCCL backend: unique-id exchange through the rendezvous store, a non-blocking
-// communicator with a watchdog thread that aborts it on async errors or abort(), and
-// bounded polling waits instead of cudaStreamSynchronize. CPU-only builds compile only
-// the factory, which reports that CUDA is missing.
+// communicator with a watchdog thread that aborts it on async errors or abort(), bounded
+// polling waits instead of cudaStreamSynchronize, and groups split off by ncclCommSplit.
+// CPU-only builds compile only the factory, which reports that CUDA is missing.
 #include "comm/nccl_comm.h"
 
 #include "core/check.h"
@@ -34,6 +34,7 @@ std::unique_ptr<Communicator> comm_create_nccl(gloo::rendezvous::Store&, int, in
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace dtrain::comm {
@@ -80,6 +81,9 @@ class NcclCommunicator : public Communicator {
 class NcclComm final : public NcclCommunicator {
  public:
   NcclComm(gloo::rendezvous::Store& store, int rank, int size, int device, const NcclOptions& opts);
+  // Takes over `comm` (ncclCommSplit's result, on `device`): waits until it is ready, then
+  // reads its rank and size.
+  NcclComm(ncclComm_t comm, int device, std::chrono::milliseconds timeout);
   ~NcclComm() override;
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
@@ -104,6 +108,7 @@ class NcclComm final : public NcclCommunicator {
   void barrier() override;
   void synchronize() override;
   void abort() override;
+  std::unique_ptr<Communicator> split(int color, int key) override;
 
  private:
   // What a ring pass sends of `elems` elements: (n-1)/n of them (bytes_sent()).
@@ -122,9 +127,13 @@ class NcclComm final : public NcclCommunicator {
   void abort_with(const std::string& reason);
   [[noreturn]] void throw_failed(const char* what);
   void watchdog_loop();
+  // The stream and the barrier scratch, the watchdog, then a bounded wait for comm_ to be
+  // ready (`what`); on failure aborts comm_ (`failure`), releases everything and rethrows.
+  void start(const char* what, const char* failure);
   void release_cuda() noexcept;  // the stream and scratch this object allocated
 
-  const int rank_, size_, device_;
+  int rank_, size_;  // set once: by the constructor, or (split) once the communicator is ready
+  const int device_;
   const std::chrono::milliseconds timeout_;
   cudaStream_t own_stream_ = nullptr;
   cudaStream_t stream_ = nullptr;
@@ -132,6 +141,9 @@ class NcclComm final : public NcclCommunicator {
 
   std::mutex mu_;              // guards comm_ and failure_: NCCL calls vs. abort
   ncclComm_t comm_ = nullptr;  // nullptr once aborted or destroyed
+  // ncclCommSplit's newcomm: a non-blocking split writes it once the split has completed,
+  // so it lives as long as this communicator rather than on split()'s stack.
+  ncclComm_t split_out_ = nullptr;
   std::string failure_;
   std::atomic<bool> failed_{false};
 
@@ -171,13 +183,6 @@ NcclComm::NcclComm(gloo::rendezvous::Store& store, int rank, int size, int devic
              e.what());
   }
 
-  DT_CUDA_CHECK(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking));
-  stream_ = own_stream_;
-  if (const cudaError_t e = cudaMalloc(&barrier_buf_, sizeof(float)); e != cudaSuccess) {
-    release_cuda();
-    DT_CUDA_CHECK(e);
-  }
-
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // calls return at once, so the watchdog can always abort
   {
@@ -186,16 +191,62 @@ NcclComm::NcclComm(gloo::rendezvous::Store& store, int rank, int size, int devic
     if (r != ncclSuccess && r != ncclInProgress) {
       if (comm_ != nullptr) ncclCommAbort(comm_);
       comm_ = nullptr;
-      release_cuda();
       DT_THROW(CommError, "ncclCommInitRankConfig (rank {} of {}, device {}) failed: {}", rank, size, device,
                ncclGetErrorString(r));
     }
   }
+  start("init", "initialisation failed");
+  log_debug("nccl: rank {} of {} ready on device {}", rank, size, device);
+}
+
+NcclComm::NcclComm(ncclComm_t comm, int device, std::chrono::milliseconds timeout)
+    : rank_(-1), size_(0), device_(device), timeout_(timeout), comm_(comm) {
+  if (const cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+    ncclCommAbort(comm_);
+    DT_CUDA_CHECK(e);
+  }
+  start("split", "the split group did not become ready");
+  ncclResult_t r = ncclSuccess;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    r = ncclCommUserRank(comm_, &rank_);
+    if (r == ncclSuccess) r = ncclCommCount(comm_, &size_);
+  }
+  // Not expected of a ready communicator; the destructor (not run when a constructor
+  // throws) would otherwise release these.
+  if (r != ncclSuccess) {
+    abort_with(std::string("its rank and size are unreadable: ") + ncclGetErrorString(r));
+    {
+      std::lock_guard<std::mutex> wd(wd_mu_);
+      wd_stop_ = true;
+    }
+    wd_cv_.notify_all();
+    watchdog_.join();
+    release_cuda();
+    DT_THROW(CommError, "NCCL split group on device {}: its rank and size are unreadable: {}", device,
+             ncclGetErrorString(r));
+  }
+  log_debug("nccl: split group rank {} of {} ready on device {}", rank_, size_, device);
+}
+
+void NcclComm::start(const char* what, const char* failure) {
+  cudaError_t e = cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaMalloc(&barrier_buf_, sizeof(float));
+  if (e != cudaSuccess) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+    }
+    release_cuda();
+    DT_CUDA_CHECK(e);
+  }
+  stream_ = own_stream_;
   watchdog_ = std::thread([this] { watchdog_loop(); });
   try {
-    wait_ready("init");
+    wait_ready(what);
   } catch (...) {
-    abort_with("initialisation failed");
+    abort_with(failure);
     {
       std::lock_guard<std::mutex> lock(wd_mu_);
       wd_stop_ = true;
@@ -205,7 +256,6 @@ NcclComm::NcclComm(gloo::rendezvous::Store& store, int rank, int size, int devic
     release_cuda();
     throw;
   }
-  log_debug("nccl: rank {} of {} ready on device {}", rank, size, device);
 }
 
 NcclComm::~NcclComm() {
@@ -409,6 +459,39 @@ void NcclComm::synchronize() {
     }
     std::this_thread::sleep_for(kPollPause);
   }
+}
+
+// ncclCommSplit (NCCL 2.18+), collective over this communicator: nothing of ours may be
+// outstanding (NCCL: a split with operations in flight may deadlock), so the stream is
+// drained first. Non-blocking as every call here: the split is complete once this
+// communicator is ready again, and only then does NCCL write split_out_. The group has a
+// stream and a watchdog of its own, on this communicator's device.
+std::unique_ptr<Communicator> NcclComm::split(int color, int key) {
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
+  (void)color, (void)key;
+  DT_THROW(CommError,
+           "NCCL split on rank {}: ncclCommSplit needs NCCL 2.18 or newer, but dtrain was built against NCCL {}.{}.{}; "
+           "rebuild against a newer NCCL or use the gloo backend",
+           rank_, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+#else
+  synchronize();
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  const int nccl_color = color < 0 ? NCCL_SPLIT_NOCOLOR : color;
+  split_out_ = nullptr;
+  enqueue("split", [&](ncclComm_t c) { return ncclCommSplit(c, nccl_color, key, &split_out_, &config); });
+  ncclComm_t group = std::exchange(split_out_, nullptr);
+  if (group == nullptr) {
+    if (color < 0) return nullptr;
+    DT_THROW(CommError, "NCCL split on rank {}: ncclCommSplit completed without a communicator for color {}", rank_,
+             color);
+  }
+  if (color < 0) {  // NCCL documents NULL for NCCL_SPLIT_NOCOLOR
+    ncclCommAbort(group);
+    DT_THROW(CommError, "NCCL split on rank {}: ncclCommSplit gave a communicator to a rank of no color", rank_);
+  }
+  return std::make_unique<NcclComm>(group, device_, timeout_);
+#endif
 }
 
 }  // namespace

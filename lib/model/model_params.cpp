@@ -173,7 +173,7 @@ TensorView ModelParams::tensor(const std::string& name) {
       if (const TensorSpec* t = pb.layout.find(name)) {
         DT_ENFORCE(pb.data != nullptr || pb.size == 0, UsageError,
                    "tensor {} is in buffer {}, whose storage is released (ZeRO stage 3 shards it): materialize "
-                   "the parameters (ZeroEngine::params_materialize) before reading them",
+                   "the parameters (ZeroEngine::weights().materialize()) before reading them",
                    name, pb.layout.name);
         return TensorView{static_cast<float*>(pb.data) + t->offset, DType::F32, t->shape};
       }

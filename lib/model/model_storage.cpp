@@ -109,7 +109,7 @@ void ModelParams::buffer_enforce_present(const ParamBuffer& pb, bool need_data, 
   if (pb.size == 0) return;
   DT_ENFORCE(!need_data || pb.data != nullptr, UsageError,
              "parameter buffer {} has no storage when the model needs it: it is released (ZeRO stage 3) and no hook "
-             "gathered it (install the engine's hooks, or call params_materialize() for evaluation)",
+             "gathered it (install the engine's hooks, or call ZeroEngine::weights().materialize() for evaluation)",
              pb.layout.name);
   DT_ENFORCE(!need_grad || pb.grad != nullptr, UsageError,
              "gradient buffer {} has no storage when backward needs it: gradients are released (ZeRO stages 2-3) and "

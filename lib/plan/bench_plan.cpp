@@ -15,16 +15,16 @@
 
 namespace dtrain::plan {
 
-using bench::bench_batch;
-using bench::bench_setup_from;
-using bench::BenchBatch;
-using bench::BenchSetup;
-using bench::model_flops_formula;
-using bench::model_flops_per_token;
-using bench::step_shape_set;
 using device::PlanEntry;
 using device::PlanKind;
 using device::PlanUnit;
+using train::model_flops_formula;
+using train::model_flops_per_token;
+using train::step_setup_from;
+using train::step_shape_set;
+using train::StepSetup;
+using train::synthetic_batch;
+using train::SyntheticBatch;
 
 namespace {
 
@@ -99,7 +99,7 @@ PlanTime plan_entry_time(const PlanEntry& e, const PlanBudgetTable& t, PlanEnd e
   return r;
 }
 
-PlanStep plan_step(const BenchSetup& s, size_t smem_optin) {
+PlanStep plan_step(const StepSetup& s, size_t smem_optin) {
   PlanStep r;
   // ZeRO-Offload's update runs on the host: AdamW over host buffers the size of the model and
   // the copies both ways. A PlanDevice has fake memory and no cost model for host work, so the
@@ -127,7 +127,7 @@ PlanStep plan_step(const BenchSetup& s, size_t smem_optin) {
   m.set_recompute_layers(s.recompute_layers);
   train::TrainStep step(m, &src, nullptr, zero, s.step_options());
   train::StepTimer timer;
-  const BenchBatch batch = bench_batch(s, 0);
+  const SyntheticBatch batch = synthetic_batch(s, 0);
   step.run(1, s.lr, batch.view(), timer);
   dev.record(true);
   step.run(2, s.lr, batch.view(), timer);
@@ -158,7 +158,7 @@ PlanAnchor llmc_gpt2_124m(const PlanBudgetTable& t) {
 namespace {
 
 // What the setup says of the run: its config, model, batch and what drove the step.
-BenchPlanResult plan_result_of(const bench::BenchTrainOptions& o, const BenchSetup& s) {
+BenchPlanResult plan_result_of(const BenchPlanOptions& o, const StepSetup& s) {
   BenchPlanResult r;
   step_shape_set(r, o.config_path, s);
   r.driver =
@@ -231,7 +231,7 @@ StepSeconds price_rows(const std::vector<PlanEntry>& entries, BenchPlanResult& r
 }
 
 // The step's times, its largest row outside GEMMs and attention, tokens/s and the MFU band.
-void step_figures(BenchPlanResult& r, const StepSeconds& t, const BenchSetup& s) {
+void step_figures(BenchPlanResult& r, const StepSeconds& t, const StepSetup& s) {
   const double mid_s = t.mid();
   r.step_ms = mid_s * 1e3;
   r.step_ms_slow = t.slow * 1e3;
@@ -257,13 +257,13 @@ void step_figures(BenchPlanResult& r, const StepSeconds& t, const BenchSetup& s)
 
 }  // namespace
 
-BenchPlanResult bench_plan_run(const bench::BenchTrainOptions& o, const std::string& gpu) {
+BenchPlanResult bench_plan_run(const BenchPlanOptions& o, const std::string& gpu) {
   DT_ENFORCE(o.device == device::Kind::CUDA, UsageError,
              "bench train --plan budgets a step on the CUDA device; --device {} has no plan (drop --device or use "
              "--device cuda)",
              device::kind_name(o.device));
   const PlanGpu& g = plan_gpu(gpu);
-  const BenchSetup s = bench_setup_from(o.config_path, o.sets, true);
+  const StepSetup s = step_setup_from(o.config_path, o.sets, true);
   BenchPlanResult r = plan_result_of(o, s);
   r.table.gpu = g;
   const PlanStep step = plan_step(s, g.smem_optin);

@@ -9,10 +9,11 @@
 // works in a CPU-only build.
 #pragma once
 
+#include "device/kind.h"
 #include "device/plan_device.h"
-#include "bench/bench_step.h"
-#include "bench/bench_train.h"
 #include "plan/plan_occupancy.h"
+#include "train/step_setup.h"
+#include "train/step_shape.h"
 
 #include <cstdint>
 #include <string>
@@ -79,7 +80,7 @@ struct PlanStep {
   int64_t params = 0, trainable_params = 0;
   std::vector<std::string> notes;  ///< what the planned step left out (ZeRO-Offload's host update)
 };
-PlanStep plan_step(const bench::BenchSetup& s, size_t smem_optin);
+PlanStep plan_step(const train::StepSetup& s, size_t smem_optin);
 
 /// Entries grouped by (op, kernel, unit), longest first (by the mid-band time).
 struct PlanRow {
@@ -102,7 +103,7 @@ struct PlanAnchor {
   std::string source;
 };
 
-struct BenchPlanResult : bench::StepShape {
+struct BenchPlanResult : train::StepShape {
   std::string driver;  ///< what ran on the plan device
   int recompute_layers = 0;
   PlanBudgetTable table;
@@ -121,10 +122,18 @@ struct BenchPlanResult : bench::StepShape {
   std::vector<std::string> notes;
 };
 
+/// What `bench train --plan` plans: the config and its --set overrides, and the device
+/// asked for (the plan describes the CUDA device).
+struct BenchPlanOptions {
+  std::string config_path;
+  std::vector<std::string> sets;             ///< "key.path=value" overrides, as --set
+  device::Kind device = device::Kind::CUDA;  ///< --device: CPU has no plan
+};
+
 /// The budget of the config's step (o.config_path, o.sets; o.device must be CUDA, the
-/// device the plan describes; steps and warmup do not apply) on the GPU profile `gpu`
-/// (plan_gpu_names()). UsageError for --device cpu or an unknown profile.
-BenchPlanResult bench_plan_run(const bench::BenchTrainOptions& o, const std::string& gpu = "h100");
+/// device the plan describes) on the GPU profile `gpu` (plan_gpu_names()). UsageError for
+/// --device cpu or an unknown profile.
+BenchPlanResult bench_plan_run(const BenchPlanOptions& o, const std::string& gpu = "h100");
 
 /// The table (kernel rows, GEMM vs non-GEMM totals, step time and MFU bands, the anchors), or
 /// one JSON object with the same figures (json = true).

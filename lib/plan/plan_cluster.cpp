@@ -8,6 +8,7 @@
 
 #include "config/train_config.h"
 #include "core/check.h"
+#include "train/zero_layout.h"
 
 #include <fmt/format.h>
 
@@ -72,16 +73,25 @@ struct Schedule {
   std::vector<std::string> notes;
 };
 
+// The job, its links and its buffers as the engine lays them out on P ranks (rank 0's
+// shards: the plan needs their lengths).
 struct Ctx {
   const ClusterJob& job;
   const ClusterLink& link;
   const ClusterLatency& lat;
   int64_t P;
+  train::ZeroLayout layout;
   double time(CollKind k, double bytes) const {
     return collective_seconds(k, bytes, job.nodes, job.gpus_per_node, link, lat);
   }
-  int64_t shard(int64_t n) const { return (n + P - 1) / P; }
 };
+
+train::ZeroLayout layout_of(const ClusterJob& j, int64_t P) {
+  train::ZeroLayout layout(
+      train::ZeroPlacement{j.stage, 0, static_cast<int>(P), static_cast<size_t>(j.persistence_threshold)}, j.n_layer);
+  for (const ClusterBuffer& b : j.buffers) layout.add(static_cast<size_t>(b.n), b.layer, b.trainable);
+  return layout;
+}
 
 // Adds `count` collectives of the given sizes (bytes each) as one row.
 ClusterCollective& row_add(Schedule& s, const Ctx& c, const std::string& what, CollKind kind,
@@ -110,21 +120,13 @@ ClusterCollective& row_add(Schedule& s, const Ctx& c, const std::string& what, C
 // else after it. The rule: the last bucket of the step (the embeddings', complete when the
 // backward ends) is exposed; the others hide behind the backward window (all micro-batches'
 // backward at stages 2-3, the last one's at 0-1) as long as they fit in it.
-void gradient_rows(Schedule& s, const Ctx& c) {
+void gradient_rows(Schedule& s, Ctx& c) {
   const ClusterJob& j = c.job;
   std::vector<double> bytes;
-  int64_t full = 0, seg = 0;
-  for (int l = j.n_layer; l >= -1; --l)
-    for (const ClusterBuffer& b : j.buffers) {
-      if (b.layer != l || !b.trainable) continue;
-      if (bytes.empty() || full + b.n > j.reduce_bucket_size) {
-        bytes.push_back(0);
-        full = seg = 0;
-      }
-      full += b.n;
-      seg += j.stage == 0 ? b.n : c.shard(b.n);
-      bytes.back() = static_cast<double>(j.stage == 0 ? seg : seg * c.P) * j.wire_bytes;
-    }
+  for (const train::ZeroBucketPlan& b : c.layout.buckets(static_cast<size_t>(j.reduce_bucket_size))) {
+    const auto seg = static_cast<int64_t>(b.seg);
+    bytes.push_back(static_cast<double>(j.stage == 0 ? seg : seg * c.P) * j.wire_bytes);
+  }
   const bool every_mb = j.stage >= 2, overlapped = every_mb || j.overlap_comm;
   const int64_t repeat = every_mb ? j.grad_accum : 1;
   ClusterCollective& r = row_add(s, c, "gradients", j.stage == 0 ? CollKind::ALL_REDUCE : CollKind::REDUCE_SCATTER,
@@ -139,62 +141,47 @@ void gradient_rows(Schedule& s, const Ctx& c) {
   s.bwd_window_mbs = every_mb ? j.grad_accum : 1;
 }
 
-// Stage 3's parameter gathers (ZeroEngine::stage3_visit), replayed for one micro-batch: each
-// sharded buffer (at least persistence_threshold elements) is all-gathered in the compute
-// dtype before its layer runs in the forward (layers -1 .. n_layer) and again in the
-// backward (n_layer .. -1), except what is still held from the forward (the head's layer; the
-// embeddings too when tied). A layer gathered as the one about to run is waited for at once:
-// exposed. The layers ahead that fit in prefetch_bucket_size (and max_live_parameters with
-// those held) are issued early: they hide behind the compute of their pass. As in the engine,
-// a visit waits at once for the embeddings whenever they are kept, also when only the window
-// put them there (the backward of layer 0): that gather counts as exposed.
+// Stage 3's parameter gathers (ZeroGather::visit), replayed for one micro-batch by the
+// engine's rule (train::ZeroGatherReplay over zero_prefetch_window): each sharded buffer (at
+// least persistence_threshold elements) is all-gathered in the compute dtype before its
+// layer runs in the forward (layers -1 .. n_layer) and again in the backward (n_layer ..
+// -1), except what is still held from the forward (the head's layer; the embeddings too
+// when tied). A layer gathered as the one about to run is waited for at once: exposed. The
+// layers ahead that fit in prefetch_bucket_size (and max_live_parameters with those held)
+// are issued early: they hide behind the compute of their pass. As in the engine, a visit
+// waits at once for the embeddings whenever they are kept, also when only the window put
+// them there (the backward of layer 0): that gather counts as exposed.
 void gather_rows(Schedule& s, const Ctx& c) {
   const ClusterJob& j = c.job;
   if (j.stage != 3) return;
   const int L = j.n_layer;
-  auto idx = [](int l) { return static_cast<size_t>(l + 1); };
-  std::vector<int64_t> need(idx(L) + 1, 0);
-  std::vector<std::vector<double>> bytes(idx(L) + 1);
-  for (const ClusterBuffer& b : j.buffers)
-    if (b.n >= j.persistence_threshold) {
-      need[idx(b.layer)] += b.n;
-      bytes[idx(b.layer)].push_back(static_cast<double>(c.shard(b.n) * c.P) * j.compute_bytes);
+  const std::vector<size_t> need = c.layout.layer_sharded();
+  // Each layer's gathers: one per sharded buffer, W shards in the compute dtype.
+  auto bytes = [&](int l) {
+    std::vector<double> b;
+    for (size_t i : c.layout.layer_slots[static_cast<size_t>(l + 1)]) {
+      const train::ZeroShard& z = c.layout.shards[i];
+      if (z.sharded) b.push_back(static_cast<double>(static_cast<int64_t>(z.s) * c.P) * j.compute_bytes);
     }
-  std::vector<char> gathered(need.size(), 0);
+    return b;
+  };
+  train::ZeroGatherReplay replay(need, j.tied, static_cast<size_t>(j.prefetch_bucket_size),
+                                 static_cast<size_t>(j.max_live_parameters));
   std::vector<double> lists[2][2];  // [backward][prefetched]
   auto visit = [&](int l, int dir) {
-    std::vector<char> keep(need.size(), 0);
-    keep[idx(l)] = 1;
-    if (j.tied && ((dir > 0 && l == L) || dir < 0)) keep[idx(-1)] = 1;
-    int64_t held = 0, window = 0;
-    for (size_t k = 0; k < keep.size(); ++k) held += keep[k] ? need[k] : 0;
-    std::vector<int> ahead;
-    for (int a = l + dir; a >= -1 && a <= L; a += dir) {
-      const int64_t n = need[idx(a)];
-      if (window + n > j.prefetch_bucket_size || held + window + n > j.max_live_parameters) break;
-      window += n;
-      keep[idx(a)] = 1;
-      ahead.push_back(a);
+    for (const train::ZeroGatherReplay::Gather& g : replay.visit(l, dir).issued) {
+      const std::vector<double> b = bytes(g.layer);
+      auto& to = lists[dir < 0][g.early];
+      to.insert(to.end(), b.begin(), b.end());
     }
-    for (size_t k = 0; k < keep.size(); ++k)
-      if (!keep[k]) gathered[k] = 0;
-    auto issue = [&](int layer, bool early) {
-      if (gathered[idx(layer)]) return;
-      gathered[idx(layer)] = 1;
-      auto& to = lists[dir < 0][early];
-      to.insert(to.end(), bytes[idx(layer)].begin(), bytes[idx(layer)].end());
-    };
-    issue(l, false);
-    if (l != -1 && keep[idx(-1)]) issue(-1, false);
-    for (int a : ahead) issue(a, true);
   };
   for (int l = -1; l <= L; ++l) visit(l, +1);
   for (int l = L; l >= -1; --l) {
     visit(l, -1);
-    gathered[idx(l)] = 0;  // after_layer_backward releases it
+    replay.release(l);  // after_layer_backward releases it
   }
   // A layer larger than the window is never gathered ahead: its gather waits.
-  const int64_t most = *std::max_element(need.begin(), need.end());
+  const auto most = static_cast<int64_t>(*std::max_element(need.begin(), need.end()));
   if (most > j.prefetch_bucket_size) {
     s.notes.push_back(fmt::format(
         "stage 3: a layer of {} sharded elements is larger than zero_optimization.stage3_prefetch_bucket_size {}: "
@@ -221,17 +208,10 @@ void update_rows(Schedule& s, const Ctx& c) {
   const ClusterJob& j = c.job;
   if (j.stage >= 1) {
     std::vector<double> bytes;
-    int64_t full = 0, seg = 0;
-    for (const ClusterBuffer& b : j.buffers) {
-      if (!b.trainable || (j.stage == 3 && b.n >= j.persistence_threshold)) continue;
-      if (bytes.empty() || full + b.n > j.allgather_bucket_size) {
-        bytes.push_back(0);
-        full = seg = 0;
-      }
-      full += b.n;
-      seg += c.shard(b.n);
-      bytes.back() = static_cast<double>(seg * c.P) * j.compute_bytes;
-    }
+    const std::vector<const train::ZeroShard*> shards = c.layout.view();
+    for (const train::ZeroGatherGroup& g : train::zero_gather_groups(shards, train::zero_resident_trainable(shards),
+                                                                     static_cast<size_t>(j.allgather_bucket_size)))
+      bytes.push_back(static_cast<double>(static_cast<int64_t>(g.seg) * c.P) * j.compute_bytes);
     if (!bytes.empty())
       s.exposed += row_add(s, c, "parameters, after the update", CollKind::ALL_GATHER, bytes, 1, "").seconds;
   }
@@ -260,6 +240,10 @@ void job_check(const ClusterJob& j, const ClusterLink& link) {
              "plan_cluster: wire {} and compute {} bytes per element must be 2 or 4", j.wire_bytes, j.compute_bytes);
   DT_ENFORCE(j.reduce_bucket_size > 0 && j.allgather_bucket_size > 0, UsageError,
              "plan_cluster: bucket sizes must be positive");
+  DT_ENFORCE(j.prefetch_bucket_size >= 0 && j.persistence_threshold >= 0 && j.max_live_parameters > 0, UsageError,
+             "plan_cluster: stage 3's prefetch bucket ({}) and persistence threshold ({}) must not be negative, its "
+             "max live parameters ({}) must be positive",
+             j.prefetch_bucket_size, j.persistence_threshold, j.max_live_parameters);
   bool trainable = false;
   for (const ClusterBuffer& b : j.buffers) trainable = trainable || b.trainable;
   DT_ENFORCE(trainable, UsageError, "plan_cluster: the job has no trainable buffer");
@@ -300,7 +284,7 @@ ClusterPlan plan_cluster(const ClusterJob& job, const ClusterLink& link, const C
   Schedule s;
   if (P > 1) {
     p.bus_gbytes = bus_bytes_per_s(job.nodes, job.gpus_per_node, link, &p.bound) / 1e9;
-    const Ctx c{job, link, lat, P};
+    Ctx c{job, link, lat, P, layout_of(job, P)};
     gradient_rows(s, c);
     gather_rows(s, c);
     update_rows(s, c);

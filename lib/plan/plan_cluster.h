@@ -7,7 +7,7 @@
 #pragma once
 
 #include "plan/bench_plan.h"
-#include "bench/bench_step.h"
+#include "train/step_setup.h"
 #include "train/zero_engine.h"
 
 #include <cstdint>
@@ -129,18 +129,18 @@ struct ClusterCompute {
   PlanBand step_s, optimizer_s;
   std::string source;
 };
-ClusterCompute cluster_compute_plan(const bench::BenchSetup& s, const std::string& gpu = "h100");
+ClusterCompute cluster_compute_plan(const train::StepSetup& s, const std::string& gpu = "h100");
 /// The same split of a --plan result already made (its kernel rows).
 ClusterCompute cluster_compute_of(const BenchPlanResult& r);
 /// Without a trace (a shape the plan refuses): 6N + 12 L T d FLOPs per token (model_flops_per_token)
 /// at an MFU band of 35 to 50 % of the profile's tensor peak, the update at HBM speed.
-ClusterCompute cluster_compute_flops(const bench::BenchSetup& s, int64_t params, int64_t trainable,
+ClusterCompute cluster_compute_flops(const train::StepSetup& s, int64_t params, int64_t trainable,
                                      const std::string& gpu = "h100");
 
 /// The job of the setup's model (its buffers from the model built on a PlanDevice), the
 /// config's ZeRO settings `z` (stage, buckets, overlap, wire) and `compute`, on nodes x
 /// gpus_per_node.
-ClusterJob cluster_job_from(const bench::BenchSetup& s, const train::ZeroOptions& z, const ClusterCompute& compute,
+ClusterJob cluster_job_from(const train::StepSetup& s, const train::ZeroOptions& z, const ClusterCompute& compute,
                             int nodes, int gpus_per_node);
 
 /// The link of a config: cluster.link.intra_node_gbytes and cluster.link.inter_node_gbits.
@@ -148,7 +148,7 @@ ClusterLink cluster_link_from(const config::TrainConfig& cfg);
 
 /// The plan of the config `s` was read from (its ZeRO settings and links) with `compute`, on
 /// nodes x gpus_per_node, with notes on where the compute came from and the batch.
-ClusterPlan cluster_plan_of(const bench::BenchSetup& s, const ClusterCompute& compute, int nodes, int gpus_per_node);
+ClusterPlan cluster_plan_of(const train::StepSetup& s, const ClusterCompute& compute, int nodes, int gpus_per_node);
 
 /// The dry run's section for cfg (its batch resolved) on nodes x gpus_per_node GPUs of the
 /// `gpu` profile: the one-GPU plan of the config's step, then plan_cluster_text.

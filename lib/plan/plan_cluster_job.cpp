@@ -15,9 +15,9 @@
 
 namespace dtrain::plan {
 
-using bench::bench_setup_of;
-using bench::BenchSetup;
-using bench::model_flops_per_token;
+using train::model_flops_per_token;
+using train::step_setup_of;
+using train::StepSetup;
 
 namespace {
 
@@ -38,7 +38,7 @@ ClusterCompute cluster_compute_of(const BenchPlanResult& r) {
   return c;
 }
 
-ClusterCompute cluster_compute_plan(const BenchSetup& s, const std::string& gpu) {
+ClusterCompute cluster_compute_plan(const StepSetup& s, const std::string& gpu) {
   PlanBudgetTable t;
   t.gpu = plan_gpu(gpu);
   const PlanStep step = plan_step(s, t.gpu.smem_optin);
@@ -55,7 +55,7 @@ ClusterCompute cluster_compute_plan(const BenchSetup& s, const std::string& gpu)
   return c;
 }
 
-ClusterCompute cluster_compute_flops(const BenchSetup& s, int64_t params, int64_t trainable, const std::string& gpu) {
+ClusterCompute cluster_compute_flops(const StepSetup& s, int64_t params, int64_t trainable, const std::string& gpu) {
   PlanBudgetTable t;
   t.gpu = plan_gpu(gpu);
   const double tokens = static_cast<double>(s.micro_batch) * s.seq_len * s.grad_accum;
@@ -75,7 +75,7 @@ ClusterCompute cluster_compute_flops(const BenchSetup& s, int64_t params, int64_
   return c;
 }
 
-ClusterJob cluster_job_from(const BenchSetup& s, const train::ZeroOptions& z, const ClusterCompute& compute, int nodes,
+ClusterJob cluster_job_from(const StepSetup& s, const train::ZeroOptions& z, const ClusterCompute& compute, int nodes,
                             int gpus_per_node) {
   ClusterJob j;
   j.nodes = nodes;
@@ -117,7 +117,7 @@ ClusterLink cluster_link_from(const config::TrainConfig& cfg) {
   return k;
 }
 
-ClusterPlan cluster_plan_of(const BenchSetup& s, const ClusterCompute& compute, int nodes, int gpus_per_node) {
+ClusterPlan cluster_plan_of(const StepSetup& s, const ClusterCompute& compute, int nodes, int gpus_per_node) {
   ClusterPlan p = plan_cluster(cluster_job_from(s, train::zero_options_from(s.cfg), compute, nodes, gpus_per_node),
                                cluster_link_from(s.cfg));
   p.notes.push_back("compute: " + compute.source);
@@ -130,7 +130,7 @@ ClusterPlan cluster_plan_of(const BenchSetup& s, const ClusterCompute& compute, 
 }
 
 std::string cluster_plan_report(const config::TrainConfig& cfg, int nodes, int gpus_per_node, const std::string& gpu) {
-  BenchSetup s = bench_setup_of(cfg, true);
+  StepSetup s = step_setup_of(cfg, true);
   // The launch's batch for its world size, where it was resolved (train_batch_size split).
   if (cfg.resolved_micro_batch_size > 0) s.micro_batch = static_cast<int>(cfg.resolved_micro_batch_size);
   if (cfg.resolved_grad_accum_steps > 0) s.grad_accum = static_cast<int>(cfg.resolved_grad_accum_steps);

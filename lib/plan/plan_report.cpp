@@ -43,7 +43,7 @@ nlohmann::json budget_json(const PlanBudgetTable& t) {
           {"hbm_tbps", g.hbm_tbps},
           {"pcie_gbps", g.pcie_gbps},
           {"sms", g.sms},
-          {"gemm_eff", "shape-dependent (lib/bench/plan_gemm.h)"},
+          {"gemm_eff", "shape-dependent (lib/plan/plan_gemm.h)"},
           {"attn_fwd_eff", {t.attn_fwd_eff.slow, t.attn_fwd_eff.fast}},
           {"attn_bwd_eff", {t.attn_bwd_eff.slow, t.attn_bwd_eff.fast}},
           {"attn_ref_blocks_per_sm",
@@ -59,7 +59,7 @@ nlohmann::json plan_json(const BenchPlanResult& r) {
   for (const PlanAnchor& a : r.anchors)
     anchors.push_back({{"what", a.what}, {"tokens_per_s", a.tokens_per_s}, {"mfu", a.mfu}, {"source", a.source}});
   const PlanGpu& g = r.table.gpu;
-  nlohmann::json j = bench::step_shape_json(r);
+  nlohmann::json j = train::step_shape_json(r);
   j.update(nlohmann::json{{"plan", true},
                           {"gpu", g.label},
                           {"gpu_profile", g.name},

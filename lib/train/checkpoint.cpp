@@ -1,7 +1,7 @@
-// Sharded checkpoint save: shards, CRC exchange, manifest, renames, pruning
-// (checkpoint_load.cpp loads; checkpoint_files.cpp holds the format's shared parts). A
-// checkpoint that fails verification is set aside (renamed stepK.corrupt-<time>), never
-// deleted and never counted by keep_last.
+// Sharded checkpoint save: shards (every data-parallel group's), CRC exchange, manifest,
+// renames, pruning (checkpoint_load.cpp loads; checkpoint_files.cpp holds the format's
+// shared parts). A checkpoint that fails verification is set aside (renamed
+// stepK.corrupt-<time>), never deleted and never counted by keep_last.
 #include "train/checkpoint.h"
 
 #include "core/check.h"
@@ -91,8 +91,9 @@ struct ShardWritten {
 };
 
 // This rank's shard: its partition slice of every buffer's master, m and v, behind a JSON
-// header saying where each lies.
-ShardWritten write_shard(const fs::path& tmp, const ZeroCheckpointView& view, const TrainState& state, mode_t mode) {
+// header saying where each lies and whose shard it is (group, rank, the group's AdamW step).
+ShardWritten write_shard(const fs::path& tmp, const ZeroCheckpointView& view, const ckpt::GroupPlace& place,
+                         const TrainState& state, mode_t mode) {
   const int W = view.world, rank = view.rank;
   const auto& views = view.buffers;
   json entries = json::array();
@@ -125,6 +126,9 @@ ShardWritten write_shard(const fs::path& tmp, const ZeroCheckpointView& view, co
   json head{{"format", ckpt::FORMAT_VERSION},
             {"rank", rank},
             {"world_size", W},
+            {"group", place.group},
+            {"data_parallel_groups", place.groups},
+            {"optimizer_step", view.step_count},
             {"step", state.step},
             {"has_rng", state.has_rng},
             {"rng", state.rng},
@@ -136,30 +140,37 @@ ShardWritten write_shard(const fs::path& tmp, const ZeroCheckpointView& view, co
                                                     {&head_len, 8},
                                                     {head_text.data(), head_len}};
   parts.insert(parts.end(), data.begin(), data.end());
-  const std::string shard_name = "rank" + std::to_string(rank) + ".bin";
-  const uint32_t crc = ckpt::file_write((tmp / shard_name).string(), parts, mode);
+  const uint32_t crc =
+      ckpt::file_write((tmp / ckpt::shard_name(place.group, place.groups, rank)).string(), parts, mode);
   return {crc, 16 + head_len + offset};
 }
 
-// Every rank confirms its shard (size, CRC) to every other; returns the manifest's "files"
-// (on every rank; rank 0 writes it).
-json confirm_shards(comm::Communicator* comm, int W, const ShardWritten& mine_written) {
-  std::vector<float> mine(6), all(static_cast<size_t>(W) * 6);
+// Every rank of the job confirms its shard (size, CRC, whose it is) to every other;
+// returns the manifest's "files", group by group, rank by rank (on every rank; rank 0 of
+// place.comm writes it). W: one data-parallel group's size.
+json confirm_shards(const ckpt::GroupPlace& place, int W, int rank, const ShardWritten& mine_written) {
+  constexpr size_t k = 8;
+  const int n = W * place.groups;  // the ranks of place.comm
+  std::vector<float> mine(k), all(static_cast<size_t>(n) * k);
   u32_to_f2(mine_written.crc, mine.data());
   u32_to_f2(static_cast<uint32_t>(mine_written.bytes & 0xffffffffu), mine.data() + 2);
   u32_to_f2(static_cast<uint32_t>(mine_written.bytes >> 32), mine.data() + 4);
-  if (comm) comm->all_gather_host(mine.data(), all.data(), 6, DType::F32);
+  u32_to_f2(static_cast<uint32_t>(place.group * W + rank), mine.data() + 6);
+  if (place.comm) place.comm->all_gather_host(mine.data(), all.data(), k, DType::F32);
   else all = mine;
-  json files = json::array();
-  for (int r = 0; r < W; ++r) {
-    const float* f = all.data() + static_cast<size_t>(r) * 6;
+  std::vector<json> files(static_cast<size_t>(n));
+  for (int q = 0; q < n; ++q) {
+    const float* f = all.data() + static_cast<size_t>(q) * k;
     const uint64_t sz = static_cast<uint64_t>(f2_to_u32(f + 2)) | (static_cast<uint64_t>(f2_to_u32(f + 4)) << 32);
-    files.push_back({{"name", "rank" + std::to_string(r) + ".bin"}, {"bytes", sz}, {"crc32c", f2_to_u32(f)}});
+    const uint32_t at = f2_to_u32(f + 6);
+    DT_CHECK(at < static_cast<uint32_t>(n) && files[at].is_null());
+    const int g = static_cast<int>(at) / W, r = static_cast<int>(at) % W;
+    files[at] = {{"name", ckpt::shard_name(g, place.groups, r)}, {"bytes", sz}, {"crc32c", f2_to_u32(f)}};
   }
-  return files;
+  return json(files);
 }
 
-json manifest_json(const ZeroCheckpointView& view, const TrainState& state, const json& files) {
+json manifest_json(const ZeroCheckpointView& view, int groups, const TrainState& state, const json& files) {
   json scaler = nullptr;
   if (state.has_scaler)
     scaler = {{"scale", state.scaler.scale},
@@ -169,6 +180,7 @@ json manifest_json(const ZeroCheckpointView& view, const TrainState& state, cons
   return json{{"format", ckpt::FORMAT_VERSION},
               {"step", state.step},
               {"world_size", view.world},
+              {"data_parallel_groups", groups},
               {"zero_stage", view.stage},
               {"compute_dtype", dtype_name(view.compute_dtype)},
               {"master_dtype", "float32"},
@@ -177,7 +189,10 @@ json manifest_json(const ZeroCheckpointView& view, const TrainState& state, cons
               {"loss_scaler", scaler},
               {"sampler", {{"epoch", state.sampler.epoch}, {"offset", state.sampler.offset}}},
               {"forward_count", state.forward_count},
-              {"shard_layout", "buffer of n elements: rank r holds [r*ceil(n/W), min((r+1)*ceil(n/W), n))"},
+              {"shard_layout", groups == 1 ? "buffer of n elements: rank r holds [r*ceil(n/W), min((r+1)*ceil(n/W), n))"
+                                           : "buffer of n elements: rank r of each data-parallel group g holds "
+                                             "[r*ceil(n/W), min((r+1)*ceil(n/W), n)) of that group's state, in "
+                                             "group<g>-rank<r>.bin (W = world_size, the ranks of one group)"},
               {"buffers", layout_json(view.buffers)},
               {"files", files},
               {"config_yaml", config_without_cluster_env(state.config_yaml)}};
@@ -224,7 +239,9 @@ void prune_checkpoints(const fs::path& root, const std::string& name, int64_t st
 
 std::string checkpoint_save(const std::string& run_dir, const ZeroCheckpointView& view, const TrainState& state,
                             const CheckpointSaveOptions& opts) {
-  comm::Communicator* comm = view.comm;
+  // Every collective below runs over the whole job, every data-parallel group in it.
+  const ckpt::GroupPlace place = ckpt::group_place(view.world_comm, view.comm, view.rank, view.world);
+  comm::Communicator* comm = place.comm;
   const fs::path root = fs::path(run_dir) / "checkpoints";
   const std::string name = "step" + std::to_string(state.step);
   const fs::path tmp = root / ("tmp-" + name), final_dir = root / name;
@@ -237,15 +254,15 @@ std::string checkpoint_save(const std::string& run_dir, const ZeroCheckpointView
     return final_dir.string();
   }
   const mode_t mode = ckpt::run_dir_mode(run_dir) & (opts.max_mode & 0777);
-  if (view.rank == 0) prepare_save_dir(root, tmp, final_dir, mode);
+  if (place.rank == 0) prepare_save_dir(root, tmp, final_dir, mode);
   if (comm) comm->barrier();
 
-  const ShardWritten shard = write_shard(tmp, view, state, mode);
+  const ShardWritten shard = write_shard(tmp, view, place, state, mode);
   if (opts.fault_hook) opts.fault_hook("shard_written");
-  const json files = confirm_shards(comm, view.world, shard);
+  const json files = confirm_shards(place, view.world, view.rank, shard);
 
-  if (view.rank == 0) {
-    const std::string text = manifest_json(view, state, files).dump(1);
+  if (place.rank == 0) {
+    const std::string text = manifest_json(view, place.groups, state, files).dump(1);
     ckpt::file_write((tmp / "manifest.json").string(), {{text.data(), text.size()}}, mode);
     ckpt::fsync_path(tmp.string());
     ckpt::rename_durable(tmp.string(), final_dir.string());

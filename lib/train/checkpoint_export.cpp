@@ -87,7 +87,7 @@ CheckpointModel checkpoint_model_load(const std::string& run_dir) {
              "{}: no final/ model and no complete checkpoint under {}/checkpoints{}{}; pass --init to use the config's "
              "initial weights instead",
              run_dir, run_dir, tried.empty() ? "" : "; skipped:", tried);
-  engine.params_materialize();
+  engine.weights().materialize();
   cm.info.checkpoint_dir = ck.dir;
   cm.info.step = ck.state.step;
   cm.info.saved_world_size = ck.saved_world_size;

@@ -1,6 +1,6 @@
 // The checkpoint format's shared parts: durable file writes and renames, bounded reads,
-// the saved partition, and the manifest's checks (checkpoint.cpp saves, checkpoint_load.cpp
-// loads).
+// the saved partition, the data-parallel groups' places and shard names, and the
+// manifest's checks (checkpoint.cpp saves, checkpoint_load.cpp loads).
 #include "train/checkpoint_files.h"
 
 #include "core/check.h"
@@ -114,6 +114,47 @@ Part part_of(size_t n, int world, int rank) {
   const size_t s = (n + static_cast<size_t>(world) - 1) / static_cast<size_t>(world);
   const size_t lo = std::min(static_cast<size_t>(rank) * s, n);
   return {lo, std::min(lo + s, n)};
+}
+
+// ----------------------------------------------------------------------------
+// Data-parallel groups. The groups are found from the communicators themselves, not from
+// numbers a caller passes beside them: each group is named by its lowest world rank, and
+// the groups are numbered in that order (Communicator::split(r / n, r) makes group k of
+// world ranks [k*n, (k+1)*n)). Values ride as floats: world ranks are below 2^24.
+GroupPlace group_place(comm::Communicator* world, comm::Communicator* data_parallel, int dp_rank, int dp_size) {
+  GroupPlace g;
+  g.comm = data_parallel;
+  g.rank = dp_rank;
+  if (world == nullptr || world == data_parallel || world->size() == dp_size) return g;
+  const int W = world->size();
+  float lead = -static_cast<float>(world->rank());  // MAX of the negated ranks: the lowest
+  if (data_parallel != nullptr) data_parallel->allreduce_host(&lead, 1, DType::F32, comm::ReduceOp::MAX);
+  const float mine[2] = {-lead, static_cast<float>(dp_size)};
+  std::vector<float> all(static_cast<size_t>(W) * 2);
+  world->all_gather_host(mine, all.data(), 2, DType::F32);
+  std::vector<int> leads;
+  for (int q = 0; q < W; ++q) {
+    const int size = static_cast<int>(all[static_cast<size_t>(q) * 2 + 1]);
+    DT_ENFORCE(size == dp_size, UsageError,
+               "world rank {} is in a data-parallel group of {} ranks but world rank {} in one of {}: a sharded "
+               "checkpoint needs data-parallel groups of one size",
+               world->rank(), dp_size, q, size);
+    leads.push_back(static_cast<int>(all[static_cast<size_t>(q) * 2]));
+  }
+  std::sort(leads.begin(), leads.end());
+  leads.erase(std::unique(leads.begin(), leads.end()), leads.end());
+  DT_ENFORCE(static_cast<int64_t>(leads.size()) * dp_size == W, UsageError,
+             "{} data-parallel groups of {} ranks do not make up the world of {} ranks", leads.size(), dp_size, W);
+  g.groups = static_cast<int>(leads.size());
+  g.group = static_cast<int>(std::lower_bound(leads.begin(), leads.end(), static_cast<int>(-lead)) - leads.begin());
+  g.comm = world;
+  g.rank = world->rank();
+  return g;
+}
+
+std::string shard_name(int group, int groups, int rank) {
+  const std::string r = "rank" + std::to_string(rank) + ".bin";
+  return groups > 1 ? "group" + std::to_string(group) + "-" + r : r;
 }
 
 int64_t step_of(const std::string& name) {
@@ -253,7 +294,7 @@ std::string manifest_state_problem(const fs::path& dir, const json& man) {
 
 // Parses dir/manifest.json and checks its file list (count, bare names). Returns "" or
 // why the checkpoint is unusable; touches no file the manifest names.
-std::string manifest_read(const fs::path& dir, json& man, int& world) {
+std::string manifest_read(const fs::path& dir, json& man, int& world, int& groups) {
   const fs::path mpath = dir / "manifest.json";
   std::string unreadable;
   const std::string text = read_text(mpath.string(), kInputMetaMaxBytes, &unreadable);
@@ -269,9 +310,21 @@ std::string manifest_read(const fs::path& dir, json& man, int& world) {
     if (std::string why = manifest_int_problem(man, "world_size", 1, 1 << 24); !why.empty())
       return mpath.string() + ": " + why;
     world = man.at("world_size").get<int>();
+    // Absent in a checkpoint written before data-parallel groups: one group.
+    groups = 1;
+    if (man.contains("data_parallel_groups")) {
+      if (std::string why = manifest_int_problem(man, "data_parallel_groups", 1, 1 << 24); !why.empty())
+        return mpath.string() + ": " + why;
+      groups = man.at("data_parallel_groups").get<int>();
+      if (static_cast<int64_t>(groups) * world > (1 << 24))
+        return mpath.string() + ": " + std::to_string(groups) + " data_parallel_groups of world_size " +
+               std::to_string(world) + " is more ranks than a job has";
+    }
     if (!man.contains("files") || !man.at("files").is_array()) return mpath.string() + ": has no \"files\" list";
     const auto& files = man.at("files");
-    if (static_cast<int64_t>(files.size()) != world) return mpath.string() + ": file list does not match world_size";
+    if (static_cast<int64_t>(files.size()) != static_cast<int64_t>(world) * groups)
+      return mpath.string() + (groups == 1 ? ": file list does not match world_size"
+                                           : ": file list does not match world_size x data_parallel_groups");
     for (size_t i = 0; i < files.size(); ++i) {
       const json& f = files[i];
       const std::string at = mpath.string() + ": \"files\"[" + std::to_string(i) + "]";
@@ -295,8 +348,8 @@ std::string manifest_read(const fs::path& dir, json& man, int& world) {
 // size), for pruning, which must not read whole checkpoints at every save.
 std::string checkpoint_check_sizes(const fs::path& dir) {
   json man;
-  int world = 0;
-  std::string why = manifest_read(dir, man, world);
+  int world = 0, groups = 1;
+  std::string why = manifest_read(dir, man, world, groups);
   if (!why.empty()) return why;
   for (const auto& f : man.at("files")) {
     const fs::path p = dir / f.at("name").get<std::string>();

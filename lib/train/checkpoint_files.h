@@ -1,7 +1,10 @@
 // Internal to the train module: the checkpoint format's parts that saving (checkpoint.cpp)
 // and loading (checkpoint_load.cpp) share: the shard magic and format version, durable
-// writes and renames, bounded reads, the saved partition and the manifest's checks.
+// writes and renames, bounded reads, the saved partition, the data-parallel groups' shard
+// names and the manifest's checks.
 #pragma once
+
+#include "comm/communicator.h"
 
 #include <nlohmann/json.hpp>
 #include <sys/types.h>
@@ -57,6 +60,26 @@ struct Part {
   size_t lo, hi;
 };
 Part part_of(size_t n, int world, int rank);
+// ----------------------------------------------------------------------------
+// Data-parallel groups. A job whose world holds several data-parallel groups writes every
+// group's shards into one checkpoint: rank r of group g is group<g>-rank<r>.bin, and the
+// manifest lists them group by group. A job of one group keeps the names rank<r>.bin.
+
+// This rank's place among the job's data-parallel groups, and the communicator over which
+// checkpoint_save and checkpoint_load agree (every rank of the job takes part).
+struct GroupPlace {
+  int group = 0, groups = 1;           // this rank's group (numbered by its lowest world rank), and how many
+  comm::Communicator* comm = nullptr;  // the job's world with several groups, else the data-parallel group
+  int rank = 0;                        // in comm: rank 0 writes the manifest and `latest`
+};
+// Collective over world and data_parallel (every rank of the job). world == nullptr (or
+// the group is the whole world): one group, over data_parallel. data_parallel == nullptr
+// with a larger world: every rank is a group of its own. UsageError when the groups are
+// not all of dp_size ranks.
+GroupPlace group_place(comm::Communicator* world, comm::Communicator* data_parallel, int dp_rank, int dp_size);
+// The shard file of rank `rank` of group `group` among `groups`.
+std::string shard_name(int group, int groups, int rank);
+
 // k of "step<k>", or -1 for another name.
 int64_t step_of(const std::string& name);
 // "tmp-step<digits>": a checkpoint being written (or an interrupted save).
@@ -64,8 +87,10 @@ bool partial_name(const std::string& name);
 
 // Why the manifest's training state is unusable, or "".
 std::string manifest_state_problem(const std::filesystem::path& dir, const nlohmann::json& man);
-// Parses dir/manifest.json and checks its file list; "" or why the checkpoint is unusable.
-std::string manifest_read(const std::filesystem::path& dir, nlohmann::json& man, int& world);
+// Parses dir/manifest.json and checks its file list (world * groups bare names); "" or why
+// the checkpoint is unusable. world: one group's size; groups: "data_parallel_groups" (1
+// when absent: a checkpoint written before groups).
+std::string manifest_read(const std::filesystem::path& dir, nlohmann::json& man, int& world, int& groups);
 // The manifest and every file present at its recorded size; "" or the problem.
 std::string checkpoint_check_sizes(const std::filesystem::path& dir);
 // Renames dir to <name>.corrupt-<UTC time>; the new path, or "" when that failed.

@@ -1,6 +1,7 @@
-// Sharded checkpoint load: candidate order, verification, resharding reads from the saved
-// partition (a checkpoint saved at any world size or ZeRO stage), and the masters of a
-// checkpoint read one range at a time (CheckpointMasters).
+// Sharded checkpoint load: candidate order, verification (every data-parallel group's
+// shards), resharding reads from the saved partition of the rank's own group (a checkpoint
+// saved at any world size or ZeRO stage), and the masters of a checkpoint read one range at
+// a time (CheckpointMasters).
 #include "train/checkpoint.h"
 
 #include "core/check.h"
@@ -26,7 +27,8 @@ using nlohmann::json;
 
 namespace {
 
-// Why a shard file's header is not what the load reads (typed entries, has_rng), or "".
+// Why a shard file's header is not what the load reads (typed entries, has_rng, the
+// group's AdamW step where recorded), or "".
 std::string shard_head_problem(const json& h) {
   if (!h.is_object() || !h.contains("entries") || !h.at("entries").is_array()) return "has no \"entries\" list";
   for (const json& e : h.at("entries")) {
@@ -36,16 +38,44 @@ std::string shard_head_problem(const json& h) {
         return std::string("has an entry whose \"") + k + "\" is not a non-negative integer";
   }
   if (!h.contains("has_rng") || !h.at("has_rng").is_boolean()) return "has no \"has_rng\" flag";
+  if (h.contains("optimizer_step") &&
+      (!h.at("optimizer_step").is_number_integer() || h.at("optimizer_step").get<int64_t>() < 0))
+    return "has an \"optimizer_step\" that is not a non-negative integer";
   return "";
 }
 
-// One verified checkpoint: its manifest and open shard files with their entry tables.
+// Why a shard's header says it is another shard than the manifest lists at its place (rank
+// `rank` of group `group` of `groups`, world `world`), or "": a file copied in from another
+// group or another checkpoint, whose CRC the manifest may even have recorded. The group
+// fields are absent in a checkpoint written before data-parallel groups (group 0 of 1).
+std::string shard_identity_problem(const json& h, int rank, int world, int group, int groups) {
+  auto field = [&](const char* k, int64_t absent) -> int64_t {
+    if (!h.contains(k)) return absent;
+    return h.at(k).is_number_integer() ? h.at(k).get<int64_t>() : -1;
+  };
+  const int64_t r = field("rank", -1), w = field("world_size", -1), g = field("group", 0),
+                n = field("data_parallel_groups", 1);
+  if (r == rank && w == world && g == group && n == groups) return "";
+  return fmt::format(
+      "holds rank {} of {} in data-parallel group {} of {}, but the manifest lists it as rank {} of {} in group {} "
+      "of {}: a shard file of another group or another checkpoint",
+      r, w, g, n, rank, world, group, groups);
+}
+
+// One verified checkpoint: its manifest and, for the data-parallel group this rank loads,
+// its open shard files with their entry tables. Files are indexed as the manifest lists
+// them: group by group, rank by rank.
 struct Opened {
   json manifest;
-  int world = 0;
-  std::vector<ckpt::Fd> fds;
-  std::vector<json> heads;  // per file
+  int world = 0;                   // ranks per data-parallel group: the saved partition
+  int groups = 1;                  // data-parallel groups the checkpoint holds
+  int group = -1;                  // the group whose shards are open; -1: none (the job has another number of groups)
+  std::vector<std::string> names;  // per file
+  std::vector<ckpt::Fd> fds;       // per file; open for `group`'s only
+  std::vector<json> heads;         // per file whose checksum was verified (null for the others)
   std::vector<uint64_t> data_start;
+  // The file of rank q of the open group.
+  size_t at(int q) const { return static_cast<size_t>(group) * static_cast<size_t>(world) + static_cast<size_t>(q); }
 };
 
 // The manifest's buffers against the shards' own entry tables (CRC-checked, where the
@@ -56,13 +86,16 @@ struct Opened {
 std::string shard_layout_problem(const Opened& o) {
   const json& bufs = o.manifest.at("buffers");
   const json& files = o.manifest.at("files");
-  for (int q = 0; q < o.world; ++q) {
+  for (size_t i = 0; i < o.heads.size(); ++i) {
+    if (o.heads[i].is_null()) continue;  // not verified here: another group's, on another rank
+    const int q = static_cast<int>(i % static_cast<size_t>(o.world));
     std::map<std::pair<uint64_t, std::string>, const json*> entry;
-    for (const json& e : o.heads[static_cast<size_t>(q)].at("entries"))
+    for (const json& e : o.heads[i].at("entries"))
       entry[{e.at("buffer").get<uint64_t>(), e.at("kind").get<std::string>()}] = &e;
-    const uint64_t bytes = files.at(static_cast<size_t>(q)).at("bytes").get<uint64_t>();
-    const uint64_t start = o.data_start[static_cast<size_t>(q)];
-    if (start > bytes) return files.at(static_cast<size_t>(q)).at("name").get<std::string>() + ": header past its end";
+    const uint64_t bytes = files.at(i).at("bytes").get<uint64_t>();
+    const uint64_t start = o.data_start[i];
+    const std::string& shard = o.names[i];
+    if (start > bytes) return shard + ": header past its end";
     const uint64_t data_bytes = bytes - start;
     for (size_t b = 0; b < bufs.size(); ++b) {
       const uint64_t n = bufs[b].at("size").get<uint64_t>();
@@ -71,7 +104,6 @@ std::string shard_layout_problem(const Opened& o) {
       if (bufs[b].at("trainable").get<bool>()) kinds.insert(kinds.end(), {"m", "v"});
       for (const char* kind : kinds) {
         auto it = entry.find({b, kind});
-        const std::string shard = files.at(static_cast<size_t>(q)).at("name").get<std::string>();
         if (it == entry.end())
           return fmt::format("\"buffers\"[{}] ({} elements): {} holds no {} slice of it", b, n, shard, kind);
         const json& e = *it->second;
@@ -90,16 +122,28 @@ std::string shard_layout_problem(const Opened& o) {
   return "";
 }
 
-// Verifies dir (manifest present and parsable, every file present, of the recorded
-// size and CRC32C) and opens it. Returns "" or why it is unusable, naming the file.
-std::string checkpoint_open(const fs::path& dir, Opened& out) {
+// Verifies dir and opens the shards of data-parallel group `group` of `groups` (the job's):
+// the manifest present and parsable, every file of every group present at its recorded
+// size, and the CRC32C and header of the group's files (of every group's with verify_all).
+// Returns "" or why it is unusable, naming the file. A checkpoint of another number of
+// groups than `groups` is not damaged: nothing is opened (out.group == -1), and the caller
+// says so once every rank agreed on it (checkpoint_read).
+std::string checkpoint_open(const fs::path& dir, Opened& out, int group, int groups, bool verify_all) {
   const fs::path mpath = dir / "manifest.json";
-  if (std::string why = ckpt::manifest_read(dir, out.manifest, out.world); !why.empty()) return why;
+  if (std::string why = ckpt::manifest_read(dir, out.manifest, out.world, out.groups); !why.empty()) return why;
+  if (out.groups != groups) return "";
+  out.group = group;
   try {
     const auto& files = out.manifest.at("files");
-    for (int r = 0; r < out.world; ++r) {
-      const auto& f = files.at(static_cast<size_t>(r));
-      const fs::path p = dir / f.at("name").get<std::string>();
+    for (size_t i = 0; i < files.size(); ++i) {
+      const auto& f = files.at(i);
+      const int g = static_cast<int>(i / static_cast<size_t>(out.world));
+      const int q = static_cast<int>(i % static_cast<size_t>(out.world));
+      out.names.push_back(f.at("name").get<std::string>());
+      out.fds.emplace_back();
+      out.heads.emplace_back();
+      out.data_start.push_back(0);
+      const fs::path p = dir / out.names.back();
       std::string unusable;
       InputFile in = input_file_try_open(p.string(), kInputAnySize, &unusable);
       if (!unusable.empty()) return p.string() + (unusable == "does not exist" ? ": missing" : ": " + unusable);
@@ -110,6 +154,7 @@ std::string checkpoint_open(const fs::path& dir, Opened& out) {
       if (static_cast<uint64_t>(st.st_size) != want)
         return p.string() + ": truncated or extended (" + std::to_string(st.st_size) + " bytes, manifest says " +
                std::to_string(want) + ")";
+      if (g != group && !verify_all) continue;  // another group's: its own ranks verify it
       uint32_t crc = 0;
       std::vector<char> buf(1 << 20);
       for (;;) {
@@ -130,9 +175,11 @@ std::string checkpoint_open(const fs::path& dir, Opened& out) {
       if (::pread(fd.fd, head.data(), hl, 16) != static_cast<ssize_t>(hl)) return p.string() + ": short header";
       json h = json::parse(head);
       if (std::string why = shard_head_problem(h); !why.empty()) return p.string() + ": header " + why;
-      out.heads.push_back(std::move(h));
-      out.data_start.push_back(16 + hl);
-      out.fds.push_back(std::move(fd));
+      if (std::string why = shard_identity_problem(h, q, out.world, g, out.groups); !why.empty())
+        return p.string() + ": " + why;
+      out.heads.back() = std::move(h);
+      out.data_start.back() = 16 + hl;
+      if (g == group) out.fds.back() = std::move(fd);
     }
     if (std::string why = shard_layout_problem(out); !why.empty()) return mpath.string() + ": " + why;
   } catch (const json::exception& e) {
@@ -141,36 +188,37 @@ std::string checkpoint_open(const fs::path& dir, Opened& out) {
   return "";
 }
 
-// Reads elements [a, b) of (buffer, kind) from the saved partition into dst.
+// Reads elements [a, b) of (buffer, kind) from the open group's saved partition into dst.
 void read_range(Opened& o, size_t buffer, const char* kind, size_t n, size_t a, size_t b, float* dst,
                 const std::string& dir) {
   for (int q = 0; q < o.world && a < b; ++q) {
     const ckpt::Part p = ckpt::part_of(n, o.world, q);
     const size_t x = std::max(a, p.lo), y = std::min(b, p.hi);
     if (x >= y) continue;
+    const size_t i = o.at(q);
     const json* entry = nullptr;
-    for (const auto& e : o.heads[static_cast<size_t>(q)].at("entries"))
+    for (const auto& e : o.heads[i].at("entries"))
       if (e.at("buffer").get<size_t>() == buffer && e.at("kind").get<std::string>() == kind) entry = &e;
-    DT_ENFORCE(entry != nullptr, CheckpointError, "{}/rank{}.bin has no {} slice of buffer {}", dir, q, kind, buffer);
+    DT_ENFORCE(entry != nullptr, CheckpointError, "{}/{} has no {} slice of buffer {}", dir, o.names[i], kind, buffer);
     DT_ENFORCE(entry->at("lo").get<size_t>() == p.lo && entry->at("count").get<size_t>() == p.hi - p.lo,
-               CheckpointError, "{}/rank{}.bin: the {} slice of buffer {} does not follow the shard layout", dir, q,
+               CheckpointError, "{}/{}: the {} slice of buffer {} does not follow the shard layout", dir, o.names[i],
                kind, buffer);
-    const uint64_t off =
-        o.data_start[static_cast<size_t>(q)] + entry->at("offset").get<uint64_t>() + (x - p.lo) * sizeof(float);
+    const uint64_t off = o.data_start[i] + entry->at("offset").get<uint64_t>() + (x - p.lo) * sizeof(float);
     const size_t bytes = (y - x) * sizeof(float);
-    const ssize_t r = ::pread(o.fds[static_cast<size_t>(q)].fd, dst + (x - a), bytes, static_cast<off_t>(off));
-    DT_ENFORCE(r == static_cast<ssize_t>(bytes), CheckpointError, "{}/rank{}.bin: short read", dir, q);
+    const ssize_t r = ::pread(o.fds[i].fd, dst + (x - a), bytes, static_cast<off_t>(off));
+    DT_ENFORCE(r == static_cast<ssize_t>(bytes), CheckpointError, "{}/{}: short read", dir, o.names[i]);
   }
 }
 
-// The view's rank_state from this rank's own shard, when the checkpoint was saved at the
-// same world size with the same state lengths; zeros (and a warning) otherwise.
+// The view's rank_state from this rank's own shard (in its own group), when the checkpoint
+// was saved at the same group size with the same state lengths; zeros (and a warning)
+// otherwise.
 void rank_state_read(Opened& o, const ZeroCheckpointView& view, const std::string& dir) {
   if (view.rank_state.empty()) return;
   std::vector<const json*> found(view.rank_state.size(), nullptr);
   const bool same_world = o.world == view.world && view.rank < o.world;
   if (same_world)
-    for (const auto& e : o.heads[static_cast<size_t>(view.rank)].at("entries"))
+    for (const auto& e : o.heads[o.at(view.rank)].at("entries"))
       if (e.at("kind").get<std::string>() == "rank_state" && e.at("buffer").get<size_t>() < found.size())
         found[e.at("buffer").get<size_t>()] = &e;
   bool all = same_world;
@@ -182,12 +230,12 @@ void rank_state_read(Opened& o, const ZeroCheckpointView& view, const std::strin
     for (const auto& [ptr, cnt] : view.rank_state) std::fill(ptr, ptr + cnt, 0.0f);
     return;
   }
-  const auto q = static_cast<size_t>(view.rank);
+  const size_t q = o.at(view.rank);
   for (size_t i = 0; i < found.size(); ++i) {
     const size_t bytes = view.rank_state[i].second * sizeof(float);
     const uint64_t off = o.data_start[q] + found[i]->at("offset").get<uint64_t>();
     const ssize_t r = ::pread(o.fds[q].fd, view.rank_state[i].first, bytes, static_cast<off_t>(off));
-    DT_ENFORCE(r == static_cast<ssize_t>(bytes), CheckpointError, "{}/rank{}.bin: short read", dir, q);
+    DT_ENFORCE(r == static_cast<ssize_t>(bytes), CheckpointError, "{}/{}: short read", dir, o.names[q]);
   }
 }
 
@@ -339,14 +387,14 @@ void state_from_manifest(const json& man, TrainState& st) {
   st.config_yaml = man.at("config_yaml").get<std::string>();
 }
 
-// When dir failed verification on any rank (every rank must pick the same checkpoint):
-// records why in res (setting dir aside when rank 0 saw the damage itself) and returns
-// true.
-bool candidate_refused(const fs::path& dir, std::string why, const ZeroCheckpointView& view, bool set_aside_damaged,
+// When dir failed verification on any rank of the job (every rank, of every data-parallel
+// group, must pick the same checkpoint): records why in res (setting dir aside when rank
+// 0, which verifies every group's shards, saw the damage itself) and returns true.
+bool candidate_refused(const fs::path& dir, std::string why, const ckpt::GroupPlace& place, bool set_aside_damaged,
                        CheckpointLoadResult& res) {
   std::error_code ec;
   float bad = why.empty() ? 0.0f : 1.0f;
-  if (view.comm) view.comm->allreduce_host(&bad, 1, DType::F32, comm::ReduceOp::MAX);
+  if (place.comm) place.comm->allreduce_host(&bad, 1, DType::F32, comm::ReduceOp::MAX);
   if (bad == 0.0f) return false;
   // Only damage rank 0 saw itself sets the checkpoint aside: another rank's failure
   // may be its own passing trouble (a mount, a cached stat) on a good checkpoint.
@@ -356,18 +404,39 @@ bool candidate_refused(const fs::path& dir, std::string why, const ZeroCheckpoin
   // reads it; a later save then neither counts it for keep_last nor keeps it instead
   // of the checkpoint we fall back to.
   std::string aside;
-  if (set_aside_damaged && own && view.rank == 0 && fs::is_directory(dir, ec)) aside = ckpt::checkpoint_set_aside(dir);
+  if (set_aside_damaged && own && place.rank == 0 && fs::is_directory(dir, ec)) aside = ckpt::checkpoint_set_aside(dir);
   if (!aside.empty()) why += " (set aside as " + fs::path(aside).filename().string() + ")";
   log_warn("checkpoint {} is unusable: {}; falling back to the previous complete checkpoint", dir.string(), why);
   res.skipped.push_back(why);
   return true;
 }
 
-// Every view's master (and the trainable ones' m and v) from a verified checkpoint, this
-// rank's state, and the trainer state into res.
-void checkpoint_read(Opened& o, const fs::path& dir, const ZeroCheckpointView& view, CheckpointLoadResult& res) {
+// ConfigError when the checkpoint holds another number of data-parallel groups than the
+// job loading it (o.group == -1, checkpoint_open): every group resumes from its own
+// group's shards, so none may take another's, nor one group's state be copied into several.
+// Every retry would meet it again: a config error (exit 2), not a damaged checkpoint.
+void groups_check(const Opened& o, int groups, const std::string& dir) {
+  if (o.group >= 0) return;
+  auto said = [](int n) {
+    return n == 1 ? std::string("one data-parallel group") : fmt::format("{} data-parallel groups", n);
+  };
+  const json& files = o.manifest.at("files");
+  const std::string first = files.empty() ? "" : files.front().at("name").get<std::string>();
+  const std::string last = files.empty() ? "" : files.back().at("name").get<std::string>();
+  DT_THROW(ConfigError,
+           "{}/manifest.json: the checkpoint holds the shards of {} of {} rank(s) ({} .. {}) but is loaded by {}: "
+           "each group resumes only from its own shards; resume with {} (of any number of ranks: the shards are "
+           "resliced within each group), or start a new run with --output-dir",
+           dir, said(o.groups), o.world, first, last, said(groups), said(o.groups));
+}
+
+// Every view's master (and the trainable ones' m and v) from a verified checkpoint (its
+// own data-parallel group's shards), this rank's state, and the trainer state into res.
+void checkpoint_read(Opened& o, const fs::path& dir, const ZeroCheckpointView& view, int groups,
+                     CheckpointLoadResult& res) {
   const std::string d = dir.string();
   const json& man = o.manifest;
+  groups_check(o, groups, d);
   const std::vector<BufferMap> maps = layout_check(man.at("buffers"), view.buffers, d);
 
   const auto& views = view.buffers;
@@ -382,12 +451,16 @@ void checkpoint_read(Opened& o, const fs::path& dir, const ZeroCheckpointView& v
     }
   }
   rank_state_read(o, view, d);
-  view.loaded(man.at("optimizer_step").get<int64_t>());
+  // The group's own AdamW step (its shards record it; a checkpoint before groups: the
+  // manifest's, which is rank 0's).
+  const json& head0 = o.heads[o.at(0)];
+  view.loaded(head0.contains("optimizer_step") ? head0.at("optimizer_step").get<int64_t>()
+                                               : man.at("optimizer_step").get<int64_t>());
 
   TrainState& st = res.state;
   state_from_manifest(man, st);
   if (view.rank < o.world) {
-    const json& h = o.heads[static_cast<size_t>(view.rank)];
+    const json& h = o.heads[o.at(view.rank)];
     st.has_rng = h.at("has_rng").get<bool>();
     st.rng = h.at("rng").get<Rng::State>();
   }
@@ -417,6 +490,8 @@ CheckpointLoadResult checkpoint_load(const std::string& run_dir, const ZeroCheck
   const fs::path root = fs::path(run_dir) / "checkpoints";
   CheckpointLoadResult res;
   std::error_code ec;
+  // Collective over the whole job: every data-parallel group agrees on one checkpoint.
+  const ckpt::GroupPlace place = ckpt::group_place(view.world_comm, view.comm, view.rank, view.world);
 
   std::string latest;
   const std::vector<fs::path> candidates = load_candidates(root, res, latest);
@@ -428,11 +503,13 @@ CheckpointLoadResult checkpoint_load(const std::string& run_dir, const ZeroCheck
 
   for (const auto& dir : candidates) {
     Opened o;
-    if (candidate_refused(dir, checkpoint_open(dir, o), view, set_aside_damaged, res)) continue;
-    checkpoint_read(o, dir, view, res);
+    // Rank 0 verifies every group's shards, so that it sees (and sets aside) damage in any.
+    const std::string why = checkpoint_open(dir, o, place.group, place.groups, place.rank == 0);
+    if (candidate_refused(dir, why, place, set_aside_damaged, res)) continue;
+    checkpoint_read(o, dir, view, place.groups, res);
     if (!res.skipped.empty()) {
       log_warn("resumed from {} after skipping {} damaged checkpoint(s)", dir.string(), res.skipped.size());
-      if (set_aside_damaged && view.rank == 0 && !fs::exists(candidates.front(), ec) && !latest.empty() &&
+      if (set_aside_damaged && place.rank == 0 && !fs::exists(candidates.front(), ec) && !latest.empty() &&
           latest != dir.filename().string())
         latest_repoint(run_dir, root, dir);
     }
@@ -476,11 +553,14 @@ CheckpointMasters::CheckpointMasters(const std::string& run_dir,
   std::string latest;
   for (const auto& dir : load_candidates(root, im.result, latest)) {
     Opened o;
-    const std::string why = checkpoint_open(dir, o);
+    // One process reads one model: a checkpoint of several data-parallel groups holds one
+    // state per group, and none of them is the model (groups_check says so).
+    const std::string why = checkpoint_open(dir, o, 0, 1, true);
     if (!why.empty()) {
       im.result.skipped.push_back(why);
       continue;
     }
+    groups_check(o, 1, dir.string());
     im.maps = layout_check(o.manifest.at("buffers"), views, dir.string());
     state_from_manifest(o.manifest, im.result.state);
     im.result.loaded = true;

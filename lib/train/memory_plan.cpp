@@ -1,5 +1,5 @@
 // The per-rank memory plan (memory_plan.h): DeepSpeed's ZeRO formulas over the model's
-// own buffer layout, the same ones ZeroEngine::memory() reports as its theory.
+// own buffer layout, the same ones ZeroEngine::report().memory() reports as its theory.
 #include "train/memory_plan.h"
 
 #include "core/check.h"
@@ -108,35 +108,38 @@ struct Buckets {
 };
 
 // The replay itself (work_plan): its state is the cache count, the buckets and, at stage 3,
-// which layers are gathered.
+// which layers are gathered (ZeroGatherReplay: the engine's visits and releases). The
+// buffers are placed, bucketed and grouped by the engine's own rules (zero_layout).
 class WorkReplay {
  public:
   WorkReplay(const std::vector<PlanBuf>& bufs, const config::TrainConfig& cfg, int n_layer, bool tied, double W,
              double c, double wire)
-      : bufs_(bufs), cfg_(cfg), n_layer_(n_layer), tied_(tied), W_(W), c_(c), wire_(wire), st_(cfg.zero.stage) {}
+      : bufs_(bufs), cfg_(cfg), n_layer_(n_layer), tied_(tied), W_(W), c_(c), wire_(wire), st_(cfg.zero.stage),
+        layout_(layout_of(bufs, cfg, n_layer, W)),
+        gathers_(layout_.layer_sharded(), tied, static_cast<size_t>(cfg.zero.stage3_prefetch_bucket_size),
+                 static_cast<size_t>(cfg.zero.stage3_max_live_parameters)) {}
 
   WorkPlan run();
 
  private:
-  double shard(double n) const { return st_ == 0 ? n : std::ceil(n / W_); }
   // Each buffer placed as the engine places it (rank 0's shard; the plan needs lengths only).
-  std::vector<ZeroShard> shards_of() const {
-    const ZeroPlacement place{st_, 0, static_cast<int>(W_), 0};
-    std::vector<ZeroShard> shards;
-    for (const PlanBuf& b : bufs_) shards.push_back(place.place(static_cast<size_t>(b.n), b.layer, b.trainable));
-    return shards;
+  static ZeroLayout layout_of(const std::vector<PlanBuf>& bufs, const config::TrainConfig& cfg, int n_layer, double W) {
+    ZeroLayout layout(ZeroPlacement{static_cast<int>(cfg.zero.stage), 0, static_cast<int>(W),
+                                    static_cast<size_t>(cfg.zero.stage3_param_persistence_threshold)},
+                      n_layer);
+    for (const PlanBuf& b : bufs) layout.add(static_cast<size_t>(b.n), b.layer, b.trainable);
+    return layout;
   }
   void plan_buckets();
   double bucket_bytes(size_t b) const { return 4 * (st_ == 0 ? buckets_.seg[b] : W_ * buckets_.seg[b]); }
   void post_step_gather();
   void gather_group(double group);
   WorkPlan scratch_only();
-  // Stage 3's gathered layers (index layer + 1: -1 embeddings .. n_layer head).
-  bool sharded(const PlanBuf& b) const {
-    return st_ == 3 && b.n >= static_cast<double>(cfg_.zero.stage3_param_persistence_threshold);
-  }
-  double gather_bytes(size_t li) const;
-  void gather(size_t li, bool on);
+  // Stage 3's gathered layers (index layer + 1: -1 embeddings .. n_layer head): one sharded
+  // buffer's working buffer, a layer's, and a layer gathered or released.
+  double gathered_bytes(size_t i) const { return W_ * static_cast<double>(layout_.shards[i].s) * c_; }
+  double gather_bytes(int l) const;
+  void gather(int l, bool on);
   void visit(int layer, int dir);
   void attach(int l);
   void backward();
@@ -147,25 +150,19 @@ class WorkReplay {
   const bool tied_;
   const double W_, c_, wire_;
   const int st_;
+  ZeroLayout layout_;
+  ZeroGatherReplay gathers_;
   WorkPlan r_;
   BlockCount blocks_;
   Buckets buckets_;
-  std::vector<double> layer_sharded_;
-  std::vector<char> gathered_, wgrad_;
+  std::vector<char> wgrad_;
   double gather_peak_ = 0, layer_grad_peak_ = 0, wg_ = 0;
 };
 
 void WorkReplay::plan_buckets() {
-  // The engine's own rule (zero_layout), over this plan's buffers.
-  std::vector<ZeroShard> shards = shards_of();
-  std::vector<std::vector<size_t>> layer_slots(static_cast<size_t>(n_layer_) + 2);
-  for (size_t i = 0; i < bufs_.size(); ++i) layer_slots[static_cast<size_t>(bufs_[i].layer + 1)].push_back(i);
-  std::vector<ZeroShard*> ptrs;
-  for (ZeroShard& z : shards) ptrs.push_back(&z);
   Buckets& k = buckets_;
   k.of.assign(bufs_.size(), -1);
-  for (const ZeroBucketPlan& plan :
-       zero_buckets_plan(ptrs, layer_slots, st_, static_cast<size_t>(cfg_.zero.reduce_bucket_size))) {
+  for (const ZeroBucketPlan& plan : layout_.buckets(static_cast<size_t>(cfg_.zero.reduce_bucket_size))) {
     for (size_t i : plan.slots) k.of[i] = static_cast<int>(k.seg.size());
     k.seg.push_back(static_cast<double>(plan.seg));
     k.slots.push_back(static_cast<int>(plan.slots.size()));
@@ -173,17 +170,14 @@ void WorkReplay::plan_buckets() {
   for (size_t b = 0; b < k.seg.size(); ++b) r_.most_bucket = std::max(r_.most_bucket, bucket_bytes(b));
 }
 
-// Stages 1-2 after the update: the trainable shards all-gathered back into the model,
-// consecutive buffers while their full sizes stay within allgather_bucket_size, each
-// group through a buffer of its own in the compute dtype (ZeroGather::into_model).
+// After the update: the trainable buffers the model holds whole (zero_resident_trainable:
+// stages 1-2 all of them) all-gathered back into the model, consecutive buffers while their
+// full sizes stay within allgather_bucket_size, each group through a buffer of its own in
+// the compute dtype (ZeroGather::into_model).
 void WorkReplay::post_step_gather() {
-  const std::vector<ZeroShard> shards = shards_of();
-  std::vector<size_t> list;
-  for (size_t i = 0; i < bufs_.size(); ++i)
-    if (bufs_[i].trainable) list.push_back(i);
-  std::vector<const ZeroShard*> ptrs;
-  for (const ZeroShard& z : shards) ptrs.push_back(&z);
-  for (const ZeroGatherGroup& g : zero_gather_groups(ptrs, list, static_cast<size_t>(cfg_.zero.allgather_bucket_size)))
+  const std::vector<const ZeroShard*> shards = layout_.view();
+  for (const ZeroGatherGroup& g : zero_gather_groups(shards, zero_resident_trainable(shards),
+                                                     static_cast<size_t>(cfg_.zero.allgather_bucket_size)))
     gather_group(static_cast<double>(g.seg));
 }
 
@@ -208,53 +202,37 @@ WorkPlan WorkReplay::scratch_only() {
   return r_;
 }
 
-double WorkReplay::gather_bytes(size_t li) const {
+double WorkReplay::gather_bytes(int l) const {
   double bytes = 0;
-  for (const PlanBuf& b : bufs_)
-    if (static_cast<size_t>(b.layer + 1) == li && sharded(b)) bytes += round64(W_ * shard(b.n) * c_);
+  for (size_t i : layout_.layer_slots[static_cast<size_t>(l + 1)])
+    if (layout_.shards[i].sharded) bytes += round64(gathered_bytes(i));
   return bytes;
 }
 
-void WorkReplay::gather(size_t li, bool on) {
-  if (gathered_[li] == on) return;
-  gathered_[li] = on;
-  for (const PlanBuf& b : bufs_)
-    if (static_cast<size_t>(b.layer + 1) == li && sharded(b)) {
+void WorkReplay::gather(int l, bool on) {
+  for (size_t i : layout_.layer_slots[static_cast<size_t>(l + 1)])
+    if (layout_.shards[i].sharded) {
       if (!on) {
-        blocks_.give(W_ * shard(b.n) * c_);
+        blocks_.give(gathered_bytes(i));
         continue;
       }
-      blocks_.take(W_ * shard(b.n) * c_);
-      blocks_.take(W_ * shard(b.n) * wire_);  // the 16-bit wire of an fp32 model (freed after the cast)
-      blocks_.give(W_ * shard(b.n) * wire_);
+      const double wire = W_ * static_cast<double>(layout_.shards[i].s) * wire_;
+      blocks_.take(gathered_bytes(i));
+      blocks_.take(wire);  // the 16-bit wire of an fp32 model (freed after the cast)
+      blocks_.give(wire);
     }
 }
 
-// Stage 3 at `layer` going in `dir`: the layer (and the tied embeddings where the head
-// reads them) and the prefetch window ahead gathered, every other layer released.
+// Stage 3 at `layer` going in `dir`: what leaves the window released, then the layer (and
+// the tied embeddings where the head reads them) and the prefetch window ahead gathered, in
+// the engine's order.
 void WorkReplay::visit(int layer, int dir) {
-  const double P = static_cast<double>(cfg_.zero.stage3_prefetch_bucket_size),
-               M = static_cast<double>(cfg_.zero.stage3_max_live_parameters);
-  const size_t L = layer_sharded_.size();
-  std::vector<char> keep(L, 0);
-  keep[static_cast<size_t>(layer + 1)] = 1;
-  if (tied_ && ((dir > 0 && layer == n_layer_) || dir < 0)) keep[0] = 1;
-  double held = 0, window = 0;
-  for (size_t li = 0; li < L; ++li)
-    if (keep[li]) held += layer_sharded_[li];
-  for (int l = layer + dir; l >= -1 && l <= n_layer_; l += dir) {
-    const double need = layer_sharded_[static_cast<size_t>(l + 1)];
-    if (window + need > P || held + window + need > M) break;
-    window += need;
-    keep[static_cast<size_t>(l + 1)] = 1;
-  }
-  for (size_t li = 0; li < L; ++li)
-    if (gathered_[li] && !keep[li]) gather(li, false);
-  for (size_t li = 0; li < L; ++li)
-    if (keep[li]) gather(li, true);
+  const ZeroGatherReplay::Visit v = gathers_.visit(layer, dir);
+  for (int l : v.released) gather(l, false);
+  for (const ZeroGatherReplay::Gather& g : v.issued) gather(g.layer, true);
   double g = 0;
-  for (size_t li = 0; li < L; ++li)
-    if (gathered_[li]) g += gather_bytes(li);
+  for (int l = -1; l <= n_layer_; ++l)
+    if (gathers_.gathered(l)) g += gather_bytes(l);
   gather_peak_ = std::max(gather_peak_, g);
 }
 
@@ -297,7 +275,7 @@ void WorkReplay::backward() {
         else blocks_.give(bucket_bytes(b));
       }
     }
-    if (st_ == 3) gather(static_cast<size_t>(l + 1), false);
+    if (st_ == 3 && gathers_.release(l)) gather(l, false);
   }
   if (pending >= 0) blocks_.give(bucket_bytes(static_cast<size_t>(pending)));
 }
@@ -305,11 +283,6 @@ void WorkReplay::backward() {
 WorkPlan WorkReplay::run() {
   plan_buckets();
   if (st_ <= 1) return scratch_only();
-  const auto L = static_cast<size_t>(n_layer_) + 2;
-  layer_sharded_.assign(L, 0);
-  for (const PlanBuf& b : bufs_)
-    if (sharded(b)) layer_sharded_[static_cast<size_t>(b.layer + 1)] += b.n;
-  gathered_.assign(L, 0);
   wgrad_.assign(bufs_.size(), 0);
   if (st_ == 3)
     for (int l = -1; l <= n_layer_; ++l) visit(l, +1);

@@ -48,11 +48,12 @@ StepOutcome TrainStep::run(int64_t step, float lr, const StepBatch& b, StepTimer
     auto s = timer.scope(Section::OPTIMIZER);
     out.overflow = !engine_.step_finish(out.loss_scale);
   }
-  out.grad_norm = engine_.last_grad_norm();
-  out.target_count = engine_.step_target_count();
+  const ZeroStepResults& last = engine_.last_step();
+  out.grad_norm = last.grad_norm;
+  out.target_count = last.target_count;
   // A step whose every target is masked (possible with short packed windows of SFT data)
   // has loss 0 and zero gradients, as Model::forward defines it; AdamW still runs.
-  out.loss = out.target_count > 0 ? engine_.step_loss_sum() / out.target_count : 0.0;
+  out.loss = out.target_count > 0 ? last.loss_sum / out.target_count : 0.0;
   DT_ENFORCE(std::isfinite(out.loss), TrainError, "step {}: the loss is {}; lower optimizer.lr", step, out.loss);
   if (out.overflow)
     DT_ENFORCE(scaler_ != nullptr, TrainError,

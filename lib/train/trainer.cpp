@@ -182,7 +182,7 @@ class TrainLoop {
   MemoryTrace trace_;
   Stopwatch run_clock_, interval_clock_;
   int64_t interval_steps_ = 0;
-  ZeroEngine::CommTimes last_comm_times_;
+  ZeroCommTimes last_comm_times_;
   // Bytes this rank sent (Communicator::bytes_sent) at the last print, and per step since.
   uint64_t bytes_mark_ = 0;
   double bytes_per_step_ = 0.0;
@@ -353,7 +353,7 @@ void TrainLoop::metrics_open() {
         "%lld steps, %s\n",
         model::arch_name(m.config().arch), m.num_params(), m.num_trainable_params(), data_.train->size(), T_, W_,
         micro_, accum_, static_cast<long long>(total_steps_), dtype_name(zopts_.compute_dtype));
-  if (lead_ && env_.print) std::printf("%s", step_->engine().memory_report().c_str());
+  if (lead_ && env_.print) std::printf("%s", step_->engine().report().memory_text().c_str());
 }
 
 // Data first: each micro-batch's unmasked-target count. Their sum over the ranks, which
@@ -419,7 +419,7 @@ void TrainLoop::progress_log(int64_t step, const StepOutcome& out) {
   if (metrics_) {
     fields = {{"tokens", res_.tokens}, {"skipped_steps", res_.skipped_steps}};
     // Memory: this rank's ZeRO state (params + grads + optimizer) and the process RSS.
-    fields["memory_state_bytes"] = step_->engine().memory().total();
+    fields["memory_state_bytes"] = step_->engine().report().memory().total();
     fields["memory_rss_bytes"] = process_rss_bytes();
     if (cfg_.wall_clock_breakdown) {
       const double n = static_cast<double>(interval_steps_);
@@ -428,7 +428,7 @@ void TrainLoop::progress_log(int64_t step, const StepOutcome& out) {
         fields[std::string(section_name(sec)) + "_ms"] = timer_.elapsed_ms(sec) / n;
       // The ZeRO engine's collectives: exposed = the compute thread waited for them;
       // overlapped = they ran on the communication thread while compute went on.
-      const ZeroEngine::CommTimes& ct = last_comm_times_;
+      const ZeroCommTimes& ct = last_comm_times_;
       fields["comm_exposed_ms"] = 1e3 * ct.exposed_s / n;
       fields["comm_overlapped_ms"] = 1e3 * std::max(0.0, ct.busy_s - ct.exposed_s) / n;
     }
@@ -581,7 +581,7 @@ bool TrainLoop::stop_requested(int64_t step) {
 // so anything that delays a rank (a slow GPU, a busy CPU, an injected test delay) counts
 // as its compute, and its peers' waiting for it as their communication.
 RankTimes TrainLoop::rank_times_take(double interval_s, int64_t steps) {
-  const ZeroEngine::CommTimes ct = step_->engine().comm_times_take();
+  const ZeroCommTimes ct = step_->engine().report().comm_times_take();
   const double n = static_cast<double>(std::max<int64_t>(1, steps));
   if (comm_) {
     // Everything this rank sent since the last print (the gradients, the step's small
@@ -610,8 +610,8 @@ void TrainLoop::export_final(bool trained) {
   // the CPU, copied to the host model from a device. A deferred (ZeRO-3 CPU) run never
   // gathers the whole model: its final checkpoint, saved just before, holds the masters.
   if (!deferred_) {
-    if (host_model_) step_->engine().masters_to_host(*host_model_);
-    else step_->engine().params_materialize();
+    if (host_model_) step_->engine().weights().to_host(*host_model_);
+    else step_->engine().weights().materialize();
   }
   // No run directory (the same on every rank): nothing to write, so no wait either. The
   // wait's polls are collectives whose number depends on when rank 0's worker thread

@@ -3,8 +3,10 @@
 // loaded checkpoint back.
 #include "train/zero_checkpoint_view.h"
 
+#include "train/zero_comm.h"
 #include "train/zero_compression.h"
 #include "train/zero_engine.h"
+#include "train/zero_gather.h"
 #include "train/zero_offload.h"
 
 #include "core/check.h"
@@ -33,7 +35,7 @@ std::vector<std::pair<float*, size_t>> ZeroCheckpointStage::rank_state() {
 }
 
 // On a device the view points at host copies (stage_out); a load writes them and
-// params_loaded takes them back (take_back).
+// loaded() takes them back (take_back).
 void ZeroCheckpointStage::stage_out() {
   staged_.assign(slots_.size(), Staged{});
   const std::vector<device::DeviceBuffer*> state = compress_.rank_state();
@@ -55,6 +57,21 @@ void ZeroCheckpointStage::stage_out() {
       offload_.host_from_device(h.m.data(), s.m.get(), DType::F32, s.owned());
       offload_.host_from_device(h.v.data(), s.v.get(), DType::F32, s.owned());
     }
+  }
+}
+
+void ZeroCheckpointStage::loaded() {
+  coll_.wait_all();
+  gather_.release_all();
+  coll_.join();
+  if (!host_) {
+    take_back();
+    return;
+  }
+  for (auto& s : slots_) {
+    if (s.sharded) continue;
+    if (s.own_master && s.owned()) dev_.copy_d2d(s.master.get(), zero_fat(s.pb->data, s.lo), s.owned() * sizeof(float));
+    if (opts_.compute_dtype != DType::F32) dev_.round_to(static_cast<float*>(s.pb->data), s.n, opts_.compute_dtype);
   }
 }
 
@@ -87,7 +104,9 @@ void ZeroCheckpointStage::take_back() {
   staged_rank_.clear();
 }
 
-std::vector<ZeroBufferView> ZeroCheckpointStage::views() {
+std::vector<ZeroBufferView> ZeroCheckpointStage::buffers() {
+  coll_.wait_all();
+  coll_.join();
   const bool host = host_;
   if (!host) stage_out();
   std::vector<ZeroBufferView> out;
@@ -124,41 +143,20 @@ std::vector<ZeroBufferView> ZeroCheckpointStage::views() {
 // ----------------------------------------------------------------------------
 ZeroCheckpointView ZeroEngine::checkpoint_view() {
   ZeroCheckpointView v;
-  v.buffers = buffer_views();
+  v.buffers = views_.buffers();
   v.comm = coll_.comm();
+  v.world_comm = job_comm_;
   v.rank = place_.rank;
   v.world = place_.world;
   v.stage = opts_.stage;
   v.compute_dtype = opts_.compute_dtype;
-  v.step_count = step_count_;
+  v.step_count = step_.results.step_count;
   v.rank_state = views_.rank_state();
   v.loaded = [this](int64_t step_count) {
-    step_count_ = step_count;
-    params_loaded();
+    step_.results.step_count = step_count;
+    views_.loaded();
   };
   return v;
-}
-
-std::vector<ZeroBufferView> ZeroEngine::buffer_views() {
-  coll_.wait_all();
-  coll_.join();
-  return views_.views();
-}
-
-void ZeroEngine::params_loaded() {
-  coll_.wait_all();
-  gather_.release_all();
-  coll_.join();
-  if (!model_.on_host()) {
-    views_.take_back();
-    return;
-  }
-  for (auto& s : slots_) {
-    if (s.sharded) continue;
-    if (s.own_master && s.owned())
-      dev_->copy_d2d(s.master.get(), zero_fat(s.pb->data, s.lo), s.owned() * sizeof(float));
-    if (mixed_) dev_->round_to(static_cast<float*>(s.pb->data), s.n, opts_.compute_dtype);
-  }
 }
 
 }  // namespace dtrain::train

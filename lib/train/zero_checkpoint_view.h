@@ -5,6 +5,7 @@
 #pragma once
 
 #include "core/dtype.h"
+#include "device/device.h"
 #include "train/zero_fwd.h"
 
 #include <cstddef>
@@ -16,22 +17,32 @@ namespace dtrain::train {
 class ZeroCheckpointStage {
  public:
   /// The engine's parts and slots, borrowed for its lifetime.
-  ZeroCheckpointStage(ZeroOffload& offload, ZeroCompression& compress, std::vector<ZeroSlot>& slots)
-      : offload_(offload), compress_(compress), slots_(slots) {}
+  ZeroCheckpointStage(device::Device& dev, const ZeroOptions& opts, ZeroCollectives& coll, ZeroGather& gather,
+                      ZeroOffload& offload, ZeroCompression& compress, std::vector<ZeroSlot>& slots)
+      : dev_(dev), opts_(opts), coll_(coll), gather_(gather), offload_(offload), compress_(compress), slots_(slots) {}
 
   /// Where the model lives (a host model's state is viewed in place) and its dtype.
   void configure(bool model_on_host, DType model_dtype);
-  /// One view per buffer, base buffers first then adapters (on a device: staged now).
-  std::vector<ZeroBufferView> views();
+  /// Once the collectives in flight are done: one view per buffer, base buffers first
+  /// then adapters (on a device: staged now).
+  std::vector<ZeroBufferView> buffers();
   /// The compression state per rank, in compress.rank_state()'s order (on a device: the
-  /// copies views() staged).
+  /// copies buffers() staged).
   std::vector<std::pair<float*, size_t>> rank_state();
-  /// On a device, after a load wrote the staged copies: back into the device state.
-  void take_back();
+  /// After a checkpoint wrote masters (and resident full buffers' fp32 values): stale
+  /// gathered layers dropped, and the state taken back (on a device: the staged copies
+  /// into the device state; on the host: the resident buffers' masters and compute copies
+  /// from their full values).
+  void loaded();
 
  private:
   void stage_out();
+  void take_back();
 
+  device::Device& dev_;
+  const ZeroOptions& opts_;
+  ZeroCollectives& coll_;
+  ZeroGather& gather_;
   ZeroOffload& offload_;
   ZeroCompression& compress_;
   std::vector<ZeroSlot>& slots_;

@@ -19,8 +19,11 @@
 #include "train/zero_gather.h"
 #include "train/zero_grads.h"
 #include "train/zero_layout.h"
-#include "train/zero_step_buffer.h"
 #include "train/zero_offload.h"
+#include "train/zero_report.h"
+#include "train/zero_step_buffer.h"
+#include "train/zero_step_state.h"
+#include "train/zero_weights.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -93,43 +96,6 @@ struct ZeroOptions {
 /// gradient_clipping. ConfigError for a negative size or an unknown stage.
 ZeroOptions zero_options_from(const config::TrainConfig& cfg);
 
-/// Per-rank bytes. Measured = what is resident for training on this rank; theory uses,
-/// with Phi = all parameter elements, Psi = trainable elements (adapters under LoRA),
-/// Phi_f = Phi - Psi (frozen), W = world size, c = bytes of the model's compute copy
-/// (2 for bf16/fp16 on CUDA, 4 on the CPU and in fp32) and K = 12 under mixed precision
-/// (fp32 master + m + v), 8 in fp32 (the compute copy is the master):
-///   stage 0: param c Phi             grad 4 Psi     optim K Psi
-///   stage 1: param c Phi             grad 4 Psi     optim K Psi / W
-///   stage 2: param c Phi             grad 4 Psi / W optim K Psi / W
-///   stage 3: param c Phi_f / W       grad 4 Psi / W optim K Psi / W
-///            (+ 4 Psi / W in param in fp32, where the master shard is the parameter)
-/// This is DeepSpeed's 2 Phi + 2 Psi + 12 Psi on CUDA with fp32 gradients (4 Psi: the
-/// gradients accumulate in fp32), and at stage 3 without a 16-bit shard of trainable
-/// parameters (they are gathered from the fp32 master shard). On the CPU under mixed
-/// precision the frozen buffers also keep fp32 masters (optim + 4 Phi_f, sharded as the
-/// masters), so the fp32 export stays exact. Stage-3 buffers below the persistence
-/// threshold are resident in full and counted so in both. Transient buffers (gradient
-/// buckets, stage-2 working layer gradients, stage-3 gathered layers) are reported apart
-/// as their peak.
-struct ZeroMemory {
-  size_t param_bytes = 0, grad_bytes = 0, optim_bytes = 0;
-  size_t work_peak_bytes = 0;  ///< peak of the transient buffers
-  /// Host memory the engine holds for training (ZeRO-Offload: masters, moments, gradient
-  /// shards and their landing and compute-dtype copies), of it pinned, and its theory:
-  /// 16 Psi / W (+ 4 Psi / W landing at stages 2-3, + 2 Psi / W compute copy under mixed
-  /// precision) and, with offload_param, c Phi_f / W of frozen shards. The device parts
-  /// above then lose the optimizer state (K Psi / W), the gradient shard at stages 2-3
-  /// and, with offload_param, the sharded parameters.
-  size_t host_bytes = 0, host_pinned_bytes = 0, theory_host = 0;
-  /// Storage the Model holds (Model::allocated_bytes) beyond what training uses at this
-  /// stage: 0, since the engine makes the model release its full gradient arrays
-  /// (stages 2-3) and sharded parameter arrays (stage 3); nonzero would be a leak.
-  size_t model_idle_bytes = 0;
-  size_t theory_param = 0, theory_grad = 0, theory_optim = 0;
-  size_t total() const { return param_bytes + grad_bytes + optim_bytes; }
-  size_t theory_total() const { return theory_param + theory_grad + theory_optim; }
-};
-
 /// What a checkpoint needs of one buffer, in host memory (on a device the engine stages
 /// its state on the host when the view is made and takes it back in `loaded`): its shard
 /// [lo, hi) of the master weights and (trainable buffers) AdamW's m and v, plus the full
@@ -152,8 +118,12 @@ struct ZeroBufferView {
 /// and where it runs. Checkpoints take this, not the engine (train/checkpoint.h).
 struct ZeroCheckpointView {
   std::vector<ZeroBufferView> buffers;  ///< base buffers first, then adapters
-  comm::Communicator* comm = nullptr;   ///< nullptr for a single rank
-  int rank = 0, world = 1, stage = 0;
+  comm::Communicator* comm = nullptr;   ///< the data-parallel group; nullptr for a single rank
+  /// Every rank of the job (comm::ProcessGroups::world), when it may hold more ranks than
+  /// comm: then several data-parallel groups write one checkpoint, each its own shards.
+  /// nullptr (or comm itself): the data-parallel group is the job.
+  comm::Communicator* world_comm = nullptr;
+  int rank = 0, world = 1, stage = 0;  ///< rank and world: in the data-parallel group
   DType compute_dtype = DType::F32;
   int64_t step_count = 0;  ///< applied updates (AdamW's bias-correction step)
   /// This rank's error-feedback state (top-k: one residual per gradient bucket), fp32 in
@@ -174,51 +144,53 @@ struct ZeroCheckpointView {
 ///                         model.forward(...); model.backward(scale);
 ///   engine.step_issue(loss_scale);              // reduce, overflow check, clip, AdamW, gather
 ///   bool applied = engine.step_finish(loss_scale);  // the one read-back
+///   engine.last_step();                         // its loss, target count and gradient norm
 /// The constructor installs the model hooks (stages 2/3 reduce-scatter and gather in
 /// them; every stage rounds fp16 gradients there) and, under mixed precision, rounds the
 /// model's buffers to the compute dtype. Between forward()/backward() calls no engine
 /// collective is in flight, so the caller may use the communicator itself. Gradients
 /// must only be read through the engine: at stages 2/3 the model's grad pointers are
 /// null outside backward. At stage 3 the model's data pointers are null for sharded
-/// buffers outside their use; call params_materialize() before reading the weights
+/// buffers outside their use; call weights().materialize() before reading the weights
 /// (export, tests). Every rank must make the same calls; in particular at stages 2/3
 /// backward (and at stage 3 forward) runs collectives, so every rank runs the same
 /// number of forward/backward calls per step (a rank with nothing to learn runs them
 /// with grad_scale 0), and an evaluation whose forward count differs between ranks
-/// runs between params_materialize() and params_restore() (no gathering then).
+/// runs between weights().materialize() and weights().restore() (no gathering then).
+///
+/// Construction: comm == nullptr or of size 1 is a single rank; the groups constructor
+/// takes groups.data_parallel, the ranks that shard this model and average its gradients
+/// (the communicator constructor: the world is that group). The engine's state lives on
+/// the model's device; with several ranks a CUDA model needs a communicator on that
+/// device (NCCL) and a CPU model one on the host (Gloo), else UsageError. A model whose
+/// compute copy is 16-bit (on CUDA) must be given fp32_source, a host fp32 model with the
+/// same buffers holding the exact weights the fp32 masters start from. ConfigError for a
+/// bad stage/dtype. `deferred`, for a model built with deferred storage
+/// (model::Model::Deferred: every base buffer released, no gradient array), gives the
+/// fp32 values of each base buffer: the engine takes one buffer at a time into a host
+/// staging copy, keeps this rank's shard of a sharded buffer (stage 3) as its master and
+/// gives the model storage only for the buffers it keeps resident, so no full copy of a
+/// sharded model exists on any rank; the fp32 values also serve as fp32_source. A
+/// deferred engine leaves the sharded buffers released when it is destroyed (the model is
+/// then only good for destruction or a new deferred engine).
 ///
 /// Storage: at stages 2-3 the constructor makes the model free its full gradient
 /// arrays, and at stage 3 the parameter arrays of every sharded buffer (those at or
 /// above param_persistence_threshold), through Model::storage_release; the hooks point
 /// the model's ParamBuffer data/grad at the engine's working buffers (stage-2/3 layer
 /// gradients, stage-3 gathered layers) while a layer runs and null them after.
-/// params_materialize() re-allocates the sharded parameter arrays (full fp32 weights),
-/// params_restore() frees them again. The destructor re-allocates everything: the
+/// weights().materialize() re-allocates the sharded parameter arrays (full fp32 weights),
+/// weights().restore() frees them again. The destructor re-allocates everything: the
 /// model is whole and usable without an engine; at stage 3 it holds the full trained
 /// weights only if the engine was materialized (otherwise this rank's master shard,
 /// zeros elsewhere: no collective runs in a destructor). The model must own all its
 /// storage when the engine is created (UsageError otherwise).
 class ZeroEngine {
  public:
-  /// comm == nullptr or size 1: single rank. The engine's state lives on the model's
-  /// device; with several ranks a CUDA model needs a communicator on that device (NCCL)
-  /// and a CPU model one on the host (Gloo), else UsageError. A model whose compute copy
-  /// is 16-bit (on CUDA) must be given fp32_source, a host fp32 model with the same
-  /// buffers holding the exact weights the fp32 masters start from. Throws ConfigError
-  /// for a bad stage/dtype.
-  ///
-  /// deferred: for a model built with deferred storage (model::Model::Deferred: every base
-  /// buffer released, no gradient array), the fp32 values of each base buffer. The engine
-  /// takes one buffer at a time into a host staging copy, keeps this rank's shard of a
-  /// sharded buffer (stage 3) as its master and gives the model storage only for the
-  /// buffers it keeps resident, so no full copy of a sharded model exists on any rank;
-  /// the fp32 values also serve as fp32_source. A deferred engine leaves the sharded
-  /// buffers released when it is destroyed (the model is then only good for destruction
-  /// or a new deferred engine).
+  /// A single rank or the world's ranks (see Construction above).
   ZeroEngine(model::Model& model, comm::Communicator* comm, const ZeroOptions& opts,
              const model::Model* fp32_source = nullptr, const model::BufferFill& deferred = {});
-  /// The same over groups.data_parallel, the ranks that shard this model and average its
-  /// gradients (the constructor above: the world is that group).
+  /// The ranks of groups.data_parallel.
   ZeroEngine(model::Model& model, const comm::ProcessGroups& groups, const ZeroOptions& opts,
              const model::Model* fp32_source = nullptr, const model::BufferFill& deferred = {});
   ~ZeroEngine();
@@ -242,53 +214,28 @@ class ZeroEngine {
   void step_prepare(float lr);
   void step_issue(float loss_scale);
   bool step_finish(float loss_scale);
+  /// What the last step_finish() read back, and the counts across steps.
+  const ZeroStepResults& last_step() const { return step_.results; }
   /// The step's unmasked-target counts, one per loss slot (after loss_slots, before the
   /// step; an upload like step_prepare's): step_issue then sums the slots' mean loss times
   /// these counts on the device (and over the ranks), read back with the gradient norm
-  /// as step_loss_sum(); their total, summed over the ranks on the device by
-  /// targets_reduce(), is step_target_count() after step_finish and, in device memory,
-  /// targets_count() for Model::backward (issue targets_reduce first, every rank).
+  /// as last_step().loss_sum; their total, summed over the ranks on the device by
+  /// targets_reduce(), is last_step().target_count after step_finish and, in device
+  /// memory, targets_count() for Model::backward (issue targets_reduce first, every rank).
   void step_targets(const int64_t* counts, size_t n);
   void targets_reduce();
   const float* targets_count() const;
-  /// The last step's loss sum over its unmasked targets and their count, both over every
-  /// rank (0 when step_targets was not called for it).
-  double step_loss_sum() const { return step_loss_; }
-  double step_target_count() const { return step_count_total_; }
-  /// Global L2 norm of the last step's unscaled, unclipped gradient (inf/NaN on overflow).
-  double last_grad_norm() const { return last_norm_; }
   /// n fp32 slots in the engine's step buffer (device memory) for the micro-batch losses
   /// of the next step (Model::forward's loss_out), read back by step_finish() together with the
   /// gradient norm: one device-to-host read per step. The pointer stays valid while n
   /// does not grow (a growing n reallocates the step buffer: call before step_prepare).
   float* loss_slots(size_t n);
-  /// The losses the last step_finish() read back from the loss slots.
-  const std::vector<float>& step_losses() const;
   /// overlap_comm at stages 0/1: the gradients are reduced once per step, during the
   /// backward of the micro-batch marked last (each bucket as soon as it is complete), so
   /// with gradient accumulation mark the earlier micro-batches with false before their
   /// backward, and every rank must run the same micro-batches. Default true (one
   /// backward per step). Without a communication thread the reduction runs in step_issue().
-  void set_last_micro_batch(bool last) { last_micro_ = last; }
-  /// Gradient collectives queued on the communication thread during backward before its
-  /// last layer ran (so they could overlap with the remaining compute); cumulative.
-  uint64_t comm_issued_in_backward() const { return issued_in_backward_; }
-  /// Applied updates so far (AdamW's bias-correction step).
-  int64_t step_count() const { return step_count_; }
-  void set_step_count(int64_t n) { step_count_ = n; }
-
-  /// Puts the full master weights into every model buffer (stage 3: all-gathers them into
-  /// the model's own storage; collective), as fp32 on the CPU and as the compute copy on
-  /// a 16-bit device model. For export, evaluation and tests; backward and step_issue() refuse
-  /// to run until params_restore().
-  void params_materialize();
-  /// Copies the full fp32 weights of every buffer (masters; a frozen buffer without one:
-  /// its compute copy widened) into `host`, a host fp32 model with the same buffers
-  /// (LoRA enabled alike). Collective at stages 1-3. For the fp32 export of a device run.
-  void masters_to_host(model::Model& host);
-  /// Undoes params_materialize(): compute copies back in the model, stage-3 buffers
-  /// sharded again.
-  void params_restore();
+  void set_last_micro_batch(bool last) { step_.last_micro = last; }
 
   int stage() const { return opts_.stage; }
   int rank() const { return place_.rank; }
@@ -299,34 +246,13 @@ class ZeroEngine {
   const ZeroOptions& options() const { return opts_; }
   model::Model& model() { return model_; }
 
-  /// Checkpoint access: one view per buffer, base buffers first then adapters.
-  std::vector<ZeroBufferView> buffer_views();
   /// Everything a checkpoint needs of the engine (buffer views, step, placement).
   ZeroCheckpointView checkpoint_view();
-  /// After a checkpoint wrote masters (and resident full buffers' fp32 values): rounds
-  /// the resident model buffers to the compute dtype and drops stale gathered layers.
-  void params_loaded();
-
-  ZeroMemory memory() const;
-
-  /// The engine's collectives since the last call (which resets the counters): seconds
-  /// spent in them, and the part the compute thread waited for (exposed); the rest ran
-  /// overlapped with compute (overlap_comm).
-  struct CommTimes {
-    double busy_s = 0, exposed_s = 0;
-  };
-  CommTimes comm_times_take();
-  /// A few lines for the launcher: per-rank measured vs theoretical bytes.
-  std::string memory_report() const;
-
-  /// ZeRO-Offload is active (offload_optimizer on a device model).
-  bool offloaded() const { return offload_.on(); }
-  /// The last offloaded step's schedule (empty without offload), cleared by before_step():
-  /// with offload at stages 2-3, gradient_clipping 0 and no fp16 loss scaling, each
-  /// bucket's host AdamW runs as soon as its gradient shard lands, while the device
-  /// computes the backward of the buckets after it; otherwise the update waits for the
-  /// whole gradient (clipping and the overflow skip need its global norm first).
-  std::vector<OffloadTraceEntry> offload_trace() const { return offload_.trace(); }
+  /// The full weights: materialized into the model and restored, or copied to a host model.
+  ZeroWeights& weights() { return weights_; }
+  /// Memory (measured and in theory), collective times and the offload schedule.
+  ZeroReport& report() { return report_; }
+  const ZeroReport& report() const { return report_; }
 
  private:
   using Slot = ZeroSlot;
@@ -356,6 +282,8 @@ class ZeroEngine {
   DType mdt_ = DType::F32;  // the model's storage dtype (16-bit only on CUDA)
   bool mixed_ = false;      // compute dtype != F32
   ZeroPlacement place_;     // stage, this rank and the data-parallel group's size
+  // groups.world: every rank of the job, over which a checkpoint of several groups agrees
+  comm::Communicator* job_comm_ = nullptr;
   ZeroCollectives coll_;
   ZeroWorkMeter work_;
   bool tied_ = false;
@@ -363,22 +291,17 @@ class ZeroEngine {
   std::vector<Slot> slots_;                       // one per model buffer: base buffers, then adapters
   std::vector<std::vector<size_t>> layer_slots_;  // [layer + 1] -> slot indices
   std::vector<Bucket> buckets_;                   // gradient buckets in backward order
-  ZeroCompression compress_;
-  ZeroOffload offload_;          // where the optimizer state lives; ZeRO-Offload
-  ZeroGather gather_;            // stage 3's gathers, the post-step all-gathers
-  ZeroGradBuckets grads_;        // the gradient buckets' reductions
-  ZeroCheckpointStage views_;    // the checkpoint views
   std::vector<size_t> sharded_;  // stage 3: slots (= model buffer indices) whose parameters are sharded
-  ZeroStepBuffer steps_;         // the step's values in device memory, read back once
-  double step_loss_ = 0.0, step_count_total_ = 0.0;
-  float lr_ = 0.0f;  // step_prepare's
-  int64_t step_count_ = 0;
-  double last_norm_ = 0.0;
-  bool materialized_ = false;
-  bool deferred_ = false;       // built from a deferred model: never restore its full storage
-  bool last_micro_ = true;      // set_last_micro_batch
-  bool grads_reduced_ = false;  // stages 0/1: this step's reduction already ran in backward
-  uint64_t issued_in_backward_ = 0;
+  bool deferred_ = false;        // built from a deferred model: never restore its full storage
+  ZeroCompression compress_;
+  ZeroOffload offload_;        // where the optimizer state lives; ZeRO-Offload
+  ZeroGather gather_;          // stage 3's gathers, the post-step all-gathers
+  ZeroGradBuckets grads_;      // the gradient buckets' reductions
+  ZeroCheckpointStage views_;  // the checkpoint views
+  ZeroWeights weights_;        // the full weights for callers (materialize / restore)
+  ZeroReport report_;          // memory, collective times, the offload schedule
+  ZeroStepBuffer step_buf_;    // the step's values in device memory, read back once
+  ZeroStepState step_;         // the step's host side: its results and flags
 };
 
 }  // namespace dtrain::train

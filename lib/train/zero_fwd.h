@@ -7,6 +7,7 @@ namespace dtrain::train {
 
 struct ZeroOptions;
 struct ZeroPlacement;
+struct ZeroShard;
 struct ZeroSlot;
 struct ZeroBucket;
 struct ZeroBufferView;
@@ -15,5 +16,7 @@ class ZeroCommQueue;
 class ZeroWorkMeter;
 class ZeroCompression;
 class ZeroOffload;
+class ZeroGather;
+class ZeroWeights;
 
 }  // namespace dtrain::train

@@ -17,6 +17,12 @@ void ZeroGather::configure(DType model_dtype, bool tied) {
   tied_ = tied;
 }
 
+std::vector<const ZeroShard*> ZeroGather::shards() const {
+  std::vector<const ZeroShard*> v;
+  for (const auto& s : slots_) v.push_back(&s);
+  return v;
+}
+
 // ----------------------------------------------------------------------------
 // Stage 3 parameters: a sharded buffer is gathered (in the compute dtype) into a
 // working buffer just before its layer runs and released after; the next layers'
@@ -76,23 +82,18 @@ void ZeroGather::release_all() {
 }
 
 // The hook body for layer `layer` in direction dir (+1 forward, -1 backward): the window
-// of layers to hold (zero_prefetch_window), what falls out of it released, the current
-// layer's gathers waited for and the layers ahead issued.
+// of layers to hold (zero_prefetch_window, the rule the plans replay), what falls out of
+// it released, the current layer's gathers (and the kept embeddings') waited for and the
+// layers ahead issued.
 void ZeroGather::visit(int layer, int dir) {
   const int L = static_cast<int>(layer_slots_.size()) - 2;
   auto idx = [](int l) { return static_cast<size_t>(l + 1); };
-  std::vector<size_t> sharded_elems(static_cast<size_t>(L) + 2, 0);
-  for (int l = -1; l <= L; ++l)
-    for (size_t i : layer_slots_[idx(l)])
-      if (slots_[i].sharded) sharded_elems[idx(l)] += slots_[i].n;
-  const ZeroWindow w =
-      zero_prefetch_window(sharded_elems, layer, dir, tied_, opts_.prefetch_bucket_size, opts_.max_live_parameters);
+  const ZeroWindow w = zero_prefetch_window(zero_layer_sharded(shards(), layer_slots_), layer, dir, tied_,
+                                            opts_.prefetch_bucket_size, opts_.max_live_parameters);
   for (auto& s : slots_)
     if (s.sharded && s.gathered && !w.keep[idx(s.layer)]) release(s);
   std::vector<ZeroSlot*> now;
-  std::vector<int> current{layer};
-  if (layer != -1 && w.keep[idx(-1)]) current.push_back(-1);
-  for (int l : current) {
+  for (int l : w.now) {
     for (size_t i : layer_slots_[idx(l)])
       if (slots_[i].sharded) {
         issue(slots_[i]);
@@ -110,19 +111,14 @@ void ZeroGather::visit(int layer, int dir) {
 // the owned shards all-gathered in the compute dtype (stage 0's AdamW wrote them).
 void ZeroGather::resident_refresh() {
   if (opts_.stage == 0) return;
-  std::vector<size_t> list;
-  for (size_t i = 0; i < slots_.size(); ++i)
-    if (slots_[i].trainable && !slots_[i].sharded) list.push_back(i);
-  into_model(list, opts_.compute_dtype);
+  into_model(zero_resident_trainable(shards()), opts_.compute_dtype);
 }
 
 // Bucketed all-gather of the masters of `list` (slots with a master, stages >= 1) into
 // the model's full buffers, on the wire as `t`.
 void ZeroGather::into_model(const std::vector<size_t>& list, DType t) {
   const size_t W = static_cast<size_t>(place_.world), es = dtype_size(t);
-  std::vector<const ZeroShard*> shards;
-  for (const auto& s : slots_) shards.push_back(&s);
-  for (const ZeroGatherGroup& g : zero_gather_groups(shards, list, opts_.allgather_bucket_size)) {
+  for (const ZeroGatherGroup& g : zero_gather_groups(shards(), list, opts_.allgather_bucket_size)) {
     coll_.wait(coll_.submit([&] {
       device::DeviceBuffer buf(dev_, W * g.seg * es);
       work_.add(static_cast<ptrdiff_t>(buf.bytes()));

@@ -42,6 +42,7 @@ class ZeroGather {
  private:
   void issue(ZeroSlot& s);
   void wait(ZeroSlot& s);
+  std::vector<const ZeroShard*> shards() const;  ///< the slots as the layout's rules take them
 
   device::Device& dev_;
   const ZeroOptions& opts_;

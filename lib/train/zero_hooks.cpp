@@ -29,9 +29,9 @@ void ZeroEngine::hooks_install() {
 // before_layer_backward to after_layer_backward, is packed rank-major into its bucket
 // and the full bucket is reduce-scattered (AVG) and accumulated into the shards.
 void ZeroEngine::on_before_backward(int layer) {
-  DT_ENFORCE(!materialized_, UsageError,
-             "backward() after ZeroEngine::params_materialize(); call params_restore() first");
-  DT_ENFORCE(!grads_reduced_, UsageError,
+  DT_ENFORCE(!weights_.materialized(), UsageError,
+             "backward() after ZeroEngine::weights().materialize(); call weights().restore() first");
+  DT_ENFORCE(!step_.grads_reduced, UsageError,
              "backward() after the step's last micro-batch already reduced the gradients (overlap_comm); call "
              "ZeroEngine::before_step() first, or set_last_micro_batch(false) for the earlier micro-batches");
   if (opts_.stage == 3) gather_.visit(layer, -1);
@@ -48,21 +48,21 @@ void ZeroEngine::on_after_backward(int layer) {
     if (!s.trainable) continue;
     if (opts_.compute_dtype == DType::F16) dev_->round_to(s.pb->grad, s.n, DType::F16);
     // Counted when issued before the last layer: it overlaps with the rest of the backward.
-    const ZeroGradBuckets::Landing landing{offload_.eager() && last_micro_, lr_, step_count_ + 1};
+    const ZeroGradBuckets::Landing landing{offload_.eager() && step_.last_micro, step_.lr, step_.next_step()};
     if (opts_.stage >= 2 && grads_.pack(s, landing) && (coll_.threaded() || coll_.stream_ordered()) && layer > -1)
-      ++issued_in_backward_;
+      ++step_.results.comm_issued_in_backward;
   }
   // Stages 0/1 reduce once per step: with a communication thread or stream, during the
   // last micro-batch's backward, each bucket as soon as its gradients are complete (the
   // same buckets in the same order as the step-time path, so the results are identical).
   const bool overlapped = coll_.threaded() || (coll_.stream_ordered() && opts_.overlap_comm);
-  if (opts_.stage <= 1 && overlapped && last_micro_ && coll_.comm() != nullptr) {
+  if (opts_.stage <= 1 && overlapped && step_.last_micro && coll_.comm() != nullptr) {
     for (size_t bi = 0; bi < buckets_.size(); ++bi)
       if (buckets_[bi].done_layer == layer) {
-        grads_.reduce_async(bi, step_count_);
-        if (layer > -1) ++issued_in_backward_;
+        grads_.reduce_async(bi, step_.results.step_count);
+        if (layer > -1) ++step_.results.comm_issued_in_backward;
       }
-    if (layer == -1) grads_reduced_ = true;
+    if (layer == -1) step_.grads_reduced = true;
   }
   if (opts_.stage == 3) {
     for (size_t i : layer_slots_[static_cast<size_t>(layer + 1)])
@@ -72,7 +72,7 @@ void ZeroEngine::on_after_backward(int layer) {
     if (opts_.stage == 3) gather_.release_all();
     coll_.wait_all();  // nothing in flight on a thread once backward returns
     // The offloaded update started during this backward: no further micro-batch.
-    if (offload_.eager() && last_micro_) grads_reduced_ = true;
+    if (offload_.eager() && step_.last_micro) step_.grads_reduced = true;
   }
   if (offload_.on()) {
     const double t = offload_.now();
@@ -82,7 +82,7 @@ void ZeroEngine::on_after_backward(int layer) {
 
 // While materialized every buffer is resident: forward (evaluation) needs no gathering.
 void ZeroEngine::on_before_forward(int layer) {
-  if (!materialized_) gather_.visit(layer, +1);
+  if (!weights_.materialized()) gather_.visit(layer, +1);
 }
 
 }  // namespace dtrain::train

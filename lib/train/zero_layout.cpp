@@ -1,7 +1,11 @@
-// ZeRO layout arithmetic: shard ranges, gradient buckets, all-gather groups, prefetch window.
+// ZeRO layout arithmetic: shard ranges, gradient buckets, all-gather groups, prefetch window;
+// a plan's copy of the layout and its replay of stage 3's gathers.
 #include "train/zero_layout.h"
 
+#include "core/check.h"
+
 #include <algorithm>
+#include <utility>
 
 namespace dtrain::train {
 
@@ -91,7 +95,80 @@ ZeroWindow zero_prefetch_window(const std::vector<size_t>& sharded_elems, int la
     w.keep[idx(l)] = 1;
     w.ahead.push_back(l);
   }
+  // The current layer is waited for, and the embeddings whenever they are kept (also when
+  // only the window holds them: the backward of layer 0).
+  w.now.push_back(layer);
+  if (layer != -1 && w.keep[idx(-1)]) w.now.push_back(-1);
   return w;
+}
+
+std::vector<size_t> zero_layer_sharded(const std::vector<const ZeroShard*>& shards,
+                                       const std::vector<std::vector<size_t>>& layer_slots) {
+  std::vector<size_t> elems(layer_slots.size(), 0);
+  for (size_t li = 0; li < layer_slots.size(); ++li)
+    for (size_t i : layer_slots[li])
+      if (shards[i]->sharded) elems[li] += shards[i]->n;
+  return elems;
+}
+
+std::vector<size_t> zero_resident_trainable(const std::vector<const ZeroShard*>& shards) {
+  std::vector<size_t> list;
+  for (size_t i = 0; i < shards.size(); ++i)
+    if (shards[i]->trainable && !shards[i]->sharded) list.push_back(i);
+  return list;
+}
+
+// ----------------------------------------------------------------------------
+// A plan's layout and its replay of stage 3's gathers.
+
+size_t ZeroLayout::add(size_t n, int layer, bool trainable) {
+  DT_CHECK(layer >= -1 && static_cast<size_t>(layer + 1) < layer_slots.size());
+  shards.push_back(place.place(n, layer, trainable));
+  layer_slots[static_cast<size_t>(layer + 1)].push_back(shards.size() - 1);
+  return shards.size() - 1;
+}
+
+std::vector<const ZeroShard*> ZeroLayout::view() const {
+  std::vector<const ZeroShard*> v;
+  for (const ZeroShard& s : shards) v.push_back(&s);
+  return v;
+}
+
+std::vector<ZeroBucketPlan> ZeroLayout::buckets(size_t reduce_bucket_size) {
+  std::vector<ZeroShard*> v;
+  for (ZeroShard& s : shards) v.push_back(&s);
+  return zero_buckets_plan(v, layer_slots, place.stage, reduce_bucket_size);
+}
+
+ZeroGatherReplay::ZeroGatherReplay(std::vector<size_t> sharded_elems, bool tied, size_t prefetch_bucket_size,
+                                   size_t max_live_parameters)
+    : elems_(std::move(sharded_elems)), gathered_(elems_.size(), 0), tied_(tied), prefetch_(prefetch_bucket_size),
+      live_(max_live_parameters) {}
+
+ZeroGatherReplay::Visit ZeroGatherReplay::visit(int layer, int dir) {
+  const ZeroWindow w = zero_prefetch_window(elems_, layer, dir, tied_, prefetch_, live_);
+  Visit v;
+  for (size_t li = 0; li < gathered_.size(); ++li)
+    if (gathered_[li] && !w.keep[li]) {
+      gathered_[li] = 0;
+      v.released.push_back(static_cast<int>(li) - 1);
+    }
+  auto issue = [&](int l, bool early) {
+    char& g = gathered_[static_cast<size_t>(l + 1)];
+    if (g) return;
+    g = 1;
+    v.issued.push_back({l, early});
+  };
+  for (int l : w.now) issue(l, false);
+  for (int l : w.ahead) issue(l, true);
+  return v;
+}
+
+bool ZeroGatherReplay::release(int layer) {
+  char& g = gathered_[static_cast<size_t>(layer + 1)];
+  const bool was = g != 0;
+  g = 0;
+  return was;
 }
 
 }  // namespace dtrain::train

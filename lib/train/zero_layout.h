@@ -1,7 +1,9 @@
 // The ZeRO engine's layout, arithmetic only: the element range of each model buffer a
 // rank owns (its shard) and whether stage 3 keeps it resident, the gradient buckets in
 // backward order, the post-step all-gather groups and stage 3's prefetch window. No
-// device and no communicator, so it is unit-tested on its own (zero_layout_test).
+// device and no communicator, so it is unit-tested on its own (zero_layout_test). The
+// memory plan and lib/plan's cluster plan replay the engine through these same rules
+// (ZeroLayout, ZeroGatherReplay), so the engine and both plans share one copy.
 #pragma once
 
 #include <cstddef>
@@ -60,13 +62,78 @@ std::vector<ZeroGatherGroup> zero_gather_groups(const std::vector<const ZeroShar
                                                 const std::vector<size_t>& list, size_t cap);
 
 /// Stage 3's gathers around layer `layer` running in direction dir (+1 forward, -1
-/// backward): the layers to hold (keep, indexed layer + 1) and those to prefetch (ahead,
-/// in order). sharded_elems[l + 1]: the sharded elements of layer l.
+/// backward), the one rule the engine (ZeroGather::visit) runs and the memory and cluster
+/// plans replay (ZeroGatherReplay): the layers to hold (keep, indexed layer + 1; every other
+/// gathered layer is released), those gathered and waited for before the layer runs (now:
+/// the layer, and the embeddings whenever they are kept), and those issued ahead (ahead, in
+/// order). sharded_elems[l + 1]: the sharded elements of layer l (zero_layer_sharded).
 struct ZeroWindow {
   std::vector<char> keep;
+  std::vector<int> now;
   std::vector<int> ahead;
 };
 ZeroWindow zero_prefetch_window(const std::vector<size_t>& sharded_elems, int layer, int dir, bool tied,
                                 size_t prefetch_bucket_size, size_t max_live_parameters);
+
+/// The sharded elements of each layer (index layer + 1) of the buffers in layer_slots.
+std::vector<size_t> zero_layer_sharded(const std::vector<const ZeroShard*>& shards,
+                                       const std::vector<std::vector<size_t>>& layer_slots);
+
+/// The buffers the model holds whole whose values an update changes: trainable and not
+/// sharded, in slot order (ZeroGather::resident_refresh all-gathers them after each update at
+/// stages 1-3).
+std::vector<size_t> zero_resident_trainable(const std::vector<const ZeroShard*>& shards);
+
+// ----------------------------------------------------------------------------
+// The layout as a plan builds it without an engine (train/memory_plan.cpp, lib/plan's
+// cluster plan): the same rules over the model's buffers.
+
+/// The model's buffers in the engine's slot order (base buffers, then the adapters), each
+/// placed by `place` (a plan takes rank 0's: it needs lengths only), with each layer's.
+struct ZeroLayout {
+  ZeroPlacement place;
+  std::vector<ZeroShard> shards;
+  std::vector<std::vector<size_t>> layer_slots;  ///< index layer + 1: -1 .. n_layer
+
+  ZeroLayout(const ZeroPlacement& p, int n_layer) : place(p), layer_slots(static_cast<size_t>(n_layer) + 2) {}
+  /// A buffer of n elements in `layer` (-1 .. n_layer); returns its index.
+  size_t add(size_t n, int layer, bool trainable);
+  std::vector<const ZeroShard*> view() const;
+  /// zero_buckets_plan over these buffers (sets their bucket fields).
+  std::vector<ZeroBucketPlan> buckets(size_t reduce_bucket_size);
+  std::vector<size_t> layer_sharded() const { return zero_layer_sharded(view(), layer_slots); }
+};
+
+/// Stage 3's gathers as a plan replays them: which layers are gathered, moved as the
+/// engine moves them, by its visits (ZeroGather::visit over zero_prefetch_window) and by the
+/// release of each layer after its backward. (The engine keeps this state in its slots.)
+class ZeroGatherReplay {
+ public:
+  ZeroGatherReplay(std::vector<size_t> sharded_elems, bool tied, size_t prefetch_bucket_size,
+                   size_t max_live_parameters);
+
+  /// One gather issued: its layer, and whether ahead of its layer (prefetched) or waited for.
+  struct Gather {
+    int layer = 0;
+    bool early = false;
+  };
+  /// What one visit changes, in the engine's order: the layers released (out of the window,
+  /// in layer order), then the gathers issued (now, then ahead; a layer gathered already is
+  /// not gathered again).
+  struct Visit {
+    std::vector<int> released;
+    std::vector<Gather> issued;
+  };
+  Visit visit(int layer, int dir);
+  /// Layer released after its backward; false when it was not gathered.
+  bool release(int layer);
+  bool gathered(int layer) const { return gathered_[static_cast<size_t>(layer + 1)] != 0; }
+
+ private:
+  std::vector<size_t> elems_;
+  std::vector<char> gathered_;
+  bool tied_;
+  size_t prefetch_, live_;
+};
 
 }  // namespace dtrain::train

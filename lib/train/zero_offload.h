@@ -20,7 +20,7 @@
 
 namespace dtrain::train {
 
-/// One entry of an offloaded step's schedule (ZeroEngine::offload_trace): seconds since
+/// One entry of an offloaded step's schedule (ZeroReport::offload_trace): seconds since
 /// the step's before_step(). "backward" = the compute thread finished issuing layer
 /// `index`'s backward; "landed" = bucket `index`'s reduced gradient shard reached host
 /// memory (the device had finished that bucket); "adamw" = the host update of bucket

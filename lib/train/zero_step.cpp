@@ -21,7 +21,7 @@ namespace dtrain::train {
 void ZeroEngine::before_step() {
   coll_.wait_all();
   coll_.join();
-  grads_reduced_ = false;
+  step_.grads_reduced = false;
   offload_.step_begin();
   for (auto& s : slots_) {
     if (!s.trainable) continue;
@@ -32,22 +32,23 @@ void ZeroEngine::before_step() {
 }
 
 void ZeroEngine::step_prepare(float lr) {
-  lr_ = lr;
+  step_.lr = lr;
   float v[3];
-  ops::adamw_step_values(v, lr, opts_.adamw.weight_decay, opts_.adamw.beta1, opts_.adamw.beta2, step_count_ + 1);
-  dev_->copy_h2d(steps_.at(offsetof(ZeroStepStats, scale)) + 2, v, sizeof v);
+  ops::adamw_step_values(v, lr, opts_.adamw.weight_decay, opts_.adamw.beta1, opts_.adamw.beta2, step_.next_step());
+  dev_->copy_h2d(step_buf_.at(offsetof(ZeroStepStats, scale)) + 2, v, sizeof v);
 }
 
 void ZeroEngine::step_issue(float loss_scale) {
-  DT_ENFORCE(!materialized_, UsageError,
-             "ZeroEngine::step_issue() after params_materialize(); call params_restore() first");
+  DT_ENFORCE(!weights_.materialized(), UsageError,
+             "ZeroEngine::step_issue() after weights().materialize(); call weights().restore() first");
   DT_ENFORCE_GT(loss_scale, 0.0f, UsageError, "ZeroEngine::step_issue loss_scale");
   coll_.wait_all();
-  if (opts_.stage <= 1 && !grads_reduced_) grads_.reduce_step(step_count_);
+  if (opts_.stage <= 1 && !step_.grads_reduced) grads_.reduce_step(step_.results.step_count);
   coll_.join();  // the reduced gradients are complete
   if (offload_.on()) offload_.grads_collect();
   step_decide(loss_scale);
-  if (offload_.on()) offload_.step_issue(loss_scale, steps_.at(offsetof(ZeroStepStats, scale)), lr_, step_count_ + 1);
+  if (offload_.on())
+    offload_.step_issue(loss_scale, step_buf_.at(offsetof(ZeroStepStats, scale)), step_.lr, step_.next_step());
   adamw_issue();
   // A skipped step gathers the unchanged masters: the copies the model already holds.
   gather_.resident_refresh();
@@ -61,7 +62,7 @@ void ZeroEngine::step_decide(float loss_scale) {
   // Everything is decided on the device and read back once, after the update is issued:
   // the local sum of squares, its sum over the ranks (on the device communicator), the
   // clip scale and the overflow skip that AdamW reads from device memory.
-  double* sq = reinterpret_cast<double*>(steps_.at(offsetof(ZeroStepStats, sq)));
+  double* sq = reinterpret_cast<double*>(step_buf_.at(offsetof(ZeroStepStats, sq)));
   dev_->zero(sq, sizeof(double));
   if (offload_.on()) {  // the host's gradient shards: their sum of squares goes up as the start
     double h = 0.0;
@@ -80,11 +81,11 @@ void ZeroEngine::step_decide(float loss_scale) {
   dev_->norm_sq_accumulate_multi(sq, g.data(), n.data(), g.size());
   // The step's loss sum (the loss slots' means times step_targets' counts) rides on the
   // norm's collective as red[3]: no host allreduce for the log.
-  float* const red4 = steps_.at(offsetof(ZeroStepStats, red));
-  const bool loss = steps_.targets_set() && steps_.losses_n() > 0;
+  float* const red4 = step_buf_.at(offsetof(ZeroStepStats, red));
+  const bool loss = step_buf_.targets_set() && step_buf_.losses_n() > 0;
   if (loss)
-    dev_->loss_sum(reinterpret_cast<double*>(steps_.at(offsetof(ZeroStepStats, loss))), red4 + 3, steps_.losses(),
-                   steps_.counts(), static_cast<int>(steps_.losses_n()));
+    dev_->loss_sum(reinterpret_cast<double*>(step_buf_.at(offsetof(ZeroStepStats, loss))), red4 + 3, step_buf_.losses(),
+                   step_buf_.counts(), static_cast<int>(step_buf_.losses_n()));
   float* red = nullptr;
   if (opts_.stage >= 1 && coll_.comm() != nullptr) {
     // Each rank holds a shard: sum the (hi, lo, overflow) triples so every rank takes the
@@ -98,13 +99,13 @@ void ZeroEngine::step_decide(float loss_scale) {
     coll_.wait(coll_.submit([this, red4] { coll_.allreduce(red4 + 3, 1, DType::F32, comm::ReduceOp::SUM); }));
     coll_.join();
   }
-  float* scale = steps_.at(offsetof(ZeroStepStats, scale));
+  float* scale = step_buf_.at(offsetof(ZeroStepStats, scale));
   dev_->step_scale(scale, sq, red, loss_scale, opts_.gradient_clipping);
 }
 
 void ZeroEngine::adamw_issue() {
-  const int64_t step = step_count_ + 1;  // counted only if the update is applied
-  const float* scale = steps_.at(offsetof(ZeroStepStats, scale));
+  const int64_t step = step_.next_step();  // counted only if the update is applied
+  const float* scale = step_buf_.at(offsetof(ZeroStepStats, scale));
   // Every owned tensor in one table: CUDA updates them in a few launches, not one each.
   std::vector<ops::AdamWTensor> update;
   for (auto& s : slots_) {
@@ -128,45 +129,44 @@ void ZeroEngine::adamw_issue() {
       update.push_back(x);
     }
   }
-  if (!update.empty()) dev_->adamw_multi(update.data(), update.size(), opts_.adamw, lr_, step, scale, mdt_);
+  if (!update.empty()) dev_->adamw_multi(update.data(), update.size(), opts_.adamw, step_.lr, step, scale, mdt_);
   if (mdt_ == DType::F32)
     for (const auto& x : update)
       if (x.copy != nullptr) dev_->round_to(static_cast<float*>(x.copy), x.n, opts_.compute_dtype);
 }
 
 bool ZeroEngine::step_finish(float loss_scale) {
-  const bool targets = steps_.targets_set();
-  const ZeroStepStats st = steps_.read_back();
+  const bool targets = step_buf_.targets_set();
+  ZeroStepResults& r = step_.results;
+  const ZeroStepStats st = step_buf_.read_back(r.losses);
   // One rank: the double sum as the host summed it; several: the fp32 sum over the ranks.
-  step_loss_ =
-      !targets || steps_.losses_n() == 0 ? 0.0 : (coll_.comm() != nullptr && place_.world > 1 ? st.red[3] : st.loss);
-  step_count_total_ = targets ? st.count : 0.0;
-  last_norm_ = std::sqrt(st.sq) / static_cast<double>(loss_scale);
+  r.loss_sum =
+      !targets || step_buf_.losses_n() == 0 ? 0.0 : (coll_.comm() != nullptr && place_.world > 1 ? st.red[3] : st.loss);
+  r.target_count = targets ? st.count : 0.0;
+  r.grad_norm = std::sqrt(st.sq) / static_cast<double>(loss_scale);
   if (!std::isfinite(st.sq)) {
     compress_.reset();
     return false;
   }
-  ++step_count_;
+  ++r.step_count;
   return true;
 }
 
-const float* ZeroEngine::targets_count() const { return steps_.at(offsetof(ZeroStepStats, count)); }
+const float* ZeroEngine::targets_count() const { return step_buf_.at(offsetof(ZeroStepStats, count)); }
 
-float* ZeroEngine::loss_slots(size_t n) { return steps_.loss_slots(n); }
-
-const std::vector<float>& ZeroEngine::step_losses() const { return steps_.host_losses(); }
+float* ZeroEngine::loss_slots(size_t n) { return step_buf_.loss_slots(n); }
 
 void ZeroEngine::step_targets(const int64_t* counts, size_t n) {
-  DT_ENFORCE_EQ(n, steps_.losses_n(), UsageError,
+  DT_ENFORCE_EQ(n, step_buf_.losses_n(), UsageError,
                 "ZeroEngine::step_targets needs one count per loss slot (loss_slots first)");
-  steps_.targets_upload(counts, n);
+  step_buf_.targets_upload(counts, n);
 }
 
 // Every rank, each step, before the backward that reads targets_count(): the sum over the
 // ranks on the device communicator, ordered like the norm's reduction.
 void ZeroEngine::targets_reduce() {
   if (coll_.comm() == nullptr || place_.world <= 1) return;
-  float* c = steps_.at(offsetof(ZeroStepStats, count));
+  float* c = step_buf_.at(offsetof(ZeroStepStats, count));
   coll_.wait(coll_.submit([this, c] { coll_.allreduce(c, 1, DType::F32, comm::ReduceOp::SUM); }));
   coll_.join();  // the backward reads the sum
 }
@@ -196,14 +196,14 @@ void ZeroStepBuffer::targets_upload(const int64_t* counts, size_t n) {
 }
 
 // The agreed sum of squares and the losses the model left in the loss slots.
-ZeroStepStats ZeroStepBuffer::read_back() {
+ZeroStepStats ZeroStepBuffer::read_back(std::vector<float>& losses) {
   const size_t at_losses = sizeof(ZeroStepStats) + cap_ * sizeof(float);
   std::vector<char> host(at_losses + n_ * sizeof(float));
   dev_.copy_d2h(host.data(), buf_.get(), host.size());
   ZeroStepStats st;
   std::memcpy(&st, host.data(), sizeof st);
-  losses_.resize(n_);
-  if (n_) std::memcpy(losses_.data(), host.data() + at_losses, n_ * sizeof(float));
+  losses.resize(n_);
+  if (n_) std::memcpy(losses.data(), host.data() + at_losses, n_ * sizeof(float));
   targets_set_ = false;
   return st;
 }

@@ -39,16 +39,14 @@ class ZeroStepBuffer {
   void targets_upload(const int64_t* counts, size_t n);
   /// targets_upload ran for the step in flight.
   bool targets_set() const { return targets_set_; }
-  /// The step's one read-back: the agreement values, and the loss slots into
-  /// host_losses(); the step's targets are done with.
-  ZeroStepStats read_back();
-  const std::vector<float>& host_losses() const { return losses_; }
+  /// The step's one read-back: the agreement values, and the loss slots into `losses`;
+  /// the step's targets are done with.
+  ZeroStepStats read_back(std::vector<float>& losses);
 
  private:
   device::Device& dev_;
   device::DeviceBuffer buf_;
   size_t n_ = 0, cap_ = 0;
-  std::vector<float> losses_;
   bool targets_set_ = false;
 };
 

@@ -20,9 +20,9 @@ TEST_CASE("bench train: peak table and FLOPs formula") {
   model::ModelConfig c;
   c.n_layer = 12;
   c.d_model = 768;
-  CHECK(bench::model_flops_per_token(c, 124000000, 1024, false) ==
+  CHECK(train::model_flops_per_token(c, 124000000, 1024, false) ==
         doctest::Approx(6.0 * 124e6 + 12.0 * 12 * 1024 * 768));
-  CHECK(bench::model_flops_per_token(c, 124000000, 1024, true) ==
+  CHECK(train::model_flops_per_token(c, 124000000, 1024, true) ==
         doctest::Approx(4.0 * 124e6 + 12.0 * 12 * 1024 * 768));
 }
 

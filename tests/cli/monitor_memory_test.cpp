@@ -117,7 +117,7 @@ std::vector<nlohmann::json> low_memory_alerts(const std::string& run_dir) {
 
 }  // namespace
 
-TEST_CASE("monitor: a balloon process squeezes the node's memory: one low_memory alert naming the threshold") {
+TEST_CASE("monitor: a balloon process squeezes the node's memory: a low_memory alert naming the threshold") {
   const std::string bin = dtrain_bin();
   if (bin.empty()) {
     ::dtrain::test::skip_test("monitor memory test skipped: $DTRAIN_BIN is not set or not executable");
@@ -139,13 +139,14 @@ TEST_CASE("monitor: a balloon process squeezes the node's memory: one low_memory
   REQUIRE(!tmp.path().empty());
   const std::string config = tmp.path() + "/tiny.yaml";
   const std::string run_dir = tmp.path() + "/run";
-  // Paced: up to 400 steps of at least 250 ms (100 s): the job must outlast the wait for
+  // Paced: up to 2000 steps of at least 250 ms (500 s): the job must outlast the wait for
   // sampling and the balloon's squeeze even on a loaded machine (a CI run once took longer
-  // than 20 s for those, and the job had ended before the balloon held its memory). It is
-  // stopped once the alert is checked.
+  // than 20 s for those, and the job had ended before the balloon held its memory; under a
+  // load of 18 on 2 cores the balloon's page faults took over 60 s). It is stopped once the
+  // alert is checked, so the pace bounds only the worst case.
   std::ofstream(config) << tiny_job({.top = "train_micro_batch_size_per_gpu: 2\nsteps_per_print: 10\n",
                                      .n_layer = 1,
-                                     .max_steps = 400,
+                                     .max_steps = 2000,
                                      .save_steps = 1000,
                                      .training_more = "  device: cpu\n",
                                      .rest = "fault_tolerance:\n  max_retries: 0\nmonitor:\n  interval: 0.2\n"
@@ -157,7 +158,7 @@ TEST_CASE("monitor: a balloon process squeezes the node's memory: one low_memory
 
   // Squeeze only once the monitor samples (status shows its resources section).
   bool sampling = false;
-  for (int i = 0; i < 120 && !sampling && job.running(); ++i) {
+  for (int i = 0; i < 240 && !sampling && job.running(); ++i) {
     std::this_thread::sleep_for(500ms);
     sampling = contains(run({bin, "status", run_dir}, {}, 20s).out, "resources  latest sample of every rank");
   }
@@ -168,7 +169,9 @@ TEST_CASE("monitor: a balloon process squeezes the node's memory: one low_memory
 
   Balloon balloon(threshold - kGiB, 8 * kGiB);
   REQUIRE(balloon.started());
-  const char verdict = balloon.verdict(60s);
+  // Touching a few GiB is a few seconds of CPU on an idle machine; on a loaded one the
+  // child's share of the cores is small, hence the generous bound.
+  const char verdict = balloon.verdict(240s);
   REQUIRE(verdict != 0);
   if (verdict == 'C') {
     balloon.stop();
@@ -182,7 +185,7 @@ TEST_CASE("monitor: a balloon process squeezes the node's memory: one low_memory
   // Held until the alert is in events.jsonl (a sample every 0.2 s) and the job has ended:
   // the memory comes back only when no rank samples any more.
   bool alerted = false;
-  for (int i = 0; i < 150 && !alerted && job.running(); ++i) {
+  for (int i = 0; i < 600 && !alerted && job.running(); ++i) {
     std::this_thread::sleep_for(100ms);
     alerted = !low_memory_alerts(run_dir).empty();
   }
@@ -197,9 +200,13 @@ TEST_CASE("monitor: a balloon process squeezes the node's memory: one low_memory
   REQUIRE(rc.has_value());
   CHECK(*rc == 130);
 
-  // One episode, one alert, from local rank 0 of node 0, naming the threshold.
+  // An alert from local rank 0 of node 0, naming the threshold. One episode is one alert
+  // (tests/monitor/monitor_test.cpp checks the episodes over given samples); here the
+  // other processes of a busy machine move MemAvailable too, and when they free more
+  // than the episode's 5 % margin while the balloon holds, a second episode and alert are
+  // right, so the count is not asserted.
   const auto alerts = low_memory_alerts(run_dir);
-  REQUIRE(alerts.size() == 1);
+  REQUIRE(!alerts.empty());
   const std::string why = alerts[0].value("why", "");
   INFO("alert: " << alerts[0].dump());
   CHECK(alerts[0].value("node", -1) == 0);
@@ -209,6 +216,6 @@ TEST_CASE("monitor: a balloon process squeezes the node's memory: one low_memory
   auto st = run({bin, "status", run_dir}, {}, 20s);
   INFO("status:\n" << st.out);
   CHECK(st.rc == 0);
-  CHECK(contains(st.out, "1 resource alert(s) in events.jsonl"));
+  CHECK(contains(st.out, std::to_string(alerts.size()) + " resource alert(s) in events.jsonl"));
   CHECK(contains(st.out, " rank 0: low_memory: " + why));
 }

@@ -1,6 +1,7 @@
 // ActivityCommunicator: in_collective() is true exactly while a call is inside the wrapped
 // communicator (on any thread), the observer sees each 0 <-> 1 change, a throwing
-// collective leaves the count right, and every call reaches the inner communicator.
+// collective leaves the count right, and every call reaches the inner communicator; a group
+// split from it is watched with the same count, clock and observer.
 #include "comm/activity.h"
 
 #include "core/error.h"
@@ -39,6 +40,15 @@ class FakeComm : public Communicator {
   void barrier() override { call("barrier"); }
   void synchronize() override { call("synchronize"); }
   void abort() override { aborted = true; }
+  // The group: a FakeComm of its own (kept in `groups`), none for a negative color.
+  std::unique_ptr<Communicator> split(int color, int) override {
+    call("split");
+    if (color < 0) return nullptr;
+    auto g = std::make_unique<FakeComm>();
+    groups.push_back(g.get());
+    return g;
+  }
+  std::vector<FakeComm*> groups;
 
  private:
   void call(const char* name) {
@@ -156,4 +166,43 @@ TEST_CASE("collective_seconds counts the time inside collectives, the open stret
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   const double end = c.collective_seconds();
   CHECK(c.collective_seconds() == end);
+}
+
+TEST_CASE("a group split from a watched communicator is watched with its count, clock and observer") {
+  auto fake = std::make_unique<FakeComm>();
+  FakeComm* f = fake.get();
+  int observed = 0;
+  ActivityCommunicator c(std::move(fake), [&] { ++observed; });
+  CHECK(c.split(-1, 0) == nullptr);
+  CHECK(observed == 2);  // the split's own exchange is watched
+  std::unique_ptr<Communicator> g = c.split(0, 0);
+  REQUIRE(g != nullptr);
+  REQUIRE(f->groups.size() == 1);
+  FakeComm* inner = f->groups[0];
+  CHECK(f->calls == std::vector<std::string>{"split", "split"});
+  bool inside = false;
+  double during = -1;
+  inner->inside = [&] {
+    inside = c.in_collective();  // the world's view of a group's collective
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    during = c.collective_seconds();
+  };
+  const double before = c.collective_seconds();
+  float x = 0;
+  g->allreduce(&x, &x, 1, DType::F32, ReduceOp::SUM);
+  CHECK(inner->calls == std::vector<std::string>{"allreduce"});
+  CHECK(inside);
+  CHECK(observed == 6);
+  CHECK(!c.in_collective());
+  CHECK(during >= before + 0.03);
+  // A group's call made while a call of the world is open is part of one stretch.
+  f->inside = [&] { g->barrier(); };
+  inner->inside = [] {};
+  c.barrier();
+  CHECK(observed == 8);  // one stretch: 0 -> 1 -> 0
+  CHECK(!c.in_collective());
+  inner->fail = true;
+  CHECK_THROWS_AS(g->synchronize(), CommError);
+  CHECK(!c.in_collective());
+  CHECK(observed == 10);
 }

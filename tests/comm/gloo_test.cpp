@@ -1,8 +1,9 @@
 // Gloo backend: every collective against exactly known results for 1-4 in-process
 // ranks over 127.0.0.1 (fp32/bf16/fp16, in and out of place), plus abort, peer loss and
-// timeouts surfacing as CommError instead of hangs.
+// timeouts surfacing as CommError instead of hangs, and split into groups.
 #include "comm/buffer.h"
 #include "comm/gloo_comm.h"
+#include "comm/split_check.h"
 #include "core/error.h"
 #include "rank_threads.h"
 
@@ -489,4 +490,11 @@ TEST_CASE("gloo split: each group's collectives run among its members only, the 
     if (x != 6.0f) throw std::runtime_error("second group sum " + std::to_string(x));
   });
   check_all_passed(errors);
+}
+
+TEST_CASE("gloo split: the scenario every backend runs, at 4 ranks and at 3 (groups of 2 and 1)") {
+  for (int n : {4, 3}) {
+    CAPTURE(n);
+    check_all_passed(run_gloo_ranks(n, [](Communicator& world) { dtrain::test::split_check(world); }));
+  }
 }

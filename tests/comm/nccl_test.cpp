@@ -1,14 +1,16 @@
 // NCCL backend: with a GPU, 2 ranks (one per GPU) or 1 rank run every collective
-// against known results and abort(); without a GPU (or without CUDA) the GPU cases
-// skip at run time and only the factory's error is checked.
+// against known results and abort(), and up to 4 ranks split into groups; without a GPU
+// (or without CUDA) the GPU cases skip at run time and only the factory's error is checked.
 #include "comm/buffer.h"
 #include "comm/nccl_comm.h"
+#include "comm/split_check.h"
 #include "core/error.h"
 #include "rank_threads.h"
 
 #include <doctest/doctest.h>
 #include <gloo/rendezvous/hash_store.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -33,12 +35,12 @@ int visible_gpus() {
 #endif
 }
 
-// Runs body on min(2, GPUs) ranks, rank r on device r. Returns per-rank failures.
-std::vector<std::string> run_nccl(const std::function<void(Communicator&)>& body) {
+// Runs body on min(max_ranks, GPUs) ranks, rank r on device r. Returns per-rank failures.
+std::vector<std::string> run_nccl(const std::function<void(Communicator&)>& body, int max_ranks = 2) {
   // Ranks talk over loopback only (NCCL, and the CPU execution engine's NCCL, would
   // otherwise pick the first non-loopback interface).
   ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);
-  const int n = visible_gpus() >= 2 ? 2 : 1;
+  const int n = std::min(max_ranks, visible_gpus());
   gloo::rendezvous::HashStore store;
   return test::run_threads(n, [&](int r) {
     NcclOptions o;
@@ -217,4 +219,11 @@ TEST_CASE("nccl abort: later collectives throw CommError") {
     }
     if (!threw) throw std::runtime_error("collective after abort() did not throw CommError");
   }));
+}
+
+TEST_CASE("nccl split: two groups at once (one ranked in reverse), the world usable after, a rank left out") {
+  if (skip_without_gpu()) return;
+  // 4 ranks where 4 devices are visible (the CPU execution engine has 8); fewer GPUs run the
+  // same scenario on fewer ranks.
+  require_all_passed(run_nccl([](Communicator& world) { test::split_check(world); }, 4));
 }

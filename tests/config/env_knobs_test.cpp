@@ -1,4 +1,4 @@
-// The environment knobs without a YAML key (DTRAIN_GEMM_ALGO_CACHE, DTRAIN_LOG_LEVEL,
+// The environment knobs without a YAML key (DTRAIN_ATTN_VARIANT, DTRAIN_GEMM_ALGO_CACHE, DTRAIN_LOG_LEVEL,
 // DTRAIN_NORM_BACKWARD, DTRAIN_NUM_THREADS, DTRAIN_POOL_SPIN_US, DTRAIN_WORKER_PRINT_ENV): declared in the schema, listed by
 // --help-config, and a bad value refused by every config load with an error naming the
 // variable, the value and what is accepted; good and unset values load as before.
@@ -69,8 +69,9 @@ TEST_CASE("each env knob is declared once in the schema, beside no YAML key of t
     CHECK(schema_find(k.env) == nullptr);
     names.push_back(k.env);
   }
-  CHECK(names == std::vector<std::string>{"DTRAIN_GEMM_ALGO_CACHE", "DTRAIN_LOG_LEVEL", "DTRAIN_NORM_BACKWARD",
-                                          "DTRAIN_NUM_THREADS", "DTRAIN_POOL_SPIN_US", "DTRAIN_WORKER_PRINT_ENV"});
+  CHECK(names == std::vector<std::string>{"DTRAIN_ATTN_VARIANT", "DTRAIN_GEMM_ALGO_CACHE", "DTRAIN_LOG_LEVEL",
+                                          "DTRAIN_NORM_BACKWARD", "DTRAIN_NUM_THREADS", "DTRAIN_POOL_SPIN_US",
+                                          "DTRAIN_WORKER_PRINT_ENV"});
   // No YAML key claims one of these variables too.
   for (const KeySpec& k : schema_keys())
     if (k.env)
@@ -80,6 +81,7 @@ TEST_CASE("each env knob is declared once in the schema, beside no YAML key of t
 TEST_CASE("--help-config lists the env knobs with their type and default") {
   const std::string help = config_help();
   for (const char* want : {"DTRAIN_LOG_LEVEL\n    type: one of: debug, info, warn, error, off\n    default: info",
+                           "DTRAIN_ATTN_VARIANT\n    type: one of: legacy, fa2\n    default: legacy",
                            "DTRAIN_NORM_BACKWARD\n    type: one of: split, fused\n    default: split",
                            "DTRAIN_NUM_THREADS\n    type: an integer in [1, 1024]",
                            "DTRAIN_POOL_SPIN_US\n    type: an integer in [0, 100000]\n    default: 200",
@@ -101,7 +103,8 @@ TEST_CASE("a bad env knob value is a config error naming the variable, the value
                         Case{"DTRAIN_NUM_THREADS", "4x", "valid range: 1 to 1024"},
                         Case{"DTRAIN_NUM_THREADS", "5000", "valid range: 1 to 1024"},
                         Case{"DTRAIN_POOL_SPIN_US", "-1", "valid range: 0 to 100000"},
-                        Case{"DTRAIN_POOL_SPIN_US", "2.5", "valid range: 0 to 100000"}}) {
+                        Case{"DTRAIN_POOL_SPIN_US", "2.5", "valid range: 0 to 100000"},
+                        Case{"DTRAIN_ATTN_VARIANT", "flash", "one of: legacy, fa2"}}) {
     CAPTURE(c.name);
     CAPTURE(c.value);
     const std::string err = load_error(c.name, c.value);
@@ -120,6 +123,8 @@ TEST_CASE("good and empty env knob values load") {
                                                                              {"DTRAIN_NUM_THREADS", "1024"},
                                                                              {"DTRAIN_POOL_SPIN_US", "0"},
                                                                              {"DTRAIN_POOL_SPIN_US", "200"},
+                                                                             {"DTRAIN_ATTN_VARIANT", "fa2"},
+                                                                             {"DTRAIN_ATTN_VARIANT", "legacy"},
                                                                              {"DTRAIN_WORKER_PRINT_ENV", "1"},
                                                                              {"DTRAIN_WORKER_PRINT_ENV", "A,B_2"}}) {
     CAPTURE(name);

@@ -1,7 +1,8 @@
 // CUDA execution engine (test-only): NCCL over TCP. ncclGetUniqueId starts a bootstrap
 // root that trades the ranks' listen addresses; the ranks then connect a full mesh and
 // run each collective as direct exchanges plus a fixed-order (rank 0..n-1) reduction,
-// inside the stream-ordered op that the runtime's device executor runs.
+// inside the stream-ordered op that the runtime's device executor runs. ncclCommSplit
+// trades colors and keys over the parent's mesh and connects each new group as an init.
 #include <nccl.h>
 
 #include "engine.h"
@@ -56,6 +57,8 @@ struct Comm {
   int inflight = 0;      // collectives using fds now
   int pending = 0;       // enqueued, not finished
   bool finalizing = false;
+  bool splitting = false;             // a ncclCommSplit of this communicator has not finished
+  std::shared_ptr<Comm> split_child;  // ... and the communicator it is connecting, aborted with this one
   uint64_t next_seq = 0;
 
   std::mutex io_mu;  // one collective at a time on the sockets
@@ -80,6 +83,7 @@ struct Comm {
 struct ncclComm {
   std::shared_ptr<Comm> c;
   std::thread init_thread;
+  std::thread split_thread;  // a non-blocking ncclCommSplit of this communicator
 };
 
 namespace {
@@ -163,7 +167,12 @@ void comm_init_run(const std::shared_ptr<Comm>& c, IdBlob id) {
 void comm_teardown(ncclComm_t comm) {
   Comm& c = *comm->c;
   c.aborted.store(true);
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    if (c.split_child) c.split_child->aborted.store(true);
+  }
   if (comm->init_thread.joinable()) comm->init_thread.join();
+  if (comm->split_thread.joinable()) comm->split_thread.join();
   {
     std::unique_lock<std::mutex> lock(c.mu);
     for (int fd : c.fds)
@@ -277,10 +286,11 @@ size_t dtype_size(ncclDataType_t dt) {
 
 // ----------------------------------------------------------------------------
 // Collective execution (on the executor thread).
-enum Kind : uint32_t { ALLREDUCE = 1, REDUCE_SCATTER, ALL_GATHER, BROADCAST, REDUCE };
+// SPLIT: ncclCommSplit's trade over the parent's mesh, numbered as the collectives are.
+enum Kind : uint32_t { ALLREDUCE = 1, REDUCE_SCATTER, ALL_GATHER, BROADCAST, REDUCE, SPLIT };
 const char* kind_name(uint32_t k) {
-  static const char* names[] = {"?", "AllReduce", "ReduceScatter", "AllGather", "Broadcast", "Reduce"};
-  return k <= REDUCE ? names[k] : "?";
+  static const char* names[] = {"?", "AllReduce", "ReduceScatter", "AllGather", "Broadcast", "Reduce", "CommSplit"};
+  return k <= SPLIT ? names[k] : "?";
 }
 
 struct Coll {
@@ -483,6 +493,7 @@ ncclResult_t coll_exec(Comm& c, const std::vector<int>& fds, const Coll& k, std:
       reduce(k.dt, k.op, dst, inputs(src), k.count);
       return ncclSuccess;
     }
+    case SPLIT: break;  // not a stream-ordered collective (split_trade)
   }
   *err = "unknown collective";
   return ncclInternalError;
@@ -534,6 +545,8 @@ ncclResult_t coll_submit(const char* name, ncclComm_t comm, Coll k, cudaStream_t
       return fail(ncclInvalidUsage, std::string(name) + ": communicator still initialising");
     if (c->init_result != ncclSuccess) return c->init_result;
     if (c->finalizing) return fail(ncclInvalidUsage, std::string(name) + ": communicator finalized");
+    if (c->splitting)
+      return fail(ncclInvalidUsage, std::string(name) + ": a ncclCommSplit of this communicator is still in progress");
     if (c->async_error != ncclSuccess) return c->async_error;
   }
   const std::string where = std::string(name) + " (rank " + std::to_string(c->rank) + ")";
@@ -606,6 +619,115 @@ ncclResult_t coll_submit(const char* name, ncclComm_t comm, Coll k, cudaStream_t
 }
 
 thread_local int t_group_depth = 0;
+
+// ----------------------------------------------------------------------------
+// Split. Phase 0: every rank sends its (color, key) to every other over the parent's mesh,
+// as a message of kind SPLIT with the parent's next sequence number, so a rank that runs a
+// collective there instead fails both sides. Phase 1: each new communicator's rank 0 starts
+// a bootstrap root and sends its id to the other members. The members then connect as
+// ncclCommInitRank's ranks do, and only then is the split complete.
+struct SplitJob {
+  std::shared_ptr<Comm> parent;
+  ncclComm* child = nullptr;  // the new handle; nullptr for NCCL_SPLIT_NOCOLOR
+  int color = 0, key = 0;
+  uint64_t seq = 0;
+  ncclComm_t* newcomm = nullptr;
+};
+
+ncclResult_t split_trade(Comm& p, const std::vector<int>& fds, const SplitJob& j, int* rank, int* nranks, IdBlob* id,
+                         std::string* err) {
+  const int n = p.nranks, me = p.rank;
+  std::vector<int32_t> ck(2 * static_cast<size_t>(n));
+  ck[2 * me] = j.color;
+  ck[2 * me + 1] = j.key;
+  MsgHeader base{WIRE_TAG, SPLIT, j.seq, 0, 0, 0, -1, 2, 0};
+  std::vector<Transfer> t(n);
+  for (int q = 0; q < n; ++q)
+    if (q != me)
+      t[q] = Transfer{reinterpret_cast<const char*>(&ck[2 * me]), 2 * sizeof(int32_t), true,
+                      reinterpret_cast<char*>(&ck[2 * q]),        2 * sizeof(int32_t), true};
+  if (ncclResult_t r = exchange(p, fds, t, base, err)) return r;
+  // The members of this rank's color by (key, parent rank): their order is the new ranks.
+  std::vector<std::pair<int, int>> members;
+  if (j.color != NCCL_SPLIT_NOCOLOR)
+    for (int q = 0; q < n; ++q)
+      if (ck[2 * q] == j.color) members.emplace_back(ck[2 * q + 1], q);
+  std::sort(members.begin(), members.end());
+  *nranks = static_cast<int>(members.size());
+  for (int i = 0; i < *nranks; ++i)
+    if (members[i].second == me) *rank = i;
+  const int leader = members.empty() ? -1 : members[0].second;
+  base.phase = 1;
+  base.count = sizeof(IdBlob);
+  t.assign(n, Transfer{});
+  if (leader == me) {
+    Addr at;
+    *id = IdBlob{ID_TAG, 0, {}, random64()};
+    if (ncclResult_t r = iface_pick(&at, err)) return r;
+    if (ncclResult_t r = root_start(at, id->magic, &id->root, err)) return *err = "bootstrap root: " + *err, r;
+    for (const auto& m : members)
+      if (m.second != me)
+        t[m.second] = Transfer{reinterpret_cast<const char*>(id), sizeof *id, true, nullptr, 0, false};
+  } else if (leader >= 0) {
+    t[leader] = Transfer{nullptr, 0, false, reinterpret_cast<char*>(id), sizeof *id, true};
+  }
+  return exchange(p, fds, t, base, err);
+}
+
+// The whole split, on the caller's thread (blocking) or the parent handle's split thread.
+// Success writes *newcomm; failure fails the parent (the split is one of its collectives)
+// and tears the new communicator down.
+ncclResult_t split_run(const SplitJob& j) {
+  Comm& p = *j.parent;
+  std::string err;
+  ncclResult_t r = ncclSuccess;
+  std::vector<int> fds;
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    if (p.aborted.load() || g_exiting.load()) {
+      r = ncclSystemError, err = "communicator aborted";
+    } else if (p.async_error != ncclSuccess) {
+      r = p.async_error, err = p.detail;
+    } else {
+      ++p.inflight;
+      fds = p.fds;
+    }
+  }
+  int rank = -1, nranks = 0;
+  IdBlob id{};
+  if (r == ncclSuccess) {
+    {
+      std::lock_guard<std::mutex> io(p.io_mu);
+      r = split_trade(p, fds, j, &rank, &nranks, &id, &err);
+    }
+    std::lock_guard<std::mutex> lock(p.mu);
+    --p.inflight;
+    p.cv.notify_all();
+  }
+  if (r == ncclSuccess && j.child) {
+    Comm& c = *j.child->c;
+    c.rank = rank;
+    c.nranks = nranks;
+    c.magic = id.magic;
+    r = comm_connect(c, id, &err);
+    if (r != ncclSuccess)
+      err = "new communicator (rank " + std::to_string(rank) + " of " + std::to_string(nranks) + "): " + err;
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.init_result = r;
+    if (r != ncclSuccess) c.detail = err;
+    c.cv.notify_all();
+  }
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    p.split_child.reset();
+    if (r != ncclSuccess) p.error_set(r, std::string(kind_name(SPLIT)) + " #" + std::to_string(j.seq) + ": " + err);
+    else if (j.child) *j.newcomm = j.child;
+    p.splitting = false;
+    p.cv.notify_all();
+  }
+  if (r != ncclSuccess && j.child) comm_teardown(j.child);
+  return r;
+}
 
 }  // namespace
 
@@ -690,7 +812,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
   c->magic = id.magic;
   c->limit = wait_limit();
   c->blocking = blocking;
-  auto* h = new ncclComm{c, {}};
+  auto* h = new ncclComm{c, {}, {}};
   if (!blocking) {
     h->init_thread = std::thread(comm_init_run, c, id);
     *comm = h;
@@ -743,13 +865,80 @@ ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
   return result;
 }
 
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
+  if (!comm) return fail(ncclInvalidArgument, "ncclCommSplit: comm is NULL");
+  if (!newcomm) return fail(ncclInvalidArgument, "ncclCommSplit: newcomm is NULL");
+  *newcomm = nullptr;
+  const std::shared_ptr<Comm> p = comm->c;
+  const std::string where = "ncclCommSplit (rank " + std::to_string(p->rank) + ")";
+  if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
+    return fail(ncclInvalidArgument,
+                where + ": color " + std::to_string(color) + " is neither non-negative nor NCCL_SPLIT_NOCOLOR");
+  bool blocking = p->blocking;  // the new communicator's; no config: the parent's
+  if (config) {
+    if (config->magic != CONFIG_MAGIC || config->size < offsetof(ncclConfig_t, netName))
+      return fail(ncclInvalidArgument, where + ": config not set up with NCCL_CONFIG_INITIALIZER");
+    if (config->blocking != NCCL_CONFIG_UNDEF_INT && config->blocking != 0 && config->blocking != 1)
+      return fail(ncclInvalidArgument, where + ": blocking must be 0 or 1");
+    if (config->size >= offsetof(ncclConfig_t, splitShare) + sizeof(int) &&
+        config->splitShare != NCCL_CONFIG_UNDEF_INT && config->splitShare != 0 && config->splitShare != 1)
+      return fail(ncclInvalidArgument, where + ": splitShare must be 0 or 1");
+    blocking = config->blocking != 0;  // undefined (INT_MIN): NCCL's default, blocking
+  }
+  if (t_group_depth > 0)
+    return fail(ncclInvalidUsage, where + ": inside ncclGroupStart/ncclGroupEnd, which this subset does not support");
+  auto parent_ready = [&]() -> ncclResult_t {  // p->mu held
+    if (p->init_result == ncclInProgress) return fail(ncclInvalidUsage, where + ": communicator still initialising");
+    if (p->init_result != ncclSuccess) return p->init_result;
+    if (p->finalizing) return fail(ncclInvalidUsage, where + ": communicator finalized");
+    if (p->async_error != ncclSuccess) return p->async_error;
+    if (p->splitting)
+      return fail(ncclInvalidUsage, where +
+                                        ": the previous split of this communicator has not finished "
+                                        "(ncclCommGetAsyncError reports ncclInProgress until it has)");
+    if (p->pending > 0)
+      return fail(ncclInvalidUsage, where + ": " + std::to_string(p->pending) +
+                                        " collective(s) of this communicator still outstanding; NCCL allows none "
+                                        "during a split (it may deadlock): synchronize their streams first");
+    return ncclSuccess;
+  };
+  {
+    std::lock_guard<std::mutex> lock(p->mu);
+    if (ncclResult_t r = parent_ready()) return r;
+  }
+  if (comm->split_thread.joinable()) comm->split_thread.join();  // the previous split, finished
+  SplitJob j{p, nullptr, color, key, 0, newcomm};
+  if (color != NCCL_SPLIT_NOCOLOR) {
+    auto c = std::make_shared<Comm>();
+    c->device = p->device;  // the new communicator shares its parent's device
+    c->limit = p->limit;
+    c->blocking = blocking;
+    j.child = new ncclComm{c, {}, {}};
+  }
+  {
+    std::lock_guard<std::mutex> lock(p->mu);
+    if (ncclResult_t r = parent_ready()) {
+      delete j.child;
+      return r;
+    }
+    p->splitting = true;
+    p->split_child = j.child ? j.child->c : nullptr;
+    j.seq = p->next_seq++;
+  }
+  // The call itself blocks as the parent does (NCCL launches the split as a job of the
+  // parent's), whatever config says of the new communicator.
+  if (p->blocking) return split_run(j);
+  comm->split_thread = std::thread([j] { split_run(j); });
+  return ncclInProgress;
+}
+
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
   if (!comm || !async_error) return fail(ncclInvalidArgument, "ncclCommGetAsyncError: NULL argument");
   Comm& c = *comm->c;
   std::lock_guard<std::mutex> lock(c.mu);
   if (c.init_result != ncclSuccess) *async_error = c.init_result;  // includes ncclInProgress
   else if (c.async_error != ncclSuccess) *async_error = c.async_error;
-  else *async_error = c.finalizing && c.pending > 0 ? ncclInProgress : ncclSuccess;
+  else *async_error = c.splitting || (c.finalizing && c.pending > 0) ? ncclInProgress : ncclSuccess;
   return ncclSuccess;
 }
 
@@ -761,6 +950,7 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   std::unique_lock<std::mutex> lock(c.mu);
   if (c.init_result != ncclSuccess) return fail(ncclInvalidUsage, "ncclCommFinalize: communicator not initialised");
   if (c.finalizing) return fail(ncclInvalidUsage, "ncclCommFinalize: called twice");
+  if (c.splitting) return fail(ncclInvalidUsage, "ncclCommFinalize: a ncclCommSplit is still in progress");
   c.finalizing = true;
   if (!c.blocking) return ncclInProgress;
   c.cv.wait_for(lock, c.limit, [&] { return c.pending == 0 || c.async_error != ncclSuccess; });

@@ -1,6 +1,7 @@
 // The engine's NCCL subset: 2 and 3 ranks as threads (rank r on device r) over
 // loopback: every collective x dtype x op against values computed here, in-place forms,
-// blocking and non-blocking init, argument and init errors, dying and aborted ranks.
+// blocking and non-blocking init, argument and init errors, dying and aborted ranks;
+// ncclCommSplit of 4 ranks into groups that run at once, blocking and not, and its misuses.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -324,6 +325,63 @@ uint16_t free_port() {
   return ntohs(sa.sin_port);
 }
 
+// ----------------------------------------------------------------------------
+// Split: who lands where, computed here from every rank's (color, key) as NCCL documents it.
+
+// The parent ranks of `color`'s new communicator in new-rank order: by key, ties by parent rank.
+std::vector<int> split_members(const std::vector<int>& colors, const std::vector<int>& keys, int color) {
+  std::vector<std::pair<int, int>> m;
+  for (size_t q = 0; q < colors.size(); ++q)
+    if (colors[q] == color) m.emplace_back(keys[q], static_cast<int>(q));
+  std::sort(m.begin(), m.end());
+  std::vector<int> out;
+  for (const auto& x : m) out.push_back(x.second);
+  return out;
+}
+
+// The new communicator g of parent rank `me` (on device `me`), whose members are `members`:
+// its attributes, then an allreduce, a reduce-scatter and an all-gather of inputs that
+// depend on the parent rank, against values computed here.
+void split_group_check(ncclComm_t g, cudaStream_t stream, int me, const std::vector<int>& members) {
+  const int n = static_cast<int>(members.size());
+  const int rank = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
+  int count = 0, user_rank = -1, dev = -1;
+  need_nccl(ncclCommCount(g, &count), "ncclCommCount");
+  need_nccl(ncclCommUserRank(g, &user_rank), "ncclCommUserRank");
+  need_nccl(ncclCommCuDevice(g, &dev), "ncclCommCuDevice");
+  need(count == n, "group size " + std::to_string(count) + ", want " + std::to_string(n));
+  need(user_rank == rank, "group rank " + std::to_string(user_rank) + ", want " + std::to_string(rank));
+  need(dev == me, "the group is on device " + std::to_string(dev) + ", its parent on " + std::to_string(me));
+  const size_t per = 257;
+  std::function<float(int, size_t)> in = [&](int q, size_t i) { return input<float>(members[q], i); };
+  std::vector<float> mine(per * n);
+  for (size_t i = 0; i < mine.size(); ++i) mine[i] = input<float>(me, i);
+  DevBuf<float> send(per * n), recv(per * n);
+  send.put(mine);
+  need_nccl(ncclAllReduce(send.p, recv.p, per, ncclFloat32, ncclSum, g, stream), "group ncclAllReduce");
+  expect_equal<float>(
+      recv.get(stream), 0, per, [&](size_t i) { return reference<float>(ncclSum, n, i, in); }, "group allreduce");
+  need_nccl(ncclReduceScatter(send.p, recv.p, per, ncclFloat32, ncclMax, g, stream), "group ncclReduceScatter");
+  expect_equal<float>(
+      recv.get(stream), 0, per, [&](size_t i) { return reference<float>(ncclMax, n, rank * per + i, in); },
+      "group reducescatter");
+  need_nccl(ncclAllGather(send.p, recv.p, per, ncclFloat32, g, stream), "group ncclAllGather");
+  const auto got = recv.get(stream);
+  for (int q = 0; q < n; ++q)
+    expect_equal<float>(
+        got, q * per, per, [&](size_t i) { return input<float>(members[q], i); },
+        "group allgather from group rank " + std::to_string(q));
+}
+
+// The parent's allreduce over all its ranks, after its splits.
+void parent_check(Rank& k) {
+  DevBuf<int32_t> b(3);
+  b.put({k.rank, 1, -k.rank});
+  need_nccl(ncclAllReduce(b.p, b.p, 3, ncclInt32, ncclSum, k.comm, k.stream), "parent ncclAllReduce");
+  const auto got = b.get(k.stream);
+  need(got[0] == k.n * (k.n - 1) / 2 && got[1] == k.n && got[2] == -got[0], "parent allreduce after the split");
+}
+
 }  // namespace
 
 // ----------------------------------------------------------------------------
@@ -336,6 +394,7 @@ TEST_CASE("nccl_emu: version, error strings and the config initializer") {
   CHECK(ncclFloat32 == 7);
   CHECK(ncclBfloat16 == 9);
   CHECK(ncclInProgress == 7);
+  CHECK(NCCL_SPLIT_NOCOLOR == -1);
   CHECK(std::string(ncclGetErrorString(ncclRemoteError)) == "remote process exited or there was a network error");
   CHECK(std::string(ncclGetErrorString(ncclSystemError)).rfind("unhandled system error", 0) == 0);
   ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
@@ -704,4 +763,192 @@ TEST_CASE("nccl_emu: ncclCommInitAll and no leaked descriptors") {
   const auto t0 = Clock::now();
   while (open_fds() > fds_before && seconds_since(t0) < 5) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   CHECK(open_fds() == fds_before);
+}
+
+TEST_CASE("nccl_emu: ncclCommSplit of 4 ranks: two groups (one ranked in reverse) at once, NOCOLOR gets NULL") {
+  require_passed(run_ranks(4, [](Rank& k) {
+    // Even and odd ranks; the odd ones ranked by descending parent rank (key -rank).
+    const std::vector<int> colors = {0, 1, 0, 1}, keys = {0, -1, 2, -3};
+    ncclComm_t g = nullptr;
+    need_nccl(ncclCommSplit(k.comm, colors[k.rank], keys[k.rank], &g, nullptr), "ncclCommSplit");
+    need(g != nullptr, "no communicator for a colored rank");
+    const std::vector<int> members = split_members(colors, keys, colors[k.rank]);
+    need(members == (k.rank % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{3, 1}), "members");
+    // Both groups run their collectives at the same time (the rank threads), on the
+    // parent's stream: each communicator orders its own work.
+    split_group_check(g, k.stream, k.rank, members);
+    parent_check(k);
+    need_nccl(ncclCommDestroy(g), "destroy the group");
+    // Rank 3 stays out; the others share one color and one key (ties: parent order).
+    const std::vector<int> colors2 = {7, 7, 7, NCCL_SPLIT_NOCOLOR}, keys2 = {5, 5, 5, 5};
+    ncclComm_t h = reinterpret_cast<ncclComm_t>(&k);  // must come back overwritten
+    need_nccl(ncclCommSplit(k.comm, colors2[k.rank], keys2[k.rank], &h, nullptr), "second ncclCommSplit");
+    if (k.rank == 3) {
+      need(h == nullptr, "NCCL_SPLIT_NOCOLOR got a communicator");
+    } else {
+      need(h != nullptr, "no communicator in the second split");
+      split_group_check(h, k.stream, k.rank, split_members(colors2, keys2, 7));
+      need_nccl(ncclCommDestroy(h), "destroy the second group");
+    }
+    parent_check(k);
+  }));
+}
+
+TEST_CASE(
+    "nccl_emu: non-blocking ncclCommSplit: newcomm only once every member has joined, the parent busy till then") {
+  std::atomic<bool> checked{false};
+  require_passed(run_ranks(
+      4,
+      [&](Rank& k) {
+        // Rank 0 splits first and alone: the others wait until it has looked.
+        if (k.rank != 0)
+          while (!checked.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        ncclComm_t g = reinterpret_cast<ncclComm_t>(&k);
+        const ncclResult_t r0 = ncclCommSplit(k.comm, k.rank / 2, 0, &g, nullptr);  // inherits non-blocking
+        need(r0 == ncclInProgress, "non-blocking split returned " + std::to_string(r0));
+        if (k.rank == 0) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          ncclResult_t s = ncclSuccess;
+          need_nccl(ncclCommGetAsyncError(k.comm, &s), "ncclCommGetAsyncError");
+          need(s == ncclInProgress, "the parent is ready before its peers joined the split");
+          need(g == nullptr, "newcomm set before the split completed");
+          DevBuf<float> b(4);
+          need(ncclAllReduce(b.p, b.p, 4, ncclFloat32, ncclSum, k.comm, k.stream) == ncclInvalidUsage,
+               "a collective on the parent during its split");
+          ncclComm_t g2 = nullptr;
+          need(ncclCommSplit(k.comm, 0, 0, &g2, nullptr) == ncclInvalidUsage, "a second split during the first");
+          checked.store(true);
+        }
+        need_nccl(wait_async(k.comm), "the split");
+        need(g != nullptr, "no communicator after the split");
+        need(wait_async(g) == ncclSuccess, "the new communicator is not ready once the split completed");
+        split_group_check(g, k.stream, k.rank, k.rank < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3});
+        need_nccl(ncclCommDestroy(g), "destroy the group");
+        parent_check(k);
+        need_nccl(ncclCommDestroy(std::exchange(k.comm, nullptr)), "destroy");
+      },
+      /*blocking=*/false));
+}
+
+TEST_CASE("nccl_emu: ncclCommSplit blocks as its parent does; config sets the new communicator's mode") {
+  for (bool parent_blocking : {true, false}) {
+    CAPTURE(parent_blocking);
+    require_passed(run_ranks(
+        2,
+        [&](Rank& k) {
+          ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+          cfg.blocking = parent_blocking ? 0 : 1;  // the other mode for the new communicator
+          ncclComm_t g = nullptr;
+          const ncclResult_t r = ncclCommSplit(k.comm, 0, k.rank, &g, &cfg);
+          if (parent_blocking) {
+            need(r == ncclSuccess && g != nullptr, "a blocking parent's split returned " + std::to_string(r));
+          } else {
+            need(r == ncclInProgress, "a non-blocking parent's split returned " + std::to_string(r));
+            need_nccl(wait_async(k.comm), "the split");
+            need(g != nullptr, "no communicator after the split");
+          }
+          split_group_check(g, k.stream, k.rank, {0, 1});
+          // A non-blocking communicator's finalize is in progress until polled; a blocking
+          // one's is done on return.
+          const ncclResult_t f = ncclCommFinalize(g);
+          need(f == (parent_blocking ? ncclInProgress : ncclSuccess), "finalize returned " + std::to_string(f));
+          need_nccl(wait_async(g), "finalize");
+          need_nccl(ncclCommDestroy(g), "destroy the group");
+          if (!parent_blocking) need_nccl(ncclCommDestroy(std::exchange(k.comm, nullptr)), "destroy");
+        },
+        parent_blocking));
+  }
+}
+
+TEST_CASE("nccl_emu: ncclCommSplit misuse is refused at call time and consumes nothing") {
+  std::atomic<bool> refused{false};
+  require_passed(run_ranks(2, [&](Rank& k) {
+    ncclComm_t g = nullptr;
+    ncclConfig_t junk{};  // not from NCCL_CONFIG_INITIALIZER
+    need(ncclCommSplit(k.comm, -2, 0, &g, nullptr) == ncclInvalidArgument, "color -2 accepted");
+    need(ncclCommSplit(k.comm, 0, 0, nullptr, nullptr) == ncclInvalidArgument, "NULL newcomm accepted");
+    need(ncclCommSplit(nullptr, 0, 0, &g, nullptr) == ncclInvalidArgument, "NULL comm accepted");
+    need(ncclCommSplit(k.comm, 0, 0, &g, &junk) == ncclInvalidArgument, "a config without the initializer accepted");
+    need_nccl(ncclGroupStart(), "ncclGroupStart");
+    const ncclResult_t in_group = ncclCommSplit(k.comm, 0, 0, &g, nullptr);
+    need_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    need(in_group == ncclInvalidUsage, "a split inside a group accepted");
+    // Rank 0 splits with its allreduce outstanding (rank 1 has not issued its own yet).
+    DevBuf<float> b(8);
+    b.put(std::vector<float>(8, 1.0f));
+    if (k.rank == 1)
+      while (!refused.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    need_nccl(ncclAllReduce(b.p, b.p, 8, ncclFloat32, ncclSum, k.comm, k.stream), "ncclAllReduce");
+    if (k.rank == 0) {
+      need(ncclCommSplit(k.comm, 0, 0, &g, nullptr) == ncclInvalidUsage, "a split with a collective outstanding");
+      refused.store(true);
+    }
+    need(b.get(k.stream)[7] == 2.0f, "the allreduce around the refused split");
+    need(g == nullptr, "a refused split set newcomm");
+    // The refused calls took no sequence number: the real split pairs up.
+    need_nccl(ncclCommSplit(k.comm, 0, -k.rank, &g, nullptr), "ncclCommSplit");
+    split_group_check(g, k.stream, k.rank, {1, 0});
+    need_nccl(ncclCommDestroy(g), "destroy the group");
+  }));
+}
+
+TEST_CASE("nccl_emu: a rank that runs a collective instead of the split fails both, not mixed data") {
+  std::vector<ncclResult_t> seen(2, ncclSuccess);
+  require_passed(run_ranks(2, [&](Rank& k) {
+    DevBuf<float> b(8);
+    if (k.rank == 0) {
+      ncclComm_t g = nullptr;
+      const ncclResult_t r = ncclCommSplit(k.comm, 0, 0, &g, nullptr);
+      need(r != ncclSuccess && g == nullptr, "the split succeeded against a peer's allreduce");
+    } else {
+      need_nccl(ncclAllReduce(b.p, b.p, 8, ncclFloat32, ncclSum, k.comm, k.stream), "ncclAllReduce");
+      need_cuda(cudaStreamSynchronize(k.stream), "sync");
+    }
+    seen[k.rank] = wait_error(k.comm);
+    ncclCommAbort(std::exchange(k.comm, nullptr));
+  }));
+  CHECK((seen[0] == ncclInvalidUsage || seen[1] == ncclInvalidUsage));
+  CHECK(seen[0] != ncclSuccess);
+  CHECK(seen[1] != ncclSuccess);
+}
+
+TEST_CASE("nccl_emu: a split a peer never joins: aborted promptly, or timed out by NCCL_EMU_TIMEOUT_MS") {
+  std::atomic<bool> done{false};
+  auto peer_idle = [&](Rank& k) {
+    while (!done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    need_nccl(ncclCommAbort(std::exchange(k.comm, nullptr)), "abort");
+  };
+  require_passed(run_ranks(
+      2,
+      [&](Rank& k) {
+        if (k.rank == 1) return peer_idle(k);
+        ncclComm_t g = nullptr;
+        need(ncclCommSplit(k.comm, 0, 0, &g, nullptr) == ncclInProgress, "non-blocking split");
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        ncclResult_t s = ncclSuccess;
+        need_nccl(ncclCommGetAsyncError(k.comm, &s), "ncclCommGetAsyncError");
+        need(s == ncclInProgress, "the split completed without its peer");
+        const auto t0 = Clock::now();
+        need_nccl(ncclCommAbort(std::exchange(k.comm, nullptr)), "abort");
+        need(seconds_since(t0) < 2, "abort took too long");
+        need(g == nullptr, "an aborted split set newcomm");
+        done.store(true);
+      },
+      /*blocking=*/false));
+  done.store(false);
+  EnvSet env("NCCL_EMU_TIMEOUT_MS", "300");
+  require_passed(run_ranks(2, [&](Rank& k) {
+    if (k.rank == 1) return peer_idle(k);
+    ncclComm_t g = nullptr;
+    const auto t0 = Clock::now();
+    const ncclResult_t r = ncclCommSplit(k.comm, 0, 0, &g, nullptr);
+    done.store(true);
+    need(r == ncclSystemError, std::string("blocking split without its peer: ") + ncclGetErrorString(r));
+    need(seconds_since(t0) < 5, "timeout not honoured");
+    need(g == nullptr, "a failed split set newcomm");
+    ncclResult_t s = ncclSuccess;
+    need_nccl(ncclCommGetAsyncError(k.comm, &s), "ncclCommGetAsyncError");
+    need(s == ncclSystemError, "a failed split leaves its parent usable");
+    need_nccl(ncclCommAbort(std::exchange(k.comm, nullptr)), "abort");
+  }));
 }

@@ -4,9 +4,12 @@
 // rank order with fp32 accumulation bit for bit, twice; a rank that never arrives or calls
 // another collective is a CommError naming it. Under the CPU execution engine, the
 // mutation check: leaving out one entry wait is caught (wrong sums) by the engine's
-// adversarial stream scheduler, while the full ordering passes.
+// adversarial stream scheduler, while the full ordering passes. Split: 4 ranks into two
+// groups of their own at once (the scenario every backend runs), and a rank that runs a
+// collective while the others split.
 #include "comm/gloo_comm.h"
 #include "comm/local_comm.h"
+#include "comm/split_check.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "gpu/gpu_skip.h"
@@ -352,6 +355,37 @@ TEST_CASE("local comm: abort() from another thread ends a rank's wait with a Com
   waiter.join();
   INFO(seen);
   CHECK(seen.find("rank 0 called abort()") != std::string::npos);
+}
+
+TEST_CASE("local comm split: two groups at once (one ranked in reverse), the world usable after, a rank left out") {
+  SKIP_WITHOUT_GPU();
+  for (int n : {4, 3}) {
+    CAPTURE(n);
+    require_all_passed(run_local(n, [](Communicator& world) { test::split_check(world); }));
+  }
+  // The groups take the world's test switches: with the delay switch on (every collective
+  // starting late, at staggered times), every result is still right.
+  require_all_passed(run_local(
+      4, [](Communicator& world) { test::split_check(world); }, [](LocalGroup& g) { local_group_delay(g, 200); }));
+}
+
+TEST_CASE("local comm split: a rank that runs a collective instead is a CommError naming both calls") {
+  SKIP_WITHOUT_GPU();
+  std::vector<std::string> seen(2);
+  require_all_passed(run_local(2, [&](Communicator& c) {
+    DevMem buf(64 * sizeof(float));
+    try {
+      if (c.rank() == 0) (void)c.split(0, 0);
+      else c.allreduce(buf.p, buf.p, 64, DType::F32, ReduceOp::SUM);
+    } catch (const CommError& e) {
+      seen[static_cast<size_t>(c.rank())] = e.what();
+    }
+  }));
+  for (const auto& s : seen) {
+    INFO(s);
+    CHECK(s.find("split") != std::string::npos);
+    CHECK(s.find("allreduce of 64 float32 (sum)") != std::string::npos);
+  }
 }
 
 // ---------------------------------------------------------------------------

@@ -163,8 +163,8 @@ TEST_CASE("offload moves the optimizer state, the gradient shards and (offload_p
             zo.offload_param = c.param;
             zo.offload_pin_memory = true;
             ZeroEngine e(m, comm.get(), zo, &host);
-            CHECK(e.offloaded() == c.off);
-            mem[static_cast<size_t>(r)] = e.memory();
+            CHECK(e.report().offloaded() == c.off);
+            mem[static_cast<size_t>(r)] = e.report().memory();
           } catch (const std::exception& ex) {
             errors[static_cast<size_t>(r)] = ex.what();
           }
@@ -230,7 +230,7 @@ TEST_CASE("an offloaded step's schedule: each bucket's host AdamW after its grad
       e.step_issue(1.0f);
       REQUIRE(e.step_finish(1.0f));
     }
-    const std::vector<OffloadTraceEntry> tr = e.offload_trace();
+    const std::vector<OffloadTraceEntry> tr = e.report().offload_trace();
     std::vector<double> landed, adamw;
     double last_backward = -1.0;
     int whole = 0;

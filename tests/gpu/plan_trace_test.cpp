@@ -6,7 +6,7 @@
 // and the memsets / memcpys (kind, width, height) must be the same multisets. Only the
 // engine can trace, so any other build reports SKIPPED.
 #include "plan/bench_plan.h"
-#include "bench/bench_step.h"
+#include "train/step_setup.h"
 #include "gpu/gpu_skip.h"
 
 #include <doctest/doctest.h>
@@ -45,8 +45,8 @@ namespace {
 
 ModelConfig tiny(ModelConfig::Arch arch) { return test::tiny_model(arch, 64); }
 
-bench::BenchSetup setup(ModelConfig::Arch arch, DType dt) {
-  bench::BenchSetup s;
+train::StepSetup setup(ModelConfig::Arch arch, DType dt) {
+  train::StepSetup s;
   s.model = tiny(arch);
   s.dtype = dt;
   s.micro_batch = 2;
@@ -145,7 +145,7 @@ int64_t total(const Multiset& m) {
 
 // The step as bench_train_run runs it on the device (the trainer's, train::TrainStep),
 // the second step traced.
-cuda_emu::Trace traced_step(const bench::BenchSetup& s) {
+cuda_emu::Trace traced_step(const train::StepSetup& s) {
   auto dev = device::cuda_create(0);
   model::Model host(s.model);
   host.init_weights(s.seed);
@@ -154,7 +154,7 @@ cuda_emu::Trace traced_step(const bench::BenchSetup& s) {
   const std::unique_ptr<model::Model> m = train::model_on_device(host, *dev, s.dtype);
   train::TrainStep step(*m, &host, nullptr, s.zero, s.step_options());
   train::StepTimer timer;
-  const bench::BenchBatch batch = bench::bench_batch(s, 0);
+  const train::SyntheticBatch batch = train::synthetic_batch(s, 0);
   step.run(1, s.lr, batch.view(), timer);
   dev->synchronize();
   cuda_emu::trace_begin();
@@ -170,7 +170,7 @@ size_t smem_optin() {
   return static_cast<size_t>(v);
 }
 
-void check_plan_matches(const bench::BenchSetup& s) {
+void check_plan_matches(const train::StepSetup& s) {
   const Issued traced = from_trace(traced_step(s));
   const Issued planned = from_plan(plan::plan_step(s, smem_optin()).entries);
   // A step issues all three kinds: an empty side would make the comparison vacuous.
@@ -197,7 +197,7 @@ TEST_CASE("plan vs trace: GPT-2, bf16 and fp32") {
 
 TEST_CASE("plan vs trace: Llama with GQA, bf16 and fp32; recompute (every layer, then some) with accumulation") {
   for (DType dt : {DType::BF16, DType::F32}) check_plan_matches(setup(ModelConfig::Arch::LLAMA, dt));
-  bench::BenchSetup s = setup(ModelConfig::Arch::LLAMA, DType::BF16);
+  train::StepSetup s = setup(ModelConfig::Arch::LLAMA, DType::BF16);
   s.recompute_layers = s.model.n_layer;
   s.grad_accum = 2;
   check_plan_matches(s);
@@ -209,7 +209,7 @@ TEST_CASE("plan vs trace: Llama with GQA, bf16 and fp32; recompute (every layer,
 TEST_CASE("plan vs trace: LoRA with dropout (GPT-2 bf16, Llama fp32)") {
   for (auto [arch, dt] :
        {std::pair{ModelConfig::Arch::GPT2, DType::BF16}, std::pair{ModelConfig::Arch::LLAMA, DType::F32}}) {
-    bench::BenchSetup s = setup(arch, dt);
+    train::StepSetup s = setup(arch, dt);
     model::LoraConfig lc;
     lc.rank = 4;
     lc.dropout = 0.1f;

@@ -3,8 +3,10 @@
 // (Gloo), ranks as threads. Tiny GPT-2 and Llama, ZeRO stages 0-3 at world sizes 1-3 (GPT-2 1-2):
 // the per-step losses agree within 1e-4 relative in fp32 and within bf16 rounding in
 // bf16; LoRA, SFT masking and evaluation included; a run checkpointed on CUDA resumes on the CPU
-// (and back) at another world size and stage; the CUDA memory report equals the formula.
+// (and back) at another world size and stage; the CUDA memory report equals the formula;
+// two data-parallel groups split from 4 NCCL ranks each train as a 2-rank world, bit for bit.
 #include "comm/gloo_comm.h"
+#include "comm/groups.h"
 #include "comm/nccl_comm.h"
 #include "config/train_config.h"
 #include "device/device.h"
@@ -16,6 +18,7 @@
 #include "temp_dir.h"
 #include "rank_threads.h"
 #include "tiny_job.h"
+#include "train/zero_harness.h"
 
 #include <doctest/doctest.h>
 #include <gloo/rendezvous/hash_store.h>
@@ -25,6 +28,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <unistd.h>
@@ -100,6 +104,42 @@ void check_close(const std::vector<double>& got, const std::vector<double>& want
 
 using Setup = test::GpuSetup;
 using test::enough_gpus;
+
+// The ZeRO engine suite's rank (tests/train/zero_harness.h: its model, its batches) with
+// the model on CUDA device `device`, stepped as TrainStep steps it, over `groups`.
+struct DeviceRank {
+  zero_test::RunSpec spec;
+  int rank;  // in the data-parallel group
+  std::unique_ptr<device::Device> dev;
+  std::unique_ptr<model::Model> host, model;
+  std::unique_ptr<ZeroEngine> engine;
+  std::vector<int32_t> tok, tgt;
+
+  DeviceRank(const zero_test::RunSpec& s, int device, const comm::ProcessGroups& groups, int r)
+      : spec(s), rank(r), dev(device::cuda_create(device)), host(zero_test::model_build(s)) {
+    model = std::make_unique<model::Model>(host->config(), *dev);
+    model->weights_copy_from(*host);
+    engine = std::make_unique<ZeroEngine>(*model, groups, s.opts);
+  }
+  float step(int step_index) {
+    const int rows = spec.global_batch / spec.world;
+    zero_test::batch_rows(step_index, rank * rows, rows, spec.T, model->config().vocab_size, tok, tgt);
+    engine->step_prepare(spec.lr);
+    engine->before_step();
+    const float loss = model->forward(tok.data(), tgt.data(), rows, spec.T);
+    model->backward(1.0f);
+    engine->step_issue(1.0f);
+    if (!engine->step_finish(1.0f)) throw std::runtime_error("step " + std::to_string(step_index) + " not applied");
+    return loss;
+  }
+  // Every parameter's fp32 master, through the host copy of the model (collective).
+  std::vector<float> weights() {
+    engine->weights().to_host(*host);
+    std::vector<float> w;
+    for (auto& pb : host->params()) w.insert(w.end(), pb.host_f32(), pb.host_f32() + pb.size);
+    return w;
+  }
+};
 
 }  // namespace
 
@@ -280,7 +320,7 @@ TEST_CASE("memory report on CUDA: DeepSpeed's 2 Phi + 4 Psi + 12 Psi at every st
           zo.compute_dtype = DType::BF16;
           zo.param_persistence_threshold = 0;
           ZeroEngine e(m, comm.get(), zo, &host);
-          mem[static_cast<size_t>(r)] = e.memory();
+          mem[static_cast<size_t>(r)] = e.report().memory();
         } catch (const std::exception& ex) {
           errors[static_cast<size_t>(r)] = ex.what();
         }
@@ -300,5 +340,64 @@ TEST_CASE("memory report on CUDA: DeepSpeed's 2 Phi + 4 Psi + 12 Psi at every st
     CHECK(x.grad_bytes == x.theory_grad);
     CHECK(x.optim_bytes == x.theory_optim);
     CHECK(x.model_idle_bytes == 0);
+  }
+}
+
+TEST_CASE("data-parallel groups split from 4 NCCL ranks on CUDA: each group of 2 trains as a world of 2, bit for bit") {
+  Setup s;
+  if (!enough_gpus(4)) return;
+  for (int stage : {1, 3}) {
+    CAPTURE(stage);
+    zero_test::RunSpec spec;
+    spec.world = 2;  // the data-parallel size
+    spec.steps = 2;
+    spec.n_layer = 1;  // the engine emulates every kernel: the smallest model that shards
+    spec.T = 8;
+    spec.global_batch = 4;
+    spec.opts.stage = stage;
+    spec.opts.param_persistence_threshold = 0;
+    spec.opts.reduce_bucket_size = 10000;
+    spec.opts.allgather_bucket_size = 10000;
+    spec.opts.prefetch_bucket_size = 20000;
+    using Trace = std::pair<std::vector<float>, std::vector<float>>;  // losses, final weights
+    auto train = [&](DeviceRank& t) {
+      Trace out;
+      for (int k = 1; k <= spec.steps; ++k) out.first.push_back(t.step(k));
+      out.second = t.weights();
+      return out;
+    };
+    // The reference: a world of 2 (devices 0 and 1).
+    std::vector<Trace> ref(2);
+    {
+      gloo::rendezvous::HashStore store;
+      const auto errors = test::run_threads(2, [&](int r) {
+        auto world = comm::comm_create_nccl(store, r, 2, r, comm::NcclOptions{});
+        DeviceRank t(spec, r, comm::ProcessGroups::world_only(world.get()), r);
+        ref[static_cast<size_t>(r)] = train(t);
+      });
+      for (const auto& e : errors) REQUIRE_MESSAGE(e == "", e);
+    }
+    // A world of 4 (devices 0-3) split into {0, 1} and {2, 3}: both groups train at once.
+    std::vector<Trace> got(4);
+    gloo::rendezvous::HashStore store;
+    const auto errors = test::run_threads(4, [&](int r) {
+      auto world = comm::comm_create_nccl(store, r, 4, r, comm::NcclOptions{});
+      std::unique_ptr<comm::Communicator> dp = world->split(r / 2, r);
+      if (dp == nullptr || dp->size() != 2 || dp->rank() != r % 2) throw std::runtime_error("the split's groups");
+      DeviceRank t(spec, r, comm::ProcessGroups{world.get(), dp.get()}, dp->rank());
+      if (t.engine->world_size() != 2) throw std::runtime_error("the engine is not over its group");
+      got[static_cast<size_t>(r)] = train(t);
+    });
+    for (size_t r = 0; r < errors.size(); ++r) CHECK_MESSAGE(errors[r].empty(), "rank " << r << ": " << errors[r]);
+    std::vector<float> initial;  // the weights moved: the comparison can fail
+    for (auto& pb : zero_test::model_build(spec)->params())
+      initial.insert(initial.end(), pb.host_f32(), pb.host_f32() + pb.size);
+    CHECK(ref[0].second.size() == initial.size());
+    CHECK(ref[0].second != initial);
+    for (size_t r = 0; r < got.size(); ++r) {
+      CAPTURE(r);
+      CHECK(got[r].first == ref[r % 2].first);
+      CHECK(got[r].second == ref[r % 2].second);
+    }
   }
 }

@@ -11,9 +11,11 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 using namespace dtrain;
 using namespace dtrain::kernels::test;
@@ -45,6 +47,51 @@ TEST_CASE("attention: T=1024 matches the CPU reference (GQA, MQA; fp32 and bf16)
     INFO(dtype_name(run.t), " NH=", run.NH, " NKV=", run.NKV, " HD=", run.HD);
     CHECK(e <= run.tol);
   }
+}
+
+TEST_CASE("attention: the fa2 variant's kernels give the legacy variant's outputs bit for bit") {
+  DTK_SKIP_WITHOUT_GPU();
+  // Long rows (several 128-row query tiles, the online softmax rescaled over many key tiles,
+  // warps of a 128-row tile whose rows all precede a key tile) at both head dims the 128-row
+  // tiles are compiled for, with GQA, a sliding window (dK/dV tiles cut by the window, not the
+  // diagonal), packed documents and the fused qkv layout. Under the l40s profile head dim 128
+  // keeps the 64-row tiles (128 rows do not fit 99 KB), which this checks too.
+  struct Run {
+    DType t;
+    int B, T, NH, NKV, HD;
+    bool fused;
+    int W;
+    std::vector<int> docs;
+  };
+  for (const Run& run :
+       {Run{DType::BF16, 1, 520, 4, 2, 64, false, 0, {}}, Run{DType::F16, 1, 400, 2, 1, 128, true, 0, {}},
+        Run{DType::BF16, 2, 300, 2, 2, 40, false, 150, {}},
+        Run{DType::BF16, 1, 390, 2, 1, 100, false, 0, {200, 1, 60, 129}}}) {
+    const double e = attention_check_variants(run.t, run.B, run.T, run.NH, run.NKV, run.HD, 1100 + run.HD, run.fused,
+                                              run.W, run.docs);
+    std::printf("attention legacy=fa2 T=%d HD=%d %-9s W %d%s: max err %.3e%s\n", run.T, run.HD, dtype_name(run.t),
+                run.W, run.docs.empty() ? "" : " packed", e, std::isinf(e) ? " (outputs differ)" : "");
+    INFO(dtype_name(run.t), " T=", run.T, " HD=", run.HD);
+    CHECK(e <= (run.t == DType::BF16 ? 1e-2 : 2e-3));
+  }
+  // The variant in effect is the hook's while set; the 128-row tiles fit the default card at
+  // both head dims (a 99 KB card holds them at 64 only).
+  kernels::detail::attention_variant_for_testing(static_cast<int>(kernels::detail::AttnVariant::FA2));
+  CHECK(kernels::detail::attention_variant() == kernels::detail::AttnVariant::FA2);
+  const bool wide64 = kernels::detail::attention_mma_wide_tiles(64, DType::BF16, true);
+  const bool narrow32 = !kernels::detail::attention_mma_wide_tiles(32, DType::BF16, false);
+  kernels::detail::attention_smem_cap_for_testing(101376);
+  const bool small128 = !kernels::detail::attention_mma_wide_tiles(128, DType::F16, false);
+  const bool small64 = kernels::detail::attention_mma_wide_tiles(64, DType::F16, true);
+  kernels::detail::attention_smem_cap_for_testing(0);
+  kernels::detail::attention_variant_for_testing(static_cast<int>(kernels::detail::AttnVariant::LEGACY));
+  const bool legacy_narrow = !kernels::detail::attention_mma_wide_tiles(64, DType::BF16, true);
+  kernels::detail::attention_variant_for_testing(0);
+  CHECK(wide64);
+  CHECK(narrow32);
+  CHECK(small128);
+  CHECK(small64);
+  CHECK(legacy_narrow);
 }
 
 TEST_CASE("attention: a kernel ignoring doc_start fails the packed-documents check") {

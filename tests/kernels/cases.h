@@ -21,8 +21,18 @@ std::vector<Case> cases_attention();  // flash attention
 // holding documents of lengths docs[b], docs[b + 1], ... (cyclically; the last one cut at T),
 // passed as doc_start to the reference and (unless kernel_docs is false: a kernel ignoring
 // doc_start, which must fail the check) the kernels.
+// variant: the tensor-core kernels' (kernels::detail::AttnVariant's value; 0: the process's
+// own). outputs, when given, receives what the kernels wrote (out, lse, dq, dk, dv as floats,
+// exact for every dtype) for a bit-for-bit comparison between variants.
 double attention_check(DType t, int B, int T, int NH, int NKV, int HD, uint64_t seed, bool fused = false, int W = 0,
-                       const std::vector<int>& docs = {}, bool kernel_docs = true);
+                       const std::vector<int>& docs = {}, bool kernel_docs = true, int variant = 0,
+                       std::vector<float>* outputs = nullptr);
+
+// attention_check under the legacy variant, then under fa2 on the same inputs: INFINITY when
+// fa2's outputs differ from legacy's in any bit, else legacy's error (the two variants compute
+// every row with the same products in the same order).
+double attention_check_variants(DType t, int B, int T, int NH, int NKV, int HD, uint64_t seed, bool fused = false,
+                                int W = 0, const std::vector<int>& docs = {});
 
 // The doc_start array [B*T] of rows of T packed with documents of lengths docs[b], docs[b + 1],
 // ... (cyclically) in row b, the last one cut at T.

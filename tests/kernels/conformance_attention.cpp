@@ -8,9 +8,11 @@
 #include "cases.h"
 
 #include "kernels/attention.cuh"
+#include "kernels/attention_internal.cuh"
 #include "ops/attention.h"
 
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 namespace dtrain::kernels::test {
@@ -38,7 +40,14 @@ std::vector<int32_t> attention_doc_starts(int B, int T, const std::vector<int>& 
 }
 
 double attention_check(DType t, int B, int T, int NH, int NKV, int HD, uint64_t seed, bool fused, int window,
-                       const std::vector<int>& docs, bool kernel_docs) {
+                       const std::vector<int>& docs, bool kernel_docs, int variant, std::vector<float>* outputs) {
+  // The variant for this call's kernels only (restored on every way out).
+  struct VariantScope {
+    explicit VariantScope(int v) { detail::attention_variant_for_testing(v); }
+    ~VariantScope() { detail::attention_variant_for_testing(0); }
+    VariantScope(const VariantScope&) = delete;
+    VariantScope& operator=(const VariantScope&) = delete;
+  } scope(variant);
   Rng r(seed);
   const size_t N = static_cast<size_t>(B) * T, QW = static_cast<size_t>(NH) * HD, KW = static_cast<size_t>(NKV) * HD;
   const size_t nq = N * QW, nk = N * KW;
@@ -113,6 +122,10 @@ double attention_check(DType t, int B, int T, int NH, int NKV, int HD, uint64_t 
                        in + (QW + KW) * es, B, T, NH, NKV, HD, ws, ws, t, nullptr, window, ds_dev);
     if (!gqkv.guard_intact()) return INFINITY;
     const Floats got = gqkv.download();
+    if (outputs) {
+      *outputs = out.download();
+      for (const Floats& f : {lse.download(), got}) outputs->insert(outputs->end(), f.begin(), f.end());
+    }
     e_bwd = std::max({max_err(columns(got, N, W, 0, QW), dq_ref), max_err(columns(got, N, W, QW, KW), dk_ref),
                       max_err(columns(got, N, W, QW + KW, KW), dv_ref)});
   } else {
@@ -128,9 +141,25 @@ double attention_check(DType t, int B, int T, int NH, int NKV, int HD, uint64_t 
     attention_backward(gq.ptr(), gk.ptr(), gv.ptr(), dD.ptr(), out.ptr(), lse.f32(), dQ.ptr(), dK.ptr(), dV.ptr(), B, T,
                        NH, NKV, HD, qs, ks, t, nullptr, window, ds_dev);
     e_bwd = std::max({buf_err(gq, dq_ref), buf_err(gk, dk_ref), buf_err(gv, dv_ref)});
+    if (outputs) {
+      *outputs = out.download();
+      for (const Floats& f : {lse.download(), gq.download(), gk.download(), gv.download()})
+        outputs->insert(outputs->end(), f.begin(), f.end());
+    }
   }
   if (!dds.guard_intact()) return INFINITY;
   return std::max(e_fwd, e_bwd);
+}
+
+double attention_check_variants(DType t, int B, int T, int NH, int NKV, int HD, uint64_t seed, bool fused, int W,
+                                const std::vector<int>& docs) {
+  std::vector<float> legacy, fa2;
+  const double e = attention_check(t, B, T, NH, NKV, HD, seed, fused, W, docs, true,
+                                   static_cast<int>(detail::AttnVariant::LEGACY), &legacy);
+  attention_check(t, B, T, NH, NKV, HD, seed, fused, W, docs, true, static_cast<int>(detail::AttnVariant::FA2), &fa2);
+  const bool same = legacy.size() == fa2.size() &&
+                    (legacy.empty() || std::memcmp(legacy.data(), fa2.data(), legacy.size() * sizeof(float)) == 0);
+  return same ? e : INFINITY;
 }
 
 std::vector<Case> cases_attention() {
@@ -172,9 +201,16 @@ std::vector<Case> cases_attention() {
       std::string name = buf;
       if (s.W > 0) name += " window=" + std::to_string(s.W);
       for (size_t i = 0; i < s.docs.size(); ++i) name += (i == 0 ? " docs=" : ",") + std::to_string(s.docs[i]);
+      // bf16/fp16 at head dims 33-128: the legacy variant against the reference, and the fa2
+      // variant's kernels (128-row forward and dQ tiles where the card's shared memory holds
+      // them, the dK/dV mask on cut tiles only) bit for bit against legacy's.
+      const bool variants = t != DType::F32 && s.HD > 32 && s.HD <= 128;
+      if (variants) name += " legacy=fa2";
       c.push_back({name, t,
                    [=, row_seed = s.docs.empty() ? seed++ : doc_seed++] {
-                     return attention_check(t, s.B, s.T, s.NH, s.NKV, s.HD, row_seed, s.fused, s.W, s.docs);
+                     return variants ? attention_check_variants(t, s.B, s.T, s.NH, s.NKV, s.HD, row_seed, s.fused, s.W,
+                                                                s.docs)
+                                     : attention_check(t, s.B, s.T, s.NH, s.NKV, s.HD, row_seed, s.fused, s.W, s.docs);
                    },
                    tol_for(t, 1e-4)});
     }

@@ -38,8 +38,8 @@ device::PlanEntry dq_entry(int64_t blocks, int registers) {
   return e;
 }
 
-bench::BenchTrainOptions plan_options(const std::string& path, std::vector<std::string> sets) {
-  bench::BenchTrainOptions o;
+plan::BenchPlanOptions plan_options(const std::string& path, std::vector<std::string> sets) {
+  plan::BenchPlanOptions o;
   o.config_path = path;
   o.sets = std::move(sets);
   return o;

@@ -25,8 +25,8 @@ long max_rss_kib() {
   return u.ru_maxrss;
 }
 
-bench::BenchTrainOptions gpt2_124m(std::vector<std::string> sets = {}) {
-  bench::BenchTrainOptions o;
+plan::BenchPlanOptions gpt2_124m(std::vector<std::string> sets = {}) {
+  plan::BenchPlanOptions o;
   o.config_path = "configs/gpt2-124m.yaml";
   o.sets = {"train_micro_batch_size_per_gpu=16"};
   o.sets.insert(o.sets.end(), sets.begin(), sets.end());  // later --set wins
@@ -138,7 +138,7 @@ TEST_CASE("bench plan: the roofline of one entry at both ends of the band, and -
   CHECK(plan::plan_entry_time(e, t, plan::PlanEnd::FAST).compute ==
         doctest::Approx(2e12 / (989e12 * t.attn_bwd_eff.fast)));
 
-  bench::BenchTrainOptions o = gpt2_124m();
+  plan::BenchPlanOptions o = gpt2_124m();
   o.device = device::Kind::CPU;
   CHECK_THROWS_AS(plan::bench_plan_run(o), UsageError);
 }

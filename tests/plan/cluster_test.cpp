@@ -271,6 +271,12 @@ TEST_CASE("bad input is refused naming the field") {
   j = one_buffer_job(2, 8, 1000);
   j.buffers = {{5, 1000, true}};
   refused(j, "at layer 5");
+  j = one_buffer_job(2, 8, 1000);
+  j.prefetch_bucket_size = -1;
+  refused(j, "prefetch bucket (-1)");
+  j = one_buffer_job(2, 8, 1000);
+  j.max_live_parameters = 0;
+  refused(j, "max live parameters (0)");
   CHECK_THROWS_AS(plan::plan_cluster(one_buffer_job(2, 8, 1000), link_of(0, 400)), UsageError);
 
   const auto specs = plan::cluster_specs_parse("1x8,2X8,16x8");
@@ -284,7 +290,7 @@ TEST_CASE("bad input is refused naming the field") {
 }
 
 TEST_CASE("a config's job: the model's buffers, its ZeRO settings and the plan's compute") {
-  const bench::BenchSetup s = bench::bench_setup_from(
+  const train::StepSetup s = train::step_setup_from(
       "configs/llama-1b.yaml", {"zero_optimization.stage=3", "gradient_accumulation_steps=2"}, true);
   const plan::ClusterCompute c = plan::cluster_compute_plan(s);
   CHECK(c.step_s.fast > 0);

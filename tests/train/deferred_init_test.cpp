@@ -40,7 +40,7 @@ train::ZeroOptions stage3(size_t persistence) {
 // Every master weight of the engine, gathered (a collective: every rank calls it).
 std::vector<float> masters(train::ZeroEngine& e, const model::ModelConfig& cfg) {
   model::Model host(cfg);
-  e.masters_to_host(host);
+  e.weights().to_host(host);
   std::vector<float> out;
   for (size_t i = 0; i < host.params().size(); ++i) {
     const auto v = host.buffer_to_host(i);
@@ -95,7 +95,7 @@ TEST_CASE("deferred ZeRO-3: the same masters and losses as from the whole model,
       sharded_bytes[ri] = sharded;
       CHECK(m.param_allocated_bytes() == resident);
       for (size_t i = 0; i < m.params().size(); ++i) CHECK(m.param_released(i) == (m.params()[i].size >= persistence));
-      CHECK(e.memory().model_idle_bytes == 0);
+      CHECK(e.report().memory().model_idle_bytes == 0);
       deferred_w[ri] = masters(e, cfg);
       deferred_l[ri] = train_steps(m, e, r, 2, 3);
     });

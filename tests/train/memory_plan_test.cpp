@@ -60,7 +60,7 @@ TEST_CASE("memory plan: the engine's own per-rank accounting, stages 0-3, full a
           buffers = m->params().size() + m->lora_params().size();
         }
         train::ZeroEngine e(*m, comm, train::zero_options_from(cfg));
-        mem[static_cast<size_t>(r)] = e.memory();
+        mem[static_cast<size_t>(r)] = e.report().memory();
       });
       for (const auto& err : errors) REQUIRE_MESSAGE(err.empty(), err);
       CHECK(p.params == static_cast<double>(params));

@@ -66,7 +66,7 @@ TEST_CASE("the memory report says what bf16 on the CPU is (fp32 GEMMs on rounded
     RunSpec s = spec_for(1, 1);
     s.opts.compute_dtype = dt;
     RankTrainer t(s, nullptr, 0);
-    const std::string rep = t.engine->memory_report();
+    const std::string rep = t.engine->report().memory_text();
     INFO(rep);
     CHECK((rep.find("no memory or time saved") != std::string::npos) == (dt != DType::F32));
   }
@@ -117,8 +117,8 @@ TEST_CASE("fp16: loss-scaled stage 2 matches single rank; an overflow is skipped
       t.step(1, &ok);
       applied[static_cast<size_t>(r)] = ok ? 1 : 0;
       after[static_cast<size_t>(r)] = t.weights();
-      if (t.engine->step_count() != 0) throw std::runtime_error("step count advanced on overflow");
-      if (std::isfinite(t.engine->last_grad_norm())) throw std::runtime_error("finite norm on overflow");
+      if (t.engine->last_step().step_count != 0) throw std::runtime_error("step count advanced on overflow");
+      if (std::isfinite(t.engine->last_step().grad_norm)) throw std::runtime_error("finite norm on overflow");
     });
     for (const auto& e : errors) CHECK(e == "");
     CHECK(applied == std::vector<int>{0, 0});
@@ -203,7 +203,7 @@ TEST_CASE("overlap_comm at stages 0-2 issues gradient collectives while backward
       const auto errors = run_ranks(3, [&](dtrain::comm::Communicator* comm, int r) {
         RankTrainer t(s, comm, r);
         for (int k = 1; k <= 2; ++k) t.step(k);
-        issued[static_cast<size_t>(r)] = t.engine->comm_issued_in_backward();
+        issued[static_cast<size_t>(r)] = t.engine->last_step().comm_issued_in_backward;
       });
       for (const auto& e : errors) REQUIRE_MESSAGE(e.empty(), e);
       // Several buckets per step, all but the embeddings' complete before layer -1 runs.
@@ -282,8 +282,8 @@ TEST_CASE("per-rank memory matches the theoretical figure within 10% and the sta
       RankTrainer t(s, comm, r);
       for (int k = 1; k <= s.steps; ++k) t.step(k);
       training[static_cast<size_t>(r)] = t.model->allocated_bytes();
-      ranks[static_cast<size_t>(r)] = t.engine->memory();
-      t.engine->params_materialize();
+      ranks[static_cast<size_t>(r)] = t.engine->report().memory();
+      t.engine->weights().materialize();
       materialized[static_cast<size_t>(r)] = t.model->allocated_bytes();
       std::vector<float> w;
       for (auto& pb : t.model->params()) w.insert(w.end(), pb.host_f32(), pb.host_f32() + pb.size);
@@ -372,7 +372,7 @@ TEST_CASE("the model frees exactly what the engine shards (persistence threshold
       if (t.model->allocated_bytes() != want || t.model->grad_allocated_bytes() != 0)
         throw std::runtime_error(fmt::format("model holds {} bytes ({} of gradients), expected {} and 0",
                                              t.model->allocated_bytes(), t.model->grad_allocated_bytes(), want));
-      if (t.engine->memory().model_idle_bytes != 0) throw std::runtime_error("idle model storage");
+      if (t.engine->report().memory().model_idle_bytes != 0) throw std::runtime_error("idle model storage");
       const auto w = t.weights();
       if (max_abs_diff(w, ref.weights) > 5e-5) throw std::runtime_error("weights differ from the single-rank run");
       // Destroyed while not materialized: whole storage again, usable without an engine.
@@ -437,18 +437,18 @@ TEST_CASE("zero_options_from maps the config keys") {
   CHECK_THROWS_AS(dtrain::train::zero_options_from(cfg), dtrain::ConfigError);
 }
 
-TEST_CASE("stage 3: evaluation between params_materialize and params_restore needs no lockstep") {
+TEST_CASE("stage 3: evaluation between weights().materialize() and restore() needs no lockstep") {
   RunSpec s = spec_for(3, 3);
   s.steps = 2;
   std::vector<float> eval_loss(3, 0.0f);
   auto errors = run_ranks(3, [&](dtrain::comm::Communicator* comm, int r) {
     RankTrainer t(s, comm, r);
     for (int k = 1; k <= s.steps; ++k) t.step(k);
-    t.engine->params_materialize();
+    t.engine->weights().materialize();
     std::vector<int32_t> tok, tgt;
     batch_rows(100, 0, 4, s.T, 64, tok, tgt);
     for (int i = 0; i <= r; ++i) eval_loss[static_cast<size_t>(r)] = t.model->forward(tok.data(), tgt.data(), 4, s.T);
-    t.engine->params_restore();
+    t.engine->weights().restore();
     t.step(s.steps + 1);  // training goes on in lockstep afterwards
   });
   for (const auto& e : errors) CHECK(e == "");

@@ -127,11 +127,11 @@ struct RankTrainer {
   }
   // Every parameter (base then adapters), full fp32 masters.
   std::vector<float> weights() {
-    engine->params_materialize();
+    engine->weights().materialize();
     std::vector<float> w;
     for (auto* list : {&model->params(), &model->lora_params()})
       for (auto& pb : *list) w.insert(w.end(), pb.host_f32(), pb.host_f32() + pb.size);
-    engine->params_restore();
+    engine->weights().restore();
     return w;
   }
 };
@@ -166,10 +166,10 @@ inline RunResult train_run(const RunSpec& spec) {
     RankTrainer t(spec, comm, r);
     for (int s = 1; s <= spec.steps; ++s) {
       losses[static_cast<size_t>(r)].push_back(t.step(s));
-      if (r == 0) norms.push_back(t.engine->last_grad_norm());
+      if (r == 0) norms.push_back(t.engine->last_step().grad_norm);
     }
     out.rank_weights[static_cast<size_t>(r)] = t.weights();
-    out.memory[static_cast<size_t>(r)] = t.engine->memory();
+    out.memory[static_cast<size_t>(r)] = t.engine->report().memory();
   });
   if (!out.ok()) return out;
   for (int s = 0; s < spec.steps; ++s) {

@@ -1,6 +1,7 @@
 // The ZeRO layout's arithmetic on its own: shard ranges at every stage (the last rank's
 // short or empty shard), stage 3's resident buffers, gradient buckets in backward order,
-// all-gather groups and stage 3's prefetch window.
+// all-gather groups, stage 3's prefetch window, and a plan's copy of the layout with its
+// replay of stage 3's gathers (the memory and cluster plans).
 #include "train/zero_layout.h"
 
 #include <doctest/doctest.h>
@@ -83,8 +84,71 @@ TEST_CASE("zero layout: the prefetch window holds what fits in the prefetch and 
   const ZeroWindow fwd = zero_prefetch_window(elems, 0, +1, false, 8, 100);
   CHECK(fwd.ahead == std::vector<int>{1, 2});
   CHECK(fwd.keep == std::vector<char>{0, 1, 1, 1, 0});
+  CHECK(fwd.now == std::vector<int>{0});
   // Backward over a tied head also holds the embeddings, counted against the live cap.
   const ZeroWindow bwd = zero_prefetch_window(elems, 2, -1, true, 100, 5 + 4 + 4);
   CHECK(bwd.ahead == std::vector<int>{1});
   CHECK(bwd.keep == std::vector<char>{1, 0, 1, 1, 0});
+  CHECK(bwd.now == std::vector<int>{2, -1});  // the kept embeddings are waited for too
+  // Untied, the embeddings are waited for when only the window holds them (layer 0's backward).
+  const ZeroWindow last = zero_prefetch_window(elems, 0, -1, false, 100, 100);
+  CHECK(last.ahead == std::vector<int>{-1});
+  CHECK(last.now == std::vector<int>{0, -1});
+  // A layer larger than the prefetch bucket stops the window: nothing ahead.
+  CHECK(zero_prefetch_window(elems, 0, +1, false, 3, 100).ahead.empty());
+}
+
+TEST_CASE("zero layout: a plan's layout places, buckets and groups as the engine's rules do") {
+  // Stage 3 on 2 ranks, persistence threshold 4; layers -1..2: buffers 0 (embeddings, 4),
+  // 1 (layer 0, 3: resident), 2 (layer 0, 8), 3 (layer 1, 5, frozen), 4 (head, 2: resident).
+  ZeroLayout layout(ZeroPlacement{3, 0, 2, 4}, 2);
+  CHECK(layout.add(4, -1, true) == 0);
+  layout.add(3, 0, true);
+  layout.add(8, 0, true);
+  layout.add(5, 1, false);
+  CHECK(layout.add(2, 2, true) == 4);
+  CHECK(layout.layer_slots == std::vector<std::vector<size_t>>{{0}, {1, 2}, {3}, {4}});
+  CHECK(layout.shards[2].s == 4);
+  CHECK(layout.layer_sharded() == std::vector<size_t>{4, 8, 5, 0});
+  CHECK(zero_resident_trainable(layout.view()) == std::vector<size_t>{1, 4});
+  const auto b = layout.buckets(12);
+  REQUIRE(b.size() == 2);
+  CHECK(b[0].slots == std::vector<size_t>{4, 1});  // backward order: head, then layer 0
+  CHECK(b[1].slots == std::vector<size_t>{2, 0});  // 3 + 8 would not fit with the first
+  CHECK(b[1].seg == 4 + 2);
+  CHECK(layout.shards[0].bucket == 1);
+  CHECK(layout.shards[3].bucket == SIZE_MAX);  // frozen
+}
+
+TEST_CASE("zero layout: the gather replay releases what leaves the window and gathers each layer once") {
+  // Layers -1..2, tied: the forward, then the backward with each layer released after it.
+  ZeroGatherReplay r({5, 4, 4, 4}, true, 8, 100);
+  auto v = r.visit(-1, +1);
+  CHECK(v.released.empty());
+  REQUIRE(v.issued.size() == 3);  // -1 now, 0 and 1 ahead
+  CHECK(v.issued[0].layer == -1);
+  CHECK(!v.issued[0].early);
+  CHECK(v.issued[1].layer == 0);
+  CHECK(v.issued[1].early);
+  CHECK(v.issued[2].layer == 1);
+  v = r.visit(0, +1);
+  CHECK(v.released == std::vector<int>{-1});
+  REQUIRE(v.issued.size() == 1);  // 0 and 1 are held; 2 comes ahead
+  CHECK(v.issued[0].layer == 2);
+  CHECK(v.issued[0].early);
+  r.visit(1, +1);
+  v = r.visit(2, +1);  // the tied head holds the embeddings: gathered now, waited for
+  REQUIRE(v.issued.size() == 1);
+  CHECK(v.issued[0].layer == -1);
+  CHECK(!v.issued[0].early);
+  CHECK(v.released == std::vector<int>{1});
+  v = r.visit(2, -1);
+  REQUIRE(v.issued.size() == 2);  // 1 and 0 ahead again; 2 and the embeddings are still held
+  CHECK(v.issued[0].layer == 1);
+  CHECK(v.issued[1].layer == 0);
+  CHECK(v.issued[1].early);
+  CHECK(r.release(2));
+  CHECK(!r.release(2));
+  CHECK(!r.gathered(2));
+  CHECK(r.gathered(-1));
 }

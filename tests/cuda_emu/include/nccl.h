@@ -67,11 +67,15 @@ typedef enum {
   ncclMaxRedOp = 0x7fffffff
 } ncclRedOp_t;
 
+// ncclCommSplit's color for a rank that joins no new communicator (it gets NULL).
+#define NCCL_SPLIT_NOCOLOR -1
+
 #define NCCL_CONFIG_UNDEF_INT INT_MIN
 #define NCCL_CONFIG_UNDEF_PTR NULL
 
-// Only `blocking` changes behaviour here; the CTA and network fields are accepted and
-// ignored (there are no CTAs on the CPU).
+// Only `blocking` changes behaviour here; the CTA and network fields and splitShare (the
+// engine's communicators hold no resources a child could share) are accepted and ignored
+// (there are no CTAs on the CPU).
 typedef struct ncclConfig_v21700 {
   size_t size;
   unsigned int magic;
@@ -98,6 +102,16 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* unique_id);
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId comm_id, int rank);
 ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId comm_id, int rank, ncclConfig_t* config);
 ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist);
+// Collective over every rank of comm (each must call it, at the same point of comm's
+// sequence of operations, with none of comm's collectives still outstanding): the ranks of
+// one color form a new communicator on comm's device, ranked by key (ties by comm rank);
+// NCCL_SPLIT_NOCOLOR gives NULL. config NULL: the new communicator inherits comm's blocking
+// mode. The call blocks as comm does; on a non-blocking comm it returns ncclInProgress with
+// *newcomm NULL, ncclCommGetAsyncError(comm) reports ncclInProgress until the split is
+// complete (every member of the new communicator connected), and only then is *newcomm
+// written (keep it alive until then). A failed split fails comm. Not inside
+// ncclGroupStart/End here.
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config);
 ncclResult_t ncclCommFinalize(ncclComm_t comm);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm);

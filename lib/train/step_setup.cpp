@@ -1,30 +1,28 @@
-// BenchSetup from a training config, the synthetic batches of the step `dtrain bench
-// train` times and `--plan` budgets, and the shape both reports give of it.
-#include "bench/bench_step.h"
-
-#include <algorithm>
-#include <utility>
+// StepSetup from a training config and the step's synthetic batches.
+#include "train/step_setup.h"
 
 #include "core/check.h"
 #include "core/rng.h"
 #include "train/model_factory.h"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
-namespace dtrain::bench {
+#include <algorithm>
+#include <utility>
 
-BenchSetup bench_setup_from(const std::string& path, const std::vector<std::string>& sets, bool cuda) {
-  return bench_setup_of(config::config_load_file(path, sets).cfg, cuda);
+namespace dtrain::train {
+
+StepSetup step_setup_from(const std::string& path, const std::vector<std::string>& sets, bool cuda) {
+  return step_setup_of(config::config_load_file(path, sets).cfg, cuda);
 }
 
-BenchSetup bench_setup_of(config::TrainConfig config, bool cuda) {
-  BenchSetup s;
+StepSetup step_setup_of(config::TrainConfig config, bool cuda) {
+  StepSetup s;
   s.cfg = std::move(config);
   config::TrainConfig& cfg = s.cfg;
-  s.model = train::model_config_from(cfg);
-  if (cfg.lora.enabled()) s.lora = train::lora_config_from(cfg, s.model);
-  s.recompute_layers = train::recompute_layers_of(cfg, s.model.n_layer);
+  s.model = model_config_from(cfg);
+  if (cfg.lora.enabled()) s.lora = lora_config_from(cfg, s.model);
+  s.recompute_layers = recompute_layers_of(cfg, s.model.n_layer);
   if (!cfg.activation_checkpointing.enabled && !cfg.activation_checkpointing.layers)
     s.notes.push_back("activation_checkpointing not given: no layer recomputes (a launch lets the memory plan decide)");
   // One device: the micro-batch of the config, and accumulation only when
@@ -45,7 +43,7 @@ BenchSetup bench_setup_of(config::TrainConfig config, bool cuda) {
   if (!cuda && (cfg.bf16.enabled || cfg.fp16.enabled)) s.notes.push_back("the CPU bench runs fp32");
   // The trainer's own optimizer settings (AdamW, clipping), as `dtrain launch` reads
   // them, on the engine at stage 0 on one rank in the bench's dtype.
-  s.zero = train::zero_options_from(cfg);
+  s.zero = zero_options_from(cfg);
   // ZeRO-Offload keeps its stage (>= 1; on one rank every stage is stage 0's arithmetic)
   // so that the bench times the offloaded update: host AdamW and the copies both ways.
   s.zero.stage = s.zero.offload_optimizer && cuda ? std::max(1, s.zero.stage) : 0;
@@ -55,8 +53,7 @@ BenchSetup bench_setup_of(config::TrainConfig config, bool cuda) {
                                   s.zero.offload_param ? " + offload_param" : "", s.zero.stage));
   s.zero.overlap_comm = false;
   s.zero.compute_dtype = s.dtype;
-  const train::TrainStepOptions so =
-      train::step_options_from(cfg, s.micro_batch, s.grad_accum, s.seq_len, s.dtype == DType::F16);
+  const TrainStepOptions so = step_options_from(cfg, s.micro_batch, s.grad_accum, s.seq_len, s.dtype == DType::F16);
   s.loss_scaler = so.loss_scaler;
   s.cuda_graph = so.cuda_graph;
   s.lr = static_cast<float>(cfg.optimizer.lr);
@@ -64,8 +61,8 @@ BenchSetup bench_setup_of(config::TrainConfig config, bool cuda) {
   return s;
 }
 
-train::TrainStepOptions BenchSetup::step_options() const {
-  train::TrainStepOptions o;
+TrainStepOptions StepSetup::step_options() const {
+  TrainStepOptions o;
   o.micro_batch = micro_batch;
   o.grad_accum = grad_accum;
   o.seq_len = seq_len;
@@ -74,12 +71,12 @@ train::TrainStepOptions BenchSetup::step_options() const {
   return o;
 }
 
-BenchBatch bench_batch(const BenchSetup& s, uint64_t index) {
+SyntheticBatch synthetic_batch(const StepSetup& s, uint64_t index) {
   const size_t n = static_cast<size_t>(s.micro_batch) * s.seq_len;
   Rng rng(splitmix64(s.seed ^ splitmix64(index + 1)));
   std::vector<int32_t> stream(static_cast<size_t>(s.grad_accum) * n + 1);
   for (auto& t : stream) t = static_cast<int32_t>(rng.next_u64() % static_cast<uint64_t>(s.model.vocab_size));
-  BenchBatch b;
+  SyntheticBatch b;
   for (int a = 0; a < s.grad_accum; ++a) {
     const auto at = stream.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(a) * n);
     b.inputs.emplace_back(at, at + static_cast<ptrdiff_t>(n));
@@ -89,31 +86,4 @@ BenchBatch bench_batch(const BenchSetup& s, uint64_t index) {
   return b;
 }
 
-void step_shape_set(StepShape& into, const std::string& config, const BenchSetup& s) {
-  into.config = config;
-  into.arch = model::arch_name(s.model.arch);
-  into.dtype = dtype_name(s.dtype);
-  into.lora_rank = s.lora ? s.lora->rank : 0;
-  into.n_layer = s.model.n_layer;
-  into.d_model = s.model.d_model;
-  into.micro_batch = s.micro_batch;
-  into.seq_len = s.seq_len;
-  into.grad_accum = s.grad_accum;
-}
-
-nlohmann::json step_shape_json(const StepShape& r) {
-  return {{"config", r.config},
-          {"arch", r.arch},
-          {"dtype", r.dtype},
-          {"params", r.params},
-          {"trainable_params", r.trainable_params},
-          {"lora_rank", r.lora_rank},
-          {"n_layer", r.n_layer},
-          {"d_model", r.d_model},
-          {"micro_batch", r.micro_batch},
-          {"seq_len", r.seq_len},
-          {"grad_accum", r.grad_accum},
-          {"tokens_per_step", static_cast<int64_t>(r.micro_batch) * r.seq_len * r.grad_accum}};
-}
-
-}  // namespace dtrain::bench
+}  // namespace dtrain::train
