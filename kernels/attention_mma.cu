@@ -475,21 +475,6 @@ __global__ void attn_dkv_reduce_kernel(T* __restrict__ dk, T* __restrict__ dv, c
 std::atomic<size_t> g_smem_cap{0};  // attention_smem_cap_for_testing
 std::atomic<int> g_split_force{0};  // attention_dkdv_split_for_testing
 
-// The current device's multiprocessors, read once per device.
-int sm_count() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices] = {};
-  int dev = 0;
-  DT_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= kMaxDevices) dev = kMaxDevices - 1;
-  int v = cached[dev].load(std::memory_order_relaxed);
-  if (v <= 0) {
-    DT_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    cached[dev].store(v, std::memory_order_relaxed);
-  }
-  return v;
-}
-
 // The split of each KV head's G query heads over dK/dV blocks (ops::attention_dkdv_split).
 int dkdv_split(const AttnShape& s, int hdp) {
   const int forced = g_split_force.load(std::memory_order_relaxed);
@@ -498,26 +483,16 @@ int dkdv_split(const AttnShape& s, int hdp) {
       if (s.G % d == 0) return d;
     return 1;
   }
-  return ops::attention_dkdv_split(s.B, s.NKV, s.G, s.T, sm_count(), dkdv_blocks_per_sm(hdp));
+  return ops::attention_dkdv_split(s.B, s.NKV, s.G, s.T, device_attr<cudaDevAttrMultiProcessorCount>(),
+                                   dkdv_blocks_per_sm(hdp));
 }
 
 // The current device's opt-in shared memory per block (cudaDeviceProp::sharedMemPerBlockOptin),
 // read once per device, under the test cap if one is set.
 size_t smem_optin() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<long long> cached[kMaxDevices] = {};
-  int dev = 0;
-  DT_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= kMaxDevices) dev = kMaxDevices - 1;
-  long long v = cached[dev].load(std::memory_order_relaxed);
-  if (v <= 0) {
-    cudaDeviceProp p{};
-    DT_CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
-    v = static_cast<long long>(p.sharedMemPerBlockOptin);
-    cached[dev].store(v, std::memory_order_relaxed);
-  }
+  const auto v = static_cast<size_t>(device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>());
   const size_t cap = g_smem_cap.load(std::memory_order_relaxed);
-  return cap > 0 && cap < static_cast<size_t>(v) ? cap : static_cast<size_t>(v);
+  return cap > 0 && cap < v ? cap : v;
 }
 
 std::atomic<int> g_variant_force{0};  // attention_variant_for_testing

@@ -243,21 +243,6 @@ constexpr bool kWideDq = HDP == 64;
 
 // Whether the forward (dQ: dq = true) takes the 128-row tiles here: the fa2 variant, a head
 // dim they are compiled for, and their two stages within the card's opt-in shared memory.
-// The current device's compute capability major, read once per device.
-inline int cc_major() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices] = {};
-  int dev = 0;
-  DT_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= kMaxDevices) dev = kMaxDevices - 1;
-  int v = cached[dev].load(std::memory_order_relaxed);
-  if (v <= 0) {
-    DT_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev));
-    cached[dev].store(v, std::memory_order_relaxed);
-  }
-  return v;
-}
-
 template <typename Ty, int HDP>
 bool wide_tiles(bool dq) {
   if (attention_variant() != AttnVariant::FA2) return false;
@@ -266,7 +251,8 @@ bool wide_tiles(bool dq) {
   } else {
     // Head dim 128's two slices only from sm_90 on (attn_fwd_mma_kernel: sm_80's ptxas spills).
     if constexpr (kWideFwd<HDP>)
-      return fwd_bytes<Ty, HDP>(2, 2) <= attention_smem_optin() && (HDP <= 64 || cc_major() >= 9);
+      return fwd_bytes<Ty, HDP>(2, 2) <= attention_smem_optin() &&
+             (HDP <= 64 || device_attr<cudaDevAttrComputeCapabilityMajor>() >= 9);
   }
   return false;
 }

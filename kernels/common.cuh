@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -180,6 +181,23 @@ class Scratch {
 }  // namespace dtrain::kernels::detail
 
 namespace dtrain::kernels::detail {
+/// The current device's attribute A (cudaDeviceGetAttribute), read once per device and
+/// attribute: the tile and grid choices ask for it on every launch.
+template <cudaDeviceAttr A>
+int device_attr() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices] = {};
+  int dev = 0;
+  DT_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= kMaxDevices) dev = kMaxDevices - 1;
+  int v = cached[dev].load(std::memory_order_relaxed);
+  if (v <= 0) {
+    DT_CUDA_CHECK(cudaDeviceGetAttribute(&v, A, dev));
+    cached[dev].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
 // out[c] += sum over rows n of x[n, c] (x: [N, C] of dtype, rows ld >= C apart; out: fp32
 // [C]); deterministic (defined in norm.cu; linear's bias gradient uses it when cuBLASLt has
 // no BGRADB algo).

@@ -239,19 +239,7 @@ __global__ void loss_mean_kernel(float* __restrict__ mean, const float* __restri
 
 // The current device's opt-in shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin),
 // read once per device.
-size_t smem_optin() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices] = {};
-  int dev = 0;
-  DT_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= kMaxDevices) dev = kMaxDevices - 1;
-  int v = cached[dev].load(std::memory_order_relaxed);
-  if (v <= 0) {
-    DT_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    cached[dev].store(v, std::memory_order_relaxed);
-  }
-  return static_cast<size_t>(v);
-}
+size_t smem_optin() { return static_cast<size_t>(device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>()); }
 
 // The one-pass kernel's block for rows of V elements of `elem` bytes under `optin` bytes of
 // shared memory per block: threads (0 = the row does not fit: two passes), the shared-memory

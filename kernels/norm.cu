@@ -87,19 +87,17 @@ __global__ void norm_forward_kernel(T* __restrict__ out, float* __restrict__ mea
 }
 
 // dinp += ...: LayerNorm r (w d - mean(w d) - xhat mean(w d xhat)); RMSNorm r w d - x r^3 mean(w d x).
+// One lane's part of a row's two backward sums (both norm backwards): s1 = sum of w * dout
+// (LayerNorm only), s2 = sum of w * dout * xhat (LayerNorm) or w * dout * x (RMSNorm), over
+// the lane's packs of the row; the caller reduces them over the warp.
 template <typename T, int V, Norm K>
-__global__ void norm_dinp_kernel(T* __restrict__ dinp, const T* __restrict__ dout, const T* __restrict__ inp,
-                                 const T* __restrict__ w, const float* __restrict__ mean,
-                                 const float* __restrict__ rstd, int N, int C) {
-  const int lane = threadIdx.x & 31;
-  const int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
-  if (row >= N) return;
-  const size_t off = static_cast<size_t>(row) * C;
-  const float m = K == Norm::LAYER ? mean[row] : 0.0f, r = rstd[row];
-  float s1 = 0.0f, s2 = 0.0f;
+__device__ __forceinline__ void norm_row_sums(float& s1, float& s2, const T* __restrict__ dout,
+                                              const T* __restrict__ inp, const T* __restrict__ w, float m, float r,
+                                              int C, int lane) {
+  s1 = 0.0f;
+  s2 = 0.0f;
   for (int c = lane * V; c < C; c += 32 * V) {
-    const Pack<T, V> dv = pack_load<T, V>(dout + off + c), xv = pack_load<T, V>(inp + off + c),
-                     wv = pack_load<T, V>(w + c);
+    const Pack<T, V> dv = pack_load<T, V>(dout + c), xv = pack_load<T, V>(inp + c), wv = pack_load<T, V>(w + c);
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const float dn = to_f32(wv.v[j]) * to_f32(dv.v[j]);
@@ -111,6 +109,19 @@ __global__ void norm_dinp_kernel(T* __restrict__ dinp, const T* __restrict__ dou
       }
     }
   }
+}
+
+template <typename T, int V, Norm K>
+__global__ void norm_dinp_kernel(T* __restrict__ dinp, const T* __restrict__ dout, const T* __restrict__ inp,
+                                 const T* __restrict__ w, const float* __restrict__ mean,
+                                 const float* __restrict__ rstd, int N, int C) {
+  const int lane = threadIdx.x & 31;
+  const int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
+  if (row >= N) return;
+  const size_t off = static_cast<size_t>(row) * C;
+  const float m = K == Norm::LAYER ? mean[row] : 0.0f, r = rstd[row];
+  float s1, s2;
+  norm_row_sums<T, V, K>(s1, s2, dout + off, inp + off, w, m, r, C, lane);
   const float md = warp_sum(s1) / C, mdx = warp_sum(s2) / C;
   const float k3 = mdx * r * r * r;
   for (int c = lane * V; c < C; c += 32 * V) {
@@ -230,21 +241,8 @@ __global__ void __launch_bounds__(FUSED_THREADS)
     const int row = r0 + i;
     const size_t off = static_cast<size_t>(row) * C;
     const float m = K == Norm::LAYER ? mean[row] : 0.0f, r = rstd[row];
-    float s1 = 0.0f, s2 = 0.0f;
-    for (int c = lane * V; c < C; c += 32 * V) {
-      const Pack<T, V> dv = pack_load<T, V>(dout + off + c), xv = pack_load<T, V>(inp + off + c),
-                       wv = pack_load<T, V>(w + c);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const float dn = to_f32(wv.v[j]) * to_f32(dv.v[j]);
-        if constexpr (K == Norm::LAYER) {
-          s1 += dn;
-          s2 += dn * ((to_f32(xv.v[j]) - m) * r);
-        } else {
-          s2 += dn * to_f32(xv.v[j]);
-        }
-      }
-    }
+    float s1, s2;
+    norm_row_sums<T, V, K>(s1, s2, dout + off, inp + off, w, m, r, C, lane);
     s1 = warp_sum(s1);
     s2 = warp_sum(s2);
     if (lane == 0) {
