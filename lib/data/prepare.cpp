@@ -133,14 +133,24 @@ DataFormatGuess data_format_detect(const std::string& path) {
   return {"alpaca", "its records have instruction/input/output"};
 }
 
-TokenData data_tokenize(const std::string& input, DataFormat format, const Tokenizer& tokenizer,
-                        const DataPrepareOptions& options) {
+namespace {
+
+// Empty token data named `name`, with the tokenizer's vocabulary and special ids.
+TokenData token_data_empty(const std::string& name, const Tokenizer& tokenizer, bool pairwise) {
   TokenData data;
-  data.name = input;
+  data.name = name;
   data.vocab_size = tokenizer.vocab_size();
   data.eos_id = tokenizer.eos_id();
   data.pad_id = tokenizer.pad_id();
-  data.pairwise = format == DataFormat::PAIRWISE;
+  data.pairwise = pairwise;
+  return data;
+}
+
+}  // namespace
+
+TokenData data_tokenize(const std::string& input, DataFormat format, const Tokenizer& tokenizer,
+                        const DataPrepareOptions& options) {
+  TokenData data = token_data_empty(input, tokenizer, format == DataFormat::PAIRWISE);
   data_tokenize_stream(input, format, tokenizer, options, [&](const TokenPiece& p) {
     size_t at = data.tokens.size();
     for (size_t len : p.doc_tokens) {
@@ -156,11 +166,7 @@ TokenData data_tokenize(const std::string& input, DataFormat format, const Token
 
 TokenData data_tokenize_records(const std::vector<SftRecord>& records, const std::string& name,
                                 const Tokenizer& tokenizer, const DataPrepareOptions& options) {
-  TokenData data;
-  data.name = name;
-  data.vocab_size = tokenizer.vocab_size();
-  data.eos_id = tokenizer.eos_id();
-  data.pad_id = tokenizer.pad_id();
+  TokenData data = token_data_empty(name, tokenizer, false);
   const SftTemplate tmpl = sft_template_parse(options.sft_template, &tokenizer);
   for (const SftRecord& rec : records) {
     SftTokens t = sft_render(rec, tokenizer, tmpl, options.add_bos, options.train_on_prompt);
@@ -172,12 +178,7 @@ TokenData data_tokenize_records(const std::vector<SftRecord>& records, const std
 
 TokenData data_tokenize_pairs(const std::vector<PairRecord>& records, const std::string& name,
                               const Tokenizer& tokenizer, const DataPrepareOptions& options) {
-  TokenData data;
-  data.name = name;
-  data.vocab_size = tokenizer.vocab_size();
-  data.eos_id = tokenizer.eos_id();
-  data.pad_id = tokenizer.pad_id();
-  data.pairwise = true;
+  TokenData data = token_data_empty(name, tokenizer, true);
   const SftTemplate tmpl = sft_template_parse(options.sft_template, &tokenizer);
   for (const PairRecord& rec : records) {
     const PairTokens t = pair_render(rec, tokenizer, tmpl, options.add_bos, options.train_on_prompt);
