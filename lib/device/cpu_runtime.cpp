@@ -3,6 +3,7 @@
 #include "device/cpu_runtime.h"
 
 #include "core/check.h"
+#include "core/dtype.h"
 #include "ops/op_stats.h"
 #include "ops/parallel.h"
 
@@ -148,6 +149,19 @@ bool CpuRuntime::cache_put(void* p) {
   }
   for (void* q : drop) std::free(q);
   return true;
+}
+
+// The host converts (16-bit: into a staging copy) and the device's own copy moves it.
+void Runtime::copy_h2d_cast(void* dst, DType t, const float* src, size_t n) {
+  if (!n) return;
+  if (t == DType::F32) {
+    copy_h2d(dst, src, n * sizeof(float));
+    return;
+  }
+  DT_CHECK(dtype_size(t) == sizeof(uint16_t));
+  std::vector<uint16_t> raw(n);
+  for (size_t i = 0; i < n; ++i) dtype_store(raw.data(), i, t, src[i]);
+  copy_h2d(dst, raw.data(), n * sizeof(uint16_t));
 }
 
 // Pageable host memory, 64-byte aligned and zeroed (the CPU has nothing to pin for).

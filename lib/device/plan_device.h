@@ -19,7 +19,7 @@ class PlanDevice final : public PlanRuntime {
  public:
   /// Kind::CUDA: the plan of a CUDA device. Kind::CPU: the same device claiming to be the
   /// host, as a stand-in for host models whose storage nobody reads (the ZeRO engine's
-  /// fp32 source, whose weights only travel through copy_h2d).
+  /// fp32 source, whose weights only travel through copy_h2d and copy_h2d_cast).
   explicit PlanDevice(Kind kind = Kind::CUDA) : PlanRuntime(kind) {}
 
   /// The card's opt-in shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin),

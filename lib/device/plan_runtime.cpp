@@ -67,6 +67,9 @@ void* PlanRuntime::alloc(size_t bytes) {
 void PlanRuntime::copy_h2d(void*, const void*, size_t bytes) {
   if (bytes) memcpy_op("copy_h2d", "cudaMemcpyAsync", PlanCopy::H2D, bytes, 1);
 }
+void PlanRuntime::copy_h2d_cast(void*, DType t, const float*, size_t n) {
+  if (n) memcpy_op("copy_h2d", "cudaMemcpyAsync", PlanCopy::H2D, n * dtype_size(t), 1);
+}
 void PlanRuntime::copy_d2h(void* dst, const void*, size_t bytes) {
   if (!bytes) return;
   std::fill_n(static_cast<char*>(dst), bytes, char{0});

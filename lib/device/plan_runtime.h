@@ -105,6 +105,8 @@ class PlanRuntime : public Device {
   void memory_peak_reset() override {}
   void copy_h2d(void* dst, const void* src, size_t bytes) override;
   void copy_d2h(void* dst, const void* src, size_t bytes) override;
+  /// Reads nothing at src (a host stand-in's storage is fake): the H2D copy of n elements of t.
+  void copy_h2d_cast(void* dst, DType t, const float* src, size_t n) override;
   void copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows) override;
   void copy_d2d(void* dst, const void* src, size_t bytes) override;
   void zero(void* p, size_t bytes) override;

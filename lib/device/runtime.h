@@ -4,6 +4,7 @@
 // only moves memory (buffers, communicators' staging) needs only this one.
 #pragma once
 
+#include "core/dtype.h"
 #include "device/kind.h"
 
 #include <cstddef>
@@ -54,6 +55,11 @@ class Runtime {
   virtual void copy_h2d(void* dst, const void* src, size_t bytes) = 0;
   /// Device -> host; returns when dst holds the data (waits for the ops before it).
   virtual void copy_d2h(void* dst, const void* src, size_t bytes) = 0;
+  /// n fp32 host values at src to dst as dtype t (RNE for 16-bit, as the device's cast);
+  /// returns when src may be reused. The default converts on the host and calls copy_h2d.
+  /// A host fp32 source (the ZeRO engine's masters) reaches a device only through this and
+  /// copy_h2d, so the plan device's host stand-in, whose storage is fake, is never read.
+  virtual void copy_h2d_cast(void* dst, DType t, const float* src, size_t n);
   /// rows x width bytes from src (rows spitch apart) to dst (dpitch apart).
   virtual void copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows) = 0;
   /// Device -> device, ordered on the current stream.

@@ -116,7 +116,8 @@ PlanStep plan_step(const StepSetup& s, size_t smem_optin) {
   device::PlanDevice dev(device::Kind::CUDA);
   dev.set_smem_optin(smem_optin);
   // The engine's fp32 source (a host model under mixed precision) only ever goes through
-  // copy_h2d into the masters: a model on a host stand-in, whose storage is fake too.
+  // copy_h2d / copy_h2d_cast into the masters (and, at stage 3 under LoRA, the frozen
+  // 16-bit shards): a model on a host stand-in, whose storage is fake too.
   device::PlanDevice host(device::Kind::CPU);
   model::Model src(s.model, host, DType::F32);
   model::Model m(s.model, dev, s.dtype);
@@ -161,8 +162,10 @@ namespace {
 BenchPlanResult plan_result_of(const BenchPlanOptions& o, const StepSetup& s) {
   BenchPlanResult r;
   step_shape_set(r, o.config_path, s);
-  r.driver =
-      "the trainer's step: forward + backward per micro-batch, ZeRO engine update (stage 0, one rank); the step after a warm-up";
+  r.driver = fmt::format(
+      "the trainer's step: forward + backward per micro-batch, ZeRO engine update (stage {}, one rank); the step after "
+      "a warm-up",
+      s.zero.stage);
   r.recompute_layers = s.recompute_layers;
   r.notes = s.notes;
   return r;

@@ -199,22 +199,19 @@ void gather_rows(Schedule& s, const Ctx& c) {
     }
 }
 
-// After the update (stages 1-3, ZeroGather::into_model): the trainable buffers the model
-// holds whole get their new values, all-gathered in the compute dtype in groups of at most
+// After the update (stages 1-3, zero_post_update_gathers: ZeroGather::resident_refresh): the
+// trainable buffers the model holds whole get their new values, all-gathered in the compute dtype in groups of at most
 // allgather_bucket_size elements; the next forward reads them (exposed). Then the step's two
 // scalar all-reduces (the unmasked-target count before the backward, the gradient norm with the
 // loss): latency only, exposed.
 void update_rows(Schedule& s, const Ctx& c) {
   const ClusterJob& j = c.job;
-  if (j.stage >= 1) {
-    std::vector<double> bytes;
-    const std::vector<const train::ZeroShard*> shards = c.layout.view();
-    for (const train::ZeroGatherGroup& g : train::zero_gather_groups(shards, train::zero_resident_trainable(shards),
-                                                                     static_cast<size_t>(j.allgather_bucket_size)))
-      bytes.push_back(static_cast<double>(static_cast<int64_t>(g.seg) * c.P) * j.compute_bytes);
-    if (!bytes.empty())
-      s.exposed += row_add(s, c, "parameters, after the update", CollKind::ALL_GATHER, bytes, 1, "").seconds;
-  }
+  std::vector<double> bytes;
+  for (const train::ZeroGatherGroup& g :
+       train::zero_post_update_gathers(c.layout.view(), j.stage, static_cast<size_t>(j.allgather_bucket_size)))
+    bytes.push_back(static_cast<double>(static_cast<int64_t>(g.seg) * c.P) * j.compute_bytes);
+  if (!bytes.empty())
+    s.exposed += row_add(s, c, "parameters, after the update", CollKind::ALL_GATHER, bytes, 1, "").seconds;
   s.exposed +=
       row_add(s, c, "step scalars (target count; norm + loss)", CollKind::ALL_REDUCE, {4.0, 16.0}, 1, "").seconds;
 }

@@ -133,7 +133,6 @@ class WorkReplay {
   void plan_buckets();
   double bucket_bytes(size_t b) const { return 4 * (st_ == 0 ? buckets_.seg[b] : W_ * buckets_.seg[b]); }
   void post_step_gather();
-  void gather_group(double group);
   WorkPlan scratch_only();
   // Stage 3's gathered layers (index layer + 1: -1 embeddings .. n_layer head): one sharded
   // buffer's working buffer, a layer's, and a layer gathered or released.
@@ -170,33 +169,35 @@ void WorkReplay::plan_buckets() {
   for (size_t b = 0; b < k.seg.size(); ++b) r_.most_bucket = std::max(r_.most_bucket, bucket_bytes(b));
 }
 
-// After the update: the trainable buffers the model holds whole (zero_resident_trainable:
-// stages 1-2 all of them) all-gathered back into the model, consecutive buffers while their
-// full sizes stay within allgather_bucket_size, each group through a buffer of its own in
-// the compute dtype (ZeroGather::into_model).
+// After the update, once the backward's buffers are gone (stages 1-3, on any number of
+// ranks: zero_post_update_gathers, the rule ZeroGather::resident_refresh runs): the trainable
+// buffers the model holds whole -- stages 1-2 all of them, stage 3 those under
+// stage3_param_persistence_threshold -- all-gathered back into the model, each group through
+// a buffer of its own in the compute dtype (the 16-bit wire of an fp32 model under mixed
+// precision).
 void WorkReplay::post_step_gather() {
-  const std::vector<const ZeroShard*> shards = layout_.view();
-  for (const ZeroGatherGroup& g : zero_gather_groups(shards, zero_resident_trainable(shards),
-                                                     static_cast<size_t>(cfg_.zero.allgather_bucket_size)))
-    gather_group(static_cast<double>(g.seg));
+  const double es = wire_ > 0 ? wire_ : c_;
+  for (const ZeroGatherGroup& g :
+       zero_post_update_gathers(layout_.view(), st_, static_cast<size_t>(cfg_.zero.allgather_bucket_size))) {
+    const double bytes = W_ * static_cast<double>(g.seg) * es;
+    blocks_.take(bytes);
+    blocks_.give(bytes);
+    r_.gather = std::max(r_.gather, round64(bytes));
+  }
 }
 
-void WorkReplay::gather_group(double group) {
-  blocks_.take(W_ * group * c_);
-  blocks_.give(W_ * group * c_);
-  r_.gather = std::max(r_.gather, round64(W_ * group * c_));
-}
-
-// Stages 0-1: one scratch of the largest bucket reduced (none on one rank: no collective).
+// Stages 0-1: one scratch of the largest bucket reduced (none on one rank: no collective),
+// then stage 1's post-update gathers.
 WorkPlan WorkReplay::scratch_only() {
-  if (W_ <= 1) return r_;
-  double most_len = 0;
-  for (size_t b = 0; b < buckets_.seg.size(); ++b)
-    if (!(st_ == 0 && buckets_.slots[b] == 1)) most_len = std::max(most_len, bucket_bytes(b));
-  r_.bucket = most_len;
-  blocks_.take(most_len);
-  blocks_.give(most_len);
-  if (st_ == 1) post_step_gather();
+  if (W_ > 1) {
+    double most_len = 0;
+    for (size_t b = 0; b < buckets_.seg.size(); ++b)
+      if (!(st_ == 0 && buckets_.slots[b] == 1)) most_len = std::max(most_len, bucket_bytes(b));
+    r_.bucket = most_len;
+    blocks_.take(most_len);
+    blocks_.give(most_len);
+  }
+  post_step_gather();
   r_.live = blocks_.peak();
   r_.held = blocks_.held();
   return r_;
@@ -287,7 +288,7 @@ WorkPlan WorkReplay::run() {
   if (st_ == 3)
     for (int l = -1; l <= n_layer_; ++l) visit(l, +1);
   backward();
-  if (st_ == 2 && W_ > 1) post_step_gather();
+  post_step_gather();
   r_.gather = std::max(r_.gather, gather_peak_);
   r_.layer_grad = layer_grad_peak_;
   r_.bucket = r_.most_bucket * (cfg_.zero.overlap_comm ? 2 : 1);

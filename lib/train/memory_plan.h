@@ -32,7 +32,9 @@ struct MemoryPlan {
   double build_peak_bytes = 0;  ///< transient while the model is built (beyond the state above)
   /// The step's working buffers, as the engine allocates them and the device allocator
   /// keeps them for reuse (train/memory_plan.cpp simulates the step's schedule): stage 3's
-  /// gathered layers (the one computing and the prefetch window), stages 2-3's gradient of
+  /// gathered layers (the one computing and the prefetch window) and stages 1-3's
+  /// all-gather of the resident trainable buffers after the update (gather_bytes: the
+  /// larger), stages 2-3's gradient of
   /// the layer in backward and the gradient bucket being filled, stages 0-1's bucket
   /// scratch. `work_bytes` is what the allocator holds at most (each size's most blocks in
   /// use at once), `work_live_bytes` the most in use at one moment.

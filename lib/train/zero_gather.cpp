@@ -109,16 +109,21 @@ void ZeroGather::visit(int layer, int dir) {
 
 // The model's resident copies of the trainable buffers after an update at stages 1-3:
 // the owned shards all-gathered in the compute dtype (stage 0's AdamW wrote them).
+// (zero_post_update_gathers: the rule the memory and cluster plans count.)
 void ZeroGather::resident_refresh() {
-  if (opts_.stage == 0) return;
-  into_model(zero_resident_trainable(shards()), opts_.compute_dtype);
+  groups_into_model(zero_post_update_gathers(shards(), opts_.stage, opts_.allgather_bucket_size), opts_.compute_dtype);
 }
 
 // Bucketed all-gather of the masters of `list` (slots with a master, stages >= 1) into
 // the model's full buffers, on the wire as `t`.
 void ZeroGather::into_model(const std::vector<size_t>& list, DType t) {
+  groups_into_model(zero_gather_groups(shards(), list, opts_.allgather_bucket_size), t);
+}
+
+// Each group through a working buffer of its own (world x seg elements of t).
+void ZeroGather::groups_into_model(const std::vector<ZeroGatherGroup>& groups, DType t) {
   const size_t W = static_cast<size_t>(place_.world), es = dtype_size(t);
-  for (const ZeroGatherGroup& g : zero_gather_groups(shards(), list, opts_.allgather_bucket_size)) {
+  for (const ZeroGatherGroup& g : groups) {
     coll_.wait(coll_.submit([&] {
       device::DeviceBuffer buf(dev_, W * g.seg * es);
       work_.add(static_cast<ptrdiff_t>(buf.bytes()));

@@ -8,6 +8,7 @@
 #include "core/dtype.h"
 #include "device/device.h"
 #include "train/zero_fwd.h"
+#include "train/zero_layout.h"
 
 #include <cstddef>
 #include <vector>
@@ -33,7 +34,8 @@ class ZeroGather {
   void release(ZeroSlot& s);
   void release_all();
   /// After an update at stages 1-3: the resident trainable buffers' owned shards
-  /// all-gathered into the model in the compute dtype (stage 0's AdamW wrote them).
+  /// all-gathered into the model in the compute dtype (stage 0's AdamW wrote them), as
+  /// zero_post_update_gathers groups them.
   void resident_refresh();
   /// Bucketed all-gather of the owned shards of `list` (slots with a master, stages >= 1)
   /// into the model's full buffers, on the wire as `t`.
@@ -42,6 +44,7 @@ class ZeroGather {
  private:
   void issue(ZeroSlot& s);
   void wait(ZeroSlot& s);
+  void groups_into_model(const std::vector<ZeroGatherGroup>& groups, DType t);
   std::vector<const ZeroShard*> shards() const;  ///< the slots as the layout's rules take them
 
   device::Device& dev_;

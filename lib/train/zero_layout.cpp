@@ -118,6 +118,12 @@ std::vector<size_t> zero_resident_trainable(const std::vector<const ZeroShard*>&
   return list;
 }
 
+std::vector<ZeroGatherGroup> zero_post_update_gathers(const std::vector<const ZeroShard*>& shards, int stage,
+                                                      size_t allgather_bucket_size) {
+  if (stage == 0) return {};
+  return zero_gather_groups(shards, zero_resident_trainable(shards), allgather_bucket_size);
+}
+
 // ----------------------------------------------------------------------------
 // A plan's layout and its replay of stage 3's gathers.
 

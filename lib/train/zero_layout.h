@@ -84,6 +84,15 @@ std::vector<size_t> zero_layer_sharded(const std::vector<const ZeroShard*>& shar
 /// stages 1-3).
 std::vector<size_t> zero_resident_trainable(const std::vector<const ZeroShard*>& shards);
 
+/// The all-gathers after each update (ZeroGather::resident_refresh), the one rule the engine
+/// runs and the memory and cluster plans count: at stages 1-3 (on any number of ranks) the
+/// buffers of zero_resident_trainable -- at stage 3 the trainable ones under
+/// stage3_param_persistence_threshold -- in groups of at most allgather_bucket_size elements
+/// (zero_gather_groups), each through a working buffer of world x seg elements in the
+/// compute dtype; none at stage 0, where AdamW writes the model's buffers itself.
+std::vector<ZeroGatherGroup> zero_post_update_gathers(const std::vector<const ZeroShard*>& shards, int stage,
+                                                      size_t allgather_bucket_size);
+
 // ----------------------------------------------------------------------------
 // The layout as a plan builds it without an engine (train/memory_plan.cpp, lib/plan's
 // cluster plan): the same rules over the model's buffers.

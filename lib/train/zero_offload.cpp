@@ -98,15 +98,9 @@ void ZeroOffload::host_from_device(float* dst, const void* src, DType t, size_t 
   for (size_t i = 0; i < n; ++i) dst[i] = dtype_load(raw.data(), i, t);
 }
 
+// Through the device's own copy: the source may be a plan's host stand-in (fake storage).
 void ZeroOffload::device_from_host(void* dst, DType t, const float* src, size_t n) {
-  if (!n) return;
-  if (t == DType::F32) {
-    dev_.copy_h2d(dst, src, n * sizeof(float));
-    return;
-  }
-  std::vector<uint16_t> raw(n);
-  for (size_t i = 0; i < n; ++i) dtype_store(raw.data(), i, t, src[i]);
-  dev_.copy_h2d(dst, raw.data(), n * sizeof(uint16_t));
+  dev_.copy_h2d_cast(dst, t, src, n);
 }
 
 // ----------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 // CUDA, cuBLASLt and NCCL code on the CPU execution engine): ds_z2_offload_config.json
 // and ds_z3_offload_config.json as LLaMA-Factory ships them ("auto" values included),
 // with the job's own keys given by --set, on two local CUDA ranks; the ranks report the
-// offloaded host state, and the stage-3 run resumes from its checkpoint without offload.
-// Built only in the EMU tree.
+// offloaded host state, and the stage-3 run resumes from its checkpoint without offload;
+// with LoRA both train as the same job without offload. Built only in the EMU tree.
 #include "cli_harness.h"
 #include "run_readers.h"
 #include "tiny_job.h"
@@ -125,4 +125,54 @@ TEST_CASE("dtrain-emu: LLaMA-Factory's stock offload configs run unchanged on tw
   REQUIRE(!r.timed_out);
   CHECK(r.rc == 0);
   CHECK(metric_losses(run_dir).size() == 6);
+}
+
+TEST_CASE("dtrain-emu: the stock offload configs with LoRA train as the same LoRA run without offload") {
+  // Under LoRA only the adapters train: the offloaded host state is theirs, the frozen base
+  // stays on the device (stage 2) or, with offload_param at stage 3, its 16-bit shards move
+  // to the host. Each run's losses against the same job with offload off.
+  const std::string bin = dtrain_bin();
+  REQUIRE_MESSAGE(!bin.empty(), "$DTRAIN_BIN (dtrain-emu) is not set: run through ctest in the EMU tree");
+  TempDir tmp("dtrain-emu-offload-lora");
+  REQUIRE(!tmp.path().empty());
+  for (const auto& [name, text] :
+       {std::pair{"ds_z2_offload_config.json", kZ2}, std::pair{"ds_z3_offload_config.json", kZ3}}) {
+    const std::string config_name = name;
+    CAPTURE(config_name);
+    const std::string config = tmp.path() + "/" + name;
+    std::ofstream(config) << text;
+    std::vector<std::vector<double>> runs;
+    for (bool offload : {true, false}) {
+      CAPTURE(offload);
+      const std::string run_dir = tmp.path() + "/run-" + std::string(name).substr(0, 5) + (offload ? "-off" : "-dev");
+      std::vector<std::string> argv{bin, "launch", "--config", config, "--nproc-per-node", "2", "--master-port", "0"};
+      for (const auto& s : job_sets(run_dir, 4)) argv.push_back(s);
+      for (const char* kv : {"lora.r=8", "lora.target_modules=[q_proj,v_proj,down_proj]"}) {
+        argv.push_back("--set");
+        argv.push_back(kv);
+      }
+      if (!offload)
+        for (const char* kv :
+             {"zero_optimization.offload_optimizer.device=none", "zero_optimization.offload_param.device=none"}) {
+          argv.push_back("--set");
+          argv.push_back(kv);
+        }
+      auto r = run(argv, {{"CUDA_EMU_DEVICE_COUNT", "2"}}, 300s);
+      INFO("launch output:\n" << r.out);
+      REQUIRE(!r.timed_out);
+      REQUIRE(r.rc == 0);
+      CHECK(contains(r.out, "offload_optimizer") == offload);  // the ranks' memory report: host state
+      std::vector<double> losses;
+      for (const auto& [step, loss] : metric_losses(run_dir)) {
+        CHECK(std::isfinite(loss));
+        losses.push_back(loss);
+      }
+      REQUIRE(losses.size() == 4);
+      runs.push_back(losses);
+    }
+    for (size_t i = 0; i < runs[0].size(); ++i) {
+      INFO("step " << i + 1 << ": offloaded " << runs[0][i] << ", on the device " << runs[1][i]);
+      CHECK(std::fabs(runs[0][i] - runs[1][i]) <= 1e-5 * std::fabs(runs[1][i]));
+    }
+  }
 }

@@ -1,6 +1,7 @@
 // The per-rank memory plan (--dry-run) against the ZeRO engine's own accounting of the
 // same model on 2 ranks (its theory, which the engine tests check against what it
-// allocates), per stage, full and LoRA; the machine check refuses with the numbers.
+// allocates), per stage, full and LoRA; stage 3's working buffers against the engine's meter
+// over real steps; the machine check refuses with the numbers.
 #include "zero_harness.h"
 #include "core/error.h"
 #include "train/memory_plan.h"
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -262,5 +264,67 @@ TEST_CASE("memory plan: the published 7-8B config.json files give their checkpoi
     const train::MemoryPlan p = train::memory_plan(c, 8);
     CHECK(p.params == m.params);
     CHECK(p.trainable == m.params);
+  }
+}
+
+TEST_CASE("memory plan: stage 3's working buffers as the engine meters them, the post-update all-gather included") {
+  // Stage 3 keeps the trainable buffers under stage3_param_persistence_threshold whole and
+  // all-gathers their updated shards back after each update (zero_post_update_gathers), as
+  // stages 1-2 do for every trainable buffer. With small gradient buckets that all-gather
+  // is the step's largest working buffer; the plan counted it at stages 1-2 only. Truth: the
+  // engine's own meter of its working buffers over a real step (ZeroMemory::work_peak_bytes).
+  struct Case {
+    const char* what;
+    bool lora;
+    int resident;  // 0: the adapters (LoRA); 1: every buffer; 2: the buffers below the median
+  };
+  for (const Case c : {Case{"every buffer resident", false, 1}, Case{"some buffers resident", false, 2},
+                       Case{"LoRA: the adapters resident, the base sharded", true, 0}}) {
+    CAPTURE(c.what);
+    config::TrainConfig cfg = job(3, c.lora);
+    cfg.zero.reduce_bucket_size = 500;
+    std::vector<size_t> base, adapters;
+    {
+      auto m = train::model_create(cfg);
+      for (const auto& pb : m->params()) base.push_back(pb.size);
+      for (const auto& pb : m->lora_params()) adapters.push_back(pb.size);
+    }
+    std::vector<size_t> all = base;
+    all.insert(all.end(), adapters.begin(), adapters.end());
+    std::sort(all.begin(), all.end());
+    size_t threshold = 0;
+    if (c.resident == 0) {
+      threshold = *std::max_element(adapters.begin(), adapters.end()) + 1;
+      REQUIRE(*std::min_element(base.begin(), base.end()) >= threshold);
+    } else {
+      threshold = c.resident == 1 ? all.back() + 1 : all[all.size() / 2];
+    }
+    cfg.zero.stage3_param_persistence_threshold = static_cast<int64_t>(threshold);
+    const train::MemoryPlan p = train::memory_plan(cfg, 2);
+    std::vector<train::ZeroMemory> mem(2);
+    const auto errors = zero_test::run_ranks(2, [&](comm::Communicator* comm, int r) {
+      auto m = train::model_create(cfg);
+      train::ZeroEngine e(*m, comm, train::zero_options_from(cfg));
+      const int B = static_cast<int>(cfg.resolved_micro_batch_size), T = static_cast<int>(*cfg.data.seq_len);
+      std::vector<int32_t> tok, tgt;
+      for (int step = 1; step <= 2; ++step) {
+        zero_test::batch_rows(step, r * B, B, T, m->config().vocab_size, tok, tgt);
+        e.before_step();
+        m->forward(tok.data(), tgt.data(), B, T);
+        m->backward(1.0f);
+        e.step_prepare(1e-3f);
+        e.step_issue(1.0f);
+        if (!e.step_finish(1.0f)) throw std::runtime_error("step " + std::to_string(step) + " skipped");
+      }
+      mem[static_cast<size_t>(r)] = e.report().memory();
+    });
+    for (const auto& err : errors) REQUIRE_MESSAGE(err.empty(), err);
+    const double metered = static_cast<double>(mem[0].work_peak_bytes);
+    INFO("plan: at most " << p.work_live_bytes << " bytes of working buffers in use at once (gathered "
+                          << p.gather_bytes << "); the engine's meter: " << metered);
+    CHECK(metered > 0);
+    // The plan rounds each block to 64 bytes: an upper bound, a few blocks above the meter.
+    CHECK(p.work_live_bytes >= metered);
+    CHECK(p.work_live_bytes <= metered + 64.0 * static_cast<double>(all.size()));
   }
 }
