@@ -220,8 +220,9 @@ TEST_CASE("mbarrier misuse: placement, init, arrivals, tx-count, fences, bulk op
                init_bar(1);
                bulk_copy_g2s(smem_bar(16), s, 64, smem_bar());
                mbarrier_arrive_expect_tx(smem_bar(), 48);
+               wait_phase(smem_bar(), 0);
              }),
-         "bytes more than expect_tx announced", "mbarrier_arrive_expect_tx(smem_bar(), 48)");
+         "bytes more than expect_tx announced", "mbarrier_try_wait_parity");
   // Too few bytes: the phase never completes and every thread waits on it.
   expect(run(dim3(64), 16 + 64,
              [=] {

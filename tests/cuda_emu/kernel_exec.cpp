@@ -711,7 +711,9 @@ void block_run(Worker& w, Launch& L, uint3 bidx) {
     } else if (b.live == 0) {
       break;
     } else if (!b.cancel) {
-      block_fail(b, cudaErrorLaunchFailure, deadlock_report(b));
+      std::string why;
+      if (b.hopper.used && hopper_progress(b, &why)) continue;
+      block_fail(b, cudaErrorLaunchFailure, why.empty() ? deadlock_report(b) : why);
       continue;
     } else {  // resume every waiting thread so it unwinds
       for (unsigned t = 0; t < b.n; ++t)

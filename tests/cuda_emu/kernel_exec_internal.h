@@ -289,6 +289,10 @@ void thread_park(Block& b, Thread& th);
 // hopper_block_end returns why the block may not end as it did ("" when it may).
 void hopper_block_start(Block& b);
 std::string hopper_block_end(Block& b);
+// Nothing of the block can run: the bulk copies in flight finish (as the GPU's copy
+// engine would), which may complete phases. True when that made threads runnable; *why
+// is set when it made the block fail instead.
+bool hopper_progress(Block& b, std::string* why);
 std::string wgmma_block_end(Block& b);  // kernel_wgmma.cpp: wgmma left unretired
 // What a thread parked at OP_MBAR_WAIT waits for, for the deadlock report.
 std::string mbarrier_wait_str(const Block& b, const Thread& th);

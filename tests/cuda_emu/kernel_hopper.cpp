@@ -98,10 +98,15 @@ MBarrier& mbar_get(Block& b, unsigned t, const char* what, const char* file, int
           "mbarrier at " + smem_where(*b.w, bar) + " is used before mbarrier.init (or after mbarrier.inval)");
 }
 
-// The phase completes: copies land, the phase advances, waiters resume.
+// The phase completes: the copies whose bytes completed land, the phase advances,
+// waiters resume. Copies not completed yet stay in flight (for a later phase).
 void phase_complete(Block& b, MBarrier& m) {
-  for (const BulkCopy& c : m.copies) std::memcpy(c.dst, c.src, c.bytes);
-  m.copies.clear();
+  size_t kept = 0;
+  for (BulkCopy& c : m.copies) {
+    if (c.done) std::memcpy(c.dst, c.src, c.bytes);
+    else m.copies[kept++] = c;
+  }
+  m.copies.resize(kept);
   ++m.phase;
   m.pending = m.expected;
   m.tx = 0;
@@ -110,18 +115,35 @@ void phase_complete(Block& b, MBarrier& m) {
   m.waiters.clear();
 }
 
-// After an arrival or a tx change: completes the phase when both counts are zero.
-void phase_check(Block& b, unsigned t, MBarrier& m, const char* what, const char* file, int line) {
+// After an arrival or a tx change: completes the phase when both counts are zero; the
+// reason it cannot be ("" when none).
+std::string phase_advance(Block& b, MBarrier& m) {
   if (m.tx > TX_LIMIT || m.tx < -TX_LIMIT)
-    fail_at(b, t, what, file, line,
-            bar_str(b, m) + ": the tx-count leaves the PTX ISA's range +-(2^20 - 1) (" + counts_str(m) + ")");
-  if (m.pending != 0) return;
+    return bar_str(b, m) + ": the tx-count leaves the PTX ISA's range +-(2^20 - 1) (" + counts_str(m) + ")";
+  if (m.pending != 0) return "";
   if (m.tx < 0)
-    fail_at(b, t, what, file, line,
-            bar_str(b, m) + ": every arrival of the phase is in but bulk copies completed " + std::to_string(-m.tx) +
-                " bytes more than expect_tx announced (" + counts_str(m) +
-                "); a GPU keeps the phase open until more bytes are expected");
+    return bar_str(b, m) + ": every arrival of the phase is in but bulk copies completed " + std::to_string(-m.tx) +
+           " bytes more than expect_tx announced (" + counts_str(m) +
+           "); a GPU keeps the phase open until more bytes are expected";
   if (m.tx == 0) phase_complete(b, m);
+  return "";
+}
+void phase_check(Block& b, unsigned t, MBarrier& m, const char* what, const char* file, int line) {
+  std::string why = phase_advance(b, m);
+  if (!why.empty()) fail_at(b, t, what, file, line, why);
+}
+
+// The bulk copies in flight on m finish (complete_tx): the engine lets them finish as
+// late as it can, when a thread waits on the barrier or nothing else can run.
+std::string copies_finish(Block& b, MBarrier& m) {
+  bool any = false;
+  for (BulkCopy& c : m.copies)
+    if (!c.done) {
+      c.done = true;
+      m.tx -= static_cast<int32_t>(c.bytes);
+      any = true;
+    }
+  return any ? phase_advance(b, m) : "";
 }
 
 uint64_t arrive(const char* file, int line, uint64_t* bar, uint32_t tx, const char* what) {
@@ -198,6 +220,15 @@ void hopper_block_start(Block& b) {
   b.hopper.used = false;
 }
 
+bool hopper_progress(Block& b, std::string* why) {
+  const size_t before = b.runnable.size();
+  for (MBarrier& m : b.hopper.mbars) {
+    *why = copies_finish(b, m);
+    if (!why->empty()) return false;
+  }
+  return b.runnable.size() > before;
+}
+
 std::string hopper_block_end(Block& b) {
   for (const MBarrier& m : b.hopper.mbars)
     if (!m.copies.empty())
@@ -265,6 +296,9 @@ bool mbarrier_try_wait_parity(const char* file, int line, uint64_t* bar, uint32_
   for (;;) {
     MBarrier& m = mbar_get(b, t, what, file, line, bar);
     if ((m.phase & 1u) != parity) return true;
+    const std::string why = copies_finish(b, m);
+    if (!why.empty()) fail_at(b, t, what, file, line, why);
+    if ((m.phase & 1u) != parity) return true;
     if (th.mb_last != bar || th.mb_phase_last != m.phase) {  // the first answer: not yet
       th.mb_last = bar;
       th.mb_phase_last = m.phase;
@@ -293,9 +327,7 @@ void bulk_copy_g2s(const char* file, int line, void* dst, const void* src, uint3
             bar_str(b, m) + " completes a bulk copy (the async proxy), but " + lane_str(b, m.init_t) +
                 ", which initialised it, ran no fence.mbarrier_init.release.cluster or fence.proxy.async since");
   m.copies.push_back(BulkCopy{static_cast<char*>(dst), static_cast<const char*>(src), bytes, file, line,
-                              reinterpret_cast<uintptr_t>(__builtin_return_address(0))});
-  m.tx -= static_cast<int32_t>(bytes);
-  phase_check(b, t, m, BULK, file, line);
+                              reinterpret_cast<uintptr_t>(__builtin_return_address(0)), false});
 }
 
 }  // namespace cuda_emu

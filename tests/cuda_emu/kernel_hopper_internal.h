@@ -11,8 +11,9 @@
 namespace cuda_emu {
 
 // cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes: one copy in flight.
-// Its bytes count against its barrier's tx-count when it is issued; they land in shared
-// memory (and its source is read) when that barrier's current phase completes.
+// Its bytes count against its barrier's tx-count when it completes (`done`, at a wait on
+// the barrier or when nothing else can run); they land in shared memory (and its source
+// is read) when the phase it completed in completes.
 struct BulkCopy {
   char* dst;
   const char* src;
@@ -20,6 +21,7 @@ struct BulkCopy {
   const char* file;
   int line;
   uintptr_t pc;
+  bool done;
 };
 
 // An mbarrier object: the PTX ISA's state (phase, pending arrivals, expected arrivals,

@@ -36,7 +36,9 @@ namespace cuda_emu {
 
 namespace {
 
-constexpr uint32_t ACC_TAG = 0x7fcafe57u;  // a quiet NaN
+// A signalling NaN: a copy keeps its bits, arithmetic on it (even x * 1) quiets it, so a
+// write of any value computed from it differs from the tag.
+constexpr uint32_t ACC_TAG = 0x7f8afe57u;
 constexpr unsigned UNCOMMITTED = ~0u;
 
 struct WgmmaIo {
