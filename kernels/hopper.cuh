@@ -3,7 +3,7 @@
 // global -> shared that completes on one, and the warpgroup MMA (wgmma) with operands in
 // shared memory. One API for both compilers, as kernels/mma.cuh: under nvcc each function
 // is the PTX instruction it names (and __trap() when compiled for an architecture below
-// sm_90); under the CPU execution engine (DTRAIN_CUDA_EMU) it is the engine's model
+// sm_90, or for wgmma, which PTX makes an sm_90a feature, for any but sm_90a); under the CPU execution engine (DTRAIN_CUDA_EMU) it is the engine's model
 // (tests/cuda_emu/kernel_hopper.cpp, kernel_wgmma.cpp), which fails the launch naming the
 // call site where a GPU computes garbage or hangs, and on a device profile below 9.0.
 //
@@ -118,12 +118,19 @@ __device__ __forceinline__ void bulk_copy_g2s(void* smem_dst, const void* gmem_s
                : "memory");
 }
 
-__device__ __forceinline__ void wgmma_fence() { DTK_SM90_ASM("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { DTK_SM90_ASM("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// wgmma is an arch-specific feature: sm_90a (compute_90a), not sm_90. Compiled for any
+// other architecture (sm_90 included) these trap.
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DTK_SM90A_ASM(...) __trap()
+#else
+#define DTK_SM90A_ASM(...) asm volatile(__VA_ARGS__)
+#endif
+__device__ __forceinline__ void wgmma_fence() { DTK_SM90A_ASM("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { DTK_SM90A_ASM("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   static_assert(N >= 0, "wgmma_wait: N is the number of groups left pending (0 or more)");
-  DTK_SM90_ASM("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+  DTK_SM90A_ASM("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
 // D (N / 2 floats per thread) = A B + (scale_d ? D : 0). T = __nv_bfloat16 or __half;
@@ -133,7 +140,7 @@ __device__ __forceinline__ void wgmma_m64k16(float* d, uint64_t adesc, uint64_t 
 template <>
 __device__ __forceinline__ void wgmma_m64k16<__nv_bfloat16, 64>(float* d, uint64_t adesc, uint64_t bdesc,
                                                                 bool scale_d) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();
 #else
   asm volatile(
@@ -153,7 +160,7 @@ __device__ __forceinline__ void wgmma_m64k16<__nv_bfloat16, 64>(float* d, uint64
 }
 template <>
 __device__ __forceinline__ void wgmma_m64k16<__half, 64>(float* d, uint64_t adesc, uint64_t bdesc, bool scale_d) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();
 #else
   asm volatile(
@@ -174,7 +181,7 @@ __device__ __forceinline__ void wgmma_m64k16<__half, 64>(float* d, uint64_t ades
 template <>
 __device__ __forceinline__ void wgmma_m64k16<__nv_bfloat16, 128>(float* d, uint64_t adesc, uint64_t bdesc,
                                                                  bool scale_d) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();
 #else
   asm volatile(
@@ -200,7 +207,7 @@ __device__ __forceinline__ void wgmma_m64k16<__nv_bfloat16, 128>(float* d, uint6
 }
 template <>
 __device__ __forceinline__ void wgmma_m64k16<__half, 128>(float* d, uint64_t adesc, uint64_t bdesc, bool scale_d) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();
 #else
   asm volatile(
@@ -227,7 +234,7 @@ __device__ __forceinline__ void wgmma_m64k16<__half, 128>(float* d, uint64_t ade
 template <>
 __device__ __forceinline__ void wgmma_m64k16<__nv_bfloat16, 256>(float* d, uint64_t adesc, uint64_t bdesc,
                                                                  bool scale_d) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();
 #else
   asm volatile(
@@ -265,7 +272,7 @@ __device__ __forceinline__ void wgmma_m64k16<__nv_bfloat16, 256>(float* d, uint6
 }
 template <>
 __device__ __forceinline__ void wgmma_m64k16<__half, 256>(float* d, uint64_t adesc, uint64_t bdesc, bool scale_d) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();
 #else
   asm volatile(
@@ -302,6 +309,7 @@ __device__ __forceinline__ void wgmma_m64k16<__half, 256>(float* d, uint64_t ade
 #endif
 }
 #undef DTK_SM90_ASM
+#undef DTK_SM90A_ASM
 
 #else
 // ----------------------------------------------------------------------------
