@@ -164,6 +164,41 @@ TEST_CASE("mbarrier.try_wait: false before the phase completes (once, then it su
   CHECK(answers.get() == std::vector<unsigned>{0u, 1u, 1u});
 }
 
+TEST_CASE("bulk copy under the racecheck: the landed bytes replace earlier stores for the waiters") {
+  // Warp 1 stores into the buffer, hands it over through barrier A; thread 0 refills it by a
+  // bulk copy on barrier B, and every thread reads it after B's phase. All in one barrier
+  // interval: the copy's bytes, not warp 1's stores, are what the readers see.
+  std::vector<float> h(32);
+  for (int i = 0; i < 32; ++i) h[static_cast<size_t>(i)] = static_cast<float>(i) + 0.25f;
+  Dev<float> src(h), out(64);
+  float* s = src.p;
+  float* o = out.p;
+  CHECK_RUNS(run(dim3(64), 16 + 128, [=] {
+    float* buf = reinterpret_cast<float*>(smem_bar(16));
+    if (threadIdx.x == 0) {
+      mbarrier_init(smem_bar(0), 32);
+      mbarrier_init(smem_bar(8), 1);
+      fence_mbarrier_init();
+    }
+    __syncthreads();
+    if (threadIdx.x >= 32) {
+      buf[threadIdx.x - 32] = -1.0f;
+      fence_proxy_async();
+      mbarrier_arrive(smem_bar(0));
+    }
+    if (threadIdx.x == 0) {
+      wait_phase(smem_bar(0), 0);
+      mbarrier_arrive_expect_tx(smem_bar(8), 128);
+      bulk_copy_g2s(buf, s, 128, smem_bar(8));
+    }
+    wait_phase(smem_bar(8), 0);
+    o[threadIdx.x] = buf[threadIdx.x % 32];
+  }));
+  if (!sm90()) return;
+  const auto v = out.get();
+  for (int i = 0; i < 64; ++i) CHECK(v[static_cast<size_t>(i)] == h[static_cast<size_t>(i % 32)]);
+}
+
 TEST_CASE("mbarrier: arrivals by many threads complete a phase; arrive returns the phase's state") {
   Dev<unsigned long long> st(2 * 128);
   unsigned long long* s = st.p;

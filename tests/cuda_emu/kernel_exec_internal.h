@@ -324,6 +324,11 @@ inline void racecheck_warp_sync(Worker& w, Block& b, unsigned warp) {
 // An access the engine performs for the calling thread (ldmatrix rows, cp.async landing),
 // attributed to kernel code at `pc`.
 void racecheck_access(const void* p, size_t bytes, bool write, uintptr_t pc);
+// Bytes the async proxy wrote (a bulk copy landing at its mbarrier's phase completion,
+// which orders it for the waiters): their cells forget earlier accesses, so a waiter's
+// read is not paired with a store the copy overwrote. The racecheck does not yet treat an
+// mbarrier phase as ordering generic accesses between threads.
+void racecheck_forget(const void* p, size_t bytes);
 // The block's hazard, with both source lines (after the block ran).
 std::string racecheck_report(const Block& b);
 // "file:line (in function), inlined at ..." for a code address (kernel_faults.cpp).

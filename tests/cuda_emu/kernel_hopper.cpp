@@ -103,8 +103,10 @@ MBarrier& mbar_get(Block& b, unsigned t, const char* what, const char* file, int
 void phase_complete(Block& b, MBarrier& m) {
   size_t kept = 0;
   for (BulkCopy& c : m.copies) {
-    if (c.done) std::memcpy(c.dst, c.src, c.bytes);
-    else m.copies[kept++] = c;
+    if (c.done) {
+      std::memcpy(c.dst, c.src, c.bytes);
+      racecheck_forget(c.dst, c.bytes);
+    } else m.copies[kept++] = c;
   }
   m.copies.resize(kept);
   ++m.phase;
