@@ -249,6 +249,7 @@ struct Worker {
   RaceCell* rc_tls = nullptr;
   const char* rc_tls_lo = nullptr;
   size_t rc_tls_len = 0;
+  unsigned bulk_in_flight = 0;  // bulk copies into dynamic shared memory not landed yet
 
   Worker();
   ~Worker();
@@ -329,6 +330,10 @@ void racecheck_access(const void* p, size_t bytes, bool write, uintptr_t pc);
 // read is not paired with a store the copy overwrote. The racecheck does not yet treat an
 // mbarrier phase as ordering generic accesses between threads.
 void racecheck_forget(const void* p, size_t bytes);
+// An instrumented access to dynamic shared memory while bulk copies are in flight
+// (kernel_hopper.cpp): one that touches a copy's destination before its phase completed
+// fails the block (a GPU's result depends on when the copy engine gets there).
+void bulk_in_flight_access(Block& b, const char* p, size_t n, bool write, uintptr_t pc);
 // The block's hazard, with both source lines (after the block ran).
 std::string racecheck_report(const Block& b);
 // "file:line (in function), inlined at ..." for a code address (kernel_faults.cpp).

@@ -106,6 +106,7 @@ void phase_complete(Block& b, MBarrier& m) {
     if (c.done) {
       std::memcpy(c.dst, c.src, c.bytes);
       racecheck_forget(c.dst, c.bytes);
+      --b.w->bulk_in_flight;
     } else m.copies[kept++] = c;
   }
   m.copies.resize(kept);
@@ -215,11 +216,28 @@ void require_sm90(Block& b, unsigned t, const char* what, const char* file, int 
 }
 
 void hopper_block_start(Block& b) {
+  b.w->bulk_in_flight = 0;
   if (!b.hopper.used) return;
   b.hopper.mbars.clear();
   b.hopper.wgs.clear();
   for (Thread& th : b.threads) th.mb_last = nullptr;
   b.hopper.used = false;
+}
+
+void bulk_in_flight_access(Block& b, const char* p, size_t n, bool write, uintptr_t pc) {
+  if (b.cancel) return;
+  for (const MBarrier& m : b.hopper.mbars)
+    for (const BulkCopy& c : m.copies) {
+      if (p >= c.dst + c.bytes || c.dst >= p + n) continue;
+      const unsigned t = static_cast<unsigned>(cur_thread() - b.threads.data());
+      b.cancel = true;  // the hook cannot throw: the thread unwinds at its next wait
+      b.err = cudaErrorLaunchFailure;
+      b.msg = lane_str(b, t) + (write ? " writes" : " reads") + " shared offset " + std::to_string(p - b.w->smem_base) +
+              " at " + code_location(pc) + ", which the bulk copy issued at " + where_str(c.file, c.line) +
+              " has not written yet (its " + bar_str(b, m) + " has not completed phase " + std::to_string(m.phase) +
+              ": wait on the right parity)";
+      return;
+    }
 }
 
 bool hopper_progress(Block& b, std::string* why) {
@@ -330,6 +348,7 @@ void bulk_copy_g2s(const char* file, int line, void* dst, const void* src, uint3
                 ", which initialised it, ran no fence.mbarrier_init.release.cluster or fence.proxy.async since");
   m.copies.push_back(BulkCopy{static_cast<char*>(dst), static_cast<const char*>(src), bytes, file, line,
                               reinterpret_cast<uintptr_t>(__builtin_return_address(0)), false});
+  ++b.w->bulk_in_flight;
 }
 
 }  // namespace cuda_emu

@@ -147,6 +147,8 @@ void check(Worker& w, RaceCell* cells, size_t off, size_t n, bool write, uintptr
   const char* a = static_cast<const char*>(p);
   if (a >= w->smem_base && a < w->smem_guard()) {
     const size_t off = static_cast<size_t>(a - w->smem_map);
+    if (w->bulk_in_flight) [[unlikely]]
+      bulk_in_flight_access(w->block, a, n, write, pc);
     check(*w, w->rc_dyn, off, std::min(n, static_cast<size_t>(w->smem_guard() - a)), write, pc, a, true);
     return;
   }
