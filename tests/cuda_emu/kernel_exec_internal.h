@@ -298,8 +298,9 @@ std::string wgmma_block_end(Block& b);  // kernel_wgmma.cpp: wgmma left unretire
 // What a thread parked at OP_MBAR_WAIT waits for, for the deadlock report.
 std::string mbarrier_wait_str(const Block& b, const Thread& th);
 // Fails the calling thread with cudaErrorIllegalInstruction unless the device profile is
-// compute capability 9.0 or above (the sm_90 instructions).
-void require_sm90(Block& b, unsigned t, const char* what, const char* file, int line);
+// compute capability 9.0 or above (the sm_90 instructions), or exactly 9.0 for the sm_90a
+// ones (wgmma: Blackwell has tcgen05 instead).
+void require_sm90(Block& b, unsigned t, const char* what, const char* file, int line, bool sm90a = false);
 
 // Shared-memory operands (kernel_mma.cpp): whether [p, p + bytes) is the block's dynamic
 // shared memory or static __shared__ storage, and what it is instead, for a report.

@@ -205,13 +205,16 @@ void bulk_check(Block& b, unsigned t, const char* file, int line, void* dst, con
 }  // namespace
 
 // ----------------------------------------------------------------------------
-void require_sm90(Block& b, unsigned t, const char* what, const char* file, int line) {
+void require_sm90(Block& b, unsigned t, const char* what, const char* file, int line, bool sm90a) {
   const rt::DeviceProfile* p = rt::device_profile();
-  if (p && p->major >= 9) return;
+  if (p && (sm90a ? p->major == 9 && p->minor == 0 : p->major >= 9)) return;
+  const std::string dev = p ? std::string(p->name) + " (compute capability " + std::to_string(p->major) + "." +
+                                  std::to_string(p->minor) + ")"
+                            : "unknown";
   fail_at(b, t, what, file, line,
-          std::string("an sm_90 instruction, but the device is ") + (p ? p->name : "unknown") +
-              (p ? " (compute capability " + std::to_string(p->major) + "." + std::to_string(p->minor) + ")" : "") +
-              ": a GPU raises an illegal instruction",
+          (sm90a ? "an sm_90a instruction (compute capability 9.0 only), but the device is "
+                 : "an sm_90 instruction, but the device is ") +
+              dev + ": a GPU raises an illegal instruction",
           cudaErrorIllegalInstruction);
 }
 

@@ -13,6 +13,9 @@
 // mma_asyncs on the same accumulators chain in order. D = C (scale-d 1) or 0, plus the 16
 // products in k order in fp32 (a tensor core agrees to a few ulps, not bitwise).
 //
+// wgmma is an sm_90a feature: on any device profile but compute capability 9.0 (the b200's
+// 10.0 included) it fails with an illegal instruction.
+//
 // Stricter than a GPU (each fails the launch naming the call site): a warpgroup with a
 // thread missing, exited or at another instruction (a missing thread deadlocks, and the
 // report names the instruction); operands that differ between threads; an mma_async with
@@ -255,7 +258,7 @@ void mma_retire(Block& b, unsigned t, const char* file, int line, WarpGroupState
 Block& wg_block(const char* file, int line, int op, unsigned* t) {
   Block& b = current_block(file, line, op_name(op));
   *t = static_cast<unsigned>(cur_thread() - b.threads.data());
-  require_sm90(b, *t, op_name(op), file, line);
+  require_sm90(b, *t, op_name(op), file, line, true);
   b.hopper.used = true;
   return b;
 }
