@@ -140,6 +140,7 @@ const char* op_name(int op) {
                                       "__shfl_down_sync",
                                       "__syncwarp",
                                       "__ballot_sync",
+                                      "mbarrier.try_wait.parity.shared::cta.b64",
                                       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
                                       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
                                       "ldmatrix.sync.aligned.m8n8.x1.shared.b16",
@@ -147,7 +148,11 @@ const char* op_name(int op) {
                                       "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
                                       "ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16",
                                       "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16",
-                                      "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"};
+                                      "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16",
+                                      "wgmma.fence.sync.aligned",
+                                      "wgmma.mma_async.sync.aligned",
+                                      "wgmma.commit_group.sync.aligned",
+                                      "wgmma.wait_group.sync.aligned"};
   return names[op];
 }
 
@@ -172,8 +177,10 @@ std::string lanes_str(unsigned bits) {  // "0,3,8-31"
 }
 std::string op_at(const Thread& th) {
   std::string s = op_name(th.op);
-  if (th.op >= OP_SHFL_IDX && !aligned_op(th.op)) s += "(mask " + hex(th.mask) + ")";
-  return s + " at " + where_str(th.file, th.line);
+  if (th.op >= OP_SHFL_IDX && th.op <= OP_BALLOT) s += "(mask " + hex(th.mask) + ")";
+  s += " at " + where_str(th.file, th.line);
+  if (th.op == OP_MBAR_WAIT) s += " (" + mbarrier_wait_str(t_worker->block, th) + ")";
+  return s;
 }
 
 // Fails the block: the first failure wins; everything else unwinds.
@@ -229,6 +236,12 @@ namespace {
 
 bool warp_before(const Block& b, unsigned x, unsigned y);
 size_t best_runnable(const Block& b);
+
+}  // namespace
+
+void thread_park(Block& b, Thread& th) { thread_wait(b, th); }
+
+namespace {
 
 // Warp-ordered schedules: the thread that completes a barrier runs on only when no
 // thread of an earlier warp (in the schedule's order) can run.
@@ -598,6 +611,7 @@ void block_setup(Worker& w, Launch& L, uint3 bidx) {
     wp.exited = 0;
     wp.groups.clear();
   }
+  hopper_block_start(b);
   b.next_start = b.live = b.exited = b.first_exited = 0;
   b.bar_arrived = 0;
   b.bar_waiters.clear();
@@ -697,7 +711,9 @@ void block_run(Worker& w, Launch& L, uint3 bidx) {
     } else if (b.live == 0) {
       break;
     } else if (!b.cancel) {
-      block_fail(b, cudaErrorLaunchFailure, deadlock_report(b));
+      std::string why;
+      if (b.hopper.used && hopper_progress(b, &why)) continue;
+      block_fail(b, cudaErrorLaunchFailure, why.empty() ? deadlock_report(b) : why);
       continue;
     } else {  // resume every waiting thread so it unwinds
       for (unsigned t = 0; t < b.n; ++t)
@@ -707,6 +723,10 @@ void block_run(Worker& w, Launch& L, uint3 bidx) {
         std::abort();
       }
     }
+  }
+  if (b.hopper.used && !b.cancel) {
+    std::string why = hopper_block_end(b);
+    if (!why.empty()) block_fail(b, cudaErrorLaunchFailure, std::move(why));
   }
   w.running = nullptr;
   w.rc_active = false;  // instrumented host code may run on this thread next

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "engine.h"
+#include "kernel_hopper_internal.h"
 
 #include <boost/context/fiber.hpp>
 
@@ -36,6 +37,7 @@ enum Op : int {
   OP_SHFL_DOWN,
   OP_SYNCWARP,
   OP_BALLOT,
+  OP_MBAR_WAIT,  // mbarrier.try_wait.parity (kernel_hopper.cpp): Thread::io is the barrier
   // .sync.aligned warp instructions: all 32 lanes, one instruction (op and call site).
   OP_MMA_BF16,
   OP_MMA_F16,
@@ -45,8 +47,14 @@ enum Op : int {
   OP_LDSM_X1_T,
   OP_LDSM_X2_T,
   OP_LDSM_X4_T,
+  // .sync.aligned warpgroup instructions (kernel_wgmma.cpp): all 128 threads of an
+  // aligned warpgroup, one instruction. They gather outside Warp::groups.
+  OP_WGMMA_FENCE,
+  OP_WGMMA_MMA,
+  OP_WGMMA_COMMIT,
+  OP_WGMMA_WAIT,
 };
-inline bool aligned_op(int op) { return op >= OP_MMA_BF16; }
+inline bool aligned_op(int op) { return op >= OP_MMA_BF16 && op <= OP_LDSM_X4_T; }
 
 // ----------------------------------------------------------------------------
 // Launch: what every block of one kernel_run shares.
@@ -93,6 +101,9 @@ struct Thread {
   int bytes, arg, width;
   uint64_t value, result;
   const void* io;  // .sync.aligned warp instructions: the lane's operands, on its own stack
+  // mbarrier.try_wait: the barrier and phase its last `false` answer was for.
+  const void* mb_last;
+  uint32_t mb_phase_last;
 };
 static_assert(std::is_standard_layout_v<Thread>);
 
@@ -151,6 +162,7 @@ struct Block {
   std::vector<AsyncCopies> async;  // per thread
   bool async_used = false;         // a thread issued a cp.async since block_setup
   std::vector<Warp> warps;
+  HopperState hopper;  // mbarriers, bulk copies, warpgroups (kernel_hopper.cpp, kernel_wgmma.cpp)
   unsigned next_start = 0, live = 0, exited = 0, first_exited = 0;
   // The barrier being gathered.
   unsigned bar_arrived = 0, bar_first = 0;
@@ -237,6 +249,7 @@ struct Worker {
   RaceCell* rc_tls = nullptr;
   const char* rc_tls_lo = nullptr;
   size_t rc_tls_len = 0;
+  unsigned bulk_in_flight = 0;  // bulk copies into dynamic shared memory not landed yet
 
   Worker();
   ~Worker();
@@ -269,6 +282,31 @@ inline Block& current_block(const char* file, int line, const char* what) {
 // fails the block); the last to arrive calls aligned_complete and resumes the others.
 void warp_aligned(Block& b, Thread& th, const char* file, int line, int op, const void* io);
 
+// Parks the calling thread until another makes it runnable (Block::make_runnable);
+// unwinds it when the block failed meanwhile.
+void thread_park(Block& b, Thread& th);
+
+// Hopper state (kernel_hopper.cpp). hopper_block_start clears what a previous block left;
+// hopper_block_end returns why the block may not end as it did ("" when it may).
+void hopper_block_start(Block& b);
+std::string hopper_block_end(Block& b);
+// Nothing of the block can run: the bulk copies in flight finish (as the GPU's copy
+// engine would), which may complete phases. True when that made threads runnable; *why
+// is set when it made the block fail instead.
+bool hopper_progress(Block& b, std::string* why);
+std::string wgmma_block_end(Block& b);  // kernel_wgmma.cpp: wgmma left unretired
+// What a thread parked at OP_MBAR_WAIT waits for, for the deadlock report.
+std::string mbarrier_wait_str(const Block& b, const Thread& th);
+// Fails the calling thread with cudaErrorIllegalInstruction unless the device profile is
+// compute capability 9.0 or above (the sm_90 instructions), or exactly 9.0 for the sm_90a
+// ones (wgmma: Blackwell has tcgen05 instead).
+void require_sm90(Block& b, unsigned t, const char* what, const char* file, int line, bool sm90a = false);
+
+// Shared-memory operands (kernel_mma.cpp): whether [p, p + bytes) is the block's dynamic
+// shared memory or static __shared__ storage, and what it is instead, for a report.
+bool in_shared(Worker& w, const void* p, size_t bytes);
+std::string not_shared_str(const Worker& w, const Thread& th, const void* p, size_t bytes);
+
 // Tensor-core instructions (kernel_mma.cpp): every lane's result of aligned op `op`
 // from the 32 lanes' operands (lanes[i].io).
 void aligned_complete(int op, Thread* lanes);
@@ -288,6 +326,15 @@ inline void racecheck_warp_sync(Worker& w, Block& b, unsigned warp) {
 // An access the engine performs for the calling thread (ldmatrix rows, cp.async landing),
 // attributed to kernel code at `pc`.
 void racecheck_access(const void* p, size_t bytes, bool write, uintptr_t pc);
+// Bytes the async proxy wrote (a bulk copy landing at its mbarrier's phase completion,
+// which orders it for the waiters): their cells forget earlier accesses, so a waiter's
+// read is not paired with a store the copy overwrote. The racecheck does not yet treat an
+// mbarrier phase as ordering generic accesses between threads.
+void racecheck_forget(const void* p, size_t bytes);
+// An instrumented access to dynamic shared memory while bulk copies are in flight
+// (kernel_hopper.cpp): one that touches a copy's destination before its phase completed
+// fails the block (a GPU's result depends on when the copy engine gets there).
+void bulk_in_flight_access(Block& b, const char* p, size_t n, bool write, uintptr_t pc);
 // The block's hazard, with both source lines (after the block ran).
 std::string racecheck_report(const Block& b);
 // "file:line (in function), inlined at ..." for a code address (kernel_faults.cpp).

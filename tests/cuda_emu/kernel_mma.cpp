@@ -134,6 +134,8 @@ bool in_range(const void* p, size_t bytes, const char* lo, const char* hi) {
   return a >= reinterpret_cast<uintptr_t>(lo) && a + bytes <= reinterpret_cast<uintptr_t>(hi);
 }
 
+}  // namespace
+
 bool in_shared(Worker& w, const void* p, size_t bytes) {
   if (in_range(p, bytes, w.smem_base, w.smem_base + w.smem_size)) return true;
   for (int pass = 0; pass < 2; ++pass) {
@@ -167,6 +169,8 @@ bool in_shared(Worker& w, const void* p, size_t bytes) {
   return "is not shared memory (neither in the block's " + std::to_string(w.smem_size) +
          " bytes of dynamic shared memory nor in a static __shared__ variable)";
 }
+
+namespace {
 
 // Fails the calling thread unless [p, p + 16) is 16-byte aligned shared memory.
 void shared16_check(Block& b, unsigned t, const char* what, const char* file, int line, const char* operand,

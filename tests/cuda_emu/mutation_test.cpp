@@ -5,6 +5,7 @@
 // fragment tables written as CuTe-style (shape, stride) layouts (data, not the formulas
 // the engine implements). Compiled with the racecheck's instrumentation (CMakeLists.txt).
 #include "engine.h"
+#include "kernels/hopper.cuh"
 #include "kernels/mma.cuh"
 
 #include <doctest/doctest.h>
@@ -225,6 +226,68 @@ struct Row {
 };
 void report(const Row& r) { MESSAGE((std::string(r.bug) + " -> " + r.mutant.detail)); }
 
+// ----------------------------------------------------------------------------
+// sm_90: one warpgroup, two k16 steps of D (64 x 64) = A B^T, each step's A and B images
+// (128B-swizzled, 8 KB each) staged by one bulk copy completing on one mbarrier, whose
+// phase 0 then phase 1 the threads wait for. `bug` selects the mutant.
+enum HopBug {
+  HOP_OK,
+  HOP_TX_SHORT,      // expect_tx announces 16 bytes too few
+  HOP_TX_LONG,       // ... 16 bytes too many
+  HOP_PARITY,        // waits on the other parity
+  HOP_ACC_EARLY,     // rescales the accumulators between mma_async and wait_group
+  HOP_ACC_READ,      // stores the accumulators before wait_group
+  HOP_SWIZZLE_NONE,  // descriptors say no swizzle for 128B-swizzled operands
+  HOP_SWIZZLE_32B,   // descriptors say 32B swizzle (not modelled)
+  HOP_WARP_MISSING,  // warp 3 skips the mma_async
+  HOP_NO_FENCE,      // no wgmma.fence before the first mma_async
+  HOP_FRAGMENT,      // stores D with rows g + 8 (i & 1): the fragment misread
+};
+constexpr uint32_t HOP_STEP = 16384;  // one step's A and B images
+
+__global__ void hopper_kernel(float* out, const uint8_t* img, HopBug bug) {
+  char* smem = static_cast<char*>(cuda_emu::dynamic_smem());
+  auto* bar = reinterpret_cast<uint64_t*>(smem);
+  char* stage = smem + 1024;
+  const unsigned t = threadIdx.x;
+  if (t == 0) {
+    mbarrier_init(bar, 1);
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+  float acc[32];
+  const WgmmaSwizzle sw = bug == HOP_SWIZZLE_NONE  ? WgmmaSwizzle::NONE
+                          : bug == HOP_SWIZZLE_32B ? WgmmaSwizzle::B32
+                                                   : WgmmaSwizzle::B128;
+  for (uint32_t step = 0; step < 2; ++step) {
+    char* buf = stage + step * HOP_STEP;
+    if (t == 0) {
+      const uint32_t tx = HOP_STEP + (bug == HOP_TX_SHORT ? -16 : bug == HOP_TX_LONG ? 16 : 0);
+      mbarrier_arrive_expect_tx(bar, tx);
+      bulk_copy_g2s(buf, img + step * HOP_STEP, HOP_STEP, bar);
+    }
+    const uint32_t parity = (step + (bug == HOP_PARITY ? 1 : 0)) & 1;
+    while (!mbarrier_try_wait_parity(bar, parity)) {
+    }
+    if (bug != HOP_NO_FENCE || step > 0) wgmma_fence();
+    if (bug != HOP_WARP_MISSING || t / 32 != 3)
+      wgmma_m64k16<__nv_bfloat16, 64>(acc, wgmma_desc(buf, 128, 1024, sw), wgmma_desc(buf + 8192, 128, 1024, sw),
+                                      step > 0);
+    wgmma_commit();
+    if (bug == HOP_ACC_EARLY)
+      for (float& x : acc) x *= 0.5f;
+    if (bug == HOP_ACC_READ) out[t] = acc[0];
+    wgmma_wait<0>();
+  }
+  const unsigned w = t / 32, g = (t % 32) / 4, q = t % 4;
+  for (int i = 0; i < 32; ++i) {
+    const unsigned row = 16 * w + g + 8 * (bug == HOP_FRAGMENT ? (i & 1) : ((i >> 1) & 1));
+    const unsigned col = 8 * (i >> 2) + 2 * q + (bug == HOP_FRAGMENT ? ((i >> 1) & 1) : (i & 1));
+    if (bug != HOP_ACC_READ || t > 0 || i > 0) out[row * 64 + col] = acc[i];
+  }
+  __syncthreads();
+  if (t == 0) mbarrier_inval(bar);
+}
 }  // namespace
 
 // ----------------------------------------------------------------------------
@@ -513,4 +576,91 @@ TEST_CASE("mutation: mma fragments (a[1]/a[2] swapped) and ldmatrix .trans, agai
   CHECK(wrong_t > 0);
   MESSAGE("ldmatrix with the wrong .trans -> " << wrong_n << " and " << wrong_t
                                                << " of 64 elements differ from the PTX table");
+}
+
+// ----------------------------------------------------------------------------
+// sm_90: each mutant of hopper_kernel against the correct kernel, which must reproduce
+// D = A B^T over two k16 steps and store the accumulator fragment where the CuTe table
+// for wgmma m64nNk16's D (cute/atom/mma_traits_sm90_gmma.hpp, CLayout_64xN: thread
+// modes (4, 8, 4), value modes (2, 2, N / 8); index m + 64 n) puts it.
+TEST_CASE("mutation: mbarrier tx-count and parity, wgmma accumulators, swizzle, warpgroup and fence (sm_90)") {
+  const Layout WG_D{{{4, 128}, {8, 1}, {4, 16}}, {{2, 64}, {2, 8}, {8, 512}}};
+  // Step s: A[m][k] and B[n][k] (k < 16), so that D[m][n] = m + 64 n over both steps:
+  // step 0 gives m (A[m][0] = m, B[n][0] = 1), step 1 gives 64 n (A[m][0] = 1, B[n][0] = 64 n).
+  std::vector<uint8_t> img(2 * HOP_STEP, 0);
+  auto put = [&](uint32_t step, bool is_b, int r, int k, float v) {  // 128B-swizzled K-major
+    const uint32_t at =
+        step * HOP_STEP + (is_b ? 8192u : 0u) +
+        static_cast<uint32_t>((r / 8) * 1024 + (r % 8) * 128 + (((k / 8) ^ (r % 8)) * 16) + (k % 8) * 2);
+    const uint16_t h = bf16_bits(v);
+    std::memcpy(&img[at], &h, 2);
+  };
+  for (int r = 0; r < 64; ++r) {
+    put(0, false, r, 0, static_cast<float>(r));
+    put(0, true, r, 0, 1.0f);
+    put(1, false, r, 0, 1.0f);
+    put(1, true, r, 0, static_cast<float>(64 * r));
+  }
+  Dev<uint8_t> dimg(img);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);  // the pageable upload lands before kernel_run reads it
+  std::vector<float> out(64 * 64);
+  float* o = out.data();
+  const uint8_t* ip = dimg.p;
+  auto go = [&](HopBug bug) {
+    return run("hopper_kernel", 1, 128, 1024 + 2 * HOP_STEP, [=] { hopper_kernel(o, ip, bug); });
+  };
+  auto wrong = [&] {  // elements off the table
+    int n = 0;
+    for (int m = 0; m < 64; ++m)
+      for (int c = 0; c < 64; ++c) n += out[static_cast<size_t>(m * 64 + c)] != static_cast<float>(m + 64 * c);
+    return n;
+  };
+  const Result ok = go(HOP_OK);
+  REQUIRE_MESSAGE(ok.err == cudaSuccess, ok.detail);
+  CHECK(wrong() == 0);
+  int table_off = 0;  // the table itself: thread t's value i is element WG_D(t, i)
+  for (int t = 0; t < 128; ++t)
+    for (int i = 0; i < 32; ++i) {
+      const int x = WG_D(t, i), m = x % 64, n = x / 64;
+      const unsigned w = static_cast<unsigned>(t) / 32, g = (static_cast<unsigned>(t) % 32) / 4,
+                     q = static_cast<unsigned>(t) % 4;
+      table_off += m != static_cast<int>(16 * w + g + 8 * ((i >> 1) & 1)) ||
+                   n != static_cast<int>(8 * (i >> 2) + 2 * q + (i & 1));
+    }
+  CHECK(table_off == 0);
+  struct Case {
+    HopBug bug;
+    const char* what;
+    const char* expect;
+  } cases[] = {
+      {HOP_TX_SHORT, "expect_tx 16 bytes short", "bytes more than expect_tx announced"},
+      {HOP_TX_LONG, "expect_tx 16 bytes long",
+       "waits for the phase of parity 0: phase 0, 0 of 1 arrivals pending, tx-count 16"},
+      {HOP_PARITY, "waiting on the wrong parity", "has not written yet"},
+      {HOP_ACC_EARLY, "accumulators rescaled before wait_group", "was written before the wait_group that retires it"},
+      {HOP_SWIZZLE_32B, "descriptor with 32B swizzle", "is not modelled"},
+      {HOP_WARP_MISSING, "warp 3 of the warpgroup skips the mma_async", "other threads of its warpgroup wait at"},
+      {HOP_NO_FENCE, "no wgmma.fence before the first mma_async", "no wgmma.fence since"},
+  };
+  for (const Case& c : cases) {
+    const std::string what = c.what;
+    CAPTURE(what);
+    Row r{c.what, ok, go(c.bug)};
+    CHECK(r.mutant.err == cudaErrorLaunchFailure);
+    CHECK(has(r.mutant.detail, c.expect));
+    CHECK(has(r.mutant.detail, "mutation_test.cpp:"));
+    report(r);
+  }
+  // Mutants a GPU runs to wrong values: the engine's results show it.
+  for (const auto& [bug, what] : {std::pair{HOP_ACC_READ, "accumulators stored before wait_group"},
+                                  std::pair{HOP_SWIZZLE_NONE, "descriptor without swizzle on a 128B-swizzled tile"},
+                                  std::pair{HOP_FRAGMENT, "accumulator fragment rows misread"}}) {
+    std::fill(out.begin(), out.end(), 0.0f);
+    const Result r = go(bug);
+    CHECK_MESSAGE(r.err == cudaSuccess, r.detail);
+    const int bad = wrong();
+    CHECK(bad > 0);
+    if (bug == HOP_ACC_READ) CHECK(std::isnan(out[0]));  // the engine's tag, not a stale value
+    MESSAGE(std::string(what) << " -> " << bad << " of 4096 elements of D wrong");
+  }
 }

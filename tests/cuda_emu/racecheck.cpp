@@ -147,6 +147,8 @@ void check(Worker& w, RaceCell* cells, size_t off, size_t n, bool write, uintptr
   const char* a = static_cast<const char*>(p);
   if (a >= w->smem_base && a < w->smem_guard()) {
     const size_t off = static_cast<size_t>(a - w->smem_map);
+    if (w->bulk_in_flight) [[unlikely]]
+      bulk_in_flight_access(w->block, a, n, write, pc);
     check(*w, w->rc_dyn, off, std::min(n, static_cast<size_t>(w->smem_guard() - a)), write, pc, a, true);
     return;
   }
@@ -185,6 +187,24 @@ void racecheck_block_start(Worker& w, Block& b) {
 }
 
 void racecheck_access(const void* p, size_t bytes, bool write, uintptr_t pc) { on_access(p, bytes, write, pc); }
+
+void racecheck_forget(const void* p, size_t bytes) {
+  Worker* w = t_worker;
+  if (!w || !w->rc_active) return;
+  const char* a = static_cast<const char*>(p);
+  RaceCell* cells = nullptr;
+  size_t off = 0, n = 0;
+  if (a >= w->smem_base && a < w->smem_guard()) {
+    cells = w->rc_dyn;
+    off = static_cast<size_t>(a - w->smem_map);
+    n = std::min(bytes, static_cast<size_t>(w->smem_guard() - a));
+  } else if (static_cast<size_t>(a - w->rc_tls_lo) < w->rc_tls_len) {
+    cells = w->rc_tls;
+    off = static_cast<size_t>(a - w->rc_tls_lo);
+    n = std::min(bytes, w->rc_tls_len - off);
+  }
+  if (cells) std::memset(static_cast<void*>(cells + off), 0, n * sizeof(RaceCell));
+}
 
 std::string racecheck_report(const Block& b) {
   const Hazard& h = b.hazard;

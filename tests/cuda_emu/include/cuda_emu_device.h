@@ -113,6 +113,35 @@ void cp_async_16(const char* file, int line, void* smem_dst, const void* gmem_sr
 void cp_async_commit(const char* file, int line);
 void cp_async_wait(const char* file, int line, int n);
 
+// ----------------------------------------------------------------------------
+// sm_90 instructions (kernel_hopper.cpp, kernel_wgmma.cpp), as the PTX ISA defines them;
+// kernels use them through kernels/hopper.cuh. On a device profile below compute
+// capability 9.0 each one fails the launch (cudaErrorIllegalInstruction).
+// mbarrier.init.shared::cta.b64 [bar], count; mbarrier.inval.shared::cta.b64 [bar].
+void mbarrier_init(const char* file, int line, uint64_t* bar, uint32_t count);
+void mbarrier_inval(const char* file, int line, uint64_t* bar);
+// mbarrier.arrive.shared::cta.b64 state, [bar] (count 1) and
+// mbarrier.arrive.expect_tx.shared::cta.b64 state, [bar], tx: the returned state names
+// the phase arrived at.
+uint64_t mbarrier_arrive(const char* file, int line, uint64_t* bar);
+uint64_t mbarrier_arrive_expect_tx(const char* file, int line, uint64_t* bar, uint32_t tx);
+// mbarrier.try_wait.parity.shared::cta.b64 done, [bar], parity.
+bool mbarrier_try_wait_parity(const char* file, int line, uint64_t* bar, uint32_t parity);
+// fence.mbarrier_init.release.cluster; fence.proxy.async.shared::cta.
+void fence_mbarrier_init(const char* file, int line);
+void fence_proxy_async(const char* file, int line);
+// cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [src], bytes, [bar].
+void bulk_copy_g2s(const char* file, int line, void* dst, const void* src, uint32_t bytes, uint64_t* bar);
+// wgmma.fence / commit_group / wait_group n .sync.aligned, and
+// wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{bf16,f16}.{bf16,f16} d, adesc, bdesc,
+// scale_d, 1, 1, 0, 0: one thread's part (d: n / 2 floats), all 128 threads of an
+// aligned warpgroup together.
+void wgmma_fence(const char* file, int line);
+void wgmma_commit(const char* file, int line);
+void wgmma_wait(const char* file, int line, int n);
+void wgmma_m64k16(const char* file, int line, MmaType type, int n, float* d, uint64_t adesc, uint64_t bdesc,
+                  bool scale_d);
+
 }  // namespace cuda_emu
 
 #define threadIdx (::cuda_emu::this_thread_idx())
