@@ -41,7 +41,7 @@ DTRAIN_NUM_THREADS=${DTRAIN_NUM_THREADS:-1} "$dtrain" launch --config "$work/job
   >"$work/launch.log" 2>&1 || { tail -30 "$work/launch.log"; exit 1; }
 end=$(date +%s.%N)
 grep -h "memory: rank" "$work/launch.log" "$work"/run/logs/* 2>/dev/null | sed 's/^.*memory: /  /' | sort -u
-grep -h "wrote .*final" "$work/launch.log" | head -1 | sed 's/^/  /'
+grep -h "wrote .*final" "$work/launch.log" | sed -n '1s/^/  /p'
 echo "  wall $(echo "$end - $start" | bc) s (launch to exit, export included)"
 if [ "$mode" = lora ]; then
   python3 - "$model" "$work/run/final" <<'PY'

@@ -49,7 +49,7 @@ mkdir -p "$out"
 cp -a "$build/bundle/bin" "$build/bundle/lib" "$out/"
 for t in hf_logits "${tests[@]}"; do
   src=$build/$t
-  [ -x "$src" ] || src=$(find "$build" -maxdepth 3 -type f -name "$t" -perm -u+x | head -1)
+  [ -x "$src" ] || src=$(find "$build" -maxdepth 3 -type f -name "$t" -perm -u+x -print -quit)
   [ -n "$src" ] && [ -x "$src" ] || { echo "gpu_bundle.sh: $t was not built" >&2; exit 3; }
   cp "$src" "$out/bin/$t"
   patchelf --set-rpath '$ORIGIN/../lib' "$out/bin/$t"
