@@ -6,6 +6,7 @@
 #include "kernel_hopper_internal.h"
 
 #include <boost/context/fiber.hpp>
+#include <cuda_fp16.h>
 
 #include <signal.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -21,6 +23,15 @@
 #include <vector>
 
 namespace cuda_emu {
+
+// The low 16 bits of a register as a bf16 / fp16 value (tensor-core operands: mma, wgmma).
+inline float bf16_bits(uint32_t h) {
+  const uint32_t u = (h & 0xffffu) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline float f16_bits(uint32_t h) { return __half2float(__half{static_cast<uint16_t>(h)}); }
 
 constexpr size_t SMEM_RESERVE = 256 * 1024;  // above the 227 KB opt-in limit
 constexpr size_t FIBER_STACK = 256 * 1024;   // each carrier fiber's stack

@@ -75,14 +75,19 @@ Block& hopper_block(const char* file, int line, const char* what, unsigned* t) {
   thread_fail(b, lane_str(b, t) + " at " + what + " at " + where_str(file, line) + ": " + why, e);
 }
 
-// The live barrier at `bar`, after the address checks.
-MBarrier& mbar_get(Block& b, unsigned t, const char* what, const char* file, int line, const uint64_t* bar) {
+// An mbarrier operand must be 8-byte aligned and in this block's shared memory.
+void mbar_addr_check(Block& b, unsigned t, const char* what, const char* file, int line, const uint64_t* bar) {
   const auto a = reinterpret_cast<uintptr_t>(bar);
   if (a & 7u)
     fail_at(b, t, what, file, line, "mbarrier " + hex(a) + " is not 8-byte aligned", cudaErrorMisalignedAddress);
   if (!in_shared(*b.w, bar, 8))
     fail_at(b, t, what, file, line, "mbarrier " + hex(a) + " " + not_shared_str(*b.w, b.threads[t], bar, 8),
             cudaErrorIllegalAddress);
+}
+
+// The live barrier at `bar`, after the address checks.
+MBarrier& mbar_get(Block& b, unsigned t, const char* what, const char* file, int line, const uint64_t* bar) {
+  mbar_addr_check(b, t, what, file, line, bar);
   for (MBarrier& m : b.hopper.mbars) {
     if (m.addr != reinterpret_cast<const char*>(bar)) continue;
     uint64_t now;
@@ -278,12 +283,7 @@ void mbarrier_init(const char* file, int line, uint64_t* bar, uint32_t count) {
   for (const MBarrier& m : b.hopper.mbars)
     if (m.addr == reinterpret_cast<const char*>(bar))
       fail_at(b, t, what, file, line, bar_str(b, m) + " is live: mbarrier.inval it before initialising it again");
-  const auto a = reinterpret_cast<uintptr_t>(bar);
-  if (a & 7u)
-    fail_at(b, t, what, file, line, "mbarrier " + hex(a) + " is not 8-byte aligned", cudaErrorMisalignedAddress);
-  if (!in_shared(*b.w, bar, 8))
-    fail_at(b, t, what, file, line, "mbarrier " + hex(a) + " " + not_shared_str(*b.w, b.threads[t], bar, 8),
-            cudaErrorIllegalAddress);
+  mbar_addr_check(b, t, what, file, line, bar);
   MBarrier m{reinterpret_cast<char*>(bar), count, count, 0, 0, file, line, t, false, {}, {}};
   tag_write(m);
   b.hopper.mbars.push_back(std::move(m));

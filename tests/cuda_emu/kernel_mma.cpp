@@ -30,14 +30,6 @@ struct LdsmIo {
   const void* p;
 };
 
-float bf16_bits(uint32_t h) {
-  const uint32_t u = (h & 0xffffu) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-float f16_bits(uint32_t h) { return __half2float(__half{static_cast<uint16_t>(h)}); }
-
 // D = A B + C on the warp's m16n8k16 tile, fragments as the PTX ISA lays them out
 // (g = lane / 4, q = lane % 4; the lower index of a register's pair in its low 16 bits):
 // a[j] holds A[g + 8 (j & 1)][2q + 8 (j >> 1) + {0, 1}], b[j] holds B[2q + 8 j + {0, 1}][g],

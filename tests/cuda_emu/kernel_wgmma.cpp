@@ -58,14 +58,6 @@ struct WgmmaIo {
 inline int acc_row(unsigned t, int i) { return static_cast<int>(16 * (t / 32) + (t % 32) / 4) + 8 * ((i >> 1) & 1); }
 inline int acc_col(unsigned t, int i) { return 8 * (i >> 2) + 2 * static_cast<int>(t % 4) + (i & 1); }
 
-float bf16_bits(uint32_t h) {
-  const uint32_t u = (h & 0xffffu) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-float f16_bits(uint32_t h) { return __half2float(__half{static_cast<uint16_t>(h)}); }
-
 [[gnu::cold, gnu::noinline, noreturn]] void fail_at(Block& b, unsigned t, int op, const char* file, int line,
                                                     const std::string& why, cudaError_t e = cudaErrorLaunchFailure) {
   thread_fail(b, lane_str(b, t) + " at " + op_name(op) + " at " + where_str(file, line) + ": " + why, e);
