@@ -2,17 +2,18 @@
 // fp32 math in shared memory: 32-row
 // query tiles x 32-key tiles. A warp owns RPW rows (queries in forward/dq, keys in
 // dk/dv); in the score phase lane j takes key (or query) j of the tile, so dot products
-// need no shuffles, and probabilities are broadcast back with __shfl_sync for the
-// accumulation phase, where lane l owns dimensions l, l+32, ... Rows read by lane index
+// need no shuffles, and the warp writes its probabilities (and dS) to shared memory, read
+// back as broadcasts in the accumulation phase, where lane l owns dimensions l, l+32, ...
+// (one __syncwarp a tile instead of a shuffle per row and key). Rows read by lane index
 // are padded by one float in shared memory (no bank conflicts). Template DPL = head
 // dimensions per lane (2, 4, 8: HD <= 64, 128, 256) keeps the accumulators in registers.
 // Only tile pairs some row sees are walked: forward and dQ start at the key tile of their
 // first row's first visible key (attn_lo: sliding window, packed documents), dK/dV stop at
 // the query tile of the last query that sees their last key (attn_hi).
-// The backward at DPL 8 asks 131,584 B with 32-row tiles, over the 99 KB opt-in limit of
-// sm_86/sm_89 cards (L40S, A10, RTX 4090): there (picked at run time from the device's
+// The backward at DPL 8 asks up to 139,776 B with 32-row tiles, over the 99 KB opt-in limit
+// of sm_86/sm_89 cards (L40S, A10, RTX 4090): there (picked at run time from the device's
 // opt-in size) its kernels take 16 rows on the warp side (queries in dQ, keys in dK/dV; the
-// lane side stays 32 wide), 98,816 B at most, as 8 warps of 2 rows (with 4 rows a warp, in 4
+// lane side stays 32 wide), 100,608 B at most, as 8 warps of 2 rows (with 4 rows a warp, in 4
 // warps, ptxas caps sm_100/sm_120 at 96 registers and spills).
 #include "kernels/attention.cuh"
 
@@ -51,6 +52,51 @@ struct Cfg {
 
 using Shape = AttnShape;
 
+// Dynamic shared memory of the backward's kernels: dQ holds ROWS query rows and 32 key rows
+// of K and V, and its dS rows ([ROWS][32]); dK/dV holds ROWS key rows and 32 query rows of Q
+// and dO, plus lse and D, and its P and dS rows ([ROWS][32] each) where those fit: not in the
+// 16-row variant at head dim 256 (DPL 8), sized for a 99 KB card, whose dK/dV broadcasts them
+// with shuffles instead.
+// The forward's: Q, K, V tiles and, where that stays within a 99 KB card's opt-in size (head
+// dims up to 128, DPL 2 and 4), its probabilities ([32][32]); at DPL 8 they are broadcast
+// with shuffles.
+template <int DPL>
+constexpr size_t fwd_base_bytes() {
+  return sizeof(float) * TILE * (3 * Cfg<DPL>::HDP + 1);
+}
+template <int DPL>
+constexpr bool fwd_staged() {
+  return fwd_base_bytes<DPL>() + sizeof(float) * TILE * TILE <= 99 * 1024;
+}
+template <int DPL>
+constexpr size_t fwd_bytes() {
+  return fwd_base_bytes<DPL>() + (fwd_staged<DPL>() ? sizeof(float) * TILE * TILE : 0);
+}
+static_assert(fwd_staged<4>() && !fwd_staged<8>());
+
+template <int DPL, bool SMALL>
+constexpr size_t dq_bytes() {
+  constexpr size_t HDP = Cfg<DPL, SMALL>::HDP, ROWS = Cfg<DPL, SMALL>::ROWS;
+  return sizeof(float) * (2 * ROWS * HDP + 2 * TILE * (HDP + 1) + ROWS * TILE);
+}
+template <int DPL, bool SMALL>
+constexpr size_t dkdv_base_bytes() {
+  constexpr size_t HDP = Cfg<DPL, SMALL>::HDP, ROWS = Cfg<DPL, SMALL>::ROWS;
+  return sizeof(float) * (2 * ROWS * HDP + 2 * TILE * (HDP + 1) + 2 * TILE);
+}
+template <int DPL, bool SMALL>
+constexpr bool dkdv_staged() {
+  constexpr size_t staged = dkdv_base_bytes<DPL, SMALL>() + sizeof(float) * 2 * Cfg<DPL, SMALL>::ROWS * TILE;
+  return !SMALL || staged <= 99 * 1024;
+}
+template <int DPL, bool SMALL>
+constexpr size_t dkdv_bytes() {
+  return dkdv_base_bytes<DPL, SMALL>() +
+         (dkdv_staged<DPL, SMALL>() ? sizeof(float) * 2 * Cfg<DPL, SMALL>::ROWS * TILE : 0);
+}
+static_assert(!dkdv_staged<8, true>() && dkdv_staged<8, false>());
+static_assert(dq_bytes<8, true>() <= 99 * 1024 && dkdv_bytes<8, true>() <= 99 * 1024);
+
 // dst[r * stride + d] = src[(row0 + r) * pitch + d] for r < rows, d < HDP; zero past T or HD.
 template <typename T>
 __device__ __forceinline__ void tile_load(float* dst, int stride, const T* src, int row0, int T_, size_t pitch, int HD,
@@ -63,16 +109,18 @@ __device__ __forceinline__ void tile_load(float* dst, int stride, const T* src, 
 
 // ----------------------------------------------------------------------------
 // Forward: grid (B*NH, T/32 query tiles); B*NH goes in x because it may exceed 65535,
-// grid.y's limit. smem: Qs [32][HDP], Ks [32][HDP+1], Vs [32][HDP].
+// grid.y's limit. smem: Qs [32][HDP], Ks [32][HDP+1], Vs [32][HDP], Ps [32][32] (probabilities, fwd_staged).
 template <typename T, int DPL>
 __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
     attn_fwd_kernel(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ q, const T* __restrict__ k,
                     const T* __restrict__ v, Shape s) {
   constexpr int HDP = Cfg<DPL>::HDP, RPW = Cfg<DPL>::RPW;
+  constexpr bool STAGED = fwd_staged<DPL>();
   DTK_EXTERN_SHARED(float, smem);
   float* Qs = smem;
   float* Ks = Qs + TILE * HDP;
   float* Vs = Ks + TILE * (HDP + 1);
+  float* Ps = Vs + TILE * HDP;  // [TILE][TILE]: row r's probabilities of the key tile (STAGED)
   const int bh = blockIdx.x, qt = blockIdx.y, b = bh / s.NH, h = bh % s.NH, kh = h / s.G;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const size_t qp = s.qs, kp = s.ks, op = static_cast<size_t>(s.NH) * s.HD;
@@ -110,6 +158,7 @@ __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
 #pragma unroll
       for (int i = 0; i < RPW; ++i) sc[i] += Qs[(r0 + i) * HDP + d] * kd;
     }
+    float* Pw = Ps + r0 * TILE;  // this warp's rows
     float p[RPW];
 #pragma unroll
     for (int i = 0; i < RPW; ++i) {
@@ -119,22 +168,31 @@ __global__ void __launch_bounds__(Cfg<DPL>::THREADS)
       const float mn = fmaxf(m[i], warp_max(sv));
       if (mn == -INFINITY) {  // warp-uniform: nothing visible to this row yet
         p[i] = 0.0f;
-        continue;
-      }
-      p[i] = ok ? expf(sv - mn) : 0.0f;
-      const float alpha = expf(m[i] - mn);
-      l[i] = l[i] * alpha + warp_sum(p[i]);
+      } else {
+        p[i] = ok ? expf(sv - mn) : 0.0f;
+        const float alpha = expf(m[i] - mn);
+        l[i] = l[i] * alpha + warp_sum(p[i]);
 #pragma unroll
-      for (int c = 0; c < DPL; ++c) o[i][c] *= alpha;
-      m[i] = mn;
+        for (int c = 0; c < DPL; ++c) o[i][c] *= alpha;
+        m[i] = mn;
+      }
+      if constexpr (STAGED) Pw[i * TILE + lane] = p[i];
     }
+    // The warp's probabilities, read back as broadcasts (the next tile's writes follow the
+    // loop's __syncthreads).
+    if constexpr (STAGED) __syncwarp();
     for (int j = 0; j < TILE; ++j) {
       float vv[DPL];
 #pragma unroll
       for (int c = 0; c < DPL; ++c) vv[c] = Vs[j * HDP + lane + 32 * c];
 #pragma unroll
       for (int i = 0; i < RPW; ++i) {
-        const float pj = __shfl_sync(FULL, p[i], j);
+        float pj;
+        if constexpr (STAGED) {
+          pj = Pw[i * TILE + j];
+        } else {
+          pj = __shfl_sync(FULL, p[i], j);
+        }
 #pragma unroll
         for (int c = 0; c < DPL; ++c) o[i][c] += pj * vv[c];
       }
@@ -174,7 +232,8 @@ __global__ void attn_dvec_kernel(float* __restrict__ D, const T* __restrict__ do
   if (lane == 0) D[(static_cast<size_t>(b) * s.NH + h) * s.T + t] = acc;
 }
 
-// dq += scale * sum_j ds_ij k_j. Grid (B*NH, T/ROWS). smem: Qs, dOs [ROWS][HDP]; Ks, Vs [32][HDP+1].
+// dq += scale * sum_j ds_ij k_j. Grid (B*NH, T/ROWS). smem: Qs, dOs [ROWS][HDP]; Ks, Vs [32][HDP+1];
+// dS [ROWS][32].
 template <typename T, int DPL, bool SMALL>
 __global__ void __launch_bounds__(Cfg<DPL, SMALL>::THREADS, Cfg<DPL, SMALL>::MIN_BLOCKS)
     attn_dq_kernel(T* __restrict__ dq, const T* __restrict__ dout, const float* __restrict__ lse,
@@ -188,6 +247,7 @@ __global__ void __launch_bounds__(Cfg<DPL, SMALL>::THREADS, Cfg<DPL, SMALL>::MIN
   float* Vs = Ks + TILE * (HDP + 1);
   const int bh = blockIdx.x, qt = blockIdx.y, b = bh / s.NH, h = bh % s.NH, kh = h / s.G;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float* dSw = Vs + TILE * (HDP + 1) + warp * RPW * TILE;  // this warp's rows of dS [ROWS][TILE]
   const size_t qp = s.qs, kp = s.ks, op = static_cast<size_t>(s.NH) * s.HD;
   const size_t qoff = static_cast<size_t>(b) * s.T * qp + static_cast<size_t>(h) * s.HD;
   const size_t ooff = static_cast<size_t>(b) * s.T * op + static_cast<size_t>(h) * s.HD;
@@ -231,22 +291,22 @@ __global__ void __launch_bounds__(Cfg<DPL, SMALL>::THREADS, Cfg<DPL, SMALL>::MIN
         dp[i] += dOs[(r0 + i) * HDP + d] * vd;
       }
     }
-    float ds[RPW];
 #pragma unroll
     for (int i = 0; i < RPW; ++i) {
       const int row = row0 + i, lo = __shfl_sync(FULL, lo_lane, i);
       const float lrow = __shfl_sync(FULL, lse_lane, i), drow = __shfl_sync(FULL, d_lane, i);
       const bool ok = row < s.T && attn_visible(key, row, lo);
       const float p = ok ? expf(sc[i] * s.scale - lrow) : 0.0f;
-      ds[i] = p * (dp[i] - drow);
+      dSw[i * TILE + lane] = p * (dp[i] - drow);
     }
+    __syncwarp();  // read back as broadcasts; the next tile's writes follow its __syncthreads
     for (int j = 0; j < TILE; ++j) {
       float kk[DPL];
 #pragma unroll
       for (int c = 0; c < DPL; ++c) kk[c] = Ks[j * (HDP + 1) + lane + 32 * c];
 #pragma unroll
       for (int i = 0; i < RPW; ++i) {
-        const float dsj = __shfl_sync(FULL, ds[i], j);
+        const float dsj = dSw[i * TILE + j];
 #pragma unroll
         for (int c = 0; c < DPL; ++c) acc[i][c] += dsj * kk[c];
       }
@@ -266,13 +326,15 @@ __global__ void __launch_bounds__(Cfg<DPL, SMALL>::THREADS, Cfg<DPL, SMALL>::MIN
 }
 
 // dk += scale * sum_i ds_ij q_i, dv += sum_i p_ij dout_i over every query head of the KV
-// head. Grid (B*NKV, T/ROWS key tiles). smem: Ks, Vs [ROWS][HDP]; Qs, dOs [32][HDP+1]; lse, D [32].
+// head. Grid (B*NKV, T/ROWS key tiles). smem: Ks, Vs [ROWS][HDP]; Qs, dOs [32][HDP+1]; lse, D [32];
+// P, dS [ROWS][32] (dkdv_staged).
 template <typename T, int DPL, bool SMALL>
 __global__ void __launch_bounds__(Cfg<DPL, SMALL>::THREADS)
     attn_dkdv_kernel(T* __restrict__ dk, T* __restrict__ dv, const T* __restrict__ dout, const float* __restrict__ lse,
                      const float* __restrict__ D, const T* __restrict__ q, const T* __restrict__ k,
                      const T* __restrict__ v, Shape s) {
   constexpr int HDP = Cfg<DPL, SMALL>::HDP, RPW = Cfg<DPL, SMALL>::RPW, ROWS = Cfg<DPL, SMALL>::ROWS;
+  constexpr bool STAGED = dkdv_staged<DPL, SMALL>();
   DTK_EXTERN_SHARED(float, smem);
   float* Ks = smem;
   float* Vs = Ks + ROWS * HDP;
@@ -282,6 +344,9 @@ __global__ void __launch_bounds__(Cfg<DPL, SMALL>::THREADS)
   float* Ds = Ls + TILE;
   const int kt = blockIdx.y, b = blockIdx.x / s.NKV, kh = blockIdx.x % s.NKV;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // This warp's keys' P and dS over the query tile ([ROWS][TILE] each), where they fit.
+  float* Pw = Ds + TILE + warp * RPW * TILE;
+  float* dSw = Pw + ROWS * TILE;
   const size_t qp = s.qs, kp = s.ks, op = static_cast<size_t>(s.NH) * s.HD;
   const size_t koff = static_cast<size_t>(b) * s.T * kp + static_cast<size_t>(kh) * s.HD;
   tile_load(Ks, HDP, k + koff, kt * ROWS, s.T, kp, s.HD, HDP, ROWS);
@@ -334,7 +399,12 @@ __global__ void __launch_bounds__(Cfg<DPL, SMALL>::THREADS)
         const bool ok = key0 + jj <= query && query <= hi[jj];
         p[jj] = ok ? expf(sc[jj] * s.scale - Ls[lane]) : 0.0f;
         ds[jj] = p[jj] * (dp[jj] - Ds[lane]);
+        if constexpr (STAGED) {
+          Pw[jj * TILE + lane] = p[jj];
+          dSw[jj * TILE + lane] = ds[jj];
+        }
       }
+      if constexpr (STAGED) __syncwarp();  // read back as broadcasts (next writes: after __syncthreads)
       for (int i = 0; i < TILE; ++i) {
         float qrow[DPL], drow[DPL];
 #pragma unroll
@@ -344,7 +414,14 @@ __global__ void __launch_bounds__(Cfg<DPL, SMALL>::THREADS)
         }
 #pragma unroll
         for (int jj = 0; jj < RPW; ++jj) {
-          const float pi = __shfl_sync(FULL, p[jj], i), dsi = __shfl_sync(FULL, ds[jj], i);
+          float pi, dsi;
+          if constexpr (STAGED) {
+            pi = Pw[jj * TILE + i];
+            dsi = dSw[jj * TILE + i];
+          } else {
+            pi = __shfl_sync(FULL, p[jj], i);
+            dsi = __shfl_sync(FULL, ds[jj], i);
+          }
 #pragma unroll
           for (int c = 0; c < DPL; ++c) {
             av[jj][c] += pi * drow[c];
@@ -413,17 +490,6 @@ void with_dpl(int HD, F&& f) {
   } else {
     f(std::integral_constant<int, 8>{});
   }
-}
-// Dynamic shared memory of the backward's kernels: dQ holds ROWS query rows and 32 key rows
-// of K and V; dK/dV holds ROWS key rows and 32 query rows of Q and dO, plus lse and D.
-template <int DPL, bool SMALL>
-constexpr size_t dq_bytes() {
-  constexpr size_t HDP = Cfg<DPL, SMALL>::HDP, ROWS = Cfg<DPL, SMALL>::ROWS;
-  return sizeof(float) * (2 * ROWS * HDP + 2 * TILE * (HDP + 1));
-}
-template <int DPL, bool SMALL>
-constexpr size_t dkdv_bytes() {
-  return dq_bytes<DPL, SMALL>() + sizeof(float) * 2 * TILE;
 }
 
 template <typename Ty, int DPL, bool SMALL>
@@ -495,8 +561,7 @@ void attention_forward(void* out, float* lse, const void* q, const void* k, cons
   using Ty = float;
   with_dpl(HD, [&](auto dpl) {
     constexpr int DPL = decltype(dpl)::value;
-    constexpr int HDP = Cfg<DPL>::HDP;
-    const size_t bytes = sizeof(float) * TILE * (2 * HDP + HDP + 1);
+    const size_t bytes = fwd_bytes<DPL>();
     auto kernel = attn_fwd_kernel<Ty, DPL>;
     smem_allow(kernel, bytes);
     const dim3 grid(B * NH, blocks_for(T, TILE));

@@ -85,10 +85,11 @@ KNOWN_SPILLS = [
      "dK/dV, head dim 256: dK, dV of 16 keys x 256 per warp do not fit in registers (smaller tiles needed)"),
     (r"attn_bwd_dq_kernel<[^,<>]+, 256\b", 108, 112, "dQ, head dim 256 (sm_100/sm_120 spill most)"),
     # The scalar fp32 attention (kernels/attention.cu; runs only for fp32 activations, a
-    # reference path, not the bf16/fp16 training path); DPL = head dim / 32.
-    (r"attn_dq_kernel<float, 4\b", 20, 24, "scalar fp32 attention dQ, head dim 128"),
+    # reference path, not the bf16/fp16 training path); DPL = head dim / 32. With its warps
+    # staging their probabilities in shared memory (no longer held for shuffles), dQ at head
+    # dim 128 and the forward at 64 spill nothing on sm_80/sm_90 (their entries are gone);
+    # sm_100/sm_120 not measured since.
     (r"attn_fwd_kernel<float, 4>", 48, 96, "scalar fp32 attention forward, head dim 128 (sm_100/sm_120 only)"),
-    (r"attn_fwd_kernel<float, 2>", 4, 4, "scalar fp32 attention forward, head dim 64 (sm_90 only)"),
     # Its 16-row backward on bf16/fp16 rows: runs only where the tensor-core backward does not
     # fit (head dims 129-256 on 99 KB cards); ptxas stops at 64 registers on sm_120.
     (r"attn_dq_kernel<(__half|__nv_bfloat16), 8, true>", 8, 8,
