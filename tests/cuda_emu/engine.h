@@ -111,7 +111,11 @@ struct KernelLaunch {
 cudaError_t kernel_run(const KernelLaunch& k, std::string* detail);
 
 // How kernels run; from the environment at first use, changeable by tests.
-// CUDA_EMU_RACECHECK=0 turns the shared-memory racecheck off (it is on by default).
+// CUDA_EMU_RACECHECK=0 turns the shared-memory racecheck off (it is on by default);
+// CUDA_EMU_RACECHECK=first checks only each launch configuration's first launch in the
+// process (kernel, launch site, grid, block, dynamic shared memory): for the suites that
+// launch the same kernels over and over (the trainer's steps), whose configurations the
+// first launch covers, at a fraction of the racecheck's cost.
 // CUDA_EMU_WARP_ORDER picks the block threads' order: unset, CUDA_EMU_SEED's shuffled
 // order (0 = plain); `ahead`, the lowest warp runs as far as it can before any other,
 // then the next; `behind`, the same from the highest warp down.
@@ -119,6 +123,7 @@ enum class Schedule : int { SEEDED = 0, WARP_AHEAD = 1, WARP_BEHIND = 2 };
 struct ExecMode {
   bool racecheck = true;
   Schedule schedule = Schedule::SEEDED;
+  bool racecheck_first = false;  // with racecheck: only each configuration's first launch
 };
 ExecMode exec_mode();
 void exec_mode_set(ExecMode m);

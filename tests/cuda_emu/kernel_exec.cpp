@@ -641,7 +641,7 @@ void block_setup(Worker& w, Launch& L, uint3 bidx) {
     }
     b.perm_cur = b.random_below(b.n);
   }
-  racecheck_block_start(w, b);
+  racecheck_block_start(w, b, L.racecheck);
   t_block.block_idx = bidx;
   t_block.block_dim = k.block;
   t_block.grid_dim = k.grid;
@@ -902,7 +902,9 @@ cudaError_t kernel_run(const KernelLaunch& k, std::string* detail) {
   L.k = &k;
   L.nthreads = static_cast<unsigned>(nthreads);
   L.seed = seed_from_env();
-  L.order = static_cast<int>(exec_mode().schedule);
+  const ExecMode mode = exec_mode();
+  L.order = static_cast<int>(mode.schedule);
+  L.racecheck = mode.racecheck && (!mode.racecheck_first || racecheck_first_launch(k));
   L.serial = g_launch_serial.fetch_add(1);
   Job job;
   job.count = nblocks;

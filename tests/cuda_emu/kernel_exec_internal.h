@@ -83,8 +83,9 @@ struct FaultRecord {  // POD: written by the signal handler
 struct Launch {
   const KernelLaunch* k = nullptr;
   unsigned nthreads = 0;
-  uint64_t seed = 0;  // 0: plain thread order
-  int order = 0;      // Schedule (engine.h)
+  uint64_t seed = 0;      // 0: plain thread order
+  int order = 0;          // Schedule (engine.h)
+  bool racecheck = true;  // its blocks run under the racecheck (ExecMode)
   uint64_t serial = 0;
   std::atomic<bool> stop{false};
   std::mutex mu;
@@ -324,8 +325,11 @@ void aligned_complete(int op, Thread* lanes);
 
 // Racecheck (racecheck.cpp). The kernels' loads and stores reach it through GCC's
 // -fsanitize=thread hooks, which the engine defines itself (no libtsan).
-// Prepares the worker's shadow and the block's clocks (block_setup).
-void racecheck_block_start(Worker& w, Block& b);
+// Whether launch k is its configuration's first in this process (CUDA_EMU_RACECHECK=first).
+bool racecheck_first_launch(const KernelLaunch& k);
+// Prepares the worker's shadow and the block's clocks (block_setup); `on`: the block runs
+// under the racecheck (its launch's Launch::racecheck).
+void racecheck_block_start(Worker& w, Block& b, bool on);
 // A __syncthreads completed / warp `warp` completed a warp instruction: what came
 // before is ordered before what follows.
 inline void racecheck_barrier(Worker& w, Block& b) {

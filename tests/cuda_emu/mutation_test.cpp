@@ -331,6 +331,30 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("racecheck first (CUDA_EMU_RACECHECK=first): each launch configuration's first launch is checked") {
+  std::vector<float> out(64);
+  float* o = out.data();
+  cuda_emu::exec_mode_set(cuda_emu::ExecMode{true, cuda_emu::Schedule::WARP_BEHIND, true});
+  auto launch = [&](unsigned grid, std::source_location at = std::source_location::current()) {
+    return run(
+        "race_kernel", grid, 64, 0, [=] { raw_kernel(o, true); }, at);
+  };
+  // One call site: its first launch per grid is checked, a repeat of a configuration is not.
+  std::vector<Result> r;
+  for (unsigned grid : {2u, 2u, 3u, 3u, 2u}) r.push_back(launch(grid));
+  CHECK(r[0].err == cudaErrorLaunchFailure);
+  CHECK(has(r[0].detail, "racecheck: read-after-write hazard"));
+  CHECK_MESSAGE(r[1].err == cudaSuccess, r[1].detail);
+  CHECK(r[2].err == cudaErrorLaunchFailure);
+  CHECK(has(r[2].detail, "racecheck: read-after-write hazard"));
+  CHECK_MESSAGE(r[3].err == cudaSuccess, r[3].detail);
+  CHECK_MESSAGE(r[4].err == cudaSuccess, r[4].detail);
+  // The default: every launch checked.
+  cuda_emu::exec_mode_set(cuda_emu::ExecMode{});
+  CHECK(launch(2).err == cudaErrorLaunchFailure);
+  CHECK(launch(2).err == cudaErrorLaunchFailure);
+}
+
 TEST_CASE("mutation: a missing __syncwarp between two lanes of one warp is a racecheck error") {
   cuda_emu::exec_mode_set(cuda_emu::ExecMode{true, cuda_emu::Schedule::WARP_AHEAD});
   std::vector<float> out(1);

@@ -11,19 +11,24 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
+#include <set>
 #include <string>
+#include <tuple>
 
 namespace cuda_emu {
 
 namespace {
 
-std::atomic<int> g_racecheck{-1};  // -1: not read from the environment yet
+std::atomic<int> g_racecheck{-1};  // -1: not read from the environment yet; 0 off, 1 on, 2 first
 std::atomic<int> g_schedule{-1};
 
 int env_racecheck() {
   const char* e = std::getenv("CUDA_EMU_RACECHECK");
-  return !(e && std::strcmp(e, "0") == 0);
+  if (e && std::strcmp(e, "0") == 0) return 0;
+  if (e && std::strcmp(e, "first") == 0) return 2;
+  return 1;
 }
 int env_schedule() {
   const char* e = std::getenv("CUDA_EMU_WARP_ORDER");
@@ -38,10 +43,10 @@ ExecMode exec_mode() {
   int r = g_racecheck.load(std::memory_order_relaxed), s = g_schedule.load(std::memory_order_relaxed);
   if (r < 0) g_racecheck.store(r = env_racecheck());
   if (s < 0) g_schedule.store(s = env_schedule());
-  return ExecMode{r != 0, static_cast<Schedule>(s)};
+  return ExecMode{r != 0, static_cast<Schedule>(s), r == 2};
 }
 void exec_mode_set(ExecMode m) {
-  g_racecheck.store(m.racecheck ? 1 : 0);
+  g_racecheck.store(m.racecheck ? (m.racecheck_first ? 2 : 1) : 0);
   g_schedule.store(static_cast<int>(m.schedule));
 }
 
@@ -167,8 +172,20 @@ const char* kind_str(int k) {
 
 }  // namespace
 
-void racecheck_block_start(Worker& w, Block& b) {
-  w.rc_active = exec_mode().racecheck;
+bool racecheck_first_launch(const KernelLaunch& k) {
+  using Key = std::tuple<const void*, std::string, const char*, int, unsigned, unsigned, unsigned, unsigned, unsigned,
+                         unsigned, size_t>;
+  static std::mutex mu;
+  static std::set<Key> seen;
+  std::lock_guard<std::mutex> lock(mu);
+  return seen
+      .emplace(k.func, k.name, k.file, k.line, k.grid.x, k.grid.y, k.grid.z, k.block.x, k.block.y, k.block.z,
+               k.dynamic_smem)
+      .second;
+}
+
+void racecheck_block_start(Worker& w, Block& b, bool on) {
+  w.rc_active = on;
   b.hazard = Hazard{};
   if (!w.rc_active) return;
   if (!w.rc_dyn) {
