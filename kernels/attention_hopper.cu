@@ -41,16 +41,19 @@ namespace {
 
 using namespace mma;
 
-constexpr int HBM = 128;       // query rows per block
-constexpr int HBN = 64;        // keys per tile
-constexpr int HTHREADS = 288;  // two consumer warpgroups and the producer warp
-constexpr int PRODUCER_WARP = 8;
+constexpr int HBM = 128;            // query rows per block
+constexpr int HBN = 64;             // keys per tile
+constexpr int HTHREADS = 288;       // two consumer warpgroups and the producer warp
 constexpr size_t HSMEM_PAD = 2048;  // the barriers, then the tiles from a 1024-byte boundary
 
 template <int HD>
 constexpr size_t hopper_bytes() {
   return HSMEM_PAD + static_cast<size_t>(HBM) * HD * 2 + 4 * static_cast<size_t>(HBN) * HD * 2;
 }
+
+// The kernel's own helpers: compiled where its body is (sm_90a; the host pass).
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+constexpr int PRODUCER_WARP = 8;
 
 // Byte offset of 16-byte chunk c (elements 8c..8c+7) of row r in a `rows`-row tile stored
 // 128B-swizzled: 64-element column blocks of rows x 128 bytes, 8-row atoms of 1024 bytes,
@@ -72,6 +75,8 @@ __device__ __forceinline__ void tile_bulk(char* dst, const void* src, int row0, 
                   static_cast<const char*>(src) + (static_cast<size_t>(t) * stride + 8 * c) * 2, 16, bar);
   }
 }
+
+#endif
 
 template <typename T, int HD>
 __global__ void __launch_bounds__(HTHREADS, 1)
