@@ -555,6 +555,9 @@ void attention_forward(void* out, float* lse, const void* q, const void* k, cons
   const Shape s = shape_check(B, T, NH, NKV, HD, q_stride, kv_stride, window, doc_start);
   if (B == 0 || T == 0) return;
   if (dtype != DType::F32) {
+    // The hopper variant's wgmma forward where it runs; elsewhere (and otherwise) mma.sync.
+    if (attention_variant() == AttnVariant::HOPPER && attention_forward_hopper(out, lse, q, k, v, s, dtype, stream))
+      return;
     attention_forward_mma(out, lse, q, k, v, s, dtype, stream);
     return;
   }

@@ -79,9 +79,24 @@ void attention_dkdv_split_for_testing(int split);
 /// 64-row forward and dQ tiles (16 rows a warp) and a dK/dV mask on every tile; FA2,
 /// FlashAttention-2's shape, 128-row forward and dQ tiles (32 rows a warp) at head dims 33-128
 /// where their two stages fit the card (else the 64-row ones) and the dK/dV mask only on the
-/// tiles it cuts. Both give the same results (the same products per row in the same order);
-/// both are kept until a GPU run picks one by speed (scripts/gpu_check.py's attention stage).
-enum class AttnVariant { LEGACY = 1, FA2 = 2 };
+/// tiles it cuts. Both give the same results (the same products per row in the same order).
+/// HOPPER: the forward by attention_forward_hopper (wgmma, FlashAttention-3's ideas) where it
+/// runs (attention_hopper_runs and 16-byte aligned rows), else as FA2 (a documented fall back,
+/// not an error: one setting serves a mixed fleet); the backward always as FA2. Its forward
+/// agrees with the others to rounding (a tensor core's k16 sums), not bitwise. All are kept
+/// until a GPU run picks one by speed (scripts/gpu_check.py's attention stage).
+enum class AttnVariant { LEGACY = 1, FA2 = 2, HOPPER = 3 };
+
+/// Whether the hopper forward runs here at head dim HD and dtype: its sm_90a image is in this
+/// binary (kernels/CMakeLists.txt), the device is compute capability 9.0, HD is 64 or 128,
+/// dtype BF16 or F16 and its shared memory fits the card.
+bool attention_hopper_runs(int HD, DType dtype);
+
+/// The hopper forward (attention_hopper.cu): out, lse as attention_forward_mma. Returns false,
+/// having done nothing, where it does not run (attention_hopper_runs, or rows of q, k, v not
+/// 16-byte aligned, or out not 4-byte aligned).
+bool attention_forward_hopper(void* out, float* lse, const void* q, const void* k, const void* v, const AttnShape& s,
+                              DType dtype, cudaStream_t stream);
 
 /// The variant the kernels run now: the test hook's, else $DTRAIN_ATTN_VARIANT (read once;
 /// unset or empty: LEGACY; another value: UsageError).

@@ -504,9 +504,9 @@ AttnVariant variant() {
   static const AttnVariant from_env = [] {
     const char* v = env_get("DTRAIN_ATTN_VARIANT");
     const std::string text = v ? v : "";
-    DTK_REQUIRE(text.empty() || text == "legacy" || text == "fa2", UsageError,
-                "env DTRAIN_ATTN_VARIANT=" + text + ": give legacy or fa2 (or leave it unset: legacy)");
-    return text == "fa2" ? AttnVariant::FA2 : AttnVariant::LEGACY;
+    DTK_REQUIRE(text.empty() || text == "legacy" || text == "fa2" || text == "hopper", UsageError,
+                "env DTRAIN_ATTN_VARIANT=" + text + ": give legacy, fa2 or hopper (or leave it unset: legacy)");
+    return text == "fa2" ? AttnVariant::FA2 : text == "hopper" ? AttnVariant::HOPPER : AttnVariant::LEGACY;
   }();
   return from_env;
 }
@@ -532,7 +532,7 @@ KernelBytes kernel_bytes(int HD, DType dtype, int stages) {
     using Ty = typename decltype(tag)::type;
     with_hdp(HD, [&](auto hdp) {
       constexpr int HDP = decltype(hdp)::value;
-      const bool fa2 = variant() == AttnVariant::FA2;
+      const bool fa2 = variant() != AttnVariant::LEGACY;  // hopper's mma.sync kernels are fa2's
       b = {fwd_bytes<Ty, HDP>(stages), dkdv_bytes<Ty, HDP>(stages), dq_bytes<Ty, HDP>(stages),
            wide_tiles<Ty, HDP>(false), wide_tiles<Ty, HDP>(true),   fa2 && kWideFwd<HDP>,
            fa2 && kWideDq<HDP>};

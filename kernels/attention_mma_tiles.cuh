@@ -245,7 +245,7 @@ constexpr bool kWideDq = HDP == 64;
 // dim they are compiled for, and their two stages within the card's opt-in shared memory.
 template <typename Ty, int HDP>
 bool wide_tiles(bool dq) {
-  if (attention_variant() != AttnVariant::FA2) return false;
+  if (attention_variant() == AttnVariant::LEGACY) return false;  // fa2, and hopper's mma.sync kernels
   if (dq) {
     if constexpr (kWideDq<HDP>) return dq_bytes<Ty, HDP>(2, 2) <= attention_smem_optin();
   } else {

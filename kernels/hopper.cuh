@@ -20,8 +20,9 @@
 // threads of an aligned warpgroup (warps 4k..4k+3) execute each call together.
 //   wgmma_fence(); wgmma_m64k16<T, N>(d, adesc, bdesc, scale_d) ...; wgmma_commit();
 //   wgmma_wait<0>();
-// D (64xN, fp32) = A (64x16) B (16xN) + (scale_d ? D : 0), A and B in shared memory,
-// both K-major: A row m holds its 16 k values, B is stored as N rows of 16 k values
+// D (64xN, fp32) = A (64x16) B (16xN) + (scale_d ? D : 0), A and B in shared memory
+// (wgmma_m64k16), both K-major, or A in registers and B K- or MN-major (wgmma_m64k16_rs,
+// below). K-major: A row m holds its 16 k values, B is stored as N rows of 16 k values
 // (B[k][n] at row n). Register fragment of D (thread t of the warpgroup, w = t / 32,
 // g = (t % 32) / 4, q = t % 4): d[i], i < N / 2, = D[16 w + g + 8 ((i >> 1) & 1)][8 (i >> 2) + 2 q + (i & 1)]
 // (as mma.m16n8's C fragment, repeated over the N / 8 column blocks, one 16-row slab per warp).
@@ -308,6 +309,101 @@ __device__ __forceinline__ void wgmma_m64k16<__half, 256>(float* d, uint64_t ade
       : "memory");
 #endif
 }
+
+// D (N / 2 floats per thread) = A B + (scale_d ? D : 0) with A from registers: a[0..3],
+// this thread's part of the m64nNk16 A fragment (PTX ISA figure "WGMMA .m64nNk16 register
+// fragment layout for matrix A"; two 16-bit elements a register, the lower-indexed in the
+// low half): element i (a[i / 2]) = A[16 w + g + 8 ((i >> 1) & 1)][8 (i >> 2) + 2 q + (i & 1)],
+// the accumulator's layout of its first 8 entries, so D's entries 8 c..8 c + 7, packed in
+// pairs, are the A of the k16 slice c (FlashAttention-3's P). TB = 1: B MN-major
+// (imm-trans-b, defined for 16-bit types only): its 16 rows of k each hold N values, 16-byte
+// chunk j = n / 8 of row k at
+//   no swizzle: start + (k % 8) 16 + (k / 8) LBO + j SBO
+//   128B swizzle: a = start + (k % 8) 128 + (k / 8) SBO + (j % 8) 16 + (j / 8) LBO, bits 4-6
+//     of a XORed with bits 7-9 (128-byte rows of 64 n values, SBO = 1024 for dense 8-row
+//     atoms, LBO the step between 64-column blocks)
+// (the PTX ISA's canonical MN-major layouts). TB = 0: K-major, as above. a must not be
+// written until the wait_group that retires the op. N = 64 or 128.
+template <typename T, int N, int TB>
+__device__ __forceinline__ void wgmma_m64k16_rs(float* d, const uint32_t* a, uint64_t bdesc, bool scale_d) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>,
+                "wgmma_m64k16_rs: T must be __nv_bfloat16 or __half (imm-trans-b is for 16-bit types only)");
+  static_assert(N == 64 || N == 128, "wgmma_m64k16_rs: N must be 64 or 128");
+  static_assert(TB == 0 || TB == 1, "wgmma_m64k16_rs: TB is 0 (B K-major) or 1 (MN-major)");
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();
+#else
+  if constexpr (N == 64 && std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc), "r"(static_cast<int>(scale_d)), "n"(TB)
+        : "memory");
+  } else if constexpr (N == 64 && std::is_same_v<T, __half>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc), "r"(static_cast<int>(scale_d)), "n"(TB)
+        : "memory");
+  } else if constexpr (N == 128 && std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+          "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+          "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc), "r"(static_cast<int>(scale_d)), "n"(TB)
+        : "memory");
+  } else if constexpr (N == 128 && std::is_same_v<T, __half>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+          "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+          "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc), "r"(static_cast<int>(scale_d)), "n"(TB)
+        : "memory");
+  }
+#endif
+}
 #undef DTK_SM90_ASM
 #undef DTK_SM90A_ASM
 
@@ -354,6 +450,31 @@ inline void wgmma_m64k16(float* d, uint64_t adesc, uint64_t bdesc, bool scale_d,
   static_assert(N == 64 || N == 128 || N == 256, "wgmma_m64k16: N must be 64, 128 or 256");
   ::cuda_emu::wgmma_m64k16(DTK_SITE, std::is_same_v<T, __nv_bfloat16> ? ::cuda_emu::MMA_BF16 : ::cuda_emu::MMA_F16, N,
                            d, adesc, bdesc, scale_d);
+}
+
+// D (N / 2 floats per thread) = A B + (scale_d ? D : 0) with A from registers: a[0..3],
+// this thread's part of the m64nNk16 A fragment (PTX ISA figure "WGMMA .m64nNk16 register
+// fragment layout for matrix A"; two 16-bit elements a register, the lower-indexed in the
+// low half): element i (a[i / 2]) = A[16 w + g + 8 ((i >> 1) & 1)][8 (i >> 2) + 2 q + (i & 1)],
+// the accumulator's layout of its first 8 entries, so D's entries 8 c..8 c + 7, packed in
+// pairs, are the A of the k16 slice c (FlashAttention-3's P). TB = 1: B MN-major
+// (imm-trans-b, defined for 16-bit types only): its 16 rows of k each hold N values, 16-byte
+// chunk j = n / 8 of row k at
+//   no swizzle: start + (k % 8) 16 + (k / 8) LBO + j SBO
+//   128B swizzle: a = start + (k % 8) 128 + (k / 8) SBO + (j % 8) 16 + (j / 8) LBO, bits 4-6
+//     of a XORed with bits 7-9 (128-byte rows of 64 n values, SBO = 1024 for dense 8-row
+//     atoms, LBO the step between 64-column blocks)
+// (the PTX ISA's canonical MN-major layouts). TB = 0: K-major, as above. a must not be
+// written until the wait_group that retires the op. N = 64 or 128.
+template <typename T, int N, int TB>
+__device__ __forceinline__ void wgmma_m64k16_rs(float* d, const uint32_t* a, uint64_t bdesc, bool scale_d,
+                                                HopperSite at = HopperSite::current()) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>,
+                "wgmma_m64k16_rs: T must be __nv_bfloat16 or __half (imm-trans-b is for 16-bit types only)");
+  static_assert(N == 64 || N == 128, "wgmma_m64k16_rs: N must be 64 or 128");
+  static_assert(TB == 0 || TB == 1, "wgmma_m64k16_rs: TB is 0 (B K-major) or 1 (MN-major)");
+  ::cuda_emu::wgmma_m64k16(DTK_SITE, std::is_same_v<T, __nv_bfloat16> ? ::cuda_emu::MMA_BF16 : ::cuda_emu::MMA_F16, N,
+                           d, 0, bdesc, scale_d, a, TB == 1);
 }
 #undef DTK_SITE
 #endif

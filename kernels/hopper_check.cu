@@ -5,8 +5,9 @@
 // of 64 k values whose 16-byte chunks are XORed with the row index mod 8, SBO 1024), all
 // wait for the phase, then k / 16 chained wgmma m64nNk16 produce D, stored from the
 // accumulator fragment (kernels/hopper.cuh). Built for sm_80 the kernel traps at its first
-// instruction; for sm_90 at its first wgmma (an sm_90a feature): only an sm_90a build (and
-// the CPU execution engine) runs it through.
+// instruction; for sm_90 (the compute_90 PTX) at its first wgmma (an sm_90a feature): only
+// the sm_90a image, which kernels/CMakeLists.txt builds where 90 is configured (defining
+// DTRAIN_ATTN_SM90A), and the CPU execution engine run it through.
 #include "kernels/hopper_check.cuh"
 
 #include "kernels/common.cuh"
@@ -85,6 +86,14 @@ void tile_gemm_dispatch(const void* a, const void* b, float* d, int n, int k, bo
 }
 
 }  // namespace
+
+bool hopper_tile_gemm_has_sm90a() {
+#if defined(DTRAIN_CUDA_EMU) || defined(DTRAIN_ATTN_SM90A)
+  return true;
+#else
+  return false;
+#endif
+}
 
 void hopper_tile_gemm(const void* a, const void* b, float* d, int n, int k, DType dtype, bool swizzle128,
                       cudaStream_t stream) {

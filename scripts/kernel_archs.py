@@ -5,14 +5,17 @@ Lists, for every kernels/*.cu object in libdtrain_kernels.a, the machine code (S
 ELF cubins) and the PTX embedded in its .nv_fatbin section, as `cuobjdump --list-elf` /
 `--list-ptx` would, and fails unless every object carries exactly what the tree was
 configured for (--archs, CMake's CUDA_ARCHITECTURES syntax: "90" = sm_90 SASS + compute_90
-PTX, "90-real" = SASS only, "90-virtual" = PTX only). Where cuobjdump is installed its
-listing is compared with this one too.
+PTX, "90-real" = SASS only, "90-virtual" = PTX only). The objects named by --sm90a-objects
+(the files kernels/CMakeLists.txt builds for sm_90a: wgmma is an sm_90a feature) carry
+sm_90a SASS where the others carry sm_90 ("90": sm_90a + compute_90; "90-real": sm_90a).
+Where cuobjdump is installed its listing is compared with this one too.
 
 The fat binary layout (NVIDIA does not document it; it is stable since CUDA 4 and matches
 cuobjdump's reading): a container is a 16-byte header (u32 magic 0xBA55ED50, u16 version
 1, u16 header size 16, u64 size of the entries that follow), then entries, each a header
 (u16 kind: 1 PTX, 2 ELF; u16 version; u32 header size; u64 payload size; ...; u32 arch at
-byte 28, e.g. 90) followed by its payload.
+byte 28, e.g. 90; u64 flags at byte 40, where 0x100000 marks an arch-specific target, sm_90a
+or compute_90a, as nvcc 13.0 writes it) followed by its payload.
 
   kernel_archs.py --library BUILD/kernels/libdtrain_kernels.a --archs "80;90"
 """
@@ -27,6 +30,7 @@ import tempfile
 
 FATBIN_MAGIC = 0xBA55ED50
 KIND = {1: "ptx", 2: "elf"}
+ARCH_SPECIFIC = 0x100000  # entry flags: the "a" of sm_90a / compute_90a
 
 
 def ar_members(data):
@@ -51,7 +55,7 @@ def ar_members(data):
 
 
 def fatbin_entries(blob):
-    """{("elf"|"ptx", arch)} of every fat binary container in an object file."""
+    """{("elf"|"ptx", arch)} of every fat binary container in an object file; arch "90" or "90a"."""
     found = set()
     off = 0
     while True:
@@ -65,24 +69,27 @@ def fatbin_entries(blob):
         e, end = off + 16, off + 16 + size
         while e + 32 <= end:
             kind, _, ehsize, psize = struct.unpack_from("<HHIQ", blob, e)
-            arch = struct.unpack_from("<I", blob, e + 28)[0]
-            if kind not in KIND or ehsize < 32 or e + ehsize + psize > end:
+            arch = str(struct.unpack_from("<I", blob, e + 28)[0])
+            if kind not in KIND or ehsize < 48 or e + ehsize + psize > end:
                 raise ValueError(f"malformed fat binary entry at byte {e}")
+            if struct.unpack_from("<Q", blob, e + 40)[0] & ARCH_SPECIFIC:
+                arch += "a"
             found.add((KIND[kind], arch))
             e += ehsize + psize
         off = end
 
 
-def expected(archs):
+def expected(archs, sm90a=False):
+    """The entries CMake's CUDA_ARCHITECTURES `archs` give an object; sm90a: 90's SASS as sm_90a."""
     want = set()
     for a in re.split(r"[;, ]+", archs.strip()):
-        m = re.fullmatch(r"(\d+)[a-z]?(-real|-virtual)?", a)
+        m = re.fullmatch(r"(\d+)([a-z]?)(-real|-virtual)?", a)
         if not m:
             raise ValueError(f"cannot read CUDA architecture '{a}' in '{archs}'")
-        n = int(m.group(1))
-        if m.group(2) != "-virtual":
-            want.add(("elf", n))
-        if m.group(2) != "-real":
+        n = m.group(1) + m.group(2)
+        if m.group(3) != "-virtual":
+            want.add(("elf", n + "a" if sm90a and n == "90" else n))
+        if m.group(3) != "-real":
             want.add(("ptx", n))
     return want
 
@@ -106,8 +113,8 @@ def cuobjdump_listing(members):
             for kind in ("elf", "ptx"):
                 out = subprocess.run([tool, f"--list-{kind}", str(obj)], capture_output=True, text=True).stdout
                 # "ELF file    1: <name>.sm_90.cubin", "PTX file    1: <name>.sm_90.ptx"
-                for m in re.finditer(r"\.sm_(\d+)[a-z]?\.(cubin|ptx)\b", out):
-                    got.add(("elf" if m.group(2) == "cubin" else "ptx", int(m.group(1))))
+                for m in re.finditer(r"\.sm_(\d+[a-z]?)\.(cubin|ptx)\b", out):
+                    got.add(("elf" if m.group(2) == "cubin" else "ptx", m.group(1)))
     return found
 
 
@@ -115,8 +122,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--library", required=True, help="libdtrain_kernels.a")
     ap.add_argument("--archs", required=True, help="CMAKE_CUDA_ARCHITECTURES the tree was configured with")
+    ap.add_argument("--sm90a-objects", default="",
+                    help="objects (e.g. 'attention_hopper.cu.o;hopper_check.cu.o') built with sm_90a for sm_90")
     a = ap.parse_args()
     want = expected(a.archs)
+    sm90a = {n for n in re.split(r"[;, ]+", a.sm90a_objects.strip()) if n}
     lib = pathlib.Path(a.library)
     members = [(n, b) for n, b in ar_members(lib.read_bytes()) if n.endswith(".cu.o")]
     if not members:
@@ -125,10 +135,15 @@ def main():
     failures = []
     listing = {}
     print(f"kernel_archs: configured '{a.archs}': expecting {fmt(want)} in every object of {lib}")
+    if sm90a:
+        print(f"kernel_archs: {', '.join(sorted(sm90a))}: expecting {fmt(expected(a.archs, True))}")
+    for n in sorted(sm90a - {name for name, _ in members}):
+        failures.append(f"{n}: named by --sm90a-objects, not in {lib}")
     for name, blob in members:
         got = fatbin_entries(blob)
         listing[name] = got
         print(f"  {name:<22} {fmt(got)}")
+        want = expected(a.archs, name in sm90a)
         if got != want:
             miss, extra = want - got, got - want
             failures.append(f"{name}: missing {fmt(miss)}" + (f", not configured {fmt(extra)}" if extra else "")

@@ -10,7 +10,8 @@ stores/loads, static shared memory) and fails, naming the kernel and architectur
   - a kernel's static shared memory exceeds what every card accepts (48 KiB static per
     block on every architecture; dynamic shared memory is checked at launch, by the
     engine's device profiles and by the runtime),
-  - an architecture the tree was configured for (--archs) has no report.
+  - an architecture the tree was configured for (--archs) has no report (sm_90a, which
+    kernels/CMakeLists.txt builds the wgmma files for in place of sm_90, counts as sm_90).
 
   kernel_resources.py --objects BUILD/kernels/CMakeFiles/dtrain_kernels.dir --archs "80;90"
 
@@ -54,6 +55,12 @@ REG_TARGETS = [
     (r"attn_bwd_dkdv_kernel<[^,<>]+, 64\b", 168),
     (r"attn_bwd_dq_kernel<[^,<>]+, (32|64)\b", 168),
     (r"attn_(fwd_mma|bwd_dkdv|bwd_dq)_kernel<", 255),
+    # The hopper forward (kernels/attention_hopper.cu): 288 threads, one block per SM by design
+    # (its ~100 KB of shared memory at head dim 128), so 65536 / 288 = 227, allocated by 8: 224.
+    (r"attn_fwd_hopper_kernel<", 224),
+    # The sm_90 tile-GEMM check (kernels/hopper_check.cu, one 128-thread block, a test): N / 2
+    # accumulators a thread (128 at N = 256) since it is built for sm_90a.
+    (r"hopper_tile_gemm_kernel<", 255),
     (r"attn_\w+_kernel<float, 4\b.* @sm_1[02]0", 144),
     (r"attn_", 128),
     (r"norm_|column_", 128),
@@ -220,14 +227,15 @@ def plan_table(rows, names, write, check):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--objects", required=True, help="dtrain_kernels' object directory")
+    ap.add_argument("--objects", required=True, nargs="+",
+                    help="dtrain_kernels' object directories (its own, and its sm_90a object library's)")
     ap.add_argument("--archs", default="", help="CMAKE_CUDA_ARCHITECTURES the tree was configured with")
     ap.add_argument("--plan-table", help="write the attention kernels' registers for the --plan budget here")
     ap.add_argument("--check-plan-table", help="fail when this committed --plan table differs from the reports")
     a = ap.parse_args()
 
-    objdir = pathlib.Path(a.objects)
-    objects = sorted(objdir.glob("*.cu.o"))
+    objdir = " ".join(a.objects)
+    objects = sorted((o for d in a.objects for o in pathlib.Path(d).glob("*.cu.o")), key=lambda o: o.name)
     if not objects:
         print(f"kernel_resources: no kernels/*.cu objects in {objdir}: build dtrain_kernels first", file=sys.stderr)
         return 2
@@ -253,7 +261,7 @@ def main():
         m = re.match(r"(\d+)", arch)
         if m and not arch.endswith("-virtual"):
             wanted.add("sm_" + m.group(1))
-    seen_archs = {r[2] for r in rows}
+    seen_archs = {r[2].rstrip("a") for r in rows}
     for arch in sorted(wanted - seen_archs):
         failures.append(f"no kernel compiled for {arch} (configured: {a.archs})")
 

@@ -39,7 +39,7 @@ struct BenchAttnResult {
   double fwd_ms = 0, bwd_ms = 0;  ///< per call, the mean over iters
   double fwd_tflops = 0, bwd_tflops = 0, total_tflops = 0;
   bool finite = false;  ///< the outputs and gradients of the last call are all finite
-  std::string variant;  ///< the tensor-core kernels' ($DTRAIN_ATTN_VARIANT: legacy, fa2); "-" off them
+  std::string variant;  ///< the tensor-core kernels' ($DTRAIN_ATTN_VARIANT: legacy, fa2, hopper); "-" off them
 };
 
 /// Times `iters` forward calls after `warmup` ones, then `iters` backward calls (each after

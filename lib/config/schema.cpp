@@ -585,7 +585,7 @@ const std::vector<KeySpec>& build_env_knobs() {
   static const std::vector<KeySpec> knobs = {
       // clang-format off
       {.path = "DTRAIN_ATTN_VARIANT", .type = KeyType::ENUM, .field = nullptr, .help = knob_help("DTRAIN_ATTN_VARIANT"),
-       .allowed = {"legacy", "fa2"}, .env = "DTRAIN_ATTN_VARIANT", .derived = "legacy"},
+       .allowed = {"legacy", "fa2", "hopper"}, .env = "DTRAIN_ATTN_VARIANT", .derived = "legacy"},
       {.path = "DTRAIN_GEMM_ALGO_CACHE", .type = KeyType::STRING, .field = nullptr,
        .help = knob_help("DTRAIN_GEMM_ALGO_CACHE"), .env = "DTRAIN_GEMM_ALGO_CACHE",
        .derived = "unset: a training rank's <run dir>/gemm_algos.txt; other commands keep them in memory only"},

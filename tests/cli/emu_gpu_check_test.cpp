@@ -68,7 +68,7 @@ TEST_CASE("gpu_check --rehearse: every stage reports; the engine's stages pass, 
   // variant (finite outputs, each bench naming the variant it ran, and the faster one named);
   // the SDPA peer needs PyTorch on a GPU and its row says why it did not run
   const auto& attn = st["attention"].at("data").at("dtrain");
-  for (const char* variant : {"legacy", "fa2"}) {
+  for (const char* variant : {"legacy", "fa2", "hopper"}) {
     INFO(variant);
     REQUIRE(attn.contains(variant));
     REQUIRE(attn.at(variant).contains("1,130,4,2,64"));
@@ -76,8 +76,9 @@ TEST_CASE("gpu_check --rehearse: every stage reports; the engine's stages pass, 
     CHECK(attn.at(variant).at("1,130,4,2,64").at("variant") == variant);
   }
   const std::string faster = st["attention"].at("data").at("faster").at("1,130,4,2,64");
-  CHECK((faster == "legacy" || faster == "fa2"));
+  CHECK((faster == "legacy" || faster == "fa2" || faster == "hopper"));
   CHECK(contains(st["attention"].dump(), "fa2/legacy fwd"));
+  CHECK(contains(st["attention"].dump(), "hopper/fa2 fwd"));
   CHECK(contains(st["attention"].dump(), "peer SKIPPED"));
   // ranks: the engine's one configuration (2 device-local ranks, ZeRO 2, the delay on)
   // against 1 rank; racecheck and synccheck need a GPU and say so

@@ -81,7 +81,7 @@ TEST_CASE("each env knob is declared once in the schema, beside no YAML key of t
 TEST_CASE("--help-config lists the env knobs with their type and default") {
   const std::string help = config_help();
   for (const char* want : {"DTRAIN_LOG_LEVEL\n    type: one of: debug, info, warn, error, off\n    default: info",
-                           "DTRAIN_ATTN_VARIANT\n    type: one of: legacy, fa2\n    default: legacy",
+                           "DTRAIN_ATTN_VARIANT\n    type: one of: legacy, fa2, hopper\n    default: legacy",
                            "DTRAIN_NORM_BACKWARD\n    type: one of: split, fused\n    default: split",
                            "DTRAIN_NUM_THREADS\n    type: an integer in [1, 1024]",
                            "DTRAIN_POOL_SPIN_US\n    type: an integer in [0, 100000]\n    default: 200",
@@ -104,7 +104,7 @@ TEST_CASE("a bad env knob value is a config error naming the variable, the value
                         Case{"DTRAIN_NUM_THREADS", "5000", "valid range: 1 to 1024"},
                         Case{"DTRAIN_POOL_SPIN_US", "-1", "valid range: 0 to 100000"},
                         Case{"DTRAIN_POOL_SPIN_US", "2.5", "valid range: 0 to 100000"},
-                        Case{"DTRAIN_ATTN_VARIANT", "flash", "one of: legacy, fa2"}}) {
+                        Case{"DTRAIN_ATTN_VARIANT", "flash", "one of: legacy, fa2, hopper"}}) {
     CAPTURE(c.name);
     CAPTURE(c.value);
     const std::string err = load_error(c.name, c.value);
@@ -125,6 +125,7 @@ TEST_CASE("good and empty env knob values load") {
                                                                              {"DTRAIN_POOL_SPIN_US", "200"},
                                                                              {"DTRAIN_ATTN_VARIANT", "fa2"},
                                                                              {"DTRAIN_ATTN_VARIANT", "legacy"},
+                                                                             {"DTRAIN_ATTN_VARIANT", "hopper"},
                                                                              {"DTRAIN_WORKER_PRINT_ENV", "1"},
                                                                              {"DTRAIN_WORKER_PRINT_ENV", "A,B_2"}}) {
     CAPTURE(name);

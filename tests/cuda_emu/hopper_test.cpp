@@ -504,6 +504,140 @@ TEST_CASE("wgmma misuse: fence, warpgroup, accumulators and shared memory before
   expect(WG_SMEM_WRITE, "was written before this wait_group retired it");
   expect(WG_SWIZZLE_64B, "B descriptor: its swizzle mode (64B or 32B) is not modelled");
   expect(WG_NO_WAIT, "exits with the wgmma.mma_async issued at");
-  expect(WG_DESC_DIFFERS, "its shape, type, descriptors or scale-d differ");
+  expect(WG_DESC_DIFFERS, "its shape, type, descriptors, scale-d, A's source or imm-trans-b differ");
   expect(WG_OK, "so warpgroup 0 lacks threads 96-127", 96);
+}
+
+// ----------------------------------------------------------------------------
+// wgmma with A from registers (the m64nNk16 A fragment) and B MN-major (imm-trans-b 1) or
+// K-major, against a host product. B (k x N, row k holds N values) is placed by the host in
+// the PTX ISA's canonical MN-major layouts (kernels/hopper.cuh): no swizzle, core matrices
+// of 8 k rows x 16 bytes, LBO the step between 8-k groups, SBO between 8-column blocks;
+// 128B swizzle, 128-byte rows of 64 columns XORed by k % 8, SBO 1024 between 8-k groups,
+// LBO between 64-column blocks.
+namespace {
+size_t place_mn(int k, int n, bool swz, int N, int K) {
+  if (swz)
+    return static_cast<size_t>((n / 64) * (K / 8) * 1024 + (k / 8) * 1024 + (k % 8) * 128 +
+                               ((((n / 8) % 8) ^ (k % 8)) * 16) + (n % 8) * 2);
+  return static_cast<size_t>((k / 8) * (N / 8) * 128 + (n / 8) * 128 + (k % 8) * 16 + (n % 8) * 2);
+}
+
+enum RsBug { RS_OK, RS_A_WRITTEN, RS_TRANS_DIFFERS };
+
+// D (64 x N) = A (64 x K) B (K x N), A from each thread's registers (the test gathers its
+// fragment from A in global memory by the PTX ISA table), B staged by one bulk copy.
+template <typename T, int N>
+Result rs_run(bool swz, bool mn, int K, const std::vector<float>& a, const std::vector<float>& b, std::vector<float>& d,
+              RsBug bug = RS_OK) {
+  const bool bf = std::is_same_v<T, __nv_bfloat16>;
+  std::vector<uint8_t> stage(static_cast<size_t>(N) * K * 2);
+  for (int k = 0; k < K; ++k)
+    for (int n = 0; n < N; ++n) {
+      const uint16_t h = host_bits(b[static_cast<size_t>(k * N + n)], bf);
+      std::memcpy(&stage[mn ? place_mn(k, n, swz, N, K) : place(n, k, swz, N)], &h, 2);
+    }
+  std::vector<uint16_t> ah(a.size());
+  for (size_t i = 0; i < a.size(); ++i) ah[i] = host_bits(a[i], bf);
+  Dev<uint8_t> src(stage);
+  Dev<uint16_t> adev(ah);
+  Dev<float> out(64 * static_cast<size_t>(N));
+  const uint8_t* sp = src.p;
+  const uint16_t* ap = adev.p;
+  float* op = out.p;
+  const auto bytes = static_cast<uint32_t>(stage.size());
+  const Result r = run(dim3(128), 1024 + stage.size(), [=] {
+    char* base = static_cast<char*>(cuda_emu::dynamic_smem()) + 1024;
+    init_bar(1);
+    if (threadIdx.x == 0) {
+      mbarrier_arrive_expect_tx(smem_bar(), bytes);
+      bulk_copy_g2s(base, sp, bytes, smem_bar());
+    }
+    wait_phase(smem_bar(), 0);
+    const unsigned t = threadIdx.x, w = t / 32, gq = (t % 32) / 4, q = t % 4;
+    float acc[N / 2];
+    uint32_t af[16][4];  // K / 16 slices, each live until the wait
+    const WgmmaSwizzle sw = swz ? WgmmaSwizzle::B128 : WgmmaSwizzle::NONE;
+    for (int s = 0; s < K / 16; ++s)
+      for (int i = 0; i < 8; i += 2) {
+        auto at = [&](int e) {
+          return ap[(16 * w + gq + 8 * ((e >> 1) & 1)) * K + 16 * s + 8 * (e >> 2) + 2 * q + (e & 1)];
+        };
+        af[s][i / 2] = static_cast<uint32_t>(at(i)) | static_cast<uint32_t>(at(i + 1)) << 16;
+      }
+    wgmma_fence();
+    for (int s = 0; s < K / 16; ++s) {
+      uint64_t bd;
+      if (mn)  // slice s: k rows 16 s.. (two 8-k groups)
+        bd = swz ? wgmma_desc(base + 2048 * s, static_cast<uint32_t>(K / 8) * 1024, 1024, sw)
+                 : wgmma_desc(base + static_cast<size_t>(2 * s) * (N / 8) * 128, (N / 8) * 128, 128, sw);
+      else bd = wgmma_desc(base + (swz ? 32u * s : static_cast<size_t>(s) * (N / 8) * 256), 128, swz ? 1024 : 256, sw);
+      if (bug == RS_TRANS_DIFFERS)  // the engine's entry point: one call site, imm-trans-b per thread
+        cuda_emu::wgmma_m64k16(__FILE__, __LINE__, bf ? cuda_emu::MMA_BF16 : cuda_emu::MMA_F16, N, acc, 0, bd, s > 0,
+                               af[s], t != 70);
+      else if (mn) wgmma_m64k16_rs<T, N, 1>(acc, af[s], bd, s > 0);
+      else wgmma_m64k16_rs<T, N, 0>(acc, af[s], bd, s > 0);
+    }
+    wgmma_commit();
+    if (bug == RS_A_WRITTEN && t == 9) af[0][2] ^= 1u;
+    wgmma_wait<0>();
+    for (int i = 0; i < N / 2; ++i)
+      op[(16 * w + gq + 8 * ((i >> 1) & 1)) * N + 8 * (i >> 2) + 2 * q + (i & 1)] = acc[i];
+  });
+  if (r.err == cudaSuccess) d = out.get();
+  return r;
+}
+
+template <typename T, int N>
+void rs_check(bool swz, bool mn, int K) {
+  const bool bf = std::is_same_v<T, __nv_bfloat16>;
+  std::mt19937 rng(static_cast<unsigned>(N * 11 + K + 2 * swz + mn));
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  std::vector<float> a(64 * static_cast<size_t>(K)), b(static_cast<size_t>(K) * N), d;
+  for (auto& x : a) x = host_round(u(rng), bf);
+  for (auto& x : b) x = host_round(u(rng), bf);
+  CAPTURE(N);
+  CAPTURE(K);
+  CAPTURE(swz);
+  CAPTURE(mn);
+  CAPTURE(bf);
+  CHECK_RUNS_A((rs_run<T, N>(swz, mn, K, a, b, d)));
+  if (!sm90a()) return;
+  int bad = 0;
+  for (int r = 0; r < 64; ++r)
+    for (int n = 0; n < N; ++n) {
+      double ref = 0;
+      for (int k = 0; k < K; ++k)
+        ref += static_cast<double>(a[static_cast<size_t>(r * K + k)]) * b[static_cast<size_t>(k * N + n)];
+      bad += !(std::fabs(d[static_cast<size_t>(r * N + n)] - ref) <= 1e-5 * (1 + std::fabs(ref)) * K);
+    }
+  CHECK(bad == 0);
+}
+}  // namespace
+
+TEST_CASE("wgmma m64nNk16 with A from registers: B MN-major (imm-trans-b) and K-major, no swizzle and 128B") {
+  rs_check<__nv_bfloat16, 64>(true, true, 64);
+  rs_check<__half, 128>(true, true, 32);
+  rs_check<__nv_bfloat16, 128>(false, true, 32);
+  rs_check<__half, 64>(false, true, 16);
+  rs_check<__nv_bfloat16, 64>(true, false, 64);
+  rs_check<__half, 128>(false, false, 16);
+}
+
+TEST_CASE("wgmma with A from registers, misuse: an A register written before the wait, imm-trans-b not uniform") {
+  std::vector<float> a(64 * 16, 1.0f), b(16 * 64, 1.0f), d;
+  auto expect = [&](RsBug bug, const std::string& part, const std::string& code) {
+    const Result r = rs_run<__nv_bfloat16, 64>(true, true, 16, a, b, d, bug);
+    INFO(r.detail);
+    if (!sm90a()) {
+      CHECK(r.err == cudaErrorIllegalInstruction);
+      return;
+    }
+    CHECK(r.err == cudaErrorLaunchFailure);
+    CHECK(has(r.detail, part));
+    CHECK(names_line(r.detail, code));
+  };
+  expect(RS_A_WRITTEN, "A register 2 of the wgmma.mma_async issued at", "wgmma_m64k16_rs<T, N, 1>");
+  expect(RS_A_WRITTEN, "(A from registers) was written before the wait_group that retires it", "wgmma_wait<0>()");
+  expect(RS_TRANS_DIFFERS, "A's source or imm-trans-b differ", "cuda_emu::wgmma_m64k16(__FILE__");
 }

@@ -42,10 +42,12 @@ struct MBarrier {
 
 // One wgmma.mma_async of a warpgroup, issued and not yet retired: its operands as read
 // at issue (A 64x16, B Nx16, C 64xN as fp32), the shared memory it read (16-byte rows,
-// and their bytes then, checked at retirement) and every thread's accumulator array.
+// and their bytes then, checked at retirement), every thread's accumulator array and, for
+// A from registers, every thread's 4 A registers and their values then (checked likewise).
 struct WgmmaOp {
   int n = 0;
   bool scale_d = false;
+  bool trans_b = false;  // B MN-major (imm-trans-b 1)
   bool chained = false;  // C is the result of an earlier pending op on the same accumulators
   unsigned group = ~0u;
   const char* file = nullptr;
@@ -54,6 +56,8 @@ struct WgmmaOp {
   std::vector<const char*> rows;
   std::vector<uint8_t> row_bytes;
   std::array<float*, 128> acc{};
+  std::array<const uint32_t*, 128> areg{};  // all null: A from a descriptor
+  std::vector<uint32_t> areg_vals;
 };
 
 // A warpgroup (4 consecutive warps, the first a multiple of 4): the instruction its

@@ -16,6 +16,8 @@
 #include <cstring>
 #include <source_location>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 using namespace dtrain::kernels::detail;
@@ -285,6 +287,52 @@ __global__ void hopper_kernel(float* out, const uint8_t* img, HopBug bug) {
     const unsigned col = 8 * (i >> 2) + 2 * q + (bug == HOP_FRAGMENT ? ((i >> 1) & 1) : (i & 1));
     if (bug != HOP_ACC_READ || t > 0 || i > 0) out[row * 64 + col] = acc[i];
   }
+  __syncthreads();
+  if (t == 0) mbarrier_inval(bar);
+}
+
+// sm_90, A from registers: one warpgroup, D (64 x 64) = A (64 x 16) B (16 x 64) by one
+// wgmma m64n64k16 with A's fragment gathered from global memory through a_idx (the CuTe
+// table: thread t's element i is A's entry a_idx[8 t + i], index m + 64 k) and B (row k
+// holds 64 n values) staged MN-major, 128B-swizzled, by one bulk copy. `bug` selects the mutant.
+enum RsBug {
+  RS_OK,
+  RS_A_WRITTEN,    // an A register rewritten between mma_async and wait_group
+  RS_A_FRAGMENT,   // the fragment's registers 1 and 2 swapped (rows g + 8 and columns + 8 mixed up)
+  RS_A_HALVES,     // each register's two elements swapped (the higher-indexed in the low half)
+  RS_NO_TRANS,     // imm-trans-b 0 on the MN-major B
+  RS_MN_NOSWIZZLE  // the MN-major B's descriptor says no swizzle
+};
+__global__ void hopper_rs_kernel(float* out, const uint16_t* a, const int* a_idx, const uint8_t* bimg, RsBug bug) {
+  char* smem = static_cast<char*>(cuda_emu::dynamic_smem());
+  auto* bar = reinterpret_cast<uint64_t*>(smem);
+  char* bs = smem + 1024;
+  const unsigned t = threadIdx.x;
+  if (t == 0) {
+    mbarrier_init(bar, 1);
+    fence_mbarrier_init();
+    mbarrier_arrive_expect_tx(bar, 2048);
+    bulk_copy_g2s(bs, bimg, 2048, bar);
+  }
+  __syncthreads();
+  while (!mbarrier_try_wait_parity(bar, 0)) {
+  }
+  uint32_t af[4];
+  for (int r = 0; r < 4; ++r)
+    af[r] = static_cast<uint32_t>(a[a_idx[8 * t + 2 * r]]) | static_cast<uint32_t>(a[a_idx[8 * t + 2 * r + 1]]) << 16;
+  if (bug == RS_A_FRAGMENT) std::swap(af[1], af[2]);
+  if (bug == RS_A_HALVES)
+    for (uint32_t& r : af) r = r >> 16 | r << 16;
+  float acc[32];
+  const uint64_t bd = wgmma_desc(bs, 8192, 1024, bug == RS_MN_NOSWIZZLE ? WgmmaSwizzle::NONE : WgmmaSwizzle::B128);
+  wgmma_fence();
+  if (bug == RS_NO_TRANS) wgmma_m64k16_rs<__nv_bfloat16, 64, 0>(acc, af, bd, false);
+  else wgmma_m64k16_rs<__nv_bfloat16, 64, 1>(acc, af, bd, false);
+  wgmma_commit();
+  if (bug == RS_A_WRITTEN && t == 33) af[0] ^= 1u;
+  wgmma_wait<0>();
+  const unsigned w = t / 32, g = (t % 32) / 4, q = t % 4;
+  for (int i = 0; i < 32; ++i) out[(16 * w + g + 8 * ((i >> 1) & 1)) * 64 + 8 * (i >> 2) + 2 * q + (i & 1)] = acc[i];
   __syncthreads();
   if (t == 0) mbarrier_inval(bar);
 }
@@ -685,6 +733,85 @@ TEST_CASE("mutation: mbarrier tx-count and parity, wgmma accumulators, swizzle, 
     const int bad = wrong();
     CHECK(bad > 0);
     if (bug == HOP_ACC_READ) CHECK(std::isnan(out[0]));  // the engine's tag, not a stale value
+    MESSAGE(std::string(what) << " -> " << bad << " of 4096 elements of D wrong");
+  }
+}
+
+// sm_90, A from registers and B MN-major: each mutant of hopper_rs_kernel against the
+// correct kernel, which must give D[m][n] = m + 64 n (A[m][0] = m, A[m][1] = 1, B[0][n] = 1,
+// B[1][n] = 64 n, the rest 0) with A's fragment gathered through CuTe's table for the
+// m64nNk16 A operand (cute/atom/mma_traits_sm90_gmma.hpp, ALayout_64x16: thread modes
+// (4, 8, 4) : (128, 1, 16), value modes (2, 2, 2) : (64, 8, 512); index m + 64 k), which must
+// also be kernels/hopper.cuh's formula for it.
+TEST_CASE("mutation: wgmma with A from registers and B MN-major (imm-trans-b): fragment, transpose, swizzle (sm_90)") {
+  const Layout WG_A{{{4, 128}, {8, 1}, {4, 16}}, {{2, 64}, {2, 8}, {2, 512}}};
+  std::vector<int> a_idx(128 * 8);
+  int table_off = 0;
+  for (int t = 0; t < 128; ++t)
+    for (int i = 0; i < 8; ++i) {
+      const int x = WG_A(t, i), m = x % 64, k = x / 64;
+      a_idx[static_cast<size_t>(8 * t + i)] = m * 16 + k;  // A row-major 64 x 16
+      table_off += m != 16 * (t / 32) + (t % 32) / 4 + 8 * ((i >> 1) & 1) || k != 8 * (i >> 2) + 2 * (t % 4) + (i & 1);
+    }
+  CHECK(table_off == 0);
+  std::vector<uint16_t> a(64 * 16, bf16_bits(0.0f));
+  for (int m = 0; m < 64; ++m) {
+    a[static_cast<size_t>(m * 16)] = bf16_bits(static_cast<float>(m));
+    a[static_cast<size_t>(m * 16 + 1)] = bf16_bits(1.0f);
+  }
+  std::vector<uint8_t> img(2048, 0);  // MN-major 128B: row k at (k / 8) 1024 + (k % 8) 128, chunks ^ k % 8
+  auto put = [&](int k, int n, float v) {
+    const uint16_t h = bf16_bits(v);
+    std::memcpy(&img[static_cast<size_t>((k / 8) * 1024 + (k % 8) * 128 + (((n / 8) ^ (k % 8)) * 16) + (n % 8) * 2)],
+                &h, 2);
+  };
+  for (int n = 0; n < 64; ++n) {
+    put(0, n, 1.0f);
+    put(1, n, static_cast<float>(64 * n));
+  }
+  Dev<uint16_t> da(a);
+  Dev<int> di(a_idx);
+  Dev<uint8_t> dimg(img);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  std::vector<float> out(64 * 64);
+  float* o = out.data();
+  const uint16_t* ap = da.p;
+  const int* ip = di.p;
+  const uint8_t* bp = dimg.p;
+  auto go = [&](RsBug bug) {
+    return run("hopper_rs_kernel", 1, 128, 1024 + 2048, [=] { hopper_rs_kernel(o, ap, ip, bp, bug); });
+  };
+  auto wrong = [&] {
+    int n = 0;
+    for (int m = 0; m < 64; ++m)
+      for (int c = 0; c < 64; ++c) n += out[static_cast<size_t>(m * 64 + c)] != static_cast<float>(m + 64 * c);
+    return n;
+  };
+  const Result ok = go(RS_OK);
+  REQUIRE_MESSAGE(ok.err == cudaSuccess, ok.detail);
+  CHECK(wrong() == 0);
+  // No swizzle reads the 8-k groups LBO (8192) apart, K-major B its 64 rows of 16 k values
+  // 1024 bytes an 8-row group: either past the block's shared memory.
+  for (const auto& [bug, what, expect] :
+       {std::tuple{RS_A_WRITTEN, "A register rewritten before wait_group",
+                   "(A from registers) was written before the wait_group that retires it"},
+        std::tuple{RS_NO_TRANS, "imm-trans-b 0 on an MN-major B",
+                   "its rows run past the block's dynamic shared memory"},
+        std::tuple{RS_MN_NOSWIZZLE, "no-swizzle descriptor on a 128B-swizzled MN-major B",
+                   "its rows run past the block's dynamic shared memory"}}) {
+    Row r{what, ok, go(bug)};
+    CHECK(r.mutant.err == cudaErrorLaunchFailure);
+    CHECK(has(r.mutant.detail, expect));
+    CHECK(has(r.mutant.detail, "mutation_test.cpp:"));
+    report(r);
+  }
+  for (const auto& [bug, what] : {std::pair{RS_A_FRAGMENT, "A fragment registers 1 and 2 swapped"},
+                                  std::pair{RS_A_HALVES, "A fragment elements swapped within each register"}}) {
+    std::fill(out.begin(), out.end(), 0.0f);
+    const Result r = go(bug);
+    CHECK_MESSAGE(r.err == cudaSuccess, r.detail);
+    const int bad = wrong();
+    CHECK(bad > 0);
     MESSAGE(std::string(what) << " -> " << bad << " of 4096 elements of D wrong");
   }
 }

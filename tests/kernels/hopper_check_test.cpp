@@ -2,9 +2,9 @@
 // wgmma from no-swizzle and 128B-swizzled shared layouts) against a host product of the
 // same rounded inputs. Under the CPU execution engine on the default (H100) profile it runs
 // the engine's models; on a card below compute capability 9.0 (ctest's _a100 entry) the
-// launch must fail with an illegal instruction. On a real GPU it needs an sm_90a build
-// (CMAKE_CUDA_ARCHITECTURES with 90a: wgmma is an sm_90a feature) on a 9.0 device, and
-// runs only when DTRAIN_TEST_SM90A=1 says so; otherwise it is skipped.
+// launch must fail with an illegal instruction. On a real GPU it needs the check's sm_90a
+// image (built where CMAKE_CUDA_ARCHITECTURES has 90: kernels/CMakeLists.txt) on a 9.0
+// device; otherwise it is skipped.
 #include "harness.h"
 
 #include "kernels/hopper_check.cuh"
@@ -13,7 +13,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <string>
 
 using namespace dtrain;
 using namespace dtrain::kernels::test;
@@ -50,9 +49,8 @@ TEST_CASE("hopper tile GEMM: bulk copy + mbarrier + wgmma, no swizzle and 128B s
   DTK_SKIP_WITHOUT_GPU();
   const int major = device_major();
 #ifndef DTRAIN_CUDA_EMU
-  const char* opt_in = std::getenv("DTRAIN_TEST_SM90A");
-  if (major != 9 || !opt_in || std::string(opt_in) != "1") {
-    std::printf("needs a compute capability 9.0 GPU, an sm_90a build and DTRAIN_TEST_SM90A=1: skipped\n");
+  if (major != 9 || !kernels::hopper_tile_gemm_has_sm90a()) {
+    std::printf("needs a compute capability 9.0 GPU and a build with 90 among the architectures: skipped\n");
     std::fflush(stdout);
     std::exit(77);
   }

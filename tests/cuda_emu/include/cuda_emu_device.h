@@ -134,13 +134,14 @@ void fence_proxy_async(const char* file, int line);
 void bulk_copy_g2s(const char* file, int line, void* dst, const void* src, uint32_t bytes, uint64_t* bar);
 // wgmma.fence / commit_group / wait_group n .sync.aligned, and
 // wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{bf16,f16}.{bf16,f16} d, adesc, bdesc,
-// scale_d, 1, 1, 0, 0: one thread's part (d: n / 2 floats), all 128 threads of an
-// aligned warpgroup together.
+// scale_d, 1, 1, 0, trans_b (a null), or d, {a0..a3}, bdesc, scale_d, 1, 1, trans_b (A from
+// the 4 registers at a; adesc unused): one thread's part (d: n / 2 floats), all 128
+// threads of an aligned warpgroup together.
 void wgmma_fence(const char* file, int line);
 void wgmma_commit(const char* file, int line);
 void wgmma_wait(const char* file, int line, int n);
 void wgmma_m64k16(const char* file, int line, MmaType type, int n, float* d, uint64_t adesc, uint64_t bdesc,
-                  bool scale_d);
+                  bool scale_d, const uint32_t* a = nullptr, bool trans_b = false);
 
 }  // namespace cuda_emu
 
