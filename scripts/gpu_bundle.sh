@@ -31,7 +31,8 @@ nvcc=/usr/local/cuda/bin/nvcc
 build=${DTRAIN_GPU_BUILD_DIR:-$root/build-gpu}
 tests=(kernels_conformance_test kernels_gemm_test kernels_attention_test gpu_cuda_device_test gpu_model_device_test
        gpu_families_device_test gpu_zero_device_test gpu_offload_device_test bench_train_test plan_budget_test
-       comm_nccl_test gpu_local_comm_test gpu_ranks_local_test gpu_nccl_single_test)
+       comm_nccl_test gpu_local_comm_test gpu_ranks_local_test gpu_nccl_single_test kernels_hopper_check_test
+       kernels_attention_hopper_test)
 launcher=()
 if command -v ccache >/dev/null 2>&1; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
 t0=$SECONDS
