@@ -8,14 +8,11 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 jobs=${DTRAIN_TEST_JOBS:-2}
 # The main tree's long tests mostly wait (measured alone: cli_launcher_inputs_test used
-# 36 s of CPU in 180 s, cli_hardening_b_test 42 s in 221 s). While the EMU tree's suites
-# filled both cores, 4 at a time took 880 s here against 861-941 s for 2 at a time; since
-# those suites take half the CPU they did (session 24: 792 -> 430 CPU-s), 4 at a time
-# (DTRAIN_TEST_MAIN_JOBS; 3 at adc60d1: 537 s, ending with the EMU tree's path). At d9f1430, at the same priority as the EMU tree's
-# build and tests, they finished in 413 s while the EMU tree's build, slowed by them, took
-# 401 s of the command's 812. So they run at nice 5 (DTRAIN_TEST_MAIN_NICE): mostly waiting,
-# they take the cores the EMU tree leaves, and the EMU tree's path (the longer one) keeps
-# most of the CPU.
+# 36 s of CPU in 180 s, cli_hardening_b_test 42 s in 221 s). They run beside the EMU tree's
+# build and tests at nice 5 (DTRAIN_TEST_MAIN_NICE), so that path, the longer one, keeps
+# most of the CPU, and 4 at a time (DTRAIN_TEST_MAIN_JOBS). Measured in session 24, the test
+# command after the quickstart: 3 at a time and not niced 812 s (the EMU build, slowed by
+# them, 401 s); niced 732 s (EMU build 268 s, main tests 537 s); 4 at a time niced 685 s.
 main_jobs=${DTRAIN_TEST_MAIN_JOBS:-4}
 main_nice=${DTRAIN_TEST_MAIN_NICE:-5}
 # ccache (installed by the set-up) serves the EMU tree the main tree's objects for every
