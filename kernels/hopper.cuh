@@ -119,6 +119,18 @@ __device__ __forceinline__ void bulk_copy_g2s(void* smem_dst, const void* gmem_s
                : "memory");
 }
 
+// Named barriers (PTX ISA "bar, barrier"): bar.sync waits until `count` threads (whole
+// warps, a multiple of 32) have arrived at barrier `id`; bar.arrive marks the calling warp's
+// arrival without waiting. All 32 lanes of a warp execute the same one. Id 0 is
+// __syncthreads's: use 1-15. (Not sm_90-specific; FlashAttention-3's warpgroups take
+// turns at the tensor cores with them.)
+__device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(uint32_t id, uint32_t count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
 // wgmma is an arch-specific feature: sm_90a (compute_90a), not sm_90. Compiled for any
 // other architecture (sm_90 included) these trap.
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -434,6 +446,12 @@ inline void fence_proxy_async(HopperSite at = HopperSite::current()) { ::cuda_em
 inline void bulk_copy_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, uint64_t* bar,
                           HopperSite at = HopperSite::current()) {
   ::cuda_emu::bulk_copy_g2s(DTK_SITE, smem_dst, gmem_src, bytes, bar);
+}
+inline void named_bar_sync(uint32_t id, uint32_t count, HopperSite at = HopperSite::current()) {
+  ::cuda_emu::named_barrier_sync(DTK_SITE, id, count);
+}
+inline void named_bar_arrive(uint32_t id, uint32_t count, HopperSite at = HopperSite::current()) {
+  ::cuda_emu::named_barrier_arrive(DTK_SITE, id, count);
 }
 inline void wgmma_fence(HopperSite at = HopperSite::current()) { ::cuda_emu::wgmma_fence(DTK_SITE); }
 inline void wgmma_commit(HopperSite at = HopperSite::current()) { ::cuda_emu::wgmma_commit(DTK_SITE); }

@@ -152,7 +152,9 @@ const char* op_name(int op) {
                                       "wgmma.fence.sync.aligned",
                                       "wgmma.mma_async.sync.aligned",
                                       "wgmma.commit_group.sync.aligned",
-                                      "wgmma.wait_group.sync.aligned"};
+                                      "wgmma.wait_group.sync.aligned",
+                                      "bar.sync",
+                                      "bar.arrive"};
   return names[op];
 }
 
@@ -180,6 +182,7 @@ std::string op_at(const Thread& th) {
   if (th.op >= OP_SHFL_IDX && th.op <= OP_BALLOT) s += "(mask " + hex(th.mask) + ")";
   s += " at " + where_str(th.file, th.line);
   if (th.op == OP_MBAR_WAIT) s += " (" + mbarrier_wait_str(t_worker->block, th) + ")";
+  if (th.op == OP_NBAR_SYNC || th.op == OP_NBAR_ARRIVE) s += " (" + named_barrier_wait_str(t_worker->block, th) + ")";
   return s;
 }
 
@@ -500,6 +503,13 @@ void thread_exit(Block& b, unsigned t) {
                    "): every thread of a block must reach each __syncthreads");
     return;
   }
+  if (b.nbar_used) {
+    std::string why = named_barrier_exit(b, t);
+    if (!why.empty()) {
+      block_fail(b, cudaErrorLaunchFailure, std::move(why));
+      return;
+    }
+  }
   for (const auto& g : w.groups) {
     if (!(g.mask >> (t % 32) & 1u)) continue;
     const unsigned other = (t / 32) * 32 + static_cast<unsigned>(__builtin_ctz(g.arrived));
@@ -612,6 +622,7 @@ void block_setup(Worker& w, Launch& L, uint3 bidx) {
     wp.groups.clear();
   }
   hopper_block_start(b);
+  named_barrier_block_start(b);
   b.next_start = b.live = b.exited = b.first_exited = 0;
   b.bar_arrived = 0;
   b.bar_waiters.clear();
@@ -726,6 +737,10 @@ void block_run(Worker& w, Launch& L, uint3 bidx) {
   }
   if (b.hopper.used && !b.cancel) {
     std::string why = hopper_block_end(b);
+    if (!why.empty()) block_fail(b, cudaErrorLaunchFailure, std::move(why));
+  }
+  if (b.nbar_used && !b.cancel) {
+    std::string why = named_barrier_block_end(b);
     if (!why.empty()) block_fail(b, cudaErrorLaunchFailure, std::move(why));
   }
   w.running = nullptr;

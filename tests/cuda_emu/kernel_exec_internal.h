@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -64,6 +65,9 @@ enum Op : int {
   OP_WGMMA_MMA,
   OP_WGMMA_COMMIT,
   OP_WGMMA_WAIT,
+  // Named barriers (kernel_namedbar.cpp): bar.sync / bar.arrive id, count, per warp.
+  OP_NBAR_SYNC,
+  OP_NBAR_ARRIVE,
 };
 inline bool aligned_op(int op) { return op >= OP_MMA_BF16 && op <= OP_LDSM_X4_T; }
 
@@ -141,6 +145,22 @@ struct Warp {
   unsigned present;  // lanes that exist (the last warp may be partial)
   unsigned exited;
   std::vector<WarpGroup> groups;
+  // The named-barrier instruction its lanes gather at (kernel_namedbar.cpp): lanes in,
+  // op, barrier id and thread count of the first lane.
+  unsigned nb_arrived = 0;
+  int nb_op = 0;
+  unsigned nb_id = 0, nb_count = 0;
+};
+
+// One of a block's 16 hardware barriers used by bar.sync / bar.arrive with an id
+// (kernel_namedbar.cpp): the thread count of the phase being gathered (set by its first
+// warp), the threads arrived so far (whole warps) and those waiting at bar.sync.
+struct NamedBarrier {
+  unsigned count = 0, arrived = 0;
+  unsigned first = 0;  // the first arriving warp's lane 0
+  const char* file = nullptr;
+  int line = 0;
+  std::vector<unsigned> waiters;
 };
 
 struct Worker;
@@ -175,6 +195,8 @@ struct Block {
   bool async_used = false;         // a thread issued a cp.async since block_setup
   std::vector<Warp> warps;
   HopperState hopper;  // mbarriers, bulk copies, warpgroups (kernel_hopper.cpp, kernel_wgmma.cpp)
+  std::array<NamedBarrier, 16> nbars;
+  bool nbar_used = false;  // a named barrier was used since block_setup
   unsigned next_start = 0, live = 0, exited = 0, first_exited = 0;
   // The barrier being gathered.
   unsigned bar_arrived = 0, bar_first = 0;
@@ -307,6 +329,13 @@ std::string hopper_block_end(Block& b);
 // is set when it made the block fail instead.
 bool hopper_progress(Block& b, std::string* why);
 std::string wgmma_block_end(Block& b);  // kernel_wgmma.cpp: wgmma left unretired
+// Named barriers (kernel_namedbar.cpp): clears what a previous block left; why the block
+// may not end as it did ("" when it may); why thread t may not exit now ("" when it may);
+// what a thread parked at OP_NBAR_* waits for, for the deadlock report.
+void named_barrier_block_start(Block& b);
+std::string named_barrier_block_end(const Block& b);
+std::string named_barrier_exit(const Block& b, unsigned t);
+std::string named_barrier_wait_str(const Block& b, const Thread& th);
 // What a thread parked at OP_MBAR_WAIT waits for, for the deadlock report.
 std::string mbarrier_wait_str(const Block& b, const Thread& th);
 // Fails the calling thread with cudaErrorIllegalInstruction unless the device profile is

@@ -470,3 +470,115 @@ TEST_CASE("kernels from several host threads at once") {
   for (auto& t : callers) t.join();
   CHECK(failures.load() == 0);
 }
+
+// ----------------------------------------------------------------------------
+// Named barriers: bar.sync / bar.arrive id, count (kernel_namedbar.cpp).
+#define NB_SYNC(id, n) ::cuda_emu::named_barrier_sync(__FILE__, __LINE__, (id), (n))
+#define NB_ARRIVE(id, n) ::cuda_emu::named_barrier_arrive(__FILE__, __LINE__, (id), (n))
+
+namespace {
+
+// Two 128-thread groups take `rounds` turns each, strictly alternating: group g waits at
+// barrier 1 + g for its turn and ends it by arriving at the other group's barrier (both
+// barriers count 256: one group's bar.sync and the other's bar.arrive). Group 1 opens
+// group 0's first turn. In its turn every warp of the group appends its group to `log`
+// once, after a warp-level sync (a scheduling point). `balanced`: group 1 skips the arrive
+// after its last turn, which no turn of group 0 would consume.
+void turns_kernel(int* log, int* pos, int rounds, bool balanced) {
+  const unsigned t = threadIdx.x, g = t / 128;
+  if (g == 1) NB_ARRIVE(1, 256);
+  for (int r = 0; r < rounds; ++r) {
+    NB_SYNC(1 + g, 256);
+    __syncwarp();
+    if (t % 32 == 0) log[(*pos)++] = static_cast<int>(g);
+    __syncwarp();
+    if (!balanced || g == 0 || r + 1 < rounds) NB_ARRIVE(2 - g, 256);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("named barriers: two warpgroups take strict turns with bar.sync / bar.arrive") {
+  const int rounds = 6;
+  std::vector<int> log(2 * rounds * 4, -1);
+  int pos = 0;
+  int *p = log.data(), *ppos = &pos;
+  const Result r = run("turns_kernel", 1, 256, 0, [=] { turns_kernel(p, ppos, rounds, true); });
+  REQUIRE_MESSAGE(r.err == cudaSuccess, r.detail);
+  REQUIRE(pos == 2 * rounds * 4);
+  // Each turn is one group's 4 warps, in turn order 0, 1, 0, 1, ...
+  for (int i = 0; i < pos; ++i) CHECK(log[i] == (i / 4) % 2);
+}
+
+TEST_CASE("named barriers: a phase left partly arrived fails the block at its end") {
+  std::vector<int> log(64, -1);
+  int pos = 0;
+  int *p = log.data(), *ppos = &pos;
+  const Result r = run("turns_kernel", 1, 256, 0, [=] { turns_kernel(p, ppos, 3, false); });
+  CHECK(r.err == cudaErrorLaunchFailure);
+  CHECK(has(r.detail, "the block exits with 128 of 256 threads arrived at barrier 1"));
+  CHECK(has(r.detail, "unbalanced"));
+}
+
+TEST_CASE("named barriers: a bar.sync nobody completes is a deadlock naming the barrier") {
+  int line = 0;
+  int* pl = &line;
+  const Result r = run("nbar_deadlock_kernel", 1, 256, 0, [=] {
+    if (threadIdx.x < 128) {
+      *pl = __LINE__ + 1;
+      NB_SYNC(3, 256);
+    }
+  });
+  CHECK(r.err == cudaErrorLaunchFailure);
+  CHECK(has(r.detail, "deadlock"));
+  INFO(r.detail);
+  CHECK(has(r.detail, "wait at bar.sync at "));
+  CHECK(has(r.detail, at_line(line) + " (barrier 3"));
+  CHECK(has(r.detail, "barrier 3, count 256: 128 of 256 threads arrived"));
+}
+
+TEST_CASE("named barriers: misuse fails the launch naming the call site") {
+  struct Case {
+    const char* name;
+    unsigned threads;
+    int kind;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"barrier 0", 64, 0, "barrier 0 is the one __syncthreads uses"},
+      {"barrier 16", 64, 1, "barrier id 16 (a block has barriers 0-15)"},
+      {"count 48", 64, 2, "thread count 48 (must be a non-zero multiple of 32"},
+      {"count past the block", 64, 3, "thread count 96"},
+      {"lanes at different barriers", 64, 4, "other lanes of its warp wait at bar.sync"},
+      {"warps with different counts", 96, 5, "threads; warps arriving at one phase must name the same count"},
+      {"lanes diverge and some exit", 64, 6, "exited"},
+      {"a partial warp", 48, 7, "is a partial warp"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    int line = 0;
+    int* pl = &line;
+    const int kind = c.kind;
+    const Result r = run("nbar_misuse_kernel", 1, c.threads, 0, [=] {
+#define NB_SYNC_AT(id, n) (*pl = __LINE__, NB_SYNC(id, n))
+      const unsigned t = threadIdx.x;
+      switch (kind) {
+        case 0: NB_SYNC_AT(0, 64); break;
+        case 1: NB_SYNC_AT(16, 64); break;
+        case 2: NB_SYNC_AT(1, 48); break;
+        case 3: NB_SYNC_AT(1, 96); break;
+        case 4: NB_SYNC_AT(t % 32 < 16 ? 1 : 2, 64); break;
+        case 5: NB_SYNC_AT(1, t < 32 ? 64 : 96); break;
+        case 6:
+          if (t % 32 < 16) NB_SYNC_AT(1, 64);
+          break;
+        default: NB_SYNC_AT(1, 32); break;
+      }
+#undef NB_SYNC_AT
+    });
+    INFO(r.detail);
+    CHECK(r.err == cudaErrorLaunchFailure);
+    CHECK(has(r.detail, c.expect));
+    CHECK(has(r.detail, at_line(line)));
+  }
+}

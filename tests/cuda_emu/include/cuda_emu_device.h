@@ -60,6 +60,10 @@ int syncthreads_count(const char* file, int line, int pred);
 void syncwarp(const char* file, int line, unsigned mask = 0xffffffffu);
 unsigned ballot_sync(const char* file, int line, unsigned mask, int pred);
 unsigned activemask(const char* file, int line);
+// bar.sync id, count / bar.arrive id, count (kernel_namedbar.cpp): named barriers 1-15,
+// per warp; kernels use them through kernels/hopper.cuh.
+void named_barrier_sync(const char* file, int line, unsigned id, unsigned count);
+void named_barrier_arrive(const char* file, int line, unsigned id, unsigned count);
 
 enum ShuffleKind : int { SHFL_IDX, SHFL_XOR, SHFL_UP, SHFL_DOWN };
 // One lane's part of a shuffle of `bytes`-sized values (4 or 8), carried as raw bits.
