@@ -8,10 +8,10 @@
 //  - The producer loads the block's Q tile once, then each key tile's K and V (64 keys)
 //    into a 2-stage ring with cp.async.bulk (16-byte copies: the 1D bulk copy cannot
 //    scatter a row into the swizzled layout, a tensor-map TMA would do a tile in one
-//    instruction), each stage guarded by a `full` mbarrier (its arrive.expect_tx announces
-//    the stage's bytes, the copies complete_tx on it) and an `empty` one (both consumer
-//    warpgroups arrive once their MMAs reading the stage have retired; the producer waits
-//    for it before refilling the stage).
+//    instruction). K and V of a stage each have a `full` mbarrier (its arrive.expect_tx
+//    announces the bytes, the copies complete_tx on it) and an `empty` one (both consumer
+//    warpgroups arrive once their MMAs reading it have retired; the producer waits for it
+//    before refilling), so K of the next tile loads while V of the last one is still read.
 //  - Each consumer warpgroup, per key tile: S (64 x 64, 32 fp32 a thread) = Q K^T by HD / 16
 //    wgmma m64n64k16 with both operands in shared memory (128B-swizzled, K-major); the
 //    online softmax in registers in the log2 domain (the mask applied only on tiles it cuts:
@@ -19,7 +19,13 @@
 //    16 bits in registers, where the accumulator's layout of a 16-key slab is the A fragment
 //    of a k16 slice; O (64 x HD) += P V by 4 wgmma m64nHDk16 with A from registers and V
 //    MN-major (imm-trans-b: V rows are stored as loaded, 128B-swizzled). A warpgroup skips
-//    the key tiles none of its rows sees (it still waits for and releases their stage).
+//    the key tiles none of its rows sees (it still waits for and releases their stages).
+//  - FlashAttention-3's overlap of softmax and MMAs, both kinds: within a warpgroup, step i
+//    issues S of tile i and then P V of tile i - 1, and computes tile i's softmax while that
+//    P V runs (O is rescaled to a tile's row max just before its P V is issued); between the
+//    warpgroups, each issues its step's MMAs in its turn, taken with named barriers
+//    (bar.sync on its own, bar.arrive on the other's), so one's softmax overlaps the other's
+//    MMAs (ping-pong).
 //  - Rows and keys past T: their copies read row T - 1 (finite data, masked out), nothing
 //    past T is stored.
 // Results: O and the log-sum-exp (natural log) the tensor-core backward reads, as the
@@ -27,9 +33,10 @@
 // core's k16 steps), so the two agree to rounding, not bitwise.
 // Built only for sm_90a (kernels/CMakeLists.txt compiles this file for 90a when 90 is among
 // the architectures); elsewhere the kernel traps and the host never launches it
-// (attention_hopper_runs). The softmax of one tile does not yet overlap the other
-// warpgroup's MMAs (FlashAttention-3's ping-pong and intra-warpgroup pipelining), and the
-// producer keeps its full register allocation (no setmaxnreg).
+// (attention_hopper_runs). Not done (FlashAttention-3 has them): setmaxnreg (with 288
+// threads at 1 block per SM every thread may hold 224 registers, so the consumers need no
+// more than they get; the producer warp's unused ones are 7 % of the register file), and
+// tensor-map TMA loads.
 #include "kernels/attention_mma_tiles.cuh"
 #include "kernels/hopper.cuh"
 
@@ -87,9 +94,12 @@ __global__ void __launch_bounds__(HTHREADS, 1)
 #else
   const AttnShape& s = a.s;
   DTK_EXTERN_SHARED(char, smem);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem);  // [2]
-  uint64_t* empty = full + 2;                          // [2]
-  uint64_t* qbar = full + 4;
+  uint64_t* full_k = reinterpret_cast<uint64_t*>(smem);  // [2] per stage: its K landed
+  uint64_t* full_v = full_k + 2;                         // [2] its V landed
+  uint64_t* empty_k = full_k + 4;                        // [2] both warpgroups are done with its K
+  uint64_t* empty_v = full_k + 6;                        // [2] ... with its V
+  uint64_t* qbar = full_k + 8;
+  constexpr int NBARS = 9;
   char* Qs = smem + (1024 - shared_addr(smem) % 1024) % 1024 + 1024;
   constexpr uint32_t QB = HBM * HD * 2, KVB = HBN * HD * 2;
   char* KV = Qs + QB;  // stage i: K at KV + 2 i KVB, V after it
@@ -106,10 +116,8 @@ __global__ void __launch_bounds__(HTHREADS, 1)
   const int ntiles = kt_last - kt0 + 1;
 
   if (threadIdx.x == 0) {
-    mbarrier_init(&full[0], 1);
-    mbarrier_init(&full[1], 1);
-    mbarrier_init(&empty[0], 2);  // one arrival per consumer warpgroup
-    mbarrier_init(&empty[1], 2);
+    for (int i = 0; i < 4; ++i) mbarrier_init(&full_k[i], 1);  // full_k, full_v: the producer's expect_tx
+    for (int i = 4; i < 8; ++i) mbarrier_init(&full_k[i], 2);  // empty_k, empty_v: one per consumer warpgroup
     mbarrier_init(qbar, 1);
     fence_mbarrier_init();
   }
@@ -119,17 +127,26 @@ __global__ void __launch_bounds__(HTHREADS, 1)
     if (lane == 0) mbarrier_arrive_expect_tx(qbar, QB);
     __syncwarp();
     tile_bulk<HD, HBM>(Qs, qb, qt * HBM, s.T, s.qs, qbar, lane);
+    // K of tile i + 1 is refilled once both warpgroups' S of tile i - 1 retired, V once
+    // their P V of tile i - 1 did (a step later: see the consumers).
     for (int i = 0; i < ntiles; ++i) {
       const int st = i & 1, key0 = (kt0 + i) * HBN;
-      if (i >= 2) {  // the consumers released this stage's previous tile (i - 2)
-        while (!mbarrier_try_wait_parity(&empty[st], static_cast<uint32_t>((i >> 1) - 1) & 1)) {
+      const uint32_t prev = static_cast<uint32_t>((i >> 1) - 1) & 1;  // the parity of tile i - 2's release
+      char* Ks = KV + st * 2 * KVB;
+      if (i >= 2) {
+        while (!mbarrier_try_wait_parity(&empty_k[st], prev)) {
         }
       }
-      if (lane == 0) mbarrier_arrive_expect_tx(&full[st], 2 * KVB);
+      if (lane == 0) mbarrier_arrive_expect_tx(&full_k[st], KVB);
       __syncwarp();
-      char* Ks = KV + st * 2 * KVB;
-      tile_bulk<HD, HBN>(Ks, kb, key0, s.T, s.ks, &full[st], lane);
-      tile_bulk<HD, HBN>(Ks + KVB, vb, key0, s.T, s.ks, &full[st], lane);
+      tile_bulk<HD, HBN>(Ks, kb, key0, s.T, s.ks, &full_k[st], lane);
+      if (i >= 2) {
+        while (!mbarrier_try_wait_parity(&empty_v[st], prev)) {
+        }
+      }
+      if (lane == 0) mbarrier_arrive_expect_tx(&full_v[st], KVB);
+      __syncwarp();
+      tile_bulk<HD, HBN>(Ks + KVB, vb, key0, s.T, s.ks, &full_v[st], lane);
     }
   } else {
     const int wg = warp >> 2, tw = static_cast<int>(threadIdx.x) & 127, w = tw >> 5, g = (tw & 31) >> 2, tq = tw & 3;
@@ -147,35 +164,70 @@ __global__ void __launch_bounds__(HTHREADS, 1)
     float o[HD / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; ++i) o[i] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2] = {1.0f, 1.0f};
     const float sl2 = s.scale * LOG2E;
     const char* Qw = Qs + wg * 8 * 1024;  // rows 64 wg.. of every column block
+    float sc[HBN / 2];                    // S of the current tile, then its P in fp32
+    uint32_t pa[HBN / 16][4];             // P of the previous tile, 16-bit: the k16 slices' A (S entries 8 c..8 c + 7)
+    bool prev_act = false;                // the previous tile's P is in pa and its P V not issued yet
+    // Turns at the tensor cores (FlashAttention-3's ping-pong): a warpgroup issues its MMAs
+    // of step i between bar.sync on its own barrier (1 + wg) and bar.arrive on the other's,
+    // so one warpgroup's softmax runs while the other's MMAs do. Both count 256: one
+    // warpgroup's sync and the other's arrive. Warpgroup 1 opens warpgroup 0's first turn
+    // and skips the arrive after its last, which no turn would consume.
+    const uint32_t my_turn = 1 + wg, their_turn = 2 - wg;
+    if (wg == 1) named_bar_arrive(1, 256);
     while (!mbarrier_try_wait_parity(qbar, 0)) {
     }
-    for (int i = 0; i < ntiles; ++i) {
-      const int st = i & 1, key0 = (kt0 + i) * HBN;
-      const char* Ks = KV + st * 2 * KVB;
-      const char* Vs = Ks + KVB;
-      while (!mbarrier_try_wait_parity(&full[st], static_cast<uint32_t>(i >> 1) & 1)) {
-      }
+    // Step i issues S of tile i (if the warpgroup sees it) and P V of tile i - 1 (if it saw
+    // that), then finishes tile i's softmax while that P V runs (FlashAttention-3's
+    // intra-warpgroup pipelining). ntiles + 1 steps: the last only issues P V.
+    for (int i = 0; i <= ntiles; ++i) {
+      const int st = i & 1, pst = (i - 1) & 1, key0 = (kt0 + i) * HBN;
       // No row of this warpgroup sees the tile: all its keys after the last row, or before
-      // the first row's lo (lo grows with the row). Uniform in the warpgroup.
-      const bool skip = wrow0 >= s.T || key0 > wrow_last || key0 + HBN - 1 < lo_first;
-      if (!skip) {
-        // Every row sees every key of the tile: none after the first row, none before the
-        // last row's lo (the tile then ends at or before the first row, so below T).
-        const bool whole = key0 + HBN - 1 <= wrow0 && lo_last <= key0;
-        float sc[HBN / 2];
+      // the first row's lo (lo grows with the row). Uniform in the warpgroup; the tiles it
+      // sees are consecutive.
+      const bool act = i < ntiles && !(wrow0 >= s.T || key0 > wrow_last || key0 + HBN - 1 < lo_first);
+      if (i < ntiles) {
+        while (!mbarrier_try_wait_parity(&full_k[st], static_cast<uint32_t>(i >> 1) & 1)) {
+        }
+      }
+      if (i >= 1) {
+        while (!mbarrier_try_wait_parity(&full_v[pst], static_cast<uint32_t>((i - 1) >> 1) & 1)) {
+        }
+      }
+      named_bar_sync(my_turn, 256);
+      if (act) {
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < HD / 16; ++ks) {
           const uint32_t at = (ks / 4) * 128 * 128 + (ks % 4) * 32, bt = (ks / 4) * HBN * 128 + (ks % 4) * 32;
           wgmma_m64k16<T, HBN>(sc, wgmma_desc(Qw + at, 128, 1024, WgmmaSwizzle::B128),
-                               wgmma_desc(Ks + bt, 128, 1024, WgmmaSwizzle::B128), ks > 0);
+                               wgmma_desc(KV + st * 2 * KVB + bt, 128, 1024, WgmmaSwizzle::B128), ks > 0);
         }
         wgmma_commit();
-        wgmma_wait<0>();
-        // Online softmax: element i of S is row (i >> 1) & 1, key key0 + 8 (i >> 2) + 2 tq + (i & 1).
+      }
+      if (prev_act) {
+        // O to the previous tile's row max, then O += P V (V MN-major: keys 16 c.. are two
+        // 8-row atoms further).
+#pragma unroll
+        for (int e = 0; e < HD / 2; ++e) o[e] *= alpha[(e >> 1) & 1];
+        const char* Vs = KV + pst * 2 * KVB + KVB;
+        wgmma_fence();
+#pragma unroll
+        for (int c = 0; c < HBN / 16; ++c)
+          wgmma_m64k16_rs<T, HD, 1>(o, pa[c], wgmma_desc(Vs + c * 2048, HBN * 128, 1024, WgmmaSwizzle::B128), true);
+        wgmma_commit();
+      }
+      if (wg == 0 || i < ntiles) named_bar_arrive(their_turn, 256);
+      if (act) {
+        if (prev_act) wgmma_wait<1>();
+        else wgmma_wait<0>();
+        if (tw == 0) mbarrier_arrive(&empty_k[st]);  // this warpgroup's S of the stage retired
+        // Every row sees every key of the tile: none after the first row, none before the
+        // last row's lo (the tile then ends at or before the first row, so below T).
+        const bool whole = key0 + HBN - 1 <= wrow0 && lo_last <= key0;
+        // Online softmax: element e of S is row (e >> 1) & 1, key key0 + 8 (e >> 2) + 2 tq + (e & 1).
         float mx[2] = {m[0], m[1]};
 #pragma unroll
         for (int e = 0; e < HBN / 2; ++e) {
@@ -184,34 +236,25 @@ __global__ void __launch_bounds__(HTHREADS, 1)
           sc[e] = x;
           mx[r] = fmaxf(mx[r], x);
         }
-        float alpha[2], mref[2];
+        float mref[2];
+        softmax_row_step(mx, m, l, alpha, mref);  // O is scaled by alpha before this tile's P V
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-          // A row that has seen nothing yet (mx = -inf): reference 0, so alpha and p are 0.
-          mref[r] = mx[r] == -INFINITY ? 0.0f : mx[r];
-          alpha[r] = exp2f(m[r] - mref[r]);
-          m[r] = mx[r];
-          l[r] *= alpha[r];
+        for (int e = 0; e < HBN / 2; ++e) {
+          sc[e] = exp2f(sc[e] - mref[(e >> 1) & 1]);
+          l[(e >> 1) & 1] += sc[e];
         }
-#pragma unroll
-        for (int e = 0; e < HD / 2; ++e) o[e] *= alpha[(e >> 1) & 1];
-        uint32_t pa[HBN / 16][4];  // P's k16 slices: S entries 8 c..8 c + 7 are slice c's A
-#pragma unroll
-        for (int e = 0; e < HBN / 2; e += 2) {
-          const float p0 = exp2f(sc[e] - mref[(e >> 1) & 1]), p1 = exp2f(sc[e + 1] - mref[(e >> 1) & 1]);
-          l[(e >> 1) & 1] += p0 + p1;
-          pa[e / 8][(e % 8) / 2] = pack2<T>(p0, p1);
-        }
-        wgmma_fence();
-#pragma unroll
-        for (int c = 0; c < HBN / 16; ++c)  // keys 16 c..: two 8-row atoms further into V
-          wgmma_m64k16_rs<T, HD, 1>(o, pa[c], wgmma_desc(Vs + c * 2048, HBN * 128, 1024, WgmmaSwizzle::B128), true);
-        wgmma_commit();
-        wgmma_wait<0>();
+      } else if (i < ntiles && tw == 0) {
+        mbarrier_arrive(&empty_k[st]);
       }
-      if (tw == 0) mbarrier_arrive(&empty[st]);  // this warpgroup's MMAs on the stage have retired
+      if (i >= 1) {
+        if (prev_act) wgmma_wait<0>();
+        if (tw == 0) mbarrier_arrive(&empty_v[pst]);  // this warpgroup's P V of the stage retired (or none)
+      }
+      if (act) {
+#pragma unroll
+        for (int e = 0; e < HBN / 2; e += 2) pa[e / 8][(e % 8) / 2] = pack2<T>(sc[e], sc[e + 1]);
+      }
+      prev_act = act;
     }
     // O / l and the log-sum-exp; pairs of O stored 4 bytes at a time.
     const size_t op = static_cast<size_t>(s.NH) * s.HD;
@@ -230,7 +273,7 @@ __global__ void __launch_bounds__(HTHREADS, 1)
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    for (int i = 0; i < 5; ++i) mbarrier_inval(&full[i]);
+    for (int i = 0; i < NBARS; ++i) mbarrier_inval(&full_k[i]);
   }
 #endif
 }

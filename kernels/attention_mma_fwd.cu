@@ -41,18 +41,7 @@ __device__ __forceinline__ void slice_softmax(float (&sc)[8][4], float (&m)[2], 
     }
   }
   float alpha[2], mref[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    // The first tile holds the tile's first row's lo, but a sliding window or a later row's
-    // document start can hide a whole tile from a row, which then has seen nothing yet
-    // (mx = -inf): its reference max is 0, so alpha and every p are exp2(-inf) = 0, not NaN.
-    mref[r] = mx[r] == -INFINITY ? 0.0f : mx[r];
-    alpha[r] = exp2f(m[r] - mref[r]);
-    m[r] = mx[r];
-    l[r] *= alpha[r];
-  }
+  softmax_row_step(mx, m, l, alpha, mref);
 #pragma unroll
   for (int dn = 0; dn < DN; ++dn) {
     o[dn][0] *= alpha[0];

@@ -10,6 +10,7 @@
 #include "ops/attention.h"
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -82,6 +83,26 @@ __device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c)[8][4],
   a[1] = pack2<T>(c[2 * kk][2], c[2 * kk][3]);
   a[2] = pack2<T>(c[2 * kk + 1][0], c[2 * kk + 1][1]);
   a[3] = pack2<T>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
+// The online softmax's row step once this thread's maxima over a tile are in mx (its two
+// rows of an mma / wgmma accumulator, a quad holding a row): the quad's maxima, the
+// reference max each p is taken against, alpha = exp2(m - mref) (what the row's O and l so
+// far are scaled by), m moved on and l rescaled (O is the caller's: the mma.sync forward
+// scales it at once, the Hopper one before its next P V). A row that has seen nothing yet
+// (mx = -inf: a sliding window or a later row's document start can hide a whole tile from
+// it) takes reference 0, so alpha and every p are exp2(-inf) = 0, not NaN.
+__device__ __forceinline__ void softmax_row_step(float (&mx)[2], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                                 float (&mref)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    mref[r] = mx[r] == -INFINITY ? 0.0f : mx[r];
+    alpha[r] = exp2f(m[r] - mref[r]);
+    m[r] = mx[r];
+    l[r] *= alpha[r];
+  }
 }
 
 // The stage key tile kt goes to (kv_tile_ready).

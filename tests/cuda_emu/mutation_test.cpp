@@ -815,3 +815,65 @@ TEST_CASE("mutation: wgmma with A from registers and B MN-major (imm-trans-b): f
     MESSAGE(std::string(what) << " -> " << bad << " of 4096 elements of D wrong");
   }
 }
+
+// ----------------------------------------------------------------------------
+// Named barriers: two warpgroups take turns as kernels/attention_hopper.cu's do
+// (FlashAttention-3's ping-pong): warpgroup g waits at bar.sync 1 + g, 256 for its turn and
+// ends it with bar.arrive 2 - g, 256; warpgroup 1 opens the first turn and skips the arrive
+// after its last. In each turn every warp appends its warpgroup to out.
+namespace {
+
+enum TurnBug { TURN_OK, TURN_NOT_OPENED, TURN_EXTRA_ARRIVE, TURN_OWN_COUNT, TURN_WARP_SKIPS };
+
+void turns_kernel(int* out, int* pos, TurnBug bug) {
+  const unsigned t = threadIdx.x, g = t / 128;
+  if (g == 1 && bug != TURN_NOT_OPENED) named_bar_arrive(1, 256);
+  for (int r = 0; r < 4; ++r) {
+    // TURN_OWN_COUNT: the count of the warpgroup's own threads, not of both warpgroups.
+    if (!(bug == TURN_WARP_SKIPS && t / 32 == 5 && r == 2)) named_bar_sync(1 + g, bug == TURN_OWN_COUNT ? 128 : 256);
+    __syncwarp();
+    if (t % 32 == 0) out[(*pos)++] = static_cast<int>(g);
+    __syncwarp();
+    if (g == 0 || r < 3 || bug == TURN_EXTRA_ARRIVE) named_bar_arrive(2 - g, 256);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("mutation: warpgroup turn-taking on named barriers (bar.sync / bar.arrive)") {
+  std::vector<int> out(64, -1);
+  int pos = 0;
+  int *o = out.data(), *pp = &pos;
+  auto go = [&](TurnBug bug) {
+    pos = 0;
+    std::fill(out.begin(), out.end(), -1);
+    return run("turns_kernel", 1, 256, 0, [=] { turns_kernel(o, pp, bug); });
+  };
+  const Result ok = go(TURN_OK);
+  REQUIRE_MESSAGE(ok.err == cudaSuccess, ok.detail);
+  REQUIRE(pos == 32);
+  for (int i = 0; i < 32; ++i) CHECK(out[static_cast<size_t>(i)] == (i / 4) % 2);  // 0,0,0,0,1,1,1,1,0,...
+  struct Case {
+    TurnBug bug;
+    const char* what;
+    std::vector<const char*> expect;  // one of them (which depends on the schedule)
+  } cases[] = {
+      {TURN_NOT_OPENED, "warpgroup 1 does not open the first turn", {"deadlock", "bar.sync"}},
+      {TURN_EXTRA_ARRIVE, "warpgroup 1 arrives after its last turn", {"unbalanced"}},
+      {TURN_OWN_COUNT,
+       "bar.sync counts only its own warpgroup",
+       {"must name the same count", "unbalanced", "deadlock"}},
+      {TURN_WARP_SKIPS, "one warp skips a turn's bar.sync", {"deadlock", "must name the same count", "unbalanced"}},
+  };
+  for (const Case& c : cases) {
+    const std::string what = c.what;
+    CAPTURE(what);
+    Row r{c.what, ok, go(c.bug)};
+    CHECK(r.mutant.err == cudaErrorLaunchFailure);
+    bool named = false;
+    for (const char* e : c.expect) named = named || has(r.mutant.detail, e);
+    CHECK(named);
+    CHECK(has(r.mutant.detail, "mutation_test.cpp:"));
+    report(r);
+  }
+}
