@@ -5,13 +5,15 @@
 // Block: 288 threads. Warps 0-7 are two consumer warpgroups, each owning 64 of the block's
 // 128 query rows; warp 8 is the producer. Grid (batch*head, query tile), the last query
 // tiles (the most key tiles) first, as the mma.sync forward.
-//  - The producer loads the block's Q tile once, then each key tile's K and V (64 keys)
-//    into a 2-stage ring with cp.async.bulk (16-byte copies: the 1D bulk copy cannot
-//    scatter a row into the swizzled layout, a tensor-map TMA would do a tile in one
-//    instruction). K and V of a stage each have a `full` mbarrier (its arrive.expect_tx
-//    announces the bytes, the copies complete_tx on it) and an `empty` one (both consumer
-//    warpgroups arrive once their MMAs reading it have retired; the producer waits for it
-//    before refilling), so K of the next tile loads while V of the last one is still read.
+//  - The producer (one thread) loads the block's Q tile once, then each key tile's K and V
+//    (64 keys) into a 2-stage ring, by the Tensor Memory Accelerator: one
+//    cp.async.bulk.tensor per 64-column block of a tile, through tensor maps (made per call
+//    by the driver's cuTensorMapEncodeTiled) that lay the box out 128B-swizzled and fill
+//    rows past T with zeros. K and V of a stage each have a `full` mbarrier (its
+//    arrive.expect_tx announces the bytes, the copies complete_tx on it) and an `empty` one
+//    (both consumer warpgroups arrive once their MMAs reading it have retired; the producer
+//    waits for it before refilling), so K of the next tile loads while V of the last one is
+//    still read.
 //  - Each consumer warpgroup, per key tile: S (64 x 64, 32 fp32 a thread) = Q K^T by HD / 16
 //    wgmma m64n64k16 with both operands in shared memory (128B-swizzled, K-major); the
 //    online softmax in registers in the log2 domain (the mask applied only on tiles it cuts:
@@ -26,17 +28,16 @@
 //    warpgroups, each issues its step's MMAs in its turn, taken with named barriers
 //    (bar.sync on its own, bar.arrive on the other's), so one's softmax overlaps the other's
 //    MMAs (ping-pong).
-//  - Rows and keys past T: their copies read row T - 1 (finite data, masked out), nothing
-//    past T is stored.
+//  - Rows and keys past T: the copies fill them with zeros (masked out), nothing past T is
+//    stored.
 // Results: O and the log-sum-exp (natural log) the tensor-core backward reads, as the
 // mma.sync forward writes them; the products are summed in a different order (a tensor
 // core's k16 steps), so the two agree to rounding, not bitwise.
 // Built only for sm_90a (kernels/CMakeLists.txt compiles this file for 90a when 90 is among
 // the architectures); elsewhere the kernel traps and the host never launches it
-// (attention_hopper_runs). Not done (FlashAttention-3 has them): setmaxnreg (with 288
-// threads at 1 block per SM every thread may hold 224 registers, so the consumers need no
-// more than they get; the producer warp's unused ones are 7 % of the register file), and
-// tensor-map TMA loads.
+// (attention_hopper_runs). Not done (FlashAttention-3 has it): setmaxnreg (with 288 threads at
+// 1 block per SM every thread may hold 224 registers, so the consumers need no more than
+// they get; the producer warp's unused ones are 7 % of the register file).
 #include "kernels/attention_mma_tiles.cuh"
 #include "kernels/hopper.cuh"
 
@@ -58,37 +59,15 @@ constexpr size_t hopper_bytes() {
   return HSMEM_PAD + static_cast<size_t>(HBM) * HD * 2 + 4 * static_cast<size_t>(HBN) * HD * 2;
 }
 
-// The kernel's own helpers: compiled where its body is (sm_90a; the host pass).
+// The kernel's own constant: defined where its body is compiled (sm_90a; the host pass).
 #if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
 constexpr int PRODUCER_WARP = 8;
-
-// Byte offset of 16-byte chunk c (elements 8c..8c+7) of row r in a `rows`-row tile stored
-// 128B-swizzled: 64-element column blocks of rows x 128 bytes, 8-row atoms of 1024 bytes,
-// the chunk index XORed with r % 8. As K-major Q/K (rows = M/N, chunks along k) and as
-// MN-major V (rows = k, chunks along n) the same bytes: each row as the global row.
-__device__ __forceinline__ uint32_t swz_off(int r, int c, int rows) {
-  return static_cast<uint32_t>((c / 8) * rows * 128 + (r / 8) * 1024 + (r % 8) * 128 + ((c % 8) ^ (r % 8)) * 16);
-}
-
-// Copies rows row0.. (ROWS of them; past T: row T - 1) of a [T, stride] source into the
-// swizzled tile `dst`, lane by lane of the producer warp, completing on `bar`.
-template <int HD, int ROWS>
-__device__ __forceinline__ void tile_bulk(char* dst, const void* src, int row0, int T_, size_t stride, uint64_t* bar,
-                                          int lane) {
-  constexpr int CH = HD / 8;
-  for (int idx = lane; idx < ROWS * CH; idx += 32) {
-    const int r = idx / CH, c = idx - r * CH, t = row0 + r < T_ ? row0 + r : T_ - 1;
-    bulk_copy_g2s(dst + swz_off(r, c, ROWS),
-                  static_cast<const char*>(src) + (static_cast<size_t>(t) * stride + 8 * c) * 2, 16, bar);
-  }
-}
-
 #endif
 
 template <typename T, int HD>
 __global__ void __launch_bounds__(HTHREADS, 1)
-    attn_fwd_hopper_kernel(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ q,
-                           const T* __restrict__ k, const T* __restrict__ v, Args a) {
+    attn_fwd_hopper_kernel(T* __restrict__ out, float* __restrict__ lse, const __grid_constant__ CUtensorMap tq,
+                           const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, Args a) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();
 #else
@@ -106,9 +85,6 @@ __global__ void __launch_bounds__(HTHREADS, 1)
 
   const int bh = blockIdx.x, qt = a.nt - 1 - static_cast<int>(blockIdx.y), b = bh / s.NH, h = bh % s.NH, kh = h / s.G;
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-  const T* qb = q + static_cast<size_t>(b) * s.T * s.qs + static_cast<size_t>(h) * s.HD;
-  const T* kb = k + static_cast<size_t>(b) * s.T * s.ks + static_cast<size_t>(kh) * s.HD;
-  const T* vb = v + static_cast<size_t>(b) * s.T * s.ks + static_cast<size_t>(kh) * s.HD;
   // Key tiles from the one holding the block's first row's lo to the one holding its last
   // row below T (causal), as the mma.sync forward.
   const int kt0 = attn_lo(s, b, qt * HBM) / HBN;
@@ -124,29 +100,36 @@ __global__ void __launch_bounds__(HTHREADS, 1)
   __syncthreads();
 
   if (warp == PRODUCER_WARP) {
-    if (lane == 0) mbarrier_arrive_expect_tx(qbar, QB);
-    __syncwarp();
-    tile_bulk<HD, HBM>(Qs, qb, qt * HBM, s.T, s.qs, qbar, lane);
-    // K of tile i + 1 is refilled once both warpgroups' S of tile i - 1 retired, V once
-    // their P V of tile i - 1 did (a step later: see the consumers).
-    for (int i = 0; i < ntiles; ++i) {
-      const int st = i & 1, key0 = (kt0 + i) * HBN;
-      const uint32_t prev = static_cast<uint32_t>((i >> 1) - 1) & 1;  // the parity of tile i - 2's release
-      char* Ks = KV + st * 2 * KVB;
-      if (i >= 2) {
-        while (!mbarrier_try_wait_parity(&empty_k[st], prev)) {
+    if (lane == 0) {
+      // One tensor copy per 64-column block of a tile: the maps' boxes are 64 columns (128
+      // bytes, the 128B swizzle's span) by 128 (Q) or 64 (K, V) rows of one batch entry.
+      mbarrier_arrive_expect_tx(qbar, QB);
+#pragma unroll
+      for (int cb = 0; cb < HD / 64; ++cb)
+        tensor_copy_3d_g2s(Qs + cb * HBM * 128, &tq, h * HD + 64 * cb, qt * HBM, b, qbar);
+      // K of tile i + 1 is refilled once both warpgroups' S of tile i - 1 retired, V once
+      // their P V of tile i - 1 did (a step later: see the consumers).
+      for (int i = 0; i < ntiles; ++i) {
+        const int st = i & 1, key0 = (kt0 + i) * HBN;
+        const uint32_t prev = static_cast<uint32_t>((i >> 1) - 1) & 1;  // the parity of tile i - 2's release
+        char* Ks = KV + st * 2 * KVB;
+        if (i >= 2) {
+          while (!mbarrier_try_wait_parity(&empty_k[st], prev)) {
+          }
         }
-      }
-      if (lane == 0) mbarrier_arrive_expect_tx(&full_k[st], KVB);
-      __syncwarp();
-      tile_bulk<HD, HBN>(Ks, kb, key0, s.T, s.ks, &full_k[st], lane);
-      if (i >= 2) {
-        while (!mbarrier_try_wait_parity(&empty_v[st], prev)) {
+        mbarrier_arrive_expect_tx(&full_k[st], KVB);
+#pragma unroll
+        for (int cb = 0; cb < HD / 64; ++cb)
+          tensor_copy_3d_g2s(Ks + cb * HBN * 128, &tk, kh * HD + 64 * cb, key0, b, &full_k[st]);
+        if (i >= 2) {
+          while (!mbarrier_try_wait_parity(&empty_v[st], prev)) {
+          }
         }
+        mbarrier_arrive_expect_tx(&full_v[st], KVB);
+#pragma unroll
+        for (int cb = 0; cb < HD / 64; ++cb)
+          tensor_copy_3d_g2s(Ks + KVB + cb * HBN * 128, &tv, kh * HD + 64 * cb, key0, b, &full_v[st]);
       }
-      if (lane == 0) mbarrier_arrive_expect_tx(&full_v[st], KVB);
-      __syncwarp();
-      tile_bulk<HD, HBN>(Ks + KVB, vb, key0, s.T, s.ks, &full_v[st], lane);
     }
   } else {
     const int wg = warp >> 2, tw = static_cast<int>(threadIdx.x) & 127, w = tw >> 5, g = (tw & 31) >> 2, tq = tw & 3;
@@ -297,12 +280,55 @@ bool attention_hopper_runs(int HD, DType dtype) {
   return (HD == 64 ? hopper_bytes<64>() : hopper_bytes<128>()) <= attention_smem_optin();
 }
 
+namespace {
+
+// The driver's tensor-map encoder, reached through the runtime (dtrain links no libcuda):
+// null where the driver has none.
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiled encode_tiled() {
+  static const EncodeTiled fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+#if defined(DTRAIN_CUDA_EMU) || CUDART_VERSION >= 12050
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q);
+#else
+    const cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &p, cudaEnableDefault, &q);
+#endif
+    if (e != cudaSuccess) (void)cudaGetLastError();  // not sticky; the fall-back runs
+    return e == cudaSuccess && q == cudaDriverEntryPointSuccess ? reinterpret_cast<EncodeTiled>(p) : nullptr;
+  }();
+  return fn;
+}
+
+// The map of one of Q, K, V: [B][T][stride] elements of which the first `cols` of a row are
+// the tensor's (its heads' HD columns each), boxes of 64 columns by `rows` rows of one batch
+// entry, 128B-swizzled, out-of-bounds rows (past T) zero.
+bool tensor_map(CUtensorMap* m, const void* base, DType dtype, const AttnShape& s, size_t stride, int cols,
+                uint32_t rows) {
+  const EncodeTiled enc = encode_tiled();
+  if (!enc) return false;
+  const cuuint64_t dim[3] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(s.T), static_cast<cuuint64_t>(s.B)};
+  const cuuint64_t strides[2] = {stride * 2, stride * 2 * static_cast<cuuint64_t>(s.T)};
+  const cuuint32_t box[3] = {64, rows, 1}, estr[3] = {1, 1, 1};
+  return enc(m, dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+             const_cast<void*>(base), dim, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace
+
 bool attention_forward_hopper(void* out, float* lse, const void* q, const void* k, const void* v, const AttnShape& s,
                               DType dtype, cudaStream_t stream) {
-  // The bulk copies read 16-byte chunks of rows: every row 16-byte aligned; O is stored in
-  // pairs.
+  // The tensor maps need 16-byte aligned bases and row strides; O is stored in pairs.
   if (!attention_hopper_runs(s.HD, dtype) || !rows_aligned(q, s.qs, s.HD) || !rows_aligned(k, s.ks, s.HD) ||
       !rows_aligned(v, s.ks, s.HD) || (reinterpret_cast<uintptr_t>(out) & 3u) != 0)
+    return false;
+  CUtensorMap tq, tk, tv;
+  if (!tensor_map(&tq, q, dtype, s, s.qs, s.NH * s.HD, HBM) || !tensor_map(&tk, k, dtype, s, s.ks, s.NKV * s.HD, HBN) ||
+      !tensor_map(&tv, v, dtype, s, s.ks, s.NKV * s.HD, HBN))
     return false;
   Args a{s, (s.T + HBM - 1) / HBM, true};
   with_type(dtype, [&](auto tag) {
@@ -312,7 +338,7 @@ bool attention_forward_hopper(void* out, float* lse, const void* q, const void* 
       auto kernel = attn_fwd_hopper_kernel<Ty, HD>;
       smem_allow(kernel, hopper_bytes<HD>());
       DTK_LAUNCH(dim3(s.B * s.NH, a.nt), HTHREADS, hopper_bytes<HD>(), stream, kernel)
-      (static_cast<Ty*>(out), lse, static_cast<const Ty*>(q), static_cast<const Ty*>(k), static_cast<const Ty*>(v), a);
+      (static_cast<Ty*>(out), lse, tq, tk, tv, a);
       DT_CUDA_LAUNCH_CHECK();
     };
     if (s.HD == 64) launch(std::integral_constant<int, 64>{});

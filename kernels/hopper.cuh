@@ -40,6 +40,7 @@
 // The engine models no swizzle and 128B swizzle only (it fails the launch on the others).
 #pragma once
 
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -129,6 +130,20 @@ __device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t count) {
 }
 __device__ __forceinline__ void named_bar_arrive(uint32_t id, uint32_t count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+// The Tensor Memory Accelerator's tile copy: the box of `map` (a CUtensorMap made by
+// cuTensorMapEncodeTiled, passed to the kernel as a __grid_constant__ parameter) at
+// coordinates (c0, c1, c2), dim 0 innermost, into shared memory at dst (128-byte aligned;
+// 1024 for the 128B swizzle's pattern to start at an atom), swizzled as the map says,
+// elements out of bounds zero; it completes on `bar` with the whole box's bytes.
+__device__ __forceinline__ void tensor_copy_3d_g2s(void* dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                                   uint64_t* bar) {
+  DTK_SM90_ASM(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(shared_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(shared_addr(bar))
+      : "memory");
 }
 
 // wgmma is an arch-specific feature: sm_90a (compute_90a), not sm_90. Compiled for any
@@ -446,6 +461,11 @@ inline void fence_proxy_async(HopperSite at = HopperSite::current()) { ::cuda_em
 inline void bulk_copy_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, uint64_t* bar,
                           HopperSite at = HopperSite::current()) {
   ::cuda_emu::bulk_copy_g2s(DTK_SITE, smem_dst, gmem_src, bytes, bar);
+}
+inline void tensor_copy_3d_g2s(void* dst, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar,
+                               HopperSite at = HopperSite::current()) {
+  const int32_t coord[3] = {c0, c1, c2};
+  ::cuda_emu::tensor_copy_g2s(DTK_SITE, dst, map, 3, coord, bar);
 }
 inline void named_bar_sync(uint32_t id, uint32_t count, HopperSite at = HopperSite::current()) {
   ::cuda_emu::named_barrier_sync(DTK_SITE, id, count);

@@ -641,3 +641,186 @@ TEST_CASE("wgmma with A from registers, misuse: an A register written before the
   expect(RS_A_WRITTEN, "(A from registers) was written before the wait_group that retires it", "wgmma_wait<0>()");
   expect(RS_TRANS_DIFFERS, "A's source or imm-trans-b differ", "cuda_emu::wgmma_m64k16(__FILE__");
 }
+
+// ----------------------------------------------------------------------------
+// Tensor maps (cuTensorMapEncodeTiled, reached as dtrain reaches it: through
+// cudaGetDriverEntryPointByVersion) and the Tensor Memory Accelerator's tile copy.
+namespace {
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiled encoder() {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  REQUIRE(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) == cudaSuccess);
+  REQUIRE(q == cudaDriverEntryPointSuccess);
+  REQUIRE(p != nullptr);
+  return reinterpret_cast<EncodeTiled>(p);
+}
+
+// A [2][10][80] uint16 tensor with rows padded to 96 elements (192-byte rows): element
+// (b, t, c) = 1000 b + 100 t + c + 1 (never 0, so a zero is an out-of-bounds fill).
+struct Tensor3 {
+  static constexpr int B = 2, T = 10, C = 80, PITCH = 96;
+  std::vector<uint16_t> h;
+  Tensor3() : h(static_cast<size_t>(B) * T * PITCH, 0xffff) {
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t)
+        for (int c = 0; c < C; ++c)
+          h[(static_cast<size_t>(b) * T + t) * PITCH + c] = static_cast<uint16_t>(1000 * b + 100 * t + c + 1);
+  }
+  CUresult encode(CUtensorMap* m, void* base, cuuint32_t rows, CUtensorMapSwizzle sw = CU_TENSOR_MAP_SWIZZLE_128B,
+                  cuuint64_t dim0 = C) const {
+    const cuuint64_t dim[3] = {dim0, T, B}, strides[2] = {PITCH * 2, PITCH * 2 * T};
+    const cuuint32_t box[3] = {64, rows, 1}, es[3] = {1, 1, 1};
+    return encoder()(m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, base, dim, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                     sw, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("tensor maps: the driver entry point, and cuTensorMapEncodeTiled's documented requirements") {
+  void* p = reinterpret_cast<void*>(1);
+  cudaDriverEntryPointQueryResult q{};
+  CHECK(cudaGetDriverEntryPointByVersion("cuNoSuchFunction", &p, 12000, cudaEnableDefault, &q) == cudaSuccess);
+  CHECK(q == cudaDriverEntryPointSymbolNotFound);
+  CHECK(p == nullptr);
+  CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 11080, cudaEnableDefault, &q) == cudaSuccess);
+  CHECK(q == cudaDriverEntryPointVersionNotSufficent);
+  const Tensor3 x;
+  Dev<uint16_t> g(x.h);
+  CUtensorMap m;
+  if (!sm90()) {  // tensor maps are sm_90 and later
+    CHECK(x.encode(&m, g.p, 16) == CUDA_ERROR_NOT_SUPPORTED);
+    return;
+  }
+  CHECK(x.encode(&m, g.p, 16) == CUDA_SUCCESS);
+  const EncodeTiled enc = encoder();
+  struct Case {
+    const char* what;
+    cuuint32_t rank;
+    int addr_off;  // elements
+    cuuint64_t stride0;
+    cuuint32_t box0, box1;
+    CUtensorMapSwizzle sw;
+    CUtensorMapInterleave il;
+    CUtensorMapFloatOOBfill oob;
+    CUresult want;
+  };
+  const auto S128 = CU_TENSOR_MAP_SWIZZLE_128B;
+  const auto IL0 = CU_TENSOR_MAP_INTERLEAVE_NONE;
+  const auto Z = CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE;
+  const Case cases[] = {
+      {"the base 16-byte aligned", 3, 0, 192, 64, 16, S128, IL0, Z, CUDA_SUCCESS},
+      {"a base 2 bytes off 16", 3, 1, 192, 64, 16, S128, IL0, Z, CUDA_ERROR_INVALID_VALUE},
+      {"a stride not a multiple of 16", 3, 0, 184, 64, 16, S128, IL0, Z, CUDA_ERROR_INVALID_VALUE},
+      {"a box of 257 rows", 3, 0, 192, 64, 257, S128, IL0, Z, CUDA_ERROR_INVALID_VALUE},
+      {"a box row of 8 bytes", 3, 0, 192, 4, 16, CU_TENSOR_MAP_SWIZZLE_NONE, IL0, Z, CUDA_ERROR_INVALID_VALUE},
+      {"a box row of 256 bytes under the 128B swizzle", 3, 0, 192, 128, 16, S128, IL0, Z, CUDA_ERROR_INVALID_VALUE},
+      {"rank 0", 0, 0, 192, 64, 16, S128, IL0, Z, CUDA_ERROR_INVALID_VALUE},
+      {"rank 6", 6, 0, 192, 64, 16, S128, IL0, Z, CUDA_ERROR_INVALID_VALUE},
+      {"the 64B swizzle (not modelled)", 3, 0, 192, 32, 16, CU_TENSOR_MAP_SWIZZLE_64B, IL0, Z,
+       CUDA_ERROR_NOT_SUPPORTED},
+      {"an interleaved layout (not modelled)", 3, 0, 192, 64, 16, CU_TENSOR_MAP_SWIZZLE_32B,
+       CU_TENSOR_MAP_INTERLEAVE_32B, Z, CUDA_ERROR_NOT_SUPPORTED},
+      {"the NaN fill (not modelled)", 3, 0, 192, 64, 16, S128, IL0, CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA,
+       CUDA_ERROR_NOT_SUPPORTED},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(std::string(c.what));
+    const cuuint64_t dim[6] = {80, 10, 2, 1, 1, 1}, strides[5] = {c.stride0, c.stride0 * 10, 3840, 3840, 3840};
+    const cuuint32_t box[6] = {c.box0, c.box1, 1, 1, 1, 1}, es[6] = {1, 1, 1, 1, 1, 1};
+    CHECK(enc(&m, CU_TENSOR_MAP_DATA_TYPE_UINT16, c.rank, g.p + c.addr_off, dim, strides, box, es, c.il, c.sw,
+              CU_TENSOR_MAP_L2_PROMOTION_NONE, c.oob) == c.want);
+  }
+}
+
+TEST_CASE("tensor copy: a 3-D box lands 128B-swizzled, elements out of bounds zero, the whole box's bytes counted") {
+  const Tensor3 x;
+  Dev<uint16_t> g(x.h);
+  CUtensorMap m;
+  const bool ok = sm90() && x.encode(&m, g.p, 16) == CUDA_SUCCESS;
+  if (!sm90()) {
+    CHECK(x.encode(&m, g.p, 16) == CUDA_ERROR_NOT_SUPPORTED);
+    std::memset(&m, 0, sizeof m);  // the copy must still fail as an illegal instruction first
+  }
+  REQUIRE((ok || !sm90()));
+  // Box (64 columns, 16 rows, 1) at (24, 4, 1): columns 80.. and rows 10.. are out of bounds.
+  constexpr int BYTES = 64 * 16 * 2;
+  Dev<uint16_t> out(64 * 16);
+  uint16_t* o = out.p;
+  CHECK_RUNS(run(dim3(128), 1024 + BYTES, [=] {
+    char* dst = static_cast<char*>(cuda_emu::dynamic_smem()) + 1024;
+    init_bar(1);
+    if (threadIdx.x == 0) {
+      mbarrier_arrive_expect_tx(smem_bar(), BYTES);  // the whole box, out-of-bounds part included
+      tensor_copy_3d_g2s(dst, &m, 24, 4, 1, smem_bar());
+    }
+    wait_phase(smem_bar(), 0);
+    for (int i = static_cast<int>(threadIdx.x); i < BYTES / 2; i += 128) o[i] = reinterpret_cast<uint16_t*>(dst)[i];
+  }));
+  if (!sm90()) return;
+  const auto v = out.get();
+  // Row r of the box is 128 bytes at r * 128; its 16-byte chunk j sits at chunk j ^ (r % 8)
+  // (the 128B swizzle from a 1024-byte aligned start).
+  int wrong = 0;
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 64; ++c) {
+      const int t = 4 + r, col = 24 + c;
+      const uint16_t want = t < Tensor3::T && col < Tensor3::C ? static_cast<uint16_t>(1000 + 100 * t + col + 1) : 0;
+      const int at = r * 64 + (((c / 8) ^ (r % 8)) * 8) + c % 8;
+      wrong += v[static_cast<size_t>(at)] != want;
+    }
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("tensor copy misuse fails the launch naming the call site") {
+  const Tensor3 x;
+  Dev<uint16_t> g(x.h);
+  CUtensorMap good, wide, bogus;
+  std::memset(&bogus, 0, sizeof bogus);
+  if (sm90()) {
+    REQUIRE(x.encode(&good, g.p, 16) == CUDA_SUCCESS);
+    // Columns up to 400: a box at column 300 of the last row reads past the allocation.
+    REQUIRE(x.encode(&wide, g.p, 16, CU_TENSOR_MAP_SWIZZLE_128B, 400) == CUDA_SUCCESS);
+  } else {
+    good = wide = bogus;
+  }
+  auto expect = [](const Result& r, const std::string& part, const std::string& code,
+                   cudaError_t e = cudaErrorLaunchFailure) {
+    INFO(r.detail);
+    if (!sm90()) {
+      CHECK(r.err == cudaErrorIllegalInstruction);
+      return;
+    }
+    CHECK(r.err == e);
+    CHECK(has(r.detail, part));
+    CHECK(names_line(r.detail, code));
+  };
+  constexpr size_t SM = 1024 + 2048 + 1024;
+  auto smem_at = [](size_t off) { return static_cast<char*>(cuda_emu::dynamic_smem()) + off; };
+  expect(run(dim3(1), SM, [=] { init_bar(1), tensor_copy_3d_g2s(smem_at(1024 + 16), &good, 0, 0, 0, smem_bar()); }),
+         "is not 128-byte aligned", "tensor_copy_3d_g2s(smem_at(1024 + 16)", cudaErrorMisalignedAddress);
+  expect(run(dim3(1), SM, [=] { init_bar(1), tensor_copy_3d_g2s(smem_at(1024), &bogus, 0, 0, 0, smem_bar()); }),
+         "is not one cuTensorMapEncodeTiled made", "tensor_copy_3d_g2s(smem_at(1024), &bogus", cudaErrorIllegalAddress);
+  expect(run(dim3(1), SM, [=] { init_bar(1), tensor_copy_3d_g2s(smem_at(1024), &wide, 300, 9, 1, smem_bar()); }),
+         "is not device memory", "tensor_copy_3d_g2s(smem_at(1024), &wide", cudaErrorIllegalAddress);
+  expect(run(dim3(1), SM,
+             [=] {
+               init_bar(1);
+               tensor_copy_3d_g2s(smem_at(1024), &good, 0, 0, 0, smem_bar());
+               tensor_copy_3d_g2s(smem_at(2048), &good, 0, 0, 0, smem_bar());
+             }),
+         "overlaps that of the bulk copy", "tensor_copy_3d_g2s(smem_at(2048)");
+  // 16 bytes fewer announced than the box: the phase would complete early on a GPU.
+  expect(run(dim3(1), SM,
+             [=] {
+               init_bar(1);
+               mbarrier_arrive_expect_tx(smem_bar(), 2048 - 16);
+               tensor_copy_3d_g2s(smem_at(1024), &good, 0, 0, 0, smem_bar());
+               wait_phase(smem_bar(), 0);
+             }),
+         "bytes more than expect_tx announced", "mbarrier_try_wait_parity");
+}

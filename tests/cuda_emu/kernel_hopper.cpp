@@ -105,11 +105,42 @@ MBarrier& mbar_get(Block& b, unsigned t, const char* what, const char* file, int
 
 // The phase completes: the copies whose bytes completed land, the phase advances,
 // waiters resume. Copies not completed yet stay in flight (for a later phase).
+// A tensor copy's box lands: element (i0, .., i4) of the box (dim 0 innermost, packed) at
+// byte offset (linear index) x element size from dst, that offset's 16-byte chunk XORed with
+// bits 7-9 of its shared address under the 128B swizzle (as wgmma's 128B descriptors read
+// it); an element whose global coordinate is out of bounds is zero.
+void tensor_land(const Worker& w, const BulkCopy& c) {
+  const TensorMapDesc& t = c.map;
+  const unsigned es = t.elem_bytes;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(w.smem_base);
+  const uintptr_t d0 = reinterpret_cast<uintptr_t>(c.dst);
+  const bool dyn = d0 >= base && d0 < base + w.smem_size;
+  const uintptr_t sa0 = dyn ? d0 - base : d0;  // the shared address the swizzle reads
+  int idx[5] = {0, 0, 0, 0, 0};
+  const uint64_t n = c.bytes / es;
+  for (uint64_t e = 0; e < n; ++e) {
+    bool in = true;
+    uint64_t off = 0;
+    for (int d = 0; d < t.rank; ++d) {
+      const int64_t g = static_cast<int64_t>(c.coord[d]) + idx[d];
+      in = in && g >= 0 && static_cast<uint64_t>(g) < t.dim[d];
+      off += static_cast<uint64_t>(g) * t.stride[d];
+    }
+    uintptr_t sa = sa0 + e * es;
+    if (t.swizzle == 3) sa ^= ((sa >> 7) & 7u) << 4;
+    char* to = reinterpret_cast<char*>(dyn ? base + sa : sa);
+    if (in) std::memcpy(to, reinterpret_cast<const char*>(t.addr + off), es);
+    else std::memset(to, 0, es);
+    for (int d = 0; d < t.rank && ++idx[d] == t.box[d]; ++d) idx[d] = 0;
+  }
+}
+
 void phase_complete(Block& b, MBarrier& m) {
   size_t kept = 0;
   for (BulkCopy& c : m.copies) {
     if (c.done) {
-      std::memcpy(c.dst, c.src, c.bytes);
+      if (c.src) std::memcpy(c.dst, c.src, c.bytes);
+      else tensor_land(*b.w, c);
       racecheck_forget(c.dst, c.bytes);
       --b.w->bulk_in_flight;
     } else m.copies[kept++] = c;
@@ -177,6 +208,19 @@ void fence(const char* file, int line, const char* what) {
 
 constexpr const char* BULK = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes";
 
+// A destination may not overlap a copy still in flight (a GPU's result would depend on
+// which lands last).
+void overlap_check(Block& b, unsigned t, const char* what, const char* file, int line, const void* dst,
+                   uint64_t bytes) {
+  const auto d = reinterpret_cast<uintptr_t>(dst);
+  for (const MBarrier& m : b.hopper.mbars)
+    for (const BulkCopy& c : m.copies)
+      if (d < reinterpret_cast<uintptr_t>(c.dst) + c.bytes && reinterpret_cast<uintptr_t>(c.dst) < d + bytes)
+        fail_at(b, t, what, file, line,
+                "its destination overlaps that of the bulk copy issued at " + where_str(c.file, c.line) +
+                    ", still in flight on the " + bar_str(b, m));
+}
+
 void bulk_check(Block& b, unsigned t, const char* file, int line, void* dst, const void* src, uint32_t bytes) {
   if (bytes == 0 || bytes % 16)
     fail_at(b, t, BULK, file, line, "size " + std::to_string(bytes) + " is not a non-zero multiple of 16");
@@ -199,12 +243,7 @@ void bulk_check(Block& b, unsigned t, const char* file, int line, void* dst, con
                 " (host, pinned host, another device's or freed memory, or "
                 "it runs past its allocation)",
             cudaErrorIllegalAddress);
-  for (const MBarrier& m : b.hopper.mbars)
-    for (const BulkCopy& c : m.copies)
-      if (d < reinterpret_cast<uintptr_t>(c.dst) + c.bytes && reinterpret_cast<uintptr_t>(c.dst) < d + bytes)
-        fail_at(b, t, BULK, file, line,
-                "its destination overlaps that of the bulk copy issued at " + where_str(c.file, c.line) +
-                    ", still in flight on the " + bar_str(b, m));
+  overlap_check(b, t, BULK, file, line, dst, bytes);
 }
 
 }  // namespace
@@ -340,6 +379,93 @@ bool mbarrier_try_wait_parity(const char* file, int line, uint64_t* bar, uint32_
 void fence_mbarrier_init(const char* file, int line) { fence(file, line, "fence.mbarrier_init.release.cluster"); }
 void fence_proxy_async(const char* file, int line) { fence(file, line, "fence.proxy.async.shared::cta"); }
 
+void tensor_copy_g2s(const char* file, int line, void* dst, const void* map, int rank, const int32_t* coord,
+                     uint64_t* bar) {
+  static constexpr const char* TBULK[] = {
+      "",
+      "cp.async.bulk.tensor.1d.shared::cluster.global.mbarrier::complete_tx::bytes",
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes",
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes",
+      "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"};
+  const char* what = TBULK[rank >= 1 && rank <= 5 ? rank : 0];
+  unsigned t;
+  Block& b = hopper_block(file, line, what, &t);
+  MBarrier& m = mbar_get(b, t, what, file, line, bar);
+  const TensorMapDesc* tm = tensor_map_decode(map);
+  if (!tm)
+    fail_at(b, t, what, file, line,
+            "the tensor map at " + hex(reinterpret_cast<uintptr_t>(map)) +
+                " is not one cuTensorMapEncodeTiled made (or not 64-byte aligned): a GPU's copy is undefined",
+            cudaErrorIllegalAddress);
+  if (tm->rank != rank)
+    fail_at(b, t, what, file, line,
+            "the tensor map has rank " + std::to_string(tm->rank) + ", the instruction " + std::to_string(rank) +
+                " coordinates");
+  uint64_t bytes = tm->elem_bytes;
+  for (int d = 0; d < rank; ++d) bytes *= tm->box[d];
+  const auto da = reinterpret_cast<uintptr_t>(dst);
+  if (da % 128 != 0)
+    fail_at(b, t, what, file, line, "shared destination " + hex(da) + " is not 128-byte aligned",
+            cudaErrorMisalignedAddress);
+  if (!in_shared(*b.w, dst, bytes))
+    fail_at(b, t, what, file, line,
+            "shared destination " + hex(da) + " (the box's " + std::to_string(bytes) + " bytes) " +
+                not_shared_str(*b.w, b.threads[t], dst, bytes),
+            cudaErrorIllegalAddress);
+  overlap_check(b, t, what, file, line, dst, bytes);
+  // Each row of the box (dim 0's run) that lies in bounds must be device memory of the
+  // launch's device.
+  int idx[5] = {0, 0, 0, 0, 0};
+  const int64_t lo0 = std::max<int64_t>(coord[0], 0),
+                hi0 = std::min<int64_t>(static_cast<int64_t>(coord[0]) + tm->box[0], static_cast<int64_t>(tm->dim[0]));
+  for (bool more = true; more;) {
+    bool in = hi0 > lo0;
+    uint64_t off = static_cast<uint64_t>(lo0) * tm->elem_bytes;
+    for (int d = 1; d < rank; ++d) {
+      const int64_t g = static_cast<int64_t>(coord[d]) + idx[d];
+      in = in && g >= 0 && static_cast<uint64_t>(g) < tm->dim[d];
+      off += static_cast<uint64_t>(g) * tm->stride[d];
+    }
+    if (in) {
+      const void* src = reinterpret_cast<const void*>(tm->addr + off);
+      const size_t run = static_cast<size_t>(hi0 - lo0) * tm->elem_bytes;
+      const auto a = alloc_find(src, run);
+      if (!a || a->pinned_host || a->device != b.launch->k->device)
+        fail_at(b, t, what, file, line,
+                "the box reads global " + hex(reinterpret_cast<uintptr_t>(src)) + " (" + std::to_string(run) +
+                    " bytes), which is not device memory of device " + std::to_string(b.launch->k->device) +
+                    " (host, pinned host, another device's or freed memory, or past its allocation: check the "
+                    "map's address, dims and strides)",
+                cudaErrorIllegalAddress);
+    }
+    more = false;
+    for (int d = 1; d < rank; ++d) {
+      if (++idx[d] < tm->box[d]) {
+        more = true;
+        break;
+      }
+      idx[d] = 0;
+    }
+  }
+  if (!m.fenced)
+    fail_at(b, t, what, file, line,
+            bar_str(b, m) + " completes a bulk copy (the async proxy), but " + lane_str(b, m.init_t) +
+                ", which initialised it, ran no fence.mbarrier_init.release.cluster or fence.proxy.async since");
+  BulkCopy c{static_cast<char*>(dst),
+             nullptr,
+             static_cast<uint32_t>(bytes),
+             file,
+             line,
+             reinterpret_cast<uintptr_t>(__builtin_return_address(0)),
+             false,
+             *tm,
+             {0, 0, 0, 0, 0}};
+  for (int d = 0; d < rank; ++d) c.coord[d] = coord[d];
+  m.copies.push_back(c);
+  ++b.w->bulk_in_flight;
+}
+
 void bulk_copy_g2s(const char* file, int line, void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   unsigned t;
   Block& b = hopper_block(file, line, BULK, &t);
@@ -349,8 +475,15 @@ void bulk_copy_g2s(const char* file, int line, void* dst, const void* src, uint3
     fail_at(b, t, BULK, file, line,
             bar_str(b, m) + " completes a bulk copy (the async proxy), but " + lane_str(b, m.init_t) +
                 ", which initialised it, ran no fence.mbarrier_init.release.cluster or fence.proxy.async since");
-  m.copies.push_back(BulkCopy{static_cast<char*>(dst), static_cast<const char*>(src), bytes, file, line,
-                              reinterpret_cast<uintptr_t>(__builtin_return_address(0)), false});
+  m.copies.push_back(BulkCopy{static_cast<char*>(dst),
+                              static_cast<const char*>(src),
+                              bytes,
+                              file,
+                              line,
+                              reinterpret_cast<uintptr_t>(__builtin_return_address(0)),
+                              false,
+                              {},
+                              {}});
   ++b.w->bulk_in_flight;
 }
 

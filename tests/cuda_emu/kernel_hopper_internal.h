@@ -10,18 +10,39 @@
 
 namespace cuda_emu {
 
+// What the engine keeps in a CUtensorMap's 128 bytes (cuTensorMapEncodeTiled,
+// tensor_map.cpp): a tag, the global address, per dimension (dim 0 innermost) the size and,
+// for dims 1.., the stride in bytes; the box; the element size and the swizzle (0 none,
+// 3 128B: CUtensorMapSwizzle's values).
+struct TensorMapDesc {
+  static constexpr uint64_t TAG = 0x746d61705f656d75ull;  // "tmap_emu"
+  uint64_t tag;
+  uint64_t addr;
+  uint64_t dim[5];
+  uint64_t stride[5];  // stride[d] for d >= 1; stride[0] = the element size
+  uint16_t box[5];
+  uint8_t rank, elem_bytes, swizzle, pad;
+};
+static_assert(sizeof(TensorMapDesc) <= 128);
+// The decoded map of a CUtensorMap's bytes, or null when they are not one the engine made.
+const TensorMapDesc* tensor_map_decode(const void* map);
+
 // cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes: one copy in flight.
 // Its bytes count against its barrier's tx-count when it completes (`done`, at a wait on
 // the barrier or when nothing else can run); they land in shared memory (and its source
 // is read) when the phase it completed in completes.
 struct BulkCopy {
   char* dst;
-  const char* src;
+  const char* src;  // a 1D copy's source; null for a tensor copy
   uint32_t bytes;
   const char* file;
   int line;
   uintptr_t pc;
   bool done;
+  // cp.async.bulk.tensor (tile mode): the map and the box's first coordinates; the box
+  // lands swizzled, elements out of bounds as zeros.
+  TensorMapDesc map;
+  int32_t coord[5];
 };
 
 // An mbarrier object: the PTX ISA's state (phase, pending arrivals, expected arrivals,

@@ -10,6 +10,8 @@
 #include "memory_internal.h"
 #include "runtime_internal.h"
 
+#include <cuda.h>
+
 #include <cuda_emu_trace.h>
 
 #include <chrono>
@@ -627,6 +629,19 @@ cudaError_t cudaDriverGetVersion(int* v) {
   return cudaSuccess;
 }
 cudaError_t cudaRuntimeGetVersion(int* v) { return cudaDriverGetVersion(v); }
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int version,
+                                             unsigned long long flags, cudaDriverEntryPointQueryResult* status) {
+  if (!symbol || !fn || flags != cudaEnableDefault) return fail(cudaErrorInvalidValue);
+  *fn = nullptr;
+  cudaDriverEntryPointQueryResult r = cudaDriverEntryPointSymbolNotFound;
+  if (std::strcmp(symbol, "cuTensorMapEncodeTiled") == 0) {
+    r = version >= 12000 ? cudaDriverEntryPointSuccess : cudaDriverEntryPointVersionNotSufficent;
+    if (r == cudaDriverEntryPointSuccess) *fn = reinterpret_cast<void*>(&cuTensorMapEncodeTiled);
+  }
+  if (status) *status = r;
+  return cudaSuccess;  // as the runtime: a symbol not found is *fn = null and the status
+}
 
 cudaError_t cudaDeviceSynchronize() {
   if (cudaError_t e = api_check(t_device)) return fail(e);

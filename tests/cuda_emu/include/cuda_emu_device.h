@@ -22,6 +22,7 @@
 #define __constant__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#define __grid_constant__
 #define __shared__ static thread_local
 
 inline constexpr int warpSize = 32;
@@ -136,6 +137,11 @@ void fence_mbarrier_init(const char* file, int line);
 void fence_proxy_async(const char* file, int line);
 // cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [src], bytes, [bar].
 void bulk_copy_g2s(const char* file, int line, void* dst, const void* src, uint32_t bytes, uint64_t* bar);
+// cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes
+// [dst], [map, {coord[0..rank-1]}], [bar]: the box of a tensor map (cuda.h's
+// cuTensorMapEncodeTiled) at those coordinates; tx bytes are the whole box's.
+void tensor_copy_g2s(const char* file, int line, void* dst, const void* map, int rank, const int32_t* coord,
+                     uint64_t* bar);
 // wgmma.fence / commit_group / wait_group n .sync.aligned, and
 // wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{bf16,f16}.{bf16,f16} d, adesc, bdesc,
 // scale_d, 1, 1, 0, trans_b (a null), or d, {a0..a3}, bdesc, scale_d, 1, 1, trans_b (A from

@@ -48,6 +48,15 @@ enum cudaError_t {
 };
 using cudaError = cudaError_t;
 
+// Driver entry points (cudaGetDriverEntryPointByVersion, runtime.cpp): the engine has
+// cuTensorMapEncodeTiled (cuda.h).
+enum cudaDriverEntryPointQueryResult {
+  cudaDriverEntryPointSuccess = 0,
+  cudaDriverEntryPointSymbolNotFound = 1,
+  cudaDriverEntryPointVersionNotSufficent = 2,
+};
+#define cudaEnableDefault 0x0
+
 struct CUstream_st;
 struct CUevent_st;
 struct CUmemPoolHandle_st;
@@ -196,6 +205,11 @@ cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaDeviceReset();
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total);
 cudaError_t cudaDriverGetVersion(int* version);
+// The driver function `symbol` of at least driver version cudaVersion: the engine has
+// cuTensorMapEncodeTiled (12000 and later).
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** funcPtr, unsigned int cudaVersion,
+                                             unsigned long long flags,
+                                             cudaDriverEntryPointQueryResult* driverStatus = nullptr);
 cudaError_t cudaRuntimeGetVersion(int* version);
 
 cudaError_t cudaMalloc(void** ptr, size_t size);
