@@ -1,7 +1,10 @@
-// CUDA execution engine (test-only): the sm_90 mbarrier objects and the 1D bulk copy
-// (cp.async.bulk ... mbarrier::complete_tx::bytes) that completes on them, as the PTX ISA
-// defines them ("Parallel Synchronization and Communication Instructions: mbarrier",
-// "Data Movement: cp.async.bulk"); kernels reach them through kernels/hopper.cuh.
+// CUDA execution engine (test-only): the sm_90 mbarrier objects and the bulk copies that
+// complete on them, 1D (cp.async.bulk ... mbarrier::complete_tx::bytes) and tensor-map tiles
+// (cp.async.bulk.tensor; the maps: tensor_map.cpp), as the PTX ISA defines them ("Parallel
+// Synchronization and Communication Instructions: mbarrier", "Data Movement:
+// cp.async.bulk, cp.async.bulk.tensor"); kernels reach them through kernels/hopper.cuh. A
+// tensor copy is a bulk copy whose box is gathered (and swizzled, zero out of bounds) when it
+// lands; its size is the whole box's.
 //
 // The model. An mbarrier has a phase, an expected arrival count (init's count, 1 to
 // 2^20 - 1), a pending arrival count and a tx-count. arrive decrements the pending count,
