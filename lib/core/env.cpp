@@ -49,7 +49,8 @@ constexpr EnvVar kTable[] = {
      "hopper (the forward by an sm_90a wgmma kernel on FlashAttention-3's ideas at head dims 64 and 128 on a "
      "compute capability 9.0 card whose binary carries its sm_90a image, the same results to rounding; "
      "elsewhere, and the backward always, as fa2); all kept until a GPU run picks one (scripts/gpu_check.py's "
-     "attention stage times each)"},
+     "attention stage times each); `dtrain bench attention` reports the variant that ran (and why hopper fell "
+     "back)"},
     {"DTRAIN_GEMM_ALGO_CACHE", K::KNOB, "kernels: the cuBLASLt GEMM algorithm cache",
      "file remembering the cuBLASLt GEMM algorithms a CUDA rank timed, per card and GEMM shape (e.g. "
      "<run dir>/gemm_algos.txt); each entry is checked before use, a bad one is timed again"},
