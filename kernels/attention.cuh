@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 namespace dtrain::kernels {
 
@@ -38,5 +39,21 @@ void attention_backward(void* dq, void* dk, void* dv, const void* dout, const vo
                         const void* q, const void* k, const void* v, int B, int T, int NH, int NKV, int HD,
                         int q_stride, int kv_stride, DType dtype, cudaStream_t stream, int window = 0,
                         const int32_t* doc_start = nullptr);
+
+/// Which forward attention_forward runs on the current device at head dim HD and dtype, for
+/// reports (`dtrain bench attention`). bf16/fp16: the tensor-core variant ($DTRAIN_ATTN_VARIANT
+/// as the kernels read it, test hook included): "legacy", "fa2", or "hopper" where the sm_90a
+/// forward runs (its backward is fa2's); where hopper is asked for and its forward does not run
+/// here, "fa2" (what runs instead) with `hopper_unavailable` saying why: no sm_90a image in this
+/// binary, compute capability other than 9.0, head dim other than 64 or 128, or its shared
+/// memory over the card's opt-in limit. Rows of q, k, v are taken 16-byte aligned (dense
+/// buffers; rows that are not also run fa2's forward). fp32: "cuda-core". UsageError for a bad
+/// $DTRAIN_ATTN_VARIANT, as at the first launch.
+struct AttnForwardKernels {
+  std::string variant;             ///< what runs: "legacy", "fa2", "hopper" or "cuda-core"
+  std::string requested;           ///< the variant asked for ("legacy" when unset); "-" for fp32
+  std::string hopper_unavailable;  ///< why the hopper forward does not run here (asked for only)
+};
+AttnForwardKernels attention_forward_kernels(int HD, DType dtype);
 
 }  // namespace dtrain::kernels

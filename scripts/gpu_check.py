@@ -1770,6 +1770,8 @@ def stage_attention(lay, rep, cap, out_dir):
         for variant, r in timed.items():
             total = r["fwd_ms"] + r["bwd_ms"]
             note = "faster variant" if variant == best and len(timed) > 1 else ""
+            if r.get("variant", variant) != variant:  # what ran, as the bench reports it (hopper -> fa2)
+                note = "; ".join(x for x in (note, f"ran {r['variant']}: {r.get('variant_fallback') or '-'}") if x)
             if fast:
                 ratio = fast["total_ms"] / total
                 status = "PASS" if total <= fast["total_ms"] else "FAIL"
@@ -1793,7 +1795,9 @@ def stage_attention(lay, rep, cap, out_dir):
             hop = ours["hopper"].get(shape)
             ratios.append(f"{shape}: fa2/legacy fwd {fa['fwd_ms'] / lg['fwd_ms']:.2f}, bwd "
                           f"{fa['bwd_ms'] / lg['bwd_ms']:.2f}" +
-                          (f", hopper/fa2 fwd {hop['fwd_ms'] / fa['fwd_ms']:.2f}" if hop else "") +
+                          (f", hopper/fa2 fwd {hop['fwd_ms'] / fa['fwd_ms']:.2f}" +
+                           ("" if hop.get("variant", "hopper") == "hopper" else f" (hopper ran {hop['variant']})")
+                           if hop else "") +
                           f", faster {faster[shape]}")
     summary = "; ".join(f"{r[0]} {r[1]}: {r[4]} ms" for r in rows if r[4] != "-") or "no figures"
     rep.add("attention", worst, now() - t0, summary,
@@ -1802,7 +1806,7 @@ def stage_attention(lay, rep, cap, out_dir):
             "\nbf16, causal; TFLOP/s as FlashAttention counts them (forward 4 B NH T^2 HD / 2, backward 2.5x); "
             "variant = DTRAIN_ATTN_VARIANT (legacy: 64-row tiles; fa2: 128-row forward and dQ tiles, dK/dV mask on "
             "cut tiles only; hopper: the sm_90a wgmma forward, fa2's backward, fa2's forward off compute "
-            "capability 9.0).\n\n" + "".join(f"- {x}\n" for x in ratios) + "\n" + "\n".join(details),
+            "capability 9.0; a note \"ran fa2: why\" where the bench reports that fall back).\n\n" + "".join(f"- {x}\n" for x in ratios) + "\n" + "\n".join(details),
             dict(dtrain=ours, peer=peer, faster=faster))
 
 

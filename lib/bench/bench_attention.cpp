@@ -4,7 +4,6 @@
 #include "bench/bench_attention.h"
 
 #include "core/check.h"
-#include "core/env.h"
 #include "core/rng.h"
 #include "device/device.h"
 
@@ -126,10 +125,16 @@ BenchAttnResult bench_attention_run(const BenchAttnOptions& o) {
   BenchAttnResult r;
   r.opts = o;
   r.device_name = dev->name();
-  // The tensor-core kernels' variant (kernels/attention_internal.cuh reads the same variable
-  // and refuses any other value at the first launch).
-  const char* variant = env_get("DTRAIN_ATTN_VARIANT");
-  r.variant = cuda && o.dtype != DType::F32 ? (variant && *variant ? variant : "legacy") : "-";
+  // The tensor-core kernels that run, asked of the device (not read from $DTRAIN_ATTN_VARIANT:
+  // hopper falls back to fa2's forward off a compute capability 9.0 card and off head dims 64
+  // and 128). The buffers are dense, so the rows are as aligned as the kernels want.
+  r.variant = r.variant_requested = "-";
+  if (cuda && dt != DType::F32) {
+    const device::CudaAttnKernels k = device::cuda_attention_kernels(0, s.HD, dt);
+    r.variant = k.variant;
+    r.variant_requested = k.requested;
+    r.variant_fallback = k.fallback;
+  }
   r.fwd_ms = mean_ms(*dev, o.warmup, o.iters, [&] {
     dev->attention_forward(out.get(), sv, q.get(), k.get(), v.get(), s.B, s.T, s.NH, s.NKV, s.HD, qs, ks, 0, nullptr,
                            dt);
@@ -154,6 +159,8 @@ std::string bench_attention_format(const BenchAttnResult& r, bool json) {
                         {"shape", {{"B", s.B}, {"T", s.T}, {"NH", s.NH}, {"NKV", s.NKV}, {"HD", s.HD}}},
                         {"causal", true},
                         {"variant", r.variant},
+                        {"variant_requested", r.variant_requested},
+                        {"variant_fallback", r.variant_fallback},
                         {"warmup", r.opts.warmup},
                         {"iters", r.opts.iters},
                         {"fwd_ms", r.fwd_ms},
@@ -168,7 +175,13 @@ std::string bench_attention_format(const BenchAttnResult& r, bool json) {
   std::string out = fmt::format("bench attention: {} on {}\n", dtype_name(r.opts.dtype), r.device_name);
   out += fmt::format("shape        B {} T {} NH {} NKV {} HD {} (GQA {}:1), causal\n", s.B, s.T, s.NH, s.NKV, s.HD,
                      s.NH / s.NKV);
-  if (r.variant != "-") out += fmt::format("kernels      {} (DTRAIN_ATTN_VARIANT)\n", r.variant);
+  if (r.variant != "-") {
+    const std::string what = r.variant == "hopper" ? "hopper forward, fa2 backward" : r.variant;
+    out += r.variant_fallback.empty()
+               ? fmt::format("kernels      {} (DTRAIN_ATTN_VARIANT={})\n", what, r.variant_requested)
+               : fmt::format("kernels      {} (DTRAIN_ATTN_VARIANT={}; hopper unavailable: {})\n", what,
+                             r.variant_requested, r.variant_fallback);
+  }
   out += fmt::format("forward      {:.3f} ms  {:.1f} TFLOP/s\n", r.fwd_ms, r.fwd_tflops);
   out += fmt::format("backward     {:.3f} ms  {:.1f} TFLOP/s\n", r.bwd_ms, r.bwd_tflops);
   out += fmt::format("fwd + bwd    {:.3f} ms  {:.1f} TFLOP/s\n", r.fwd_ms + r.bwd_ms, r.total_tflops);

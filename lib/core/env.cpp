@@ -42,14 +42,16 @@ constexpr EnvVar kTable[] = {
     {"DTRAIN_MEMORY_TRACE", K::KEY, "config: every config load", "monitor.memory_trace"},
     // Knobs without a YAML key: config's schema_env_knobs gives each its type and default
     // (a config load refuses a bad value) and takes its help from here.
-    {"DTRAIN_ATTN_VARIANT", K::KNOB, "kernels: the tensor-core attention, at each launch (read once)",
+    {"DTRAIN_ATTN_VARIANT", K::KNOB,
+     "kernels: the tensor-core attention, at each launch (read once); device: each plan device (--plan), when made",
      "which tensor-core attention kernels bf16/fp16 run: legacy (64-row query tiles, 16 rows a warp; dK/dV "
      "masks every tile) or fa2 (FlashAttention-2's shape: 128-row forward and dQ tiles, 32 rows a warp, where "
      "the card's shared memory holds them; dK/dV masks only the tiles the mask cuts), the same results; or "
      "hopper (the forward by an sm_90a wgmma kernel on FlashAttention-3's ideas at head dims 64 and 128 on a "
      "compute capability 9.0 card whose binary carries its sm_90a image, the same results to rounding; "
      "elsewhere, and the backward always, as fa2); all kept until a GPU run picks one (scripts/gpu_check.py's "
-     "attention stage times each)"},
+     "attention stage times each); `dtrain bench attention` reports the variant that ran (and why hopper fell "
+     "back); `bench train --plan` prices hopper's forward where it runs, the rest as legacy's kernels"},
     {"DTRAIN_GEMM_ALGO_CACHE", K::KNOB, "kernels: the cuBLASLt GEMM algorithm cache",
      "file remembering the cuBLASLt GEMM algorithms a CUDA rank timed, per card and GEMM shape (e.g. "
      "<run dir>/gemm_algos.txt); each entry is checked before use, a bad one is timed again"},

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -282,7 +283,10 @@ void PlanDevice::rope_backward(void* dq, void* dk, int B, int T, int NH, int NKV
 // DPL); launches `kernel`, `kq`, `kkv`. bf16/fp16 on tensor cores: 64 x 64 tile pairs with
 // HD padded to 32/64/128/256; forward 2 products (4 HDP FLOPs per score); backward
 // `kernel_dkdv` (S^T, dP^T, dV, dK: 8 HDP; one block per KV head and key tile, walking its G
-// query heads) and `kernel_dq` (S, dP, dQ: 6 HDP).
+// query heads) and `kernel_dq` (S, dP, dQ: 6 HDP). The tiles are the legacy variant's
+// (DTRAIN_ATTN_VARIANT unset); fa2's 128-row forward and dQ tiles are not modelled (fa2, and
+// hopper's backward and fall back, are priced as legacy's); hopper's own forward is, where it
+// runs.
 size_t PlanDevice::attention_saved_floats(int B, int T, int NH) const { return static_cast<size_t>(B) * NH * T; }
 
 namespace {
@@ -315,15 +319,73 @@ PlanLaunch mma_launch(MmaKernel k, int B, int T, int NH, int HD, DType t) {
   l.one_stage_built = l.smem_two_stages > 99 * 1024;
   return l;
 }
+
+// The hopper variant's forward (kernels/attention_hopper.cu): grid (B*NH, T/128), 288
+// threads (two consumer warpgroups of 64 query rows and a producer warp), its dynamic shared
+// memory hopper_bytes (1024-byte alignment pad and barriers, the 128-row Q tile and a
+// two-stage ring of 64-key K and V tiles, 16-bit elements). tests/gpu/plan_trace_test.cpp holds
+// this geometry to the engine's launches.
+size_t hopper_bytes(int HD) { return 2048 + 128 * static_cast<size_t>(HD) * 2 + 4 * 64 * static_cast<size_t>(HD) * 2; }
+PlanLaunch hopper_launch(int B, int T, int NH, int HD) {
+  PlanLaunch l;
+  l.kernel = "attn_fwd_hopper_kernel";
+  l.hdp = HD;
+  l.blocks = static_cast<int64_t>(B) * NH * static_cast<int64_t>(blocks_for(static_cast<size_t>(T), 128));
+  l.threads = 288;
+  l.smem_two_stages = l.smem_one_stage = hopper_bytes(HD);  // its ring has two stages; no other build
+  return l;
+}
+// The K/V tile pairs its blocks load: block qt (rows 128 qt..) the 64-key tiles 0 .. its last
+// row's, one load serving both warpgroups. Per (batch, query head).
+double hopper_tile_loads(int T) {
+  const int64_t nt64 = static_cast<int64_t>(blocks_for(static_cast<size_t>(T), 64));
+  const int64_t nt128 = static_cast<int64_t>(blocks_for(static_cast<size_t>(T), 128));
+  double loads = 0;
+  for (int64_t qt = 0; qt < nt128; ++qt) loads += static_cast<double>(std::min<int64_t>(2 * qt + 2, nt64));
+  return loads;
+}
+
+// The variants the kernels accept (kernels/attention_mma.cu's variant()).
+std::string attn_variant_checked(const std::string& v) {
+  DT_ENFORCE(v.empty() || v == "legacy" || v == "fa2" || v == "hopper", UsageError,
+             "env DTRAIN_ATTN_VARIANT={}: give legacy, fa2 or hopper (or leave it unset: legacy)", v);
+  return v.empty() ? "legacy" : v;
+}
 }  // namespace
 
-void PlanDevice::attention_forward(void*, float*, const void*, const void*, const void*, int B, int T, int NH, int NKV,
-                                   int HD, int, int, int /*window*/, const int32_t* /*doc_start*/, DType t) {
+PlanDevice::PlanDevice(Kind kind) : PlanRuntime(kind) {
+  const char* v = env_get("DTRAIN_ATTN_VARIANT");
+  attn_variant_ = attn_variant_checked(v ? v : "");
+}
+
+void PlanDevice::set_attention_variant(const std::string& variant) { attn_variant_ = attn_variant_checked(variant); }
+
+void PlanDevice::attention_forward(void* out, float*, const void* q_ptr, const void* k_ptr, const void* v_ptr, int B,
+                                   int T, int NH, int NKV, int HD, int q_stride, int kv_stride, int /*window*/,
+                                   const int32_t* /*doc_start*/, DType t) {
   // A window or packed documents skip key tiles; the plan costs the full causal triangle
   // (an upper bound: the batch's documents are not known when it is planned).
   if (B == 0 || T == 0) return;
   const double q = static_cast<double>(B) * T * NH * HD * es(t), kv = static_cast<double>(B) * T * NKV * HD * es(t);
   const double rows = static_cast<double>(B) * NH * T * 4;
+  // The hopper forward where kernels/attention_hopper.cu runs it: attention_hopper_runs (a
+  // compute capability 9.0 card, head dim 64 or 128, bf16/fp16, its shared memory within the
+  // card's opt-in size; the build taken to carry its sm_90a image, as every build with 90
+  // among its architectures does) and attention_forward_hopper's alignment (rows of q, k, v
+  // 16-byte aligned, out 4-byte). It writes out and the lse only, as the mma.sync forward:
+  // no workspace. Its warpgroups skip the key tiles none of their 64 rows sees, so it computes
+  // the 64 x 64 causal tile pairs the mma.sync forward does.
+  const auto rows16 = [&](const void* p, int stride) { return aligned16(p) && HD % 8 == 0 && stride % 8 == 0; };
+  if (t != DType::F32 && attn_variant_ == "hopper" && sm_ == 90 && (HD == 64 || HD == 128) &&
+      hopper_bytes(HD) <= smem_optin_ && rows16(q_ptr, q_stride) && rows16(k_ptr, kv_stride) &&
+      rows16(v_ptr, kv_stride) && (reinterpret_cast<uintptr_t>(out) & 3u) == 0) {
+    PlanLaunch l = hopper_launch(B, T, NH, HD);
+    const double tile = 64.0 * HD * es(t);
+    l.reread_bytes = std::max(0.0, static_cast<double>(B) * NH * hopper_tile_loads(T) * 2 * tile - 2 * kv);
+    kernel("attention_forward", "kernel", PlanUnit::TENSOR_ATTN_FWD, mma_scores(B, T, NH) * 4.0 * HD,
+           2 * q + 2 * kv + rows, &l);
+    return;
+  }
   if (t != DType::F32) {
     // Each block loads its Q tile once and the K, V tiles of every key tile up to its own.
     PlanLaunch l = mma_launch(MmaKernel::FWD, B, T, NH, HD, t);

@@ -49,6 +49,11 @@ std::unique_ptr<Device> cuda_create(int index) {
 
 void cuda_gemm_algo_cache_default(const std::string&) {}
 
+CudaAttnKernels cuda_attention_kernels(int index, int, DType) {
+  cuda_require(index);
+  return {};  // not reached
+}
+
 #else
 
 size_t cuda_workspace_bytes() { return kernels::GEMM_WORKSPACE_BYTES; }
@@ -473,6 +478,13 @@ std::unique_ptr<Device> cuda_create(int index) {
 }
 
 void cuda_gemm_algo_cache_default(const std::string& path) { kernels::gemm_algo_cache_default(path); }
+
+CudaAttnKernels cuda_attention_kernels(int index, int HD, DType dtype) {
+  cuda_require(index);
+  DT_CUDA_CHECK(cudaSetDevice(index));  // the kernels answer for the current device (as every op, made current)
+  const kernels::AttnForwardKernels k = kernels::attention_forward_kernels(HD, dtype);
+  return {k.variant, k.requested, k.hopper_unavailable};
+}
 
 #endif  // DTRAIN_HAVE_CUDA
 

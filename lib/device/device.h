@@ -46,4 +46,15 @@ size_t cuda_memory_bytes();
 /// ("built without CUDA"), no device visible ("no CUDA device"), or an index out of range.
 void cuda_require(int index);
 
+/// Which attention forward CUDA device `index` runs at head dim HD and dtype
+/// (kernels::attention_forward_kernels, for reports): `variant` what runs ("legacy", "fa2",
+/// "hopper": the sm_90a forward with fa2's backward; "cuda-core" for fp32), `requested` what
+/// $DTRAIN_ATTN_VARIANT asks ("legacy" when unset; "-" for fp32), and `fallback` why the hopper
+/// forward does not run there when it was asked for (fa2's runs instead), else empty. Makes
+/// device `index` current on this thread, as its ops do. DeviceError as cuda_require.
+struct CudaAttnKernels {
+  std::string variant, requested, fallback;
+};
+CudaAttnKernels cuda_attention_kernels(int index, int HD, DType dtype);
+
 }  // namespace dtrain::device

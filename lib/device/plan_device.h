@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace dtrain::device {
@@ -20,12 +21,22 @@ class PlanDevice final : public PlanRuntime {
   /// Kind::CUDA: the plan of a CUDA device. Kind::CPU: the same device claiming to be the
   /// host, as a stand-in for host models whose storage nobody reads (the ZeRO engine's
   /// fp32 source, whose weights only travel through copy_h2d and copy_h2d_cast).
-  explicit PlanDevice(Kind kind = Kind::CUDA) : PlanRuntime(kind) {}
+  /// The tensor-core attention variant comes from $DTRAIN_ATTN_VARIANT (as the kernels read
+  /// it; UsageError for a value they refuse).
+  explicit PlanDevice(Kind kind = Kind::CUDA);
 
   /// The card's opt-in shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin),
-  /// which decides whether a cross-entropy row fits its one-pass kernel; the H100's 227 KB
-  /// unless set.
+  /// which decides whether a cross-entropy row fits its one-pass kernel and whether the
+  /// hopper attention forward fits the card; the H100's 227 KB unless set.
   void set_smem_optin(size_t bytes) { smem_optin_ = bytes; }
+  /// The card's compute capability x 10 (the hopper forward runs on 9.0 only); 90 unless set.
+  void set_compute_capability(int sm) { sm_ = sm; }
+  /// The tensor-core attention variant priced: "legacy", "fa2" or "hopper". Legacy's kernels
+  /// are modelled, and under "hopper" the sm_90a forward (kernels/attention_hopper.cu) where
+  /// it runs; fa2's 128-row tiles are not: fa2, hopper's backward and its fall back are
+  /// priced as legacy's kernels. UsageError for another value.
+  void set_attention_variant(const std::string& variant);
+  const std::string& attention_variant() const { return attn_variant_; }
 
   void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, const void* B, float beta,
             void* C, DType ab_t, DType c_t) override;
@@ -125,6 +136,8 @@ class PlanDevice final : public PlanRuntime {
   };
   std::vector<RopeKey> rope_keys_;
   size_t smem_optin_ = 227 * 1024;
+  int sm_ = 90;
+  std::string attn_variant_;
 };
 
 }  // namespace dtrain::device

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <map>
 #include <tuple>
+#include <utility>
 
 namespace dtrain::plan {
 
@@ -52,8 +53,35 @@ PlanKernelFit kernel_fit(const device::PlanLaunch& l, const PlanGpu& g) {
 
 int reference_blocks(const std::string& kernel, const PlanBudgetTable& t) {
   if (kernel == "attn_fwd_mma_kernel") return t.attn_fwd_ref_blocks;
+  if (kernel == "attn_fwd_hopper_kernel") return t.attn_hopper_fwd_ref_blocks;
   if (kernel == "attn_bwd_dkdv_kernel") return t.attn_dkdv_ref_blocks;
+  DT_ENFORCE(kernel == "attn_bwd_dq_kernel", InternalError, "no reference occupancy for attention kernel {}", kernel);
   return t.attn_dq_ref_blocks;
+}
+
+// What plan_step says of the attention variant it priced (PlanDevice::attention_variant):
+// nothing for legacy's kernels or a step without tensor-core attention (fp32).
+std::vector<std::string> variant_notes(const std::string& variant, const std::vector<PlanEntry>& entries) {
+  bool tensor = false, hopper = false;
+  for (const PlanEntry& e : entries) {
+    tensor = tensor || e.unit == PlanUnit::TENSOR_ATTN_FWD || e.unit == PlanUnit::TENSOR_ATTN_BWD;
+    hopper = hopper || e.launch.kernel == "attn_fwd_hopper_kernel";
+  }
+  if (!tensor || variant == "legacy") return {};
+  if (variant == "fa2")
+    return {
+        "DTRAIN_ATTN_VARIANT=fa2: the attention is priced as the legacy variant's kernels (fa2's 128-row "
+        "forward and dQ tiles are not modelled)"};
+  if (hopper)
+    return {
+        "DTRAIN_ATTN_VARIANT=hopper: the attention forward is the sm_90a wgmma kernel (its own launch: 288 "
+        "threads, its shared memory and registers), priced at the mma.sync forward's measured band "
+        "(attn_hopper_fwd_eff: no GPU has timed it yet); its backward, fa2's, is priced as the legacy variant's "
+        "kernels"};
+  return {
+      "DTRAIN_ATTN_VARIANT=hopper: its forward does not run on this card or shape (it needs compute capability "
+      "9.0, head dim 64 or 128, bf16/fp16), so fa2's kernels run, priced as the legacy variant's (fa2's "
+      "128-row tiles are not modelled)"};
 }
 
 }  // namespace
@@ -70,12 +98,15 @@ PlanTime plan_entry_time(const PlanEntry& e, const PlanBudgetTable& t, PlanEnd e
     }
     case PlanUnit::TENSOR_ATTN_FWD:
     case PlanUnit::TENSOR_ATTN_BWD: {
-      const PlanBand& cap = e.unit == PlanUnit::TENSOR_ATTN_FWD ? t.attn_fwd_eff : t.attn_bwd_eff;
+      const PlanBand& cap = e.unit == PlanUnit::TENSOR_ATTN_BWD           ? t.attn_bwd_eff
+                            : e.launch.kernel == "attn_fwd_hopper_kernel" ? t.attn_hopper_fwd_eff
+                                                                          : t.attn_fwd_eff;
       double eff = slow ? cap.slow : cap.fast;
       if (!e.launch.kernel.empty()) {
         const PlanKernelFit f = kernel_fit(e.launch, g);
         // The caps hold at the reference occupancy; below it the tensor pipes see fewer warps to
-        // hide mma.sync and ldmatrix latency (assumed linear); above it no gain is assumed.
+        // hide mma.sync and ldmatrix latency (assumed linear); above it no gain is assumed. (The
+        // hopper forward's reference is its design's one block per SM.)
         eff *= std::min(1.0, static_cast<double>(f.occupancy.blocks_per_sm) / reference_blocks(e.launch.kernel, t));
         if (slow) {
           eff *= wave_efficiency(e.launch.blocks, static_cast<int64_t>(g.sms) * f.occupancy.blocks_per_sm);
@@ -99,7 +130,7 @@ PlanTime plan_entry_time(const PlanEntry& e, const PlanBudgetTable& t, PlanEnd e
   return r;
 }
 
-PlanStep plan_step(const StepSetup& s, size_t smem_optin) {
+PlanStep plan_step(const StepSetup& s, size_t smem_optin, int sm) {
   PlanStep r;
   // ZeRO-Offload's update runs on the host: AdamW over host buffers the size of the model and
   // the copies both ways. A PlanDevice has fake memory and no cost model for host work, so the
@@ -115,6 +146,7 @@ PlanStep plan_step(const StepSetup& s, size_t smem_optin) {
   }
   device::PlanDevice dev(device::Kind::CUDA);
   dev.set_smem_optin(smem_optin);
+  dev.set_compute_capability(sm);
   // The engine's fp32 source (a host model under mixed precision) only ever goes through
   // copy_h2d / copy_h2d_cast into the masters (and, at stage 3 under LoRA, the frozen
   // 16-bit shards): a model on a host stand-in, whose storage is fake too.
@@ -134,6 +166,7 @@ PlanStep plan_step(const StepSetup& s, size_t smem_optin) {
   step.run(2, s.lr, batch.view(), timer);
   dev.record(false);
   r.entries = dev.take();
+  for (std::string& n : variant_notes(dev.attention_variant(), r.entries)) r.notes.push_back(std::move(n));
   r.params = static_cast<int64_t>(m.num_params());
   r.trainable_params = static_cast<int64_t>(m.num_trainable_params());
   return r;
@@ -198,6 +231,7 @@ StepSeconds price_rows(const std::vector<PlanEntry>& entries, BenchPlanResult& r
     a.row.unit = device::plan_unit_name(e.unit);
     a.row.gemm = e.kind == PlanKind::MATMUL;
     a.row.attn = e.unit == PlanUnit::TENSOR_ATTN_FWD || e.unit == PlanUnit::TENSOR_ATTN_BWD;
+    r.attn_hopper_fwd = r.attn_hopper_fwd || e.launch.kernel == "attn_fwd_hopper_kernel";
     a.row.launches += e.launches;
     a.row.gflop += e.flops / 1e9;
     a.row.gbytes += e.bytes / 1e9;
@@ -269,7 +303,7 @@ BenchPlanResult bench_plan_run(const BenchPlanOptions& o, const std::string& gpu
   const StepSetup s = step_setup_from(o.config_path, o.sets, true);
   BenchPlanResult r = plan_result_of(o, s);
   r.table.gpu = g;
-  const PlanStep step = plan_step(s, g.smem_optin);
+  const PlanStep step = plan_step(s, g.smem_optin, g.sm);
   r.notes.insert(r.notes.end(), step.notes.begin(), step.notes.end());
   r.params = step.params;
   r.trainable_params = step.trainable_params;

@@ -43,6 +43,11 @@ struct PlanBudgetTable {
   PlanBand attn_fwd_eff{0.17, 0.19};
   PlanBand attn_bwd_eff{0.12, 0.14};
   int attn_fwd_ref_blocks = 4, attn_dkdv_ref_blocks = 2, attn_dq_ref_blocks = 3;
+  /// The hopper variant's forward (kernels/attention_hopper.cu: wgmma, 288 threads, one block
+  /// per SM by design, so its reference is 1). Not measured: no GPU has timed it, so the
+  /// mma.sync forward's band stands in until the GPU check's attention stage does.
+  PlanBand attn_hopper_fwd_eff{0.17, 0.19};
+  int attn_hopper_fwd_ref_blocks = 1;
   double cuda_core_eff = 1.0;  ///< fp32 CUDA-core arithmetic (cuBLASLt fp32 GEMMs too)
   /// Achievable share of HBM bandwidth for streaming kernels. An assumption (no published
   /// figure used): 75 to 90 %.
@@ -73,21 +78,24 @@ PlanTime plan_entry_time(const device::PlanEntry& e, const PlanBudgetTable& t, P
 /// One steady-state step of s on a PlanDevice: the model (LoRA and recompute as set) and
 /// the trainer's step (train::TrainStep) run one unrecorded warm-up step (the activation arena is allocated on the
 /// first forward), then the recorded step, on a card with `smem_optin` bytes of opt-in shared
-/// memory per block (PlanGpu::smem_optin; it picks the cross-entropy kernel). Allocates no
-/// model-sized memory.
+/// memory per block (PlanGpu::smem_optin; it picks the cross-entropy kernel) and compute
+/// capability `sm` (x 10, PlanGpu::sm), which with the shared memory decide where the hopper
+/// attention forward runs ($DTRAIN_ATTN_VARIANT=hopper). Allocates no model-sized memory.
 struct PlanStep {
   std::vector<device::PlanEntry> entries;
   int64_t params = 0, trainable_params = 0;
-  std::vector<std::string> notes;  ///< what the planned step left out (ZeRO-Offload's host update)
+  /// What the planned step left out or priced otherwise (ZeRO-Offload's host update; the
+  /// attention variant when it is not legacy's kernels)
+  std::vector<std::string> notes;
 };
-PlanStep plan_step(const train::StepSetup& s, size_t smem_optin);
+PlanStep plan_step(const train::StepSetup& s, size_t smem_optin, int sm);
 
 /// Entries grouped by (op, kernel, unit), longest first (by the mid-band time).
 struct PlanRow {
   std::string op, kernel, unit;
   std::string bound;  ///< "compute", "memory" or "launches": the largest time term (mid-band)
   bool gemm = false;  ///< cuBLASLt matmuls
-  bool attn = false;  ///< flash attention on tensor cores (mma.sync)
+  bool attn = false;  ///< flash attention on tensor cores (mma.sync; the hopper forward's wgmma)
   int64_t launches = 0;
   double gflop = 0, gbytes = 0;
   double ms_slow = 0, ms_fast = 0, ms = 0;  ///< ms: the mid-band time (the mean of the ends)
@@ -112,7 +120,8 @@ struct BenchPlanResult : train::StepShape {
   double gemm_ms = 0, attn_ms = 0, other_ms = 0;                             ///< mid-band; other = the rest
   double step_ms = 0, step_ms_slow = 0, step_ms_fast = 0, tokens_per_s = 0;  ///< step_ms, tokens/s: mid-band
   double gemm_gflop = 0, attn_gflop = 0, total_gflop = 0;                    ///< executed FLOPs (GEMMs; attention; all)
-  double flops_per_token = 0;                                                ///< model FLOPs (model_flops_per_token)
+  bool attn_hopper_fwd = false;  ///< the attention forward priced as the hopper variant's wgmma kernel
+  double flops_per_token = 0;    ///< model FLOPs (model_flops_per_token)
   std::string flops_formula;
   double mfu = 0;                    ///< model FLOPs per step / (mid-band step time x tensor peak)
   double mfu_low = 0, mfu_high = 0;  ///< the band: at the slow and the fast step time

@@ -41,7 +41,7 @@ ClusterCompute cluster_compute_of(const BenchPlanResult& r) {
 ClusterCompute cluster_compute_plan(const StepSetup& s, const std::string& gpu) {
   PlanBudgetTable t;
   t.gpu = plan_gpu(gpu);
-  const PlanStep step = plan_step(s, t.gpu.smem_optin);
+  const PlanStep step = plan_step(s, t.gpu.smem_optin, t.gpu.sm);
   ClusterCompute c;
   int64_t launches = 0;
   for (const device::PlanEntry& e : step.entries) {

@@ -1,7 +1,7 @@
 // GPU profiles, blocks per SM, wave quantisation and the attention kernels' register table for
-// the --plan budget. The registers come from ptxas -v over kernels/attention_mma.cu
-// (plan_kernel_resources.inc, written by scripts/kernel_resources.py --plan-table and held to
-// the build by kernels_plan_resources_test).
+// the --plan budget. The registers come from ptxas -v over kernels/attention_mma*.cu and
+// attention_hopper.cu (plan_kernel_resources.inc, written by scripts/kernel_resources.py
+// --plan-table and held to the build by kernels_plan_resources_test).
 #include "plan/plan_occupancy.h"
 
 #include "core/check.h"

@@ -49,8 +49,9 @@ Occupancy blocks_per_sm(const PlanGpu& g, int regs_per_thread, int threads, size
 double wave_efficiency(int64_t blocks, int64_t slots);
 
 /// Registers per thread ptxas gave the kernel (bf16 instantiation) for padded head dim `hdp`,
-/// `stages` and architecture `sm` (lib/plan/plan_kernel_resources.inc); 0 when the table has
-/// no such row.
+/// `stages` and architecture `sm` (lib/plan/plan_kernel_resources.inc; the hopper forward,
+/// "attn_fwd_hopper_kernel", at its head dim, 2 stages and sm 90, from its sm_90a image); 0
+/// when the table has no such row.
 int plan_kernel_registers(const std::string& kernel, int hdp, int stages, int sm);
 
 }  // namespace dtrain::plan

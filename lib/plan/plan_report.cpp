@@ -46,8 +46,12 @@ nlohmann::json budget_json(const PlanBudgetTable& t) {
           {"gemm_eff", "shape-dependent (lib/plan/plan_gemm.h)"},
           {"attn_fwd_eff", {t.attn_fwd_eff.slow, t.attn_fwd_eff.fast}},
           {"attn_bwd_eff", {t.attn_bwd_eff.slow, t.attn_bwd_eff.fast}},
+          {"attn_hopper_fwd_eff", {t.attn_hopper_fwd_eff.slow, t.attn_hopper_fwd_eff.fast}},
           {"attn_ref_blocks_per_sm",
-           {{"fwd", t.attn_fwd_ref_blocks}, {"dkdv", t.attn_dkdv_ref_blocks}, {"dq", t.attn_dq_ref_blocks}}},
+           {{"fwd", t.attn_fwd_ref_blocks},
+            {"dkdv", t.attn_dkdv_ref_blocks},
+            {"dq", t.attn_dq_ref_blocks},
+            {"hopper_fwd", t.attn_hopper_fwd_ref_blocks}}},
           {"cuda_core_eff", t.cuda_core_eff},
           {"hbm_eff", {t.hbm_eff.slow, t.hbm_eff.fast}},
           {"pcie_eff", t.pcie_eff},
@@ -78,6 +82,7 @@ nlohmann::json plan_json(const BenchPlanResult& r) {
                           {"tokens_per_s", r.tokens_per_s},
                           {"gemm_gflop", r.gemm_gflop},
                           {"attn_gflop", r.attn_gflop},
+                          {"attn_hopper_fwd", r.attn_hopper_fwd},
                           {"total_gflop", r.total_gflop},
                           {"flops_per_token", r.flops_per_token},
                           {"flops_formula", r.flops_formula},
@@ -117,6 +122,11 @@ std::string setup_text(const BenchPlanResult& r) {
       g.sms, g.tensor_tflops, t.attn_fwd_eff.slow, t.attn_fwd_eff.fast, t.attn_bwd_eff.slow, t.attn_bwd_eff.fast,
       t.attn_fwd_ref_blocks, t.attn_dkdv_ref_blocks, t.attn_dq_ref_blocks, g.fp32_tflops, t.cuda_core_eff, g.hbm_tbps,
       t.hbm_eff.slow, t.hbm_eff.fast, g.pcie_gbps, t.pcie_eff, t.launch_floor_us);
+  if (r.attn_hopper_fwd)
+    s += fmt::format(
+        "             attention forward on wgmma (hopper) x{:.2f}-{:.2f} (not measured: mma.sync's), at {} "
+        "block per SM\n",
+        t.attn_hopper_fwd_eff.slow, t.attn_hopper_fwd_eff.fast, t.attn_hopper_fwd_ref_blocks);
   return s;
 }
 
@@ -145,8 +155,8 @@ std::string step_text(const BenchPlanResult& r) {
   std::string s;
   s += fmt::format("GEMM         {:.2f} ms ({:.1f}%), {:.0f} GFLOP (cuBLASLt)\n", r.gemm_ms, pct(r.gemm_ms),
                    r.gemm_gflop);
-  s += fmt::format("attention    {:.2f} ms ({:.1f}%), {:.0f} GFLOP (mma.sync on tensor cores)\n", r.attn_ms,
-                   pct(r.attn_ms), r.attn_gflop);
+  s += fmt::format("attention    {:.2f} ms ({:.1f}%), {:.0f} GFLOP ({} on tensor cores)\n", r.attn_ms, pct(r.attn_ms),
+                   r.attn_gflop, r.attn_hopper_fwd ? "forward on wgmma, backward on mma.sync" : "mma.sync");
   s += fmt::format("other        {:.2f} ms ({:.1f}%); largest: {} ({:.1f}%)\n", r.other_ms, pct(r.other_ms),
                    r.top_other, 100.0 * r.top_other_share);
   s += fmt::format("launches     {}\n", r.launches);

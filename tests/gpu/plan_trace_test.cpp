@@ -3,8 +3,11 @@
 // PlanDevice's list for the same step (plan::plan_step). Tiny GPT-2 and Llama (GQA,
 // recompute, accumulation, LoRA with dropout), bf16 and fp32: the kernel launches (by
 // launch text), the cuBLASLt matmuls (shape, transposes, types, epilogue, alpha, beta)
-// and the memsets / memcpys (kind, width, height) must be the same multisets. Only the
-// engine can trace, so any other build reports SKIPPED.
+// and the memsets / memcpys (kind, width, height) must be the same multisets, and in bf16 the
+// tensor-core attention's launch geometry (blocks, threads, dynamic shared memory) the
+// budget's occupancy reads. Run again under DTRAIN_ATTN_VARIANT=hopper
+// (gpu_plan_trace_test_hopper): the hopper forward where it runs (head dims 64 and 128 on
+// the engine's H100). Only the engine can trace, so any other build reports SKIPPED.
 #include "plan/bench_plan.h"
 #include "train/step_setup.h"
 #include "gpu/gpu_skip.h"
@@ -30,6 +33,7 @@ EMU_ONLY_SUITE("plan vs trace")
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
@@ -87,12 +91,25 @@ std::string memop_key(int kind, size_t width, size_t height) {
 
 struct Issued {
   Multiset kernels, matmuls, memops;
+  Multiset attn_fwd, attn_bwd;  // the tensor-core attention's launches: "launch text blocks threads smem"
   int64_t collectives = 0;
 };
 
+std::string launch_key(const std::string& name, int64_t blocks, int threads, size_t smem) {
+  return fmt::format("{} blocks={} threads={} smem={}", name, blocks, threads, smem);
+}
+
+// (The tensor-core forward is launched as `kernel`, with dynamic shared memory; the norm
+// forward's `kernel` has none, and a bf16 step runs no fp32 attention.)
 Issued from_trace(const cuda_emu::Trace& t) {
   Issued r;
-  for (const auto& k : t.kernels) ++r.kernels[k.name];
+  for (const auto& k : t.kernels) {
+    ++r.kernels[k.name];
+    const std::string key = launch_key(k.name, static_cast<int64_t>(k.grid.x) * k.grid.y * k.grid.z,
+                                       static_cast<int>(k.block.x * k.block.y * k.block.z), k.dynamic_smem);
+    if (k.name == "kernel" && k.dynamic_smem > 0) ++r.attn_fwd[key];
+    if (k.name == "kernel_dkdv" || k.name == "kernel_dq") ++r.attn_bwd[key];
+  }
   for (const auto& m : t.matmuls)
     ++r.matmuls[matmul_key(m.m, m.n, m.k, m.transa, m.transb, m.a_type, m.b_type, m.c_type, m.d_type, m.epilogue,
                            m.alpha, m.beta, m.batch)];
@@ -101,11 +118,21 @@ Issued from_trace(const cuda_emu::Trace& t) {
   return r;
 }
 
-Issued from_plan(const std::vector<PlanEntry>& entries) {
+// smem_optin: the card's, which picks the stages the launch takes (bench_plan.cpp's kernel_fit).
+Issued from_plan(const std::vector<PlanEntry>& entries, size_t smem_optin) {
   Issued r;
   for (const PlanEntry& e : entries) {
     switch (e.kind) {
-      case PlanKind::KERNEL: r.kernels[e.kernel] += e.launches; break;
+      case PlanKind::KERNEL:
+        r.kernels[e.kernel] += e.launches;
+        if (!e.launch.kernel.empty()) {
+          const device::PlanLaunch& l = e.launch;
+          const size_t smem = l.smem_two_stages <= smem_optin ? l.smem_two_stages : l.smem_one_stage;
+          (e.unit == device::PlanUnit::TENSOR_ATTN_FWD ? r.attn_fwd
+                                                       : r.attn_bwd)[launch_key(e.kernel, l.blocks, l.threads, smem)] +=
+              e.launches;
+        }
+        break;
       case PlanKind::MATMUL: {
         const auto& m = e.matmul;
         r.matmuls[matmul_key(m.m, m.n, m.k, m.transa, m.transb, cuda_type(m.ab), cuda_type(m.ab), cuda_type(m.c),
@@ -163,16 +190,32 @@ cuda_emu::Trace traced_step(const train::StepSetup& s) {
   return cuda_emu::trace_take();
 }
 
-// The engine's card's opt-in shared memory per block, as the plan's card would give it.
+// The engine's card's opt-in shared memory per block and compute capability (x 10), as the
+// plan's card would give them.
 size_t smem_optin() {
   int v = 0;
   REQUIRE(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0) == cudaSuccess);
   return static_cast<size_t>(v);
 }
+int compute_capability() {
+  int major = 0, minor = 0;
+  REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) == cudaSuccess);
+  return 10 * major + minor;
+}
 
-void check_plan_matches(const train::StepSetup& s) {
+// The variant this process runs (the kernels read it once): the plan device reads the same.
+std::string attn_variant() {
+  const char* v = std::getenv("DTRAIN_ATTN_VARIANT");
+  return v && *v ? v : "legacy";
+}
+
+// bwd_geometry: compare the backward's launch geometry too. Not where the real backward is
+// fa2's (DTRAIN_ATTN_VARIANT fa2 or hopper) at a head dim where its 128-row dQ tiles run
+// (33-64): the budget prices legacy's tiles there (cuda_costs.cpp).
+Issued check_plan_matches(const train::StepSetup& s, bool bwd_geometry = true) {
   const Issued traced = from_trace(traced_step(s));
-  const Issued planned = from_plan(plan::plan_step(s, smem_optin()).entries);
+  const Issued planned = from_plan(plan::plan_step(s, smem_optin(), compute_capability()).entries, smem_optin());
   // A step issues all three kinds: an empty side would make the comparison vacuous.
   REQUIRE(total(traced.kernels) > 0);
   REQUIRE(total(traced.matmuls) > 0);
@@ -187,6 +230,16 @@ void check_plan_matches(const train::StepSetup& s) {
   CHECK_MESSAGE(dm.empty(), "cuBLASLt matmuls differ:" << dm);
   CHECK_MESSAGE(dmem.empty(), "memsets / memcpys differ:" << dmem);
   CHECK(traced.collectives == 0);  // one rank: the plan has no collectives either
+  if (s.dtype != DType::F32) {
+    REQUIRE(total(traced.attn_fwd) > 0);
+    const std::string dfwd = diff(traced.attn_fwd, planned.attn_fwd);
+    CHECK_MESSAGE(dfwd.empty(), "attention forward launch geometry differs:" << dfwd);
+    if (bwd_geometry) {
+      const std::string dbwd = diff(traced.attn_bwd, planned.attn_bwd);
+      CHECK_MESSAGE(dbwd.empty(), "attention backward launch geometry differs:" << dbwd);
+    }
+  }
+  return traced;
 }
 
 }  // namespace
@@ -204,6 +257,28 @@ TEST_CASE("plan vs trace: Llama with GQA, bf16 and fp32; recompute (every layer,
   REQUIRE(s.model.n_layer >= 2);
   s.recompute_layers = s.model.n_layer / 2;
   check_plan_matches(s);
+}
+
+// Head dims 64 and 128 (the hopper forward's; the tiny models have 16 and 8), bf16 and fp16,
+// T 200: two 128-row query tiles, the second partial. Under DTRAIN_ATTN_VARIANT=hopper on the
+// engine's H100 the forward is the hopper kernel (288 threads), planned with its geometry.
+TEST_CASE("plan vs trace: head dims 64 and 128 in bf16 and fp16 (the hopper forward under its variant)") {
+  const bool fa2_backward = attn_variant() != "legacy";
+  for (auto [arch, hd, dt] :
+       {std::tuple{ModelConfig::Arch::LLAMA, 64, DType::BF16}, std::tuple{ModelConfig::Arch::GPT2, 128, DType::F16}}) {
+    train::StepSetup s = setup(arch, dt);
+    s.model = test::tiny_model(arch, 256);
+    s.model.d_model = hd * s.model.n_head;
+    s.micro_batch = 1;
+    s.seq_len = 200;
+    // fa2's 128-row dQ tiles run at head dim 64 only (kernels/attention_mma_tiles.cuh, kWideDq).
+    const Issued traced = check_plan_matches(s, !(fa2_backward && hd == 64));
+    int64_t hopper = 0;
+    for (const auto& [key, n] : traced.attn_fwd)
+      if (key.find("threads=288") != std::string::npos) hopper += n;
+    // Each layer's forward once (no accumulation, no recompute): all hopper's where it runs.
+    CHECK(hopper == (attn_variant() == "hopper" && compute_capability() == 90 ? s.model.n_layer : 0));
+  }
 }
 
 TEST_CASE("plan vs trace: LoRA with dropout (GPT-2 bf16, Llama fp32)") {
@@ -257,7 +332,7 @@ TEST_CASE("plan vs trace: cross-entropy at every row length, fp32/bf16/fp16") {
         plan.record(true);
         issue(plan);
         plan.record(false);
-        const Issued planned = from_plan(plan.take());
+        const Issued planned = from_plan(plan.take(), smem_optin());
         REQUIRE(total(traced.kernels) > 0);
         const std::string dk = diff(traced.kernels, planned.kernels);
         CHECK_MESSAGE(dk.empty(), "op " << op << ": kernel launches differ:" << dk);

@@ -3,14 +3,18 @@
 // published point inside its band); an attention kernel with more registers (fewer blocks per
 // SM) is slower at both ends; a wave tail and the re-read tiles cost only the slow end; the
 // whole GPT-2 and Llama budgets give low <= mid <= high on both GPU profiles, with the
-// attention kernels' registers taken from the ptxas table. Nothing executes.
+// attention kernels' registers taken from the ptxas table; DTRAIN_ATTN_VARIANT=hopper's
+// forward planned as its own launch where it runs and as legacy's kernels elsewhere. Nothing
+// executes.
 #include "plan/bench_plan.h"
 #include "plan/plan_gemm.h"
 #include "plan/plan_occupancy.h"
+#include "device/plan_device.h"
 #include "core/error.h"
 
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -217,4 +221,168 @@ TEST_CASE("plan band: GPT-2 124M and Llama 1B, low <= mid <= high, H200 faster t
     CHECK(seen);
   }
   CHECK_THROWS_AS(plan::bench_plan_run(plan_options("configs/gpt2-124m.yaml", {}), "a100"), UsageError);
+}
+
+namespace {
+
+// One attention forward on a plan device of `variant` (the card: compute capability sm,
+// opt-in shared memory smem_optin), dense q/k/v/out rows (or q `skew` bytes off its
+// alignment); its entries.
+struct FwdCase {
+  std::string variant = "hopper";
+  int sm = 90;
+  size_t smem_optin = 227 * 1024;
+  int B = 2, T = 1000, NH = 8, NKV = 4, HD = 64;
+  DType dt = DType::BF16;
+  size_t skew = 0;
+};
+std::vector<device::PlanEntry> plan_forward(const FwdCase& c) {
+  device::PlanDevice dev;
+  dev.set_attention_variant(c.variant);
+  dev.set_compute_capability(c.sm);
+  dev.set_smem_optin(c.smem_optin);
+  const size_t rows = static_cast<size_t>(c.B) * c.T, es = dtype_size(c.dt);
+  char* q = static_cast<char*>(dev.alloc(rows * c.NH * c.HD * es + 64));
+  void* k = dev.alloc(rows * c.NKV * c.HD * es);
+  void* v = dev.alloc(rows * c.NKV * c.HD * es);
+  void* out = dev.alloc(rows * c.NH * c.HD * es);
+  auto* lse = static_cast<float*>(dev.alloc(dev.attention_saved_floats(c.B, c.T, c.NH) * sizeof(float)));
+  dev.record(true);
+  dev.attention_forward(out, lse, q + c.skew, k, v, c.B, c.T, c.NH, c.NKV, c.HD, c.NH * c.HD, c.NKV * c.HD, 0, nullptr,
+                        c.dt);
+  return dev.take();
+}
+
+}  // namespace
+
+TEST_CASE("plan band: the hopper variant's forward as its own launch where it runs, legacy's kernels elsewhere") {
+  const plan::PlanBudgetTable t;  // H100
+  for (int HD : {64, 128}) {
+    for (DType dt : {DType::BF16, DType::F16}) {
+      CAPTURE(HD);
+      FwdCase c;
+      c.HD = HD;
+      c.dt = dt;
+      const std::vector<device::PlanEntry> hop = plan_forward(c);
+      c.variant = "legacy";
+      const std::vector<device::PlanEntry> legacy = plan_forward(c);
+      // One kernel launch each and nothing else: no workspace (the hopper forward writes out
+      // and the lse only, as the mma.sync one).
+      REQUIRE(hop.size() == 1);
+      REQUIRE(legacy.size() == 1);
+      const device::PlanLaunch& l = hop[0].launch;
+      CHECK(hop[0].kernel == "kernel");  // kernels/attention_hopper.cu's launch text
+      CHECK(l.kernel == "attn_fwd_hopper_kernel");
+      CHECK(legacy[0].launch.kernel == "attn_fwd_mma_kernel");
+      CHECK(l.threads == 288);
+      // Its layout (kernels/attention_hopper.cu's hopper_bytes): 2048 bytes of pad and barriers,
+      // the 128-row Q tile, two stages of 64-key K and V tiles, 2-byte elements: 51,200 B at
+      // head dim 64, 100,352 at 128.
+      CHECK(l.smem_two_stages == 2048u + 128u * HD * 2 + 4u * 64 * HD * 2);
+      CHECK(l.smem_two_stages == (HD == 64 ? 51200u : 100352u));
+      CHECK(l.blocks == int64_t{c.B} * c.NH * ((c.T + 127) / 128));
+      // The same causal 64 x 64 tile pairs computed, the same arrays read and written once;
+      // 128-row query tiles load the K/V tiles half as often.
+      CHECK(hop[0].flops == doctest::Approx(legacy[0].flops));
+      CHECK(hop[0].bytes == doctest::Approx(legacy[0].bytes));
+      CHECK(l.reread_bytes < legacy[0].launch.reread_bytes);
+      CHECK(l.reread_bytes > 0);
+      // One block per SM (by its registers, ptxas's count from the table), its own reference.
+      plan::PlanKernelFit fit;
+      plan::plan_entry_time(hop[0], t, PlanEnd::FAST, &fit);
+      CHECK(fit.registers == plan::plan_kernel_registers("attn_fwd_hopper_kernel", HD, 2, 90));
+      CHECK(fit.registers > 0);
+      CHECK(fit.occupancy.blocks_per_sm == 1);
+      CHECK(std::string(fit.occupancy.limit) == "registers");
+      // At its reference occupancy: the whole band's cap, not scaled down as a 1-block mma.sync kernel would be.
+      const double waves = static_cast<double>(l.blocks) / 132;
+      CHECK(fit.waves == doctest::Approx(waves));
+      CHECK(plan::plan_entry_time(hop[0], t, PlanEnd::FAST).compute ==
+            doctest::Approx(hop[0].flops / (989e12 * t.attn_hopper_fwd_eff.fast)));
+    }
+  }
+  // Where it does not run: legacy's kernels (fa2's, which would run, are not modelled).
+  auto kernel_of = [](const FwdCase& c) {
+    const std::vector<device::PlanEntry> e = plan_forward(c);
+    REQUIRE(e.size() == 1);
+    return e[0].launch.kernel;
+  };
+  FwdCase c;
+  CHECK(kernel_of(c) == "attn_fwd_hopper_kernel");
+  for (const char* variant : {"legacy", "fa2"}) {
+    FwdCase o = c;
+    o.variant = variant;
+    CHECK(kernel_of(o) == "attn_fwd_mma_kernel");
+  }
+  FwdCase o = c;
+  o.sm = 80;  // A100
+  CHECK(kernel_of(o) == "attn_fwd_mma_kernel");
+  o = c;
+  o.sm = 100;  // B200: sm_90a code does not run there
+  CHECK(kernel_of(o) == "attn_fwd_mma_kernel");
+  o = c;
+  o.HD = 96;
+  CHECK(kernel_of(o) == "attn_fwd_mma_kernel");
+  o = c;
+  o.HD = 128;
+  o.smem_optin = 100352 - 1;  // one byte short of its 100,352
+  CHECK(kernel_of(o) == "attn_fwd_mma_kernel");
+  o.smem_optin = 100352;
+  CHECK(kernel_of(o) == "attn_fwd_hopper_kernel");
+  o = c;
+  o.skew = 8;  // q's rows not 16-byte aligned
+  CHECK(kernel_of(o) == "attn_fwd_mma_kernel");
+  o = c;
+  o.dt = DType::F32;  // CUDA cores: no tensor-core launch
+  CHECK(kernel_of(o).empty());
+  device::PlanDevice dev;
+  CHECK_THROWS_AS(dev.set_attention_variant("fa3"), UsageError);
+}
+
+TEST_CASE("plan band: DTRAIN_ATTN_VARIANT=hopper in the GPT-2 budget: its forward, and the notes say what is priced") {
+  const plan::BenchPlanOptions o =
+      plan_options("configs/gpt2-124m.yaml", {"train_micro_batch_size_per_gpu=16", "data.seq_len=1024"});
+  const plan::BenchPlanResult legacy = plan::bench_plan_run(o, "h100");
+  struct EnvVariant {
+    explicit EnvVariant(const char* v) { ::setenv("DTRAIN_ATTN_VARIANT", v, 1); }
+    ~EnvVariant() { ::unsetenv("DTRAIN_ATTN_VARIANT"); }
+  };
+  auto has_note = [](const plan::BenchPlanResult& r, const std::string& text) {
+    for (const std::string& n : r.notes)
+      if (n.find(text) != std::string::npos) return true;
+    return false;
+  };
+  CHECK_FALSE(legacy.attn_hopper_fwd);
+  CHECK_FALSE(has_note(legacy, "DTRAIN_ATTN_VARIANT"));
+  plan::BenchPlanResult hopper, fa2;
+  {
+    const EnvVariant env("hopper");
+    hopper = plan::bench_plan_run(o, "h100");
+  }
+  {
+    const EnvVariant env("fa2");
+    fa2 = plan::bench_plan_run(o, "h100");
+  }
+  CHECK(hopper.attn_hopper_fwd);
+  CHECK(has_note(hopper, "DTRAIN_ATTN_VARIANT=hopper: the attention forward is the sm_90a wgmma kernel"));
+  CHECK(plan::bench_plan_format(hopper, false).find("forward on wgmma") != std::string::npos);
+  CHECK(plan::bench_plan_format(hopper, true).find("\"attn_hopper_fwd\":true") != std::string::npos);
+  const auto forward_row = [](const plan::BenchPlanResult& r) {
+    for (const plan::PlanRow& w : r.rows)
+      if (w.op == "attention_forward") return w;
+    FAIL("no attention_forward row");
+    return plan::PlanRow{};
+  };
+  // The forward's own occupancy; the same FLOPs; the backward as legacy's.
+  CHECK(forward_row(hopper).occupancy.find("1 blocks/SM (registers") != std::string::npos);
+  CHECK(forward_row(hopper).gflop == doctest::Approx(forward_row(legacy).gflop));
+  CHECK(hopper.attn_gflop == doctest::Approx(legacy.attn_gflop));
+  for (const plan::PlanRow& w : legacy.rows)
+    if (w.op == "attention_backward")
+      for (const plan::PlanRow& h : hopper.rows)
+        if (h.op == w.op && h.kernel == w.kernel) CHECK(h.ms == doctest::Approx(w.ms));
+  // fa2: legacy's kernels, said so.
+  CHECK_FALSE(fa2.attn_hopper_fwd);
+  CHECK(has_note(fa2, "fa2's 128-row forward and dQ tiles are not modelled"));
+  CHECK(fa2.step_ms == doctest::Approx(legacy.step_ms));
 }
