@@ -119,6 +119,19 @@ void init_bar(uint32_t count, bool fence = true) {
   __syncthreads();
 }
 
+// A misuse launch: on sm_90 it fails with e, its report says `part` and names the source
+// line holding `code` (when given); below 9.0 the first sm_90 instruction fails it.
+void expect(const Result& r, const std::string& part, const std::string& code, cudaError_t e = cudaErrorLaunchFailure) {
+  INFO(r.detail);
+  if (!sm90()) {
+    CHECK(r.err == cudaErrorIllegalInstruction);
+    return;
+  }
+  CHECK(r.err == e);
+  CHECK(has(r.detail, part));
+  if (!code.empty()) CHECK(names_line(r.detail, code));
+}
+
 // ----------------------------------------------------------------------------
 TEST_CASE("mbarrier and bulk copy: bytes land when the phase completes, the parity flips each phase") {
   const int n = 4 * 64;  // four phases of 64 floats
@@ -219,17 +232,6 @@ TEST_CASE("mbarrier: arrivals by many threads complete a phase; arrive returns t
 TEST_CASE("mbarrier misuse: placement, init, arrivals, tx-count, fences, bulk operands, exits") {
   Dev<float> src(64);
   float* s = src.p;
-  auto expect = [](const Result& r, const std::string& part, const std::string& code,
-                   cudaError_t e = cudaErrorLaunchFailure) {
-    INFO(r.detail);
-    if (!sm90()) {
-      CHECK(r.err == cudaErrorIllegalInstruction);
-      return;
-    }
-    CHECK(r.err == e);
-    CHECK(has(r.detail, part));
-    if (!code.empty()) CHECK(names_line(r.detail, code));
-  };
   expect(run(dim3(32), 16, [] { mbarrier_init(smem_bar(4), 1); }), "is not 8-byte aligned", "mbarrier_init(smem_bar(4)",
          cudaErrorMisalignedAddress);
   expect(run(dim3(32), 16, [=] { mbarrier_init(reinterpret_cast<uint64_t*>(s), 1); }), "is in global memory",
@@ -788,17 +790,6 @@ TEST_CASE("tensor copy misuse fails the launch naming the call site") {
   } else {
     good = wide = bogus;
   }
-  auto expect = [](const Result& r, const std::string& part, const std::string& code,
-                   cudaError_t e = cudaErrorLaunchFailure) {
-    INFO(r.detail);
-    if (!sm90()) {
-      CHECK(r.err == cudaErrorIllegalInstruction);
-      return;
-    }
-    CHECK(r.err == e);
-    CHECK(has(r.detail, part));
-    CHECK(names_line(r.detail, code));
-  };
   constexpr size_t SM = 1024 + 2048 + 1024;
   auto smem_at = [](size_t off) { return static_cast<char*>(cuda_emu::dynamic_smem()) + off; };
   expect(run(dim3(1), SM, [=] { init_bar(1), tensor_copy_3d_g2s(smem_at(1024 + 16), &good, 0, 0, 0, smem_bar()); }),
