@@ -16,9 +16,10 @@ stores/loads, static shared memory) and fails, naming the kernel and architectur
   kernel_resources.py --objects BUILD/kernels/CMakeFiles/dtrain_kernels.dir --archs "80;90"
 
 The registers of the tensor-core attention kernels (the hopper forward's too) also feed the
-`--plan` budget's blocks per SM (lib/plan/plan_occupancy.cpp): --plan-table FILE writes them as lib/plan/
-plan_kernel_resources.inc, and --check-plan-table FILE fails when the committed table no
-longer matches this build's reports (for the architectures the build has).
+`--plan` budget's blocks per SM (lib/plan/plan_occupancy.cpp): --plan-table FILE writes them into
+lib/plan/plan_kernel_resources.inc (replacing the rows of this build's architectures, keeping the
+other architectures' rows), and --check-plan-table FILE fails when the committed table no longer
+matches this build's reports (for the architectures the build has).
 """
 import argparse
 import pathlib
@@ -199,22 +200,34 @@ def plan_rows(rows, names):
     return out
 
 
+def read_plan_table(path):
+    """{(kernel, hdp, stages, sm): registers} of a committed --plan table."""
+    out = {}
+    for line in path.read_text().splitlines():
+        m = re.match(r'\s*\{"(\w+)", (\d+), (\d+), (\d+), (\d+)\},', line)
+        if m:
+            out[(m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)))] = int(m.group(5))
+    return out
+
+
 def plan_table(rows, names, write, check):
     table = plan_rows(rows, names)
     if not table:
         print("kernel_resources: no tensor-core attention kernels in the reports", file=sys.stderr)
         return 2
-    if write:
-        lines = [f'    {{"{k}", {h}, {st}, {sm}, {r}}},' for (k, h, st, sm), r in sorted(table.items())]
-        pathlib.Path(write).write_text(PLAN_TABLE_HEAD + "\n".join(lines) + "\n")
-        print(f"kernel_resources: {len(lines)} rows written to {write}")
-        return 0
-    committed = {}
-    for line in pathlib.Path(check).read_text().splitlines():
-        m = re.match(r'\s*\{"(\w+)", (\d+), (\d+), (\d+), (\d+)\},', line)
-        if m:
-            committed[(m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)))] = int(m.group(5))
     built_sms = {key[3] for key in table}
+    if write:
+        # One build has only its own architectures: the rows of the others (from builds for
+        # them) are kept, this build's replace its architectures' rows.
+        path = pathlib.Path(write)
+        kept = {k: r for k, r in (read_plan_table(path) if path.exists() else {}).items() if k[3] not in built_sms}
+        merged = {**kept, **table}
+        lines = [f'    {{"{k}", {h}, {st}, {sm}, {r}}},' for (k, h, st, sm), r in sorted(merged.items())]
+        path.write_text(PLAN_TABLE_HEAD + "\n".join(lines) + "\n")
+        print(f"kernel_resources: {len(lines)} rows written to {write} ({len(table)} from this build's "
+              f"sm {sorted(built_sms)}, {len(kept)} kept for the other architectures)")
+        return 0
+    committed = read_plan_table(pathlib.Path(check))
     failures = []
     for key, regs in sorted(table.items()):
         if committed.get(key) != regs:

@@ -11,6 +11,7 @@
 #include "plan/plan_occupancy.h"
 #include "device/plan_device.h"
 #include "core/error.h"
+#include "temp_dir.h"
 
 #include <doctest/doctest.h>
 
@@ -385,4 +386,43 @@ TEST_CASE("plan band: DTRAIN_ATTN_VARIANT=hopper in the GPT-2 budget: its forwar
   CHECK_FALSE(fa2.attn_hopper_fwd);
   CHECK(has_note(fa2, "fa2's 128-row forward and dQ tiles are not modelled"));
   CHECK(fa2.step_ms == doctest::Approx(legacy.step_ms));
+}
+
+// scripts/kernel_resources.py --plan-table, which writes lib/plan/plan_kernel_resources.inc
+// from one nvcc build's ptxas reports: that build has only its own architectures, so it
+// replaces their rows and keeps the other architectures' (a table regenerated from an
+// 80;90 build once lost every sm 86/89/100/120 row). The report below is ptxas -v's format,
+// one entry the plan models (attn_fwd_mma_kernel<__nv_bfloat16, 64, 2, 1> for sm_80).
+TEST_CASE("kernel_resources.py --plan-table replaces the rows of the build's architectures, keeps the others'") {
+  if (std::system("python3 --version > /dev/null 2>&1") != 0 ||
+      std::system("c++filt --version > /dev/null 2>&1") != 0) {
+    MESSAGE("SKIPPED: python3 or c++filt missing");
+    return;
+  }
+  dtrain::test::TempDir d("plan_table");
+  const std::string mangled =
+      "_ZN6dtrain7kernels6detail53_GLOBAL__N__b1b141a0_20_attention_mma_fwd_cu_e4f0067319attn_fwd_mma_"
+      "kernelI13__nv_bfloat16Li64ELi2ELi1EEEvPT_PfPKS5_S9_S9_NS1_3mma4ArgsE";
+  dtrain::test::file_put(d.path / "attention_mma_fwd.cu.o", "");
+  dtrain::test::file_put(d.path / "attention_mma_fwd.cu.o.ptxas",
+                         "ptxas info    : Compiling entry function '" + mangled + "' for 'sm_80'\n" +
+                             "ptxas info    : Function properties for " + mangled + "\n" +
+                             "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n" +
+                             "ptxas info    : Used 99 registers, used 1 barriers, 472 bytes cmem[0]\n");
+  const auto table = d.path / "table.inc";
+  dtrain::test::file_put(table,
+                         "// {kernel, head dim padded, stages, sm, registers}\n"
+                         "    {\"attn_bwd_dq_kernel\", 64, 2, 80, 111},\n"
+                         "    {\"attn_fwd_mma_kernel\", 64, 2, 80, 128},\n"
+                         "    {\"attn_fwd_mma_kernel\", 64, 2, 86, 120},\n");
+  const std::string script = (dtrain::test::source_dir() / "scripts/kernel_resources.py").string();
+  const std::string base = "python3 '" + script + "' --objects '" + d.path.string() + "' ";
+  REQUIRE(std::system((base + "--plan-table '" + table.string() + "' > /dev/null").c_str()) == 0);
+  const std::string out = dtrain::test::file_bytes(table);
+  INFO(out);
+  CHECK(out.find("{\"attn_fwd_mma_kernel\", 64, 2, 80, 99},") != std::string::npos);   // this build's
+  CHECK(out.find("{\"attn_fwd_mma_kernel\", 64, 2, 86, 120},") != std::string::npos);  // another arch's, kept
+  CHECK(out.find("80, 128}") == std::string::npos);                                    // replaced
+  CHECK(out.find("attn_bwd_dq_kernel") == std::string::npos);                          // sm_80, gone from this build
+  CHECK(std::system((base + "--check-plan-table '" + table.string() + "' > /dev/null").c_str()) == 0);
 }
