@@ -19,7 +19,6 @@
 
 #include "kernels/attention_internal.cuh"
 #include "kernels/common.cuh"
-#include "kernels/hopper_check.cuh"
 
 #include <cmath>
 #include <string>
@@ -606,30 +605,14 @@ void attention_backward(void* dq, void* dk, void* dv, const void* dout, const vo
   });
 }
 
-// The verdict is attention_hopper_runs' (what attention_forward asks); the reason only explains
-// it. The sm_90a image: hopper_check.cu is built beside attention_hopper.cu in the same sm_90a
-// object library with the same DTRAIN_ATTN_SM90A (kernels/CMakeLists.txt), so its flag answers
-// for both.
 AttnForwardKernels attention_forward_kernels(int HD, DType dtype) {
   if (dtype == DType::F32) return {"cuda-core", "-", ""};
   const AttnVariant v = attention_variant();
   if (v == AttnVariant::LEGACY) return {"legacy", "legacy", ""};
   if (v == AttnVariant::FA2) return {"fa2", "fa2", ""};
-  if (attention_hopper_runs(HD, dtype)) return {"hopper", "hopper", ""};
-  const int major = device_attr<cudaDevAttrComputeCapabilityMajor>();
-  const int minor = device_attr<cudaDevAttrComputeCapabilityMinor>();
-  std::string why;
-  if (!hopper_tile_gemm_has_sm90a()) {
-    why = "this binary has no sm_90a image (90 was not among CMAKE_CUDA_ARCHITECTURES)";
-  } else if (major != 9 || minor != 0) {
-    why =
-        "compute capability " + std::to_string(major) + "." + std::to_string(minor) + ", the hopper forward needs 9.0";
-  } else if (HD != 64 && HD != 128) {
-    why = "head dim " + std::to_string(HD) + ", the hopper forward takes 64 or 128";
-  } else {
-    why = "its shared memory does not fit this GPU's " + std::to_string(attention_smem_optin()) + " bytes per block";
-  }
-  return {"fa2", "hopper", why};
+  std::string why = attention_hopper_unavailable(HD, dtype);
+  if (why.empty()) return {"hopper", "hopper", ""};
+  return {"fa2", "hopper", std::move(why)};
 }
 
 }  // namespace dtrain::kernels

@@ -45,8 +45,8 @@ void attention_backward(void* dq, void* dk, void* dv, const void* dout, const vo
 /// as the kernels read it, test hook included): "legacy", "fa2", or "hopper" where the sm_90a
 /// forward runs (its backward is fa2's); where hopper is asked for and its forward does not run
 /// here, "fa2" (what runs instead) with `hopper_unavailable` saying why: no sm_90a image in this
-/// binary, compute capability other than 9.0, head dim other than 64 or 128, or its shared
-/// memory over the card's opt-in limit. Rows of q, k, v are taken 16-byte aligned (dense
+/// binary, compute capability other than 9.0, head dim other than 64 or 128, its shared
+/// memory over the card's opt-in limit, or no tensor-map encoder in the driver. Rows of q, k, v are taken 16-byte aligned (dense
 /// buffers; rows that are not also run fa2's forward). fp32: "cuda-core". UsageError for a bad
 /// $DTRAIN_ATTN_VARIANT, as at the first launch.
 struct AttnForwardKernels {

@@ -112,23 +112,20 @@ __global__ void __launch_bounds__(HTHREADS, 1)
       for (int i = 0; i < ntiles; ++i) {
         const int st = i & 1, key0 = (kt0 + i) * HBN;
         const uint32_t prev = static_cast<uint32_t>((i >> 1) - 1) & 1;  // the parity of tile i - 2's release
+        // One of the stage's two tiles (K, then V): wait until it is released, then refill it.
+        auto refill = [&](char* dst, const CUtensorMap* map, uint64_t* full, uint64_t* empty) {
+          if (i >= 2) {
+            while (!mbarrier_try_wait_parity(empty, prev)) {
+            }
+          }
+          mbarrier_arrive_expect_tx(full, KVB);
+#pragma unroll
+          for (int cb = 0; cb < HD / 64; ++cb)
+            tensor_copy_3d_g2s(dst + cb * HBN * 128, map, kh * HD + 64 * cb, key0, b, full);
+        };
         char* Ks = KV + st * 2 * KVB;
-        if (i >= 2) {
-          while (!mbarrier_try_wait_parity(&empty_k[st], prev)) {
-          }
-        }
-        mbarrier_arrive_expect_tx(&full_k[st], KVB);
-#pragma unroll
-        for (int cb = 0; cb < HD / 64; ++cb)
-          tensor_copy_3d_g2s(Ks + cb * HBN * 128, &tk, kh * HD + 64 * cb, key0, b, &full_k[st]);
-        if (i >= 2) {
-          while (!mbarrier_try_wait_parity(&empty_v[st], prev)) {
-          }
-        }
-        mbarrier_arrive_expect_tx(&full_v[st], KVB);
-#pragma unroll
-        for (int cb = 0; cb < HD / 64; ++cb)
-          tensor_copy_3d_g2s(Ks + KVB + cb * HBN * 128, &tv, kh * HD + 64 * cb, key0, b, &full_v[st]);
+        refill(Ks, &tk, &full_k[st], &empty_k[st]);
+        refill(Ks + KVB, &tv, &full_v[st], &empty_v[st]);
       }
     }
   } else {
@@ -271,17 +268,6 @@ constexpr bool kSm90aImage =
     false;
 #endif
 
-}  // namespace
-
-bool attention_hopper_runs(int HD, DType dtype) {
-  if (!kSm90aImage || (dtype != DType::BF16 && dtype != DType::F16) || (HD != 64 && HD != 128)) return false;
-  if (device_attr<cudaDevAttrComputeCapabilityMajor>() != 9 || device_attr<cudaDevAttrComputeCapabilityMinor>() != 0)
-    return false;
-  return (HD == 64 ? hopper_bytes<64>() : hopper_bytes<128>()) <= attention_smem_optin();
-}
-
-namespace {
-
 // The driver's tensor-map encoder, reached through the runtime (dtrain links no libcuda):
 // null where the driver has none.
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
@@ -301,6 +287,41 @@ EncodeTiled encode_tiled() {
   }();
   return fn;
 }
+
+// Why the hopper forward does not run here (NONE: it does), checked in this order.
+enum class HopperMiss { NONE, NO_IMAGE, DTYPE, ARCH, HEAD_DIM, SMEM, NO_ENCODER };
+HopperMiss hopper_miss(int HD, DType dtype) {
+  if (!kSm90aImage) return HopperMiss::NO_IMAGE;
+  if (dtype != DType::BF16 && dtype != DType::F16) return HopperMiss::DTYPE;
+  if (device_attr<cudaDevAttrComputeCapabilityMajor>() != 9 || device_attr<cudaDevAttrComputeCapabilityMinor>() != 0)
+    return HopperMiss::ARCH;
+  if (HD != 64 && HD != 128) return HopperMiss::HEAD_DIM;
+  if ((HD == 64 ? hopper_bytes<64>() : hopper_bytes<128>()) > attention_smem_optin()) return HopperMiss::SMEM;
+  if (!encode_tiled()) return HopperMiss::NO_ENCODER;
+  return HopperMiss::NONE;
+}
+
+}  // namespace
+
+bool attention_hopper_runs(int HD, DType dtype) { return hopper_miss(HD, dtype) == HopperMiss::NONE; }
+
+std::string attention_hopper_unavailable(int HD, DType dtype) {
+  switch (hopper_miss(HD, dtype)) {
+    case HopperMiss::NONE: return "";
+    case HopperMiss::NO_IMAGE: return "this binary has no sm_90a image (90 was not among CMAKE_CUDA_ARCHITECTURES)";
+    case HopperMiss::DTYPE: return "it takes bf16 or fp16 activations";
+    case HopperMiss::ARCH:
+      return "compute capability " + std::to_string(device_attr<cudaDevAttrComputeCapabilityMajor>()) + "." +
+             std::to_string(device_attr<cudaDevAttrComputeCapabilityMinor>()) + ", the hopper forward needs 9.0";
+    case HopperMiss::HEAD_DIM: return "head dim " + std::to_string(HD) + ", the hopper forward takes 64 or 128";
+    case HopperMiss::SMEM:
+      return "its shared memory does not fit this GPU's " + std::to_string(attention_smem_optin()) + " bytes per block";
+    case HopperMiss::NO_ENCODER: return "the driver has no cuTensorMapEncodeTiled (its loads need tensor maps)";
+  }
+  return "";
+}
+
+namespace {
 
 // The map of one of Q, K, V: [B][T][stride] elements of which the first `cols` of a row are
 // the tensor's (its heads' HD columns each), boxes of 64 columns by `rows` rows of one batch

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace dtrain::kernels::detail {
 
@@ -89,8 +90,12 @@ enum class AttnVariant { LEGACY = 1, FA2 = 2, HOPPER = 3 };
 
 /// Whether the hopper forward runs here at head dim HD and dtype: its sm_90a image is in this
 /// binary (kernels/CMakeLists.txt), the device is compute capability 9.0, HD is 64 or 128,
-/// dtype BF16 or F16 and its shared memory fits the card.
+/// dtype BF16 or F16, its shared memory fits the card and the driver can make tensor maps.
 bool attention_hopper_runs(int HD, DType dtype);
+/// Why it does not ("" where it runs): no sm_90a image in this binary, not bf16/fp16, compute
+/// capability other than 9.0, head dim other than 64 or 128, its shared memory over the card's
+/// opt-in limit, or no cuTensorMapEncodeTiled in the driver. attention_hopper_runs' verdict.
+std::string attention_hopper_unavailable(int HD, DType dtype);
 
 /// The hopper forward (attention_hopper.cu): out, lse as attention_forward_mma. Returns false,
 /// having done nothing, where it does not run (attention_hopper_runs, or rows of q, k, v not

@@ -111,7 +111,7 @@ KNOWN_SPILLS = [
 PLAN_KERNEL = re.compile(
     r"^(attn_fwd_mma_kernel|attn_bwd_dkdv_kernel|attn_bwd_dq_kernel)<__nv_bfloat16, (\d+), (\d+)(?:, 1)?>$")
 # And the hopper variant's forward (kernels/attention_hopper.cu; head dim, its two-stage K/V
-# ring), from its sm_90a image only: on the other architectures its object carries a trap stub,
+# ring), from its sm_90a image only: on the other architectures its object holds only a __trap() body,
 # never launched. Its row's sm is 90.
 PLAN_HOPPER = re.compile(r"^(attn_fwd_hopper_kernel)<__nv_bfloat16, (\d+)>$")
 PLAN_HOPPER_STAGES = 2

@@ -211,6 +211,15 @@ void fence(const char* file, int line, const char* what) {
 
 constexpr const char* BULK = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes";
 
+// A bulk copy completes on m only after its initialising thread fenced the init for the
+// async proxy.
+void fence_check(Block& b, unsigned t, const char* what, const char* file, int line, const MBarrier& m) {
+  if (!m.fenced)
+    fail_at(b, t, what, file, line,
+            bar_str(b, m) + " completes a bulk copy (the async proxy), but " + lane_str(b, m.init_t) +
+                ", which initialised it, ran no fence.mbarrier_init.release.cluster or fence.proxy.async since");
+}
+
 // A destination may not overlap a copy still in flight (a GPU's result would depend on
 // which lands last).
 void overlap_check(Block& b, unsigned t, const char* what, const char* file, int line, const void* dst,
@@ -451,10 +460,7 @@ void tensor_copy_g2s(const char* file, int line, void* dst, const void* map, int
       idx[d] = 0;
     }
   }
-  if (!m.fenced)
-    fail_at(b, t, what, file, line,
-            bar_str(b, m) + " completes a bulk copy (the async proxy), but " + lane_str(b, m.init_t) +
-                ", which initialised it, ran no fence.mbarrier_init.release.cluster or fence.proxy.async since");
+  fence_check(b, t, what, file, line, m);
   BulkCopy c{static_cast<char*>(dst),
              nullptr,
              static_cast<uint32_t>(bytes),
@@ -474,10 +480,7 @@ void bulk_copy_g2s(const char* file, int line, void* dst, const void* src, uint3
   Block& b = hopper_block(file, line, BULK, &t);
   MBarrier& m = mbar_get(b, t, BULK, file, line, bar);
   bulk_check(b, t, file, line, dst, src, bytes);
-  if (!m.fenced)
-    fail_at(b, t, BULK, file, line,
-            bar_str(b, m) + " completes a bulk copy (the async proxy), but " + lane_str(b, m.init_t) +
-                ", which initialised it, ran no fence.mbarrier_init.release.cluster or fence.proxy.async since");
+  fence_check(b, t, BULK, file, line, m);
   m.copies.push_back(BulkCopy{static_cast<char*>(dst),
                               static_cast<const char*>(src),
                               bytes,
